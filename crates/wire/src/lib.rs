@@ -1,0 +1,17 @@
+//! Zero-copy views and builders for every frame kvswitch reads or writes.
+//!
+//! Views (`Packet<T: AsRef<[u8]>>`) check their length once in `new_checked`, after which no
+//! accessor can panic; setters exist only on writable buffers. Nothing here allocates on the
+//! packet path and nothing panics on any input.
+#![forbid(unsafe_code)]
+
+pub mod arp;
+pub mod checksum;
+pub mod ethernet;
+pub mod ipv4;
+pub mod mcudp;
+pub mod memcache;
+pub mod udp;
+
+mod error;
+pub use error::Error;
