@@ -1,1 +1,19 @@
-//! placeholder
+//! The ports of the switch: where frames enter and leave.
+//!
+//! [`Port`] is the contract the switch loop is written against; [`AfPacket`] implements it on a
+//! Linux interface and [`MemPort`] in memory for tests. This crate moves frames and counts them;
+//! it never parses or rewrites them. It is the only kvswitch crate with `unsafe` code, each
+//! block confined to one system call or C structure.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+mod afpacket;
+mod batch;
+mod mem;
+mod port;
+mod sys;
+
+pub use afpacket::{AfPacket, AfPacketOptions};
+pub use batch::{Batch, FRAME_CAP, MAX_BATCH};
+pub use mem::{mem_pair, MemPort, MEM_QUEUE_LIMIT};
+pub use port::{wait_readable, Poller, Port, PortStats};

@@ -1,1 +1,16 @@
-//! placeholder
+//! Key routing for kvswitch: which memcached server owns a key.
+//!
+//! Places keys exactly where twemproxy (nutcracker 0.5.0) places them for the same server
+//! list, names, weights, distribution and hash, so a fleet can move from twemproxy to kvswitch
+//! without a cold cache; plus jump consistent hashing of kvswitch's own. Pure: no I/O, and no
+//! allocation once a [`Ring`] is built.
+#![forbid(unsafe_code)]
+
+pub mod hash;
+pub mod route;
+
+pub use hash::{HashFn, UnknownHash};
+pub use route::{
+    jump_consistent_hash, ketama_name, Distribution, Ring, RouteError, Server, KETAMA_MAX_HOSTLEN,
+    KETAMA_POINTS_PER_SERVER, MEMCACHED_DEFAULT_PORT,
+};

@@ -1,1 +1,166 @@
-fn main() {}
+//! kvswitch: an application-aware software switch for memcached traffic.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod api;
+mod config;
+mod daemon;
+mod demo;
+mod frame;
+mod split;
+mod stats;
+mod switch;
+
+#[derive(Parser)]
+#[command(
+    name = "kvswitch",
+    version,
+    about = "An application-aware software switch for memcached traffic",
+    long_about = "kvswitch forwards Ethernet like any learning switch and understands memcached: \
+                  UDP requests to its virtual IP are routed by key (ketama, placed exactly as \
+                  twemproxy places them) straight to the right server, and replies go straight \
+                  back to the client."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the switch on the ports of a configuration file (needs root).
+    Run {
+        /// The configuration file (TOML); see --example-config.
+        #[arg(long, short, required_unless_present = "example_config")]
+        config: Option<PathBuf>,
+        /// Print an example configuration and exit.
+        #[arg(long)]
+        example_config: bool,
+        /// Check the configuration and exit without opening ports.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Build or remove a test network of namespaces, memcached servers and kvswitch.
+    Testbed {
+        #[command(subcommand)]
+        action: TestbedCmd,
+    },
+    /// Generate memcached load (UDP or TCP) and report throughput and latency.
+    Load(loadgen::LoadArgs),
+    /// Build the default testbed, compare memcached direct, kvswitch and nutcracker, tear down.
+    Demo(demo::DemoArgs),
+}
+
+#[derive(Subcommand)]
+enum TestbedCmd {
+    /// Build the testbed (default: 2 clients, 3 memcached servers) and leave it running.
+    Up {
+        /// A topology file (TOML); the built-in default when left out.
+        topology: Option<PathBuf>,
+        /// Prefix of every namespace and link made (at most 5 characters).
+        #[arg(long, default_value = "kvs")]
+        prefix: String,
+        /// Where to write the live topology (JSON).
+        #[arg(long)]
+        state: Option<PathBuf>,
+        /// Do not start nutcracker on the first client.
+        #[arg(long)]
+        no_nutcracker: bool,
+    },
+    /// Remove every namespace, link and process the testbed made (also after a crash).
+    Down {
+        #[arg(long, default_value = "kvs")]
+        prefix: String,
+        /// The live topology file written by `up`.
+        #[arg(long)]
+        state: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match dispatch(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kvswitch: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
+    match cmd {
+        Cmd::Run {
+            config,
+            example_config,
+            check,
+        } => {
+            if example_config {
+                print!("{}", config::EXAMPLE);
+                return Ok(());
+            }
+            let path = config.ok_or_else(|| anyhow::anyhow!("--config is required"))?;
+            let cfg = config::Config::load(&path)?;
+            if check {
+                println!(
+                    "{}: ok ({} ports, {} servers, {} mode)",
+                    path.display(),
+                    cfg.ports.len(),
+                    cfg.servers.len(),
+                    if cfg.mode == config::Mode::L3 {
+                        "l3"
+                    } else {
+                        "l2"
+                    }
+                );
+                return Ok(());
+            }
+            daemon::run(cfg)
+        }
+        Cmd::Testbed { action } => match action {
+            TestbedCmd::Up {
+                topology,
+                prefix,
+                state,
+                no_nutcracker,
+            } => {
+                let topo = match &topology {
+                    Some(p) => testbed::Topology::from_file(p)?,
+                    None => testbed::Topology::default_topology(),
+                };
+                let opts = testbed::UpOptions {
+                    prefix,
+                    kvswitch_bin: Some(std::env::current_exe()?),
+                    state_path: state,
+                    start_nutcracker: !no_nutcracker,
+                    ..Default::default()
+                };
+                let live = testbed::up(&topo, &opts)?;
+                let path = live.state_path().to_path_buf();
+                live.keep();
+                println!("{}", path.display());
+                Ok(())
+            }
+            TestbedCmd::Down { prefix, state } => {
+                let path = state.unwrap_or_else(|| testbed::default_state_path(&prefix));
+                testbed::down(&path)
+            }
+        },
+        Cmd::Load(args) => {
+            let report = loadgen::run(&args)?;
+            report.print_human(&mut std::io::stdout());
+            Ok(())
+        }
+        Cmd::Demo(args) => demo::run(&args),
+    }
+}

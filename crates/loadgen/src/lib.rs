@@ -1,1 +1,537 @@
-//! placeholder
+//! `kvswitch load`: a closed-loop memcached load generator speaking the text protocol over UDP
+//! (with the 8-byte memcached frame header) or TCP. It measures throughput and latency against
+//! a memcached server or the switch in front of one; it never retries a request under load.
+//!
+//! Layers: [`zipf`] and [`text`] and [`frame`] are pure; [`worker`] owns the sockets;
+//! [`report`] turns counters into the result.
+
+use std::fmt;
+use std::io::{IsTerminal, Write};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
+
+pub mod frame;
+mod poll;
+mod preload;
+pub mod report;
+pub mod text;
+mod worker;
+pub mod zipf;
+
+pub use preload::preload;
+pub use report::{Latency, Report};
+
+/// Transport to the target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Proto {
+    Udp,
+    Tcp,
+}
+
+impl fmt::Display for Proto {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Proto::Udp => "udp",
+            Proto::Tcp => "tcp",
+        })
+    }
+}
+
+/// Key popularity: `uniform`, or `zipf:THETA` with `P(rank k) ∝ k^-THETA` (`zipf` alone means
+/// theta 0.99, the YCSB default). `zipf:0` is uniform.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
+pub enum Dist {
+    Uniform,
+    Zipf(f64),
+}
+
+impl Dist {
+    /// The Zipf exponent; 0 for uniform.
+    pub fn theta(&self) -> f64 {
+        match self {
+            Dist::Uniform => 0.0,
+            Dist::Zipf(t) => *t,
+        }
+    }
+}
+
+impl fmt::Display for Dist {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Dist::Uniform => f.write_str("uniform"),
+            Dist::Zipf(t) => write!(f, "zipf:{t}"),
+        }
+    }
+}
+
+impl FromStr for Dist {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Dist, String> {
+        let theta = match s {
+            "uniform" => return Ok(Dist::Uniform),
+            "zipf" => 0.99,
+            _ => {
+                let t = s.strip_prefix("zipf:").ok_or_else(|| {
+                    format!("unknown distribution {s:?}: expected uniform or zipf:THETA")
+                })?;
+                t.parse::<f64>()
+                    .map_err(|_| format!("bad zipf exponent {t:?}"))?
+            }
+        };
+        if !theta.is_finite() || theta < 0.0 {
+            return Err(format!(
+                "zipf exponent must be a finite number >= 0, got {theta}"
+            ));
+        }
+        Ok(Dist::Zipf(theta))
+    }
+}
+
+impl From<Dist> for String {
+    fn from(d: Dist) -> String {
+        d.to_string()
+    }
+}
+
+impl TryFrom<String> for Dist {
+    type Error = String;
+    fn try_from(s: String) -> Result<Dist, String> {
+        s.parse()
+    }
+}
+
+/// Arguments of `kvswitch load`.
+#[derive(clap::Args, Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LoadArgs {
+    /// Server or switch to load, ADDR:PORT.
+    #[arg(long)]
+    pub target: String,
+    /// Transport.
+    #[arg(long, value_enum, default_value_t = Proto::Udp)]
+    pub proto: Proto,
+    /// Number of distinct keys.
+    #[arg(long, default_value_t = 10_000)]
+    pub keys: u64,
+    /// Key names are this prefix followed by the key index.
+    #[arg(long, default_value = "key:")]
+    pub key_prefix: String,
+    /// Key popularity: uniform or zipf:THETA.
+    #[arg(long, default_value = "uniform")]
+    pub dist: Dist,
+    /// Keep Zipf ranks in key order (rank 1 is index 0) instead of spreading them.
+    #[arg(long)]
+    pub no_scramble: bool,
+    /// Fraction of requests that are gets; the rest are sets.
+    #[arg(long, default_value_t = 0.9)]
+    pub get_ratio: f64,
+    /// Size of the value in every set, in bytes.
+    #[arg(long, default_value_t = 32)]
+    pub value_size: usize,
+    /// Number of requesters, each a closed loop with one outstanding request.
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: usize,
+    /// Length of the measured window in seconds.
+    #[arg(long, default_value_t = 5.0)]
+    pub duration: f64,
+    /// Stop after this many measured requests (or at the end of --duration, if sooner).
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// How long to wait for a UDP reply before counting a timeout, in milliseconds.
+    #[arg(long, default_value_t = 500)]
+    pub timeout_ms: u64,
+    /// Seconds of load before the measured window starts.
+    #[arg(long, default_value_t = 0.0)]
+    pub warmup: f64,
+    /// Write the report as JSON to this file.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+    /// Do not show the progress line.
+    #[arg(long)]
+    pub quiet: bool,
+    /// Worker threads; default min(concurrency, available cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Set every key once before the load starts.
+    #[arg(long)]
+    pub preload: bool,
+    /// Seed of the per-requester random generators (key and operation choice).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+impl LoadArgs {
+    /// Arguments with every default, aimed at `target`.
+    pub fn new(target: impl Into<String>) -> LoadArgs {
+        LoadArgs {
+            target: target.into(),
+            proto: Proto::Udp,
+            keys: 10_000,
+            key_prefix: "key:".into(),
+            dist: Dist::Uniform,
+            no_scramble: false,
+            get_ratio: 0.9,
+            value_size: 32,
+            concurrency: 4,
+            duration: 5.0,
+            requests: None,
+            timeout_ms: 500,
+            warmup: 0.0,
+            json: None,
+            quiet: false,
+            threads: None,
+            preload: false,
+            seed: 1,
+        }
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        if self.keys == 0 {
+            bail!("--keys must be at least 1");
+        }
+        if !(0.0..=1.0).contains(&self.get_ratio) {
+            bail!(
+                "--get-ratio must be between 0 and 1, got {}",
+                self.get_ratio
+            );
+        }
+        if self.concurrency == 0 {
+            bail!("--concurrency must be at least 1");
+        }
+        if self.threads == Some(0) {
+            bail!("--threads must be at least 1");
+        }
+        if !self.duration.is_finite() || self.duration <= 0.0 || self.duration > 1e9 {
+            bail!(
+                "--duration must be a positive number of seconds, got {}",
+                self.duration
+            );
+        }
+        if !self.warmup.is_finite() || self.warmup < 0.0 || self.warmup > 1e9 {
+            bail!(
+                "--warmup must be a non-negative number of seconds, got {}",
+                self.warmup
+            );
+        }
+        if self.timeout_ms == 0 {
+            bail!("--timeout-ms must be at least 1");
+        }
+        check_keys(self.proto, self.keys, &self.key_prefix, self.value_size)?;
+        Ok(())
+    }
+}
+
+/// Rejects keyspaces whose names memcached would refuse and values a UDP datagram cannot hold.
+fn check_keys(proto: Proto, keys: u64, prefix: &str, value_size: usize) -> anyhow::Result<()> {
+    if keys == 0 {
+        bail!("the keyspace is empty");
+    }
+    if prefix.bytes().any(|b| b <= b' ' || b == 0x7f) {
+        bail!("the key prefix must not contain spaces or control characters");
+    }
+    let key_len = text::max_key_len(prefix, keys);
+    if key_len > text::MAX_KEY {
+        bail!(
+            "keys would be up to {key_len} bytes; memcached allows {}",
+            text::MAX_KEY
+        );
+    }
+    if proto == Proto::Udp {
+        // "set <key> 0 0 <len>\r\n<value>\r\n" after the frame header, in one datagram.
+        let len =
+            frame::HEADER_LEN + 4 + key_len + 5 + value_size.to_string().len() + 2 + value_size + 2;
+        if len > frame::MAX_DATAGRAM {
+            bail!(
+                "a set of {value_size} bytes does not fit in one UDP datagram ({len} > {}); use --proto tcp",
+                frame::MAX_DATAGRAM
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Resolves `ADDR:PORT` (a host name is allowed) to its first address.
+pub fn resolve(target: &str) -> anyhow::Result<SocketAddr> {
+    target
+        .to_socket_addrs()
+        .with_context(|| format!("cannot resolve target {target:?} (expected ADDR:PORT)"))?
+        .next()
+        .with_context(|| format!("target {target:?} resolved to no address"))
+}
+
+/// Runs the load described by `args` and returns the report; also writes it to `--json`.
+///
+/// Fails before sending any load if the arguments are invalid, the target does not resolve or
+/// (TCP) cannot be connected. Network errors during the run are counted, not returned. The run
+/// ends after `warmup + duration` seconds at the latest.
+pub fn run(args: &LoadArgs) -> anyhow::Result<Report> {
+    args.validate()?;
+    let target = resolve(&args.target)?;
+    if args.preload {
+        preload(
+            target,
+            args.proto,
+            args.keys,
+            &args.key_prefix,
+            args.value_size,
+        )?;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = args.threads.unwrap_or(cores).min(args.concurrency).max(1);
+
+    let mut groups: Vec<Vec<worker::Requester>> = (0..threads).map(|_| Vec::new()).collect();
+    for i in 0..args.concurrency {
+        // Distinct, reproducible streams per requester.
+        let seed = args.seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let r = worker::Requester::connect(args.proto, target, SmallRng::seed_from_u64(seed))?;
+        groups[i % threads].push(r);
+    }
+
+    let start = Instant::now();
+    let measure_start = start + Duration::from_secs_f64(args.warmup);
+    let end = measure_start + Duration::from_secs_f64(args.duration);
+    let plan = Arc::new(worker::Plan {
+        target,
+        key_prefix: args.key_prefix.clone(),
+        keygen: zipf::KeyGen::new(args.keys, args.dist.theta(), !args.no_scramble),
+        get_ratio: args.get_ratio,
+        value: text::value(args.value_size),
+        timeout: Duration::from_millis(args.timeout_ms),
+        measure_start,
+        end,
+        cap: args.requests,
+        issued: AtomicU64::new(0),
+        completed: AtomicU64::new(0),
+    });
+
+    let mut handles = Vec::with_capacity(threads);
+    for (i, group) in groups.into_iter().enumerate() {
+        let plan = Arc::clone(&plan);
+        let h = std::thread::Builder::new()
+            .name(format!("loadgen-{i}"))
+            .spawn(move || worker::run(&plan, group))
+            .context("failed to start a worker thread")?;
+        handles.push(h);
+    }
+
+    let progress = !args.quiet && std::io::stderr().is_terminal();
+    let mut last_print = start;
+    while !handles.iter().all(|h| h.is_finished()) {
+        std::thread::sleep(Duration::from_millis(25));
+        if progress && last_print.elapsed() >= Duration::from_millis(250) {
+            last_print = Instant::now();
+            print_progress(start, plan.completed.load(Ordering::Relaxed));
+        }
+    }
+    if progress {
+        eprint!("\r\x1b[K");
+    }
+
+    let mut stats = report::Stats::default();
+    let mut stopped = measure_start;
+    for h in handles {
+        let (s, at) = h
+            .join()
+            .map_err(|_| anyhow::anyhow!("a worker thread panicked"))?;
+        stats.merge(&s);
+        stopped = stopped.max(at);
+    }
+    let duration_s = stopped
+        .min(end)
+        .saturating_duration_since(measure_start)
+        .as_secs_f64();
+    let report = Report::new(args, target.to_string(), duration_s, &stats);
+    if let Some(path) = &args.json {
+        let json =
+            serde_json::to_string_pretty(&report).context("failed to serialise the report")?;
+        std::fs::write(path, json + "\n")
+            .with_context(|| format!("failed to write the report to {}", path.display()))?;
+    }
+    Ok(report)
+}
+
+fn print_progress(start: Instant, completed: u64) {
+    let elapsed = start.elapsed().as_secs_f64();
+    let rps = if elapsed > 0.0 {
+        completed as f64 / elapsed
+    } else {
+        0.0
+    };
+    let mut err = std::io::stderr().lock();
+    let _ = write!(
+        err,
+        "\r\x1b[K{elapsed:6.1} s  {completed:>12} requests  {rps:>10.0} req/s"
+    );
+    let _ = err.flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        load: LoadArgs,
+    }
+
+    #[test]
+    fn defaults_match_new() {
+        let cli = Cli::try_parse_from(["load", "--target", "127.0.0.1:11211"]).expect("parse");
+        assert_eq!(cli.load, LoadArgs::new("127.0.0.1:11211"));
+    }
+
+    #[test]
+    fn parses_every_flag() {
+        let cli = Cli::try_parse_from([
+            "load",
+            "--target",
+            "h:1",
+            "--proto",
+            "tcp",
+            "--keys",
+            "5",
+            "--key-prefix",
+            "k",
+            "--dist",
+            "zipf:1.2",
+            "--no-scramble",
+            "--get-ratio",
+            "0.5",
+            "--value-size",
+            "10",
+            "--concurrency",
+            "8",
+            "--duration",
+            "0.5",
+            "--requests",
+            "100",
+            "--timeout-ms",
+            "20",
+            "--warmup",
+            "1",
+            "--json",
+            "out.json",
+            "--quiet",
+            "--threads",
+            "2",
+            "--preload",
+            "--seed",
+            "9",
+        ])
+        .expect("parse");
+        let a = cli.load;
+        assert_eq!(a.proto, Proto::Tcp);
+        assert_eq!(a.dist, Dist::Zipf(1.2));
+        assert_eq!(
+            (a.keys, a.concurrency, a.threads, a.requests),
+            (5, 8, Some(2), Some(100))
+        );
+        assert!(a.no_scramble && a.quiet && a.preload);
+        assert!(
+            Cli::try_parse_from(["load"]).is_err(),
+            "--target is required"
+        );
+    }
+
+    #[test]
+    fn dist_round_trips() {
+        assert_eq!("uniform".parse::<Dist>(), Ok(Dist::Uniform));
+        assert_eq!("zipf".parse::<Dist>(), Ok(Dist::Zipf(0.99)));
+        assert_eq!("zipf:0.5".parse::<Dist>(), Ok(Dist::Zipf(0.5)));
+        assert!("zipf:-1".parse::<Dist>().is_err());
+        assert!("zipf:nan".parse::<Dist>().is_err());
+        assert!("pareto".parse::<Dist>().is_err());
+        let json = serde_json::to_string(&Dist::Zipf(0.99)).expect("json");
+        assert_eq!(json, "\"zipf:0.99\"");
+        assert_eq!(
+            serde_json::from_str::<Dist>(&json).expect("parse"),
+            Dist::Zipf(0.99)
+        );
+    }
+
+    #[test]
+    fn rejects_bad_arguments() {
+        let ok = LoadArgs::new("127.0.0.1:1");
+        assert!(ok.validate().is_ok());
+        let bad = [
+            LoadArgs {
+                keys: 0,
+                ..ok.clone()
+            },
+            LoadArgs {
+                get_ratio: 1.5,
+                ..ok.clone()
+            },
+            LoadArgs {
+                concurrency: 0,
+                ..ok.clone()
+            },
+            LoadArgs {
+                duration: 0.0,
+                ..ok.clone()
+            },
+            LoadArgs {
+                duration: f64::INFINITY,
+                ..ok.clone()
+            },
+            LoadArgs {
+                key_prefix: "a b".into(),
+                ..ok.clone()
+            },
+            LoadArgs {
+                key_prefix: "k".repeat(250),
+                ..ok.clone()
+            },
+            LoadArgs {
+                value_size: 70_000,
+                ..ok.clone()
+            },
+            LoadArgs {
+                timeout_ms: 0,
+                ..ok.clone()
+            },
+        ];
+        for a in bad {
+            assert!(a.validate().is_err(), "{a:?}");
+        }
+        let big_tcp = LoadArgs {
+            value_size: 70_000,
+            proto: Proto::Tcp,
+            ..ok
+        };
+        assert!(big_tcp.validate().is_ok());
+    }
+
+    #[test]
+    fn run_stops_when_nobody_answers() {
+        // A bound UDP socket that never replies: every request times out, and the run still
+        // ends on time.
+        let silent = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let args = LoadArgs {
+            duration: 0.3,
+            timeout_ms: 50,
+            concurrency: 2,
+            quiet: true,
+            ..LoadArgs::new(silent.local_addr().expect("addr").to_string())
+        };
+        let t = Instant::now();
+        let r = run(&args).expect("run");
+        assert!(t.elapsed() < Duration::from_secs(2));
+        assert_eq!(r.gets + r.sets, 0);
+        assert!(r.timeouts >= 2, "{r:?}");
+        assert_eq!(r.requests, r.timeouts + r.errors);
+    }
+}

@@ -1,1 +1,66 @@
-//! placeholder
+//! The programmable match-action engine of kvswitch.
+//!
+//! A [`Pipeline`] is an ordered list of match tables. Each table builds a lookup key from byte
+//! ranges of the frame and from caller-provided metadata ([`Meta`]), matches it exactly, by
+//! longest prefix or by priority-ordered ternary masks, and runs the matched entry's (or the
+//! table's miss) [`Action`]s: rewrites, counters, a load-balancing [`Selector`](Pipeline::add_selector),
+//! a jump to a later table, and a terminal decision that becomes the [`Verdict`].
+//!
+//! The switch's own behaviour (L2 learning and forwarding, ARP for a virtual IP, routing
+//! memcached requests to backends) is expressed by the daemon as entries in these tables.
+//!
+//! This crate is pure: it performs no I/O, reads no clock and never panics on frame contents.
+//! [`Pipeline::process`] does not allocate.
+//!
+//! ```
+//! use pipeline::{Action, Entry, Field, MatchKind, Meta, Pipeline, TableSpec, Verdict};
+//!
+//! let mut p = Pipeline::new();
+//! let l2 = p.add_table(TableSpec {
+//!     name: "l2".into(),
+//!     kind: MatchKind::Exact,
+//!     key: vec![Field::Bytes { offset: 0, len: 6 }], // destination MAC
+//!     miss: vec![Action::Flood],
+//! })?;
+//! p.insert(l2, Entry::exact([2, 0, 0, 0, 0, 1], vec![Action::Output(1)]))?;
+//!
+//! let mut frame = [2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2, 0x88, 0xb5];
+//! assert_eq!(p.process(&mut frame, &mut Meta::new(3)), Verdict::Output(1));
+//! # Ok::<(), pipeline::Error>(())
+//! ```
+#![forbid(unsafe_code)]
+
+mod action;
+mod error;
+mod field;
+mod pipeline;
+pub mod reason;
+mod rewrite;
+mod table;
+
+pub use action::{Action, CounterId, SelectorId, TableId, Verdict};
+pub use error::Error;
+pub use field::{Field, Meta};
+pub use pipeline::{
+    Choose, CounterSnapshot, EntryView, Pipeline, PipelineStats, SelectorSnapshot, Snapshot,
+    TableSnapshot,
+};
+pub use table::{Entry, EntryId, MatchKind, TableSpec};
+
+/// Longest lookup key a table may build, in bytes.
+///
+/// 64 bytes covers a MAC pair, an IPv4/UDP 5-tuple with metadata and a memcached key hash with
+/// room to spare, while keeping the scratch buffers small.
+pub const MAX_KEY_LEN: usize = 64;
+
+/// Most tables a pipeline may hold. Table ids are `0..MAX_TABLES`.
+pub const MAX_TABLES: usize = 256;
+
+/// Most actions in one action list (an entry's, a miss, or a selector member's).
+///
+/// Together with forward-only [`Action::Goto`] and non-nested [`Action::Select`], this bounds
+/// the work done per frame.
+pub const MAX_ACTIONS: usize = 64;
+
+/// Number of metadata registers in [`Meta::regs`].
+pub const NUM_REGS: usize = 4;

@@ -1,1 +1,154 @@
-//! placeholder
+//! Builds kvswitch test networks: each host is a network namespace joined to the switch by a
+//! veth pair, servers run memcached, the first client runs nutcracker, and the kvswitch daemon
+//! runs in the root namespace on the switch-side ends.
+//!
+//! Every name carries a prefix so several testbeds can coexist, and everything created is
+//! recorded in a JSON state file before it exists, so [`down`] can undo a crashed [`up`]. This
+//! crate never kills processes by name and never touches names without its prefix.
+
+mod config;
+mod down;
+mod netns;
+mod probe;
+mod process;
+mod state;
+mod topology;
+mod up;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+pub use config::{kvswitch_config, nutcracker_config};
+pub use down::{down, sweep};
+pub use netns::in_netns;
+pub use probe::{http_get, memcached_version};
+pub use state::{HostState, NutcrackerState, ProcRecord, State};
+pub use topology::{
+    check_prefix, Host, Mode, Role, Subnet, Topology, MAX_HOST_NAME, MAX_PREFIX, MEMCACHED_PORT,
+};
+pub use up::{NUTCRACKER_PORT, NUTCRACKER_STATS_PORT};
+
+/// Directory of the default state files.
+pub const STATE_DIR: &str = "/run/kvswitch";
+
+/// Where a testbed with `prefix` keeps its state unless told otherwise:
+/// `/run/kvswitch/<prefix>-testbed.json`. Generated files go to `<prefix>-testbed.d/` beside it.
+pub fn default_state_path(prefix: &str) -> PathBuf {
+    Path::new(STATE_DIR).join(format!("{prefix}-testbed.json"))
+}
+
+/// How to bring a testbed up.
+#[derive(Clone, Debug)]
+pub struct UpOptions {
+    /// Prefix of every name (1 to 5 lowercase letters or digits). Default "kvs".
+    pub prefix: String,
+    /// The kvswitch binary; None builds the network and daemons but no switch.
+    pub kvswitch_bin: Option<PathBuf>,
+    /// State file; None means [`default_state_path`].
+    pub state_path: Option<PathBuf>,
+    /// kvswitch API address; None picks a free port on 127.0.0.1.
+    pub api: Option<SocketAddr>,
+    /// Run nutcracker on the first client. Default true.
+    pub start_nutcracker: bool,
+    /// Appended verbatim to the generated kvswitch config.
+    pub extra_config: Option<String>,
+}
+
+impl Default for UpOptions {
+    fn default() -> Self {
+        UpOptions {
+            prefix: "kvs".to_string(),
+            kvswitch_bin: None,
+            state_path: None,
+            api: None,
+            start_nutcracker: true,
+            extra_config: None,
+        }
+    }
+}
+
+/// Builds the testbed described by `topo`. Needs root. On failure everything built so far is
+/// torn down and the error says which step failed (with the tail of the daemon's log when a
+/// daemon did not become ready). Fails without touching anything if the state file or a
+/// namespace or link with the prefix already exists.
+pub fn up(topo: &Topology, opts: &UpOptions) -> anyhow::Result<Live> {
+    let state = up::up(topo, opts)?;
+    Ok(Live {
+        state,
+        kept: AtomicBool::new(false),
+    })
+}
+
+/// A running testbed. Dropping it tears the testbed down unless [`Live::keep`] was called.
+#[derive(Debug)]
+pub struct Live {
+    pub state: State,
+    kept: AtomicBool,
+}
+
+impl Live {
+    pub fn state_path(&self) -> &Path {
+        &self.state.state_path
+    }
+
+    pub fn host(&self, name: &str) -> Option<&HostState> {
+        self.state.host(name)
+    }
+
+    pub fn servers(&self) -> Vec<&HostState> {
+        self.state.servers().collect()
+    }
+
+    pub fn clients(&self) -> Vec<&HostState> {
+        self.state.clients().collect()
+    }
+
+    /// kvswitch's API address (also when kvswitch was not started).
+    pub fn api(&self) -> SocketAddr {
+        self.state.api
+    }
+
+    /// `ip netns exec <prefix>-<host> program`; add arguments and run it as usual. An unknown
+    /// host makes the command fail when run, naming the missing namespace.
+    pub fn exec(&self, host: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let ns = self
+            .host(host)
+            .map(|h| h.netns.clone())
+            .unwrap_or_else(|| format!("{}-{host}", self.state.prefix));
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec"]).arg(ns).arg(program);
+        cmd
+    }
+
+    /// Runs `f` inside `host`'s namespace (see [`in_netns`]).
+    pub fn in_host<T: Send>(&self, host: &str, f: impl FnOnce() -> T + Send) -> anyhow::Result<T> {
+        let h = self.host(host).ok_or_else(|| {
+            anyhow::anyhow!("no host {host:?} in testbed {:?}", self.state.prefix)
+        })?;
+        in_netns(&h.netns, f)
+    }
+
+    /// Leaves the testbed running when this value is dropped; `down(state_path)` removes it
+    /// later.
+    pub fn keep(&self) {
+        self.kept.store(true, Ordering::Relaxed);
+    }
+
+    /// Tears the testbed down now and reports failures (which `Drop` can only log).
+    pub fn down(self) -> anyhow::Result<()> {
+        self.keep();
+        down(self.state_path())
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        if !self.kept.load(Ordering::Relaxed) {
+            if let Err(e) = down(self.state_path()) {
+                tracing::warn!("tearing down testbed {:?}: {e:#}", self.state.prefix);
+            }
+        }
+    }
+}

@@ -1,0 +1,709 @@
+//! Key placement: which server of a pool owns a key.
+//!
+//! `Ketama` and `Modula` reproduce twemproxy (nutcracker 0.5.0) placement exactly for the same
+//! server list, names and weights, so a fleet can move from twemproxy to kvswitch without a
+//! cold cache. `Jump` is kvswitch's own. A [`Ring`] is built once (the only place that
+//! allocates) and then answers lookups without allocating; it never does I/O.
+
+use core::fmt;
+use core::str::FromStr;
+
+use crate::hash::{md5_word, HashFn};
+
+/// Ketama points per server for an average weight, from libmemcached (and so twemproxy's
+/// `KETAMA_POINTS_PER_SERVER`), so that key placement matches twemproxy.
+pub const KETAMA_POINTS_PER_SERVER: u32 = 160;
+
+/// Points taken from one MD5 digest of `"<name>-<i>"`: its four little-endian words.
+const KETAMA_POINTS_PER_HASH: u32 = 4;
+
+/// Size of twemproxy's buffer for `"<name>-<i>"` (`KETAMA_MAX_HOSTLEN`). Longer strings are
+/// truncated there while the untruncated length is still hashed, reading past the buffer, so
+/// their placement is undefined; [`Ring::new`] refuses names that would need it.
+pub const KETAMA_MAX_HOSTLEN: usize = 86;
+
+/// The memcached port that twemproxy leaves out of a server's ketama identity, for
+/// compatibility with libmemcached.
+pub const MEMCACHED_DEFAULT_PORT: u16 = 11211;
+
+/// One server of a pool, in configuration order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Server {
+    /// The server's ketama identity; see [`ketama_name`]. Only ketama reads it.
+    pub name: String,
+    /// Relative weight; must be at least 1, as twemproxy requires.
+    pub weight: u32,
+}
+
+impl Server {
+    /// A server with identity `name` and `weight`.
+    pub fn new(name: impl Into<String>, weight: u32) -> Server {
+        Server {
+            name: name.into(),
+            weight,
+        }
+    }
+}
+
+/// The identity twemproxy hashes onto the ketama continuum for a server.
+///
+/// An explicit `name` (the `- host:port:weight name` form) wins. Otherwise it is the address:
+/// `host` alone when `port` is 11211 (libmemcached compatibility), else `"host:port"`. `host`
+/// must be spelled as in the twemproxy configuration, since the text itself is hashed.
+pub fn ketama_name(host: &str, port: u16, name: Option<&str>) -> String {
+    match name {
+        Some(name) => name.to_owned(),
+        None if port == MEMCACHED_DEFAULT_PORT => host.to_owned(),
+        None => format!("{host}:{port}"),
+    }
+}
+
+/// How keys are spread over a pool's servers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Distribution {
+    /// twemproxy's ketama consistent hashing (libmemcached compatible).
+    Ketama,
+    /// twemproxy's modula: weights expand into slots, servers in twemproxy's (name-sorted)
+    /// order; the key's slot is hash % total weight.
+    Modula,
+    /// Lamping–Veach jump consistent hash over the key hash. kvswitch's own: twemproxy has no
+    /// such distribution, so it gives no placement compatibility with twemproxy.
+    Jump,
+}
+
+impl Distribution {
+    /// The configuration name of this distribution.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Distribution::Ketama => "ketama",
+            Distribution::Modula => "modula",
+            Distribution::Jump => "jump",
+        }
+    }
+}
+
+impl fmt::Display for Distribution {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Distribution {
+    type Err = RouteError;
+
+    /// Parses `ketama`, `modula` or `jump`. twemproxy's `random` is refused with
+    /// [`RouteError::RandomDistribution`]: a cache pool needs a key to stay on one server.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "ketama" => Ok(Distribution::Ketama),
+            "modula" => Ok(Distribution::Modula),
+            "jump" => Ok(Distribution::Jump),
+            "random" => Err(RouteError::RandomDistribution),
+            other => Err(RouteError::UnknownDistribution(other.to_owned())),
+        }
+    }
+}
+
+/// Why a pool or its configuration was refused. Control-plane only; lookups cannot fail.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RouteError {
+    /// The pool has no servers.
+    EmptyPool,
+    /// A server has weight 0 (twemproxy refuses such a configuration).
+    ZeroWeight {
+        /// Index of the server in the pool.
+        server: usize,
+    },
+    /// The weights add up to more than `u32::MAX`.
+    WeightOverflow,
+    /// Two servers share a name (twemproxy refuses such a pool).
+    DuplicateName {
+        /// Index of the first server with the name.
+        first: usize,
+        /// Index of the second server with the name.
+        second: usize,
+    },
+    /// A ketama name is too long for twemproxy's point buffer (see [`KETAMA_MAX_HOSTLEN`]).
+    NameTooLong {
+        /// Index of the server in the pool.
+        server: usize,
+        /// Length of the longest `"<name>-<i>"` string the server would need.
+        len: usize,
+    },
+    /// A distribution name that is not `ketama`, `modula` or `jump`.
+    UnknownDistribution(String),
+    /// `random` distribution, which kvswitch does not offer.
+    RandomDistribution,
+}
+
+impl fmt::Display for RouteError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RouteError::EmptyPool => f.write_str("server pool is empty"),
+            RouteError::ZeroWeight { server } => {
+                write!(
+                    f,
+                    "server {server} has weight 0; weights must be at least 1"
+                )
+            }
+            RouteError::WeightOverflow => f.write_str("total server weight exceeds 2^32 - 1"),
+            RouteError::DuplicateName { first, second } => {
+                write!(f, "servers {first} and {second} have the same name")
+            }
+            RouteError::NameTooLong { server, len } => write!(
+                f,
+                "ketama name of server {server} needs {len} bytes with its point suffix; \
+                 twemproxy allows at most {}",
+                KETAMA_MAX_HOSTLEN - 1
+            ),
+            RouteError::UnknownDistribution(name) => write!(
+                f,
+                "unknown distribution {name:?}; expected ketama, modula or jump"
+            ),
+            RouteError::RandomDistribution => f.write_str(
+                "distribution \"random\" is not supported: a key must map to one server; \
+                 use ketama, modula or jump",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RouteError {}
+
+/// One point of the ketama continuum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Point {
+    value: u32,
+    server: u32,
+}
+
+/// A built pool: maps keys (or key hashes) to server indexes.
+///
+/// Immutable once built; rebuild it to change the pool. Lookups never allocate and never panic.
+#[derive(Clone, Debug)]
+pub struct Ring {
+    dist: Distribution,
+    hash: HashFn,
+    servers: usize,
+    /// Ketama: the continuum, sorted by value. Empty for other distributions.
+    continuum: Vec<Point>,
+    /// Modula and jump: the servers in slot order, as indexes into the caller's list.
+    slot_order: Vec<u32>,
+    /// Modula and jump: `cumulative[i]` = sum of the weights of `slot_order[0..=i]`, so slot
+    /// `s` belongs to the first position whose cumulative weight exceeds `s`.
+    cumulative: Vec<u32>,
+}
+
+impl Ring {
+    /// Builds a pool over `servers`. Indexes returned by lookups are positions in `servers`.
+    ///
+    /// Server order: twemproxy sorts each pool's servers by name (shorter names first, then
+    /// bytewise) while checking for duplicates, and builds its distribution from that sorted
+    /// list. Ketama and modula do the same here, so the order in which servers are listed does
+    /// not change placement, exactly as in twemproxy; for modula that sorted order is what
+    /// decides which slots a server owns. Jump keeps the order given, so appending a server
+    /// moves keys only to it.
+    ///
+    /// Fails when the pool is empty, a weight is 0, the weights overflow `u32`, or (ketama and
+    /// modula, which twemproxy refuses) two servers share a name, or (ketama only) a server's
+    /// name is too long for twemproxy to hash it reliably.
+    pub fn new(dist: Distribution, hash: HashFn, servers: &[Server]) -> Result<Ring, RouteError> {
+        if servers.is_empty() {
+            return Err(RouteError::EmptyPool);
+        }
+        // Server indexes are stored as u32; every weight is at least 1, so more servers than
+        // that would overflow the total weight anyway.
+        if u32::try_from(servers.len()).is_err() {
+            return Err(RouteError::WeightOverflow);
+        }
+        let mut total: u32 = 0;
+        for (i, s) in servers.iter().enumerate() {
+            if s.weight == 0 {
+                return Err(RouteError::ZeroWeight { server: i });
+            }
+            total = total
+                .checked_add(s.weight)
+                .ok_or(RouteError::WeightOverflow)?;
+        }
+        let mut order: Vec<u32> = (0..servers.len() as u32).collect();
+        if dist != Distribution::Jump {
+            order = twemproxy_order(servers)?;
+        }
+        let mut ring = Ring {
+            dist,
+            hash,
+            servers: servers.len(),
+            continuum: Vec::new(),
+            slot_order: Vec::new(),
+            cumulative: Vec::new(),
+        };
+        match dist {
+            Distribution::Ketama => ring.continuum = build_continuum(servers, &order, total)?,
+            Distribution::Modula | Distribution::Jump => {
+                let mut sum = 0u32;
+                for &i in &order {
+                    // Cannot overflow: the same weights summed to `total` above.
+                    sum = sum.saturating_add(servers[i as usize].weight);
+                    ring.cumulative.push(sum);
+                }
+                ring.slot_order = order;
+            }
+        }
+        Ok(ring)
+    }
+
+    /// The key's hash as twemproxy computes it for placement: the pool's hash function, except
+    /// that an empty key hashes to 0 (twemproxy does not hash empty keys). twemproxy's
+    /// `hash_tag` is not applied; pass the tagged part of the key to get that behaviour.
+    pub fn key_hash(&self, key: &[u8]) -> u32 {
+        if key.is_empty() {
+            0
+        } else {
+            self.hash.hash(key)
+        }
+    }
+
+    /// The index of the server that owns `hash`, in `0..self.len()`.
+    pub fn locate_hash(&self, hash: u32) -> usize {
+        match self.dist {
+            Distribution::Ketama => {
+                // First point at or after the hash, wrapping to the first point past the end.
+                let i = self.continuum.partition_point(|p| p.value < hash);
+                self.continuum
+                    .get(i)
+                    .or_else(|| self.continuum.first())
+                    .map_or(0, |p| p.server as usize)
+            }
+            Distribution::Modula => {
+                let slots = self.cumulative.last().copied().unwrap_or(1).max(1);
+                self.slot_owner(hash % slots)
+            }
+            Distribution::Jump => {
+                let slots = self.cumulative.last().copied().unwrap_or(1).max(1);
+                self.slot_owner(jump_consistent_hash(u64::from(hash), slots))
+            }
+        }
+    }
+
+    /// The index of the server that owns `key`, in `0..self.len()`.
+    pub fn locate(&self, key: &[u8]) -> usize {
+        self.locate_hash(self.key_hash(key))
+    }
+
+    /// Number of servers in the pool (never 0).
+    pub fn len(&self) -> usize {
+        self.servers
+    }
+
+    /// Always false: a ring has at least one server.
+    pub fn is_empty(&self) -> bool {
+        self.servers == 0
+    }
+
+    /// The distribution this ring was built with.
+    pub fn distribution(&self) -> Distribution {
+        self.dist
+    }
+
+    /// The key hash function this ring was built with.
+    pub fn hash_fn(&self) -> HashFn {
+        self.hash
+    }
+
+    /// Number of points on the ketama continuum (0 for other distributions).
+    pub fn continuum_len(&self) -> usize {
+        self.continuum.len()
+    }
+
+    /// Owner of a modula/jump slot, `slot < total weight`.
+    fn slot_owner(&self, slot: u32) -> usize {
+        let i = self.cumulative.partition_point(|&c| c <= slot);
+        self.slot_order
+            .get(i)
+            .or_else(|| self.slot_order.last())
+            .map_or(0, |&s| s as usize)
+    }
+}
+
+/// Points a server gets on the continuum, computed in `f32` exactly as twemproxy does:
+/// `floorf(pct * 160 / 4 * n + 0.0000000001) * 4` with `pct = weight / total`. The small
+/// constant is a C `double`, so the sum is taken in `f64` and rounded back to `f32` before
+/// the floor; every other step rounds to `f32`.
+fn ketama_points(weight: u32, total: u32, servers: usize) -> u32 {
+    let pct = weight as f32 / total as f32;
+    let share =
+        pct * KETAMA_POINTS_PER_SERVER as f32 / KETAMA_POINTS_PER_HASH as f32 * servers as f32;
+    let nudged = (f64::from(share) + 0.000_000_000_1) as f32;
+    // `as` saturates; the value is at most 40 * servers.
+    nudged.floor() as u32 * KETAMA_POINTS_PER_HASH
+}
+
+/// Number of decimal digits of `n`.
+fn decimal_digits(mut n: u32) -> usize {
+    let mut d = 1;
+    while n >= 10 {
+        n /= 10;
+        d += 1;
+    }
+    d
+}
+
+/// Server indexes in twemproxy's order: sorted by name, shorter names first and equal lengths
+/// bytewise (its `string_compare`). Duplicate names are refused, as twemproxy refuses them.
+fn twemproxy_order(servers: &[Server]) -> Result<Vec<u32>, RouteError> {
+    let mut order: Vec<u32> = (0..servers.len() as u32).collect();
+    let name = |i: &u32| {
+        let n = servers[*i as usize].name.as_bytes();
+        (n.len(), n)
+    };
+    order.sort_by(|a, b| name(a).cmp(&name(b)));
+    for pair in order.windows(2) {
+        if name(&pair[0]) == name(&pair[1]) {
+            let (a, b) = (pair[0].min(pair[1]), pair[0].max(pair[1]));
+            return Err(RouteError::DuplicateName {
+                first: a as usize,
+                second: b as usize,
+            });
+        }
+    }
+    Ok(order)
+}
+
+/// Builds twemproxy's ketama continuum: for server `s` and `i` in `0..points/4`, the four
+/// little-endian words of MD5(`"<name>-<i>"`) each become a point owned by `s`; then all points
+/// are sorted by value. Servers are visited in `order` (twemproxy's) and equal values keep that
+/// order (a stable sort, as glibc's merge-sort `qsort` gives twemproxy); such collisions are
+/// vanishingly rare.
+fn build_continuum(
+    servers: &[Server],
+    order: &[u32],
+    total: u32,
+) -> Result<Vec<Point>, RouteError> {
+    let mut continuum = Vec::with_capacity(servers.len() * KETAMA_POINTS_PER_SERVER as usize);
+    let mut label = Vec::with_capacity(KETAMA_MAX_HOSTLEN);
+    for &index in order {
+        let server = &servers[index as usize];
+        let count = ketama_points(server.weight, total, servers.len());
+        let hashes = count / KETAMA_POINTS_PER_HASH;
+        if hashes > 0 {
+            let len = server.name.len() + 1 + decimal_digits(hashes - 1);
+            if len >= KETAMA_MAX_HOSTLEN {
+                return Err(RouteError::NameTooLong {
+                    server: index as usize,
+                    len,
+                });
+            }
+        }
+        for i in 0..hashes {
+            label.clear();
+            label.extend_from_slice(server.name.as_bytes());
+            label.push(b'-');
+            label.extend_from_slice(i.to_string().as_bytes());
+            for word in 0..KETAMA_POINTS_PER_HASH as usize {
+                continuum.push(Point {
+                    value: md5_word(&label, word),
+                    server: index,
+                });
+            }
+        }
+    }
+    continuum.sort_by_key(|p| p.value);
+    Ok(continuum)
+}
+
+/// Lamping and Veach, "A Fast, Minimal Memory, Consistent Hash Algorithm" (2014): maps `key`
+/// to a bucket in `0..buckets` so that growing from `n` to `n + 1` buckets moves only about
+/// `1/(n + 1)` of keys, all to the new bucket. `buckets` must be at least 1.
+pub fn jump_consistent_hash(mut key: u64, buckets: u32) -> u32 {
+    let mut b: i64 = -1;
+    let mut j: i64 = 0;
+    while j < i64::from(buckets) {
+        b = j;
+        key = key.wrapping_mul(2_862_933_555_777_941_757).wrapping_add(1);
+        j = ((b + 1) as f64 * ((1u64 << 31) as f64 / ((key >> 33) + 1) as f64)) as i64;
+    }
+    b.max(0) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(n: usize, weight: impl Fn(usize) -> u32) -> Vec<Server> {
+        (0..n)
+            .map(|i| Server::new(format!("10.0.0.{}:{}", i + 1, 11311 + i), weight(i)))
+            .collect()
+    }
+
+    fn keys(n: usize) -> impl Iterator<Item = Vec<u8>> {
+        (0..n).map(|i| format!("key:{i}").into_bytes())
+    }
+
+    #[test]
+    fn ketama_name_rules() {
+        assert_eq!(ketama_name("127.0.0.1", 11211, None), "127.0.0.1");
+        assert_eq!(ketama_name("127.0.0.1", 11212, None), "127.0.0.1:11212");
+        assert_eq!(ketama_name("127.0.0.1", 11211, Some("alpha")), "alpha");
+        assert_eq!(ketama_name("cache-a", 22122, Some("beta")), "beta");
+    }
+
+    #[test]
+    fn distribution_names() {
+        for d in [
+            Distribution::Ketama,
+            Distribution::Modula,
+            Distribution::Jump,
+        ] {
+            assert_eq!(d.to_string().parse::<Distribution>(), Ok(d));
+        }
+        assert_eq!(
+            "random".parse::<Distribution>(),
+            Err(RouteError::RandomDistribution)
+        );
+        assert!(matches!(
+            "rendezvous".parse::<Distribution>(),
+            Err(RouteError::UnknownDistribution(_))
+        ));
+    }
+
+    #[test]
+    fn rejects_bad_pools() {
+        for dist in [
+            Distribution::Ketama,
+            Distribution::Modula,
+            Distribution::Jump,
+        ] {
+            assert_eq!(
+                Ring::new(dist, HashFn::Md5, &[]).err(),
+                Some(RouteError::EmptyPool)
+            );
+            let zero = [Server::new("a", 1), Server::new("b", 0)];
+            assert_eq!(
+                Ring::new(dist, HashFn::Md5, &zero).err(),
+                Some(RouteError::ZeroWeight { server: 1 })
+            );
+            let big = [Server::new("a", u32::MAX), Server::new("b", 1)];
+            assert_eq!(
+                Ring::new(dist, HashFn::Md5, &big).err(),
+                Some(RouteError::WeightOverflow)
+            );
+        }
+        // 82 bytes + "-39" = 85 fits; one more byte does not.
+        let ok = [Server::new("x".repeat(82), 1)];
+        assert!(Ring::new(Distribution::Ketama, HashFn::Md5, &ok).is_ok());
+        let long = [Server::new("x".repeat(83), 1)];
+        assert_eq!(
+            Ring::new(Distribution::Ketama, HashFn::Md5, &long).err(),
+            Some(RouteError::NameTooLong { server: 0, len: 86 })
+        );
+        // Names are irrelevant to modula.
+        assert!(Ring::new(Distribution::Modula, HashFn::Md5, &long).is_ok());
+    }
+
+    #[test]
+    fn ketama_continuum_is_160_points_per_equal_server() {
+        for n in [1, 2, 3, 4, 5, 8, 10, 16, 32, 64] {
+            let ring = Ring::new(Distribution::Ketama, HashFn::Md5, &pool(n, |_| 1)).unwrap();
+            assert_eq!(ring.continuum_len(), 160 * n, "{n} servers");
+            assert!(ring.continuum.windows(2).all(|w| w[0].value <= w[1].value));
+        }
+    }
+
+    #[test]
+    fn ketama_points_follow_float_arithmetic() {
+        // Weights 1,2,3 of 6 over 3 servers: 20, 40, 60 hashes.
+        assert_eq!(ketama_points(1, 6, 3), 80);
+        assert_eq!(ketama_points(2, 6, 3), 160);
+        assert_eq!(ketama_points(3, 6, 3), 240);
+        // f32 rounding can land just under a whole number: 1/7 * 160 / 4 * 7 rounds to
+        // exactly 40 or just below; whatever twemproxy's floats give, we give.
+        let share = (1.0f32 / 7.0) * 160.0 / 4.0 * 7.0;
+        assert_eq!(ketama_points(1, 7, 7), share.floor() as u32 * 4);
+    }
+
+    #[test]
+    fn ketama_point_values_are_md5_words() {
+        let ring = Ring::new(Distribution::Ketama, HashFn::Md5, &[Server::new("a", 1)]).unwrap();
+        let first = (0..4).map(|w| md5_word(b"a-0", w));
+        for v in first {
+            assert!(ring.continuum.iter().any(|p| p.value == v));
+        }
+    }
+
+    #[test]
+    fn ketama_lookup_wraps_around() {
+        let servers = pool(3, |_| 1);
+        let ring = Ring::new(Distribution::Ketama, HashFn::Md5, &servers).unwrap();
+        let first = ring.continuum[0];
+        let last = ring.continuum[ring.continuum.len() - 1];
+        assert_eq!(ring.locate_hash(0), first.server as usize);
+        assert_eq!(ring.locate_hash(first.value), first.server as usize);
+        assert_eq!(ring.locate_hash(last.value), last.server as usize);
+        if last.value < u32::MAX {
+            assert_eq!(ring.locate_hash(last.value + 1), first.server as usize);
+        }
+        // A hash between two points belongs to the later one.
+        let (a, b) = (ring.continuum[6], ring.continuum[7]);
+        if b.value - a.value > 1 {
+            assert_eq!(ring.locate_hash(a.value + 1), b.server as usize);
+        }
+    }
+
+    #[test]
+    fn ketama_weights_shift_share() {
+        let servers = pool(3, |i| i as u32 + 1);
+        let ring = Ring::new(Distribution::Ketama, HashFn::Md5, &servers).unwrap();
+        let mut count = [0usize; 3];
+        for k in keys(60_000) {
+            count[ring.locate(&k)] += 1;
+        }
+        // Expected shares 1/6, 2/6, 3/6 of 60,000 keys, within 20%.
+        for (i, &c) in count.iter().enumerate() {
+            let expect = 10_000 * (i + 1);
+            assert!(c.abs_diff(expect) < expect / 5, "{count:?}");
+        }
+    }
+
+    #[test]
+    fn modula_expands_weights_into_slots() {
+        let servers = pool(3, |i| i as u32 + 1); // slots: [0, 1, 1, 2, 2, 2]
+        let ring = Ring::new(Distribution::Modula, HashFn::Md5, &servers).unwrap();
+        let expect = [0, 1, 1, 2, 2, 2];
+        for h in 0..60u32 {
+            assert_eq!(ring.locate_hash(h), expect[(h % 6) as usize], "hash {h}");
+        }
+        assert_eq!(ring.locate_hash(u32::MAX), expect[(u32::MAX % 6) as usize]);
+        let mut count = [0usize; 3];
+        for k in keys(60_000) {
+            let h = ring.key_hash(&k);
+            let s = ring.locate(&k);
+            assert_eq!(s, expect[(h % 6) as usize]);
+            count[s] += 1;
+        }
+        for (i, &c) in count.iter().enumerate() {
+            let expect = 10_000 * (i + 1);
+            assert!(c.abs_diff(expect) < expect / 10, "{count:?}");
+        }
+    }
+
+    #[test]
+    fn modula_slots_follow_twemproxy_name_order() {
+        // twemproxy sorts by (length, bytes): "mid" < "zeta" < "alpha".
+        let servers = [
+            Server::new("zeta", 1),
+            Server::new("alpha", 2),
+            Server::new("mid", 3),
+        ];
+        let ring = Ring::new(Distribution::Modula, HashFn::Md5, &servers).unwrap();
+        let expect = [2, 2, 2, 0, 1, 1];
+        for h in 0..12u32 {
+            assert_eq!(ring.locate_hash(h), expect[(h % 6) as usize], "hash {h}");
+        }
+        // Jump keeps the order given.
+        let jump = Ring::new(Distribution::Jump, HashFn::Md5, &servers).unwrap();
+        assert_eq!(jump.slot_order, [0, 1, 2]);
+    }
+
+    #[test]
+    fn ketama_placement_ignores_listing_order() {
+        let servers = pool(4, |i| i as u32 + 1);
+        let mut reversed = servers.clone();
+        reversed.reverse();
+        let a = Ring::new(Distribution::Ketama, HashFn::Md5, &servers).unwrap();
+        let b = Ring::new(Distribution::Ketama, HashFn::Md5, &reversed).unwrap();
+        for k in keys(5_000) {
+            assert_eq!(servers[a.locate(&k)], reversed[b.locate(&k)]);
+        }
+    }
+
+    #[test]
+    fn duplicate_names_are_refused_where_twemproxy_refuses_them() {
+        let servers = [
+            Server::new("a", 1),
+            Server::new("b", 1),
+            Server::new("a", 2),
+        ];
+        for dist in [Distribution::Ketama, Distribution::Modula] {
+            assert_eq!(
+                Ring::new(dist, HashFn::Md5, &servers).err(),
+                Some(RouteError::DuplicateName {
+                    first: 0,
+                    second: 2
+                })
+            );
+        }
+        assert!(Ring::new(Distribution::Jump, HashFn::Md5, &servers).is_ok());
+    }
+
+    #[test]
+    fn jump_reference_values() {
+        // Bucket 0 for one bucket; the key only moves forward as buckets grow.
+        for key in [0u64, 1, 42, u64::from(u32::MAX), u64::MAX] {
+            assert_eq!(jump_consistent_hash(key, 1), 0);
+            let mut prev = 0;
+            for n in 2..200 {
+                let b = jump_consistent_hash(key, n);
+                assert!(b < n);
+                assert!(b == prev || b == n - 1, "key {key} n {n}");
+                prev = b;
+            }
+        }
+    }
+
+    #[test]
+    fn jump_growth_moves_only_to_the_new_server() {
+        let keys: Vec<Vec<u8>> = keys(50_000).collect();
+        for n in [1usize, 2, 4, 9] {
+            let before = Ring::new(Distribution::Jump, HashFn::Md5, &pool(n, |_| 1)).unwrap();
+            let after = Ring::new(Distribution::Jump, HashFn::Md5, &pool(n + 1, |_| 1)).unwrap();
+            let mut moved = 0usize;
+            for k in &keys {
+                let (a, b) = (before.locate(k), after.locate(k));
+                if a != b {
+                    assert_eq!(b, n, "a key moved to an old server");
+                    moved += 1;
+                }
+            }
+            let expect = keys.len() / (n + 1);
+            assert!(
+                moved.abs_diff(expect) < expect / 10,
+                "{n} -> {}: moved {moved}, expected about {expect}",
+                n + 1
+            );
+        }
+    }
+
+    #[test]
+    fn jump_respects_weights() {
+        let ring = Ring::new(
+            Distribution::Jump,
+            HashFn::Murmur,
+            &pool(2, |i| 1 + 2 * i as u32),
+        )
+        .unwrap();
+        let mut count = [0usize; 2];
+        for k in keys(40_000) {
+            count[ring.locate(&k)] += 1;
+        }
+        assert!(count[0].abs_diff(10_000) < 1_000, "{count:?}");
+    }
+
+    #[test]
+    fn empty_key_hashes_to_zero_and_single_server_owns_all() {
+        let ring = Ring::new(Distribution::Ketama, HashFn::Md5, &pool(3, |_| 1)).unwrap();
+        assert_eq!(ring.key_hash(b""), 0);
+        for dist in [
+            Distribution::Ketama,
+            Distribution::Modula,
+            Distribution::Jump,
+        ] {
+            let one = Ring::new(dist, HashFn::Fnv1a64, &pool(1, |_| 5)).unwrap();
+            assert_eq!(one.len(), 1);
+            assert!(!one.is_empty());
+            for k in keys(100) {
+                assert_eq!(one.locate(&k), 0);
+            }
+            assert_eq!(one.locate_hash(u32::MAX), 0);
+        }
+    }
+}

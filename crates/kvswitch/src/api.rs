@@ -1,0 +1,321 @@
+//! The control API over HTTP: `GET /metrics` (Prometheus text format) and
+//! `GET /api/v1/status` (JSON). A small blocking server on its own thread; it only reads
+//! counters and the snapshot the run loop publishes.
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::config::{Config, Mode};
+use crate::stats::{get, Answer, Drop, Stats};
+use crate::switch::Snapshot;
+
+/// What the API thread can see.
+pub struct Shared {
+    pub config: Config,
+    pub port_names: Vec<String>,
+    pub port_macs: Vec<String>,
+    pub stats: Arc<Stats>,
+    pub snapshot: Mutex<Snapshot>,
+    pub started: Instant,
+}
+
+/// Binds the API address and serves it on a background thread.
+pub fn serve(shared: Arc<Shared>) -> anyhow::Result<SocketAddr> {
+    let listener = TcpListener::bind(shared.config.api).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: `switch.api`: cannot listen on {}: {e}",
+            shared.config.path.display(),
+            shared.config.api
+        )
+    })?;
+    let addr = listener.local_addr()?;
+    std::thread::Builder::new()
+        .name("api".into())
+        .spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { continue };
+                let shared = shared.clone();
+                // One short-lived thread per connection keeps a slow client from blocking others.
+                let _ = std::thread::Builder::new()
+                    .name("api-conn".into())
+                    .spawn(move || {
+                        let _ = handle(conn, &shared);
+                    });
+            }
+        })?;
+    Ok(addr)
+}
+
+fn handle(mut conn: TcpStream, shared: &Shared) -> std::io::Result<()> {
+    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut reader = BufReader::new(conn.try_clone()?);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    // Drain the headers.
+    let mut header = String::new();
+    while reader.read_line(&mut header)? > 2 {
+        header.clear();
+    }
+    let mut parts = line.split_whitespace();
+    let method = parts.next().unwrap_or("");
+    let path = parts.next().unwrap_or("");
+    let (status, ctype, body) = match (method, path) {
+        ("GET", "/metrics") => ("200 OK", "text/plain; version=0.0.4", metrics(shared)),
+        ("GET", "/api/v1/status") => (
+            "200 OK",
+            "application/json",
+            serde_json::to_string_pretty(&status(shared)).unwrap_or_default(),
+        ),
+        ("GET", "/") => (
+            "200 OK",
+            "text/plain",
+            "kvswitch: GET /metrics (Prometheus), GET /api/v1/status (JSON)\n".to_string(),
+        ),
+        ("GET", _) => ("404 Not Found", "text/plain", "not found\n".to_string()),
+        _ => (
+            "405 Method Not Allowed",
+            "text/plain",
+            "only GET is served\n".to_string(),
+        ),
+    };
+    write!(
+        conn,
+        "HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    conn.flush()
+}
+
+/// The Prometheus text exposition.
+pub fn metrics(shared: &Shared) -> String {
+    let s = &shared.stats;
+    let mut out = String::with_capacity(4096);
+    let family = |out: &mut String, name: &str, kind: &str, help: &str| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    };
+    family(
+        &mut out,
+        "kvswitch_port_packets_total",
+        "counter",
+        "Frames per port and direction.",
+    );
+    for (i, p) in s.ports.iter().enumerate() {
+        let name = &shared.port_names[i];
+        let _ = writeln!(
+            out,
+            "kvswitch_port_packets_total{{port=\"{name}\",dir=\"rx\"}} {}",
+            get(&p.rx_packets)
+        );
+        let _ = writeln!(
+            out,
+            "kvswitch_port_packets_total{{port=\"{name}\",dir=\"tx\"}} {}",
+            get(&p.tx_packets)
+        );
+    }
+    family(
+        &mut out,
+        "kvswitch_port_bytes_total",
+        "counter",
+        "Bytes per port and direction.",
+    );
+    for (i, p) in s.ports.iter().enumerate() {
+        let name = &shared.port_names[i];
+        let _ = writeln!(
+            out,
+            "kvswitch_port_bytes_total{{port=\"{name}\",dir=\"rx\"}} {}",
+            get(&p.rx_bytes)
+        );
+        let _ = writeln!(
+            out,
+            "kvswitch_port_bytes_total{{port=\"{name}\",dir=\"tx\"}} {}",
+            get(&p.tx_bytes)
+        );
+    }
+    family(
+        &mut out,
+        "kvswitch_backend_requests_total",
+        "counter",
+        "memcached requests routed to each server.",
+    );
+    for (i, b) in s.backends.iter().enumerate() {
+        let label = shared.config.servers[i].label();
+        let _ = writeln!(
+            out,
+            "kvswitch_backend_requests_total{{backend=\"{label}\"}} {}",
+            get(&b.requests)
+        );
+    }
+    family(
+        &mut out,
+        "kvswitch_backend_replies_total",
+        "counter",
+        "UDP replies from each server's memcached port that crossed the switch.",
+    );
+    for (i, b) in s.backends.iter().enumerate() {
+        let label = shared.config.servers[i].label();
+        let _ = writeln!(
+            out,
+            "kvswitch_backend_replies_total{{backend=\"{label}\"}} {}",
+            get(&b.replies)
+        );
+    }
+    family(
+        &mut out,
+        "kvswitch_drops_total",
+        "counter",
+        "Frames dropped, by reason.",
+    );
+    for d in Drop::ALL {
+        let _ = writeln!(
+            out,
+            "kvswitch_drops_total{{reason=\"{}\"}} {}",
+            d.name(),
+            get(&s.drops[d as usize])
+        );
+    }
+    family(
+        &mut out,
+        "kvswitch_answers_total",
+        "counter",
+        "Requests the switch answered itself, by kind.",
+    );
+    for a in Answer::ALL {
+        let _ = writeln!(
+            out,
+            "kvswitch_answers_total{{kind=\"{}\"}} {}",
+            a.name(),
+            get(&s.answers[a as usize])
+        );
+    }
+    let singles: [(&str, &str, u64); 9] = [
+        (
+            "kvswitch_kv_requests_total",
+            "memcached datagrams to the VIP.",
+            get(&s.kv_requests),
+        ),
+        (
+            "kvswitch_kv_forwarded_total",
+            "Datagrams forwarded whole to one server.",
+            get(&s.kv_forwarded),
+        ),
+        (
+            "kvswitch_kv_split_total",
+            "Multi-key gets split across servers.",
+            get(&s.kv_split),
+        ),
+        (
+            "kvswitch_arp_replies_total",
+            "ARP replies sent for the VIP.",
+            get(&s.arp_replies),
+        ),
+        (
+            "kvswitch_arp_requests_total",
+            "ARP requests sent to resolve backends.",
+            get(&s.arp_requests_sent),
+        ),
+        (
+            "kvswitch_switched_total",
+            "Frames sent out of one port.",
+            get(&s.switched),
+        ),
+        ("kvswitch_flooded_total", "Frames flooded.", get(&s.flooded)),
+        (
+            "kvswitch_mac_learned_total",
+            "MAC table updates.",
+            get(&s.mac_learned),
+        ),
+        (
+            "kvswitch_splits_in_flight",
+            "Split multi-key gets awaiting parts.",
+            get(&s.splits_in_flight),
+        ),
+    ];
+    for (name, help, value) in singles {
+        let kind = if name.ends_with("_total") {
+            "counter"
+        } else {
+            "gauge"
+        };
+        family(&mut out, name, kind, help);
+        let _ = writeln!(out, "{name} {value}");
+    }
+    out
+}
+
+/// The status document.
+pub fn status(shared: &Shared) -> serde_json::Value {
+    let s = &shared.stats;
+    let snap = shared
+        .snapshot
+        .lock()
+        .map(|g| g.clone())
+        .unwrap_or_default();
+    let cfg = &shared.config;
+    let ports: Vec<_> = s
+        .ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            json!({
+                "name": shared.port_names[i],
+                "mac": shared.port_macs[i],
+                "rx_packets": get(&p.rx_packets), "rx_bytes": get(&p.rx_bytes),
+                "tx_packets": get(&p.tx_packets), "tx_bytes": get(&p.tx_bytes),
+            })
+        })
+        .collect();
+    let pool: Vec<_> = cfg
+        .servers
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            json!({
+                "addr": b.addr.to_string(),
+                "name": b.name,
+                "ring_name": b.ring_name(),
+                "weight": b.weight,
+                "mac": snap.backend_macs.get(i).cloned().flatten(),
+                "requests": get(&s.backends[i].requests),
+                "replies": get(&s.backends[i].replies),
+            })
+        })
+        .collect();
+    let drops: serde_json::Map<String, serde_json::Value> = Drop::ALL
+        .iter()
+        .map(|d| (d.name().to_string(), json!(get(&s.drops[*d as usize]))))
+        .collect();
+    let answers: serde_json::Map<String, serde_json::Value> = Answer::ALL
+        .iter()
+        .map(|a| (a.name().to_string(), json!(get(&s.answers[*a as usize]))))
+        .collect();
+    json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "uptime_s": shared.started.elapsed().as_secs_f64(),
+        "mode": match cfg.mode { Mode::L3 => "l3", Mode::L2 => "l2" },
+        "vip": { "ip": cfg.vip.to_string(), "mac": cfg.vip_mac.to_string(), "port": cfg.vip_port },
+        "pool": {
+            "distribution": cfg.distribution.to_string(),
+            "hash": cfg.hash.to_string(),
+            "servers": pool,
+        },
+        "ports": ports,
+        "counters": {
+            "kv_requests": get(&s.kv_requests),
+            "kv_forwarded": get(&s.kv_forwarded),
+            "kv_split": get(&s.kv_split),
+            "arp_replies": get(&s.arp_replies),
+            "switched": get(&s.switched),
+            "flooded": get(&s.flooded),
+            "drops": drops,
+            "answers": answers,
+        },
+        "mac_table": snap.mac_table,
+        "splits_in_flight": snap.splits_in_flight,
+        "tables": snap.tables,
+    })
+}

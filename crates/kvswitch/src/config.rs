@@ -1,0 +1,455 @@
+//! The daemon's configuration file (TOML): ports, the virtual IP, the backend pool and the
+//! rewrite mode. Every error names the file, the key and what is wrong.
+
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::{Path, PathBuf};
+
+use kv::{Distribution, HashFn};
+use serde::Deserialize;
+use wire::ethernet::Mac;
+
+/// How a routed request is rewritten on its way to the backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Rewrite destination MAC and IP; replies from a backend's memcached port get their source
+    /// IP rewritten to the VIP. No per-flow state.
+    L3,
+    /// Rewrite the destination MAC only: the servers own the VIP on their loopback.
+    L2,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub path: PathBuf,
+    pub ports: Vec<String>,
+    pub mode: Mode,
+    pub api: SocketAddr,
+    pub vip: Ipv4Addr,
+    pub vip_mac: Mac,
+    pub vip_port: u16,
+    /// Source address of the requests kvswitch itself sends when it splits a multi-key get.
+    pub agent_ip: Option<Ipv4Addr>,
+    /// UDP port the split sub-requests are sent from.
+    pub agent_port: u16,
+    /// How long a split multi-key get waits for all its parts.
+    pub split_timeout_ms: u64,
+    pub distribution: Distribution,
+    pub hash: HashFn,
+    pub servers: Vec<Backend>,
+}
+
+/// One memcached server of the pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Backend {
+    pub addr: SocketAddrV4,
+    /// Known MAC; `None` means kvswitch resolves it with ARP.
+    pub mac: Option<Mac>,
+    pub weight: u32,
+    pub name: Option<String>,
+}
+
+impl Backend {
+    /// The identity this server has on the hash ring, as nutcracker derives it.
+    pub fn ring_name(&self) -> String {
+        kv::ketama_name(
+            &self.addr.ip().to_string(),
+            self.addr.port(),
+            self.name.as_deref(),
+        )
+    }
+
+    /// A short label for metrics and logs.
+    pub fn label(&self) -> String {
+        self.name.clone().unwrap_or_else(|| self.addr.to_string())
+    }
+}
+
+/// A configuration error: which file, which key, what is wrong.
+#[derive(Debug)]
+pub struct ConfigError {
+    pub path: PathBuf,
+    pub key: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.key.is_empty() {
+            write!(f, "{}: {}", self.path.display(), self.message)
+        } else {
+            write!(
+                f,
+                "{}: `{}`: {}",
+                self.path.display(),
+                self.key,
+                self.message
+            )
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    switch: RawSwitch,
+    vip: RawVip,
+    pool: RawPool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSwitch {
+    ports: Vec<String>,
+    #[serde(default)]
+    mode: Option<String>,
+    #[serde(default)]
+    api: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawVip {
+    ip: String,
+    mac: String,
+    #[serde(default)]
+    port: Option<u16>,
+    #[serde(default)]
+    agent_ip: Option<String>,
+    #[serde(default)]
+    agent_port: Option<u16>,
+    #[serde(default)]
+    split_timeout_ms: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPool {
+    #[serde(default)]
+    distribution: Option<String>,
+    #[serde(default)]
+    hash: Option<String>,
+    servers: Vec<RawServer>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    addr: String,
+    #[serde(default)]
+    mac: Option<String>,
+    #[serde(default)]
+    weight: Option<u32>,
+    #[serde(default)]
+    name: Option<String>,
+}
+
+/// Default HTTP address of the metrics and status API.
+pub const DEFAULT_API: &str = "127.0.0.1:9110";
+/// Default source port of split sub-requests.
+pub const DEFAULT_AGENT_PORT: u16 = 11311;
+
+impl Config {
+    /// Reads and validates a configuration file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            path: path.to_owned(),
+            key: String::new(),
+            message: format!("cannot read: {e}"),
+        })?;
+        Config::parse(&text, path)
+    }
+
+    /// Parses and validates configuration text; `path` is used in error messages.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let err = |key: &str, message: String| ConfigError {
+            path: path.to_owned(),
+            key: key.to_owned(),
+            message,
+        };
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            // toml's message already says which key and where; keep it on one line.
+            err("", e.to_string().replace('\n', " ").trim().to_owned())
+        })?;
+
+        if raw.switch.ports.is_empty() {
+            return Err(err("switch.ports", "at least one port is needed".into()));
+        }
+        for (i, p) in raw.switch.ports.iter().enumerate() {
+            if p.is_empty() || p.len() > 15 || p.contains('/') || p.contains(char::is_whitespace) {
+                return Err(err(
+                    &format!("switch.ports[{i}]"),
+                    format!("`{p}` is not a valid interface name (1 to 15 characters)"),
+                ));
+            }
+            if raw.switch.ports[..i].contains(p) {
+                return Err(err(
+                    &format!("switch.ports[{i}]"),
+                    format!("`{p}` is listed twice"),
+                ));
+            }
+        }
+        let mode = match raw.switch.mode.as_deref().unwrap_or("l3") {
+            "l3" => Mode::L3,
+            "l2" => Mode::L2,
+            other => {
+                return Err(err(
+                    "switch.mode",
+                    format!("`{other}` is not a mode; use \"l3\" or \"l2\""),
+                ))
+            }
+        };
+        let api_text = raw.switch.api.as_deref().unwrap_or(DEFAULT_API);
+        let api: SocketAddr = api_text.parse().map_err(|_| {
+            err(
+                "switch.api",
+                format!("`{api_text}` is not an address such as 127.0.0.1:9110"),
+            )
+        })?;
+
+        let vip: Ipv4Addr = raw
+            .vip
+            .ip
+            .parse()
+            .map_err(|_| err("vip.ip", format!("`{}` is not an IPv4 address", raw.vip.ip)))?;
+        let vip_mac: Mac = raw
+            .vip
+            .mac
+            .parse()
+            .map_err(|_| err("vip.mac", format!("`{}` is not a MAC address", raw.vip.mac)))?;
+        if !vip_mac.is_unicast() {
+            return Err(err("vip.mac", format!("`{vip_mac}` is not a unicast MAC")));
+        }
+        let vip_port = raw.vip.port.unwrap_or(11211);
+        if vip_port == 0 {
+            return Err(err("vip.port", "port 0 is not allowed".into()));
+        }
+        let agent_ip = match raw.vip.agent_ip.as_deref() {
+            Some(s) => Some(
+                s.parse::<Ipv4Addr>()
+                    .map_err(|_| err("vip.agent_ip", format!("`{s}` is not an IPv4 address")))?,
+            ),
+            None if mode == Mode::L3 => Some(vip),
+            None => None,
+        };
+        let agent_port = raw.vip.agent_port.unwrap_or(DEFAULT_AGENT_PORT);
+        if agent_port == 0 || (agent_ip == Some(vip) && agent_port == vip_port) {
+            return Err(err(
+                "vip.agent_port",
+                format!("{agent_port} cannot be used: it must differ from the VIP's port"),
+            ));
+        }
+        let split_timeout_ms = raw.vip.split_timeout_ms.unwrap_or(1000);
+        if split_timeout_ms == 0 || split_timeout_ms > 60_000 {
+            return Err(err(
+                "vip.split_timeout_ms",
+                "must be between 1 and 60000".into(),
+            ));
+        }
+
+        let distribution: Distribution = raw
+            .pool
+            .distribution
+            .as_deref()
+            .unwrap_or("ketama")
+            .parse()
+            .map_err(|e| err("pool.distribution", format!("{e}")))?;
+        let hash: HashFn = raw
+            .pool
+            .hash
+            .as_deref()
+            .unwrap_or("md5")
+            .parse()
+            .map_err(|e| err("pool.hash", format!("{e}")))?;
+
+        if raw.pool.servers.is_empty() {
+            return Err(err("pool.servers", "at least one server is needed".into()));
+        }
+        let mut servers = Vec::with_capacity(raw.pool.servers.len());
+        for (i, s) in raw.pool.servers.iter().enumerate() {
+            let key = |field: &str| format!("pool.servers[{i}].{field}");
+            let addr: SocketAddrV4 = s.addr.parse().map_err(|_| {
+                err(
+                    &key("addr"),
+                    format!(
+                        "`{}` is not an IPv4 address with a port, such as 10.0.0.1:11211",
+                        s.addr
+                    ),
+                )
+            })?;
+            let mac = match s.mac.as_deref() {
+                Some(m) => {
+                    let mac: Mac = m
+                        .parse()
+                        .map_err(|_| err(&key("mac"), format!("`{m}` is not a MAC address")))?;
+                    if !mac.is_unicast() {
+                        return Err(err(&key("mac"), format!("`{m}` is not a unicast MAC")));
+                    }
+                    Some(mac)
+                }
+                None => None,
+            };
+            let weight = s.weight.unwrap_or(1);
+            if weight == 0 {
+                return Err(err(&key("weight"), "weight must be at least 1".into()));
+            }
+            if let Some(name) = &s.name {
+                if name.is_empty() || name.len() > 80 || name.contains(char::is_whitespace) {
+                    return Err(err(
+                        &key("name"),
+                        format!("`{name}` must be 1 to 80 characters without spaces"),
+                    ));
+                }
+            }
+            if *addr.ip() == vip {
+                return Err(err(
+                    &key("addr"),
+                    "a server cannot have the VIP's address".into(),
+                ));
+            }
+            let backend = Backend {
+                addr,
+                mac,
+                weight,
+                name: s.name.clone(),
+            };
+            if servers.iter().any(|b: &Backend| b.addr == addr) {
+                return Err(err(&key("addr"), format!("{addr} is listed twice")));
+            }
+            if servers
+                .iter()
+                .any(|b: &Backend| b.ring_name() == backend.ring_name())
+            {
+                return Err(err(
+                    &key("name"),
+                    format!("ring name `{}` is used twice", backend.ring_name()),
+                ));
+            }
+            servers.push(backend);
+        }
+
+        Ok(Config {
+            path: path.to_owned(),
+            ports: raw.switch.ports,
+            mode,
+            api,
+            vip,
+            vip_mac,
+            vip_port,
+            agent_ip,
+            agent_port,
+            split_timeout_ms,
+            distribution,
+            hash,
+            servers,
+        })
+    }
+}
+
+/// An example configuration, shown by `kvswitch run --example-config`.
+pub const EXAMPLE: &str = r#"# kvswitch.toml
+[switch]
+# Interfaces kvswitch owns; frames are switched between them.
+ports = ["veth-c1", "veth-s1", "veth-s2", "veth-s3"]
+# "l3": rewrite destination MAC and IP, and the source IP of replies to the VIP.
+# "l2": rewrite the destination MAC only (servers own the VIP on loopback).
+mode = "l3"
+# HTTP: /metrics (Prometheus text) and /api/v1/status (JSON).
+api = "127.0.0.1:9110"
+
+[vip]
+ip = "10.0.0.100"
+mac = "02:00:00:00:00:64"
+port = 11211
+# Source of the sub-requests of a multi-key get split across servers
+# (defaults to the VIP in l3 mode; required in l2 mode for split gets).
+# agent_ip = "10.0.0.101"
+# agent_port = 11311
+# split_timeout_ms = 1000
+
+[pool]
+distribution = "ketama"   # ketama | modula | jump
+hash = "md5"              # nutcracker's hash names: md5, fnv1a_64, crc32, ...
+
+[[pool.servers]]
+addr = "10.0.0.11:11211"
+mac = "02:00:00:00:00:0b"   # optional: resolved with ARP when left out
+weight = 1
+name = "s1"                 # optional: the server's identity on the ring
+
+[[pool.servers]]
+addr = "10.0.0.12:11211"
+name = "s2"
+
+[[pool.servers]]
+addr = "10.0.0.13:11211"
+name = "s3"
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, Path::new("test.toml"))
+    }
+
+    #[test]
+    fn example_parses() {
+        let c = parse(EXAMPLE).expect("example must parse");
+        assert_eq!(c.ports.len(), 4);
+        assert_eq!(c.mode, Mode::L3);
+        assert_eq!(c.servers.len(), 3);
+        assert_eq!(c.servers[0].weight, 1);
+        assert_eq!(c.servers[1].mac, None);
+        assert_eq!(c.agent_ip, Some(c.vip));
+        assert_eq!(c.servers[0].ring_name(), "s1");
+    }
+
+    #[test]
+    fn errors_name_file_and_key() {
+        let bad = EXAMPLE.replace("mode = \"l3\"", "mode = \"l4\"");
+        let e = parse(&bad).unwrap_err().to_string();
+        assert!(
+            e.contains("test.toml") && e.contains("switch.mode") && e.contains("l4"),
+            "{e}"
+        );
+
+        let bad = EXAMPLE.replace("addr = \"10.0.0.12:11211\"", "addr = \"10.0.0.12\"");
+        let e = parse(&bad).unwrap_err().to_string();
+        assert!(e.contains("pool.servers[1].addr"), "{e}");
+
+        let bad = EXAMPLE.replace("weight = 1", "weight = 0");
+        let e = parse(&bad).unwrap_err().to_string();
+        assert!(e.contains("pool.servers[0].weight"), "{e}");
+
+        let bad = EXAMPLE.replace("hash = \"md5\"", "hash = \"sha9\"");
+        let e = parse(&bad).unwrap_err().to_string();
+        assert!(e.contains("pool.hash"), "{e}");
+
+        let bad = EXAMPLE.replace("[vip]", "[vip]\nbogus = 1");
+        let e = parse(&bad).unwrap_err().to_string();
+        assert!(e.contains("bogus"), "{e}");
+
+        let bad = EXAMPLE.replace("10.0.0.13:11211", "10.0.0.12:11211");
+        let e = parse(&bad).unwrap_err().to_string();
+        assert!(e.contains("twice"), "{e}");
+    }
+
+    #[test]
+    fn l2_mode_has_no_default_agent() {
+        let c = parse(&EXAMPLE.replace("mode = \"l3\"", "mode = \"l2\"")).unwrap();
+        assert_eq!(c.mode, Mode::L2);
+        assert_eq!(c.agent_ip, None);
+    }
+
+    #[test]
+    fn unnamed_server_on_default_port_hashes_by_host() {
+        let c = parse(&EXAMPLE.replace("name = \"s2\"", "")).unwrap();
+        assert_eq!(c.servers[1].ring_name(), "10.0.0.12");
+    }
+}

@@ -1,0 +1,189 @@
+//! `kvswitch run`: opens the ports, starts the API and runs the switch loop on one thread until
+//! SIGINT or SIGTERM.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use kvio::{AfPacket, AfPacketOptions, Batch, Port};
+
+use crate::api::{self, Shared};
+use crate::config::Config;
+use crate::stats::{Drop, Stats};
+use crate::switch::{Dest, Emit, Fate, Switch};
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+fn install_signal_handlers() {
+    let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, handler);
+        libc::signal(libc::SIGTERM, handler);
+    }
+}
+
+/// Frames received per port per call.
+const BATCH: usize = 64;
+/// How often periodic work runs and the status snapshot is refreshed.
+const TICK: Duration = Duration::from_millis(10);
+const SNAPSHOT_EVERY: Duration = Duration::from_millis(250);
+
+pub fn run(cfg: Config) -> anyhow::Result<()> {
+    install_signal_handlers();
+    let mut ports: Vec<Box<dyn Port>> = Vec::with_capacity(cfg.ports.len());
+    for name in &cfg.ports {
+        let port = AfPacket::open(name, &AfPacketOptions::default()).with_context(|| {
+            format!(
+                "{}: `switch.ports`: cannot open port `{name}`",
+                cfg.path.display()
+            )
+        })?;
+        ports.push(Box::new(port));
+    }
+    let stats = Arc::new(Stats::new(ports.len(), cfg.servers.len()));
+    let mut switch = Switch::new(&cfg, ports.len(), stats.clone())?;
+    let shared = Arc::new(Shared {
+        config: cfg.clone(),
+        port_names: cfg.ports.clone(),
+        port_macs: ports
+            .iter()
+            .map(|p| wire::ethernet::Mac(p.mac()).to_string())
+            .collect(),
+        stats: stats.clone(),
+        snapshot: Mutex::new(switch.snapshot()),
+        started: Instant::now(),
+    });
+    let api_addr = api::serve(shared.clone())?;
+    tracing::info!(
+        ports = ?cfg.ports, vip = %cfg.vip, mode = ?cfg.mode, servers = cfg.servers.len(),
+        api = %api_addr, "kvswitch running"
+    );
+
+    let mut rx = Batch::new(BATCH);
+    let mut emit: Vec<Emit> = Vec::new();
+    let mut fates: Vec<Fate> = Vec::with_capacity(BATCH);
+    let mut out_lists: Vec<Vec<usize>> = vec![Vec::with_capacity(BATCH); ports.len()];
+    let mut ready: Vec<usize> = Vec::with_capacity(ports.len());
+    let mut poller = {
+        let refs: Vec<&dyn Port> = ports.iter().map(|p| p.as_ref()).collect();
+        kvio::Poller::for_ports(&refs)
+    };
+    let mut last_tick = Instant::now();
+    let mut last_snapshot = Instant::now();
+    while !STOP.load(Ordering::Relaxed) {
+        poller
+            .wait(TICK, &mut ready)
+            .context("waiting for frames")?;
+        let now = Instant::now();
+        for &i in &ready {
+            // Drain what this port holds, a batch at a time, bounded so no port starves.
+            for _ in 0..8 {
+                rx.clear();
+                let n = match ports[i].recv(&mut rx) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        tracing::warn!(port = %cfg.ports[i], "receive failed: {e}");
+                        0
+                    }
+                };
+                if n == 0 {
+                    break;
+                }
+                let pc = &stats.ports[i];
+                fates.clear();
+                for j in 0..n {
+                    pc.rx_packets.fetch_add(1, Ordering::Relaxed);
+                    pc.rx_bytes
+                        .fetch_add(rx.frame(j).len() as u64, Ordering::Relaxed);
+                    let ready_csum = !rx.csum_not_ready(j);
+                    let fate =
+                        switch.process(i as u16, rx.frame_mut(j), ready_csum, now, &mut emit);
+                    fates.push(fate);
+                }
+                for l in out_lists.iter_mut() {
+                    l.clear();
+                }
+                for (j, fate) in fates.iter().enumerate() {
+                    match *fate {
+                        Fate::Out(p) => out_lists[p as usize].push(j),
+                        Fate::Flood => {
+                            for (p, l) in out_lists.iter_mut().enumerate() {
+                                if p != i {
+                                    l.push(j);
+                                }
+                            }
+                        }
+                        Fate::Consumed => {}
+                    }
+                }
+                for (p, list) in out_lists.iter().enumerate() {
+                    if list.is_empty() {
+                        continue;
+                    }
+                    let frames: Vec<&[u8]> = list.iter().map(|&j| rx.frame(j)).collect();
+                    transmit(ports[p].as_mut(), &frames, &stats, p);
+                }
+                flush_emits(&mut ports, &mut emit, &stats);
+                if n < BATCH {
+                    break;
+                }
+            }
+        }
+        if now.duration_since(last_tick) >= TICK {
+            last_tick = now;
+            switch.tick(now, &mut emit);
+            flush_emits(&mut ports, &mut emit, &stats);
+        }
+        if now.duration_since(last_snapshot) >= SNAPSHOT_EVERY {
+            last_snapshot = now;
+            if let Ok(mut s) = shared.snapshot.lock() {
+                *s = switch.snapshot();
+            }
+        }
+    }
+    tracing::info!("kvswitch stopping");
+    Ok(())
+}
+
+fn transmit(port: &mut dyn Port, frames: &[&[u8]], stats: &Stats, p: usize) {
+    let sent = match port.send(frames) {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::debug!(port = port.name(), "send failed: {e}");
+            0
+        }
+    };
+    let pc = &stats.ports[p];
+    pc.tx_packets.fetch_add(sent as u64, Ordering::Relaxed);
+    let bytes: usize = frames[..sent.min(frames.len())]
+        .iter()
+        .map(|f| f.len())
+        .sum();
+    pc.tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+    for _ in sent..frames.len() {
+        stats.count_drop(Drop::TxFailed);
+    }
+}
+
+fn flush_emits(ports: &mut [Box<dyn Port>], emit: &mut Vec<Emit>, stats: &Stats) {
+    for e in emit.drain(..) {
+        match e.dest {
+            Dest::Port(p) => {
+                if let Some(port) = ports.get_mut(p as usize) {
+                    transmit(port.as_mut(), &[&e.frame], stats, p as usize);
+                }
+            }
+            Dest::Flood => {
+                for (p, port) in ports.iter_mut().enumerate() {
+                    transmit(port.as_mut(), &[&e.frame], stats, p);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,329 @@
+//! `kvswitch demo`: builds the default testbed, preloads keys through the switch, shows where
+//! the keys went, and measures memcached direct, kvswitch (UDP) and nutcracker (TCP) side by
+//! side in one run. Tears everything down at the end, also on error.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::Context;
+use serde::Serialize;
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct DemoArgs {
+    /// Keys to preload.
+    #[arg(long, default_value_t = 10_000)]
+    pub keys: u64,
+    /// Value size in bytes.
+    #[arg(long, default_value_t = 100)]
+    pub value_size: usize,
+    /// Seconds of each load run.
+    #[arg(long, default_value_t = 3.0)]
+    pub duration: f64,
+    /// Concurrent requesters of the throughput runs (the latency runs use one).
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+    /// Namespace and link prefix of the testbed.
+    #[arg(long, default_value = "kvs")]
+    pub prefix: String,
+    /// Also write the figures as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Serialize)]
+struct Row {
+    system: String,
+    proto: String,
+    light_p50_us: f64,
+    light_p99_us: f64,
+    max_rps: f64,
+    heavy_p50_us: f64,
+    heavy_p99_us: f64,
+    errors: u64,
+    timeouts: u64,
+    middlebox_cpu_us_per_request: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct Figures {
+    keys: u64,
+    placement: Vec<(String, u64)>,
+    rows: Vec<Row>,
+}
+
+pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
+    let exe = std::env::current_exe()?;
+    let topo = testbed::Topology::default_topology();
+    let opts = testbed::UpOptions {
+        prefix: args.prefix.clone(),
+        kvswitch_bin: Some(exe.clone()),
+        start_nutcracker: true,
+        ..Default::default()
+    };
+    println!("building the default testbed (2 clients, 3 memcached servers, kvswitch)...");
+    let live = testbed::up(&topo, &opts)?;
+    let state = live.state.clone();
+    let client = live
+        .clients()
+        .first()
+        .map(|h| h.name.clone())
+        .context("the default topology has no client")?;
+    let servers: Vec<(String, String)> = live
+        .servers()
+        .iter()
+        .map(|h| (h.name.clone(), h.ip.to_string()))
+        .collect();
+    let vip: SocketAddr = format!("{}:11211", state.vip).parse()?;
+
+    // 1. Preload through the VIP: kvswitch places each key by ketama.
+    println!(
+        "preloading {} keys through kvswitch (UDP to {vip})...",
+        args.keys
+    );
+    let stored = load(
+        &live,
+        &client,
+        &exe,
+        &["--preload", "--target", &vip.to_string(), "--proto", "udp"],
+        args,
+        0.0,
+        1,
+    )?;
+    let _ = stored;
+    let mut placement = Vec::new();
+    for (name, ip) in &servers {
+        let items = curr_items(&live, name, ip)?;
+        placement.push((name.clone(), items));
+    }
+    println!("\nwhere the keys went (ketama, md5, as nutcracker places them):");
+    for (name, items) in &placement {
+        println!("  {name:<4} {items:>7} keys");
+    }
+
+    // 2. For the direct runs, give the first server every key too.
+    let direct: SocketAddr = format!("{}:11211", servers[0].1).parse()?;
+    load(
+        &live,
+        &client,
+        &exe,
+        &[
+            "--preload",
+            "--target",
+            &direct.to_string(),
+            "--proto",
+            "tcp",
+        ],
+        args,
+        0.0,
+        1,
+    )?;
+
+    let nutcracker = state
+        .nutcracker
+        .as_ref()
+        .map(|n| n.listen.to_string())
+        .context("nutcracker did not start")?;
+    let systems: [(&str, String, &str, Option<u32>); 3] = [
+        ("memcached direct", direct.to_string(), "udp", None),
+        (
+            "kvswitch",
+            vip.to_string(),
+            "udp",
+            Some(state.kvswitch_pid.unwrap_or(0)),
+        ),
+        (
+            "nutcracker",
+            nutcracker,
+            "tcp",
+            state.nutcracker.as_ref().and_then(|n| n.pid),
+        ),
+    ];
+    println!("\nmeasuring ({} s per run, side by side)...", args.duration);
+    let mut rows = Vec::new();
+    for (name, target, proto, pid) in systems {
+        let light = load_report(&live, &client, &exe, &target, proto, args, 1)?;
+        let cpu_before = pid.and_then(cpu_ticks);
+        let heavy = load_report(&live, &client, &exe, &target, proto, args, args.concurrency)?;
+        let cpu_after = pid.and_then(cpu_ticks);
+        let cpu = match (cpu_before, cpu_after) {
+            (Some(a), Some(b)) if heavy.requests > 0 => {
+                let ticks_per_s = clock_ticks();
+                Some((b - a) as f64 / ticks_per_s * 1e6 / heavy.requests as f64)
+            }
+            _ => None,
+        };
+        rows.push(Row {
+            system: name.to_string(),
+            proto: proto.to_string(),
+            light_p50_us: light.latency_us.p50 as f64,
+            light_p99_us: light.latency_us.p99 as f64,
+            max_rps: heavy.throughput_rps,
+            heavy_p50_us: heavy.latency_us.p50 as f64,
+            heavy_p99_us: heavy.latency_us.p99 as f64,
+            errors: light.errors + heavy.errors,
+            timeouts: light.timeouts + heavy.timeouts,
+            middlebox_cpu_us_per_request: cpu,
+        });
+    }
+    println!(
+        "\n{:<18} {:<5} {:>10} {:>10} {:>12} {:>10} {:>10} {:>14}",
+        "system", "proto", "p50 (µs)", "p99 (µs)", "max GET/s", "p50@max", "p99@max", "CPU µs/req"
+    );
+    for r in &rows {
+        println!(
+            "{:<18} {:<5} {:>10.1} {:>10.1} {:>12.0} {:>10.1} {:>10.1} {:>14}",
+            r.system,
+            r.proto,
+            r.light_p50_us,
+            r.light_p99_us,
+            r.max_rps,
+            r.heavy_p50_us,
+            r.heavy_p99_us,
+            r.middlebox_cpu_us_per_request
+                .map(|c| format!("{c:.2}"))
+                .unwrap_or_else(|| "-".into())
+        );
+    }
+    if let (Some(d), Some(k)) = (rows.first(), rows.get(1)) {
+        if d.light_p50_us > 0.0 {
+            println!(
+                "\nkvswitch median latency is {:.2}x memcached direct; its throughput {:.2}x.",
+                k.light_p50_us / d.light_p50_us,
+                k.max_rps / d.max_rps.max(1.0)
+            );
+        }
+    }
+    if let Some(path) = &args.json {
+        let figures = Figures {
+            keys: args.keys,
+            placement,
+            rows,
+        };
+        std::fs::write(path, serde_json::to_string_pretty(&figures)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("figures written to {}", path.display());
+    }
+    println!("\ntearing down the testbed...");
+    live.down()?;
+    Ok(())
+}
+
+fn base_load_args(args: &DemoArgs) -> Vec<String> {
+    vec![
+        "--keys".into(),
+        args.keys.to_string(),
+        "--value-size".into(),
+        args.value_size.to_string(),
+        "--quiet".into(),
+    ]
+}
+
+/// Runs `kvswitch load` inside the client's namespace.
+fn load(
+    live: &testbed::Live,
+    host: &str,
+    exe: &PathBuf,
+    extra: &[&str],
+    args: &DemoArgs,
+    duration: f64,
+    concurrency: usize,
+) -> anyhow::Result<loadgen::Report> {
+    let json = std::env::temp_dir().join(format!("kvswitch-demo-{}.json", std::process::id()));
+    let mut cmd = live.exec(host, exe);
+    cmd.arg("load")
+        .args(base_load_args(args))
+        .args(extra)
+        .args(["--duration", &format!("{duration}")])
+        .args(["--concurrency", &concurrency.to_string()])
+        .arg("--json")
+        .arg(&json);
+    run_load(cmd, &json)
+}
+
+fn load_report(
+    live: &testbed::Live,
+    host: &str,
+    exe: &PathBuf,
+    target: &str,
+    proto: &str,
+    args: &DemoArgs,
+    concurrency: usize,
+) -> anyhow::Result<loadgen::Report> {
+    load(
+        live,
+        host,
+        exe,
+        &["--target", target, "--proto", proto, "--get-ratio", "1.0"],
+        args,
+        args.duration,
+        concurrency,
+    )
+}
+
+fn run_load(mut cmd: Command, json: &PathBuf) -> anyhow::Result<loadgen::Report> {
+    let out = cmd.output().context("starting kvswitch load")?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "kvswitch load failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let text = std::fs::read_to_string(json).context("reading the load report")?;
+    let _ = std::fs::remove_file(json);
+    Ok(serde_json::from_str(&text)?)
+}
+
+/// Asks one memcached how many items it holds.
+fn curr_items(_live: &testbed::Live, host: &str, ip: &str) -> anyhow::Result<u64> {
+    let ns = format!("{}", host);
+    let addr: SocketAddr = format!("{ip}:11211").parse()?;
+    let text = testbed::in_netns(&ns_name(_live, &ns), move || -> std::io::Result<String> {
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        s.write_all(b"stats\r\n")?;
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        while !buf.ends_with(b"END\r\n") {
+            let n = s.read(&mut chunk)?;
+            if n == 0 {
+                break;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    })??;
+    text.lines()
+        .find_map(|l| l.strip_prefix("STAT curr_items "))
+        .and_then(|v| v.trim().parse().ok())
+        .context("memcached sent no curr_items")
+}
+
+fn ns_name(live: &testbed::Live, host: &str) -> String {
+    live.host(host)
+        .map(|h| h.netns.clone())
+        .unwrap_or_else(|| host.to_string())
+}
+
+/// utime + stime of a process, in clock ticks.
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces; fields resume after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+fn clock_ticks() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as f64
+    } else {
+        100.0
+    }
+}

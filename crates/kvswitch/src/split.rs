@@ -1,0 +1,512 @@
+//! Split-forward-merge of multi-key gets whose keys live on several servers.
+//!
+//! The switch sends one sub-request per server from its agent address, collects every part
+//! (reassembling multi-datagram replies), and answers the client with one reply whose items are
+//! in the client's key order — byte for byte what a single memcached holding all the keys would
+//! send. If any part fails or times out, the client gets that server's error line or nothing:
+//! never a partial answer.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use wire::memcache::{self, Command};
+
+use crate::frame::UdpEnds;
+
+/// Most split gets in flight at once; more are dropped and counted.
+pub const MAX_PENDING: usize = 4096;
+/// Most datagrams one part of a reply may span (memcached's replies to a get that fits one
+/// request datagram stay far below this unless values are huge).
+pub const MAX_PART_DATAGRAMS: u16 = 2048;
+
+/// Where and how to answer the client once every part is in.
+#[derive(Debug, Clone)]
+pub struct Client {
+    pub ends: UdpEnds,
+    pub request_id: u16,
+    pub port: u16,
+}
+
+/// One part: the sub-request sent to one server.
+struct Part {
+    server: usize,
+    request_id: u16,
+    total: u16,
+    datagrams: Vec<Option<Vec<u8>>>,
+    received: u16,
+}
+
+impl Part {
+    fn complete(&self) -> bool {
+        self.total > 0 && self.received == self.total
+    }
+    fn reassemble(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        for d in self.datagrams.iter().flatten() {
+            out.extend_from_slice(d);
+        }
+        out
+    }
+}
+
+struct Pending {
+    client: Client,
+    /// The client's keys in order, with the server each lives on.
+    keys: Vec<(Vec<u8>, usize)>,
+    parts: Vec<Part>,
+    deadline: Instant,
+}
+
+/// A sub-request to send: to which server, with which request id, carrying which bytes.
+#[derive(Debug, PartialEq, Eq)]
+pub struct SubRequest {
+    pub server: usize,
+    pub request_id: u16,
+    pub payload: Vec<u8>,
+}
+
+/// What became of a datagram that arrived at the agent port.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Arrival {
+    /// Stored; more parts are awaited.
+    Stored,
+    /// The last part arrived: answer the client with `reply` (one memcached reply).
+    Done {
+        client_port: u16,
+        ends: UdpEnds,
+        request_id: u16,
+        reply: Vec<u8>,
+    },
+    /// A part came back malformed; the split is abandoned.
+    BadReply,
+    /// No split awaits this request id.
+    Stale,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum SplitError {
+    TableFull,
+    /// Only `get`, `gets`, `gat` and `gats` (with its exptime) can be split.
+    NotRetrieval,
+}
+
+/// The split table. Driven by the switch: no I/O, time passed in.
+pub struct Splitter {
+    pending: HashMap<u64, Pending>,
+    /// Sub-request id → pending split.
+    by_request: HashMap<u16, u64>,
+    next_split: u64,
+    next_request_id: u16,
+    timeout: Duration,
+}
+
+impl Splitter {
+    pub fn new(timeout: Duration) -> Splitter {
+        Splitter {
+            pending: HashMap::new(),
+            by_request: HashMap::new(),
+            next_split: 0,
+            next_request_id: 1,
+            timeout,
+        }
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.pending.len()
+    }
+
+    fn allocate_request_id(&mut self) -> u16 {
+        loop {
+            let id = self.next_request_id;
+            self.next_request_id = self.next_request_id.wrapping_add(1);
+            if !self.by_request.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    /// Starts a split of a retrieval command (`get`, `gets`, `gat`, `gats`) whose keys are
+    /// given with the server each lives on. Returns the sub-requests to send.
+    pub fn start(
+        &mut self,
+        now: Instant,
+        client: Client,
+        command: Command,
+        exptime: Option<&[u8]>,
+        keys: Vec<(Vec<u8>, usize)>,
+    ) -> Result<Vec<SubRequest>, SplitError> {
+        let retrieval = matches!(command, Command::Get | Command::Gets)
+            || (matches!(command, Command::Gat | Command::Gats) && exptime.is_some());
+        if !retrieval {
+            return Err(SplitError::NotRetrieval);
+        }
+        let mut servers: Vec<usize> = Vec::new();
+        for (_, s) in &keys {
+            if !servers.contains(s) {
+                servers.push(*s);
+            }
+        }
+        // Every request id of the table plus these must fit in the 16-bit space with room.
+        if self.pending.len() >= MAX_PENDING || self.by_request.len() + servers.len() > 60_000 {
+            return Err(SplitError::TableFull);
+        }
+        let split = self.next_split;
+        self.next_split += 1;
+        let mut subs = Vec::with_capacity(servers.len());
+        let mut parts = Vec::with_capacity(servers.len());
+        for server in servers {
+            let request_id = self.allocate_request_id();
+            self.by_request.insert(request_id, split);
+            let mut payload = Vec::new();
+            let written = memcache::reply::write_retrieval_request(
+                command,
+                exptime,
+                keys.iter()
+                    .filter(|(_, s)| *s == server)
+                    .map(|(k, _)| k.as_slice()),
+                &mut payload,
+            );
+            debug_assert!(written, "the command was checked above");
+            subs.push(SubRequest {
+                server,
+                request_id,
+                payload,
+            });
+            parts.push(Part {
+                server,
+                request_id,
+                total: 0,
+                datagrams: Vec::new(),
+                received: 0,
+            });
+        }
+        self.pending.insert(
+            split,
+            Pending {
+                client,
+                keys,
+                parts,
+                deadline: now + self.timeout,
+            },
+        );
+        Ok(subs)
+    }
+
+    /// Takes one datagram that arrived at the agent port: its frame header fields and payload.
+    pub fn arrive(&mut self, request_id: u16, seq: u16, total: u16, payload: &[u8]) -> Arrival {
+        let Some(&split) = self.by_request.get(&request_id) else {
+            return Arrival::Stale;
+        };
+        let Some(pending) = self.pending.get_mut(&split) else {
+            self.by_request.remove(&request_id);
+            return Arrival::Stale;
+        };
+        let Some(part) = pending
+            .parts
+            .iter_mut()
+            .find(|p| p.request_id == request_id)
+        else {
+            return Arrival::Stale;
+        };
+        if total == 0 || total > MAX_PART_DATAGRAMS || seq >= total {
+            self.abandon(split);
+            return Arrival::BadReply;
+        }
+        if part.total == 0 {
+            part.total = total;
+            part.datagrams = vec![None; total as usize];
+        } else if part.total != total {
+            self.abandon(split);
+            return Arrival::BadReply;
+        }
+        let slot = &mut part.datagrams[seq as usize];
+        if slot.is_none() {
+            *slot = Some(payload.to_vec());
+            part.received += 1;
+        }
+        if !pending.parts.iter().all(Part::complete) {
+            return Arrival::Stored;
+        }
+        let Some(pending) = self.take(split) else {
+            return Arrival::Stale;
+        };
+        match merge(&pending) {
+            Some(reply) => Arrival::Done {
+                client_port: pending.client.port,
+                ends: pending.client.ends,
+                request_id: pending.client.request_id,
+                reply,
+            },
+            None => Arrival::BadReply,
+        }
+    }
+
+    /// Drops every split whose deadline has passed; returns how many.
+    pub fn expire(&mut self, now: Instant) -> usize {
+        let expired: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.deadline <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &expired {
+            self.abandon(*id);
+        }
+        expired.len()
+    }
+
+    fn take(&mut self, split: u64) -> Option<Pending> {
+        let p = self.pending.remove(&split)?;
+        for part in &p.parts {
+            self.by_request.remove(&part.request_id);
+        }
+        Some(p)
+    }
+
+    fn abandon(&mut self, split: u64) {
+        self.take(split);
+    }
+}
+
+/// Merges the parts of a split in the client's key order. A part that is an error line is
+/// passed on whole; a part that is neither items nor an error makes the merge fail.
+fn merge(p: &Pending) -> Option<Vec<u8>> {
+    let mut bodies: Vec<(usize, Vec<u8>)> = Vec::with_capacity(p.parts.len());
+    for part in &p.parts {
+        bodies.push((part.server, part.reassemble()));
+    }
+    // Each part's items, in the order that server returned them (its keys' order).
+    let mut items: Vec<(usize, Vec<(&[u8], &[u8])>)> = Vec::with_capacity(bodies.len());
+    for (server, body) in &bodies {
+        match memcache::reply::parse_retrieval_reply(body) {
+            Ok(Some((list, consumed))) if consumed == body.len() => {
+                let list: Vec<(&[u8], &[u8])> = list.map(|i| (i.key, i.raw)).collect();
+                items.push((*server, list));
+            }
+            Ok(_) => return None,
+            Err(memcache::reply::ReplyError::ErrorLine { start, end }) => {
+                // The server refused: pass its answer on, as a direct request would get it.
+                return body.get(start..end).map(<[u8]>::to_vec);
+            }
+            Err(_) => return None,
+        }
+    }
+    let mut cursor = vec![0usize; items.len()];
+    let mut out = Vec::new();
+    for (key, server) in &p.keys {
+        let Some(i) = items.iter().position(|(s, _)| s == server) else {
+            return None;
+        };
+        let list = &items[i].1;
+        if let Some((k, raw)) = list.get(cursor[i]) {
+            if *k == key.as_slice() {
+                out.extend_from_slice(raw);
+                cursor[i] += 1;
+            }
+        }
+    }
+    // Every item a server returned must have found its key.
+    if cursor.iter().zip(&items).any(|(c, (_, l))| *c != l.len()) {
+        return None;
+    }
+    out.extend_from_slice(b"END\r\n");
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    fn client() -> Client {
+        Client {
+            ends: UdpEnds {
+                src_mac: "02:00:00:00:00:64".parse().unwrap(),
+                dst_mac: "02:00:00:00:00:01".parse().unwrap(),
+                src_ip: Ipv4Addr::new(10, 0, 0, 100),
+                dst_ip: Ipv4Addr::new(10, 0, 0, 1),
+                src_port: 11211,
+                dst_port: 5000,
+            },
+            request_id: 42,
+            port: 0,
+        }
+    }
+
+    fn keys(spec: &[(&str, usize)]) -> Vec<(Vec<u8>, usize)> {
+        spec.iter()
+            .map(|(k, s)| (k.as_bytes().to_vec(), *s))
+            .collect()
+    }
+
+    #[test]
+    fn split_merges_in_client_order() {
+        let mut sp = Splitter::new(Duration::from_secs(1));
+        let now = Instant::now();
+        let subs = sp
+            .start(
+                now,
+                client(),
+                Command::Get,
+                None,
+                keys(&[("a", 0), ("b", 1), ("c", 0), ("d", 1)]),
+            )
+            .unwrap();
+        assert_eq!(subs.len(), 2);
+        assert_eq!(subs[0].payload, b"get a c\r\n");
+        assert_eq!(subs[1].payload, b"get b d\r\n");
+        // Server 1 answers first; its reply comes in two datagrams, out of order.
+        let r1 = b"VALUE b 0 1\r\nB\r\nEND\r\n";
+        assert_eq!(
+            sp.arrive(subs[1].request_id, 1, 2, &r1[10..]),
+            Arrival::Stored
+        );
+        assert_eq!(
+            sp.arrive(subs[1].request_id, 0, 2, &r1[..10]),
+            Arrival::Stored
+        );
+        let r0 = b"VALUE a 5 1\r\nA\r\nVALUE c 0 2\r\nCC\r\nEND\r\n";
+        match sp.arrive(subs[0].request_id, 0, 1, r0) {
+            Arrival::Done {
+                request_id, reply, ..
+            } => {
+                assert_eq!(request_id, 42);
+                assert_eq!(
+                    reply,
+                    b"VALUE a 5 1\r\nA\r\nVALUE b 0 1\r\nB\r\nVALUE c 0 2\r\nCC\r\nEND\r\n"
+                );
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_eq!(sp.in_flight(), 0);
+        assert_eq!(sp.arrive(subs[0].request_id, 0, 1, r0), Arrival::Stale);
+    }
+
+    #[test]
+    fn duplicate_keys_come_back_twice() {
+        let mut sp = Splitter::new(Duration::from_secs(1));
+        let subs = sp
+            .start(
+                Instant::now(),
+                client(),
+                Command::Gets,
+                None,
+                keys(&[("a", 0), ("b", 1), ("a", 0)]),
+            )
+            .unwrap();
+        assert_eq!(subs[0].payload, b"gets a a\r\n");
+        let r0 = b"VALUE a 0 1 9\r\nA\r\nVALUE a 0 1 9\r\nA\r\nEND\r\n";
+        assert_eq!(sp.arrive(subs[0].request_id, 0, 1, r0), Arrival::Stored);
+        let Arrival::Done { reply, .. } = sp.arrive(subs[1].request_id, 0, 1, b"END\r\n") else {
+            panic!("not done")
+        };
+        assert_eq!(reply, r0.to_vec());
+    }
+
+    #[test]
+    fn error_part_is_passed_on_and_garbage_fails() {
+        let mut sp = Splitter::new(Duration::from_secs(1));
+        let subs = sp
+            .start(
+                Instant::now(),
+                client(),
+                Command::Get,
+                None,
+                keys(&[("a", 0), ("b", 1)]),
+            )
+            .unwrap();
+        sp.arrive(subs[0].request_id, 0, 1, b"END\r\n");
+        let Arrival::Done { reply, .. } =
+            sp.arrive(subs[1].request_id, 0, 1, b"SERVER_ERROR out of memory\r\n")
+        else {
+            panic!("not done")
+        };
+        assert_eq!(reply, b"SERVER_ERROR out of memory\r\n");
+
+        let subs = sp
+            .start(
+                Instant::now(),
+                client(),
+                Command::Get,
+                None,
+                keys(&[("a", 0), ("b", 1)]),
+            )
+            .unwrap();
+        sp.arrive(subs[0].request_id, 0, 1, b"END\r\n");
+        assert_eq!(
+            sp.arrive(subs[1].request_id, 0, 1, b"VALUE zz"),
+            Arrival::BadReply
+        );
+        // An item for a key that was not asked for is a bad reply, not a wrong answer.
+        let subs = sp
+            .start(
+                Instant::now(),
+                client(),
+                Command::Get,
+                None,
+                keys(&[("a", 0), ("b", 1)]),
+            )
+            .unwrap();
+        sp.arrive(subs[0].request_id, 0, 1, b"END\r\n");
+        assert_eq!(
+            sp.arrive(subs[1].request_id, 0, 1, b"VALUE x 0 1\r\nX\r\nEND\r\n"),
+            Arrival::BadReply
+        );
+        assert_eq!(sp.in_flight(), 0);
+    }
+
+    #[test]
+    fn bad_headers_and_timeouts() {
+        let mut sp = Splitter::new(Duration::from_millis(10));
+        let t0 = Instant::now();
+        let subs = sp
+            .start(
+                t0,
+                client(),
+                Command::Get,
+                None,
+                keys(&[("a", 0), ("b", 1)]),
+            )
+            .unwrap();
+        assert_eq!(sp.arrive(subs[0].request_id, 3, 2, b"x"), Arrival::BadReply);
+        let subs = sp
+            .start(
+                t0,
+                client(),
+                Command::Gat,
+                Some(b"60"),
+                keys(&[("a", 0), ("b", 1)]),
+            )
+            .unwrap();
+        assert_eq!(subs[0].payload, b"gat 60 a\r\n");
+        assert_eq!(sp.expire(t0), 0);
+        assert_eq!(sp.expire(t0 + Duration::from_millis(11)), 1);
+        assert_eq!(sp.in_flight(), 0);
+    }
+
+    #[test]
+    fn table_is_bounded() {
+        let mut sp = Splitter::new(Duration::from_secs(1));
+        let now = Instant::now();
+        for _ in 0..MAX_PENDING {
+            sp.start(
+                now,
+                client(),
+                Command::Get,
+                None,
+                keys(&[("a", 0), ("b", 1)]),
+            )
+            .unwrap();
+        }
+        assert_eq!(
+            sp.start(
+                now,
+                client(),
+                Command::Get,
+                None,
+                keys(&[("a", 0), ("b", 1)])
+            ),
+            Err(SplitError::TableFull)
+        );
+    }
+}

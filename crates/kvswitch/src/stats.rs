@@ -1,0 +1,258 @@
+//! Counters the run loop updates and the API thread reads: per port, per backend, per drop
+//! reason. Plain relaxed atomics: a reader may see a counter a few packets behind, never torn.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Why a frame was dropped. Every reason has its own counter (`kvswitch_drops_total{reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u16)]
+pub enum Drop {
+    /// Shorter than an Ethernet header.
+    BadEthernet,
+    /// An IPv4 packet to the VIP whose header is malformed.
+    BadIpv4,
+    /// A UDP datagram to the VIP whose header is malformed.
+    BadUdp,
+    /// A UDP datagram to the VIP with a wrong checksum.
+    BadUdpChecksum,
+    /// An IPv4 packet to the VIP carrying IP options (not parsed by the key router).
+    Ipv4Options,
+    /// A fragment of an IP packet to the VIP (memcached requests fit one datagram).
+    IpFragment,
+    /// A datagram to the VIP's memcached port without a valid memcached UDP frame header.
+    BadFrameHeader,
+    /// A request spread over several datagrams (memcached does not accept those either).
+    MultiDatagramRequest,
+    /// A datagram that ends in the middle of a request.
+    IncompleteRequest,
+    /// A binary-protocol request memcached would not accept.
+    BadBinaryRequest,
+    /// A request memcached would close the connection for without a reply (line too long).
+    BadRequest,
+    /// An invalid request after a valid one in the same datagram.
+    PipelinedError,
+    /// Several requests in one datagram whose keys live on different servers.
+    PipelinedMultiServer,
+    /// A command without a key that kvswitch does not answer itself (stats, flush_all, ...).
+    KeylessCommand,
+    /// The ring chose no server.
+    NoBackend,
+    /// The chosen server's MAC address is not known yet.
+    BackendUnresolved,
+    /// Traffic to the VIP that is neither ARP nor memcached.
+    VipUnhandled,
+    /// A multi-key get could not be split: too many are in flight.
+    SplitTableFull,
+    /// A multi-key get could not be split: no source address for sub-requests (l2 mode).
+    SplitUnavailable,
+    /// A part of a split multi-key get did not come back in time.
+    SplitTimeout,
+    /// A part of a split multi-key get came back malformed.
+    SplitBadReply,
+    /// A reply to the split agent's port that belongs to no pending request.
+    StaleReply,
+    /// The pipeline reached no decision.
+    NoAction,
+    /// A frame whose only destination is the port it came from.
+    SamePort,
+    /// A port refused a frame on transmit.
+    TxFailed,
+}
+
+impl Drop {
+    pub const ALL: [Drop; 25] = [
+        Drop::BadEthernet,
+        Drop::BadIpv4,
+        Drop::BadUdp,
+        Drop::BadUdpChecksum,
+        Drop::Ipv4Options,
+        Drop::IpFragment,
+        Drop::BadFrameHeader,
+        Drop::MultiDatagramRequest,
+        Drop::IncompleteRequest,
+        Drop::BadBinaryRequest,
+        Drop::BadRequest,
+        Drop::PipelinedError,
+        Drop::PipelinedMultiServer,
+        Drop::KeylessCommand,
+        Drop::NoBackend,
+        Drop::BackendUnresolved,
+        Drop::VipUnhandled,
+        Drop::SplitTableFull,
+        Drop::SplitUnavailable,
+        Drop::SplitTimeout,
+        Drop::SplitBadReply,
+        Drop::StaleReply,
+        Drop::NoAction,
+        Drop::SamePort,
+        Drop::TxFailed,
+    ];
+
+    /// The label used in metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Drop::BadEthernet => "bad_ethernet",
+            Drop::BadIpv4 => "bad_ipv4",
+            Drop::BadUdp => "bad_udp",
+            Drop::BadUdpChecksum => "bad_udp_checksum",
+            Drop::Ipv4Options => "ipv4_options",
+            Drop::IpFragment => "ip_fragment",
+            Drop::BadFrameHeader => "bad_frame_header",
+            Drop::MultiDatagramRequest => "multi_datagram_request",
+            Drop::IncompleteRequest => "incomplete_request",
+            Drop::BadBinaryRequest => "bad_binary_request",
+            Drop::BadRequest => "bad_request",
+            Drop::PipelinedError => "pipelined_error",
+            Drop::PipelinedMultiServer => "pipelined_multi_server",
+            Drop::KeylessCommand => "keyless_command",
+            Drop::NoBackend => "no_backend",
+            Drop::BackendUnresolved => "backend_unresolved",
+            Drop::VipUnhandled => "vip_unhandled",
+            Drop::SplitTableFull => "split_table_full",
+            Drop::SplitUnavailable => "split_unavailable",
+            Drop::SplitTimeout => "split_timeout",
+            Drop::SplitBadReply => "split_bad_reply",
+            Drop::StaleReply => "stale_reply",
+            Drop::NoAction => "no_action",
+            Drop::SamePort => "same_port",
+            Drop::TxFailed => "tx_failed",
+        }
+    }
+
+    /// Pipeline reason codes for the switch's own drops start here (below are the pipeline's).
+    pub const CODE_BASE: u16 = 256;
+
+    pub fn code(self) -> u16 {
+        Self::CODE_BASE + self as u16
+    }
+
+    pub fn from_code(code: u16) -> Option<Drop> {
+        let i = code.checked_sub(Self::CODE_BASE)? as usize;
+        Self::ALL.get(i).copied()
+    }
+}
+
+/// Why kvswitch answered a request itself, with memcached's own reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// `ERROR`: memcached does not know the command.
+    UnknownCommand,
+    /// `CLIENT_ERROR ...`: the request is malformed (bad format, key too long, bad key).
+    ClientError,
+    /// `mn` / `version`, answered without a server.
+    Local,
+    /// A multi-key get split across servers, merged and answered.
+    MergedGet,
+}
+
+impl Answer {
+    pub const ALL: [Answer; 4] = [
+        Answer::UnknownCommand,
+        Answer::ClientError,
+        Answer::Local,
+        Answer::MergedGet,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            Answer::UnknownCommand => "unknown_command",
+            Answer::ClientError => "client_error",
+            Answer::Local => "local",
+            Answer::MergedGet => "merged_get",
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct PortCounters {
+    pub rx_packets: AtomicU64,
+    pub rx_bytes: AtomicU64,
+    pub tx_packets: AtomicU64,
+    pub tx_bytes: AtomicU64,
+}
+
+#[derive(Default)]
+pub struct BackendCounters {
+    /// Requests routed to this server (a split multi-key get counts once per part).
+    pub requests: AtomicU64,
+    /// Replies from this server that crossed the switch.
+    pub replies: AtomicU64,
+}
+
+/// All counters of one running switch.
+pub struct Stats {
+    pub ports: Vec<PortCounters>,
+    pub backends: Vec<BackendCounters>,
+    pub drops: [AtomicU64; Drop::ALL.len()],
+    pub answers: [AtomicU64; Answer::ALL.len()],
+    /// memcached requests to the VIP seen (valid or not).
+    pub kv_requests: AtomicU64,
+    /// Requests forwarded to exactly one server unchanged.
+    pub kv_forwarded: AtomicU64,
+    /// Multi-key gets split across servers.
+    pub kv_split: AtomicU64,
+    pub arp_replies: AtomicU64,
+    pub arp_requests_sent: AtomicU64,
+    pub flooded: AtomicU64,
+    pub switched: AtomicU64,
+    pub mac_learned: AtomicU64,
+    pub splits_in_flight: AtomicU64,
+}
+
+impl Stats {
+    pub fn new(ports: usize, backends: usize) -> Stats {
+        Stats {
+            ports: (0..ports).map(|_| PortCounters::default()).collect(),
+            backends: (0..backends).map(|_| BackendCounters::default()).collect(),
+            drops: std::array::from_fn(|_| AtomicU64::new(0)),
+            answers: std::array::from_fn(|_| AtomicU64::new(0)),
+            kv_requests: AtomicU64::new(0),
+            kv_forwarded: AtomicU64::new(0),
+            kv_split: AtomicU64::new(0),
+            arp_replies: AtomicU64::new(0),
+            arp_requests_sent: AtomicU64::new(0),
+            flooded: AtomicU64::new(0),
+            switched: AtomicU64::new(0),
+            mac_learned: AtomicU64::new(0),
+            splits_in_flight: AtomicU64::new(0),
+        }
+    }
+
+    pub fn count_drop(&self, reason: Drop) {
+        self.drops[reason as usize].fetch_add(1, Relaxed);
+    }
+
+    pub fn answer(&self, kind: Answer) {
+        self.answers[kind as usize].fetch_add(1, Relaxed);
+    }
+
+    pub fn backend_request(&self, i: usize) {
+        if let Some(b) = self.backends.get(i) {
+            b.requests.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+pub fn get(c: &AtomicU64) -> u64 {
+    c.load(Relaxed)
+}
+
+pub fn inc(c: &AtomicU64) {
+    c.fetch_add(1, Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drop_codes_round_trip_and_names_are_unique() {
+        let mut names = std::collections::HashSet::new();
+        for (i, d) in Drop::ALL.iter().enumerate() {
+            assert_eq!(*d as usize, i, "ALL must be in declaration order");
+            assert_eq!(Drop::from_code(d.code()), Some(*d));
+            assert!(names.insert(d.name()));
+        }
+        assert_eq!(Drop::from_code(3), None);
+        assert_eq!(Drop::from_code(Drop::CODE_BASE + 500), None);
+    }
+}

@@ -1,0 +1,907 @@
+//! The switch application: a parser stage, the match-action pipeline that holds the switch's
+//! behaviour as table entries, and the CPU path (ARP for the VIP, answers memcached would give,
+//! split multi-key gets).
+//!
+//! Driven by the run loop (or a test): frames and the time come in, a fate for each frame and
+//! a list of frames to emit go out. No I/O here.
+
+use std::collections::HashMap;
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kv::Ring;
+use pipeline::{
+    Action, Choose, Entry, Field, MatchKind, Meta, Pipeline, SelectorId, TableId, TableSpec,
+    Verdict,
+};
+use wire::ethernet::{self, EtherType, Mac};
+use wire::memcache::{self, Command, Protocol};
+use wire::{arp, ipv4, mcudp, udp};
+
+use crate::config::{Config, Mode};
+use crate::frame::{self, UdpEnds};
+use crate::split::{self, Arrival, Splitter};
+use crate::stats::{self, Answer, Drop, Stats};
+
+/// What the run loop does with a received frame after processing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fate {
+    /// Send the (possibly rewritten) frame out of this port.
+    Out(u16),
+    /// Send it out of every port but the one it came from.
+    Flood,
+    /// Nothing more to do: dropped (and counted) or handled by the CPU path.
+    Consumed,
+}
+
+/// Where a frame the switch originates goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dest {
+    Port(u16),
+    Flood,
+}
+
+/// A frame the switch originates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Emit {
+    pub dest: Dest,
+    pub frame: Vec<u8>,
+}
+
+// Pipeline reason codes for the CPU path (below the switch's drop codes, above the pipeline's).
+const CPU_ARP: u16 = 200;
+
+// Metadata flags set by the parser stage.
+/// The frame is IPv4 with a 20-byte header, not a fragment, carrying UDP: byte-range fields
+/// at fixed offsets are valid.
+const FLAG_PLAIN_UDP: u32 = 1;
+
+// Byte offsets of the fields the tables match, valid for untagged IPv4 with a 20-byte header.
+const OFF_ETHERTYPE: u16 = 12;
+const OFF_ARP_OP: u16 = 20;
+const OFF_ARP_TARGET_IP: u16 = 38;
+const OFF_IP_PROTO: u16 = 23;
+const OFF_IP_SRC: u16 = 26;
+const OFF_IP_DST: u16 = 30;
+const OFF_UDP_SRC: u16 = 34;
+const OFF_UDP_DST: u16 = 36;
+
+/// How often unresolved backends are asked for their MAC.
+const ARP_RETRY: Duration = Duration::from_secs(1);
+
+/// A view of the switch for the status API, refreshed by the run loop.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Snapshot {
+    pub backend_macs: Vec<Option<String>>,
+    pub mac_table: usize,
+    pub splits_in_flight: usize,
+    pub tables: Vec<TableInfo>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TableInfo {
+    pub name: String,
+    pub kind: String,
+    pub entries: usize,
+    pub hits: u64,
+    pub misses: u64,
+}
+
+/// The ring, as the pipeline's hash selector sees it.
+struct RingChooser(Arc<Ring>);
+
+impl Choose for RingChooser {
+    fn choose(&self, key_hash: u32) -> Option<usize> {
+        Some(self.0.locate_hash(key_hash))
+    }
+}
+
+struct Tables {
+    l2: TableId,
+    ring: SelectorId,
+}
+
+pub struct Switch {
+    cfg: Config,
+    ports: usize,
+    ring: Arc<Ring>,
+    pipeline: Pipeline,
+    tables: Tables,
+    /// Learned MAC → port; mirrors the pipeline's `l2` table.
+    macs: HashMap<Mac, u16>,
+    backend_macs: Vec<Option<Mac>>,
+    backend_by_ip: HashMap<Ipv4Addr, usize>,
+    splitter: Splitter,
+    stats: Arc<Stats>,
+    last_arp: Option<Instant>,
+    /// Scratch list of (key, server) for one request.
+    route_scratch: Vec<(usize, usize, usize)>,
+}
+
+impl Switch {
+    /// Builds the switch for `ports` ports from a validated configuration.
+    pub fn new(cfg: &Config, ports: usize, stats: Arc<Stats>) -> anyhow::Result<Switch> {
+        let servers: Vec<kv::Server> = cfg
+            .servers
+            .iter()
+            .map(|b| kv::Server {
+                name: b.ring_name(),
+                weight: b.weight,
+            })
+            .collect();
+        let ring = Arc::new(
+            Ring::new(cfg.distribution, cfg.hash, &servers)
+                .map_err(|e| anyhow::anyhow!("{}: pool: {e}", cfg.path.display()))?,
+        );
+        let mut pipeline = Pipeline::new();
+        let tables = build_tables(&mut pipeline, cfg, &ring)?;
+        let backend_macs: Vec<Option<Mac>> = cfg.servers.iter().map(|b| b.mac).collect();
+        let backend_by_ip = cfg
+            .servers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (*b.addr.ip(), i))
+            .collect();
+        let mut sw = Switch {
+            cfg: cfg.clone(),
+            ports,
+            ring,
+            pipeline,
+            tables,
+            macs: HashMap::new(),
+            backend_macs,
+            backend_by_ip,
+            splitter: Splitter::new(Duration::from_millis(cfg.split_timeout_ms)),
+            stats,
+            last_arp: None,
+            route_scratch: Vec::new(),
+        };
+        sw.install_members()?;
+        Ok(sw)
+    }
+
+    /// (Re)installs the ring selector's members from what is known of each backend.
+    fn install_members(&mut self) -> anyhow::Result<()> {
+        let members = self
+            .cfg
+            .servers
+            .iter()
+            .zip(&self.backend_macs)
+            .map(|(b, mac)| match mac {
+                Some(mac) => {
+                    let mut acts = vec![Action::SetEthDst(mac.0)];
+                    if self.cfg.mode == Mode::L3 {
+                        acts.push(Action::SetIpv4Dst(b.addr.ip().octets()));
+                    }
+                    acts.push(Action::Goto(self.tables.l2));
+                    acts
+                }
+                None => vec![Action::Drop(Drop::BackendUnresolved.code())],
+            })
+            .collect();
+        self.pipeline
+            .set_selector(
+                self.tables.ring,
+                members,
+                Box::new(RingChooser(self.ring.clone())),
+            )
+            .map_err(|e| anyhow::anyhow!("installing the ring selector: {e:?}"))?;
+        Ok(())
+    }
+
+    /// Processes one received frame. Rewrites happen in place in `frame`; frames the switch
+    /// originates are appended to `emit`.
+    pub fn process(
+        &mut self,
+        in_port: u16,
+        frame: &mut [u8],
+        csum_ready: bool,
+        now: Instant,
+        emit: &mut Vec<Emit>,
+    ) -> Fate {
+        let (src, dst, ethertype) = match ethernet::Frame::new_checked(&frame[..]) {
+            Ok(eth) => (eth.src(), eth.dst(), eth.ethertype()),
+            Err(_) => {
+                self.stats.count_drop(Drop::BadEthernet);
+                return Fate::Consumed;
+            }
+        };
+        self.learn(src, in_port);
+
+        let mut meta = Meta {
+            in_port,
+            key_hash: 0,
+            flags: 0,
+            regs: [0; 4],
+        };
+        match ethertype {
+            EtherType::ARP => {
+                if let Some(fate) = self.parse_arp(frame, dst) {
+                    return fate;
+                }
+            }
+            EtherType::IPV4 => match self.parse_ipv4(in_port, frame, dst, csum_ready, now, emit) {
+                Stage::Done(fate) => return fate,
+                Stage::Continue { flags, key_hash } => {
+                    meta.flags = flags;
+                    meta.key_hash = key_hash;
+                }
+            },
+            _ => {}
+        }
+
+        let verdict = self.pipeline.process(frame, &mut meta);
+        self.resolve(verdict, in_port, frame, emit)
+    }
+
+    /// Turns the pipeline's verdict into a fate.
+    fn resolve(
+        &mut self,
+        verdict: Verdict,
+        in_port: u16,
+        frame: &[u8],
+        emit: &mut Vec<Emit>,
+    ) -> Fate {
+        match verdict {
+            Verdict::Output(p) if p == in_port => {
+                // Only a key-routed request may go back where it came from (client and server
+                // behind one port); plain switching never hairpins.
+                if frame_is_rewritten_request(frame, &self.cfg) {
+                    stats::inc(&self.stats.switched);
+                    Fate::Out(p)
+                } else {
+                    self.stats.count_drop(Drop::SamePort);
+                    Fate::Consumed
+                }
+            }
+            Verdict::Output(p) if (p as usize) < self.ports => {
+                stats::inc(&self.stats.switched);
+                Fate::Out(p)
+            }
+            Verdict::Output(_) => {
+                self.stats.count_drop(Drop::NoAction);
+                Fate::Consumed
+            }
+            Verdict::Flood => {
+                stats::inc(&self.stats.flooded);
+                Fate::Flood
+            }
+            Verdict::ToCpu(CPU_ARP) => {
+                self.answer_arp(in_port, frame, emit);
+                Fate::Consumed
+            }
+            Verdict::ToCpu(_) => {
+                self.stats.count_drop(Drop::NoAction);
+                Fate::Consumed
+            }
+            Verdict::Drop(code) => {
+                self.stats
+                    .count_drop(Drop::from_code(code).unwrap_or(Drop::NoAction));
+                Fate::Consumed
+            }
+        }
+    }
+
+    fn learn(&mut self, src: Mac, port: u16) {
+        if !src.is_unicast() || src == self.cfg.vip_mac {
+            return;
+        }
+        if self.macs.get(&src) == Some(&port) {
+            return;
+        }
+        self.macs.insert(src, port);
+        stats::inc(&self.stats.mac_learned);
+        let actions = vec![Action::Output(port)];
+        let result = match self.pipeline.lookup_exact(self.tables.l2, &src.0) {
+            // The station moved.
+            Some(id) => self.pipeline.set_actions(self.tables.l2, id, actions),
+            None => self
+                .pipeline
+                .insert(self.tables.l2, Entry::exact(src.0.to_vec(), actions))
+                .map(|_| ()),
+        };
+        if let Err(e) = result {
+            tracing::warn!(mac = %src, "learning failed: {e}");
+        }
+    }
+
+    /// Learns a backend's MAC from traffic it sends.
+    fn note_backend(&mut self, ip: Ipv4Addr, mac: Mac) {
+        let Some(&i) = self.backend_by_ip.get(&ip) else {
+            return;
+        };
+        if !mac.is_unicast() || self.backend_macs[i] == Some(mac) {
+            return;
+        }
+        if self.cfg.servers[i].mac.is_some() {
+            // A configured MAC is authoritative.
+            return;
+        }
+        tracing::info!(backend = %self.cfg.servers[i].label(), %mac, "backend MAC resolved");
+        self.backend_macs[i] = Some(mac);
+        if let Err(e) = self.install_members() {
+            tracing::warn!("{e}");
+        }
+    }
+
+    /// ARP: learn backends; anything not for the switch goes on through the pipeline.
+    fn parse_arp(&mut self, frame: &[u8], dst: Mac) -> Option<Fate> {
+        let Ok(packet) = arp::Packet::new_checked(&frame[ethernet::HEADER_LEN..]) else {
+            return None;
+        };
+        let Ok(repr) = arp::Repr::parse(&packet) else {
+            return None;
+        };
+        self.note_backend(repr.sender_ip, repr.sender_mac);
+        if dst == self.cfg.vip_mac && repr.operation == arp::Operation::Reply {
+            // An answer to the switch's own request.
+            return Some(Fate::Consumed);
+        }
+        None
+    }
+
+    fn answer_arp(&mut self, in_port: u16, frame: &[u8], emit: &mut Vec<Emit>) {
+        let Ok(packet) = arp::Packet::new_checked(&frame[ethernet::HEADER_LEN..]) else {
+            return;
+        };
+        let Ok(req) = arp::Repr::parse(&packet) else {
+            return;
+        };
+        let reply = arp::Repr {
+            operation: arp::Operation::Reply,
+            sender_mac: self.cfg.vip_mac,
+            sender_ip: req.target_ip,
+            target_mac: req.sender_mac,
+            target_ip: req.sender_ip,
+        };
+        stats::inc(&self.stats.arp_replies);
+        emit.push(Emit {
+            dest: Dest::Port(in_port),
+            frame: frame::arp_frame(req.sender_mac, &reply),
+        });
+    }
+
+    fn parse_ipv4(
+        &mut self,
+        in_port: u16,
+        frame: &mut [u8],
+        dst_mac: Mac,
+        csum_ready: bool,
+        now: Instant,
+        emit: &mut Vec<Emit>,
+    ) -> Stage {
+        let l3 = &frame[ethernet::HEADER_LEN..];
+        let ip = match ipv4::Packet::new_checked(l3) {
+            Ok(ip) => ip,
+            Err(_) => {
+                if dst_mac == self.cfg.vip_mac {
+                    self.stats.count_drop(Drop::BadIpv4);
+                    return Stage::Done(Fate::Consumed);
+                }
+                return Stage::plain();
+            }
+        };
+        let (src_ip, dst_ip) = (ip.src(), ip.dst());
+        let src_mac = ethernet::Frame::new_checked(&frame[..])
+            .map(|e| e.src())
+            .unwrap_or(Mac::BROADCAST);
+        self.note_backend(src_ip, src_mac);
+        let ip = match ipv4::Packet::new_checked(&frame[ethernet::HEADER_LEN..]) {
+            Ok(ip) => ip,
+            Err(_) => return Stage::plain(),
+        };
+        let plain_udp = ip.header_len() == ipv4::HEADER_LEN
+            && !ip.is_fragment()
+            && ip.protocol() == ipv4::Protocol::UDP;
+        let for_vip = dst_ip == self.cfg.vip;
+        let for_agent = Some(dst_ip) == self.cfg.agent_ip;
+        if plain_udp {
+            if let Some(&i) = self.backend_by_ip.get(&src_ip) {
+                let from_memcached = udp::Packet::new_checked(ip.payload())
+                    .is_ok_and(|u| u.src_port() == self.cfg.servers[i].addr.port());
+                if from_memcached {
+                    stats::inc(&self.stats.backends[i].replies);
+                }
+            }
+        }
+        if !(for_vip || for_agent) || ip.protocol() != ipv4::Protocol::UDP {
+            return Stage::Continue {
+                flags: if plain_udp { FLAG_PLAIN_UDP } else { 0 },
+                key_hash: 0,
+            };
+        }
+        // UDP to the VIP (or the agent address): the key router's business.
+        if !ip.verify_checksum() {
+            self.stats.count_drop(Drop::BadIpv4);
+            return Stage::Done(Fate::Consumed);
+        }
+        if ip.is_fragment() {
+            self.stats.count_drop(Drop::IpFragment);
+            return Stage::Done(Fate::Consumed);
+        }
+        if ip.header_len() != ipv4::HEADER_LEN {
+            self.stats.count_drop(Drop::Ipv4Options);
+            return Stage::Done(Fate::Consumed);
+        }
+        let Ok(u) = udp::Packet::new_checked(ip.payload()) else {
+            self.stats.count_drop(Drop::BadUdp);
+            return Stage::Done(Fate::Consumed);
+        };
+        if csum_ready && !u.verify_checksum(src_ip, dst_ip) {
+            self.stats.count_drop(Drop::BadUdpChecksum);
+            return Stage::Done(Fate::Consumed);
+        }
+        let (src_port, dst_port) = (u.src_port(), u.dst_port());
+        if for_agent && dst_port == self.cfg.agent_port {
+            let payload = u.payload().to_vec();
+            self.split_reply(&payload, now, emit);
+            return Stage::Done(Fate::Consumed);
+        }
+        if !for_vip || dst_port != self.cfg.vip_port {
+            return Stage::Continue {
+                flags: FLAG_PLAIN_UDP,
+                key_hash: 0,
+            };
+        }
+        stats::inc(&self.stats.kv_requests);
+        let client = UdpEnds {
+            src_mac: self.cfg.vip_mac,
+            dst_mac: src_mac,
+            src_ip: self.cfg.vip,
+            dst_ip: src_ip,
+            src_port: dst_port,
+            dst_port: src_port,
+        };
+        let payload = u.payload();
+        let (header, body) = match mcudp::Header::parse(payload) {
+            Ok(x) => x,
+            Err(_) => {
+                self.stats.count_drop(Drop::BadFrameHeader);
+                return Stage::Done(Fate::Consumed);
+            }
+        };
+        if header.seq != 0 || header.total != 1 {
+            self.stats.count_drop(Drop::MultiDatagramRequest);
+            return Stage::Done(Fate::Consumed);
+        }
+        match self.route_datagram(body) {
+            Route::One { server, key_hash } => {
+                self.stats.backend_request(server);
+                stats::inc(&self.stats.kv_forwarded);
+                Stage::Continue {
+                    flags: FLAG_PLAIN_UDP,
+                    key_hash,
+                }
+            }
+            Route::Answer(kind, reply) => {
+                self.stats.answer(kind);
+                self.send_reply(in_port, &client, header.request_id, reply, emit);
+                Stage::Done(Fate::Consumed)
+            }
+            Route::Split => {
+                let body = body.to_vec();
+                self.start_split(in_port, client, header.request_id, &body, now, emit);
+                Stage::Done(Fate::Consumed)
+            }
+            Route::Drop(reason) => {
+                self.stats.count_drop(reason);
+                Stage::Done(Fate::Consumed)
+            }
+        }
+    }
+
+    /// Decides where the requests of one datagram go: all to one server, answered here, split,
+    /// or dropped. Never chooses a server that does not hold every key of the datagram.
+    fn route_datagram(&mut self, body: &[u8]) -> Route {
+        let mut offset = 0;
+        let mut target: Option<(usize, u32)> = None;
+        let mut multi = false;
+        let mut requests = 0;
+        let mut split_candidate = false;
+        let mut local: Option<&'static [u8]> = None;
+        while offset < body.len() {
+            let req = match memcache::parse(&body[offset..]) {
+                Ok(Some(req)) => req,
+                Ok(None) => return Route::Drop(Drop::IncompleteRequest),
+                Err(e) => {
+                    if requests > 0 {
+                        return Route::Drop(Drop::PipelinedError);
+                    }
+                    if body[offset] == 0x80 || body[offset] == 0x81 {
+                        return Route::Drop(Drop::BadBinaryRequest);
+                    }
+                    if e.text_reply().is_empty() {
+                        return Route::Drop(Drop::BadRequest);
+                    }
+                    let kind = if e.text_reply() == b"ERROR\r\n" {
+                        Answer::UnknownCommand
+                    } else {
+                        Answer::ClientError
+                    };
+                    return Route::Answer(kind, e.text_reply());
+                }
+            };
+            requests += 1;
+            if req.key_count() == 0 {
+                local = match req.command {
+                    Command::MetaNoop => Some(b"MN\r\n"),
+                    Command::Version => Some(VERSION_REPLY),
+                    _ => return Route::Drop(Drop::KeylessCommand),
+                };
+            }
+            split_candidate = req.protocol == Protocol::Text
+                && matches!(
+                    req.command,
+                    Command::Get | Command::Gets | Command::Gat | Command::Gats
+                );
+            for key in req.keys() {
+                let hash = self.ring.key_hash(key);
+                let server = self.ring.locate_hash(hash);
+                match target {
+                    None => target = Some((server, hash)),
+                    Some((s, _)) if s != server => multi = true,
+                    Some(_) => {}
+                }
+            }
+            offset += req.len.max(1);
+        }
+        if let Some(reply) = local {
+            if requests == 1 {
+                return Route::Answer(Answer::Local, reply);
+            }
+            return Route::Drop(Drop::KeylessCommand);
+        }
+        match target {
+            None => Route::Drop(Drop::IncompleteRequest),
+            Some((server, key_hash)) if !multi => Route::One { server, key_hash },
+            Some(_) if requests == 1 && split_candidate => Route::Split,
+            Some(_) => Route::Drop(Drop::PipelinedMultiServer),
+        }
+    }
+
+    fn send_reply(
+        &mut self,
+        port: u16,
+        ends: &UdpEnds,
+        request_id: u16,
+        reply: &[u8],
+        emit: &mut Vec<Emit>,
+    ) {
+        match frame::memcached_reply(ends, request_id, reply) {
+            Some(frames) => emit.extend(frames.into_iter().map(|frame| Emit {
+                dest: Dest::Port(port),
+                frame,
+            })),
+            None => self.stats.count_drop(Drop::SplitBadReply),
+        }
+    }
+
+    fn start_split(
+        &mut self,
+        in_port: u16,
+        client: UdpEnds,
+        request_id: u16,
+        body: &[u8],
+        now: Instant,
+        emit: &mut Vec<Emit>,
+    ) {
+        let Some(agent_ip) = self.cfg.agent_ip else {
+            self.stats.count_drop(Drop::SplitUnavailable);
+            return;
+        };
+        let Ok(Some(req)) = memcache::parse(body) else {
+            self.stats.count_drop(Drop::IncompleteRequest);
+            return;
+        };
+        self.route_scratch.clear();
+        let keys: Vec<(Vec<u8>, usize)> = req
+            .keys()
+            .map(|k| (k.to_vec(), self.ring.locate(k)))
+            .collect();
+        // Every part needs a known MAC before anything is sent.
+        if keys.iter().any(|(_, s)| self.backend_macs[*s].is_none()) {
+            self.stats.count_drop(Drop::BackendUnresolved);
+            return;
+        }
+        let subs = match self.splitter.start(
+            now,
+            split::Client {
+                ends: client,
+                request_id,
+                port: in_port,
+            },
+            req.command,
+            req.exptime_token(),
+            keys,
+        ) {
+            Ok(subs) => subs,
+            Err(split::SplitError::TableFull) => {
+                self.stats.count_drop(Drop::SplitTableFull);
+                return;
+            }
+            Err(split::SplitError::NotRetrieval) => {
+                self.stats.count_drop(Drop::PipelinedMultiServer);
+                return;
+            }
+        };
+        stats::inc(&self.stats.kv_split);
+        for sub in subs {
+            let backend = &self.cfg.servers[sub.server];
+            let Some(mac) = self.backend_macs[sub.server] else {
+                continue;
+            };
+            let ends = UdpEnds {
+                src_mac: self.cfg.vip_mac,
+                dst_mac: mac,
+                src_ip: agent_ip,
+                dst_ip: *backend.addr.ip(),
+                src_port: self.cfg.agent_port,
+                dst_port: backend.addr.port(),
+            };
+            let mut header = [0u8; mcudp::LEN];
+            mcudp::Header {
+                request_id: sub.request_id,
+                seq: 0,
+                total: 1,
+                reserved: 0,
+            }
+            .emit(&mut header);
+            self.stats.backend_request(sub.server);
+            let dest = match self.macs.get(&mac) {
+                Some(&p) => Dest::Port(p),
+                None => Dest::Flood,
+            };
+            emit.push(Emit {
+                dest,
+                frame: frame::udp_frame(&ends, &[&header, &sub.payload]),
+            });
+        }
+    }
+
+    fn split_reply(&mut self, payload: &[u8], _now: Instant, emit: &mut Vec<Emit>) {
+        let Ok((header, body)) = mcudp::Header::parse(payload) else {
+            self.stats.count_drop(Drop::BadFrameHeader);
+            return;
+        };
+        match self
+            .splitter
+            .arrive(header.request_id, header.seq, header.total, body)
+        {
+            Arrival::Stored => {}
+            Arrival::Done {
+                client_port,
+                ends,
+                request_id,
+                reply,
+            } => {
+                self.stats.answer(Answer::MergedGet);
+                self.send_reply(client_port, &ends, request_id, &reply, emit);
+            }
+            Arrival::BadReply => self.stats.count_drop(Drop::SplitBadReply),
+            Arrival::Stale => self.stats.count_drop(Drop::StaleReply),
+        }
+    }
+
+    /// Periodic work: expire split gets, ask unresolved backends for their MAC.
+    pub fn tick(&mut self, now: Instant, emit: &mut Vec<Emit>) {
+        for _ in 0..self.splitter.expire(now) {
+            self.stats.count_drop(Drop::SplitTimeout);
+        }
+        self.stats.splits_in_flight.store(
+            self.splitter.in_flight() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        let due = self
+            .last_arp
+            .is_none_or(|t| now.duration_since(t) >= ARP_RETRY);
+        if due && self.backend_macs.iter().any(Option::is_none) {
+            self.last_arp = Some(now);
+            let sender_ip = self.cfg.agent_ip.unwrap_or(Ipv4Addr::UNSPECIFIED);
+            for (i, b) in self.cfg.servers.iter().enumerate() {
+                if self.backend_macs[i].is_some() {
+                    continue;
+                }
+                let req = arp::Repr {
+                    operation: arp::Operation::Request,
+                    sender_mac: self.cfg.vip_mac,
+                    sender_ip,
+                    target_mac: Mac([0; 6]),
+                    target_ip: *b.addr.ip(),
+                };
+                stats::inc(&self.stats.arp_requests_sent);
+                emit.push(Emit {
+                    dest: Dest::Flood,
+                    frame: frame::arp_frame(Mac::BROADCAST, &req),
+                });
+            }
+        }
+    }
+
+    /// A view for the status API.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            backend_macs: self
+                .backend_macs
+                .iter()
+                .map(|m| m.map(|m| m.to_string()))
+                .collect(),
+            mac_table: self.macs.len(),
+            splits_in_flight: self.splitter.in_flight(),
+            tables: self
+                .pipeline
+                .describe()
+                .tables
+                .into_iter()
+                .map(|t| TableInfo {
+                    name: t.name,
+                    kind: format!("{:?}", t.kind).to_lowercase(),
+                    entries: t.entries,
+                    hits: t.hits,
+                    misses: t.misses,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The reply to `version` on the VIP: the switch answers for the pool.
+const VERSION_REPLY: &[u8] =
+    concat!("VERSION kvswitch-", env!("CARGO_PKG_VERSION"), "\r\n").as_bytes();
+
+enum Stage {
+    Done(Fate),
+    Continue { flags: u32, key_hash: u32 },
+}
+
+impl Stage {
+    fn plain() -> Stage {
+        Stage::Continue {
+            flags: 0,
+            key_hash: 0,
+        }
+    }
+}
+
+enum Route {
+    One { server: usize, key_hash: u32 },
+    Answer(Answer, &'static [u8]),
+    Split,
+    Drop(Drop),
+}
+
+/// Whether a frame is a request the key router rewrote towards a backend.
+fn frame_is_rewritten_request(frame: &[u8], cfg: &Config) -> bool {
+    let Ok(eth) = ethernet::Frame::new_checked(frame) else {
+        return false;
+    };
+    let Ok(ip) = ipv4::Packet::new_checked(eth.payload()) else {
+        return false;
+    };
+    cfg.servers.iter().any(|b| *b.addr.ip() == ip.dst())
+        || (cfg.mode == Mode::L2 && ip.dst() == cfg.vip)
+}
+
+fn bytes_field(offset: u16, len: u8) -> Field {
+    Field::Bytes { offset, len }
+}
+
+/// The switch's behaviour as tables:
+/// 0 `arp_vip`: ARP requests for the VIP (or agent address) go to the CPU;
+/// 1 `kv_route`: UDP to the VIP's memcached port is hashed by key onto the ring;
+/// 2 `vip_reply` (l3): replies from a backend's memcached port leave with the VIP as source;
+/// 3 `l2`: learned destination MAC → port, otherwise flood.
+fn build_tables(p: &mut Pipeline, cfg: &Config, _ring: &Arc<Ring>) -> anyhow::Result<Tables> {
+    let e = |e: pipeline::Error| anyhow::anyhow!("building the pipeline: {e:?}");
+    let arp_t = p
+        .add_table(TableSpec {
+            name: "arp_vip".into(),
+            kind: MatchKind::Exact,
+            key: vec![
+                bytes_field(OFF_ETHERTYPE, 2),
+                bytes_field(OFF_ARP_OP, 2),
+                bytes_field(OFF_ARP_TARGET_IP, 4),
+            ],
+            miss: vec![],
+        })
+        .map_err(e)?;
+    let route_t = p
+        .add_table(TableSpec {
+            name: "kv_route".into(),
+            kind: MatchKind::Exact,
+            key: vec![
+                Field::Flags,
+                bytes_field(OFF_IP_PROTO, 1),
+                bytes_field(OFF_IP_DST, 4),
+                bytes_field(OFF_UDP_DST, 2),
+            ],
+            miss: vec![],
+        })
+        .map_err(e)?;
+    let reply_t = p
+        .add_table(TableSpec {
+            name: "vip_reply".into(),
+            kind: MatchKind::Exact,
+            key: vec![
+                Field::Flags,
+                bytes_field(OFF_IP_PROTO, 1),
+                bytes_field(OFF_IP_SRC, 4),
+                bytes_field(OFF_UDP_SRC, 2),
+            ],
+            miss: vec![],
+        })
+        .map_err(e)?;
+    let l2 = p
+        .add_table(TableSpec {
+            name: "l2".into(),
+            kind: MatchKind::Exact,
+            key: vec![bytes_field(0, 6)],
+            miss: vec![Action::Flood],
+        })
+        .map_err(e)?;
+    // Misses fall through to the next table.
+    p.set_miss(arp_t, vec![Action::Goto(route_t)]).map_err(e)?;
+    p.set_miss(route_t, vec![Action::Goto(reply_t)])
+        .map_err(e)?;
+    p.set_miss(reply_t, vec![Action::Goto(l2)]).map_err(e)?;
+
+    let mut targets = vec![cfg.vip];
+    if let Some(a) = cfg.agent_ip {
+        if a != cfg.vip {
+            targets.push(a);
+        }
+    }
+    for ip in targets {
+        let mut key = Vec::with_capacity(8);
+        key.extend_from_slice(&EtherType::ARP.0.to_be_bytes());
+        key.extend_from_slice(&1u16.to_be_bytes());
+        key.extend_from_slice(&ip.octets());
+        p.insert(arp_t, Entry::exact(key, vec![Action::ToCpu(CPU_ARP)]))
+            .map_err(e)?;
+    }
+
+    let ring = p.add_selector(vec![], Box::new(NoChoice)).map_err(e)?;
+    let mut key = Vec::with_capacity(11);
+    key.extend_from_slice(&FLAG_PLAIN_UDP.to_be_bytes());
+    key.push(ipv4::Protocol::UDP.0);
+    key.extend_from_slice(&cfg.vip.octets());
+    key.extend_from_slice(&cfg.vip_port.to_be_bytes());
+    p.insert(route_t, Entry::exact(key, vec![Action::Select(ring)]))
+        .map_err(e)?;
+
+    if cfg.mode == Mode::L3 {
+        for b in &cfg.servers {
+            let mut key = Vec::with_capacity(11);
+            key.extend_from_slice(&FLAG_PLAIN_UDP.to_be_bytes());
+            key.push(ipv4::Protocol::UDP.0);
+            key.extend_from_slice(&b.addr.ip().octets());
+            key.extend_from_slice(&b.addr.port().to_be_bytes());
+            // Two servers may share an address on different ports; one entry each.
+            let _ = p.insert(
+                reply_t,
+                Entry::exact(
+                    key,
+                    vec![Action::SetIpv4Src(cfg.vip.octets()), Action::Goto(l2)],
+                ),
+            );
+        }
+    }
+    // Frames for the VIP's MAC that no table above claimed are not flooded.
+    p.insert(
+        l2,
+        Entry::exact(
+            cfg.vip_mac.0.to_vec(),
+            vec![Action::Drop(Drop::VipUnhandled.code())],
+        ),
+    )
+    .map_err(e)?;
+    Ok(Tables { l2, ring })
+}
+
+/// Placeholder chooser until the ring is installed.
+struct NoChoice;
+impl Choose for NoChoice {
+    fn choose(&self, _: u32) -> Option<usize> {
+        None
+    }
+}

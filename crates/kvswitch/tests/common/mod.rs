@@ -1,0 +1,237 @@
+//! Helpers shared by the end-to-end tests: a testbed with the real kvswitch binary, memcached
+//! over UDP from inside a client namespace, and direct questions to servers.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
+use std::time::{Duration, Instant};
+
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    assert_eq!(
+        uid, 0,
+        "the end-to-end tests build network namespaces and need root"
+    );
+}
+
+/// Brings up the default topology (2 clients, 3 servers) with kvswitch in `mode`.
+pub fn testbed(prefix: &str, mode: &str, nutcracker: bool) -> testbed::Live {
+    require_root();
+    let mut topo = testbed::Topology::default_topology();
+    topo.mode = mode.parse().expect("mode");
+    let state = std::env::temp_dir().join(format!("{prefix}-testbed-{}.json", std::process::id()));
+    // A previous run that was killed may have left this prefix behind.
+    let _ = testbed::down(&state);
+    let _ = testbed::sweep(prefix);
+    let opts = testbed::UpOptions {
+        prefix: prefix.into(),
+        kvswitch_bin: Some(env!("CARGO_BIN_EXE_kvswitch").into()),
+        state_path: Some(state),
+        start_nutcracker: nutcracker,
+        ..Default::default()
+    };
+    testbed::up(&topo, &opts).expect("testbed up")
+}
+
+/// A memcached UDP reply: where it came from and the reassembled payload.
+#[derive(Debug)]
+pub struct Reply {
+    pub from: SocketAddr,
+    pub body: Vec<u8>,
+    pub datagrams: usize,
+}
+
+/// Sends one memcached UDP request (frame header added) from `host` and waits for the whole
+/// reply, or `None` after `timeout`.
+pub fn udp_call(
+    live: &testbed::Live,
+    host: &str,
+    target: SocketAddr,
+    request: &[u8],
+    timeout: Duration,
+) -> Option<Reply> {
+    let mut datagram = vec![0u8, 7, 0, 0, 0, 1, 0, 0];
+    datagram.extend_from_slice(request);
+    udp_raw(live, host, target, &datagram, timeout)
+}
+
+/// Sends `datagram` as is (the caller writes the frame header) and reassembles the reply to
+/// request id 7.
+pub fn udp_raw(
+    live: &testbed::Live,
+    host: &str,
+    target: SocketAddr,
+    datagram: &[u8],
+    timeout: Duration,
+) -> Option<Reply> {
+    let datagram = datagram.to_vec();
+    live.in_host(host, move || -> Option<Reply> {
+        let sock = UdpSocket::bind("0.0.0.0:0").ok()?;
+        sock.send_to(&datagram, target).ok()?;
+        let deadline = Instant::now() + timeout;
+        let mut parts: Vec<Option<Vec<u8>>> = Vec::new();
+        let mut from = None;
+        let mut buf = [0u8; 65536];
+        loop {
+            let left = deadline.checked_duration_since(Instant::now())?;
+            sock.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+                .ok()?;
+            let (n, src) = sock.recv_from(&mut buf).ok()?;
+            if n < 8 || buf[0..2] != [0, 7] {
+                continue;
+            }
+            let seq = u16::from_be_bytes([buf[2], buf[3]]) as usize;
+            let total = u16::from_be_bytes([buf[4], buf[5]]) as usize;
+            if parts.is_empty() {
+                parts = vec![None; total.max(1)];
+            }
+            if seq < parts.len() {
+                parts[seq] = Some(buf[8..n].to_vec());
+            }
+            from = Some(src);
+            if parts.iter().all(Option::is_some) {
+                let body = parts.iter().flatten().flatten().copied().collect();
+                return Some(Reply {
+                    from: from?,
+                    body,
+                    datagrams: parts.len(),
+                });
+            }
+        }
+    })
+    .expect("client namespace")
+}
+
+/// One text request over TCP from inside `host`; reads until `done` says the reply is whole.
+pub fn tcp_call(
+    live: &testbed::Live,
+    host: &str,
+    target: SocketAddr,
+    request: &[u8],
+    done: fn(&[u8]) -> bool,
+) -> Vec<u8> {
+    let request = request.to_vec();
+    live.in_host(host, move || -> std::io::Result<Vec<u8>> {
+        let mut s = TcpStream::connect_timeout(&target, Duration::from_secs(2))?;
+        s.set_read_timeout(Some(Duration::from_secs(3)))?;
+        s.write_all(&request)?;
+        let mut out = Vec::new();
+        let mut buf = [0u8; 65536];
+        while !done(&out) {
+            let n = s.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&buf[..n]);
+        }
+        Ok(out)
+    })
+    .expect("namespace")
+    .expect("tcp call")
+}
+
+pub fn ends_with_end(b: &[u8]) -> bool {
+    b.ends_with(b"END\r\n")
+}
+
+pub fn ends_with_line(b: &[u8]) -> bool {
+    b.ends_with(b"\r\n")
+}
+
+/// Whether `server` holds `key`, asked directly over TCP from inside the server's namespace.
+pub fn server_value(live: &testbed::Live, server: &str, key: &str) -> Option<Vec<u8>> {
+    let ip = live.host(server).expect("server").ip;
+    let reply = tcp_call(
+        live,
+        server,
+        SocketAddr::new(ip.into(), 11211),
+        format!("get {key}\r\n").as_bytes(),
+        ends_with_end,
+    );
+    if reply == b"END\r\n" {
+        return None;
+    }
+    // VALUE <key> <flags> <bytes>\r\n<data>\r\nEND\r\n
+    let header_end = reply.windows(2).position(|w| w == b"\r\n")?;
+    let data = &reply[header_end + 2..reply.len() - b"\r\nEND\r\n".len()];
+    Some(data.to_vec())
+}
+
+/// UDP datagrams delivered to sockets inside a host's namespace, from its own /proc.
+pub fn udp_in_datagrams(live: &testbed::Live, host: &str) -> u64 {
+    live.in_host(host, || {
+        let snmp = std::fs::read_to_string("/proc/thread-self/net/snmp").expect("snmp");
+        let mut lines = snmp.lines().filter(|l| l.starts_with("Udp:"));
+        let names: Vec<&str> = lines
+            .next()
+            .expect("Udp header")
+            .split_whitespace()
+            .collect();
+        let values: Vec<&str> = lines
+            .next()
+            .expect("Udp values")
+            .split_whitespace()
+            .collect();
+        let i = names
+            .iter()
+            .position(|n| *n == "InDatagrams")
+            .expect("InDatagrams");
+        values[i].parse::<u64>().expect("number")
+    })
+    .expect("namespace")
+}
+
+/// The switch's status document.
+pub fn status(live: &testbed::Live) -> serde_json::Value {
+    let body = testbed::http_get(live.api(), "/api/v1/status").expect("status");
+    serde_json::from_str(&body).expect("status is JSON")
+}
+
+pub fn metrics(live: &testbed::Live) -> String {
+    testbed::http_get(live.api(), "/metrics").expect("metrics")
+}
+
+pub fn drops(live: &testbed::Live, reason: &str) -> u64 {
+    status(live)["counters"]["drops"][reason]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no drop counter {reason}"))
+}
+
+/// The ring kvswitch uses for the default topology, built independently from the names.
+pub fn default_ring() -> kv::Ring {
+    let servers: Vec<kv::Server> = ["s1", "s2", "s3"]
+        .iter()
+        .map(|n| kv::Server::new(*n, 1))
+        .collect();
+    kv::Ring::new(kv::Distribution::Ketama, kv::HashFn::Md5, &servers).expect("ring")
+}
+
+pub fn vip(live: &testbed::Live) -> SocketAddr {
+    SocketAddr::new(live.state.vip.into(), 11211)
+}
+
+pub fn ip_of(live: &testbed::Live, host: &str) -> Ipv4Addr {
+    live.host(host).expect("host").ip
+}
+
+/// Keys that land on each of the three servers, `per` each, in round-robin order.
+pub fn keys_spanning_servers(ring: &kv::Ring, prefix: &str, per: usize) -> Vec<String> {
+    let mut by_server: Vec<Vec<String>> = vec![Vec::new(); ring.len()];
+    let mut i = 0;
+    while by_server.iter().any(|v| v.len() < per) {
+        let k = format!("{prefix}{i}");
+        let s = ring.locate(k.as_bytes());
+        if by_server[s].len() < per {
+            by_server[s].push(k);
+        }
+        i += 1;
+    }
+    let mut out = Vec::new();
+    for j in 0..per {
+        for v in &by_server {
+            out.push(v[j].clone());
+        }
+    }
+    out
+}

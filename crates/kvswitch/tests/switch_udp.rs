@@ -1,0 +1,293 @@
+//! Switch mode end to end: real memcached servers in namespaces, the real kvswitch daemon on the
+//! veth ports, memcached over UDP to the VIP from a client namespace.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::*;
+
+const T: Duration = Duration::from_secs(2);
+
+fn server_names() -> [&'static str; 3] {
+    ["s1", "s2", "s3"]
+}
+
+/// Every write and read sent to the VIP lands on the ketama server; replies come from the VIP.
+fn check_routing(live: &testbed::Live) {
+    let ring = default_ring();
+    let vip = vip(live);
+    let keys = keys_spanning_servers(&ring, "route:", 4);
+    for (i, key) in keys.iter().enumerate() {
+        let value = format!("v{i}-{key}");
+        let set = format!("set {key} 0 0 {}\r\n{value}\r\n", value.len());
+        let r = udp_call(live, "c1", vip, set.as_bytes(), T).expect("set reply");
+        assert_eq!(r.body, b"STORED\r\n", "set {key}");
+        assert_eq!(r.from, vip, "reply must come from the VIP");
+
+        let owner = server_names()[ring.locate(key.as_bytes())];
+        for s in server_names() {
+            let held = server_value(live, s, key);
+            if s == owner {
+                assert_eq!(held.as_deref(), Some(value.as_bytes()), "{key} on {s}");
+            } else {
+                assert_eq!(held, None, "{key} must not be on {s}");
+            }
+        }
+        let r = udp_call(live, "c2", vip, format!("get {key}\r\n").as_bytes(), T).expect("get");
+        assert_eq!(
+            r.body,
+            format!("VALUE {key} 0 {}\r\n{value}\r\nEND\r\n", value.len()).as_bytes()
+        );
+        assert_eq!(r.from, vip);
+    }
+
+    // incr and delete reach the owner too.
+    for key in keys.iter().take(3) {
+        let owner = server_names()[ring.locate(key.as_bytes())];
+        let r = udp_call(
+            live,
+            "c1",
+            vip,
+            format!("set {key} 0 0 2\r\n41\r\n").as_bytes(),
+            T,
+        )
+        .expect("set");
+        assert_eq!(r.body, b"STORED\r\n");
+        let r = udp_call(live, "c1", vip, format!("incr {key} 1\r\n").as_bytes(), T).expect("incr");
+        assert_eq!(r.body, b"42\r\n");
+        assert_eq!(server_value(live, owner, key).as_deref(), Some(&b"42"[..]));
+        let r =
+            udp_call(live, "c1", vip, format!("delete {key}\r\n").as_bytes(), T).expect("delete");
+        assert_eq!(r.body, b"DELETED\r\n");
+        assert_eq!(server_value(live, owner, key), None);
+    }
+
+    // Meta and binary requests are routed by their key as well.
+    let key = &keys[5];
+    let r = udp_call(
+        live,
+        "c1",
+        vip,
+        format!("ms {key} 3\r\nabc\r\n").as_bytes(),
+        T,
+    )
+    .expect("ms");
+    assert_eq!(r.body, b"HD\r\n");
+    let owner = server_names()[ring.locate(key.as_bytes())];
+    assert_eq!(server_value(live, owner, key).as_deref(), Some(&b"abc"[..]));
+    let r = udp_call(live, "c1", vip, format!("mg {key} v\r\n").as_bytes(), T).expect("mg");
+    assert_eq!(r.body, b"VA 3\r\nabc\r\n");
+    let mut getk = vec![0x80, 0x0c, 0, key.len() as u8, 0, 0, 0, 0];
+    getk.extend_from_slice(&(key.len() as u32).to_be_bytes());
+    getk.extend_from_slice(&[0xde, 0xad, 0xbe, 0xef, 0, 0, 0, 0, 0, 0, 0, 0]);
+    getk.extend_from_slice(key.as_bytes());
+    let r = udp_call(live, "c1", vip, &getk, T).expect("binary getk");
+    assert_eq!(r.body[0], 0x81, "binary response magic");
+    assert_eq!(&r.body[6..8], &[0, 0], "status: no error");
+    assert_eq!(&r.body[12..16], &[0xde, 0xad, 0xbe, 0xef], "opaque echoed");
+    assert!(r.body.ends_with(b"abc"));
+}
+
+/// A get whose keys live on all three servers returns every value, in the client's order,
+/// also when the merged reply needs several datagrams.
+fn check_multiget(live: &testbed::Live) {
+    let ring = default_ring();
+    let vip = vip(live);
+    let keys = keys_spanning_servers(&ring, "multi:", 3);
+    let mut expected = Vec::new();
+    let mut request = String::from("get");
+    for (i, key) in keys.iter().enumerate() {
+        request.push(' ');
+        request.push_str(key);
+        if i == 4 {
+            continue; // one miss in the middle
+        }
+        let value = format!("{i}:{}", "x".repeat(300 + i));
+        let set = format!("set {key} {i} 0 {}\r\n{value}\r\n", value.len());
+        assert_eq!(
+            udp_call(live, "c1", vip, set.as_bytes(), T)
+                .expect("set")
+                .body,
+            b"STORED\r\n"
+        );
+        expected.extend_from_slice(
+            format!("VALUE {key} {i} {}\r\n{value}\r\n", value.len()).as_bytes(),
+        );
+    }
+    // The first key again at the end: memcached answers it twice.
+    request.push(' ');
+    request.push_str(&keys[0]);
+    let first = server_value(
+        live,
+        server_names()[ring.locate(keys[0].as_bytes())],
+        &keys[0],
+    )
+    .expect("first key stored");
+    expected.extend_from_slice(format!("VALUE {} 0 {}\r\n", keys[0], first.len()).as_bytes());
+    expected.extend_from_slice(&first);
+    expected.extend_from_slice(b"\r\nEND\r\n");
+    request.push_str("\r\n");
+
+    let before = status(live)["counters"]["kv_split"].as_u64().unwrap();
+    let r = udp_call(live, "c2", vip, request.as_bytes(), T).expect("multi-get reply");
+    assert_eq!(r.from, vip);
+    assert_eq!(
+        String::from_utf8_lossy(&r.body),
+        String::from_utf8_lossy(&expected)
+    );
+    assert!(
+        r.datagrams >= 2,
+        "the merged reply spans datagrams ({})",
+        r.datagrams
+    );
+    let after = status(live)["counters"]["kv_split"].as_u64().unwrap();
+    assert_eq!(after, before + 1);
+
+    // gets carries each server's CAS values through.
+    let request = format!("gets {} {} {}\r\n", keys[0], keys[1], keys[2]);
+    let r = udp_call(live, "c1", vip, request.as_bytes(), T).expect("gets reply");
+    let text = String::from_utf8_lossy(&r.body);
+    assert_eq!(text.matches("VALUE ").count(), 3, "{text}");
+    assert!(text.ends_with("END\r\n"));
+}
+
+/// Frames between two hosts that do not concern the VIP are switched like any L2 switch.
+fn check_l2(live: &testbed::Live) {
+    let c2 = ip_of(live, "c2").to_string();
+    let out = live
+        .exec("c1", "ping")
+        .args(["-c", "3", "-i", "0.2", "-W", "1", &c2])
+        .output()
+        .expect("ping");
+    assert!(
+        out.status.success(),
+        "ping c1 -> c2: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // TCP from a client straight to a server's address is switched, not routed by key.
+    let s1 = SocketAddr::new(ip_of(live, "s1").into(), 11211);
+    let reply = tcp_call(
+        live,
+        "c1",
+        s1,
+        b"set plain 0 0 2\r\nok\r\nget plain\r\n",
+        ends_with_end,
+    );
+    assert_eq!(reply, b"STORED\r\nVALUE plain 0 2\r\nok\r\nEND\r\n");
+}
+
+/// Malformed requests to the VIP get memcached's answer or a counted drop; none reaches a server.
+fn check_malformed(live: &testbed::Live) {
+    let vip = vip(live);
+    let servers_before: u64 = server_names()
+        .iter()
+        .map(|s| udp_in_datagrams(live, s))
+        .sum();
+    let before = status(live);
+    let drop_before = |r: &str| before["counters"]["drops"][r].as_u64().unwrap();
+
+    // Too short for a frame header.
+    assert!(udp_raw(live, "c1", vip, &[0, 7, 0], Duration::from_millis(300)).is_none());
+    // A request claiming to be one of two datagrams.
+    assert!(udp_raw(
+        live,
+        "c1",
+        vip,
+        b"\0\x07\0\0\0\x02\0\0get a\r\n",
+        Duration::from_millis(300)
+    )
+    .is_none());
+    // A storage command cut short.
+    assert!(udp_call(
+        live,
+        "c1",
+        vip,
+        b"set k 0 0 10\r\nabc",
+        Duration::from_millis(300)
+    )
+    .is_none());
+    // Answered as memcached answers them.
+    let long_key = "k".repeat(251);
+    let r = udp_call(live, "c1", vip, format!("get {long_key}\r\n").as_bytes(), T).expect("reply");
+    assert_eq!(r.body, b"CLIENT_ERROR bad command line format\r\n");
+    assert_eq!(r.from, vip);
+    let r = udp_call(live, "c1", vip, b"bogus command\r\n", T).expect("reply");
+    assert_eq!(r.body, b"ERROR\r\n");
+
+    let after = status(live);
+    let drop_after = |r: &str| after["counters"]["drops"][r].as_u64().unwrap();
+    assert_eq!(
+        drop_after("bad_frame_header"),
+        drop_before("bad_frame_header") + 1
+    );
+    assert_eq!(
+        drop_after("multi_datagram_request"),
+        drop_before("multi_datagram_request") + 1
+    );
+    assert_eq!(
+        drop_after("incomplete_request"),
+        drop_before("incomplete_request") + 1
+    );
+    let servers_after: u64 = server_names()
+        .iter()
+        .map(|s| udp_in_datagrams(live, s))
+        .sum();
+    assert_eq!(
+        servers_after, servers_before,
+        "a malformed request reached a server"
+    );
+    let m = metrics(live);
+    assert!(
+        m.contains("kvswitch_drops_total{reason=\"bad_frame_header\"}"),
+        "{m}"
+    );
+}
+
+#[test]
+fn switch_mode_l3_end_to_end() {
+    let live = testbed("ku3", "l3", true);
+    check_routing(&live);
+    check_multiget(&live);
+    check_l2(&live);
+    check_malformed(&live);
+
+    // Keys written through nutcracker are found through kvswitch: same placement, warm cache.
+    let nut = live.state.nutcracker.as_ref().expect("nutcracker").listen;
+    let vip = vip(&live);
+    for i in 0..30 {
+        let key = format!("nut:{i}");
+        let reply = tcp_call(
+            &live,
+            "c1",
+            nut,
+            format!("set {key} 0 0 1\r\n{}\r\n", i % 10).as_bytes(),
+            ends_with_line,
+        );
+        assert_eq!(reply, b"STORED\r\n");
+        let r = udp_call(&live, "c2", vip, format!("get {key}\r\n").as_bytes(), T).expect("get");
+        assert_eq!(
+            r.body,
+            format!("VALUE {key} 0 1\r\n{}\r\nEND\r\n", i % 10).as_bytes()
+        );
+    }
+
+    let st = status(&live);
+    let per_backend: Vec<u64> = st["pool"]["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["requests"].as_u64().unwrap())
+        .collect();
+    assert!(per_backend.iter().all(|n| *n > 0), "{per_backend:?}");
+    live.down().expect("down");
+}
+
+#[test]
+fn switch_mode_l2_end_to_end() {
+    let live = testbed("ku2", "l2", false);
+    check_routing(&live);
+    check_l2(&live);
+    live.down().expect("down");
+}

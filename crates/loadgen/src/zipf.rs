@@ -1,0 +1,344 @@
+//! Key popularity: a Zipf sampler that needs no per-key table, and the mapping from popularity
+//! rank to key index. Pure arithmetic; never touches the network.
+//!
+//! The sampler is rejection-inversion (W. Hörmann, G. Derflinger, "Rejection-inversion to
+//! generate variates from monotone discrete distributions", ACM TOMACS 6(3), 1996), the same
+//! construction Apache Commons RNG uses. Setup and each sample cost O(1), so keyspaces of 10^10
+//! and more work; the expected number of rejections per sample is below 1.1 for all exponents.
+
+use rand::Rng;
+
+/// Draws ranks `1..=n` with `P(k) ∝ k^-theta`, `theta > 0`.
+#[derive(Clone, Debug)]
+pub struct Zipf {
+    n: f64,
+    theta: f64,
+    h_integral_x1: f64,
+    h_integral_n: f64,
+    s: f64,
+}
+
+impl Zipf {
+    /// `n` is the number of ranks (≥ 1), `theta` the exponent (> 0 and finite).
+    ///
+    /// # Panics
+    /// If `n == 0` or `theta` is not a positive finite number; callers validate user input first.
+    pub fn new(n: u64, theta: f64) -> Zipf {
+        assert!(n >= 1, "zipf needs at least one rank");
+        assert!(
+            theta.is_finite() && theta > 0.0,
+            "zipf exponent must be > 0"
+        );
+        let mut z = Zipf {
+            n: n as f64,
+            theta,
+            h_integral_x1: 0.0,
+            h_integral_n: 0.0,
+            s: 0.0,
+        };
+        z.h_integral_x1 = z.h_integral(1.5) - 1.0;
+        z.h_integral_n = z.h_integral(z.n + 0.5);
+        z.s = 2.0 - z.h_integral_inverse(z.h_integral(2.5) - z.h(2.0));
+        z
+    }
+
+    /// One rank in `1..=n`; rank 1 is the most popular.
+    pub fn sample<R: Rng + ?Sized>(&self, rng: &mut R) -> u64 {
+        loop {
+            let u: f64 = rng.gen();
+            let u = self.h_integral_n + u * (self.h_integral_x1 - self.h_integral_n);
+            let x = self.h_integral_inverse(u);
+            // Round to the nearest rank and clamp: x can land a hair outside [0.5, n + 0.5].
+            let k = (x + 0.5).floor().clamp(1.0, self.n);
+            if k - x <= self.s || u >= self.h_integral(k + 0.5) - self.h(k) {
+                return k as u64;
+            }
+        }
+    }
+
+    /// The unnormalised density `x^-theta`.
+    fn h(&self, x: f64) -> f64 {
+        (-self.theta * x.ln()).exp()
+    }
+
+    /// An antiderivative of `h`, written so that `theta == 1` needs no special case.
+    fn h_integral(&self, x: f64) -> f64 {
+        let log_x = x.ln();
+        helper2((1.0 - self.theta) * log_x) * log_x
+    }
+
+    fn h_integral_inverse(&self, x: f64) -> f64 {
+        // Clamp guards against rounding pushing ln1p's argument below -1.
+        let t = (x * (1.0 - self.theta)).max(-1.0);
+        (helper1(t) * x).exp()
+    }
+}
+
+/// `ln(1 + x) / x`, accurate near 0.
+fn helper1(x: f64) -> f64 {
+    if x.abs() > 1e-8 {
+        x.ln_1p() / x
+    } else {
+        1.0 - x * (0.5 - x * (1.0 / 3.0 - 0.25 * x))
+    }
+}
+
+/// `(e^x - 1) / x`, accurate near 0.
+fn helper2(x: f64) -> f64 {
+    if x.abs() > 1e-8 {
+        x.exp_m1() / x
+    } else {
+        1.0 + x * 0.5 * (1.0 + x / 3.0 * (1.0 + 0.25 * x))
+    }
+}
+
+/// A fixed bijection on `0..n` that spreads popularity ranks over the keyspace.
+///
+/// Key names are `prefix + index`; without scrambling the hottest keys would be `key:0`,
+/// `key:1`, … and consecutive names can hash to the same server, so a Zipf run would test one
+/// backend. The permutation is an invertible mix on the smallest power-of-two domain that holds
+/// `n` (add, multiply by an odd constant, xor-shift — each invertible modulo 2^bits), applied by
+/// cycle walking until the value falls below `n`; cycle walking keeps it a bijection on `0..n`
+/// and takes fewer than two rounds on average. The constants are fixed so runs are reproducible.
+#[derive(Clone, Copy, Debug)]
+pub struct Scramble {
+    n: u64,
+    mask: u64,
+    shift: u32,
+}
+
+impl Scramble {
+    /// # Panics
+    /// If `n == 0`.
+    pub fn new(n: u64) -> Scramble {
+        assert!(n >= 1, "scramble needs a non-empty domain");
+        let bits = 64 - (n - 1).leading_zeros();
+        let mask = if bits >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << bits) - 1
+        };
+        Scramble {
+            n,
+            mask,
+            shift: (bits / 2).max(1),
+        }
+    }
+
+    /// The image of `i`; `i` must be below `n`.
+    pub fn apply(&self, i: u64) -> u64 {
+        debug_assert!(i < self.n);
+        let mut x = i;
+        loop {
+            x = self.round(x);
+            if x < self.n {
+                return x;
+            }
+        }
+    }
+
+    fn round(&self, mut x: u64) -> u64 {
+        // Constants from splitmix64; any odd multiplier keeps the step invertible.
+        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15) & self.mask;
+        x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9) & self.mask;
+        x ^= x >> self.shift;
+        x = x.wrapping_mul(0x94d0_49bb_1331_11eb) & self.mask;
+        x ^= x >> self.shift;
+        x
+    }
+}
+
+/// Key popularity as chosen by `--dist`.
+#[derive(Clone, Debug)]
+pub enum Popularity {
+    Uniform,
+    Zipf(Zipf),
+}
+
+/// Picks key indexes in `0..keys` according to a popularity distribution.
+#[derive(Clone, Debug)]
+pub struct KeyGen {
+    keys: u64,
+    popularity: Popularity,
+    scramble: Option<Scramble>,
+}
+
+impl KeyGen {
+    /// `theta == 0` means uniform. With `scramble == false` rank `r` maps to index `r - 1`.
+    ///
+    /// # Panics
+    /// If `keys == 0` or `theta` is negative or not finite.
+    pub fn new(keys: u64, theta: f64, scramble: bool) -> KeyGen {
+        assert!(keys >= 1, "keyspace must not be empty");
+        assert!(
+            theta.is_finite() && theta >= 0.0,
+            "zipf exponent must be >= 0"
+        );
+        let popularity = if theta == 0.0 {
+            Popularity::Uniform
+        } else {
+            Popularity::Zipf(Zipf::new(keys, theta))
+        };
+        KeyGen {
+            keys,
+            popularity,
+            scramble: scramble.then(|| Scramble::new(keys)),
+        }
+    }
+
+    /// The next key index in `0..keys`.
+    pub fn next_index<R: Rng + ?Sized>(&self, rng: &mut R) -> u64 {
+        match &self.popularity {
+            // Uniform needs no scrambling: every index is equally likely either way.
+            Popularity::Uniform => rng.gen_range(0..self.keys),
+            Popularity::Zipf(z) => {
+                let rank0 = z.sample(rng) - 1;
+                match &self.scramble {
+                    Some(s) => s.apply(rank0),
+                    None => rank0,
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::SmallRng;
+    use rand::SeedableRng;
+
+    /// Generalised harmonic number `sum_{k=1}^{n} k^-s`: exact up to 10^5 terms, then the
+    /// Euler–Maclaurin tail (error far below the test tolerance).
+    fn harmonic(n: u64, s: f64) -> f64 {
+        const EXACT: u64 = 100_000;
+        let m = n.min(EXACT);
+        let head: f64 = (1..=m).map(|k| (k as f64).powf(-s)).sum();
+        if n <= EXACT {
+            return head;
+        }
+        let (a, b) = (m as f64, n as f64);
+        let f = |x: f64| x.powf(-s);
+        let df = |x: f64| -s * x.powf(-s - 1.0);
+        let integral = if (s - 1.0).abs() < 1e-12 {
+            b.ln() - a.ln()
+        } else {
+            (b.powf(1.0 - s) - a.powf(1.0 - s)) / (1.0 - s)
+        };
+        // sum_{k=a}^{b} f(k) minus f(a), which the head already counted.
+        head + integral + (f(a) + f(b)) / 2.0 + (df(b) - df(a)) / 12.0 - f(a)
+    }
+
+    /// Compares P(rank <= k) for each k in `tops` against the analytic value.
+    fn check(n: u64, theta: f64, tops: &[u64]) {
+        const SAMPLES: usize = 1_000_000;
+        let z = Zipf::new(n, theta);
+        let mut rng = SmallRng::seed_from_u64(7);
+        let mut counts = vec![0u64; tops.len()];
+        for _ in 0..SAMPLES {
+            let r = z.sample(&mut rng);
+            assert!((1..=n).contains(&r));
+            for (c, &t) in counts.iter_mut().zip(tops) {
+                if r <= t {
+                    *c += 1;
+                }
+            }
+        }
+        let total = harmonic(n, theta);
+        for (&c, &t) in counts.iter().zip(tops) {
+            let p = harmonic(t, theta) / total;
+            let observed = c as f64 / SAMPLES as f64;
+            let sigma = (p * (1.0 - p) / SAMPLES as f64).sqrt();
+            let tolerance = 5.0 * sigma + 0.002 * p;
+            assert!(
+                (observed - p).abs() <= tolerance,
+                "n={n} theta={theta} top {t}: observed {observed}, expected {p} ± {tolerance}"
+            );
+        }
+    }
+
+    #[test]
+    fn zipf_099_small_keyspace() {
+        check(1_000, 0.99, &[1, 2, 10, 100, 500]);
+    }
+
+    #[test]
+    fn zipf_05_small_keyspace() {
+        check(1_000, 0.5, &[1, 2, 10, 100, 500]);
+    }
+
+    #[test]
+    fn zipf_099_huge_keyspace() {
+        check(10_000_000_000, 0.99, &[1, 2, 10, 1_000, 1_000_000]);
+    }
+
+    #[test]
+    fn zipf_05_huge_keyspace() {
+        check(10_000_000_000, 0.5, &[1, 1_000, 1_000_000, 100_000_000]);
+    }
+
+    #[test]
+    fn zipf_rank_one_frequency_matches() {
+        // The headline number: share of the single hottest key.
+        let z = Zipf::new(1_000, 0.99);
+        let mut rng = SmallRng::seed_from_u64(11);
+        let hits = (0..200_000).filter(|_| z.sample(&mut rng) == 1).count();
+        let expected = 1.0 / harmonic(1_000, 0.99);
+        let observed = hits as f64 / 200_000.0;
+        assert!(
+            (observed / expected - 1.0).abs() < 0.03,
+            "{observed} vs {expected}"
+        );
+    }
+
+    #[test]
+    fn single_key() {
+        let z = Zipf::new(1, 0.99);
+        let mut rng = SmallRng::seed_from_u64(1);
+        assert!((0..100).all(|_| z.sample(&mut rng) == 1));
+    }
+
+    #[test]
+    fn scramble_is_a_bijection() {
+        for n in [1u64, 2, 3, 7, 8, 1000, 1024, 4099] {
+            let s = Scramble::new(n);
+            let mut seen = vec![false; n as usize];
+            for i in 0..n {
+                let j = s.apply(i);
+                assert!(j < n);
+                assert!(!seen[j as usize], "n={n}: {j} hit twice");
+                seen[j as usize] = true;
+            }
+        }
+    }
+
+    #[test]
+    fn scramble_moves_hot_ranks_apart() {
+        let s = Scramble::new(1_000_000);
+        let hot: Vec<u64> = (0..4).map(|i| s.apply(i)).collect();
+        assert!(hot.windows(2).all(|w| w[0].abs_diff(w[1]) > 1), "{hot:?}");
+        // Huge domains work without a table.
+        let big = Scramble::new(10_000_000_000);
+        assert!(big.apply(0) < 10_000_000_000);
+    }
+
+    #[test]
+    fn keygen_without_scramble_keeps_rank_order() {
+        let g = KeyGen::new(1_000, 1.2, false);
+        let mut rng = SmallRng::seed_from_u64(3);
+        // P(rank 1) is about 0.2 for theta 1.2 over 1000 keys.
+        let zeros = (0..10_000).filter(|_| g.next_index(&mut rng) == 0).count();
+        assert!(zeros > 10_000 / 8, "rank 1 should be index 0, got {zeros}");
+        let scrambled = KeyGen::new(1_000, 1.2, true);
+        let hot = Scramble::new(1_000).apply(0);
+        let hits = (0..10_000)
+            .filter(|_| scrambled.next_index(&mut rng) == hot)
+            .count();
+        assert!(
+            hits > 10_000 / 8,
+            "rank 1 should be index {hot}, got {hits}"
+        );
+        let u = KeyGen::new(10, 0.0, true);
+        assert!((0..1000).all(|_| u.next_index(&mut rng) < 10));
+    }
+}

@@ -1,0 +1,94 @@
+//! Actions an entry runs and the verdict a frame ends with.
+
+use core::fmt;
+
+/// Index of a table in its pipeline; table 0 is where processing starts.
+///
+/// Ids are handed out in order by [`Pipeline::add_table`](crate::Pipeline::add_table). A
+/// [`Action::Goto`] may name a table that is not created yet (a miss list is written before the
+/// tables after it exist); if it still does not exist when a frame gets there, the frame is
+/// dropped with [`reason::BAD_GOTO`](crate::reason::BAD_GOTO).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TableId(pub u16);
+
+/// A packet and byte counter created by [`Pipeline::add_counter`](crate::Pipeline::add_counter).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CounterId(pub u32);
+
+/// A group of action lists with a chooser, created by
+/// [`Pipeline::add_selector`](crate::Pipeline::add_selector).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SelectorId(pub u32);
+
+impl fmt::Display for TableId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "table {}", self.0)
+    }
+}
+
+/// One step of an action list.
+///
+/// Actions run in order. Terminal actions (`Output`, `Flood`, `ToCpu`, `Drop`) record the
+/// verdict and processing goes on; the last one recorded wins. Processing ends when a list ends
+/// without a `Goto`, or when the pipeline itself drops the frame (see [`crate::reason`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Send the frame out of this port.
+    Output(u16),
+    /// Send the frame out of every port but the one it came in on.
+    Flood,
+    /// Hand the frame to the control plane with a caller-defined reason.
+    ToCpu(u16),
+    /// Drop the frame. The reason must be at least [`reason::USER_BASE`](crate::reason::USER_BASE).
+    Drop(u16),
+    /// Add the frame (one packet, `frame.len()` bytes) to a counter.
+    Count(CounterId),
+    /// Rewrite the Ethernet destination. Skipped (and counted) on frames shorter than 14 bytes.
+    SetEthDst([u8; 6]),
+    /// Rewrite the Ethernet source. Skipped (and counted) on frames shorter than 14 bytes.
+    SetEthSrc([u8; 6]),
+    /// Rewrite the IPv4 destination and fix the IPv4, UDP and TCP checksums.
+    ///
+    /// The IPv4 header checksum is recomputed. A UDP checksum of 0 (absent) stays 0; otherwise
+    /// it is recomputed over the whole datagram when the datagram is complete and unfragmented,
+    /// and updated incrementally (RFC 1624) when it is not. A TCP checksum is updated
+    /// incrementally. Non-first fragments carry no L4 header and only get the IPv4 fix.
+    /// Skipped (and counted) unless the frame is Ethernet II / IPv4 with a valid header length.
+    SetIpv4Dst([u8; 4]),
+    /// Rewrite the IPv4 source; checksums as for [`Action::SetIpv4Dst`].
+    SetIpv4Src([u8; 4]),
+    /// Decrement the IPv4 TTL and fix the header checksum. A TTL of 0 or 1 drops the frame with
+    /// [`reason::TTL_EXPIRED`](crate::reason::TTL_EXPIRED). Skipped (and counted) on non-IPv4.
+    DecTtl,
+    /// Ask the selector's chooser for a member (given [`Meta::key_hash`](crate::Meta::key_hash))
+    /// and run that member's actions. Selector members may not contain `Select`.
+    Select(SelectorId),
+    /// Continue at a later table; must be the last action of its list. A `Goto` in a selector
+    /// member also ends the list that ran the `Select`.
+    Goto(TableId),
+    /// Set metadata register `n` (< [`NUM_REGS`](crate::NUM_REGS)) for later tables to match on.
+    SetReg(u8, u32),
+}
+
+impl Action {
+    /// Whether this action records a verdict.
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            Action::Output(_) | Action::Flood | Action::ToCpu(_) | Action::Drop(_)
+        )
+    }
+}
+
+/// What to do with a frame once it has been through the pipeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Verdict {
+    /// Transmit on this port.
+    Output(u16),
+    /// Transmit on every port but the ingress port.
+    Flood,
+    /// Hand to the control plane with this caller-defined reason.
+    ToCpu(u16),
+    /// Drop; codes below [`reason::USER_BASE`](crate::reason::USER_BASE) come from the pipeline.
+    Drop(u16),
+}

@@ -1,0 +1,627 @@
+//! The pipeline: tables, selectors and counters, and the per-frame executor.
+//!
+//! Control-plane calls (`add_*`, `insert`, `remove`, ...) validate everything they are given so
+//! that [`Pipeline::process`] can run without failing, panicking or allocating.
+
+use crate::action::{Action, CounterId, SelectorId, TableId, Verdict};
+use crate::error::Error;
+use crate::field::{extract, Meta};
+use crate::reason;
+use crate::rewrite::{self, Addr, Ttl};
+use crate::table::{table_id, Entry, EntryId, MatchKind, Table, TableSpec};
+use crate::{MAX_ACTIONS, MAX_KEY_LEN, MAX_TABLES, NUM_REGS};
+
+/// Picks a selector member for a key hash — for example a ketama ring over backends.
+///
+/// Returning `None` drops the frame with [`reason::NO_SELECTOR_MEMBER`]; an index past the end
+/// of the member list drops it with [`reason::SELECTOR_OUT_OF_RANGE`]. Called on the hot path:
+/// it should not allocate or block.
+pub trait Choose: Send {
+    fn choose(&self, key_hash: u32) -> Option<usize>;
+}
+
+/// A group of alternative action lists and the chooser that picks among them.
+struct Selector {
+    members: Vec<Vec<Action>>,
+    chooser: Box<dyn Choose>,
+    /// Times each member was chosen.
+    hits: Vec<u64>,
+}
+
+/// A named packet and byte counter.
+struct Counter {
+    name: String,
+    packets: u64,
+    bytes: u64,
+}
+
+/// Pipeline-wide statistics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PipelineStats {
+    /// Frames processed.
+    pub packets: u64,
+    /// Rewrites skipped because the frame lacked the header (for example `SetIpv4Dst` on ARP,
+    /// `DecTtl` on a truncated frame).
+    pub rewrite_skipped: u64,
+    /// Drops decided by the pipeline, indexed by `reason code - 1` (see [`reason::ALL`]).
+    pub drops: [u64; reason::ALL.len()],
+}
+
+impl PipelineStats {
+    /// Frames the pipeline itself dropped with `code`; 0 for caller-defined codes.
+    pub fn drops(&self, code: u16) -> u64 {
+        usize::from(code)
+            .checked_sub(1)
+            .and_then(|i| self.drops.get(i))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// One table's status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableSnapshot {
+    pub id: TableId,
+    pub name: String,
+    pub kind: MatchKind,
+    /// Lookup key length in bytes.
+    pub key_len: usize,
+    pub entries: usize,
+    pub hits: u64,
+    /// Lookups that matched no entry, including `absent` ones.
+    pub misses: u64,
+    /// Lookups whose key reached past the end of the frame.
+    pub absent: u64,
+}
+
+/// One counter's status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CounterSnapshot {
+    pub id: CounterId,
+    pub name: String,
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+/// One selector's status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SelectorSnapshot {
+    pub id: SelectorId,
+    /// Times each member was chosen, in member order.
+    pub member_hits: Vec<u64>,
+}
+
+/// The whole pipeline's status, for a status API.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    pub tables: Vec<TableSnapshot>,
+    pub counters: Vec<CounterSnapshot>,
+    pub selectors: Vec<SelectorSnapshot>,
+    pub stats: PipelineStats,
+}
+
+/// An entry as seen through the inspection API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntryView<'a> {
+    pub id: EntryId,
+    /// The entry, with key bits outside its prefix or mask cleared.
+    pub entry: &'a Entry,
+    /// Frames that matched this entry.
+    pub hits: u64,
+}
+
+/// A programmable match-action pipeline. See the crate documentation.
+pub struct Pipeline {
+    /// Tables in processing order; the index is the [`TableId`].
+    tables: Vec<Table>,
+    /// Selectors by [`SelectorId`]; never removed, so ids in entries stay valid.
+    selectors: Vec<Selector>,
+    /// Counters by [`CounterId`]; never removed.
+    counters: Vec<Counter>,
+    stats: PipelineStats,
+    /// The lookup key being built; capacity [`MAX_KEY_LEN`].
+    key: Vec<u8>,
+    /// Masked copies of the key for LPM lookups; capacity [`MAX_KEY_LEN`].
+    scratch: Vec<u8>,
+}
+
+impl Default for Pipeline {
+    fn default() -> Self {
+        Pipeline::new()
+    }
+}
+
+/// Where an action list is written, which decides what it may contain.
+#[derive(Clone, Copy)]
+enum ListSite {
+    /// An entry or the miss list of this table.
+    Table(TableId),
+    /// A selector member: no `Select`, and `Goto` is checked when it runs.
+    Selector,
+}
+
+/// What to do after running an action or a list.
+enum Flow {
+    Next,
+    Goto(TableId),
+    Stop(u16),
+}
+
+/// Mutable state of one frame's trip through the pipeline.
+struct Exec<'a> {
+    frame: &'a mut [u8],
+    meta: &'a mut Meta,
+    counters: &'a mut [Counter],
+    stats: &'a mut PipelineStats,
+    verdict: Option<Verdict>,
+}
+
+impl Exec<'_> {
+    /// Runs one action other than `Select`.
+    fn step(&mut self, action: &Action) -> Flow {
+        match *action {
+            Action::Output(p) => self.verdict = Some(Verdict::Output(p)),
+            Action::Flood => self.verdict = Some(Verdict::Flood),
+            Action::ToCpu(r) => self.verdict = Some(Verdict::ToCpu(r)),
+            Action::Drop(r) => self.verdict = Some(Verdict::Drop(r)),
+            Action::Count(id) => {
+                if let Some(c) = self.counters.get_mut(id.0 as usize) {
+                    c.packets += 1;
+                    c.bytes += self.frame.len() as u64;
+                }
+            }
+            Action::SetEthDst(mac) => {
+                let done = rewrite::set_mac(self.frame, 0, mac);
+                self.applied(done);
+            }
+            Action::SetEthSrc(mac) => {
+                let done = rewrite::set_mac(self.frame, 6, mac);
+                self.applied(done);
+            }
+            Action::SetIpv4Dst(a) => {
+                let done = rewrite::set_ipv4(self.frame, Addr::Dst, a);
+                self.applied(done);
+            }
+            Action::SetIpv4Src(a) => {
+                let done = rewrite::set_ipv4(self.frame, Addr::Src, a);
+                self.applied(done);
+            }
+            Action::DecTtl => match rewrite::dec_ttl(self.frame) {
+                Ttl::Decremented => {}
+                Ttl::Expired => return Flow::Stop(reason::TTL_EXPIRED),
+                Ttl::NotIpv4 => self.applied(false),
+            },
+            Action::SetReg(n, v) => {
+                if let Some(r) = self.meta.regs.get_mut(usize::from(n)) {
+                    *r = v;
+                }
+            }
+            Action::Goto(t) => return Flow::Goto(t),
+            // Selector members cannot select (checked at insertion); treat as a no-op.
+            Action::Select(_) => {}
+        }
+        Flow::Next
+    }
+
+    fn applied(&mut self, done: bool) {
+        if !done {
+            self.stats.rewrite_skipped += 1;
+        }
+    }
+
+    /// Runs an action list until it ends, jumps or stops.
+    fn run(&mut self, selectors: &mut [Selector], actions: &[Action]) -> Flow {
+        for a in actions {
+            let flow = match a {
+                Action::Select(id) => self.select(selectors, *id),
+                _ => self.step(a),
+            };
+            if !matches!(flow, Flow::Next) {
+                return flow;
+            }
+        }
+        Flow::Next
+    }
+
+    fn select(&mut self, selectors: &mut [Selector], id: SelectorId) -> Flow {
+        let Some(sel) = selectors.get_mut(id.0 as usize) else {
+            return Flow::Stop(reason::NO_SELECTOR_MEMBER);
+        };
+        let i = match sel.chooser.choose(self.meta.key_hash) {
+            None => return Flow::Stop(reason::NO_SELECTOR_MEMBER),
+            Some(i) if i >= sel.members.len() => return Flow::Stop(reason::SELECTOR_OUT_OF_RANGE),
+            Some(i) => i,
+        };
+        sel.hits[i] += 1;
+        for a in &sel.members[i] {
+            let flow = self.step(a);
+            if !matches!(flow, Flow::Next) {
+                return flow;
+            }
+        }
+        Flow::Next
+    }
+}
+
+impl Pipeline {
+    /// An empty pipeline. Processing a frame before a table is added drops it with
+    /// [`reason::NO_TABLES`].
+    pub fn new() -> Self {
+        Pipeline {
+            tables: Vec::new(),
+            selectors: Vec::new(),
+            counters: Vec::new(),
+            stats: PipelineStats::default(),
+            key: Vec::with_capacity(MAX_KEY_LEN),
+            scratch: Vec::with_capacity(MAX_KEY_LEN),
+        }
+    }
+
+    /// Appends a table; the first one added is table 0, where processing starts.
+    ///
+    /// Fails if the name is taken, the key is empty, too long or has a malformed field, or the
+    /// miss actions are invalid (see [`Pipeline::insert`]).
+    pub fn add_table(&mut self, spec: TableSpec) -> Result<TableId, Error> {
+        if self.tables.len() >= MAX_TABLES {
+            return Err(Error::TooManyTables);
+        }
+        if self.tables.iter().any(|t| t.name == spec.name) {
+            return Err(Error::DuplicateTableName(spec.name));
+        }
+        let id = table_id(self.tables.len());
+        self.check_actions(&spec.miss, ListSite::Table(id))?;
+        self.tables.push(Table::new(spec)?);
+        Ok(id)
+    }
+
+    /// The id of the table called `name`.
+    pub fn table_id(&self, name: &str) -> Option<TableId> {
+        self.tables
+            .iter()
+            .position(|t| t.name == name)
+            .map(table_id)
+    }
+
+    /// Number of tables.
+    pub fn table_count(&self) -> usize {
+        self.tables.len()
+    }
+
+    /// Replaces a table's miss actions.
+    pub fn set_miss(&mut self, t: TableId, actions: Vec<Action>) -> Result<(), Error> {
+        self.check_actions(&actions, ListSite::Table(t))?;
+        self.table_mut(t)?.miss = actions;
+        Ok(())
+    }
+
+    /// Adds an entry to table `t`.
+    ///
+    /// Fails if the key, mask or prefix does not fit the table (see [`Entry`]), an exact or LPM
+    /// entry with the same key (and prefix length) exists ([`Error::DuplicateKey`] names it), or
+    /// the actions are invalid: more than [`MAX_ACTIONS`], a `Goto` that is not last or not to a
+    /// later table, an unknown counter or selector, a register out of range, or a `Drop` reason
+    /// below [`reason::USER_BASE`].
+    pub fn insert(&mut self, t: TableId, entry: Entry) -> Result<EntryId, Error> {
+        self.check_actions(&entry.actions, ListSite::Table(t))?;
+        let table = self.table_mut(t)?;
+        let entry = table.normalise(entry)?;
+        table.insert(entry)
+    }
+
+    /// Removes an entry and returns it.
+    pub fn remove(&mut self, t: TableId, id: EntryId) -> Result<Entry, Error> {
+        self.table_mut(t)?
+            .remove(id)
+            .ok_or(Error::UnknownEntry(t, id))
+    }
+
+    /// Replaces an entry's actions, keeping its key and hit count (for example when a learned
+    /// MAC moves to another port).
+    pub fn set_actions(
+        &mut self,
+        t: TableId,
+        id: EntryId,
+        actions: Vec<Action>,
+    ) -> Result<(), Error> {
+        self.check_actions(&actions, ListSite::Table(t))?;
+        let stored = self
+            .table_mut(t)?
+            .get_mut(id)
+            .ok_or(Error::UnknownEntry(t, id))?;
+        stored.entry.actions = actions;
+        Ok(())
+    }
+
+    /// The entry of exact table `t` whose key is `key`; `None` for other kinds of table.
+    pub fn lookup_exact(&self, t: TableId, key: &[u8]) -> Option<EntryId> {
+        let table = self.table(t).ok()?;
+        if table.kind != MatchKind::Exact {
+            return None;
+        }
+        self.lookup(t, key).ok().flatten()
+    }
+
+    /// The entry of table `t` that a frame producing lookup key `key` would match, by the
+    /// table's own rules. Changes no statistics. Fails only for an unknown table; a key of the
+    /// wrong length matches nothing.
+    pub fn lookup(&self, t: TableId, key: &[u8]) -> Result<Option<EntryId>, Error> {
+        let table = self.table(t)?;
+        if key.len() != table.key_len {
+            return Ok(None);
+        }
+        let mut scratch = Vec::with_capacity(key.len());
+        Ok(table.find(key, &mut scratch).map(|s| table.id(s)))
+    }
+
+    /// One entry of table `t`.
+    pub fn entry(&self, t: TableId, id: EntryId) -> Option<EntryView<'_>> {
+        let stored = self.table(t).ok()?.get(id)?;
+        Some(EntryView {
+            id,
+            entry: &stored.entry,
+            hits: stored.hits,
+        })
+    }
+
+    /// All entries of table `t`, in no particular order.
+    pub fn entries(&self, t: TableId) -> Result<impl Iterator<Item = EntryView<'_>>, Error> {
+        Ok(self.table(t)?.iter().map(|(id, s)| EntryView {
+            id,
+            entry: &s.entry,
+            hits: s.hits,
+        }))
+    }
+
+    /// Number of entries in table `t`.
+    pub fn len(&self, t: TableId) -> Result<usize, Error> {
+        Ok(self.table(t)?.len())
+    }
+
+    /// Whether table `t` has no entries.
+    pub fn is_empty(&self, t: TableId) -> Result<bool, Error> {
+        Ok(self.table(t)?.len() == 0)
+    }
+
+    /// Adds a selector. Member lists follow the rules of [`Pipeline::insert`], except that they
+    /// may not contain `Select` and a `Goto` in them is checked when it runs (a `Goto` to a
+    /// table that is not after the current one drops the frame with [`reason::BAD_GOTO`]).
+    pub fn add_selector(
+        &mut self,
+        members: Vec<Vec<Action>>,
+        chooser: Box<dyn Choose>,
+    ) -> Result<SelectorId, Error> {
+        for m in &members {
+            self.check_actions(m, ListSite::Selector)?;
+        }
+        // Selector count is bounded by memory long before u32::MAX.
+        let id = SelectorId(self.selectors.len() as u32);
+        self.selectors.push(Selector {
+            hits: vec![0; members.len()],
+            members,
+            chooser,
+        });
+        Ok(id)
+    }
+
+    /// Replaces a selector's members and chooser together, so no frame sees one without the
+    /// other. Member hit counts restart from zero.
+    pub fn set_selector(
+        &mut self,
+        id: SelectorId,
+        members: Vec<Vec<Action>>,
+        chooser: Box<dyn Choose>,
+    ) -> Result<(), Error> {
+        if id.0 as usize >= self.selectors.len() {
+            return Err(Error::UnknownSelector(id));
+        }
+        for m in &members {
+            self.check_actions(m, ListSite::Selector)?;
+        }
+        self.selectors[id.0 as usize] = Selector {
+            hits: vec![0; members.len()],
+            members,
+            chooser,
+        };
+        Ok(())
+    }
+
+    /// Adds a counter, zeroed.
+    pub fn add_counter(&mut self, name: impl Into<String>) -> CounterId {
+        // Counter count is bounded by memory long before u32::MAX.
+        let id = CounterId(self.counters.len() as u32);
+        self.counters.push(Counter {
+            name: name.into(),
+            packets: 0,
+            bytes: 0,
+        });
+        id
+    }
+
+    /// A counter's `(packets, bytes)`, or `None` if there is no such counter.
+    pub fn counter(&self, id: CounterId) -> Option<(u64, u64)> {
+        self.counters
+            .get(id.0 as usize)
+            .map(|c| (c.packets, c.bytes))
+    }
+
+    /// Pipeline-wide statistics.
+    pub fn stats(&self) -> &PipelineStats {
+        &self.stats
+    }
+
+    /// Status of table `t`.
+    pub fn table_snapshot(&self, t: TableId) -> Option<TableSnapshot> {
+        let table = self.table(t).ok()?;
+        Some(TableSnapshot {
+            id: t,
+            name: table.name.clone(),
+            kind: table.kind,
+            key_len: table.key_len,
+            entries: table.len(),
+            hits: table.hits,
+            misses: table.misses,
+            absent: table.absent,
+        })
+    }
+
+    /// Status of everything, for a status API.
+    pub fn describe(&self) -> Snapshot {
+        Snapshot {
+            tables: (0..self.tables.len())
+                .filter_map(|i| self.table_snapshot(table_id(i)))
+                .collect(),
+            counters: self
+                .counters
+                .iter()
+                .enumerate()
+                .map(|(i, c)| CounterSnapshot {
+                    id: CounterId(i as u32),
+                    name: c.name.clone(),
+                    packets: c.packets,
+                    bytes: c.bytes,
+                })
+                .collect(),
+            selectors: self
+                .selectors
+                .iter()
+                .enumerate()
+                .map(|(i, s)| SelectorSnapshot {
+                    id: SelectorId(i as u32),
+                    member_hits: s.hits.clone(),
+                })
+                .collect(),
+            stats: self.stats.clone(),
+        }
+    }
+
+    /// Runs `frame` through the tables from table 0, rewriting it in place, and returns the
+    /// verdict.
+    ///
+    /// Each table builds its key from the frame and `meta`, runs the matched entry's actions
+    /// (or its miss actions if nothing matches or the key reaches past the end of the frame),
+    /// and either ends processing or jumps forward with `Goto`. The last terminal action run
+    /// gives the verdict; if none ran, the verdict is `Drop(`[`reason::NO_VERDICT`]`)`. The
+    /// pipeline's own drops (see [`crate::reason`]) end processing at once.
+    ///
+    /// Never panics on any frame contents and does not allocate. `meta.regs` may be changed by
+    /// `SetReg`.
+    pub fn process(&mut self, frame: &mut [u8], meta: &mut Meta) -> Verdict {
+        self.stats.packets += 1;
+        let verdict = self.run(frame, meta);
+        if let Verdict::Drop(code) = verdict {
+            if let Some(n) = usize::from(code)
+                .checked_sub(1)
+                .and_then(|i| self.stats.drops.get_mut(i))
+            {
+                *n += 1;
+            }
+        }
+        verdict
+    }
+
+    fn run(&mut self, frame: &mut [u8], meta: &mut Meta) -> Verdict {
+        let Pipeline {
+            tables,
+            selectors,
+            counters,
+            stats,
+            key,
+            scratch,
+        } = self;
+        if tables.is_empty() {
+            return Verdict::Drop(reason::NO_TABLES);
+        }
+        let mut exec = Exec {
+            frame,
+            meta,
+            counters,
+            stats,
+            verdict: None,
+        };
+        let mut current = 0usize;
+        loop {
+            let table = &mut tables[current];
+            key.clear();
+            let slot = if extract(&table.fields, exec.frame, exec.meta, key) {
+                table.find(key, scratch)
+            } else {
+                table.absent += 1;
+                None
+            };
+            let actions = match slot {
+                Some(s) => table.hit(s),
+                None => {
+                    table.misses += 1;
+                    &table.miss
+                }
+            };
+            match exec.run(selectors, actions) {
+                Flow::Next => break,
+                Flow::Stop(code) => return Verdict::Drop(code),
+                Flow::Goto(next) => {
+                    let next = usize::from(next.0);
+                    if next <= current || next >= tables.len() {
+                        return Verdict::Drop(reason::BAD_GOTO);
+                    }
+                    current = next;
+                }
+            }
+        }
+        exec.verdict.unwrap_or(Verdict::Drop(reason::NO_VERDICT))
+    }
+
+    fn table(&self, t: TableId) -> Result<&Table, Error> {
+        self.tables
+            .get(usize::from(t.0))
+            .ok_or(Error::UnknownTable(t))
+    }
+
+    fn table_mut(&mut self, t: TableId) -> Result<&mut Table, Error> {
+        self.tables
+            .get_mut(usize::from(t.0))
+            .ok_or(Error::UnknownTable(t))
+    }
+
+    /// Checks an action list written at `site`; see [`Pipeline::insert`] for the rules.
+    fn check_actions(&self, actions: &[Action], site: ListSite) -> Result<(), Error> {
+        if actions.len() > MAX_ACTIONS {
+            return Err(Error::TooManyActions(actions.len()));
+        }
+        for (i, a) in actions.iter().enumerate() {
+            match *a {
+                Action::Goto(to) => {
+                    if i + 1 != actions.len() {
+                        return Err(Error::GotoNotLast);
+                    }
+                    if usize::from(to.0) >= MAX_TABLES {
+                        return Err(Error::UnknownTable(to));
+                    }
+                    if let ListSite::Table(from) = site {
+                        if to <= from {
+                            return Err(Error::GotoNotForward { from, to });
+                        }
+                    }
+                }
+                Action::Select(id) => {
+                    if matches!(site, ListSite::Selector) {
+                        return Err(Error::NestedSelect);
+                    }
+                    if id.0 as usize >= self.selectors.len() {
+                        return Err(Error::UnknownSelector(id));
+                    }
+                }
+                Action::Count(id) if id.0 as usize >= self.counters.len() => {
+                    return Err(Error::UnknownCounter(id));
+                }
+                Action::SetReg(n, _) if usize::from(n) >= NUM_REGS => {
+                    return Err(Error::BadRegister(n));
+                }
+                Action::Drop(code) if code < reason::USER_BASE => {
+                    return Err(Error::ReservedReason(code));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,76 @@
+//! Generated configuration files: kvswitch's TOML and nutcracker's YAML pool.
+//!
+//! Pure text rendering from the [`State`]; writing the files is the caller's job. All names and
+//! values were validated by the topology, so none of them needs quoting beyond plain strings.
+
+use std::fmt::Write;
+
+use crate::state::State;
+use crate::topology::MEMCACHED_PORT;
+
+/// The kvswitch daemon config, with `extra` appended verbatim.
+pub fn kvswitch_config(state: &State, extra: Option<&str>) -> String {
+    let mut out = String::new();
+    let ports: Vec<String> = state
+        .hosts
+        .iter()
+        .map(|h| format!("{:?}", h.switch_if))
+        .collect();
+    // Writing to a String cannot fail.
+    let _ = writeln!(
+        out,
+        "# kvswitch testbed {:?} ({})",
+        state.prefix, state.name
+    );
+    let _ = writeln!(out, "[switch]");
+    let _ = writeln!(out, "ports = [{}]", ports.join(", "));
+    let _ = writeln!(out, "mode = {:?}", state.mode.as_str());
+    let _ = writeln!(out, "api = \"{}\"", state.api);
+    let _ = writeln!(out);
+    let _ = writeln!(out, "[vip]");
+    let _ = writeln!(out, "ip = \"{}\"", state.vip);
+    let _ = writeln!(out, "mac = {:?}", state.vip_mac);
+    let _ = writeln!(out, "port = {}", state.vip_port);
+    let _ = writeln!(out);
+    let _ = writeln!(out, "[pool]");
+    let _ = writeln!(out, "distribution = {:?}", state.distribution);
+    let _ = writeln!(out, "hash = {:?}", state.hash);
+    for s in state.servers() {
+        let _ = writeln!(out);
+        let _ = writeln!(out, "[[pool.servers]]");
+        let _ = writeln!(out, "addr = \"{}:{MEMCACHED_PORT}\"", s.ip);
+        let _ = writeln!(out, "mac = {:?}", s.mac);
+        let _ = writeln!(out, "weight = {}", s.weight);
+        let _ = writeln!(out, "name = {:?}", s.name);
+    }
+    if let Some(extra) = extra {
+        let _ = writeln!(out);
+        out.push_str(extra);
+        if !extra.ends_with('\n') {
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// nutcracker's pool: the same servers, weights, hash and distribution as kvswitch. Servers are
+/// named after their hosts because ketama places `name`, not `ip:port`, on the ring when a name
+/// is given, and kvswitch's ring does the same.
+pub fn nutcracker_config(state: &State, listen: std::net::SocketAddr) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{}:", state.prefix);
+    let _ = writeln!(out, "  listen: {listen}");
+    let _ = writeln!(out, "  hash: {}", state.hash);
+    let _ = writeln!(out, "  distribution: {}", state.distribution);
+    let _ = writeln!(out, "  timeout: 1000");
+    let _ = writeln!(out, "  auto_eject_hosts: false");
+    let _ = writeln!(out, "  servers:");
+    for s in state.servers() {
+        let _ = writeln!(
+            out,
+            "   - {}:{MEMCACHED_PORT}:{} {}",
+            s.ip, s.weight, s.name
+        );
+    }
+    out
+}

@@ -1,0 +1,166 @@
+//! Tearing a testbed down from its state file, also when `up` died half-way.
+//!
+//! Every step tolerates things that are already gone, so `down` can be repeated. It never kills
+//! by name: recorded PIDs are checked against their command line, and the only unrecorded
+//! processes touched are memcached and nutcracker inside namespaces carrying the prefix.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context};
+
+use crate::netns::{self, ip};
+use crate::process;
+use crate::state::State;
+
+/// Programs `up` starts inside namespaces; leftovers of these are stopped before the namespace
+/// goes away, since deleting a namespace does not end the processes in it.
+const NS_DAEMONS: &[&str] = &["memcached", "nutcracker"];
+
+/// Removes everything the state file at `state_path` records, plus any namespace or link with
+/// its prefix, then the generated files and the state file itself. A missing state file means
+/// there is nothing to do. If some piece cannot be removed the state file stays, so the call can
+/// be repeated, and the error lists what is left.
+pub fn down(state_path: &Path) -> anyhow::Result<()> {
+    if !state_path.exists() {
+        return Ok(());
+    }
+    let state = State::load(state_path)?;
+    let mut problems = Vec::new();
+
+    // kvswitch first, so it stops touching the interfaces, then the daemons in the namespaces.
+    let mut pids = Vec::new();
+    for p in state.procs.iter().rev() {
+        if process::runs(p.pid, &p.argv) {
+            pids.push(p.pid);
+        } else {
+            tracing::debug!(pid = p.pid, what = %p.what, "already gone or PID reused; not signalled");
+        }
+    }
+    let left = process::stop_all(&pids);
+    if !left.is_empty() {
+        problems.push(format!("processes still alive: {left:?}"));
+    }
+
+    let mut namespaces: Vec<String> = state.hosts.iter().map(|h| h.netns.clone()).collect();
+    let mut links: Vec<String> = state.hosts.iter().map(|h| h.switch_if.clone()).collect();
+    let tag = format!("{}-", state.prefix);
+    for ns in netns::list_netns().unwrap_or_default() {
+        if ns.starts_with(&tag) && !namespaces.contains(&ns) {
+            namespaces.push(ns);
+        }
+    }
+    for link in netns::list_links().unwrap_or_default() {
+        if link.starts_with(&tag) && !links.contains(&link) {
+            links.push(link);
+        }
+    }
+    if let Err(e) = remove_network(&namespaces, &links) {
+        problems.push(format!("{e:#}"));
+    }
+
+    for f in &state.files {
+        if let Err(e) = std::fs::remove_file(f) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                problems.push(format!("removing {}: {e}", f.display()));
+            }
+        }
+    }
+    // Only removed when empty: the directory may have held files before `up`.
+    let _ = std::fs::remove_dir(&state.work_dir);
+    let _ = std::fs::remove_file(state_path.with_extension("json.tmp"));
+
+    if !problems.is_empty() {
+        return Err(anyhow!(
+            "testbed {:?} not fully torn down (state kept in {}): {}",
+            state.prefix,
+            state_path.display(),
+            problems.join("; ")
+        ));
+    }
+    std::fs::remove_file(state_path).with_context(|| format!("removing {}", state_path.display()))
+}
+
+/// Removes namespaces and links with `prefix` that exist without a state file. Processes other
+/// than memcached and nutcracker inside those namespaces are not stopped.
+pub fn sweep(prefix: &str) -> anyhow::Result<()> {
+    crate::topology::check_prefix(prefix)?;
+    let tag = format!("{prefix}-");
+    let namespaces: Vec<String> = netns::list_netns()?
+        .into_iter()
+        .filter(|n| n.starts_with(&tag))
+        .collect();
+    let links: Vec<String> = netns::list_links()?
+        .into_iter()
+        .filter(|l| l.starts_with(&tag))
+        .collect();
+    remove_network(&namespaces, &links)
+}
+
+/// Names of namespaces and root-namespace links that carry `prefix`.
+pub(crate) fn leftovers(prefix: &str) -> anyhow::Result<Vec<String>> {
+    let tag = format!("{prefix}-");
+    let mut found: Vec<String> = netns::list_netns()?
+        .into_iter()
+        .filter(|n| n.starts_with(&tag))
+        .map(|n| format!("netns {n}"))
+        .collect();
+    found.extend(
+        netns::list_links()?
+            .into_iter()
+            .filter(|l| l.starts_with(&tag))
+            .map(|l| format!("link {l}")),
+    );
+    Ok(found)
+}
+
+/// Deletes the namespaces (stopping our daemons still inside them) and then whatever of the
+/// links outlived them; deleting a namespace removes its veth pair, but asynchronously.
+fn remove_network(namespaces: &[String], links: &[String]) -> anyhow::Result<()> {
+    let mut problems = Vec::new();
+    for ns in namespaces {
+        if !netns::netns_exists(ns) {
+            continue;
+        }
+        let strays: Vec<u32> = netns::netns_pids(ns)
+            .into_iter()
+            .filter(|&pid| process::program(pid).is_some_and(|p| NS_DAEMONS.contains(&p.as_str())))
+            .collect();
+        if !strays.is_empty() {
+            tracing::warn!(ns = %ns, ?strays, "stopping unrecorded daemons");
+            let left = process::stop_all(&strays);
+            if !left.is_empty() {
+                problems.push(format!("processes in {ns} still alive: {left:?}"));
+            }
+        }
+        if let Err(e) = ip(&["netns", "delete", ns]) {
+            if netns::netns_exists(ns) {
+                problems.push(format!("{e:#}"));
+            }
+        }
+    }
+
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let present: Vec<&String> = links.iter().filter(|l| netns::link_exists(l)).collect();
+        if present.is_empty() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            for l in present {
+                // The link may vanish between the check and the delete; only a survivor counts.
+                if ip(&["link", "delete", "dev", l]).is_err() && netns::link_exists(l) {
+                    problems.push(format!("link {l} could not be deleted"));
+                }
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(anyhow!(problems.join("; ")))
+    }
+}

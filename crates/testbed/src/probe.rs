@@ -1,0 +1,82 @@
+//! Readiness probes: a minimal HTTP/1.0 GET for kvswitch's API and a memcached `version`
+//! exchange, both with short timeouts so a dead daemon costs milliseconds, not minutes.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(300);
+const IO_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// `GET path` over HTTP/1.0; returns the status code and the body.
+pub fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
+        .with_context(|| format!("connecting to {addr}"))?;
+    s.set_read_timeout(Some(IO_TIMEOUT))?;
+    s.set_write_timeout(Some(IO_TIMEOUT))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)
+        .with_context(|| format!("reading HTTP response from {addr}"))?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status_line = head.lines().next().unwrap_or("");
+    let mut parts = status_line.split_whitespace();
+    let version = parts.next().unwrap_or("");
+    let code = parts.next().and_then(|c| c.parse::<u16>().ok());
+    match code {
+        Some(code) if version.starts_with("HTTP/") => Ok((code, body.to_string())),
+        _ => bail!("bad HTTP status line from {addr}: {status_line:?}"),
+    }
+}
+
+/// Sends `version\r\n` to a memcached (or nutcracker) at `addr` and returns the reply line.
+pub fn memcached_version(addr: SocketAddr) -> anyhow::Result<String> {
+    let mut s = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
+        .with_context(|| format!("connecting to {addr}"))?;
+    s.set_read_timeout(Some(IO_TIMEOUT))?;
+    s.set_write_timeout(Some(IO_TIMEOUT))?;
+    s.write_all(b"version\r\n")?;
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 256];
+    while !reply.ends_with(b"\r\n") {
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        reply.extend_from_slice(&buf[..n]);
+    }
+    let line = String::from_utf8_lossy(&reply).trim_end().to_string();
+    if !line.starts_with("VERSION ") {
+        bail!("unexpected reply to `version` from {addr}: {line:?}");
+    }
+    Ok(line)
+}
+
+/// Retries `probe` every 50 ms until it succeeds, `give_up` says stop, or `limit` passes; the
+/// error is the last probe error.
+pub fn wait_for<T>(
+    limit: Duration,
+    mut give_up: impl FnMut() -> Option<String>,
+    mut probe: impl FnMut() -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let err = match probe() {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        if let Some(why) = give_up() {
+            return Err(err.context(why));
+        }
+        if Instant::now() >= deadline {
+            return Err(err.context(anyhow!("not ready after {limit:?}")));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

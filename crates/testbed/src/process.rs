@@ -1,0 +1,157 @@
+//! Starting and stopping the testbed's daemons.
+//!
+//! Processes are only ever signalled by recorded PID, and only while /proc/PID/cmdline still
+//! shows the command line that was started, so a reused PID is left alone.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+/// How long a daemon gets to exit after SIGTERM before SIGKILL.
+const TERM_GRACE: Duration = Duration::from_secs(2);
+const POLL: Duration = Duration::from_millis(20);
+
+/// Starts `argv` (inside `ns` via `ip netns exec` when given) with stdin closed and
+/// stdout/stderr appended to `log`. The child gets its own process group so a terminal's Ctrl-C
+/// aimed at the caller does not reach it.
+///
+/// `ip netns exec` execs the program in place, so the child's PID is the daemon's PID.
+pub fn spawn(ns: Option<&str>, argv: &[String], log: &Path) -> anyhow::Result<Child> {
+    let out = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("opening log {}", log.display()))?;
+    let err = out.try_clone().context("duplicating log descriptor")?;
+    let mut cmd = match ns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns]).args(argv);
+            c
+        }
+        None => {
+            let mut c = Command::new(&argv[0]);
+            c.args(&argv[1..]);
+            c
+        }
+    };
+    cmd.stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .process_group(0);
+    cmd.spawn()
+        .with_context(|| format!("starting `{}`", argv.join(" ")))
+}
+
+/// The command line of `pid`, or None when it is gone.
+fn cmdline(pid: u32) -> Option<Vec<String>> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(
+        raw.split(|&b| b == 0)
+            .filter(|s| !s.is_empty())
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+            .collect(),
+    )
+}
+
+/// True when `pid` runs `argv`. The recorded command line may be preceded by a wrapper that has
+/// not exec'd yet (`ip netns exec NS`) or by an interpreter (a script started by path), so the
+/// check is that /proc/PID/cmdline ends with `argv`; the recorded argv holds generated file
+/// paths, so an unrelated process matching it is not a practical concern.
+pub fn runs(pid: u32, argv: &[String]) -> bool {
+    match cmdline(pid) {
+        Some(actual) => !argv.is_empty() && actual.ends_with(argv),
+        None => false,
+    }
+}
+
+/// The basename of `pid`'s program, or None when it is gone.
+pub fn program(pid: u32) -> Option<String> {
+    let argv0 = cmdline(pid)?.into_iter().next()?;
+    Some(
+        Path::new(&argv0)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or(argv0),
+    )
+}
+
+/// True while `pid` exists and is not a zombie; reaps it if it is our zombie child.
+pub fn alive(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the parenthesised command name, which may itself contain ") ".
+    let state = stat
+        .rsplit_once(") ")
+        .and_then(|(_, rest)| rest.chars().next());
+    if state == Some('Z') || state == Some('X') {
+        reap(pid);
+        return false;
+    }
+    true
+}
+
+/// Collects `pid`'s exit status if it is our child; a no-op otherwise.
+fn reap(pid: u32) {
+    let mut status = 0;
+    // SAFETY: waitpid only writes to `status`.
+    unsafe {
+        libc::waitpid(pid as libc::pid_t, &mut status, libc::WNOHANG);
+    }
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: kill has no memory effects; `pid` is positive so it names one process.
+    unsafe {
+        libc::kill(pid as libc::pid_t, sig);
+    }
+}
+
+/// Sends SIGTERM to every PID, waits up to two seconds for all of them to exit, then sends
+/// SIGKILL to the rest and waits a little more. Returns the PIDs still alive at the end.
+pub fn stop_all(pids: &[u32]) -> Vec<u32> {
+    let pids: Vec<u32> = pids.iter().copied().filter(|&p| p > 1).collect();
+    for &pid in &pids {
+        signal(pid, libc::SIGTERM);
+    }
+    let mut left = wait_gone(&pids, TERM_GRACE);
+    if !left.is_empty() {
+        tracing::warn!(?left, "processes ignored SIGTERM; sending SIGKILL");
+        for &pid in &left {
+            signal(pid, libc::SIGKILL);
+        }
+        left = wait_gone(&left, Duration::from_secs(1));
+    }
+    left
+}
+
+fn wait_gone(pids: &[u32], limit: Duration) -> Vec<u32> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let left: Vec<u32> = pids.iter().copied().filter(|&p| alive(p)).collect();
+        if left.is_empty() || Instant::now() >= deadline {
+            return left;
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// The last `lines` lines of a log file, for error messages.
+pub fn tail(path: &Path, lines: usize) -> String {
+    use std::io::Read;
+    let mut text = String::new();
+    if let Ok(mut f) = File::open(path) {
+        let _ = f.read_to_string(&mut text);
+    }
+    let all: Vec<&str> = text.lines().collect();
+    let start = all.len().saturating_sub(lines);
+    if all.is_empty() {
+        return "(log is empty)".to_string();
+    }
+    all[start..].join("\n")
+}

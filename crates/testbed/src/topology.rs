@@ -1,0 +1,460 @@
+//! The testbed description: which hosts exist, their roles and addresses.
+//!
+//! Pure data and validation; nothing here touches the system. Every error names its origin (the
+//! file), the key and what is wrong.
+
+use std::fmt;
+use std::net::Ipv4Addr;
+use std::path::Path;
+
+use anyhow::{anyhow, bail, Context};
+use serde::{Deserialize, Serialize};
+
+/// Linux interface names hold at most 15 bytes (IFNAMSIZ - 1).
+pub const MAX_IFNAME: usize = 15;
+/// Longest testbed prefix; names are `<prefix>-<host>`.
+pub const MAX_PREFIX: usize = 5;
+/// Longest host name, so that `<prefix>-<host>` fits an interface name for every prefix.
+pub const MAX_HOST_NAME: usize = MAX_IFNAME - MAX_PREFIX - 1;
+/// Host MACs end in the host index + 1 and the VIP MAC in 0x64, so hosts stop below that.
+pub const MAX_HOSTS: usize = 99;
+/// Port memcached listens on (TCP and UDP) on every server, and the VIP port.
+pub const MEMCACHED_PORT: u16 = 11211;
+
+/// Pool distributions nutcracker understands.
+const DISTRIBUTIONS: &[&str] = &["ketama", "modula", "random"];
+/// Hash functions nutcracker understands.
+const HASHES: &[&str] = &[
+    "one_at_a_time",
+    "md5",
+    "crc16",
+    "crc32",
+    "crc32a",
+    "fnv1_64",
+    "fnv1a_64",
+    "fnv1_32",
+    "fnv1a_32",
+    "hsieh",
+    "murmur",
+    "jenkins",
+];
+
+/// How kvswitch rewrites packets for the VIP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// The switch owns the VIP and rewrites IP and MAC addresses.
+    L3,
+    /// Servers own the VIP on loopback; the switch only rewrites the destination MAC.
+    L2,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::L3 => "l3",
+            Mode::L2 => "l2",
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a host runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Sends requests; the first client also runs nutcracker.
+    Client,
+    /// Runs memcached on port 11211, TCP and UDP.
+    Server,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Client => "client",
+            Role::Server => "server",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An IPv4 network: a base address with zero host bits and a prefix length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Subnet {
+    pub base: Ipv4Addr,
+    pub len: u8,
+}
+
+impl Subnet {
+    /// Parses `a.b.c.d/len`; the host bits must be zero and the network must hold at least two
+    /// hosts.
+    pub fn parse(text: &str) -> anyhow::Result<Subnet> {
+        let (addr, len) = text
+            .split_once('/')
+            .ok_or_else(|| anyhow!("expected ADDRESS/LENGTH, got {text:?}"))?;
+        let base: Ipv4Addr = addr
+            .parse()
+            .map_err(|_| anyhow!("{addr:?} is not an IPv4 address"))?;
+        let len: u8 = len
+            .parse()
+            .map_err(|_| anyhow!("{len:?} is not a prefix length"))?;
+        if !(1..=30).contains(&len) {
+            bail!("prefix length {len} is outside 1..=30");
+        }
+        let subnet = Subnet { base, len };
+        if u32::from(base) & !subnet.mask() != 0 {
+            bail!(
+                "{text} has host bits set (network address is {}/{len})",
+                Ipv4Addr::from(u32::from(base) & subnet.mask())
+            );
+        }
+        Ok(subnet)
+    }
+
+    fn mask(&self) -> u32 {
+        u32::MAX << (32 - u32::from(self.len))
+    }
+
+    /// Number of usable host addresses (without network and broadcast).
+    pub fn capacity(&self) -> u32 {
+        (1u32 << (32 - u32::from(self.len))) - 2
+    }
+
+    /// The `n`-th address of the network (`n` = 1 is the first host).
+    pub fn nth(&self, n: u32) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.base) + n)
+    }
+
+    /// True for usable host addresses inside the network.
+    pub fn holds_host(&self, ip: Ipv4Addr) -> bool {
+        let ip = u32::from(ip);
+        let base = u32::from(self.base);
+        ip & self.mask() == base && ip != base && ip != base | !self.mask()
+    }
+}
+
+impl fmt::Display for Subnet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.base, self.len)
+    }
+}
+
+/// One host of the testbed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Host {
+    pub name: String,
+    pub role: Role,
+    /// Pool weight (servers only).
+    pub weight: u32,
+    /// Extra arguments appended to memcached's command line (servers only).
+    pub memcached_args: Vec<String>,
+}
+
+/// A validated testbed description.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Topology {
+    pub name: String,
+    pub subnet: Subnet,
+    pub vip: Ipv4Addr,
+    pub mode: Mode,
+    pub distribution: String,
+    pub hash: String,
+    /// In file order; host `i` gets address `subnet.nth(i + 1)`.
+    pub hosts: Vec<Host>,
+}
+
+/// The file as written, before validation.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTopology {
+    name: Option<String>,
+    subnet: Option<String>,
+    vip: Option<String>,
+    mode: Option<String>,
+    distribution: Option<String>,
+    hash: Option<String>,
+    #[serde(default)]
+    hosts: Vec<RawHost>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHost {
+    name: Option<String>,
+    role: Option<String>,
+    weight: Option<i64>,
+    memcached_args: Option<Vec<String>>,
+}
+
+const DEFAULT_SUBNET: &str = "10.77.0.0/24";
+/// The VIP defaults to this host number inside the subnet.
+const DEFAULT_VIP_HOST: u32 = 100;
+
+impl Topology {
+    /// Two clients `c1`, `c2` and three servers `s1`, `s2`, `s3` on 10.77.0.0/24, VIP
+    /// 10.77.0.100, l3 mode, ketama over md5.
+    pub fn default_topology() -> Topology {
+        let host = |name: &str, role| Host {
+            name: name.to_string(),
+            role,
+            weight: 1,
+            memcached_args: Vec::new(),
+        };
+        let subnet = Subnet {
+            base: Ipv4Addr::new(10, 77, 0, 0),
+            len: 24,
+        };
+        Topology {
+            name: "default".to_string(),
+            subnet,
+            vip: subnet.nth(DEFAULT_VIP_HOST),
+            mode: Mode::L3,
+            distribution: "ketama".to_string(),
+            hash: "md5".to_string(),
+            hosts: vec![
+                host("c1", Role::Client),
+                host("c2", Role::Client),
+                host("s1", Role::Server),
+                host("s2", Role::Server),
+                host("s3", Role::Server),
+            ],
+        }
+    }
+
+    /// Reads and validates a topology file.
+    pub fn from_file(path: impl AsRef<Path>) -> anyhow::Result<Topology> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading topology file {}", path.display()))?;
+        Topology::parse(&text, &path.display().to_string())
+    }
+
+    /// Parses and validates topology text; `origin` (usually the file name) starts every error.
+    pub fn parse(text: &str, origin: &str) -> anyhow::Result<Topology> {
+        let raw: RawTopology =
+            toml::from_str(text).map_err(|e| anyhow!("{origin}: {}", e.to_string().trim_end()))?;
+        Topology::validate(raw).map_err(|e| anyhow!("{origin}: {e}"))
+    }
+
+    fn validate(raw: RawTopology) -> anyhow::Result<Topology> {
+        let name = raw.name.unwrap_or_else(|| "default".to_string());
+        if name.is_empty() {
+            bail!("name: must not be empty");
+        }
+        let subnet_text = raw.subnet.as_deref().unwrap_or(DEFAULT_SUBNET);
+        let subnet = Subnet::parse(subnet_text).map_err(|e| anyhow!("subnet: bad subnet: {e}"))?;
+        let mode = match raw.mode.as_deref().unwrap_or("l3") {
+            "l3" => Mode::L3,
+            "l2" => Mode::L2,
+            other => bail!("mode: unknown mode {other:?} (expected \"l3\" or \"l2\")"),
+        };
+        let distribution = raw.distribution.unwrap_or_else(|| "ketama".to_string());
+        if !DISTRIBUTIONS.contains(&distribution.as_str()) {
+            bail!(
+                "distribution: unknown distribution {distribution:?} (expected one of {})",
+                DISTRIBUTIONS.join(", ")
+            );
+        }
+        let hash = raw.hash.unwrap_or_else(|| "md5".to_string());
+        if !HASHES.contains(&hash.as_str()) {
+            bail!(
+                "hash: unknown hash {hash:?} (expected one of {})",
+                HASHES.join(", ")
+            );
+        }
+
+        if raw.hosts.is_empty() {
+            bail!("hosts: at least one [[hosts]] entry is required");
+        }
+        if raw.hosts.len() > MAX_HOSTS {
+            bail!(
+                "hosts: {} hosts, at most {MAX_HOSTS} are supported",
+                raw.hosts.len()
+            );
+        }
+        if raw.hosts.len() as u32 > subnet.capacity() {
+            bail!(
+                "subnet: {subnet} holds {} hosts, the topology has {}",
+                subnet.capacity(),
+                raw.hosts.len()
+            );
+        }
+        let mut hosts: Vec<Host> = Vec::with_capacity(raw.hosts.len());
+        for (i, h) in raw.hosts.into_iter().enumerate() {
+            let host = validate_host(i, h)?;
+            if hosts.iter().any(|other| other.name == host.name) {
+                bail!("hosts[{i}].name: duplicate host name {:?}", host.name);
+            }
+            hosts.push(host);
+        }
+        if !hosts.iter().any(|h| h.role == Role::Server) {
+            bail!("hosts: at least one host with role = \"server\" is required");
+        }
+
+        let vip = match raw.vip {
+            Some(text) => text
+                .parse()
+                .map_err(|_| anyhow!("vip: {text:?} is not an IPv4 address"))?,
+            None => {
+                if DEFAULT_VIP_HOST > subnet.capacity() {
+                    bail!("vip: the default .{DEFAULT_VIP_HOST} is outside {subnet}; set vip");
+                }
+                subnet.nth(DEFAULT_VIP_HOST)
+            }
+        };
+        if !subnet.holds_host(vip) {
+            bail!("vip: {vip} is not a host address inside {subnet}");
+        }
+        if let Some(i) = (0..hosts.len()).find(|&i| subnet.nth(i as u32 + 1) == vip) {
+            bail!("vip: {vip} is also the address of host {:?}", hosts[i].name);
+        }
+
+        Ok(Topology {
+            name,
+            subnet,
+            vip,
+            mode,
+            distribution,
+            hash,
+            hosts,
+        })
+    }
+
+    /// Address of host `index`.
+    pub fn host_ip(&self, index: usize) -> Ipv4Addr {
+        self.subnet.nth(index as u32 + 1)
+    }
+
+    pub fn servers(&self) -> impl Iterator<Item = &Host> {
+        self.hosts.iter().filter(|h| h.role == Role::Server)
+    }
+
+    pub fn clients(&self) -> impl Iterator<Item = &Host> {
+        self.hosts.iter().filter(|h| h.role == Role::Client)
+    }
+}
+
+fn validate_host(i: usize, raw: RawHost) -> anyhow::Result<Host> {
+    let name = raw
+        .name
+        .ok_or_else(|| anyhow!("hosts[{i}].name: missing"))?;
+    check_host_name(&name).map_err(|e| anyhow!("hosts[{i}].name: {e}"))?;
+    let role = match raw.role.as_deref() {
+        Some("client") => Role::Client,
+        Some("server") => Role::Server,
+        Some(other) => bail!(
+            "hosts[{i}].role: unknown role {other:?} for host {name:?} (expected \"client\" or \"server\")"
+        ),
+        None => bail!("hosts[{i}].role: missing for host {name:?}"),
+    };
+    let weight = match raw.weight {
+        None => 1,
+        Some(w) if role == Role::Client => {
+            bail!("hosts[{i}].weight: {w} given for client {name:?}; only servers have a weight")
+        }
+        Some(w) if !(1..=i64::from(u16::MAX)).contains(&w) => {
+            bail!("hosts[{i}].weight: {w} is outside 1..=65535")
+        }
+        Some(w) => w as u32,
+    };
+    let memcached_args = match raw.memcached_args {
+        None => Vec::new(),
+        Some(_) if role == Role::Client => {
+            bail!("hosts[{i}].memcached_args: client {name:?} does not run memcached")
+        }
+        Some(args) => args,
+    };
+    Ok(Host {
+        name,
+        role,
+        weight,
+        memcached_args,
+    })
+}
+
+/// Host names become parts of interface, namespace and nutcracker server names.
+fn check_host_name(name: &str) -> anyhow::Result<()> {
+    if name.is_empty() {
+        bail!("must not be empty");
+    }
+    if name.len() > MAX_HOST_NAME {
+        bail!(
+            "host name {name:?} is too long for an interface name ({} > {MAX_HOST_NAME} characters; \
+             \"<prefix>-<host>\" must fit in {MAX_IFNAME})",
+            name.len()
+        );
+    }
+    let first_ok = name.as_bytes()[0].is_ascii_alphanumeric();
+    let rest_ok = name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if !first_ok || !rest_ok {
+        bail!("host name {name:?} must be ASCII letters, digits, '-' or '_', starting with a letter or digit");
+    }
+    Ok(())
+}
+
+/// Checks a testbed prefix: 1 to 5 lowercase letters or digits, so `<prefix>-` never matches the
+/// names of another testbed.
+pub fn check_prefix(prefix: &str) -> anyhow::Result<()> {
+    if prefix.is_empty() || prefix.len() > MAX_PREFIX {
+        bail!("prefix {prefix:?} must be 1 to {MAX_PREFIX} characters");
+    }
+    if !prefix
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    {
+        bail!("prefix {prefix:?} must be lowercase ASCII letters or digits");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subnet_parse() {
+        let s = Subnet::parse("10.77.0.0/24").unwrap();
+        assert_eq!(s.nth(3), Ipv4Addr::new(10, 77, 0, 3));
+        assert_eq!(s.capacity(), 254);
+        assert!(s.holds_host(Ipv4Addr::new(10, 77, 0, 100)));
+        assert!(!s.holds_host(Ipv4Addr::new(10, 77, 0, 255)));
+        assert!(!s.holds_host(Ipv4Addr::new(10, 77, 1, 1)));
+        assert!(Subnet::parse("10.77.0.1/24").is_err());
+        assert!(Subnet::parse("10.77.0.0").is_err());
+        assert!(Subnet::parse("10.77.0.0/31").is_err());
+    }
+
+    #[test]
+    fn defaults_fill_in() {
+        let t = Topology::parse(
+            "[[hosts]]\nname = \"a\"\nrole = \"client\"\n[[hosts]]\nname = \"b\"\nrole = \"server\"\n",
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(t.vip, Ipv4Addr::new(10, 77, 0, 100));
+        assert_eq!(t.mode, Mode::L3);
+        assert_eq!(t.host_ip(1), Ipv4Addr::new(10, 77, 0, 2));
+    }
+
+    #[test]
+    fn prefix_rules() {
+        assert!(check_prefix("kvs").is_ok());
+        assert!(check_prefix("tb12a").is_ok());
+        assert!(check_prefix("toolong").is_err());
+        assert!(check_prefix("a-b").is_err());
+        assert!(check_prefix("").is_err());
+    }
+}

@@ -1,0 +1,476 @@
+//! Building a testbed: namespaces, veth pairs, memcached, nutcracker and kvswitch, recording each
+//! piece in the state file before it exists so a crash half-way can be undone by `down`.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+
+use crate::config;
+use crate::down;
+use crate::netns::{self, in_netns, ip, ns_run, sysctl};
+use crate::probe;
+use crate::process;
+use crate::state::{HostState, NutcrackerState, ProcRecord, State};
+use crate::topology::{check_prefix, Mode, Role, Topology, MAX_IFNAME, MEMCACHED_PORT};
+use crate::{default_state_path, UpOptions};
+
+/// nutcracker's listen port inside the first client's namespace.
+pub const NUTCRACKER_PORT: u16 = 22121;
+/// nutcracker's stats port inside the same namespace.
+pub const NUTCRACKER_STATS_PORT: u16 = 22222;
+/// The kvswitch API must answer within this long after start.
+const KVSWITCH_READY: Duration = Duration::from_secs(10);
+/// memcached and nutcracker start in milliseconds; this only bounds a broken start.
+const DAEMON_READY: Duration = Duration::from_secs(5);
+/// Lines of a daemon log quoted in errors.
+const LOG_TAIL: usize = 20;
+
+/// Builds the whole testbed and returns its state, or tears down whatever was built and fails.
+pub(crate) fn up(topo: &Topology, opts: &UpOptions) -> anyhow::Result<State> {
+    check_prefix(&opts.prefix)?;
+    for h in &topo.hosts {
+        let name = if_name(&opts.prefix, &h.name);
+        if name.len() > MAX_IFNAME {
+            bail!("interface name {name:?} is longer than {MAX_IFNAME} characters");
+        }
+    }
+    let state_path = opts
+        .state_path
+        .clone()
+        .unwrap_or_else(|| default_state_path(&opts.prefix));
+    if state_path.exists() {
+        bail!(
+            "testbed state {} already exists; tear that testbed down first",
+            state_path.display()
+        );
+    }
+    let leftovers = down::leftovers(&opts.prefix)?;
+    if !leftovers.is_empty() {
+        bail!(
+            "namespaces or links with prefix \"{}-\" already exist ({}); \
+             another testbed uses this prefix or a previous one was not torn down",
+            opts.prefix,
+            leftovers.join(", ")
+        );
+    }
+    let api = match opts.api {
+        Some(api) => api,
+        None => free_port()?,
+    };
+
+    let mut state = plan(topo, opts, state_path.clone(), api);
+    state.save()?;
+    match build(&mut state, topo, opts) {
+        Ok(()) => Ok(state),
+        Err(err) => {
+            if let Err(cleanup) = down::down(&state_path) {
+                tracing::warn!("tearing down the failed testbed: {cleanup:#}");
+                return Err(err.context(format!("testbed cleanup also failed: {cleanup:#}")));
+            }
+            Err(err)
+        }
+    }
+}
+
+/// `<prefix>-<host>`: both the namespace and the switch-side interface.
+fn if_name(prefix: &str, host: &str) -> String {
+    format!("{prefix}-{host}")
+}
+
+/// Locally administered MAC `02:6b:76:XX:00:NN`; XX separates testbeds, NN is the host number.
+fn mac(prefix: &str, nn: u8) -> String {
+    format!("02:6b:76:{:02x}:00:{nn:02x}", prefix_byte(prefix))
+}
+
+/// FNV-1a of the prefix folded to one byte.
+fn prefix_byte(prefix: &str) -> u8 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in prefix.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    (h ^ (h >> 8) ^ (h >> 16) ^ (h >> 24)) as u8
+}
+
+/// The VIP MAC ends in 0x64 (100), above every host number.
+const VIP_MAC_BYTE: u8 = 0x64;
+
+fn free_port() -> anyhow::Result<SocketAddr> {
+    let l = TcpListener::bind("127.0.0.1:0").context("finding a free port for the kvswitch API")?;
+    Ok(l.local_addr()?)
+}
+
+/// The state with every name decided and nothing created yet.
+fn plan(topo: &Topology, opts: &UpOptions, state_path: PathBuf, api: SocketAddr) -> State {
+    let stem = state_path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| format!("{}-testbed", opts.prefix));
+    let work_dir = state_path
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join(format!("{stem}.d"));
+    let hosts = topo
+        .hosts
+        .iter()
+        .enumerate()
+        .map(|(i, h)| HostState {
+            name: h.name.clone(),
+            role: h.role,
+            netns: if_name(&opts.prefix, &h.name),
+            ip: topo.host_ip(i),
+            prefix_len: topo.subnet.len,
+            mac: mac(&opts.prefix, i as u8 + 1),
+            switch_if: if_name(&opts.prefix, &h.name),
+            weight: h.weight,
+            pids: Vec::new(),
+            log: None,
+        })
+        .collect();
+    State {
+        prefix: opts.prefix.clone(),
+        name: topo.name.clone(),
+        mode: topo.mode,
+        subnet: topo.subnet.to_string(),
+        vip: topo.vip,
+        vip_port: MEMCACHED_PORT,
+        vip_mac: mac(&opts.prefix, VIP_MAC_BYTE),
+        distribution: topo.distribution.clone(),
+        hash: topo.hash.clone(),
+        api,
+        state_path,
+        config_path: work_dir.join("kvswitch.toml"),
+        kvswitch_log: work_dir.join("kvswitch.log"),
+        work_dir,
+        kvswitch_pid: None,
+        hosts,
+        nutcracker: None,
+        procs: Vec::new(),
+        files: Vec::new(),
+        complete: false,
+    }
+}
+
+fn build(state: &mut State, topo: &Topology, opts: &UpOptions) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&state.work_dir)
+        .with_context(|| format!("creating {}", state.work_dir.display()))?;
+    for i in 0..state.hosts.len() {
+        let h = state.hosts[i].clone();
+        create_host(state, &h).with_context(|| format!("creating host {:?}", h.name))?;
+    }
+
+    let mut servers = Vec::new();
+    for (i, host) in topo.hosts.iter().enumerate() {
+        if host.role == Role::Server {
+            servers.push((i, start_memcached(state, i, &host.memcached_args)?));
+        }
+    }
+    for (i, mut child) in servers {
+        let h = &state.hosts[i];
+        let addr = SocketAddr::V4(SocketAddrV4::new(h.ip, MEMCACHED_PORT));
+        let log = h.log.clone().unwrap_or_default();
+        probe::wait_for(
+            DAEMON_READY,
+            || exited(&mut child),
+            || in_netns(&h.netns, || probe::memcached_version(addr))?,
+        )
+        .with_context(|| {
+            format!(
+                "memcached on {:?} did not answer `version` on {addr}; log:\n{}",
+                h.name,
+                process::tail(&log, LOG_TAIL)
+            )
+        })?;
+    }
+
+    if opts.start_nutcracker {
+        if let Some(i) = state.hosts.iter().position(|h| h.role == Role::Client) {
+            start_nutcracker(state, i)?;
+        }
+    }
+
+    let text = config::kvswitch_config(state, opts.extra_config.as_deref());
+    write_file(state, &state.config_path.clone(), &text)?;
+    if let Some(bin) = &opts.kvswitch_bin {
+        start_kvswitch(state, bin)?;
+    }
+
+    state.complete = true;
+    state.save()
+}
+
+/// Creates the namespace and the veth pair and configures both ends.
+fn create_host(state: &mut State, h: &HostState) -> anyhow::Result<()> {
+    let ns = h.netns.as_str();
+    let v6 = netns::have_ipv6();
+    ip(&["netns", "add", ns])?;
+    // Set before eth0 exists so it is born without IPv6 and never sends router solicitations.
+    if v6 {
+        sysctl(
+            Some(ns),
+            &[
+                ("net.ipv6.conf.all.disable_ipv6", "1"),
+                ("net.ipv6.conf.default.disable_ipv6", "1"),
+            ],
+        )?;
+    }
+    ip(&[
+        "link",
+        "add",
+        &h.switch_if,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "eth0",
+        "netns",
+        ns,
+    ])?;
+    if v6 {
+        sysctl(
+            None,
+            &[(&format!("net.ipv6.conf.{}.disable_ipv6", h.switch_if), "1")],
+        )?;
+    }
+    ip(&["link", "set", "dev", &h.switch_if, "up"])?;
+    // The switch reads this end with AF_PACKET: no coalescing of received segments.
+    let _ = super::netns::run("ethtool", &["-K", &h.switch_if, "gro", "off", "tx", "off"]);
+
+    ip(&["-n", ns, "link", "set", "dev", "lo", "up"])?;
+    ip(&["-n", ns, "link", "set", "dev", "eth0", "address", &h.mac])?;
+    let cidr = format!("{}/{}", h.ip, h.prefix_len);
+    ip(&["-n", ns, "addr", "add", &cidr, "dev", "eth0"])?;
+    if v6 {
+        sysctl(Some(ns), &[("net.ipv6.conf.eth0.disable_ipv6", "1")])?;
+    }
+    // Without this the kernel leaves TCP/UDP checksums for "hardware" that a veth never has, and
+    // the switch reads frames with partial checksums. It also turns off TSO, so no frame is
+    // larger than the MTU.
+    ns_run(ns, "ethtool", &["-K", "eth0", "tx", "off"])?;
+    // Segmentation offloads would hand the switch frames larger than the MTU; best effort, as
+    // not every kernel lets each of them be changed.
+    let _ = ns_run(ns, "ethtool", &["-K", "eth0", "gso", "off", "gro", "off"]);
+    if state.mode == Mode::L2 && h.role == Role::Server {
+        // Servers accept traffic for the VIP but must not answer ARP for it: only the switch does.
+        let vip = format!("{}/32", state.vip);
+        ip(&["-n", ns, "addr", "add", &vip, "dev", "lo"])?;
+        sysctl(
+            Some(ns),
+            &[
+                ("net.ipv4.conf.all.arp_ignore", "1"),
+                ("net.ipv4.conf.all.arp_announce", "2"),
+                ("net.ipv4.conf.eth0.arp_ignore", "1"),
+                ("net.ipv4.conf.eth0.arp_announce", "2"),
+            ],
+        )?;
+    }
+    ip(&["-n", ns, "link", "set", "dev", "eth0", "up"])?;
+    Ok(())
+}
+
+fn start_memcached(state: &mut State, i: usize, extra: &[String]) -> anyhow::Result<Child> {
+    let h = state.hosts[i].clone();
+    let listen = match state.mode {
+        Mode::L3 => h.ip,
+        // The VIP sits on lo, so memcached must accept it as well as the host address.
+        Mode::L2 => Ipv4Addr::UNSPECIFIED,
+    };
+    let port = MEMCACHED_PORT.to_string();
+    let mut argv: Vec<String> = [
+        "memcached",
+        "-U",
+        &port,
+        "-p",
+        &port,
+        "-l",
+        &listen.to_string(),
+        // memcached refuses to run as root unless told which user to run as.
+        "-u",
+        "root",
+        "-m",
+        "64",
+        "-t",
+        "1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    argv.extend(extra.iter().cloned());
+    let log = state.work_dir.join(format!("memcached-{}.log", h.name));
+    record_file(state, &log)?;
+    state.hosts[i].log = Some(log.clone());
+    let child = process::spawn(Some(&h.netns), &argv, &log)?;
+    record_proc(state, &child, "memcached", Some(&h.netns), argv)?;
+    state.hosts[i].pids.push(child.id());
+    state.save()?;
+    Ok(child)
+}
+
+fn start_nutcracker(state: &mut State, i: usize) -> anyhow::Result<()> {
+    let h = state.hosts[i].clone();
+    let listen = SocketAddr::from((Ipv4Addr::LOCALHOST, NUTCRACKER_PORT));
+    let conf = state.work_dir.join("nutcracker.yml");
+    let log = state.work_dir.join("nutcracker.log");
+    let pidfile = state.work_dir.join("nutcracker.pid");
+    write_file(state, &conf, &config::nutcracker_config(state, listen))?;
+    record_file(state, &log)?;
+    record_file(state, &pidfile)?;
+    state.nutcracker = Some(NutcrackerState {
+        host: h.name.clone(),
+        listen,
+        stats_port: NUTCRACKER_STATS_PORT,
+        config: conf.clone(),
+        log: log.clone(),
+        pid: None,
+    });
+    state.save()?;
+
+    let argv: Vec<String> = vec![
+        "nutcracker".into(),
+        "-c".into(),
+        conf.display().to_string(),
+        "-o".into(),
+        log.display().to_string(),
+        "-p".into(),
+        pidfile.display().to_string(),
+        "-s".into(),
+        NUTCRACKER_STATS_PORT.to_string(),
+    ];
+    // Its own log goes to -o; the spawn log only catches early failures.
+    let mut child = process::spawn(Some(&h.netns), &argv, &log)?;
+    record_proc(state, &child, "nutcracker", Some(&h.netns), argv)?;
+    state.hosts[i].pids.push(child.id());
+    if let Some(n) = state.nutcracker.as_mut() {
+        n.pid = Some(child.id());
+    }
+    state.save()?;
+
+    probe::wait_for(
+        DAEMON_READY,
+        || exited(&mut child),
+        || {
+            in_netns(&h.netns, || {
+                TcpStream::connect_timeout(&listen, Duration::from_millis(300))
+                    .map(drop)
+                    .map_err(|e| anyhow!("connecting to {listen}: {e}"))
+            })?
+        },
+    )
+    .with_context(|| {
+        format!(
+            "nutcracker on {:?} is not listening on {listen}; log:\n{}",
+            h.name,
+            process::tail(&log, LOG_TAIL)
+        )
+    })
+}
+
+fn start_kvswitch(state: &mut State, bin: &Path) -> anyhow::Result<()> {
+    let log = state.kvswitch_log.clone();
+    record_file(state, &log)?;
+    let argv = vec![
+        bin.display().to_string(),
+        "run".into(),
+        "--config".into(),
+        state.config_path.display().to_string(),
+    ];
+    let mut child = process::spawn(None, &argv, &log)?;
+    record_proc(state, &child, "kvswitch", None, argv)?;
+    state.kvswitch_pid = Some(child.id());
+    state.save()?;
+
+    let api = state.api;
+    probe::wait_for(
+        KVSWITCH_READY,
+        || exited(&mut child),
+        || match probe::http_get(api, "/api/v1/status")? {
+            (200, _) => Ok(()),
+            (code, body) => bail!("GET /api/v1/status answered {code}: {}", body.trim()),
+        },
+    )
+    .with_context(|| {
+        format!(
+            "kvswitch did not become ready on http://{api}/api/v1/status; log {}:\n{}",
+            log.display(),
+            process::tail(&log, LOG_TAIL)
+        )
+    })
+}
+
+/// Some(reason) once the child has exited, so readiness polling stops early.
+fn exited(child: &mut Child) -> Option<String> {
+    match child.try_wait() {
+        Ok(Some(status)) => Some(format!("process {} exited ({status})", child.id())),
+        _ => None,
+    }
+}
+
+fn record_proc(
+    state: &mut State,
+    child: &Child,
+    what: &str,
+    netns: Option<&str>,
+    argv: Vec<String>,
+) -> anyhow::Result<()> {
+    state.procs.push(ProcRecord {
+        pid: child.id(),
+        what: what.to_string(),
+        netns: netns.map(str::to_string),
+        argv,
+    });
+    state.save()
+}
+
+/// Records a file before it is created.
+fn record_file(state: &mut State, path: &Path) -> anyhow::Result<()> {
+    if !state.files.iter().any(|f| f == path) {
+        state.files.push(path.to_path_buf());
+        state.save()?;
+    }
+    Ok(())
+}
+
+fn write_file(state: &mut State, path: &Path, text: &str) -> anyhow::Result<()> {
+    record_file(state, path)?;
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn macs_are_deterministic_and_distinct() {
+        assert_eq!(mac("kvs", 1), mac("kvs", 1));
+        assert!(mac("kvs", 3).starts_with("02:6b:76:"));
+        assert!(mac("kvs", 3).ends_with(":00:03"));
+        assert!(mac("kvs", VIP_MAC_BYTE).ends_with(":00:64"));
+        assert_ne!(prefix_byte("tb1"), prefix_byte("tb2"));
+    }
+
+    #[test]
+    fn plan_names_everything() {
+        let topo = Topology::default_topology();
+        let opts = UpOptions::default();
+        let api: SocketAddr = "127.0.0.1:9110".parse().unwrap();
+        let s = plan(&topo, &opts, "/run/kvswitch/kvs-testbed.json".into(), api);
+        assert_eq!(s.hosts[2].netns, "kvs-s1");
+        assert_eq!(s.hosts[2].ip, Ipv4Addr::new(10, 77, 0, 3));
+        assert_eq!(s.work_dir, Path::new("/run/kvswitch/kvs-testbed.d"));
+        let conf = config::kvswitch_config(&s, Some("[extra]\nx = 1"));
+        let parsed: toml::Value = toml::from_str(&conf).unwrap();
+        assert_eq!(parsed["switch"]["ports"].as_array().unwrap().len(), 5);
+        assert_eq!(
+            parsed["pool"]["servers"][0]["addr"].as_str(),
+            Some("10.77.0.3:11211")
+        );
+        assert_eq!(parsed["pool"]["servers"][2]["name"].as_str(), Some("s3"));
+        assert_eq!(parsed["vip"]["port"].as_integer(), Some(11211));
+        assert_eq!(parsed["extra"]["x"].as_integer(), Some(1));
+        let yaml = config::nutcracker_config(&s, "127.0.0.1:22121".parse().unwrap());
+        assert!(yaml.contains("   - 10.77.0.4:11211:1 s2\n"));
+    }
+}

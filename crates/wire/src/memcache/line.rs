@@ -1,0 +1,130 @@
+//! Command lines and their space-separated tokens, as memcached's tokenizer sees them.
+
+use super::{Error, MAX_LINE_LEN};
+
+/// Where the first line of a buffer ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Line {
+    /// End of the line's content: the `\r\n` or bare `\n` is not part of it.
+    pub end: usize,
+    /// Offset just past the `\n`, where the data block or the next request starts.
+    pub next: usize,
+}
+
+impl Line {
+    /// Finds the first line; `Ok(None)` if its `\n` has not arrived yet.
+    ///
+    /// Fails with [`Error::LineTooLong`] once a line other than a multi-get is longer than
+    /// [`MAX_LINE_LEN`], whether or not its end has arrived, so that a request and each of its
+    /// prefixes get the same answer.
+    pub fn find(buf: &[u8]) -> Result<Option<Line>, Error> {
+        match buf.iter().position(|&b| b == b'\n') {
+            Some(nl) => {
+                let next = nl + 1;
+                if next > MAX_LINE_LEN && !is_multiget(buf) {
+                    return Err(Error::LineTooLong);
+                }
+                let end = if nl > 0 && buf[nl - 1] == b'\r' {
+                    nl - 1
+                } else {
+                    nl
+                };
+                Ok(Some(Line { end, next }))
+            }
+            None if buf.len() >= MAX_LINE_LEN && !is_multiget(buf) => Err(Error::LineTooLong),
+            None => Ok(None),
+        }
+    }
+}
+
+/// Whether the line starts with `get`, `gets`, `gat` or `gats` and a space within its first
+/// [`MAX_LINE_LEN`] bytes: such lines may be longer, as in memcached.
+fn is_multiget(buf: &[u8]) -> bool {
+    let window = &buf[..buf.len().min(MAX_LINE_LEN)];
+    let mut tokens = Tokens::new(window);
+    let Some((at, name)) = tokens.next() else {
+        return false;
+    };
+    let followed_by_space = window.get(at + name.len()) == Some(&b' ');
+    followed_by_space && matches!(name, b"get" | b"gets" | b"gat" | b"gats")
+}
+
+/// Iterator over the space-separated tokens of a line, with their offsets. Runs of spaces count
+/// as one separator and leading spaces are skipped; only the space separates, as in memcached.
+#[derive(Debug, Clone)]
+pub(super) struct Tokens<'a> {
+    line: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Tokens<'a> {
+    pub fn new(line: &'a [u8]) -> Tokens<'a> {
+        Tokens { line, pos: 0 }
+    }
+}
+
+impl<'a> Iterator for Tokens<'a> {
+    type Item = (usize, &'a [u8]);
+
+    fn next(&mut self) -> Option<(usize, &'a [u8])> {
+        let rest = self.line.get(self.pos..)?;
+        let start = self.pos + rest.iter().position(|&b| b != b' ')?;
+        let rest = &self.line[start..];
+        let len = rest.iter().position(|&b| b == b' ').unwrap_or(rest.len());
+        self.pos = start + len;
+        Some((start, &rest[..len]))
+    }
+}
+
+/// An unsigned decimal as `strtoull` reads it for memcached: an optional `+`, then digits.
+pub(super) fn parse_u64(token: &[u8]) -> Option<u64> {
+    let digits = token.strip_prefix(b"+").unwrap_or(token);
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, &b| {
+        let digit = u64::from(b.checked_sub(b'0').filter(|&d| d <= 9)?);
+        n.checked_mul(10)?.checked_add(digit)
+    })
+}
+
+/// A signed decimal: an optional `+` or `-`, then digits.
+pub(super) fn parse_i64(token: &[u8]) -> Option<i64> {
+    match token.strip_prefix(b"-") {
+        Some(digits) if digits.first() != Some(&b'+') => {
+            let n = parse_u64(digits)?;
+            0i64.checked_sub_unsigned(n)
+        }
+        Some(_) => None,
+        None => i64::try_from(parse_u64(token)?).ok(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_skip_runs_of_spaces() {
+        let tokens: Vec<_> = Tokens::new(b"  get  a b ").collect();
+        assert_eq!(tokens, [(2, &b"get"[..]), (7, b"a"), (9, b"b")]);
+        assert_eq!(Tokens::new(b"   ").next(), None);
+        assert_eq!(Tokens::new(b"").next(), None);
+    }
+
+    #[test]
+    fn numbers() {
+        assert_eq!(parse_u64(b"0"), Some(0));
+        assert_eq!(parse_u64(b"+3"), Some(3));
+        assert_eq!(parse_u64(b"18446744073709551615"), Some(u64::MAX));
+        assert_eq!(parse_u64(b"18446744073709551616"), None);
+        assert_eq!(parse_u64(b"-1"), None);
+        assert_eq!(parse_u64(b"+"), None);
+        assert_eq!(parse_u64(b"1x"), None);
+        assert_eq!(parse_i64(b"-5"), Some(-5));
+        assert_eq!(parse_i64(b"-9223372036854775808"), Some(i64::MIN));
+        assert_eq!(parse_i64(b"9223372036854775808"), None);
+        assert_eq!(parse_i64(b"-+5"), None);
+        assert_eq!(parse_i64(b"-"), None);
+    }
+}

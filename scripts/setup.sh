@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what kvswitch needs on a fresh Debian machine: memcached and nutcracker (the peers it
+# is measured against and tested with), iproute2 and ethtool (the testbed's hosts and links).
+# Needs root. Rust (cargo) must already be installed.
+set -euo pipefail
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: run as root (the testbed creates network namespaces)" >&2
+    exit 1
+fi
+
+need=()
+for cmd in memcached nutcracker ethtool ip python3 ps; do
+    command -v "$cmd" >/dev/null 2>&1 || need+=("$cmd")
+done
+if [ "${#need[@]}" -gt 0 ]; then
+    echo "setup: installing memcached, nutcracker, iproute2, ethtool, python3, procps"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends \
+        memcached nutcracker iproute2 ethtool python3 procps >/dev/null
+fi
+# Debian starts memcached as a service on install; the testbed runs its own.
+if command -v systemctl >/dev/null 2>&1; then
+    systemctl disable --now memcached >/dev/null 2>&1 || true
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "setup: cargo not found; install Rust (stable) first" >&2
+    exit 1
+fi
+echo "setup: memcached $(memcached -V | awk '{print $2}'), $(nutcracker -V 2>&1 | head -1), $(cargo --version)"
