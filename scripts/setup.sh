@@ -10,15 +10,15 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 need=()
-for cmd in memcached nutcracker ethtool ip python3 ps; do
+for cmd in memcached nutcracker ethtool ip python3 ps ping; do
     command -v "$cmd" >/dev/null 2>&1 || need+=("$cmd")
 done
 if [ "${#need[@]}" -gt 0 ]; then
-    echo "setup: installing memcached, nutcracker, iproute2, ethtool, python3, procps"
+    echo "setup: installing memcached, nutcracker, iproute2, ethtool, python3, procps, iputils-ping"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends \
-        memcached nutcracker iproute2 ethtool python3 procps >/dev/null
+        memcached nutcracker iproute2 ethtool python3 procps iputils-ping >/dev/null
 fi
 # Debian starts memcached as a service on install; the testbed runs its own.
 if command -v systemctl >/dev/null 2>&1; then

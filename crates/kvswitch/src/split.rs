@@ -27,25 +27,92 @@ pub struct Client {
     pub port: u16,
 }
 
-/// One part: the sub-request sent to one server.
+/// One part: the sub-request sent to one server, and its reply as it arrives.
+///
+/// memcached 1.6 answers a multi-key get over UDP with one message per item, each numbered as
+/// its own message (sequence 0 of 1), and splits only a message larger than a datagram into
+/// numbered pieces. So a part is a byte stream of messages, complete when it holds a whole
+/// retrieval reply (`END`) or an error line.
 struct Part {
     server: usize,
     request_id: u16,
-    total: u16,
-    datagrams: Vec<Option<Vec<u8>>>,
-    received: u16,
+    /// The message being reassembled: its datagram count and the pieces so far.
+    msg_total: u16,
+    msg: Vec<Option<Vec<u8>>>,
+    msg_received: u16,
+    /// Completed messages, in arrival order.
+    stream: Vec<u8>,
+    state: PartState,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PartState {
+    Waiting,
+    Complete,
+}
+
+/// Most bytes one part's reply may hold before the split is abandoned.
+pub const MAX_PART_BYTES: usize = 16 << 20;
+
 impl Part {
-    fn complete(&self) -> bool {
-        self.total > 0 && self.received == self.total
-    }
-    fn reassemble(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        for d in self.datagrams.iter().flatten() {
-            out.extend_from_slice(d);
+    fn new(server: usize, request_id: u16) -> Part {
+        Part {
+            server,
+            request_id,
+            msg_total: 0,
+            msg: Vec::new(),
+            msg_received: 0,
+            stream: Vec::new(),
+            state: PartState::Waiting,
         }
-        out
+    }
+
+    /// Takes one datagram; `Err` if it cannot belong to a well-formed reply.
+    fn take(&mut self, seq: u16, total: u16, payload: &[u8]) -> Result<(), ()> {
+        if self.state == PartState::Complete {
+            return Err(());
+        }
+        if total == 0 || total > MAX_PART_DATAGRAMS || seq >= total {
+            return Err(());
+        }
+        if self.msg_total == 0 {
+            self.msg_total = total;
+            self.msg = vec![None; total as usize];
+            self.msg_received = 0;
+        } else if self.msg_total != total {
+            return Err(());
+        }
+        let slot = &mut self.msg[seq as usize];
+        if slot.is_none() {
+            *slot = Some(payload.to_vec());
+            self.msg_received += 1;
+        }
+        if self.msg_received < self.msg_total {
+            return Ok(());
+        }
+        for piece in self.msg.drain(..).flatten() {
+            self.stream.extend_from_slice(&piece);
+        }
+        self.msg_total = 0;
+        if self.stream.len() > MAX_PART_BYTES {
+            return Err(());
+        }
+        match memcache::reply::parse_retrieval_reply(&self.stream) {
+            Ok(None) => Ok(()),
+            Ok(Some((_, consumed))) if consumed == self.stream.len() => {
+                self.state = PartState::Complete;
+                Ok(())
+            }
+            Err(memcache::reply::ReplyError::ErrorLine { end, .. }) if end == self.stream.len() => {
+                self.state = PartState::Complete;
+                Ok(())
+            }
+            _ => Err(()),
+        }
+    }
+
+    fn complete(&self) -> bool {
+        self.state == PartState::Complete
     }
 }
 
@@ -172,13 +239,7 @@ impl Splitter {
                 request_id,
                 payload,
             });
-            parts.push(Part {
-                server,
-                request_id,
-                total: 0,
-                datagrams: Vec::new(),
-                received: 0,
-            });
+            parts.push(Part::new(server, request_id));
         }
         self.pending.insert(
             split,
@@ -208,21 +269,9 @@ impl Splitter {
         else {
             return Arrival::Stale;
         };
-        if total == 0 || total > MAX_PART_DATAGRAMS || seq >= total {
+        if part.take(seq, total, payload).is_err() {
             self.abandon(split);
             return Arrival::BadReply;
-        }
-        if part.total == 0 {
-            part.total = total;
-            part.datagrams = vec![None; total as usize];
-        } else if part.total != total {
-            self.abandon(split);
-            return Arrival::BadReply;
-        }
-        let slot = &mut part.datagrams[seq as usize];
-        if slot.is_none() {
-            *slot = Some(payload.to_vec());
-            part.received += 1;
         }
         if !pending.parts.iter().all(Part::complete) {
             return Arrival::Stored;
@@ -271,13 +320,10 @@ impl Splitter {
 /// Merges the parts of a split in the client's key order. A part that is an error line is
 /// passed on whole; a part that is neither items nor an error makes the merge fail.
 fn merge(p: &Pending) -> Option<Vec<u8>> {
-    let mut bodies: Vec<(usize, Vec<u8>)> = Vec::with_capacity(p.parts.len());
-    for part in &p.parts {
-        bodies.push((part.server, part.reassemble()));
-    }
     // Each part's items, in the order that server returned them (its keys' order).
-    let mut items: Vec<(usize, Vec<(&[u8], &[u8])>)> = Vec::with_capacity(bodies.len());
-    for (server, body) in &bodies {
+    let mut items: Vec<(usize, Vec<(&[u8], &[u8])>)> = Vec::with_capacity(p.parts.len());
+    for part in &p.parts {
+        let (server, body) = (&part.server, &part.stream);
         match memcache::reply::parse_retrieval_reply(body) {
             Ok(Some((list, consumed))) if consumed == body.len() => {
                 let list: Vec<(&[u8], &[u8])> = list.map(|i| (i.key, i.raw)).collect();
@@ -383,6 +429,35 @@ mod tests {
     }
 
     #[test]
+    fn one_message_per_item_as_memcached_sends_them() {
+        let mut sp = Splitter::new(Duration::from_secs(1));
+        let subs = sp
+            .start(
+                Instant::now(),
+                client(),
+                Command::Get,
+                None,
+                keys(&[("a", 0), ("b", 1), ("c", 0)]),
+            )
+            .unwrap();
+        let id0 = subs[0].request_id;
+        assert_eq!(
+            sp.arrive(id0, 0, 1, b"VALUE a 0 1\r\nA\r\n"),
+            Arrival::Stored
+        );
+        assert_eq!(
+            sp.arrive(id0, 0, 1, b"VALUE c 0 1\r\nC\r\n"),
+            Arrival::Stored
+        );
+        assert_eq!(sp.arrive(id0, 0, 1, b"END\r\n"), Arrival::Stored);
+        // A datagram after the part completed is not part of any reply.
+        let Arrival::Done { reply, .. } = sp.arrive(subs[1].request_id, 0, 1, b"END\r\n") else {
+            panic!("not done")
+        };
+        assert_eq!(reply, b"VALUE a 0 1\r\nA\r\nVALUE c 0 1\r\nC\r\nEND\r\n");
+    }
+
+    #[test]
     fn duplicate_keys_come_back_twice() {
         let mut sp = Splitter::new(Duration::from_secs(1));
         let subs = sp
@@ -434,7 +509,7 @@ mod tests {
             .unwrap();
         sp.arrive(subs[0].request_id, 0, 1, b"END\r\n");
         assert_eq!(
-            sp.arrive(subs[1].request_id, 0, 1, b"VALUE zz"),
+            sp.arrive(subs[1].request_id, 0, 1, b"VALUE zz\r\n"),
             Arrival::BadReply
         );
         // An item for a key that was not asked for is a bad reply, not a wrong answer.

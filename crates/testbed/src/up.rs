@@ -274,9 +274,10 @@ fn create_host(state: &mut State, h: &HostState) -> anyhow::Result<()> {
 fn start_memcached(state: &mut State, i: usize, extra: &[String]) -> anyhow::Result<Child> {
     let h = state.hosts[i].clone();
     let listen = match state.mode {
-        Mode::L3 => h.ip,
-        // The VIP sits on lo, so memcached must accept it as well as the host address.
-        Mode::L2 => Ipv4Addr::UNSPECIFIED,
+        Mode::L3 => h.ip.to_string(),
+        // The VIP sits on lo, so memcached listens on it as well as on the host address: a
+        // socket bound to the VIP answers UDP from the VIP, which is what the client expects.
+        Mode::L2 => format!("{},{}", state.vip, h.ip),
     };
     let port = MEMCACHED_PORT.to_string();
     let mut argv: Vec<String> = [
@@ -286,7 +287,7 @@ fn start_memcached(state: &mut State, i: usize, extra: &[String]) -> anyhow::Res
         "-p",
         &port,
         "-l",
-        &listen.to_string(),
+        &listen,
         // memcached refuses to run as root unless told which user to run as.
         "-u",
         "root",

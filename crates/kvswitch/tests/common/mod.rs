@@ -19,7 +19,10 @@ pub fn require_root() {
 pub fn testbed(prefix: &str, mode: &str, nutcracker: bool) -> testbed::Live {
     require_root();
     let mut topo = testbed::Topology::default_topology();
-    topo.mode = mode.parse().expect("mode");
+    topo.mode = match mode {
+        "l2" => testbed::Mode::L2,
+        _ => testbed::Mode::L3,
+    };
     let state = std::env::temp_dir().join(format!("{prefix}-testbed-{}.json", std::process::id()));
     // A previous run that was killed may have left this prefix behind.
     let _ = testbed::down(&state);
@@ -70,8 +73,11 @@ pub fn udp_raw(
         let sock = UdpSocket::bind("0.0.0.0:0").ok()?;
         sock.send_to(&datagram, target).ok()?;
         let deadline = Instant::now() + timeout;
+        // memcached sends a multi-key reply as one message per item, each numbered on its
+        // own; a message bigger than a datagram comes in numbered pieces.
+        let mut stream: Vec<u8> = Vec::new();
         let mut parts: Vec<Option<Vec<u8>>> = Vec::new();
-        let mut from = None;
+        let mut datagrams = 0;
         let mut buf = [0u8; 65536];
         loop {
             let left = deadline.checked_duration_since(Instant::now())?;
@@ -81,6 +87,7 @@ pub fn udp_raw(
             if n < 8 || buf[0..2] != [0, 7] {
                 continue;
             }
+            datagrams += 1;
             let seq = u16::from_be_bytes([buf[2], buf[3]]) as usize;
             let total = u16::from_be_bytes([buf[4], buf[5]]) as usize;
             if parts.is_empty() {
@@ -89,13 +96,20 @@ pub fn udp_raw(
             if seq < parts.len() {
                 parts[seq] = Some(buf[8..n].to_vec());
             }
-            from = Some(src);
-            if parts.iter().all(Option::is_some) {
-                let body = parts.iter().flatten().flatten().copied().collect();
+            if !parts.iter().all(Option::is_some) {
+                continue;
+            }
+            stream.extend(parts.drain(..).flatten().flatten());
+            let complete = if stream.starts_with(b"VALUE ") || stream.is_empty() {
+                stream.ends_with(b"END\r\n")
+            } else {
+                stream.first() == Some(&0x81) || stream.ends_with(b"\r\n")
+            };
+            if complete {
                 return Some(Reply {
-                    from: from?,
-                    body,
-                    datagrams: parts.len(),
+                    from: src,
+                    body: stream,
+                    datagrams,
                 });
             }
         }
@@ -184,12 +198,15 @@ pub fn udp_in_datagrams(live: &testbed::Live, host: &str) -> u64 {
 
 /// The switch's status document.
 pub fn status(live: &testbed::Live) -> serde_json::Value {
-    let body = testbed::http_get(live.api(), "/api/v1/status").expect("status");
+    let (code, body) = testbed::http_get(live.api(), "/api/v1/status").expect("status");
+    assert_eq!(code, 200);
     serde_json::from_str(&body).expect("status is JSON")
 }
 
 pub fn metrics(live: &testbed::Live) -> String {
-    testbed::http_get(live.api(), "/metrics").expect("metrics")
+    let (code, body) = testbed::http_get(live.api(), "/metrics").expect("metrics");
+    assert_eq!(code, 200);
+    body
 }
 
 pub fn drops(live: &testbed::Live, reason: &str) -> u64 {
