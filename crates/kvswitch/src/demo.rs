@@ -277,10 +277,9 @@ fn run_load(mut cmd: Command, json: &PathBuf) -> anyhow::Result<loadgen::Report>
 }
 
 /// Asks one memcached how many items it holds.
-fn curr_items(_live: &testbed::Live, host: &str, ip: &str) -> anyhow::Result<u64> {
-    let ns = format!("{}", host);
+fn curr_items(live: &testbed::Live, host: &str, ip: &str) -> anyhow::Result<u64> {
     let addr: SocketAddr = format!("{ip}:11211").parse()?;
-    let text = testbed::in_netns(&ns_name(_live, &ns), move || -> std::io::Result<String> {
+    let text = live.in_host(host, move || -> std::io::Result<String> {
         let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
         s.set_read_timeout(Some(Duration::from_secs(2)))?;
         s.write_all(b"stats\r\n")?;
@@ -299,12 +298,6 @@ fn curr_items(_live: &testbed::Live, host: &str, ip: &str) -> anyhow::Result<u64
         .find_map(|l| l.strip_prefix("STAT curr_items "))
         .and_then(|v| v.trim().parse().ok())
         .context("memcached sent no curr_items")
-}
-
-fn ns_name(live: &testbed::Live, host: &str) -> String {
-    live.host(host)
-        .map(|h| h.netns.clone())
-        .unwrap_or_else(|| host.to_string())
 }
 
 /// utime + stime of a process, in clock ticks.

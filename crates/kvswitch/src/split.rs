@@ -321,7 +321,8 @@ impl Splitter {
 /// passed on whole; a part that is neither items nor an error makes the merge fail.
 fn merge(p: &Pending) -> Option<Vec<u8>> {
     // Each part's items, in the order that server returned them (its keys' order).
-    let mut items: Vec<(usize, Vec<(&[u8], &[u8])>)> = Vec::with_capacity(p.parts.len());
+    type KeyAndRaw<'a> = (&'a [u8], &'a [u8]);
+    let mut items: Vec<(usize, Vec<KeyAndRaw>)> = Vec::with_capacity(p.parts.len());
     for part in &p.parts {
         let (server, body) = (&part.server, &part.stream);
         match memcache::reply::parse_retrieval_reply(body) {
@@ -340,9 +341,7 @@ fn merge(p: &Pending) -> Option<Vec<u8>> {
     let mut cursor = vec![0usize; items.len()];
     let mut out = Vec::new();
     for (key, server) in &p.keys {
-        let Some(i) = items.iter().position(|(s, _)| s == server) else {
-            return None;
-        };
+        let i = items.iter().position(|(s, _)| s == server)?;
         let list = &items[i].1;
         if let Some((k, raw)) = list.get(cursor[i]) {
             if *k == key.as_slice() {
