@@ -31,6 +31,10 @@ pub struct AfPacketOptions {
     pub rcvbuf: usize,
     /// Requested socket send buffer in bytes, capped like `rcvbuf` by `net.core.wmem_max`.
     pub sndbuf: usize,
+    /// Hand transmitted frames straight to the driver, past the interface's queueing
+    /// discipline (`PACKET_QDISC_BYPASS`): cheaper per frame, but traffic shaping on the
+    /// interface no longer applies and a full device queue drops instead of queueing.
+    pub qdisc_bypass: bool,
 }
 
 impl Default for AfPacketOptions {
@@ -40,6 +44,7 @@ impl Default for AfPacketOptions {
             ignore_outgoing: true,
             rcvbuf: 8 << 20,
             sndbuf: 8 << 20,
+            qdisc_bypass: true,
         }
     }
 }
@@ -90,6 +95,10 @@ impl AfPacket {
         if opts.ignore_outgoing {
             sys::setsockopt(sock, libc::SOL_PACKET, libc::PACKET_IGNORE_OUTGOING, &one)
                 .map_err(|e| ctx("setsockopt(PACKET_IGNORE_OUTGOING)", e))?;
+        }
+        if opts.qdisc_bypass {
+            sys::setsockopt(sock, libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, &one)
+                .map_err(|e| ctx("setsockopt(PACKET_QDISC_BYPASS)", e))?;
         }
         set_buffer(sock, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, opts.rcvbuf)
             .map_err(|e| ctx("setsockopt(SO_RCVBUF)", e))?;

@@ -76,11 +76,21 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
     };
     let mut last_tick = Instant::now();
     let mut last_snapshot = Instant::now();
+    // After a frame, keep checking the ports without sleeping for `busy_poll`. Under load the
+    // next frame usually arrives within it, which saves the sleep and wake-up of a blocking
+    // wait (a context switch each way, the largest cost per frame on a small machine); when
+    // idle the loop goes back to blocking.
+    let spin = cfg.busy_poll;
+    let mut last_work = Instant::now();
     while !STOP.load(Ordering::Relaxed) {
+        let spinning = last_work.elapsed() < spin;
         poller
-            .wait(TICK, &mut ready)
+            .wait(if spinning { Duration::ZERO } else { TICK }, &mut ready)
             .context("waiting for frames")?;
         let now = Instant::now();
+        if !ready.is_empty() {
+            last_work = now;
+        }
         for &i in &ready {
             // Drain what this port holds, a batch at a time, bounded so no port starves.
             for _ in 0..8 {

@@ -25,6 +25,9 @@ pub struct DemoArgs {
     /// Concurrent requesters of the throughput runs (the latency runs use one).
     #[arg(long, default_value_t = 16)]
     pub concurrency: usize,
+    /// Measure each system this many times and report medians.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub runs: u32,
     /// Namespace and link prefix of the testbed.
     #[arg(long, default_value = "kvs")]
     pub prefix: String,
@@ -33,7 +36,7 @@ pub struct DemoArgs {
     pub json: Option<PathBuf>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Clone)]
 struct Row {
     system: String,
     proto: String,
@@ -83,16 +86,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         "preloading {} keys through kvswitch (UDP to {vip})...",
         args.keys
     );
-    let stored = load(
-        &live,
-        &client,
-        &exe,
-        &["--preload", "--target", &vip.to_string(), "--proto", "udp"],
-        args,
-        0.0,
-        1,
-    )?;
-    let _ = stored;
+    preload(&live, &client, vip, loadgen::Proto::Udp, args)?;
     let mut placement = Vec::new();
     for (name, ip) in &servers {
         let items = curr_items(&live, name, ip)?;
@@ -105,69 +99,42 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
 
     // 2. For the direct runs, give the first server every key too.
     let direct: SocketAddr = format!("{}:11211", servers[0].1).parse()?;
-    load(
-        &live,
-        &client,
-        &exe,
-        &[
-            "--preload",
-            "--target",
-            &direct.to_string(),
-            "--proto",
-            "tcp",
-        ],
-        args,
-        0.0,
-        1,
-    )?;
+    preload(&live, &client, direct, loadgen::Proto::Tcp, args)?;
 
-    let nutcracker = state
+    let nutcracker: SocketAddr = state
         .nutcracker
         .as_ref()
-        .map(|n| n.listen.to_string())
+        .map(|n| n.listen)
         .context("nutcracker did not start")?;
-    let systems: [(&str, String, &str, Option<u32>); 3] = [
-        ("memcached direct", direct.to_string(), "udp", None),
-        (
-            "kvswitch",
-            vip.to_string(),
-            "udp",
-            Some(state.kvswitch_pid.unwrap_or(0)),
-        ),
-        (
-            "nutcracker",
-            nutcracker,
-            "tcp",
-            state.nutcracker.as_ref().and_then(|n| n.pid),
-        ),
-    ];
-    println!("\nmeasuring ({} s per run, side by side)...", args.duration);
-    let mut rows = Vec::new();
-    for (name, target, proto, pid) in systems {
-        let light = load_report(&live, &client, &exe, &target, proto, args, 1)?;
-        let cpu_before = pid.and_then(cpu_ticks);
-        let heavy = load_report(&live, &client, &exe, &target, proto, args, args.concurrency)?;
-        let cpu_after = pid.and_then(cpu_ticks);
-        let cpu = match (cpu_before, cpu_after) {
-            (Some(a), Some(b)) if heavy.requests > 0 => {
-                let ticks_per_s = clock_ticks();
-                Some((b - a) as f64 / ticks_per_s * 1e6 / heavy.requests as f64)
-            }
-            _ => None,
-        };
-        rows.push(Row {
-            system: name.to_string(),
-            proto: proto.to_string(),
-            light_p50_us: light.latency_us.p50 as f64,
-            light_p99_us: light.latency_us.p99 as f64,
-            max_rps: heavy.throughput_rps,
-            heavy_p50_us: heavy.latency_us.p50 as f64,
-            heavy_p99_us: heavy.latency_us.p99 as f64,
-            errors: light.errors + heavy.errors,
-            timeouts: light.timeouts + heavy.timeouts,
-            middlebox_cpu_us_per_request: cpu,
-        });
+    let nutcracker_pid = state.nutcracker.as_ref().and_then(|n| n.pid);
+    let kvswitch_pid = state.kvswitch_pid;
+    let measure = |name: &str, target: SocketAddr, proto: &str, pid: Option<u32>| {
+        measure(&live, &client, &exe, args, name, target, proto, pid)
+    };
+
+    println!(
+        "\nmeasuring: {} run(s) of {} s per system and load level...",
+        args.runs, args.duration
+    );
+    let mut samples: Vec<Vec<Row>> = vec![Vec::new(), Vec::new(), Vec::new()];
+    for _ in 0..args.runs {
+        samples[1].push(measure("kvswitch", vip, "udp", kvswitch_pid)?);
+        samples[2].push(measure("nutcracker", nutcracker, "tcp", nutcracker_pid)?);
     }
+    // memcached direct: the same hosts and links with kvswitch stopped and a plain Linux bridge
+    // in its place (kvswitch gives replies from a server's memcached port the VIP as source, so
+    // a client cannot talk UDP to a server's own address through it).
+    println!("stopping kvswitch and joining the hosts with a Linux bridge for the direct runs...");
+    if let Some(pid) = kvswitch_pid {
+        stop(pid);
+    }
+    let bridge = bridge_up(&live)?;
+    for _ in 0..args.runs {
+        samples[0].push(measure("memcached direct", direct, "udp", None)?);
+    }
+    bridge_down(&bridge);
+    let rows: Vec<Row> = samples.iter().map(|s| median_row(s)).collect();
+
     println!(
         "\n{:<18} {:<5} {:>10} {:>10} {:>12} {:>10} {:>10} {:>14}",
         "system", "proto", "p50 (µs)", "p99 (µs)", "max GET/s", "p50@max", "p99@max", "CPU µs/req"
@@ -187,14 +154,28 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
                 .unwrap_or_else(|| "-".into())
         );
     }
-    if let (Some(d), Some(k)) = (rows.first(), rows.get(1)) {
-        if d.light_p50_us > 0.0 {
-            println!(
-                "\nkvswitch median latency is {:.2}x memcached direct; its throughput {:.2}x.",
-                k.light_p50_us / d.light_p50_us,
-                k.max_rps / d.max_rps.max(1.0)
-            );
+    println!(
+        "(p50/p99: one requester; max GET/s and p50/p99@max: {} requesters; {}; \
+         CPU: user+system time of the middle box per request at max load)",
+        args.concurrency,
+        if args.runs > 1 {
+            "medians of the runs"
+        } else {
+            "one run"
         }
+    );
+    let (d, k, n) = (&rows[0], &rows[1], &rows[2]);
+    if d.light_p50_us > 0.0 && n.light_p50_us > 0.0 {
+        println!(
+            "\nkvswitch vs memcached direct: median latency {:.2}x, throughput {:.2}x.",
+            k.light_p50_us / d.light_p50_us,
+            k.max_rps / d.max_rps.max(1.0)
+        );
+        println!(
+            "kvswitch vs nutcracker: median latency {:.2}x, throughput {:.2}x.",
+            k.light_p50_us / n.light_p50_us,
+            k.max_rps / n.max_rps.max(1.0)
+        );
     }
     if let Some(path) = &args.json {
         let figures = Figures {
@@ -208,6 +189,137 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     }
     println!("\ntearing down the testbed...");
     live.down()?;
+    Ok(())
+}
+
+/// Light load (one requester) then heavy load, with the middle box's CPU time over the heavy
+/// run.
+#[allow(clippy::too_many_arguments)]
+fn measure(
+    live: &testbed::Live,
+    client: &str,
+    exe: &PathBuf,
+    args: &DemoArgs,
+    name: &str,
+    target: SocketAddr,
+    proto: &str,
+    pid: Option<u32>,
+) -> anyhow::Result<Row> {
+    let target = target.to_string();
+    let light = load_report(live, client, exe, &target, proto, args, 1)?;
+    let cpu_before = pid.and_then(cpu_ticks);
+    let heavy = load_report(live, client, exe, &target, proto, args, args.concurrency)?;
+    let cpu_after = pid.and_then(cpu_ticks);
+    let cpu = match (cpu_before, cpu_after) {
+        (Some(a), Some(b)) if heavy.requests > 0 => {
+            Some((b - a) as f64 / clock_ticks() * 1e6 / heavy.requests as f64)
+        }
+        _ => None,
+    };
+    Ok(Row {
+        system: name.to_string(),
+        proto: proto.to_string(),
+        light_p50_us: light.latency_us.p50 as f64,
+        light_p99_us: light.latency_us.p99 as f64,
+        max_rps: heavy.throughput_rps,
+        heavy_p50_us: heavy.latency_us.p50 as f64,
+        heavy_p99_us: heavy.latency_us.p99 as f64,
+        errors: light.errors + heavy.errors,
+        timeouts: light.timeouts + heavy.timeouts,
+        middlebox_cpu_us_per_request: cpu,
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// The median of each figure over several runs of one system.
+fn median_row(rows: &[Row]) -> Row {
+    let m = |f: fn(&Row) -> f64| median(rows.iter().map(f).collect());
+    let cpu: Vec<f64> = rows
+        .iter()
+        .filter_map(|r| r.middlebox_cpu_us_per_request)
+        .collect();
+    Row {
+        system: rows[0].system.clone(),
+        proto: rows[0].proto.clone(),
+        light_p50_us: m(|r| r.light_p50_us),
+        light_p99_us: m(|r| r.light_p99_us),
+        max_rps: m(|r| r.max_rps),
+        heavy_p50_us: m(|r| r.heavy_p50_us),
+        heavy_p99_us: m(|r| r.heavy_p99_us),
+        errors: rows.iter().map(|r| r.errors).sum(),
+        timeouts: rows.iter().map(|r| r.timeouts).sum(),
+        middlebox_cpu_us_per_request: (!cpu.is_empty()).then(|| median(cpu)),
+    }
+}
+
+/// Stops a process with SIGTERM and waits up to 2 s for it to go.
+fn stop(pid: u32) {
+    // SAFETY: kill has no memory preconditions; the PID is the daemon this testbed started.
+    unsafe {
+        libc::kill(pid as libc::pid_t, libc::SIGTERM);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while std::time::Instant::now() < deadline {
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // Gone, or a zombie waiting to be reaped by the testbed.
+        if state.is_empty() || state.contains(") Z ") {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Joins the switch-side ends with a Linux bridge named after the testbed's prefix, so that
+/// `testbed down` removes it too.
+fn bridge_up(live: &testbed::Live) -> anyhow::Result<String> {
+    let name = format!("{}-br", live.state.prefix);
+    let ip = |args: &[&str]| -> anyhow::Result<()> {
+        let out = Command::new("ip").args(args).output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        Ok(())
+    };
+    ip(&["link", "add", &name, "type", "bridge"])?;
+    let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6"), "1");
+    for h in &live.state.hosts {
+        ip(&["link", "set", "dev", &h.switch_if, "master", &name])?;
+    }
+    ip(&["link", "set", "dev", &name, "up"])?;
+    Ok(name)
+}
+
+fn bridge_down(name: &str) {
+    let _ = Command::new("ip").args(["link", "del", name]).output();
+}
+
+/// Sets every key once from inside `host`.
+fn preload(
+    live: &testbed::Live,
+    host: &str,
+    target: SocketAddr,
+    proto: loadgen::Proto,
+    args: &DemoArgs,
+) -> anyhow::Result<()> {
+    let (keys, size) = (args.keys, args.value_size);
+    let stored = live.in_host(host, move || {
+        loadgen::preload(target, proto, keys, "key:", size)
+    })??;
+    anyhow::ensure!(
+        stored == keys,
+        "only {stored} of {keys} keys were stored at {target}"
+    );
     Ok(())
 }
 

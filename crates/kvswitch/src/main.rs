@@ -5,14 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-mod api;
-mod config;
-mod daemon;
-mod demo;
-mod frame;
-mod split;
-mod stats;
-mod switch;
+use kvswitch::{config, daemon, demo};
 
 #[derive(Parser)]
 #[command(

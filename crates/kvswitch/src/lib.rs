@@ -1,0 +1,14 @@
+//! kvswitch: an application-aware software switch for memcached traffic.
+//!
+//! The switch application ([`switch`]) is driven by frames and time and does no I/O, so tests
+//! and benchmarks run it directly; the daemon ([`daemon`]) joins it to real ports, the control
+//! API ([`api`]) and signals.
+
+pub mod api;
+pub mod config;
+pub mod daemon;
+pub mod demo;
+pub mod frame;
+pub mod split;
+pub mod stats;
+pub mod switch;
