@@ -208,6 +208,9 @@ impl Switch {
             }
         };
         self.learn(src, in_port);
+        if !csum_ready && ethertype == EtherType::IPV4 {
+            complete_l4_checksum(frame);
+        }
 
         let mut meta = Meta {
             in_port,
@@ -770,6 +773,42 @@ enum Route {
     Drop(Drop),
 }
 
+/// Completes the UDP or TCP checksum of an IPv4 frame whose sender left it to hardware (a
+/// veth with transmit offload on hands such frames over with only the pseudo-header sum in
+/// place). Fragments and malformed frames are left alone.
+fn complete_l4_checksum(frame: &mut [u8]) {
+    let Some(l3) = frame.get(ethernet::HEADER_LEN..) else {
+        return;
+    };
+    let Ok(ip) = ipv4::Packet::new_checked(l3) else {
+        return;
+    };
+    if ip.is_fragment() {
+        return;
+    }
+    let (src, dst, proto) = (ip.src(), ip.dst(), ip.protocol());
+    let start = ethernet::HEADER_LEN + ip.header_len();
+    let end = ethernet::HEADER_LEN + usize::from(ip.total_len());
+    let check_at = match proto {
+        ipv4::Protocol::UDP => 6,
+        ipv4::Protocol::TCP => 16,
+        _ => return,
+    };
+    let Some(segment) = frame.get_mut(start..end) else {
+        return;
+    };
+    if segment.len() < check_at + 2 {
+        return;
+    }
+    segment[check_at..check_at + 2].copy_from_slice(&[0, 0]);
+    let pseudo = wire::checksum::pseudo_header_v4(src, dst, proto.0, segment.len() as u16);
+    let mut sum = wire::checksum::fold(pseudo + wire::checksum::sum(segment));
+    if sum == 0 && proto == ipv4::Protocol::UDP {
+        sum = 0xffff;
+    }
+    segment[check_at..check_at + 2].copy_from_slice(&sum.to_be_bytes());
+}
+
 /// Whether a frame is a request the key router rewrote towards a backend.
 fn frame_is_rewritten_request(frame: &[u8], cfg: &Config) -> bool {
     let Ok(eth) = ethernet::Frame::new_checked(frame) else {
@@ -903,5 +942,38 @@ struct NoChoice;
 impl Choose for NoChoice {
     fn choose(&self, _: u32) -> Option<usize> {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::{udp_frame, UdpEnds};
+
+    #[test]
+    fn unfinished_udp_checksum_is_completed() {
+        let ends = UdpEnds {
+            src_mac: "02:00:00:00:00:01".parse().unwrap(),
+            dst_mac: "02:00:00:00:00:02".parse().unwrap(),
+            src_ip: Ipv4Addr::new(10, 0, 0, 1),
+            dst_ip: Ipv4Addr::new(10, 0, 0, 2),
+            src_port: 4000,
+            dst_port: 11211,
+        };
+        let good = udp_frame(&ends, &[b"\0\x01\0\0\0\x01\0\0get k\r\n"]);
+        // What a sender with checksum offload leaves: the pseudo-header sum, not complemented.
+        let mut partial = good.clone();
+        let len = (good.len() - 34) as u16;
+        let pseudo = wire::checksum::pseudo_header_v4(ends.src_ip, ends.dst_ip, 17, len);
+        let folded = !wire::checksum::fold(pseudo);
+        partial[40..42].copy_from_slice(&folded.to_be_bytes());
+        assert_ne!(partial, good);
+        complete_l4_checksum(&mut partial);
+        assert_eq!(partial, good);
+        // Garbage and truncated frames are left alone without panicking.
+        for n in 0..good.len() {
+            let mut cut = good[..n].to_vec();
+            complete_l4_checksum(&mut cut);
+        }
     }
 }
