@@ -3,8 +3,9 @@
 //! counters and the snapshot the run loop publishes.
 
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -37,26 +38,43 @@ pub fn serve(shared: Arc<Shared>) -> anyhow::Result<SocketAddr> {
     std::thread::Builder::new()
         .name("api".into())
         .spawn(move || {
+            let open = Arc::new(AtomicUsize::new(0));
             for conn in listener.incoming() {
                 let Ok(conn) = conn else { continue };
-                let shared = shared.clone();
-                // One short-lived thread per connection keeps a slow client from blocking others.
-                let _ = std::thread::Builder::new()
-                    .name("api-conn".into())
-                    .spawn(move || {
-                        let _ = handle(conn, &shared);
-                    });
+                // One short-lived thread per connection keeps a slow client from blocking
+                // others; past the limit a connection is closed at once.
+                if open.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
+                    continue;
+                }
+                open.fetch_add(1, Ordering::Relaxed);
+                let (shared, open) = (shared.clone(), open.clone());
+                let spawned =
+                    std::thread::Builder::new()
+                        .name("api-conn".into())
+                        .spawn(move || {
+                            let _ = handle(conn, &shared);
+                            open.fetch_sub(1, Ordering::Relaxed);
+                        });
+                if spawned.is_err() {
+                    // The closure never ran; give its slot back.
+                    continue;
+                }
             }
         })?;
     Ok(addr)
 }
 
+/// Most API connections served at once.
+const MAX_CONNECTIONS: usize = 32;
+/// Most bytes of a request (line and headers) read.
+const MAX_REQUEST: u64 = 16 * 1024;
+
 fn handle(mut conn: TcpStream, shared: &Shared) -> std::io::Result<()> {
     conn.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let mut reader = BufReader::new(conn.try_clone()?);
+    let mut reader = BufReader::new(conn.try_clone()?.take(MAX_REQUEST));
     let mut line = String::new();
     reader.read_line(&mut line)?;
-    // Drain the headers.
+    // Drain the headers (bounded by MAX_REQUEST).
     let mut header = String::new();
     while reader.read_line(&mut header)? > 2 {
         header.clear();
@@ -105,7 +123,7 @@ pub fn metrics(shared: &Shared) -> String {
         "Frames per port and direction.",
     );
     for (i, p) in s.ports.iter().enumerate() {
-        let name = &shared.port_names[i];
+        let name = escape(&shared.port_names[i]);
         let _ = writeln!(
             out,
             "kvswitch_port_packets_total{{port=\"{name}\",dir=\"rx\"}} {}",
@@ -124,7 +142,7 @@ pub fn metrics(shared: &Shared) -> String {
         "Bytes per port and direction.",
     );
     for (i, p) in s.ports.iter().enumerate() {
-        let name = &shared.port_names[i];
+        let name = escape(&shared.port_names[i]);
         let _ = writeln!(
             out,
             "kvswitch_port_bytes_total{{port=\"{name}\",dir=\"rx\"}} {}",
@@ -143,7 +161,7 @@ pub fn metrics(shared: &Shared) -> String {
         "memcached requests routed to each server.",
     );
     for (i, b) in s.backends.iter().enumerate() {
-        let label = shared.config.servers[i].label();
+        let label = escape(&shared.config.servers[i].label());
         let _ = writeln!(
             out,
             "kvswitch_backend_requests_total{{backend=\"{label}\"}} {}",
@@ -157,7 +175,7 @@ pub fn metrics(shared: &Shared) -> String {
         "UDP replies from each server's memcached port that crossed the switch.",
     );
     for (i, b) in s.backends.iter().enumerate() {
-        let label = shared.config.servers[i].label();
+        let label = escape(&shared.config.servers[i].label());
         let _ = writeln!(
             out,
             "kvswitch_backend_replies_total{{backend=\"{label}\"}} {}",
@@ -245,6 +263,14 @@ pub fn metrics(shared: &Shared) -> String {
         let _ = writeln!(out, "{name} {value}");
     }
     out
+}
+
+/// A Prometheus label value: backslash, double quote and newline escaped.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// The status document.

@@ -29,6 +29,10 @@ pub struct Config {
     pub api: SocketAddr,
     /// After a frame, how long the run loop keeps polling the ports before it sleeps.
     pub busy_poll: std::time::Duration,
+    /// Most stations the MAC table holds.
+    pub mac_table_size: usize,
+    /// A station not heard from for this long is forgotten.
+    pub mac_age: std::time::Duration,
     pub vip: Ipv4Addr,
     pub vip_mac: Mac,
     pub vip_port: u16,
@@ -113,6 +117,10 @@ struct RawSwitch {
     api: Option<String>,
     #[serde(default)]
     busy_poll_us: Option<u64>,
+    #[serde(default)]
+    mac_table_size: Option<usize>,
+    #[serde(default)]
+    mac_age_s: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -156,6 +164,10 @@ struct RawServer {
 pub const DEFAULT_API: &str = "127.0.0.1:9110";
 /// Default busy-poll window after a frame, in microseconds.
 pub const DEFAULT_BUSY_POLL_US: u64 = 50;
+/// Default size of the MAC table, in stations.
+pub const DEFAULT_MAC_TABLE_SIZE: usize = 8192;
+/// Default ageing time of a learned station, in seconds (as a Linux bridge).
+pub const DEFAULT_MAC_AGE_S: u64 = 300;
 /// Default source port of split sub-requests.
 pub const DEFAULT_AGENT_PORT: u16 = 11311;
 
@@ -222,6 +234,20 @@ impl Config {
             return Err(err(
                 "switch.busy_poll_us",
                 format!("{busy_poll_us} is more than a second; use 0 to 1000000"),
+            ));
+        }
+        let mac_table_size = raw.switch.mac_table_size.unwrap_or(DEFAULT_MAC_TABLE_SIZE);
+        if !(1..=1_000_000).contains(&mac_table_size) {
+            return Err(err(
+                "switch.mac_table_size",
+                format!("{mac_table_size} is out of range; use 1 to 1000000"),
+            ));
+        }
+        let mac_age_s = raw.switch.mac_age_s.unwrap_or(DEFAULT_MAC_AGE_S);
+        if !(1..=86_400).contains(&mac_age_s) {
+            return Err(err(
+                "switch.mac_age_s",
+                format!("{mac_age_s} is out of range; use 1 to 86400 seconds"),
             ));
         }
         let vip: Ipv4Addr = raw
@@ -324,14 +350,26 @@ impl Config {
                     "a server cannot have the VIP's address".into(),
                 ));
             }
+            // The switch rewrites addresses, not ports: a request to the VIP's port must find
+            // memcached on the same port, and the reply's source port is left as it is.
+            if addr.port() != vip_port {
+                return Err(err(
+                    &key("addr"),
+                    format!(
+                        "port {} differs from the VIP's port {vip_port}; in switch mode every \
+                         server listens on the VIP's port",
+                        addr.port()
+                    ),
+                ));
+            }
             let backend = Backend {
                 addr,
                 mac,
                 weight,
                 name: s.name.clone(),
             };
-            if servers.iter().any(|b: &Backend| b.addr == addr) {
-                return Err(err(&key("addr"), format!("{addr} is listed twice")));
+            if servers.iter().any(|b: &Backend| b.addr.ip() == addr.ip()) {
+                return Err(err(&key("addr"), format!("{} is listed twice", addr.ip())));
             }
             if servers
                 .iter()
@@ -351,6 +389,8 @@ impl Config {
             mode,
             api,
             busy_poll: std::time::Duration::from_micros(busy_poll_us),
+            mac_table_size,
+            mac_age: std::time::Duration::from_secs(mac_age_s),
             vip,
             vip_mac,
             vip_port,
@@ -377,6 +417,9 @@ api = "127.0.0.1:9110"
 # After a frame, keep polling the ports this long before sleeping (0: always sleep).
 # Longer windows cut latency and CPU per frame under load, at the price of a busy core.
 busy_poll_us = 50
+# MAC learning: most stations held, and how long an unheard one is kept.
+mac_table_size = 8192
+mac_age_s = 300
 
 [vip]
 ip = "10.0.0.100"
@@ -455,6 +498,13 @@ mod tests {
         let bad = EXAMPLE.replace("10.0.0.13:11211", "10.0.0.12:11211");
         let e = parse(&bad).unwrap_err().to_string();
         assert!(e.contains("twice"), "{e}");
+
+        let bad = EXAMPLE.replace("10.0.0.13:11211", "10.0.0.13:11212");
+        let e = parse(&bad).unwrap_err().to_string();
+        assert!(
+            e.contains("pool.servers[2].addr") && e.contains("VIP's port"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! never a partial answer.
 
 use std::collections::HashMap;
+use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use wire::memcache::{self, Command};
@@ -31,88 +32,82 @@ pub struct Client {
 ///
 /// memcached 1.6 answers a multi-key get over UDP with one message per item, each numbered as
 /// its own message (sequence 0 of 1), and splits only a message larger than a datagram into
-/// numbered pieces. So a part is a byte stream of messages, complete when it holds a whole
-/// retrieval reply (`END`) or an error line.
+/// numbered pieces, which it sends in order. So a part is a byte stream of messages, complete
+/// when it holds a whole retrieval reply (`END`) or an error line. Pieces must come in order:
+/// with every message under one request id, an out-of-order piece could belong to another
+/// message of the same size, so it fails the split rather than risk mixing two values.
 struct Part {
     server: usize,
     request_id: u16,
-    /// The message being reassembled: its datagram count and the pieces so far.
+    /// Where the reply must come from: the server's address and memcached port.
+    source: (Ipv4Addr, u16),
+    /// The message being reassembled: its datagram count, the next piece expected, and the
+    /// pieces so far.
     msg_total: u16,
-    msg: Vec<Option<Vec<u8>>>,
-    msg_received: u16,
+    msg_next: u16,
+    msg: Vec<u8>,
     /// Completed messages, in arrival order.
     stream: Vec<u8>,
-    state: PartState,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum PartState {
-    Waiting,
-    Complete,
+    complete: bool,
 }
 
 /// Most bytes one part's reply may hold before the split is abandoned.
 pub const MAX_PART_BYTES: usize = 16 << 20;
+/// Most reply bytes all splits in flight may hold together.
+pub const MAX_BUFFERED_BYTES: usize = 64 << 20;
 
 impl Part {
-    fn new(server: usize, request_id: u16) -> Part {
+    fn new(server: usize, request_id: u16, source: (Ipv4Addr, u16)) -> Part {
         Part {
             server,
             request_id,
+            source,
             msg_total: 0,
+            msg_next: 0,
             msg: Vec::new(),
-            msg_received: 0,
             stream: Vec::new(),
-            state: PartState::Waiting,
+            complete: false,
         }
+    }
+
+    fn bytes(&self) -> usize {
+        self.stream.len() + self.msg.len()
     }
 
     /// Takes one datagram; `Err` if it cannot belong to a well-formed reply.
     fn take(&mut self, seq: u16, total: u16, payload: &[u8]) -> Result<(), ()> {
-        if self.state == PartState::Complete {
-            return Err(());
-        }
-        if total == 0 || total > MAX_PART_DATAGRAMS || seq >= total {
+        if self.complete || total == 0 || total > MAX_PART_DATAGRAMS {
             return Err(());
         }
         if self.msg_total == 0 {
             self.msg_total = total;
-            self.msg = vec![None; total as usize];
-            self.msg_received = 0;
-        } else if self.msg_total != total {
+            self.msg_next = 0;
+        }
+        if total != self.msg_total || seq != self.msg_next {
             return Err(());
         }
-        let slot = &mut self.msg[seq as usize];
-        if slot.is_none() {
-            *slot = Some(payload.to_vec());
-            self.msg_received += 1;
+        if self.bytes() + payload.len() > MAX_PART_BYTES {
+            return Err(());
         }
-        if self.msg_received < self.msg_total {
+        self.msg.extend_from_slice(payload);
+        self.msg_next += 1;
+        if self.msg_next < self.msg_total {
             return Ok(());
         }
-        for piece in self.msg.drain(..).flatten() {
-            self.stream.extend_from_slice(&piece);
-        }
+        self.stream.append(&mut self.msg);
         self.msg_total = 0;
-        if self.stream.len() > MAX_PART_BYTES {
-            return Err(());
-        }
         match memcache::reply::parse_retrieval_reply(&self.stream) {
             Ok(None) => Ok(()),
             Ok(Some((_, consumed))) if consumed == self.stream.len() => {
-                self.state = PartState::Complete;
+                self.complete = true;
                 Ok(())
             }
             Err(memcache::reply::ReplyError::ErrorLine { end, .. }) if end == self.stream.len() => {
-                self.state = PartState::Complete;
+                self.complete = true;
                 Ok(())
             }
             _ => Err(()),
         }
-    }
-
-    fn complete(&self) -> bool {
-        self.state == PartState::Complete
     }
 }
 
@@ -148,6 +143,8 @@ pub enum Arrival {
     BadReply,
     /// No split awaits this request id.
     Stale,
+    /// The datagram does not come from the server the request id belongs to.
+    Foreign,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -165,6 +162,8 @@ pub struct Splitter {
     next_split: u64,
     next_request_id: u16,
     timeout: Duration,
+    /// Reply bytes held by every part in flight.
+    buffered: usize,
 }
 
 impl Splitter {
@@ -173,8 +172,11 @@ impl Splitter {
             pending: HashMap::new(),
             by_request: HashMap::new(),
             next_split: 0,
-            next_request_id: 1,
+            // Sub-request ids start somewhere unpredictable, so that nobody can guess them
+            // from a restart of the switch.
+            next_request_id: unpredictable_u16(),
             timeout,
+            buffered: 0,
         }
     }
 
@@ -201,10 +203,11 @@ impl Splitter {
         command: Command,
         exptime: Option<&[u8]>,
         keys: Vec<(Vec<u8>, usize)>,
+        sources: &[(Ipv4Addr, u16)],
     ) -> Result<Vec<SubRequest>, SplitError> {
         let retrieval = matches!(command, Command::Get | Command::Gets)
             || (matches!(command, Command::Gat | Command::Gats) && exptime.is_some());
-        if !retrieval {
+        if !retrieval || keys.iter().any(|(_, s)| *s >= sources.len()) {
             return Err(SplitError::NotRetrieval);
         }
         let mut servers: Vec<usize> = Vec::new();
@@ -239,7 +242,7 @@ impl Splitter {
                 request_id,
                 payload,
             });
-            parts.push(Part::new(server, request_id));
+            parts.push(Part::new(server, request_id, sources[server]));
         }
         self.pending.insert(
             split,
@@ -253,8 +256,17 @@ impl Splitter {
         Ok(subs)
     }
 
-    /// Takes one datagram that arrived at the agent port: its frame header fields and payload.
-    pub fn arrive(&mut self, request_id: u16, seq: u16, total: u16, payload: &[u8]) -> Arrival {
+    /// Takes one datagram that arrived at the agent port from `source`: its frame header fields
+    /// and payload. A datagram that does not come from the server its request id was sent to
+    /// is refused without disturbing the split.
+    pub fn arrive(
+        &mut self,
+        source: (Ipv4Addr, u16),
+        request_id: u16,
+        seq: u16,
+        total: u16,
+        payload: &[u8],
+    ) -> Arrival {
         let Some(&split) = self.by_request.get(&request_id) else {
             return Arrival::Stale;
         };
@@ -269,11 +281,17 @@ impl Splitter {
         else {
             return Arrival::Stale;
         };
-        if part.take(seq, total, payload).is_err() {
+        if part.source != source {
+            return Arrival::Foreign;
+        }
+        let before = part.bytes();
+        let ok = part.take(seq, total, payload).is_ok();
+        self.buffered = self.buffered + part.bytes() - before;
+        if !ok || self.buffered > MAX_BUFFERED_BYTES {
             self.abandon(split);
             return Arrival::BadReply;
         }
-        if !pending.parts.iter().all(Part::complete) {
+        if !pending.parts.iter().all(|p| p.complete) {
             return Arrival::Stored;
         }
         let Some(pending) = self.take(split) else {
@@ -308,6 +326,7 @@ impl Splitter {
         let p = self.pending.remove(&split)?;
         for part in &p.parts {
             self.by_request.remove(&part.request_id);
+            self.buffered = self.buffered.saturating_sub(part.bytes());
         }
         Some(p)
     }
@@ -315,6 +334,20 @@ impl Splitter {
     fn abandon(&mut self, split: u64) {
         self.take(split);
     }
+}
+
+/// A 16-bit value that differs from run to run (the clock's nanoseconds and the process id,
+/// mixed); not cryptographic.
+fn unpredictable_u16() -> u16 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let mut x = nanos ^ (u64::from(std::process::id()) << 32);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    (x as u16).max(1)
 }
 
 /// Merges the parts of a split in the client's key order. A part that is an error line is
@@ -378,6 +411,16 @@ mod tests {
         }
     }
 
+    fn sources() -> Vec<(Ipv4Addr, u16)> {
+        (0..3)
+            .map(|i| (Ipv4Addr::new(10, 0, 0, 11 + i), 11211))
+            .collect()
+    }
+
+    fn src(server: usize) -> (Ipv4Addr, u16) {
+        sources()[server]
+    }
+
     fn keys(spec: &[(&str, usize)]) -> Vec<(Vec<u8>, usize)> {
         spec.iter()
             .map(|(k, s)| (k.as_bytes().to_vec(), *s))
@@ -395,23 +438,24 @@ mod tests {
                 Command::Get,
                 None,
                 keys(&[("a", 0), ("b", 1), ("c", 0), ("d", 1)]),
+                &sources(),
             )
             .unwrap();
         assert_eq!(subs.len(), 2);
         assert_eq!(subs[0].payload, b"get a c\r\n");
         assert_eq!(subs[1].payload, b"get b d\r\n");
-        // Server 1 answers first; its reply comes in two datagrams, out of order.
+        // Server 1 answers first; its reply comes in two datagrams.
         let r1 = b"VALUE b 0 1\r\nB\r\nEND\r\n";
         assert_eq!(
-            sp.arrive(subs[1].request_id, 1, 2, &r1[10..]),
+            sp.arrive(src(1), subs[1].request_id, 0, 2, &r1[..10]),
             Arrival::Stored
         );
         assert_eq!(
-            sp.arrive(subs[1].request_id, 0, 2, &r1[..10]),
+            sp.arrive(src(1), subs[1].request_id, 1, 2, &r1[10..]),
             Arrival::Stored
         );
         let r0 = b"VALUE a 5 1\r\nA\r\nVALUE c 0 2\r\nCC\r\nEND\r\n";
-        match sp.arrive(subs[0].request_id, 0, 1, r0) {
+        match sp.arrive(src(0), subs[0].request_id, 0, 1, r0) {
             Arrival::Done {
                 request_id, reply, ..
             } => {
@@ -424,7 +468,10 @@ mod tests {
             other => panic!("unexpected {other:?}"),
         }
         assert_eq!(sp.in_flight(), 0);
-        assert_eq!(sp.arrive(subs[0].request_id, 0, 1, r0), Arrival::Stale);
+        assert_eq!(
+            sp.arrive(src(0), subs[0].request_id, 0, 1, r0),
+            Arrival::Stale
+        );
     }
 
     #[test]
@@ -437,23 +484,59 @@ mod tests {
                 Command::Get,
                 None,
                 keys(&[("a", 0), ("b", 1), ("c", 0)]),
+                &sources(),
             )
             .unwrap();
         let id0 = subs[0].request_id;
         assert_eq!(
-            sp.arrive(id0, 0, 1, b"VALUE a 0 1\r\nA\r\n"),
+            sp.arrive(src(0), id0, 0, 1, b"VALUE a 0 1\r\nA\r\n"),
             Arrival::Stored
         );
         assert_eq!(
-            sp.arrive(id0, 0, 1, b"VALUE c 0 1\r\nC\r\n"),
+            sp.arrive(src(0), id0, 0, 1, b"VALUE c 0 1\r\nC\r\n"),
             Arrival::Stored
         );
-        assert_eq!(sp.arrive(id0, 0, 1, b"END\r\n"), Arrival::Stored);
+        assert_eq!(sp.arrive(src(0), id0, 0, 1, b"END\r\n"), Arrival::Stored);
         // A datagram after the part completed is not part of any reply.
-        let Arrival::Done { reply, .. } = sp.arrive(subs[1].request_id, 0, 1, b"END\r\n") else {
+        let Arrival::Done { reply, .. } = sp.arrive(src(1), subs[1].request_id, 0, 1, b"END\r\n")
+        else {
             panic!("not done")
         };
         assert_eq!(reply, b"VALUE a 0 1\r\nA\r\nVALUE c 0 1\r\nC\r\nEND\r\n");
+    }
+
+    #[test]
+    fn foreign_and_out_of_order_datagrams_never_reach_the_client() {
+        let mut sp = Splitter::new(Duration::from_secs(1));
+        let subs = sp
+            .start(
+                Instant::now(),
+                client(),
+                Command::Get,
+                None,
+                keys(&[("a", 0), ("b", 1)]),
+                &sources(),
+            )
+            .unwrap();
+        // Someone else answering for server 0 is refused and the split goes on.
+        let evil = b"VALUE a 0 4\r\nEVIL\r\nEND\r\n";
+        let stranger = (Ipv4Addr::new(10, 0, 0, 99), 11211);
+        assert_eq!(
+            sp.arrive(stranger, subs[0].request_id, 0, 1, evil),
+            Arrival::Foreign
+        );
+        assert_eq!(
+            sp.arrive(src(1), subs[0].request_id, 0, 1, evil),
+            Arrival::Foreign
+        );
+        assert_eq!(sp.in_flight(), 1);
+        // A piece out of order could belong to another message: the split fails instead.
+        assert_eq!(
+            sp.arrive(src(0), subs[0].request_id, 1, 2, b"x"),
+            Arrival::BadReply
+        );
+        assert_eq!(sp.in_flight(), 0);
+        assert_eq!(sp.buffered, 0);
     }
 
     #[test]
@@ -466,12 +549,17 @@ mod tests {
                 Command::Gets,
                 None,
                 keys(&[("a", 0), ("b", 1), ("a", 0)]),
+                &sources(),
             )
             .unwrap();
         assert_eq!(subs[0].payload, b"gets a a\r\n");
         let r0 = b"VALUE a 0 1 9\r\nA\r\nVALUE a 0 1 9\r\nA\r\nEND\r\n";
-        assert_eq!(sp.arrive(subs[0].request_id, 0, 1, r0), Arrival::Stored);
-        let Arrival::Done { reply, .. } = sp.arrive(subs[1].request_id, 0, 1, b"END\r\n") else {
+        assert_eq!(
+            sp.arrive(src(0), subs[0].request_id, 0, 1, r0),
+            Arrival::Stored
+        );
+        let Arrival::Done { reply, .. } = sp.arrive(src(1), subs[1].request_id, 0, 1, b"END\r\n")
+        else {
             panic!("not done")
         };
         assert_eq!(reply, r0.to_vec());
@@ -487,12 +575,17 @@ mod tests {
                 Command::Get,
                 None,
                 keys(&[("a", 0), ("b", 1)]),
+                &sources(),
             )
             .unwrap();
-        sp.arrive(subs[0].request_id, 0, 1, b"END\r\n");
-        let Arrival::Done { reply, .. } =
-            sp.arrive(subs[1].request_id, 0, 1, b"SERVER_ERROR out of memory\r\n")
-        else {
+        sp.arrive(src(0), subs[0].request_id, 0, 1, b"END\r\n");
+        let Arrival::Done { reply, .. } = sp.arrive(
+            src(1),
+            subs[1].request_id,
+            0,
+            1,
+            b"SERVER_ERROR out of memory\r\n",
+        ) else {
             panic!("not done")
         };
         assert_eq!(reply, b"SERVER_ERROR out of memory\r\n");
@@ -504,11 +597,12 @@ mod tests {
                 Command::Get,
                 None,
                 keys(&[("a", 0), ("b", 1)]),
+                &sources(),
             )
             .unwrap();
-        sp.arrive(subs[0].request_id, 0, 1, b"END\r\n");
+        sp.arrive(src(0), subs[0].request_id, 0, 1, b"END\r\n");
         assert_eq!(
-            sp.arrive(subs[1].request_id, 0, 1, b"VALUE zz\r\n"),
+            sp.arrive(src(1), subs[1].request_id, 0, 1, b"VALUE zz\r\n"),
             Arrival::BadReply
         );
         // An item for a key that was not asked for is a bad reply, not a wrong answer.
@@ -519,11 +613,18 @@ mod tests {
                 Command::Get,
                 None,
                 keys(&[("a", 0), ("b", 1)]),
+                &sources(),
             )
             .unwrap();
-        sp.arrive(subs[0].request_id, 0, 1, b"END\r\n");
+        sp.arrive(src(0), subs[0].request_id, 0, 1, b"END\r\n");
         assert_eq!(
-            sp.arrive(subs[1].request_id, 0, 1, b"VALUE x 0 1\r\nX\r\nEND\r\n"),
+            sp.arrive(
+                src(1),
+                subs[1].request_id,
+                0,
+                1,
+                b"VALUE x 0 1\r\nX\r\nEND\r\n"
+            ),
             Arrival::BadReply
         );
         assert_eq!(sp.in_flight(), 0);
@@ -540,9 +641,13 @@ mod tests {
                 Command::Get,
                 None,
                 keys(&[("a", 0), ("b", 1)]),
+                &sources(),
             )
             .unwrap();
-        assert_eq!(sp.arrive(subs[0].request_id, 3, 2, b"x"), Arrival::BadReply);
+        assert_eq!(
+            sp.arrive(src(0), subs[0].request_id, 3, 2, b"x"),
+            Arrival::BadReply
+        );
         let subs = sp
             .start(
                 t0,
@@ -550,6 +655,7 @@ mod tests {
                 Command::Gat,
                 Some(b"60"),
                 keys(&[("a", 0), ("b", 1)]),
+                &sources(),
             )
             .unwrap();
         assert_eq!(subs[0].payload, b"gat 60 a\r\n");
@@ -569,6 +675,7 @@ mod tests {
                 Command::Get,
                 None,
                 keys(&[("a", 0), ("b", 1)]),
+                &sources(),
             )
             .unwrap();
         }
@@ -578,7 +685,8 @@ mod tests {
                 client(),
                 Command::Get,
                 None,
-                keys(&[("a", 0), ("b", 1)])
+                keys(&[("a", 0), ("b", 1)]),
+                &sources(),
             ),
             Err(SplitError::TableFull)
         );

@@ -57,10 +57,15 @@ pub enum Drop {
     SamePort,
     /// A port refused a frame on transmit.
     TxFailed,
+    /// A datagram at the split agent's port that does not come from the server its request
+    /// id was sent to.
+    SplitForeignReply,
+    /// A new station could not be learned: the MAC table is full.
+    MacTableFull,
 }
 
 impl Drop {
-    pub const ALL: [Drop; 25] = [
+    pub const ALL: [Drop; 27] = [
         Drop::BadEthernet,
         Drop::BadIpv4,
         Drop::BadUdp,
@@ -86,6 +91,8 @@ impl Drop {
         Drop::NoAction,
         Drop::SamePort,
         Drop::TxFailed,
+        Drop::SplitForeignReply,
+        Drop::MacTableFull,
     ];
 
     /// The label used in metrics.
@@ -116,6 +123,8 @@ impl Drop {
             Drop::NoAction => "no_action",
             Drop::SamePort => "same_port",
             Drop::TxFailed => "tx_failed",
+            Drop::SplitForeignReply => "split_foreign_reply",
+            Drop::MacTableFull => "mac_table_full",
         }
     }
 

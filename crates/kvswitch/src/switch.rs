@@ -56,6 +56,9 @@ const CPU_ARP: u16 = 200;
 /// The frame is IPv4 with a 20-byte header, not a fragment, carrying UDP: byte-range fields
 /// at fixed offsets are valid.
 const FLAG_PLAIN_UDP: u32 = 1;
+/// Register 0 holds this when the parser stage routed the frame by key (a memcached request to
+/// the VIP); no table matches on it.
+const REG_ROUTED: usize = 0;
 
 // Byte offsets of the fields the tables match, valid for untagged IPv4 with a 20-byte header.
 const OFF_ETHERTYPE: u16 = 12;
@@ -88,6 +91,12 @@ pub struct TableInfo {
     pub misses: u64,
 }
 
+/// Where a learned MAC lives and when it was last heard from.
+struct Station {
+    port: u16,
+    seen: Instant,
+}
+
 /// The ring, as the pipeline's hash selector sees it.
 struct RingChooser(Arc<Ring>);
 
@@ -109,12 +118,15 @@ pub struct Switch {
     pipeline: Pipeline,
     tables: Tables,
     /// Learned MAC → port; mirrors the pipeline's `l2` table.
-    macs: HashMap<Mac, u16>,
+    macs: HashMap<Mac, Station>,
     backend_macs: Vec<Option<Mac>>,
     backend_by_ip: HashMap<Ipv4Addr, usize>,
     splitter: Splitter,
     stats: Arc<Stats>,
     last_arp: Option<Instant>,
+    last_aging: Option<Instant>,
+    /// Each server's address and memcached port: where split parts must come from.
+    sources: Vec<(Ipv4Addr, u16)>,
     /// Scratch list of (key, server) for one request.
     route_scratch: Vec<(usize, usize, usize)>,
 }
@@ -155,6 +167,12 @@ impl Switch {
             splitter: Splitter::new(Duration::from_millis(cfg.split_timeout_ms)),
             stats,
             last_arp: None,
+            last_aging: None,
+            sources: cfg
+                .servers
+                .iter()
+                .map(|b| (*b.addr.ip(), b.addr.port()))
+                .collect(),
             route_scratch: Vec::new(),
         };
         sw.install_members()?;
@@ -207,7 +225,7 @@ impl Switch {
                 return Fate::Consumed;
             }
         };
-        self.learn(src, in_port);
+        self.learn(src, in_port, now);
         if !csum_ready && ethertype == EtherType::IPV4 {
             complete_l4_checksum(frame);
         }
@@ -226,16 +244,29 @@ impl Switch {
             }
             EtherType::IPV4 => match self.parse_ipv4(in_port, frame, dst, csum_ready, now, emit) {
                 Stage::Done(fate) => return fate,
-                Stage::Continue { flags, key_hash } => {
+                Stage::Continue {
+                    flags,
+                    key_hash,
+                    routed,
+                } => {
                     meta.flags = flags;
                     meta.key_hash = key_hash;
+                    meta.regs[REG_ROUTED] = u32::from(routed);
                 }
             },
             _ => {}
         }
 
         let verdict = self.pipeline.process(frame, &mut meta);
-        self.resolve(verdict, in_port, frame, emit)
+        let routed = meta.regs[REG_ROUTED] != 0;
+        let fate = self.resolve(verdict, in_port, routed, frame, emit);
+        if routed && fate != Fate::Consumed {
+            // Counted once the pipeline has sent it on, not when it was parsed.
+            self.stats
+                .backend_request(self.ring.locate_hash(meta.key_hash));
+            stats::inc(&self.stats.kv_forwarded);
+        }
+        fate
     }
 
     /// Turns the pipeline's verdict into a fate.
@@ -243,6 +274,7 @@ impl Switch {
         &mut self,
         verdict: Verdict,
         in_port: u16,
+        routed: bool,
         frame: &[u8],
         emit: &mut Vec<Emit>,
     ) -> Fate {
@@ -250,7 +282,7 @@ impl Switch {
             Verdict::Output(p) if p == in_port => {
                 // Only a key-routed request may go back where it came from (client and server
                 // behind one port); plain switching never hairpins.
-                if frame_is_rewritten_request(frame, &self.cfg) {
+                if routed {
                     stats::inc(&self.stats.switched);
                     Fate::Out(p)
                 } else {
@@ -279,21 +311,34 @@ impl Switch {
                 Fate::Consumed
             }
             Verdict::Drop(code) => {
-                self.stats
-                    .count_drop(Drop::from_code(code).unwrap_or(Drop::NoAction));
+                let reason = match code {
+                    pipeline::reason::NO_SELECTOR_MEMBER
+                    | pipeline::reason::SELECTOR_OUT_OF_RANGE => Drop::NoBackend,
+                    code => Drop::from_code(code).unwrap_or(Drop::NoAction),
+                };
+                self.stats.count_drop(reason);
                 Fate::Consumed
             }
         }
     }
 
-    fn learn(&mut self, src: Mac, port: u16) {
+    fn learn(&mut self, src: Mac, port: u16, now: Instant) {
         if !src.is_unicast() || src == self.cfg.vip_mac {
             return;
         }
-        if self.macs.get(&src) == Some(&port) {
-            return;
+        if let Some(station) = self.macs.get_mut(&src) {
+            station.seen = now;
+            if station.port == port {
+                return;
+            }
+            station.port = port;
+        } else {
+            if self.macs.len() >= self.cfg.mac_table_size {
+                self.stats.count_drop(Drop::MacTableFull);
+                return;
+            }
+            self.macs.insert(src, Station { port, seen: now });
         }
-        self.macs.insert(src, port);
         stats::inc(&self.stats.mac_learned);
         let actions = vec![Action::Output(port)];
         let result = match self.pipeline.lookup_exact(self.tables.l2, &src.0) {
@@ -389,7 +434,6 @@ impl Switch {
         let src_mac = ethernet::Frame::new_checked(&frame[..])
             .map(|e| e.src())
             .unwrap_or(Mac::BROADCAST);
-        self.note_backend(src_ip, src_mac);
         let ip = match ipv4::Packet::new_checked(&frame[ethernet::HEADER_LEN..]) {
             Ok(ip) => ip,
             Err(_) => return Stage::plain(),
@@ -412,6 +456,7 @@ impl Switch {
             return Stage::Continue {
                 flags: if plain_udp { FLAG_PLAIN_UDP } else { 0 },
                 key_hash: 0,
+                routed: false,
             };
         }
         // UDP to the VIP (or the agent address): the key router's business.
@@ -438,13 +483,14 @@ impl Switch {
         let (src_port, dst_port) = (u.src_port(), u.dst_port());
         if for_agent && dst_port == self.cfg.agent_port {
             let payload = u.payload().to_vec();
-            self.split_reply(&payload, now, emit);
+            self.split_reply((src_ip, src_port), &payload, emit);
             return Stage::Done(Fate::Consumed);
         }
         if !for_vip || dst_port != self.cfg.vip_port {
             return Stage::Continue {
                 flags: FLAG_PLAIN_UDP,
                 key_hash: 0,
+                routed: false,
             };
         }
         stats::inc(&self.stats.kv_requests);
@@ -469,14 +515,11 @@ impl Switch {
             return Stage::Done(Fate::Consumed);
         }
         match self.route_datagram(body) {
-            Route::One { server, key_hash } => {
-                self.stats.backend_request(server);
-                stats::inc(&self.stats.kv_forwarded);
-                Stage::Continue {
-                    flags: FLAG_PLAIN_UDP,
-                    key_hash,
-                }
-            }
+            Route::One { key_hash } => Stage::Continue {
+                flags: FLAG_PLAIN_UDP,
+                key_hash,
+                routed: true,
+            },
             Route::Answer(kind, reply) => {
                 self.stats.answer(kind);
                 self.send_reply(in_port, &client, header.request_id, reply, emit);
@@ -503,6 +546,7 @@ impl Switch {
         let mut requests = 0;
         let mut split_candidate = false;
         let mut local: Option<&'static [u8]> = None;
+        let mut noops = 0;
         while offset < body.len() {
             let req = match memcache::parse(&body[offset..]) {
                 Ok(Some(req)) => req,
@@ -527,18 +571,34 @@ impl Switch {
             };
             requests += 1;
             if req.key_count() == 0 {
-                local = match req.command {
-                    Command::MetaNoop => Some(b"MN\r\n"),
-                    Command::Version => Some(VERSION_REPLY),
+                match req.command {
+                    // No-ops end a pipeline of quiet requests; they go wherever the keys go.
+                    Command::MetaNoop | Command::Binary(memcache::binary::opcode::NOOP) => {
+                        if req.command == Command::MetaNoop {
+                            local = Some(b"MN\r\n");
+                        }
+                        noops += 1;
+                    }
+                    Command::Version => local = Some(VERSION_REPLY),
                     _ => return Route::Drop(Drop::KeylessCommand),
-                };
+                }
             }
             split_candidate = req.protocol == Protocol::Text
                 && matches!(
                     req.command,
                     Command::Get | Command::Gets | Command::Gat | Command::Gats
                 );
-            for key in req.keys() {
+            let mut decoded = [0u8; memcache::MAX_KEY_LEN];
+            for token in req.keys() {
+                // memcached stores a base64 meta key under its decoded bytes; place it so.
+                let key = if req.base64_key() {
+                    match memcache::meta::decode_base64_key(token, &mut decoded) {
+                        Ok(k) => k,
+                        Err(e) => return Route::Answer(Answer::ClientError, e.text_reply()),
+                    }
+                } else {
+                    token
+                };
                 let hash = self.ring.key_hash(key);
                 let server = self.ring.locate_hash(hash);
                 match target {
@@ -549,6 +609,10 @@ impl Switch {
             }
             offset += req.len.max(1);
         }
+        if target.is_some() && noops > 0 {
+            // Keyed requests with their terminating no-op: one server answers them all.
+            local = None;
+        }
         if let Some(reply) = local {
             if requests == 1 {
                 return Route::Answer(Answer::Local, reply);
@@ -557,7 +621,7 @@ impl Switch {
         }
         match target {
             None => Route::Drop(Drop::IncompleteRequest),
-            Some((server, key_hash)) if !multi => Route::One { server, key_hash },
+            Some((_, key_hash)) if !multi => Route::One { key_hash },
             Some(_) if requests == 1 && split_candidate => Route::Split,
             Some(_) => Route::Drop(Drop::PipelinedMultiServer),
         }
@@ -617,6 +681,7 @@ impl Switch {
             req.command,
             req.exptime_token(),
             keys,
+            &self.sources,
         ) {
             Ok(subs) => subs,
             Err(split::SplitError::TableFull) => {
@@ -652,7 +717,7 @@ impl Switch {
             .emit(&mut header);
             self.stats.backend_request(sub.server);
             let dest = match self.macs.get(&mac) {
-                Some(&p) => Dest::Port(p),
+                Some(station) => Dest::Port(station.port),
                 None => Dest::Flood,
             };
             emit.push(Emit {
@@ -662,14 +727,14 @@ impl Switch {
         }
     }
 
-    fn split_reply(&mut self, payload: &[u8], _now: Instant, emit: &mut Vec<Emit>) {
+    fn split_reply(&mut self, source: (Ipv4Addr, u16), payload: &[u8], emit: &mut Vec<Emit>) {
         let Ok((header, body)) = mcudp::Header::parse(payload) else {
             self.stats.count_drop(Drop::BadFrameHeader);
             return;
         };
         match self
             .splitter
-            .arrive(header.request_id, header.seq, header.total, body)
+            .arrive(source, header.request_id, header.seq, header.total, body)
         {
             Arrival::Stored => {}
             Arrival::Done {
@@ -683,11 +748,13 @@ impl Switch {
             }
             Arrival::BadReply => self.stats.count_drop(Drop::SplitBadReply),
             Arrival::Stale => self.stats.count_drop(Drop::StaleReply),
+            Arrival::Foreign => self.stats.count_drop(Drop::SplitForeignReply),
         }
     }
 
     /// Periodic work: expire split gets, ask unresolved backends for their MAC.
     pub fn tick(&mut self, now: Instant, emit: &mut Vec<Emit>) {
+        self.age_macs(now);
         for _ in 0..self.splitter.expire(now) {
             self.stats.count_drop(Drop::SplitTimeout);
         }
@@ -717,6 +784,30 @@ impl Switch {
                     dest: Dest::Flood,
                     frame: frame::arp_frame(Mac::BROADCAST, &req),
                 });
+            }
+        }
+    }
+
+    /// Forgets stations not heard from for the ageing time, checking at most once a second.
+    fn age_macs(&mut self, now: Instant) {
+        if self
+            .last_aging
+            .is_some_and(|t| now.duration_since(t) < Duration::from_secs(1))
+        {
+            return;
+        }
+        self.last_aging = Some(now);
+        let age = self.cfg.mac_age;
+        let stale: Vec<Mac> = self
+            .macs
+            .iter()
+            .filter(|(_, s)| now.saturating_duration_since(s.seen) > age)
+            .map(|(m, _)| *m)
+            .collect();
+        for mac in stale {
+            self.macs.remove(&mac);
+            if let Some(id) = self.pipeline.lookup_exact(self.tables.l2, &mac.0) {
+                let _ = self.pipeline.remove(self.tables.l2, id);
             }
         }
     }
@@ -754,7 +845,11 @@ const VERSION_REPLY: &[u8] =
 
 enum Stage {
     Done(Fate),
-    Continue { flags: u32, key_hash: u32 },
+    Continue {
+        flags: u32,
+        key_hash: u32,
+        routed: bool,
+    },
 }
 
 impl Stage {
@@ -762,12 +857,13 @@ impl Stage {
         Stage::Continue {
             flags: 0,
             key_hash: 0,
+            routed: false,
         }
     }
 }
 
 enum Route {
-    One { server: usize, key_hash: u32 },
+    One { key_hash: u32 },
     Answer(Answer, &'static [u8]),
     Split,
     Drop(Drop),
@@ -807,18 +903,6 @@ fn complete_l4_checksum(frame: &mut [u8]) {
         sum = 0xffff;
     }
     segment[check_at..check_at + 2].copy_from_slice(&sum.to_be_bytes());
-}
-
-/// Whether a frame is a request the key router rewrote towards a backend.
-fn frame_is_rewritten_request(frame: &[u8], cfg: &Config) -> bool {
-    let Ok(eth) = ethernet::Frame::new_checked(frame) else {
-        return false;
-    };
-    let Ok(ip) = ipv4::Packet::new_checked(eth.payload()) else {
-        return false;
-    };
-    cfg.servers.iter().any(|b| *b.addr.ip() == ip.dst())
-        || (cfg.mode == Mode::L2 && ip.dst() == cfg.vip)
 }
 
 fn bytes_field(offset: u16, len: u8) -> Field {

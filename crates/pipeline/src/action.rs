@@ -49,10 +49,10 @@ pub enum Action {
     SetEthSrc([u8; 6]),
     /// Rewrite the IPv4 destination and fix the IPv4, UDP and TCP checksums.
     ///
-    /// The IPv4 header checksum is recomputed. A UDP checksum of 0 (absent) stays 0; otherwise
-    /// it is recomputed over the whole datagram when the datagram is complete and unfragmented,
-    /// and updated incrementally (RFC 1624) when it is not. A TCP checksum is updated
-    /// incrementally. Non-first fragments carry no L4 header and only get the IPv4 fix.
+    /// The IPv4 header, UDP and TCP checksums are updated incrementally (RFC 1624), so a
+    /// checksum that was wrong before the rewrite stays wrong after it. A UDP checksum of 0
+    /// (absent) stays 0. Non-first fragments carry no L4 header and only get the IPv4 fix.
+    /// The caller completes checksums a sender left to offload before the rewrite.
     /// Skipped (and counted) unless the frame is Ethernet II / IPv4 with a valid header length.
     SetIpv4Dst([u8; 4]),
     /// Rewrite the IPv4 source; checksums as for [`Action::SetIpv4Dst`].

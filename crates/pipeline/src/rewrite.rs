@@ -11,7 +11,6 @@ const PROTO_UDP: u8 = 17;
 
 /// Byte offsets inside an IPv4 header.
 mod ip {
-    pub const TOTAL_LEN: usize = 2;
     pub const FRAG: usize = 6;
     pub const TTL: usize = 8;
     pub const PROTO: usize = 9;
@@ -124,40 +123,34 @@ pub(crate) fn set_ipv4(frame: &mut [u8], which: Addr, new: [u8; 4]) -> bool {
     let mut old = [0u8; 4];
     old.copy_from_slice(&frame[at..at + 4]);
     frame[at..at + 4].copy_from_slice(&new);
-    fill_ipv4_checksum(frame, ihl);
+    // Incremental updates (RFC 1624) keep a checksum that was wrong before the rewrite wrong
+    // after it, so a corrupted frame is still caught by its receiver.
+    if let Some(hc) = read16(frame, ETH_LEN + ip::CHECKSUM) {
+        write16(frame, ETH_LEN + ip::CHECKSUM, update(hc, old, new));
+    }
     fix_l4(frame, ihl, old, new);
     true
 }
 
-/// Repairs the UDP or TCP checksum after an address change from `old` to `new`.
+/// Repairs the UDP or TCP checksum after an address change from `old` to `new`, incrementally
+/// (RFC 1624): the checksum covers the pseudo header, so only the address's contribution
+/// changes, and a checksum that was wrong stays wrong.
 fn fix_l4(frame: &mut [u8], ihl: usize, old: [u8; 4], new: [u8; 4]) {
     let h = ETH_LEN;
     let frag = read16(frame, h + ip::FRAG).unwrap_or(0);
     if frag & 0x1fff != 0 {
         return; // a non-first fragment: no L4 header here
     }
-    let more_fragments = frag & 0x2000 != 0;
     let l4 = h + ihl;
-    // End of the IP datagram, if the total length is consistent with the frame.
-    let ip_end = read16(frame, h + ip::TOTAL_LEN)
-        .map(|t| h + usize::from(t))
-        .filter(|&end| end >= l4 && end <= frame.len());
     match frame[h + ip::PROTO] {
         PROTO_UDP => {
-            let (Some(csum), Some(udp_len)) = (read16(frame, l4 + 6), read16(frame, l4 + 4)) else {
+            let Some(csum) = read16(frame, l4 + 6) else {
                 return;
             };
             if csum == 0 {
                 return; // no checksum was computed by the sender; keep it absent
             }
-            let udp_len = usize::from(udp_len);
-            let complete =
-                !more_fragments && udp_len >= 8 && ip_end.is_some_and(|end| l4 + udp_len <= end);
-            let fixed = if complete {
-                udp_checksum(frame, l4, udp_len)
-            } else {
-                update(csum, old, new)
-            };
+            let fixed = update(csum, old, new);
             // 0 means "absent" in UDP; its one's-complement twin 0xffff means zero.
             write16(frame, l4 + 6, if fixed == 0 { 0xffff } else { fixed });
         }
@@ -172,6 +165,7 @@ fn fix_l4(frame: &mut [u8], ihl: usize, old: [u8; 4], new: [u8; 4]) {
 
 /// The UDP checksum of the `udp_len`-byte datagram at `l4`, computed from scratch. The caller
 /// guarantees the datagram and an IPv4 header lie within `frame`.
+#[cfg(test)]
 fn udp_checksum(frame: &mut [u8], l4: usize, udp_len: usize) -> u16 {
     write16(frame, l4 + 6, 0);
     let h = ETH_LEN;
@@ -250,6 +244,28 @@ mod tests {
         assert!(set_ipv4(&mut b, Addr::Dst, [10, 0, 0, 7]));
         assert_eq!(a[40..42], b[40..42]);
         assert!(verify_ip(&a) && verify_ip(&b));
+    }
+
+    #[test]
+    fn rewrite_matches_recompute_and_keeps_errors_visible() {
+        let udp = [0x30, 0x39, 0x2b, 0xcb, 0, 12, 0, 0, b'p', b'i', b'n', b'g'];
+        let mut good = frame(PROTO_UDP, 0, &udp);
+        let c = udp_checksum(&mut good, 34, 12);
+        write16(&mut good, 40, c);
+        let mut bad = good.clone();
+        bad[45] ^= 0x01; // one payload bit flipped on the way: the checksum no longer matches
+        assert!(set_ipv4(&mut good, Addr::Dst, [10, 0, 0, 7]));
+        assert!(set_ipv4(&mut bad, Addr::Dst, [10, 0, 0, 7]));
+        let stored = read16(&good, 40).unwrap();
+        assert_eq!(stored, udp_checksum(&mut good.clone(), 34, 12));
+        let stored_bad = read16(&bad, 40).unwrap();
+        assert_ne!(stored_bad, udp_checksum(&mut bad.clone(), 34, 12));
+        // A header whose checksum was wrong stays wrong too.
+        let mut ip_bad = frame(PROTO_UDP, 0, &udp);
+        ip_bad[24] ^= 0x10;
+        assert!(!verify_ip(&ip_bad));
+        assert!(set_ipv4(&mut ip_bad, Addr::Src, [10, 0, 0, 9]));
+        assert!(!verify_ip(&ip_bad));
     }
 
     #[test]
