@@ -1,9 +1,10 @@
 //! A port on a Linux network interface through an `AF_PACKET` raw socket.
 //!
-//! Frames move in batches with `recvmmsg`/`sendmmsg`: one system call per batch in each
-//! direction, copying each frame once between the kernel and the caller's [`Batch`] or slices.
-//! The port never blocks and never allocates on the data path once its scratch space has grown
-//! to the largest batch it has seen.
+//! Frames are received through a memory-mapped `TPACKET_V2` ring (see `ring`), which costs no
+//! system call per batch, or with `recvmmsg` where the ring is turned off or unavailable; they
+//! are sent with `sendmmsg`, one system call per batch. Either way each frame is copied once
+//! between the kernel and the caller's [`Batch`] or slices. The port never blocks and never
+//! allocates on the data path once its scratch space has grown to the largest batch it has seen.
 
 use std::cell::Cell;
 use std::ffi::CString;
@@ -14,6 +15,7 @@ use std::ptr;
 
 use crate::batch::{Batch, Meta, FRAME_CAP, MAX_BATCH};
 use crate::port::{Port, PortStats};
+use crate::ring::RxRing;
 use crate::sys::{self, cvt};
 
 /// How [`AfPacket::open`] sets up the socket.
@@ -35,6 +37,12 @@ pub struct AfPacketOptions {
     /// discipline (`PACKET_QDISC_BYPASS`): cheaper per frame, but traffic shaping on the
     /// interface no longer applies and a full device queue drops instead of queueing.
     pub qdisc_bypass: bool,
+    /// Receive through a memory-mapped `TPACKET_V2` ring (8 MiB per port) rather than
+    /// `recvmmsg`: no system call to receive a batch or to check for frames
+    /// ([`Port::rx_ready`]). If the ring cannot be set up, the port silently receives with
+    /// `recvmmsg` instead; [`AfPacket::uses_rx_ring`] tells which. `rcvbuf` only matters
+    /// without the ring.
+    pub rx_ring: bool,
 }
 
 impl Default for AfPacketOptions {
@@ -45,12 +53,15 @@ impl Default for AfPacketOptions {
             rcvbuf: 8 << 20,
             sndbuf: 8 << 20,
             qdisc_bypass: true,
+            rx_ring: true,
         }
     }
 }
 
 /// A switch port bound to one interface. Closing it (drop) releases promiscuous mode.
 pub struct AfPacket {
+    /// Declared before `fd` so that the ring is unmapped before the socket closes.
+    ring: Option<RxRing>,
     fd: OwnedFd,
     name: String,
     ifindex: u32,
@@ -70,6 +81,27 @@ impl AfPacket {
     /// `CAP_NET_RAW`. Every error message starts with the interface name.
     pub fn open(ifname: &str, opts: &AfPacketOptions) -> io::Result<AfPacket> {
         let ifindex = if_index(ifname)?;
+        if opts.rx_ring {
+            // Any failure is retried on a fresh socket without the ring (older kernels, memory
+            // limits); if that fails too, its error is the one reported.
+            if let Ok(port) = AfPacket::open_socket(ifname, ifindex, opts, true) {
+                return Ok(port);
+            }
+        }
+        AfPacket::open_socket(ifname, ifindex, opts, false)
+    }
+
+    /// Whether frames are received through the memory-mapped ring (`false`: `recvmmsg`).
+    pub fn uses_rx_ring(&self) -> bool {
+        self.ring.is_some()
+    }
+
+    fn open_socket(
+        ifname: &str,
+        ifindex: u32,
+        opts: &AfPacketOptions,
+        with_ring: bool,
+    ) -> io::Result<AfPacket> {
         let ctx = |what: &str, err: io::Error| {
             io::Error::new(err.kind(), format!("{ifname}: {what}: {err}"))
         };
@@ -105,6 +137,13 @@ impl AfPacket {
         set_buffer(sock, libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, opts.sndbuf)
             .map_err(|e| ctx("setsockopt(SO_SNDBUF)", e))?;
 
+        // The ring must exist before the socket is bound and starts receiving.
+        let ring = if with_ring {
+            Some(RxRing::new(sock).map_err(|e| ctx("setting up the receive ring", e))?)
+        } else {
+            None
+        };
+
         let mut addr = sockaddr_ll(ifindex);
         addr.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
         // SAFETY: `addr` is a fully initialised sockaddr_ll and the length passed is its size.
@@ -130,6 +169,7 @@ impl AfPacket {
 
         let mac = local_mac(sock).map_err(|e| ctx("reading the MAC address", e))?;
         Ok(AfPacket {
+            ring,
             fd,
             name: ifname.to_owned(),
             ifindex,
@@ -174,7 +214,21 @@ impl Port for AfPacket {
         self.fd.as_raw_fd()
     }
 
+    fn rx_ready(&self) -> bool {
+        match &self.ring {
+            Some(ring) => ring.ready(),
+            None => true,
+        }
+    }
+
     fn recv(&mut self, batch: &mut Batch) -> io::Result<usize> {
+        if let Some(ring) = &mut self.ring {
+            let (n, bytes, errors) = ring.recv(batch);
+            self.stats.rx_packets += n as u64;
+            self.stats.rx_bytes += bytes;
+            self.stats.rx_errors += errors;
+            return Ok(n);
+        }
         batch.clear();
         let n = batch.capacity();
         self.scratch.prepare_recv(batch.as_mut_ptr(), n);

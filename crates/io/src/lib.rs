@@ -11,6 +11,7 @@ mod afpacket;
 mod batch;
 mod mem;
 mod port;
+mod ring;
 mod sys;
 
 pub use afpacket::{AfPacket, AfPacketOptions};

@@ -165,6 +165,10 @@ impl Port for MemPort {
         self.rx.ready.as_raw_fd()
     }
 
+    fn rx_ready(&self) -> bool {
+        !self.rx.lock().frames.is_empty()
+    }
+
     fn recv(&mut self, batch: &mut Batch) -> io::Result<usize> {
         batch.clear();
         let mut state = self.rx.lock();
@@ -229,8 +233,11 @@ mod tests {
         let frames: Vec<Vec<u8>> = (0..5).map(|i| frame(i, 60 + i as usize)).collect();
         let refs: Vec<&[u8]> = frames.iter().map(Vec::as_slice).collect();
         assert!(!readable(&b));
+        assert!(!b.rx_ready());
         assert_eq!(a.send(&refs).unwrap(), 5);
         assert!(readable(&b));
+        assert!(b.rx_ready());
+        assert!(!a.rx_ready());
         assert!(!readable(&a));
 
         let mut batch = Batch::new(3);
@@ -240,6 +247,7 @@ mod tests {
         assert_eq!(b.recv(&mut batch).unwrap(), 2);
         assert_eq!(batch.frame(1), &frames[4][..]);
         assert!(!readable(&b));
+        assert!(!b.rx_ready());
         assert_eq!(b.recv(&mut batch).unwrap(), 0);
         assert!(batch.is_empty());
 

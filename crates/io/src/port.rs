@@ -45,6 +45,13 @@ pub trait Port: Send {
     /// It stays owned by the port.
     fn fd(&self) -> RawFd;
 
+    /// Whether frames may be waiting, answered without a system call so that a busy-polling
+    /// caller can spin on it. `false` means `recv` would return nothing now; `true` means it
+    /// may return something. Ports that cannot tell cheaply answer `true`.
+    fn rx_ready(&self) -> bool {
+        true
+    }
+
     /// Clears `batch` and fills it with up to `batch.capacity()` waiting frames, without
     /// blocking. Returns how many frames it holds now (0 if none were waiting).
     ///

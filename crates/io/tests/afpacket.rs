@@ -165,9 +165,41 @@ impl Net {
         self.exec(&["python3", "-c", &script]);
     }
 
+    /// Opens the port with default options, which receive through the ring.
     fn open_port(&self) -> AfPacket {
-        AfPacket::open(&self.root_if, &AfPacketOptions::default())
+        let port = self.open_port_with(&AfPacketOptions::default());
+        assert!(port.uses_rx_ring(), "the receive ring could not be set up");
+        port
+    }
+
+    fn open_port_with(&self, opts: &AfPacketOptions) -> AfPacket {
+        AfPacket::open(&self.root_if, opts)
             .unwrap_or_else(|e| panic!("opening {}: {e}", self.root_if))
+    }
+
+    /// Opens the port receiving with `recvmmsg` instead of the ring.
+    fn open_port_without_ring(&self) -> AfPacket {
+        let opts = AfPacketOptions {
+            rx_ring: false,
+            ..AfPacketOptions::default()
+        };
+        let port = self.open_port_with(&opts);
+        assert!(!port.uses_rx_ring());
+        port
+    }
+
+    /// Sends `count` UDP datagrams from inside the namespace to 10.99.7.1:9999; datagram `i`
+    /// carries `seq_payload(i)`.
+    fn send_seq_burst_from_ns(&self, count: usize) {
+        let script = format!(
+            "import socket, struct\n\
+             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+             s.bind(('{NS_IP}', 5555))\n\
+             for i in range({count}):\n    \
+             s.sendto(struct.pack('>I', i) + bytes([i & 0xff]) * (i * 7 % 1000), \
+             ('{PORT_IP}', 9999))\n"
+        );
+        self.exec(&["python3", "-c", &script]);
     }
 }
 
@@ -402,7 +434,18 @@ fn stderr_of(child: &mut Guarded) -> String {
 #[test]
 fn frames_from_the_namespace_arrive_in_batches() {
     let net = Net::new("r");
-    let mut port = net.open_port();
+    let port = net.open_port();
+    frames_arrive_in_batches(&net, port);
+}
+
+#[test]
+fn frames_from_the_namespace_arrive_in_batches_without_ring() {
+    let net = Net::new("m");
+    let port = net.open_port_without_ring();
+    frames_arrive_in_batches(&net, port);
+}
+
+fn frames_arrive_in_batches(net: &Net, mut port: AfPacket) {
     let mut batch = Batch::new(3);
     let sizes = [10, 100, 1000, 1400];
     let want_lens: Vec<usize> = sizes.iter().map(|n| 14 + 20 + 8 + n).collect();
@@ -454,6 +497,88 @@ fn frames_from_the_namespace_arrive_in_batches() {
             f.len()
         );
     }
+}
+
+/// The payload `Net::send_seq_burst_from_ns` sends in datagram `i`.
+fn seq_payload(i: usize) -> Vec<u8> {
+    let mut p = (i as u32).to_be_bytes().to_vec();
+    p.resize(4 + i * 7 % 1000, i as u8);
+    p
+}
+
+#[test]
+fn a_burst_arrives_complete_and_in_order() {
+    let net = Net::new("b");
+    let port = net.open_port();
+    burst_arrives_complete_and_in_order(&net, port);
+}
+
+#[test]
+fn a_burst_arrives_complete_and_in_order_without_ring() {
+    let net = Net::new("n");
+    let port = net.open_port_without_ring();
+    burst_arrives_complete_and_in_order(&net, port);
+}
+
+fn burst_arrives_complete_and_in_order(net: &Net, mut port: AfPacket) {
+    const COUNT: usize = 500;
+    const BATCH: usize = 64;
+    let ring = port.uses_rx_ring();
+    if ring {
+        assert!(!port.rx_ready(), "frames waiting before any were sent");
+    }
+    net.send_seq_burst_from_ns(COUNT);
+
+    // Everything was sent before the first receive; wait for the first frame to land.
+    let mut ready = Vec::new();
+    kvio::wait_readable(&[port.fd()], Duration::from_secs(1), &mut ready).unwrap();
+    assert_eq!(ready, [0], "the port did not poll readable");
+    if ring {
+        assert!(port.rx_ready(), "frames wait but rx_ready() is false");
+    }
+
+    let mut batch = Batch::new(BATCH);
+    let mut payloads = Vec::new();
+    let mut calls = 0;
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while payloads.len() < COUNT && Instant::now() < deadline {
+        let n = port.recv(&mut batch).unwrap();
+        assert!(n <= BATCH && n == batch.len());
+        if n == 0 {
+            kvio::wait_readable(&[port.fd()], Duration::from_millis(100), &mut ready).unwrap();
+            continue;
+        }
+        calls += 1;
+        for f in batch.iter() {
+            if udp_dst_port(f) == Some(9999) {
+                let ip_len = usize::from(u16::from_be_bytes([f[16], f[17]]));
+                assert_eq!(
+                    f.len(),
+                    14 + ip_len,
+                    "frame length disagrees with IP length"
+                );
+                payloads.push(f[42..].to_vec());
+            }
+        }
+    }
+    assert_eq!(payloads.len(), COUNT, "frames lost");
+    assert!(calls >= COUNT.div_ceil(BATCH), "only {calls} receive calls");
+    for (i, p) in payloads.iter().enumerate() {
+        assert!(
+            *p == seq_payload(i),
+            "datagram {i} differs: {} bytes, sequence {:?}",
+            p.len(),
+            p.get(..4)
+        );
+    }
+
+    assert_eq!(port.recv(&mut batch).unwrap(), 0, "unexpected extra frames");
+    if ring {
+        assert!(!port.rx_ready(), "rx_ready() still true after draining");
+    }
+    let st = port.stats();
+    assert_eq!((st.rx_errors, st.rx_dropped), (0, 0));
+    assert!(st.rx_packets >= COUNT as u64);
 }
 
 #[test]

@@ -1,0 +1,1412 @@
+//! Table-driven tests of the switch application (katran's fixtures in spirit): each case is a
+//! frame and the port it arrives on, and says what must happen — the fate, the frame as it
+//! leaves, the frames the switch originates and the one counter that moves. The switch does no
+//! I/O, so it is driven directly, as the run loop drives it.
+//!
+//! Expected frames are built here from the `wire` crate and the ring is computed here from
+//! `kv`, never from the switch's own builders.
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kv::{Distribution, HashFn, Ring, Server};
+use kvswitch::config::{Config, Mode};
+use kvswitch::stats::{self, Answer, Drop, Stats};
+use kvswitch::switch::{Dest, Emit, Fate, Switch};
+use wire::ethernet::{self, EtherType, Mac};
+use wire::{arp, ipv4, mcudp, udp};
+
+// ---------------------------------------------------------------------------------------------
+// The topology: one client on port 0, s1 on port 1, s2 and s3 on port 2.
+
+#[derive(Clone, Copy, Debug)]
+struct Host {
+    mac: Mac,
+    ip: Ipv4Addr,
+    port: u16,
+}
+
+const fn mac(last: u8) -> Mac {
+    Mac([0x02, 0, 0, 0, 0, last])
+}
+
+const PORTS: usize = 3;
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 100);
+const VIP_MAC: Mac = mac(0x64);
+const MC_PORT: u16 = 11211;
+const AGENT_PORT: u16 = 11311;
+const CLIENT_UDP_PORT: u16 = 40000;
+/// The request id every client request in the table carries.
+const REQ_ID: u16 = 0xbeef;
+
+const CLIENT: Host = Host {
+    mac: mac(0x01),
+    ip: Ipv4Addr::new(10, 0, 0, 1),
+    port: 0,
+};
+const SERVERS: [Host; 3] = [
+    Host {
+        mac: mac(0x0b),
+        ip: Ipv4Addr::new(10, 0, 0, 11),
+        port: 1,
+    },
+    Host {
+        mac: mac(0x0c),
+        ip: Ipv4Addr::new(10, 0, 0, 12),
+        port: 2,
+    },
+    Host {
+        mac: mac(0x0d),
+        ip: Ipv4Addr::new(10, 0, 0, 13),
+        port: 2,
+    },
+];
+const SERVER_NAMES: [&str; 3] = ["s1", "s2", "s3"];
+/// A station the switch has never heard from.
+const STRANGER: Mac = mac(0x99);
+
+fn config(mode: Mode) -> Config {
+    let mode = match mode {
+        Mode::L3 => "l3",
+        Mode::L2 => "l2",
+    };
+    let mut text = format!(
+        "[switch]\nports = [\"p0\", \"p1\", \"p2\"]\nmode = \"{mode}\"\n\n\
+         [vip]\nip = \"{VIP}\"\nmac = \"{VIP_MAC}\"\nport = {MC_PORT}\n\
+         agent_port = {AGENT_PORT}\nsplit_timeout_ms = 1000\n\n\
+         [pool]\ndistribution = \"ketama\"\nhash = \"md5\"\n"
+    );
+    for (s, name) in SERVERS.iter().zip(SERVER_NAMES) {
+        text.push_str(&format!(
+            "\n[[pool.servers]]\naddr = \"{}:{MC_PORT}\"\nmac = \"{}\"\nname = \"{name}\"\n",
+            s.ip, s.mac
+        ));
+    }
+    Config::parse(&text, Path::new("switch_table.toml")).expect("test configuration parses")
+}
+
+/// The pool's ring, built from the names alone.
+fn ring() -> Ring {
+    let servers: Vec<Server> = SERVER_NAMES.iter().map(|n| Server::new(*n, 1)).collect();
+    Ring::new(Distribution::Ketama, HashFn::Md5, &servers).expect("ring")
+}
+
+/// Keys whose servers are known in advance, found with the ring above.
+struct Fx {
+    /// `key_on[s][n]`: the `n`th key of the form `key:<i>` that lives on server `s`.
+    key_on: [Vec<String>; 3],
+    /// A 250-byte key (memcached's longest) and its server.
+    long_key: (String, usize),
+}
+
+impl Fx {
+    fn new() -> Fx {
+        let ring = ring();
+        let mut key_on: [Vec<String>; 3] = Default::default();
+        let mut i = 0;
+        while key_on.iter().any(|k| k.len() < 3) {
+            let key = format!("key:{i}");
+            key_on[ring.locate(key.as_bytes())].push(key);
+            i += 1;
+        }
+        let long = format!("{:x<250}", "long:");
+        let server = ring.locate(long.as_bytes());
+        Fx {
+            key_on,
+            long_key: (long, server),
+        }
+    }
+
+    fn key(&self, server: usize, n: usize) -> &str {
+        &self.key_on[server][n]
+    }
+}
+
+/// A switch whose MAC table already holds every host (each has sent one frame).
+struct Rig {
+    sw: Switch,
+    stats: Arc<Stats>,
+    now: Instant,
+}
+
+impl Rig {
+    fn new(mode: Mode) -> Rig {
+        let stats = Arc::new(Stats::new(PORTS, SERVERS.len()));
+        let mut sw = Switch::new(&config(mode), PORTS, stats.clone()).expect("switch");
+        let now = Instant::now();
+        let mut emit = Vec::new();
+        for h in std::iter::once(&CLIENT).chain(&SERVERS) {
+            let mut f = arp_request(h, Ipv4Addr::new(10, 0, 0, 250));
+            assert_eq!(
+                sw.process(h.port, &mut f, true, now, &mut emit),
+                Fate::Flood
+            );
+        }
+        assert!(emit.is_empty());
+        Rig { sw, stats, now }
+    }
+
+    fn process(&mut self, in_port: u16, frame: &mut [u8], emit: &mut Vec<Emit>) -> Fate {
+        self.sw.process(in_port, frame, true, self.now, emit)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Frame builders.
+
+const IP_AT: usize = ethernet::HEADER_LEN;
+const UDP_AT: usize = IP_AT + ipv4::HEADER_LEN;
+const PAYLOAD_AT: usize = UDP_AT + udp::HEADER_LEN;
+
+/// An Ethernet/IPv4/UDP frame with both checksums filled.
+fn udp_frame(
+    src_mac: Mac,
+    dst_mac: Mac,
+    src: (Ipv4Addr, u16),
+    dst: (Ipv4Addr, u16),
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut buf = vec![0u8; PAYLOAD_AT + payload.len()];
+    ethernet::Repr {
+        src: src_mac,
+        dst: dst_mac,
+        ethertype: EtherType::IPV4,
+    }
+    .emit(&mut buf);
+    ipv4::Repr {
+        src: src.0,
+        dst: dst.0,
+        protocol: ipv4::Protocol::UDP,
+        payload_len: (udp::HEADER_LEN + payload.len()) as u16,
+        ttl: 64,
+    }
+    .emit(&mut buf[IP_AT..]);
+    udp::Repr {
+        src_port: src.1,
+        dst_port: dst.1,
+        payload_len: payload.len() as u16,
+    }
+    .emit(&mut buf[UDP_AT..]);
+    buf[PAYLOAD_AT..].copy_from_slice(payload);
+    udp::Packet::new_checked(&mut buf[UDP_AT..])
+        .expect("datagram just built")
+        .fill_checksum(src.0, dst.0);
+    buf
+}
+
+/// A memcached UDP frame header followed by `body`.
+fn mc(request_id: u16, seq: u16, total: u16, body: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8; mcudp::LEN];
+    mcudp::Header {
+        request_id,
+        seq,
+        total,
+        reserved: 0,
+    }
+    .emit(&mut out);
+    out.extend_from_slice(body);
+    out
+}
+
+/// A client datagram to the VIP's memcached port carrying `payload` (frame header included).
+fn to_vip_raw(payload: &[u8]) -> Vec<u8> {
+    udp_frame(
+        CLIENT.mac,
+        VIP_MAC,
+        (CLIENT.ip, CLIENT_UDP_PORT),
+        (VIP, MC_PORT),
+        payload,
+    )
+}
+
+/// A single-datagram memcached request from the client to the VIP.
+fn to_vip(body: &[u8]) -> Vec<u8> {
+    to_vip_raw(&mc(REQ_ID, 0, 1, body))
+}
+
+/// The reply the switch sends the client from the VIP for request `REQ_ID`.
+fn from_vip(body: &[u8]) -> Emit {
+    from_vip_id(REQ_ID, body)
+}
+
+fn from_vip_id(request_id: u16, body: &[u8]) -> Emit {
+    Emit {
+        dest: Dest::Port(CLIENT.port),
+        frame: udp_frame(
+            VIP_MAC,
+            CLIENT.mac,
+            (VIP, MC_PORT),
+            (CLIENT.ip, CLIENT_UDP_PORT),
+            &mc(request_id, 0, 1, body),
+        ),
+    }
+}
+
+/// A datagram from a backend's memcached port to the client.
+fn backend_reply(server: usize, src_ip: Ipv4Addr, src_port: u16) -> Vec<u8> {
+    udp_frame(
+        SERVERS[server].mac,
+        CLIENT.mac,
+        (src_ip, src_port),
+        (CLIENT.ip, CLIENT_UDP_PORT),
+        &mc(REQ_ID, 0, 1, b"END\r\n"),
+    )
+}
+
+fn arp_frame(eth_dst: Mac, repr: &arp::Repr) -> Vec<u8> {
+    let mut buf = vec![0u8; ethernet::HEADER_LEN + arp::LEN];
+    ethernet::Repr {
+        src: repr.sender_mac,
+        dst: eth_dst,
+        ethertype: EtherType::ARP,
+    }
+    .emit(&mut buf);
+    repr.emit(&mut buf[ethernet::HEADER_LEN..]);
+    buf
+}
+
+fn arp_request(from: &Host, target: Ipv4Addr) -> Vec<u8> {
+    arp_frame(
+        Mac::BROADCAST,
+        &arp::Repr {
+            operation: arp::Operation::Request,
+            sender_mac: from.mac,
+            sender_ip: from.ip,
+            target_mac: Mac::ZERO,
+            target_ip: target,
+        },
+    )
+}
+
+/// Sets raw IPv4 header bytes and fixes the header checksum.
+fn patch_ipv4(mut frame: Vec<u8>, at: usize, bytes: &[u8]) -> Vec<u8> {
+    frame[IP_AT + at..IP_AT + at + bytes.len()].copy_from_slice(bytes);
+    ipv4::Packet::new_checked(&mut frame[IP_AT..])
+        .expect("valid IPv4 header")
+        .fill_checksum();
+    frame
+}
+
+/// The same datagram with four NOP option bytes in its IPv4 header.
+fn with_ipv4_options(frame: &[u8]) -> Vec<u8> {
+    let mut out = frame[..UDP_AT].to_vec();
+    out.extend_from_slice(&[1, 1, 1, 1]);
+    out.extend_from_slice(&frame[UDP_AT..]);
+    let total = u16::from_be_bytes([out[IP_AT + 2], out[IP_AT + 3]]) + 4;
+    out[IP_AT] = 0x46;
+    out[IP_AT + 2..IP_AT + 4].copy_from_slice(&total.to_be_bytes());
+    patch_ipv4(out, 0, &[0x46])
+}
+
+/// A TCP segment (bare 20-byte header) from the client to the VIP's memcached port.
+fn tcp_to_vip() -> Vec<u8> {
+    let mut buf = vec![0u8; UDP_AT + 20];
+    ethernet::Repr {
+        src: CLIENT.mac,
+        dst: VIP_MAC,
+        ethertype: EtherType::IPV4,
+    }
+    .emit(&mut buf);
+    ipv4::Repr {
+        src: CLIENT.ip,
+        dst: VIP,
+        protocol: ipv4::Protocol::TCP,
+        payload_len: 20,
+        ttl: 64,
+    }
+    .emit(&mut buf[IP_AT..]);
+    buf[UDP_AT..UDP_AT + 2].copy_from_slice(&CLIENT_UDP_PORT.to_be_bytes());
+    buf[UDP_AT + 2..UDP_AT + 4].copy_from_slice(&MC_PORT.to_be_bytes());
+    buf[UDP_AT + 12] = 0x50;
+    buf
+}
+
+/// The frame after the rewrites the switch is expected to make: addresses replaced, then
+/// both checksums computed from scratch (a UDP checksum of 0, "none", stays 0).
+fn rewritten(
+    input: &[u8],
+    dst_mac: Option<Mac>,
+    src_ip: Option<Ipv4Addr>,
+    dst_ip: Option<Ipv4Addr>,
+) -> Vec<u8> {
+    let mut out = input.to_vec();
+    if let Some(m) = dst_mac {
+        ethernet::Frame::new_checked(&mut out[..])
+            .expect("ethernet")
+            .set_dst(m);
+    }
+    let (src, dst) = {
+        let mut ip = ipv4::Packet::new_checked(&mut out[IP_AT..]).expect("ipv4");
+        if let Some(a) = src_ip {
+            ip.set_src(a);
+        }
+        if let Some(a) = dst_ip {
+            ip.set_dst(a);
+        }
+        ip.fill_checksum();
+        (ip.src(), ip.dst())
+    };
+    let mut u = udp::Packet::new_checked(&mut out[UDP_AT..]).expect("udp");
+    if u.checksum() != 0 {
+        u.fill_checksum(src, dst);
+    }
+    out
+}
+
+/// A client request as the key router must deliver it to `server`.
+fn routed(input: &[u8], mode: Mode, server: usize) -> Vec<u8> {
+    let s = &SERVERS[server];
+    match mode {
+        Mode::L3 => rewritten(input, Some(s.mac), None, Some(s.ip)),
+        Mode::L2 => rewritten(input, Some(s.mac), None, None),
+    }
+}
+
+/// Checks the IPv4 header checksum and, when present, the UDP checksum of a frame.
+fn assert_checksums(what: &str, frame: &[u8]) {
+    let Ok(eth) = ethernet::Frame::new_checked(frame) else {
+        return;
+    };
+    if eth.ethertype() != EtherType::IPV4 {
+        return;
+    }
+    let ip = ipv4::Packet::new_checked(eth.payload()).expect("IPv4 frame out of the switch");
+    assert!(ip.verify_checksum(), "{what}: IPv4 header checksum");
+    if ip.protocol() == ipv4::Protocol::UDP && !ip.is_fragment() {
+        let u = udp::Packet::new_checked(ip.payload()).expect("UDP datagram out of the switch");
+        assert!(
+            u.verify_checksum(ip.src(), ip.dst()),
+            "{what}: UDP checksum"
+        );
+    }
+}
+
+fn assert_bytes(what: &str, got: &[u8], want: &[u8]) {
+    if got != want {
+        let at = got
+            .iter()
+            .zip(want)
+            .position(|(a, b)| a != b)
+            .unwrap_or(got.len().min(want.len()));
+        panic!(
+            "{what}: frames differ at byte {at} (lengths {} and {})\n got: {:02x?}\nwant: {:02x?}",
+            got.len(),
+            want.len(),
+            got,
+            want
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Counters.
+
+/// A counter a case expects to move by one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Count {
+    Drop(Drop),
+    Answer(Answer),
+    Switched,
+    Flooded,
+    ArpReplies,
+    KvForwarded,
+    KvSplit,
+    Requests(usize),
+    Replies(usize),
+}
+
+impl Count {
+    /// Every counter a case is checked against: those it lists move by one each, the others
+    /// stay still.
+    fn all() -> Vec<Count> {
+        let mut all: Vec<Count> = Drop::ALL.iter().map(|d| Count::Drop(*d)).collect();
+        all.extend(Answer::ALL.iter().map(|a| Count::Answer(*a)));
+        all.extend([
+            Count::Switched,
+            Count::Flooded,
+            Count::ArpReplies,
+            Count::KvForwarded,
+            Count::KvSplit,
+        ]);
+        all.extend((0..SERVERS.len()).map(Count::Requests));
+        all.extend((0..SERVERS.len()).map(Count::Replies));
+        all
+    }
+
+    fn read(self, s: &Stats) -> u64 {
+        stats::get(match self {
+            Count::Drop(d) => &s.drops[d as usize],
+            Count::Answer(a) => &s.answers[a as usize],
+            Count::Switched => &s.switched,
+            Count::Flooded => &s.flooded,
+            Count::ArpReplies => &s.arp_replies,
+            Count::KvForwarded => &s.kv_forwarded,
+            Count::KvSplit => &s.kv_split,
+            Count::Requests(i) => &s.backends[i].requests,
+            Count::Replies(i) => &s.backends[i].replies,
+        })
+    }
+}
+
+fn snapshot(s: &Stats) -> Vec<(Count, u64)> {
+    Count::all().into_iter().map(|c| (c, c.read(s))).collect()
+}
+
+fn assert_counts(what: &str, s: &Stats, before: &[(Count, u64)], expected: &[Count]) {
+    for (c, was) in before {
+        let want = expected.iter().filter(|e| *e == c).count() as u64;
+        let delta = c.read(s) - was;
+        assert_eq!(delta, want, "{what}: counter {c:?} moved by {delta}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The table.
+
+/// Builds the frame a case expects to leave the switch, from the frame that went in.
+type Expected = fn(&Fx, &[u8]) -> Vec<u8>;
+
+struct Case {
+    name: &'static str,
+    in_port: u16,
+    input: fn(&Fx) -> Vec<u8>,
+    fate: Fate,
+    /// The frame as it leaves, from the input; `None`: unchanged. Only checked when the
+    /// frame leaves (`Out` or `Flood`).
+    output: Option<Expected>,
+    /// The frames the switch originates, in order.
+    emits: fn(&Fx) -> Vec<Emit>,
+    /// The counters that move, by one each.
+    counts: &'static [Count],
+}
+
+fn nothing(_: &Fx) -> Vec<Emit> {
+    Vec::new()
+}
+
+fn run(mode: Mode, cases: &[Case]) {
+    let fx = Fx::new();
+    for case in cases {
+        let what = format!("{mode:?}: {}", case.name);
+        let mut rig = Rig::new(mode);
+        let input = (case.input)(&fx);
+        let mut frame = input.clone();
+        let before = snapshot(&rig.stats);
+        let mut emit = Vec::new();
+        let fate = rig.process(case.in_port, &mut frame, &mut emit);
+        assert_eq!(fate, case.fate, "{what}: fate");
+        if fate != Fate::Consumed {
+            let want = match case.output {
+                Some(f) => f(&fx, &input),
+                None => input.clone(),
+            };
+            assert_bytes(&format!("{what}: output"), &frame, &want);
+            assert_checksums(&format!("{what}: output"), &frame);
+        }
+        let want = (case.emits)(&fx);
+        assert_eq!(
+            emit.len(),
+            want.len(),
+            "{what}: frames emitted: {:?}",
+            emit.iter().map(|e| e.dest).collect::<Vec<_>>()
+        );
+        for (i, (got, want)) in emit.iter().zip(&want).enumerate() {
+            assert_eq!(got.dest, want.dest, "{what}: emit {i} destination");
+            assert_bytes(&format!("{what}: emit {i}"), &got.frame, &want.frame);
+            assert_checksums(&format!("{what}: emit {i}"), &got.frame);
+        }
+        assert_counts(&what, &rig.stats, &before, case.counts);
+    }
+}
+
+fn l3_cases() -> Vec<Case> {
+    vec![
+        Case {
+            name: "ARP request for the VIP is answered on the in-port with the VIP's MAC",
+            in_port: CLIENT.port,
+            input: |_| arp_request(&CLIENT, VIP),
+            fate: Fate::Consumed,
+            output: None,
+            emits: |_| {
+                vec![Emit {
+                    dest: Dest::Port(CLIENT.port),
+                    frame: arp_frame(
+                        CLIENT.mac,
+                        &arp::Repr {
+                            operation: arp::Operation::Reply,
+                            sender_mac: VIP_MAC,
+                            sender_ip: VIP,
+                            target_mac: CLIENT.mac,
+                            target_ip: CLIENT.ip,
+                        },
+                    ),
+                }]
+            },
+            counts: &[Count::ArpReplies],
+        },
+        Case {
+            name: "ARP request for another address is flooded",
+            in_port: CLIENT.port,
+            input: |_| arp_request(&CLIENT, SERVERS[0].ip),
+            fate: Fate::Flood,
+            output: None,
+            emits: nothing,
+            counts: &[Count::Flooded],
+        },
+        Case {
+            name: "unicast to a learned MAC leaves by its port unchanged",
+            in_port: SERVERS[0].port,
+            input: |_| {
+                udp_frame(
+                    SERVERS[0].mac,
+                    SERVERS[2].mac,
+                    (SERVERS[0].ip, 5000),
+                    (SERVERS[2].ip, 6000),
+                    b"hello",
+                )
+            },
+            fate: Fate::Out(SERVERS[2].port),
+            output: None,
+            emits: nothing,
+            counts: &[Count::Switched],
+        },
+        Case {
+            name: "unicast to a station behind the in-port is not sent back",
+            in_port: SERVERS[1].port,
+            input: |_| {
+                arp_frame(
+                    SERVERS[2].mac,
+                    &arp::Repr {
+                        operation: arp::Operation::Reply,
+                        sender_mac: SERVERS[1].mac,
+                        sender_ip: SERVERS[1].ip,
+                        target_mac: SERVERS[2].mac,
+                        target_ip: SERVERS[2].ip,
+                    },
+                )
+            },
+            fate: Fate::Consumed,
+            output: None,
+            emits: nothing,
+            counts: &[Count::Drop(Drop::SamePort)],
+        },
+        Case {
+            name: "unicast to an unknown MAC is flooded",
+            in_port: CLIENT.port,
+            input: |_| {
+                udp_frame(
+                    CLIENT.mac,
+                    STRANGER,
+                    (CLIENT.ip, 5000),
+                    (Ipv4Addr::new(10, 0, 0, 99), 6000),
+                    b"hello",
+                )
+            },
+            fate: Fate::Flood,
+            output: None,
+            emits: nothing,
+            counts: &[Count::Flooded],
+        },
+        Case {
+            name: "broadcast is flooded",
+            in_port: CLIENT.port,
+            input: |_| {
+                udp_frame(
+                    CLIENT.mac,
+                    Mac::BROADCAST,
+                    (CLIENT.ip, 68),
+                    (Ipv4Addr::BROADCAST, 67),
+                    b"discover",
+                )
+            },
+            fate: Fate::Flood,
+            output: None,
+            emits: nothing,
+            counts: &[Count::Flooded],
+        },
+        Case {
+            name: "get to the VIP goes to the key's server, destination MAC and IP rewritten",
+            in_port: CLIENT.port,
+            input: |fx| to_vip(format!("get {}\r\n", fx.key(1, 0)).as_bytes()),
+            fate: Fate::Out(SERVERS[1].port),
+            output: Some(|_, input| routed(input, Mode::L3, 1)),
+            emits: nothing,
+            counts: &[Count::KvForwarded, Count::Switched, Count::Requests(1)],
+        },
+        Case {
+            name: "get for a key on the first server leaves by that server's port",
+            in_port: CLIENT.port,
+            input: |fx| to_vip(format!("get {}\r\n", fx.key(0, 0)).as_bytes()),
+            fate: Fate::Out(SERVERS[0].port),
+            output: Some(|_, input| routed(input, Mode::L3, 0)),
+            emits: nothing,
+            counts: &[Count::KvForwarded, Count::Switched, Count::Requests(0)],
+        },
+        Case {
+            name: "set to the VIP is routed by its key, data block and all",
+            in_port: CLIENT.port,
+            input: |fx| to_vip(format!("set {} 0 0 3\r\nabc\r\n", fx.key(2, 0)).as_bytes()),
+            fate: Fate::Out(SERVERS[2].port),
+            output: Some(|_, input| routed(input, Mode::L3, 2)),
+            emits: nothing,
+            counts: &[Count::KvForwarded, Count::Switched, Count::Requests(2)],
+        },
+        Case {
+            name: "get without a UDP checksum is routed and keeps no checksum",
+            in_port: CLIENT.port,
+            input: |fx| {
+                let mut f = to_vip(format!("get {}\r\n", fx.key(1, 1)).as_bytes());
+                f[UDP_AT + 6..UDP_AT + 8].copy_from_slice(&[0, 0]);
+                f
+            },
+            fate: Fate::Out(SERVERS[1].port),
+            output: Some(|_, input| routed(input, Mode::L3, 1)),
+            emits: nothing,
+            counts: &[Count::KvForwarded, Count::Switched, Count::Requests(1)],
+        },
+        Case {
+            name: "key of 250 bytes is routed",
+            in_port: CLIENT.port,
+            input: |fx| to_vip(format!("get {}\r\n", fx.long_key.0).as_bytes()),
+            // Checked against the ring in `fixture_keys_land_where_the_table_says`.
+            fate: Fate::Out(SERVERS[LONG_KEY_SERVER].port),
+            output: Some(|fx, input| routed(input, Mode::L3, fx.long_key.1)),
+            emits: nothing,
+            counts: &[
+                Count::KvForwarded,
+                Count::Switched,
+                Count::Requests(LONG_KEY_SERVER),
+            ],
+        },
+        Case {
+            name: "pipelined requests for one server are forwarded whole",
+            in_port: CLIENT.port,
+            input: |fx| {
+                to_vip(
+                    format!(
+                        "get {}\r\nset {} 0 0 1\r\nx\r\nget {}\r\n",
+                        fx.key(0, 0),
+                        fx.key(0, 1),
+                        fx.key(0, 2)
+                    )
+                    .as_bytes(),
+                )
+            },
+            fate: Fate::Out(SERVERS[0].port),
+            output: Some(|_, input| routed(input, Mode::L3, 0)),
+            emits: nothing,
+            counts: &[Count::KvForwarded, Count::Switched, Count::Requests(0)],
+        },
+        Case {
+            name: "pipelined requests for different servers are dropped",
+            in_port: CLIENT.port,
+            input: |fx| {
+                to_vip(format!("get {}\r\nget {}\r\n", fx.key(0, 0), fx.key(1, 0)).as_bytes())
+            },
+            fate: Fate::Consumed,
+            output: None,
+            emits: nothing,
+            counts: &[Count::Drop(Drop::PipelinedMultiServer)],
+        },
+        Case {
+            name: "reply from a backend's memcached port leaves with the VIP as source",
+            in_port: SERVERS[0].port,
+            input: |_| backend_reply(0, SERVERS[0].ip, MC_PORT),
+            fate: Fate::Out(CLIENT.port),
+            output: Some(|_, input| rewritten(input, None, Some(VIP), None)),
+            emits: nothing,
+            counts: &[Count::Switched, Count::Replies(0)],
+        },
+        Case {
+            name: "reply from a backend's other port is switched unchanged",
+            in_port: SERVERS[2].port,
+            input: |_| backend_reply(2, SERVERS[2].ip, MC_PORT + 1),
+            fate: Fate::Out(CLIENT.port),
+            output: None,
+            emits: nothing,
+            counts: &[Count::Switched],
+        },
+        Case {
+            name: "key of 251 bytes is answered CLIENT_ERROR from the VIP",
+            in_port: CLIENT.port,
+            input: |_| to_vip(format!("get {}\r\n", "k".repeat(251)).as_bytes()),
+            fate: Fate::Consumed,
+            output: None,
+            emits: |_| vec![from_vip(b"CLIENT_ERROR bad command line format\r\n")],
+            counts: &[Count::Answer(Answer::ClientError)],
+        },
+        Case {
+            name: "unknown command is answered ERROR",
+            in_port: CLIENT.port,
+            input: |_| to_vip(b"bogus foo\r\n"),
+            fate: Fate::Consumed,
+            output: None,
+            emits: |_| vec![from_vip(b"ERROR\r\n")],
+            counts: &[Count::Answer(Answer::UnknownCommand)],
+        },
+        Case {
+            name: "mn is answered MN",
+            in_port: CLIENT.port,
+            input: |_| to_vip(b"mn\r\n"),
+            fate: Fate::Consumed,
+            output: None,
+            emits: |_| vec![from_vip(b"MN\r\n")],
+            counts: &[Count::Answer(Answer::Local)],
+        },
+        Case {
+            name: "version is answered with a VERSION line",
+            in_port: CLIENT.port,
+            input: |_| to_vip(b"version\r\n"),
+            fate: Fate::Consumed,
+            output: None,
+            emits: |_| {
+                let line = format!("VERSION kvswitch-{}\r\n", env!("CARGO_PKG_VERSION"));
+                vec![from_vip(line.as_bytes())]
+            },
+            counts: &[Count::Answer(Answer::Local)],
+        },
+        Case {
+            name: "keyless command other than mn and version is dropped",
+            in_port: CLIENT.port,
+            input: |_| to_vip(b"stats\r\n"),
+            fate: Fate::Consumed,
+            output: None,
+            emits: nothing,
+            counts: &[Count::Drop(Drop::KeylessCommand)],
+        },
+        Case {
+            name: "frame shorter than an Ethernet header",
+            in_port: CLIENT.port,
+            input: |_| vec![0x02; 13],
+            fate: Fate::Consumed,
+            output: None,
+            emits: nothing,
+            counts: &[Count::Drop(Drop::BadEthernet)],
+        },
+        Case {
+            name: "datagram shorter than the memcached frame header",
+            in_port: CLIENT.port,
+            input: |_| to_vip_raw(&[0xbe, 0xef, 0, 0, 0]),
+            fate: Fate::Consumed,
+            output: None,
+            emits: nothing,
+            counts: &[Count::Drop(Drop::BadFrameHeader)],
+        },
+        Case {
+            name: "request spread over two datagrams",
+            in_port: CLIENT.port,
+            input: |fx| {
+                to_vip_raw(&mc(
+                    REQ_ID,
+                    0,
+                    2,
+                    format!("get {}\r\n", fx.key(0, 0)).as_bytes(),
+                ))
+            },
+            fate: Fate::Consumed,
+            output: None,
+            emits: nothing,
+            counts: &[Count::Drop(Drop::MultiDatagramRequest)],
+        },
+        Case {
+            name: "set whose data block is cut short",
+            in_port: CLIENT.port,
+            input: |fx| to_vip(format!("set {} 0 0 10\r\nabc", fx.key(0, 0)).as_bytes()),
+            fate: Fate::Consumed,
+            output: None,
+            emits: nothing,
+            counts: &[Count::Drop(Drop::IncompleteRequest)],
+        },
+        Case {
+            name: "IP fragment to the VIP",
+            in_port: CLIENT.port,
+            // More fragments, offset 0.
+            input: |fx| {
+                patch_ipv4(
+                    to_vip(format!("get {}\r\n", fx.key(0, 0)).as_bytes()),
+                    6,
+                    &[0x20, 0],
+                )
+            },
+            fate: Fate::Consumed,
+            output: None,
+            emits: nothing,
+            counts: &[Count::Drop(Drop::IpFragment)],
+        },
+        Case {
+            name: "IPv4 header with options to the VIP",
+            in_port: CLIENT.port,
+            input: |fx| with_ipv4_options(&to_vip(format!("get {}\r\n", fx.key(0, 0)).as_bytes())),
+            fate: Fate::Consumed,
+            output: None,
+            emits: nothing,
+            counts: &[Count::Drop(Drop::Ipv4Options)],
+        },
+        Case {
+            name: "bad UDP checksum to the VIP",
+            in_port: CLIENT.port,
+            input: |fx| {
+                let mut f = to_vip(format!("get {}\r\n", fx.key(0, 0)).as_bytes());
+                f[UDP_AT + 6] ^= 0x5a;
+                f
+            },
+            fate: Fate::Consumed,
+            output: None,
+            emits: nothing,
+            counts: &[Count::Drop(Drop::BadUdpChecksum)],
+        },
+        Case {
+            name: "bad IPv4 header checksum to the VIP",
+            in_port: CLIENT.port,
+            input: |fx| {
+                let mut f = to_vip(format!("get {}\r\n", fx.key(0, 0)).as_bytes());
+                f[IP_AT + 10] ^= 0x5a;
+                f
+            },
+            fate: Fate::Consumed,
+            output: None,
+            emits: nothing,
+            counts: &[Count::Drop(Drop::BadIpv4)],
+        },
+        Case {
+            name: "truncated IPv4 header to the VIP's MAC",
+            in_port: CLIENT.port,
+            input: |_| to_vip(b"get a\r\n")[..IP_AT + 12].to_vec(),
+            fate: Fate::Consumed,
+            output: None,
+            emits: nothing,
+            counts: &[Count::Drop(Drop::BadIpv4)],
+        },
+        Case {
+            name: "TCP to the VIP is not handled",
+            in_port: CLIENT.port,
+            input: |_| tcp_to_vip(),
+            fate: Fate::Consumed,
+            output: None,
+            emits: nothing,
+            counts: &[Count::Drop(Drop::VipUnhandled)],
+        },
+    ]
+}
+
+/// The server of the 250-byte key, fixed so the table can name its port.
+const LONG_KEY_SERVER: usize = 0;
+
+#[test]
+fn fixture_keys_land_where_the_table_says() {
+    let fx = Fx::new();
+    let ring = ring();
+    for (s, keys) in fx.key_on.iter().enumerate() {
+        for k in keys {
+            assert_eq!(ring.locate(k.as_bytes()), s, "{k}");
+        }
+    }
+    assert_eq!(fx.long_key.0.len(), 250);
+    assert_eq!(
+        fx.long_key.1, LONG_KEY_SERVER,
+        "the 250-byte key moved; update LONG_KEY_SERVER"
+    );
+}
+
+/// Plain switching never sends a frame back out of the port it came from, whatever its
+/// addresses; only a request the key router rewrote may hairpin.
+#[test]
+fn plain_frame_between_backends_behind_one_port_is_not_sent_back() {
+    let mut rig = Rig::new(Mode::L3);
+    let mut frame = udp_frame(
+        SERVERS[1].mac,
+        SERVERS[2].mac,
+        (SERVERS[1].ip, 5000),
+        (SERVERS[2].ip, 6000),
+        b"hello",
+    );
+    let before = snapshot(&rig.stats);
+    let mut emit = Vec::new();
+    assert_eq!(
+        rig.process(SERVERS[1].port, &mut frame, &mut emit),
+        Fate::Consumed
+    );
+    assert_counts(
+        "same port",
+        &rig.stats,
+        &before,
+        &[Count::Drop(Drop::SamePort)],
+    );
+}
+
+#[test]
+fn l3_table() {
+    run(Mode::L3, &l3_cases());
+}
+
+#[test]
+fn l2_table() {
+    run(
+        Mode::L2,
+        &[
+            Case {
+                name: "ARP request for the VIP is answered",
+                in_port: CLIENT.port,
+                input: |_| arp_request(&CLIENT, VIP),
+                fate: Fate::Consumed,
+                output: None,
+                emits: |_| {
+                    vec![Emit {
+                        dest: Dest::Port(CLIENT.port),
+                        frame: arp_frame(
+                            CLIENT.mac,
+                            &arp::Repr {
+                                operation: arp::Operation::Reply,
+                                sender_mac: VIP_MAC,
+                                sender_ip: VIP,
+                                target_mac: CLIENT.mac,
+                                target_ip: CLIENT.ip,
+                            },
+                        ),
+                    }]
+                },
+                counts: &[Count::ArpReplies],
+            },
+            Case {
+                name: "get to the VIP: only the destination MAC changes",
+                in_port: CLIENT.port,
+                input: |fx| to_vip(format!("get {}\r\n", fx.key(1, 0)).as_bytes()),
+                fate: Fate::Out(SERVERS[1].port),
+                output: Some(|_, input| routed(input, Mode::L2, 1)),
+                emits: nothing,
+                counts: &[Count::KvForwarded, Count::Switched, Count::Requests(1)],
+            },
+            Case {
+                name: "get for the first server: only the destination MAC changes",
+                in_port: CLIENT.port,
+                input: |fx| to_vip(format!("get {}\r\n", fx.key(0, 0)).as_bytes()),
+                fate: Fate::Out(SERVERS[0].port),
+                output: Some(|_, input| routed(input, Mode::L2, 0)),
+                emits: nothing,
+                counts: &[Count::KvForwarded, Count::Switched, Count::Requests(0)],
+            },
+            Case {
+                name: "reply from a server that owns the VIP leaves unchanged",
+                in_port: SERVERS[0].port,
+                input: |_| backend_reply(0, VIP, MC_PORT),
+                fate: Fate::Out(CLIENT.port),
+                output: None,
+                emits: nothing,
+                counts: &[Count::Switched],
+            },
+            Case {
+                name: "reply from a backend's own address is not rewritten",
+                in_port: SERVERS[0].port,
+                input: |_| backend_reply(0, SERVERS[0].ip, MC_PORT),
+                fate: Fate::Out(CLIENT.port),
+                output: None,
+                emits: nothing,
+                counts: &[Count::Switched, Count::Replies(0)],
+            },
+            Case {
+                name: "multi-server get cannot be split without an agent address",
+                in_port: CLIENT.port,
+                input: |fx| to_vip(format!("get {} {}\r\n", fx.key(0, 0), fx.key(2, 0)).as_bytes()),
+                fate: Fate::Consumed,
+                output: None,
+                emits: nothing,
+                counts: &[Count::Drop(Drop::SplitUnavailable)],
+            },
+            Case {
+                name: "unknown command is answered ERROR",
+                in_port: CLIENT.port,
+                input: |_| to_vip(b"bogus\r\n"),
+                fate: Fate::Consumed,
+                output: None,
+                emits: |_| vec![from_vip(b"ERROR\r\n")],
+                counts: &[Count::Answer(Answer::UnknownCommand)],
+            },
+        ],
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Split multi-key gets: a sequence of frames, not one.
+
+/// A datagram from `server`'s memcached port to the split agent (the VIP, in l3 mode).
+fn to_agent(server: usize, request_id: u16, seq: u16, total: u16, body: &[u8]) -> Vec<u8> {
+    let s = &SERVERS[server];
+    udp_frame(
+        s.mac,
+        VIP_MAC,
+        (s.ip, MC_PORT),
+        (VIP, AGENT_PORT),
+        &mc(request_id, seq, total, body),
+    )
+}
+
+/// The sub-request the switch must send `server` for `keys`, given the id it chose.
+fn sub_request(server: usize, request_id: u16, keys: &[&str]) -> Vec<u8> {
+    let s = &SERVERS[server];
+    udp_frame(
+        VIP_MAC,
+        s.mac,
+        (VIP, AGENT_PORT),
+        (s.ip, MC_PORT),
+        &mc(
+            request_id,
+            0,
+            1,
+            format!("get {}\r\n", keys.join(" ")).as_bytes(),
+        ),
+    )
+}
+
+/// Starts a split get of `keys` from the client and checks the sub-requests: one per server,
+/// from the VIP's agent port, each out of its server's port. Returns each server's
+/// sub-request id.
+fn start_split(rig: &mut Rig, request_id: u16, keys: &[&str]) -> [Option<u16>; 3] {
+    let ring = ring();
+    let mut frame = to_vip_raw(&mc(
+        request_id,
+        0,
+        1,
+        format!("get {}\r\n", keys.join(" ")).as_bytes(),
+    ));
+    let mut emit = Vec::new();
+    let before = snapshot(&rig.stats);
+    assert_eq!(
+        rig.process(CLIENT.port, &mut frame, &mut emit),
+        Fate::Consumed
+    );
+    let mut servers: Vec<usize> = Vec::new();
+    for k in keys {
+        let s = ring.locate(k.as_bytes());
+        if !servers.contains(&s) {
+            servers.push(s);
+        }
+    }
+    assert_eq!(emit.len(), servers.len(), "one sub-request per server");
+    let mut ids = [None; 3];
+    for e in &emit {
+        let ip = ipv4::Packet::new_checked(&e.frame[IP_AT..]).expect("sub-request is IPv4");
+        let server = SERVERS
+            .iter()
+            .position(|s| s.ip == ip.dst())
+            .expect("sub-request goes to a server");
+        let (header, _) = mcudp::Header::parse(&e.frame[PAYLOAD_AT..]).expect("frame header");
+        assert!(
+            ids[server].is_none(),
+            "two sub-requests for server {server}"
+        );
+        ids[server] = Some(header.request_id);
+        let own: Vec<&str> = keys
+            .iter()
+            .copied()
+            .filter(|k| ring.locate(k.as_bytes()) == server)
+            .collect();
+        assert_eq!(e.dest, Dest::Port(SERVERS[server].port));
+        assert_bytes(
+            &format!("sub-request to server {server}"),
+            &e.frame,
+            &sub_request(server, header.request_id, &own),
+        );
+        assert_checksums("sub-request", &e.frame);
+    }
+    let mut expected = vec![Count::KvSplit];
+    expected.extend(servers.iter().map(|s| Count::Requests(*s)));
+    assert_counts("split start", &rig.stats, &before, &expected);
+    let distinct: std::collections::HashSet<u16> = ids.iter().flatten().copied().collect();
+    assert_eq!(
+        distinct.len(),
+        servers.len(),
+        "sub-request ids are distinct"
+    );
+    ids
+}
+
+#[test]
+fn split_get_merges_replies_in_client_order() {
+    let fx = Fx::new();
+    let mut rig = Rig::new(Mode::L3);
+    // Keys on every server, interleaved; b is a miss.
+    let (a, b, c, d, e) = (
+        fx.key(0, 0),
+        fx.key(1, 0),
+        fx.key(2, 0),
+        fx.key(0, 1),
+        fx.key(1, 1),
+    );
+    let ids = start_split(&mut rig, 0x4242, &[a, b, c, d, e]);
+    let id = |s: usize| ids[s].expect("server has a part");
+
+    // Server 0 answers as memcached 1.6 does over UDP: one datagram per item, then END, each
+    // a message of its own. Server 2's reply spans two datagrams, sent in order; server 1
+    // sends one. The servers' datagrams interleave.
+    let item_a = format!("VALUE {a} 0 2\r\nA0\r\n");
+    let item_d = format!("VALUE {d} 5 3\r\nDDD\r\n");
+    let item_c = format!("VALUE {c} 0 1\r\nC\r\n");
+    let item_e = format!("VALUE {e} 9 1\r\nE\r\n");
+    let reply_c = format!("{item_c}END\r\n");
+    let (c_head, c_tail) = reply_c.as_bytes().split_at(7);
+    let replies = vec![
+        to_agent(0, id(0), 0, 1, item_a.as_bytes()),
+        to_agent(2, id(2), 0, 2, c_head),
+        to_agent(0, id(0), 0, 1, item_d.as_bytes()),
+        to_agent(1, id(1), 0, 1, format!("{item_e}END\r\n").as_bytes()),
+        to_agent(2, id(2), 1, 2, c_tail),
+        to_agent(0, id(0), 0, 1, b"END\r\n"),
+    ];
+    let last = replies.len() - 1;
+    for (i, mut frame) in replies.into_iter().enumerate() {
+        let server = SERVERS
+            .iter()
+            .position(|s| s.mac.0 == frame[6..12])
+            .expect("from a server");
+        let before = snapshot(&rig.stats);
+        let mut emit = Vec::new();
+        assert_eq!(
+            rig.process(SERVERS[server].port, &mut frame, &mut emit),
+            Fate::Consumed,
+            "reply {i}"
+        );
+        if i < last {
+            assert!(emit.is_empty(), "reply {i}: nothing before the last part");
+            assert_counts(
+                &format!("reply {i}"),
+                &rig.stats,
+                &before,
+                &[Count::Replies(server)],
+            );
+            continue;
+        }
+        let merged = format!("{item_a}{item_c}{item_d}{item_e}END\r\n");
+        let want = from_vip_id(0x4242, merged.as_bytes());
+        assert_eq!(emit.len(), 1, "one merged reply");
+        assert_eq!(emit[0].dest, want.dest);
+        assert_bytes("merged reply", &emit[0].frame, &want.frame);
+        assert_checksums("merged reply", &emit[0].frame);
+        assert_counts(
+            "merged reply",
+            &rig.stats,
+            &before,
+            &[Count::Replies(server), Count::Answer(Answer::MergedGet)],
+        );
+    }
+    assert_eq!(rig.sw.snapshot().splits_in_flight, 0);
+}
+
+#[test]
+fn split_get_passes_on_a_server_error() {
+    let fx = Fx::new();
+    let mut rig = Rig::new(Mode::L3);
+    let ids = start_split(&mut rig, 7, &[fx.key(0, 0), fx.key(2, 0)]);
+    let mut emit = Vec::new();
+    let mut f = to_agent(0, ids[0].expect("part"), 0, 1, b"END\r\n");
+    assert_eq!(rig.process(1, &mut f, &mut emit), Fate::Consumed);
+    let mut f = to_agent(
+        2,
+        ids[2].expect("part"),
+        0,
+        1,
+        b"SERVER_ERROR out of memory\r\n",
+    );
+    assert_eq!(rig.process(2, &mut f, &mut emit), Fate::Consumed);
+    assert_eq!(
+        emit,
+        vec![from_vip_id(7, b"SERVER_ERROR out of memory\r\n")]
+    );
+}
+
+#[test]
+fn split_get_times_out_and_late_replies_are_stale() {
+    let fx = Fx::new();
+    let mut rig = Rig::new(Mode::L3);
+    let ids = start_split(&mut rig, 9, &[fx.key(0, 0), fx.key(1, 0)]);
+    let mut emit = Vec::new();
+    let mut f = to_agent(0, ids[0].expect("part"), 0, 1, b"END\r\n");
+    assert_eq!(rig.process(1, &mut f, &mut emit), Fate::Consumed);
+
+    let before = snapshot(&rig.stats);
+    rig.sw.tick(rig.now + Duration::from_millis(500), &mut emit);
+    assert_counts("before the deadline", &rig.stats, &before, &[]);
+    rig.sw.tick(rig.now + Duration::from_secs(2), &mut emit);
+    assert_counts(
+        "after the deadline",
+        &rig.stats,
+        &before,
+        &[Count::Drop(Drop::SplitTimeout)],
+    );
+    // Every backend MAC is configured, so the tick asks nobody for theirs.
+    assert!(emit.is_empty());
+    assert_eq!(stats::get(&rig.stats.splits_in_flight), 0);
+
+    let before = snapshot(&rig.stats);
+    let mut f = to_agent(1, ids[1].expect("part"), 0, 1, b"END\r\n");
+    assert_eq!(rig.process(2, &mut f, &mut emit), Fate::Consumed);
+    assert!(emit.is_empty());
+    assert_counts(
+        "late reply",
+        &rig.stats,
+        &before,
+        &[Count::Replies(1), Count::Drop(Drop::StaleReply)],
+    );
+}
+
+#[test]
+fn split_reply_without_a_frame_header_is_dropped() {
+    let mut rig = Rig::new(Mode::L3);
+    let s = &SERVERS[0];
+    let mut f = udp_frame(s.mac, VIP_MAC, (s.ip, MC_PORT), (VIP, AGENT_PORT), b"END");
+    let before = snapshot(&rig.stats);
+    let mut emit = Vec::new();
+    assert_eq!(rig.process(s.port, &mut f, &mut emit), Fate::Consumed);
+    assert!(emit.is_empty());
+    assert_counts(
+        "short split reply",
+        &rig.stats,
+        &before,
+        &[Count::Replies(0), Count::Drop(Drop::BadFrameHeader)],
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Robustness: arbitrary bytes never panic and never produce a bad fate.
+
+/// A 64-bit linear congruential generator (Knuth's MMIX constants): deterministic, seeded.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> u32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) as u32
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        self.next() as usize % n
+    }
+
+    fn fill(&mut self, buf: &mut [u8]) {
+        for b in buf {
+            *b = self.next() as u8;
+        }
+    }
+}
+
+fn check_sane(what: &str, fate: Fate, emit: &[Emit]) {
+    if let Fate::Out(p) = fate {
+        assert!(usize::from(p) < PORTS, "{what}: out of port {p}");
+    }
+    for e in emit {
+        if let Dest::Port(p) = e.dest {
+            assert!(usize::from(p) < PORTS, "{what}: emitted to port {p}");
+        }
+        assert!(
+            e.frame.len() >= ethernet::HEADER_LEN,
+            "{what}: emitted a runt"
+        );
+        assert_checksums(what, &e.frame);
+    }
+}
+
+#[test]
+fn short_random_frames_never_panic() {
+    let mut rng = Lcg(0x5eed_0001);
+    let mut rig = Rig::new(Mode::L3);
+    for len in 0..=60 {
+        for round in 0..64 {
+            let mut frame = vec![0u8; len];
+            rng.fill(&mut frame);
+            // Half of them addressed to the VIP as IPv4, so they get past the first checks.
+            if round % 2 == 0 && len >= 14 {
+                frame[..6].copy_from_slice(&VIP_MAC.0);
+                frame[12..14].copy_from_slice(&EtherType::IPV4.0.to_be_bytes());
+                if len > 14 {
+                    frame[14] = 0x45;
+                }
+            }
+            let mut emit = Vec::new();
+            let in_port = rng.below(PORTS) as u16;
+            let fate = rig
+                .sw
+                .process(in_port, &mut frame, round % 3 != 0, rig.now, &mut emit);
+            check_sane(&format!("{len} random bytes"), fate, &emit);
+        }
+    }
+}
+
+#[test]
+fn mutated_frames_never_panic() {
+    let fx = Fx::new();
+    let templates: Vec<Vec<u8>> = vec![
+        to_vip(format!("get {}\r\n", fx.key(0, 0)).as_bytes()),
+        to_vip(format!("get {} {} {}\r\n", fx.key(0, 0), fx.key(1, 0), fx.key(2, 0)).as_bytes()),
+        to_vip(format!("gat 10 {} {}\r\n", fx.key(0, 0), fx.key(1, 0)).as_bytes()),
+        to_vip(format!("set {} 0 0 3\r\nabc\r\n", fx.key(1, 0)).as_bytes()),
+        to_vip(format!("mg {} v\r\n", fx.key(2, 0)).as_bytes()),
+        to_vip(b"version\r\n"),
+        to_vip(&[0x80, 0x0c, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, b'k']),
+        backend_reply(0, SERVERS[0].ip, MC_PORT),
+        to_agent(1, 1, 0, 1, b"VALUE x 0 1\r\nX\r\nEND\r\n"),
+        arp_request(&CLIENT, VIP),
+        tcp_to_vip(),
+    ];
+    let mut rng = Lcg(0x5eed_0002);
+    let mut rig = Rig::new(Mode::L3);
+    let mut l2 = Rig::new(Mode::L2);
+    let mut now = rig.now;
+    for i in 0..5000 {
+        let mut frame = templates[rng.below(templates.len())].clone();
+        match rng.below(4) {
+            // Flip a few bytes anywhere.
+            0 | 1 => {
+                for _ in 0..1 + rng.below(6) {
+                    let at = rng.below(frame.len());
+                    frame[at] = rng.next() as u8;
+                }
+            }
+            // Flip a byte in the headers and fix nothing; or cut the frame short.
+            2 => {
+                let at = rng.below(PAYLOAD_AT.min(frame.len()));
+                frame[at] ^= 1 << rng.below(8);
+                frame.truncate(rng.below(frame.len() + 1).max(at));
+            }
+            // Replace the memcached payload with random bytes, checksums fixed.
+            _ => {
+                if frame.len() > PAYLOAD_AT && frame[12..14] == EtherType::IPV4.0.to_be_bytes() {
+                    let mut payload = vec![0u8; rng.below(300)];
+                    rng.fill(&mut payload);
+                    let eth = ethernet::Frame::new_checked(&frame[..]).expect("template");
+                    let ip = ipv4::Packet::new_checked(eth.payload()).expect("template");
+                    let u = udp::Packet::new_checked(ip.payload());
+                    if let Ok(u) = u {
+                        frame = udp_frame(
+                            eth.src(),
+                            eth.dst(),
+                            (ip.src(), u.src_port()),
+                            (ip.dst(), u.dst_port()),
+                            &payload,
+                        );
+                    }
+                }
+            }
+        }
+        let in_port = rng.below(PORTS) as u16;
+        let csum_ready = rng.below(4) != 0;
+        let mut emit = Vec::new();
+        let mut copy = frame.clone();
+        let fate = rig
+            .sw
+            .process(in_port, &mut frame, csum_ready, now, &mut emit);
+        check_sane(&format!("l3 frame {i}"), fate, &emit);
+        let fate = l2
+            .sw
+            .process(in_port, &mut copy, csum_ready, now, &mut emit);
+        check_sane(&format!("l2 frame {i}"), fate, &emit);
+        if i % 500 == 499 {
+            now += Duration::from_millis(700);
+            rig.sw.tick(now, &mut emit);
+            l2.sw.tick(now, &mut emit);
+        }
+    }
+}
