@@ -421,6 +421,18 @@ mod tests {
         sources()[server]
     }
 
+    /// Starts a split for `spec` (key, server) from the test client; panics if refused.
+    fn start(
+        sp: &mut Splitter,
+        now: Instant,
+        command: Command,
+        exptime: Option<&[u8]>,
+        spec: &[(&str, usize)],
+    ) -> Vec<SubRequest> {
+        sp.start(now, client(), command, exptime, keys(spec), &sources())
+            .expect("split starts")
+    }
+
     fn keys(spec: &[(&str, usize)]) -> Vec<(Vec<u8>, usize)> {
         spec.iter()
             .map(|(k, s)| (k.as_bytes().to_vec(), *s))
@@ -431,16 +443,13 @@ mod tests {
     fn split_merges_in_client_order() {
         let mut sp = Splitter::new(Duration::from_secs(1));
         let now = Instant::now();
-        let subs = sp
-            .start(
-                now,
-                client(),
-                Command::Get,
-                None,
-                keys(&[("a", 0), ("b", 1), ("c", 0), ("d", 1)]),
-                &sources(),
-            )
-            .unwrap();
+        let subs = start(
+            &mut sp,
+            now,
+            Command::Get,
+            None,
+            &[("a", 0), ("b", 1), ("c", 0), ("d", 1)],
+        );
         assert_eq!(subs.len(), 2);
         assert_eq!(subs[0].payload, b"get a c\r\n");
         assert_eq!(subs[1].payload, b"get b d\r\n");
@@ -477,16 +486,13 @@ mod tests {
     #[test]
     fn one_message_per_item_as_memcached_sends_them() {
         let mut sp = Splitter::new(Duration::from_secs(1));
-        let subs = sp
-            .start(
-                Instant::now(),
-                client(),
-                Command::Get,
-                None,
-                keys(&[("a", 0), ("b", 1), ("c", 0)]),
-                &sources(),
-            )
-            .unwrap();
+        let subs = start(
+            &mut sp,
+            Instant::now(),
+            Command::Get,
+            None,
+            &[("a", 0), ("b", 1), ("c", 0)],
+        );
         let id0 = subs[0].request_id;
         assert_eq!(
             sp.arrive(src(0), id0, 0, 1, b"VALUE a 0 1\r\nA\r\n"),
@@ -508,16 +514,13 @@ mod tests {
     #[test]
     fn foreign_and_out_of_order_datagrams_never_reach_the_client() {
         let mut sp = Splitter::new(Duration::from_secs(1));
-        let subs = sp
-            .start(
-                Instant::now(),
-                client(),
-                Command::Get,
-                None,
-                keys(&[("a", 0), ("b", 1)]),
-                &sources(),
-            )
-            .unwrap();
+        let subs = start(
+            &mut sp,
+            Instant::now(),
+            Command::Get,
+            None,
+            &[("a", 0), ("b", 1)],
+        );
         // Someone else answering for server 0 is refused and the split goes on.
         let evil = b"VALUE a 0 4\r\nEVIL\r\nEND\r\n";
         let stranger = (Ipv4Addr::new(10, 0, 0, 99), 11211);
@@ -542,16 +545,13 @@ mod tests {
     #[test]
     fn duplicate_keys_come_back_twice() {
         let mut sp = Splitter::new(Duration::from_secs(1));
-        let subs = sp
-            .start(
-                Instant::now(),
-                client(),
-                Command::Gets,
-                None,
-                keys(&[("a", 0), ("b", 1), ("a", 0)]),
-                &sources(),
-            )
-            .unwrap();
+        let subs = start(
+            &mut sp,
+            Instant::now(),
+            Command::Gets,
+            None,
+            &[("a", 0), ("b", 1), ("a", 0)],
+        );
         assert_eq!(subs[0].payload, b"gets a a\r\n");
         let r0 = b"VALUE a 0 1 9\r\nA\r\nVALUE a 0 1 9\r\nA\r\nEND\r\n";
         assert_eq!(
@@ -568,16 +568,13 @@ mod tests {
     #[test]
     fn error_part_is_passed_on_and_garbage_fails() {
         let mut sp = Splitter::new(Duration::from_secs(1));
-        let subs = sp
-            .start(
-                Instant::now(),
-                client(),
-                Command::Get,
-                None,
-                keys(&[("a", 0), ("b", 1)]),
-                &sources(),
-            )
-            .unwrap();
+        let subs = start(
+            &mut sp,
+            Instant::now(),
+            Command::Get,
+            None,
+            &[("a", 0), ("b", 1)],
+        );
         sp.arrive(src(0), subs[0].request_id, 0, 1, b"END\r\n");
         let Arrival::Done { reply, .. } = sp.arrive(
             src(1),
@@ -590,32 +587,26 @@ mod tests {
         };
         assert_eq!(reply, b"SERVER_ERROR out of memory\r\n");
 
-        let subs = sp
-            .start(
-                Instant::now(),
-                client(),
-                Command::Get,
-                None,
-                keys(&[("a", 0), ("b", 1)]),
-                &sources(),
-            )
-            .unwrap();
+        let subs = start(
+            &mut sp,
+            Instant::now(),
+            Command::Get,
+            None,
+            &[("a", 0), ("b", 1)],
+        );
         sp.arrive(src(0), subs[0].request_id, 0, 1, b"END\r\n");
         assert_eq!(
             sp.arrive(src(1), subs[1].request_id, 0, 1, b"VALUE zz\r\n"),
             Arrival::BadReply
         );
         // An item for a key that was not asked for is a bad reply, not a wrong answer.
-        let subs = sp
-            .start(
-                Instant::now(),
-                client(),
-                Command::Get,
-                None,
-                keys(&[("a", 0), ("b", 1)]),
-                &sources(),
-            )
-            .unwrap();
+        let subs = start(
+            &mut sp,
+            Instant::now(),
+            Command::Get,
+            None,
+            &[("a", 0), ("b", 1)],
+        );
         sp.arrive(src(0), subs[0].request_id, 0, 1, b"END\r\n");
         assert_eq!(
             sp.arrive(
@@ -634,30 +625,18 @@ mod tests {
     fn bad_headers_and_timeouts() {
         let mut sp = Splitter::new(Duration::from_millis(10));
         let t0 = Instant::now();
-        let subs = sp
-            .start(
-                t0,
-                client(),
-                Command::Get,
-                None,
-                keys(&[("a", 0), ("b", 1)]),
-                &sources(),
-            )
-            .unwrap();
+        let subs = start(&mut sp, t0, Command::Get, None, &[("a", 0), ("b", 1)]);
         assert_eq!(
             sp.arrive(src(0), subs[0].request_id, 3, 2, b"x"),
             Arrival::BadReply
         );
-        let subs = sp
-            .start(
-                t0,
-                client(),
-                Command::Gat,
-                Some(b"60"),
-                keys(&[("a", 0), ("b", 1)]),
-                &sources(),
-            )
-            .unwrap();
+        let subs = start(
+            &mut sp,
+            t0,
+            Command::Gat,
+            Some(b"60"),
+            &[("a", 0), ("b", 1)],
+        );
         assert_eq!(subs[0].payload, b"gat 60 a\r\n");
         assert_eq!(sp.expire(t0), 0);
         assert_eq!(sp.expire(t0 + Duration::from_millis(11)), 1);
@@ -669,15 +648,7 @@ mod tests {
         let mut sp = Splitter::new(Duration::from_secs(1));
         let now = Instant::now();
         for _ in 0..MAX_PENDING {
-            sp.start(
-                now,
-                client(),
-                Command::Get,
-                None,
-                keys(&[("a", 0), ("b", 1)]),
-                &sources(),
-            )
-            .unwrap();
+            start(&mut sp, now, Command::Get, None, &[("a", 0), ("b", 1)]);
         }
         assert_eq!(
             sp.start(

@@ -486,6 +486,23 @@ fn nothing(_: &Fx) -> Vec<Emit> {
     Vec::new()
 }
 
+/// The switch's ARP reply for the VIP, to the client, on the client's port.
+fn vip_arp_reply(_: &Fx) -> Vec<Emit> {
+    vec![Emit {
+        dest: Dest::Port(CLIENT.port),
+        frame: arp_frame(
+            CLIENT.mac,
+            &arp::Repr {
+                operation: arp::Operation::Reply,
+                sender_mac: VIP_MAC,
+                sender_ip: VIP,
+                target_mac: CLIENT.mac,
+                target_ip: CLIENT.ip,
+            },
+        ),
+    }]
+}
+
 fn run(mode: Mode, cases: &[Case]) {
     let fx = Fx::new();
     for case in cases {
@@ -529,21 +546,7 @@ fn l3_cases() -> Vec<Case> {
             input: |_| arp_request(&CLIENT, VIP),
             fate: Fate::Consumed,
             output: None,
-            emits: |_| {
-                vec![Emit {
-                    dest: Dest::Port(CLIENT.port),
-                    frame: arp_frame(
-                        CLIENT.mac,
-                        &arp::Repr {
-                            operation: arp::Operation::Reply,
-                            sender_mac: VIP_MAC,
-                            sender_ip: VIP,
-                            target_mac: CLIENT.mac,
-                            target_ip: CLIENT.ip,
-                        },
-                    ),
-                }]
-            },
+            emits: vip_arp_reply,
             counts: &[Count::ArpReplies],
         },
         Case {
@@ -952,21 +955,7 @@ fn l2_table() {
                 input: |_| arp_request(&CLIENT, VIP),
                 fate: Fate::Consumed,
                 output: None,
-                emits: |_| {
-                    vec![Emit {
-                        dest: Dest::Port(CLIENT.port),
-                        frame: arp_frame(
-                            CLIENT.mac,
-                            &arp::Repr {
-                                operation: arp::Operation::Reply,
-                                sender_mac: VIP_MAC,
-                                sender_ip: VIP,
-                                target_mac: CLIENT.mac,
-                                target_ip: CLIENT.ip,
-                            },
-                        ),
-                    }]
-                },
+                emits: vip_arp_reply,
                 counts: &[Count::ArpReplies],
             },
             Case {
