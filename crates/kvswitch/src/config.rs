@@ -163,7 +163,7 @@ struct RawServer {
 /// Default HTTP address of the metrics and status API.
 pub const DEFAULT_API: &str = "127.0.0.1:9110";
 /// Default busy-poll window after a frame, in microseconds.
-pub const DEFAULT_BUSY_POLL_US: u64 = 50;
+pub const DEFAULT_BUSY_POLL_US: u64 = 200;
 /// Default size of the MAC table, in stations.
 pub const DEFAULT_MAC_TABLE_SIZE: usize = 8192;
 /// Default ageing time of a learned station, in seconds (as a Linux bridge).
@@ -416,7 +416,7 @@ mode = "l3"
 api = "127.0.0.1:9110"
 # After a frame, keep polling the ports this long before sleeping (0: always sleep).
 # Longer windows cut latency and CPU per frame under load, at the price of a busy core.
-busy_poll_us = 50
+busy_poll_us = 200
 # MAC learning: most stations held, and how long an unheard one is kept.
 mac_table_size = 8192
 mac_age_s = 300
