@@ -1,10 +1,18 @@
 //! Split-forward-merge of multi-key gets whose keys live on several servers.
 //!
-//! The switch sends one sub-request per server from its agent address, collects every part
-//! (reassembling multi-datagram replies), and answers the client with one reply whose items are
-//! in the client's key order — byte for byte what a single memcached holding all the keys would
-//! send. If any part fails or times out, the client gets that server's error line or nothing:
-//! never a partial answer.
+//! The switch sends one single-key sub-request per distinct key from its agent address,
+//! collects every reply, and answers the client with one reply whose items are in the client's
+//! key order — byte for byte what a single memcached holding all the keys would send. If any
+//! part fails or times out, the client gets that server's error line or nothing: never a
+//! partial answer.
+//!
+//! Why one key per sub-request: memcached 1.6 answers a multi-key get over UDP with one
+//! message per item, every one numbered as its own message (sequence 0 of 1), and datagrams
+//! sent back to back may be delivered out of order (a veth hands each to the backlog of the
+//! CPU the sender happened to run on). Nothing in those messages says how many items to wait
+//! for, so their order cannot be repaired. A single-key get is always answered with exactly
+//! one message — the item and `END`, or `END` alone, or an error line — split into numbered
+//! datagrams only when it is large, which reassemble in any order.
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
@@ -16,9 +24,16 @@ use crate::frame::UdpEnds;
 
 /// Most split gets in flight at once; more are dropped and counted.
 pub const MAX_PENDING: usize = 4096;
-/// Most datagrams one part of a reply may span (memcached's replies to a get that fits one
-/// request datagram stay far below this unless values are huge).
-pub const MAX_PART_DATAGRAMS: u16 = 2048;
+/// Most datagrams one reply may span: memcached's largest item (1 MiB by default) takes about
+/// 750 datagrams of 1400 bytes.
+pub const MAX_PART_DATAGRAMS: u16 = 1024;
+/// Most bytes one part's reply may hold before the split is abandoned.
+pub const MAX_PART_BYTES: usize = 2 << 20;
+/// Most reply bytes all splits in flight may hold together.
+pub const MAX_BUFFERED_BYTES: usize = 64 << 20;
+/// Most sub-request ids in flight: the 16-bit id space, with room left so that an id is not
+/// reused while a late reply to its last use may still arrive.
+const MAX_IDS_IN_FLIGHT: usize = 32_768;
 
 /// Where and how to answer the client once every part is in.
 #[derive(Debug, Clone)]
@@ -28,93 +43,69 @@ pub struct Client {
     pub port: u16,
 }
 
-/// One part: the sub-request sent to one server, and its reply as it arrives.
-///
-/// memcached 1.6 answers a multi-key get over UDP with one message per item, each numbered as
-/// its own message (sequence 0 of 1), and splits only a message larger than a datagram into
-/// numbered pieces, which it sends in order. So a part is a byte stream of messages, complete
-/// when it holds a whole retrieval reply (`END`) or an error line. Pieces must come in order:
-/// with every message under one request id, an out-of-order piece could belong to another
-/// message of the same size, so it fails the split rather than risk mixing two values.
+/// One part: the single-key sub-request for one distinct key, and its reply as it arrives.
 struct Part {
-    server: usize,
+    key: Vec<u8>,
     request_id: u16,
     /// Where the reply must come from: the server's address and memcached port.
     source: (Ipv4Addr, u16),
-    /// The message being reassembled: its datagram count, the next piece expected, and the
-    /// pieces so far.
-    msg_total: u16,
-    msg_next: u16,
-    msg: Vec<u8>,
-    /// Completed messages, in arrival order.
-    stream: Vec<u8>,
-    complete: bool,
+    /// The reply's datagrams by sequence number; empty until the first arrives.
+    pieces: Vec<Option<Vec<u8>>>,
+    received: u16,
+    bytes: usize,
 }
 
-/// Most bytes one part's reply may hold before the split is abandoned.
-pub const MAX_PART_BYTES: usize = 16 << 20;
-/// Most reply bytes all splits in flight may hold together.
-pub const MAX_BUFFERED_BYTES: usize = 64 << 20;
-
 impl Part {
-    fn new(server: usize, request_id: u16, source: (Ipv4Addr, u16)) -> Part {
+    fn new(key: Vec<u8>, request_id: u16, source: (Ipv4Addr, u16)) -> Part {
         Part {
-            server,
+            key,
             request_id,
             source,
-            msg_total: 0,
-            msg_next: 0,
-            msg: Vec::new(),
-            stream: Vec::new(),
-            complete: false,
+            pieces: Vec::new(),
+            received: 0,
+            bytes: 0,
         }
     }
 
-    fn bytes(&self) -> usize {
-        self.stream.len() + self.msg.len()
+    fn complete(&self) -> bool {
+        !self.pieces.is_empty() && usize::from(self.received) == self.pieces.len()
     }
 
-    /// Takes one datagram; `Err` if it cannot belong to a well-formed reply.
+    /// Takes one datagram of the reply; `Err` if it cannot belong to a well-formed reply.
     fn take(&mut self, seq: u16, total: u16, payload: &[u8]) -> Result<(), ()> {
-        if self.complete || total == 0 || total > MAX_PART_DATAGRAMS {
+        if total == 0 || total > MAX_PART_DATAGRAMS || seq >= total {
             return Err(());
         }
-        if self.msg_total == 0 {
-            self.msg_total = total;
-            self.msg_next = 0;
-        }
-        if total != self.msg_total || seq != self.msg_next {
+        if self.pieces.is_empty() {
+            self.pieces = vec![None; usize::from(total)];
+        } else if self.pieces.len() != usize::from(total) {
             return Err(());
         }
-        if self.bytes() + payload.len() > MAX_PART_BYTES {
+        if self.bytes + payload.len() > MAX_PART_BYTES {
             return Err(());
         }
-        self.msg.extend_from_slice(payload);
-        self.msg_next += 1;
-        if self.msg_next < self.msg_total {
-            return Ok(());
+        let slot = &mut self.pieces[usize::from(seq)];
+        if slot.is_none() {
+            *slot = Some(payload.to_vec());
+            self.received += 1;
+            self.bytes += payload.len();
         }
-        self.stream.append(&mut self.msg);
-        self.msg_total = 0;
-        match memcache::reply::parse_retrieval_reply(&self.stream) {
-            Ok(None) => Ok(()),
-            Ok(Some((_, consumed))) if consumed == self.stream.len() => {
-                self.complete = true;
-                Ok(())
-            }
-            Err(memcache::reply::ReplyError::ErrorLine { end, .. }) if end == self.stream.len() => {
-                self.complete = true;
-                Ok(())
-            }
-            _ => Err(()),
+        Ok(())
+    }
+
+    fn message(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.bytes);
+        for piece in self.pieces.iter().flatten() {
+            out.extend_from_slice(piece);
         }
+        out
     }
 }
 
 struct Pending {
     client: Client,
-    /// The client's keys in order, with the server each lives on.
-    keys: Vec<(Vec<u8>, usize)>,
+    /// For each of the client's keys, in order: the part that fetches it.
+    order: Vec<usize>,
     parts: Vec<Part>,
     deadline: Instant,
 }
@@ -195,7 +186,8 @@ impl Splitter {
     }
 
     /// Starts a split of a retrieval command (`get`, `gets`, `gat`, `gats`) whose keys are
-    /// given with the server each lives on. Returns the sub-requests to send.
+    /// given in the client's order with the server each lives on; `sources[server]` is the
+    /// address its replies come from. Returns the sub-requests to send, one per distinct key.
     pub fn start(
         &mut self,
         now: Instant,
@@ -210,30 +202,35 @@ impl Splitter {
         if !retrieval || keys.iter().any(|(_, s)| *s >= sources.len()) {
             return Err(SplitError::NotRetrieval);
         }
-        let mut servers: Vec<usize> = Vec::new();
-        for (_, s) in &keys {
-            if !servers.contains(s) {
-                servers.push(*s);
-            }
+        let mut distinct: Vec<(&[u8], usize)> = Vec::new();
+        let mut order = Vec::with_capacity(keys.len());
+        for (key, server) in &keys {
+            let at = match distinct.iter().position(|(k, _)| *k == key.as_slice()) {
+                Some(at) => at,
+                None => {
+                    distinct.push((key, *server));
+                    distinct.len() - 1
+                }
+            };
+            order.push(at);
         }
-        // Every request id of the table plus these must fit in the 16-bit space with room.
-        if self.pending.len() >= MAX_PENDING || self.by_request.len() + servers.len() > 60_000 {
+        if self.pending.len() >= MAX_PENDING
+            || self.by_request.len() + distinct.len() > MAX_IDS_IN_FLIGHT
+        {
             return Err(SplitError::TableFull);
         }
         let split = self.next_split;
         self.next_split += 1;
-        let mut subs = Vec::with_capacity(servers.len());
-        let mut parts = Vec::with_capacity(servers.len());
-        for server in servers {
+        let mut subs = Vec::with_capacity(distinct.len());
+        let mut parts = Vec::with_capacity(distinct.len());
+        for (key, server) in distinct {
             let request_id = self.allocate_request_id();
             self.by_request.insert(request_id, split);
-            let mut payload = Vec::new();
+            let mut payload = Vec::with_capacity(key.len() + 16);
             let written = memcache::reply::write_retrieval_request(
                 command,
                 exptime,
-                keys.iter()
-                    .filter(|(_, s)| *s == server)
-                    .map(|(k, _)| k.as_slice()),
+                std::iter::once(key),
                 &mut payload,
             );
             debug_assert!(written, "the command was checked above");
@@ -242,13 +239,13 @@ impl Splitter {
                 request_id,
                 payload,
             });
-            parts.push(Part::new(server, request_id, sources[server]));
+            parts.push(Part::new(key.to_vec(), request_id, sources[server]));
         }
         self.pending.insert(
             split,
             Pending {
                 client,
-                keys,
+                order,
                 parts,
                 deadline: now + self.timeout,
             },
@@ -284,14 +281,20 @@ impl Splitter {
         if part.source != source {
             return Arrival::Foreign;
         }
-        let before = part.bytes();
+        let before = part.bytes;
         let ok = part.take(seq, total, payload).is_ok();
-        self.buffered = self.buffered + part.bytes() - before;
+        self.buffered = self.buffered + part.bytes - before;
         if !ok || self.buffered > MAX_BUFFERED_BYTES {
+            tracing::debug!(
+                request_id,
+                seq,
+                total,
+                "split abandoned: a reply datagram does not fit"
+            );
             self.abandon(split);
             return Arrival::BadReply;
         }
-        if !pending.parts.iter().all(|p| p.complete) {
+        if !pending.parts.iter().all(Part::complete) {
             return Arrival::Stored;
         }
         let Some(pending) = self.take(split) else {
@@ -326,7 +329,7 @@ impl Splitter {
         let p = self.pending.remove(&split)?;
         for part in &p.parts {
             self.by_request.remove(&part.request_id);
-            self.buffered = self.buffered.saturating_sub(part.bytes());
+            self.buffered = self.buffered.saturating_sub(part.bytes);
         }
         Some(p)
     }
@@ -350,42 +353,62 @@ fn unpredictable_u16() -> u16 {
     (x as u16).max(1)
 }
 
+/// What one single-key reply held.
+enum Answer {
+    /// The item, `VALUE ...\r\n<data>\r\n`, or `None` for a miss.
+    Item(Option<Vec<u8>>),
+    /// The server's error line.
+    Error(Vec<u8>),
+}
+
+/// Reads one part's reply: at most one item, for the key that was asked, then `END`; or an
+/// error line. Anything else is `None`.
+fn read_part(part: &Part) -> Option<Answer> {
+    let message = part.message();
+    match memcache::reply::parse_retrieval_reply(&message) {
+        Ok(Some((mut items, consumed))) if consumed == message.len() => {
+            let item = items.next();
+            if items.next().is_some() {
+                return None;
+            }
+            match item {
+                None => Some(Answer::Item(None)),
+                Some(item) if item.key == part.key.as_slice() => {
+                    Some(Answer::Item(Some(item.raw.to_vec())))
+                }
+                Some(_) => None,
+            }
+        }
+        Err(memcache::reply::ReplyError::ErrorLine { start, end }) if end == message.len() => {
+            message.get(start..end).map(|l| Answer::Error(l.to_vec()))
+        }
+        _ => None,
+    }
+}
+
 /// Merges the parts of a split in the client's key order. A part that is an error line is
-/// passed on whole; a part that is neither items nor an error makes the merge fail.
+/// passed on whole, as the client would have had it from that server; a part that is neither
+/// makes the merge fail.
 fn merge(p: &Pending) -> Option<Vec<u8>> {
-    // Each part's items, in the order that server returned them (its keys' order).
-    type KeyAndRaw<'a> = (&'a [u8], &'a [u8]);
-    let mut items: Vec<(usize, Vec<KeyAndRaw>)> = Vec::with_capacity(p.parts.len());
+    let mut answers = Vec::with_capacity(p.parts.len());
     for part in &p.parts {
-        let (server, body) = (&part.server, &part.stream);
-        match memcache::reply::parse_retrieval_reply(body) {
-            Ok(Some((list, consumed))) if consumed == body.len() => {
-                let list: Vec<(&[u8], &[u8])> = list.map(|i| (i.key, i.raw)).collect();
-                items.push((*server, list));
+        match read_part(part) {
+            Some(Answer::Error(line)) => return Some(line),
+            Some(Answer::Item(item)) => answers.push(item),
+            None => {
+                tracing::debug!(
+                    key = %String::from_utf8_lossy(&part.key),
+                    "split abandoned: a reply is not one item and END"
+                );
+                return None;
             }
-            Ok(_) => return None,
-            Err(memcache::reply::ReplyError::ErrorLine { start, end }) => {
-                // The server refused: pass its answer on, as a direct request would get it.
-                return body.get(start..end).map(<[u8]>::to_vec);
-            }
-            Err(_) => return None,
         }
     }
-    let mut cursor = vec![0usize; items.len()];
     let mut out = Vec::new();
-    for (key, server) in &p.keys {
-        let i = items.iter().position(|(s, _)| s == server)?;
-        let list = &items[i].1;
-        if let Some((k, raw)) = list.get(cursor[i]) {
-            if *k == key.as_slice() {
-                out.extend_from_slice(raw);
-                cursor[i] += 1;
-            }
+    for &at in &p.order {
+        if let Some(item) = answers.get(at)? {
+            out.extend_from_slice(item);
         }
-    }
-    // Every item a server returned must have found its key.
-    if cursor.iter().zip(&items).any(|(c, (_, l))| *c != l.len()) {
-        return None;
     }
     out.extend_from_slice(b"END\r\n");
     Some(out)
@@ -394,7 +417,6 @@ fn merge(p: &Pending) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::Ipv4Addr;
 
     fn client() -> Client {
         Client {
@@ -429,90 +451,141 @@ mod tests {
         exptime: Option<&[u8]>,
         spec: &[(&str, usize)],
     ) -> Vec<SubRequest> {
-        sp.start(now, client(), command, exptime, keys(spec), &sources())
+        let keys = spec
+            .iter()
+            .map(|(k, s)| (k.as_bytes().to_vec(), *s))
+            .collect();
+        sp.start(now, client(), command, exptime, keys, &sources())
             .expect("split starts")
     }
 
-    fn keys(spec: &[(&str, usize)]) -> Vec<(Vec<u8>, usize)> {
-        spec.iter()
-            .map(|(k, s)| (k.as_bytes().to_vec(), *s))
-            .collect()
+    /// Answers sub-request `sub` with `reply` in one datagram.
+    fn answer(sp: &mut Splitter, sub: &SubRequest, reply: &[u8]) -> Arrival {
+        sp.arrive(src(sub.server), sub.request_id, 0, 1, reply)
     }
 
     #[test]
-    fn split_merges_in_client_order() {
-        let mut sp = Splitter::new(Duration::from_secs(1));
-        let now = Instant::now();
-        let subs = start(
-            &mut sp,
-            now,
-            Command::Get,
-            None,
-            &[("a", 0), ("b", 1), ("c", 0), ("d", 1)],
-        );
-        assert_eq!(subs.len(), 2);
-        assert_eq!(subs[0].payload, b"get a c\r\n");
-        assert_eq!(subs[1].payload, b"get b d\r\n");
-        // Server 1 answers first; its reply comes in two datagrams.
-        let r1 = b"VALUE b 0 1\r\nB\r\nEND\r\n";
-        assert_eq!(
-            sp.arrive(src(1), subs[1].request_id, 0, 2, &r1[..10]),
-            Arrival::Stored
-        );
-        assert_eq!(
-            sp.arrive(src(1), subs[1].request_id, 1, 2, &r1[10..]),
-            Arrival::Stored
-        );
-        let r0 = b"VALUE a 5 1\r\nA\r\nVALUE c 0 2\r\nCC\r\nEND\r\n";
-        match sp.arrive(src(0), subs[0].request_id, 0, 1, r0) {
-            Arrival::Done {
-                request_id, reply, ..
-            } => {
-                assert_eq!(request_id, 42);
-                assert_eq!(
-                    reply,
-                    b"VALUE a 5 1\r\nA\r\nVALUE b 0 1\r\nB\r\nVALUE c 0 2\r\nCC\r\nEND\r\n"
-                );
-            }
-            other => panic!("unexpected {other:?}"),
-        }
-        assert_eq!(sp.in_flight(), 0);
-        assert_eq!(
-            sp.arrive(src(0), subs[0].request_id, 0, 1, r0),
-            Arrival::Stale
-        );
-    }
-
-    #[test]
-    fn one_message_per_item_as_memcached_sends_them() {
+    fn one_sub_request_per_distinct_key_merged_in_client_order() {
         let mut sp = Splitter::new(Duration::from_secs(1));
         let subs = start(
             &mut sp,
             Instant::now(),
             Command::Get,
             None,
-            &[("a", 0), ("b", 1), ("c", 0)],
+            &[("a", 0), ("b", 1), ("c", 0), ("a", 0), ("d", 2)],
         );
-        let id0 = subs[0].request_id;
+        let payloads: Vec<&[u8]> = subs.iter().map(|s| s.payload.as_slice()).collect();
         assert_eq!(
-            sp.arrive(src(0), id0, 0, 1, b"VALUE a 0 1\r\nA\r\n"),
+            payloads,
+            [&b"get a\r\n"[..], b"get b\r\n", b"get c\r\n", b"get d\r\n"]
+        );
+        assert_eq!(
+            subs.iter().map(|s| s.server).collect::<Vec<_>>(),
+            [0, 1, 0, 2]
+        );
+        // Replies in any order; c misses; b's reply comes in two datagrams, last piece first.
+        assert_eq!(
+            answer(&mut sp, &subs[3], b"VALUE d 0 1\r\nD\r\nEND\r\n"),
             Arrival::Stored
         );
-        assert_eq!(
-            sp.arrive(src(0), id0, 0, 1, b"VALUE c 0 1\r\nC\r\n"),
-            Arrival::Stored
-        );
-        assert_eq!(sp.arrive(src(0), id0, 0, 1, b"END\r\n"), Arrival::Stored);
-        // A datagram after the part completed is not part of any reply.
-        let Arrival::Done { reply, .. } = sp.arrive(src(1), subs[1].request_id, 0, 1, b"END\r\n")
-        else {
-            panic!("not done")
-        };
-        assert_eq!(reply, b"VALUE a 0 1\r\nA\r\nVALUE c 0 1\r\nC\r\nEND\r\n");
+        assert_eq!(answer(&mut sp, &subs[2], b"END\r\n"), Arrival::Stored);
+        let b = b"VALUE b 7 2\r\nBB\r\nEND\r\n";
+        let id = subs[1].request_id;
+        assert_eq!(sp.arrive(src(1), id, 1, 2, &b[9..]), Arrival::Stored);
+        assert_eq!(sp.arrive(src(1), id, 0, 2, &b[..9]), Arrival::Stored);
+        match answer(&mut sp, &subs[0], b"VALUE a 5 1\r\nA\r\nEND\r\n") {
+            Arrival::Done {
+                request_id, reply, ..
+            } => {
+                assert_eq!(request_id, 42);
+                assert_eq!(
+                    String::from_utf8_lossy(&reply),
+                    "VALUE a 5 1\r\nA\r\nVALUE b 7 2\r\nBB\r\nVALUE a 5 1\r\nA\r\n\
+                     VALUE d 0 1\r\nD\r\nEND\r\n"
+                );
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_eq!(sp.in_flight(), 0);
+        assert_eq!(sp.buffered, 0);
+        assert_eq!(answer(&mut sp, &subs[0], b"END\r\n"), Arrival::Stale);
     }
 
     #[test]
-    fn foreign_and_out_of_order_datagrams_never_reach_the_client() {
+    fn gat_keeps_its_exptime_and_gets_its_cas() {
+        let mut sp = Splitter::new(Duration::from_secs(1));
+        let now = Instant::now();
+        let subs = start(
+            &mut sp,
+            now,
+            Command::Gat,
+            Some(b"60"),
+            &[("a", 0), ("b", 1)],
+        );
+        assert_eq!(subs[0].payload, b"gat 60 a\r\n");
+        let subs = start(&mut sp, now, Command::Gets, None, &[("a", 0), ("b", 1)]);
+        assert_eq!(subs[1].payload, b"gets b\r\n");
+        assert_eq!(
+            answer(&mut sp, &subs[0], b"VALUE a 0 1 9\r\nA\r\nEND\r\n"),
+            Arrival::Stored
+        );
+        let Arrival::Done { reply, .. } = answer(&mut sp, &subs[1], b"END\r\n") else {
+            panic!("not done")
+        };
+        assert_eq!(reply, b"VALUE a 0 1 9\r\nA\r\nEND\r\n");
+        assert!(sp
+            .start(
+                now,
+                client(),
+                Command::Gat,
+                None,
+                vec![(b"a".to_vec(), 0)],
+                &sources()
+            )
+            .is_err());
+        assert!(sp
+            .start(
+                now,
+                client(),
+                Command::Set,
+                None,
+                vec![(b"a".to_vec(), 0)],
+                &sources()
+            )
+            .is_err());
+    }
+
+    #[test]
+    fn error_part_is_passed_on_and_anything_else_fails() {
+        let mut sp = Splitter::new(Duration::from_secs(1));
+        let now = Instant::now();
+        let subs = start(&mut sp, now, Command::Get, None, &[("a", 0), ("b", 1)]);
+        answer(&mut sp, &subs[0], b"END\r\n");
+        let Arrival::Done { reply, .. } =
+            answer(&mut sp, &subs[1], b"SERVER_ERROR out of memory\r\n")
+        else {
+            panic!("not done")
+        };
+        assert_eq!(reply, b"SERVER_ERROR out of memory\r\n");
+
+        // An item for a key that was not asked for, two items, or garbage: never an answer.
+        for bad in [
+            &b"VALUE x 0 1\r\nX\r\nEND\r\n"[..],
+            b"VALUE b 0 1\r\nB\r\nVALUE b 0 1\r\nB\r\nEND\r\n",
+            b"VALUE b 0 1\r\nB\r\n",
+            b"VALUE zz\r\n",
+            b"STORED\r\n",
+        ] {
+            let subs = start(&mut sp, now, Command::Get, None, &[("a", 0), ("b", 1)]);
+            answer(&mut sp, &subs[0], b"END\r\n");
+            assert_eq!(answer(&mut sp, &subs[1], bad), Arrival::BadReply, "{bad:?}");
+        }
+        assert_eq!(sp.in_flight(), 0);
+        assert_eq!(sp.buffered, 0);
+    }
+
+    #[test]
+    fn foreign_and_malformed_datagrams_never_reach_the_client() {
         let mut sp = Splitter::new(Duration::from_secs(1));
         let subs = start(
             &mut sp,
@@ -533,133 +606,60 @@ mod tests {
             Arrival::Foreign
         );
         assert_eq!(sp.in_flight(), 1);
-        // A piece out of order could belong to another message: the split fails instead.
-        assert_eq!(
-            sp.arrive(src(0), subs[0].request_id, 1, 2, b"x"),
-            Arrival::BadReply
-        );
-        assert_eq!(sp.in_flight(), 0);
-        assert_eq!(sp.buffered, 0);
-    }
-
-    #[test]
-    fn duplicate_keys_come_back_twice() {
-        let mut sp = Splitter::new(Duration::from_secs(1));
-        let subs = start(
-            &mut sp,
-            Instant::now(),
-            Command::Gets,
-            None,
-            &[("a", 0), ("b", 1), ("a", 0)],
-        );
-        assert_eq!(subs[0].payload, b"gets a a\r\n");
-        let r0 = b"VALUE a 0 1 9\r\nA\r\nVALUE a 0 1 9\r\nA\r\nEND\r\n";
-        assert_eq!(
-            sp.arrive(src(0), subs[0].request_id, 0, 1, r0),
-            Arrival::Stored
-        );
-        let Arrival::Done { reply, .. } = sp.arrive(src(1), subs[1].request_id, 0, 1, b"END\r\n")
-        else {
-            panic!("not done")
-        };
-        assert_eq!(reply, r0.to_vec());
-    }
-
-    #[test]
-    fn error_part_is_passed_on_and_garbage_fails() {
-        let mut sp = Splitter::new(Duration::from_secs(1));
-        let subs = start(
-            &mut sp,
-            Instant::now(),
-            Command::Get,
-            None,
-            &[("a", 0), ("b", 1)],
-        );
-        sp.arrive(src(0), subs[0].request_id, 0, 1, b"END\r\n");
-        let Arrival::Done { reply, .. } = sp.arrive(
-            src(1),
-            subs[1].request_id,
-            0,
-            1,
-            b"SERVER_ERROR out of memory\r\n",
-        ) else {
-            panic!("not done")
-        };
-        assert_eq!(reply, b"SERVER_ERROR out of memory\r\n");
-
-        let subs = start(
-            &mut sp,
-            Instant::now(),
-            Command::Get,
-            None,
-            &[("a", 0), ("b", 1)],
-        );
-        sp.arrive(src(0), subs[0].request_id, 0, 1, b"END\r\n");
-        assert_eq!(
-            sp.arrive(src(1), subs[1].request_id, 0, 1, b"VALUE zz\r\n"),
-            Arrival::BadReply
-        );
-        // An item for a key that was not asked for is a bad reply, not a wrong answer.
-        let subs = start(
-            &mut sp,
-            Instant::now(),
-            Command::Get,
-            None,
-            &[("a", 0), ("b", 1)],
-        );
-        sp.arrive(src(0), subs[0].request_id, 0, 1, b"END\r\n");
-        assert_eq!(
-            sp.arrive(
-                src(1),
-                subs[1].request_id,
-                0,
-                1,
-                b"VALUE x 0 1\r\nX\r\nEND\r\n"
-            ),
-            Arrival::BadReply
-        );
-        assert_eq!(sp.in_flight(), 0);
-    }
-
-    #[test]
-    fn bad_headers_and_timeouts() {
-        let mut sp = Splitter::new(Duration::from_millis(10));
-        let t0 = Instant::now();
-        let subs = start(&mut sp, t0, Command::Get, None, &[("a", 0), ("b", 1)]);
+        // Sequence numbers that do not fit the datagram count fail the split.
         assert_eq!(
             sp.arrive(src(0), subs[0].request_id, 3, 2, b"x"),
             Arrival::BadReply
         );
+        assert_eq!(sp.in_flight(), 0);
         let subs = start(
             &mut sp,
-            t0,
-            Command::Gat,
-            Some(b"60"),
+            Instant::now(),
+            Command::Get,
+            None,
             &[("a", 0), ("b", 1)],
         );
-        assert_eq!(subs[0].payload, b"gat 60 a\r\n");
-        assert_eq!(sp.expire(t0), 0);
-        assert_eq!(sp.expire(t0 + Duration::from_millis(11)), 1);
-        assert_eq!(sp.in_flight(), 0);
+        assert_eq!(
+            sp.arrive(src(0), subs[0].request_id, 0, 2, b"VALUE"),
+            Arrival::Stored
+        );
+        assert_eq!(
+            sp.arrive(src(0), subs[0].request_id, 1, 3, b" a"),
+            Arrival::BadReply
+        );
+        assert_eq!(sp.buffered, 0);
     }
 
     #[test]
-    fn table_is_bounded() {
+    fn timeouts_and_bounds() {
+        let mut sp = Splitter::new(Duration::from_millis(10));
+        let t0 = Instant::now();
+        start(&mut sp, t0, Command::Get, None, &[("a", 0), ("b", 1)]);
+        assert_eq!(sp.expire(t0), 0);
+        assert_eq!(sp.expire(t0 + Duration::from_millis(11)), 1);
+        assert_eq!(sp.in_flight(), 0);
+
         let mut sp = Splitter::new(Duration::from_secs(1));
-        let now = Instant::now();
         for _ in 0..MAX_PENDING {
-            start(&mut sp, now, Command::Get, None, &[("a", 0), ("b", 1)]);
+            start(&mut sp, t0, Command::Get, None, &[("a", 0), ("b", 1)]);
         }
+        let keys = vec![(b"a".to_vec(), 0), (b"b".to_vec(), 1)];
         assert_eq!(
-            sp.start(
-                now,
-                client(),
-                Command::Get,
-                None,
-                keys(&[("a", 0), ("b", 1)]),
-                &sources(),
-            ),
+            sp.start(t0, client(), Command::Get, None, keys, &sources()),
             Err(SplitError::TableFull)
         );
+        // A reply larger than a part may hold fails the split instead of growing without bound.
+        let mut sp = Splitter::new(Duration::from_secs(1));
+        let subs = start(&mut sp, t0, Command::Get, None, &[("a", 0), ("b", 1)]);
+        let chunk = vec![b'x'; 60_000];
+        let mut last = Arrival::Stored;
+        for seq in 0..MAX_PART_DATAGRAMS {
+            last = sp.arrive(src(0), subs[0].request_id, seq, MAX_PART_DATAGRAMS, &chunk);
+            if last != Arrival::Stored {
+                break;
+            }
+        }
+        assert_eq!(last, Arrival::BadReply);
+        assert_eq!(sp.buffered, 0);
     }
 }

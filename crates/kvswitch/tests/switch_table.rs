@@ -1051,7 +1051,13 @@ fn sub_request(server: usize, request_id: u16, keys: &[&str]) -> Vec<u8> {
 /// Starts a split get of `keys` from the client and checks the sub-requests: one per server,
 /// from the VIP's agent port, each out of its server's port. Returns each server's
 /// sub-request id.
-fn start_split(rig: &mut Rig, request_id: u16, keys: &[&str]) -> [Option<u16>; 3] {
+/// Sends a get for `keys` and checks the sub-requests: one single-key get per distinct key,
+/// to the key's server, in the client's order. Returns each distinct key's sub-request id.
+fn start_split(
+    rig: &mut Rig,
+    request_id: u16,
+    keys: &[&str],
+) -> std::collections::HashMap<String, u16> {
     let ring = ring();
     let mut frame = to_vip_raw(&mc(
         request_id,
@@ -1065,57 +1071,52 @@ fn start_split(rig: &mut Rig, request_id: u16, keys: &[&str]) -> [Option<u16>; 3
         rig.process(CLIENT.port, &mut frame, &mut emit),
         Fate::Consumed
     );
-    let mut servers: Vec<usize> = Vec::new();
+    let mut distinct: Vec<&str> = Vec::new();
     for k in keys {
-        let s = ring.locate(k.as_bytes());
-        if !servers.contains(&s) {
-            servers.push(s);
+        if !distinct.contains(k) {
+            distinct.push(k);
         }
     }
-    assert_eq!(emit.len(), servers.len(), "one sub-request per server");
-    let mut ids = [None; 3];
-    for e in &emit {
-        let ip = ipv4::Packet::new_checked(&e.frame[IP_AT..]).expect("sub-request is IPv4");
-        let server = SERVERS
-            .iter()
-            .position(|s| s.ip == ip.dst())
-            .expect("sub-request goes to a server");
+    assert_eq!(
+        emit.len(),
+        distinct.len(),
+        "one sub-request per distinct key"
+    );
+    let mut ids = std::collections::HashMap::new();
+    for (e, key) in emit.iter().zip(&distinct) {
+        let server = ring.locate(key.as_bytes());
         let (header, _) = mcudp::Header::parse(&e.frame[PAYLOAD_AT..]).expect("frame header");
-        assert!(
-            ids[server].is_none(),
-            "two sub-requests for server {server}"
-        );
-        ids[server] = Some(header.request_id);
-        let own: Vec<&str> = keys
-            .iter()
-            .copied()
-            .filter(|k| ring.locate(k.as_bytes()) == server)
-            .collect();
         assert_eq!(e.dest, Dest::Port(SERVERS[server].port));
         assert_bytes(
-            &format!("sub-request to server {server}"),
+            &format!("sub-request for {key}"),
             &e.frame,
-            &sub_request(server, header.request_id, &own),
+            &sub_request(server, header.request_id, &[key]),
         );
         assert_checksums("sub-request", &e.frame);
+        ids.insert(key.to_string(), header.request_id);
     }
     let mut expected = vec![Count::KvSplit];
-    expected.extend(servers.iter().map(|s| Count::Requests(*s)));
-    assert_counts("split start", &rig.stats, &before, &expected);
-    let distinct: std::collections::HashSet<u16> = ids.iter().flatten().copied().collect();
-    assert_eq!(
-        distinct.len(),
-        servers.len(),
-        "sub-request ids are distinct"
+    expected.extend(
+        distinct
+            .iter()
+            .map(|k| Count::Requests(ring.locate(k.as_bytes()))),
     );
+    assert_counts("split start", &rig.stats, &before, &expected);
+    let unique: std::collections::HashSet<u16> = ids.values().copied().collect();
+    assert_eq!(unique.len(), distinct.len(), "sub-request ids are distinct");
     ids
+}
+
+/// The server of `key` on the test ring.
+fn server_of(key: &str) -> usize {
+    ring().locate(key.as_bytes())
 }
 
 #[test]
 fn split_get_merges_replies_in_client_order() {
     let fx = Fx::new();
     let mut rig = Rig::new(Mode::L3);
-    // Keys on every server, interleaved; b is a miss.
+    // Keys on every server, interleaved; b is a miss; a is asked twice.
     let (a, b, c, d, e) = (
         fx.key(0, 0),
         fx.key(1, 0),
@@ -1123,12 +1124,11 @@ fn split_get_merges_replies_in_client_order() {
         fx.key(0, 1),
         fx.key(1, 1),
     );
-    let ids = start_split(&mut rig, 0x4242, &[a, b, c, d, e]);
-    let id = |s: usize| ids[s].expect("server has a part");
+    let ids = start_split(&mut rig, 0x4242, &[a, b, c, d, e, a]);
+    let id = |k: &str| ids[k];
 
-    // Server 0 answers as memcached 1.6 does over UDP: one datagram per item, then END, each
-    // a message of its own. Server 2's reply spans two datagrams, sent in order; server 1
-    // sends one. The servers' datagrams interleave.
+    // Each single-key get is answered with one message; c's spans two datagrams that arrive
+    // last piece first, and the replies arrive in no particular order.
     let item_a = format!("VALUE {a} 0 2\r\nA0\r\n");
     let item_d = format!("VALUE {d} 5 3\r\nDDD\r\n");
     let item_c = format!("VALUE {c} 0 1\r\nC\r\n");
@@ -1136,12 +1136,30 @@ fn split_get_merges_replies_in_client_order() {
     let reply_c = format!("{item_c}END\r\n");
     let (c_head, c_tail) = reply_c.as_bytes().split_at(7);
     let replies = vec![
-        to_agent(0, id(0), 0, 1, item_a.as_bytes()),
-        to_agent(2, id(2), 0, 2, c_head),
-        to_agent(0, id(0), 0, 1, item_d.as_bytes()),
-        to_agent(1, id(1), 0, 1, format!("{item_e}END\r\n").as_bytes()),
-        to_agent(2, id(2), 1, 2, c_tail),
-        to_agent(0, id(0), 0, 1, b"END\r\n"),
+        to_agent(
+            server_of(d),
+            id(d),
+            0,
+            1,
+            format!("{item_d}END\r\n").as_bytes(),
+        ),
+        to_agent(server_of(c), id(c), 1, 2, c_tail),
+        to_agent(server_of(b), id(b), 0, 1, b"END\r\n"),
+        to_agent(
+            server_of(e),
+            id(e),
+            0,
+            1,
+            format!("{item_e}END\r\n").as_bytes(),
+        ),
+        to_agent(server_of(c), id(c), 0, 2, c_head),
+        to_agent(
+            server_of(a),
+            id(a),
+            0,
+            1,
+            format!("{item_a}END\r\n").as_bytes(),
+        ),
     ];
     let last = replies.len() - 1;
     for (i, mut frame) in replies.into_iter().enumerate() {
@@ -1166,7 +1184,7 @@ fn split_get_merges_replies_in_client_order() {
             );
             continue;
         }
-        let merged = format!("{item_a}{item_c}{item_d}{item_e}END\r\n");
+        let merged = format!("{item_a}{item_c}{item_d}{item_e}{item_a}END\r\n");
         let want = from_vip_id(0x4242, merged.as_bytes());
         assert_eq!(emit.len(), 1, "one merged reply");
         assert_eq!(emit[0].dest, want.dest);
@@ -1186,17 +1204,12 @@ fn split_get_merges_replies_in_client_order() {
 fn split_get_passes_on_a_server_error() {
     let fx = Fx::new();
     let mut rig = Rig::new(Mode::L3);
-    let ids = start_split(&mut rig, 7, &[fx.key(0, 0), fx.key(2, 0)]);
+    let (k0, k2) = (fx.key(0, 0), fx.key(2, 0));
+    let ids = start_split(&mut rig, 7, &[k0, k2]);
     let mut emit = Vec::new();
-    let mut f = to_agent(0, ids[0].expect("part"), 0, 1, b"END\r\n");
+    let mut f = to_agent(0, ids[k0], 0, 1, b"END\r\n");
     assert_eq!(rig.process(1, &mut f, &mut emit), Fate::Consumed);
-    let mut f = to_agent(
-        2,
-        ids[2].expect("part"),
-        0,
-        1,
-        b"SERVER_ERROR out of memory\r\n",
-    );
+    let mut f = to_agent(2, ids[k2], 0, 1, b"SERVER_ERROR out of memory\r\n");
     assert_eq!(rig.process(2, &mut f, &mut emit), Fate::Consumed);
     assert_eq!(
         emit,
@@ -1208,9 +1221,10 @@ fn split_get_passes_on_a_server_error() {
 fn split_get_times_out_and_late_replies_are_stale() {
     let fx = Fx::new();
     let mut rig = Rig::new(Mode::L3);
-    let ids = start_split(&mut rig, 9, &[fx.key(0, 0), fx.key(1, 0)]);
+    let (k0, k1) = (fx.key(0, 0), fx.key(1, 0));
+    let ids = start_split(&mut rig, 9, &[k0, k1]);
     let mut emit = Vec::new();
-    let mut f = to_agent(0, ids[0].expect("part"), 0, 1, b"END\r\n");
+    let mut f = to_agent(0, ids[k0], 0, 1, b"END\r\n");
     assert_eq!(rig.process(1, &mut f, &mut emit), Fate::Consumed);
 
     let before = snapshot(&rig.stats);
@@ -1228,7 +1242,7 @@ fn split_get_times_out_and_late_replies_are_stale() {
     assert_eq!(stats::get(&rig.stats.splits_in_flight), 0);
 
     let before = snapshot(&rig.stats);
-    let mut f = to_agent(1, ids[1].expect("part"), 0, 1, b"END\r\n");
+    let mut f = to_agent(1, ids[k1], 0, 1, b"END\r\n");
     assert_eq!(rig.process(2, &mut f, &mut emit), Fate::Consumed);
     assert!(emit.is_empty());
     assert_counts(

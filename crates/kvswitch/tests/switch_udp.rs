@@ -131,7 +131,13 @@ fn check_multiget(live: &testbed::Live) {
     request.push_str("\r\n");
 
     let before = status(live)["counters"]["kv_split"].as_u64().unwrap();
-    let r = udp_call(live, "c2", vip, request.as_bytes(), T).expect("multi-get reply");
+    let r = udp_call(live, "c2", vip, request.as_bytes(), T).unwrap_or_else(|| {
+        panic!(
+            "no multi-get reply; switch counters: {}\nswitch log:\n{}",
+            status(live)["counters"],
+            log_tail(live, 40)
+        )
+    });
     assert_eq!(r.from, vip);
     assert_eq!(
         String::from_utf8_lossy(&r.body),

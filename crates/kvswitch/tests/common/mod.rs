@@ -252,3 +252,10 @@ pub fn keys_spanning_servers(ring: &kv::Ring, prefix: &str, per: usize) -> Vec<S
     }
     out
 }
+
+/// The last lines of the switch's log, for failure messages.
+pub fn log_tail(live: &testbed::Live, lines: usize) -> String {
+    let text = std::fs::read_to_string(&live.state.kvswitch_log).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
