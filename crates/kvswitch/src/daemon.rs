@@ -87,6 +87,11 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         if last_work.elapsed() < spin {
             ready.clear();
             ready.extend((0..ports.len()).filter(|&i| ports[i].rx_ready()));
+            if ready.is_empty() {
+                // Nothing yet: let whatever else wants this core run (on a busy machine the
+                // servers and clients share it) without giving up our turn to a full sleep.
+                std::thread::yield_now();
+            }
         } else {
             poller
                 .wait(TICK, &mut ready)
