@@ -1,10 +1,16 @@
 //! Split-forward-merge of multi-key gets whose keys live on several servers.
 //!
-//! The switch sends one single-key sub-request per distinct key from its agent address,
-//! collects every reply, and answers the client with one reply whose items are in the client's
-//! key order — byte for byte what a single memcached holding all the keys would send. If any
-//! part fails or times out, the client gets that server's error line or nothing: never a
-//! partial answer.
+//! Two shapes are split: a text `get`/`gets`/`gat`/`gats` with many keys, and a datagram of
+//! pipelined binary gets (`GET`, `GETQ`, `GETK`, `GETKQ`, then optionally `NOOP`) or meta gets
+//! (`mg`, then optionally `mn`). The switch sends one single-key sub-request per distinct text
+//! key, or per pipelined request, from its agent address, collects every reply, and answers the
+//! client with one reply in the client's order — byte for byte what a single memcached holding
+//! all the keys would send. If any part fails or times out, the client gets that server's error
+//! line (text only) or nothing: never a partial answer.
+//!
+//! Quiet pipelined gets are sent non-quiet, so that a miss is answered too and the switch knows
+//! when every part is in; the merge then leaves the miss out and gives a hit back the client's
+//! quiet opcode. The trailing `NOOP` or `mn` is answered by the switch, last.
 //!
 //! Why one key per sub-request: memcached 1.6 answers a multi-key get over UDP with one
 //! message per item, every one numbered as its own message (sequence 0 of 1), and datagrams
@@ -18,7 +24,8 @@ use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use wire::memcache::{self, Command};
+use wire::memcache::binary::{self, opcode};
+use wire::memcache::{self, Command, Protocol, Request};
 
 use crate::frame::UdpEnds;
 
@@ -43,9 +50,27 @@ pub struct Client {
     pub port: u16,
 }
 
-/// One part: the single-key sub-request for one distinct key, and its reply as it arrives.
+/// How a part's reply is checked and folded into the merged answer.
+#[derive(Debug, Clone)]
+enum Fold {
+    /// A text get of `key`: at most one item for it, then `END`; or an error line.
+    Text { key: Vec<u8> },
+    /// A binary get sent as `sent` with the client's `opaque`: one response to it, a hit or a
+    /// miss. A hit is given back the client's opcode; a miss is left out if `quiet`.
+    Binary {
+        sent: u8,
+        client: u8,
+        opaque: u32,
+        quiet: bool,
+    },
+    /// A meta `mg` sent without `q`: `VA`, `HD` or `EN`. An `EN` is left out if `quiet`.
+    Meta { quiet: bool },
+}
+
+/// One part: the single-key sub-request for one distinct text key or one pipelined get, and its
+/// reply as it arrives.
 struct Part {
-    key: Vec<u8>,
+    fold: Fold,
     request_id: u16,
     /// Where the reply must come from: the server's address and memcached port.
     source: (Ipv4Addr, u16),
@@ -56,9 +81,9 @@ struct Part {
 }
 
 impl Part {
-    fn new(key: Vec<u8>, request_id: u16, source: (Ipv4Addr, u16)) -> Part {
+    fn new(fold: Fold, request_id: u16, source: (Ipv4Addr, u16)) -> Part {
         Part {
-            key,
+            fold,
             request_id,
             source,
             pieces: Vec::new(),
@@ -107,6 +132,8 @@ struct Pending {
     /// For each of the client's keys, in order: the part that fetches it.
     order: Vec<usize>,
     parts: Vec<Part>,
+    /// Appended after the last answer: `END` for a text get, the answer to a trailing no-op.
+    trailer: Vec<u8>,
     deadline: Instant,
 }
 
@@ -141,7 +168,8 @@ pub enum Arrival {
 #[derive(Debug, PartialEq, Eq)]
 pub enum SplitError {
     TableFull,
-    /// Only `get`, `gets`, `gat` and `gats` (with its exptime) can be split.
+    /// Only `get`, `gets`, `gat` and `gats` (with its exptime), or pipelined binary or meta
+    /// gets of one protocol with an optional trailing no-op, can be split.
     NotRetrieval,
 }
 
@@ -239,7 +267,8 @@ impl Splitter {
                 request_id,
                 payload,
             });
-            parts.push(Part::new(key.to_vec(), request_id, sources[server]));
+            let fold = Fold::Text { key: key.to_vec() };
+            parts.push(Part::new(fold, request_id, sources[server]));
         }
         self.pending.insert(
             split,
@@ -247,6 +276,71 @@ impl Splitter {
                 client,
                 order,
                 parts,
+                trailer: b"END\r\n".to_vec(),
+                deadline: now + self.timeout,
+            },
+        );
+        Ok(subs)
+    }
+
+    /// Starts a split of the pipelined requests of one datagram, in the client's order, each
+    /// with the server its key lives on (`None` for a keyless request). They must all be binary
+    /// `GET`/`GETQ`/`GETK`/`GETKQ`, or all meta `mg`, optionally followed by one `NOOP` or `mn`
+    /// of the same protocol. Returns the sub-requests to send, one per get.
+    pub fn start_pipeline(
+        &mut self,
+        now: Instant,
+        client: Client,
+        requests: &[(Request<'_>, Option<usize>)],
+        sources: &[(Ipv4Addr, u16)],
+    ) -> Result<Vec<SubRequest>, SplitError> {
+        let (gets, trailer) = match requests {
+            [gets @ .., (last, None)] => (gets, Some(last)),
+            gets => (gets, None),
+        };
+        let protocol = match gets.first() {
+            Some((first, _)) if first.protocol != Protocol::Text => first.protocol,
+            _ => return Err(SplitError::NotRetrieval),
+        };
+        let trailer = match trailer {
+            None => Vec::new(),
+            Some(noop) => noop_answer(noop, protocol).ok_or(SplitError::NotRetrieval)?,
+        };
+        let mut planned = Vec::with_capacity(gets.len());
+        for (req, server) in gets {
+            let server = server.filter(|s| *s < sources.len());
+            let (Some(server), true) = (server, req.protocol == protocol) else {
+                return Err(SplitError::NotRetrieval);
+            };
+            let (payload, fold) = sub_request(req).ok_or(SplitError::NotRetrieval)?;
+            planned.push((server, payload, fold));
+        }
+        if self.pending.len() >= MAX_PENDING
+            || self.by_request.len() + planned.len() > MAX_IDS_IN_FLIGHT
+        {
+            return Err(SplitError::TableFull);
+        }
+        let split = self.next_split;
+        self.next_split += 1;
+        let mut subs = Vec::with_capacity(planned.len());
+        let mut parts = Vec::with_capacity(planned.len());
+        for (server, payload, fold) in planned {
+            let request_id = self.allocate_request_id();
+            self.by_request.insert(request_id, split);
+            subs.push(SubRequest {
+                server,
+                request_id,
+                payload,
+            });
+            parts.push(Part::new(fold, request_id, sources[server]));
+        }
+        self.pending.insert(
+            split,
+            Pending {
+                client,
+                order: (0..parts.len()).collect(),
+                parts,
+                trailer,
                 deadline: now + self.timeout,
             },
         );
@@ -353,6 +447,70 @@ fn unpredictable_u16() -> u16 {
     (x as u16).max(1)
 }
 
+/// What the switch answers for a trailing no-op: memcached's `NOOP` response (the request's
+/// opaque, everything else zero) or `MN`. `None` for anything else.
+fn noop_answer(req: &Request<'_>, protocol: Protocol) -> Option<Vec<u8>> {
+    match req.command {
+        Command::Binary(opcode::NOOP) if protocol == Protocol::Binary => {
+            let mut out = vec![0u8; binary::HEADER_LEN];
+            out[0] = binary::RESPONSE_MAGIC;
+            out[1] = opcode::NOOP;
+            out[12..16].copy_from_slice(&req.opaque()?.to_be_bytes());
+            Some(out)
+        }
+        Command::MetaNoop if protocol == Protocol::Meta => Some(b"MN\r\n".to_vec()),
+        _ => None,
+    }
+}
+
+/// The single request to send for one pipelined get, made non-quiet so that a miss is answered
+/// too, and how its reply folds back; `None` if the request cannot be split.
+fn sub_request(req: &Request<'_>) -> Option<(Vec<u8>, Fold)> {
+    match req.command {
+        Command::Binary(op @ (opcode::GET | opcode::GETQ | opcode::GETK | opcode::GETKQ)) => {
+            let sent = match op {
+                opcode::GETQ => opcode::GET,
+                opcode::GETKQ => opcode::GETK,
+                op => op,
+            };
+            let mut payload = req.bytes().to_vec();
+            // The opcode is the second header byte.
+            *payload.get_mut(1)? = sent;
+            let fold = Fold::Binary {
+                sent,
+                client: op,
+                opaque: req.opaque()?,
+                quiet: op != sent,
+            };
+            Some((payload, fold))
+        }
+        Command::MetaGet => {
+            // `mg <key> <flag>*`: the same line without the quiet flag.
+            let line = req.bytes();
+            let line = line.strip_suffix(b"\n")?;
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            let mut payload = Vec::with_capacity(line.len() + 2);
+            for token in line.split(|&b| b == b' ').filter(|t| !t.is_empty()) {
+                if token.first() == Some(&b'q') {
+                    continue;
+                }
+                if !payload.is_empty() {
+                    payload.push(b' ');
+                }
+                payload.extend_from_slice(token);
+            }
+            payload.extend_from_slice(b"\r\n");
+            Some((
+                payload,
+                Fold::Meta {
+                    quiet: req.noreply(),
+                },
+            ))
+        }
+        _ => None,
+    }
+}
+
 /// What one single-key reply held.
 enum Answer {
     /// The item, `VALUE ...\r\n<data>\r\n`, or `None` for a miss.
@@ -361,11 +519,25 @@ enum Answer {
     Error(Vec<u8>),
 }
 
-/// Reads one part's reply: at most one item, for the key that was asked, then `END`; or an
-/// error line. Anything else is `None`.
+/// Reads one part's reply as its fold says; anything but a well-formed answer is `None`.
 fn read_part(part: &Part) -> Option<Answer> {
     let message = part.message();
-    match memcache::reply::parse_retrieval_reply(&message) {
+    match &part.fold {
+        Fold::Text { key } => read_text(key, &message),
+        Fold::Binary {
+            sent,
+            client,
+            opaque,
+            quiet,
+        } => read_binary(message, *sent, *client, *opaque, *quiet),
+        Fold::Meta { quiet } => read_meta(message, *quiet),
+    }
+}
+
+/// A text get's reply: at most one item, for the key that was asked, then `END`; or an error
+/// line.
+fn read_text(key: &[u8], message: &[u8]) -> Option<Answer> {
+    match memcache::reply::parse_retrieval_reply(message) {
         Ok(Some((mut items, consumed))) if consumed == message.len() => {
             let item = items.next();
             if items.next().is_some() {
@@ -373,9 +545,7 @@ fn read_part(part: &Part) -> Option<Answer> {
             }
             match item {
                 None => Some(Answer::Item(None)),
-                Some(item) if item.key == part.key.as_slice() => {
-                    Some(Answer::Item(Some(item.raw.to_vec())))
-                }
+                Some(item) if item.key == key => Some(Answer::Item(Some(item.raw.to_vec()))),
                 Some(_) => None,
             }
         }
@@ -384,6 +554,58 @@ fn read_part(part: &Part) -> Option<Answer> {
         }
         _ => None,
     }
+}
+
+/// A binary get's reply: exactly one response to the opcode and opaque that were sent, a hit
+/// (status 0) or a miss (status 1). Any other status fails the split.
+fn read_binary(
+    mut message: Vec<u8>,
+    sent: u8,
+    client: u8,
+    opaque: u32,
+    quiet: bool,
+) -> Option<Answer> {
+    let header = binary::parse_response_header(&message).ok()??;
+    if header.packet_len() != message.len() || header.opcode != sent || header.opaque != opaque {
+        return None;
+    }
+    match header.status() {
+        binary::status::NO_ERROR => {
+            // A quiet get's hit carries the quiet opcode, as memcached echoes the request's.
+            message[1] = client;
+            Some(Answer::Item(Some(message)))
+        }
+        binary::status::KEY_NOT_FOUND if quiet => Some(Answer::Item(None)),
+        binary::status::KEY_NOT_FOUND => Some(Answer::Item(Some(message))),
+        _ => None,
+    }
+}
+
+/// A meta get's reply: `VA <len> <flag>*` and its data, `HD <flag>*`, or the miss
+/// `EN <flag>*`, which a quiet get leaves out.
+fn read_meta(message: Vec<u8>, quiet: bool) -> Option<Answer> {
+    let line_len = message.windows(2).position(|w| w == b"\r\n")? + 2;
+    let line = &message[..line_len - 2];
+    let mut tokens = line.split(|&b| b == b' ');
+    let code = tokens.next()?;
+    let expected = match code {
+        b"VA" => {
+            let len = std::str::from_utf8(tokens.next()?)
+                .ok()?
+                .parse::<usize>()
+                .ok()?;
+            line_len.checked_add(len)?.checked_add(2)?
+        }
+        b"HD" | b"EN" => line_len,
+        _ => return None,
+    };
+    if message.len() != expected || !message.ends_with(b"\r\n") {
+        return None;
+    }
+    if code == b"EN" && quiet {
+        return Some(Answer::Item(None));
+    }
+    Some(Answer::Item(Some(message)))
 }
 
 /// Merges the parts of a split in the client's key order. A part that is an error line is
@@ -396,10 +618,7 @@ fn merge(p: &Pending) -> Option<Vec<u8>> {
             Some(Answer::Error(line)) => return Some(line),
             Some(Answer::Item(item)) => answers.push(item),
             None => {
-                tracing::debug!(
-                    key = %String::from_utf8_lossy(&part.key),
-                    "split abandoned: a reply is not one item and END"
-                );
+                tracing::debug!(fold = ?part.fold, "split abandoned: a part's reply is malformed");
                 return None;
             }
         }
@@ -410,7 +629,7 @@ fn merge(p: &Pending) -> Option<Vec<u8>> {
             out.extend_from_slice(item);
         }
     }
-    out.extend_from_slice(b"END\r\n");
+    out.extend_from_slice(&p.trailer);
     Some(out)
 }
 
@@ -661,5 +880,198 @@ mod tests {
         }
         assert_eq!(last, Arrival::BadReply);
         assert_eq!(sp.buffered, 0);
+    }
+    /// Starts a split of the pipelined requests in `body`, the `n`th get on `servers[n]`.
+    fn start_pipeline(sp: &mut Splitter, body: &[u8], servers: &[usize]) -> Vec<SubRequest> {
+        let mut requests = Vec::new();
+        let mut offset = 0;
+        let mut gets = servers.iter();
+        while offset < body.len() {
+            let req = memcache::parse(&body[offset..]).unwrap().unwrap();
+            let server = req.key().map(|_| *gets.next().expect("a server per get"));
+            offset += req.len;
+            requests.push((req, server));
+        }
+        sp.start_pipeline(Instant::now(), client(), &requests, &sources())
+            .expect("split starts")
+    }
+
+    /// A binary request or response header and key, with no extras.
+    fn bin(magic: u8, op: u8, status: u16, opaque: u32, key: &[u8], value: &[u8]) -> Vec<u8> {
+        let extras: &[u8] = if magic == 0x81 && status == 0 {
+            &[0, 0, 0, 7]
+        } else {
+            &[]
+        };
+        let mut out = vec![magic, op];
+        out.extend_from_slice(&(key.len() as u16).to_be_bytes());
+        out.extend_from_slice(&[extras.len() as u8, 0]);
+        out.extend_from_slice(&status.to_be_bytes());
+        let body = extras.len() + key.len() + value.len();
+        out.extend_from_slice(&(body as u32).to_be_bytes());
+        out.extend_from_slice(&opaque.to_be_bytes());
+        out.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 9]);
+        out.extend_from_slice(extras);
+        out.extend_from_slice(key);
+        out.extend_from_slice(value);
+        out
+    }
+
+    #[test]
+    fn binary_quiet_gets_are_sent_loud_and_merged_quiet() {
+        let mut sp = Splitter::new(Duration::from_secs(1));
+        let mut body = Vec::new();
+        for (i, key) in [b"a", b"b", b"c"].iter().enumerate() {
+            body.extend(bin(0x80, opcode::GETKQ, 0, 10 + i as u32, *key, b""));
+        }
+        body.extend(bin(0x80, opcode::GET, 0, 20, b"d", b""));
+        body.extend(bin(0x80, opcode::NOOP, 0, 99, b"", b""));
+        let subs = start_pipeline(&mut sp, &body, &[0, 1, 2, 1]);
+        assert_eq!(subs.len(), 4);
+        for (i, key) in [b"a", b"b", b"c"].iter().enumerate() {
+            // Sent as GETK with the client's opaque.
+            assert_eq!(
+                subs[i].payload,
+                bin(0x80, opcode::GETK, 0, 10 + i as u32, *key, b"")
+            );
+        }
+        assert_eq!(subs[3].payload, bin(0x80, opcode::GET, 0, 20, b"d", b""));
+        assert_eq!(
+            subs.iter().map(|s| s.server).collect::<Vec<_>>(),
+            [0, 1, 2, 1]
+        );
+        // b misses (left out: it was quiet), d misses (kept: it was not); any order.
+        let hit_a = bin(0x81, opcode::GETK, 0, 10, b"a", b"AA");
+        let hit_c = bin(0x81, opcode::GETK, 0, 12, b"c", b"C");
+        let miss_d = bin(0x81, opcode::GET, 1, 20, b"", b"Not found");
+        assert_eq!(answer(&mut sp, &subs[2], &hit_c), Arrival::Stored);
+        assert_eq!(answer(&mut sp, &subs[3], &miss_d), Arrival::Stored);
+        let miss_b = bin(0x81, opcode::GETK, 1, 11, b"b", b"");
+        assert_eq!(answer(&mut sp, &subs[1], &miss_b), Arrival::Stored);
+        let Arrival::Done { reply, .. } = answer(&mut sp, &subs[0], &hit_a) else {
+            panic!("not done")
+        };
+        let mut want = bin(0x81, opcode::GETKQ, 0, 10, b"a", b"AA");
+        want.extend(bin(0x81, opcode::GETKQ, 0, 12, b"c", b"C"));
+        want.extend(&miss_d);
+        want.extend([
+            0x81,
+            opcode::NOOP,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            99,
+        ]);
+        want.extend([0; 8]);
+        assert_eq!(reply, want);
+        assert_eq!(sp.in_flight(), 0);
+        assert_eq!(sp.buffered, 0);
+    }
+
+    #[test]
+    fn binary_reply_that_is_not_a_hit_or_miss_fails() {
+        let mut body = bin(0x80, opcode::GETQ, 0, 1, b"a", b"");
+        body.extend(bin(0x80, opcode::GETQ, 0, 2, b"b", b""));
+        let ok = bin(0x81, opcode::GET, 0, 2, b"", b"B");
+        for bad in [
+            // Out of memory, another opcode, another opaque, a body longer than said.
+            bin(0x81, opcode::GET, 0x82, 1, b"", b"Out of memory"),
+            bin(0x81, opcode::GETK, 0, 1, b"", b"A"),
+            bin(0x81, opcode::GET, 0, 7, b"", b"A"),
+            [bin(0x81, opcode::GET, 0, 1, b"", b"A"), b"x".to_vec()].concat(),
+            b"END\r\n".to_vec(),
+        ] {
+            let mut sp = Splitter::new(Duration::from_secs(1));
+            let subs = start_pipeline(&mut sp, &body, &[0, 1]);
+            assert_eq!(subs[0].payload, bin(0x80, opcode::GET, 0, 1, b"a", b""));
+            assert_eq!(answer(&mut sp, &subs[1], &ok), Arrival::Stored);
+            assert_eq!(
+                answer(&mut sp, &subs[0], &bad),
+                Arrival::BadReply,
+                "{bad:?}"
+            );
+            assert_eq!(sp.in_flight(), 0);
+        }
+    }
+
+    #[test]
+    fn meta_gets_drop_q_and_quiet_misses() {
+        let mut sp = Splitter::new(Duration::from_secs(1));
+        let body = b"mg a v q k\r\nmg b q v\r\nmg c v\r\nmg d q\r\nmn\r\n";
+        let subs = start_pipeline(&mut sp, body, &[0, 1, 2, 0]);
+        let payloads: Vec<&[u8]> = subs.iter().map(|s| s.payload.as_slice()).collect();
+        assert_eq!(
+            payloads,
+            [
+                &b"mg a v k\r\n"[..],
+                b"mg b v\r\n",
+                b"mg c v\r\n",
+                b"mg d\r\n"
+            ]
+        );
+        assert_eq!(answer(&mut sp, &subs[3], b"HD\r\n"), Arrival::Stored);
+        assert_eq!(answer(&mut sp, &subs[2], b"EN\r\n"), Arrival::Stored);
+        assert_eq!(answer(&mut sp, &subs[1], b"EN\r\n"), Arrival::Stored);
+        let Arrival::Done { reply, .. } = answer(&mut sp, &subs[0], b"VA 2 ka\r\nAA\r\n") else {
+            panic!("not done")
+        };
+        // b's quiet miss is left out; c was not quiet, so its miss stays; d's hit stays.
+        assert_eq!(
+            String::from_utf8_lossy(&reply),
+            "VA 2 ka\r\nAA\r\nEN\r\nHD\r\nMN\r\n"
+        );
+
+        for bad in [
+            &b"VA 3\r\nAA\r\n"[..],
+            b"VA 2\r\nAA\r\nEN\r\n",
+            b"SERVER_ERROR out of memory\r\n",
+            b"HD",
+            b"NF\r\n",
+        ] {
+            let subs = start_pipeline(&mut sp, b"mg a v q\r\nmg b v q\r\n", &[0, 1]);
+            assert_eq!(answer(&mut sp, &subs[1], b"EN\r\n"), Arrival::Stored);
+            assert_eq!(answer(&mut sp, &subs[0], bad), Arrival::BadReply, "{bad:?}");
+        }
+        assert_eq!(sp.in_flight(), 0);
+    }
+
+    #[test]
+    fn only_gets_of_one_protocol_with_a_trailing_noop_are_split() {
+        let mut sp = Splitter::new(Duration::from_secs(1));
+        let get = bin(0x80, opcode::GETQ, 0, 1, b"a", b"");
+        let noop = bin(0x80, opcode::NOOP, 0, 2, b"", b"");
+        let set = bin(0x80, opcode::DELETEQ, 0, 3, b"a", b"");
+        for body in [
+            [&get[..], b"mg b v\r\n"].concat(),
+            [&get[..], &noop, &get].concat(),
+            [&get[..], &set].concat(),
+            b"mg a v\r\nms b 1\r\nB\r\n".to_vec(),
+            b"mn\r\n".to_vec(),
+            b"get a b\r\n".to_vec(),
+        ] {
+            let mut requests = Vec::new();
+            let mut offset = 0;
+            while offset < body.len() {
+                let req = memcache::parse(&body[offset..]).unwrap().unwrap();
+                offset += req.len;
+                requests.push((req, req.key().map(|_| 0)));
+            }
+            assert_eq!(
+                sp.start_pipeline(Instant::now(), client(), &requests, &sources()),
+                Err(SplitError::NotRetrieval),
+                "{body:?}"
+            );
+        }
+        assert_eq!(sp.in_flight(), 0);
     }
 }

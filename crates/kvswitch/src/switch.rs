@@ -127,8 +127,6 @@ pub struct Switch {
     last_aging: Option<Instant>,
     /// Each server's address and memcached port: where split parts must come from.
     sources: Vec<(Ipv4Addr, u16)>,
-    /// Scratch list of (key, server) for one request.
-    route_scratch: Vec<(usize, usize, usize)>,
 }
 
 impl Switch {
@@ -173,7 +171,6 @@ impl Switch {
                 .iter()
                 .map(|b| (*b.addr.ip(), b.addr.port()))
                 .collect(),
-            route_scratch: Vec::new(),
         };
         sw.install_members()?;
         Ok(sw)
@@ -545,6 +542,10 @@ impl Switch {
         let mut multi = false;
         let mut requests = 0;
         let mut split_candidate = false;
+        // Whether every request so far is a binary or meta get of one protocol, with at most
+        // a trailing no-op: a pipeline the splitter can take apart.
+        let mut pipelined_gets = true;
+        let mut protocol: Option<Protocol> = None;
         let mut local: Option<&'static [u8]> = None;
         let mut noops = 0;
         while offset < body.len() {
@@ -570,6 +571,8 @@ impl Switch {
                 }
             };
             requests += 1;
+            // Nothing may follow a no-op in a pipeline the splitter takes apart.
+            let after_noop = noops > 0;
             if req.key_count() == 0 {
                 match req.command {
                     // No-ops end a pipeline of quiet requests; they go wherever the keys go.
@@ -588,6 +591,11 @@ impl Switch {
                     req.command,
                     Command::Get | Command::Gets | Command::Gat | Command::Gats
                 );
+            pipelined_gets &= !after_noop
+                && req.protocol != Protocol::Text
+                && protocol.is_none_or(|p| p == req.protocol)
+                && is_pipelined_get_or_noop(req.command);
+            protocol = Some(req.protocol);
             let mut decoded = [0u8; memcache::MAX_KEY_LEN];
             for token in req.keys() {
                 // memcached stores a base64 meta key under its decoded bytes; place it so.
@@ -623,6 +631,7 @@ impl Switch {
             None => Route::Drop(Drop::IncompleteRequest),
             Some((_, key_hash)) if !multi => Route::One { key_hash },
             Some(_) if requests == 1 && split_candidate => Route::Split,
+            Some(_) if pipelined_gets => Route::Split,
             Some(_) => Route::Drop(Drop::PipelinedMultiServer),
         }
     }
@@ -661,28 +670,45 @@ impl Switch {
             self.stats.count_drop(Drop::IncompleteRequest);
             return;
         };
-        self.route_scratch.clear();
-        let keys: Vec<(Vec<u8>, usize)> = req
-            .keys()
-            .map(|k| (k.to_vec(), self.ring.locate(k)))
-            .collect();
-        // Every part needs a known MAC before anything is sent.
-        if keys.iter().any(|(_, s)| self.backend_macs[*s].is_none()) {
-            self.stats.count_drop(Drop::BackendUnresolved);
-            return;
-        }
-        let subs = match self.splitter.start(
-            now,
-            split::Client {
-                ends: client,
-                request_id,
-                port: in_port,
-            },
-            req.command,
-            req.exptime_token(),
-            keys,
-            &self.sources,
-        ) {
+        let client = split::Client {
+            ends: client,
+            request_id,
+            port: in_port,
+        };
+        let started = if req.protocol == Protocol::Text {
+            let keys: Vec<(Vec<u8>, usize)> = req
+                .keys()
+                .map(|k| (k.to_vec(), self.ring.locate(k)))
+                .collect();
+            // Every part needs a known MAC before anything is sent.
+            if keys.iter().any(|(_, s)| self.backend_macs[*s].is_none()) {
+                self.stats.count_drop(Drop::BackendUnresolved);
+                return;
+            }
+            self.splitter.start(
+                now,
+                client,
+                req.command,
+                req.exptime_token(),
+                keys,
+                &self.sources,
+            )
+        } else {
+            let Some(requests) = self.locate_pipeline(body) else {
+                self.stats.count_drop(Drop::IncompleteRequest);
+                return;
+            };
+            if requests
+                .iter()
+                .any(|(_, s)| s.is_some_and(|s| self.backend_macs[s].is_none()))
+            {
+                self.stats.count_drop(Drop::BackendUnresolved);
+                return;
+            }
+            self.splitter
+                .start_pipeline(now, client, &requests, &self.sources)
+        };
+        let subs = match started {
             Ok(subs) => subs,
             Err(split::SplitError::TableFull) => {
                 self.stats.count_drop(Drop::SplitTableFull);
@@ -725,6 +751,31 @@ impl Switch {
                 frame: frame::udp_frame(&ends, &[&header, &sub.payload]),
             });
         }
+    }
+
+    /// Every request of a datagram with the server its key lives on (`None` if keyless); a
+    /// base64 meta key is placed by its decoded bytes. `None` if the datagram does not parse.
+    fn locate_pipeline<'a>(
+        &self,
+        body: &'a [u8],
+    ) -> Option<Vec<(memcache::Request<'a>, Option<usize>)>> {
+        let mut out = Vec::new();
+        let mut offset = 0;
+        while offset < body.len() {
+            let req = memcache::parse(body.get(offset..)?).ok()??;
+            let server = match req.key() {
+                Some(token) if req.base64_key() => {
+                    let mut decoded = [0u8; memcache::MAX_KEY_LEN];
+                    let key = memcache::meta::decode_base64_key(token, &mut decoded).ok()?;
+                    Some(self.ring.locate(key))
+                }
+                Some(key) => Some(self.ring.locate(key)),
+                None => None,
+            };
+            offset += req.len.max(1);
+            out.push((req, server));
+        }
+        Some(out)
     }
 
     fn split_reply(&mut self, source: (Ipv4Addr, u16), payload: &[u8], emit: &mut Vec<Emit>) {
@@ -837,6 +888,20 @@ impl Switch {
                 .collect(),
         }
     }
+}
+
+/// Whether a request may be part of a pipeline the splitter takes apart: a binary
+/// `GET`/`GETQ`/`GETK`/`GETKQ` or `NOOP`, a meta `mg` or `mn`.
+fn is_pipelined_get_or_noop(command: Command) -> bool {
+    use memcache::binary::opcode;
+    matches!(
+        command,
+        Command::MetaGet
+            | Command::MetaNoop
+            | Command::Binary(
+                opcode::GET | opcode::GETQ | opcode::GETK | opcode::GETKQ | opcode::NOOP
+            )
+    )
 }
 
 /// The reply to `version` on the VIP: the switch answers for the pool.

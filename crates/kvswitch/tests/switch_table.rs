@@ -1253,6 +1253,219 @@ fn split_get_times_out_and_late_replies_are_stale() {
     );
 }
 
+/// A datagram from the agent port to `server`'s memcached port carrying `body`.
+fn to_server(server: usize, request_id: u16, body: &[u8]) -> Vec<u8> {
+    let s = &SERVERS[server];
+    udp_frame(
+        VIP_MAC,
+        s.mac,
+        (VIP, AGENT_PORT),
+        (s.ip, MC_PORT),
+        &mc(request_id, 0, 1, body),
+    )
+}
+
+/// A binary request (magic 0x80) or response (0x81) with `extras`, `key` and `value`.
+fn bin(magic: u8, op: u8, status: u16, opaque: u32, parts: [&[u8]; 3]) -> Vec<u8> {
+    let [extras, key, value] = parts;
+    let mut out = vec![magic, op];
+    out.extend_from_slice(&(key.len() as u16).to_be_bytes());
+    out.extend_from_slice(&[extras.len() as u8, 0]);
+    out.extend_from_slice(&status.to_be_bytes());
+    let body = extras.len() + key.len() + value.len();
+    out.extend_from_slice(&(body as u32).to_be_bytes());
+    out.extend_from_slice(&opaque.to_be_bytes());
+    out.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 5]);
+    out.extend_from_slice(extras);
+    out.extend_from_slice(key);
+    out.extend_from_slice(value);
+    out
+}
+
+/// Sends the pipelined requests in `body` and checks the sub-requests: `subs[n]` is the
+/// server and payload of the `n`th, byte for byte. Returns their request ids, in order.
+fn start_pipelined_split(
+    rig: &mut Rig,
+    request_id: u16,
+    body: &[u8],
+    subs: &[(usize, Vec<u8>)],
+) -> Vec<u16> {
+    let mut frame = to_vip_raw(&mc(request_id, 0, 1, body));
+    let mut emit = Vec::new();
+    let before = snapshot(&rig.stats);
+    assert_eq!(
+        rig.process(CLIENT.port, &mut frame, &mut emit),
+        Fate::Consumed
+    );
+    assert_eq!(emit.len(), subs.len(), "one sub-request per get");
+    let mut ids = Vec::new();
+    for (n, (e, (server, payload))) in emit.iter().zip(subs).enumerate() {
+        let (header, _) = mcudp::Header::parse(&e.frame[PAYLOAD_AT..]).expect("frame header");
+        assert_eq!(e.dest, Dest::Port(SERVERS[*server].port), "sub-request {n}");
+        assert_bytes(
+            &format!("sub-request {n}"),
+            &e.frame,
+            &to_server(*server, header.request_id, payload),
+        );
+        assert_checksums("sub-request", &e.frame);
+        ids.push(header.request_id);
+    }
+    let mut expected = vec![Count::KvSplit];
+    expected.extend(subs.iter().map(|(s, _)| Count::Requests(*s)));
+    assert_counts("pipelined split start", &rig.stats, &before, &expected);
+    ids
+}
+
+/// Feeds `replies` (server, request id, body) in the order given and checks that only the
+/// last one brings the merged reply `merged` to the client, as request `request_id`.
+fn finish_split(rig: &mut Rig, replies: &[(usize, u16, Vec<u8>)], request_id: u16, merged: &[u8]) {
+    for (i, (server, id, body)) in replies.iter().enumerate() {
+        let mut frame = to_agent(*server, *id, 0, 1, body);
+        let before = snapshot(&rig.stats);
+        let mut emit = Vec::new();
+        assert_eq!(
+            rig.process(SERVERS[*server].port, &mut frame, &mut emit),
+            Fate::Consumed,
+            "reply {i}"
+        );
+        if i + 1 < replies.len() {
+            assert!(emit.is_empty(), "reply {i}: nothing before the last part");
+            assert_counts(
+                &format!("reply {i}"),
+                &rig.stats,
+                &before,
+                &[Count::Replies(*server)],
+            );
+            continue;
+        }
+        let want = from_vip_id(request_id, merged);
+        assert_eq!(emit.len(), 1, "one merged reply");
+        assert_eq!(emit[0].dest, want.dest);
+        assert_bytes("merged reply", &emit[0].frame, &want.frame);
+        assert_checksums("merged reply", &emit[0].frame);
+        assert_counts(
+            "merged reply",
+            &rig.stats,
+            &before,
+            &[Count::Replies(*server), Count::Answer(Answer::MergedGet)],
+        );
+    }
+    assert_eq!(rig.sw.snapshot().splits_in_flight, 0);
+}
+
+const GETK: u8 = 0x0c;
+const GETKQ: u8 = 0x0d;
+const NOOP: u8 = 0x0a;
+
+#[test]
+fn binary_getkq_pipeline_across_servers_is_split_and_merged() {
+    let fx = Fx::new();
+    let mut rig = Rig::new(Mode::L3);
+    let keys = [fx.key(2, 0), fx.key(0, 0), fx.key(1, 0)];
+    let mut body = Vec::new();
+    for (i, key) in keys.iter().enumerate() {
+        body.extend(bin(
+            0x80,
+            GETKQ,
+            0,
+            0x100 + i as u32,
+            [b"", key.as_bytes(), b""],
+        ));
+    }
+    body.extend(bin(0x80, NOOP, 0, 0xabcd, [b"", b"", b""]));
+    // Each get goes alone, made GETK so that a miss answers, with the client's opaque.
+    let subs: Vec<(usize, Vec<u8>)> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, key)| {
+            let get = bin(0x80, GETK, 0, 0x100 + i as u32, [b"", key.as_bytes(), b""]);
+            (server_of(key), get)
+        })
+        .collect();
+    let ids = start_pipelined_split(&mut rig, 0x5151, &body, &subs);
+    // The middle key misses; replies arrive last first.
+    let flags = [0u8, 0, 0, 3];
+    let hit = |i: usize, op: u8| {
+        let value = format!("value-{i}");
+        bin(
+            0x81,
+            op,
+            0,
+            0x100 + i as u32,
+            [&flags, keys[i].as_bytes(), value.as_bytes()],
+        )
+    };
+    let miss = bin(0x81, GETK, 1, 0x101, [b"", keys[1].as_bytes(), b""]);
+    let replies = [
+        (server_of(keys[2]), ids[2], hit(2, GETK)),
+        (server_of(keys[1]), ids[1], miss),
+        (server_of(keys[0]), ids[0], hit(0, GETK)),
+    ];
+    let mut merged = hit(0, GETKQ);
+    merged.extend(hit(2, GETKQ));
+    merged.extend([0x81, NOOP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xab, 0xcd]);
+    merged.extend([0; 8]);
+    finish_split(&mut rig, &replies, 0x5151, &merged);
+}
+
+#[test]
+fn meta_quiet_mg_pipeline_across_servers_is_split_and_merged() {
+    let fx = Fx::new();
+    let mut rig = Rig::new(Mode::L3);
+    let keys = [fx.key(1, 1), fx.key(2, 1), fx.key(0, 1)];
+    let body: String = keys
+        .iter()
+        .map(|k| format!("mg {k} s v q k\r\n"))
+        .chain(["mn\r\n".to_string()])
+        .collect();
+    // Sent without `q`, so that a miss answers.
+    let subs: Vec<(usize, Vec<u8>)> = keys
+        .iter()
+        .map(|k| (server_of(k), format!("mg {k} s v k\r\n").into_bytes()))
+        .collect();
+    let ids = start_pipelined_split(&mut rig, 0x6161, body.as_bytes(), &subs);
+    let hit = |i: usize| format!("VA 2 s2 k{}\r\nv{i}\r\n", keys[i]).into_bytes();
+    let replies = [
+        (server_of(keys[0]), ids[0], hit(0)),
+        (server_of(keys[2]), ids[2], hit(2)),
+        (
+            server_of(keys[1]),
+            ids[1],
+            format!("EN k{}\r\n", keys[1]).into_bytes(),
+        ),
+    ];
+    // The quiet miss is left out; the switch answers `mn` last.
+    let merged = [hit(0), hit(2), b"MN\r\n".to_vec()].concat();
+    finish_split(&mut rig, &replies, 0x6161, &merged);
+}
+
+#[test]
+fn pipelined_gets_mixed_with_other_commands_are_not_split() {
+    let fx = Fx::new();
+    let mut rig = Rig::new(Mode::L3);
+    let (a, b) = (fx.key(0, 0), fx.key(1, 0));
+    for body in [
+        format!("mg {a} v\r\nmd {b} q\r\nmn\r\n"),
+        format!("mg {a} v\r\nmn\r\nmg {b} v\r\n"),
+        format!("mg {a} v\r\nget {b}\r\n"),
+    ] {
+        let mut frame = to_vip(body.as_bytes());
+        let mut emit = Vec::new();
+        let before = snapshot(&rig.stats);
+        assert_eq!(
+            rig.process(CLIENT.port, &mut frame, &mut emit),
+            Fate::Consumed
+        );
+        assert!(emit.is_empty(), "{body}");
+        assert_counts(
+            &body,
+            &rig.stats,
+            &before,
+            &[Count::Drop(Drop::PipelinedMultiServer)],
+        );
+    }
+}
+
 #[test]
 fn split_reply_without_a_frame_header_is_dropped() {
     let mut rig = Rig::new(Mode::L3);

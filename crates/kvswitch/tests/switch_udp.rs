@@ -159,6 +159,133 @@ fn check_multiget(live: &testbed::Live) {
     assert!(text.ends_with("END\r\n"));
 }
 
+/// Sets `key` to `value` with client flags `flags` through the VIP and returns its CAS value.
+fn set_and_cas(live: &testbed::Live, key: &str, flags: u32, value: &str) -> u64 {
+    let vip = vip(live);
+    let set = format!("set {key} {flags} 0 {}\r\n{value}\r\n", value.len());
+    let r = udp_call(live, "c1", vip, set.as_bytes(), T).expect("set");
+    assert_eq!(r.body, b"STORED\r\n", "set {key}");
+    let r = udp_call(live, "c1", vip, format!("gets {key}\r\n").as_bytes(), T).expect("gets");
+    let text = String::from_utf8_lossy(&r.body);
+    let line = text.lines().next().unwrap_or_default();
+    line.split(' ')
+        .nth(4)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no CAS in {text:?}"))
+}
+
+/// A binary request or response header followed by `extras`, `key` and `value`.
+fn binary(magic: u8, op: u8, status: u16, opaque: u32, cas: u64, parts: [&[u8]; 3]) -> Vec<u8> {
+    let [extras, key, value] = parts;
+    let mut out = vec![magic, op];
+    out.extend_from_slice(&(key.len() as u16).to_be_bytes());
+    out.extend_from_slice(&[extras.len() as u8, 0]);
+    out.extend_from_slice(&status.to_be_bytes());
+    out.extend_from_slice(&((extras.len() + key.len() + value.len()) as u32).to_be_bytes());
+    out.extend_from_slice(&opaque.to_be_bytes());
+    out.extend_from_slice(&cas.to_be_bytes());
+    out.extend_from_slice(extras);
+    out.extend_from_slice(key);
+    out.extend_from_slice(value);
+    out
+}
+
+/// Sends `request` to the VIP and checks that the reply is `expected` and that one split ran.
+fn check_split_reply(live: &testbed::Live, what: &str, request: &[u8], expected: &[u8]) {
+    let vip = vip(live);
+    let before = status(live)["counters"]["kv_split"].as_u64().unwrap();
+    let r = udp_call(live, "c2", vip, request, T).unwrap_or_else(|| {
+        panic!(
+            "no {what} reply; switch counters: {}\nswitch log:\n{}",
+            status(live)["counters"],
+            log_tail(live, 40)
+        )
+    });
+    assert_eq!(r.from, vip);
+    assert_eq!(r.body, expected, "{what}");
+    let after = status(live)["counters"]["kv_split"].as_u64().unwrap();
+    assert_eq!(after, before + 1, "{what}: one split");
+}
+
+/// Pipelined binary gets (quiet and not, hits and misses, then a NOOP) and meta gets (with and
+/// without `q`, then `mn`) on all three servers come back as one memcached would answer them.
+fn check_pipelined_multiget(live: &testbed::Live) {
+    const GET: u8 = 0x00;
+    const GETQ: u8 = 0x09;
+    const NOOP: u8 = 0x0a;
+    const GETK: u8 = 0x0c;
+    const GETKQ: u8 = 0x0d;
+    let ring = default_ring();
+    let keys = keys_spanning_servers(&ring, "bmulti:", 2);
+    // Index 2 (quiet) and 4 (not quiet) miss.
+    let ops = [GETKQ, GETQ, GETKQ, GET, GETK, GETKQ];
+    let mut request = Vec::new();
+    let mut expected = Vec::new();
+    for (i, key) in keys.iter().enumerate() {
+        let opaque = 0x1000 + i as u32;
+        request.extend(binary(
+            0x80,
+            ops[i],
+            0,
+            opaque,
+            0,
+            [b"", key.as_bytes(), b""],
+        ));
+        if i == 2 || i == 4 {
+            if i == 4 {
+                expected.extend(binary(0x81, GETK, 1, opaque, 0, [b"", key.as_bytes(), b""]));
+            }
+            continue;
+        }
+        let value = format!("b{i}:{}", "y".repeat(200 * i));
+        let flags = 10 + i as u32;
+        let cas = set_and_cas(live, key, flags, &value);
+        let with_key = matches!(ops[i], GETK | GETKQ);
+        let key_field = if with_key { key.as_bytes() } else { b"" };
+        expected.extend(binary(
+            0x81,
+            ops[i],
+            0,
+            opaque,
+            cas,
+            [&flags.to_be_bytes(), key_field, value.as_bytes()],
+        ));
+    }
+    request.extend(binary(0x80, NOOP, 0, 0xfeed, 0, [b"", b"", b""]));
+    expected.extend(binary(0x81, NOOP, 0, 0xfeed, 0, [b"", b"", b""]));
+    check_split_reply(live, "binary multi-get", &request, &expected);
+
+    let keys = keys_spanning_servers(&ring, "mmulti:", 2);
+    let mut request = String::new();
+    let mut expected = String::new();
+    for (i, key) in keys.iter().enumerate() {
+        // Index 1 (quiet) and 3 (not quiet) miss.
+        let quiet = if i == 3 { "" } else { " q" };
+        request.push_str(&format!("mg {key} f v k{quiet}\r\n"));
+        if i == 1 || i == 3 {
+            if i == 3 {
+                expected.push_str(&format!("EN k{key}\r\n"));
+            }
+            continue;
+        }
+        let value = format!("m{i}:{}", "z".repeat(100 * i));
+        set_and_cas(live, key, 20 + i as u32, &value);
+        expected.push_str(&format!(
+            "VA {} f{} k{key}\r\n{value}\r\n",
+            value.len(),
+            20 + i
+        ));
+    }
+    request.push_str("mn\r\n");
+    expected.push_str("MN\r\n");
+    check_split_reply(
+        live,
+        "meta multi-get",
+        request.as_bytes(),
+        expected.as_bytes(),
+    );
+}
+
 /// Frames between two hosts that do not concern the VIP are switched like any L2 switch.
 fn check_l2(live: &testbed::Live) {
     let c2 = ip_of(live, "c2").to_string();
@@ -256,6 +383,7 @@ fn switch_mode_l3_end_to_end() {
     let live = testbed("ku3", "l3", true);
     check_routing(&live);
     check_multiget(&live);
+    check_pipelined_multiget(&live);
     check_l2(&live);
     check_malformed(&live);
 
