@@ -190,8 +190,16 @@ impl Config {
             message,
         };
         let raw: RawConfig = toml::from_str(text).map_err(|e| {
-            // toml's message already says which key and where; keep it on one line.
-            err("", e.to_string().replace('\n', " ").trim().to_owned())
+            // Say where, with the offending line, on one line.
+            let message = e.message().trim();
+            match e.span() {
+                Some(span) => {
+                    let line_no = text[..span.start.min(text.len())].matches('\n').count() + 1;
+                    let line = text.lines().nth(line_no - 1).unwrap_or("").trim();
+                    err("", format!("line {line_no}: `{line}`: {message}"))
+                }
+                None => err("", message.to_owned()),
+            }
         })?;
 
         if raw.switch.ports.is_empty() {
@@ -494,6 +502,10 @@ mod tests {
         let bad = EXAMPLE.replace("[vip]", "[vip]\nbogus = 1");
         let e = parse(&bad).unwrap_err().to_string();
         assert!(e.contains("bogus"), "{e}");
+
+        let bad = EXAMPLE.replace("weight = 1", "weight = -1");
+        let e = parse(&bad).unwrap_err().to_string();
+        assert!(e.contains("`weight = -1`") && e.contains("line "), "{e}");
 
         let bad = EXAMPLE.replace("10.0.0.13:11211", "10.0.0.12:11211");
         let e = parse(&bad).unwrap_err().to_string();

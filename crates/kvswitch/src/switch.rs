@@ -387,10 +387,13 @@ impl Switch {
     }
 
     fn answer_arp(&mut self, in_port: u16, frame: &[u8], emit: &mut Vec<Emit>) {
-        let Ok(packet) = arp::Packet::new_checked(&frame[ethernet::HEADER_LEN..]) else {
-            return;
-        };
-        let Ok(req) = arp::Repr::parse(&packet) else {
+        // The table matched the operation and target; an ARP that is not Ethernet/IPv4 is
+        // nothing the switch can answer.
+        let parsed = arp::Packet::new_checked(&frame[ethernet::HEADER_LEN..])
+            .ok()
+            .and_then(|p| arp::Repr::parse(&p).ok());
+        let Some(req) = parsed else {
+            self.stats.count_drop(Drop::VipUnhandled);
             return;
         };
         let reply = arp::Repr {
