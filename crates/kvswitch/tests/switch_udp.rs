@@ -378,6 +378,85 @@ fn check_malformed(live: &testbed::Live) {
     );
 }
 
+/// Several clients at once write values and read them back with multi-key gets that span all
+/// servers: every answer that arrives is exactly the values last written, never another's or
+/// an old one.
+fn check_no_wrong_answers_under_concurrency(live: &testbed::Live) {
+    const WORKERS: usize = 4;
+    const ROUNDS: usize = 150;
+    let ring = default_ring();
+    let vip = vip(live);
+    let (ok, lost, wrong) = live
+        .in_host("c1", move || {
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..WORKERS)
+                    .map(|w| {
+                        let keys = keys_spanning_servers(&ring, &format!("conc{w}:"), 1);
+                        scope.spawn(move || {
+                            let sock = std::net::UdpSocket::bind("0.0.0.0:0").expect("socket");
+                            let (mut ok, mut lost, mut wrong) = (0, 0, Vec::new());
+                            let mut id: u16 = 1;
+                            let mut call = |payload: &[u8]| {
+                                id = id.wrapping_add(1).max(1);
+                                let mut d = vec![(id >> 8) as u8, id as u8, 0, 0, 0, 1, 0, 0];
+                                d.extend_from_slice(payload);
+                                exchange(&sock, vip, &d, Duration::from_millis(500))
+                            };
+                            for round in 0..ROUNDS {
+                                let mut expected = String::new();
+                                let mut stored = true;
+                                for key in &keys {
+                                    let value = format!("w{w}r{round}-{key}");
+                                    let set =
+                                        format!("set {key} 0 0 {}\r\n{value}\r\n", value.len());
+                                    match call(set.as_bytes()) {
+                                        Some(r) if r.body == b"STORED\r\n" => {}
+                                        Some(r) => wrong.push(r.body),
+                                        None => stored = false,
+                                    }
+                                    expected.push_str(&format!(
+                                        "VALUE {key} 0 {}\r\n{value}\r\n",
+                                        value.len()
+                                    ));
+                                }
+                                expected.push_str("END\r\n");
+                                if !stored {
+                                    lost += 1;
+                                    continue;
+                                }
+                                match call(format!("get {}\r\n", keys.join(" ")).as_bytes()) {
+                                    Some(r) if r.body == expected.as_bytes() => ok += 1,
+                                    Some(r) => wrong.push(r.body),
+                                    None => lost += 1,
+                                }
+                            }
+                            (ok, lost, wrong)
+                        })
+                    })
+                    .collect();
+                handles.into_iter().fold((0, 0, Vec::new()), |mut acc, h| {
+                    let (ok, lost, wrong) = h.join().expect("worker");
+                    acc.0 += ok;
+                    acc.1 += lost;
+                    acc.2.extend(wrong);
+                    acc
+                })
+            })
+        })
+        .expect("client namespace");
+    assert!(
+        wrong.is_empty(),
+        "{} wrong answers, first: {:?}",
+        wrong.len(),
+        String::from_utf8_lossy(&wrong[0])
+    );
+    // UDP may lose a datagram now and then; nearly every round must complete.
+    assert!(
+        ok >= WORKERS * ROUNDS * 95 / 100,
+        "only {ok} rounds completed, {lost} lost"
+    );
+}
+
 #[test]
 fn switch_mode_l3_end_to_end() {
     let live = testbed("ku3", "l3", true);
@@ -386,6 +465,7 @@ fn switch_mode_l3_end_to_end() {
     check_pipelined_multiget(&live);
     check_l2(&live);
     check_malformed(&live);
+    check_no_wrong_answers_under_concurrency(&live);
 
     // Keys written through nutcracker are found through kvswitch: same placement, warm cache.
     let nut = live.state.nutcracker.as_ref().expect("nutcracker").listen;

@@ -71,50 +71,62 @@ pub fn udp_raw(
     let datagram = datagram.to_vec();
     live.in_host(host, move || -> Option<Reply> {
         let sock = UdpSocket::bind("0.0.0.0:0").ok()?;
-        sock.send_to(&datagram, target).ok()?;
-        let deadline = Instant::now() + timeout;
-        // memcached sends a multi-key reply as one message per item, each numbered on its
-        // own; a message bigger than a datagram comes in numbered pieces.
-        let mut stream: Vec<u8> = Vec::new();
-        let mut parts: Vec<Option<Vec<u8>>> = Vec::new();
-        let mut datagrams = 0;
-        let mut buf = [0u8; 65536];
-        loop {
-            let left = deadline.checked_duration_since(Instant::now())?;
-            sock.set_read_timeout(Some(left.max(Duration::from_millis(1))))
-                .ok()?;
-            let (n, src) = sock.recv_from(&mut buf).ok()?;
-            if n < 8 || buf[0..2] != [0, 7] {
-                continue;
-            }
-            datagrams += 1;
-            let seq = u16::from_be_bytes([buf[2], buf[3]]) as usize;
-            let total = u16::from_be_bytes([buf[4], buf[5]]) as usize;
-            if parts.is_empty() {
-                parts = vec![None; total.max(1)];
-            }
-            if seq < parts.len() {
-                parts[seq] = Some(buf[8..n].to_vec());
-            }
-            if !parts.iter().all(Option::is_some) {
-                continue;
-            }
-            stream.extend(parts.drain(..).flatten().flatten());
-            let complete = if stream.starts_with(b"VALUE ") || stream.is_empty() {
-                stream.ends_with(b"END\r\n")
-            } else {
-                stream.first() == Some(&0x81) || stream.ends_with(b"\r\n")
-            };
-            if complete {
-                return Some(Reply {
-                    from: src,
-                    body: stream,
-                    datagrams,
-                });
-            }
-        }
+        exchange(&sock, target, &datagram, timeout)
     })
     .expect("client namespace")
+}
+
+/// Sends `datagram` (frame header included) on `sock` and reassembles the reply whose
+/// request id is the datagram's, or `None` after `timeout`. Replies to other ids are skipped.
+pub fn exchange(
+    sock: &UdpSocket,
+    target: SocketAddr,
+    datagram: &[u8],
+    timeout: Duration,
+) -> Option<Reply> {
+    let id = [*datagram.first()?, *datagram.get(1)?];
+    sock.send_to(datagram, target).ok()?;
+    let deadline = Instant::now() + timeout;
+    // memcached sends a multi-key reply as one message per item, each numbered on its own; a
+    // message bigger than a datagram comes in numbered pieces.
+    let mut stream: Vec<u8> = Vec::new();
+    let mut parts: Vec<Option<Vec<u8>>> = Vec::new();
+    let mut datagrams = 0;
+    let mut buf = [0u8; 65536];
+    loop {
+        let left = deadline.checked_duration_since(Instant::now())?;
+        sock.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .ok()?;
+        let (n, src) = sock.recv_from(&mut buf).ok()?;
+        if n < 8 || buf[0..2] != id {
+            continue;
+        }
+        datagrams += 1;
+        let seq = u16::from_be_bytes([buf[2], buf[3]]) as usize;
+        let total = u16::from_be_bytes([buf[4], buf[5]]) as usize;
+        if parts.is_empty() {
+            parts = vec![None; total.max(1)];
+        }
+        if seq < parts.len() {
+            parts[seq] = Some(buf[8..n].to_vec());
+        }
+        if !parts.iter().all(Option::is_some) {
+            continue;
+        }
+        stream.extend(parts.drain(..).flatten().flatten());
+        let complete = if stream.starts_with(b"VALUE ") || stream.is_empty() {
+            stream.ends_with(b"END\r\n")
+        } else {
+            stream.first() == Some(&0x81) || stream.ends_with(b"\r\n")
+        };
+        if complete {
+            return Some(Reply {
+                from: src,
+                body: stream,
+                datagrams,
+            });
+        }
+    }
 }
 
 /// One text request over TCP from inside `host`; reads until `done` says the reply is whole.
