@@ -1128,4 +1128,92 @@ mod tests {
             complete_l4_checksum(&mut cut);
         }
     }
+
+    /// A pool whose servers' MACs are not configured: the switch asks for them with ARP,
+    /// drops requests for a server it cannot reach yet (counted), and routes once it knows.
+    #[test]
+    fn backend_macs_are_resolved_with_arp() {
+        let text = r#"
+            [switch]
+            ports = ["p0", "p1"]
+            [vip]
+            ip = "10.0.0.100"
+            mac = "02:00:00:00:00:64"
+            [pool]
+            [[pool.servers]]
+            addr = "10.0.0.11:11211"
+            name = "s1"
+        "#;
+        let cfg = Config::parse(text, std::path::Path::new("test.toml")).unwrap();
+        let stats = Arc::new(Stats::new(2, 1));
+        let mut sw = Switch::new(&cfg, 2, stats.clone()).unwrap();
+        let now = Instant::now();
+        let client_mac: Mac = "02:00:00:00:00:01".parse().unwrap();
+        let server_mac: Mac = "02:00:00:00:00:0b".parse().unwrap();
+        let get = || {
+            udp_frame(
+                &UdpEnds {
+                    src_mac: client_mac,
+                    dst_mac: cfg.vip_mac,
+                    src_ip: Ipv4Addr::new(10, 0, 0, 1),
+                    dst_ip: cfg.vip,
+                    src_port: 4000,
+                    dst_port: 11211,
+                },
+                &[b"\0\x01\0\0\0\x01\0\0get k\r\n"],
+            )
+        };
+        let mut emit = Vec::new();
+
+        // Unknown: the request is dropped and counted, and the tick asks for the MAC.
+        assert_eq!(
+            sw.process(0, &mut get(), true, now, &mut emit),
+            Fate::Consumed
+        );
+        assert_eq!(
+            stats::get(&stats.drops[Drop::BackendUnresolved as usize]),
+            1
+        );
+        sw.tick(now, &mut emit);
+        assert_eq!(emit.len(), 1);
+        assert_eq!(emit[0].dest, Dest::Flood);
+        let frame = &emit[0].frame;
+        let asked = arp::Repr::parse(&arp::Packet::new_checked(&frame[14..]).unwrap()).unwrap();
+        assert_eq!(asked.operation, arp::Operation::Request);
+        assert_eq!(asked.target_ip, Ipv4Addr::new(10, 0, 0, 11));
+        assert_eq!(asked.sender_mac, cfg.vip_mac);
+        // Asked again only after the retry interval.
+        emit.clear();
+        sw.tick(now + Duration::from_millis(10), &mut emit);
+        assert!(emit.is_empty());
+
+        // The server answers on port 1; from then on its requests leave by that port.
+        let reply = arp::Repr {
+            operation: arp::Operation::Reply,
+            sender_mac: server_mac,
+            sender_ip: Ipv4Addr::new(10, 0, 0, 11),
+            target_mac: cfg.vip_mac,
+            target_ip: asked.sender_ip,
+        };
+        let mut answer = crate::frame::arp_frame(cfg.vip_mac, &reply);
+        assert_eq!(
+            sw.process(1, &mut answer, true, now, &mut emit),
+            Fate::Consumed
+        );
+        let mut frame = get();
+        assert_eq!(
+            sw.process(0, &mut frame, true, now, &mut emit),
+            Fate::Out(1)
+        );
+        assert_eq!(&frame[0..6], &server_mac.0);
+        assert_eq!(&frame[30..34], &[10, 0, 0, 11]);
+        assert_eq!(stats::get(&stats.backends[0].requests), 1);
+        assert_eq!(
+            sw.snapshot().backend_macs,
+            vec![Some(server_mac.to_string())]
+        );
+        emit.clear();
+        sw.tick(now + Duration::from_secs(5), &mut emit);
+        assert!(emit.is_empty(), "a resolved server is not asked again");
+    }
 }
