@@ -45,6 +45,9 @@ enum Cmd {
     Load(loadgen::LoadArgs),
     /// Build the default testbed, compare memcached direct, kvswitch and nutcracker, tear down.
     Demo(demo::DemoArgs),
+    /// Serve the memcached protocol from memory, optionally capacity-limited (a backend for
+    /// experiments).
+    Node(node::NodeArgs),
 }
 
 #[derive(Subcommand)]
@@ -155,5 +158,6 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Demo(args) => demo::run(&args),
+        Cmd::Node(args) => node::run(&args),
     }
 }

@@ -1,0 +1,259 @@
+//! `kvswitch node`: a memcached-protocol server with an in-memory store and an optional
+//! capacity limit in requests per second, the emulated backend of kvswitch benchmarks (SwitchKV
+//! emulated its 100 KQPS backends the same way).
+//!
+//! Requests are read with the `wire` parser, so the node reads a request exactly as the switch
+//! does, and answered byte for byte as memcached 1.6 answers them. Over capacity, TCP requests
+//! wait for a token and UDP requests are dropped; both are counted (`capacity_delays`,
+//! `capacity_drops` in `stats`).
+//!
+//! Threads: one per TCP connection, `--threads` UDP workers sharing the UDP socket, one
+//! acceptor. A UDP reply is one message (split into datagrams of at most 1400 bytes with
+//! sequence numbers), a multi-key get included: its `VALUE` blocks and `END` travel together.
+#![forbid(unsafe_code)]
+
+mod binary;
+mod bucket;
+mod session;
+mod store;
+mod tcp;
+mod text;
+mod udp;
+
+use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+
+pub use bucket::Bucket;
+pub use store::{Counters, Store};
+
+/// The version the node reports to `version` and in `stats`.
+pub const VERSION: &str = concat!("kvswitch-node-", env!("CARGO_PKG_VERSION"));
+
+/// Command-line arguments of `kvswitch node`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct NodeArgs {
+    /// Address to serve on, TCP and UDP alike. With port 0 the UDP socket takes the port the
+    /// TCP listener was given.
+    #[arg(long, default_value = "127.0.0.1:11211")]
+    pub listen: SocketAddr,
+    /// Serve UDP, with memcached's 8-byte frame header (the default).
+    #[arg(long, overrides_with = "no_udp")]
+    pub udp: bool,
+    /// Do not serve UDP.
+    #[arg(long)]
+    pub no_udp: bool,
+    /// Do not serve TCP.
+    #[arg(long)]
+    pub no_tcp: bool,
+    /// Requests per second served, 0 for unlimited. Beyond it TCP requests wait for their turn
+    /// and UDP requests are dropped.
+    #[arg(long, default_value_t = 0)]
+    pub capacity: u64,
+    /// Token bucket size in requests [default: capacity/100, at least 1].
+    #[arg(long)]
+    pub burst: Option<u64>,
+    /// UDP worker threads (TCP connections get a thread each).
+    #[arg(long, default_value_t = 4)]
+    pub threads: usize,
+    /// Memory for items (keys, values and per-item overhead), in MiB. A store that would exceed
+    /// it is refused with `SERVER_ERROR out of memory storing object`; nothing is evicted.
+    #[arg(long)]
+    pub memory_limit_mb: Option<u64>,
+}
+
+impl Default for NodeArgs {
+    fn default() -> NodeArgs {
+        NodeArgs {
+            listen: SocketAddr::from(([127, 0, 0, 1], 11211)),
+            udp: false,
+            no_udp: false,
+            no_tcp: false,
+            capacity: 0,
+            burst: None,
+            threads: 4,
+            memory_limit_mb: None,
+        }
+    }
+}
+
+impl NodeArgs {
+    /// The token bucket size in effect.
+    pub fn burst(&self) -> u64 {
+        self.burst.unwrap_or(self.capacity / 100).max(1)
+    }
+}
+
+/// What the serving threads share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub store: Store,
+    pub bucket: Option<Mutex<Bucket>>,
+    pub stop: AtomicBool,
+}
+
+impl Shared {
+    pub fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+}
+
+/// A running node. Dropping it stops the serving threads and closes its sockets.
+#[derive(Debug)]
+pub struct Node {
+    shared: Arc<Shared>,
+    tcp: Option<SocketAddr>,
+    udp: Option<SocketAddr>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Node {
+    /// Binds the sockets and starts serving in background threads.
+    pub fn start(args: &NodeArgs) -> anyhow::Result<Node> {
+        if args.no_tcp && args.no_udp {
+            bail!("--no-tcp and --no-udp leave nothing to serve");
+        }
+        let bucket = (args.capacity > 0)
+            .then(|| Mutex::new(Bucket::new(args.capacity, args.burst(), Instant::now())));
+        let limit = args
+            .memory_limit_mb
+            .map(|mb| mb.saturating_mul(1024 * 1024));
+        let shared = Arc::new(Shared {
+            store: Store::new(limit),
+            bucket,
+            stop: AtomicBool::new(false),
+        });
+        let mut node = Node {
+            shared,
+            tcp: None,
+            udp: None,
+            threads: Vec::new(),
+        };
+        let mut listen = args.listen;
+        if !args.no_tcp {
+            let listener = TcpListener::bind(listen)
+                .with_context(|| format!("failed to listen on tcp {listen}"))?;
+            let addr = listener
+                .local_addr()
+                .context("failed to read the tcp address")?;
+            listen.set_port(addr.port());
+            node.tcp = Some(addr);
+            node.threads
+                .push(tcp::spawn(listener, node.shared.clone())?);
+        }
+        if !args.no_udp {
+            let socket =
+                UdpSocket::bind(listen).with_context(|| format!("failed to bind udp {listen}"))?;
+            node.udp = Some(
+                socket
+                    .local_addr()
+                    .context("failed to read the udp address")?,
+            );
+            for _ in 0..args.threads.max(1) {
+                let socket = socket
+                    .try_clone()
+                    .context("failed to share the udp socket")?;
+                node.threads.push(udp::spawn(socket, node.shared.clone())?);
+            }
+        }
+        Ok(node)
+    }
+
+    /// The TCP address served, if TCP is on.
+    pub fn tcp_addr(&self) -> Option<SocketAddr> {
+        self.tcp
+    }
+
+    /// The UDP address served, if UDP is on.
+    pub fn udp_addr(&self) -> Option<SocketAddr> {
+        self.udp
+    }
+
+    /// The item store and its counters.
+    pub fn store(&self) -> &Store {
+        &self.shared.store
+    }
+
+    /// Serves until a serving thread exits (which happens only on a fatal socket error).
+    pub fn wait(mut self) {
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Runs `kvswitch node` in the foreground.
+pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
+    let node = Node::start(args)?;
+    tracing::info!(
+        tcp = ?node.tcp_addr(),
+        udp = ?node.udp_addr(),
+        capacity = args.capacity,
+        burst = args.burst(),
+        "node serving"
+    );
+    node.wait();
+    bail!("node stopped serving")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        node: NodeArgs,
+    }
+
+    #[test]
+    fn flags() {
+        let cli = Cli::try_parse_from(["node"]).unwrap().node;
+        assert_eq!(cli.listen, NodeArgs::default().listen);
+        assert_eq!(
+            (cli.no_tcp, cli.no_udp, cli.capacity, cli.burst()),
+            (false, false, 0, 1)
+        );
+        let cli = Cli::try_parse_from([
+            "node",
+            "--listen",
+            "0.0.0.0:11311",
+            "--no-tcp",
+            "--udp",
+            "--capacity",
+            "100000",
+            "--threads",
+            "8",
+            "--memory-limit-mb",
+            "64",
+        ])
+        .unwrap()
+        .node;
+        assert_eq!(cli.listen.port(), 11311);
+        assert!(cli.no_tcp && cli.udp && !cli.no_udp);
+        assert_eq!((cli.capacity, cli.burst(), cli.threads), (100_000, 1000, 8));
+        assert_eq!(cli.memory_limit_mb, Some(64));
+        let cli = Cli::try_parse_from(["node", "--capacity", "5000", "--burst", "7"]).unwrap();
+        assert_eq!(cli.node.burst(), 7);
+        let args = NodeArgs {
+            no_tcp: true,
+            no_udp: true,
+            ..NodeArgs::default()
+        };
+        assert!(Node::start(&args).is_err());
+    }
+}

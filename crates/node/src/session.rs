@@ -1,0 +1,163 @@
+//! One step of a client session: read the request at the front of a buffer with the `wire`
+//! parser (so requests are read exactly as the switch reads them), execute it, and answer
+//! parse errors as memcached does.
+
+use wire::memcache::binary::{Header, HEADER_LEN, REQUEST_MAGIC};
+use wire::memcache::{self, Command, Error, Protocol};
+
+use crate::store::{bump, Store};
+use crate::text::After;
+use crate::{binary, text};
+
+/// What one step did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Step {
+    /// Bytes of the buffer used up.
+    pub consumed: usize,
+    pub after: After,
+}
+
+/// Executes the request at the front of `buf`, appending the reply to `out`. `None` means the
+/// request is incomplete: call again with more bytes.
+///
+/// `admit` is called with the replies so far once a whole request has arrived and before it is
+/// executed; it may wait (and flush those replies first), or refuse, and the request is then
+/// skipped without a reply.
+pub fn step(
+    store: &Store,
+    buf: &[u8],
+    out: &mut Vec<u8>,
+    admit: &mut dyn FnMut(&mut Vec<u8>) -> bool,
+) -> Option<Step> {
+    match memcache::parse(buf) {
+        Ok(None) => None,
+        Ok(Some(request)) => {
+            if !admit(out) {
+                return Some(Step {
+                    consumed: request.len,
+                    after: After::Continue,
+                });
+            }
+            bump(&store.counters.requests);
+            let after = match request.protocol {
+                Protocol::Binary => binary::execute(store, &request, out),
+                Protocol::Text | Protocol::Meta => text::execute(store, &request, out),
+            };
+            Some(Step {
+                consumed: request.len,
+                after,
+            })
+        }
+        Err(error) if buf.first() == Some(&REQUEST_MAGIC) => binary_error(error, buf, out),
+        Err(error) => text_error(error, buf, out),
+    }
+}
+
+/// memcached answers a bad binary request with a status and closes the connection, except for
+/// an unknown opcode, whose body it skips.
+fn binary_error(error: Error, buf: &[u8], out: &mut Vec<u8>) -> Option<Step> {
+    let header = Header::decode(buf)?;
+    if error == Error::UnknownCommand {
+        let len = header.packet_len().max(HEADER_LEN);
+        if buf.len() < len {
+            return None;
+        }
+        binary::error(header.opcode, error.binary_status(), header.opaque, out);
+        return Some(Step {
+            consumed: len,
+            after: After::Continue,
+        });
+    }
+    binary::error(header.opcode, error.binary_status(), header.opaque, out);
+    Some(Step {
+        consumed: buf.len(),
+        after: After::Close,
+    })
+}
+
+/// memcached answers a bad text line with an error line and goes on with the next line; a data
+/// block that does not end in `\r\n` is skipped with its line.
+fn text_error(error: Error, buf: &[u8], out: &mut Vec<u8>) -> Option<Step> {
+    if error.closes_connection() {
+        return Some(Step {
+            consumed: buf.len(),
+            after: After::Close,
+        });
+    }
+    let line = memcache::line_len(buf)?;
+    let mut consumed = line;
+    if error == Error::BadDataChunk {
+        consumed += data_len(&buf[..line]).map_or(0, |n| n + 2);
+    }
+    out.extend_from_slice(error.text_reply());
+    Some(Step {
+        consumed: consumed.min(buf.len()),
+        after: After::Continue,
+    })
+}
+
+/// The data length a storage or `ms` command line announces.
+fn data_len(line: &[u8]) -> Option<usize> {
+    let mut tokens = line
+        .split(|&b| b == b' ' || b == b'\r' || b == b'\n')
+        .filter(|t| !t.is_empty());
+    let name = tokens.next()?;
+    let at = match Command::from_name(name)? {
+        Command::MetaSet => 1,
+        _ => 3,
+    };
+    std::str::from_utf8(tokens.nth(at)?).ok()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(store: &Store, input: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        while let Some(step) = step(store, &input[at..], &mut out, &mut |_| true) {
+            at += step.consumed;
+            if step.after == After::Close || at == input.len() {
+                break;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn text_round_trip() {
+        let store = Store::new(None);
+        let out = run(
+            &store,
+            b"set a 5 0 2\r\nhi\r\nget a b\r\ndelete a\r\nget a\r\n",
+        );
+        assert_eq!(
+            out,
+            b"STORED\r\nVALUE a 5 2\r\nhi\r\nEND\r\nDELETED\r\nEND\r\n".to_vec()
+        );
+    }
+
+    #[test]
+    fn errors_resynchronise() {
+        let store = Store::new(None);
+        let out = run(&store, b"bogus\r\nset a 0 0 2\r\nhiX\r\nmn\r\n");
+        // As in memcached, the bytes after the announced block are read as the next line.
+        assert_eq!(
+            out,
+            b"ERROR\r\nCLIENT_ERROR bad data chunk\r\nERROR\r\nMN\r\n".to_vec()
+        );
+    }
+
+    #[test]
+    fn incomplete_waits() {
+        let store = Store::new(None);
+        let mut out = Vec::new();
+        assert_eq!(
+            step(&store, b"set a 0 0 2\r\nh", &mut out, &mut |_| true),
+            None
+        );
+        assert_eq!(step(&store, &[0x80, 0, 0], &mut out, &mut |_| true), None);
+        assert!(out.is_empty());
+    }
+}

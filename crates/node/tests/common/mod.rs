@@ -1,0 +1,91 @@
+//! Shared test helpers: a reference memcached on loopback and a node started in-process.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use node::{Node, NodeArgs};
+
+/// A port free for TCP and UDP on loopback at the time of the call.
+pub fn free_port() -> u16 {
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+        let port = listener.local_addr().expect("local address").port();
+        if UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// A memcached 1.6 process on loopback, killed (by its own PID) when dropped.
+pub struct Memcached {
+    child: Child,
+    pub addr: SocketAddr,
+}
+
+impl Memcached {
+    /// Starts memcached with TCP and UDP on one free port; `None` if it is not installed.
+    pub fn start() -> Option<Memcached> {
+        let port = free_port();
+        let child = Command::new("memcached")
+            .args(["-U", &port.to_string(), "-p", &port.to_string()])
+            .args(["-l", "127.0.0.1", "-u", "root", "-t", "1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let memcached = Memcached { child, addr };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while TcpStream::connect(addr).is_err() {
+            assert!(Instant::now() < deadline, "memcached did not start");
+            thread::sleep(Duration::from_millis(20));
+        }
+        Some(memcached)
+    }
+}
+
+impl Drop for Memcached {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A node on an ephemeral loopback port, with the given changes to the defaults.
+pub fn node(configure: impl FnOnce(&mut NodeArgs)) -> Node {
+    let mut args = NodeArgs {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        threads: 2,
+        ..NodeArgs::default()
+    };
+    configure(&mut args);
+    Node::start(&args).expect("start the node")
+}
+
+pub fn connect(addr: SocketAddr) -> TcpStream {
+    let stream = TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("read timeout");
+    stream.set_nodelay(true).expect("nodelay");
+    stream
+}
+
+/// Sends `request` and reads until the reply so far satisfies `done`.
+pub fn exchange(stream: &mut TcpStream, request: &[u8], done: impl Fn(&[u8]) -> bool) -> Vec<u8> {
+    stream.write_all(request).expect("send");
+    let mut reply = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    while !done(&reply) {
+        let n = stream.read(&mut chunk).expect("read a reply");
+        if n == 0 {
+            break;
+        }
+        reply.extend_from_slice(&chunk[..n]);
+    }
+    reply
+}
