@@ -1,9 +1,10 @@
-//! `kvswitch load`: a closed-loop memcached load generator speaking the text protocol over UDP
-//! (with the 8-byte memcached frame header) or TCP. It measures throughput and latency against
-//! a memcached server or the switch in front of one; it never retries a request under load.
+//! `kvswitch load`: a memcached load generator speaking the text or binary protocol over UDP
+//! (with the 8-byte memcached frame header) or TCP, as a closed loop or an open loop with
+//! Poisson arrivals. It measures throughput and latency, overall and over time, against a
+//! memcached server or the switch in front of one; it never retries a request under load.
 //!
-//! Layers: [`zipf`] and [`text`] and [`frame`] are pure; [`worker`] owns the sockets;
-//! [`report`] turns counters into the result.
+//! Layers: [`zipf`], [`arrival`], [`text`], [`binary`] and [`frame`] are pure; [`worker`] owns
+//! the sockets; [`report`] turns counters into the result.
 
 use std::fmt;
 use std::io::{IsTerminal, Write};
@@ -11,7 +12,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -19,6 +20,8 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
+pub mod arrival;
+pub mod binary;
 pub mod frame;
 mod poll;
 mod preload;
@@ -28,7 +31,8 @@ mod worker;
 pub mod zipf;
 
 pub use preload::preload;
-pub use report::{Latency, Report};
+pub use report::{Latency, Report, Sample};
+pub use zipf::ChangeKind;
 
 /// Transport to the target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
@@ -43,6 +47,26 @@ impl fmt::Display for Proto {
         f.write_str(match self {
             Proto::Udp => "udp",
             Proto::Tcp => "tcp",
+        })
+    }
+}
+
+/// Memcached protocol spoken to the target.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// `get`/`set` command lines.
+    #[default]
+    Text,
+    /// 24-byte binary headers (magic 0x80/0x81).
+    Binary,
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Protocol::Text => "text",
+            Protocol::Binary => "binary",
         })
     }
 }
@@ -139,9 +163,38 @@ pub struct LoadArgs {
     /// Size of the value in every set, in bytes.
     #[arg(long, default_value_t = 32)]
     pub value_size: usize,
-    /// Number of requesters, each a closed loop with one outstanding request.
+    /// Number of requesters. Without --rate each is a closed loop with one outstanding
+    /// request; with --rate they share the arrivals and may each have many outstanding.
     #[arg(long, default_value_t = 4)]
     pub concurrency: usize,
+    /// Open loop: send this many requests per second in total, with Poisson (exponentially
+    /// spaced) arrivals spread over the requesters, whether or not replies keep up. Latency is
+    /// measured from each request's scheduled send time, so queueing delay counts.
+    #[arg(long, value_name = "RPS")]
+    #[serde(default)]
+    pub rate: Option<f64>,
+    /// Memcached protocol: text or binary.
+    #[arg(long, value_enum, default_value_t = Protocol::Text)]
+    #[serde(default)]
+    pub protocol: Protocol,
+    /// Change key popularity every --change-every seconds: hot-in moves the N coldest keys to
+    /// the top, hot-out the N hottest to the bottom, random swaps N keys among the 10·N hottest
+    /// with N cold ones. Needs --dist zipf.
+    #[arg(long, value_enum)]
+    #[serde(default)]
+    pub change: Option<ChangeKind>,
+    /// N, the number of keys each popularity change moves.
+    #[arg(long, default_value_t = 100, value_name = "N")]
+    #[serde(default = "default_change_keys")]
+    pub change_keys: u64,
+    /// Seconds between popularity changes; the first happens this long into the measured window.
+    #[arg(long, default_value_t = 1.0, value_name = "SECS")]
+    #[serde(default = "default_change_every")]
+    pub change_every: f64,
+    /// Length of one interval of the report's time series, in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    #[serde(default = "default_interval_ms")]
+    pub interval_ms: u64,
     /// Length of the measured window in seconds.
     #[arg(long, default_value_t = 5.0)]
     pub duration: f64,
@@ -163,7 +216,8 @@ pub struct LoadArgs {
     /// Worker threads; default min(concurrency, available cores).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Set every key once before the load starts.
+    /// Set every key once before the load starts (in the text protocol, which memcached stores
+    /// the same way).
     #[arg(long)]
     pub preload: bool,
     /// Seed of the per-requester random generators (key and operation choice).
@@ -184,6 +238,12 @@ impl LoadArgs {
             get_ratio: 0.9,
             value_size: 32,
             concurrency: 4,
+            rate: None,
+            protocol: Protocol::Text,
+            change: None,
+            change_keys: default_change_keys(),
+            change_every: default_change_every(),
+            interval_ms: default_interval_ms(),
             duration: 5.0,
             requests: None,
             timeout_ms: 500,
@@ -227,13 +287,63 @@ impl LoadArgs {
         if self.timeout_ms == 0 {
             bail!("--timeout-ms must be at least 1");
         }
-        check_keys(self.proto, self.keys, &self.key_prefix, self.value_size)?;
+        if let Some(rate) = self.rate {
+            if !rate.is_finite() || rate <= 0.0 || rate > 1e9 {
+                bail!("--rate must be a positive number of requests per second, got {rate}");
+            }
+        }
+        if self.interval_ms == 0 {
+            bail!("--interval-ms must be at least 1");
+        }
+        if let Some(kind) = self.change {
+            if self.dist.theta() == 0.0 {
+                bail!("--change needs a skewed popularity (--dist zipf:THETA)");
+            }
+            if self.change_keys == 0 || self.change_keys >= self.keys {
+                bail!("--change-keys must be between 1 and --keys - 1");
+            }
+            if kind == ChangeKind::Random && self.change_keys.saturating_mul(2) > self.keys {
+                bail!("--change random needs --change-keys at most half of --keys");
+            }
+            if !self.change_every.is_finite() || self.change_every < 1e-3 || self.change_every > 1e9
+            {
+                bail!(
+                    "--change-every must be at least 0.001 seconds, got {}",
+                    self.change_every
+                );
+            }
+        }
+        check_keys(
+            self.proto,
+            self.protocol,
+            self.keys,
+            &self.key_prefix,
+            self.value_size,
+        )?;
         Ok(())
     }
 }
 
+fn default_change_keys() -> u64 {
+    100
+}
+
+fn default_change_every() -> f64 {
+    1.0
+}
+
+fn default_interval_ms() -> u64 {
+    100
+}
+
 /// Rejects keyspaces whose names memcached would refuse and values a UDP datagram cannot hold.
-fn check_keys(proto: Proto, keys: u64, prefix: &str, value_size: usize) -> anyhow::Result<()> {
+fn check_keys(
+    proto: Proto,
+    protocol: Protocol,
+    keys: u64,
+    prefix: &str,
+    value_size: usize,
+) -> anyhow::Result<()> {
     if keys == 0 {
         bail!("the keyspace is empty");
     }
@@ -248,9 +358,13 @@ fn check_keys(proto: Proto, keys: u64, prefix: &str, value_size: usize) -> anyho
         );
     }
     if proto == Proto::Udp {
-        // "set <key> 0 0 <len>\r\n<value>\r\n" after the frame header, in one datagram.
-        let len =
-            frame::HEADER_LEN + 4 + key_len + 5 + value_size.to_string().len() + 2 + value_size + 2;
+        // "set <key> 0 0 <len>\r\n<value>\r\n" or a binary SET after the frame header, in one
+        // datagram.
+        let set_len = match protocol {
+            Protocol::Text => 4 + key_len + 5 + value_size.to_string().len() + 2 + value_size + 2,
+            Protocol::Binary => binary::overhead(text::Op::Set) + key_len + value_size,
+        };
+        let len = frame::HEADER_LEN + set_len;
         if len > frame::MAX_DATAGRAM {
             bail!(
                 "a set of {value_size} bytes does not fit in one UDP datagram ({len} > {}); use --proto tcp",
@@ -294,17 +408,39 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<Report> {
     for i in 0..args.concurrency {
         // Distinct, reproducible streams per requester.
         let seed = args.seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        let r = worker::Requester::connect(args.proto, target, SmallRng::seed_from_u64(seed))?;
+        let arrivals = args.rate.map(|rate| {
+            let rng = SmallRng::seed_from_u64(seed ^ 0x6a09_e667_f3bc_c908);
+            arrival::Arrivals::new(rate / args.concurrency as f64, rng)
+        });
+        let r = worker::Requester::connect(
+            args.proto,
+            target,
+            SmallRng::seed_from_u64(seed),
+            arrivals,
+        )?;
         groups[i % threads].push(r);
     }
 
     let start = Instant::now();
+    for r in groups.iter_mut().flatten() {
+        r.start_schedule(start);
+    }
     let measure_start = start + Duration::from_secs_f64(args.warmup);
     let end = measure_start + Duration::from_secs_f64(args.duration);
+    let ranking = args.change.map(|kind| {
+        (
+            zipf::Ranking::new(args.keys, kind, args.change_keys, args.seed),
+            Duration::from_secs_f64(args.change_every),
+        )
+    });
+    let interval = Duration::from_millis(args.interval_ms);
     let plan = Arc::new(worker::Plan {
         target,
+        protocol: args.protocol,
         key_prefix: args.key_prefix.clone(),
         keygen: zipf::KeyGen::new(args.keys, args.dist.theta(), !args.no_scramble),
+        ranking,
+        interval,
         get_ratio: args.get_ratio,
         value: text::value(args.value_size),
         timeout: Duration::from_millis(args.timeout_ms),
@@ -315,20 +451,26 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<Report> {
         completed: AtomicU64::new(0),
     });
 
+    let (series_tx, series_rx) = mpsc::channel();
+    let mut series = report::SeriesBuilder::new(interval.as_secs_f64(), threads);
     let mut handles = Vec::with_capacity(threads);
     for (i, group) in groups.into_iter().enumerate() {
         let plan = Arc::clone(&plan);
+        let tx = series_tx.clone();
         let h = std::thread::Builder::new()
             .name(format!("loadgen-{i}"))
-            .spawn(move || worker::run(&plan, group))
+            .spawn(move || worker::run(&plan, group, i, tx))
             .context("failed to start a worker thread")?;
         handles.push(h);
     }
+    drop(series_tx);
 
     let progress = !args.quiet && std::io::stderr().is_terminal();
     let mut last_print = start;
     while !handles.iter().all(|h| h.is_finished()) {
-        std::thread::sleep(Duration::from_millis(25));
+        if let Ok(slice) = series_rx.recv_timeout(Duration::from_millis(25)) {
+            series.add(slice);
+        }
         if progress && last_print.elapsed() >= Duration::from_millis(250) {
             last_print = Instant::now();
             print_progress(start, plan.completed.load(Ordering::Relaxed));
@@ -347,11 +489,20 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<Report> {
         stats.merge(&s);
         stopped = stopped.max(at);
     }
+    for slice in series_rx.try_iter() {
+        series.add(slice);
+    }
     let duration_s = stopped
         .min(end)
         .saturating_duration_since(measure_start)
         .as_secs_f64();
-    let report = Report::new(args, target.to_string(), duration_s, &stats);
+    let report = Report::new(
+        args,
+        target.to_string(),
+        duration_s,
+        &stats,
+        series.finish(duration_s),
+    );
     if let Some(path) = &args.json {
         let json =
             serde_json::to_string_pretty(&report).context("failed to serialise the report")?;
@@ -447,6 +598,72 @@ mod tests {
     }
 
     #[test]
+    fn parses_open_loop_and_change_flags() {
+        let cli = Cli::try_parse_from([
+            "load",
+            "--target",
+            "h:1",
+            "--rate",
+            "2500.5",
+            "--protocol",
+            "binary",
+            "--dist",
+            "zipf",
+            "--change",
+            "hot-out",
+            "--change-keys",
+            "7",
+            "--change-every",
+            "0.5",
+            "--interval-ms",
+            "250",
+        ])
+        .expect("parse");
+        let a = cli.load;
+        assert_eq!(a.rate, Some(2500.5));
+        assert_eq!(a.protocol, Protocol::Binary);
+        assert_eq!(a.change, Some(ChangeKind::HotOut));
+        assert_eq!(
+            (a.change_keys, a.change_every, a.interval_ms),
+            (7, 0.5, 250)
+        );
+        assert!(a.validate().is_ok());
+        for kind in ["hot-in", "random"] {
+            assert!(Cli::try_parse_from(["load", "--target", "h:1", "--change", kind]).is_ok());
+        }
+        assert!(Cli::try_parse_from(["load", "--target", "h:1", "--protocol", "ascii"]).is_err());
+    }
+
+    #[test]
+    fn args_from_before_the_new_flags_still_parse() {
+        // A report's args as written before --rate, --protocol, --change and --interval-ms.
+        let mut json = serde_json::to_value(LoadArgs::new("h:1")).expect("json");
+        let obj = json.as_object_mut().expect("object");
+        for k in [
+            "rate",
+            "protocol",
+            "change",
+            "change_keys",
+            "change_every",
+            "interval_ms",
+        ] {
+            assert!(obj.remove(k).is_some(), "{k}");
+        }
+        let back: LoadArgs = serde_json::from_value(json).expect("old args parse");
+        assert_eq!(back, LoadArgs::new("h:1"));
+        let json = serde_json::to_string(&LoadArgs {
+            change: Some(ChangeKind::HotIn),
+            protocol: Protocol::Binary,
+            ..LoadArgs::new("h:1")
+        })
+        .expect("json");
+        assert!(
+            json.contains("\"hot-in\"") && json.contains("\"binary\""),
+            "{json}"
+        );
+    }
+
+    #[test]
     fn dist_round_trips() {
         assert_eq!("uniform".parse::<Dist>(), Ok(Dist::Uniform));
         assert_eq!("zipf".parse::<Dist>(), Ok(Dist::Zipf(0.99)));
@@ -501,6 +718,47 @@ mod tests {
             },
             LoadArgs {
                 timeout_ms: 0,
+                ..ok.clone()
+            },
+            LoadArgs {
+                rate: Some(0.0),
+                ..ok.clone()
+            },
+            LoadArgs {
+                rate: Some(f64::NAN),
+                ..ok.clone()
+            },
+            LoadArgs {
+                interval_ms: 0,
+                ..ok.clone()
+            },
+            // A popularity change needs a skewed distribution ...
+            LoadArgs {
+                change: Some(ChangeKind::HotIn),
+                ..ok.clone()
+            },
+            // ... and fewer keys to move than there are.
+            LoadArgs {
+                change: Some(ChangeKind::HotIn),
+                dist: Dist::Zipf(0.99),
+                change_keys: 10_000,
+                ..ok.clone()
+            },
+            LoadArgs {
+                change: Some(ChangeKind::Random),
+                dist: Dist::Zipf(0.99),
+                change_keys: 5_001,
+                ..ok.clone()
+            },
+            LoadArgs {
+                change: Some(ChangeKind::HotOut),
+                dist: Dist::Zipf(0.99),
+                change_every: 0.0,
+                ..ok.clone()
+            },
+            LoadArgs {
+                protocol: Protocol::Binary,
+                value_size: 65_460,
                 ..ok.clone()
             },
         ];

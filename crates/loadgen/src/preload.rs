@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 use crate::frame::{Header, Push, Reassembly, HEADER_LEN};
 use crate::text::{self, Op, Outcome};
 use crate::worker::{tcp_connect, udp_socket};
-use crate::{check_keys, Proto};
+use crate::{check_keys, Proto, Protocol};
 
 /// Pipelined TCP: a batch is written whole, then its replies are read. Small enough that the
 /// replies (8 bytes each) never fill the socket buffers while we are still writing.
@@ -33,7 +33,7 @@ pub fn preload(
     key_prefix: &str,
     value_size: usize,
 ) -> anyhow::Result<u64> {
-    check_keys(proto, keys, key_prefix, value_size)?;
+    check_keys(proto, Protocol::Text, keys, key_prefix, value_size)?;
     let value = text::value(value_size);
     match proto {
         Proto::Tcp => preload_tcp(target, keys, key_prefix, &value),

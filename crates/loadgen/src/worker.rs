@@ -1,23 +1,29 @@
-//! Requesters and the worker threads that drive them. Each requester is a closed loop with one
-//! outstanding request on its own socket; a worker multiplexes its requesters with `poll`, so an
-//! idle worker sleeps instead of spinning.
+//! Requesters and the worker threads that drive them. A requester owns one socket. In a closed
+//! loop it keeps one request outstanding; in an open loop it sends on a Poisson schedule and
+//! keeps as many outstanding as the schedule makes (matched by request id over UDP, in order
+//! over a pipelined TCP connection). A worker multiplexes its requesters with `poll`, so an idle
+//! worker sleeps instead of spinning.
 
+use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
 use rand::Rng;
 
+use crate::arrival::Arrivals;
 use crate::frame::{DropReason, Header, Push, Reassembly, HEADER_LEN};
 use crate::poll::{self, PollFd};
-use crate::report::Stats;
+use crate::report::{new_series_histogram, Slice, Stats};
 use crate::text::{self, Op, Outcome};
-use crate::zipf::KeyGen;
-use crate::Proto;
+use crate::zipf::{KeyGen, Ranking};
+use crate::{binary, Proto, Protocol};
 
 /// How long a TCP (re)connect may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -27,20 +33,30 @@ const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_WAIT: Duration = Duration::from_millis(100);
 /// Large enough for any UDP datagram and a good chunk of a TCP reply.
 const RECV_BUF: usize = 65_536;
+/// Most requests one requester keeps outstanding in an open loop; well below the 65,536 UDP
+/// request ids, so a reply can never match the wrong request. A scheduled request that finds the
+/// window full is counted as an error instead of being sent.
+pub const MAX_OUTSTANDING: usize = 4_096;
 
 /// Everything the workers share; read-only apart from the counters.
 pub struct Plan {
     pub target: SocketAddr,
+    pub protocol: Protocol,
     pub key_prefix: String,
     pub keygen: KeyGen,
+    /// Popularity changes: the permutation at epoch 0 and the length of an epoch. Each worker
+    /// advances its own copy.
+    pub ranking: Option<(Ranking, Duration)>,
     pub get_ratio: f64,
     pub value: Vec<u8>,
     pub timeout: Duration,
-    /// Requests issued before this instant are warm-up and not counted.
+    /// Requests scheduled before this instant are warm-up and not counted.
     pub measure_start: Instant,
     pub end: Instant,
     /// Cap on measured requests.
     pub cap: Option<u64>,
+    /// Length of one interval of the time series.
+    pub interval: Duration,
     /// Measured requests issued so far, across all workers.
     pub issued: AtomicU64,
     /// Replies and timeouts so far, warm-up included; read by the progress line.
@@ -51,7 +67,6 @@ enum Conn {
     Udp {
         sock: UdpSocket,
         next_id: u16,
-        reassembly: Reassembly,
     },
     Tcp {
         stream: Option<TcpStream>,
@@ -59,33 +74,44 @@ enum Conn {
     },
 }
 
-#[derive(Clone, Copy)]
-enum State {
-    Idle,
-    Waiting {
-        op: Op,
-        sent: Instant,
-        measured: bool,
-    },
-    /// TCP connection lost; reconnect at this instant.
-    Down(Instant),
+/// A request that was sent and has not been answered or given up on.
+struct Pending {
+    /// UDP request id (also the binary protocol's opaque); unused over TCP.
+    id: u16,
+    op: Op,
+    /// Latency is measured from here: the send in a closed loop, the scheduled send time in an
+    /// open loop, so time spent queueing behind a slow sender counts.
+    origin: Instant,
+    /// When it went to the socket; the UDP timeout runs from here.
+    sent: Instant,
+    measured: bool,
+    /// Answered out of order (UDP); popped once it reaches the front.
+    done: bool,
+    reassembly: Reassembly,
 }
 
-/// One closed-loop client.
+/// One client: a closed loop, or an open loop when it has an arrival process.
 pub struct Requester {
     conn: Conn,
     rng: SmallRng,
-    state: State,
+    arrivals: Option<Arrivals>,
+    /// Open loop: when the next request is due.
+    next_send: Instant,
+    pending: VecDeque<Pending>,
+    /// TCP connection lost; reconnect at this instant.
+    down: Option<Instant>,
     req: Vec<u8>,
 }
 
 impl Requester {
     /// Opens the requester's socket: a connected UDP socket, or a TCP connection with
-    /// `TCP_NODELAY`.
+    /// `TCP_NODELAY`. With `arrivals` the requester is an open loop; see
+    /// [`Requester::start_schedule`].
     pub fn connect(
         proto: Proto,
         target: SocketAddr,
         mut rng: SmallRng,
+        arrivals: Option<Arrivals>,
     ) -> anyhow::Result<Requester> {
         let conn = match proto {
             Proto::Udp => {
@@ -97,7 +123,6 @@ impl Requester {
                     // A random first id makes replies meant for an earlier run's socket on
                     // the same port unlikely to match.
                     next_id: rng.gen(),
-                    reassembly: Reassembly::default(),
                 }
             }
             Proto::Tcp => Conn::Tcp {
@@ -108,9 +133,31 @@ impl Requester {
         Ok(Requester {
             conn,
             rng,
-            state: State::Idle,
+            arrivals,
+            next_send: Instant::now(),
+            pending: VecDeque::new(),
+            down: None,
             req: Vec::with_capacity(256),
         })
+    }
+
+    /// Open loop: the first request is due one random gap after `start`.
+    pub fn start_schedule(&mut self, start: Instant) {
+        self.next_send = start;
+        self.advance_schedule();
+    }
+
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        match &self.conn {
+            Conn::Udp { sock, .. } => Some(sock.as_raw_fd()),
+            Conn::Tcp { stream, .. } => stream.as_ref().map(|s| s.as_raw_fd()),
+        }
+    }
+
+    fn advance_schedule(&mut self) {
+        if let Some(a) = &mut self.arrivals {
+            self.next_send += a.next_gap();
+        }
     }
 }
 
@@ -147,49 +194,66 @@ fn micros(d: Duration) -> u64 {
 }
 
 /// Runs `requesters` until the plan's end, or until the request cap is reached and every
-/// outstanding request finished. Returns the measured counters and when the worker stopped.
-pub fn run(plan: &Plan, mut requesters: Vec<Requester>) -> (Stats, Instant) {
+/// outstanding request finished. Returns the measured counters and when the worker stopped;
+/// the time series goes to `series` one interval at a time, tagged with `id`.
+pub fn run(
+    plan: &Plan,
+    mut requesters: Vec<Requester>,
+    id: usize,
+    series: Sender<Slice>,
+) -> (Stats, Instant) {
     let mut w = Worker {
         plan,
         stats: Stats::default(),
         scratch: vec![0u8; RECV_BUF],
         capped: false,
         done: 0,
+        ranking: plan.ranking.clone(),
+        id,
+        series,
+        slice_interval: 0,
+        slice_requests: 0,
+        slice_latency: new_series_histogram(),
     };
     let mut fds: Vec<PollFd> = Vec::with_capacity(requesters.len());
     let mut owners: Vec<usize> = Vec::with_capacity(requesters.len());
     loop {
         let now = Instant::now();
         if now >= plan.end {
+            w.flush_slice(true);
             return (w.stats, plan.end);
         }
+        w.roll_slice(now);
         let mut next = plan.end.min(now + MAX_WAIT);
         fds.clear();
         owners.clear();
+        let mut outstanding = false;
         for (i, r) in requesters.iter_mut().enumerate() {
-            if let State::Down(at) = r.state {
+            if let Some(at) = r.down {
                 if now >= at {
                     w.reconnect(r, now);
                 }
             }
-            if matches!(r.state, State::Idle) && !w.capped {
-                w.issue(r);
+            w.send_due(r, now);
+            if r.arrivals.is_some() && !w.capped {
+                next = next.min(r.next_send);
             }
-            match r.state {
-                State::Waiting { sent, .. } => {
-                    if matches!(r.conn, Conn::Udp { .. }) {
-                        next = next.min(sent + plan.timeout);
-                    }
-                    if let Some(fd) = r.raw_fd() {
-                        fds.push(PollFd::readable(fd));
-                        owners.push(i);
-                    }
+            if let Some(at) = r.down {
+                next = next.min(at);
+            }
+            if let Some(front) = r.pending.front() {
+                outstanding = true;
+                if matches!(r.conn, Conn::Udp { .. }) {
+                    next = next.min(front.sent + plan.timeout);
                 }
-                State::Down(at) => next = next.min(at),
-                State::Idle => {}
+                if let Some(fd) = r.raw_fd() {
+                    fds.push(PollFd::readable(fd));
+                    owners.push(i);
+                }
             }
         }
-        if w.capped && fds.is_empty() {
+        if w.capped && !outstanding {
+            w.flush_slice(true);
             return (w.stats, Instant::now());
         }
         let wait = next.saturating_duration_since(Instant::now());
@@ -206,20 +270,11 @@ pub fn run(plan: &Plan, mut requesters: Vec<Requester>) -> (Stats, Instant) {
         }
         let now = Instant::now();
         for r in requesters.iter_mut() {
-            w.check_timeout(r, now);
+            w.check_timeouts(r, now);
         }
         if w.done > 0 {
             plan.completed.fetch_add(w.done, Ordering::Relaxed);
             w.done = 0;
-        }
-    }
-}
-
-impl Requester {
-    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
-        match &self.conn {
-            Conn::Udp { sock, .. } => Some(sock.as_raw_fd()),
-            Conn::Tcp { stream, .. } => stream.as_ref().map(|s| s.as_raw_fd()),
         }
     }
 }
@@ -232,6 +287,21 @@ struct Worker<'a> {
     capped: bool,
     /// Completions not yet added to the shared progress counter.
     done: u64,
+    ranking: Option<(Ranking, Duration)>,
+    /// This worker's number in the time series.
+    id: usize,
+    series: Sender<Slice>,
+    /// The interval being collected, and what it holds so far.
+    slice_interval: u64,
+    slice_requests: u64,
+    slice_latency: Histogram<u64>,
+}
+
+/// What ended a measured request, for the counters.
+enum End {
+    Reply(Outcome, u64),
+    Error,
+    Timeout,
 }
 
 impl Worker<'_> {
@@ -239,158 +309,310 @@ impl Worker<'_> {
         Instant::now() >= self.plan.measure_start
     }
 
-    /// Sends the requester's next request; leaves it idle only if the cap was reached.
-    fn issue(&mut self, r: &mut Requester) {
-        let plan = self.plan;
-        let measured = self.measuring();
-        if measured {
-            if let Some(cap) = plan.cap {
-                if plan.issued.fetch_add(1, Ordering::Relaxed) >= cap {
-                    self.capped = true;
-                    return;
+    fn interval_of(&self, t: Instant) -> u64 {
+        // A reply read just after the window closed still belongs to its last interval.
+        let last = self.plan.end - Duration::from_nanos(1);
+        let since = t
+            .min(last)
+            .saturating_duration_since(self.plan.measure_start);
+        (since.as_nanos() / self.plan.interval.as_nanos().max(1)) as u64
+    }
+
+    /// Hands the collected interval to the series if `now` is past it.
+    fn roll_slice(&mut self, now: Instant) {
+        let i = self.interval_of(now);
+        if i > self.slice_interval {
+            self.flush_slice(false);
+            self.slice_interval = i;
+        }
+    }
+
+    fn flush_slice(&mut self, last: bool) {
+        let latency = std::mem::replace(&mut self.slice_latency, new_series_histogram());
+        // The receiver only goes away once the run is over.
+        let _ = self.series.send(Slice {
+            worker: self.id,
+            interval: self.slice_interval,
+            requests: std::mem::take(&mut self.slice_requests),
+            latency,
+            last,
+        });
+    }
+
+    /// Counts the end of a request; only measured requests reach the counters.
+    fn count(&mut self, measured: bool, end: End) {
+        self.done += 1;
+        if !measured {
+            return;
+        }
+        let now = Instant::now();
+        self.roll_slice(now);
+        self.slice_requests += 1;
+        match end {
+            End::Reply(outcome, us) => {
+                self.stats.record(outcome, us);
+                self.slice_latency.saturating_record(us.max(1));
+            }
+            End::Error => self.stats.errors += 1,
+            End::Timeout => self.stats.timeouts += 1,
+        }
+    }
+
+    /// Sends what is due: in a closed loop the next request once the last one finished, in an
+    /// open loop every request whose scheduled time has come.
+    fn send_due(&mut self, r: &mut Requester, now: Instant) {
+        if r.arrivals.is_none() {
+            if r.pending.is_empty() && r.down.is_none() && !self.capped {
+                let origin = Instant::now();
+                self.issue(r, origin);
+            }
+        } else {
+            while !self.capped && r.next_send <= now {
+                let origin = r.next_send;
+                r.advance_schedule();
+                if r.down.is_some() {
+                    // The connection is down: the scheduled request fails rather than
+                    // vanishing, so the offered load is accounted for.
+                    if self.admit(origin) {
+                        self.count(origin >= self.plan.measure_start, End::Error);
+                    }
+                    continue;
                 }
+                self.issue(r, origin);
             }
         }
+        self.flush_tcp(r);
+    }
+
+    /// Applies the request cap to a request scheduled at `origin`; false once it is reached.
+    fn admit(&mut self, origin: Instant) -> bool {
+        let plan = self.plan;
+        if origin < plan.measure_start {
+            return true;
+        }
+        if let Some(cap) = plan.cap {
+            if plan.issued.fetch_add(1, Ordering::Relaxed) >= cap {
+                self.capped = true;
+                return false;
+            }
+        }
+        self.stats.sent += 1;
+        true
+    }
+
+    /// Builds one request due at `origin`; UDP sends it at once, TCP queues it in `r.req` for
+    /// [`Worker::flush_tcp`].
+    fn issue(&mut self, r: &mut Requester, origin: Instant) {
+        let plan = self.plan;
+        if !self.admit(origin) {
+            return;
+        }
+        let measured = origin >= plan.measure_start;
         let op = if r.rng.gen::<f64>() < plan.get_ratio {
             Op::Get
         } else {
             Op::Set
         };
-        let index = plan.keygen.next_index(&mut r.rng);
-        r.req.clear();
-        match &mut r.conn {
-            Conn::Udp {
-                next_id,
-                reassembly,
-                ..
-            } => {
-                let id = *next_id;
-                *next_id = next_id.wrapping_add(1);
-                reassembly.expect(id);
-                r.req.resize(HEADER_LEN, 0);
-                Header::request(id).emit(&mut r.req);
+        let index = match &mut self.ranking {
+            Some((ranking, every)) => {
+                let since = origin.saturating_duration_since(plan.measure_start);
+                ranking.advance_to((since.as_nanos() / every.as_nanos().max(1)) as u64);
+                plan.keygen.next_index_ranked(&mut r.rng, Some(ranking))
             }
-            Conn::Tcp { rbuf, .. } => rbuf.clear(),
+            None => plan.keygen.next_index(&mut r.rng),
+        };
+        if r.pending.len() >= MAX_OUTSTANDING {
+            return self.count(measured, End::Error);
         }
-        write_request(&mut r.req, op, plan, index);
-        // The clock starts before the send syscall: it is part of the request's latency.
-        let start = Instant::now();
-        let sent = match &mut r.conn {
-            Conn::Udp { sock, .. } => sock.send(&r.req).map(|_| ()),
+        let mut p = Pending {
+            id: 0,
+            op,
+            origin,
+            sent: origin,
+            measured,
+            done: false,
+            reassembly: Reassembly::default(),
+        };
+        match &mut r.conn {
+            Conn::Udp { sock, next_id } => {
+                p.id = *next_id;
+                *next_id = next_id.wrapping_add(1);
+                p.reassembly.expect(p.id);
+                r.req.clear();
+                r.req.resize(HEADER_LEN, 0);
+                Header::request(p.id).emit(&mut r.req);
+                write_request(&mut r.req, op, plan, index, p.id);
+                // The clock starts before the send syscall: it is part of the latency.
+                p.sent = Instant::now();
+                let ok = sock.send(&r.req).is_ok();
+                r.req.clear();
+                if !ok {
+                    return self.count(measured, End::Error);
+                }
+            }
+            Conn::Tcp { .. } => {
+                write_request(&mut r.req, op, plan, index, 0);
+                p.sent = Instant::now();
+            }
+        }
+        r.pending.push_back(p);
+    }
+
+    /// Writes the TCP requests queued by [`Worker::issue`] in one go.
+    fn flush_tcp(&mut self, r: &mut Requester) {
+        if r.req.is_empty() {
+            return;
+        }
+        let result = match &mut r.conn {
             Conn::Tcp {
                 stream: Some(s), ..
             } => s.write_all(&r.req),
-            Conn::Tcp { stream: None, .. } => Err(io::ErrorKind::NotConnected.into()),
+            _ => Err(io::ErrorKind::NotConnected.into()),
         };
-        r.state = State::Waiting {
-            op,
-            sent: start,
-            measured,
-        };
-        if sent.is_err() {
-            self.fail(r, Instant::now());
+        r.req.clear();
+        if result.is_err() {
+            self.fail_tcp(r, Instant::now());
         }
     }
 
-    /// Reads what is available and finishes the request if its reply is complete.
+    /// Reads what is available and finishes every request whose reply is complete.
     fn receive(&mut self, r: &mut Requester) {
-        let State::Waiting { op, sent, measured } = r.state else {
+        if matches!(r.conn, Conn::Udp { .. }) {
+            self.receive_udp(r);
+        } else {
+            self.receive_tcp(r);
+        }
+    }
+
+    fn receive_udp(&mut self, r: &mut Requester) {
+        let Conn::Udp { sock, .. } = &r.conn else {
             return;
         };
+        let protocol = self.plan.protocol;
         let counting = self.measuring();
-        match &mut r.conn {
-            Conn::Udp {
-                sock, reassembly, ..
-            } => loop {
-                let n = match sock.recv(&mut self.scratch) {
-                    Ok(n) => n,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                    Err(_) => {
-                        // ICMP port unreachable and the like: the request is lost.
-                        return self.fail(r, Instant::now());
+        loop {
+            let n = match sock.recv(&mut self.scratch) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(_) => {
+                    // ICMP port unreachable and the like: the oldest request is lost.
+                    if let Some(p) = r.pending.pop_front() {
+                        self.count(p.measured, End::Error);
                     }
-                };
-                match reassembly.push(&self.scratch[..n]) {
-                    Push::Incomplete => {}
-                    Push::Complete(payload) => {
-                        let outcome = text::check(op, &payload)
-                            .map(|(o, _)| o)
-                            .unwrap_or(Outcome::Malformed);
-                        return self.finish(r, outcome, sent, measured);
-                    }
-                    Push::Dropped(DropReason::Stale) if counting => self.stats.stale_datagrams += 1,
-                    Push::Dropped(_) if counting => self.stats.bad_datagrams += 1,
-                    Push::Dropped(_) => {}
+                    pop_done(&mut r.pending);
+                    return;
                 }
-            },
-            Conn::Tcp { stream, rbuf } => {
-                let Some(s) = stream else { return };
-                match s.read(&mut self.scratch) {
-                    // The server closed the connection.
-                    Ok(0) => return self.fail(r, Instant::now()),
-                    Ok(n) => rbuf.extend_from_slice(&self.scratch[..n]),
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            io::ErrorKind::WouldBlock
-                                | io::ErrorKind::TimedOut
-                                | io::ErrorKind::Interrupted
-                        ) =>
-                    {
-                        return
+            };
+            let datagram = &self.scratch[..n];
+            let slot = match (Header::parse(datagram), r.pending.front()) {
+                (Ok(h), Some(front)) => usize::from(h.request_id.wrapping_sub(front.id)),
+                (Ok(_), None) => usize::MAX,
+                (Err(_), _) => {
+                    if counting {
+                        self.stats.bad_datagrams += 1;
                     }
-                    Err(_) => return self.fail(r, Instant::now()),
+                    continue;
                 }
-                if let Some((outcome, used)) = text::check(op, rbuf) {
-                    // Bytes past the reply mean the stream is out of step with our requests.
-                    let in_sync = outcome != Outcome::Malformed && used == rbuf.len();
-                    rbuf.clear();
-                    if !in_sync {
-                        *stream = None;
-                    }
-                    self.finish(r, outcome, sent, measured);
-                    if !in_sync {
-                        r.state = State::Down(Instant::now());
-                    }
+            };
+            let Some(p) = r.pending.get_mut(slot).filter(|p| !p.done) else {
+                if counting {
+                    self.stats.stale_datagrams += 1;
                 }
+                continue;
+            };
+            match p.reassembly.push(datagram) {
+                Push::Incomplete => {}
+                Push::Complete(payload) => {
+                    let outcome = check_reply(protocol, p.op, &payload)
+                        .map(|(o, _)| o)
+                        .unwrap_or(Outcome::Malformed);
+                    p.done = true;
+                    let (origin, measured) = (p.origin, p.measured);
+                    self.count(measured, End::Reply(outcome, micros(origin.elapsed())));
+                    pop_done(&mut r.pending);
+                }
+                Push::Dropped(DropReason::Stale) if counting => self.stats.stale_datagrams += 1,
+                Push::Dropped(_) if counting => self.stats.bad_datagrams += 1,
+                Push::Dropped(_) => {}
             }
         }
     }
 
-    fn finish(&mut self, r: &mut Requester, outcome: Outcome, sent: Instant, measured: bool) {
-        let latency = sent.elapsed();
-        r.state = State::Idle;
-        self.done += 1;
-        if measured {
-            self.stats.record(outcome, micros(latency));
-        }
-    }
-
-    /// The request failed without a reply: count an error and, for TCP, reconnect.
-    fn fail(&mut self, r: &mut Requester, now: Instant) {
-        if let State::Waiting { measured: true, .. } = r.state {
-            self.stats.errors += 1;
-        }
-        self.done += 1;
-        r.state = match &mut r.conn {
-            Conn::Udp { .. } => State::Idle,
-            Conn::Tcp { stream, rbuf } => {
-                *stream = None;
-                rbuf.clear();
-                State::Down(now)
-            }
+    fn receive_tcp(&mut self, r: &mut Requester) {
+        let protocol = self.plan.protocol;
+        let Conn::Tcp {
+            stream: Some(s),
+            rbuf,
+        } = &mut r.conn
+        else {
+            return;
         };
+        match s.read(&mut self.scratch) {
+            // The server closed the connection.
+            Ok(0) => return self.fail_tcp(r, Instant::now()),
+            Ok(n) => rbuf.extend_from_slice(&self.scratch[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) =>
+            {
+                return
+            }
+            Err(_) => return self.fail_tcp(r, Instant::now()),
+        }
+        // Replies come back in request order; parse as many as are complete.
+        let mut used = 0;
+        let mut in_sync = true;
+        while let Some(p) = r.pending.front() {
+            let Some((outcome, n)) = check_reply(protocol, p.op, &rbuf[used..]) else {
+                break;
+            };
+            used += n;
+            let (origin, measured) = (p.origin, p.measured);
+            r.pending.pop_front();
+            self.count(measured, End::Reply(outcome, micros(origin.elapsed())));
+            if outcome == Outcome::Malformed {
+                in_sync = false;
+                break;
+            }
+        }
+        rbuf.drain(..used);
+        // Bytes nobody asked for mean the stream is out of step with our requests.
+        if !in_sync || (r.pending.is_empty() && !rbuf.is_empty()) {
+            self.fail_tcp(r, Instant::now());
+        }
     }
 
-    fn check_timeout(&mut self, r: &mut Requester, now: Instant) {
-        if let (State::Waiting { sent, measured, .. }, Conn::Udp { .. }) = (r.state, &r.conn) {
-            if now.duration_since(sent) >= self.plan.timeout {
-                if measured {
-                    self.stats.timeouts += 1;
-                }
-                self.done += 1;
-                // The next request gets a new id, so a late reply is recognised as stale.
-                r.state = State::Idle;
+    /// The connection failed: every outstanding request is an error; reconnect right away.
+    fn fail_tcp(&mut self, r: &mut Requester, now: Instant) {
+        while let Some(p) = r.pending.pop_front() {
+            self.count(p.measured, End::Error);
+        }
+        if let Conn::Tcp { stream, rbuf } = &mut r.conn {
+            *stream = None;
+            rbuf.clear();
+        }
+        r.req.clear();
+        r.down = Some(now);
+    }
+
+    fn check_timeouts(&mut self, r: &mut Requester, now: Instant) {
+        if !matches!(r.conn, Conn::Udp { .. }) {
+            return;
+        }
+        // Requests leave in send order with one timeout, so only the front can be overdue.
+        while let Some(p) = r.pending.front() {
+            if !p.done && now.duration_since(p.sent) < self.plan.timeout {
+                break;
+            }
+            let (done, measured) = (p.done, p.measured);
+            r.pending.pop_front();
+            if !done {
+                // A late reply carries an id no longer pending, so it counts as stale.
+                self.count(measured, End::Timeout);
             }
         }
     }
@@ -401,22 +623,42 @@ impl Worker<'_> {
             match tcp_connect(self.plan.target) {
                 Ok(s) => {
                     *stream = Some(s);
-                    r.state = State::Idle;
+                    r.down = None;
                 }
                 Err(_) => {
-                    if self.measuring() {
-                        self.stats.errors += 1;
-                    }
-                    r.state = State::Down(now + RECONNECT_BACKOFF);
+                    let measured = self.measuring();
+                    self.count(measured, End::Error);
+                    r.down = Some(now + RECONNECT_BACKOFF);
                 }
             }
         }
     }
 }
 
-fn write_request(buf: &mut Vec<u8>, op: Op, plan: &Plan, index: u64) {
-    match op {
-        Op::Get => text::write_get(buf, &plan.key_prefix, index),
-        Op::Set => text::write_set(buf, &plan.key_prefix, index, &plan.value),
+/// Drops requests answered out of order once everything before them is gone too.
+fn pop_done(pending: &mut VecDeque<Pending>) {
+    while pending.front().is_some_and(|p| p.done) {
+        pending.pop_front();
+    }
+}
+
+/// Appends one request in the plan's protocol; `opaque` is echoed by binary replies.
+fn write_request(buf: &mut Vec<u8>, op: Op, plan: &Plan, index: u64, opaque: u16) {
+    let prefix = &plan.key_prefix;
+    match (plan.protocol, op) {
+        (Protocol::Text, Op::Get) => text::write_get(buf, prefix, index),
+        (Protocol::Text, Op::Set) => text::write_set(buf, prefix, index, &plan.value),
+        (Protocol::Binary, Op::Get) => binary::write_get(buf, prefix, index, opaque.into()),
+        (Protocol::Binary, Op::Set) => {
+            binary::write_set(buf, prefix, index, &plan.value, opaque.into())
+        }
+    }
+}
+
+/// Whether `buf` starts with a complete reply to `op`, and what it was.
+pub fn check_reply(protocol: Protocol, op: Op, buf: &[u8]) -> Option<(Outcome, usize)> {
+    match protocol {
+        Protocol::Text => text::check(op, buf),
+        Protocol::Binary => binary::check(op, buf),
     }
 }

@@ -6,7 +6,11 @@
 //! construction Apache Commons RNG uses. Setup and each sample cost O(1), so keyspaces of 10^10
 //! and more work; the expected number of rejections per sample is below 1.1 for all exponents.
 
-use rand::Rng;
+use std::collections::{HashMap, HashSet};
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
 
 /// Draws ranks `1..=n` with `P(k) ∝ k^-theta`, `theta > 0`.
 #[derive(Clone, Debug)]
@@ -188,16 +192,153 @@ impl KeyGen {
 
     /// The next key index in `0..keys`.
     pub fn next_index<R: Rng + ?Sized>(&self, rng: &mut R) -> u64 {
+        self.next_index_ranked(rng, None)
+    }
+
+    /// The next key index, with popularity ranks first permuted by `ranking` (which must cover
+    /// the same keyspace). A uniform distribution ignores the ranking.
+    pub fn next_index_ranked<R: Rng + ?Sized>(
+        &self,
+        rng: &mut R,
+        ranking: Option<&Ranking>,
+    ) -> u64 {
         match &self.popularity {
             // Uniform needs no scrambling: every index is equally likely either way.
             Popularity::Uniform => rng.gen_range(0..self.keys),
             Popularity::Zipf(z) => {
-                let rank0 = z.sample(rng) - 1;
+                let mut rank0 = z.sample(rng) - 1;
+                if let Some(r) = ranking {
+                    rank0 = r.apply(rank0);
+                }
                 match &self.scramble {
                     Some(s) => s.apply(rank0),
                     None => rank0,
                 }
             }
+        }
+    }
+}
+
+/// How key popularity changes over time (the workloads of SwitchKV, Li et al., NSDI 2016).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ChangeKind {
+    /// The N coldest keys become the N hottest; every other key moves N ranks down.
+    HotIn,
+    /// The N hottest keys become the N coldest; every other key moves N ranks up.
+    HotOut,
+    /// N random keys of the hot set (the 10·N hottest) swap places with N random cold keys.
+    Random,
+}
+
+/// Size of the hot set for [`ChangeKind::Random`], in multiples of N: the swapped hot keys are
+/// drawn from the `RANDOM_HOT_FACTOR * N` hottest ranks.
+pub const RANDOM_HOT_FACTOR: u64 = 10;
+
+/// A permutation of popularity ranks that changes in steps ("epochs").
+///
+/// The permutation is `rank -> swaps(rank + offset mod n)`: hot-in and hot-out only move the
+/// offset, and random changes record their transpositions in a map that holds only the ranks
+/// that differ from the identity. Nothing is proportional to the keyspace, so 10^10 keys work.
+/// Every copy built with the same arguments and advanced to the same epoch is the same
+/// permutation, so worker threads need not share one.
+#[derive(Clone, Debug)]
+pub struct Ranking {
+    n: u64,
+    kind: ChangeKind,
+    keys: u64,
+    seed: u64,
+    epoch: u64,
+    offset: u64,
+    swaps: HashMap<u64, u64>,
+}
+
+impl Ranking {
+    /// The identity on `0..n`, to be changed by `kind` moving `keys` keys per epoch.
+    ///
+    /// # Panics
+    /// If `keys` is 0 or not below `n` (for random: if `2 * keys > n`).
+    pub fn new(n: u64, kind: ChangeKind, keys: u64, seed: u64) -> Ranking {
+        assert!(keys >= 1 && keys < n, "a change must move 1..n keys");
+        assert!(
+            kind != ChangeKind::Random || keys.saturating_mul(2) <= n,
+            "a random change needs as many cold keys as hot ones"
+        );
+        Ranking {
+            n,
+            kind,
+            keys,
+            seed,
+            epoch: 0,
+            offset: 0,
+            swaps: HashMap::new(),
+        }
+    }
+
+    /// The epoch the permutation is at; 0 is the identity.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Applies every change up to and including `epoch`; earlier epochs are a no-op.
+    pub fn advance_to(&mut self, epoch: u64) {
+        while self.epoch < epoch {
+            self.epoch += 1;
+            self.step();
+        }
+    }
+
+    /// The rank (0-based) whose key now holds popularity rank `rank0`.
+    pub fn apply(&self, rank0: u64) -> u64 {
+        let p = self.rotate(rank0);
+        self.swaps.get(&p).copied().unwrap_or(p)
+    }
+
+    fn rotate(&self, rank0: u64) -> u64 {
+        // Both are below n, so the sum cannot overflow when n <= 2^63; use u128 to be safe.
+        ((u128::from(rank0) + u128::from(self.offset)) % u128::from(self.n)) as u64
+    }
+
+    fn step(&mut self) {
+        match self.kind {
+            // New rank r takes the key of old rank r - N: the old bottom N come to the top.
+            ChangeKind::HotIn => self.offset = (self.offset + self.n - self.keys) % self.n,
+            // New rank r takes the key of old rank r + N: the old top N go to the bottom.
+            ChangeKind::HotOut => self.offset = (self.offset + self.keys) % self.n,
+            ChangeKind::Random => self.swap_random(),
+        }
+    }
+
+    fn swap_random(&mut self) {
+        let mut rng =
+            SmallRng::seed_from_u64(self.seed ^ self.epoch.wrapping_mul(0xd1b5_4a32_d192_ed03));
+        let hot = (self.keys * RANDOM_HOT_FACTOR).min(self.n - self.keys);
+        let mut hot_ranks = HashSet::new();
+        while (hot_ranks.len() as u64) < self.keys {
+            hot_ranks.insert(rng.gen_range(0..hot));
+        }
+        let mut cold_ranks = HashSet::new();
+        while (cold_ranks.len() as u64) < self.keys {
+            cold_ranks.insert(rng.gen_range(hot..self.n));
+        }
+        let mut hot_ranks: Vec<u64> = hot_ranks.into_iter().collect();
+        let mut cold_ranks: Vec<u64> = cold_ranks.into_iter().collect();
+        // Set iteration order is random per process; sort so every copy swaps the same pairs.
+        hot_ranks.sort_unstable();
+        cold_ranks.sort_unstable();
+        for (a, b) in hot_ranks.into_iter().zip(cold_ranks) {
+            let (x, y) = (self.rotate(a), self.rotate(b));
+            let (mx, my) = (self.apply(a), self.apply(b));
+            self.set(x, my);
+            self.set(y, mx);
+        }
+    }
+
+    fn set(&mut self, at: u64, to: u64) {
+        if at == to {
+            self.swaps.remove(&at);
+        } else {
+            self.swaps.insert(at, to);
         }
     }
 }
@@ -340,5 +481,91 @@ mod tests {
         );
         let u = KeyGen::new(10, 0.0, true);
         assert!((0..1000).all(|_| u.next_index(&mut rng) < 10));
+    }
+
+    fn counts(g: &KeyGen, ranking: Option<&Ranking>, samples: usize) -> HashMap<u64, usize> {
+        let mut rng = SmallRng::seed_from_u64(21);
+        let mut c = HashMap::new();
+        for _ in 0..samples {
+            *c.entry(g.next_index_ranked(&mut rng, ranking)).or_insert(0) += 1;
+        }
+        c
+    }
+
+    /// The `k` most frequent indexes of a sample, as a sorted list.
+    fn top(c: &HashMap<u64, usize>, k: usize) -> Vec<u64> {
+        let mut v: Vec<(u64, usize)> = c.iter().map(|(&i, &n)| (i, n)).collect();
+        v.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let mut t: Vec<u64> = v.into_iter().take(k).map(|(i, _)| i).collect();
+        t.sort_unstable();
+        t
+    }
+
+    #[test]
+    fn hot_in_brings_cold_keys_to_the_top() {
+        let (n, moved) = (1_000u64, 5u64);
+        let g = KeyGen::new(n, 1.2, false);
+        let mut r = Ranking::new(n, ChangeKind::HotIn, moved, 1);
+        let before = counts(&g, Some(&r), 200_000);
+        assert_eq!(top(&before, 5), vec![0, 1, 2, 3, 4]);
+        // The five coldest keys, named before the change, were (almost) never drawn.
+        let cold: Vec<u64> = (n - moved..n).collect();
+        assert!(cold
+            .iter()
+            .all(|k| before.get(k).copied().unwrap_or(0) < 50));
+        r.advance_to(1);
+        let after = counts(&g, Some(&r), 200_000);
+        assert_eq!(top(&after, 5), cold);
+        // The old hottest key is now sixth: it moved down by N.
+        assert_eq!(r.apply(5), 0);
+        assert_eq!(r.apply(0), n - moved);
+    }
+
+    #[test]
+    fn hot_out_sends_hot_keys_to_the_bottom() {
+        let mut r = Ranking::new(100, ChangeKind::HotOut, 3, 1);
+        r.advance_to(1);
+        assert_eq!(
+            (r.apply(0), r.apply(96), r.apply(97), r.apply(99)),
+            (3, 99, 0, 2)
+        );
+        r.advance_to(2);
+        assert_eq!(r.apply(0), 6);
+        // Scrambled huge keyspaces work: nothing is proportional to n.
+        let g = KeyGen::new(10_000_000_000, 0.99, true);
+        let mut big = Ranking::new(10_000_000_000, ChangeKind::HotOut, 1_000, 1);
+        big.advance_to(3);
+        let mut rng = SmallRng::seed_from_u64(2);
+        assert!(g.next_index_ranked(&mut rng, Some(&big)) < 10_000_000_000);
+    }
+
+    #[test]
+    fn random_swaps_hot_with_cold_and_stays_a_permutation() {
+        let n = 1_000u64;
+        let mut r = Ranking::new(n, ChangeKind::Random, 10, 4);
+        let mut copy = r.clone();
+        for epoch in 1..=5 {
+            r.advance_to(epoch);
+            let mut seen = vec![false; n as usize];
+            for i in 0..n {
+                let j = r.apply(i);
+                assert!(!seen[j as usize], "epoch {epoch}: {j} hit twice");
+                seen[j as usize] = true;
+            }
+            // Each step swaps 10 pairs, so at most 20 more ranks differ from the identity.
+            assert!(r.swaps.len() as u64 <= 20 * epoch);
+        }
+        r = Ranking::new(n, ChangeKind::Random, 10, 4);
+        r.advance_to(1);
+        let moved_hot = (0..100).filter(|&i| r.apply(i) != i).count();
+        assert_eq!(moved_hot, 10);
+        assert!((0..100)
+            .filter(|&i| r.apply(i) != i)
+            .all(|i| r.apply(i) >= 100));
+        // Copies advanced separately agree (each worker thread holds one).
+        copy.advance_to(5);
+        let mut again = Ranking::new(n, ChangeKind::Random, 10, 4);
+        again.advance_to(5);
+        assert!((0..n).all(|i| copy.apply(i) == again.apply(i)));
     }
 }

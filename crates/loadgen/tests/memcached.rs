@@ -1,12 +1,12 @@
-//! End to end against a real memcached on loopback: preload, then a second of load over UDP
-//! and over TCP.
+//! End to end against a real memcached on loopback: preload, then load over UDP and TCP, in the
+//! text and binary protocols, as a closed and as an open loop.
 
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use loadgen::{preload, LoadArgs, Proto, Report};
+use loadgen::{preload, LoadArgs, Proto, Protocol, Report};
 
 /// A memcached child process, killed by PID when dropped.
 struct Memcached {
@@ -163,4 +163,102 @@ fn request_cap_and_large_values() {
         assert_eq!(r.hits, r.gets, "{r:?}");
         assert!(r.duration_s < 10.0);
     }
+}
+
+#[test]
+fn open_loop_achieves_the_target_rate() {
+    let mc = Memcached::start();
+    assert_eq!(
+        preload(mc.addr, Proto::Tcp, 1000, "key:", 32).expect("preload"),
+        1000
+    );
+    for proto in [Proto::Udp, Proto::Tcp] {
+        let args = LoadArgs {
+            proto,
+            keys: 1000,
+            rate: Some(2000.0),
+            duration: 2.0,
+            quiet: true,
+            ..LoadArgs::new(mc.addr.to_string())
+        };
+        let r = loadgen::run(&args).expect("load run");
+        let mut human = Vec::new();
+        r.print_human(&mut human);
+        println!("{}", String::from_utf8_lossy(&human));
+        assert_eq!(r.offered_rps, Some(2000.0));
+        let err = (r.achieved_rps / 2000.0 - 1.0).abs();
+        assert!(err <= 0.05, "{proto}: achieved {} req/s", r.achieved_rps);
+        // Loopback memcached keeps up, so completions track the offered load too.
+        assert!((r.throughput_rps / 2000.0 - 1.0).abs() <= 0.05, "{r:?}");
+        assert_eq!(r.errors + r.timeouts, 0, "{r:?}");
+        assert_eq!(r.hits, r.gets, "{r:?}");
+        // 2 s in 100 ms intervals; together they hold every request.
+        assert_eq!(r.series.len(), 20, "{:?}", r.series);
+        assert_eq!(r.series.iter().map(|s| s.requests).sum::<u64>(), r.requests);
+        assert!(r.series.iter().all(|s| s.requests > 0 && s.p50_us > 0));
+    }
+}
+
+#[test]
+fn binary_protocol_preloaded_load() {
+    let mc = Memcached::start();
+    for proto in [Proto::Udp, Proto::Tcp] {
+        let json = scratch(&format!("binary-{proto}"));
+        let args = LoadArgs {
+            proto,
+            protocol: Protocol::Binary,
+            keys: 1000,
+            key_prefix: format!("bin-{proto}:"),
+            preload: true,
+            duration: 1.0,
+            quiet: true,
+            json: Some(json.clone()),
+            ..LoadArgs::new(mc.addr.to_string())
+        };
+        let r = loadgen::run(&args).expect("load run");
+        check(&r, &json);
+        assert!(r.sets > 0, "{r:?}");
+        assert_eq!(r.timeouts, 0, "{r:?}");
+        let _ = std::fs::remove_file(json);
+    }
+    // Large values: binary replies spread over several UDP datagrams.
+    let args = LoadArgs {
+        protocol: Protocol::Binary,
+        keys: 20,
+        key_prefix: "binbig:".into(),
+        value_size: 20_000,
+        preload: true,
+        requests: Some(200),
+        duration: 10.0,
+        quiet: true,
+        ..LoadArgs::new(mc.addr.to_string())
+    };
+    let r = loadgen::run(&args).expect("load run");
+    assert_eq!(r.requests, 200, "{r:?}");
+    assert_eq!((r.errors, r.timeouts), (0, 0), "{r:?}");
+    assert_eq!(r.hits, r.gets, "{r:?}");
+}
+
+#[test]
+fn open_loop_with_popularity_changes_and_binary() {
+    let mc = Memcached::start();
+    let args = LoadArgs {
+        proto: Proto::Udp,
+        protocol: Protocol::Binary,
+        keys: 1000,
+        dist: "zipf:0.99".parse().expect("dist"),
+        change: Some(loadgen::ChangeKind::HotIn),
+        change_keys: 10,
+        change_every: 0.2,
+        preload: true,
+        rate: Some(1000.0),
+        duration: 1.0,
+        interval_ms: 250,
+        quiet: true,
+        ..LoadArgs::new(mc.addr.to_string())
+    };
+    let r = loadgen::run(&args).expect("load run");
+    assert_eq!((r.errors, r.timeouts), (0, 0), "{r:?}");
+    assert_eq!(r.hits, r.gets, "{r:?}");
+    assert_eq!(r.series.len(), 4, "{:?}", r.series);
 }
