@@ -41,6 +41,10 @@ pub const MAX_BUFFERED_BYTES: usize = 64 << 20;
 /// Most sub-request ids in flight: the 16-bit id space, with room left so that an id is not
 /// reused while a late reply to its last use may still arrive.
 const MAX_IDS_IN_FLIGHT: usize = 32_768;
+/// Largest merged reply: what fits in the datagrams one memcached reply may span, and far more
+/// than a real multi-get returns. A get repeating one large key many times must not make the
+/// switch build (and send) an answer out of proportion to the request.
+pub const MAX_MERGED_BYTES: usize = 16 << 20;
 
 /// Where and how to answer the client once every part is in.
 #[derive(Debug, Clone)]
@@ -178,6 +182,9 @@ pub struct Splitter {
     pending: HashMap<u64, Pending>,
     /// Sub-request id → pending split.
     by_request: HashMap<u16, u64>,
+    /// Ids recently freed, and until when they rest: a reply that comes late to an id's last
+    /// use must not be taken for the answer to its next use.
+    resting: HashMap<u16, Instant>,
     next_split: u64,
     next_request_id: u16,
     timeout: Duration,
@@ -190,6 +197,7 @@ impl Splitter {
         Splitter {
             pending: HashMap::new(),
             by_request: HashMap::new(),
+            resting: HashMap::new(),
             next_split: 0,
             // Sub-request ids start somewhere unpredictable, so that nobody can guess them
             // from a restart of the switch.
@@ -203,13 +211,28 @@ impl Splitter {
         self.pending.len()
     }
 
-    fn allocate_request_id(&mut self) -> u16 {
+    /// Whether `n` more sub-request ids can be had. Ids in use and resting together stay under
+    /// half the id space, so [`Self::allocate_request_id`] always finds a free one.
+    fn ids_available(&self, n: usize) -> bool {
+        self.by_request.len() + self.resting.len() + n <= MAX_IDS_IN_FLIGHT
+    }
+
+    /// An id neither in use nor resting. The caller checked [`Self::ids_available`].
+    fn allocate_request_id(&mut self, now: Instant) -> u16 {
         loop {
             let id = self.next_request_id;
             self.next_request_id = self.next_request_id.wrapping_add(1);
-            if !self.by_request.contains_key(&id) {
-                return id;
+            if self.by_request.contains_key(&id) {
+                continue;
             }
+            match self.resting.get(&id) {
+                Some(until) if *until > now => continue,
+                Some(_) => {
+                    self.resting.remove(&id);
+                }
+                None => {}
+            }
+            return id;
         }
     }
 
@@ -242,9 +265,7 @@ impl Splitter {
             };
             order.push(at);
         }
-        if self.pending.len() >= MAX_PENDING
-            || self.by_request.len() + distinct.len() > MAX_IDS_IN_FLIGHT
-        {
+        if self.pending.len() >= MAX_PENDING || !self.ids_available(distinct.len()) {
             return Err(SplitError::TableFull);
         }
         let split = self.next_split;
@@ -252,7 +273,7 @@ impl Splitter {
         let mut subs = Vec::with_capacity(distinct.len());
         let mut parts = Vec::with_capacity(distinct.len());
         for (key, server) in distinct {
-            let request_id = self.allocate_request_id();
+            let request_id = self.allocate_request_id(now);
             self.by_request.insert(request_id, split);
             let mut payload = Vec::with_capacity(key.len() + 16);
             let written = memcache::reply::write_retrieval_request(
@@ -315,9 +336,7 @@ impl Splitter {
             let (payload, fold) = sub_request(req).ok_or(SplitError::NotRetrieval)?;
             planned.push((server, payload, fold));
         }
-        if self.pending.len() >= MAX_PENDING
-            || self.by_request.len() + planned.len() > MAX_IDS_IN_FLIGHT
-        {
+        if self.pending.len() >= MAX_PENDING || !self.ids_available(planned.len()) {
             return Err(SplitError::TableFull);
         }
         let split = self.next_split;
@@ -325,7 +344,7 @@ impl Splitter {
         let mut subs = Vec::with_capacity(planned.len());
         let mut parts = Vec::with_capacity(planned.len());
         for (server, payload, fold) in planned {
-            let request_id = self.allocate_request_id();
+            let request_id = self.allocate_request_id(now);
             self.by_request.insert(request_id, split);
             subs.push(SubRequest {
                 server,
@@ -416,13 +435,17 @@ impl Splitter {
         for id in &expired {
             self.abandon(*id);
         }
+        self.resting.retain(|_, until| *until > now);
         expired.len()
     }
 
     fn take(&mut self, split: u64) -> Option<Pending> {
         let p = self.pending.remove(&split)?;
+        // Each id rests for a timeout past its split's deadline before it is used again.
+        let until = p.deadline + self.timeout;
         for part in &p.parts {
             self.by_request.remove(&part.request_id);
+            self.resting.insert(part.request_id, until);
             self.buffered = self.buffered.saturating_sub(part.bytes);
         }
         Some(p)
@@ -490,8 +513,14 @@ fn sub_request(req: &Request<'_>) -> Option<(Vec<u8>, Fold)> {
             let line = line.strip_suffix(b"\n")?;
             let line = line.strip_suffix(b"\r").unwrap_or(line);
             let mut payload = Vec::with_capacity(line.len() + 2);
-            for token in line.split(|&b| b == b' ').filter(|t| !t.is_empty()) {
-                if token.first() == Some(&b'q') {
+            // The command and the key stay as they are (a key may begin with `q`); only a flag
+            // may be the quiet one.
+            for (i, token) in line
+                .split(|&b| b == b' ')
+                .filter(|t| !t.is_empty())
+                .enumerate()
+            {
+                if i >= 2 && token.first() == Some(&b'q') {
                     continue;
                 }
                 if !payload.is_empty() {
@@ -623,7 +652,18 @@ fn merge(p: &Pending) -> Option<Vec<u8>> {
             }
         }
     }
-    let mut out = Vec::new();
+    let mut total = p.trailer.len();
+    for &at in &p.order {
+        total += answers.get(at)?.as_ref().map_or(0, Vec::len);
+    }
+    if total > MAX_MERGED_BYTES {
+        tracing::debug!(
+            total,
+            "split abandoned: the merged reply would be too large"
+        );
+        return None;
+    }
+    let mut out = Vec::with_capacity(total);
     for &at in &p.order {
         if let Some(item) = answers.get(at)? {
             out.extend_from_slice(item);
@@ -1073,5 +1113,80 @@ mod tests {
             );
         }
         assert_eq!(sp.in_flight(), 0);
+    }
+
+    #[test]
+    fn meta_keys_beginning_with_q_are_kept() {
+        for (request, sent) in [
+            (&b"mg quux v q\r\n"[..], &b"mg quux v\r\n"[..]),
+            (b"mg q v\r\n", b"mg q v\r\n"),
+            (b"mg qkey q k v\r\n", b"mg qkey k v\r\n"),
+        ] {
+            let req = memcache::parse(request).unwrap().unwrap();
+            let (payload, _) = sub_request(&req).unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&payload),
+                String::from_utf8_lossy(sent)
+            );
+        }
+    }
+
+    #[test]
+    fn a_repeated_large_key_cannot_blow_up_the_merged_reply() {
+        let mut sp = Splitter::new(Duration::from_secs(1));
+        let mut spec: Vec<(&str, usize)> = vec![("k", 0); 12];
+        spec.push(("z", 1));
+        let subs = start(&mut sp, Instant::now(), Command::Get, None, &spec);
+        assert_eq!(subs.len(), 2);
+        let size = 1_500_000;
+        let mut reply = format!("VALUE k 0 {size}\r\n").into_bytes();
+        reply.resize(reply.len() + size, b'v');
+        reply.extend_from_slice(b"\r\nEND\r\n");
+        let chunks: Vec<&[u8]> = reply.chunks(60_000).collect();
+        for (seq, chunk) in chunks.iter().enumerate() {
+            let got = sp.arrive(
+                src(0),
+                subs[0].request_id,
+                seq as u16,
+                chunks.len() as u16,
+                chunk,
+            );
+            assert_eq!(got, Arrival::Stored);
+        }
+        // Twelve copies of a 1.5 MB item are more than a merged reply may hold.
+        assert_eq!(answer(&mut sp, &subs[1], b"END\r\n"), Arrival::BadReply);
+        assert_eq!(sp.buffered, 0);
+    }
+
+    #[test]
+    fn freed_ids_rest_before_they_are_used_again() {
+        let timeout = Duration::from_millis(100);
+        let mut sp = Splitter::new(timeout);
+        let t0 = Instant::now();
+        let subs = start(&mut sp, t0, Command::Get, None, &[("a", 0), ("b", 1)]);
+        answer(&mut sp, &subs[0], b"END\r\n");
+        assert!(matches!(
+            answer(&mut sp, &subs[1], b"END\r\n"),
+            Arrival::Done { .. }
+        ));
+        // The counter comes round to the freed ids at once: they are skipped while resting.
+        sp.next_request_id = subs[0].request_id;
+        let again = start(&mut sp, t0, Command::Get, None, &[("c", 0), ("d", 1)]);
+        for sub in &again {
+            assert!(subs.iter().all(|s| s.request_id != sub.request_id));
+        }
+        // A late reply to the old use is stale, not an answer to the new one.
+        assert_eq!(answer(&mut sp, &subs[0], b"END\r\n"), Arrival::Stale);
+        // Past the rest, they are free again.
+        sp.expire(t0 + 3 * timeout);
+        sp.next_request_id = subs[0].request_id;
+        let later = start(
+            &mut sp,
+            t0 + 3 * timeout,
+            Command::Get,
+            None,
+            &[("e", 0), ("f", 1)],
+        );
+        assert_eq!(later[0].request_id, subs[0].request_id);
     }
 }

@@ -798,7 +798,10 @@ impl Switch {
                 reply,
             } => {
                 self.stats.answer(Answer::MergedGet);
-                self.send_reply(client_port, &ends, request_id, &reply, emit);
+                // Quiet gets that all missed, with no no-op after them: memcached sends nothing.
+                if !reply.is_empty() {
+                    self.send_reply(client_port, &ends, request_id, &reply, emit);
+                }
             }
             Arrival::BadReply => self.stats.count_drop(Drop::SplitBadReply),
             Arrival::Stale => self.stats.count_drop(Drop::StaleReply),
