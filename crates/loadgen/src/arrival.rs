@@ -6,6 +6,10 @@ use std::time::Duration;
 use rand::rngs::SmallRng;
 use rand::Rng;
 
+/// Longest gap ever returned (about 136 years): far beyond any run, and small enough that adding
+/// it to an instant cannot overflow.
+pub const MAX_GAP: Duration = Duration::from_secs(1 << 32);
+
 /// Exponential inter-arrival gaps for a Poisson process of a fixed rate.
 #[derive(Clone, Debug)]
 pub struct Arrivals {
@@ -29,7 +33,9 @@ impl Arrivals {
     /// The gap to the next arrival, by inversion: `-ln(U) / rate` with `U` in `(0, 1]`.
     pub fn next_gap(&mut self) -> Duration {
         let u: f64 = 1.0 - self.rng.gen::<f64>();
-        Duration::from_secs_f64(-u.ln() * self.mean_gap_s)
+        // Rates are validated, but a gap too long to represent must still not panic.
+        Duration::try_from_secs_f64(-u.ln() * self.mean_gap_s)
+            .map_or(MAX_GAP, |gap| gap.min(MAX_GAP))
     }
 }
 
@@ -52,6 +58,18 @@ mod tests {
         // Memorylessness shows in the tail: P(gap > 2/rate) = e^-2.
         let tail = gaps.iter().filter(|&&g| g > 2.0 / rate).count() as f64 / N as f64;
         assert!((tail - (-2.0f64).exp()).abs() < 0.005, "tail {tail}");
+    }
+
+    #[test]
+    fn tiny_rates_give_long_gaps_without_panicking() {
+        for rate in [1e-300, f64::MIN_POSITIVE, 1e-12] {
+            let mut a = Arrivals::new(rate, SmallRng::seed_from_u64(5));
+            for _ in 0..1_000 {
+                assert!(a.next_gap() <= MAX_GAP);
+            }
+        }
+        let mut a = Arrivals::new(1e-300, SmallRng::seed_from_u64(5));
+        assert_eq!(a.next_gap(), MAX_GAP);
     }
 
     #[test]

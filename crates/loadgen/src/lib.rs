@@ -34,6 +34,9 @@ pub use preload::preload;
 pub use report::{Latency, Report, Sample};
 pub use zipf::ChangeKind;
 
+/// Smallest accepted `--rate`, in requests per second: one request every 1,000 s.
+pub const MIN_RATE: f64 = 0.001;
+
 /// Transport to the target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -169,7 +172,8 @@ pub struct LoadArgs {
     pub concurrency: usize,
     /// Open loop: send this many requests per second in total, with Poisson (exponentially
     /// spaced) arrivals spread over the requesters, whether or not replies keep up. Latency is
-    /// measured from each request's scheduled send time, so queueing delay counts.
+    /// measured from each request's scheduled send time, so queueing delay counts. At least
+    /// 0.001.
     #[arg(long, value_name = "RPS")]
     #[serde(default)]
     pub rate: Option<f64>,
@@ -290,6 +294,9 @@ impl LoadArgs {
         if let Some(rate) = self.rate {
             if !rate.is_finite() || rate <= 0.0 || rate > 1e9 {
                 bail!("--rate must be a positive number of requests per second, got {rate}");
+            }
+            if rate < MIN_RATE {
+                bail!("--rate must be at least {MIN_RATE} requests per second, got {rate}");
             }
         }
         if self.interval_ms == 0 {
@@ -729,6 +736,14 @@ mod tests {
                 ..ok.clone()
             },
             LoadArgs {
+                rate: Some(1e-300),
+                ..ok.clone()
+            },
+            LoadArgs {
+                rate: Some(MIN_RATE / 2.0),
+                ..ok.clone()
+            },
+            LoadArgs {
                 interval_ms: 0,
                 ..ok.clone()
             },
@@ -791,5 +806,54 @@ mod tests {
         assert_eq!(r.gets + r.sets, 0);
         assert!(r.timeouts >= 2, "{r:?}");
         assert_eq!(r.requests, r.timeouts + r.errors);
+    }
+
+    #[test]
+    fn tcp_run_ends_on_time_when_reconnects_hang() {
+        use std::net::{TcpListener, TcpStream};
+        use std::os::fd::AsRawFd;
+
+        const REQUESTERS: usize = 4;
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        // The server accepts the requesters' first connections, then stops accepting and fills
+        // its backlog, so later connects get no answer; finally it closes what it accepted,
+        // which makes every requester reconnect.
+        let server = std::thread::spawn(move || {
+            let accepted: Vec<TcpStream> = (0..REQUESTERS)
+                .map(|_| listener.accept().expect("accept").0)
+                .collect();
+            // Listening again only changes the backlog: one queued connection fills it.
+            // SAFETY: a plain syscall on a socket this thread owns.
+            let rc = unsafe { libc::listen(listener.as_raw_fd(), 0) };
+            assert_eq!(rc, 0, "listen");
+            let mut fillers = Vec::new();
+            while fillers.len() < 16 {
+                match TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+                    Ok(s) => fillers.push(s),
+                    Err(_) => break,
+                }
+            }
+            drop(accepted);
+            (listener, fillers)
+        });
+        let args = LoadArgs {
+            proto: Proto::Tcp,
+            duration: 1.0,
+            concurrency: REQUESTERS,
+            threads: Some(1),
+            quiet: true,
+            ..LoadArgs::new(addr.to_string())
+        };
+        let t = Instant::now();
+        let r = run(&args).expect("run");
+        let elapsed = t.elapsed();
+        let (_listener, fillers) = server.join().expect("server");
+        assert!(!fillers.is_empty(), "the backlog was never filled");
+        assert!(
+            elapsed < Duration::from_secs_f64(args.duration + 1.0),
+            "the run took {elapsed:?}"
+        );
+        assert!(r.errors > 0, "{r:?}");
     }
 }

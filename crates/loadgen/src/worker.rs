@@ -25,8 +25,10 @@ use crate::text::{self, Op, Outcome};
 use crate::zipf::{KeyGen, Ranking};
 use crate::{binary, Proto, Protocol};
 
-/// How long a TCP (re)connect may take.
+/// How long a TCP (re)connect may take; during a run never longer than the time left.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long one blocking TCP write may take; during a run never longer than the time left.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Pause before reconnecting after a failed TCP connect.
 const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
 /// Upper bound on one `poll` so the stop conditions are checked regularly.
@@ -178,14 +180,46 @@ pub fn udp_socket(target: SocketAddr) -> anyhow::Result<UdpSocket> {
 /// A blocking TCP connection with `TCP_NODELAY`. Reads are only issued after `poll` reports
 /// the socket readable; the timeouts are a safety net.
 pub fn tcp_connect(target: SocketAddr) -> anyhow::Result<TcpStream> {
-    let s = TcpStream::connect_timeout(&target, CONNECT_TIMEOUT)
+    tcp_connect_within(target, CONNECT_TIMEOUT)
+}
+
+/// [`tcp_connect`] giving up after `timeout` (at most [`CONNECT_TIMEOUT`]); the write timeout
+/// is no longer than `timeout` either.
+fn tcp_connect_within(target: SocketAddr, timeout: Duration) -> anyhow::Result<TcpStream> {
+    let timeout = timeout.min(CONNECT_TIMEOUT);
+    if timeout.is_zero() {
+        anyhow::bail!("no time left to connect to {target} over TCP");
+    }
+    let s = TcpStream::connect_timeout(&target, timeout)
         .with_context(|| format!("failed to connect to {target} over TCP"))?;
     s.set_nodelay(true).context("failed to set TCP_NODELAY")?;
     s.set_read_timeout(Some(Duration::from_millis(100)))
         .context("failed to set read timeout")?;
-    s.set_write_timeout(Some(Duration::from_secs(1)))
+    s.set_write_timeout(Some(timeout.min(WRITE_TIMEOUT)))
         .context("failed to set write timeout")?;
     Ok(s)
+}
+
+/// Writes all of `buf`, giving up with `TimedOut` at `deadline`: each blocking write is bounded
+/// by the time left, so the whole call never outlasts `deadline` by more than a syscall.
+fn write_all_by(s: &mut TcpStream, mut buf: &[u8], deadline: Instant) -> io::Result<()> {
+    while !buf.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        if left < WRITE_TIMEOUT {
+            // The time left only shrinks, so once lowered the socket's timeout stays lower.
+            s.set_write_timeout(Some(left))?;
+        }
+        match s.write(buf) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Rounds up to whole microseconds, so any real reply records at least 1 µs.
@@ -202,19 +236,7 @@ pub fn run(
     id: usize,
     series: Sender<Slice>,
 ) -> (Stats, Instant) {
-    let mut w = Worker {
-        plan,
-        stats: Stats::default(),
-        scratch: vec![0u8; RECV_BUF],
-        capped: false,
-        done: 0,
-        ranking: plan.ranking.clone(),
-        id,
-        series,
-        slice_interval: 0,
-        slice_requests: 0,
-        slice_latency: new_series_histogram(),
-    };
+    let mut w = Worker::new(plan, id, series);
     let mut fds: Vec<PollFd> = Vec::with_capacity(requesters.len());
     let mut owners: Vec<usize> = Vec::with_capacity(requesters.len());
     loop {
@@ -229,6 +251,10 @@ pub fn run(
         owners.clear();
         let mut outstanding = false;
         for (i, r) in requesters.iter_mut().enumerate() {
+            // Reconnects and writes block for a while; the run still ends on time.
+            if Instant::now() >= plan.end {
+                break;
+            }
             if let Some(at) = r.down {
                 if now >= at {
                     w.reconnect(r, now);
@@ -304,7 +330,23 @@ enum End {
     Timeout,
 }
 
-impl Worker<'_> {
+impl<'a> Worker<'a> {
+    fn new(plan: &'a Plan, id: usize, series: Sender<Slice>) -> Worker<'a> {
+        Worker {
+            plan,
+            stats: Stats::default(),
+            scratch: vec![0u8; RECV_BUF],
+            capped: false,
+            done: 0,
+            ranking: plan.ranking.clone(),
+            id,
+            series,
+            slice_interval: 0,
+            slice_requests: 0,
+            slice_latency: new_series_histogram(),
+        }
+    }
+
     fn measuring(&self) -> bool {
         Instant::now() >= self.plan.measure_start
     }
@@ -435,8 +477,9 @@ impl Worker<'_> {
         };
         match &mut r.conn {
             Conn::Udp { sock, next_id } => {
+                // The id is only used up once the request is on its way: pending ids stay
+                // consecutive, which is how replies find their request.
                 p.id = *next_id;
-                *next_id = next_id.wrapping_add(1);
                 p.reassembly.expect(p.id);
                 r.req.clear();
                 r.req.resize(HEADER_LEN, 0);
@@ -449,6 +492,7 @@ impl Worker<'_> {
                 if !ok {
                     return self.count(measured, End::Error);
                 }
+                *next_id = next_id.wrapping_add(1);
             }
             Conn::Tcp { .. } => {
                 write_request(&mut r.req, op, plan, index, 0);
@@ -466,7 +510,7 @@ impl Worker<'_> {
         let result = match &mut r.conn {
             Conn::Tcp {
                 stream: Some(s), ..
-            } => s.write_all(&r.req),
+            } => write_all_by(s, &r.req, self.plan.end),
             _ => Err(io::ErrorKind::NotConnected.into()),
         };
         r.req.clear();
@@ -504,9 +548,14 @@ impl Worker<'_> {
                 }
             };
             let datagram = &self.scratch[..n];
-            let slot = match (Header::parse(datagram), r.pending.front()) {
-                (Ok(h), Some(front)) => usize::from(h.request_id.wrapping_sub(front.id)),
-                (Ok(_), None) => usize::MAX,
+            // Pending ids are consecutive from the front's, so the id gives the slot; the id
+            // is still compared, so a reply can only ever finish its own request.
+            let (slot, id) = match (Header::parse(datagram), r.pending.front()) {
+                (Ok(h), Some(front)) => (
+                    usize::from(h.request_id.wrapping_sub(front.id)),
+                    h.request_id,
+                ),
+                (Ok(_), None) => (usize::MAX, 0),
                 (Err(_), _) => {
                     if counting {
                         self.stats.bad_datagrams += 1;
@@ -514,7 +563,7 @@ impl Worker<'_> {
                     continue;
                 }
             };
-            let Some(p) = r.pending.get_mut(slot).filter(|p| !p.done) else {
+            let Some(p) = r.pending.get_mut(slot).filter(|p| !p.done && p.id == id) else {
                 if counting {
                     self.stats.stale_datagrams += 1;
                 }
@@ -523,9 +572,7 @@ impl Worker<'_> {
             match p.reassembly.push(datagram) {
                 Push::Incomplete => {}
                 Push::Complete(payload) => {
-                    let outcome = check_reply(protocol, p.op, &payload)
-                        .map(|(o, _)| o)
-                        .unwrap_or(Outcome::Malformed);
+                    let outcome = check_datagram_reply(protocol, p.op, &payload);
                     p.done = true;
                     let (origin, measured) = (p.origin, p.measured);
                     self.count(measured, End::Reply(outcome, micros(origin.elapsed())));
@@ -620,7 +667,8 @@ impl Worker<'_> {
     fn reconnect(&mut self, r: &mut Requester, now: Instant) {
         if let Conn::Tcp { stream, rbuf } = &mut r.conn {
             rbuf.clear();
-            match tcp_connect(self.plan.target) {
+            let left = self.plan.end.saturating_duration_since(Instant::now());
+            match tcp_connect_within(self.plan.target, left) {
                 Ok(s) => {
                     *stream = Some(s);
                     r.down = None;
@@ -655,10 +703,125 @@ fn write_request(buf: &mut Vec<u8>, op: Op, plan: &Plan, index: u64, opaque: u16
     }
 }
 
+/// What the reassembled payload of a UDP reply to `op` was. The payload must be exactly one
+/// complete reply: a truncated one, or one followed by stray bytes, is `Malformed`.
+pub fn check_datagram_reply(protocol: Protocol, op: Op, payload: &[u8]) -> Outcome {
+    match check_reply(protocol, op, payload) {
+        Some((outcome, used)) if used == payload.len() => outcome,
+        _ => Outcome::Malformed,
+    }
+}
+
 /// Whether `buf` starts with a complete reply to `op`, and what it was.
 pub fn check_reply(protocol: Protocol, op: Op, buf: &[u8]) -> Option<(Outcome, usize)> {
     match protocol {
         Protocol::Text => text::check(op, buf),
         Protocol::Binary => binary::check(op, buf),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    fn plan(target: SocketAddr, get_ratio: f64, value_size: usize) -> Plan {
+        let now = Instant::now();
+        Plan {
+            target,
+            protocol: Protocol::Text,
+            key_prefix: "k".into(),
+            keygen: KeyGen::new(10, 0.0, false),
+            ranking: None,
+            get_ratio,
+            value: text::value(value_size),
+            timeout: Duration::from_secs(10),
+            measure_start: now,
+            end: now + Duration::from_secs(60),
+            cap: None,
+            interval: Duration::from_secs(1),
+            issued: AtomicU64::new(0),
+            completed: AtomicU64::new(0),
+        }
+    }
+
+    #[test]
+    fn failed_udp_send_does_not_shift_reply_matching() {
+        let server = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let target = server.local_addr().expect("addr");
+        // Gets fit in a datagram; sets of a value this large cannot be sent at all.
+        let gets = plan(target, 1.0, 0);
+        let sets = plan(target, 0.0, 70_000);
+        let (tx, _rx) = std::sync::mpsc::channel();
+        let mut g = Worker::new(&gets, 0, tx.clone());
+        let mut s = Worker::new(&sets, 0, tx);
+        let mut r =
+            Requester::connect(Proto::Udp, target, SmallRng::seed_from_u64(1), None).expect("udp");
+        let now = Instant::now();
+        g.issue(&mut r, now);
+        s.issue(&mut r, now);
+        g.issue(&mut r, now);
+        s.issue(&mut r, now);
+        g.issue(&mut r, now);
+        assert_eq!(s.stats.errors, 2, "the oversized sends fail");
+        assert_eq!(r.pending.len(), 3);
+
+        // Answer every request that arrived with a miss under its own id, newest first, so
+        // each reply has to find its request behind the front of the queue.
+        server
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .expect("timeout");
+        let mut buf = [0u8; 2048];
+        let mut requests = Vec::new();
+        for _ in 0..3 {
+            let (n, from) = server.recv_from(&mut buf).expect("request");
+            let h = Header::parse(&buf[..n]).expect("header");
+            requests.push((h.request_id, from));
+        }
+        for &(id, from) in requests.iter().rev() {
+            let mut reply = vec![0u8; HEADER_LEN];
+            Header::request(id).emit(&mut reply);
+            reply.extend_from_slice(b"END\r\n");
+            server.send_to(&reply, from).expect("reply");
+        }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while g.stats.misses < 3 && Instant::now() < deadline {
+            g.receive(&mut r);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(g.stats.misses, 3);
+        assert_eq!(g.stats.stale_datagrams, 0);
+        assert_eq!(g.stats.errors, 0);
+        assert!(r.pending.is_empty());
+    }
+
+    #[test]
+    fn datagram_reply_must_fill_the_payload() {
+        let mut hit = vec![binary::MAGIC_RESPONSE, binary::OP_GET, 0, 0, 0, 0, 0, 0];
+        hit.extend_from_slice(&2u32.to_be_bytes());
+        hit.extend_from_slice(&[0; 12]);
+        hit.extend_from_slice(b"ok");
+        assert_eq!(
+            check_datagram_reply(Protocol::Binary, Op::Get, &hit),
+            Outcome::Hit
+        );
+        let mut trailing = hit.clone();
+        trailing.extend_from_slice(b"junk");
+        assert_eq!(
+            check_datagram_reply(Protocol::Binary, Op::Get, &trailing),
+            Outcome::Malformed
+        );
+        assert_eq!(
+            check_datagram_reply(Protocol::Binary, Op::Get, &hit[..hit.len() - 1]),
+            Outcome::Malformed
+        );
+        assert_eq!(
+            check_datagram_reply(Protocol::Text, Op::Get, b"END\r\n"),
+            Outcome::Miss
+        );
+        assert_eq!(
+            check_datagram_reply(Protocol::Text, Op::Get, b"END\r\nEND\r\n"),
+            Outcome::Malformed
+        );
     }
 }

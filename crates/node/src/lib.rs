@@ -30,6 +30,7 @@ use anyhow::{bail, Context};
 
 pub use bucket::Bucket;
 pub use store::{Counters, Store};
+pub use tcp::MAX_CONNECTIONS;
 
 /// The version the node reports to `version` and in `stats`.
 pub const VERSION: &str = concat!("kvswitch-node-", env!("CARGO_PKG_VERSION"));

@@ -297,6 +297,13 @@ impl Store {
             (Some(_), Mode::Add, _) => return StoreOutcome::NotStored,
             _ => {}
         }
+        if let (Some(old), Mode::Append | Mode::Prepend) = (old, mode) {
+            // memcached cannot allocate the joined item and answers as for a missing one.
+            let joined = key.len() + old.value.len() + value.len() + ITEM_OVERHEAD as usize;
+            if joined > ITEM_SIZE_MAX {
+                return StoreOutcome::NotStored;
+            }
+        }
         let (value, flags, exptime): (Arc<[u8]>, u32, u64) = match (old, mode) {
             (Some(old), Mode::Append) => (
                 [&old.value[..], value].concat().into(),
@@ -404,12 +411,22 @@ impl Store {
     }
 
     /// Invalidates every item now (`delay` 0 or less) or every item stored before `delay`
-    /// seconds from now, once that time comes.
+    /// seconds from now, once that time comes. As for exptimes, a `delay` above 30 days is a
+    /// unix time, and one already past flushes now.
     pub fn flush(&self, delay: i64) {
-        if delay > 0 {
-            let at = self.now_ms() + delay as u64 * 1000;
-            self.flush_ms.store(at, Ordering::Relaxed);
-            return;
+        let at = if delay <= 0 {
+            None
+        } else if delay > REALTIME_MAXDELTA {
+            let relative = delay.saturating_sub(self.started_unix);
+            (relative > 0).then(|| (relative as u64 + CLOCK_BASE).saturating_mul(1000))
+        } else {
+            Some(self.now_ms().saturating_add(delay as u64 * 1000))
+        };
+        if let Some(at) = at {
+            if at > self.now_ms() {
+                self.flush_ms.store(at, Ordering::Relaxed);
+                return;
+            }
         }
         self.flush_ms.store(0, Ordering::Relaxed);
         for shard in &self.shards {
@@ -508,6 +525,45 @@ mod tests {
             StoreOutcome::Stored(_)
         ));
         store.flush(0);
+        assert_eq!(store.bytes(), 0);
+    }
+
+    #[test]
+    fn append_checks_the_joined_size() {
+        let store = Store::new(None);
+        let half = vec![b'x'; ITEM_SIZE_MAX / 2];
+        assert!(matches!(
+            store.store(Mode::Set, b"k", &half, 0, 0, 0),
+            StoreOutcome::Stored(_)
+        ));
+        assert_eq!(
+            store.store(Mode::Append, b"k", &half, 0, 0, 0),
+            StoreOutcome::NotStored
+        );
+        assert_eq!(
+            store.store(Mode::Prepend, b"k", &half, 0, 0, 0),
+            StoreOutcome::NotStored
+        );
+        assert_eq!(store.get(b"k", None).unwrap().value.len(), half.len());
+        assert!(matches!(
+            store.store(Mode::Append, b"k", b"y", 0, 0, 0),
+            StoreOutcome::Stored(_)
+        ));
+    }
+
+    #[test]
+    fn flush_delays_do_not_overflow() {
+        let store = Store::new(None);
+        store.store(Mode::Set, b"a", b"1", 0, 0, 0);
+        // A unix time far in the future: nothing is flushed yet.
+        store.flush(i64::MAX);
+        assert!(store.get(b"a", None).is_some());
+        // The longest relative delay.
+        store.flush(REALTIME_MAXDELTA);
+        assert!(store.get(b"a", None).is_some());
+        // A unix time already past flushes now.
+        store.flush(REALTIME_MAXDELTA + 1);
+        assert!(store.get(b"a", None).is_none());
         assert_eq!(store.bytes(), 0);
     }
 }

@@ -10,8 +10,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::session::{step, Step};
-use crate::store::bump;
+use wire::memcache::binary::REQUEST_MAGIC;
+use wire::memcache::MAX_LINE_LEN;
+
+use crate::session::{step, Step, SPILL_AT};
+use crate::store::{bump, read, ITEM_SIZE_MAX};
 use crate::text::After;
 use crate::Shared;
 
@@ -19,8 +22,12 @@ use crate::Shared;
 const POLL: Duration = Duration::from_millis(50);
 
 /// A connection whose unparsed input grows past this is closed (a multi-get line bigger than
-/// any client sends, or a binary body announced and never completed).
-const MAX_PENDING: usize = 64 * 1024 * 1024;
+/// any client sends, or a binary body announced and never completed). Room for the largest
+/// item and a generous command line.
+const MAX_PENDING: usize = 2 * 1024 * 1024 + ITEM_SIZE_MAX;
+
+/// Connections served at once; more are accepted and closed straight away.
+pub const MAX_CONNECTIONS: u64 = 4096;
 
 pub(crate) fn spawn(listener: TcpListener, shared: Arc<Shared>) -> anyhow::Result<JoinHandle<()>> {
     listener
@@ -36,11 +43,22 @@ fn accept(listener: TcpListener, shared: Arc<Shared>) {
     while !shared.stopping() {
         match listener.accept() {
             Ok((stream, _)) => {
-                let shared = shared.clone();
+                let counters = &shared.store.counters;
+                if read(&counters.curr_connections) >= MAX_CONNECTIONS {
+                    tracing::debug!("refused a connection: {MAX_CONNECTIONS} already open");
+                    drop(stream);
+                    continue;
+                }
+                // Counted here, before the thread starts, so that a burst of connections cannot
+                // overshoot the cap.
+                bump(&counters.total_connections);
+                bump(&counters.curr_connections);
+                let thread_shared = shared.clone();
                 let spawned = thread::Builder::new()
                     .name("node-conn".into())
-                    .spawn(move || serve(stream, &shared));
+                    .spawn(move || serve(stream, &thread_shared));
                 if let Err(e) = spawned {
+                    counters.curr_connections.fetch_sub(1, Ordering::Relaxed);
                     tracing::warn!("failed to start a connection thread: {e}");
                 }
             }
@@ -55,8 +73,6 @@ fn accept(listener: TcpListener, shared: Arc<Shared>) {
 
 fn serve(mut stream: TcpStream, shared: &Shared) {
     let counters = &shared.store.counters;
-    bump(&counters.total_connections);
-    bump(&counters.curr_connections);
     if let Err(e) = connection(&mut stream, shared) {
         tracing::debug!("connection closed: {e}");
     }
@@ -71,6 +87,18 @@ fn connection(stream: &mut TcpStream, shared: &Shared) -> std::io::Result<()> {
     let mut out = Vec::with_capacity(16 * 1024);
     let mut chunk = vec![0u8; 64 * 1024];
     let mut writer = stream.try_clone()?;
+    let mut spill_writer = stream.try_clone()?;
+    // A long multi-get is sent as it is produced rather than held whole.
+    let mut spill = |out: &mut Vec<u8>| {
+        if spill_writer.write_all(out).is_err() {
+            return false;
+        }
+        out.clear();
+        true
+    };
+    // Bytes at the front of `input` known to hold no `\n`, once they are a long multi-get
+    // line still arriving: it is only parsed again once its end has come.
+    let mut partial_line = 0;
     let mut admit = |out: &mut Vec<u8>| {
         let Some(bucket) = &shared.bucket else {
             return true;
@@ -100,18 +128,34 @@ fn connection(stream: &mut TcpStream, shared: &Shared) -> std::io::Result<()> {
             Err(e) => return Err(e),
         };
         input.extend_from_slice(&chunk[..n]);
+        if partial_line > 0 && !input[partial_line..].contains(&b'\n') {
+            partial_line = input.len();
+            if input.len() > MAX_PENDING {
+                return Ok(());
+            }
+            continue;
+        }
         let mut at = 0;
         let mut close = false;
         while at < input.len() {
-            let Some(Step { consumed, after }) =
-                step(&shared.store, &input[at..], &mut out, &mut admit)
-            else {
+            let Some(Step { consumed, after }) = step(
+                &shared.store,
+                &input[at..],
+                &mut out,
+                &mut admit,
+                &mut spill,
+            ) else {
                 break;
             };
-            at += consumed;
-            if after == After::Close {
+            // A step that uses no bytes would repeat forever on the same input.
+            if after == After::Close || consumed == 0 {
                 close = true;
                 break;
+            }
+            at += consumed;
+            if out.len() > SPILL_AT {
+                stream.write_all(&out)?;
+                out.clear();
             }
         }
         input.drain(..at);
@@ -122,5 +166,36 @@ fn connection(stream: &mut TcpStream, shared: &Shared) -> std::io::Result<()> {
         if close || input.len() > MAX_PENDING {
             return Ok(());
         }
+        partial_line = long_partial_line(&input);
+    }
+}
+
+/// The length of `input` if it is the start of a text line of [`MAX_LINE_LEN`] bytes or more
+/// that has not ended, else 0. The parser has already accepted such a line as a multi-get, a
+/// decision taken on its first [`MAX_LINE_LEN`] bytes, and will wait until its `\n` arrives.
+fn long_partial_line(input: &[u8]) -> usize {
+    let long_text = input.len() >= MAX_LINE_LEN && input.first() != Some(&REQUEST_MAGIC);
+    if long_text && !input.contains(&b'\n') {
+        input.len()
+    } else {
+        0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_long_unfinished_text_lines_are_left_unscanned() {
+        let mut line = b"get ".to_vec();
+        line.resize(MAX_LINE_LEN, b'k');
+        assert_eq!(long_partial_line(&line), line.len());
+        assert_eq!(long_partial_line(&line[..MAX_LINE_LEN - 1]), 0);
+        line.extend_from_slice(b"\r\n");
+        assert_eq!(long_partial_line(&line), 0);
+        let mut binary = vec![REQUEST_MAGIC];
+        binary.resize(MAX_LINE_LEN * 2, 0);
+        assert_eq!(long_partial_line(&binary), 0);
     }
 }

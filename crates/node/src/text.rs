@@ -7,6 +7,7 @@
 use wire::memcache::meta::decode_base64_key;
 use wire::memcache::{Command, Request, MAX_KEY_LEN};
 
+use crate::session::SPILL_AT;
 use crate::store::{bump, read, DeleteOutcome, Delta, Item, Mode, Store, StoreOutcome};
 use crate::VERSION;
 
@@ -20,6 +21,8 @@ pub enum After {
 const NON_NUMERIC: &[u8] = b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n";
 const TOO_LARGE: &[u8] = b"SERVER_ERROR object too large for cache\r\n";
 const NO_MEMORY: &[u8] = b"SERVER_ERROR out of memory storing object\r\n";
+/// memcached's answer to a retrieval whose reply it cannot hold.
+pub const NO_MEMORY_GET: &[u8] = b"SERVER_ERROR out of memory writing get response\r\n";
 
 /// The space-separated tokens of the request's command line.
 fn tokens<'a>(request: &Request<'a>) -> Vec<&'a [u8]> {
@@ -39,12 +42,19 @@ fn num<T: std::str::FromStr>(token: Option<&&[u8]>) -> Option<T> {
     std::str::from_utf8(token?).ok()?.parse().ok()
 }
 
-/// Executes a text or meta request, appending its reply to `out`.
-pub fn execute(store: &Store, request: &Request<'_>, out: &mut Vec<u8>) -> After {
+/// Executes a text or meta request, appending its reply to `out`; `spill` is offered the
+/// replies whenever a multi-key retrieval grows them past [`SPILL_AT`] (see
+/// [`crate::session::step`]).
+pub fn execute(
+    store: &Store,
+    request: &Request<'_>,
+    out: &mut Vec<u8>,
+    spill: &mut dyn FnMut(&mut Vec<u8>) -> bool,
+) -> After {
     let tokens = tokens(request);
     match request.command {
         Command::Get | Command::Gets | Command::Gat | Command::Gats => {
-            retrieve(store, request, &tokens, out)
+            return retrieve(store, request, &tokens, out, spill)
         }
         Command::Set
         | Command::Add
@@ -103,7 +113,9 @@ pub fn execute(store: &Store, request: &Request<'_>, out: &mut Vec<u8>) -> After
         Command::Version => out.extend_from_slice(format!("VERSION {VERSION}\r\n").as_bytes()),
         Command::FlushAll => {
             bump(&store.counters.cmd_flush);
-            store.flush(num(tokens.get(1)).unwrap_or(0));
+            // memcached keeps the delay in 32 bits, dropping the higher ones.
+            let delay = num::<i64>(tokens.get(1)).map_or(0, |d| i64::from(d as i32));
+            store.flush(delay);
             reply_unless(request.noreply(), b"OK\r\n", out);
         }
         Command::Verbosity => reply_unless(request.noreply(), b"OK\r\n", out),
@@ -141,7 +153,14 @@ fn value_line(key: &[u8], item: &Item, with_cas: bool, out: &mut Vec<u8>) {
 }
 
 /// `get`, `gets`, `gat`, `gats`: one `VALUE` block per hit, then `END`.
-fn retrieve(store: &Store, request: &Request<'_>, tokens: &[&[u8]], out: &mut Vec<u8>) {
+fn retrieve(
+    store: &Store,
+    request: &Request<'_>,
+    tokens: &[&[u8]],
+    out: &mut Vec<u8>,
+    spill: &mut dyn FnMut(&mut Vec<u8>) -> bool,
+) -> After {
+    let start = out.len();
     let touch = matches!(request.command, Command::Gat | Command::Gats)
         .then(|| num(tokens.get(1)).unwrap_or(0));
     let with_cas = matches!(request.command, Command::Gets | Command::Gats);
@@ -158,6 +177,11 @@ fn retrieve(store: &Store, request: &Request<'_>, tokens: &[&[u8]], out: &mut Ve
                     bump(&counters.touch_hits);
                 }
                 value_line(key, &item, with_cas, out);
+                if out.len() > SPILL_AT && !spill(out) {
+                    out.truncate(start.min(out.len()));
+                    out.extend_from_slice(NO_MEMORY_GET);
+                    return After::Close;
+                }
             }
             None => {
                 bump(&counters.get_misses);
@@ -168,6 +192,7 @@ fn retrieve(store: &Store, request: &Request<'_>, tokens: &[&[u8]], out: &mut Ve
         }
     }
     out.extend_from_slice(b"END\r\n");
+    After::Continue
 }
 
 /// `set`, `add`, `replace`, `append`, `prepend`, `cas`.

@@ -12,7 +12,7 @@ use wire::mcudp::{self, Header};
 
 use crate::session::{step, Step};
 use crate::store::bump;
-use crate::text::After;
+use crate::text::{After, NO_MEMORY_GET};
 use crate::Shared;
 
 /// How often blocked workers look at the stop flag.
@@ -46,16 +46,6 @@ fn serve(socket: &UdpSocket, shared: &Shared) {
         if !header.is_valid_request() {
             continue;
         }
-        if let Some(bucket) = &shared.bucket {
-            let admitted = bucket
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .try_take(Instant::now());
-            if !admitted {
-                bump(&shared.store.counters.capacity_drops);
-                continue;
-            }
-        }
         out.clear();
         execute(shared, payload, &mut out);
         if let Err(e) = reply(socket, peer, header.request_id, &out) {
@@ -64,13 +54,43 @@ fn serve(socket: &UdpSocket, shared: &Shared) {
     }
 }
 
+/// The longest reply one UDP message can carry: its datagrams are numbered with 16 bits.
+pub(crate) const MAX_MESSAGE: usize = u16::MAX as usize * mcudp::MAX_PAYLOAD;
+
 /// Executes every whole request in the payload; a trailing partial request is ignored.
+///
+/// Each request takes a token from the bucket; once one finds it empty, it and the rest of the
+/// datagram's requests are dropped and counted. A reply that would not fit in one message
+/// ([`MAX_MESSAGE`]) is replaced with memcached's out-of-memory error and ends the datagram.
 fn execute(shared: &Shared, payload: &[u8], out: &mut Vec<u8>) {
+    let mut refused = false;
+    let mut admit = |_: &mut Vec<u8>| {
+        let Some(bucket) = &shared.bucket else {
+            return true;
+        };
+        if !refused {
+            refused = !bucket
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .try_take(Instant::now());
+        }
+        if refused {
+            bump(&shared.store.counters.capacity_drops);
+        }
+        !refused
+    };
+    let mut spill = |out: &mut Vec<u8>| out.len() <= MAX_MESSAGE;
     let mut at = 0;
     while at < payload.len() {
-        match step(&shared.store, &payload[at..], out, &mut |_| true) {
+        let before = out.len();
+        match step(&shared.store, &payload[at..], out, &mut admit, &mut spill) {
             Some(Step { consumed, after }) => {
                 at += consumed;
+                if out.len() > MAX_MESSAGE {
+                    out.truncate(before);
+                    out.extend_from_slice(NO_MEMORY_GET);
+                    break;
+                }
                 if after == After::Close || consumed == 0 {
                     break;
                 }
@@ -110,4 +130,60 @@ fn reply(
         socket.send_to(&datagram, peer)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::store::{read, Mode, Store};
+    use crate::Bucket;
+
+    fn shared(bucket: Option<Bucket>) -> Shared {
+        Shared {
+            store: Store::new(None),
+            bucket: bucket.map(Mutex::new),
+            stop: AtomicBool::new(false),
+        }
+    }
+
+    #[test]
+    fn each_request_takes_a_token() {
+        let shared = shared(Some(Bucket::new(1, 2, Instant::now())));
+        let mut out = Vec::new();
+        execute(&shared, b"mn\r\nmn\r\nmn\r\nmn\r\n", &mut out);
+        assert_eq!(out, b"MN\r\nMN\r\n".to_vec());
+        assert_eq!(read(&shared.store.counters.capacity_drops), 2);
+        assert_eq!(read(&shared.store.counters.requests), 2);
+    }
+
+    #[test]
+    fn a_reply_too_long_for_one_message_is_refused() {
+        let shared = shared(None);
+        let value = vec![b'x'; 1_000_000];
+        shared.store.store(Mode::Set, b"k", &value, 0, 0, 0);
+        let keys = MAX_MESSAGE / value.len() + 2;
+        let mut payload = b"get".to_vec();
+        for _ in 0..keys {
+            payload.extend_from_slice(b" k");
+        }
+        payload.extend_from_slice(b"\r\nmn\r\n");
+        let mut out = Vec::new();
+        execute(&shared, &payload, &mut out);
+        assert_eq!(out, NO_MEMORY_GET.to_vec());
+    }
+
+    #[test]
+    fn replies_up_to_one_message_are_kept() {
+        let shared = shared(None);
+        shared.store.store(Mode::Set, b"k", b"v", 0, 0, 0);
+        let mut out = Vec::new();
+        execute(&shared, b"get k k\r\nmn\r\n", &mut out);
+        assert_eq!(
+            out,
+            b"VALUE k 0 1\r\nv\r\nVALUE k 0 1\r\nv\r\nEND\r\nMN\r\n".to_vec()
+        );
+    }
 }
