@@ -192,18 +192,19 @@ fn transmit(port: &mut dyn Port, frames: &[&[u8]], stats: &Stats, p: usize) {
 }
 
 fn flush_emits(ports: &mut [Box<dyn Port>], emit: &mut Vec<Emit>, stats: &Stats) {
-    for e in emit.drain(..) {
-        match e.dest {
-            Dest::Port(p) => {
-                if let Some(port) = ports.get_mut(p as usize) {
-                    transmit(port.as_mut(), &[&e.frame], stats, p as usize);
-                }
-            }
-            Dest::Flood => {
-                for (p, port) in ports.iter_mut().enumerate() {
-                    transmit(port.as_mut(), &[&e.frame], stats, p);
-                }
-            }
+    if emit.is_empty() {
+        return;
+    }
+    // One send per port for everything it gets, in the order the switch emitted it.
+    for (p, port) in ports.iter_mut().enumerate() {
+        let frames: Vec<&[u8]> = emit
+            .iter()
+            .filter(|e| e.dest == Dest::Flood || e.dest == Dest::Port(p as u16))
+            .map(|e| e.frame.as_slice())
+            .collect();
+        if !frames.is_empty() {
+            transmit(port.as_mut(), &frames, stats, p);
         }
     }
+    emit.clear();
 }

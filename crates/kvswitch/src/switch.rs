@@ -239,18 +239,20 @@ impl Switch {
                     return fate;
                 }
             }
-            EtherType::IPV4 => match self.parse_ipv4(in_port, frame, dst, csum_ready, now, emit) {
-                Stage::Done(fate) => return fate,
-                Stage::Continue {
-                    flags,
-                    key_hash,
-                    routed,
-                } => {
-                    meta.flags = flags;
-                    meta.key_hash = key_hash;
-                    meta.regs[REG_ROUTED] = u32::from(routed);
+            EtherType::IPV4 => {
+                match self.parse_ipv4(in_port, frame, src, dst, csum_ready, now, emit) {
+                    Stage::Done(fate) => return fate,
+                    Stage::Continue {
+                        flags,
+                        key_hash,
+                        routed,
+                    } => {
+                        meta.flags = flags;
+                        meta.key_hash = key_hash;
+                        meta.regs[REG_ROUTED] = u32::from(routed);
+                    }
                 }
-            },
+            }
             _ => {}
         }
 
@@ -410,17 +412,18 @@ impl Switch {
         });
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn parse_ipv4(
         &mut self,
         in_port: u16,
-        frame: &mut [u8],
+        frame: &[u8],
+        src_mac: Mac,
         dst_mac: Mac,
         csum_ready: bool,
         now: Instant,
         emit: &mut Vec<Emit>,
     ) -> Stage {
-        let l3 = &frame[ethernet::HEADER_LEN..];
-        let ip = match ipv4::Packet::new_checked(l3) {
+        let ip = match ipv4::Packet::new_checked(&frame[ethernet::HEADER_LEN..]) {
             Ok(ip) => ip,
             Err(_) => {
                 if dst_mac == self.cfg.vip_mac {
@@ -431,13 +434,6 @@ impl Switch {
             }
         };
         let (src_ip, dst_ip) = (ip.src(), ip.dst());
-        let src_mac = ethernet::Frame::new_checked(&frame[..])
-            .map(|e| e.src())
-            .unwrap_or(Mac::BROADCAST);
-        let ip = match ipv4::Packet::new_checked(&frame[ethernet::HEADER_LEN..]) {
-            Ok(ip) => ip,
-            Err(_) => return Stage::plain(),
-        };
         let plain_udp = ip.header_len() == ipv4::HEADER_LEN
             && !ip.is_fragment()
             && ip.protocol() == ipv4::Protocol::UDP;
@@ -482,8 +478,7 @@ impl Switch {
         }
         let (src_port, dst_port) = (u.src_port(), u.dst_port());
         if for_agent && dst_port == self.cfg.agent_port {
-            let payload = u.payload().to_vec();
-            self.split_reply((src_ip, src_port), &payload, emit);
+            self.split_reply((src_ip, src_port), u.payload(), emit);
             return Stage::Done(Fate::Consumed);
         }
         if !for_vip || dst_port != self.cfg.vip_port {
@@ -526,8 +521,7 @@ impl Switch {
                 Stage::Done(Fate::Consumed)
             }
             Route::Split => {
-                let body = body.to_vec();
-                self.start_split(in_port, client, header.request_id, &body, now, emit);
+                self.start_split(in_port, client, header.request_id, body, now, emit);
                 Stage::Done(Fate::Consumed)
             }
             Route::Drop(reason) => {
@@ -599,19 +593,11 @@ impl Switch {
                 && protocol.is_none_or(|p| p == req.protocol)
                 && is_pipelined_get_or_noop(req.command);
             protocol = Some(req.protocol);
-            let mut decoded = [0u8; memcache::MAX_KEY_LEN];
             for token in req.keys() {
-                // memcached stores a base64 meta key under its decoded bytes; place it so.
-                let key = if req.base64_key() {
-                    match memcache::meta::decode_base64_key(token, &mut decoded) {
-                        Ok(k) => k,
-                        Err(e) => return Route::Answer(Answer::ClientError, e.text_reply()),
-                    }
-                } else {
-                    token
+                let (hash, server) = match self.place(&req, token) {
+                    Ok(placed) => placed,
+                    Err(e) => return Route::Answer(Answer::ClientError, e.text_reply()),
                 };
-                let hash = self.ring.key_hash(key);
-                let server = self.ring.locate_hash(hash);
                 match target {
                     None => target = Some((server, hash)),
                     Some((s, _)) if s != server => multi = true,
@@ -758,6 +744,23 @@ impl Switch {
 
     /// Every request of a datagram with the server its key lives on (`None` if keyless); a
     /// base64 meta key is placed by its decoded bytes. `None` if the datagram does not parse.
+    /// The key hash and server of one key of `req`, placed as memcached stores it: a base64
+    /// meta key by its decoded bytes.
+    fn place(
+        &self,
+        req: &memcache::Request<'_>,
+        token: &[u8],
+    ) -> Result<(u32, usize), memcache::Error> {
+        let mut decoded = [0u8; memcache::MAX_KEY_LEN];
+        let key = if req.base64_key() {
+            memcache::meta::decode_base64_key(token, &mut decoded)?
+        } else {
+            token
+        };
+        let hash = self.ring.key_hash(key);
+        Ok((hash, self.ring.locate_hash(hash)))
+    }
+
     fn locate_pipeline<'a>(
         &self,
         body: &'a [u8],
@@ -767,12 +770,7 @@ impl Switch {
         while offset < body.len() {
             let req = memcache::parse(body.get(offset..)?).ok()??;
             let server = match req.key() {
-                Some(token) if req.base64_key() => {
-                    let mut decoded = [0u8; memcache::MAX_KEY_LEN];
-                    let key = memcache::meta::decode_base64_key(token, &mut decoded).ok()?;
-                    Some(self.ring.locate(key))
-                }
-                Some(key) => Some(self.ring.locate(key)),
+                Some(token) => Some(self.place(&req, token).ok()?.1),
                 None => None,
             };
             offset += req.len.max(1);
