@@ -3,66 +3,17 @@
 
 use std::fmt;
 
-/// Header length in bytes.
-pub const HEADER_LEN: usize = 8;
+/// The frame header, as the switch reads and writes it.
+pub use wire::mcudp::{Header, LEN as HEADER_LEN};
 
 /// Largest UDP payload over IPv4; memcached takes a request in exactly one datagram.
 pub const MAX_DATAGRAM: usize = 65_507;
 
-mod field {
-    use std::ops::Range;
-    pub const REQUEST_ID: Range<usize> = 0..2;
-    pub const SEQ: Range<usize> = 2..4;
-    pub const TOTAL: Range<usize> = 4..6;
-    pub const RESERVED: Range<usize> = 6..8;
-}
-
-/// A parsed frame header; all fields are big-endian on the wire.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Header {
-    pub request_id: u16,
-    pub seq: u16,
-    pub total: u16,
-    pub reserved: u16,
-}
-
-impl Header {
-    /// The header of a single-datagram request.
-    pub fn request(request_id: u16) -> Header {
-        Header {
-            request_id,
-            seq: 0,
-            total: 1,
-            reserved: 0,
-        }
-    }
-
-    /// Reads the header at the start of `datagram`.
-    pub fn parse(datagram: &[u8]) -> Result<Header, DropReason> {
-        if datagram.len() < HEADER_LEN {
-            return Err(DropReason::Short);
-        }
-        let be = |r: std::ops::Range<usize>| {
-            u16::from_be_bytes([datagram[r.start], datagram[r.start + 1]])
-        };
-        Ok(Header {
-            request_id: be(field::REQUEST_ID),
-            seq: be(field::SEQ),
-            total: be(field::TOTAL),
-            reserved: be(field::RESERVED),
-        })
-    }
-
-    /// Writes the header into the first 8 bytes of `buf`.
-    ///
-    /// # Panics
-    /// If `buf` is shorter than [`HEADER_LEN`].
-    pub fn emit(&self, buf: &mut [u8]) {
-        buf[field::REQUEST_ID].copy_from_slice(&self.request_id.to_be_bytes());
-        buf[field::SEQ].copy_from_slice(&self.seq.to_be_bytes());
-        buf[field::TOTAL].copy_from_slice(&self.total.to_be_bytes());
-        buf[field::RESERVED].copy_from_slice(&self.reserved.to_be_bytes());
-    }
+/// Reads the frame header at the start of `datagram`.
+pub fn parse_header(datagram: &[u8]) -> Result<Header, DropReason> {
+    Header::parse(datagram)
+        .map(|(header, _)| header)
+        .map_err(|_| DropReason::Short)
 }
 
 /// Why a reply datagram was not used.
@@ -127,7 +78,7 @@ impl Reassembly {
 
     /// Feeds one received datagram (header included).
     pub fn push(&mut self, datagram: &[u8]) -> Push {
-        let h = match Header::parse(datagram) {
+        let h = match parse_header(datagram) {
             Ok(h) => h,
             Err(e) => return Push::Dropped(e),
         };
@@ -174,14 +125,14 @@ mod tests {
     #[test]
     fn header_construct() {
         let mut buf = [0xffu8; 8];
-        Header::request(0x1234).emit(&mut buf);
+        Header::single(0x1234).emit(&mut buf);
         assert_eq!(buf, [0x12, 0x34, 0, 0, 0, 1, 0, 0]);
     }
 
     #[test]
     fn header_deconstruct() {
         let h =
-            Header::parse(&[0xab, 0xcd, 0x00, 0x02, 0x00, 0x03, 0x00, 0x00, b'x']).expect("valid");
+            parse_header(&[0xab, 0xcd, 0x00, 0x02, 0x00, 0x03, 0x00, 0x00, b'x']).expect("valid");
         assert_eq!(
             h,
             Header {
@@ -195,10 +146,7 @@ mod tests {
 
     #[test]
     fn header_too_short() {
-        assert_eq!(
-            Header::parse(&[0, 1, 0, 0, 0, 1, 0]),
-            Err(DropReason::Short)
-        );
+        assert_eq!(parse_header(&[0, 1, 0, 0, 0, 1, 0]), Err(DropReason::Short));
     }
 
     fn datagram(id: u16, seq: u16, total: u16, payload: &[u8]) -> Vec<u8> {

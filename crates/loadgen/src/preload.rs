@@ -113,7 +113,7 @@ fn preload_udp(target: SocketAddr, keys: u64, prefix: &str, value: &[u8]) -> any
             reassembly.expect(id);
             req.clear();
             req.resize(HEADER_LEN, 0);
-            Header::request(id).emit(&mut req);
+            Header::single(id).emit(&mut req);
             text::write_set(&mut req, prefix, key, value);
             sock.send(&req)
                 .with_context(|| format!("failed to send a set to {target}"))?;

@@ -18,7 +18,7 @@ use rand::rngs::SmallRng;
 use rand::Rng;
 
 use crate::arrival::Arrivals;
-use crate::frame::{DropReason, Header, Push, Reassembly, HEADER_LEN};
+use crate::frame::{parse_header, DropReason, Header, Push, Reassembly, HEADER_LEN};
 use crate::poll::{self, PollFd};
 use crate::report::{new_series_histogram, Slice, Stats};
 use crate::text::{self, Op, Outcome};
@@ -483,7 +483,7 @@ impl<'a> Worker<'a> {
                 p.reassembly.expect(p.id);
                 r.req.clear();
                 r.req.resize(HEADER_LEN, 0);
-                Header::request(p.id).emit(&mut r.req);
+                Header::single(p.id).emit(&mut r.req);
                 write_request(&mut r.req, op, plan, index, p.id);
                 // The clock starts before the send syscall: it is part of the latency.
                 p.sent = Instant::now();
@@ -550,7 +550,7 @@ impl<'a> Worker<'a> {
             let datagram = &self.scratch[..n];
             // Pending ids are consecutive from the front's, so the id gives the slot; the id
             // is still compared, so a reply can only ever finish its own request.
-            let (slot, id) = match (Header::parse(datagram), r.pending.front()) {
+            let (slot, id) = match (parse_header(datagram), r.pending.front()) {
                 (Ok(h), Some(front)) => (
                     usize::from(h.request_id.wrapping_sub(front.id)),
                     h.request_id,
@@ -775,12 +775,12 @@ mod tests {
         let mut requests = Vec::new();
         for _ in 0..3 {
             let (n, from) = server.recv_from(&mut buf).expect("request");
-            let h = Header::parse(&buf[..n]).expect("header");
+            let h = parse_header(&buf[..n]).expect("header");
             requests.push((h.request_id, from));
         }
         for &(id, from) in requests.iter().rev() {
             let mut reply = vec![0u8; HEADER_LEN];
-            Header::request(id).emit(&mut reply);
+            Header::single(id).emit(&mut reply);
             reply.extend_from_slice(b"END\r\n");
             server.send_to(&reply, from).expect("reply");
         }
