@@ -59,25 +59,11 @@ pub fn udp_frame(ends: &UdpEnds, payload: &[&[u8]]) -> Vec<u8> {
 /// with its own frame header, as memcached does. Returns `None` if it would need more than
 /// 65535 datagrams.
 pub fn memcached_reply(ends: &UdpEnds, request_id: u16, reply: &[u8]) -> Option<Vec<Vec<u8>>> {
-    let chunks: Vec<&[u8]> = if reply.is_empty() {
-        vec![&[][..]]
-    } else {
-        reply.chunks(mcudp::MAX_PAYLOAD).collect()
-    };
-    let total = u16::try_from(chunks.len()).ok()?;
-    let frames = chunks
-        .iter()
-        .enumerate()
-        .map(|(seq, chunk)| {
-            let mut header = [0u8; mcudp::LEN];
-            mcudp::Header {
-                request_id,
-                seq: seq as u16,
-                total,
-                reserved: 0,
-            }
-            .emit(&mut header);
-            udp_frame(ends, &[&header, chunk])
+    let frames = mcudp::pieces(request_id, reply)?
+        .map(|(header, piece)| {
+            let mut bytes = [0u8; mcudp::LEN];
+            header.emit(&mut bytes);
+            udp_frame(ends, &[&bytes, piece])
         })
         .collect();
     Some(frames)

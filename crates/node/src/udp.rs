@@ -111,20 +111,13 @@ fn reply(
     if message.is_empty() {
         return Ok(());
     }
-    let total = mcudp::datagram_count(message.len());
-    let Ok(total) = u16::try_from(total) else {
+    let Some(pieces) = mcudp::pieces(request_id, message) else {
         return Ok(());
     };
     let mut datagram = Vec::with_capacity(mcudp::LEN + mcudp::MAX_PAYLOAD);
-    for (seq, piece) in message.chunks(mcudp::MAX_PAYLOAD).enumerate() {
+    for (header, piece) in pieces {
         datagram.clear();
         datagram.resize(mcudp::LEN, 0);
-        let header = Header {
-            request_id,
-            seq: seq as u16,
-            total,
-            reserved: 0,
-        };
         header.emit(&mut datagram);
         datagram.extend_from_slice(piece);
         socket.send_to(&datagram, peer)?;

@@ -100,6 +100,29 @@ pub const fn datagram_count(reply_len: usize) -> usize {
     }
 }
 
+/// The datagrams of one message as memcached sends it: pieces of at most `MAX_PAYLOAD`
+/// bytes, each with its header (`seq` 0..`total`); an empty message is one empty datagram.
+/// `None` if the message needs more datagrams than the 16-bit `total` field can count.
+pub fn pieces(request_id: u16, message: &[u8]) -> Option<impl Iterator<Item = (Header, &[u8])>> {
+    let total = u16::try_from(datagram_count(message.len())).ok()?;
+    let empty: Option<&[u8]> = message.is_empty().then_some(&[]);
+    Some(
+        empty
+            .into_iter()
+            .chain(message.chunks(MAX_PAYLOAD))
+            .enumerate()
+            .map(move |(seq, piece)| {
+                let header = Header {
+                    request_id,
+                    seq: seq as u16,
+                    total,
+                    reserved: 0,
+                };
+                (header, piece)
+            }),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,6 +226,26 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn message_pieces() {
+        let one: Vec<_> = pieces(9, b"").unwrap().collect();
+        assert_eq!(one, vec![(Header::single(9), &b""[..])]);
+        let message = [7u8; MAX_PAYLOAD + 5];
+        let parts: Vec<_> = pieces(3, &message).unwrap().collect();
+        assert_eq!(parts.len(), 2);
+        assert_eq!(
+            (parts[0].0.seq, parts[0].0.total, parts[0].1.len()),
+            (0, 2, MAX_PAYLOAD)
+        );
+        assert_eq!(
+            (parts[1].0.seq, parts[1].0.total, parts[1].1.len()),
+            (1, 2, 5)
+        );
+        assert!(parts
+            .iter()
+            .all(|(h, _)| h.request_id == 3 && h.reserved == 0));
     }
 
     #[test]
