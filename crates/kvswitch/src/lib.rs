@@ -9,6 +9,7 @@ pub mod config;
 pub mod daemon;
 pub mod demo;
 pub mod frame;
+pub mod proxy;
 pub mod split;
 pub mod stats;
 pub mod switch;
