@@ -8,6 +8,7 @@
 
 mod config;
 mod down;
+pub mod local;
 mod netns;
 mod probe;
 mod process;
