@@ -1,13 +1,25 @@
 //! The daemon's configuration file (TOML): ports, the virtual IP, the backend pool and the
 //! rewrite mode. Every error names the file, the key and what is wrong.
+//!
+//! The proxy's files live beside it: [`proxy`] (kvswitch's proxy TOML) and [`nutcracker`]
+//! (nutcracker's YAML). The `[pool]` keys all three share are checked in one place, so a
+//! value means the same and fails the same way in every file.
+
+pub mod nutcracker;
+pub(crate) mod pool_keys;
+pub mod proxy;
 
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use kv::{Distribution, HashFn};
 use serde::Deserialize;
 use wire::ethernet::Mac;
+
+use crate::proxy::pool::{PoolSpec, ServerSpec};
+use pool_keys::{PoolKeys, RawPool};
 
 /// How a routed request is rewritten on its way to the backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -45,6 +57,16 @@ pub struct Config {
     pub distribution: Distribution,
     pub hash: HashFn,
     pub servers: Vec<Backend>,
+    /// How long a request through the proxy may wait for its reply (`pool.timeout_ms`).
+    pub timeout: Duration,
+    /// Take a failing server out of the ring (`pool.auto_eject_hosts`).
+    pub auto_eject_hosts: bool,
+    /// Consecutive failures after which a server is ejected (`pool.server_failure_limit`).
+    pub server_failure_limit: u32,
+    /// How long an ejected server stays out (`pool.server_retry_timeout_ms`).
+    pub server_retry_timeout: Duration,
+    /// Connections each proxy worker keeps to each server (`pool.server_connections`).
+    pub server_connections: usize,
 }
 
 /// One memcached server of the pool.
@@ -99,6 +121,29 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+impl ConfigError {
+    pub(crate) fn new(path: &Path, key: &str, message: impl Into<String>) -> ConfigError {
+        ConfigError {
+            path: path.to_owned(),
+            key: key.to_owned(),
+            message: message.into(),
+        }
+    }
+
+    /// A TOML syntax or type error, on one line with the offending line quoted.
+    pub(crate) fn toml(path: &Path, text: &str, e: &toml::de::Error) -> ConfigError {
+        let message = e.message().trim();
+        match e.span() {
+            Some(span) => {
+                let line_no = text[..span.start.min(text.len())].matches('\n').count() + 1;
+                let line = text.lines().nth(line_no - 1).unwrap_or("").trim();
+                ConfigError::new(path, "", format!("line {line_no}: `{line}`: {message}"))
+            }
+            None => ConfigError::new(path, "", message),
+        }
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
@@ -138,28 +183,6 @@ struct RawVip {
     split_timeout_ms: Option<u64>,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawPool {
-    #[serde(default)]
-    distribution: Option<String>,
-    #[serde(default)]
-    hash: Option<String>,
-    servers: Vec<RawServer>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawServer {
-    addr: String,
-    #[serde(default)]
-    mac: Option<String>,
-    #[serde(default)]
-    weight: Option<u32>,
-    #[serde(default)]
-    name: Option<String>,
-}
-
 /// Default HTTP address of the metrics and status API.
 pub const DEFAULT_API: &str = "127.0.0.1:9110";
 /// Default busy-poll window after a frame, in microseconds.
@@ -189,18 +212,7 @@ impl Config {
             key: key.to_owned(),
             message,
         };
-        let raw: RawConfig = toml::from_str(text).map_err(|e| {
-            // Say where, with the offending line, on one line.
-            let message = e.message().trim();
-            match e.span() {
-                Some(span) => {
-                    let line_no = text[..span.start.min(text.len())].matches('\n').count() + 1;
-                    let line = text.lines().nth(line_no - 1).unwrap_or("").trim();
-                    err("", format!("line {line_no}: `{line}`: {message}"))
-                }
-                None => err("", message.to_owned()),
-            }
-        })?;
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::toml(path, text, &e))?;
 
         if raw.switch.ports.is_empty() {
             return Err(err("switch.ports", "at least one port is needed".into()));
@@ -298,20 +310,17 @@ impl Config {
             ));
         }
 
-        let distribution: Distribution = raw
-            .pool
-            .distribution
-            .as_deref()
-            .unwrap_or("ketama")
-            .parse()
-            .map_err(|e| err("pool.distribution", format!("{e}")))?;
-        let hash: HashFn = raw
-            .pool
-            .hash
-            .as_deref()
-            .unwrap_or("md5")
-            .parse()
-            .map_err(|e| err("pool.hash", format!("{e}")))?;
+        let keys = PoolKeys::from_toml(&raw.pool).map_err(|(k, m)| err(&format!("pool.{k}"), m))?;
+        if keys.hash_tag.is_some() {
+            // The switch hashes whole keys; accepting the tag would place keys elsewhere than
+            // the proxy and nutcracker do.
+            return Err(err(
+                "pool.hash_tag",
+                "the switch places keys by the whole key; hash_tag is only available in a \
+                 proxy configuration"
+                    .into(),
+            ));
+        }
 
         if raw.pool.servers.is_empty() {
             return Err(err("pool.servers", "at least one server is needed".into()));
@@ -340,17 +349,10 @@ impl Config {
                 }
                 None => None,
             };
-            let weight = s.weight.unwrap_or(1);
-            if weight == 0 {
-                return Err(err(&key("weight"), "weight must be at least 1".into()));
-            }
+            let weight = pool_keys::weight(s.weight.unwrap_or(1).into())
+                .map_err(|m| err(&key("weight"), m))?;
             if let Some(name) = &s.name {
-                if name.is_empty() || name.len() > 80 || name.contains(char::is_whitespace) {
-                    return Err(err(
-                        &key("name"),
-                        format!("`{name}` must be 1 to 80 characters without spaces"),
-                    ));
-                }
+                pool_keys::server_name(name).map_err(|m| err(&key("name"), m))?;
             }
             if *addr.ip() == vip {
                 return Err(err(
@@ -391,7 +393,7 @@ impl Config {
             servers.push(backend);
         }
 
-        Ok(Config {
+        let config = Config {
             path: path.to_owned(),
             ports: raw.switch.ports,
             mode,
@@ -405,10 +407,47 @@ impl Config {
             agent_ip,
             agent_port,
             split_timeout_ms,
-            distribution,
-            hash,
+            distribution: keys.distribution,
+            hash: keys.hash,
             servers,
-        })
+            timeout: keys.timeout,
+            auto_eject_hosts: keys.auto_eject_hosts,
+            server_failure_limit: keys.server_failure_limit,
+            server_retry_timeout: keys.server_retry_timeout,
+            server_connections: keys.server_connections,
+        };
+        // What is left to check needs the whole list: the ring must build (names short enough
+        // for nutcracker's ketama buffer).
+        pool_keys::check_servers(&config.pool_spec(proxy::UNSET_LISTEN)).map_err(
+            |(i, m)| match i {
+                Some(i) => err(&format!("pool.servers[{i}]"), m),
+                None => err("pool.servers", m),
+            },
+        )?;
+        Ok(config)
+    }
+
+    /// The pool as the proxy serves it, listening on `listen`: named "default", each server's
+    /// `host` the text of its IP address (so its ring name is the switch's), with this file's
+    /// distribution, hash and failure handling.
+    pub fn pool_spec(&self, listen: SocketAddr) -> PoolSpec {
+        let servers = self
+            .servers
+            .iter()
+            .map(|b| ServerSpec {
+                host: b.addr.ip().to_string(),
+                addr: SocketAddr::V4(b.addr),
+                weight: b.weight,
+                name: b.name.clone(),
+            })
+            .collect();
+        let mut pool = PoolSpec::new("default", listen, self.distribution, self.hash, servers);
+        pool.timeout = self.timeout;
+        pool.auto_eject_hosts = self.auto_eject_hosts;
+        pool.server_failure_limit = self.server_failure_limit;
+        pool.server_retry_timeout = self.server_retry_timeout;
+        pool.server_connections = self.server_connections;
+        pool
     }
 }
 
@@ -442,6 +481,14 @@ port = 11211
 [pool]
 distribution = "ketama"   # ketama | modula | jump
 hash = "md5"              # nutcracker's hash names: md5, fnv1a_64, crc32, ...
+# Failure handling of TCP requests through the proxy, as nutcracker's keys of the same names
+# (times in milliseconds). nutcracker waits forever for a reply unless told otherwise;
+# kvswitch always bounds a request, by timeout_ms.
+# timeout_ms = 1000                # a request without a reply by then fails
+# auto_eject_hosts = false         # take a failing server out of the ring ...
+# server_failure_limit = 2         # ... after this many failures in a row ...
+# server_retry_timeout_ms = 30000  # ... for this long
+# server_connections = 1           # connections to each server, per proxy worker
 
 [[pool.servers]]
 addr = "10.0.0.11:11211"
@@ -524,6 +571,92 @@ mod tests {
         let c = parse(&EXAMPLE.replace("mode = \"l3\"", "mode = \"l2\"")).unwrap();
         assert_eq!(c.mode, Mode::L2);
         assert_eq!(c.agent_ip, None);
+    }
+
+    #[test]
+    fn failure_keys_default_to_nutcrackers_but_the_timeout() {
+        let c = parse(EXAMPLE).unwrap();
+        assert_eq!(c.timeout, Duration::from_millis(1000));
+        assert!(!c.auto_eject_hosts);
+        assert_eq!(c.server_failure_limit, 2);
+        assert_eq!(c.server_retry_timeout, Duration::from_secs(30));
+        assert_eq!(c.server_connections, 1);
+    }
+
+    #[test]
+    fn failure_keys_uncommented() {
+        let text = EXAMPLE
+            .replace("# timeout_ms = 1000", "timeout_ms = 250")
+            .replace("# auto_eject_hosts = false", "auto_eject_hosts = true")
+            .replace("# server_failure_limit = 2", "server_failure_limit = 5")
+            .replace(
+                "# server_retry_timeout_ms = 30000",
+                "server_retry_timeout_ms = 100",
+            )
+            .replace("# server_connections = 1", "server_connections = 3");
+        let c = parse(&text).unwrap();
+        assert_eq!(c.timeout, Duration::from_millis(250));
+        assert!(c.auto_eject_hosts);
+        assert_eq!(c.server_failure_limit, 5);
+        assert_eq!(c.server_retry_timeout, Duration::from_millis(100));
+        assert_eq!(c.server_connections, 3);
+
+        let listen: SocketAddr = "127.0.0.1:22121".parse().unwrap();
+        let p = c.pool_spec(listen);
+        assert_eq!(p.name, "default");
+        assert_eq!(p.listen, listen);
+        assert_eq!(
+            (p.distribution, p.hash, p.hash_tag),
+            (c.distribution, c.hash, None)
+        );
+        assert_eq!(p.timeout, Duration::from_millis(250));
+        assert!(p.auto_eject_hosts);
+        assert_eq!(p.server_failure_limit, 5);
+        assert_eq!(p.server_retry_timeout, Duration::from_millis(100));
+        assert_eq!(p.server_connections, 3);
+        assert_eq!(p.servers.len(), c.servers.len());
+        for (s, b) in p.servers.iter().zip(&c.servers) {
+            assert_eq!(s.host, b.addr.ip().to_string());
+            assert_eq!(s.addr, SocketAddr::V4(b.addr));
+            assert_eq!((s.weight, &s.name), (b.weight, &b.name));
+            assert_eq!(s.ring_name(), b.ring_name());
+        }
+    }
+
+    #[test]
+    fn failure_key_errors() {
+        for (from, to, key) in [
+            ("# timeout_ms = 1000", "timeout_ms = 0", "pool.timeout_ms"),
+            (
+                "# server_failure_limit = 2",
+                "server_failure_limit = 0",
+                "pool.server_failure_limit",
+            ),
+            (
+                "# server_retry_timeout_ms = 30000",
+                "server_retry_timeout_ms = 3600001",
+                "pool.server_retry_timeout_ms",
+            ),
+            (
+                "# server_connections = 1",
+                "server_connections = 0",
+                "pool.server_connections",
+            ),
+            (
+                "# auto_eject_hosts = false",
+                "auto_eject_hosts = 1",
+                "auto_eject_hosts",
+            ),
+            // The switch hashes whole keys, so it cannot honour a hash tag.
+            (
+                "hash = \"md5\"",
+                "hash = \"md5\"\nhash_tag = \"{}\"",
+                "pool.hash_tag",
+            ),
+        ] {
+            let e = parse(&EXAMPLE.replace(from, to)).unwrap_err().to_string();
+            assert!(e.contains("test.toml") && e.contains(key), "{to}: {e}");
+        }
     }
 
     #[test]

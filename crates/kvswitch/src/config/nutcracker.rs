@@ -1,0 +1,542 @@
+//! nutcracker's (twemproxy's) YAML configuration, read into [`PoolSpec`]s, so that a fleet
+//! moves from nutcracker to kvswitch with the same file and every key stays where it was.
+//!
+//! ```yaml
+//! alpha:
+//!   listen: 127.0.0.1:22121
+//!   hash: fnv1a_64
+//!   hash_tag: "{}"
+//!   distribution: ketama
+//!   timeout: 400
+//!   auto_eject_hosts: true
+//!   server_retry_timeout: 2000
+//!   server_failure_limit: 1
+//!   servers:
+//!    - 127.0.0.1:11211:1
+//!    - cache2.example:11212:2 beta
+//! ```
+//!
+//! Each pool key is read as nutcracker reads it, as text, and mapped so:
+//!
+//! - `listen`: `host:port`, the host a name or an address (split at the last `:`, as
+//!   nutcracker does, so `::1:22121` is IPv6), resolved when the file is loaded. A unix socket
+//!   path (`/path` or `/path perm`) is refused: the proxy listens on TCP only.
+//! - `hash`, `distribution`, `hash_tag`: the same names and meaning; `random` is refused,
+//!   since a cache needs a key to stay on one server.
+//! - `timeout` (ms): absent, or 0, means no timeout in nutcracker; kvswitch bounds every
+//!   request, so it takes [`DEFAULT_TIMEOUT`] (1 s) instead.
+//! - `auto_eject_hosts`, `server_failure_limit`, `server_retry_timeout` (ms),
+//!   `server_connections`: the same, with the proxy TOML's ranges; a failure limit of 0
+//!   ejects on the first failure in nutcracker, so it is read as 1.
+//! - `servers`: `host:port:weight [name]`, split from the right as nutcracker splits it. The
+//!   host as written (not its address) is the server's ring identity, so `localhost:11212:1`
+//!   and `127.0.0.1:11212:1` place keys differently, as in nutcracker. Hosts are resolved at
+//!   load time (nutcracker resolves at each connect), so a name that does not resolve fails
+//!   the load. Unix socket servers are refused.
+//! - `redis`: only `false`; kvswitch serves memcached. `redis_auth` is refused (nutcracker
+//!   refuses it in a memcached pool too); `redis_db` is ignored, as nutcracker ignores it in a
+//!   memcached pool.
+//! - `backlog`, `client_connections`, `preconnect`, `tcpkeepalive`: checked for type and
+//!   ignored. They tune nutcracker's own sockets (listen backlog; a client limit nutcracker
+//!   0.5 itself ignores; connecting at start; keepalive) and change neither where a key goes
+//!   nor what a client sees.
+//!
+//! Any other key is refused, as nutcracker refuses it. Errors name the file, the pool and
+//! key (`alpha.servers[1]`), and the problem.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use serde_yaml::Value;
+
+use super::pool_keys::{self, PoolKeys};
+use super::ConfigError;
+use crate::proxy::pool::{PoolSpec, ServerSpec, DEFAULT_TIMEOUT};
+
+/// Reads every pool of a nutcracker configuration file, in file order.
+pub fn load_nutcracker(path: &Path) -> Result<Vec<PoolSpec>, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::new(path, "", format!("cannot read: {e}")))?;
+    parse_nutcracker(&text, path)
+}
+
+/// Parses nutcracker YAML as [`load_nutcracker`] does; `path` is used in messages.
+pub fn parse_nutcracker(text: &str, path: &Path) -> Result<Vec<PoolSpec>, ConfigError> {
+    let doc: Value = serde_yaml::from_str(text)
+        .map_err(|e| ConfigError::new(path, "", format!("not valid YAML: {e}")))?;
+    let pools = match doc {
+        Value::Mapping(m) if !m.is_empty() => m,
+        Value::Null => return Err(ConfigError::new(path, "", "no pools")),
+        Value::Mapping(_) => return Err(ConfigError::new(path, "", "no pools")),
+        _ => {
+            return Err(ConfigError::new(
+                path,
+                "",
+                "not a nutcracker configuration: expected a map of pool names to pools",
+            ))
+        }
+    };
+    let mut out: Vec<PoolSpec> = Vec::with_capacity(pools.len());
+    for (name, body) in &pools {
+        let name = scalar(name).ok_or_else(|| {
+            ConfigError::new(path, "", "a pool name must be a plain name, such as alpha")
+        })?;
+        let err = |key: &str, message: String| {
+            let key = if key.is_empty() {
+                name.clone()
+            } else {
+                format!("{name}.{key}")
+            };
+            ConfigError::new(path, &key, message)
+        };
+        let pool = parse_pool(&name, body).map_err(|(key, m)| err(&key, m))?;
+        if let Some(other) = out.iter().find(|p| p.listen == pool.listen) {
+            return Err(err(
+                "listen",
+                format!(
+                    "{} is already where pool `{}` listens",
+                    pool.listen, other.name
+                ),
+            ));
+        }
+        out.push(pool);
+    }
+    Ok(out)
+}
+
+/// A failing key of a pool (`""` for the pool itself, `servers[1]` for a server) and why.
+type PoolError = (String, String);
+
+fn parse_pool(name: &str, body: &Value) -> Result<PoolSpec, PoolError> {
+    let Value::Mapping(map) = body else {
+        return Err((
+            String::new(),
+            "must be a map of nutcracker pool keys (listen, hash, servers, ...)".into(),
+        ));
+    };
+    let mut keys = PoolKeys::default();
+    let mut listen = None;
+    let mut servers = None;
+    for (key, value) in map {
+        let Some(key) = scalar(key) else {
+            return Err((String::new(), "pool keys must be plain names".into()));
+        };
+        let fail = |m: String| (key.clone(), m);
+        if key == "servers" {
+            servers = Some(parse_servers(value)?);
+            continue;
+        }
+        let text = match value {
+            Value::Null => return Err(fail("has no value".into())),
+            v => scalar(v).ok_or_else(|| fail("must be a single value".into()))?,
+        };
+        match key.as_str() {
+            "listen" => listen = Some(parse_listen(&text).map_err(fail)?),
+            "hash" => keys.hash = pool_keys::hash(&text).map_err(fail)?,
+            "distribution" => keys.distribution = pool_keys::distribution(&text).map_err(fail)?,
+            "hash_tag" => keys.hash_tag = Some(pool_keys::hash_tag(&text).map_err(fail)?),
+            "timeout" => {
+                keys.timeout = match number(&text).map_err(fail)? {
+                    // nutcracker's "wait forever"; kvswitch always bounds a request.
+                    0 => DEFAULT_TIMEOUT,
+                    ms => pool_keys::timeout_ms(ms).map_err(fail)?,
+                }
+            }
+            "auto_eject_hosts" => keys.auto_eject_hosts = boolean(&text).map_err(fail)?,
+            "server_failure_limit" => {
+                // nutcracker compares the failure count after counting the failure, so 0 and
+                // 1 both eject on the first.
+                let n = number(&text).map_err(fail)?.max(1);
+                keys.server_failure_limit = pool_keys::failure_limit(n).map_err(fail)?;
+            }
+            "server_retry_timeout" => {
+                keys.server_retry_timeout =
+                    pool_keys::retry_timeout_ms(number(&text).map_err(fail)?).map_err(fail)?
+            }
+            "server_connections" => {
+                keys.server_connections =
+                    pool_keys::server_connections(number(&text).map_err(fail)?).map_err(fail)?
+            }
+            "redis" => {
+                if boolean(&text).map_err(fail)? {
+                    return Err(fail(
+                        "kvswitch serves memcached pools only; redis: true is not supported".into(),
+                    ));
+                }
+            }
+            "redis_auth" => {
+                return Err(fail(
+                    "only valid in a redis pool, which kvswitch does not serve".into(),
+                ))
+            }
+            // Ignored by nutcracker in a memcached pool.
+            "redis_db" => drop(number(&text).map_err(fail)?),
+            // nutcracker's own socket tuning; see the module documentation.
+            "backlog" | "client_connections" => drop(number(&text).map_err(fail)?),
+            "preconnect" | "tcpkeepalive" => drop(boolean(&text).map_err(fail)?),
+            _ => {
+                return Err(fail(
+                    "unknown key (nutcracker refuses it too); a pool has listen, hash, \
+                     hash_tag, distribution, timeout, auto_eject_hosts, server_retry_timeout, \
+                     server_failure_limit, server_connections, servers and nutcracker's \
+                     ignored tuning keys"
+                        .into(),
+                ))
+            }
+        }
+    }
+    let Some(listen) = listen else {
+        return Err(("listen".into(), "missing: every pool needs one".into()));
+    };
+    let Some(servers) = servers else {
+        return Err(("servers".into(), "missing: every pool needs servers".into()));
+    };
+    let mut pool = PoolSpec::new(name, listen, keys.distribution, keys.hash, servers);
+    keys.apply(&mut pool);
+    pool_keys::check_servers(&pool).map_err(|(i, m)| match i {
+        Some(i) => (format!("servers[{i}]"), m),
+        None => ("servers".into(), m),
+    })?;
+    Ok(pool)
+}
+
+fn parse_servers(value: &Value) -> Result<Vec<ServerSpec>, PoolError> {
+    let Value::Sequence(items) = value else {
+        return Err((
+            "servers".into(),
+            "must be a list of \"host:port:weight [name]\"".into(),
+        ));
+    };
+    let mut servers = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let fail = |m: String| (format!("servers[{i}]"), m);
+        let text =
+            scalar(item).ok_or_else(|| fail("must be \"host:port:weight [name]\"".into()))?;
+        servers.push(parse_server(&text).map_err(fail)?);
+    }
+    Ok(servers)
+}
+
+/// `host:port:weight [name]`, split from the right as nutcracker splits it: the name after
+/// the last space, the weight after the last `:` before it, then the port; the rest is the
+/// host, which may itself hold colons (an IPv6 address).
+fn parse_server(text: &str) -> Result<ServerSpec, String> {
+    let usage = "use \"host:port:weight\" or \"host:port:weight name\"";
+    if text.starts_with('/') {
+        return Err(format!(
+            "`{text}` is a unix socket; kvswitch reaches servers over TCP: {usage}"
+        ));
+    }
+    let (spec, name) = match text.rsplit_once(' ') {
+        Some((spec, name)) => (spec, Some(name)),
+        None => (text, None),
+    };
+    let Some((rest, weight)) = spec.rsplit_once(':') else {
+        return Err(format!("`{text}` has no weight; {usage}"));
+    };
+    let Some((host, port)) = rest.rsplit_once(':') else {
+        return Err(format!("`{text}` has no port; {usage}"));
+    };
+    if host.is_empty() {
+        return Err(format!("`{text}` has no host; {usage}"));
+    }
+    let port = pool_keys::port_number(port).map_err(|m| format!("`{text}`: {m}"))?;
+    let weight = number(weight)
+        .and_then(pool_keys::weight)
+        .map_err(|m| format!("`{text}`: {m}"))?;
+    if let Some(name) = name {
+        pool_keys::server_name(name).map_err(|m| format!("`{text}`: name {m}"))?;
+    }
+    let addr = pool_keys::resolve(host, port)?;
+    Ok(ServerSpec {
+        host: host.to_owned(),
+        addr,
+        weight,
+        name: name.map(str::to_owned),
+    })
+}
+
+/// `host:port` (split at the last `:`, as nutcracker does), resolved.
+fn parse_listen(text: &str) -> Result<SocketAddr, String> {
+    if text.starts_with('/') {
+        return Err(format!(
+            "`{text}` is a unix socket; kvswitch listens on TCP only: use host:port, such as \
+             127.0.0.1:22121"
+        ));
+    }
+    let usage = "use host:port, such as 127.0.0.1:22121";
+    let Some((host, port)) = text.rsplit_once(':') else {
+        return Err(format!("`{text}` has no port; {usage}"));
+    };
+    if host.is_empty() {
+        return Err(format!("`{text}` has no host; {usage}"));
+    }
+    let port = pool_keys::port_number(port).map_err(|m| format!("`{text}`: {m}"))?;
+    pool_keys::resolve(host, port)
+}
+
+/// A scalar as nutcracker sees it: its text. `None` for maps, lists, null and tagged values.
+fn scalar(value: &Value) -> Option<String> {
+    match value {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+/// A number as nutcracker reads one: decimal digits only.
+fn number(text: &str) -> Result<u64, String> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "`{text}` is not a number (a whole number of 0 or more)"
+        ));
+    }
+    text.parse().map_err(|_| format!("`{text}` is too large"))
+}
+
+/// A boolean as nutcracker reads one: `true` or `false`, nothing else.
+fn boolean(text: &str) -> Result<bool, String> {
+    match text {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(format!("`{text}` is not true or false")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    use kv::{Distribution, HashFn};
+
+    fn parse(text: &str) -> Result<Vec<PoolSpec>, ConfigError> {
+        parse_nutcracker(text, Path::new("nutcracker.yml"))
+    }
+
+    fn error(text: &str) -> String {
+        parse(text).expect_err("must be refused").to_string()
+    }
+
+    /// Two pools in the style of nutcracker's own example configuration.
+    const TWO_POOLS: &str = "\
+alpha:
+  listen: 127.0.0.1:22121
+  hash: fnv1a_64
+  distribution: ketama
+  auto_eject_hosts: true
+  redis: false
+  timeout: 400
+  server_retry_timeout: 2000
+  server_failure_limit: 1
+  servers:
+   - 127.0.0.1:11211:1
+   - 127.0.0.1:11212:2 beta
+
+gamma:
+  listen: localhost:22123
+  hash: md5
+  hash_tag: \"{}\"
+  distribution: modula
+  backlog: 1024
+  preconnect: true
+  client_connections: 10
+  tcpkeepalive: true
+  server_connections: 2
+  servers:
+   - localhost:11214:1
+   - ::1:11215:1
+";
+
+    #[test]
+    fn two_pools() {
+        let pools = parse(TWO_POOLS).unwrap();
+        assert_eq!(pools.len(), 2);
+        let a = &pools[0];
+        assert_eq!(a.name, "alpha");
+        assert_eq!(a.listen, "127.0.0.1:22121".parse().unwrap());
+        assert_eq!(a.hash, HashFn::Fnv1a64);
+        assert_eq!(a.distribution, Distribution::Ketama);
+        assert_eq!(a.hash_tag, None);
+        assert!(a.auto_eject_hosts);
+        assert_eq!(a.timeout, Duration::from_millis(400));
+        assert_eq!(a.server_retry_timeout, Duration::from_millis(2000));
+        assert_eq!(a.server_failure_limit, 1);
+        assert_eq!(a.server_connections, 1);
+        assert_eq!(a.servers.len(), 2);
+        assert_eq!(a.servers[0].host, "127.0.0.1");
+        assert_eq!(a.servers[0].ring_name(), "127.0.0.1");
+        assert_eq!(a.servers[1].weight, 2);
+        assert_eq!(a.servers[1].ring_name(), "beta");
+        assert_eq!(a.servers[1].addr, "127.0.0.1:11212".parse().unwrap());
+
+        let g = &pools[1];
+        assert_eq!(g.name, "gamma");
+        assert!(g.listen.ip().is_loopback());
+        assert_eq!(g.listen.port(), 22123);
+        assert_eq!(g.distribution, Distribution::Modula);
+        assert_eq!(g.hash_tag, Some(*b"{}"));
+        // No timeout in nutcracker's terms is kvswitch's default.
+        assert_eq!(g.timeout, DEFAULT_TIMEOUT);
+        assert!(!g.auto_eject_hosts);
+        assert_eq!(g.server_failure_limit, 2);
+        assert_eq!(g.server_retry_timeout, Duration::from_secs(30));
+        assert_eq!(g.server_connections, 2);
+        assert_eq!(g.servers[0].ring_name(), "localhost:11214");
+        assert!(g.servers[0].addr.ip().is_loopback());
+        assert_eq!(g.servers[1].host, "::1");
+        assert_eq!(g.servers[1].addr, "[::1]:11215".parse().unwrap());
+        assert_eq!(g.servers[1].ring_name(), "::1:11215");
+        for p in &pools {
+            p.ring().unwrap();
+        }
+    }
+
+    #[test]
+    fn zero_means_what_it_means_in_nutcracker() {
+        let text = TWO_POOLS
+            .replace("timeout: 400", "timeout: 0")
+            .replace("server_failure_limit: 1", "server_failure_limit: 0");
+        let a = &parse(&text).unwrap()[0];
+        assert_eq!(a.timeout, DEFAULT_TIMEOUT);
+        assert_eq!(a.server_failure_limit, 1);
+    }
+
+    #[test]
+    fn quoted_numbers_and_numeric_names_are_text() {
+        let text = TWO_POOLS
+            .replace("timeout: 400", "timeout: \"400\"")
+            .replace("alpha:", "1:");
+        let pools = parse(&text).unwrap();
+        assert_eq!(pools[0].name, "1");
+        assert_eq!(pools[0].timeout, Duration::from_millis(400));
+    }
+
+    #[test]
+    fn server_lines() {
+        let s = parse_server("cache.example-1:7000:3 c1").map(|s| (s.host, s.weight, s.name));
+        // The name does not resolve here; what matters is how far parsing got.
+        assert!(s.is_err_and(|e| e.contains("cannot resolve `cache.example-1`")));
+        let s = parse_server("127.0.0.1:7000:3 c1").unwrap();
+        assert_eq!(
+            (s.host.as_str(), s.addr.port(), s.weight, s.name.as_deref()),
+            ("127.0.0.1", 7000, 3, Some("c1"))
+        );
+        for (bad, want) in [
+            ("127.0.0.1:11211", "no port"),
+            ("127.0.0.1", "no weight"),
+            (":11211:1", "no host"),
+            ("127.0.0.1:0:1", "port"),
+            ("127.0.0.1:11211:0", "at least 1"),
+            ("127.0.0.1:11211:-1", "not a number"),
+            ("127.0.0.1:11211:1 a b", "not a number"),
+            ("/tmp/memcached.sock:1", "unix socket"),
+        ] {
+            let e = parse_server(bad).unwrap_err();
+            assert!(e.contains(want), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn errors_name_file_pool_and_key() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("redis: false", "redis: true", "alpha.redis"),
+            ("redis: false", "redis_auth: secret", "alpha.redis_auth"),
+            ("redis: false", "redis: yes", "not true or false"),
+            ("redis: false", "bogus: 1", "alpha.bogus"),
+            (
+                "distribution: modula",
+                "distribution: random",
+                "gamma.distribution",
+            ),
+            ("hash: md5", "hash: sha1", "gamma.hash"),
+            ("hash_tag: \"{}\"", "hash_tag: \"{\"", "gamma.hash_tag"),
+            ("timeout: 400", "timeout: -1", "alpha.timeout"),
+            ("timeout: 400", "timeout: 1.5", "not a number"),
+            ("timeout: 400", "timeout: 3600001", "3600000"),
+            ("timeout: 400", "timeout:", "alpha.timeout`: has no value"),
+            (
+                "server_connections: 2",
+                "server_connections: 0",
+                "gamma.server_connections",
+            ),
+            (
+                "server_retry_timeout: 2000",
+                "server_retry_timeout: 0",
+                "alpha.server_retry_timeout",
+            ),
+            (
+                "auto_eject_hosts: true",
+                "auto_eject_hosts: 1",
+                "alpha.auto_eject_hosts",
+            ),
+            (
+                "listen: 127.0.0.1:22121",
+                "listen: /tmp/nc.sock 0755",
+                "unix socket",
+            ),
+            (
+                "listen: 127.0.0.1:22121",
+                "listen: 127.0.0.1",
+                "alpha.listen",
+            ),
+            (
+                "listen: 127.0.0.1:22121",
+                "listen: no-such-host.invalid:22121",
+                "cannot resolve",
+            ),
+            (
+                "listen: 127.0.0.1:22121",
+                "listen: localhost:22123",
+                "already where pool `alpha`",
+            ),
+            ("  listen: 127.0.0.1:22121\n", "", "alpha.listen"),
+            (
+                "   - 127.0.0.1:11212:2 beta",
+                "   - 127.0.0.1:11212:2 beta\n   - x:1",
+                "alpha.servers[2]",
+            ),
+            (
+                "   - 127.0.0.1:11212:2 beta",
+                "   - 127.0.0.1:11211:2",
+                "alpha.servers[1]",
+            ),
+            (
+                "   - ::1:11215:1",
+                "   - no-such-host.invalid:11215:1",
+                "gamma.servers[1]",
+            ),
+            ("   - ::1:11215:1", "   - [a, b]", "gamma.servers[1]"),
+            (
+                "  servers:\n   - 127.0.0.1:11211:1\n   - 127.0.0.1:11212:2 beta\n",
+                "",
+                "alpha.servers",
+            ),
+            (
+                "  hash: fnv1a_64\n",
+                "  hash: fnv1a_64\n  hash: md5\n",
+                "duplicate",
+            ),
+            ("gamma:\n", "gamma: 1\ndelta:\n", "gamma"),
+        ];
+        for (from, to, want) in cases {
+            assert!(TWO_POOLS.contains(from), "{from} not in the file");
+            let text = TWO_POOLS.replacen(from, to, 1);
+            let e = error(&text);
+            assert!(
+                e.contains("nutcracker.yml") && e.contains(want),
+                "{to}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn not_a_pool_file() {
+        assert!(error("").contains("no pools"));
+        assert!(error("{}").contains("no pools"));
+        assert!(error("- a\n- b\n").contains("map of pool names"));
+        let e = error("alpha:\n  listen: [\n");
+        assert!(e.contains("not valid YAML") && e.contains("line"), "{e}");
+    }
+}

@@ -1,0 +1,378 @@
+//! Pool settings shared by the three file formats: the switch's TOML, the proxy's TOML and
+//! nutcracker's YAML. Each format names its keys its own way and calls these checks, so ranges
+//! and messages are the same everywhere. A message says what is wrong with the value; the
+//! caller adds the file and the key. Nothing here reads a file.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::ops::RangeInclusive;
+use std::time::Duration;
+
+use kv::{Distribution, HashFn, RouteError};
+use serde::Deserialize;
+
+use crate::proxy::pool::{
+    PoolSpec, DEFAULT_FAILURE_LIMIT, DEFAULT_RETRY_TIMEOUT, DEFAULT_SERVER_CONNECTIONS,
+    DEFAULT_TIMEOUT,
+};
+
+/// Per-request timeout, in milliseconds: up to an hour.
+pub(crate) const TIMEOUT_MS: RangeInclusive<u64> = 1..=3_600_000;
+/// Consecutive failures before a server is ejected.
+pub(crate) const FAILURE_LIMIT: RangeInclusive<u64> = 1..=1_000;
+/// How long an ejected server stays out, in milliseconds: up to an hour.
+pub(crate) const RETRY_TIMEOUT_MS: RangeInclusive<u64> = 1..=3_600_000;
+/// Connections each worker keeps to each server.
+pub(crate) const SERVER_CONNECTIONS: RangeInclusive<u64> = 1..=64;
+/// Longest explicit server name.
+const MAX_NAME_LEN: usize = 80;
+
+/// The `[pool]` table of both TOML files, before validation. The switch refuses what only the
+/// proxy can do (`hash_tag`); the proxy refuses what only the switch uses (a server's `mac`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPool {
+    #[serde(default)]
+    pub distribution: Option<String>,
+    #[serde(default)]
+    pub hash: Option<String>,
+    #[serde(default)]
+    pub hash_tag: Option<String>,
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    #[serde(default)]
+    pub auto_eject_hosts: Option<bool>,
+    #[serde(default)]
+    pub server_failure_limit: Option<u64>,
+    #[serde(default)]
+    pub server_retry_timeout_ms: Option<u64>,
+    #[serde(default)]
+    pub server_connections: Option<u64>,
+    pub servers: Vec<RawServer>,
+}
+
+/// One `[[pool.servers]]` entry of either TOML file, before validation.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawServer {
+    pub addr: String,
+    #[serde(default)]
+    pub mac: Option<String>,
+    #[serde(default)]
+    pub weight: Option<u32>,
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// A pool's validated settings other than its name, address and servers.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct PoolKeys {
+    pub distribution: Distribution,
+    pub hash: HashFn,
+    pub hash_tag: Option<[u8; 2]>,
+    pub timeout: Duration,
+    pub auto_eject_hosts: bool,
+    pub server_failure_limit: u32,
+    pub server_retry_timeout: Duration,
+    pub server_connections: usize,
+}
+
+impl Default for PoolKeys {
+    /// nutcracker's defaults, except the timeout (see [`DEFAULT_TIMEOUT`]).
+    fn default() -> PoolKeys {
+        PoolKeys {
+            distribution: Distribution::Ketama,
+            hash: HashFn::Md5,
+            hash_tag: None,
+            timeout: DEFAULT_TIMEOUT,
+            auto_eject_hosts: false,
+            server_failure_limit: DEFAULT_FAILURE_LIMIT,
+            server_retry_timeout: DEFAULT_RETRY_TIMEOUT,
+            server_connections: DEFAULT_SERVER_CONNECTIONS,
+        }
+    }
+}
+
+impl PoolKeys {
+    /// Validates the settings of a TOML `[pool]`; the error is the failing key (without the
+    /// `pool.` prefix) and its message.
+    pub fn from_toml(raw: &RawPool) -> Result<PoolKeys, (&'static str, String)> {
+        let mut keys = PoolKeys::default();
+        if let Some(d) = &raw.distribution {
+            keys.distribution = distribution(d).map_err(|m| ("distribution", m))?;
+        }
+        if let Some(h) = &raw.hash {
+            keys.hash = hash(h).map_err(|m| ("hash", m))?;
+        }
+        if let Some(t) = &raw.hash_tag {
+            keys.hash_tag = Some(hash_tag(t).map_err(|m| ("hash_tag", m))?);
+        }
+        if let Some(ms) = raw.timeout_ms {
+            keys.timeout = timeout_ms(ms).map_err(|m| ("timeout_ms", m))?;
+        }
+        if let Some(on) = raw.auto_eject_hosts {
+            keys.auto_eject_hosts = on;
+        }
+        if let Some(n) = raw.server_failure_limit {
+            keys.server_failure_limit =
+                failure_limit(n).map_err(|m| ("server_failure_limit", m))?;
+        }
+        if let Some(ms) = raw.server_retry_timeout_ms {
+            keys.server_retry_timeout =
+                retry_timeout_ms(ms).map_err(|m| ("server_retry_timeout_ms", m))?;
+        }
+        if let Some(n) = raw.server_connections {
+            keys.server_connections =
+                server_connections(n).map_err(|m| ("server_connections", m))?;
+        }
+        Ok(keys)
+    }
+
+    /// Copies these settings into `pool`.
+    pub fn apply(&self, pool: &mut PoolSpec) {
+        pool.distribution = self.distribution;
+        pool.hash = self.hash;
+        pool.hash_tag = self.hash_tag;
+        pool.timeout = self.timeout;
+        pool.auto_eject_hosts = self.auto_eject_hosts;
+        pool.server_failure_limit = self.server_failure_limit;
+        pool.server_retry_timeout = self.server_retry_timeout;
+        pool.server_connections = self.server_connections;
+    }
+}
+
+fn in_range(value: u64, range: &RangeInclusive<u64>, unit: &str) -> Result<u64, String> {
+    if range.contains(&value) {
+        Ok(value)
+    } else {
+        Err(format!(
+            "{value} is out of range; use {} to {}{unit}",
+            range.start(),
+            range.end()
+        ))
+    }
+}
+
+pub(crate) fn distribution(name: &str) -> Result<Distribution, String> {
+    name.parse().map_err(|e: RouteError| e.to_string())
+}
+
+pub(crate) fn hash(name: &str) -> Result<HashFn, String> {
+    name.parse().map_err(|e: kv::UnknownHash| e.to_string())
+}
+
+/// nutcracker's rule: exactly two bytes, the opening and the closing one.
+pub(crate) fn hash_tag(text: &str) -> Result<[u8; 2], String> {
+    match text.as_bytes() {
+        &[open, close] => Ok([open, close]),
+        _ => Err(format!(
+            "`{text}` is not a hash tag: it must be exactly two characters, such as \"{{}}\""
+        )),
+    }
+}
+
+pub(crate) fn timeout_ms(ms: u64) -> Result<Duration, String> {
+    in_range(ms, &TIMEOUT_MS, " ms").map(Duration::from_millis)
+}
+
+pub(crate) fn failure_limit(n: u64) -> Result<u32, String> {
+    // The range keeps it far below u32::MAX.
+    in_range(n, &FAILURE_LIMIT, "").map(|n| n as u32)
+}
+
+pub(crate) fn retry_timeout_ms(ms: u64) -> Result<Duration, String> {
+    in_range(ms, &RETRY_TIMEOUT_MS, " ms").map(Duration::from_millis)
+}
+
+pub(crate) fn server_connections(n: u64) -> Result<usize, String> {
+    in_range(n, &SERVER_CONNECTIONS, " per worker").map(|n| n as usize)
+}
+
+pub(crate) fn weight(w: u64) -> Result<u32, String> {
+    match u32::try_from(w) {
+        Ok(0) => Err("weight must be at least 1".into()),
+        Ok(w) => Ok(w),
+        Err(_) => Err(format!("weight {w} is too large; use 1 to {}", u32::MAX)),
+    }
+}
+
+/// An explicit server name: the server's identity on the ring.
+pub(crate) fn server_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_NAME_LEN || name.contains(char::is_whitespace) {
+        Err(format!(
+            "`{name}` must be 1 to {MAX_NAME_LEN} characters without spaces"
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// Splits kvswitch's `host:port`: a hostname, an IPv4 address or a bracketed IPv6 address,
+/// then a port from 1 to 65535. Returns the host without brackets, which is the text the ring
+/// hashes (nutcracker writes the same IPv6 server as `::1:11211:1`, without brackets).
+pub(crate) fn host_port(text: &str) -> Result<(&str, u16), String> {
+    let usage = "use host:port, such as 10.0.0.1:11211, cache1.example:11211 or [::1]:11211";
+    let Some((host, port)) = text.rsplit_once(':') else {
+        return Err(format!("`{text}` has no port; {usage}"));
+    };
+    let host = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(inner) if !inner.is_empty() => inner,
+        _ if host.contains(['[', ']', ':']) => {
+            return Err(format!(
+                "`{text}`: an IPv6 address is written in brackets; {usage}"
+            ))
+        }
+        _ => host,
+    };
+    if host.is_empty() || host.contains(char::is_whitespace) {
+        return Err(format!("`{text}` has no host; {usage}"));
+    }
+    Ok((
+        host,
+        port_number(port).map_err(|m| format!("`{text}`: {m}"))?,
+    ))
+}
+
+/// A port number as nutcracker accepts it: decimal digits, 1 to 65535.
+pub(crate) fn port_number(text: &str) -> Result<u16, String> {
+    match text.parse::<u16>() {
+        Ok(p) if p != 0 && text.bytes().all(|b| b.is_ascii_digit()) => Ok(p),
+        _ => Err(format!("`{text}` is not a port from 1 to 65535")),
+    }
+}
+
+/// Resolves `host` (a name or an address literal) with the system resolver and takes the
+/// first address, as nutcracker does.
+pub(crate) fn resolve(host: &str, port: u16) -> Result<SocketAddr, String> {
+    match (host, port).to_socket_addrs() {
+        Ok(mut addrs) => addrs
+            .next()
+            .ok_or_else(|| format!("`{host}` resolves to no address")),
+        Err(e) => Err(format!("cannot resolve `{host}`: {e}")),
+    }
+}
+
+/// Checks a pool's servers as a whole: at least one, no ring name twice (nutcracker refuses
+/// both), and a ring that builds. The error names the server (its index) when there is one.
+pub(crate) fn check_servers(pool: &PoolSpec) -> Result<(), (Option<usize>, String)> {
+    if pool.servers.is_empty() {
+        return Err((None, "at least one server is needed".into()));
+    }
+    for (i, s) in pool.servers.iter().enumerate() {
+        let name = s.ring_name();
+        if let Some(first) = pool.servers[..i].iter().position(|t| t.ring_name() == name) {
+            return Err((
+                Some(i),
+                format!(
+                    "ring name `{name}` is already used by server {first}; give one of them a name"
+                ),
+            ));
+        }
+    }
+    pool.ring().map(drop).map_err(|e| match e {
+        RouteError::ZeroWeight { server } | RouteError::NameTooLong { server, .. } => {
+            (Some(server), e.to_string())
+        }
+        RouteError::DuplicateName { second, .. } => (Some(second), e.to_string()),
+        other => (None, other.to_string()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_port_forms() {
+        assert_eq!(host_port("10.0.0.1:11211"), Ok(("10.0.0.1", 11211)));
+        assert_eq!(
+            host_port("cache-1.example:7000"),
+            Ok(("cache-1.example", 7000))
+        );
+        assert_eq!(host_port("[::1]:11211"), Ok(("::1", 11211)));
+        for bad in [
+            "10.0.0.1",
+            ":11211",
+            "::1:11211",
+            "[]:11211",
+            "[::1:11211",
+            "host:0",
+            "host:65536",
+            "host:+80",
+            "host:",
+            "a b:80",
+        ] {
+            assert!(host_port(bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn ranges() {
+        assert_eq!(timeout_ms(1), Ok(Duration::from_millis(1)));
+        assert!(timeout_ms(0).unwrap_err().contains("1 to 3600000 ms"));
+        assert!(timeout_ms(3_600_001).is_err());
+        assert_eq!(failure_limit(2), Ok(2));
+        assert!(failure_limit(0).is_err());
+        assert!(retry_timeout_ms(0).is_err());
+        assert_eq!(server_connections(64), Ok(64));
+        assert!(server_connections(0).is_err());
+        assert!(server_connections(65).is_err());
+        assert!(weight(0).is_err());
+        assert!(weight(1 << 32).is_err());
+        assert_eq!(hash_tag("{}"), Ok(*b"{}"));
+        assert!(hash_tag("{").is_err());
+        assert!(hash_tag("{{}").is_err());
+        assert!(distribution("random").unwrap_err().contains("random"));
+        assert!(hash("sha1").unwrap_err().contains("sha1"));
+    }
+
+    fn pool(names: &[&str]) -> PoolSpec {
+        let servers = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| crate::proxy::pool::ServerSpec {
+                host: format!("10.0.0.{i}"),
+                addr: SocketAddr::from(([10, 0, 0, i as u8], 11211)),
+                weight: 1,
+                name: Some(n.to_string()),
+            })
+            .collect();
+        PoolSpec::new(
+            "t",
+            crate::config::proxy::UNSET_LISTEN,
+            Distribution::Jump,
+            HashFn::Md5,
+            servers,
+        )
+    }
+
+    #[test]
+    fn server_list_checks() {
+        assert_eq!(check_servers(&pool(&["a", "b"])), Ok(()));
+        let (i, m) = check_servers(&pool(&[])).unwrap_err();
+        assert_eq!(i, None);
+        assert!(m.contains("at least one"), "{m}");
+        // Duplicate names are refused for every distribution, jump included.
+        let (i, m) = check_servers(&pool(&["a", "b", "a"])).unwrap_err();
+        assert_eq!(i, Some(2));
+        assert!(m.contains("server 0"), "{m}");
+        // Too long for nutcracker's ketama point buffer.
+        let long = "x".repeat(84);
+        let mut p = pool(&["a", &long]);
+        p.distribution = Distribution::Ketama;
+        let (i, m) = check_servers(&p).unwrap_err();
+        assert_eq!(i, Some(1));
+        assert!(m.contains("twemproxy allows"), "{m}");
+    }
+
+    #[test]
+    fn resolves_names_and_literals() {
+        assert_eq!(
+            resolve("127.0.0.1", 80),
+            Ok(SocketAddr::from(([127, 0, 0, 1], 80)))
+        );
+        assert!(resolve("::1", 80).is_ok_and(|a| a.is_ipv6()));
+        assert!(resolve("localhost", 80).is_ok_and(|a| a.ip().is_loopback()));
+        let e = resolve("no-such-host.invalid", 80).unwrap_err();
+        assert!(e.contains("cannot resolve `no-such-host.invalid`"), "{e}");
+    }
+}

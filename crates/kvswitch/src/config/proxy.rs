@@ -1,0 +1,487 @@
+//! The proxy's configuration file (TOML): `[proxy]` (where to listen, workers, API) and one
+//! `[pool]`, with the same pool keys as the switch's file. A switch configuration is accepted
+//! too, for its pool. Hostnames are resolved once, when the file is loaded.
+//!
+//! ```toml
+//! [proxy]
+//! listen = "127.0.0.1:22121"   # optional; `--listen` on the command line wins
+//! workers = 2                  # optional
+//! api = "127.0.0.1:9111"       # optional
+//!
+//! [pool]
+//! distribution = "ketama"
+//! hash = "md5"
+//! hash_tag = "{}"              # optional, as nutcracker's
+//! timeout_ms = 1000            # and auto_eject_hosts, server_failure_limit,
+//!                              # server_retry_timeout_ms, server_connections
+//! [[pool.servers]]
+//! addr = "cache1.example:11211"
+//! weight = 1
+//! name = "s1"
+//! ```
+//!
+//! Which kind a file is: one with a `[switch]` or `[vip]` table is a switch configuration and
+//! is validated whole, exactly as `kvswitch run` would; the proxy then takes only its pool
+//! (servers, distribution, hash, failure keys), and nothing else from it: not `[switch].api`,
+//! which is the switch's own API address. Anything else is a proxy configuration. A file with
+//! both `[proxy]` and `[switch]`/`[vip]` is refused rather than half read.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::pool_keys::{self, PoolKeys, RawPool};
+use super::{Config, ConfigError};
+use crate::proxy::pool::{PoolSpec, ServerSpec};
+
+/// The listening address a [`ProxyFile`]'s pool holds while neither the file nor the command
+/// line has given one: `0.0.0.0:0`, never served (see [`ProxyFile::pool_with_listen`]).
+pub const UNSET_LISTEN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::UNSPECIFIED,
+    0,
+));
+
+/// Most worker threads a proxy file may ask for.
+const MAX_WORKERS: usize = 256;
+
+/// A loaded proxy configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProxyFile {
+    /// The file it came from, for messages.
+    pub path: PathBuf,
+    /// `[proxy].listen`, resolved; `None` when the file has none (always, for a switch file).
+    pub listen: Option<SocketAddr>,
+    /// `[proxy].workers`; `None` leaves the choice to the caller.
+    pub workers: Option<usize>,
+    /// `[proxy].api`: the proxy's HTTP API; `None` when the file has none.
+    pub api: Option<SocketAddr>,
+    /// The pool. Its `listen` is [`ProxyFile::listen`], or [`UNSET_LISTEN`] when the file has
+    /// none: take the pool through [`ProxyFile::pool_with_listen`], which settles it.
+    pub pool: PoolSpec,
+    /// True when the file was a switch configuration, of which only the pool was taken.
+    pub from_switch: bool,
+}
+
+impl ProxyFile {
+    /// The pool to serve, listening on `listen` (the command line's `--listen`), which wins
+    /// over the file's `[proxy].listen`. Fails, naming the file, when neither gives one.
+    pub fn pool_with_listen(&self, listen: Option<SocketAddr>) -> Result<PoolSpec, ConfigError> {
+        let Some(listen) = listen.or(self.listen) else {
+            return Err(ConfigError::new(
+                &self.path,
+                "proxy.listen",
+                "no listening address: give --listen, or set listen in [proxy]",
+            ));
+        };
+        let mut pool = self.pool.clone();
+        pool.listen = listen;
+        Ok(pool)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProxyFile {
+    #[serde(default)]
+    proxy: Option<RawProxy>,
+    pool: RawPool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProxy {
+    #[serde(default)]
+    listen: Option<String>,
+    #[serde(default)]
+    workers: Option<usize>,
+    #[serde(default)]
+    api: Option<String>,
+}
+
+/// Reads a proxy configuration, or a switch configuration for its pool (see the module
+/// documentation), resolving every hostname in it.
+pub fn load_toml(path: &Path) -> Result<ProxyFile, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::new(path, "", format!("cannot read: {e}")))?;
+    parse_toml(&text, path)
+}
+
+/// Parses configuration text as [`load_toml`] does; `path` is used in messages.
+pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
+    let table: toml::Table = toml::from_str(text).map_err(|e| ConfigError::toml(path, text, &e))?;
+    let switch_file = table.contains_key("switch") || table.contains_key("vip");
+    if switch_file {
+        if table.contains_key("proxy") {
+            return Err(ConfigError::new(
+                path,
+                "proxy",
+                "a file is either a switch configuration ([switch], [vip], [pool]) or a proxy \
+                 configuration ([proxy], [pool]), not both",
+            ));
+        }
+        let config = Config::parse(text, path)?;
+        return Ok(ProxyFile {
+            path: path.to_owned(),
+            listen: None,
+            workers: None,
+            api: None,
+            pool: config.pool_spec(UNSET_LISTEN),
+            from_switch: true,
+        });
+    }
+    let raw: RawProxyFile = toml::from_str(text).map_err(|e| ConfigError::toml(path, text, &e))?;
+    let err = |key: &str, message: String| ConfigError::new(path, key, message);
+
+    let proxy = raw.proxy.unwrap_or(RawProxy {
+        listen: None,
+        workers: None,
+        api: None,
+    });
+    let listen = match proxy.listen.as_deref() {
+        Some(text) => {
+            let (host, port) = pool_keys::host_port(text).map_err(|m| err("proxy.listen", m))?;
+            Some(pool_keys::resolve(host, port).map_err(|m| err("proxy.listen", m))?)
+        }
+        None => None,
+    };
+    if let Some(w) = proxy.workers {
+        if !(1..=MAX_WORKERS).contains(&w) {
+            return Err(err(
+                "proxy.workers",
+                format!("{w} is out of range; use 1 to {MAX_WORKERS}"),
+            ));
+        }
+    }
+    let api = match proxy.api.as_deref() {
+        Some(text) => Some(text.parse::<SocketAddr>().map_err(|_| {
+            err(
+                "proxy.api",
+                format!("`{text}` is not an address such as 127.0.0.1:9111"),
+            )
+        })?),
+        None => None,
+    };
+
+    let keys = PoolKeys::from_toml(&raw.pool).map_err(|(k, m)| err(&format!("pool.{k}"), m))?;
+    let mut servers = Vec::with_capacity(raw.pool.servers.len());
+    for (i, s) in raw.pool.servers.iter().enumerate() {
+        let key = |field: &str| format!("pool.servers[{i}].{field}");
+        if s.mac.is_some() {
+            return Err(err(
+                &key("mac"),
+                "a server's MAC belongs in a switch configuration; the proxy connects by \
+                 address: remove it"
+                    .into(),
+            ));
+        }
+        let (host, port) = pool_keys::host_port(&s.addr).map_err(|m| err(&key("addr"), m))?;
+        let addr = pool_keys::resolve(host, port).map_err(|m| err(&key("addr"), m))?;
+        let weight =
+            pool_keys::weight(s.weight.unwrap_or(1).into()).map_err(|m| err(&key("weight"), m))?;
+        if let Some(name) = &s.name {
+            pool_keys::server_name(name).map_err(|m| err(&key("name"), m))?;
+        }
+        servers.push(ServerSpec {
+            host: host.to_owned(),
+            addr,
+            weight,
+            name: s.name.clone(),
+        });
+    }
+    let mut pool = PoolSpec::new(
+        "default",
+        listen.unwrap_or(UNSET_LISTEN),
+        keys.distribution,
+        keys.hash,
+        servers,
+    );
+    keys.apply(&mut pool);
+    pool_keys::check_servers(&pool).map_err(|(i, m)| match i {
+        Some(i) => err(&format!("pool.servers[{i}]"), m),
+        None => err("pool.servers", m),
+    })?;
+    Ok(ProxyFile {
+        path: path.to_owned(),
+        listen,
+        workers: proxy.workers,
+        api,
+        pool,
+        from_switch: false,
+    })
+}
+
+/// An example proxy configuration, every key shown.
+pub const PROXY_EXAMPLE: &str = r#"# kvswitch-proxy.toml: the memcached proxy's configuration.
+[proxy]
+# Where clients connect (host:port; a hostname is resolved at start).
+# `kvswitch proxy --listen ADDR` overrides it; one of the two must be given.
+listen = "127.0.0.1:22121"
+# Worker threads; each accepts clients and keeps its own connections to the servers.
+# workers = 2
+# HTTP: /metrics (Prometheus text) and /api/v1/status (JSON).
+# api = "127.0.0.1:9111"
+
+[pool]
+distribution = "ketama"   # ketama | modula | jump
+hash = "md5"              # nutcracker's hash names: md5, fnv1a_64, crc32, ...
+# Hash only the part of a key between the two characters, as nutcracker's hash_tag:
+# with "{}", user{42}.name and user{42}.mail live on one server.
+# hash_tag = "{}"
+# Failure handling, as nutcracker's keys of the same names (times in milliseconds).
+# nutcracker waits forever for a reply unless told otherwise; kvswitch always bounds a
+# request, by timeout_ms.
+# timeout_ms = 1000                # a request without a reply by then fails
+# auto_eject_hosts = false         # take a failing server out of the ring ...
+# server_failure_limit = 2         # ... after this many failures in a row ...
+# server_retry_timeout_ms = 30000  # ... for this long
+# server_connections = 1           # connections to each server, per worker
+
+[[pool.servers]]
+# host:port, where host is an IPv4 address, [an IPv6 address] or a hostname (resolved at
+# start). The ring hashes the host as written here, as nutcracker does, so keep the spelling
+# of the nutcracker configuration you migrate from.
+addr = "127.0.0.1:11211"
+weight = 1                 # optional, default 1
+name = "s1"                # optional: the server's identity on the ring, instead of its address
+
+[[pool.servers]]
+addr = "localhost:11212"
+weight = 2
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    use kv::{Distribution, HashFn};
+
+    fn parse(text: &str) -> Result<ProxyFile, ConfigError> {
+        parse_toml(text, Path::new("proxy.toml"))
+    }
+
+    fn error(text: &str) -> String {
+        parse(text).expect_err("must be refused").to_string()
+    }
+
+    const MINIMAL: &str = "[pool]\n[[pool.servers]]\naddr = \"127.0.0.1:11211\"\n";
+
+    #[test]
+    fn example_parses() {
+        let f = parse(PROXY_EXAMPLE).expect("example must parse");
+        assert!(!f.from_switch);
+        assert_eq!(f.listen, Some("127.0.0.1:22121".parse().unwrap()));
+        assert_eq!(f.workers, None);
+        assert_eq!(f.api, None);
+        let p = &f.pool;
+        assert_eq!(p.name, "default");
+        assert_eq!(p.listen, "127.0.0.1:22121".parse().unwrap());
+        assert_eq!(p.distribution, Distribution::Ketama);
+        assert_eq!(p.hash, HashFn::Md5);
+        assert_eq!(p.hash_tag, None);
+        assert_eq!(p.timeout, Duration::from_millis(1000));
+        assert_eq!(p.servers.len(), 2);
+        assert_eq!(p.servers[0].ring_name(), "s1");
+        assert_eq!(p.servers[1].host, "localhost");
+        assert!(p.servers[1].addr.ip().is_loopback());
+        assert_eq!(p.servers[1].addr.port(), 11212);
+        assert_eq!(p.servers[1].weight, 2);
+        assert_eq!(p.servers[1].ring_name(), "localhost:11212");
+        p.ring().expect("ring builds");
+    }
+
+    #[test]
+    fn example_with_every_key_uncommented() {
+        let text = PROXY_EXAMPLE
+            .replace("# workers", "workers")
+            .replace("# api", "api")
+            .replace("# hash_tag", "hash_tag")
+            .replace("# timeout_ms = 1000", "timeout_ms = 250")
+            .replace("# auto_eject_hosts = false", "auto_eject_hosts = true")
+            .replace("# server_failure_limit = 2", "server_failure_limit = 3")
+            .replace("# server_retry_timeout_ms", "server_retry_timeout_ms")
+            .replace("# server_connections = 1", "server_connections = 4");
+        let f = parse(&text).unwrap();
+        assert_eq!(f.workers, Some(2));
+        assert_eq!(f.api, Some("127.0.0.1:9111".parse().unwrap()));
+        let p = &f.pool;
+        assert_eq!(p.hash_tag, Some(*b"{}"));
+        assert_eq!(p.timeout, Duration::from_millis(250));
+        assert!(p.auto_eject_hosts);
+        assert_eq!(p.server_failure_limit, 3);
+        assert_eq!(p.server_retry_timeout, Duration::from_secs(30));
+        assert_eq!(p.server_connections, 4);
+    }
+
+    #[test]
+    fn defaults_are_nutcrackers_but_the_timeout() {
+        let f = parse(MINIMAL).unwrap();
+        assert_eq!(f.listen, None);
+        assert_eq!(f.pool.listen, UNSET_LISTEN);
+        let p = &f.pool;
+        assert_eq!(p.timeout, Duration::from_millis(1000));
+        assert!(!p.auto_eject_hosts);
+        assert_eq!(p.server_failure_limit, 2);
+        assert_eq!(p.server_retry_timeout, Duration::from_millis(30_000));
+        assert_eq!(p.server_connections, 1);
+        // Port 11211 is left out of the ring name, as nutcracker does.
+        assert_eq!(p.servers[0].ring_name(), "127.0.0.1");
+    }
+
+    #[test]
+    fn command_line_listen_wins() {
+        let f = parse(PROXY_EXAMPLE).unwrap();
+        let cli: SocketAddr = "0.0.0.0:5000".parse().unwrap();
+        assert_eq!(f.pool_with_listen(Some(cli)).unwrap().listen, cli);
+        assert_eq!(
+            f.pool_with_listen(None).unwrap().listen,
+            "127.0.0.1:22121".parse().unwrap()
+        );
+        let f = parse(MINIMAL).unwrap();
+        assert_eq!(f.pool_with_listen(Some(cli)).unwrap().listen, cli);
+        let e = f.pool_with_listen(None).unwrap_err().to_string();
+        assert!(
+            e.contains("proxy.toml") && e.contains("proxy.listen") && e.contains("--listen"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn ipv6_servers_hash_without_brackets() {
+        let f = parse("[pool]\n[[pool.servers]]\naddr = \"[::1]:11212\"\n").unwrap();
+        let s = &f.pool.servers[0];
+        assert_eq!(s.addr, "[::1]:11212".parse().unwrap());
+        assert_eq!(s.host, "::1");
+        assert_eq!(s.ring_name(), "::1:11212");
+    }
+
+    #[test]
+    fn switch_file_gives_its_pool() {
+        let text = crate::config::EXAMPLE.replace(
+            "# timeout_ms = 1000",
+            "timeout_ms = 500\nauto_eject_hosts = true",
+        );
+        let f = parse(&text).unwrap();
+        assert!(f.from_switch);
+        assert_eq!((f.listen, f.workers, f.api), (None, None, None));
+        let p = &f.pool;
+        assert_eq!(p.servers.len(), 3);
+        assert_eq!(p.servers[0].host, "10.0.0.11");
+        assert_eq!(p.servers[0].addr, "10.0.0.11:11211".parse().unwrap());
+        assert_eq!(p.servers[0].ring_name(), "s1");
+        assert_eq!(p.timeout, Duration::from_millis(500));
+        assert!(p.auto_eject_hosts);
+        let cli: SocketAddr = "10.0.0.100:11211".parse().unwrap();
+        assert_eq!(f.pool_with_listen(Some(cli)).unwrap().listen, cli);
+        assert!(f.pool_with_listen(None).is_err());
+
+        // Validated as the switch validates it.
+        let e = error(&crate::config::EXAMPLE.replace("mode = \"l3\"", "mode = \"l4\""));
+        assert!(e.contains("switch.mode"), "{e}");
+        let e = error(&format!(
+            "{}\n[proxy]\nworkers = 2\n",
+            crate::config::EXAMPLE
+        ));
+        assert!(e.contains("`proxy`") && e.contains("not both"), "{e}");
+    }
+
+    #[test]
+    fn errors_name_file_and_key() {
+        let cases: &[(&str, &str, &str)] = &[
+            (
+                "listen = \"127.0.0.1:22121\"",
+                "listen = \"127.0.0.1\"",
+                "proxy.listen",
+            ),
+            (
+                "listen = \"127.0.0.1:22121\"",
+                "listen = \"no-such-host.invalid:22121\"",
+                "cannot resolve",
+            ),
+            ("# workers = 2", "workers = 0", "proxy.workers"),
+            (
+                "# api = \"127.0.0.1:9111\"",
+                "api = \"localhost\"",
+                "proxy.api",
+            ),
+            ("hash = \"md5\"", "hash = \"sha1\"", "pool.hash"),
+            (
+                "distribution = \"ketama\"",
+                "distribution = \"random\"",
+                "pool.distribution",
+            ),
+            ("# hash_tag = \"{}\"", "hash_tag = \"{\"", "pool.hash_tag"),
+            ("# timeout_ms = 1000", "timeout_ms = 0", "pool.timeout_ms"),
+            ("# timeout_ms = 1000", "timeout_ms = 3600001", "3600000"),
+            (
+                "# server_failure_limit = 2",
+                "server_failure_limit = 0",
+                "pool.server_failure_limit",
+            ),
+            (
+                "# server_retry_timeout_ms = 30000",
+                "server_retry_timeout_ms = 0",
+                "pool.server_retry_timeout_ms",
+            ),
+            (
+                "# server_connections = 1",
+                "server_connections = 0",
+                "pool.server_connections",
+            ),
+            (
+                "# server_connections = 1",
+                "server_connections = 65",
+                "1 to 64",
+            ),
+            (
+                "addr = \"localhost:11212\"",
+                "addr = \"localhost\"",
+                "pool.servers[1].addr",
+            ),
+            (
+                "addr = \"localhost:11212\"",
+                "addr = \"::1:11212\"",
+                "brackets",
+            ),
+            (
+                "addr = \"localhost:11212\"",
+                "addr = \"no-such-host.invalid:11212\"",
+                "pool.servers[1].addr",
+            ),
+            ("weight = 2", "weight = 0", "pool.servers[1].weight"),
+            ("name = \"s1\"", "name = \"s 1\"", "pool.servers[0].name"),
+            (
+                "weight = 2",
+                "weight = 2\nmac = \"02:00:00:00:00:0b\"",
+                "pool.servers[1].mac",
+            ),
+            ("[proxy]", "[proxy]\nbogus = 1", "bogus"),
+            ("[pool]", "[pool]\nbogus = 1", "bogus"),
+            ("[proxy]", "[prxy]", "prxy"),
+            ("# workers = 2", "workers = -2", "line "),
+        ];
+        for (from, to, want) in cases {
+            let text = PROXY_EXAMPLE.replace(from, to);
+            assert_ne!(text, PROXY_EXAMPLE, "{from} not in the example");
+            let e = error(&text);
+            assert!(e.contains("proxy.toml") && e.contains(want), "{to}: {e}");
+        }
+    }
+
+    #[test]
+    fn duplicate_ring_names_are_refused() {
+        let text = "[pool]\n[[pool.servers]]\naddr = \"127.0.0.1:11211\"\n\
+                    [[pool.servers]]\naddr = \"127.0.0.2:11211\"\nname = \"127.0.0.1\"\n";
+        let e = error(text);
+        assert!(
+            e.contains("pool.servers[1]") && e.contains("already used"),
+            "{e}"
+        );
+        let e = error("[pool]\nservers = []\n");
+        assert!(
+            e.contains("pool.servers") && e.contains("at least one"),
+            "{e}"
+        );
+    }
+}
