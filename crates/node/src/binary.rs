@@ -1,26 +1,12 @@
 //! The binary protocol: executes one request the `wire` parser has read and writes memcached
 //! 1.6's response, header and error strings included.
 
-use wire::memcache::binary::{opcode, status, Header, HEADER_LEN, RESPONSE_MAGIC};
+use wire::memcache::binary::{self, opcode, status, Header, HEADER_LEN, RESPONSE_MAGIC};
 use wire::memcache::Request;
 
 use crate::store::{bump, DeleteOutcome, Delta, Mode, Store, StoreOutcome};
 use crate::text::After;
 use crate::VERSION;
-
-/// The body memcached sends with an error status (`write_bin_error`).
-pub fn error_text(status: u16) -> &'static [u8] {
-    match status {
-        status::KEY_NOT_FOUND => b"Not found",
-        status::KEY_EXISTS => b"Data exists for key.",
-        status::VALUE_TOO_LARGE => b"Too large.",
-        status::INVALID_ARGUMENTS => b"Invalid arguments",
-        status::ITEM_NOT_STORED => b"Not stored.",
-        status::NON_NUMERIC_VALUE => b"Non-numeric server-side value for incr or decr",
-        status::OUT_OF_MEMORY => b"Out of memory",
-        _ => b"Unknown command",
-    }
-}
 
 /// One response packet.
 #[derive(Debug, Default)]
@@ -55,14 +41,7 @@ impl Response<'_> {
 
 /// Writes an error response with memcached's error string.
 pub fn error(op: u8, status: u16, opaque: u32, out: &mut Vec<u8>) {
-    Response {
-        opcode: op,
-        status,
-        opaque,
-        value: error_text(status),
-        ..Response::default()
-    }
-    .emit(out);
+    binary::write_error(op, status, opaque, out);
 }
 
 fn be32(bytes: &[u8], at: usize) -> u32 {
@@ -239,7 +218,7 @@ pub fn execute(store: &Store, request: &Request<'_>, out: &mut Vec<u8>) -> After
                 response.emit(out);
             }
         }
-        opcode::NOOP | opcode::VERBOSITY => response.emit(out),
+        opcode::NOOP => response.emit(out),
         opcode::VERSION => {
             response.value = VERSION.as_bytes();
             response.emit(out);

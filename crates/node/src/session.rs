@@ -1,9 +1,8 @@
 //! One step of a client session: read the request at the front of a buffer with the `wire`
 //! parser (so requests are read exactly as the switch reads them), execute it, and answer
-//! parse errors as memcached does.
+//! parse errors as memcached does (`wire::memcache::recover`).
 
-use wire::memcache::binary::{Header, HEADER_LEN, REQUEST_MAGIC};
-use wire::memcache::{self, Command, Error, Protocol};
+use wire::memcache::{self, Protocol};
 
 use crate::store::{bump, Store};
 use crate::text::After;
@@ -57,71 +56,15 @@ pub fn step(
                 after,
             })
         }
-        Err(error) if buf.first() == Some(&REQUEST_MAGIC) => binary_error(error, buf, out),
-        Err(error) => text_error(error, buf, out),
+        Err(error) => memcache::recover(error, buf, out).map(|recovery| Step {
+            consumed: recovery.consumed,
+            after: if recovery.close {
+                After::Close
+            } else {
+                After::Continue
+            },
+        }),
     }
-}
-
-/// memcached answers a bad binary request with a status and closes the connection, except for
-/// an unknown opcode, whose body it skips.
-fn binary_error(error: Error, buf: &[u8], out: &mut Vec<u8>) -> Option<Step> {
-    let header = Header::decode(buf)?;
-    if error == Error::UnknownCommand {
-        let len = header.packet_len().max(HEADER_LEN);
-        if buf.len() < len {
-            return None;
-        }
-        binary::error(header.opcode, error.binary_status(), header.opaque, out);
-        return Some(Step {
-            consumed: len,
-            after: After::Continue,
-        });
-    }
-    binary::error(header.opcode, error.binary_status(), header.opaque, out);
-    Some(Step {
-        consumed: buf.len(),
-        after: After::Close,
-    })
-}
-
-/// memcached answers a bad text line with an error line and goes on with the next line; a data
-/// block that does not end in `\r\n` is skipped with its line.
-fn text_error(error: Error, buf: &[u8], out: &mut Vec<u8>) -> Option<Step> {
-    if error.closes_connection() {
-        return Some(Step {
-            consumed: buf.len(),
-            after: After::Close,
-        });
-    }
-    let line = memcache::line_len(buf)?;
-    let mut consumed = line;
-    if error == Error::BadDataChunk {
-        // The parser only reports a bad chunk once the whole block has arrived, so the sum is
-        // within the buffer; a length it could not have read is not skipped.
-        if let Some(block) = data_len(&buf[..line]).and_then(|n| n.checked_add(2)) {
-            consumed = line.saturating_add(block);
-        }
-    }
-    out.extend_from_slice(error.text_reply());
-    Some(Step {
-        consumed: consumed.min(buf.len()),
-        after: After::Continue,
-    })
-}
-
-/// The data length a storage or `ms` command line announces, read as the `wire` parser reads
-/// it: the line without its `\r\n` (or bare `\n`), split at spaces only (a meta key may hold a
-/// `\r`).
-fn data_len(line: &[u8]) -> Option<usize> {
-    let line = line.strip_suffix(b"\n").unwrap_or(line);
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let mut tokens = line.split(|&b| b == b' ').filter(|t| !t.is_empty());
-    let name = tokens.next()?;
-    let at = match Command::from_name(name)? {
-        Command::MetaSet => 1,
-        _ => 3,
-    };
-    std::str::from_utf8(tokens.nth(at)?).ok()?.parse().ok()
 }
 
 #[cfg(test)]
@@ -185,38 +128,6 @@ mod tests {
             None
         );
         assert!(out.is_empty());
-    }
-
-    #[test]
-    fn bad_chunk_skips_the_length_the_parser_read() {
-        // A meta key may hold a `\r`: the announced length is 2, not the number after it.
-        let store = Store::new(None);
-        let input = b"ms a\r18446744073709551585 2\r\nhiX\r\nmn\r\n";
-        let mut out = Vec::new();
-        let first = step(&store, input, &mut out, &mut |_| true, &mut |_| true).unwrap();
-        assert_eq!(
-            first.consumed,
-            b"ms a\r18446744073709551585 2\r\nhi\r\n".len()
-        );
-        assert_eq!(first.after, After::Continue);
-        assert_eq!(out, b"CLIENT_ERROR bad data chunk\r\n".to_vec());
-        assert_eq!(
-            run(&store, input),
-            b"CLIENT_ERROR bad data chunk\r\nERROR\r\nMN\r\n"
-        );
-    }
-
-    #[test]
-    fn data_len_never_overflows() {
-        assert_eq!(
-            data_len(b"set k 0 0 18446744073709551615\r\n"),
-            Some(usize::MAX)
-        );
-        let mut out = Vec::new();
-        // Even a length at the top of the range skips within the buffer.
-        let line = b"set k 0 0 18446744073709551615\r\n";
-        let step = text_error(Error::BadDataChunk, line, &mut out).unwrap();
-        assert!(step.consumed <= line.len());
     }
 
     #[test]

@@ -113,6 +113,18 @@ const TEXT: &[&str] = &[
     "get n2 mkey\r\n",
     "flush_all noreply\r\n",
     "flush_all 0\r\n",
+    // Errors on a line ending in noreply are silent once memcached has read that token.
+    "set k 0 0 3 noreply\r\nabcd\r\n",
+    "set k 0 0 abc noreply\r\n",
+    "set k 0 0 3 x noreply\r\n",
+    "incr n x noreply\r\n",
+    "delete k 1 noreply\r\n",
+    "touch n x noreply\r\n",
+    "flush_all noreply x\r\n",
+    "verbosity x\r\n",
+    "verbosity x noreply\r\n",
+    "verbosity 1 2 3\r\n",
+    "ms k 2 q\r\nhiX\r\n",
     "version\r\n",
 ];
 
@@ -311,6 +323,21 @@ fn binary_script(addr: SocketAddr) -> Vec<Vec<Vec<u8>>> {
         &bytes,
         ends_with_sentinel,
     )));
+    // memcached skips an unknown opcode's body after its extras and key, so these are skipped
+    // twice: the padding stands for the start of the next request. VERBOSITY is unknown too.
+    for (op, extras, key, value) in [
+        (0x50, &b"ee"[..], &b"key"[..], &b"v"[..]),
+        (0x1b, &[0, 0, 0, 1][..], &b""[..], &b""[..]),
+    ] {
+        let mut bytes = binary_request(op, key, extras, value, 78, 0);
+        bytes.resize(bytes.len() + extras.len() + key.len(), b'P');
+        bytes.extend(binary_request(0x0a, b"", b"", b"", SENTINEL, 0));
+        replies.push(normalise_binary(&exchange(
+            &mut stream,
+            &bytes,
+            ends_with_sentinel,
+        )));
+    }
     let quit = binary_request(0x07, b"", b"", b"", 9, 0);
     replies.push(normalise_binary(&exchange(&mut stream, &quit, |_| false)));
     replies
@@ -344,6 +371,41 @@ fn binary_matches_memcached() {
         assert_eq!(got, want, "reply to binary step {i}: {:?}", BINARY.get(i));
     }
     assert_eq!(actual.len(), expected.len());
+}
+
+/// Binary requests after which memcached answers and closes the connection, each on a
+/// connection of its own; the replies up to the close are compared.
+fn binary_closing_errors(addr: SocketAddr) -> Vec<Vec<u8>> {
+    let mut short_body = binary_request(0x00, b"key", b"", b"", 1, 0);
+    short_body[11] = 1;
+    let requests = [
+        short_body,
+        binary_request(0x00, &[b'k'; 251], b"", b"", 2, 0),
+        binary_request(0x50, &[b'k'; 251], b"", b"", 3, 0),
+        binary_request(0x00, b"k", b"eeee", b"", 4, 0),
+        binary_request(0x01, b"k", b"", b"v", 5, 0),
+    ];
+    requests
+        .iter()
+        .map(|request| {
+            let mut stream = connect(addr);
+            let mut bytes = request.clone();
+            bytes.extend(binary_request(0x0a, b"", b"", b"", SENTINEL, 0));
+            exchange(&mut stream, &bytes, |_| false)
+        })
+        .collect()
+}
+
+#[test]
+fn binary_errors_close_like_memcached() {
+    let Some(memcached) = Memcached::start() else {
+        eprintln!("memcached not installed; skipping");
+        return;
+    };
+    let node = node(|_| {});
+    let expected = binary_closing_errors(memcached.addr);
+    let actual = binary_closing_errors(node.tcp_addr().unwrap());
+    assert_eq!(actual, expected);
 }
 
 #[test]

@@ -1,8 +1,8 @@
 //! The binary protocol: a 24-byte header, then extras, key and value.
 //!
-//! A request is checked as memcached 1.6 checks it before acting: magic, a known opcode, a key
-//! of at most [`MAX_KEY_LEN`] bytes, a body that holds the extras and key, and the extras, key
-//! and value the opcode expects. The switch only reads; it never rewrites a header.
+//! A request is checked as memcached 1.6 checks it before acting, in its order: magic, a body
+//! that holds the extras and key, a key of at most [`MAX_KEY_LEN`] bytes, a known opcode, and the
+//! extras, key and value the opcode expects. The switch only reads; it never rewrites a header.
 
 use super::{Command, Error, KeySpan, Request, MAX_KEY_LEN};
 
@@ -33,7 +33,8 @@ mod field {
 /// `FLUSHQ`, `APPENDQ`, `PREPENDQ`, `GATQ`, `GATKQ`. Opcodes carrying an item key: the gets,
 /// stores, `DELETE`, `INCREMENT`/`DECREMENT`, `APPEND`/`PREPEND`, `TOUCH` and the `GAT`s, each
 /// with its quiet form. `STAT` may carry a stat group name and the SASL opcodes a mechanism name
-/// in the key field; those are not item keys.
+/// in the key field; those are not item keys. `VERBOSITY` is defined by the protocol but
+/// memcached 1.6 answers it "Unknown command", so it is parsed as an unknown opcode.
 pub mod opcode {
     pub const GET: u8 = 0x00;
     pub const SET: u8 = 0x01;
@@ -72,8 +73,9 @@ pub mod opcode {
     pub const GATK: u8 = 0x23;
     pub const GATKQ: u8 = 0x24;
 
+    /// Whether memcached 1.6 implements the opcode (`VERBOSITY` is not implemented).
     pub fn is_known(op: u8) -> bool {
-        matches!(op, GET..=GATQ | SASL_LIST_MECHS..=GATKQ)
+        matches!(op, GET..=PREPENDQ | TOUCH..=GATQ | SASL_LIST_MECHS..=GATKQ)
     }
 
     pub fn is_quiet(op: u8) -> bool {
@@ -144,7 +146,6 @@ pub mod opcode {
             TOUCH | GAT | GATQ | GATK | GATKQ => (Some(true), &[4], false),
             QUIT | QUITQ | NOOP | VERSION => (Some(false), &[0], false),
             FLUSH | FLUSHQ => (Some(false), &[0, 4], false),
-            VERBOSITY => (Some(false), &[4], false),
             STAT => (None, &[0], false),
             SASL_LIST_MECHS => (Some(false), &[0], false),
             SASL_AUTH | SASL_STEP => (Some(true), &[0], true),
@@ -165,6 +166,55 @@ pub mod status {
     pub const NON_NUMERIC_VALUE: u16 = 0x0006;
     pub const UNKNOWN_COMMAND: u16 = 0x0081;
     pub const OUT_OF_MEMORY: u16 = 0x0082;
+}
+
+/// The body memcached 1.6 sends with an error status (`write_bin_error`); "Unknown command" for
+/// statuses it does not name.
+pub fn status_text(status: u16) -> &'static [u8] {
+    match status {
+        status::KEY_NOT_FOUND => b"Not found",
+        status::KEY_EXISTS => b"Data exists for key.",
+        status::VALUE_TOO_LARGE => b"Too large.",
+        status::INVALID_ARGUMENTS => b"Invalid arguments",
+        status::ITEM_NOT_STORED => b"Not stored.",
+        status::NON_NUMERIC_VALUE => b"Non-numeric server-side value for incr or decr",
+        status::OUT_OF_MEMORY => b"Out of memory",
+        _ => b"Unknown command",
+    }
+}
+
+/// Appends a response packet without extras, with a zero CAS and data type.
+///
+/// A key longer than 65535 bytes is cut to fit its 16-bit length field, and the value so that
+/// the body fits its 32-bit one: the packet written is always well formed.
+pub fn write_response(
+    opcode: u8,
+    status: u16,
+    opaque: u32,
+    key: &[u8],
+    value: &[u8],
+    out: &mut Vec<u8>,
+) {
+    let key = &key[..key.len().min(usize::from(u16::MAX))];
+    let room = (u32::MAX as usize).saturating_sub(key.len());
+    let value = &value[..value.len().min(room)];
+    let body = key.len() + value.len();
+    out.reserve(HEADER_LEN + body);
+    out.extend_from_slice(&[RESPONSE_MAGIC, opcode]);
+    out.extend_from_slice(&(key.len() as u16).to_be_bytes());
+    out.extend_from_slice(&[0, 0]);
+    out.extend_from_slice(&status.to_be_bytes());
+    out.extend_from_slice(&(body as u32).to_be_bytes());
+    out.extend_from_slice(&opaque.to_be_bytes());
+    out.extend_from_slice(&[0; 8]);
+    out.extend_from_slice(key);
+    out.extend_from_slice(value);
+}
+
+/// Appends the error response memcached 1.6 sends for a failed request: `status` with
+/// [`status_text`] as the value.
+pub fn write_error(opcode: u8, status: u16, opaque: u32, out: &mut Vec<u8>) {
+    write_response(opcode, status, opaque, b"", status_text(status), out);
 }
 
 /// A decoded request or response header.
@@ -248,12 +298,12 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<Request<'_>>, Error> {
     if header.magic != REQUEST_MAGIC {
         return Err(Error::BadMagic);
     }
-    let op = header.opcode;
-    let (key, extras, value) = opcode::shape(op).ok_or(Error::UnknownCommand)?;
+    header.check_body()?;
     if usize::from(header.key_len) > MAX_KEY_LEN {
         return Err(Error::KeyTooLong);
     }
-    header.check_body()?;
+    let op = header.opcode;
+    let (key, extras, value) = opcode::shape(op).ok_or(Error::UnknownCommand)?;
     let key_ok = !matches!(key, Some(required) if required != (header.key_len > 0));
     let value_ok = value || header.value_len() == 0;
     if !key_ok || !value_ok || !extras.contains(&header.extras_len) {

@@ -3,14 +3,18 @@
 //! [`parse`] reads one request from the front of a buffer (a UDP datagram payload or a TCP
 //! stream) in the classic text, meta or binary protocol. It never allocates, never copies and
 //! never panics: keys and the request itself are slices of the caller's buffer, so a request can
-//! be routed on its key and forwarded byte for byte. [`reply`] reads the backend side of a
-//! multi-key get that the switch split across servers.
+//! be routed on its key and forwarded byte for byte. [`recover`] answers a request that failed
+//! to parse as memcached does. [`reply`] reads the backend side of a multi-key get that the
+//! switch split across servers.
 
 pub mod binary;
 mod line;
 pub mod meta;
+mod recover;
 pub mod reply;
 mod text;
+
+pub use recover::{recover, Recovery};
 
 #[cfg(test)]
 mod tests;
@@ -308,9 +312,19 @@ impl<'a> Request<'a> {
         self.bytes
     }
 
-    /// Whether the client asked for no reply: text `noreply`, the meta `q` flag (memcached then
-    /// suppresses only the common-case reply: `EN` for `mg`, `HD` for the others) or a quiet
-    /// binary opcode.
+    /// Whether the client asked for no reply: text `noreply`, the meta `q` flag or a quiet binary
+    /// opcode. What memcached 1.6.18 then leaves out differs:
+    ///
+    /// - text `noreply`: every reply, errors included, for a request this parser accepts;
+    /// - meta `q`: `mg` hides `EN` only (a hit still answers `VA` or `HD`); `ms` and `md` hide
+    ///   `HD` (`NS`, `EX`, `NF` are sent); `ma` hides `HD` and `VA` (`NF`, `NS`, `EX` are sent);
+    ///   errors are always sent;
+    /// - quiet binary opcodes: the success response, and for `GETQ`/`GETKQ`/`GATQ`/`GATKQ` the
+    ///   miss; other failures (`DELETEQ` miss, `ADDQ` on an existing key, ...) are answered.
+    ///
+    /// So whether a reply comes depends on the outcome: a proxy cannot count on one. `mn` (meta
+    /// and text) and binary `NOOP` always answer, and in order, so one sent after quiet requests
+    /// marks where their replies end.
     pub fn noreply(&self) -> bool {
         self.noreply
     }
@@ -424,11 +438,13 @@ impl Error {
         }
     }
 
-    /// The binary response status memcached 1.6 answers a binary request with: 0x0004
-    /// "Invalid arguments" (after which it closes the connection), 0x0081 "Unknown command".
+    /// The binary response status memcached 1.6 answers a binary request with: 0x0081 "Unknown
+    /// command" for an unknown opcode and for a body shorter than its extras and key, 0x0004
+    /// "Invalid arguments" otherwise. memcached closes the connection after all but the unknown
+    /// opcode; see [`recover`].
     pub fn binary_status(self) -> u16 {
         match self {
-            Error::UnknownCommand => binary::status::UNKNOWN_COMMAND,
+            Error::UnknownCommand | Error::BadBinaryHeader => binary::status::UNKNOWN_COMMAND,
             _ => binary::status::INVALID_ARGUMENTS,
         }
     }
@@ -477,8 +493,8 @@ impl std::error::Error for Error {}
 ///
 /// A first byte of 0x80 selects the binary protocol, anything else the text and meta protocols,
 /// as memcached decides. `Ok(None)` means the request is incomplete: call again with more bytes.
-/// After `Err` the stream cannot be trusted: drop the datagram, or answer
-/// [`Error::text_reply`] and skip the line ([`line_len`]) as memcached does, or close.
+/// After `Err` the stream cannot be trusted: drop the datagram, or answer and skip as memcached
+/// does with [`recover`], or close.
 pub fn parse(buf: &[u8]) -> Result<Option<Request<'_>>, Error> {
     match buf.first() {
         None => Ok(None),

@@ -206,6 +206,14 @@ fn text_keyless() {
     assert_eq!(err(b"verbosity\r\n"), Error::WrongArgCount);
     assert_eq!(err(b"flush_all x\r\n"), Error::BadExptime);
     assert_eq!(err(b"flush_all 1 2 3\r\n"), Error::WrongArgCount);
+    // Checked against memcached 1.6.18: noreply counts only as the last token, and the level of
+    // verbosity must be a number.
+    assert_eq!(err(b"flush_all noreply x\r\n"), Error::BadExptime);
+    assert!(!ok(b"flush_all 5 x\r\n").noreply());
+    assert_eq!(err(b"verbosity x\r\n"), Error::BadFormat);
+    assert_eq!(err(b"verbosity noreply\r\n"), Error::BadFormat);
+    assert_eq!(err(b"verbosity 1 2 3\r\n"), Error::WrongArgCount);
+    assert!(!ok(b"verbosity 1 x\r\n").noreply());
     for unknown in [
         &b"foo\r\n"[..],
         b"GET a\r\n",
@@ -326,7 +334,6 @@ fn binary_commands() {
         (opcode::VERSION, b"", b"", b"", false, false),
         (opcode::STAT, b"", b"", b"", false, false),
         (opcode::STAT, b"", b"items", b"", false, false),
-        (opcode::VERBOSITY, &exp, b"", b"", false, false),
         (opcode::SASL_LIST_MECHS, b"", b"", b"", false, false),
         (opcode::SASL_AUTH, b"", b"PLAIN", b"\0u\0p", false, false),
     ];
@@ -371,6 +378,16 @@ fn binary_errors() {
     assert_eq!(err(&bad_body[..24]), Error::BadBinaryHeader);
     assert_eq!(err(&bin(0x50, b"", b"k", b"")), Error::UnknownCommand);
     assert_eq!(err(&bin(0x1f, b"", b"k", b"")), Error::UnknownCommand);
+    // memcached 1.6.18 answers VERBOSITY "Unknown command", and checks the body and the key
+    // length before the opcode.
+    assert_eq!(
+        err(&bin(opcode::VERBOSITY, &[0; 4], b"", b"")),
+        Error::UnknownCommand
+    );
+    let mut unknown_bad_body = bin(0x50, b"", b"key", b"");
+    unknown_bad_body[11] = 2;
+    assert_eq!(err(&unknown_bad_body), Error::BadBinaryHeader);
+    assert_eq!(err(&bin(0x50, b"", &[b'k'; 251], b"")), Error::KeyTooLong);
     for bad_args in [
         bin(opcode::GET, &[0; 4], b"k", b""),
         bin(opcode::GET, b"", b"", b""),
@@ -780,6 +797,7 @@ fn error_replies_match_memcached() {
     assert_eq!(Error::BadBinaryArgs.binary_status(), 0x0004);
     assert_eq!(Error::KeyTooLong.binary_status(), 0x0004);
     assert_eq!(Error::UnknownCommand.binary_status(), 0x0081);
+    assert_eq!(Error::BadBinaryHeader.binary_status(), 0x0081);
     assert!(Error::LineTooLong.closes_connection() && !Error::BadFormat.closes_connection());
 }
 

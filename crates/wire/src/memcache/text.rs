@@ -140,15 +140,20 @@ fn keyed<'a>(
 /// `version`, `stats [args]`, `flush_all [delay] [noreply]`, `verbosity <level> [noreply]`,
 /// `quit`, `shutdown [graceful]` and the administrative commands: no key; only the arguments
 /// memcached rejects with a distinct reply are checked.
+///
+/// As in memcached, `noreply` is the last token whatever comes before it, and any other first
+/// argument of `flush_all` is its delay: `flush_all noreply x` has a bad delay.
 fn keyless(command: Command, mut args: Args<'_>) -> Result<Option<Request<'_>>, Error> {
     let ([first, second], count) = args.collect::<2>();
     let (first, second) = (args.get(&first), args.get(&second));
     let last = if count >= 2 { second } else { first };
     let noreply = count > 0 && last == b"noreply";
+    let has_delay = count > usize::from(noreply);
     match command {
-        Command::Verbosity if count == 0 => return Err(Error::WrongArgCount),
+        Command::Verbosity if count == 0 || count > 2 => return Err(Error::WrongArgCount),
+        Command::Verbosity if parse_u64(first).is_none() => return Err(Error::BadFormat),
         Command::FlushAll if count > 2 => return Err(Error::WrongArgCount),
-        Command::FlushAll if count > 0 && first != b"noreply" && parse_i64(first).is_none() => {
+        Command::FlushAll if has_delay && parse_i64(first).is_none() => {
             return Err(Error::BadExptime)
         }
         _ => {}

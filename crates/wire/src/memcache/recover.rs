@@ -1,0 +1,390 @@
+//! How memcached 1.6 answers a request it could not parse, and where it reads the stream again.
+//!
+//! [`recover`] writes memcached 1.6.18's exact reply for a [`parse`](super::parse) error and says
+//! how many bytes memcached skips, so that a server or proxy built on [`parse`](super::parse)
+//! resynchronises a TCP stream byte for byte as memcached does. Checked against memcached 1.6.18;
+//! nothing here allocates beyond the reply appended to `out`.
+
+use super::binary::{self, Header, HEADER_LEN, REQUEST_MAGIC};
+use super::line::{parse_u64, Tokens};
+use super::{line_len, Command, Error};
+
+/// What [`recover`] did with the bytes at the front of the buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recovery {
+    /// Bytes of the buffer to drop before the next request; never more than the buffer holds.
+    pub consumed: usize,
+    /// memcached closes the connection here: write the reply (if any), then close.
+    pub close: bool,
+}
+
+/// Answers the request at the front of `buf` that [`parse`](super::parse) refused with `error`
+/// as memcached 1.6.18 does, appending memcached's reply (possibly nothing) to `out`.
+///
+/// `None` means memcached would wait for more bytes before answering: call again once more have
+/// arrived, with the same error. The buffer must start with the refused request.
+///
+/// - Text and meta: the error line of [`Error::text_reply`], then the next request is read after
+///   the line; a storage line whose data block does not end in `\r\n` skips the announced block
+///   too. A classic command whose last token is `noreply` gets no reply for the errors memcached
+///   finds after reading that token (bad numbers, key too long, bad data chunk, ...); unknown
+///   commands and wrong argument counts are always answered, and meta commands always answer
+///   errors. A line too long closes the connection without a reply.
+/// - Binary: a response with the request's opcode and opaque, [`Error::binary_status`] and
+///   memcached's text for it. memcached reads the header, extras and key first, so it answers
+///   once they have arrived. An unknown opcode is then skipped and the stream goes on; memcached
+///   skips its whole body length *after* the extras and key, so they are skipped twice and eat
+///   into the next request, which is reproduced here. Every other binary error closes the
+///   connection.
+pub fn recover(error: Error, buf: &[u8], out: &mut Vec<u8>) -> Option<Recovery> {
+    if buf.first() == Some(&REQUEST_MAGIC) {
+        recover_binary(error, buf, out)
+    } else {
+        recover_text(error, buf, out)
+    }
+}
+
+fn recover_binary(error: Error, buf: &[u8], out: &mut Vec<u8>) -> Option<Recovery> {
+    let header = Header::decode(buf)?;
+    let head = HEADER_LEN + usize::from(header.extras_len) + usize::from(header.key_len);
+    let (needed, close) = if error == Error::UnknownCommand {
+        (head.saturating_add(header.body_len as usize), false)
+    } else {
+        (head, true)
+    };
+    if buf.len() < needed {
+        return None;
+    }
+    binary::write_error(header.opcode, error.binary_status(), header.opaque, out);
+    let consumed = if close { buf.len() } else { needed };
+    Some(Recovery { consumed, close })
+}
+
+fn recover_text(error: Error, buf: &[u8], out: &mut Vec<u8>) -> Option<Recovery> {
+    if error.closes_connection() {
+        return Some(Recovery {
+            consumed: buf.len(),
+            close: true,
+        });
+    }
+    let line_end = line_len(buf)?;
+    let line = &buf[..line_end];
+    let mut consumed = line_end;
+    if error == Error::BadDataChunk {
+        // The parser only reports a bad chunk once the whole block has arrived, so the sum is
+        // within the buffer; a length it could not have read is not skipped.
+        if let Some(block) = data_len(line).and_then(|n| n.checked_add(2)) {
+            consumed = line_end.saturating_add(block);
+        }
+    }
+    if !silenced(error, line) {
+        out.extend_from_slice(error.text_reply());
+    }
+    Some(Recovery {
+        consumed: consumed.min(buf.len()),
+        close: false,
+    })
+}
+
+/// The tokens of a command line as memcached's tokenizer splits them: the line without its `\n`
+/// and a `\r` before it, split at spaces only (a meta key may hold a `\r`).
+fn tokens(line: &[u8]) -> Tokens<'_> {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    Tokens::new(line)
+}
+
+/// The data length a storage or `ms` command line announces, read as the parser reads it.
+fn data_len(line: &[u8]) -> Option<usize> {
+    let mut tokens = tokens(line).map(|(_, token)| token);
+    let at = match Command::from_name(tokens.next()?)? {
+        Command::MetaSet => 1,
+        _ => 3,
+    };
+    usize::try_from(parse_u64(tokens.nth(at)?)?).ok()
+}
+
+/// Whether memcached keeps its error reply to itself: a classic command that takes `noreply`
+/// sets it from the line's last token before checking anything else, and its errors are then
+/// silent. Errors found before that (unknown command, wrong argument count) are answered.
+fn silenced(error: Error, line: &[u8]) -> bool {
+    if matches!(error, Error::UnknownCommand | Error::WrongArgCount) {
+        return false;
+    }
+    let mut tokens = tokens(line).map(|(_, token)| token);
+    let takes_noreply = matches!(
+        tokens.next().and_then(Command::from_name),
+        Some(
+            Command::Set
+                | Command::Add
+                | Command::Replace
+                | Command::Append
+                | Command::Prepend
+                | Command::Cas
+                | Command::Delete
+                | Command::Incr
+                | Command::Decr
+                | Command::Touch
+                | Command::FlushAll
+                | Command::Verbosity
+        )
+    );
+    takes_noreply && tokens.last() == Some(b"noreply")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memcache::binary::{opcode, status};
+    use crate::memcache::parse;
+
+    /// Runs `input` through parse and recover as a server would, returning the error replies
+    /// and whether the connection was closed; successful requests are answered with `+`.
+    fn run(input: &[u8]) -> (Vec<u8>, bool) {
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at < input.len() {
+            let rest = &input[at..];
+            match parse(rest) {
+                Ok(Some(request)) => {
+                    out.push(b'+');
+                    at += request.len;
+                }
+                Ok(None) => break,
+                Err(error) => match recover(error, rest, &mut out) {
+                    Some(recovery) if recovery.close => return (out, true),
+                    Some(recovery) => at += recovery.consumed,
+                    None => break,
+                },
+            }
+        }
+        (out, false)
+    }
+
+    /// A binary request with opaque 0xdeadbeef.
+    fn bin(op: u8, extras: &[u8], key: &[u8], value: &[u8]) -> Vec<u8> {
+        let body = extras.len() + key.len() + value.len();
+        let mut out = vec![0x80, op];
+        out.extend_from_slice(&(key.len() as u16).to_be_bytes());
+        out.push(extras.len() as u8);
+        out.extend_from_slice(&[0, 0, 0]);
+        out.extend_from_slice(&(body as u32).to_be_bytes());
+        out.extend_from_slice(&0xdead_beef_u32.to_be_bytes());
+        out.extend_from_slice(&[0; 8]);
+        out.extend_from_slice(extras);
+        out.extend_from_slice(key);
+        out.extend_from_slice(value);
+        out
+    }
+
+    /// memcached's error response to a request with opcode `op` and opaque 0xdeadbeef.
+    fn bin_error(op: u8, status: u16) -> Vec<u8> {
+        let mut out = Vec::new();
+        binary::write_error(op, status, 0xdead_beef, &mut out);
+        out
+    }
+
+    #[test]
+    fn text_errors_resynchronise() {
+        // As in memcached, the bytes after the announced block are read as the next line.
+        assert_eq!(
+            run(b"bogus\r\nset a 0 0 2\r\nhiX\r\nmn\r\n"),
+            (
+                b"ERROR\r\nCLIENT_ERROR bad data chunk\r\nERROR\r\n+".to_vec(),
+                false
+            )
+        );
+        // A refused storage line does not skip its data block: memcached reads it as a command.
+        assert_eq!(
+            run(b"set a 0 0 -1\r\nx\r\nmn\r\n"),
+            (
+                b"CLIENT_ERROR bad command line format\r\nERROR\r\n+".to_vec(),
+                false
+            )
+        );
+    }
+
+    #[test]
+    fn bad_chunk_skips_the_length_the_parser_read() {
+        // A meta key may hold a `\r`: the announced length is 2, not the number after it.
+        let input = b"ms a\r18446744073709551585 2\r\nhiX\r\nmn\r\n";
+        let mut out = Vec::new();
+        let recovery = recover(Error::BadDataChunk, input, &mut out).unwrap();
+        assert_eq!(
+            recovery,
+            Recovery {
+                consumed: b"ms a\r18446744073709551585 2\r\nhi\r\n".len(),
+                close: false
+            }
+        );
+        assert_eq!(out, b"CLIENT_ERROR bad data chunk\r\n");
+        assert_eq!(
+            run(input).0,
+            b"CLIENT_ERROR bad data chunk\r\nERROR\r\n+".to_vec()
+        );
+    }
+
+    #[test]
+    fn data_len_never_overflows() {
+        let line = b"set k 0 0 18446744073709551615\r\n";
+        assert_eq!(data_len(line), Some(usize::MAX));
+        let mut out = Vec::new();
+        // Even a length at the top of the range skips within the buffer.
+        let recovery = recover(Error::BadDataChunk, line, &mut out).unwrap();
+        assert!(recovery.consumed <= line.len());
+        assert_eq!(data_len(b"set k 0 0 x\r\n"), None);
+        assert_eq!(data_len(b"ms k\r\n"), None);
+        assert_eq!(data_len(b"bogus 1 2 3 4\r\n"), None);
+    }
+
+    /// memcached 1.6.18's replies (captured) to errors on lines ending in `noreply`.
+    #[test]
+    fn noreply_silences_errors_after_the_dispatch() {
+        let long_key = [b'k'; 251];
+        let long_set = [&b"set "[..], &long_key, b" 0 0 1 noreply\r\nx\r\n"].concat();
+        let table: &[(&[u8], &[u8])] = &[
+            // The bad chunk is silent; the `\n` left after the 3 + 2 bytes read is a command.
+            (b"set k 0 0 3 noreply\r\nabcd\r\n", b"ERROR\r\n"),
+            (b"set k 0 0 abc noreply\r\n", b""),
+            (b"set k 0 0 noreply\r\n", b""),
+            (b"cas k 0 0 1 x noreply\r\n", b""),
+            (&long_set, b"ERROR\r\n"),
+            (b"incr k x noreply\r\n", b""),
+            (b"incr k noreply\r\n", b""),
+            (b"delete k 1 noreply\r\n", b""),
+            (b"touch k x noreply\r\n", b""),
+            (b"flush_all x noreply\r\n", b""),
+            (b"verbosity x noreply\r\n", b""),
+            // Answered: the token count is checked first, or noreply is not the last token.
+            (b"set k 0 0 3 x noreply\r\n", b"ERROR\r\n"),
+            (b"incr k 1 2 noreply\r\n", b"ERROR\r\n"),
+            (b"bogus noreply\r\n", b"ERROR\r\n"),
+            (
+                b"delete k noreply x\r\n",
+                b"CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n",
+            ),
+            (
+                b"set k 0 0 1 noreplyx\r\nab\r\n",
+                b"CLIENT_ERROR bad data chunk\r\nERROR\r\n",
+            ),
+            // Meta commands have no noreply, and their q flag never hides an error.
+            (
+                b"ms k 2 q\r\nhiX\r\n",
+                b"CLIENT_ERROR bad data chunk\r\nERROR\r\n",
+            ),
+        ];
+        for &(input, reply) in table {
+            assert_eq!(
+                run(input),
+                (reply.to_vec(), false),
+                "{:?}",
+                String::from_utf8_lossy(input)
+            );
+        }
+    }
+
+    #[test]
+    fn long_lines_close_without_a_reply() {
+        let mut out = Vec::new();
+        let line = [b'x'; 3000];
+        let recovery = recover(Error::LineTooLong, &line, &mut out).unwrap();
+        assert_eq!(
+            recovery,
+            Recovery {
+                consumed: 3000,
+                close: true
+            }
+        );
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn incomplete_text_waits() {
+        let mut out = Vec::new();
+        assert_eq!(recover(Error::UnknownCommand, b"bogus", &mut out), None);
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn binary_errors_wait_for_extras_and_key_then_close() {
+        // A GET with extras, answered once the extras and key have arrived.
+        let request = bin(opcode::GET, &[0; 4], b"k", b"");
+        for n in 1..request.len() {
+            let mut out = Vec::new();
+            assert_eq!(recover(Error::BadBinaryArgs, &request[..n], &mut out), None);
+            assert!(out.is_empty());
+        }
+        let mut input = request.clone();
+        input.extend_from_slice(&bin(opcode::NOOP, b"", b"", b""));
+        assert_eq!(
+            run(&input),
+            (bin_error(opcode::GET, status::INVALID_ARGUMENTS), true)
+        );
+        // A body shorter than its key: "Unknown command", and closed.
+        let mut short = bin(opcode::GET, b"", b"key", b"");
+        short[11] = 1;
+        assert_eq!(
+            run(&short),
+            (bin_error(opcode::GET, status::UNKNOWN_COMMAND), true)
+        );
+        assert!(run(&bin(0x50, b"", &[b'k'; 251], b"")).1);
+    }
+
+    #[test]
+    fn unknown_opcodes_skip_extras_and_key_twice() {
+        let noop = bin(opcode::NOOP, b"", b"", b"");
+        let unknown = bin(0x50, b"ee", b"key", b"v");
+        let mut input = unknown.clone();
+        input.extend_from_slice(b"PPPPP");
+        input.extend_from_slice(&noop);
+        let mut expected = bin_error(0x50, status::UNKNOWN_COMMAND);
+        expected.push(b'+');
+        assert_eq!(run(&input), (expected, false));
+        // Nothing is answered until the bytes skipped have all arrived.
+        for n in 0..unknown.len() + 5 {
+            let mut out = Vec::new();
+            assert_eq!(recover(Error::UnknownCommand, &input[..n], &mut out), None);
+        }
+        // memcached 1.6 has no binary VERBOSITY: the request is an unknown command.
+        let mut input = bin(opcode::VERBOSITY, &[0, 0, 0, 1], b"", b"");
+        input.extend_from_slice(b"PPPP");
+        input.extend_from_slice(&noop);
+        let mut expected = bin_error(opcode::VERBOSITY, status::UNKNOWN_COMMAND);
+        expected.push(b'+');
+        assert_eq!(run(&input), (expected, false));
+    }
+
+    #[test]
+    fn never_panics() {
+        let errors = [
+            Error::UnknownCommand,
+            Error::WrongArgCount,
+            Error::BadFormat,
+            Error::BadDataChunk,
+            Error::LineTooLong,
+            Error::BadMagic,
+            Error::BadBinaryHeader,
+            Error::BadBinaryArgs,
+        ];
+        let inputs: &[&[u8]] = &[
+            b"",
+            b"\n",
+            b"\r\n",
+            b"set k 0 0 99999999999999999999\r\n",
+            b"ms\r\n",
+            b"\x80",
+            &[0x80; 24],
+            &[
+                0x80, 0x50, 0xff, 0xff, 0xff, 0, 0, 0, 0xff, 0xff, 0xff, 0xff,
+            ],
+        ];
+        for &error in &errors {
+            for input in inputs {
+                let mut out = Vec::new();
+                if let Some(recovery) = recover(error, input, &mut out) {
+                    assert!(recovery.consumed <= input.len());
+                }
+            }
+        }
+    }
+}
