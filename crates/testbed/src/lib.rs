@@ -5,6 +5,9 @@
 //! Every name carries a prefix so several testbeds can coexist, and everything created is
 //! recorded in a JSON state file before it exists, so [`down`] can undo a crashed [`up`]. This
 //! crate never kills processes by name and never touches names without its prefix.
+//!
+//! [`local`] is the small version for tests that need no namespaces: memcached and nutcracker
+//! on free loopback ports.
 
 mod config;
 mod down;

@@ -128,6 +128,10 @@ fn parse_pool(name: &str, body: &Value) -> Result<PoolSpec, PoolError> {
         }
         let text = match value {
             Value::Null => return Err(fail("has no value".into())),
+            // Unquoted, `{}` is an empty YAML map, not two characters.
+            Value::Mapping(_) if key == "hash_tag" => {
+                return Err(fail("must be quoted, such as hash_tag: \"{}\"".into()))
+            }
             v => scalar(v).ok_or_else(|| fail("must be a single value".into()))?,
         };
         match key.as_str() {
@@ -452,6 +456,8 @@ gamma:
             ),
             ("hash: md5", "hash: sha1", "gamma.hash"),
             ("hash_tag: \"{}\"", "hash_tag: \"{\"", "gamma.hash_tag"),
+            ("hash_tag: \"{}\"", "hash_tag: {}", "must be quoted"),
+            ("hash: md5", "hash: [md5]", "single value"),
             ("timeout: 400", "timeout: -1", "alpha.timeout"),
             ("timeout: 400", "timeout: 1.5", "not a number"),
             ("timeout: 400", "timeout: 3600001", "3600000"),
