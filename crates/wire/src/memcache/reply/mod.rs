@@ -163,7 +163,8 @@ fn read_item(buf: &[u8]) -> Result<Option<Item<'_>>, ReplyError> {
     }))
 }
 
-fn is_error_line(line: &[u8]) -> bool {
+/// Whether a line (without its `\r\n`) is one of memcached's error lines.
+pub(super) fn is_error_line(line: &[u8]) -> bool {
     line == b"ERROR" || line.starts_with(b"CLIENT_ERROR ") || line.starts_with(b"SERVER_ERROR ")
 }
 
