@@ -4,18 +4,22 @@
 //! stream) in the classic text, meta or binary protocol. It never allocates, never copies and
 //! never panics: keys and the request itself are slices of the caller's buffer, so a request can
 //! be routed on its key and forwarded byte for byte. [`recover`] answers a request that failed
-//! to parse as memcached does. [`reply`] reads the backend side of a multi-key get that the
-//! switch split across servers.
+//! to parse as memcached does. [`reply`] finds where each backend reply ends in a server's
+//! stream and reads the backend side of a multi-key get that the switch split across servers;
+//! [`stats`] merges the `stats` replies of several servers into one.
 
 pub mod binary;
 mod line;
 pub mod meta;
 mod recover;
 pub mod reply;
+pub mod stats;
 mod text;
 
 pub use recover::{recover, Recovery};
 
+#[cfg(test)]
+mod fixtures;
 #[cfg(test)]
 mod tests;
 

@@ -1,8 +1,13 @@
-//! The backend side of a text retrieval split across servers: reading each server's
-//! `VALUE ...` items up to `END`, and writing the sub-request for a subset of the keys.
+//! The backend side: where each reply ends in a server's stream ([`reply_len`], [`Framer`]),
+//! and for a text retrieval split across servers, reading each server's `VALUE ...` items up to
+//! `END` and writing the sub-request for a subset of the keys.
 //!
 //! Reading never allocates; items are slices of the reply buffer so they can be copied into the
 //! merged reply unchanged.
+
+mod frame;
+
+pub use frame::{reply_len, Framer, ReplyKind};
 
 use super::line::{parse_u64, Tokens};
 use super::{Command, MAX_DATA_LEN, MAX_LINE_LEN};
@@ -32,14 +37,16 @@ impl<'a> Item<'a> {
     }
 }
 
-/// Why a backend reply is not a retrieval reply.
+/// Why a backend reply is not the reply expected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReplyError {
-    /// The server answered with an error line (`ERROR`, `CLIENT_ERROR ...`,
+    /// The server answered a retrieval with an error line (`ERROR`, `CLIENT_ERROR ...`,
     /// `SERVER_ERROR ...`) at `start..end` of the buffer, possibly after some items; pass it on.
+    /// Only [`parse_retrieval_reply`] reports it.
     ErrorLine { start: usize, end: usize },
-    /// Anything else: an unexpected line, a bad length, a data block without `\r\n`, a line
-    /// longer than [`MAX_LINE_LEN`].
+    /// The bytes cannot be framed as the reply expected, so the connection is out of step with
+    /// its requests: an unexpected line, a bad length, a data block without `\r\n`, a line
+    /// longer than [`MAX_LINE_LEN`], a bad binary header (see [`reply_len`]).
     Malformed,
 }
 
@@ -102,9 +109,11 @@ pub fn parse_retrieval_reply(buf: &[u8]) -> Result<Option<(Items<'_>, usize)>, R
     }
 }
 
-/// Reads one `VALUE` item; `Ok(None)` if it has not all arrived.
+/// Reads one `VALUE` item; `Ok(None)` if it has not all arrived. Only the first
+/// [`MAX_LINE_LEN`] bytes are searched for the end of its line, not the data after it.
 fn read_item(buf: &[u8]) -> Result<Option<Item<'_>>, ReplyError> {
-    let Some(nl) = buf.iter().position(|&b| b == b'\n') else {
+    let window = &buf[..buf.len().min(MAX_LINE_LEN)];
+    let Some(nl) = window.iter().position(|&b| b == b'\n') else {
         if buf.len() >= MAX_LINE_LEN || !could_start_reply(buf) {
             return Err(ReplyError::Malformed);
         }
@@ -154,7 +163,8 @@ fn read_item(buf: &[u8]) -> Result<Option<Item<'_>>, ReplyError> {
     }))
 }
 
-fn is_error_line(line: &[u8]) -> bool {
+/// Whether a line (without its `\r\n`) is one of memcached's error lines.
+pub(super) fn is_error_line(line: &[u8]) -> bool {
     line == b"ERROR" || line.starts_with(b"CLIENT_ERROR ") || line.starts_with(b"SERVER_ERROR ")
 }
 
