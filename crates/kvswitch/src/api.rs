@@ -1,17 +1,19 @@
 //! The control API over HTTP: `GET /metrics` (Prometheus text format) and
-//! `GET /api/v1/status` (JSON). A small blocking server on its own thread; it only reads
-//! counters and the snapshot the run loop publishes.
+//! `GET /api/v1/status` (JSON), for the switch (with its proxy, when one runs) or for a proxy
+//! running alone. A small blocking server on its own thread; it only reads counters and the
+//! snapshot the run loop publishes.
 
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
 use crate::config::{Config, Mode};
+use crate::proxy::ProxyStats;
 use crate::stats::{get, Answer, Drop, Stats};
 use crate::switch::Snapshot;
 
@@ -23,9 +25,52 @@ pub struct Shared {
     pub stats: Arc<Stats>,
     pub snapshot: Mutex<Snapshot>,
     pub started: Instant,
+    /// The proxy serving TCP to the VIP, once it runs.
+    pub proxy: OnceLock<Arc<ProxyStats>>,
 }
 
-/// Binds the API address and serves it on a background thread.
+/// What an API server shows.
+pub trait Exporter: Send + Sync + 'static {
+    /// The Prometheus text exposition.
+    fn metrics(&self) -> String;
+    /// The status document.
+    fn status(&self) -> serde_json::Value;
+}
+
+impl Exporter for Shared {
+    fn metrics(&self) -> String {
+        let mut out = metrics(self);
+        if let Some(proxy) = self.proxy.get() {
+            proxy.write_metrics(&mut out);
+        }
+        out
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let mut doc = status(self);
+        if let (Some(proxy), Some(map)) = (self.proxy.get(), doc.as_object_mut()) {
+            map.insert("proxy".into(), proxy.status());
+        }
+        doc
+    }
+}
+
+impl Exporter for ProxyStats {
+    fn metrics(&self) -> String {
+        let mut out = String::with_capacity(4096);
+        self.write_metrics(&mut out);
+        out
+    }
+
+    fn status(&self) -> serde_json::Value {
+        json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "proxy": ProxyStats::status(self),
+        })
+    }
+}
+
+/// Binds the switch's API address and serves it on a background thread.
 pub fn serve(shared: Arc<Shared>) -> anyhow::Result<SocketAddr> {
     let listener = TcpListener::bind(shared.config.api).map_err(|e| {
         anyhow::anyhow!(
@@ -34,6 +79,11 @@ pub fn serve(shared: Arc<Shared>) -> anyhow::Result<SocketAddr> {
             shared.config.api
         )
     })?;
+    serve_on(listener, shared)
+}
+
+/// Serves `exporter` on `listener` on a background thread; returns the address.
+pub fn serve_on(listener: TcpListener, shared: Arc<dyn Exporter>) -> anyhow::Result<SocketAddr> {
     let addr = listener.local_addr()?;
     std::thread::Builder::new()
         .name("api".into())
@@ -52,7 +102,7 @@ pub fn serve(shared: Arc<Shared>) -> anyhow::Result<SocketAddr> {
                     std::thread::Builder::new()
                         .name("api-conn".into())
                         .spawn(move || {
-                            let _ = handle(conn, &shared);
+                            let _ = handle(conn, shared.as_ref());
                             open.fetch_sub(1, Ordering::Relaxed);
                         });
                 if spawned.is_err() {
@@ -69,7 +119,7 @@ const MAX_CONNECTIONS: usize = 32;
 /// Most bytes of a request (line and headers) read.
 const MAX_REQUEST: u64 = 16 * 1024;
 
-fn handle(mut conn: TcpStream, shared: &Shared) -> std::io::Result<()> {
+fn handle(mut conn: TcpStream, shared: &dyn Exporter) -> std::io::Result<()> {
     conn.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut reader = BufReader::new(conn.try_clone()?.take(MAX_REQUEST));
     let mut line = String::new();
@@ -83,11 +133,11 @@ fn handle(mut conn: TcpStream, shared: &Shared) -> std::io::Result<()> {
     let method = parts.next().unwrap_or("");
     let path = parts.next().unwrap_or("");
     let (status, ctype, body) = match (method, path) {
-        ("GET", "/metrics") => ("200 OK", "text/plain; version=0.0.4", metrics(shared)),
+        ("GET", "/metrics") => ("200 OK", "text/plain; version=0.0.4", shared.metrics()),
         ("GET", "/api/v1/status") => (
             "200 OK",
             "application/json",
-            serde_json::to_string_pretty(&status(shared)).unwrap_or_default(),
+            serde_json::to_string_pretty(&shared.status()).unwrap_or_default(),
         ),
         ("GET", "/") => (
             "200 OK",
@@ -266,7 +316,7 @@ pub fn metrics(shared: &Shared) -> String {
 }
 
 /// A Prometheus label value: backslash, double quote and newline escaped.
-fn escape(value: &str) -> String {
+pub(crate) fn escape(value: &str) -> String {
     value
         .replace('\\', "\\\\")
         .replace('"', "\\\"")

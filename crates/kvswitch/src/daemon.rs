@@ -19,13 +19,19 @@ extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::Relaxed);
 }
 
-fn install_signal_handlers() {
+/// Makes SIGINT and SIGTERM ask the running command to stop (see [`stop_requested`]).
+pub fn install_signal_handlers() {
     let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
     unsafe {
         libc::signal(libc::SIGINT, handler);
         libc::signal(libc::SIGTERM, handler);
     }
+}
+
+/// Whether SIGINT or SIGTERM has arrived since [`install_signal_handlers`].
+pub fn stop_requested() -> bool {
+    STOP.load(Ordering::Relaxed)
 }
 
 /// Frames received per port per call.
@@ -58,6 +64,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         stats: stats.clone(),
         snapshot: Mutex::new(switch.snapshot()),
         started: Instant::now(),
+        proxy: std::sync::OnceLock::new(),
     });
     let api_addr = api::serve(shared.clone())?;
     tracing::info!(

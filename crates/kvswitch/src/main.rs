@@ -45,6 +45,7 @@ enum Cmd {
     Load(loadgen::LoadArgs),
     /// Build the default testbed, compare memcached direct, kvswitch and nutcracker, tear down.
     Demo(demo::DemoArgs),
+    Proxy(kvswitch::proxy::cli::ProxyArgs),
     /// Serve the memcached protocol from memory, optionally capacity-limited (a backend for
     /// experiments).
     Node(node::NodeArgs),
@@ -123,6 +124,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             }
             daemon::run(cfg)
         }
+        Cmd::Proxy(args) => kvswitch::proxy::cli::run(args),
         Cmd::Testbed { action } => match action {
             TestbedCmd::Up {
                 topology,

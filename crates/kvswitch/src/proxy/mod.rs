@@ -4,12 +4,24 @@
 //! It runs alone on an ordinary socket (`kvswitch proxy`) or as the switch's CPU path, where
 //! TCP to the VIP reaches it through the switch's local port.
 
+mod backend;
+pub mod cli;
+mod client;
+mod combine;
+pub mod plan;
 pub mod pool;
+pub mod stats;
+mod worker;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use anyhow::Context;
+use tokio::sync::watch;
 
 pub use pool::{PoolSpec, ServerSpec};
+pub use stats::ProxyStats;
 
 /// How the proxy runs.
 #[derive(Debug, Clone)]
@@ -40,20 +52,73 @@ impl Default for Limits {
     }
 }
 
-/// A running proxy.
+/// The number of workers used when none is configured: one per core.
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// A running proxy. Dropping it stops the workers.
 pub struct Proxy {
     stats: Arc<ProxyStats>,
     local_addrs: Vec<SocketAddr>,
+    stop: watch::Sender<bool>,
+    workers: Vec<JoinHandle<()>>,
 }
-
-/// Counters and health of every pool and server, shared with the control API.
-pub struct ProxyStats {}
 
 impl Proxy {
     /// Binds every pool's listening address and starts the workers.
     pub fn start(settings: Settings) -> anyhow::Result<Proxy> {
-        let _ = settings;
-        anyhow::bail!("not yet")
+        anyhow::ensure!(!settings.pools.is_empty(), "no pool to serve");
+        let workers = settings.workers.max(1);
+        // Listeners are made on a throwaway runtime, then handed to the workers as plain
+        // sockets: port 0 is resolved by the first bind and the others bind the same port.
+        let binder = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()?;
+        let mut per_worker: Vec<Vec<std::net::TcpListener>> =
+            (0..workers).map(|_| Vec::new()).collect();
+        let mut local_addrs = Vec::with_capacity(settings.pools.len());
+        for pool in &settings.pools {
+            let mut addr = pool.listen;
+            for listeners in per_worker.iter_mut() {
+                let listener = binder
+                    .block_on(async { worker::bind(addr)?.into_std() })
+                    .with_context(|| {
+                        format!("pool `{}`: cannot listen on {}", pool.name, pool.listen)
+                    })?;
+                addr = listener.local_addr()?;
+                listeners.push(listener);
+            }
+            local_addrs.push(addr);
+        }
+        drop(binder);
+        let stats = Arc::new(ProxyStats::new(&settings.pools));
+        let (stop, watch) = watch::channel(false);
+        let mut handles = Vec::with_capacity(workers);
+        for (i, listeners) in per_worker.into_iter().enumerate() {
+            let (stats, watch) = (stats.clone(), watch.clone());
+            let (source, limits) = (settings.source, settings.limits);
+            let handle = std::thread::Builder::new()
+                .name(format!("proxy-{i}"))
+                .spawn(move || {
+                    if let Err(e) = worker::run(stats, listeners, source, limits, watch) {
+                        tracing::error!("proxy worker {i} failed: {e}");
+                    }
+                })?;
+            handles.push(handle);
+        }
+        for (pool, addr) in settings.pools.iter().zip(&local_addrs) {
+            tracing::info!(
+                pool = %pool.name, listen = %addr, servers = pool.servers.len(), workers,
+                "proxy listening"
+            );
+        }
+        Ok(Proxy {
+            stats,
+            local_addrs,
+            stop,
+            workers: handles,
+        })
     }
 
     /// The addresses bound, one per pool (port 0 in a pool's address is resolved here).
@@ -63,5 +128,23 @@ impl Proxy {
 
     pub fn stats(&self) -> Arc<ProxyStats> {
         self.stats.clone()
+    }
+
+    /// Stops the workers and waits for them; open connections are closed.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        let _ = self.stop.send(true);
+        for handle in self.workers.drain(..) {
+            let _ = handle.join();
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.shutdown();
     }
 }

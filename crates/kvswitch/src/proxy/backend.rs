@@ -1,0 +1,370 @@
+//! Connections from one worker to one server: requests from every client of the worker are
+//! written down the same connection back to back (pipelined), and replies, which memcached
+//! sends in request order, are matched to them in order.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::sync::Notify;
+use tokio::time::{sleep_until, timeout, Instant};
+use wire::memcache::binary::{opcode, Header};
+use wire::memcache::reply::{reply_len, ReplyError, ReplyKind};
+
+use super::client::Slot;
+use super::plan::Wire;
+use super::stats::{add, sub, PoolStats};
+
+/// One request waiting for its reply.
+pub struct Pending {
+    pub slot: Rc<Slot>,
+    pub part: usize,
+    pub kind: ReplyKind,
+    pub sentinel: bool,
+    pub deadline: Instant,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// No connection and no reason not to make one.
+    Idle,
+    /// Connecting or connected: requests queue.
+    Open,
+    /// The last attempt failed: requests fail at once until then.
+    Down(Instant),
+}
+
+/// One connection (made on demand, remade after a failure) to one server.
+pub struct Conn {
+    pool: Arc<PoolStats>,
+    server: usize,
+    wire: Wire,
+    addr: SocketAddr,
+    source: Option<IpAddr>,
+    state: Cell<State>,
+    /// Consecutive failures, for the reconnect backoff.
+    streak: Cell<u32>,
+    /// Bytes not yet written.
+    out: RefCell<Vec<u8>>,
+    /// Requests written or queued, oldest first.
+    pending: RefCell<VecDeque<Pending>>,
+    /// Wakes the writer: bytes to write.
+    wake: Notify,
+    /// Wakes the reader: a request arrived while none was pending, and has a deadline.
+    first: Notify,
+    now_ms: Rc<dyn Fn() -> u64>,
+}
+
+/// Why a connection ended.
+#[derive(Debug)]
+enum Lost {
+    Io(std::io::Error),
+    Closed,
+    Timeout,
+    Malformed,
+}
+
+impl std::fmt::Display for Lost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Lost::Io(e) => write!(f, "{e}"),
+            Lost::Closed => f.write_str("connection closed by server"),
+            Lost::Timeout => f.write_str("timeout"),
+            Lost::Malformed => f.write_str("malformed reply from server"),
+        }
+    }
+}
+
+/// Longest wait before a failed server is tried again (without ejection).
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// First wait after a failure.
+const MIN_BACKOFF: Duration = Duration::from_millis(20);
+
+impl Conn {
+    pub fn new(
+        pool: Arc<PoolStats>,
+        server: usize,
+        wire: Wire,
+        source: Option<IpAddr>,
+        now_ms: Rc<dyn Fn() -> u64>,
+    ) -> Rc<Conn> {
+        let addr = pool.spec.servers[server].addr;
+        Rc::new(Conn {
+            pool,
+            server,
+            wire,
+            addr,
+            source,
+            state: Cell::new(State::Idle),
+            streak: Cell::new(0),
+            out: RefCell::new(Vec::with_capacity(16 * 1024)),
+            pending: RefCell::new(VecDeque::new()),
+            wake: Notify::new(),
+            first: Notify::new(),
+            now_ms,
+        })
+    }
+
+    /// Requests queued or written and not yet answered.
+    pub fn load(&self) -> usize {
+        self.pending.borrow().len()
+    }
+
+    /// Queues `bytes` (and the sentinel after it, if any) for the server. Fails the request at
+    /// once, through its slot, while the server is known to be down.
+    pub fn send(self: &Rc<Self>, bytes: &[u8], sentinel: &[u8], pending: Pending) {
+        let stats = &self.pool.servers[self.server];
+        if let State::Down(until) = self.state.get() {
+            if Instant::now() < until {
+                add(&stats.errors, 1);
+                pending
+                    .slot
+                    .complete(pending.part, Err("server unavailable".into()));
+                return;
+            }
+            self.state.set(State::Idle);
+        }
+        add(&stats.requests, 1);
+        add(&stats.in_flight, 1);
+        {
+            let mut out = self.out.borrow_mut();
+            out.extend_from_slice(bytes);
+            out.extend_from_slice(sentinel);
+        }
+        let was_empty = {
+            let mut queue = self.pending.borrow_mut();
+            queue.push_back(pending);
+            queue.len() == 1
+        };
+        if was_empty {
+            self.first.notify_one();
+        }
+        if self.state.get() == State::Idle {
+            self.state.set(State::Open);
+            tokio::task::spawn_local(self.clone().run());
+        } else {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Connects, then writes and reads until the connection fails or falls idle.
+    async fn run(self: Rc<Self>) {
+        let spec = &self.pool.spec;
+        let stats = &self.pool.servers[self.server];
+        let connected = timeout(spec.timeout, connect(self.addr, self.source)).await;
+        let stream = match connected {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => return self.lost(Lost::Io(e)),
+            Err(_) => return self.lost(Lost::Timeout),
+        };
+        add(&stats.connects, 1);
+        add(&stats.connections, 1);
+        let result = self.serve(stream).await;
+        sub(&stats.connections, 1);
+        match result {
+            // The server closed an idle connection: nothing was lost.
+            Err(Lost::Closed) if self.pending.borrow().is_empty() => {
+                self.state.set(State::Idle);
+            }
+            Err(lost) => self.lost(lost),
+            Ok(()) => self.state.set(State::Idle),
+        }
+    }
+
+    async fn serve(&self, mut stream: TcpStream) -> Result<(), Lost> {
+        let (mut rd, mut wr) = stream.split();
+        let writer = async {
+            let mut spare = Vec::with_capacity(16 * 1024);
+            loop {
+                std::mem::swap(&mut *self.out.borrow_mut(), &mut spare);
+                if spare.is_empty() {
+                    self.wake.notified().await;
+                    continue;
+                }
+                wr.write_all(&spare).await.map_err(Lost::Io)?;
+                add(
+                    &self.pool.servers[self.server].bytes_sent,
+                    spare.len() as u64,
+                );
+                spare.clear();
+            }
+        };
+        let reader = async {
+            let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
+            let mut start = 0;
+            loop {
+                start += self.deliver(&buf[start..])?;
+                if start == buf.len() {
+                    buf.clear();
+                    start = 0;
+                } else if start > buf.capacity() / 2 {
+                    buf.drain(..start);
+                    start = 0;
+                }
+                if buf.capacity() - buf.len() < 16 * 1024 {
+                    buf.reserve(64 * 1024);
+                }
+                let deadline = self.pending.borrow().front().map(|p| p.deadline);
+                let read = rd.read_buf(&mut buf);
+                let n = match deadline {
+                    Some(deadline) => tokio::select! {
+                        n = read => n,
+                        _ = sleep_until(deadline) => return Err(Lost::Timeout),
+                    },
+                    // A request sent while none was pending brings a deadline to watch.
+                    None => tokio::select! {
+                        n = read => n,
+                        _ = self.first.notified() => continue,
+                    },
+                };
+                match n {
+                    Ok(0) => return Err(Lost::Closed),
+                    Ok(n) => add(&self.pool.servers[self.server].bytes_received, n as u64),
+                    Err(e) => return Err(Lost::Io(e)),
+                }
+            }
+        };
+        tokio::select! {
+            r = writer => r,
+            r = reader => r,
+        }
+    }
+
+    /// Hands every complete reply at the front of `buf` to its request; returns the bytes
+    /// used.
+    fn deliver(&self, buf: &[u8]) -> Result<usize, Lost> {
+        let mut used = 0;
+        loop {
+            let (kind, sentinel) = match self.pending.borrow().front() {
+                Some(p) => (p.kind, p.sentinel),
+                None if used < buf.len() => return Err(Lost::Malformed),
+                None => return Ok(used),
+            };
+            let rest = &buf[used..];
+            let framed = match frame(kind, sentinel, self.wire, rest) {
+                Ok(Some(framed)) => framed,
+                Ok(None) => return Ok(used),
+                Err(_) => return Err(Lost::Malformed),
+            };
+            let Some(pending) = self.pending.borrow_mut().pop_front() else {
+                return Ok(used);
+            };
+            let stats = &self.pool.servers[self.server];
+            sub(&stats.in_flight, 1);
+            add(&stats.replies, 1);
+            self.streak.set(0);
+            self.pool.server_answered(self.server);
+            pending
+                .slot
+                .complete(pending.part, Ok(rest[..framed.reply].to_vec()));
+            used += framed.total;
+        }
+    }
+
+    /// Fails every waiting request, records the failure and keeps the server down for a
+    /// backoff.
+    fn lost(&self, why: Lost) {
+        let stats = &self.pool.servers[self.server];
+        let waiting: Vec<Pending> = self.pending.borrow_mut().drain(..).collect();
+        self.out.borrow_mut().clear();
+        if matches!(why, Lost::Timeout) {
+            add(&stats.timeouts, 1);
+        }
+        tracing::debug!(
+            pool = %self.pool.spec.name, server = %self.pool.spec.servers[self.server].label(),
+            waiting = waiting.len(), "server connection lost: {why}"
+        );
+        self.pool.server_failed(self.server, (self.now_ms)());
+        let streak = self.streak.get().saturating_add(1);
+        self.streak.set(streak);
+        let backoff = MIN_BACKOFF
+            .saturating_mul(1 << streak.min(10).saturating_sub(1))
+            .min(MAX_BACKOFF);
+        self.state.set(State::Down(Instant::now() + backoff));
+        let message = why.to_string();
+        sub(&stats.in_flight, waiting.len() as u64);
+        add(&stats.errors, waiting.len() as u64);
+        for pending in waiting {
+            pending.slot.complete(pending.part, Err(message.clone()));
+        }
+    }
+}
+
+async fn connect(addr: SocketAddr, source: Option<IpAddr>) -> std::io::Result<TcpStream> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    if let Some(source) = source {
+        socket.bind(SocketAddr::new(source, 0))?;
+    }
+    let stream = socket.connect(addr).await?;
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
+/// Where one request's reply ends in a server's byte stream.
+struct Framed {
+    /// Bytes of the reply passed on to the client.
+    reply: usize,
+    /// Bytes used, the sentinel's reply included.
+    total: usize,
+}
+
+fn frame(
+    kind: ReplyKind,
+    sentinel: bool,
+    wire: Wire,
+    buf: &[u8],
+) -> Result<Option<Framed>, ReplyError> {
+    if !sentinel {
+        return Ok(reply_len(kind, buf)?.map(|n| Framed { reply: n, total: n }));
+    }
+    let sentinel_len = |rest: &[u8]| -> Result<Option<usize>, ReplyError> {
+        match wire {
+            Wire::Text => {
+                const MN: &[u8] = b"MN\r\n";
+                if rest.len() < MN.len() {
+                    return if MN.starts_with(rest) {
+                        Ok(None)
+                    } else {
+                        Err(ReplyError::Malformed)
+                    };
+                }
+                if rest.starts_with(MN) {
+                    Ok(Some(MN.len()))
+                } else {
+                    Err(ReplyError::Malformed)
+                }
+            }
+            Wire::Binary => match Header::decode(rest) {
+                None => Ok(None),
+                Some(h) if h.opcode == opcode::NOOP => {
+                    Ok((rest.len() >= h.packet_len()).then_some(h.packet_len()))
+                }
+                Some(_) => Err(ReplyError::Malformed),
+            },
+        }
+    };
+    // Nothing before the sentinel's reply: the request was answered with silence.
+    let silent = match wire {
+        Wire::Text => buf.starts_with(b"MN\r\n") || (buf.len() < 4 && b"MN\r\n".starts_with(buf)),
+        Wire::Binary => Header::decode(buf).is_none_or(|h| h.opcode == opcode::NOOP),
+    };
+    if silent {
+        return Ok(sentinel_len(buf)?.map(|n| Framed { reply: 0, total: n }));
+    }
+    let Some(n) = reply_len(kind, buf)? else {
+        return Ok(None);
+    };
+    Ok(sentinel_len(&buf[n..])?.map(|m| Framed {
+        reply: n,
+        total: n + m,
+    }))
+}

@@ -1,0 +1,130 @@
+//! `kvswitch proxy`: the proxy alone on ordinary sockets, configured by a kvswitch TOML file or
+//! by a nutcracker (twemproxy) YAML file.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use super::pool::PoolSpec;
+use super::{default_workers, Limits, Proxy, Settings};
+use crate::config::{nutcracker, proxy as proxy_file};
+use crate::{api, daemon};
+
+/// Arguments of `kvswitch proxy`.
+#[derive(Debug, clap::Args)]
+#[command(
+    about = "Run the memcached proxy alone (no root, no switch): a drop-in replacement for \
+             twemproxy",
+    long_about = "Run the memcached proxy alone (no root, no switch needed).\n\n\
+                  Clients speak the text, meta or binary memcached protocol over TCP; every \
+                  request is routed by key (ketama, placed as twemproxy places it) over a few \
+                  persistent pipelined connections per server. Multi-key gets are split per \
+                  server and merged in the client's key order; stats, flush_all and verbosity \
+                  go to every server.\n\n\
+                  Give a kvswitch TOML file (--config; see --example-config) or a twemproxy \
+                  YAML file (--nutcracker-config), which then serves each of its pools on the \
+                  pool's own listen address."
+)]
+pub struct ProxyArgs {
+    /// Address clients connect to (overrides `[proxy] listen`).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: Option<SocketAddr>,
+    /// A kvswitch configuration file (TOML) with a `[pool]` section.
+    #[arg(long, short, value_name = "FILE", conflicts_with = "nutcracker_config",
+          required_unless_present_any = ["nutcracker_config", "example_config"])]
+    pub config: Option<PathBuf>,
+    /// A twemproxy (nutcracker) configuration file (YAML); every pool in it is served.
+    #[arg(long, value_name = "FILE")]
+    pub nutcracker_config: Option<PathBuf>,
+    /// Worker threads (default: one per core, or `[proxy] workers`).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Serve /metrics and /api/v1/status on this address (overrides `[proxy] api`).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub api: Option<SocketAddr>,
+    /// Check the configuration, print the pools and exit.
+    #[arg(long)]
+    pub check: bool,
+    /// Print an example proxy configuration and exit.
+    #[arg(long)]
+    pub example_config: bool,
+}
+
+/// Runs `kvswitch proxy` until SIGINT or SIGTERM.
+pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
+    if args.example_config {
+        print!("{}", proxy_file::PROXY_EXAMPLE);
+        return Ok(());
+    }
+    let (pools, workers, api_addr) = load(&args)?;
+    if args.check {
+        for p in &pools {
+            println!(
+                "pool `{}`: listen {}, {} servers, {} / {}, timeout {} ms, auto_eject_hosts {}",
+                p.name,
+                p.listen,
+                p.servers.len(),
+                p.distribution,
+                p.hash,
+                p.timeout.as_millis(),
+                p.auto_eject_hosts
+            );
+        }
+        return Ok(());
+    }
+    daemon::install_signal_handlers();
+    let api_listener = match api_addr {
+        Some(addr) => {
+            Some(TcpListener::bind(addr).with_context(|| format!("api: cannot listen on {addr}"))?)
+        }
+        None => None,
+    };
+    let proxy = Proxy::start(Settings {
+        pools,
+        workers,
+        source: None,
+        limits: Limits::default(),
+    })?;
+    if let Some(listener) = api_listener {
+        let stats: Arc<dyn api::Exporter> = proxy.stats();
+        let addr = api::serve_on(listener, stats)?;
+        tracing::info!(api = %addr, "control API listening");
+    }
+    while !daemon::stop_requested() {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    tracing::info!("stopping");
+    proxy.stop();
+    Ok(())
+}
+
+fn load(args: &ProxyArgs) -> anyhow::Result<(Vec<PoolSpec>, usize, Option<SocketAddr>)> {
+    if let Some(path) = &args.nutcracker_config {
+        let mut pools = nutcracker::load_nutcracker(path)?;
+        if let Some(listen) = args.listen {
+            anyhow::ensure!(
+                pools.len() == 1,
+                "--listen can only replace the address of a file with one pool; {} has {}",
+                path.display(),
+                pools.len()
+            );
+            pools[0].listen = listen;
+        }
+        let workers = args.workers.unwrap_or_else(default_workers);
+        return Ok((pools, workers, args.api));
+    }
+    let path = args
+        .config
+        .as_ref()
+        .ok_or_else(|| anyhow::anyhow!("give --config or --nutcracker-config"))?;
+    let file = proxy_file::load_toml(path)?;
+    let pool = file.pool_with_listen(args.listen)?;
+    let workers = args
+        .workers
+        .or(file.workers)
+        .unwrap_or_else(default_workers);
+    Ok((vec![pool], workers, args.api.or(file.api)))
+}

@@ -1,0 +1,317 @@
+//! One client connection: requests are read and sent on as they arrive (a client may pipeline
+//! as many as it likes, up to the limits), and replies are written back in request order as
+//! they complete.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::rc::Rc;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{ReadHalf, WriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use wire::memcache::{self, recover};
+
+use super::backend::Pending;
+use super::combine::{combine, Outcome};
+use super::plan::{self, sentinel, Bytes, Combine, OnError, Plan};
+use super::stats::{add, sub};
+use super::worker::PoolRt;
+use super::Limits;
+
+/// A reply in the making: filled by the servers' replies, read by the client's writer.
+pub struct Slot {
+    client: Rc<Shared>,
+    combine: Combine,
+    on_error: OnError,
+    outcomes: RefCell<Vec<Outcome>>,
+    remaining: Cell<usize>,
+    done: RefCell<Option<Vec<u8>>>,
+}
+
+impl Slot {
+    /// Records the outcome of part `part`; once every part has one, builds the reply and wakes
+    /// the client's writer.
+    pub fn complete(&self, part: usize, outcome: Outcome) {
+        if let Some(o) = self.outcomes.borrow_mut().get_mut(part) {
+            *o = outcome;
+        }
+        let left = self.remaining.get().saturating_sub(1);
+        self.remaining.set(left);
+        if left > 0 {
+            return;
+        }
+        let mut reply = Vec::new();
+        combine(
+            &self.combine,
+            &self.on_error,
+            &mut self.outcomes.borrow_mut(),
+            &mut reply,
+        );
+        self.client
+            .queued_bytes
+            .set(self.client.queued_bytes.get() + reply.len());
+        *self.done.borrow_mut() = Some(reply);
+        self.client.wake.notify_one();
+    }
+}
+
+enum Entry {
+    Ready(Vec<u8>),
+    Wait(Rc<Slot>),
+    /// Close the connection once everything before has been written.
+    Close,
+}
+
+/// What the reader and the writer of one client share.
+struct Shared {
+    queue: RefCell<VecDeque<Entry>>,
+    /// Bytes of completed replies not yet written.
+    queued_bytes: Cell<usize>,
+    /// Wakes the writer: a reply completed, or the reader stopped.
+    wake: Notify,
+    /// Wakes the reader: the writer made room.
+    room: Notify,
+    reader_done: Cell<bool>,
+}
+
+/// Largest value a storage request may carry: memcached's default item size. Larger ones are
+/// refused as memcached refuses them, without being buffered.
+pub const MAX_VALUE: usize = 1 << 20;
+/// Longest multi-get line read; a longer one closes the connection.
+pub const MAX_GET_LINE: usize = 1 << 20;
+
+/// Serves one client until it closes, quits or fails.
+pub async fn serve(mut stream: TcpStream, pool: Rc<PoolRt>, limits: Limits) {
+    let stats = pool.stats.clone();
+    add(&stats.client_connections, 1);
+    add(&stats.client_connections_total, 1);
+    let _ = stream.set_nodelay(true);
+    let shared = Rc::new(Shared {
+        queue: RefCell::new(VecDeque::new()),
+        queued_bytes: Cell::new(0),
+        wake: Notify::new(),
+        room: Notify::new(),
+        reader_done: Cell::new(false),
+    });
+    let (rd, wr) = stream.split();
+    let reader = read_loop(rd, &shared, &pool, limits);
+    let writer = write_loop(wr, &shared, &pool);
+    tokio::pin!(reader, writer);
+    tokio::select! {
+        _ = &mut writer => {}
+        _ = &mut reader => {
+            shared.reader_done.set(true);
+            shared.wake.notify_one();
+            writer.await;
+        }
+    }
+    sub(&stats.client_connections, 1);
+}
+
+impl Shared {
+    fn push(&self, entry: Entry) {
+        if let Entry::Ready(bytes) = &entry {
+            self.queued_bytes.set(self.queued_bytes.get() + bytes.len());
+        }
+        self.queue.borrow_mut().push_back(entry);
+        self.wake.notify_one();
+    }
+
+    fn full(&self, limits: &Limits) -> bool {
+        self.queue.borrow().len() >= limits.client_pending
+            || self.queued_bytes.get() >= limits.client_reply_bytes
+    }
+}
+
+async fn write_loop(mut wr: WriteHalf<'_>, shared: &Rc<Shared>, pool: &PoolRt) {
+    let mut out: Vec<u8> = Vec::with_capacity(16 * 1024);
+    loop {
+        let mut close = false;
+        {
+            let mut queue = shared.queue.borrow_mut();
+            while let Some(front) = queue.front() {
+                match front {
+                    Entry::Ready(bytes) => out.extend_from_slice(bytes),
+                    Entry::Wait(slot) => match slot.done.borrow_mut().take() {
+                        Some(bytes) => out.extend_from_slice(&bytes),
+                        None => break,
+                    },
+                    Entry::Close => {
+                        close = true;
+                        break;
+                    }
+                }
+                queue.pop_front();
+                if out.len() >= 256 * 1024 {
+                    break;
+                }
+            }
+        }
+        if !out.is_empty() {
+            shared
+                .queued_bytes
+                .set(shared.queued_bytes.get().saturating_sub(out.len()));
+            if wr.write_all(&out).await.is_err() {
+                return;
+            }
+            add(&pool.stats.bytes_to_clients, out.len() as u64);
+            out.clear();
+            shared.room.notify_one();
+            continue;
+        }
+        if close || (shared.reader_done.get() && shared.queue.borrow().is_empty()) {
+            let _ = wr.shutdown().await;
+            return;
+        }
+        shared.wake.notified().await;
+    }
+}
+
+async fn read_loop(mut rd: ReadHalf<'_>, shared: &Rc<Shared>, pool: &Rc<PoolRt>, limits: Limits) {
+    let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
+    let mut start = 0;
+    // Bytes of a refused value still to be thrown away.
+    let mut skip = 0usize;
+    loop {
+        while shared.full(&limits) {
+            shared.room.notified().await;
+        }
+        if buf.capacity() - buf.len() < 8 * 1024 {
+            buf.reserve(16 * 1024);
+        }
+        let n = match rd.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        add(&pool.stats.bytes_from_clients, n as u64);
+        if skip > 0 {
+            let dropped = skip.min(buf.len() - start);
+            start += dropped;
+            skip -= dropped;
+        }
+        match handle(&buf[start..], shared, pool, &mut skip) {
+            Handled::Used(used) => start += used,
+            Handled::Close => {
+                shared.push(Entry::Close);
+                return;
+            }
+        }
+        if start == buf.len() {
+            buf.clear();
+            start = 0;
+        } else if start > 0 && (start > buf.len() / 2 || buf.capacity() - buf.len() < 8 * 1024) {
+            buf.drain(..start);
+            start = 0;
+        }
+        if buf.len() - start > MAX_GET_LINE + MAX_VALUE {
+            // Only a get line could have grown this far without completing.
+            shared.push(Entry::Ready(b"CLIENT_ERROR line too long\r\n".to_vec()));
+            shared.push(Entry::Close);
+            return;
+        }
+    }
+}
+
+enum Handled {
+    Used(usize),
+    Close,
+}
+
+/// Acts on every complete request at the front of `buf`.
+fn handle(buf: &[u8], shared: &Rc<Shared>, pool: &Rc<PoolRt>, skip: &mut usize) -> Handled {
+    let stats = &pool.stats;
+    let mut used = 0;
+    let mut router = pool.router();
+    while used < buf.len() && *skip == 0 {
+        let rest = &buf[used..];
+        match memcache::parse(rest) {
+            Ok(Some(request)) => {
+                add(&stats.requests, 1);
+                match plan::plan(&request, &mut router) {
+                    Plan::Local(reply) => {
+                        add(&stats.local_replies, 1);
+                        if !reply.is_empty() {
+                            shared.push(Entry::Ready(reply));
+                        }
+                    }
+                    Plan::Close(reply) => {
+                        if !reply.is_empty() {
+                            shared.push(Entry::Ready(reply));
+                        }
+                        return Handled::Close;
+                    }
+                    Plan::Forward {
+                        parts,
+                        combine,
+                        on_error,
+                    } => {
+                        let slot = Rc::new(Slot {
+                            client: shared.clone(),
+                            combine,
+                            on_error,
+                            outcomes: RefCell::new(vec![Ok(Vec::new()); parts.len()]),
+                            remaining: Cell::new(parts.len()),
+                            done: RefCell::new(None),
+                        });
+                        shared.push(Entry::Wait(slot.clone()));
+                        let deadline = Instant::now() + pool.stats.spec.timeout;
+                        for (i, part) in parts.iter().enumerate() {
+                            let bytes = match &part.bytes {
+                                Bytes::Request => request.bytes(),
+                                Bytes::Owned(bytes) => bytes,
+                            };
+                            let tail: &[u8] = if part.sentinel {
+                                sentinel(part.wire)
+                            } else {
+                                b""
+                            };
+                            pool.conn(part.server, part.wire).send(
+                                bytes,
+                                tail,
+                                Pending {
+                                    slot: slot.clone(),
+                                    part: i,
+                                    kind: part.kind,
+                                    sentinel: part.sentinel,
+                                    deadline,
+                                },
+                            );
+                        }
+                    }
+                }
+                used += request.len;
+            }
+            Ok(None) => {
+                if let Some(refused) = plan::too_large(rest, MAX_VALUE) {
+                    add(&stats.client_errors, 1);
+                    if !refused.reply.is_empty() {
+                        shared.push(Entry::Ready(refused.reply));
+                    }
+                    let available = rest.len() - refused.consumed.min(rest.len());
+                    let skipped = refused.skip.min(available);
+                    *skip = refused.skip - skipped;
+                    used += refused.consumed + skipped;
+                    continue;
+                }
+                break;
+            }
+            Err(error) => {
+                let mut reply = Vec::new();
+                let Some(recovery) = recover(error, rest, &mut reply) else {
+                    break;
+                };
+                add(&stats.client_errors, 1);
+                if !reply.is_empty() {
+                    shared.push(Entry::Ready(reply));
+                }
+                if recovery.close {
+                    return Handled::Close;
+                }
+                used += recovery.consumed.max(1).min(rest.len());
+            }
+        }
+    }
+    Handled::Used(used)
+}

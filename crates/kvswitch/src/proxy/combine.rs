@@ -1,0 +1,76 @@
+//! Turning the replies of a request's parts into the one reply its client expects.
+
+use wire::memcache::reply::{parse_retrieval_reply, ReplyError};
+use wire::memcache::stats;
+
+use super::plan::{error_reply, Combine, MergeKeys, OnError};
+
+/// One part's outcome: the server's reply, or why there is none.
+pub type Outcome = Result<Vec<u8>, String>;
+
+/// Builds the client's reply from the outcomes, in part order, appending it to `out`.
+pub fn combine(how: &Combine, on_error: &OnError, outcomes: &mut [Outcome], out: &mut Vec<u8>) {
+    if let Some(Err(message)) = outcomes.iter().find(|o| o.is_err()) {
+        error_reply(on_error, message, out);
+        return;
+    }
+    let replies: Vec<&[u8]> = outcomes
+        .iter()
+        .map(|o| o.as_deref().unwrap_or_default())
+        .collect();
+    match how {
+        Combine::Single => out.extend_from_slice(replies[0]),
+        Combine::Same => {
+            let differing = replies.iter().find(|r| **r != replies[0]);
+            match differing {
+                None => out.extend_from_slice(replies[0]),
+                Some(_) => {
+                    let error = replies
+                        .iter()
+                        .find(|r| !is_success(r))
+                        .unwrap_or(&replies[0]);
+                    out.extend_from_slice(error);
+                }
+            }
+        }
+        Combine::Merge(keys) => merge(keys, &replies, on_error, out),
+        Combine::StatsText => stats::merge_text(&replies, out),
+        Combine::StatsBinary { opaque } => stats::merge_binary(&replies, *opaque, out),
+    }
+}
+
+/// Whether a reply to a broadcast command is the plain success reply.
+fn is_success(reply: &[u8]) -> bool {
+    reply == b"OK\r\n"
+        || reply.is_empty()
+        || (reply.len() >= 8 && reply[0] == 0x81 && reply[6..8] == [0, 0])
+}
+
+/// Puts the items of a split multi-get back in the client's key order.
+///
+/// Each server answered its share of the keys in the order asked, skipping misses, and keys
+/// were given to parts in the client's order. Walking the client's keys and taking the next
+/// item of the key's part when that item is for this key rebuilds memcached's own reply,
+/// repeated keys included.
+fn merge(keys: &MergeKeys, replies: &[&[u8]], on_error: &OnError, out: &mut Vec<u8>) {
+    let mut items = Vec::with_capacity(replies.len());
+    for reply in replies {
+        match parse_retrieval_reply(reply) {
+            Ok(Some((parsed, _))) => items.push(parsed.peekable()),
+            Err(ReplyError::ErrorLine { start, end }) => {
+                out.extend_from_slice(&reply[start..end]);
+                return;
+            }
+            _ => {
+                error_reply(on_error, "malformed reply from server", out);
+                return;
+            }
+        }
+    }
+    for (part, key) in keys.iter() {
+        if let Some(item) = items[part].next_if(|item| item.key == key) {
+            out.extend_from_slice(item.raw);
+        }
+    }
+    out.extend_from_slice(b"END\r\n");
+}

@@ -1,0 +1,658 @@
+//! What the proxy does with one client request: answer it itself, or send it (whole, split by
+//! server, or to every server) and how to turn the servers' replies into the one reply the
+//! client expects. Pure: no I/O, no clock.
+
+use wire::memcache::binary::{opcode, HEADER_LEN, RESPONSE_MAGIC};
+use wire::memcache::reply::{write_retrieval_request, ReplyKind};
+use wire::memcache::{meta, Command, Protocol, Request, MAX_KEY_LEN};
+
+/// Which kind of server connection a part travels on: memcached fixes a connection's protocol
+/// with its first byte, so binary requests need connections of their own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Wire {
+    Text,
+    Binary,
+}
+
+/// The bytes of one part.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bytes {
+    /// The client's request, unchanged.
+    Request,
+    /// A request the proxy wrote (a split multi-get's share of the keys).
+    Owned(Vec<u8>),
+}
+
+/// One request to one server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part {
+    pub server: usize,
+    pub wire: Wire,
+    pub bytes: Bytes,
+    pub kind: ReplyKind,
+    /// The request may get no reply (noreply, meta `q`, a quiet binary opcode): a no-op is sent
+    /// after it, and whatever arrives before the no-op's reply is this request's reply.
+    pub sentinel: bool,
+}
+
+/// How the replies of the parts become the client's reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Combine {
+    /// One part; its reply as it is.
+    Single,
+    /// A text multi-get split across servers: the items are put back in the client's key order
+    /// and one `END` closes the reply.
+    Merge(MergeKeys),
+    /// Sent to every server: the common reply if all agree, else the first that differs from
+    /// `OK` (an error).
+    Same,
+    /// `stats` sent to every server: the replies are added up.
+    StatsText,
+    /// Binary `STAT` sent to every server: the replies are added up.
+    StatsBinary { opaque: u32 },
+}
+
+/// The client's keys of a split multi-get, in order, each with the part that asked for it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MergeKeys {
+    bytes: Vec<u8>,
+    /// Per key: its part and where it ends in `bytes`.
+    keys: Vec<(u16, u32)>,
+}
+
+impl MergeKeys {
+    fn push(&mut self, part: usize, key: &[u8]) {
+        self.bytes.extend_from_slice(key);
+        self.keys.push((part as u16, self.bytes.len() as u32));
+    }
+
+    /// The keys in the client's order, each with its part.
+    pub fn iter(&self) -> impl Iterator<Item = (usize, &[u8])> + '_ {
+        let mut start = 0;
+        self.keys.iter().map(move |&(part, end)| {
+            let key = &self.bytes[start..end as usize];
+            start = end as usize;
+            (usize::from(part), key)
+        })
+    }
+}
+
+/// What to send the client when a part cannot be answered by its server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OnError {
+    pub protocol: Protocol,
+    /// Binary: the request's opcode and opaque, echoed in the error packet.
+    pub opcode: u8,
+    pub opaque: u32,
+    /// A text `noreply` request: the client reads no reply, so errors are not sent either.
+    pub silent: bool,
+}
+
+/// The plan for one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plan {
+    /// Answer at once with these bytes (empty: nothing).
+    Local(Vec<u8>),
+    /// Send the parts; combine their replies.
+    Forward {
+        parts: Vec<Part>,
+        combine: Combine,
+        on_error: OnError,
+    },
+    /// Answer with these bytes (possibly none), then close the connection.
+    Close(Vec<u8>),
+}
+
+/// Where keys go and which servers are up, as the worker sees them now.
+pub trait Router {
+    /// The server that owns `key`; `None` if no server is available.
+    fn locate(&mut self, key: &[u8]) -> Option<usize>;
+    /// Servers that are in the ring now, in configuration order.
+    fn live(&self) -> Vec<usize>;
+}
+
+/// The reply memcached 1.6 gives `shutdown` when it was not started with `-A`.
+pub const SHUTDOWN_REPLY: &[u8] = b"ERROR: shutdown not enabled\r\n";
+/// The text the proxy sends when no server can take a request.
+pub const NO_SERVER: &str = "no server available";
+
+/// Plans `request`, read from a client connection of `protocol`.
+pub fn plan(request: &Request<'_>, router: &mut dyn Router) -> Plan {
+    match request.protocol {
+        Protocol::Binary => plan_binary(request, router),
+        Protocol::Text | Protocol::Meta => plan_text(request, router),
+    }
+}
+
+fn on_error(request: &Request<'_>) -> OnError {
+    let (opcode, opaque) = match request.command {
+        Command::Binary(op) => (op, request.opaque().unwrap_or(0)),
+        _ => (0, 0),
+    };
+    OnError {
+        protocol: request.protocol,
+        opcode,
+        opaque,
+        silent: request.protocol == Protocol::Text && request.noreply(),
+    }
+}
+
+fn single(request: &Request<'_>, server: usize, wire: Wire, kind: ReplyKind) -> Plan {
+    Plan::Forward {
+        parts: vec![Part {
+            server,
+            wire,
+            bytes: Bytes::Request,
+            kind,
+            sentinel: request.noreply(),
+        }],
+        combine: Combine::Single,
+        on_error: on_error(request),
+    }
+}
+
+fn no_server(request: &Request<'_>) -> Plan {
+    let mut out = Vec::new();
+    error_reply(&on_error(request), NO_SERVER, &mut out);
+    Plan::Local(out)
+}
+
+/// The key a request is placed by: meta base64 keys are decoded, as memcached stores the item
+/// under the decoded bytes.
+fn placed<'k>(request: &Request<'k>, scratch: &'k mut [u8; MAX_KEY_LEN]) -> Option<&'k [u8]> {
+    let key = request.key()?;
+    if request.base64_key() {
+        return meta::decode_base64_key(key, scratch).ok();
+    }
+    Some(key)
+}
+
+fn plan_text(request: &Request<'_>, router: &mut dyn Router) -> Plan {
+    let kind = ReplyKind::of(request);
+    match request.command {
+        Command::Get | Command::Gets | Command::Gat | Command::Gats => {
+            plan_multiget(request, router)
+        }
+        Command::MetaNoop => Plan::Local(b"MN\r\n".to_vec()),
+        Command::Quit => Plan::Close(Vec::new()),
+        Command::Shutdown => Plan::Local(SHUTDOWN_REPLY.to_vec()),
+        Command::Version => match router.live().first() {
+            Some(&server) => single(request, server, Wire::Text, kind),
+            None => no_server(request),
+        },
+        Command::Stats => broadcast(request, router, Wire::Text, Combine::StatsText),
+        Command::FlushAll | Command::Verbosity | Command::Misc => {
+            broadcast(request, router, Wire::Text, Combine::Same)
+        }
+        _ => {
+            let mut scratch = [0u8; MAX_KEY_LEN];
+            let Some(key) = placed(request, &mut scratch) else {
+                return no_server(request);
+            };
+            match router.locate(key) {
+                Some(server) => single(request, server, Wire::Text, kind),
+                None => no_server(request),
+            }
+        }
+    }
+}
+
+fn broadcast(request: &Request<'_>, router: &mut dyn Router, wire: Wire, combine: Combine) -> Plan {
+    let kind = ReplyKind::of(request);
+    let parts: Vec<Part> = router
+        .live()
+        .into_iter()
+        .map(|server| Part {
+            server,
+            wire,
+            bytes: Bytes::Request,
+            kind,
+            sentinel: request.noreply(),
+        })
+        .collect();
+    if parts.is_empty() {
+        return no_server(request);
+    }
+    Plan::Forward {
+        parts,
+        combine,
+        on_error: on_error(request),
+    }
+}
+
+fn plan_multiget(request: &Request<'_>, router: &mut dyn Router) -> Plan {
+    let mut servers: Vec<usize> = Vec::new();
+    let mut order: Vec<u16> = Vec::with_capacity(request.key_count());
+    let mut merge = MergeKeys::default();
+    for key in request.keys() {
+        let Some(server) = router.locate(key) else {
+            return no_server(request);
+        };
+        let part = match servers.iter().position(|&s| s == server) {
+            Some(p) => p,
+            None => {
+                servers.push(server);
+                servers.len() - 1
+            }
+        };
+        order.push(part as u16);
+        merge.push(part, key);
+    }
+    if servers.len() == 1 {
+        return single(request, servers[0], Wire::Text, ReplyKind::Retrieval);
+    }
+    let parts = servers
+        .iter()
+        .enumerate()
+        .map(|(p, &server)| {
+            let keys = request
+                .keys()
+                .zip(order.iter())
+                .filter(|(_, &owner)| usize::from(owner) == p)
+                .map(|(key, _)| key);
+            let mut bytes = Vec::with_capacity(64);
+            // Only the four retrieval commands reach here, which it always writes.
+            let _ =
+                write_retrieval_request(request.command, request.exptime_token(), keys, &mut bytes);
+            Part {
+                server,
+                wire: Wire::Text,
+                bytes: Bytes::Owned(bytes),
+                kind: ReplyKind::Retrieval,
+                sentinel: false,
+            }
+        })
+        .collect();
+    Plan::Forward {
+        parts,
+        combine: Combine::Merge(merge),
+        on_error: on_error(request),
+    }
+}
+
+fn plan_binary(request: &Request<'_>, router: &mut dyn Router) -> Plan {
+    let Command::Binary(op) = request.command else {
+        return no_server(request);
+    };
+    let opaque = request.opaque().unwrap_or(0);
+    let kind = ReplyKind::of(request);
+    match op {
+        opcode::NOOP => {
+            let mut out = Vec::with_capacity(HEADER_LEN);
+            binary_header(op, 0, opaque, 0, &mut out);
+            Plan::Local(out)
+        }
+        opcode::QUIT => {
+            let mut out = Vec::with_capacity(HEADER_LEN);
+            binary_header(op, 0, opaque, 0, &mut out);
+            Plan::Close(out)
+        }
+        opcode::QUITQ => Plan::Close(Vec::new()),
+        opcode::STAT => broadcast(
+            request,
+            router,
+            Wire::Binary,
+            Combine::StatsBinary { opaque },
+        ),
+        opcode::FLUSH | opcode::FLUSHQ | opcode::VERBOSITY => {
+            broadcast(request, router, Wire::Binary, Combine::Same)
+        }
+        _ if opcode::has_key(op) => match request.key().and_then(|k| router.locate(k)) {
+            Some(server) => single(request, server, Wire::Binary, kind),
+            None => no_server(request),
+        },
+        // VERSION and the SASL opcodes: the first server answers.
+        _ => match router.live().first() {
+            Some(&server) => single(request, server, Wire::Binary, kind),
+            None => no_server(request),
+        },
+    }
+}
+
+/// Writes a binary response header with no extras or key and a body of `body_len` bytes.
+pub fn binary_header(op: u8, status: u16, opaque: u32, body_len: u32, out: &mut Vec<u8>) {
+    out.push(RESPONSE_MAGIC);
+    out.push(op);
+    out.extend_from_slice(&[0, 0, 0, 0]);
+    out.extend_from_slice(&status.to_be_bytes());
+    out.extend_from_slice(&body_len.to_be_bytes());
+    out.extend_from_slice(&opaque.to_be_bytes());
+    out.extend_from_slice(&[0; 8]);
+}
+
+/// Binary status the proxy answers with when a server fails a request ("internal error").
+pub const STATUS_PROXY_ERROR: u16 = 0x0084;
+
+/// Appends the proxy's error reply for a request that its server could not answer.
+pub fn error_reply(on: &OnError, message: &str, out: &mut Vec<u8>) {
+    if on.silent {
+        return;
+    }
+    match on.protocol {
+        Protocol::Binary => {
+            let body = format!("SERVER_ERROR {message}");
+            binary_header(
+                on.opcode,
+                STATUS_PROXY_ERROR,
+                on.opaque,
+                body.len() as u32,
+                out,
+            );
+            out.extend_from_slice(body.as_bytes());
+        }
+        Protocol::Text | Protocol::Meta => {
+            out.extend_from_slice(b"SERVER_ERROR ");
+            out.extend_from_slice(message.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+}
+
+/// What is sent after a part that may get no reply: a no-op whose reply marks the end.
+pub fn sentinel(wire: Wire) -> &'static [u8] {
+    const BINARY_NOOP: [u8; HEADER_LEN] = [
+        0x80,
+        opcode::NOOP,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0xff,
+        0xff,
+        0xff,
+        0xff,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+    ];
+    match wire {
+        Wire::Text => b"mn\r\n",
+        Wire::Binary => &BINARY_NOOP,
+    }
+}
+
+/// A storage request whose value is larger than the proxy forwards, refused as memcached
+/// refuses it: the reply, the header bytes used, then the value bytes to throw away.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub reply: Vec<u8>,
+    pub consumed: usize,
+    pub skip: usize,
+}
+
+/// memcached's reply to a text or meta storage request whose value does not fit an item.
+pub const TOO_LARGE: &[u8] = b"SERVER_ERROR object too large for cache\r\n";
+
+/// Checks an incomplete request at the front of `buf` (one the parser is waiting on) for a
+/// value longer than `max`; such a request is refused at once instead of buffered.
+pub fn too_large(buf: &[u8], max: usize) -> Option<Refused> {
+    if buf.first() == Some(&0x80) {
+        let header = wire::memcache::binary::Header::decode(buf)?;
+        let storage = matches!(
+            header.opcode,
+            opcode::SET
+                | opcode::ADD
+                | opcode::REPLACE
+                | opcode::APPEND
+                | opcode::PREPEND
+                | opcode::SETQ
+                | opcode::ADDQ
+                | opcode::REPLACEQ
+                | opcode::APPENDQ
+                | opcode::PREPENDQ
+        );
+        if !storage || header.value_len() <= max {
+            return None;
+        }
+        const E2BIG: &[u8] = b"Too large.";
+        let mut reply = Vec::with_capacity(HEADER_LEN + E2BIG.len());
+        binary_header(
+            header.opcode,
+            wire::memcache::binary::status::VALUE_TOO_LARGE,
+            header.opaque,
+            E2BIG.len() as u32,
+            &mut reply,
+        );
+        reply.extend_from_slice(E2BIG);
+        return Some(Refused {
+            reply,
+            consumed: HEADER_LEN,
+            skip: header.body_len as usize,
+        });
+    }
+    let line = wire::memcache::line_len(buf)?;
+    let text = buf[..line].strip_suffix(b"\n")?;
+    let text = text.strip_suffix(b"\r").unwrap_or(text);
+    let mut tokens = text.split(|&b| b == b' ').filter(|t| !t.is_empty());
+    let command = Command::from_name(tokens.next()?)?;
+    let tokens: Vec<&[u8]> = tokens.collect();
+    let (at, quiet) = match command {
+        Command::Set
+        | Command::Add
+        | Command::Replace
+        | Command::Append
+        | Command::Prepend
+        | Command::Cas => (3, tokens.last() == Some(&&b"noreply"[..])),
+        // The meta `q` flag hides only the success reply; errors are still sent.
+        Command::MetaSet => (1, false),
+        _ => return None,
+    };
+    let len: usize = std::str::from_utf8(tokens.get(at)?).ok()?.parse().ok()?;
+    if len <= max {
+        return None;
+    }
+    Some(Refused {
+        reply: if quiet {
+            Vec::new()
+        } else {
+            TOO_LARGE.to_vec()
+        },
+        consumed: line,
+        skip: len.saturating_add(2),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wire::memcache::parse;
+
+    /// Keys starting with `a` live on server 0, `b` on 1, anything else on 2.
+    struct ByLetter {
+        live: Vec<usize>,
+    }
+
+    impl Router for ByLetter {
+        fn locate(&mut self, key: &[u8]) -> Option<usize> {
+            let want = match key.first() {
+                Some(b'a') => 0,
+                Some(b'b') => 1,
+                _ => 2,
+            };
+            self.live.contains(&want).then_some(want)
+        }
+
+        fn live(&self) -> Vec<usize> {
+            self.live.clone()
+        }
+    }
+
+    fn plan_of(bytes: &[u8]) -> Plan {
+        let request = parse(bytes).unwrap().unwrap();
+        plan(
+            &request,
+            &mut ByLetter {
+                live: vec![0, 1, 2],
+            },
+        )
+    }
+
+    fn parts(plan: &Plan) -> &[Part] {
+        match plan {
+            Plan::Forward { parts, .. } => parts,
+            other => panic!("not forwarded: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_single_key_goes_whole_to_its_server() {
+        let p = plan_of(b"set b1 0 0 1\r\nx\r\n");
+        let parts = parts(&p);
+        assert_eq!(parts.len(), 1);
+        assert_eq!(
+            (parts[0].server, parts[0].bytes.clone()),
+            (1, Bytes::Request)
+        );
+        assert!(!parts[0].sentinel);
+        assert_eq!(parts[0].kind, ReplyKind::Line);
+    }
+
+    #[test]
+    fn quiet_requests_carry_a_sentinel() {
+        for bytes in [
+            &b"set a 0 0 1 noreply\r\nx\r\n"[..],
+            b"mg a v q\r\n",
+            b"md b q\r\n",
+        ] {
+            let p = plan_of(bytes);
+            assert!(
+                parts(&p)[0].sentinel,
+                "{:?}",
+                String::from_utf8_lossy(bytes)
+            );
+        }
+        let mut getq = vec![0x80, opcode::GETQ, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 7];
+        getq.extend_from_slice(&[0; 8]);
+        getq.push(b'c');
+        let p = plan_of(&getq);
+        assert_eq!(parts(&p)[0].server, 2);
+        assert!(parts(&p)[0].sentinel);
+        assert_eq!(parts(&p)[0].wire, Wire::Binary);
+    }
+
+    #[test]
+    fn a_multiget_is_split_in_key_order() {
+        let p = plan_of(b"gets a1 b1 a2 c1 b1\r\n");
+        let Plan::Forward {
+            parts: split,
+            combine,
+            ..
+        } = &p
+        else {
+            panic!("{p:?}")
+        };
+        let sent: Vec<(usize, Bytes)> = split.iter().map(|p| (p.server, p.bytes.clone())).collect();
+        assert_eq!(
+            sent,
+            vec![
+                (0, Bytes::Owned(b"gets a1 a2\r\n".to_vec())),
+                (1, Bytes::Owned(b"gets b1 b1\r\n".to_vec())),
+                (2, Bytes::Owned(b"gets c1\r\n".to_vec())),
+            ]
+        );
+        let Combine::Merge(keys) = combine else {
+            panic!("{combine:?}")
+        };
+        let order: Vec<(usize, &[u8])> = keys.iter().collect();
+        assert_eq!(
+            order,
+            vec![
+                (0, &b"a1"[..]),
+                (1, b"b1"),
+                (0, b"a2"),
+                (2, b"c1"),
+                (1, b"b1")
+            ]
+        );
+        // All keys on one server: forwarded unchanged.
+        let p = plan_of(b"gat 10 a1 a2\r\n");
+        assert_eq!(parts(&p)[0].bytes, Bytes::Request);
+    }
+
+    #[test]
+    fn broadcasts_reach_every_live_server() {
+        let request = parse(b"flush_all\r\n").unwrap().unwrap();
+        let p = plan(&request, &mut ByLetter { live: vec![0, 2] });
+        let servers: Vec<usize> = parts(&p).iter().map(|p| p.server).collect();
+        assert_eq!(servers, vec![0, 2]);
+        assert!(matches!(
+            p,
+            Plan::Forward {
+                combine: Combine::Same,
+                ..
+            }
+        ));
+        assert!(matches!(
+            plan_of(b"stats\r\n"),
+            Plan::Forward {
+                combine: Combine::StatsText,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn local_answers() {
+        assert_eq!(plan_of(b"mn\r\n"), Plan::Local(b"MN\r\n".to_vec()));
+        assert_eq!(plan_of(b"quit\r\n"), Plan::Close(Vec::new()));
+        assert_eq!(
+            plan_of(b"shutdown\r\n"),
+            Plan::Local(SHUTDOWN_REPLY.to_vec())
+        );
+        let mut noop = vec![0x80, opcode::NOOP, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4];
+        noop.extend_from_slice(&[0; 8]);
+        let Plan::Local(reply) = plan_of(&noop) else {
+            panic!()
+        };
+        assert_eq!(&reply[..2], &[0x81, opcode::NOOP]);
+        assert_eq!(&reply[12..16], &[1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn no_server_is_an_immediate_error() {
+        let request = parse(b"get a\r\n").unwrap().unwrap();
+        let p = plan(&request, &mut ByLetter { live: vec![1] });
+        assert_eq!(
+            p,
+            Plan::Local(format!("SERVER_ERROR {NO_SERVER}\r\n").into_bytes())
+        );
+        let request = parse(b"set a 0 0 1 noreply\r\nx\r\n").unwrap().unwrap();
+        let p = plan(&request, &mut ByLetter { live: vec![1] });
+        assert_eq!(p, Plan::Local(Vec::new()), "noreply clients read no errors");
+    }
+
+    #[test]
+    fn oversized_values_are_refused_unbuffered() {
+        let refused = too_large(b"set a 0 0 2000000\r\nxx", 1 << 20).unwrap();
+        assert_eq!(refused.reply, TOO_LARGE);
+        assert_eq!(refused.consumed, b"set a 0 0 2000000\r\n".len());
+        assert_eq!(refused.skip, 2_000_002);
+        let quiet = too_large(b"set a 0 0 2000000 noreply\r\n", 1 << 20).unwrap();
+        assert!(quiet.reply.is_empty());
+        assert_eq!(too_large(b"set a 0 0 2000\r\n", 1 << 20), None);
+        assert_eq!(too_large(b"get a\r\n", 1 << 20), None);
+        assert_eq!(
+            too_large(b"ms a 3000000\r\n", 1 << 20).unwrap().reply,
+            TOO_LARGE
+        );
+        let mut set = vec![0x80, opcode::SET, 0, 1, 8, 0, 0, 0];
+        set.extend_from_slice(&(3_000_009u32).to_be_bytes());
+        set.extend_from_slice(&[0, 0, 0, 9]);
+        set.extend_from_slice(&[0; 8]);
+        let refused = too_large(&set, 1 << 20).unwrap();
+        assert_eq!(refused.consumed, HEADER_LEN);
+        assert_eq!(refused.skip, 3_000_009);
+        assert_eq!(&refused.reply[6..8], &[0, 3]);
+    }
+}

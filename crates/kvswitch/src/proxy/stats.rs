@@ -1,0 +1,382 @@
+//! What the proxy counts, and each server's health, shared by the workers and read by the
+//! control API. Everything is an atomic: workers never wait for each other or for a reader.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::pool::PoolSpec;
+
+pub(crate) fn add(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+pub(crate) fn get(counter: &AtomicU64) -> u64 {
+    counter.load(Ordering::Relaxed)
+}
+
+pub(crate) fn sub(counter: &AtomicU64, n: u64) {
+    counter.fetch_sub(n, Ordering::Relaxed);
+}
+
+/// Counters and health of every pool.
+pub struct ProxyStats {
+    pub pools: Vec<Arc<PoolStats>>,
+    started: Instant,
+}
+
+impl ProxyStats {
+    pub(crate) fn new(pools: &[PoolSpec]) -> ProxyStats {
+        ProxyStats {
+            pools: pools.iter().map(|p| Arc::new(PoolStats::new(p))).collect(),
+            started: Instant::now(),
+        }
+    }
+
+    /// Milliseconds since the proxy started: the clock of ejection deadlines.
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+}
+
+/// One pool's client-side counters and its servers.
+pub struct PoolStats {
+    pub spec: PoolSpec,
+    pub client_connections: AtomicU64,
+    pub client_connections_total: AtomicU64,
+    /// Requests read from clients, each counted once however many servers it needed.
+    pub requests: AtomicU64,
+    /// Requests answered by the proxy itself (`mn`, NOOP, errors it detected).
+    pub local_replies: AtomicU64,
+    /// Malformed requests (answered as memcached answers them).
+    pub client_errors: AtomicU64,
+    pub bytes_from_clients: AtomicU64,
+    pub bytes_to_clients: AtomicU64,
+    /// Bumped whenever a server is ejected or comes back: workers rebuild their ring.
+    pub ring_generation: AtomicU64,
+    pub servers: Vec<ServerStats>,
+}
+
+impl PoolStats {
+    fn new(spec: &PoolSpec) -> PoolStats {
+        PoolStats {
+            spec: spec.clone(),
+            client_connections: AtomicU64::new(0),
+            client_connections_total: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            local_replies: AtomicU64::new(0),
+            client_errors: AtomicU64::new(0),
+            bytes_from_clients: AtomicU64::new(0),
+            bytes_to_clients: AtomicU64::new(0),
+            ring_generation: AtomicU64::new(0),
+            servers: spec
+                .servers
+                .iter()
+                .map(|_| ServerStats::default())
+                .collect(),
+        }
+    }
+
+    /// Records a failed connection, connect or timeout on server `i`; ejects it when the pool
+    /// says so and it has failed `server_failure_limit` times in a row.
+    pub(crate) fn server_failed(&self, i: usize, now_ms: u64) {
+        let s = &self.servers[i];
+        add(&s.failures, 1);
+        let streak = s.failure_streak.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.spec.auto_eject_hosts
+            && streak >= self.spec.server_failure_limit.max(1)
+            && !s.is_ejected(now_ms)
+        {
+            let until = now_ms + self.spec.server_retry_timeout.as_millis() as u64;
+            s.ejected_until_ms.store(until, Ordering::Relaxed);
+            s.failure_streak.store(0, Ordering::Relaxed);
+            add(&s.ejections, 1);
+            add(&self.ring_generation, 1);
+            tracing::warn!(
+                pool = %self.spec.name, server = %self.spec.servers[i].label(),
+                retry_in_ms = self.spec.server_retry_timeout.as_millis() as u64,
+                "server ejected"
+            );
+        }
+    }
+
+    /// Records a reply from server `i`: its failure streak ends.
+    pub(crate) fn server_answered(&self, i: usize) {
+        let s = &self.servers[i];
+        if s.failure_streak.load(Ordering::Relaxed) != 0 {
+            s.failure_streak.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Earliest time, in proxy milliseconds, at which an ejected server returns; `u64::MAX` if
+    /// none is out.
+    pub(crate) fn next_return_ms(&self, now_ms: u64) -> u64 {
+        self.servers
+            .iter()
+            .map(|s| s.ejected_until_ms.load(Ordering::Relaxed))
+            .filter(|&until| until > now_ms)
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+}
+
+/// One server's counters and health.
+#[derive(Default)]
+pub struct ServerStats {
+    /// Requests sent (a split multi-get counts once per server it reached).
+    pub requests: AtomicU64,
+    /// Requests that got the server's reply.
+    pub replies: AtomicU64,
+    /// Requests answered with a proxy `SERVER_ERROR` because of this server.
+    pub errors: AtomicU64,
+    pub timeouts: AtomicU64,
+    /// Connect failures, lost connections and timeouts.
+    pub failures: AtomicU64,
+    failure_streak: AtomicU32,
+    pub ejections: AtomicU64,
+    /// Proxy milliseconds until which the server is out of the ring (0: never ejected).
+    pub ejected_until_ms: AtomicU64,
+    pub connections: AtomicU64,
+    pub connects: AtomicU64,
+    pub in_flight: AtomicU64,
+    pub bytes_sent: AtomicU64,
+    pub bytes_received: AtomicU64,
+}
+
+impl ServerStats {
+    pub fn is_ejected(&self, now_ms: u64) -> bool {
+        self.ejected_until_ms.load(Ordering::Relaxed) > now_ms
+    }
+}
+
+impl ProxyStats {
+    /// Appends the proxy's families to a Prometheus text exposition.
+    pub fn write_metrics(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let family = |out: &mut String, name: &str, kind: &str, help: &str| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        };
+        type PoolField = fn(&PoolStats) -> u64;
+        let pool_families: [(&str, &str, &str, PoolField); 7] = [
+            (
+                "kvswitch_proxy_client_connections",
+                "gauge",
+                "Client connections open.",
+                |p| get(&p.client_connections),
+            ),
+            (
+                "kvswitch_proxy_client_connections_total",
+                "counter",
+                "Client connections accepted.",
+                |p| get(&p.client_connections_total),
+            ),
+            (
+                "kvswitch_proxy_requests_total",
+                "counter",
+                "Requests read from clients.",
+                |p| get(&p.requests),
+            ),
+            (
+                "kvswitch_proxy_local_replies_total",
+                "counter",
+                "Requests the proxy answered itself (no-ops, errors).",
+                |p| get(&p.local_replies),
+            ),
+            (
+                "kvswitch_proxy_client_errors_total",
+                "counter",
+                "Malformed or refused client requests.",
+                |p| get(&p.client_errors),
+            ),
+            (
+                "kvswitch_proxy_client_bytes_received_total",
+                "counter",
+                "Bytes read from clients.",
+                |p| get(&p.bytes_from_clients),
+            ),
+            (
+                "kvswitch_proxy_client_bytes_sent_total",
+                "counter",
+                "Bytes written to clients.",
+                |p| get(&p.bytes_to_clients),
+            ),
+        ];
+        for (name, kind, help, field) in pool_families {
+            family(out, name, kind, help);
+            for p in &self.pools {
+                let _ = writeln!(
+                    out,
+                    "{name}{{pool=\"{}\"}} {}",
+                    crate::api::escape(&p.spec.name),
+                    field(p)
+                );
+            }
+        }
+        type ServerField = fn(&ServerStats) -> u64;
+        let server_families: [(&str, &str, &str, ServerField); 11] = [
+            (
+                "kvswitch_proxy_server_requests_total",
+                "counter",
+                "Requests sent to the server.",
+                |s| get(&s.requests),
+            ),
+            (
+                "kvswitch_proxy_server_replies_total",
+                "counter",
+                "Replies read from the server.",
+                |s| get(&s.replies),
+            ),
+            (
+                "kvswitch_proxy_server_errors_total",
+                "counter",
+                "Requests failed with a proxy error because of the server.",
+                |s| get(&s.errors),
+            ),
+            (
+                "kvswitch_proxy_server_timeouts_total",
+                "counter",
+                "Requests that timed out.",
+                |s| get(&s.timeouts),
+            ),
+            (
+                "kvswitch_proxy_server_failures_total",
+                "counter",
+                "Failed connects, lost connections and timeouts.",
+                |s| get(&s.failures),
+            ),
+            (
+                "kvswitch_proxy_server_ejections_total",
+                "counter",
+                "Times the server was taken out of the ring.",
+                |s| get(&s.ejections),
+            ),
+            (
+                "kvswitch_proxy_server_connections",
+                "gauge",
+                "Connections open to the server.",
+                |s| get(&s.connections),
+            ),
+            (
+                "kvswitch_proxy_server_connects_total",
+                "counter",
+                "Connections made to the server.",
+                |s| get(&s.connects),
+            ),
+            (
+                "kvswitch_proxy_server_in_flight",
+                "gauge",
+                "Requests sent and not yet answered.",
+                |s| get(&s.in_flight),
+            ),
+            (
+                "kvswitch_proxy_server_bytes_sent_total",
+                "counter",
+                "Bytes written to the server.",
+                |s| get(&s.bytes_sent),
+            ),
+            (
+                "kvswitch_proxy_server_bytes_received_total",
+                "counter",
+                "Bytes read from the server.",
+                |s| get(&s.bytes_received),
+            ),
+        ];
+        for (name, kind, help, field) in server_families {
+            family(out, name, kind, help);
+            for p in &self.pools {
+                for (spec, s) in p.spec.servers.iter().zip(&p.servers) {
+                    let _ = writeln!(
+                        out,
+                        "{name}{{pool=\"{}\",server=\"{}\"}} {}",
+                        crate::api::escape(&p.spec.name),
+                        crate::api::escape(&spec.label()),
+                        field(s)
+                    );
+                }
+            }
+        }
+        let now = self.now_ms();
+        family(
+            out,
+            "kvswitch_proxy_server_up",
+            "gauge",
+            "1 while the server is in the ring, 0 while ejected.",
+        );
+        for p in &self.pools {
+            for (spec, s) in p.spec.servers.iter().zip(&p.servers) {
+                let _ = writeln!(
+                    out,
+                    "kvswitch_proxy_server_up{{pool=\"{}\",server=\"{}\"}} {}",
+                    crate::api::escape(&p.spec.name),
+                    crate::api::escape(&spec.label()),
+                    u8::from(!s.is_ejected(now))
+                );
+            }
+        }
+    }
+
+    /// The proxy's part of the status document: pools, their settings and each server's
+    /// health and counters.
+    pub fn status(&self) -> serde_json::Value {
+        use serde_json::json;
+        let now = self.now_ms();
+        let pools: Vec<_> = self
+            .pools
+            .iter()
+            .map(|p| {
+                let spec = &p.spec;
+                let servers: Vec<_> = spec
+                    .servers
+                    .iter()
+                    .zip(&p.servers)
+                    .map(|(server, s)| {
+                        let until = s.ejected_until_ms.load(Ordering::Relaxed);
+                        let health = if until > now {
+                            "ejected"
+                        } else if get(&s.connections) > 0 {
+                            "up"
+                        } else if get(&s.failures) > 0 && get(&s.replies) == 0 {
+                            "unreachable"
+                        } else {
+                            "idle"
+                        };
+                        json!({
+                            "name": server.label(),
+                            "addr": server.addr.to_string(),
+                            "ring_name": server.ring_name(),
+                            "weight": server.weight,
+                            "health": health,
+                            "ejected_for_ms": until.saturating_sub(now),
+                            "requests": get(&s.requests),
+                            "replies": get(&s.replies),
+                            "errors": get(&s.errors),
+                            "timeouts": get(&s.timeouts),
+                            "failures": get(&s.failures),
+                            "ejections": get(&s.ejections),
+                            "connections": get(&s.connections),
+                            "in_flight": get(&s.in_flight),
+                            "bytes_sent": get(&s.bytes_sent),
+                            "bytes_received": get(&s.bytes_received),
+                        })
+                    })
+                    .collect();
+                json!({
+                    "name": spec.name,
+                    "listen": spec.listen.to_string(),
+                    "distribution": spec.distribution.to_string(),
+                    "hash": spec.hash.to_string(),
+                    "timeout_ms": spec.timeout.as_millis() as u64,
+                    "auto_eject_hosts": spec.auto_eject_hosts,
+                    "server_failure_limit": spec.server_failure_limit,
+                    "server_retry_timeout_ms": spec.server_retry_timeout.as_millis() as u64,
+                    "client_connections": get(&p.client_connections),
+                    "requests": get(&p.requests),
+                    "local_replies": get(&p.local_replies),
+                    "client_errors": get(&p.client_errors),
+                    "servers": servers,
+                })
+            })
+            .collect();
+        json!({ "uptime_s": self.started.elapsed().as_secs_f64(), "pools": pools })
+    }
+}

@@ -1,0 +1,185 @@
+//! One worker thread: a single-threaded runtime that accepts clients on every pool's address
+//! (the kernel spreads connections over the workers, `SO_REUSEPORT`) and keeps its own
+//! connections to the servers, so workers share nothing but counters.
+
+use std::cell::RefCell;
+use std::net::{IpAddr, SocketAddr};
+use std::rc::Rc;
+use std::sync::Arc;
+
+use kv::{Ring, Server};
+use tokio::net::{TcpListener, TcpSocket};
+use tokio::sync::watch;
+
+use super::backend::Conn;
+use super::client;
+use super::plan::{Router, Wire};
+use super::stats::{get, PoolStats, ProxyStats};
+use super::Limits;
+
+/// Binds `addr` so that every worker can bind it too.
+pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.set_reuseport(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
+}
+
+/// One pool as one worker sees it.
+pub struct PoolRt {
+    pub stats: Arc<PoolStats>,
+    proxy: Arc<ProxyStats>,
+    /// Per server, its text and binary connections, made when first needed.
+    conns: Vec<RefCell<[Vec<Rc<Conn>>; 2]>>,
+    source: Option<IpAddr>,
+    ring: RefCell<RingView>,
+}
+
+/// The ring over the servers in it now.
+struct RingView {
+    generation: u64,
+    /// Proxy milliseconds at which an ejected server comes back.
+    valid_until_ms: u64,
+    ring: Option<Ring>,
+    /// Ring index to server index.
+    live: Vec<usize>,
+}
+
+impl PoolRt {
+    pub fn new(proxy: Arc<ProxyStats>, index: usize, source: Option<IpAddr>) -> Rc<PoolRt> {
+        let stats = proxy.pools[index].clone();
+        let conns = stats
+            .spec
+            .servers
+            .iter()
+            .map(|_| RefCell::new([Vec::new(), Vec::new()]))
+            .collect();
+        Rc::new(PoolRt {
+            stats,
+            proxy,
+            conns,
+            source,
+            ring: RefCell::new(RingView {
+                generation: u64::MAX,
+                valid_until_ms: 0,
+                ring: None,
+                live: Vec::new(),
+            }),
+        })
+    }
+
+    /// The least loaded connection to `server` for `wire`, made if there are fewer than the
+    /// pool's `server_connections`.
+    pub fn conn(&self, server: usize, wire: Wire) -> Rc<Conn> {
+        let mut conns = self.conns[server].borrow_mut();
+        let list = &mut conns[wire as usize];
+        let idle = list.iter().min_by_key(|c| c.load()).cloned();
+        match idle {
+            Some(c) if c.load() == 0 || list.len() >= self.stats.spec.server_connections => c,
+            _ => {
+                let proxy = self.proxy.clone();
+                let c = Conn::new(
+                    self.stats.clone(),
+                    server,
+                    wire,
+                    self.source,
+                    Rc::new(move || proxy.now_ms()),
+                );
+                list.push(c.clone());
+                c
+            }
+        }
+    }
+
+    pub fn router(self: &Rc<Self>) -> PoolRouter {
+        self.refresh();
+        PoolRouter { pool: self.clone() }
+    }
+
+    /// Rebuilds the ring when a server was ejected or is due back.
+    fn refresh(&self) {
+        let generation = get(&self.stats.ring_generation);
+        let now = self.proxy.now_ms();
+        let mut view = self.ring.borrow_mut();
+        if view.generation == generation && now < view.valid_until_ms {
+            return;
+        }
+        let spec = &self.stats.spec;
+        let live: Vec<usize> = (0..spec.servers.len())
+            .filter(|&i| !self.stats.servers[i].is_ejected(now))
+            .collect();
+        let servers: Vec<Server> = live
+            .iter()
+            .map(|&i| Server::new(spec.servers[i].ring_name(), spec.servers[i].weight))
+            .collect();
+        view.ring = Ring::new(spec.distribution, spec.hash, &servers).ok();
+        view.live = live;
+        view.generation = generation;
+        view.valid_until_ms = self.stats.next_return_ms(now);
+    }
+}
+
+/// Places keys for one batch of requests.
+pub struct PoolRouter {
+    pool: Rc<PoolRt>,
+}
+
+impl Router for PoolRouter {
+    fn locate(&mut self, key: &[u8]) -> Option<usize> {
+        let view = self.pool.ring.borrow();
+        let ring = view.ring.as_ref()?;
+        let key = self.pool.stats.spec.hashed_key(key);
+        view.live.get(ring.locate(key)).copied()
+    }
+
+    fn live(&self) -> Vec<usize> {
+        self.pool.ring.borrow().live.clone()
+    }
+}
+
+/// Runs one worker until `stop` turns true.
+pub fn run(
+    proxy: Arc<ProxyStats>,
+    listeners: Vec<std::net::TcpListener>,
+    source: Option<IpAddr>,
+    limits: Limits,
+    mut stop: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&runtime, async move {
+        for (index, listener) in listeners.into_iter().enumerate() {
+            let listener = TcpListener::from_std(listener)?;
+            let pool = PoolRt::new(proxy.clone(), index, source);
+            tokio::task::spawn_local(accept(listener, pool, limits));
+        }
+        while !*stop.borrow() {
+            if stop.changed().await.is_err() {
+                break;
+            }
+        }
+        Ok(())
+    })
+}
+
+async fn accept(listener: TcpListener, pool: Rc<PoolRt>, limits: Limits) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                tokio::task::spawn_local(client::serve(stream, pool.clone(), limits));
+            }
+            Err(e) => {
+                tracing::warn!(pool = %pool.stats.spec.name, "accept failed: {e}");
+                // Out of descriptors, most likely: give connections a moment to close.
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
