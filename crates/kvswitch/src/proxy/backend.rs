@@ -72,7 +72,11 @@ enum Lost {
 impl std::fmt::Display for Lost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Lost::Io(e) => write!(f, "{e}"),
+            // "Connection refused", as nutcracker says it, without "(os error 111)".
+            Lost::Io(e) => {
+                let text = e.to_string();
+                f.write_str(text.split(" (os error").next().unwrap_or(&text))
+            }
             Lost::Closed => f.write_str("connection closed by server"),
             Lost::Timeout => f.write_str("timeout"),
             Lost::Malformed => f.write_str("malformed reply from server"),
