@@ -363,7 +363,14 @@ fn text_script(addr: std::net::SocketAddr, keys: &[String]) -> Vec<String> {
     let mut replies = Vec::new();
     for step in TEXT {
         let request = fill(step, keys, &cas);
-        let reply = String::from_utf8_lossy(&conn.text(request.as_bytes())).into_owned();
+        let reply = match conn.try_text(request.as_bytes()) {
+            Ok(reply) => String::from_utf8_lossy(&reply).into_owned(),
+            // The stream is out of step from here on: record why and stop.
+            Err(e) => {
+                replies.push(e);
+                return replies;
+            }
+        };
         if let Some(c) = last_cas(&reply) {
             cas = c;
         }
@@ -405,7 +412,13 @@ fn binary_script(addr: std::net::SocketAddr, keys: &[String]) -> Vec<Vec<Vec<u8>
             ));
         }
         bytes.extend(noop_sentinel());
-        let reply = conn.call(&bytes, ends_with_sentinel);
+        let reply = match conn.try_call(&bytes, ends_with_sentinel) {
+            Ok(reply) => reply,
+            Err(e) => {
+                replies.push(vec![e.into_bytes()]);
+                return replies;
+            }
+        };
         if let Some(p) = packets(&reply).iter().rev().find(|p| p[16..24] != [0; 8]) {
             last_cas = u64::from_be_bytes(p[16..24].try_into().expect("8 bytes"));
         }
@@ -450,6 +463,12 @@ fn check_text(front: Front) {
     let cluster = Cluster::start(front, &PoolOpts::default());
     let keys = script_keys(&cluster);
     let expected = text_script(cluster.reference.addr(), &keys);
+    assert_eq!(
+        expected.len(),
+        TEXT.len() + 1,
+        "memcached: {:?}",
+        expected.last()
+    );
     let actual = text_script(cluster.addr(), &keys);
     for ((step, want), got) in TEXT.iter().zip(&expected).zip(&actual) {
         assert_eq!(
@@ -467,6 +486,7 @@ fn check_binary(front: Front) {
     let cluster = Cluster::start(front, &PoolOpts::default());
     let keys = script_keys(&cluster);
     let expected = binary_script(cluster.reference.addr(), &keys);
+    assert_eq!(expected.len(), BINARY.len() + BINARY_CLOSING.len());
     let actual = binary_script(cluster.addr(), &keys);
     for (i, (want, got)) in expected.iter().zip(&actual).enumerate() {
         let shown = |r: &Vec<Vec<u8>>| r.iter().map(|p| show(p)).collect::<Vec<_>>();

@@ -414,31 +414,50 @@ impl Conn {
         out
     }
 
-    /// Sends `request` and reads until `done`; panics if the reply does not complete in time.
-    pub fn call(&mut self, request: &[u8], done: impl Fn(&[u8]) -> bool) -> Vec<u8> {
-        assert!(self.send(request), "connection closed before the request");
+    /// Sends `request` and reads until `done`; the error describes an incomplete reply (the
+    /// peer closed, or [`REPLY_LIMIT`] passed).
+    pub fn try_call(
+        &mut self,
+        request: &[u8],
+        done: impl Fn(&[u8]) -> bool,
+    ) -> Result<Vec<u8>, String> {
+        if !self.send(request) {
+            return Err("connection closed before the request".into());
+        }
         let r = self.read_until(&done, REPLY_LIMIT);
-        assert!(
-            !r.timed_out && !r.closed || done(&r.bytes),
-            "incomplete reply (closed: {}, timed out: {}): {:?}",
+        if done(&r.bytes) {
+            return Ok(r.bytes);
+        }
+        Err(format!(
+            "incomplete reply (closed: {}, timed out: {}): {}",
             r.closed,
             r.timed_out,
             show(&r.bytes)
-        );
-        r.bytes
+        ))
+    }
+
+    /// [`try_call`](Self::try_call), panicking on an incomplete reply.
+    pub fn call(&mut self, request: &[u8], done: impl Fn(&[u8]) -> bool) -> Vec<u8> {
+        self.try_call(request, done)
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Sends `request` followed by `mn`, and returns the reply up to and without the `MN`
-    /// that answers it. Fails on close or timeout.
-    pub fn text(&mut self, request: &[u8]) -> Vec<u8> {
+    /// that answers it.
+    pub fn try_text(&mut self, request: &[u8]) -> Result<Vec<u8>, String> {
         let sentinels = 1 + count(request, b"mn\r\n");
         let mut bytes = request.to_vec();
         bytes.extend_from_slice(b"mn\r\n");
-        let mut reply = self.call(&bytes, |r| {
+        let mut reply = self.try_call(&bytes, |r| {
             r.ends_with(b"MN\r\n") && count(r, b"MN\r\n") >= sentinels
-        });
+        })?;
         reply.truncate(reply.len() - 4);
-        reply
+        Ok(reply)
+    }
+
+    /// [`try_text`](Self::try_text), panicking on an incomplete reply.
+    pub fn text(&mut self, request: &[u8]) -> Vec<u8> {
+        self.try_text(request).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// True when the peer has closed: nothing more arrives and the read sees end of stream.
