@@ -580,6 +580,31 @@ fn stats_sum_the_servers_and_keep_memcacheds_fields() {
     }
 }
 
+/// `stats items` and `stats slabs` after the same items are stored through the proxy and in
+/// the reference: the same fields, and item counts summed to the reference's.
+#[test]
+fn stats_items_and_slabs_merge_like_one_memcached() {
+    let cluster = Cluster::start(Front::Kvswitch, &PoolOpts::default());
+    store(cluster.addr(), "item:", 45);
+    store(cluster.reference.addr(), "item:", 45);
+    for sub in ["items", "slabs"] {
+        let request = format!("stats {sub}\r\n");
+        let got = Conn::open(cluster.addr()).call(request.as_bytes(), |r| r.ends_with(b"END\r\n"));
+        let want = Conn::open(cluster.reference.addr())
+            .call(request.as_bytes(), |r| r.ends_with(b"END\r\n"));
+        assert_eq!(
+            stat_names(&got),
+            stat_names(&want),
+            "stats {sub}: {}",
+            show(&got)
+        );
+    }
+    let items = |addr| Conn::open(addr).call(b"stats items\r\n", |r| r.ends_with(b"END\r\n"));
+    let (got, want) = (items(cluster.addr()), items(cluster.reference.addr()));
+    assert_eq!(stat(&got, "items:1:number"), stat(&want, "items:1:number"));
+    assert_eq!(stat(&want, "items:1:number"), Some(45));
+}
+
 /// The binary STAT reply: (key, value) packets closed by one with an empty key.
 fn binary_stats(addr: std::net::SocketAddr) -> Vec<(String, String)> {
     let mut conn = Conn::open(addr);
