@@ -2,6 +2,8 @@
 //! over UDP from inside a client namespace, and direct questions to servers.
 #![allow(dead_code)]
 
+pub mod proxy;
+
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
