@@ -11,7 +11,7 @@ use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use wire::memcache::{self, recover};
+use wire::memcache::{binary, parse_text, recover_binary, recover_text};
 
 use super::backend::Pending;
 use super::combine::{combine, Outcome};
@@ -174,6 +174,8 @@ async fn read_loop(mut rd: ReadHalf<'_>, shared: &Rc<Shared>, pool: &Rc<PoolRt>,
     let mut start = 0;
     // Bytes of a refused value still to be thrown away.
     let mut skip = 0usize;
+    // memcached fixes a connection's protocol at its first byte; so does the proxy.
+    let mut binary = None;
     loop {
         while shared.full(&limits) {
             shared.room.notified().await;
@@ -191,7 +193,11 @@ async fn read_loop(mut rd: ReadHalf<'_>, shared: &Rc<Shared>, pool: &Rc<PoolRt>,
             start += dropped;
             skip -= dropped;
         }
-        match handle(&buf[start..], shared, pool, &mut skip) {
+        if buf.len() > start && binary.is_none() {
+            binary = Some(buf[start] == binary::REQUEST_MAGIC);
+        }
+        let binary = binary.unwrap_or(false);
+        match handle(&buf[start..], binary, shared, pool, &mut skip) {
             Handled::Used(used) => start += used,
             Handled::Close => {
                 shared.push(Entry::Close);
@@ -220,13 +226,24 @@ enum Handled {
 }
 
 /// Acts on every complete request at the front of `buf`.
-fn handle(buf: &[u8], shared: &Rc<Shared>, pool: &Rc<PoolRt>, skip: &mut usize) -> Handled {
+fn handle(
+    buf: &[u8],
+    binary: bool,
+    shared: &Rc<Shared>,
+    pool: &Rc<PoolRt>,
+    skip: &mut usize,
+) -> Handled {
     let stats = &pool.stats;
     let mut used = 0;
     let mut router = pool.router();
     while used < buf.len() && *skip == 0 {
         let rest = &buf[used..];
-        match memcache::parse(rest) {
+        let parsed = if binary {
+            binary::parse_request(rest)
+        } else {
+            parse_text(rest)
+        };
+        match parsed {
             Ok(Some(request)) => {
                 add(&stats.requests, 1);
                 match plan::plan(&request, &mut router) {
@@ -284,7 +301,7 @@ fn handle(buf: &[u8], shared: &Rc<Shared>, pool: &Rc<PoolRt>, skip: &mut usize) 
                 used += request.len;
             }
             Ok(None) => {
-                if let Some(refused) = plan::too_large(rest, MAX_VALUE) {
+                if let Some(refused) = plan::too_large(rest, MAX_VALUE, binary) {
                     add(&stats.client_errors, 1);
                     if !refused.reply.is_empty() {
                         shared.push(Entry::Ready(refused.reply));
@@ -299,7 +316,12 @@ fn handle(buf: &[u8], shared: &Rc<Shared>, pool: &Rc<PoolRt>, skip: &mut usize) 
             }
             Err(error) => {
                 let mut reply = Vec::new();
-                let Some(recovery) = recover(error, rest, &mut reply) else {
+                let recovered = if binary {
+                    recover_binary(error, rest, &mut reply)
+                } else {
+                    recover_text(error, rest, &mut reply)
+                };
+                let Some(recovery) = recovered else {
                     break;
                 };
                 add(&stats.client_errors, 1);

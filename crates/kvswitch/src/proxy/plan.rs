@@ -238,8 +238,11 @@ fn plan_multiget(request: &Request<'_>, router: &mut dyn Router) -> Plan {
         order.push(part as u16);
         merge.push(part, key);
     }
-    if servers.len() == 1 {
-        return single(request, servers[0], Wire::Text, ReplyKind::Retrieval);
+    match servers.len() {
+        // `gat <exptime>` with no key: memcached finds nothing and says so.
+        0 => return Plan::Local(b"END\r\n".to_vec()),
+        1 => return single(request, servers[0], Wire::Text, ReplyKind::Retrieval),
+        _ => {}
     }
     let parts = servers
         .iter()
@@ -396,8 +399,8 @@ pub const TOO_LARGE: &[u8] = b"SERVER_ERROR object too large for cache\r\n";
 
 /// Checks an incomplete request at the front of `buf` (one the parser is waiting on) for a
 /// value longer than `max`; such a request is refused at once instead of buffered.
-pub fn too_large(buf: &[u8], max: usize) -> Option<Refused> {
-    if buf.first() == Some(&0x80) {
+pub fn too_large(buf: &[u8], max: usize, binary: bool) -> Option<Refused> {
+    if binary {
         let header = wire::memcache::binary::Header::decode(buf)?;
         let storage = matches!(
             header.opcode,
@@ -634,23 +637,23 @@ mod tests {
 
     #[test]
     fn oversized_values_are_refused_unbuffered() {
-        let refused = too_large(b"set a 0 0 2000000\r\nxx", 1 << 20).unwrap();
+        let refused = too_large(b"set a 0 0 2000000\r\nxx", 1 << 20, false).unwrap();
         assert_eq!(refused.reply, TOO_LARGE);
         assert_eq!(refused.consumed, b"set a 0 0 2000000\r\n".len());
         assert_eq!(refused.skip, 2_000_002);
-        let quiet = too_large(b"set a 0 0 2000000 noreply\r\n", 1 << 20).unwrap();
+        let quiet = too_large(b"set a 0 0 2000000 noreply\r\n", 1 << 20, false).unwrap();
         assert!(quiet.reply.is_empty());
-        assert_eq!(too_large(b"set a 0 0 2000\r\n", 1 << 20), None);
-        assert_eq!(too_large(b"get a\r\n", 1 << 20), None);
+        assert_eq!(too_large(b"set a 0 0 2000\r\n", 1 << 20, false), None);
+        assert_eq!(too_large(b"get a\r\n", 1 << 20, false), None);
         assert_eq!(
-            too_large(b"ms a 3000000\r\n", 1 << 20).unwrap().reply,
+            too_large(b"ms a 3000000\r\n", 1 << 20, false).unwrap().reply,
             TOO_LARGE
         );
         let mut set = vec![0x80, opcode::SET, 0, 1, 8, 0, 0, 0];
         set.extend_from_slice(&(3_000_009u32).to_be_bytes());
         set.extend_from_slice(&[0, 0, 0, 9]);
         set.extend_from_slice(&[0; 8]);
-        let refused = too_large(&set, 1 << 20).unwrap();
+        let refused = too_large(&set, 1 << 20, true).unwrap();
         assert_eq!(refused.consumed, HEADER_LEN);
         assert_eq!(refused.skip, 3_000_009);
         assert_eq!(&refused.reply[6..8], &[0, 3]);

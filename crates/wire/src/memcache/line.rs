@@ -14,16 +14,13 @@ pub(super) struct Line {
 impl Line {
     /// Finds the first line; `Ok(None)` if its `\n` has not arrived yet.
     ///
-    /// Fails with [`Error::LineTooLong`] once a line other than a multi-get is longer than
-    /// [`MAX_LINE_LEN`], whether or not its end has arrived, so that a request and each of its
-    /// prefixes get the same answer.
+    /// Fails with [`Error::LineTooLong`] when [`MAX_LINE_LEN`] bytes have arrived without a
+    /// `\n` and the line is not a multi-get: memcached closes such a connection. A complete line
+    /// is read whatever its length, as memcached reads it.
     pub fn find(buf: &[u8]) -> Result<Option<Line>, Error> {
         match buf.iter().position(|&b| b == b'\n') {
             Some(nl) => {
                 let next = nl + 1;
-                if next > MAX_LINE_LEN && !is_multiget(buf) {
-                    return Err(Error::LineTooLong);
-                }
                 let end = if nl > 0 && buf[nl - 1] == b'\r' {
                     nl - 1
                 } else {

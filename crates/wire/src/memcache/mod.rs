@@ -16,7 +16,7 @@ pub mod reply;
 pub mod stats;
 mod text;
 
-pub use recover::{recover, Recovery};
+pub use recover::{recover, recover_binary, recover_text, Recovery};
 
 #[cfg(test)]
 mod fixtures;
@@ -507,6 +507,16 @@ pub fn parse(buf: &[u8]) -> Result<Option<Request<'_>>, Error> {
     }
 }
 
+/// Reads a text or meta request at the front of `buf`, whatever its first byte: memcached fixes
+/// a TCP connection's protocol at its first byte, and reads everything after that as that
+/// protocol (a 0x80 on a text connection starts an unknown command).
+pub fn parse_text(buf: &[u8]) -> Result<Option<Request<'_>>, Error> {
+    if buf.is_empty() {
+        return Ok(None);
+    }
+    parse_line(buf)
+}
+
 /// Length of the first line of `buf`, terminator included; `None` if no `\n` has arrived.
 pub fn line_len(buf: &[u8]) -> Option<usize> {
     buf.iter().position(|&b| b == b'\n').map(|nl| nl + 1)
@@ -585,14 +595,11 @@ impl<'a> Args<'a> {
     }
 }
 
-/// Checks a key's length; text keys are also checked for control characters. Meta keys are not,
-/// as memcached accepts any byte but the space in them.
-fn check_key(key: &[u8], protocol: Protocol) -> Result<(), Error> {
+/// Checks a key's length. memcached splits command lines at spaces only, so any other byte,
+/// control characters included, may be part of a key in every protocol.
+fn check_key(key: &[u8], _protocol: Protocol) -> Result<(), Error> {
     if key.len() > MAX_KEY_LEN {
         return Err(Error::KeyTooLong);
-    }
-    if protocol == Protocol::Text && key.iter().any(|&b| b <= b' ' || b == 0x7f) {
-        return Err(Error::BadKey);
     }
     Ok(())
 }

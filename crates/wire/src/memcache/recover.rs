@@ -44,7 +44,15 @@ pub fn recover(error: Error, buf: &[u8], out: &mut Vec<u8>) -> Option<Recovery> 
     }
 }
 
-fn recover_binary(error: Error, buf: &[u8], out: &mut Vec<u8>) -> Option<Recovery> {
+/// [`recover`] for a connection whose protocol is binary.
+pub fn recover_binary(error: Error, buf: &[u8], out: &mut Vec<u8>) -> Option<Recovery> {
+    if error == Error::BadMagic {
+        // Not a binary request at all: memcached closes without a word.
+        return Some(Recovery {
+            consumed: buf.len(),
+            close: true,
+        });
+    }
     let header = Header::decode(buf)?;
     let head = HEADER_LEN + usize::from(header.extras_len) + usize::from(header.key_len);
     let (needed, close) = if error == Error::UnknownCommand {
@@ -60,7 +68,8 @@ fn recover_binary(error: Error, buf: &[u8], out: &mut Vec<u8>) -> Option<Recover
     Some(Recovery { consumed, close })
 }
 
-fn recover_text(error: Error, buf: &[u8], out: &mut Vec<u8>) -> Option<Recovery> {
+/// [`recover`] for a connection whose protocol is text, whatever the first byte.
+pub fn recover_text(error: Error, buf: &[u8], out: &mut Vec<u8>) -> Option<Recovery> {
     if error.closes_connection() {
         return Some(Recovery {
             consumed: buf.len(),
