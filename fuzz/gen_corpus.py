@@ -91,6 +91,11 @@ def binary(op, key=b"", extras=b"", value=b"", opaque=0xDEADBEEF):
     return struct.pack("!BBHBBHIIQ", 0x80, op, len(key), len(extras), 0, 0, len(body), opaque, 0) + body
 
 
+def response(op, key=b"", extras=b"", value=b"", status=0, opaque=0xDEADBEEF):
+    body = extras + key + value
+    return struct.pack("!BBHBBHIIQ", 0x81, op, len(key), len(extras), 0, status, len(body), opaque, 0) + body
+
+
 # ------------------------------------------------------------------------------------------
 # memcached requests
 
@@ -175,6 +180,20 @@ REPLIES = {
     "bad_terminator": b"VALUE key:1 0 5\r\nhelloXXEND\r\n",
     "stored": b"STORED\r\n",
     "large_item": b"VALUE big 0 1500\r\n" + bytes(range(256)) * 5 + b"x" * 220 + b"\r\nEND\r\n",
+    # Other replies the proxy frames, and stats it merges (as memcached 1.6.18 sends them).
+    "mg_va": b"VA 4 f7 t-1 c4 s4 ksession:x O123\r\na\r\nb\r\n",
+    "mg_hd": b"HD kmk\r\n",
+    "ma_va": b"VA 2 t-1 c7\r\n11\r\n",
+    "stats": b"STAT pid 24710\r\nSTAT uptime 6\r\nSTAT version 1.6.18\r\nSTAT rusage_user 0.010229\r\n"
+    b"STAT accepting_conns 1\r\nSTAT curr_items 5\r\nSTAT items:1:age 7\r\nEND\r\n",
+    "stats_detail_dump": b"PREFIX user get 3 hit 3 set 3 del 1\r\nPREFIX session get 1 hit 1 set 1 del 0\r\nEND\r\n",
+    "stats_cachedump": b"ITEM counter [2 b; 0 s]\r\nITEM user:2 [5 b; 0 s]\r\nEND\r\n",
+    "stats_reset": b"RESET\r\n",
+    "stats_sizes_enable": b"STAT sizes_status enabled\r\n",
+    "bin_getk": response(0x0C, b"session:x", b"\x00\x00\x00\x07", b"a\r\nb"),
+    "bin_stat": response(0x10, b"pid", value=b"24710") + response(0x10, b"rusage_user", value=b"0.010680")
+    + response(0x10, b"curr_items", value=b"5") + response(0x10),
+    "bin_stat_not_found": response(0x10, value=b"Not found", status=1),
 }
 
 

@@ -7,7 +7,8 @@
 //! gives the same request; and every strict prefix is incomplete (`Ok(None)`), so a stream
 //! reader waiting for more bytes never rejects a request that is still arriving. A text
 //! retrieval rebuilt with `reply::write_retrieval_request` (how a split get is sent on) parses
-//! back to the same command and keys.
+//! back to the same command and keys. A request that fails is recovered from as memcached
+//! does, within the buffer and moving forward, and reading goes on after it.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -31,7 +32,22 @@ fuzz_target!(|data: &[u8]| {
                     e.binary_status(),
                     e.closes_connection(),
                 );
-                break;
+                // Recovery stays within the buffer and always makes progress unless it closes.
+                let mut out = Vec::new();
+                match memcache::recover(e, rest, &mut out) {
+                    Some(recovery) if recovery.close => break,
+                    Some(recovery) => {
+                        assert!(
+                            recovery.consumed > 0 && recovery.consumed <= rest.len(),
+                            "{e:?}: consumed {} of {}",
+                            recovery.consumed,
+                            rest.len()
+                        );
+                        offset += recovery.consumed;
+                        continue;
+                    }
+                    None => break,
+                }
             }
         };
         check_request(rest, &request);
