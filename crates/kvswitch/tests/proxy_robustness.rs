@@ -116,7 +116,7 @@ fn storm(front: Front) {
         .collect();
     for w in workers {
         if let Err(e) = w.join().expect("storm thread") {
-            panic!("{front:?}: {e}");
+            panic!("{front:?}: {e}\n{}", cluster.proxy.log_tail());
         }
     }
     assert!(cluster.proxy_is_alive(), "{front:?} died in the storm");

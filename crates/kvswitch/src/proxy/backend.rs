@@ -14,7 +14,7 @@ use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::Notify;
 use tokio::time::{sleep_until, timeout, Instant};
 use wire::memcache::binary::{opcode, Header};
-use wire::memcache::reply::{reply_len, ReplyError, ReplyKind};
+use wire::memcache::reply::{Framer, ReplyError};
 
 use super::client::Slot;
 use super::plan::Wire;
@@ -24,7 +24,8 @@ use super::stats::{add, sub, PoolStats};
 pub struct Pending {
     pub slot: Rc<Slot>,
     pub part: usize,
-    pub kind: ReplyKind,
+    /// Finds where the reply ends, resuming where it stopped as bytes arrive.
+    pub framer: Framer,
     pub sentinel: bool,
     pub deadline: Instant,
 }
@@ -244,13 +245,19 @@ impl Conn {
     fn deliver(&self, buf: &[u8]) -> Result<usize, Lost> {
         let mut used = 0;
         loop {
-            let (kind, sentinel) = match self.pending.borrow().front() {
-                Some(p) => (p.kind, p.sentinel),
-                None if used < buf.len() => return Err(Lost::Malformed),
-                None => return Ok(used),
-            };
             let rest = &buf[used..];
-            let framed = match frame(kind, sentinel, self.wire, rest) {
+            let framed = {
+                let mut queue = self.pending.borrow_mut();
+                let Some(head) = queue.front_mut() else {
+                    return if used < buf.len() {
+                        Err(Lost::Malformed)
+                    } else {
+                        Ok(used)
+                    };
+                };
+                frame(&mut head.framer, head.sentinel, self.wire, rest)
+            };
+            let framed = match framed {
                 Ok(Some(framed)) => framed,
                 Ok(None) => return Ok(used),
                 Err(_) => return Err(Lost::Malformed),
@@ -322,13 +329,13 @@ struct Framed {
 }
 
 fn frame(
-    kind: ReplyKind,
+    framer: &mut Framer,
     sentinel: bool,
     wire: Wire,
     buf: &[u8],
 ) -> Result<Option<Framed>, ReplyError> {
     if !sentinel {
-        return Ok(reply_len(kind, buf)?.map(|n| Framed { reply: n, total: n }));
+        return Ok(framer.reply_len(buf)?.map(|n| Framed { reply: n, total: n }));
     }
     let sentinel_len = |rest: &[u8]| -> Result<Option<usize>, ReplyError> {
         match wire {
@@ -364,7 +371,7 @@ fn frame(
     if silent {
         return Ok(sentinel_len(buf)?.map(|n| Framed { reply: 0, total: n }));
     }
-    let Some(n) = reply_len(kind, buf)? else {
+    let Some(n) = framer.reply_len(buf)? else {
         return Ok(None);
     };
     Ok(sentinel_len(&buf[n..])?.map(|m| Framed {

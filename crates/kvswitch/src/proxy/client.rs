@@ -11,6 +11,7 @@ use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::Instant;
+use wire::memcache::reply::Framer;
 use wire::memcache::{binary, parse_text, recover_binary, recover_text};
 
 use super::backend::Pending;
@@ -180,6 +181,33 @@ async fn read_loop(mut rd: ReadHalf<'_>, shared: &Rc<Shared>, pool: &Rc<PoolRt>,
         while shared.full(&limits) {
             shared.room.notified().await;
         }
+        // Requests already read go first; more is read only once they are all under way.
+        if buf.len() > start && skip == 0 {
+            let binary = *binary.get_or_insert(buf[start] == binary::REQUEST_MAGIC);
+            match handle(&buf[start..], binary, shared, pool, &limits, &mut skip) {
+                Handled::Used(used) => start += used,
+                Handled::Close => {
+                    shared.push(Entry::Close);
+                    return;
+                }
+            }
+            if start == buf.len() {
+                buf.clear();
+                start = 0;
+            } else if start > 0 && (start > buf.len() / 2 || buf.capacity() - buf.len() < 8192) {
+                buf.drain(..start);
+                start = 0;
+            }
+            if buf.len() - start > MAX_GET_LINE + MAX_VALUE {
+                // Only a get line could have grown this far without completing.
+                shared.push(Entry::Ready(b"CLIENT_ERROR line too long\r\n".to_vec()));
+                shared.push(Entry::Close);
+                return;
+            }
+            if shared.full(&limits) {
+                continue;
+            }
+        }
         if buf.capacity() - buf.len() < 8 * 1024 {
             buf.reserve(16 * 1024);
         }
@@ -192,30 +220,6 @@ async fn read_loop(mut rd: ReadHalf<'_>, shared: &Rc<Shared>, pool: &Rc<PoolRt>,
             let dropped = skip.min(buf.len() - start);
             start += dropped;
             skip -= dropped;
-        }
-        if buf.len() > start && binary.is_none() {
-            binary = Some(buf[start] == binary::REQUEST_MAGIC);
-        }
-        let binary = binary.unwrap_or(false);
-        match handle(&buf[start..], binary, shared, pool, &mut skip) {
-            Handled::Used(used) => start += used,
-            Handled::Close => {
-                shared.push(Entry::Close);
-                return;
-            }
-        }
-        if start == buf.len() {
-            buf.clear();
-            start = 0;
-        } else if start > 0 && (start > buf.len() / 2 || buf.capacity() - buf.len() < 8 * 1024) {
-            buf.drain(..start);
-            start = 0;
-        }
-        if buf.len() - start > MAX_GET_LINE + MAX_VALUE {
-            // Only a get line could have grown this far without completing.
-            shared.push(Entry::Ready(b"CLIENT_ERROR line too long\r\n".to_vec()));
-            shared.push(Entry::Close);
-            return;
         }
     }
 }
@@ -231,12 +235,13 @@ fn handle(
     binary: bool,
     shared: &Rc<Shared>,
     pool: &Rc<PoolRt>,
+    limits: &Limits,
     skip: &mut usize,
 ) -> Handled {
     let stats = &pool.stats;
     let mut used = 0;
     let mut router = pool.router();
-    while used < buf.len() && *skip == 0 {
+    while used < buf.len() && *skip == 0 && !shared.full(limits) {
         let rest = &buf[used..];
         let parsed = if binary {
             binary::parse_request(rest)
@@ -290,7 +295,7 @@ fn handle(
                                 Pending {
                                     slot: slot.clone(),
                                     part: i,
-                                    kind: part.kind,
+                                    framer: Framer::new(part.kind),
                                     sentinel: part.sentinel,
                                     deadline,
                                 },

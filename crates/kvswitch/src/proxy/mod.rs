@@ -37,7 +37,9 @@ pub struct Settings {
 /// Bounds on what one client connection may hold in the proxy.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    /// Requests read from one client and not yet answered; reading stops past it.
+    /// Requests read from one client and not yet answered; reading stops past it. This bounds
+    /// both the replies one client can have in flight and how long another client's request
+    /// can wait behind them on a shared server connection.
     pub client_pending: usize,
     /// Reply bytes waiting to be written to one client; reading stops past it.
     pub client_reply_bytes: usize,
@@ -46,7 +48,7 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Limits {
         Limits {
-            client_pending: 1024,
+            client_pending: 128,
             client_reply_bytes: 4 << 20,
         }
     }

@@ -203,7 +203,10 @@ impl Proxy {
             }
             Front::Direct => unreachable!("handled above"),
         };
-        cmd.env("RUST_LOG", "warn")
+        cmd.env(
+            "RUST_LOG",
+            std::env::var("KVSWITCH_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+        )
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log descriptor"))
             .stderr(log);
