@@ -13,7 +13,7 @@ use kvio::{AfPacket, AfPacketOptions, Batch, Port};
 use crate::api::{self, Shared};
 use crate::config::Config;
 use crate::local::LocalPort;
-use crate::proxy::{self, PoolSpec, Proxy, ServerSpec};
+use crate::proxy::{self, Proxy};
 use crate::stats::{Drop, Stats};
 use crate::switch::{Dest, Emit, Fate, Switch};
 
@@ -227,7 +227,7 @@ fn start_proxy(cfg: &Config) -> anyhow::Result<Option<Proxy>> {
     }
     let listen = SocketAddr::new(cfg.vip.into(), cfg.vip_port);
     let settings = proxy::Settings {
-        pools: vec![pool_spec(cfg, listen)],
+        pools: vec![cfg.pool_spec(listen)],
         workers: cfg.proxy_workers,
         // The servers answer the proxy through the switch, which sends what comes from their
         // memcached ports to this address out of the local port.
@@ -253,26 +253,6 @@ fn start_proxy(cfg: &Config) -> anyhow::Result<Option<Proxy>> {
             Ok(None)
         }
     }
-}
-
-/// The proxy's pool: the switch's servers in configuration order, keyed by the same ring.
-///
-/// Stands in for `Config::pool_spec(listen)` (with the pool's failure-handling keys), which
-/// replaces it once config.rs has it.
-fn pool_spec(cfg: &Config, listen: SocketAddr) -> PoolSpec {
-    let servers = cfg
-        .servers
-        .iter()
-        .map(|b| ServerSpec {
-            // ketama hashes the host as written in the configuration; an IPv4 address prints
-            // as it parsed.
-            host: b.addr.ip().to_string(),
-            addr: SocketAddr::V4(b.addr),
-            weight: b.weight,
-            name: b.name.clone(),
-        })
-        .collect();
-    PoolSpec::new("default", listen, cfg.distribution, cfg.hash, servers)
 }
 
 fn transmit(port: &mut dyn Port, frames: &[&[u8]], stats: &Stats, p: usize) {
@@ -317,31 +297,4 @@ fn flush_emits(
         }
     }
     emit.clear();
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The proxy places keys exactly where the switch does: same servers, order, weights and
-    /// ring names.
-    #[test]
-    fn the_proxys_pool_is_the_switchs() {
-        let cfg = Config::parse(
-            &crate::config::EXAMPLE.replace("name = \"s2\"", ""),
-            std::path::Path::new("test.toml"),
-        )
-        .unwrap();
-        let listen = SocketAddr::new(cfg.vip.into(), cfg.vip_port);
-        let pool = pool_spec(&cfg, listen);
-        assert_eq!(pool.listen, listen);
-        assert_eq!((pool.distribution, pool.hash), (cfg.distribution, cfg.hash));
-        assert_eq!(pool.servers.len(), cfg.servers.len());
-        for (s, b) in pool.servers.iter().zip(&cfg.servers) {
-            assert_eq!(s.ring_name(), b.ring_name());
-            assert_eq!(s.addr, SocketAddr::V4(b.addr));
-            assert_eq!(s.weight, b.weight);
-        }
-        assert_eq!(pool.servers[1].ring_name(), "10.0.0.12");
-    }
 }
