@@ -44,15 +44,6 @@ const BATCH: usize = 64;
 const TICK: Duration = Duration::from_millis(10);
 const SNAPSHOT_EVERY: Duration = Duration::from_millis(250);
 
-/// Whether a configured proxy that fails to start stops the daemon.
-///
-/// It will: an operator who configured the proxy asked for TCP on the VIP, and a switch that
-/// runs without it would answer TCP clients with resets while looking healthy. But the proxy
-/// engine has not landed yet (`Proxy::start` always fails), so until it does the failure is
-/// logged and the switch runs without the proxy, serving UDP as before. Set this to `true` when
-/// the engine lands.
-const PROXY_FAILURE_IS_FATAL: bool = false;
-
 pub fn run(cfg: Config) -> anyhow::Result<()> {
     install_signal_handlers();
     // First, so that a port that fails to open below does not leave it behind (dropping it
@@ -100,6 +91,9 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
     // must therefore not wait for a server while it starts: its traffic only flows once the
     // loop runs.
     let proxy = start_proxy(&cfg)?;
+    if let Some(p) = &proxy {
+        let _ = shared.proxy.set(p.stats());
+    }
     tracing::info!(
         ports = ?cfg.ports, local_port = ?local.as_ref().map(|l| l.port()),
         proxy = proxy.is_some(), vip = %cfg.vip, mode = ?cfg.mode,
@@ -211,7 +205,9 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
     tracing::info!("kvswitch stopping");
     // The proxy first, so that nothing listens on the VIP once its address is gone; then the
     // ports, then the pair itself.
-    drop(proxy);
+    if let Some(p) = proxy {
+        p.stop();
+    }
     drop(ports);
     if let Some(l) = local {
         l.remove()?;
@@ -220,7 +216,11 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
 }
 
 /// Starts the built-in proxy on the VIP's port if the configuration asks for it (a local port
-/// and `switch.proxy`). What a failure does is [`PROXY_FAILURE_IS_FATAL`]'s to decide.
+/// and `switch.proxy`).
+///
+/// A failure is a startup error: whoever configured the proxy asked for TCP on the VIP, and a
+/// switch running without it would refuse TCP clients while looking healthy. The local port
+/// and the ports are removed and closed as `run` returns.
 fn start_proxy(cfg: &Config) -> anyhow::Result<Option<Proxy>> {
     if cfg.local.is_none() || !cfg.proxy {
         return Ok(None);
@@ -234,25 +234,15 @@ fn start_proxy(cfg: &Config) -> anyhow::Result<Option<Proxy>> {
         source: Some(cfg.local_source().into()),
         limits: proxy::Limits::default(),
     };
-    match Proxy::start(settings) {
-        Ok(p) => {
-            tracing::info!(%listen, workers = cfg.proxy_workers, "TCP proxy running");
-            Ok(Some(p))
-        }
-        Err(e) if PROXY_FAILURE_IS_FATAL => Err(e.context(format!(
-            "{}: the TCP proxy on {listen} did not start (set switch.proxy = false to run \
-             without it)",
+    let proxy = Proxy::start(settings).with_context(|| {
+        format!(
+            "{}: the TCP proxy on {listen} did not start (`switch.proxy = false` runs the \
+             switch without it)",
             cfg.path.display()
-        ))),
-        Err(e) => {
-            tracing::error!(
-                %listen,
-                "the TCP proxy did not start: {e:#}; switching without it, TCP to the VIP's \
-                 port reaches the host's stack but no proxy"
-            );
-            Ok(None)
-        }
-    }
+        )
+    })?;
+    tracing::info!(%listen, workers = cfg.proxy_workers, "TCP proxy running");
+    Ok(Some(proxy))
 }
 
 fn transmit(port: &mut dyn Port, frames: &[&[u8]], stats: &Stats, p: usize) {

@@ -72,8 +72,9 @@ fn value_for(i: usize, key: &str) -> String {
 
 /// The whole client check: keys on every server set through the VIP with `memccp` from c1,
 /// read back through the VIP with `memccat` from c2, each found on its ketama server and on no
-/// other (asked directly inside each server's namespace), then deleted through the VIP.
-fn check_memcached_client(live: &testbed::Live, tag: &str) {
+/// other (asked directly inside each server's namespace), then one per server deleted through
+/// the VIP. Returns the keys still stored, with their values.
+fn check_memcached_client(live: &testbed::Live, tag: &str) -> Vec<(String, String)> {
     require_client_tools();
     let ring = default_ring();
     let vip = vip(live);
@@ -150,6 +151,31 @@ fn check_memcached_client(live: &testbed::Live, tag: &str) {
         let out = exec(live, "c2", "memccat", &[servers_arg(vip), key.clone()]);
         assert!(!out.status.success(), "{key} is gone through the VIP too");
     }
+    keys.iter()
+        .enumerate()
+        .skip(SERVERS.len())
+        .map(|(i, k)| (k.clone(), value_for(i, k)))
+        .collect()
+}
+
+/// One text `get` over TCP to the VIP whose keys live on every server (and a missing one)
+/// comes back as one memcached holding them all would answer it, in the client's order.
+fn check_multiget(live: &testbed::Live, stored: &[(String, String)]) {
+    let mut request = String::from("get");
+    let mut want = String::new();
+    for (key, value) in stored {
+        request.push_str(&format!(" {key}"));
+        want.push_str(&format!("VALUE {key} 0 {}\r\n{value}\r\n", value.len()));
+    }
+    request.push_str(" no-such-key\r\n");
+    want.push_str("END\r\n");
+    let servers: std::collections::HashSet<usize> = stored
+        .iter()
+        .map(|(k, _)| default_ring().locate(k.as_bytes()))
+        .collect();
+    assert_eq!(servers.len(), SERVERS.len(), "the keys span every server");
+    let reply = tcp_call(live, "c1", vip(live), request.as_bytes(), ends_with_end);
+    assert_eq!(String::from_utf8_lossy(&reply), want);
 }
 
 /// A listener of the test's own on the VIP's port in the root namespace answers a client in
@@ -217,6 +243,14 @@ fn check_plumbing(live: &testbed::Live) {
     assert_eq!(drops(live, "vip_unhandled"), 0);
 }
 
+/// A TCP port free on 127.0.0.1 a moment ago.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
 /// nutcracker, started in the root namespace on the VIP's port with the testbed's pool,
 /// standing in for the built-in proxy; stopped by its PID when dropped.
 struct RootNutcracker {
@@ -240,9 +274,8 @@ impl RootNutcracker {
             .arg(&conf)
             .arg("-o")
             .arg(dir.join("nutcracker.log"))
-            // Its stats port on the VIP too, which no other testbed has.
-            .args(["-s", &testbed::NUTCRACKER_STATS_PORT.to_string(), "-a"])
-            .arg(vip.ip().to_string())
+            // Not its default stats port, which another nutcracker on this host may hold.
+            .args(["-a", "127.0.0.1", "-s", &free_port().to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("stderr")).expect("stderr file"))
@@ -305,6 +338,23 @@ fn terminate(child: &mut Child) -> std::process::ExitStatus {
     }
 }
 
+/// A kvswitch a test started itself: killed by its PID if the test fails before stopping it,
+/// and its log removed.
+struct Restarted {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Restarted {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
 /// A daemon killed without a chance to clean up leaves its local port; the next one started
 /// with the same configuration removes it and makes its own, which it removes on SIGTERM.
 fn check_crash_recovery(live: &testbed::Live) {
@@ -328,9 +378,11 @@ fn check_crash_recovery(live: &testbed::Live) {
     }
     assert_eq!(root_holds(live), (true, true), "left behind by the crash");
 
-    let log = std::fs::File::create(live.state.work_dir.join("kvswitch-restart.log"))
-        .expect("restart log");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvswitch"))
+    // Beside the testbed's files, removed when `restarted` goes so that `down` finds the
+    // testbed's directory empty.
+    let log_path = live.state.work_dir.join("kvswitch-restart.log");
+    let log = std::fs::File::create(&log_path).expect("restart log");
+    let child = Command::new(env!("CARGO_BIN_EXE_kvswitch"))
         .args(["run", "--config"])
         .arg(&live.state.config_path)
         .stdin(Stdio::null())
@@ -338,13 +390,17 @@ fn check_crash_recovery(live: &testbed::Live) {
         .stderr(log)
         .spawn()
         .expect("restarting kvswitch");
+    let mut restarted = Restarted {
+        child,
+        log: log_path.clone(),
+    };
+    let child = &mut restarted.child;
     let deadline = Instant::now() + Duration::from_secs(10);
     while testbed::http_get(live.api(), "/api/v1/status").is_err() {
         if let Some(status) = child.try_wait().expect("wait") {
             panic!(
                 "the restarted kvswitch exited ({status}): {}",
-                std::fs::read_to_string(live.state.work_dir.join("kvswitch-restart.log"))
-                    .unwrap_or_default()
+                std::fs::read_to_string(&log_path).unwrap_or_default()
             );
         }
         assert!(
@@ -363,13 +419,45 @@ fn check_crash_recovery(live: &testbed::Live) {
     // The new pair works like the first.
     check_plumbing(live);
 
-    let status = terminate(&mut child);
-    assert!(status.success(), "kvswitch exited with {status} on SIGTERM");
+    let status = terminate(child);
+    assert!(
+        status.success(),
+        "kvswitch exited with {status} on SIGTERM: {}",
+        std::fs::read_to_string(&log_path).unwrap_or_default()
+    );
     assert_eq!(
         root_holds(live),
         (false, false),
         "kvswitch removes its local port when it stops"
     );
+}
+
+/// The built-in proxy: `memccat` over the binary protocol gets the same values, and the
+/// switch's status shows the proxy with its pool on the VIP, every server having answered.
+fn check_proxy(live: &testbed::Live, stored: &[(String, String)]) {
+    for (key, value) in stored {
+        let out = exec(
+            live,
+            "c2",
+            "memccat",
+            &["--binary".into(), servers_arg(vip(live)), key.clone()],
+        );
+        assert!(out.status.success(), "binary get {key}: {out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{value}\n"));
+    }
+    let st = status(live);
+    let pool = &st["proxy"]["pools"][0];
+    assert_eq!(
+        pool["listen"].as_str(),
+        Some(vip(live).to_string().as_str())
+    );
+    let servers = pool["servers"].as_array().expect("the proxy's servers");
+    assert_eq!(servers.len(), SERVERS.len());
+    for s in servers {
+        assert!(s["replies"].as_u64().unwrap() > 0, "{s}");
+        assert_eq!(s["errors"].as_u64(), Some(0), "{s}");
+    }
+    assert_eq!(drops(live, "vip_unhandled"), 0);
 }
 
 #[test]
@@ -379,7 +467,8 @@ fn local_port_carries_tcp_both_ways_l3() {
     check_plumbing(&live);
     {
         let _nut = RootNutcracker::start(&live);
-        check_memcached_client(&live, "kp3");
+        let stored = check_memcached_client(&live, "kp3");
+        check_multiget(&live, &stored);
     }
     check_crash_recovery(&live);
     live.down().expect("down");
@@ -396,7 +485,8 @@ fn local_port_carries_tcp_both_ways_l2() {
     check_plumbing(&live);
     {
         let _nut = RootNutcracker::start(&live);
-        check_memcached_client(&live, "kp2");
+        let stored = check_memcached_client(&live, "kp2");
+        check_multiget(&live, &stored);
     }
     // `testbed down` takes the local port with it.
     let port = live.state.local_port.clone().expect("local port");
@@ -410,13 +500,17 @@ fn local_port_carries_tcp_both_ways_l2() {
 #[test]
 fn memcached_client_over_tcp_through_the_proxy_l3() {
     let live = testbed("kt3", "l3", false);
-    check_memcached_client(&live, "kt3");
+    let stored = check_memcached_client(&live, "kt3");
+    check_multiget(&live, &stored);
+    check_proxy(&live, &stored);
     live.down().expect("down");
 }
 
 #[test]
 fn memcached_client_over_tcp_through_the_proxy_l2() {
     let live = testbed("kt2", "l2", false);
-    check_memcached_client(&live, "kt2");
+    let stored = check_memcached_client(&live, "kt2");
+    check_multiget(&live, &stored);
+    check_proxy(&live, &stored);
     live.down().expect("down");
 }
