@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what kvswitch needs on a fresh Debian machine: memcached and nutcracker (the peers it
-# is measured against and tested with), iproute2 and ethtool (the testbed's hosts and links).
+# is measured against and tested with), iproute2 and ethtool (the testbed's hosts and links,
+# the switch's local port), and libmemcached's command-line clients (the ordinary TCP client
+# the tests talk to the VIP with).
 # Needs root. Rust (cargo) must already be installed.
 set -euo pipefail
 
@@ -10,15 +12,17 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 need=()
-for cmd in memcached nutcracker ethtool ip python3 ps ping; do
+for cmd in memcached nutcracker ethtool ip python3 ps ping memccp; do
     command -v "$cmd" >/dev/null 2>&1 || need+=("$cmd")
 done
 if [ "${#need[@]}" -gt 0 ]; then
-    echo "setup: installing memcached, nutcracker, iproute2, ethtool, python3, procps, iputils-ping"
+    echo "setup: installing memcached, nutcracker, iproute2, ethtool, python3, procps," \
+        "iputils-ping, libmemcached-tools"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends \
-        memcached nutcracker iproute2 ethtool python3 procps iputils-ping >/dev/null
+        memcached nutcracker iproute2 ethtool python3 procps iputils-ping \
+        libmemcached-tools >/dev/null
 fi
 # Debian starts memcached as a service on install; the testbed runs its own.
 if command -v systemctl >/dev/null 2>&1; then

@@ -28,7 +28,8 @@ use libfuzzer_sys::fuzz_target;
 use wire::ethernet::{self, EtherType};
 use wire::{arp, ipv4, udp};
 
-const PORTS: usize = 3;
+/// Three ports and the local port (`lp`, number 3).
+const PORTS: usize = 4;
 
 /// Largest frame the I/O layer hands the switch (its frame slot, `kvio::batch::FRAME_CAP`).
 const FRAME_CAP: usize = 2048;
@@ -40,10 +41,12 @@ const MTU_FRAME: usize = 1514;
 const STEP: Duration = Duration::from_millis(50);
 
 /// The topology of the switch's table tests: a client (10.0.0.1) and three servers, all on
-/// memcached's port. The agent address defaults to the VIP in l3 mode.
+/// memcached's port, and a local port into the host. The agent address defaults to the VIP in
+/// l3 mode.
 const CONFIG: &str = r#"
 [switch]
 ports = ["p0", "p1", "p2"]
+local_port = "lp"
 mode = "l3"
 mac_table_size = 64
 mac_age_s = 30

@@ -1,14 +1,16 @@
 //! The ports of the switch: where frames enter and leave.
 //!
 //! [`Port`] is the contract the switch loop is written against; [`AfPacket`] implements it on a
-//! Linux interface and [`MemPort`] in memory for tests. This crate moves frames and counts them;
-//! it never parses or rewrites them. It is the only kvswitch crate with `unsafe` code, each
-//! block confined to one system call or C structure.
+//! Linux interface and [`MemPort`] in memory for tests; [`link`] creates the interfaces a port
+//! may need, such as the veth pair of a local port into the host's own stack. This crate moves
+//! frames and counts them; it never parses or rewrites them. It is the only kvswitch crate with
+//! `unsafe` code, each block confined to one system call or C structure.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod afpacket;
 mod batch;
+pub mod link;
 mod mem;
 mod port;
 mod ring;
@@ -16,5 +18,6 @@ mod sys;
 
 pub use afpacket::{AfPacket, AfPacketOptions};
 pub use batch::{Batch, FRAME_CAP, MAX_BATCH};
+pub use link::VethPair;
 pub use mem::{mem_pair, MemPort, MEM_QUEUE_LIMIT};
 pub use port::{wait_readable, Poller, Port, PortStats};

@@ -38,7 +38,7 @@ fn backend(i: usize) -> (Ipv4Addr, Mac, u16) {
 
 fn config(backends: usize) -> Config {
     let mut text = format!(
-        "[switch]\nports = [\"p0\", \"p1\", \"p2\"]\nmode = \"l3\"\n\n\
+        "[switch]\nports = [\"p0\", \"p1\", \"p2\"]\nmode = \"l3\"\nlocal_port = \"\"\n\n\
          [vip]\nip = \"{VIP}\"\nmac = \"{VIP_MAC}\"\n\n\
          [pool]\ndistribution = \"ketama\"\nhash = \"md5\"\n"
     );

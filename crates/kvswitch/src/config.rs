@@ -45,7 +45,17 @@ pub struct Config {
     pub mac_table_size: usize,
     /// A station not heard from for this long is forgotten.
     pub mac_age: std::time::Duration,
+    /// The local port into the host's own network stack; `None` when turned off.
+    pub local: Option<LocalPort>,
+    /// Run the built-in TCP proxy on the VIP's port behind the local port (`false`: leave that
+    /// port to another program on the host). Only meaningful with a local port.
+    pub proxy: bool,
+    /// Worker threads of the built-in proxy.
+    pub proxy_workers: usize,
     pub vip: Ipv4Addr,
+    /// Length of the VIP's network, where the clients and servers are: the host's end of the
+    /// local port gets the proxy's source address with this prefix.
+    pub vip_prefix_len: u8,
     pub vip_mac: Mac,
     pub vip_port: u16,
     /// Source address of the requests kvswitch itself sends when it splits a multi-key get.
@@ -67,6 +77,16 @@ pub struct Config {
     pub server_retry_timeout: Duration,
     /// Connections each proxy worker keeps to each server (`pool.server_connections`).
     pub server_connections: usize,
+}
+
+/// The local port: a veth pair whose `port` end the switch owns like the ports it is given, and
+/// whose `peer` end sits in the host's own network stack with the VIP's MAC and address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalPort {
+    /// The switch's end.
+    pub port: String,
+    /// The host's end.
+    pub peer: String,
 }
 
 /// One memcached server of the pool.
@@ -166,6 +186,14 @@ struct RawSwitch {
     mac_table_size: Option<usize>,
     #[serde(default)]
     mac_age_s: Option<u64>,
+    #[serde(default)]
+    local_port: Option<String>,
+    #[serde(default)]
+    local_peer: Option<String>,
+    #[serde(default)]
+    proxy: Option<bool>,
+    #[serde(default)]
+    proxy_workers: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -175,6 +203,8 @@ struct RawVip {
     mac: String,
     #[serde(default)]
     port: Option<u16>,
+    #[serde(default)]
+    prefix_len: Option<u8>,
     #[serde(default)]
     agent_ip: Option<String>,
     #[serde(default)]
@@ -193,6 +223,14 @@ pub const DEFAULT_MAC_TABLE_SIZE: usize = 8192;
 pub const DEFAULT_MAC_AGE_S: u64 = 300;
 /// Default source port of split sub-requests.
 pub const DEFAULT_AGENT_PORT: u16 = 11311;
+/// Default name of the switch's end of the local port.
+pub const DEFAULT_LOCAL_PORT: &str = "kvs-local";
+/// Appended to the local port's name to name the host's end when `switch.local_peer` is unset.
+pub const LOCAL_PEER_SUFFIX: &str = "-h";
+/// Default prefix length of the VIP's network.
+pub const DEFAULT_VIP_PREFIX_LEN: u8 = 24;
+/// Default number of proxy workers: the switch loop already holds one core.
+pub const DEFAULT_PROXY_WORKERS: usize = 1;
 
 impl Config {
     /// Reads and validates a configuration file.
@@ -218,7 +256,7 @@ impl Config {
             return Err(err("switch.ports", "at least one port is needed".into()));
         }
         for (i, p) in raw.switch.ports.iter().enumerate() {
-            if p.is_empty() || p.len() > 15 || p.contains('/') || p.contains(char::is_whitespace) {
+            if !kvio::link::valid_ifname(p) {
                 return Err(err(
                     &format!("switch.ports[{i}]"),
                     format!("`{p}` is not a valid interface name (1 to 15 characters)"),
@@ -287,6 +325,13 @@ impl Config {
         if vip_port == 0 {
             return Err(err("vip.port", "port 0 is not allowed".into()));
         }
+        let vip_prefix_len = raw.vip.prefix_len.unwrap_or(DEFAULT_VIP_PREFIX_LEN);
+        if !(1..=32).contains(&vip_prefix_len) {
+            return Err(err(
+                "vip.prefix_len",
+                format!("{vip_prefix_len} is not a prefix length; use 1 to 32"),
+            ));
+        }
         let agent_ip = match raw.vip.agent_ip.as_deref() {
             Some(s) => Some(
                 s.parse::<Ipv4Addr>()
@@ -300,6 +345,24 @@ impl Config {
             return Err(err(
                 "vip.agent_port",
                 format!("{agent_port} cannot be used: it must differ from the VIP's port"),
+            ));
+        }
+        let local = local_port(&raw.switch, &err)?;
+        if local.is_some() && mode == Mode::L2 && agent_ip.is_none() {
+            return Err(err(
+                "vip.agent_ip",
+                "l2 mode with a local port needs an address the servers do not own, the source \
+                 of the host's connections to them; set it, or turn the local port off with \
+                 switch.local_port = \"\""
+                    .into(),
+            ));
+        }
+        let proxy = raw.switch.proxy.unwrap_or(true);
+        let proxy_workers = raw.switch.proxy_workers.unwrap_or(DEFAULT_PROXY_WORKERS);
+        if !(1..=64).contains(&proxy_workers) {
+            return Err(err(
+                "switch.proxy_workers",
+                format!("{proxy_workers} is out of range; use 1 to 64"),
             ));
         }
         let split_timeout_ms = raw.vip.split_timeout_ms.unwrap_or(1000);
@@ -360,6 +423,12 @@ impl Config {
                     "a server cannot have the VIP's address".into(),
                 ));
             }
+            if Some(*addr.ip()) == agent_ip {
+                return Err(err(
+                    &key("addr"),
+                    "a server cannot have the agent address (`vip.agent_ip`)".into(),
+                ));
+            }
             // The switch rewrites addresses, not ports: a request to the VIP's port must find
             // memcached on the same port, and the reply's source port is left as it is.
             if addr.port() != vip_port {
@@ -401,7 +470,11 @@ impl Config {
             busy_poll: std::time::Duration::from_micros(busy_poll_us),
             mac_table_size,
             mac_age: std::time::Duration::from_secs(mac_age_s),
+            local,
+            proxy,
+            proxy_workers,
             vip,
+            vip_prefix_len,
             vip_mac,
             vip_port,
             agent_ip,
@@ -451,6 +524,84 @@ impl Config {
     }
 }
 
+impl Config {
+    /// Where the host's connections to the servers come from: the agent address, which is the
+    /// VIP in l3 mode unless set otherwise. In l2 mode the servers own the VIP, so it cannot be.
+    pub fn local_source(&self) -> Ipv4Addr {
+        self.agent_ip.unwrap_or(self.vip)
+    }
+
+    /// The addresses of the host's end of the local port, with their prefix lengths: the
+    /// source address on the VIP's network first (it adds the route to that network), then
+    /// the VIP alone if it differs.
+    pub fn local_addrs(&self) -> Vec<(Ipv4Addr, u8)> {
+        let source = self.local_source();
+        let mut addrs = vec![(source, self.vip_prefix_len)];
+        if source != self.vip {
+            addrs.push((self.vip, 32));
+        }
+        addrs
+    }
+}
+
+/// `switch.local_port` and `switch.local_peer`, validated; `None` when turned off.
+fn local_port(
+    raw: &RawSwitch,
+    err: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<Option<LocalPort>, ConfigError> {
+    let port = raw.local_port.as_deref().unwrap_or(DEFAULT_LOCAL_PORT);
+    if port.is_empty() {
+        if raw.local_peer.as_deref().is_some_and(|p| !p.is_empty()) {
+            return Err(err(
+                "switch.local_peer",
+                "set without a local port (switch.local_port is \"\")".into(),
+            ));
+        }
+        return Ok(None);
+    }
+    if !kvio::link::valid_ifname(port) {
+        return Err(err(
+            "switch.local_port",
+            format!("`{port}` is not a valid interface name (1 to 15 characters)"),
+        ));
+    }
+    let peer = match raw.local_peer.as_deref() {
+        Some(p) => p.to_string(),
+        None => format!("{port}{LOCAL_PEER_SUFFIX}"),
+    };
+    if !kvio::link::valid_ifname(&peer) {
+        let message = if raw.local_peer.is_some() {
+            format!("`{peer}` is not a valid interface name (1 to 15 characters)")
+        } else {
+            format!(
+                "the default name `{peer}` is longer than 15 characters; set \
+                 switch.local_peer or use a shorter switch.local_port"
+            )
+        };
+        return Err(err("switch.local_peer", message));
+    }
+    if peer == port {
+        return Err(err(
+            "switch.local_peer",
+            format!("`{peer}` is also the local port's name"),
+        ));
+    }
+    for (key, name) in [("switch.local_port", port), ("switch.local_peer", &peer)] {
+        if raw.ports.iter().any(|p| p == name) {
+            return Err(err(
+                key,
+                format!(
+                    "`{name}` is also listed in switch.ports; the local port is made by kvswitch"
+                ),
+            ));
+        }
+    }
+    Ok(Some(LocalPort {
+        port: port.to_string(),
+        peer,
+    }))
+}
+
 /// An example configuration, shown by `kvswitch run --example-config`.
 pub const EXAMPLE: &str = r#"# kvswitch.toml
 [switch]
@@ -467,13 +618,26 @@ busy_poll_us = 200
 # MAC learning: most stations held, and how long an unheard one is kept.
 mac_table_size = 8192
 mac_age_s = 300
+# The local port: a veth pair into this host's own network stack (kvswitch creates it at start
+# and removes it at exit). TCP to the VIP's port goes through it to the built-in memcached
+# proxy, and the proxy reaches the servers through it. The host's end ("kvs-local-h" unless
+# local_peer says otherwise) gets the VIP's MAC and address. "" turns both off: TCP to the
+# VIP is then dropped.
+local_port = "kvs-local"
+# local_peer = "kvs-local-h"
+# false: run no proxy and leave the VIP's port on this host to another program.
+proxy = true
+proxy_workers = 1
 
 [vip]
 ip = "10.0.0.100"
 mac = "02:00:00:00:00:64"
 port = 11211
-# Source of the sub-requests of a multi-key get split across servers
-# (defaults to the VIP in l3 mode; required in l2 mode for split gets).
+# The VIP's network (clients and servers): the host reaches it through the local port.
+prefix_len = 24
+# Source of the sub-requests of a multi-key get split across servers, and of the proxy's
+# connections to the servers (defaults to the VIP in l3 mode; required in l2 mode for split
+# gets and the local port).
 # agent_ip = "10.0.0.101"
 # agent_port = 11311
 # split_timeout_ms = 1000
@@ -568,9 +732,93 @@ mod tests {
 
     #[test]
     fn l2_mode_has_no_default_agent() {
-        let c = parse(&EXAMPLE.replace("mode = \"l3\"", "mode = \"l2\"")).unwrap();
+        let text = EXAMPLE
+            .replace("mode = \"l3\"", "mode = \"l2\"")
+            .replace("local_port = \"kvs-local\"", "local_port = \"\"");
+        let c = parse(&text).unwrap();
         assert_eq!(c.mode, Mode::L2);
         assert_eq!(c.agent_ip, None);
+        assert_eq!(c.local, None);
+    }
+
+    #[test]
+    fn local_port_defaults() {
+        let c = parse(EXAMPLE).unwrap();
+        let local = c.local.clone().expect("on by default");
+        assert_eq!(local.port, "kvs-local");
+        assert_eq!(local.peer, "kvs-local-h");
+        assert!(c.proxy);
+        assert_eq!(c.proxy_workers, 1);
+        assert_eq!(c.vip_prefix_len, 24);
+        assert_eq!(c.local_source(), c.vip);
+        assert_eq!(c.local_addrs(), vec![(c.vip, 24)]);
+
+        // Left out entirely: the same defaults.
+        let bare = EXAMPLE
+            .replace("local_port = \"kvs-local\"\n", "")
+            .replace("prefix_len = 24\n", "");
+        assert_eq!(parse(&bare).unwrap().local, Some(local));
+    }
+
+    #[test]
+    fn local_port_in_l2_mode_needs_an_agent_address() {
+        let l2 = EXAMPLE.replace("mode = \"l3\"", "mode = \"l2\"");
+        let e = parse(&l2).unwrap_err().to_string();
+        assert!(
+            e.contains("vip.agent_ip") && e.contains("local_port"),
+            "{e}"
+        );
+
+        let c =
+            parse(&l2.replace("# agent_ip = \"10.0.0.101\"", "agent_ip = \"10.0.0.101\"")).unwrap();
+        let agent = Ipv4Addr::new(10, 0, 0, 101);
+        assert_eq!(c.local_source(), agent);
+        assert_eq!(c.local_addrs(), vec![(agent, 24), (c.vip, 32)]);
+    }
+
+    #[test]
+    fn local_port_names_are_checked() {
+        let with = |line: &str| EXAMPLE.replace("local_port = \"kvs-local\"", line);
+        let c = parse(&with("local_port = \"lp0\"\nlocal_peer = \"host0\"")).unwrap();
+        assert_eq!(
+            c.local,
+            Some(LocalPort {
+                port: "lp0".into(),
+                peer: "host0".into()
+            })
+        );
+        for (line, key) in [
+            ("local_port = \"veth-s1\"", "switch.local_port"),
+            ("local_port = \"a/b\"", "switch.local_port"),
+            ("local_port = \"fifteen-chars-x\"", "switch.local_peer"),
+            (
+                "local_port = \"lp\"\nlocal_peer = \"lp\"",
+                "switch.local_peer",
+            ),
+            (
+                "local_port = \"lp\"\nlocal_peer = \"veth-c1\"",
+                "switch.local_peer",
+            ),
+            ("local_port = \"\"\nlocal_peer = \"x\"", "switch.local_peer"),
+        ] {
+            let e = parse(&with(line)).unwrap_err().to_string();
+            assert!(e.contains(key), "{line}: {e}");
+        }
+        let e = parse(&EXAMPLE.replace("proxy_workers = 1", "proxy_workers = 0"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("switch.proxy_workers"), "{e}");
+        let e = parse(&EXAMPLE.replace("prefix_len = 24", "prefix_len = 33"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("vip.prefix_len"), "{e}");
+        let e = parse(&EXAMPLE.replace("# agent_ip = \"10.0.0.101\"", "agent_ip = \"10.0.0.12\""))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("pool.servers[1].addr") && e.contains("agent"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1,6 +1,8 @@
-//! `kvswitch run`: opens the ports, starts the API and runs the switch loop on one thread until
-//! SIGINT or SIGTERM.
+//! `kvswitch run`: makes the local port, opens the ports, starts the API and the TCP proxy, and
+//! runs the switch loop on one thread until SIGINT or SIGTERM; then stops the proxy and removes
+//! the local port.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -10,6 +12,8 @@ use kvio::{AfPacket, AfPacketOptions, Batch, Port};
 
 use crate::api::{self, Shared};
 use crate::config::Config;
+use crate::local::LocalPort;
+use crate::proxy::{self, Proxy};
 use crate::stats::{Drop, Stats};
 use crate::switch::{Dest, Emit, Fate, Switch};
 
@@ -42,7 +46,14 @@ const SNAPSHOT_EVERY: Duration = Duration::from_millis(250);
 
 pub fn run(cfg: Config) -> anyhow::Result<()> {
     install_signal_handlers();
-    let mut ports: Vec<Box<dyn Port>> = Vec::with_capacity(cfg.ports.len());
+    // First, so that a port that fails to open below does not leave it behind (dropping it
+    // removes it).
+    let local = match &cfg.local {
+        Some(l) => Some(LocalPort::create(&cfg, l)?),
+        None => None,
+    };
+    let mut ports: Vec<Box<dyn Port>> = Vec::with_capacity(cfg.ports.len() + 1);
+    let mut port_names = cfg.ports.clone();
     for name in &cfg.ports {
         let port = AfPacket::open(name, &AfPacketOptions::default()).with_context(|| {
             format!(
@@ -52,11 +63,19 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         })?;
         ports.push(Box::new(port));
     }
+    if let Some(l) = &local {
+        // Numbered after the configured ports, as the switch expects.
+        let port = AfPacket::open(l.port(), &AfPacketOptions::default())
+            .with_context(|| format!("cannot open the local port `{}`", l.port()))?;
+        ports.push(Box::new(port));
+        port_names.push(l.port().to_string());
+    }
     let stats = Arc::new(Stats::new(ports.len(), cfg.servers.len()));
     let mut switch = Switch::new(&cfg, ports.len(), stats.clone())?;
+    let local_index = switch.local_port().map(usize::from);
     let shared = Arc::new(Shared {
         config: cfg.clone(),
-        port_names: cfg.ports.clone(),
+        port_names,
         port_macs: ports
             .iter()
             .map(|p| wire::ethernet::Mac(p.mac()).to_string())
@@ -67,9 +86,18 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         proxy: std::sync::OnceLock::new(),
     });
     let api_addr = api::serve(shared.clone())?;
+    // After the ports are open, so that the proxy's first frames (ARP, connections to the
+    // servers) wait in the local port's ring until the loop below forwards them. The proxy
+    // must therefore not wait for a server while it starts: its traffic only flows once the
+    // loop runs.
+    let proxy = start_proxy(&cfg)?;
+    if let Some(p) = &proxy {
+        let _ = shared.proxy.set(p.stats());
+    }
     tracing::info!(
-        ports = ?cfg.ports, vip = %cfg.vip, mode = ?cfg.mode, servers = cfg.servers.len(),
-        api = %api_addr, "kvswitch running"
+        ports = ?cfg.ports, local_port = ?local.as_ref().map(|l| l.port()),
+        proxy = proxy.is_some(), vip = %cfg.vip, mode = ?cfg.mode,
+        servers = cfg.servers.len(), api = %api_addr, "kvswitch running"
     );
 
     let mut rx = Batch::new(BATCH);
@@ -141,7 +169,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
                         Fate::Out(p) => out_lists[p as usize].push(j),
                         Fate::Flood => {
                             for (p, l) in out_lists.iter_mut().enumerate() {
-                                if p != i {
+                                if p != i && Some(p) != local_index {
                                     l.push(j);
                                 }
                             }
@@ -156,7 +184,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
                     let frames: Vec<&[u8]> = list.iter().map(|&j| rx.frame(j)).collect();
                     transmit(ports[p].as_mut(), &frames, &stats, p);
                 }
-                flush_emits(&mut ports, &mut emit, &stats);
+                flush_emits(&mut ports, &mut emit, &stats, local_index);
                 if n < BATCH {
                     break;
                 }
@@ -165,7 +193,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         if now.duration_since(last_tick) >= TICK {
             last_tick = now;
             switch.tick(now, &mut emit);
-            flush_emits(&mut ports, &mut emit, &stats);
+            flush_emits(&mut ports, &mut emit, &stats, local_index);
         }
         if now.duration_since(last_snapshot) >= SNAPSHOT_EVERY {
             last_snapshot = now;
@@ -175,7 +203,46 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         }
     }
     tracing::info!("kvswitch stopping");
+    // The proxy first, so that nothing listens on the VIP once its address is gone; then the
+    // ports, then the pair itself.
+    if let Some(p) = proxy {
+        p.stop();
+    }
+    drop(ports);
+    if let Some(l) = local {
+        l.remove()?;
+    }
     Ok(())
+}
+
+/// Starts the built-in proxy on the VIP's port if the configuration asks for it (a local port
+/// and `switch.proxy`).
+///
+/// A failure is a startup error: whoever configured the proxy asked for TCP on the VIP, and a
+/// switch running without it would refuse TCP clients while looking healthy. The local port
+/// and the ports are removed and closed as `run` returns.
+fn start_proxy(cfg: &Config) -> anyhow::Result<Option<Proxy>> {
+    if cfg.local.is_none() || !cfg.proxy {
+        return Ok(None);
+    }
+    let listen = SocketAddr::new(cfg.vip.into(), cfg.vip_port);
+    let settings = proxy::Settings {
+        pools: vec![cfg.pool_spec(listen)],
+        workers: cfg.proxy_workers,
+        // The servers answer the proxy through the switch, which sends what comes from their
+        // memcached ports to this address out of the local port.
+        source: Some(cfg.local_source().into()),
+        limits: proxy::Limits::default(),
+    };
+    let proxy = Proxy::start(settings).with_context(|| {
+        format!(
+            "{}: the TCP proxy on {listen} did not start (`switch.proxy = false` runs the \
+             switch without it)",
+            cfg.path.display()
+        )
+    })?;
+    tracing::info!(%listen, workers = cfg.proxy_workers, "TCP proxy running");
+    Ok(Some(proxy))
 }
 
 fn transmit(port: &mut dyn Port, frames: &[&[u8]], stats: &Stats, p: usize) {
@@ -198,15 +265,21 @@ fn transmit(port: &mut dyn Port, frames: &[&[u8]], stats: &Stats, p: usize) {
     }
 }
 
-fn flush_emits(ports: &mut [Box<dyn Port>], emit: &mut Vec<Emit>, stats: &Stats) {
+fn flush_emits(
+    ports: &mut [Box<dyn Port>],
+    emit: &mut Vec<Emit>,
+    stats: &Stats,
+    local: Option<usize>,
+) {
     if emit.is_empty() {
         return;
     }
     // One send per port for everything it gets, in the order the switch emitted it.
     for (p, port) in ports.iter_mut().enumerate() {
+        let flood = Some(p) != local;
         let frames: Vec<&[u8]> = emit
             .iter()
-            .filter(|e| e.dest == Dest::Flood || e.dest == Dest::Port(p as u16))
+            .filter(|e| (flood && e.dest == Dest::Flood) || e.dest == Dest::Port(p as u16))
             .map(|e| e.frame.as_slice())
             .collect();
         if !frames.is_empty() {

@@ -9,6 +9,7 @@ pub mod config;
 pub mod daemon;
 pub mod demo;
 pub mod frame;
+pub mod local;
 pub mod proxy;
 pub mod split;
 pub mod stats;

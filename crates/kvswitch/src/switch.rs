@@ -1,6 +1,7 @@
 //! The switch application: a parser stage, the match-action pipeline that holds the switch's
 //! behaviour as table entries, and the CPU path (ARP for the VIP, answers memcached would give,
-//! split multi-key gets).
+//! split multi-key gets). TCP for the VIP leaves through the local port, into the host's own
+//! stack where the proxy runs.
 //!
 //! Driven by the run loop (or a test): frames and the time come in, a fate for each frame and
 //! a list of frames to emit go out. No I/O here.
@@ -29,7 +30,8 @@ use crate::stats::{self, Answer, Drop, Stats};
 pub enum Fate {
     /// Send the (possibly rewritten) frame out of this port.
     Out(u16),
-    /// Send it out of every port but the one it came from.
+    /// Send it out of every port but the one it came from and the local port (the host's end
+    /// needs only frames for the VIP's MAC, and ARP for its addresses is answered here).
     Flood,
     /// Nothing more to do: dropped (and counted) or handled by the CPU path.
     Consumed,
@@ -39,6 +41,7 @@ pub enum Fate {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dest {
     Port(u16),
+    /// Every port but the local port.
     Flood,
 }
 
@@ -56,6 +59,8 @@ const CPU_ARP: u16 = 200;
 /// The frame is IPv4 with a 20-byte header, not a fragment, carrying UDP: byte-range fields
 /// at fixed offsets are valid.
 const FLAG_PLAIN_UDP: u32 = 1;
+/// The same for TCP: addresses and ports at the same offsets as for UDP.
+const FLAG_PLAIN_TCP: u32 = 2;
 /// Register 0 holds this when the parser stage routed the frame by key (a memcached request to
 /// the VIP); no table matches on it.
 const REG_ROUTED: usize = 0;
@@ -67,8 +72,12 @@ const OFF_ARP_TARGET_IP: u16 = 38;
 const OFF_IP_PROTO: u16 = 23;
 const OFF_IP_SRC: u16 = 26;
 const OFF_IP_DST: u16 = 30;
-const OFF_UDP_SRC: u16 = 34;
-const OFF_UDP_DST: u16 = 36;
+/// UDP and TCP ports: the same offsets for both.
+const OFF_L4_SRC: u16 = 34;
+const OFF_L4_DST: u16 = 36;
+/// ARP operation codes as the `arp_vip` table matches them.
+const ARP_REQUEST: u16 = 1;
+const ARP_REPLY: u16 = 2;
 
 /// How often unresolved backends are asked for their MAC.
 const ARP_RETRY: Duration = Duration::from_secs(1);
@@ -127,11 +136,33 @@ pub struct Switch {
     last_aging: Option<Instant>,
     /// Each server's address and memcached port: where split parts must come from.
     sources: Vec<(Ipv4Addr, u16)>,
+    /// The local port's index (after the configured ports), when there is one.
+    local: Option<u16>,
+    /// The addresses of the host's end of the local port (empty without one).
+    local_ips: Vec<Ipv4Addr>,
 }
 
 impl Switch {
-    /// Builds the switch for `ports` ports from a validated configuration.
+    /// Builds the switch for `ports` ports from a validated configuration. Ports are numbered
+    /// as `switch.ports` lists them; a local port, if configured, comes after them and must be
+    /// counted in `ports`.
     pub fn new(cfg: &Config, ports: usize, stats: Arc<Stats>) -> anyhow::Result<Switch> {
+        let local = match cfg.local {
+            Some(_) => {
+                let index = cfg.ports.len();
+                if ports <= index || index > usize::from(u16::MAX) {
+                    anyhow::bail!(
+                        "the local port needs port number {index}, but the switch has {ports} ports"
+                    );
+                }
+                Some(index as u16)
+            }
+            None => None,
+        };
+        let local_ips: Vec<Ipv4Addr> = match local {
+            Some(_) => cfg.local_addrs().into_iter().map(|(ip, _)| ip).collect(),
+            None => Vec::new(),
+        };
         let servers: Vec<kv::Server> = cfg
             .servers
             .iter()
@@ -145,7 +176,7 @@ impl Switch {
                 .map_err(|e| anyhow::anyhow!("{}: pool: {e}", cfg.path.display()))?,
         );
         let mut pipeline = Pipeline::new();
-        let tables = build_tables(&mut pipeline, cfg, &ring)?;
+        let tables = build_tables(&mut pipeline, cfg, local)?;
         let backend_macs: Vec<Option<Mac>> = cfg.servers.iter().map(|b| b.mac).collect();
         let backend_by_ip = cfg
             .servers
@@ -171,9 +202,17 @@ impl Switch {
                 .iter()
                 .map(|b| (*b.addr.ip(), b.addr.port()))
                 .collect(),
+            local,
+            local_ips,
         };
         sw.install_members()?;
         Ok(sw)
+    }
+
+    /// The local port's number, if there is one. Floods ([`Fate::Flood`], [`Dest::Flood`])
+    /// never go out of it.
+    pub fn local_port(&self) -> Option<u16> {
+        self.local
     }
 
     /// (Re)installs the ring selector's members from what is known of each backend.
@@ -381,8 +420,13 @@ impl Switch {
             return None;
         };
         self.note_backend(repr.sender_ip, repr.sender_mac);
-        if dst == self.cfg.vip_mac && repr.operation == arp::Operation::Reply {
-            // An answer to the switch's own request.
+        if dst == self.cfg.vip_mac
+            && repr.operation == arp::Operation::Reply
+            && !self.local_ips.contains(&repr.target_ip)
+        {
+            // An answer to the switch's own request. One to an address of the host's end of
+            // the local port goes on: the `arp_vip` table sends it there (the switch has
+            // learnt from it all the same).
             return Some(Fate::Consumed);
         }
         None
@@ -434,9 +478,14 @@ impl Switch {
             }
         };
         let (src_ip, dst_ip) = (ip.src(), ip.dst());
-        let plain_udp = ip.header_len() == ipv4::HEADER_LEN
-            && !ip.is_fragment()
-            && ip.protocol() == ipv4::Protocol::UDP;
+        let plain = ip.header_len() == ipv4::HEADER_LEN && !ip.is_fragment();
+        let plain_udp = plain && ip.protocol() == ipv4::Protocol::UDP;
+        let plain_flags = match ip.protocol() {
+            _ if !plain => 0,
+            ipv4::Protocol::UDP => FLAG_PLAIN_UDP,
+            ipv4::Protocol::TCP => FLAG_PLAIN_TCP,
+            _ => 0,
+        };
         let for_vip = dst_ip == self.cfg.vip;
         let for_agent = Some(dst_ip) == self.cfg.agent_ip;
         if plain_udp {
@@ -450,7 +499,7 @@ impl Switch {
         }
         if !(for_vip || for_agent) || ip.protocol() != ipv4::Protocol::UDP {
             return Stage::Continue {
-                flags: if plain_udp { FLAG_PLAIN_UDP } else { 0 },
+                flags: plain_flags,
                 key_hash: 0,
                 routed: false,
             };
@@ -979,11 +1028,15 @@ fn bytes_field(offset: u16, len: u8) -> Field {
 }
 
 /// The switch's behaviour as tables:
-/// 0 `arp_vip`: ARP requests for the VIP (or agent address) go to the CPU;
-/// 1 `kv_route`: UDP to the VIP's memcached port is hashed by key onto the ring;
-/// 2 `vip_reply` (l3): replies from a backend's memcached port leave with the VIP as source;
-/// 3 `l2`: learned destination MAC → port, otherwise flood.
-fn build_tables(p: &mut Pipeline, cfg: &Config, _ring: &Arc<Ring>) -> anyhow::Result<Tables> {
+/// 0 `arp_vip`: ARP requests for the VIP (or agent address) go to the CPU; ARP replies to the
+///   addresses of the host's end of the local port go out of the local port;
+/// 1 `kv_route`: UDP to the VIP's memcached port is hashed by key onto the ring; TCP to it goes
+///   out of the local port, to the proxy;
+/// 2 `local_in`: TCP from a server's memcached port to the proxy's source address (the servers'
+///   side of the proxy's connections) goes out of the local port;
+/// 3 `vip_reply` (l3): replies from a backend's memcached port leave with the VIP as source;
+/// 4 `l2`: learned destination MAC → port, otherwise flood.
+fn build_tables(p: &mut Pipeline, cfg: &Config, local: Option<u16>) -> anyhow::Result<Tables> {
     let e = |e: pipeline::Error| anyhow::anyhow!("building the pipeline: {e:?}");
     let arp_t = p
         .add_table(TableSpec {
@@ -1005,7 +1058,21 @@ fn build_tables(p: &mut Pipeline, cfg: &Config, _ring: &Arc<Ring>) -> anyhow::Re
                 Field::Flags,
                 bytes_field(OFF_IP_PROTO, 1),
                 bytes_field(OFF_IP_DST, 4),
-                bytes_field(OFF_UDP_DST, 2),
+                bytes_field(OFF_L4_DST, 2),
+            ],
+            miss: vec![],
+        })
+        .map_err(e)?;
+    let local_t = p
+        .add_table(TableSpec {
+            name: "local_in".into(),
+            kind: MatchKind::Exact,
+            key: vec![
+                Field::Flags,
+                bytes_field(OFF_IP_PROTO, 1),
+                bytes_field(OFF_IP_SRC, 4),
+                bytes_field(OFF_L4_SRC, 2),
+                bytes_field(OFF_IP_DST, 4),
             ],
             miss: vec![],
         })
@@ -1018,7 +1085,7 @@ fn build_tables(p: &mut Pipeline, cfg: &Config, _ring: &Arc<Ring>) -> anyhow::Re
                 Field::Flags,
                 bytes_field(OFF_IP_PROTO, 1),
                 bytes_field(OFF_IP_SRC, 4),
-                bytes_field(OFF_UDP_SRC, 2),
+                bytes_field(OFF_L4_SRC, 2),
             ],
             miss: vec![],
         })
@@ -1033,10 +1100,19 @@ fn build_tables(p: &mut Pipeline, cfg: &Config, _ring: &Arc<Ring>) -> anyhow::Re
         .map_err(e)?;
     // Misses fall through to the next table.
     p.set_miss(arp_t, vec![Action::Goto(route_t)]).map_err(e)?;
-    p.set_miss(route_t, vec![Action::Goto(reply_t)])
+    p.set_miss(route_t, vec![Action::Goto(local_t)])
+        .map_err(e)?;
+    p.set_miss(local_t, vec![Action::Goto(reply_t)])
         .map_err(e)?;
     p.set_miss(reply_t, vec![Action::Goto(l2)]).map_err(e)?;
 
+    let arp_key = |op: u16, ip: Ipv4Addr| {
+        let mut key = Vec::with_capacity(8);
+        key.extend_from_slice(&EtherType::ARP.0.to_be_bytes());
+        key.extend_from_slice(&op.to_be_bytes());
+        key.extend_from_slice(&ip.octets());
+        key
+    };
     let mut targets = vec![cfg.vip];
     if let Some(a) = cfg.agent_ip {
         if a != cfg.vip {
@@ -1044,22 +1120,64 @@ fn build_tables(p: &mut Pipeline, cfg: &Config, _ring: &Arc<Ring>) -> anyhow::Re
         }
     }
     for ip in targets {
-        let mut key = Vec::with_capacity(8);
-        key.extend_from_slice(&EtherType::ARP.0.to_be_bytes());
-        key.extend_from_slice(&1u16.to_be_bytes());
-        key.extend_from_slice(&ip.octets());
-        p.insert(arp_t, Entry::exact(key, vec![Action::ToCpu(CPU_ARP)]))
-            .map_err(e)?;
+        p.insert(
+            arp_t,
+            Entry::exact(arp_key(ARP_REQUEST, ip), vec![Action::ToCpu(CPU_ARP)]),
+        )
+        .map_err(e)?;
     }
 
     let ring = p.add_selector(vec![], Box::new(NoChoice)).map_err(e)?;
-    let mut key = Vec::with_capacity(11);
-    key.extend_from_slice(&FLAG_PLAIN_UDP.to_be_bytes());
-    key.push(ipv4::Protocol::UDP.0);
-    key.extend_from_slice(&cfg.vip.octets());
-    key.extend_from_slice(&cfg.vip_port.to_be_bytes());
-    p.insert(route_t, Entry::exact(key, vec![Action::Select(ring)]))
+    // Flags, IP protocol, destination address and port, as `kv_route` matches them.
+    let to_vip_port = |flags: u32, proto: ipv4::Protocol| {
+        let mut key = Vec::with_capacity(11);
+        key.extend_from_slice(&flags.to_be_bytes());
+        key.push(proto.0);
+        key.extend_from_slice(&cfg.vip.octets());
+        key.extend_from_slice(&cfg.vip_port.to_be_bytes());
+        key
+    };
+    p.insert(
+        route_t,
+        Entry::exact(
+            to_vip_port(FLAG_PLAIN_UDP, ipv4::Protocol::UDP),
+            vec![Action::Select(ring)],
+        ),
+    )
+    .map_err(e)?;
+
+    if let Some(local) = local {
+        // The host's end has the VIP's MAC: frames sent there need no rewrite. Its own ARP
+        // requests are switched like anyone's; the answers are addressed to it.
+        for (ip, _) in cfg.local_addrs() {
+            p.insert(
+                arp_t,
+                Entry::exact(arp_key(ARP_REPLY, ip), vec![Action::Output(local)]),
+            )
+            .map_err(e)?;
+        }
+        p.insert(
+            route_t,
+            Entry::exact(
+                to_vip_port(FLAG_PLAIN_TCP, ipv4::Protocol::TCP),
+                vec![Action::Output(local)],
+            ),
+        )
         .map_err(e)?;
+        // Only the servers' memcached ports, and only to the proxy's source address: nothing
+        // else of the host's stack is reachable through the VIP.
+        let source = cfg.local_source();
+        for b in &cfg.servers {
+            let mut key = Vec::with_capacity(15);
+            key.extend_from_slice(&FLAG_PLAIN_TCP.to_be_bytes());
+            key.push(ipv4::Protocol::TCP.0);
+            key.extend_from_slice(&b.addr.ip().octets());
+            key.extend_from_slice(&b.addr.port().to_be_bytes());
+            key.extend_from_slice(&source.octets());
+            p.insert(local_t, Entry::exact(key, vec![Action::Output(local)]))
+                .map_err(e)?;
+        }
+    }
 
     if cfg.mode == Mode::L3 {
         for b in &cfg.servers {
@@ -1137,6 +1255,7 @@ mod tests {
         let text = r#"
             [switch]
             ports = ["p0", "p1"]
+            local_port = ""
             [vip]
             ip = "10.0.0.100"
             mac = "02:00:00:00:00:64"

@@ -19,7 +19,8 @@ use wire::ethernet::{self, EtherType, Mac};
 use wire::{arp, ipv4, mcudp, udp};
 
 // ---------------------------------------------------------------------------------------------
-// The topology: one client on port 0, s1 on port 1, s2 and s3 on port 2.
+// The topology: one client on port 0, s1 on port 1, s2 and s3 on port 2; with a local port
+// (the host's own stack behind it, with the VIP's MAC), that is port 3.
 
 #[derive(Clone, Copy, Debug)]
 struct Host {
@@ -33,6 +34,10 @@ const fn mac(last: u8) -> Mac {
 }
 
 const PORTS: usize = 3;
+/// The local port's number when the switch has one (after the configured ports).
+const LOCAL: u16 = 3;
+/// In l2 mode the host behind the local port speaks to the servers from this address.
+const AGENT: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 101);
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 100);
 const VIP_MAC: Mac = mac(0x64);
 const MC_PORT: u16 = 11211;
@@ -67,14 +72,28 @@ const SERVER_NAMES: [&str; 3] = ["s1", "s2", "s3"];
 /// A station the switch has never heard from.
 const STRANGER: Mac = mac(0x99);
 
+/// The switch without a local port (TCP to the VIP is dropped).
 fn config(mode: Mode) -> Config {
+    config_text(mode, "local_port = \"\"", "")
+}
+
+/// The switch with a local port `lp` (port 3); in l2 mode with the agent address.
+fn config_local(mode: Mode) -> Config {
+    let agent = match mode {
+        Mode::L3 => String::new(),
+        Mode::L2 => format!("agent_ip = \"{AGENT}\"\n"),
+    };
+    config_text(mode, "local_port = \"lp\"", &agent)
+}
+
+fn config_text(mode: Mode, switch_extra: &str, vip_extra: &str) -> Config {
     let mode = match mode {
         Mode::L3 => "l3",
         Mode::L2 => "l2",
     };
     let mut text = format!(
-        "[switch]\nports = [\"p0\", \"p1\", \"p2\"]\nmode = \"{mode}\"\n\n\
-         [vip]\nip = \"{VIP}\"\nmac = \"{VIP_MAC}\"\nport = {MC_PORT}\n\
+        "[switch]\nports = [\"p0\", \"p1\", \"p2\"]\nmode = \"{mode}\"\n{switch_extra}\n\n\
+         [vip]\nip = \"{VIP}\"\nmac = \"{VIP_MAC}\"\nport = {MC_PORT}\n{vip_extra}\
          agent_port = {AGENT_PORT}\nsplit_timeout_ms = 1000\n\n\
          [pool]\ndistribution = \"ketama\"\nhash = \"md5\"\n"
     );
@@ -133,8 +152,19 @@ struct Rig {
 
 impl Rig {
     fn new(mode: Mode) -> Rig {
-        let stats = Arc::new(Stats::new(PORTS, SERVERS.len()));
-        let mut sw = Switch::new(&config(mode), PORTS, stats.clone()).expect("switch");
+        Rig::with(config(mode), PORTS)
+    }
+
+    /// With a local port, numbered `LOCAL`.
+    fn local(mode: Mode) -> Rig {
+        let rig = Rig::with(config_local(mode), PORTS + 1);
+        assert_eq!(rig.sw.local_port(), Some(LOCAL));
+        rig
+    }
+
+    fn with(cfg: Config, ports: usize) -> Rig {
+        let stats = Arc::new(Stats::new(ports, SERVERS.len()));
+        let mut sw = Switch::new(&cfg, ports, stats.clone()).expect("switch");
         let now = Instant::now();
         let mut emit = Vec::new();
         for h in std::iter::once(&CLIENT).chain(&SERVERS) {
@@ -302,24 +332,78 @@ fn with_ipv4_options(frame: &[u8]) -> Vec<u8> {
 
 /// A TCP segment (bare 20-byte header) from the client to the VIP's memcached port.
 fn tcp_to_vip() -> Vec<u8> {
-    let mut buf = vec![0u8; UDP_AT + 20];
+    tcp_frame(
+        CLIENT.mac,
+        VIP_MAC,
+        (CLIENT.ip, CLIENT_UDP_PORT),
+        (VIP, MC_PORT),
+        b"",
+    )
+}
+
+/// An Ethernet/IPv4/TCP frame (ACK+PSH, 20-byte header) carrying `payload`, checksums filled.
+fn tcp_frame(
+    src_mac: Mac,
+    dst_mac: Mac,
+    src: (Ipv4Addr, u16),
+    dst: (Ipv4Addr, u16),
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut buf = vec![0u8; UDP_AT + 20 + payload.len()];
     ethernet::Repr {
-        src: CLIENT.mac,
-        dst: VIP_MAC,
+        src: src_mac,
+        dst: dst_mac,
         ethertype: EtherType::IPV4,
     }
     .emit(&mut buf);
     ipv4::Repr {
-        src: CLIENT.ip,
-        dst: VIP,
+        src: src.0,
+        dst: dst.0,
         protocol: ipv4::Protocol::TCP,
-        payload_len: 20,
+        payload_len: (20 + payload.len()) as u16,
         ttl: 64,
     }
     .emit(&mut buf[IP_AT..]);
-    buf[UDP_AT..UDP_AT + 2].copy_from_slice(&CLIENT_UDP_PORT.to_be_bytes());
-    buf[UDP_AT + 2..UDP_AT + 4].copy_from_slice(&MC_PORT.to_be_bytes());
-    buf[UDP_AT + 12] = 0x50;
+    let seg = &mut buf[UDP_AT..];
+    seg[0..2].copy_from_slice(&src.1.to_be_bytes());
+    seg[2..4].copy_from_slice(&dst.1.to_be_bytes());
+    seg[4..8].copy_from_slice(&0x0102_0304u32.to_be_bytes());
+    seg[12] = 0x50;
+    seg[13] = 0x18;
+    seg[14..16].copy_from_slice(&64240u16.to_be_bytes());
+    seg[20..].copy_from_slice(payload);
+    let sum = tcp_checksum(src.0, dst.0, seg);
+    seg[16..18].copy_from_slice(&sum.to_be_bytes());
+    buf
+}
+
+/// The TCP checksum of `segment` (its checksum field taken as zero).
+fn tcp_checksum(src: Ipv4Addr, dst: Ipv4Addr, segment: &[u8]) -> u16 {
+    let mut seg = segment.to_vec();
+    seg[16..18].copy_from_slice(&[0, 0]);
+    let pseudo = wire::checksum::pseudo_header_v4(src, dst, 6, seg.len() as u16);
+    wire::checksum::fold(pseudo + wire::checksum::sum(&seg))
+}
+
+/// An IPv4 frame of protocol `proto` with `payload` after the header.
+fn ip_frame(src_mac: Mac, dst_mac: Mac, src: Ipv4Addr, dst: Ipv4Addr, proto: u8) -> Vec<u8> {
+    let payload = [8u8, 0, 0xf7, 0xff, 0, 0, 0, 0];
+    let mut buf = vec![0u8; IP_AT + ipv4::HEADER_LEN + payload.len()];
+    ethernet::Repr {
+        src: src_mac,
+        dst: dst_mac,
+        ethertype: EtherType::IPV4,
+    }
+    .emit(&mut buf);
+    ipv4::Repr {
+        src,
+        dst,
+        protocol: ipv4::Protocol(proto),
+        payload_len: payload.len() as u16,
+        ttl: 64,
+    }
+    .emit(&mut buf[IP_AT..]);
+    buf[UDP_AT..].copy_from_slice(&payload);
     buf
 }
 
@@ -379,6 +463,14 @@ fn assert_checksums(what: &str, frame: &[u8]) {
         assert!(
             u.verify_checksum(ip.src(), ip.dst()),
             "{what}: UDP checksum"
+        );
+    }
+    if ip.protocol() == ipv4::Protocol::TCP && !ip.is_fragment() && ip.payload().len() >= 20 {
+        let seg = ip.payload();
+        assert_eq!(
+            u16::from_be_bytes([seg[16], seg[17]]),
+            tcp_checksum(ip.src(), ip.dst(), seg),
+            "{what}: TCP checksum"
         );
     }
 }
@@ -467,11 +559,13 @@ fn assert_counts(what: &str, s: &Stats, before: &[(Count, u64)], expected: &[Cou
 
 /// Builds the frame a case expects to leave the switch, from the frame that went in.
 type Expected = fn(&Fx, &[u8]) -> Vec<u8>;
+/// Builds a case's input frame.
+type Input = fn(&Fx) -> Vec<u8>;
 
 struct Case {
     name: &'static str,
     in_port: u16,
-    input: fn(&Fx) -> Vec<u8>,
+    input: Input,
     fate: Fate,
     /// The frame as it leaves, from the input; `None`: unchanged. Only checked when the
     /// frame leaves (`Out` or `Flood`).
@@ -504,10 +598,14 @@ fn vip_arp_reply(_: &Fx) -> Vec<Emit> {
 }
 
 fn run(mode: Mode, cases: &[Case]) {
+    run_on(mode, Rig::new, cases)
+}
+
+fn run_on(mode: Mode, rig: fn(Mode) -> Rig, cases: &[Case]) {
     let fx = Fx::new();
     for case in cases {
         let what = format!("{mode:?}: {}", case.name);
-        let mut rig = Rig::new(mode);
+        let mut rig = rig(mode);
         let input = (case.input)(&fx);
         let mut frame = input.clone();
         let before = snapshot(&rig.stats);
@@ -883,7 +981,7 @@ fn l3_cases() -> Vec<Case> {
             counts: &[Count::Drop(Drop::BadIpv4)],
         },
         Case {
-            name: "TCP to the VIP is not handled",
+            name: "TCP to the VIP is not handled without a local port",
             in_port: CLIENT.port,
             input: |_| tcp_to_vip(),
             fate: Fate::Consumed,
@@ -891,7 +989,251 @@ fn l3_cases() -> Vec<Case> {
             emits: nothing,
             counts: &[Count::Drop(Drop::VipUnhandled)],
         },
+        Case {
+            name: "a server's TCP to the VIP is not handled without a local port",
+            in_port: SERVERS[0].port,
+            input: |_| server_tcp_to(0, VIP),
+            fate: Fate::Consumed,
+            output: None,
+            emits: nothing,
+            counts: &[Count::Drop(Drop::VipUnhandled)],
+        },
+        Case {
+            name: "an ARP reply to the VIP answers the switch's own request",
+            in_port: SERVERS[0].port,
+            input: |_| arp_reply_to(0, VIP),
+            fate: Fate::Consumed,
+            output: None,
+            emits: nothing,
+            counts: &[],
+        },
     ]
+}
+
+/// A TCP segment from server `s`'s memcached port to `dst` (the proxy's side of a connection
+/// to the server), sent to the VIP's MAC.
+fn server_tcp_to(s: usize, dst: Ipv4Addr) -> Vec<u8> {
+    tcp_frame(
+        SERVERS[s].mac,
+        VIP_MAC,
+        (SERVERS[s].ip, MC_PORT),
+        (dst, 40001),
+        b"VERSION 1.6.18\r\n",
+    )
+}
+
+/// Server `s` answering an ARP request from `target` (at the VIP's MAC).
+fn arp_reply_to(s: usize, target: Ipv4Addr) -> Vec<u8> {
+    arp_frame(
+        VIP_MAC,
+        &arp::Repr {
+            operation: arp::Operation::Reply,
+            sender_mac: SERVERS[s].mac,
+            sender_ip: SERVERS[s].ip,
+            target_mac: VIP_MAC,
+            target_ip: target,
+        },
+    )
+}
+
+/// What the host behind the local port sends: from the VIP's MAC and `src`.
+fn from_host(dst_mac: Mac, src: (Ipv4Addr, u16), dst: (Ipv4Addr, u16)) -> Vec<u8> {
+    tcp_frame(VIP_MAC, dst_mac, src, dst, b"get k\r\n")
+}
+
+/// The switch with a local port, in either mode: what reaches the host's stack and what
+/// leaves it. `source` is where the host speaks to the servers from (the VIP in l3 mode, the
+/// agent address in l2 mode).
+fn local_cases(source: Ipv4Addr) -> Vec<Case> {
+    let mut cases = vec![
+        Case {
+            name: "TCP to the VIP's memcached port goes out of the local port unchanged",
+            in_port: CLIENT.port,
+            input: |_| tcp_to_vip(),
+            fate: Fate::Out(LOCAL),
+            output: None,
+            emits: nothing,
+            counts: &[Count::Switched],
+        },
+        Case {
+            name: "TCP to another port of the VIP is not handled",
+            in_port: CLIENT.port,
+            input: |_| {
+                tcp_frame(
+                    CLIENT.mac,
+                    VIP_MAC,
+                    (CLIENT.ip, CLIENT_UDP_PORT),
+                    (VIP, 22),
+                    b"",
+                )
+            },
+            fate: Fate::Consumed,
+            output: None,
+            emits: nothing,
+            counts: &[Count::Drop(Drop::VipUnhandled)],
+        },
+        Case {
+            name: "TCP to the VIP's port with IPv4 options does not reach the host",
+            in_port: CLIENT.port,
+            input: |_| with_ipv4_options(&tcp_to_vip()),
+            fate: Fate::Consumed,
+            output: None,
+            emits: nothing,
+            counts: &[Count::Drop(Drop::VipUnhandled)],
+        },
+        Case {
+            name: "ICMP to the VIP is not handled",
+            in_port: CLIENT.port,
+            input: |_| ip_frame(CLIENT.mac, VIP_MAC, CLIENT.ip, VIP, 1),
+            fate: Fate::Consumed,
+            output: None,
+            emits: nothing,
+            counts: &[Count::Drop(Drop::VipUnhandled)],
+        },
+        Case {
+            name: "a client's TCP from port 11211 to the VIP is not mistaken for a server's",
+            in_port: CLIENT.port,
+            input: |_| tcp_frame(CLIENT.mac, VIP_MAC, (CLIENT.ip, MC_PORT), (VIP, 40001), b""),
+            fate: Fate::Consumed,
+            output: None,
+            emits: nothing,
+            counts: &[Count::Drop(Drop::VipUnhandled)],
+        },
+        Case {
+            name: "the host's TCP to a server leaves by the server's port unchanged",
+            in_port: LOCAL,
+            input: |_| from_host(SERVERS[1].mac, (VIP, 40001), (SERVERS[1].ip, MC_PORT)),
+            fate: Fate::Out(SERVERS[1].port),
+            output: None,
+            emits: nothing,
+            counts: &[Count::Switched],
+        },
+        Case {
+            name: "the proxy's answer to a client leaves by the client's port unchanged",
+            in_port: LOCAL,
+            input: |_| from_host(CLIENT.mac, (VIP, MC_PORT), (CLIENT.ip, CLIENT_UDP_PORT)),
+            fate: Fate::Out(CLIENT.port),
+            output: None,
+            emits: nothing,
+            counts: &[Count::Switched],
+        },
+        Case {
+            name: "the host's ARP request for a server is flooded",
+            in_port: LOCAL,
+            input: |_| {
+                arp_frame(
+                    Mac::BROADCAST,
+                    &arp::Repr {
+                        operation: arp::Operation::Request,
+                        sender_mac: VIP_MAC,
+                        sender_ip: VIP,
+                        target_mac: Mac::ZERO,
+                        target_ip: SERVERS[2].ip,
+                    },
+                )
+            },
+            fate: Fate::Flood,
+            output: None,
+            emits: nothing,
+            counts: &[Count::Flooded],
+        },
+        Case {
+            name: "a server's ARP reply to the VIP goes out of the local port",
+            in_port: SERVERS[0].port,
+            input: |_| arp_reply_to(0, VIP),
+            fate: Fate::Out(LOCAL),
+            output: None,
+            emits: nothing,
+            counts: &[Count::Switched],
+        },
+        Case {
+            name: "an ARP reply to another address at the VIP's MAC is the switch's own",
+            in_port: SERVERS[0].port,
+            input: |_| arp_reply_to(0, Ipv4Addr::UNSPECIFIED),
+            fate: Fate::Consumed,
+            output: None,
+            emits: nothing,
+            counts: &[],
+        },
+        Case {
+            name: "the switch still answers ARP for the VIP itself",
+            in_port: CLIENT.port,
+            input: |_| arp_request(&CLIENT, VIP),
+            fate: Fate::Consumed,
+            output: None,
+            emits: vip_arp_reply,
+            counts: &[Count::ArpReplies],
+        },
+    ];
+    cases.push(Case {
+        name: "UDP gets to the VIP are still routed by key",
+        in_port: CLIENT.port,
+        input: |fx| to_vip(format!("get {}\r\n", fx.key(2, 0)).as_bytes()),
+        fate: Fate::Out(SERVERS[2].port),
+        output: if source == VIP {
+            Some(|_, input| routed(input, Mode::L3, 2))
+        } else {
+            Some(|_, input| routed(input, Mode::L2, 2))
+        },
+        emits: nothing,
+        counts: &[Count::KvForwarded, Count::Switched, Count::Requests(2)],
+    });
+    // The servers' side of the proxy's connections, to wherever the proxy speaks from.
+    let to_source: [(Input, u16); 3] = if source == VIP {
+        [
+            (|_| server_tcp_to(0, VIP), SERVERS[0].port),
+            (|_| server_tcp_to(1, VIP), SERVERS[1].port),
+            (|_| server_tcp_to(2, VIP), SERVERS[2].port),
+        ]
+    } else {
+        [
+            (|_| server_tcp_to(0, AGENT), SERVERS[0].port),
+            (|_| server_tcp_to(1, AGENT), SERVERS[1].port),
+            (|_| server_tcp_to(2, AGENT), SERVERS[2].port),
+        ]
+    };
+    for (input, in_port) in to_source {
+        cases.push(Case {
+            name: "TCP from a server's memcached port to the proxy's source goes out of the \
+                   local port unchanged",
+            in_port,
+            input,
+            fate: Fate::Out(LOCAL),
+            output: None,
+            emits: nothing,
+            counts: &[Count::Switched],
+        });
+    }
+    cases.push(Case {
+        name: "TCP from a server's other port to the proxy's source is not handled",
+        in_port: SERVERS[0].port,
+        input: if source == VIP {
+            |_| {
+                tcp_frame(
+                    SERVERS[0].mac,
+                    VIP_MAC,
+                    (SERVERS[0].ip, 22),
+                    (VIP, 40001),
+                    b"",
+                )
+            }
+        } else {
+            |_| {
+                tcp_frame(
+                    SERVERS[0].mac,
+                    VIP_MAC,
+                    (SERVERS[0].ip, 22),
+                    (AGENT, 40001),
+                    b"",
+                )
+            }
+        },
+        fate: Fate::Consumed,
+        output: None,
+        emits: nothing,
+        counts: &[Count::Drop(Drop::VipUnhandled)],
+    });
+    cases
 }
 
 /// The server of the 250-byte key, fixed so the table can name its port.
@@ -942,6 +1284,102 @@ fn plain_frame_between_backends_behind_one_port_is_not_sent_back() {
 #[test]
 fn l3_table() {
     run(Mode::L3, &l3_cases());
+}
+
+#[test]
+fn l3_local_port_table() {
+    run_on(Mode::L3, Rig::local, &local_cases(VIP));
+}
+
+#[test]
+fn l2_local_port_table() {
+    let mut cases = local_cases(AGENT);
+    cases.extend([
+        Case {
+            name: "a server's ARP reply to the agent address goes out of the local port",
+            in_port: SERVERS[1].port,
+            input: |_| arp_reply_to(1, AGENT),
+            fate: Fate::Out(LOCAL),
+            output: None,
+            emits: nothing,
+            counts: &[Count::Switched],
+        },
+        Case {
+            name: "a server's TCP to the VIP (which it owns) does not reach the host",
+            in_port: SERVERS[0].port,
+            input: |_| server_tcp_to(0, VIP),
+            fate: Fate::Consumed,
+            output: None,
+            emits: nothing,
+            counts: &[Count::Drop(Drop::VipUnhandled)],
+        },
+        Case {
+            name: "the host's TCP from the agent address to a server is not rewritten",
+            in_port: LOCAL,
+            input: |_| from_host(SERVERS[0].mac, (AGENT, 40001), (SERVERS[0].ip, MC_PORT)),
+            fate: Fate::Out(SERVERS[0].port),
+            output: None,
+            emits: nothing,
+            counts: &[Count::Switched],
+        },
+        Case {
+            name: "ARP for the agent address is answered by the switch",
+            in_port: SERVERS[2].port,
+            input: |_| arp_request(&SERVERS[2], AGENT),
+            fate: Fate::Consumed,
+            output: None,
+            emits: |_| {
+                let s = &SERVERS[2];
+                vec![Emit {
+                    dest: Dest::Port(s.port),
+                    frame: arp_frame(
+                        s.mac,
+                        &arp::Repr {
+                            operation: arp::Operation::Reply,
+                            sender_mac: VIP_MAC,
+                            sender_ip: AGENT,
+                            target_mac: s.mac,
+                            target_ip: s.ip,
+                        },
+                    ),
+                }]
+            },
+            counts: &[Count::ArpReplies],
+        },
+    ]);
+    run_on(Mode::L2, Rig::local, &cases);
+}
+
+/// The host's stack may leave the TCP checksum to offload (a veth with transmit checksumming
+/// on): the port marks such frames and the switch completes the checksum before they leave.
+#[test]
+fn unfinished_tcp_checksum_from_the_host_is_completed() {
+    let mut rig = Rig::local(Mode::L3);
+    let done = from_host(CLIENT.mac, (VIP, MC_PORT), (CLIENT.ip, CLIENT_UDP_PORT));
+    let mut partial = done.clone();
+    // What offload leaves in the field: the pseudo-header sum, not complemented.
+    let len = (done.len() - UDP_AT) as u16;
+    let pseudo = wire::checksum::pseudo_header_v4(VIP, CLIENT.ip, 6, len);
+    partial[UDP_AT + 16..UDP_AT + 18]
+        .copy_from_slice(&(!wire::checksum::fold(pseudo)).to_be_bytes());
+    assert_ne!(partial, done);
+    let mut emit = Vec::new();
+    let fate = rig
+        .sw
+        .process(LOCAL, &mut partial, false, rig.now, &mut emit);
+    assert_eq!(fate, Fate::Out(CLIENT.port));
+    assert_bytes("completed", &partial, &done);
+    assert_checksums("completed", &partial);
+}
+
+/// Without enough ports for the local port after the configured ones, the switch refuses.
+#[test]
+fn a_local_port_needs_a_port_number() {
+    let stats = Arc::new(Stats::new(PORTS, SERVERS.len()));
+    let e = Switch::new(&config_local(Mode::L3), PORTS, stats)
+        .err()
+        .expect("too few ports");
+    assert!(e.to_string().contains("local port"), "{e}");
 }
 
 #[test]
@@ -1509,13 +1947,13 @@ impl Lcg {
     }
 }
 
-fn check_sane(what: &str, fate: Fate, emit: &[Emit]) {
+fn check_sane(what: &str, ports: usize, fate: Fate, emit: &[Emit]) {
     if let Fate::Out(p) = fate {
-        assert!(usize::from(p) < PORTS, "{what}: out of port {p}");
+        assert!(usize::from(p) < ports, "{what}: out of port {p}");
     }
     for e in emit {
         if let Dest::Port(p) = e.dest {
-            assert!(usize::from(p) < PORTS, "{what}: emitted to port {p}");
+            assert!(usize::from(p) < ports, "{what}: emitted to port {p}");
         }
         assert!(
             e.frame.len() >= ethernet::HEADER_LEN,
@@ -1546,7 +1984,7 @@ fn short_random_frames_never_panic() {
             let fate = rig
                 .sw
                 .process(in_port, &mut frame, round % 3 != 0, rig.now, &mut emit);
-            check_sane(&format!("{len} random bytes"), fate, &emit);
+            check_sane(&format!("{len} random bytes"), PORTS, fate, &emit);
         }
     }
 }
@@ -1566,10 +2004,16 @@ fn mutated_frames_never_panic() {
         to_agent(1, 1, 0, 1, b"VALUE x 0 1\r\nX\r\nEND\r\n"),
         arp_request(&CLIENT, VIP),
         tcp_to_vip(),
+        server_tcp_to(1, VIP),
+        server_tcp_to(1, AGENT),
+        arp_reply_to(0, VIP),
+        arp_reply_to(0, AGENT),
+        from_host(SERVERS[1].mac, (VIP, 40001), (SERVERS[1].ip, MC_PORT)),
     ];
     let mut rng = Lcg(0x5eed_0002);
     let mut rig = Rig::new(Mode::L3);
     let mut l2 = Rig::new(Mode::L2);
+    let mut rigs_local = [Rig::local(Mode::L3), Rig::local(Mode::L2)];
     let mut now = rig.now;
     for i in 0..5000 {
         let mut frame = templates[rng.below(templates.len())].clone();
@@ -1614,15 +2058,25 @@ fn mutated_frames_never_panic() {
         let fate = rig
             .sw
             .process(in_port, &mut frame, csum_ready, now, &mut emit);
-        check_sane(&format!("l3 frame {i}"), fate, &emit);
+        check_sane(&format!("l3 frame {i}"), PORTS, fate, &emit);
         let fate = l2
             .sw
             .process(in_port, &mut copy, csum_ready, now, &mut emit);
-        check_sane(&format!("l2 frame {i}"), fate, &emit);
+        check_sane(&format!("l2 frame {i}"), PORTS, fate, &emit);
+        // With a local port, frames may come from it too.
+        let in_port = rng.below(PORTS + 1) as u16;
+        for (m, r) in rigs_local.iter_mut().enumerate() {
+            let mut copy = frame.clone();
+            let fate = r.sw.process(in_port, &mut copy, csum_ready, now, &mut emit);
+            check_sane(&format!("local {m} frame {i}"), PORTS + 1, fate, &emit);
+        }
         if i % 500 == 499 {
             now += Duration::from_millis(700);
             rig.sw.tick(now, &mut emit);
             l2.sw.tick(now, &mut emit);
+            for r in rigs_local.iter_mut() {
+                r.sw.tick(now, &mut emit);
+            }
         }
     }
 }

@@ -26,11 +26,27 @@ pub fn kvswitch_config(state: &State, extra: Option<&str>) -> String {
     let _ = writeln!(out, "ports = [{}]", ports.join(", "));
     let _ = writeln!(out, "mode = {:?}", state.mode.as_str());
     let _ = writeln!(out, "api = \"{}\"", state.api);
+    match (&state.local_port, &state.local_peer) {
+        (Some(port), Some(peer)) => {
+            let _ = writeln!(out, "local_port = {port:?}");
+            let _ = writeln!(out, "local_peer = {peer:?}");
+            let _ = writeln!(out, "proxy = {}", state.proxy);
+        }
+        _ => {
+            let _ = writeln!(out, "local_port = \"\"");
+        }
+    }
     let _ = writeln!(out);
     let _ = writeln!(out, "[vip]");
     let _ = writeln!(out, "ip = \"{}\"", state.vip);
     let _ = writeln!(out, "mac = {:?}", state.vip_mac);
     let _ = writeln!(out, "port = {}", state.vip_port);
+    if let Some(len) = state.subnet.split_once('/').map(|(_, len)| len) {
+        let _ = writeln!(out, "prefix_len = {len}");
+    }
+    if let Some(agent) = state.agent_ip {
+        let _ = writeln!(out, "agent_ip = \"{agent}\"");
+    }
     let _ = writeln!(out);
     let _ = writeln!(out, "[pool]");
     let _ = writeln!(out, "distribution = {:?}", state.distribution);

@@ -44,6 +44,8 @@ pub fn down(state_path: &Path) -> anyhow::Result<()> {
 
     let mut namespaces: Vec<String> = state.hosts.iter().map(|h| h.netns.clone()).collect();
     let mut links: Vec<String> = state.hosts.iter().map(|h| h.switch_if.clone()).collect();
+    // kvswitch removes its local port when it stops; after a crash it is still here.
+    links.extend(state.local_port.iter().chain(&state.local_peer).cloned());
     let tag = format!("{}-", state.prefix);
     for ns in netns::list_netns().unwrap_or_default() {
         if ns.starts_with(&tag) && !namespaces.contains(&ns) {

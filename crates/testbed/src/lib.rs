@@ -1,6 +1,7 @@
 //! Builds kvswitch test networks: each host is a network namespace joined to the switch by a
 //! veth pair, servers run memcached, the first client runs nutcracker, and the kvswitch daemon
-//! runs in the root namespace on the switch-side ends.
+//! runs in the root namespace on the switch-side ends, with its local port into the root
+//! namespace's own stack (where its TCP proxy listens on the VIP).
 //!
 //! Every name carries a prefix so several testbeds can coexist, and everything created is
 //! recorded in a JSON state file before it exists, so [`down`] can undo a crashed [`up`]. This
@@ -31,6 +32,7 @@ pub use probe::{http_get, memcached_version};
 pub use state::{HostState, NutcrackerState, ProcRecord, State};
 pub use topology::{
     check_prefix, Host, Mode, Role, Subnet, Topology, MAX_HOST_NAME, MAX_PREFIX, MEMCACHED_PORT,
+    RESERVED_HOST_NAMES,
 };
 pub use up::{NUTCRACKER_PORT, NUTCRACKER_STATS_PORT};
 
@@ -58,6 +60,14 @@ pub struct UpOptions {
     pub start_nutcracker: bool,
     /// Appended verbatim to the generated kvswitch config.
     pub extra_config: Option<String>,
+    /// Give kvswitch a local port into the root namespace (`<prefix>-local`), through which TCP
+    /// to the VIP reaches the host's stack. Default true. The root namespace then holds the
+    /// VIP and a route to the subnet, so testbeds running side by side need distinct subnets
+    /// (see [`Subnet::for_prefix`]); `up` refuses a subnet the root namespace already reaches.
+    pub local_port: bool,
+    /// Run kvswitch's TCP proxy behind the local port. Default true; false leaves the VIP's
+    /// port in the root namespace to another program (a test's own listener, nutcracker).
+    pub proxy: bool,
 }
 
 impl Default for UpOptions {
@@ -69,6 +79,8 @@ impl Default for UpOptions {
             api: None,
             start_nutcracker: true,
             extra_config: None,
+            local_port: true,
+            proxy: true,
         }
     }
 }

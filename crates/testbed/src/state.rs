@@ -21,6 +21,20 @@ pub struct State {
     pub vip: Ipv4Addr,
     pub vip_port: u16,
     pub vip_mac: String,
+    /// Where the switch (split gets) and the proxy (connections to the servers) speak from
+    /// when it is not the VIP: set in l2 mode, where the servers own the VIP.
+    #[serde(default)]
+    pub agent_ip: Option<Ipv4Addr>,
+    /// kvswitch's local port, the switch's end (`<prefix>-local`); None when turned off.
+    #[serde(default)]
+    pub local_port: Option<String>,
+    /// The host's end of the local port (`<prefix>-local-h`), in the root namespace with the
+    /// VIP's MAC and address.
+    #[serde(default)]
+    pub local_peer: Option<String>,
+    /// Whether kvswitch runs its TCP proxy behind the local port.
+    #[serde(default)]
+    pub proxy: bool,
     pub distribution: String,
     pub hash: String,
     /// kvswitch's HTTP API.

@@ -20,6 +20,9 @@ pub const MAX_HOST_NAME: usize = MAX_IFNAME - MAX_PREFIX - 1;
 pub const MAX_HOSTS: usize = 99;
 /// Port memcached listens on (TCP and UDP) on every server, and the VIP port.
 pub const MEMCACHED_PORT: u16 = 11211;
+/// Host names the testbed keeps for itself: `<prefix>-local` and `<prefix>-local-h` are the two
+/// ends of kvswitch's local port.
+pub const RESERVED_HOST_NAMES: &[&str] = &["local", "local-h"];
 
 /// Pool distributions nutcracker understands.
 const DISTRIBUTIONS: &[&str] = &["ketama", "modula", "random"];
@@ -141,6 +144,29 @@ impl Subnet {
         let ip = u32::from(ip);
         let base = u32::from(self.base);
         ip & self.mask() == base && ip != base && ip != base | !self.mask()
+    }
+
+    /// Whether the two networks share an address.
+    pub fn overlaps(&self, other: &Subnet) -> bool {
+        let mask = self.mask() & other.mask();
+        u32::from(self.base) & mask == u32::from(other.base) & mask
+    }
+
+    /// A /24 for the testbed with `prefix`, inside 10.128.0.0/10 and fixed by the prefix
+    /// (FNV-1a), so that testbeds with different prefixes can run side by side even though the
+    /// host's end of each one's local port sits in the root namespace with the VIP's address
+    /// and a route to the subnet. Two prefixes may still hash to one subnet; `up` refuses a
+    /// subnet the root namespace already reaches.
+    pub fn for_prefix(prefix: &str) -> Subnet {
+        let mut h: u32 = 0x811c_9dc5;
+        for b in prefix.bytes() {
+            h ^= u32::from(b);
+            h = h.wrapping_mul(0x0100_0193);
+        }
+        Subnet {
+            base: Ipv4Addr::new(10, 128 + (h % 64) as u8, (h >> 8) as u8, 0),
+            len: 24,
+        }
     }
 }
 
@@ -336,6 +362,31 @@ impl Topology {
         self.subnet.nth(index as u32 + 1)
     }
 
+    /// The same topology on `subnet`: hosts keep their order and the VIP its host number.
+    /// Fails if the hosts or the VIP do not fit.
+    pub fn on_subnet(mut self, subnet: Subnet) -> anyhow::Result<Topology> {
+        let vip_host = u32::from(self.vip) - u32::from(self.subnet.base);
+        if vip_host > subnet.capacity() || self.hosts.len() as u32 > subnet.capacity() {
+            bail!(
+                "subnet: {subnet} is too small for {} hosts and the VIP at .{vip_host}",
+                self.hosts.len()
+            );
+        }
+        self.subnet = subnet;
+        self.vip = subnet.nth(vip_host);
+        Ok(self)
+    }
+
+    /// An address of the subnet that is neither a host's nor the VIP: the highest one free.
+    /// In l2 mode the switch and the host behind its local port speak to the servers from it,
+    /// since the servers own the VIP. `None` if the subnet is full.
+    pub fn agent_ip(&self) -> Option<Ipv4Addr> {
+        (1..=self.subnet.capacity())
+            .rev()
+            .map(|n| self.subnet.nth(n))
+            .find(|&ip| ip != self.vip && !(0..self.hosts.len()).any(|i| self.host_ip(i) == ip))
+    }
+
     pub fn servers(&self) -> impl Iterator<Item = &Host> {
         self.hosts.iter().filter(|h| h.role == Role::Server)
     }
@@ -387,6 +438,9 @@ fn validate_host(i: usize, raw: RawHost) -> anyhow::Result<Host> {
 fn check_host_name(name: &str) -> anyhow::Result<()> {
     if name.is_empty() {
         bail!("must not be empty");
+    }
+    if RESERVED_HOST_NAMES.contains(&name) {
+        bail!("host name {name:?} is reserved for the switch's local port");
     }
     if name.len() > MAX_HOST_NAME {
         bail!(
@@ -447,6 +501,48 @@ mod tests {
         assert_eq!(t.vip, Ipv4Addr::new(10, 77, 0, 100));
         assert_eq!(t.mode, Mode::L3);
         assert_eq!(t.host_ip(1), Ipv4Addr::new(10, 77, 0, 2));
+    }
+
+    #[test]
+    fn subnets_per_prefix() {
+        let prefixes = [
+            "kvs", "kvd", "ku2", "ku3", "kp2", "kp3", "kt2", "kt3", "tb1", "tb2", "tb3", "tb4",
+            "tb5",
+        ];
+        let subnets: Vec<Subnet> = prefixes.iter().map(|p| Subnet::for_prefix(p)).collect();
+        for (i, s) in subnets.iter().enumerate() {
+            assert_eq!(s.len, 24);
+            assert_eq!(s.base.octets()[0], 10);
+            assert!(s.base.octets()[1] >= 128);
+            assert_eq!(Subnet::parse(&s.to_string()).unwrap(), *s);
+            for (j, t) in subnets.iter().enumerate().skip(i + 1) {
+                assert!(
+                    !s.overlaps(t),
+                    "{} and {} share {s}",
+                    prefixes[i],
+                    prefixes[j]
+                );
+            }
+        }
+        let a = Subnet::parse("10.0.0.0/8").unwrap();
+        assert!(a.overlaps(&subnets[0]) && subnets[0].overlaps(&a));
+        assert!(!Subnet::parse("192.0.2.0/24").unwrap().overlaps(&subnets[0]));
+    }
+
+    #[test]
+    fn moving_to_another_subnet_keeps_host_numbers() {
+        let t = Topology::default_topology()
+            .on_subnet(Subnet::parse("10.200.3.0/24").unwrap())
+            .unwrap();
+        assert_eq!(t.vip, Ipv4Addr::new(10, 200, 3, 100));
+        assert_eq!(t.host_ip(0), Ipv4Addr::new(10, 200, 3, 1));
+        assert_eq!(t.agent_ip(), Some(Ipv4Addr::new(10, 200, 3, 254)));
+        assert!(Topology::default_topology()
+            .on_subnet(Subnet::parse("10.200.3.0/28").unwrap())
+            .is_err());
+        let e = Topology::parse("[[hosts]]\nname = \"local\"\nrole = \"server\"\n", "t.toml")
+            .unwrap_err();
+        assert!(format!("{e}").contains("reserved"), "{e}");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::netns::{self, in_netns, ip, ns_run, sysctl};
 use crate::probe;
 use crate::process;
 use crate::state::{HostState, NutcrackerState, ProcRecord, State};
-use crate::topology::{check_prefix, Mode, Role, Topology, MAX_IFNAME, MEMCACHED_PORT};
+use crate::topology::{check_prefix, Mode, Role, Subnet, Topology, MAX_IFNAME, MEMCACHED_PORT};
 use crate::{default_state_path, UpOptions};
 
 /// nutcracker's listen port inside the first client's namespace.
@@ -56,12 +56,15 @@ pub(crate) fn up(topo: &Topology, opts: &UpOptions) -> anyhow::Result<State> {
             leftovers.join(", ")
         );
     }
+    if opts.local_port && opts.kvswitch_bin.is_some() {
+        check_root_namespace(&topo.subnet)?;
+    }
     let api = match opts.api {
         Some(api) => api,
         None => free_port()?,
     };
 
-    let mut state = plan(topo, opts, state_path.clone(), api);
+    let mut state = plan(topo, opts, state_path.clone(), api)?;
     state.save()?;
     match build(&mut state, topo, opts) {
         Ok(()) => Ok(state),
@@ -78,6 +81,70 @@ pub(crate) fn up(topo: &Topology, opts: &UpOptions) -> anyhow::Result<State> {
 /// `<prefix>-<host>`: both the namespace and the switch-side interface.
 fn if_name(prefix: &str, host: &str) -> String {
     format!("{prefix}-{host}")
+}
+
+/// The host's end of kvswitch's local port puts the VIP and a route to the subnet into the
+/// root namespace; refuses a subnet the root namespace already has an address or a route in
+/// (another testbed's, or a real network), since the two would steal each other's traffic.
+fn check_root_namespace(subnet: &Subnet) -> anyhow::Result<()> {
+    let clash = |what: &str, net: &str| {
+        anyhow!(
+            "subnet {subnet} is already reached from the root namespace ({what} {net}); \
+             another testbed with a local port may use it: choose another subnet \
+             (Subnet::for_prefix, or `subnet =` in the topology file)"
+        )
+    };
+    // "4: eth0    inet 192.0.2.2/24 brd ..." per address.
+    for line in ip(&["-o", "-4", "addr", "show"])?.lines() {
+        let mut words = line.split_whitespace();
+        let dev = words.nth(1).unwrap_or("?").to_string();
+        let Some(net) = words.skip_while(|w| *w != "inet").nth(1) else {
+            continue;
+        };
+        let addr = net
+            .split('/')
+            .next()
+            .and_then(|a| a.parse::<Ipv4Addr>().ok());
+        if addr.is_some_and(|a| u32::from(a) & mask(subnet.len) == u32::from(subnet.base)) {
+            return Err(clash(&format!("address on {dev}:"), net));
+        }
+    }
+    // "10.77.0.0/24 dev kvs-local-h proto kernel ..." per route; "default" and shorter
+    // prefixes that merely cover the subnet are left alone (ours is more specific).
+    for line in ip(&["-o", "-4", "route", "show", "table", "all"])?.lines() {
+        let Some(first) = line
+            .split_whitespace()
+            .find(|w| *w != "local" && *w != "broadcast")
+        else {
+            continue;
+        };
+        if let Some(n) = parse_net(first) {
+            if n.len >= subnet.len && subnet.overlaps(&n) {
+                return Err(clash("route to", first));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `a.b.c.d/len` or `a.b.c.d` (a /32) as a network with its host bits cleared.
+fn parse_net(text: &str) -> Option<Subnet> {
+    let (addr, len) = match text.split_once('/') {
+        Some((a, l)) => (a, l.parse::<u8>().ok()?),
+        None => (text, 32),
+    };
+    let addr: Ipv4Addr = addr.parse().ok()?;
+    if len > 32 {
+        return None;
+    }
+    Some(Subnet {
+        base: Ipv4Addr::from(u32::from(addr) & mask(len)),
+        len,
+    })
+}
+
+fn mask(len: u8) -> u32 {
+    u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0)
 }
 
 /// Locally administered MAC `02:6b:76:XX:00:NN`; XX separates testbeds, NN is the host number.
@@ -104,7 +171,12 @@ fn free_port() -> anyhow::Result<SocketAddr> {
 }
 
 /// The state with every name decided and nothing created yet.
-fn plan(topo: &Topology, opts: &UpOptions, state_path: PathBuf, api: SocketAddr) -> State {
+fn plan(
+    topo: &Topology,
+    opts: &UpOptions,
+    state_path: PathBuf,
+    api: SocketAddr,
+) -> anyhow::Result<State> {
     let stem = state_path
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
@@ -130,7 +202,17 @@ fn plan(topo: &Topology, opts: &UpOptions, state_path: PathBuf, api: SocketAddr)
             log: None,
         })
         .collect();
-    State {
+    let agent_ip = match topo.mode {
+        Mode::L3 => None,
+        Mode::L2 => Some(topo.agent_ip().ok_or_else(|| {
+            anyhow!(
+                "subnet {} has no address left for the switch's agent (l2 mode needs one)",
+                topo.subnet
+            )
+        })?),
+    };
+    let local = |end: &str| opts.local_port.then(|| format!("{}-{end}", opts.prefix));
+    Ok(State {
         prefix: opts.prefix.clone(),
         name: topo.name.clone(),
         mode: topo.mode,
@@ -138,6 +220,10 @@ fn plan(topo: &Topology, opts: &UpOptions, state_path: PathBuf, api: SocketAddr)
         vip: topo.vip,
         vip_port: MEMCACHED_PORT,
         vip_mac: mac(&opts.prefix, VIP_MAC_BYTE),
+        agent_ip,
+        local_port: local("local"),
+        local_peer: local("local-h"),
+        proxy: opts.local_port && opts.proxy,
         distribution: topo.distribution.clone(),
         hash: topo.hash.clone(),
         api,
@@ -151,7 +237,7 @@ fn plan(topo: &Topology, opts: &UpOptions, state_path: PathBuf, api: SocketAddr)
         procs: Vec::new(),
         files: Vec::new(),
         complete: false,
-    }
+    })
 }
 
 fn build(state: &mut State, topo: &Topology, opts: &UpOptions) -> anyhow::Result<()> {
@@ -453,11 +539,21 @@ mod tests {
     }
 
     #[test]
+    fn networks_from_addresses_and_routes() {
+        let n = parse_net("10.77.0.100/24").unwrap();
+        assert_eq!(n.to_string(), "10.77.0.0/24");
+        assert_eq!(parse_net("10.77.0.3").unwrap().len, 32);
+        assert_eq!(parse_net("default"), None);
+        assert_eq!(parse_net("10.0.0.0/33"), None);
+        assert_eq!(parse_net("0.0.0.0/0").unwrap().len, 0);
+    }
+
+    #[test]
     fn plan_names_everything() {
         let topo = Topology::default_topology();
         let opts = UpOptions::default();
         let api: SocketAddr = "127.0.0.1:9110".parse().unwrap();
-        let s = plan(&topo, &opts, "/run/kvswitch/kvs-testbed.json".into(), api);
+        let s = plan(&topo, &opts, "/run/kvswitch/kvs-testbed.json".into(), api).unwrap();
         assert_eq!(s.hosts[2].netns, "kvs-s1");
         assert_eq!(s.hosts[2].ip, Ipv4Addr::new(10, 77, 0, 3));
         assert_eq!(s.work_dir, Path::new("/run/kvswitch/kvs-testbed.d"));
@@ -471,6 +567,24 @@ mod tests {
         assert_eq!(parsed["pool"]["servers"][2]["name"].as_str(), Some("s3"));
         assert_eq!(parsed["vip"]["port"].as_integer(), Some(11211));
         assert_eq!(parsed["extra"]["x"].as_integer(), Some(1));
+        assert_eq!(parsed["switch"]["local_port"].as_str(), Some("kvs-local"));
+        assert_eq!(parsed["switch"]["local_peer"].as_str(), Some("kvs-local-h"));
+        assert_eq!(parsed["switch"]["proxy"].as_bool(), Some(true));
+        assert_eq!(parsed["vip"]["prefix_len"].as_integer(), Some(24));
+        assert!(parsed["vip"].get("agent_ip").is_none());
+
+        // l2: an agent address; no local port when asked for none.
+        let mut l2 = topo.clone();
+        l2.mode = Mode::L2;
+        let opts = UpOptions {
+            local_port: false,
+            ..UpOptions::default()
+        };
+        let s = plan(&l2, &opts, "/run/kvswitch/kvs-testbed.json".into(), api).unwrap();
+        let parsed: toml::Value = toml::from_str(&config::kvswitch_config(&s, None)).unwrap();
+        assert_eq!(parsed["vip"]["agent_ip"].as_str(), Some("10.77.0.254"));
+        assert_eq!(parsed["switch"]["local_port"].as_str(), Some(""));
+        assert!(parsed["switch"].get("local_peer").is_none());
         let yaml = config::nutcracker_config(&s, "127.0.0.1:22121".parse().unwrap());
         assert!(yaml.contains("   - 10.77.0.4:11211:1 s2\n"));
     }

@@ -81,7 +81,8 @@ fn ip(args: &[&str]) {
     assert!(st.success(), "ip {args:?} failed");
 }
 
-/// A Linux bridge joining the switch-side ends, standing in for kvswitch; removed on drop.
+/// A Linux bridge joining the switch-side ends, standing in for kvswitch (or any link made by
+/// a test); removed on drop.
 struct Bridge(String);
 
 impl Bridge {
@@ -489,6 +490,11 @@ http.server.HTTPServer((host, int(port)), Status).serve_forever()
     );
     assert_eq!(conf["pool"]["servers"][0]["weight"].as_integer(), Some(2));
     assert_eq!(conf["cache"]["enabled"].as_bool(), Some(true));
+    // The local port carries the prefix; l2 mode gets an agent address for it.
+    assert_eq!(conf["switch"]["local_port"].as_str(), Some("tb5-local"));
+    assert_eq!(conf["switch"]["local_peer"].as_str(), Some("tb5-local-h"));
+    assert_eq!(conf["vip"]["agent_ip"].as_str(), Some("10.77.0.254"));
+    assert_eq!(live.state.local_port.as_deref(), Some("tb5-local"));
 
     // l2: the server owns the VIP on lo, keeps quiet about it on ARP, and memcached accepts it.
     let vip = live.state.vip;
@@ -511,6 +517,59 @@ http.server.HTTPServer((host, int(port)), Status).serve_forever()
     assert_gone(prefix, &state_path, &work_dir, &pids);
     assert!(!alive(kvs));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// kvswitch's local port puts the VIP and a route to the subnet into the root namespace, so
+/// `up` refuses a subnet the root namespace already reaches, before building anything.
+#[test]
+fn up_refuses_a_subnet_the_root_namespace_reaches() {
+    let prefix = "tb6";
+    let mut opts = fresh(prefix);
+    let subnet = testbed::Subnet::for_prefix(prefix);
+    let topo = Topology::default_topology().on_subnet(subnet).unwrap();
+    // Never run: the check comes first.
+    opts.kvswitch_bin = Some("/nonexistent/kvswitch".into());
+    opts.start_nutcracker = false;
+
+    // Not the testbed's prefix, which `up` would refuse for another reason.
+    let taken = "tb6x-taken";
+    let _ = std::process::Command::new("ip")
+        .args(["link", "del", taken])
+        .stderr(std::process::Stdio::null())
+        .status();
+    ip(&[
+        "link",
+        "add",
+        taken,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "tb6x-taken-p",
+    ]);
+    let guard = Bridge(taken.to_string());
+    ip(&[
+        "addr",
+        "add",
+        &format!("{}/24", subnet.nth(200)),
+        "dev",
+        taken,
+    ]);
+    let err = testbed::up(&topo, &opts).unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(
+        msg.contains("already reached") && msg.contains(taken),
+        "{msg}"
+    );
+    assert!(!default_state_path(prefix).exists());
+
+    // Without a local port nothing reaches the root namespace: no objection.
+    opts.local_port = false;
+    opts.kvswitch_bin = None;
+    let live = testbed::up(&topo, &opts).unwrap();
+    live.down().unwrap();
+    drop(guard);
+    assert_eq!(names_with_prefix(prefix), Vec::<String>::new());
 }
 
 fn write_script(dir: &Path, name: &str, text: &str) -> PathBuf {

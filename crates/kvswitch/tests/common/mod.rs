@@ -19,8 +19,22 @@ pub fn require_root() {
 
 /// Brings up the default topology (2 clients, 3 servers) with kvswitch in `mode`.
 pub fn testbed(prefix: &str, mode: &str, nutcracker: bool) -> testbed::Live {
+    testbed_with(prefix, mode, nutcracker, |_| {})
+}
+
+/// The same, with the options changed by `tweak` first. The subnet is the prefix's own
+/// ([`testbed::Subnet::for_prefix`]): kvswitch's local port puts the VIP and a route to the
+/// subnet into the root namespace, which the tests running side by side share.
+pub fn testbed_with(
+    prefix: &str,
+    mode: &str,
+    nutcracker: bool,
+    tweak: impl FnOnce(&mut testbed::UpOptions),
+) -> testbed::Live {
     require_root();
-    let mut topo = testbed::Topology::default_topology();
+    let mut topo = testbed::Topology::default_topology()
+        .on_subnet(testbed::Subnet::for_prefix(prefix))
+        .expect("the default topology fits a /24");
     topo.mode = match mode {
         "l2" => testbed::Mode::L2,
         _ => testbed::Mode::L3,
@@ -29,13 +43,14 @@ pub fn testbed(prefix: &str, mode: &str, nutcracker: bool) -> testbed::Live {
     // A previous run that was killed may have left this prefix behind.
     let _ = testbed::down(&state);
     let _ = testbed::sweep(prefix);
-    let opts = testbed::UpOptions {
+    let mut opts = testbed::UpOptions {
         prefix: prefix.into(),
         kvswitch_bin: Some(env!("CARGO_BIN_EXE_kvswitch").into()),
         state_path: Some(state),
         start_nutcracker: nutcracker,
         ..Default::default()
     };
+    tweak(&mut opts);
     testbed::up(&topo, &opts).expect("testbed up")
 }
 
