@@ -335,7 +335,9 @@ fn frame(
     buf: &[u8],
 ) -> Result<Option<Framed>, ReplyError> {
     if !sentinel {
-        return Ok(framer.reply_len(buf)?.map(|n| Framed { reply: n, total: n }));
+        return Ok(framer
+            .reply_len(buf)?
+            .map(|n| Framed { reply: n, total: n }));
     }
     let sentinel_len = |rest: &[u8]| -> Result<Option<usize>, ReplyError> {
         match wire {

@@ -646,7 +646,9 @@ mod tests {
         assert_eq!(too_large(b"set a 0 0 2000\r\n", 1 << 20, false), None);
         assert_eq!(too_large(b"get a\r\n", 1 << 20, false), None);
         assert_eq!(
-            too_large(b"ms a 3000000\r\n", 1 << 20, false).unwrap().reply,
+            too_large(b"ms a 3000000\r\n", 1 << 20, false)
+                .unwrap()
+                .reply,
             TOO_LARGE
         );
         let mut set = vec![0x80, opcode::SET, 0, 1, 8, 0, 0, 0];

@@ -207,9 +207,9 @@ impl Proxy {
             "RUST_LOG",
             std::env::var("KVSWITCH_TEST_LOG").unwrap_or_else(|_| "warn".into()),
         )
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log descriptor"))
-            .stderr(log);
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log descriptor"))
+        .stderr(log);
         let child = cmd.spawn().expect("start the proxy");
         let proxy = Proxy {
             front,
