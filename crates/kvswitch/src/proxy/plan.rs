@@ -180,6 +180,13 @@ fn plan_text(request: &Request<'_>, router: &mut dyn Router) -> Plan {
             Some(&server) => single(request, server, Wire::Text, kind),
             None => no_server(request),
         },
+        // Settings and connections describe one process: summing them means nothing.
+        Command::Stats if stats_group(request.bytes(), &[b"settings", b"conns"]) => {
+            match router.live().first() {
+                Some(&server) => single(request, server, Wire::Text, kind),
+                None => no_server(request),
+            }
+        }
         Command::Stats => broadcast(request, router, Wire::Text, Combine::StatsText),
         Command::FlushAll | Command::Verbosity | Command::Misc => {
             broadcast(request, router, Wire::Text, Combine::Same)
@@ -195,6 +202,15 @@ fn plan_text(request: &Request<'_>, router: &mut dyn Router) -> Plan {
             }
         }
     }
+}
+
+/// Whether a text `stats` line asks for one of `groups`.
+fn stats_group(line: &[u8], groups: &[&[u8]]) -> bool {
+    let mut tokens = line
+        .split(|&b| b == b' ' || b == b'\r' || b == b'\n')
+        .filter(|t| !t.is_empty());
+    tokens.next();
+    tokens.next().is_some_and(|group| groups.contains(&group))
 }
 
 fn broadcast(request: &Request<'_>, router: &mut dyn Router, wire: Wire, combine: Combine) -> Plan {
