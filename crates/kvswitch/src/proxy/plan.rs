@@ -188,6 +188,13 @@ fn plan_text(request: &Request<'_>, router: &mut dyn Router) -> Plan {
             }
         }
         Command::Stats => broadcast(request, router, Wire::Text, Combine::StatsText),
+        // Streams with no end that one reply could frame: refused rather than let one client
+        // tie up a connection that others share.
+        Command::Misc if streams(request.bytes()) => {
+            let mut out = Vec::new();
+            error_reply(&on_error(request), UNSUPPORTED, &mut out);
+            Plan::Local(out)
+        }
         Command::FlushAll | Command::Verbosity | Command::Misc => {
             broadcast(request, router, Wire::Text, Combine::Same)
         }
@@ -201,6 +208,22 @@ fn plan_text(request: &Request<'_>, router: &mut dyn Router) -> Plan {
                 None => no_server(request),
             }
         }
+    }
+}
+
+/// The text the proxy answers a command it does not pass on with.
+pub const UNSUPPORTED: &str = "command not supported by the proxy";
+
+/// Whether an administrative command answers with a stream rather than one reply: `watch`,
+/// `lru_crawler metadump` and `lru_crawler mgdump`.
+fn streams(line: &[u8]) -> bool {
+    let mut tokens = line
+        .split(|&b| b == b' ' || b == b'\r' || b == b'\n')
+        .filter(|t| !t.is_empty());
+    match (tokens.next(), tokens.next()) {
+        (Some(b"watch"), _) => true,
+        (Some(b"lru_crawler"), Some(b"metadump" | b"mgdump")) => true,
+        _ => false,
     }
 }
 
