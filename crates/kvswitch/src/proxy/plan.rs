@@ -220,11 +220,10 @@ fn streams(line: &[u8]) -> bool {
     let mut tokens = line
         .split(|&b| b == b' ' || b == b'\r' || b == b'\n')
         .filter(|t| !t.is_empty());
-    match (tokens.next(), tokens.next()) {
-        (Some(b"watch"), _) => true,
-        (Some(b"lru_crawler"), Some(b"metadump" | b"mgdump")) => true,
-        _ => false,
-    }
+    matches!(
+        (tokens.next(), tokens.next()),
+        (Some(b"watch"), _) | (Some(b"lru_crawler"), Some(b"metadump" | b"mgdump"))
+    )
 }
 
 /// Whether a text `stats` line asks for one of `groups`.
