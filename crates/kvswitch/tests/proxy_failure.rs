@@ -448,20 +448,21 @@ fn silent_server(front: Front) {
             );
         }
     });
+    // The first request waits out the timeout; later ones fail no later, at once if the
+    // proxy keeps the server marked down for a while (nutcracker waits every time).
     let mut conn = Conn::open(proxy.addr);
-    // The first request waits out the timeout; after it the server counts as down for a short
-    // backoff, so the next may fail at once. None waits longer than the timeout.
-    for (i, k) in stuck[..2].iter().enumerate() {
+    for (i, k) in stuck[..3].iter().enumerate() {
         let (reply, took) = timed(&mut conn, format!("get {k}\r\n").as_bytes(), timeout * 4);
         assert!(is_server_error(&reply), "{front:?}: {k}: {}", show(&reply));
-        let floor = if i == 0 {
+        let least = if i == 0 {
             timeout.mul_f32(0.9)
         } else {
             Duration::ZERO
         };
         assert!(
-            took >= floor && took < timeout + SLACK,
-            "{front:?}: {k} failed after {took:?}"
+            took >= least && took < timeout + SLACK,
+            "{front:?}: request {i} ({k}) failed after {took:?}: {}",
+            show(&reply)
         );
     }
     other.join().expect("healthy keys served");
