@@ -835,7 +835,12 @@ fn never_reads(front: Front) -> Hogged {
             values_reply(&[("other", v.as_bytes())]),
         ]
         .concat();
-        assert_eq!(reply, want, "{front:?}");
+        assert!(
+            reply == want,
+            "{front:?}: another client's set and get, after {:?}: {}",
+            t.elapsed(),
+            show(&reply)
+        );
         slowest = slowest.max(t.elapsed());
         peak = peak.max(cluster.proxy.rss_kib());
         n += 1;

@@ -68,8 +68,12 @@ impl Proc {
                 .unwrap_or_default()
         };
         loop {
-            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-                return Ok(());
+            if let Ok(s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+                // A connect to a loopback port nobody listens on can pick that same port as
+                // its source and connect to itself; that is not the process listening.
+                if s.local_addr().ok() != s.peer_addr().ok() {
+                    return Ok(());
+                }
             }
             if let Some(status) = self.child.try_wait()? {
                 bail!(

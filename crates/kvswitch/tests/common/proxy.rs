@@ -27,6 +27,12 @@ pub fn free_port() -> u16 {
     port
 }
 
+/// True when something listens on `addr`. A connect to a loopback port nobody listens on can
+/// pick that same port as its source and connect to itself, which does not count.
+pub fn listening(addr: SocketAddr) -> bool {
+    TcpStream::connect(addr).is_ok_and(|s| s.local_addr().ok() != s.peer_addr().ok())
+}
+
 /// A memcached on a loopback port of its own that a test can kill and start again on the
 /// same port; killed by PID when dropped.
 pub struct Memcached {
@@ -157,18 +163,34 @@ pub fn yaml_config(listen: SocketAddr, servers: &[(&str, SocketAddr)], opts: &Po
 }
 
 impl Proxy {
-    /// Starts `front` before `servers` and waits until it accepts connections.
+    /// Starts `front` before `servers` and waits until it accepts connections. A start that
+    /// fails (another process took the port first) is tried again on another port.
     pub fn start(front: Front, servers: &[(&str, SocketAddr)], opts: &PoolOpts) -> Proxy {
+        let mut why = String::new();
+        for _ in 0..3 {
+            match Proxy::try_start(front, servers, opts) {
+                Ok(proxy) => return proxy,
+                Err(log) => why = log,
+            }
+        }
+        panic!("{front:?} exited at start:\n{why}");
+    }
+
+    fn try_start(
+        front: Front,
+        servers: &[(&str, SocketAddr)],
+        opts: &PoolOpts,
+    ) -> Result<Proxy, String> {
         let dir = TempDir::new("kvswitch-proxy-test").expect("a scratch directory");
         if front == Front::Direct {
             let m = Memcached::start();
-            return Proxy {
+            return Ok(Proxy {
                 front,
                 addr: m.addr(),
                 child: None,
                 direct: Some(m),
                 dir,
-            };
+            });
         }
         let port = free_port();
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
@@ -219,16 +241,16 @@ impl Proxy {
             dir,
         };
         let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(addr).is_err() {
+        while !listening(addr) {
             if !proxy.alive() {
-                panic!("{front:?} exited at start:\n{}", proxy.log_tail());
+                return Err(proxy.log_tail());
             }
             if Instant::now() > deadline {
                 panic!("{front:?} not accepting on {addr}:\n{}", proxy.log_tail());
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        proxy
+        Ok(proxy)
     }
 
     pub fn pid(&self) -> u32 {
