@@ -183,17 +183,8 @@ fn binary_request(
     opaque: u32,
     cas: u64,
 ) -> Vec<u8> {
-    let body = extras.len() + key.len() + value.len();
-    let mut packet = vec![0x80, op];
-    packet.extend_from_slice(&(key.len() as u16).to_be_bytes());
-    packet.push(extras.len() as u8);
-    packet.extend_from_slice(&[0, 0, 0]);
-    packet.extend_from_slice(&(body as u32).to_be_bytes());
-    packet.extend_from_slice(&opaque.to_be_bytes());
-    packet.extend_from_slice(&cas.to_be_bytes());
-    packet.extend_from_slice(extras);
-    packet.extend_from_slice(key);
-    packet.extend_from_slice(value);
+    let mut packet = Vec::new();
+    wire::memcache::binary::write_request(op, key, extras, value, opaque, cas, &mut packet);
     packet
 }
 

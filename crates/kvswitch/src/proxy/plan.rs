@@ -2,7 +2,7 @@
 //! server, or to every server) and how to turn the servers' replies into the one reply the
 //! client expects. Pure: no I/O, no clock.
 
-use wire::memcache::binary::{opcode, HEADER_LEN, RESPONSE_MAGIC};
+use wire::memcache::binary::{opcode, status, write_error, write_response, HEADER_LEN};
 use wire::memcache::reply::{write_retrieval_request, ReplyKind};
 use wire::memcache::{meta, Command, Protocol, Request, MAX_KEY_LEN};
 
@@ -320,12 +320,12 @@ fn plan_binary(request: &Request<'_>, router: &mut dyn Router) -> Plan {
     match op {
         opcode::NOOP => {
             let mut out = Vec::with_capacity(HEADER_LEN);
-            binary_header(op, 0, opaque, 0, &mut out);
+            write_response(op, status::NO_ERROR, opaque, b"", b"", &mut out);
             Plan::Local(out)
         }
         opcode::QUIT => {
             let mut out = Vec::with_capacity(HEADER_LEN);
-            binary_header(op, 0, opaque, 0, &mut out);
+            write_response(op, status::NO_ERROR, opaque, b"", b"", &mut out);
             Plan::Close(out)
         }
         opcode::QUITQ => Plan::Close(Vec::new()),
@@ -350,17 +350,6 @@ fn plan_binary(request: &Request<'_>, router: &mut dyn Router) -> Plan {
     }
 }
 
-/// Writes a binary response header with no extras or key and a body of `body_len` bytes.
-pub fn binary_header(op: u8, status: u16, opaque: u32, body_len: u32, out: &mut Vec<u8>) {
-    out.push(RESPONSE_MAGIC);
-    out.push(op);
-    out.extend_from_slice(&[0, 0, 0, 0]);
-    out.extend_from_slice(&status.to_be_bytes());
-    out.extend_from_slice(&body_len.to_be_bytes());
-    out.extend_from_slice(&opaque.to_be_bytes());
-    out.extend_from_slice(&[0; 8]);
-}
-
 /// Binary status the proxy answers with when a server fails a request ("internal error").
 pub const STATUS_PROXY_ERROR: u16 = 0x0084;
 
@@ -372,14 +361,14 @@ pub fn error_reply(on: &OnError, message: &str, out: &mut Vec<u8>) {
     match on.protocol {
         Protocol::Binary => {
             let body = format!("SERVER_ERROR {message}");
-            binary_header(
+            write_response(
                 on.opcode,
                 STATUS_PROXY_ERROR,
                 on.opaque,
-                body.len() as u32,
+                b"",
+                body.as_bytes(),
                 out,
             );
-            out.extend_from_slice(body.as_bytes());
         }
         Protocol::Text | Protocol::Meta => {
             out.extend_from_slice(b"SERVER_ERROR ");
@@ -456,16 +445,13 @@ pub fn too_large(buf: &[u8], max: usize, binary: bool) -> Option<Refused> {
         if !storage || header.value_len() <= max {
             return None;
         }
-        const E2BIG: &[u8] = b"Too large.";
-        let mut reply = Vec::with_capacity(HEADER_LEN + E2BIG.len());
-        binary_header(
+        let mut reply = Vec::with_capacity(HEADER_LEN + 16);
+        write_error(
             header.opcode,
-            wire::memcache::binary::status::VALUE_TOO_LARGE,
+            status::VALUE_TOO_LARGE,
             header.opaque,
-            E2BIG.len() as u32,
             &mut reply,
         );
-        reply.extend_from_slice(E2BIG);
         return Some(Refused {
             reply,
             consumed: HEADER_LEN,

@@ -550,18 +550,9 @@ pub fn binary_request(
     opaque: u32,
     cas: u64,
 ) -> Vec<u8> {
-    let body = extras.len() + key.len() + value.len();
-    let mut p = vec![0x80, op];
-    p.extend_from_slice(&(key.len() as u16).to_be_bytes());
-    p.push(extras.len() as u8);
-    p.extend_from_slice(&[0, 0, 0]);
-    p.extend_from_slice(&(body as u32).to_be_bytes());
-    p.extend_from_slice(&opaque.to_be_bytes());
-    p.extend_from_slice(&cas.to_be_bytes());
-    p.extend_from_slice(extras);
-    p.extend_from_slice(key);
-    p.extend_from_slice(value);
-    p
+    let mut packet = Vec::new();
+    wire::memcache::binary::write_request(op, key, extras, value, opaque, cas, &mut packet);
+    packet
 }
 
 /// The complete binary packets at the front of `buf`.

@@ -183,6 +183,36 @@ pub fn status_text(status: u16) -> &'static [u8] {
     }
 }
 
+/// Appends a request packet: the header, then `extras`, `key` and `value`.
+///
+/// For clients and tests; lengths that do not fit their header fields are cut as in
+/// [`write_response`], so the packet written is always well formed.
+pub fn write_request(
+    opcode: u8,
+    key: &[u8],
+    extras: &[u8],
+    value: &[u8],
+    opaque: u32,
+    cas: u64,
+    out: &mut Vec<u8>,
+) {
+    let key = &key[..key.len().min(usize::from(u16::MAX))];
+    let extras = &extras[..extras.len().min(usize::from(u8::MAX))];
+    let room = (u32::MAX as usize).saturating_sub(key.len() + extras.len());
+    let value = &value[..value.len().min(room)];
+    let body = extras.len() + key.len() + value.len();
+    out.reserve(HEADER_LEN + body);
+    out.extend_from_slice(&[REQUEST_MAGIC, opcode]);
+    out.extend_from_slice(&(key.len() as u16).to_be_bytes());
+    out.extend_from_slice(&[extras.len() as u8, 0, 0, 0]);
+    out.extend_from_slice(&(body as u32).to_be_bytes());
+    out.extend_from_slice(&opaque.to_be_bytes());
+    out.extend_from_slice(&cas.to_be_bytes());
+    out.extend_from_slice(extras);
+    out.extend_from_slice(key);
+    out.extend_from_slice(value);
+}
+
 /// Appends a response packet without extras, with a zero CAS and data type.
 ///
 /// A key longer than 65535 bytes is cut to fit its 16-bit length field, and the value so that
