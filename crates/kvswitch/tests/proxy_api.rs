@@ -1,0 +1,150 @@
+//! The proxy's control API: `kvswitch proxy --api` serves per-server counters on `/metrics` and
+//! each server's health on `/api/v1/status`, and they follow what happens to the servers.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::proxy::{free_port, keys_on, listening, ring, set_request, Conn, Memcached};
+
+/// The proxy process, killed by PID when dropped.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn get(api: SocketAddr, path: &str) -> String {
+    let (status, body) = testbed::http_get(api, path).expect("the API answers");
+    assert_eq!(status, 200, "{path}: {body}");
+    body
+}
+
+/// The value of one sample line of the exposition, e.g. `name{pool="default",server="s1"}`.
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
+
+#[test]
+fn metrics_and_status_follow_the_servers() {
+    let mut servers = [Memcached::start(), Memcached::start(), Memcached::start()];
+    let names = ["s1", "s2", "s3"];
+    let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let dir = testbed::local::TempDir::new("kvswitch-proxy-api").expect("scratch directory");
+    let mut config = format!(
+        "[proxy]\nworkers = 1\napi = \"{api}\"\n\n[pool]\ntimeout_ms = 500\n\
+         auto_eject_hosts = true\nserver_failure_limit = 1\nserver_retry_timeout_ms = 60000\n"
+    );
+    for (name, server) in names.iter().zip(&servers) {
+        config.push_str(&format!(
+            "\n[[pool.servers]]\naddr = \"{}\"\nname = \"{name}\"\n",
+            server.addr()
+        ));
+    }
+    let path = dir.path().join("proxy.toml");
+    std::fs::write(&path, config).expect("write the configuration");
+    let _proxy = Running(
+        Command::new(env!("CARGO_BIN_EXE_kvswitch"))
+            .args(["proxy", "--listen", &listen.to_string(), "--config"])
+            .arg(&path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the proxy"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(listening(listen) && listening(api)) {
+        assert!(Instant::now() < deadline, "the proxy never listened");
+        thread::sleep(Duration::from_millis(20));
+    }
+
+    // Five sets on each server: each server's request and reply counters say five.
+    let ring = ring();
+    let mut conn = Conn::open(listen);
+    for server in 0..3 {
+        for key in keys_on(&ring, server, "api:", 5) {
+            assert_eq!(
+                conn.call(&set_request(&key, b"v"), |r| r.ends_with(b"\r\n")),
+                b"STORED\r\n"
+            );
+        }
+    }
+    let metrics = get(api, "/metrics");
+    for name in names {
+        let labels = format!("{{pool=\"default\",server=\"{name}\"}}");
+        for family in ["requests_total", "replies_total"] {
+            let series = format!("kvswitch_proxy_server_{family}{labels}");
+            assert_eq!(sample(&metrics, &series), Some(5.0), "{series}\n{metrics}");
+        }
+        let up = format!("kvswitch_proxy_server_up{labels}");
+        assert_eq!(sample(&metrics, &up), Some(1.0), "{metrics}");
+    }
+    assert_eq!(
+        sample(
+            &metrics,
+            "kvswitch_proxy_client_connections{pool=\"default\"}"
+        ),
+        Some(1.0)
+    );
+
+    // s2 dies: the next request for one of its keys fails and ejects it.
+    servers[1].kill();
+    let key = &keys_on(&ring, 1, "api:", 1)[0];
+    let reply = conn.call(format!("get {key}\r\n").as_bytes(), |r| {
+        r.ends_with(b"\r\n")
+    });
+    assert!(
+        reply.starts_with(b"SERVER_ERROR"),
+        "{}",
+        String::from_utf8_lossy(&reply)
+    );
+    let metrics = get(api, "/metrics");
+    let s2 = "{pool=\"default\",server=\"s2\"}";
+    assert_eq!(
+        sample(&metrics, &format!("kvswitch_proxy_server_up{s2}")),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            &format!("kvswitch_proxy_server_ejections_total{s2}")
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(&metrics, &format!("kvswitch_proxy_server_errors_total{s2}")),
+        Some(1.0)
+    );
+
+    let status: serde_json::Value =
+        serde_json::from_str(&get(api, "/api/v1/status")).expect("status is JSON");
+    let health: Vec<(String, String)> = status["proxy"]["pools"][0]["servers"]
+        .as_array()
+        .expect("servers")
+        .iter()
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap_or_default().to_owned(),
+                s["health"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        health,
+        vec![
+            ("s1".to_owned(), "up".to_owned()),
+            ("s2".to_owned(), "ejected".to_owned()),
+            ("s3".to_owned(), "up".to_owned()),
+        ]
+    );
+}
