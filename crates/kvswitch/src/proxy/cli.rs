@@ -102,6 +102,12 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
 }
 
 fn load(args: &ProxyArgs) -> anyhow::Result<(Vec<PoolSpec>, usize, Option<SocketAddr>)> {
+    if let Some(workers) = args.workers {
+        anyhow::ensure!(
+            (1..=256).contains(&workers),
+            "--workers {workers}: use 1 to 256"
+        );
+    }
     if let Some(path) = &args.nutcracker_config {
         let mut pools = nutcracker::load_nutcracker(path)?;
         if let Some(listen) = args.listen {
