@@ -10,6 +10,7 @@ pub mod daemon;
 pub mod demo;
 pub mod frame;
 pub mod local;
+pub mod measure;
 pub mod proxy;
 pub mod split;
 pub mod stats;
