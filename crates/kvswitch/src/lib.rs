@@ -5,6 +5,7 @@
 //! API ([`api`]) and signals.
 
 pub mod api;
+pub mod bench;
 pub mod config;
 pub mod daemon;
 pub mod demo;
