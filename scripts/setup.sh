@@ -2,7 +2,7 @@
 # Installs what kvswitch needs on a fresh Debian machine: memcached and nutcracker (the peers it
 # is measured against and tested with), iproute2 and ethtool (the testbed's hosts and links,
 # the switch's local port), and libmemcached's command-line clients (the ordinary TCP client
-# the tests talk to the VIP with).
+# the tests talk to the VIP with, and memcslap, the second client of `kvswitch bench proxy`).
 # Needs root. Rust (cargo) must already be installed.
 set -euo pipefail
 
@@ -12,7 +12,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 need=()
-for cmd in memcached nutcracker ethtool ip python3 ps ping memccp; do
+for cmd in memcached nutcracker ethtool ip python3 ps ping memccp memcslap; do
     command -v "$cmd" >/dev/null 2>&1 || need+=("$cmd")
 done
 if [ "${#need[@]}" -gt 0 ]; then

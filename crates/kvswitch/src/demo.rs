@@ -11,6 +11,8 @@ use std::time::Duration;
 use anyhow::Context;
 use serde::Serialize;
 
+use crate::measure::{median, median_of_some, CpuMeter};
+
 #[derive(clap::Args, Clone, Debug)]
 pub struct DemoArgs {
     /// Keys to preload.
@@ -207,15 +209,9 @@ fn measure(
 ) -> anyhow::Result<Row> {
     let target = target.to_string();
     let light = load_report(live, client, exe, &target, proto, args, 1)?;
-    let cpu_before = pid.and_then(cpu_ticks);
+    let cpu = pid.map(CpuMeter::start);
     let heavy = load_report(live, client, exe, &target, proto, args, args.concurrency)?;
-    let cpu_after = pid.and_then(cpu_ticks);
-    let cpu = match (cpu_before, cpu_after) {
-        (Some(a), Some(b)) if heavy.requests > 0 => {
-            Some((b - a) as f64 / clock_ticks() * 1e6 / heavy.requests as f64)
-        }
-        _ => None,
-    };
+    let cpu = cpu.and_then(|m| m.per_request(heavy.requests));
     Ok(Row {
         system: name.to_string(),
         proto: proto.to_string(),
@@ -230,22 +226,9 @@ fn measure(
     })
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
 /// The median of each figure over several runs of one system.
 fn median_row(rows: &[Row]) -> Row {
     let m = |f: fn(&Row) -> f64| median(rows.iter().map(f).collect());
-    let cpu: Vec<f64> = rows
-        .iter()
-        .filter_map(|r| r.middlebox_cpu_us_per_request)
-        .collect();
     Row {
         system: rows[0].system.clone(),
         proto: rows[0].proto.clone(),
@@ -256,7 +239,9 @@ fn median_row(rows: &[Row]) -> Row {
         heavy_p99_us: m(|r| r.heavy_p99_us),
         errors: rows.iter().map(|r| r.errors).sum(),
         timeouts: rows.iter().map(|r| r.timeouts).sum(),
-        middlebox_cpu_us_per_request: (!cpu.is_empty()).then(|| median(cpu)),
+        middlebox_cpu_us_per_request: median_of_some(
+            rows.iter().map(|r| r.middlebox_cpu_us_per_request),
+        ),
     }
 }
 
@@ -410,25 +395,4 @@ fn curr_items(live: &testbed::Live, host: &str, ip: &str) -> anyhow::Result<u64>
         .find_map(|l| l.strip_prefix("STAT curr_items "))
         .and_then(|v| v.trim().parse().ok())
         .context("memcached sent no curr_items")
-}
-
-/// utime + stime of a process, in clock ticks.
-fn cpu_ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces; fields resume after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(utime + stime)
-}
-
-fn clock_ticks() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 {
-        t as f64
-    } else {
-        100.0
-    }
 }

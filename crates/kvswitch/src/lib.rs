@@ -5,11 +5,13 @@
 //! API ([`api`]) and signals.
 
 pub mod api;
+pub mod bench;
 pub mod config;
 pub mod daemon;
 pub mod demo;
 pub mod frame;
 pub mod local;
+pub mod measure;
 pub mod proxy;
 pub mod split;
 pub mod stats;

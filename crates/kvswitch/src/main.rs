@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use kvswitch::{config, daemon, demo};
+use kvswitch::{bench, config, daemon, demo};
 
 #[derive(Parser)]
 #[command(
@@ -45,6 +45,12 @@ enum Cmd {
     Load(loadgen::LoadArgs),
     /// Build the default testbed, compare memcached direct, kvswitch and nutcracker, tear down.
     Demo(demo::DemoArgs),
+    /// Reproducible benchmarks on loopback: `kvswitch bench proxy` measures memcached direct,
+    /// nutcracker and the proxy side by side and checks the proxy's targets.
+    Bench {
+        #[command(subcommand)]
+        scenario: bench::Scenario,
+    },
     Proxy(kvswitch::proxy::cli::ProxyArgs),
     /// Serve the memcached protocol from memory, optionally capacity-limited (a backend for
     /// experiments).
@@ -160,6 +166,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Demo(args) => demo::run(&args),
+        Cmd::Bench { scenario } => bench::run(&scenario),
         Cmd::Node(args) => node::run(&args),
     }
 }

@@ -8,6 +8,7 @@ use std::env;
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::thread;
@@ -55,8 +56,42 @@ impl Proc {
         })
     }
 
+    /// Starts `cmd` with stdin closed and stdout and stderr written to the file `log`
+    /// (created, or emptied).
+    pub fn spawn_logged(name: &str, cmd: &mut Command, log: &Path) -> anyhow::Result<Proc> {
+        let out = fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        let err = out.try_clone().context("duplicating a log descriptor")?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        Ok(Proc {
+            name: name.to_owned(),
+            child,
+        })
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Waits up to `limit` for the process to exit and returns its status. Past `limit` it is
+    /// killed and reaped, and the wait fails.
+    pub fn wait_exit(&mut self, limit: Duration) -> anyhow::Result<std::process::ExitStatus> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                bail!("{} still running after {limit:?}; killed", self.name);
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// Waits until `addr` accepts connections. Fails if the process exits first or
@@ -174,9 +209,37 @@ pub fn memcached(bin: &Path, addr: SocketAddr) -> anyhow::Result<Proc> {
     Ok(p)
 }
 
-/// Starts nutcracker `bin` on configuration `conf` with its stats on 127.0.0.1:`stats_port`,
-/// its log and PID file in `dir`, and waits until every address in `listen` accepts
-/// connections (the error then holds nutcracker's log).
+/// Has the kernel SIGKILL the child `cmd` starts when the thread that starts it exits, so a
+/// caller killed without running its destructors leaves no process behind. Only for callers
+/// whose starting thread outlives the child's use (a command's main thread, not a test's).
+pub fn die_with_parent(cmd: &mut Command) -> &mut Command {
+    // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    }
+}
+
+/// nutcracker `bin` on configuration `conf` with its stats on 127.0.0.1:`stats_port` and its
+/// log (`nutcracker.log`) and PID file in `dir`.
+pub fn nutcracker_command(bin: &Path, conf: &Path, dir: &Path, stats_port: u16) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.arg("-c")
+        .arg(conf)
+        .args(["-s", &stats_port.to_string(), "-a", "127.0.0.1"])
+        .arg("-p")
+        .arg(dir.join("nutcracker.pid"))
+        .arg("-o")
+        .arg(dir.join("nutcracker.log"));
+    cmd
+}
+
+/// Starts nutcracker as [`nutcracker_command`] says and waits until every address in `listen`
+/// accepts connections (the error then holds nutcracker's log).
 pub fn nutcracker(
     bin: &Path,
     conf: &Path,
@@ -187,14 +250,7 @@ pub fn nutcracker(
     let log = dir.join("nutcracker.log");
     let mut p = Proc::spawn(
         "nutcracker",
-        Command::new(bin)
-            .arg("-c")
-            .arg(conf)
-            .args(["-s", &stats_port.to_string(), "-a", "127.0.0.1"])
-            .arg("-p")
-            .arg(dir.join("nutcracker.pid"))
-            .arg("-o")
-            .arg(&log),
+        &mut nutcracker_command(bin, conf, dir, stats_port),
     )?;
     for &addr in listen {
         p.wait_listening(addr, Some(&log))?;
