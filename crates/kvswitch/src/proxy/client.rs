@@ -224,6 +224,50 @@ async fn read_loop(mut rd: ReadHalf<'_>, shared: &Rc<Shared>, pool: &Rc<PoolRt>,
     }
 }
 
+/// Sends the parts of a request to their servers, with a slot in the client's reply order
+/// that their replies will fill.
+fn forward(
+    parts: &[plan::Part],
+    combine: Combine,
+    on_error: OnError,
+    request: &[u8],
+    shared: &Rc<Shared>,
+    pool: &Rc<PoolRt>,
+) {
+    let slot = Rc::new(Slot {
+        client: shared.clone(),
+        combine,
+        on_error,
+        outcomes: RefCell::new(vec![Ok(Vec::new()); parts.len()]),
+        remaining: Cell::new(parts.len()),
+        done: RefCell::new(None),
+    });
+    shared.push(Entry::Wait(slot.clone()));
+    let deadline = Instant::now() + pool.stats.spec.timeout;
+    for (i, part) in parts.iter().enumerate() {
+        let bytes = match &part.bytes {
+            Bytes::Request => request,
+            Bytes::Owned(bytes) => bytes,
+        };
+        let tail: &[u8] = if part.sentinel {
+            sentinel(part.wire)
+        } else {
+            b""
+        };
+        pool.conn(part.server, part.wire).send(
+            bytes,
+            tail,
+            Pending {
+                slot: slot.clone(),
+                part: i,
+                framer: Framer::new(part.kind),
+                sentinel: part.sentinel,
+                deadline,
+            },
+        );
+    }
+}
+
 enum Handled {
     Used(usize),
     Close,
@@ -268,53 +312,30 @@ fn handle(
                         parts,
                         combine,
                         on_error,
-                    } => {
-                        let slot = Rc::new(Slot {
-                            client: shared.clone(),
-                            combine,
-                            on_error,
-                            outcomes: RefCell::new(vec![Ok(Vec::new()); parts.len()]),
-                            remaining: Cell::new(parts.len()),
-                            done: RefCell::new(None),
-                        });
-                        shared.push(Entry::Wait(slot.clone()));
-                        let deadline = Instant::now() + pool.stats.spec.timeout;
-                        for (i, part) in parts.iter().enumerate() {
-                            let bytes = match &part.bytes {
-                                Bytes::Request => request.bytes(),
-                                Bytes::Owned(bytes) => bytes,
-                            };
-                            let tail: &[u8] = if part.sentinel {
-                                sentinel(part.wire)
-                            } else {
-                                b""
-                            };
-                            pool.conn(part.server, part.wire).send(
-                                bytes,
-                                tail,
-                                Pending {
-                                    slot: slot.clone(),
-                                    part: i,
-                                    framer: Framer::new(part.kind),
-                                    sentinel: part.sentinel,
-                                    deadline,
-                                },
-                            );
-                        }
-                    }
+                    } => forward(&parts, combine, on_error, request.bytes(), shared, pool),
                 }
                 used += request.len;
             }
             Ok(None) => {
                 if let Some(refused) = plan::too_large(rest, MAX_VALUE, binary) {
                     add(&stats.client_errors, 1);
-                    if !refused.reply.is_empty() {
-                        shared.push(Entry::Ready(refused.reply));
+                    let (consumed, to_skip) = (refused.consumed, refused.skip);
+                    match plan::unlink(refused, binary, &mut router) {
+                        Plan::Forward {
+                            parts,
+                            combine,
+                            on_error,
+                        } => forward(&parts, combine, on_error, b"", shared, pool),
+                        Plan::Local(reply) | Plan::Close(reply) => {
+                            if !reply.is_empty() {
+                                shared.push(Entry::Ready(reply));
+                            }
+                        }
                     }
-                    let available = rest.len() - refused.consumed.min(rest.len());
-                    let skipped = refused.skip.min(available);
-                    *skip = refused.skip - skipped;
-                    used += refused.consumed + skipped;
+                    let available = rest.len() - consumed.min(rest.len());
+                    let skipped = to_skip.min(available);
+                    *skip = to_skip - skipped;
+                    used += consumed + skipped;
                     continue;
                 }
                 break;

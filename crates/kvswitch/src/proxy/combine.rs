@@ -10,6 +10,10 @@ pub type Outcome = Result<Vec<u8>, String>;
 
 /// Builds the client's reply from the outcomes, in part order, appending it to `out`.
 pub fn combine(how: &Combine, on_error: &OnError, outcomes: &mut [Outcome], out: &mut Vec<u8>) {
+    if let Combine::Fixed(bytes) = how {
+        out.extend_from_slice(bytes);
+        return;
+    }
     if let Some(Err(message)) = outcomes.iter().find(|o| o.is_err()) {
         error_reply(on_error, message, out);
         return;
@@ -36,6 +40,7 @@ pub fn combine(how: &Combine, on_error: &OnError, outcomes: &mut [Outcome], out:
         Combine::Merge(keys) => merge(keys, &replies, on_error, out),
         Combine::StatsText => stats::merge_text(&replies, out),
         Combine::StatsBinary { opaque } => stats::merge_binary(&replies, *opaque, out),
+        Combine::Fixed(_) => {}
     }
 }
 

@@ -50,6 +50,8 @@ pub enum Combine {
     StatsText,
     /// Binary `STAT` sent to every server: the replies are added up.
     StatsBinary { opaque: u32 },
+    /// These bytes, whatever the servers said or whether they answered.
+    Fixed(Vec<u8>),
 }
 
 /// The client's keys of a split multi-get, in order, each with the part that asked for it.
@@ -350,6 +352,48 @@ fn plan_binary(request: &Request<'_>, router: &mut dyn Router) -> Plan {
     }
 }
 
+/// The plan for a refused `set`: drop the item it would have replaced from its server, as
+/// memcached does, then answer with the refusal.
+pub fn unlink(refused: Refused, binary: bool, router: &mut dyn Router) -> Plan {
+    let Some(key) = refused.unlink else {
+        return Plan::Local(refused.reply);
+    };
+    let Some(server) = router.locate(&key) else {
+        return Plan::Local(refused.reply);
+    };
+    let (wire, bytes, kind) = if binary {
+        let mut bytes = Vec::with_capacity(HEADER_LEN + key.len());
+        wire::memcache::binary::write_request(opcode::DELETEQ, &key, b"", b"", 0, 0, &mut bytes);
+        (Wire::Binary, bytes, ReplyKind::Binary)
+    } else {
+        let mut bytes = Vec::with_capacity(key.len() + 20);
+        bytes.extend_from_slice(b"delete ");
+        bytes.extend_from_slice(&key);
+        bytes.extend_from_slice(b" noreply\r\n");
+        (Wire::Text, bytes, ReplyKind::Line)
+    };
+    Plan::Forward {
+        parts: vec![Part {
+            server,
+            wire,
+            bytes: Bytes::Owned(bytes),
+            kind,
+            sentinel: true,
+        }],
+        combine: Combine::Fixed(refused.reply),
+        on_error: OnError {
+            protocol: if binary {
+                Protocol::Binary
+            } else {
+                Protocol::Text
+            },
+            opcode: 0,
+            opaque: 0,
+            silent: true,
+        },
+    }
+}
+
 /// Binary status the proxy answers with when a server fails a request ("internal error").
 pub const STATUS_PROXY_ERROR: u16 = 0x0084;
 
@@ -419,6 +463,9 @@ pub struct Refused {
     pub reply: Vec<u8>,
     pub consumed: usize,
     pub skip: usize,
+    /// A `set` (text, or binary SET/SETQ) that memcached refuses also drops the item it would
+    /// have replaced, so that no stale value outlives the failed write: its key.
+    pub unlink: Option<Vec<u8>>,
 }
 
 /// memcached's reply to a text or meta storage request whose value does not fit an item.
@@ -445,6 +492,10 @@ pub fn too_large(buf: &[u8], max: usize, binary: bool) -> Option<Refused> {
         if !storage || header.value_len() <= max {
             return None;
         }
+        let (key_start, key_end) = header.key_range();
+        // Wait for the key: it names the item a refused SET drops.
+        let key = buf.get(key_start..key_end)?;
+        let unlink = matches!(header.opcode, opcode::SET | opcode::SETQ).then(|| key.to_vec());
         let mut reply = Vec::with_capacity(HEADER_LEN + 16);
         write_error(
             header.opcode,
@@ -456,6 +507,7 @@ pub fn too_large(buf: &[u8], max: usize, binary: bool) -> Option<Refused> {
             reply,
             consumed: HEADER_LEN,
             skip: header.body_len as usize,
+            unlink,
         });
     }
     let line = wire::memcache::line_len(buf)?;
@@ -487,6 +539,7 @@ pub fn too_large(buf: &[u8], max: usize, binary: bool) -> Option<Refused> {
         },
         consumed: line,
         skip: len.saturating_add(2),
+        unlink: (command == Command::Set).then(|| tokens[0].to_vec()),
     })
 }
 
@@ -665,6 +718,7 @@ mod tests {
         assert_eq!(refused.reply, TOO_LARGE);
         assert_eq!(refused.consumed, b"set a 0 0 2000000\r\n".len());
         assert_eq!(refused.skip, 2_000_002);
+        assert_eq!(refused.unlink, Some(b"a".to_vec()));
         let quiet = too_large(b"set a 0 0 2000000 noreply\r\n", 1 << 20, false).unwrap();
         assert!(quiet.reply.is_empty());
         assert_eq!(too_large(b"set a 0 0 2000\r\n", 1 << 20, false), None);
@@ -679,7 +733,12 @@ mod tests {
         set.extend_from_slice(&(3_000_009u32).to_be_bytes());
         set.extend_from_slice(&[0, 0, 0, 9]);
         set.extend_from_slice(&[0; 8]);
+        assert_eq!(too_large(&set, 1 << 20, true), None, "waits for the key");
+        set.extend_from_slice(&[0; 8]);
+        assert_eq!(too_large(&set, 1 << 20, true), None, "waits for the key");
+        set.push(b'k');
         let refused = too_large(&set, 1 << 20, true).unwrap();
+        assert_eq!(refused.unlink, Some(b"k".to_vec()));
         assert_eq!(refused.consumed, HEADER_LEN);
         assert_eq!(refused.skip, 3_000_009);
         assert_eq!(&refused.reply[6..8], &[0, 3]);
