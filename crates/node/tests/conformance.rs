@@ -7,6 +7,7 @@ mod common;
 use std::net::{SocketAddr, TcpStream};
 
 use common::{connect, exchange, node, Memcached};
+use testbed::replies::{ends_with_sentinel, last_cas, normalise_binary, normalise_text, SENTINEL};
 
 /// Text and meta requests, one exchange each. `{cas}` is replaced by the last CAS value that
 /// server returned.
@@ -172,9 +173,6 @@ const BINARY: &[Binary] = &[
     (0x00, b"ctr", b"", b"", 0),
 ];
 
-/// Opaque of the `NOOP` that ends each binary exchange.
-const SENTINEL: u32 = 0xfeed_face;
-
 fn binary_request(
     op: u8,
     key: &[u8],
@@ -186,90 +184,6 @@ fn binary_request(
     let mut packet = Vec::new();
     wire::memcache::binary::write_request(op, key, extras, value, opaque, cas, &mut packet);
     packet
-}
-
-/// The complete response packets at the front of `buf`.
-fn packets(buf: &[u8]) -> Vec<&[u8]> {
-    let mut packets = Vec::new();
-    let mut at = 0;
-    while buf.len() >= at + 24 {
-        let body = u32::from_be_bytes(buf[at + 8..at + 12].try_into().unwrap()) as usize;
-        if buf.len() < at + 24 + body {
-            break;
-        }
-        packets.push(&buf[at..at + 24 + body]);
-        at += 24 + body;
-    }
-    packets
-}
-
-fn ends_with_sentinel(buf: &[u8]) -> bool {
-    packets(buf)
-        .last()
-        .is_some_and(|p| p[1] == 0x0a && p[12..16] == SENTINEL.to_be_bytes())
-}
-
-/// Zeroes CAS fields and masks the version string.
-fn normalise_binary(reply: &[u8]) -> Vec<Vec<u8>> {
-    packets(reply)
-        .into_iter()
-        .map(|p| {
-            let mut p = p.to_vec();
-            p[16..24].fill(0);
-            if p[1] == 0x0b {
-                p.truncate(24);
-                p[8..12].fill(0);
-            }
-            p
-        })
-        .collect()
-}
-
-/// The last CAS value in a text reply: a `gets` `VALUE` line or a meta `c` flag.
-fn last_cas(reply: &str) -> Option<String> {
-    let mut cas = None;
-    for line in reply.split("\r\n") {
-        let tokens: Vec<&str> = line.split(' ').collect();
-        if tokens[0] == "VALUE" && tokens.len() == 5 {
-            cas = Some(tokens[4].to_string());
-        }
-        if matches!(tokens[0], "HD" | "VA") {
-            for t in &tokens[1..] {
-                if let Some(v) = t.strip_prefix('c').filter(|v| v.parse::<u64>().is_ok()) {
-                    cas = Some(v.to_string());
-                }
-            }
-        }
-    }
-    cas
-}
-
-/// Masks CAS values, ticking TTLs and the version in a text reply.
-fn normalise_text(reply: &str) -> String {
-    let is_number = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    reply
-        .split("\r\n")
-        .map(|line| {
-            let mut tokens: Vec<String> = line.split(' ').map(str::to_string).collect();
-            match tokens[0].as_str() {
-                "VALUE" if tokens.len() == 5 => tokens[4] = "#".into(),
-                "VERSION" => tokens.truncate(1),
-                "HD" | "VA" | "EN" | "NS" | "EX" | "NF" => {
-                    for t in tokens.iter_mut().skip(1) {
-                        if t.starts_with('c') && is_number(&t[1..]) {
-                            *t = "c#".into();
-                        }
-                        if t.starts_with('t') && is_number(&t[1..]) {
-                            *t = "t#".into();
-                        }
-                    }
-                }
-                _ => {}
-            }
-            tokens.join(" ")
-        })
-        .collect::<Vec<_>>()
-        .join("\r\n")
 }
 
 /// Runs the text script against one server, returning each normalised reply.

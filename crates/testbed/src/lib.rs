@@ -16,6 +16,7 @@ pub mod local;
 mod netns;
 mod probe;
 mod process;
+pub mod replies;
 mod state;
 mod topology;
 mod up;
