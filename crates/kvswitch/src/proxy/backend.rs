@@ -365,13 +365,10 @@ fn frame(
             },
         }
     };
-    // Nothing before the sentinel's reply: the request was answered with silence.
-    let silent = match wire {
-        Wire::Text => buf.starts_with(b"MN\r\n") || (buf.len() < 4 && b"MN\r\n".starts_with(buf)),
-        Wire::Binary => Header::decode(buf).is_none_or(|h| h.opcode == opcode::NOOP),
-    };
-    if silent {
-        return Ok(sentinel_len(buf)?.map(|n| Framed { reply: 0, total: n }));
+    // What may still be the sentinel's reply (or is) means nothing came before it: the
+    // request was answered with silence.
+    if let Ok(sentinel) = sentinel_len(buf) {
+        return Ok(sentinel.map(|n| Framed { reply: 0, total: n }));
     }
     let Some(n) = framer.reply_len(buf)? else {
         return Ok(None);
