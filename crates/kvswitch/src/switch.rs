@@ -791,8 +791,6 @@ impl Switch {
         }
     }
 
-    /// Every request of a datagram with the server its key lives on (`None` if keyless); a
-    /// base64 meta key is placed by its decoded bytes. `None` if the datagram does not parse.
     /// The key hash and server of one key of `req`, placed as memcached stores it: a base64
     /// meta key by its decoded bytes.
     fn place(
@@ -801,11 +799,7 @@ impl Switch {
         token: &[u8],
     ) -> Result<(u32, usize), memcache::Error> {
         let mut decoded = [0u8; memcache::MAX_KEY_LEN];
-        let key = if req.base64_key() {
-            memcache::meta::decode_base64_key(token, &mut decoded)?
-        } else {
-            token
-        };
+        let key = req.stored_key(token, &mut decoded)?;
         let hash = self.ring.key_hash(key);
         Ok((hash, self.ring.locate_hash(hash)))
     }

@@ -4,7 +4,7 @@
 
 use wire::memcache::binary::{opcode, status, write_error, write_response, HEADER_LEN};
 use wire::memcache::reply::{write_retrieval_request, ReplyKind};
-use wire::memcache::{meta, Command, Protocol, Request, MAX_KEY_LEN};
+use wire::memcache::{Command, Protocol, Request, MAX_KEY_LEN};
 
 /// Which kind of server connection a part travels on: memcached fixes a connection's protocol
 /// with its first byte, so binary requests need connections of their own.
@@ -162,11 +162,7 @@ fn no_server(request: &Request<'_>) -> Plan {
 /// The key a request is placed by: meta base64 keys are decoded, as memcached stores the item
 /// under the decoded bytes.
 fn placed<'k>(request: &Request<'k>, scratch: &'k mut [u8; MAX_KEY_LEN]) -> Option<&'k [u8]> {
-    let key = request.key()?;
-    if request.base64_key() {
-        return meta::decode_base64_key(key, scratch).ok();
-    }
-    Some(key)
+    request.stored_key(request.key()?, scratch).ok()
 }
 
 fn plan_text(request: &Request<'_>, router: &mut dyn Router) -> Plan {
@@ -213,15 +209,19 @@ fn plan_text(request: &Request<'_>, router: &mut dyn Router) -> Plan {
     }
 }
 
+/// The words of a command line: the command's name, then its arguments.
+fn words(line: &[u8]) -> impl Iterator<Item = &[u8]> {
+    line.split(|&b| b == b' ' || b == b'\r' || b == b'\n')
+        .filter(|t| !t.is_empty())
+}
+
 /// The text the proxy answers a command it does not pass on with.
 pub const UNSUPPORTED: &str = "command not supported by the proxy";
 
 /// Whether an administrative command answers with a stream rather than one reply: `watch`,
 /// `lru_crawler metadump` and `lru_crawler mgdump`.
 fn streams(line: &[u8]) -> bool {
-    let mut tokens = line
-        .split(|&b| b == b' ' || b == b'\r' || b == b'\n')
-        .filter(|t| !t.is_empty());
+    let mut tokens = words(line);
     matches!(
         (tokens.next(), tokens.next()),
         (Some(b"watch"), _) | (Some(b"lru_crawler"), Some(b"metadump" | b"mgdump"))
@@ -230,9 +230,7 @@ fn streams(line: &[u8]) -> bool {
 
 /// Whether a text `stats` line asks for one of `groups`.
 fn stats_group(line: &[u8], groups: &[&[u8]]) -> bool {
-    let mut tokens = line
-        .split(|&b| b == b' ' || b == b'\r' || b == b'\n')
-        .filter(|t| !t.is_empty());
+    let mut tokens = words(line);
     tokens.next();
     tokens.next().is_some_and(|group| groups.contains(&group))
 }

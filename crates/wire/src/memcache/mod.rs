@@ -340,6 +340,20 @@ impl<'a> Request<'a> {
         self.base64_key
     }
 
+    /// The bytes memcached stores an item of this request under, for one of its key tokens:
+    /// a base64 meta key decoded into `out`, any other key as it is. Place keys by these bytes,
+    /// so that one item lands on one server whichever protocol names it.
+    pub fn stored_key<'k>(
+        &self,
+        token: &'k [u8],
+        out: &'k mut [u8; MAX_KEY_LEN],
+    ) -> Result<&'k [u8], Error> {
+        if self.base64_key {
+            return meta::decode_base64_key(token, out);
+        }
+        Ok(token)
+    }
+
     /// The exptime argument of a text `gat`/`gats`, needed to rebuild a split request.
     pub fn exptime_token(&self) -> Option<&'a [u8]> {
         self.exptime.map(|r| self.slice(r))
