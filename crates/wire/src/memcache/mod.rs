@@ -6,9 +6,11 @@
 //! be routed on its key and forwarded byte for byte. [`recover`] answers a request that failed
 //! to parse as memcached does. [`reply`] finds where each backend reply ends in a server's
 //! stream and reads the backend side of a multi-key get that the switch split across servers;
-//! [`stats`] merges the `stats` replies of several servers into one.
+//! [`stats`] merges the `stats` replies of several servers into one. [`cached`] answers
+//! retrievals from a cache as memcached would, and reads cacheable items out of its replies.
 
 pub mod binary;
+pub mod cached;
 mod line;
 pub mod meta;
 mod recover;
