@@ -1,13 +1,21 @@
-//! Key routing for kvswitch: which memcached server owns a key.
+//! Key-value logic for kvswitch: which memcached server owns a key, which keys are hot, and
+//! when switch rules may change.
 //!
-//! Places keys exactly where twemproxy (nutcracker 0.5.0) places them for the same server
-//! list, names, weights, distribution and hash, so a fleet can move from twemproxy to kvswitch
-//! without a cold cache; plus jump consistent hashing of kvswitch's own. Pure: no I/O, and no
+//! [`route`] places keys exactly where twemproxy (nutcracker 0.5.0) places them for the same
+//! server list, names, weights, distribution and hash, so a fleet can move from twemproxy to
+//! kvswitch without a cold cache; plus jump consistent hashing of kvswitch's own. No
 //! allocation once a [`Ring`] is built.
+//!
+//! [`hot`] finds hot keys as SwitchKV does (space-saving and count-min counters, the
+//! time-segmented top-k load tracker, the circular-log burst detector, the admission
+//! threshold); [`rules`] schedules switch rule updates under a rate limit with SwitchKV's rule
+//! buffer. Pure: no I/O, and no clock is read; time is an argument.
 #![forbid(unsafe_code)]
 
 pub mod hash;
+pub mod hot;
 pub mod route;
+pub mod rules;
 
 pub use hash::{HashFn, UnknownHash};
 pub use route::{

@@ -1,0 +1,140 @@
+//! Hot-key detection as SwitchKV does it: frequency counters that find a stream's heaviest
+//! keys at constant cost per request, a time-segmented top-k load tracker with an
+//! exponentially weighted average, a circular-log burst detector, and the cache's admission
+//! threshold.
+//!
+//! Everything here is driven by its caller: time arrives as `Instant` arguments and no clock
+//! is read, no I/O is done, and randomness comes from seeds in the configuration.
+
+mod circular_log;
+mod count_min;
+mod space_saving;
+mod tracker;
+
+use std::time::Duration;
+
+pub use circular_log::{CircularLog, DEFAULT_LOG_SIZE, DEFAULT_LOG_THRESHOLD};
+pub use count_min::{CountMin, HeavyHitters};
+pub use space_saving::SpaceSaving;
+pub use tracker::{Counter, Report, Tracker, TrackerConfig, TrackerError};
+
+/// Equation (1) of SwitchKV: the new load `α·freq_per_sec + (1 − α)·previous`.
+///
+/// `freq_per_sec` is the key's rate over the segment just ended (see [`load_per_sec`]) and
+/// `previous` its load before, 0 for a key that had none. The cache applies this to its own
+/// keys with the tracker's `alpha` so that both sides' loads compare.
+pub fn ewma(alpha: f64, freq_per_sec: f64, previous: f64) -> f64 {
+    alpha * freq_per_sec + (1.0 - alpha) * previous
+}
+
+/// A segment's count as requests per second: `count × sample / segment seconds`, where one
+/// request in `sample` was counted. A zero `segment` gives an infinite or NaN rate (a
+/// [`TrackerConfig`] with one is refused).
+pub fn load_per_sec(count: u64, sample: u32, segment: Duration) -> f64 {
+    count as f64 * f64::from(sample) / segment.as_secs_f64()
+}
+
+/// The cache's admission threshold: the load at the given percentile of `loads` counted from
+/// the lowest, by the nearest-rank rule. SwitchKV uses the 10th percentile of its cached keys'
+/// loads and admits reported keys whose load is above it.
+///
+/// With `n` loads and `percentile` p (in percent, clamped to [0, 100]; NaN counts as 0) the
+/// answer is the r-th lowest load, r = ⌈p·n / 100⌉ kept within 1..=n. So for the loads 1..=100
+/// the 10th percentile is 10, the 10.5th is 11, the 0th is 1 and the 100th is 100. Loads are
+/// ranked by [`f64::total_cmp`]. Returns `None` when `loads` is empty. Reorders `loads` (a
+/// selection, O(n), not a full sort).
+pub fn admission_threshold(loads: &mut [f64], percentile: f64) -> Option<f64> {
+    if loads.is_empty() {
+        return None;
+    }
+    let n = loads.len();
+    let p = if percentile.is_nan() {
+        0.0
+    } else {
+        percentile.clamp(0.0, 100.0)
+    };
+    // p·n before the division, so that 10 % of 100 is exactly rank 10.
+    let rank = ((p * n as f64) / 100.0).ceil() as usize;
+    let index = rank.clamp(1, n) - 1;
+    let (_, load, _) = loads.select_nth_unstable_by(index, |a, b| a.total_cmp(b));
+    Some(*load)
+}
+
+/// A deterministic Zipf stream for tests.
+#[cfg(test)]
+pub(crate) mod test_zipf {
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+
+    /// `len` key indices in `0..keys`, index i drawn with probability ∝ 1 / (i + 1)^skew.
+    pub fn zipf_stream(keys: u32, skew: f64, len: usize, seed: u64) -> Vec<u32> {
+        let mut cdf = Vec::with_capacity(keys as usize);
+        let mut total = 0.0;
+        for i in 0..keys {
+            total += 1.0 / f64::from(i + 1).powf(skew);
+            cdf.push(total);
+        }
+        let mut rng = SmallRng::seed_from_u64(seed);
+        (0..len)
+            .map(|_| {
+                let u = rng.gen::<f64>() * total;
+                cdf.partition_point(|&c| c <= u).min(keys as usize - 1) as u32
+            })
+            .collect()
+    }
+
+    /// Key bytes for index `i`.
+    pub fn key(i: u32) -> [u8; 4] {
+        i.to_le_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ewma_weights_the_new_frequency_by_alpha() {
+        assert_eq!(ewma(0.5, 10.0, 0.0), 5.0);
+        assert_eq!(ewma(0.5, 2.0, 5.0), 3.5);
+        assert_eq!(ewma(0.25, 8.0, 4.0), 5.0);
+        assert_eq!(ewma(1.0, 7.0, 100.0), 7.0);
+    }
+
+    #[test]
+    fn load_is_scaled_to_requests_per_second() {
+        assert_eq!(load_per_sec(10, 1, Duration::from_secs(1)), 10.0);
+        assert_eq!(load_per_sec(10, 1, Duration::from_millis(500)), 20.0);
+        assert_eq!(load_per_sec(10, 8, Duration::from_secs(2)), 40.0);
+    }
+
+    #[test]
+    fn admission_threshold_picks_the_nearest_rank() {
+        // 1..=100, shuffled deterministically.
+        let mut loads: Vec<f64> = (1..=100).map(|i| ((i * 37) % 100 + 1) as f64).collect();
+        for (p, want) in [
+            (10.0, 10.0),
+            (10.5, 11.0),
+            (0.0, 1.0),
+            (1.0, 1.0),
+            (50.0, 50.0),
+            (99.5, 100.0),
+            (100.0, 100.0),
+            (250.0, 100.0),
+            (-3.0, 1.0),
+            (f64::NAN, 1.0),
+        ] {
+            assert_eq!(admission_threshold(&mut loads, p), Some(want), "p = {p}");
+        }
+
+        // Ten loads: the 10th percentile is the lowest, anything above it the second.
+        let mut ten = [9.0, 3.5, 7.0, 1.25, 8.0, 2.0, 6.0, 4.0, 5.0, 10.0];
+        assert_eq!(admission_threshold(&mut ten, 10.0), Some(1.25));
+        assert_eq!(admission_threshold(&mut ten, 10.1), Some(2.0));
+        assert_eq!(admission_threshold(&mut [4.0], 10.0), Some(4.0));
+        assert_eq!(admission_threshold(&mut [], 10.0), None);
+        let mut with_nan = [f64::NAN, 2.0, 1.0];
+        assert_eq!(admission_threshold(&mut with_nan, 60.0), Some(2.0));
+        assert!(admission_threshold(&mut with_nan, 100.0).is_some_and(f64::is_nan));
+    }
+}

@@ -1,0 +1,409 @@
+//! The space-saving frequency counter (Metwally et al.), in the bucket form SwitchKV's backends
+//! use to find their hottest keys (its Algorithm 1).
+//!
+//! Keys with the same count share a bucket; buckets are kept in increasing count order and the
+//! keys of a bucket from least to most recently visited. Both lists are doubly linked through
+//! indices into vectors, so a visit touches a constant number of nodes and never scans.
+
+use std::collections::HashMap;
+
+/// End of a list.
+const NIL: u32 = u32::MAX;
+
+/// One tracked key.
+#[derive(Debug)]
+struct Slot {
+    key: Box<[u8]>,
+    /// The bucket holding this key, which gives its count.
+    bucket: u32,
+    /// Less recently visited neighbour in the bucket.
+    prev: u32,
+    /// More recently visited neighbour in the bucket.
+    next: u32,
+}
+
+/// All keys visited `count` times, least recent first.
+#[derive(Debug)]
+struct Bucket {
+    count: u64,
+    first: u32,
+    last: u32,
+    /// Bucket with the next lower count.
+    prev: u32,
+    /// Bucket with the next higher count.
+    next: u32,
+}
+
+/// Approximate counts of the most frequent keys of a stream, in memory for `capacity` keys.
+///
+/// Guarantees, for a stream of `n` visits since the last [`clear`](SpaceSaving::clear): a
+/// tracked key's [`count`](SpaceSaving::count) is at least its true count and exceeds it by at
+/// most [`min_count`](SpaceSaving::min_count) (itself at most `n / capacity`); an untracked
+/// key was visited at most `min_count` times, so every key visited more than `n / capacity`
+/// times is tracked. [`see`](SpaceSaving::see) is O(1); [`top`](SpaceSaving::top) is O(k).
+#[derive(Debug)]
+pub struct SpaceSaving {
+    capacity: usize,
+    index: HashMap<Box<[u8]>, u32>,
+    slots: Vec<Slot>,
+    buckets: Vec<Bucket>,
+    /// Indices of unused entries in `buckets`.
+    free: Vec<u32>,
+    /// The bucket with the lowest count, or `NIL` when empty.
+    lowest: u32,
+    /// The bucket with the highest count, or `NIL` when empty.
+    highest: u32,
+}
+
+impl SpaceSaving {
+    /// A counter that tracks at most `capacity` keys. Allocates for all of them up front.
+    ///
+    /// # Panics
+    /// If `capacity` is 0 or not below `u32::MAX`.
+    pub fn new(capacity: usize) -> SpaceSaving {
+        assert!(
+            capacity > 0 && capacity < NIL as usize,
+            "space-saving capacity must be in 1..u32::MAX, got {capacity}"
+        );
+        SpaceSaving {
+            capacity,
+            index: HashMap::with_capacity(capacity),
+            slots: Vec::with_capacity(capacity),
+            buckets: Vec::with_capacity(capacity),
+            free: Vec::new(),
+            lowest: NIL,
+            highest: NIL,
+        }
+    }
+
+    /// Counts one visit of `key`. An untracked key, when the counter is full, takes the place
+    /// of the least recently visited of the least visited keys and inherits its count before
+    /// the increment.
+    pub fn see(&mut self, key: &[u8]) {
+        if let Some(&slot) = self.index.get(key) {
+            self.bump(slot);
+            return;
+        }
+        if self.slots.len() < self.capacity {
+            let slot = self.slots.len() as u32;
+            self.slots.push(Slot {
+                key: key.into(),
+                bucket: NIL,
+                prev: NIL,
+                next: NIL,
+            });
+            self.index.insert(key.into(), slot);
+            // Counts start at 1, so a bucket for 1 can only be the lowest one.
+            let bucket = if self.lowest != NIL && self.buckets[self.lowest as usize].count == 1 {
+                self.lowest
+            } else {
+                self.new_bucket(1, NIL, self.lowest)
+            };
+            self.append(bucket, slot);
+            return;
+        }
+        let slot = self.buckets[self.lowest as usize].first;
+        let old = std::mem::replace(&mut self.slots[slot as usize].key, key.into());
+        self.index.remove(&old);
+        self.index.insert(key.into(), slot);
+        self.bump(slot);
+    }
+
+    /// The estimated count of `key`, or `None` if it is not tracked.
+    pub fn count(&self, key: &[u8]) -> Option<u64> {
+        let slot = *self.index.get(key)?;
+        Some(self.buckets[self.slots[slot as usize].bucket as usize].count)
+    }
+
+    /// Up to `k` tracked keys with their counts, highest count first; among equal counts the
+    /// most recently visited first.
+    pub fn top(&self, k: usize) -> Vec<(Box<[u8]>, u64)> {
+        let mut out = Vec::with_capacity(k.min(self.slots.len()));
+        let mut bucket = self.highest;
+        while bucket != NIL && out.len() < k {
+            let b = &self.buckets[bucket as usize];
+            let mut slot = b.last;
+            while slot != NIL && out.len() < k {
+                let s = &self.slots[slot as usize];
+                out.push((s.key.clone(), b.count));
+                slot = s.prev;
+            }
+            bucket = b.prev;
+        }
+        out
+    }
+
+    /// The most an estimate can exceed the true count: the lowest tracked count once the
+    /// counter is full (keys have been replaced), 0 before (every count is exact).
+    pub fn min_count(&self) -> u64 {
+        if self.slots.len() < self.capacity {
+            0
+        } else {
+            self.buckets[self.lowest as usize].count
+        }
+    }
+
+    /// Number of tracked keys.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether no key is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// The most keys tracked at once.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Forgets every key, keeping the allocations.
+    pub fn clear(&mut self) {
+        self.index.clear();
+        self.slots.clear();
+        self.buckets.clear();
+        self.free.clear();
+        self.lowest = NIL;
+        self.highest = NIL;
+    }
+
+    /// Lines 10-16 of Algorithm 1: moves a tracked key from its bucket (count f) to the
+    /// bucket for f + 1, as that bucket's most recent key.
+    fn bump(&mut self, slot: u32) {
+        let bucket = self.slots[slot as usize].bucket;
+        let b = &self.buckets[bucket as usize];
+        let (count, next) = (b.count, b.next);
+        if next != NIL && self.buckets[next as usize].count == count + 1 {
+            self.unlink(slot);
+            self.append(next, slot);
+            if self.buckets[bucket as usize].first == NIL {
+                self.drop_bucket(bucket);
+            }
+        } else if b.first == slot && b.last == slot {
+            // Alone in its bucket, and the next bucket (if any) counts more than f + 1.
+            self.buckets[bucket as usize].count = count + 1;
+        } else {
+            let new = self.new_bucket(count + 1, bucket, next);
+            self.unlink(slot);
+            self.append(new, slot);
+        }
+    }
+
+    /// Creates a bucket for `count` between buckets `prev` and `next` (either may be `NIL`).
+    fn new_bucket(&mut self, count: u64, prev: u32, next: u32) -> u32 {
+        let bucket = Bucket {
+            count,
+            first: NIL,
+            last: NIL,
+            prev,
+            next,
+        };
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.buckets[id as usize] = bucket;
+                id
+            }
+            None => {
+                self.buckets.push(bucket);
+                (self.buckets.len() - 1) as u32
+            }
+        };
+        match prev {
+            NIL => self.lowest = id,
+            p => self.buckets[p as usize].next = id,
+        }
+        match next {
+            NIL => self.highest = id,
+            n => self.buckets[n as usize].prev = id,
+        }
+        id
+    }
+
+    /// Unlinks an empty bucket and keeps its entry for reuse.
+    fn drop_bucket(&mut self, id: u32) {
+        let Bucket { prev, next, .. } = self.buckets[id as usize];
+        match prev {
+            NIL => self.lowest = next,
+            p => self.buckets[p as usize].next = next,
+        }
+        match next {
+            NIL => self.highest = prev,
+            n => self.buckets[n as usize].prev = prev,
+        }
+        self.free.push(id);
+    }
+
+    /// Makes `slot` the most recent key of `bucket`.
+    fn append(&mut self, bucket: u32, slot: u32) {
+        let last = self.buckets[bucket as usize].last;
+        let s = &mut self.slots[slot as usize];
+        s.bucket = bucket;
+        s.prev = last;
+        s.next = NIL;
+        match last {
+            NIL => self.buckets[bucket as usize].first = slot,
+            l => self.slots[l as usize].next = slot,
+        }
+        self.buckets[bucket as usize].last = slot;
+    }
+
+    /// Takes `slot` out of its bucket's list (the bucket may be left empty).
+    fn unlink(&mut self, slot: u32) {
+        let Slot {
+            bucket, prev, next, ..
+        } = self.slots[slot as usize];
+        match prev {
+            NIL => self.buckets[bucket as usize].first = next,
+            p => self.slots[p as usize].next = next,
+        }
+        match next {
+            NIL => self.buckets[bucket as usize].last = prev,
+            n => self.slots[n as usize].prev = prev,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::hot::test_zipf::{key, zipf_stream};
+
+    fn keys(top: &[(Box<[u8]>, u64)]) -> Vec<(&[u8], u64)> {
+        top.iter().map(|(k, c)| (&**k, *c)).collect()
+    }
+
+    #[test]
+    fn counts_exactly_until_full() {
+        let mut ss = SpaceSaving::new(4);
+        for k in [&b"a"[..], b"b", b"a", b"c", b"a", b"b"] {
+            ss.see(k);
+        }
+        assert_eq!(ss.count(b"a"), Some(3));
+        assert_eq!(ss.count(b"b"), Some(2));
+        assert_eq!(ss.count(b"c"), Some(1));
+        assert_eq!(ss.count(b"d"), None);
+        assert_eq!(ss.len(), 3);
+        assert_eq!(ss.min_count(), 0);
+        assert_eq!(
+            keys(&ss.top(10)),
+            [(&b"a"[..], 3), (&b"b"[..], 2), (&b"c"[..], 1)]
+        );
+    }
+
+    #[test]
+    fn eviction_takes_least_visited_least_recent() {
+        let mut ss = SpaceSaving::new(3);
+        for k in [&b"a"[..], b"b", b"b", b"c"] {
+            ss.see(k);
+        }
+        // a and c were seen once, a longer ago: d replaces a and counts 1 + 1.
+        ss.see(b"d");
+        assert_eq!(ss.count(b"a"), None);
+        assert_eq!(ss.count(b"d"), Some(2));
+        assert_eq!(ss.min_count(), 1);
+        // Equal counts: most recent first.
+        assert_eq!(
+            keys(&ss.top(3)),
+            [(&b"d"[..], 2), (&b"b"[..], 2), (&b"c"[..], 1)]
+        );
+        // c is now the only key seen once.
+        ss.see(b"e");
+        assert_eq!(ss.count(b"c"), None);
+        assert_eq!(ss.count(b"e"), Some(2));
+        // All at 2: b was visited least recently.
+        ss.see(b"f");
+        assert_eq!(ss.count(b"b"), None);
+        assert_eq!(ss.count(b"f"), Some(3));
+        assert_eq!(
+            keys(&ss.top(3)),
+            [(&b"f"[..], 3), (&b"e"[..], 2), (&b"d"[..], 2)]
+        );
+        assert_eq!(keys(&ss.top(1)), [(&b"f"[..], 3)]);
+    }
+
+    #[test]
+    fn recency_orders_a_bucket() {
+        let mut ss = SpaceSaving::new(8);
+        for k in [&b"a"[..], b"b", b"c", b"c", b"a", b"b"] {
+            ss.see(k);
+        }
+        assert_eq!(
+            keys(&ss.top(3)),
+            [(&b"b"[..], 2), (&b"a"[..], 2), (&b"c"[..], 2)]
+        );
+    }
+
+    #[test]
+    fn clear_forgets_everything() {
+        let mut ss = SpaceSaving::new(2);
+        for k in [&b"a"[..], b"b", b"c", b"c"] {
+            ss.see(k);
+        }
+        ss.clear();
+        assert!(ss.is_empty());
+        assert_eq!(ss.top(5), []);
+        assert_eq!(ss.count(b"c"), None);
+        ss.see(b"x");
+        assert_eq!(keys(&ss.top(5)), [(&b"x"[..], 1)]);
+    }
+
+    #[test]
+    fn a_million_visits_on_a_thousand_slots() {
+        use rand::rngs::SmallRng;
+        use rand::{Rng, SeedableRng};
+        let mut rng = SmallRng::seed_from_u64(7);
+        let mut ss = SpaceSaving::new(1000);
+        for _ in 0..1_000_000 {
+            ss.see(&key(rng.gen_range(0..1_000_000)));
+        }
+        assert_eq!(ss.len(), 1000);
+        let total: u64 = ss.top(1000).iter().map(|(_, c)| c).sum();
+        // Every visit adds exactly one to the sum of counts.
+        assert_eq!(total, 1_000_000);
+    }
+
+    #[test]
+    fn finds_the_heaviest_keys_of_zipf_streams() {
+        const KEYS: u32 = 100_000;
+        const VISITS: usize = 1_000_000;
+        const CAPACITY: usize = 2_000;
+        for (i, skew) in [0.9, 0.99, 1.2].into_iter().enumerate() {
+            let stream = zipf_stream(KEYS, skew, VISITS, i as u64);
+            let mut exact: HashMap<u32, u64> = HashMap::new();
+            let mut ss = SpaceSaving::new(CAPACITY);
+            for &k in &stream {
+                *exact.entry(k).or_default() += 1;
+                ss.see(&key(k));
+            }
+            let mut truth: Vec<(u32, u64)> = exact.iter().map(|(&k, &c)| (k, c)).collect();
+            truth.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+
+            for k in [20, 100] {
+                let reported = ss.top(k);
+                assert_eq!(reported.len(), k);
+                for &(true_key, _) in &truth[..k / 2] {
+                    assert!(
+                        reported.iter().any(|(r, _)| **r == key(true_key)),
+                        "skew {skew}: top {k} misses true top-{} key {true_key}",
+                        k / 2
+                    );
+                }
+            }
+
+            let slack = ss.min_count();
+            assert!(slack > 0 && slack <= (VISITS / CAPACITY) as u64);
+            for (&k, &c) in &exact {
+                match ss.count(&key(k)) {
+                    Some(est) => assert!(
+                        c <= est && est <= c + slack,
+                        "skew {skew}: key {k} true {c} estimate {est} slack {slack}"
+                    ),
+                    None => assert!(c <= slack, "skew {skew}: untracked key {k} seen {c}"),
+                }
+            }
+        }
+    }
+}
