@@ -9,9 +9,10 @@
 //! [`hot`] finds hot keys as SwitchKV does (space-saving and count-min counters, the
 //! time-segmented top-k load tracker, the circular-log burst detector, the admission
 //! threshold); [`rules`] schedules switch rule updates under a rate limit with SwitchKV's rule
-//! buffer. Pure: no I/O, and no clock is read; time is an argument.
+//! buffer; [`cache`] joins them into the in-network cache, kept coherent with writes. Pure: no I/O, and no clock is read; time is an argument.
 #![forbid(unsafe_code)]
 
+pub mod cache;
 pub mod hash;
 pub mod hot;
 pub mod route;

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use crate::cache::{self, CacheService};
 use crate::config::{Config, Mode};
 use crate::proxy::ProxyStats;
 use crate::stats::{get, Answer, Drop, Stats};
@@ -27,6 +28,8 @@ pub struct Shared {
     pub started: Instant,
     /// The proxy serving TCP to the VIP, once it runs.
     pub proxy: OnceLock<Arc<ProxyStats>>,
+    /// The cache of the UDP path and the proxy, when turned on.
+    pub cache: Option<Arc<CacheService>>,
 }
 
 /// What an API server shows.
@@ -35,6 +38,10 @@ pub trait Exporter: Send + Sync + 'static {
     fn metrics(&self) -> String;
     /// The status document.
     fn status(&self) -> serde_json::Value;
+    /// The caches it runs, by pool name (none by default).
+    fn caches(&self) -> Vec<(String, Arc<CacheService>)> {
+        Vec::new()
+    }
 }
 
 impl Exporter for Shared {
@@ -52,6 +59,13 @@ impl Exporter for Shared {
             map.insert("proxy".into(), proxy.status());
         }
         doc
+    }
+
+    fn caches(&self) -> Vec<(String, Arc<CacheService>)> {
+        self.cache
+            .iter()
+            .map(|c| ("default".to_string(), c.clone()))
+            .collect()
     }
 }
 
@@ -114,6 +128,67 @@ pub fn serve_on(listener: TcpListener, shared: Arc<dyn Exporter>) -> anyhow::Res
     Ok(addr)
 }
 
+/// Cached keys listed in the status document.
+const STATUS_ENTRIES: usize = 20;
+
+/// The query of a cache request: `key` (percent-encoded bytes), `pool`, `limit`.
+#[derive(Default)]
+struct CacheQuery {
+    key: Vec<u8>,
+    pool: Option<String>,
+    limit: Option<usize>,
+}
+
+fn cache_query(query: &str) -> Result<CacheQuery, String> {
+    let mut q = CacheQuery::default();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = percent_decode(value)?;
+        match name {
+            "key" => q.key = value,
+            "pool" => q.pool = Some(String::from_utf8_lossy(&value).into_owned()),
+            "limit" => {
+                let text = String::from_utf8_lossy(&value);
+                q.limit = Some(
+                    text.parse()
+                        .map_err(|_| format!("limit `{text}` is not a number"))?,
+                );
+            }
+            other => return Err(format!("unknown query parameter `{other}`")),
+        }
+    }
+    Ok(q)
+}
+
+/// Decodes `%XX` escapes (and `+` as a space).
+fn percent_decode(text: &str) -> Result<Vec<u8>, String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = bytes
+                    .get(i + 1..i + 3)
+                    .and_then(|h| std::str::from_utf8(h).ok())
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                    .ok_or_else(|| format!("bad percent escape in `{text}`"))?;
+                out.push(hex);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Most API connections served at once.
 const MAX_CONNECTIONS: usize = 32;
 /// Most bytes of a request (line and headers) read.
@@ -132,23 +207,51 @@ fn handle(mut conn: TcpStream, shared: &dyn Exporter) -> std::io::Result<()> {
     let mut parts = line.split_whitespace();
     let method = parts.next().unwrap_or("");
     let path = parts.next().unwrap_or("");
-    let (status, ctype, body) = match (method, path) {
-        ("GET", "/metrics") => ("200 OK", "text/plain; version=0.0.4", shared.metrics()),
-        ("GET", "/api/v1/status") => (
-            "200 OK",
-            "application/json",
-            serde_json::to_string_pretty(&shared.status()).unwrap_or_default(),
-        ),
+    let (route, query) = path.split_once('?').unwrap_or((path, ""));
+    let json = |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap_or_default();
+    let (status, ctype, body) = match (method, route) {
+        ("GET", "/metrics") => {
+            let mut out = shared.metrics();
+            cache::write_metrics(&mut out, &shared.caches());
+            ("200 OK", "text/plain; version=0.0.4", out)
+        }
+        ("GET", "/api/v1/status") => {
+            let mut doc = shared.status();
+            let caches = shared.caches();
+            if let (false, Some(map)) = (caches.is_empty(), doc.as_object_mut()) {
+                map.insert("cache".into(), cache::status(&caches, STATUS_ENTRIES));
+            }
+            ("200 OK", "application/json", json(&doc))
+        }
+        ("GET", "/api/v1/cache") => match cache_query(query) {
+            Ok(q) => {
+                let limit = q.limit.unwrap_or(STATUS_ENTRIES);
+                let doc = cache::status(&shared.caches(), limit);
+                ("200 OK", "application/json", json(&doc))
+            }
+            Err(e) => ("400 Bad Request", "text/plain", format!("{e}\n")),
+        },
+        ("POST", "/api/v1/cache/pin" | "/api/v1/cache/unpin" | "/api/v1/cache/evict") => {
+            let action = route.rsplit('/').next().unwrap_or("");
+            match cache_query(query)
+                .and_then(|q| cache::control(&shared.caches(), action, &q.pool, &q.key))
+            {
+                Ok(doc) => ("200 OK", "application/json", json(&doc)),
+                Err(e) => ("400 Bad Request", "text/plain", format!("{e}\n")),
+            }
+        }
         ("GET", "/") => (
             "200 OK",
             "text/plain",
-            "kvswitch: GET /metrics (Prometheus), GET /api/v1/status (JSON)\n".to_string(),
+            "kvswitch: GET /metrics (Prometheus), GET /api/v1/status (JSON), \
+             GET /api/v1/cache[?limit=N], POST /api/v1/cache/{pin,unpin,evict}?key=K[&pool=P]\n"
+                .to_string(),
         ),
-        ("GET", _) => ("404 Not Found", "text/plain", "not found\n".to_string()),
+        ("GET" | "POST", _) => ("404 Not Found", "text/plain", "not found\n".to_string()),
         _ => (
             "405 Method Not Allowed",
             "text/plain",
-            "only GET is served\n".to_string(),
+            "only GET and POST are served\n".to_string(),
         ),
     };
     write!(

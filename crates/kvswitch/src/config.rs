@@ -5,6 +5,7 @@
 //! (nutcracker's YAML). The `[pool]` keys all three share are checked in one place, so a
 //! value means the same and fails the same way in every file.
 
+pub mod cache;
 pub mod nutcracker;
 pub(crate) mod pool_keys;
 pub mod proxy;
@@ -77,6 +78,8 @@ pub struct Config {
     pub server_retry_timeout: Duration,
     /// Connections each proxy worker keeps to each server (`pool.server_connections`).
     pub server_connections: usize,
+    /// The in-network cache (`[cache]`), shared by the UDP path and the proxy.
+    pub cache: cache::CacheSettings,
 }
 
 /// The local port: a veth pair whose `port` end the switch owns like the ports it is given, and
@@ -170,6 +173,8 @@ struct RawConfig {
     switch: RawSwitch,
     vip: RawVip,
     pool: RawPool,
+    #[serde(default)]
+    cache: Option<cache::RawCache>,
 }
 
 #[derive(Deserialize)]
@@ -488,6 +493,10 @@ impl Config {
             server_failure_limit: keys.server_failure_limit,
             server_retry_timeout: keys.server_retry_timeout,
             server_connections: keys.server_connections,
+            cache: {
+                let present = raw.cache.is_some();
+                raw.cache.unwrap_or_default().settings(present, path)?
+            },
         };
         // What is left to check needs the whole list: the ring must build (names short enough
         // for nutcracker's ketama buffer).

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use kvio::{AfPacket, AfPacketOptions, Batch, Port};
 
+use crate::cache::CacheService;
 use crate::api::{self, Shared};
 use crate::config::Config;
 use crate::local::LocalPort;
@@ -71,7 +72,18 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         port_names.push(l.port().to_string());
     }
     let stats = Arc::new(Stats::new(ports.len(), cfg.servers.len()));
+    let cache = match cfg.cache.enabled {
+        true => Some(CacheService::new(
+            cfg.cache.clone(),
+            cfg.servers.len(),
+            Instant::now(),
+        )?),
+        false => None,
+    };
     let mut switch = Switch::new(&cfg, ports.len(), stats.clone())?;
+    if let Some(cache) = &cache {
+        switch.set_cache(cache.clone())?;
+    }
     let local_index = switch.local_port().map(usize::from);
     let shared = Arc::new(Shared {
         config: cfg.clone(),
@@ -84,19 +96,20 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         snapshot: Mutex::new(switch.snapshot()),
         started: Instant::now(),
         proxy: std::sync::OnceLock::new(),
+        cache: cache.clone(),
     });
     let api_addr = api::serve(shared.clone())?;
     // After the ports are open, so that the proxy's first frames (ARP, connections to the
     // servers) wait in the local port's ring until the loop below forwards them. The proxy
     // must therefore not wait for a server while it starts: its traffic only flows once the
     // loop runs.
-    let proxy = start_proxy(&cfg)?;
+    let proxy = start_proxy(&cfg, cache.clone())?;
     if let Some(p) = &proxy {
         let _ = shared.proxy.set(p.stats());
     }
     tracing::info!(
         ports = ?cfg.ports, local_port = ?local.as_ref().map(|l| l.port()),
-        proxy = proxy.is_some(), vip = %cfg.vip, mode = ?cfg.mode,
+        proxy = proxy.is_some(), cache = cache.is_some(), vip = %cfg.vip, mode = ?cfg.mode,
         servers = cfg.servers.len(), api = %api_addr, "kvswitch running"
     );
 
@@ -221,7 +234,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
 /// A failure is a startup error: whoever configured the proxy asked for TCP on the VIP, and a
 /// switch running without it would refuse TCP clients while looking healthy. The local port
 /// and the ports are removed and closed as `run` returns.
-fn start_proxy(cfg: &Config) -> anyhow::Result<Option<Proxy>> {
+fn start_proxy(cfg: &Config, cache: Option<Arc<CacheService>>) -> anyhow::Result<Option<Proxy>> {
     if cfg.local.is_none() || !cfg.proxy {
         return Ok(None);
     }
@@ -233,6 +246,8 @@ fn start_proxy(cfg: &Config) -> anyhow::Result<Option<Proxy>> {
         // memcached ports to this address out of the local port.
         source: Some(cfg.local_source().into()),
         limits: proxy::Limits::default(),
+        // One cache for both paths: a write on either invalidates what the other serves.
+        caches: vec![cache],
     };
     let proxy = Proxy::start(settings).with_context(|| {
         format!(

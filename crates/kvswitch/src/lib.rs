@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod bench;
+pub mod cache;
 pub mod config;
 pub mod daemon;
 pub mod demo;
@@ -16,3 +17,4 @@ pub mod proxy;
 pub mod split;
 pub mod stats;
 pub mod switch;
+pub mod udp_cache;

@@ -35,7 +35,13 @@ enum Cmd {
         /// Check the configuration and exit without opening ports.
         #[arg(long)]
         check: bool,
+        /// Answer hot keys from kvswitch's own coherent cache, on the UDP path and in the
+        /// proxy (settings: the `[cache]` table; defaults otherwise).
+        #[arg(long)]
+        cache: bool,
     },
+    /// Show the cache of a running switch or proxy, or pin, unpin or evict a key.
+    Cache(kvswitch::cache::CacheArgs),
     /// Build or remove a test network of namespaces, memcached servers and kvswitch.
     Testbed {
         #[command(subcommand)]
@@ -107,16 +113,18 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             config,
             example_config,
             check,
+            cache,
         } => {
             if example_config {
-                print!("{}", config::EXAMPLE);
+                print!("{}\n{}", config::EXAMPLE, config::cache::CACHE_EXAMPLE);
                 return Ok(());
             }
             let path = config.ok_or_else(|| anyhow::anyhow!("--config is required"))?;
-            let cfg = config::Config::load(&path)?;
+            let mut cfg = config::Config::load(&path)?;
+            cfg.cache.enabled |= cache;
             if check {
                 println!(
-                    "{}: ok ({} ports, {} servers, {} mode)",
+                    "{}: ok ({} ports, {} servers, {} mode, cache {})",
                     path.display(),
                     cfg.ports.len(),
                     cfg.servers.len(),
@@ -124,13 +132,15 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
                         "l3"
                     } else {
                         "l2"
-                    }
+                    },
+                    if cfg.cache.enabled { "on" } else { "off" }
                 );
                 return Ok(());
             }
             daemon::run(cfg)
         }
         Cmd::Proxy(args) => kvswitch::proxy::cli::run(args),
+        Cmd::Cache(args) => kvswitch::cache::run_cli(&args),
         Cmd::Testbed { action } => match action {
             TestbedCmd::Up {
                 topology,

@@ -62,10 +62,13 @@ pub enum Drop {
     SplitForeignReply,
     /// A new station could not be learned: the MAC table is full.
     MacTableFull,
+    /// A write to the VIP while the cache already waits for too many writes' replies: it
+    /// cannot be tracked, so it is not forwarded.
+    CacheWritesFull,
 }
 
 impl Drop {
-    pub const ALL: [Drop; 27] = [
+    pub const ALL: [Drop; 28] = [
         Drop::BadEthernet,
         Drop::BadIpv4,
         Drop::BadUdp,
@@ -93,6 +96,7 @@ impl Drop {
         Drop::TxFailed,
         Drop::SplitForeignReply,
         Drop::MacTableFull,
+        Drop::CacheWritesFull,
     ];
 
     /// The label used in metrics.
@@ -125,6 +129,7 @@ impl Drop {
             Drop::TxFailed => "tx_failed",
             Drop::SplitForeignReply => "split_foreign_reply",
             Drop::MacTableFull => "mac_table_full",
+            Drop::CacheWritesFull => "cache_writes_full",
         }
     }
 
@@ -152,14 +157,17 @@ pub enum Answer {
     Local,
     /// A multi-key get split across servers, merged and answered.
     MergedGet,
+    /// A read answered from the cache.
+    Cache,
 }
 
 impl Answer {
-    pub const ALL: [Answer; 4] = [
+    pub const ALL: [Answer; 5] = [
         Answer::UnknownCommand,
         Answer::ClientError,
         Answer::Local,
         Answer::MergedGet,
+        Answer::Cache,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -167,6 +175,7 @@ impl Answer {
             Answer::ClientError => "client_error",
             Answer::Local => "local",
             Answer::MergedGet => "merged_get",
+            Answer::Cache => "cache",
         }
     }
 }

@@ -20,10 +20,12 @@ use wire::ethernet::{self, EtherType, Mac};
 use wire::memcache::{self, Command, Protocol};
 use wire::{arp, ipv4, mcudp, udp};
 
+use crate::cache::CacheService;
 use crate::config::{Config, Mode};
 use crate::frame::{self, UdpEnds};
 use crate::split::{self, Arrival, Splitter};
 use crate::stats::{self, Answer, Drop, Stats};
+use crate::udp_cache::{UdpCache, CPU_CACHE, REG_CACHE};
 
 /// What the run loop does with a received frame after processing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,6 +120,8 @@ impl Choose for RingChooser {
 struct Tables {
     l2: TableId,
     ring: SelectorId,
+    /// `kv_cache`, when the cache is on: exact on the key hash of reads it may answer.
+    cache: Option<TableId>,
 }
 
 pub struct Switch {
@@ -140,6 +144,8 @@ pub struct Switch {
     local: Option<u16>,
     /// The addresses of the host's end of the local port (empty without one).
     local_ips: Vec<Ipv4Addr>,
+    /// The cache's part of the UDP path, once [`Switch::set_cache`] attached one.
+    cache: Option<UdpCache>,
 }
 
 impl Switch {
@@ -204,9 +210,20 @@ impl Switch {
                 .collect(),
             local,
             local_ips,
+            cache: None,
         };
         sw.install_members()?;
         Ok(sw)
+    }
+
+    /// Attaches the cache that answers hot keys; the configuration must have turned it on
+    /// (`cache.enabled`), which gives the pipeline its `kv_cache` table.
+    pub fn set_cache(&mut self, service: Arc<CacheService>) -> anyhow::Result<()> {
+        let Some(table) = self.tables.cache else {
+            anyhow::bail!("the cache is off in the configuration; set cache.enabled");
+        };
+        self.cache = Some(UdpCache::new(service, table));
+        Ok(())
     }
 
     /// The local port's number, if there is one. Floods ([`Fate::Flood`], [`Dest::Flood`])
@@ -285,10 +302,14 @@ impl Switch {
                         flags,
                         key_hash,
                         routed,
+                        read,
                     } => {
                         meta.flags = flags;
                         meta.key_hash = key_hash;
                         meta.regs[REG_ROUTED] = u32::from(routed);
+                        if let Some(read) = read {
+                            return self.process_read(in_port, frame, meta, read, now, emit);
+                        }
                     }
                 }
             }
@@ -296,6 +317,53 @@ impl Switch {
         }
 
         let verdict = self.pipeline.process(frame, &mut meta);
+        self.finish(verdict, in_port, frame, meta, emit)
+    }
+
+    /// One read the cache may answer: `kv_cache` decides whether the cache is asked; if it
+    /// cannot answer, the read goes through the pipeline again to its server, and its reply
+    /// may fill the cache.
+    fn process_read(
+        &mut self,
+        in_port: u16,
+        frame: &mut [u8],
+        mut meta: Meta,
+        read: Read,
+        now: Instant,
+        emit: &mut Vec<Emit>,
+    ) -> Fate {
+        meta.regs[REG_CACHE] = 1;
+        let mut verdict = self.pipeline.process(frame, &mut meta);
+        let body = frame.get(read.body..).unwrap_or_default();
+        if verdict == Verdict::ToCpu(CPU_CACHE) {
+            let reply = self.cache.as_ref().and_then(|c| c.serve(body, now));
+            if let Some(reply) = reply {
+                self.stats.answer(Answer::Cache);
+                self.send_reply(in_port, &read.client, read.request_id, &reply, emit);
+                return Fate::Consumed;
+            }
+            meta.regs[REG_CACHE] = 0;
+            verdict = self.pipeline.process(frame, &mut meta);
+        }
+        // Remembered before it leaves, so its reply cannot pass first; a read the pipeline
+        // then drops only waits out its timeout.
+        if matches!(verdict, Verdict::Output(_)) {
+            let client = (read.client.dst_ip, read.client.dst_port);
+            if let (Some(cache), Some(body)) = (&mut self.cache, frame.get(read.body..)) {
+                cache.on_forwarded_read(client, read.request_id, body, now);
+            }
+        }
+        self.finish(verdict, in_port, frame, meta, emit)
+    }
+
+    fn finish(
+        &mut self,
+        verdict: Verdict,
+        in_port: u16,
+        frame: &mut [u8],
+        meta: Meta,
+        emit: &mut Vec<Emit>,
+    ) -> Fate {
         let routed = meta.regs[REG_ROUTED] != 0;
         let fate = self.resolve(verdict, in_port, routed, frame, emit);
         if routed && fate != Fate::Consumed {
@@ -494,6 +562,14 @@ impl Switch {
                     .is_ok_and(|u| u.src_port() == self.cfg.servers[i].addr.port());
                 if from_memcached {
                     stats::inc(&self.stats.backends[i].replies);
+                    self.reply_passes(ip.payload(), dst_ip, now);
+                }
+            } else if src_ip == self.cfg.vip && self.cfg.mode == Mode::L2 {
+                // In l2 mode the servers answer from the VIP, which they own on loopback.
+                let from_memcached = udp::Packet::new_checked(ip.payload())
+                    .is_ok_and(|u| u.src_port() == self.cfg.vip_port);
+                if from_memcached {
+                    self.reply_passes(ip.payload(), dst_ip, now);
                 }
             }
         }
@@ -502,6 +578,7 @@ impl Switch {
                 flags: plain_flags,
                 key_hash: 0,
                 routed: false,
+                read: None,
             };
         }
         // UDP to the VIP (or the agent address): the key router's business.
@@ -535,6 +612,7 @@ impl Switch {
                 flags: FLAG_PLAIN_UDP,
                 key_hash: 0,
                 routed: false,
+                read: None,
             };
         }
         stats::inc(&self.stats.kv_requests);
@@ -559,11 +637,39 @@ impl Switch {
             return Stage::Done(Fate::Consumed);
         }
         match self.route_datagram(body) {
-            Route::One { key_hash } => Stage::Continue {
-                flags: FLAG_PLAIN_UDP,
-                key_hash,
-                routed: true,
-            },
+            Route::One { key_hash } => {
+                let mut read = None;
+                if let Some(cache) = &mut self.cache {
+                    let ring = &self.ring;
+                    let mut locate = |key: &[u8]| ring.locate(key);
+                    match cache.on_request(
+                        (src_ip, src_port),
+                        header.request_id,
+                        body,
+                        &mut locate,
+                        now,
+                    ) {
+                        Ok(true) => {
+                            read = Some(Read {
+                                client,
+                                request_id: header.request_id,
+                                body: BODY_OFFSET,
+                            })
+                        }
+                        Ok(false) => {}
+                        Err(reason) => {
+                            self.stats.count_drop(reason);
+                            return Stage::Done(Fate::Consumed);
+                        }
+                    }
+                }
+                Stage::Continue {
+                    flags: FLAG_PLAIN_UDP,
+                    key_hash,
+                    routed: true,
+                    read,
+                }
+            }
             Route::Answer(kind, reply) => {
                 self.stats.answer(kind);
                 self.send_reply(in_port, &client, header.request_id, reply, emit);
@@ -850,8 +956,23 @@ impl Switch {
         }
     }
 
-    /// Periodic work: expire split gets, ask unresolved backends for their MAC.
+    /// A server's reply to a client passes: the cache hears of it first.
+    fn reply_passes(&mut self, ip_payload: &[u8], client_ip: Ipv4Addr, now: Instant) {
+        let Some(cache) = &mut self.cache else {
+            return;
+        };
+        if let Ok(u) = udp::Packet::new_checked(ip_payload) {
+            cache.on_reply((client_ip, u.dst_port()), u.payload(), now);
+        }
+    }
+
+    /// Periodic work: expire split gets, ask unresolved backends for their MAC, the cache's
+    /// rules and timeouts.
     pub fn tick(&mut self, now: Instant, emit: &mut Vec<Emit>) {
+        if let Some(cache) = &mut self.cache {
+            let ring = &self.ring;
+            cache.tick(now, &mut self.pipeline, &|key| ring.key_hash(key));
+        }
         self.age_macs(now);
         for _ in 0..self.splitter.expire(now) {
             self.stats.count_drop(Drop::SplitTimeout);
@@ -961,8 +1082,23 @@ enum Stage {
         flags: u32,
         key_hash: u32,
         routed: bool,
+        /// One read the cache may answer.
+        read: Option<Read>,
     },
 }
+
+/// A read the cache may answer, as the parser found it.
+struct Read {
+    /// The reply's addresses: from the VIP back to the client.
+    client: UdpEnds,
+    request_id: u16,
+    /// Where the request starts in the frame.
+    body: usize,
+}
+
+/// Where a UDP request to the VIP starts in its frame: Ethernet, IPv4 without options (others
+/// are dropped before), UDP, and memcached's frame header.
+const BODY_OFFSET: usize = ethernet::HEADER_LEN + ipv4::HEADER_LEN + udp::HEADER_LEN + mcudp::LEN;
 
 impl Stage {
     fn plain() -> Stage {
@@ -970,6 +1106,7 @@ impl Stage {
             flags: 0,
             key_hash: 0,
             routed: false,
+            read: None,
         }
     }
 }
@@ -1032,6 +1169,19 @@ fn bytes_field(offset: u16, len: u8) -> Field {
 /// 4 `l2`: learned destination MAC → port, otherwise flood.
 fn build_tables(p: &mut Pipeline, cfg: &Config, local: Option<u16>) -> anyhow::Result<Tables> {
     let e = |e: pipeline::Error| anyhow::anyhow!("building the pipeline: {e:?}");
+    // First, so that a read the cache may answer meets it before any other table.
+    let cache_t = match cfg.cache.enabled {
+        true => Some(
+            p.add_table(TableSpec {
+                name: "kv_cache".into(),
+                kind: MatchKind::Exact,
+                key: vec![Field::Reg(REG_CACHE as u8), Field::KeyHash],
+                miss: vec![],
+            })
+            .map_err(e)?,
+        ),
+        false => None,
+    };
     let arp_t = p
         .add_table(TableSpec {
             name: "arp_vip".into(),
@@ -1093,6 +1243,9 @@ fn build_tables(p: &mut Pipeline, cfg: &Config, local: Option<u16>) -> anyhow::R
         })
         .map_err(e)?;
     // Misses fall through to the next table.
+    if let Some(cache_t) = cache_t {
+        p.set_miss(cache_t, vec![Action::Goto(arp_t)]).map_err(e)?;
+    }
     p.set_miss(arp_t, vec![Action::Goto(route_t)]).map_err(e)?;
     p.set_miss(route_t, vec![Action::Goto(local_t)])
         .map_err(e)?;
@@ -1199,7 +1352,11 @@ fn build_tables(p: &mut Pipeline, cfg: &Config, local: Option<u16>) -> anyhow::R
         ),
     )
     .map_err(e)?;
-    Ok(Tables { l2, ring })
+    Ok(Tables {
+        l2,
+        ring,
+        cache: cache_t,
+    })
 }
 
 /// Placeholder chooser until the ring is installed.

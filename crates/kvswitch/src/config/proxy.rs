@@ -31,6 +31,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use super::cache::CacheSettings;
 use super::pool_keys::{self, PoolKeys, RawPool};
 use super::{Config, ConfigError};
 use crate::proxy::pool::{PoolSpec, ServerSpec};
@@ -59,8 +60,11 @@ pub struct ProxyFile {
     /// The pool. Its `listen` is [`ProxyFile::listen`], or [`UNSET_LISTEN`] when the file has
     /// none: take the pool through [`ProxyFile::pool_with_listen`], which settles it.
     pub pool: PoolSpec,
-    /// True when the file was a switch configuration, of which only the pool was taken.
+    /// True when the file was a switch configuration, of which only the pool and the cache
+    /// were taken.
     pub from_switch: bool,
+    /// The `[cache]` table (off when there is none; `--cache` turns it on).
+    pub cache: CacheSettings,
 }
 
 impl ProxyFile {
@@ -86,6 +90,8 @@ struct RawProxyFile {
     #[serde(default)]
     proxy: Option<RawProxy>,
     pool: RawPool,
+    #[serde(default)]
+    cache: Option<super::cache::RawCache>,
 }
 
 #[derive(Deserialize)]
@@ -128,6 +134,7 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
             api: None,
             pool: config.pool_spec(UNSET_LISTEN),
             from_switch: true,
+            cache: config.cache,
         });
     }
     let raw: RawProxyFile = toml::from_str(text).map_err(|e| ConfigError::toml(path, text, &e))?;
@@ -208,6 +215,10 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
         api,
         pool,
         from_switch: false,
+        cache: {
+            let present = raw.cache.is_some();
+            raw.cache.unwrap_or_default().settings(present, path)?
+        },
     })
 }
 

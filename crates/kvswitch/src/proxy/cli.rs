@@ -4,12 +4,14 @@
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
 use super::pool::PoolSpec;
 use super::{default_workers, Limits, Proxy, Settings};
+use crate::cache::CacheService;
+use crate::config::cache::{self as cache_file, CacheSettings};
 use crate::config::{nutcracker, proxy as proxy_file};
 use crate::{api, daemon};
 
@@ -51,16 +53,53 @@ pub struct ProxyArgs {
     /// Print an example proxy configuration and exit.
     #[arg(long)]
     pub example_config: bool,
+    /// Answer hot keys from kvswitch's own coherent cache (settings: a `[cache]` table in the
+    /// TOML file; defaults otherwise). Every pool gets its own cache.
+    #[arg(long)]
+    pub cache: bool,
+}
+
+/// What the standalone proxy's API shows: the proxy's counters and its pools' caches.
+struct ProxyExporter {
+    stats: Arc<super::ProxyStats>,
+    caches: Vec<(String, Arc<CacheService>)>,
+}
+
+impl api::Exporter for ProxyExporter {
+    fn metrics(&self) -> String {
+        api::Exporter::metrics(self.stats.as_ref())
+    }
+
+    fn status(&self) -> serde_json::Value {
+        api::Exporter::status(self.stats.as_ref())
+    }
+
+    fn caches(&self) -> Vec<(String, Arc<CacheService>)> {
+        self.caches.clone()
+    }
 }
 
 /// Runs `kvswitch proxy` until SIGINT or SIGTERM.
 pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
     if args.example_config {
-        print!("{}", proxy_file::PROXY_EXAMPLE);
+        print!("{}\n{}", proxy_file::PROXY_EXAMPLE, cache_file::CACHE_EXAMPLE);
         return Ok(());
     }
-    let (pools, workers, api_addr) = load(&args)?;
+    let (pools, workers, api_addr, mut cache) = load(&args)?;
+    cache.enabled |= args.cache;
     if args.check {
+        if cache.enabled {
+            let c = &cache.cache;
+            println!(
+                "cache: {} items, {} bytes, lease {} ms, rule rate {}",
+                c.items,
+                c.bytes,
+                c.lease.as_millis(),
+                c.rules
+                    .rate
+                    .map_or("unlimited".to_string(), |r| format!("{r}/s"))
+            );
+        }
         for p in &pools {
             println!(
                 "pool `{}`: listen {}, {} servers, {} / {}, timeout {} ms, auto_eject_hosts {}",
@@ -82,26 +121,45 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
+    let mut caches = Vec::new();
+    if cache.enabled {
+        for p in &pools {
+            let service = CacheService::new(cache.clone(), p.servers.len(), Instant::now())?;
+            caches.push((p.name.clone(), service));
+        }
+    }
+    let ticker = caches.iter().map(|(_, c)| c.clone()).collect::<Vec<_>>();
     let proxy = Proxy::start(Settings {
         pools,
         workers,
         source: None,
         limits: Limits::default(),
+        caches: caches.iter().map(|(_, c)| Some(c.clone())).collect(),
     })?;
     if let Some(listener) = api_listener {
-        let stats: Arc<dyn api::Exporter> = proxy.stats();
+        let stats: Arc<dyn api::Exporter> = Arc::new(ProxyExporter {
+            stats: proxy.stats(),
+            caches,
+        });
         let addr = api::serve_on(listener, stats)?;
         tracing::info!(api = %addr, "control API listening");
     }
     while !daemon::stop_requested() {
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(10));
+        // Segments roll and held-back rule removals are released even when no read comes.
+        let now = Instant::now();
+        for cache in &ticker {
+            cache.tick(now);
+        }
     }
     tracing::info!("stopping");
     proxy.stop();
     Ok(())
 }
 
-fn load(args: &ProxyArgs) -> anyhow::Result<(Vec<PoolSpec>, usize, Option<SocketAddr>)> {
+type Loaded = (Vec<PoolSpec>, usize, Option<SocketAddr>, CacheSettings);
+
+fn load(args: &ProxyArgs) -> anyhow::Result<Loaded> {
     if let Some(workers) = args.workers {
         anyhow::ensure!(
             (1..=256).contains(&workers),
@@ -120,7 +178,7 @@ fn load(args: &ProxyArgs) -> anyhow::Result<(Vec<PoolSpec>, usize, Option<Socket
             pools[0].listen = listen;
         }
         let workers = args.workers.unwrap_or_else(default_workers);
-        return Ok((pools, workers, args.api));
+        return Ok((pools, workers, args.api, CacheSettings::default()));
     }
     let path = args
         .config
@@ -132,5 +190,5 @@ fn load(args: &ProxyArgs) -> anyhow::Result<(Vec<PoolSpec>, usize, Option<Socket
         .workers
         .or(file.workers)
         .unwrap_or_else(default_workers);
-    Ok((vec![pool], workers, args.api.or(file.api)))
+    Ok((vec![pool], workers, args.api.or(file.api), file.cache))
 }

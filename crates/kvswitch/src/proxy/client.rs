@@ -12,13 +12,15 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use wire::memcache::reply::Framer;
-use wire::memcache::{binary, parse_text, recover_binary, recover_text};
+use wire::memcache::{binary, parse_text, recover_binary, recover_text, Request};
+
+use crate::cache::{ReadFill, Writes};
 
 use super::backend::Pending;
 use super::combine::{combine, Outcome};
-use super::plan::{self, sentinel, Bytes, Combine, OnError, Plan};
+use super::plan::{self, sentinel, Bytes, Combine, OnError, Plan, Router};
 use super::stats::{add, sub};
-use super::worker::PoolRt;
+use super::worker::{PoolRouter, PoolRt};
 use super::Limits;
 
 /// A reply in the making: filled by the servers' replies, read by the client's writer.
@@ -29,6 +31,33 @@ pub struct Slot {
     outcomes: RefCell<Vec<Outcome>>,
     remaining: Cell<usize>,
     done: RefCell<Option<Vec<u8>>>,
+    /// What the cache must hear of this request's reply before the client does.
+    cache: RefCell<Option<CacheHook>>,
+}
+
+/// A forwarded request's business with the cache.
+pub enum CacheHook {
+    /// A read of cached keys: its reply may fill them.
+    Read(Rc<PoolRt>, ReadFill),
+    /// A write: closed once its reply is in (or it failed).
+    Write(Rc<PoolRt>, Writes),
+}
+
+impl CacheHook {
+    fn finish(self, reply: &[u8]) {
+        match self {
+            CacheHook::Read(pool, fill) => {
+                if let Some(cache) = &pool.cache {
+                    cache.after_read(fill, reply, std::time::Instant::now());
+                }
+            }
+            CacheHook::Write(pool, writes) => {
+                if let Some(cache) = &pool.cache {
+                    cache.after_write(writes);
+                }
+            }
+        }
+    }
 }
 
 impl Slot {
@@ -50,6 +79,9 @@ impl Slot {
             &mut self.outcomes.borrow_mut(),
             &mut reply,
         );
+        if let Some(hook) = self.cache.borrow_mut().take() {
+            hook.finish(&reply);
+        }
         self.client
             .queued_bytes
             .set(self.client.queued_bytes.get() + reply.len());
@@ -231,6 +263,7 @@ fn forward(
     combine: Combine,
     on_error: OnError,
     request: &[u8],
+    cache: Option<CacheHook>,
     shared: &Rc<Shared>,
     pool: &Rc<PoolRt>,
 ) {
@@ -241,6 +274,7 @@ fn forward(
         outcomes: RefCell::new(vec![Ok(Vec::new()); parts.len()]),
         remaining: Cell::new(parts.len()),
         done: RefCell::new(None),
+        cache: RefCell::new(cache),
     });
     shared.push(Entry::Wait(slot.clone()));
     let deadline = Instant::now() + pool.stats.spec.timeout;
@@ -295,6 +329,12 @@ fn handle(
         match parsed {
             Ok(Some(request)) => {
                 add(&stats.requests, 1);
+                if let Some(reply) = answer_from_cache(&request, pool, &mut router) {
+                    add(&stats.cache_replies, 1);
+                    shared.push(Entry::Ready(reply));
+                    used += request.len;
+                    continue;
+                }
                 match plan::plan(&request, &mut router) {
                     Plan::Local(reply) => {
                         add(&stats.local_replies, 1);
@@ -312,7 +352,10 @@ fn handle(
                         parts,
                         combine,
                         on_error,
-                    } => forward(&parts, combine, on_error, request.bytes(), shared, pool),
+                    } => {
+                        let hook = cache_hook(&request, pool);
+                        forward(&parts, combine, on_error, request.bytes(), hook, shared, pool)
+                    }
                 }
                 used += request.len;
             }
@@ -325,7 +368,11 @@ fn handle(
                             parts,
                             combine,
                             on_error,
-                        } => forward(&parts, combine, on_error, b"", shared, pool),
+                        } => {
+                            // The refused value's old item is deleted: a write like any other.
+                            let hook = refused_write_hook(&parts, pool);
+                            forward(&parts, combine, on_error, b"", hook, shared, pool)
+                        }
                         Plan::Local(reply) | Plan::Close(reply) => {
                             if !reply.is_empty() {
                                 shared.push(Entry::Ready(reply));
@@ -362,4 +409,47 @@ fn handle(
         }
     }
     Handled::Used(used)
+}
+
+/// The reply to a read whose every key the cache may answer; the read is shown to hot-key
+/// detection either way.
+fn answer_from_cache(
+    request: &Request<'_>,
+    pool: &Rc<PoolRt>,
+    router: &mut PoolRouter,
+) -> Option<Vec<u8>> {
+    let cache = pool.cache.as_ref()?;
+    let mut locate = |key: &[u8]| router.locate(key).unwrap_or(0);
+    cache.answer(request, &mut locate, std::time::Instant::now())
+}
+
+/// What the cache must hear of a request about to be forwarded: fill tokens for a read, opened
+/// writes for a write.
+fn cache_hook(request: &Request<'_>, pool: &Rc<PoolRt>) -> Option<CacheHook> {
+    let cache = pool.cache.as_ref()?;
+    if let Some(writes) = cache.before_write(request) {
+        return Some(CacheHook::Write(pool.clone(), writes));
+    }
+    if request.command.is_retrieval() {
+        return cache
+            .before_read(request)
+            .map(|fill| CacheHook::Read(pool.clone(), fill));
+    }
+    None
+}
+
+/// A value too large to store is refused and its key deleted (see [`plan::unlink`]): the
+/// deletion is a write to that key.
+fn refused_write_hook(parts: &[plan::Part], pool: &Rc<PoolRt>) -> Option<CacheHook> {
+    let cache = pool.cache.as_ref()?;
+    let part = parts.first()?;
+    let Bytes::Owned(bytes) = &part.bytes else {
+        return None;
+    };
+    let Ok(Some(request)) = wire::memcache::parse(bytes) else {
+        return None;
+    };
+    cache
+        .before_write(&request)
+        .map(|writes| CacheHook::Write(pool.clone(), writes))
 }

@@ -18,6 +18,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use anyhow::Context;
+
+use crate::cache::CacheService;
 use tokio::sync::watch;
 
 pub use pool::{PoolSpec, ServerSpec};
@@ -32,6 +34,9 @@ pub struct Settings {
     /// Source address of the connections to the servers (`None`: the kernel chooses).
     pub source: Option<IpAddr>,
     pub limits: Limits,
+    /// Per pool, in order, the cache that answers its hot keys (`None`: no cache). Missing
+    /// entries mean no cache.
+    pub caches: Vec<Option<Arc<CacheService>>>,
 }
 
 /// Bounds on what one client connection may hold in the proxy.
@@ -100,10 +105,11 @@ impl Proxy {
         for (i, listeners) in per_worker.into_iter().enumerate() {
             let (stats, watch) = (stats.clone(), watch.clone());
             let (source, limits) = (settings.source, settings.limits);
+            let caches = settings.caches.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("proxy-{i}"))
                 .spawn(move || {
-                    if let Err(e) = worker::run(stats, listeners, source, limits, watch) {
+                    if let Err(e) = worker::run(stats, listeners, source, limits, caches, watch) {
                         tracing::error!("proxy worker {i} failed: {e}");
                     }
                 })?;

@@ -48,6 +48,8 @@ pub struct PoolStats {
     pub requests: AtomicU64,
     /// Requests answered by the proxy itself (`mn`, NOOP, errors it detected).
     pub local_replies: AtomicU64,
+    /// Reads answered from the cache.
+    pub cache_replies: AtomicU64,
     /// Malformed requests (answered as memcached answers them).
     pub client_errors: AtomicU64,
     pub bytes_from_clients: AtomicU64,
@@ -65,6 +67,7 @@ impl PoolStats {
             client_connections_total: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             local_replies: AtomicU64::new(0),
+            cache_replies: AtomicU64::new(0),
             client_errors: AtomicU64::new(0),
             bytes_from_clients: AtomicU64::new(0),
             bytes_to_clients: AtomicU64::new(0),
@@ -157,7 +160,7 @@ impl ProxyStats {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         };
         type PoolField = fn(&PoolStats) -> u64;
-        let pool_families: [(&str, &str, &str, PoolField); 7] = [
+        let pool_families: [(&str, &str, &str, PoolField); 8] = [
             (
                 "kvswitch_proxy_client_connections",
                 "gauge",
@@ -181,6 +184,12 @@ impl ProxyStats {
                 "counter",
                 "Requests the proxy answered itself (no-ops, errors).",
                 |p| get(&p.local_replies),
+            ),
+            (
+                "kvswitch_proxy_cache_replies_total",
+                "counter",
+                "Reads answered from the cache.",
+                |p| get(&p.cache_replies),
             ),
             (
                 "kvswitch_proxy_client_errors_total",
@@ -372,6 +381,7 @@ impl ProxyStats {
                     "client_connections": get(&p.client_connections),
                     "requests": get(&p.requests),
                     "local_replies": get(&p.local_replies),
+                    "cache_replies": get(&p.cache_replies),
                     "client_errors": get(&p.client_errors),
                     "servers": servers,
                 })

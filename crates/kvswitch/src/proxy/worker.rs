@@ -12,6 +12,7 @@ use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 
 use super::backend::Conn;
+use crate::cache::CacheService;
 use super::client;
 use super::plan::{Router, Wire};
 use super::stats::{get, PoolStats, ProxyStats};
@@ -38,6 +39,8 @@ pub struct PoolRt {
     conns: Vec<RefCell<[Vec<Rc<Conn>>; 2]>>,
     source: Option<IpAddr>,
     ring: RefCell<RingView>,
+    /// The cache that answers this pool's hot keys.
+    pub cache: Option<Arc<CacheService>>,
 }
 
 /// The ring over the servers in it now.
@@ -51,7 +54,12 @@ struct RingView {
 }
 
 impl PoolRt {
-    pub fn new(proxy: Arc<ProxyStats>, index: usize, source: Option<IpAddr>) -> Rc<PoolRt> {
+    pub fn new(
+        proxy: Arc<ProxyStats>,
+        index: usize,
+        source: Option<IpAddr>,
+        cache: Option<Arc<CacheService>>,
+    ) -> Rc<PoolRt> {
         let stats = proxy.pools[index].clone();
         let conns = stats
             .spec
@@ -70,6 +78,7 @@ impl PoolRt {
                 ring: None,
                 live: Vec::new(),
             }),
+            cache,
         })
     }
 
@@ -148,6 +157,7 @@ pub fn run(
     listeners: Vec<std::net::TcpListener>,
     source: Option<IpAddr>,
     limits: Limits,
+    caches: Vec<Option<Arc<CacheService>>>,
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -157,7 +167,8 @@ pub fn run(
     local.block_on(&runtime, async move {
         for (index, listener) in listeners.into_iter().enumerate() {
             let listener = TcpListener::from_std(listener)?;
-            let pool = PoolRt::new(proxy.clone(), index, source);
+            let cache = caches.get(index).cloned().flatten();
+            let pool = PoolRt::new(proxy.clone(), index, source, cache);
             tokio::task::spawn_local(accept(listener, pool, limits));
         }
         while !*stop.borrow() {

@@ -1,0 +1,518 @@
+//! The one cache that the switch's UDP path and the proxy's TCP path share: what each path asks
+//! of it around a request (answer it, take fill tokens, open and close writes) on top of the
+//! pure [`kv::cache::Cache`], behind one lock. Replies are built byte for byte as memcached
+//! builds them ([`wire::memcache::cached`]).
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use kv::cache::{Cache, FillToken, Value, WriteTicket};
+use wire::memcache::cached::{self, CachedItem, KeyForm};
+use wire::memcache::{binary, Command, Request, MAX_KEY_LEN};
+
+use crate::config::cache::CacheSettings;
+
+/// The shared cache.
+pub struct CacheService {
+    inner: Mutex<Cache>,
+    settings: CacheSettings,
+}
+
+impl std::fmt::Debug for CacheService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CacheService")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Fill tokens taken when a read of cached keys was forwarded; its reply fills with them.
+#[derive(Debug)]
+pub struct ReadFill {
+    /// The request, kept to read its reply.
+    request: Vec<u8>,
+    tokens: Vec<(Box<[u8]>, FillToken)>,
+}
+
+/// The writes a forwarded request opened; close them once its reply has passed.
+#[derive(Debug)]
+pub struct Writes {
+    tickets: Vec<WriteTicket>,
+}
+
+impl Writes {
+    /// Joins the writes of another request of the same datagram.
+    pub fn extend(&mut self, other: Writes) {
+        self.tickets.extend(other.tickets);
+    }
+}
+
+impl CacheService {
+    /// A cache over `groups` backends.
+    pub fn new(settings: CacheSettings, groups: usize, now: Instant) -> anyhow::Result<Arc<Self>> {
+        let cache = Cache::new(settings.cache.clone(), groups, now)
+            .map_err(|e| anyhow::anyhow!("cache: {e}"))?;
+        Ok(Arc::new(CacheService {
+            inner: Mutex::new(cache),
+            settings,
+        }))
+    }
+
+    pub fn settings(&self) -> &CacheSettings {
+        &self.settings
+    }
+
+    /// The cache itself, for the status API, the switch's rule mirror and the subcommands.
+    pub fn lock(&self) -> MutexGuard<'_, Cache> {
+        // A panic while holding the lock leaves the cache consistent enough to serve: every
+        // method finishes its bookkeeping before it can fail.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Shows a read to hot-key detection and answers it from the cache if every key it names
+    /// may be served: the reply, or `None` to forward it. `locate` names a key's backend.
+    pub fn answer(
+        &self,
+        request: &Request<'_>,
+        locate: &mut dyn FnMut(&[u8]) -> usize,
+        now: Instant,
+    ) -> Option<Vec<u8>> {
+        self.see(request, locate, now);
+        self.serve(request, now)
+    }
+
+    /// Shows the keys of a read to hot-key detection; `locate` names a key's backend.
+    pub fn see(
+        &self,
+        request: &Request<'_>,
+        locate: &mut dyn FnMut(&[u8]) -> usize,
+        now: Instant,
+    ) {
+        if !request.command.is_retrieval() {
+            return;
+        }
+        let mut cache = self.lock();
+        let mut decoded = [0u8; MAX_KEY_LEN];
+        for token in request.keys() {
+            if let Ok(key) = request.stored_key(token, &mut decoded) {
+                let group = locate(key);
+                cache.see(group, key, now);
+            }
+        }
+    }
+
+    /// The reply to a read whose every key may be served from the cache now, built as
+    /// memcached builds it; `None` if any key misses (the read is then forwarded whole).
+    pub fn serve(&self, request: &Request<'_>, now: Instant) -> Option<Vec<u8>> {
+        let serve = cached::servable(request)?;
+        let mut cache = self.lock();
+        let mut decoded = [0u8; MAX_KEY_LEN];
+        let mut out = Vec::new();
+        for token in request.keys() {
+            let key = request.stored_key(token, &mut decoded).ok()?;
+            let value = cache.lookup(key, serve.want_cas, now).ok()?;
+            let item = CachedItem {
+                flags: value.flags,
+                cas: value.cas,
+                data: &value.data,
+                key_form: match value.key_base64 {
+                    None => KeyForm::Unknown,
+                    Some(false) => KeyForm::Raw,
+                    Some(true) => KeyForm::Base64,
+                },
+            };
+            // A value that cannot answer this form (no CAS, a key echo in an unknown form)
+            // sends the whole read to its server.
+            if !cached::write_hit(request, token, &item, &mut out) {
+                return None;
+            }
+        }
+        if request.protocol == wire::memcache::Protocol::Text {
+            cached::write_text_end(&mut out);
+        }
+        Some(out)
+    }
+
+    /// Fill tokens for the cached keys of a read being forwarded now; `None` when it names none
+    /// (or cannot fill at all).
+    pub fn before_read(&self, request: &Request<'_>) -> Option<ReadFill> {
+        cached::servable(request)?;
+        let cache = self.lock();
+        let mut decoded = [0u8; MAX_KEY_LEN];
+        let mut tokens = Vec::new();
+        for token in request.keys() {
+            let Ok(key) = request.stored_key(token, &mut decoded) else {
+                continue;
+            };
+            if let Some(fill) = cache.fill_token(key) {
+                tokens.push((Box::<[u8]>::from(key), fill));
+            }
+        }
+        if tokens.is_empty() {
+            return None;
+        }
+        Some(ReadFill {
+            request: request.bytes().to_vec(),
+            tokens,
+        })
+    }
+
+    /// Fills from the server's complete reply to a read forwarded with `fill`.
+    pub fn after_read(&self, fill: ReadFill, reply: &[u8], now: Instant) {
+        let Ok(Some(request)) = wire::memcache::parse(&fill.request) else {
+            return;
+        };
+        let mut items = Vec::new();
+        let mut decoded = [0u8; MAX_KEY_LEN];
+        cached::read_fills(&request, reply, |token, item| {
+            if let Ok(key) = request.stored_key(token, &mut decoded) {
+                let key_base64 = match item.key_form {
+                    KeyForm::Unknown => None,
+                    KeyForm::Raw => Some(false),
+                    KeyForm::Base64 => Some(true),
+                };
+                items.push((Box::<[u8]>::from(key), item.flags, item.cas, item.data, key_base64));
+            }
+        });
+        if items.is_empty() {
+            return;
+        }
+        let mut cache = self.lock();
+        for (key, flags, cas, data, key_base64) in items {
+            let Some((_, token)) = fill.tokens.iter().find(|(k, _)| *k == key) else {
+                continue;
+            };
+            let value = Value {
+                flags,
+                cas,
+                data: data.into(),
+                key_base64,
+            };
+            cache.fill(&key, *token, value, now);
+        }
+    }
+
+    /// Opens the writes of a request that changes items, before it is forwarded: its keys'
+    /// values are dropped at once. `None` for a request that writes nothing.
+    pub fn before_write(&self, request: &Request<'_>) -> Option<Writes> {
+        if !writes(request) {
+            return None;
+        }
+        let mut cache = self.lock();
+        let tickets = if flushes(request) {
+            vec![cache.begin_flush()]
+        } else {
+            let mut decoded = [0u8; MAX_KEY_LEN];
+            let mut tickets = Vec::with_capacity(1);
+            for token in request.keys() {
+                if let Ok(key) = request.stored_key(token, &mut decoded) {
+                    tickets.push(cache.begin_write(key));
+                }
+            }
+            tickets
+        };
+        Some(Writes { tickets })
+    }
+
+    /// Closes the writes of a request whose reply has passed, or that was given up.
+    pub fn after_write(&self, writes: Writes) {
+        let mut cache = self.lock();
+        for ticket in writes.tickets {
+            cache.end_write(ticket);
+        }
+    }
+
+    /// Periodic work: the tracker's segment and the rule buffer's delayed removals.
+    pub fn tick(&self, now: Instant) {
+        let mut cache = self.lock();
+        cache.roll(now);
+        cache.poll_rules(now);
+    }
+}
+
+/// Whether a request may change stored items. A meta get that the cache cannot answer may carry
+/// flags that change the item (`T`, `N`, `E`), so it counts as one: the cost is a dropped value.
+fn writes(request: &Request<'_>) -> bool {
+    match request.command {
+        Command::MetaGet => cached::servable(request).is_none(),
+        command => command.is_write(),
+    }
+}
+
+/// Whether a request empties every server (`flush_all`, binary FLUSH).
+fn flushes(request: &Request<'_>) -> bool {
+    matches!(
+        request.command,
+        Command::FlushAll
+            | Command::Binary(binary::opcode::FLUSH)
+            | Command::Binary(binary::opcode::FLUSHQ)
+    )
+}
+
+/// The cache families of `/metrics`, one series per pool.
+pub fn write_metrics(out: &mut String, caches: &[(String, Arc<CacheService>)]) {
+    use std::fmt::Write as _;
+    if caches.is_empty() {
+        return;
+    }
+    let snapshots: Vec<_> = caches
+        .iter()
+        .map(|(pool, c)| {
+            let cache = c.lock();
+            (pool.as_str(), cache.counters(), cache.gauges())
+        })
+        .collect();
+    type Counter = fn(&kv::cache::Counters) -> u64;
+    let counters: [(&str, &str, Counter); 13] = [
+        ("hits", "Reads answered from the cache.", |c| c.hits),
+        ("misses", "Reads of keys the cache could not answer.", |c| c.misses),
+        ("fills", "Values stored from servers' replies.", |c| c.fills),
+        (
+            "fills_refused",
+            "Replies not stored: a write raced the read, the key left, or too large.",
+            |c| c.fills_refused,
+        ),
+        ("admissions", "Keys that entered the cache.", |c| c.admissions),
+        ("evictions", "Keys that left the cache.", |c| c.evictions),
+        ("invalidations", "Values dropped by writes.", |c| c.invalidations),
+        ("lease_expiries", "Values dropped when their lease ran out.", |c| c.lease_expiries),
+        ("rule_installs", "Cache rules installed.", |c| c.rule_installs),
+        ("rule_removals", "Cache rules removed.", |c| c.rule_removals),
+        ("instant_reports", "Keys nominated by the circular log.", |c| c.instant_reports),
+        ("periodic_reports", "Keys nominated by the top-k tracker.", |c| c.periodic_reports),
+        (
+            "rule_buffer_full",
+            "Rule changes refused because the rule buffer was full.",
+            |c| c.rule_buffer_full,
+        ),
+    ];
+    for (name, help, read) in counters {
+        let _ = writeln!(
+            out,
+            "# HELP kvswitch_cache_{name}_total {help}\n# TYPE kvswitch_cache_{name}_total counter"
+        );
+        for (pool, c, _) in &snapshots {
+            let _ = writeln!(out, "kvswitch_cache_{name}_total{{pool=\"{pool}\"}} {}", read(c));
+        }
+    }
+    type Gauge = fn(&kv::cache::Gauges) -> f64;
+    let gauges: [(&str, &str, Gauge); 7] = [
+        ("entries", "Keys cached (filled or not).", |g| g.entries as f64),
+        ("filled", "Keys cached with a value.", |g| g.filled as f64),
+        ("bytes", "Value bytes held.", |g| g.bytes as f64),
+        ("rules_installed", "Cache rules installed now.", |g| g.rules_installed as f64),
+        (
+            "rule_buffer_occupancy",
+            "Rule removals held back in the rule buffer.",
+            |g| g.buffered_removals as f64,
+        ),
+        ("rules_pending", "Rule installs waiting for the budget.", |g| g.pending_installs as f64),
+        (
+            "admission_threshold",
+            "Load (requests/s) a key needs to enter a full cache.",
+            |g| g.threshold,
+        ),
+    ];
+    for (name, help, read) in gauges {
+        let _ = writeln!(
+            out,
+            "# HELP kvswitch_cache_{name} {help}\n# TYPE kvswitch_cache_{name} gauge"
+        );
+        for (pool, _, g) in &snapshots {
+            let _ = writeln!(out, "kvswitch_cache_{name}{{pool=\"{pool}\"}} {}", read(g));
+        }
+    }
+}
+
+/// A key as the status shows it: text when printable, else hex with a `0x` prefix.
+fn show_key(key: &[u8]) -> String {
+    if key.iter().all(|b| b.is_ascii_graphic()) {
+        return String::from_utf8_lossy(key).into_owned();
+    }
+    let mut s = String::from("0x");
+    for b in key {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+/// The cache part of the status document: per pool, sizes, counters, the `limit` most loaded
+/// cached keys and the tracker's hot keys.
+pub fn status(caches: &[(String, Arc<CacheService>)], limit: usize) -> serde_json::Value {
+    use serde_json::json;
+    let pools: Vec<serde_json::Value> = caches
+        .iter()
+        .map(|(pool, c)| {
+            let settings = c.settings();
+            let cache = c.lock();
+            let (n, g) = (cache.counters(), cache.gauges());
+            let cfg = cache.config();
+            let lookups = n.hits + n.misses;
+            json!({
+                "pool": pool,
+                "settings": {
+                    "items": cfg.items,
+                    "bytes": cfg.bytes,
+                    "lease_ms": cfg.lease.as_millis() as u64,
+                    "rule_rate": cfg.rules.rate,
+                    "rule_delay_ms": cfg.rules.max_delay.as_millis() as u64,
+                    "write_timeout_ms": settings.write_timeout.as_millis() as u64,
+                },
+                "entries": g.entries,
+                "filled": g.filled,
+                "bytes": g.bytes,
+                "rules_installed": g.rules_installed,
+                "rule_buffer_occupancy": g.buffered_removals,
+                "rules_pending": g.pending_installs,
+                "admission_threshold": g.threshold,
+                "hits": n.hits,
+                "misses": n.misses,
+                "hit_ratio": if lookups == 0 { 0.0 } else { n.hits as f64 / lookups as f64 },
+                "fills": n.fills,
+                "fills_refused": n.fills_refused,
+                "admissions": n.admissions,
+                "evictions": n.evictions,
+                "invalidations": n.invalidations,
+                "top": cache.top_entries(limit).iter().map(|e| json!({
+                    "key": show_key(&e.key),
+                    "load": e.load,
+                    "bytes": e.bytes,
+                    "filled": e.filled,
+                    "rule": e.rule,
+                    "pinned": e.pinned,
+                })).collect::<Vec<_>>(),
+                "hot": cache.hot_keys().iter().take(limit).map(|(k, load, backend)| json!({
+                    "key": show_key(k),
+                    "load": load,
+                    "backend": backend,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    json!({ "enabled": !caches.is_empty(), "pools": pools })
+}
+
+/// `pin`, `unpin` or `evict` one key of a pool's cache (the only pool when `pool` is `None`).
+pub fn control(
+    caches: &[(String, Arc<CacheService>)],
+    action: &str,
+    pool: &Option<String>,
+    key: &[u8],
+) -> Result<serde_json::Value, String> {
+    if caches.is_empty() {
+        return Err("the cache is off: start with --cache or a [cache] table".into());
+    }
+    if key.is_empty() || key.len() > MAX_KEY_LEN {
+        return Err(format!("give a key of 1 to {MAX_KEY_LEN} bytes: ?key=..."));
+    }
+    let cache = match pool {
+        Some(name) => caches
+            .iter()
+            .find(|(p, _)| p == name)
+            .ok_or_else(|| format!("no pool `{name}`"))?,
+        None if caches.len() == 1 => &caches[0],
+        None => return Err("several pools have a cache: give &pool=NAME".into()),
+    };
+    let now = Instant::now();
+    let mut c = cache.1.lock();
+    let done = match action {
+        "pin" => c.pin(key, now).map(|()| true)?,
+        "unpin" => c.unpin(key),
+        "evict" => c.evict(key, now),
+        other => return Err(format!("unknown action `{other}`")),
+    };
+    Ok(serde_json::json!({
+        "pool": cache.0,
+        "key": show_key(key),
+        "action": action,
+        "cached": c.contains(key),
+        "changed": done,
+    }))
+}
+
+/// Arguments of `kvswitch cache`.
+#[derive(Debug, clap::Args)]
+#[command(long_about = "Show the cache of a running switch or proxy (sizes, hit ratio, the most \
+                        loaded cached keys, the hot keys detected), or pin, unpin or evict a \
+                        key. Talks to the control API (`switch.api`, or the proxy's --api).")]
+pub struct CacheArgs {
+    #[command(subcommand)]
+    pub action: CacheAction,
+    /// The control API of the switch or proxy.
+    #[arg(long, global = true, default_value = crate::config::DEFAULT_API, value_name = "ADDR:PORT")]
+    pub api: std::net::SocketAddr,
+    /// The pool whose cache is meant, when a proxy serves several.
+    #[arg(long, global = true)]
+    pub pool: Option<String>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum CacheAction {
+    /// Print the cache's state as JSON.
+    Show {
+        /// How many of the most loaded cached keys and hot keys to list.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// Put a key in the cache and keep it there (its rule is installed within the budget).
+    Pin { key: String },
+    /// Let a pinned key be evicted again like any other.
+    Unpin { key: String },
+    /// Remove a key from the cache now.
+    Evict { key: String },
+}
+
+/// Runs `kvswitch cache`.
+pub fn run_cli(args: &CacheArgs) -> anyhow::Result<()> {
+    let pool = args
+        .pool
+        .as_ref()
+        .map(|p| format!("&pool={}", percent_encode(p.as_bytes())))
+        .unwrap_or_default();
+    let (method, path) = match &args.action {
+        CacheAction::Show { limit } => ("GET", format!("/api/v1/cache?limit={limit}")),
+        CacheAction::Pin { key } | CacheAction::Unpin { key } | CacheAction::Evict { key } => {
+            let action = match &args.action {
+                CacheAction::Pin { .. } => "pin",
+                CacheAction::Unpin { .. } => "unpin",
+                _ => "evict",
+            };
+            let key = percent_encode(key.as_bytes());
+            ("POST", format!("/api/v1/cache/{action}?key={key}{pool}"))
+        }
+    };
+    let body = http(args.api, method, &path)?;
+    print!("{body}");
+    Ok(())
+}
+
+fn percent_encode(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(bytes.len());
+    for &b in bytes {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            s.push(b as char);
+        } else {
+            s.push_str(&format!("%{b:02X}"));
+        }
+    }
+    s
+}
+
+/// One HTTP/1.0 request to the control API; the body, or an error with the API's message.
+fn http(api: std::net::SocketAddr, method: &str, path: &str) -> anyhow::Result<String> {
+    use std::io::{Read, Write};
+    let timeout = std::time::Duration::from_secs(5);
+    let mut conn = std::net::TcpStream::connect_timeout(&api, timeout).map_err(|e| {
+        anyhow::anyhow!("cannot reach the control API at {api} ({e}); is kvswitch running there?")
+    })?;
+    conn.set_read_timeout(Some(timeout))?;
+    write!(conn, "{method} {path} HTTP/1.0\r\nHost: {api}\r\n\r\n")?;
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply)?;
+    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
+    let status = head.lines().next().unwrap_or("");
+    if !status.contains(" 200 ") {
+        anyhow::bail!("{}: {}", status.trim(), body.trim());
+    }
+    Ok(body.to_string())
+}
