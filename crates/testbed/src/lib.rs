@@ -8,10 +8,13 @@
 //! crate never kills processes by name and never touches names without its prefix.
 //!
 //! [`local`] is the small version for tests that need no namespaces: memcached and nutcracker
-//! on free loopback ports.
+//! on free loopback ports. [`history`] checks recorded histories of memcached operations for
+//! coherence, and [`history_load`] records them with concurrent clients.
 
 mod config;
 mod down;
+pub mod history;
+pub mod history_load;
 pub mod local;
 mod netns;
 mod probe;

@@ -171,9 +171,20 @@ impl Proxy {
     /// Starts `front` before `servers` and waits until it accepts connections. A start that
     /// fails (another process took the port first) is tried again on another port.
     pub fn start(front: Front, servers: &[(&str, SocketAddr)], opts: &PoolOpts) -> Proxy {
+        Proxy::start_with(front, servers, opts, "")
+    }
+
+    /// [`start`](Self::start), with `extra` appended to a [`Front::Kvswitch`] proxy's TOML
+    /// configuration (other fronts ignore it).
+    pub fn start_with(
+        front: Front,
+        servers: &[(&str, SocketAddr)],
+        opts: &PoolOpts,
+        extra: &str,
+    ) -> Proxy {
         let mut why = String::new();
         for _ in 0..3 {
-            match Proxy::try_start(front, servers, opts) {
+            match Proxy::try_start(front, servers, opts, extra) {
                 Ok(proxy) => return proxy,
                 Err(log) => why = log,
             }
@@ -185,6 +196,7 @@ impl Proxy {
         front: Front,
         servers: &[(&str, SocketAddr)],
         opts: &PoolOpts,
+        extra: &str,
     ) -> Result<Proxy, String> {
         let dir = TempDir::new("kvswitch-proxy-test").expect("a scratch directory");
         if front == Front::Direct {
@@ -203,7 +215,15 @@ impl Proxy {
         let mut cmd = match front {
             Front::Kvswitch => {
                 let path = dir.path().join("proxy.toml");
-                std::fs::write(&path, toml_config(servers, opts)).expect("write config");
+                let mut text = toml_config(servers, opts);
+                if !extra.is_empty() {
+                    text.push('\n');
+                    text.push_str(extra);
+                    if !extra.ends_with('\n') {
+                        text.push('\n');
+                    }
+                }
+                std::fs::write(&path, text).expect("write config");
                 let mut c = Command::new(env!("CARGO_BIN_EXE_kvswitch"));
                 c.arg("proxy")
                     .arg("--listen")
