@@ -23,8 +23,38 @@ use testbed::history_load::{self, Client, Load, Mix, Recorded, Transport};
 /// configuration and to the standalone proxy's, so both paths run with it. `None` runs
 /// without a cache, where the history must already be coherent (the servers alone are).
 /// This is the one place to switch the cache on for these tests.
+///
+/// The cache holds half the hot keys, so keys keep entering and leaving; rules change at most
+/// 50 times a second, so admitted keys wait for their rules and removals wait in the rule
+/// buffer; leases are short, so values are refilled all the time.
 fn cache_config() -> Option<String> {
-    None
+    Some(
+        "[cache]\nitems = 8\nlease_ms = 300\nrule_rate = 50\nrule_delay_ms = 500\n\
+         segment_ms = 200\n"
+            .into(),
+    )
+}
+
+/// The cache's hits and fills on `/metrics`, when it runs: the history must have exercised it.
+fn cache_exercised(path: &str, metrics: &str) {
+    if cache_config().is_none() {
+        return;
+    }
+    let sample = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    let (hits, fills, refused) = (
+        sample("kvswitch_cache_hits_total"),
+        sample("kvswitch_cache_fills_total"),
+        sample("kvswitch_cache_fills_refused_total"),
+    );
+    println!("{path}: cache hits {hits}, fills {fills}, refused fills {refused}");
+    assert!(hits >= 1000, "{path}: the cache answered only {hits} reads");
+    assert!(fills >= 100, "{path}: the cache filled only {fills} times");
 }
 
 /// Hot keys: few, so that reads and writes of different clients meet on each.
@@ -119,7 +149,12 @@ fn proxy_alone_keeps_reads_coherent() {
         .map(|(n, m)| (*n, m.addr()))
         .collect();
     let cache = cache_config().unwrap_or_default();
-    let proxy = Proxy::start_with(Front::Kvswitch, &pool, &PoolOpts::default(), &cache);
+    let api = SocketAddr::from(([127, 0, 0, 1], common::proxy::free_port()));
+    let opts = PoolOpts {
+        api: Some(api),
+        ..PoolOpts::default()
+    };
+    let proxy = Proxy::start_with(Front::Kvswitch, &pool, &opts, &cache);
 
     let clients: Vec<Client> = (1..=12)
         .map(|id| Client {
@@ -135,6 +170,8 @@ fn proxy_alone_keeps_reads_coherent() {
     let recorded = history_load::run(&clients, &load, Clock::start()).expect("load");
     assert!(proxy.alive(), "the proxy died:\n{}", proxy.log_tail());
     check("proxy", &recorded);
+    let (_, body) = testbed::http_get(api, "/metrics").expect("the proxy's metrics");
+    cache_exercised("proxy", &body);
 }
 
 /// The check catches incoherence end to end: clients split between two memcached servers that
@@ -240,10 +277,7 @@ fn switch_udp_and_tcp_keep_reads_coherent() {
             "few reads of values written over the other transport: {crossed:?}"
         );
     }
-    let st = status(&live);
-    if let Some(cache) = st.get("cache") {
-        println!("switch: cache status {cache}");
-    }
+    cache_exercised("switch", &metrics(&live));
     assert_eq!(drops(&live, "vip_unhandled"), 0);
     live.down().expect("down");
 }

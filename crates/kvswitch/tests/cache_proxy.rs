@@ -136,10 +136,26 @@ enum Form {
     Binary(Vec<u8>),
 }
 
-fn call(conn: &mut Conn, form: &Form) -> Vec<u8> {
-    match form {
-        Form::Text(r) => text(conn, r),
-        Form::Binary(r) => binary(conn, r),
+/// A text and a binary connection to one place: memcached fixes a connection's protocol with
+/// its first byte.
+struct Pair {
+    text: Conn,
+    binary: Conn,
+}
+
+impl Pair {
+    fn open(addr: SocketAddr) -> Pair {
+        Pair {
+            text: Conn::open(addr),
+            binary: Conn::open(addr),
+        }
+    }
+
+    fn call(&mut self, form: &Form) -> Vec<u8> {
+        match form {
+            Form::Text(r) => text(&mut self.text, r),
+            Form::Binary(r) => binary(&mut self.binary, r),
+        }
     }
 }
 
@@ -168,8 +184,8 @@ fn cached_reads_are_answered_as_memcached_answers_them() {
         let pinned = cache_cli(s.api, &["pin", key]);
         assert!(pinned.contains("\"cached\": true"), "{pinned}");
     }
-    let direct: Vec<Conn> = s.servers.iter().map(|m| Conn::open(m.addr())).collect();
-    let mut direct = direct;
+    let mut direct: Vec<Pair> = s.servers.iter().map(|m| Pair::open(m.addr())).collect();
+    let mut pair = Pair::open(s.proxy);
     let owner = |key: &str| ring.locate(key.as_bytes());
 
     let mut checked = 0;
@@ -188,12 +204,12 @@ fn cached_reads_are_answered_as_memcached_answers_them() {
             Form::Binary(binary_request(0x0d, k, 14)),
         ];
         for form in &forms {
-            let want = call(&mut direct[owner(key)], form);
+            let want = direct[owner(key)].call(form);
             // The first read may miss and fill; the second must be answered by the proxy.
-            let first = call(&mut client, form);
+            let first = pair.call(form);
             assert_eq!(first, want, "first read of {key}");
             let hits = metric(s.api, "kvswitch_cache_hits_total");
-            let second = call(&mut client, form);
+            let second = pair.call(form);
             assert_eq!(second, want, "cached read of {key}");
             assert_eq!(
                 metric(s.api, "kvswitch_cache_hits_total"),
@@ -209,9 +225,15 @@ fn cached_reads_are_answered_as_memcached_answers_them() {
     let hits = metric(s.api, "kvswitch_cache_hits_total");
     let reply = text(&mut client, &all);
     assert_eq!(metric(s.api, "kvswitch_cache_hits_total"), hits + 3);
-    let mut want = text(&mut direct[owner(&keys[0])], format!("get {}\r\n", keys[0]).as_bytes());
+    let mut want = text(
+        &mut direct[owner(&keys[0])].text,
+        format!("get {}\r\n", keys[0]).as_bytes(),
+    );
     want.truncate(want.len() - 5);
-    let mut second = text(&mut direct[owner(&keys[2])], format!("get {}\r\n", keys[2]).as_bytes());
+    let mut second = text(
+        &mut direct[owner(&keys[2])].text,
+        format!("get {}\r\n", keys[2]).as_bytes(),
+    );
     second.truncate(second.len() - 5);
     let expected = [want.clone(), second, want, b"END\r\n".to_vec()].concat();
     assert_eq!(reply, expected);
@@ -231,6 +253,7 @@ fn cached_reads_are_answered_as_memcached_answers_them() {
 fn writes_and_flushes_are_never_followed_by_a_stale_read() {
     let s = start("[cache]\nlease_ms = 60000\nrule_rate = 400\n");
     let mut a = Conn::open(s.proxy);
+    let mut a_binary = Conn::open(s.proxy);
     let mut b = Conn::open(s.proxy);
     let key = "coherent";
     cache_cli(s.api, &["pin", key]);
@@ -258,7 +281,7 @@ fn writes_and_flushes_are_never_followed_by_a_stale_read() {
                     0,
                     &mut req,
                 );
-                let reply = binary(&mut a, &req);
+                let reply = binary(&mut a_binary, &req);
                 assert_eq!(&reply[6..8], &[0, 0], "binary set stored");
                 Some(value)
             }

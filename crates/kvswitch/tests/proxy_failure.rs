@@ -90,6 +90,7 @@ fn eject_and_return(front: Front) {
         auto_eject_hosts: true,
         server_failure_limit: 1,
         server_retry_timeout_ms: 2000,
+        api: None,
     };
     // nutcracker, run only to check this test itself, may spend a whole timeout reconnecting
     // to the returning server: give it room on a loaded machine.

@@ -108,6 +108,8 @@ pub struct PoolOpts {
     pub auto_eject_hosts: bool,
     pub server_failure_limit: u32,
     pub server_retry_timeout_ms: u64,
+    /// The proxy's control API (`[proxy] api`), for a kvswitch proxy from a TOML file.
+    pub api: Option<SocketAddr>,
 }
 
 impl Default for PoolOpts {
@@ -117,6 +119,7 @@ impl Default for PoolOpts {
             auto_eject_hosts: false,
             server_failure_limit: 2,
             server_retry_timeout_ms: 30_000,
+            api: None,
         }
     }
 }
@@ -133,8 +136,12 @@ pub struct Proxy {
 
 /// The proxy's TOML for `servers` (name, address), listening where `--listen` says.
 pub fn toml_config(servers: &[(&str, SocketAddr)], opts: &PoolOpts) -> String {
+    let api = opts
+        .api
+        .map(|a| format!("api = \"{a}\"\n"))
+        .unwrap_or_default();
     let mut out = format!(
-        "[proxy]\nworkers = 2\n\n[pool]\ndistribution = \"ketama\"\nhash = \"md5\"\n\
+        "[proxy]\nworkers = 2\n{api}\n[pool]\ndistribution = \"ketama\"\nhash = \"md5\"\n\
          timeout_ms = {}\nauto_eject_hosts = {}\nserver_failure_limit = {}\n\
          server_retry_timeout_ms = {}\n",
         opts.timeout_ms,
