@@ -1,0 +1,163 @@
+//! The cache on the switch's UDP path: a read of a cached key is answered by kvswitch from the
+//! VIP, byte for byte as the key's memcached answers it (values over several datagrams
+//! included), in the text, meta and binary protocols; a write over TCP through the proxy is seen
+//! by the next UDP read; and the `kv_cache` table follows the cache's rules.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+const T: Duration = Duration::from_secs(2);
+
+fn hits(live: &testbed::Live) -> u64 {
+    let body = metrics(live);
+    body.lines()
+        .find_map(|l| {
+            l.strip_prefix("kvswitch_cache_hits_total{pool=\"default\"} ")?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no cache hits in\n{body}"))
+}
+
+fn cache_cli(live: &testbed::Live, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvswitch"))
+        .arg("cache")
+        .args(args)
+        .args(["--api", &live.api().to_string()])
+        .output()
+        .expect("run kvswitch cache");
+    assert!(
+        out.status.success(),
+        "kvswitch cache {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn binary_get(op: u8, key: &[u8], opaque: u32) -> Vec<u8> {
+    let mut out = Vec::new();
+    wire::memcache::binary::write_request(op, key, b"", b"", opaque, 0, &mut out);
+    out
+}
+
+fn check_served_from_cache(live: &testbed::Live) {
+    let vip = vip(live);
+    let ring = default_ring();
+    let keys = keys_spanning_servers(&ring, "cached", 1);
+    let values: Vec<Vec<u8>> = vec![
+        b"small".to_vec(),
+        (0..=255u8).collect(),
+        // Longer than one datagram: memcached sends it in pieces, and so must the cache.
+        (0..5000u32).map(|i| b'a' + (i % 26) as u8).collect(),
+    ];
+    for (i, (key, value)) in keys.iter().zip(&values).enumerate() {
+        let mut set = format!("set {key} {} 0 {}\r\n", 40 + i, value.len()).into_bytes();
+        set.extend_from_slice(value);
+        set.extend_from_slice(b"\r\n");
+        // Over TCP: a request must fit one datagram, and 5000 bytes do not.
+        let reply = tcp_call(live, "c1", vip, &set, ends_with_line);
+        assert_eq!(reply, b"STORED\r\n");
+        let pinned = cache_cli(live, &["pin", key]);
+        assert!(pinned.contains("\"cached\": true"), "{pinned}");
+    }
+    // The switch installs the rules at its next tick.
+    std::thread::sleep(Duration::from_millis(100));
+    let servers = ["s1", "s2", "s3"];
+    let mut checked = 0;
+    for key in &keys {
+        let owner = servers[ring.locate(key.as_bytes())];
+        let direct = SocketAddr::new(ip_of(live, owner).into(), 11211);
+        let k = key.as_bytes();
+        let forms: Vec<Vec<u8>> = vec![
+            format!("get {key}\r\n").into_bytes(),
+            format!("gets {key}\r\n").into_bytes(),
+            format!("mg {key} v\r\n").into_bytes(),
+            format!("mg {key} s f v c\r\n").into_bytes(),
+            format!("mg {key} k v O9\r\n").into_bytes(),
+            binary_get(0x00, k, 21),
+            binary_get(0x09, k, 22),
+            binary_get(0x0c, k, 23),
+            binary_get(0x0d, k, 24),
+        ];
+        for form in &forms {
+            let want = udp_call(live, "c2", direct, form, T).expect("direct reply");
+            let first = udp_call(live, "c1", vip, form, T).expect("first reply");
+            assert_eq!(first.body, want.body, "first read of {key}: {form:?}");
+            let before = hits(live);
+            let second = udp_call(live, "c1", vip, form, T).expect("cached reply");
+            assert_eq!(
+                second.body,
+                want.body,
+                "cached read of {key}: {:?}",
+                String::from_utf8_lossy(form)
+            );
+            assert_eq!(second.from, vip, "the cache answers from the VIP");
+            assert_eq!(second.datagrams, want.datagrams, "as many datagrams as memcached");
+            assert_eq!(hits(live), before + 1, "answered from the cache: {form:?}");
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 27);
+
+    // A write over TCP, through the proxy, is seen by the next UDP read, and the read after it
+    // is answered from the cache again with the new value.
+    let key = &keys[0];
+    let reply = tcp_call(
+        live,
+        "c2",
+        vip,
+        format!("set {key} 3 0 3\r\nnew\r\n").as_bytes(),
+        ends_with_line,
+    );
+    assert_eq!(reply, b"STORED\r\n");
+    let want = format!("VALUE {key} 3 3\r\nnew\r\nEND\r\n").into_bytes();
+    let r = udp_call(live, "c1", vip, format!("get {key}\r\n").as_bytes(), T).expect("get");
+    assert_eq!(r.body, want);
+    let before = hits(live);
+    let r = udp_call(live, "c1", vip, format!("get {key}\r\n").as_bytes(), T).expect("get");
+    assert_eq!(r.body, want);
+    assert_eq!(hits(live), before + 1);
+    // A UDP delete, then the key reads as missing.
+    let r = udp_call(live, "c2", vip, format!("delete {key}\r\n").as_bytes(), T).expect("del");
+    assert_eq!(r.body, b"DELETED\r\n");
+    let r = udp_call(live, "c1", vip, format!("get {key}\r\n").as_bytes(), T).expect("get");
+    assert_eq!(r.body, b"END\r\n");
+
+    // The rules: one `kv_cache` entry per cached key; evicting removes it.
+    let doc: serde_json::Value =
+        serde_json::from_str(&cache_cli(live, &["show"])).expect("show prints JSON");
+    assert_eq!(doc["pools"][0]["rules_installed"], 3, "{doc}");
+    cache_cli(live, &["evict", &keys[1]]);
+    std::thread::sleep(Duration::from_millis(100));
+    let before = hits(live);
+    let form = format!("get {}\r\n", keys[1]).into_bytes();
+    let r = udp_call(live, "c1", vip, &form, T).expect("get");
+    assert!(r.body.starts_with(format!("VALUE {} 41 256", keys[1]).as_bytes()));
+    assert_eq!(hits(live), before, "an evicted key is read from its server");
+    let tables = status(live)["tables"].to_string();
+    assert!(tables.contains("kv_cache"), "{tables}");
+}
+
+#[test]
+fn cached_reads_over_udp_l3() {
+    let live = testbed_with("kcsw", "l3", false, |o| {
+        o.extra_config = Some("[cache]\nlease_ms = 60000\n".into())
+    });
+    check_served_from_cache(&live);
+    live.down().expect("down");
+}
+
+#[test]
+fn cached_reads_over_udp_l2() {
+    let live = testbed_with("kcs2", "l2", false, |o| {
+        o.extra_config = Some("[cache]\nlease_ms = 60000\n".into())
+    });
+    check_served_from_cache(&live);
+    live.down().expect("down");
+}
