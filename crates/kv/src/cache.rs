@@ -92,12 +92,11 @@ impl Config {
             return Err("log_threshold must be at least 1".into());
         }
         if !self.slots.is_power_of_two() {
-            return Err(format!(
-                "slots must be a power of two, not {}",
-                self.slots
-            ));
+            return Err(format!("slots must be a power of two, not {}", self.slots));
         }
-        self.tracker.validate().map_err(|e| format!("tracker: {e}"))?;
+        self.tracker
+            .validate()
+            .map_err(|e| format!("tracker: {e}"))?;
         self.rules.validate().map_err(|e| format!("rules: {e}"))?;
         Ok(())
     }
@@ -353,8 +352,8 @@ impl Cache {
             entry.reads = 0;
         }
         let mut loads: Vec<f64> = self.entries.values().map(|e| e.load).collect();
-        self.threshold = hot::admission_threshold(&mut loads, self.cfg.admit_percentile)
-            .unwrap_or(0.0);
+        self.threshold =
+            hot::admission_threshold(&mut loads, self.cfg.admit_percentile).unwrap_or(0.0);
         for report in self.tracker.take_reports() {
             if !self.entries.contains_key(&*report.key) {
                 self.counters.periodic_reports += 1;
@@ -571,7 +570,11 @@ impl Cache {
     }
 
     fn try_fill(&mut self, key: &[u8], token: FillToken, value: Value, now: Instant) -> Fill {
-        let slot = self.slots.get(token.slot as usize).copied().unwrap_or_default();
+        let slot = self
+            .slots
+            .get(token.slot as usize)
+            .copied()
+            .unwrap_or_default();
         let raced = slot.epoch != token.epoch
             || slot.writes > 0
             || self.all.epoch != token.all_epoch
@@ -751,7 +754,10 @@ mod tests {
         // No CAS came with the value: a request for one is not answered.
         assert_eq!(c.lookup(b"k", true, now).unwrap_err(), Miss::NoCas);
         let later = now + c.config().lease;
-        assert_eq!(c.lookup(b"k", false, later).unwrap_err(), Miss::LeaseExpired);
+        assert_eq!(
+            c.lookup(b"k", false, later).unwrap_err(),
+            Miss::LeaseExpired
+        );
         assert_eq!(c.gauges().bytes, 0);
         let n = c.counters();
         assert_eq!((n.hits, n.fills, n.lease_expiries), (1, 1, 1));
@@ -767,10 +773,19 @@ mod tests {
         assert_eq!(c.lookup(b"k", false, now).unwrap_err(), Miss::Empty);
         // Read forwarded while the write is open: refused, also after the write closed.
         let during = c.fill_token(b"k").unwrap();
-        assert_eq!(c.fill(b"k", during, value(b"old", None), now), Fill::WriteRaced);
+        assert_eq!(
+            c.fill(b"k", during, value(b"old", None), now),
+            Fill::WriteRaced
+        );
         c.end_write(w);
-        assert_eq!(c.fill(b"k", before, value(b"old", None), now), Fill::WriteRaced);
-        assert_eq!(c.fill(b"k", during, value(b"old", None), now), Fill::WriteRaced);
+        assert_eq!(
+            c.fill(b"k", before, value(b"old", None), now),
+            Fill::WriteRaced
+        );
+        assert_eq!(
+            c.fill(b"k", during, value(b"old", None), now),
+            Fill::WriteRaced
+        );
         // Read forwarded after the write's reply passed: fills.
         let after = c.fill_token(b"k").unwrap();
         assert_eq!(c.fill(b"k", after, value(b"new", None), now), Fill::Filled);
@@ -786,7 +801,10 @@ mod tests {
         let w2 = c.begin_write(b"k");
         c.end_write(w1);
         let token = c.fill_token(b"k").unwrap();
-        assert_eq!(c.fill(b"k", token, value(b"x", None), now), Fill::WriteRaced);
+        assert_eq!(
+            c.fill(b"k", token, value(b"x", None), now),
+            Fill::WriteRaced
+        );
         c.end_write(w2);
         let token = c.fill_token(b"k").unwrap();
         assert_eq!(c.fill(b"k", token, value(b"x", None), now), Fill::Filled);
@@ -801,7 +819,10 @@ mod tests {
         let flush = c.begin_flush();
         assert_eq!(c.lookup(b"b", false, now).unwrap_err(), Miss::Empty);
         c.end_write(flush);
-        assert_eq!(c.fill(b"a", token, value(b"x", None), now), Fill::WriteRaced);
+        assert_eq!(
+            c.fill(b"a", token, value(b"x", None), now),
+            Fill::WriteRaced
+        );
         assert_eq!(c.gauges().filled, 0);
         assert_eq!(c.gauges().entries, 2);
     }
@@ -863,9 +884,15 @@ mod tests {
         assert_eq!(c.gauges().bytes, 6);
         c.offer(b"warm", 50.0, now);
         let t = c.fill_token(b"warm").unwrap();
-        assert_eq!(c.fill(b"warm", t, value(&[3; 6], None), now), Fill::TooLarge);
+        assert_eq!(
+            c.fill(b"warm", t, value(&[3; 6], None), now),
+            Fill::TooLarge
+        );
         let t = c.fill_token(b"warm").unwrap();
-        assert_eq!(c.fill(b"warm", t, value(&[3; 11], None), now), Fill::TooLarge);
+        assert_eq!(
+            c.fill(b"warm", t, value(&[3; 11], None), now),
+            Fill::TooLarge
+        );
     }
 
     #[test]
@@ -876,7 +903,10 @@ mod tests {
         }
         assert!(!c.contains(b"burst"));
         c.see(0, b"burst", now);
-        assert!(c.contains(b"burst"), "seen more than 8 times in the last 200 reads");
+        assert!(
+            c.contains(b"burst"),
+            "seen more than 8 times in the last 200 reads"
+        );
         assert_eq!(c.counters().instant_reports, 1);
     }
 

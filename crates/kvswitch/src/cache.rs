@@ -82,12 +82,7 @@ impl CacheService {
     }
 
     /// Shows the keys of a read to hot-key detection; `locate` names a key's backend.
-    pub fn see(
-        &self,
-        request: &Request<'_>,
-        locate: &mut dyn FnMut(&[u8]) -> usize,
-        now: Instant,
-    ) {
+    pub fn see(&self, request: &Request<'_>, locate: &mut dyn FnMut(&[u8]) -> usize, now: Instant) {
         if !request.command.is_retrieval() {
             return;
         }
@@ -171,7 +166,13 @@ impl CacheService {
                     KeyForm::Raw => Some(false),
                     KeyForm::Base64 => Some(true),
                 };
-                items.push((Box::<[u8]>::from(key), item.flags, item.cas, item.data, key_base64));
+                items.push((
+                    Box::<[u8]>::from(key),
+                    item.flags,
+                    item.cas,
+                    item.data,
+                    key_base64,
+                ));
             }
         });
         if items.is_empty() {
@@ -265,21 +266,41 @@ pub fn write_metrics(out: &mut String, caches: &[(String, Arc<CacheService>)]) {
     type Counter = fn(&kv::cache::Counters) -> u64;
     let counters: [(&str, &str, Counter); 13] = [
         ("hits", "Reads answered from the cache.", |c| c.hits),
-        ("misses", "Reads of keys the cache could not answer.", |c| c.misses),
+        ("misses", "Reads of keys the cache could not answer.", |c| {
+            c.misses
+        }),
         ("fills", "Values stored from servers' replies.", |c| c.fills),
         (
             "fills_refused",
             "Replies not stored: a write raced the read, the key left, or too large.",
             |c| c.fills_refused,
         ),
-        ("admissions", "Keys that entered the cache.", |c| c.admissions),
+        ("admissions", "Keys that entered the cache.", |c| {
+            c.admissions
+        }),
         ("evictions", "Keys that left the cache.", |c| c.evictions),
-        ("invalidations", "Values dropped by writes.", |c| c.invalidations),
-        ("lease_expiries", "Values dropped when their lease ran out.", |c| c.lease_expiries),
-        ("rule_installs", "Cache rules installed.", |c| c.rule_installs),
+        ("invalidations", "Values dropped by writes.", |c| {
+            c.invalidations
+        }),
+        (
+            "lease_expiries",
+            "Values dropped when their lease ran out.",
+            |c| c.lease_expiries,
+        ),
+        ("rule_installs", "Cache rules installed.", |c| {
+            c.rule_installs
+        }),
         ("rule_removals", "Cache rules removed.", |c| c.rule_removals),
-        ("instant_reports", "Keys nominated by the circular log.", |c| c.instant_reports),
-        ("periodic_reports", "Keys nominated by the top-k tracker.", |c| c.periodic_reports),
+        (
+            "instant_reports",
+            "Keys nominated by the circular log.",
+            |c| c.instant_reports,
+        ),
+        (
+            "periodic_reports",
+            "Keys nominated by the top-k tracker.",
+            |c| c.periodic_reports,
+        ),
         (
             "rule_buffer_full",
             "Rule changes refused because the rule buffer was full.",
@@ -292,21 +313,33 @@ pub fn write_metrics(out: &mut String, caches: &[(String, Arc<CacheService>)]) {
             "# HELP kvswitch_cache_{name}_total {help}\n# TYPE kvswitch_cache_{name}_total counter"
         );
         for (pool, c, _) in &snapshots {
-            let _ = writeln!(out, "kvswitch_cache_{name}_total{{pool=\"{pool}\"}} {}", read(c));
+            let _ = writeln!(
+                out,
+                "kvswitch_cache_{name}_total{{pool=\"{pool}\"}} {}",
+                read(c)
+            );
         }
     }
     type Gauge = fn(&kv::cache::Gauges) -> f64;
     let gauges: [(&str, &str, Gauge); 7] = [
-        ("entries", "Keys cached (filled or not).", |g| g.entries as f64),
+        ("entries", "Keys cached (filled or not).", |g| {
+            g.entries as f64
+        }),
         ("filled", "Keys cached with a value.", |g| g.filled as f64),
         ("bytes", "Value bytes held.", |g| g.bytes as f64),
-        ("rules_installed", "Cache rules installed now.", |g| g.rules_installed as f64),
+        ("rules_installed", "Cache rules installed now.", |g| {
+            g.rules_installed as f64
+        }),
         (
             "rule_buffer_occupancy",
             "Rule removals held back in the rule buffer.",
             |g| g.buffered_removals as f64,
         ),
-        ("rules_pending", "Rule installs waiting for the budget.", |g| g.pending_installs as f64),
+        (
+            "rules_pending",
+            "Rule installs waiting for the budget.",
+            |g| g.pending_installs as f64,
+        ),
         (
             "admission_threshold",
             "Load (requests/s) a key needs to enter a full cache.",
@@ -432,9 +465,11 @@ pub fn control(
 
 /// Arguments of `kvswitch cache`.
 #[derive(Debug, clap::Args)]
-#[command(long_about = "Show the cache of a running switch or proxy (sizes, hit ratio, the most \
+#[command(
+    long_about = "Show the cache of a running switch or proxy (sizes, hit ratio, the most \
                         loaded cached keys, the hot keys detected), or pin, unpin or evict a \
-                        key. Talks to the control API (`switch.api`, or the proxy's --api).")]
+                        key. Talks to the control API (`switch.api`, or the proxy's --api)."
+)]
 pub struct CacheArgs {
     #[command(subcommand)]
     pub action: CacheAction,

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use kvio::{AfPacket, AfPacketOptions, Batch, Port};
 
-use crate::cache::CacheService;
 use crate::api::{self, Shared};
+use crate::cache::CacheService;
 use crate::config::Config;
 use crate::local::LocalPort;
 use crate::proxy::{self, Proxy};

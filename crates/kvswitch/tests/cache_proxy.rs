@@ -11,8 +11,6 @@ use std::time::{Duration, Instant};
 use common::proxy::{free_port, keys_on, listening, Conn, Memcached};
 use testbed::replies::{ends_with_sentinel, SENTINEL};
 
-const LIMIT: Duration = Duration::from_secs(5);
-
 /// The proxy process, killed by PID when dropped.
 struct Running(Child);
 
@@ -48,7 +46,13 @@ fn start(cache_table: &str) -> Setup {
     std::fs::write(&path, config).expect("write the configuration");
     let running = Running(
         Command::new(env!("CARGO_BIN_EXE_kvswitch"))
-            .args(["proxy", "--cache", "--listen", &proxy.to_string(), "--config"])
+            .args([
+                "proxy",
+                "--cache",
+                "--listen",
+                &proxy.to_string(),
+                "--config",
+            ])
             .arg(&path)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -164,11 +168,7 @@ fn cached_reads_are_answered_as_memcached_answers_them() {
     let s = start("[cache]\nlease_ms = 60000\n");
     let ring = ring_of(&s);
     // Keys on both servers; values with bytes a text parser could trip on.
-    let keys = [
-        keys_on(&ring, 0, "hot", 2),
-        keys_on(&ring, 1, "hot", 2),
-    ]
-    .concat();
+    let keys = [keys_on(&ring, 0, "hot", 2), keys_on(&ring, 1, "hot", 2)].concat();
     let values: Vec<Vec<u8>> = vec![
         b"plain".to_vec(),
         b"with\r\nEND\r\ninside".to_vec(),
@@ -240,7 +240,10 @@ fn cached_reads_are_answered_as_memcached_answers_them() {
     let mixed = format!("get {} nothere {}\r\n", keys[1], keys[3]).into_bytes();
     let reply = String::from_utf8_lossy(&text(&mut client, &mixed)).into_owned();
     assert!(reply.starts_with(&format!("VALUE {} ", keys[1])), "{reply}");
-    assert!(reply.ends_with("END\r\n") && !reply.contains("nothere"), "{reply}");
+    assert!(
+        reply.ends_with("END\r\n") && !reply.contains("nothere"),
+        "{reply}"
+    );
     assert!(checked >= 40);
 
     let shown = cache_cli(s.api, &["show"]);
@@ -299,7 +302,10 @@ fn writes_and_flushes_are_never_followed_by_a_stale_read() {
                     text(&mut a, format!("set {key} 0 0 1\r\nx\r\n").as_bytes()),
                     b"STORED\r\n"
                 );
-                assert_eq!(text(&mut a, format!("delete {key}\r\n").as_bytes()), b"DELETED\r\n");
+                assert_eq!(
+                    text(&mut a, format!("delete {key}\r\n").as_bytes()),
+                    b"DELETED\r\n"
+                );
                 None
             }
         };
@@ -317,14 +323,23 @@ fn writes_and_flushes_are_never_followed_by_a_stale_read() {
     assert!(metric(s.api, "kvswitch_cache_hits_total") >= 100);
     assert!(metric(s.api, "kvswitch_cache_invalidations_total") >= 100);
     // flush_all empties the cache.
-    assert_eq!(text(&mut a, format!("set {key} 0 0 1\r\nz\r\n").as_bytes()), b"STORED\r\n");
+    assert_eq!(
+        text(&mut a, format!("set {key} 0 0 1\r\nz\r\n").as_bytes()),
+        b"STORED\r\n"
+    );
     text(&mut b, format!("get {key}\r\n").as_bytes());
     assert_eq!(text(&mut a, b"flush_all\r\n"), b"OK\r\n");
-    assert_eq!(text(&mut b, format!("get {key}\r\n").as_bytes()), b"END\r\n");
+    assert_eq!(
+        text(&mut b, format!("get {key}\r\n").as_bytes()),
+        b"END\r\n"
+    );
     // Evicted, the key is read from its server.
     cache_cli(s.api, &["evict", key]);
     let hits = metric(s.api, "kvswitch_cache_hits_total");
-    assert_eq!(text(&mut a, format!("set {key} 0 0 1\r\ny\r\n").as_bytes()), b"STORED\r\n");
+    assert_eq!(
+        text(&mut a, format!("set {key} 0 0 1\r\ny\r\n").as_bytes()),
+        b"STORED\r\n"
+    );
     for _ in 0..3 {
         assert_eq!(
             text(&mut b, format!("get {key}\r\n").as_bytes()),
@@ -348,8 +363,7 @@ fn hot_keys_are_found_and_cached_without_being_pinned() {
         text(&mut c, format!("get cold{i}\r\n").as_bytes());
         text(&mut c, b"get burst\r\n");
     }
-    let doc: serde_json::Value =
-        serde_json::from_str(&cache_cli(s.api, &["show"])).expect("JSON");
+    let doc: serde_json::Value = serde_json::from_str(&cache_cli(s.api, &["show"])).expect("JSON");
     let top = doc["pools"][0]["top"].as_array().expect("top").clone();
     assert!(
         top.iter().any(|e| e["key"] == "burst"),

@@ -98,7 +98,10 @@ fn check_served_from_cache(live: &testbed::Live) {
                 String::from_utf8_lossy(form)
             );
             assert_eq!(second.from, vip, "the cache answers from the VIP");
-            assert_eq!(second.datagrams, want.datagrams, "as many datagrams as memcached");
+            assert_eq!(
+                second.datagrams, want.datagrams,
+                "as many datagrams as memcached"
+            );
             assert_eq!(hits(live), before + 1, "answered from the cache: {form:?}");
             checked += 1;
         }
@@ -138,7 +141,9 @@ fn check_served_from_cache(live: &testbed::Live) {
     let before = hits(live);
     let form = format!("get {}\r\n", keys[1]).into_bytes();
     let r = udp_call(live, "c1", vip, &form, T).expect("get");
-    assert!(r.body.starts_with(format!("VALUE {} 41 256", keys[1]).as_bytes()));
+    assert!(r
+        .body
+        .starts_with(format!("VALUE {} 41 256", keys[1]).as_bytes()));
     assert_eq!(hits(live), before, "an evicted key is read from its server");
     let tables = status(live)["tables"].to_string();
     assert!(tables.contains("kv_cache"), "{tables}");

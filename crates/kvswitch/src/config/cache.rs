@@ -83,7 +83,8 @@ impl RawCache {
     /// Validates the table; `present` says whether the file had one (it then turns the cache
     /// on unless `enabled = false`).
     pub(crate) fn settings(self, present: bool, path: &Path) -> Result<CacheSettings, ConfigError> {
-        let err = |key: &str, message: String| ConfigError::new(path, &format!("cache.{key}"), message);
+        let err =
+            |key: &str, message: String| ConfigError::new(path, &format!("cache.{key}"), message);
         let ms = |key: &str, v: Option<u64>, default: Duration| -> Result<Duration, ConfigError> {
             match v {
                 None => Ok(default),
@@ -198,7 +199,8 @@ mod tests {
         struct File {
             cache: RawCache,
         }
-        let file: File = toml::from_str(text).map_err(|e| ConfigError::toml(Path::new("t"), text, &e))?;
+        let file: File =
+            toml::from_str(text).map_err(|e| ConfigError::toml(Path::new("t"), text, &e))?;
         file.cache.settings(true, Path::new("t"))
     }
 
@@ -223,7 +225,9 @@ mod tests {
         assert_eq!(s.cache.items, 100);
         let e = parse("[cache]\nalpha = 1.5\n").unwrap_err().to_string();
         assert!(e.contains("cache.alpha"), "{e}");
-        let e = parse("[cache]\ncounter = \"lfu\"\n").unwrap_err().to_string();
+        let e = parse("[cache]\ncounter = \"lfu\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("cache.counter") && e.contains("lfu"), "{e}");
         let e = parse("[cache]\nitems = 0\n").unwrap_err().to_string();
         assert!(e.contains("cache.items"), "{e}");

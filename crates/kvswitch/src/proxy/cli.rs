@@ -82,7 +82,11 @@ impl api::Exporter for ProxyExporter {
 /// Runs `kvswitch proxy` until SIGINT or SIGTERM.
 pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
     if args.example_config {
-        print!("{}\n{}", proxy_file::PROXY_EXAMPLE, cache_file::CACHE_EXAMPLE);
+        print!(
+            "{}\n{}",
+            proxy_file::PROXY_EXAMPLE,
+            cache_file::CACHE_EXAMPLE
+        );
         return Ok(());
     }
     let (pools, workers, api_addr, mut cache) = load(&args)?;

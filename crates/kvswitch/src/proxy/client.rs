@@ -354,7 +354,15 @@ fn handle(
                         on_error,
                     } => {
                         let hook = cache_hook(&request, pool);
-                        forward(&parts, combine, on_error, request.bytes(), hook, shared, pool)
+                        forward(
+                            &parts,
+                            combine,
+                            on_error,
+                            request.bytes(),
+                            hook,
+                            shared,
+                            pool,
+                        )
                     }
                 }
                 used += request.len;

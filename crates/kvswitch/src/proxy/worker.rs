@@ -12,11 +12,11 @@ use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 
 use super::backend::Conn;
-use crate::cache::CacheService;
 use super::client;
 use super::plan::{Router, Wire};
 use super::stats::{get, PoolStats, ProxyStats};
 use super::Limits;
+use crate::cache::CacheService;
 
 /// Binds `addr` so that every worker can bind it too.
 pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
