@@ -26,6 +26,20 @@ impl std::fmt::Debug for CacheService {
     }
 }
 
+/// What the cache answers of a read.
+#[derive(Debug)]
+pub enum Served {
+    /// The whole reply.
+    All(Vec<u8>),
+    /// A text multi-get's cached keys: `hits` marks them in key order, `cached` is their
+    /// `VALUE` items in that order and `END`.
+    Some {
+        hits: Vec<bool>,
+        cached: Vec<u8>,
+    },
+    None,
+}
+
 /// Fill tokens taken when a read of cached keys was forwarded; its reply fills with them.
 #[derive(Debug)]
 pub struct ReadFill {
@@ -69,18 +83,6 @@ impl CacheService {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Shows a read to hot-key detection and answers it from the cache if every key it names
-    /// may be served: the reply, or `None` to forward it. `locate` names a key's backend.
-    pub fn answer(
-        &self,
-        request: &Request<'_>,
-        locate: &mut dyn FnMut(&[u8]) -> usize,
-        now: Instant,
-    ) -> Option<Vec<u8>> {
-        self.see(request, locate, now);
-        self.serve(request, now)
-    }
-
     /// Shows the keys of a read to hot-key detection; `locate` names a key's backend.
     pub fn see(&self, request: &Request<'_>, locate: &mut dyn FnMut(&[u8]) -> usize, now: Instant) {
         if !request.command.is_retrieval() {
@@ -99,43 +101,76 @@ impl CacheService {
     /// The reply to a read whose every key may be served from the cache now, built as
     /// memcached builds it; `None` if any key misses (the read is then forwarded whole).
     pub fn serve(&self, request: &Request<'_>, now: Instant) -> Option<Vec<u8>> {
-        let serve = cached::servable(request)?;
+        match self.serve_parts(request, now) {
+            Served::All(reply) => Some(reply),
+            Served::Some { .. } | Served::None => None,
+        }
+    }
+
+    /// What the cache can answer of a read now: all of it, the cached keys of a text
+    /// multi-get (the rest goes to the servers), or nothing.
+    pub fn serve_parts(&self, request: &Request<'_>, now: Instant) -> Served {
+        let Some(serve) = cached::servable(request) else {
+            return Served::None;
+        };
         let mut cache = self.lock();
         let mut decoded = [0u8; MAX_KEY_LEN];
         let mut out = Vec::new();
+        let mut hits = Vec::with_capacity(request.key_count());
         for token in request.keys() {
-            let key = request.stored_key(token, &mut decoded).ok()?;
-            let value = cache.lookup(key, serve.want_cas, now).ok()?;
-            let item = CachedItem {
-                flags: value.flags,
-                cas: value.cas,
-                data: &value.data,
-                key_form: match value.key_base64 {
-                    None => KeyForm::Unknown,
-                    Some(false) => KeyForm::Raw,
-                    Some(true) => KeyForm::Base64,
-                },
+            let Ok(key) = request.stored_key(token, &mut decoded) else {
+                return Served::None;
             };
-            // A value that cannot answer this form (no CAS, a key echo in an unknown form)
-            // sends the whole read to its server.
-            if !cached::write_hit(request, token, &item, &mut out) {
-                return None;
-            }
+            let hit = match cache.lookup(key, serve.want_cas, now) {
+                Ok(value) => {
+                    let item = CachedItem {
+                        flags: value.flags,
+                        cas: value.cas,
+                        data: &value.data,
+                        key_form: match value.key_base64 {
+                            None => KeyForm::Unknown,
+                            Some(false) => KeyForm::Raw,
+                            Some(true) => KeyForm::Base64,
+                        },
+                    };
+                    // A value that cannot answer this form (no CAS, a key echo in an unknown
+                    // form) is a miss: its key goes to its server.
+                    cached::write_hit(request, token, &item, &mut out)
+                }
+                Err(_) => false,
+            };
+            hits.push(hit);
         }
-        if request.protocol == wire::memcache::Protocol::Text {
+        let text = request.protocol == wire::memcache::Protocol::Text;
+        if text {
             cached::write_text_end(&mut out);
         }
-        Some(out)
+        if hits.iter().all(|&h| h) {
+            return Served::All(out);
+        }
+        if text && serve.multi && hits.iter().any(|&h| h) {
+            return Served::Some { hits, cached: out };
+        }
+        Served::None
     }
 
     /// Fill tokens for the cached keys of a read being forwarded now; `None` when it names none
     /// (or cannot fill at all).
     pub fn before_read(&self, request: &Request<'_>) -> Option<ReadFill> {
+        self.before_read_except(request, &[])
+    }
+
+    /// As [`CacheService::before_read`], leaving out the keys `answered` marks (in key order):
+    /// the cache answered them, and a value must never refill itself.
+    pub fn before_read_except(&self, request: &Request<'_>, answered: &[bool]) -> Option<ReadFill> {
         cached::servable(request)?;
         let cache = self.lock();
         let mut decoded = [0u8; MAX_KEY_LEN];
         let mut tokens = Vec::new();
-        for token in request.keys() {
+        for (i, token) in request.keys().enumerate() {
+            if answered.get(i).copied().unwrap_or(false) {
+                continue;
+            }
             let Ok(key) = request.stored_key(token, &mut decoded) else {
                 continue;
             };

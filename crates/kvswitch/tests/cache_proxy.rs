@@ -237,13 +237,34 @@ fn cached_reads_are_answered_as_memcached_answers_them() {
     second.truncate(second.len() - 5);
     let expected = [want.clone(), second, want, b"END\r\n".to_vec()].concat();
     assert_eq!(reply, expected);
-    let mixed = format!("get {} nothere {}\r\n", keys[1], keys[3]).into_bytes();
-    let reply = String::from_utf8_lossy(&text(&mut client, &mixed)).into_owned();
-    assert!(reply.starts_with(&format!("VALUE {} ", keys[1])), "{reply}");
-    assert!(
-        reply.ends_with("END\r\n") && !reply.contains("nothere"),
-        "{reply}"
-    );
+    // Hits and misses in one multi-get: the cached keys come from the cache, the others from
+    // their servers, merged in the client's order.
+    let uncached = "notcached";
+    let on_server = owner(uncached);
+    let set = format!("set {uncached} 5 0 2\r\nnc\r\n");
+    assert_eq!(text(&mut client, set.as_bytes()), b"STORED\r\n");
+    let mixed = format!(
+        "get {} nothere {uncached} {} {}\r\n",
+        keys[1], keys[3], keys[1]
+    )
+    .into_bytes();
+    let item = |conn: &mut Conn, key: &str| {
+        let mut r = text(conn, format!("get {key}\r\n").as_bytes());
+        r.truncate(r.len() - 5);
+        r
+    };
+    let one = item(&mut direct[owner(&keys[1])].text, &keys[1]);
+    let expected = [
+        one.clone(),
+        item(&mut direct[on_server].text, uncached),
+        item(&mut direct[owner(&keys[3])].text, &keys[3]),
+        one,
+        b"END\r\n".to_vec(),
+    ]
+    .concat();
+    let hits = metric(s.api, "kvswitch_cache_hits_total");
+    assert_eq!(text(&mut client, &mixed), expected);
+    assert_eq!(metric(s.api, "kvswitch_cache_hits_total"), hits + 3);
     assert!(checked >= 40);
 
     let shown = cache_cli(s.api, &["show"]);

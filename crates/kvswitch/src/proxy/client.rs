@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use wire::memcache::reply::Framer;
 use wire::memcache::{binary, parse_text, recover_binary, recover_text, Request};
 
-use crate::cache::{ReadFill, Writes};
+use crate::cache::{ReadFill, Served, Writes};
 
 use super::backend::Pending;
 use super::combine::{combine, Outcome};
@@ -329,13 +329,24 @@ fn handle(
         match parsed {
             Ok(Some(request)) => {
                 add(&stats.requests, 1);
-                if let Some(reply) = answer_from_cache(&request, pool, &mut router) {
-                    add(&stats.cache_replies, 1);
-                    shared.push(Entry::Ready(reply));
-                    used += request.len;
-                    continue;
-                }
-                match plan::plan(&request, &mut router) {
+                let (plan, hook) = match from_cache(&request, pool, &mut router) {
+                    Served::All(reply) => {
+                        add(&stats.cache_replies, 1);
+                        shared.push(Entry::Ready(reply));
+                        used += request.len;
+                        continue;
+                    }
+                    Served::Some { hits, cached } => {
+                        let plan = plan::plan_multiget_cached(&request, &hits, cached, &mut router);
+                        let hook = pool.cache.as_ref().and_then(|c| {
+                            c.before_read_except(&request, &hits)
+                                .map(|fill| CacheHook::Read(pool.clone(), fill))
+                        });
+                        (plan, hook)
+                    }
+                    Served::None => (plan::plan(&request, &mut router), None),
+                };
+                match plan {
                     Plan::Local(reply) => {
                         add(&stats.local_replies, 1);
                         if !reply.is_empty() {
@@ -353,7 +364,7 @@ fn handle(
                         combine,
                         on_error,
                     } => {
-                        let hook = cache_hook(&request, pool);
+                        let hook = hook.or_else(|| cache_hook(&request, pool));
                         forward(
                             &parts,
                             combine,
@@ -419,16 +430,19 @@ fn handle(
     Handled::Used(used)
 }
 
-/// The reply to a read whose every key the cache may answer; the read is shown to hot-key
-/// detection either way.
-fn answer_from_cache(
-    request: &Request<'_>,
-    pool: &Rc<PoolRt>,
-    router: &mut PoolRouter,
-) -> Option<Vec<u8>> {
-    let cache = pool.cache.as_ref()?;
+/// What the cache answers of a read: all of it, or the cached keys of a text multi-get. The
+/// read is shown to hot-key detection either way.
+fn from_cache(request: &Request<'_>, pool: &Rc<PoolRt>, router: &mut PoolRouter) -> Served {
+    let Some(cache) = pool.cache.as_ref() else {
+        return Served::None;
+    };
+    if !request.command.is_retrieval() {
+        return Served::None;
+    }
+    let now = std::time::Instant::now();
     let mut locate = |key: &[u8]| router.locate(key).unwrap_or(0);
-    cache.answer(request, &mut locate, std::time::Instant::now())
+    cache.see(request, &mut locate, now);
+    cache.serve_parts(request, now)
 }
 
 /// What the cache must hear of a request about to be forwarded: fill tokens for a read, opened

@@ -3,7 +3,7 @@
 use wire::memcache::reply::{parse_retrieval_reply, ReplyError};
 use wire::memcache::stats;
 
-use super::plan::{error_reply, Combine, MergeKeys, OnError};
+use super::plan::{error_reply, Combine, MergeKeys, OnError, CACHE_PART};
 
 /// One part's outcome: the server's reply, or why there is none.
 pub type Outcome = Result<Vec<u8>, String>;
@@ -37,7 +37,8 @@ pub fn combine(how: &Combine, on_error: &OnError, outcomes: &mut [Outcome], out:
                 }
             }
         }
-        Combine::Merge(keys) => merge(keys, &replies, on_error, out),
+        Combine::Merge(keys) => merge(keys, &replies, None, on_error, out),
+        Combine::MergeCached { keys, cached } => merge(keys, &replies, Some(cached), on_error, out),
         Combine::StatsText => stats::merge_text(&replies, out),
         Combine::StatsBinary { opaque } => stats::merge_binary(&replies, *opaque, out),
         Combine::Fixed(_) => {}
@@ -57,8 +58,17 @@ fn is_success(reply: &[u8]) -> bool {
 /// were given to parts in the client's order. Walking the client's keys and taking the next
 /// item of the key's part when that item is for this key rebuilds memcached's own reply,
 /// repeated keys included.
-fn merge(keys: &MergeKeys, replies: &[&[u8]], on_error: &OnError, out: &mut Vec<u8>) {
+fn merge(
+    keys: &MergeKeys,
+    replies: &[&[u8]],
+    cached: Option<&[u8]>,
+    on_error: &OnError,
+    out: &mut Vec<u8>,
+) {
     let mut items = Vec::with_capacity(replies.len());
+    let mut from_cache = cached
+        .and_then(|c| parse_retrieval_reply(c).ok().flatten())
+        .map(|(items, _)| items.peekable());
     for reply in replies {
         match parse_retrieval_reply(reply) {
             Ok(Some((parsed, _))) => items.push(parsed.peekable()),
@@ -73,7 +83,11 @@ fn merge(keys: &MergeKeys, replies: &[&[u8]], on_error: &OnError, out: &mut Vec<
         }
     }
     for (part, key) in keys.iter() {
-        if let Some(item) = items[part].next_if(|item| item.key == key) {
+        let source = match part {
+            CACHE_PART => from_cache.as_mut(),
+            part => items.get_mut(part),
+        };
+        if let Some(item) = source.and_then(|s| s.next_if(|item| item.key == key)) {
             out.extend_from_slice(item.raw);
         }
     }

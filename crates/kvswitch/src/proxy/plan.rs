@@ -43,6 +43,9 @@ pub enum Combine {
     /// A text multi-get split across servers: the items are put back in the client's key order
     /// and one `END` closes the reply.
     Merge(MergeKeys),
+    /// As [`Combine::Merge`], where the keys of part [`CACHE_PART`] were answered by the
+    /// cache: `cached` is their reply (`VALUE` items in the client's order, then `END`).
+    MergeCached { keys: MergeKeys, cached: Vec<u8> },
     /// Sent to every server: the common reply if all agree, else the first that differs from
     /// `OK` (an error).
     Same,
@@ -78,6 +81,9 @@ impl MergeKeys {
         })
     }
 }
+
+/// The part number a [`MergeKeys`] gives the keys that the cache answered.
+pub const CACHE_PART: usize = u16::MAX as usize;
 
 /// What to send the client when a part cannot be answered by its server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -259,10 +265,37 @@ fn broadcast(request: &Request<'_>, router: &mut dyn Router, wire: Wire, combine
 }
 
 fn plan_multiget(request: &Request<'_>, router: &mut dyn Router) -> Plan {
+    plan_multiget_with(request, None, router)
+}
+
+/// Plans a text multi-get some of whose keys the cache answered: `hits` says which, in the
+/// client's key order, and `cached` is the cache's reply for them (`VALUE` items in the
+/// client's order, then `END`). The other keys go to their servers, and the reply merges both
+/// in the client's order.
+pub fn plan_multiget_cached(
+    request: &Request<'_>,
+    hits: &[bool],
+    cached: Vec<u8>,
+    router: &mut dyn Router,
+) -> Plan {
+    plan_multiget_with(request, Some((hits, cached)), router)
+}
+
+fn plan_multiget_with(
+    request: &Request<'_>,
+    cached: Option<(&[bool], Vec<u8>)>,
+    router: &mut dyn Router,
+) -> Plan {
     let mut servers: Vec<usize> = Vec::new();
     let mut order: Vec<u16> = Vec::with_capacity(request.key_count());
     let mut merge = MergeKeys::default();
-    for key in request.keys() {
+    let hits = cached.as_ref().map_or(&[][..], |(h, _)| h);
+    for (i, key) in request.keys().enumerate() {
+        if hits.get(i).copied().unwrap_or(false) {
+            order.push(CACHE_PART as u16);
+            merge.push(CACHE_PART, key);
+            continue;
+        }
         let Some(server) = router.locate(key) else {
             return no_server(request);
         };
@@ -276,10 +309,11 @@ fn plan_multiget(request: &Request<'_>, router: &mut dyn Router) -> Plan {
         order.push(part as u16);
         merge.push(part, key);
     }
-    match servers.len() {
+    match (servers.len(), &cached) {
         // `gat <exptime>` with no key: memcached finds nothing and says so.
-        0 => return Plan::Local(b"END\r\n".to_vec()),
-        1 => return single(request, servers[0], Wire::Text, ReplyKind::Retrieval),
+        (0, None) => return Plan::Local(b"END\r\n".to_vec()),
+        (0, Some((_, reply))) => return Plan::Local(reply.clone()),
+        (1, None) => return single(request, servers[0], Wire::Text, ReplyKind::Retrieval),
         _ => {}
     }
     let parts = servers
@@ -304,9 +338,16 @@ fn plan_multiget(request: &Request<'_>, router: &mut dyn Router) -> Plan {
             }
         })
         .collect();
+    let combine = match cached {
+        Some((_, cached)) => Combine::MergeCached {
+            keys: merge,
+            cached,
+        },
+        None => Combine::Merge(merge),
+    };
     Plan::Forward {
         parts,
-        combine: Combine::Merge(merge),
+        combine,
         on_error: on_error(request),
     }
 }
