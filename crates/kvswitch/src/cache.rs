@@ -107,6 +107,19 @@ impl CacheService {
         }
     }
 
+    /// The text reply to `get KEY` (or `gets KEY`) if the cache may answer it now: one
+    /// `VALUE` item and `END`, as the key's server would send it.
+    pub fn serve_text_key(&self, command: Command, key: &[u8], now: Instant) -> Option<Vec<u8>> {
+        let name: &[u8] = match command {
+            Command::Get => b"get ",
+            Command::Gets => b"gets ",
+            _ => return None,
+        };
+        let bytes = [name, key, b"\r\n"].concat();
+        let request = wire::memcache::parse_text(&bytes).ok()??;
+        self.serve(&request, now)
+    }
+
     /// What the cache can answer of a read now: all of it, the cached keys of a text
     /// multi-get (the rest goes to the servers), or nothing.
     pub fn serve_parts(&self, request: &Request<'_>, now: Instant) -> Served {

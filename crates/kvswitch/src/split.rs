@@ -169,6 +169,15 @@ pub enum Arrival {
     Foreign,
 }
 
+/// What starting a split with cached keys did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Started {
+    /// Send these sub-requests; the reply is merged as they come back.
+    Sent(Vec<SubRequest>),
+    /// The cache answered every key: the merged reply, at once.
+    Answered(Vec<u8>),
+}
+
 #[derive(Debug, PartialEq, Eq)]
 pub enum SplitError {
     TableFull,
@@ -248,6 +257,26 @@ impl Splitter {
         keys: Vec<(Vec<u8>, usize)>,
         sources: &[(Ipv4Addr, u16)],
     ) -> Result<Vec<SubRequest>, SplitError> {
+        match self.start_cached(now, client, command, exptime, keys, sources, &mut |_| None)? {
+            Started::Sent(subs) => Ok(subs),
+            // Nothing was cached, so every key has a sub-request.
+            Started::Answered(_) => Err(SplitError::NotRetrieval),
+        }
+    }
+
+    /// As [`Splitter::start`], where `cached` answers some keys at once: the text reply for
+    /// one key (`VALUE ...` and `END`), as its server would give it. Those keys are not sent.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_cached(
+        &mut self,
+        now: Instant,
+        client: Client,
+        command: Command,
+        exptime: Option<&[u8]>,
+        keys: Vec<(Vec<u8>, usize)>,
+        sources: &[(Ipv4Addr, u16)],
+        cached: &mut dyn FnMut(&[u8]) -> Option<Vec<u8>>,
+    ) -> Result<Started, SplitError> {
         let retrieval = matches!(command, Command::Get | Command::Gets)
             || (matches!(command, Command::Gat | Command::Gats) && exptime.is_some());
         if !retrieval || keys.iter().any(|(_, s)| *s >= sources.len()) {
@@ -275,6 +304,16 @@ impl Splitter {
         for (key, server) in distinct {
             let request_id = self.allocate_request_id(now);
             self.by_request.insert(request_id, split);
+            let fold = Fold::Text { key: key.to_vec() };
+            if let Some(reply) = cached(key) {
+                // Answered already: complete, and never sent (its id rests unused).
+                let mut part = Part::new(fold.clone(), request_id, sources[server]);
+                if part.take(0, 1, &reply).is_ok() {
+                    self.buffered += part.bytes;
+                    parts.push(part);
+                    continue;
+                }
+            }
             let mut payload = Vec::with_capacity(key.len() + 16);
             let written = memcache::reply::write_retrieval_request(
                 command,
@@ -288,7 +327,6 @@ impl Splitter {
                 request_id,
                 payload,
             });
-            let fold = Fold::Text { key: key.to_vec() };
             parts.push(Part::new(fold, request_id, sources[server]));
         }
         self.pending.insert(
@@ -301,7 +339,14 @@ impl Splitter {
                 deadline: now + self.timeout,
             },
         );
-        Ok(subs)
+        if subs.is_empty() {
+            // Every key was answered by the cache: nothing will arrive to finish the split.
+            let pending = self.take(split).ok_or(SplitError::TableFull)?;
+            return merge(&pending)
+                .map(Started::Answered)
+                .ok_or(SplitError::NotRetrieval);
+        }
+        Ok(Started::Sent(subs))
     }
 
     /// Starts a split of the pipelined requests of one datagram, in the client's order, each
@@ -721,6 +766,66 @@ mod tests {
     /// Answers sub-request `sub` with `reply` in one datagram.
     fn answer(sp: &mut Splitter, sub: &SubRequest, reply: &[u8]) -> Arrival {
         sp.arrive(src(sub.server), sub.request_id, 0, 1, reply)
+    }
+
+    #[test]
+    fn cached_keys_are_not_sent_and_are_merged_in_place() {
+        let mut sp = Splitter::new(Duration::from_secs(1));
+        let keys = |spec: &[(&str, usize)]| -> Vec<(Vec<u8>, usize)> {
+            spec.iter()
+                .map(|(k, s)| (k.as_bytes().to_vec(), *s))
+                .collect()
+        };
+        let mut cache = |key: &[u8]| match key {
+            b"a" => Some(b"VALUE a 1 1\r\nA\r\nEND\r\n".to_vec()),
+            b"c" => Some(b"VALUE c 3 1\r\nC\r\nEND\r\n".to_vec()),
+            _ => None,
+        };
+        let now = Instant::now();
+        let spec = keys(&[("a", 0), ("b", 1), ("c", 2), ("a", 0)]);
+        let started = sp
+            .start_cached(
+                now,
+                client(),
+                Command::Get,
+                None,
+                spec,
+                &sources(),
+                &mut cache,
+            )
+            .expect("split starts");
+        let Started::Sent(subs) = started else {
+            panic!("b is not cached: {started:?}");
+        };
+        assert_eq!(subs.len(), 1);
+        assert_eq!(subs[0].payload, b"get b\r\n");
+        match answer(&mut sp, &subs[0], b"VALUE b 2 1\r\nB\r\nEND\r\n") {
+            Arrival::Done { reply, .. } => assert_eq!(
+                reply,
+                b"VALUE a 1 1\r\nA\r\nVALUE b 2 1\r\nB\r\nVALUE c 3 1\r\nC\r\n\
+                  VALUE a 1 1\r\nA\r\nEND\r\n"
+            ),
+            other => panic!("{other:?}"),
+        }
+        // Every key cached: the merged reply at once, nothing left pending.
+        let spec = keys(&[("c", 2), ("a", 0)]);
+        let started = sp
+            .start_cached(
+                now,
+                client(),
+                Command::Get,
+                None,
+                spec,
+                &sources(),
+                &mut cache,
+            )
+            .expect("split starts");
+        assert_eq!(
+            started,
+            Started::Answered(b"VALUE c 3 1\r\nC\r\nVALUE a 1 1\r\nA\r\nEND\r\n".to_vec())
+        );
+        assert_eq!(sp.in_flight(), 0);
+        assert_eq!(sp.buffered, 0);
     }
 
     #[test]

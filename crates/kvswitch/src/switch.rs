@@ -829,14 +829,33 @@ impl Switch {
                 self.stats.count_drop(Drop::BackendUnresolved);
                 return;
             }
-            self.splitter.start(
+            if let Some(cache) = &self.cache {
+                let ring = &self.ring;
+                cache.service().see(&req, &mut |key| ring.locate(key), now);
+            }
+            let service = self.cache.as_ref().map(|c| c.service().clone());
+            let command = req.command;
+            let mut cached = |key: &[u8]| {
+                let service = service.as_ref()?;
+                service.serve_text_key(command, key, now)
+            };
+            match self.splitter.start_cached(
                 now,
-                client,
+                client.clone(),
                 req.command,
                 req.exptime_token(),
                 keys,
                 &self.sources,
-            )
+                &mut cached,
+            ) {
+                Ok(split::Started::Answered(reply)) => {
+                    self.stats.answer(Answer::Cache);
+                    self.send_reply(client.port, &client.ends, client.request_id, &reply, emit);
+                    return;
+                }
+                Ok(split::Started::Sent(subs)) => Ok(subs),
+                Err(e) => Err(e),
+            }
         } else {
             let Some(requests) = self.locate_pipeline(body) else {
                 self.stats.count_drop(Drop::IncompleteRequest);
