@@ -1,6 +1,7 @@
 //! Cost of `Switch::process` per frame on the paths that matter: plain L2 switching, a
 //! single-key request routed by key (ketama, md5), a backend reply rewritten to the VIP and
-//! the start of a multi-key get split across servers.
+//! the start of a multi-key get split across servers; with the cache on, a get answered from
+//! the cache and one that is not cached.
 //!
 //! A small timing harness: inputs are built before the clock starts; each figure is the median
 //! of 5 runs of `ITERS` frames. Frames the switch rewrites in place are copied from a pristine
@@ -13,6 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kvswitch::cache::CacheService;
 use kvswitch::config::Config;
 use kvswitch::stats::Stats;
 use kvswitch::switch::{Emit, Fate, Switch};
@@ -103,8 +105,14 @@ fn request(body: &[u8]) -> Vec<u8> {
 
 /// A switch over `backends` servers whose MAC table holds the client and every backend.
 fn switch(backends: usize) -> (Switch, Instant) {
+    switch_with(backends, false)
+}
+
+fn switch_with(backends: usize, cache: bool) -> (Switch, Instant) {
     let stats = Arc::new(Stats::new(PORTS, backends));
-    let mut sw = Switch::new(&config(backends), PORTS, stats).expect("switch");
+    let mut cfg = config(backends);
+    cfg.cache.enabled = cache;
+    let mut sw = Switch::new(&cfg, PORTS, stats).expect("switch");
     let now = Instant::now();
     let mut emit = Vec::new();
     let hello = |mac: Mac, ip: Ipv4Addr| {
@@ -274,4 +282,53 @@ fn main() {
         ns,
         None,
     );
+
+    // The cache on: a get of a cached key answered by the switch (reply built and emitted),
+    // and a get of a key that is not cached (detection, then routed as before).
+    let (mut sw, now) = cached_switch(3);
+    let key: &[u8] = b"user:1000:profile";
+    let cache = {
+        let cfg = config(3);
+        let service = CacheService::new(cfg.cache.clone(), 3, now).expect("cache");
+        sw.set_cache(service.clone()).expect("cache table");
+        service
+    };
+    {
+        let mut c = cache.lock();
+        c.pin(key, now).expect("pin");
+        let token = c.fill_token(key).expect("cached");
+        let value = kv::cache::Value {
+            flags: 0,
+            cas: Some(1),
+            data: b"0123456789abcdef".to_vec().into(),
+            key_base64: None,
+        };
+        c.fill(key, token, value, now);
+    }
+    sw.tick(now, &mut Vec::new());
+    let emitted = check(&mut sw, now, 0, &get, Fate::Consumed);
+    assert_eq!(emitted.len(), 1, "the cached get is answered");
+    let mut emit = Vec::new();
+    let mut work = get.clone();
+    let ns = median_ns(|iters| {
+        let t = Instant::now();
+        for _ in 0..iters {
+            emit.clear();
+            black_box(sw.process(0, black_box(&mut work[..]), true, now, &mut emit));
+        }
+        t.elapsed()
+    });
+    report("udp get answered from the cache", ns, None);
+    let other = request(b"get user:2000:profile\r\n");
+    report(
+        "udp get routed by key, cache on (not cached)",
+        bench_rewritten(&mut sw, now, 0, &other),
+        Some(copy),
+    );
+}
+
+/// [`switch`] with the cache turned on in its configuration.
+fn cached_switch(backends: usize) -> (Switch, Instant) {
+    let (sw, now) = switch_with(backends, true);
+    (sw, now)
 }
