@@ -223,6 +223,7 @@ fn chart(medians: &[Point]) -> BarChart {
             ),
         ],
         line: None,
+        stacked: true,
     }
 }
 

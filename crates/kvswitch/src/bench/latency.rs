@@ -28,7 +28,7 @@ pub struct Args {
     /// [default: 5000,10000,20000,40000,60000; 2000,8000 with --short].
     #[arg(long, value_delimiter = ',', value_name = "RPS,...")]
     pub rates: Vec<f64>,
-    /// Seconds measured at each rate [default: 2; 0.5 with --short].
+    /// Seconds measured at each rate [default: 1.5; 0.5 with --short].
     #[arg(long, value_name = "SECS")]
     pub duration: Option<f64>,
     /// Open-loop requesters (UDP sockets or TCP connections) sharing the arrivals.
@@ -68,7 +68,7 @@ impl Args {
 
     fn duration(&self) -> f64 {
         self.duration
-            .unwrap_or(if self.common.short { 0.5 } else { 2.0 })
+            .unwrap_or(if self.common.short { 0.5 } else { 1.5 })
     }
 }
 

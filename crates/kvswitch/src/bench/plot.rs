@@ -74,6 +74,8 @@ pub struct BarChart {
     pub groups: Vec<(String, Vec<f64>)>,
     /// (label, y): e.g. a server's capacity.
     pub line: Option<(String, f64)>,
+    /// One bar per category with the groups stacked in order, rather than side by side.
+    pub stacked: bool,
 }
 
 /// A chart of either kind.
@@ -298,15 +300,27 @@ fn draw_bars<DB: DrawingBackend>(
     if c.categories.is_empty() || c.groups.is_empty() {
         bail!("{}: nothing to plot", c.title);
     }
-    let top = c
-        .groups
-        .iter()
-        .flat_map(|(_, v)| v.iter().copied())
-        .chain(c.line.iter().map(|l| l.1))
-        .filter(|v| v.is_finite())
-        .fold(0.0f64, f64::max);
-    let top = if top > 0.0 { top * 1.25 } else { 1.0 };
     let n = c.categories.len();
+    let value = |g: usize, i: usize| {
+        c.groups[g]
+            .1
+            .get(i)
+            .copied()
+            .filter(|v| v.is_finite() && *v > 0.0)
+            .unwrap_or(0.0)
+    };
+    let tallest = if c.stacked {
+        (0..n)
+            .map(|i| (0..c.groups.len()).map(|g| value(g, i)).sum::<f64>())
+            .fold(0.0, f64::max)
+    } else {
+        (0..n)
+            .flat_map(|i| (0..c.groups.len()).map(move |g| (g, i)))
+            .map(|(g, i)| value(g, i))
+            .fold(0.0, f64::max)
+    };
+    let top = c.line.iter().map(|l| l.1).fold(tallest, f64::max);
+    let top = if top > 0.0 { top * 1.25 } else { 1.0 };
     let mut chart = ChartBuilder::on(root)
         .caption(&c.title, (FAMILY, 24))
         .margin(16)
@@ -336,12 +350,19 @@ fn draw_bars<DB: DrawingBackend>(
         .draw()
         .map_err(e)?;
     let members = c.groups.len();
-    let width = 0.8 / members as f64;
-    for (g, (name, values)) in c.groups.iter().enumerate() {
+    let width = if c.stacked { 0.6 } else { 0.8 / members as f64 };
+    for (g, (name, _)) in c.groups.iter().enumerate() {
         let color = PALETTE[g % PALETTE.len()];
-        let bars = values.iter().enumerate().filter(|(_, v)| v.is_finite()).map(|(i, &v)| {
-            let x0 = i as f64 - 0.4 + g as f64 * width;
-            Rectangle::new([(x0 + width * 0.05, 0.0), (x0 + width * 0.95, v)], color.filled())
+        let bars = (0..n).map(|i| {
+            let v = value(g, i);
+            if c.stacked {
+                let below: f64 = (0..g).map(|h| value(h, i)).sum();
+                let x0 = i as f64 - width / 2.0;
+                Rectangle::new([(x0, below), (x0 + width, below + v)], color.filled())
+            } else {
+                let x0 = i as f64 - 0.4 + g as f64 * width;
+                Rectangle::new([(x0 + width * 0.05, 0.0), (x0 + width * 0.95, v)], color.filled())
+            }
         });
         chart
             .draw_series(bars)
@@ -385,8 +406,8 @@ fn number(v: f64) -> String {
     };
     if a >= 1e6 {
         format!("{}M", trim(format!("{:.2}", v / 1e6)))
-    } else if a >= 1e4 {
-        format!("{}k", trim(format!("{:.1}", v / 1e3)))
+    } else if a >= 1e3 {
+        format!("{}k", trim(format!("{:.2}", v / 1e3)))
     } else if a >= 100.0 || v == v.round() {
         format!("{v:.0}")
     } else if a >= 1.0 {
@@ -439,6 +460,7 @@ mod tests {
     #[test]
     fn axis_numbers() {
         assert_eq!(number(12_000.0), "12k");
+        assert_eq!(number(2_500.0), "2.5k");
         assert_eq!(number(1_500_000.0), "1.5M");
         assert_eq!(number(0.5), "0.5");
         assert_eq!(number(250.0), "250");

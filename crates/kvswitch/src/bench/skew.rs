@@ -418,6 +418,7 @@ fn backend_chart(args: &Args, skews: &[f64], medians: &[Point]) -> BarChart {
         categories: (1..=args.servers).map(|i| format!("s{i}")).collect(),
         groups,
         line: Some((format!("capacity ({}/s)", args.capacity), args.capacity as f64)),
+        stacked: false,
     }
 }
 
