@@ -16,7 +16,10 @@ const PNG_SIGNATURE: [u8; 8] = [0x89, b'P', b'N', b'G', b'\r', b'\n', 0x1a, b'\n
 fn require_root() {
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
-    assert_eq!(uid, 0, "the bench scenarios build network namespaces and need root");
+    assert_eq!(
+        uid, 0,
+        "the bench scenarios build network namespaces and need root"
+    );
 }
 
 /// Runs `kvswitch bench <scenario> --short` with its own prefix and results folder, checks
@@ -24,7 +27,8 @@ fn require_root() {
 fn run(scenario: &str, prefix: &str) -> (PathBuf, serde_json::Value) {
     require_root();
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let out = std::env::temp_dir().join(format!("kvswitch-bench-{scenario}-{}", std::process::id()));
+    let out =
+        std::env::temp_dir().join(format!("kvswitch-bench-{scenario}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
     let started = std::time::Instant::now();
     let result = Command::new(env!("CARGO_BIN_EXE_kvswitch"))
@@ -34,34 +38,58 @@ fn run(scenario: &str, prefix: &str) -> (PathBuf, serde_json::Value) {
         .expect("running kvswitch bench");
     let stdout = String::from_utf8_lossy(&result.stdout);
     let stderr = String::from_utf8_lossy(&result.stderr);
-    eprintln!("{scenario}: {:.1} s\n{stderr}", started.elapsed().as_secs_f64());
-    assert!(result.status.success(), "kvswitch bench {scenario} failed:\n{stdout}\n{stderr}");
+    eprintln!(
+        "{scenario}: {:.1} s\n{stderr}",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        result.status.success(),
+        "kvswitch bench {scenario} failed:\n{stdout}\n{stderr}"
+    );
     assert_left_nothing(prefix);
     let text = std::fs::read_to_string(out.join("results.json")).expect("results.json");
     let json: serde_json::Value = serde_json::from_str(&text).expect("results.json is JSON");
     assert_eq!(json["scenario"], scenario);
     assert_eq!(json["settings"]["short"], true);
-    assert!(json["machine"]["cores"].as_u64().unwrap_or(0) >= 1, "{}", json["machine"]);
+    assert!(
+        json["machine"]["cores"].as_u64().unwrap_or(0) >= 1,
+        "{}",
+        json["machine"]
+    );
     let summary = std::fs::read_to_string(out.join("summary.md")).expect("summary.md");
     assert!(summary.starts_with("# "), "{summary}");
     assert!(summary.contains("Machine: "), "{summary}");
-    assert!(stdout.contains(summary.lines().next().unwrap_or("")), "summary not printed");
+    assert!(
+        stdout.contains(summary.lines().next().unwrap_or("")),
+        "summary not printed"
+    );
     (out, json)
 }
 
 /// No namespace, link or state file of the prefix is left.
 fn assert_left_nothing(prefix: &str) {
     let tag = format!("{prefix}-");
-    let netns = Command::new("ip").args(["netns", "list"]).output().expect("ip netns");
-    let links = Command::new("ip").args(["-o", "link", "show"]).output().expect("ip link");
+    let netns = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip netns");
+    let links = Command::new("ip")
+        .args(["-o", "link", "show"])
+        .output()
+        .expect("ip link");
     for text in [netns.stdout, links.stdout] {
         let text = String::from_utf8_lossy(&text).into_owned();
         assert!(
-            !text.split_whitespace().any(|w| w.trim_end_matches(':').starts_with(&tag)),
+            !text
+                .split_whitespace()
+                .any(|w| w.trim_end_matches(':').starts_with(&tag)),
             "left behind:\n{text}"
         );
     }
-    assert!(!testbed::default_state_path(prefix).exists(), "state file left");
+    assert!(
+        !testbed::default_state_path(prefix).exists(),
+        "state file left"
+    );
 }
 
 /// The plot `name` exists as a PNG and as an SVG that parses and names every series given.
@@ -70,8 +98,8 @@ fn check_plot(dir: &Path, name: &str, series: &[String]) {
     assert_eq!(&png[..8], &PNG_SIGNATURE, "{name}.png is not a PNG");
     assert!(png.len() > 5_000, "{name}.png is nearly empty");
     let svg = std::fs::read_to_string(dir.join(format!("{name}.svg"))).expect("svg");
-    let doc = roxmltree::Document::parse(&svg)
-        .unwrap_or_else(|e| panic!("{name}.svg is not XML: {e}"));
+    let doc =
+        roxmltree::Document::parse(&svg).unwrap_or_else(|e| panic!("{name}.svg is not XML: {e}"));
     assert_eq!(doc.root_element().tag_name().name(), "svg");
     let text: Vec<&str> = doc
         .descendants()
@@ -94,6 +122,8 @@ fn system_names(json: &serde_json::Value) -> Vec<String> {
         ("nutcracker", "nutcracker (TCP)"),
         ("kvswitch_udp", "kvswitch switch (UDP)"),
         ("kvswitch_tcp", "kvswitch proxy (TCP)"),
+        ("kvswitch_cache_udp", "kvswitch + cache (UDP)"),
+        ("kvswitch_cache_tcp", "kvswitch + cache (TCP)"),
     ];
     json["systems"]
         .as_array()
@@ -118,13 +148,22 @@ fn medians(json: &serde_json::Value) -> &Vec<serde_json::Value> {
 fn latency_throughput_short() {
     let (dir, json) = run("latency-throughput", "kvbl");
     let systems = system_names(&json);
-    assert_eq!(systems.len(), 5);
+    // The peers and kvswitch's two ways in, and its cache's two when it has one.
+    let cache = if kvswitch::bench::bed::CACHE_AVAILABLE {
+        2
+    } else {
+        0
+    };
+    assert_eq!(systems.len(), 5 + cache);
     let rates = json["settings"]["rates"].as_array().expect("rates").len();
     assert_eq!(medians(&json).len(), systems.len() * rates);
     for p in medians(&json) {
         assert!(p["get_rps"].as_f64().unwrap() > 0.0, "{p}");
         assert!(p["p50_us"].as_f64().unwrap() > 0.0, "{p}");
-        assert!(p["p99_us"].as_f64().unwrap() >= p["p50_us"].as_f64().unwrap(), "{p}");
+        assert!(
+            p["p99_us"].as_f64().unwrap() >= p["p50_us"].as_f64().unwrap(),
+            "{p}"
+        );
     }
     let series: Vec<String> = systems.iter().map(|s| format!("{s} p99")).collect();
     check_plot(&dir, "latency", &series);
@@ -157,8 +196,16 @@ fn skew_short() {
         // kvswitch spreads the load over every backend.
         assert!(loads.iter().all(|l| l.as_f64().unwrap() > 0.0), "{p}");
     }
-    check_plot(&dir, "throughput-skew", &["kvswitch switch (UDP)".to_string()]);
-    check_plot(&dir, "load-per-backend", &["s1".to_string(), format!("s{servers}")]);
+    check_plot(
+        &dir,
+        "throughput-skew",
+        &["kvswitch switch (UDP)".to_string()],
+    );
+    check_plot(
+        &dir,
+        "load-per-backend",
+        &["s1".to_string(), format!("s{servers}")],
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -211,7 +258,10 @@ fn bad_arguments_are_refused_with_a_reason() {
         (&["latency-throughput", "--rates", "0"][..], "--rates"),
         (&["value-size", "--sizes", "20000"][..], "--sizes"),
         (&["cost", "--prefix", "Bad_Prefix"][..], "prefix"),
-        (&["popularity-change", "--change-keys", "0"][..], "--change-keys"),
+        (
+            &["popularity-change", "--change-keys", "0"][..],
+            "--change-keys",
+        ),
     ] {
         let out = bench(args);
         let err = String::from_utf8_lossy(&out.stderr);
@@ -221,7 +271,14 @@ fn bad_arguments_are_refused_with_a_reason() {
     }
     let help = bench(&["--help"]);
     let text = String::from_utf8_lossy(&help.stdout);
-    for s in ["latency-throughput", "value-size", "skew", "popularity-change", "cost", "all"] {
+    for s in [
+        "latency-throughput",
+        "value-size",
+        "skew",
+        "popularity-change",
+        "cost",
+        "all",
+    ] {
         assert!(text.contains(s), "bench --help does not list {s}:\n{text}");
     }
 }

@@ -485,7 +485,11 @@ mod tests {
              counts {counts:?}",
             bins.len()
         );
-        assert!(bins.len() >= 5, "n={n} theta={theta}: only {} bins", bins.len());
+        assert!(
+            bins.len() >= 5,
+            "n={n} theta={theta}: only {} bins",
+            bins.len()
+        );
     }
 
     #[test]

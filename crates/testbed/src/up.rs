@@ -254,7 +254,10 @@ fn build(state: &mut State, topo: &Topology, opts: &UpOptions) -> anyhow::Result
     let mut servers = Vec::new();
     for (i, host) in topo.hosts.iter().enumerate() {
         if host.role == Role::Server {
-            servers.push((i, start_server(state, i, &host.memcached_args, &opts.servers)?));
+            servers.push((
+                i,
+                start_server(state, i, &host.memcached_args, &opts.servers)?,
+            ));
         }
     }
     for (i, mut child) in servers {

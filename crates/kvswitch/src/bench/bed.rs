@@ -132,6 +132,23 @@ impl fmt::Display for System {
     }
 }
 
+/// `systems` split by the kvswitch configuration they need, each group measured on a testbed of
+/// its own: those without the cache (`false`), then those with it (`true`).
+pub fn by_setup(systems: &[System]) -> Vec<(bool, Vec<System>)> {
+    [false, true]
+        .into_iter()
+        .map(|cached| {
+            let group: Vec<System> = systems
+                .iter()
+                .copied()
+                .filter(|s| s.cached() == cached)
+                .collect();
+            (cached, group)
+        })
+        .filter(|(_, group)| !group.is_empty())
+        .collect()
+}
+
 /// The systems of run `run`, each first in turn, so that drift over a scenario (a neighbour's
 /// load) falls on all of them alike.
 pub fn rotated(systems: &[System], run: u32) -> Vec<System> {
@@ -236,7 +253,9 @@ impl Bed {
             kvswitch_bin: Some(exe),
             state_path: Some(state_path),
             start_nutcracker: spec.nutcracker,
-            extra_config: spec.cache.map(|(entries, limit)| cache_section(entries, limit)),
+            extra_config: spec
+                .cache
+                .map(|(entries, limit)| cache_section(entries, limit)),
             servers: program,
             ..Default::default()
         };
@@ -279,9 +298,7 @@ impl Bed {
                 }
                 Ok(self.servers[0])
             }
-            System::Nutcracker => self
-                .nutcracker
-                .context("this testbed runs no nutcracker"),
+            System::Nutcracker => self.nutcracker.context("this testbed runs no nutcracker"),
             System::KvswitchUdp | System::KvswitchTcp => Ok(self.vip),
             System::KvswitchCacheUdp | System::KvswitchCacheTcp => {
                 if self.spec.cache.is_none() {
@@ -328,6 +345,11 @@ impl Bed {
             .live
             .in_host(&self.client, move || loadgen::run(&args))?
             .with_context(|| format!("kvswitch load against {system}"))?;
+        if report.errors + report.timeouts > 0 {
+            // An overloaded system leaves queues behind (socket buffers, a proxy's backlog):
+            // let them drain before the next system is measured.
+            std::thread::sleep(SETTLE);
+        }
         let ticks = |pid: Option<u32>, before: Option<u64>| -> Option<f64> {
             let after = cpu_ticks(pid?)?;
             Some(after.saturating_sub(before?) as f64 / crate::measure::clock_ticks())
@@ -362,6 +384,9 @@ impl Bed {
         self.live.down()
     }
 }
+
+/// The pause after a run that lost requests.
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One load run and the middle boxes' CPU time over it.
 pub struct Measured {

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::bed::{rotated, Bed, BedSpec, Servers, System};
+use super::bed::{by_setup, rotated, Bed, BedSpec, Servers, System};
 use super::latency::per_s;
 use super::output::{fmt, ratio, times, Machine, Output};
 use super::plot::{BarChart, Chart};
@@ -92,57 +92,62 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     let machine = Machine::describe();
     let out = Output::create(&super::bed::out_dir(args.common.out.as_ref(), NAME))?;
     let systems = System::compared();
-    eprintln!("{NAME}: building the testbed (1 client, {SERVERS} memcached, kvswitch, nutcracker)...");
-    let bed = Bed::up(&BedSpec {
-        prefix: args.common.prefix.clone(),
-        servers: Servers::Memcached { n: SERVERS },
-        cache: None,
-        nutcracker: true,
-    })?;
-    bed.preload(args.keys, "key:", args.value_size as usize)?;
     let mut points = Vec::new();
-    for run in 0..runs {
-        for system in rotated(&systems, run) {
-            let load = loadgen::LoadArgs {
-                keys: args.keys,
-                value_size: args.value_size as usize,
-                get_ratio: 1.0,
-                concurrency: args.concurrency as usize,
-                duration,
-                warmup: (duration / 4.0).min(0.5),
-                seed: u64::from(run) + 1,
-                ..loadgen::LoadArgs::new("")
-            };
-            let m = bed.load(system, &load)?;
-            let r = &m.report;
-            // CPU was read over warm-up and window alike: per request of both.
-            let total = r.duration_s + load.warmup;
-            let requests = per_s(r.requests, r.duration_s) * total;
-            let per = |cpu: Option<f64>| {
-                cpu.filter(|_| requests > 0.0)
-                    .map(|s| s * 1e6 / requests)
-            };
-            let kvswitch_us = per(m.kvswitch_cpu_s);
-            let nutcracker_us = per(m.nutcracker_cpu_s);
-            let p = Point {
-                system,
-                get_rps: per_s(r.gets, r.duration_s),
-                kvswitch_us,
-                nutcracker_us,
-                middle_us: middle(system, kvswitch_us, nutcracker_us),
-                run,
-            };
-            eprintln!(
+    for (cached, group) in by_setup(&systems) {
+        let with = if cached { " with its cache" } else { "" };
+        eprintln!(
+            "{NAME}: building the testbed (1 client, {SERVERS} memcached, \
+             kvswitch{with}, nutcracker)..."
+        );
+        // With the cache, it may hold every key read.
+        let bed = Bed::up(&BedSpec {
+            prefix: args.common.prefix.clone(),
+            servers: Servers::Memcached { n: SERVERS },
+            cache: cached.then_some((args.keys, None)),
+            nutcracker: true,
+        })?;
+        bed.preload(args.keys, "key:", args.value_size as usize)?;
+        for run in 0..runs {
+            for system in rotated(&group, run) {
+                let load = loadgen::LoadArgs {
+                    keys: args.keys,
+                    value_size: args.value_size as usize,
+                    get_ratio: 1.0,
+                    concurrency: args.concurrency as usize,
+                    duration,
+                    warmup: (duration / 4.0).min(0.5),
+                    seed: u64::from(run) + 1,
+                    ..loadgen::LoadArgs::new("")
+                };
+                let m = bed.load(system, &load)?;
+                let r = &m.report;
+                // CPU was read over warm-up and window alike: per request of both.
+                let total = r.duration_s + load.warmup;
+                let requests = per_s(r.requests, r.duration_s) * total;
+                let per =
+                    |cpu: Option<f64>| cpu.filter(|_| requests > 0.0).map(|s| s * 1e6 / requests);
+                let kvswitch_us = per(m.kvswitch_cpu_s);
+                let nutcracker_us = per(m.nutcracker_cpu_s);
+                let p = Point {
+                    system,
+                    get_rps: per_s(r.gets, r.duration_s),
+                    kvswitch_us,
+                    nutcracker_us,
+                    middle_us: middle(system, kvswitch_us, nutcracker_us),
+                    run,
+                };
+                eprintln!(
                 "  run {}/{runs}  {system:<24} {:>8.0} GET/s  kvswitch {} µs/req  nutcracker {} µs/req",
                 run + 1,
                 p.get_rps,
                 fmt(p.kvswitch_us, 2),
                 fmt(p.nutcracker_us, 2)
             );
-            points.push(p);
+                points.push(p);
+            }
         }
+        bed.down()?;
     }
-    bed.down()?;
     let medians: Vec<Point> = systems
         .iter()
         .map(|&s| {
@@ -206,7 +211,10 @@ fn chart(medians: &[Point]) -> BarChart {
         groups: vec![
             (
                 "kvswitch process".into(),
-                medians.iter().map(|p| p.kvswitch_us.unwrap_or(0.0)).collect(),
+                medians
+                    .iter()
+                    .map(|p| p.kvswitch_us.unwrap_or(0.0))
+                    .collect(),
             ),
             (
                 "nutcracker process".into(),

@@ -94,14 +94,16 @@ pub fn write(chart: &Chart, stem: &Path) -> anyhow::Result<[PathBuf; 2]> {
     {
         let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
         draw(chart, &root)?;
-        root.present().map_err(|e| anyhow!("drawing the SVG: {e}"))?;
+        root.present()
+            .map_err(|e| anyhow!("drawing the SVG: {e}"))?;
     }
     std::fs::write(&svg_path, svg).with_context(|| format!("writing {}", svg_path.display()))?;
     let mut rgb = vec![0u8; SIZE.0 as usize * SIZE.1 as usize * 3];
     {
         let root = BitMapBackend::with_buffer(&mut rgb, SIZE).into_drawing_area();
         draw(chart, &root)?;
-        root.present().map_err(|e| anyhow!("drawing the PNG: {e}"))?;
+        root.present()
+            .map_err(|e| anyhow!("drawing the PNG: {e}"))?;
     }
     let png = encode_png(SIZE.0, SIZE.1, &rgb);
     std::fs::write(&png_path, png).with_context(|| format!("writing {}", png_path.display()))?;
@@ -160,15 +162,26 @@ fn span(values: impl Iterator<Item = f64>, log: bool, from_zero: bool) -> Option
     if from_zero {
         lo = lo.min(0.0);
     }
-    let pad = if hi > lo { (hi - lo) * 0.05 } else { hi.abs().max(1.0) * 0.1 };
-    let lo = if from_zero && lo >= 0.0 { 0.0 } else { lo - pad };
+    let pad = if hi > lo {
+        (hi - lo) * 0.05
+    } else {
+        hi.abs().max(1.0) * 0.1
+    };
+    let lo = if from_zero && lo >= 0.0 {
+        0.0
+    } else {
+        lo - pad
+    };
     Some(lo..hi + pad)
 }
 
 fn drawable(c: &LineChart) -> impl Iterator<Item = (f64, f64)> + '_ {
-    c.series.iter().flat_map(|s| s.points.iter().copied()).filter(|&(x, y)| {
-        x.is_finite() && y.is_finite() && (!c.x_log || x > 0.0) && (!c.y_log || y > 0.0)
-    })
+    c.series
+        .iter()
+        .flat_map(|s| s.points.iter().copied())
+        .filter(|&(x, y)| {
+            x.is_finite() && y.is_finite() && (!c.x_log || x > 0.0) && (!c.y_log || y > 0.0)
+        })
 }
 
 fn draw_line<DB: DrawingBackend>(
@@ -225,12 +238,7 @@ fn draw_legend<DB: DrawingBackend>(
     Ok(())
 }
 
-fn line_in<DB, X, Y>(
-    c: &LineChart,
-    root: &DrawingArea<DB, Shift>,
-    x: X,
-    y: Y,
-) -> anyhow::Result<()>
+fn line_in<DB, X, Y>(c: &LineChart, root: &DrawingArea<DB, Shift>, x: X, y: Y) -> anyhow::Result<()>
 where
     DB: DrawingBackend,
     X: AsRangedCoord<Value = f64>,
@@ -361,7 +369,10 @@ fn draw_bars<DB: DrawingBackend>(
                 Rectangle::new([(x0, below), (x0 + width, below + v)], color.filled())
             } else {
                 let x0 = i as f64 - 0.4 + g as f64 * width;
-                Rectangle::new([(x0 + width * 0.05, 0.0), (x0 + width * 0.95, v)], color.filled())
+                Rectangle::new(
+                    [(x0 + width * 0.05, 0.0), (x0 + width * 0.95, v)],
+                    color.filled(),
+                )
             }
         });
         chart

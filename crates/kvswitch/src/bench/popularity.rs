@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::bed::{rotated, Bed, BedSpec, Servers, System, CACHE_AVAILABLE};
+use super::bed::{by_setup, rotated, Bed, BedSpec, Servers, System, CACHE_AVAILABLE};
 use super::output::{fmt, Machine, Output};
 use super::plot::{Chart, LineChart, Series};
 use super::Common;
@@ -87,7 +87,7 @@ impl Args {
             anyhow::bail!("--change-keys must be between 1 and half of --keys");
         }
         let every = self.change_every();
-        if !every.is_finite() || every < 0.1 || every > 3600.0 {
+        if !every.is_finite() || !(0.1..=3600.0).contains(&every) {
             anyhow::bail!("--change-every must be between 0.1 and 3600 seconds, got {every}");
         }
         if self.rule_updates == 0 {
@@ -167,11 +167,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Run>> {
         capacity: args.capacity,
     };
     let mut all = Vec::new();
-    for cached in [false, true] {
-        let group: Vec<System> = systems.iter().copied().filter(|s| s.cached() == cached).collect();
-        if group.is_empty() {
-            continue;
-        }
+    for (cached, group) in by_setup(&systems) {
         eprintln!(
             "{NAME}: building the testbed (1 client, {} kvswitch nodes of {} requests/s, kvswitch{})...",
             args.servers,
@@ -221,7 +217,10 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Run>> {
     })?;
     let mut out = out;
     for &s in &systems {
-        out.plot(&format!("throughput-over-time-{}", s.slug()), &Chart::Line(chart(args, s, &medians)))?;
+        out.plot(
+            &format!("throughput-over-time-{}", s.slug()),
+            &Chart::Line(chart(args, s, &medians)),
+        )?;
     }
     out.summary(&summary(args, &systems, &medians, runs), &machine)?;
     Ok(medians)
@@ -273,7 +272,10 @@ fn measure(
 fn medians(all: &[Run]) -> Vec<Run> {
     let mut out = Vec::new();
     for r0 in all {
-        if out.iter().any(|m: &Run| m.system == r0.system && m.change == r0.change) {
+        if out
+            .iter()
+            .any(|m: &Run| m.system == r0.system && m.change == r0.change)
+        {
             continue;
         }
         let of: Vec<&Run> = all
@@ -359,9 +361,10 @@ fn summary(args: &Args, systems: &[System], medians: &[Run], runs: u32) -> Strin
         for r in medians.iter().filter(|r| r.system == s) {
             // The last interval may be cut short; leave it out of the minimum.
             let body = &r.series[..r.series.len().saturating_sub(1)];
-            let lowest = body.iter().map(|p| p.1).fold(None, |a: Option<f64>, v| {
-                Some(a.map_or(v, |a| a.min(v)))
-            });
+            let lowest = body
+                .iter()
+                .map(|p| p.1)
+                .fold(None, |a: Option<f64>, v| Some(a.map_or(v, |a| a.min(v))));
             let _ = writeln!(
                 t,
                 "| {s} | {} | {:.0} | {} | {} |",

@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::bed::{rotated, Bed, BedSpec, Servers, System, CACHE_AVAILABLE};
+use super::bed::{by_setup, rotated, Bed, BedSpec, Servers, System, CACHE_AVAILABLE};
 use super::latency::{loss, per_s};
 use super::output::{fmt, ratio, times, Machine, Output};
 use super::plot::{BarChart, Chart, LineChart, Series};
@@ -170,11 +170,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
 
     let mut points = Vec::new();
     // One testbed per kvswitch configuration: without the cache, then with it.
-    for cached in [false, true] {
-        let group: Vec<System> = systems.iter().copied().filter(|s| s.cached() == cached).collect();
-        if group.is_empty() {
-            continue;
-        }
+    for (cached, group) in by_setup(&systems) {
         let cache = cached.then_some((default_cache_entries(args), None));
         let bed = up(args, &servers, cache)?;
         for run in 0..runs {
@@ -226,12 +222,24 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
         medians: medians.clone(),
     })?;
     let mut out = out;
-    out.plot("throughput-skew", &Chart::Line(skew_chart(args, &systems, &medians)))?;
-    out.plot("load-per-backend", &Chart::Bars(backend_chart(args, &skews, &medians)))?;
+    out.plot(
+        "throughput-skew",
+        &Chart::Line(skew_chart(args, &systems, &medians)),
+    )?;
+    out.plot(
+        "load-per-backend",
+        &Chart::Bars(backend_chart(args, &skews, &medians)),
+    )?;
     if cache_sizes.is_some() {
-        out.plot("throughput-cache-size", &Chart::Line(cache_chart(args, &medians)))?;
+        out.plot(
+            "throughput-cache-size",
+            &Chart::Line(cache_chart(args, &medians)),
+        )?;
     }
-    out.summary(&summary(args, &systems, &skews, &medians, runs, duration), &machine)?;
+    out.summary(
+        &summary(args, &systems, &skews, &medians, runs, duration),
+        &machine,
+    )?;
     Ok(medians)
 }
 
@@ -324,7 +332,9 @@ fn medians(points: &[Point]) -> Vec<Point> {
         .map(|(system, skew, cache_entries)| {
             let of: Vec<&Point> = points
                 .iter()
-                .filter(|p| p.system == system && p.skew == skew && p.cache_entries == cache_entries)
+                .filter(|p| {
+                    p.system == system && p.skew == skew && p.cache_entries == cache_entries
+                })
                 .collect();
             let m = |f: &dyn Fn(&Point) -> f64| median(of.iter().map(|p| f(p)).collect());
             let n = of[0].backend_rps.len();
@@ -369,10 +379,15 @@ fn skew_chart(args: &Args, systems: &[System], medians: &[Point]) -> LineChart {
     let skews: Vec<f64> = medians.iter().map(|p| p.skew).collect();
     let (lo, hi) = skews
         .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &s| (a.min(s), b.max(s)));
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &s| {
+            (a.min(s), b.max(s))
+        });
     let total = args.capacity as f64 * f64::from(args.servers);
     series.push(Series {
-        name: format!("backends' total capacity ({} x {})", args.servers, args.capacity),
+        name: format!(
+            "backends' total capacity ({} x {})",
+            args.servers, args.capacity
+        ),
         points: vec![(lo, total), (hi, total)],
         color: 6,
         dashed: true,
@@ -406,7 +421,8 @@ fn backend_chart(args: &Args, skews: &[f64], medians: &[Point]) -> BarChart {
     let mut groups = Vec::new();
     for skew in bar_skews(skews) {
         for p in medians.iter().filter(|p| {
-            p.skew == skew && p.cache_entries == p.system.cached().then(|| default_cache_entries(args))
+            p.skew == skew
+                && p.cache_entries == p.system.cached().then(|| default_cache_entries(args))
         }) {
             groups.push((format!("zipf {skew}, {}", p.system), p.backend_rps.clone()));
         }
@@ -417,7 +433,10 @@ fn backend_chart(args: &Args, skews: &[f64], medians: &[Point]) -> BarChart {
         y_label: "requests per second".into(),
         categories: (1..=args.servers).map(|i| format!("s{i}")).collect(),
         groups,
-        line: Some((format!("capacity ({}/s)", args.capacity), args.capacity as f64)),
+        line: Some((
+            format!("capacity ({}/s)", args.capacity),
+            args.capacity as f64,
+        )),
         stacked: false,
     }
 }
@@ -481,7 +500,12 @@ fn summary(
         for &s in systems {
             let p = sweep(args, medians, s).into_iter().find(|p| p.skew == skew);
             let busiest = p.map(|p| p.backend_rps.iter().copied().fold(0.0, f64::max));
-            let _ = write!(t, " {} | {} |", fmt(p.map(|p| p.get_rps), 0), fmt(busiest, 0));
+            let _ = write!(
+                t,
+                " {} | {} |",
+                fmt(p.map(|p| p.get_rps), 0),
+                fmt(busiest, 0)
+            );
         }
         let _ = writeln!(t);
     }
@@ -503,15 +527,11 @@ fn summary(
     if CACHE_AVAILABLE {
         let _ = writeln!(t, "\n| cache entries | GET/s at zipf {} |", args.cache_skew);
         let _ = writeln!(t, "|--:|--:|");
-        for p in medians.iter().filter(|p| {
-            p.system == System::KvswitchCacheUdp && p.skew == args.cache_skew
-        }) {
-            let _ = writeln!(
-                t,
-                "| {} | {:.0} |",
-                p.cache_entries.unwrap_or(0),
-                p.get_rps
-            );
+        for p in medians
+            .iter()
+            .filter(|p| p.system == System::KvswitchCacheUdp && p.skew == args.cache_skew)
+        {
+            let _ = writeln!(t, "| {} | {:.0} |", p.cache_entries.unwrap_or(0), p.get_rps);
         }
     } else {
         let _ = writeln!(

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::bed::{rotated, Bed, BedSpec, Servers, System};
+use super::bed::{by_setup, rotated, Bed, BedSpec, Servers, System};
 use super::latency::loss;
 use super::output::{fmt, ratio, times, Machine, Output};
 use super::plot::{Chart, LineChart, Series};
@@ -105,60 +105,67 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     let out = Output::create(&super::bed::out_dir(args.common.out.as_ref(), NAME))?;
     let systems = System::compared();
 
-    eprintln!("{NAME}: building the testbed (1 client, {SERVERS} memcached, kvswitch, nutcracker)...");
-    let bed = Bed::up(&BedSpec {
-        prefix: args.common.prefix.clone(),
-        servers: Servers::Memcached { n: SERVERS },
-        cache: None,
-        nutcracker: true,
-    })?;
-    for &size in &sizes {
-        bed.preload(args.keys, &key_prefix(size), size as usize)?;
-    }
     let mut points = Vec::new();
-    for run in 0..runs {
+    for (cached, group) in by_setup(&systems) {
+        let with = if cached { " with its cache" } else { "" };
+        eprintln!(
+            "{NAME}: building the testbed (1 client, {SERVERS} memcached, \
+             kvswitch{with}, nutcracker)..."
+        );
+        // With the cache, it may hold every key read.
+        let bed = Bed::up(&BedSpec {
+            prefix: args.common.prefix.clone(),
+            servers: Servers::Memcached { n: SERVERS },
+            cache: cached.then_some((args.keys * sizes.len() as u64, None)),
+            nutcracker: true,
+        })?;
         for &size in &sizes {
-            for system in rotated(&systems, run) {
-                let load = loadgen::LoadArgs {
-                    keys: args.keys,
-                    key_prefix: key_prefix(size),
-                    value_size: size as usize,
-                    get_ratio: 1.0,
-                    concurrency: 1,
-                    duration,
-                    warmup: 0.1,
-                    seed: u64::from(run) + 1,
-                    ..loadgen::LoadArgs::new("")
-                };
-                let m = bed.load(system, &load)?;
-                let r = &m.report;
-                if r.gets > 0 && r.hits < r.gets {
-                    anyhow::bail!(
-                        "{system}: {} of {} gets of {size}-byte values missed a preloaded key",
-                        r.gets - r.hits,
-                        r.gets
+            bed.preload(args.keys, &key_prefix(size), size as usize)?;
+        }
+        for run in 0..runs {
+            for &size in &sizes {
+                for system in rotated(&group, run) {
+                    let load = loadgen::LoadArgs {
+                        keys: args.keys,
+                        key_prefix: key_prefix(size),
+                        value_size: size as usize,
+                        get_ratio: 1.0,
+                        concurrency: 1,
+                        duration,
+                        warmup: 0.1,
+                        seed: u64::from(run) + 1,
+                        ..loadgen::LoadArgs::new("")
+                    };
+                    let m = bed.load(system, &load)?;
+                    let r = &m.report;
+                    if r.gets > 0 && r.hits < r.gets {
+                        anyhow::bail!(
+                            "{system}: {} of {} gets of {size}-byte values missed a preloaded key",
+                            r.gets - r.hits,
+                            r.gets
+                        );
+                    }
+                    let p = Point {
+                        system,
+                        value_size: size,
+                        p50_us: r.latency_us.p50 as f64,
+                        p99_us: r.latency_us.p99 as f64,
+                        get_rps: super::latency::per_s(r.gets, r.duration_s),
+                        loss: loss(r),
+                        run,
+                    };
+                    eprintln!(
+                        "  run {}/{runs}  {size:>6} B  {system:<24} p50 {:>6.0} µs  p99 {:>6.0} µs",
+                        run + 1,
+                        p.p50_us,
+                        p.p99_us
                     );
+                    points.push(p);
                 }
-                let p = Point {
-                    system,
-                    value_size: size,
-                    p50_us: r.latency_us.p50 as f64,
-                    p99_us: r.latency_us.p99 as f64,
-                    get_rps: super::latency::per_s(r.gets, r.duration_s),
-                    loss: loss(r),
-                    run,
-                };
-                eprintln!(
-                    "  run {}/{runs}  {size:>6} B  {system:<24} p50 {:>6.0} µs  p99 {:>6.0} µs",
-                    run + 1,
-                    p.p50_us,
-                    p.p99_us
-                );
-                points.push(p);
             }
         }
+        bed.down()?;
     }
-    bed.down()?;
 
     let medians = medians(&systems, &sizes, &points);
     out.json(&Results {
@@ -178,7 +185,10 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     })?;
     let mut out = out;
     out.plot("value-size", &Chart::Line(chart(&systems, &medians)))?;
-    out.summary(&summary(&systems, &sizes, &medians, runs, duration), &machine)?;
+    out.summary(
+        &summary(&systems, &sizes, &medians, runs, duration),
+        &machine,
+    )?;
     Ok(medians)
 }
 
