@@ -17,8 +17,10 @@ use crate::measure::median;
 pub const NAME: &str = "latency-throughput";
 /// A point is sustained when at least this share of the offered rate was answered ...
 const SUSTAINED: f64 = 0.95;
-/// ... and at most this share of requests failed or timed out.
+/// ... at most this share of requests failed or timed out ...
 const MAX_LOSS: f64 = 0.01;
+/// ... and the median stayed below this many µs: above it, queues are building up.
+const MAX_P50_US: f64 = 5000.0;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct Args {
@@ -265,7 +267,7 @@ fn medians(systems: &[System], rates: &[f64], points: &[Point]) -> Vec<Point> {
 }
 
 fn sustained(p: &Point) -> bool {
-    p.get_rps >= SUSTAINED * p.offered_rps && p.loss <= MAX_LOSS
+    p.get_rps >= SUSTAINED * p.offered_rps && p.loss <= MAX_LOSS && p.p50_us <= MAX_P50_US
 }
 
 fn chart(systems: &[System], medians: &[Point]) -> LineChart {
@@ -315,15 +317,16 @@ fn summary(
          the same switch: memcached direct talks to the first server (which holds every key) \
          at its own address, nutcracker runs in the client's namespace, kvswitch switch mode \
          is UDP to the VIP and kvswitch proxy is TCP to the VIP. A point is *sustained* when \
-         at least {:.0}% of the offered rate was answered and at most {:.0}% of requests were \
-         lost.\n",
+         at least {:.0}% of the offered rate was answered, at most {:.0}% of requests were \
+         lost and the median stayed below {:.0} ms.\n",
         args.concurrency,
         args.keys,
         args.value_size,
         duration,
         runs,
         SUSTAINED * 100.0,
-        MAX_LOSS * 100.0
+        MAX_LOSS * 100.0,
+        MAX_P50_US / 1000.0
     );
     let _ = write!(t, "| offered GET/s |");
     for s in systems {
