@@ -2,7 +2,8 @@
 # Installs what kvswitch needs on a fresh Debian machine: memcached and nutcracker (the peers it
 # is measured against and tested with), iproute2 and ethtool (the testbed's hosts and links,
 # the switch's local port), and libmemcached's command-line clients (the ordinary TCP client
-# the tests talk to the VIP with, and memcslap, the second client of `kvswitch bench proxy`).
+# the tests talk to the VIP with, and memcslap, the second client of `kvswitch bench proxy`),
+# and the DejaVu fonts the bench's plots are lettered in.
 # Needs root. Rust (cargo) must already be installed.
 set -euo pipefail
 
@@ -15,14 +16,17 @@ need=()
 for cmd in memcached nutcracker ethtool ip python3 ps ping memccp memcslap; do
     command -v "$cmd" >/dev/null 2>&1 || need+=("$cmd")
 done
+if [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
+    need+=("DejaVuSans.ttf")
+fi
 if [ "${#need[@]}" -gt 0 ]; then
     echo "setup: installing memcached, nutcracker, iproute2, ethtool, python3, procps," \
-        "iputils-ping, libmemcached-tools"
+        "iputils-ping, libmemcached-tools, fonts-dejavu-core"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends \
         memcached nutcracker iproute2 ethtool python3 procps iputils-ping \
-        libmemcached-tools >/dev/null
+        libmemcached-tools fonts-dejavu-core >/dev/null
 fi
 # Debian starts memcached as a service on install; the testbed runs its own.
 if command -v systemctl >/dev/null 2>&1; then

@@ -51,8 +51,9 @@ enum Cmd {
     Load(loadgen::LoadArgs),
     /// Build the default testbed, compare memcached direct, kvswitch and nutcracker, tear down.
     Demo(demo::DemoArgs),
-    /// Reproducible benchmarks on loopback: `kvswitch bench proxy` measures memcached direct,
-    /// nutcracker and the proxy side by side and checks the proxy's targets.
+    /// Reproducible benchmarks: each scenario starts what it measures (the testbed ones need
+    /// root), compares kvswitch with its peers in one run, and writes JSON, plots and a
+    /// markdown summary; `proxy` checks the proxy's targets on loopback.
     Bench {
         #[command(subcommand)]
         scenario: bench::Scenario,

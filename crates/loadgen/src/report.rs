@@ -175,6 +175,12 @@ pub struct Sample {
     pub t_s: f64,
     pub requests: u64,
     pub throughput_rps: f64,
+    /// Of the requests, those answered (a reply, error replies included; not timeouts), and
+    /// their rate: what a server behind a loss gets done.
+    #[serde(default)]
+    pub replies: u64,
+    #[serde(default)]
+    pub replies_rps: f64,
     pub p50_us: u64,
     pub p99_us: u64,
 }
@@ -261,6 +267,8 @@ impl SeriesBuilder {
                 t_s,
                 requests,
                 throughput_rps: requests as f64 / len_s,
+                replies: h.len(),
+                replies_rps: h.len() as f64 / len_s,
                 p50_us: if h.is_empty() {
                     0
                 } else {
@@ -276,6 +284,8 @@ impl SeriesBuilder {
                 t_s,
                 requests: 0,
                 throughput_rps: 0.0,
+                replies: 0,
+                replies_rps: 0.0,
                 p50_us: 0,
                 p99_us: 0,
             },
@@ -472,6 +482,8 @@ mod tests {
         assert_eq!((s[1].requests, s[1].p50_us, s[1].p99_us), (0, 0, 0));
         assert!((s[2].t_s - 0.2).abs() < 1e-9);
         assert_eq!(s[2].requests, 20);
+        assert_eq!(s[2].replies, 20);
+        assert!((s[2].replies_rps - 400.0).abs() < 1e-6, "{s:?}");
         // The last interval is half as long, so 20 requests make 400 per second.
         assert!((s[2].throughput_rps - 400.0).abs() < 1e-6, "{s:?}");
         // Two significant digits: within 1%.

@@ -418,6 +418,99 @@ mod tests {
         check(10_000_000_000, 0.5, &[1, 1_000, 1_000_000, 100_000_000]);
     }
 
+    /// Pearson's chi-square of `SAMPLES` ranks drawn through [`KeyGen`] (unscrambled, so index
+    /// `r - 1` is rank `r`; `theta == 0` is its uniform case) against the exact distribution,
+    /// over bins of ranks: each of the first ranks, then decades, then tenths of the keyspace,
+    /// merged until every bin expects at least 20 draws. Fails when the statistic exceeds the
+    /// 0.1% critical value, which a correct sampler does once in a thousand seeds.
+    fn chi_square(n: u64, theta: f64) {
+        const SAMPLES: usize = 1_000_000;
+        let mut bounds: Vec<u64> = (1..=10).collect();
+        let mut decade = 100u64;
+        while decade < n {
+            bounds.push(decade);
+            decade = decade.saturating_mul(10);
+        }
+        bounds.extend((1..10).map(|j| n / 10 * j));
+        bounds.push(n);
+        bounds.retain(|&b| b >= 1 && b <= n);
+        bounds.sort_unstable();
+        bounds.dedup();
+        // P(rank <= b) for each bound, then bins (lo, hi] merged to expect >= 20 draws.
+        let total = harmonic(n, theta);
+        let cdf = |b: u64| harmonic(b, theta) / total;
+        let mut bins: Vec<(u64, f64)> = Vec::new(); // (upper bound, probability)
+        let mut lo_p = 0.0;
+        for &b in &bounds {
+            let p = cdf(b) - lo_p;
+            match bins.last_mut() {
+                Some(last) if last.1 * (SAMPLES as f64) < 20.0 => {
+                    last.0 = b;
+                    last.1 += p;
+                }
+                _ => bins.push((b, p)),
+            }
+            lo_p = cdf(b);
+        }
+        if bins.len() > 1 && bins[bins.len() - 1].1 * (SAMPLES as f64) < 20.0 {
+            let last = bins.pop().expect("two bins");
+            let prev = bins.last_mut().expect("one bin");
+            prev.0 = last.0;
+            prev.1 += last.1;
+        }
+        let g = KeyGen::new(n, theta, false);
+        let mut rng = SmallRng::seed_from_u64(0x5eed ^ n ^ theta.to_bits());
+        let mut counts = vec![0u64; bins.len()];
+        for _ in 0..SAMPLES {
+            let rank = g.next_index(&mut rng) + 1;
+            assert!((1..=n).contains(&rank));
+            let i = bins.partition_point(|&(hi, _)| hi < rank);
+            counts[i] += 1;
+        }
+        let stat: f64 = counts
+            .iter()
+            .zip(&bins)
+            .map(|(&c, &(_, p))| {
+                let e = p * SAMPLES as f64;
+                (c as f64 - e).powi(2) / e
+            })
+            .sum();
+        // Wilson–Hilferty: the chi-square quantile from the normal one (z = 3.09 for 0.1%).
+        let df = (bins.len() - 1) as f64;
+        let k = 2.0 / (9.0 * df);
+        let critical = df * (1.0 - k + 3.09 * k.sqrt()).powi(3);
+        assert!(
+            stat <= critical,
+            "n={n} theta={theta}: chi-square {stat:.1} over {} bins exceeds {critical:.1}; \
+             counts {counts:?}",
+            bins.len()
+        );
+        assert!(
+            bins.len() >= 5,
+            "n={n} theta={theta}: only {} bins",
+            bins.len()
+        );
+    }
+
+    #[test]
+    fn chi_square_small_keyspace() {
+        for theta in [0.0, 0.5, 0.9, 0.99, 1.0, 1.2] {
+            chi_square(1_000, theta);
+        }
+    }
+
+    #[test]
+    fn chi_square_huge_keyspace() {
+        for theta in [0.0, 0.5, 0.9, 0.99, 1.0, 1.2] {
+            chi_square(10_000_000_000, theta);
+        }
+    }
+
+    #[test]
+    fn zipf_12_huge_keyspace() {
+        check(10_000_000_000, 1.2, &[1, 2, 10, 1_000, 1_000_000]);
+    }
+
     #[test]
     fn zipf_rank_one_frequency_matches() {
         // The headline number: share of the single hottest key.

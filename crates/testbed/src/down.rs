@@ -2,7 +2,8 @@
 //!
 //! Every step tolerates things that are already gone, so `down` can be repeated. It never kills
 //! by name: recorded PIDs are checked against their command line, and the only unrecorded
-//! processes touched are memcached and nutcracker inside namespaces carrying the prefix.
+//! processes touched are memcached, nutcracker and kvswitch (its `node` servers) inside
+//! namespaces carrying the prefix.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -15,7 +16,7 @@ use crate::state::State;
 
 /// Programs `up` starts inside namespaces; leftovers of these are stopped before the namespace
 /// goes away, since deleting a namespace does not end the processes in it.
-const NS_DAEMONS: &[&str] = &["memcached", "nutcracker"];
+const NS_DAEMONS: &[&str] = &["memcached", "nutcracker", "kvswitch"];
 
 /// Removes everything the state file at `state_path` records, plus any namespace or link with
 /// its prefix, then the generated files and the state file itself. A missing state file means
@@ -84,7 +85,7 @@ pub fn down(state_path: &Path) -> anyhow::Result<()> {
 }
 
 /// Removes namespaces and links with `prefix` that exist without a state file. Processes other
-/// than memcached and nutcracker inside those namespaces are not stopped.
+/// than memcached, nutcracker and kvswitch inside those namespaces are not stopped.
 pub fn sweep(prefix: &str) -> anyhow::Result<()> {
     crate::topology::check_prefix(prefix)?;
     let tag = format!("{prefix}-");

@@ -72,6 +72,20 @@ pub struct UpOptions {
     /// Run kvswitch's TCP proxy behind the local port. Default true; false leaves the VIP's
     /// port in the root namespace to another program (a test's own listener, nutcracker).
     pub proxy: bool,
+    /// What the servers run. Default memcached.
+    pub servers: ServerProgram,
+}
+
+/// The program every server host runs on port 11211 (TCP and UDP).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ServerProgram {
+    /// memcached, with the topology's `memcached_args`.
+    #[default]
+    Memcached,
+    /// `<bin> node --listen <host address>:11211 <args>`: kvswitch's own memcached-protocol
+    /// server, e.g. with `--capacity` to stand in for a loaded server. Needs `l3` mode: it
+    /// listens on one address, and in `l2` mode requests arrive for the VIP.
+    Node { bin: PathBuf, args: Vec<String> },
 }
 
 impl Default for UpOptions {
@@ -85,6 +99,7 @@ impl Default for UpOptions {
             extra_config: None,
             local_port: true,
             proxy: true,
+            servers: ServerProgram::Memcached,
         }
     }
 }

@@ -15,7 +15,7 @@ use crate::probe;
 use crate::process;
 use crate::state::{HostState, NutcrackerState, ProcRecord, State};
 use crate::topology::{check_prefix, Mode, Role, Subnet, Topology, MAX_IFNAME, MEMCACHED_PORT};
-use crate::{default_state_path, UpOptions};
+use crate::{default_state_path, ServerProgram, UpOptions};
 
 /// nutcracker's listen port inside the first client's namespace.
 pub const NUTCRACKER_PORT: u16 = 22121;
@@ -55,6 +55,9 @@ pub(crate) fn up(topo: &Topology, opts: &UpOptions) -> anyhow::Result<State> {
             opts.prefix,
             leftovers.join(", ")
         );
+    }
+    if matches!(opts.servers, ServerProgram::Node { .. }) && topo.mode != Mode::L3 {
+        bail!("servers running `kvswitch node` need mode = \"l3\" (a node listens on its host address only)");
     }
     if opts.local_port && opts.kvswitch_bin.is_some() {
         check_root_namespace(&topo.subnet)?;
@@ -251,7 +254,10 @@ fn build(state: &mut State, topo: &Topology, opts: &UpOptions) -> anyhow::Result
     let mut servers = Vec::new();
     for (i, host) in topo.hosts.iter().enumerate() {
         if host.role == Role::Server {
-            servers.push((i, start_memcached(state, i, &host.memcached_args)?));
+            servers.push((
+                i,
+                start_server(state, i, &host.memcached_args, &opts.servers)?,
+            ));
         }
     }
     for (i, mut child) in servers {
@@ -265,7 +271,8 @@ fn build(state: &mut State, topo: &Topology, opts: &UpOptions) -> anyhow::Result
         )
         .with_context(|| {
             format!(
-                "memcached on {:?} did not answer `version` on {addr}; log:\n{}",
+                "{} on {:?} did not answer `version` on {addr}; log:\n{}",
+                server_name(&opts.servers),
                 h.name,
                 process::tail(&log, LOG_TAIL)
             )
@@ -355,6 +362,41 @@ fn create_host(state: &mut State, h: &HostState) -> anyhow::Result<()> {
     }
     ip(&["-n", ns, "link", "set", "dev", "eth0", "up"])?;
     Ok(())
+}
+
+/// "memcached" or "kvswitch node", for messages and the state file.
+fn server_name(program: &ServerProgram) -> &'static str {
+    match program {
+        ServerProgram::Memcached => "memcached",
+        ServerProgram::Node { .. } => "kvswitch node",
+    }
+}
+
+fn start_server(
+    state: &mut State,
+    i: usize,
+    memcached_args: &[String],
+    program: &ServerProgram,
+) -> anyhow::Result<Child> {
+    let ServerProgram::Node { bin, args } = program else {
+        return start_memcached(state, i, memcached_args);
+    };
+    let h = state.hosts[i].clone();
+    let mut argv = vec![
+        bin.display().to_string(),
+        "node".to_string(),
+        "--listen".to_string(),
+        format!("{}:{MEMCACHED_PORT}", h.ip),
+    ];
+    argv.extend(args.iter().cloned());
+    let log = state.work_dir.join(format!("node-{}.log", h.name));
+    record_file(state, &log)?;
+    state.hosts[i].log = Some(log.clone());
+    let child = process::spawn(Some(&h.netns), &argv, &log)?;
+    record_proc(state, &child, "kvswitch node", Some(&h.netns), argv)?;
+    state.hosts[i].pids.push(child.id());
+    state.save()?;
+    Ok(child)
 }
 
 fn start_memcached(state: &mut State, i: usize, extra: &[String]) -> anyhow::Result<Child> {

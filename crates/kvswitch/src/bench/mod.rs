@@ -1,9 +1,21 @@
-//! `kvswitch bench SCENARIO`: reproducible measurements that start everything they measure on
-//! loopback, compare kvswitch with what it replaces in one run, and check the figures against
-//! the project's targets. Each scenario stops every process it started, also on error.
+//! `kvswitch bench SCENARIO`: reproducible measurements that start everything they measure,
+//! compare kvswitch with what it replaces in one run, and stop every process they started, also
+//! on error. `proxy` runs on loopback; the others build a testbed of namespaces (root needed),
+//! run, tear it down, and write JSON, PNG and SVG plots and a markdown summary into a results
+//! folder.
 
+pub mod bed;
+pub mod cost;
+pub mod latency;
 pub mod memcslap;
+pub mod output;
+pub mod plot;
+pub mod popularity;
 pub mod proxy;
+pub mod skew;
+pub mod value_size;
+
+use std::path::PathBuf;
 
 /// The scenarios of `kvswitch bench`.
 #[derive(clap::Subcommand, Debug)]
@@ -12,12 +24,90 @@ pub enum Scenario {
     /// load from two clients (kvswitch load and memcslap): GET throughput, p50/p99 latency and
     /// each proxy's CPU time per request, checked against the proxy's targets.
     Proxy(proxy::ProxyBenchArgs),
+    /// GET latency (median and p99) against offered rate (open loop, Poisson arrivals) for
+    /// memcached direct, nutcracker, kvswitch switch mode and kvswitch proxy on a testbed.
+    LatencyThroughput(latency::Args),
+    /// GET round-trip time for values of 32 bytes to 11 KB for the same systems.
+    ValueSize(value_size::Args),
+    /// Aggregate throughput of capacity-limited backends behind kvswitch against Zipf skew,
+    /// and the load each backend gets.
+    Skew(skew::Args),
+    /// Throughput over time while the hot keys change (hot-in, hot-out, random) in front of
+    /// capacity-limited backends.
+    PopularityChange(popularity::Args),
+    /// CPU time per request of every middle box (kvswitch, nutcracker), from /proc.
+    Cost(cost::Args),
+    /// Every testbed scenario in turn (not `proxy`), each into its own folder under --out.
+    All(AllArgs),
+}
+
+/// What every testbed scenario takes.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Common {
+    /// Results folder (JSON, PNG and SVG plots, summary.md) [default: results/SCENARIO].
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Seconds instead of minutes: fewer points, short runs, one run each. For tests and a
+    /// first look, not for figures.
+    #[arg(long)]
+    pub short: bool,
+    /// Measure every point this many times, systems in rotating order, and report medians
+    /// [default: 3, 1 with --short].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub runs: Option<u32>,
+    /// Prefix of the testbed's namespaces and links (1 to 5 lowercase letters or digits).
+    #[arg(long, default_value = "kvb", value_parser = parse_prefix)]
+    pub prefix: String,
+}
+
+impl Common {
+    pub fn runs(&self) -> u32 {
+        self.runs.unwrap_or(if self.short { 1 } else { 3 })
+    }
+}
+
+fn parse_prefix(s: &str) -> Result<String, String> {
+    testbed::check_prefix(s).map_err(|e| e.to_string())?;
+    Ok(s.to_string())
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct AllArgs {
+    #[command(flatten)]
+    pub common: Common,
 }
 
 pub fn run(scenario: &Scenario) -> anyhow::Result<()> {
     match scenario {
         Scenario::Proxy(args) => proxy::run(args),
+        Scenario::LatencyThroughput(args) => latency::run(args).map(drop),
+        Scenario::ValueSize(args) => value_size::run(args).map(drop),
+        Scenario::Skew(args) => skew::run(args).map(drop),
+        Scenario::PopularityChange(args) => popularity::run(args).map(drop),
+        Scenario::Cost(args) => cost::run(args).map(drop),
+        Scenario::All(args) => run_all(&args.common),
     }
+}
+
+/// Every testbed scenario with its default settings and the shared ones, each into
+/// `<out>/<scenario>` (default `results/<scenario>`).
+fn run_all(common: &Common) -> anyhow::Result<()> {
+    let sub = |name: &str| Common {
+        out: Some(
+            common
+                .out
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("results"))
+                .join(name),
+        ),
+        ..common.clone()
+    };
+    latency::run(&latency::Args::with(sub(latency::NAME)))?;
+    value_size::run(&value_size::Args::with(sub(value_size::NAME)))?;
+    skew::run(&skew::Args::with(sub(skew::NAME)))?;
+    popularity::run(&popularity::Args::with(sub(popularity::NAME)))?;
+    cost::run(&cost::Args::with(sub(cost::NAME)))?;
+    Ok(())
 }
 
 /// The first line `bin arg` prints (stdout, else stderr), e.g. its version; "unknown" when it
@@ -42,4 +132,12 @@ pub fn version_line(bin: &std::path::Path, arg: &str) -> String {
 fn last_lines(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Refuses a measuring time that is not a positive number of seconds up to an hour.
+fn check_duration(secs: f64) -> anyhow::Result<()> {
+    if !secs.is_finite() || secs <= 0.0 || secs > 3600.0 {
+        anyhow::bail!("--duration must be between 0 and 3600 seconds, got {secs}");
+    }
+    Ok(())
 }

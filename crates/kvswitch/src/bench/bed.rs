@@ -1,0 +1,404 @@
+//! What the testbed scenarios share: the systems measured, the testbed each one needs, and
+//! running `kvswitch load` inside a client's namespace against one of them.
+//!
+//! Every testbed is built with the run's own prefix and torn down when its [`Bed`] is dropped,
+//! also on error; processes are stopped by PID from the testbed's state file.
+
+use std::fmt;
+use std::net::{SocketAddr, SocketAddrV4};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use serde::Serialize;
+
+use crate::measure::cpu_ticks;
+
+/// Whether the systems with kvswitch's in-network cache are measured. The one switch to turn
+/// once `kvswitch run` takes a `[cache]` section: [`cache_section`] must then write that
+/// section as the cache's configuration defines it. Until then no scenario measures, plots or
+/// prints a cache system.
+pub const CACHE_AVAILABLE: bool = false;
+
+/// The `[cache]` section of a kvswitch configuration: `entries` cached keys at most, and at most
+/// `rule_updates_per_s` insertions and evictions a second (none: the cache's own default).
+/// Only used when [`CACHE_AVAILABLE`] is on.
+pub fn cache_section(entries: u64, rule_updates_per_s: Option<u64>) -> String {
+    let mut s = format!("[cache]\nenabled = true\nentries = {entries}\n");
+    if let Some(limit) = rule_updates_per_s {
+        s.push_str(&format!("rule_updates_per_s = {limit}\n"));
+    }
+    s
+}
+
+/// One way for a client to reach the data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum System {
+    /// UDP to the first memcached's own address (it holds every key), switched at layer 2.
+    DirectUdp,
+    /// TCP to the first memcached's own address.
+    DirectTcp,
+    /// TCP to nutcracker in the client's namespace, over every server.
+    Nutcracker,
+    /// UDP to the VIP: kvswitch routes each request by key (switch mode).
+    KvswitchUdp,
+    /// TCP to the VIP: kvswitch's built-in proxy behind its local port.
+    KvswitchTcp,
+    /// UDP to the VIP with kvswitch's cache on.
+    KvswitchCacheUdp,
+    /// TCP to the VIP with kvswitch's cache on.
+    KvswitchCacheTcp,
+}
+
+impl System {
+    /// The systems a latency comparison measures, in table order: the cache's only when
+    /// [`CACHE_AVAILABLE`].
+    pub fn compared() -> Vec<System> {
+        let mut v = vec![
+            System::DirectUdp,
+            System::DirectTcp,
+            System::Nutcracker,
+            System::KvswitchUdp,
+            System::KvswitchTcp,
+        ];
+        if CACHE_AVAILABLE {
+            v.extend([System::KvswitchCacheUdp, System::KvswitchCacheTcp]);
+        }
+        v
+    }
+
+    /// The systems in front of capacity-limited backends: switch mode, and with the cache
+    /// when [`CACHE_AVAILABLE`].
+    pub fn switched() -> Vec<System> {
+        let mut v = vec![System::KvswitchUdp];
+        if CACHE_AVAILABLE {
+            v.push(System::KvswitchCacheUdp);
+        }
+        v
+    }
+
+    pub fn proto(self) -> loadgen::Proto {
+        match self {
+            System::DirectUdp | System::KvswitchUdp | System::KvswitchCacheUdp => {
+                loadgen::Proto::Udp
+            }
+            _ => loadgen::Proto::Tcp,
+        }
+    }
+
+    /// Whether kvswitch runs with its cache for this system.
+    pub fn cached(self) -> bool {
+        matches!(self, System::KvswitchCacheUdp | System::KvswitchCacheTcp)
+    }
+
+    /// A short name for files and JSON.
+    pub fn slug(self) -> &'static str {
+        match self {
+            System::DirectUdp => "direct_udp",
+            System::DirectTcp => "direct_tcp",
+            System::Nutcracker => "nutcracker",
+            System::KvswitchUdp => "kvswitch_udp",
+            System::KvswitchTcp => "kvswitch_tcp",
+            System::KvswitchCacheUdp => "kvswitch_cache_udp",
+            System::KvswitchCacheTcp => "kvswitch_cache_tcp",
+        }
+    }
+
+    /// Its colour in every plot, so a system looks the same across figures.
+    pub fn color(self) -> usize {
+        match self {
+            System::DirectUdp => 6,
+            System::DirectTcp => 5,
+            System::Nutcracker => 1,
+            System::KvswitchUdp => 0,
+            System::KvswitchTcp => 2,
+            System::KvswitchCacheUdp => 3,
+            System::KvswitchCacheTcp => 4,
+        }
+    }
+}
+
+impl fmt::Display for System {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(match self {
+            System::DirectUdp => "memcached direct (UDP)",
+            System::DirectTcp => "memcached direct (TCP)",
+            System::Nutcracker => "nutcracker (TCP)",
+            System::KvswitchUdp => "kvswitch switch (UDP)",
+            System::KvswitchTcp => "kvswitch proxy (TCP)",
+            System::KvswitchCacheUdp => "kvswitch + cache (UDP)",
+            System::KvswitchCacheTcp => "kvswitch + cache (TCP)",
+        })
+    }
+}
+
+/// `systems` split by the kvswitch configuration they need, each group measured on a testbed of
+/// its own: those without the cache (`false`), then those with it (`true`).
+pub fn by_setup(systems: &[System]) -> Vec<(bool, Vec<System>)> {
+    [false, true]
+        .into_iter()
+        .map(|cached| {
+            let group: Vec<System> = systems
+                .iter()
+                .copied()
+                .filter(|s| s.cached() == cached)
+                .collect();
+            (cached, group)
+        })
+        .filter(|(_, group)| !group.is_empty())
+        .collect()
+}
+
+/// The systems of run `run`, each first in turn, so that drift over a scenario (a neighbour's
+/// load) falls on all of them alike.
+pub fn rotated(systems: &[System], run: u32) -> Vec<System> {
+    let mut v = systems.to_vec();
+    if !v.is_empty() {
+        let n = run as usize % v.len();
+        v.rotate_left(n);
+    }
+    v
+}
+
+/// The servers of a testbed.
+#[derive(Clone, Debug)]
+pub enum Servers {
+    /// `n` memcached in `l2` mode, so that a client reaches a server's own address over UDP
+    /// through the switch as well as the VIP; the peers' testbed.
+    Memcached { n: usize },
+    /// `n` kvswitch nodes, each serving at most `capacity` requests a second, in `l3` mode.
+    Nodes { n: usize, capacity: u64 },
+}
+
+/// The token bucket of a node of `capacity` requests a second: 50 ms of requests, so that the
+/// bursts of Poisson arrivals below the capacity are served rather than dropped.
+pub fn node_burst(capacity: u64) -> u64 {
+    (capacity / 20).max(1)
+}
+
+/// How to build a testbed.
+#[derive(Clone, Debug)]
+pub struct BedSpec {
+    pub prefix: String,
+    pub servers: Servers,
+    /// The kvswitch cache: (entries, rule updates a second). None: no cache.
+    pub cache: Option<(u64, Option<u64>)>,
+    pub nutcracker: bool,
+}
+
+/// memcached's memory on the peers' testbed, in MiB: the first server holds every key of the
+/// direct runs, values up to 11 KB included.
+const MEMCACHED_MB: &str = "1024";
+
+/// A running testbed and where each system is reached; torn down when dropped.
+pub struct Bed {
+    pub live: testbed::Live,
+    /// The client namespace the load comes from.
+    pub client: String,
+    pub vip: SocketAddr,
+    /// Each server's own address (its name on the ring in `server_names`).
+    pub servers: Vec<SocketAddr>,
+    pub server_names: Vec<String>,
+    pub nutcracker: Option<SocketAddr>,
+    pub kvswitch_pid: u32,
+    pub nutcracker_pid: Option<u32>,
+    pub spec: BedSpec,
+}
+
+impl Bed {
+    /// Builds the testbed: 1 client, the servers, kvswitch (with its proxy) and nutcracker when
+    /// asked, on the prefix's own subnet. Sweeps leftovers of the prefix from a run that was
+    /// killed first.
+    pub fn up(spec: &BedSpec) -> anyhow::Result<Bed> {
+        testbed::check_prefix(&spec.prefix)?;
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            bail!("the testbed scenarios build network namespaces: run as root");
+        }
+        let exe = std::env::current_exe().context("finding kvswitch itself")?;
+        let (n, mode, program) = match spec.servers {
+            Servers::Memcached { n } => (n, testbed::Mode::L2, testbed::ServerProgram::Memcached),
+            Servers::Nodes { n, capacity } => (
+                n,
+                testbed::Mode::L3,
+                testbed::ServerProgram::Node {
+                    bin: exe.clone(),
+                    args: vec![
+                        "--capacity".into(),
+                        capacity.to_string(),
+                        "--burst".into(),
+                        node_burst(capacity).to_string(),
+                        "--threads".into(),
+                        "1".into(),
+                    ],
+                },
+            ),
+        };
+        let mut text = format!("name = \"bench\"\nmode = \"{}\"\n", mode.as_str());
+        text.push_str("[[hosts]]\nname = \"c1\"\nrole = \"client\"\n");
+        for i in 1..=n {
+            text.push_str(&format!(
+                "[[hosts]]\nname = \"s{i}\"\nrole = \"server\"\nmemcached_args = [\"-m\", \
+                 \"{MEMCACHED_MB}\"]\n"
+            ));
+        }
+        let topo = testbed::Topology::parse(&text, "bench topology")?
+            .on_subnet(testbed::Subnet::for_prefix(&spec.prefix))?;
+        let state_path = testbed::default_state_path(&spec.prefix);
+        // A run that was killed leaves its state file and names behind.
+        testbed::down(&state_path).context("removing a testbed left by an earlier run")?;
+        testbed::sweep(&spec.prefix)?;
+        let opts = testbed::UpOptions {
+            prefix: spec.prefix.clone(),
+            kvswitch_bin: Some(exe),
+            state_path: Some(state_path),
+            start_nutcracker: spec.nutcracker,
+            extra_config: spec
+                .cache
+                .map(|(entries, limit)| cache_section(entries, limit)),
+            servers: program,
+            ..Default::default()
+        };
+        let live = testbed::up(&topo, &opts)?;
+        let state = &live.state;
+        let client = live
+            .clients()
+            .first()
+            .map(|h| h.name.clone())
+            .context("the bench topology has no client")?;
+        let servers = live
+            .servers()
+            .iter()
+            .map(|h| SocketAddr::V4(SocketAddrV4::new(h.ip, testbed::MEMCACHED_PORT)))
+            .collect();
+        let server_names = live.servers().iter().map(|h| h.name.clone()).collect();
+        let vip = SocketAddr::V4(SocketAddrV4::new(state.vip, testbed::MEMCACHED_PORT));
+        let nutcracker = state.nutcracker.as_ref().map(|n| n.listen);
+        let nutcracker_pid = state.nutcracker.as_ref().and_then(|n| n.pid);
+        let kvswitch_pid = state.kvswitch_pid.context("kvswitch did not start")?;
+        Ok(Bed {
+            client,
+            vip,
+            servers,
+            server_names,
+            nutcracker,
+            kvswitch_pid,
+            nutcracker_pid,
+            spec: spec.clone(),
+            live,
+        })
+    }
+
+    /// Where `system` is reached from the client.
+    pub fn target(&self, system: System) -> anyhow::Result<SocketAddr> {
+        match system {
+            System::DirectUdp | System::DirectTcp => {
+                if !matches!(self.spec.servers, Servers::Memcached { .. }) {
+                    bail!("{system} runs on the memcached testbed only");
+                }
+                Ok(self.servers[0])
+            }
+            System::Nutcracker => self.nutcracker.context("this testbed runs no nutcracker"),
+            System::KvswitchUdp | System::KvswitchTcp => Ok(self.vip),
+            System::KvswitchCacheUdp | System::KvswitchCacheTcp => {
+                if self.spec.cache.is_none() {
+                    bail!("{system} needs a testbed with kvswitch's cache");
+                }
+                Ok(self.vip)
+            }
+        }
+    }
+
+    /// Sets `keys` keys `prefix<i>` of `value_size` bytes through kvswitch's proxy (placed by
+    /// ketama, as switch mode and nutcracker place them) and, on the memcached testbed, on the
+    /// first server too for the direct runs.
+    pub fn preload(&self, keys: u64, prefix: &str, value_size: usize) -> anyhow::Result<()> {
+        let mut targets = vec![self.vip];
+        if matches!(self.spec.servers, Servers::Memcached { .. }) {
+            targets.push(self.servers[0]);
+        }
+        for target in targets {
+            let p = prefix.to_string();
+            let stored = self.live.in_host(&self.client, move || {
+                loadgen::preload(target, loadgen::Proto::Tcp, keys, &p, value_size)
+            })??;
+            if stored != keys {
+                bail!("only {stored} of {keys} keys were stored through {target}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `args` (its target replaced by `system`'s) in the client's namespace, with the CPU
+    /// time kvswitch and nutcracker used meanwhile.
+    pub fn load(&self, system: System, args: &loadgen::LoadArgs) -> anyhow::Result<Measured> {
+        let args = loadgen::LoadArgs {
+            target: self.target(system)?.to_string(),
+            proto: system.proto(),
+            quiet: true,
+            json: None,
+            ..args.clone()
+        };
+        let kv_before = cpu_ticks(self.kvswitch_pid);
+        let nc_before = self.nutcracker_pid.and_then(cpu_ticks);
+        let report = self
+            .live
+            .in_host(&self.client, move || loadgen::run(&args))?
+            .with_context(|| format!("kvswitch load against {system}"))?;
+        if report.errors + report.timeouts > 0 {
+            // An overloaded system leaves queues behind (socket buffers, a proxy's backlog):
+            // let them drain before the next system is measured.
+            std::thread::sleep(SETTLE);
+        }
+        let ticks = |pid: Option<u32>, before: Option<u64>| -> Option<f64> {
+            let after = cpu_ticks(pid?)?;
+            Some(after.saturating_sub(before?) as f64 / crate::measure::clock_ticks())
+        };
+        Ok(Measured {
+            kvswitch_cpu_s: ticks(Some(self.kvswitch_pid), kv_before),
+            nutcracker_cpu_s: ticks(self.nutcracker_pid, nc_before),
+            report,
+        })
+    }
+
+    /// Requests kvswitch has routed to each server so far, in server order, from its metrics.
+    pub fn backend_requests(&self) -> anyhow::Result<Vec<u64>> {
+        let (code, body) = testbed::http_get(self.live.api(), "/metrics")?;
+        if code != 200 {
+            bail!("kvswitch's /metrics answered {code}");
+        }
+        self.server_names
+            .iter()
+            .map(|name| {
+                let head = format!("kvswitch_backend_requests_total{{backend=\"{name}\"}} ");
+                body.lines()
+                    .find_map(|l| l.strip_prefix(head.as_str()))
+                    .and_then(|v| v.trim().parse().ok())
+                    .with_context(|| format!("no request count for server {name} in /metrics"))
+            })
+            .collect()
+    }
+
+    /// Stops everything and removes the testbed, reporting what could not be removed.
+    pub fn down(self) -> anyhow::Result<()> {
+        self.live.down()
+    }
+}
+
+/// The pause after a run that lost requests.
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// One load run and the middle boxes' CPU time over it.
+pub struct Measured {
+    pub report: loadgen::Report,
+    /// Seconds of CPU (user + system) kvswitch and nutcracker used during the run.
+    pub kvswitch_cpu_s: Option<f64>,
+    pub nutcracker_cpu_s: Option<f64>,
+}
+
+/// The path of the results folder: `--out`, else `results/<scenario>`; for `bench all`, a
+/// folder per scenario under `--out`.
+pub fn out_dir(out: Option<&PathBuf>, scenario: &str) -> PathBuf {
+    out.cloned()
+        .unwrap_or_else(|| PathBuf::from("results").join(scenario))
+}

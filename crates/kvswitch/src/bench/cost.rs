@@ -1,0 +1,286 @@
+//! `kvswitch bench cost`: CPU time per request of every middle box on the path of each system,
+//! read from /proc while a closed loop drives it as fast as it answers: kvswitch (which also
+//! switches every other system's packets at layer 2 on the testbed) and nutcracker.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::bed::{by_setup, rotated, Bed, BedSpec, Servers, System};
+use super::latency::per_s;
+use super::output::{fmt, ratio, times, Machine, Output};
+use super::plot::{BarChart, Chart};
+use super::Common;
+use crate::measure::{median, median_of_some};
+
+pub const NAME: &str = "cost";
+const SERVERS: usize = 3;
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: Common,
+    /// Closed-loop requesters (one request outstanding each).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub concurrency: u32,
+    /// Seconds measured per system [default: 3; 0.5 with --short].
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Keys preloaded and read (uniformly).
+    #[arg(long, default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub keys: u64,
+    /// Value size in bytes.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub value_size: u32,
+}
+
+impl Args {
+    pub fn with(common: Common) -> Args {
+        Args {
+            common,
+            concurrency: 16,
+            duration: None,
+            keys: 10_000,
+            value_size: 100,
+        }
+    }
+
+    fn duration(&self) -> f64 {
+        self.duration
+            .unwrap_or(if self.common.short { 0.5 } else { 3.0 })
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Point {
+    pub system: System,
+    pub get_rps: f64,
+    /// CPU µs per request of each process; none when it was not on the testbed.
+    pub kvswitch_us: Option<f64>,
+    pub nutcracker_us: Option<f64>,
+    /// Both together: every middle box on the system's path.
+    pub middle_us: Option<f64>,
+    pub run: u32,
+}
+
+#[derive(Serialize)]
+struct Settings {
+    concurrency: u32,
+    duration_s: f64,
+    runs: u32,
+    keys: u64,
+    value_size: u32,
+    servers: usize,
+    short: bool,
+}
+
+#[derive(Serialize)]
+struct Results {
+    scenario: &'static str,
+    settings: Settings,
+    machine: Machine,
+    systems: Vec<System>,
+    runs: Vec<Point>,
+    medians: Vec<Point>,
+}
+
+pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
+    let duration = args.duration();
+    super::check_duration(duration)?;
+    let runs = args.common.runs();
+    let machine = Machine::describe();
+    let out = Output::create(&super::bed::out_dir(args.common.out.as_ref(), NAME))?;
+    let systems = System::compared();
+    let mut points = Vec::new();
+    for (cached, group) in by_setup(&systems) {
+        let with = if cached { " with its cache" } else { "" };
+        eprintln!(
+            "{NAME}: building the testbed (1 client, {SERVERS} memcached, \
+             kvswitch{with}, nutcracker)..."
+        );
+        // With the cache, it may hold every key read.
+        let bed = Bed::up(&BedSpec {
+            prefix: args.common.prefix.clone(),
+            servers: Servers::Memcached { n: SERVERS },
+            cache: cached.then_some((args.keys, None)),
+            nutcracker: true,
+        })?;
+        bed.preload(args.keys, "key:", args.value_size as usize)?;
+        for run in 0..runs {
+            for system in rotated(&group, run) {
+                let load = loadgen::LoadArgs {
+                    keys: args.keys,
+                    value_size: args.value_size as usize,
+                    get_ratio: 1.0,
+                    concurrency: args.concurrency as usize,
+                    duration,
+                    warmup: (duration / 4.0).min(0.5),
+                    seed: u64::from(run) + 1,
+                    ..loadgen::LoadArgs::new("")
+                };
+                let m = bed.load(system, &load)?;
+                let r = &m.report;
+                // CPU was read over warm-up and window alike: per request of both.
+                let total = r.duration_s + load.warmup;
+                let requests = per_s(r.requests, r.duration_s) * total;
+                let per =
+                    |cpu: Option<f64>| cpu.filter(|_| requests > 0.0).map(|s| s * 1e6 / requests);
+                let kvswitch_us = per(m.kvswitch_cpu_s);
+                let nutcracker_us = per(m.nutcracker_cpu_s);
+                let p = Point {
+                    system,
+                    get_rps: per_s(r.gets, r.duration_s),
+                    kvswitch_us,
+                    nutcracker_us,
+                    middle_us: middle(system, kvswitch_us, nutcracker_us),
+                    run,
+                };
+                eprintln!(
+                "  run {}/{runs}  {system:<24} {:>8.0} GET/s  kvswitch {} µs/req  nutcracker {} µs/req",
+                run + 1,
+                p.get_rps,
+                fmt(p.kvswitch_us, 2),
+                fmt(p.nutcracker_us, 2)
+            );
+                points.push(p);
+            }
+        }
+        bed.down()?;
+    }
+    let medians: Vec<Point> = systems
+        .iter()
+        .map(|&s| {
+            let of: Vec<&Point> = points.iter().filter(|p| p.system == s).collect();
+            Point {
+                system: s,
+                get_rps: median(of.iter().map(|p| p.get_rps).collect()),
+                kvswitch_us: median_of_some(of.iter().map(|p| p.kvswitch_us)),
+                nutcracker_us: median_of_some(of.iter().map(|p| p.nutcracker_us)),
+                middle_us: median_of_some(of.iter().map(|p| p.middle_us)),
+                run: of.len() as u32,
+            }
+        })
+        .collect();
+    out.json(&Results {
+        scenario: NAME,
+        settings: Settings {
+            concurrency: args.concurrency,
+            duration_s: duration,
+            runs,
+            keys: args.keys,
+            value_size: args.value_size,
+            servers: SERVERS,
+            short: args.common.short,
+        },
+        machine: machine.clone(),
+        systems: systems.clone(),
+        runs: points,
+        medians: medians.clone(),
+    })?;
+    let mut out = out;
+    out.plot("cpu-per-request", &Chart::Bars(chart(&medians)))?;
+    out.summary(&summary(args, &medians, runs, duration), &machine)?;
+    Ok(medians)
+}
+
+/// The CPU of the middle boxes on `system`'s path: kvswitch always (it is the network here),
+/// nutcracker only for nutcracker.
+fn middle(system: System, kvswitch: Option<f64>, nutcracker: Option<f64>) -> Option<f64> {
+    match system {
+        System::Nutcracker => Some(kvswitch? + nutcracker?),
+        _ => kvswitch,
+    }
+}
+
+fn chart(medians: &[Point]) -> BarChart {
+    BarChart {
+        title: "CPU time per request of the middle boxes (closed loop at full speed)".into(),
+        x_label: "system".into(),
+        y_label: "CPU µs per request".into(),
+        categories: medians
+            .iter()
+            .map(|p| {
+                // Two lines do not fit under a bar; the short form does.
+                p.system
+                    .to_string()
+                    .replace("memcached direct", "direct")
+                    .replace("kvswitch ", "kvs ")
+            })
+            .collect(),
+        groups: vec![
+            (
+                "kvswitch process".into(),
+                medians
+                    .iter()
+                    .map(|p| p.kvswitch_us.unwrap_or(0.0))
+                    .collect(),
+            ),
+            (
+                "nutcracker process".into(),
+                medians
+                    .iter()
+                    .map(|p| {
+                        if p.system == System::Nutcracker {
+                            p.nutcracker_us.unwrap_or(0.0)
+                        } else {
+                            0.0
+                        }
+                    })
+                    .collect(),
+            ),
+        ],
+        line: None,
+        stacked: true,
+    }
+}
+
+fn summary(args: &Args, medians: &[Point], runs: u32, duration: f64) -> String {
+    let mut t = String::new();
+    let _ = writeln!(t, "# CPU time per request of the middle boxes\n");
+    let _ = writeln!(
+        t,
+        "{} closed-loop requesters read {} keys of {} bytes as fast as each system answers, {} \
+         s per system, medians of {runs} run(s) with the systems in rotating order. CPU is user \
+         + system time from /proc/PID/stat of the kvswitch process (its switch loop and, for \
+         TCP to the VIP, its proxy) and of nutcracker, over the run, per request. On this \
+         testbed ({SERVERS} memcached in `l2` mode) kvswitch is also the network: every \
+         system's packets cross it, so its CPU under memcached direct is the cost of switching \
+         alone. kvswitch busy-polls (200 µs after each frame by default), which it pays for in \
+         CPU whatever the load.\n",
+        args.concurrency, args.keys, args.value_size, duration
+    );
+    let _ = writeln!(
+        t,
+        "| system | GET/s | kvswitch µs/req | nutcracker µs/req | middle boxes µs/req |"
+    );
+    let _ = writeln!(t, "|---|--:|--:|--:|--:|");
+    for p in medians {
+        let _ = writeln!(
+            t,
+            "| {} | {:.0} | {} | {} | {} |",
+            p.system,
+            p.get_rps,
+            fmt(p.kvswitch_us, 2),
+            if p.system == System::Nutcracker {
+                fmt(p.nutcracker_us, 2)
+            } else {
+                "-".into()
+            },
+            fmt(p.middle_us, 2)
+        );
+    }
+    let find = |s: System| medians.iter().find(|p| p.system == s);
+    let nc = find(System::Nutcracker);
+    let _ = writeln!(t);
+    for s in [System::KvswitchUdp, System::KvswitchTcp] {
+        let Some(p) = find(s) else { continue };
+        let _ = writeln!(
+            t,
+            "- {s} / nutcracker (TCP), middle boxes' CPU per request: {}; GET/s: {}.",
+            times(ratio(p.middle_us, nc.and_then(|n| n.middle_us))),
+            times(ratio(Some(p.get_rps), nc.map(|n| n.get_rps)))
+        );
+    }
+    t
+}

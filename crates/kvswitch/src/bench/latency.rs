@@ -1,0 +1,431 @@
+//! `kvswitch bench latency-throughput`: GET latency (median and p99) against offered rate, as
+//! MemSwitch's throughput curve draws it, for memcached direct, nutcracker, kvswitch switch
+//! mode and kvswitch's proxy on one testbed, side by side in one run. The load is an open
+//! loop with Poisson arrivals, so latency counts queueing from each request's scheduled time
+//! and a system past its limit shows as a knee rather than as a slower client.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::bed::{by_setup, rotated, Bed, BedSpec, Servers, System};
+use super::output::{fmt, ratio, times, Machine, Output};
+use super::plot::{Chart, LineChart, Series};
+use super::Common;
+use crate::measure::median;
+
+pub const NAME: &str = "latency-throughput";
+/// A point is sustained when at least this share of the offered rate was answered ...
+const SUSTAINED: f64 = 0.95;
+/// ... at most this share of requests failed or timed out ...
+const MAX_LOSS: f64 = 0.01;
+/// ... and the median stayed below this many µs: above it, queues are building up.
+const MAX_P50_US: f64 = 5000.0;
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: Common,
+    /// Offered GET rates in requests per second, comma-separated
+    /// [default: 5000,10000,20000,30000,40000; 2000,8000 with --short].
+    #[arg(long, value_delimiter = ',', value_name = "RPS,...")]
+    pub rates: Vec<f64>,
+    /// Seconds measured at each rate [default: 1.5; 0.5 with --short].
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Open-loop requesters (UDP sockets or TCP connections) sharing the arrivals.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub concurrency: u32,
+    /// Keys preloaded and read (uniformly).
+    #[arg(long, default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub keys: u64,
+    /// Value size of the keys, in bytes.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub value_size: u32,
+}
+
+impl Args {
+    /// The defaults, with `common`.
+    pub fn with(common: Common) -> Args {
+        Args {
+            common,
+            rates: Vec::new(),
+            duration: None,
+            concurrency: 16,
+            keys: 10_000,
+            value_size: 100,
+        }
+    }
+
+    fn rates(&self) -> Vec<f64> {
+        if !self.rates.is_empty() {
+            self.rates.clone()
+        } else if self.common.short {
+            vec![2000.0, 8000.0]
+        } else {
+            vec![5000.0, 10_000.0, 20_000.0, 30_000.0, 40_000.0]
+        }
+    }
+
+    fn duration(&self) -> f64 {
+        self.duration
+            .unwrap_or(if self.common.short { 0.5 } else { 1.5 })
+    }
+}
+
+/// One system at one rate in one run.
+#[derive(Clone, Debug, Serialize)]
+pub struct Point {
+    pub system: System,
+    pub offered_rps: f64,
+    /// Gets answered per second.
+    pub get_rps: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    /// Requests that failed or timed out, as a share of all requests.
+    pub loss: f64,
+    pub run: u32,
+}
+
+#[derive(Serialize)]
+struct Settings {
+    rates: Vec<f64>,
+    duration_s: f64,
+    warmup_s: f64,
+    runs: u32,
+    concurrency: u32,
+    keys: u64,
+    value_size: u32,
+    servers: usize,
+    short: bool,
+}
+
+#[derive(Serialize)]
+struct Results {
+    scenario: &'static str,
+    settings: Settings,
+    machine: Machine,
+    systems: Vec<System>,
+    runs: Vec<Point>,
+    medians: Vec<Point>,
+}
+
+/// Servers on the testbed.
+const SERVERS: usize = 3;
+
+pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
+    let rates = args.rates();
+    let duration = args.duration();
+    check_rates(&rates)?;
+    super::check_duration(duration)?;
+    let runs = args.common.runs();
+    let warmup = (duration / 4.0).min(0.5);
+    let machine = Machine::describe();
+    let out = Output::create(&super::bed::out_dir(args.common.out.as_ref(), NAME))?;
+    let systems = System::compared();
+
+    let mut points = Vec::new();
+    for (cached, group) in by_setup(&systems) {
+        let with = if cached { " with its cache" } else { "" };
+        eprintln!(
+            "{NAME}: building the testbed (1 client, {SERVERS} memcached, \
+             kvswitch{with}, nutcracker)..."
+        );
+        // With the cache, it may hold every key read.
+        let bed = Bed::up(&BedSpec {
+            prefix: args.common.prefix.clone(),
+            servers: Servers::Memcached { n: SERVERS },
+            cache: cached.then_some((args.keys, None)),
+            nutcracker: true,
+        })?;
+        bed.preload(args.keys, "key:", args.value_size as usize)?;
+        for run in 0..runs {
+            for &rate in &rates {
+                for system in rotated(&group, run) {
+                    let load = loadgen::LoadArgs {
+                        keys: args.keys,
+                        value_size: args.value_size as usize,
+                        get_ratio: 1.0,
+                        concurrency: args.concurrency as usize,
+                        rate: Some(rate),
+                        duration,
+                        warmup,
+                        seed: u64::from(run) + 1,
+                        ..loadgen::LoadArgs::new("")
+                    };
+                    let m = bed.load(system, &load)?;
+                    let r = &m.report;
+                    let p = Point {
+                        system,
+                        offered_rps: rate,
+                        get_rps: per_s(r.gets, r.duration_s),
+                        p50_us: r.latency_us.p50 as f64,
+                        p99_us: r.latency_us.p99 as f64,
+                        loss: loss(r),
+                        run,
+                    };
+                    eprintln!(
+                    "  run {}/{runs}  {rate:>8.0}/s  {system:<24} {:>8.0} GET/s  p50 {:>6.0} µs  \
+                     p99 {:>7.0} µs{}",
+                    run + 1,
+                    p.get_rps,
+                    p.p50_us,
+                    p.p99_us,
+                    if p.loss > 0.0 {
+                        format!("  lost {:.1}%", p.loss * 100.0)
+                    } else {
+                        String::new()
+                    }
+                );
+                    points.push(p);
+                }
+            }
+        }
+        bed.down()?;
+    }
+
+    let medians = medians(&systems, &rates, &points);
+    out.json(&Results {
+        scenario: NAME,
+        settings: Settings {
+            rates: rates.clone(),
+            duration_s: duration,
+            warmup_s: warmup,
+            runs,
+            concurrency: args.concurrency,
+            keys: args.keys,
+            value_size: args.value_size,
+            servers: SERVERS,
+            short: args.common.short,
+        },
+        machine: machine.clone(),
+        systems: systems.clone(),
+        runs: points,
+        medians: medians.clone(),
+    })?;
+    let mut out = out;
+    out.plot("latency", &Chart::Line(chart(&systems, &medians)))?;
+    out.summary(
+        &summary(args, &systems, &rates, &medians, runs, duration),
+        &machine,
+    )?;
+    Ok(medians)
+}
+
+fn check_rates(rates: &[f64]) -> anyhow::Result<()> {
+    for &r in rates {
+        if !r.is_finite() || !(loadgen::MIN_RATE..=1e8).contains(&r) {
+            anyhow::bail!("--rates: {r} is not a rate between 0.001 and 100,000,000 per second");
+        }
+    }
+    Ok(())
+}
+
+pub fn per_s(n: u64, secs: f64) -> f64 {
+    if secs > 0.0 {
+        n as f64 / secs
+    } else {
+        0.0
+    }
+}
+
+/// Failed and timed-out requests as a share of all.
+pub fn loss(r: &loadgen::Report) -> f64 {
+    if r.requests == 0 {
+        1.0
+    } else {
+        (r.errors + r.timeouts) as f64 / r.requests as f64
+    }
+}
+
+/// The median of each figure per system and rate.
+fn medians(systems: &[System], rates: &[f64], points: &[Point]) -> Vec<Point> {
+    let mut out = Vec::new();
+    for &system in systems {
+        for &rate in rates {
+            let of: Vec<&Point> = points
+                .iter()
+                .filter(|p| p.system == system && p.offered_rps == rate)
+                .collect();
+            if of.is_empty() {
+                continue;
+            }
+            let m = |f: fn(&Point) -> f64| median(of.iter().map(|p| f(p)).collect());
+            out.push(Point {
+                system,
+                offered_rps: rate,
+                get_rps: m(|p| p.get_rps),
+                p50_us: m(|p| p.p50_us),
+                p99_us: m(|p| p.p99_us),
+                loss: m(|p| p.loss),
+                run: of.len() as u32,
+            });
+        }
+    }
+    out
+}
+
+fn sustained(p: &Point) -> bool {
+    p.get_rps >= SUSTAINED * p.offered_rps && p.loss <= MAX_LOSS && p.p50_us <= MAX_P50_US
+}
+
+fn chart(systems: &[System], medians: &[Point]) -> LineChart {
+    let mut series = Vec::new();
+    for &s in systems {
+        let of: Vec<&Point> = medians.iter().filter(|p| p.system == s).collect();
+        series.push(Series {
+            name: format!("{s} median"),
+            points: of.iter().map(|p| (p.offered_rps, p.p50_us)).collect(),
+            color: s.color(),
+            dashed: false,
+        });
+        series.push(Series {
+            name: format!("{s} p99"),
+            points: of.iter().map(|p| (p.offered_rps, p.p99_us)).collect(),
+            color: s.color(),
+            dashed: true,
+        });
+    }
+    LineChart {
+        title: "GET latency against offered load (open loop, Poisson)".into(),
+        x_label: "offered load (GET/s)".into(),
+        y_label: "latency (µs, log scale)".into(),
+        x_log: false,
+        y_log: true,
+        y_from_zero: false,
+        series,
+    }
+}
+
+fn summary(
+    args: &Args,
+    systems: &[System],
+    rates: &[f64],
+    medians: &[Point],
+    runs: u32,
+    duration: f64,
+) -> String {
+    let mut t = String::new();
+    let _ = writeln!(t, "# GET latency against offered load\n");
+    let _ = writeln!(
+        t,
+        "Open-loop GETs with Poisson arrivals from {} requesters in one client namespace, {} \
+         keys of {} bytes read uniformly, {} s per point after a short warm-up, medians of {} \
+         run(s) with the systems in rotating order. One testbed: {SERVERS} memcached servers \
+         and the client joined by kvswitch in `l2` mode, so that every system's packets cross \
+         the same switch: memcached direct talks to the first server (which holds every key) \
+         at its own address, nutcracker runs in the client's namespace, kvswitch switch mode \
+         is UDP to the VIP and kvswitch proxy is TCP to the VIP. A point is *sustained* when \
+         at least {:.0}% of the offered rate was answered, at most {:.0}% of requests were \
+         lost and the median stayed below {:.0} ms.\n",
+        args.concurrency,
+        args.keys,
+        args.value_size,
+        duration,
+        runs,
+        SUSTAINED * 100.0,
+        MAX_LOSS * 100.0,
+        MAX_P50_US / 1000.0
+    );
+    let _ = write!(t, "| offered GET/s |");
+    for s in systems {
+        let _ = write!(t, " {s} p50 / p99 (µs) |");
+    }
+    let _ = writeln!(t);
+    let _ = writeln!(t, "|--:|{}", "--:|".repeat(systems.len()));
+    for &rate in rates {
+        let _ = write!(t, "| {rate:.0} |");
+        for &s in systems {
+            match medians
+                .iter()
+                .find(|p| p.system == s && p.offered_rps == rate)
+            {
+                Some(p) => {
+                    let _ = write!(
+                        t,
+                        " {:.0} / {:.0}{} |",
+                        p.p50_us,
+                        p.p99_us,
+                        if sustained(p) { "" } else { " (not sustained)" }
+                    );
+                }
+                None => {
+                    let _ = write!(t, " - |");
+                }
+            }
+        }
+        let _ = writeln!(t);
+    }
+    // Headline: light-load latency and the highest sustained rate, with ratios.
+    let light = |s: System| {
+        medians
+            .iter()
+            .find(|p| p.system == s && Some(p.offered_rps) == rates.first().copied())
+    };
+    let best = |s: System| {
+        medians
+            .iter()
+            .filter(|p| p.system == s && sustained(p))
+            .map(|p| p.offered_rps)
+            .fold(None, |a: Option<f64>, r| Some(a.map_or(r, |a| a.max(r))))
+    };
+    let _ = writeln!(
+        t,
+        "\n| system | p50 at {:.0}/s (µs) | p99 at {:.0}/s (µs) | highest sustained rate (GET/s) |",
+        rates[0], rates[0]
+    );
+    let _ = writeln!(t, "|---|--:|--:|--:|");
+    for &s in systems {
+        let l = light(s);
+        let _ = writeln!(
+            t,
+            "| {s} | {} | {} | {} |",
+            fmt(l.map(|p| p.p50_us), 0),
+            fmt(l.map(|p| p.p99_us), 0),
+            best(s).map_or_else(|| format!("below {:.0}", rates[0]), |r| format!("{r:.0}"))
+        );
+    }
+    let pairs = [
+        (System::KvswitchUdp, System::DirectUdp),
+        (System::KvswitchTcp, System::DirectTcp),
+        (System::KvswitchTcp, System::Nutcracker),
+        (System::KvswitchUdp, System::Nutcracker),
+    ];
+    let _ = writeln!(
+        t,
+        "\n| ratio | p50 at {:.0}/s | p99 at {:.0}/s | highest sustained rate |",
+        rates[0], rates[0]
+    );
+    let _ = writeln!(t, "|---|--:|--:|--:|");
+    for (a, b) in pairs {
+        if !systems.contains(&a) || !systems.contains(&b) {
+            continue;
+        }
+        let _ = writeln!(
+            t,
+            "| {a} / {b} | {} | {} | {} |",
+            times(ratio(
+                light(a).map(|p| p.p50_us),
+                light(b).map(|p| p.p50_us)
+            )),
+            times(ratio(
+                light(a).map(|p| p.p99_us),
+                light(b).map(|p| p.p99_us)
+            )),
+            times(ratio(best(a), best(b)))
+        );
+    }
+    let _ = writeln!(
+        t,
+        "\nA highest sustained rate equal to the largest rate offered means the system was not \
+         driven to its limit; the ratio is then a lower bound."
+    );
+    if !super::bed::CACHE_AVAILABLE {
+        let _ = writeln!(
+            t,
+            "\nkvswitch with its cache is not measured: this build of kvswitch has no cache."
+        );
+    }
+    t
+}

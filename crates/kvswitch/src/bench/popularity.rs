@@ -1,0 +1,396 @@
+//! `kvswitch bench popularity-change`: throughput over time in front of capacity-limited
+//! backends while the hot keys change, as SwitchKV's dynamic-workload figures draw it: hot-in
+//! (cold keys become the hottest), hot-out (the hottest become cold) and random (hot keys swap
+//! with cold ones), every few seconds, from the load generator's 100 ms time series. The
+//! changes are what an in-network cache must follow under its rule-update limit; without the
+//! cache they only move which backend is the hottest.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::bed::{by_setup, rotated, Bed, BedSpec, Servers, System, CACHE_AVAILABLE};
+use super::output::{fmt, Machine, Output};
+use super::plot::{Chart, LineChart, Series};
+use super::Common;
+use crate::measure::median;
+
+pub const NAME: &str = "popularity-change";
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: Common,
+    /// Backends (kvswitch nodes).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub servers: u32,
+    /// Requests per second each backend serves.
+    #[arg(long, default_value_t = 2500,
+          value_parser = clap::value_parser!(u64).range(10..=10_000_000))]
+    pub capacity: u64,
+    /// Keys preloaded and read.
+    #[arg(long, default_value_t = 20_000,
+          value_parser = clap::value_parser!(u64).range(100..=10_000_000))]
+    pub keys: u64,
+    /// Zipf exponent of the key popularity.
+    #[arg(long, default_value_t = 0.99)]
+    pub skew: f64,
+    /// Keys each change moves.
+    #[arg(long, default_value_t = 100)]
+    pub change_keys: u64,
+    /// Seconds between changes [default: 2; 0.5 with --short].
+    #[arg(long, value_name = "SECS")]
+    pub change_every: Option<f64>,
+    /// Seconds measured per kind of change [default: 10; 1.5 with --short].
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Most cache insertions and evictions kvswitch may make a second (the rule-update limit);
+    /// applies to the systems with the cache.
+    #[arg(long, default_value_t = 1000)]
+    pub rule_updates: u64,
+}
+
+impl Args {
+    pub fn with(common: Common) -> Args {
+        Args {
+            common,
+            servers: 8,
+            capacity: 2500,
+            keys: 20_000,
+            skew: 0.99,
+            change_keys: 100,
+            change_every: None,
+            duration: None,
+            rule_updates: 1000,
+        }
+    }
+
+    fn change_every(&self) -> f64 {
+        self.change_every
+            .unwrap_or(if self.common.short { 0.5 } else { 2.0 })
+    }
+
+    fn duration(&self) -> f64 {
+        self.duration
+            .unwrap_or(if self.common.short { 1.5 } else { 10.0 })
+    }
+
+    fn offered(&self) -> f64 {
+        self.capacity as f64 * f64::from(self.servers)
+    }
+
+    fn check(&self) -> anyhow::Result<()> {
+        if !self.skew.is_finite() || self.skew <= 0.0 || self.skew > 5.0 {
+            anyhow::bail!("--skew must be above 0 and at most 5, got {}", self.skew);
+        }
+        if self.change_keys == 0 || self.change_keys.saturating_mul(2) > self.keys {
+            anyhow::bail!("--change-keys must be between 1 and half of --keys");
+        }
+        let every = self.change_every();
+        if !every.is_finite() || !(0.1..=3600.0).contains(&every) {
+            anyhow::bail!("--change-every must be between 0.1 and 3600 seconds, got {every}");
+        }
+        if self.rule_updates == 0 {
+            anyhow::bail!("--rule-updates must be at least 1");
+        }
+        super::check_duration(self.duration())
+    }
+}
+
+/// The kinds of change measured; `None` is the steady workload they are compared with.
+const KINDS: [Option<loadgen::ChangeKind>; 4] = [
+    None,
+    Some(loadgen::ChangeKind::HotIn),
+    Some(loadgen::ChangeKind::HotOut),
+    Some(loadgen::ChangeKind::Random),
+];
+
+fn kind_name(kind: Option<loadgen::ChangeKind>) -> &'static str {
+    match kind {
+        None => "no change",
+        Some(loadgen::ChangeKind::HotIn) => "hot-in",
+        Some(loadgen::ChangeKind::HotOut) => "hot-out",
+        Some(loadgen::ChangeKind::Random) => "random",
+    }
+}
+
+/// One system under one kind of change in one run: the answered rate every interval.
+#[derive(Clone, Debug, Serialize)]
+pub struct Run {
+    pub system: System,
+    pub change: &'static str,
+    pub run: u32,
+    /// (interval start in s, GETs answered per second in it).
+    pub series: Vec<(f64, f64)>,
+    /// GETs answered per second over the whole window.
+    pub get_rps: f64,
+}
+
+#[derive(Serialize)]
+struct Settings {
+    servers: u32,
+    capacity_rps: u64,
+    offered_rps: f64,
+    keys: u64,
+    skew: f64,
+    change_keys: u64,
+    change_every_s: f64,
+    duration_s: f64,
+    interval_ms: u64,
+    runs: u32,
+    /// The cache's rule-update limit; none when no system has the cache.
+    rule_updates_per_s: Option<u64>,
+    short: bool,
+}
+
+#[derive(Serialize)]
+struct Results {
+    scenario: &'static str,
+    settings: Settings,
+    machine: Machine,
+    systems: Vec<System>,
+    runs: Vec<Run>,
+    medians: Vec<Run>,
+}
+
+const INTERVAL_MS: u64 = 100;
+
+pub fn run(args: &Args) -> anyhow::Result<Vec<Run>> {
+    args.check()?;
+    let runs = args.common.runs();
+    let duration = args.duration();
+    let machine = Machine::describe();
+    let out = Output::create(&super::bed::out_dir(args.common.out.as_ref(), NAME))?;
+    let systems = System::switched();
+    let servers = Servers::Nodes {
+        n: args.servers as usize,
+        capacity: args.capacity,
+    };
+    let mut all = Vec::new();
+    for (cached, group) in by_setup(&systems) {
+        eprintln!(
+            "{NAME}: building the testbed (1 client, {} kvswitch nodes of {} requests/s, kvswitch{})...",
+            args.servers,
+            args.capacity,
+            if cached { " with its cache" } else { "" }
+        );
+        let bed = Bed::up(&BedSpec {
+            prefix: args.common.prefix.clone(),
+            servers: servers.clone(),
+            cache: cached.then_some((args.keys / 10, Some(args.rule_updates))),
+            nutcracker: false,
+        })?;
+        bed.preload(args.keys, "key:", 32)?;
+        for run in 0..runs {
+            for kind in KINDS {
+                for system in rotated(&group, run) {
+                    all.push(measure(&bed, args, system, kind, run)?);
+                }
+            }
+        }
+        bed.down()?;
+    }
+    let medians = medians(&all);
+    out.json(&Results {
+        scenario: NAME,
+        settings: Settings {
+            servers: args.servers,
+            capacity_rps: args.capacity,
+            offered_rps: args.offered(),
+            keys: args.keys,
+            skew: args.skew,
+            change_keys: args.change_keys,
+            change_every_s: args.change_every(),
+            duration_s: duration,
+            interval_ms: INTERVAL_MS,
+            runs,
+            rule_updates_per_s: systems
+                .iter()
+                .any(|s| s.cached())
+                .then_some(args.rule_updates),
+            short: args.common.short,
+        },
+        machine: machine.clone(),
+        systems: systems.clone(),
+        runs: all,
+        medians: medians.clone(),
+    })?;
+    let mut out = out;
+    for &s in &systems {
+        out.plot(
+            &format!("throughput-over-time-{}", s.slug()),
+            &Chart::Line(chart(args, s, &medians)),
+        )?;
+    }
+    out.summary(&summary(args, &systems, &medians, runs), &machine)?;
+    Ok(medians)
+}
+
+fn measure(
+    bed: &Bed,
+    args: &Args,
+    system: System,
+    kind: Option<loadgen::ChangeKind>,
+    run: u32,
+) -> anyhow::Result<Run> {
+    let load = loadgen::LoadArgs {
+        keys: args.keys,
+        value_size: 32,
+        dist: loadgen::Dist::Zipf(args.skew),
+        get_ratio: 1.0,
+        concurrency: 16,
+        rate: Some(args.offered()),
+        duration: args.duration(),
+        warmup: 0.5_f64.min(args.duration() / 4.0),
+        timeout_ms: 100,
+        change: kind,
+        change_keys: args.change_keys,
+        change_every: args.change_every(),
+        interval_ms: INTERVAL_MS,
+        seed: u64::from(run) + 1,
+        ..loadgen::LoadArgs::new("")
+    };
+    let m = bed.load(system, &load)?;
+    let r = &m.report;
+    let series: Vec<(f64, f64)> = r.series.iter().map(|s| (s.t_s, s.replies_rps)).collect();
+    let get_rps = super::latency::per_s(r.gets, r.duration_s);
+    eprintln!(
+        "  run {}  {:<9}  {system:<24} {get_rps:>8.0} GET/s",
+        run + 1,
+        kind_name(kind)
+    );
+    Ok(Run {
+        system,
+        change: kind_name(kind),
+        run,
+        series,
+        get_rps,
+    })
+}
+
+/// Per system and kind, the median of each interval over the runs.
+fn medians(all: &[Run]) -> Vec<Run> {
+    let mut out = Vec::new();
+    for r0 in all {
+        if out
+            .iter()
+            .any(|m: &Run| m.system == r0.system && m.change == r0.change)
+        {
+            continue;
+        }
+        let of: Vec<&Run> = all
+            .iter()
+            .filter(|r| r.system == r0.system && r.change == r0.change)
+            .collect();
+        let n = of.iter().map(|r| r.series.len()).min().unwrap_or(0);
+        let series = (0..n)
+            .map(|i| {
+                (
+                    of[0].series[i].0,
+                    median(of.iter().map(|r| r.series[i].1).collect()),
+                )
+            })
+            .collect();
+        out.push(Run {
+            system: r0.system,
+            change: r0.change,
+            run: of.len() as u32,
+            series,
+            get_rps: median(of.iter().map(|r| r.get_rps).collect()),
+        });
+    }
+    out
+}
+
+fn chart(args: &Args, system: System, medians: &[Run]) -> LineChart {
+    let series = medians
+        .iter()
+        .filter(|r| r.system == system)
+        .enumerate()
+        .map(|(i, r)| Series {
+            name: r.change.to_string(),
+            points: r.series.clone(),
+            color: [6, 0, 1, 2][i % 4],
+            dashed: r.change == "no change",
+        })
+        .collect();
+    LineChart {
+        title: format!(
+            "{system}: throughput while {} keys change every {} s",
+            args.change_keys,
+            args.change_every()
+        ),
+        x_label: "time (s)".into(),
+        y_label: format!("GETs answered per second (per {INTERVAL_MS} ms)"),
+        x_log: false,
+        y_log: false,
+        y_from_zero: true,
+        series,
+    }
+}
+
+fn summary(args: &Args, systems: &[System], medians: &[Run], runs: u32) -> String {
+    let mut t = String::new();
+    let _ = writeln!(t, "# Throughput while the hot keys change\n");
+    let _ = writeln!(
+        t,
+        "{} `kvswitch node` backends of {} requests/s behind kvswitch in switch mode; one \
+         client offers {:.0} GETs/s (the total capacity) over UDP, open loop, Zipf {} over {} \
+         keys. Every {} s the load generator moves {} keys: *hot-in* makes the coldest the \
+         hottest, *hot-out* sends the hottest to the bottom, *random* swaps hot keys with cold \
+         ones. {} s per kind, throughput per {INTERVAL_MS} ms, medians of {runs} run(s).\n",
+        args.servers,
+        args.capacity,
+        args.offered(),
+        args.skew,
+        args.keys,
+        args.change_every(),
+        args.change_keys,
+        args.duration()
+    );
+    let _ = writeln!(
+        t,
+        "| system | change | GET/s over the run | lowest {INTERVAL_MS} ms (GET/s) | vs no change |"
+    );
+    let _ = writeln!(t, "|---|---|--:|--:|--:|");
+    for &s in systems {
+        let steady = medians
+            .iter()
+            .find(|r| r.system == s && r.change == "no change")
+            .map(|r| r.get_rps);
+        for r in medians.iter().filter(|r| r.system == s) {
+            // The last interval may be cut short; leave it out of the minimum.
+            let body = &r.series[..r.series.len().saturating_sub(1)];
+            let lowest = body
+                .iter()
+                .map(|p| p.1)
+                .fold(None, |a: Option<f64>, v| Some(a.map_or(v, |a| a.min(v))));
+            let _ = writeln!(
+                t,
+                "| {s} | {} | {:.0} | {} | {} |",
+                r.change,
+                r.get_rps,
+                fmt(lowest, 0),
+                super::output::times(super::output::ratio(Some(r.get_rps), steady))
+            );
+        }
+    }
+    if CACHE_AVAILABLE {
+        let _ = writeln!(
+            t,
+            "\nThe cache may make at most {} insertions and evictions a second (its rule-update \
+             limit).",
+            args.rule_updates
+        );
+    } else {
+        let _ = writeln!(
+            t,
+            "\nMeasured without a cache: this build of kvswitch has none, so the rule-update \
+             limit (--rule-updates) applies to nothing here, and the curves show only how the \
+             hottest backend's share moves as the hot keys land on other backends. The figure \
+             that matters, how fast a cache follows the changes under its rule-update limit, \
+             waits for the cache."
+        );
+    }
+    t
+}

@@ -1,0 +1,544 @@
+//! `kvswitch bench skew`: the aggregate throughput of capacity-limited backends behind
+//! kvswitch as the key popularity grows more skewed, and the load each backend gets, as
+//! SwitchKV's load-balance figures draw them. Each backend is a `kvswitch node` serving at
+//! most `--capacity` requests a second (UDP beyond it is dropped), and the clients offer the
+//! backends' total capacity: with uniform keys nearly all of it is served, with skewed keys the
+//! hottest backend saturates and the rest idle. With kvswitch's cache (when built) the same
+//! sweep runs with the cache on, and a second sweep varies the cache's size.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::bed::{by_setup, rotated, Bed, BedSpec, Servers, System, CACHE_AVAILABLE};
+use super::latency::{loss, per_s};
+use super::output::{fmt, ratio, times, Machine, Output};
+use super::plot::{BarChart, Chart, LineChart, Series};
+use super::Common;
+use crate::measure::median;
+
+pub const NAME: &str = "skew";
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: Common,
+    /// Zipf exponents, comma-separated, 0 (uniform) to 1.2 and beyond
+    /// [default: 0,0.2,0.4,0.6,0.8,0.9,0.99,1.1,1.2; 0,0.99 with --short].
+    #[arg(long, value_delimiter = ',', value_name = "THETA,...")]
+    pub skews: Vec<f64>,
+    /// Backends (kvswitch nodes), at least 8 for the figures.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub servers: u32,
+    /// Requests per second each backend serves.
+    #[arg(long, default_value_t = 2500,
+          value_parser = clap::value_parser!(u64).range(10..=10_000_000))]
+    pub capacity: u64,
+    /// Offered load as a multiple of the backends' total capacity.
+    #[arg(long, default_value_t = 1.0)]
+    pub load: f64,
+    /// Keys preloaded and read.
+    #[arg(long, default_value_t = 20_000,
+          value_parser = clap::value_parser!(u64).range(10..=10_000_000))]
+    pub keys: u64,
+    /// Seconds measured per point [default: 3; 0.5 with --short].
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Cache sizes (entries) of the cache-size sweep, comma-separated; run only when kvswitch
+    /// has a cache [default: 10,100,1000,10000].
+    #[arg(long, value_delimiter = ',', value_name = "ENTRIES,...")]
+    pub cache_sizes: Vec<u64>,
+    /// Zipf exponent of the cache-size sweep.
+    #[arg(long, default_value_t = 0.99)]
+    pub cache_skew: f64,
+}
+
+impl Args {
+    pub fn with(common: Common) -> Args {
+        Args {
+            common,
+            skews: Vec::new(),
+            servers: 8,
+            capacity: 2500,
+            load: 1.0,
+            keys: 20_000,
+            duration: None,
+            cache_sizes: Vec::new(),
+            cache_skew: 0.99,
+        }
+    }
+
+    fn skews(&self) -> Vec<f64> {
+        if !self.skews.is_empty() {
+            self.skews.clone()
+        } else if self.common.short {
+            vec![0.0, 0.99]
+        } else {
+            vec![0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.99, 1.1, 1.2]
+        }
+    }
+
+    fn duration(&self) -> f64 {
+        self.duration
+            .unwrap_or(if self.common.short { 0.5 } else { 3.0 })
+    }
+
+    fn cache_sizes(&self) -> Vec<u64> {
+        if !self.cache_sizes.is_empty() {
+            self.cache_sizes.clone()
+        } else if self.common.short {
+            vec![100]
+        } else {
+            vec![10, 100, 1000, 10_000]
+        }
+    }
+
+    fn offered(&self) -> f64 {
+        self.load * self.capacity as f64 * f64::from(self.servers)
+    }
+
+    fn check(&self) -> anyhow::Result<()> {
+        for &s in self.skews().iter().chain([self.cache_skew].iter()) {
+            if !s.is_finite() || !(0.0..=5.0).contains(&s) {
+                anyhow::bail!("a Zipf exponent must be between 0 and 5, got {s}");
+            }
+        }
+        if !self.load.is_finite() || self.load <= 0.0 || self.load > 100.0 {
+            anyhow::bail!("--load must be above 0 and at most 100, got {}", self.load);
+        }
+        if self.cache_sizes().contains(&0) {
+            anyhow::bail!("--cache-sizes: a cache holds at least one entry");
+        }
+        super::check_duration(self.duration())
+    }
+}
+
+/// One system at one skew (and cache size) in one run.
+#[derive(Clone, Debug, Serialize)]
+pub struct Point {
+    pub system: System,
+    pub skew: f64,
+    /// Entries of kvswitch's cache; none without it.
+    pub cache_entries: Option<u64>,
+    pub offered_rps: f64,
+    /// Gets answered per second (hits and misses).
+    pub get_rps: f64,
+    pub loss: f64,
+    /// Requests per second kvswitch sent to each backend, in server order.
+    pub backend_rps: Vec<f64>,
+    pub run: u32,
+}
+
+#[derive(Serialize)]
+struct Settings {
+    skews: Vec<f64>,
+    servers: u32,
+    capacity_rps: u64,
+    burst: u64,
+    offered_rps: f64,
+    keys: u64,
+    duration_s: f64,
+    runs: u32,
+    cache_sizes: Option<Vec<u64>>,
+    cache_skew: f64,
+    short: bool,
+}
+
+#[derive(Serialize)]
+struct Results {
+    scenario: &'static str,
+    settings: Settings,
+    machine: Machine,
+    systems: Vec<System>,
+    runs: Vec<Point>,
+    medians: Vec<Point>,
+}
+
+pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
+    args.check()?;
+    let skews = args.skews();
+    let duration = args.duration();
+    let runs = args.common.runs();
+    let machine = Machine::describe();
+    let out = Output::create(&super::bed::out_dir(args.common.out.as_ref(), NAME))?;
+    let systems = System::switched();
+    let cache_sizes = CACHE_AVAILABLE.then(|| args.cache_sizes());
+    let servers = Servers::Nodes {
+        n: args.servers as usize,
+        capacity: args.capacity,
+    };
+
+    let mut points = Vec::new();
+    // One testbed per kvswitch configuration: without the cache, then with it.
+    for (cached, group) in by_setup(&systems) {
+        let cache = cached.then_some((default_cache_entries(args), None));
+        let bed = up(args, &servers, cache)?;
+        for run in 0..runs {
+            for &skew in &skews {
+                for system in rotated(&group, run) {
+                    points.push(measure(&bed, args, system, skew, cache.map(|c| c.0), run)?);
+                }
+            }
+        }
+        bed.down()?;
+    }
+    if let Some(sizes) = &cache_sizes {
+        for &entries in sizes {
+            let bed = up(args, &servers, Some((entries, None)))?;
+            for run in 0..runs {
+                let p = measure(
+                    &bed,
+                    args,
+                    System::KvswitchCacheUdp,
+                    args.cache_skew,
+                    Some(entries),
+                    run,
+                )?;
+                points.push(p);
+            }
+            bed.down()?;
+        }
+    }
+
+    let medians = medians(&points);
+    out.json(&Results {
+        scenario: NAME,
+        settings: Settings {
+            skews: skews.clone(),
+            servers: args.servers,
+            capacity_rps: args.capacity,
+            burst: super::bed::node_burst(args.capacity),
+            offered_rps: args.offered(),
+            keys: args.keys,
+            duration_s: duration,
+            runs,
+            cache_sizes: cache_sizes.clone(),
+            cache_skew: args.cache_skew,
+            short: args.common.short,
+        },
+        machine: machine.clone(),
+        systems: systems.clone(),
+        runs: points,
+        medians: medians.clone(),
+    })?;
+    let mut out = out;
+    out.plot(
+        "throughput-skew",
+        &Chart::Line(skew_chart(args, &systems, &medians)),
+    )?;
+    out.plot(
+        "load-per-backend",
+        &Chart::Bars(backend_chart(args, &skews, &medians)),
+    )?;
+    if cache_sizes.is_some() {
+        out.plot(
+            "throughput-cache-size",
+            &Chart::Line(cache_chart(args, &medians)),
+        )?;
+    }
+    out.summary(
+        &summary(args, &systems, &skews, &medians, runs, duration),
+        &machine,
+    )?;
+    Ok(medians)
+}
+
+/// The cache size of the skew sweep with the cache: the largest of the cache-size sweep.
+fn default_cache_entries(args: &Args) -> u64 {
+    args.cache_sizes().into_iter().max().unwrap_or(1000)
+}
+
+fn up(args: &Args, servers: &Servers, cache: Option<(u64, Option<u64>)>) -> anyhow::Result<Bed> {
+    eprintln!(
+        "{NAME}: building the testbed (1 client, {} kvswitch nodes of {} requests/s, kvswitch{})...",
+        args.servers,
+        args.capacity,
+        cache.map_or_else(String::new, |c| format!(" with a cache of {} entries", c.0))
+    );
+    let bed = Bed::up(&BedSpec {
+        prefix: args.common.prefix.clone(),
+        servers: servers.clone(),
+        cache,
+        nutcracker: false,
+    })?;
+    bed.preload(args.keys, "key:", 32)?;
+    Ok(bed)
+}
+
+fn measure(
+    bed: &Bed,
+    args: &Args,
+    system: System,
+    skew: f64,
+    cache_entries: Option<u64>,
+    run: u32,
+) -> anyhow::Result<Point> {
+    let duration = args.duration();
+    let load = loadgen::LoadArgs {
+        keys: args.keys,
+        value_size: 32,
+        dist: loadgen::Dist::Zipf(skew),
+        get_ratio: 1.0,
+        concurrency: 16,
+        rate: Some(args.offered()),
+        duration,
+        warmup: (duration / 4.0).min(0.5),
+        // Lost requests are expected: a short timeout keeps requesters from waiting on them.
+        timeout_ms: 100,
+        seed: u64::from(run) + 1,
+        ..loadgen::LoadArgs::new("")
+    };
+    let before = bed.backend_requests()?;
+    let m = bed.load(system, &load)?;
+    let after = bed.backend_requests()?;
+    let r = &m.report;
+    // The backend counters also cover the warm-up: divide by the whole run.
+    let window = load.warmup + r.duration_s.max(1e-9);
+    let backend_rps = before
+        .iter()
+        .zip(&after)
+        .map(|(b, a)| a.saturating_sub(*b) as f64 / window)
+        .collect();
+    let p = Point {
+        system,
+        skew,
+        cache_entries,
+        offered_rps: args.offered(),
+        get_rps: per_s(r.gets, r.duration_s),
+        loss: loss(r),
+        backend_rps,
+        run,
+    };
+    eprintln!(
+        "  run {}  zipf {skew:<4}  {system:<24}{} {:>8.0} GET/s of {:.0} offered",
+        run + 1,
+        cache_entries.map_or_else(String::new, |e| format!(" cache {e:>6}")),
+        p.get_rps,
+        p.offered_rps
+    );
+    Ok(p)
+}
+
+/// Medians per (system, skew, cache size), backend loads per backend.
+fn medians(points: &[Point]) -> Vec<Point> {
+    let mut keys: Vec<(System, f64, Option<u64>)> = Vec::new();
+    for p in points {
+        let k = (p.system, p.skew, p.cache_entries);
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    keys.into_iter()
+        .map(|(system, skew, cache_entries)| {
+            let of: Vec<&Point> = points
+                .iter()
+                .filter(|p| {
+                    p.system == system && p.skew == skew && p.cache_entries == cache_entries
+                })
+                .collect();
+            let m = |f: &dyn Fn(&Point) -> f64| median(of.iter().map(|p| f(p)).collect());
+            let n = of[0].backend_rps.len();
+            Point {
+                system,
+                skew,
+                cache_entries,
+                offered_rps: of[0].offered_rps,
+                get_rps: m(&|p| p.get_rps),
+                loss: m(&|p| p.loss),
+                backend_rps: (0..n)
+                    .map(|i| m(&|p| p.backend_rps.get(i).copied().unwrap_or(0.0)))
+                    .collect(),
+                run: of.len() as u32,
+            }
+        })
+        .collect()
+}
+
+/// The points of the skew sweep (not the cache-size sweep) of `system`.
+fn sweep<'a>(args: &Args, medians: &'a [Point], system: System) -> Vec<&'a Point> {
+    let entries = system.cached().then(|| default_cache_entries(args));
+    medians
+        .iter()
+        .filter(|p| p.system == system && p.cache_entries == entries)
+        .collect()
+}
+
+fn skew_chart(args: &Args, systems: &[System], medians: &[Point]) -> LineChart {
+    let mut series: Vec<Series> = systems
+        .iter()
+        .map(|&s| Series {
+            name: s.to_string(),
+            points: sweep(args, medians, s)
+                .iter()
+                .map(|p| (p.skew, p.get_rps))
+                .collect(),
+            color: s.color(),
+            dashed: false,
+        })
+        .collect();
+    let skews: Vec<f64> = medians.iter().map(|p| p.skew).collect();
+    let (lo, hi) = skews
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &s| {
+            (a.min(s), b.max(s))
+        });
+    let total = args.capacity as f64 * f64::from(args.servers);
+    series.push(Series {
+        name: format!(
+            "backends' total capacity ({} x {})",
+            args.servers, args.capacity
+        ),
+        points: vec![(lo, total), (hi, total)],
+        color: 6,
+        dashed: true,
+    });
+    LineChart {
+        title: format!(
+            "Throughput of {} capacity-limited backends against key skew",
+            args.servers
+        ),
+        x_label: "Zipf exponent (0 = uniform)".into(),
+        y_label: "GETs answered per second".into(),
+        x_log: false,
+        y_log: false,
+        y_from_zero: true,
+        series,
+    }
+}
+
+/// The skews the bar chart shows: uniform and the most skewed measured.
+fn bar_skews(skews: &[f64]) -> Vec<f64> {
+    let lo = skews.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = skews.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if lo == hi {
+        vec![lo]
+    } else {
+        vec![lo, hi]
+    }
+}
+
+fn backend_chart(args: &Args, skews: &[f64], medians: &[Point]) -> BarChart {
+    let mut groups = Vec::new();
+    for skew in bar_skews(skews) {
+        for p in medians.iter().filter(|p| {
+            p.skew == skew
+                && p.cache_entries == p.system.cached().then(|| default_cache_entries(args))
+        }) {
+            groups.push((format!("zipf {skew}, {}", p.system), p.backend_rps.clone()));
+        }
+    }
+    BarChart {
+        title: "Requests each backend is sent".into(),
+        x_label: "backend".into(),
+        y_label: "requests per second".into(),
+        categories: (1..=args.servers).map(|i| format!("s{i}")).collect(),
+        groups,
+        line: Some((
+            format!("capacity ({}/s)", args.capacity),
+            args.capacity as f64,
+        )),
+        stacked: false,
+    }
+}
+
+fn cache_chart(args: &Args, medians: &[Point]) -> LineChart {
+    let points = medians
+        .iter()
+        .filter(|p| p.system == System::KvswitchCacheUdp && p.skew == args.cache_skew)
+        .filter_map(|p| Some((p.cache_entries? as f64, p.get_rps)))
+        .collect();
+    LineChart {
+        title: format!("Throughput against cache size (zipf {})", args.cache_skew),
+        x_label: "cache size (entries, log scale)".into(),
+        y_label: "GETs answered per second".into(),
+        x_log: true,
+        y_log: false,
+        y_from_zero: true,
+        series: vec![Series {
+            name: System::KvswitchCacheUdp.to_string(),
+            points,
+            color: System::KvswitchCacheUdp.color(),
+            dashed: false,
+        }],
+    }
+}
+
+fn summary(
+    args: &Args,
+    systems: &[System],
+    skews: &[f64],
+    medians: &[Point],
+    runs: u32,
+    duration: f64,
+) -> String {
+    let mut t = String::new();
+    let total = args.capacity as f64 * f64::from(args.servers);
+    let _ = writeln!(t, "# Throughput against key skew\n");
+    let _ = writeln!(
+        t,
+        "{} backends, each a `kvswitch node` serving at most {} requests/s (token bucket of {}; \
+         UDP requests beyond it are dropped), behind kvswitch in switch mode (`l3`). One client \
+         namespace offers {:.0} GETs/s ({}x the backends' total capacity) over UDP to the VIP, \
+         open loop with Poisson arrivals, keys drawn from {} preloaded keys with the given Zipf \
+         exponent (ranks scattered over the keyspace). {duration} s per point, medians of {runs} \
+         run(s). Throughput is GETs answered per second.\n",
+        args.servers,
+        args.capacity,
+        super::bed::node_burst(args.capacity),
+        args.offered(),
+        args.load,
+        args.keys
+    );
+    let _ = write!(t, "| Zipf exponent |");
+    for s in systems {
+        let _ = write!(t, " {s} GET/s | busiest backend (req/s) |");
+    }
+    let _ = writeln!(t);
+    let _ = writeln!(t, "|--:|{}", "--:|--:|".repeat(systems.len()));
+    for &skew in skews {
+        let _ = write!(t, "| {skew} |");
+        for &s in systems {
+            let p = sweep(args, medians, s).into_iter().find(|p| p.skew == skew);
+            let busiest = p.map(|p| p.backend_rps.iter().copied().fold(0.0, f64::max));
+            let _ = write!(
+                t,
+                " {} | {} |",
+                fmt(p.map(|p| p.get_rps), 0),
+                fmt(busiest, 0)
+            );
+        }
+        let _ = writeln!(t);
+    }
+    let _ = writeln!(t);
+    for &s in systems {
+        let pts = sweep(args, medians, s);
+        let uniform = pts.iter().find(|p| p.skew == 0.0).map(|p| p.get_rps);
+        for p in pts.iter().filter(|p| p.skew > 0.0) {
+            let _ = writeln!(
+                t,
+                "- {s}, zipf {}: {:.0} GET/s, {} of uniform's, {:.0}% of the total capacity.",
+                p.skew,
+                p.get_rps,
+                times(ratio(Some(p.get_rps), uniform)),
+                p.get_rps / total * 100.0
+            );
+        }
+    }
+    if CACHE_AVAILABLE {
+        let _ = writeln!(t, "\n| cache entries | GET/s at zipf {} |", args.cache_skew);
+        let _ = writeln!(t, "|--:|--:|");
+        for p in medians
+            .iter()
+            .filter(|p| p.system == System::KvswitchCacheUdp && p.skew == args.cache_skew)
+        {
+            let _ = writeln!(t, "| {} | {:.0} |", p.cache_entries.unwrap_or(0), p.get_rps);
+        }
+    } else {
+        let _ = writeln!(
+            t,
+            "\nOnly kvswitch without a cache is measured: this build of kvswitch has no cache, \
+             so the sweep with the cache and the sweep over cache sizes are not run."
+        );
+    }
+    t
+}

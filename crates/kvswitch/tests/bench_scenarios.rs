@@ -1,0 +1,284 @@
+//! Every testbed scenario of `kvswitch bench` in its short mode, through the real binary:
+//! each builds its testbed, measures, tears it down, and leaves well-formed results — JSON with
+//! a figure for every system, PNG files, SVG files that parse as XML and name every series, and
+//! a markdown summary — and nothing of its testbed behind. The scenarios run one at a time, so
+//! that their measurements do not share the cores with each other.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+
+/// One scenario at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const PNG_SIGNATURE: [u8; 8] = [0x89, b'P', b'N', b'G', b'\r', b'\n', 0x1a, b'\n'];
+
+fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    assert_eq!(
+        uid, 0,
+        "the bench scenarios build network namespaces and need root"
+    );
+}
+
+/// Runs `kvswitch bench <scenario> --short` with its own prefix and results folder, checks
+/// that nothing of the testbed is left, and returns the folder and the parsed results.
+fn run(scenario: &str, prefix: &str) -> (PathBuf, serde_json::Value) {
+    require_root();
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let out =
+        std::env::temp_dir().join(format!("kvswitch-bench-{scenario}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let started = std::time::Instant::now();
+    let result = Command::new(env!("CARGO_BIN_EXE_kvswitch"))
+        .args(["bench", scenario, "--short", "--prefix", prefix, "--out"])
+        .arg(&out)
+        .output()
+        .expect("running kvswitch bench");
+    let stdout = String::from_utf8_lossy(&result.stdout);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    eprintln!(
+        "{scenario}: {:.1} s\n{stderr}",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        result.status.success(),
+        "kvswitch bench {scenario} failed:\n{stdout}\n{stderr}"
+    );
+    assert_left_nothing(prefix);
+    let text = std::fs::read_to_string(out.join("results.json")).expect("results.json");
+    let json: serde_json::Value = serde_json::from_str(&text).expect("results.json is JSON");
+    assert_eq!(json["scenario"], scenario);
+    assert_eq!(json["settings"]["short"], true);
+    assert!(
+        json["machine"]["cores"].as_u64().unwrap_or(0) >= 1,
+        "{}",
+        json["machine"]
+    );
+    let summary = std::fs::read_to_string(out.join("summary.md")).expect("summary.md");
+    assert!(summary.starts_with("# "), "{summary}");
+    assert!(summary.contains("Machine: "), "{summary}");
+    assert!(
+        stdout.contains(summary.lines().next().unwrap_or("")),
+        "summary not printed"
+    );
+    (out, json)
+}
+
+/// No namespace, link or state file of the prefix is left.
+fn assert_left_nothing(prefix: &str) {
+    let tag = format!("{prefix}-");
+    let netns = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip netns");
+    let links = Command::new("ip")
+        .args(["-o", "link", "show"])
+        .output()
+        .expect("ip link");
+    for text in [netns.stdout, links.stdout] {
+        let text = String::from_utf8_lossy(&text).into_owned();
+        assert!(
+            !text
+                .split_whitespace()
+                .any(|w| w.trim_end_matches(':').starts_with(&tag)),
+            "left behind:\n{text}"
+        );
+    }
+    assert!(
+        !testbed::default_state_path(prefix).exists(),
+        "state file left"
+    );
+}
+
+/// The plot `name` exists as a PNG and as an SVG that parses and names every series given.
+fn check_plot(dir: &Path, name: &str, series: &[String]) {
+    let png = std::fs::read(dir.join(format!("{name}.png"))).expect("png");
+    assert_eq!(&png[..8], &PNG_SIGNATURE, "{name}.png is not a PNG");
+    assert!(png.len() > 5_000, "{name}.png is nearly empty");
+    let svg = std::fs::read_to_string(dir.join(format!("{name}.svg"))).expect("svg");
+    let doc =
+        roxmltree::Document::parse(&svg).unwrap_or_else(|e| panic!("{name}.svg is not XML: {e}"));
+    assert_eq!(doc.root_element().tag_name().name(), "svg");
+    let text: Vec<&str> = doc
+        .descendants()
+        .filter(|n| n.is_text())
+        .filter_map(|n| n.text())
+        .collect();
+    for s in series {
+        assert!(
+            text.iter().any(|t| t.contains(s.as_str())),
+            "{name}.svg does not name {s:?}; its text: {text:?}"
+        );
+    }
+}
+
+/// The display names of the systems in the results, as the plots label them.
+fn system_names(json: &serde_json::Value) -> Vec<String> {
+    let names = [
+        ("direct_udp", "memcached direct (UDP)"),
+        ("direct_tcp", "memcached direct (TCP)"),
+        ("nutcracker", "nutcracker (TCP)"),
+        ("kvswitch_udp", "kvswitch switch (UDP)"),
+        ("kvswitch_tcp", "kvswitch proxy (TCP)"),
+        ("kvswitch_cache_udp", "kvswitch + cache (UDP)"),
+        ("kvswitch_cache_tcp", "kvswitch + cache (TCP)"),
+    ];
+    json["systems"]
+        .as_array()
+        .expect("systems")
+        .iter()
+        .map(|s| {
+            let slug = s.as_str().expect("system");
+            names
+                .iter()
+                .find(|(k, _)| *k == slug)
+                .map(|(_, v)| v.to_string())
+                .unwrap_or_else(|| panic!("unknown system {slug}"))
+        })
+        .collect()
+}
+
+fn medians(json: &serde_json::Value) -> &Vec<serde_json::Value> {
+    json["medians"].as_array().expect("medians")
+}
+
+#[test]
+fn latency_throughput_short() {
+    let (dir, json) = run("latency-throughput", "kvbl");
+    let systems = system_names(&json);
+    // The peers and kvswitch's two ways in, and its cache's two when it has one.
+    let cache = if kvswitch::bench::bed::CACHE_AVAILABLE {
+        2
+    } else {
+        0
+    };
+    assert_eq!(systems.len(), 5 + cache);
+    let rates = json["settings"]["rates"].as_array().expect("rates").len();
+    assert_eq!(medians(&json).len(), systems.len() * rates);
+    for p in medians(&json) {
+        assert!(p["get_rps"].as_f64().unwrap() > 0.0, "{p}");
+        assert!(p["p50_us"].as_f64().unwrap() > 0.0, "{p}");
+        assert!(
+            p["p99_us"].as_f64().unwrap() >= p["p50_us"].as_f64().unwrap(),
+            "{p}"
+        );
+    }
+    let series: Vec<String> = systems.iter().map(|s| format!("{s} p99")).collect();
+    check_plot(&dir, "latency", &series);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn value_size_short() {
+    let (dir, json) = run("value-size", "kvbv");
+    let systems = system_names(&json);
+    let sizes = json["settings"]["sizes"].as_array().expect("sizes");
+    assert_eq!(sizes.last().and_then(|s| s.as_u64()), Some(11_000));
+    assert_eq!(medians(&json).len(), systems.len() * sizes.len());
+    for p in medians(&json) {
+        assert!(p["p50_us"].as_f64().unwrap() > 0.0, "{p}");
+    }
+    check_plot(&dir, "value-size", &systems);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn skew_short() {
+    let (dir, json) = run("skew", "kvbs");
+    let servers = json["settings"]["servers"].as_u64().expect("servers");
+    assert!(servers >= 8);
+    for p in medians(&json) {
+        assert!(p["get_rps"].as_f64().unwrap() > 0.0, "{p}");
+        let loads = p["backend_rps"].as_array().expect("backend loads");
+        assert_eq!(loads.len() as u64, servers);
+        // kvswitch spreads the load over every backend.
+        assert!(loads.iter().all(|l| l.as_f64().unwrap() > 0.0), "{p}");
+    }
+    check_plot(
+        &dir,
+        "throughput-skew",
+        &["kvswitch switch (UDP)".to_string()],
+    );
+    check_plot(
+        &dir,
+        "load-per-backend",
+        &["s1".to_string(), format!("s{servers}")],
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn popularity_change_short() {
+    let (dir, json) = run("popularity-change", "kvbp");
+    let changes: Vec<&str> = medians(&json)
+        .iter()
+        .map(|r| r["change"].as_str().expect("change"))
+        .collect();
+    assert_eq!(changes, ["no change", "hot-in", "hot-out", "random"]);
+    for r in medians(&json) {
+        let series = r["series"].as_array().expect("series");
+        // 100 ms intervals over the measured window.
+        let expect = (json["settings"]["duration_s"].as_f64().unwrap() * 10.0).round() as usize;
+        assert_eq!(series.len(), expect, "{r}");
+        assert!(r["get_rps"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let names: Vec<String> = ["hot-in", "hot-out", "random"].map(String::from).to_vec();
+    check_plot(&dir, "throughput-over-time-kvswitch_udp", &names);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn cost_short() {
+    let (dir, json) = run("cost", "kvbc");
+    let systems = system_names(&json);
+    assert_eq!(medians(&json).len(), systems.len());
+    for p in medians(&json) {
+        assert!(p["middle_us"].as_f64().unwrap() > 0.0, "{p}");
+        if p["system"] == "nutcracker" {
+            assert!(p["nutcracker_us"].as_f64().unwrap() > 0.0, "{p}");
+        }
+    }
+    check_plot(&dir, "cpu-per-request", &["kvswitch process".to_string()]);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bad_arguments_are_refused_with_a_reason() {
+    let bench = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_kvswitch"))
+            .arg("bench")
+            .args(args)
+            .output()
+            .expect("running kvswitch bench")
+    };
+    for (args, says) in [
+        (&["skew", "--skews", "0,-1"][..], "Zipf exponent"),
+        (&["latency-throughput", "--rates", "0"][..], "--rates"),
+        (&["value-size", "--sizes", "20000"][..], "--sizes"),
+        (&["cost", "--prefix", "Bad_Prefix"][..], "prefix"),
+        (
+            &["popularity-change", "--change-keys", "0"][..],
+            "--change-keys",
+        ),
+    ] {
+        let out = bench(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    let help = bench(&["--help"]);
+    let text = String::from_utf8_lossy(&help.stdout);
+    for s in [
+        "latency-throughput",
+        "value-size",
+        "skew",
+        "popularity-change",
+        "cost",
+        "all",
+    ] {
+        assert!(text.contains(s), "bench --help does not list {s}:\n{text}");
+    }
+}
