@@ -48,6 +48,10 @@ pub struct Config {
     pub log_threshold: u32,
     /// The rule-update budget and the rule buffer's deletion delay.
     pub rules: RuleConfig,
+    /// Admit every key read, evicting the least loaded when full: the traditional policy
+    /// SwitchKV compares with, and a way to warm a cache that should hold a whole keyspace.
+    /// Off: only the keys hot-key detection nominates.
+    pub admit_every_read: bool,
     /// Number of coherence slots keys are hashed to (a power of two). Keys that share a slot
     /// only share refused fills, never a stale read.
     pub slots: usize,
@@ -65,6 +69,7 @@ impl Default for Config {
             log_size: 200,
             log_threshold: 8,
             rules: RuleConfig::default(),
+            admit_every_read: false,
             slots: 1 << 16,
         }
     }
@@ -326,6 +331,10 @@ impl Cache {
             entry.reads += 1;
         }
         self.tracker.see(group, key, now);
+        if self.cfg.admit_every_read && !self.entries.contains_key(key) {
+            self.offer(key, self.threshold, now);
+            return;
+        }
         let burst = self.log.as_mut().is_some_and(|log| log.see(key));
         if burst && !self.entries.contains_key(key) {
             self.counters.instant_reports += 1;
@@ -369,11 +378,11 @@ impl Cache {
             return true;
         }
         if self.entries.len() >= self.cfg.items {
-            if load <= self.threshold {
+            if load <= self.threshold && !self.cfg.admit_every_read {
                 return false;
             }
             match self.least_loaded() {
-                Some((victim, victim_load)) if victim_load < load => {
+                Some((victim, victim_load)) if victim_load < load || self.cfg.admit_every_read => {
                     self.evict_key(&victim, now);
                 }
                 _ => return false,
@@ -893,6 +902,25 @@ mod tests {
             c.fill(b"warm", t, value(&[3; 11], None), now),
             Fill::TooLarge
         );
+    }
+
+    #[test]
+    fn admitting_every_read_fills_a_whole_keyspace_and_evicts_the_least_loaded() {
+        let now = Instant::now();
+        let cfg = Config {
+            items: 3,
+            admit_every_read: true,
+            ..Config::default()
+        };
+        let mut c = Cache::new(cfg, 1, now).unwrap();
+        for key in [&b"a"[..], b"b", b"c"] {
+            c.see(0, key, now);
+            assert!(c.contains(key));
+        }
+        c.entries.get_mut(&b"b"[..]).unwrap().load = -1.0;
+        c.see(0, b"d", now);
+        assert!(c.contains(b"d") && !c.contains(b"b"));
+        assert_eq!(c.gauges().entries, 3);
     }
 
     #[test]

@@ -148,13 +148,8 @@ fn medians(json: &serde_json::Value) -> &Vec<serde_json::Value> {
 fn latency_throughput_short() {
     let (dir, json) = run("latency-throughput", "kvbl");
     let systems = system_names(&json);
-    // The peers and kvswitch's two ways in, and its cache's two when it has one.
-    let cache = if kvswitch::bench::bed::CACHE_AVAILABLE {
-        2
-    } else {
-        0
-    };
-    assert_eq!(systems.len(), 5 + cache);
+    // The peers, kvswitch's two ways in, and the same two with its cache.
+    assert_eq!(systems.len(), 7);
     let rates = json["settings"]["rates"].as_array().expect("rates").len();
     assert_eq!(medians(&json).len(), systems.len() * rates);
     for p in medians(&json) {

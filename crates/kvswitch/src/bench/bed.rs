@@ -13,19 +13,66 @@ use serde::Serialize;
 
 use crate::measure::cpu_ticks;
 
-/// Whether the systems with kvswitch's in-network cache are measured. The one switch to turn
-/// once `kvswitch run` takes a `[cache]` section: [`cache_section`] must then write that
-/// section as the cache's configuration defines it. Until then no scenario measures, plots or
-/// prints a cache system.
-pub const CACHE_AVAILABLE: bool = false;
+/// How a scenario runs kvswitch's cache.
+#[derive(Clone, Copy, Debug)]
+pub struct CacheSetup {
+    /// Keys cached at most.
+    pub items: u64,
+    /// Rule installs and removals a second (none: unlimited).
+    pub rule_rate: Option<u64>,
+    /// Admit every key read (a cache warmed with the whole keyspace, for what serving from
+    /// the cache costs), rather than only the keys hot-key detection finds.
+    pub every_read: bool,
+    /// How long a value is served before it is fetched again, in milliseconds.
+    pub lease_ms: u64,
+    /// Hot keys each backend's tracker reports per segment (none: the cache's default, 5).
+    pub top_k: Option<u64>,
+}
 
-/// The `[cache]` section of a kvswitch configuration: `entries` cached keys at most, and at most
-/// `rule_updates_per_s` insertions and evictions a second (none: the cache's own default).
-/// Only used when [`CACHE_AVAILABLE`] is on.
-pub fn cache_section(entries: u64, rule_updates_per_s: Option<u64>) -> String {
-    let mut s = format!("[cache]\nenabled = true\nentries = {entries}\n");
-    if let Some(limit) = rule_updates_per_s {
-        s.push_str(&format!("rule_updates_per_s = {limit}\n"));
+/// Hot keys reported per segment across all backends in SwitchKV's experiments: 5 from each
+/// of 128 backends. The scenarios with fewer backends keep this rate, not the per-backend 5.
+pub const PAPER_REPORTS_PER_SEGMENT: u64 = 5 * 128;
+
+impl CacheSetup {
+    /// A cache that holds every one of `keys` keys once read, for as long as a scenario runs.
+    pub fn whole_keyspace(keys: u64) -> CacheSetup {
+        CacheSetup {
+            items: keys,
+            rule_rate: None,
+            every_read: true,
+            lease_ms: 600_000,
+            top_k: None,
+        }
+    }
+
+    /// SwitchKV's setting: `items` keys chosen by hot-key detection over `backends` backends,
+    /// under a rule budget, with as many hot keys reported per segment as the paper's cluster.
+    pub fn hot_keys(items: u64, rule_rate: Option<u64>, backends: u32) -> CacheSetup {
+        CacheSetup {
+            items,
+            rule_rate,
+            every_read: false,
+            lease_ms: 10_000,
+            top_k: Some(PAPER_REPORTS_PER_SEGMENT.div_ceil(u64::from(backends.max(1)))),
+        }
+    }
+}
+
+/// The `[cache]` section of a kvswitch configuration for `setup`; it turns the cache on for
+/// the UDP path and the built-in proxy alike.
+pub fn cache_section(setup: &CacheSetup) -> String {
+    let mut s = format!(
+        "[cache]\nitems = {}\nlease_ms = {}\nadmit = \"{}\"\n",
+        setup.items.max(1),
+        setup.lease_ms,
+        if setup.every_read { "every" } else { "hot" }
+    );
+    if let Some(rate) = setup.rule_rate {
+        s.push_str(&format!("rule_rate = {rate}\n"));
+    }
+    if let Some(k) = setup.top_k {
+        // The tracker must count at least as many keys as it reports.
+        s.push_str(&format!("top_k = {k}\ntracked_keys = {}\n", (k * 4).max(1024)));
     }
     s
 }
@@ -51,30 +98,23 @@ pub enum System {
 }
 
 impl System {
-    /// The systems a latency comparison measures, in table order: the cache's only when
-    /// [`CACHE_AVAILABLE`].
+    /// The systems a latency comparison measures, in table order.
     pub fn compared() -> Vec<System> {
-        let mut v = vec![
+        vec![
             System::DirectUdp,
             System::DirectTcp,
             System::Nutcracker,
             System::KvswitchUdp,
             System::KvswitchTcp,
-        ];
-        if CACHE_AVAILABLE {
-            v.extend([System::KvswitchCacheUdp, System::KvswitchCacheTcp]);
-        }
-        v
+            System::KvswitchCacheUdp,
+            System::KvswitchCacheTcp,
+        ]
     }
 
-    /// The systems in front of capacity-limited backends: switch mode, and with the cache
-    /// when [`CACHE_AVAILABLE`].
+    /// The systems in front of capacity-limited backends: switch mode without and with the
+    /// cache.
     pub fn switched() -> Vec<System> {
-        let mut v = vec![System::KvswitchUdp];
-        if CACHE_AVAILABLE {
-            v.push(System::KvswitchCacheUdp);
-        }
-        v
+        vec![System::KvswitchUdp, System::KvswitchCacheUdp]
     }
 
     pub fn proto(self) -> loadgen::Proto {
@@ -181,8 +221,8 @@ pub fn node_burst(capacity: u64) -> u64 {
 pub struct BedSpec {
     pub prefix: String,
     pub servers: Servers,
-    /// The kvswitch cache: (entries, rule updates a second). None: no cache.
-    pub cache: Option<(u64, Option<u64>)>,
+    /// The kvswitch cache. None: no cache.
+    pub cache: Option<CacheSetup>,
     pub nutcracker: bool,
 }
 
@@ -253,9 +293,7 @@ impl Bed {
             kvswitch_bin: Some(exe),
             state_path: Some(state_path),
             start_nutcracker: spec.nutcracker,
-            extra_config: spec
-                .cache
-                .map(|(entries, limit)| cache_section(entries, limit)),
+            extra_config: spec.cache.as_ref().map(cache_section),
             servers: program,
             ..Default::default()
         };

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::bed::{by_setup, rotated, Bed, BedSpec, Servers, System};
+use super::bed::{by_setup, rotated, Bed, BedSpec, CacheSetup, Servers, System};
 use super::latency::per_s;
 use super::output::{fmt, ratio, times, Machine, Output};
 use super::plot::{BarChart, Chart};
@@ -103,7 +103,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
         let bed = Bed::up(&BedSpec {
             prefix: args.common.prefix.clone(),
             servers: Servers::Memcached { n: SERVERS },
-            cache: cached.then_some((args.keys, None)),
+            cache: cached.then(|| CacheSetup::whole_keyspace(args.keys)),
             nutcracker: true,
         })?;
         bed.preload(args.keys, "key:", args.value_size as usize)?;

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::bed::{by_setup, rotated, Bed, BedSpec, Servers, System, CACHE_AVAILABLE};
+use super::bed::{by_setup, rotated, Bed, BedSpec, CacheSetup, Servers, System};
 use super::output::{fmt, Machine, Output};
 use super::plot::{Chart, LineChart, Series};
 use super::Common;
@@ -25,9 +25,13 @@ pub struct Args {
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub servers: u32,
     /// Requests per second each backend serves.
-    #[arg(long, default_value_t = 2500,
+    #[arg(long, default_value_t = 500,
           value_parser = clap::value_parser!(u64).range(10..=10_000_000))]
     pub capacity: u64,
+    /// Offered load as a multiple of the backends' total capacity: above 1, only a cache that
+    /// holds the hot keys lets the load through.
+    #[arg(long, default_value_t = 5.0)]
+    pub load: f64,
     /// Keys preloaded and read.
     #[arg(long, default_value_t = 20_000,
           value_parser = clap::value_parser!(u64).range(100..=10_000_000))]
@@ -36,17 +40,17 @@ pub struct Args {
     #[arg(long, default_value_t = 0.99)]
     pub skew: f64,
     /// Keys each change moves.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 200)]
     pub change_keys: u64,
-    /// Seconds between changes [default: 2; 0.5 with --short].
+    /// Seconds between changes [default: 5; 0.5 with --short].
     #[arg(long, value_name = "SECS")]
     pub change_every: Option<f64>,
-    /// Seconds measured per kind of change [default: 10; 1.5 with --short].
+    /// Seconds measured per kind of change [default: 15; 1.5 with --short].
     #[arg(long, value_name = "SECS")]
     pub duration: Option<f64>,
     /// Most cache insertions and evictions kvswitch may make a second (the rule-update limit);
     /// applies to the systems with the cache.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 400)]
     pub rule_updates: u64,
 }
 
@@ -55,28 +59,29 @@ impl Args {
         Args {
             common,
             servers: 8,
-            capacity: 2500,
+            capacity: 500,
+            load: 5.0,
             keys: 20_000,
             skew: 0.99,
-            change_keys: 100,
+            change_keys: 200,
             change_every: None,
             duration: None,
-            rule_updates: 1000,
+            rule_updates: 400,
         }
     }
 
     fn change_every(&self) -> f64 {
         self.change_every
-            .unwrap_or(if self.common.short { 0.5 } else { 2.0 })
+            .unwrap_or(if self.common.short { 0.5 } else { 5.0 })
     }
 
     fn duration(&self) -> f64 {
         self.duration
-            .unwrap_or(if self.common.short { 1.5 } else { 10.0 })
+            .unwrap_or(if self.common.short { 1.5 } else { 15.0 })
     }
 
     fn offered(&self) -> f64 {
-        self.capacity as f64 * f64::from(self.servers)
+        self.load * self.capacity as f64 * f64::from(self.servers)
     }
 
     fn check(&self) -> anyhow::Result<()> {
@@ -89,6 +94,9 @@ impl Args {
         let every = self.change_every();
         if !every.is_finite() || !(0.1..=3600.0).contains(&every) {
             anyhow::bail!("--change-every must be between 0.1 and 3600 seconds, got {every}");
+        }
+        if !self.load.is_finite() || self.load <= 0.0 || self.load > 100.0 {
+            anyhow::bail!("--load must be above 0 and at most 100, got {}", self.load);
         }
         if self.rule_updates == 0 {
             anyhow::bail!("--rule-updates must be at least 1");
@@ -131,6 +139,7 @@ struct Settings {
     servers: u32,
     capacity_rps: u64,
     offered_rps: f64,
+    load: f64,
     keys: u64,
     skew: f64,
     change_keys: u64,
@@ -177,7 +186,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Run>> {
         let bed = Bed::up(&BedSpec {
             prefix: args.common.prefix.clone(),
             servers: servers.clone(),
-            cache: cached.then_some((args.keys / 10, Some(args.rule_updates))),
+            cache: cached.then(|| CacheSetup::hot_keys(args.keys / 10, Some(args.rule_updates), args.servers)),
             nutcracker: false,
         })?;
         bed.preload(args.keys, "key:", 32)?;
@@ -197,6 +206,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Run>> {
             servers: args.servers,
             capacity_rps: args.capacity,
             offered_rps: args.offered(),
+            load: args.load,
             keys: args.keys,
             skew: args.skew,
             change_keys: args.change_keys,
@@ -335,13 +345,14 @@ fn summary(args: &Args, systems: &[System], medians: &[Run], runs: u32) -> Strin
     let _ = writeln!(
         t,
         "{} `kvswitch node` backends of {} requests/s behind kvswitch in switch mode; one \
-         client offers {:.0} GETs/s (the total capacity) over UDP, open loop, Zipf {} over {} \
+         client offers {:.0} GETs/s ({}x their total capacity) over UDP, open loop, Zipf {} over {} \
          keys. Every {} s the load generator moves {} keys: *hot-in* makes the coldest the \
          hottest, *hot-out* sends the hottest to the bottom, *random* swaps hot keys with cold \
          ones. {} s per kind, throughput per {INTERVAL_MS} ms, medians of {runs} run(s).\n",
         args.servers,
         args.capacity,
         args.offered(),
+        args.load,
         args.skew,
         args.keys,
         args.change_every(),
@@ -350,9 +361,10 @@ fn summary(args: &Args, systems: &[System], medians: &[Run], runs: u32) -> Strin
     );
     let _ = writeln!(
         t,
-        "| system | change | GET/s over the run | lowest {INTERVAL_MS} ms (GET/s) | vs no change |"
+        "| system | change | GET/s over the run | lowest {INTERVAL_MS} ms (GET/s) | vs no change \
+         | back to 90% after a change (median, worst) |"
     );
-    let _ = writeln!(t, "|---|---|--:|--:|--:|");
+    let _ = writeln!(t, "|---|---|--:|--:|--:|--:|");
     for &s in systems {
         let steady = medians
             .iter()
@@ -365,9 +377,13 @@ fn summary(args: &Args, systems: &[System], medians: &[Run], runs: u32) -> Strin
                 .iter()
                 .map(|p| p.1)
                 .fold(None, |a: Option<f64>, v| Some(a.map_or(v, |a| a.min(v))));
+            let recovery = match (r.change, steady) {
+                ("no change", _) | (_, None) => "-".to_string(),
+                (_, Some(steady)) => show_recovery(&recoveries(r, steady, args.change_every())),
+            };
             let _ = writeln!(
                 t,
-                "| {s} | {} | {:.0} | {} | {} |",
+                "| {s} | {} | {:.0} | {} | {} | {recovery} |",
                 r.change,
                 r.get_rps,
                 fmt(lowest, 0),
@@ -375,22 +391,58 @@ fn summary(args: &Args, systems: &[System], medians: &[Run], runs: u32) -> Strin
             );
         }
     }
-    if CACHE_AVAILABLE {
-        let _ = writeln!(
-            t,
-            "\nThe cache may make at most {} insertions and evictions a second (its rule-update \
-             limit).",
-            args.rule_updates
-        );
-    } else {
-        let _ = writeln!(
-            t,
-            "\nMeasured without a cache: this build of kvswitch has none, so the rule-update \
-             limit (--rule-updates) applies to nothing here, and the curves show only how the \
-             hottest backend's share moves as the hot keys land on other backends. The figure \
-             that matters, how fast a cache follows the changes under its rule-update limit, \
-             waits for the cache."
-        );
-    }
+    let _ = writeln!(
+        t,
+        "\nThe cache may make at most {} insertions and evictions a second (its rule-update \
+         limit). *Back to 90%*: after each change, the time until a {INTERVAL_MS} ms interval \
+         answers at least 90% of the system's rate without changes (\"never\": not before the \
+         next change).",
+        args.rule_updates
+    );
     t
+}
+
+/// For each change in `run`, how long until an interval answers at least 90% of `steady`
+/// GETs a second, in seconds; `None` when none does before the next change. Changes come every
+/// `every` seconds of the measured window, the first at `every`.
+pub fn recoveries(run: &Run, steady: f64, every: f64) -> Vec<Option<f64>> {
+    let interval = INTERVAL_MS as f64 / 1000.0;
+    let end = run.series.last().map_or(0.0, |p| p.0);
+    let mut out = Vec::new();
+    let mut change = every;
+    // A change needs a full period after it to be judged.
+    while change + every <= end + interval + 1e-9 {
+        let back = run
+            .series
+            .iter()
+            .filter(|p| p.0 + 1e-9 >= change && p.0 < change + every - 1e-9)
+            .find(|p| p.1 >= 0.9 * steady)
+            .map(|p| p.0 + interval - change);
+        out.push(back);
+        change += every;
+    }
+    out
+}
+
+fn show_recovery(times: &[Option<f64>]) -> String {
+    if times.is_empty() {
+        return "-".into();
+    }
+    // A change never recovered from counts as the longest.
+    let mut all: Vec<f64> = times.iter().map(|t| t.unwrap_or(f64::INFINITY)).collect();
+    all.sort_by(f64::total_cmp);
+    let never = all.iter().filter(|t| t.is_infinite()).count();
+    let done = &all[..all.len() - never];
+    let middle = all[(all.len() - 1) / 2];
+    let median = if middle.is_infinite() {
+        "never".to_string()
+    } else {
+        format!("{middle:.1} s")
+    };
+    let worst = if never > 0 {
+        "never".to_string()
+    } else {
+        format!("{:.1} s", done.last().copied().unwrap_or(0.0))
+    };
+    format!("{median}, {worst}")
 }

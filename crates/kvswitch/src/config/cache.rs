@@ -72,6 +72,8 @@ pub(crate) struct RawCache {
     rule_delay_ms: Option<u64>,
     #[serde(default)]
     write_timeout_ms: Option<u64>,
+    #[serde(default)]
+    admit: Option<String>,
 }
 
 /// Most keys a cache may hold.
@@ -153,6 +155,13 @@ impl RawCache {
             c.rules.rate = (rate > 0).then_some(rate);
         }
         c.rules.max_delay = ms("rule_delay_ms", self.rule_delay_ms, c.rules.max_delay)?;
+        if let Some(admit) = &self.admit {
+            c.admit_every_read = match admit.as_str() {
+                "hot" => false,
+                "every" => true,
+                other => return Err(err("admit", format!("`{other}` is not one of hot, every"))),
+            };
+        }
         let write_timeout = ms(
             "write_timeout_ms",
             self.write_timeout_ms,
@@ -176,6 +185,7 @@ items = 10000            # keys cached at most
 bytes = 67108864         # value bytes held at most
 max_value = 1048576      # larger values are never cached
 lease_ms = 2000          # a value is refetched after this long (bounds writes that bypass kvswitch)
+admit = "hot"            # "hot": keys hot-key detection finds; "every": every key read
 admit_percentile = 10    # a key enters a full cache above this percentile of cached keys' loads
 segment_ms = 1000        # the top-k tracker's segment
 top_k = 5                # hot keys reported per backend per segment
