@@ -140,11 +140,7 @@ impl CacheService {
                         flags: value.flags,
                         cas: value.cas,
                         data: &value.data,
-                        key_form: match value.key_base64 {
-                            None => KeyForm::Unknown,
-                            Some(false) => KeyForm::Raw,
-                            Some(true) => KeyForm::Base64,
-                        },
+                        key_form: key_form(value.key_base64),
                     };
                     // A value that cannot answer this form (no CAS, a key echo in an unknown
                     // form) is a miss: its key goes to its server.
@@ -209,17 +205,13 @@ impl CacheService {
         let mut decoded = [0u8; MAX_KEY_LEN];
         cached::read_fills(&request, reply, |token, item| {
             if let Ok(key) = request.stored_key(token, &mut decoded) {
-                let key_base64 = match item.key_form {
-                    KeyForm::Unknown => None,
-                    KeyForm::Raw => Some(false),
-                    KeyForm::Base64 => Some(true),
-                };
+                let form = key_base64(item.key_form);
                 items.push((
                     Box::<[u8]>::from(key),
                     item.flags,
                     item.cas,
                     item.data,
-                    key_base64,
+                    form,
                 ));
             }
         });
@@ -356,17 +348,9 @@ pub fn write_metrics(out: &mut String, caches: &[(String, Arc<CacheService>)]) {
         ),
     ];
     for (name, help, read) in counters {
-        let _ = writeln!(
-            out,
-            "# HELP kvswitch_cache_{name}_total {help}\n# TYPE kvswitch_cache_{name}_total counter"
-        );
-        for (pool, c, _) in &snapshots {
-            let _ = writeln!(
-                out,
-                "kvswitch_cache_{name}_total{{pool=\"{pool}\"}} {}",
-                read(c)
-            );
-        }
+        let name = format!("kvswitch_cache_{name}_total");
+        let samples = snapshots.iter().map(|(pool, c, _)| (*pool, read(c) as f64));
+        write_family(out, &name, "counter", help, samples);
     }
     type Gauge = fn(&kv::cache::Gauges) -> f64;
     let gauges: [(&str, &str, Gauge); 7] = [
@@ -395,13 +379,42 @@ pub fn write_metrics(out: &mut String, caches: &[(String, Arc<CacheService>)]) {
         ),
     ];
     for (name, help, read) in gauges {
-        let _ = writeln!(
-            out,
-            "# HELP kvswitch_cache_{name} {help}\n# TYPE kvswitch_cache_{name} gauge"
-        );
-        for (pool, _, g) in &snapshots {
-            let _ = writeln!(out, "kvswitch_cache_{name}{{pool=\"{pool}\"}} {}", read(g));
-        }
+        let name = format!("kvswitch_cache_{name}");
+        let samples = snapshots.iter().map(|(pool, _, g)| (*pool, read(g)));
+        write_family(out, &name, "gauge", help, samples);
+    }
+}
+
+/// One metric family: its help and type, then one sample per pool.
+fn write_family<'p>(
+    out: &mut String,
+    name: &str,
+    kind: &str,
+    help: &str,
+    samples: impl Iterator<Item = (&'p str, f64)>,
+) {
+    use std::fmt::Write as _;
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    for (pool, value) in samples {
+        let _ = writeln!(out, "{name}{{pool=\"{pool}\"}} {value}");
+    }
+}
+
+/// How a cached value's key was stored, as the reply builder needs it.
+fn key_form(key_base64: Option<bool>) -> KeyForm {
+    match key_base64 {
+        None => KeyForm::Unknown,
+        Some(false) => KeyForm::Raw,
+        Some(true) => KeyForm::Base64,
+    }
+}
+
+/// The other way: what a reply showed of the key's form, as the cache keeps it.
+fn key_base64(form: KeyForm) -> Option<bool> {
+    match form {
+        KeyForm::Unknown => None,
+        KeyForm::Raw => Some(false),
+        KeyForm::Base64 => Some(true),
     }
 }
 

@@ -72,7 +72,10 @@ pub fn cache_section(setup: &CacheSetup) -> String {
     }
     if let Some(k) = setup.top_k {
         // The tracker must count at least as many keys as it reports.
-        s.push_str(&format!("top_k = {k}\ntracked_keys = {}\n", (k * 4).max(1024)));
+        s.push_str(&format!(
+            "top_k = {k}\ntracked_keys = {}\n",
+            (k * 4).max(1024)
+        ));
     }
     s
 }

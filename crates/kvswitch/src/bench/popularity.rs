@@ -186,7 +186,9 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Run>> {
         let bed = Bed::up(&BedSpec {
             prefix: args.common.prefix.clone(),
             servers: servers.clone(),
-            cache: cached.then(|| CacheSetup::hot_keys(args.keys / 10, Some(args.rule_updates), args.servers)),
+            cache: cached.then(|| {
+                CacheSetup::hot_keys(args.keys / 10, Some(args.rule_updates), args.servers)
+            }),
             nutcracker: false,
         })?;
         bed.preload(args.keys, "key:", 32)?;
@@ -251,7 +253,12 @@ fn measure(
         concurrency: 16,
         rate: Some(args.offered()),
         duration: args.duration(),
-        warmup: 0.5_f64.min(args.duration() / 4.0),
+        // The cache learns the hot keys while the load runs: give it a few segments first.
+        warmup: if system.cached() && !args.common.short {
+            3.0
+        } else {
+            0.5_f64.min(args.duration() / 4.0)
+        },
         timeout_ms: 100,
         change: kind,
         change_keys: args.change_keys,

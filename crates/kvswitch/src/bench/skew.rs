@@ -36,7 +36,7 @@ pub struct Args {
     pub capacity: u64,
     /// Offered load as a multiple of the backends' total capacity: above 1, only what a cache
     /// answers gets through beyond the backends' capacity.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 6.0)]
     pub load: f64,
     /// Keys preloaded and read.
     #[arg(long, default_value_t = 20_000,
@@ -61,7 +61,7 @@ impl Args {
             skews: Vec::new(),
             servers: 8,
             capacity: 500,
-            load: 5.0,
+            load: 6.0,
             keys: 20_000,
             duration: None,
             cache_sizes: Vec::new(),
@@ -172,7 +172,8 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     let mut points = Vec::new();
     // One testbed per kvswitch configuration: without the cache, then with it.
     for (cached, group) in by_setup(&systems) {
-        let cache = cached.then(|| CacheSetup::hot_keys(default_cache_entries(args), None, args.servers));
+        let cache =
+            cached.then(|| CacheSetup::hot_keys(default_cache_entries(args), None, args.servers));
         let bed = up(args, &servers, cache)?;
         for run in 0..runs {
             for &skew in &skews {
@@ -192,7 +193,11 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     }
     if let Some(sizes) = &cache_sizes {
         for &entries in sizes {
-            let bed = up(args, &servers, Some(CacheSetup::hot_keys(entries, None, args.servers)))?;
+            let bed = up(
+                args,
+                &servers,
+                Some(CacheSetup::hot_keys(entries, None, args.servers)),
+            )?;
             for run in 0..runs {
                 let p = measure(
                     &bed,
