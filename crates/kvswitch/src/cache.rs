@@ -292,7 +292,6 @@ fn flushes(request: &Request<'_>) -> bool {
 
 /// The cache families of `/metrics`, one series per pool.
 pub fn write_metrics(out: &mut String, caches: &[(String, Arc<CacheService>)]) {
-    use std::fmt::Write as _;
     if caches.is_empty() {
         return;
     }
