@@ -25,15 +25,16 @@ pub enum Scenario {
     /// each proxy's CPU time per request, checked against the proxy's targets.
     Proxy(proxy::ProxyBenchArgs),
     /// GET latency (median and p99) against offered rate (open loop, Poisson arrivals) for
-    /// memcached direct, nutcracker, kvswitch switch mode and kvswitch proxy on a testbed.
+    /// memcached direct, nutcracker, kvswitch switch mode and kvswitch proxy, each of kvswitch's
+    /// with and without its cache, on a testbed.
     LatencyThroughput(latency::Args),
     /// GET round-trip time for values of 32 bytes to 11 KB for the same systems.
     ValueSize(value_size::Args),
-    /// Aggregate throughput of capacity-limited backends behind kvswitch against Zipf skew,
-    /// and the load each backend gets.
+    /// Aggregate throughput of capacity-limited backends behind kvswitch, with and without its
+    /// cache, against Zipf skew and cache size, and the load each backend gets.
     Skew(skew::Args),
     /// Throughput over time while the hot keys change (hot-in, hot-out, random) in front of
-    /// capacity-limited backends.
+    /// capacity-limited backends, with and without the cache under a rule-update limit.
     PopularityChange(popularity::Args),
     /// CPU time per request of every middle box (kvswitch, nutcracker), from /proc.
     Cost(cost::Args),

@@ -1,10 +1,11 @@
 //! `kvswitch bench skew`: the aggregate throughput of capacity-limited backends behind
 //! kvswitch as the key popularity grows more skewed, and the load each backend gets, as
 //! SwitchKV's load-balance figures draw them. Each backend is a `kvswitch node` serving at
-//! most `--capacity` requests a second (UDP beyond it is dropped), and the clients offer the
-//! backends' total capacity: with uniform keys nearly all of it is served, with skewed keys the
-//! hottest backend saturates and the rest idle. With kvswitch's cache (when built) the same
-//! sweep runs with the cache on, and a second sweep varies the cache's size.
+//! most `--capacity` requests a second (UDP beyond it is dropped), and the client offers a
+//! multiple of their total capacity (`--load`, 6 by default). Without the cache at most that
+//! capacity is answered, and skew piles the load onto the hottest backends; with kvswitch's
+//! cache the hot keys are answered by kvswitch and the rest fits the backends. A second sweep
+//! varies the cache's size.
 
 use std::fmt::Write as _;
 
