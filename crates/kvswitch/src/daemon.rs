@@ -56,6 +56,13 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
     let mut ports: Vec<Box<dyn Port>> = Vec::with_capacity(cfg.ports.len() + 1);
     let mut port_names = cfg.ports.clone();
     for name in &cfg.ports {
+        // The host's own stack sees every frame of a port too. With the default `arp_ignore`
+        // it would answer ARP for any of the host's addresses on it, the VIP included once the
+        // local port holds it, and a client that took that answer would send its requests to
+        // the host instead of the switch.
+        if let Err(e) = kvio::link::set_ipv4_conf(name, "arp_ignore", "1") {
+            tracing::warn!(port = %name, "cannot keep the host from answering ARP on it: {e}");
+        }
         let port = AfPacket::open(name, &AfPacketOptions::default()).with_context(|| {
             format!(
                 "{}: `switch.ports`: cannot open port `{name}`",

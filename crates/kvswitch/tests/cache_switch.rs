@@ -46,7 +46,22 @@ fn binary_get(op: u8, key: &[u8], opaque: u32) -> Vec<u8> {
     out
 }
 
+/// A client's very first datagram to the VIP reaches the switch: the host's own stack, which
+/// holds the VIP on the local port, must not answer ARP for it on the switch's ports.
+fn check_first_request(live: &testbed::Live) {
+    let vip = vip(live);
+    let r = udp_call(live, "c2", vip, b"set first 0 0 1\r\nx\r\n", T)
+        .expect("the first request to the VIP is answered");
+    assert_eq!(r.body, b"STORED\r\n");
+    for port in live.state.hosts.iter().map(|h| &h.switch_if) {
+        let path = format!("/proc/sys/net/ipv4/conf/{port}/arp_ignore");
+        let value = std::fs::read_to_string(&path).unwrap_or_default();
+        assert_eq!(value.trim(), "1", "{path}");
+    }
+}
+
 fn check_served_from_cache(live: &testbed::Live, multi_get: bool) {
+    check_first_request(live);
     let vip = vip(live);
     let ring = default_ring();
     let keys = keys_spanning_servers(&ring, "cached", 1);
