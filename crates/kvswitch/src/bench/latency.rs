@@ -109,6 +109,9 @@ struct Results {
     systems: Vec<System>,
     runs: Vec<Point>,
     medians: Vec<Point>,
+    /// One closed-loop requester (light load): each run, and the medians.
+    light_runs: Vec<Point>,
+    light_medians: Vec<Point>,
 }
 
 /// Servers on the testbed.
@@ -126,6 +129,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     let systems = System::compared();
 
     let mut points = Vec::new();
+    let mut light = Vec::new();
     for (cached, group) in by_setup(&systems) {
         let with = if cached { " with its cache" } else { "" };
         eprintln!(
@@ -141,6 +145,38 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
         })?;
         bed.preload(args.keys, "key:", args.value_size as usize)?;
         for run in 0..runs {
+            // Light load first: one request at a time, what a lone client waits.
+            for system in rotated(&group, run) {
+                let load = loadgen::LoadArgs {
+                    keys: args.keys,
+                    value_size: args.value_size as usize,
+                    get_ratio: 1.0,
+                    concurrency: 1,
+                    duration,
+                    warmup,
+                    seed: u64::from(run) + 1,
+                    ..loadgen::LoadArgs::new("")
+                };
+                let r = bed.load(system, &load)?.report;
+                let p = Point {
+                    system,
+                    offered_rps: LIGHT,
+                    get_rps: per_s(r.gets, r.duration_s),
+                    p50_us: r.latency_us.p50 as f64,
+                    p99_us: r.latency_us.p99 as f64,
+                    loss: loss(&r),
+                    run,
+                };
+                eprintln!(
+                    "  run {}/{runs}  light       {system:<24} {:>8.0} GET/s  p50 {:>6.0} µs  \
+                     p99 {:>7.0} µs",
+                    run + 1,
+                    p.get_rps,
+                    p.p50_us,
+                    p.p99_us
+                );
+                light.push(p);
+            }
             for &rate in &rates {
                 for system in rotated(&group, run) {
                     let load = loadgen::LoadArgs {
@@ -186,6 +222,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     }
 
     let medians = medians(&systems, &rates, &points);
+    let light_medians = self::medians(&systems, &[LIGHT], &light);
     out.json(&Results {
         scenario: NAME,
         settings: Settings {
@@ -203,11 +240,21 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
         systems: systems.clone(),
         runs: points,
         medians: medians.clone(),
+        light_runs: light,
+        light_medians: light_medians.clone(),
     })?;
     let mut out = out;
     out.plot("latency", &Chart::Line(chart(&systems, &medians)))?;
     out.summary(
-        &summary(args, &systems, &rates, &medians, runs, duration),
+        &summary(
+            args,
+            &systems,
+            &rates,
+            &medians,
+            &light_medians,
+            runs,
+            duration,
+        ),
         &machine,
     )?;
     Ok(medians)
@@ -298,16 +345,53 @@ fn chart(systems: &[System], medians: &[Point]) -> LineChart {
     }
 }
 
+/// The offered rate a light-load point is filed under: one closed-loop requester.
+pub const LIGHT: f64 = 0.0;
+
 fn summary(
     args: &Args,
     systems: &[System],
     rates: &[f64],
     medians: &[Point],
+    light: &[Point],
     runs: u32,
     duration: f64,
 ) -> String {
     let mut t = String::new();
     let _ = writeln!(t, "# GET latency against offered load\n");
+    let _ = writeln!(
+        t,
+        "## Light load\n\nOne closed-loop requester (one request at a time), {duration} s, \
+         medians of {runs} run(s):\n"
+    );
+    let _ = writeln!(t, "| system | p50 (µs) | p99 (µs) | GET/s |");
+    let _ = writeln!(t, "|---|--:|--:|--:|");
+    for p in light {
+        let _ = writeln!(
+            t,
+            "| {} | {:.0} | {:.0} | {:.0} |",
+            p.system, p.p50_us, p.p99_us, p.get_rps
+        );
+    }
+    let of = |s: System| light.iter().find(|p| p.system == s);
+    let pairs = [
+        (System::KvswitchCacheUdp, System::DirectUdp),
+        (System::KvswitchCacheUdp, System::KvswitchUdp),
+        (System::KvswitchCacheTcp, System::DirectTcp),
+        (System::KvswitchCacheTcp, System::KvswitchTcp),
+    ];
+    let _ = writeln!(t, "\n| ratio at light load | p50 | p99 |\n|---|--:|--:|");
+    for (a, b) in pairs {
+        if let (Some(x), Some(y)) = (of(a), of(b)) {
+            let _ = writeln!(
+                t,
+                "| {a} / {b} | {:.2}x | {:.2}x |",
+                x.p50_us / y.p50_us.max(1e-9),
+                x.p99_us / y.p99_us.max(1e-9)
+            );
+        }
+    }
+    let _ = writeln!(t, "\n## Against offered load\n");
     let _ = writeln!(
         t,
         "Open-loop GETs with Poisson arrivals from {} requesters in one client namespace, {} \
