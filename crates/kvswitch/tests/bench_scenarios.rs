@@ -194,7 +194,25 @@ fn skew_short() {
     check_plot(
         &dir,
         "throughput-skew",
-        &["kvswitch switch (UDP)".to_string()],
+        &[
+            "kvswitch switch (UDP)".to_string(),
+            "kvswitch + cache (UDP)".to_string(),
+        ],
+    );
+    assert!(dir.join("throughput-cache-size.png").exists());
+    // With the cache, the skewed load gets past the backends' capacity.
+    let at = |system: &str, skew: f64| {
+        medians(&json)
+            .iter()
+            .find(|p| p["system"] == system && p["skew"].as_f64() == Some(skew))
+            .map(|p| p["get_rps"].as_f64().unwrap())
+            .unwrap_or_else(|| panic!("no {system} at zipf {skew}"))
+    };
+    let capacity = json["settings"]["capacity_rps"].as_f64().unwrap() * servers as f64;
+    assert!(at("kvswitch_udp", 0.99) <= capacity * 1.1);
+    assert!(
+        at("kvswitch_cache_udp", 0.99) > capacity * 1.5,
+        "the cache answers hot keys beyond the backends' capacity: {json}"
     );
     check_plot(
         &dir,
@@ -211,7 +229,9 @@ fn popularity_change_short() {
         .iter()
         .map(|r| r["change"].as_str().expect("change"))
         .collect();
-    assert_eq!(changes, ["no change", "hot-in", "hot-out", "random"]);
+    // Without the cache, then with it.
+    let kinds = ["no change", "hot-in", "hot-out", "random"];
+    assert_eq!(changes, [kinds, kinds].concat());
     for r in medians(&json) {
         let series = r["series"].as_array().expect("series");
         // 100 ms intervals over the measured window.
@@ -221,6 +241,7 @@ fn popularity_change_short() {
     }
     let names: Vec<String> = ["hot-in", "hot-out", "random"].map(String::from).to_vec();
     check_plot(&dir, "throughput-over-time-kvswitch_udp", &names);
+    check_plot(&dir, "throughput-over-time-kvswitch_cache_udp", &names);
     let _ = std::fs::remove_dir_all(dir);
 }
 
