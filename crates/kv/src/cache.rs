@@ -524,6 +524,17 @@ impl Cache {
         }
     }
 
+    /// Whether [`Cache::lookup`] would serve `key` now, counting nothing: a read that must be
+    /// answered whole asks this of every key first.
+    pub fn can_serve(&mut self, key: &[u8], want_cas: bool, now: Instant) -> bool {
+        self.check(key, want_cas, now).is_ok()
+    }
+
+    /// Counts `n` reads of keys that were not answered from the cache.
+    pub fn count_misses(&mut self, n: u64) {
+        self.counters.misses += n;
+    }
+
     fn check(&mut self, key: &[u8], want_cas: bool, now: Instant) -> Result<(), Miss> {
         let Some(entry) = self.entries.get_mut(key) else {
             return Err(Miss::NotCached);

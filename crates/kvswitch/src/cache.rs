@@ -101,6 +101,21 @@ impl CacheService {
     /// The reply to a read whose every key may be served from the cache now, built as
     /// memcached builds it; `None` if any key misses (the read is then forwarded whole).
     pub fn serve(&self, request: &Request<'_>, now: Instant) -> Option<Vec<u8>> {
+        let serve = cached::servable(request)?;
+        {
+            // Every key must be servable, or none is answered (and none counted as a hit).
+            let mut cache = self.lock();
+            let mut decoded = [0u8; MAX_KEY_LEN];
+            for token in request.keys() {
+                let servable = request
+                    .stored_key(token, &mut decoded)
+                    .is_ok_and(|key| cache.can_serve(key, serve.want_cas, now));
+                if !servable {
+                    cache.count_misses(request.key_count() as u64);
+                    return None;
+                }
+            }
+        }
         match self.serve_parts(request, now) {
             Served::All(reply) => Some(reply),
             Served::Some { .. } | Served::None => None,
