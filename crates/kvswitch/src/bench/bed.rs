@@ -13,6 +13,9 @@ use serde::Serialize;
 
 use crate::measure::cpu_ticks;
 
+/// Times a preload is tried before a scenario gives up on its testbed.
+const PRELOAD_ATTEMPTS: u32 = 5;
+
 /// How a scenario runs kvswitch's cache.
 #[derive(Clone, Copy, Debug)]
 pub struct CacheSetup {
@@ -359,10 +362,23 @@ impl Bed {
             targets.push(self.servers[0]);
         }
         for target in targets {
-            let p = prefix.to_string();
-            let stored = self.live.in_host(&self.client, move || {
-                loadgen::preload(target, loadgen::Proto::Tcp, keys, &p, value_size)
-            })??;
+            // Just after the testbed comes up, the proxy's first connections to the servers
+            // may still wait on ARP or a retransmitted SYN and fail their first requests: sets
+            // are idempotent, so the preload is tried again for a few seconds.
+            let mut stored = 0;
+            for attempt in 0..PRELOAD_ATTEMPTS {
+                if attempt > 0 {
+                    eprintln!("  only {stored} of {keys} keys stored through {target}; again");
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                }
+                let p = prefix.to_string();
+                stored = self.live.in_host(&self.client, move || {
+                    loadgen::preload(target, loadgen::Proto::Tcp, keys, &p, value_size)
+                })??;
+                if stored == keys {
+                    break;
+                }
+            }
             if stored != keys {
                 bail!("only {stored} of {keys} keys were stored through {target}");
             }
