@@ -255,11 +255,6 @@ impl UdpCache {
             }
         }
     }
-
-    /// `kv_cache` entries installed now.
-    pub fn rules(&self) -> usize {
-        self.rules.len()
-    }
 }
 
 /// The reason `kv_cache` hands a frame to the cache.
@@ -275,13 +270,15 @@ pub fn rule_key(hash: u32) -> Vec<u8> {
     key
 }
 
+/// The requests at the front of the datagram, up to the first that does not parse.
 fn parse_all(body: &[u8]) -> Vec<Request<'_>> {
     let mut out = Vec::new();
     let mut offset = 0;
-    while let Some(Ok(Some(request))) = body.get(offset..).map(memcache::parse) {
-        if offset >= body.len() {
-            break;
-        }
+    while let Some(Ok(Some(request))) = body
+        .get(offset..)
+        .filter(|b| !b.is_empty())
+        .map(memcache::parse)
+    {
         offset += request.len.max(1);
         out.push(request);
     }
