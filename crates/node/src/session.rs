@@ -13,6 +13,9 @@ use crate::{binary, text};
 pub struct Step {
     /// Bytes of the buffer used up.
     pub consumed: usize,
+    /// Bytes still to come that are thrown away unread (a refused request's data block or
+    /// body, as memcached swallows it).
+    pub skip: usize,
     pub after: After,
 }
 
@@ -43,6 +46,7 @@ pub fn step(
             if !admit(out) {
                 return Some(Step {
                     consumed: request.len,
+                    skip: 0,
                     after: After::Continue,
                 });
             }
@@ -53,11 +57,13 @@ pub fn step(
             };
             Some(Step {
                 consumed: request.len,
+                skip: 0,
                 after,
             })
         }
         Err(error) => memcache::recover(error, buf, out).map(|recovery| Step {
             consumed: recovery.consumed,
+            skip: recovery.skip,
             after: if recovery.close {
                 After::Close
             } else {

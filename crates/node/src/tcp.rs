@@ -99,6 +99,8 @@ fn connection(stream: &mut TcpStream, shared: &Shared) -> std::io::Result<()> {
     // Bytes at the front of `input` known to hold no `\n`, once they are a long multi-get
     // line still arriving: it is only parsed again once its end has come.
     let mut partial_line = 0;
+    // Bytes of a refused request still to be thrown away as they arrive.
+    let mut skip = 0usize;
     let mut admit = |out: &mut Vec<u8>| {
         let Some(bucket) = &shared.bucket else {
             return true;
@@ -127,7 +129,13 @@ fn connection(stream: &mut TcpStream, shared: &Shared) -> std::io::Result<()> {
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         };
-        input.extend_from_slice(&chunk[..n]);
+        let mut fresh = &chunk[..n];
+        if skip > 0 {
+            let dropped = skip.min(fresh.len());
+            skip -= dropped;
+            fresh = &fresh[dropped..];
+        }
+        input.extend_from_slice(fresh);
         if partial_line > 0 && !input[partial_line..].contains(&b'\n') {
             partial_line = input.len();
             if input.len() > MAX_PENDING {
@@ -138,13 +146,18 @@ fn connection(stream: &mut TcpStream, shared: &Shared) -> std::io::Result<()> {
         let mut at = 0;
         let mut close = false;
         while at < input.len() {
-            let Some(Step { consumed, after }) = step(
+            let Some(Step {
+                consumed,
+                skip: to_skip,
+                after,
+            }) = step(
                 &shared.store,
                 &input[at..],
                 &mut out,
                 &mut admit,
                 &mut spill,
-            ) else {
+            )
+            else {
                 break;
             };
             // A step that uses no bytes would repeat forever on the same input.
@@ -153,6 +166,11 @@ fn connection(stream: &mut TcpStream, shared: &Shared) -> std::io::Result<()> {
                 break;
             }
             at += consumed;
+            if to_skip > 0 {
+                let here = to_skip.min(input.len() - at);
+                at += here;
+                skip = to_skip - here;
+            }
             if out.len() > SPILL_AT {
                 stream.write_all(&out)?;
                 out.clear();

@@ -84,7 +84,9 @@ fn execute(shared: &Shared, payload: &[u8], out: &mut Vec<u8>) {
     while at < payload.len() {
         let before = out.len();
         match step(&shared.store, &payload[at..], out, &mut admit, &mut spill) {
-            Some(Step { consumed, after }) => {
+            Some(Step {
+                consumed, after, ..
+            }) => {
                 at += consumed;
                 if out.len() > MAX_MESSAGE {
                     out.truncate(before);

@@ -162,6 +162,7 @@ async fn write_loop(mut wr: WriteHalf<'_>, shared: &Rc<Shared>, pool: &PoolRt) {
     let mut out: Vec<u8> = Vec::with_capacity(16 * 1024);
     loop {
         let mut close = false;
+        let mut popped = false;
         {
             let mut queue = shared.queue.borrow_mut();
             while let Some(front) = queue.front() {
@@ -177,10 +178,16 @@ async fn write_loop(mut wr: WriteHalf<'_>, shared: &Rc<Shared>, pool: &PoolRt) {
                     }
                 }
                 queue.pop_front();
+                popped = true;
                 if out.len() >= 256 * 1024 {
                     break;
                 }
             }
+        }
+        // Every entry taken off the queue makes room, even a reply of no bytes (a noreply
+        // request's): the reader may be waiting on the queue's length alone.
+        if popped {
+            shared.room.notify_one();
         }
         if !out.is_empty() {
             shared
@@ -423,7 +430,10 @@ fn handle(
                 if recovery.close {
                     return Handled::Close;
                 }
+                // memcached throws away what a refused request announced (an `ms` block, a
+                // binary body) and reads on after it; so does the proxy, as it arrives.
                 used += recovery.consumed.max(1).min(rest.len());
+                *skip = recovery.skip;
             }
         }
     }

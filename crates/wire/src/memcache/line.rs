@@ -73,7 +73,7 @@ impl<'a> Iterator for Tokens<'a> {
     }
 }
 
-/// An unsigned decimal as `strtoull` reads it for memcached: an optional `+`, then digits.
+/// An unsigned decimal as servers write it in replies: an optional `+`, then digits.
 pub(super) fn parse_u64(token: &[u8]) -> Option<u64> {
     let digits = token.strip_prefix(b"+").unwrap_or(token);
     if digits.is_empty() {
@@ -85,16 +85,84 @@ pub(super) fn parse_u64(token: &[u8]) -> Option<u64> {
     })
 }
 
-/// A signed decimal: an optional `+` or `-`, then digits.
-pub(super) fn parse_i64(token: &[u8]) -> Option<i64> {
-    match token.strip_prefix(b"-") {
-        Some(digits) if digits.first() != Some(&b'+') => {
-            let n = parse_u64(digits)?;
-            0i64.checked_sub_unsigned(n)
+/// A number as C's `strtol` family reads the front of a token, and as memcached's `safe_strto*`
+/// wrappers then judge it: leading white space, an optional sign, at least one digit, and then
+/// the token's end or white space (anything may follow that). memcached splits lines at spaces
+/// only, so a token may hold tabs and the other white space bytes.
+struct CNumber {
+    negative: bool,
+    /// `None` when the digits overflow 64 bits (C sets `ERANGE`).
+    magnitude: Option<u64>,
+}
+
+fn c_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
+}
+
+fn c_number(token: &[u8]) -> Option<CNumber> {
+    let mut at = token.iter().position(|&b| !c_space(b))?;
+    let negative = match token[at] {
+        b'-' => {
+            at += 1;
+            true
         }
-        Some(_) => None,
-        None => i64::try_from(parse_u64(token)?).ok(),
+        b'+' => {
+            at += 1;
+            false
+        }
+        _ => false,
+    };
+    let digits = token[at..]
+        .iter()
+        .take_while(|b| b.is_ascii_digit())
+        .count();
+    if digits == 0 {
+        return None;
     }
+    let end = at + digits;
+    if token.get(end).is_some_and(|&b| !c_space(b)) {
+        return None;
+    }
+    let magnitude = token[at..end].iter().try_fold(0u64, |n, &b| {
+        n.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+    });
+    Some(CNumber {
+        negative,
+        magnitude,
+    })
+}
+
+/// memcached's `safe_strtol` into an `int32_t`: a `long` that fits 64 bits, truncated to 32.
+pub(super) fn c_strtol32(token: &[u8]) -> Option<i32> {
+    let n = c_number(token)?;
+    let magnitude = n.magnitude?;
+    let value = if n.negative {
+        0i64.checked_sub_unsigned(magnitude)?
+    } else {
+        i64::try_from(magnitude).ok()?
+    };
+    Some(value as i32)
+}
+
+/// memcached's `safe_strtoull`: a negative number is taken modulo 2^64 unless that looks
+/// negative as a signed number and the token holds a `-`.
+pub(super) fn c_strtoull(token: &[u8]) -> Option<u64> {
+    let n = c_number(token)?;
+    let magnitude = n.magnitude?;
+    let value = if n.negative {
+        magnitude.wrapping_neg()
+    } else {
+        magnitude
+    };
+    if (value as i64) < 0 && token.contains(&b'-') {
+        return None;
+    }
+    Some(value)
+}
+
+/// memcached's `safe_strtoul` into a `uint32_t`: as [`c_strtoull`], truncated to 32 bits.
+pub(super) fn c_strtoul32(token: &[u8]) -> Option<u32> {
+    c_strtoull(token).map(|v| v as u32)
 }
 
 #[cfg(test)]
@@ -110,6 +178,25 @@ mod tests {
     }
 
     #[test]
+    fn c_numbers_read_as_memcached_reads_them() {
+        assert_eq!(c_strtol32(b"5"), Some(5));
+        assert_eq!(c_strtol32(b"\t+5"), Some(5));
+        assert_eq!(c_strtol32(b"5\tjunk"), Some(5));
+        assert_eq!(c_strtol32(b"5x"), None);
+        assert_eq!(c_strtol32(b"-"), None);
+        assert_eq!(c_strtol32(b""), None);
+        assert_eq!(c_strtol32(b"4294967297"), Some(1), "truncated to 32 bits");
+        assert_eq!(c_strtol32(b"-1"), Some(-1));
+        assert_eq!(c_strtol32(b"9223372036854775808"), None, "ERANGE");
+        assert_eq!(c_strtoull(b"-0"), Some(0));
+        assert_eq!(c_strtoull(b"-1"), None);
+        assert_eq!(c_strtoull(b"18446744073709551615"), Some(u64::MAX));
+        assert_eq!(c_strtoull(b"18446744073709551616"), None);
+        assert_eq!(c_strtoul32(b"4294967296"), Some(0));
+        assert_eq!(c_strtoul32(b"-4294967295"), None);
+    }
+
+    #[test]
     fn numbers() {
         assert_eq!(parse_u64(b"0"), Some(0));
         assert_eq!(parse_u64(b"+3"), Some(3));
@@ -118,10 +205,5 @@ mod tests {
         assert_eq!(parse_u64(b"-1"), None);
         assert_eq!(parse_u64(b"+"), None);
         assert_eq!(parse_u64(b"1x"), None);
-        assert_eq!(parse_i64(b"-5"), Some(-5));
-        assert_eq!(parse_i64(b"-9223372036854775808"), Some(i64::MIN));
-        assert_eq!(parse_i64(b"9223372036854775808"), None);
-        assert_eq!(parse_i64(b"-+5"), None);
-        assert_eq!(parse_i64(b"-"), None);
     }
 }

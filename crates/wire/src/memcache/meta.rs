@@ -1,13 +1,23 @@
 //! The meta text protocol: `mg <key> <flag>*`, `ms <key> <datalen> <flag>*` then
 //! `<data>\r\n`, `md <key> <flag>*`, `ma <key> <flag>*`, `mn`, `me <key> [b]`.
 //!
-//! Only what routing needs is read from the flags: `q` (quiet) and `b` (base64 key). Other flags
-//! are forwarded for memcached to judge. Keys are checked for length only: memcached accepts any
-//! byte but the space in a meta key.
+//! Every flag is checked as memcached checks it, so that a command memcached would refuse is
+//! answered by the proxy and never forwarded; of the flags, routing reads `q` (quiet) and `b`
+//! (base64 key). Keys are checked for length only: memcached accepts any byte but the space in a
+//! meta key.
 
-use super::line::parse_u64;
+use super::line::{c_strtol32, c_strtoul32, c_strtoull};
 use super::{check_key, Args, Command, Error, KeySpan, Protocol, Request, MAX_DATA_LEN};
 use super::{Range, MAX_KEY_LEN};
+
+/// memcached's tokenizer keeps at most this many tokens of a line, its end marker included; the
+/// rest of the line is not split.
+const MAX_TOKENS: usize = 24;
+/// memcached refuses a meta command with more tokens than this (command, key, arguments, flags
+/// and the end marker): `MFLAG_MAX_OPT_LENGTH`.
+const MAX_META_TOKENS: usize = 20;
+/// Longest opaque (`O`) flag memcached echoes, the `O` included.
+const MAX_OPAQUE_LEN: usize = 32;
 
 pub(super) fn parse(command: Command, mut args: Args<'_>) -> Result<Option<Request<'_>>, Error> {
     match command {
@@ -24,31 +34,104 @@ pub(super) fn parse(command: Command, mut args: Args<'_>) -> Result<Option<Reque
                 quiet: false,
                 base64,
             };
-            finish(command, args.line_only(command), &args, key, flags)
-        }
-        Command::MetaSet => {
-            let (key_at, key) = args.tokens.next().ok_or(Error::WrongArgCount)?;
-            let (_, data_len) = args.tokens.next().ok_or(Error::BadFormat)?;
-            let data_len = parse_u64(data_len)
-                .and_then(|n| usize::try_from(n).ok())
-                .filter(|&n| n <= MAX_DATA_LEN)
-                .ok_or(Error::BadFormat)?;
-            let flags = Flags::read(&mut args);
-            let key = key_at..key_at + key.len();
-            // Checked before the data block arrives, so that every prefix fails alike.
-            check(command, &args, &key, flags)?;
-            match args.with_data(command, data_len)? {
-                Some(request) => finish(command, request, &args, key, flags),
-                None => Ok(None),
+            let key_token = args.get(&key);
+            check_key(key_token, Protocol::Meta)?;
+            if base64 && !is_base64(key_token) {
+                return Err(Error::BadFormat);
             }
+            finish(args.line_only(command), key, flags)
         }
-        _ => {
-            let (at, key) = args.tokens.next().ok_or(Error::WrongArgCount)?;
-            let key = at..at + key.len();
-            let flags = Flags::read(&mut args);
-            finish(command, args.line_only(command), &args, key, flags)
+        _ => keyed(command, args),
+    }
+}
+
+/// `mg`, `ms`, `md` and `ma`, judged exactly as memcached 1.6 judges them, in its order, so
+/// that the proxy forwards a command only when memcached will read it as the proxy did, and
+/// answers every other one with memcached's own error (see [`super::recover`] for what
+/// memcached then skips).
+fn keyed(command: Command, mut args: Args<'_>) -> Result<Option<Request<'_>>, Error> {
+    // The tokens after the command name, at most as many as memcached's tokenizer keeps.
+    let mut tokens: [Range<usize>; MAX_TOKENS - 1] = core::array::from_fn(|_| 0..0);
+    let mut n = 0;
+    for (at, token) in args.tokens.by_ref() {
+        if n + 1 == MAX_TOKENS - 1 {
+            break;
+        }
+        tokens[n] = at..at + token.len();
+        n += 1;
+    }
+    // memcached counts the command name and an end marker as tokens too.
+    let ntokens = n + 2;
+    if n == 0 {
+        return Err(Error::WrongArgCount);
+    }
+    let key = tokens[0].clone();
+    check_key(args.get(&key), Protocol::Meta)?;
+    let set = command == Command::MetaSet;
+    if set && n == 1 {
+        return Err(Error::BadFormat);
+    }
+    if ntokens > MAX_META_TOKENS {
+        return Err(match command {
+            Command::MetaGet => Error::TooManyGetFlags,
+            _ => Error::TooManyFlags,
+        });
+    }
+    let data_len = if set {
+        let len = c_strtol32(args.get(&tokens[1])).ok_or(Error::BadFormat)?;
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|&n| n <= MAX_DATA_LEN)
+            .ok_or(Error::BadFormat)?;
+        Some(len)
+    } else {
+        None
+    };
+    let flag_tokens = &tokens[if set { 2 } else { 1 }..n];
+    let flags = preparse(&args, args.get(&key), flag_tokens).map_err(|e| match command {
+        // memcached words every flag error of these two alike.
+        Command::MetaDelete | Command::MetaArithmetic => Error::BadMetaFlag,
+        _ => e,
+    })?;
+    let mut opaque_too_long = false;
+    for token in flag_tokens.iter().map(|t| args.get(t)) {
+        if token.first() == Some(&b'O') && token.len() > MAX_OPAQUE_LEN {
+            opaque_too_long = true;
         }
     }
+    let mode = flag_tokens
+        .iter()
+        .map(|t| args.get(t))
+        .find(|t| t.first() == Some(&b'M'))
+        .and_then(|t| t.get(1).copied());
+    match command {
+        Command::MetaSet => {
+            // The mode is checked before the opaque, as memcached does.
+            if mode.is_some_and(|m| !matches!(m, b'E' | b'A' | b'P' | b'R' | b'S')) {
+                return Err(Error::BadSetMode);
+            }
+            if opaque_too_long {
+                return Err(Error::OpaqueTooLong);
+            }
+        }
+        Command::MetaArithmetic => {
+            if mode.is_some_and(|m| !matches!(m, b'I' | b'+' | b'D' | b'-')) {
+                return Err(Error::BadArithmeticMode);
+            }
+            // A long opaque fails `ma` only after the arithmetic is done: memcached is left
+            // to answer it, with one error line.
+        }
+        _ if opaque_too_long => return Err(Error::OpaqueTooLong),
+        _ => {}
+    }
+    let request = match data_len {
+        Some(len) => match args.with_data(command, len)? {
+            Some(request) => request,
+            None => return Ok(None),
+        },
+        None => args.line_only(command),
+    };
+    finish(request, key, flags)
 }
 
 /// The flags routing cares about.
@@ -58,42 +141,60 @@ struct Flags {
     base64: bool,
 }
 
-impl Flags {
-    fn read(args: &mut Args<'_>) -> Flags {
-        let mut flags = Flags::default();
-        for (_, token) in args.tokens.by_ref() {
-            match token.first() {
-                Some(b'q') => flags.quiet = true,
-                Some(b'b') => flags.base64 = true,
-                _ => {}
-            }
+/// memcached's check of a meta command's flags (`_meta_flag_preparse`): each flag is known,
+/// seen once (by its first byte), and its number, if it takes one, reads. A repeated or unknown
+/// flag stops the check at once; any other failure lets it go on, and the last failure found is
+/// the one reported.
+fn preparse(args: &Args<'_>, key: &[u8], flag_tokens: &[Range<usize>]) -> Result<Flags, Error> {
+    let mut seen = [false; 128];
+    let mut flags = Flags::default();
+    let mut failed = None;
+    for token in flag_tokens.iter().map(|t| args.get(t)) {
+        let Some(&o) = token.first() else {
+            continue;
+        };
+        if o >= 127 || seen[usize::from(o)] {
+            return Err(Error::DuplicateFlag);
         }
-        flags
+        seen[usize::from(o)] = true;
+        let value = &token[1..];
+        let bad = match o {
+            b'b' => {
+                flags.base64 = true;
+                (!is_base64(key)).then_some(Error::BadBase64Key)
+            }
+            b'N' | b'T' | b'R' => c_strtol32(value).is_none().then_some(Error::BadFlagToken),
+            b'C' => c_strtoull(value).is_none().then_some(Error::BadFlagToken),
+            // memcached keeps its last message here: a bad client flags value has none.
+            b'F' => c_strtoul32(value)
+                .is_none()
+                .then_some(failed.unwrap_or(Error::BadFlagValue)),
+            b'M' => (token.len() != 2).then_some(Error::BadModeLength),
+            b'J' => c_strtoull(value).is_none().then_some(Error::BadInitial),
+            b'D' => c_strtoull(value).is_none().then_some(Error::BadDeltaFlag),
+            b'q' => {
+                flags.quiet = true;
+                None
+            }
+            b'l' | b'O' | b'P' | b'L' | b'k' | b's' | b't' | b'c' | b'f' | b'v' | b'h' | b'u'
+            | b'I' => None,
+            _ => return Err(Error::InvalidFlag),
+        };
+        if bad.is_some() {
+            failed = bad;
+        }
     }
-}
-
-fn check(command: Command, args: &Args<'_>, key: &Range<usize>, flags: Flags) -> Result<(), Error> {
-    let key = args.get(key);
-    check_key(key, Protocol::Meta)?;
-    if flags.base64 && !is_base64(key) {
-        // memcached 1.6 words the same failure differently per command.
-        return Err(match command {
-            Command::MetaDelete | Command::MetaArithmetic => Error::BadMetaFlag,
-            Command::MetaDebug => Error::BadFormat,
-            _ => Error::BadBase64Key,
-        });
+    match failed {
+        Some(error) => Err(error),
+        None => Ok(flags),
     }
-    Ok(())
 }
 
 fn finish<'a>(
-    command: Command,
     mut request: Request<'a>,
-    args: &Args<'a>,
     key: Range<usize>,
     flags: Flags,
 ) -> Result<Option<Request<'a>>, Error> {
-    check(command, args, &key, flags)?;
     request.keys = KeySpan::One(key.start, key.end);
     request.key_count = 1;
     request.noreply = flags.quiet;

@@ -415,6 +415,30 @@ pub enum Error {
     /// A meta `md`/`ma` `b` key that is not valid base64, which memcached 1.6 reports as a bad
     /// flag.
     BadMetaFlag,
+    /// A meta command with more tokens than memcached takes (`mg`'s wording).
+    TooManyGetFlags,
+    /// A meta command with more tokens than memcached takes (`ms`, `md`, `ma`).
+    TooManyFlags,
+    /// A meta flag given twice, or starting with a byte of 127 or above.
+    DuplicateFlag,
+    /// A meta flag memcached does not know.
+    InvalidFlag,
+    /// A meta `N`, `T`, `R` or `C` flag whose number does not read.
+    BadFlagToken,
+    /// A meta `F` flag whose number does not read (memcached gives no message of its own).
+    BadFlagValue,
+    /// A meta `M` flag that is not one mode character.
+    BadModeLength,
+    /// A meta `J` flag whose number does not read.
+    BadInitial,
+    /// A meta `D` flag whose number does not read.
+    BadDeltaFlag,
+    /// A meta `O` flag longer than memcached echoes.
+    OpaqueTooLong,
+    /// An `ms` mode memcached does not know.
+    BadSetMode,
+    /// An `ma` mode memcached does not know.
+    BadArithmeticMode,
     /// A data block not followed by `\r\n`.
     BadDataChunk,
     /// A `gat`, `touch` or `flush_all` exptime that is not a number.
@@ -447,6 +471,18 @@ impl Error {
             }
             Error::BadBase64Key => b"CLIENT_ERROR error decoding key\r\n",
             Error::BadMetaFlag => b"CLIENT_ERROR invalid or duplicate flag\r\n",
+            Error::TooManyGetFlags => b"CLIENT_ERROR options flags are too long\r\n",
+            Error::TooManyFlags => b"CLIENT_ERROR options flags too long\r\n",
+            Error::DuplicateFlag => b"CLIENT_ERROR duplicate flag\r\n",
+            Error::InvalidFlag => b"CLIENT_ERROR invalid flag\r\n",
+            Error::BadFlagToken => b"CLIENT_ERROR bad token in command line format\r\n",
+            Error::BadFlagValue => b"CLIENT_ERROR bad command line format\r\n",
+            Error::BadModeLength => b"CLIENT_ERROR incorrect length for M token\r\n",
+            Error::BadInitial => b"CLIENT_ERROR invalid numeric initial value\r\n",
+            Error::BadDeltaFlag => b"CLIENT_ERROR invalid numeric delta value\r\n",
+            Error::OpaqueTooLong => b"CLIENT_ERROR opaque token too long\r\n",
+            Error::BadSetMode => b"CLIENT_ERROR invalid mode for ms M token\r\n",
+            Error::BadArithmeticMode => b"CLIENT_ERROR invalid mode for ma M token\r\n",
             Error::BadDataChunk => b"CLIENT_ERROR bad data chunk\r\n",
             Error::BadExptime => b"CLIENT_ERROR invalid exptime argument\r\n",
             Error::BadDelta => b"CLIENT_ERROR invalid numeric delta argument\r\n",
@@ -489,6 +525,17 @@ impl Error {
             Error::BadKey => "bad_key",
             Error::BadBase64Key => "bad_base64_key",
             Error::BadMetaFlag => "bad_meta_flag",
+            Error::TooManyGetFlags | Error::TooManyFlags => "too_many_flags",
+            Error::DuplicateFlag => "duplicate_flag",
+            Error::InvalidFlag => "invalid_flag",
+            Error::BadFlagToken => "bad_flag_token",
+            Error::BadFlagValue => "bad_flag_value",
+            Error::BadModeLength => "bad_mode_length",
+            Error::BadInitial => "bad_initial",
+            Error::BadDeltaFlag => "bad_delta_flag",
+            Error::OpaqueTooLong => "opaque_too_long",
+            Error::BadSetMode => "bad_set_mode",
+            Error::BadArithmeticMode => "bad_arithmetic_mode",
             Error::BadDataChunk => "bad_data_chunk",
             Error::BadExptime => "bad_exptime",
             Error::BadDelta => "bad_delta",

@@ -6,7 +6,7 @@
 //! nothing here allocates beyond the reply appended to `out`.
 
 use super::binary::{self, Header, HEADER_LEN, REQUEST_MAGIC};
-use super::line::{parse_u64, Tokens};
+use super::line::{c_strtol32, Tokens};
 use super::{line_len, Command, Error};
 
 /// What [`recover`] did with the bytes at the front of the buffer.
@@ -14,6 +14,9 @@ use super::{line_len, Command, Error};
 pub struct Recovery {
     /// Bytes of the buffer to drop before the next request; never more than the buffer holds.
     pub consumed: usize,
+    /// Bytes still to come that memcached throws away unread after those (the rest of a data
+    /// block or body it swallows); the next request starts after them.
+    pub skip: usize,
     /// memcached closes the connection here: write the reply (if any), then close.
     pub close: bool,
 }
@@ -50,22 +53,31 @@ pub fn recover_binary(error: Error, buf: &[u8], out: &mut Vec<u8>) -> Option<Rec
         // Not a binary request at all: memcached closes without a word.
         return Some(Recovery {
             consumed: buf.len(),
+            skip: 0,
             close: true,
         });
     }
     let header = Header::decode(buf)?;
     let head = HEADER_LEN + usize::from(header.extras_len) + usize::from(header.key_len);
-    let (needed, close) = if error == Error::UnknownCommand {
-        (head.saturating_add(header.body_len as usize), false)
-    } else {
-        (head, true)
-    };
-    if buf.len() < needed {
+    if buf.len() < head {
         return None;
     }
     binary::write_error(header.opcode, error.binary_status(), header.opaque, out);
-    let consumed = if close { buf.len() } else { needed };
-    Some(Recovery { consumed, close })
+    if error != Error::UnknownCommand {
+        return Some(Recovery {
+            consumed: buf.len(),
+            skip: 0,
+            close: true,
+        });
+    }
+    // Answered at once; the body is then thrown away as it arrives, however long it says it is.
+    let total = head.saturating_add(header.body_len as usize);
+    let consumed = total.min(buf.len());
+    Some(Recovery {
+        consumed,
+        skip: total - consumed,
+        close: false,
+    })
 }
 
 /// [`recover`] for a connection whose protocol is text, whatever the first byte.
@@ -73,24 +85,29 @@ pub fn recover_text(error: Error, buf: &[u8], out: &mut Vec<u8>) -> Option<Recov
     if error.closes_connection() {
         return Some(Recovery {
             consumed: buf.len(),
+            skip: 0,
             close: true,
         });
     }
     let line_end = line_len(buf)?;
     let line = &buf[..line_end];
-    let mut consumed = line_end;
-    if error == Error::BadDataChunk {
-        // The parser only reports a bad chunk once the whole block has arrived, so the sum is
-        // within the buffer; a length it could not have read is not skipped.
-        if let Some(block) = data_len(line).and_then(|n| n.checked_add(2)) {
-            consumed = line_end.saturating_add(block);
+    let mut block = 0;
+    if error == Error::BadDataChunk || swallows(error, line) {
+        // A bad chunk is only reported once the whole block has arrived; an `ms` refused for
+        // its flags is answered at once and its block thrown away as it arrives. A length the
+        // parser could not have read is not skipped.
+        if let Some(n) = data_len(line).and_then(|n| n.checked_add(2)) {
+            block = n;
         }
     }
     if !silenced(error, line) {
         out.extend_from_slice(error.text_reply());
     }
+    let total = line_end.saturating_add(block);
+    let consumed = total.min(buf.len());
     Some(Recovery {
-        consumed: consumed.min(buf.len()),
+        consumed,
+        skip: total - consumed,
         close: false,
     })
 }
@@ -110,7 +127,28 @@ fn data_len(line: &[u8]) -> Option<usize> {
         Command::MetaSet => 1,
         _ => 3,
     };
-    usize::try_from(parse_u64(tokens.nth(at)?)?).ok()
+    usize::try_from(c_strtol32(tokens.nth(at)?)?).ok()
+}
+
+/// Whether memcached throws away an `ms` command's data block after refusing it: it does for
+/// every failure of its flags, which it finds after reading the block's length, and not for
+/// the failures before (no length, a bad length, too many tokens, a key too long).
+fn swallows(error: Error, line: &[u8]) -> bool {
+    let mut tokens = tokens(line).map(|(_, token)| token);
+    tokens.next().and_then(Command::from_name) == Some(Command::MetaSet)
+        && matches!(
+            error,
+            Error::BadBase64Key
+                | Error::DuplicateFlag
+                | Error::InvalidFlag
+                | Error::BadFlagToken
+                | Error::BadFlagValue
+                | Error::BadModeLength
+                | Error::BadInitial
+                | Error::BadDeltaFlag
+                | Error::OpaqueTooLong
+                | Error::BadSetMode
+        )
 }
 
 /// Whether memcached keeps its error reply to itself: a classic command that takes `noreply`
@@ -162,7 +200,7 @@ mod tests {
                 Ok(None) => break,
                 Err(error) => match recover(error, rest, &mut out) {
                     Some(recovery) if recovery.close => return (out, true),
-                    Some(recovery) => at += recovery.consumed,
+                    Some(recovery) => at += recovery.consumed + recovery.skip,
                     None => break,
                 },
             }
@@ -223,6 +261,7 @@ mod tests {
             recovery,
             Recovery {
                 consumed: b"ms a\r18446744073709551585 2\r\nhi\r\n".len(),
+                skip: 0,
                 close: false
             }
         );
@@ -235,8 +274,11 @@ mod tests {
 
     #[test]
     fn data_len_never_overflows() {
-        let line = b"set k 0 0 18446744073709551615\r\n";
-        assert_eq!(data_len(line), Some(usize::MAX));
+        // Read as memcached reads it: past 64 bits is ERANGE, and 2^32 + 1 wraps to 1.
+        assert_eq!(data_len(b"set k 0 0 18446744073709551615\r\n"), None);
+        assert_eq!(data_len(b"set k 0 0 4294967297\r\n"), Some(1));
+        let line = b"set k 0 0 2147483647\r\n";
+        assert_eq!(data_len(line), Some(i32::MAX as usize));
         let mut out = Vec::new();
         // Even a length at the top of the range skips within the buffer.
         let recovery = recover(Error::BadDataChunk, line, &mut out).unwrap();
@@ -292,6 +334,68 @@ mod tests {
         }
     }
 
+    /// memcached 1.6.18's replies (captured) to `ms` lines it refuses: for its flags it swallows
+    /// the data block, before them it does not.
+    #[test]
+    fn ms_refused_for_its_flags_swallows_its_block() {
+        let many = format!("ms k 7 {}\r\nget u10\r\n", ["T1"; 30].join(" "));
+        let table: &[(&[u8], &[u8])] = &[
+            (
+                b"ms b!!!! 13 b\r\ndelete victim\r\n",
+                b"CLIENT_ERROR error decoding key\r\n",
+            ),
+            (many.as_bytes(), b"CLIENT_ERROR options flags too long\r\n+"),
+            (
+                b"ms k 2 T1 T2\r\nmn\r\n",
+                b"CLIENT_ERROR duplicate flag\r\n",
+            ),
+            (b"ms k 2 Z\r\nmn\r\n", b"CLIENT_ERROR invalid flag\r\n"),
+            (
+                b"ms k 2 MX\r\nmn\r\n",
+                b"CLIENT_ERROR invalid mode for ms M token\r\n",
+            ),
+            (
+                b"ms k 2 Tx F1\r\nmn\r\n",
+                b"CLIENT_ERROR bad token in command line format\r\n",
+            ),
+            (
+                b"ms k 2 Fx\r\nmn\r\n",
+                b"CLIENT_ERROR bad command line format\r\n",
+            ),
+            (
+                b"ms k x\r\nmn\r\n",
+                b"CLIENT_ERROR bad command line format\r\nMN+",
+            ),
+        ];
+        for &(input, reply) in table {
+            let mut out = Vec::new();
+            let mut at = 0;
+            while at < input.len() {
+                match parse(&input[at..]) {
+                    Ok(Some(r)) => {
+                        out.extend_from_slice(if r.command == Command::MetaNoop {
+                            b"MN+"
+                        } else {
+                            b"+"
+                        });
+                        at += r.len;
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        let r = recover(e, &input[at..], &mut out).unwrap();
+                        at += r.consumed + r.skip;
+                    }
+                }
+            }
+            assert_eq!(
+                String::from_utf8_lossy(&out),
+                String::from_utf8_lossy(reply),
+                "{:?}",
+                String::from_utf8_lossy(input)
+            );
+        }
+    }
+
     #[test]
     fn long_lines_close_without_a_reply() {
         let mut out = Vec::new();
@@ -301,6 +405,7 @@ mod tests {
             recovery,
             Recovery {
                 consumed: 3000,
+                skip: 0,
                 close: true
             }
         );
@@ -349,11 +454,30 @@ mod tests {
         let mut expected = bin_error(0x50, status::UNKNOWN_COMMAND);
         expected.push(b'+');
         assert_eq!(run(&input), (expected, false));
-        // Nothing is answered until the bytes skipped have all arrived.
-        for n in 0..unknown.len() + 5 {
+        // Answered once the header, extras and key are in; the rest is skipped as it comes.
+        let head = 24 + 2 + 3;
+        for n in 0..input.len() {
             let mut out = Vec::new();
-            assert_eq!(recover(Error::UnknownCommand, &input[..n], &mut out), None);
+            let recovery = recover(Error::UnknownCommand, &input[..n], &mut out);
+            if n < head {
+                assert_eq!(recovery, None);
+            } else {
+                let r = recovery.unwrap();
+                assert_eq!(r.consumed + r.skip, unknown.len() + 5, "{n}");
+                assert!(r.consumed <= n);
+                assert_eq!(out, bin_error(0x50, status::UNKNOWN_COMMAND));
+            }
         }
+        // A body length of 4 GiB: answered at once, the body skipped as it arrives.
+        let mut huge = bin(0x50, b"", b"", b"");
+        huge[8..12].copy_from_slice(&u32::MAX.to_be_bytes());
+        let mut out = Vec::new();
+        let r = recover(Error::UnknownCommand, &huge, &mut out).unwrap();
+        assert_eq!(
+            (r.consumed, r.skip, r.close),
+            (24, u32::MAX as usize, false)
+        );
+        assert_eq!(out, bin_error(0x50, status::UNKNOWN_COMMAND));
         // memcached 1.6 has no binary VERBOSITY: the request is an unknown command.
         let mut input = bin(opcode::VERBOSITY, &[0, 0, 0, 1], b"", b"");
         input.extend_from_slice(b"PPPP");

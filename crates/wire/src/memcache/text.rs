@@ -1,7 +1,7 @@
 //! The classic text protocol: argument counts, numbers and keys checked as memcached 1.6 checks
 //! them, so that the switch can answer a bad request with memcached's own error line.
 
-use super::line::{parse_i64, parse_u64};
+use super::line::{c_strtol32, c_strtoul32, c_strtoull};
 use super::{check_key, Args, Command, Error, KeySpan, Protocol, Request, MAX_DATA_LEN};
 
 pub(super) fn parse(command: Command, args: Args<'_>) -> Result<Option<Request<'_>>, Error> {
@@ -28,7 +28,7 @@ fn retrieval(command: Command, mut args: Args<'_>) -> Result<Option<Request<'_>>
     let mut exptime = None;
     if matches!(command, Command::Gat | Command::Gats) {
         let (at, token) = args.tokens.next().ok_or(Error::WrongArgCount)?;
-        parse_i64(token).ok_or(Error::BadExptime)?;
+        c_strtol32(token).ok_or(Error::BadExptime)?;
         exptime = Some((at, at + token.len()));
     }
     let keys_start = exptime.map_or(args.name_end, |(_, end)| end);
@@ -60,18 +60,21 @@ fn storage(command: Command, mut args: Args<'_>) -> Result<Option<Request<'_>>, 
     let key_range = key.clone();
     let key = args.get(&key);
     check_key(key, Protocol::Text)?;
-    parse_u64(args.get(&flags)).ok_or(Error::BadFormat)?;
-    parse_i64(args.get(&exptime)).ok_or(Error::BadFormat)?;
-    let data_len = parse_u64(args.get(&bytes))
-        .and_then(|n| usize::try_from(n).ok())
-        .filter(|&n| n <= MAX_DATA_LEN)
-        .ok_or(Error::BadFormat)?;
+    // Read as memcached reads them (C's strtol family): a length past 32 bits wraps, and the
+    // proxy must frame the data block exactly where memcached will.
+    c_strtoul32(args.get(&flags)).ok_or(Error::BadFormat)?;
+    c_strtol32(args.get(&exptime)).ok_or(Error::BadFormat)?;
+    let data_len = c_strtol32(args.get(&bytes)).ok_or(Error::BadFormat)?;
     let noreply_at = if command == Command::Cas {
-        parse_u64(args.get(&cas)).ok_or(Error::BadFormat)?;
+        c_strtoull(args.get(&cas)).ok_or(Error::BadFormat)?;
         last
     } else {
         cas
     };
+    let data_len = usize::try_from(data_len)
+        .ok()
+        .filter(|&n| n <= MAX_DATA_LEN)
+        .ok_or(Error::BadFormat)?;
     let noreply = count == fixed + 1 && args.get(&noreply_at) == b"noreply";
     let Some(mut request) = args.with_data(command, data_len)? else {
         return Ok(None);
@@ -105,7 +108,7 @@ fn arithmetic(command: Command, mut args: Args<'_>) -> Result<Option<Request<'_>
         return Err(Error::WrongArgCount);
     }
     check_key(args.get(&key), Protocol::Text)?;
-    parse_u64(args.get(&delta)).ok_or(Error::BadDelta)?;
+    c_strtoull(args.get(&delta)).ok_or(Error::BadDelta)?;
     let noreply = count == 3 && args.get(&last) == b"noreply";
     keyed(command, args, key, noreply)
 }
@@ -117,7 +120,7 @@ fn touch(mut args: Args<'_>) -> Result<Option<Request<'_>>, Error> {
         return Err(Error::WrongArgCount);
     }
     check_key(args.get(&key), Protocol::Text)?;
-    parse_i64(args.get(&exptime)).ok_or(Error::BadExptime)?;
+    c_strtol32(args.get(&exptime)).ok_or(Error::BadExptime)?;
     let noreply = count == 3 && args.get(&last) == b"noreply";
     keyed(Command::Touch, args, key, noreply)
 }
@@ -151,9 +154,9 @@ fn keyless(command: Command, mut args: Args<'_>) -> Result<Option<Request<'_>>, 
     let has_delay = count > usize::from(noreply);
     match command {
         Command::Verbosity if count == 0 || count > 2 => return Err(Error::WrongArgCount),
-        Command::Verbosity if parse_u64(first).is_none() => return Err(Error::BadFormat),
+        Command::Verbosity if c_strtoul32(first).is_none() => return Err(Error::BadFormat),
         Command::FlushAll if count > 2 => return Err(Error::WrongArgCount),
-        Command::FlushAll if has_delay && parse_i64(first).is_none() => {
+        Command::FlushAll if has_delay && c_strtol32(first).is_none() => {
             return Err(Error::BadExptime)
         }
         _ => {}
