@@ -1,6 +1,15 @@
 //! Connections from one worker to one server: requests from every client of the worker are
 //! written down the same connection back to back (pipelined), and replies, which memcached
 //! sends in request order, are matched to them in order.
+//!
+//! Many clients share a connection, so a reply handed to the wrong request would be handed to
+//! the wrong client. Every batch of requests written ends with a sentinel that carries a
+//! number the connection never used before (`mg` with an opaque on text connections, a binary
+//! `NOOP` with that opaque on binary ones), and a batch's replies are handed over only once
+//! its sentinel's reply comes exactly where it should. If a server ever reads the requests
+//! otherwise than the proxy did (a data block taken for commands, a command taken for data),
+//! the sentinel is missing or misplaced, and every request on the connection fails with the
+//! proxy's `SERVER_ERROR` instead: the connection is dropped and made again.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -18,7 +27,7 @@ use wire::memcache::reply::{Framer, ReplyError};
 
 use super::client::Slot;
 use super::plan::Wire;
-use super::stats::{add, sub, PoolStats};
+use super::stats::{add, get, sub, PoolStats};
 
 /// One request waiting for its reply.
 pub struct Pending {
@@ -28,6 +37,12 @@ pub struct Pending {
     pub framer: Framer,
     pub sentinel: bool,
     pub deadline: Instant,
+    /// Where the reply was framed, while its batch waits for its sentinel.
+    pub reply: std::ops::Range<usize>,
+    /// The last request of a batch: the batch sentinel with this number follows it.
+    pub mark: Option<u64>,
+    /// A text `stats` request: the reads the proxy's own sentinels made are taken out of it.
+    pub stats: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +74,12 @@ pub struct Conn {
     /// Wakes the reader: a request arrived while none was pending, and has a deadline.
     first: Notify,
     now_ms: Rc<dyn Fn() -> u64>,
+    /// The next batch sentinel's number; never repeats on a connection.
+    nonce: Cell<u64>,
+    /// Requests at the front of `pending` whose replies are framed and held for the sentinel.
+    framed: Cell<usize>,
+    /// Bytes of the unread buffer those replies (and their no-op replies) take.
+    held: Cell<usize>,
 }
 
 /// Why a connection ended.
@@ -67,7 +88,9 @@ enum Lost {
     Io(std::io::Error),
     Closed,
     Timeout,
-    Malformed,
+    /// The replies no longer line up with the requests: not the server's health, since a
+    /// client's request may be what caused it.
+    OutOfStep,
 }
 
 impl std::fmt::Display for Lost {
@@ -80,7 +103,7 @@ impl std::fmt::Display for Lost {
             }
             Lost::Closed => f.write_str("connection closed by server"),
             Lost::Timeout => f.write_str("timeout"),
-            Lost::Malformed => f.write_str("malformed reply from server"),
+            Lost::OutOfStep => f.write_str("reply out of step with requests"),
         }
     }
 }
@@ -112,6 +135,9 @@ impl Conn {
             wake: Notify::new(),
             first: Notify::new(),
             now_ms,
+            nonce: Cell::new(random_u64()),
+            framed: Cell::new(0),
+            held: Cell::new(0),
         })
     }
 
@@ -176,12 +202,15 @@ impl Conn {
             Err(Lost::Closed) if self.pending.borrow().is_empty() => {
                 self.state.set(State::Idle);
             }
+            Err(Lost::OutOfStep) => self.out_of_step(),
             Err(lost) => self.lost(lost),
             Ok(()) => self.state.set(State::Idle),
         }
     }
 
     async fn serve(&self, mut stream: TcpStream) -> Result<(), Lost> {
+        self.framed.set(0);
+        self.held.set(0);
         let (mut rd, mut wr) = stream.split();
         let writer = async {
             let mut spare = Vec::with_capacity(16 * 1024);
@@ -191,6 +220,13 @@ impl Conn {
                     self.wake.notified().await;
                     continue;
                 }
+                // Every request now in `spare` is in `pending`, the last one at its back.
+                let nonce = self.nonce.get();
+                self.nonce.set(nonce.wrapping_add(1));
+                if let Some(last) = self.pending.borrow_mut().back_mut() {
+                    last.mark = Some(nonce);
+                }
+                write_batch_sentinel(self.wire, nonce, &mut spare);
                 wr.write_all(&spare).await.map_err(Lost::Io)?;
                 add(
                     &self.pool.servers[self.server].bytes_sent,
@@ -240,40 +276,108 @@ impl Conn {
         }
     }
 
-    /// Hands every complete reply at the front of `buf` to its request; returns the bytes
-    /// used.
+    /// Frames the replies at the front of `buf` and hands over each batch whose sentinel came
+    /// where it should; returns the bytes used. Replies framed but not yet confirmed stay in
+    /// `buf` (`held`), and framing resumes after them.
     fn deliver(&self, buf: &[u8]) -> Result<usize, Lost> {
-        let mut used = 0;
+        let mut base = 0;
         loop {
-            let rest = &buf[used..];
-            let framed = {
+            let rest = &buf[base..];
+            let (framed, held) = (self.framed.get(), self.held.get());
+            let mark = framed
+                .checked_sub(1)
+                .and_then(|last| self.pending.borrow().get(last).and_then(|p| p.mark));
+            if let Some(nonce) = mark {
+                let Some((n, hit)) = batch_sentinel_len(self.wire, nonce, &rest[held..])? else {
+                    return Ok(base);
+                };
+                self.release(framed, rest);
+                // Counted after the batch: a `stats` in it was answered before this read.
+                if self.wire == Wire::Text {
+                    let stats = &self.pool.servers[self.server];
+                    add(
+                        if hit {
+                            &stats.sentinel_hits
+                        } else {
+                            &stats.sentinel_misses
+                        },
+                        1,
+                    );
+                }
+                self.framed.set(0);
+                self.held.set(0);
+                base += held + n;
+                continue;
+            }
+            let framing = {
                 let mut queue = self.pending.borrow_mut();
-                let Some(head) = queue.front_mut() else {
-                    return if used < buf.len() {
-                        Err(Lost::Malformed)
+                let Some(next) = queue.get_mut(framed) else {
+                    // Bytes no request asked for.
+                    return if rest.len() > held {
+                        Err(Lost::OutOfStep)
                     } else {
-                        Ok(used)
+                        Ok(base)
                     };
                 };
-                frame(&mut head.framer, head.sentinel, self.wire, rest)
+                let framing = frame(&mut next.framer, next.sentinel, self.wire, &rest[held..]);
+                if let Ok(Some(f)) = &framing {
+                    next.reply = held..held + f.reply;
+                }
+                framing
             };
-            let framed = match framed {
-                Ok(Some(framed)) => framed,
-                Ok(None) => return Ok(used),
-                Err(_) => return Err(Lost::Malformed),
-            };
+            match framing {
+                Ok(Some(f)) => {
+                    self.framed.set(framed + 1);
+                    self.held.set(held + f.total);
+                }
+                Ok(None) => return Ok(base),
+                Err(_) => return Err(Lost::OutOfStep),
+            }
+        }
+    }
+
+    /// Hands the first `count` requests their replies, framed in `buf`.
+    fn release(&self, count: usize, buf: &[u8]) {
+        let stats = &self.pool.servers[self.server];
+        for _ in 0..count {
             let Some(pending) = self.pending.borrow_mut().pop_front() else {
-                return Ok(used);
+                return;
             };
-            let stats = &self.pool.servers[self.server];
             sub(&stats.in_flight, 1);
             add(&stats.replies, 1);
             self.streak.set(0);
             self.pool.server_answered(self.server);
-            pending
-                .slot
-                .complete(pending.part, Ok(rest[..framed.reply].to_vec()));
-            used += framed.total;
+            let bytes = buf.get(pending.reply.clone()).unwrap_or_default();
+            let reply = if pending.stats {
+                wire::memcache::stats::discount_reads(
+                    bytes,
+                    get(&stats.sentinel_hits),
+                    get(&stats.sentinel_misses),
+                )
+            } else {
+                bytes.to_vec()
+            };
+            pending.slot.complete(pending.part, Ok(reply));
+        }
+    }
+
+    /// The replies lost step with the requests: every waiting request fails, and the next
+    /// request makes a new connection at once. The server's health is not in question.
+    fn out_of_step(&self) {
+        let stats = &self.pool.servers[self.server];
+        add(&stats.out_of_step, 1);
+        let waiting: Vec<Pending> = self.pending.borrow_mut().drain(..).collect();
+        self.out.borrow_mut().clear();
+        tracing::warn!(
+            pool = %self.pool.spec.name, server = %self.pool.spec.servers[self.server].label(),
+            waiting = waiting.len(), "replies out of step with requests; connection dropped"
+        );
+        self.state.set(State::Idle);
+        let message = Lost::OutOfStep.to_string();
+        sub(&stats.in_flight, waiting.len() as u64);
+        add(&stats.errors, waiting.len() as u64);
+        for pending in waiting {
+            pending.slot.complete(pending.part, Err(message.clone()));
         }
     }
 
@@ -304,6 +408,72 @@ impl Conn {
             pending.slot.complete(pending.part, Err(message.clone()));
         }
     }
+}
+
+/// The key a text batch sentinel asks for; hit or miss, the reply carries the opaque.
+const SENTINEL_KEY: &[u8] = b"kvswitch:sentinel";
+
+/// Appends the batch sentinel numbered `nonce`.
+fn write_batch_sentinel(wire: Wire, nonce: u64, out: &mut Vec<u8>) {
+    match wire {
+        Wire::Text => {
+            out.extend_from_slice(b"mg ");
+            out.extend_from_slice(SENTINEL_KEY);
+            out.extend_from_slice(format!(" O{nonce:016x}\r\n").as_bytes());
+        }
+        Wire::Binary => {
+            wire::memcache::binary::write_request(
+                opcode::NOOP,
+                b"",
+                b"",
+                b"",
+                nonce as u32,
+                0,
+                out,
+            );
+        }
+    }
+}
+
+/// The length of the batch sentinel's reply at the front of `buf`, and whether memcached found
+/// the sentinel's key (`HD`): `Ok(None)` while what has arrived may still become it, an error if
+/// it cannot.
+fn batch_sentinel_len(wire: Wire, nonce: u64, buf: &[u8]) -> Result<Option<(usize, bool)>, Lost> {
+    let expected: Vec<Vec<u8>> = match wire {
+        Wire::Text => ["EN", "HD"]
+            .iter()
+            .map(|status| format!("{status} O{nonce:016x}\r\n").into_bytes())
+            .collect(),
+        Wire::Binary => {
+            let mut reply = Vec::with_capacity(24);
+            wire::memcache::binary::write_response(
+                opcode::NOOP,
+                0,
+                nonce as u32,
+                b"",
+                b"",
+                &mut reply,
+            );
+            vec![reply]
+        }
+    };
+    for (i, reply) in expected.iter().enumerate() {
+        if buf.starts_with(reply) {
+            return Ok(Some((reply.len(), i == 1)));
+        }
+    }
+    if expected.iter().any(|reply| reply.starts_with(buf)) {
+        return Ok(None);
+    }
+    Err(Lost::OutOfStep)
+}
+
+/// A number no one outside the process can guess, from the standard library's hash seeds.
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish()
 }
 
 async fn connect(addr: SocketAddr, source: Option<IpAddr>) -> std::io::Result<TcpStream> {

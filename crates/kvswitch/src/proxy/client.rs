@@ -11,7 +11,7 @@ use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use wire::memcache::reply::Framer;
+use wire::memcache::reply::{Framer, ReplyKind};
 use wire::memcache::{binary, parse_text, recover_binary, recover_text, Request};
 
 use crate::cache::{ReadFill, Served, Writes};
@@ -304,6 +304,9 @@ fn forward(
                 framer: Framer::new(part.kind),
                 sentinel: part.sentinel,
                 deadline,
+                reply: 0..0,
+                mark: None,
+                stats: part.wire == plan::Wire::Text && part.kind == ReplyKind::Stats,
             },
         );
     }

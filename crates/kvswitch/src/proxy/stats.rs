@@ -133,6 +133,13 @@ pub struct ServerStats {
     /// Requests answered with a proxy `SERVER_ERROR` because of this server.
     pub errors: AtomicU64,
     pub timeouts: AtomicU64,
+    /// Connections dropped because the server's replies no longer lined up with the requests
+    /// sent (a batch's sentinel missing or out of place, or a reply that does not frame).
+    pub out_of_step: AtomicU64,
+    /// Batch sentinels on text connections that memcached answered as a hit or a miss: reads
+    /// it counted that no client made, taken out of its `stats` again.
+    pub sentinel_hits: AtomicU64,
+    pub sentinel_misses: AtomicU64,
     /// Connect failures, lost connections and timeouts.
     pub failures: AtomicU64,
     failure_streak: AtomicU32,
@@ -222,7 +229,7 @@ impl ProxyStats {
             }
         }
         type ServerField = fn(&ServerStats) -> u64;
-        let server_families: [(&str, &str, &str, ServerField); 11] = [
+        let server_families: [(&str, &str, &str, ServerField); 12] = [
             (
                 "kvswitch_proxy_server_requests_total",
                 "counter",
@@ -246,6 +253,12 @@ impl ProxyStats {
                 "counter",
                 "Requests that timed out.",
                 |s| get(&s.timeouts),
+            ),
+            (
+                "kvswitch_proxy_server_out_of_step_total",
+                "counter",
+                "Connections dropped because the replies no longer lined up with the requests.",
+                |s| get(&s.out_of_step),
             ),
             (
                 "kvswitch_proxy_server_failures_total",
@@ -360,6 +373,7 @@ impl ProxyStats {
                             "replies": get(&s.replies),
                             "errors": get(&s.errors),
                             "timeouts": get(&s.timeouts),
+                            "out_of_step": get(&s.out_of_step),
                             "failures": get(&s.failures),
                             "ejections": get(&s.ejections),
                             "connections": get(&s.connections),

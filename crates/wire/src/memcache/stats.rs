@@ -41,6 +41,37 @@ use super::reply::is_error_line;
 /// The word that starts a text stats line and names a binary stats packet.
 const STAT: &[u8] = b"STAT";
 
+/// Takes a proxy's own reads out of one server's text `stats` reply: `hits` and `misses` reads
+/// the proxy made itself (its connection sentinels), which memcached counted in `cmd_get`,
+/// `get_hits` and `get_misses`. Other lines are kept as they are.
+pub fn discount_reads(reply: &[u8], hits: u64, misses: u64) -> Vec<u8> {
+    if hits == 0 && misses == 0 {
+        return reply.to_vec();
+    }
+    let mut out = Vec::with_capacity(reply.len());
+    for line in reply.split_inclusive(|&b| b == b'\n') {
+        let less = match line {
+            l if l.starts_with(b"STAT cmd_get ") => hits + misses,
+            l if l.starts_with(b"STAT get_hits ") => hits,
+            l if l.starts_with(b"STAT get_misses ") => misses,
+            _ => 0,
+        };
+        let value = std::str::from_utf8(line)
+            .ok()
+            .and_then(|l| l.trim_end().rsplit(' ').next())
+            .and_then(|v| v.parse::<u64>().ok());
+        match value {
+            Some(v) if less > 0 => {
+                let name_end = line.iter().rposition(|&b| b == b' ').unwrap_or(0);
+                out.extend_from_slice(&line[..name_end]);
+                let _ = write!(out, " {}\r\n", v.saturating_sub(less));
+            }
+            _ => out.extend_from_slice(line),
+        }
+    }
+    out
+}
+
 /// Merges text `stats` replies (each as framed by [`super::reply::reply_len`]) into `out`.
 /// Nothing is written for no replies.
 pub fn merge_text(replies: &[&[u8]], out: &mut Vec<u8>) {
@@ -319,6 +350,21 @@ fn merge_word(rule: Rule, column: &[&[u8]], out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn discounting_reads_touches_only_the_read_counters() {
+        let reply = b"STAT pid 7\r\nSTAT cmd_get 10\r\nSTAT get_hits 4\r\nSTAT get_misses 6\r\nSTAT get_expired 0\r\nEND\r\n";
+        assert_eq!(
+            discount_reads(reply, 1, 2),
+            b"STAT pid 7\r\nSTAT cmd_get 7\r\nSTAT get_hits 3\r\nSTAT get_misses 4\r\nSTAT get_expired 0\r\nEND\r\n"
+        );
+        assert_eq!(discount_reads(reply, 0, 0), reply);
+        assert_eq!(
+            discount_reads(b"STAT get_misses 1\r\n", 0, 5),
+            b"STAT get_misses 0\r\n"
+        );
+        assert_eq!(discount_reads(b"ERROR\r\n", 1, 1), b"ERROR\r\n");
+    }
     use crate::memcache::binary::Header;
     use crate::memcache::fixtures::*;
     use crate::memcache::reply::{reply_len, ReplyKind};
