@@ -12,6 +12,7 @@
 //! coherence, and [`history_load`] records them with concurrent clients.
 
 mod config;
+pub mod differential;
 mod down;
 pub mod history;
 pub mod history_load;

@@ -12,7 +12,7 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use wire::memcache::reply::{Framer, ReplyKind};
-use wire::memcache::{binary, parse_text, recover_binary, recover_text, Request};
+use wire::memcache::{binary, parse_text, recover_binary, recover_text, Command, Request};
 
 use crate::cache::{ReadFill, Served, Writes};
 
@@ -33,6 +33,8 @@ pub struct Slot {
     done: RefCell<Option<Vec<u8>>>,
     /// What the cache must hear of this request's reply before the client does.
     cache: RefCell<Option<CacheHook>>,
+    /// Taken off the client's queue before it completed: its reply is not written.
+    forgotten: Cell<bool>,
 }
 
 /// A forwarded request's business with the cache.
@@ -82,6 +84,9 @@ impl Slot {
         if let Some(hook) = self.cache.borrow_mut().take() {
             hook.finish(&reply);
         }
+        if self.forgotten.get() {
+            return;
+        }
         self.client
             .queued_bytes
             .set(self.client.queued_bytes.get() + reply.len());
@@ -107,6 +112,11 @@ struct Shared {
     /// Wakes the reader: the writer made room.
     room: Notify,
     reader_done: Cell<bool>,
+    /// Entries at the front of the queue that memcached would have written by now: it writes
+    /// its replies whenever it runs out of complete requests, after a binary `NOOP` or error,
+    /// and every 20 requests. Those after them are the ones it drops when a multi-get fails
+    /// (see [`Shared::forget`]).
+    committed: Cell<usize>,
 }
 
 /// Largest value a storage request may carry: memcached's default item size. Larger ones are
@@ -127,6 +137,7 @@ pub async fn serve(mut stream: TcpStream, pool: Rc<PoolRt>, limits: Limits) {
         wake: Notify::new(),
         room: Notify::new(),
         reader_done: Cell::new(false),
+        committed: Cell::new(0),
     });
     let (rd, wr) = stream.split();
     let reader = read_loop(rd, &shared, &pool, limits);
@@ -150,6 +161,33 @@ impl Shared {
         }
         self.queue.borrow_mut().push_back(entry);
         self.wake.notify_one();
+    }
+
+    /// Marks every entry queued so far as one memcached would have written.
+    fn commit(&self) {
+        self.committed.set(self.queue.borrow().len());
+    }
+
+    /// Drops the replies memcached would not have written yet, as it drops them when a
+    /// multi-get fails on a key too long.
+    fn forget(&self) {
+        let mut queue = self.queue.borrow_mut();
+        let keep = self.committed.get().min(queue.len());
+        for entry in queue.drain(keep..) {
+            if let Entry::Wait(slot) = entry {
+                slot.forgotten.set(true);
+            }
+        }
+        let bytes = queue
+            .iter()
+            .map(|entry| match entry {
+                Entry::Ready(bytes) => bytes.len(),
+                Entry::Wait(slot) => slot.done.borrow().as_ref().map_or(0, Vec::len),
+                Entry::Close => 0,
+            })
+            .sum();
+        self.queued_bytes.set(bytes);
+        self.room.notify_one();
     }
 
     fn full(&self, limits: &Limits) -> bool {
@@ -178,6 +216,9 @@ async fn write_loop(mut wr: WriteHalf<'_>, shared: &Rc<Shared>, pool: &PoolRt) {
                     }
                 }
                 queue.pop_front();
+                shared
+                    .committed
+                    .set(shared.committed.get().saturating_sub(1));
                 popped = true;
                 if out.len() >= 256 * 1024 {
                     break;
@@ -282,6 +323,7 @@ fn forward(
         remaining: Cell::new(parts.len()),
         done: RefCell::new(None),
         cache: RefCell::new(cache),
+        forgotten: Cell::new(false),
     });
     shared.push(Entry::Wait(slot.clone()));
     let deadline = Instant::now() + pool.stats.spec.timeout;
@@ -329,7 +371,14 @@ fn handle(
     let stats = &pool.stats;
     let mut used = 0;
     let mut router = pool.router();
+    // Whether the loop stopped for want of bytes: memcached writes its replies then.
+    let mut starved = false;
+    let mut handled = 0usize;
     while used < buf.len() && *skip == 0 && !shared.full(limits) {
+        handled += 1;
+        if handled % MEMCACHED_REQS_PER_EVENT == 0 {
+            shared.commit();
+        }
         let rest = &buf[used..];
         let parsed = if binary {
             binary::parse_request(rest)
@@ -343,6 +392,9 @@ fn handle(
                     Served::All(reply) => {
                         add(&stats.cache_replies, 1);
                         shared.push(Entry::Ready(reply));
+                        if request.protocol == wire::memcache::Protocol::Text {
+                            shared.commit();
+                        }
                         used += request.len;
                         continue;
                     }
@@ -361,6 +413,10 @@ fn handle(
                         add(&stats.local_replies, 1);
                         if !reply.is_empty() {
                             shared.push(Entry::Ready(reply));
+                        }
+                        // memcached writes its replies out after a binary NOOP.
+                        if request.command == Command::Binary(binary::opcode::NOOP) {
+                            shared.commit();
                         }
                     }
                     Plan::Close(reply) => {
@@ -385,6 +441,12 @@ fn handle(
                             pool,
                         )
                     }
+                }
+                // memcached writes its replies out after every text retrieval.
+                if request.protocol == wire::memcache::Protocol::Text
+                    && request.command.is_retrieval()
+                {
+                    shared.commit();
                 }
                 used += request.len;
             }
@@ -414,6 +476,7 @@ fn handle(
                     used += consumed + skipped;
                     continue;
                 }
+                starved = true;
                 break;
             }
             Err(error) => {
@@ -424,9 +487,13 @@ fn handle(
                     recover_text(error, rest, &mut reply)
                 };
                 let Some(recovery) = recovered else {
+                    starved = true;
                     break;
                 };
                 add(&stats.client_errors, 1);
+                if recovery.forget {
+                    shared.forget();
+                }
                 if !reply.is_empty() {
                     shared.push(Entry::Ready(reply));
                 }
@@ -437,11 +504,23 @@ fn handle(
                 // binary body) and reads on after it; so does the proxy, as it arrives.
                 used += recovery.consumed.max(1).min(rest.len());
                 *skip = recovery.skip;
+                // A binary error with nothing to throw away is written out at once.
+                if binary && *skip == 0 && recovery.consumed <= rest.len() {
+                    shared.commit();
+                }
             }
         }
     }
+    // Out of requests, and not throwing a block away: memcached writes what it has.
+    if *skip == 0 && (starved || used >= buf.len()) {
+        shared.commit();
+    }
     Handled::Used(used)
 }
+
+/// Requests memcached reads from one connection before it writes its replies and turns to
+/// others (`-R`, 20 by default).
+const MEMCACHED_REQS_PER_EVENT: usize = 20;
 
 /// What the cache answers of a read: all of it, or the cached keys of a text multi-get. The
 /// read is shown to hot-key detection either way.

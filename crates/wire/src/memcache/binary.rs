@@ -316,14 +316,13 @@ impl Header {
     }
 }
 
-/// Reads the binary request at the front of `buf`. Header errors are reported as soon as the
-/// 24 header bytes have arrived; `Ok(None)` until the whole body has.
+/// Reads the binary request at the front of `buf`. Header errors, a bad magic included, are
+/// reported as soon as the 24 header bytes have arrived, as memcached reports them; `Ok(None)`
+/// until then, and until the whole body has arrived.
 pub fn parse_request(buf: &[u8]) -> Result<Option<Request<'_>>, Error> {
+    // memcached judges the magic only once the whole header is in.
     let Some(header) = Header::decode(buf) else {
-        return match buf.first() {
-            Some(&magic) if magic != REQUEST_MAGIC => Err(Error::BadMagic),
-            _ => Ok(None),
-        };
+        return Ok(None);
     };
     if header.magic != REQUEST_MAGIC {
         return Err(Error::BadMagic);
@@ -335,11 +334,22 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<Request<'_>>, Error> {
     let op = header.opcode;
     let (key, extras, value) = opcode::shape(op).ok_or(Error::UnknownCommand)?;
     let key_ok = !matches!(key, Some(required) if required != (header.key_len > 0));
-    let value_ok = value || header.value_len() == 0;
+    // memcached reads no value for these and goes on right after the key, whatever the body
+    // length says; so does the parser, so that the next request starts where memcached's does.
+    let ignores_value = matches!(
+        op,
+        opcode::TOUCH | opcode::GAT | opcode::GATQ | opcode::GATK | opcode::GATKQ | opcode::STAT
+    );
+    let value_ok = value || ignores_value || header.value_len() == 0;
     if !key_ok || !value_ok || !extras.contains(&header.extras_len) {
         return Err(Error::BadBinaryArgs);
     }
-    let Some(bytes) = buf.get(..header.packet_len()) else {
+    let end = if ignores_value {
+        header.key_range().1
+    } else {
+        header.packet_len()
+    };
+    let Some(bytes) = buf.get(..end) else {
         return Ok(None);
     };
     let mut request = Request::new(Command::Binary(op), bytes);
@@ -348,7 +358,7 @@ pub fn parse_request(buf: &[u8]) -> Result<Option<Request<'_>>, Error> {
         request.keys = KeySpan::One(start, end);
         request.key_count = 1;
     }
-    request.data = Some((header.key_range().1, header.packet_len()));
+    request.data = Some((header.key_range().1, end));
     request.noreply = opcode::is_quiet(op);
     request.opaque = Some(header.opaque);
     Ok(Some(request))

@@ -5,7 +5,8 @@ use super::{Error, MAX_LINE_LEN};
 /// Where the first line of a buffer ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Line {
-    /// End of the line's content: the `\r\n` or bare `\n` is not part of it.
+    /// End of the line's content: the `\r\n` or bare `\n` is not part of it, nor anything from a
+    /// NUL on.
     pub end: usize,
     /// Offset just past the `\n`, where the data block or the next request starts.
     pub next: usize,
@@ -26,24 +27,23 @@ impl Line {
                 } else {
                     nl
                 };
+                // memcached reads a line as a C string: a NUL ends it, and what follows on
+                // the line is ignored.
+                let end = buf[..end].iter().position(|&b| b == 0).unwrap_or(end);
                 Ok(Some(Line { end, next }))
             }
-            None if buf.len() >= MAX_LINE_LEN && !is_multiget(buf) => Err(Error::LineTooLong),
+            None if buf.len() > MAX_LINE_LEN && !is_multiget(buf) => Err(Error::LineTooLong),
             None => Ok(None),
         }
     }
 }
 
-/// Whether the line starts with `get`, `gets`, `gat` or `gats` and a space within its first
-/// [`MAX_LINE_LEN`] bytes: such lines may be longer, as in memcached.
+/// Whether memcached lets a line without its `\n` grow past [`MAX_LINE_LEN`]: one that starts,
+/// after at most 100 spaces, with `get ` or `gets ` (not `gat`, not `gats`).
 fn is_multiget(buf: &[u8]) -> bool {
-    let window = &buf[..buf.len().min(MAX_LINE_LEN)];
-    let mut tokens = Tokens::new(window);
-    let Some((at, name)) = tokens.next() else {
-        return false;
-    };
-    let followed_by_space = window.get(at + name.len()) == Some(&b' ');
-    followed_by_space && matches!(name, b"get" | b"gets" | b"gat" | b"gats")
+    let spaces = buf.iter().take_while(|&&b| b == b' ').count();
+    let rest = &buf[spaces..];
+    spaces <= 100 && (rest.starts_with(b"get ") || rest.starts_with(b"gets "))
 }
 
 /// Iterator over the space-separated tokens of a line, with their offsets. Runs of spaces count

@@ -19,6 +19,10 @@ pub struct Recovery {
     pub skip: usize,
     /// memcached closes the connection here: write the reply (if any), then close.
     pub close: bool,
+    /// memcached throws away the replies to earlier requests that it has not written yet and
+    /// goes on (a multi-get with a key too long, memcached's `conn_release_items`): a proxy
+    /// that wants to answer as memcached does drops the replies still queued.
+    pub forget: bool,
 }
 
 /// Answers the request at the front of `buf` that [`parse`](super::parse) refused with `error`
@@ -55,6 +59,7 @@ pub fn recover_binary(error: Error, buf: &[u8], out: &mut Vec<u8>) -> Option<Rec
             consumed: buf.len(),
             skip: 0,
             close: true,
+            forget: false,
         });
     }
     let header = Header::decode(buf)?;
@@ -68,6 +73,7 @@ pub fn recover_binary(error: Error, buf: &[u8], out: &mut Vec<u8>) -> Option<Rec
             consumed: buf.len(),
             skip: 0,
             close: true,
+            forget: false,
         });
     }
     // Answered at once; the body is then thrown away as it arrives, however long it says it is.
@@ -77,6 +83,7 @@ pub fn recover_binary(error: Error, buf: &[u8], out: &mut Vec<u8>) -> Option<Rec
         consumed,
         skip: total - consumed,
         close: false,
+        forget: false,
     })
 }
 
@@ -87,6 +94,7 @@ pub fn recover_text(error: Error, buf: &[u8], out: &mut Vec<u8>) -> Option<Recov
             consumed: buf.len(),
             skip: 0,
             close: true,
+            forget: false,
         });
     }
     let line_end = line_len(buf)?;
@@ -105,10 +113,17 @@ pub fn recover_text(error: Error, buf: &[u8], out: &mut Vec<u8>) -> Option<Recov
     }
     let total = line_end.saturating_add(block);
     let consumed = total.min(buf.len());
+    let retrieval = matches!(
+        tokens(line)
+            .next()
+            .and_then(|(_, name)| Command::from_name(name)),
+        Some(Command::Get | Command::Gets | Command::Gat | Command::Gats)
+    );
     Some(Recovery {
         consumed,
         skip: total - consumed,
         close: false,
+        forget: retrieval && error == Error::KeyTooLong,
     })
 }
 
@@ -117,6 +132,8 @@ pub fn recover_text(error: Error, buf: &[u8], out: &mut Vec<u8>) -> Option<Recov
 fn tokens(line: &[u8]) -> Tokens<'_> {
     let line = line.strip_suffix(b"\n").unwrap_or(line);
     let line = line.strip_suffix(b"\r").unwrap_or(line);
+    // A NUL ends a line as memcached reads it.
+    let line = &line[..line.iter().position(|&b| b == 0).unwrap_or(line.len())];
     Tokens::new(line)
 }
 
@@ -262,7 +279,8 @@ mod tests {
             Recovery {
                 consumed: b"ms a\r18446744073709551585 2\r\nhi\r\n".len(),
                 skip: 0,
-                close: false
+                close: false,
+                forget: false
             }
         );
         assert_eq!(out, b"CLIENT_ERROR bad data chunk\r\n");
@@ -406,7 +424,8 @@ mod tests {
             Recovery {
                 consumed: 3000,
                 skip: 0,
-                close: true
+                close: true,
+                forget: false
             }
         );
         assert!(out.is_empty());

@@ -400,7 +400,9 @@ fn binary_errors() {
         assert_eq!(err(&bad_args), Error::BadBinaryArgs, "{bad_args:?}");
         check_prefixes(&bad_args);
     }
-    assert_eq!(binary::parse_request(b"\x81"), Err(Error::BadMagic));
+    // The magic is judged once the whole header is in, as memcached judges it.
+    assert_eq!(binary::parse_request(b"\x81"), Ok(None));
+    assert_eq!(binary::parse_request(&[0x81; 24]), Err(Error::BadMagic));
     let mut response = bin(opcode::GET, &[0; 4], b"", b"abc");
     response[0] = binary::RESPONSE_MAGIC;
     assert_eq!(binary::parse_request(&response), Err(Error::BadMagic));
@@ -468,7 +470,7 @@ fn key_lengths() {
 #[test]
 fn control_characters_in_text_keys() {
     // memcached splits a command line at spaces only: any other byte is part of the key.
-    for odd in [0x00, 0x01, b'\t', 0x0b, 0x0c, b'\r', 0x1f, 0x7f] {
+    for odd in [0x01, b'\t', 0x0b, 0x0c, b'\r', 0x1f, 0x7f] {
         let key = [b'a', odd, b'b'];
         for (pre, post) in [
             ("get ", "\r\n"),
@@ -482,6 +484,13 @@ fn control_characters_in_text_keys() {
             check_prefixes(&buf);
         }
     }
+    // memcached reads a line as a C string: a NUL ends it.
+    assert_eq!(
+        ok(b"get a\0b c\r\n").keys().collect::<Vec<_>>(),
+        [&b"a"[..]]
+    );
+    assert_eq!(err(b"set a\0b 0 0 1\r\nx\r\n"), Error::WrongArgCount);
+    assert_eq!(err(b"ms d\0k 3 c q\r\nabc\r\n"), Error::BadFormat);
     // A \r just before the \n ends the line; one more is part of the key.
     assert_eq!(ok(b"get a\r\r\n").key(), Some(&b"a\r"[..]));
     assert_eq!(ok(b"get \x80\xff\r\n").key(), Some(&b"\x80\xff"[..]));
@@ -499,8 +508,8 @@ fn line_limits() {
     long_bogus.extend_from_slice(b"\r\n");
     assert_eq!(err(&long_bogus), Error::UnknownCommand);
 
-    assert_eq!(parse(&[b'x'; MAX_LINE_LEN - 1]), Ok(None));
-    assert_eq!(err(&[b'x'; MAX_LINE_LEN]), Error::LineTooLong);
+    assert_eq!(parse(&[b'x'; MAX_LINE_LEN]), Ok(None));
+    assert_eq!(err(&[b'x'; MAX_LINE_LEN + 1]), Error::LineTooLong);
     assert_eq!(err(&[b' '; MAX_LINE_LEN + 5]), Error::LineTooLong);
 
     // A line of exactly MAX_LINE_LEN bytes is accepted.
@@ -512,10 +521,19 @@ fn line_limits() {
     assert_eq!(ok(&exact).len, MAX_LINE_LEN);
     exact.insert(0, b' ');
     assert_eq!(ok(&exact).len, MAX_LINE_LEN + 1);
-    assert_eq!(err(&exact[..MAX_LINE_LEN]), Error::LineTooLong);
+    assert_eq!(parse(&exact[..MAX_LINE_LEN]), Ok(None));
+    assert_eq!(
+        err(&[&exact[..MAX_LINE_LEN], b" "].concat()),
+        Error::LineTooLong
+    );
 
-    // Multi-gets may be longer, as in memcached.
-    for cmd in ["get", "gets", "gat 0", "gats 0"] {
+    // `get` and `gets` may be longer, as in memcached; `gat` and `gats` may not.
+    for cmd in ["gat 0", "gats 0"] {
+        let mut long = cmd.as_bytes().to_vec();
+        long.resize(MAX_LINE_LEN + 1, b'k');
+        assert_eq!(err(&long), Error::LineTooLong);
+    }
+    for cmd in ["get", "gets"] {
         let mut multiget = cmd.as_bytes().to_vec();
         for i in 0..2000 {
             multiget.extend_from_slice(format!(" key{i}").as_bytes());
