@@ -612,6 +612,7 @@ mod tests {
         assert_eq!(parsed["switch"]["local_port"].as_str(), Some("kvs-local"));
         assert_eq!(parsed["switch"]["local_peer"].as_str(), Some("kvs-local-h"));
         assert_eq!(parsed["switch"]["proxy"].as_bool(), Some(true));
+        assert_eq!(parsed["switch"]["source_check"].as_bool(), Some(true));
         assert_eq!(parsed["vip"]["prefix_len"].as_integer(), Some(24));
         assert!(parsed["vip"].get("agent_ip").is_none());
 
