@@ -20,6 +20,7 @@ use serde::Deserialize;
 use wire::ethernet::Mac;
 
 use crate::proxy::pool::{PoolSpec, ServerSpec};
+use crate::source::Prefix;
 use pool_keys::{PoolKeys, RawPool};
 
 /// How a routed request is rewritten on its way to the backend.
@@ -80,6 +81,26 @@ pub struct Config {
     pub server_connections: usize,
     /// The in-network cache (`[cache]`), shared by the UDP path and the proxy.
     pub cache: cache::CacheSettings,
+    /// The source-address check of the ports (`switch.source_check` and its keys).
+    pub source: SourceCheck,
+    /// UDP reply bytes a second each client address may receive (0: no limit).
+    pub udp_reply_bytes_per_sec: u64,
+    /// The most reply bytes a client may receive at once.
+    pub udp_reply_burst_bytes: u64,
+}
+
+/// `switch.source_check` and the keys that go with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceCheck {
+    /// Accept an IPv4 source address only on its own port.
+    pub enabled: bool,
+    /// A learned address not seen for this long may appear on another port.
+    pub age: Duration,
+    /// Most addresses learned (each port gets an equal share).
+    pub table_size: usize,
+    /// Per port (as numbered by `switch.ports`), the prefixes it alone may send from; a port
+    /// with none learns its addresses.
+    pub prefixes: Vec<Vec<Prefix>>,
 }
 
 /// The local port: a veth pair whose `port` end the switch owns like the ports it is given, and
@@ -199,6 +220,18 @@ struct RawSwitch {
     proxy: Option<bool>,
     #[serde(default)]
     proxy_workers: Option<usize>,
+    #[serde(default)]
+    source_check: Option<bool>,
+    #[serde(default)]
+    source_age_s: Option<u64>,
+    #[serde(default)]
+    source_table_size: Option<usize>,
+    #[serde(default)]
+    source_prefixes: Option<std::collections::BTreeMap<String, Vec<String>>>,
+    #[serde(default)]
+    udp_reply_bytes_per_sec: Option<u64>,
+    #[serde(default)]
+    udp_reply_burst_bytes: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -236,6 +269,18 @@ pub const LOCAL_PEER_SUFFIX: &str = "-h";
 pub const DEFAULT_VIP_PREFIX_LEN: u8 = 24;
 /// Default number of proxy workers: the switch loop already holds one core.
 pub const DEFAULT_PROXY_WORKERS: usize = 1;
+/// Default ageing time of a learned source address, in seconds: how long a host that moved
+/// to another port waits before its address is accepted there.
+pub const DEFAULT_SOURCE_AGE_S: u64 = 60;
+/// Default size of the source-address table.
+pub const DEFAULT_SOURCE_TABLE_SIZE: usize = 8192;
+/// Default UDP reply bytes per second to one client: 1 Gbit/s, more than one client of a
+/// switch on one core receives, yet a bound on what a forged source address can aim at a host.
+pub const DEFAULT_UDP_REPLY_BYTES_PER_SEC: u64 = 125_000_000;
+/// Default burst of UDP reply bytes to one client: 16 MiB, a multi-get of sixteen 1 MiB items.
+pub const DEFAULT_UDP_REPLY_BURST_BYTES: u64 = 16 << 20;
+/// The burst must hold the largest IPv4 datagram, or such a reply could never pass.
+pub const MIN_UDP_REPLY_BURST_BYTES: u64 = 65_536;
 
 impl Config {
     /// Reads and validates a configuration file.
@@ -370,6 +415,24 @@ impl Config {
                 format!("{proxy_workers} is out of range; use 1 to 64"),
             ));
         }
+        let source = source_check(&raw.switch, &err)?;
+        let udp_reply_bytes_per_sec = raw
+            .switch
+            .udp_reply_bytes_per_sec
+            .unwrap_or(DEFAULT_UDP_REPLY_BYTES_PER_SEC);
+        let udp_reply_burst_bytes = raw
+            .switch
+            .udp_reply_burst_bytes
+            .unwrap_or(DEFAULT_UDP_REPLY_BURST_BYTES);
+        if udp_reply_bytes_per_sec > 0 && udp_reply_burst_bytes < MIN_UDP_REPLY_BURST_BYTES {
+            return Err(err(
+                "switch.udp_reply_burst_bytes",
+                format!(
+                    "{udp_reply_burst_bytes} is less than {MIN_UDP_REPLY_BURST_BYTES}, the \
+                     largest datagram: such a reply could never pass"
+                ),
+            ));
+        }
         let split_timeout_ms = raw.vip.split_timeout_ms.unwrap_or(1000);
         if split_timeout_ms == 0 || split_timeout_ms > 60_000 {
             return Err(err(
@@ -497,6 +560,9 @@ impl Config {
                 let present = raw.cache.is_some();
                 raw.cache.unwrap_or_default().settings(present, path)?
             },
+            source,
+            udp_reply_bytes_per_sec,
+            udp_reply_burst_bytes,
         };
         // What is left to check needs the whole list: the ring must build (names short enough
         // for nutcracker's ketama buffer).
@@ -551,6 +617,44 @@ impl Config {
         }
         addrs
     }
+}
+
+/// `switch.source_check` with its age, table size and per-port prefixes, validated.
+fn source_check(
+    raw: &RawSwitch,
+    err: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<SourceCheck, ConfigError> {
+    let age_s = raw.source_age_s.unwrap_or(DEFAULT_SOURCE_AGE_S);
+    if !(1..=86_400).contains(&age_s) {
+        return Err(err(
+            "switch.source_age_s",
+            format!("{age_s} is out of range; use 1 to 86400 seconds"),
+        ));
+    }
+    let table_size = raw.source_table_size.unwrap_or(DEFAULT_SOURCE_TABLE_SIZE);
+    if !(1..=1_000_000).contains(&table_size) {
+        return Err(err(
+            "switch.source_table_size",
+            format!("{table_size} is out of range; use 1 to 1000000"),
+        ));
+    }
+    let mut prefixes = vec![Vec::new(); raw.ports.len()];
+    for (port, list) in raw.source_prefixes.iter().flatten() {
+        let key = format!("switch.source_prefixes.{port}");
+        let Some(i) = raw.ports.iter().position(|p| p == port) else {
+            return Err(err(&key, format!("`{port}` is not in switch.ports")));
+        };
+        for text in list {
+            let prefix: Prefix = text.parse().map_err(|m| err(&key, m))?;
+            prefixes[i].push(prefix);
+        }
+    }
+    Ok(SourceCheck {
+        enabled: raw.source_check.unwrap_or(false),
+        age: Duration::from_secs(age_s),
+        table_size,
+        prefixes,
+    })
 }
 
 /// `switch.local_port` and `switch.local_peer`, validated; `None` when turned off.
@@ -637,6 +741,22 @@ local_port = "kvs-local"
 # false: run no proxy and leave the VIP's port on this host to another program.
 proxy = true
 proxy_workers = 1
+# Replies over UDP (from the servers' memcached ports, and the switch's own answers) to one
+# client address: at most this many bytes a second, this many at once; further datagrams are
+# dropped (`reply_rate_limited`), so a forged source cannot aim the pool at a host. 0: no limit.
+udp_reply_bytes_per_sec = 125000000
+udp_reply_burst_bytes = 16777216
+# Anti-spoofing: accept an IPv4 source address (IPv4 or ARP) only on the port it was first
+# seen on, for as long as it keeps being seen there, or on the port configured for it below;
+# a frame from it on another port is dropped (`source_spoofed`). A host that moves to another
+# port is accepted there once it has been silent for source_age_s. The local port, where the
+# host's own stack sends from the VIP, is not checked. Off unless set.
+source_check = false
+source_age_s = 60
+source_table_size = 8192   # each port may learn an equal share
+# Per port, the only sources it accepts (and no other port may use); keep this table last.
+# [switch.source_prefixes]
+# "veth-c1" = ["10.0.0.1/32"]
 
 [vip]
 ip = "10.0.0.100"

@@ -14,6 +14,8 @@ pub mod frame;
 pub mod local;
 pub mod measure;
 pub mod proxy;
+pub mod ratelimit;
+pub mod source;
 pub mod split;
 pub mod stats;
 pub mod switch;

@@ -80,11 +80,13 @@ enum TestbedCmd {
         #[arg(long)]
         no_nutcracker: bool,
     },
-    /// Remove every namespace, link and process the testbed made (also after a crash).
+    /// Remove every namespace, link and process the testbed made (also after a crash);
+    /// fails if no testbed of the prefix exists.
     Down {
         #[arg(long, default_value = "kvs")]
         prefix: String,
-        /// The live topology file written by `up`.
+        /// The live topology file written by `up`; by default the one `up --prefix` wrote,
+        /// wherever `--state` put it.
         #[arg(long)]
         state: Option<PathBuf>,
     },
@@ -166,10 +168,15 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
                 println!("{}", path.display());
                 Ok(())
             }
-            TestbedCmd::Down { prefix, state } => {
-                let path = state.unwrap_or_else(|| testbed::default_state_path(&prefix));
-                testbed::down(&path)
-            }
+            TestbedCmd::Down { prefix, state } => match state {
+                Some(path) if !path.exists() => {
+                    anyhow::bail!("{}: no such testbed state file", path.display())
+                }
+                Some(path) => testbed::down(&path),
+                // Wherever `up --state` put the state file; an error if nothing of the
+                // prefix exists.
+                None => testbed::down_prefix(&prefix),
+            },
         },
         Cmd::Load(args) => {
             let report = loadgen::run(&args)?;

@@ -65,10 +65,37 @@ pub enum Drop {
     /// A write to the VIP while the cache already waits for too many writes' replies: it
     /// cannot be tracked, so it is not forwarded.
     CacheWritesFull,
+    /// A request routed by key whose server's port is not known yet (its MAC is not in the
+    /// MAC table): never flooded, since it carries a client's data; the switch asks for the
+    /// server with ARP.
+    RoutePortUnknown,
+    /// With `switch.source_check`: a source address seen on another port than the one it is
+    /// bound to (learned or configured), or outside the prefixes configured for its port.
+    SourceSpoofed,
+    /// With `switch.source_check`: a new source address while the address table (or the
+    /// port's share of it) is full; it is not accepted, so a flood of made-up addresses
+    /// cannot crowd out the check.
+    SourceTableFull,
+    /// Traffic to the VIP from UDP or TCP source port 0 (nothing can answer it).
+    SourcePortZero,
+    /// Traffic to the VIP from 0.0.0.0.
+    SourceUnspecified,
+    /// Traffic to the VIP from a broadcast address (255.255.255.255, or the VIP network's).
+    SourceBroadcast,
+    /// Traffic to the VIP from a multicast address (224.0.0.0/4).
+    SourceMulticast,
+    /// Traffic to the VIP from a loopback address (127.0.0.0/8).
+    SourceLoopback,
+    /// A frame from the switch's own address (the VIP or the agent address) on a port other
+    /// than the local port.
+    SourceVip,
+    /// A UDP reply from a server (or the switch's own answer) to a client that has used up its
+    /// reply bytes (`switch.udp_reply_bytes_per_sec`, `switch.udp_reply_burst_bytes`).
+    ReplyRateLimited,
 }
 
 impl Drop {
-    pub const ALL: [Drop; 28] = [
+    pub const ALL: [Drop; 38] = [
         Drop::BadEthernet,
         Drop::BadIpv4,
         Drop::BadUdp,
@@ -97,6 +124,16 @@ impl Drop {
         Drop::SplitForeignReply,
         Drop::MacTableFull,
         Drop::CacheWritesFull,
+        Drop::RoutePortUnknown,
+        Drop::SourceSpoofed,
+        Drop::SourceTableFull,
+        Drop::SourcePortZero,
+        Drop::SourceUnspecified,
+        Drop::SourceBroadcast,
+        Drop::SourceMulticast,
+        Drop::SourceLoopback,
+        Drop::SourceVip,
+        Drop::ReplyRateLimited,
     ];
 
     /// The label used in metrics.
@@ -130,6 +167,16 @@ impl Drop {
             Drop::SplitForeignReply => "split_foreign_reply",
             Drop::MacTableFull => "mac_table_full",
             Drop::CacheWritesFull => "cache_writes_full",
+            Drop::RoutePortUnknown => "route_port_unknown",
+            Drop::SourceSpoofed => "source_spoofed",
+            Drop::SourceTableFull => "source_table_full",
+            Drop::SourcePortZero => "source_port_zero",
+            Drop::SourceUnspecified => "source_unspecified",
+            Drop::SourceBroadcast => "source_broadcast",
+            Drop::SourceMulticast => "source_multicast",
+            Drop::SourceLoopback => "source_loopback",
+            Drop::SourceVip => "source_vip",
+            Drop::ReplyRateLimited => "reply_rate_limited",
         }
     }
 

@@ -23,6 +23,8 @@ use wire::{arp, ipv4, mcudp, udp};
 use crate::cache::CacheService;
 use crate::config::{Config, Mode};
 use crate::frame::{self, UdpEnds};
+use crate::ratelimit::ReplyLimiter;
+use crate::source::{self, Check, SourceGuard};
 use crate::split::{self, Arrival, Splitter};
 use crate::stats::{self, Answer, Drop, Stats};
 use crate::udp_cache::{UdpCache, CPU_CACHE, REG_CACHE};
@@ -81,7 +83,7 @@ const OFF_L4_DST: u16 = 36;
 const ARP_REQUEST: u16 = 1;
 const ARP_REPLY: u16 = 2;
 
-/// How often unresolved backends are asked for their MAC.
+/// How often servers whose MAC or port is unknown are asked for with ARP.
 const ARP_RETRY: Duration = Duration::from_secs(1);
 
 /// A view of the switch for the status API, refreshed by the run loop.
@@ -89,6 +91,10 @@ const ARP_RETRY: Duration = Duration::from_secs(1);
 pub struct Snapshot {
     pub backend_macs: Vec<Option<String>>,
     pub mac_table: usize,
+    /// Source addresses bound to ports (with `switch.source_check`).
+    pub source_table: usize,
+    /// Clients with a bucket of reply bytes of their own.
+    pub reply_buckets: usize,
     pub splits_in_flight: usize,
     pub tables: Vec<TableInfo>,
 }
@@ -146,6 +152,12 @@ pub struct Switch {
     local_ips: Vec<Ipv4Addr>,
     /// The cache's part of the UDP path, once [`Switch::set_cache`] attached one.
     cache: Option<UdpCache>,
+    /// The source-address check, when `switch.source_check` is on.
+    guard: Option<SourceGuard>,
+    /// Reply bytes per client, unless `switch.udp_reply_bytes_per_sec` is 0.
+    limiter: Option<ReplyLimiter>,
+    /// The VIP network's broadcast address, when it has one (prefixes up to /30).
+    vip_broadcast: Option<Ipv4Addr>,
 }
 
 impl Switch {
@@ -211,6 +223,18 @@ impl Switch {
             local,
             local_ips,
             cache: None,
+            guard: cfg.source.enabled.then(|| {
+                SourceGuard::new(
+                    cfg.ports.len(),
+                    cfg.source.prefixes.clone(),
+                    cfg.source.table_size,
+                    cfg.source.age,
+                )
+            }),
+            limiter: (cfg.udp_reply_bytes_per_sec > 0)
+                .then(|| ReplyLimiter::new(cfg.udp_reply_bytes_per_sec, cfg.udp_reply_burst_bytes)),
+            vip_broadcast: (cfg.vip_prefix_len <= 30)
+                .then(|| Ipv4Addr::from(u32::from(cfg.vip) | (u32::MAX >> cfg.vip_prefix_len))),
         };
         sw.install_members()?;
         Ok(sw)
@@ -278,6 +302,11 @@ impl Switch {
                 return Fate::Consumed;
             }
         };
+        if let Some(reason) = self.check_source(in_port, frame, src, ethertype, now) {
+            // Before learning: a forged frame teaches the switch nothing.
+            self.stats.count_drop(reason);
+            return Fate::Consumed;
+        }
         self.learn(src, in_port, now);
         if !csum_ready && ethertype == EtherType::IPV4 {
             complete_l4_checksum(frame);
@@ -339,7 +368,7 @@ impl Switch {
             let reply = self.cache.as_ref().and_then(|c| c.serve(body, now));
             if let Some(reply) = reply {
                 self.stats.answer(Answer::Cache);
-                self.send_reply(in_port, &read.client, read.request_id, &reply, emit);
+                self.send_reply(in_port, &read.client, read.request_id, &reply, now, emit);
                 return Fate::Consumed;
             }
             meta.regs[REG_CACHE] = 0;
@@ -404,6 +433,12 @@ impl Switch {
                 self.stats.count_drop(Drop::NoAction);
                 Fate::Consumed
             }
+            Verdict::Flood if routed => {
+                // The server's MAC is not in the MAC table: a request carries a client's data
+                // and goes to its server or nowhere. The tick asks for the server with ARP.
+                self.stats.count_drop(Drop::RoutePortUnknown);
+                Fate::Consumed
+            }
             Verdict::Flood => {
                 stats::inc(&self.stats.flooded);
                 Fate::Flood
@@ -425,6 +460,93 @@ impl Switch {
                 self.stats.count_drop(reason);
                 Fate::Consumed
             }
+        }
+    }
+
+    /// With `switch.source_check`: whether the frame's IPv4 source (the IPv4 header's, or an
+    /// ARP sender's) may come from `in_port`. The local port is the switch's own host and is
+    /// not checked; the switch's own addresses come from nowhere else (but the VIP in l2 mode,
+    /// which the servers own, from a server's MAC).
+    fn check_source(
+        &mut self,
+        in_port: u16,
+        frame: &[u8],
+        src_mac: Mac,
+        ethertype: EtherType,
+        now: Instant,
+    ) -> Option<Drop> {
+        if self.guard.is_none() || Some(in_port) == self.local {
+            return None;
+        }
+        let ip = match ethertype {
+            EtherType::IPV4 => {
+                let at = usize::from(OFF_IP_SRC);
+                let bytes: [u8; 4] = frame.get(at..at + 4)?.try_into().ok()?;
+                Ipv4Addr::from(bytes)
+            }
+            EtherType::ARP => {
+                let packet = arp::Packet::new_checked(frame.get(ethernet::HEADER_LEN..)?).ok()?;
+                arp::Repr::parse(&packet).ok()?.sender_ip
+            }
+            _ => return None,
+        };
+        if self.own_address(ip) {
+            let server = self.backend_macs.contains(&Some(src_mac));
+            if self.cfg.mode == Mode::L2 && ip == self.cfg.vip && server {
+                return None;
+            }
+            return Some(Drop::SourceVip);
+        }
+        if !source::is_host_address(ip) {
+            return None;
+        }
+        match self.guard.as_mut()?.check(in_port, ip, now) {
+            Check::Accept => None,
+            Check::Spoofed => Some(Drop::SourceSpoofed),
+            Check::TableFull => Some(Drop::SourceTableFull),
+        }
+    }
+
+    /// The VIP, the agent address, or an address of the host's end of the local port.
+    fn own_address(&self, ip: Ipv4Addr) -> bool {
+        ip == self.cfg.vip || Some(ip) == self.cfg.agent_ip || self.local_ips.contains(&ip)
+    }
+
+    /// Why traffic to the VIP (or the agent address) from `src_ip` cannot be genuine: no host
+    /// sends from these addresses or from port 0, and an answer to one would go nowhere or
+    /// everywhere (memcached stops answering UDP after a reply to port 0). `l4` is the IP
+    /// payload; its first two bytes are the source port when `plain` says it is UDP or TCP.
+    fn bad_source_to_vip(&self, src_ip: Ipv4Addr, l4: &[u8], plain: bool) -> Option<Drop> {
+        if src_ip.is_unspecified() {
+            return Some(Drop::SourceUnspecified);
+        }
+        if src_ip.is_broadcast() || Some(src_ip) == self.vip_broadcast {
+            return Some(Drop::SourceBroadcast);
+        }
+        if src_ip.is_multicast() {
+            return Some(Drop::SourceMulticast);
+        }
+        if src_ip.is_loopback() {
+            return Some(Drop::SourceLoopback);
+        }
+        if self.own_address(src_ip) {
+            return Some(Drop::SourceVip);
+        }
+        if plain && l4.get(0..2) == Some(&[0, 0]) {
+            return Some(Drop::SourcePortZero);
+        }
+        None
+    }
+
+    /// Whether a UDP reply of `bytes` may go to `client` now. Replies to the switch's own
+    /// addresses (parts of split gets) are not limited.
+    fn reply_allowed(&mut self, client: Ipv4Addr, bytes: usize, now: Instant) -> bool {
+        if self.own_address(client) {
+            return true;
+        }
+        match &mut self.limiter {
+            Some(limiter) => limiter.allow(client, bytes, now),
+            None => true,
         }
     }
 
@@ -556,13 +678,21 @@ impl Switch {
         };
         let for_vip = dst_ip == self.cfg.vip;
         let for_agent = Some(dst_ip) == self.cfg.agent_ip;
+        if (for_vip || for_agent) && Some(in_port) != self.local {
+            if let Some(reason) = self.bad_source_to_vip(src_ip, ip.payload(), plain_flags != 0) {
+                self.stats.count_drop(reason);
+                return Stage::Done(Fate::Consumed);
+            }
+        }
         if plain_udp {
+            let mut reply = false;
             if let Some(&i) = self.backend_by_ip.get(&src_ip) {
                 let from_memcached = udp::Packet::new_checked(ip.payload())
                     .is_ok_and(|u| u.src_port() == self.cfg.servers[i].addr.port());
                 if from_memcached {
                     stats::inc(&self.stats.backends[i].replies);
                     self.reply_passes(ip.payload(), dst_ip, now);
+                    reply = true;
                 }
             } else if src_ip == self.cfg.vip && self.cfg.mode == Mode::L2 {
                 // In l2 mode the servers answer from the VIP, which they own on loopback.
@@ -570,7 +700,13 @@ impl Switch {
                     .is_ok_and(|u| u.src_port() == self.cfg.vip_port);
                 if from_memcached {
                     self.reply_passes(ip.payload(), dst_ip, now);
+                    reply = true;
                 }
+            }
+            // The cache has heard of it either way: the server did what it answers.
+            if reply && !self.reply_allowed(dst_ip, frame.len(), now) {
+                self.stats.count_drop(Drop::ReplyRateLimited);
+                return Stage::Done(Fate::Consumed);
             }
         }
         if !(for_vip || for_agent) || ip.protocol() != ipv4::Protocol::UDP {
@@ -604,7 +740,7 @@ impl Switch {
         }
         let (src_port, dst_port) = (u.src_port(), u.dst_port());
         if for_agent && dst_port == self.cfg.agent_port {
-            self.split_reply((src_ip, src_port), u.payload(), emit);
+            self.split_reply((src_ip, src_port), u.payload(), now, emit);
             return Stage::Done(Fate::Consumed);
         }
         if !for_vip || dst_port != self.cfg.vip_port {
@@ -672,7 +808,7 @@ impl Switch {
             }
             Route::Answer(kind, reply) => {
                 self.stats.answer(kind);
-                self.send_reply(in_port, &client, header.request_id, reply, emit);
+                self.send_reply(in_port, &client, header.request_id, reply, now, emit);
                 Stage::Done(Fate::Consumed)
             }
             Route::Split => {
@@ -780,21 +916,32 @@ impl Switch {
         }
     }
 
+    /// Sends the switch's own reply to a client, unless the client has used up its reply
+    /// bytes (then every datagram of it is counted as dropped).
     fn send_reply(
         &mut self,
         port: u16,
         ends: &UdpEnds,
         request_id: u16,
         reply: &[u8],
+        now: Instant,
         emit: &mut Vec<Emit>,
     ) {
-        match frame::memcached_reply(ends, request_id, reply) {
-            Some(frames) => emit.extend(frames.into_iter().map(|frame| Emit {
-                dest: Dest::Port(port),
-                frame,
-            })),
-            None => self.stats.count_drop(Drop::SplitBadReply),
+        let Some(frames) = frame::memcached_reply(ends, request_id, reply) else {
+            self.stats.count_drop(Drop::SplitBadReply);
+            return;
+        };
+        let bytes = frames.iter().map(Vec::len).sum();
+        if !self.reply_allowed(ends.dst_ip, bytes, now) {
+            for _ in &frames {
+                self.stats.count_drop(Drop::ReplyRateLimited);
+            }
+            return;
         }
+        emit.extend(frames.into_iter().map(|frame| Emit {
+            dest: Dest::Port(port),
+            frame,
+        }));
     }
 
     fn start_split(
@@ -824,9 +971,13 @@ impl Switch {
                 .keys()
                 .map(|k| (k.to_vec(), self.ring.locate(k)))
                 .collect();
-            // Every part needs a known MAC before anything is sent.
+            // Every part needs a known MAC and port before anything is sent.
             if keys.iter().any(|(_, s)| self.backend_macs[*s].is_none()) {
                 self.stats.count_drop(Drop::BackendUnresolved);
+                return;
+            }
+            if keys.iter().any(|(_, s)| self.server_port(*s).is_none()) {
+                self.stats.count_drop(Drop::RoutePortUnknown);
                 return;
             }
             if let Some(cache) = &self.cache {
@@ -850,7 +1001,14 @@ impl Switch {
             ) {
                 Ok(split::Started::Answered(reply)) => {
                     self.stats.answer(Answer::Cache);
-                    self.send_reply(client.port, &client.ends, client.request_id, &reply, emit);
+                    self.send_reply(
+                        client.port,
+                        &client.ends,
+                        client.request_id,
+                        &reply,
+                        now,
+                        emit,
+                    );
                     return;
                 }
                 Ok(split::Started::Sent(subs)) => Ok(subs),
@@ -866,6 +1024,13 @@ impl Switch {
                 .any(|(_, s)| s.is_some_and(|s| self.backend_macs[s].is_none()))
             {
                 self.stats.count_drop(Drop::BackendUnresolved);
+                return;
+            }
+            if requests
+                .iter()
+                .any(|(_, s)| s.is_some_and(|s| self.server_port(s).is_none()))
+            {
+                self.stats.count_drop(Drop::RoutePortUnknown);
                 return;
             }
             self.splitter
@@ -885,7 +1050,10 @@ impl Switch {
         stats::inc(&self.stats.kv_split);
         for sub in subs {
             let backend = &self.cfg.servers[sub.server];
-            let Some(mac) = self.backend_macs[sub.server] else {
+            // Both were checked before the split started.
+            let (Some(mac), Some(port)) =
+                (self.backend_macs[sub.server], self.server_port(sub.server))
+            else {
                 continue;
             };
             let ends = UdpEnds {
@@ -905,12 +1073,8 @@ impl Switch {
             }
             .emit(&mut header);
             self.stats.backend_request(sub.server);
-            let dest = match self.macs.get(&mac) {
-                Some(station) => Dest::Port(station.port),
-                None => Dest::Flood,
-            };
             emit.push(Emit {
-                dest,
+                dest: Dest::Port(port),
                 frame: frame::udp_frame(&ends, &[&header, &sub.payload]),
             });
         }
@@ -947,7 +1111,13 @@ impl Switch {
         Some(out)
     }
 
-    fn split_reply(&mut self, source: (Ipv4Addr, u16), payload: &[u8], emit: &mut Vec<Emit>) {
+    fn split_reply(
+        &mut self,
+        source: (Ipv4Addr, u16),
+        payload: &[u8],
+        now: Instant,
+        emit: &mut Vec<Emit>,
+    ) {
         let Ok((header, body)) = mcudp::Header::parse(payload) else {
             self.stats.count_drop(Drop::BadFrameHeader);
             return;
@@ -966,7 +1136,7 @@ impl Switch {
                 self.stats.answer(Answer::MergedGet);
                 // Quiet gets that all missed, with no no-op after them: memcached sends nothing.
                 if !reply.is_empty() {
-                    self.send_reply(client_port, &ends, request_id, &reply, emit);
+                    self.send_reply(client_port, &ends, request_id, &reply, now, emit);
                 }
             }
             Arrival::BadReply => self.stats.count_drop(Drop::SplitBadReply),
@@ -985,8 +1155,9 @@ impl Switch {
         }
     }
 
-    /// Periodic work: expire split gets, ask unresolved backends for their MAC, the cache's
-    /// rules and timeouts.
+    /// Periodic work: expire split gets, ask servers whose MAC or port is unknown (out of
+    /// every port, from the agent address), the cache's rules and timeouts. The first call
+    /// asks at once, so the run loop's first tick resolves the servers at start-up.
     pub fn tick(&mut self, now: Instant, emit: &mut Vec<Emit>) {
         if let Some(cache) = &mut self.cache {
             let ring = &self.ring;
@@ -1003,13 +1174,14 @@ impl Switch {
         let due = self
             .last_arp
             .is_none_or(|t| now.duration_since(t) >= ARP_RETRY);
-        if due && self.backend_macs.iter().any(Option::is_none) {
+        let wanted: Vec<usize> = (0..self.cfg.servers.len())
+            .filter(|&i| self.needs_arp(i, now))
+            .collect();
+        if due && !wanted.is_empty() {
             self.last_arp = Some(now);
             let sender_ip = self.cfg.agent_ip.unwrap_or(Ipv4Addr::UNSPECIFIED);
-            for (i, b) in self.cfg.servers.iter().enumerate() {
-                if self.backend_macs[i].is_some() {
-                    continue;
-                }
+            for i in wanted {
+                let b = &self.cfg.servers[i];
                 let req = arp::Repr {
                     operation: arp::Operation::Request,
                     sender_mac: self.cfg.vip_mac,
@@ -1026,7 +1198,27 @@ impl Switch {
         }
     }
 
-    /// Forgets stations not heard from for the ageing time, checking at most once a second.
+    /// The port server `i` is behind: its MAC's station in the MAC table, if both are known.
+    fn server_port(&self, i: usize) -> Option<u16> {
+        let mac = self.backend_macs.get(i).copied().flatten()?;
+        self.macs.get(&mac).map(|station| station.port)
+    }
+
+    /// Whether server `i` is asked for with ARP at this tick: its MAC or its port is unknown,
+    /// or its station is half-way to being aged out (so a quiet server's port is refreshed
+    /// before its requests would have nowhere to go).
+    fn needs_arp(&self, i: usize, now: Instant) -> bool {
+        let Some(mac) = self.backend_macs.get(i).copied().flatten() else {
+            return true;
+        };
+        match self.macs.get(&mac) {
+            Some(station) => now.saturating_duration_since(station.seen) > self.cfg.mac_age / 2,
+            None => true,
+        }
+    }
+
+    /// Forgets stations (and source addresses, and full reply buckets) not heard from for
+    /// their ageing time, checking at most once a second.
     fn age_macs(&mut self, now: Instant) {
         if self
             .last_aging
@@ -1035,6 +1227,12 @@ impl Switch {
             return;
         }
         self.last_aging = Some(now);
+        if let Some(guard) = &mut self.guard {
+            guard.expire(now);
+        }
+        if let Some(limiter) = &mut self.limiter {
+            limiter.sweep(now);
+        }
         let age = self.cfg.mac_age;
         let stale: Vec<Mac> = self
             .macs
@@ -1059,6 +1257,8 @@ impl Switch {
                 .map(|m| m.map(|m| m.to_string()))
                 .collect(),
             mac_table: self.macs.len(),
+            source_table: self.guard.as_ref().map_or(0, SourceGuard::len),
+            reply_buckets: self.limiter.as_ref().map_or(0, ReplyLimiter::len),
             splits_in_flight: self.splitter.in_flight(),
             tables: self
                 .pipeline

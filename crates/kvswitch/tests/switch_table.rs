@@ -2080,3 +2080,632 @@ fn mutated_frames_never_panic() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Servers whose port is not known yet.
+
+/// A switch that has heard from the client only: the servers' MACs are configured, but no
+/// frame from them has told the switch which port they are behind (right after start).
+fn fresh_switch(cfg: Config) -> (Switch, Arc<Stats>, Instant) {
+    let stats = Arc::new(Stats::new(PORTS, SERVERS.len()));
+    let mut sw = Switch::new(&cfg, PORTS, stats.clone()).expect("switch");
+    let now = Instant::now();
+    let mut emit = Vec::new();
+    let mut f = arp_request(&CLIENT, Ipv4Addr::new(10, 0, 0, 250));
+    assert_eq!(
+        sw.process(CLIENT.port, &mut f, true, now, &mut emit),
+        Fate::Flood
+    );
+    (sw, stats, now)
+}
+
+/// The ARP request the switch floods to find server `s`: from the VIP's MAC and the agent
+/// address (the VIP in l3 mode).
+fn arp_for_server(s: usize) -> Emit {
+    Emit {
+        dest: Dest::Flood,
+        frame: arp_frame(
+            Mac::BROADCAST,
+            &arp::Repr {
+                operation: arp::Operation::Request,
+                sender_mac: VIP_MAC,
+                sender_ip: VIP,
+                target_mac: Mac::ZERO,
+                target_ip: SERVERS[s].ip,
+            },
+        ),
+    }
+}
+
+fn assert_emits(what: &str, got: &[Emit], want: &[Emit]) {
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "{what}: frames emitted: {:?}",
+        got.iter().map(|e| e.dest).collect::<Vec<_>>()
+    );
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.dest, w.dest, "{what}: emit {i} destination");
+        assert_bytes(&format!("{what}: emit {i}"), &g.frame, &w.frame);
+    }
+}
+
+/// A request carrying a client's data goes to its server or nowhere: before the switch knows
+/// the server's port it is dropped and counted, never flooded; the switch asks for its servers
+/// with ARP out of every port at its first tick and again while one is unknown; once the
+/// server has answered, the request leaves by exactly the server's port.
+#[test]
+fn routed_request_is_never_flooded_before_its_servers_port_is_known() {
+    let fx = Fx::new();
+    let (mut sw, stats, now) = fresh_switch(config(Mode::L3));
+    let mut emit = Vec::new();
+    let input = to_vip(format!("set {} 0 0 6\r\nhunter\r\n", fx.key(1, 0)).as_bytes());
+
+    let before = snapshot(&stats);
+    let mut frame = input.clone();
+    assert_eq!(
+        sw.process(CLIENT.port, &mut frame, true, now, &mut emit),
+        Fate::Consumed,
+        "a routed request whose server's port is unknown must not leave"
+    );
+    assert!(emit.is_empty());
+    assert_counts(
+        "set before learning",
+        &stats,
+        &before,
+        &[Count::Drop(Drop::RoutePortUnknown)],
+    );
+
+    // A get split across servers sends no part anywhere either.
+    let before = snapshot(&stats);
+    let mut split = to_vip(format!("get {} {}\r\n", fx.key(0, 0), fx.key(1, 1)).as_bytes());
+    assert_eq!(
+        sw.process(CLIENT.port, &mut split, true, now, &mut emit),
+        Fate::Consumed
+    );
+    assert!(emit.is_empty(), "no sub-request is flooded");
+    assert_counts(
+        "split before learning",
+        &stats,
+        &before,
+        &[Count::Drop(Drop::RoutePortUnknown)],
+    );
+
+    // The first tick asks for every server; not again before the retry interval, and again
+    // after it for those still unknown.
+    sw.tick(now, &mut emit);
+    assert_emits(
+        "first tick",
+        &emit,
+        &[arp_for_server(0), arp_for_server(1), arp_for_server(2)],
+    );
+    emit.clear();
+    sw.tick(now + Duration::from_millis(10), &mut emit);
+    assert!(emit.is_empty(), "asked again too soon");
+
+    let mut answer = arp_reply_to(1, VIP);
+    assert_eq!(
+        sw.process(SERVERS[1].port, &mut answer, true, now, &mut emit),
+        Fate::Consumed
+    );
+    assert!(emit.is_empty());
+    sw.tick(now + Duration::from_secs(1), &mut emit);
+    assert_emits(
+        "tick after s2 answered",
+        &emit,
+        &[arp_for_server(0), arp_for_server(2)],
+    );
+    emit.clear();
+
+    let before = snapshot(&stats);
+    let mut frame = input.clone();
+    assert_eq!(
+        sw.process(CLIENT.port, &mut frame, true, now, &mut emit),
+        Fate::Out(SERVERS[1].port)
+    );
+    assert_bytes("set after learning", &frame, &routed(&input, Mode::L3, 1));
+    assert!(emit.is_empty());
+    assert_counts(
+        "set after learning",
+        &stats,
+        &before,
+        &[Count::KvForwarded, Count::Switched, Count::Requests(1)],
+    );
+}
+
+/// A quiet server's port is asked for again before its station would age out, so its
+/// requests never meet a MAC table that has forgotten it.
+#[test]
+fn quiet_servers_are_asked_for_before_they_age_out() {
+    let mut rig = Rig::new(Mode::L3);
+    let mut emit = Vec::new();
+    rig.sw.tick(rig.now + Duration::from_secs(1), &mut emit);
+    assert!(emit.is_empty(), "every server was heard from just now");
+    // The default ageing time is 300 s: past half of it, each server is asked again.
+    rig.sw.tick(rig.now + Duration::from_secs(151), &mut emit);
+    assert_emits(
+        "half-way to ageing",
+        &emit,
+        &[arp_for_server(0), arp_for_server(1), arp_for_server(2)],
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sources no host sends from, and the source-address check.
+
+/// A request to the VIP from `src`, arriving from the client's MAC.
+fn to_vip_from(src: (Ipv4Addr, u16)) -> Vec<u8> {
+    udp_frame(
+        CLIENT.mac,
+        VIP_MAC,
+        src,
+        (VIP, MC_PORT),
+        &mc(REQ_ID, 0, 1, b"get key:0\r\n"),
+    )
+}
+
+/// Requests to the VIP from sources nothing can answer are dropped, each reason counted;
+/// whether or not the source check is on.
+fn bad_source_cases() -> Vec<Case> {
+    let case = |name, input: Input, reason| Case {
+        name,
+        in_port: CLIENT.port,
+        input,
+        fate: Fate::Consumed,
+        output: None,
+        emits: nothing,
+        counts: match reason {
+            Drop::SourcePortZero => &[Count::Drop(Drop::SourcePortZero)],
+            Drop::SourceUnspecified => &[Count::Drop(Drop::SourceUnspecified)],
+            Drop::SourceBroadcast => &[Count::Drop(Drop::SourceBroadcast)],
+            Drop::SourceMulticast => &[Count::Drop(Drop::SourceMulticast)],
+            Drop::SourceLoopback => &[Count::Drop(Drop::SourceLoopback)],
+            _ => &[Count::Drop(Drop::SourceVip)],
+        },
+    };
+    vec![
+        case(
+            "UDP to the VIP from source port 0",
+            |_| to_vip_from((CLIENT.ip, 0)),
+            Drop::SourcePortZero,
+        ),
+        case(
+            "UDP to the VIP from 0.0.0.0",
+            |_| to_vip_from((Ipv4Addr::UNSPECIFIED, CLIENT_UDP_PORT)),
+            Drop::SourceUnspecified,
+        ),
+        case(
+            "UDP to the VIP from 255.255.255.255",
+            |_| to_vip_from((Ipv4Addr::BROADCAST, CLIENT_UDP_PORT)),
+            Drop::SourceBroadcast,
+        ),
+        case(
+            "UDP to the VIP from the VIP network's broadcast address",
+            |_| to_vip_from((Ipv4Addr::new(10, 0, 0, 255), CLIENT_UDP_PORT)),
+            Drop::SourceBroadcast,
+        ),
+        case(
+            "UDP to the VIP from a multicast address",
+            |_| to_vip_from((Ipv4Addr::new(224, 0, 0, 1), CLIENT_UDP_PORT)),
+            Drop::SourceMulticast,
+        ),
+        case(
+            "UDP to the VIP from a loopback address",
+            |_| to_vip_from((Ipv4Addr::LOCALHOST, CLIENT_UDP_PORT)),
+            Drop::SourceLoopback,
+        ),
+        case(
+            "UDP to the VIP from the VIP itself, on a client's port",
+            |_| to_vip_from((VIP, CLIENT_UDP_PORT)),
+            Drop::SourceVip,
+        ),
+        case(
+            "a split reply to the agent port from port 0",
+            |_| {
+                udp_frame(
+                    SERVERS[0].mac,
+                    VIP_MAC,
+                    (SERVERS[0].ip, 0),
+                    (VIP, AGENT_PORT),
+                    &mc(1, 0, 1, b"END\r\n"),
+                )
+            },
+            Drop::SourcePortZero,
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(i, mut c)| {
+        // The split reply comes from the server's port.
+        if i == 7 {
+            c.in_port = SERVERS[0].port;
+        }
+        c
+    })
+    .collect()
+}
+
+#[test]
+fn requests_from_impossible_sources_are_dropped() {
+    run(Mode::L3, &bad_source_cases());
+    run(Mode::L2, &bad_source_cases()[..7]);
+    run_on(Mode::L3, checked, &bad_source_cases());
+    // TCP to the VIP (the proxy's traffic) from port 0 does not reach the host either.
+    run_on(
+        Mode::L3,
+        Rig::local,
+        &[Case {
+            name: "TCP to the VIP from source port 0",
+            in_port: CLIENT.port,
+            input: |_| tcp_frame(CLIENT.mac, VIP_MAC, (CLIENT.ip, 0), (VIP, MC_PORT), b""),
+            fate: Fate::Consumed,
+            output: None,
+            emits: nothing,
+            counts: &[Count::Drop(Drop::SourcePortZero)],
+        }],
+    );
+}
+
+/// The switch with `switch.source_check` on and no local port; every host has sent one ARP
+/// request from its own port, so its address is bound there.
+fn checked(mode: Mode) -> Rig {
+    Rig::with(
+        config_text(mode, "local_port = \"\"\nsource_check = true", ""),
+        PORTS,
+    )
+}
+
+/// The same with a local port (port 3).
+fn checked_local(mode: Mode) -> Rig {
+    let agent = match mode {
+        Mode::L3 => String::new(),
+        Mode::L2 => format!("agent_ip = \"{AGENT}\"\n"),
+    };
+    Rig::with(
+        config_text(
+            mode,
+            "local_port = \"lp\"\nsource_check = true\nsource_age_s = 5",
+            &agent,
+        ),
+        PORTS + 1,
+    )
+}
+
+/// With the check on, everything legitimate works as before: the whole l3, l2 and local-port
+/// tables pass unchanged (the host's stack behind the local port sends from the VIP, servers in
+/// l2 mode from the VIP they own).
+#[test]
+fn source_check_lets_legitimate_traffic_through() {
+    run_on(Mode::L3, checked, &l3_cases());
+    run_on(Mode::L3, checked_local, &local_cases(VIP));
+    run_on(Mode::L2, checked_local, &local_cases(AGENT));
+}
+
+/// A client on another port sending with the client's address (to have the reply, up to
+/// thousands of times the request's size, land on the client) is dropped and counted, and
+/// teaches the switch nothing.
+#[test]
+fn spoofed_sources_are_dropped() {
+    let fx = Fx::new();
+    let mut cases = vec![
+        Case {
+            name: "a request to the VIP from the client's address on a server's port",
+            in_port: SERVERS[1].port,
+            input: |fx| {
+                udp_frame(
+                    STRANGER,
+                    VIP_MAC,
+                    (CLIENT.ip, CLIENT_UDP_PORT),
+                    (VIP, MC_PORT),
+                    &mc(
+                        REQ_ID,
+                        0,
+                        1,
+                        format!("get {}\r\n", fx.long_key.0).as_bytes(),
+                    ),
+                )
+            },
+            fate: Fate::Consumed,
+            output: None,
+            emits: nothing,
+            counts: &[Count::Drop(Drop::SourceSpoofed)],
+        },
+        Case {
+            name: "an ARP reply claiming the client's address from another port",
+            in_port: SERVERS[2].port,
+            input: |_| {
+                arp_frame(
+                    SERVERS[0].mac,
+                    &arp::Repr {
+                        operation: arp::Operation::Reply,
+                        sender_mac: STRANGER,
+                        sender_ip: CLIENT.ip,
+                        target_mac: SERVERS[0].mac,
+                        target_ip: SERVERS[0].ip,
+                    },
+                )
+            },
+            fate: Fate::Consumed,
+            output: None,
+            emits: nothing,
+            counts: &[Count::Drop(Drop::SourceSpoofed)],
+        },
+        Case {
+            name: "a server's address from the client's port",
+            in_port: CLIENT.port,
+            input: |_| {
+                udp_frame(
+                    CLIENT.mac,
+                    SERVERS[2].mac,
+                    (SERVERS[0].ip, 5000),
+                    (SERVERS[2].ip, 6000),
+                    b"hello",
+                )
+            },
+            fate: Fate::Consumed,
+            output: None,
+            emits: nothing,
+            counts: &[Count::Drop(Drop::SourceSpoofed)],
+        },
+        Case {
+            name: "the VIP as a source on a client's port, to anyone",
+            in_port: CLIENT.port,
+            input: |_| {
+                udp_frame(
+                    CLIENT.mac,
+                    SERVERS[0].mac,
+                    (VIP, MC_PORT),
+                    (SERVERS[0].ip, 6000),
+                    b"hello",
+                )
+            },
+            fate: Fate::Consumed,
+            output: None,
+            emits: nothing,
+            counts: &[Count::Drop(Drop::SourceVip)],
+        },
+        Case {
+            name: "the client's own request is still routed",
+            in_port: CLIENT.port,
+            input: |fx| to_vip(format!("get {}\r\n", fx.key(1, 0)).as_bytes()),
+            fate: Fate::Out(SERVERS[1].port),
+            output: Some(|_, input| routed(input, Mode::L3, 1)),
+            emits: nothing,
+            counts: &[Count::KvForwarded, Count::Switched, Count::Requests(1)],
+        },
+        Case {
+            name: "a server's reply still reaches the client from the VIP",
+            in_port: SERVERS[0].port,
+            input: |_| backend_reply(0, SERVERS[0].ip, MC_PORT),
+            fate: Fate::Out(CLIENT.port),
+            output: Some(|_, input| rewritten(input, None, Some(VIP), None)),
+            emits: nothing,
+            counts: &[Count::Switched, Count::Replies(0)],
+        },
+    ];
+    run_on(Mode::L3, checked, &cases);
+    cases.truncate(3);
+    run_on(Mode::L3, checked_local, &cases);
+
+    // The forged frame's MAC was not learned: a frame for it is still flooded.
+    let mut rig = checked(Mode::L3);
+    let mut emit = Vec::new();
+    let mut forged = udp_frame(
+        STRANGER,
+        VIP_MAC,
+        (CLIENT.ip, CLIENT_UDP_PORT),
+        (VIP, MC_PORT),
+        &mc(REQ_ID, 0, 1, format!("get {}\r\n", fx.key(0, 0)).as_bytes()),
+    );
+    assert_eq!(
+        rig.process(SERVERS[1].port, &mut forged, &mut emit),
+        Fate::Consumed
+    );
+    let mut to_stranger = udp_frame(
+        CLIENT.mac,
+        STRANGER,
+        (CLIENT.ip, 5000),
+        (Ipv4Addr::new(10, 0, 0, 99), 6000),
+        b"hi",
+    );
+    assert_eq!(
+        rig.process(CLIENT.port, &mut to_stranger, &mut emit),
+        Fate::Flood
+    );
+}
+
+/// Addresses are learned where first seen, held while seen, and may move once silent for the
+/// ageing time (5 s here); a port's configured prefixes bind their addresses from the start.
+#[test]
+fn source_bindings_are_learned_held_and_aged() {
+    let mut rig = checked_local(Mode::L3);
+    let newcomer = Host {
+        mac: mac(0x50),
+        ip: Ipv4Addr::new(10, 0, 0, 50),
+        port: 2,
+    };
+    let mut emit = Vec::new();
+    let t0 = rig.now;
+    let mut at = |rig: &mut Rig, port: u16, host: &Host, secs: u64| {
+        let mut f = arp_request(host, Ipv4Addr::new(10, 0, 0, 250));
+        let before = snapshot(&rig.stats);
+        let fate = rig.sw.process(
+            port,
+            &mut f,
+            true,
+            t0 + Duration::from_secs(secs),
+            &mut emit,
+        );
+        let spoofed = Count::Drop(Drop::SourceSpoofed).read(&rig.stats)
+            - before
+                .iter()
+                .find(|(c, _)| *c == Count::Drop(Drop::SourceSpoofed))
+                .map_or(0, |(_, n)| *n);
+        (fate, spoofed)
+    };
+    // First seen on port 2: bound there.
+    assert_eq!(at(&mut rig, 2, &newcomer, 0), (Fate::Flood, 0));
+    assert_eq!(at(&mut rig, 0, &newcomer, 1), (Fate::Consumed, 1));
+    // Seen on port 2 every 3 s: held past the ageing time.
+    for t in [3, 6, 9] {
+        assert_eq!(at(&mut rig, 2, &newcomer, t), (Fate::Flood, 0));
+    }
+    assert_eq!(at(&mut rig, 0, &newcomer, 10), (Fate::Consumed, 1));
+    // Silent on port 2 for more than 5 s: it has moved, and port 2 is now the wrong one.
+    assert_eq!(at(&mut rig, 0, &newcomer, 15), (Fate::Flood, 0));
+    assert_eq!(at(&mut rig, 2, &newcomer, 16), (Fate::Consumed, 1));
+    // The tick forgets silent addresses too.
+    rig.sw.tick(t0 + Duration::from_secs(30), &mut emit);
+    assert_eq!(rig.sw.snapshot().source_table, 0);
+
+    // Configured: the client's port alone may send from 10.0.0.0/30, before anything is seen.
+    let text = "local_port = \"\"\nsource_check = true\n\n[switch.source_prefixes]\n\
+                p0 = [\"10.0.0.0/30\"]";
+    let cfg = config_text(Mode::L3, text, "");
+    let stats = Arc::new(Stats::new(PORTS, SERVERS.len()));
+    let mut sw = Switch::new(&cfg, PORTS, stats.clone()).expect("switch");
+    let mut f = to_vip_from((Ipv4Addr::new(10, 0, 0, 2), CLIENT_UDP_PORT));
+    assert_eq!(sw.process(1, &mut f, true, t0, &mut emit), Fate::Consumed);
+    assert_eq!(stats::get(&stats.drops[Drop::SourceSpoofed as usize]), 1);
+    // ... and nothing else: a server's address on the client's port is refused.
+    let mut f = arp_request(&SERVERS[0], VIP);
+    assert_eq!(sw.process(0, &mut f, true, t0, &mut emit), Fate::Consumed);
+    assert_eq!(stats::get(&stats.drops[Drop::SourceSpoofed as usize]), 2);
+}
+
+#[test]
+fn source_check_keys_are_validated() {
+    for (extra, key) in [
+        ("source_age_s = 0", "switch.source_age_s"),
+        ("source_table_size = 0", "switch.source_table_size"),
+        (
+            "[switch.source_prefixes]\nnope = [\"10.0.0.0/8\"]",
+            "switch.source_prefixes.nope",
+        ),
+        (
+            "[switch.source_prefixes]\np1 = [\"10.0.0.0/40\"]",
+            "switch.source_prefixes.p1",
+        ),
+        (
+            "udp_reply_burst_bytes = 1500",
+            "switch.udp_reply_burst_bytes",
+        ),
+    ] {
+        let text = format!(
+            "[switch]\nports = [\"p0\", \"p1\"]\nlocal_port = \"\"\n{extra}\n\n[vip]\nip = \"{VIP}\"\n\
+             mac = \"{VIP_MAC}\"\n\n[pool]\n[[pool.servers]]\naddr = \"10.0.0.11:11211\"\n"
+        );
+        let e = Config::parse(&text, Path::new("t.toml"))
+            .err()
+            .unwrap_or_else(|| panic!("{extra}: accepted"))
+            .to_string();
+        assert!(e.contains(key), "{extra}: {e}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The limit on reply bytes per client.
+
+/// A reply of `len` payload bytes from server `s`'s memcached port to `client`.
+fn big_reply(s: usize, client: Ipv4Addr, len: usize) -> Vec<u8> {
+    let mut body = b"VALUE k 0 0\r\n".to_vec();
+    body.resize(len, b'x');
+    udp_frame(
+        SERVERS[s].mac,
+        CLIENT.mac,
+        (SERVERS[s].ip, MC_PORT),
+        (client, CLIENT_UDP_PORT),
+        &mc(REQ_ID, 0, 1, &body),
+    )
+}
+
+/// Payload bytes of a reply whose frame is 2048 bytes long.
+const REPLY: usize = 2048 - PAYLOAD_AT - mcudp::LEN;
+
+/// At 1000 bytes a second with a 64 KiB burst, a client gets its burst of server replies and
+/// then about 1000 bytes a second; further replies are dropped and counted, the switch's own
+/// answers included; another client is not affected.
+#[test]
+fn udp_reply_bytes_are_limited_per_client() {
+    let cfg = config_text(
+        Mode::L3,
+        "local_port = \"\"\nudp_reply_bytes_per_sec = 1000\nudp_reply_burst_bytes = 65536",
+        "",
+    );
+    let mut rig = Rig::with(cfg, PORTS);
+    let mut emit = Vec::new();
+    let frame_len = big_reply(0, CLIENT.ip, REPLY).len();
+    assert_eq!(65536 % frame_len, 0, "replies fill the burst exactly");
+    let fits = 65536 / frame_len;
+    for i in 0..fits {
+        let mut f = big_reply(0, CLIENT.ip, REPLY);
+        assert_eq!(
+            rig.process(SERVERS[0].port, &mut f, &mut emit),
+            Fate::Out(CLIENT.port),
+            "reply {i} within the burst"
+        );
+    }
+    let before = snapshot(&rig.stats);
+    let mut f = big_reply(0, CLIENT.ip, REPLY);
+    assert_eq!(
+        rig.process(SERVERS[0].port, &mut f, &mut emit),
+        Fate::Consumed
+    );
+    assert_counts(
+        "over the limit",
+        &rig.stats,
+        &before,
+        &[Count::Replies(0), Count::Drop(Drop::ReplyRateLimited)],
+    );
+    // The switch's own answer to that client is held to the same limit.
+    let before = snapshot(&rig.stats);
+    let mut version = to_vip(b"version\r\n");
+    assert_eq!(
+        rig.process(CLIENT.port, &mut version, &mut emit),
+        Fate::Consumed
+    );
+    assert!(emit.is_empty());
+    assert_counts(
+        "own answer over the limit",
+        &rig.stats,
+        &before,
+        &[
+            Count::Answer(Answer::Local),
+            Count::Drop(Drop::ReplyRateLimited),
+        ],
+    );
+    // Another client has its own bucket.
+    let other = Ipv4Addr::new(10, 0, 0, 2);
+    let mut f = big_reply(0, other, REPLY);
+    assert_eq!(
+        rig.process(SERVERS[0].port, &mut f, &mut emit),
+        Fate::Out(CLIENT.port)
+    );
+    // Three seconds later the first client may have 3000 bytes more: one reply, not two.
+    rig.now += Duration::from_secs(3);
+    let mut f = big_reply(0, CLIENT.ip, REPLY);
+    assert_eq!(
+        rig.process(SERVERS[0].port, &mut f, &mut emit),
+        Fate::Out(CLIENT.port)
+    );
+    let mut f = big_reply(0, CLIENT.ip, REPLY);
+    assert_eq!(
+        rig.process(SERVERS[0].port, &mut f, &mut emit),
+        Fate::Consumed
+    );
+    assert_eq!(rig.sw.snapshot().reply_buckets, 2);
+    // Limit 0 turns it off.
+    let cfg = config_text(
+        Mode::L3,
+        "local_port = \"\"\nudp_reply_bytes_per_sec = 0",
+        "",
+    );
+    let mut rig = Rig::with(cfg, PORTS);
+    for _ in 0..2 * fits {
+        let mut f = big_reply(0, CLIENT.ip, REPLY);
+        assert_eq!(
+            rig.process(SERVERS[0].port, &mut f, &mut emit),
+            Fate::Out(CLIENT.port)
+        );
+    }
+}

@@ -26,6 +26,9 @@ pub fn kvswitch_config(state: &State, extra: Option<&str>) -> String {
     let _ = writeln!(out, "ports = [{}]", ports.join(", "));
     let _ = writeln!(out, "mode = {:?}", state.mode.as_str());
     let _ = writeln!(out, "api = \"{}\"", state.api);
+    // Every host's address is accepted on its own port only: what a switch exposed to
+    // untrusted hosts should run with, and so what the tests and benchmarks run with.
+    let _ = writeln!(out, "source_check = true");
     match (&state.local_port, &state.local_peer) {
         (Some(port), Some(peer)) => {
             let _ = writeln!(out, "local_port = {port:?}");

@@ -5,7 +5,7 @@
 //! processes touched are memcached, nutcracker and kvswitch (its `node` servers) inside
 //! namespaces carrying the prefix.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context};
@@ -82,6 +82,52 @@ pub fn down(state_path: &Path) -> anyhow::Result<()> {
         ));
     }
     std::fs::remove_file(state_path).with_context(|| format!("removing {}", state_path.display()))
+}
+
+/// Tears down the testbed of `prefix`, wherever its state file is: the default place, or the
+/// path `up --state` recorded in [`crate::pointer_path`]. Without a state file, the namespaces
+/// and links of the prefix (and memcached, nutcracker and kvswitch inside those namespaces)
+/// are still removed. Fails when nothing of the prefix exists, so a mistyped prefix is not
+/// taken for a clean teardown.
+pub fn down_prefix(prefix: &str) -> anyhow::Result<()> {
+    crate::topology::check_prefix(prefix)?;
+    let default = crate::default_state_path(prefix);
+    let pointer = crate::pointer_path(prefix);
+    let mut found = false;
+    for path in [Some(default.clone()), pointed_to(&pointer)]
+        .into_iter()
+        .flatten()
+    {
+        if path.exists() {
+            down(&path)?;
+            found = true;
+        }
+    }
+    // A pointer whose state file is gone (removed by hand) points nowhere.
+    if pointer.exists() {
+        std::fs::remove_file(&pointer)
+            .with_context(|| format!("removing {}", pointer.display()))?;
+    }
+    if !leftovers(prefix)?.is_empty() {
+        sweep(prefix)?;
+        found = true;
+    }
+    if !found {
+        return Err(anyhow!(
+            "no testbed with prefix {prefix:?}: no state file at {} or recorded in {}, and no \
+             namespace or link named {prefix}-*",
+            default.display(),
+            pointer.display()
+        ));
+    }
+    Ok(())
+}
+
+/// The state file a pointer written by `up` names, if there is a pointer.
+pub(crate) fn pointed_to(pointer: &Path) -> Option<PathBuf> {
+    let text = std::fs::read_to_string(pointer).ok()?;
+    let path = text.trim();
+    (!path.is_empty()).then(|| PathBuf::from(path))
 }
 
 /// Removes namespaces and links with `prefix` that exist without a state file. Processes other

@@ -31,7 +31,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use config::{kvswitch_config, nutcracker_config};
-pub use down::{down, sweep};
+pub use down::{down, down_prefix, sweep};
 pub use netns::in_netns;
 pub use probe::{http_get, memcached_version};
 pub use state::{HostState, NutcrackerState, ProcRecord, State};
@@ -48,6 +48,13 @@ pub const STATE_DIR: &str = "/run/kvswitch";
 /// `/run/kvswitch/<prefix>-testbed.json`. Generated files go to `<prefix>-testbed.d/` beside it.
 pub fn default_state_path(prefix: &str) -> PathBuf {
     Path::new(STATE_DIR).join(format!("{prefix}-testbed.json"))
+}
+
+/// Where `up` records the path of a state file it was told to write elsewhere than
+/// [`default_state_path`], so that `down_prefix` finds the testbed by its prefix alone:
+/// `/run/kvswitch/<prefix>-testbed.where`, holding the path as text.
+pub fn pointer_path(prefix: &str) -> PathBuf {
+    Path::new(STATE_DIR).join(format!("{prefix}-testbed.where"))
 }
 
 /// How to bring a testbed up.

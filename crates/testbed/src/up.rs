@@ -15,7 +15,7 @@ use crate::probe;
 use crate::process;
 use crate::state::{HostState, NutcrackerState, ProcRecord, State};
 use crate::topology::{check_prefix, Mode, Role, Subnet, Topology, MAX_IFNAME, MEMCACHED_PORT};
-use crate::{default_state_path, ServerProgram, UpOptions};
+use crate::{default_state_path, pointer_path, ServerProgram, UpOptions};
 
 /// nutcracker's listen port inside the first client's namespace.
 pub const NUTCRACKER_PORT: u16 = 22121;
@@ -47,6 +47,23 @@ pub(crate) fn up(topo: &Topology, opts: &UpOptions) -> anyhow::Result<State> {
             state_path.display()
         );
     }
+    // A state file elsewhere is found by the prefix through a pointer at the default place.
+    let state_path = std::path::absolute(&state_path)
+        .with_context(|| format!("resolving {}", state_path.display()))?;
+    let pointer = pointer_path(&opts.prefix);
+    let default = default_state_path(&opts.prefix);
+    for other in [Some(default.clone()), down::pointed_to(&pointer)]
+        .into_iter()
+        .flatten()
+    {
+        if other != state_path && other.exists() {
+            bail!(
+                "a testbed with prefix {:?} already exists (state {}); tear it down first",
+                opts.prefix,
+                other.display()
+            );
+        }
+    }
     let leftovers = down::leftovers(&opts.prefix)?;
     if !leftovers.is_empty() {
         bail!(
@@ -68,7 +85,19 @@ pub(crate) fn up(topo: &Topology, opts: &UpOptions) -> anyhow::Result<State> {
     };
 
     let mut state = plan(topo, opts, state_path.clone(), api)?;
+    if state_path != default {
+        // Listed with the generated files, so `down` removes it with them.
+        state.files.push(pointer.clone());
+    }
     state.save()?;
+    if state_path != default {
+        let written = std::fs::create_dir_all(crate::STATE_DIR)
+            .and_then(|()| std::fs::write(&pointer, format!("{}\n", state_path.display())));
+        if let Err(e) = written {
+            let _ = down::down(&state_path);
+            return Err(e).with_context(|| format!("writing {}", pointer.display()));
+        }
+    }
     match build(&mut state, topo, opts) {
         Ok(()) => Ok(state),
         Err(err) => {
@@ -612,6 +641,7 @@ mod tests {
         assert_eq!(parsed["switch"]["local_port"].as_str(), Some("kvs-local"));
         assert_eq!(parsed["switch"]["local_peer"].as_str(), Some("kvs-local-h"));
         assert_eq!(parsed["switch"]["proxy"].as_bool(), Some(true));
+        assert_eq!(parsed["switch"]["source_check"].as_bool(), Some(true));
         assert_eq!(parsed["vip"]["prefix_len"].as_integer(), Some(24));
         assert!(parsed["vip"].get("agent_ip").is_none());
 

@@ -1,0 +1,260 @@
+//! The source-address check of the switch's ports (`switch.source_check`): an IPv4 source
+//! address is accepted on one port only, the port configured for it or the first port it was
+//! seen on, for as long as it keeps being seen there. A frame from a bound address on another
+//! port is spoofed. Pure: the time comes from the caller, and the table is bounded.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::Ipv4Addr;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+/// An IPv4 prefix such as `10.0.0.0/24`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prefix {
+    pub addr: Ipv4Addr,
+    pub len: u8,
+}
+
+impl Prefix {
+    pub fn contains(&self, ip: Ipv4Addr) -> bool {
+        let mask = match self.len {
+            0 => 0,
+            len => u32::MAX << (32 - u32::from(len.min(32))),
+        };
+        u32::from(ip) & mask == u32::from(self.addr) & mask
+    }
+}
+
+impl fmt::Display for Prefix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.len)
+    }
+}
+
+impl FromStr for Prefix {
+    type Err = String;
+
+    /// `a.b.c.d/len`, or a bare address (a /32).
+    fn from_str(s: &str) -> Result<Prefix, String> {
+        let (addr, len) = match s.split_once('/') {
+            Some((a, l)) => (a, l),
+            None => (s, "32"),
+        };
+        let addr: Ipv4Addr = addr
+            .parse()
+            .map_err(|_| format!("`{s}` is not an IPv4 prefix such as 10.0.0.0/24"))?;
+        let len: u8 = len
+            .parse()
+            .ok()
+            .filter(|l| *l <= 32)
+            .ok_or_else(|| format!("`{s}`: the prefix length must be 0 to 32"))?;
+        Ok(Prefix { addr, len })
+    }
+}
+
+/// What the check makes of one source address on one port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Check {
+    Accept,
+    /// Bound to another port, or outside the prefixes configured for this one.
+    Spoofed,
+    /// New, and the table (or this port's share of it) is full.
+    TableFull,
+}
+
+/// The bound addresses.
+pub struct SourceGuard {
+    /// Per port, the prefixes configured for it; an empty list: learned addresses only.
+    prefixes: Vec<Vec<Prefix>>,
+    bound: HashMap<Ipv4Addr, Binding>,
+    /// Addresses bound to each port.
+    per_port: Vec<usize>,
+    capacity: usize,
+    /// Most addresses one port may hold, so that one port's made-up addresses cannot fill the
+    /// table for every other.
+    port_share: usize,
+    age: Duration,
+}
+
+struct Binding {
+    port: u16,
+    seen: Instant,
+}
+
+impl SourceGuard {
+    /// `prefixes[p]` are the prefixes configured for port `p` (ports beyond the list have
+    /// none); at most `capacity` addresses are learned, no port more than its share of them;
+    /// a learned address not seen for `age` is forgotten.
+    pub fn new(ports: usize, prefixes: Vec<Vec<Prefix>>, capacity: usize, age: Duration) -> Self {
+        let mut prefixes = prefixes;
+        prefixes.resize(ports.max(prefixes.len()), Vec::new());
+        SourceGuard {
+            per_port: vec![0; prefixes.len()],
+            prefixes,
+            bound: HashMap::new(),
+            capacity,
+            port_share: capacity.div_ceil(ports.max(1)).max(1),
+            age,
+        }
+    }
+
+    /// Checks `ip` arriving on `port` at `now`, learning it if it is new, and refreshing it if
+    /// it is seen where it is bound. An address bound elsewhere but not seen there for the
+    /// ageing time moves to `port` (a host that moved).
+    pub fn check(&mut self, port: u16, ip: Ipv4Addr, now: Instant) -> Check {
+        let p = usize::from(port);
+        match self.prefixes.get(p) {
+            Some(own) if !own.is_empty() => {
+                return match own.iter().any(|x| x.contains(ip)) {
+                    true => Check::Accept,
+                    false => Check::Spoofed,
+                };
+            }
+            _ => {}
+        }
+        if self
+            .prefixes
+            .iter()
+            .enumerate()
+            .any(|(q, list)| q != p && list.iter().any(|x| x.contains(ip)))
+        {
+            return Check::Spoofed;
+        }
+        let share_left = self.per_port.get(p).is_some_and(|n| *n < self.port_share);
+        match self.bound.get_mut(&ip) {
+            Some(b) if b.port == port => {
+                b.seen = now;
+                Check::Accept
+            }
+            Some(b) if now.saturating_duration_since(b.seen) > self.age => {
+                if !share_left {
+                    return Check::TableFull;
+                }
+                let old = usize::from(b.port);
+                b.port = port;
+                b.seen = now;
+                if let Some(n) = self.per_port.get_mut(old) {
+                    *n = n.saturating_sub(1);
+                }
+                self.per_port[p] += 1;
+                Check::Accept
+            }
+            Some(_) => Check::Spoofed,
+            None => {
+                if !share_left || self.bound.len() >= self.capacity {
+                    return Check::TableFull;
+                }
+                self.bound.insert(ip, Binding { port, seen: now });
+                self.per_port[p] += 1;
+                Check::Accept
+            }
+        }
+    }
+
+    /// Forgets addresses not seen for the ageing time.
+    pub fn expire(&mut self, now: Instant) {
+        let age = self.age;
+        let per_port = &mut self.per_port;
+        self.bound.retain(|_, b| {
+            let keep = now.saturating_duration_since(b.seen) <= age;
+            if !keep {
+                if let Some(n) = per_port.get_mut(usize::from(b.port)) {
+                    *n = n.saturating_sub(1);
+                }
+            }
+            keep
+        });
+    }
+
+    /// Addresses learned.
+    pub fn len(&self) -> usize {
+        self.bound.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bound.is_empty()
+    }
+}
+
+/// Whether `ip` can be a host's own address: not 0.0.0.0, broadcast, multicast, loopback or
+/// reserved (240.0.0.0/4). Only such addresses are bound to ports.
+pub fn is_host_address(ip: Ipv4Addr) -> bool {
+    !(ip.is_unspecified()
+        || ip.is_broadcast()
+        || ip.is_multicast()
+        || ip.is_loopback()
+        || ip.octets()[0] >= 240)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+    const B: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+
+    #[test]
+    fn prefixes_parse_and_match() {
+        let p: Prefix = "10.0.0.0/30".parse().unwrap();
+        assert!(p.contains(Ipv4Addr::new(10, 0, 0, 3)));
+        assert!(!p.contains(Ipv4Addr::new(10, 0, 0, 4)));
+        assert_eq!("10.0.0.7".parse::<Prefix>().unwrap().len, 32);
+        assert!("0.0.0.0/0".parse::<Prefix>().unwrap().contains(A));
+        for bad in ["10.0.0/8", "10.0.0.0/33", "x/1", "10.0.0.0/"] {
+            assert!(bad.parse::<Prefix>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn first_port_wins_until_the_address_ages_out() {
+        let now = Instant::now();
+        let mut g = SourceGuard::new(2, vec![], 10, Duration::from_secs(60));
+        assert_eq!(g.check(0, A, now), Check::Accept);
+        assert_eq!(g.check(1, A, now), Check::Spoofed);
+        // Still seen on port 0: the binding holds.
+        let later = now + Duration::from_secs(50);
+        assert_eq!(g.check(0, A, later), Check::Accept);
+        assert_eq!(
+            g.check(1, A, later + Duration::from_secs(50)),
+            Check::Spoofed
+        );
+        // Silent on port 0 for longer than the ageing time: it may move.
+        let moved = later + Duration::from_secs(61);
+        assert_eq!(g.check(1, A, moved), Check::Accept);
+        assert_eq!(g.check(0, A, moved), Check::Spoofed);
+        g.expire(moved + Duration::from_secs(61));
+        assert!(g.is_empty());
+    }
+
+    #[test]
+    fn table_is_bounded_per_port_and_in_all() {
+        let now = Instant::now();
+        let mut g = SourceGuard::new(2, vec![], 4, Duration::from_secs(60));
+        for i in 0..2 {
+            assert_eq!(g.check(0, Ipv4Addr::new(10, 1, 0, i), now), Check::Accept);
+        }
+        // Port 0 has used its share; port 1 still has its own.
+        assert_eq!(
+            g.check(0, Ipv4Addr::new(10, 1, 0, 9), now),
+            Check::TableFull
+        );
+        assert_eq!(g.check(1, B, now), Check::Accept);
+        assert_eq!(g.len(), 3);
+        g.expire(now + Duration::from_secs(61));
+        assert_eq!(g.check(0, Ipv4Addr::new(10, 1, 0, 9), now), Check::Accept);
+    }
+
+    #[test]
+    fn configured_prefixes_bind_their_addresses() {
+        let now = Instant::now();
+        let own = vec![vec!["10.0.0.0/31".parse().unwrap()], vec![]];
+        let mut g = SourceGuard::new(2, own, 10, Duration::from_secs(60));
+        assert_eq!(g.check(0, A, now), Check::Accept);
+        assert_eq!(g.check(1, A, now), Check::Spoofed);
+        // Port 0 accepts nothing outside its prefixes.
+        assert_eq!(g.check(0, B, now), Check::Spoofed);
+        assert_eq!(g.check(1, B, now), Check::Accept);
+        assert_eq!(g.len(), 1, "configured addresses are not learned");
+    }
+}
