@@ -712,7 +712,7 @@ fn harness_configs_parse_with_kvswitchs_loaders() {
         auto_eject_hosts: true,
         server_failure_limit: 1,
         server_retry_timeout_ms: 1500,
-        api: None,
+        ..PoolOpts::default()
     };
     let listen: std::net::SocketAddr = ([127, 0, 0, 1], 22122).into();
     let file = parse_toml(&toml_config(&servers, &opts), "t.toml".as_ref()).expect("TOML");

@@ -90,7 +90,7 @@ fn eject_and_return(front: Front) {
         auto_eject_hosts: true,
         server_failure_limit: 1,
         server_retry_timeout_ms: 2000,
-        api: None,
+        ..PoolOpts::default()
     };
     // nutcracker, run only to check this test itself, may spend a whole timeout reconnecting
     // to the returning server: give it room on a loaded machine.
@@ -296,7 +296,7 @@ fn kill_mid_run(front: Front, eject: bool) {
         auto_eject_hosts: eject,
         server_failure_limit: 1,
         server_retry_timeout_ms: 60_000,
-        api: None,
+        ..PoolOpts::default()
     };
     // nutcracker, run only to check this test itself, may spend a whole timeout reconnecting
     // to the returning server: give it room on a loaded machine.

@@ -19,6 +19,8 @@ use crate::replies::{normalise_binary, normalise_text, packets};
 #[derive(Debug, Clone)]
 pub struct Case {
     pub bytes: Vec<u8>,
+    /// Requests the stream was made of (a mutation may have merged or split some).
+    pub requests: usize,
     /// The stream starts with a binary request: the connection speaks the binary protocol.
     pub binary: bool,
 }
@@ -228,7 +230,11 @@ pub fn case(seed: u64, index: u64) -> Case {
         }
         bytes.extend_from_slice(&request);
     }
-    Case { bytes, binary }
+    Case {
+        bytes,
+        requests: count,
+        binary,
+    }
 }
 
 fn value(rng: &mut Rng) -> Vec<u8> {

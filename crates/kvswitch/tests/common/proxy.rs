@@ -110,6 +110,9 @@ pub struct PoolOpts {
     pub server_retry_timeout_ms: u64,
     /// The proxy's control API (`[proxy] api`), for a kvswitch proxy from a TOML file.
     pub api: Option<SocketAddr>,
+    /// `[proxy] workers`, for a kvswitch proxy from a TOML file: with one, every client
+    /// shares the same server connections.
+    pub workers: usize,
 }
 
 impl Default for PoolOpts {
@@ -120,6 +123,7 @@ impl Default for PoolOpts {
             server_failure_limit: 2,
             server_retry_timeout_ms: 30_000,
             api: None,
+            workers: 2,
         }
     }
 }
@@ -141,9 +145,10 @@ pub fn toml_config(servers: &[(&str, SocketAddr)], opts: &PoolOpts) -> String {
         .map(|a| format!("api = \"{a}\"\n"))
         .unwrap_or_default();
     let mut out = format!(
-        "[proxy]\nworkers = 2\n{api}\n[pool]\ndistribution = \"ketama\"\nhash = \"md5\"\n\
+        "[proxy]\nworkers = {}\n{api}\n[pool]\ndistribution = \"ketama\"\nhash = \"md5\"\n\
          timeout_ms = {}\nauto_eject_hosts = {}\nserver_failure_limit = {}\n\
          server_retry_timeout_ms = {}\n",
+        opts.workers,
         opts.timeout_ms,
         opts.auto_eject_hosts,
         opts.server_failure_limit,
