@@ -404,3 +404,57 @@ fn an_honest_client_only_ever_sees_its_own_replies() {
         sent.load(Ordering::Relaxed)
     );
 }
+
+/// Clients that ask for many large values and leave without reading: the proxy's memory is
+/// bounded while they are connected and handed back once they are gone, round after round.
+/// Each round, 20 clients with small receive buffers ask for 120 values of 100 KB each.
+#[test]
+fn clients_that_leave_without_reading_give_their_memory_back() {
+    let cluster = Cluster::start(Front::Kvswitch, &PoolOpts::default());
+    let value = vec![b'v'; 100_000];
+    let mut setup = Conn::open(cluster.addr());
+    for i in 0..20 {
+        let mut request = format!("set big{i} 0 0 {}\r\n", value.len()).into_bytes();
+        request.extend_from_slice(&value);
+        request.extend_from_slice(b"\r\n");
+        assert_eq!(
+            setup.call(&request, |r| r.ends_with(b"\r\n")),
+            b"STORED\r\n"
+        );
+    }
+    drop(setup);
+    let request: Vec<u8> = (0..120)
+        .flat_map(|i| format!("get big{}\r\n", i % 20).into_bytes())
+        .collect();
+    let start = cluster.proxy.rss_kib();
+    let mut rounds = Vec::new();
+    for _ in 0..3 {
+        let clients: Vec<TcpStream> = (0..20)
+            .map(|_| {
+                let socket = std::net::TcpStream::connect(cluster.addr()).expect("connect");
+                // A small receive buffer: the replies pile up in the proxy.
+                testbed::local::set_recv_buffer(&socket, 4096);
+                socket
+            })
+            .collect();
+        for mut c in &clients {
+            c.write_all(&request).expect("send");
+        }
+        thread::sleep(Duration::from_secs(2));
+        let peak = cluster.proxy.rss_kib();
+        drop(clients);
+        thread::sleep(Duration::from_secs(2));
+        rounds.push((peak, cluster.proxy.rss_kib()));
+    }
+    let end = cluster.proxy.rss_kib();
+    eprintln!("RSS KiB: start {start}, rounds (peak, after) {rounds:?}, end {end}");
+    assert!(cluster.proxy_is_alive());
+    for (i, &(peak, after)) in rounds.iter().enumerate() {
+        // 20 clients each with at most 128 replies of 100 KB in flight, and copies of them.
+        assert!(peak < start + 700 * 1024, "round {i}: peak {peak} KiB");
+        assert!(
+            after < start + 64 * 1024,
+            "round {i}: {after} KiB after the clients left"
+        );
+    }
+}

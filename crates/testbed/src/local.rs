@@ -356,3 +356,19 @@ pub fn owners(servers: &[SocketAddr], keys: &[Vec<u8>]) -> anyhow::Result<Vec<Op
     }
     Ok(owner)
 }
+
+/// Shrinks a socket's receive buffer to about `bytes` (the kernel doubles it), so that a
+/// client that does not read leaves its replies in the server it talks to.
+pub fn set_recv_buffer(socket: &std::net::TcpStream, bytes: i32) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: setsockopt reads `size_of::<i32>()` bytes from a live i32 on an open socket.
+    unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&bytes as *const i32).cast(),
+            std::mem::size_of::<i32>() as libc::socklen_t,
+        );
+    }
+}

@@ -243,6 +243,11 @@ impl Conn {
                 if start == buf.len() {
                     buf.clear();
                     start = 0;
+                    // A burst of large replies grew the buffer: give it back once drained.
+                    if buf.capacity() > super::client::LARGE {
+                        buf = Vec::with_capacity(64 * 1024);
+                        super::worker::freed_memory();
+                    }
                 } else if start > buf.capacity() / 2 {
                     buf.drain(..start);
                     start = 0;

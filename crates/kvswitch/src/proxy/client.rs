@@ -4,7 +4,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{ReadHalf, WriteHalf};
@@ -25,7 +25,8 @@ use super::Limits;
 
 /// A reply in the making: filled by the servers' replies, read by the client's writer.
 pub struct Slot {
-    client: Rc<Shared>,
+    /// Weak: a client that goes away must free its queue, which holds its slots.
+    client: Weak<Shared>,
     combine: Combine,
     on_error: OnError,
     outcomes: RefCell<Vec<Outcome>>,
@@ -84,14 +85,15 @@ impl Slot {
         if let Some(hook) = self.cache.borrow_mut().take() {
             hook.finish(&reply);
         }
+        let Some(client) = self.client.upgrade() else {
+            return;
+        };
         if self.forgotten.get() {
             return;
         }
-        self.client
-            .queued_bytes
-            .set(self.client.queued_bytes.get() + reply.len());
+        client.add_queued(reply.len());
         *self.done.borrow_mut() = Some(reply);
-        self.client.wake.notify_one();
+        client.wake.notify_one();
     }
 }
 
@@ -107,6 +109,14 @@ struct Shared {
     queue: RefCell<VecDeque<Entry>>,
     /// Bytes of completed replies not yet written.
     queued_bytes: Cell<usize>,
+    /// The same, summed over every client of the worker and pool.
+    worker_bytes: Rc<Cell<usize>>,
+    /// The client left more unwritten replies than it may: it is disconnected.
+    overflowed: Cell<bool>,
+    /// [`Limits::client_reply_max`].
+    max_bytes: usize,
+    /// The most bytes of replies the client ever had waiting.
+    peak_bytes: Cell<usize>,
     /// Wakes the writer: a reply completed, or the reader stopped.
     wake: Notify,
     /// Wakes the reader: the writer made room.
@@ -118,6 +128,9 @@ struct Shared {
     /// (see [`Shared::forget`]).
     committed: Cell<usize>,
 }
+
+/// Buffers larger than this are given back once empty, rather than kept for the next burst.
+pub const LARGE: usize = 1 << 20;
 
 /// Largest value a storage request may carry: memcached's default item size. Larger ones are
 /// refused as memcached refuses them, without being buffered.
@@ -134,6 +147,10 @@ pub async fn serve(mut stream: TcpStream, pool: Rc<PoolRt>, limits: Limits) {
     let shared = Rc::new(Shared {
         queue: RefCell::new(VecDeque::new()),
         queued_bytes: Cell::new(0),
+        worker_bytes: pool.unwritten.clone(),
+        overflowed: Cell::new(false),
+        max_bytes: limits.client_reply_max,
+        peak_bytes: Cell::new(0),
         wake: Notify::new(),
         room: Notify::new(),
         reader_done: Cell::new(false),
@@ -151,13 +168,44 @@ pub async fn serve(mut stream: TcpStream, pool: Rc<PoolRt>, limits: Limits) {
             writer.await;
         }
     }
+    if shared.overflowed.get() {
+        add(&stats.clients_overflowed, 1);
+    }
+    // Whatever the client left unread goes with it; replies still on their way are dropped
+    // as they complete.
+    let left: Vec<Entry> = shared.queue.borrow_mut().drain(..).collect();
+    drop(left);
+    shared.sub_queued(shared.queued_bytes.get());
+    if shared.peak_bytes.get() > LARGE {
+        super::worker::freed_memory();
+    }
     sub(&stats.client_connections, 1);
 }
 
 impl Shared {
+    /// Counts `n` more bytes of replies waiting to be written; past the client's hard limit
+    /// the client is to be disconnected.
+    fn add_queued(&self, n: usize) {
+        self.queued_bytes.set(self.queued_bytes.get() + n);
+        self.worker_bytes.set(self.worker_bytes.get() + n);
+        self.peak_bytes
+            .set(self.peak_bytes.get().max(self.queued_bytes.get()));
+        if self.queued_bytes.get() > self.max_bytes {
+            self.overflowed.set(true);
+            self.wake.notify_one();
+        }
+    }
+
+    fn sub_queued(&self, n: usize) {
+        let n = n.min(self.queued_bytes.get());
+        self.queued_bytes.set(self.queued_bytes.get() - n);
+        self.worker_bytes
+            .set(self.worker_bytes.get().saturating_sub(n));
+    }
+
     fn push(&self, entry: Entry) {
         if let Entry::Ready(bytes) = &entry {
-            self.queued_bytes.set(self.queued_bytes.get() + bytes.len());
+            self.add_queued(bytes.len());
         }
         self.queue.borrow_mut().push_back(entry);
         self.wake.notify_one();
@@ -186,19 +234,26 @@ impl Shared {
                 Entry::Close => 0,
             })
             .sum();
-        self.queued_bytes.set(bytes);
+        drop(queue);
+        self.sub_queued(self.queued_bytes.get().saturating_sub(bytes));
         self.room.notify_one();
     }
 
     fn full(&self, limits: &Limits) -> bool {
         self.queue.borrow().len() >= limits.client_pending
             || self.queued_bytes.get() >= limits.client_reply_bytes
+            || self.worker_bytes.get() >= limits.worker_reply_bytes
     }
 }
 
 async fn write_loop(mut wr: WriteHalf<'_>, shared: &Rc<Shared>, pool: &PoolRt) {
     let mut out: Vec<u8> = Vec::with_capacity(16 * 1024);
     loop {
+        if shared.overflowed.get() {
+            // Not reading its replies and past its limit: let it go rather than hold them.
+            let _ = wr.shutdown().await;
+            return;
+        }
         let mut close = false;
         let mut popped = false;
         {
@@ -231,9 +286,7 @@ async fn write_loop(mut wr: WriteHalf<'_>, shared: &Rc<Shared>, pool: &PoolRt) {
             shared.room.notify_one();
         }
         if !out.is_empty() {
-            shared
-                .queued_bytes
-                .set(shared.queued_bytes.get().saturating_sub(out.len()));
+            shared.sub_queued(out.len());
             if wr.write_all(&out).await.is_err() {
                 return;
             }
@@ -259,7 +312,15 @@ async fn read_loop(mut rd: ReadHalf<'_>, shared: &Rc<Shared>, pool: &Rc<PoolRt>,
     let mut binary = None;
     loop {
         while shared.full(&limits) {
-            shared.room.notified().await;
+            if shared.overflowed.get() {
+                return;
+            }
+            // Room comes from this client's writer, or, when the worker as a whole holds too
+            // much, from other clients': look again now and then.
+            tokio::select! {
+                _ = shared.room.notified() => {}
+                _ = tokio::time::sleep(std::time::Duration::from_millis(10)) => {}
+            }
         }
         // Requests already read go first; more is read only once they are all under way.
         if buf.len() > start && skip == 0 {
@@ -274,6 +335,10 @@ async fn read_loop(mut rd: ReadHalf<'_>, shared: &Rc<Shared>, pool: &Rc<PoolRt>,
             if start == buf.len() {
                 buf.clear();
                 start = 0;
+                if buf.capacity() > LARGE {
+                    buf = Vec::with_capacity(16 * 1024);
+                    super::worker::freed_memory();
+                }
             } else if start > 0 && (start > buf.len() / 2 || buf.capacity() - buf.len() < 8192) {
                 buf.drain(..start);
                 start = 0;
@@ -316,7 +381,7 @@ fn forward(
     pool: &Rc<PoolRt>,
 ) {
     let slot = Rc::new(Slot {
-        client: shared.clone(),
+        client: Rc::downgrade(shared),
         combine,
         on_error,
         outcomes: RefCell::new(vec![Ok(Vec::new()); parts.len()]),

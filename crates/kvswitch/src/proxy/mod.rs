@@ -48,6 +48,12 @@ pub struct Limits {
     pub client_pending: usize,
     /// Reply bytes waiting to be written to one client; reading stops past it.
     pub client_reply_bytes: usize,
+    /// Reply bytes one client may leave unread at most, counting replies to requests already
+    /// forwarded when reading stopped; a client past it is disconnected.
+    pub client_reply_max: usize,
+    /// Reply bytes waiting to be written to all the clients of one worker (per pool); every
+    /// client's reading pauses past it.
+    pub worker_reply_bytes: usize,
 }
 
 impl Default for Limits {
@@ -55,6 +61,8 @@ impl Default for Limits {
         Limits {
             client_pending: 128,
             client_reply_bytes: 4 << 20,
+            client_reply_max: 32 << 20,
+            worker_reply_bytes: 256 << 20,
         }
     }
 }

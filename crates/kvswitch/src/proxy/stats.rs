@@ -52,6 +52,8 @@ pub struct PoolStats {
     pub cache_replies: AtomicU64,
     /// Malformed requests (answered as memcached answers them).
     pub client_errors: AtomicU64,
+    /// Clients disconnected for leaving more replies unread than `client_reply_max`.
+    pub clients_overflowed: AtomicU64,
     pub bytes_from_clients: AtomicU64,
     pub bytes_to_clients: AtomicU64,
     /// Bumped whenever a server is ejected or comes back: workers rebuild their ring.
@@ -69,6 +71,7 @@ impl PoolStats {
             local_replies: AtomicU64::new(0),
             cache_replies: AtomicU64::new(0),
             client_errors: AtomicU64::new(0),
+            clients_overflowed: AtomicU64::new(0),
             bytes_from_clients: AtomicU64::new(0),
             bytes_to_clients: AtomicU64::new(0),
             ring_generation: AtomicU64::new(0),
@@ -167,7 +170,7 @@ impl ProxyStats {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         };
         type PoolField = fn(&PoolStats) -> u64;
-        let pool_families: [(&str, &str, &str, PoolField); 8] = [
+        let pool_families: [(&str, &str, &str, PoolField); 9] = [
             (
                 "kvswitch_proxy_client_connections",
                 "gauge",
@@ -203,6 +206,12 @@ impl ProxyStats {
                 "counter",
                 "Malformed or refused client requests.",
                 |p| get(&p.client_errors),
+            ),
+            (
+                "kvswitch_proxy_clients_overflowed_total",
+                "counter",
+                "Clients disconnected for leaving more replies unread than the proxy holds for one.",
+                |p| get(&p.clients_overflowed),
             ),
             (
                 "kvswitch_proxy_client_bytes_received_total",

@@ -41,6 +41,8 @@ pub struct PoolRt {
     ring: RefCell<RingView>,
     /// The cache that answers this pool's hot keys.
     pub cache: Option<Arc<CacheService>>,
+    /// Reply bytes waiting to be written to this worker's clients of the pool.
+    pub unwritten: Rc<std::cell::Cell<usize>>,
 }
 
 /// The ring over the servers in it now.
@@ -79,6 +81,7 @@ impl PoolRt {
                 live: Vec::new(),
             }),
             cache,
+            unwritten: Rc::new(std::cell::Cell::new(0)),
         })
     }
 
@@ -171,6 +174,7 @@ pub fn run(
             let pool = PoolRt::new(proxy.clone(), index, source, cache);
             tokio::task::spawn_local(accept(listener, pool, limits));
         }
+        tokio::task::spawn_local(give_back_memory());
         while !*stop.borrow() {
             if stop.changed().await.is_err() {
                 break;
@@ -194,3 +198,37 @@ async fn accept(listener: TcpListener, pool: Rc<PoolRt>, limits: Limits) {
         }
     }
 }
+
+thread_local! {
+    /// Set when this worker freed a large amount of memory (a client that held many replies
+    /// went, a connection's buffer shrank after a burst).
+    static FREED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Asks the worker to hand memory it freed back to the system at its next pass.
+pub fn freed_memory() {
+    FREED.with(|f| f.set(true));
+}
+
+/// Twice a second, after large frees, hands the allocator's free pages back to the system:
+/// glibc's allocator keeps freed memory in its per-thread arenas otherwise, and a proxy that
+/// once buffered a gigabyte for clients that never read would keep it for good.
+async fn give_back_memory() {
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        if FREED.with(|f| f.replace(false)) {
+            release_free_pages();
+        }
+    }
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn release_free_pages() {
+    // SAFETY: malloc_trim only walks the allocator's own free lists; it takes no pointers.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn release_free_pages() {}
