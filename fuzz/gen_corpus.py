@@ -282,6 +282,15 @@ def main():
     write("wire_frames", all_frames)
     write("memcache_request", {**REQUESTS, **TRUNCATED})
     write("memcache_reply", REPLIES)
+    # The proxy_differential target's first byte picks the protocol: 1 for binary, 0 for text.
+    streams = {**REQUESTS, **TRUNCATED}
+    write(
+        "proxy_differential",
+        {
+            name: bytes([1 if data[:1] == b"\x80" else 0]) + data
+            for name, data in streams.items()
+        },
+    )
     total = 0
     for target in sorted(os.listdir(ROOT)):
         files = os.listdir(os.path.join(ROOT, target))

@@ -58,6 +58,9 @@ fn binary(op: u8, extras: &[u8], key: &[u8], value: &[u8], opaque: u32) -> Vec<u
     out
 }
 
+/// When a reply is whole.
+type Done = fn(&[u8]) -> bool;
+
 /// 128 or more noreply or quiet requests in a row once left the client's connection waiting
 /// for good (and in CLOSE-WAIT after the client left): the reader waited for room that only a
 /// reply of some bytes would make.
@@ -84,7 +87,7 @@ fn bursts_of_noreply_and_quiet_requests_never_stall_a_connection() {
             b"",
             9,
         ));
-        let cases: [(&str, Vec<u8>, fn(&[u8]) -> bool); 3] = [
+        let cases: [(&str, Vec<u8>, Done); 3] = [
             ("text noreply", text, |r| r.ends_with(b"END\r\n")),
             ("meta q", meta, |r| r.ends_with(b"\r\n")),
             ("binary SETQ", bin, |r| r.len() >= 25),
@@ -357,7 +360,7 @@ fn an_honest_client_only_ever_sees_its_own_replies() {
                     let mut sink = vec![0u8; 64 * 1024];
                     for _ in 0..20 {
                         i += 1;
-                        let (bytes, requests) = if i % 10 == 0 {
+                        let (bytes, requests) = if i.is_multiple_of(10) {
                             (crafted[(i / 10 % 2) as usize].clone(), 2)
                         } else {
                             let c = case(0xbad + h, i);

@@ -154,7 +154,7 @@ impl Rng {
         Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
     }
 
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -162,7 +162,7 @@ impl Rng {
     }
 
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
+        (self.next_u64() % n.max(1) as u64) as usize
     }
 
     fn chance(&mut self, percent: usize) -> bool {
@@ -383,14 +383,14 @@ fn mutate(rng: &mut Rng, request: &mut Vec<u8>, binary: bool) {
             // A header field changed: lengths, opcode, magic.
             let field = *rng.pick(&[0usize, 1, 3, 4, 10, 11]);
             if let Some(b) = request.get_mut(field) {
-                *b = rng.next() as u8;
+                *b = rng.next_u64() as u8;
             }
         }
         5 if !binary => {
             // A number (a length, a flag's value) replaced by one memcached reads oddly.
             let text = String::from_utf8_lossy(request).into_owned();
             let mut tokens: Vec<String> = text
-                .splitn(2, "\r\n")
+                .split("\r\n")
                 .next()
                 .unwrap_or("")
                 .split(' ')
@@ -495,7 +495,7 @@ fn binary_request(rng: &mut Rng, keys: &[String]) -> Vec<u8> {
     out.push(extras.len() as u8);
     out.extend_from_slice(&[0, 0, 0]);
     out.extend_from_slice(&(body as u32).to_be_bytes());
-    out.extend_from_slice(&(rng.next() as u32).to_be_bytes());
+    out.extend_from_slice(&(rng.next_u64() as u32).to_be_bytes());
     out.extend_from_slice(&[0; 8]);
     out.extend_from_slice(&extras);
     out.extend_from_slice(&key);

@@ -441,7 +441,7 @@ fn handle(
     let mut handled = 0usize;
     while used < buf.len() && *skip == 0 && !shared.full(limits) {
         handled += 1;
-        if handled % MEMCACHED_REQS_PER_EVENT == 0 {
+        if handled.is_multiple_of(MEMCACHED_REQS_PER_EVENT) {
             shared.commit();
         }
         let rest = &buf[used..];

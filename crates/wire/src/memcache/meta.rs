@@ -114,13 +114,14 @@ fn keyed(command: Command, mut args: Args<'_>) -> Result<Option<Request<'_>>, Er
                 return Err(Error::OpaqueTooLong);
             }
         }
-        Command::MetaArithmetic => {
-            if mode.is_some_and(|m| !matches!(m, b'I' | b'+' | b'D' | b'-')) {
-                return Err(Error::BadArithmeticMode);
-            }
-            // A long opaque fails `ma` only after the arithmetic is done: memcached is left
-            // to answer it, with one error line.
+        Command::MetaArithmetic
+            if mode.is_some_and(|m| !matches!(m, b'I' | b'+' | b'D' | b'-')) =>
+        {
+            return Err(Error::BadArithmeticMode);
         }
+        // A long opaque fails `ma` only after the arithmetic is done: memcached is left to
+        // answer it, with one error line.
+        Command::MetaArithmetic => {}
         _ if opaque_too_long => return Err(Error::OpaqueTooLong),
         _ => {}
     }
