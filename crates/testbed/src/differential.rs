@@ -90,6 +90,17 @@ const RESENDS: usize = 3;
 /// Sends `case` and its end marker on a new connection to `addr` and reads until the marker's
 /// reply, a close, or [`RESENDS`] silences of [`QUIET`].
 pub fn exchange(addr: SocketAddr, case: &Case) -> std::io::Result<Outcome> {
+    exchange_with(addr, case, QUIET, RESENDS)
+}
+
+/// [`exchange`] with another silence before the end marker goes again, and another number of
+/// times it may (a fuzzer, whose inputs are mostly incomplete, waits less).
+pub fn exchange_with(
+    addr: SocketAddr,
+    case: &Case,
+    quiet: Duration,
+    resends_allowed: usize,
+) -> std::io::Result<Outcome> {
     let mut stream = TcpStream::connect(addr)?;
     stream.set_nodelay(true)?;
     stream.set_write_timeout(Some(Duration::from_secs(5)))?;
@@ -113,10 +124,10 @@ pub fn exchange(addr: SocketAddr, case: &Case) -> std::io::Result<Outcome> {
                 last = Instant::now();
             }
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                if last.elapsed() < QUIET {
+                if last.elapsed() < quiet {
                     continue;
                 }
-                if resends == RESENDS {
+                if resends == resends_allowed {
                     break;
                 }
                 resends += 1;

@@ -534,6 +534,14 @@ pub fn too_large(buf: &[u8], max: usize, binary: bool) -> Option<Refused> {
         let (key_start, key_end) = header.key_range();
         // Wait for the key: it names the item a refused SET drops.
         let key = buf.get(key_start..key_end)?;
+        // memcached holds the value's length in an `int`: past 2^31 it is negative, refused
+        // as too large with nothing thrown away, and the next request is read after the key.
+        let value_len = header.value_len() as u32 as i32;
+        let skip = if value_len < 0 {
+            0
+        } else {
+            header.body_len as usize - (key_end - HEADER_LEN)
+        };
         let unlink = matches!(header.opcode, opcode::SET | opcode::SETQ).then(|| key.to_vec());
         let mut reply = Vec::with_capacity(HEADER_LEN + 16);
         write_error(
@@ -544,8 +552,8 @@ pub fn too_large(buf: &[u8], max: usize, binary: bool) -> Option<Refused> {
         );
         return Some(Refused {
             reply,
-            consumed: HEADER_LEN,
-            skip: header.body_len as usize,
+            consumed: key_end,
+            skip,
             unlink,
         });
     }
@@ -566,8 +574,9 @@ pub fn too_large(buf: &[u8], max: usize, binary: bool) -> Option<Refused> {
         Command::MetaSet => (1, false),
         _ => return None,
     };
-    let len: usize = std::str::from_utf8(tokens.get(at)?).ok()?.parse().ok()?;
-    if len <= max {
+    // Read as the parser and memcached read it (a length past 32 bits wraps).
+    let len = wire::memcache::data_len(&buf[..line])?;
+    if tokens.get(at).is_none() || len <= max {
         return None;
     }
     Some(Refused {
@@ -778,8 +787,14 @@ mod tests {
         set.push(b'k');
         let refused = too_large(&set, 1 << 20, true).unwrap();
         assert_eq!(refused.unlink, Some(b"k".to_vec()));
-        assert_eq!(refused.consumed, HEADER_LEN);
-        assert_eq!(refused.skip, 3_000_009);
+        assert_eq!(refused.consumed, HEADER_LEN + 9);
+        assert_eq!(refused.skip, 3_000_000);
         assert_eq!(&refused.reply[6..8], &[0, 3]);
+        // A value length past 2^31 is negative to memcached: refused, nothing skipped.
+        set[8..12].copy_from_slice(&u32::MAX.to_be_bytes());
+        let refused = too_large(&set, 1 << 20, true).unwrap();
+        assert_eq!((refused.consumed, refused.skip), (HEADER_LEN + 9, 0));
+        // A text length past 32 bits wraps as memcached reads it: 2^32 + 1 is one byte.
+        assert_eq!(too_large(b"set a 0 0 4294967297\r\n", 1 << 20, false), None);
     }
 }

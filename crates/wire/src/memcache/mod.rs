@@ -18,7 +18,7 @@ pub mod reply;
 pub mod stats;
 mod text;
 
-pub use recover::{recover, recover_binary, recover_text, Recovery};
+pub use recover::{data_len, recover, recover_binary, recover_text, Recovery};
 
 #[cfg(test)]
 mod fixtures;

@@ -137,8 +137,9 @@ fn tokens(line: &[u8]) -> Tokens<'_> {
     Tokens::new(line)
 }
 
-/// The data length a storage or `ms` command line announces, read as the parser reads it.
-fn data_len(line: &[u8]) -> Option<usize> {
+/// The data length a storage or `ms` command line announces, read as the parser (and
+/// memcached) reads it: a length past 32 bits wraps, a negative one is `None`.
+pub fn data_len(line: &[u8]) -> Option<usize> {
     let mut tokens = tokens(line).map(|(_, token)| token);
     let at = match Command::from_name(tokens.next()?)? {
         Command::MetaSet => 1,
