@@ -461,3 +461,47 @@ fn clients_that_leave_without_reading_give_their_memory_back() {
         );
     }
 }
+
+/// A client that asks for more than the proxy holds for one (32 MiB of replies) and does not
+/// read is disconnected, even while the proxy is blocked writing to it, and everything it held
+/// is freed.
+#[test]
+fn a_client_past_its_limit_that_does_not_read_is_let_go() {
+    let (opts, api) = api_opts(1);
+    let cluster = Cluster::start(Front::Kvswitch, &opts);
+    let value = vec![b'm'; 1_000_000];
+    let mut setup = Conn::open(cluster.addr());
+    let mut request = format!("set huge 0 0 {}\r\n", value.len()).into_bytes();
+    request.extend_from_slice(&value);
+    request.extend_from_slice(b"\r\n");
+    assert_eq!(
+        setup.call(&request, |r| r.ends_with(b"\r\n")),
+        b"STORED\r\n"
+    );
+    drop(setup);
+    let hog = TcpStream::connect(cluster.addr()).expect("connect");
+    testbed::local::set_recv_buffer(&hog, 4096);
+    (&hog).write_all(&b"get huge\r\n".repeat(60)).expect("send");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(api, "kvswitch_proxy_clients_overflowed_total") == 0 {
+        assert!(Instant::now() < deadline, "the hog was never let go");
+        thread::sleep(Duration::from_millis(50));
+    }
+    // Its connection is gone from the proxy although the client never closed it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while metric(api, "kvswitch_proxy_client_connections") > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the hog's connection is still held"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    // Others are served.
+    let mut other = Conn::open(cluster.addr());
+    let reply = other.call(b"get huge\r\n", |r| r.ends_with(b"END\r\n"));
+    assert_eq!(
+        reply.len(),
+        value.len() + "VALUE huge 0 1000000\r\n\r\nEND\r\n".len()
+    );
+    drop(hog);
+}

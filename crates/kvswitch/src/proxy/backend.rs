@@ -415,15 +415,19 @@ impl Conn {
     }
 }
 
-/// The key a text batch sentinel asks for; hit or miss, the reply carries the opaque.
-const SENTINEL_KEY: &[u8] = b"kvswitch:sentinel";
+/// The key a text batch sentinel asks for, chosen at random per process so that no client
+/// can aim at it; hit or miss, the reply carries the opaque.
+fn sentinel_key() -> &'static str {
+    static KEY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    KEY.get_or_init(|| format!("kvswitch:sentinel:{:016x}", random_u64()))
+}
 
 /// Appends the batch sentinel numbered `nonce`.
 fn write_batch_sentinel(wire: Wire, nonce: u64, out: &mut Vec<u8>) {
     match wire {
         Wire::Text => {
             out.extend_from_slice(b"mg ");
-            out.extend_from_slice(SENTINEL_KEY);
+            out.extend_from_slice(sentinel_key().as_bytes());
             out.extend_from_slice(format!(" O{nonce:016x}\r\n").as_bytes());
         }
         Wire::Binary => {
@@ -444,11 +448,11 @@ fn write_batch_sentinel(wire: Wire, nonce: u64, out: &mut Vec<u8>) {
 /// the sentinel's key (`HD`): `Ok(None)` while what has arrived may still become it, an error if
 /// it cannot.
 fn batch_sentinel_len(wire: Wire, nonce: u64, buf: &[u8]) -> Result<Option<(usize, bool)>, Lost> {
+    if wire == Wire::Text {
+        return text_sentinel_len(nonce, buf);
+    }
     let expected: Vec<Vec<u8>> = match wire {
-        Wire::Text => ["EN", "HD"]
-            .iter()
-            .map(|status| format!("{status} O{nonce:016x}\r\n").into_bytes())
-            .collect(),
+        Wire::Text => Vec::new(),
         Wire::Binary => {
             let mut reply = Vec::with_capacity(24);
             wire::memcache::binary::write_response(
@@ -469,6 +473,44 @@ fn batch_sentinel_len(wire: Wire, nonce: u64, buf: &[u8]) -> Result<Option<(usiz
     }
     if expected.iter().any(|reply| reply.starts_with(buf)) {
         return Ok(None);
+    }
+    Err(Lost::OutOfStep)
+}
+
+/// [`batch_sentinel_len`] on a text connection: `EN` or `HD`, the opaque, and then any flags
+/// memcached adds on its own (`W`, `X`, `Z` on an item a client has marked), up to the line's
+/// end.
+fn text_sentinel_len(nonce: u64, buf: &[u8]) -> Result<Option<(usize, bool)>, Lost> {
+    let opaque = format!(" O{nonce:016x}");
+    let mut prefixes = ["EN", "HD"].map(|status| format!("{status}{opaque}").into_bytes());
+    for (i, prefix) in prefixes.iter_mut().enumerate() {
+        if buf.len() < prefix.len() {
+            if prefix.starts_with(buf) {
+                return Ok(None);
+            }
+            continue;
+        }
+        if !buf.starts_with(prefix) {
+            continue;
+        }
+        let rest = &buf[prefix.len()..];
+        let Some(end) = rest.windows(2).position(|w| w == b"\r\n") else {
+            // A line of flags is short: one that goes on is not the sentinel's.
+            return if rest.len() < 32 && !rest.contains(&b'\n') {
+                Ok(None)
+            } else {
+                Err(Lost::OutOfStep)
+            };
+        };
+        let flags = &rest[..end];
+        let plain = flags
+            .split(|&b| b == b' ')
+            .skip(1)
+            .all(|f| f.len() == 1 && f[0].is_ascii_uppercase());
+        if !(flags.is_empty() || flags.first() == Some(&b' ') && plain) {
+            return Err(Lost::OutOfStep);
+        }
+        return Ok(Some((prefix.len() + end + 2, i == 1)));
     }
     Err(Lost::OutOfStep)
 }
@@ -552,4 +594,38 @@ fn frame(
         reply: n,
         total: n + m,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_text_sentinel_reply_is_its_opaque_whatever_flags_memcached_adds() {
+        let n = 0x1234_u64;
+        let ok = |reply: &[u8]| text_sentinel_len(n, reply).ok().flatten();
+        assert_eq!(ok(b"EN O0000000000001234\r\nEND\r\n"), Some((22, false)));
+        assert_eq!(ok(b"HD O0000000000001234\r\n"), Some((22, true)));
+        // A client may mark the key: memcached then adds W, X or Z after the opaque.
+        assert_eq!(ok(b"HD O0000000000001234 W Z\r\n"), Some((26, true)));
+        // Still arriving.
+        assert_eq!(ok(b"EN O00000000000"), None);
+        assert!(text_sentinel_len(n, b"EN O0000000000001234 ")
+            .unwrap()
+            .is_none());
+        // Anything else is out of step.
+        for bad in [
+            &b"END\r\n"[..],
+            b"EN O0000000000001235\r\n",
+            b"HD O0000000000001234 k\r\n",
+            b"VA 1 O0000000000001234\r\nx\r\n",
+            b"MN\r\n",
+        ] {
+            assert!(
+                text_sentinel_len(n, bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
 }

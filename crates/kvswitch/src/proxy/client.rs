@@ -113,6 +113,9 @@ struct Shared {
     worker_bytes: Rc<Cell<usize>>,
     /// The client left more unwritten replies than it may: it is disconnected.
     overflowed: Cell<bool>,
+    /// Wakes `serve` to drop the connection at once, even while the writer waits on a client
+    /// that does not read.
+    kill: Notify,
     /// [`Limits::client_reply_max`].
     max_bytes: usize,
     /// The most bytes of replies the client ever had waiting.
@@ -149,6 +152,7 @@ pub async fn serve(mut stream: TcpStream, pool: Rc<PoolRt>, limits: Limits) {
         queued_bytes: Cell::new(0),
         worker_bytes: pool.unwritten.clone(),
         overflowed: Cell::new(false),
+        kill: Notify::new(),
         max_bytes: limits.client_reply_max,
         peak_bytes: Cell::new(0),
         wake: Notify::new(),
@@ -165,8 +169,12 @@ pub async fn serve(mut stream: TcpStream, pool: Rc<PoolRt>, limits: Limits) {
         _ = &mut reader => {
             shared.reader_done.set(true);
             shared.wake.notify_one();
-            writer.await;
+            tokio::select! {
+                _ = &mut writer => {}
+                _ = shared.kill.notified() => {}
+            }
         }
+        _ = shared.kill.notified() => {}
     }
     if shared.overflowed.get() {
         add(&stats.clients_overflowed, 1);
@@ -190,9 +198,9 @@ impl Shared {
         self.worker_bytes.set(self.worker_bytes.get() + n);
         self.peak_bytes
             .set(self.peak_bytes.get().max(self.queued_bytes.get()));
-        if self.queued_bytes.get() > self.max_bytes {
+        if self.queued_bytes.get() > self.max_bytes && !self.overflowed.get() {
             self.overflowed.set(true);
-            self.wake.notify_one();
+            self.kill.notify_one();
         }
     }
 
@@ -479,8 +487,11 @@ fn handle(
                         if !reply.is_empty() {
                             shared.push(Entry::Ready(reply));
                         }
-                        // memcached writes its replies out after a binary NOOP.
-                        if request.command == Command::Binary(binary::opcode::NOOP) {
+                        // memcached writes its replies out after `mn` and a binary NOOP.
+                        if matches!(
+                            request.command,
+                            Command::MetaNoop | Command::Binary(binary::opcode::NOOP)
+                        ) {
                             shared.commit();
                         }
                     }
@@ -495,16 +506,19 @@ fn handle(
                         combine,
                         on_error,
                     } => {
+                        let compacted;
+                        let bytes = match plan::compact_long_line(&request) {
+                            plan::Compact::Unchanged => request.bytes(),
+                            plan::Compact::Compacted(bytes) => {
+                                compacted = bytes;
+                                &compacted
+                            }
+                            // memcached may close on such a line; a shared server connection
+                            // must not, so the client's is closed instead.
+                            plan::Compact::TooLong => return Handled::Close,
+                        };
                         let hook = hook.or_else(|| cache_hook(&request, pool));
-                        forward(
-                            &parts,
-                            combine,
-                            on_error,
-                            request.bytes(),
-                            hook,
-                            shared,
-                            pool,
-                        )
+                        forward(&parts, combine, on_error, bytes, hook, shared, pool)
                     }
                 }
                 // memcached writes its replies out after every text retrieval.

@@ -4,7 +4,7 @@
 
 use wire::memcache::binary::{opcode, status, write_error, write_response, HEADER_LEN};
 use wire::memcache::reply::{write_retrieval_request, ReplyKind};
-use wire::memcache::{Command, Protocol, Request, MAX_KEY_LEN};
+use wire::memcache::{Command, Protocol, Request, MAX_KEY_LEN, MAX_LINE_LEN};
 
 /// Which kind of server connection a part travels on: memcached fixes a connection's protocol
 /// with its first byte, so binary requests need connections of their own.
@@ -215,8 +215,10 @@ fn plan_text(request: &Request<'_>, router: &mut dyn Router) -> Plan {
     }
 }
 
-/// The words of a command line: the command's name, then its arguments.
+/// The words of a command line: the command's name, then its arguments; as memcached reads
+/// the line, a NUL ends it.
 fn words(line: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let line = &line[..line.iter().position(|&b| b == 0).unwrap_or(line.len())];
     line.split(|&b| b == b' ' || b == b'\r' || b == b'\n')
         .filter(|t| !t.is_empty())
 }
@@ -433,6 +435,51 @@ pub fn unlink(refused: Refused, binary: bool, router: &mut dyn Router) -> Plan {
     }
 }
 
+/// What a text request's command line becomes before it is sent on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Compact {
+    Unchanged,
+    /// The request with its line rewritten to single spaces and no NUL tail.
+    Compacted(Vec<u8>),
+    /// Longer than memcached takes even so.
+    TooLong,
+}
+
+/// memcached closes a connection on which a command line (other than `get` and `gets`) runs
+/// past [`MAX_LINE_LEN`] bytes before its end has been read, and it reads in chunks: a long
+/// line sent down a shared server connection could close it for every client. A longer line
+/// is rewritten as memcached reads it (its tokens joined by single spaces, nothing after a
+/// NUL), which means the same to memcached; one still too long is refused.
+pub fn compact_long_line(request: &Request<'_>) -> Compact {
+    let bytes = request.bytes();
+    if request.protocol == Protocol::Binary {
+        return Compact::Unchanged;
+    }
+    let Some(line_len) = wire::memcache::line_len(bytes) else {
+        return Compact::Unchanged;
+    };
+    if line_len <= MAX_LINE_LEN || matches!(request.command, Command::Get | Command::Gets) {
+        return Compact::Unchanged;
+    }
+    let line = &bytes[..line_len - 1];
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let line = &line[..line.iter().position(|&b| b == 0).unwrap_or(line.len())];
+    let mut out: Vec<u8> = Vec::with_capacity(bytes.len().min(MAX_LINE_LEN) + 64);
+    let tokens = line.split(|&b| b == b' ').filter(|t| !t.is_empty());
+    for (i, word) in tokens.enumerate() {
+        if i > 0 {
+            out.push(b' ');
+        }
+        out.extend_from_slice(word);
+    }
+    out.extend_from_slice(b"\r\n");
+    if out.len() > MAX_LINE_LEN {
+        return Compact::TooLong;
+    }
+    out.extend_from_slice(&bytes[line_len..]);
+    Compact::Compacted(out)
+}
+
 /// Binary status the proxy answers with when a server fails a request ("internal error").
 pub const STATUS_PROXY_ERROR: u16 = 0x0084;
 
@@ -587,7 +634,12 @@ pub fn too_large(buf: &[u8], max: usize, binary: bool) -> Option<Refused> {
         },
         consumed: line,
         skip: len.saturating_add(2),
-        unlink: (command == Command::Set).then(|| tokens[0].to_vec()),
+        // memcached drops the old item of a refused `set`, and of a refused `ms` whatever its
+        // mode (a base64 key is left alone: its stored form is not the token).
+        unlink: (command == Command::Set
+            || (command == Command::MetaSet
+                && !tokens.iter().skip(2).any(|t| t.first() == Some(&b'b'))))
+        .then(|| tokens[0].to_vec()),
     })
 }
 
@@ -731,6 +783,27 @@ mod tests {
     }
 
     #[test]
+    fn long_lines_are_sent_as_memcached_reads_them() {
+        let long = format!("mg a\r{} v{}\r\n", " ".repeat(3000), " ".repeat(100));
+        let request = parse(long.as_bytes()).unwrap().unwrap();
+        assert_eq!(
+            compact_long_line(&request),
+            Compact::Compacted(b"mg a\r v\r\n".to_vec())
+        );
+        let set = format!("set k{} 0 0 2\r\nhi\r\n", " ".repeat(3000));
+        let request = parse(set.as_bytes()).unwrap().unwrap();
+        assert_eq!(
+            compact_long_line(&request),
+            Compact::Compacted(b"set k 0 0 2\r\nhi\r\n".to_vec())
+        );
+        let number = format!("mg a T{}1\r\n", "0".repeat(3000));
+        let request = parse(number.as_bytes()).unwrap().unwrap();
+        assert_eq!(compact_long_line(&request), Compact::TooLong);
+        let request = parse(b"mg a v\r\n").unwrap().unwrap();
+        assert_eq!(compact_long_line(&request), Compact::Unchanged);
+    }
+
+    #[test]
     fn local_answers() {
         assert_eq!(plan_of(b"mn\r\n"), Plan::Local(b"MN\r\n".to_vec()));
         assert_eq!(plan_of(b"quit\r\n"), Plan::Close(Vec::new()));
@@ -745,6 +818,23 @@ mod tests {
         };
         assert_eq!(&reply[..2], &[0x81, opcode::NOOP]);
         assert_eq!(&reply[12..16], &[1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn streams_are_refused_however_the_line_ends() {
+        let refused = Plan::Local(format!("SERVER_ERROR {UNSUPPORTED}\r\n").into_bytes());
+        for line in [
+            &b"watch\r\n"[..],
+            b"watch\0x\r\n",
+            b"lru_crawler metadump\0 all\r\n",
+        ] {
+            assert_eq!(
+                plan_of(line),
+                refused,
+                "{:?}",
+                String::from_utf8_lossy(line)
+            );
+        }
     }
 
     #[test]

@@ -23,22 +23,22 @@ pub(super) fn parse(command: Command, mut args: Args<'_>) -> Result<Option<Reque
     match command {
         Command::MetaNoop => Ok(Some(args.line_only(command))),
         Command::MetaDebug => {
-            // `me <key> [b]`: the only flag is base64.
+            // `me <key> [b]`: memcached reads the key and whether the next token is exactly
+            // `b`, and ignores anything after.
             let ([key, flag], count) = args.collect::<2>();
-            let base64 = match (count, args.get(&flag)) {
-                (1, _) => false,
-                (2, b"b") => true,
-                _ => return Err(Error::BadFormat),
-            };
-            let flags = Flags {
-                quiet: false,
-                base64,
-            };
+            if count == 0 {
+                return Err(Error::BadFormat);
+            }
             let key_token = args.get(&key);
+            let base64 = count >= 2 && args.get(&flag) == b"b";
             check_key(key_token, Protocol::Meta)?;
             if base64 && !is_base64(key_token) {
                 return Err(Error::BadFormat);
             }
+            let flags = Flags {
+                quiet: false,
+                base64,
+            };
             finish(args.line_only(command), key, flags)
         }
         _ => keyed(command, args),
