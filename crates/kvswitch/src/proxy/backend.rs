@@ -22,7 +22,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::Notify;
 use tokio::time::{sleep_until, timeout, Instant};
-use wire::memcache::binary::{opcode, Header};
+use wire::memcache::binary::{opcode, Header, HEADER_LEN};
 use wire::memcache::reply::{Framer, ReplyError};
 
 use super::client::Slot;
@@ -428,7 +428,9 @@ fn write_batch_sentinel(wire: Wire, nonce: u64, out: &mut Vec<u8>) {
         Wire::Text => {
             out.extend_from_slice(b"mg ");
             out.extend_from_slice(sentinel_key().as_bytes());
-            out.extend_from_slice(format!(" O{nonce:016x}\r\n").as_bytes());
+            out.extend_from_slice(b" O");
+            out.extend_from_slice(&hex16(nonce));
+            out.extend_from_slice(b"\r\n");
         }
         Wire::Binary => {
             wire::memcache::binary::write_request(
@@ -448,52 +450,54 @@ fn write_batch_sentinel(wire: Wire, nonce: u64, out: &mut Vec<u8>) {
 /// the sentinel's key (`HD`): `Ok(None)` while what has arrived may still become it, an error if
 /// it cannot.
 fn batch_sentinel_len(wire: Wire, nonce: u64, buf: &[u8]) -> Result<Option<(usize, bool)>, Lost> {
-    if wire == Wire::Text {
-        return text_sentinel_len(nonce, buf);
-    }
-    let expected: Vec<Vec<u8>> = match wire {
-        Wire::Text => Vec::new(),
+    match wire {
+        Wire::Text => text_sentinel_len(nonce, buf),
         Wire::Binary => {
-            let mut reply = Vec::with_capacity(24);
-            wire::memcache::binary::write_response(
-                opcode::NOOP,
-                0,
-                nonce as u32,
-                b"",
-                b"",
-                &mut reply,
-            );
-            vec![reply]
-        }
-    };
-    for (i, reply) in expected.iter().enumerate() {
-        if buf.starts_with(reply) {
-            return Ok(Some((reply.len(), i == 1)));
+            let mut reply = [0u8; HEADER_LEN];
+            reply[0] = wire::memcache::binary::RESPONSE_MAGIC;
+            reply[1] = opcode::NOOP;
+            reply[12..16].copy_from_slice(&(nonce as u32).to_be_bytes());
+            if buf.starts_with(&reply) {
+                Ok(Some((HEADER_LEN, false)))
+            } else if reply.starts_with(buf) {
+                Ok(None)
+            } else {
+                Err(Lost::OutOfStep)
+            }
         }
     }
-    if expected.iter().any(|reply| reply.starts_with(buf)) {
-        return Ok(None);
+}
+
+/// `n` as 16 lower-case hex digits.
+fn hex16(n: u64) -> [u8; 16] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 16];
+    for (i, d) in out.iter_mut().enumerate() {
+        *d = DIGITS[(n >> (60 - 4 * i) & 0xf) as usize];
     }
-    Err(Lost::OutOfStep)
+    out
 }
 
 /// [`batch_sentinel_len`] on a text connection: `EN` or `HD`, the opaque, and then any flags
 /// memcached adds on its own (`W`, `X`, `Z` on an item a client has marked), up to the line's
 /// end.
 fn text_sentinel_len(nonce: u64, buf: &[u8]) -> Result<Option<(usize, bool)>, Lost> {
-    let opaque = format!(" O{nonce:016x}");
-    let mut prefixes = ["EN", "HD"].map(|status| format!("{status}{opaque}").into_bytes());
-    for (i, prefix) in prefixes.iter_mut().enumerate() {
-        if buf.len() < prefix.len() {
-            if prefix.starts_with(buf) {
-                return Ok(None);
-            }
+    // "EN O" or "HD O", then the number.
+    const PREFIX: usize = 4 + 16;
+    let mut prefix = [0u8; PREFIX];
+    prefix[2..4].copy_from_slice(b" O");
+    prefix[4..].copy_from_slice(&hex16(nonce));
+    let mut still_possible = false;
+    for (status, hit) in [(b"EN", false), (b"HD", true)] {
+        prefix[..2].copy_from_slice(status);
+        if buf.len() < PREFIX {
+            still_possible |= prefix.starts_with(buf);
             continue;
         }
-        if !buf.starts_with(prefix) {
+        if !buf.starts_with(&prefix) {
             continue;
         }
-        let rest = &buf[prefix.len()..];
+        let rest = &buf[PREFIX..];
         let Some(end) = rest.windows(2).position(|w| w == b"\r\n") else {
             // A line of flags is short: one that goes on is not the sentinel's.
             return if rest.len() < 32 && !rest.contains(&b'\n') {
@@ -510,9 +514,13 @@ fn text_sentinel_len(nonce: u64, buf: &[u8]) -> Result<Option<(usize, bool)>, Lo
         if !(flags.is_empty() || flags.first() == Some(&b' ') && plain) {
             return Err(Lost::OutOfStep);
         }
-        return Ok(Some((prefix.len() + end + 2, i == 1)));
+        return Ok(Some((PREFIX + end + 2, hit)));
     }
-    Err(Lost::OutOfStep)
+    if still_possible {
+        Ok(None)
+    } else {
+        Err(Lost::OutOfStep)
+    }
 }
 
 /// A number no one outside the process can guess, from the standard library's hash seeds.
