@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::proxy::{free_port, show, Cluster, Conn, Front, PoolOpts, Proxy, REPLY_LIMIT};
+use common::proxy::{
+    free_port, set_request, show, Cluster, Conn, Front, PoolOpts, Proxy, REPLY_LIMIT,
+};
 use testbed::differential::case;
 
 /// The sum of a Prometheus family's samples on the proxy's API.
@@ -44,18 +46,7 @@ fn exchange(addr: SocketAddr, bytes: &[u8], done: impl Fn(&[u8]) -> bool) -> Vec
 }
 
 fn binary(op: u8, extras: &[u8], key: &[u8], value: &[u8], opaque: u32) -> Vec<u8> {
-    let body = extras.len() + key.len() + value.len();
-    let mut out = vec![0x80, op];
-    out.extend_from_slice(&(key.len() as u16).to_be_bytes());
-    out.push(extras.len() as u8);
-    out.extend_from_slice(&[0, 0, 0]);
-    out.extend_from_slice(&(body as u32).to_be_bytes());
-    out.extend_from_slice(&opaque.to_be_bytes());
-    out.extend_from_slice(&[0; 8]);
-    out.extend_from_slice(extras);
-    out.extend_from_slice(key);
-    out.extend_from_slice(value);
-    out
+    common::proxy::binary_request(op, key, extras, value, opaque, 0)
 }
 
 /// When a reply is whole.
@@ -417,9 +408,7 @@ fn clients_that_leave_without_reading_give_their_memory_back() {
     let value = vec![b'v'; 100_000];
     let mut setup = Conn::open(cluster.addr());
     for i in 0..20 {
-        let mut request = format!("set big{i} 0 0 {}\r\n", value.len()).into_bytes();
-        request.extend_from_slice(&value);
-        request.extend_from_slice(b"\r\n");
+        let request = set_request(&format!("big{i}"), &value);
         assert_eq!(
             setup.call(&request, |r| r.ends_with(b"\r\n")),
             b"STORED\r\n"
@@ -471,9 +460,7 @@ fn a_client_past_its_limit_that_does_not_read_is_let_go() {
     let cluster = Cluster::start(Front::Kvswitch, &opts);
     let value = vec![b'm'; 1_000_000];
     let mut setup = Conn::open(cluster.addr());
-    let mut request = format!("set huge 0 0 {}\r\n", value.len()).into_bytes();
-    request.extend_from_slice(&value);
-    request.extend_from_slice(b"\r\n");
+    let request = set_request("huge", &value);
     assert_eq!(
         setup.call(&request, |r| r.ends_with(b"\r\n")),
         b"STORED\r\n"

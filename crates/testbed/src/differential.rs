@@ -500,17 +500,9 @@ fn binary_request(rng: &mut Rng, keys: &[String]) -> Vec<u8> {
     }
     let key = if has_key { key } else { Vec::new() };
     let value = if has_value { data } else { Vec::new() };
-    let body = extras.len() + key.len() + value.len();
-    let mut out = vec![0x80, op];
-    out.extend_from_slice(&(key.len() as u16).to_be_bytes());
-    out.push(extras.len() as u8);
-    out.extend_from_slice(&[0, 0, 0]);
-    out.extend_from_slice(&(body as u32).to_be_bytes());
-    out.extend_from_slice(&(rng.next_u64() as u32).to_be_bytes());
-    out.extend_from_slice(&[0; 8]);
-    out.extend_from_slice(&extras);
-    out.extend_from_slice(&key);
-    out.extend_from_slice(&value);
+    let mut out = Vec::with_capacity(24 + extras.len() + key.len() + value.len());
+    let opaque = rng.next_u64() as u32;
+    wire::memcache::binary::write_request(op, &key, &extras, &value, opaque, 0, &mut out);
     out
 }
 
