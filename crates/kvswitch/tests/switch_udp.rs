@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;
 
 use common::*;
@@ -457,6 +457,93 @@ fn check_no_wrong_answers_under_concurrency(live: &testbed::Live) {
     );
 }
 
+/// Sends one UDP datagram from inside `host` with any source address and port, through a raw
+/// socket (the kernel fills in the IPv4 checksum; the UDP checksum is left at zero, "none").
+fn send_forged(live: &testbed::Live, host: &str, src: SocketAddr, dst: SocketAddr, payload: &[u8]) {
+    let (SocketAddr::V4(src), SocketAddr::V4(dst)) = (src, dst) else {
+        panic!("IPv4 only");
+    };
+    let udp_len = 8 + payload.len();
+    let mut packet = vec![0x45, 0];
+    packet.extend_from_slice(&((20 + udp_len) as u16).to_be_bytes());
+    packet.extend_from_slice(&[0, 0, 0x40, 0, 64, 17, 0, 0]);
+    packet.extend_from_slice(&src.ip().octets());
+    packet.extend_from_slice(&dst.ip().octets());
+    packet.extend_from_slice(&src.port().to_be_bytes());
+    packet.extend_from_slice(&dst.port().to_be_bytes());
+    packet.extend_from_slice(&(udp_len as u16).to_be_bytes());
+    packet.extend_from_slice(&[0, 0]);
+    packet.extend_from_slice(payload);
+    live.in_host(host, move || {
+        // SAFETY: a raw socket is opened, used with buffers that outlive the calls, and
+        // closed; sockaddr_in is fully initialised.
+        unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW);
+            assert!(fd >= 0, "raw socket");
+            let mut to: libc::sockaddr_in = std::mem::zeroed();
+            to.sin_family = libc::AF_INET as libc::sa_family_t;
+            to.sin_addr.s_addr = u32::from_ne_bytes(dst.ip().octets());
+            let sent = libc::sendto(
+                fd,
+                packet.as_ptr().cast(),
+                packet.len(),
+                0,
+                (&to as *const libc::sockaddr_in).cast(),
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            );
+            libc::close(fd);
+            assert_eq!(sent, packet.len() as isize, "raw send");
+        }
+    })
+    .expect("client namespace");
+}
+
+/// A client cannot have the servers' replies sent to another (source check, on in the
+/// testbed), and a datagram from port 0 never reaches memcached (which stops answering UDP
+/// after one).
+fn check_forged_sources(live: &testbed::Live) {
+    let vip = vip(live);
+    let key = "forged:big";
+    let value = "x".repeat(1200);
+    let set = format!("set {key} 0 0 {}\r\n{value}\r\n", value.len());
+    let r = udp_call(live, "c1", vip, set.as_bytes(), T).expect("set");
+    assert_eq!(r.body, b"STORED\r\n");
+
+    // c1 listens where the forged request says it came from; c2 sends it.
+    let victim = SocketAddr::new(ip_of(live, "c1").into(), 40_123);
+    let spoofed_before = drops(live, "source_spoofed");
+    let listener = live
+        .in_host("c1", move || {
+            UdpSocket::bind(victim).expect("bind the victim's port")
+        })
+        .expect("c1");
+    let mut request = vec![0u8, 9, 0, 0, 0, 1, 0, 0];
+    request.extend_from_slice(format!("get {key}\r\n").as_bytes());
+    for _ in 0..3 {
+        send_forged(live, "c2", victim, vip, &request);
+    }
+    listener
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .expect("timeout");
+    let mut buf = [0u8; 2048];
+    assert!(
+        listener.recv_from(&mut buf).is_err(),
+        "the victim received a reply to a request it never sent"
+    );
+    assert!(drops(live, "source_spoofed") >= spoofed_before + 3);
+
+    // Port 0: dropped and counted; the servers still answer UDP afterwards.
+    let zero_before = drops(live, "source_port_zero");
+    let own = SocketAddr::new(ip_of(live, "c2").into(), 0);
+    send_forged(live, "c2", own, vip, &request);
+    assert!(drops(live, "source_port_zero") > zero_before);
+    for s in ["s1", "s2", "s3"] {
+        let server = SocketAddr::new(ip_of(live, s).into(), 11211);
+        let r = udp_call(live, "c1", server, b"version\r\n", T);
+        assert!(r.is_some(), "{s} stopped answering UDP");
+    }
+}
+
 #[test]
 fn switch_mode_l3_end_to_end() {
     let live = testbed("ku3", "l3", true);
@@ -466,6 +553,7 @@ fn switch_mode_l3_end_to_end() {
     check_l2(&live);
     check_malformed(&live);
     check_no_wrong_answers_under_concurrency(&live);
+    check_forged_sources(&live);
 
     // Keys written through nutcracker are found through kvswitch: same placement, warm cache.
     let nut = live.state.nutcracker.as_ref().expect("nutcracker").listen;
