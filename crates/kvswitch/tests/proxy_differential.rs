@@ -34,8 +34,12 @@ fn regressions() -> Vec<(bool, Vec<u8>)> {
     gat_long_body.extend_from_slice(b"abc");
     gat_long_body.extend_from_slice(&[0x80, 0x0a, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
     gat_long_body.extend_from_slice(&[0; 12]);
+    let mut unknown_negative_body = vec![0x80, 0x50, 0, 0, 0, 0, 0, 5, 0xde, 0xad, 0xbe, 0xef];
+    unknown_negative_body.extend_from_slice(&[0; 8]);
+    unknown_negative_body.extend_from_slice(b"key:1");
     vec![
         (true, huge_set),
+        (true, unknown_negative_body),
         (true, gat_long_body),
         (false, format!("ms k 7 {}\r\nget u10\r\n", ["T1"; 30].join(" ")).into_bytes()),
         (false, b"ms b!!!! 13 b\r\ndelete victim\r\n".to_vec()),

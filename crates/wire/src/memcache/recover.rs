@@ -76,8 +76,14 @@ pub fn recover_binary(error: Error, buf: &[u8], out: &mut Vec<u8>) -> Option<Rec
             forget: false,
         });
     }
-    // Answered at once; the body is then thrown away as it arrives, however long it says it is.
-    let total = head.saturating_add(header.body_len as usize);
+    // Answered at once; the body is then thrown away as it arrives. memcached passes its
+    // length as an `int`: from 2^31 on it is negative and nothing is thrown away.
+    let body = if (header.body_len as i32) < 0 {
+        0
+    } else {
+        header.body_len as usize
+    };
+    let total = head.saturating_add(body);
     let consumed = total.min(buf.len());
     Some(Recovery {
         consumed,
@@ -488,15 +494,20 @@ mod tests {
                 assert_eq!(out, bin_error(0x50, status::UNKNOWN_COMMAND));
             }
         }
-        // A body length of 4 GiB: answered at once, the body skipped as it arrives.
+        // A body length of 2^31 - 1: answered at once, the body skipped as it arrives.
         let mut huge = bin(0x50, b"", b"", b"");
-        huge[8..12].copy_from_slice(&u32::MAX.to_be_bytes());
+        huge[8..12].copy_from_slice(&(i32::MAX as u32).to_be_bytes());
         let mut out = Vec::new();
         let r = recover(Error::UnknownCommand, &huge, &mut out).unwrap();
         assert_eq!(
             (r.consumed, r.skip, r.close),
-            (24, u32::MAX as usize, false)
+            (24, i32::MAX as usize, false)
         );
+        // From 2^31 on memcached reads the length as negative: nothing is skipped.
+        let mut negative = huge.clone();
+        negative[8..12].copy_from_slice(&u32::MAX.to_be_bytes());
+        let r = recover(Error::UnknownCommand, &negative, &mut Vec::new()).unwrap();
+        assert_eq!((r.consumed, r.skip), (24, 0));
         assert_eq!(out, bin_error(0x50, status::UNKNOWN_COMMAND));
         // memcached 1.6 has no binary VERBOSITY: the request is an unknown command.
         let mut input = bin(opcode::VERBOSITY, &[0, 0, 0, 1], b"", b"");
