@@ -363,7 +363,7 @@ pub fn metrics(shared: &Shared) -> String {
             get(&s.answers[a as usize])
         );
     }
-    let singles: [(&str, &str, u64); 9] = [
+    let singles: [(&str, &str, u64); 10] = [
         (
             "kvswitch_kv_requests_total",
             "memcached datagrams to the VIP.",
@@ -373,6 +373,11 @@ pub fn metrics(shared: &Shared) -> String {
             "kvswitch_kv_forwarded_total",
             "Datagrams forwarded whole to one server.",
             get(&s.kv_forwarded),
+        ),
+        (
+            "kvswitch_kv_route_held_total",
+            "Routed datagrams held until their server's port was known.",
+            get(&s.route_held),
         ),
         (
             "kvswitch_kv_split_total",
@@ -487,6 +492,7 @@ pub fn status(shared: &Shared) -> serde_json::Value {
             "kv_requests": get(&s.kv_requests),
             "kv_forwarded": get(&s.kv_forwarded),
             "kv_split": get(&s.kv_split),
+            "route_held": get(&s.route_held),
             "arp_replies": get(&s.arp_replies),
             "switched": get(&s.switched),
             "flooded": get(&s.flooded),

@@ -255,6 +255,8 @@ pub struct Stats {
     pub kv_forwarded: AtomicU64,
     /// Multi-key gets split across servers.
     pub kv_split: AtomicU64,
+    /// Routed requests held until their server's port was known (right after start).
+    pub route_held: AtomicU64,
     pub arp_replies: AtomicU64,
     pub arp_requests_sent: AtomicU64,
     pub flooded: AtomicU64,
@@ -273,6 +275,7 @@ impl Stats {
             kv_requests: AtomicU64::new(0),
             kv_forwarded: AtomicU64::new(0),
             kv_split: AtomicU64::new(0),
+            route_held: AtomicU64::new(0),
             arp_replies: AtomicU64::new(0),
             arp_requests_sent: AtomicU64::new(0),
             flooded: AtomicU64::new(0),

@@ -6,7 +6,7 @@
 //! Driven by the run loop (or a test): frames and the time come in, a fate for each frame and
 //! a list of frames to emit go out. No I/O here.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -48,6 +48,18 @@ pub enum Dest {
     /// Every port but the local port.
     Flood,
 }
+
+/// A routed request waiting for its server's port.
+struct Held {
+    dst: Mac,
+    frame: Vec<u8>,
+    since: Instant,
+}
+
+/// Routed requests held at most while servers' ports are being resolved (right after start).
+const HOLD_MAX: usize = 256;
+/// How long a routed request waits for its server's port before it is dropped.
+const HOLD_FOR: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A frame the switch originates.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,6 +155,11 @@ pub struct Switch {
     splitter: Splitter,
     stats: Arc<Stats>,
     last_arp: Option<Instant>,
+    /// Routed requests whose server's port is not known yet, oldest first: sent out of that
+    /// port once the server is heard from, dropped after [`HOLD_FOR`].
+    held: VecDeque<Held>,
+    /// The time of the frame or tick being handled.
+    now: Option<Instant>,
     last_aging: Option<Instant>,
     /// Each server's address and memcached port: where split parts must come from.
     sources: Vec<(Ipv4Addr, u16)>,
@@ -214,6 +231,8 @@ impl Switch {
             splitter: Splitter::new(Duration::from_millis(cfg.split_timeout_ms)),
             stats,
             last_arp: None,
+            held: VecDeque::new(),
+            now: None,
             last_aging: None,
             sources: cfg
                 .servers
@@ -307,7 +326,11 @@ impl Switch {
             self.stats.count_drop(reason);
             return Fate::Consumed;
         }
+        self.now = Some(now);
         self.learn(src, in_port, now);
+        if !self.held.is_empty() {
+            self.release_held(now, emit);
+        }
         if !csum_ready && ethertype == EtherType::IPV4 {
             complete_l4_checksum(frame);
         }
@@ -435,8 +458,23 @@ impl Switch {
             }
             Verdict::Flood if routed => {
                 // The server's MAC is not in the MAC table: a request carries a client's data
-                // and goes to its server or nowhere. The tick asks for the server with ARP.
-                self.stats.count_drop(Drop::RoutePortUnknown);
+                // and goes to its server or nowhere. It waits a moment for the server's port
+                // (asked for with ARP at the next tick); past the bound it is dropped.
+                let dst = ethernet::Frame::new_checked(frame)
+                    .ok()
+                    .map(|eth| eth.dst());
+                match (dst, self.now) {
+                    (Some(dst), Some(since)) if self.held.len() < HOLD_MAX => {
+                        self.held.push_back(Held {
+                            dst,
+                            frame: frame.to_vec(),
+                            since,
+                        });
+                        self.last_arp = None;
+                        stats::inc(&self.stats.route_held);
+                    }
+                    _ => self.stats.count_drop(Drop::RoutePortUnknown),
+                }
                 Fate::Consumed
             }
             Verdict::Flood => {
@@ -1158,7 +1196,31 @@ impl Switch {
     /// Periodic work: expire split gets, ask servers whose MAC or port is unknown (out of
     /// every port, from the agent address), the cache's rules and timeouts. The first call
     /// asks at once, so the run loop's first tick resolves the servers at start-up.
+    /// Sends the held requests whose server's port is now known; drops those held too long.
+    fn release_held(&mut self, now: Instant, emit: &mut Vec<Emit>) {
+        let mut kept = VecDeque::with_capacity(self.held.len());
+        while let Some(held) = self.held.pop_front() {
+            if let Some(station) = self.macs.get(&held.dst) {
+                stats::inc(&self.stats.switched);
+                stats::inc(&self.stats.kv_forwarded);
+                emit.push(Emit {
+                    dest: Dest::Port(station.port),
+                    frame: held.frame,
+                });
+            } else if now.duration_since(held.since) >= HOLD_FOR {
+                self.stats.count_drop(Drop::RoutePortUnknown);
+            } else {
+                kept.push_back(held);
+            }
+        }
+        self.held = kept;
+    }
+
     pub fn tick(&mut self, now: Instant, emit: &mut Vec<Emit>) {
+        self.now = Some(now);
+        if !self.held.is_empty() {
+            self.release_held(now, emit);
+        }
         if let Some(cache) = &mut self.cache {
             let ring = &self.ring;
             cache.tick(now, &mut self.pipeline, &|key| ring.key_hash(key));

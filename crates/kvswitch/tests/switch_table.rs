@@ -2149,12 +2149,16 @@ fn routed_request_is_never_flooded_before_its_servers_port_is_known() {
         "a routed request whose server's port is unknown must not leave"
     );
     assert!(emit.is_empty());
-    assert_counts(
-        "set before learning",
-        &stats,
-        &before,
-        &[Count::Drop(Drop::RoutePortUnknown)],
+    // Held, not dropped: it leaves once its server is heard from.
+    assert_counts("set before learning", &stats, &before, &[]);
+    assert_eq!(stats::get(&stats.route_held), 1);
+    // One for a server that never answers is dropped once held too long.
+    let mut lost = to_vip(format!("set {} 0 0 1\r\nx\r\n", fx.key(0, 1)).as_bytes());
+    assert_eq!(
+        sw.process(CLIENT.port, &mut lost, true, now, &mut emit),
+        Fate::Consumed
     );
+    assert!(emit.is_empty());
 
     // A get split across servers sends no part anywhere either.
     let before = snapshot(&stats);
@@ -2188,8 +2192,18 @@ fn routed_request_is_never_flooded_before_its_servers_port_is_known() {
         sw.process(SERVERS[1].port, &mut answer, true, now, &mut emit),
         Fate::Consumed
     );
-    assert!(emit.is_empty());
+    // The held set goes out of exactly the server's port, rewritten as any routed request.
+    assert_eq!(emit.len(), 1, "the held request is released");
+    assert_eq!(emit[0].dest, Dest::Port(SERVERS[1].port));
+    assert_bytes("held set", &emit[0].frame, &routed(&input, Mode::L3, 1));
+    emit.clear();
+    let drops_before = stats::get(&stats.drops[Drop::RoutePortUnknown as usize]);
     sw.tick(now + Duration::from_secs(1), &mut emit);
+    assert_eq!(
+        stats::get(&stats.drops[Drop::RoutePortUnknown as usize]),
+        drops_before + 1,
+        "the request for the silent server is dropped after a second"
+    );
     assert_emits(
         "tick after s2 answered",
         &emit,
