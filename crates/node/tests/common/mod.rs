@@ -29,23 +29,39 @@ pub struct Memcached {
 impl Memcached {
     /// Starts memcached with TCP and UDP on one free port; `None` if it is not installed.
     pub fn start() -> Option<Memcached> {
-        let port = free_port();
-        let child = Command::new("memcached")
-            .args(["-U", &port.to_string(), "-p", &port.to_string()])
-            .args(["-l", "127.0.0.1", "-u", "root", "-t", "1"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .ok()?;
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let memcached = Memcached { child, addr };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while TcpStream::connect(addr).is_err() {
-            assert!(Instant::now() < deadline, "memcached did not start");
-            thread::sleep(Duration::from_millis(20));
+        // Another process may take the port between the pick and memcached's bind: then
+        // memcached exits, and it is started again on another port.
+        for _ in 0..5 {
+            let port = free_port();
+            let child = Command::new("memcached")
+                .args(["-U", &port.to_string(), "-p", &port.to_string()])
+                .args(["-l", "127.0.0.1", "-u", "root", "-t", "1"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .ok()?;
+            let addr = SocketAddr::from(([127, 0, 0, 1], port));
+            let mut memcached = Memcached { child, addr };
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                if listening(addr) {
+                    return Some(memcached);
+                }
+                if matches!(memcached.child.try_wait(), Ok(Some(_))) {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "memcached did not start");
+                thread::sleep(Duration::from_millis(20));
+            }
         }
-        Some(memcached)
+        panic!("memcached did not start on any of five ports");
     }
+}
+
+/// True when something listens on `addr`. A connect to a loopback port nobody listens on can
+/// pick that same port as its source and connect to itself, which does not count.
+pub fn listening(addr: SocketAddr) -> bool {
+    TcpStream::connect(addr).is_ok_and(|s| s.local_addr().ok() != s.peer_addr().ok())
 }
 
 impl Drop for Memcached {
