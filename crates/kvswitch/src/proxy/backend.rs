@@ -369,35 +369,40 @@ impl Conn {
     /// The replies lost step with the requests: every waiting request fails, and the next
     /// request makes a new connection at once. The server's health is not in question.
     fn out_of_step(&self) {
-        let stats = &self.pool.servers[self.server];
-        add(&stats.out_of_step, 1);
-        let waiting: Vec<Pending> = self.pending.borrow_mut().drain(..).collect();
-        self.out.borrow_mut().clear();
+        add(&self.pool.servers[self.server].out_of_step, 1);
+        self.state.set(State::Idle);
+        let failed = self.fail_waiting(&Lost::OutOfStep);
         tracing::warn!(
             pool = %self.pool.spec.name, server = %self.pool.spec.servers[self.server].label(),
-            waiting = waiting.len(), "replies out of step with requests; connection dropped"
+            waiting = failed, "replies out of step with requests; connection dropped"
         );
-        self.state.set(State::Idle);
-        let message = Lost::OutOfStep.to_string();
+    }
+
+    /// Fails every request queued or written on this connection with `why`, and drops the
+    /// bytes not yet written; returns how many failed.
+    fn fail_waiting(&self, why: &Lost) -> usize {
+        let stats = &self.pool.servers[self.server];
+        let waiting: Vec<Pending> = self.pending.borrow_mut().drain(..).collect();
+        self.out.borrow_mut().clear();
+        let message = why.to_string();
         sub(&stats.in_flight, waiting.len() as u64);
         add(&stats.errors, waiting.len() as u64);
+        let failed = waiting.len();
         for pending in waiting {
             pending.slot.complete(pending.part, Err(message.clone()));
         }
+        failed
     }
 
     /// Fails every waiting request, records the failure and keeps the server down for a
     /// backoff.
     fn lost(&self, why: Lost) {
-        let stats = &self.pool.servers[self.server];
-        let waiting: Vec<Pending> = self.pending.borrow_mut().drain(..).collect();
-        self.out.borrow_mut().clear();
         if matches!(why, Lost::Timeout) {
-            add(&stats.timeouts, 1);
+            add(&self.pool.servers[self.server].timeouts, 1);
         }
         tracing::debug!(
             pool = %self.pool.spec.name, server = %self.pool.spec.servers[self.server].label(),
-            waiting = waiting.len(), "server connection lost: {why}"
+            waiting = self.pending.borrow().len(), "server connection lost: {why}"
         );
         self.pool.server_failed(self.server, (self.now_ms)());
         let streak = self.streak.get().saturating_add(1);
@@ -406,12 +411,7 @@ impl Conn {
             .saturating_mul(1 << streak.min(10).saturating_sub(1))
             .min(MAX_BACKOFF);
         self.state.set(State::Down(Instant::now() + backoff));
-        let message = why.to_string();
-        sub(&stats.in_flight, waiting.len() as u64);
-        add(&stats.errors, waiting.len() as u64);
-        for pending in waiting {
-            pending.slot.complete(pending.part, Err(message.clone()));
-        }
+        self.fail_waiting(&why);
     }
 }
 
