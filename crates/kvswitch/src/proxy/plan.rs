@@ -215,10 +215,10 @@ fn plan_text(request: &Request<'_>, router: &mut dyn Router) -> Plan {
     }
 }
 
-/// The words of a command line: the command's name, then its arguments; as memcached reads
-/// the line, a NUL ends it.
+/// The words of a command line: the command's name, then its arguments, of what memcached
+/// reads of the line (a NUL ends it).
 fn words(line: &[u8]) -> impl Iterator<Item = &[u8]> {
-    let line = &line[..line.iter().position(|&b| b == 0).unwrap_or(line.len())];
+    let line = wire::memcache::line_content(line);
     line.split(|&b| b == b' ' || b == b'\r' || b == b'\n')
         .filter(|t| !t.is_empty())
 }
@@ -461,9 +461,7 @@ pub fn compact_long_line(request: &Request<'_>) -> Compact {
     if line_len <= MAX_LINE_LEN || matches!(request.command, Command::Get | Command::Gets) {
         return Compact::Unchanged;
     }
-    let line = &bytes[..line_len - 1];
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let line = &line[..line.iter().position(|&b| b == 0).unwrap_or(line.len())];
+    let line = wire::memcache::line_content(&bytes[..line_len]);
     let mut out: Vec<u8> = Vec::with_capacity(bytes.len().min(MAX_LINE_LEN) + 64);
     let tokens = line.split(|&b| b == b' ').filter(|t| !t.is_empty());
     for (i, word) in tokens.enumerate() {

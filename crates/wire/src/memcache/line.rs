@@ -22,14 +22,7 @@ impl Line {
         match buf.iter().position(|&b| b == b'\n') {
             Some(nl) => {
                 let next = nl + 1;
-                let end = if nl > 0 && buf[nl - 1] == b'\r' {
-                    nl - 1
-                } else {
-                    nl
-                };
-                // memcached reads a line as a C string: a NUL ends it, and what follows on
-                // the line is ignored.
-                let end = buf[..end].iter().position(|&b| b == 0).unwrap_or(end);
+                let end = super::line_content(&buf[..next]).len();
                 Ok(Some(Line { end, next }))
             }
             None if buf.len() > MAX_LINE_LEN && !is_multiget(buf) => Err(Error::LineTooLong),

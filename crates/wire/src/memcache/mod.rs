@@ -585,6 +585,14 @@ pub fn line_len(buf: &[u8]) -> Option<usize> {
     buf.iter().position(|&b| b == b'\n').map(|nl| nl + 1)
 }
 
+/// What memcached reads of a command line: the line without its `\n` and a `\r` before it, and
+/// nothing from a NUL on (memcached reads a line as a C string).
+pub fn line_content(line: &[u8]) -> &[u8] {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    &line[..line.iter().position(|&b| b == 0).unwrap_or(line.len())]
+}
+
 fn parse_line(buf: &[u8]) -> Result<Option<Request<'_>>, Error> {
     let Some(line) = line::Line::find(buf)? else {
         return Ok(None);

@@ -7,7 +7,7 @@
 
 use super::binary::{self, Header, HEADER_LEN, REQUEST_MAGIC};
 use super::line::{c_strtol32, Tokens};
-use super::{line_len, Command, Error};
+use super::{line_content, line_len, Command, Error};
 
 /// What [`recover`] did with the bytes at the front of the buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,14 +133,10 @@ pub fn recover_text(error: Error, buf: &[u8], out: &mut Vec<u8>) -> Option<Recov
     })
 }
 
-/// The tokens of a command line as memcached's tokenizer splits them: the line without its `\n`
-/// and a `\r` before it, split at spaces only (a meta key may hold a `\r`).
+/// The tokens of a command line as memcached's tokenizer splits them: what it reads of the line
+/// ([`line_content`]), split at spaces only (a meta key may hold a `\r`).
 fn tokens(line: &[u8]) -> Tokens<'_> {
-    let line = line.strip_suffix(b"\n").unwrap_or(line);
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    // A NUL ends a line as memcached reads it.
-    let line = &line[..line.iter().position(|&b| b == 0).unwrap_or(line.len())];
-    Tokens::new(line)
+    Tokens::new(line_content(line))
 }
 
 /// The data length a storage or `ms` command line announces, read as the parser (and
