@@ -12,31 +12,13 @@ use std::net::SocketAddr;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use testbed::differential::Rng;
+
 use common::proxy::{
     binary_request, count, ends_with_sentinel, noop_sentinel, normalise_binary, normalise_text,
     packets, set_request, show, spread_keys, stat, text_replies, values_reply, Cluster, Conn,
     Front, PoolOpts,
 };
-
-/// A small deterministic generator (xorshift64*), one per connection or script.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
 
 /// A value that names its owner, so a reply crossed between clients is caught.
 fn value(conn: usize, round: usize, slot: usize, len: usize) -> Vec<u8> {

@@ -3,11 +3,11 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::process::{Child, Command, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use node::{Node, NodeArgs};
+use testbed::local::{self, Proc};
 
 /// A port free for TCP and UDP on loopback at the time of the call.
 pub fn free_port() -> u16 {
@@ -22,52 +22,28 @@ pub fn free_port() -> u16 {
 
 /// A memcached 1.6 process on loopback, killed (by its own PID) when dropped.
 pub struct Memcached {
-    child: Child,
+    _proc: Proc,
     pub addr: SocketAddr,
 }
 
 impl Memcached {
     /// Starts memcached with TCP and UDP on one free port; `None` if it is not installed.
     pub fn start() -> Option<Memcached> {
+        let bin = local::require("memcached").ok()?;
         // Another process may take the port between the pick and memcached's bind: then
         // memcached exits, and it is started again on another port.
         for _ in 0..5 {
             let port = free_port();
-            let child = Command::new("memcached")
-                .args(["-U", &port.to_string(), "-p", &port.to_string()])
-                .args(["-l", "127.0.0.1", "-u", "root", "-t", "1"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .ok()?;
+            let mut cmd = Command::new(&bin);
+            cmd.args(["-U", &port.to_string(), "-p", &port.to_string()])
+                .args(["-l", "127.0.0.1", "-u", "root", "-t", "1"]);
+            let mut proc = Proc::spawn("memcached", &mut cmd).ok()?;
             let addr = SocketAddr::from(([127, 0, 0, 1], port));
-            let mut memcached = Memcached { child, addr };
-            let deadline = Instant::now() + Duration::from_secs(5);
-            loop {
-                if listening(addr) {
-                    return Some(memcached);
-                }
-                if matches!(memcached.child.try_wait(), Ok(Some(_))) {
-                    break;
-                }
-                assert!(Instant::now() < deadline, "memcached did not start");
-                thread::sleep(Duration::from_millis(20));
+            if proc.wait_listening(addr, None).is_ok() {
+                return Some(Memcached { _proc: proc, addr });
             }
         }
         panic!("memcached did not start on any of five ports");
-    }
-}
-
-/// True when something listens on `addr`. A connect to a loopback port nobody listens on can
-/// pick that same port as its source and connect to itself, which does not count.
-pub fn listening(addr: SocketAddr) -> bool {
-    TcpStream::connect(addr).is_ok_and(|s| s.local_addr().ok() != s.peer_addr().ok())
-}
-
-impl Drop for Memcached {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
