@@ -10,6 +10,7 @@
 
 mod afpacket;
 mod batch;
+pub mod clock;
 pub mod link;
 mod mem;
 mod port;

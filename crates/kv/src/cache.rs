@@ -20,7 +20,9 @@
 //! Pure: the caller passes the time in and reads no clock; nothing here does I/O.
 
 use std::collections::{HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::time::Instant;
 
 use crate::hot::{self, CircularLog, Tracker, TrackerConfig};
 use crate::rules::{Change, RuleBudget, RuleBuffer, RuleConfig};
@@ -746,7 +748,7 @@ mod tests {
     }
 
     fn cache(items: usize, rate: Option<u32>) -> (Cache, Instant) {
-        let now = Instant::now();
+        let now = Instant::ZERO;
         let mut cfg = Config {
             items,
             ..Config::default()
@@ -888,7 +890,7 @@ mod tests {
 
     #[test]
     fn byte_capacity_evicts_less_loaded_values_or_refuses() {
-        let now = Instant::now();
+        let now = Instant::ZERO;
         let cfg = Config {
             bytes: 10,
             ..Config::default()
@@ -917,7 +919,7 @@ mod tests {
 
     #[test]
     fn admitting_every_read_fills_a_whole_keyspace_and_evicts_the_least_loaded() {
-        let now = Instant::now();
+        let now = Instant::ZERO;
         let cfg = Config {
             items: 3,
             admit_every_read: true,
@@ -951,7 +953,7 @@ mod tests {
 
     #[test]
     fn the_periodic_tracker_admits_each_backends_top_keys_after_a_segment() {
-        let now = Instant::now();
+        let now = Instant::ZERO;
         let cfg = Config {
             log_size: 0,
             ..Config::default()

@@ -17,9 +17,11 @@ pub mod hash;
 pub mod hot;
 pub mod route;
 pub mod rules;
+pub mod time;
 
 pub use hash::{HashFn, UnknownHash};
 pub use route::{
     jump_consistent_hash, ketama_name, Distribution, Ring, RouteError, Server, KETAMA_MAX_HOSTLEN,
     KETAMA_POINTS_PER_SERVER, MEMCACHED_DEFAULT_PORT,
 };
+pub use time::Instant;

@@ -9,7 +9,9 @@
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::hash::Hash;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::time::Instant;
 
 /// Parameters of a [`RuleBudget`] and a [`RuleBuffer`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -427,7 +429,7 @@ mod tests {
 
     #[test]
     fn token_bucket_counts_exactly() {
-        let t0 = Instant::now();
+        let t0 = Instant::ZERO;
         let mut budget = RuleBudget::limited(400, 400, t0).unwrap();
         assert_eq!((0..1000).filter(|_| budget.try_take(t0)).count(), 400);
         assert_eq!((0..10).filter(|_| budget.try_take(t0 + 10 * MS)).count(), 4);
@@ -448,7 +450,7 @@ mod tests {
 
     #[test]
     fn unlimited_budget_releases_everything_at_once() {
-        let t0 = Instant::now();
+        let t0 = Instant::ZERO;
         let mut buffer = RuleBuffer::new(&RuleConfig::default()).unwrap();
         let mut budget = RuleBudget::from_config(&RuleConfig::default(), t0).unwrap();
         buffer.remove(10, t0).unwrap();
@@ -471,7 +473,7 @@ mod tests {
 
     #[test]
     fn additions_go_before_deletions() {
-        let t0 = Instant::now();
+        let t0 = Instant::ZERO;
         let (cfg, mut buffer) = limited(10, Duration::from_secs(2));
         let mut budget = RuleBudget::from_config(&cfg, t0).unwrap();
         buffer.remove(100, t0).unwrap();
@@ -493,7 +495,7 @@ mod tests {
 
     #[test]
     fn a_deletion_waits_at_most_max_delay() {
-        let t0 = Instant::now();
+        let t0 = Instant::ZERO;
         let (cfg, mut buffer) = limited(10, Duration::from_secs(2));
         let mut budget = RuleBudget::from_config(&cfg, t0).unwrap();
         buffer.remove(1000, t0).unwrap();
@@ -516,7 +518,7 @@ mod tests {
 
     #[test]
     fn opposite_requests_cancel() {
-        let t0 = Instant::now();
+        let t0 = Instant::ZERO;
         let mut buffer = RuleBuffer::new(&RuleConfig::default()).unwrap();
         let mut budget = RuleBudget::unlimited();
         // Add then remove: neither rule is touched.
@@ -554,7 +556,7 @@ mod tests {
 
     #[test]
     fn repeated_cancellations_stay_bounded() {
-        let t0 = Instant::now();
+        let t0 = Instant::ZERO;
         let mut buffer = RuleBuffer::new(&RuleConfig::default()).unwrap();
         buffer.add(0, t0).unwrap();
         for _ in 0..10_000 {
@@ -571,7 +573,7 @@ mod tests {
 
     #[test]
     fn a_full_buffer_refuses_new_changes() {
-        let t0 = Instant::now();
+        let t0 = Instant::ZERO;
         let cfg = RuleConfig {
             capacity: 3,
             ..RuleConfig::default()
@@ -590,7 +592,7 @@ mod tests {
 
     #[test]
     fn deferred_deletions_fit_the_reserved_buffer() {
-        let t0 = Instant::now();
+        let t0 = Instant::ZERO;
         let (cfg, mut buffer) = limited(100, Duration::from_secs(2));
         let reserved = cfg.reserved_rules().unwrap();
         assert_eq!(reserved, 200);
@@ -670,12 +672,12 @@ mod tests {
             assert_eq!(cfg.validate(), Err(err));
             assert_eq!(RuleBuffer::<u32>::new(&cfg).unwrap_err(), err);
             assert_eq!(
-                RuleBudget::from_config(&cfg, Instant::now()).unwrap_err(),
+                RuleBudget::from_config(&cfg, Instant::ZERO).unwrap_err(),
                 err
             );
         }
         assert_eq!(
-            RuleBudget::limited(0, 1, Instant::now()).unwrap_err(),
+            RuleBudget::limited(0, 1, Instant::ZERO).unwrap_err(),
             RuleConfigError::ZeroRate
         );
     }

@@ -104,16 +104,16 @@ fn request(body: &[u8]) -> Vec<u8> {
 }
 
 /// A switch over `backends` servers whose MAC table holds the client and every backend.
-fn switch(backends: usize) -> (Switch, Instant) {
+fn switch(backends: usize) -> (Switch, kv::Instant) {
     switch_with(backends, false)
 }
 
-fn switch_with(backends: usize, cache: bool) -> (Switch, Instant) {
+fn switch_with(backends: usize, cache: bool) -> (Switch, kv::Instant) {
     let stats = Arc::new(Stats::new(PORTS, backends));
     let mut cfg = config(backends);
     cfg.cache.enabled = cache;
     let mut sw = Switch::new(&cfg, PORTS, stats).expect("switch");
-    let now = Instant::now();
+    let now = kv::Instant::from_secs(1);
     let mut emit = Vec::new();
     let hello = |mac: Mac, ip: Ipv4Addr| {
         udp_frame(
@@ -144,7 +144,7 @@ fn median_ns(mut run: impl FnMut(u64) -> Duration) -> f64 {
 }
 
 /// Times processing a frame that the switch does not change, in place.
-fn bench_unchanged(sw: &mut Switch, now: Instant, in_port: u16, frame: &[u8]) -> f64 {
+fn bench_unchanged(sw: &mut Switch, now: kv::Instant, in_port: u16, frame: &[u8]) -> f64 {
     let mut work = frame.to_vec();
     let mut emit: Vec<Emit> = Vec::new();
     median_ns(|iters| {
@@ -157,7 +157,7 @@ fn bench_unchanged(sw: &mut Switch, now: Instant, in_port: u16, frame: &[u8]) ->
 }
 
 /// Times copying the pristine frame into the work buffer and processing it there.
-fn bench_rewritten(sw: &mut Switch, now: Instant, in_port: u16, frame: &[u8]) -> f64 {
+fn bench_rewritten(sw: &mut Switch, now: kv::Instant, in_port: u16, frame: &[u8]) -> f64 {
     let mut work = frame.to_vec();
     let mut emit: Vec<Emit> = Vec::new();
     median_ns(|iters| {
@@ -195,7 +195,7 @@ fn report(name: &str, ns: f64, copy: Option<f64>) {
 
 /// Expected fate of one frame, checked once before timing so the bench measures the path
 /// it names.
-fn check(sw: &mut Switch, now: Instant, in_port: u16, frame: &[u8], want: Fate) -> Vec<Emit> {
+fn check(sw: &mut Switch, now: kv::Instant, in_port: u16, frame: &[u8], want: Fate) -> Vec<Emit> {
     let mut work = frame.to_vec();
     let mut emit = Vec::new();
     let fate = sw.process(in_port, &mut work, true, now, &mut emit);
@@ -328,7 +328,7 @@ fn main() {
 }
 
 /// [`switch`] with the cache turned on in its configuration.
-fn cached_switch(backends: usize) -> (Switch, Instant) {
+fn cached_switch(backends: usize) -> (Switch, kv::Instant) {
     let (sw, now) = switch_with(backends, true);
     (sw, now)
 }

@@ -3,8 +3,8 @@
 //! pure [`kv::cache::Cache`], behind one lock. Replies are built byte for byte as memcached
 //! builds them ([`wire::memcache::cached`]).
 
+use kv::Instant;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
 
 use kv::cache::{Cache, FillToken, Value, WriteTicket};
 use wire::memcache::cached::{self, CachedItem, KeyForm};
@@ -521,7 +521,7 @@ pub fn control(
         None if caches.len() == 1 => &caches[0],
         None => return Err("several pools have a cache: give &pool=NAME".into()),
     };
-    let now = Instant::now();
+    let now = kvio::clock::now();
     let mut c = cache.1.lock();
     let done = match action {
         "pin" => c.pin(key, now).map(|()| true)?,

@@ -83,7 +83,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         true => Some(CacheService::new(
             cfg.cache.clone(),
             cfg.servers.len(),
-            Instant::now(),
+            kvio::clock::now(),
         )?),
         false => None,
     };
@@ -152,7 +152,8 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
                 .wait(TICK, &mut ready)
                 .context("waiting for frames")?;
         }
-        let now = Instant::now();
+        let wall = Instant::now();
+        let now = kvio::clock::at(wall);
         for &i in &ready {
             // Drain what this port holds, a batch at a time, bounded so no port starves.
             for _ in 0..8 {
@@ -169,7 +170,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
                 }
                 // Only frames count as work: a port that cannot tell answers `rx_ready` with
                 // `true` even when idle.
-                last_work = now;
+                last_work = wall;
                 let pc = &stats.ports[i];
                 fates.clear();
                 for j in 0..n {
@@ -210,13 +211,13 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
                 }
             }
         }
-        if now.duration_since(last_tick) >= TICK {
-            last_tick = now;
+        if wall.duration_since(last_tick) >= TICK {
+            last_tick = wall;
             switch.tick(now, &mut emit);
             flush_emits(&mut ports, &mut emit, &stats, local_index);
         }
-        if now.duration_since(last_snapshot) >= SNAPSHOT_EVERY {
-            last_snapshot = now;
+        if wall.duration_since(last_snapshot) >= SNAPSHOT_EVERY {
+            last_snapshot = wall;
             if let Ok(mut s) = shared.snapshot.lock() {
                 *s = switch.snapshot();
             }

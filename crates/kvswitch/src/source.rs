@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use std::fmt;
 use std::net::Ipv4Addr;
 use std::str::FromStr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use kv::Instant;
 
 /// An IPv4 prefix such as `10.0.0.0/24`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -208,7 +210,7 @@ mod tests {
 
     #[test]
     fn first_port_wins_until_the_address_ages_out() {
-        let now = Instant::now();
+        let now = Instant::from_secs(1_000);
         let mut g = SourceGuard::new(2, vec![], 10, Duration::from_secs(60));
         assert_eq!(g.check(0, A, now), Check::Accept);
         assert_eq!(g.check(1, A, now), Check::Spoofed);
@@ -229,7 +231,7 @@ mod tests {
 
     #[test]
     fn table_is_bounded_per_port_and_in_all() {
-        let now = Instant::now();
+        let now = Instant::from_secs(1_000);
         let mut g = SourceGuard::new(2, vec![], 4, Duration::from_secs(60));
         for i in 0..2 {
             assert_eq!(g.check(0, Ipv4Addr::new(10, 1, 0, i), now), Check::Accept);
@@ -247,7 +249,7 @@ mod tests {
 
     #[test]
     fn configured_prefixes_bind_their_addresses() {
-        let now = Instant::now();
+        let now = Instant::from_secs(1_000);
         let own = vec![vec!["10.0.0.0/31".parse().unwrap()], vec![]];
         let mut g = SourceGuard::new(2, own, 10, Duration::from_secs(60));
         assert_eq!(g.check(0, A, now), Check::Accept);

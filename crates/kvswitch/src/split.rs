@@ -22,7 +22,9 @@
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use kv::Instant;
 
 use wire::memcache::binary::{self, opcode};
 use wire::memcache::{self, Command, Protocol, Request};
@@ -781,7 +783,7 @@ mod tests {
             b"c" => Some(b"VALUE c 3 1\r\nC\r\nEND\r\n".to_vec()),
             _ => None,
         };
-        let now = Instant::now();
+        let now = Instant::from_secs(1_000);
         let spec = keys(&[("a", 0), ("b", 1), ("c", 2), ("a", 0)]);
         let started = sp
             .start_cached(
@@ -833,7 +835,7 @@ mod tests {
         let mut sp = Splitter::new(Duration::from_secs(1));
         let subs = start(
             &mut sp,
-            Instant::now(),
+            Instant::from_secs(1_000),
             Command::Get,
             None,
             &[("a", 0), ("b", 1), ("c", 0), ("a", 0), ("d", 2)],
@@ -878,7 +880,7 @@ mod tests {
     #[test]
     fn gat_keeps_its_exptime_and_gets_its_cas() {
         let mut sp = Splitter::new(Duration::from_secs(1));
-        let now = Instant::now();
+        let now = Instant::from_secs(1_000);
         let subs = start(
             &mut sp,
             now,
@@ -922,7 +924,7 @@ mod tests {
     #[test]
     fn error_part_is_passed_on_and_anything_else_fails() {
         let mut sp = Splitter::new(Duration::from_secs(1));
-        let now = Instant::now();
+        let now = Instant::from_secs(1_000);
         let subs = start(&mut sp, now, Command::Get, None, &[("a", 0), ("b", 1)]);
         answer(&mut sp, &subs[0], b"END\r\n");
         let Arrival::Done { reply, .. } =
@@ -953,7 +955,7 @@ mod tests {
         let mut sp = Splitter::new(Duration::from_secs(1));
         let subs = start(
             &mut sp,
-            Instant::now(),
+            Instant::from_secs(1_000),
             Command::Get,
             None,
             &[("a", 0), ("b", 1)],
@@ -978,7 +980,7 @@ mod tests {
         assert_eq!(sp.in_flight(), 0);
         let subs = start(
             &mut sp,
-            Instant::now(),
+            Instant::from_secs(1_000),
             Command::Get,
             None,
             &[("a", 0), ("b", 1)],
@@ -997,7 +999,7 @@ mod tests {
     #[test]
     fn timeouts_and_bounds() {
         let mut sp = Splitter::new(Duration::from_millis(10));
-        let t0 = Instant::now();
+        let t0 = Instant::from_secs(1_000);
         start(&mut sp, t0, Command::Get, None, &[("a", 0), ("b", 1)]);
         assert_eq!(sp.expire(t0), 0);
         assert_eq!(sp.expire(t0 + Duration::from_millis(11)), 1);
@@ -1037,7 +1039,7 @@ mod tests {
             offset += req.len;
             requests.push((req, server));
         }
-        sp.start_pipeline(Instant::now(), client(), &requests, &sources())
+        sp.start_pipeline(Instant::from_secs(1_000), client(), &requests, &sources())
             .expect("split starts")
     }
 
@@ -1212,7 +1214,7 @@ mod tests {
                 requests.push((req, req.key().map(|_| 0)));
             }
             assert_eq!(
-                sp.start_pipeline(Instant::now(), client(), &requests, &sources()),
+                sp.start_pipeline(Instant::from_secs(1_000), client(), &requests, &sources()),
                 Err(SplitError::NotRetrieval),
                 "{body:?}"
             );
@@ -1241,7 +1243,13 @@ mod tests {
         let mut sp = Splitter::new(Duration::from_secs(1));
         let mut spec: Vec<(&str, usize)> = vec![("k", 0); 12];
         spec.push(("z", 1));
-        let subs = start(&mut sp, Instant::now(), Command::Get, None, &spec);
+        let subs = start(
+            &mut sp,
+            Instant::from_secs(1_000),
+            Command::Get,
+            None,
+            &spec,
+        );
         assert_eq!(subs.len(), 2);
         let size = 1_500_000;
         let mut reply = format!("VALUE k 0 {size}\r\n").into_bytes();
@@ -1267,7 +1275,7 @@ mod tests {
     fn freed_ids_rest_before_they_are_used_again() {
         let timeout = Duration::from_millis(100);
         let mut sp = Splitter::new(timeout);
-        let t0 = Instant::now();
+        let t0 = Instant::from_secs(1_000);
         let subs = start(&mut sp, t0, Command::Get, None, &[("a", 0), ("b", 1)]);
         answer(&mut sp, &subs[0], b"END\r\n");
         assert!(matches!(

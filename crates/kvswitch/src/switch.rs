@@ -9,7 +9,9 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::Ipv4Addr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use kv::Instant;
 
 use kv::Ring;
 use pipeline::{
@@ -1699,7 +1701,7 @@ mod tests {
         let cfg = Config::parse(text, std::path::Path::new("test.toml")).unwrap();
         let stats = Arc::new(Stats::new(2, 1));
         let mut sw = Switch::new(&cfg, 2, stats.clone()).unwrap();
-        let now = Instant::now();
+        let now = Instant::from_secs(1_000);
         let client_mac: Mac = "02:00:00:00:00:01".parse().unwrap();
         let server_mac: Mac = "02:00:00:00:00:0b".parse().unwrap();
         let get = || {

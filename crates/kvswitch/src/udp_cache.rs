@@ -12,7 +12,9 @@
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use kv::Instant;
 
 use pipeline::{Action, Entry, EntryId, Pipeline, TableId};
 use wire::mcudp;

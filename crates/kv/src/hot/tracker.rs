@@ -4,7 +4,9 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::time::Instant;
 
 use super::count_min::{mix64, CountMin, HeavyHitters};
 use super::space_saving::SpaceSaving;
@@ -424,7 +426,7 @@ mod tests {
 
     #[test]
     fn equation_one_over_several_segments() {
-        let t0 = Instant::now();
+        let t0 = Instant::ZERO;
         let mut t = Tracker::new(cfg(2), 1, t0).unwrap();
         see_n(&mut t, 0, b"a", 10, t0);
         see_n(&mut t, 0, b"b", 4, t0 + SEC / 2);
@@ -459,7 +461,7 @@ mod tests {
 
     #[test]
     fn load_is_per_second_of_segment() {
-        let t0 = Instant::now();
+        let t0 = Instant::ZERO;
         let config = TrackerConfig {
             segment: Duration::from_millis(500),
             alpha: 0.25,
@@ -474,7 +476,7 @@ mod tests {
 
     #[test]
     fn empty_segments_decay_loads() {
-        let t0 = Instant::now();
+        let t0 = Instant::ZERO;
         let mut t = Tracker::new(cfg(5), 1, t0).unwrap();
         see_n(&mut t, 0, b"a", 8, t0);
         see_n(&mut t, 0, b"b", 16, t0);
@@ -514,7 +516,7 @@ mod tests {
 
     #[test]
     fn only_top_k_per_group() {
-        let t0 = Instant::now();
+        let t0 = Instant::ZERO;
         let mut t = Tracker::new(cfg(3), 2, t0).unwrap();
         for (i, key) in [b"k1", b"k2", b"k3", b"k4", b"k5", b"k6"]
             .iter()
@@ -543,7 +545,7 @@ mod tests {
 
     #[test]
     fn sampling_scales_loads() {
-        let t0 = Instant::now();
+        let t0 = Instant::ZERO;
         let run = |sample: u32, seed: u64| {
             let config = TrackerConfig {
                 sample,
@@ -569,7 +571,7 @@ mod tests {
 
     #[test]
     fn count_min_counter_gives_the_same_loads() {
-        let t0 = Instant::now();
+        let t0 = Instant::ZERO;
         let config = TrackerConfig {
             counter: Counter::DEFAULT_COUNT_MIN,
             ..cfg(2)
@@ -588,7 +590,7 @@ mod tests {
 
     #[test]
     fn refuses_bad_configs() {
-        let t0 = Instant::now();
+        let t0 = Instant::ZERO;
         let bad = [
             (
                 TrackerConfig {

@@ -4,7 +4,7 @@
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 
@@ -128,7 +128,7 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
     let mut caches = Vec::new();
     if cache.enabled {
         for p in &pools {
-            let service = CacheService::new(cache.clone(), p.servers.len(), Instant::now())?;
+            let service = CacheService::new(cache.clone(), p.servers.len(), kvio::clock::now())?;
             caches.push((p.name.clone(), service));
         }
     }
@@ -151,7 +151,7 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
     while !daemon::stop_requested() {
         std::thread::sleep(Duration::from_millis(10));
         // Segments roll and held-back rule removals are released even when no read comes.
-        let now = Instant::now();
+        let now = kvio::clock::now();
         for cache in &ticker {
             cache.tick(now);
         }

@@ -51,7 +51,7 @@ impl CacheHook {
         match self {
             CacheHook::Read(pool, fill) => {
                 if let Some(cache) = &pool.cache {
-                    cache.after_read(fill, reply, std::time::Instant::now());
+                    cache.after_read(fill, reply, kvio::clock::now());
                 }
             }
             CacheHook::Write(pool, writes) => {
@@ -610,7 +610,7 @@ fn from_cache(request: &Request<'_>, pool: &Rc<PoolRt>, router: &mut PoolRouter)
     if !request.command.is_retrieval() {
         return Served::None;
     }
-    let now = std::time::Instant::now();
+    let now = kvio::clock::now();
     let mut locate = |key: &[u8]| router.locate(key).unwrap_or(0);
     cache.see(request, &mut locate, now);
     cache.serve_parts(request, now)
