@@ -106,7 +106,9 @@ fn fixture() -> &'static Fixture {
             .expect("the fixture's configuration");
         let pool = file.pool_with_listen(Some(listen)).expect("the fixture's pool");
         let proxy = Proxy::start(Settings {
-            pools: vec![pool],
+            pools: vec![std::sync::Arc::new(
+                kvswitch::proxy::Pool::new(pool).expect("the fixture's ring"),
+            )],
             workers: 1,
             source: None,
             limits: Limits::default(),

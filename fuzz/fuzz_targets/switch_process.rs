@@ -17,14 +17,17 @@
 //! datagram whose checksums verify.
 #![no_main]
 
-use std::path::Path;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use kvswitch::config::Config;
-use kvswitch::stats::Stats;
-use kvswitch::switch::{Dest, Emit, Fate, Switch};
+use kv::{Distribution, HashFn, Instant};
 use libfuzzer_sys::fuzz_target;
+use switch::pool::Pool;
+use switch::spec;
+use switch::stats::Stats;
+use switch::{Dest, Emit, Fate, Switch, SwitchSpec};
+use wire::ethernet::Mac;
 use wire::ethernet::{self, EtherType};
 use wire::{arp, ipv4, udp};
 
@@ -40,43 +43,30 @@ const MTU_FRAME: usize = 1514;
 /// Time between two inputs on the virtual clock.
 const STEP: Duration = Duration::from_millis(50);
 
-/// The topology of the switch's table tests: a client (10.0.0.1) and three servers, all on
-/// memcached's port, and a local port into the host. The agent address defaults to the VIP in
-/// l3 mode.
-const CONFIG: &str = r#"
-[switch]
-ports = ["p0", "p1", "p2"]
-local_port = "lp"
-mode = "l3"
-mac_table_size = 64
-mac_age_s = 30
-
-[vip]
-ip = "10.0.0.100"
-mac = "02:00:00:00:00:64"
-port = 11211
-agent_port = 11311
-split_timeout_ms = 1000
-
-[pool]
-distribution = "ketama"
-hash = "md5"
-
-[[pool.servers]]
-addr = "10.0.0.11:11211"
-mac = "02:00:00:00:00:0b"
-name = "s1"
-
-[[pool.servers]]
-addr = "10.0.0.12:11211"
-mac = "02:00:00:00:00:0c"
-name = "s2"
-
-[[pool.servers]]
-addr = "10.0.0.13:11211"
-mac = "02:00:00:00:00:0d"
-name = "s3"
-"#;
+/// The topology of the switch's table tests: a client (10.0.0.1) and three servers (s1, s2,
+/// s3), all on memcached's port, and a local port into the host. The agent address is the VIP.
+fn spec() -> (SwitchSpec, Pool) {
+    let vip = Ipv4Addr::new(10, 0, 0, 100);
+    let servers = (0..3u8)
+        .map(|i| spec::Server {
+            addr: SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 11 + i), 11211),
+            mac: Some(Mac([2, 0, 0, 0, 0, 0x0b + i])),
+        })
+        .collect();
+    let mut spec = SwitchSpec::new(PORTS, vip, servers);
+    spec.local = Some(spec::Local {
+        port: 3,
+        addrs: vec![vip],
+        source: vip,
+    });
+    spec.mac_table_size = 64;
+    spec.mac_age = Duration::from_secs(30);
+    let mut pool = spec.pool_spec(Distribution::Ketama, HashFn::Md5);
+    for (i, server) in pool.servers.iter_mut().enumerate() {
+        server.name = Some(format!("s{}", i + 1));
+    }
+    (spec, Pool::new(pool).expect("the pool builds"))
+}
 
 struct Rig {
     switch: Switch,
@@ -88,13 +78,12 @@ struct Rig {
 fn rig() -> &'static Mutex<Rig> {
     static RIG: OnceLock<Mutex<Rig>> = OnceLock::new();
     RIG.get_or_init(|| {
-        let config =
-            Config::parse(CONFIG, Path::new("fuzz.toml")).expect("the fuzz configuration parses");
-        let stats = Arc::new(Stats::new(PORTS, config.servers.len()));
-        let switch = Switch::new(&config, PORTS, stats).expect("the switch builds");
+        let (spec, pool) = spec();
+        let stats = Arc::new(Stats::new(PORTS, spec.servers.len()));
+        let switch = Switch::new(spec, Arc::new(pool), stats).expect("the switch builds");
         Mutex::new(Rig {
             switch,
-            start: Instant::now(),
+            start: Instant::from_secs(1),
             elapsed: Duration::ZERO,
             emit: Vec::new(),
         })

@@ -501,6 +501,9 @@ pub fn status(shared: &Shared) -> serde_json::Value {
         },
         "mac_table": snap.mac_table,
         "splits_in_flight": snap.splits_in_flight,
-        "tables": snap.tables,
+        "tables": snap.tables.iter().map(|t| json!({
+            "name": t.name, "kind": t.kind, "entries": t.entries, "hits": t.hits,
+            "misses": t.misses,
+        })).collect::<Vec<_>>(),
     })
 }

@@ -20,19 +20,13 @@ use serde::Deserialize;
 use wire::ethernet::Mac;
 
 use crate::proxy::pool::{PoolSpec, ServerSpec};
-use crate::source::Prefix;
 use pool_keys::{PoolKeys, RawPool};
+use switch::source::Prefix;
 
-/// How a routed request is rewritten on its way to the backend.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// Rewrite destination MAC and IP; replies from a backend's memcached port get their source
-    /// IP rewritten to the VIP. No per-flow state.
-    L3,
-    /// Rewrite the destination MAC only: the servers own the VIP on their loopback.
-    L2,
-}
+/// How a routed request is rewritten on its way to the backend: `l3` rewrites destination
+/// MAC and IP (and replies' source back to the VIP), `l2` the destination MAC only (the
+/// servers own the VIP on their loopback).
+pub use switch::Mode;
 
 /// The validated configuration.
 #[derive(Debug, Clone)]
@@ -596,6 +590,61 @@ impl Config {
         pool.server_retry_timeout = self.server_retry_timeout;
         pool.server_connections = self.server_connections;
         pool
+    }
+}
+
+impl Config {
+    /// The switch this file describes, with `ports` ports (the configured ones, then the local
+    /// port if there is one) and the seed `seed`.
+    pub fn switch_spec(&self, ports: usize, seed: u64) -> switch::SwitchSpec {
+        use switch::spec;
+        let local = self.local.as_ref().map(|_| spec::Local {
+            port: self.ports.len() as u16,
+            addrs: self.local_addrs().into_iter().map(|(ip, _)| ip).collect(),
+            source: self.local_source(),
+        });
+        switch::SwitchSpec {
+            ports,
+            local,
+            mode: self.mode,
+            vip: spec::Vip {
+                ip: self.vip,
+                prefix_len: self.vip_prefix_len,
+                mac: self.vip_mac,
+                port: self.vip_port,
+            },
+            agent_ip: self.agent_ip,
+            agent_port: self.agent_port,
+            servers: self
+                .servers
+                .iter()
+                .map(|b| spec::Server {
+                    addr: b.addr,
+                    mac: b.mac,
+                })
+                .collect(),
+            split_timeout: Duration::from_millis(self.split_timeout_ms),
+            mac_table_size: self.mac_table_size,
+            mac_age: self.mac_age,
+            source_check: self.source.enabled.then(|| spec::SourceCheck {
+                age: self.source.age,
+                table_size: self.source.table_size,
+                prefixes: self.source.prefixes.clone(),
+            }),
+            reply_limit: (self.udp_reply_bytes_per_sec > 0).then_some(spec::ReplyLimit {
+                rate: self.udp_reply_bytes_per_sec,
+                burst: self.udp_reply_burst_bytes,
+            }),
+            cache: self.cache.enabled,
+            seed,
+        }
+    }
+
+    /// The pool the switch's UDP path and its proxy share, its servers all in the ring.
+    pub fn pool(&self) -> Result<switch::pool::Pool, ConfigError> {
+        let listen = SocketAddr::new(self.vip.into(), self.vip_port);
+        switch::pool::Pool::new(self.pool_spec(listen))
+            .map_err(|e| ConfigError::new(&self.path, "pool", e.to_string()))
     }
 }
 

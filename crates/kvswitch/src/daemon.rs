@@ -14,7 +14,7 @@ use crate::api::{self, Shared};
 use crate::cache::CacheService;
 use crate::config::Config;
 use crate::local::LocalPort;
-use crate::proxy::{self, Proxy};
+use crate::proxy::{self, Pool, Proxy};
 use crate::stats::{Drop, Stats};
 use crate::switch::{Dest, Emit, Fate, Switch};
 
@@ -87,7 +87,9 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         )?),
         false => None,
     };
-    let mut switch = Switch::new(&cfg, ports.len(), stats.clone())?;
+    let pool = Arc::new(cfg.pool()?);
+    let spec = cfg.switch_spec(ports.len(), seed());
+    let mut switch = Switch::new(spec, pool.clone(), stats.clone())?;
     if let Some(cache) = &cache {
         switch.set_cache(cache.clone())?;
     }
@@ -110,7 +112,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
     // servers) wait in the local port's ring until the loop below forwards them. The proxy
     // must therefore not wait for a server while it starts: its traffic only flows once the
     // loop runs.
-    let proxy = start_proxy(&cfg, cache.clone())?;
+    let proxy = start_proxy(&cfg, pool.clone(), cache.clone())?;
     if let Some(p) = &proxy {
         let _ = shared.proxy.set(p.stats());
     }
@@ -236,19 +238,42 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The switch's seed: from the operating system's randomness, so that what the switch draws
+/// from it (the ids of split sub-requests) cannot be guessed from a restart; the clock and the
+/// process id if that cannot be read.
+fn seed() -> u64 {
+    let mut bytes = [0u8; 8];
+    match std::fs::File::open("/dev/urandom").and_then(|mut f| {
+        use std::io::Read;
+        f.read_exact(&mut bytes)
+    }) {
+        Ok(()) => u64::from_le_bytes(bytes),
+        Err(_) => {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            nanos ^ (u64::from(std::process::id()) << 32)
+        }
+    }
+}
+
 /// Starts the built-in proxy on the VIP's port if the configuration asks for it (a local port
 /// and `switch.proxy`).
 ///
 /// A failure is a startup error: whoever configured the proxy asked for TCP on the VIP, and a
 /// switch running without it would refuse TCP clients while looking healthy. The local port
 /// and the ports are removed and closed as `run` returns.
-fn start_proxy(cfg: &Config, cache: Option<Arc<CacheService>>) -> anyhow::Result<Option<Proxy>> {
+fn start_proxy(
+    cfg: &Config,
+    pool: Arc<Pool>,
+    cache: Option<Arc<CacheService>>,
+) -> anyhow::Result<Option<Proxy>> {
     if cfg.local.is_none() || !cfg.proxy {
         return Ok(None);
     }
     let listen = SocketAddr::new(cfg.vip.into(), cfg.vip_port);
     let settings = proxy::Settings {
-        pools: vec![cfg.pool_spec(listen)],
+        pools: vec![pool],
         workers: cfg.proxy_workers,
         // The servers answer the proxy through the switch, which sends what comes from their
         // memcached ports to this address out of the local port.

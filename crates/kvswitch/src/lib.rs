@@ -10,13 +10,9 @@ pub mod cache;
 pub mod config;
 pub mod daemon;
 pub mod demo;
-pub mod frame;
 pub mod local;
 pub mod measure;
 pub mod proxy;
-pub mod ratelimit;
-pub mod source;
-pub mod split;
-pub mod stats;
-pub mod switch;
-pub mod udp_cache;
+
+pub use ::switch;
+pub use switch::{frame, ratelimit, source, split, stats, udp_cache};

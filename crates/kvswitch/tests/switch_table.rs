@@ -166,7 +166,7 @@ impl Rig {
 
     fn with(cfg: Config, ports: usize) -> Rig {
         let stats = Arc::new(Stats::new(ports, SERVERS.len()));
-        let mut sw = Switch::new(&cfg, ports, stats.clone()).expect("switch");
+        let mut sw = new_switch(&cfg, ports, stats.clone()).expect("switch");
         let now = Instant::from_secs(1_000);
         let mut emit = Vec::new();
         for h in std::iter::once(&CLIENT).chain(&SERVERS) {
@@ -1378,7 +1378,7 @@ fn unfinished_tcp_checksum_from_the_host_is_completed() {
 #[test]
 fn a_local_port_needs_a_port_number() {
     let stats = Arc::new(Stats::new(PORTS, SERVERS.len()));
-    let e = Switch::new(&config_local(Mode::L3), PORTS, stats)
+    let e = new_switch(&config_local(Mode::L3), PORTS, stats)
         .err()
         .expect("too few ports");
     assert!(e.to_string().contains("local port"), "{e}");
@@ -2090,7 +2090,7 @@ fn mutated_frames_never_panic() {
 /// frame from them has told the switch which port they are behind (right after start).
 fn fresh_switch(cfg: Config) -> (Switch, Arc<Stats>, Instant) {
     let stats = Arc::new(Stats::new(PORTS, SERVERS.len()));
-    let mut sw = Switch::new(&cfg, PORTS, stats.clone()).expect("switch");
+    let mut sw = new_switch(&cfg, PORTS, stats.clone()).expect("switch");
     let now = Instant::from_secs(1_000);
     let mut emit = Vec::new();
     let mut f = arp_request(&CLIENT, Ipv4Addr::new(10, 0, 0, 250));
@@ -2579,7 +2579,7 @@ fn source_bindings_are_learned_held_and_aged() {
                 p0 = [\"10.0.0.0/30\"]";
     let cfg = config_text(Mode::L3, text, "");
     let stats = Arc::new(Stats::new(PORTS, SERVERS.len()));
-    let mut sw = Switch::new(&cfg, PORTS, stats.clone()).expect("switch");
+    let mut sw = new_switch(&cfg, PORTS, stats.clone()).expect("switch");
     let mut f = to_vip_from((Ipv4Addr::new(10, 0, 0, 2), CLIENT_UDP_PORT));
     assert_eq!(sw.process(1, &mut f, true, t0, &mut emit), Fate::Consumed);
     assert_eq!(stats::get(&stats.drops[Drop::SourceSpoofed as usize]), 1);
@@ -2724,4 +2724,10 @@ fn udp_reply_bytes_are_limited_per_client() {
             Fate::Out(CLIENT.port)
         );
     }
+}
+
+/// The switch a configuration file describes, as the daemon builds it (seed 0).
+fn new_switch(cfg: &Config, ports: usize, stats: Arc<Stats>) -> Result<Switch, switch::SpecError> {
+    let pool = Arc::new(cfg.pool().expect("the pool builds"));
+    Switch::new(cfg.switch_spec(ports, 0), pool, stats)
 }

@@ -11,28 +11,7 @@ use serde::Deserialize;
 
 use super::ConfigError;
 
-/// How long an unanswered write (a lost UDP reply, a `noreply` write) keeps the switch from
-/// filling its key, by default.
-pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// The cache's settings, validated.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CacheSettings {
-    pub enabled: bool,
-    pub cache: CacheConfig,
-    /// How long the switch waits for a write's UDP reply before it stops expecting one.
-    pub write_timeout: Duration,
-}
-
-impl Default for CacheSettings {
-    fn default() -> CacheSettings {
-        CacheSettings {
-            enabled: false,
-            cache: CacheConfig::default(),
-            write_timeout: DEFAULT_WRITE_TIMEOUT,
-        }
-    }
-}
+pub use switch::cache::{CacheSettings, DEFAULT_WRITE_TIMEOUT};
 
 /// The `[cache]` table before validation.
 #[derive(Deserialize, Default)]

@@ -73,7 +73,6 @@ pub struct Conn {
     wake: Notify,
     /// Wakes the reader: a request arrived while none was pending, and has a deadline.
     first: Notify,
-    now_ms: Rc<dyn Fn() -> u64>,
     /// The next batch sentinel's number; never repeats on a connection.
     nonce: Cell<u64>,
     /// Requests at the front of `pending` whose replies are framed and held for the sentinel.
@@ -119,7 +118,6 @@ impl Conn {
         server: usize,
         wire: Wire,
         source: Option<IpAddr>,
-        now_ms: Rc<dyn Fn() -> u64>,
     ) -> Rc<Conn> {
         let addr = pool.spec.servers[server].addr;
         Rc::new(Conn {
@@ -134,7 +132,6 @@ impl Conn {
             pending: RefCell::new(VecDeque::new()),
             wake: Notify::new(),
             first: Notify::new(),
-            now_ms,
             nonce: Cell::new(random_u64()),
             framed: Cell::new(0),
             held: Cell::new(0),
@@ -404,7 +401,7 @@ impl Conn {
             pool = %self.pool.spec.name, server = %self.pool.spec.servers[self.server].label(),
             waiting = self.pending.borrow().len(), "server connection lost: {why}"
         );
-        self.pool.server_failed(self.server, (self.now_ms)());
+        self.pool.server_failed(self.server, kvio::clock::now());
         let streak = self.streak.get().saturating_add(1);
         self.streak.set(streak);
         let backoff = MIN_BACKOFF

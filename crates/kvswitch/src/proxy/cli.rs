@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use super::pool::PoolSpec;
+use super::pool::{Pool, PoolSpec};
 use super::{default_workers, Limits, Proxy, Settings};
 use crate::cache::CacheService;
 use crate::config::cache::{self as cache_file, CacheSettings};
@@ -133,6 +133,10 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         }
     }
     let ticker = caches.iter().map(|(_, c)| c.clone()).collect::<Vec<_>>();
+    let pools = pools
+        .into_iter()
+        .map(|p| Pool::new(p).map(Arc::new))
+        .collect::<Result<Vec<_>, _>>()?;
     let proxy = Proxy::start(Settings {
         pools,
         workers,

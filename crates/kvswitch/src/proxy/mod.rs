@@ -22,13 +22,15 @@ use anyhow::Context;
 use crate::cache::CacheService;
 use tokio::sync::watch;
 
-pub use pool::{PoolSpec, ServerSpec};
+pub use pool::{Pool, PoolSpec, ServerSpec};
 pub use stats::ProxyStats;
 
 /// How the proxy runs.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    pub pools: Vec<PoolSpec>,
+    /// The pools and their servers' health; the switch shares its pool with its proxy, so
+    /// that a server ejected here is left out of the UDP path too.
+    pub pools: Vec<Arc<Pool>>,
     /// Worker threads; each accepts clients and keeps its own server connections.
     pub workers: usize,
     /// Source address of the connections to the servers (`None`: the kernel chooses).
@@ -94,6 +96,7 @@ impl Proxy {
             (0..workers).map(|_| Vec::new()).collect();
         let mut local_addrs = Vec::with_capacity(settings.pools.len());
         for pool in &settings.pools {
+            let pool = pool.spec();
             let mut addr = pool.listen;
             for listeners in per_worker.iter_mut() {
                 let listener = binder
@@ -124,6 +127,7 @@ impl Proxy {
             handles.push(handle);
         }
         for (pool, addr) in settings.pools.iter().zip(&local_addrs) {
+            let pool = pool.spec();
             tracing::info!(
                 pool = %pool.name, listen = %addr, servers = pool.servers.len(), workers,
                 "proxy listening"

@@ -1,11 +1,12 @@
 //! What the proxy counts, and each server's health, shared by the workers and read by the
 //! control API. Everything is an atomic: workers never wait for each other or for a reader.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
-use super::pool::PoolSpec;
+use kv::Instant;
+
+use super::pool::{Pool, PoolSpec};
 
 pub(crate) fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
@@ -22,25 +23,23 @@ pub(crate) fn sub(counter: &AtomicU64, n: u64) {
 /// Counters and health of every pool.
 pub struct ProxyStats {
     pub pools: Vec<Arc<PoolStats>>,
-    started: Instant,
+    started: std::time::Instant,
 }
 
 impl ProxyStats {
-    pub(crate) fn new(pools: &[PoolSpec]) -> ProxyStats {
+    pub(crate) fn new(pools: &[Arc<Pool>]) -> ProxyStats {
         ProxyStats {
             pools: pools.iter().map(|p| Arc::new(PoolStats::new(p))).collect(),
-            started: Instant::now(),
+            started: std::time::Instant::now(),
         }
-    }
-
-    /// Milliseconds since the proxy started: the clock of ejection deadlines.
-    pub(crate) fn now_ms(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64
     }
 }
 
 /// One pool's client-side counters and its servers.
 pub struct PoolStats {
+    /// The pool and its servers' health, shared with the switch's UDP path when the proxy
+    /// runs inside the switch.
+    pub pool: Arc<Pool>,
     pub spec: PoolSpec,
     pub client_connections: AtomicU64,
     pub client_connections_total: AtomicU64,
@@ -56,14 +55,14 @@ pub struct PoolStats {
     pub clients_overflowed: AtomicU64,
     pub bytes_from_clients: AtomicU64,
     pub bytes_to_clients: AtomicU64,
-    /// Bumped whenever a server is ejected or comes back: workers rebuild their ring.
-    pub ring_generation: AtomicU64,
     pub servers: Vec<ServerStats>,
 }
 
 impl PoolStats {
-    fn new(spec: &PoolSpec) -> PoolStats {
+    fn new(pool: &Arc<Pool>) -> PoolStats {
+        let spec = pool.spec();
         PoolStats {
+            pool: pool.clone(),
             spec: spec.clone(),
             client_connections: AtomicU64::new(0),
             client_connections_total: AtomicU64::new(0),
@@ -74,7 +73,6 @@ impl PoolStats {
             clients_overflowed: AtomicU64::new(0),
             bytes_from_clients: AtomicU64::new(0),
             bytes_to_clients: AtomicU64::new(0),
-            ring_generation: AtomicU64::new(0),
             servers: spec
                 .servers
                 .iter()
@@ -83,21 +81,12 @@ impl PoolStats {
         }
     }
 
-    /// Records a failed connection, connect or timeout on server `i`; ejects it when the pool
-    /// says so and it has failed `server_failure_limit` times in a row.
-    pub(crate) fn server_failed(&self, i: usize, now_ms: u64) {
-        let s = &self.servers[i];
-        add(&s.failures, 1);
-        let streak = s.failure_streak.fetch_add(1, Ordering::Relaxed) + 1;
-        if self.spec.auto_eject_hosts
-            && streak >= self.spec.server_failure_limit.max(1)
-            && !s.is_ejected(now_ms)
-        {
-            let until = now_ms + self.spec.server_retry_timeout.as_millis() as u64;
-            s.ejected_until_ms.store(until, Ordering::Relaxed);
-            s.failure_streak.store(0, Ordering::Relaxed);
-            add(&s.ejections, 1);
-            add(&self.ring_generation, 1);
+    /// Records a failed connection, connect or timeout on server `i`; the pool ejects it when
+    /// it says so and it has failed `server_failure_limit` times in a row.
+    pub(crate) fn server_failed(&self, i: usize, now: Instant) {
+        add(&self.servers[i].failures, 1);
+        if self.pool.failed(i, now) {
+            add(&self.servers[i].ejections, 1);
             tracing::warn!(
                 pool = %self.spec.name, server = %self.spec.servers[i].label(),
                 retry_in_ms = self.spec.server_retry_timeout.as_millis() as u64,
@@ -108,21 +97,7 @@ impl PoolStats {
 
     /// Records a reply from server `i`: its failure streak ends.
     pub(crate) fn server_answered(&self, i: usize) {
-        let s = &self.servers[i];
-        if s.failure_streak.load(Ordering::Relaxed) != 0 {
-            s.failure_streak.store(0, Ordering::Relaxed);
-        }
-    }
-
-    /// Earliest time, in proxy milliseconds, at which an ejected server returns; `u64::MAX` if
-    /// none is out.
-    pub(crate) fn next_return_ms(&self, now_ms: u64) -> u64 {
-        self.servers
-            .iter()
-            .map(|s| s.ejected_until_ms.load(Ordering::Relaxed))
-            .filter(|&until| until > now_ms)
-            .min()
-            .unwrap_or(u64::MAX)
+        self.pool.answered(i);
     }
 }
 
@@ -145,21 +120,13 @@ pub struct ServerStats {
     pub sentinel_misses: AtomicU64,
     /// Connect failures, lost connections and timeouts.
     pub failures: AtomicU64,
-    failure_streak: AtomicU32,
+    /// Times the proxy's failures took the server out of the ring.
     pub ejections: AtomicU64,
-    /// Proxy milliseconds until which the server is out of the ring (0: never ejected).
-    pub ejected_until_ms: AtomicU64,
     pub connections: AtomicU64,
     pub connects: AtomicU64,
     pub in_flight: AtomicU64,
     pub bytes_sent: AtomicU64,
     pub bytes_received: AtomicU64,
-}
-
-impl ServerStats {
-    pub fn is_ejected(&self, now_ms: u64) -> bool {
-        self.ejected_until_ms.load(Ordering::Relaxed) > now_ms
-    }
 }
 
 impl ProxyStats {
@@ -326,7 +293,7 @@ impl ProxyStats {
                 }
             }
         }
-        let now = self.now_ms();
+        let now = kvio::clock::now();
         family(
             out,
             "kvswitch_proxy_server_up",
@@ -334,13 +301,13 @@ impl ProxyStats {
             "1 while the server is in the ring, 0 while ejected.",
         );
         for p in &self.pools {
-            for (spec, s) in p.spec.servers.iter().zip(&p.servers) {
+            for (i, spec) in p.spec.servers.iter().enumerate() {
                 let _ = writeln!(
                     out,
                     "kvswitch_proxy_server_up{{pool=\"{}\",server=\"{}\"}} {}",
                     crate::api::escape(&p.spec.name),
                     crate::api::escape(&spec.label()),
-                    u8::from(!s.is_ejected(now))
+                    u8::from(!p.pool.is_down(i, now))
                 );
             }
         }
@@ -350,7 +317,7 @@ impl ProxyStats {
     /// health and counters.
     pub fn status(&self) -> serde_json::Value {
         use serde_json::json;
-        let now = self.now_ms();
+        let now = kvio::clock::now();
         let pools: Vec<_> = self
             .pools
             .iter()
@@ -360,8 +327,9 @@ impl ProxyStats {
                     .servers
                     .iter()
                     .zip(&p.servers)
-                    .map(|(server, s)| {
-                        let until = s.ejected_until_ms.load(Ordering::Relaxed);
+                    .enumerate()
+                    .map(|(i, (server, s))| {
+                        let until = p.pool.health(i).down_until.unwrap_or(now);
                         let health = if until > now {
                             "ejected"
                         } else if get(&s.connections) > 0 {
@@ -377,7 +345,7 @@ impl ProxyStats {
                             "ring_name": server.ring_name(),
                             "weight": server.weight,
                             "health": health,
-                            "ejected_for_ms": until.saturating_sub(now),
+                            "ejected_for_ms": until.duration_since(now).as_millis() as u64,
                             "requests": get(&s.requests),
                             "replies": get(&s.replies),
                             "errors": get(&s.errors),

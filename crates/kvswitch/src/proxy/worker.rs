@@ -7,14 +7,14 @@ use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
 use std::sync::Arc;
 
-use kv::{Ring, Server};
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 
 use super::backend::Conn;
 use super::client;
 use super::plan::{Router, Wire};
-use super::stats::{get, PoolStats, ProxyStats};
+use super::pool::View;
+use super::stats::{PoolStats, ProxyStats};
 use super::Limits;
 use crate::cache::CacheService;
 
@@ -34,25 +34,15 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 /// One pool as one worker sees it.
 pub struct PoolRt {
     pub stats: Arc<PoolStats>,
-    proxy: Arc<ProxyStats>,
     /// Per server, its text and binary connections, made when first needed.
     conns: Vec<RefCell<[Vec<Rc<Conn>>; 2]>>,
     source: Option<IpAddr>,
-    ring: RefCell<RingView>,
+    /// The pool as this worker routes by it now.
+    view: RefCell<Arc<View>>,
     /// The cache that answers this pool's hot keys.
     pub cache: Option<Arc<CacheService>>,
     /// Reply bytes waiting to be written to this worker's clients of the pool.
     pub unwritten: Rc<std::cell::Cell<usize>>,
-}
-
-/// The ring over the servers in it now.
-struct RingView {
-    generation: u64,
-    /// Proxy milliseconds at which an ejected server comes back.
-    valid_until_ms: u64,
-    ring: Option<Ring>,
-    /// Ring index to server index.
-    live: Vec<usize>,
 }
 
 impl PoolRt {
@@ -63,6 +53,7 @@ impl PoolRt {
         cache: Option<Arc<CacheService>>,
     ) -> Rc<PoolRt> {
         let stats = proxy.pools[index].clone();
+        let view = stats.pool.view(kvio::clock::now());
         let conns = stats
             .spec
             .servers
@@ -71,15 +62,9 @@ impl PoolRt {
             .collect();
         Rc::new(PoolRt {
             stats,
-            proxy,
             conns,
             source,
-            ring: RefCell::new(RingView {
-                generation: u64::MAX,
-                valid_until_ms: 0,
-                ring: None,
-                live: Vec::new(),
-            }),
+            view: RefCell::new(view),
             cache,
             unwritten: Rc::new(std::cell::Cell::new(0)),
         })
@@ -94,14 +79,7 @@ impl PoolRt {
         match idle {
             Some(c) if c.load() == 0 || list.len() >= self.stats.spec.server_connections => c,
             _ => {
-                let proxy = self.proxy.clone();
-                let c = Conn::new(
-                    self.stats.clone(),
-                    server,
-                    wire,
-                    self.source,
-                    Rc::new(move || proxy.now_ms()),
-                );
+                let c = Conn::new(self.stats.clone(), server, wire, self.source);
                 list.push(c.clone());
                 c
             }
@@ -113,26 +91,15 @@ impl PoolRt {
         PoolRouter { pool: self.clone() }
     }
 
-    /// Rebuilds the ring when a server was ejected or is due back.
+    /// Takes the pool's view again when it changed (a server ejected here, in another
+    /// worker or by the control plane) or a server is due back.
     fn refresh(&self) {
-        let generation = get(&self.stats.ring_generation);
-        let now = self.proxy.now_ms();
-        let mut view = self.ring.borrow_mut();
-        if view.generation == generation && now < view.valid_until_ms {
-            return;
+        let now = kvio::clock::now();
+        let mut view = self.view.borrow_mut();
+        let due = view.next_return().is_some_and(|t| t <= now);
+        if view.version() != self.stats.pool.version() || due {
+            *view = self.stats.pool.view(now);
         }
-        let spec = &self.stats.spec;
-        let live: Vec<usize> = (0..spec.servers.len())
-            .filter(|&i| !self.stats.servers[i].is_ejected(now))
-            .collect();
-        let servers: Vec<Server> = live
-            .iter()
-            .map(|&i| Server::new(spec.servers[i].ring_name(), spec.servers[i].weight))
-            .collect();
-        view.ring = Ring::new(spec.distribution, spec.hash, &servers).ok();
-        view.live = live;
-        view.generation = generation;
-        view.valid_until_ms = self.stats.next_return_ms(now);
     }
 }
 
@@ -143,14 +110,11 @@ pub struct PoolRouter {
 
 impl Router for PoolRouter {
     fn locate(&mut self, key: &[u8]) -> Option<usize> {
-        let view = self.pool.ring.borrow();
-        let ring = view.ring.as_ref()?;
-        let key = self.pool.stats.spec.hashed_key(key);
-        view.live.get(ring.locate(key)).copied()
+        self.pool.view.borrow().locate(key)
     }
 
     fn live(&self) -> Vec<usize> {
-        self.pool.ring.borrow().live.clone()
+        self.pool.view.borrow().live().to_vec()
     }
 }
 

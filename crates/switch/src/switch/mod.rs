@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use kv::Instant;
 
-use kv::Ring;
 use pipeline::{
     Action, Choose, Entry, Field, MatchKind, Meta, Pipeline, SelectorId, TableId, TableSpec,
     Verdict,
@@ -23,10 +22,11 @@ use wire::memcache::{self, Command, Protocol};
 use wire::{arp, ipv4, mcudp, udp};
 
 use crate::cache::CacheService;
-use crate::config::{Config, Mode};
 use crate::frame::{self, UdpEnds};
+use crate::pool::{Pool, View};
 use crate::ratelimit::ReplyLimiter;
 use crate::source::{self, Check, SourceGuard};
+use crate::spec::{splitmix64, Mode, SpecError, SwitchSpec};
 use crate::split::{self, Arrival, Splitter};
 use crate::stats::{self, Answer, Drop, Stats};
 use crate::udp_cache::{UdpCache, CPU_CACHE, REG_CACHE};
@@ -101,7 +101,7 @@ const ARP_REPLY: u16 = 2;
 const ARP_RETRY: Duration = Duration::from_secs(1);
 
 /// A view of the switch for the status API, refreshed by the run loop.
-#[derive(Debug, Clone, Default, serde::Serialize)]
+#[derive(Debug, Clone, Default)]
 pub struct Snapshot {
     pub backend_macs: Vec<Option<String>>,
     pub mac_table: usize,
@@ -113,7 +113,7 @@ pub struct Snapshot {
     pub tables: Vec<TableInfo>,
 }
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone)]
 pub struct TableInfo {
     pub name: String,
     pub kind: String,
@@ -128,12 +128,12 @@ struct Station {
     seen: Instant,
 }
 
-/// The ring, as the pipeline's hash selector sees it.
-struct RingChooser(Arc<Ring>);
+/// The pool's ring, as the pipeline's hash selector sees it: a key hash to a server.
+struct RingChooser(Arc<View>);
 
 impl Choose for RingChooser {
     fn choose(&self, key_hash: u32) -> Option<usize> {
-        Some(self.0.locate_hash(key_hash))
+        self.0.locate_hash(key_hash)
     }
 }
 
@@ -145,9 +145,12 @@ struct Tables {
 }
 
 pub struct Switch {
-    cfg: Config,
+    spec: SwitchSpec,
     ports: usize,
-    ring: Arc<Ring>,
+    /// The pool keys are routed by, shared with the proxy.
+    pool: Arc<Pool>,
+    /// The pool as the selector routes by it now.
+    view: Arc<View>,
     pipeline: Pipeline,
     tables: Tables,
     /// Learned MAC → port; mirrors the pipeline's `l2` table.
@@ -180,63 +183,57 @@ pub struct Switch {
 }
 
 impl Switch {
-    /// Builds the switch for `ports` ports from a validated configuration. Ports are numbered
-    /// as `switch.ports` lists them; a local port, if configured, comes after them and must be
-    /// counted in `ports`.
-    pub fn new(cfg: &Config, ports: usize, stats: Arc<Stats>) -> anyhow::Result<Switch> {
-        let local = match cfg.local {
-            Some(_) => {
-                let index = cfg.ports.len();
-                if ports <= index || index > usize::from(u16::MAX) {
-                    anyhow::bail!(
-                        "the local port needs port number {index}, but the switch has {ports} ports"
-                    );
-                }
-                Some(index as u16)
+    /// Builds the switch `spec` describes, routing by `pool` (shared with the proxy, whose
+    /// health changes it follows) and counting into `stats`.
+    pub fn new(spec: SwitchSpec, pool: Arc<Pool>, stats: Arc<Stats>) -> Result<Switch, SpecError> {
+        if let Some(local) = &spec.local {
+            if usize::from(local.port) >= spec.ports {
+                return Err(SpecError::LocalPort {
+                    needed: local.port,
+                    ports: spec.ports,
+                });
             }
-            None => None,
-        };
-        let local_ips: Vec<Ipv4Addr> = match local {
-            Some(_) => cfg.local_addrs().into_iter().map(|(ip, _)| ip).collect(),
-            None => Vec::new(),
-        };
-        let servers: Vec<kv::Server> = cfg
-            .servers
-            .iter()
-            .map(|b| kv::Server {
-                name: b.ring_name(),
-                weight: b.weight,
-            })
-            .collect();
-        let ring = Arc::new(
-            Ring::new(cfg.distribution, cfg.hash, &servers)
-                .map_err(|e| anyhow::anyhow!("{}: pool: {e}", cfg.path.display()))?,
-        );
+        }
+        if pool.spec().servers.len() != spec.servers.len() {
+            return Err(SpecError::PoolMismatch {
+                servers: spec.servers.len(),
+                pool: pool.spec().servers.len(),
+            });
+        }
+        let local = spec.local.as_ref().map(|l| l.port);
+        let local_ips: Vec<Ipv4Addr> = spec
+            .local
+            .as_ref()
+            .map(|l| l.addrs.clone())
+            .unwrap_or_default();
         let mut pipeline = Pipeline::new();
-        let tables = build_tables(&mut pipeline, cfg, local)?;
-        let backend_macs: Vec<Option<Mac>> = cfg.servers.iter().map(|b| b.mac).collect();
-        let backend_by_ip = cfg
+        let tables = build_tables(&mut pipeline, &spec)?;
+        let backend_macs: Vec<Option<Mac>> = spec.servers.iter().map(|b| b.mac).collect();
+        let backend_by_ip = spec
             .servers
             .iter()
             .enumerate()
             .map(|(i, b)| (*b.addr.ip(), i))
             .collect();
+        let mut seed = spec.seed;
+        let first_request_id = splitmix64(&mut seed) as u16;
+        let view = pool.view(Instant::ZERO);
         let mut sw = Switch {
-            cfg: cfg.clone(),
-            ports,
-            ring,
+            ports: spec.ports,
+            pool,
+            view,
             pipeline,
             tables,
             macs: HashMap::new(),
             backend_macs,
             backend_by_ip,
-            splitter: Splitter::new(Duration::from_millis(cfg.split_timeout_ms)),
+            splitter: Splitter::new(spec.split_timeout, first_request_id),
             stats,
             last_arp: None,
             held: VecDeque::new(),
             now: None,
             last_aging: None,
-            sources: cfg
+            sources: spec
                 .servers
                 .iter()
                 .map(|b| (*b.addr.ip(), b.addr.port()))
@@ -244,18 +241,19 @@ impl Switch {
             local,
             local_ips,
             cache: None,
-            guard: cfg.source.enabled.then(|| {
+            guard: spec.source_check.as_ref().map(|c| {
                 SourceGuard::new(
-                    cfg.ports.len(),
-                    cfg.source.prefixes.clone(),
-                    cfg.source.table_size,
-                    cfg.source.age,
+                    local.map_or(spec.ports, usize::from),
+                    c.prefixes.clone(),
+                    c.table_size,
+                    c.age,
                 )
             }),
-            limiter: (cfg.udp_reply_bytes_per_sec > 0)
-                .then(|| ReplyLimiter::new(cfg.udp_reply_bytes_per_sec, cfg.udp_reply_burst_bytes)),
-            vip_broadcast: (cfg.vip_prefix_len <= 30)
-                .then(|| Ipv4Addr::from(u32::from(cfg.vip) | (u32::MAX >> cfg.vip_prefix_len))),
+            limiter: spec.reply_limit.map(|l| ReplyLimiter::new(l.rate, l.burst)),
+            vip_broadcast: (spec.vip.prefix_len <= 30).then(|| {
+                Ipv4Addr::from(u32::from(spec.vip.ip) | (u32::MAX >> spec.vip.prefix_len))
+            }),
+            spec,
         };
         sw.install_members()?;
         Ok(sw)
@@ -263,9 +261,9 @@ impl Switch {
 
     /// Attaches the cache that answers hot keys; the configuration must have turned it on
     /// (`cache.enabled`), which gives the pipeline its `kv_cache` table.
-    pub fn set_cache(&mut self, service: Arc<CacheService>) -> anyhow::Result<()> {
+    pub fn set_cache(&mut self, service: Arc<CacheService>) -> Result<(), SpecError> {
         let Some(table) = self.tables.cache else {
-            anyhow::bail!("the cache is off in the configuration; set cache.enabled");
+            return Err(SpecError::CacheOff);
         };
         self.cache = Some(UdpCache::new(service, table));
         Ok(())
@@ -277,17 +275,18 @@ impl Switch {
         self.local
     }
 
-    /// (Re)installs the ring selector's members from what is known of each backend.
-    fn install_members(&mut self) -> anyhow::Result<()> {
+    /// (Re)installs the ring selector's members from what is known of each backend, and its
+    /// chooser from the pool's view.
+    fn install_members(&mut self) -> Result<(), SpecError> {
         let members = self
-            .cfg
+            .spec
             .servers
             .iter()
             .zip(&self.backend_macs)
             .map(|(b, mac)| match mac {
                 Some(mac) => {
                     let mut acts = vec![Action::SetEthDst(mac.0)];
-                    if self.cfg.mode == Mode::L3 {
+                    if self.spec.mode == Mode::L3 {
                         acts.push(Action::SetIpv4Dst(b.addr.ip().octets()));
                     }
                     acts.push(Action::Goto(self.tables.l2));
@@ -296,13 +295,11 @@ impl Switch {
                 None => vec![Action::Drop(Drop::BackendUnresolved.code())],
             })
             .collect();
-        self.pipeline
-            .set_selector(
-                self.tables.ring,
-                members,
-                Box::new(RingChooser(self.ring.clone())),
-            )
-            .map_err(|e| anyhow::anyhow!("installing the ring selector: {e:?}"))?;
+        self.pipeline.set_selector(
+            self.tables.ring,
+            members,
+            Box::new(RingChooser(self.view.clone())),
+        )?;
         Ok(())
     }
 
@@ -422,8 +419,9 @@ impl Switch {
         let fate = self.resolve(verdict, in_port, routed, frame, emit);
         if routed && fate != Fate::Consumed {
             // Counted once the pipeline has sent it on, not when it was parsed.
-            self.stats
-                .backend_request(self.ring.locate_hash(meta.key_hash));
+            if let Some(server) = self.view.locate_hash(meta.key_hash) {
+                self.stats.backend_request(server);
+            }
             stats::inc(&self.stats.kv_forwarded);
         }
         fate
@@ -532,7 +530,7 @@ impl Switch {
         };
         if self.own_address(ip) {
             let server = self.backend_macs.contains(&Some(src_mac));
-            if self.cfg.mode == Mode::L2 && ip == self.cfg.vip && server {
+            if self.spec.mode == Mode::L2 && ip == self.spec.vip.ip && server {
                 return None;
             }
             return Some(Drop::SourceVip);
@@ -549,7 +547,7 @@ impl Switch {
 
     /// The VIP, the agent address, or an address of the host's end of the local port.
     fn own_address(&self, ip: Ipv4Addr) -> bool {
-        ip == self.cfg.vip || Some(ip) == self.cfg.agent_ip || self.local_ips.contains(&ip)
+        ip == self.spec.vip.ip || Some(ip) == self.spec.agent_ip || self.local_ips.contains(&ip)
     }
 
     /// Why traffic to the VIP (or the agent address) from `src_ip` cannot be genuine: no host
@@ -591,7 +589,7 @@ impl Switch {
     }
 
     fn learn(&mut self, src: Mac, port: u16, now: Instant) {
-        if !src.is_unicast() || src == self.cfg.vip_mac {
+        if !src.is_unicast() || src == self.spec.vip.mac {
             return;
         }
         if let Some(station) = self.macs.get_mut(&src) {
@@ -601,7 +599,7 @@ impl Switch {
             }
             station.port = port;
         } else {
-            if self.macs.len() >= self.cfg.mac_table_size {
+            if self.macs.len() >= self.spec.mac_table_size {
                 self.stats.count_drop(Drop::MacTableFull);
                 return;
             }
@@ -630,11 +628,11 @@ impl Switch {
         if !mac.is_unicast() || self.backend_macs[i] == Some(mac) {
             return;
         }
-        if self.cfg.servers[i].mac.is_some() {
+        if self.spec.servers[i].mac.is_some() {
             // A configured MAC is authoritative.
             return;
         }
-        tracing::info!(backend = %self.cfg.servers[i].label(), %mac, "backend MAC resolved");
+        tracing::info!(backend = %self.pool.spec().servers[i].label(), %mac, "backend MAC resolved");
         self.backend_macs[i] = Some(mac);
         if let Err(e) = self.install_members() {
             tracing::warn!("{e}");
@@ -650,7 +648,7 @@ impl Switch {
             return None;
         };
         self.note_backend(repr.sender_ip, repr.sender_mac);
-        if dst == self.cfg.vip_mac
+        if dst == self.spec.vip.mac
             && repr.operation == arp::Operation::Reply
             && !self.local_ips.contains(&repr.target_ip)
         {
@@ -674,7 +672,7 @@ impl Switch {
         };
         let reply = arp::Repr {
             operation: arp::Operation::Reply,
-            sender_mac: self.cfg.vip_mac,
+            sender_mac: self.spec.vip.mac,
             sender_ip: req.target_ip,
             target_mac: req.sender_mac,
             target_ip: req.sender_ip,
@@ -700,7 +698,7 @@ impl Switch {
         let ip = match ipv4::Packet::new_checked(&frame[ethernet::HEADER_LEN..]) {
             Ok(ip) => ip,
             Err(_) => {
-                if dst_mac == self.cfg.vip_mac {
+                if dst_mac == self.spec.vip.mac {
                     self.stats.count_drop(Drop::BadIpv4);
                     return Stage::Done(Fate::Consumed);
                 }
@@ -716,8 +714,8 @@ impl Switch {
             ipv4::Protocol::TCP => FLAG_PLAIN_TCP,
             _ => 0,
         };
-        let for_vip = dst_ip == self.cfg.vip;
-        let for_agent = Some(dst_ip) == self.cfg.agent_ip;
+        let for_vip = dst_ip == self.spec.vip.ip;
+        let for_agent = Some(dst_ip) == self.spec.agent_ip;
         if (for_vip || for_agent) && Some(in_port) != self.local {
             if let Some(reason) = self.bad_source_to_vip(src_ip, ip.payload(), plain_flags != 0) {
                 self.stats.count_drop(reason);
@@ -728,16 +726,16 @@ impl Switch {
             let mut reply = false;
             if let Some(&i) = self.backend_by_ip.get(&src_ip) {
                 let from_memcached = udp::Packet::new_checked(ip.payload())
-                    .is_ok_and(|u| u.src_port() == self.cfg.servers[i].addr.port());
+                    .is_ok_and(|u| u.src_port() == self.spec.servers[i].addr.port());
                 if from_memcached {
                     stats::inc(&self.stats.backends[i].replies);
                     self.reply_passes(ip.payload(), dst_ip, now);
                     reply = true;
                 }
-            } else if src_ip == self.cfg.vip && self.cfg.mode == Mode::L2 {
+            } else if src_ip == self.spec.vip.ip && self.spec.mode == Mode::L2 {
                 // In l2 mode the servers answer from the VIP, which they own on loopback.
                 let from_memcached = udp::Packet::new_checked(ip.payload())
-                    .is_ok_and(|u| u.src_port() == self.cfg.vip_port);
+                    .is_ok_and(|u| u.src_port() == self.spec.vip.port);
                 if from_memcached {
                     self.reply_passes(ip.payload(), dst_ip, now);
                     reply = true;
@@ -779,11 +777,11 @@ impl Switch {
             return Stage::Done(Fate::Consumed);
         }
         let (src_port, dst_port) = (u.src_port(), u.dst_port());
-        if for_agent && dst_port == self.cfg.agent_port {
+        if for_agent && dst_port == self.spec.agent_port {
             self.split_reply((src_ip, src_port), u.payload(), now, emit);
             return Stage::Done(Fate::Consumed);
         }
-        if !for_vip || dst_port != self.cfg.vip_port {
+        if !for_vip || dst_port != self.spec.vip.port {
             return Stage::Continue {
                 flags: FLAG_PLAIN_UDP,
                 key_hash: 0,
@@ -793,9 +791,9 @@ impl Switch {
         }
         stats::inc(&self.stats.kv_requests);
         let client = UdpEnds {
-            src_mac: self.cfg.vip_mac,
+            src_mac: self.spec.vip.mac,
             dst_mac: src_mac,
-            src_ip: self.cfg.vip,
+            src_ip: self.spec.vip.ip,
             dst_ip: src_ip,
             src_port: dst_port,
             dst_port: src_port,
@@ -816,8 +814,8 @@ impl Switch {
             Route::One { key_hash } => {
                 let mut read = None;
                 if let Some(cache) = &mut self.cache {
-                    let ring = &self.ring;
-                    let mut locate = |key: &[u8]| ring.locate(key);
+                    let view = &self.view;
+                    let mut locate = |key: &[u8]| view.locate(key).unwrap_or(0);
                     match cache.on_request(
                         (src_ip, src_port),
                         header.request_id,
@@ -926,7 +924,9 @@ impl Switch {
             protocol = Some(req.protocol);
             for token in req.keys() {
                 let (hash, server) = match self.place(&req, token) {
-                    Ok(placed) => placed,
+                    Ok((hash, Some(server))) => (hash, server),
+                    // Every server of the pool is out.
+                    Ok((_, None)) => return Route::Drop(Drop::NoBackend),
                     Err(e) => return Route::Answer(Answer::ClientError, e.text_reply()),
                 };
                 match target {
@@ -993,7 +993,7 @@ impl Switch {
         now: Instant,
         emit: &mut Vec<Emit>,
     ) {
-        let Some(agent_ip) = self.cfg.agent_ip else {
+        let Some(agent_ip) = self.spec.agent_ip else {
             self.stats.count_drop(Drop::SplitUnavailable);
             return;
         };
@@ -1007,10 +1007,14 @@ impl Switch {
             port: in_port,
         };
         let started = if req.protocol == Protocol::Text {
-            let keys: Vec<(Vec<u8>, usize)> = req
+            let keys: Option<Vec<(Vec<u8>, usize)>> = req
                 .keys()
-                .map(|k| (k.to_vec(), self.ring.locate(k)))
+                .map(|k| Some((k.to_vec(), self.view.locate(k)?)))
                 .collect();
+            let Some(keys) = keys else {
+                self.stats.count_drop(Drop::NoBackend);
+                return;
+            };
             // Every part needs a known MAC and port before anything is sent.
             if keys.iter().any(|(_, s)| self.backend_macs[*s].is_none()) {
                 self.stats.count_drop(Drop::BackendUnresolved);
@@ -1021,8 +1025,10 @@ impl Switch {
                 return;
             }
             if let Some(cache) = &self.cache {
-                let ring = &self.ring;
-                cache.service().see(&req, &mut |key| ring.locate(key), now);
+                let view = &self.view;
+                cache
+                    .service()
+                    .see(&req, &mut |key| view.locate(key).unwrap_or(0), now);
             }
             let service = self.cache.as_ref().map(|c| c.service().clone());
             let command = req.command;
@@ -1089,7 +1095,7 @@ impl Switch {
         };
         stats::inc(&self.stats.kv_split);
         for sub in subs {
-            let backend = &self.cfg.servers[sub.server];
+            let backend = &self.spec.servers[sub.server];
             // Both were checked before the split started.
             let (Some(mac), Some(port)) =
                 (self.backend_macs[sub.server], self.server_port(sub.server))
@@ -1097,11 +1103,11 @@ impl Switch {
                 continue;
             };
             let ends = UdpEnds {
-                src_mac: self.cfg.vip_mac,
+                src_mac: self.spec.vip.mac,
                 dst_mac: mac,
                 src_ip: agent_ip,
                 dst_ip: *backend.addr.ip(),
-                src_port: self.cfg.agent_port,
+                src_port: self.spec.agent_port,
                 dst_port: backend.addr.port(),
             };
             let mut header = [0u8; mcudp::LEN];
@@ -1126,11 +1132,11 @@ impl Switch {
         &self,
         req: &memcache::Request<'_>,
         token: &[u8],
-    ) -> Result<(u32, usize), memcache::Error> {
+    ) -> Result<(u32, Option<usize>), memcache::Error> {
         let mut decoded = [0u8; memcache::MAX_KEY_LEN];
         let key = req.stored_key(token, &mut decoded)?;
-        let hash = self.ring.key_hash(key);
-        Ok((hash, self.ring.locate_hash(hash)))
+        let hash = self.view.key_hash(key);
+        Ok((hash, self.view.locate_hash(hash)))
     }
 
     fn locate_pipeline<'a>(
@@ -1142,7 +1148,7 @@ impl Switch {
         while offset < body.len() {
             let req = memcache::parse(body.get(offset..)?).ok()??;
             let server = match req.key() {
-                Some(token) => Some(self.place(&req, token).ok()?.1),
+                Some(token) => Some(self.place(&req, token).ok()?.1?),
                 None => None,
             };
             offset += req.len.max(1);
@@ -1224,8 +1230,8 @@ impl Switch {
             self.release_held(now, emit);
         }
         if let Some(cache) = &mut self.cache {
-            let ring = &self.ring;
-            cache.tick(now, &mut self.pipeline, &|key| ring.key_hash(key));
+            let view = &self.view;
+            cache.tick(now, &mut self.pipeline, &|key| view.key_hash(key));
         }
         self.age_macs(now);
         for _ in 0..self.splitter.expire(now) {
@@ -1238,17 +1244,17 @@ impl Switch {
         let due = self
             .last_arp
             .is_none_or(|t| now.duration_since(t) >= ARP_RETRY);
-        let wanted: Vec<usize> = (0..self.cfg.servers.len())
+        let wanted: Vec<usize> = (0..self.spec.servers.len())
             .filter(|&i| self.needs_arp(i, now))
             .collect();
         if due && !wanted.is_empty() {
             self.last_arp = Some(now);
-            let sender_ip = self.cfg.agent_ip.unwrap_or(Ipv4Addr::UNSPECIFIED);
+            let sender_ip = self.spec.agent_ip.unwrap_or(Ipv4Addr::UNSPECIFIED);
             for i in wanted {
-                let b = &self.cfg.servers[i];
+                let b = &self.spec.servers[i];
                 let req = arp::Repr {
                     operation: arp::Operation::Request,
-                    sender_mac: self.cfg.vip_mac,
+                    sender_mac: self.spec.vip.mac,
                     sender_ip,
                     target_mac: Mac([0; 6]),
                     target_ip: *b.addr.ip(),
@@ -1276,7 +1282,7 @@ impl Switch {
             return true;
         };
         match self.macs.get(&mac) {
-            Some(station) => now.saturating_duration_since(station.seen) > self.cfg.mac_age / 2,
+            Some(station) => now.saturating_duration_since(station.seen) > self.spec.mac_age / 2,
             None => true,
         }
     }
@@ -1297,7 +1303,7 @@ impl Switch {
         if let Some(limiter) = &mut self.limiter {
             limiter.sweep(now);
         }
-        let age = self.cfg.mac_age;
+        let age = self.spec.mac_age;
         let stale: Vec<Mac> = self
             .macs
             .iter()
@@ -1450,10 +1456,11 @@ fn bytes_field(offset: u16, len: u8) -> Field {
 ///   side of the proxy's connections) goes out of the local port;
 /// 3 `vip_reply` (l3): replies from a backend's memcached port leave with the VIP as source;
 /// 4 `l2`: learned destination MAC → port, otherwise flood.
-fn build_tables(p: &mut Pipeline, cfg: &Config, local: Option<u16>) -> anyhow::Result<Tables> {
-    let e = |e: pipeline::Error| anyhow::anyhow!("building the pipeline: {e:?}");
+fn build_tables(p: &mut Pipeline, spec: &SwitchSpec) -> Result<Tables, pipeline::Error> {
+    let local = spec.local.as_ref().map(|l| l.port);
+    let e = |e: pipeline::Error| e;
     // First, so that a read the cache may answer meets it before any other table.
-    let cache_t = match cfg.cache.enabled {
+    let cache_t = match spec.cache {
         true => Some(
             p.add_table(TableSpec {
                 name: "kv_cache".into(),
@@ -1543,9 +1550,9 @@ fn build_tables(p: &mut Pipeline, cfg: &Config, local: Option<u16>) -> anyhow::R
         key.extend_from_slice(&ip.octets());
         key
     };
-    let mut targets = vec![cfg.vip];
-    if let Some(a) = cfg.agent_ip {
-        if a != cfg.vip {
+    let mut targets = vec![spec.vip.ip];
+    if let Some(a) = spec.agent_ip {
+        if a != spec.vip.ip {
             targets.push(a);
         }
     }
@@ -1563,8 +1570,8 @@ fn build_tables(p: &mut Pipeline, cfg: &Config, local: Option<u16>) -> anyhow::R
         let mut key = Vec::with_capacity(11);
         key.extend_from_slice(&flags.to_be_bytes());
         key.push(proto.0);
-        key.extend_from_slice(&cfg.vip.octets());
-        key.extend_from_slice(&cfg.vip_port.to_be_bytes());
+        key.extend_from_slice(&spec.vip.ip.octets());
+        key.extend_from_slice(&spec.vip.port.to_be_bytes());
         key
     };
     p.insert(
@@ -1579,7 +1586,7 @@ fn build_tables(p: &mut Pipeline, cfg: &Config, local: Option<u16>) -> anyhow::R
     if let Some(local) = local {
         // The host's end has the VIP's MAC: frames sent there need no rewrite. Its own ARP
         // requests are switched like anyone's; the answers are addressed to it.
-        for (ip, _) in cfg.local_addrs() {
+        for &ip in spec.local.iter().flat_map(|l| &l.addrs) {
             p.insert(
                 arp_t,
                 Entry::exact(arp_key(ARP_REPLY, ip), vec![Action::Output(local)]),
@@ -1596,8 +1603,8 @@ fn build_tables(p: &mut Pipeline, cfg: &Config, local: Option<u16>) -> anyhow::R
         .map_err(e)?;
         // Only the servers' memcached ports, and only to the proxy's source address: nothing
         // else of the host's stack is reachable through the VIP.
-        let source = cfg.local_source();
-        for b in &cfg.servers {
+        let source = spec.local.as_ref().map_or(spec.vip.ip, |l| l.source);
+        for b in &spec.servers {
             let mut key = Vec::with_capacity(15);
             key.extend_from_slice(&FLAG_PLAIN_TCP.to_be_bytes());
             key.push(ipv4::Protocol::TCP.0);
@@ -1609,8 +1616,8 @@ fn build_tables(p: &mut Pipeline, cfg: &Config, local: Option<u16>) -> anyhow::R
         }
     }
 
-    if cfg.mode == Mode::L3 {
-        for b in &cfg.servers {
+    if spec.mode == Mode::L3 {
+        for b in &spec.servers {
             let mut key = Vec::with_capacity(11);
             key.extend_from_slice(&FLAG_PLAIN_UDP.to_be_bytes());
             key.push(ipv4::Protocol::UDP.0);
@@ -1621,7 +1628,7 @@ fn build_tables(p: &mut Pipeline, cfg: &Config, local: Option<u16>) -> anyhow::R
                 reply_t,
                 Entry::exact(
                     key,
-                    vec![Action::SetIpv4Src(cfg.vip.octets()), Action::Goto(l2)],
+                    vec![Action::SetIpv4Src(spec.vip.ip.octets()), Action::Goto(l2)],
                 ),
             );
         }
@@ -1630,7 +1637,7 @@ fn build_tables(p: &mut Pipeline, cfg: &Config, local: Option<u16>) -> anyhow::R
     p.insert(
         l2,
         Entry::exact(
-            cfg.vip_mac.0.to_vec(),
+            spec.vip.mac.0.to_vec(),
             vec![Action::Drop(Drop::VipUnhandled.code())],
         ),
     )
@@ -1686,21 +1693,30 @@ mod tests {
     /// drops requests for a server it cannot reach yet (counted), and routes once it knows.
     #[test]
     fn backend_macs_are_resolved_with_arp() {
-        let text = r#"
-            [switch]
-            ports = ["p0", "p1"]
-            local_port = ""
-            [vip]
-            ip = "10.0.0.100"
-            mac = "02:00:00:00:00:64"
-            [pool]
-            [[pool.servers]]
-            addr = "10.0.0.11:11211"
-            name = "s1"
-        "#;
-        let cfg = Config::parse(text, std::path::Path::new("test.toml")).unwrap();
+        let server = std::net::SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 11), 11211);
+        let cfg = SwitchSpec::new(
+            2,
+            Ipv4Addr::new(10, 0, 0, 100),
+            vec![crate::spec::Server {
+                addr: server,
+                mac: None,
+            }],
+        );
+        let pool = crate::pool::PoolSpec::new(
+            "default",
+            std::net::SocketAddr::from((cfg.vip.ip, 11211)),
+            kv::Distribution::Ketama,
+            kv::HashFn::Md5,
+            vec![crate::pool::ServerSpec {
+                host: server.ip().to_string(),
+                addr: server.into(),
+                weight: 1,
+                name: Some("s1".into()),
+            }],
+        );
+        let pool = Arc::new(Pool::new(pool).unwrap());
         let stats = Arc::new(Stats::new(2, 1));
-        let mut sw = Switch::new(&cfg, 2, stats.clone()).unwrap();
+        let mut sw = Switch::new(cfg.clone(), pool, stats.clone()).unwrap();
         let now = Instant::from_secs(1_000);
         let client_mac: Mac = "02:00:00:00:00:01".parse().unwrap();
         let server_mac: Mac = "02:00:00:00:00:0b".parse().unwrap();
@@ -1708,9 +1724,9 @@ mod tests {
             udp_frame(
                 &UdpEnds {
                     src_mac: client_mac,
-                    dst_mac: cfg.vip_mac,
+                    dst_mac: cfg.vip.mac,
                     src_ip: Ipv4Addr::new(10, 0, 0, 1),
-                    dst_ip: cfg.vip,
+                    dst_ip: cfg.vip.ip,
                     src_port: 4000,
                     dst_port: 11211,
                 },
@@ -1735,7 +1751,7 @@ mod tests {
         let asked = arp::Repr::parse(&arp::Packet::new_checked(&frame[14..]).unwrap()).unwrap();
         assert_eq!(asked.operation, arp::Operation::Request);
         assert_eq!(asked.target_ip, Ipv4Addr::new(10, 0, 0, 11));
-        assert_eq!(asked.sender_mac, cfg.vip_mac);
+        assert_eq!(asked.sender_mac, cfg.vip.mac);
         // Asked again only after the retry interval.
         emit.clear();
         sw.tick(now + Duration::from_millis(10), &mut emit);
@@ -1746,10 +1762,10 @@ mod tests {
             operation: arp::Operation::Reply,
             sender_mac: server_mac,
             sender_ip: Ipv4Addr::new(10, 0, 0, 11),
-            target_mac: cfg.vip_mac,
+            target_mac: cfg.vip.mac,
             target_ip: asked.sender_ip,
         };
-        let mut answer = crate::frame::arp_frame(cfg.vip_mac, &reply);
+        let mut answer = crate::frame::arp_frame(cfg.vip.mac, &reply);
         assert_eq!(
             sw.process(1, &mut answer, true, now, &mut emit),
             Fate::Consumed

@@ -204,15 +204,17 @@ pub struct Splitter {
 }
 
 impl Splitter {
-    pub fn new(timeout: Duration) -> Splitter {
+    /// A splitter whose parts wait `timeout` for their replies. Sub-request ids start at
+    /// `first_request_id`: the daemon draws it from the switch's seed, which it takes from the
+    /// operating system's randomness, so nobody can guess the ids from a restart of the
+    /// switch; a test or a simulator gives its own seed and gets the same ids every run.
+    pub fn new(timeout: Duration, first_request_id: u16) -> Splitter {
         Splitter {
             pending: HashMap::new(),
             by_request: HashMap::new(),
             resting: HashMap::new(),
             next_split: 0,
-            // Sub-request ids start somewhere unpredictable, so that nobody can guess them
-            // from a restart of the switch.
-            next_request_id: unpredictable_u16(),
+            next_request_id: first_request_id.max(1),
             timeout,
             buffered: 0,
         }
@@ -479,6 +481,8 @@ impl Splitter {
             .filter(|(_, p)| p.deadline <= now)
             .map(|(id, _)| *id)
             .collect();
+        let mut expired = expired;
+        expired.sort_unstable();
         for id in &expired {
             self.abandon(*id);
         }
@@ -501,20 +505,6 @@ impl Splitter {
     fn abandon(&mut self, split: u64) {
         self.take(split);
     }
-}
-
-/// A 16-bit value that differs from run to run (the clock's nanoseconds and the process id,
-/// mixed); not cryptographic.
-fn unpredictable_u16() -> u16 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    let mut x = nanos ^ (u64::from(std::process::id()) << 32);
-    x ^= x >> 33;
-    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    x ^= x >> 33;
-    (x as u16).max(1)
 }
 
 /// What the switch answers for a trailing no-op: memcached's `NOOP` response (the request's
@@ -772,7 +762,7 @@ mod tests {
 
     #[test]
     fn cached_keys_are_not_sent_and_are_merged_in_place() {
-        let mut sp = Splitter::new(Duration::from_secs(1));
+        let mut sp = Splitter::new(Duration::from_secs(1), 0x1234);
         let keys = |spec: &[(&str, usize)]| -> Vec<(Vec<u8>, usize)> {
             spec.iter()
                 .map(|(k, s)| (k.as_bytes().to_vec(), *s))
@@ -832,7 +822,7 @@ mod tests {
 
     #[test]
     fn one_sub_request_per_distinct_key_merged_in_client_order() {
-        let mut sp = Splitter::new(Duration::from_secs(1));
+        let mut sp = Splitter::new(Duration::from_secs(1), 0x1234);
         let subs = start(
             &mut sp,
             Instant::from_secs(1_000),
@@ -879,7 +869,7 @@ mod tests {
 
     #[test]
     fn gat_keeps_its_exptime_and_gets_its_cas() {
-        let mut sp = Splitter::new(Duration::from_secs(1));
+        let mut sp = Splitter::new(Duration::from_secs(1), 0x1234);
         let now = Instant::from_secs(1_000);
         let subs = start(
             &mut sp,
@@ -923,7 +913,7 @@ mod tests {
 
     #[test]
     fn error_part_is_passed_on_and_anything_else_fails() {
-        let mut sp = Splitter::new(Duration::from_secs(1));
+        let mut sp = Splitter::new(Duration::from_secs(1), 0x1234);
         let now = Instant::from_secs(1_000);
         let subs = start(&mut sp, now, Command::Get, None, &[("a", 0), ("b", 1)]);
         answer(&mut sp, &subs[0], b"END\r\n");
@@ -952,7 +942,7 @@ mod tests {
 
     #[test]
     fn foreign_and_malformed_datagrams_never_reach_the_client() {
-        let mut sp = Splitter::new(Duration::from_secs(1));
+        let mut sp = Splitter::new(Duration::from_secs(1), 0x1234);
         let subs = start(
             &mut sp,
             Instant::from_secs(1_000),
@@ -998,14 +988,14 @@ mod tests {
 
     #[test]
     fn timeouts_and_bounds() {
-        let mut sp = Splitter::new(Duration::from_millis(10));
+        let mut sp = Splitter::new(Duration::from_millis(10), 0x1234);
         let t0 = Instant::from_secs(1_000);
         start(&mut sp, t0, Command::Get, None, &[("a", 0), ("b", 1)]);
         assert_eq!(sp.expire(t0), 0);
         assert_eq!(sp.expire(t0 + Duration::from_millis(11)), 1);
         assert_eq!(sp.in_flight(), 0);
 
-        let mut sp = Splitter::new(Duration::from_secs(1));
+        let mut sp = Splitter::new(Duration::from_secs(1), 0x1234);
         for _ in 0..MAX_PENDING {
             start(&mut sp, t0, Command::Get, None, &[("a", 0), ("b", 1)]);
         }
@@ -1015,7 +1005,7 @@ mod tests {
             Err(SplitError::TableFull)
         );
         // A reply larger than a part may hold fails the split instead of growing without bound.
-        let mut sp = Splitter::new(Duration::from_secs(1));
+        let mut sp = Splitter::new(Duration::from_secs(1), 0x1234);
         let subs = start(&mut sp, t0, Command::Get, None, &[("a", 0), ("b", 1)]);
         let chunk = vec![b'x'; 60_000];
         let mut last = Arrival::Stored;
@@ -1066,7 +1056,7 @@ mod tests {
 
     #[test]
     fn binary_quiet_gets_are_sent_loud_and_merged_quiet() {
-        let mut sp = Splitter::new(Duration::from_secs(1));
+        let mut sp = Splitter::new(Duration::from_secs(1), 0x1234);
         let mut body = Vec::new();
         for (i, key) in [b"a", b"b", b"c"].iter().enumerate() {
             body.extend(bin(0x80, opcode::GETKQ, 0, 10 + i as u32, *key, b""));
@@ -1138,7 +1128,7 @@ mod tests {
             [bin(0x81, opcode::GET, 0, 1, b"", b"A"), b"x".to_vec()].concat(),
             b"END\r\n".to_vec(),
         ] {
-            let mut sp = Splitter::new(Duration::from_secs(1));
+            let mut sp = Splitter::new(Duration::from_secs(1), 0x1234);
             let subs = start_pipeline(&mut sp, &body, &[0, 1]);
             assert_eq!(subs[0].payload, bin(0x80, opcode::GET, 0, 1, b"a", b""));
             assert_eq!(answer(&mut sp, &subs[1], &ok), Arrival::Stored);
@@ -1153,7 +1143,7 @@ mod tests {
 
     #[test]
     fn meta_gets_drop_q_and_quiet_misses() {
-        let mut sp = Splitter::new(Duration::from_secs(1));
+        let mut sp = Splitter::new(Duration::from_secs(1), 0x1234);
         let body = b"mg a v q k\r\nmg b q v\r\nmg c v\r\nmg d q\r\nmn\r\n";
         let subs = start_pipeline(&mut sp, body, &[0, 1, 2, 0]);
         let payloads: Vec<&[u8]> = subs.iter().map(|s| s.payload.as_slice()).collect();
@@ -1194,7 +1184,7 @@ mod tests {
 
     #[test]
     fn only_gets_of_one_protocol_with_a_trailing_noop_are_split() {
-        let mut sp = Splitter::new(Duration::from_secs(1));
+        let mut sp = Splitter::new(Duration::from_secs(1), 0x1234);
         let get = bin(0x80, opcode::GETQ, 0, 1, b"a", b"");
         let noop = bin(0x80, opcode::NOOP, 0, 2, b"", b"");
         let set = bin(0x80, opcode::DELETEQ, 0, 3, b"a", b"");
@@ -1240,7 +1230,7 @@ mod tests {
 
     #[test]
     fn a_repeated_large_key_cannot_blow_up_the_merged_reply() {
-        let mut sp = Splitter::new(Duration::from_secs(1));
+        let mut sp = Splitter::new(Duration::from_secs(1), 0x1234);
         let mut spec: Vec<(&str, usize)> = vec![("k", 0); 12];
         spec.push(("z", 1));
         let subs = start(
@@ -1274,7 +1264,7 @@ mod tests {
     #[test]
     fn freed_ids_rest_before_they_are_used_again() {
         let timeout = Duration::from_millis(100);
-        let mut sp = Splitter::new(timeout);
+        let mut sp = Splitter::new(timeout, 0x1234);
         let t0 = Instant::from_secs(1_000);
         let subs = start(&mut sp, t0, Command::Get, None, &[("a", 0), ("b", 1)]);
         answer(&mut sp, &subs[0], b"END\r\n");

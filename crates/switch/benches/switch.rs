@@ -9,15 +9,16 @@
 //! subtracted. Nothing here asserts on time.
 
 use std::hint::black_box;
-use std::net::Ipv4Addr;
-use std::path::Path;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvswitch::cache::CacheService;
-use kvswitch::config::Config;
-use kvswitch::stats::Stats;
-use kvswitch::switch::{Emit, Fate, Switch};
+use kv::{Distribution, HashFn};
+use switch::cache::{CacheService, CacheSettings};
+use switch::pool::Pool;
+use switch::spec;
+use switch::stats::Stats;
+use switch::{Emit, Fate, Switch, SwitchSpec};
 use wire::ethernet::{self, EtherType, Mac};
 use wire::{ipv4, mcudp, udp};
 
@@ -38,19 +39,22 @@ fn backend(i: usize) -> (Ipv4Addr, Mac, u16) {
     (ip, mac, 1 + (i % 2) as u16)
 }
 
-fn config(backends: usize) -> Config {
-    let mut text = format!(
-        "[switch]\nports = [\"p0\", \"p1\", \"p2\"]\nmode = \"l3\"\nlocal_port = \"\"\n\n\
-         [vip]\nip = \"{VIP}\"\nmac = \"{VIP_MAC}\"\n\n\
-         [pool]\ndistribution = \"ketama\"\nhash = \"md5\"\n"
-    );
-    for i in 0..backends {
-        let (ip, mac, _) = backend(i);
-        text.push_str(&format!(
-            "\n[[pool.servers]]\naddr = \"{ip}:11211\"\nmac = \"{mac}\"\n"
-        ));
-    }
-    Config::parse(&text, Path::new("bench.toml")).expect("bench configuration parses")
+/// A switch of three ports in front of `backends` servers with known MACs, `l3` mode; the
+/// pool ketama over md5, every server in it.
+fn spec(backends: usize) -> (SwitchSpec, Arc<Pool>) {
+    let servers = (0..backends)
+        .map(|i| {
+            let (ip, mac, _) = backend(i);
+            spec::Server {
+                addr: SocketAddrV4::new(ip, 11211),
+                mac: Some(mac),
+            }
+        })
+        .collect();
+    let mut spec = SwitchSpec::new(PORTS, VIP, servers);
+    spec.vip.mac = VIP_MAC;
+    let pool = Pool::new(spec.pool_spec(Distribution::Ketama, HashFn::Md5)).expect("pool");
+    (spec, Arc::new(pool))
 }
 
 fn udp_frame(
@@ -110,9 +114,9 @@ fn switch(backends: usize) -> (Switch, kv::Instant) {
 
 fn switch_with(backends: usize, cache: bool) -> (Switch, kv::Instant) {
     let stats = Arc::new(Stats::new(PORTS, backends));
-    let mut cfg = config(backends);
-    cfg.cache.enabled = cache;
-    let mut sw = Switch::new(&cfg, PORTS, stats).expect("switch");
+    let (mut spec, pool) = spec(backends);
+    spec.cache = cache;
+    let mut sw = Switch::new(spec, pool, stats).expect("switch");
     let now = kv::Instant::from_secs(1);
     let mut emit = Vec::new();
     let hello = |mac: Mac, ip: Ipv4Addr| {
@@ -288,8 +292,11 @@ fn main() {
     let (mut sw, now) = cached_switch(3);
     let key: &[u8] = b"user:1000:profile";
     let cache = {
-        let cfg = config(3);
-        let service = CacheService::new(cfg.cache.clone(), 3, now).expect("cache");
+        let settings = CacheSettings {
+            enabled: true,
+            ..CacheSettings::default()
+        };
+        let service = CacheService::new(settings, 3, now).expect("cache");
         sw.set_cache(service.clone()).expect("cache table");
         service
     };
