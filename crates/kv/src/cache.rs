@@ -476,6 +476,17 @@ impl Cache {
 
     /// Releases the rule changes the budget allows now; call it periodically (the switch does
     /// at every tick) so that deletions held back are released within their delay.
+    /// The earliest instant at which [`Cache::roll`] or [`Cache::poll_rules`] has work: the
+    /// end of the tracker's segment, or when the rule budget next allows a queued change
+    /// (the origin, i.e. at once, when it allows one already).
+    pub fn poll_at(&self) -> Instant {
+        let segment = self.tracker.segment_end();
+        if self.buffer.is_empty() {
+            return segment;
+        }
+        segment.min(self.budget.ready_at().unwrap_or(Instant::ZERO))
+    }
+
     pub fn poll_rules(&mut self, now: Instant) {
         for change in self.buffer.poll(now, &mut self.budget) {
             match &change {

@@ -142,6 +142,16 @@ impl RuleBudget {
         }
     }
 
+    /// The earliest instant at which one update is allowed: `None` for an unlimited budget,
+    /// which always allows one.
+    pub fn ready_at(&self) -> Option<Instant> {
+        let b = self.limit.as_ref()?;
+        let missing = NANOS_PER_SEC.saturating_sub(b.credit);
+        // Credit grows by `rate` per nanosecond.
+        let wait = missing.div_ceil(u128::from(b.rate.max(1)));
+        Some(b.last + Duration::from_nanos(u64::try_from(wait).unwrap_or(u64::MAX)))
+    }
+
     /// Spends one update if the budget allows it at `now`. A `now` earlier than a previous
     /// call earns nothing.
     pub fn try_take(&mut self, now: Instant) -> bool {

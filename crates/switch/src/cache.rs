@@ -309,6 +309,11 @@ impl CacheService {
         }
     }
 
+    /// When [`CacheService::tick`] next has work (see [`Cache::poll_at`]).
+    pub fn poll_at(&self) -> Option<Instant> {
+        Some(self.lock().poll_at())
+    }
+
     /// Periodic work: the tracker's segment and the rule buffer's delayed removals.
     pub fn tick(&self, now: Instant) {
         let mut cache = self.lock();

@@ -224,6 +224,11 @@ impl Splitter {
         self.pending.len()
     }
 
+    /// The earliest deadline of a split in flight: [`Splitter::expire`] has work then.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.pending.values().map(|p| p.deadline).min()
+    }
+
     /// Whether `n` more sub-request ids can be had. Ids in use and resting together stay under
     /// half the id space, so [`Self::allocate_request_id`] always finds a free one.
     fn ids_available(&self, n: usize) -> bool {

@@ -211,6 +211,22 @@ impl UdpCache {
         }
     }
 
+    /// The earliest instant at which [`UdpCache::tick`] has work: a reply given up on, or
+    /// the cache's own next deadline.
+    pub fn poll_at(&self) -> Option<Instant> {
+        let replies = self
+            .pending
+            .values()
+            .map(|p| match p {
+                Pending::Read { deadline, .. } | Pending::Write { deadline, .. } => *deadline,
+            })
+            .min();
+        [replies, self.service.poll_at()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
     /// Periodic work: gives up on replies that did not come, rolls the cache's segment,
     /// releases rule changes and mirrors them into `kv_cache`.
     pub fn tick(&mut self, now: Instant, pipeline: &mut Pipeline, key_hash: &dyn Fn(&[u8]) -> u32) {

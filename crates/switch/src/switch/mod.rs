@@ -275,6 +275,62 @@ impl Switch {
         self.local
     }
 
+    /// Routes by the pool's current view if it changed (a server ejected or restored by the
+    /// proxy or the control plane) or a server out of it is due back at `now`. One atomic
+    /// read when nothing changed.
+    fn refresh_pool(&mut self, now: Instant) {
+        let due = self.view.next_return().is_some_and(|t| t <= now);
+        if !due && self.pool.version() == self.view.version() {
+            return;
+        }
+        self.view = self.pool.view(now);
+        if let Err(e) = self.install_members() {
+            tracing::warn!("routing by the pool's new view failed: {e}");
+        }
+    }
+
+    /// When the switch next needs [`Switch::tick`] if no frame comes first: the earliest of a
+    /// held request's deadline, the next ARP round for a server whose MAC or port is unknown
+    /// or whose station is half-way to ageing, the next ageing pass, a split get's deadline, a
+    /// server's return to the pool and the cache's next deadline. An instant not after the
+    /// caller's now means at once (the first tick is due at once). `None`: nothing is waiting.
+    pub fn poll_at(&self) -> Option<Instant> {
+        let Some(_) = self.now else {
+            return Some(Instant::ZERO);
+        };
+        let held = self.held.iter().map(|h| h.since + HOLD_FOR).min();
+        let arp_round = self.last_arp.map_or(Instant::ZERO, |t| t + ARP_RETRY);
+        let arp = (0..self.spec.servers.len())
+            .map(|i| {
+                let half_age = self.spec.mac_age / 2;
+                let wanted = match self.backend_macs[i].and_then(|mac| self.macs.get(&mac)) {
+                    Some(station) => station.seen + half_age + Duration::from_nanos(1),
+                    None => Instant::ZERO,
+                };
+                wanted.max(arp_round)
+            })
+            .min();
+        let ageing_due = !self.macs.is_empty()
+            || self.guard.as_ref().is_some_and(|g| !g.is_empty())
+            || self.limiter.as_ref().is_some_and(|l| !l.is_empty());
+        let ageing = ageing_due.then(|| {
+            self.last_aging
+                .map_or(Instant::ZERO, |t| t + Duration::from_secs(1))
+        });
+        let cache = self.cache.as_ref().and_then(UdpCache::poll_at);
+        [
+            held,
+            arp,
+            ageing,
+            self.splitter.next_deadline(),
+            self.view.next_return(),
+            cache,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
     /// (Re)installs the ring selector's members from what is known of each backend, and its
     /// chooser from the pool's view.
     fn install_members(&mut self) -> Result<(), SpecError> {
@@ -326,6 +382,7 @@ impl Switch {
             return Fate::Consumed;
         }
         self.now = Some(now);
+        self.refresh_pool(now);
         self.learn(src, in_port, now);
         if !self.held.is_empty() {
             self.release_held(now, emit);
@@ -1226,6 +1283,7 @@ impl Switch {
 
     pub fn tick(&mut self, now: Instant, emit: &mut Vec<Emit>) {
         self.now = Some(now);
+        self.refresh_pool(now);
         if !self.held.is_empty() {
             self.release_held(now, emit);
         }
