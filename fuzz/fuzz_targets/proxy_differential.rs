@@ -17,7 +17,7 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::{Mutex, OnceLock};
 
-use kvswitch::proxy::{Limits, Proxy, Settings};
+use proxy::{Limits, Proxy, Settings};
 use libfuzzer_sys::fuzz_target;
 use std::time::Duration;
 
@@ -102,12 +102,12 @@ fn fixture() -> &'static Fixture {
              [[pool.servers]]\naddr = \"{s1}\"\nname = \"s1\"\n\
              [[pool.servers]]\naddr = \"{s2}\"\nname = \"s2\"\n"
         );
-        let file = kvswitch::config::proxy::parse_toml(&toml, Path::new("fuzz.toml"))
+        let file = config::proxy::parse_toml(&toml, Path::new("fuzz.toml"))
             .expect("the fixture's configuration");
         let pool = file.pool_with_listen(Some(listen)).expect("the fixture's pool");
         let proxy = Proxy::start(Settings {
             pools: vec![std::sync::Arc::new(
-                kvswitch::proxy::Pool::new(pool).expect("the fixture's ring"),
+                proxy::Pool::new(pool).expect("the fixture's ring"),
             )],
             workers: 1,
             source: None,

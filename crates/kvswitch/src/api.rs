@@ -13,10 +13,11 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::cache::{self, CacheService};
-use crate::config::{Config, Mode};
-use crate::proxy::ProxyStats;
-use crate::stats::{get, Answer, Drop, Stats};
-use crate::switch::Snapshot;
+use config::{Config, Mode};
+use proxy::stats::escape;
+use proxy::ProxyStats;
+use switch::stats::{get, Answer, Drop, Stats};
+use switch::Snapshot;
 
 /// What the API thread can see.
 pub struct Shared {
@@ -421,14 +422,6 @@ pub fn metrics(shared: &Shared) -> String {
         let _ = writeln!(out, "{name} {value}");
     }
     out
-}
-
-/// A Prometheus label value: backslash, double quote and newline escaped.
-pub(crate) fn escape(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 /// The status document.

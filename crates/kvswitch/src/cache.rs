@@ -234,7 +234,7 @@ pub struct CacheArgs {
     #[command(subcommand)]
     pub action: CacheAction,
     /// The control API of the switch or proxy.
-    #[arg(long, global = true, default_value = crate::config::DEFAULT_API, value_name = "ADDR:PORT")]
+    #[arg(long, global = true, default_value = config::DEFAULT_API, value_name = "ADDR:PORT")]
     pub api: std::net::SocketAddr,
     /// The pool whose cache is meant, when a proxy serves several.
     #[arg(long, global = true)]

@@ -12,11 +12,11 @@ use kvio::{AfPacket, AfPacketOptions, Batch, Port};
 
 use crate::api::{self, Shared};
 use crate::cache::CacheService;
-use crate::config::Config;
 use crate::local::LocalPort;
-use crate::proxy::{self, Pool, Proxy};
-use crate::stats::{Drop, Stats};
-use crate::switch::{Dest, Emit, Fate, Switch};
+use config::Config;
+use proxy::{self, Pool, Proxy};
+use switch::stats::{Drop, Stats};
+use switch::{Dest, Emit, Fate, Switch};
 
 static STOP: AtomicBool = AtomicBool::new(false);
 

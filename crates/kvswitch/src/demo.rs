@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::Context;
 use serde::Serialize;
 
-use crate::measure::{median, median_of_some, CpuMeter};
+use bench::measure::{median, median_of_some, CpuMeter};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct DemoArgs {

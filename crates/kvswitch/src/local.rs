@@ -13,7 +13,7 @@ use std::path::Path;
 use anyhow::{bail, Context};
 use kvio::link::{self, VethPair};
 
-use crate::config::{Config, LocalPort as LocalPortConfig};
+use config::{Config, LocalPort as LocalPortConfig};
 
 /// Every local port's alias starts with this; the rest is the owner's PID.
 const ALIAS_PREFIX: &str = "kvswitch local port, pid ";

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use kvswitch::{bench, config, daemon, demo};
+use kvswitch::{daemon, demo};
 
 #[derive(Parser)]
 #[command(
@@ -58,7 +58,7 @@ enum Cmd {
         #[command(subcommand)]
         scenario: bench::Scenario,
     },
-    Proxy(kvswitch::proxy::cli::ProxyArgs),
+    Proxy(kvswitch::proxy_cli::ProxyArgs),
     /// Serve the memcached protocol from memory, optionally capacity-limited (a backend for
     /// experiments).
     Node(node::NodeArgs),
@@ -142,7 +142,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             }
             daemon::run(cfg)
         }
-        Cmd::Proxy(args) => kvswitch::proxy::cli::run(args),
+        Cmd::Proxy(args) => kvswitch::proxy_cli::run(args),
         Cmd::Cache(args) => kvswitch::cache::run_cli(&args),
         Cmd::Testbed { action } => match action {
             TestbedCmd::Up {

@@ -12,8 +12,9 @@ use std::fs;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
+use config::nutcracker::load_nutcracker;
 use kv::{Distribution, HashFn};
-use kvswitch::proxy::pool::{load_nutcracker, PoolSpec, DEFAULT_TIMEOUT};
+use switch::pool::{PoolSpec, DEFAULT_TIMEOUT};
 use testbed::local::{self, Ports, Proc, TempDir};
 
 /// Keys stored through each pool.

@@ -701,7 +701,7 @@ fn harness_ring_matches_nutcracker() {
 #[test]
 fn harness_configs_parse_with_kvswitchs_loaders() {
     use common::proxy::{ring, toml_config, yaml_config};
-    use kvswitch::proxy::pool::{parse_nutcracker, parse_toml};
+    use config::{nutcracker::parse_nutcracker, proxy::parse_toml};
     let servers: Vec<(&str, std::net::SocketAddr)> = NAMES
         .iter()
         .enumerate()

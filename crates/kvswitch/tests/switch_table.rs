@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use kv::Instant;
 
+use config::{Config, Mode};
 use kv::{Distribution, HashFn, Ring, Server};
-use kvswitch::config::{Config, Mode};
-use kvswitch::stats::{self, Answer, Drop, Stats};
-use kvswitch::switch::{Dest, Emit, Fate, Switch};
+use switch::stats::{self, Answer, Drop, Stats};
+use switch::{Dest, Emit, Fate, Switch};
 use wire::ethernet::{self, EtherType, Mac};
 use wire::{arp, ipv4, mcudp, udp};
 

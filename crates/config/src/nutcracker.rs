@@ -51,7 +51,7 @@ use serde_yaml::Value;
 
 use super::pool_keys::{self, PoolKeys};
 use super::ConfigError;
-use crate::proxy::pool::{PoolSpec, ServerSpec, DEFAULT_TIMEOUT};
+use switch::pool::{PoolSpec, ServerSpec, DEFAULT_TIMEOUT};
 
 /// Reads every pool of a nutcracker configuration file, in file order.
 pub fn load_nutcracker(path: &Path) -> Result<Vec<PoolSpec>, ConfigError> {

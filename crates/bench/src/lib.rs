@@ -7,6 +7,7 @@
 pub mod bed;
 pub mod cost;
 pub mod latency;
+pub mod measure;
 pub mod memcslap;
 pub mod output;
 pub mod plot;

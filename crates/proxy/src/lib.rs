@@ -5,7 +5,6 @@
 //! TCP to the VIP reaches it through the switch's local port.
 
 mod backend;
-pub mod cli;
 mod client;
 mod combine;
 pub mod plan;
@@ -19,7 +18,7 @@ use std::thread::JoinHandle;
 
 use anyhow::Context;
 
-use crate::cache::CacheService;
+use switch::cache::CacheService;
 use tokio::sync::watch;
 
 pub use pool::{Pool, PoolSpec, ServerSpec};

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use wire::memcache::reply::{Framer, ReplyKind};
 use wire::memcache::{binary, parse_text, recover_binary, recover_text, Command, Request};
 
-use crate::cache::{ReadFill, Served, Writes};
+use switch::cache::{ReadFill, Served, Writes};
 
 use super::backend::Pending;
 use super::combine::{combine, Outcome};

@@ -10,7 +10,7 @@ use std::time::Duration;
 use kv::{Distribution, HashFn, RouteError};
 use serde::Deserialize;
 
-use crate::proxy::pool::{
+use switch::pool::{
     PoolSpec, DEFAULT_FAILURE_LIMIT, DEFAULT_RETRY_TIMEOUT, DEFAULT_SERVER_CONNECTIONS,
     DEFAULT_TIMEOUT,
 };
@@ -329,7 +329,7 @@ mod tests {
         let servers = names
             .iter()
             .enumerate()
-            .map(|(i, n)| crate::proxy::pool::ServerSpec {
+            .map(|(i, n)| switch::pool::ServerSpec {
                 host: format!("10.0.0.{i}"),
                 addr: SocketAddr::from(([10, 0, 0, i as u8], 11211)),
                 weight: 1,
@@ -338,7 +338,7 @@ mod tests {
             .collect();
         PoolSpec::new(
             "t",
-            crate::config::proxy::UNSET_LISTEN,
+            crate::proxy::UNSET_LISTEN,
             Distribution::Jump,
             HashFn::Md5,
             servers,

@@ -8,6 +8,14 @@ use kv::Instant;
 
 use super::pool::{Pool, PoolSpec};
 
+/// A Prometheus label value: backslash, double quote and newline escaped.
+pub fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
 pub(crate) fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
 }
@@ -199,7 +207,7 @@ impl ProxyStats {
                 let _ = writeln!(
                     out,
                     "{name}{{pool=\"{}\"}} {}",
-                    crate::api::escape(&p.spec.name),
+                    crate::stats::escape(&p.spec.name),
                     field(p)
                 );
             }
@@ -286,8 +294,8 @@ impl ProxyStats {
                     let _ = writeln!(
                         out,
                         "{name}{{pool=\"{}\",server=\"{}\"}} {}",
-                        crate::api::escape(&p.spec.name),
-                        crate::api::escape(&spec.label()),
+                        crate::stats::escape(&p.spec.name),
+                        crate::stats::escape(&spec.label()),
                         field(s)
                     );
                 }
@@ -305,8 +313,8 @@ impl ProxyStats {
                 let _ = writeln!(
                     out,
                     "kvswitch_proxy_server_up{{pool=\"{}\",server=\"{}\"}} {}",
-                    crate::api::escape(&p.spec.name),
-                    crate::api::escape(&spec.label()),
+                    crate::stats::escape(&p.spec.name),
+                    crate::stats::escape(&spec.label()),
                     u8::from(!p.pool.is_down(i, now))
                 );
             }

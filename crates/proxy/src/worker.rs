@@ -16,7 +16,7 @@ use super::plan::{Router, Wire};
 use super::pool::View;
 use super::stats::{PoolStats, ProxyStats};
 use super::Limits;
-use crate::cache::CacheService;
+use switch::cache::CacheService;
 
 /// Binds `addr` so that every worker can bind it too.
 pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {

@@ -332,7 +332,7 @@ pub fn run(args: &ProxyBenchArgs) -> anyhow::Result<()> {
     }
     let workers = args
         .workers
-        .unwrap_or_else(|| crate::proxy::default_workers() as u32);
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()) as u32);
     eprintln!(
         "starting 3 memcached, nutcracker and kvswitch proxy ({workers} workers) on loopback..."
     );

@@ -19,8 +19,8 @@ use kv::{Distribution, HashFn};
 use serde::Deserialize;
 use wire::ethernet::Mac;
 
-use crate::proxy::pool::{PoolSpec, ServerSpec};
 use pool_keys::{PoolKeys, RawPool};
+use switch::pool::{PoolSpec, ServerSpec};
 use switch::source::Prefix;
 
 /// How a routed request is rewritten on its way to the backend: `l3` rewrites destination

@@ -34,7 +34,7 @@ use serde::Deserialize;
 use super::cache::CacheSettings;
 use super::pool_keys::{self, PoolKeys, RawPool};
 use super::{Config, ConfigError};
-use crate::proxy::pool::{PoolSpec, ServerSpec};
+use switch::pool::{PoolSpec, ServerSpec};
 
 /// The listening address a [`ProxyFile`]'s pool holds while neither the file nor the command
 /// line has given one: `0.0.0.0:0`, never served (see [`ProxyFile::pool_with_listen`]).
@@ -369,7 +369,7 @@ mod tests {
 
     #[test]
     fn switch_file_gives_its_pool() {
-        let text = crate::config::EXAMPLE.replace(
+        let text = crate::EXAMPLE.replace(
             "# timeout_ms = 1000",
             "timeout_ms = 500\nauto_eject_hosts = true",
         );
@@ -388,12 +388,9 @@ mod tests {
         assert!(f.pool_with_listen(None).is_err());
 
         // Validated as the switch validates it.
-        let e = error(&crate::config::EXAMPLE.replace("mode = \"l3\"", "mode = \"l4\""));
+        let e = error(&crate::EXAMPLE.replace("mode = \"l3\"", "mode = \"l4\""));
         assert!(e.contains("switch.mode"), "{e}");
-        let e = error(&format!(
-            "{}\n[proxy]\nworkers = 2\n",
-            crate::config::EXAMPLE
-        ));
+        let e = error(&format!("{}\n[proxy]\nworkers = 2\n", crate::EXAMPLE));
         assert!(e.contains("`proxy`") && e.contains("not both"), "{e}");
     }
 

@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use super::pool::{Pool, PoolSpec};
-use super::{default_workers, Limits, Proxy, Settings};
 use crate::cache::CacheService;
-use crate::config::cache::{self as cache_file, CacheSettings};
-use crate::config::{nutcracker, proxy as proxy_file};
 use crate::{api, daemon};
+use config::cache::{self as cache_file, CacheSettings};
+use config::{nutcracker, proxy as proxy_file};
+use proxy::pool::{Pool, PoolSpec};
+use proxy::{default_workers, Limits, Proxy, Settings};
 
 /// Arguments of `kvswitch proxy`.
 #[derive(Debug, clap::Args)]
@@ -61,7 +61,7 @@ pub struct ProxyArgs {
 
 /// What the standalone proxy's API shows: the proxy's counters and its pools' caches.
 struct ProxyExporter {
-    stats: Arc<super::ProxyStats>,
+    stats: Arc<proxy::ProxyStats>,
     caches: Vec<(String, Arc<CacheService>)>,
 }
 

@@ -1,0 +1,126 @@
+//! The pure crates stay pure: what the wire formats, the pipeline, the key-value algorithms,
+//! the switch application and the coherence checker build on is a short, reviewed list, and
+//! nothing on it does I/O, reads a clock or starts a runtime. A crate that gains a dependency
+//! fails here until the list below is changed on purpose.
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+/// Every crate a pure crate may have in its normal dependency tree, and why it is harmless.
+const ALLOWED: &[&str] = &[
+    // The workspace's own pure crates.
+    "kvswitch-wire",
+    "kvswitch-pipeline",
+    "kvswitch-kv",
+    "kvswitch-switch",
+    "kvswitch-history",
+    // md5 for ketama and nutcracker's md5 hash, and what it is made of.
+    "md-5",
+    "digest",
+    "block-buffer",
+    "crypto-common",
+    "generic-array",
+    "typenum",
+    "cfg-if",
+    // Error enums (a derive macro and what it is built with).
+    "thiserror",
+    "thiserror-impl",
+    "proc-macro2",
+    "quote",
+    "syn",
+    "unicode-ident",
+    // Log events; a subscriber (which writes them out) belongs to the binary.
+    "tracing",
+    "tracing-core",
+    "tracing-attributes",
+    "once_cell",
+    "pin-project-lite",
+];
+
+/// Crates that must never appear below a pure crate, whatever the list above says: I/O,
+/// runtimes, file formats, plotting, the operating system's randomness.
+const FORBIDDEN: &[&str] = &[
+    "tokio",
+    "mio",
+    "libc",
+    "anyhow",
+    "serde",
+    "serde_json",
+    "toml",
+    "serde_yaml",
+    "plotters",
+    "getrandom",
+    "rand",
+    "tracing-subscriber",
+    "hyper",
+    "kvswitch-io",
+];
+
+const PURE: &[&str] = &[
+    "kvswitch-wire",
+    "kvswitch-pipeline",
+    "kvswitch-kv",
+    "kvswitch-switch",
+];
+
+/// The names of every crate in `package`'s normal dependency tree (itself included).
+fn tree(package: &str) -> BTreeSet<String> {
+    let out = Command::new(env!("CARGO"))
+        .args([
+            "tree",
+            "--offline",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+            "-p",
+        ])
+        .arg(package)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo tree runs");
+    assert!(
+        out.status.success(),
+        "cargo tree -p {package} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn pure_crates_depend_only_on_reviewed_crates() {
+    for &package in PURE {
+        let names = tree(package);
+        assert!(
+            names.contains(package),
+            "{package} is not in its own tree: {names:?}"
+        );
+        for name in &names {
+            assert!(
+                !FORBIDDEN.contains(&name.as_str()),
+                "{package} depends on {name}, which does I/O or belongs at the edge"
+            );
+            assert!(
+                ALLOWED.contains(&name.as_str()),
+                "{package} gained the dependency {name}: review it, and add it to ALLOWED in \
+                 this test only if it does no I/O, reads no clock and starts no runtime"
+            );
+        }
+    }
+}
+
+/// The check itself can fail: the binary's crate has the edge's dependencies.
+#[test]
+fn the_check_sees_edge_dependencies() {
+    let names = tree("kvswitch");
+    for edge in ["tokio", "serde", "libc"] {
+        assert!(
+            names.contains(edge),
+            "kvswitch's tree lacks {edge}: {names:?}"
+        );
+    }
+}
