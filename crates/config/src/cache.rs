@@ -146,7 +146,7 @@ impl RawCache {
             self.write_timeout_ms,
             DEFAULT_WRITE_TIMEOUT,
         )?;
-        c.validate().map_err(|e| err("", e))?;
+        c.validate().map_err(|e| err("", e.to_string()))?;
         Ok(CacheSettings {
             enabled: self.enabled.unwrap_or(present),
             cache: c,

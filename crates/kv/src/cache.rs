@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use crate::time::Instant;
 
-use crate::hot::{self, CircularLog, Tracker, TrackerConfig};
-use crate::rules::{Change, RuleBudget, RuleBuffer, RuleConfig};
+use crate::hot::{self, CircularLog, Tracker, TrackerConfig, TrackerError};
+use crate::rules::{Change, RuleBudget, RuleBuffer, RuleConfig, RuleConfigError};
 
 /// The cache's settings. [`Config::default`] gives the values of the papers where they have
 /// one and sizes that suit one switch.
@@ -79,34 +79,63 @@ impl Default for Config {
 
 impl Config {
     /// Checks the settings; the error says which one is wrong and why.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.items == 0 {
-            return Err("items must be at least 1".into());
+            return Err(ConfigError::ZeroItems);
         }
         if self.bytes == 0 {
-            return Err("bytes must be at least 1".into());
+            return Err(ConfigError::ZeroBytes);
         }
         if self.lease.is_zero() {
-            return Err("lease must be longer than 0".into());
+            return Err(ConfigError::ZeroLease);
         }
         if !(0.0..=100.0).contains(&self.admit_percentile) {
-            return Err(format!(
-                "admit_percentile must lie in 0..=100, not {}",
-                self.admit_percentile
-            ));
+            return Err(ConfigError::AdmitPercentile(self.admit_percentile));
         }
         if self.log_size > 0 && self.log_threshold == 0 {
-            return Err("log_threshold must be at least 1".into());
+            return Err(ConfigError::ZeroLogThreshold);
         }
         if !self.slots.is_power_of_two() {
-            return Err(format!("slots must be a power of two, not {}", self.slots));
+            return Err(ConfigError::Slots(self.slots));
         }
-        self.tracker
-            .validate()
-            .map_err(|e| format!("tracker: {e}"))?;
-        self.rules.validate().map_err(|e| format!("rules: {e}"))?;
+        self.tracker.validate().map_err(ConfigError::Tracker)?;
+        self.rules.validate().map_err(ConfigError::Rules)?;
         Ok(())
     }
+}
+
+/// A [`Config`] that is refused: which setting, and the value when that is what is wrong.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("items must be at least 1")]
+    ZeroItems,
+    #[error("bytes must be at least 1")]
+    ZeroBytes,
+    #[error("lease must be longer than 0")]
+    ZeroLease,
+    /// The percentile given, outside 0..=100 (or NaN).
+    #[error("admit_percentile must lie in 0..=100, not {0}")]
+    AdmitPercentile(f64),
+    #[error("log_threshold must be at least 1")]
+    ZeroLogThreshold,
+    /// The slot count given, not a power of two.
+    #[error("slots must be a power of two, not {0}")]
+    Slots(usize),
+    #[error("tracker: {0}")]
+    Tracker(TrackerError),
+    #[error("rules: {0}")]
+    Rules(RuleConfigError),
+}
+
+/// Why [`Cache::pin`] could not put a key in the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PinError {
+    /// The cache is full and every key in it is pinned.
+    #[error("all {cached} cached keys are pinned; unpin or evict one first")]
+    AllPinned { cached: usize },
+    /// The key's rule cannot be queued until the rule buffer drains.
+    #[error("the rule buffer is full; try again later")]
+    RuleBufferFull,
 }
 
 /// A cached value: what a retrieval reply shows of a memcached item.
@@ -275,13 +304,13 @@ pub struct Cache {
 
 impl Cache {
     /// A cache for `groups` backends (the tracker keeps a top-k list per backend).
-    pub fn new(cfg: Config, groups: usize, now: Instant) -> Result<Cache, String> {
+    pub fn new(cfg: Config, groups: usize, now: Instant) -> Result<Cache, ConfigError> {
         cfg.validate()?;
-        let tracker = Tracker::new(cfg.tracker.clone(), groups.max(1), now)
-            .map_err(|e| format!("tracker: {e}"))?;
+        let tracker =
+            Tracker::new(cfg.tracker.clone(), groups.max(1), now).map_err(ConfigError::Tracker)?;
         let log = (cfg.log_size > 0).then(|| CircularLog::new(cfg.log_size, cfg.log_threshold));
-        let buffer = RuleBuffer::new(&cfg.rules).map_err(|e| format!("rules: {e}"))?;
-        let budget = RuleBudget::from_config(&cfg.rules, now).map_err(|e| format!("rules: {e}"))?;
+        let buffer = RuleBuffer::new(&cfg.rules).map_err(ConfigError::Rules)?;
+        let budget = RuleBudget::from_config(&cfg.rules, now).map_err(ConfigError::Rules)?;
         Ok(Cache {
             slots: vec![Slot::default(); cfg.slots].into_boxed_slice(),
             cfg,
@@ -434,17 +463,16 @@ impl Cache {
     /// Puts `key` in the cache and keeps it there until [`Cache::unpin`] or
     /// [`Cache::evict`]. When the cache is full, the least loaded unpinned key leaves; fails
     /// only if every cached key is pinned or the rule buffer is full.
-    pub fn pin(&mut self, key: &[u8], now: Instant) -> Result<(), String> {
+    pub fn pin(&mut self, key: &[u8], now: Instant) -> Result<(), PinError> {
         if let Some(entry) = self.entries.get_mut(key) {
             entry.pinned = true;
             return Ok(());
         }
         if self.entries.len() >= self.cfg.items {
             let Some((victim, _)) = self.least_loaded() else {
-                return Err(format!(
-                    "all {} cached keys are pinned; unpin or evict one first",
-                    self.entries.len()
-                ));
+                return Err(PinError::AllPinned {
+                    cached: self.entries.len(),
+                });
             };
             self.evict_key(&victim, now);
         }
@@ -452,7 +480,7 @@ impl Cache {
         if self.admit(key, Entry::new(load, true), now) {
             Ok(())
         } else {
-            Err("the rule buffer is full; try again later".into())
+            Err(PinError::RuleBufferFull)
         }
     }
 
@@ -880,6 +908,59 @@ mod tests {
         assert!(c.offer(b"hotter", 60.0, now));
         assert!(c.contains(b"k1"));
         assert!(!c.contains(b"k2"));
+    }
+
+    #[test]
+    fn refused_settings_name_the_setting() {
+        let refused = |change: fn(&mut Config)| {
+            let mut cfg = Config::default();
+            change(&mut cfg);
+            let e = Cache::new(cfg, 1, Instant::ZERO).unwrap_err();
+            (e.clone(), e.to_string())
+        };
+        assert_eq!(
+            refused(|c| c.items = 0),
+            (ConfigError::ZeroItems, "items must be at least 1".into())
+        );
+        assert_eq!(
+            refused(|c| c.admit_percentile = 101.0),
+            (
+                ConfigError::AdmitPercentile(101.0),
+                "admit_percentile must lie in 0..=100, not 101".into()
+            )
+        );
+        assert_eq!(
+            refused(|c| c.slots = 3),
+            (
+                ConfigError::Slots(3),
+                "slots must be a power of two, not 3".into()
+            )
+        );
+        assert_eq!(
+            refused(|c| c.rules.rate = Some(0)),
+            (
+                ConfigError::Rules(RuleConfigError::ZeroRate),
+                "rules: rule update rate must be at least 1 per second".into()
+            )
+        );
+        assert_eq!(
+            refused(|c| c.tracker.sample = 0).0,
+            ConfigError::Tracker(TrackerError::ZeroSample)
+        );
+    }
+
+    #[test]
+    fn pinning_a_full_cache_of_pinned_keys_fails() {
+        let (mut c, now) = cache(2, None);
+        c.pin(b"a", now).unwrap();
+        c.pin(b"b", now).unwrap();
+        let e = c.pin(b"c", now).unwrap_err();
+        assert_eq!(e, PinError::AllPinned { cached: 2 });
+        assert_eq!(
+            e.to_string(),
+            "all 2 cached keys are pinned; unpin or evict one first"
+        );
+        assert!(!c.contains(b"c"));
     }
 
     #[test]

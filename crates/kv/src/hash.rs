@@ -49,25 +49,18 @@ pub enum HashFn {
 }
 
 /// A hash function name that nutcracker does not know.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown hash function {0:?}; expected one of: {names}", names = hash_names())]
 pub struct UnknownHash(pub String);
 
-impl fmt::Display for UnknownHash {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "unknown hash function {:?}; expected one of: {}",
-            self.0,
-            HashFn::ALL
-                .iter()
-                .map(|h| h.name())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    }
+/// Every hash function's name, in nutcracker's configuration order, for [`UnknownHash`].
+fn hash_names() -> String {
+    HashFn::ALL
+        .iter()
+        .map(|h| h.name())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
-
-impl std::error::Error for UnknownHash {}
 
 impl HashFn {
     /// Every hash function, in nutcracker's configuration order.

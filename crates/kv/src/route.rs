@@ -105,18 +105,22 @@ impl FromStr for Distribution {
 }
 
 /// Why a pool or its configuration was refused. Control-plane only; lookups cannot fail.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RouteError {
     /// The pool has no servers.
+    #[error("server pool is empty")]
     EmptyPool,
     /// A server has weight 0 (twemproxy refuses such a configuration).
+    #[error("server {server} has weight 0; weights must be at least 1")]
     ZeroWeight {
         /// Index of the server in the pool.
         server: usize,
     },
     /// The weights add up to more than `u32::MAX`.
+    #[error("total server weight exceeds 2^32 - 1")]
     WeightOverflow,
     /// Two servers share a name (twemproxy refuses such a pool).
+    #[error("servers {first} and {second} have the same name")]
     DuplicateName {
         /// Index of the first server with the name.
         first: usize,
@@ -124,6 +128,11 @@ pub enum RouteError {
         second: usize,
     },
     /// A ketama name is too long for twemproxy's point buffer (see [`KETAMA_MAX_HOSTLEN`]).
+    #[error(
+        "ketama name of server {server} needs {len} bytes with its point suffix; \
+         twemproxy allows at most {max}",
+        max = KETAMA_MAX_HOSTLEN - 1
+    )]
     NameTooLong {
         /// Index of the server in the pool.
         server: usize,
@@ -131,44 +140,15 @@ pub enum RouteError {
         len: usize,
     },
     /// A distribution name that is not `ketama`, `modula` or `jump`.
+    #[error("unknown distribution {0:?}; expected ketama, modula or jump")]
     UnknownDistribution(String),
     /// `random` distribution, which kvswitch does not offer.
+    #[error(
+        "distribution \"random\" is not supported: a key must map to one server; \
+         use ketama, modula or jump"
+    )]
     RandomDistribution,
 }
-
-impl fmt::Display for RouteError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RouteError::EmptyPool => f.write_str("server pool is empty"),
-            RouteError::ZeroWeight { server } => {
-                write!(
-                    f,
-                    "server {server} has weight 0; weights must be at least 1"
-                )
-            }
-            RouteError::WeightOverflow => f.write_str("total server weight exceeds 2^32 - 1"),
-            RouteError::DuplicateName { first, second } => {
-                write!(f, "servers {first} and {second} have the same name")
-            }
-            RouteError::NameTooLong { server, len } => write!(
-                f,
-                "ketama name of server {server} needs {len} bytes with its point suffix; \
-                 twemproxy allows at most {}",
-                KETAMA_MAX_HOSTLEN - 1
-            ),
-            RouteError::UnknownDistribution(name) => write!(
-                f,
-                "unknown distribution {name:?}; expected ketama, modula or jump"
-            ),
-            RouteError::RandomDistribution => f.write_str(
-                "distribution \"random\" is not supported: a key must map to one server; \
-                 use ketama, modula or jump",
-            ),
-        }
-    }
-}
-
-impl std::error::Error for RouteError {}
 
 /// One point of the ketama continuum.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

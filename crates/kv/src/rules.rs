@@ -7,7 +7,6 @@
 //! only orders and meters changes; applying them to a switch is the caller's job.
 
 use std::collections::{HashMap, VecDeque};
-use std::fmt;
 use std::hash::Hash;
 use std::time::Duration;
 
@@ -64,27 +63,18 @@ impl RuleConfig {
 }
 
 /// A [`RuleConfig`] that is refused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RuleConfigError {
     /// A rate of zero would never release anything; use `None` for unlimited.
+    #[error("rule update rate must be at least 1 per second")]
     ZeroRate,
     /// A burst of zero would never release anything.
+    #[error("rule update burst must be at least 1")]
     ZeroBurst,
     /// A buffer that can hold no change.
+    #[error("rule buffer capacity must be at least 1")]
     ZeroCapacity,
 }
-
-impl fmt::Display for RuleConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            RuleConfigError::ZeroRate => "rule update rate must be at least 1 per second",
-            RuleConfigError::ZeroBurst => "rule update burst must be at least 1",
-            RuleConfigError::ZeroCapacity => "rule buffer capacity must be at least 1",
-        })
-    }
-}
-
-impl std::error::Error for RuleConfigError {}
 
 const NANOS_PER_SEC: u128 = 1_000_000_000;
 
@@ -198,18 +188,11 @@ pub enum Outcome {
 }
 
 /// [`RuleBuffer::add`] or [`RuleBuffer::remove`] found the buffer holding `capacity` changes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("rule buffer full ({capacity} changes queued)")]
 pub struct BufferFull {
     pub capacity: usize,
 }
-
-impl fmt::Display for BufferFull {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "rule buffer full ({} changes queued)", self.capacity)
-    }
-}
-
-impl std::error::Error for BufferFull {}
 
 /// Requested rule changes, released to the switch under a [`RuleBudget`] with additions
 /// first.

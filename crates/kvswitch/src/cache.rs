@@ -209,7 +209,7 @@ pub fn control(
     let now = kvio::clock::now();
     let mut c = cache.1.lock();
     let done = match action {
-        "pin" => c.pin(key, now).map(|()| true)?,
+        "pin" => c.pin(key, now).map(|()| true).map_err(|e| e.to_string())?,
         "unpin" => c.unpin(key),
         "evict" => c.evict(key, now),
         other => return Err(format!("unknown action `{other}`")),

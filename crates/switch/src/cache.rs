@@ -36,9 +36,9 @@ impl Default for CacheSettings {
 }
 
 /// Why the cache's settings were refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("cache: {0}")]
-pub struct CacheError(pub String);
+pub struct CacheError(pub kv::cache::ConfigError);
 
 /// The shared cache.
 pub struct CacheService {

@@ -3,7 +3,6 @@
 //! segment end with equation (1) of the paper. Driven by the caller's clock; never reads one.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::time::Duration;
 
 use crate::time::Instant;
@@ -105,47 +104,30 @@ impl TrackerConfig {
 }
 
 /// A [`TrackerConfig`] (or group count) that [`Tracker::new`] refuses.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum TrackerError {
     /// `segment` is zero.
+    #[error("tracker segment must be longer than zero")]
     ZeroSegment,
     /// `alpha` is not in (0, 1] (or is NaN).
+    #[error("tracker alpha must be in (0, 1], got {0}")]
     Alpha(f64),
     /// `capacity` is 0 or not below 2^32 − 1.
+    #[error("tracker capacity must be in 1..4294967295, got {0}")]
     Capacity(usize),
     /// `top_k` is 0 or above `capacity`: the counter could not supply that many keys.
+    #[error("tracker top_k must be in 1..=capacity ({capacity}), got {top_k}")]
     TopK { top_k: usize, capacity: usize },
     /// `sample` is 0.
+    #[error("tracker sample must be at least 1")]
     ZeroSample,
     /// A count-min counter with no counters (or too many to address).
+    #[error("count-min width and depth must be > 0 and addressable, got {width} x {depth}")]
     Sketch { width: usize, depth: usize },
     /// No groups to track.
+    #[error("tracker needs at least one group")]
     ZeroGroups,
 }
-
-impl fmt::Display for TrackerError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            TrackerError::ZeroSegment => f.write_str("tracker segment must be longer than zero"),
-            TrackerError::Alpha(a) => write!(f, "tracker alpha must be in (0, 1], got {a}"),
-            TrackerError::Capacity(c) => {
-                write!(f, "tracker capacity must be in 1..4294967295, got {c}")
-            }
-            TrackerError::TopK { top_k, capacity } => write!(
-                f,
-                "tracker top_k must be in 1..=capacity ({capacity}), got {top_k}"
-            ),
-            TrackerError::ZeroSample => f.write_str("tracker sample must be at least 1"),
-            TrackerError::Sketch { width, depth } => write!(
-                f,
-                "count-min width and depth must be > 0 and addressable, got {width} x {depth}"
-            ),
-            TrackerError::ZeroGroups => f.write_str("tracker needs at least one group"),
-        }
-    }
-}
-
-impl std::error::Error for TrackerError {}
 
 /// One entry of a group's key-load list as it stood after a segment roll: what a SwitchKV
 /// backend sends to the cache every period.
