@@ -3,7 +3,7 @@
 //! A key is the concatenation of its fields, each in network byte order. Reading never panics:
 //! a byte range past the end of the frame makes the key absent and the table misses.
 
-use crate::NUM_REGS;
+use crate::{FieldError, NUM_REGS};
 
 /// Per-frame metadata, set by the caller before [`Pipeline::process`](crate::Pipeline::process)
 /// and visible to (and partly writable by) the tables.
@@ -55,13 +55,11 @@ impl Field {
         }
     }
 
-    /// Checks the field is well formed; the message says why not.
-    pub(crate) fn validate(&self) -> Result<(), String> {
-        match self {
-            Field::Bytes { len: 0, offset } => Err(format!("empty byte range at {offset}")),
-            Field::Reg(n) if usize::from(*n) >= NUM_REGS => {
-                Err(format!("register {n} out of range (have {NUM_REGS})"))
-            }
+    /// Checks the field is well formed.
+    pub(crate) fn validate(&self) -> Result<(), FieldError> {
+        match *self {
+            Field::Bytes { len: 0, offset } => Err(FieldError::EmptyBytes { offset }),
+            Field::Reg(n) if usize::from(n) >= NUM_REGS => Err(FieldError::Register(n)),
             _ => Ok(()),
         }
     }
@@ -147,8 +145,11 @@ mod tests {
 
     #[test]
     fn validation() {
-        assert!(Field::Bytes { offset: 0, len: 0 }.validate().is_err());
-        assert!(Field::Reg(4).validate().is_err());
+        assert_eq!(
+            Field::Bytes { offset: 3, len: 0 }.validate(),
+            Err(FieldError::EmptyBytes { offset: 3 })
+        );
+        assert_eq!(Field::Reg(4).validate(), Err(FieldError::Register(4)));
         assert!(Field::Reg(3).validate().is_ok());
     }
 }

@@ -39,7 +39,7 @@ mod rewrite;
 mod table;
 
 pub use action::{Action, CounterId, SelectorId, TableId, Verdict};
-pub use error::Error;
+pub use error::{Error, FieldError};
 pub use field::{Field, Meta};
 pub use pipeline::{
     Choose, CounterSnapshot, EntryView, Pipeline, PipelineStats, SelectorSnapshot, Snapshot,
