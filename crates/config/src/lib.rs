@@ -694,7 +694,9 @@ fn source_check(
             return Err(err(&key, format!("`{port}` is not in switch.ports")));
         };
         for text in list {
-            let prefix: Prefix = text.parse().map_err(|m| err(&key, m))?;
+            let prefix: Prefix = text
+                .parse()
+                .map_err(|e: switch::source::PrefixError| err(&key, e.to_string()))?;
             prefixes[i].push(prefix);
         }
     }

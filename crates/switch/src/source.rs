@@ -35,24 +35,35 @@ impl fmt::Display for Prefix {
 }
 
 impl FromStr for Prefix {
-    type Err = String;
+    type Err = PrefixError;
 
     /// `a.b.c.d/len`, or a bare address (a /32).
-    fn from_str(s: &str) -> Result<Prefix, String> {
+    fn from_str(s: &str) -> Result<Prefix, PrefixError> {
         let (addr, len) = match s.split_once('/') {
             Some((a, l)) => (a, l),
             None => (s, "32"),
         };
         let addr: Ipv4Addr = addr
             .parse()
-            .map_err(|_| format!("`{s}` is not an IPv4 prefix such as 10.0.0.0/24"))?;
+            .map_err(|_| PrefixError::Address(s.to_owned()))?;
         let len: u8 = len
             .parse()
             .ok()
             .filter(|l| *l <= 32)
-            .ok_or_else(|| format!("`{s}`: the prefix length must be 0 to 32"))?;
+            .ok_or_else(|| PrefixError::Length(s.to_owned()))?;
         Ok(Prefix { addr, len })
     }
+}
+
+/// Text that is not an IPv4 prefix; each variant holds the text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PrefixError {
+    /// The part before the `/` is not an IPv4 address.
+    #[error("`{0}` is not an IPv4 prefix such as 10.0.0.0/24")]
+    Address(String),
+    /// The part after the `/` is not a number from 0 to 32.
+    #[error("`{0}`: the prefix length must be 0 to 32")]
+    Length(String),
 }
 
 /// What the check makes of one source address on one port.
@@ -206,6 +217,16 @@ mod tests {
         for bad in ["10.0.0/8", "10.0.0.0/33", "x/1", "10.0.0.0/"] {
             assert!(bad.parse::<Prefix>().is_err(), "{bad}");
         }
+        assert_eq!(
+            "10.0.0/8".parse::<Prefix>(),
+            Err(PrefixError::Address("10.0.0/8".into()))
+        );
+        let e = "10.0.0.0/33".parse::<Prefix>().unwrap_err();
+        assert_eq!(e, PrefixError::Length("10.0.0.0/33".into()));
+        assert_eq!(
+            e.to_string(),
+            "`10.0.0.0/33`: the prefix length must be 0 to 32"
+        );
     }
 
     #[test]

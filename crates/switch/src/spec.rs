@@ -163,7 +163,8 @@ impl SwitchSpec {
     }
 }
 
-/// What makes a spec unusable.
+/// What makes a spec unusable. A wrapped error is part of the message, not a `source()`, so
+/// a chain printed with `{:#}` names it once.
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
     #[error("the local port needs port number {needed}, but the switch has {ports} ports")]
@@ -171,11 +172,23 @@ pub enum SpecError {
     #[error("the switch has {servers} servers but its pool {pool}")]
     PoolMismatch { servers: usize, pool: usize },
     #[error("the pipeline refused the switch's tables: {0}")]
-    Pipeline(#[from] pipeline::Error),
+    Pipeline(pipeline::Error),
     #[error("the cache is off in the spec; turn it on to attach one")]
     CacheOff,
     #[error("the pool's ring: {0}")]
-    Ring(#[from] kv::RouteError),
+    Ring(kv::RouteError),
+}
+
+impl From<pipeline::Error> for SpecError {
+    fn from(e: pipeline::Error) -> SpecError {
+        SpecError::Pipeline(e)
+    }
+}
+
+impl From<kv::RouteError> for SpecError {
+    fn from(e: kv::RouteError) -> SpecError {
+        SpecError::Ring(e)
+    }
 }
 
 /// SplitMix64: the switch's generator for the few values it draws from its seed.

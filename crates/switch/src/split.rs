@@ -180,8 +180,10 @@ pub enum Started {
     Answered(Vec<u8>),
 }
 
-#[derive(Debug, PartialEq, Eq)]
+/// Why a multi-key get was not split; the switch counts each as its own drop reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SplitError {
+    /// No room: the split table is full, or too few sub-request ids are free.
     TableFull,
     /// Only `get`, `gets`, `gat` and `gats` (with its exptime), or pipelined binary or meta
     /// gets of one protocol with an optional trailing no-op, can be split.
