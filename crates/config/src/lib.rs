@@ -435,7 +435,8 @@ impl Config {
             ));
         }
 
-        let keys = PoolKeys::from_toml(&raw.pool).map_err(|(k, m)| err(&format!("pool.{k}"), m))?;
+        let keys = PoolKeys::from_toml(&raw.pool)
+            .map_err(|(k, e)| err(&format!("pool.{k}"), e.to_string()))?;
         if keys.hash_tag.is_some() {
             // The switch hashes whole keys; accepting the tag would place keys elsewhere than
             // the proxy and nutcracker do.
@@ -475,9 +476,9 @@ impl Config {
                 None => None,
             };
             let weight = pool_keys::weight(s.weight.unwrap_or(1).into())
-                .map_err(|m| err(&key("weight"), m))?;
+                .map_err(|e| err(&key("weight"), e.to_string()))?;
             if let Some(name) = &s.name {
-                pool_keys::server_name(name).map_err(|m| err(&key("name"), m))?;
+                pool_keys::server_name(name).map_err(|e| err(&key("name"), e.to_string()))?;
             }
             if *addr.ip() == vip {
                 return Err(err(
@@ -560,12 +561,12 @@ impl Config {
         };
         // What is left to check needs the whole list: the ring must build (names short enough
         // for nutcracker's ketama buffer).
-        pool_keys::check_servers(&config.pool_spec(proxy::UNSET_LISTEN)).map_err(
-            |(i, m)| match i {
-                Some(i) => err(&format!("pool.servers[{i}]"), m),
-                None => err("pool.servers", m),
-            },
-        )?;
+        pool_keys::check_servers(&config.pool_spec(proxy::UNSET_LISTEN)).map_err(|e| {
+            match e.server() {
+                Some(i) => err(&format!("pool.servers[{i}]"), e.to_string()),
+                None => err("pool.servers", e.to_string()),
+            }
+        })?;
         Ok(config)
     }
 

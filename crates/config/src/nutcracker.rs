@@ -49,7 +49,7 @@ use std::path::Path;
 
 use serde_yaml::Value;
 
-use super::pool_keys::{self, PoolKeys};
+use super::pool_keys::{self, KeyError, PoolKeys, ResolveError, ServersError};
 use super::ConfigError;
 use switch::pool::{PoolSpec, ServerSpec, DEFAULT_TIMEOUT};
 
@@ -89,7 +89,7 @@ pub fn parse_nutcracker(text: &str, path: &Path) -> Result<Vec<PoolSpec>, Config
             };
             ConfigError::new(path, &key, message)
         };
-        let pool = parse_pool(&name, body).map_err(|(key, m)| err(&key, m))?;
+        let pool = parse_pool(&name, body).map_err(|(key, p)| err(&key, p.to_string()))?;
         if let Some(other) = out.iter().find(|p| p.listen == pool.listen) {
             return Err(err(
                 "listen",
@@ -105,118 +105,192 @@ pub fn parse_nutcracker(text: &str, path: &Path) -> Result<Vec<PoolSpec>, Config
 }
 
 /// A failing key of a pool (`""` for the pool itself, `servers[1]` for a server) and why.
-type PoolError = (String, String);
+type PoolError = (String, Problem);
+
+/// How a server line is written, for the messages of [`parse_server`].
+const SERVER_USAGE: &str = "use \"host:port:weight\" or \"host:port:weight name\"";
+/// How `listen` is written, for the messages of [`parse_listen`].
+const LISTEN_USAGE: &str = "use host:port, such as 127.0.0.1:22121";
+
+/// What is wrong with a pool, one of its keys or a server line. [`parse_nutcracker`] adds the
+/// file, the pool and the key.
+#[derive(Debug, thiserror::Error)]
+enum Problem {
+    #[error("must be a map of nutcracker pool keys (listen, hash, servers, ...)")]
+    PoolNotMap,
+    #[error("pool keys must be plain names")]
+    KeyNotName,
+    #[error("has no value")]
+    NoValue,
+    /// Unquoted, `{}` is an empty YAML map, not two characters.
+    #[error("must be quoted, such as hash_tag: \"{{}}\"")]
+    HashTagUnquoted,
+    #[error("must be a single value")]
+    NotScalar,
+    #[error("kvswitch serves memcached pools only; redis: true is not supported")]
+    Redis,
+    #[error("only valid in a redis pool, which kvswitch does not serve")]
+    RedisAuth,
+    #[error(
+        "unknown key (nutcracker refuses it too); a pool has listen, hash, hash_tag, \
+         distribution, timeout, auto_eject_hosts, server_retry_timeout, \
+         server_failure_limit, server_connections, servers and nutcracker's ignored tuning \
+         keys"
+    )]
+    UnknownKey,
+    #[error("missing: every pool needs one")]
+    NoListen,
+    #[error("missing: every pool needs servers")]
+    NoServers,
+    #[error("must be a list of \"host:port:weight [name]\"")]
+    ServersNotList,
+    #[error("must be \"host:port:weight [name]\"")]
+    ServerNotScalar,
+    /// A server line naming a unix socket.
+    #[error("`{0}` is a unix socket; kvswitch reaches servers over TCP: {SERVER_USAGE}")]
+    UnixServer(String),
+    #[error("`{0}` has no weight; {SERVER_USAGE}")]
+    ServerNoWeight(String),
+    #[error("`{0}` has no port; {SERVER_USAGE}")]
+    ServerNoPort(String),
+    #[error("`{0}` has no host; {SERVER_USAGE}")]
+    ServerNoHost(String),
+    /// A `listen` naming a unix socket.
+    #[error(
+        "`{0}` is a unix socket; kvswitch listens on TCP only: use host:port, such as \
+         127.0.0.1:22121"
+    )]
+    UnixListen(String),
+    #[error("`{0}` has no port; {LISTEN_USAGE}")]
+    ListenNoPort(String),
+    #[error("`{0}` has no host; {LISTEN_USAGE}")]
+    ListenNoHost(String),
+    #[error("`{0}` is not a number (a whole number of 0 or more)")]
+    NotNumber(String),
+    #[error("`{0}` is too large")]
+    TooLarge(String),
+    #[error("`{0}` is not true or false")]
+    NotBoolean(String),
+    /// A part of the server line or `listen` address `text` is wrong.
+    #[error("`{text}`: {problem}")]
+    In { text: String, problem: Box<Problem> },
+    /// The name of the server line `text` is wrong.
+    #[error("`{text}`: name {problem}")]
+    Name { text: String, problem: KeyError },
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
+    #[error(transparent)]
+    Servers(#[from] ServersError),
+}
+
+impl Problem {
+    /// This problem, found in the server line or `listen` address `text`.
+    fn within(self, text: &str) -> Problem {
+        Problem::In {
+            text: text.to_owned(),
+            problem: Box::new(self),
+        }
+    }
+}
 
 fn parse_pool(name: &str, body: &Value) -> Result<PoolSpec, PoolError> {
     let Value::Mapping(map) = body else {
-        return Err((
-            String::new(),
-            "must be a map of nutcracker pool keys (listen, hash, servers, ...)".into(),
-        ));
+        return Err((String::new(), Problem::PoolNotMap));
     };
     let mut keys = PoolKeys::default();
     let mut listen = None;
     let mut servers = None;
     for (key, value) in map {
         let Some(key) = scalar(key) else {
-            return Err((String::new(), "pool keys must be plain names".into()));
+            return Err((String::new(), Problem::KeyNotName));
         };
-        let fail = |m: String| (key.clone(), m);
         if key == "servers" {
             servers = Some(parse_servers(value)?);
             continue;
         }
-        let text = match value {
-            Value::Null => return Err(fail("has no value".into())),
-            // Unquoted, `{}` is an empty YAML map, not two characters.
-            Value::Mapping(_) if key == "hash_tag" => {
-                return Err(fail("must be quoted, such as hash_tag: \"{}\"".into()))
-            }
-            v => scalar(v).ok_or_else(|| fail("must be a single value".into()))?,
-        };
-        match key.as_str() {
-            "listen" => listen = Some(parse_listen(&text).map_err(fail)?),
-            "hash" => keys.hash = pool_keys::hash(&text).map_err(fail)?,
-            "distribution" => keys.distribution = pool_keys::distribution(&text).map_err(fail)?,
-            "hash_tag" => keys.hash_tag = Some(pool_keys::hash_tag(&text).map_err(fail)?),
-            "timeout" => {
-                keys.timeout = match number(&text).map_err(fail)? {
-                    // nutcracker's "wait forever"; kvswitch always bounds a request.
-                    0 => DEFAULT_TIMEOUT,
-                    ms => pool_keys::timeout_ms(ms).map_err(fail)?,
-                }
-            }
-            "auto_eject_hosts" => keys.auto_eject_hosts = boolean(&text).map_err(fail)?,
-            "server_failure_limit" => {
-                // nutcracker compares the failure count after counting the failure, so 0 and
-                // 1 both eject on the first.
-                let n = number(&text).map_err(fail)?.max(1);
-                keys.server_failure_limit = pool_keys::failure_limit(n).map_err(fail)?;
-            }
-            "server_retry_timeout" => {
-                keys.server_retry_timeout =
-                    pool_keys::retry_timeout_ms(number(&text).map_err(fail)?).map_err(fail)?
-            }
-            "server_connections" => {
-                keys.server_connections =
-                    pool_keys::server_connections(number(&text).map_err(fail)?).map_err(fail)?
-            }
-            "redis" => {
-                if boolean(&text).map_err(fail)? {
-                    return Err(fail(
-                        "kvswitch serves memcached pools only; redis: true is not supported".into(),
-                    ));
-                }
-            }
-            "redis_auth" => {
-                return Err(fail(
-                    "only valid in a redis pool, which kvswitch does not serve".into(),
-                ))
-            }
-            // Ignored by nutcracker in a memcached pool.
-            "redis_db" => drop(number(&text).map_err(fail)?),
-            // nutcracker's own socket tuning; see the module documentation.
-            "backlog" | "client_connections" => drop(number(&text).map_err(fail)?),
-            "preconnect" | "tcpkeepalive" => drop(boolean(&text).map_err(fail)?),
-            _ => {
-                return Err(fail(
-                    "unknown key (nutcracker refuses it too); a pool has listen, hash, \
-                     hash_tag, distribution, timeout, auto_eject_hosts, server_retry_timeout, \
-                     server_failure_limit, server_connections, servers and nutcracker's \
-                     ignored tuning keys"
-                        .into(),
-                ))
-            }
-        }
+        pool_key(&mut keys, &mut listen, &key, value).map_err(|p| (key, p))?;
     }
     let Some(listen) = listen else {
-        return Err(("listen".into(), "missing: every pool needs one".into()));
+        return Err(("listen".into(), Problem::NoListen));
     };
     let Some(servers) = servers else {
-        return Err(("servers".into(), "missing: every pool needs servers".into()));
+        return Err(("servers".into(), Problem::NoServers));
     };
     let mut pool = PoolSpec::new(name, listen, keys.distribution, keys.hash, servers);
     keys.apply(&mut pool);
-    pool_keys::check_servers(&pool).map_err(|(i, m)| match i {
-        Some(i) => (format!("servers[{i}]"), m),
-        None => ("servers".into(), m),
+    pool_keys::check_servers(&pool).map_err(|e| match e.server() {
+        Some(i) => (format!("servers[{i}]"), e.into()),
+        None => ("servers".into(), e.into()),
     })?;
     Ok(pool)
 }
 
+/// Reads the pool key `key` (any but `servers`) into `keys`, or `listen` into `listen`.
+fn pool_key(
+    keys: &mut PoolKeys,
+    listen: &mut Option<SocketAddr>,
+    key: &str,
+    value: &Value,
+) -> Result<(), Problem> {
+    let text = match value {
+        Value::Null => return Err(Problem::NoValue),
+        Value::Mapping(_) if key == "hash_tag" => return Err(Problem::HashTagUnquoted),
+        v => scalar(v).ok_or(Problem::NotScalar)?,
+    };
+    match key {
+        "listen" => *listen = Some(parse_listen(&text)?),
+        "hash" => keys.hash = pool_keys::hash(&text)?,
+        "distribution" => keys.distribution = pool_keys::distribution(&text)?,
+        "hash_tag" => keys.hash_tag = Some(pool_keys::hash_tag(&text)?),
+        "timeout" => {
+            keys.timeout = match number(&text)? {
+                // nutcracker's "wait forever"; kvswitch always bounds a request.
+                0 => DEFAULT_TIMEOUT,
+                ms => pool_keys::timeout_ms(ms)?,
+            }
+        }
+        "auto_eject_hosts" => keys.auto_eject_hosts = boolean(&text)?,
+        "server_failure_limit" => {
+            // nutcracker compares the failure count after counting the failure, so 0 and
+            // 1 both eject on the first.
+            let n = number(&text)?.max(1);
+            keys.server_failure_limit = pool_keys::failure_limit(n)?;
+        }
+        "server_retry_timeout" => {
+            keys.server_retry_timeout = pool_keys::retry_timeout_ms(number(&text)?)?
+        }
+        "server_connections" => {
+            keys.server_connections = pool_keys::server_connections(number(&text)?)?
+        }
+        "redis" => {
+            if boolean(&text)? {
+                return Err(Problem::Redis);
+            }
+        }
+        "redis_auth" => return Err(Problem::RedisAuth),
+        // Ignored by nutcracker in a memcached pool.
+        "redis_db" => drop(number(&text)?),
+        // nutcracker's own socket tuning; see the module documentation.
+        "backlog" | "client_connections" => drop(number(&text)?),
+        "preconnect" | "tcpkeepalive" => drop(boolean(&text)?),
+        _ => return Err(Problem::UnknownKey),
+    }
+    Ok(())
+}
+
 fn parse_servers(value: &Value) -> Result<Vec<ServerSpec>, PoolError> {
     let Value::Sequence(items) = value else {
-        return Err((
-            "servers".into(),
-            "must be a list of \"host:port:weight [name]\"".into(),
-        ));
+        return Err(("servers".into(), Problem::ServersNotList));
     };
     let mut servers = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
-        let fail = |m: String| (format!("servers[{i}]"), m);
-        let text =
-            scalar(item).ok_or_else(|| fail("must be \"host:port:weight [name]\"".into()))?;
-        servers.push(parse_server(&text).map_err(fail)?);
+        let server = scalar(item)
+            .ok_or(Problem::ServerNotScalar)
+            .and_then(|text| parse_server(&text))
+            .map_err(|p| (format!("servers[{i}]"), p))?;
+        servers.push(server);
     }
     Ok(servers)
 }
@@ -224,32 +298,32 @@ fn parse_servers(value: &Value) -> Result<Vec<ServerSpec>, PoolError> {
 /// `host:port:weight [name]`, split from the right as nutcracker splits it: the name after
 /// the last space, the weight after the last `:` before it, then the port; the rest is the
 /// host, which may itself hold colons (an IPv6 address).
-fn parse_server(text: &str) -> Result<ServerSpec, String> {
-    let usage = "use \"host:port:weight\" or \"host:port:weight name\"";
+fn parse_server(text: &str) -> Result<ServerSpec, Problem> {
     if text.starts_with('/') {
-        return Err(format!(
-            "`{text}` is a unix socket; kvswitch reaches servers over TCP: {usage}"
-        ));
+        return Err(Problem::UnixServer(text.to_owned()));
     }
     let (spec, name) = match text.rsplit_once(' ') {
         Some((spec, name)) => (spec, Some(name)),
         None => (text, None),
     };
     let Some((rest, weight)) = spec.rsplit_once(':') else {
-        return Err(format!("`{text}` has no weight; {usage}"));
+        return Err(Problem::ServerNoWeight(text.to_owned()));
     };
     let Some((host, port)) = rest.rsplit_once(':') else {
-        return Err(format!("`{text}` has no port; {usage}"));
+        return Err(Problem::ServerNoPort(text.to_owned()));
     };
     if host.is_empty() {
-        return Err(format!("`{text}` has no host; {usage}"));
+        return Err(Problem::ServerNoHost(text.to_owned()));
     }
-    let port = pool_keys::port_number(port).map_err(|m| format!("`{text}`: {m}"))?;
+    let port = pool_keys::port_number(port).map_err(|e| Problem::from(e).within(text))?;
     let weight = number(weight)
-        .and_then(pool_keys::weight)
-        .map_err(|m| format!("`{text}`: {m}"))?;
+        .and_then(|w| Ok(pool_keys::weight(w)?))
+        .map_err(|p| p.within(text))?;
     if let Some(name) = name {
-        pool_keys::server_name(name).map_err(|m| format!("`{text}`: name {m}"))?;
+        pool_keys::server_name(name).map_err(|problem| Problem::Name {
+            text: text.to_owned(),
+            problem,
+        })?;
     }
     let addr = pool_keys::resolve(host, port)?;
     Ok(ServerSpec {
@@ -261,22 +335,18 @@ fn parse_server(text: &str) -> Result<ServerSpec, String> {
 }
 
 /// `host:port` (split at the last `:`, as nutcracker does), resolved.
-fn parse_listen(text: &str) -> Result<SocketAddr, String> {
+fn parse_listen(text: &str) -> Result<SocketAddr, Problem> {
     if text.starts_with('/') {
-        return Err(format!(
-            "`{text}` is a unix socket; kvswitch listens on TCP only: use host:port, such as \
-             127.0.0.1:22121"
-        ));
+        return Err(Problem::UnixListen(text.to_owned()));
     }
-    let usage = "use host:port, such as 127.0.0.1:22121";
     let Some((host, port)) = text.rsplit_once(':') else {
-        return Err(format!("`{text}` has no port; {usage}"));
+        return Err(Problem::ListenNoPort(text.to_owned()));
     };
     if host.is_empty() {
-        return Err(format!("`{text}` has no host; {usage}"));
+        return Err(Problem::ListenNoHost(text.to_owned()));
     }
-    let port = pool_keys::port_number(port).map_err(|m| format!("`{text}`: {m}"))?;
-    pool_keys::resolve(host, port)
+    let port = pool_keys::port_number(port).map_err(|e| Problem::from(e).within(text))?;
+    Ok(pool_keys::resolve(host, port)?)
 }
 
 /// A scalar as nutcracker sees it: its text. `None` for maps, lists, null and tagged values.
@@ -290,21 +360,19 @@ fn scalar(value: &Value) -> Option<String> {
 }
 
 /// A number as nutcracker reads one: decimal digits only.
-fn number(text: &str) -> Result<u64, String> {
+fn number(text: &str) -> Result<u64, Problem> {
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!(
-            "`{text}` is not a number (a whole number of 0 or more)"
-        ));
+        return Err(Problem::NotNumber(text.to_owned()));
     }
-    text.parse().map_err(|_| format!("`{text}` is too large"))
+    text.parse().map_err(|_| Problem::TooLarge(text.to_owned()))
 }
 
 /// A boolean as nutcracker reads one: `true` or `false`, nothing else.
-fn boolean(text: &str) -> Result<bool, String> {
+fn boolean(text: &str) -> Result<bool, Problem> {
     match text {
         "true" => Ok(true),
         "false" => Ok(false),
-        _ => Err(format!("`{text}` is not true or false")),
+        _ => Err(Problem::NotBoolean(text.to_owned())),
     }
 }
 
@@ -421,7 +489,10 @@ gamma:
     fn server_lines() {
         let s = parse_server("cache.example-1:7000:3 c1").map(|s| (s.host, s.weight, s.name));
         // The name does not resolve here; what matters is how far parsing got.
-        assert!(s.is_err_and(|e| e.contains("cannot resolve `cache.example-1`")));
+        assert!(s.is_err_and(|e| matches!(
+            e,
+            Problem::Resolve(ResolveError::Failed { ref host, .. }) if host == "cache.example-1"
+        )));
         let s = parse_server("127.0.0.1:7000:3 c1").unwrap();
         assert_eq!(
             (s.host.as_str(), s.addr.port(), s.weight, s.name.as_deref()),
@@ -437,9 +508,18 @@ gamma:
             ("127.0.0.1:11211:1 a b", "not a number"),
             ("/tmp/memcached.sock:1", "unix socket"),
         ] {
-            let e = parse_server(bad).unwrap_err();
+            let e = parse_server(bad).unwrap_err().to_string();
             assert!(e.contains(want), "{bad}: {e}");
         }
+        let e = parse_server("127.0.0.1:0:1").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "`127.0.0.1:0:1`: `0` is not a port from 1 to 65535"
+        );
+        assert!(
+            matches!(&e, Problem::In { problem, .. } if matches!(**problem, Problem::Key(KeyError::Port(_)))),
+            "{e:?}"
+        );
     }
 
     #[test]

@@ -147,8 +147,9 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
     });
     let listen = match proxy.listen.as_deref() {
         Some(text) => {
-            let (host, port) = pool_keys::host_port(text).map_err(|m| err("proxy.listen", m))?;
-            Some(pool_keys::resolve(host, port).map_err(|m| err("proxy.listen", m))?)
+            let (host, port) =
+                pool_keys::host_port(text).map_err(|e| err("proxy.listen", e.to_string()))?;
+            Some(pool_keys::resolve(host, port).map_err(|e| err("proxy.listen", e.to_string()))?)
         }
         None => None,
     };
@@ -170,7 +171,8 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
         None => None,
     };
 
-    let keys = PoolKeys::from_toml(&raw.pool).map_err(|(k, m)| err(&format!("pool.{k}"), m))?;
+    let keys = PoolKeys::from_toml(&raw.pool)
+        .map_err(|(k, e)| err(&format!("pool.{k}"), e.to_string()))?;
     let mut servers = Vec::with_capacity(raw.pool.servers.len());
     for (i, s) in raw.pool.servers.iter().enumerate() {
         let key = |field: &str| format!("pool.servers[{i}].{field}");
@@ -182,12 +184,13 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
                     .into(),
             ));
         }
-        let (host, port) = pool_keys::host_port(&s.addr).map_err(|m| err(&key("addr"), m))?;
-        let addr = pool_keys::resolve(host, port).map_err(|m| err(&key("addr"), m))?;
-        let weight =
-            pool_keys::weight(s.weight.unwrap_or(1).into()).map_err(|m| err(&key("weight"), m))?;
+        let (host, port) =
+            pool_keys::host_port(&s.addr).map_err(|e| err(&key("addr"), e.to_string()))?;
+        let addr = pool_keys::resolve(host, port).map_err(|e| err(&key("addr"), e.to_string()))?;
+        let weight = pool_keys::weight(s.weight.unwrap_or(1).into())
+            .map_err(|e| err(&key("weight"), e.to_string()))?;
         if let Some(name) = &s.name {
-            pool_keys::server_name(name).map_err(|m| err(&key("name"), m))?;
+            pool_keys::server_name(name).map_err(|e| err(&key("name"), e.to_string()))?;
         }
         servers.push(ServerSpec {
             host: host.to_owned(),
@@ -204,9 +207,9 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
         servers,
     );
     keys.apply(&mut pool);
-    pool_keys::check_servers(&pool).map_err(|(i, m)| match i {
-        Some(i) => err(&format!("pool.servers[{i}]"), m),
-        None => err("pool.servers", m),
+    pool_keys::check_servers(&pool).map_err(|e| match e.server() {
+        Some(i) => err(&format!("pool.servers[{i}]"), e.to_string()),
+        None => err("pool.servers", e.to_string()),
     })?;
     Ok(ProxyFile {
         path: path.to_owned(),
