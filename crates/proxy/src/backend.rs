@@ -81,29 +81,38 @@ pub struct Conn {
     held: Cell<usize>,
 }
 
-/// Why a connection ended.
-#[derive(Debug)]
-enum Lost {
-    Io(std::io::Error),
+/// Why a request got no reply from its server: the connection it was on ended, or the server
+/// was down when it was sent. The client reads the message after `SERVER_ERROR `.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ServerError {
+    /// The server failed recently and is waiting out its backoff.
+    #[error("server unavailable")]
+    Unavailable,
+    /// Connecting, writing or reading failed; shared by every request the connection fails.
+    #[error("{}", os_message(.0))]
+    Io(Arc<std::io::Error>),
+    #[error("connection closed by server")]
     Closed,
+    #[error("timeout")]
     Timeout,
     /// The replies no longer line up with the requests: not the server's health, since a
     /// client's request may be what caused it.
+    #[error("reply out of step with requests")]
     OutOfStep,
 }
 
-impl std::fmt::Display for Lost {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            // "Connection refused", as nutcracker says it, without "(os error 111)".
-            Lost::Io(e) => {
-                let text = e.to_string();
-                f.write_str(text.split(" (os error").next().unwrap_or(&text))
-            }
-            Lost::Closed => f.write_str("connection closed by server"),
-            Lost::Timeout => f.write_str("timeout"),
-            Lost::OutOfStep => f.write_str("reply out of step with requests"),
-        }
+impl From<std::io::Error> for ServerError {
+    fn from(e: std::io::Error) -> ServerError {
+        ServerError::Io(Arc::new(e))
+    }
+}
+
+/// "Connection refused", as nutcracker says it, without "(os error 111)".
+fn os_message(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    match text.split_once(" (os error") {
+        Some((message, _)) => message.to_owned(),
+        None => text,
     }
 }
 
@@ -152,7 +161,7 @@ impl Conn {
                 add(&stats.errors, 1);
                 pending
                     .slot
-                    .complete(pending.part, Err("server unavailable".into()));
+                    .complete(pending.part, Err(ServerError::Unavailable));
                 return;
             }
             self.state.set(State::Idle);
@@ -187,8 +196,8 @@ impl Conn {
         let connected = timeout(spec.timeout, connect(self.addr, self.source)).await;
         let stream = match connected {
             Ok(Ok(stream)) => stream,
-            Ok(Err(e)) => return self.lost(Lost::Io(e)),
-            Err(_) => return self.lost(Lost::Timeout),
+            Ok(Err(e)) => return self.lost(ServerError::from(e)),
+            Err(_) => return self.lost(ServerError::Timeout),
         };
         add(&stats.connects, 1);
         add(&stats.connections, 1);
@@ -196,16 +205,16 @@ impl Conn {
         sub(&stats.connections, 1);
         match result {
             // The server closed an idle connection: nothing was lost.
-            Err(Lost::Closed) if self.pending.borrow().is_empty() => {
+            Err(ServerError::Closed) if self.pending.borrow().is_empty() => {
                 self.state.set(State::Idle);
             }
-            Err(Lost::OutOfStep) => self.out_of_step(),
+            Err(ServerError::OutOfStep) => self.out_of_step(),
             Err(lost) => self.lost(lost),
             Ok(()) => self.state.set(State::Idle),
         }
     }
 
-    async fn serve(&self, mut stream: TcpStream) -> Result<(), Lost> {
+    async fn serve(&self, mut stream: TcpStream) -> Result<(), ServerError> {
         self.framed.set(0);
         self.held.set(0);
         let (mut rd, mut wr) = stream.split();
@@ -224,7 +233,7 @@ impl Conn {
                     last.mark = Some(nonce);
                 }
                 write_batch_sentinel(self.wire, nonce, &mut spare);
-                wr.write_all(&spare).await.map_err(Lost::Io)?;
+                wr.write_all(&spare).await.map_err(ServerError::from)?;
                 add(
                     &self.pool.servers[self.server].bytes_sent,
                     spare.len() as u64,
@@ -257,7 +266,7 @@ impl Conn {
                 let n = match deadline {
                     Some(deadline) => tokio::select! {
                         n = read => n,
-                        _ = sleep_until(deadline) => return Err(Lost::Timeout),
+                        _ = sleep_until(deadline) => return Err(ServerError::Timeout),
                     },
                     // A request sent while none was pending brings a deadline to watch.
                     None => tokio::select! {
@@ -266,9 +275,9 @@ impl Conn {
                     },
                 };
                 match n {
-                    Ok(0) => return Err(Lost::Closed),
+                    Ok(0) => return Err(ServerError::Closed),
                     Ok(n) => add(&self.pool.servers[self.server].bytes_received, n as u64),
-                    Err(e) => return Err(Lost::Io(e)),
+                    Err(e) => return Err(ServerError::from(e)),
                 }
             }
         };
@@ -281,7 +290,7 @@ impl Conn {
     /// Frames the replies at the front of `buf` and hands over each batch whose sentinel came
     /// where it should; returns the bytes used. Replies framed but not yet confirmed stay in
     /// `buf` (`held`), and framing resumes after them.
-    fn deliver(&self, buf: &[u8]) -> Result<usize, Lost> {
+    fn deliver(&self, buf: &[u8]) -> Result<usize, ServerError> {
         let mut base = 0;
         loop {
             let rest = &buf[base..];
@@ -316,7 +325,7 @@ impl Conn {
                 let Some(next) = queue.get_mut(framed) else {
                     // Bytes no request asked for.
                     return if rest.len() > held {
-                        Err(Lost::OutOfStep)
+                        Err(ServerError::OutOfStep)
                     } else {
                         Ok(base)
                     };
@@ -333,7 +342,7 @@ impl Conn {
                     self.held.set(held + f.total);
                 }
                 Ok(None) => return Ok(base),
-                Err(_) => return Err(Lost::OutOfStep),
+                Err(_) => return Err(ServerError::OutOfStep),
             }
         }
     }
@@ -368,7 +377,7 @@ impl Conn {
     fn out_of_step(&self) {
         add(&self.pool.servers[self.server].out_of_step, 1);
         self.state.set(State::Idle);
-        let failed = self.fail_waiting(&Lost::OutOfStep);
+        let failed = self.fail_waiting(&ServerError::OutOfStep);
         tracing::warn!(
             pool = %self.pool.spec.name, server = %self.pool.spec.servers[self.server].label(),
             waiting = failed, "replies out of step with requests; connection dropped"
@@ -377,24 +386,23 @@ impl Conn {
 
     /// Fails every request queued or written on this connection with `why`, and drops the
     /// bytes not yet written; returns how many failed.
-    fn fail_waiting(&self, why: &Lost) -> usize {
+    fn fail_waiting(&self, why: &ServerError) -> usize {
         let stats = &self.pool.servers[self.server];
         let waiting: Vec<Pending> = self.pending.borrow_mut().drain(..).collect();
         self.out.borrow_mut().clear();
-        let message = why.to_string();
         sub(&stats.in_flight, waiting.len() as u64);
         add(&stats.errors, waiting.len() as u64);
         let failed = waiting.len();
         for pending in waiting {
-            pending.slot.complete(pending.part, Err(message.clone()));
+            pending.slot.complete(pending.part, Err(why.clone()));
         }
         failed
     }
 
     /// Fails every waiting request, records the failure and keeps the server down for a
     /// backoff.
-    fn lost(&self, why: Lost) {
-        if matches!(why, Lost::Timeout) {
+    fn lost(&self, why: ServerError) {
+        if matches!(why, ServerError::Timeout) {
             add(&self.pool.servers[self.server].timeouts, 1);
         }
         tracing::debug!(
@@ -446,7 +454,11 @@ fn write_batch_sentinel(wire: Wire, nonce: u64, out: &mut Vec<u8>) {
 /// The length of the batch sentinel's reply at the front of `buf`, and whether memcached found
 /// the sentinel's key (`HD`): `Ok(None)` while what has arrived may still become it, an error if
 /// it cannot.
-fn batch_sentinel_len(wire: Wire, nonce: u64, buf: &[u8]) -> Result<Option<(usize, bool)>, Lost> {
+fn batch_sentinel_len(
+    wire: Wire,
+    nonce: u64,
+    buf: &[u8],
+) -> Result<Option<(usize, bool)>, ServerError> {
     match wire {
         Wire::Text => text_sentinel_len(nonce, buf),
         Wire::Binary => {
@@ -459,7 +471,7 @@ fn batch_sentinel_len(wire: Wire, nonce: u64, buf: &[u8]) -> Result<Option<(usiz
             } else if reply.starts_with(buf) {
                 Ok(None)
             } else {
-                Err(Lost::OutOfStep)
+                Err(ServerError::OutOfStep)
             }
         }
     }
@@ -478,7 +490,7 @@ fn hex16(n: u64) -> [u8; 16] {
 /// [`batch_sentinel_len`] on a text connection: `EN` or `HD`, the opaque, and then any flags
 /// memcached adds on its own (`W`, `X`, `Z` on an item a client has marked), up to the line's
 /// end.
-fn text_sentinel_len(nonce: u64, buf: &[u8]) -> Result<Option<(usize, bool)>, Lost> {
+fn text_sentinel_len(nonce: u64, buf: &[u8]) -> Result<Option<(usize, bool)>, ServerError> {
     // "EN O" or "HD O", then the number.
     const PREFIX: usize = 4 + 16;
     let mut prefix = [0u8; PREFIX];
@@ -500,7 +512,7 @@ fn text_sentinel_len(nonce: u64, buf: &[u8]) -> Result<Option<(usize, bool)>, Lo
             return if rest.len() < 32 && !rest.contains(&b'\n') {
                 Ok(None)
             } else {
-                Err(Lost::OutOfStep)
+                Err(ServerError::OutOfStep)
             };
         };
         let flags = &rest[..end];
@@ -509,14 +521,14 @@ fn text_sentinel_len(nonce: u64, buf: &[u8]) -> Result<Option<(usize, bool)>, Lo
             .skip(1)
             .all(|f| f.len() == 1 && f[0].is_ascii_uppercase());
         if !(flags.is_empty() || flags.first() == Some(&b' ') && plain) {
-            return Err(Lost::OutOfStep);
+            return Err(ServerError::OutOfStep);
         }
         return Ok(Some((PREFIX + end + 2, hit)));
     }
     if still_possible {
         Ok(None)
     } else {
-        Err(Lost::OutOfStep)
+        Err(ServerError::OutOfStep)
     }
 }
 
@@ -604,6 +616,15 @@ fn frame(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_io_error_reads_as_nutcracker_says_it() {
+        let refused = std::io::Error::from_raw_os_error(libc::ECONNREFUSED);
+        assert_eq!(ServerError::from(refused).to_string(), "Connection refused");
+        let plain = std::io::Error::other("no route");
+        assert_eq!(ServerError::from(plain).to_string(), "no route");
+        assert_eq!(ServerError::Unavailable.to_string(), "server unavailable");
+    }
 
     #[test]
     fn a_text_sentinel_reply_is_its_opaque_whatever_flags_memcached_adds() {

@@ -3,10 +3,11 @@
 use wire::memcache::reply::{parse_retrieval_reply, ReplyError};
 use wire::memcache::stats;
 
+use super::backend::ServerError;
 use super::plan::{error_reply, Combine, MergeKeys, OnError, CACHE_PART};
 
 /// One part's outcome: the server's reply, or why there is none.
-pub type Outcome = Result<Vec<u8>, String>;
+pub type Outcome = Result<Vec<u8>, ServerError>;
 
 /// Builds the client's reply from the outcomes, in part order, appending it to `out`.
 pub fn combine(how: &Combine, on_error: &OnError, outcomes: &mut [Outcome], out: &mut Vec<u8>) {
@@ -14,8 +15,8 @@ pub fn combine(how: &Combine, on_error: &OnError, outcomes: &mut [Outcome], out:
         out.extend_from_slice(bytes);
         return;
     }
-    if let Some(Err(message)) = outcomes.iter().find(|o| o.is_err()) {
-        error_reply(on_error, message, out);
+    if let Some(Err(why)) = outcomes.iter().find(|o| o.is_err()) {
+        error_reply(on_error, why, out);
         return;
     }
     let replies: Vec<&[u8]> = outcomes

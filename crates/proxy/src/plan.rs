@@ -2,6 +2,9 @@
 //! server, or to every server) and how to turn the servers' replies into the one reply the
 //! client expects. Pure: no I/O, no clock.
 
+use std::fmt;
+use std::io::Write as _;
+
 use wire::memcache::binary::{opcode, status, write_error, write_response, HEADER_LEN};
 use wire::memcache::reply::{write_retrieval_request, ReplyKind};
 use wire::memcache::{Command, Protocol, Request, MAX_KEY_LEN, MAX_LINE_LEN};
@@ -482,7 +485,7 @@ pub fn compact_long_line(request: &Request<'_>) -> Compact {
 pub const STATUS_PROXY_ERROR: u16 = 0x0084;
 
 /// Appends the proxy's error reply for a request that its server could not answer.
-pub fn error_reply(on: &OnError, message: &str, out: &mut Vec<u8>) {
+pub fn error_reply(on: &OnError, message: impl fmt::Display, out: &mut Vec<u8>) {
     if on.silent {
         return;
     }
@@ -499,9 +502,8 @@ pub fn error_reply(on: &OnError, message: &str, out: &mut Vec<u8>) {
             );
         }
         Protocol::Text | Protocol::Meta => {
-            out.extend_from_slice(b"SERVER_ERROR ");
-            out.extend_from_slice(message.as_bytes());
-            out.extend_from_slice(b"\r\n");
+            // Writing to a Vec cannot fail.
+            let _ = write!(out, "SERVER_ERROR {message}\r\n");
         }
     }
 }
