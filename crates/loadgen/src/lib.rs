@@ -103,27 +103,39 @@ impl fmt::Display for Dist {
 }
 
 impl FromStr for Dist {
-    type Err = String;
+    type Err = DistError;
 
-    fn from_str(s: &str) -> Result<Dist, String> {
+    fn from_str(s: &str) -> Result<Dist, DistError> {
         let theta = match s {
             "uniform" => return Ok(Dist::Uniform),
             "zipf" => 0.99,
             _ => {
-                let t = s.strip_prefix("zipf:").ok_or_else(|| {
-                    format!("unknown distribution {s:?}: expected uniform or zipf:THETA")
-                })?;
+                let t = s
+                    .strip_prefix("zipf:")
+                    .ok_or_else(|| DistError::Unknown(s.to_owned()))?;
                 t.parse::<f64>()
-                    .map_err(|_| format!("bad zipf exponent {t:?}"))?
+                    .map_err(|_| DistError::BadExponent(t.to_owned()))?
             }
         };
         if !theta.is_finite() || theta < 0.0 {
-            return Err(format!(
-                "zipf exponent must be a finite number >= 0, got {theta}"
-            ));
+            return Err(DistError::Exponent(theta));
         }
         Ok(Dist::Zipf(theta))
     }
+}
+
+/// Text that is not a [`Dist`].
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DistError {
+    /// Neither `uniform` nor `zipf` nor `zipf:THETA`.
+    #[error("unknown distribution {0:?}: expected uniform or zipf:THETA")]
+    Unknown(String),
+    /// The text after `zipf:`, which is not a number.
+    #[error("bad zipf exponent {0:?}")]
+    BadExponent(String),
+    /// An exponent that is negative, infinite or NaN.
+    #[error("zipf exponent must be a finite number >= 0, got {0}")]
+    Exponent(f64),
 }
 
 impl From<Dist> for String {
@@ -133,8 +145,8 @@ impl From<Dist> for String {
 }
 
 impl TryFrom<String> for Dist {
-    type Error = String;
-    fn try_from(s: String) -> Result<Dist, String> {
+    type Error = DistError;
+    fn try_from(s: String) -> Result<Dist, DistError> {
         s.parse()
     }
 }
@@ -681,9 +693,20 @@ mod tests {
         assert_eq!("uniform".parse::<Dist>(), Ok(Dist::Uniform));
         assert_eq!("zipf".parse::<Dist>(), Ok(Dist::Zipf(0.99)));
         assert_eq!("zipf:0.5".parse::<Dist>(), Ok(Dist::Zipf(0.5)));
-        assert!("zipf:-1".parse::<Dist>().is_err());
-        assert!("zipf:nan".parse::<Dist>().is_err());
-        assert!("pareto".parse::<Dist>().is_err());
+        assert_eq!("zipf:-1".parse::<Dist>(), Err(DistError::Exponent(-1.0)));
+        assert!(matches!(
+            "zipf:nan".parse::<Dist>(),
+            Err(DistError::Exponent(t)) if t.is_nan()
+        ));
+        assert_eq!(
+            "zipf:x".parse::<Dist>(),
+            Err(DistError::BadExponent("x".into()))
+        );
+        let e = "pareto".parse::<Dist>().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "unknown distribution \"pareto\": expected uniform or zipf:THETA"
+        );
         let json = serde_json::to_string(&Dist::Zipf(0.99)).expect("json");
         assert_eq!(json, "\"zipf:0.99\"");
         assert_eq!(
