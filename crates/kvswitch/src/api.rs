@@ -18,6 +18,7 @@ use proxy::stats::escape;
 use proxy::ProxyStats;
 use switch::stats::{get, Answer, Drop, Stats};
 use switch::Snapshot;
+use wire::memcache::MAX_KEY_LEN;
 
 /// What the API thread can see.
 pub struct Shared {
@@ -140,7 +141,34 @@ struct CacheQuery {
     limit: Option<usize>,
 }
 
-fn cache_query(query: &str) -> Result<CacheQuery, String> {
+/// Why a request to the cache's part of the API was refused. The client gets the message,
+/// with `400 Bad Request`.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// A `%` not followed by two hex digits, in this query value.
+    #[error("bad percent escape in `{0}`")]
+    BadEscape(String),
+    #[error("limit `{0}` is not a number")]
+    BadLimit(String),
+    #[error("unknown query parameter `{0}`")]
+    UnknownParameter(String),
+    #[error("the cache is off: start with --cache or a [cache] table")]
+    CacheOff,
+    /// A key that is empty or longer than memcached's longest; `len` is its length.
+    #[error("give a key of 1 to {MAX_KEY_LEN} bytes: ?key=...")]
+    KeyLength { len: usize },
+    #[error("no pool `{0}`")]
+    UnknownPool(String),
+    #[error("several pools have a cache: give &pool=NAME")]
+    PoolNeeded,
+    #[error("unknown action `{0}`")]
+    UnknownAction(String),
+    /// The cache could not pin the key.
+    #[error(transparent)]
+    Pin(#[from] kv::cache::PinError),
+}
+
+fn cache_query(query: &str) -> Result<CacheQuery, ApiError> {
     let mut q = CacheQuery::default();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -152,17 +180,17 @@ fn cache_query(query: &str) -> Result<CacheQuery, String> {
                 let text = String::from_utf8_lossy(&value);
                 q.limit = Some(
                     text.parse()
-                        .map_err(|_| format!("limit `{text}` is not a number"))?,
+                        .map_err(|_| ApiError::BadLimit(text.into_owned()))?,
                 );
             }
-            other => return Err(format!("unknown query parameter `{other}`")),
+            other => return Err(ApiError::UnknownParameter(other.to_owned())),
         }
     }
     Ok(q)
 }
 
 /// Decodes `%XX` escapes (and `+` as a space).
-fn percent_decode(text: &str) -> Result<Vec<u8>, String> {
+fn percent_decode(text: &str) -> Result<Vec<u8>, ApiError> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -171,9 +199,10 @@ fn percent_decode(text: &str) -> Result<Vec<u8>, String> {
             b'%' => {
                 let hex = bytes
                     .get(i + 1..i + 3)
+                    .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
                     .and_then(|h| std::str::from_utf8(h).ok())
                     .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or_else(|| format!("bad percent escape in `{text}`"))?;
+                    .ok_or_else(|| ApiError::BadEscape(text.to_owned()))?;
                 out.push(hex);
                 i += 3;
             }
@@ -499,4 +528,37 @@ pub fn status(shared: &Shared) -> serde_json::Value {
             "misses": t.misses,
         })).collect::<Vec<_>>(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cache_query_decodes_its_values() {
+        let q = cache_query("key=a%20b+c&pool=p&limit=5").unwrap();
+        assert_eq!(
+            (q.key.as_slice(), q.pool.as_deref(), q.limit),
+            (&b"a b c"[..], Some("p"), Some(5))
+        );
+        assert_eq!(cache_query("key=%ff").unwrap().key, [0xff]);
+    }
+
+    #[test]
+    fn a_bad_cache_query_says_what_is_wrong() {
+        let refused = |query: &str| cache_query(query).map(drop).unwrap_err();
+        for bad in ["key=%2", "key=%zz", "key=%+1", "key=%-1"] {
+            let e = refused(bad);
+            assert!(matches!(e, ApiError::BadEscape(_)), "{bad}: {e:?}");
+        }
+        assert_eq!(
+            refused("key=a%2").to_string(),
+            "bad percent escape in `a%2`"
+        );
+        assert_eq!(refused("limit=x").to_string(), "limit `x` is not a number");
+        assert_eq!(
+            refused("colour=red").to_string(),
+            "unknown query parameter `colour`"
+        );
+    }
 }

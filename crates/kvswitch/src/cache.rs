@@ -7,6 +7,7 @@ use serde_json::json;
 
 use wire::memcache::MAX_KEY_LEN;
 
+use crate::api::ApiError;
 pub use switch::cache::*;
 
 /// The cache families of `/metrics`, one series per pool.
@@ -191,28 +192,28 @@ pub fn control(
     action: &str,
     pool: &Option<String>,
     key: &[u8],
-) -> Result<serde_json::Value, String> {
+) -> Result<serde_json::Value, ApiError> {
     if caches.is_empty() {
-        return Err("the cache is off: start with --cache or a [cache] table".into());
+        return Err(ApiError::CacheOff);
     }
     if key.is_empty() || key.len() > MAX_KEY_LEN {
-        return Err(format!("give a key of 1 to {MAX_KEY_LEN} bytes: ?key=..."));
+        return Err(ApiError::KeyLength { len: key.len() });
     }
     let cache = match pool {
         Some(name) => caches
             .iter()
             .find(|(p, _)| p == name)
-            .ok_or_else(|| format!("no pool `{name}`"))?,
+            .ok_or_else(|| ApiError::UnknownPool(name.clone()))?,
         None if caches.len() == 1 => &caches[0],
-        None => return Err("several pools have a cache: give &pool=NAME".into()),
+        None => return Err(ApiError::PoolNeeded),
     };
     let now = kvio::clock::now();
     let mut c = cache.1.lock();
     let done = match action {
-        "pin" => c.pin(key, now).map(|()| true).map_err(|e| e.to_string())?,
+        "pin" => c.pin(key, now).map(|()| true)?,
         "unpin" => c.unpin(key),
         "evict" => c.evict(key, now),
-        other => return Err(format!("unknown action `{other}`")),
+        other => return Err(ApiError::UnknownAction(other.to_owned())),
     };
     Ok(serde_json::json!({
         "pool": cache.0,
@@ -310,4 +311,34 @@ fn http(api: std::net::SocketAddr, method: &str, path: &str) -> anyhow::Result<S
         anyhow::bail!("{}: {}", status.trim(), body.trim());
     }
     Ok(body.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_refuses_with_a_reason() {
+        let key = b"k".as_slice();
+        let e = control(&[], "pin", &None, key).unwrap_err();
+        assert!(matches!(e, ApiError::CacheOff), "{e:?}");
+        let service = CacheService::new(CacheSettings::default(), 1, kv::Instant::ZERO).unwrap();
+        let one = [("default".to_string(), service.clone())];
+        let long = vec![b'k'; MAX_KEY_LEN + 1];
+        let e = control(&one, "pin", &None, &long).unwrap_err();
+        assert!(matches!(e, ApiError::KeyLength { len } if len == MAX_KEY_LEN + 1));
+        assert_eq!(
+            e.to_string(),
+            format!("give a key of 1 to {MAX_KEY_LEN} bytes: ?key=...")
+        );
+        let e = control(&one, "pin", &Some("other".into()), key).unwrap_err();
+        assert_eq!(e.to_string(), "no pool `other`");
+        let e = control(&one, "freeze", &None, key).unwrap_err();
+        assert_eq!(e.to_string(), "unknown action `freeze`");
+        let two = [one[0].clone(), ("second".to_string(), service)];
+        let e = control(&two, "pin", &None, key).unwrap_err();
+        assert!(matches!(e, ApiError::PoolNeeded), "{e:?}");
+        let done = control(&one, "pin", &None, key).unwrap();
+        assert_eq!(done["changed"], true);
+    }
 }
