@@ -68,8 +68,8 @@ impl Common {
     }
 }
 
-fn parse_prefix(s: &str) -> Result<String, String> {
-    testbed::check_prefix(s).map_err(|e| e.to_string())?;
+fn parse_prefix(s: &str) -> anyhow::Result<String> {
+    testbed::check_prefix(s)?;
     Ok(s.to_string())
 }
 

@@ -110,27 +110,34 @@ pub fn write(chart: &Chart, stem: &Path) -> anyhow::Result<[PathBuf; 2]> {
     Ok([svg_path, png_path])
 }
 
+/// Why the plots' font could not be loaded; every later plot of the run fails the same way.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+enum FontError {
+    #[error(
+        "no DejaVu Sans font at {}: install fonts-dejavu-core (bash scripts/setup.sh)",
+        FONT_PATHS.join(" or ")
+    )]
+    Missing,
+    /// The file at this path did not load as a font.
+    #[error("{0} is not a TrueType font")]
+    NotTrueType(&'static str),
+}
+
 /// Reads DejaVu Sans once and registers it for both backends.
-fn load_font() -> anyhow::Result<()> {
-    static LOADED: OnceLock<Result<(), String>> = OnceLock::new();
-    LOADED
-        .get_or_init(|| {
-            let Some((path, bytes)) = FONT_PATHS
-                .iter()
-                .find_map(|p| std::fs::read(p).ok().map(|b| (*p, b)))
-            else {
-                return Err(format!(
-                    "no DejaVu Sans font at {}: install fonts-dejavu-core (bash scripts/setup.sh)",
-                    FONT_PATHS.join(" or ")
-                ));
-            };
-            // Registered fonts live as long as the process: leaked once.
-            let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-            plotters::style::register_font(FAMILY, FontStyle::Normal, bytes)
-                .map_err(|_| format!("{path} is not a TrueType font"))
-        })
-        .clone()
-        .map_err(|e| anyhow!(e))
+fn load_font() -> Result<(), FontError> {
+    static LOADED: OnceLock<Result<(), FontError>> = OnceLock::new();
+    *LOADED.get_or_init(|| {
+        let Some((path, bytes)) = FONT_PATHS
+            .iter()
+            .find_map(|p| std::fs::read(p).ok().map(|b| (*p, b)))
+        else {
+            return Err(FontError::Missing);
+        };
+        // Registered fonts live as long as the process: leaked once.
+        let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+        plotters::style::register_font(FAMILY, FontStyle::Normal, bytes)
+            .map_err(|_| FontError::NotTrueType(path))
+    })
 }
 
 fn draw<DB: DrawingBackend>(chart: &Chart, root: &DrawingArea<DB, Shift>) -> anyhow::Result<()> {
