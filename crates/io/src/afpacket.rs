@@ -314,12 +314,9 @@ impl Port for AfPacket {
                         done += 1;
                     }
                     _ if done > 0 => break,
-                    _ => {
-                        return Err(io::Error::new(
-                            e.kind(),
-                            format!("{}: send: {e}", self.name),
-                        ))
-                    }
+                    // As it is, like recv's: this runs once per batch while an interface is
+                    // down, and the caller knows which port it asked.
+                    _ => return Err(e),
                 },
             }
         }
