@@ -8,13 +8,13 @@
 //! crate never kills processes by name and never touches names without its prefix.
 //!
 //! [`local`] is the small version for tests that need no namespaces: memcached and nutcracker
-//! on free loopback ports. [`history`] checks recorded histories of memcached operations for
-//! coherence, and [`history_load`] records them with concurrent clients.
+//! on free loopback ports. [`history`] (the `kvswitch-history` crate, re-exported) checks
+//! recorded histories of memcached operations for coherence, and [`history_load`] records them
+//! with concurrent clients.
 
 mod config;
 pub mod differential;
 mod down;
-pub mod history;
 pub mod history_load;
 pub mod local;
 mod netns;
@@ -32,6 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use config::{kvswitch_config, nutcracker_config};
 pub use down::{down, down_prefix, sweep};
+pub use history;
 pub use netns::in_netns;
 pub use probe::{http_get, memcached_version};
 pub use state::{HostState, NutcrackerState, ProcRecord, State};
