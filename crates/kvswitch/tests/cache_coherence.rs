@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use common::proxy::{Front, Memcached, PoolOpts, Proxy, NAMES};
 use common::*;
-use testbed::history::{self, Clock, Report};
-use testbed::history_load::{self, Client, Load, Mix, Recorded, Transport};
+use testbed::history::{self, Report};
+use testbed::history_load::{self, Client, Clock, Load, Mix, Recorded, Transport};
 
 /// The in-network cache under test: a `[cache]` section appended verbatim to the switch's
 /// configuration and to the standalone proxy's, so both paths run with it. `None` runs

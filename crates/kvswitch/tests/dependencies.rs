@@ -61,6 +61,7 @@ const PURE: &[&str] = &[
     "kvswitch-pipeline",
     "kvswitch-kv",
     "kvswitch-switch",
+    "kvswitch-history",
 ];
 
 /// The names of every crate in `package`'s normal dependency tree (itself included).

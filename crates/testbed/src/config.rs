@@ -8,8 +8,9 @@ use std::fmt::Write;
 use crate::state::State;
 use crate::topology::MEMCACHED_PORT;
 
-/// The kvswitch daemon config, with `extra` appended verbatim.
-pub fn kvswitch_config(state: &State, extra: Option<&str>) -> String {
+/// The kvswitch daemon config, with `pool` added verbatim to its `[pool]` table (before the
+/// servers, which TOML would otherwise take it to belong to) and `extra` appended verbatim.
+pub fn kvswitch_config(state: &State, pool: Option<&str>, extra: Option<&str>) -> String {
     let mut out = String::new();
     let ports: Vec<String> = state
         .hosts
@@ -54,6 +55,12 @@ pub fn kvswitch_config(state: &State, extra: Option<&str>) -> String {
     let _ = writeln!(out, "[pool]");
     let _ = writeln!(out, "distribution = {:?}", state.distribution);
     let _ = writeln!(out, "hash = {:?}", state.hash);
+    if let Some(pool) = pool {
+        out.push_str(pool);
+        if !pool.ends_with('\n') {
+            out.push('\n');
+        }
+    }
     for s in state.servers() {
         let _ = writeln!(out);
         let _ = writeln!(out, "[[pool.servers]]");

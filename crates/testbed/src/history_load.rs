@@ -1,4 +1,4 @@
-//! Concurrent clients that record histories for [`crate::history`]: random `get`, `gets` then
+//! Concurrent clients that record histories for [`history`]: random `get`, `gets` then
 //! `cas`, `set`, `delete` and `incr` on a few hot keys over memcached's text protocol, each
 //! operation logged with its start, end and outcome.
 //!
@@ -16,8 +16,36 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use crate::history::{Clock, Kind, Op};
+use history::{Kind, Op};
+
 use crate::in_netns;
+
+/// Nanoseconds since a common origin: the times of a recorded history. Every client of a run
+/// reads the one clock it was given, so their operations can be compared.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    origin: Instant,
+}
+
+impl Clock {
+    /// A clock whose origin is now.
+    pub fn start() -> Clock {
+        Clock {
+            origin: Instant::now(),
+        }
+    }
+
+    /// Nanoseconds since the origin, at least 1 (0 is when every key is absent).
+    pub fn now(&self) -> u64 {
+        (self.origin.elapsed().as_nanos() as u64).max(1)
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Clock {
+        Clock::start()
+    }
+}
 
 /// How a client reaches the server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

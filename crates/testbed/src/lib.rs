@@ -8,13 +8,13 @@
 //! crate never kills processes by name and never touches names without its prefix.
 //!
 //! [`local`] is the small version for tests that need no namespaces: memcached and nutcracker
-//! on free loopback ports. [`history`] checks recorded histories of memcached operations for
-//! coherence, and [`history_load`] records them with concurrent clients.
+//! on free loopback ports. [`history`] (the `kvswitch-history` crate, re-exported) checks
+//! recorded histories of memcached operations for coherence, and [`history_load`] records them
+//! with concurrent clients.
 
 mod config;
 pub mod differential;
 mod down;
-pub mod history;
 pub mod history_load;
 pub mod local;
 mod netns;
@@ -30,8 +30,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use anyhow::Context;
+
 pub use config::{kvswitch_config, nutcracker_config};
 pub use down::{down, down_prefix, sweep};
+pub use history;
 pub use netns::in_netns;
 pub use probe::{http_get, memcached_version};
 pub use state::{HostState, NutcrackerState, ProcRecord, State};
@@ -70,6 +73,9 @@ pub struct UpOptions {
     pub api: Option<SocketAddr>,
     /// Run nutcracker on the first client. Default true.
     pub start_nutcracker: bool,
+    /// Lines added verbatim to the generated kvswitch config's `[pool]` table, such as its
+    /// failure handling (`auto_eject_hosts`, `server_failure_limit`, ...).
+    pub pool_config: Option<String>,
     /// Appended verbatim to the generated kvswitch config.
     pub extra_config: Option<String>,
     /// Give kvswitch a local port into the root namespace (`<prefix>-local`), through which TCP
@@ -104,6 +110,7 @@ impl Default for UpOptions {
             state_path: None,
             api: None,
             start_nutcracker: true,
+            pool_config: None,
             extra_config: None,
             local_port: true,
             proxy: true,
@@ -171,6 +178,29 @@ impl Live {
             anyhow::anyhow!("no host {host:?} in testbed {:?}", self.state.prefix)
         })?;
         in_netns(&h.netns, f)
+    }
+
+    /// Kills the program serving on `host` (memcached, or `kvswitch node`) with SIGKILL, as a
+    /// crash would, and waits until it is gone; the host's namespace and link stay. Only the
+    /// PID `up` recorded for it is signalled, and only while it runs the recorded command
+    /// line. Returns that PID. Fails for a host that is not a server, or whose program is no
+    /// longer running.
+    pub fn kill_server(&self, host: &str) -> anyhow::Result<u32> {
+        let h = self
+            .host(host)
+            .filter(|h| h.role == Role::Server)
+            .ok_or_else(|| {
+                anyhow::anyhow!("no server {host:?} in testbed {:?}", self.state.prefix)
+            })?;
+        let record = self
+            .state
+            .procs
+            .iter()
+            .find(|p| p.netns.as_deref() == Some(h.netns.as_str()) && h.pids.contains(&p.pid))
+            .ok_or_else(|| anyhow::anyhow!("no process recorded on server {host:?}"))?;
+        process::kill(record.pid, &record.argv)
+            .with_context(|| format!("killing {} on {host:?}", record.what))?;
+        Ok(record.pid)
     }
 
     /// Leaves the testbed running when this value is dropped; `down(state_path)` removes it

@@ -1,9 +1,9 @@
 //! Checks a recorded history of memcached operations for the coherence promise: no client reads
 //! a value after a write that replaced it was acknowledged to any client.
 //!
-//! Pure: operations come in with their start and end times (nanoseconds from one origin, see
-//! [`Clock`]) and their outcomes; nothing here does I/O or reads the clock itself.
-//! [`crate::history_load`] records histories against real servers.
+//! Pure: operations come in with their start and end times (nanoseconds from one origin the
+//! recorder chose) and their outcomes; nothing here does I/O or reads a clock. The testbed's
+//! `history_load` records histories against real servers.
 //!
 //! The model. Every key is absent at time 0 (a harness that stores something first records
 //! that write). A write *W* takes effect at some instant between its start and its end. A read
@@ -18,38 +18,13 @@
 //! Values are numbers (the harness writes decimal numbers, so that `incr` applies to them);
 //! each set should write a value no other write produces, so that a read names its writer.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 use std::fmt;
-use std::time::Instant;
 
 /// What a key holds: a number, or `None` for absent.
 pub type Value = Option<u64>;
-
-/// Nanoseconds since a common origin.
-#[derive(Clone, Copy, Debug)]
-pub struct Clock {
-    origin: Instant,
-}
-
-impl Clock {
-    /// A clock whose origin is now.
-    pub fn start() -> Clock {
-        Clock {
-            origin: Instant::now(),
-        }
-    }
-
-    /// Nanoseconds since the origin, at least 1 (0 is when every key is absent).
-    pub fn now(&self) -> u64 {
-        (self.origin.elapsed().as_nanos() as u64).max(1)
-    }
-}
-
-impl Default for Clock {
-    fn default() -> Clock {
-        Clock::start()
-    }
-}
 
 /// What an operation did, as far as the client could tell.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -440,6 +415,8 @@ fn writer(ops: &[Op], w: usize) -> Writer {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Instant;
+
     use super::*;
 
     fn op(client: u32, cmd: &'static str, start: u64, end: u64, kind: Kind) -> Op {
