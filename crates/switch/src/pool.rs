@@ -273,9 +273,15 @@ impl Pool {
                 return false;
             };
             h.failures += 1;
-            h.failure_streak += 1;
+            // Failures of requests sent before it went out (or while an operator holds it
+            // out) do not count towards the next ejection: back in the ring, it starts afresh,
+            // as nutcracker's server does.
             let out = h.down_until.is_some_and(|t| t > now);
-            if eject && h.failure_streak >= limit && !out {
+            if out {
+                return false;
+            }
+            h.failure_streak += 1;
+            if eject && h.failure_streak >= limit {
                 h.down_until = Some(now + retry);
                 h.failure_streak = 0;
                 h.ejections += 1;
@@ -438,5 +444,119 @@ mod tests {
     fn no_tag_hashes_whole_key() {
         let pool = tagged(None);
         assert_eq!(pool.hashed_key(b"user{42}"), b"user{42}");
+    }
+
+    fn three(eject: bool) -> Pool {
+        let servers = (1..=3u8)
+            .map(|i| ServerSpec {
+                host: format!("10.0.0.{i}"),
+                addr: SocketAddr::from(([10, 0, 0, i], 11211)),
+                weight: 1,
+                name: None,
+            })
+            .collect();
+        let mut spec = PoolSpec::new(
+            "p",
+            SocketAddr::from(([0, 0, 0, 0], 0)),
+            Distribution::Ketama,
+            HashFn::Md5,
+            servers,
+        );
+        spec.auto_eject_hosts = eject;
+        spec.server_failure_limit = 2;
+        spec.server_retry_timeout = Duration::from_secs(30);
+        Pool::new(spec).unwrap()
+    }
+
+    /// Keys of server `i` under the full ring.
+    fn keys_of(view: &View, i: usize) -> Vec<Vec<u8>> {
+        (0..1000)
+            .map(|n| format!("key:{n}").into_bytes())
+            .filter(|k| view.locate(k) == Some(i))
+            .collect()
+    }
+
+    #[test]
+    fn failures_eject_and_the_server_returns_after_its_timeout() {
+        let pool = three(true);
+        let t0 = Instant::from_secs(100);
+        let full = pool.view(t0);
+        assert_eq!(full.version(), 0);
+        assert_eq!(full.live(), &[0, 1, 2]);
+        let moved = keys_of(&full, 1);
+        assert!(!moved.is_empty());
+
+        assert!(!pool.failed(1, t0), "one failure is below the limit");
+        assert_eq!(pool.version(), 0);
+        pool.answered(1);
+        assert!(!pool.failed(1, t0), "an answer ended the streak");
+        assert!(pool.failed(1, t0), "the second failure in a row ejects");
+        assert_eq!(pool.version(), 1);
+        assert!(pool.is_down(1, t0));
+        let out = pool.view(t0);
+        assert_eq!(out.version(), 1);
+        assert_eq!(out.live(), &[0, 2]);
+        assert_eq!(out.next_return(), Some(t0 + Duration::from_secs(30)));
+        // Its keys go to the survivors; nobody else's keys move (ketama).
+        for k in &moved {
+            assert_ne!(out.locate(k), Some(1));
+        }
+        for i in [0, 2] {
+            for k in keys_of(&full, i) {
+                assert_eq!(out.locate(&k), Some(i));
+            }
+        }
+        // Late failures of requests sent before it went out do not count towards the next.
+        assert!(!pool.failed(1, t0 + Duration::from_secs(1)));
+        assert_eq!(pool.health(1).failure_streak, 0);
+        assert_eq!(pool.health(1).failures, 4);
+        assert_eq!(pool.health(1).ejections, 1);
+
+        // Back once its time out ends: a new version, the first ring again.
+        let back = pool.view(t0 + Duration::from_secs(30));
+        assert_eq!(back.version(), 2);
+        assert_eq!(back.live(), &[0, 1, 2]);
+        for k in &moved {
+            assert_eq!(back.locate(k), Some(1));
+        }
+        assert!(
+            !pool.failed(1, t0 + Duration::from_secs(31)),
+            "it starts afresh"
+        );
+    }
+
+    #[test]
+    fn without_auto_eject_failures_are_only_counted() {
+        let pool = three(false);
+        let t0 = Instant::from_secs(1);
+        for _ in 0..10 {
+            assert!(!pool.failed(0, t0));
+        }
+        assert_eq!(pool.version(), 0);
+        assert_eq!(pool.health(0).failures, 10);
+    }
+
+    #[test]
+    fn set_down_is_the_operators_door() {
+        let pool = three(false);
+        let t0 = Instant::from_secs(1);
+        assert_eq!(pool.set_down(2, Some(Instant::from_secs(10))), 1);
+        assert_eq!(
+            pool.set_down(2, Some(Instant::from_secs(10))),
+            1,
+            "no change, no version"
+        );
+        assert_eq!(pool.view(t0).live(), &[0, 1]);
+        for i in 0..3 {
+            pool.set_down(i, Some(Instant::from_secs(10)));
+        }
+        let none = pool.view(t0);
+        assert!(none.live().is_empty());
+        assert_eq!(none.locate(b"k"), None, "no server: no owner");
+        assert_eq!(pool.set_down(0, None), 4);
+        assert_eq!(pool.view(t0).locate(b"k"), Some(0));
+        assert_eq!(pool.view(t0).live(), &[0]);
+        // Out of range: nothing changes.
+        assert_eq!(pool.set_down(7, None), 4);
     }
 }
