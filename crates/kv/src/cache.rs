@@ -280,6 +280,8 @@ pub struct EntryInfo {
 #[derive(Debug)]
 pub struct Cache {
     cfg: Config,
+    /// The cached keys. Nothing depends on the map's order: a scan of it sums, counts, or
+    /// picks a minimum whose ties go to the lowest key ([`victim_order`]).
     entries: HashMap<Box<[u8]>, Entry>,
     bytes: u64,
     slots: Box<[Slot]>,
@@ -391,9 +393,12 @@ impl Cache {
             entry.load = hot::ewma(alpha, entry.reads as f64 * scale, entry.load);
             entry.reads = 0;
         }
+        // The percentile is a value of the multiset of loads: the order collected is moot.
         let mut loads: Vec<f64> = self.entries.values().map(|e| e.load).collect();
         self.threshold =
             hot::admission_threshold(&mut loads, self.cfg.admit_percentile).unwrap_or(0.0);
+        // Offered in the tracker's order (backend by backend, each in decreasing load), which
+        // decides who is left out when the cache fills up.
         for report in self.tracker.take_reports() {
             if !self.entries.contains_key(&*report.key) {
                 self.counters.periodic_reports += 1;
@@ -437,11 +442,13 @@ impl Cache {
         true
     }
 
+    /// The unpinned key that leaves first: the least loaded, and among equal loads the lowest
+    /// in byte order, so that the victim never depends on the map's iteration order.
     fn least_loaded(&self) -> Option<(Box<[u8]>, f64)> {
         self.entries
             .iter()
             .filter(|(_, e)| !e.pinned)
-            .min_by(|a, b| a.1.load.total_cmp(&b.1.load))
+            .min_by(|(ka, a), (kb, b)| victim_order((ka, a), (kb, b)))
             .map(|(k, e)| (k.clone(), e.load))
     }
 
@@ -502,12 +509,16 @@ impl Cache {
 
     // ---- rules ------------------------------------------------------------------------------
 
-    /// Releases the rule changes the budget allows now; call it periodically (the switch does
-    /// at every tick) so that deletions held back are released within their delay.
-    /// The earliest instant at which [`Cache::roll`] or [`Cache::poll_rules`] has work: the
-    /// end of the tracker's segment, or when the rule budget next allows a queued change
-    /// (the origin, i.e. at once, when it allows one already).
+    /// The earliest instant at which the periodic work has something to do: the origin (at
+    /// once) while released rule changes wait for [`Cache::take_rule_changes`] (an admission
+    /// while a read was seen releases its rule at once, and the switch's table only follows at
+    /// a tick); else the end of the tracker's segment ([`Cache::roll`]), or when the rule
+    /// budget next allows a queued change ([`Cache::poll_rules`]; the origin when it allows one
+    /// already). Leases need no call: a lookup checks them against its own instant.
     pub fn poll_at(&self) -> Instant {
+        if !self.released.is_empty() {
+            return Instant::ZERO;
+        }
         let segment = self.tracker.segment_end();
         if self.buffer.is_empty() {
             return segment;
@@ -515,6 +526,8 @@ impl Cache {
         segment.min(self.budget.ready_at().unwrap_or(Instant::ZERO))
     }
 
+    /// Releases the rule changes the budget allows now; call it periodically (the switch does
+    /// at every tick) so that deletions held back are released within their delay.
     pub fn poll_rules(&mut self, now: Instant) {
         for change in self.buffer.poll(now, &mut self.budget) {
             match &change {
@@ -655,11 +668,12 @@ impl Cache {
         let old = entry.bytes();
         // Make room from less loaded values, or give up.
         while self.bytes - old + size > self.cfg.bytes {
+            // The least loaded value, ties to the lowest key, as in `least_loaded`.
             let victim = self
                 .entries
                 .iter()
                 .filter(|(k, e)| e.value.is_some() && !e.pinned && &***k != key)
-                .min_by(|a, b| a.1.load.total_cmp(&b.1.load))
+                .min_by(|(ka, a), (kb, b)| victim_order((ka, a), (kb, b)))
                 .map(|(k, e)| (k.clone(), e.load));
             match victim {
                 Some((victim, victim_load)) if victim_load < load => {
@@ -768,9 +782,20 @@ impl Cache {
             .hot()
             .map(|(k, load, group)| (Box::<[u8]>::from(k), load, group))
             .collect();
-        hot.sort_by(|a, b| b.1.total_cmp(&a.1));
+        // Equal loads: by backend, then key.
+        hot.sort_by(|a, b| {
+            b.1.total_cmp(&a.1)
+                .then_with(|| a.2.cmp(&b.2))
+                .then_with(|| a.0.cmp(&b.0))
+        });
         hot
     }
+}
+
+/// The order in which cached keys leave: lower load first, and among equal loads the lower key
+/// in byte order. Loads compare by [`f64::total_cmp`], so a NaN never makes the order partial.
+fn victim_order(a: (&[u8], &Entry), b: (&[u8], &Entry)) -> std::cmp::Ordering {
+    a.1.load.total_cmp(&b.1.load).then_with(|| a.0.cmp(b.0))
 }
 
 #[cfg(test)]
@@ -1026,6 +1051,76 @@ mod tests {
         c.see(0, b"d", now);
         assert!(c.contains(b"d") && !c.contains(b"b"));
         assert_eq!(c.gauges().entries, 3);
+    }
+
+    #[test]
+    fn equal_loads_evict_the_lowest_key() {
+        let now = Instant::ZERO;
+        let cfg = Config {
+            items: 3,
+            admit_every_read: true,
+            ..Config::default()
+        };
+        let mut c = Cache::new(cfg, 1, now).unwrap();
+        // Every key enters at the threshold, 0: all loads are equal.
+        for key in [&b"m"[..], b"b", b"x"] {
+            c.see(0, key, now);
+        }
+        c.see(0, b"d", now);
+        assert!(!c.contains(b"b") && c.contains(b"d"));
+        c.see(0, b"a", now);
+        assert!(!c.contains(b"d"), "d is now the lowest of d, m, x");
+        for key in [&b"a"[..], b"m", b"x"] {
+            assert!(c.contains(key));
+        }
+
+        // Making room for a value: the same order among values of equal load.
+        let cfg = Config {
+            bytes: 10,
+            ..Config::default()
+        };
+        let mut c = Cache::new(cfg, 1, now).unwrap();
+        for (key, load) in [(&b"k2"[..], 1.0), (b"k1", 1.0), (b"k3", 1.0), (b"hot", 5.0)] {
+            c.offer(key, load, now);
+        }
+        for key in [&b"k2"[..], b"k1", b"k3"] {
+            let t = c.fill_token(key).unwrap();
+            let outcome = c.fill(key, t, value(&[0; 3], None), now);
+            assert_eq!(outcome, Fill::Filled);
+        }
+        let t = c.fill_token(b"hot").unwrap();
+        assert_eq!(c.fill(b"hot", t, value(&[1; 3], None), now), Fill::Filled);
+        assert!(!c.contains(b"k1"));
+        assert!(c.contains(b"k2") && c.contains(b"k3"));
+    }
+
+    #[test]
+    fn released_rule_changes_make_the_cache_due_at_once() {
+        let (mut c, now) = cache(10, None);
+        c.keep_rule_changes(true);
+        let segment_end = now + c.config().tracker.segment;
+        assert_eq!(c.poll_at(), segment_end);
+        assert!(c.offer(b"k", 1.0, now));
+        // The rule is released already; a switch mirrors it at its next tick.
+        assert_eq!(c.poll_at(), Instant::ZERO);
+        assert_eq!(c.take_rule_changes(), [Change::Add(Box::from(&b"k"[..]))]);
+        assert_eq!(c.poll_at(), segment_end);
+    }
+
+    #[test]
+    fn a_limited_rule_budget_is_due_when_it_allows_the_next_change() {
+        // One rule a second: the first goes at once, the second waits a second for its rule.
+        let (mut c, now) = cache(10, Some(1));
+        assert!(c.offer(b"a", 1.0, now));
+        assert!(c.offer(b"b", 1.0, now));
+        assert_eq!(c.gauges().pending_installs, 1);
+        let due = c.poll_at();
+        assert_eq!(due, now + Duration::from_secs(1));
+        c.poll_rules(due - Duration::from_nanos(1));
+        assert_eq!(c.gauges().pending_installs, 1, "not a nanosecond early");
+        c.poll_rules(due);
+        assert_eq!(c.gauges().pending_installs, 0);
+        assert_eq!(c.poll_at(), now + c.config().tracker.segment);
     }
 
     #[test]

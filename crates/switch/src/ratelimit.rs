@@ -86,7 +86,8 @@ impl ReplyLimiter {
         }
     }
 
-    /// Drops the buckets that have filled up again: a new bucket would be the same.
+    /// Drops the buckets that have filled up again: a new bucket would be the same. Each
+    /// bucket is refilled and judged on its own, so the map's order changes nothing.
     pub fn sweep(&mut self, now: Instant) {
         let (rate, burst) = (self.rate, self.burst);
         self.buckets.retain(|_, b| {

@@ -80,6 +80,7 @@ pub enum Check {
 pub struct SourceGuard {
     /// Per port, the prefixes configured for it; an empty list: learned addresses only.
     prefixes: Vec<Vec<Prefix>>,
+    /// The bound addresses: looked up, counted, and pruned binding by binding.
     bound: HashMap<Ipv4Addr, Binding>,
     /// Addresses bound to each port.
     per_port: Vec<usize>,
@@ -165,7 +166,8 @@ impl SourceGuard {
         }
     }
 
-    /// Forgets addresses not seen for the ageing time.
+    /// Forgets addresses not seen for the ageing time. Each binding is judged on its own and
+    /// the per-port counts only go down, so the outcome does not depend on the map's order.
     pub fn expire(&mut self, now: Instant) {
         let age = self.age;
         let per_port = &mut self.per_port;

@@ -20,7 +20,8 @@
 //! one message — the item and `END`, or `END` alone, or an error line — split into numbered
 //! datagrams only when it is large, which reassemble in any order.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
@@ -192,12 +193,18 @@ pub enum SplitError {
 
 /// The split table. Driven by the switch: no I/O, time passed in.
 pub struct Splitter {
+    /// Splits in flight by number. Looked up, or scanned for the earliest deadline and for the
+    /// expired (which are then sorted by number).
     pending: HashMap<u64, Pending>,
     /// Sub-request id → pending split.
     by_request: HashMap<u16, u64>,
     /// Ids recently freed, and until when they rest: a reply that comes late to an id's last
     /// use must not be taken for the answer to its next use.
     resting: HashMap<u16, Instant>,
+    /// The same rests, soonest end first, so that the ones over are forgotten as soon as a
+    /// split starts: how many ids rest must not depend on how often the caller ticks. An
+    /// entry whose id rests again, or was taken again, until another instant is skipped.
+    rest_ends: BinaryHeap<Reverse<(Instant, u16)>>,
     next_split: u64,
     next_request_id: u16,
     timeout: Duration,
@@ -215,6 +222,7 @@ impl Splitter {
             pending: HashMap::new(),
             by_request: HashMap::new(),
             resting: HashMap::new(),
+            rest_ends: BinaryHeap::new(),
             next_split: 0,
             next_request_id: first_request_id.max(1),
             timeout,
@@ -231,10 +239,24 @@ impl Splitter {
         self.pending.values().map(|p| p.deadline).min()
     }
 
-    /// Whether `n` more sub-request ids can be had. Ids in use and resting together stay under
-    /// half the id space, so [`Self::allocate_request_id`] always finds a free one.
-    fn ids_available(&self, n: usize) -> bool {
+    /// Whether `n` more sub-request ids can be had at `now`. Ids in use and resting together
+    /// stay under half the id space, so [`Self::allocate_request_id`] always finds a free one.
+    fn ids_available(&mut self, n: usize, now: Instant) -> bool {
+        self.end_rests(now);
         self.by_request.len() + self.resting.len() + n <= MAX_IDS_IN_FLIGHT
+    }
+
+    /// Forgets the rests that are over at `now`. O(log n) per rest over.
+    fn end_rests(&mut self, now: Instant) {
+        while let Some(&Reverse((until, id))) = self.rest_ends.peek() {
+            if until > now {
+                break;
+            }
+            self.rest_ends.pop();
+            if self.resting.get(&id) == Some(&until) {
+                self.resting.remove(&id);
+            }
+        }
     }
 
     /// An id neither in use nor resting. The caller checked [`Self::ids_available`].
@@ -305,7 +327,7 @@ impl Splitter {
             };
             order.push(at);
         }
-        if self.pending.len() >= MAX_PENDING || !self.ids_available(distinct.len()) {
+        if self.pending.len() >= MAX_PENDING || !self.ids_available(distinct.len(), now) {
             return Err(SplitError::TableFull);
         }
         let split = self.next_split;
@@ -392,7 +414,7 @@ impl Splitter {
             let (payload, fold) = sub_request(req).ok_or(SplitError::NotRetrieval)?;
             planned.push((server, payload, fold));
         }
-        if self.pending.len() >= MAX_PENDING || !self.ids_available(planned.len()) {
+        if self.pending.len() >= MAX_PENDING || !self.ids_available(planned.len(), now) {
             return Err(SplitError::TableFull);
         }
         let split = self.next_split;
@@ -493,7 +515,7 @@ impl Splitter {
         for id in &expired {
             self.abandon(*id);
         }
-        self.resting.retain(|_, until| *until > now);
+        self.end_rests(now);
         expired.len()
     }
 
@@ -504,6 +526,7 @@ impl Splitter {
         for part in &p.parts {
             self.by_request.remove(&part.request_id);
             self.resting.insert(part.request_id, until);
+            self.rest_ends.push(Reverse((until, part.request_id)));
             self.buffered = self.buffered.saturating_sub(part.bytes);
         }
         Some(p)
@@ -1298,5 +1321,42 @@ mod tests {
             &[("e", 0), ("f", 1)],
         );
         assert_eq!(later[0].request_id, subs[0].request_id);
+    }
+
+    #[test]
+    fn resting_ids_are_counted_until_their_rest_ends_whether_or_not_expire_ran() {
+        let timeout = Duration::from_millis(100);
+        let mut sp = Splitter::new(timeout, 0x1234);
+        let t0 = Instant::from_secs(1_000);
+        // Every id of the space the splitter may use, in splits of 64 keys, all answered:
+        // each id rests until its split's deadline and a timeout more.
+        let per_split = 64;
+        for split in 0..MAX_IDS_IN_FLIGHT / per_split {
+            let names: Vec<String> = (0..per_split).map(|i| format!("k{split}.{i}")).collect();
+            let spec: Vec<(&str, usize)> = names.iter().map(|n| (n.as_str(), 0)).collect();
+            for sub in start(&mut sp, t0, Command::Get, None, &spec) {
+                answer(&mut sp, &sub, b"END\r\n");
+            }
+        }
+        assert_eq!(sp.in_flight(), 0);
+        let keys = || vec![(b"a".to_vec(), 0), (b"b".to_vec(), 1)];
+        let rest_end = t0 + 2 * timeout;
+        let just_before = rest_end - Duration::from_nanos(1);
+        assert_eq!(
+            sp.start(
+                just_before,
+                client(),
+                Command::Get,
+                None,
+                keys(),
+                &sources()
+            ),
+            Err(SplitError::TableFull)
+        );
+        // No expire in between: the rests are over all the same.
+        assert!(sp
+            .start(rest_end, client(), Command::Get, None, keys(), &sources())
+            .is_ok());
+        assert_eq!(sp.resting.len(), 0);
     }
 }

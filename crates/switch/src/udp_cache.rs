@@ -50,10 +50,13 @@ enum Pending {
 
 pub struct UdpCache {
     service: Arc<CacheService>,
+    /// What each forwarded request waits for, by ticket. Looked up, or scanned for the
+    /// earliest deadline and for the expired (which are then sorted).
     pending: HashMap<Ticket, Pending>,
     reads: usize,
     writes: usize,
     /// Installed `kv_cache` entries by key hash, with how many cached keys share the hash.
+    /// Only looked up: rule changes are applied in the order the cache released them.
     rules: HashMap<u32, (u32, EntryId)>,
     table: TableId,
     write_timeout: Duration,
@@ -230,7 +233,7 @@ impl UdpCache {
     /// Periodic work: gives up on replies that did not come, rolls the cache's segment,
     /// releases rule changes and mirrors them into `kv_cache`.
     pub fn tick(&mut self, now: Instant, pipeline: &mut Pipeline, key_hash: &dyn Fn(&[u8]) -> u32) {
-        let expired: Vec<Ticket> = self
+        let mut expired: Vec<Ticket> = self
             .pending
             .iter()
             .filter(|(_, p)| match p {
@@ -240,6 +243,9 @@ impl UdpCache {
             })
             .map(|(t, _)| *t)
             .collect();
+        // Given up in ticket order (client address, port, request id), not the map's: closing
+        // writes commutes today, and a stated order keeps it so if settling ever says more.
+        expired.sort_unstable();
         for ticket in expired {
             self.settle(ticket);
         }

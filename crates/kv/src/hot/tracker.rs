@@ -376,6 +376,8 @@ impl Group {
             e.load *= decay;
         }
         new.retain(|e| e.load > 0.0);
+        // Stable: equal loads keep the counter's order (space-saving: the most recently seen
+        // first; count-min: key order), then the old list's.
         new.sort_by(|a, b| b.load.total_cmp(&a.load));
         self.loads = new;
         self.counter.clear();

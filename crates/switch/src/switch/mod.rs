@@ -99,6 +99,9 @@ const ARP_REPLY: u16 = 2;
 
 /// How often servers whose MAC or port is unknown are asked for with ARP.
 const ARP_RETRY: Duration = Duration::from_secs(1);
+/// The period of ageing passes (stations, source addresses, reply buckets), on a grid from the
+/// first tick.
+const AGEING_EVERY: Duration = Duration::from_secs(1);
 
 /// A view of the switch for the status API, refreshed by the run loop.
 #[derive(Debug, Clone, Default)]
@@ -153,7 +156,8 @@ pub struct Switch {
     view: Arc<View>,
     pipeline: Pipeline,
     tables: Tables,
-    /// Learned MAC → port; mirrors the pipeline's `l2` table.
+    /// Learned MAC → port; mirrors the pipeline's `l2` table. Looked up and counted; the
+    /// ageing pass sorts what it removes.
     macs: HashMap<Mac, Station>,
     backend_macs: Vec<Option<Mac>>,
     backend_by_ip: HashMap<Ipv4Addr, usize>,
@@ -165,7 +169,9 @@ pub struct Switch {
     held: VecDeque<Held>,
     /// The time of the frame or tick being handled.
     now: Option<Instant>,
-    last_aging: Option<Instant>,
+    /// When the next ageing pass is due: a point of the grid of [`AGEING_EVERY`] from the
+    /// first tick, so that passes happen at the same instants however often the caller ticks.
+    next_ageing: Option<Instant>,
     /// Each server's address and memcached port: where split parts must come from.
     sources: Vec<(Ipv4Addr, u16)>,
     /// The local port's index (after the configured ports), when there is one.
@@ -232,7 +238,7 @@ impl Switch {
             last_arp: None,
             held: VecDeque::new(),
             now: None,
-            last_aging: None,
+            next_ageing: None,
             sources: spec
                 .servers
                 .iter()
@@ -291,9 +297,14 @@ impl Switch {
 
     /// When the switch next needs [`Switch::tick`] if no frame comes first: the earliest of a
     /// held request's deadline, the next ARP round for a server whose MAC or port is unknown
-    /// or whose station is half-way to ageing, the next ageing pass, a split get's deadline, a
-    /// server's return to the pool and the cache's next deadline. An instant not after the
-    /// caller's now means at once (the first tick is due at once). `None`: nothing is waiting.
+    /// or whose station is half-way to ageing, the next ageing pass (while there is anything
+    /// to age), a split get's deadline, a server's return to the pool and the cache's next
+    /// deadline. An instant not after the caller's now means at once (the first tick is due at
+    /// once). `None`: nothing is waiting.
+    ///
+    /// Nothing a tick does falls due before this instant, so a caller that ticks at `poll_at`
+    /// (and again after every frame that makes it earlier) meets every deadline that a caller
+    /// ticking every few milliseconds meets, and no later.
     pub fn poll_at(&self) -> Option<Instant> {
         let Some(_) = self.now else {
             return Some(Instant::ZERO);
@@ -313,10 +324,7 @@ impl Switch {
         let ageing_due = !self.macs.is_empty()
             || self.guard.as_ref().is_some_and(|g| !g.is_empty())
             || self.limiter.as_ref().is_some_and(|l| !l.is_empty());
-        let ageing = ageing_due.then(|| {
-            self.last_aging
-                .map_or(Instant::ZERO, |t| t + Duration::from_secs(1))
-        });
+        let ageing = ageing_due.then(|| self.next_ageing.unwrap_or(Instant::ZERO));
         let cache = self.cache.as_ref().and_then(UdpCache::poll_at);
         [
             held,
@@ -1151,6 +1159,7 @@ impl Switch {
             }
         };
         stats::inc(&self.stats.kv_split);
+        self.count_splits();
         for sub in subs {
             let backend = &self.spec.servers[sub.server];
             // Both were checked before the split started.
@@ -1246,6 +1255,7 @@ impl Switch {
             Arrival::Stale => self.stats.count_drop(Drop::StaleReply),
             Arrival::Foreign => self.stats.count_drop(Drop::SplitForeignReply),
         }
+        self.count_splits();
     }
 
     /// A server's reply to a client passes: the cache hears of it first.
@@ -1258,9 +1268,6 @@ impl Switch {
         }
     }
 
-    /// Periodic work: expire split gets, ask servers whose MAC or port is unknown (out of
-    /// every port, from the agent address), the cache's rules and timeouts. The first call
-    /// asks at once, so the run loop's first tick resolves the servers at start-up.
     /// Sends the held requests whose server's port is now known; drops those held too long.
     fn release_held(&mut self, now: Instant, emit: &mut Vec<Emit>) {
         let mut kept = VecDeque::with_capacity(self.held.len());
@@ -1281,6 +1288,10 @@ impl Switch {
         self.held = kept;
     }
 
+    /// Periodic work: expire split gets, ask servers whose MAC or port is unknown (out of
+    /// every port, from the agent address), the cache's rules and timeouts, ageing. The first
+    /// call asks at once, so the run loop's first tick resolves the servers at start-up.
+    /// [`Switch::poll_at`] says when it next has work.
     pub fn tick(&mut self, now: Instant, emit: &mut Vec<Emit>) {
         self.now = Some(now);
         self.refresh_pool(now);
@@ -1295,10 +1306,7 @@ impl Switch {
         for _ in 0..self.splitter.expire(now) {
             self.stats.count_drop(Drop::SplitTimeout);
         }
-        self.stats.splits_in_flight.store(
-            self.splitter.in_flight() as u64,
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        self.count_splits();
         let due = self
             .last_arp
             .is_none_or(|t| now.duration_since(t) >= ARP_RETRY);
@@ -1345,16 +1353,35 @@ impl Switch {
         }
     }
 
+    /// Publishes how many split gets are in flight; called wherever that changes, so that the
+    /// gauge does not depend on how often the caller ticks.
+    fn count_splits(&self) {
+        self.stats.splits_in_flight.store(
+            self.splitter.in_flight() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
     /// Forgets stations (and source addresses, and full reply buckets) not heard from for
-    /// their ageing time, checking at most once a second.
+    /// their ageing time, in passes on a grid of [`AGEING_EVERY`] from the first tick: a pass
+    /// runs at the first tick at or after its grid point, and several points passed since the
+    /// last tick make one pass.
     fn age_macs(&mut self, now: Instant) {
-        if self
-            .last_aging
-            .is_some_and(|t| now.duration_since(t) < Duration::from_secs(1))
-        {
+        if self.next_ageing.is_some_and(|due| now < due) {
             return;
         }
-        self.last_aging = Some(now);
+        let next = match self.next_ageing {
+            // Whole periods since the point that fell due, and one more.
+            Some(due) => {
+                let periods = (now - due).as_nanos() / AGEING_EVERY.as_nanos() + 1;
+                u32::try_from(periods)
+                    .ok()
+                    .and_then(|n| AGEING_EVERY.checked_mul(n))
+                    .and_then(|d| due.checked_add(d))
+            }
+            None => now.checked_add(AGEING_EVERY),
+        };
+        self.next_ageing = Some(next.unwrap_or(now));
         if let Some(guard) = &mut self.guard {
             guard.expire(now);
         }
@@ -1362,12 +1389,15 @@ impl Switch {
             limiter.sweep(now);
         }
         let age = self.spec.mac_age;
-        let stale: Vec<Mac> = self
+        let mut stale: Vec<Mac> = self
             .macs
             .iter()
             .filter(|(_, s)| now.saturating_duration_since(s.seen) > age)
             .map(|(m, _)| *m)
             .collect();
+        // Removed in MAC order, not the map's: the order frees the `l2` table's slots, which
+        // later stations reuse (and the status API lists them by slot).
+        stale.sort_unstable();
         for mac in stale {
             self.macs.remove(&mac);
             if let Some(id) = self.pipeline.lookup_exact(self.tables.l2, &mac.0) {
@@ -1719,6 +1749,7 @@ impl Choose for NoChoice {
 mod tests {
     use super::*;
     use crate::frame::{udp_frame, UdpEnds};
+    use crate::pool::View;
 
     #[test]
     fn unfinished_udp_checksum_is_completed() {
@@ -1745,6 +1776,229 @@ mod tests {
             let mut cut = good[..n].to_vec();
             complete_l4_checksum(&mut cut);
         }
+    }
+
+    /// A client on port 0 and two servers with configured MACs, server `i` on port `1 + i`,
+    /// whose ports the switch learns from their traffic; driven by a caller that sleeps until
+    /// `poll_at`.
+    struct Bed {
+        sw: Switch,
+        stats: Arc<Stats>,
+        view: Arc<View>,
+        vip: Ipv4Addr,
+        vip_mac: Mac,
+        now: Instant,
+        emit: Vec<Emit>,
+        /// Every instant the switch was ticked at.
+        ticks: Vec<Instant>,
+    }
+
+    const CLIENT_MAC: Mac = Mac([2, 0, 0, 0, 0, 1]);
+    const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+
+    /// Server `i`'s address, MAC and port.
+    fn server(i: u8) -> (Ipv4Addr, Mac, u16) {
+        (
+            Ipv4Addr::new(10, 0, 0, 11 + i),
+            Mac([2, 0, 0, 0, 0, 0x0b + i]),
+            1 + u16::from(i),
+        )
+    }
+
+    impl Bed {
+        fn new(cache: Option<crate::cache::CacheSettings>) -> Bed {
+            let servers = (0..2)
+                .map(|i| {
+                    let (ip, mac, _) = server(i);
+                    crate::spec::Server {
+                        addr: std::net::SocketAddrV4::new(ip, 11211),
+                        mac: Some(mac),
+                    }
+                })
+                .collect();
+            let mut spec = SwitchSpec::new(3, Ipv4Addr::new(10, 0, 0, 100), servers);
+            spec.cache = cache.is_some();
+            let pool = spec.pool_spec(kv::Distribution::Ketama, kv::HashFn::Md5);
+            let pool = Arc::new(Pool::new(pool).unwrap());
+            let stats = Arc::new(Stats::new(3, 2));
+            let now = Instant::from_secs(1_000);
+            let mut sw = Switch::new(spec.clone(), pool.clone(), stats.clone()).unwrap();
+            if let Some(settings) = cache {
+                sw.set_cache(CacheService::new(settings, 2, now).unwrap())
+                    .unwrap();
+            }
+            Bed {
+                sw,
+                stats,
+                view: pool.view(now),
+                vip: spec.vip.ip,
+                vip_mac: spec.vip.mac,
+                now,
+                emit: Vec::new(),
+                ticks: Vec::new(),
+            }
+        }
+
+        /// Ticks at every instant `poll_at` names up to `until` (at once: now), as a caller
+        /// sleeping until then would; after each tick nothing may be due at its instant.
+        fn sleep_until(&mut self, until: Instant) {
+            while let Some(due) = self.sw.poll_at().filter(|t| *t <= until) {
+                let at = due.max(self.now);
+                self.sw.tick(at, &mut self.emit);
+                self.ticks.push(at);
+                self.now = at;
+                let next = self.sw.poll_at();
+                assert!(
+                    next.is_none_or(|t| t > at),
+                    "due at {next:?} after a tick at {at:?}"
+                );
+            }
+            self.now = until;
+        }
+
+        fn process(&mut self, port: u16, mut frame: Vec<u8>) -> Fate {
+            self.sw
+                .process(port, &mut frame, true, self.now, &mut self.emit)
+        }
+
+        /// A frame from server `i`: its port is known from then on.
+        fn hello(&mut self, i: u8) {
+            let (ip, mac, port) = server(i);
+            let ends = UdpEnds {
+                src_mac: mac,
+                dst_mac: Mac::BROADCAST,
+                src_ip: ip,
+                dst_ip: Ipv4Addr::BROADCAST,
+                src_port: 9,
+                dst_port: 9,
+            };
+            self.process(port, udp_frame(&ends, &[b"hello"]));
+        }
+
+        /// A text request from the client to the VIP.
+        fn request(&mut self, text: &str) -> Fate {
+            let ends = UdpEnds {
+                src_mac: CLIENT_MAC,
+                dst_mac: self.vip_mac,
+                src_ip: CLIENT_IP,
+                dst_ip: self.vip,
+                src_port: 40_000,
+                dst_port: 11211,
+            };
+            let header = [0, 7, 0, 0, 0, 1, 0, 0];
+            self.process(0, udp_frame(&ends, &[&header, text.as_bytes()]))
+        }
+
+        /// A key that server `i` holds.
+        fn key_on(&self, i: usize) -> String {
+            (0..)
+                .map(|n| format!("key{n}"))
+                .find(|k| self.view.locate(k.as_bytes()) == Some(i))
+                .unwrap()
+        }
+
+        fn drops(&self, reason: Drop) -> u64 {
+            stats::get(&self.stats.drops[reason as usize])
+        }
+    }
+
+    #[test]
+    fn poll_at_is_due_at_once_before_the_first_tick_and_then_only_for_the_next_arp_round() {
+        let mut bed = Bed::new(None);
+        assert_eq!(bed.sw.poll_at(), Some(Instant::ZERO));
+        let t0 = bed.now;
+        bed.sleep_until(t0);
+        assert_eq!(bed.ticks, [t0]);
+        // No station yet: both servers are asked for, and nothing is due before the next round.
+        assert_eq!(bed.emit.len(), 2);
+        assert_eq!(bed.sw.poll_at(), Some(t0 + ARP_RETRY));
+        bed.sleep_until(t0 + 3 * ARP_RETRY - Duration::from_nanos(1));
+        assert_eq!(bed.ticks, [t0, t0 + ARP_RETRY, t0 + 2 * ARP_RETRY]);
+        assert_eq!(stats::get(&bed.stats.arp_requests_sent), 6);
+    }
+
+    #[test]
+    fn an_idle_switch_that_knows_every_station_is_due_only_for_its_ageing_passes() {
+        let mut bed = Bed::new(None);
+        let t0 = bed.now;
+        bed.sleep_until(t0);
+        bed.hello(0);
+        bed.hello(1);
+        // Once a second on the grid of the first tick; the servers' stations are fresh for
+        // another half of their ageing time, so no ARP round comes before.
+        assert_eq!(bed.sw.poll_at(), Some(t0 + AGEING_EVERY));
+        bed.emit.clear();
+        bed.sleep_until(t0 + 10 * AGEING_EVERY);
+        let grid: Vec<Instant> = (0..=10).map(|n| t0 + n * AGEING_EVERY).collect();
+        assert_eq!(bed.ticks, grid);
+        assert!(bed.emit.is_empty());
+    }
+
+    #[test]
+    fn a_held_request_is_dropped_at_its_deadline_when_ticked_at_poll_at() {
+        let mut bed = Bed::new(None);
+        let t0 = bed.now;
+        bed.sleep_until(t0 + Duration::from_millis(250));
+        // Server 0's MAC is configured but its port unknown: held, and asked for at once.
+        let key = bed.key_on(0);
+        assert_eq!(bed.request(&format!("get {key}\r\n")), Fate::Consumed);
+        assert_eq!(stats::get(&bed.stats.route_held), 1);
+        let since = bed.now;
+        assert!(bed.sw.poll_at().is_some_and(|t| t <= since));
+        bed.sleep_until(since + HOLD_FOR - Duration::from_nanos(1));
+        assert_eq!(bed.drops(Drop::RoutePortUnknown), 0);
+        bed.sleep_until(since + HOLD_FOR);
+        assert_eq!(bed.drops(Drop::RoutePortUnknown), 1);
+        assert_eq!(bed.ticks.last(), Some(&(since + HOLD_FOR)));
+    }
+
+    #[test]
+    fn an_unanswered_split_expires_at_its_deadline_when_ticked_at_poll_at() {
+        let mut bed = Bed::new(None);
+        let t0 = bed.now;
+        bed.sleep_until(t0);
+        bed.hello(0);
+        bed.hello(1);
+        bed.sleep_until(t0 + Duration::from_millis(250));
+        let (a, b) = (bed.key_on(0), bed.key_on(1));
+        bed.emit.clear();
+        assert_eq!(bed.request(&format!("get {a} {b}\r\n")), Fate::Consumed);
+        assert_eq!(bed.emit.len(), 2, "one sub-request per server");
+        assert_eq!(stats::get(&bed.stats.splits_in_flight), 1);
+        let deadline = bed.now + Duration::from_secs(1);
+        bed.sleep_until(deadline - Duration::from_nanos(1));
+        assert_eq!(bed.drops(Drop::SplitTimeout), 0);
+        bed.sleep_until(deadline);
+        assert_eq!(bed.drops(Drop::SplitTimeout), 1);
+        assert_eq!(bed.ticks.last(), Some(&deadline));
+        assert_eq!(stats::get(&bed.stats.splits_in_flight), 0);
+    }
+
+    #[test]
+    fn a_key_admitted_by_a_read_reaches_kv_cache_at_the_tick_poll_at_asks_for_at_once() {
+        let mut settings = crate::cache::CacheSettings {
+            enabled: true,
+            ..Default::default()
+        };
+        settings.cache.admit_every_read = true;
+        let mut bed = Bed::new(Some(settings));
+        let t0 = bed.now;
+        bed.sleep_until(t0);
+        bed.hello(0);
+        bed.hello(1);
+        bed.sleep_until(t0 + Duration::from_millis(250));
+        let key = bed.key_on(0);
+        assert_eq!(bed.request(&format!("get {key}\r\n")), Fate::Out(1));
+        let kv_cache = |bed: &Bed| {
+            let snapshot = bed.sw.snapshot();
+            let table = snapshot.tables.iter().find(|t| t.name == "kv_cache");
+            table.map(|t| t.entries)
+        };
+        assert_eq!(kv_cache(&bed), Some(0));
+        // Admitted as it was read: its rule is released, and the table follows at once.
+        assert!(bed.sw.poll_at().is_some_and(|t| t <= bed.now));
+        bed.sleep_until(bed.now);
+        assert_eq!(kv_cache(&bed), Some(1));
     }
 
     /// A pool whose servers' MACs are not configured: the switch asks for them with ARP,
