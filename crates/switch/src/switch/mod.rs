@@ -530,12 +530,16 @@ impl Switch {
                     .map(|eth| eth.dst());
                 match (dst, self.now) {
                     (Some(dst), Some(since)) if self.held.len() < HOLD_MAX => {
+                        if self.held.is_empty() {
+                            // Ask at the next tick rather than at the next round; once per
+                            // wait, not once per held frame.
+                            self.last_arp = None;
+                        }
                         self.held.push_back(Held {
                             dst,
                             frame: frame.to_vec(),
                             since,
                         });
-                        self.last_arp = None;
                         stats::inc(&self.stats.route_held);
                     }
                     _ => self.stats.count_drop(Drop::RoutePortUnknown),
