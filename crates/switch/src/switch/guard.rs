@@ -1,0 +1,98 @@
+//! Sources and replies: the source-address check, addresses no host sends from, and the
+//! per-client reply limit.
+
+use super::*;
+
+impl Switch {
+    /// With `switch.source_check`: whether the frame's IPv4 source (the IPv4 header's, or an
+    /// ARP sender's) may come from `in_port`. The local port is the switch's own host and is
+    /// not checked; the switch's own addresses come from nowhere else (but the VIP in l2 mode,
+    /// which the servers own, from a server's MAC).
+    pub(super) fn check_source(
+        &mut self,
+        in_port: u16,
+        frame: &[u8],
+        src_mac: Mac,
+        ethertype: EtherType,
+        now: Instant,
+    ) -> Option<Drop> {
+        if self.guard.is_none() || Some(in_port) == self.local {
+            return None;
+        }
+        let ip = match ethertype {
+            EtherType::IPV4 => {
+                let at = usize::from(OFF_IP_SRC);
+                let bytes: [u8; 4] = frame.get(at..at + 4)?.try_into().ok()?;
+                Ipv4Addr::from(bytes)
+            }
+            EtherType::ARP => {
+                let packet = arp::Packet::new_checked(frame.get(ethernet::HEADER_LEN..)?).ok()?;
+                arp::Repr::parse(&packet).ok()?.sender_ip
+            }
+            _ => return None,
+        };
+        if self.own_address(ip) {
+            let server = self.backend_macs.contains(&Some(src_mac));
+            if self.spec.mode == Mode::L2 && ip == self.spec.vip.ip && server {
+                return None;
+            }
+            return Some(Drop::SourceVip);
+        }
+        if !source::is_host_address(ip) {
+            return None;
+        }
+        match self.guard.as_mut()?.check(in_port, ip, now) {
+            Check::Accept => None,
+            Check::Spoofed => Some(Drop::SourceSpoofed),
+            Check::TableFull => Some(Drop::SourceTableFull),
+        }
+    }
+
+    /// The VIP, the agent address, or an address of the host's end of the local port.
+    pub(super) fn own_address(&self, ip: Ipv4Addr) -> bool {
+        ip == self.spec.vip.ip || Some(ip) == self.spec.agent_ip || self.local_ips.contains(&ip)
+    }
+
+    /// Why traffic to the VIP (or the agent address) from `src_ip` cannot be genuine: no host
+    /// sends from these addresses or from port 0, and an answer to one would go nowhere or
+    /// everywhere (memcached stops answering UDP after a reply to port 0). `l4` is the IP
+    /// payload; its first two bytes are the source port when `plain` says it is UDP or TCP.
+    pub(super) fn bad_source_to_vip(
+        &self,
+        src_ip: Ipv4Addr,
+        l4: &[u8],
+        plain: bool,
+    ) -> Option<Drop> {
+        if src_ip.is_unspecified() {
+            return Some(Drop::SourceUnspecified);
+        }
+        if src_ip.is_broadcast() || Some(src_ip) == self.vip_broadcast {
+            return Some(Drop::SourceBroadcast);
+        }
+        if src_ip.is_multicast() {
+            return Some(Drop::SourceMulticast);
+        }
+        if src_ip.is_loopback() {
+            return Some(Drop::SourceLoopback);
+        }
+        if self.own_address(src_ip) {
+            return Some(Drop::SourceVip);
+        }
+        if plain && l4.get(0..2) == Some(&[0, 0]) {
+            return Some(Drop::SourcePortZero);
+        }
+        None
+    }
+
+    /// Whether a UDP reply of `bytes` may go to `client` now. Replies to the switch's own
+    /// addresses (parts of split gets) are not limited.
+    pub(super) fn reply_allowed(&mut self, client: Ipv4Addr, bytes: usize, now: Instant) -> bool {
+        if self.own_address(client) {
+            return true;
+        }
+        match &mut self.limiter {
+            Some(limiter) => limiter.allow(client, bytes, now),
+            None => true,
+        }
+    }
+}

@@ -1,0 +1,405 @@
+//! The parser stage: what a frame to the VIP is, and where each memcached request in it goes.
+
+use super::*;
+
+impl Switch {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn parse_ipv4(
+        &mut self,
+        in_port: u16,
+        frame: &[u8],
+        src_mac: Mac,
+        dst_mac: Mac,
+        csum_ready: bool,
+        now: Instant,
+        emit: &mut Vec<Emit>,
+    ) -> Stage {
+        let ip = match ipv4::Packet::new_checked(&frame[ethernet::HEADER_LEN..]) {
+            Ok(ip) => ip,
+            Err(_) => {
+                if dst_mac == self.spec.vip.mac {
+                    self.stats.count_drop(Drop::BadIpv4);
+                    return Stage::Done(Fate::Consumed);
+                }
+                return Stage::plain();
+            }
+        };
+        let (src_ip, dst_ip) = (ip.src(), ip.dst());
+        let plain = ip.header_len() == ipv4::HEADER_LEN && !ip.is_fragment();
+        let plain_udp = plain && ip.protocol() == ipv4::Protocol::UDP;
+        let plain_flags = match ip.protocol() {
+            _ if !plain => 0,
+            ipv4::Protocol::UDP => FLAG_PLAIN_UDP,
+            ipv4::Protocol::TCP => FLAG_PLAIN_TCP,
+            _ => 0,
+        };
+        let for_vip = dst_ip == self.spec.vip.ip;
+        let for_agent = Some(dst_ip) == self.spec.agent_ip;
+        if (for_vip || for_agent) && Some(in_port) != self.local {
+            if let Some(reason) = self.bad_source_to_vip(src_ip, ip.payload(), plain_flags != 0) {
+                self.stats.count_drop(reason);
+                return Stage::Done(Fate::Consumed);
+            }
+        }
+        if plain_udp {
+            let mut reply = false;
+            if let Some(&i) = self.backend_by_ip.get(&src_ip) {
+                let from_memcached = udp::Packet::new_checked(ip.payload())
+                    .is_ok_and(|u| u.src_port() == self.spec.servers[i].addr.port());
+                if from_memcached {
+                    stats::inc(&self.stats.backends[i].replies);
+                    self.reply_passes(ip.payload(), dst_ip, now);
+                    reply = true;
+                }
+            } else if src_ip == self.spec.vip.ip && self.spec.mode == Mode::L2 {
+                // In l2 mode the servers answer from the VIP, which they own on loopback.
+                let from_memcached = udp::Packet::new_checked(ip.payload())
+                    .is_ok_and(|u| u.src_port() == self.spec.vip.port);
+                if from_memcached {
+                    self.reply_passes(ip.payload(), dst_ip, now);
+                    reply = true;
+                }
+            }
+            // The cache has heard of it either way: the server did what it answers.
+            if reply && !self.reply_allowed(dst_ip, frame.len(), now) {
+                self.stats.count_drop(Drop::ReplyRateLimited);
+                return Stage::Done(Fate::Consumed);
+            }
+        }
+        if !(for_vip || for_agent) || ip.protocol() != ipv4::Protocol::UDP {
+            return Stage::Continue {
+                flags: plain_flags,
+                key_hash: 0,
+                routed: false,
+                read: None,
+            };
+        }
+        // UDP to the VIP (or the agent address): the key router's business.
+        if !ip.verify_checksum() {
+            self.stats.count_drop(Drop::BadIpv4);
+            return Stage::Done(Fate::Consumed);
+        }
+        if ip.is_fragment() {
+            self.stats.count_drop(Drop::IpFragment);
+            return Stage::Done(Fate::Consumed);
+        }
+        if ip.header_len() != ipv4::HEADER_LEN {
+            self.stats.count_drop(Drop::Ipv4Options);
+            return Stage::Done(Fate::Consumed);
+        }
+        let Ok(u) = udp::Packet::new_checked(ip.payload()) else {
+            self.stats.count_drop(Drop::BadUdp);
+            return Stage::Done(Fate::Consumed);
+        };
+        if csum_ready && !u.verify_checksum(src_ip, dst_ip) {
+            self.stats.count_drop(Drop::BadUdpChecksum);
+            return Stage::Done(Fate::Consumed);
+        }
+        let (src_port, dst_port) = (u.src_port(), u.dst_port());
+        if for_agent && dst_port == self.spec.agent_port {
+            self.split_reply((src_ip, src_port), u.payload(), now, emit);
+            return Stage::Done(Fate::Consumed);
+        }
+        if !for_vip || dst_port != self.spec.vip.port {
+            return Stage::Continue {
+                flags: FLAG_PLAIN_UDP,
+                key_hash: 0,
+                routed: false,
+                read: None,
+            };
+        }
+        stats::inc(&self.stats.kv_requests);
+        let client = UdpEnds {
+            src_mac: self.spec.vip.mac,
+            dst_mac: src_mac,
+            src_ip: self.spec.vip.ip,
+            dst_ip: src_ip,
+            src_port: dst_port,
+            dst_port: src_port,
+        };
+        let payload = u.payload();
+        let (header, body) = match mcudp::Header::parse(payload) {
+            Ok(x) => x,
+            Err(_) => {
+                self.stats.count_drop(Drop::BadFrameHeader);
+                return Stage::Done(Fate::Consumed);
+            }
+        };
+        if header.seq != 0 || header.total != 1 {
+            self.stats.count_drop(Drop::MultiDatagramRequest);
+            return Stage::Done(Fate::Consumed);
+        }
+        match self.route_datagram(body) {
+            Route::One { key_hash } => {
+                let mut read = None;
+                if let Some(cache) = &mut self.cache {
+                    let view = &self.view;
+                    let mut locate = |key: &[u8]| view.locate(key).unwrap_or(0);
+                    match cache.on_request(
+                        (src_ip, src_port),
+                        header.request_id,
+                        body,
+                        &mut locate,
+                        now,
+                    ) {
+                        Ok(true) => {
+                            read = Some(Read {
+                                client,
+                                request_id: header.request_id,
+                                body: BODY_OFFSET,
+                            })
+                        }
+                        Ok(false) => {}
+                        Err(reason) => {
+                            self.stats.count_drop(reason);
+                            return Stage::Done(Fate::Consumed);
+                        }
+                    }
+                }
+                Stage::Continue {
+                    flags: FLAG_PLAIN_UDP,
+                    key_hash,
+                    routed: true,
+                    read,
+                }
+            }
+            Route::Answer(kind, reply) => {
+                self.stats.answer(kind);
+                self.send_reply(in_port, &client, header.request_id, reply, now, emit);
+                Stage::Done(Fate::Consumed)
+            }
+            Route::Split => {
+                self.start_split(in_port, client, header.request_id, body, now, emit);
+                Stage::Done(Fate::Consumed)
+            }
+            Route::Drop(reason) => {
+                self.stats.count_drop(reason);
+                Stage::Done(Fate::Consumed)
+            }
+        }
+    }
+
+    /// Decides where the requests of one datagram go: all to one server, answered here, split,
+    /// or dropped. Never chooses a server that does not hold every key of the datagram.
+    pub(super) fn route_datagram(&mut self, body: &[u8]) -> Route {
+        let mut offset = 0;
+        let mut target: Option<(usize, u32)> = None;
+        let mut multi = false;
+        let mut requests = 0;
+        let mut split_candidate = false;
+        // Whether every request so far is a binary or meta get of one protocol, with at most
+        // a trailing no-op: a pipeline the splitter can take apart.
+        let mut pipelined_gets = true;
+        let mut protocol: Option<Protocol> = None;
+        let mut local: Option<&'static [u8]> = None;
+        let mut noops = 0;
+        while offset < body.len() {
+            let req = match memcache::parse(&body[offset..]) {
+                Ok(Some(req)) => req,
+                Ok(None) => return Route::Drop(Drop::IncompleteRequest),
+                Err(e) => {
+                    if requests > 0 {
+                        return Route::Drop(Drop::PipelinedError);
+                    }
+                    if body[offset] == 0x80 || body[offset] == 0x81 {
+                        return Route::Drop(Drop::BadBinaryRequest);
+                    }
+                    if e.text_reply().is_empty() {
+                        return Route::Drop(Drop::BadRequest);
+                    }
+                    let kind = if e.text_reply() == b"ERROR\r\n" {
+                        Answer::UnknownCommand
+                    } else {
+                        Answer::ClientError
+                    };
+                    return Route::Answer(kind, e.text_reply());
+                }
+            };
+            requests += 1;
+            // Nothing may follow a no-op in a pipeline the splitter takes apart.
+            let after_noop = noops > 0;
+            if req.key_count() == 0 {
+                match req.command {
+                    // No-ops end a pipeline of quiet requests; they go wherever the keys go.
+                    Command::MetaNoop | Command::Binary(memcache::binary::opcode::NOOP) => {
+                        if req.command == Command::MetaNoop {
+                            local = Some(b"MN\r\n");
+                        }
+                        noops += 1;
+                    }
+                    Command::Version => local = Some(VERSION_REPLY),
+                    _ => return Route::Drop(Drop::KeylessCommand),
+                }
+            }
+            split_candidate = req.protocol == Protocol::Text
+                && matches!(
+                    req.command,
+                    Command::Get | Command::Gets | Command::Gat | Command::Gats
+                );
+            pipelined_gets &= !after_noop
+                && req.protocol != Protocol::Text
+                && protocol.is_none_or(|p| p == req.protocol)
+                && is_pipelined_get_or_noop(req.command);
+            protocol = Some(req.protocol);
+            for token in req.keys() {
+                let (hash, server) = match self.place(&req, token) {
+                    Ok((hash, Some(server))) => (hash, server),
+                    // Every server of the pool is out.
+                    Ok((_, None)) => return Route::Drop(Drop::NoBackend),
+                    Err(e) => return Route::Answer(Answer::ClientError, e.text_reply()),
+                };
+                match target {
+                    None => target = Some((server, hash)),
+                    Some((s, _)) if s != server => multi = true,
+                    Some(_) => {}
+                }
+            }
+            offset += req.len.max(1);
+        }
+        if target.is_some() && noops > 0 {
+            // Keyed requests with their terminating no-op: one server answers them all.
+            local = None;
+        }
+        if let Some(reply) = local {
+            if requests == 1 {
+                return Route::Answer(Answer::Local, reply);
+            }
+            return Route::Drop(Drop::KeylessCommand);
+        }
+        match target {
+            None => Route::Drop(Drop::IncompleteRequest),
+            Some((_, key_hash)) if !multi => Route::One { key_hash },
+            Some(_) if requests == 1 && split_candidate => Route::Split,
+            Some(_) if pipelined_gets => Route::Split,
+            Some(_) => Route::Drop(Drop::PipelinedMultiServer),
+        }
+    }
+
+    /// The key hash and server of one key of `req`, placed as memcached stores it: a base64
+    /// meta key by its decoded bytes.
+    pub(super) fn place(
+        &self,
+        req: &memcache::Request<'_>,
+        token: &[u8],
+    ) -> Result<(u32, Option<usize>), memcache::Error> {
+        let mut decoded = [0u8; memcache::MAX_KEY_LEN];
+        let key = req.stored_key(token, &mut decoded)?;
+        let hash = self.view.key_hash(key);
+        Ok((hash, self.view.locate_hash(hash)))
+    }
+
+    pub(super) fn locate_pipeline<'a>(
+        &self,
+        body: &'a [u8],
+    ) -> Option<Vec<(memcache::Request<'a>, Option<usize>)>> {
+        let mut out = Vec::new();
+        let mut offset = 0;
+        while offset < body.len() {
+            let req = memcache::parse(body.get(offset..)?).ok()??;
+            let server = match req.key() {
+                Some(token) => Some(self.place(&req, token).ok()?.1?),
+                None => None,
+            };
+            offset += req.len.max(1);
+            out.push((req, server));
+        }
+        Some(out)
+    }
+}
+
+/// Whether a request may be part of a pipeline the splitter takes apart: a binary
+/// `GET`/`GETQ`/`GETK`/`GETKQ` or `NOOP`, a meta `mg` or `mn`.
+pub(super) fn is_pipelined_get_or_noop(command: Command) -> bool {
+    use memcache::binary::opcode;
+    matches!(
+        command,
+        Command::MetaGet
+            | Command::MetaNoop
+            | Command::Binary(
+                opcode::GET | opcode::GETQ | opcode::GETK | opcode::GETKQ | opcode::NOOP
+            )
+    )
+}
+
+/// The reply to `version` on the VIP: the switch answers for the pool.
+pub(super) const VERSION_REPLY: &[u8] =
+    concat!("VERSION kvswitch-", env!("CARGO_PKG_VERSION"), "\r\n").as_bytes();
+
+pub(super) enum Stage {
+    Done(Fate),
+    Continue {
+        flags: u32,
+        key_hash: u32,
+        routed: bool,
+        /// One read the cache may answer.
+        read: Option<Read>,
+    },
+}
+
+/// A read the cache may answer, as the parser found it.
+pub(super) struct Read {
+    /// The reply's addresses: from the VIP back to the client.
+    pub(super) client: UdpEnds,
+    pub(super) request_id: u16,
+    /// Where the request starts in the frame.
+    pub(super) body: usize,
+}
+
+/// Where a UDP request to the VIP starts in its frame: Ethernet, IPv4 without options (others
+/// are dropped before), UDP, and memcached's frame header.
+pub(super) const BODY_OFFSET: usize =
+    ethernet::HEADER_LEN + ipv4::HEADER_LEN + udp::HEADER_LEN + mcudp::LEN;
+
+impl Stage {
+    fn plain() -> Stage {
+        Stage::Continue {
+            flags: 0,
+            key_hash: 0,
+            routed: false,
+            read: None,
+        }
+    }
+}
+
+pub(super) enum Route {
+    One { key_hash: u32 },
+    Answer(Answer, &'static [u8]),
+    Split,
+    Drop(Drop),
+}
+
+/// Completes the UDP or TCP checksum of an IPv4 frame whose sender left it to hardware (a
+/// veth with transmit offload on hands such frames over with only the pseudo-header sum in
+/// place). Fragments and malformed frames are left alone.
+pub(super) fn complete_l4_checksum(frame: &mut [u8]) {
+    let Some(l3) = frame.get(ethernet::HEADER_LEN..) else {
+        return;
+    };
+    let Ok(ip) = ipv4::Packet::new_checked(l3) else {
+        return;
+    };
+    if ip.is_fragment() {
+        return;
+    }
+    let (src, dst, proto) = (ip.src(), ip.dst(), ip.protocol());
+    let start = ethernet::HEADER_LEN + ip.header_len();
+    let end = ethernet::HEADER_LEN + usize::from(ip.total_len());
+    let check_at = match proto {
+        ipv4::Protocol::UDP => 6,
+        ipv4::Protocol::TCP => 16,
+        _ => return,
+    };
+    let Some(segment) = frame.get_mut(start..end) else {
+        return;
+    };
+    if segment.len() < check_at + 2 {
+        return;
+    }
+    segment[check_at..check_at + 2].copy_from_slice(&[0, 0]);
+    let pseudo = wire::checksum::pseudo_header_v4(src, dst, proto.0, segment.len() as u16);
+    let mut sum = wire::checksum::fold(pseudo + wire::checksum::sum(segment));
+    if sum == 0 && proto == ipv4::Protocol::UDP {
+        sum = 0xffff;
+    }
+    segment[check_at..check_at + 2].copy_from_slice(&sum.to_be_bytes());
+}

@@ -1,0 +1,227 @@
+//! The switch's behaviour as match-action tables, and the choosers of the ring selector.
+
+use super::*;
+
+/// The pool's ring, as the pipeline's hash selector sees it: a key hash to a server.
+pub(super) struct RingChooser(pub(super) Arc<View>);
+
+impl Choose for RingChooser {
+    fn choose(&self, key_hash: u32) -> Option<usize> {
+        self.0.locate_hash(key_hash)
+    }
+}
+
+pub(super) fn bytes_field(offset: u16, len: u8) -> Field {
+    Field::Bytes { offset, len }
+}
+
+/// The switch's behaviour as tables:
+/// 0 `arp_vip`: ARP requests for the VIP (or agent address) go to the CPU; ARP replies to the
+///   addresses of the host's end of the local port go out of the local port;
+/// 1 `kv_route`: UDP to the VIP's memcached port is hashed by key onto the ring; TCP to it goes
+///   out of the local port, to the proxy;
+/// 2 `local_in`: TCP from a server's memcached port to the proxy's source address (the servers'
+///   side of the proxy's connections) goes out of the local port;
+/// 3 `vip_reply` (l3): replies from a backend's memcached port leave with the VIP as source;
+/// 4 `l2`: learned destination MAC → port, otherwise flood.
+pub(super) fn build_tables(p: &mut Pipeline, spec: &SwitchSpec) -> Result<Tables, pipeline::Error> {
+    let local = spec.local.as_ref().map(|l| l.port);
+    let e = |e: pipeline::Error| e;
+    // First, so that a read the cache may answer meets it before any other table.
+    let cache_t = match spec.cache {
+        true => Some(
+            p.add_table(TableSpec {
+                name: "kv_cache".into(),
+                kind: MatchKind::Exact,
+                key: vec![Field::Reg(REG_CACHE as u8), Field::KeyHash],
+                miss: vec![],
+            })
+            .map_err(e)?,
+        ),
+        false => None,
+    };
+    let arp_t = p
+        .add_table(TableSpec {
+            name: "arp_vip".into(),
+            kind: MatchKind::Exact,
+            key: vec![
+                bytes_field(OFF_ETHERTYPE, 2),
+                bytes_field(OFF_ARP_OP, 2),
+                bytes_field(OFF_ARP_TARGET_IP, 4),
+            ],
+            miss: vec![],
+        })
+        .map_err(e)?;
+    let route_t = p
+        .add_table(TableSpec {
+            name: "kv_route".into(),
+            kind: MatchKind::Exact,
+            key: vec![
+                Field::Flags,
+                bytes_field(OFF_IP_PROTO, 1),
+                bytes_field(OFF_IP_DST, 4),
+                bytes_field(OFF_L4_DST, 2),
+            ],
+            miss: vec![],
+        })
+        .map_err(e)?;
+    let local_t = p
+        .add_table(TableSpec {
+            name: "local_in".into(),
+            kind: MatchKind::Exact,
+            key: vec![
+                Field::Flags,
+                bytes_field(OFF_IP_PROTO, 1),
+                bytes_field(OFF_IP_SRC, 4),
+                bytes_field(OFF_L4_SRC, 2),
+                bytes_field(OFF_IP_DST, 4),
+            ],
+            miss: vec![],
+        })
+        .map_err(e)?;
+    let reply_t = p
+        .add_table(TableSpec {
+            name: "vip_reply".into(),
+            kind: MatchKind::Exact,
+            key: vec![
+                Field::Flags,
+                bytes_field(OFF_IP_PROTO, 1),
+                bytes_field(OFF_IP_SRC, 4),
+                bytes_field(OFF_L4_SRC, 2),
+            ],
+            miss: vec![],
+        })
+        .map_err(e)?;
+    let l2 = p
+        .add_table(TableSpec {
+            name: "l2".into(),
+            kind: MatchKind::Exact,
+            key: vec![bytes_field(0, 6)],
+            miss: vec![Action::Flood],
+        })
+        .map_err(e)?;
+    // Misses fall through to the next table.
+    if let Some(cache_t) = cache_t {
+        p.set_miss(cache_t, vec![Action::Goto(arp_t)]).map_err(e)?;
+    }
+    p.set_miss(arp_t, vec![Action::Goto(route_t)]).map_err(e)?;
+    p.set_miss(route_t, vec![Action::Goto(local_t)])
+        .map_err(e)?;
+    p.set_miss(local_t, vec![Action::Goto(reply_t)])
+        .map_err(e)?;
+    p.set_miss(reply_t, vec![Action::Goto(l2)]).map_err(e)?;
+
+    let arp_key = |op: u16, ip: Ipv4Addr| {
+        let mut key = Vec::with_capacity(8);
+        key.extend_from_slice(&EtherType::ARP.0.to_be_bytes());
+        key.extend_from_slice(&op.to_be_bytes());
+        key.extend_from_slice(&ip.octets());
+        key
+    };
+    let mut targets = vec![spec.vip.ip];
+    if let Some(a) = spec.agent_ip {
+        if a != spec.vip.ip {
+            targets.push(a);
+        }
+    }
+    for ip in targets {
+        p.insert(
+            arp_t,
+            Entry::exact(arp_key(ARP_REQUEST, ip), vec![Action::ToCpu(CPU_ARP)]),
+        )
+        .map_err(e)?;
+    }
+
+    let ring = p.add_selector(vec![], Box::new(NoChoice)).map_err(e)?;
+    // Flags, IP protocol, destination address and port, as `kv_route` matches them.
+    let to_vip_port = |flags: u32, proto: ipv4::Protocol| {
+        let mut key = Vec::with_capacity(11);
+        key.extend_from_slice(&flags.to_be_bytes());
+        key.push(proto.0);
+        key.extend_from_slice(&spec.vip.ip.octets());
+        key.extend_from_slice(&spec.vip.port.to_be_bytes());
+        key
+    };
+    p.insert(
+        route_t,
+        Entry::exact(
+            to_vip_port(FLAG_PLAIN_UDP, ipv4::Protocol::UDP),
+            vec![Action::Select(ring)],
+        ),
+    )
+    .map_err(e)?;
+
+    if let Some(local) = local {
+        // The host's end has the VIP's MAC: frames sent there need no rewrite. Its own ARP
+        // requests are switched like anyone's; the answers are addressed to it.
+        for &ip in spec.local.iter().flat_map(|l| &l.addrs) {
+            p.insert(
+                arp_t,
+                Entry::exact(arp_key(ARP_REPLY, ip), vec![Action::Output(local)]),
+            )
+            .map_err(e)?;
+        }
+        p.insert(
+            route_t,
+            Entry::exact(
+                to_vip_port(FLAG_PLAIN_TCP, ipv4::Protocol::TCP),
+                vec![Action::Output(local)],
+            ),
+        )
+        .map_err(e)?;
+        // Only the servers' memcached ports, and only to the proxy's source address: nothing
+        // else of the host's stack is reachable through the VIP.
+        let source = spec.local.as_ref().map_or(spec.vip.ip, |l| l.source);
+        for b in &spec.servers {
+            let mut key = Vec::with_capacity(15);
+            key.extend_from_slice(&FLAG_PLAIN_TCP.to_be_bytes());
+            key.push(ipv4::Protocol::TCP.0);
+            key.extend_from_slice(&b.addr.ip().octets());
+            key.extend_from_slice(&b.addr.port().to_be_bytes());
+            key.extend_from_slice(&source.octets());
+            p.insert(local_t, Entry::exact(key, vec![Action::Output(local)]))
+                .map_err(e)?;
+        }
+    }
+
+    if spec.mode == Mode::L3 {
+        for b in &spec.servers {
+            let mut key = Vec::with_capacity(11);
+            key.extend_from_slice(&FLAG_PLAIN_UDP.to_be_bytes());
+            key.push(ipv4::Protocol::UDP.0);
+            key.extend_from_slice(&b.addr.ip().octets());
+            key.extend_from_slice(&b.addr.port().to_be_bytes());
+            // Two servers may share an address on different ports; one entry each.
+            let _ = p.insert(
+                reply_t,
+                Entry::exact(
+                    key,
+                    vec![Action::SetIpv4Src(spec.vip.ip.octets()), Action::Goto(l2)],
+                ),
+            );
+        }
+    }
+    // Frames for the VIP's MAC that no table above claimed are not flooded.
+    p.insert(
+        l2,
+        Entry::exact(
+            spec.vip.mac.0.to_vec(),
+            vec![Action::Drop(Drop::VipUnhandled.code())],
+        ),
+    )
+    .map_err(e)?;
+    Ok(Tables {
+        l2,
+        ring,
+        cache: cache_t,
+    })
+}
+
+/// Placeholder chooser until the ring is installed.
+pub(super) struct NoChoice;
+
+impl Choose for NoChoice {
+    fn choose(&self, _: u32) -> Option<usize> {
+        None
+    }
+}
