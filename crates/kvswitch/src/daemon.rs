@@ -5,18 +5,19 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Context;
-use kvio::{AfPacket, AfPacketOptions, Batch, Port};
+use dataplane::{Driver, RunOptions};
+use kvio::{AfPacket, AfPacketOptions, Port};
 
 use crate::api::{self, Shared};
 use crate::cache::CacheService;
 use crate::local::LocalPort;
 use config::Config;
 use proxy::{self, Pool, Proxy};
-use switch::stats::{Drop, Stats};
-use switch::{Dest, Emit, Fate, Switch};
+use switch::stats::Stats;
+use switch::Switch;
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -38,12 +39,6 @@ pub fn install_signal_handlers() {
 pub fn stop_requested() -> bool {
     STOP.load(Ordering::Relaxed)
 }
-
-/// Frames received per port per call.
-const BATCH: usize = 64;
-/// How often periodic work runs and the status snapshot is refreshed.
-const TICK: Duration = Duration::from_millis(10);
-const SNAPSHOT_EVERY: Duration = Duration::from_millis(250);
 
 pub fn run(cfg: Config) -> anyhow::Result<()> {
     install_signal_handlers();
@@ -122,116 +117,24 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         servers = cfg.servers.len(), api = %api_addr, "kvswitch running"
     );
 
-    let mut rx = Batch::new(BATCH);
-    let mut emit: Vec<Emit> = Vec::new();
-    let mut fates: Vec<Fate> = Vec::with_capacity(BATCH);
-    let mut out_lists: Vec<Vec<usize>> = vec![Vec::with_capacity(BATCH); ports.len()];
-    let mut ready: Vec<usize> = Vec::with_capacity(ports.len());
-    let mut poller = {
-        let refs: Vec<&dyn Port> = ports.iter().map(|p| p.as_ref()).collect();
-        kvio::Poller::for_ports(&refs)
+    let options = RunOptions {
+        busy_poll: cfg.busy_poll,
+        ..RunOptions::default()
     };
-    let mut last_tick = Instant::now();
-    let mut last_snapshot = Instant::now();
-    // After a frame, keep checking the ports without sleeping for `busy_poll`. Under load the
-    // next frame usually arrives within it, which saves the sleep and wake-up of a blocking
-    // wait (a context switch each way, the largest cost per frame on a small machine); when
-    // idle the loop goes back to blocking. While spinning the ports are asked whether frames
-    // wait (`rx_ready`, a memory read for ring ports) instead of polled.
-    let spin = cfg.busy_poll;
-    let mut last_work = Instant::now();
-    while !STOP.load(Ordering::Relaxed) {
-        if last_work.elapsed() < spin {
-            ready.clear();
-            ready.extend((0..ports.len()).filter(|&i| ports[i].rx_ready()));
-            if ready.is_empty() {
-                // Nothing yet: let whatever else wants this core run (on a busy machine the
-                // servers and clients share it) without giving up our turn to a full sleep.
-                std::thread::yield_now();
-            }
-        } else {
-            poller
-                .wait(TICK, &mut ready)
-                .context("waiting for frames")?;
+    let mut driver = Driver::new(ports, switch, local_index, stats.clone());
+    let snapshot = &shared.snapshot;
+    driver.run(&options, &|| STOP.load(Ordering::Relaxed), &mut |switch| {
+        if let Ok(mut s) = snapshot.lock() {
+            *s = switch.snapshot();
         }
-        let wall = Instant::now();
-        let now = kvio::clock::at(wall);
-        for &i in &ready {
-            // Drain what this port holds, a batch at a time, bounded so no port starves.
-            for _ in 0..8 {
-                rx.clear();
-                let n = match ports[i].recv(&mut rx) {
-                    Ok(n) => n,
-                    Err(e) => {
-                        tracing::warn!(port = %cfg.ports[i], "receive failed: {e}");
-                        0
-                    }
-                };
-                if n == 0 {
-                    break;
-                }
-                // Only frames count as work: a port that cannot tell answers `rx_ready` with
-                // `true` even when idle.
-                last_work = wall;
-                let pc = &stats.ports[i];
-                fates.clear();
-                for j in 0..n {
-                    pc.rx_packets.fetch_add(1, Ordering::Relaxed);
-                    pc.rx_bytes
-                        .fetch_add(rx.frame(j).len() as u64, Ordering::Relaxed);
-                    let ready_csum = !rx.csum_not_ready(j);
-                    let fate =
-                        switch.process(i as u16, rx.frame_mut(j), ready_csum, now, &mut emit);
-                    fates.push(fate);
-                }
-                for l in out_lists.iter_mut() {
-                    l.clear();
-                }
-                for (j, fate) in fates.iter().enumerate() {
-                    match *fate {
-                        Fate::Out(p) => out_lists[p as usize].push(j),
-                        Fate::Flood => {
-                            for (p, l) in out_lists.iter_mut().enumerate() {
-                                if p != i && Some(p) != local_index {
-                                    l.push(j);
-                                }
-                            }
-                        }
-                        Fate::Consumed => {}
-                    }
-                }
-                for (p, list) in out_lists.iter().enumerate() {
-                    if list.is_empty() {
-                        continue;
-                    }
-                    let frames: Vec<&[u8]> = list.iter().map(|&j| rx.frame(j)).collect();
-                    transmit(ports[p].as_mut(), &frames, &stats, p);
-                }
-                flush_emits(&mut ports, &mut emit, &stats, local_index);
-                if n < BATCH {
-                    break;
-                }
-            }
-        }
-        if wall.duration_since(last_tick) >= TICK {
-            last_tick = wall;
-            switch.tick(now, &mut emit);
-            flush_emits(&mut ports, &mut emit, &stats, local_index);
-        }
-        if wall.duration_since(last_snapshot) >= SNAPSHOT_EVERY {
-            last_snapshot = wall;
-            if let Ok(mut s) = shared.snapshot.lock() {
-                *s = switch.snapshot();
-            }
-        }
-    }
+    })?;
     tracing::info!("kvswitch stopping");
     // The proxy first, so that nothing listens on the VIP once its address is gone; then the
     // ports, then the pair itself.
     if let Some(p) = proxy {
         p.stop();
     }
-    drop(ports);
+    drop(driver);
     if let Some(l) = local {
         l.remove()?;
     }
@@ -291,48 +194,4 @@ fn start_proxy(
     })?;
     tracing::info!(%listen, workers = cfg.proxy_workers, "TCP proxy running");
     Ok(Some(proxy))
-}
-
-fn transmit(port: &mut dyn Port, frames: &[&[u8]], stats: &Stats, p: usize) {
-    let sent = match port.send(frames) {
-        Ok(n) => n,
-        Err(e) => {
-            tracing::debug!(port = port.name(), "send failed: {e}");
-            0
-        }
-    };
-    let pc = &stats.ports[p];
-    pc.tx_packets.fetch_add(sent as u64, Ordering::Relaxed);
-    let bytes: usize = frames[..sent.min(frames.len())]
-        .iter()
-        .map(|f| f.len())
-        .sum();
-    pc.tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
-    for _ in sent..frames.len() {
-        stats.count_drop(Drop::TxFailed);
-    }
-}
-
-fn flush_emits(
-    ports: &mut [Box<dyn Port>],
-    emit: &mut Vec<Emit>,
-    stats: &Stats,
-    local: Option<usize>,
-) {
-    if emit.is_empty() {
-        return;
-    }
-    // One send per port for everything it gets, in the order the switch emitted it.
-    for (p, port) in ports.iter_mut().enumerate() {
-        let flood = Some(p) != local;
-        let frames: Vec<&[u8]> = emit
-            .iter()
-            .filter(|e| (flood && e.dest == Dest::Flood) || e.dest == Dest::Port(p as u16))
-            .map(|e| e.frame.as_slice())
-            .collect();
-        if !frames.is_empty() {
-            transmit(port.as_mut(), &frames, stats, p);
-        }
-    }
-    emit.clear();
 }

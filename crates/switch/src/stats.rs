@@ -304,6 +304,10 @@ pub fn get(c: &AtomicU64) -> u64 {
     c.load(Relaxed)
 }
 
+pub fn add(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Relaxed);
+}
+
 pub fn inc(c: &AtomicU64) {
     c.fetch_add(1, Relaxed);
 }

@@ -1,0 +1,323 @@
+//! The data plane's driver: frames from the ports go through a switch application, and its
+//! fates and the frames it originates go out of the ports, counted per port. The loop sleeps
+//! until a frame arrives or the application says it next needs time ([`Datapath::poll_at`]),
+//! so an idle switch does not wake every few milliseconds for nothing.
+//!
+//! Policy lives in the application; where a frame goes once the application has decided is
+//! [`fanout`]'s pure rules. The same [`Driver`] runs AF_PACKET ports in the daemon and
+//! in-memory ports in tests, one step at a time ([`Driver::drain`], [`Driver::tick_if_due`]).
+
+pub mod fanout;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kv::Instant;
+use kvio::{Batch, Poller, Port};
+use switch::stats::{Drop, Stats};
+use switch::{Emit, Fate, Switch};
+
+/// What a driver drives: frames and time in, fates and originated frames out.
+pub trait Datapath {
+    /// Handles one frame received on `in_port`; may rewrite it in place and append frames to
+    /// `emit`. `csum_ready` is false when the sender left the UDP/TCP checksum to offload.
+    fn process(
+        &mut self,
+        in_port: u16,
+        frame: &mut [u8],
+        csum_ready: bool,
+        now: Instant,
+        emit: &mut Vec<Emit>,
+    ) -> Fate;
+    /// Periodic work due at `now`.
+    fn tick(&mut self, now: Instant, emit: &mut Vec<Emit>);
+    /// When [`Datapath::tick`] next has work; an instant not after now means at once, `None`
+    /// that nothing waits.
+    fn poll_at(&self) -> Option<Instant>;
+}
+
+impl Datapath for Switch {
+    fn process(
+        &mut self,
+        in_port: u16,
+        frame: &mut [u8],
+        csum_ready: bool,
+        now: Instant,
+        emit: &mut Vec<Emit>,
+    ) -> Fate {
+        Switch::process(self, in_port, frame, csum_ready, now, emit)
+    }
+
+    fn tick(&mut self, now: Instant, emit: &mut Vec<Emit>) {
+        Switch::tick(self, now, emit)
+    }
+
+    fn poll_at(&self) -> Option<Instant> {
+        Switch::poll_at(self)
+    }
+}
+
+/// Frames received from one port per call.
+pub const BATCH: usize = 64;
+/// Batches taken from one port before the others get their turn.
+const ROUNDS_PER_PORT: usize = 8;
+
+/// How the loop waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunOptions {
+    /// After a frame, keep checking the ports without sleeping for this long. Under load the
+    /// next frame usually arrives within it, which saves a sleep and a wake-up (a context
+    /// switch each way, the largest cost per frame on a small machine); idle, the loop
+    /// blocks again.
+    pub busy_poll: Duration,
+    /// The longest the loop sleeps, whatever the application says: the stop flag and the
+    /// periodic callback are served at least this often, and work another thread gives the
+    /// application (the proxy's side of a shared cache) is seen within it.
+    pub max_sleep: Duration,
+    /// How often the periodic callback runs (a status snapshot).
+    pub every: Duration,
+}
+
+impl Default for RunOptions {
+    fn default() -> RunOptions {
+        RunOptions {
+            busy_poll: Duration::from_micros(200),
+            max_sleep: Duration::from_millis(100),
+            every: Duration::from_millis(250),
+        }
+    }
+}
+
+/// Why the loop stopped before it was asked to.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("waiting for frames: {0}")]
+    Wait(#[source] std::io::Error),
+}
+
+/// Ports joined through an application.
+pub struct Driver<D> {
+    ports: Vec<Box<dyn Port>>,
+    app: D,
+    local: Option<usize>,
+    stats: Arc<Stats>,
+    rx: Batch,
+    emit: Vec<Emit>,
+    fates: Vec<Fate>,
+    /// Per port, the received frames (by index in `rx`) it sends.
+    out_lists: Vec<Vec<usize>>,
+}
+
+impl<D: Datapath> Driver<D> {
+    /// Drives `app` over `ports`, numbered as the application numbers them; `local` is the
+    /// local port (floods never reach it); per-port counters and transmit failures go to
+    /// `stats`, which must have a slot for every port.
+    pub fn new(
+        ports: Vec<Box<dyn Port>>,
+        app: D,
+        local: Option<usize>,
+        stats: Arc<Stats>,
+    ) -> Driver<D> {
+        let n = ports.len();
+        Driver {
+            ports,
+            app,
+            local,
+            stats,
+            rx: Batch::new(BATCH),
+            emit: Vec::new(),
+            fates: Vec::with_capacity(BATCH),
+            out_lists: vec![Vec::with_capacity(BATCH); n],
+        }
+    }
+
+    pub fn app(&self) -> &D {
+        &self.app
+    }
+
+    pub fn app_mut(&mut self) -> &mut D {
+        &mut self.app
+    }
+
+    pub fn ports(&self) -> &[Box<dyn Port>] {
+        &self.ports
+    }
+
+    /// The ports and the application, the driver gone.
+    pub fn into_parts(self) -> (Vec<Box<dyn Port>>, D) {
+        (self.ports, self.app)
+    }
+
+    /// Receives what port `i` holds (a bounded number of batches, so no port starves the
+    /// others), hands every frame to the application at `now` and sends the results. Returns
+    /// how many frames were received.
+    pub fn drain(&mut self, i: usize, now: Instant) -> usize {
+        let mut total = 0;
+        for _ in 0..ROUNDS_PER_PORT {
+            self.rx.clear();
+            let n = match self.ports[i].recv(&mut self.rx) {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::warn!(port = self.ports[i].name(), "receive failed: {e}");
+                    0
+                }
+            };
+            if n == 0 {
+                break;
+            }
+            total += n;
+            self.process_batch(i, n, now);
+            if n < BATCH {
+                break;
+            }
+        }
+        total
+    }
+
+    fn process_batch(&mut self, i: usize, n: usize, now: Instant) {
+        let pc = &self.stats.ports[i];
+        self.fates.clear();
+        for j in 0..n {
+            switch::stats::add(&pc.rx_packets, 1);
+            switch::stats::add(&pc.rx_bytes, self.rx.frame(j).len() as u64);
+            let csum_ready = !self.rx.csum_not_ready(j);
+            let fate = self.app.process(
+                i as u16,
+                self.rx.frame_mut(j),
+                csum_ready,
+                now,
+                &mut self.emit,
+            );
+            self.fates.push(fate);
+        }
+        for list in self.out_lists.iter_mut() {
+            list.clear();
+        }
+        let ports = self.ports.len();
+        for (j, &fate) in self.fates.iter().enumerate() {
+            if fanout::out_of_range(fate, ports) {
+                self.stats.count_drop(Drop::NoAction);
+            }
+            let lists = &mut self.out_lists;
+            fanout::fate_ports(fate, i, ports, self.local, |p| lists[p].push(j));
+        }
+        for (p, list) in self.out_lists.iter().enumerate() {
+            if list.is_empty() {
+                continue;
+            }
+            let frames: Vec<&[u8]> = list.iter().map(|&j| self.rx.frame(j)).collect();
+            transmit(self.ports[p].as_mut(), &frames, &self.stats, p);
+        }
+        self.flush_emits();
+    }
+
+    /// Ticks the application if it said it needs time by `now`, and sends what it emitted.
+    /// Returns whether it ticked.
+    pub fn tick_if_due(&mut self, now: Instant) -> bool {
+        if self.app.poll_at().is_none_or(|t| t > now) {
+            return false;
+        }
+        self.app.tick(now, &mut self.emit);
+        self.flush_emits();
+        true
+    }
+
+    /// How long the loop may sleep at `now`: until the application's next deadline, at most
+    /// `max`.
+    pub fn sleep_for(&self, now: Instant, max: Duration) -> Duration {
+        match self.app.poll_at() {
+            Some(t) => t.duration_since(now).min(max),
+            None => max,
+        }
+    }
+
+    /// One send per port for everything it gets, in the order the application emitted it.
+    fn flush_emits(&mut self) {
+        if self.emit.is_empty() {
+            return;
+        }
+        for (p, port) in self.ports.iter_mut().enumerate() {
+            let frames: Vec<&[u8]> = self
+                .emit
+                .iter()
+                .filter(|e| fanout::emit_goes_to(e.dest, p, self.local))
+                .map(|e| e.frame.as_slice())
+                .collect();
+            if !frames.is_empty() {
+                transmit(port.as_mut(), &frames, &self.stats, p);
+            }
+        }
+        self.emit.clear();
+    }
+
+    /// Runs until `stop` says so: waits for frames or the application's next deadline,
+    /// processes, ticks when due, and calls `periodic` every `opts.every`. Time is the wall
+    /// clock on [`kvio::clock`].
+    pub fn run(
+        &mut self,
+        opts: &RunOptions,
+        stop: &dyn Fn() -> bool,
+        periodic: &mut dyn FnMut(&D),
+    ) -> Result<(), RunError> {
+        let mut poller = {
+            let refs: Vec<&dyn Port> = self.ports.iter().map(|p| p.as_ref()).collect();
+            Poller::for_ports(&refs)
+        };
+        let mut ready: Vec<usize> = Vec::with_capacity(self.ports.len());
+        let mut last_work = std::time::Instant::now();
+        let mut last_periodic = std::time::Instant::now();
+        while !stop() {
+            let wall = std::time::Instant::now();
+            if wall.duration_since(last_work) < opts.busy_poll {
+                ready.clear();
+                ready.extend((0..self.ports.len()).filter(|&i| self.ports[i].rx_ready()));
+                if ready.is_empty() {
+                    // Nothing yet: let whatever else wants this core run (on a busy machine
+                    // the servers and clients share it) without giving up our turn to a
+                    // full sleep.
+                    std::thread::yield_now();
+                }
+            } else {
+                let until_periodic = opts
+                    .every
+                    .saturating_sub(wall.duration_since(last_periodic));
+                let timeout = self.sleep_for(kvio::clock::at(wall), opts.max_sleep);
+                poller
+                    .wait(timeout.min(until_periodic), &mut ready)
+                    .map_err(RunError::Wait)?;
+            }
+            let wall = std::time::Instant::now();
+            let now = kvio::clock::at(wall);
+            for &i in &ready {
+                // Only frames count as work: a port that cannot tell answers `rx_ready` with
+                // `true` even when idle.
+                if self.drain(i, now) > 0 {
+                    last_work = wall;
+                }
+            }
+            self.tick_if_due(now);
+            if wall.duration_since(last_periodic) >= opts.every {
+                last_periodic = wall;
+                periodic(&self.app);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn transmit(port: &mut dyn Port, frames: &[&[u8]], stats: &Stats, p: usize) {
+    let sent = match port.send(frames) {
+        Ok(n) => n.min(frames.len()),
+        Err(e) => {
+            tracing::debug!(port = port.name(), "send failed: {e}");
+            0
+        }
+    };
+    let pc = &stats.ports[p];
+    switch::stats::add(&pc.tx_packets, sent as u64);
+    let bytes: usize = frames[..sent].iter().map(|f| f.len()).sum();
+    switch::stats::add(&pc.tx_bytes, bytes as u64);
+    for _ in sent..frames.len() {
+        stats.count_drop(Drop::TxFailed);
+    }
+}
