@@ -16,6 +16,7 @@ use crate::cache::{self, CacheService};
 use config::{Config, Mode};
 use proxy::stats::escape;
 use proxy::ProxyStats;
+use switch::pool::Pool;
 use switch::stats::{get, Answer, Drop, Stats};
 use switch::Snapshot;
 use wire::memcache::MAX_KEY_LEN;
@@ -32,6 +33,8 @@ pub struct Shared {
     pub proxy: OnceLock<Arc<ProxyStats>>,
     /// The cache of the UDP path and the proxy, when turned on.
     pub cache: Option<Arc<CacheService>>,
+    /// The pool both paths route by, with its servers' health.
+    pub pool: Arc<Pool>,
 }
 
 /// What an API server shows.
@@ -351,6 +354,28 @@ pub fn metrics(shared: &Shared) -> String {
             get(&b.requests)
         );
     }
+    let now = kvio::clock::now();
+    family(
+        &mut out,
+        "kvswitch_backend_in_ring",
+        "gauge",
+        "1 while the server is in the pool's ring (both the UDP path and the proxy route to it), 0 while it is out.",
+    );
+    for i in 0..s.backends.len() {
+        let label = escape(&shared.config.servers[i].label());
+        let _ = writeln!(
+            out,
+            "kvswitch_backend_in_ring{{backend=\"{label}\"}} {}",
+            u8::from(!shared.pool.is_down(i, now))
+        );
+    }
+    family(
+        &mut out,
+        "kvswitch_pool_version",
+        "gauge",
+        "Changes of the pool's ring since start (a server taken out or put back).",
+    );
+    let _ = writeln!(out, "kvswitch_pool_version {}", shared.pool.version());
     family(
         &mut out,
         "kvswitch_backend_replies_total",
@@ -475,6 +500,7 @@ pub fn status(shared: &Shared) -> serde_json::Value {
             })
         })
         .collect();
+    let now = kvio::clock::now();
     let pool: Vec<_> = cfg
         .servers
         .iter()
@@ -486,6 +512,7 @@ pub fn status(shared: &Shared) -> serde_json::Value {
                 "ring_name": b.ring_name(),
                 "weight": b.weight,
                 "mac": snap.backend_macs.get(i).cloned().flatten(),
+                "in_ring": !shared.pool.is_down(i, now),
                 "requests": get(&s.backends[i].requests),
                 "replies": get(&s.backends[i].replies),
             })
@@ -507,6 +534,7 @@ pub fn status(shared: &Shared) -> serde_json::Value {
         "pool": {
             "distribution": cfg.distribution.to_string(),
             "hash": cfg.hash.to_string(),
+            "version": shared.pool.version(),
             "servers": pool,
         },
         "ports": ports,

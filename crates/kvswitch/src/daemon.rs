@@ -101,6 +101,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         started: Instant::now(),
         proxy: std::sync::OnceLock::new(),
         cache: cache.clone(),
+        pool: pool.clone(),
     });
     let api_addr = api::serve(shared.clone())?;
     // After the ports are open, so that the proxy's first frames (ARP, connections to the

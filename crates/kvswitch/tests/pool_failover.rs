@@ -257,6 +257,17 @@ fn proxy_ejected(live: &testbed::Live) {
         &format!("kvswitch_proxy_server_ejections_total{labels}"),
     );
     assert!(ejections >= Some(1), "{VICTIM} ejections: {ejections:?}");
+    // The switch's own view of the same pool: out of the ring for its UDP path too.
+    assert_eq!(
+        sample(
+            &m,
+            &format!("kvswitch_backend_in_ring{{backend=\"{VICTIM}\"}}")
+        ),
+        Some(0),
+        "the switch does not show {VICTIM} as out of the ring"
+    );
+    let version = sample(&m, "kvswitch_pool_version");
+    assert!(version >= Some(1), "pool version {version:?}");
 }
 
 /// The cache took part: it answered reads and was filled (`/metrics`, summed over its pools).
