@@ -204,6 +204,17 @@ impl Report {
     pub fn ok(&self) -> bool {
         self.violations.is_empty()
     }
+
+    /// The first `n` violations, one per line, for a failure message.
+    pub fn first_violations(&self, n: usize) -> String {
+        let shown: Vec<String> = self
+            .violations
+            .iter()
+            .take(n)
+            .map(ToString::to_string)
+            .collect();
+        shown.join("\n")
+    }
 }
 
 /// Index of the virtual write of the initial state.

@@ -110,17 +110,11 @@ fn check(path: &str, recorded: &Recorded) -> Report {
         &recorded.bad_replies[..recorded.bad_replies.len().min(5)]
     );
     if !report.ok() {
-        let shown: Vec<String> = report
-            .violations
-            .iter()
-            .take(10)
-            .map(ToString::to_string)
-            .collect();
         panic!(
             "{path}: {} of {} reads violate coherence; the first:\n{}",
             report.violations.len(),
             report.stats.reads,
-            shown.join("\n")
+            report.first_violations(10)
         );
     }
     assert!(ops >= MIN_OPS, "{path}: only {ops} operations recorded");

@@ -363,18 +363,12 @@ fn coherent(
     let report = history::check(&ops);
     println!("history: {}", report.stats);
     if !report.ok() {
-        let shown: Vec<String> = report
-            .violations
-            .iter()
-            .take(10)
-            .map(ToString::to_string)
-            .collect();
         panic!(
             "{} of {} reads violate coherence across the failover (the kill at {killed} ns, \
              settled by {settled} ns); the first:\n{}",
             report.violations.len(),
             report.stats.reads,
-            shown.join("\n")
+            report.first_violations(10)
         );
     }
     assert!(

@@ -515,7 +515,13 @@ impl<'a> Worker<'a> {
         };
         r.req.clear();
         if result.is_err() {
-            self.fail_tcp(r, Instant::now());
+            let now = Instant::now();
+            if now >= self.plan.end {
+                // The run ended while the write waited: its requests are left unanswered,
+                // like every request still outstanding at the end, not failed.
+                return;
+            }
+            self.fail_tcp(r, now);
         }
     }
 
