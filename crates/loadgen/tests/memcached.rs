@@ -51,7 +51,10 @@ impl Memcached {
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
         };
         let deadline = Instant::now() + Duration::from_secs(5);
-        while TcpStream::connect(mc.addr).is_err() {
+        // memcached binds TCP before UDP: the runs start once both answer.
+        while TcpStream::connect(mc.addr).is_err()
+            || testbed::memcached_udp_version(mc.addr).is_err()
+        {
             if let Ok(Some(status)) = mc.child.try_wait() {
                 let mut err = String::new();
                 if let Some(mut e) = mc.child.stderr.take() {

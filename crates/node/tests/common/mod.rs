@@ -39,7 +39,15 @@ impl Memcached {
                 .args(["-l", "127.0.0.1", "-u", "root", "-t", "1"]);
             let mut proc = Proc::spawn("memcached", &mut cmd).ok()?;
             let addr = SocketAddr::from(([127, 0, 0, 1], port));
-            if proc.wait_listening(addr, None).is_ok() {
+            // memcached binds TCP before UDP: wait for a UDP answer too.
+            let udp = || {
+                testbed::wait_for(
+                    Duration::from_secs(5),
+                    || None,
+                    || testbed::memcached_udp_version(addr),
+                )
+            };
+            if proc.wait_listening(addr, None).is_ok() && udp().is_ok() {
                 return Some(Memcached { _proc: proc, addr });
             }
         }
