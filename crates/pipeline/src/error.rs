@@ -69,6 +69,12 @@ pub enum Error {
         crate::reason::USER_BASE
     )]
     ReservedReason(u16),
+    /// The table holds as many entries as its limit allows.
+    #[error("{table} is full ({limit} entries)")]
+    TableFull { table: TableId, limit: usize },
+    /// A table cannot be removed while an action list elsewhere jumps to it.
+    #[error("{table} is the target of a goto in {by}")]
+    TableInUse { table: TableId, by: TableId },
     /// An action list is longer than [`MAX_ACTIONS`](crate::MAX_ACTIONS).
     #[error("{0} actions in one list (max {})", crate::MAX_ACTIONS)]
     TooManyActions(usize),

@@ -35,6 +35,10 @@ impl Meta {
 pub enum Field {
     /// `len` bytes of the frame starting at `offset` (from the start of the Ethernet header).
     Bytes { offset: u16, len: u8 },
+    /// Like `Bytes`, but bytes past the end of the frame read as zero instead of making the key
+    /// absent: for a window over a payload of varying length (the start of a memcached
+    /// request, say) in a table that short frames must still reach.
+    Padded { offset: u16, len: u8 },
     /// [`Meta::in_port`], 2 bytes.
     InPort,
     /// [`Meta::key_hash`], 4 bytes.
@@ -49,7 +53,7 @@ impl Field {
     /// Width of this field in the key, in bytes.
     pub fn width(&self) -> usize {
         match self {
-            Field::Bytes { len, .. } => usize::from(*len),
+            Field::Bytes { len, .. } | Field::Padded { len, .. } => usize::from(*len),
             Field::InPort => 2,
             Field::KeyHash | Field::Flags | Field::Reg(_) => 4,
         }
@@ -58,7 +62,9 @@ impl Field {
     /// Checks the field is well formed.
     pub(crate) fn validate(&self) -> Result<(), FieldError> {
         match *self {
-            Field::Bytes { len: 0, offset } => Err(FieldError::EmptyBytes { offset }),
+            Field::Bytes { len: 0, offset } | Field::Padded { len: 0, offset } => {
+                Err(FieldError::EmptyBytes { offset })
+            }
             Field::Reg(n) if usize::from(n) >= NUM_REGS => Err(FieldError::Register(n)),
             _ => Ok(()),
         }
@@ -79,6 +85,13 @@ pub(crate) fn extract(fields: &[Field], frame: &[u8], meta: &Meta, out: &mut Vec
                     Some(bytes) => out.extend_from_slice(bytes),
                     None => return false,
                 }
+            }
+            Field::Padded { offset, len } => {
+                let start = usize::from(offset).min(frame.len());
+                let end = (usize::from(offset) + usize::from(len)).min(frame.len());
+                out.extend_from_slice(&frame[start..end]);
+                let missing = usize::from(len) - (end - start);
+                out.extend(std::iter::repeat_n(0, missing));
             }
             Field::InPort => out.extend_from_slice(&meta.in_port.to_be_bytes()),
             Field::KeyHash => out.extend_from_slice(&meta.key_hash.to_be_bytes()),
@@ -141,6 +154,18 @@ mod tests {
             &Meta::default(),
             &mut out
         ));
+    }
+
+    #[test]
+    fn padded_bytes_read_zero_past_the_end() {
+        let frame = [1u8, 2, 3];
+        let mut out = Vec::new();
+        let fields = [
+            Field::Padded { offset: 1, len: 4 },
+            Field::Padded { offset: 9, len: 2 },
+        ];
+        assert!(extract(&fields, &frame, &Meta::default(), &mut out));
+        assert_eq!(out, [2, 3, 0, 0, 0, 0]);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 use crate::action::{Action, CounterId, SelectorId, TableId, Verdict};
 use crate::error::Error;
-use crate::field::{extract, Meta};
+use crate::field::{extract, Field, Meta};
 use crate::reason;
 use crate::rewrite::{self, Addr, Ttl};
 use crate::table::{table_id, Entry, EntryId, MatchKind, Table, TableSpec};
@@ -66,6 +66,12 @@ pub struct TableSnapshot {
     pub kind: MatchKind,
     /// Lookup key length in bytes.
     pub key_len: usize,
+    /// The fields the key is built from.
+    pub key: Vec<Field>,
+    /// What runs on a miss.
+    pub miss: Vec<Action>,
+    /// Most entries it may hold, if limited.
+    pub limit: Option<usize>,
     pub entries: usize,
     pub hits: u64,
     /// Lookups that matched no entry, including `absent` ones.
@@ -265,7 +271,11 @@ impl Pipeline {
         if self.tables.len() >= MAX_TABLES {
             return Err(Error::TooManyTables);
         }
-        if self.tables.iter().any(|t| t.name == spec.name) {
+        if self
+            .tables
+            .iter()
+            .any(|t| !t.removed && t.name == spec.name)
+        {
             return Err(Error::DuplicateTableName(spec.name));
         }
         let id = table_id(self.tables.len());
@@ -278,13 +288,47 @@ impl Pipeline {
     pub fn table_id(&self, name: &str) -> Option<TableId> {
         self.tables
             .iter()
-            .position(|t| t.name == name)
+            .position(|t| !t.removed && t.name == name)
             .map(table_id)
     }
 
-    /// Number of tables.
+    /// Number of table ids handed out, removed tables included: ids are never reused.
     pub fn table_count(&self) -> usize {
         self.tables.len()
+    }
+
+    /// Limits table `t` to `limit` entries (`None`: no limit). A table already holding more
+    /// keeps them, but takes no more until it is under the limit.
+    pub fn set_limit(&mut self, t: TableId, limit: Option<usize>) -> Result<(), Error> {
+        self.table_mut(t)?.limit = limit;
+        Ok(())
+    }
+
+    /// Removes table `t` with its entries; its id and name stop naming it, and a frame that
+    /// still reaches its id is dropped with [`reason::BAD_GOTO`]. Refused with
+    /// [`Error::TableInUse`] while an entry or miss list of another table jumps to it.
+    pub fn remove_table(&mut self, t: TableId) -> Result<(), Error> {
+        self.table(t)?;
+        for (i, other) in self.tables.iter().enumerate() {
+            if other.removed || i == usize::from(t.0) {
+                continue;
+            }
+            let jumps = |list: &[Action]| list.iter().any(|a| *a == Action::Goto(t));
+            if jumps(&other.miss) || other.iter().any(|(_, s)| jumps(&s.entry.actions)) {
+                return Err(Error::TableInUse {
+                    table: t,
+                    by: table_id(i),
+                });
+            }
+        }
+        let table = self.table_mut(t)?;
+        let ids: Vec<EntryId> = table.iter().map(|(id, _)| id).collect();
+        for id in ids {
+            table.remove(id);
+        }
+        table.miss.clear();
+        table.removed = true;
+        Ok(())
     }
 
     /// Replaces a table's miss actions.
@@ -305,6 +349,9 @@ impl Pipeline {
         self.check_actions(&entry.actions, ListSite::Table(t))?;
         let table = self.table_mut(t)?;
         let entry = table.normalise(entry)?;
+        if let Some(limit) = table.limit.filter(|&l| table.len() >= l) {
+            return Err(Error::TableFull { table: t, limit });
+        }
         table.insert(entry)
     }
 
@@ -457,6 +504,9 @@ impl Pipeline {
             name: table.name.clone(),
             kind: table.kind,
             key_len: table.key_len,
+            key: table.fields.clone(),
+            miss: table.miss.clone(),
+            limit: table.limit,
             entries: table.len(),
             hits: table.hits,
             misses: table.misses,
@@ -541,6 +591,9 @@ impl Pipeline {
         let mut current = 0usize;
         loop {
             let table = &mut tables[current];
+            if table.removed {
+                return Verdict::Drop(reason::BAD_GOTO);
+            }
             key.clear();
             let slot = if extract(&table.fields, exec.frame, exec.meta, key) {
                 table.find(key, scratch)
@@ -573,12 +626,14 @@ impl Pipeline {
     fn table(&self, t: TableId) -> Result<&Table, Error> {
         self.tables
             .get(usize::from(t.0))
+            .filter(|table| !table.removed)
             .ok_or(Error::UnknownTable(t))
     }
 
     fn table_mut(&mut self, t: TableId) -> Result<&mut Table, Error> {
         self.tables
             .get_mut(usize::from(t.0))
+            .filter(|table| !table.removed)
             .ok_or(Error::UnknownTable(t))
     }
 

@@ -129,6 +129,10 @@ pub(crate) struct Table {
     pub fields: Vec<Field>,
     pub key_len: usize,
     pub miss: Vec<Action>,
+    /// Most entries it may hold; `None` for no limit but memory.
+    pub limit: Option<usize>,
+    /// Removed from its pipeline: its id is never valid again.
+    pub removed: bool,
     pub hits: u64,
     pub misses: u64,
     /// Misses because the key reached past the end of the frame (included in `misses`).
@@ -176,6 +180,8 @@ impl Table {
             fields: spec.key,
             key_len,
             miss: spec.miss,
+            limit: None,
+            removed: false,
             hits: 0,
             misses: 0,
             absent: 0,

@@ -976,3 +976,65 @@ fn pipeline_is_send() {
     fn send<T: Send>() {}
     send::<Pipeline>();
 }
+
+#[test]
+fn a_full_table_refuses_entries_until_one_goes() {
+    let mut p = Pipeline::new();
+    let t = p
+        .add_table(exact("t", vec![Field::Bytes { offset: 0, len: 1 }], vec![]))
+        .unwrap();
+    p.set_limit(t, Some(2)).unwrap();
+    let a = p.insert(t, Entry::exact([1], vec![Action::Flood])).unwrap();
+    p.insert(t, Entry::exact([2], vec![Action::Flood])).unwrap();
+    assert_eq!(
+        p.insert(t, Entry::exact([3], vec![Action::Flood])),
+        Err(Error::TableFull { table: t, limit: 2 })
+    );
+    assert_eq!(p.len(t).unwrap(), 2);
+    p.remove(t, a).unwrap();
+    p.insert(t, Entry::exact([3], vec![Action::Flood])).unwrap();
+}
+
+#[test]
+fn a_removed_table_is_gone_but_not_while_something_jumps_to_it() {
+    let mut p = Pipeline::new();
+    let first = p
+        .add_table(exact(
+            "first",
+            vec![Field::InPort],
+            vec![Action::Goto(TableId(1))],
+        ))
+        .unwrap();
+    let second = p
+        .add_table(exact(
+            "second",
+            vec![Field::InPort],
+            vec![Action::Output(2)],
+        ))
+        .unwrap();
+    assert_eq!(
+        p.remove_table(second),
+        Err(Error::TableInUse {
+            table: second,
+            by: first
+        })
+    );
+    let mut frame = [0u8; 14];
+    assert_eq!(p.process(&mut frame, &mut Meta::new(1)), Verdict::Output(2));
+    p.set_miss(first, vec![Action::Flood]).unwrap();
+    p.remove_table(second).unwrap();
+    assert_eq!(p.table_id("second"), None);
+    assert_eq!(p.len(second), Err(Error::UnknownTable(second)));
+    assert_eq!(p.describe().tables.len(), 1);
+    // The name is free again, under a new id.
+    let again = p
+        .add_table(exact("second", vec![Field::InPort], vec![]))
+        .unwrap();
+    assert_ne!(again, second);
+    // A frame that still reaches the old id is dropped.
+    p.set_miss(first, vec![Action::Goto(second)]).unwrap();
+    assert_eq!(
+        p.process(&mut frame, &mut Meta::new(1)),
+        Verdict::Drop(reason::BAD_GOTO)
+    );
+}
