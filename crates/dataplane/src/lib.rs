@@ -8,6 +8,9 @@
 //! in-memory ports in tests, one step at a time ([`Driver::drain`], [`Driver::tick_if_due`]).
 
 pub mod fanout;
+pub mod remote;
+
+pub use remote::{remote, Inbox, Job, Remote, RemoteError};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -250,18 +253,29 @@ impl<D: Datapath> Driver<D> {
         self.emit.clear();
     }
 
-    /// Runs until `stop` says so: waits for frames or the application's next deadline,
-    /// processes, ticks when due, and calls `periodic` every `opts.every`. Time is the wall
-    /// clock on [`kvio::clock`].
+    /// Runs the jobs `inbox` holds, at most [`remote::JOBS_PER_ROUND`], and sends what they
+    /// emit.
+    pub fn run_jobs(&mut self, inbox: &Inbox<D>, now: Instant) -> usize {
+        let ran = inbox.run(&mut self.app, now, &mut self.emit, remote::JOBS_PER_ROUND);
+        self.flush_emits();
+        ran
+    }
+
+    /// Runs until `stop` says so: waits for frames, control jobs from `inbox` or the
+    /// application's next deadline, processes, runs jobs between batches, ticks when due,
+    /// and calls `periodic` every `opts.every`. Time is the wall clock on [`kvio::clock`].
     pub fn run(
         &mut self,
         opts: &RunOptions,
+        inbox: Option<&Inbox<D>>,
         stop: &dyn Fn() -> bool,
         periodic: &mut dyn FnMut(&D),
     ) -> Result<(), RunError> {
         let mut poller = {
-            let refs: Vec<&dyn Port> = self.ports.iter().map(|p| p.as_ref()).collect();
-            Poller::for_ports(&refs)
+            let mut fds: Vec<std::os::fd::RawFd> = self.ports.iter().map(|p| p.fd()).collect();
+            // Polled after the ports: its index is the port count.
+            fds.extend(inbox.map(Inbox::fd));
+            Poller::new(&fds)
         };
         let mut ready: Vec<usize> = Vec::with_capacity(self.ports.len());
         let mut last_work = std::time::Instant::now();
@@ -291,7 +305,12 @@ impl<D: Datapath> Driver<D> {
             for &i in &ready {
                 // Only frames count as work: a port that cannot tell answers `rx_ready` with
                 // `true` even when idle.
-                if self.drain(i, now) > 0 {
+                if i < self.ports.len() && self.drain(i, now) > 0 {
+                    last_work = wall;
+                }
+            }
+            if let Some(inbox) = inbox {
+                if self.run_jobs(inbox, now) > 0 {
                     last_work = wall;
                 }
             }

@@ -16,9 +16,11 @@ mod mem;
 mod port;
 mod ring;
 mod sys;
+mod waker;
 
 pub use afpacket::{AfPacket, AfPacketOptions};
 pub use batch::{Batch, FRAME_CAP, MAX_BATCH};
 pub use link::VethPair;
 pub use mem::{mem_pair, MemPort, MEM_QUEUE_LIMIT};
 pub use port::{wait_readable, Poller, Port, PortStats};
+pub use waker::Waker;

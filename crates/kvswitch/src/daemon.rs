@@ -124,11 +124,16 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
     };
     let mut driver = Driver::new(ports, switch, local_index, stats.clone());
     let snapshot = &shared.snapshot;
-    driver.run(&options, &|| STOP.load(Ordering::Relaxed), &mut |switch| {
-        if let Ok(mut s) = snapshot.lock() {
-            *s = switch.snapshot();
-        }
-    })?;
+    driver.run(
+        &options,
+        None,
+        &|| STOP.load(Ordering::Relaxed),
+        &mut |switch| {
+            if let Ok(mut s) = snapshot.lock() {
+                *s = switch.snapshot();
+            }
+        },
+    )?;
     tracing::info!("kvswitch stopping");
     // The proxy first, so that nothing listens on the VIP once its address is gone; then the
     // ports, then the pair itself.
