@@ -43,7 +43,7 @@ pub use error::{Error, FieldError};
 pub use field::{Field, Meta};
 pub use pipeline::{
     Choose, CounterSnapshot, EntryView, Pipeline, PipelineStats, SelectorSnapshot, Snapshot,
-    TableSnapshot,
+    TableSnapshot, Taken,
 };
 pub use table::{Entry, EntryId, MatchKind, TableSpec};
 

@@ -8,7 +8,7 @@ use crate::error::Error;
 use crate::field::{extract, Field, Meta};
 use crate::reason;
 use crate::rewrite::{self, Addr, Ttl};
-use crate::table::{table_id, Entry, EntryId, MatchKind, Table, TableSpec};
+use crate::table::{table_id, Entry, EntryId, MatchKind, Stored, Table, TableSpec};
 use crate::{MAX_ACTIONS, MAX_KEY_LEN, MAX_TABLES, NUM_REGS};
 
 /// Picks a selector member for a key hash — for example a ketama ring over backends.
@@ -114,6 +114,20 @@ pub struct EntryView<'a> {
     pub entry: &'a Entry,
     /// Frames that matched this entry.
     pub hits: u64,
+}
+
+/// An entry [`Pipeline::take`] removed, kept whole so that [`Pipeline::restore`] can put it
+/// back exactly.
+pub struct Taken(Stored);
+
+impl Taken {
+    pub fn entry(&self) -> &Entry {
+        &self.0.entry
+    }
+
+    pub fn hits(&self) -> u64 {
+        self.0.hits
+    }
 }
 
 /// A programmable match-action pipeline. See the crate documentation.
@@ -360,6 +374,24 @@ impl Pipeline {
         self.table_mut(t)?
             .remove(id)
             .ok_or(Error::UnknownEntry(t, id))
+    }
+
+    /// Removes an entry and returns it with its hit count, for [`Pipeline::restore`].
+    pub fn take(&mut self, t: TableId, id: EntryId) -> Result<Taken, Error> {
+        let stored = self
+            .table_mut(t)?
+            .take(id)
+            .ok_or(Error::UnknownEntry(t, id))?;
+        Ok(Taken(stored))
+    }
+
+    /// Puts back an entry [`Pipeline::take`] removed, under the same id and with its hits:
+    /// for undoing the steps of a change that failed part way. Returns whether it could.
+    pub fn restore(&mut self, t: TableId, id: EntryId, taken: Taken) -> bool {
+        match self.table_mut(t) {
+            Ok(table) => table.restore(id, taken.0),
+            Err(_) => false,
+        }
     }
 
     /// Replaces an entry's actions, keeping its key and hit count (for example when a learned

@@ -90,10 +90,27 @@ pub struct EntryId {
     generation: u32,
 }
 
+impl EntryId {
+    /// The id as one number (generation in the high half), for an API or a log.
+    pub fn to_u64(self) -> u64 {
+        (u64::from(self.generation) << 32) | u64::from(self.index)
+    }
+
+    /// The id [`EntryId::to_u64`] gave; any other number names no live entry.
+    pub fn from_u64(n: u64) -> EntryId {
+        EntryId {
+            index: n as u32,
+            generation: (n >> 32) as u32,
+        }
+    }
+}
+
 /// An entry with its hit counter.
 pub(crate) struct Stored {
     pub entry: Entry,
     pub hits: u64,
+    /// When it was first inserted, in the table's order: ternary ties go to the earliest.
+    pub seq: u64,
 }
 
 /// A place in the entry slab; `generation` changes whenever the entry in it is removed.
@@ -111,6 +128,7 @@ struct Level {
 /// A ternary entry's place in priority order.
 struct Row {
     priority: u32,
+    seq: u64,
     slot: u32,
 }
 
@@ -141,6 +159,8 @@ pub(crate) struct Table {
     /// Empty slots, reused before the slab grows.
     free: Vec<u32>,
     live: usize,
+    /// The `seq` of the next entry inserted.
+    next_seq: u64,
     index: Index,
 }
 
@@ -188,6 +208,7 @@ impl Table {
             slots: Vec::new(),
             free: Vec::new(),
             live: 0,
+            next_seq: 0,
             index,
         })
     }
@@ -256,23 +277,60 @@ impl Table {
         if let Some(slot) = existing {
             return Err(Error::DuplicateKey(self.id_of(slot)));
         }
-        let key: Box<[u8]> = e.key.clone().into_boxed_slice();
-        let (priority, prefix_len) = (e.priority, e.prefix_len.unwrap_or(0));
-        let stored = Stored { entry: e, hits: 0 };
+        let stored = Stored {
+            entry: e,
+            hits: 0,
+            seq: self.next_seq,
+        };
+        self.next_seq += 1;
         let slot = match self.free.pop() {
-            Some(s) => {
-                self.slots[s as usize].stored = Some(stored);
-                s
-            }
+            Some(s) => s,
             None => {
                 self.slots.push(Slot {
                     generation: 0,
-                    stored: Some(stored),
+                    stored: None,
                 });
                 // Slab size is bounded by memory long before u32::MAX entries.
                 (self.slots.len() - 1) as u32
             }
         };
+        self.place(slot, stored);
+        Ok(self.id_of(slot))
+    }
+
+    /// Puts back an entry [`Table::remove`] took, under its old id and with its hits, as if it
+    /// had never gone: for undoing a change. Returns `false` (and does nothing) if its slot
+    /// has been taken since, or it clashes with a live entry.
+    pub fn restore(&mut self, id: EntryId, stored: Stored) -> bool {
+        let entry = &stored.entry;
+        let Some(pos) = self.free.iter().position(|&s| s == id.index) else {
+            return false;
+        };
+        let clash = match &self.index {
+            Index::Exact(map) => map.contains_key(entry.key.as_slice()),
+            Index::Lpm(levels) => levels.iter().any(|l| {
+                Some(l.prefix_len) == entry.prefix_len && l.map.contains_key(entry.key.as_slice())
+            }),
+            Index::Ternary(_) => false,
+        };
+        if clash {
+            return false;
+        }
+        self.free.swap_remove(pos);
+        self.slots[id.index as usize].generation = id.generation;
+        self.place(id.index, stored);
+        true
+    }
+
+    /// Stores `stored` in the empty `slot` and indexes it.
+    fn place(&mut self, slot: u32, stored: Stored) {
+        let key: Box<[u8]> = stored.entry.key.clone().into_boxed_slice();
+        let (priority, prefix_len, seq) = (
+            stored.entry.priority,
+            stored.entry.prefix_len.unwrap_or(0),
+            stored.seq,
+        );
+        self.slots[slot as usize].stored = Some(stored);
         match &mut self.index {
             Index::Exact(map) => {
                 map.insert(key, slot);
@@ -291,13 +349,21 @@ impl Table {
                 levels[pos].map.insert(key, slot);
             }
             Index::Ternary(rows) => {
-                // After every row of equal priority: earlier insertions win ties.
-                let pos = rows.partition_point(|r| r.priority >= priority);
-                rows.insert(pos, Row { priority, slot });
+                // Among rows of equal priority, earlier insertions win ties.
+                let pos = rows.partition_point(|r| {
+                    r.priority > priority || (r.priority == priority && r.seq < seq)
+                });
+                rows.insert(
+                    pos,
+                    Row {
+                        priority,
+                        seq,
+                        slot,
+                    },
+                );
             }
         }
         self.live += 1;
-        Ok(self.id_of(slot))
     }
 
     fn slot_of(&self, id: EntryId) -> Option<u32> {
@@ -317,6 +383,11 @@ impl Table {
 
     /// Removes an entry, returning it; `None` if the id is not live.
     pub fn remove(&mut self, id: EntryId) -> Option<Entry> {
+        self.take(id).map(|s| s.entry)
+    }
+
+    /// Removes an entry, returning it with its hits.
+    pub fn take(&mut self, id: EntryId) -> Option<Stored> {
         let slot = self.slot_of(id)?;
         let stored = self.slots[slot as usize].stored.take()?;
         let key = stored.entry.key.as_slice();
@@ -339,7 +410,7 @@ impl Table {
         s.generation = s.generation.wrapping_add(1);
         self.free.push(slot);
         self.live -= 1;
-        Some(stored.entry)
+        Some(stored)
     }
 
     /// Finds the slot matching `key` (of the table's key length). `scratch` is reused for

@@ -1038,3 +1038,37 @@ fn a_removed_table_is_gone_but_not_while_something_jumps_to_it() {
         Verdict::Drop(reason::BAD_GOTO)
     );
 }
+
+#[test]
+fn a_taken_entry_comes_back_with_its_id_hits_and_place() {
+    let mut p = Pipeline::new();
+    let t = p
+        .add_table(TableSpec {
+            name: "t".into(),
+            kind: MatchKind::Ternary,
+            key: vec![Field::InPort],
+            miss: vec![],
+        })
+        .unwrap();
+    let first = p
+        .insert(
+            t,
+            Entry::ternary([0, 0], [0, 0], 5, vec![Action::Output(1)]),
+        )
+        .unwrap();
+    p.insert(
+        t,
+        Entry::ternary([0, 0], [0, 0], 5, vec![Action::Output(2)]),
+    )
+    .unwrap();
+    let mut frame = [0u8; 14];
+    assert_eq!(p.process(&mut frame, &mut Meta::new(0)), Verdict::Output(1));
+    let taken = p.take(t, first).unwrap();
+    assert_eq!(taken.hits(), 1);
+    assert_eq!(p.process(&mut frame, &mut Meta::new(0)), Verdict::Output(2));
+    assert!(p.restore(t, first, taken));
+    // First again: it keeps its place among equal priorities.
+    assert_eq!(p.process(&mut frame, &mut Meta::new(0)), Verdict::Output(1));
+    assert_eq!(p.entry(t, first).unwrap().hits, 2);
+    assert_eq!(pipeline::EntryId::from_u64(first.to_u64()), first);
+}
