@@ -327,7 +327,7 @@ impl Pipeline {
             if other.removed || i == usize::from(t.0) {
                 continue;
             }
-            let jumps = |list: &[Action]| list.iter().any(|a| *a == Action::Goto(t));
+            let jumps = |list: &[Action]| list.contains(&Action::Goto(t));
             if jumps(&other.miss) || other.iter().any(|(_, s)| jumps(&s.entry.actions)) {
                 return Err(Error::TableInUse {
                     table: t,

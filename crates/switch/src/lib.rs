@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cache;
+pub mod control;
 pub mod frame;
 pub mod pool;
 pub mod ratelimit;

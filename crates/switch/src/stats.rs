@@ -92,10 +92,14 @@ pub enum Drop {
     /// A UDP reply from a server (or the switch's own answer) to a client that has used up its
     /// reply bytes (`switch.udp_reply_bytes_per_sec`, `switch.udp_reply_burst_bytes`).
     ReplyRateLimited,
+    /// An operator's entry (in `acl` or a table of theirs) said drop.
+    Operator,
+    /// A frame for the control plane (`to_cpu`, `mirror`) while its queue is full.
+    CpuQueueFull,
 }
 
 impl Drop {
-    pub const ALL: [Drop; 38] = [
+    pub const ALL: [Drop; 40] = [
         Drop::BadEthernet,
         Drop::BadIpv4,
         Drop::BadUdp,
@@ -134,6 +138,8 @@ impl Drop {
         Drop::SourceLoopback,
         Drop::SourceVip,
         Drop::ReplyRateLimited,
+        Drop::Operator,
+        Drop::CpuQueueFull,
     ];
 
     /// The label used in metrics.
@@ -177,6 +183,8 @@ impl Drop {
             Drop::SourceLoopback => "source_loopback",
             Drop::SourceVip => "source_vip",
             Drop::ReplyRateLimited => "reply_rate_limited",
+            Drop::Operator => "operator",
+            Drop::CpuQueueFull => "cpu_queue_full",
         }
     }
 

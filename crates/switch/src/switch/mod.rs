@@ -35,6 +35,7 @@ use crate::split::{self, Arrival, Splitter};
 use crate::stats::{self, Answer, Drop, Stats};
 use crate::udp_cache::{UdpCache, CPU_CACHE, REG_CACHE};
 
+mod control;
 mod cpu;
 mod guard;
 mod parse;
@@ -95,6 +96,10 @@ const FLAG_PLAIN_TCP: u32 = 2;
 /// Register 0 holds this when the parser stage routed the frame by key (a memcached request to
 /// the VIP); no table matches on it.
 const REG_ROUTED: usize = 0;
+/// Set by an operator's `mirror`: a copy of the frame goes to the CPU queue.
+const REG_MIRROR: usize = 2;
+/// The verdict of an operator's `to_cpu`.
+const CPU_OPERATOR: u16 = 202;
 
 // Byte offsets of the fields the tables match, valid for untagged IPv4 with a 20-byte header.
 const OFF_ETHERTYPE: u16 = 12;
@@ -149,6 +154,10 @@ struct Tables {
     ring: SelectorId,
     /// `kv_cache`, when the cache is on: exact on the key hash of reads it may answer.
     cache: Option<TableId>,
+    /// The operator's table in front of the program.
+    acl: TableId,
+    /// The program's first table, where `acl` goes on to.
+    program: TableId,
 }
 
 pub struct Switch {
@@ -190,6 +199,8 @@ pub struct Switch {
     limiter: Option<ReplyLimiter>,
     /// The VIP network's broadcast address, when it has one (prefixes up to /30).
     vip_broadcast: Option<Ipv4Addr>,
+    /// What the control plane added: its tables, counters and the CPU queue.
+    operator: control::Operator,
 }
 
 impl Switch {
@@ -263,8 +274,10 @@ impl Switch {
             vip_broadcast: (spec.vip.prefix_len <= 30).then(|| {
                 Ipv4Addr::from(u32::from(spec.vip.ip) | (u32::MAX >> spec.vip.prefix_len))
             }),
+            operator: control::Operator::default(),
             spec,
         };
+        sw.operator.tables.insert(sw.tables.acl);
         sw.install_members()?;
         Ok(sw)
     }
@@ -485,6 +498,9 @@ impl Switch {
         emit: &mut Vec<Emit>,
     ) -> Fate {
         let routed = meta.regs[REG_ROUTED] != 0;
+        if meta.regs[REG_MIRROR] != 0 {
+            self.queue_for_cpu(in_port, "mirror", frame);
+        }
         let fate = self.resolve(verdict, in_port, routed, frame, emit);
         if routed && fate != Fate::Consumed {
             // Counted once the pipeline has sent it on, not when it was parsed.
@@ -556,6 +572,10 @@ impl Switch {
             }
             Verdict::ToCpu(CPU_ARP) => {
                 self.answer_arp(in_port, frame, emit);
+                Fate::Consumed
+            }
+            Verdict::ToCpu(CPU_OPERATOR) => {
+                self.queue_for_cpu(in_port, "to_cpu", frame);
                 Fate::Consumed
             }
             Verdict::ToCpu(_) => {

@@ -15,7 +15,8 @@ pub(super) fn bytes_field(offset: u16, len: u8) -> Field {
     Field::Bytes { offset, len }
 }
 
-/// The switch's behaviour as tables:
+/// The switch's behaviour as tables, after `acl` (ternary, empty: the operator's, whose miss
+/// goes on to the program) and `kv_cache` (with the cache):
 /// 0 `arp_vip`: ARP requests for the VIP (or agent address) go to the CPU; ARP replies to the
 ///   addresses of the host's end of the local port go out of the local port;
 /// 1 `kv_route`: UDP to the VIP's memcached port is hashed by key onto the ring; TCP to it goes
@@ -27,6 +28,26 @@ pub(super) fn bytes_field(offset: u16, len: u8) -> Field {
 pub(super) fn build_tables(p: &mut Pipeline, spec: &SwitchSpec) -> Result<Tables, pipeline::Error> {
     let local = spec.local.as_ref().map(|l| l.port);
     let e = |e: pipeline::Error| e;
+    let acl_key = crate::control::ACL_KEY
+        .iter()
+        .map(|name| {
+            crate::control::NAMED_FIELDS
+                .iter()
+                .find(|(n, _, _)| n == name)
+                .map(|(_, f, _)| *f)
+                .unwrap_or(Field::InPort)
+        })
+        .collect();
+    let acl = p
+        .add_table(TableSpec {
+            name: crate::control::ACL.into(),
+            kind: MatchKind::Ternary,
+            key: acl_key,
+            miss: vec![],
+        })
+        .map_err(e)?;
+    p.set_limit(acl, Some(crate::control::DEFAULT_TABLE_SIZE))
+        .map_err(e)?;
     // First, so that a read the cache may answer meets it before any other table.
     let cache_t = match spec.cache {
         true => Some(
@@ -101,6 +122,8 @@ pub(super) fn build_tables(p: &mut Pipeline, spec: &SwitchSpec) -> Result<Tables
         })
         .map_err(e)?;
     // Misses fall through to the next table.
+    let program = cache_t.unwrap_or(arp_t);
+    p.set_miss(acl, vec![Action::Goto(program)]).map_err(e)?;
     if let Some(cache_t) = cache_t {
         p.set_miss(cache_t, vec![Action::Goto(arp_t)]).map_err(e)?;
     }
@@ -214,6 +237,8 @@ pub(super) fn build_tables(p: &mut Pipeline, spec: &SwitchSpec) -> Result<Tables
         l2,
         ring,
         cache: cache_t,
+        acl,
+        program,
     })
 }
 

@@ -1,0 +1,767 @@
+//! The switch's run-time control plane, as data: lookup keys, tables, entries and actions in
+//! the form the API, `kvswitch ctl` and a controller write them, and their conversion to and
+//! from the pipeline's types. [`Switch`](crate::Switch)'s control methods apply them on the
+//! forwarding thread. A refused call changes nothing and names the field that is wrong.
+//!
+//! The memcached program's own tables are listed like any other but only the `acl` table in
+//! front of them takes an operator's entries; operators may also create tables of their own
+//! and reach them from `acl` with `goto`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::Ipv4Addr;
+
+use pipeline::{Action, Entry, Field, MatchKind};
+use serde::{Deserialize, Serialize};
+use wire::ethernet::Mac;
+
+/// The table in front of the memcached program that takes an operator's entries.
+pub const ACL: &str = "acl";
+/// Entries an operator's table holds unless its definition says otherwise.
+pub const DEFAULT_TABLE_SIZE: usize = 65_536;
+/// Most entries any operator's table may hold.
+pub const MAX_TABLE_SIZE: usize = 1 << 20;
+/// Most changes in one batch.
+pub const MAX_BATCH: usize = 100_000;
+/// Frames kept for the CPU (from `to_cpu` and `mirror`) until the control plane reads them;
+/// past this they are dropped and counted.
+pub const CPU_QUEUE: usize = 1024;
+/// Longest table or counter name.
+pub const MAX_NAME: usize = 64;
+
+/// The key of [`ACL`]: every named field, so that an entry can match any of them.
+pub const ACL_KEY: &[&str] = &[
+    "in_port",
+    "eth_dst",
+    "eth_src",
+    "ethertype",
+    "ip_proto",
+    "ip_src",
+    "ip_dst",
+    "l4_src",
+    "l4_dst",
+    "key_hash",
+    "mc_request",
+];
+
+/// The fields the API knows by name: the Ethernet, IPv4 and UDP/TCP headers at their usual
+/// offsets, the first 16 bytes of a memcached UDP request (zero past the frame's end), the
+/// in-port and the ring's hash of the request's key.
+pub const NAMED_FIELDS: &[(&str, Field, &str)] = &[
+    (
+        "eth_dst",
+        Field::Bytes { offset: 0, len: 6 },
+        "Ethernet destination",
+    ),
+    (
+        "eth_src",
+        Field::Bytes { offset: 6, len: 6 },
+        "Ethernet source",
+    ),
+    (
+        "ethertype",
+        Field::Bytes { offset: 12, len: 2 },
+        "Ethernet type",
+    ),
+    (
+        "ip_proto",
+        Field::Bytes { offset: 23, len: 1 },
+        "IPv4 protocol",
+    ),
+    ("ip_src", Field::Bytes { offset: 26, len: 4 }, "IPv4 source"),
+    (
+        "ip_dst",
+        Field::Bytes { offset: 30, len: 4 },
+        "IPv4 destination",
+    ),
+    (
+        "l4_src",
+        Field::Bytes { offset: 34, len: 2 },
+        "UDP or TCP source port",
+    ),
+    (
+        "l4_dst",
+        Field::Bytes { offset: 36, len: 2 },
+        "UDP or TCP destination port",
+    ),
+    (
+        "mc_request",
+        Field::Padded {
+            offset: 50,
+            len: 16,
+        },
+        "first 16 bytes of a memcached UDP request (after its frame header), zero-padded",
+    ),
+    ("in_port", Field::InPort, "port the frame came in on"),
+    (
+        "key_hash",
+        Field::KeyHash,
+        "the ring's hash of a memcached request's key (0 if none)",
+    ),
+];
+
+/// One field of a lookup key: a name from [`NAMED_FIELDS`], a byte range of the frame, or
+/// metadata.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum KeyField {
+    Named(String),
+    Bytes {
+        name: String,
+        offset: u16,
+        len: u8,
+        /// Bytes past the frame's end read as zero instead of making the table miss.
+        #[serde(default, skip_serializing_if = "is_false")]
+        padded: bool,
+    },
+    Meta {
+        name: String,
+        meta: MetaField,
+    },
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// Metadata a key may hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MetaField {
+    InPort,
+    KeyHash,
+    /// The memcached program's flags (shown in its tables).
+    Flags,
+    Reg0,
+    Reg1,
+    Reg2,
+    Reg3,
+}
+
+impl MetaField {
+    fn field(self) -> Field {
+        match self {
+            MetaField::InPort => Field::InPort,
+            MetaField::KeyHash => Field::KeyHash,
+            MetaField::Flags => Field::Flags,
+            MetaField::Reg0 => Field::Reg(0),
+            MetaField::Reg1 => Field::Reg(1),
+            MetaField::Reg2 => Field::Reg(2),
+            MetaField::Reg3 => Field::Reg(3),
+        }
+    }
+}
+
+/// How a table matches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    Exact,
+    Lpm,
+    Ternary,
+}
+
+impl From<Kind> for MatchKind {
+    fn from(k: Kind) -> MatchKind {
+        match k {
+            Kind::Exact => MatchKind::Exact,
+            Kind::Lpm => MatchKind::Lpm,
+            Kind::Ternary => MatchKind::Ternary,
+        }
+    }
+}
+
+impl From<MatchKind> for Kind {
+    fn from(k: MatchKind) -> Kind {
+        match k {
+            MatchKind::Exact => Kind::Exact,
+            MatchKind::Lpm => Kind::Lpm,
+            MatchKind::Ternary => Kind::Ternary,
+        }
+    }
+}
+
+/// A table to create.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableDef {
+    pub name: String,
+    pub kind: Kind,
+    pub key: Vec<KeyField>,
+    /// What runs when no entry matches; nothing (the frame is dropped as `no_action`) if
+    /// empty.
+    #[serde(default)]
+    pub miss: Vec<ActionDef>,
+    /// Most entries; [`DEFAULT_TABLE_SIZE`] if not given.
+    #[serde(default)]
+    pub size: Option<usize>,
+}
+
+/// One action as the API writes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActionDef {
+    /// Send out of this port.
+    Output(u16),
+    /// Send out of every port but the one it came in on.
+    Flood,
+    /// Hand to the control plane (read with `GET /api/v1/packets`) instead of forwarding.
+    ToCpu,
+    /// Hand a copy to the control plane and forward as usual.
+    Mirror,
+    /// Drop, counted as `operator`.
+    Drop,
+    /// Count packets and bytes in the named counter (created on first use).
+    Count(String),
+    SetEthDst(String),
+    SetEthSrc(String),
+    SetIpv4Dst(Ipv4Addr),
+    SetIpv4Src(Ipv4Addr),
+    /// Decrement the IPv4 TTL; a frame whose TTL runs out is dropped.
+    DecTtl,
+    /// Go on at a later table.
+    Goto(String),
+    /// An action of the memcached program that only it writes, described.
+    Program(String),
+}
+
+/// A value for one field of an entry's match.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Value {
+    /// Big-endian in the field's width.
+    Number(u64),
+    /// An IPv4 address (4-byte fields), a MAC (6-byte fields), or `0x` and hex digits.
+    Text(String),
+    /// A value under a mask (ternary tables only).
+    Masked { value: Box<Value>, mask: Box<Value> },
+    /// Bytes of text from the field's start, zero after; in a ternary table only those
+    /// bytes are matched (so `{"text": "get user:"}` matches a key prefix in `mc_request`).
+    Literal { text: String },
+}
+
+/// An entry to add.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EntryDef {
+    /// Field name → value. Exact tables need every field; in ternary tables a field left
+    /// out matches anything; in LPM tables fields past the prefix may be left out.
+    #[serde(rename = "match", default)]
+    pub fields: BTreeMap<String, Value>,
+    /// Ternary tables: the highest priority that matches wins, then the oldest entry.
+    #[serde(default)]
+    pub priority: u32,
+    /// LPM tables: how many leading bits of the whole key must match.
+    #[serde(default)]
+    pub prefix_len: Option<u16>,
+    pub actions: Vec<ActionDef>,
+}
+
+/// One change of a batch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Change {
+    Add {
+        table: String,
+        entry: EntryDef,
+    },
+    /// Replace an entry's actions, keeping its match and hits.
+    Modify {
+        table: String,
+        id: u64,
+        actions: Vec<ActionDef>,
+    },
+    Delete {
+        table: String,
+        id: u64,
+    },
+}
+
+/// A table as listed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableView {
+    pub name: String,
+    pub kind: Kind,
+    pub key: Vec<KeyField>,
+    /// Key width in bytes.
+    pub key_len: usize,
+    pub miss: Vec<ActionDef>,
+    pub size: Option<usize>,
+    pub entries: usize,
+    pub hits: u64,
+    pub misses: u64,
+    /// `program` (the memcached program's own, read-only) or `operator`.
+    pub owner: String,
+    /// Whether entries may be added, changed and deleted through the API.
+    pub writable: bool,
+}
+
+/// An entry as listed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EntryView {
+    pub id: u64,
+    #[serde(rename = "match")]
+    pub fields: BTreeMap<String, Value>,
+    pub priority: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix_len: Option<u16>,
+    pub actions: Vec<ActionDef>,
+    pub hits: u64,
+}
+
+/// A counter an operator's `count` action feeds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CounterView {
+    pub name: String,
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+/// A frame an entry handed to the CPU.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuFrame {
+    pub in_port: u16,
+    /// `to_cpu` or `mirror`.
+    pub reason: String,
+    /// The frame in hex.
+    pub frame: String,
+}
+
+/// What kind of refusal, which the API turns into a status code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// Malformed: a bad value, width, name or action.
+    Invalid,
+    /// No such table or entry.
+    NotFound,
+    /// Clashes with what is there: a duplicate key, a table in use, a read-only table.
+    Conflict,
+    /// A table or queue at its limit.
+    Full,
+}
+
+/// Why a control call was refused; nothing was changed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControlError {
+    pub kind: ErrorKind,
+    /// Where in the request: `changes[3].entry.match.ip_dst`, `key[1].len`, ...
+    pub field: String,
+    pub error: String,
+}
+
+impl ControlError {
+    pub fn new(kind: ErrorKind, field: impl Into<String>, error: impl Into<String>) -> Self {
+        ControlError {
+            kind,
+            field: field.into(),
+            error: error.into(),
+        }
+    }
+
+    pub(crate) fn invalid(field: impl Into<String>, error: impl Into<String>) -> Self {
+        ControlError::new(ErrorKind::Invalid, field, error)
+    }
+
+    /// The same error, its field placed under `outer`.
+    pub fn within(mut self, outer: &str) -> Self {
+        self.field = match self.field.is_empty() {
+            true => outer.to_string(),
+            false if self.field.starts_with('[') => format!("{outer}{}", self.field),
+            false => format!("{outer}.{}", self.field),
+        };
+        self
+    }
+}
+
+impl fmt::Display for ControlError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.field.is_empty() {
+            true => write!(f, "{}", self.error),
+            false => write!(f, "{}: {}", self.field, self.error),
+        }
+    }
+}
+
+impl std::error::Error for ControlError {}
+
+/// Checks a table or counter name: 1 to [`MAX_NAME`] of `a-z`, `0-9`, `_` and `-`.
+pub fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    match ok {
+        true => Ok(()),
+        false => Err(format!(
+            "{name:?} is not a name: use 1 to {MAX_NAME} of a-z, 0-9, _ and -"
+        )),
+    }
+}
+
+/// A key field's name and what the pipeline reads for it.
+pub fn resolve_field(f: &KeyField) -> Result<(String, Field), ControlError> {
+    match f {
+        KeyField::Named(name) => NAMED_FIELDS
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .map(|(n, field, _)| (n.to_string(), *field))
+            .ok_or_else(|| {
+                let known: Vec<&str> = NAMED_FIELDS.iter().map(|(n, _, _)| *n).collect();
+                ControlError::invalid(
+                    "",
+                    format!("unknown field {name:?}; known: {}", known.join(", ")),
+                )
+            }),
+        KeyField::Bytes {
+            name,
+            offset,
+            len,
+            padded,
+        } => {
+            check_name(name).map_err(|e| ControlError::invalid("name", e))?;
+            if *len == 0 {
+                return Err(ControlError::invalid(
+                    "len",
+                    "a byte range needs 1 byte or more",
+                ));
+            }
+            let field = match padded {
+                true => Field::Padded {
+                    offset: *offset,
+                    len: *len,
+                },
+                false => Field::Bytes {
+                    offset: *offset,
+                    len: *len,
+                },
+            };
+            Ok((name.clone(), field))
+        }
+        KeyField::Meta { name, meta } => {
+            check_name(name).map_err(|e| ControlError::invalid("name", e))?;
+            Ok((name.clone(), meta.field()))
+        }
+    }
+}
+
+/// How a pipeline field is shown: by its name if it has one.
+pub fn describe_field(field: Field, i: usize) -> KeyField {
+    if let Some((n, _, _)) = NAMED_FIELDS.iter().find(|(_, f, _)| *f == field) {
+        return KeyField::Named(n.to_string());
+    }
+    let meta = |meta| KeyField::Meta {
+        name: format!("f{i}"),
+        meta,
+    };
+    match field {
+        Field::Bytes { offset, len } | Field::Padded { offset, len } => KeyField::Bytes {
+            name: format!("f{i}"),
+            offset,
+            len,
+            padded: matches!(field, Field::Padded { .. }),
+        },
+        Field::InPort => meta(MetaField::InPort),
+        Field::KeyHash => meta(MetaField::KeyHash),
+        Field::Flags => meta(MetaField::Flags),
+        Field::Reg(n) => meta(match n {
+            0 => MetaField::Reg0,
+            1 => MetaField::Reg1,
+            2 => MetaField::Reg2,
+            _ => MetaField::Reg3,
+        }),
+    }
+}
+
+/// The name a key field goes by in entries.
+pub fn field_name(f: &KeyField) -> &str {
+    match f {
+        KeyField::Named(n) => n,
+        KeyField::Bytes { name, .. } | KeyField::Meta { name, .. } => name,
+    }
+}
+
+/// Bytes of `width` for one field's value, with the mask it implies (all ones unless a
+/// literal or an explicit mask says otherwise).
+fn value_bytes(v: &Value, width: usize, mask_ok: bool) -> Result<(Vec<u8>, Vec<u8>), String> {
+    let full = vec![0xff; width];
+    match v {
+        Value::Number(n) => {
+            let bytes = n.to_be_bytes();
+            let cut = 8usize.saturating_sub(width);
+            if width < 8 && n >> (8 * width) != 0 {
+                return Err(format!("{n} does not fit in {width} bytes"));
+            }
+            let mut out = vec![0u8; width.saturating_sub(8)];
+            out.extend_from_slice(&bytes[cut..]);
+            Ok((out, full))
+        }
+        Value::Text(s) => {
+            if let Some(hex) = s.strip_prefix("0x") {
+                let digits = hex.len();
+                if digits == 0 || digits > 2 * width || !hex.bytes().all(|b| b.is_ascii_hexdigit())
+                {
+                    return Err(format!("{s:?} is not 0x and 1 to {} hex digits", 2 * width));
+                }
+                let padded = format!("{hex:0>w$}", w = 2 * width);
+                let out = (0..width)
+                    .map(|i| u8::from_str_radix(&padded[2 * i..2 * i + 2], 16).unwrap_or(0))
+                    .collect();
+                return Ok((out, full));
+            }
+            if width == 4 {
+                if let Ok(ip) = s.parse::<Ipv4Addr>() {
+                    return Ok((ip.octets().to_vec(), full));
+                }
+            }
+            if width == 6 {
+                if let Ok(mac) = s.parse::<Mac>() {
+                    return Ok((mac.0.to_vec(), full));
+                }
+            }
+            Err(format!(
+                "{s:?} is not a value for a {width}-byte field: give a number, 0x and hex \
+                 digits{}{}, or {{\"text\": ...}}",
+                if width == 4 { ", an IPv4 address" } else { "" },
+                if width == 6 { ", a MAC address" } else { "" },
+            ))
+        }
+        Value::Literal { text } => {
+            let bytes = text.as_bytes();
+            if bytes.len() > width {
+                return Err(format!(
+                    "text of {} bytes does not fit in {width} bytes",
+                    bytes.len()
+                ));
+            }
+            let mut value = vec![0u8; width];
+            value[..bytes.len()].copy_from_slice(bytes);
+            let mut mask = vec![0u8; width];
+            mask[..bytes.len()].fill(0xff);
+            Ok((value, if mask_ok { mask } else { full }))
+        }
+        Value::Masked { value, mask } => {
+            if !mask_ok {
+                return Err("only ternary tables take masks".into());
+            }
+            let (value, _) = value_bytes(value, width, false)?;
+            let (mask, _) = value_bytes(mask, width, false).map_err(|e| format!("mask: {e}"))?;
+            Ok((value, mask))
+        }
+    }
+}
+
+/// Builds the pipeline entry for `def` in a table of `kind` keyed by `fields` (name, field).
+/// Actions are converted by the caller.
+pub fn build_entry(
+    def: &EntryDef,
+    kind: MatchKind,
+    fields: &[(String, Field)],
+    actions: Vec<Action>,
+) -> Result<Entry, ControlError> {
+    for name in def.fields.keys() {
+        if !fields.iter().any(|(n, _)| n == name) {
+            let known: Vec<&str> = fields.iter().map(|(n, _)| n.as_str()).collect();
+            return Err(ControlError::invalid(
+                format!("match.{name}"),
+                format!(
+                    "the table has no field {name:?}; its key is {}",
+                    known.join(", ")
+                ),
+            ));
+        }
+    }
+    let ternary = kind == MatchKind::Ternary;
+    let mut key = Vec::new();
+    let mut mask = Vec::new();
+    for (name, field) in fields {
+        let width = field.width();
+        match def.fields.get(name) {
+            Some(v) => {
+                let (k, m) = value_bytes(v, width, ternary)
+                    .map_err(|e| ControlError::invalid(format!("match.{name}"), e))?;
+                key.extend(k);
+                mask.extend(m);
+            }
+            None if kind == MatchKind::Exact => {
+                return Err(ControlError::invalid(
+                    format!("match.{name}"),
+                    "an exact table needs a value for every field",
+                ));
+            }
+            None => {
+                key.extend(std::iter::repeat_n(0, width));
+                mask.extend(std::iter::repeat_n(0, width));
+            }
+        }
+    }
+    let bits = key.len() * 8;
+    match kind {
+        MatchKind::Lpm => {
+            let p = def.prefix_len.ok_or_else(|| {
+                ControlError::invalid("prefix_len", "an LPM entry needs a prefix length in bits")
+            })?;
+            if usize::from(p) > bits {
+                return Err(ControlError::invalid(
+                    "prefix_len",
+                    format!("{p} bits is longer than the key's {bits}"),
+                ));
+            }
+            Ok(Entry::lpm(key, p, actions))
+        }
+        _ if def.prefix_len.is_some() => Err(ControlError::invalid(
+            "prefix_len",
+            "only LPM tables take a prefix length",
+        )),
+        MatchKind::Exact => Ok(Entry::exact(key, actions)),
+        MatchKind::Ternary => Ok(Entry::ternary(key, mask, def.priority, actions)),
+    }
+}
+
+/// An entry's match, field by field, as the API shows it.
+pub fn describe_match(entry: &Entry, fields: &[(String, Field)]) -> BTreeMap<String, Value> {
+    let mut out = BTreeMap::new();
+    let mut at = 0;
+    for (name, field) in fields {
+        let width = field.width();
+        let (Some(value), mask) = (
+            entry.key.get(at..at + width),
+            entry.mask.as_ref().and_then(|m| m.get(at..at + width)),
+        ) else {
+            break;
+        };
+        at += width;
+        let shown = show_bytes(value, name);
+        match mask {
+            Some(m) if m.iter().all(|&b| b == 0) => {}
+            Some(m) if m.iter().any(|&b| b != 0xff) => {
+                out.insert(
+                    name.clone(),
+                    Value::Masked {
+                        value: Box::new(shown),
+                        mask: Box::new(Value::Text(hex(m))),
+                    },
+                );
+            }
+            _ => {
+                out.insert(name.clone(), shown);
+            }
+        }
+    }
+    out
+}
+
+fn show_bytes(bytes: &[u8], name: &str) -> Value {
+    match bytes.len() {
+        4 if name.starts_with("ip_") => {
+            Value::Text(Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]).to_string())
+        }
+        6 if name.starts_with("eth_") => {
+            let mut mac = [0u8; 6];
+            mac.copy_from_slice(bytes);
+            Value::Text(Mac(mac).to_string())
+        }
+        1..=8 if !name.starts_with("mc_") => {
+            Value::Number(bytes.iter().fold(0u64, |n, &b| (n << 8) | u64::from(b)))
+        }
+        _ => Value::Text(hex(bytes)),
+    }
+}
+
+/// `0x` and the bytes in hex.
+pub fn hex(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(2 + 2 * bytes.len());
+    s.push_str("0x");
+    for b in bytes {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+/// Bytes from hex digits (an optional `0x` first; spaces and colons ignored).
+pub fn unhex(text: &str) -> Result<Vec<u8>, String> {
+    let digits: Vec<u8> = text
+        .strip_prefix("0x")
+        .unwrap_or(text)
+        .bytes()
+        .filter(|b| !matches!(b, b' ' | b':' | b'\n'))
+        .collect();
+    if !digits.len().is_multiple_of(2) {
+        return Err("an odd number of hex digits".into());
+    }
+    digits
+        .chunks(2)
+        .map(|pair| {
+            std::str::from_utf8(pair)
+                .ok()
+                .and_then(|p| u8::from_str_radix(p, 16).ok())
+                .ok_or_else(|| format!("{:?} is not hex", String::from_utf8_lossy(pair)))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_fill_their_width_or_say_why_not() {
+        assert_eq!(
+            value_bytes(&Value::Number(11211), 2, false).unwrap().0,
+            [0x2b, 0xcb]
+        );
+        assert!(value_bytes(&Value::Number(70_000), 2, false).is_err());
+        assert_eq!(
+            value_bytes(&Value::Text("10.0.0.1".into()), 4, false)
+                .unwrap()
+                .0,
+            [10, 0, 0, 1]
+        );
+        assert_eq!(
+            value_bytes(&Value::Text("0x1".into()), 2, false).unwrap().0,
+            [0, 1]
+        );
+        assert!(value_bytes(&Value::Text("0x12345".into()), 2, false).is_err());
+        assert!(value_bytes(&Value::Text("10.0.0.1".into()), 6, false).is_err());
+        let (v, m) = value_bytes(&Value::Literal { text: "get".into() }, 5, true).unwrap();
+        assert_eq!((v, m), (b"get\0\0".to_vec(), vec![0xff, 0xff, 0xff, 0, 0]));
+        let masked = Value::Masked {
+            value: Box::new(Value::Text("10.0.0.0".into())),
+            mask: Box::new(Value::Text("255.255.0.0".into())),
+        };
+        assert!(value_bytes(&masked, 4, false).is_err());
+        assert_eq!(
+            value_bytes(&masked, 4, true).unwrap(),
+            (vec![10, 0, 0, 0], vec![255, 255, 0, 0])
+        );
+    }
+
+    #[test]
+    fn an_entry_shows_as_it_was_written() {
+        let fields: Vec<(String, Field)> = ["ip_dst", "l4_dst", "mc_request"]
+            .iter()
+            .map(|n| resolve_field(&KeyField::Named(n.to_string())).unwrap())
+            .collect();
+        let def: EntryDef = serde_json::from_value(serde_json::json!({
+            "match": {"ip_dst": "10.0.0.100", "mc_request": {"text": "get user:"}},
+            "priority": 7,
+            "actions": ["drop"]
+        }))
+        .unwrap();
+        let entry = build_entry(&def, MatchKind::Ternary, &fields, vec![]).unwrap();
+        let shown = describe_match(&entry, &fields);
+        assert_eq!(shown["ip_dst"], Value::Text("10.0.0.100".into()));
+        assert!(!shown.contains_key("l4_dst"));
+        assert!(matches!(shown["mc_request"], Value::Masked { .. }));
+        let err = build_entry(&def, MatchKind::Exact, &fields, vec![]).unwrap_err();
+        assert_eq!(err.field, "match.l4_dst");
+    }
+
+    #[test]
+    fn hex_round_trips() {
+        assert_eq!(unhex(&hex(&[0, 1, 0xab])).unwrap(), [0, 1, 0xab]);
+        assert!(unhex("0xabc").is_err());
+        assert!(unhex("zz").is_err());
+    }
+}

@@ -1,0 +1,546 @@
+//! The control plane's calls on a running switch: tables and entries, counters, frames to
+//! and from the CPU. Run on the forwarding thread between frames (see `dataplane::Remote`).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use pipeline::{CounterId, EntryId, Taken};
+
+use super::*;
+use crate::control::{
+    check_name, describe_field, describe_match, field_name, hex, resolve_field, ActionDef, Change,
+    ControlError, CounterView, CpuFrame, EntryDef, EntryView, ErrorKind, KeyField, TableDef,
+    TableView, CPU_QUEUE, DEFAULT_TABLE_SIZE, MAX_BATCH, MAX_TABLE_SIZE,
+};
+
+/// The control plane's additions to the switch.
+#[derive(Default)]
+pub(super) struct Operator {
+    /// Tables that take an operator's entries: `acl` and those created through the API.
+    pub(super) tables: BTreeSet<TableId>,
+    /// Key fields of the tables created through the API, as named at creation.
+    keys: HashMap<TableId, Vec<KeyField>>,
+    counters: BTreeMap<String, CounterId>,
+    cpu: VecDeque<CpuFrame>,
+}
+
+/// How to take back one applied change.
+enum Undo {
+    Added(TableId, EntryId),
+    Modified(TableId, EntryId, Vec<Action>),
+    Deleted(TableId, EntryId, Taken),
+}
+
+fn pipeline_error(e: pipeline::Error) -> ControlError {
+    let kind = match e {
+        pipeline::Error::DuplicateKey(_) | pipeline::Error::TableInUse { .. } => {
+            ErrorKind::Conflict
+        }
+        pipeline::Error::TableFull { .. } | pipeline::Error::TooManyTables => ErrorKind::Full,
+        pipeline::Error::UnknownEntry(..) => ErrorKind::NotFound,
+        _ => ErrorKind::Invalid,
+    };
+    ControlError::new(kind, "", e.to_string())
+}
+
+impl Switch {
+    /// Every table, in processing order.
+    pub fn tables(&self) -> Vec<TableView> {
+        self.pipeline
+            .describe()
+            .tables
+            .iter()
+            .map(|t| self.table_view(t))
+            .collect()
+    }
+
+    /// One table by name.
+    pub fn table(&self, name: &str) -> Result<TableView, ControlError> {
+        let id = self.table_named(name)?;
+        let snap = self
+            .pipeline
+            .table_snapshot(id)
+            .ok_or_else(|| not_found(name))?;
+        Ok(self.table_view(&snap))
+    }
+
+    fn table_view(&self, t: &pipeline::TableSnapshot) -> TableView {
+        let writable = self.operator.tables.contains(&t.id);
+        TableView {
+            name: t.name.clone(),
+            kind: t.kind.into(),
+            key: self.key_of(t.id, &t.key),
+            key_len: t.key_len,
+            miss: t.miss.iter().map(|a| self.describe_action(a)).collect(),
+            size: t.limit,
+            entries: t.entries,
+            hits: t.hits,
+            misses: t.misses,
+            owner: match writable {
+                true => "operator".into(),
+                false => "program".into(),
+            },
+            writable,
+        }
+    }
+
+    fn key_of(&self, id: TableId, fields: &[Field]) -> Vec<KeyField> {
+        match self.operator.keys.get(&id) {
+            Some(k) => k.clone(),
+            None => fields
+                .iter()
+                .enumerate()
+                .map(|(i, f)| describe_field(*f, i))
+                .collect(),
+        }
+    }
+
+    /// The table's key as (name, field) pairs, for reading and writing entries.
+    fn named_key(&self, id: TableId) -> Vec<(String, Field)> {
+        let Some(snap) = self.pipeline.table_snapshot(id) else {
+            return Vec::new();
+        };
+        self.key_of(id, &snap.key)
+            .iter()
+            .zip(&snap.key)
+            .map(|(k, f)| (field_name(k).to_string(), *f))
+            .collect()
+    }
+
+    fn table_named(&self, name: &str) -> Result<TableId, ControlError> {
+        self.pipeline.table_id(name).ok_or_else(|| not_found(name))
+    }
+
+    fn writable_table(&self, name: &str) -> Result<TableId, ControlError> {
+        let id = self.table_named(name)?;
+        if !self.operator.tables.contains(&id) {
+            return Err(ControlError::new(
+                ErrorKind::Conflict,
+                "table",
+                format!(
+                    "table {name:?} belongs to the memcached program; put entries ahead of it \
+                     in {:?}",
+                    crate::control::ACL
+                ),
+            ));
+        }
+        Ok(id)
+    }
+
+    /// Creates an operator's table after every existing one.
+    pub fn create_table(&mut self, def: TableDef) -> Result<TableView, ControlError> {
+        check_name(&def.name).map_err(|e| ControlError::invalid("name", e))?;
+        if self.pipeline.table_id(&def.name).is_some() {
+            return Err(ControlError::new(
+                ErrorKind::Conflict,
+                "name",
+                format!("a table named {:?} exists", def.name),
+            ));
+        }
+        let size = def.size.unwrap_or(DEFAULT_TABLE_SIZE);
+        if size == 0 || size > MAX_TABLE_SIZE {
+            return Err(ControlError::invalid(
+                "size",
+                format!("{size} entries: give 1 to {MAX_TABLE_SIZE}"),
+            ));
+        }
+        if def.key.is_empty() {
+            return Err(ControlError::invalid(
+                "key",
+                "a key needs at least one field",
+            ));
+        }
+        let mut fields = Vec::with_capacity(def.key.len());
+        for (i, k) in def.key.iter().enumerate() {
+            let (name, field) = resolve_field(k).map_err(|e| e.within(&format!("key[{i}]")))?;
+            if fields.iter().any(|(n, _): &(String, Field)| *n == name) {
+                return Err(ControlError::invalid(
+                    format!("key[{i}]"),
+                    format!("two fields are named {name:?}"),
+                ));
+            }
+            fields.push((name, field));
+        }
+        let id = TableId(self.pipeline.table_count() as u16);
+        let miss = self.actions(&def.miss, id).map_err(|e| e.within("miss"))?;
+        let spec = TableSpec {
+            name: def.name.clone(),
+            kind: def.kind.into(),
+            key: fields.iter().map(|(_, f)| *f).collect(),
+            miss,
+        };
+        let id = self.pipeline.add_table(spec).map_err(pipeline_error)?;
+        // A fresh table exists: its limit cannot be refused.
+        let _ = self.pipeline.set_limit(id, Some(size));
+        self.operator.tables.insert(id);
+        let key = def
+            .key
+            .iter()
+            .zip(&fields)
+            .map(|(k, (name, f))| match k {
+                KeyField::Named(_) => k.clone(),
+                _ => match describe_field(*f, 0) {
+                    KeyField::Bytes {
+                        offset,
+                        len,
+                        padded,
+                        ..
+                    } => KeyField::Bytes {
+                        name: name.clone(),
+                        offset,
+                        len,
+                        padded,
+                    },
+                    KeyField::Meta { meta, .. } => KeyField::Meta {
+                        name: name.clone(),
+                        meta,
+                    },
+                    named => named,
+                },
+            })
+            .collect();
+        self.operator.keys.insert(id, key);
+        self.table(&def.name)
+    }
+
+    /// Removes an operator's table and its entries; refused while something jumps to it.
+    pub fn delete_table(&mut self, name: &str) -> Result<(), ControlError> {
+        let id = self.writable_table(name)?;
+        if id == self.tables.acl {
+            return Err(ControlError::new(
+                ErrorKind::Conflict,
+                "table",
+                "acl is part of the switch; delete its entries instead",
+            ));
+        }
+        self.pipeline.remove_table(id).map_err(|e| {
+            let mut err = pipeline_error(e);
+            err.error = format!(
+                "{}: delete that goto first",
+                self.describe_error(&err.error)
+            );
+            err
+        })?;
+        self.operator.tables.remove(&id);
+        self.operator.keys.remove(&id);
+        Ok(())
+    }
+
+    /// Table names for ids in a pipeline message ("table 3" → "table \"pins\"").
+    fn describe_error(&self, message: &str) -> String {
+        let mut out = message.to_string();
+        for t in self.pipeline.describe().tables.iter().rev() {
+            out = out.replace(&format!("table {}", t.id.0), &format!("table {:?}", t.name));
+        }
+        out
+    }
+
+    /// A table's entries, oldest slot first.
+    pub fn entries(&self, name: &str) -> Result<Vec<EntryView>, ControlError> {
+        let id = self.table_named(name)?;
+        let key = self.named_key(id);
+        let entries = self.pipeline.entries(id).map_err(pipeline_error)?;
+        Ok(entries
+            .map(|e| EntryView {
+                id: e.id.to_u64(),
+                fields: describe_match(e.entry, &key),
+                priority: e.entry.priority,
+                prefix_len: e.entry.prefix_len,
+                actions: e
+                    .entry
+                    .actions
+                    .iter()
+                    .map(|a| self.describe_action(a))
+                    .collect(),
+                hits: e.hits,
+            })
+            .collect())
+    }
+
+    /// Applies every change or none: on the first refusal the changes before it are taken
+    /// back, and the error names the change (`changes[i]`). Returns each change's entry id
+    /// (the new entry's for an add).
+    pub fn apply(&mut self, changes: Vec<Change>) -> Result<Vec<u64>, ControlError> {
+        if changes.len() > MAX_BATCH {
+            return Err(ControlError::invalid(
+                "changes",
+                format!("{} changes in one batch (max {MAX_BATCH})", changes.len()),
+            ));
+        }
+        let mut undo = Vec::with_capacity(changes.len());
+        let mut ids = Vec::with_capacity(changes.len());
+        for (i, change) in changes.into_iter().enumerate() {
+            match self.apply_one(change) {
+                Ok((id, u)) => {
+                    ids.push(id);
+                    undo.push(u);
+                }
+                Err(e) => {
+                    for u in undo.into_iter().rev() {
+                        self.undo(u);
+                    }
+                    return Err(e.within(&format!("changes[{i}]")));
+                }
+            }
+        }
+        Ok(ids)
+    }
+
+    fn apply_one(&mut self, change: Change) -> Result<(u64, Undo), ControlError> {
+        match change {
+            Change::Add { table, entry } => {
+                let t = self.writable_table(&table)?;
+                let id = self.add_entry(t, &entry).map_err(|e| e.within("entry"))?;
+                Ok((id.to_u64(), Undo::Added(t, id)))
+            }
+            Change::Modify { table, id, actions } => {
+                let t = self.writable_table(&table)?;
+                let entry = EntryId::from_u64(id);
+                let old = self
+                    .pipeline
+                    .entry(t, entry)
+                    .map(|e| e.entry.actions.clone())
+                    .ok_or_else(|| no_entry(&table, id))?;
+                let actions = self.actions(&actions, t).map_err(|e| e.within("actions"))?;
+                self.pipeline
+                    .set_actions(t, entry, actions)
+                    .map_err(|e| pipeline_error(e).within("actions"))?;
+                Ok((id, Undo::Modified(t, entry, old)))
+            }
+            Change::Delete { table, id } => {
+                let t = self.writable_table(&table)?;
+                let entry = EntryId::from_u64(id);
+                let taken = self
+                    .pipeline
+                    .take(t, entry)
+                    .map_err(|_| no_entry(&table, id))?;
+                Ok((id, Undo::Deleted(t, entry, taken)))
+            }
+        }
+    }
+
+    fn add_entry(&mut self, t: TableId, def: &EntryDef) -> Result<EntryId, ControlError> {
+        let kind = self
+            .pipeline
+            .table_snapshot(t)
+            .map(|s| s.kind)
+            .unwrap_or(MatchKind::Exact);
+        let key = self.named_key(t);
+        let actions = self
+            .actions(&def.actions, t)
+            .map_err(|e| e.within("actions"))?;
+        let entry = crate::control::build_entry(def, kind, &key, actions)?;
+        self.pipeline.insert(t, entry).map_err(|e| {
+            let mut err = pipeline_error(e);
+            if err.kind == ErrorKind::Conflict {
+                err.field = "match".into();
+            }
+            err
+        })
+    }
+
+    fn undo(&mut self, u: Undo) {
+        // Each step reverses one that was just made, so none can fail.
+        match u {
+            Undo::Added(t, id) => {
+                let _ = self.pipeline.remove(t, id);
+            }
+            Undo::Modified(t, id, actions) => {
+                let _ = self.pipeline.set_actions(t, id, actions);
+            }
+            Undo::Deleted(t, id, taken) => {
+                let _ = self.pipeline.restore(t, id, taken);
+            }
+        }
+    }
+
+    /// The pipeline's actions for an operator's list written in table `site`.
+    fn actions(&mut self, defs: &[ActionDef], site: TableId) -> Result<Vec<Action>, ControlError> {
+        let mut out = Vec::with_capacity(defs.len() + 1);
+        for (i, d) in defs.iter().enumerate() {
+            let at = format!("[{i}]");
+            let bad = |msg: String| ControlError::invalid(at.clone(), msg);
+            out.push(match d {
+                ActionDef::Output(p) if usize::from(*p) >= self.ports => {
+                    return Err(bad(format!(
+                        "port {p} does not exist (the switch has ports 0 to {})",
+                        self.ports.saturating_sub(1)
+                    )));
+                }
+                ActionDef::Output(p) => Action::Output(*p),
+                ActionDef::Flood => Action::Flood,
+                ActionDef::ToCpu => Action::ToCpu(CPU_OPERATOR),
+                ActionDef::Mirror => Action::SetReg(REG_MIRROR as u8, 1),
+                ActionDef::Drop => Action::Drop(Drop::Operator.code()),
+                ActionDef::Count(name) => {
+                    check_name(name).map_err(bad)?;
+                    let next = self.operator.counters.len();
+                    match self.operator.counters.get(name) {
+                        Some(&id) => Action::Count(id),
+                        None if next >= 4096 => {
+                            return Err(bad("4096 counters exist; no more".into()))
+                        }
+                        None => {
+                            let id = self.pipeline.add_counter(name.clone());
+                            self.operator.counters.insert(name.clone(), id);
+                            Action::Count(id)
+                        }
+                    }
+                }
+                ActionDef::SetEthDst(m) | ActionDef::SetEthSrc(m) => {
+                    let mac: Mac = m
+                        .parse()
+                        .map_err(|_| bad(format!("{m:?} is not a MAC address")))?;
+                    match d {
+                        ActionDef::SetEthDst(_) => Action::SetEthDst(mac.0),
+                        _ => Action::SetEthSrc(mac.0),
+                    }
+                }
+                ActionDef::SetIpv4Dst(ip) => Action::SetIpv4Dst(ip.octets()),
+                ActionDef::SetIpv4Src(ip) => Action::SetIpv4Src(ip.octets()),
+                ActionDef::DecTtl => Action::DecTtl,
+                ActionDef::Goto(name) => {
+                    let to = self
+                        .pipeline
+                        .table_id(name)
+                        .ok_or_else(|| bad(format!("no table named {name:?}")))?;
+                    if to <= site || i + 1 != defs.len() {
+                        return Err(bad(format!(
+                            "goto {name:?} must be the last action and go to a later table"
+                        )));
+                    }
+                    Action::Goto(to)
+                }
+                ActionDef::Program(_) => {
+                    return Err(bad("program actions are written by the switch only".into()))
+                }
+            });
+        }
+        // In `acl`, an entry that decides nothing goes on to the program.
+        if site == self.tables.acl
+            && !out
+                .iter()
+                .any(|a| a.is_terminal() || matches!(a, Action::Goto(_)))
+        {
+            out.push(Action::Goto(self.tables.program));
+        }
+        Ok(out)
+    }
+
+    fn describe_action(&self, a: &Action) -> ActionDef {
+        let table_name = |t: TableId| {
+            self.pipeline
+                .table_snapshot(t)
+                .map_or(format!("table {}", t.0), |s| s.name)
+        };
+        match *a {
+            Action::Output(p) => ActionDef::Output(p),
+            Action::Flood => ActionDef::Flood,
+            Action::ToCpu(CPU_OPERATOR) => ActionDef::ToCpu,
+            Action::SetReg(r, 1) if usize::from(r) == REG_MIRROR => ActionDef::Mirror,
+            Action::Drop(c) if c == Drop::Operator.code() => ActionDef::Drop,
+            Action::Count(id) => match self.operator.counters.iter().find(|(_, &c)| c == id) {
+                Some((name, _)) => ActionDef::Count(name.clone()),
+                None => ActionDef::Program(format!("count {}", id.0)),
+            },
+            Action::SetEthDst(m) => ActionDef::SetEthDst(Mac(m).to_string()),
+            Action::SetEthSrc(m) => ActionDef::SetEthSrc(Mac(m).to_string()),
+            Action::SetIpv4Dst(ip) => ActionDef::SetIpv4Dst(ip.into()),
+            Action::SetIpv4Src(ip) => ActionDef::SetIpv4Src(ip.into()),
+            Action::DecTtl => ActionDef::DecTtl,
+            Action::Goto(t) => ActionDef::Goto(table_name(t)),
+            Action::ToCpu(CPU_ARP) => ActionDef::Program("answer arp".into()),
+            Action::ToCpu(CPU_CACHE) => ActionDef::Program("ask the cache".into()),
+            Action::ToCpu(c) => ActionDef::Program(format!("to cpu {c}")),
+            Action::Drop(c) => ActionDef::Program(format!(
+                "drop {}",
+                Drop::from_code(c).map_or_else(|| c.to_string(), |d| d.name().to_string())
+            )),
+            Action::Select(_) => ActionDef::Program("select a server on the ring".into()),
+            Action::SetReg(r, v) => ActionDef::Program(format!("set reg{r} = {v}")),
+        }
+    }
+
+    /// The counters operators' `count` actions feed.
+    pub fn counters(&self) -> Vec<CounterView> {
+        self.operator
+            .counters
+            .iter()
+            .map(|(name, &id)| {
+                let (packets, bytes) = self.pipeline.counter(id).unwrap_or_default();
+                CounterView {
+                    name: name.clone(),
+                    packets,
+                    bytes,
+                }
+            })
+            .collect()
+    }
+
+    /// Sends `frame` out of `port` as it is (the control plane's packet-out).
+    pub fn send_frame(
+        &mut self,
+        port: u16,
+        frame: Vec<u8>,
+        emit: &mut Vec<Emit>,
+    ) -> Result<(), ControlError> {
+        if usize::from(port) >= self.ports {
+            return Err(ControlError::invalid(
+                "port",
+                format!(
+                    "port {port} does not exist (the switch has ports 0 to {})",
+                    self.ports.saturating_sub(1)
+                ),
+            ));
+        }
+        if frame.len() < ethernet::HEADER_LEN || frame.len() > 9000 {
+            return Err(ControlError::invalid(
+                "frame",
+                format!(
+                    "{} bytes: a frame has {} to 9000",
+                    frame.len(),
+                    ethernet::HEADER_LEN
+                ),
+            ));
+        }
+        emit.push(Emit {
+            dest: Dest::Port(port),
+            frame,
+        });
+        Ok(())
+    }
+
+    /// Takes up to `max` of the frames entries handed to the CPU, oldest first.
+    pub fn take_cpu(&mut self, max: usize) -> Vec<CpuFrame> {
+        let n = max.min(self.operator.cpu.len());
+        self.operator.cpu.drain(..n).collect()
+    }
+
+    /// Queues a frame for the control plane, or counts it dropped when the queue is full.
+    pub(super) fn queue_for_cpu(&mut self, in_port: u16, reason: &str, frame: &[u8]) {
+        if self.operator.cpu.len() >= CPU_QUEUE {
+            self.stats.count_drop(Drop::CpuQueueFull);
+            return;
+        }
+        self.operator.cpu.push_back(CpuFrame {
+            in_port,
+            reason: reason.to_string(),
+            frame: hex(frame),
+        });
+    }
+}
+
+fn not_found(name: &str) -> ControlError {
+    ControlError::new(
+        ErrorKind::NotFound,
+        "table",
+        format!("no table named {name:?}"),
+    )
+}
+
+fn no_entry(table: &str, id: u64) -> ControlError {
+    ControlError::new(
+        ErrorKind::NotFound,
+        "id",
+        format!("table {table:?} has no entry {id}"),
+    )
+}

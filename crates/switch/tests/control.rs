@@ -1,0 +1,525 @@
+//! The control plane on a switch driven with frames: tables created, filled and emptied
+//! through the same calls the API makes, and what frames do as a result. Exact, longest prefix
+//! and highest-priority ternary matching; batches that apply whole or not at all; full tables;
+//! every refusal leaves the tables as they were; an operator's entry in `acl` in front of the
+//! memcached program changes forwarding at once and is gone when deleted.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::Arc;
+
+use kv::{Distribution, HashFn, Instant};
+use serde_json::{json, Value};
+use switch::control::{Change, ControlError, EntryDef, ErrorKind, TableDef};
+use switch::frame::{udp_frame, UdpEnds};
+use switch::pool::Pool;
+use switch::spec;
+use switch::stats::{self, Drop, Stats};
+use switch::{Emit, Fate, Switch, SwitchSpec};
+use wire::ethernet::Mac;
+use wire::mcudp;
+
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 100);
+const CLIENT_MAC: Mac = Mac([2, 0, 0, 0, 0, 1]);
+const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+const NOW: Instant = Instant::from_secs(10);
+
+fn server_mac(i: u8) -> Mac {
+    Mac([2, 0, 0, 0, 1, i])
+}
+
+/// Four ports: the client on 0, server 0 on port 1 and server 1 on port 2, both with MACs
+/// configured.
+fn rig() -> (Switch, Arc<Stats>) {
+    let servers = (0..2u8)
+        .map(|i| spec::Server {
+            addr: SocketAddrV4::new(Ipv4Addr::new(10, 0, 1, i + 1), 11211),
+            mac: Some(server_mac(i)),
+        })
+        .collect();
+    let spec = SwitchSpec::new(4, VIP, servers);
+    let pool = Pool::new(spec.pool_spec(Distribution::Ketama, HashFn::Md5)).unwrap();
+    let stats = Arc::new(Stats::new(4, 2));
+    let mut sw = Switch::new(spec, Arc::new(pool), stats.clone()).unwrap();
+    // Teach the switch where the servers are: a frame from each.
+    for i in 0..2u8 {
+        let mut f = frame_from(
+            server_mac(i),
+            Ipv4Addr::new(10, 0, 1, i + 1),
+            CLIENT_IP,
+            b"x",
+        );
+        let mut emit = Vec::new();
+        sw.process(1 + u16::from(i), &mut f, true, NOW, &mut emit);
+    }
+    (sw, stats)
+}
+
+fn frame_from(mac: Mac, ip: Ipv4Addr, dst: Ipv4Addr, payload: &[u8]) -> Vec<u8> {
+    let ends = UdpEnds {
+        src_mac: mac,
+        dst_mac: Mac([2, 0, 0, 0, 0, 0x64]),
+        src_ip: ip,
+        dst_ip: dst,
+        src_port: 40000,
+        dst_port: 11211,
+    };
+    udp_frame(&ends, &[payload])
+}
+
+/// A memcached UDP `get key` from the client to the VIP.
+fn get(key: &str) -> Vec<u8> {
+    let mut payload = vec![0u8; mcudp::LEN];
+    mcudp::Header::single(7).emit(&mut payload);
+    payload.extend_from_slice(format!("get {key}\r\n").as_bytes());
+    frame_from(CLIENT_MAC, CLIENT_IP, VIP, &payload)
+}
+
+/// A UDP frame from the client to `dst` (not the VIP) and a MAC nobody has: flooded unless
+/// the operator's tables say otherwise.
+fn plain(dst: Ipv4Addr) -> Vec<u8> {
+    let mut f = frame_from(CLIENT_MAC, CLIENT_IP, dst, b"hello");
+    f[..6].copy_from_slice(&[2, 0, 0, 0, 9, 9]);
+    f
+}
+
+fn send(sw: &mut Switch, mut frame: Vec<u8>) -> Fate {
+    let mut emit: Vec<Emit> = Vec::new();
+    sw.process(0, &mut frame, true, NOW, &mut emit)
+}
+
+fn table(def: Value) -> TableDef {
+    serde_json::from_value(def).unwrap()
+}
+
+fn add(table: &str, entry: Value) -> Change {
+    Change::Add {
+        table: table.into(),
+        entry: serde_json::from_value::<EntryDef>(entry).unwrap(),
+    }
+}
+
+fn dump(sw: &Switch) -> String {
+    let tables = sw.tables();
+    let entries: Vec<_> = tables
+        .iter()
+        .map(|t| serde_json::to_value(sw.entries(&t.name).unwrap()).unwrap())
+        .collect();
+    serde_json::to_string(&(serde_json::to_value(&tables).unwrap(), entries)).unwrap()
+}
+
+/// Asserts `call` is refused with `kind` naming `field`, and that nothing changed.
+fn refused(
+    sw: &mut Switch,
+    kind: ErrorKind,
+    field: &str,
+    call: impl FnOnce(&mut Switch) -> Result<(), ControlError>,
+) {
+    let before = dump(sw);
+    let err = call(sw).expect_err("refused");
+    assert_eq!((err.kind, err.field.as_str()), (kind, field), "{err}");
+    assert_eq!(dump(sw), before, "a refused call changed the tables: {err}");
+}
+
+#[test]
+fn exact_matching_by_destination() {
+    let (mut sw, _) = rig();
+    sw.create_table(table(json!({
+        "name": "by_dst", "kind": "exact", "key": ["ip_dst"], "miss": ["drop"]
+    })))
+    .unwrap();
+    sw.apply(vec![
+        add(
+            "acl",
+            json!({"match": {"ip_dst": "10.9.0.0", "ethertype": "0x0800"},
+                          "actions": [{"goto": "by_dst"}]}),
+        ),
+        add(
+            "by_dst",
+            json!({"match": {"ip_dst": "10.9.0.0"}, "actions": [{"output": 3}]}),
+        ),
+    ])
+    .unwrap();
+    assert_eq!(
+        send(&mut sw, plain(Ipv4Addr::new(10, 9, 0, 0))),
+        Fate::Out(3)
+    );
+    // The acl entry only sends 10.9.0.0 there; anything else is the program's.
+    assert_eq!(
+        send(&mut sw, plain(Ipv4Addr::new(10, 9, 0, 1))),
+        Fate::Flood
+    );
+    let t = sw.table("by_dst").unwrap();
+    assert_eq!((t.entries, t.hits, t.owner.as_str()), (1, 1, "operator"));
+    assert_eq!(sw.entries("by_dst").unwrap()[0].hits, 1);
+}
+
+#[test]
+fn the_longest_prefix_wins() {
+    let (mut sw, _) = rig();
+    sw.create_table(table(
+        json!({"name": "routes", "kind": "lpm", "key": ["ip_dst"]}),
+    ))
+    .unwrap();
+    sw.apply(vec![
+        add(
+            "acl",
+            json!({"match": {"ethertype": "0x0800", "ip_dst":
+            {"value": "10.9.0.0", "mask": "255.255.0.0"}}, "actions": [{"goto": "routes"}]}),
+        ),
+        add(
+            "routes",
+            json!({"match": {"ip_dst": "10.9.0.0"}, "prefix_len": 16,
+                             "actions": [{"output": 1}]}),
+        ),
+        add(
+            "routes",
+            json!({"match": {"ip_dst": "10.9.8.0"}, "prefix_len": 24,
+                             "actions": [{"output": 2}]}),
+        ),
+        add(
+            "routes",
+            json!({"match": {"ip_dst": "10.9.8.7"}, "prefix_len": 32,
+                             "actions": [{"output": 3}]}),
+        ),
+    ])
+    .unwrap();
+    assert_eq!(
+        send(&mut sw, plain(Ipv4Addr::new(10, 9, 1, 1))),
+        Fate::Out(1)
+    );
+    assert_eq!(
+        send(&mut sw, plain(Ipv4Addr::new(10, 9, 8, 1))),
+        Fate::Out(2)
+    );
+    assert_eq!(
+        send(&mut sw, plain(Ipv4Addr::new(10, 9, 8, 7))),
+        Fate::Out(3)
+    );
+}
+
+#[test]
+fn the_highest_priority_ternary_entry_wins_then_the_oldest() {
+    let (mut sw, _) = rig();
+    let ids = sw
+        .apply(vec![
+            add(
+                "acl",
+                json!({"match": {"ip_dst": {"value": "10.9.0.0", "mask": "255.255.0.0"}},
+                              "priority": 1, "actions": [{"output": 1}]}),
+            ),
+            add(
+                "acl",
+                json!({"match": {"ip_dst": {"value": "10.9.8.0", "mask": "255.255.255.0"}},
+                              "priority": 5, "actions": [{"output": 2}]}),
+            ),
+            add(
+                "acl",
+                json!({"match": {"ip_dst": {"value": "10.9.8.0", "mask": "255.255.255.0"}},
+                              "priority": 5, "actions": [{"output": 3}]}),
+            ),
+        ])
+        .unwrap();
+    assert_eq!(
+        send(&mut sw, plain(Ipv4Addr::new(10, 9, 1, 1))),
+        Fate::Out(1)
+    );
+    assert_eq!(
+        send(&mut sw, plain(Ipv4Addr::new(10, 9, 8, 1))),
+        Fate::Out(2)
+    );
+    sw.apply(vec![Change::Delete {
+        table: "acl".into(),
+        id: ids[1],
+    }])
+    .unwrap();
+    assert_eq!(
+        send(&mut sw, plain(Ipv4Addr::new(10, 9, 8, 1))),
+        Fate::Out(3)
+    );
+    sw.apply(vec![Change::Modify {
+        table: "acl".into(),
+        id: ids[2],
+        actions: serde_json::from_value(json!(["drop"])).unwrap(),
+    }])
+    .unwrap();
+    assert_eq!(
+        send(&mut sw, plain(Ipv4Addr::new(10, 9, 8, 1))),
+        Fate::Consumed
+    );
+}
+
+#[test]
+fn a_batch_applies_whole_or_not_at_all() {
+    let (mut sw, _) = rig();
+    sw.create_table(table(
+        json!({"name": "t", "kind": "exact", "key": ["l4_dst"]}),
+    ))
+    .unwrap();
+    let first = sw
+        .apply(vec![add(
+            "t",
+            json!({"match": {"l4_dst": 1}, "actions": ["flood"]}),
+        )])
+        .unwrap()[0];
+    // Deletes, modifies and adds, then a duplicate key: all of it is taken back, the deleted
+    // entry returning under its id.
+    refused(
+        &mut sw,
+        ErrorKind::Conflict,
+        "changes[3].entry.match",
+        |sw| {
+            sw.apply(vec![
+                Change::Delete {
+                    table: "t".into(),
+                    id: first,
+                },
+                add("t", json!({"match": {"l4_dst": 2}, "actions": ["flood"]})),
+                add(
+                    "t",
+                    json!({"match": {"l4_dst": 1}, "actions": [{"output": 2}]}),
+                ),
+                add("t", json!({"match": {"l4_dst": 2}, "actions": ["flood"]})),
+            ])
+            .map(drop)
+        },
+    );
+    assert_eq!(sw.entries("t").unwrap()[0].id, first);
+}
+
+#[test]
+fn a_full_table_refuses_more() {
+    let (mut sw, _) = rig();
+    sw.create_table(table(
+        json!({"name": "small", "kind": "exact", "key": ["l4_dst"], "size": 2}),
+    ))
+    .unwrap();
+    sw.apply(vec![
+        add(
+            "small",
+            json!({"match": {"l4_dst": 1}, "actions": ["flood"]}),
+        ),
+        add(
+            "small",
+            json!({"match": {"l4_dst": 2}, "actions": ["flood"]}),
+        ),
+    ])
+    .unwrap();
+    refused(&mut sw, ErrorKind::Full, "changes[0].entry", |sw| {
+        sw.apply(vec![add(
+            "small",
+            json!({"match": {"l4_dst": 3}, "actions": ["flood"]}),
+        )])
+        .map(drop)
+    });
+}
+
+#[test]
+fn every_refusal_names_its_field_and_changes_nothing() {
+    let (mut sw, _) = rig();
+    sw.create_table(table(
+        json!({"name": "t", "kind": "exact", "key": ["ip_dst", "l4_dst"]}),
+    ))
+    .unwrap();
+    let mut cases: Vec<(ErrorKind, &str, Vec<Change>)> = vec![
+        (
+            ErrorKind::NotFound,
+            "changes[0].table",
+            vec![add("nope", json!({"actions": []}))],
+        ),
+        (
+            ErrorKind::Conflict,
+            "changes[0].table",
+            vec![add("l2", json!({"match": {"f0": "0x01"}, "actions": []}))],
+        ),
+        (
+            ErrorKind::Invalid,
+            "changes[0].entry.match.l4_dst",
+            vec![add(
+                "t",
+                json!({"match": {"ip_dst": "10.0.0.1", "l4_dst": 70000}, "actions": []}),
+            )],
+        ),
+        (
+            ErrorKind::Invalid,
+            "changes[0].entry.match.ip_dst",
+            vec![add(
+                "t",
+                json!({"match": {"ip_dst": "10.0.0", "l4_dst": 1}, "actions": []}),
+            )],
+        ),
+        (
+            ErrorKind::Invalid,
+            "changes[0].entry.match.l4_dst",
+            vec![add(
+                "t",
+                json!({"match": {"ip_dst": "10.0.0.1"}, "actions": []}),
+            )],
+        ),
+        (
+            ErrorKind::Invalid,
+            "changes[0].entry.match.vlan",
+            vec![add("t", json!({"match": {"vlan": 1}, "actions": []}))],
+        ),
+        (
+            ErrorKind::Invalid,
+            "changes[0].entry.match.ip_dst",
+            vec![add(
+                "t",
+                json!({"match": {"ip_dst": {"value": "10.0.0.1", "mask": "0xffffffff"},
+                                            "l4_dst": 1}, "actions": []}),
+            )],
+        ),
+        (
+            ErrorKind::Invalid,
+            "changes[0].entry.actions[0]",
+            vec![add(
+                "t",
+                json!({"match": {"ip_dst": "10.0.0.1", "l4_dst": 1},
+                                 "actions": [{"output": 9}]}),
+            )],
+        ),
+        (
+            ErrorKind::Invalid,
+            "changes[0].entry.actions[0]",
+            vec![add(
+                "t",
+                json!({"match": {"ip_dst": "10.0.0.1", "l4_dst": 1},
+                                 "actions": [{"goto": "acl"}]}),
+            )],
+        ),
+        (
+            ErrorKind::Invalid,
+            "changes[0].entry.prefix_len",
+            vec![add(
+                "t",
+                json!({"match": {"ip_dst": "10.0.0.1", "l4_dst": 1},
+                                 "prefix_len": 8, "actions": []}),
+            )],
+        ),
+        (
+            ErrorKind::NotFound,
+            "changes[1].id",
+            vec![
+                add(
+                    "t",
+                    json!({"match": {"ip_dst": "10.0.0.1", "l4_dst": 1}, "actions": []}),
+                ),
+                Change::Delete {
+                    table: "t".into(),
+                    id: 12345,
+                },
+            ],
+        ),
+    ];
+    for (kind, field, changes) in cases.drain(..) {
+        refused(&mut sw, kind, field, |sw| sw.apply(changes).map(drop));
+    }
+    refused(&mut sw, ErrorKind::Conflict, "name", |sw| {
+        sw.create_table(table(
+            json!({"name": "t", "kind": "exact", "key": ["ip_dst"]}),
+        ))
+        .map(drop)
+    });
+    refused(&mut sw, ErrorKind::Invalid, "key[1]", |sw| {
+        sw.create_table(table(
+            json!({"name": "u", "kind": "exact", "key": ["ip_dst", "nope"]}),
+        ))
+        .map(drop)
+    });
+    refused(&mut sw, ErrorKind::Invalid, "key[0].len", |sw| {
+        sw.create_table(table(json!({"name": "u", "kind": "exact",
+                                     "key": [{"name": "b", "offset": 3, "len": 0}]})))
+            .map(drop)
+    });
+    refused(&mut sw, ErrorKind::Invalid, "name", |sw| {
+        sw.create_table(table(
+            json!({"name": "Bad Name", "kind": "exact", "key": ["ip_dst"]}),
+        ))
+        .map(drop)
+    });
+    refused(&mut sw, ErrorKind::Conflict, "table", |sw| {
+        sw.delete_table("l2")
+    });
+    // A table something jumps to stays.
+    sw.apply(vec![add(
+        "acl",
+        json!({"match": {"l4_dst": 9}, "actions": [{"goto": "t"}]}),
+    )])
+    .unwrap();
+    refused(&mut sw, ErrorKind::Conflict, "", |sw| sw.delete_table("t"));
+}
+
+#[test]
+fn an_operator_entry_ahead_of_the_program_works_at_once_and_goes_when_deleted() {
+    let (mut sw, stats) = rig();
+    // The program routes the key to a server.
+    let Fate::Out(server_port) = send(&mut sw, get("user:1")) else {
+        panic!("a get is routed");
+    };
+    let ids = sw
+        .apply(vec![add("acl", json!({
+            "match": {"ip_dst": "10.0.0.100", "l4_dst": 11211, "mc_request": {"text": "get user:"}},
+            "priority": 10,
+            "actions": ["drop"]
+        }))])
+        .unwrap();
+    assert_eq!(send(&mut sw, get("user:1")), Fate::Consumed);
+    assert_eq!(stats::get(&stats.drops[Drop::Operator as usize]), 1);
+    // Other keys still go to their servers.
+    assert!(matches!(send(&mut sw, get("item:1")), Fate::Out(_)));
+    sw.apply(vec![Change::Delete {
+        table: "acl".into(),
+        id: ids[0],
+    }])
+    .unwrap();
+    assert_eq!(send(&mut sw, get("user:1")), Fate::Out(server_port));
+
+    // Mirror: forwarded as before, and a copy of the frame as it left waits for the CPU with
+    // its in-port.
+    sw.apply(vec![add(
+        "acl",
+        json!({"match": {"l4_dst": 11211}, "actions": ["mirror"]}),
+    )])
+    .unwrap();
+    assert_eq!(send(&mut sw, get("user:1")), Fate::Out(server_port));
+    let copies = sw.take_cpu(10);
+    assert_eq!(copies.len(), 1);
+    assert_eq!(
+        (copies[0].in_port, copies[0].reason.as_str()),
+        (0, "mirror")
+    );
+    let copy = switch::control::unhex(&copies[0].frame).unwrap();
+    assert_eq!(copy.len(), get("user:1").len());
+    assert!(copy.ends_with(b"get user:1\r\n"));
+}
+
+#[test]
+fn a_frame_goes_out_of_the_port_it_is_sent_to() {
+    let (mut sw, _) = rig();
+    let mut emit = Vec::new();
+    sw.send_frame(2, plain(Ipv4Addr::new(10, 9, 9, 9)), &mut emit)
+        .unwrap();
+    assert_eq!(emit.len(), 1);
+    assert_eq!(emit[0].dest, switch::Dest::Port(2));
+    assert!(sw.send_frame(4, plain(VIP), &mut emit).is_err());
+    assert!(sw.send_frame(0, vec![0; 5], &mut emit).is_err());
+    assert_eq!(emit.len(), 1);
+}
+
+#[test]
+fn the_program_tables_are_listed_read_only() {
+    let (sw, _) = rig();
+    let tables = sw.tables();
+    let names: Vec<&str> = tables.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["acl", "arp_vip", "kv_route", "local_in", "vip_reply", "l2"]
+    );
+    assert!(tables[0].writable && !tables[1].writable);
+    let route = sw.entries("kv_route").unwrap();
+    assert_eq!(route.len(), 1);
+    assert_eq!(
+        serde_json::to_value(&route[0].actions).unwrap(),
+        json!([{"program": "select a server on the ring"}])
+    );
+}
