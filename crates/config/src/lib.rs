@@ -35,6 +35,9 @@ pub struct Config {
     pub ports: Vec<String>,
     pub mode: Mode,
     pub api: SocketAddr,
+    /// `switch.api_token_file`: the file whose first line is the token changes through the
+    /// API need (relative to the configuration file's directory).
+    pub api_token_file: Option<PathBuf>,
     /// After a frame, how long the run loop keeps polling the ports before it sleeps.
     pub busy_poll: std::time::Duration,
     /// Most stations the MAC table holds.
@@ -200,6 +203,8 @@ struct RawSwitch {
     mode: Option<String>,
     #[serde(default)]
     api: Option<String>,
+    #[serde(default)]
+    api_token_file: Option<PathBuf>,
     #[serde(default)]
     busy_poll_us: Option<u64>,
     #[serde(default)]
@@ -530,6 +535,10 @@ impl Config {
             ports: raw.switch.ports,
             mode,
             api,
+            api_token_file: raw.switch.api_token_file.map(|f| match f.is_relative() {
+                true => path.parent().unwrap_or(Path::new(".")).join(f),
+                false => f,
+            }),
             busy_poll: std::time::Duration::from_micros(busy_poll_us),
             mac_table_size,
             mac_age: std::time::Duration::from_secs(mac_age_s),
@@ -775,8 +784,10 @@ ports = ["veth-c1", "veth-s1", "veth-s2", "veth-s3"]
 # "l3": rewrite destination MAC and IP, and the source IP of replies to the VIP.
 # "l2": rewrite the destination MAC only (servers own the VIP on loopback).
 mode = "l3"
-# HTTP: /metrics (Prometheus text) and /api/v1/status (JSON).
+# HTTP: the control API (/api/v1/..., see /api/v1/openapi.json) and /metrics (Prometheus
+# text). Changes through it need a token when it listens beyond this host.
 api = "127.0.0.1:9110"
+# api_token_file = "api.token"   # or the environment's KVSWITCH_API_TOKEN
 # After a frame, keep polling the ports this long before sleeping (0: always sleep).
 # Longer windows cut latency and CPU per frame under load, at the price of a busy core.
 busy_poll_us = 200

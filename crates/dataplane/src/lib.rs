@@ -339,4 +339,5 @@ fn transmit(port: &mut dyn Port, frames: &[&[u8]], stats: &Stats, p: usize) {
     for _ in sent..frames.len() {
         stats.count_drop(Drop::TxFailed);
     }
+    switch::stats::add(&pc.tx_dropped, (frames.len() - sent) as u64);
 }

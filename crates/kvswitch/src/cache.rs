@@ -232,11 +232,18 @@ pub fn control(
                         key. Talks to the control API (`switch.api`, or the proxy's --api)."
 )]
 pub struct CacheArgs {
-    #[command(subcommand)]
-    pub action: CacheAction,
     /// The control API of the switch or proxy.
     #[arg(long, global = true, default_value = config::DEFAULT_API, value_name = "ADDR:PORT")]
     pub api: std::net::SocketAddr,
+    #[command(flatten)]
+    pub cmd: CacheCmd,
+}
+
+/// What to do with the cache, for `kvswitch cache` and `kvswitch ctl cache`.
+#[derive(Debug, clap::Args)]
+pub struct CacheCmd {
+    #[command(subcommand)]
+    pub action: CacheAction,
     /// The pool whose cache is meant, when a proxy serves several.
     #[arg(long, global = true)]
     pub pool: Option<String>,
@@ -260,29 +267,44 @@ pub enum CacheAction {
 
 /// Runs `kvswitch cache`.
 pub fn run_cli(args: &CacheArgs) -> anyhow::Result<()> {
-    let pool = args
+    let client = crate::ctl::Client {
+        api: args.api,
+        token: crate::ctl::token(None)?,
+    };
+    let doc = call(&client, &args.cmd)?;
+    println!("{}", serde_json::to_string_pretty(&doc)?);
+    Ok(())
+}
+
+/// The API call `cmd` stands for, made with `client`.
+pub fn call(client: &crate::ctl::Client, cmd: &CacheCmd) -> anyhow::Result<serde_json::Value> {
+    let pool = cmd
         .pool
         .as_ref()
         .map(|p| format!("&pool={}", percent_encode(p.as_bytes())))
         .unwrap_or_default();
-    let (method, path) = match &args.action {
-        CacheAction::Show { limit } => ("GET", format!("/api/v1/cache?limit={limit}")),
+    match &cmd.action {
+        CacheAction::Show { limit } => {
+            client.call("GET", &format!("/api/v1/cache?limit={limit}"), None)
+        }
         CacheAction::Pin { key } | CacheAction::Unpin { key } | CacheAction::Evict { key } => {
-            let action = match &args.action {
+            let action = match &cmd.action {
                 CacheAction::Pin { .. } => "pin",
                 CacheAction::Unpin { .. } => "unpin",
                 _ => "evict",
             };
             let key = percent_encode(key.as_bytes());
-            ("POST", format!("/api/v1/cache/{action}?key={key}{pool}"))
+            client.call(
+                "POST",
+                &format!("/api/v1/cache/{action}?key={key}{pool}"),
+                None,
+            )
         }
-    };
-    let body = http(args.api, method, &path)?;
-    print!("{body}");
-    Ok(())
+    }
 }
 
-fn percent_encode(bytes: &[u8]) -> String {
+/// `bytes` with everything but unreserved characters as `%XX`.
+pub fn percent_encode(bytes: &[u8]) -> String {
     let mut s = String::with_capacity(bytes.len());
     for &b in bytes {
         if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
@@ -292,25 +314,6 @@ fn percent_encode(bytes: &[u8]) -> String {
         }
     }
     s
-}
-
-/// One HTTP/1.0 request to the control API; the body, or an error with the API's message.
-fn http(api: std::net::SocketAddr, method: &str, path: &str) -> anyhow::Result<String> {
-    use std::io::{Read, Write};
-    let timeout = std::time::Duration::from_secs(5);
-    let mut conn = std::net::TcpStream::connect_timeout(&api, timeout).map_err(|e| {
-        anyhow::anyhow!("cannot reach the control API at {api} ({e}); is kvswitch running there?")
-    })?;
-    conn.set_read_timeout(Some(timeout))?;
-    write!(conn, "{method} {path} HTTP/1.0\r\nHost: {api}\r\n\r\n")?;
-    let mut reply = String::new();
-    conn.read_to_string(&mut reply)?;
-    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
-    let status = head.lines().next().unwrap_or("");
-    if !status.contains(" 200 ") {
-        anyhow::bail!("{}: {}", status.trim(), body.trim());
-    }
-    Ok(body.to_string())
 }
 
 #[cfg(test)]

@@ -103,7 +103,24 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         cache: cache.clone(),
         pool: pool.clone(),
     });
-    let api_addr = api::serve(shared.clone())?;
+    let token = api::api_token(cfg.api_token_file.as_deref(), cfg.api)
+        .with_context(|| format!("{}: `switch.api`", cfg.path.display()))?;
+    let listener = std::net::TcpListener::bind(cfg.api).with_context(|| {
+        format!(
+            "{}: `switch.api`: cannot listen on {}",
+            cfg.path.display(),
+            cfg.api
+        )
+    })?;
+    let (remote, inbox) = dataplane::remote::<Switch>()?;
+    let api_addr = api::serve(
+        listener,
+        api::Api {
+            exporter: shared.clone(),
+            switch: Some(remote),
+            token,
+        },
+    )?;
     // After the ports are open, so that the proxy's first frames (ARP, connections to the
     // servers) wait in the local port's ring until the loop below forwards them. The proxy
     // must therefore not wait for a server while it starts: its traffic only flows once the
@@ -126,7 +143,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
     let snapshot = &shared.snapshot;
     driver.run(
         &options,
-        None,
+        Some(&inbox),
         &|| STOP.load(Ordering::Relaxed),
         &mut |switch| {
             if let Ok(mut s) = snapshot.lock() {

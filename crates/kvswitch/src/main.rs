@@ -42,6 +42,9 @@ enum Cmd {
     },
     /// Show the cache of a running switch or proxy, or pin, unpin or evict a key.
     Cache(kvswitch::cache::CacheArgs),
+    /// Read and change a running switch through its control API: tables, entries, ports,
+    /// counters, packets, the pool, the cache.
+    Ctl(kvswitch::ctl::CtlArgs),
     /// Build or remove a test network of namespaces, memcached servers and kvswitch.
     Testbed {
         #[command(subcommand)]
@@ -144,6 +147,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
         }
         Cmd::Proxy(args) => kvswitch::proxy_cli::run(args),
         Cmd::Cache(args) => kvswitch::cache::run_cli(&args),
+        Cmd::Ctl(args) => kvswitch::ctl::run(&args),
         Cmd::Testbed { action } => match action {
             TestbedCmd::Up {
                 topology,

@@ -149,7 +149,15 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
             stats: proxy.stats(),
             caches,
         });
-        let addr = api::serve_on(listener, stats)?;
+        let token = api::api_token(None, listener.local_addr()?)?;
+        let addr = api::serve(
+            listener,
+            api::Api {
+                exporter: stats,
+                switch: None,
+                token,
+            },
+        )?;
         tracing::info!(api = %addr, "control API listening");
     }
     while !daemon::stop_requested() {

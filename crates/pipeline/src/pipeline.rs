@@ -364,6 +364,10 @@ impl Pipeline {
         let table = self.table_mut(t)?;
         let entry = table.normalise(entry)?;
         if let Some(limit) = table.limit.filter(|&l| table.len() >= l) {
+            // A duplicate says more than "full".
+            if let Some(id) = table.duplicate_of(&entry) {
+                return Err(Error::DuplicateKey(id));
+            }
             return Err(Error::TableFull { table: t, limit });
         }
         table.insert(entry)

@@ -266,6 +266,14 @@ impl Table {
     /// Inserts an entry already passed through [`Table::normalise`].
     pub fn insert(&mut self, e: Entry) -> Result<EntryId, Error> {
         // Refuse duplicates before touching the slab.
+        if let Some(id) = self.duplicate_of(&e) {
+            return Err(Error::DuplicateKey(id));
+        }
+        self.insert_new(e)
+    }
+
+    /// The live exact or LPM entry with `e`'s (normalised) key and prefix, if any.
+    pub fn duplicate_of(&self, e: &Entry) -> Option<EntryId> {
         let existing = match &self.index {
             Index::Exact(map) => map.get(e.key.as_slice()).copied(),
             Index::Lpm(levels) => levels
@@ -274,9 +282,10 @@ impl Table {
                 .and_then(|l| l.map.get(e.key.as_slice()).copied()),
             Index::Ternary(_) => None,
         };
-        if let Some(slot) = existing {
-            return Err(Error::DuplicateKey(self.id_of(slot)));
-        }
+        existing.map(|slot| self.id_of(slot))
+    }
+
+    fn insert_new(&mut self, e: Entry) -> Result<EntryId, Error> {
         let stored = Stored {
             entry: e,
             hits: 0,

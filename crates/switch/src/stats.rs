@@ -241,6 +241,8 @@ pub struct PortCounters {
     pub rx_bytes: AtomicU64,
     pub tx_packets: AtomicU64,
     pub tx_bytes: AtomicU64,
+    /// Frames the port refused on transmit.
+    pub tx_dropped: AtomicU64,
 }
 
 #[derive(Default)]

@@ -331,6 +331,7 @@ impl Switch {
         let entry = crate::control::build_entry(def, kind, &key, actions)?;
         self.pipeline.insert(t, entry).map_err(|e| {
             let mut err = pipeline_error(e);
+            err.error = self.describe_error(&err.error);
             if err.kind == ErrorKind::Conflict {
                 err.field = "match".into();
             }

@@ -1,18 +1,19 @@
-//! The control API over HTTP: `GET /metrics` (Prometheus text format) and
-//! `GET /api/v1/status` (JSON), for the switch (with its proxy, when one runs) or for a proxy
-//! running alone. A small blocking server on its own thread; it only reads counters and the
-//! snapshot the run loop publishes.
+//! The control API: what it shows (`/metrics` in Prometheus text format, the status document,
+//! the ports) for the switch (with its proxy, when one runs) or for a proxy running alone, and
+//! the HTTP server ([`http`]) that serves it with the switch's tables.
+
+pub mod http;
+
+pub use http::{serve, Api};
 
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::json;
 
-use crate::cache::{self, CacheService};
+use crate::cache::CacheService;
 use config::{Config, Mode};
 use proxy::stats::escape;
 use proxy::ProxyStats;
@@ -43,6 +44,10 @@ pub trait Exporter: Send + Sync + 'static {
     fn metrics(&self) -> String;
     /// The status document.
     fn status(&self) -> serde_json::Value;
+    /// Its ports and their counters (none by default).
+    fn ports(&self) -> serde_json::Value {
+        serde_json::Value::Array(Vec::new())
+    }
     /// The caches it runs, by pool name (none by default).
     fn caches(&self) -> Vec<(String, Arc<CacheService>)> {
         Vec::new()
@@ -64,6 +69,10 @@ impl Exporter for Shared {
             map.insert("proxy".into(), proxy.status());
         }
         doc
+    }
+
+    fn ports(&self) -> serde_json::Value {
+        ports(self)
     }
 
     fn caches(&self) -> Vec<(String, Arc<CacheService>)> {
@@ -89,59 +98,47 @@ impl Exporter for ProxyStats {
     }
 }
 
-/// Binds the switch's API address and serves it on a background thread.
-pub fn serve(shared: Arc<Shared>) -> anyhow::Result<SocketAddr> {
-    let listener = TcpListener::bind(shared.config.api).map_err(|e| {
-        anyhow::anyhow!(
-            "{}: `switch.api`: cannot listen on {}: {e}",
-            shared.config.path.display(),
-            shared.config.api
-        )
-    })?;
-    serve_on(listener, shared)
-}
+/// The environment variable that holds the API token.
+pub const TOKEN_ENV: &str = "KVSWITCH_API_TOKEN";
 
-/// Serves `exporter` on `listener` on a background thread; returns the address.
-pub fn serve_on(listener: TcpListener, shared: Arc<dyn Exporter>) -> anyhow::Result<SocketAddr> {
-    let addr = listener.local_addr()?;
-    std::thread::Builder::new()
-        .name("api".into())
-        .spawn(move || {
-            let open = Arc::new(AtomicUsize::new(0));
-            for conn in listener.incoming() {
-                let Ok(conn) = conn else { continue };
-                // One short-lived thread per connection keeps a slow client from blocking
-                // others; past the limit a connection is closed at once.
-                if open.load(Ordering::Relaxed) >= MAX_CONNECTIONS {
-                    continue;
-                }
-                open.fetch_add(1, Ordering::Relaxed);
-                let (shared, open) = (shared.clone(), open.clone());
-                let spawned =
-                    std::thread::Builder::new()
-                        .name("api-conn".into())
-                        .spawn(move || {
-                            let _ = handle(conn, shared.as_ref());
-                            open.fetch_sub(1, Ordering::Relaxed);
-                        });
-                if spawned.is_err() {
-                    // The closure never ran; give its slot back.
-                    continue;
-                }
+/// The token changes through an API on `listen` need: from [`TOKEN_ENV`], else the first line
+/// of `file`. An API that listens beyond this host must have one.
+pub fn api_token(
+    file: Option<&std::path::Path>,
+    listen: SocketAddr,
+) -> anyhow::Result<Option<String>> {
+    let token = match (std::env::var(TOKEN_ENV), file) {
+        (Ok(t), _) if !t.trim().is_empty() => Some(t.trim().to_string()),
+        (_, Some(f)) => {
+            let text = std::fs::read_to_string(f).map_err(|e| {
+                anyhow::anyhow!("cannot read the API token file {}: {e}", f.display())
+            })?;
+            let line = text.lines().next().unwrap_or("").trim().to_string();
+            if line.is_empty() {
+                anyhow::bail!("the API token file {} is empty", f.display());
             }
-        })?;
-    Ok(addr)
+            Some(line)
+        }
+        _ => None,
+    };
+    if token.is_none() && !listen.ip().is_loopback() {
+        anyhow::bail!(
+            "the API listens on {listen}, beyond this host: set a token for changes \
+             (`api_token_file` in the configuration, or {TOKEN_ENV})"
+        );
+    }
+    Ok(token)
 }
 
 /// Cached keys listed in the status document.
-const STATUS_ENTRIES: usize = 20;
+pub(crate) const STATUS_ENTRIES: usize = 20;
 
 /// The query of a cache request: `key` (percent-encoded bytes), `pool`, `limit`.
 #[derive(Default)]
-struct CacheQuery {
-    key: Vec<u8>,
-    pool: Option<String>,
-    limit: Option<usize>,
+pub(crate) struct CacheQuery {
+    pub key: Vec<u8>,
+    pub pool: Option<String>,
+    pub limit: Option<usize>,
 }
 
 /// Why a request to the cache's part of the API was refused. The client gets the message,
@@ -171,7 +168,7 @@ pub enum ApiError {
     Pin(#[from] kv::cache::PinError),
 }
 
-fn cache_query(query: &str) -> Result<CacheQuery, ApiError> {
+pub(crate) fn cache_query(query: &str) -> Result<CacheQuery, ApiError> {
     let mut q = CacheQuery::default();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -220,79 +217,6 @@ fn percent_decode(text: &str) -> Result<Vec<u8>, ApiError> {
         }
     }
     Ok(out)
-}
-
-/// Most API connections served at once.
-const MAX_CONNECTIONS: usize = 32;
-/// Most bytes of a request (line and headers) read.
-const MAX_REQUEST: u64 = 16 * 1024;
-
-fn handle(mut conn: TcpStream, shared: &dyn Exporter) -> std::io::Result<()> {
-    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let mut reader = BufReader::new(conn.try_clone()?.take(MAX_REQUEST));
-    let mut line = String::new();
-    reader.read_line(&mut line)?;
-    // Drain the headers (bounded by MAX_REQUEST).
-    let mut header = String::new();
-    while reader.read_line(&mut header)? > 2 {
-        header.clear();
-    }
-    let mut parts = line.split_whitespace();
-    let method = parts.next().unwrap_or("");
-    let path = parts.next().unwrap_or("");
-    let (route, query) = path.split_once('?').unwrap_or((path, ""));
-    let json = |v: &serde_json::Value| serde_json::to_string_pretty(v).unwrap_or_default();
-    let (status, ctype, body) = match (method, route) {
-        ("GET", "/metrics") => {
-            let mut out = shared.metrics();
-            cache::write_metrics(&mut out, &shared.caches());
-            ("200 OK", "text/plain; version=0.0.4", out)
-        }
-        ("GET", "/api/v1/status") => {
-            let mut doc = shared.status();
-            let caches = shared.caches();
-            if let (false, Some(map)) = (caches.is_empty(), doc.as_object_mut()) {
-                map.insert("cache".into(), cache::status(&caches, STATUS_ENTRIES));
-            }
-            ("200 OK", "application/json", json(&doc))
-        }
-        ("GET", "/api/v1/cache") => match cache_query(query) {
-            Ok(q) => {
-                let limit = q.limit.unwrap_or(STATUS_ENTRIES);
-                let doc = cache::status(&shared.caches(), limit);
-                ("200 OK", "application/json", json(&doc))
-            }
-            Err(e) => ("400 Bad Request", "text/plain", format!("{e}\n")),
-        },
-        ("POST", "/api/v1/cache/pin" | "/api/v1/cache/unpin" | "/api/v1/cache/evict") => {
-            let action = route.rsplit('/').next().unwrap_or("");
-            match cache_query(query)
-                .and_then(|q| cache::control(&shared.caches(), action, &q.pool, &q.key))
-            {
-                Ok(doc) => ("200 OK", "application/json", json(&doc)),
-                Err(e) => ("400 Bad Request", "text/plain", format!("{e}\n")),
-            }
-        }
-        ("GET", "/") => (
-            "200 OK",
-            "text/plain",
-            "kvswitch: GET /metrics (Prometheus), GET /api/v1/status (JSON), \
-             GET /api/v1/cache[?limit=N], POST /api/v1/cache/{pin,unpin,evict}?key=K[&pool=P]\n"
-                .to_string(),
-        ),
-        ("GET" | "POST", _) => ("404 Not Found", "text/plain", "not found\n".to_string()),
-        _ => (
-            "405 Method Not Allowed",
-            "text/plain",
-            "only GET and POST are served\n".to_string(),
-        ),
-    };
-    write!(
-        conn,
-        "HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )?;
-    conn.flush()
 }
 
 /// The Prometheus text exposition.
@@ -478,6 +402,26 @@ pub fn metrics(shared: &Shared) -> String {
     out
 }
 
+/// Each port with its counters.
+pub fn ports(shared: &Shared) -> serde_json::Value {
+    shared
+        .stats
+        .ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            json!({
+                "port": i,
+                "name": shared.port_names.get(i),
+                "mac": shared.port_macs.get(i),
+                "rx_packets": get(&p.rx_packets), "rx_bytes": get(&p.rx_bytes),
+                "tx_packets": get(&p.tx_packets), "tx_bytes": get(&p.tx_bytes),
+                "tx_dropped": get(&p.tx_dropped),
+            })
+        })
+        .collect()
+}
+
 /// The status document.
 pub fn status(shared: &Shared) -> serde_json::Value {
     let s = &shared.stats;
@@ -487,19 +431,7 @@ pub fn status(shared: &Shared) -> serde_json::Value {
         .map(|g| g.clone())
         .unwrap_or_default();
     let cfg = &shared.config;
-    let ports: Vec<_> = s
-        .ports
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            json!({
-                "name": shared.port_names[i],
-                "mac": shared.port_macs[i],
-                "rx_packets": get(&p.rx_packets), "rx_bytes": get(&p.rx_bytes),
-                "tx_packets": get(&p.tx_packets), "tx_bytes": get(&p.tx_bytes),
-            })
-        })
-        .collect();
+    let ports = ports(shared);
     let now = kvio::clock::now();
     let pool: Vec<_> = cfg
         .servers

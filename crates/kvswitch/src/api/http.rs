@@ -1,0 +1,534 @@
+//! The control API's HTTP server: the routes of `/api/v1`, described by the OpenAPI document
+//! served at `/api/v1/openapi.json` ([`ROUTES`] lists them; a test holds the two together).
+//!
+//! It runs on a thread of its own with a single-threaded runtime. Reads of counters and status
+//! are served here; calls that read or change the switch's tables are handed to the
+//! forwarding thread as jobs ([`dataplane::Remote`]) and answered when it has run them, so the
+//! data path never waits on a client, however slow. Changes (POST, PUT, DELETE) need the
+//! token when one is set.
+
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, RawQuery, Request, State};
+use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{cache_query, Exporter, STATUS_ENTRIES};
+use crate::cache;
+use dataplane::{Remote, RemoteError};
+use kv::Instant;
+use switch::control::{self, ActionDef, Change, ControlError, EntryDef, ErrorKind, TableDef};
+use switch::{Emit, Switch};
+
+/// The OpenAPI 3 document of this API.
+pub const OPENAPI: &str = include_str!("openapi.json");
+
+/// Every route the server has, with its methods; the OpenAPI document has exactly these.
+pub const ROUTES: &[(&str, &[&str])] = &[
+    ("/", &["get"]),
+    ("/metrics", &["get"]),
+    ("/api/v1/openapi.json", &["get"]),
+    ("/api/v1/status", &["get"]),
+    ("/api/v1/fields", &["get"]),
+    ("/api/v1/tables", &["get", "post"]),
+    ("/api/v1/tables/{table}", &["get", "delete"]),
+    ("/api/v1/tables/{table}/entries", &["get", "post"]),
+    ("/api/v1/tables/{table}/entries/{id}", &["put", "delete"]),
+    ("/api/v1/batch", &["post"]),
+    ("/api/v1/ports", &["get"]),
+    ("/api/v1/counters", &["get"]),
+    ("/api/v1/packets", &["get", "post"]),
+    ("/api/v1/pool", &["get"]),
+    ("/api/v1/cache", &["get"]),
+    ("/api/v1/cache/{action}", &["post"]),
+];
+
+/// How long a call waits for the forwarding thread before it gives up.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest request body: a batch of many thousand entries fits.
+const MAX_BODY: usize = 64 << 20;
+/// The longest a `GET /api/v1/packets` waits for a frame.
+const MAX_WAIT: Duration = Duration::from_secs(30);
+
+/// What the server serves.
+pub struct Api {
+    pub exporter: Arc<dyn Exporter>,
+    /// The switch's tables, when a switch runs (not for a proxy alone).
+    pub switch: Option<Remote<Switch>>,
+    /// Changes need `Authorization: Bearer <token>` when set.
+    pub token: Option<String>,
+}
+
+/// An error as the API answers it: a status and `{"error": ..., "field": ...}`.
+#[derive(Debug)]
+pub struct ApiFailure {
+    status: StatusCode,
+    body: Value,
+}
+
+impl ApiFailure {
+    fn new(status: StatusCode, error: impl Into<String>) -> ApiFailure {
+        ApiFailure {
+            status,
+            body: json!({ "error": error.into() }),
+        }
+    }
+}
+
+impl From<ControlError> for ApiFailure {
+    fn from(e: ControlError) -> ApiFailure {
+        let status = match e.kind {
+            ErrorKind::Invalid => StatusCode::BAD_REQUEST,
+            ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ErrorKind::Conflict | ErrorKind::Full => StatusCode::CONFLICT,
+        };
+        ApiFailure {
+            status,
+            body: json!({ "error": e.to_string(), "field": e.field, "kind": e.kind }),
+        }
+    }
+}
+
+impl IntoResponse for ApiFailure {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body)).into_response()
+    }
+}
+
+type Shared = Arc<Api>;
+type Reply = Result<Response, ApiFailure>;
+
+fn ok(v: impl serde::Serialize) -> Reply {
+    Ok(Json(v).into_response())
+}
+
+/// Binds nothing: serves `api` on `listener` on a thread of its own; returns the address.
+pub fn serve(listener: TcpListener, api: Api) -> anyhow::Result<SocketAddr> {
+    let addr = listener.local_addr()?;
+    listener.set_nonblocking(true)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let app = router(Arc::new(api));
+    std::thread::Builder::new()
+        .name("api".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let listener = match tokio::net::TcpListener::from_std(listener) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        tracing::error!("the API cannot listen: {e}");
+                        return;
+                    }
+                };
+                if let Err(e) = axum::serve(listener, app).await {
+                    tracing::error!("the API stopped: {e}");
+                }
+            })
+        })?;
+    Ok(addr)
+}
+
+/// The routes of [`ROUTES`] and their handlers.
+pub fn router(api: Shared) -> Router {
+    Router::new()
+        .route("/", get(index))
+        .route("/metrics", get(metrics))
+        .route("/api/v1/openapi.json", get(openapi))
+        .route("/api/v1/status", get(status))
+        .route("/api/v1/fields", get(fields))
+        .route("/api/v1/tables", get(list_tables).post(create_table))
+        .route(
+            "/api/v1/tables/{table}",
+            get(show_table).delete(delete_table),
+        )
+        .route(
+            "/api/v1/tables/{table}/entries",
+            get(list_entries).post(add_entry),
+        )
+        .route(
+            "/api/v1/tables/{table}/entries/{id}",
+            axum::routing::put(modify_entry).delete(delete_entry),
+        )
+        .route("/api/v1/batch", post(batch))
+        .route("/api/v1/ports", get(ports))
+        .route("/api/v1/counters", get(counters))
+        .route("/api/v1/packets", get(take_packets).post(send_packet))
+        .route("/api/v1/pool", get(pool))
+        .route("/api/v1/cache", get(cache_status))
+        .route("/api/v1/cache/{action}", post(cache_action))
+        .fallback(no_route)
+        .layer(middleware::from_fn_with_state(api.clone(), authorise))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(api)
+}
+
+/// Refuses a change without the token, when one is set.
+async fn authorise(State(api): State<Shared>, req: Request, next: Next) -> Response {
+    let change = !matches!(*req.method(), Method::GET | Method::HEAD);
+    if let (true, Some(token)) = (change, &api.token) {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if !given.is_some_and(|g| same(g.as_bytes(), token.as_bytes())) {
+            return ApiFailure::new(
+                StatusCode::UNAUTHORIZED,
+                "changes need the API token: send `Authorization: Bearer <token>` \
+                 (kvswitch ctl --token-file FILE, or KVSWITCH_API_TOKEN)",
+            )
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Compares without stopping at the first difference, so the time taken does not tell how
+/// much of a guess was right.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn no_route(method: Method, uri: axum::http::Uri) -> ApiFailure {
+    ApiFailure::new(
+        StatusCode::NOT_FOUND,
+        format!(
+            "no route {method} {}; see GET /api/v1/openapi.json",
+            uri.path()
+        ),
+    )
+}
+
+/// Parses a JSON body; an error names the field that is wrong.
+fn body<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, ApiFailure> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let field = e.path().to_string();
+        let field = if field == "." { String::new() } else { field };
+        ApiFailure {
+            status: StatusCode::BAD_REQUEST,
+            body: json!({
+                "error": format!("{}{}", if field.is_empty() { String::new() } else { format!("{field}: ") }, e.inner()),
+                "field": field,
+                "kind": ErrorKind::Invalid,
+            }),
+        }
+    })
+}
+
+/// Runs `f` on the forwarding thread and waits for its answer.
+async fn call<R: Send + 'static>(
+    api: &Api,
+    f: impl FnOnce(&mut Switch, Instant, &mut Vec<Emit>) -> R + Send + 'static,
+) -> Result<R, ApiFailure> {
+    let remote = api.switch.as_ref().ok_or_else(|| {
+        ApiFailure::new(
+            StatusCode::NOT_FOUND,
+            "this kvswitch runs the proxy alone: it has no switch tables",
+        )
+    })?;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    remote
+        .submit(Box::new(move |sw, now, emit| {
+            let _ = tx.send(f(sw, now, emit));
+        }))
+        .map_err(|e| match e {
+            RemoteError::Busy => ApiFailure::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+            RemoteError::Stopped => ApiFailure::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        })?;
+    match tokio::time::timeout(CALL_TIMEOUT, rx).await {
+        Ok(Ok(r)) => Ok(r),
+        Ok(Err(_)) => Err(ApiFailure::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the switch stopped before answering",
+        )),
+        Err(_) => Err(ApiFailure::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            format!("the switch did not answer within {CALL_TIMEOUT:?}"),
+        )),
+    }
+}
+
+async fn index() -> Response {
+    let mut text = String::from("kvswitch control API; routes (see /api/v1/openapi.json):\n");
+    for (path, methods) in ROUTES {
+        text.push_str(&format!(
+            "  {:<8} {path}\n",
+            methods.join(",").to_uppercase()
+        ));
+    }
+    text.into_response()
+}
+
+async fn metrics(State(api): State<Shared>) -> Response {
+    let mut out = api.exporter.metrics();
+    cache::write_metrics(&mut out, &api.exporter.caches());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+}
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+async fn status(State(api): State<Shared>) -> Reply {
+    let mut doc = api.exporter.status();
+    let caches = api.exporter.caches();
+    if let (false, Some(map)) = (caches.is_empty(), doc.as_object_mut()) {
+        map.insert("cache".into(), cache::status(&caches, STATUS_ENTRIES));
+    }
+    ok(doc)
+}
+
+async fn fields() -> Reply {
+    let fields: Vec<Value> = control::NAMED_FIELDS
+        .iter()
+        .map(|(name, field, about)| json!({"name": name, "width": field.width(), "about": about}))
+        .collect();
+    ok(json!({ "fields": fields, "acl_key": control::ACL_KEY }))
+}
+
+async fn list_tables(State(api): State<Shared>) -> Reply {
+    ok(json!({ "tables": call(&api, |sw, _, _| sw.tables()).await? }))
+}
+
+async fn create_table(State(api): State<Shared>, bytes: Bytes) -> Reply {
+    let def: TableDef = body(&bytes)?;
+    let view = call(&api, move |sw, _, _| sw.create_table(def)).await??;
+    Ok((StatusCode::CREATED, Json(view)).into_response())
+}
+
+async fn show_table(State(api): State<Shared>, Path(table): Path<String>) -> Reply {
+    ok(call(&api, move |sw, _, _| sw.table(&table)).await??)
+}
+
+async fn delete_table(State(api): State<Shared>, Path(table): Path<String>) -> Reply {
+    call(&api, move |sw, _, _| sw.delete_table(&table)).await??;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn list_entries(State(api): State<Shared>, Path(table): Path<String>) -> Reply {
+    ok(json!({ "entries": call(&api, move |sw, _, _| sw.entries(&table)).await?? }))
+}
+
+async fn add_entry(State(api): State<Shared>, Path(table): Path<String>, bytes: Bytes) -> Reply {
+    let entry: EntryDef = body(&bytes)?;
+    let ids = call(&api, move |sw, _, _| {
+        sw.apply(vec![Change::Add { table, entry }])
+            .map_err(|e| strip_change(e, "changes[0]."))
+    })
+    .await??;
+    Ok((StatusCode::CREATED, Json(json!({ "id": ids[0] }))).into_response())
+}
+
+/// The error of a one-change batch, without the batch's part of its field.
+fn strip_change(mut e: ControlError, prefix: &str) -> ControlError {
+    let batch = prefix.trim_end_matches('.');
+    if e.field == batch || e.field == format!("{prefix}entry") {
+        e.error = e.error.replacen(&format!("{}: ", e.field), "", 1);
+        e.field = String::new();
+    } else if let Some(rest) = e.field.strip_prefix(prefix) {
+        let rest = rest.strip_prefix("entry.").unwrap_or(rest);
+        e.error = e.error.replacen(&e.field, rest, 1);
+        e.field = rest.to_string();
+    }
+    e
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Actions {
+    actions: Vec<ActionDef>,
+}
+
+fn entry_id(id: &str) -> Result<u64, ApiFailure> {
+    id.parse().map_err(|_| {
+        ApiFailure::from(ControlError::new(
+            ErrorKind::Invalid,
+            "id",
+            format!("{id:?} is not an entry id (a number from the entry list)"),
+        ))
+    })
+}
+
+async fn modify_entry(
+    State(api): State<Shared>,
+    Path((table, id)): Path<(String, String)>,
+    bytes: Bytes,
+) -> Reply {
+    let id = entry_id(&id)?;
+    let Actions { actions } = body(&bytes)?;
+    call(&api, move |sw, _, _| {
+        sw.apply(vec![Change::Modify { table, id, actions }])
+            .map_err(|e| strip_change(e, "changes[0]."))
+    })
+    .await??;
+    ok(json!({ "id": id }))
+}
+
+async fn delete_entry(
+    State(api): State<Shared>,
+    Path((table, id)): Path<(String, String)>,
+) -> Reply {
+    let id = entry_id(&id)?;
+    call(&api, move |sw, _, _| {
+        sw.apply(vec![Change::Delete { table, id }])
+            .map_err(|e| strip_change(e, "changes[0]."))
+    })
+    .await??;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Batch {
+    changes: Vec<Change>,
+}
+
+async fn batch(State(api): State<Shared>, bytes: Bytes) -> Reply {
+    let Batch { changes } = body(&bytes)?;
+    let ids = call(&api, move |sw, _, _| sw.apply(changes)).await??;
+    ok(json!({ "applied": ids.len(), "ids": ids }))
+}
+
+async fn ports(State(api): State<Shared>) -> Reply {
+    ok(json!({ "ports": api.exporter.ports() }))
+}
+
+async fn counters(State(api): State<Shared>) -> Reply {
+    ok(json!({ "counters": call(&api, |sw, _, _| sw.counters()).await? }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PacketOut {
+    port: u16,
+    /// The frame in hex.
+    frame: String,
+}
+
+async fn send_packet(State(api): State<Shared>, bytes: Bytes) -> Reply {
+    let PacketOut { port, frame } = body(&bytes)?;
+    let frame = control::unhex(&frame)
+        .map_err(|e| ApiFailure::from(ControlError::new(ErrorKind::Invalid, "frame", e)))?;
+    call(&api, move |sw, _, emit| sw.send_frame(port, frame, emit)).await??;
+    Ok(StatusCode::ACCEPTED.into_response())
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Take {
+    /// Most frames returned.
+    max: Option<usize>,
+    /// Milliseconds to wait for a first frame when none is queued.
+    wait_ms: Option<u64>,
+}
+
+async fn take_packets(State(api): State<Shared>, RawQuery(query): RawQuery) -> Reply {
+    let take: Take = query_args(query.as_deref().unwrap_or(""))?;
+    let max = take.max.unwrap_or(100).clamp(1, control::CPU_QUEUE);
+    let deadline = tokio::time::Instant::now()
+        + Duration::from_millis(take.wait_ms.unwrap_or(0)).min(MAX_WAIT);
+    loop {
+        let frames = call(&api, move |sw, _, _| sw.take_cpu(max)).await?;
+        if !frames.is_empty() || tokio::time::Instant::now() >= deadline {
+            return ok(json!({ "frames": frames }));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Parses `a=1&b=2` into `T`, naming a bad parameter.
+fn query_args<T: DeserializeOwned>(query: &str) -> Result<T, ApiFailure> {
+    let mut map = serde_json::Map::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = match value.parse::<u64>() {
+            Ok(n) => json!(n),
+            Err(_) => json!(value),
+        };
+        map.insert(name.to_string(), value);
+    }
+    serde_json::from_value(Value::Object(map))
+        .map_err(|e| ApiFailure::new(StatusCode::BAD_REQUEST, format!("query: {e}")))
+}
+
+async fn pool(State(api): State<Shared>) -> Reply {
+    let doc = api.exporter.status();
+    ok(doc.get("pool").cloned().unwrap_or(Value::Null))
+}
+
+async fn cache_status(State(api): State<Shared>, RawQuery(query): RawQuery) -> Reply {
+    let q = cache_query(query.as_deref().unwrap_or(""))
+        .map_err(|e| ApiFailure::new(StatusCode::BAD_REQUEST, e.to_string()))?;
+    let limit = q.limit.unwrap_or(STATUS_ENTRIES);
+    ok(cache::status(&api.exporter.caches(), limit))
+}
+
+async fn cache_action(
+    State(api): State<Shared>,
+    Path(action): Path<String>,
+    RawQuery(query): RawQuery,
+    _headers: HeaderMap,
+) -> Reply {
+    let q = cache_query(query.as_deref().unwrap_or(""))
+        .map_err(|e| ApiFailure::new(StatusCode::BAD_REQUEST, e.to_string()))?;
+    match cache::control(&api.exporter.caches(), &action, &q.pool, &q.key) {
+        Ok(doc) => ok(doc),
+        Err(super::ApiError::UnknownAction(a)) => Err(ApiFailure::new(
+            StatusCode::NOT_FOUND,
+            format!("unknown cache action {a:?}: pin, unpin or evict"),
+        )),
+        Err(e) => Err(ApiFailure::new(StatusCode::BAD_REQUEST, e.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn the_document_describes_exactly_the_routes_served() {
+        let doc: Value = serde_json::from_str(OPENAPI).expect("the OpenAPI document is JSON");
+        assert!(doc["openapi"].as_str().unwrap_or("").starts_with("3."));
+        let mut documented = BTreeSet::new();
+        for (path, ops) in doc["paths"].as_object().expect("paths") {
+            for method in ops.as_object().expect("operations").keys() {
+                if method != "parameters" {
+                    documented.insert((path.clone(), method.clone()));
+                }
+            }
+        }
+        let served: BTreeSet<(String, String)> = ROUTES
+            .iter()
+            .flat_map(|(p, ms)| ms.iter().map(move |m| (p.to_string(), m.to_string())))
+            .collect();
+        assert_eq!(
+            served.difference(&documented).collect::<Vec<_>>(),
+            Vec::<&(String, String)>::new(),
+            "served but not documented"
+        );
+        assert_eq!(
+            documented.difference(&served).collect::<Vec<_>>(),
+            Vec::<&(String, String)>::new(),
+            "documented but not served"
+        );
+    }
+
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(same(b"abc", b"abc"));
+        assert!(!same(b"abc", b"abd"));
+        assert!(!same(b"abc", b"ab"));
+    }
+}

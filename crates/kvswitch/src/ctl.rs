@@ -1,0 +1,648 @@
+//! `kvswitch ctl`: one sub-command per call of the control API, tables for people and
+//! `--json` for scripts, and [`Client`], the small blocking HTTP client it (and
+//! `kvswitch cache`) speaks with.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use serde_json::{json, Value};
+
+use crate::api::TOKEN_ENV;
+
+#[derive(Args, Debug)]
+#[command(about = "Read and change a running kvswitch through its control API")]
+pub struct CtlArgs {
+    /// The switch's (or proxy's) API address.
+    #[arg(long, default_value = "127.0.0.1:9110", global = true)]
+    pub api: SocketAddr,
+    /// A file whose first line is the API token (changes need it when the switch has one);
+    /// KVSWITCH_API_TOKEN works too.
+    #[arg(long, global = true)]
+    pub token_file: Option<PathBuf>,
+    /// Print the API's JSON instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: CtlCmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CtlCmd {
+    /// Version, mode, VIP, pool and counters.
+    Status,
+    /// List every table in processing order.
+    Tables,
+    /// Show, create or delete one table.
+    Table {
+        #[command(subcommand)]
+        action: TableCmd,
+    },
+    /// List a table's entries with their hits.
+    Entries { table: String },
+    /// Add, change or delete one entry.
+    Entry {
+        #[command(subcommand)]
+        action: EntryCmd,
+    },
+    /// Apply a file of changes all or nothing: {"changes": [{"op": "add", ...}, ...]}.
+    Batch { file: PathBuf },
+    /// The named lookup-key fields and the key of `acl`.
+    Fields,
+    /// Per-port packets, bytes and transmit drops.
+    Ports,
+    /// The counters of operators' `count` actions.
+    Counters,
+    /// Send a frame out of a port, or take the frames entries sent to the CPU.
+    Packet {
+        #[command(subcommand)]
+        action: PacketCmd,
+    },
+    /// The pool: each server, its weight and whether it is in the ring.
+    Pool,
+    /// The cache, or pin, unpin or evict a key (as `kvswitch cache`).
+    Cache(crate::cache::CacheCmd),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TableCmd {
+    Show {
+        name: String,
+    },
+    /// Create a table after every existing one.
+    Create {
+        name: String,
+        /// exact, lpm or ternary.
+        #[arg(long)]
+        kind: String,
+        /// Key fields, comma-separated names (see `kvswitch ctl fields`), or
+        /// NAME@OFFSET:LEN for a byte range of the frame.
+        #[arg(long, value_delimiter = ',', required = true)]
+        key: Vec<String>,
+        /// Actions on a miss (as for `entry add --action`); none drops.
+        #[arg(long = "miss")]
+        miss: Vec<String>,
+        /// Most entries.
+        #[arg(long)]
+        size: Option<usize>,
+    },
+    Delete {
+        name: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum EntryCmd {
+    /// Add an entry: --match FIELD=VALUE (a number, an address, 0xHEX, text:TEXT, or
+    /// VALUE/MASK) and --action ACTION (output:PORT, flood, drop, to_cpu, mirror,
+    /// count:NAME, goto:TABLE, set_eth_dst:MAC, set_eth_src:MAC, set_ipv4_dst:IP,
+    /// set_ipv4_src:IP, dec_ttl).
+    Add {
+        table: String,
+        #[arg(long = "match")]
+        fields: Vec<String>,
+        #[arg(long = "action")]
+        actions: Vec<String>,
+        #[arg(long, default_value_t = 0)]
+        priority: u32,
+        #[arg(long)]
+        prefix_len: Option<u16>,
+    },
+    /// Replace an entry's actions.
+    Set {
+        table: String,
+        id: u64,
+        #[arg(long = "action")]
+        actions: Vec<String>,
+    },
+    Delete {
+        table: String,
+        id: u64,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PacketCmd {
+    /// Send FRAME (hex) out of PORT.
+    Send { port: u16, frame: String },
+    /// Take up to --max frames handed to the CPU, waiting up to --wait-ms for one.
+    Recv {
+        #[arg(long, default_value_t = 100)]
+        max: usize,
+        #[arg(long, default_value_t = 0)]
+        wait_ms: u64,
+    },
+}
+
+/// A blocking client of the control API: one connection per request.
+pub struct Client {
+    pub api: SocketAddr,
+    pub token: Option<String>,
+}
+
+impl Client {
+    /// `method path` with an optional JSON body; the reply's body as JSON (or text wrapped in
+    /// a JSON string), or an error carrying the API's message.
+    pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> anyhow::Result<Value> {
+        let timeout = Duration::from_secs(30);
+        let mut conn =
+            TcpStream::connect_timeout(&self.api, Duration::from_secs(5)).map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot reach the control API at {} ({e}); is kvswitch running there?",
+                    self.api
+                )
+            })?;
+        conn.set_read_timeout(Some(timeout))?;
+        conn.set_write_timeout(Some(timeout))?;
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let mut head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: \
+             application/json\r\nContent-Length: {}\r\n",
+            self.api,
+            body.len()
+        );
+        if let Some(t) = &self.token {
+            head.push_str(&format!("Authorization: Bearer {t}\r\n"));
+        }
+        head.push_str("\r\n");
+        conn.write_all(head.as_bytes())?;
+        conn.write_all(body.as_bytes())?;
+        let mut raw = Vec::new();
+        conn.read_to_end(&mut raw)
+            .with_context(|| format!("reading the reply to {method} {path}"))?;
+        let text = String::from_utf8_lossy(&raw);
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        let status: u16 = head
+            .lines()
+            .next()
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let chunked = head.lines().any(|l| {
+            l.to_ascii_lowercase()
+                .starts_with("transfer-encoding: chunked")
+        });
+        let body = if chunked {
+            dechunk(body)
+        } else {
+            body.to_string()
+        };
+        let doc: Value = match body.trim() {
+            "" => Value::Null,
+            b => serde_json::from_str(b).unwrap_or_else(|_| Value::String(b.to_string())),
+        };
+        if !(200..300).contains(&status) {
+            let message = doc
+                .get("error")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .unwrap_or_else(|| body.trim().to_string());
+            bail!("{method} {path}: {status}: {message}");
+        }
+        Ok(doc)
+    }
+}
+
+/// The body of a chunked reply.
+fn dechunk(mut text: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = text.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        text = rest[n..].strip_prefix("\r\n").unwrap_or(&rest[n..]);
+    }
+    out
+}
+
+/// The token from the environment or `file`, if any.
+pub fn token(file: Option<&std::path::Path>) -> anyhow::Result<Option<String>> {
+    if let Ok(t) = std::env::var(TOKEN_ENV) {
+        if !t.trim().is_empty() {
+            return Ok(Some(t.trim().to_string()));
+        }
+    }
+    match file {
+        Some(f) => {
+            let text = std::fs::read_to_string(f)
+                .with_context(|| format!("reading the token file {}", f.display()))?;
+            Ok(Some(text.lines().next().unwrap_or("").trim().to_string()))
+        }
+        None => Ok(None),
+    }
+}
+
+/// One action as `--action` writes it, as the API's JSON.
+pub fn action(text: &str) -> anyhow::Result<Value> {
+    let (name, arg) = match text.split_once(':') {
+        Some((n, a)) => (n, Some(a)),
+        None => (text, None),
+    };
+    Ok(match (name, arg) {
+        ("flood" | "drop" | "to_cpu" | "mirror" | "dec_ttl", None) => json!(name),
+        ("output", Some(p)) => {
+            json!({ "output": p.parse::<u16>().with_context(|| format!("{text}: a port number"))? })
+        }
+        (
+            "count" | "goto" | "set_eth_dst" | "set_eth_src" | "set_ipv4_dst" | "set_ipv4_src",
+            Some(a),
+        ) => json!({ name: a }),
+        _ => bail!(
+            "{text:?} is not an action: output:PORT, flood, drop, to_cpu, mirror, count:NAME, \
+             goto:TABLE, set_eth_dst:MAC, set_eth_src:MAC, set_ipv4_dst:IP, set_ipv4_src:IP, \
+             dec_ttl"
+        ),
+    })
+}
+
+/// One `--match FIELD=VALUE` as (field, the API's JSON value).
+pub fn match_field(text: &str) -> anyhow::Result<(String, Value)> {
+    let (field, value) = text
+        .split_once('=')
+        .with_context(|| format!("{text:?}: write FIELD=VALUE"))?;
+    let one = |v: &str| -> Value {
+        if let Some(t) = v.strip_prefix("text:") {
+            return json!({ "text": t });
+        }
+        match v.parse::<u64>() {
+            Ok(n) => json!(n),
+            Err(_) => json!(v),
+        }
+    };
+    let value = match value.split_once('/') {
+        Some((v, m)) if !value.starts_with("text:") => json!({ "value": one(v), "mask": one(m) }),
+        _ => one(value),
+    };
+    Ok((field.to_string(), value))
+}
+
+/// A key field as `--key` writes it: a name, or NAME@OFFSET:LEN.
+fn key_field(text: &str) -> anyhow::Result<Value> {
+    match text.split_once('@') {
+        None => Ok(json!(text)),
+        Some((name, range)) => {
+            let (offset, len) = range
+                .split_once(':')
+                .with_context(|| format!("{text:?}: write NAME@OFFSET:LEN"))?;
+            Ok(json!({
+                "name": name,
+                "offset": offset.parse::<u16>().with_context(|| format!("{text:?}: offset"))?,
+                "len": len.parse::<u8>().with_context(|| format!("{text:?}: length"))?,
+            }))
+        }
+    }
+}
+
+/// Runs `kvswitch ctl`.
+pub fn run(args: &CtlArgs) -> anyhow::Result<()> {
+    let client = Client {
+        api: args.api,
+        token: token(args.token_file.as_deref())?,
+    };
+    let enc = |s: &str| crate::cache::percent_encode(s.as_bytes());
+    let (doc, show): (Value, fn(&Value) -> String) = match &args.command {
+        CtlCmd::Status => (client.call("GET", "/api/v1/status", None)?, pretty),
+        CtlCmd::Tables => (client.call("GET", "/api/v1/tables", None)?, show_tables),
+        CtlCmd::Table { action: cmd } => match cmd {
+            TableCmd::Show { name } => (
+                client.call("GET", &format!("/api/v1/tables/{}", enc(name)), None)?,
+                |t| show_tables(&json!({ "tables": [t] })),
+            ),
+            TableCmd::Create {
+                name,
+                kind,
+                key,
+                miss,
+                size,
+            } => {
+                let def = json!({
+                    "name": name,
+                    "kind": kind,
+                    "key": key.iter().map(|k| key_field(k)).collect::<anyhow::Result<Vec<_>>>()?,
+                    "miss": miss.iter().map(|a| action(a)).collect::<anyhow::Result<Vec<_>>>()?,
+                    "size": size,
+                });
+                (client.call("POST", "/api/v1/tables", Some(&def))?, |t| {
+                    format!("created table {}\n", t["name"].as_str().unwrap_or("?"))
+                })
+            }
+            TableCmd::Delete { name } => (
+                client.call("DELETE", &format!("/api/v1/tables/{}", enc(name)), None)?,
+                |_| "deleted\n".to_string(),
+            ),
+        },
+        CtlCmd::Entries { table } => (
+            client.call(
+                "GET",
+                &format!("/api/v1/tables/{}/entries", enc(table)),
+                None,
+            )?,
+            show_entries,
+        ),
+        CtlCmd::Entry { action: cmd } => match cmd {
+            EntryCmd::Add {
+                table,
+                fields,
+                actions,
+                priority,
+                prefix_len,
+            } => {
+                let fields: serde_json::Map<String, Value> = fields
+                    .iter()
+                    .map(|f| match_field(f))
+                    .collect::<anyhow::Result<_>>()?;
+                let mut entry = json!({
+                    "match": fields,
+                    "priority": priority,
+                    "actions": actions.iter().map(|a| action(a)).collect::<anyhow::Result<Vec<_>>>()?,
+                });
+                if let Some(p) = prefix_len {
+                    entry["prefix_len"] = json!(p);
+                }
+                (
+                    client.call(
+                        "POST",
+                        &format!("/api/v1/tables/{}/entries", enc(table)),
+                        Some(&entry),
+                    )?,
+                    |r| format!("added entry {}\n", r["id"]),
+                )
+            }
+            EntryCmd::Set { table, id, actions } => {
+                let body = json!({
+                    "actions": actions.iter().map(|a| action(a)).collect::<anyhow::Result<Vec<_>>>()?,
+                });
+                (
+                    client.call(
+                        "PUT",
+                        &format!("/api/v1/tables/{}/entries/{id}", enc(table)),
+                        Some(&body),
+                    )?,
+                    |r| format!("changed entry {}\n", r["id"]),
+                )
+            }
+            EntryCmd::Delete { table, id } => (
+                client.call(
+                    "DELETE",
+                    &format!("/api/v1/tables/{}/entries/{id}", enc(table)),
+                    None,
+                )?,
+                |_| "deleted\n".to_string(),
+            ),
+        },
+        CtlCmd::Batch { file } => {
+            let text = std::fs::read_to_string(file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            let body: Value = serde_json::from_str(&text)
+                .with_context(|| format!("{}: not JSON", file.display()))?;
+            (client.call("POST", "/api/v1/batch", Some(&body))?, |r| {
+                format!("applied {} changes\n", r["applied"])
+            })
+        }
+        CtlCmd::Fields => (client.call("GET", "/api/v1/fields", None)?, show_fields),
+        CtlCmd::Ports => (client.call("GET", "/api/v1/ports", None)?, show_ports),
+        CtlCmd::Counters => (client.call("GET", "/api/v1/counters", None)?, |d| {
+            rows(
+                &["counter", "packets", "bytes"],
+                d["counters"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|c| vec![cell(&c["name"]), cell(&c["packets"]), cell(&c["bytes"])]),
+            )
+        }),
+        CtlCmd::Packet { action: cmd } => match cmd {
+            PacketCmd::Send { port, frame } => (
+                client.call(
+                    "POST",
+                    "/api/v1/packets",
+                    Some(&json!({ "port": port, "frame": frame })),
+                )?,
+                |_| "sent\n".to_string(),
+            ),
+            PacketCmd::Recv { max, wait_ms } => (
+                client.call(
+                    "GET",
+                    &format!("/api/v1/packets?max={max}&wait_ms={wait_ms}"),
+                    None,
+                )?,
+                |d| {
+                    rows(
+                        &["in_port", "reason", "frame"],
+                        d["frames"].as_array().into_iter().flatten().map(|f| {
+                            vec![cell(&f["in_port"]), cell(&f["reason"]), cell(&f["frame"])]
+                        }),
+                    )
+                },
+            ),
+        },
+        CtlCmd::Pool => (client.call("GET", "/api/v1/pool", None)?, show_pool),
+        CtlCmd::Cache(cmd) => (crate::cache::call(&client, cmd)?, pretty),
+    };
+    match args.json {
+        true => println!("{}", serde_json::to_string_pretty(&doc)?),
+        false => print!("{}", show(&doc)),
+    }
+    Ok(())
+}
+
+fn pretty(doc: &Value) -> String {
+    serde_json::to_string_pretty(doc).unwrap_or_default() + "\n"
+}
+
+/// A JSON value as a table cell: strings bare, the rest as JSON.
+fn cell(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    }
+}
+
+/// Aligned columns under a header.
+fn rows(header: &[&str], rows: impl Iterator<Item = Vec<String>>) -> String {
+    let rows: Vec<Vec<String>> = rows.collect();
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let mut out = String::new();
+    let line = |cells: Vec<&str>, out: &mut String| {
+        let text: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        out.push_str(text.join("  ").trim_end());
+        out.push('\n');
+    };
+    line(header.to_vec(), &mut out);
+    for r in &rows {
+        line(r.iter().map(String::as_str).collect(), &mut out);
+    }
+    out
+}
+
+fn list(v: &Value) -> String {
+    v.as_array()
+        .map(|a| a.iter().map(cell).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn show_tables(doc: &Value) -> String {
+    rows(
+        &[
+            "table", "kind", "owner", "entries", "size", "hits", "misses", "key", "miss",
+        ],
+        doc["tables"].as_array().into_iter().flatten().map(|t| {
+            vec![
+                cell(&t["name"]),
+                cell(&t["kind"]),
+                cell(&t["owner"]),
+                cell(&t["entries"]),
+                cell(&t["size"]),
+                cell(&t["hits"]),
+                cell(&t["misses"]),
+                t["key"]
+                    .as_array()
+                    .map(|k| {
+                        k.iter()
+                            .map(|f| f.as_str().map_or_else(|| cell(&f["name"]), str::to_string))
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    })
+                    .unwrap_or_default(),
+                list(&t["miss"]),
+            ]
+        }),
+    )
+}
+
+fn show_entries(doc: &Value) -> String {
+    rows(
+        &["id", "priority", "hits", "match", "actions"],
+        doc["entries"].as_array().into_iter().flatten().map(|e| {
+            let fields = e["match"]
+                .as_object()
+                .map(|m| {
+                    m.iter()
+                        .map(|(k, v)| format!("{k}={}", cell(v)))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .unwrap_or_default();
+            let prefix = e["prefix_len"]
+                .as_u64()
+                .map(|p| format!(" /{p}"))
+                .unwrap_or_default();
+            vec![
+                cell(&e["id"]),
+                cell(&e["priority"]),
+                cell(&e["hits"]),
+                fields + &prefix,
+                list(&e["actions"]),
+            ]
+        }),
+    )
+}
+
+fn show_fields(doc: &Value) -> String {
+    rows(
+        &["field", "bytes", "about"],
+        doc["fields"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|f| vec![cell(&f["name"]), cell(&f["width"]), cell(&f["about"])]),
+    ) + &format!("acl key: {}\n", list(&doc["acl_key"]))
+}
+
+fn show_ports(doc: &Value) -> String {
+    rows(
+        &[
+            "port",
+            "name",
+            "rx_packets",
+            "rx_bytes",
+            "tx_packets",
+            "tx_bytes",
+            "tx_dropped",
+        ],
+        doc["ports"].as_array().into_iter().flatten().map(|p| {
+            [
+                "port",
+                "name",
+                "rx_packets",
+                "rx_bytes",
+                "tx_packets",
+                "tx_bytes",
+                "tx_dropped",
+            ]
+            .iter()
+            .map(|k| cell(&p[*k]))
+            .collect()
+        }),
+    )
+}
+
+fn show_pool(doc: &Value) -> String {
+    format!(
+        "distribution {}  hash {}  version {}\n",
+        cell(&doc["distribution"]),
+        cell(&doc["hash"]),
+        cell(&doc["version"])
+    ) + &rows(
+        &["server", "name", "weight", "in_ring", "requests", "replies"],
+        doc["servers"].as_array().into_iter().flatten().map(|s| {
+            ["addr", "name", "weight", "in_ring", "requests", "replies"]
+                .iter()
+                .map(|k| cell(&s[*k]))
+                .collect()
+        }),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn actions_and_matches_read_as_the_api_writes_them() {
+        assert_eq!(action("output:3").unwrap(), json!({"output": 3}));
+        assert_eq!(action("drop").unwrap(), json!("drop"));
+        assert_eq!(action("goto:pins").unwrap(), json!({"goto": "pins"}));
+        assert!(action("output:x").is_err());
+        assert!(action("teleport").is_err());
+        assert_eq!(
+            match_field("l4_dst=11211").unwrap(),
+            ("l4_dst".into(), json!(11211))
+        );
+        assert_eq!(
+            match_field("ip_dst=10.0.0.0/255.0.0.0").unwrap().1,
+            json!({"value": "10.0.0.0", "mask": "255.0.0.0"})
+        );
+        assert_eq!(
+            match_field("mc_request=text:get a/b").unwrap().1,
+            json!({"text": "get a/b"})
+        );
+        assert!(match_field("nothing").is_err());
+        assert_eq!(
+            key_field("cmd@50:8").unwrap(),
+            json!({"name": "cmd", "offset": 50, "len": 8})
+        );
+    }
+
+    #[test]
+    fn chunked_bodies_are_joined() {
+        assert_eq!(dechunk("3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"), "abcde");
+    }
+}

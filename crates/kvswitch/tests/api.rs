@@ -1,0 +1,458 @@
+//! The control API over HTTP against a switch forwarding on in-memory ports: every route of
+//! the OpenAPI document answers, tables and entries change through it and frames follow at
+//! once, refusals are 4xx JSON naming the field and change nothing, changes need the token
+//! when one is set, and frames go to and come from the CPU.
+
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use dataplane::{Driver, RunOptions};
+use kv::{Distribution, HashFn};
+use kvio::{mem_pair, Batch, MemPort, Port};
+use kvswitch::api::{self, http::ROUTES, Api, Exporter};
+use kvswitch::ctl::Client;
+use serde_json::{json, Value};
+use switch::frame::{udp_frame, UdpEnds};
+use switch::pool::Pool;
+use switch::stats::Stats;
+use switch::{spec, Switch, SwitchSpec};
+use wire::ethernet::Mac;
+
+const PORTS: usize = 3;
+
+/// Counters and status enough for the routes that read them.
+struct Counters(Arc<Stats>);
+
+impl Exporter for Counters {
+    fn metrics(&self) -> String {
+        "# a switch under test\n".into()
+    }
+
+    fn status(&self) -> Value {
+        json!({ "pool": { "servers": [] } })
+    }
+
+    fn ports(&self) -> Value {
+        self.0
+            .ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| json!({ "port": i, "rx_packets": switch::stats::get(&p.rx_packets) }))
+            .collect()
+    }
+}
+
+/// A switch on three in-memory ports, forwarding on its own thread, with its API.
+struct Rig {
+    client: Client,
+    /// The far ends of the switch's ports.
+    hosts: Vec<MemPort>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn rig(token: Option<&str>) -> Rig {
+    let servers = vec![spec::Server {
+        addr: SocketAddrV4::new(Ipv4Addr::new(10, 0, 1, 1), 11211),
+        mac: Some(Mac([2, 0, 0, 0, 1, 1])),
+    }];
+    let spec = SwitchSpec::new(PORTS, Ipv4Addr::new(10, 0, 0, 100), servers);
+    let pool = Pool::new(spec.pool_spec(Distribution::Ketama, HashFn::Md5)).unwrap();
+    let stats = Arc::new(Stats::new(PORTS, 1));
+    let sw = Switch::new(spec, Arc::new(pool), stats.clone()).unwrap();
+    let mut ports: Vec<Box<dyn Port>> = Vec::new();
+    let mut hosts = Vec::new();
+    for _ in 0..PORTS {
+        let (a, b) = mem_pair().unwrap();
+        ports.push(Box::new(a));
+        hosts.push(b);
+    }
+    let (remote, inbox) = dataplane::remote::<Switch>().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopped = stop.clone();
+    let mut driver = Driver::new(ports, sw, None, stats.clone());
+    let thread = std::thread::spawn(move || {
+        let opts = RunOptions {
+            max_sleep: Duration::from_millis(10),
+            ..RunOptions::default()
+        };
+        driver
+            .run(
+                &opts,
+                Some(&inbox),
+                &|| stopped.load(Ordering::Relaxed),
+                &mut |_| {},
+            )
+            .unwrap();
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = api::serve(
+        listener,
+        Api {
+            exporter: Arc::new(Counters(stats)),
+            switch: Some(remote),
+            token: token.map(str::to_string),
+        },
+    )
+    .unwrap();
+    Rig {
+        client: Client {
+            api: addr,
+            token: token.map(str::to_string),
+        },
+        hosts,
+        stop,
+        thread: Some(thread),
+    }
+}
+
+/// A UDP frame from a host on port 0 to `dst`, for a MAC nobody has.
+fn frame(dst: Ipv4Addr) -> Vec<u8> {
+    udp_frame(
+        &UdpEnds {
+            src_mac: Mac([2, 0, 0, 0, 0, 1]),
+            dst_mac: Mac([2, 0, 0, 0, 9, 9]),
+            src_ip: Ipv4Addr::new(10, 0, 0, 1),
+            dst_ip: dst,
+            src_port: 40000,
+            dst_port: 7,
+        },
+        &[b"hello"],
+    )
+}
+
+/// The ports (other than 0) the frame came out of, within a second.
+fn outputs(rig: &mut Rig, frame: &[u8]) -> Vec<usize> {
+    for h in &mut rig.hosts {
+        let mut b = Batch::new(64);
+        while h.recv(&mut b).unwrap() > 0 {
+            b.clear();
+        }
+    }
+    rig.hosts[0].send(&[frame]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let mut out = Vec::new();
+    while out.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+        for (i, h) in rig.hosts.iter_mut().enumerate().skip(1) {
+            let mut b = Batch::new(64);
+            let n = h.recv(&mut b).unwrap();
+            // The switch's own ARP requests may go out too.
+            if (0..n).any(|j| b.frame(j).ends_with(b"hello")) {
+                out.push(i);
+            }
+        }
+    }
+    out
+}
+
+/// The error of a call that must fail: its status and JSON body.
+fn refused(rig: &Rig, method: &str, path: &str, body: Option<Value>) -> String {
+    rig.client
+        .call(method, path, body.as_ref())
+        .expect_err("the call is refused")
+        .to_string()
+}
+
+#[test]
+fn every_documented_route_is_served() {
+    let rig = rig(None);
+    for (path, methods) in ROUTES {
+        let path = path
+            .replace("{table}", "acl")
+            .replace("{id}", "1")
+            .replace("{action}", "pin");
+        for method in *methods {
+            let method = method.to_uppercase();
+            let body = (method != "GET").then(|| json!({}));
+            if let Err(e) = rig.client.call(&method, &path, body.as_ref()) {
+                // Served routes may refuse these made-up arguments, but never as a route
+                // that does not exist.
+                assert!(!e.to_string().contains("no route"), "{method} {path}: {e}");
+            }
+        }
+    }
+    let e = refused(&rig, "GET", "/api/v1/nothing", None);
+    assert!(e.contains("404") && e.contains("no route"), "{e}");
+    let doc = rig
+        .client
+        .call("GET", "/api/v1/openapi.json", None)
+        .unwrap();
+    assert!(doc["paths"]["/api/v1/batch"]["post"].is_object());
+}
+
+#[test]
+fn tables_change_through_the_api_and_frames_follow_at_once() {
+    let mut rig = rig(None);
+    let c = &rig.client;
+    let t = c
+        .call(
+            "POST",
+            "/api/v1/tables",
+            Some(&json!({"name": "steer", "kind": "lpm", "key": ["ip_dst"], "miss": ["drop"]})),
+        )
+        .unwrap();
+    assert_eq!(t["owner"], "operator");
+    let applied = c
+        .call(
+            "POST",
+            "/api/v1/batch",
+            Some(&json!({"changes": [
+                {"op": "add", "table": "acl", "entry": {
+                    "match": {"ethertype": "0x0800", "ip_dst": {"value": "10.7.0.0", "mask": "255.255.0.0"}},
+                    "actions": [{"goto": "steer"}]}},
+                {"op": "add", "table": "steer", "entry": {
+                    "match": {"ip_dst": "10.7.0.0"}, "prefix_len": 16, "actions": [{"output": 1}]}},
+                {"op": "add", "table": "steer", "entry": {
+                    "match": {"ip_dst": "10.7.3.0"}, "prefix_len": 24, "actions": [{"output": 2}]}},
+            ]})),
+        )
+        .unwrap();
+    assert_eq!(applied["applied"], 3);
+    assert_eq!(outputs(&mut rig, &frame(Ipv4Addr::new(10, 7, 1, 1))), [1]);
+    assert_eq!(outputs(&mut rig, &frame(Ipv4Addr::new(10, 7, 3, 1))), [2]);
+    // Not steered: the program floods it.
+    assert_eq!(
+        outputs(&mut rig, &frame(Ipv4Addr::new(10, 8, 0, 1))),
+        [1, 2]
+    );
+
+    let entries = rig
+        .client
+        .call("GET", "/api/v1/tables/steer/entries", None)
+        .unwrap();
+    let entries = entries["entries"].as_array().unwrap();
+    let longest = entries
+        .iter()
+        .find(|e| e["prefix_len"] == 24)
+        .expect("the /24 is listed");
+    assert_eq!(longest["hits"], 1);
+    let id = longest["id"].as_u64().unwrap();
+    rig.client
+        .call(
+            "PUT",
+            &format!("/api/v1/tables/steer/entries/{id}"),
+            Some(&json!({"actions": [{"output": 1}]})),
+        )
+        .unwrap();
+    assert_eq!(outputs(&mut rig, &frame(Ipv4Addr::new(10, 7, 3, 1))), [1]);
+    rig.client
+        .call(
+            "DELETE",
+            &format!("/api/v1/tables/steer/entries/{id}"),
+            None,
+        )
+        .unwrap();
+    assert_eq!(outputs(&mut rig, &frame(Ipv4Addr::new(10, 7, 3, 1))), [1]);
+}
+
+#[test]
+fn refusals_are_json_naming_the_field_and_change_nothing() {
+    let rig = rig(None);
+    let c = &rig.client;
+    c.call(
+        "POST",
+        "/api/v1/tables",
+        Some(&json!({"name": "t", "kind": "exact", "key": ["l4_dst"], "size": 1})),
+    )
+    .unwrap();
+    c.call(
+        "POST",
+        "/api/v1/tables/t/entries",
+        Some(&json!({"match": {"l4_dst": 1}, "actions": ["flood"]})),
+    )
+    .unwrap();
+    let before = c.call("GET", "/api/v1/tables", None).unwrap();
+    let cases = [
+        (
+            "POST",
+            "/api/v1/tables/t/entries",
+            json!({"match": {"l4_dst": 2}, "actions": ["flood"]}),
+            "409",
+            "full",
+        ),
+        (
+            "POST",
+            "/api/v1/tables/t/entries",
+            json!({"match": {"l4_dst": 1}, "actions": ["flood"]}),
+            "409",
+            "already has this key",
+        ),
+        (
+            "POST",
+            "/api/v1/tables/nope/entries",
+            json!({"actions": []}),
+            "404",
+            "no table named \"nope\"",
+        ),
+        (
+            "POST",
+            "/api/v1/tables/t/entries",
+            json!({"match": {"l4_dst": "x"}, "actions": []}),
+            "400",
+            "match.l4_dst",
+        ),
+        (
+            "POST",
+            "/api/v1/tables/t/entries",
+            json!({"match": {"l4_dst": 1}, "actions": [{"teleport": 1}]}),
+            "400",
+            "actions[0]",
+        ),
+        (
+            "POST",
+            "/api/v1/tables/t/entries",
+            json!({"match": {"l4_dst": 1}, "actions": [], "colour": 1}),
+            "400",
+            "colour",
+        ),
+        (
+            "POST",
+            "/api/v1/tables/l2/entries",
+            json!({"actions": []}),
+            "409",
+            "belongs to the memcached program",
+        ),
+        (
+            "POST",
+            "/api/v1/tables",
+            json!({"name": "t", "kind": "exact", "key": ["l4_dst"]}),
+            "409",
+            "exists",
+        ),
+        (
+            "POST",
+            "/api/v1/tables",
+            json!({"name": "u", "kind": "fuzzy", "key": ["l4_dst"]}),
+            "400",
+            "kind",
+        ),
+        (
+            "POST",
+            "/api/v1/batch",
+            json!({"changes": [
+            {"op": "delete", "table": "t", "id": 0},
+            {"op": "add", "table": "t", "entry": {"match": {"l4_dst": 5}, "actions": ["to_cpu"]}},
+            {"op": "add", "table": "t", "entry": {"match": {"l4_dst": 6}, "actions": ["to_cpu"]}}]}),
+            "409",
+            "changes[2]",
+        ),
+        (
+            "PUT",
+            "/api/v1/tables/t/entries/notanumber",
+            json!({"actions": []}),
+            "400",
+            "not an entry id",
+        ),
+        (
+            "DELETE",
+            "/api/v1/tables/t/entries/99",
+            json!(null),
+            "404",
+            "no entry 99",
+        ),
+        (
+            "POST",
+            "/api/v1/packets",
+            json!({"port": 7, "frame": "00"}),
+            "400",
+            "port 7",
+        ),
+    ];
+    for (method, path, body, status, text) in cases {
+        let body = (!body.is_null()).then_some(body);
+        let e = refused(&rig, method, path, body);
+        assert!(
+            e.contains(status) && e.contains(text),
+            "{method} {path}: {e}"
+        );
+    }
+    assert_eq!(c.call("GET", "/api/v1/tables", None).unwrap(), before);
+}
+
+#[test]
+fn changes_need_the_token_when_one_is_set() {
+    let mut rig = rig(Some("sesame"));
+    // Reads need none.
+    rig.client.token = None;
+    rig.client.call("GET", "/api/v1/tables", None).unwrap();
+    let e = refused(
+        &rig,
+        "POST",
+        "/api/v1/tables",
+        Some(json!({"name": "t", "kind": "exact", "key": ["l4_dst"]})),
+    );
+    assert!(e.contains("401"), "{e}");
+    rig.client.token = Some("sesame-not".into());
+    let e = refused(&rig, "DELETE", "/api/v1/tables/acl", None);
+    assert!(e.contains("401"), "{e}");
+    rig.client.token = Some("sesame".into());
+    rig.client
+        .call(
+            "POST",
+            "/api/v1/tables",
+            Some(&json!({"name": "t", "kind": "exact", "key": ["l4_dst"]})),
+        )
+        .unwrap();
+}
+
+#[test]
+fn frames_go_out_of_a_port_and_come_to_the_cpu() {
+    let mut rig = rig(None);
+    let f = frame(Ipv4Addr::new(10, 9, 9, 9));
+    rig.client
+        .call(
+            "POST",
+            "/api/v1/packets",
+            Some(&json!({"port": 2, "frame": switch::control::hex(&f)})),
+        )
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    // The switch's own ARP requests may go out too.
+    'sent: loop {
+        let mut got = Batch::new(8);
+        let n = rig.hosts[2].recv(&mut got).unwrap();
+        for j in 0..n {
+            if got.frame(j) == &f[..] {
+                break 'sent;
+            }
+        }
+        assert!(Instant::now() < deadline, "the frame never left port 2");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    rig.client
+        .call(
+            "POST",
+            "/api/v1/tables/acl/entries",
+            Some(&json!({"match": {"l4_dst": 7}, "actions": ["to_cpu", {"count": "echo"}]})),
+        )
+        .unwrap();
+    rig.hosts[0].send(&[&f[..]]).unwrap();
+    let frames = rig
+        .client
+        .call("GET", "/api/v1/packets?max=10&wait_ms=2000", None)
+        .unwrap();
+    let frames = frames["frames"].as_array().unwrap();
+    assert_eq!(frames.len(), 1);
+    assert_eq!(frames[0]["in_port"], 0);
+    assert_eq!(frames[0]["reason"], "to_cpu");
+    assert_eq!(frames[0]["frame"], switch::control::hex(&f));
+    let counters = rig.client.call("GET", "/api/v1/counters", None).unwrap();
+    assert_eq!(
+        counters["counters"],
+        json!([{"name": "echo", "packets": 1, "bytes": f.len()}])
+    );
+}
