@@ -652,9 +652,13 @@ impl Config {
 
     /// The pool the switch's UDP path and its proxy share, its servers all in the ring.
     pub fn pool(&self) -> Result<switch::pool::Pool, ConfigError> {
-        let listen = SocketAddr::new(self.vip.into(), self.vip_port);
-        switch::pool::Pool::new(self.pool_spec(listen))
+        switch::pool::Pool::new(self.switch_pool_spec())
             .map_err(|e| ConfigError::new(&self.path, "pool", e.to_string()))
+    }
+
+    /// The pool of the switch: its servers, listened for on the VIP's port.
+    pub fn switch_pool_spec(&self) -> PoolSpec {
+        self.pool_spec(SocketAddr::new(self.vip.into(), self.vip_port))
     }
 }
 

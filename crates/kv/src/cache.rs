@@ -305,6 +305,11 @@ pub struct Cache {
 }
 
 impl Cache {
+    /// Makes room for `groups` backends (one added at run time) in hot-key detection.
+    pub fn ensure_groups(&mut self, groups: usize) {
+        self.tracker.ensure_groups(groups);
+    }
+
     /// A cache for `groups` backends (the tracker keeps a top-k list per backend).
     pub fn new(cfg: Config, groups: usize, now: Instant) -> Result<Cache, ConfigError> {
         cfg.validate()?;

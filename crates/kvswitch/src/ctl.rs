@@ -61,8 +61,17 @@ pub enum CtlCmd {
         #[command(subcommand)]
         action: PacketCmd,
     },
-    /// The pool: each server, its weight and whether it is in the ring.
-    Pool,
+    /// The pool: each server, its weight and whether it is in the ring; or add, remove or
+    /// reweight a server while traffic flows.
+    Pool {
+        #[command(subcommand)]
+        action: Option<PoolCmd>,
+        /// The pool, when the proxy serves several.
+        #[arg(long)]
+        pool: Option<String>,
+    },
+    /// Read the configuration file again and apply its servers and weights (as SIGHUP does).
+    Reload,
     /// The cache, or pin, unpin or evict a key (as `kvswitch cache`).
     Cache(crate::cache::CacheCmd),
 }
@@ -122,6 +131,26 @@ pub enum EntryCmd {
         table: String,
         id: u64,
     },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PoolCmd {
+    /// Add a server (IP:PORT): only the keys ketama gives it move.
+    Add {
+        addr: SocketAddr,
+        #[arg(long, default_value_t = 1)]
+        weight: u32,
+        /// nutcracker's server name (hashed instead of host:port).
+        #[arg(long)]
+        name: Option<String>,
+        /// The host as ketama hashes it (default: the address's IP).
+        #[arg(long)]
+        host: Option<String>,
+    },
+    /// Remove a server (its label, ring name or position).
+    Remove { server: String },
+    /// Give a server a new weight.
+    Weight { server: String, weight: u32 },
 }
 
 #[derive(Subcommand, Debug)]
@@ -443,7 +472,63 @@ pub fn run(args: &CtlArgs) -> anyhow::Result<()> {
                 },
             ),
         },
-        CtlCmd::Pool => (client.call("GET", "/api/v1/pool", None)?, show_pool),
+        CtlCmd::Pool { action: None, .. } => (client.call("GET", "/api/v1/pool", None)?, show_pool),
+        CtlCmd::Pool {
+            action: Some(cmd),
+            pool,
+        } => {
+            let doc = match cmd {
+                PoolCmd::Add {
+                    addr,
+                    weight,
+                    name,
+                    host,
+                } => client.call(
+                    "POST",
+                    "/api/v1/pool/servers",
+                    Some(&json!({
+                        "addr": addr.to_string(), "weight": weight, "name": name,
+                        "host": host, "pool": pool,
+                    })),
+                )?,
+                PoolCmd::Remove { server } => client.call(
+                    "DELETE",
+                    &format!(
+                        "/api/v1/pool/servers/{}{}",
+                        enc(server),
+                        pool.as_ref()
+                            .map(|p| format!("?pool={}", enc(p)))
+                            .unwrap_or_default()
+                    ),
+                    None,
+                )?,
+                PoolCmd::Weight { server, weight } => client.call(
+                    "PUT",
+                    &format!("/api/v1/pool/servers/{}", enc(server)),
+                    Some(&json!({ "weight": weight, "pool": pool })),
+                )?,
+            };
+            (doc, |r| {
+                format!(
+                    "server {} changed; pool version {}\n",
+                    r["server"], r["version"]
+                )
+            })
+        }
+        CtlCmd::Reload => (client.call("POST", "/api/v1/reload", None)?, |r| {
+            let pools = r["pools"].as_array().cloned().unwrap_or_default();
+            pools
+                .iter()
+                .map(|p| {
+                    format!(
+                        "pool {}: {} servers, version {}\n",
+                        cell(&p["pool"]),
+                        p["servers"],
+                        p["version"]
+                    )
+                })
+                .collect()
+        }),
         CtlCmd::Cache(cmd) => (crate::cache::call(&client, cmd)?, pretty),
     };
     match args.json {

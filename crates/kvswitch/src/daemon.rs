@@ -11,7 +11,8 @@ use anyhow::Context;
 use dataplane::{Driver, RunOptions};
 use kvio::{AfPacket, AfPacketOptions, Port};
 
-use crate::api::{self, Shared};
+use crate::api::pools::Reloader;
+use crate::api::{self, Exporter, Shared};
 use crate::cache::CacheService;
 use crate::local::LocalPort;
 use config::Config;
@@ -103,6 +104,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         cache: cache.clone(),
         pool: pool.clone(),
     });
+    watch_hangups(reloader(&cfg, pool.clone(), shared.caches()))?;
     let token = api::api_token(cfg.api_token_file.as_deref(), cfg.api)
         .with_context(|| format!("{}: `switch.api`", cfg.path.display()))?;
     let listener = std::net::TcpListener::bind(cfg.api).with_context(|| {
@@ -119,6 +121,8 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
             exporter: shared.clone(),
             switch: Some(remote),
             token,
+            pools: vec![pool.clone()],
+            reload: Some(reloader(&cfg, pool.clone(), shared.caches())),
         },
     )?;
     // After the ports are open, so that the proxy's first frames (ARP, connections to the
@@ -161,6 +165,37 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
     if let Some(l) = local {
         l.remove()?;
     }
+    Ok(())
+}
+
+/// Reads the configuration file again and changes the pool's servers and weights to its;
+/// anything else that differs needs a restart, and refuses the reload.
+fn reloader(cfg: &Config, pool: Arc<Pool>, caches: Vec<(String, Arc<CacheService>)>) -> Reloader {
+    let path = cfg.path.clone();
+    Arc::new(move || {
+        let new = Config::load(&path)?;
+        api::pools::apply(
+            std::slice::from_ref(&pool),
+            &[new.switch_pool_spec()],
+            &caches,
+        )
+    })
+}
+
+/// Handles SIGHUP on a thread of its own until the switch stops: a reload reads a file, which
+/// the forwarding thread must not wait for.
+fn watch_hangups(reload: Reloader) -> anyhow::Result<()> {
+    api::pools::install_hangup_handler();
+    std::thread::Builder::new()
+        .name("reload".into())
+        .spawn(move || {
+            while !stop_requested() {
+                if api::pools::reload_requested() {
+                    api::pools::reload_on_hangup(&reload);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        })?;
     Ok(())
 }
 

@@ -137,8 +137,10 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         .into_iter()
         .map(|p| Pool::new(p).map(Arc::new))
         .collect::<Result<Vec<_>, _>>()?;
+    let reload = reloader(&args, pools.clone(), caches.clone());
+    api::pools::install_hangup_handler();
     let proxy = Proxy::start(Settings {
-        pools,
+        pools: pools.clone(),
         workers,
         source: None,
         limits: Limits::default(),
@@ -147,7 +149,7 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
     if let Some(listener) = api_listener {
         let stats: Arc<dyn api::Exporter> = Arc::new(ProxyExporter {
             stats: proxy.stats(),
-            caches,
+            caches: caches.clone(),
         });
         let token = api::api_token(None, listener.local_addr()?)?;
         let addr = api::serve(
@@ -156,6 +158,8 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
                 exporter: stats,
                 switch: None,
                 token,
+                pools: pools.clone(),
+                reload: Some(reload.clone()),
             },
         )?;
         tracing::info!(api = %addr, "control API listening");
@@ -167,10 +171,36 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         for cache in &ticker {
             cache.tick(now);
         }
+        if api::pools::reload_requested() {
+            api::pools::reload_on_hangup(&reload);
+        }
     }
     tracing::info!("stopping");
     proxy.stop();
     Ok(())
+}
+
+/// Reads the proxy's configuration file (TOML or nutcracker YAML) again and changes the
+/// pools' servers and weights to its.
+fn reloader(
+    args: &ProxyArgs,
+    pools: Vec<Arc<Pool>>,
+    caches: Vec<(String, Arc<CacheService>)>,
+) -> api::pools::Reloader {
+    let args = ProxyArgs {
+        listen: args.listen,
+        config: args.config.clone(),
+        nutcracker_config: args.nutcracker_config.clone(),
+        workers: args.workers,
+        api: args.api,
+        check: false,
+        example_config: false,
+        cache: args.cache,
+    };
+    Arc::new(move || {
+        let (specs, ..) = load(&args)?;
+        api::pools::apply(&pools, &specs, &caches)
+    })
 }
 
 type Loaded = (Vec<PoolSpec>, usize, Option<SocketAddr>, CacheSettings);

@@ -69,9 +69,9 @@ fn rig(token: Option<&str>) -> Rig {
         mac: Some(Mac([2, 0, 0, 0, 1, 1])),
     }];
     let spec = SwitchSpec::new(PORTS, Ipv4Addr::new(10, 0, 0, 100), servers);
-    let pool = Pool::new(spec.pool_spec(Distribution::Ketama, HashFn::Md5)).unwrap();
+    let pool = Arc::new(Pool::new(spec.pool_spec(Distribution::Ketama, HashFn::Md5)).unwrap());
     let stats = Arc::new(Stats::new(PORTS, 1));
-    let sw = Switch::new(spec, Arc::new(pool), stats.clone()).unwrap();
+    let sw = Switch::new(spec, pool.clone(), stats.clone()).unwrap();
     let mut ports: Vec<Box<dyn Port>> = Vec::new();
     let mut hosts = Vec::new();
     for _ in 0..PORTS {
@@ -104,6 +104,8 @@ fn rig(token: Option<&str>) -> Rig {
             exporter: Arc::new(Counters(stats)),
             switch: Some(remote),
             token: token.map(str::to_string),
+            pools: vec![pool],
+            reload: None,
         },
     )
     .unwrap();
@@ -173,7 +175,8 @@ fn every_documented_route_is_served() {
         let path = path
             .replace("{table}", "acl")
             .replace("{id}", "1")
-            .replace("{action}", "pin");
+            .replace("{action}", "pin")
+            .replace("{server}", "0");
         for method in *methods {
             let method = method.to_uppercase();
             let body = (method != "GET").then(|| json!({}));

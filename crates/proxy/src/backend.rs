@@ -128,7 +128,7 @@ impl Conn {
         wire: Wire,
         source: Option<IpAddr>,
     ) -> Rc<Conn> {
-        let addr = pool.spec.servers[server].addr;
+        let addr = pool.pool.spec().servers[server].addr;
         Rc::new(Conn {
             pool,
             server,
@@ -379,7 +379,7 @@ impl Conn {
         self.state.set(State::Idle);
         let failed = self.fail_waiting(&ServerError::OutOfStep);
         tracing::warn!(
-            pool = %self.pool.spec.name, server = %self.pool.spec.servers[self.server].label(),
+            pool = %self.pool.spec.name, server = %self.pool.pool.spec().servers[self.server].label(),
             waiting = failed, "replies out of step with requests; connection dropped"
         );
     }
@@ -406,7 +406,7 @@ impl Conn {
             add(&self.pool.servers[self.server].timeouts, 1);
         }
         tracing::debug!(
-            pool = %self.pool.spec.name, server = %self.pool.spec.servers[self.server].label(),
+            pool = %self.pool.spec.name, server = %self.pool.pool.spec().servers[self.server].label(),
             waiting = self.pending.borrow().len(), "server connection lost: {why}"
         );
         self.pool.server_failed(self.server, kvio::clock::now());

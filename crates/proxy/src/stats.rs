@@ -71,7 +71,7 @@ impl PoolStats {
         let spec = pool.spec();
         PoolStats {
             pool: pool.clone(),
-            spec: spec.clone(),
+            spec: (*spec).clone(),
             client_connections: AtomicU64::new(0),
             client_connections_total: AtomicU64::new(0),
             requests: AtomicU64::new(0),
@@ -81,9 +81,8 @@ impl PoolStats {
             clients_overflowed: AtomicU64::new(0),
             bytes_from_clients: AtomicU64::new(0),
             bytes_to_clients: AtomicU64::new(0),
-            servers: spec
-                .servers
-                .iter()
+            // Room for servers added at run time.
+            servers: (0..spec.servers.len().max(switch::pool::MAX_SERVERS))
                 .map(|_| ServerStats::default())
                 .collect(),
         }
@@ -96,7 +95,7 @@ impl PoolStats {
         if self.pool.failed(i, now) {
             add(&self.servers[i].ejections, 1);
             tracing::warn!(
-                pool = %self.spec.name, server = %self.spec.servers[i].label(),
+                pool = %self.spec.name, server = %self.pool.spec().servers[i].label(),
                 retry_in_ms = self.spec.server_retry_timeout.as_millis() as u64,
                 "server ejected"
             );
@@ -290,7 +289,11 @@ impl ProxyStats {
         for (name, kind, help, field) in server_families {
             family(out, name, kind, help);
             for p in &self.pools {
-                for (spec, s) in p.spec.servers.iter().zip(&p.servers) {
+                let servers = p.pool.spec();
+                for (i, (spec, s)) in servers.servers.iter().zip(&p.servers).enumerate() {
+                    if p.pool.health(i).removed {
+                        continue;
+                    }
                     let _ = writeln!(
                         out,
                         "{name}{{pool=\"{}\",server=\"{}\"}} {}",
@@ -309,7 +312,10 @@ impl ProxyStats {
             "1 while the server is in the ring, 0 while ejected.",
         );
         for p in &self.pools {
-            for (i, spec) in p.spec.servers.iter().enumerate() {
+            for (i, spec) in p.pool.spec().servers.iter().enumerate() {
+                if p.pool.health(i).removed {
+                    continue;
+                }
                 let _ = writeln!(
                     out,
                     "kvswitch_proxy_server_up{{pool=\"{}\",server=\"{}\"}} {}",
@@ -331,11 +337,13 @@ impl ProxyStats {
             .iter()
             .map(|p| {
                 let spec = &p.spec;
-                let servers: Vec<_> = spec
+                let current = p.pool.spec();
+                let servers: Vec<_> = current
                     .servers
                     .iter()
                     .zip(&p.servers)
                     .enumerate()
+                    .filter(|(i, _)| !p.pool.health(*i).removed)
                     .map(|(i, (server, s))| {
                         let until = p.pool.health(i).down_until.unwrap_or(now);
                         let health = if until > now {

@@ -54,10 +54,8 @@ impl PoolRt {
     ) -> Rc<PoolRt> {
         let stats = proxy.pools[index].clone();
         let view = stats.pool.view(kvio::clock::now());
-        let conns = stats
-            .spec
-            .servers
-            .iter()
+        // Room for servers added at run time.
+        let conns = (0..stats.spec.servers.len().max(switch::pool::MAX_SERVERS))
             .map(|_| RefCell::new([Vec::new(), Vec::new()]))
             .collect();
         Rc::new(PoolRt {

@@ -21,6 +21,9 @@ pub const DEFAULT_FAILURE_LIMIT: u32 = 2;
 pub const DEFAULT_RETRY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default connections each proxy worker keeps to each server.
 pub const DEFAULT_SERVER_CONNECTIONS: usize = 1;
+/// Most servers a pool has had in all, removed ones included: counters and connection lists
+/// are made for this many, so that a server added at run time has its own.
+pub const MAX_SERVERS: usize = 1024;
 
 /// One pool: a listening address and the servers its keys are spread over.
 #[derive(Debug, Clone, PartialEq)]
@@ -135,6 +138,9 @@ pub struct Health {
     pub ejections: u64,
     /// Failures in all.
     pub failures: u64,
+    /// Taken out of the pool by the control plane; its position is never reused by another
+    /// server, and adding the same server again brings it back there.
+    pub removed: bool,
 }
 
 /// The pool as it stands at one version: the ring over the servers in it and where each of
@@ -193,28 +199,237 @@ impl View {
 /// A pool and its servers' health, shared by every path that routes by it.
 #[derive(Debug)]
 pub struct Pool {
-    spec: PoolSpec,
     /// The current view's version, readable without a lock.
     version: AtomicU64,
-    health: Mutex<Vec<Health>>,
+    state: Mutex<State>,
     view: RwLock<Arc<View>>,
+}
+
+/// What the pool's lock guards: its servers, their order and their health, changed together.
+#[derive(Debug)]
+struct State {
+    /// Servers by position; positions stay what they are for the pool's life.
+    spec: Arc<PoolSpec>,
+    /// The positions in configuration order: the ring is built over the live ones in this
+    /// order, as nutcracker builds it over its list (it matters to `modula`).
+    order: Vec<usize>,
+    health: Vec<Health>,
+}
+
+/// Why a change of the pool's servers was refused; the pool is as it was.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PoolChangeError {
+    #[error("no server {0:?} in the pool")]
+    UnknownServer(String),
+    #[error("server {0:?} is in the pool already")]
+    Duplicate(String),
+    #[error("weight {0}: give 1 or more")]
+    BadWeight(u32),
+    #[error("the pool has had {MAX_SERVERS} servers; restart to add more")]
+    Full,
+    #[error("the ring cannot be built: {0}")]
+    Ring(String),
+}
+
+/// What one change did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Changed {
+    /// The server's position.
+    pub server: usize,
+    /// The pool's version after the change.
+    pub version: u64,
 }
 
 impl Pool {
     /// A pool with every server in the ring.
     pub fn new(spec: PoolSpec) -> Result<Pool, RouteError> {
-        let health = vec![Health::default(); spec.servers.len()];
-        let view = build_view(&spec, &health, 0)?;
+        let state = State {
+            order: (0..spec.servers.len()).collect(),
+            health: vec![Health::default(); spec.servers.len()],
+            spec: Arc::new(spec),
+        };
+        let view = build_view(&state, 0)?;
         Ok(Pool {
-            spec,
             version: AtomicU64::new(0),
-            health: Mutex::new(health),
+            state: Mutex::new(state),
             view: RwLock::new(Arc::new(view)),
         })
     }
 
-    pub fn spec(&self) -> &PoolSpec {
-        &self.spec
+    /// The pool's settings and every server it has had, by position (removed ones too: see
+    /// [`Health::removed`]).
+    pub fn spec(&self) -> Arc<PoolSpec> {
+        self.lock_state().spec.clone()
+    }
+
+    /// The position of the live (not removed) server `label` names: its label, its ring
+    /// name, or its position as a number.
+    pub fn find(&self, label: &str) -> Option<usize> {
+        let state = self.lock_state();
+        let live = |i: &usize| !state.health[*i].removed;
+        if let Ok(i) = label.parse::<usize>() {
+            return (i < state.spec.servers.len()).then_some(i).filter(live);
+        }
+        state
+            .spec
+            .servers
+            .iter()
+            .enumerate()
+            .find(|(i, s)| live(i) && (s.label() == label || s.ring_name() == label))
+            .map(|(i, _)| i)
+    }
+
+    /// Adds `server` at the end of the pool's order, or brings back a removed server with the
+    /// same ring name and address at its old position. Only the keys ketama gives the new
+    /// server move.
+    pub fn add_server(&self, server: ServerSpec) -> Result<Changed, PoolChangeError> {
+        if server.weight == 0 {
+            return Err(PoolChangeError::BadWeight(0));
+        }
+        self.edit(|state| {
+            let name = server.ring_name();
+            let same = state
+                .spec
+                .servers
+                .iter()
+                .position(|s| s.ring_name() == name);
+            let i = match same {
+                Some(i) if !state.health[i].removed => {
+                    return Err(PoolChangeError::Duplicate(server.label()))
+                }
+                Some(i) if state.spec.servers[i].addr == server.addr => {
+                    state.health[i].removed = false;
+                    state.health[i].down_until = None;
+                    state.health[i].failure_streak = 0;
+                    Arc::make_mut(&mut state.spec).servers[i].weight = server.weight;
+                    i
+                }
+                _ if state.spec.servers.len() >= MAX_SERVERS => return Err(PoolChangeError::Full),
+                _ => {
+                    Arc::make_mut(&mut state.spec).servers.push(server.clone());
+                    state.health.push(Health::default());
+                    state.spec.servers.len() - 1
+                }
+            };
+            state.order.retain(|&o| o != i);
+            state.order.push(i);
+            Ok(i)
+        })
+    }
+
+    /// Takes server `i` out of the pool for good: its keys go to the servers ketama gives
+    /// them next; requests already sent to it are answered.
+    pub fn remove_server(&self, i: usize) -> Result<Changed, PoolChangeError> {
+        self.edit(|state| {
+            match state.health.get_mut(i) {
+                Some(h) if !h.removed => h.removed = true,
+                _ => return Err(PoolChangeError::UnknownServer(i.to_string())),
+            }
+            state.order.retain(|&o| o != i);
+            Ok(i)
+        })
+    }
+
+    /// Gives server `i` a new weight.
+    pub fn set_weight(&self, i: usize, weight: u32) -> Result<Changed, PoolChangeError> {
+        if weight == 0 {
+            return Err(PoolChangeError::BadWeight(0));
+        }
+        self.edit(|state| {
+            if state.health.get(i).is_none_or(|h| h.removed) {
+                return Err(PoolChangeError::UnknownServer(i.to_string()));
+            }
+            Arc::make_mut(&mut state.spec).servers[i].weight = weight;
+            Ok(i)
+        })
+    }
+
+    /// Makes the pool's servers `servers`, in that order: servers it lacks are added (or
+    /// brought back), servers not listed are removed, weights follow. All or nothing; returns
+    /// the new version.
+    pub fn set_servers(&self, servers: &[ServerSpec]) -> Result<u64, PoolChangeError> {
+        if servers.iter().any(|s| s.weight == 0) {
+            return Err(PoolChangeError::BadWeight(0));
+        }
+        self.edit(|state| {
+            let mut order = Vec::with_capacity(servers.len());
+            let mut spec = (*state.spec).clone();
+            let mut health = state.health.clone();
+            for s in servers {
+                let name = s.ring_name();
+                let i = match spec.servers.iter().position(|o| o.ring_name() == name) {
+                    Some(i) if order.contains(&i) => {
+                        return Err(PoolChangeError::Duplicate(s.label()))
+                    }
+                    Some(i) if spec.servers[i].addr == s.addr => i,
+                    Some(i) => {
+                        // Same ring name, new address: a new server in the old one's place on
+                        // the ring.
+                        health[i].removed = true;
+                        spec.servers.push(s.clone());
+                        health.push(Health::default());
+                        spec.servers.len() - 1
+                    }
+                    None => {
+                        spec.servers.push(s.clone());
+                        health.push(Health::default());
+                        spec.servers.len() - 1
+                    }
+                };
+                if spec.servers.len() > MAX_SERVERS {
+                    return Err(PoolChangeError::Full);
+                }
+                spec.servers[i].weight = s.weight;
+                spec.servers[i].name = s.name.clone();
+                if health[i].removed {
+                    health[i] = Health {
+                        ejections: health[i].ejections,
+                        failures: health[i].failures,
+                        ..Health::default()
+                    };
+                }
+                order.push(i);
+            }
+            for (i, h) in health.iter_mut().enumerate() {
+                if !order.contains(&i) {
+                    h.removed = true;
+                }
+            }
+            state.spec = Arc::new(spec);
+            state.health = health;
+            state.order = order;
+            Ok(0)
+        })
+        .map(|c| c.version)
+    }
+
+    /// Applies `f` to a copy of the state; publishes it with a new view under the next
+    /// version if `f` succeeds and the ring builds, and leaves the pool as it was otherwise.
+    fn edit(
+        &self,
+        f: impl FnOnce(&mut State) -> Result<usize, PoolChangeError>,
+    ) -> Result<Changed, PoolChangeError> {
+        let mut state = self.lock_state();
+        let mut next = State {
+            spec: state.spec.clone(),
+            order: state.order.clone(),
+            health: state.health.clone(),
+        };
+        let server = f(&mut next)?;
+        let version = self.version.load(Ordering::Acquire) + 1;
+        let view = build_view(&next, version).map_err(|e| PoolChangeError::Ring(e.to_string()))?;
+        *state = next;
+        self.publish(view);
+        Ok(Changed { server, version })
+    }
+
+    fn publish(&self, view: View) {
+        let version = view.version;
+        match self.view.write() {
+            Ok(mut v) => *v = Arc::new(view),
+            Err(poisoned) => *poisoned.into_inner() = Arc::new(view),
+        }
+        self.version.store(version, Ordering::Release);
     }
 
     /// The current version: compare it with a view's to know whether the view is stale.
@@ -250,7 +465,7 @@ impl Pool {
 
     /// Server `i`'s health.
     pub fn health(&self, i: usize) -> Health {
-        self.lock_health().get(i).copied().unwrap_or_default()
+        self.lock_state().health.get(i).copied().unwrap_or_default()
     }
 
     /// Whether server `i` is out of the ring at `now`.
@@ -262,10 +477,11 @@ impl Pool {
     /// `auto_eject_hosts`, the `server_failure_limit`-th in a row takes it out of the ring for
     /// `server_retry_timeout`. Returns whether this failure took it out.
     pub fn failed(&self, i: usize, now: Instant) -> bool {
+        let spec = self.spec();
         let (limit, retry, eject) = (
-            self.spec.server_failure_limit.max(1),
-            self.spec.server_retry_timeout,
-            self.spec.auto_eject_hosts,
+            spec.server_failure_limit.max(1),
+            spec.server_retry_timeout,
+            spec.auto_eject_hosts,
         );
         let mut ejected = false;
         self.change(|health| {
@@ -276,7 +492,7 @@ impl Pool {
             // Failures of requests sent before it went out (or while an operator holds it
             // out) do not count towards the next ejection: back in the ring, it starts afresh,
             // as nutcracker's server does.
-            let out = h.down_until.is_some_and(|t| t > now);
+            let out = h.removed || h.down_until.is_some_and(|t| t > now);
             if out {
                 return false;
             }
@@ -294,8 +510,8 @@ impl Pool {
 
     /// Records an answer from server `i`: its failure streak ends.
     pub fn answered(&self, i: usize) {
-        let mut health = self.lock_health();
-        if let Some(h) = health.get_mut(i) {
+        let mut state = self.lock_state();
+        if let Some(h) = state.health.get_mut(i) {
             h.failure_streak = 0;
         }
     }
@@ -305,7 +521,7 @@ impl Pool {
     /// version (the same if nothing changed).
     pub fn set_down(&self, i: usize, until: Option<Instant>) -> u64 {
         self.change(|health| match health.get_mut(i) {
-            Some(h) if h.down_until != until => {
+            Some(h) if !h.removed && h.down_until != until => {
                 if until.is_some() && h.down_until.is_none() {
                     h.ejections += 1;
                 }
@@ -317,8 +533,8 @@ impl Pool {
         self.version()
     }
 
-    fn lock_health(&self) -> MutexGuard<'_, Vec<Health>> {
-        match self.health.lock() {
+    fn lock_state(&self) -> MutexGuard<'_, State> {
+        match self.state.lock() {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
         }
@@ -328,33 +544,33 @@ impl Pool {
     /// new view under the next version. The health lock is held throughout, so versions are
     /// published in order.
     fn change(&self, f: impl FnOnce(&mut Vec<Health>) -> bool) {
-        let mut health = self.lock_health();
-        if !f(&mut health) {
+        let mut state = self.lock_state();
+        if !f(&mut state.health) {
             return;
         }
         let version = self.version.load(Ordering::Acquire) + 1;
-        // The servers are those the pool was built with; a ring over a subset always builds
-        // (an empty one is `None`).
-        let view = build_view(&self.spec, &health, version).unwrap_or_else(|_| View {
+        // The servers are those of the last change, whose ring built; a ring over a subset
+        // always builds (an empty one is `None`).
+        let view = build_view(&state, version).unwrap_or_else(|_| View {
             version,
             ring: None,
             live: Vec::new(),
-            hash: self.spec.hash,
-            hash_tag: self.spec.hash_tag,
+            hash: state.spec.hash,
+            hash_tag: state.spec.hash_tag,
             next_return: None,
         });
-        match self.view.write() {
-            Ok(mut v) => *v = Arc::new(view),
-            Err(poisoned) => *poisoned.into_inner() = Arc::new(view),
-        }
-        self.version.store(version, Ordering::Release);
+        self.publish(view);
     }
 }
 
-/// The view of `spec` with the servers `health` has in the ring.
-fn build_view(spec: &PoolSpec, health: &[Health], version: u64) -> Result<View, RouteError> {
-    let live: Vec<usize> = (0..spec.servers.len())
-        .filter(|&i| health[i].down_until.is_none())
+/// The view of the state's servers that are neither removed nor out, in its order.
+fn build_view(state: &State, version: u64) -> Result<View, RouteError> {
+    let (spec, health) = (&state.spec, &state.health);
+    let live: Vec<usize> = state
+        .order
+        .iter()
+        .copied()
+        .filter(|&i| !health[i].removed && health[i].down_until.is_none())
         .collect();
     let servers: Vec<Server> = live
         .iter()
@@ -370,7 +586,11 @@ fn build_view(spec: &PoolSpec, health: &[Health], version: u64) -> Result<View, 
         live,
         hash: spec.hash,
         hash_tag: spec.hash_tag,
-        next_return: health.iter().filter_map(|h| h.down_until).min(),
+        next_return: health
+            .iter()
+            .filter(|h| !h.removed)
+            .filter_map(|h| h.down_until)
+            .min(),
     })
 }
 
@@ -558,5 +778,121 @@ mod tests {
         assert_eq!(pool.view(t0).live(), &[0]);
         // Out of range: nothing changes.
         assert_eq!(pool.set_down(7, None), 4);
+    }
+
+    fn server(i: u8, weight: u32) -> ServerSpec {
+        ServerSpec {
+            host: format!("10.0.0.{i}"),
+            addr: SocketAddr::from(([10, 0, 0, i], 11211)),
+            weight,
+            name: None,
+        }
+    }
+
+    /// Where each of 2000 keys lives, as server addresses.
+    fn placement(view: &View, pool: &Pool) -> Vec<Option<SocketAddr>> {
+        let spec = pool.spec();
+        (0..2000)
+            .map(|k| {
+                view.locate(format!("key:{k}").as_bytes())
+                    .map(|i| spec.servers[i].addr)
+            })
+            .collect()
+    }
+
+    /// Where each key lives on a fresh pool of `servers`: what nutcracker would do with that
+    /// list.
+    fn fresh(servers: Vec<ServerSpec>, distribution: Distribution) -> Vec<Option<SocketAddr>> {
+        let spec = PoolSpec::new(
+            "f",
+            SocketAddr::from(([0, 0, 0, 0], 0)),
+            distribution,
+            HashFn::Md5,
+            servers,
+        );
+        let pool = Pool::new(spec).unwrap();
+        placement(&pool.view(Instant::ZERO), &pool)
+    }
+
+    #[test]
+    fn servers_added_removed_and_reweighted_place_keys_as_a_fresh_pool_would() {
+        for dist in [Distribution::Ketama, Distribution::Modula] {
+            let spec = PoolSpec::new(
+                "p",
+                SocketAddr::from(([0, 0, 0, 0], 0)),
+                dist,
+                HashFn::Md5,
+                vec![server(1, 1), server(2, 1), server(3, 1)],
+            );
+            let pool = Pool::new(spec).unwrap();
+            let before = placement(&pool.view(Instant::ZERO), &pool);
+            let added = pool.add_server(server(4, 1)).unwrap();
+            assert_eq!((added.server, added.version), (3, 1));
+            let after = placement(&pool.view(Instant::ZERO), &pool);
+            let four = vec![server(1, 1), server(2, 1), server(3, 1), server(4, 1)];
+            assert_eq!(after, fresh(four, dist), "{dist:?}");
+            if dist == Distribution::Ketama {
+                // Only keys the new server takes move.
+                for (b, a) in before.iter().zip(&after) {
+                    assert!(b == a || *a == Some(server(4, 1).addr));
+                }
+            }
+            pool.remove_server(1).unwrap();
+            let spec = pool.spec();
+            assert_eq!(spec.servers.len(), 4, "positions stay");
+            assert_eq!(
+                placement(&pool.view(Instant::ZERO), &pool),
+                fresh(vec![server(1, 1), server(3, 1), server(4, 1)], dist)
+            );
+            pool.set_weight(0, 3).unwrap();
+            assert_eq!(
+                placement(&pool.view(Instant::ZERO), &pool),
+                fresh(vec![server(1, 3), server(3, 1), server(4, 1)], dist)
+            );
+            // Back at its old position, last in the order.
+            assert_eq!(pool.add_server(server(2, 1)).unwrap().server, 1);
+            assert_eq!(
+                placement(&pool.view(Instant::ZERO), &pool),
+                fresh(
+                    vec![server(1, 3), server(3, 1), server(4, 1), server(2, 1)],
+                    dist
+                )
+            );
+            // A whole new list, in its order.
+            let list = vec![server(4, 1), server(5, 2), server(1, 1)];
+            pool.set_servers(&list).unwrap();
+            assert_eq!(
+                placement(&pool.view(Instant::ZERO), &pool),
+                fresh(list, dist)
+            );
+            assert!(pool.health(1).removed && pool.health(2).removed);
+        }
+    }
+
+    #[test]
+    fn a_refused_change_leaves_the_pool_as_it_was() {
+        let pool = three(false);
+        let version = pool.version();
+        assert_eq!(
+            pool.add_server(server(2, 1)),
+            Err(PoolChangeError::Duplicate("10.0.0.2:11211".into()))
+        );
+        assert_eq!(pool.set_weight(1, 0), Err(PoolChangeError::BadWeight(0)));
+        pool.remove_server(2).unwrap();
+        assert_eq!(
+            pool.remove_server(2),
+            Err(PoolChangeError::UnknownServer("2".into()))
+        );
+        assert_eq!(
+            pool.set_servers(&[server(1, 1), server(1, 1)]),
+            Err(PoolChangeError::Duplicate("10.0.0.1:11211".into()))
+        );
+        assert_eq!(pool.version(), version + 1);
+        assert_eq!(pool.find("10.0.0.3:11211"), None);
+        assert_eq!(pool.find("10.0.0.2:11211"), Some(1));
+        assert_eq!(pool.find("0"), Some(0));
+        // A removed server's failures change nothing.
+        assert!(!pool.failed(2, Instant::ZERO));
+        assert_eq!(pool.version(), version + 1);
     }
 }

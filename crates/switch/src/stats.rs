@@ -279,7 +279,10 @@ impl Stats {
     pub fn new(ports: usize, backends: usize) -> Stats {
         Stats {
             ports: (0..ports).map(|_| PortCounters::default()).collect(),
-            backends: (0..backends).map(|_| BackendCounters::default()).collect(),
+            // Room for servers added at run time.
+            backends: (0..backends.max(crate::pool::MAX_SERVERS))
+                .map(|_| BackendCounters::default())
+                .collect(),
             drops: std::array::from_fn(|_| AtomicU64::new(0)),
             answers: std::array::from_fn(|_| AtomicU64::new(0)),
             kv_requests: AtomicU64::new(0),

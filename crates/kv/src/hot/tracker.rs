@@ -175,6 +175,25 @@ struct Group {
     loads: Vec<Entry>,
 }
 
+impl Group {
+    fn new(cfg: &TrackerConfig) -> Group {
+        Group {
+            counter: match cfg.counter {
+                Counter::SpaceSaving => Freq::SpaceSaving(SpaceSaving::new(cfg.capacity)),
+                Counter::CountMin {
+                    width,
+                    depth,
+                    conservative,
+                } => Freq::CountMin(HeavyHitters::new(
+                    CountMin::new(width, depth, cfg.seed).conservative(conservative),
+                    cfg.capacity,
+                )),
+            },
+            loads: Vec::with_capacity(cfg.top_k),
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Entry {
     key: Box<[u8]>,
@@ -221,22 +240,7 @@ impl Tracker {
         if groups == 0 {
             return Err(TrackerError::ZeroGroups);
         }
-        let groups = (0..groups)
-            .map(|_| Group {
-                counter: match cfg.counter {
-                    Counter::SpaceSaving => Freq::SpaceSaving(SpaceSaving::new(cfg.capacity)),
-                    Counter::CountMin {
-                        width,
-                        depth,
-                        conservative,
-                    } => Freq::CountMin(HeavyHitters::new(
-                        CountMin::new(width, depth, cfg.seed).conservative(conservative),
-                        cfg.capacity,
-                    )),
-                },
-                loads: Vec::with_capacity(cfg.top_k),
-            })
-            .collect();
+        let groups = (0..groups).map(|_| Group::new(&cfg)).collect();
         Ok(Tracker {
             segment_end: now + cfg.segment,
             rng: cfg.seed,
@@ -245,6 +249,13 @@ impl Tracker {
             reports: Vec::new(),
             cfg,
         })
+    }
+
+    /// Makes room for `groups` groups (a backend added at run time); never removes any.
+    pub fn ensure_groups(&mut self, groups: usize) {
+        while self.groups.len() < groups {
+            self.groups.push(Group::new(&self.cfg));
+        }
     }
 
     /// Counts a request for `key` to `group` at `now` (subject to sampling), after rolling

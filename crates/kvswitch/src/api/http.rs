@@ -22,11 +22,13 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::pools::{grow_caches, Reloader};
 use super::{cache_query, Exporter, STATUS_ENTRIES};
 use crate::cache;
 use dataplane::{Remote, RemoteError};
 use kv::Instant;
 use switch::control::{self, ActionDef, Change, ControlError, EntryDef, ErrorKind, TableDef};
+use switch::pool::{Pool, PoolChangeError, ServerSpec};
 use switch::{Emit, Switch};
 
 /// The OpenAPI 3 document of this API.
@@ -48,6 +50,9 @@ pub const ROUTES: &[(&str, &[&str])] = &[
     ("/api/v1/counters", &["get"]),
     ("/api/v1/packets", &["get", "post"]),
     ("/api/v1/pool", &["get"]),
+    ("/api/v1/pool/servers", &["post"]),
+    ("/api/v1/pool/servers/{server}", &["put", "delete"]),
+    ("/api/v1/reload", &["post"]),
     ("/api/v1/cache", &["get"]),
     ("/api/v1/cache/{action}", &["post"]),
 ];
@@ -66,6 +71,10 @@ pub struct Api {
     pub switch: Option<Remote<Switch>>,
     /// Changes need `Authorization: Bearer <token>` when set.
     pub token: Option<String>,
+    /// The pools servers are added to and removed from.
+    pub pools: Vec<Arc<Pool>>,
+    /// Reads the configuration file again, when there is one.
+    pub reload: Option<Reloader>,
 }
 
 /// An error as the API answers it: a status and `{"error": ..., "field": ...}`.
@@ -164,6 +173,12 @@ pub fn router(api: Shared) -> Router {
         .route("/api/v1/counters", get(counters))
         .route("/api/v1/packets", get(take_packets).post(send_packet))
         .route("/api/v1/pool", get(pool))
+        .route("/api/v1/pool/servers", post(add_server))
+        .route(
+            "/api/v1/pool/servers/{server}",
+            axum::routing::put(reweight_server).delete(remove_server),
+        )
+        .route("/api/v1/reload", post(reload))
         .route("/api/v1/cache", get(cache_status))
         .route("/api/v1/cache/{action}", post(cache_action))
         .fallback(no_route)
@@ -465,6 +480,138 @@ fn query_args<T: DeserializeOwned>(query: &str) -> Result<T, ApiFailure> {
 async fn pool(State(api): State<Shared>) -> Reply {
     let doc = api.exporter.status();
     ok(doc.get("pool").cloned().unwrap_or(Value::Null))
+}
+
+/// The pool `name` names, or the only one.
+fn pool_named(api: &Api, name: Option<&str>) -> Result<Arc<Pool>, ApiFailure> {
+    let invalid = |e: String| ApiFailure::from(ControlError::new(ErrorKind::Invalid, "pool", e));
+    match (name, api.pools.as_slice()) {
+        (_, []) => Err(ApiFailure::new(
+            StatusCode::NOT_FOUND,
+            "no pool is served here",
+        )),
+        (None, [one]) => Ok(one.clone()),
+        (None, _) => Err(invalid("several pools: say which with \"pool\"".into())),
+        (Some(n), pools) => pools
+            .iter()
+            .find(|p| p.spec().name == n)
+            .cloned()
+            .ok_or_else(|| ApiFailure::new(StatusCode::NOT_FOUND, format!("no pool {n:?}"))),
+    }
+}
+
+fn pool_failure(e: PoolChangeError) -> ApiFailure {
+    let kind = match e {
+        PoolChangeError::UnknownServer(_) => ErrorKind::NotFound,
+        PoolChangeError::Duplicate(_) => ErrorKind::Conflict,
+        PoolChangeError::Full => ErrorKind::Full,
+        PoolChangeError::BadWeight(_) => ErrorKind::Invalid,
+        PoolChangeError::Ring(_) => ErrorKind::Invalid,
+    };
+    let field = match e {
+        PoolChangeError::BadWeight(_) => "weight",
+        _ => "server",
+    };
+    ControlError::new(kind, field, e.to_string()).into()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewServer {
+    /// Where to connect: `IP:PORT`.
+    addr: SocketAddr,
+    /// The host as ketama hashes it (as a configuration file spells it); the address's IP
+    /// by default.
+    host: Option<String>,
+    #[serde(default = "one")]
+    weight: u32,
+    name: Option<String>,
+    pool: Option<String>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+async fn add_server(State(api): State<Shared>, bytes: Bytes) -> Reply {
+    let s: NewServer = body(&bytes)?;
+    let pool = pool_named(&api, s.pool.as_deref())?;
+    let server = ServerSpec {
+        host: s.host.unwrap_or_else(|| s.addr.ip().to_string()),
+        addr: s.addr,
+        weight: s.weight,
+        name: s.name,
+    };
+    let changed = pool.add_server(server).map_err(pool_failure)?;
+    grow_caches(&pool, &pool.spec().name, &api.exporter.caches());
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({ "server": changed.server, "version": changed.version })),
+    )
+        .into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Weight {
+    weight: u32,
+    pool: Option<String>,
+}
+
+fn server_named(pool: &Pool, server: &str) -> Result<usize, ApiFailure> {
+    pool.find(server)
+        .ok_or_else(|| pool_failure(PoolChangeError::UnknownServer(server.to_string())))
+}
+
+async fn reweight_server(
+    State(api): State<Shared>,
+    Path(server): Path<String>,
+    bytes: Bytes,
+) -> Reply {
+    let w: Weight = body(&bytes)?;
+    let pool = pool_named(&api, w.pool.as_deref())?;
+    let i = server_named(&pool, &server)?;
+    let changed = pool.set_weight(i, w.weight).map_err(pool_failure)?;
+    ok(json!({ "server": changed.server, "version": changed.version }))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Which {
+    pool: Option<String>,
+}
+
+async fn remove_server(
+    State(api): State<Shared>,
+    Path(server): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Reply {
+    let which: Which = query_args(query.as_deref().unwrap_or(""))?;
+    let pool = pool_named(&api, which.pool.as_deref())?;
+    let i = server_named(&pool, &server)?;
+    let changed = pool.remove_server(i).map_err(pool_failure)?;
+    ok(json!({ "server": changed.server, "version": changed.version }))
+}
+
+async fn reload(State(api): State<Shared>) -> Reply {
+    let reload = api.reload.clone().ok_or_else(|| {
+        ApiFailure::new(
+            StatusCode::NOT_FOUND,
+            "started without a configuration file to read",
+        )
+    })?;
+    // Reading a file is blocking work: off the runtime's thread.
+    match tokio::task::spawn_blocking(move || reload()).await {
+        Ok(Ok(done)) => ok(done),
+        Ok(Err(e)) => Err(ApiFailure::new(
+            StatusCode::BAD_REQUEST,
+            format!("the configuration was not reloaded, the running one is kept: {e:#}"),
+        )),
+        Err(e) => Err(ApiFailure::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            e.to_string(),
+        )),
+    }
 }
 
 async fn cache_status(State(api): State<Shared>, RawQuery(query): RawQuery) -> Reply {

@@ -3,6 +3,7 @@
 //! the HTTP server ([`http`]) that serves it with the switch's tables.
 
 pub mod http;
+pub mod pools;
 
 pub use http::{serve, Api};
 
@@ -270,8 +271,12 @@ pub fn metrics(shared: &Shared) -> String {
         "counter",
         "memcached requests routed to each server.",
     );
-    for (i, b) in s.backends.iter().enumerate() {
-        let label = escape(&shared.config.servers[i].label());
+    let servers = shared.pool.spec();
+    for (i, (server, b)) in servers.servers.iter().zip(&s.backends).enumerate() {
+        if shared.pool.health(i).removed {
+            continue;
+        }
+        let label = escape(&server.label());
         let _ = writeln!(
             out,
             "kvswitch_backend_requests_total{{backend=\"{label}\"}} {}",
@@ -285,8 +290,11 @@ pub fn metrics(shared: &Shared) -> String {
         "gauge",
         "1 while the server is in the pool's ring (both the UDP path and the proxy route to it), 0 while it is out.",
     );
-    for i in 0..s.backends.len() {
-        let label = escape(&shared.config.servers[i].label());
+    for (i, server) in servers.servers.iter().enumerate() {
+        if shared.pool.health(i).removed {
+            continue;
+        }
+        let label = escape(&server.label());
         let _ = writeln!(
             out,
             "kvswitch_backend_in_ring{{backend=\"{label}\"}} {}",
@@ -306,8 +314,11 @@ pub fn metrics(shared: &Shared) -> String {
         "counter",
         "UDP replies from each server's memcached port that crossed the switch.",
     );
-    for (i, b) in s.backends.iter().enumerate() {
-        let label = escape(&shared.config.servers[i].label());
+    for (i, (server, b)) in servers.servers.iter().zip(&s.backends).enumerate() {
+        if shared.pool.health(i).removed {
+            continue;
+        }
+        let label = escape(&server.label());
         let _ = writeln!(
             out,
             "kvswitch_backend_replies_total{{backend=\"{label}\"}} {}",
@@ -433,20 +444,25 @@ pub fn status(shared: &Shared) -> serde_json::Value {
     let cfg = &shared.config;
     let ports = ports(shared);
     let now = kvio::clock::now();
-    let pool: Vec<_> = cfg
+    let servers = shared.pool.spec();
+    let view = shared.pool.view(now);
+    let pool: Vec<_> = servers
         .servers
         .iter()
         .enumerate()
+        .filter(|(i, _)| !shared.pool.health(*i).removed)
         .map(|(i, b)| {
             json!({
+                "server": i,
                 "addr": b.addr.to_string(),
                 "name": b.name,
+                "label": b.label(),
                 "ring_name": b.ring_name(),
                 "weight": b.weight,
                 "mac": snap.backend_macs.get(i).cloned().flatten(),
-                "in_ring": !shared.pool.is_down(i, now),
-                "requests": get(&s.backends[i].requests),
-                "replies": get(&s.backends[i].replies),
+                "in_ring": view.live().contains(&i),
+                "requests": s.backends.get(i).map_or(0, |c| get(&c.requests)),
+                "replies": s.backends.get(i).map_or(0, |c| get(&c.replies)),
             })
         })
         .collect();

@@ -11,7 +11,7 @@
 //! answers and split gets).
 
 use std::collections::{HashMap, VecDeque};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -158,6 +158,8 @@ struct Tables {
     acl: TableId,
     /// The program's first table, where `acl` goes on to.
     program: TableId,
+    local_in: TableId,
+    vip_reply: TableId,
 }
 
 pub struct Switch {
@@ -307,6 +309,7 @@ impl Switch {
             return;
         }
         self.view = self.pool.view(now);
+        self.add_new_servers();
         if let Err(e) = self.install_members() {
             tracing::warn!("routing by the pool's new view failed: {e}");
         }
@@ -358,6 +361,31 @@ impl Switch {
 
     /// (Re)installs the ring selector's members from what is known of each backend, and its
     /// chooser from the pool's view.
+    /// Takes in the servers the control plane added to the pool since the switch last looked:
+    /// their addresses, their entries, and an ARP round to find their ports.
+    fn add_new_servers(&mut self) {
+        let pool = self.pool.spec();
+        for s in pool.servers.iter().skip(self.spec.servers.len()) {
+            let addr = match s.addr {
+                std::net::SocketAddr::V4(a) => a,
+                std::net::SocketAddr::V6(a) => {
+                    // The UDP path is IPv4; the proxy still reaches the server.
+                    tracing::warn!(server = %a, "an IPv6 server is not reachable over UDP");
+                    SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, a.port())
+                }
+            };
+            let i = self.spec.servers.len();
+            self.spec
+                .servers
+                .push(crate::spec::Server { addr, mac: None });
+            self.backend_macs.push(None);
+            self.backend_by_ip.entry(*addr.ip()).or_insert(i);
+            self.sources.push((*addr.ip(), addr.port()));
+            tables::server_entries(&mut self.pipeline, &self.spec, &self.tables, addr);
+            self.last_arp = None;
+        }
+    }
+
     fn install_members(&mut self) -> Result<(), SpecError> {
         let members = self
             .spec

@@ -192,37 +192,18 @@ pub(super) fn build_tables(p: &mut Pipeline, spec: &SwitchSpec) -> Result<Tables
             ),
         )
         .map_err(e)?;
-        // Only the servers' memcached ports, and only to the proxy's source address: nothing
-        // else of the host's stack is reachable through the VIP.
-        let source = spec.local.as_ref().map_or(spec.vip.ip, |l| l.source);
-        for b in &spec.servers {
-            let mut key = Vec::with_capacity(15);
-            key.extend_from_slice(&FLAG_PLAIN_TCP.to_be_bytes());
-            key.push(ipv4::Protocol::TCP.0);
-            key.extend_from_slice(&b.addr.ip().octets());
-            key.extend_from_slice(&b.addr.port().to_be_bytes());
-            key.extend_from_slice(&source.octets());
-            p.insert(local_t, Entry::exact(key, vec![Action::Output(local)]))
-                .map_err(e)?;
-        }
     }
-
-    if spec.mode == Mode::L3 {
-        for b in &spec.servers {
-            let mut key = Vec::with_capacity(11);
-            key.extend_from_slice(&FLAG_PLAIN_UDP.to_be_bytes());
-            key.push(ipv4::Protocol::UDP.0);
-            key.extend_from_slice(&b.addr.ip().octets());
-            key.extend_from_slice(&b.addr.port().to_be_bytes());
-            // Two servers may share an address on different ports; one entry each.
-            let _ = p.insert(
-                reply_t,
-                Entry::exact(
-                    key,
-                    vec![Action::SetIpv4Src(spec.vip.ip.octets()), Action::Goto(l2)],
-                ),
-            );
-        }
+    let tables = Tables {
+        l2,
+        ring,
+        cache: cache_t,
+        acl,
+        program,
+        local_in: local_t,
+        vip_reply: reply_t,
+    };
+    for b in &spec.servers {
+        server_entries(p, spec, &tables, b.addr);
     }
     // Frames for the VIP's MAC that no table above claimed are not flooded.
     p.insert(
@@ -233,13 +214,40 @@ pub(super) fn build_tables(p: &mut Pipeline, spec: &SwitchSpec) -> Result<Tables
         ),
     )
     .map_err(e)?;
-    Ok(Tables {
-        l2,
-        ring,
-        cache: cache_t,
-        acl,
-        program,
-    })
+    Ok(tables)
+}
+
+/// The entries one server needs besides its place in the ring: its TCP replies to the proxy's
+/// source address go out of the local port (only the servers' memcached ports are reachable
+/// through the VIP), and in l3 mode its UDP replies leave with the VIP as source. An entry
+/// that exists already (two servers may share an address) is kept.
+pub(super) fn server_entries(p: &mut Pipeline, spec: &SwitchSpec, t: &Tables, addr: SocketAddrV4) {
+    if let Some(local) = &spec.local {
+        let mut key = Vec::with_capacity(15);
+        key.extend_from_slice(&FLAG_PLAIN_TCP.to_be_bytes());
+        key.push(ipv4::Protocol::TCP.0);
+        key.extend_from_slice(&addr.ip().octets());
+        key.extend_from_slice(&addr.port().to_be_bytes());
+        key.extend_from_slice(&local.source.octets());
+        let _ = p.insert(
+            t.local_in,
+            Entry::exact(key, vec![Action::Output(local.port)]),
+        );
+    }
+    if spec.mode == Mode::L3 {
+        let mut key = Vec::with_capacity(11);
+        key.extend_from_slice(&FLAG_PLAIN_UDP.to_be_bytes());
+        key.push(ipv4::Protocol::UDP.0);
+        key.extend_from_slice(&addr.ip().octets());
+        key.extend_from_slice(&addr.port().to_be_bytes());
+        let _ = p.insert(
+            t.vip_reply,
+            Entry::exact(
+                key,
+                vec![Action::SetIpv4Src(spec.vip.ip.octets()), Action::Goto(t.l2)],
+            ),
+        );
+    }
 }
 
 /// Placeholder chooser until the ring is installed.
