@@ -680,20 +680,26 @@ fn show_ports(doc: &Value) -> String {
 }
 
 fn show_pool(doc: &Value) -> String {
-    format!(
-        "distribution {}  hash {}  version {}\n",
-        cell(&doc["distribution"]),
-        cell(&doc["hash"]),
-        cell(&doc["version"])
-    ) + &rows(
-        &["server", "name", "weight", "in_ring", "requests", "replies"],
-        doc["servers"].as_array().into_iter().flatten().map(|s| {
-            ["addr", "name", "weight", "in_ring", "requests", "replies"]
-                .iter()
-                .map(|k| cell(&s[*k]))
-                .collect()
-        }),
-    )
+    let mut out = String::new();
+    for p in doc["pools"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "pool {}: {} / {}, version {}\n",
+            cell(&p["name"]),
+            cell(&p["distribution"]),
+            cell(&p["hash"]),
+            cell(&p["version"])
+        ));
+        out.push_str(&rows(
+            &["server", "label", "addr", "weight", "in_ring"],
+            p["servers"].as_array().into_iter().flatten().map(|s| {
+                ["server", "label", "addr", "weight", "in_ring"]
+                    .iter()
+                    .map(|k| cell(&s[*k]))
+                    .collect()
+            }),
+        ));
+    }
+    out
 }
 
 #[cfg(test)]

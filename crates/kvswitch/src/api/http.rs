@@ -478,8 +478,39 @@ fn query_args<T: DeserializeOwned>(query: &str) -> Result<T, ApiFailure> {
 }
 
 async fn pool(State(api): State<Shared>) -> Reply {
-    let doc = api.exporter.status();
-    ok(doc.get("pool").cloned().unwrap_or(Value::Null))
+    let now = kvio::clock::now();
+    let pools: Vec<Value> = api
+        .pools
+        .iter()
+        .map(|pool| {
+            let spec = pool.spec();
+            let view = pool.view(now);
+            let servers: Vec<Value> = spec
+                .servers
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !pool.health(*i).removed)
+                .map(|(i, s)| {
+                    json!({
+                        "server": i,
+                        "label": s.label(),
+                        "addr": s.addr.to_string(),
+                        "name": s.name,
+                        "weight": s.weight,
+                        "in_ring": view.live().contains(&i),
+                    })
+                })
+                .collect();
+            json!({
+                "name": spec.name,
+                "distribution": spec.distribution.to_string(),
+                "hash": spec.hash.to_string(),
+                "version": pool.version(),
+                "servers": servers,
+            })
+        })
+        .collect();
+    ok(json!({ "pools": pools }))
 }
 
 /// The pool `name` names, or the only one.

@@ -290,6 +290,15 @@ impl Proxy {
         Ok(proxy)
     }
 
+    /// The configuration file a kvswitch front was started with.
+    pub fn config_path(&self) -> std::path::PathBuf {
+        match self.front {
+            Front::KvswitchYaml => self.dir.path().join("proxy.yml"),
+            Front::Nutcracker => self.dir.path().join("nutcracker.yml"),
+            _ => self.dir.path().join("proxy.toml"),
+        }
+    }
+
     pub fn pid(&self) -> u32 {
         match (&self.child, &self.direct) {
             (Some(c), _) => c.id(),
