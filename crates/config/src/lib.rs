@@ -40,6 +40,9 @@ pub struct Config {
     pub api_token_file: Option<PathBuf>,
     /// After a frame, how long the run loop keeps polling the ports before it sleeps.
     pub busy_poll: std::time::Duration,
+    /// `[switch.egress.PORT]`: ports whose frames leave through a queue at a rate, as
+    /// (position in `ports`, bits per second, queue depth in bytes).
+    pub egress: Vec<(usize, u64, u64)>,
     /// Most stations the MAC table holds.
     pub mac_table_size: usize,
     /// A station not heard from for this long is forgotten.
@@ -195,7 +198,18 @@ struct RawConfig {
     cache: Option<cache::RawCache>,
 }
 
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEgress {
+    rate_bps: u64,
+    #[serde(default)]
+    depth_bytes: Option<u64>,
+}
+
+/// An egress queue's depth when `depth_bytes` is not given: 64 full-size frames.
+pub const DEFAULT_EGRESS_DEPTH: u64 = 64 * 1514;
+
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawSwitch {
     ports: Vec<String>,
@@ -207,6 +221,8 @@ struct RawSwitch {
     api_token_file: Option<PathBuf>,
     #[serde(default)]
     busy_poll_us: Option<u64>,
+    #[serde(default)]
+    egress: std::collections::BTreeMap<String, RawEgress>,
     #[serde(default)]
     mac_table_size: Option<usize>,
     #[serde(default)]
@@ -342,6 +358,30 @@ impl Config {
                 "switch.busy_poll_us",
                 format!("{busy_poll_us} is more than a second; use 0 to 1000000"),
             ));
+        }
+        let mut egress = Vec::new();
+        for (port, e) in &raw.switch.egress {
+            let key = format!("switch.egress.{port}");
+            let Some(i) = raw.switch.ports.iter().position(|p| p == port) else {
+                return Err(err(&key, format!("`{port}` is not one of `switch.ports`")));
+            };
+            if e.rate_bps < 1000 {
+                return Err(err(
+                    &format!("{key}.rate_bps"),
+                    format!(
+                        "{} bits/s is too slow to send a frame; use 1000 or more",
+                        e.rate_bps
+                    ),
+                ));
+            }
+            let depth = e.depth_bytes.unwrap_or(DEFAULT_EGRESS_DEPTH);
+            if !(1514..=(1 << 30)).contains(&depth) {
+                return Err(err(
+                    &format!("{key}.depth_bytes"),
+                    format!("{depth} bytes: use 1514 (one full frame) to 1073741824"),
+                ));
+            }
+            egress.push((i, e.rate_bps, depth));
         }
         let mac_table_size = raw.switch.mac_table_size.unwrap_or(DEFAULT_MAC_TABLE_SIZE);
         if !(1..=1_000_000).contains(&mac_table_size) {
@@ -540,6 +580,7 @@ impl Config {
                 false => f,
             }),
             busy_poll: std::time::Duration::from_micros(busy_poll_us),
+            egress,
             mac_table_size,
             mac_age: std::time::Duration::from_secs(mac_age_s),
             local,
@@ -792,6 +833,10 @@ mode = "l3"
 # text). Changes through it need a token when it listens beyond this host.
 api = "127.0.0.1:9110"
 # api_token_file = "api.token"   # or the environment's KVSWITCH_API_TOKEN
+# A port whose frames leave through a queue at a rate (to make congestion on a testbed):
+# [switch.egress.veth-s1]
+# rate_bps = 100000000
+# depth_bytes = 96896
 # After a frame, keep polling the ports this long before sleeping (0: always sleep).
 # Longer windows cut latency and CPU per frame under load, at the price of a busy core.
 busy_poll_us = 200

@@ -7,8 +7,12 @@
 //! [`fanout`]'s pure rules. The same [`Driver`] runs AF_PACKET ports in the daemon and
 //! in-memory ports in tests, one step at a time ([`Driver::drain`], [`Driver::tick_if_due`]).
 
+mod egress;
 pub mod fanout;
 pub mod remote;
+
+use egress::{transmit, Egress};
+pub use egress::{EgressSettings, DEFAULT_DEPTH};
 
 pub use remote::{remote, Inbox, Job, Remote, RemoteError};
 
@@ -109,6 +113,8 @@ pub struct Driver<D> {
     fates: Vec<Fate>,
     /// Per port, the received frames (by index in `rx`) it sends.
     out_lists: Vec<Vec<usize>>,
+    /// Egress queues of ports with a rate.
+    egress: Egress,
 }
 
 impl<D: Datapath> Driver<D> {
@@ -131,7 +137,20 @@ impl<D: Datapath> Driver<D> {
             emit: Vec::new(),
             fates: Vec::with_capacity(BATCH),
             out_lists: vec![Vec::with_capacity(BATCH); n],
+            egress: Egress::new(EgressSettings::new(n), n),
         }
+    }
+
+    /// Takes egress rates and depths from `settings` (made for as many ports) instead of its
+    /// own, so that they can be shared before the driver exists.
+    pub fn with_egress(mut self, settings: Arc<EgressSettings>) -> Self {
+        self.egress = Egress::new(settings, self.ports.len());
+        self
+    }
+
+    /// The ports' egress rates and depths, to change from another thread.
+    pub fn egress(&self) -> Arc<EgressSettings> {
+        self.egress.settings()
     }
 
     pub fn app(&self) -> &D {
@@ -209,9 +228,13 @@ impl<D: Datapath> Driver<D> {
                 continue;
             }
             let frames: Vec<&[u8]> = list.iter().map(|&j| self.rx.frame(j)).collect();
-            transmit(self.ports[p].as_mut(), &frames, &self.stats, p);
+            match self.egress.shaped(p) {
+                true => self.egress.enqueue(p, &frames, &self.stats),
+                false => transmit(self.ports[p].as_mut(), &frames, &self.stats, p),
+            }
         }
         self.flush_emits();
+        self.egress.drain(now, &mut self.ports, &self.stats);
     }
 
     /// Ticks the application if it said it needs time by `now`, and sends what it emitted.
@@ -228,10 +251,20 @@ impl<D: Datapath> Driver<D> {
     /// How long the loop may sleep at `now`: until the application's next deadline, at most
     /// `max`.
     pub fn sleep_for(&self, now: Instant, max: Duration) -> Duration {
-        match self.app.poll_at() {
+        let next = match (self.app.poll_at(), self.egress.next_ready(now)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        match next {
             Some(t) => t.duration_since(now).min(max),
             None => max,
         }
+    }
+
+    /// Follows changed egress settings and sends what the egress queues let go by `now`.
+    pub fn run_egress(&mut self, now: Instant) {
+        self.egress.sync(&mut self.ports, &self.stats);
+        self.egress.drain(now, &mut self.ports, &self.stats);
     }
 
     /// One send per port for everything it gets, in the order the application emitted it.
@@ -246,8 +279,12 @@ impl<D: Datapath> Driver<D> {
                 .filter(|e| fanout::emit_goes_to(e.dest, p, self.local))
                 .map(|e| e.frame.as_slice())
                 .collect();
-            if !frames.is_empty() {
-                transmit(port.as_mut(), &frames, &self.stats, p);
+            if frames.is_empty() {
+                continue;
+            }
+            match self.egress.shaped(p) {
+                true => self.egress.enqueue(p, &frames, &self.stats),
+                false => transmit(port.as_mut(), &frames, &self.stats, p),
             }
         }
         self.emit.clear();
@@ -281,6 +318,7 @@ impl<D: Datapath> Driver<D> {
         let mut last_work = std::time::Instant::now();
         let mut last_periodic = std::time::Instant::now();
         while !stop() {
+            self.egress.sync(&mut self.ports, &self.stats);
             let wall = std::time::Instant::now();
             if wall.duration_since(last_work) < opts.busy_poll {
                 ready.clear();
@@ -315,6 +353,7 @@ impl<D: Datapath> Driver<D> {
                 }
             }
             self.tick_if_due(now);
+            self.run_egress(now);
             if wall.duration_since(last_periodic) >= opts.every {
                 last_periodic = wall;
                 periodic(&self.app);
@@ -322,22 +361,4 @@ impl<D: Datapath> Driver<D> {
         }
         Ok(())
     }
-}
-
-fn transmit(port: &mut dyn Port, frames: &[&[u8]], stats: &Stats, p: usize) {
-    let sent = match port.send(frames) {
-        Ok(n) => n.min(frames.len()),
-        Err(e) => {
-            tracing::debug!(port = port.name(), "send failed: {e}");
-            0
-        }
-    };
-    let pc = &stats.ports[p];
-    switch::stats::add(&pc.tx_packets, sent as u64);
-    let bytes: usize = frames[..sent].iter().map(|f| f.len()).sum();
-    switch::stats::add(&pc.tx_bytes, bytes as u64);
-    for _ in sent..frames.len() {
-        stats.count_drop(Drop::TxFailed);
-    }
-    switch::stats::add(&pc.tx_dropped, (frames.len() - sent) as u64);
 }

@@ -52,8 +52,16 @@ pub enum CtlCmd {
     Batch { file: PathBuf },
     /// The named lookup-key fields and the key of `acl`.
     Fields,
-    /// Per-port packets, bytes and transmit drops.
+    /// Per-port packets, bytes, transmit drops and egress queues.
     Ports,
+    /// Give a port an egress queue with a rate (bits/s; 0 sends at once again) and a depth.
+    Egress {
+        port: u16,
+        #[arg(long)]
+        rate_bps: u64,
+        #[arg(long)]
+        depth_bytes: Option<u64>,
+    },
     /// The counters of operators' `count` actions.
     Counters,
     /// Send a frame out of a port, or take the frames entries sent to the CPU.
@@ -437,6 +445,23 @@ pub fn run(args: &CtlArgs) -> anyhow::Result<()> {
         }
         CtlCmd::Fields => (client.call("GET", "/api/v1/fields", None)?, show_fields),
         CtlCmd::Ports => (client.call("GET", "/api/v1/ports", None)?, show_ports),
+        CtlCmd::Egress {
+            port,
+            rate_bps,
+            depth_bytes,
+        } => (
+            client.call(
+                "PUT",
+                &format!("/api/v1/ports/{port}/egress"),
+                Some(&json!({ "rate_bps": rate_bps, "depth_bytes": depth_bytes })),
+            )?,
+            |r| {
+                format!(
+                    "port {}: {} bits/s, {} bytes deep\n",
+                    r["port"], r["rate_bps"], r["depth_bytes"]
+                )
+            },
+        ),
         CtlCmd::Counters => (client.call("GET", "/api/v1/counters", None)?, |d| {
             rows(
                 &["counter", "packets", "bytes"],

@@ -74,7 +74,8 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         ports.push(Box::new(port));
         port_names.push(l.port().to_string());
     }
-    let stats = Arc::new(Stats::new(ports.len(), cfg.servers.len()));
+    let port_count = ports.len();
+    let stats = Arc::new(Stats::new(port_count, cfg.servers.len()));
     let cache = match cfg.cache.enabled {
         true => Some(CacheService::new(
             cfg.cache.clone(),
@@ -115,6 +116,10 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         )
     })?;
     let (remote, inbox) = dataplane::remote::<Switch>()?;
+    let egress = dataplane::EgressSettings::new(port_count);
+    for &(p, rate, depth) in &cfg.egress {
+        let _ = egress.set(p, rate, depth);
+    }
     let api_addr = api::serve(
         listener,
         api::Api {
@@ -122,6 +127,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
             switch: Some(remote),
             token,
             pools: vec![pool.clone()],
+            egress: Some(egress.clone()),
             reload: Some(reloader(&cfg, pool.clone(), shared.caches())),
         },
     )?;
@@ -143,7 +149,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         busy_poll: cfg.busy_poll,
         ..RunOptions::default()
     };
-    let mut driver = Driver::new(ports, switch, local_index, stats.clone());
+    let mut driver = Driver::new(ports, switch, local_index, stats.clone()).with_egress(egress);
     let snapshot = &shared.snapshot;
     driver.run(
         &options,

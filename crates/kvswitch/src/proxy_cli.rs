@@ -160,6 +160,7 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
                 token,
                 pools: pools.clone(),
                 reload: Some(reload.clone()),
+                egress: None,
             },
         )?;
         tracing::info!(api = %addr, "control API listening");

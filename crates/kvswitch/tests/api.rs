@@ -40,7 +40,13 @@ impl Exporter for Counters {
             .ports
             .iter()
             .enumerate()
-            .map(|(i, p)| json!({ "port": i, "rx_packets": switch::stats::get(&p.rx_packets) }))
+            .map(|(i, p)| {
+                json!({
+                    "port": i,
+                    "rx_packets": switch::stats::get(&p.rx_packets),
+                    "tx_dropped": switch::stats::get(&p.tx_dropped),
+                })
+            })
             .collect()
     }
 }
@@ -83,6 +89,7 @@ fn rig(token: Option<&str>) -> Rig {
     let stop = Arc::new(AtomicBool::new(false));
     let stopped = stop.clone();
     let mut driver = Driver::new(ports, sw, None, stats.clone());
+    let egress = driver.egress();
     let thread = std::thread::spawn(move || {
         let opts = RunOptions {
             max_sleep: Duration::from_millis(10),
@@ -106,6 +113,7 @@ fn rig(token: Option<&str>) -> Rig {
             token: token.map(str::to_string),
             pools: vec![pool],
             reload: None,
+            egress: Some(egress),
         },
     )
     .unwrap();
@@ -458,4 +466,66 @@ fn frames_go_out_of_a_port_and_come_to_the_cpu() {
         counters["counters"],
         json!([{"name": "echo", "packets": 1, "bytes": f.len()}])
     );
+}
+
+#[test]
+fn an_egress_queue_holds_its_port_to_its_rate_and_drops_past_its_depth() {
+    let mut rig = rig(None);
+    // 1 Mbit/s and room for four 1000-byte frames on port 1; port 2 sends at once.
+    let set = rig
+        .client
+        .call(
+            "PUT",
+            "/api/v1/ports/1/egress",
+            Some(&json!({"rate_bps": 1_000_000, "depth_bytes": 4000})),
+        )
+        .unwrap();
+    assert_eq!(set["rate_bps"], 1_000_000);
+    let big = udp_frame(
+        &UdpEnds {
+            src_mac: Mac([2, 0, 0, 0, 0, 1]),
+            dst_mac: Mac([2, 0, 0, 0, 9, 9]),
+            src_ip: Ipv4Addr::new(10, 0, 0, 1),
+            dst_ip: Ipv4Addr::new(10, 9, 9, 9),
+            src_port: 40000,
+            dst_port: 9,
+        },
+        &[&[7u8; 958]],
+    );
+    assert_eq!(big.len(), 1000);
+    let frames: Vec<&[u8]> = (0..50).map(|_| &big[..]).collect();
+    rig.hosts[0].send(&frames).unwrap();
+    // Flooded to both: port 2 gets all fifty; port 1's queue takes what fits.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut got = [0usize; 3];
+    while got[2] < 50 && Instant::now() < deadline {
+        for (host, count) in rig.hosts.iter_mut().zip(got.iter_mut()).skip(1) {
+            let mut b = Batch::new(64);
+            let n = host.recv(&mut b).unwrap();
+            *count += (0..n).filter(|&j| b.frame(j).len() == 1000).count();
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(got[2], 50);
+    let ports = rig.client.call("GET", "/api/v1/ports", None).unwrap();
+    let port1 = &ports["ports"][1];
+    assert_eq!(port1["egress_rate_bps"], 1_000_000, "{ports}");
+    let dropped = port1["tx_dropped"].as_u64().unwrap();
+    assert!(dropped >= 40, "{ports}");
+    // What the queue took leaves at the rate: at 1 Mbit/s a 1000-byte frame takes 8 ms.
+    assert!(got[1] as u64 + dropped <= 50, "{got:?}");
+    let e = refused(
+        &rig,
+        "PUT",
+        "/api/v1/ports/9/egress",
+        Some(json!({"rate_bps": 0})),
+    );
+    assert!(e.contains("404"), "{e}");
+    let e = refused(
+        &rig,
+        "PUT",
+        "/api/v1/ports/1/egress",
+        Some(json!({"rate_bps": 10})),
+    );
+    assert!(e.contains("400") && e.contains("too slow"), "{e}");
 }

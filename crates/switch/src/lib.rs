@@ -13,6 +13,7 @@ pub mod control;
 pub mod frame;
 pub mod pool;
 pub mod ratelimit;
+pub mod shaper;
 pub mod source;
 pub mod spec;
 pub mod split;

@@ -96,10 +96,12 @@ pub enum Drop {
     Operator,
     /// A frame for the control plane (`to_cpu`, `mirror`) while its queue is full.
     CpuQueueFull,
+    /// A frame for a port whose egress queue (with a rate) was full.
+    EgressQueueFull,
 }
 
 impl Drop {
-    pub const ALL: [Drop; 40] = [
+    pub const ALL: [Drop; 41] = [
         Drop::BadEthernet,
         Drop::BadIpv4,
         Drop::BadUdp,
@@ -140,6 +142,7 @@ impl Drop {
         Drop::ReplyRateLimited,
         Drop::Operator,
         Drop::CpuQueueFull,
+        Drop::EgressQueueFull,
     ];
 
     /// The label used in metrics.
@@ -185,6 +188,7 @@ impl Drop {
             Drop::ReplyRateLimited => "reply_rate_limited",
             Drop::Operator => "operator",
             Drop::CpuQueueFull => "cpu_queue_full",
+            Drop::EgressQueueFull => "egress_queue_full",
         }
     }
 
@@ -241,8 +245,11 @@ pub struct PortCounters {
     pub rx_bytes: AtomicU64,
     pub tx_packets: AtomicU64,
     pub tx_bytes: AtomicU64,
-    /// Frames the port refused on transmit.
+    /// Frames the port refused on transmit, or its egress queue had no room for.
     pub tx_dropped: AtomicU64,
+    /// Bytes and frames waiting in the port's egress queue (when it has a rate).
+    pub queue_bytes: AtomicU64,
+    pub queue_packets: AtomicU64,
 }
 
 #[derive(Default)]

@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 use super::pools::{grow_caches, Reloader};
 use super::{cache_query, Exporter, STATUS_ENTRIES};
 use crate::cache;
-use dataplane::{Remote, RemoteError};
+use dataplane::{EgressSettings, Remote, RemoteError};
 use kv::Instant;
 use switch::control::{self, ActionDef, Change, ControlError, EntryDef, ErrorKind, TableDef};
 use switch::pool::{Pool, PoolChangeError, ServerSpec};
@@ -47,6 +47,7 @@ pub const ROUTES: &[(&str, &[&str])] = &[
     ("/api/v1/tables/{table}/entries/{id}", &["put", "delete"]),
     ("/api/v1/batch", &["post"]),
     ("/api/v1/ports", &["get"]),
+    ("/api/v1/ports/{port}/egress", &["put"]),
     ("/api/v1/counters", &["get"]),
     ("/api/v1/packets", &["get", "post"]),
     ("/api/v1/pool", &["get"]),
@@ -75,6 +76,8 @@ pub struct Api {
     pub pools: Vec<Arc<Pool>>,
     /// Reads the configuration file again, when there is one.
     pub reload: Option<Reloader>,
+    /// The ports' egress rates and depths, when a switch runs.
+    pub egress: Option<Arc<EgressSettings>>,
 }
 
 /// An error as the API answers it: a status and `{"error": ..., "field": ...}`.
@@ -170,6 +173,10 @@ pub fn router(api: Shared) -> Router {
         )
         .route("/api/v1/batch", post(batch))
         .route("/api/v1/ports", get(ports))
+        .route(
+            "/api/v1/ports/{port}/egress",
+            axum::routing::put(set_egress),
+        )
         .route("/api/v1/counters", get(counters))
         .route("/api/v1/packets", get(take_packets).post(send_packet))
         .route("/api/v1/pool", get(pool))
@@ -416,7 +423,75 @@ async fn batch(State(api): State<Shared>, bytes: Bytes) -> Reply {
 }
 
 async fn ports(State(api): State<Shared>) -> Reply {
-    ok(json!({ "ports": api.exporter.ports() }))
+    let mut ports = api.exporter.ports();
+    if let (Some(egress), Some(list)) = (&api.egress, ports.as_array_mut()) {
+        for (p, port) in list.iter_mut().enumerate() {
+            if let (Some((rate, depth)), Some(map)) = (egress.get(p), port.as_object_mut()) {
+                map.insert("egress_rate_bps".into(), json!(rate));
+                map.insert("egress_depth_bytes".into(), json!(depth));
+            }
+        }
+    }
+    ok(json!({ "ports": ports }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EgressBody {
+    /// Bits per second; 0 sends at once again.
+    rate_bps: u64,
+    depth_bytes: Option<u64>,
+}
+
+async fn set_egress(State(api): State<Shared>, Path(port): Path<String>, bytes: Bytes) -> Reply {
+    let e: EgressBody = body(&bytes)?;
+    let egress = api.egress.as_ref().ok_or_else(|| {
+        ApiFailure::new(
+            StatusCode::NOT_FOUND,
+            "this kvswitch runs the proxy alone: it has no ports",
+        )
+    })?;
+    let invalid =
+        |field: &str, e: String| ApiFailure::from(ControlError::new(ErrorKind::Invalid, field, e));
+    let p: usize = port
+        .parse()
+        .map_err(|_| invalid("port", format!("{port:?} is not a port number")))?;
+    if e.rate_bps != 0 && e.rate_bps < 1000 {
+        return Err(invalid(
+            "rate_bps",
+            format!(
+                "{} bits/s is too slow to send a frame; use 0 (no queue) or 1000 and up",
+                e.rate_bps
+            ),
+        ));
+    }
+    let depth = e.depth_bytes.unwrap_or(dataplane::DEFAULT_DEPTH);
+    if !(1514..=(1 << 30)).contains(&depth) {
+        return Err(invalid(
+            "depth_bytes",
+            format!("{depth} bytes: use 1514 (one full frame) to 1073741824"),
+        ));
+    }
+    let Some(change) = egress.set(p, e.rate_bps, depth) else {
+        return Err(ApiFailure::from(ControlError::new(
+            ErrorKind::NotFound,
+            "port",
+            format!("no port {p}"),
+        )));
+    };
+    // Answered once the forwarding thread has taken it in: a job wakes it.
+    let deadline = tokio::time::Instant::now() + CALL_TIMEOUT;
+    while !egress.applied(change) {
+        call(&api, |_, _, _| ()).await?;
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ApiFailure::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                "the switch did not take the change in",
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    ok(json!({ "port": p, "rate_bps": e.rate_bps, "depth_bytes": depth }))
 }
 
 async fn counters(State(api): State<Shared>) -> Reply {

@@ -428,6 +428,8 @@ pub fn ports(shared: &Shared) -> serde_json::Value {
                 "rx_packets": get(&p.rx_packets), "rx_bytes": get(&p.rx_bytes),
                 "tx_packets": get(&p.tx_packets), "tx_bytes": get(&p.tx_bytes),
                 "tx_dropped": get(&p.tx_dropped),
+                "queue_bytes": get(&p.queue_bytes),
+                "queue_packets": get(&p.queue_packets),
             })
         })
         .collect()
