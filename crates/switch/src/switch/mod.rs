@@ -379,7 +379,9 @@ impl Switch {
                 .servers
                 .push(crate::spec::Server { addr, mac: None });
             self.backend_macs.push(None);
-            self.backend_by_ip.entry(*addr.ip()).or_insert(i);
+            // The newest server at an address is the one its replies are counted for (it may
+            // take the place of a removed one).
+            self.backend_by_ip.insert(*addr.ip(), i);
             self.sources.push((*addr.ip(), addr.port()));
             tables::server_entries(&mut self.pipeline, &self.spec, &self.tables, addr);
             self.last_arp = None;

@@ -36,22 +36,28 @@ impl Switch {
         }
     }
 
-    /// Learns a backend's MAC from traffic it sends.
+    /// Learns a backend's MAC from its ARP: every server at that address (the pool may hold
+    /// the same address twice, a removed server and one added in its place).
     pub(super) fn note_backend(&mut self, ip: Ipv4Addr, mac: Mac) {
-        let Some(&i) = self.backend_by_ip.get(&ip) else {
-            return;
-        };
-        if !mac.is_unicast() || self.backend_macs[i] == Some(mac) {
+        if !mac.is_unicast() || !self.backend_by_ip.contains_key(&ip) {
             return;
         }
-        if self.spec.servers[i].mac.is_some() {
+        let mut changed = false;
+        for i in 0..self.spec.servers.len() {
+            let server = &self.spec.servers[i];
             // A configured MAC is authoritative.
-            return;
+            if *server.addr.ip() != ip || server.mac.is_some() || self.backend_macs[i] == Some(mac)
+            {
+                continue;
+            }
+            tracing::info!(backend = %self.pool.spec().servers[i].label(), %mac, "backend MAC resolved");
+            self.backend_macs[i] = Some(mac);
+            changed = true;
         }
-        tracing::info!(backend = %self.pool.spec().servers[i].label(), %mac, "backend MAC resolved");
-        self.backend_macs[i] = Some(mac);
-        if let Err(e) = self.install_members() {
-            tracing::warn!("{e}");
+        if changed {
+            if let Err(e) = self.install_members() {
+                tracing::warn!("{e}");
+            }
         }
     }
 

@@ -1,0 +1,265 @@
+//! The control plane's figures, through the real HTTP API against a switch forwarding on
+//! in-memory ports (all in this process):
+//!
+//! - entries installed per second, one `POST` per entry and in batches of 10,000
+//!   (`POST /api/v1/batch`), each into a fresh exact table;
+//! - the forwarding rate while a client installs and deletes batches of entries as fast as
+//!   the API takes them, as a fraction of the idle rate, measured side by side in alternating
+//!   windows and reported as medians.
+//!
+//! The machine's cores are shared by the frame generator, the forwarding thread, the API
+//! thread and the API's client, so the storm's cost includes theirs. Nothing here asserts on
+//! time: `cargo bench -p kvswitch --bench control`.
+
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dataplane::{Driver, RunOptions};
+use kv::{Distribution, HashFn};
+use kvio::{mem_pair, Batch, MemPort, Port};
+use kvswitch::api::{self, Api, Exporter};
+use kvswitch::ctl::Client;
+use serde_json::{json, Value};
+use switch::frame::{udp_frame, UdpEnds};
+use switch::pool::Pool;
+use switch::stats::Stats;
+use switch::{spec, Switch, SwitchSpec};
+use wire::ethernet::Mac;
+
+const SINGLE: usize = 2_000;
+const BATCH: usize = 10_000;
+const BATCHES: usize = 5;
+const WINDOW: Duration = Duration::from_millis(500);
+const WINDOWS: usize = 6;
+
+struct Quiet;
+
+impl Exporter for Quiet {
+    fn metrics(&self) -> String {
+        String::new()
+    }
+
+    fn status(&self) -> Value {
+        json!({})
+    }
+}
+
+fn main() {
+    let servers = vec![spec::Server {
+        addr: SocketAddrV4::new(Ipv4Addr::new(10, 0, 1, 1), 11211),
+        mac: Some(Mac([2, 0, 0, 0, 1, 1])),
+    }];
+    let spec = SwitchSpec::new(2, Ipv4Addr::new(10, 0, 0, 100), servers);
+    let pool = Arc::new(Pool::new(spec.pool_spec(Distribution::Ketama, HashFn::Md5)).unwrap());
+    let stats = Arc::new(Stats::new(2, 1));
+    let sw = Switch::new(spec, pool, stats.clone()).unwrap();
+    let (a0, mut h0) = mem_pair().unwrap();
+    let (a1, mut h1) = mem_pair().unwrap();
+    let (a0, a1) = (a0.with_queue_limit(4096), a1.with_queue_limit(1 << 20));
+    let ports: Vec<Box<dyn Port>> = vec![Box::new(a0), Box::new(a1)];
+    let (remote, inbox) = dataplane::remote::<Switch>().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopped = stop.clone();
+    let mut driver = Driver::new(ports, sw, None, stats.clone());
+    let forwarder = std::thread::spawn(move || {
+        driver
+            .run(
+                &RunOptions::default(),
+                Some(&inbox),
+                &|| stopped.load(Ordering::Relaxed),
+                &mut |_| {},
+            )
+            .unwrap();
+    });
+    let addr = api::serve(
+        TcpListener::bind("127.0.0.1:0").unwrap(),
+        Api {
+            exporter: Arc::new(Quiet),
+            switch: Some(remote),
+            token: None,
+            pools: Vec::new(),
+            reload: None,
+            egress: None,
+        },
+    )
+    .unwrap();
+    let client = Client {
+        api: addr,
+        token: None,
+    };
+
+    // Installs.
+    let table = |name: &str| {
+        client
+            .call(
+                "POST",
+                "/api/v1/tables",
+                Some(
+                    &json!({"name": name, "kind": "exact", "key": ["ip_dst", "l4_dst"],
+                             "size": 1_000_000}),
+                ),
+            )
+            .unwrap();
+    };
+    let entry = |i: usize| {
+        json!({"match": {"ip_dst": Ipv4Addr::from(0x0a00_0000 + i as u32).to_string(),
+                         "l4_dst": 11211}, "actions": [{"output": 1}]})
+    };
+    table("single");
+    let started = Instant::now();
+    for i in 0..SINGLE {
+        client
+            .call("POST", "/api/v1/tables/single/entries", Some(&entry(i)))
+            .unwrap();
+    }
+    let single = SINGLE as f64 / started.elapsed().as_secs_f64();
+    table("batched");
+    let mut batched = Vec::new();
+    for b in 0..BATCHES {
+        let changes: Vec<Value> = (0..BATCH)
+            .map(|i| json!({"op": "add", "table": "batched", "entry": entry(b * BATCH + i)}))
+            .collect();
+        let body = json!({ "changes": changes });
+        let started = Instant::now();
+        client.call("POST", "/api/v1/batch", Some(&body)).unwrap();
+        batched.push(BATCH as f64 / started.elapsed().as_secs_f64());
+    }
+    println!("entries installed through the API:");
+    println!("  one POST per entry:       {single:>10.0} entries/s ({SINGLE} entries)");
+    println!(
+        "  batches of {BATCH}:       {:>10.0} entries/s (median of {BATCHES} batches)",
+        median(&mut batched)
+    );
+
+    // Forwarding, idle and during a storm, in alternating windows. Every frame goes through
+    // `acl` to the exact table the storm changes, and misses there (flooded to port 1).
+    client
+        .call(
+            "POST",
+            "/api/v1/tables",
+            Some(
+                &json!({"name": "storm", "kind": "exact", "key": ["ip_dst"], "miss": ["flood"],
+                         "size": 1_000_000}),
+            ),
+        )
+        .unwrap();
+    client
+        .call(
+            "POST",
+            "/api/v1/tables/acl/entries",
+            Some(&json!({"match": {"ip_dst": "10.9.9.9"}, "actions": [{"goto": "storm"}]})),
+        )
+        .unwrap();
+    let frame = udp_frame(
+        &UdpEnds {
+            src_mac: Mac([2, 0, 0, 0, 0, 1]),
+            dst_mac: Mac([2, 0, 0, 0, 9, 9]),
+            src_ip: Ipv4Addr::new(10, 0, 0, 1),
+            dst_ip: Ipv4Addr::new(10, 9, 9, 9),
+            src_port: 40000,
+            dst_port: 9,
+        },
+        &[&[0u8; 22]],
+    );
+    let forwarded = Arc::new(AtomicU64::new(0));
+    let storming = Arc::new(AtomicBool::new(false));
+    let generator = {
+        let (stop, forwarded) = (stop.clone(), forwarded.clone());
+        std::thread::spawn(move || {
+            let frames: Vec<&[u8]> = (0..32).map(|_| &frame[..]).collect();
+            let mut rx = Batch::new(64);
+            while !stop.load(Ordering::Relaxed) {
+                let _ = h0.send(&frames);
+                loop {
+                    rx.clear();
+                    let n = h1.recv(&mut rx).unwrap_or(0);
+                    forwarded.fetch_add(n as u64, Ordering::Relaxed);
+                    if n < 64 {
+                        break;
+                    }
+                }
+                drain(&mut h0);
+            }
+        })
+    };
+    let storm = {
+        let (stop, storming) = (stop.clone(), storming.clone());
+        std::thread::spawn(move || {
+            let client = Client {
+                api: addr,
+                token: None,
+            };
+            let mut round = 0usize;
+            let mut ids: Vec<u64> = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                if !storming.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                }
+                let mut changes: Vec<Value> = ids
+                    .drain(..)
+                    .map(|id| json!({"op": "delete", "table": "storm", "id": id}))
+                    .collect();
+                changes.extend((0..1000).map(|i| {
+                    let ip = Ipv4Addr::from(0x0b00_0000 + (round * 1000 + i) as u32);
+                    json!({"op": "add", "table": "storm", "entry": {
+                        "match": {"ip_dst": ip.to_string()}, "actions": ["drop"]}})
+                }));
+                let done = client.call("POST", "/api/v1/batch", Some(&json!({"changes": changes})));
+                if let Ok(done) = done {
+                    let all: Vec<u64> = done["ids"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(Value::as_u64)
+                        .collect();
+                    ids = all[all.len().saturating_sub(1000)..].to_vec();
+                }
+                round += 1;
+            }
+        })
+    };
+    let (mut idle, mut busy) = (Vec::new(), Vec::new());
+    for w in 0..WINDOWS * 2 {
+        let storm_now = w % 2 == 1;
+        storming.store(storm_now, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(50));
+        let start = forwarded.load(Ordering::Relaxed);
+        let t = Instant::now();
+        std::thread::sleep(WINDOW);
+        let rate = (forwarded.load(Ordering::Relaxed) - start) as f64 / t.elapsed().as_secs_f64();
+        match storm_now {
+            true => busy.push(rate),
+            false => idle.push(rate),
+        }
+    }
+    storming.store(false, Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
+    let _ = generator.join();
+    let _ = storm.join();
+    let _ = forwarder.join();
+    let (idle, busy) = (median(&mut idle), median(&mut busy));
+    println!(
+        "forwarding (64-byte frames, in-memory ports, medians of {WINDOWS} windows of {WINDOW:?}):"
+    );
+    println!("  idle:                     {idle:>10.0} frames/s");
+    println!(
+        "  during a rule storm:      {busy:>10.0} frames/s (batches of 1,000 adds and 1,000 \
+         deletes in the table every frame is looked up in)"
+    );
+    println!("  storm / idle:             {:>10.2}", busy / idle);
+}
+
+fn drain(port: &mut MemPort) {
+    let mut b = Batch::new(64);
+    while port.recv(&mut b).unwrap_or(0) > 0 {
+        b.clear();
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
