@@ -64,6 +64,21 @@ pub enum CtlCmd {
     },
     /// The counters of operators' `count` actions.
     Counters,
+    /// The interface table: destination MAC, source MAC and port that `interface:N` actions
+    /// send through.
+    Interfaces,
+    /// Set or delete one entry of the interface table.
+    Interface {
+        #[command(subcommand)]
+        action: InterfaceCmd,
+    },
+    /// The user registers (user0 to user63) and the ports' figures (port<N>.<figure>).
+    Registers,
+    /// Read or write one register.
+    Register {
+        #[command(subcommand)]
+        action: RegisterCmd,
+    },
     /// Send a frame out of a port, or take the frames entries sent to the CPU.
     Packet {
         #[command(subcommand)]
@@ -116,7 +131,8 @@ pub enum EntryCmd {
     /// Add an entry: --match FIELD=VALUE (a number, an address, 0xHEX, text:TEXT, or
     /// VALUE/MASK) and --action ACTION (output:PORT, flood, drop, to_cpu, mirror,
     /// count:NAME, goto:TABLE, set_eth_dst:MAC, set_eth_src:MAC, set_ipv4_dst:IP,
-    /// set_ipv4_src:IP, dec_ttl).
+    /// set_ipv4_src:IP, dec_ttl, interface:ID, set_reg:REG=VALUE, load_reg:REG=REGISTER,
+    /// add_register:REGISTER=VALUE).
     Add {
         table: String,
         #[arg(long = "match")]
@@ -162,6 +178,34 @@ pub enum PoolCmd {
 }
 
 #[derive(Subcommand, Debug)]
+pub enum InterfaceCmd {
+    /// Add or replace interface ID; every action naming it follows at once.
+    Set {
+        id: u16,
+        #[arg(long)]
+        eth_dst: String,
+        #[arg(long)]
+        eth_src: String,
+        #[arg(long)]
+        port: u16,
+    },
+    /// Delete interface ID (refused while an action names it).
+    Delete { id: u16 },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum RegisterCmd {
+    Show {
+        name: String,
+    },
+    /// Write a user register.
+    Set {
+        name: String,
+        value: u64,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 pub enum PacketCmd {
     /// Send FRAME (hex) out of PORT.
     Send { port: u16, frame: String },
@@ -175,6 +219,7 @@ pub enum PacketCmd {
 }
 
 /// A blocking client of the control API: one connection per request.
+#[derive(Clone, Debug)]
 pub struct Client {
     pub api: SocketAddr,
     pub token: Option<String>,
@@ -291,10 +336,29 @@ pub fn action(text: &str) -> anyhow::Result<Value> {
             "count" | "goto" | "set_eth_dst" | "set_eth_src" | "set_ipv4_dst" | "set_ipv4_src",
             Some(a),
         ) => json!({ name: a }),
+        ("interface", Some(n)) => {
+            json!({ "interface": n.parse::<u16>().with_context(|| format!("{text}: an interface id"))? })
+        }
+        ("set_reg" | "load_reg" | "add_register", Some(a)) => {
+            let (left, right) = a
+                .split_once('=')
+                .with_context(|| format!("{text}: write {name}:A=B"))?;
+            let number = |s: &str| {
+                s.parse::<u64>()
+                    .with_context(|| format!("{text}: {s:?} is not a number"))
+            };
+            let (left, right) = (number(left)?, number(right)?);
+            match name {
+                "set_reg" => json!({ name: { "reg": left, "value": right } }),
+                "load_reg" => json!({ name: { "reg": left, "register": right } }),
+                _ => json!({ name: { "register": left, "value": right } }),
+            }
+        }
         _ => bail!(
             "{text:?} is not an action: output:PORT, flood, drop, to_cpu, mirror, count:NAME, \
              goto:TABLE, set_eth_dst:MAC, set_eth_src:MAC, set_ipv4_dst:IP, set_ipv4_src:IP, \
-             dec_ttl"
+             dec_ttl, interface:ID, set_reg:REG=VALUE, load_reg:REG=REGISTER, \
+             add_register:REGISTER=VALUE"
         ),
     })
 }
@@ -472,6 +536,67 @@ pub fn run(args: &CtlArgs) -> anyhow::Result<()> {
                     .map(|c| vec![cell(&c["name"]), cell(&c["packets"]), cell(&c["bytes"])]),
             )
         }),
+        CtlCmd::Interfaces => (client.call("GET", "/api/v1/interfaces", None)?, |d| {
+            rows(
+                &["id", "eth_dst", "eth_src", "port", "used_by"],
+                d["interfaces"].as_array().into_iter().flatten().map(|i| {
+                    ["id", "eth_dst", "eth_src", "port", "used_by"]
+                        .iter()
+                        .map(|k| cell(&i[*k]))
+                        .collect()
+                }),
+            )
+        }),
+        CtlCmd::Interface { action: cmd } => match cmd {
+            InterfaceCmd::Set {
+                id,
+                eth_dst,
+                eth_src,
+                port,
+            } => (
+                client.call(
+                    "PUT",
+                    &format!("/api/v1/interfaces/{id}"),
+                    Some(&json!({ "eth_dst": eth_dst, "eth_src": eth_src, "port": port })),
+                )?,
+                |i| {
+                    format!(
+                        "interface {}: to {} from {} out of port {}\n",
+                        i["id"],
+                        cell(&i["eth_dst"]),
+                        cell(&i["eth_src"]),
+                        i["port"]
+                    )
+                },
+            ),
+            InterfaceCmd::Delete { id } => (
+                client.call("DELETE", &format!("/api/v1/interfaces/{id}"), None)?,
+                |_| "deleted\n".to_string(),
+            ),
+        },
+        CtlCmd::Registers => (client.call("GET", "/api/v1/registers", None)?, |d| {
+            rows(
+                &["register", "value", "writable"],
+                d["registers"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|r| vec![cell(&r["name"]), cell(&r["value"]), cell(&r["writable"])]),
+            )
+        }),
+        CtlCmd::Register { action: cmd } => {
+            let doc = match cmd {
+                RegisterCmd::Show { name } => {
+                    client.call("GET", &format!("/api/v1/registers/{}", enc(name)), None)?
+                }
+                RegisterCmd::Set { name, value } => client.call(
+                    "PUT",
+                    &format!("/api/v1/registers/{}", enc(name)),
+                    Some(&json!({ "value": value })),
+                )?,
+            };
+            (doc, |r| format!("{} = {}\n", cell(&r["name"]), r["value"]))
+        }
         CtlCmd::Packet { action: cmd } => match cmd {
             PacketCmd::Send { port, frame } => (
                 client.call(
@@ -738,6 +863,16 @@ mod tests {
         assert_eq!(action("goto:pins").unwrap(), json!({"goto": "pins"}));
         assert!(action("output:x").is_err());
         assert!(action("teleport").is_err());
+        assert_eq!(action("interface:4").unwrap(), json!({"interface": 4}));
+        assert_eq!(
+            action("load_reg:3=7").unwrap(),
+            json!({"load_reg": {"reg": 3, "register": 7}})
+        );
+        assert_eq!(
+            action("add_register:8=1").unwrap(),
+            json!({"add_register": {"register": 8, "value": 1}})
+        );
+        assert!(action("set_reg:3").is_err());
         assert_eq!(
             match_field("l4_dst=11211").unwrap(),
             ("l4_dst".into(), json!(11211))

@@ -184,7 +184,8 @@ fn every_documented_route_is_served() {
             .replace("{table}", "acl")
             .replace("{id}", "1")
             .replace("{action}", "pin")
-            .replace("{server}", "0");
+            .replace("{server}", "0")
+            .replace("{name}", "user0");
         for method in *methods {
             let method = method.to_uppercase();
             let body = (method != "GET").then(|| json!({}));
@@ -528,4 +529,188 @@ fn an_egress_queue_holds_its_port_to_its_rate_and_drops_past_its_depth() {
         Some(json!({"rate_bps": 10})),
     );
     assert!(e.contains("400") && e.contains("too slow"), "{e}");
+}
+
+/// The frame as it came out of `port` (other than 0), within a second.
+fn received(rig: &mut Rig, port: usize, frame: &[u8]) -> Option<Vec<u8>> {
+    for h in &mut rig.hosts {
+        let mut b = Batch::new(64);
+        while h.recv(&mut b).unwrap() > 0 {
+            b.clear();
+        }
+    }
+    rig.hosts[0].send(&[frame]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+        let mut b = Batch::new(64);
+        let n = rig.hosts[port].recv(&mut b).unwrap();
+        if let Some(j) = (0..n).find(|&j| b.frame(j).ends_with(b"hello")) {
+            return Some(b.frame(j).to_vec());
+        }
+    }
+    None
+}
+
+#[test]
+fn an_interface_entry_sends_every_route_naming_it_and_one_change_moves_them_all() {
+    let mut rig = rig(None);
+    let c = rig.client.clone();
+    // An action may not name an interface that is not there.
+    let e = refused(
+        &rig,
+        "POST",
+        "/api/v1/tables/acl/entries",
+        Some(json!({"match": {"ip_dst": "10.7.0.1"}, "actions": [{"interface": 4}]})),
+    );
+    assert!(e.contains("400") && e.contains("no interface 4"), "{e}");
+    let e = refused(
+        &rig,
+        "PUT",
+        "/api/v1/interfaces/4",
+        Some(json!({"eth_dst": "02:00:00:00:07:07", "eth_src": "nonsense", "port": 1})),
+    );
+    assert!(e.contains("eth_src"), "{e}");
+    let e = refused(
+        &rig,
+        "PUT",
+        "/api/v1/interfaces/4",
+        Some(json!({"eth_dst": "02:00:00:00:07:07", "eth_src": "02:00:00:00:00:fe", "port": 9})),
+    );
+    assert!(e.contains("port 9 does not exist"), "{e}");
+    c.call(
+        "PUT",
+        "/api/v1/interfaces/4",
+        Some(&json!({"eth_dst": "02:00:00:00:07:07", "eth_src": "02:00:00:00:00:fe", "port": 1})),
+    )
+    .unwrap();
+    for ip in ["10.7.0.1", "10.7.0.2"] {
+        c.call(
+            "POST",
+            "/api/v1/tables/acl/entries",
+            Some(&json!({"match": {"ip_dst": ip}, "actions": [{"interface": 4}]})),
+        )
+        .unwrap();
+    }
+    let shown = c.call("GET", "/api/v1/interfaces/4", None).unwrap();
+    assert_eq!(
+        (shown["port"].as_u64(), shown["used_by"].as_u64()),
+        (Some(1), Some(2))
+    );
+    for last in [1, 2] {
+        let out = received(&mut rig, 1, &frame(Ipv4Addr::new(10, 7, 0, last))).expect("on port 1");
+        assert_eq!(&out[0..6], &[2, 0, 0, 0, 7, 7]);
+        assert_eq!(&out[6..12], &[2, 0, 0, 0, 0, 0xfe]);
+    }
+    // One change to the interface moves both routes.
+    c.call(
+        "PUT",
+        "/api/v1/interfaces/4",
+        Some(&json!({"eth_dst": "02:00:00:00:08:08", "eth_src": "02:00:00:00:00:fe", "port": 2})),
+    )
+    .unwrap();
+    for last in [1, 2] {
+        assert_eq!(
+            outputs(&mut rig, &frame(Ipv4Addr::new(10, 7, 0, last))),
+            [2]
+        );
+    }
+    // Not removed while named.
+    let e = refused(&rig, "DELETE", "/api/v1/interfaces/4", None);
+    assert!(e.contains("409"), "{e}");
+    let listed = c.call("GET", "/api/v1/interfaces", None).unwrap();
+    assert_eq!(listed["interfaces"].as_array().map(Vec::len), Some(1));
+    let entries = c.call("GET", "/api/v1/tables/acl/entries", None).unwrap();
+    for e in entries["entries"].as_array().unwrap() {
+        if e["actions"][0]["interface"] == 4 {
+            c.call(
+                "DELETE",
+                &format!("/api/v1/tables/acl/entries/{}", e["id"]),
+                None,
+            )
+            .unwrap();
+        }
+    }
+    c.call("DELETE", "/api/v1/interfaces/4", None).unwrap();
+    let e = refused(&rig, "GET", "/api/v1/interfaces/4", None);
+    assert!(e.contains("404"), "{e}");
+}
+
+#[test]
+fn registers_are_read_and_written_and_steer_frames() {
+    let mut rig = rig(None);
+    let c = rig.client.clone();
+    // `mode` outputs by metadata register 3, which acl loads from user register 7 and counts
+    // in user register 8.
+    c.call(
+        "POST",
+        "/api/v1/tables",
+        Some(&json!({"name": "mode", "kind": "exact",
+                     "key": [{"name": "mode", "meta": "reg3"}], "miss": ["flood"]})),
+    )
+    .unwrap();
+    c.call(
+        "POST",
+        "/api/v1/tables/mode/entries",
+        Some(&json!({"match": {"mode": 2}, "actions": [{"output": 2}]})),
+    )
+    .unwrap();
+    c.call(
+        "POST",
+        "/api/v1/tables/acl/entries",
+        Some(&json!({"match": {"ip_dst": "10.7.0.1"}, "actions": [
+            {"add_register": {"register": 8, "value": 1}},
+            {"load_reg": {"reg": 3, "register": 7}},
+            {"goto": "mode"}]})),
+    )
+    .unwrap();
+    let f = frame(Ipv4Addr::new(10, 7, 0, 1));
+    assert_eq!(outputs(&mut rig, &f), [1, 2]);
+    let written = c
+        .call("PUT", "/api/v1/registers/user7", Some(&json!({"value": 2})))
+        .unwrap();
+    assert_eq!(written["value"], 2);
+    assert_eq!(outputs(&mut rig, &f), [2]);
+    let user8 = c.call("GET", "/api/v1/registers/user8", None).unwrap();
+    assert_eq!(user8["value"], 2);
+    // The ports' figures are registers too, read-only.
+    let all = c.call("GET", "/api/v1/registers", None).unwrap();
+    let all = all["registers"].as_array().unwrap();
+    assert_eq!(all.iter().filter(|r| r["writable"] == true).count(), 64);
+    let rx = all
+        .iter()
+        .find(|r| r["name"] == "port0.rx_packets")
+        .expect("port 0's packets are a register");
+    assert!(rx["value"].as_u64() >= Some(2), "{rx}");
+    let e = refused(
+        &rig,
+        "PUT",
+        "/api/v1/registers/port0.rx_packets",
+        Some(json!({"value": 0})),
+    );
+    assert!(e.contains("409") && e.contains("read-only"), "{e}");
+    let e = refused(
+        &rig,
+        "PUT",
+        "/api/v1/registers/user64",
+        Some(json!({"value": 0})),
+    );
+    assert!(e.contains("404"), "{e}");
+    let e = refused(
+        &rig,
+        "PUT",
+        "/api/v1/registers/user1",
+        Some(json!({"value": -1})),
+    );
+    assert!(e.contains("400") && e.contains("value"), "{e}");
+    // The program's registers are not an operator's to write.
+    let e = refused(
+        &rig,
+        "POST",
+        "/api/v1/tables/acl/entries",
+        Some(
+            json!({"match": {"ip_dst": "10.7.0.2"}, "actions": [{"set_reg": {"reg": 0, "value": 1}}]}),
+        ),
+    );
+    assert!(e.contains("reg0"), "{e}");
 }

@@ -28,7 +28,7 @@ impl fmt::Display for TableId {
 
 /// One step of an action list.
 ///
-/// Actions run in order. Terminal actions (`Output`, `Flood`, `ToCpu`, `Drop`) record the
+/// Actions run in order. Terminal actions (`Output`, `Flood`, `ToCpu`, `Drop`, `Interface`) record the
 /// verdict and processing goes on; the last one recorded wins. Processing ends when a list ends
 /// without a `Goto`, or when the pipeline itself drops the frame (see [`crate::reason`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,6 +68,15 @@ pub enum Action {
     Goto(TableId),
     /// Set metadata register `n` (< [`NUM_REGS`](crate::NUM_REGS)) for later tables to match on.
     SetReg(u8, u32),
+    /// Copy the low 32 bits of user register `user` (< [`NUM_USER_REGS`](crate::NUM_USER_REGS))
+    /// into metadata register `reg`: `LoadReg(reg, user)`.
+    LoadReg(u8, u8),
+    /// Add to user register `n`, wrapping: `AddReg(n, amount)`.
+    AddReg(u8, u32),
+    /// Send the frame through entry `n` of the interface table: rewrite its Ethernet
+    /// destination and source and output it on the interface's port. The entry is read when
+    /// the frame runs, so changing it changes every list that names it.
+    Interface(u16),
 }
 
 impl Action {
@@ -75,7 +84,11 @@ impl Action {
     pub fn is_terminal(&self) -> bool {
         matches!(
             self,
-            Action::Output(_) | Action::Flood | Action::ToCpu(_) | Action::Drop(_)
+            Action::Output(_)
+                | Action::Flood
+                | Action::ToCpu(_)
+                | Action::Drop(_)
+                | Action::Interface(_)
         )
     }
 }

@@ -75,6 +75,15 @@ pub enum Error {
     /// A table cannot be removed while an action list elsewhere jumps to it.
     #[error("{table} is the target of a goto in {by}")]
     TableInUse { table: TableId, by: TableId },
+    /// A `LoadReg` or `AddReg` names a user register out of range.
+    #[error("user register {0} out of range (have {})", crate::NUM_USER_REGS)]
+    BadUserRegister(u8),
+    /// No interface table entry with this id.
+    #[error("no interface {0} (ids are 0 to {})", crate::MAX_INTERFACES - 1)]
+    UnknownInterface(u16),
+    /// An interface table entry cannot be removed while an action list refers to it.
+    #[error("interface {interface} is used by an action in {by}")]
+    InterfaceInUse { interface: u16, by: String },
     /// An action list is longer than [`MAX_ACTIONS`](crate::MAX_ACTIONS).
     #[error("{0} actions in one list (max {})", crate::MAX_ACTIONS)]
     TooManyActions(usize),

@@ -42,8 +42,8 @@ pub use action::{Action, CounterId, SelectorId, TableId, Verdict};
 pub use error::{Error, FieldError};
 pub use field::{Field, Meta};
 pub use pipeline::{
-    Choose, CounterSnapshot, EntryView, Pipeline, PipelineStats, SelectorSnapshot, Snapshot,
-    TableSnapshot, Taken,
+    Choose, CounterSnapshot, EntryView, Interface, Pipeline, PipelineStats, SelectorSnapshot,
+    Snapshot, TableSnapshot, Taken,
 };
 pub use table::{Entry, EntryId, MatchKind, TableSpec};
 
@@ -63,4 +63,11 @@ pub const MAX_TABLES: usize = 256;
 pub const MAX_ACTIONS: usize = 64;
 
 /// Number of metadata registers in [`Meta::regs`].
-pub const NUM_REGS: usize = 4;
+pub const NUM_REGS: usize = 8;
+
+/// Number of user registers: state that outlives a frame, read and written by the control
+/// plane and by [`Action::LoadReg`] and [`Action::AddReg`].
+pub const NUM_USER_REGS: usize = 64;
+
+/// Most entries in the interface table; interface ids are `0..MAX_INTERFACES`.
+pub const MAX_INTERFACES: usize = 256;

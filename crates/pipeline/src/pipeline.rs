@@ -9,7 +9,7 @@ use crate::field::{extract, Field, Meta};
 use crate::reason;
 use crate::rewrite::{self, Addr, Ttl};
 use crate::table::{table_id, Entry, EntryId, MatchKind, Stored, Table, TableSpec};
-use crate::{MAX_ACTIONS, MAX_KEY_LEN, MAX_TABLES, NUM_REGS};
+use crate::{MAX_ACTIONS, MAX_INTERFACES, MAX_KEY_LEN, MAX_TABLES, NUM_REGS, NUM_USER_REGS};
 
 /// Picks a selector member for a key hash — for example a ketama ring over backends.
 ///
@@ -33,6 +33,15 @@ struct Counter {
     name: String,
     packets: u64,
     bytes: u64,
+}
+
+/// An entry of the interface table: where [`Action::Interface`] sends a frame and with which
+/// Ethernet addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Interface {
+    pub eth_dst: [u8; 6],
+    pub eth_src: [u8; 6],
+    pub port: u16,
 }
 
 /// Pipeline-wide statistics.
@@ -138,6 +147,10 @@ pub struct Pipeline {
     selectors: Vec<Selector>,
     /// Counters by [`CounterId`]; never removed.
     counters: Vec<Counter>,
+    /// The interface table, by id.
+    interfaces: Vec<Option<Interface>>,
+    /// User registers.
+    registers: Vec<u64>,
     stats: PipelineStats,
     /// The lookup key being built; capacity [`MAX_KEY_LEN`].
     key: Vec<u8>,
@@ -172,6 +185,8 @@ struct Exec<'a> {
     frame: &'a mut [u8],
     meta: &'a mut Meta,
     counters: &'a mut [Counter],
+    interfaces: &'a [Option<Interface>],
+    registers: &'a mut [u64],
     stats: &'a mut PipelineStats,
     verdict: Option<Verdict>,
 }
@@ -215,6 +230,29 @@ impl Exec<'_> {
                 if let Some(r) = self.meta.regs.get_mut(usize::from(n)) {
                     *r = v;
                 }
+            }
+            Action::LoadReg(n, user) => {
+                let value = self.registers.get(usize::from(user)).copied();
+                if let (Some(r), Some(v)) = (self.meta.regs.get_mut(usize::from(n)), value) {
+                    // The low 32 bits, as documented.
+                    *r = v as u32;
+                }
+            }
+            Action::AddReg(n, amount) => {
+                if let Some(r) = self.registers.get_mut(usize::from(n)) {
+                    *r = r.wrapping_add(u64::from(amount));
+                }
+            }
+            Action::Interface(i) => {
+                // Insertion checks the id and removal is refused while it is named, so the
+                // entry is there; a frame that finds none all the same is dropped.
+                let Some(Some(it)) = self.interfaces.get(usize::from(i)) else {
+                    return Flow::Stop(reason::NO_INTERFACE);
+                };
+                let done = rewrite::set_mac(self.frame, 0, it.eth_dst)
+                    && rewrite::set_mac(self.frame, 6, it.eth_src);
+                self.applied(done);
+                self.verdict = Some(Verdict::Output(it.port));
             }
             Action::Goto(t) => return Flow::Goto(t),
             // Selector members cannot select (checked at insertion); treat as a no-op.
@@ -271,6 +309,8 @@ impl Pipeline {
             tables: Vec::new(),
             selectors: Vec::new(),
             counters: Vec::new(),
+            interfaces: vec![None; MAX_INTERFACES],
+            registers: vec![0; NUM_USER_REGS],
             stats: PipelineStats::default(),
             key: Vec::with_capacity(MAX_KEY_LEN),
             scratch: Vec::with_capacity(MAX_KEY_LEN),
@@ -527,6 +567,99 @@ impl Pipeline {
             .map(|c| (c.packets, c.bytes))
     }
 
+    /// Entry `i` of the interface table.
+    pub fn interface(&self, i: u16) -> Option<Interface> {
+        self.interfaces.get(usize::from(i)).copied().flatten()
+    }
+
+    /// The interface table's entries, by id.
+    pub fn interfaces(&self) -> impl Iterator<Item = (u16, Interface)> + '_ {
+        self.interfaces
+            .iter()
+            .enumerate()
+            .filter_map(|(i, it)| Some((i as u16, (*it)?)))
+    }
+
+    /// How many entries, miss lists and selector members name interface `i`.
+    pub fn interface_uses(&self, i: u16) -> usize {
+        let names = |list: &[Action]| list.contains(&Action::Interface(i));
+        let tables: usize = self
+            .tables
+            .iter()
+            .filter(|t| !t.removed)
+            .map(|t| {
+                usize::from(names(&t.miss))
+                    + t.iter().filter(|(_, s)| names(&s.entry.actions)).count()
+            })
+            .sum();
+        let selectors: usize = self
+            .selectors
+            .iter()
+            .map(|s| s.members.iter().filter(|m| names(m)).count())
+            .sum();
+        tables + selectors
+    }
+
+    /// Sets entry `i` of the interface table, adding it or replacing it; frames that name it
+    /// use the new addresses and port from the next frame on.
+    pub fn set_interface(&mut self, i: u16, it: Interface) -> Result<(), Error> {
+        let slot = self
+            .interfaces
+            .get_mut(usize::from(i))
+            .ok_or(Error::UnknownInterface(i))?;
+        *slot = Some(it);
+        Ok(())
+    }
+
+    /// Removes entry `i` of the interface table. Refused with [`Error::InterfaceInUse`] while
+    /// an entry, a miss list or a selector member names it.
+    pub fn remove_interface(&mut self, i: u16) -> Result<Interface, Error> {
+        let it = self.interface(i).ok_or(Error::UnknownInterface(i))?;
+        let names = |list: &[Action]| list.contains(&Action::Interface(i));
+        for (t, table) in self.tables.iter().enumerate() {
+            if !table.removed
+                && (names(&table.miss) || table.iter().any(|(_, s)| names(&s.entry.actions)))
+            {
+                return Err(Error::InterfaceInUse {
+                    interface: i,
+                    by: table_id(t).to_string(),
+                });
+            }
+        }
+        if let Some(s) = self
+            .selectors
+            .iter()
+            .position(|s| s.members.iter().any(|m| names(m)))
+        {
+            return Err(Error::InterfaceInUse {
+                interface: i,
+                by: format!("selector {s}"),
+            });
+        }
+        self.interfaces[usize::from(i)] = None;
+        Ok(it)
+    }
+
+    /// User register `n`.
+    pub fn register(&self, n: u8) -> Option<u64> {
+        self.registers.get(usize::from(n)).copied()
+    }
+
+    /// All user registers, in order.
+    pub fn registers(&self) -> &[u64] {
+        &self.registers
+    }
+
+    /// Writes user register `n`.
+    pub fn set_register(&mut self, n: u8, value: u64) -> Result<(), Error> {
+        let r = self
+            .registers
+            .get_mut(usize::from(n))
+            .ok_or(Error::BadUserRegister(n))?;
+        *r = value;
+        Ok(())
+    }
+
     /// Pipeline-wide statistics.
     pub fn stats(&self) -> &PipelineStats {
         &self.stats
@@ -610,6 +743,8 @@ impl Pipeline {
             tables,
             selectors,
             counters,
+            interfaces,
+            registers,
             stats,
             key,
             scratch,
@@ -621,6 +756,8 @@ impl Pipeline {
             frame,
             meta,
             counters,
+            interfaces,
+            registers,
             stats,
             verdict: None,
         };
@@ -704,8 +841,14 @@ impl Pipeline {
                 Action::Count(id) if id.0 as usize >= self.counters.len() => {
                     return Err(Error::UnknownCounter(id));
                 }
-                Action::SetReg(n, _) if usize::from(n) >= NUM_REGS => {
+                Action::SetReg(n, _) | Action::LoadReg(n, _) if usize::from(n) >= NUM_REGS => {
                     return Err(Error::BadRegister(n));
+                }
+                Action::LoadReg(_, n) | Action::AddReg(n, _) if usize::from(n) >= NUM_USER_REGS => {
+                    return Err(Error::BadUserRegister(n));
+                }
+                Action::Interface(i) if self.interface(i).is_none() => {
+                    return Err(Error::UnknownInterface(i));
                 }
                 Action::Drop(code) if code < reason::USER_BASE => {
                     return Err(Error::ReservedReason(code));

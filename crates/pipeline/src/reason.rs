@@ -24,15 +24,18 @@ pub const SELECTOR_OUT_OF_RANGE: u16 = 4;
 pub const BAD_GOTO: u16 = 5;
 /// `DecTtl` found an IPv4 TTL of 0 or 1.
 pub const TTL_EXPIRED: u16 = 6;
+/// An `Interface` action found no entry in the interface table.
+pub const NO_INTERFACE: u16 = 7;
 
 /// Every pipeline reason code, in order, with its name.
-pub const ALL: [(u16, &str); 6] = [
+pub const ALL: [(u16, &str); 7] = [
     (NO_VERDICT, "no_verdict"),
     (NO_TABLES, "no_tables"),
     (NO_SELECTOR_MEMBER, "no_selector_member"),
     (SELECTOR_OUT_OF_RANGE, "selector_out_of_range"),
     (BAD_GOTO, "bad_goto"),
     (TTL_EXPIRED, "ttl_expired"),
+    (NO_INTERFACE, "no_interface"),
 ];
 
 /// The name of a pipeline reason code, or `None` for an unknown or caller-defined code.

@@ -6,7 +6,8 @@ mod common;
 use common::*;
 use pipeline::reason::{self, USER_BASE};
 use pipeline::{
-    Action, Choose, Entry, Error, Field, MatchKind, Meta, Pipeline, TableId, TableSpec, Verdict,
+    Action, Choose, Entry, Error, Field, Interface, MatchKind, Meta, Pipeline, TableId, TableSpec,
+    Verdict, MAX_INTERFACES, NUM_REGS, NUM_USER_REGS,
 };
 
 const MAC_A: [u8; 6] = [0x02, 0, 0, 0, 0, 0x0a];
@@ -639,7 +640,7 @@ fn validation_errors() {
         Err(Error::BadField(_))
     ));
     assert!(matches!(
-        p.add_table(exact("r", vec![Field::Reg(4)], vec![])),
+        p.add_table(exact("r", vec![Field::Reg(NUM_REGS as u8)], vec![])),
         Err(Error::BadField(_))
     ));
     assert_eq!(
@@ -904,6 +905,29 @@ fn everything() -> Pipeline {
         ),
     )
     .unwrap();
+    p.set_interface(
+        0,
+        Interface {
+            eth_dst: MAC_B,
+            eth_src: VIP_MAC,
+            port: 9,
+        },
+    )
+    .unwrap();
+    p.insert(
+        tern,
+        Entry::ternary(
+            [8, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            [0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            2,
+            vec![
+                Action::AddReg(1, 3),
+                Action::LoadReg(1, 1),
+                Action::Interface(0),
+            ],
+        ),
+    )
+    .unwrap();
     // Route unknown destinations through the LPM table instead of flooding.
     p.set_miss(TableId(0), vec![Action::SetReg(0, 1), Action::Goto(lpm)])
         .unwrap();
@@ -952,7 +976,7 @@ fn random_frames_never_panic() {
             in_port: rng.next() as u16,
             key_hash: rng.next(),
             flags: rng.next() % 2,
-            regs: [0; 4],
+            regs: [0; NUM_REGS],
         };
         let len = frame.len();
         let _ = p.process(&mut frame, &mut m);
@@ -1071,4 +1095,117 @@ fn a_taken_entry_comes_back_with_its_id_hits_and_place() {
     assert_eq!(p.process(&mut frame, &mut Meta::new(0)), Verdict::Output(1));
     assert_eq!(p.entry(t, first).unwrap().hits, 2);
     assert_eq!(pipeline::EntryId::from_u64(first.to_u64()), first);
+}
+
+#[test]
+fn an_interface_rewrites_and_outputs_and_a_change_to_it_applies_to_every_entry_naming_it() {
+    let mut p = Pipeline::new();
+    let t = p
+        .add_table(exact("by_ip", vec![bytes(30, 4)], vec![Action::Flood]))
+        .unwrap();
+    // An entry may not name an interface that is not there.
+    assert_eq!(
+        p.insert(t, Entry::exact([10, 0, 0, 1], vec![Action::Interface(3)])),
+        Err(Error::UnknownInterface(3))
+    );
+    assert_eq!(
+        p.set_interface(
+            MAX_INTERFACES as u16,
+            Interface {
+                eth_dst: MAC_B,
+                eth_src: VIP_MAC,
+                port: 1
+            }
+        ),
+        Err(Error::UnknownInterface(MAX_INTERFACES as u16))
+    );
+    let first = Interface {
+        eth_dst: MAC_B,
+        eth_src: VIP_MAC,
+        port: 4,
+    };
+    p.set_interface(3, first).unwrap();
+    for ip in [[10, 0, 0, 1], [10, 0, 0, 2]] {
+        p.insert(t, Entry::exact(ip, vec![Action::Interface(3)]))
+            .unwrap();
+    }
+    let frame = |ip: [u8; 4]| to_ip(ip);
+    let mut f = frame([10, 0, 0, 1]);
+    assert_eq!(p.process(&mut f, &mut meta(0, 0)), Verdict::Output(4));
+    assert_eq!((&f[0..6], &f[6..12]), (&MAC_B[..], &VIP_MAC[..]));
+    // One change moves both entries' traffic.
+    p.set_interface(
+        3,
+        Interface {
+            eth_dst: MAC_A,
+            eth_src: VIP_MAC,
+            port: 5,
+        },
+    )
+    .unwrap();
+    for ip in [[10, 0, 0, 1], [10, 0, 0, 2]] {
+        let mut f = frame(ip);
+        assert_eq!(p.process(&mut f, &mut meta(0, 0)), Verdict::Output(5));
+        assert_eq!(&f[0..6], &MAC_A[..]);
+    }
+    // Not removed while named; removed once nothing names it.
+    assert!(matches!(
+        p.remove_interface(3),
+        Err(Error::InterfaceInUse { interface: 3, .. })
+    ));
+    let ids: Vec<_> = p.entries(t).unwrap().map(|e| e.id).collect();
+    for id in ids {
+        p.remove(t, id).unwrap();
+    }
+    assert_eq!(p.remove_interface(3).map(|it| it.port), Ok(5));
+    assert_eq!(p.interface(3), None);
+    assert_eq!(p.remove_interface(3), Err(Error::UnknownInterface(3)));
+}
+
+#[test]
+fn user_registers_outlive_frames_and_feed_later_tables() {
+    let mut p = Pipeline::new();
+    // Table 0 counts every frame in user register 5 and loads user register 9 into metadata
+    // register 3; table 1 outputs by that register.
+    let t0 = p
+        .add_table(exact(
+            "first",
+            vec![bytes(0, 1)],
+            vec![
+                Action::AddReg(5, 2),
+                Action::LoadReg(3, 9),
+                Action::Goto(TableId(1)),
+            ],
+        ))
+        .unwrap();
+    let t1 = p
+        .add_table(exact("mode", vec![Field::Reg(3)], vec![Action::Output(1)]))
+        .unwrap();
+    p.insert(t1, Entry::exact([0, 0, 0, 7], vec![Action::Output(7)]))
+        .unwrap();
+    let mut f = to_a();
+    assert_eq!(p.process(&mut f, &mut meta(0, 0)), Verdict::Output(1));
+    p.set_register(9, 0x1_0000_0007).unwrap();
+    assert_eq!(p.process(&mut f, &mut meta(0, 0)), Verdict::Output(7));
+    assert_eq!(p.register(5), Some(4));
+    assert_eq!(p.registers().len(), NUM_USER_REGS);
+    assert_eq!(
+        p.set_register(NUM_USER_REGS as u8, 1),
+        Err(Error::BadUserRegister(NUM_USER_REGS as u8))
+    );
+    assert_eq!(
+        p.insert(
+            t0,
+            Entry::exact([1], vec![Action::AddReg(NUM_USER_REGS as u8, 1)])
+        ),
+        Err(Error::BadUserRegister(NUM_USER_REGS as u8))
+    );
+    assert_eq!(
+        p.insert(
+            t0,
+            Entry::exact([1], vec![Action::LoadReg(NUM_REGS as u8, 0)])
+        ),
+        Err(Error::BadRegister(NUM_REGS as u8))
+    );
+    assert_eq!(p.len(t0), Ok(0));
 }

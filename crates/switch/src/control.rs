@@ -12,6 +12,7 @@ use std::fmt;
 use std::net::Ipv4Addr;
 
 use pipeline::{Action, Entry, Field, MatchKind};
+pub use pipeline::{MAX_INTERFACES, NUM_REGS, NUM_USER_REGS};
 use serde::{Deserialize, Serialize};
 use wire::ethernet::Mac;
 
@@ -28,6 +29,9 @@ pub const MAX_BATCH: usize = 100_000;
 pub const CPU_QUEUE: usize = 1024;
 /// Longest table or counter name.
 pub const MAX_NAME: usize = 64;
+/// The first metadata register an operator's actions may write; the memcached program keeps
+/// those below it.
+pub const FIRST_OPERATOR_REG: u8 = 3;
 
 /// The key of [`ACL`]: every named field, so that an entry can match any of them.
 pub const ACL_KEY: &[&str] = &[
@@ -136,6 +140,10 @@ pub enum MetaField {
     Reg1,
     Reg2,
     Reg3,
+    Reg4,
+    Reg5,
+    Reg6,
+    Reg7,
 }
 
 impl MetaField {
@@ -148,6 +156,10 @@ impl MetaField {
             MetaField::Reg1 => Field::Reg(1),
             MetaField::Reg2 => Field::Reg(2),
             MetaField::Reg3 => Field::Reg(3),
+            MetaField::Reg4 => Field::Reg(4),
+            MetaField::Reg5 => Field::Reg(5),
+            MetaField::Reg6 => Field::Reg(6),
+            MetaField::Reg7 => Field::Reg(7),
         }
     }
 }
@@ -221,8 +233,65 @@ pub enum ActionDef {
     DecTtl,
     /// Go on at a later table.
     Goto(String),
+    /// Send through this entry of the interface table (its MACs, its port).
+    Interface(u16),
+    /// Set a metadata register (3 to 7) for a later table's key.
+    SetReg {
+        reg: u8,
+        value: u32,
+    },
+    /// Copy the low 32 bits of a user register into a metadata register (3 to 7).
+    LoadReg {
+        reg: u8,
+        register: u8,
+    },
+    /// Add to a user register.
+    AddRegister {
+        register: u8,
+        value: u32,
+    },
     /// An action of the memcached program that only it writes, described.
     Program(String),
+}
+
+/// An entry of the interface table as the API writes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InterfaceDef {
+    pub eth_dst: String,
+    pub eth_src: String,
+    pub port: u16,
+}
+
+/// An entry of the interface table as the API shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InterfaceView {
+    pub id: u16,
+    pub eth_dst: String,
+    pub eth_src: String,
+    pub port: u16,
+    /// Entries, miss lists and selector members whose actions name it.
+    pub used_by: usize,
+}
+
+/// A register as the API shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterView {
+    /// `user0` to `user63`, or `port<N>.<what>` for a port's figures.
+    pub name: String,
+    pub value: u64,
+    pub writable: bool,
+}
+
+/// The name of user register `n`.
+pub fn user_register_name(n: usize) -> String {
+    format!("user{n}")
+}
+
+/// The user register a name denotes: `user<N>` with N below `NUM_USER_REGS`.
+pub fn user_register(name: &str) -> Option<u8> {
+    let n: usize = name.strip_prefix("user")?.parse().ok()?;
+    (n < pipeline::NUM_USER_REGS && name == user_register_name(n)).then_some(n as u8)
 }
 
 /// A value for one field of an entry's match.
@@ -469,7 +538,11 @@ pub fn describe_field(field: Field, i: usize) -> KeyField {
             0 => MetaField::Reg0,
             1 => MetaField::Reg1,
             2 => MetaField::Reg2,
-            _ => MetaField::Reg3,
+            3 => MetaField::Reg3,
+            4 => MetaField::Reg4,
+            5 => MetaField::Reg5,
+            6 => MetaField::Reg6,
+            _ => MetaField::Reg7,
         }),
     }
 }

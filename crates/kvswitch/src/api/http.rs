@@ -27,7 +27,10 @@ use super::{cache_query, Exporter, STATUS_ENTRIES};
 use crate::cache;
 use dataplane::{EgressSettings, Remote, RemoteError};
 use kv::Instant;
-use switch::control::{self, ActionDef, Change, ControlError, EntryDef, ErrorKind, TableDef};
+use switch::control::{
+    self, ActionDef, Change, ControlError, EntryDef, ErrorKind, InterfaceDef, RegisterView,
+    TableDef,
+};
 use switch::pool::{Pool, PoolChangeError, ServerSpec};
 use switch::{Emit, Switch};
 
@@ -49,6 +52,10 @@ pub const ROUTES: &[(&str, &[&str])] = &[
     ("/api/v1/ports", &["get"]),
     ("/api/v1/ports/{port}/egress", &["put"]),
     ("/api/v1/counters", &["get"]),
+    ("/api/v1/interfaces", &["get"]),
+    ("/api/v1/interfaces/{id}", &["get", "put", "delete"]),
+    ("/api/v1/registers", &["get"]),
+    ("/api/v1/registers/{name}", &["get", "put"]),
     ("/api/v1/packets", &["get", "post"]),
     ("/api/v1/pool", &["get"]),
     ("/api/v1/pool/servers", &["post"]),
@@ -178,6 +185,18 @@ pub fn router(api: Shared) -> Router {
             axum::routing::put(set_egress),
         )
         .route("/api/v1/counters", get(counters))
+        .route("/api/v1/interfaces", get(interfaces))
+        .route(
+            "/api/v1/interfaces/{id}",
+            get(show_interface)
+                .put(set_interface)
+                .delete(delete_interface),
+        )
+        .route("/api/v1/registers", get(registers))
+        .route(
+            "/api/v1/registers/{name}",
+            get(show_register).put(set_register),
+        )
         .route("/api/v1/packets", get(take_packets).post(send_packet))
         .route("/api/v1/pool", get(pool))
         .route("/api/v1/pool/servers", post(add_server))
@@ -496,6 +515,123 @@ async fn set_egress(State(api): State<Shared>, Path(port): Path<String>, bytes: 
 
 async fn counters(State(api): State<Shared>) -> Reply {
     ok(json!({ "counters": call(&api, |sw, _, _| sw.counters()).await? }))
+}
+
+async fn interfaces(State(api): State<Shared>) -> Reply {
+    ok(json!({ "interfaces": call(&api, |sw, _, _| sw.interfaces()).await? }))
+}
+
+fn interface_id(id: &str) -> Result<u16, ApiFailure> {
+    id.parse().map_err(|_| {
+        ApiFailure::from(ControlError::new(
+            ErrorKind::Invalid,
+            "id",
+            format!(
+                "{id:?} is not an interface id (0 to {})",
+                control::MAX_INTERFACES - 1
+            ),
+        ))
+    })
+}
+
+async fn show_interface(State(api): State<Shared>, Path(id): Path<String>) -> Reply {
+    let id = interface_id(&id)?;
+    let all = call(&api, |sw, _, _| sw.interfaces()).await?;
+    match all.into_iter().find(|it| it.id == id) {
+        Some(it) => ok(it),
+        None => Err(ApiFailure::from(ControlError::new(
+            ErrorKind::NotFound,
+            "id",
+            format!("no interface {id}"),
+        ))),
+    }
+}
+
+async fn set_interface(State(api): State<Shared>, Path(id): Path<String>, bytes: Bytes) -> Reply {
+    let id = interface_id(&id)?;
+    let def: InterfaceDef = body(&bytes)?;
+    ok(call(&api, move |sw, _, _| sw.set_interface(id, def)).await??)
+}
+
+async fn delete_interface(State(api): State<Shared>, Path(id): Path<String>) -> Reply {
+    let id = interface_id(&id)?;
+    call(&api, move |sw, _, _| sw.delete_interface(id)).await??;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// The user registers (from the switch) and the ports' figures as read-only registers
+/// `port<N>.<figure>`: packets, bytes, drops and egress queue lengths.
+async fn all_registers(api: &Api) -> Result<Vec<RegisterView>, ApiFailure> {
+    let mut out = call(api, |sw, _, _| sw.registers()).await?;
+    for (p, port) in api
+        .exporter
+        .ports()
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        for (figure, value) in port.as_object().into_iter().flatten() {
+            if let Some(value) = value.as_u64() {
+                out.push(RegisterView {
+                    name: format!("port{p}.{figure}"),
+                    value,
+                    writable: false,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+async fn registers(State(api): State<Shared>) -> Reply {
+    ok(json!({ "registers": all_registers(&api).await? }))
+}
+
+fn no_register(name: &str) -> ApiFailure {
+    ApiFailure::from(ControlError::new(
+        ErrorKind::NotFound,
+        "name",
+        format!(
+            "no register {name:?}: user registers are user0 to user{}, port figures \
+             port<N>.<figure> (GET /api/v1/registers lists them)",
+            control::NUM_USER_REGS - 1
+        ),
+    ))
+}
+
+async fn show_register(State(api): State<Shared>, Path(name): Path<String>) -> Reply {
+    let all = all_registers(&api).await?;
+    match all.into_iter().find(|r| r.name == name) {
+        Some(r) => ok(r),
+        None => Err(no_register(&name)),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RegisterValue {
+    value: u64,
+}
+
+async fn set_register(State(api): State<Shared>, Path(name): Path<String>, bytes: Bytes) -> Reply {
+    let RegisterValue { value } = body(&bytes)?;
+    let Some(n) = control::user_register(&name) else {
+        if name.starts_with("port") && all_registers(&api).await?.iter().any(|r| r.name == name) {
+            return Err(ApiFailure::from(ControlError::new(
+                ErrorKind::Conflict,
+                "name",
+                format!("{name} is a port's figure and is read-only"),
+            )));
+        }
+        return Err(no_register(&name));
+    };
+    call(&api, move |sw, _, _| sw.set_register(n, value)).await??;
+    ok(RegisterView {
+        name,
+        value,
+        writable: true,
+    })
 }
 
 #[derive(Deserialize)]

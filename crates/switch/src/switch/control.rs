@@ -7,9 +7,10 @@ use pipeline::{CounterId, EntryId, Taken};
 
 use super::*;
 use crate::control::{
-    check_name, describe_field, describe_match, field_name, hex, resolve_field, ActionDef, Change,
-    ControlError, CounterView, CpuFrame, EntryDef, EntryView, ErrorKind, KeyField, TableDef,
-    TableView, CPU_QUEUE, DEFAULT_TABLE_SIZE, MAX_BATCH, MAX_TABLE_SIZE,
+    check_name, describe_field, describe_match, field_name, hex, resolve_field, user_register_name,
+    ActionDef, Change, ControlError, CounterView, CpuFrame, EntryDef, EntryView, ErrorKind,
+    InterfaceDef, InterfaceView, KeyField, RegisterView, TableDef, TableView, CPU_QUEUE,
+    DEFAULT_TABLE_SIZE, FIRST_OPERATOR_REG, MAX_BATCH, MAX_TABLE_SIZE,
 };
 
 /// The control plane's additions to the switch.
@@ -32,9 +33,9 @@ enum Undo {
 
 fn pipeline_error(e: pipeline::Error) -> ControlError {
     let kind = match e {
-        pipeline::Error::DuplicateKey(_) | pipeline::Error::TableInUse { .. } => {
-            ErrorKind::Conflict
-        }
+        pipeline::Error::DuplicateKey(_)
+        | pipeline::Error::TableInUse { .. }
+        | pipeline::Error::InterfaceInUse { .. } => ErrorKind::Conflict,
         pipeline::Error::TableFull { .. } | pipeline::Error::TooManyTables => ErrorKind::Full,
         pipeline::Error::UnknownEntry(..) => ErrorKind::NotFound,
         _ => ErrorKind::Invalid,
@@ -411,6 +412,34 @@ impl Switch {
                     }
                     Action::Goto(to)
                 }
+                ActionDef::Interface(n) => {
+                    if self.pipeline.interface(*n).is_none() {
+                        return Err(bad(format!(
+                            "no interface {n}; add it with PUT /api/v1/interfaces/{n} first"
+                        )));
+                    }
+                    Action::Interface(*n)
+                }
+                ActionDef::SetReg { reg, .. } | ActionDef::LoadReg { reg, .. }
+                    if !(FIRST_OPERATOR_REG..pipeline::NUM_REGS as u8).contains(reg) =>
+                {
+                    return Err(bad(format!(
+                        "reg{reg}: operators write metadata registers {FIRST_OPERATOR_REG} to {} \
+                         (those below belong to the memcached program)",
+                        pipeline::NUM_REGS - 1
+                    )));
+                }
+                ActionDef::LoadReg { register, .. } | ActionDef::AddRegister { register, .. }
+                    if usize::from(*register) >= pipeline::NUM_USER_REGS =>
+                {
+                    return Err(bad(format!(
+                        "user register {register} does not exist (there are 0 to {})",
+                        pipeline::NUM_USER_REGS - 1
+                    )));
+                }
+                ActionDef::SetReg { reg, value } => Action::SetReg(*reg, *value),
+                ActionDef::LoadReg { reg, register } => Action::LoadReg(*reg, *register),
+                ActionDef::AddRegister { register, value } => Action::AddReg(*register, *value),
                 ActionDef::Program(_) => {
                     return Err(bad("program actions are written by the switch only".into()))
                 }
@@ -457,8 +486,108 @@ impl Switch {
                 Drop::from_code(c).map_or_else(|| c.to_string(), |d| d.name().to_string())
             )),
             Action::Select(_) => ActionDef::Program("select a server on the ring".into()),
+            Action::SetReg(reg, value) if reg >= FIRST_OPERATOR_REG => {
+                ActionDef::SetReg { reg, value }
+            }
             Action::SetReg(r, v) => ActionDef::Program(format!("set reg{r} = {v}")),
+            Action::LoadReg(reg, register) => ActionDef::LoadReg { reg, register },
+            Action::AddReg(register, value) => ActionDef::AddRegister { register, value },
+            Action::Interface(n) => ActionDef::Interface(n),
         }
+    }
+
+    /// The interface table.
+    pub fn interfaces(&self) -> Vec<InterfaceView> {
+        self.pipeline
+            .interfaces()
+            .map(|(id, it)| self.interface_view(id, it))
+            .collect()
+    }
+
+    fn interface_view(&self, id: u16, it: pipeline::Interface) -> InterfaceView {
+        InterfaceView {
+            id,
+            eth_dst: Mac(it.eth_dst).to_string(),
+            eth_src: Mac(it.eth_src).to_string(),
+            port: it.port,
+            used_by: self.pipeline.interface_uses(id),
+        }
+    }
+
+    /// Adds or replaces entry `id` of the interface table; every action naming it sends
+    /// through the new one from the next frame on.
+    pub fn set_interface(
+        &mut self,
+        id: u16,
+        def: InterfaceDef,
+    ) -> Result<InterfaceView, ControlError> {
+        if usize::from(id) >= pipeline::MAX_INTERFACES {
+            return Err(ControlError::invalid(
+                "id",
+                format!(
+                    "interface ids are 0 to {}, not {id}",
+                    pipeline::MAX_INTERFACES - 1
+                ),
+            ));
+        }
+        let mac = |field: &str, text: &str| {
+            text.parse::<Mac>()
+                .map_err(|_| ControlError::invalid(field, format!("{text:?} is not a MAC address")))
+        };
+        let (eth_dst, eth_src) = (mac("eth_dst", &def.eth_dst)?, mac("eth_src", &def.eth_src)?);
+        if usize::from(def.port) >= self.ports {
+            return Err(ControlError::invalid(
+                "port",
+                format!(
+                    "port {} does not exist (the switch has ports 0 to {})",
+                    def.port,
+                    self.ports.saturating_sub(1)
+                ),
+            ));
+        }
+        let it = pipeline::Interface {
+            eth_dst: eth_dst.0,
+            eth_src: eth_src.0,
+            port: def.port,
+        };
+        self.pipeline
+            .set_interface(id, it)
+            .map_err(pipeline_error)?;
+        Ok(self.interface_view(id, it))
+    }
+
+    /// Removes entry `id` of the interface table; refused while an action names it.
+    pub fn delete_interface(&mut self, id: u16) -> Result<(), ControlError> {
+        match self.pipeline.remove_interface(id) {
+            Ok(_) => Ok(()),
+            Err(pipeline::Error::UnknownInterface(_)) => Err(ControlError::new(
+                ErrorKind::NotFound,
+                "id",
+                format!("no interface {id}"),
+            )),
+            Err(e) => Err(pipeline_error(e).within("id")),
+        }
+    }
+
+    /// The user registers, in order.
+    pub fn registers(&self) -> Vec<RegisterView> {
+        self.pipeline
+            .registers()
+            .iter()
+            .enumerate()
+            .map(|(n, &value)| RegisterView {
+                name: user_register_name(n),
+                value,
+                writable: true,
+            })
+            .collect()
+    }
+
+    /// Writes user register `n`.
+    pub fn set_register(&mut self, n: u8, value: u64) -> Result<(), ControlError> {
+        self.pipeline
+            .set_register(n, value)
+            .map_err(|e| ControlError::new(ErrorKind::NotFound, "register", e.to_string()))
     }
 
     /// The counters operators' `count` actions feed.

@@ -450,7 +450,7 @@ impl Switch {
             in_port,
             key_hash: 0,
             flags: 0,
-            regs: [0; 4],
+            regs: [0; pipeline::NUM_REGS],
         };
         match ethertype {
             EtherType::ARP => {
