@@ -2,7 +2,7 @@
 //! `--json` for scripts, and [`Client`], the small blocking HTTP client it (and
 //! `kvswitch cache`) speaks with.
 
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -216,6 +216,15 @@ pub enum PacketCmd {
         #[arg(long, default_value_t = 0)]
         wait_ms: u64,
     },
+    /// Print the frames handed to the CPU as they come, one a line, until --count frames,
+    /// --ms milliseconds or Ctrl-C.
+    Watch {
+        #[arg(long)]
+        count: Option<u64>,
+        /// Stop after this many milliseconds.
+        #[arg(long)]
+        ms: Option<u64>,
+    },
 }
 
 /// A blocking client of the control API: one connection per request.
@@ -226,19 +235,90 @@ pub struct Client {
 }
 
 impl Client {
+    fn connect(&self, timeout: Option<Duration>) -> anyhow::Result<TcpStream> {
+        let conn = TcpStream::connect_timeout(&self.api, Duration::from_secs(5)).map_err(|e| {
+            anyhow::anyhow!(
+                "cannot reach the control API at {} ({e}); is kvswitch running there?",
+                self.api
+            )
+        })?;
+        conn.set_read_timeout(timeout)?;
+        conn.set_write_timeout(Some(Duration::from_secs(30)))?;
+        Ok(conn)
+    }
+
+    /// `GET path` of a streaming route: calls `each` with every JSON line as it arrives,
+    /// until the stream ends or `each` returns false.
+    pub fn stream(&self, path: &str, mut each: impl FnMut(Value) -> bool) -> anyhow::Result<()> {
+        let mut conn = self.connect(None)?;
+        let mut head = format!(
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n",
+            self.api
+        );
+        if let Some(t) = &self.token {
+            head.push_str(&format!("Authorization: Bearer {t}\r\n"));
+        }
+        head.push_str("\r\n");
+        conn.write_all(head.as_bytes())?;
+        let mut reader = BufReader::new(conn);
+        let mut status = String::new();
+        reader.read_line(&mut status)?;
+        let code: u16 = status
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let mut chunked = false;
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line)? == 0 || line.trim().is_empty() {
+                break;
+            }
+            chunked |= line
+                .to_ascii_lowercase()
+                .starts_with("transfer-encoding: chunked");
+        }
+        if code != 200 {
+            let mut rest = String::new();
+            let _ = reader.read_to_string(&mut rest);
+            let body = if chunked { dechunk(&rest) } else { rest };
+            let doc: Value = serde_json::from_str(body.trim()).unwrap_or(Value::Null);
+            let message = doc["error"].as_str().unwrap_or(body.trim()).to_string();
+            bail!("GET {path}: {code}: {message}");
+        }
+        let mut pending = Vec::new();
+        loop {
+            let mut piece = Vec::new();
+            if chunked {
+                let mut size = String::new();
+                reader.read_line(&mut size)?;
+                let n = usize::from_str_radix(size.trim(), 16)
+                    .with_context(|| format!("GET {path}: a bad chunk size {size:?}"))?;
+                if n == 0 {
+                    return Ok(());
+                }
+                piece.resize(n + 2, 0);
+                reader.read_exact(&mut piece)?;
+                piece.truncate(n);
+            } else if reader.read_until(b'\n', &mut piece)? == 0 {
+                return Ok(());
+            }
+            pending.extend_from_slice(&piece);
+            while let Some(at) = pending.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=at).collect();
+                let doc: Value = serde_json::from_slice(&line)
+                    .with_context(|| format!("GET {path}: a line that is not JSON"))?;
+                if !each(doc) {
+                    return Ok(());
+                }
+            }
+        }
+    }
+
     /// `method path` with an optional JSON body; the reply's body as JSON (or text wrapped in
     /// a JSON string), or an error carrying the API's message.
     pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> anyhow::Result<Value> {
-        let timeout = Duration::from_secs(30);
-        let mut conn =
-            TcpStream::connect_timeout(&self.api, Duration::from_secs(5)).map_err(|e| {
-                anyhow::anyhow!(
-                    "cannot reach the control API at {} ({e}); is kvswitch running there?",
-                    self.api
-                )
-            })?;
-        conn.set_read_timeout(Some(timeout))?;
-        conn.set_write_timeout(Some(timeout))?;
+        let mut conn = self.connect(Some(Duration::from_secs(30)))?;
         let body = body.map(|b| b.to_string()).unwrap_or_default();
         let mut head = format!(
             "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: \
@@ -621,6 +701,28 @@ pub fn run(args: &CtlArgs) -> anyhow::Result<()> {
                     )
                 },
             ),
+            PacketCmd::Watch { count, ms } => {
+                let query: Vec<String> = [("count", count), ("ms", ms)]
+                    .iter()
+                    .filter_map(|(k, v)| v.map(|v| format!("{k}={v}")))
+                    .collect();
+                let path = format!("/api/v1/packets/stream?{}", query.join("&"));
+                let json = args.json;
+                let mut out = std::io::stdout();
+                client.stream(&path, |f| {
+                    let line = match json {
+                        true => f.to_string(),
+                        false => format!(
+                            "port {:<3} {:<10} {}",
+                            cell(&f["in_port"]),
+                            cell(&f["reason"]),
+                            cell(&f["frame"])
+                        ),
+                    };
+                    writeln!(out, "{line}").and_then(|_| out.flush()).is_ok()
+                })?;
+                return Ok(());
+            }
         },
         CtlCmd::Pool { action: None, .. } => (client.call("GET", "/api/v1/pool", None)?, show_pool),
         CtlCmd::Pool {

@@ -185,7 +185,8 @@ fn every_documented_route_is_served() {
             .replace("{id}", "1")
             .replace("{action}", "pin")
             .replace("{server}", "0")
-            .replace("{name}", "user0");
+            .replace("{name}", "user0")
+            .replace("/stream", "/stream?ms=50");
         for method in *methods {
             let method = method.to_uppercase();
             let body = (method != "GET").then(|| json!({}));
@@ -467,6 +468,28 @@ fn frames_go_out_of_a_port_and_come_to_the_cpu() {
         counters["counters"],
         json!([{"name": "echo", "packets": 1, "bytes": f.len()}])
     );
+
+    // The stream hands over frames as they come, with their in-port, and ends after `count`.
+    let client = rig.client.clone();
+    let watcher = std::thread::spawn(move || {
+        let mut got = Vec::new();
+        client
+            .stream("/api/v1/packets/stream?count=3", |f| {
+                got.push(f);
+                true
+            })
+            .map(|_| got)
+    });
+    for port in [0usize, 1, 0] {
+        std::thread::sleep(Duration::from_millis(30));
+        rig.hosts[port].send(&[&f[..]]).unwrap();
+    }
+    let got = watcher.join().unwrap().unwrap();
+    let ports: Vec<u64> = got.iter().filter_map(|f| f["in_port"].as_u64()).collect();
+    assert_eq!(ports, [0, 1, 0]);
+    assert!(got.iter().all(|g| g["frame"] == switch::control::hex(&f)));
+    let e = refused(&rig, "GET", "/api/v1/packets/stream?every=2", None);
+    assert!(e.contains("400") && e.contains("every"), "{e}");
 }
 
 #[test]

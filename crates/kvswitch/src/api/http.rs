@@ -57,6 +57,7 @@ pub const ROUTES: &[(&str, &[&str])] = &[
     ("/api/v1/registers", &["get"]),
     ("/api/v1/registers/{name}", &["get", "put"]),
     ("/api/v1/packets", &["get", "post"]),
+    ("/api/v1/packets/stream", &["get"]),
     ("/api/v1/pool", &["get"]),
     ("/api/v1/pool/servers", &["post"]),
     ("/api/v1/pool/servers/{server}", &["put", "delete"]),
@@ -198,6 +199,7 @@ pub fn router(api: Shared) -> Router {
             get(show_register).put(set_register),
         )
         .route("/api/v1/packets", get(take_packets).post(send_packet))
+        .route("/api/v1/packets/stream", get(stream_packets))
         .route("/api/v1/pool", get(pool))
         .route("/api/v1/pool/servers", post(add_server))
         .route(
@@ -671,6 +673,64 @@ async fn take_packets(State(api): State<Shared>, RawQuery(query): RawQuery) -> R
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Watch {
+    /// End the stream after this many frames; unbounded if not given.
+    count: Option<u64>,
+    /// End the stream after this many milliseconds; unbounded if not given.
+    ms: Option<u64>,
+}
+
+/// How often a stream looks for frames when none came last time.
+const STREAM_POLL: Duration = Duration::from_millis(10);
+
+/// The frames sent to the CPU as they come, one JSON object a line (NDJSON), until `count`
+/// frames, `ms` milliseconds, the client goes away or the switch stops. Each frame goes to one reader: a stream
+/// and `GET /api/v1/packets` share the queue.
+async fn stream_packets(State(api): State<Shared>, RawQuery(query): RawQuery) -> Reply {
+    let watch: Watch = query_args(query.as_deref().unwrap_or(""))?;
+    // Refuse at once, before the 200, when there is no switch.
+    call(&api, |_, _, _| ()).await?;
+    let left = watch.count.unwrap_or(u64::MAX);
+    let until = watch
+        .ms
+        .and_then(|ms| tokio::time::Instant::now().checked_add(Duration::from_millis(ms)));
+    let frames = futures_util::stream::unfold((api, left), move |(api, left)| async move {
+        if left == 0 {
+            return None;
+        }
+        let max = usize::try_from(left)
+            .unwrap_or(usize::MAX)
+            .min(control::CPU_QUEUE);
+        loop {
+            let frames = call(&api, move |sw, _, _| sw.take_cpu(max)).await.ok()?;
+            if frames.is_empty() {
+                if until.is_some_and(|t| tokio::time::Instant::now() >= t) {
+                    return None;
+                }
+                tokio::time::sleep(STREAM_POLL).await;
+                continue;
+            }
+            let mut lines = String::new();
+            for f in &frames {
+                lines.push_str(&serde_json::to_string(f).unwrap_or_default());
+                lines.push('\n');
+            }
+            let left = left - frames.len() as u64;
+            return Some((
+                Ok::<_, std::convert::Infallible>(Bytes::from(lines)),
+                (api, left),
+            ));
+        }
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        axum::body::Body::from_stream(frames),
+    )
+        .into_response())
 }
 
 /// Parses `a=1&b=2` into `T`, naming a bad parameter.
