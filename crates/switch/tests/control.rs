@@ -2,7 +2,8 @@
 //! through the same calls the API makes, and what frames do as a result. Exact, longest prefix
 //! and highest-priority ternary matching; batches that apply whole or not at all; full tables;
 //! every refusal leaves the tables as they were; an operator's entry in `acl` in front of the
-//! memcached program changes forwarding at once and is gone when deleted.
+//! memcached program changes forwarding at once and is gone when deleted; a key pinned to a
+//! server through the interface table.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
@@ -491,6 +492,54 @@ fn an_operator_entry_ahead_of_the_program_works_at_once_and_goes_when_deleted() 
     let copy = switch::control::unhex(&copies[0].frame).unwrap();
     assert_eq!(copy.len(), get("user:1").len());
     assert!(copy.ends_with(b"get user:1\r\n"));
+}
+
+#[test]
+fn an_operator_pins_a_key_to_a_server_through_an_interface() {
+    let (mut sw, _) = rig();
+    let Fate::Out(owner) = send(&mut sw, get("user:1")) else {
+        panic!("a get is routed");
+    };
+    let neighbour = send(&mut sw, get("user:10"));
+    assert!(matches!(neighbour, Fate::Out(_)));
+    // The other server: ports 1 and 2 hold servers 0 and 1.
+    let other = if owner == 1 { 1u8 } else { 0u8 };
+    let other_ip = Ipv4Addr::new(10, 0, 1, other + 1);
+    sw.set_interface(
+        9,
+        serde_json::from_value(json!({
+            "eth_dst": server_mac(other).to_string(),
+            "eth_src": "02:00:00:00:00:64",
+            "port": 1 + u16::from(other),
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+    let ids = sw
+        .apply(vec![add(
+            "acl",
+            json!({
+                "match": {"ip_dst": VIP.to_string(), "l4_dst": 11211,
+                          "mc_request": {"text": "get user:1\r\n"}},
+                "priority": 10,
+                "actions": [{"set_ipv4_dst": other_ip.to_string()}, {"interface": 9}]
+            }),
+        )])
+        .unwrap();
+    let mut frame = get("user:1");
+    let fate = sw.process(0, &mut frame, true, NOW, &mut Vec::new());
+    assert_eq!(fate, Fate::Out(1 + u16::from(other)));
+    assert_eq!(&frame[0..6], &server_mac(other).0[..]);
+    assert_eq!(&frame[30..34], &other_ip.octets()[..]);
+    // Only that key: its neighbours keep their owners.
+    assert_eq!(send(&mut sw, get("user:10")), neighbour);
+    sw.apply(vec![Change::Delete {
+        table: "acl".into(),
+        id: ids[0],
+    }])
+    .unwrap();
+    assert_eq!(send(&mut sw, get("user:1")), Fate::Out(owner));
+    sw.delete_interface(9).unwrap();
 }
 
 #[test]
