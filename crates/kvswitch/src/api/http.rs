@@ -131,6 +131,28 @@ fn ok(v: impl serde::Serialize) -> Reply {
     Ok(Json(v).into_response())
 }
 
+/// How much lower than the rest of the process the API thread runs (a nice value).
+pub const API_NICENESS: i32 = 10;
+
+/// Lowers the calling thread's scheduling priority by [`API_NICENESS`], so that on a busy
+/// machine the forwarding thread has the cores before the control plane does; a burst of
+/// changes then slows the API, not forwarding.
+fn lower_priority() {
+    // SAFETY: gettid and setpriority take no pointers; PRIO_PROCESS with a thread id changes
+    // that thread alone on Linux.
+    let done = unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        let now = libc::getpriority(libc::PRIO_PROCESS, tid);
+        libc::setpriority(libc::PRIO_PROCESS, tid, (now + API_NICENESS).min(19))
+    };
+    if done != 0 {
+        tracing::debug!(
+            "the API thread keeps its priority: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
 /// Binds nothing: serves `api` on `listener` on a thread of its own; returns the address.
 pub fn serve(listener: TcpListener, api: Api) -> anyhow::Result<SocketAddr> {
     let addr = listener.local_addr()?;
@@ -142,6 +164,7 @@ pub fn serve(listener: TcpListener, api: Api) -> anyhow::Result<SocketAddr> {
     std::thread::Builder::new()
         .name("api".into())
         .spawn(move || {
+            lower_priority();
             runtime.block_on(async move {
                 let listener = match tokio::net::TcpListener::from_std(listener) {
                     Ok(l) => l,
