@@ -597,6 +597,10 @@ async fn all_registers(api: &Api) -> Result<Vec<RegisterView>, ApiFailure> {
         .enumerate()
     {
         for (figure, value) in port.as_object().into_iter().flatten() {
+            // The port's own number is not a figure.
+            if figure == "port" {
+                continue;
+            }
             if let Some(value) = value.as_u64() {
                 out.push(RegisterView {
                     name: format!("port{p}.{figure}"),
