@@ -85,7 +85,7 @@ pub struct TableSnapshot {
     pub hits: u64,
     /// Lookups that matched no entry, including `absent` ones.
     pub misses: u64,
-    /// Lookups whose key reached past the end of the frame.
+    /// Lookups whose key reached past the end of the frame (an empty table builds no key).
     pub absent: u64,
 }
 
@@ -768,7 +768,10 @@ impl Pipeline {
                 return Verdict::Drop(reason::BAD_GOTO);
             }
             key.clear();
-            let slot = if extract(&table.fields, exec.frame, exec.meta, key) {
+            // An empty table misses whatever the key: it is not built (nor counted absent).
+            let slot = if table.len() == 0 {
+                None
+            } else if extract(&table.fields, exec.frame, exec.meta, key) {
                 table.find(key, scratch)
             } else {
                 table.absent += 1;
