@@ -13,7 +13,6 @@ use std::net::Ipv4Addr;
 
 use pipeline::{Action, Entry, Field, MatchKind};
 pub use pipeline::{MAX_INTERFACES, NUM_REGS, NUM_USER_REGS};
-use serde::{Deserialize, Serialize};
 use wire::ethernet::Mac;
 
 /// The table in front of the memcached program that takes an operator's entries.
@@ -106,8 +105,9 @@ pub const NAMED_FIELDS: &[(&str, Field, &str)] = &[
 
 /// One field of a lookup key: a name from [`NAMED_FIELDS`], a byte range of the frame, or
 /// metadata.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(untagged)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(untagged))]
 pub enum KeyField {
     Named(String),
     Bytes {
@@ -115,7 +115,7 @@ pub enum KeyField {
         offset: u16,
         len: u8,
         /// Bytes past the frame's end read as zero instead of making the table miss.
-        #[serde(default, skip_serializing_if = "is_false")]
+        #[cfg_attr(feature = "serde", serde(default, skip_serializing_if = "is_false"))]
         padded: bool,
     },
     Meta {
@@ -124,13 +124,15 @@ pub enum KeyField {
     },
 }
 
+#[cfg(feature = "serde")]
 fn is_false(b: &bool) -> bool {
     !*b
 }
 
 /// Metadata a key may hold.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum MetaField {
     InPort,
     KeyHash,
@@ -165,8 +167,9 @@ impl MetaField {
 }
 
 /// How a table matches.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
 pub enum Kind {
     Exact,
     Lpm,
@@ -194,24 +197,26 @@ impl From<MatchKind> for Kind {
 }
 
 /// A table to create.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
 pub struct TableDef {
     pub name: String,
     pub kind: Kind,
     pub key: Vec<KeyField>,
     /// What runs when no entry matches; nothing (the frame is dropped as `no_action`) if
     /// empty.
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub miss: Vec<ActionDef>,
     /// Most entries; [`DEFAULT_TABLE_SIZE`] if not given.
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub size: Option<usize>,
 }
 
 /// One action as the API writes it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum ActionDef {
     /// Send out of this port.
     Output(u16),
@@ -255,8 +260,9 @@ pub enum ActionDef {
 }
 
 /// An entry of the interface table as the API writes it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
 pub struct InterfaceDef {
     pub eth_dst: String,
     pub eth_src: String,
@@ -264,7 +270,8 @@ pub struct InterfaceDef {
 }
 
 /// An entry of the interface table as the API shows it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct InterfaceView {
     pub id: u16,
     pub eth_dst: String,
@@ -275,7 +282,8 @@ pub struct InterfaceView {
 }
 
 /// A register as the API shows it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct RegisterView {
     /// `user0` to `user63`, or `port<N>.<what>` for a port's figures.
     pub name: String,
@@ -295,8 +303,9 @@ pub fn user_register(name: &str) -> Option<u8> {
 }
 
 /// A value for one field of an entry's match.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(untagged)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(untagged))]
 pub enum Value {
     /// Big-endian in the field's width.
     Number(u64),
@@ -310,25 +319,30 @@ pub enum Value {
 }
 
 /// An entry to add.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
 pub struct EntryDef {
     /// Field name → value. Exact tables need every field; in ternary tables a field left
     /// out matches anything; in LPM tables fields past the prefix may be left out.
-    #[serde(rename = "match", default)]
+    #[cfg_attr(feature = "serde", serde(rename = "match", default))]
     pub fields: BTreeMap<String, Value>,
     /// Ternary tables: the highest priority that matches wins, then the oldest entry.
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub priority: u32,
     /// LPM tables: how many leading bits of the whole key must match.
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub prefix_len: Option<u16>,
     pub actions: Vec<ActionDef>,
 }
 
 /// One change of a batch.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(
+    feature = "serde",
+    serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)
+)]
 pub enum Change {
     Add {
         table: String,
@@ -347,7 +361,8 @@ pub enum Change {
 }
 
 /// A table as listed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct TableView {
     pub name: String,
     pub kind: Kind,
@@ -366,20 +381,22 @@ pub struct TableView {
 }
 
 /// An entry as listed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct EntryView {
     pub id: u64,
-    #[serde(rename = "match")]
+    #[cfg_attr(feature = "serde", serde(rename = "match"))]
     pub fields: BTreeMap<String, Value>,
     pub priority: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Option::is_none"))]
     pub prefix_len: Option<u16>,
     pub actions: Vec<ActionDef>,
     pub hits: u64,
 }
 
 /// A counter an operator's `count` action feeds.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct CounterView {
     pub name: String,
     pub packets: u64,
@@ -387,7 +404,8 @@ pub struct CounterView {
 }
 
 /// A frame an entry handed to the CPU.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct CpuFrame {
     pub in_port: u16,
     /// `to_cpu` or `mirror`.
@@ -397,8 +415,9 @@ pub struct CpuFrame {
 }
 
 /// What kind of refusal, which the API turns into a status code.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 pub enum ErrorKind {
     /// Malformed: a bad value, width, name or action.
     Invalid,
@@ -411,7 +430,8 @@ pub enum ErrorKind {
 }
 
 /// Why a control call was refused; nothing was changed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct ControlError {
     pub kind: ErrorKind,
     /// Where in the request: `changes[3].entry.match.ip_dst`, `key[1].len`, ...
@@ -816,12 +836,20 @@ mod tests {
             .iter()
             .map(|n| resolve_field(&KeyField::Named(n.to_string())).unwrap())
             .collect();
-        let def: EntryDef = serde_json::from_value(serde_json::json!({
-            "match": {"ip_dst": "10.0.0.100", "mc_request": {"text": "get user:"}},
-            "priority": 7,
-            "actions": ["drop"]
-        }))
-        .unwrap();
+        let def = EntryDef {
+            fields: BTreeMap::from([
+                ("ip_dst".to_string(), Value::Text("10.0.0.100".into())),
+                (
+                    "mc_request".to_string(),
+                    Value::Literal {
+                        text: "get user:".into(),
+                    },
+                ),
+            ]),
+            priority: 7,
+            prefix_len: None,
+            actions: vec![ActionDef::Drop],
+        };
         let entry = build_entry(&def, MatchKind::Ternary, &fields, vec![]).unwrap();
         let shown = describe_match(&entry, &fields);
         assert_eq!(shown["ip_dst"], Value::Text("10.0.0.100".into()));
