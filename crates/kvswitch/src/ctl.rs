@@ -607,24 +607,12 @@ pub fn run(args: &CtlArgs) -> anyhow::Result<()> {
             },
         ),
         CtlCmd::Counters => (client.call("GET", "/api/v1/counters", None)?, |d| {
-            rows(
-                &["counter", "packets", "bytes"],
-                d["counters"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|c| vec![cell(&c["name"]), cell(&c["packets"]), cell(&c["bytes"])]),
-            )
+            listing(&d["counters"], &["name", "packets", "bytes"])
         }),
         CtlCmd::Interfaces => (client.call("GET", "/api/v1/interfaces", None)?, |d| {
-            rows(
+            listing(
+                &d["interfaces"],
                 &["id", "eth_dst", "eth_src", "port", "used_by"],
-                d["interfaces"].as_array().into_iter().flatten().map(|i| {
-                    ["id", "eth_dst", "eth_src", "port", "used_by"]
-                        .iter()
-                        .map(|k| cell(&i[*k]))
-                        .collect()
-                }),
             )
         }),
         CtlCmd::Interface { action: cmd } => match cmd {
@@ -655,14 +643,7 @@ pub fn run(args: &CtlArgs) -> anyhow::Result<()> {
             ),
         },
         CtlCmd::Registers => (client.call("GET", "/api/v1/registers", None)?, |d| {
-            rows(
-                &["register", "value", "writable"],
-                d["registers"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|r| vec![cell(&r["name"]), cell(&r["value"]), cell(&r["writable"])]),
-            )
+            listing(&d["registers"], &["name", "value", "writable"])
         }),
         CtlCmd::Register { action: cmd } => {
             let doc = match cmd {
@@ -692,14 +673,7 @@ pub fn run(args: &CtlArgs) -> anyhow::Result<()> {
                     &format!("/api/v1/packets?max={max}&wait_ms={wait_ms}"),
                     None,
                 )?,
-                |d| {
-                    rows(
-                        &["in_port", "reason", "frame"],
-                        d["frames"].as_array().into_iter().flatten().map(|f| {
-                            vec![cell(&f["in_port"]), cell(&f["reason"]), cell(&f["frame"])]
-                        }),
-                    )
-                },
+                |d| listing(&d["frames"], &["in_port", "reason", "frame"]),
             ),
             PacketCmd::Watch { count, ms } => {
                 let query: Vec<String> = [("count", count), ("ms", ms)]
@@ -804,6 +778,17 @@ fn cell(v: &Value) -> String {
 }
 
 /// Aligned columns under a header.
+/// A table of the objects in `list`, one column per field, headed by the field's name.
+fn listing(list: &Value, fields: &[&str]) -> String {
+    rows(
+        fields,
+        list.as_array()
+            .into_iter()
+            .flatten()
+            .map(|item| fields.iter().map(|f| cell(&item[*f])).collect()),
+    )
+}
+
 fn rows(header: &[&str], rows: impl Iterator<Item = Vec<String>>) -> String {
     let rows: Vec<Vec<String>> = rows.collect();
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
