@@ -3,7 +3,7 @@
 //! testbed whose kernel has no traffic shaping. Pure: the caller gives the time.
 //!
 //! A token bucket fills at the rate; a frame leaves when the bucket holds its size. The bucket
-//! holds at most [`Shaper::burst`] bytes, so an idle port does not save up a burst that would
+//! holds at most [`Shaper::burst`] bytes (or the waiting frame's size, if larger), so an idle port does not save up a burst that would
 //! break the rate. A frame that would take the queue past its depth is refused (tail drop).
 
 use std::collections::VecDeque;
@@ -79,7 +79,10 @@ impl Shaper {
         self.filled = Some(now.max(last));
         // bytes = rate / 8 * seconds; in millionths of a byte: rate * nanos / 8000.
         let add = u128::from(self.rate) * elapsed.as_nanos() / 8_000;
-        let cap = u128::from(self.burst()) * 1_000_000;
+        // A frame larger than the burst (a jumbo frame on a slow port) may still save up its
+        // own size, or it would wait at the head for ever.
+        let head = self.queue.front().map_or(0, |f| f.len() as u64);
+        let cap = u128::from(self.burst().max(head)) * 1_000_000;
         self.tokens_micro = (self.tokens_micro + add).min(cap);
     }
 
@@ -140,6 +143,29 @@ mod tests {
             sent += out.drain(..).map(|f| f.len() as u64).sum::<u64>();
         }
         sent
+    }
+
+    #[test]
+    fn a_frame_larger_than_the_burst_still_leaves_at_the_rate() {
+        // 10 Mbit/s: a burst of 3,028 bytes; a 9,000-byte frame needs 7.2 ms of tokens.
+        let mut s = Shaper::new(10_000_000, 100_000);
+        let start = Instant::from_secs(1);
+        s.push(vec![0; 9000]).unwrap();
+        s.push(vec![0; 9000]).unwrap();
+        let mut out = Vec::new();
+        let mut now = start;
+        s.pop_ready(now, &mut out);
+        while out.len() < 2 && now < start + Duration::from_secs(1) {
+            now = s.next_ready(now).expect("frames wait").max(now);
+            s.pop_ready(now, &mut out);
+        }
+        assert_eq!(out.len(), 2, "the jumbo frames never left");
+        // Two frames of 72,000 bits at 10 Mbit/s: 14.4 ms from an empty bucket.
+        let took = now.duration_since(start);
+        assert!(
+            took >= Duration::from_micros(14_300) && took <= Duration::from_micros(14_500),
+            "{took:?}"
+        );
     }
 
     #[test]
