@@ -560,6 +560,21 @@ impl Pipeline {
         id
     }
 
+    /// Renames a counter and zeroes it, for reuse; `false` if there is no such counter.
+    pub fn reset_counter(&mut self, id: CounterId, name: impl Into<String>) -> bool {
+        match self.counters.get_mut(id.0 as usize) {
+            Some(c) => {
+                *c = Counter {
+                    name: name.into(),
+                    packets: 0,
+                    bytes: 0,
+                };
+                true
+            }
+            None => false,
+        }
+    }
+
     /// A counter's `(packets, bytes)`, or `None` if there is no such counter.
     pub fn counter(&self, id: CounterId) -> Option<(u64, u64)> {
         self.counters

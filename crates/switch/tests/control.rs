@@ -105,7 +105,8 @@ fn dump(sw: &Switch) -> String {
         .iter()
         .map(|t| serde_json::to_value(sw.entries(&t.name).unwrap()).unwrap())
         .collect();
-    serde_json::to_string(&(serde_json::to_value(&tables).unwrap(), entries)).unwrap()
+    let counters = serde_json::to_value(sw.counters()).unwrap();
+    serde_json::to_string(&(serde_json::to_value(&tables).unwrap(), entries, counters)).unwrap()
 }
 
 /// Asserts `call` is refused with `kind` naming `field`, and that nothing changed.
@@ -326,6 +327,26 @@ fn every_refusal_names_its_field_and_changes_nothing() {
             ErrorKind::NotFound,
             "changes[0].table",
             vec![add("nope", json!({"actions": []}))],
+        ),
+        // A counter named by a refused batch is not made.
+        (
+            ErrorKind::NotFound,
+            "changes[1].table",
+            vec![
+                add(
+                    "acl",
+                    json!({"match": {"l4_dst": 9}, "actions": [{"count": "leak"}]}),
+                ),
+                add("nope", json!({"actions": []})),
+            ],
+        ),
+        (
+            ErrorKind::Invalid,
+            "changes[0].entry.actions[1]",
+            vec![add(
+                "acl",
+                json!({"match": {"l4_dst": 9}, "actions": [{"count": "leak"}, {"output": 99}]}),
+            )],
         ),
         (
             ErrorKind::Conflict,

@@ -21,6 +21,10 @@ pub(super) struct Operator {
     /// Key fields of the tables created through the API, as named at creation.
     keys: HashMap<TableId, Vec<KeyField>>,
     counters: BTreeMap<String, CounterId>,
+    /// Counters made by the call in progress: forgotten again if it is refused.
+    made: Vec<String>,
+    /// Counters of refused calls, reused before the pipeline makes new ones.
+    spare: Vec<CounterId>,
     cpu: VecDeque<CpuFrame>,
 }
 
@@ -129,6 +133,26 @@ impl Switch {
 
     /// Creates an operator's table after every existing one.
     pub fn create_table(&mut self, def: TableDef) -> Result<TableView, ControlError> {
+        self.operator.made.clear();
+        let done = self.create_table_now(def);
+        self.settle_counters(done.is_ok());
+        done
+    }
+
+    /// Keeps the counters the call made if it succeeded, or forgets them.
+    fn settle_counters(&mut self, keep: bool) {
+        let made = std::mem::take(&mut self.operator.made);
+        if keep {
+            return;
+        }
+        for name in made {
+            if let Some(id) = self.operator.counters.remove(&name) {
+                self.operator.spare.push(id);
+            }
+        }
+    }
+
+    fn create_table_now(&mut self, def: TableDef) -> Result<TableView, ControlError> {
         check_name(&def.name).map_err(|e| ControlError::invalid("name", e))?;
         if self.pipeline.table_id(&def.name).is_some() {
             return Err(ControlError::new(
@@ -261,6 +285,13 @@ impl Switch {
     /// back, and the error names the change (`changes[i]`). Returns each change's entry id
     /// (the new entry's for an add).
     pub fn apply(&mut self, changes: Vec<Change>) -> Result<Vec<u64>, ControlError> {
+        self.operator.made.clear();
+        let done = self.apply_now(changes);
+        self.settle_counters(done.is_ok());
+        done
+    }
+
+    fn apply_now(&mut self, changes: Vec<Change>) -> Result<Vec<u64>, ControlError> {
         if changes.len() > MAX_BATCH {
             return Err(ControlError::invalid(
                 "changes",
@@ -382,8 +413,15 @@ impl Switch {
                             return Err(bad("4096 counters exist; no more".into()))
                         }
                         None => {
-                            let id = self.pipeline.add_counter(name.clone());
+                            let id = match self.operator.spare.pop() {
+                                Some(id) => {
+                                    self.pipeline.reset_counter(id, name.clone());
+                                    id
+                                }
+                                None => self.pipeline.add_counter(name.clone()),
+                            };
                             self.operator.counters.insert(name.clone(), id);
+                            self.operator.made.push(name.clone());
                             Action::Count(id)
                         }
                     }
