@@ -287,25 +287,19 @@ impl Pool {
             return Err(PoolChangeError::BadWeight(0));
         }
         self.edit(|state| {
-            let name = server.ring_name();
-            let same = state
-                .spec
-                .servers
-                .iter()
-                .position(|s| s.ring_name() == name);
-            let i = match same {
-                Some(i) if !state.health[i].removed => {
-                    return Err(PoolChangeError::Duplicate(server.label()))
-                }
-                Some(i) if state.spec.servers[i].addr == server.addr => {
+            let i = match place(&state.spec, &state.health, &server) {
+                Place::Live(_) => return Err(PoolChangeError::Duplicate(server.label())),
+                Place::Removed(i) => {
                     state.health[i].removed = false;
                     state.health[i].down_until = None;
                     state.health[i].failure_streak = 0;
                     Arc::make_mut(&mut state.spec).servers[i].weight = server.weight;
                     i
                 }
-                _ if state.spec.servers.len() >= MAX_SERVERS => return Err(PoolChangeError::Full),
-                _ => {
+                Place::New if state.spec.servers.len() >= MAX_SERVERS => {
+                    return Err(PoolChangeError::Full)
+                }
+                Place::New => {
                     Arc::make_mut(&mut state.spec).servers.push(server.clone());
                     state.health.push(Health::default());
                     state.spec.servers.len() - 1
@@ -348,59 +342,23 @@ impl Pool {
     /// brought back), servers not listed are removed, weights follow. All or nothing; returns
     /// the new version.
     pub fn set_servers(&self, servers: &[ServerSpec]) -> Result<u64, PoolChangeError> {
-        if servers.iter().any(|s| s.weight == 0) {
-            return Err(PoolChangeError::BadWeight(0));
-        }
-        self.edit(|state| {
-            let mut order = Vec::with_capacity(servers.len());
-            let mut spec = (*state.spec).clone();
-            let mut health = state.health.clone();
-            for s in servers {
-                let name = s.ring_name();
-                let i = match spec.servers.iter().position(|o| o.ring_name() == name) {
-                    Some(i) if order.contains(&i) => {
-                        return Err(PoolChangeError::Duplicate(s.label()))
-                    }
-                    Some(i) if spec.servers[i].addr == s.addr => i,
-                    Some(i) => {
-                        // Same ring name, new address: a new server in the old one's place on
-                        // the ring.
-                        health[i].removed = true;
-                        spec.servers.push(s.clone());
-                        health.push(Health::default());
-                        spec.servers.len() - 1
-                    }
-                    None => {
-                        spec.servers.push(s.clone());
-                        health.push(Health::default());
-                        spec.servers.len() - 1
-                    }
-                };
-                if spec.servers.len() > MAX_SERVERS {
-                    return Err(PoolChangeError::Full);
-                }
-                spec.servers[i].weight = s.weight;
-                spec.servers[i].name = s.name.clone();
-                if health[i].removed {
-                    health[i] = Health {
-                        ejections: health[i].ejections,
-                        failures: health[i].failures,
-                        ..Health::default()
-                    };
-                }
-                order.push(i);
-            }
-            for (i, h) in health.iter_mut().enumerate() {
-                if !order.contains(&i) {
-                    h.removed = true;
-                }
-            }
-            state.spec = Arc::new(spec);
-            state.health = health;
-            state.order = order;
-            Ok(0)
-        })
-        .map(|c| c.version)
+        self.edit(|state| servers_into(state, servers))
+            .map(|c| c.version)
+    }
+
+    /// Whether [`Pool::set_servers`] would take `servers` as the pool stands now, changing
+    /// nothing: for checking every pool of a file before changing any.
+    pub fn check_servers(&self, servers: &[ServerSpec]) -> Result<(), PoolChangeError> {
+        let state = self.lock_state();
+        let mut next = State {
+            spec: state.spec.clone(),
+            order: state.order.clone(),
+            health: state.health.clone(),
+        };
+        drop(state);
+        servers_into(&mut next, servers)?;
+        build_view(&next, 0).map_err(|e| PoolChangeError::Ring(e.to_string()))?;
+        Ok(())
     }
 
     /// Applies `f` to a copy of the state; publishes it with a new view under the next
@@ -607,6 +565,89 @@ fn hashed_key(tag: Option<[u8; 2]>, key: &[u8]) -> &[u8] {
         Some(end) if end > 0 => &rest[..end],
         _ => key,
     }
+}
+
+/// Makes `state`'s servers `servers`, in that order (see [`Pool::set_servers`]).
+fn servers_into(state: &mut State, servers: &[ServerSpec]) -> Result<usize, PoolChangeError> {
+    if servers.iter().any(|s| s.weight == 0) {
+        return Err(PoolChangeError::BadWeight(0));
+    }
+    let mut order = Vec::with_capacity(servers.len());
+    let mut spec = (*state.spec).clone();
+    let mut health = state.health.clone();
+    for s in servers {
+        let i = match place(&spec, &health, s) {
+            Place::Live(i) | Place::Removed(i) if order.contains(&i) => {
+                return Err(PoolChangeError::Duplicate(s.label()))
+            }
+            Place::Live(i) if spec.servers[i].addr == s.addr => i,
+            Place::Removed(i) => i,
+            Place::Live(i) => {
+                // Same ring name, new address: a new server in the old one's place on
+                // the ring.
+                health[i].removed = true;
+                spec.servers.push(s.clone());
+                health.push(Health::default());
+                spec.servers.len() - 1
+            }
+            Place::New => {
+                spec.servers.push(s.clone());
+                health.push(Health::default());
+                spec.servers.len() - 1
+            }
+        };
+        if spec.servers.len() > MAX_SERVERS {
+            return Err(PoolChangeError::Full);
+        }
+        spec.servers[i].weight = s.weight;
+        spec.servers[i].name = s.name.clone();
+        if health[i].removed {
+            health[i] = Health {
+                ejections: health[i].ejections,
+                failures: health[i].failures,
+                ..Health::default()
+            };
+        }
+        order.push(i);
+    }
+    for (i, h) in health.iter_mut().enumerate() {
+        if !order.contains(&i) {
+            h.removed = true;
+        }
+    }
+    state.spec = Arc::new(spec);
+    state.health = health;
+    state.order = order;
+    Ok(0)
+}
+
+/// Where a server goes in a pool's positions.
+enum Place {
+    /// A server in the pool with the same ring name.
+    Live(usize),
+    /// A removed server with the same ring name and address, to bring back.
+    Removed(usize),
+    /// A position of its own.
+    New,
+}
+
+/// Where `server` goes: the live server of its ring name if there is one (positions of
+/// removed servers with that name do not hide it), else a removed one of that name and
+/// address, else a new position.
+fn place(spec: &PoolSpec, health: &[Health], server: &ServerSpec) -> Place {
+    let name = server.ring_name();
+    let mut removed = None;
+    for (i, s) in spec.servers.iter().enumerate() {
+        if s.ring_name() != name {
+            continue;
+        }
+        match health.get(i) {
+            Some(h) if !h.removed => return Place::Live(i),
+            _ if s.addr == server.addr && removed.is_none() => removed = Some(i),
+            _ => {}
+        }
+    }
+    removed.map_or(Place::New, Place::Removed)
 }
 
 #[cfg(test)]
@@ -867,6 +908,42 @@ mod tests {
             );
             assert!(pool.health(1).removed && pool.health(2).removed);
         }
+    }
+
+    #[test]
+    fn the_same_list_twice_keeps_every_position() {
+        // A named server moved to a new address: a new position the first time, the same
+        // one after.
+        let named = |i: u8| ServerSpec {
+            name: Some("a".into()),
+            ..server(i, 1)
+        };
+        let spec = PoolSpec::new(
+            "p",
+            SocketAddr::from(([0, 0, 0, 0], 0)),
+            Distribution::Ketama,
+            HashFn::Md5,
+            vec![named(1), server(2, 1)],
+        );
+        let pool = Pool::new(spec).unwrap();
+        let list = [named(9), server(2, 1)];
+        pool.set_servers(&list).unwrap();
+        let first = pool.spec().servers.len();
+        assert_eq!(first, 3);
+        for _ in 0..3 {
+            pool.set_servers(&list).unwrap();
+            assert_eq!(
+                pool.spec().servers.len(),
+                first,
+                "a reload took a new position"
+            );
+        }
+        assert_eq!(pool.find("a"), Some(2));
+        // The live one is a duplicate, whatever removed servers share its name.
+        assert_eq!(
+            pool.add_server(named(7)),
+            Err(PoolChangeError::Duplicate("a".into()))
+        );
     }
 
     #[test]

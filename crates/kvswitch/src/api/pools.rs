@@ -69,6 +69,12 @@ pub fn apply(
             );
         }
     }
+    // Every pool's new list is checked before any pool changes, so a file refused for its
+    // second pool leaves the first as it was too.
+    for (pool, n) in pools.iter().zip(new) {
+        pool.check_servers(&n.servers)
+            .map_err(|e| anyhow::anyhow!("pool `{}`: {e}; nothing was changed", n.name))?;
+    }
     let mut done = Vec::with_capacity(pools.len());
     for (pool, n) in pools.iter().zip(new) {
         let version = pool
