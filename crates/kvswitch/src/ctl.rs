@@ -250,6 +250,17 @@ impl Client {
     /// `GET path` of a streaming route: calls `each` with every JSON line as it arrives,
     /// until the stream ends or `each` returns false.
     pub fn stream(&self, path: &str, mut each: impl FnMut(Value) -> bool) -> anyhow::Result<()> {
+        let mut stream = self.open(path)?;
+        while let Some(doc) = stream.next_line()? {
+            if !each(doc) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// `GET path` of a streaming route, answered: the stream is open once this returns.
+    pub fn open(&self, path: &str) -> anyhow::Result<Stream> {
         let mut conn = self.connect(None)?;
         let mut head = format!(
             "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n",
@@ -286,35 +297,63 @@ impl Client {
             let message = doc["error"].as_str().unwrap_or(body.trim()).to_string();
             bail!("GET {path}: {code}: {message}");
         }
-        let mut pending = Vec::new();
+        Ok(Stream {
+            path: path.to_string(),
+            reader,
+            chunked,
+            pending: Vec::new(),
+            ended: false,
+        })
+    }
+}
+
+/// An open stream of JSON lines (see [`Client::open`]).
+pub struct Stream {
+    path: String,
+    reader: BufReader<TcpStream>,
+    chunked: bool,
+    /// Bytes read past the last whole line.
+    pending: Vec<u8>,
+    ended: bool,
+}
+
+impl Stream {
+    /// The next line, waiting for it; `None` once the stream has ended.
+    pub fn next_line(&mut self) -> anyhow::Result<Option<Value>> {
+        let path = &self.path;
         loop {
+            if let Some(at) = self.pending.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.pending.drain(..=at).collect();
+                let doc = serde_json::from_slice(&line)
+                    .with_context(|| format!("GET {path}: a line that is not JSON"))?;
+                return Ok(Some(doc));
+            }
+            if self.ended {
+                return Ok(None);
+            }
             let mut piece = Vec::new();
-            if chunked {
+            if self.chunked {
                 let mut size = String::new();
-                reader.read_line(&mut size)?;
+                self.reader.read_line(&mut size)?;
                 let n = usize::from_str_radix(size.trim(), 16)
                     .with_context(|| format!("GET {path}: a bad chunk size {size:?}"))?;
                 if n == 0 {
-                    return Ok(());
+                    self.ended = true;
+                    continue;
                 }
                 piece.resize(n + 2, 0);
-                reader.read_exact(&mut piece)?;
+                self.reader.read_exact(&mut piece)?;
                 piece.truncate(n);
-            } else if reader.read_until(b'\n', &mut piece)? == 0 {
-                return Ok(());
+            } else if self.reader.read_until(b'\n', &mut piece)? == 0 {
+                self.ended = true;
+                continue;
             }
-            pending.extend_from_slice(&piece);
-            while let Some(at) = pending.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = pending.drain(..=at).collect();
-                let doc: Value = serde_json::from_slice(&line)
-                    .with_context(|| format!("GET {path}: a line that is not JSON"))?;
-                if !each(doc) {
-                    return Ok(());
-                }
-            }
+            self.pending.extend_from_slice(&piece);
         }
     }
+}
 
+impl Client {
     /// `method path` with an optional JSON body; the reply's body as JSON (or text wrapped in
     /// a JSON string), or an error carrying the API's message.
     pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> anyhow::Result<Value> {
@@ -519,14 +558,25 @@ pub fn run(args: &CtlArgs) -> anyhow::Result<()> {
                 |_| "deleted\n".to_string(),
             ),
         },
-        CtlCmd::Entries { table } => (
-            client.call(
-                "GET",
-                &format!("/api/v1/tables/{}/entries", enc(table)),
-                None,
-            )?,
-            show_entries,
-        ),
+        CtlCmd::Entries { table } => {
+            // A page at a time, as the API hands them out.
+            let mut all = Vec::new();
+            let mut after: Option<u64> = None;
+            loop {
+                let query = after.map_or(String::new(), |a| format!("?after={a}"));
+                let page = client.call(
+                    "GET",
+                    &format!("/api/v1/tables/{}/entries{query}", enc(table)),
+                    None,
+                )?;
+                all.extend(page["entries"].as_array().cloned().unwrap_or_default());
+                match page["next"].as_u64() {
+                    Some(n) => after = Some(n),
+                    None => break,
+                }
+            }
+            (json!({ "entries": all }), show_entries)
+        }
         CtlCmd::Entry { action: cmd } => match cmd {
             EntryCmd::Add {
                 table,

@@ -408,10 +408,16 @@ fn changes_need_the_token_when_one_is_set() {
         Some(json!({"name": "t", "kind": "exact", "key": ["l4_dst"]})),
     );
     assert!(e.contains("401"), "{e}");
+    // Taking the CPU's frames takes them from whoever else reads them: it needs the token.
+    for path in ["/api/v1/packets", "/api/v1/packets/stream?ms=10"] {
+        let e = refused(&rig, "GET", path, None);
+        assert!(e.contains("401"), "{path}: {e}");
+    }
     rig.client.token = Some("sesame-not".into());
     let e = refused(&rig, "DELETE", "/api/v1/tables/acl", None);
     assert!(e.contains("401"), "{e}");
     rig.client.token = Some("sesame".into());
+    rig.client.call("GET", "/api/v1/packets", None).unwrap();
     rig.client
         .call(
             "POST",
@@ -490,6 +496,27 @@ fn frames_go_out_of_a_port_and_come_to_the_cpu() {
     assert!(got.iter().all(|g| g["frame"] == switch::control::hex(&f)));
     let e = refused(&rig, "GET", "/api/v1/packets/stream?every=2", None);
     assert!(e.contains("400") && e.contains("every"), "{e}");
+
+    // At most four streams at once; a fifth is refused while they are open.
+    let mut open: Vec<_> = (0..4)
+        .map(|_| rig.client.open("/api/v1/packets/stream?ms=300").unwrap())
+        .collect();
+    let e = rig
+        .client
+        .open("/api/v1/packets/stream?ms=1")
+        .err()
+        .expect("a fifth stream is refused")
+        .to_string();
+    assert!(e.contains("503") && e.contains("streams"), "{e}");
+    // Streams that end give their places back.
+    for s in &mut open {
+        assert!(s.next_line().unwrap().is_none());
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while let Err(e) = rig.client.stream("/api/v1/packets/stream?ms=1", |_| true) {
+        assert!(Instant::now() < deadline, "no place came back: {e}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 #[test]
@@ -736,4 +763,47 @@ fn registers_are_read_and_written_and_steer_frames() {
         ),
     );
     assert!(e.contains("reg0"), "{e}");
+}
+
+#[test]
+fn a_large_table_is_listed_a_page_at_a_time() {
+    let rig = rig(None);
+    let c = &rig.client;
+    c.call(
+        "POST",
+        "/api/v1/tables",
+        Some(&json!({"name": "many", "kind": "exact", "key": ["l4_dst"]})),
+    )
+    .unwrap();
+    let changes: Vec<Value> = (0..5)
+        .map(|p| json!({"op": "add", "table": "many", "entry": {"match": {"l4_dst": p}, "actions": ["drop"]}}))
+        .collect();
+    c.call(
+        "POST",
+        "/api/v1/batch",
+        Some(&json!({ "changes": changes })),
+    )
+    .unwrap();
+    let mut seen = Vec::new();
+    let mut query = "?limit=2".to_string();
+    for _ in 0..5 {
+        let page = c
+            .call("GET", &format!("/api/v1/tables/many/entries{query}"), None)
+            .unwrap();
+        let entries = page["entries"].as_array().unwrap();
+        assert!(entries.len() <= 2, "{page}");
+        seen.extend(entries.iter().filter_map(|e| e["match"]["l4_dst"].as_u64()));
+        match page["next"].as_u64() {
+            Some(n) => query = format!("?limit=2&after={n}"),
+            None => break,
+        }
+    }
+    seen.sort_unstable();
+    assert_eq!(seen, [0, 1, 2, 3, 4]);
+    // Without a limit, one page holds them all.
+    let all = c.call("GET", "/api/v1/tables/many/entries", None).unwrap();
+    assert_eq!(all["entries"].as_array().map(Vec::len), Some(5));
+    assert!(all["next"].is_null());
+    let e = refused(&rig, "GET", "/api/v1/tables/many/entries?page=2", None);
+    assert!(e.contains("400"), "{e}");
 }

@@ -506,11 +506,12 @@ fn an_operator_entry_ahead_of_the_program_works_at_once_and_goes_when_deleted() 
     assert_eq!(send(&mut sw, get("user:1")), Fate::Out(server_port));
     let copies = sw.take_cpu(10);
     assert_eq!(copies.len(), 1);
+    assert_eq!((copies[0].in_port, copies[0].reason), (0, "mirror"));
+    let copy = &copies[0].frame;
     assert_eq!(
-        (copies[0].in_port, copies[0].reason.as_str()),
-        (0, "mirror")
+        switch::control::unhex(&copies[0].view().frame).unwrap(),
+        *copy
     );
-    let copy = switch::control::unhex(&copies[0].frame).unwrap();
     assert_eq!(copy.len(), get("user:1").len());
     assert!(copy.ends_with(b"get user:1\r\n"));
 }

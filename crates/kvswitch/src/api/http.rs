@@ -4,8 +4,8 @@
 //! It runs on a thread of its own with a single-threaded runtime. Reads of counters and status
 //! are served here; calls that read or change the switch's tables are handed to the
 //! forwarding thread as jobs ([`dataplane::Remote`]) and answered when it has run them, so the
-//! data path never waits on a client, however slow. Changes (POST, PUT, DELETE) need the
-//! token when one is set.
+//! data path never waits on a client, however slow. Changes (POST, PUT, DELETE) and taking
+//! the CPU's frames need the token when one is set.
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
@@ -68,6 +68,9 @@ pub const ROUTES: &[(&str, &[&str])] = &[
 
 /// How long a call waits for the forwarding thread before it gives up.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// A job not started this long before its call's timeout is not run: longer than any one
+/// job takes (batches and listings are bounded), so a call that timed out was not applied.
+const CALL_MARGIN: Duration = Duration::from_secs(2);
 /// The largest request body: a batch of many thousand entries fits.
 const MAX_BODY: usize = 64 << 20;
 /// The longest a `GET /api/v1/packets` waits for a frame.
@@ -124,7 +127,22 @@ impl IntoResponse for ApiFailure {
     }
 }
 
-type Shared = Arc<Api>;
+/// What the handlers share: the API and what the server keeps of its own.
+pub struct Served {
+    api: Api,
+    /// Packet streams open now (at most [`MAX_STREAMS`]).
+    streams: std::sync::atomic::AtomicUsize,
+}
+
+impl std::ops::Deref for Served {
+    type Target = Api;
+
+    fn deref(&self) -> &Api {
+        &self.api
+    }
+}
+
+type Shared = Arc<Served>;
 type Reply = Result<Response, ApiFailure>;
 
 fn ok(v: impl serde::Serialize) -> Reply {
@@ -160,7 +178,10 @@ pub fn serve(listener: TcpListener, api: Api) -> anyhow::Result<SocketAddr> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let app = router(Arc::new(api));
+    let app = router(Arc::new(Served {
+        api,
+        streams: Default::default(),
+    }));
     std::thread::Builder::new()
         .name("api".into())
         .spawn(move || {
@@ -240,7 +261,9 @@ pub fn router(api: Shared) -> Router {
 
 /// Refuses a change without the token, when one is set.
 async fn authorise(State(api): State<Shared>, req: Request, next: Next) -> Response {
-    let change = !matches!(*req.method(), Method::GET | Method::HEAD);
+    // Reading the CPU's frames takes them from the queue, so it needs the token too.
+    let change = !matches!(*req.method(), Method::GET | Method::HEAD)
+        || req.uri().path().starts_with("/api/v1/packets");
     if let (true, Some(token)) = (change, &api.token) {
         let given = req
             .headers()
@@ -250,7 +273,7 @@ async fn authorise(State(api): State<Shared>, req: Request, next: Next) -> Respo
         if !given.is_some_and(|g| same(g.as_bytes(), token.as_bytes())) {
             return ApiFailure::new(
                 StatusCode::UNAUTHORIZED,
-                "changes need the API token: send `Authorization: Bearer <token>` \
+                "changes, and taking frames sent to the CPU, need the API token: send `Authorization: Bearer <token>` \
                  (kvswitch ctl --token-file FILE, or KVSWITCH_API_TOKEN)",
             )
             .into_response();
@@ -304,24 +327,32 @@ async fn call<R: Send + 'static>(
         )
     })?;
     let (tx, rx) = tokio::sync::oneshot::channel();
+    // A job that starts so late that its caller may have given up is not run, so that a 504
+    // means the call was not applied.
+    let latest = std::time::Instant::now() + CALL_TIMEOUT.saturating_sub(CALL_MARGIN);
     remote
         .submit(Box::new(move |sw, now, emit| {
-            let _ = tx.send(f(sw, now, emit));
+            let answer = (std::time::Instant::now() <= latest).then(|| f(sw, now, emit));
+            let _ = tx.send(answer);
         }))
         .map_err(|e| match e {
             RemoteError::Busy => ApiFailure::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
             RemoteError::Stopped => ApiFailure::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
         })?;
+    let late = || {
+        ApiFailure::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            format!("the switch did not answer within {CALL_TIMEOUT:?}; nothing was applied"),
+        )
+    };
     match tokio::time::timeout(CALL_TIMEOUT, rx).await {
-        Ok(Ok(r)) => Ok(r),
+        Ok(Ok(Some(r))) => Ok(r),
+        Ok(Ok(None)) => Err(late()),
         Ok(Err(_)) => Err(ApiFailure::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "the switch stopped before answering",
         )),
-        Err(_) => Err(ApiFailure::new(
-            StatusCode::GATEWAY_TIMEOUT,
-            format!("the switch did not answer within {CALL_TIMEOUT:?}"),
-        )),
+        Err(_) => Err(late()),
     }
 }
 
@@ -382,8 +413,30 @@ async fn delete_table(State(api): State<Shared>, Path(table): Path<String>) -> R
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn list_entries(State(api): State<Shared>, Path(table): Path<String>) -> Reply {
-    ok(json!({ "entries": call(&api, move |sw, _, _| sw.entries(&table)).await?? }))
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Page {
+    /// List from the first entry id after this one.
+    after: Option<u64>,
+    /// Most entries (at most `MAX_PAGE`, which is also the default).
+    limit: Option<usize>,
+}
+
+async fn list_entries(
+    State(api): State<Shared>,
+    Path(table): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Reply {
+    let page: Page = query_args(query.as_deref().unwrap_or(""))?;
+    let limit = page
+        .limit
+        .unwrap_or(control::MAX_PAGE)
+        .clamp(1, control::MAX_PAGE);
+    let (entries, next) = call(&api, move |sw, _, _| {
+        sw.entries_page(&table, page.after, limit)
+    })
+    .await??;
+    ok(json!({ "entries": entries, "next": next }))
 }
 
 async fn add_entry(State(api): State<Shared>, Path(table): Path<String>, bytes: Bytes) -> Reply {
@@ -694,7 +747,11 @@ async fn take_packets(State(api): State<Shared>, RawQuery(query): RawQuery) -> R
     let deadline = tokio::time::Instant::now()
         + Duration::from_millis(take.wait_ms.unwrap_or(0)).min(MAX_WAIT);
     loop {
-        let frames = call(&api, move |sw, _, _| sw.take_cpu(max)).await?;
+        let frames: Vec<_> = call(&api, move |sw, _, _| sw.take_cpu(max))
+            .await?
+            .iter()
+            .map(|p| p.view())
+            .collect();
         if !frames.is_empty() || tokio::time::Instant::now() >= deadline {
             return ok(json!({ "frames": frames }));
         }
@@ -711,6 +768,23 @@ struct Watch {
     ms: Option<u64>,
 }
 
+/// Most packet streams open at once; past it a new one is refused (503).
+pub const MAX_STREAMS: usize = 4;
+
+/// Holds one of the [`MAX_STREAMS`] places while a stream is open.
+struct StreamPlace(Shared);
+
+impl Drop for StreamPlace {
+    fn drop(&mut self) {
+        self.0
+            .streams
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// Refused calls in a row (one every [`STREAM_POLL`]) after which a stream ends.
+const STREAM_PATIENCE: u32 = 100;
+
 /// How often a stream looks for frames when none came last time.
 const STREAM_POLL: Duration = Duration::from_millis(10);
 
@@ -719,21 +793,42 @@ const STREAM_POLL: Duration = Duration::from_millis(10);
 /// and `GET /api/v1/packets` share the queue.
 async fn stream_packets(State(api): State<Shared>, RawQuery(query): RawQuery) -> Reply {
     let watch: Watch = query_args(query.as_deref().unwrap_or(""))?;
-    // Refuse at once, before the 200, when there is no switch.
+    // Refuse at once, before the 200, when there is no switch or too many streams are open.
     call(&api, |_, _, _| ()).await?;
+    let open = api
+        .streams
+        .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    let place = StreamPlace(api.clone());
+    if open >= MAX_STREAMS {
+        return Err(ApiFailure::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{MAX_STREAMS} packet streams are open already; close one first"),
+        ));
+    }
     let left = watch.count.unwrap_or(u64::MAX);
     let until = watch
         .ms
         .and_then(|ms| tokio::time::Instant::now().checked_add(Duration::from_millis(ms)));
-    let frames = futures_util::stream::unfold((api, left), move |(api, left)| async move {
+    let frames = futures_util::stream::unfold((place, left), move |(place, left)| async move {
         if left == 0 {
             return None;
         }
         let max = usize::try_from(left)
             .unwrap_or(usize::MAX)
             .min(control::CPU_QUEUE);
+        // A busy switch is asked again; one that does not answer for a second ends the stream.
+        let mut refused = 0;
         loop {
-            let frames = call(&api, move |sw, _, _| sw.take_cpu(max)).await.ok()?;
+            let frames = match call(&place.0, move |sw, _, _| sw.take_cpu(max)).await {
+                Ok(frames) => frames,
+                Err(_) if refused < STREAM_PATIENCE => {
+                    refused += 1;
+                    tokio::time::sleep(STREAM_POLL).await;
+                    continue;
+                }
+                Err(_) => return None,
+            };
+            refused = 0;
             if frames.is_empty() {
                 if until.is_some_and(|t| tokio::time::Instant::now() >= t) {
                     return None;
@@ -743,13 +838,13 @@ async fn stream_packets(State(api): State<Shared>, RawQuery(query): RawQuery) ->
             }
             let mut lines = String::new();
             for f in &frames {
-                lines.push_str(&serde_json::to_string(f).unwrap_or_default());
+                lines.push_str(&serde_json::to_string(&f.view()).unwrap_or_default());
                 lines.push('\n');
             }
             let left = left - frames.len() as u64;
             return Some((
                 Ok::<_, std::convert::Infallible>(Bytes::from(lines)),
-                (api, left),
+                (place, left),
             ));
         }
     });

@@ -7,8 +7,8 @@ use pipeline::{CounterId, EntryId, Taken};
 
 use super::*;
 use crate::control::{
-    check_name, describe_field, describe_match, field_name, hex, resolve_field, user_register_name,
-    ActionDef, Change, ControlError, CounterView, CpuFrame, EntryDef, EntryView, ErrorKind,
+    check_name, describe_field, describe_match, field_name, resolve_field, user_register_name,
+    ActionDef, Change, ControlError, CounterView, CpuPacket, EntryDef, EntryView, ErrorKind,
     InterfaceDef, InterfaceView, KeyField, RegisterView, TableDef, TableView, CPU_QUEUE,
     DEFAULT_TABLE_SIZE, FIRST_OPERATOR_REG, MAX_BATCH, MAX_TABLE_SIZE,
 };
@@ -25,7 +25,7 @@ pub(super) struct Operator {
     made: Vec<String>,
     /// Counters of refused calls, reused before the pipeline makes new ones.
     spare: Vec<CounterId>,
-    cpu: VecDeque<CpuFrame>,
+    cpu: VecDeque<CpuPacket>,
 }
 
 /// How to take back one applied change.
@@ -261,10 +261,34 @@ impl Switch {
 
     /// A table's entries, oldest slot first.
     pub fn entries(&self, name: &str) -> Result<Vec<EntryView>, ControlError> {
+        Ok(self.entries_page(name, None, usize::MAX)?.0)
+    }
+
+    /// Up to `limit` entries of table `name` in id order, from the first id after `after`,
+    /// and the id to ask after for the next page (none when this was the last). One page is
+    /// one job on the forwarding thread, so a large table is listed a page at a time.
+    pub fn entries_page(
+        &self,
+        name: &str,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<(Vec<EntryView>, Option<u64>), ControlError> {
         let id = self.table_named(name)?;
         let key = self.named_key(id);
-        let entries = self.pipeline.entries(id).map_err(pipeline_error)?;
-        Ok(entries
+        let mut entries: Vec<_> = self
+            .pipeline
+            .entries(id)
+            .map_err(pipeline_error)?
+            .filter(|e| after.is_none_or(|a| e.id.to_u64() > a))
+            .collect();
+        entries.sort_unstable_by_key(|e| e.id.to_u64());
+        let next = match entries.len() > limit {
+            true => entries.get(limit.saturating_sub(1)).map(|e| e.id.to_u64()),
+            false => None,
+        };
+        entries.truncate(limit);
+        let views = entries
+            .into_iter()
             .map(|e| EntryView {
                 id: e.id.to_u64(),
                 fields: describe_match(e.entry, &key),
@@ -278,7 +302,8 @@ impl Switch {
                     .collect(),
                 hits: e.hits,
             })
-            .collect())
+            .collect();
+        Ok((views, next))
     }
 
     /// Applies every change or none: on the first refusal the changes before it are taken
@@ -678,21 +703,21 @@ impl Switch {
     }
 
     /// Takes up to `max` of the frames entries handed to the CPU, oldest first.
-    pub fn take_cpu(&mut self, max: usize) -> Vec<CpuFrame> {
+    pub fn take_cpu(&mut self, max: usize) -> Vec<CpuPacket> {
         let n = max.min(self.operator.cpu.len());
         self.operator.cpu.drain(..n).collect()
     }
 
     /// Queues a frame for the control plane, or counts it dropped when the queue is full.
-    pub(super) fn queue_for_cpu(&mut self, in_port: u16, reason: &str, frame: &[u8]) {
+    pub(super) fn queue_for_cpu(&mut self, in_port: u16, reason: &'static str, frame: &[u8]) {
         if self.operator.cpu.len() >= CPU_QUEUE {
             self.stats.count_drop(Drop::CpuQueueFull);
             return;
         }
-        self.operator.cpu.push_back(CpuFrame {
+        self.operator.cpu.push_back(CpuPacket {
             in_port,
-            reason: reason.to_string(),
-            frame: hex(frame),
+            reason,
+            frame: frame.to_vec(),
         });
     }
 }
