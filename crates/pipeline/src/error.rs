@@ -21,8 +21,9 @@ pub enum Error {
     /// No selector with this id.
     #[error("unknown selector {}", .0 .0)]
     UnknownSelector(SelectorId),
-    /// The pipeline already holds [`MAX_TABLES`](crate::MAX_TABLES) tables.
-    #[error("too many tables (max {})", crate::MAX_TABLES)]
+    /// The pipeline already holds [`MAX_TABLES`](crate::MAX_TABLES) tables, or has handed
+    /// out every id.
+    #[error("too many tables (max {} at once)", crate::MAX_TABLES)]
     TooManyTables,
     /// Another table already has this name.
     #[error("a table named {0:?} already exists")]

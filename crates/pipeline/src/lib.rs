@@ -53,8 +53,13 @@ pub use table::{Entry, EntryId, MatchKind, TableSpec};
 /// room to spare, while keeping the scratch buffers small.
 pub const MAX_KEY_LEN: usize = 64;
 
-/// Most tables a pipeline may hold. Table ids are `0..MAX_TABLES`.
+/// Most tables a pipeline may hold at once.
 pub const MAX_TABLES: usize = 256;
+
+/// Most table ids a pipeline hands out in its life (ids of removed tables are not reused, so
+/// that a `Goto` never reaches a table it was not written for). Table ids are
+/// `0..MAX_TABLE_IDS`.
+pub const MAX_TABLE_IDS: usize = u16::MAX as usize;
 
 /// Most actions in one action list (an entry's, a miss, or a selector member's).
 ///

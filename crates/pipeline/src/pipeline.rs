@@ -9,7 +9,9 @@ use crate::field::{extract, Field, Meta};
 use crate::reason;
 use crate::rewrite::{self, Addr, Ttl};
 use crate::table::{table_id, Entry, EntryId, MatchKind, Stored, Table, TableSpec};
-use crate::{MAX_ACTIONS, MAX_INTERFACES, MAX_KEY_LEN, MAX_TABLES, NUM_REGS, NUM_USER_REGS};
+use crate::{
+    MAX_ACTIONS, MAX_INTERFACES, MAX_KEY_LEN, MAX_TABLES, MAX_TABLE_IDS, NUM_REGS, NUM_USER_REGS,
+};
 
 /// Picks a selector member for a key hash — for example a ketama ring over backends.
 ///
@@ -322,7 +324,8 @@ impl Pipeline {
     /// Fails if the name is taken, the key is empty, too long or has a malformed field, or the
     /// miss actions are invalid (see [`Pipeline::insert`]).
     pub fn add_table(&mut self, spec: TableSpec) -> Result<TableId, Error> {
-        if self.tables.len() >= MAX_TABLES {
+        let live = self.tables.iter().filter(|t| !t.removed).count();
+        if live >= MAX_TABLES || self.tables.len() >= MAX_TABLE_IDS {
             return Err(Error::TooManyTables);
         }
         if self
@@ -379,6 +382,16 @@ impl Pipeline {
         let ids: Vec<EntryId> = table.iter().map(|(id, _)| id).collect();
         for id in ids {
             table.remove(id);
+        }
+        // What is left is a name-less placeholder holding no memory of the entries.
+        let empty = TableSpec {
+            name: String::new(),
+            kind: table.kind,
+            key: table.fields.clone(),
+            miss: Vec::new(),
+        };
+        if let Ok(placeholder) = Table::new(empty) {
+            *table = placeholder;
         }
         table.miss.clear();
         table.removed = true;
@@ -839,7 +852,7 @@ impl Pipeline {
                     if i + 1 != actions.len() {
                         return Err(Error::GotoNotLast);
                     }
-                    if usize::from(to.0) >= MAX_TABLES {
+                    if usize::from(to.0) >= MAX_TABLE_IDS {
                         return Err(Error::UnknownTable(to));
                     }
                     if let ListSite::Table(from) = site {

@@ -487,7 +487,7 @@ impl Table {
 
 /// Table ids as they are handed out: the position in the pipeline.
 pub(crate) fn table_id(index: usize) -> TableId {
-    // The pipeline never holds more than MAX_TABLES (256) tables.
+    // The pipeline hands out fewer than MAX_TABLE_IDS (u16::MAX) ids.
     TableId(index as u16)
 }
 

@@ -7,7 +7,7 @@ use common::*;
 use pipeline::reason::{self, USER_BASE};
 use pipeline::{
     Action, Choose, Entry, Error, Field, Interface, MatchKind, Meta, Pipeline, TableId, TableSpec,
-    Verdict, MAX_INTERFACES, NUM_REGS, NUM_USER_REGS,
+    Verdict, MAX_INTERFACES, MAX_TABLES, NUM_REGS, NUM_USER_REGS,
 };
 
 const MAC_A: [u8; 6] = [0x02, 0, 0, 0, 0, 0x0a];
@@ -1208,4 +1208,30 @@ fn user_registers_outlive_frames_and_feed_later_tables() {
         Err(Error::BadRegister(NUM_REGS as u8))
     );
     assert_eq!(p.len(t0), Ok(0));
+}
+
+#[test]
+fn tables_made_and_removed_again_and_again_do_not_use_up_the_limit() {
+    let mut p = Pipeline::new();
+    p.add_table(exact("first", vec![bytes(0, 1)], vec![Action::Flood]))
+        .unwrap();
+    for round in 0..(MAX_TABLES * 2) {
+        let t = p
+            .add_table(exact("again", vec![bytes(0, 1)], vec![]))
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        p.insert(t, Entry::exact([1], vec![Action::Output(1)]))
+            .unwrap();
+        p.remove_table(t).unwrap();
+    }
+    // Still at most MAX_TABLES at once.
+    for i in 1..MAX_TABLES {
+        p.add_table(exact(&format!("t{i}"), vec![bytes(0, 1)], vec![]))
+            .unwrap();
+    }
+    assert_eq!(
+        p.add_table(exact("one_more", vec![bytes(0, 1)], vec![])),
+        Err(Error::TooManyTables)
+    );
+    let mut f = to_a();
+    assert_eq!(p.process(&mut f, &mut meta(0, 0)), Verdict::Flood);
 }
