@@ -10,7 +10,7 @@ use crate::control::{
     check_name, describe_field, describe_match, field_name, resolve_field, user_register_name,
     ActionDef, Change, ControlError, CounterView, CpuPacket, EntryDef, EntryView, ErrorKind,
     InterfaceDef, InterfaceView, KeyField, RegisterView, TableDef, TableView, CPU_QUEUE,
-    DEFAULT_TABLE_SIZE, FIRST_OPERATOR_REG, MAX_BATCH, MAX_TABLE_SIZE,
+    DEFAULT_TABLE_SIZE, FIRST_OPERATOR_REG, MAX_BATCH, MAX_TABLE_SIZE, TERNARY_TABLE_SIZE,
 };
 
 /// The control plane's additions to the switch.
@@ -161,7 +161,10 @@ impl Switch {
                 format!("a table named {:?} exists", def.name),
             ));
         }
-        let size = def.size.unwrap_or(DEFAULT_TABLE_SIZE);
+        let size = def.size.unwrap_or(match def.kind {
+            crate::control::Kind::Ternary => TERNARY_TABLE_SIZE,
+            _ => DEFAULT_TABLE_SIZE,
+        });
         if size == 0 || size > MAX_TABLE_SIZE {
             return Err(ControlError::invalid(
                 "size",

@@ -46,7 +46,7 @@ pub(super) fn build_tables(p: &mut Pipeline, spec: &SwitchSpec) -> Result<Tables
             miss: vec![],
         })
         .map_err(e)?;
-    p.set_limit(acl, Some(crate::control::DEFAULT_TABLE_SIZE))
+    p.set_limit(acl, Some(crate::control::TERNARY_TABLE_SIZE))
         .map_err(e)?;
     // First, so that a read the cache may answer meets it before any other table.
     let cache_t = match spec.cache {
