@@ -6,6 +6,7 @@
 //! value means the same and fails the same way in every file.
 
 pub mod cache;
+pub mod controller;
 pub mod nutcracker;
 pub(crate) mod pool_keys;
 pub mod proxy;

@@ -1,0 +1,297 @@
+//! The controller's configuration file (TOML): `[controller]` (its API and how it probes),
+//! the switches it drives (`[[switches]]`, each by its control API) and the one `[pool]` it
+//! owns, with the same pool keys as the proxy's and the switch's files.
+//!
+//! ```toml
+//! [controller]
+//! api = "127.0.0.1:9200"        # the controller's own API: status, metrics, pool changes
+//! probe_interval_ms = 100       # each server is asked `version` this often, over TCP
+//! probe_timeout_ms = 100        # ... and must answer within this long
+//! down_after = 3                # failed probes in a row before a server is marked down
+//! up_after = 2                  # answered probes in a row before it is up again
+//! sync_interval_ms = 1000       # every switch's pool is checked this often anyway
+//! switch_token_file = "token"   # optional: the token the switches' APIs want
+//!
+//! [[switches]]
+//! name = "sw1"
+//! api = "10.0.0.1:9110"
+//!
+//! [pool]
+//! distribution = "ketama"
+//! hash = "md5"
+//! [[pool.servers]]
+//! addr = "10.0.0.11:11211"
+//! name = "s1"
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::ConfigError;
+use switch::pool::PoolSpec;
+
+/// Most switches one controller drives.
+pub const MAX_SWITCHES: usize = 256;
+
+/// One switch the controller drives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SwitchRef {
+    pub name: String,
+    /// Its control API (`[switch].api` of its own file).
+    pub api: SocketAddr,
+}
+
+/// A loaded controller configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ControllerFile {
+    pub path: PathBuf,
+    pub api: SocketAddr,
+    pub probe_interval: Duration,
+    pub probe_timeout: Duration,
+    pub down_after: u32,
+    pub up_after: u32,
+    pub sync_interval: Duration,
+    /// The file whose first line is the switches' API token (relative to this file's
+    /// directory).
+    pub switch_token_file: Option<PathBuf>,
+    pub switches: Vec<SwitchRef>,
+    /// The pool every switch serves; its `listen` is unused.
+    pub pool: PoolSpec,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    #[serde(default)]
+    controller: Option<RawController>,
+    #[serde(default)]
+    switches: Vec<RawSwitchRef>,
+    pool: toml::Table,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawController {
+    api: Option<String>,
+    probe_interval_ms: Option<u64>,
+    probe_timeout_ms: Option<u64>,
+    down_after: Option<u32>,
+    up_after: Option<u32>,
+    sync_interval_ms: Option<u64>,
+    switch_token_file: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSwitchRef {
+    name: String,
+    api: String,
+}
+
+/// Reads a controller configuration, resolving every hostname in its pool.
+pub fn load(path: &Path) -> Result<ControllerFile, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::new(path, "", format!("cannot read: {e}")))?;
+    parse(&text, path)
+}
+
+/// Parses configuration text as [`load`] does; `path` is used in messages.
+pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
+    let raw: RawFile = toml::from_str(text).map_err(|e| ConfigError::toml(path, text, &e))?;
+    let err = |key: &str, message: String| ConfigError::new(path, key, message);
+    let c = raw.controller.unwrap_or_default();
+    let api_text = c.api.as_deref().unwrap_or("127.0.0.1:9200");
+    let api = api_text.parse::<SocketAddr>().map_err(|_| {
+        err(
+            "controller.api",
+            format!("`{api_text}` is not an address such as 127.0.0.1:9200"),
+        )
+    })?;
+    let ms = |key: &str, value: Option<u64>, default: u64, range: (u64, u64)| {
+        let v = value.unwrap_or(default);
+        match (range.0..=range.1).contains(&v) {
+            true => Ok(Duration::from_millis(v)),
+            false => Err(err(
+                &format!("controller.{key}"),
+                format!("{v} is out of range; use {} to {}", range.0, range.1),
+            )),
+        }
+    };
+    let probe_interval = ms("probe_interval_ms", c.probe_interval_ms, 100, (10, 60_000))?;
+    let probe_timeout = ms("probe_timeout_ms", c.probe_timeout_ms, 100, (1, 60_000))?;
+    let sync_interval = ms(
+        "sync_interval_ms",
+        c.sync_interval_ms,
+        1000,
+        (50, 3_600_000),
+    )?;
+    let count = |key: &str, value: Option<u32>, default: u32| {
+        let v = value.unwrap_or(default);
+        match (1..=1000).contains(&v) {
+            true => Ok(v),
+            false => Err(err(
+                &format!("controller.{key}"),
+                format!("{v} is out of range; use 1 to 1000"),
+            )),
+        }
+    };
+    let down_after = count("down_after", c.down_after, 3)?;
+    let up_after = count("up_after", c.up_after, 2)?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    let switch_token_file = c.switch_token_file.map(|f| base.join(f));
+
+    if raw.switches.is_empty() {
+        return Err(err(
+            "switches",
+            "no switches: add [[switches]] with a name and the api of each".into(),
+        ));
+    }
+    if raw.switches.len() > MAX_SWITCHES {
+        return Err(err(
+            "switches",
+            format!(
+                "{} switches; one controller drives at most {MAX_SWITCHES}",
+                raw.switches.len()
+            ),
+        ));
+    }
+    let mut switches: Vec<SwitchRef> = Vec::with_capacity(raw.switches.len());
+    for (i, s) in raw.switches.iter().enumerate() {
+        let key = |field: &str| format!("switches[{i}].{field}");
+        if s.name.is_empty() || switches.iter().any(|o| o.name == s.name) {
+            return Err(err(
+                &key("name"),
+                format!("`{}` is empty or names another switch too", s.name),
+            ));
+        }
+        let api = s.api.parse::<SocketAddr>().map_err(|_| {
+            err(
+                &key("api"),
+                format!("`{}` is not an address such as 10.0.0.1:9110", s.api),
+            )
+        })?;
+        switches.push(SwitchRef {
+            name: s.name.clone(),
+            api,
+        });
+    }
+
+    // The pool is read as the proxy reads its own: the same keys, the same messages.
+    let mut pool_only = toml::Table::new();
+    pool_only.insert("pool".into(), toml::Value::Table(raw.pool));
+    let pool_text = toml::to_string(&pool_only)
+        .map_err(|e| err("pool", format!("cannot be read back: {e}")))?;
+    let pool = super::proxy::parse_toml(&pool_text, path)
+        .map_err(|mut e| {
+            // A line number would count lines of the pool alone: name the table instead.
+            if let Some((_, rest)) = e
+                .message
+                .strip_prefix("line ")
+                .and_then(|m| m.split_once(": "))
+            {
+                e.message = format!("in [pool]: {rest}");
+            }
+            e
+        })?
+        .pool;
+    if pool.servers.is_empty() {
+        return Err(err(
+            "pool.servers",
+            "no servers: add [[pool.servers]] with the addr of each".into(),
+        ));
+    }
+    Ok(ControllerFile {
+        path: path.to_owned(),
+        api,
+        probe_interval,
+        probe_timeout,
+        down_after,
+        up_after,
+        sync_interval,
+        switch_token_file,
+        switches,
+        pool,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[controller]
+api = "127.0.0.1:9200"
+down_after = 2
+
+[[switches]]
+name = "sw1"
+api = "127.0.0.1:9110"
+
+[[switches]]
+name = "sw2"
+api = "127.0.0.1:9111"
+
+[pool]
+distribution = "ketama"
+hash = "md5"
+[[pool.servers]]
+addr = "127.0.0.1:11211"
+name = "s1"
+[[pool.servers]]
+addr = "127.0.0.1:11212"
+weight = 2
+"#;
+
+    #[test]
+    fn a_good_file_reads_whole() {
+        let f = parse(GOOD, Path::new("c.toml")).unwrap();
+        assert_eq!(f.switches.len(), 2);
+        assert_eq!(f.switches[1].api, "127.0.0.1:9111".parse().unwrap());
+        assert_eq!((f.down_after, f.up_after), (2, 2));
+        assert_eq!(f.probe_interval, Duration::from_millis(100));
+        assert_eq!(f.pool.servers.len(), 2);
+        assert_eq!(f.pool.servers[0].name.as_deref(), Some("s1"));
+        assert_eq!(f.pool.servers[1].weight, 2);
+    }
+
+    #[test]
+    fn mistakes_name_the_key() {
+        let cases = [
+            (
+                GOOD.replace("down_after = 2", "down_after = 0"),
+                "controller.down_after",
+            ),
+            (
+                GOOD.replace("\"127.0.0.1:9111\"", "\"nowhere\""),
+                "switches[1].api",
+            ),
+            (
+                GOOD.replace("name = \"sw2\"", "name = \"sw1\""),
+                "switches[1].name",
+            ),
+            (
+                GOOD.replace("weight = 2", "weight = 0"),
+                "pool.servers[1].weight",
+            ),
+            (
+                GOOD.replace("weight = 2", "weight = -1"),
+                "in [pool]: `weight = -1`",
+            ),
+            (
+                GOOD.replace("api = \"127.0.0.1:9200\"", "api = \"x\""),
+                "controller.api",
+            ),
+        ];
+        for (text, key) in cases {
+            let e = parse(&text, Path::new("c.toml")).unwrap_err();
+            assert!(e.to_string().contains(key), "{key}: {e}");
+        }
+        let none = GOOD.split("[[switches]]").next().unwrap().to_string()
+            + "[pool]\n[[pool.servers]]\naddr = \"127.0.0.1:1\"\n";
+        let e = parse(&none, Path::new("c.toml")).unwrap_err();
+        assert!(e.to_string().contains("switches"), "{e}");
+    }
+}
