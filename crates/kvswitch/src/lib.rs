@@ -5,6 +5,7 @@
 
 pub mod api;
 pub mod cache;
+pub mod controller;
 pub mod ctl;
 pub mod daemon;
 pub mod demo;

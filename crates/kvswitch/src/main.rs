@@ -45,6 +45,9 @@ enum Cmd {
     /// Read and change a running switch through its control API: tables, entries, ports,
     /// counters, packets, the pool, the cache.
     Ctl(kvswitch::ctl::CtlArgs),
+    /// Run a fleet of switches as one: probe the pool's servers, take a dead one out of every
+    /// switch's pool and put it back when it answers, add and remove servers.
+    Controller(kvswitch::controller::ControllerArgs),
     /// Build or remove a test network of namespaces, memcached servers and kvswitch.
     Testbed {
         #[command(subcommand)]
@@ -148,6 +151,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Proxy(args) => kvswitch::proxy_cli::run(args),
         Cmd::Cache(args) => kvswitch::cache::run_cli(&args),
         Cmd::Ctl(args) => kvswitch::ctl::run(&args),
+        Cmd::Controller(args) => kvswitch::controller::run(&args),
         Cmd::Testbed { action } => match action {
             TestbedCmd::Up {
                 topology,

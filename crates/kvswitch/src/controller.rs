@@ -1,0 +1,750 @@
+//! `kvswitch controller`: one pool served by a fleet of switches (or proxies), run as one.
+//!
+//! The controller owns the pool's servers and the list of switches, and changes the switches
+//! only through their control APIs (`/api/v1/pool/servers`). It probes every server over TCP
+//! with memcached's `version`; a server that fails [`ControllerFile::down_after`] probes in a
+//! row is marked down and taken out of every switch's pool (its keys go to the next server on
+//! the ring, as nutcracker's ejection does), and is put back once it has answered
+//! [`ControllerFile::up_after`] probes in a row. Each switch is brought to the pool's live
+//! servers at once after a change, and checked again every `sync_interval` (a switch that was
+//! restarted or changed by hand is put right). Servers are added to and removed from the pool
+//! through the controller's own API, which also serves its status and metrics.
+//!
+//! Three threads: the prober, the syncer (woken by a change or its interval) and the API.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use clap::Args;
+use config::controller::{ControllerFile, SwitchRef};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use switch::pool::ServerSpec;
+
+use crate::ctl::Client;
+
+#[derive(Args, Debug)]
+#[command(
+    about = "Run a fleet of kvswitches as one: probe the pool's servers, take a dead one \
+                   out of every switch and put it back when it answers, add and remove servers"
+)]
+pub struct ControllerArgs {
+    /// The controller's file: [controller], [[switches]] and [pool] (see the README).
+    #[arg(long)]
+    pub config: std::path::PathBuf,
+}
+
+/// What a server's probes say of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Health {
+    pub up: bool,
+    /// Probes in a row that failed, or that answered.
+    pub failed_in_row: u32,
+    pub answered_in_row: u32,
+    pub probes: u64,
+    pub failures: u64,
+    /// Times it was marked down.
+    pub downs: u64,
+    pub last_error: Option<String>,
+}
+
+impl Default for Health {
+    /// A server starts up: it is in the pool until probes say otherwise.
+    fn default() -> Health {
+        Health {
+            up: true,
+            failed_in_row: 0,
+            answered_in_row: 0,
+            probes: 0,
+            failures: 0,
+            downs: 0,
+            last_error: None,
+        }
+    }
+}
+
+impl Health {
+    /// Takes in one probe's outcome; returns whether the server changed between up and down.
+    pub fn record(&mut self, outcome: Result<(), String>, down_after: u32, up_after: u32) -> bool {
+        self.probes += 1;
+        match outcome {
+            Ok(()) => {
+                self.failed_in_row = 0;
+                self.answered_in_row = self.answered_in_row.saturating_add(1);
+                if !self.up && self.answered_in_row >= up_after {
+                    self.up = true;
+                    return true;
+                }
+            }
+            Err(e) => {
+                self.failures += 1;
+                self.answered_in_row = 0;
+                self.failed_in_row = self.failed_in_row.saturating_add(1);
+                self.last_error = Some(e);
+                if self.up && self.failed_in_row >= down_after {
+                    self.up = false;
+                    self.downs += 1;
+                    return true;
+                }
+            }
+        }
+        false
+    }
+}
+
+/// What the controller knows of one switch.
+#[derive(Debug, Clone, Default)]
+struct SwitchState {
+    /// Whether its pool matched the live servers at the last sync.
+    in_step: bool,
+    syncs: u64,
+    errors: u64,
+    /// Changes (adds, removals, new weights) made on it.
+    changes: u64,
+    last_error: Option<String>,
+    /// When it was last found in step, for the status.
+    last_in_step: Option<Instant>,
+}
+
+/// The fleet: the desired pool, the servers' health and the switches' states.
+struct Fleet {
+    file: ControllerFile,
+    servers: Vec<ServerSpec>,
+    health: Vec<Health>,
+    switches: Vec<SwitchState>,
+    /// Bumped on every change the switches must follow.
+    generation: u64,
+}
+
+/// What the threads share.
+struct Shared {
+    fleet: Mutex<Fleet>,
+    /// Wakes the syncer.
+    changed: Condvar,
+    stop: AtomicBool,
+    token: Option<String>,
+    started: Instant,
+}
+
+impl Shared {
+    fn fleet(&self) -> MutexGuard<'_, Fleet> {
+        self.fleet.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn bump(&self, fleet: &mut Fleet) {
+        fleet.generation += 1;
+        self.changed.notify_all();
+    }
+}
+
+/// Asks `addr` for memcached's `version` over TCP, within `timeout`.
+pub fn probe(addr: SocketAddr, timeout: Duration) -> Result<(), String> {
+    let started = Instant::now();
+    let mut conn = TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
+    let left = timeout
+        .saturating_sub(started.elapsed())
+        .max(Duration::from_millis(1));
+    conn.set_read_timeout(Some(left))
+        .map_err(|e| e.to_string())?;
+    conn.set_write_timeout(Some(left))
+        .map_err(|e| e.to_string())?;
+    conn.write_all(b"version\r\n").map_err(|e| e.to_string())?;
+    let mut reply = Vec::with_capacity(64);
+    let mut buf = [0u8; 64];
+    while !reply.ends_with(b"\r\n") && reply.len() < 256 {
+        let n = conn.read(&mut buf).map_err(|e| match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                format!("no answer within {timeout:?}")
+            }
+            _ => e.to_string(),
+        })?;
+        if n == 0 {
+            return Err("closed the connection".into());
+        }
+        reply.extend_from_slice(&buf[..n]);
+    }
+    match reply.starts_with(b"VERSION ") {
+        true => Ok(()),
+        false => Err(format!(
+            "answered {:?}",
+            String::from_utf8_lossy(&reply).trim_end()
+        )),
+    }
+}
+
+/// Brings one switch's pool to `live` (the servers that should be in it, with their
+/// weights): adds first, then new weights, then removals. Returns the changes made.
+fn sync_switch(client: &Client, pool: &str, live: &[ServerSpec]) -> anyhow::Result<u64> {
+    let doc = client.call("GET", "/api/v1/pool", None)?;
+    let pools = doc["pools"].as_array().cloned().unwrap_or_default();
+    let theirs = pools
+        .iter()
+        .find(|p| p["name"] == pool)
+        .or(pools.first())
+        .context("the switch serves no pool")?;
+    let listed: Vec<&Value> = theirs["servers"].as_array().into_iter().flatten().collect();
+    let same = |s: &ServerSpec, v: &Value| {
+        v["label"].as_str() == Some(s.label().as_str())
+            && v["addr"].as_str() == Some(s.addr.to_string().as_str())
+    };
+    let enc = |s: &str| crate::cache::percent_encode(s.as_bytes());
+    let mut changes = 0;
+    for s in live {
+        match listed.iter().find(|v| same(s, v)) {
+            None => {
+                let body = json!({
+                    "addr": s.addr.to_string(), "host": s.host, "weight": s.weight,
+                    "name": s.name, "pool": theirs["name"],
+                });
+                client.call("POST", "/api/v1/pool/servers", Some(&body))?;
+                changes += 1;
+            }
+            Some(v) if v["weight"].as_u64() != Some(u64::from(s.weight)) => {
+                let path = format!("/api/v1/pool/servers/{}", enc(&s.label()));
+                client.call(
+                    "PUT",
+                    &path,
+                    Some(&json!({ "weight": s.weight, "pool": theirs["name"] })),
+                )?;
+                changes += 1;
+            }
+            Some(_) => {}
+        }
+    }
+    for v in &listed {
+        if !live.iter().any(|s| same(s, v)) {
+            let label = v["label"].as_str().unwrap_or_default();
+            let pool_name = theirs["name"].as_str().unwrap_or_default();
+            let path = format!(
+                "/api/v1/pool/servers/{}?pool={}",
+                enc(label),
+                enc(pool_name)
+            );
+            client.call("DELETE", &path, None)?;
+            changes += 1;
+        }
+    }
+    Ok(changes)
+}
+
+/// Runs the controller until the process is stopped.
+pub fn run(args: &ControllerArgs) -> anyhow::Result<()> {
+    let file = config::controller::load(&args.config)?;
+    let token = crate::api::api_token(None, file.api)?;
+    let switch_token = match &file.switch_token_file {
+        Some(f) => crate::ctl::token(Some(f))?,
+        None => None,
+    };
+    let listener = TcpListener::bind(file.api)
+        .with_context(|| format!("the controller's API cannot listen on {}", file.api))?;
+    let shared = start(file, listener, token, switch_token)?;
+    tracing::info!(api = %shared.api, "controller running");
+    loop {
+        std::thread::park();
+    }
+}
+
+/// A running controller, for tests and the command.
+pub struct Running {
+    pub api: SocketAddr,
+    shared: Arc<Shared>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        self.shared.changed.notify_all();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Starts the prober, the syncer and the API on `listener`.
+pub fn start(
+    file: ControllerFile,
+    listener: TcpListener,
+    token: Option<String>,
+    switch_token: Option<String>,
+) -> anyhow::Result<Running> {
+    let servers = file.pool.servers.clone();
+    let fleet = Fleet {
+        health: vec![Health::default(); servers.len()],
+        switches: vec![SwitchState::default(); file.switches.len()],
+        servers,
+        file,
+        generation: 1,
+    };
+    let shared = Arc::new(Shared {
+        fleet: Mutex::new(fleet),
+        changed: Condvar::new(),
+        stop: AtomicBool::new(false),
+        token,
+        started: Instant::now(),
+    });
+    let api = serve(listener, shared.clone())?;
+    let prober = {
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("prober".into())
+            .spawn(move || prober(&shared))?
+    };
+    let syncer = {
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("syncer".into())
+            .spawn(move || syncer(&shared, switch_token))?
+    };
+    Ok(Running {
+        api,
+        shared,
+        threads: vec![prober, syncer],
+    })
+}
+
+/// Probes every server each interval, all at once, and marks them up or down.
+fn prober(shared: &Shared) {
+    while !shared.stop.load(Ordering::Relaxed) {
+        let began = Instant::now();
+        let (servers, interval, timeout) = {
+            let f = shared.fleet();
+            let addrs: Vec<SocketAddr> = f.servers.iter().map(|s| s.addr).collect();
+            (addrs, f.file.probe_interval, f.file.probe_timeout)
+        };
+        let outcomes: Vec<Result<(), String>> = std::thread::scope(|s| {
+            let probes: Vec<_> = servers
+                .iter()
+                .map(|&addr| s.spawn(move || probe(addr, timeout)))
+                .collect();
+            probes
+                .into_iter()
+                .map(|p| p.join().unwrap_or_else(|_| Err("the probe failed".into())))
+                .collect()
+        });
+        {
+            let mut f = shared.fleet();
+            let (down_after, up_after) = (f.file.down_after, f.file.up_after);
+            let mut changed = false;
+            for (i, (addr, outcome)) in servers.iter().zip(outcomes).enumerate() {
+                // The list may have changed while the probes ran.
+                let Some(s) = f.servers.get(i).filter(|s| s.addr == *addr) else {
+                    continue;
+                };
+                let label = s.label();
+                let h = &mut f.health[i];
+                if h.record(outcome, down_after, up_after) {
+                    changed = true;
+                    match h.up {
+                        true => tracing::info!(server = %label, "server up: back in the pool"),
+                        false => tracing::warn!(
+                            server = %label,
+                            error = h.last_error.as_deref().unwrap_or(""),
+                            "server down: taken out of the pool"
+                        ),
+                    }
+                }
+            }
+            if changed {
+                shared.bump(&mut f);
+            }
+        }
+        std::thread::sleep(interval.saturating_sub(began.elapsed()));
+    }
+}
+
+/// Brings every switch to the live servers on each change, and every interval.
+fn syncer(shared: &Shared, token: Option<String>) {
+    let mut done = 0u64;
+    while !shared.stop.load(Ordering::Relaxed) {
+        let (generation, pool, live, switches) = {
+            let f = shared.fleet();
+            let live: Vec<ServerSpec> = f
+                .servers
+                .iter()
+                .zip(&f.health)
+                .filter(|(_, h)| h.up)
+                .map(|(s, _)| s.clone())
+                .collect();
+            (
+                f.generation,
+                f.file.pool.name.clone(),
+                live,
+                f.file.switches.clone(),
+            )
+        };
+        // All switches at once: a slow one does not hold up the others.
+        let outcomes: Vec<anyhow::Result<u64>> = std::thread::scope(|s| {
+            let jobs: Vec<_> = switches
+                .iter()
+                .map(|sw: &SwitchRef| {
+                    let client = Client {
+                        api: sw.api,
+                        token: token.clone(),
+                    };
+                    let (pool, live) = (&pool, &live);
+                    s.spawn(move || sync_switch(&client, pool, live))
+                })
+                .collect();
+            jobs.into_iter()
+                .map(|j| {
+                    j.join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("the sync failed")))
+                })
+                .collect()
+        });
+        let mut f = shared.fleet();
+        let mut all = true;
+        for (i, outcome) in outcomes.into_iter().enumerate() {
+            let name = f.file.switches[i].name.clone();
+            let st = &mut f.switches[i];
+            st.syncs += 1;
+            match outcome {
+                Ok(changes) => {
+                    if changes > 0 {
+                        tracing::info!(switch = %name, changes, "switch brought in step");
+                    }
+                    st.changes += changes;
+                    st.in_step = true;
+                    st.last_in_step = Some(Instant::now());
+                    st.last_error = None;
+                }
+                Err(e) => {
+                    if st.last_error.is_none() {
+                        tracing::warn!(switch = %name, "cannot bring the switch in step: {e:#}");
+                    }
+                    all = false;
+                    st.in_step = false;
+                    st.errors += 1;
+                    st.last_error = Some(format!("{e:#}"));
+                }
+            }
+        }
+        if all {
+            done = generation;
+        }
+        // Wait for a change, or the interval; retry failures soon.
+        let wait = match all {
+            true => f.file.sync_interval,
+            false => f.file.sync_interval.min(Duration::from_millis(200)),
+        };
+        if f.generation == done || !all {
+            let (g, _) = shared
+                .changed
+                .wait_timeout_while(f, wait, |f| {
+                    f.generation == generation && !shared.stop.load(Ordering::Relaxed)
+                })
+                .unwrap_or_else(|p| p.into_inner());
+            drop(g);
+        }
+    }
+}
+
+fn serve(listener: TcpListener, shared: Arc<Shared>) -> anyhow::Result<SocketAddr> {
+    let addr = listener.local_addr()?;
+    listener.set_nonblocking(true)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let app = Router::new()
+        .route("/", get(index))
+        .route("/metrics", get(metrics))
+        .route("/api/v1/status", get(status))
+        .route("/api/v1/pool/servers", post(add_server))
+        .route("/api/v1/pool/servers/{server}", delete(remove_server))
+        .with_state(shared);
+    std::thread::Builder::new()
+        .name("controller-api".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                match tokio::net::TcpListener::from_std(listener) {
+                    Ok(l) => {
+                        if let Err(e) = axum::serve(l, app).await {
+                            tracing::error!("the controller's API stopped: {e}");
+                        }
+                    }
+                    Err(e) => tracing::error!("the controller's API cannot listen: {e}"),
+                }
+            })
+        })?;
+    Ok(addr)
+}
+
+type Reply = Result<Response, (StatusCode, Json<Value>)>;
+
+fn refuse(status: StatusCode, error: impl Into<String>) -> (StatusCode, Json<Value>) {
+    (status, Json(json!({ "error": error.into() })))
+}
+
+fn authorised(shared: &Shared, headers: &HeaderMap) -> Result<(), (StatusCode, Json<Value>)> {
+    let Some(token) = &shared.token else {
+        return Ok(());
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match given == Some(token.as_str()) {
+        true => Ok(()),
+        false => Err(refuse(
+            StatusCode::UNAUTHORIZED,
+            "changes need the API token: send `Authorization: Bearer <token>`",
+        )),
+    }
+}
+
+async fn index() -> &'static str {
+    "kvswitch controller: GET /api/v1/status, GET /metrics, POST /api/v1/pool/servers, \
+     DELETE /api/v1/pool/servers/{server}\n"
+}
+
+fn status_doc(shared: &Shared) -> Value {
+    let f = shared.fleet();
+    let servers: Vec<Value> = f
+        .servers
+        .iter()
+        .zip(&f.health)
+        .map(|(s, h)| {
+            json!({
+                "label": s.label(), "addr": s.addr.to_string(), "weight": s.weight,
+                "up": h.up, "probes": h.probes, "failures": h.failures, "downs": h.downs,
+                "last_error": h.last_error,
+            })
+        })
+        .collect();
+    let switches: Vec<Value> = f
+        .file
+        .switches
+        .iter()
+        .zip(&f.switches)
+        .map(|(sw, st)| {
+            json!({
+                "name": sw.name, "api": sw.api.to_string(), "in_step": st.in_step,
+                "syncs": st.syncs, "changes": st.changes, "errors": st.errors,
+                "last_error": st.last_error,
+                "in_step_ms_ago": st.last_in_step.map(|t| t.elapsed().as_millis() as u64),
+            })
+        })
+        .collect();
+    json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "uptime_s": shared.started.elapsed().as_secs(),
+        "pool": f.file.pool.name,
+        "generation": f.generation,
+        "servers": servers,
+        "switches": switches,
+    })
+}
+
+async fn status(State(shared): State<Arc<Shared>>) -> Json<Value> {
+    Json(status_doc(&shared))
+}
+
+async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    let f = shared.fleet();
+    let mut out = String::new();
+    let mut family = |name: &str, help: &str, kind: &str, rows: Vec<(String, u64)>| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (labels, v) in rows {
+            let _ = writeln!(out, "{name}{{{labels}}} {v}");
+        }
+    };
+    let server = |f: &Fleet, pick: fn(&Health) -> u64| {
+        f.servers
+            .iter()
+            .zip(&f.health)
+            .map(|(s, h)| (format!("server=\"{}\"", s.label()), pick(h)))
+            .collect()
+    };
+    family(
+        "kvswitch_controller_server_up",
+        "1 while the server is in the pool.",
+        "gauge",
+        server(&f, |h| u64::from(h.up)),
+    );
+    family(
+        "kvswitch_controller_probes_total",
+        "Probes sent.",
+        "counter",
+        server(&f, |h| h.probes),
+    );
+    family(
+        "kvswitch_controller_probe_failures_total",
+        "Probes that failed.",
+        "counter",
+        server(&f, |h| h.failures),
+    );
+    family(
+        "kvswitch_controller_server_downs_total",
+        "Times the server was marked down.",
+        "counter",
+        server(&f, |h| h.downs),
+    );
+    let switch = |f: &Fleet, pick: fn(&SwitchState) -> u64| -> Vec<(String, u64)> {
+        f.file
+            .switches
+            .iter()
+            .zip(&f.switches)
+            .map(|(sw, st)| (format!("switch=\"{}\"", sw.name), pick(st)))
+            .collect()
+    };
+    family(
+        "kvswitch_controller_switch_in_step",
+        "1 while the switch's pool matched at the last sync.",
+        "gauge",
+        switch(&f, |s| u64::from(s.in_step)),
+    );
+    family(
+        "kvswitch_controller_switch_changes_total",
+        "Servers added, removed or reweighted on the switch.",
+        "counter",
+        switch(&f, |s| s.changes),
+    );
+    family(
+        "kvswitch_controller_switch_errors_total",
+        "Syncs that failed.",
+        "counter",
+        switch(&f, |s| s.errors),
+    );
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewServer {
+    addr: SocketAddr,
+    host: Option<String>,
+    #[serde(default = "one")]
+    weight: u32,
+    name: Option<String>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+async fn add_server(State(shared): State<Arc<Shared>>, headers: HeaderMap, bytes: Bytes) -> Reply {
+    authorised(&shared, &headers)?;
+    let s: NewServer = serde_json::from_slice(&bytes)
+        .map_err(|e| refuse(StatusCode::BAD_REQUEST, format!("body: {e}")))?;
+    if s.weight == 0 {
+        return Err(refuse(StatusCode::BAD_REQUEST, "weight: use 1 or more"));
+    }
+    let server = ServerSpec {
+        host: s.host.unwrap_or_else(|| s.addr.ip().to_string()),
+        addr: s.addr,
+        weight: s.weight,
+        name: s.name,
+    };
+    let mut f = shared.fleet();
+    let label = server.label();
+    if f.servers
+        .iter()
+        .any(|o| o.label() == label || o.addr == server.addr)
+    {
+        return Err(refuse(
+            StatusCode::CONFLICT,
+            format!("{label} is in the pool already"),
+        ));
+    }
+    if f.servers.len() >= switch::pool::MAX_SERVERS {
+        return Err(refuse(StatusCode::CONFLICT, "the pool is full"));
+    }
+    f.servers.push(server);
+    f.health.push(Health::default());
+    shared.bump(&mut f);
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({ "server": label, "generation": f.generation })),
+    )
+        .into_response())
+}
+
+async fn remove_server(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(server): Path<String>,
+) -> Reply {
+    authorised(&shared, &headers)?;
+    let mut f = shared.fleet();
+    let Some(i) = f
+        .servers
+        .iter()
+        .position(|s| s.label() == server || s.addr.to_string() == server)
+    else {
+        return Err(refuse(
+            StatusCode::NOT_FOUND,
+            format!("no server {server:?} in the pool"),
+        ));
+    };
+    f.servers.remove(i);
+    f.health.remove(i);
+    shared.bump(&mut f);
+    Ok(Json(json!({ "removed": server, "generation": f.generation })).into_response())
+}
+
+/// The servers' health by label, for tests.
+pub fn health(running: &Running) -> BTreeMap<String, Health> {
+    let f = running.shared.fleet();
+    f.servers
+        .iter()
+        .zip(&f.health)
+        .map(|(s, h)| (s.label(), h.clone()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_goes_down_after_its_failures_and_up_after_its_answers() {
+        let mut h = Health::default();
+        let fail = || Err("refused".to_string());
+        assert!(!h.record(fail(), 3, 2));
+        assert!(!h.record(fail(), 3, 2));
+        assert!(!h.record(Ok(()), 3, 2), "an answer starts the count again");
+        assert!(!h.record(fail(), 3, 2));
+        assert!(!h.record(fail(), 3, 2));
+        assert!(h.record(fail(), 3, 2));
+        assert!(!h.up);
+        assert!(!h.record(fail(), 3, 2), "down once");
+        assert!(!h.record(Ok(()), 3, 2));
+        assert!(h.record(Ok(()), 3, 2));
+        assert!(h.up);
+        assert_eq!((h.probes, h.failures, h.downs), (9, 6, 1));
+    }
+
+    #[test]
+    fn a_probe_of_nothing_says_why() {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap();
+        // Nothing listens there any more.
+        let e = probe(port, Duration::from_millis(200)).unwrap_err();
+        assert!(!e.is_empty());
+        // Something that is not memcached.
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let t = std::thread::spawn(move || {
+            if let Ok((mut c, _)) = l.accept() {
+                let _ = c.write_all(b"HELLO\r\n");
+            }
+        });
+        let e = probe(addr, Duration::from_millis(500)).unwrap_err();
+        assert!(e.contains("HELLO"), "{e}");
+        let _ = t.join();
+    }
+}
