@@ -3,6 +3,7 @@
 //!
 //! - a server killed under load is taken out of both proxies' pools within the detection
 //!   window; after that no request fails; restarted, it is put back in both;
+//! - a server that hangs (SIGSTOP) is taken out the same way, and put back when it goes on;
 //! - servers added and removed through the controller's API reach both proxies;
 //! - a proxy whose pool is changed behind the controller's back is put right at the next
 //!   sync;
@@ -228,10 +229,20 @@ fn a_fleet_follows_its_servers_health_and_the_controllers_changes() {
         local::store(p.addr, &keys).unwrap();
     }
 
+    // A server that hangs (stopped, its port still open) is taken out too, and put back
+    // when it goes on.
+    let pid = servers[1].pid().expect("s2 runs") as libc::pid_t;
+    // SAFETY: kill takes no pointers; the PID is our own child's.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    until_pools(&clients, &["s1", "s4"], Duration::from_secs(5));
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    until_pools(&clients, &["s1", "s2", "s4"], Duration::from_secs(5));
+
     let metrics = ctl.call("GET", "/metrics", None).unwrap();
     let text = metrics.as_str().unwrap_or_default().to_string();
     assert!(
-        text.contains("kvswitch_controller_server_downs_total{server=\"s2\"} 1"),
+        text.contains("kvswitch_controller_server_downs_total{server=\"s2\"} 2"),
         "{text}"
     );
     assert!(
