@@ -29,10 +29,10 @@ use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use clap::Args;
 use config::controller::{ControllerFile, SwitchRef};
-use serde::Deserialize;
 use serde_json::{json, Value};
 use switch::pool::ServerSpec;
 
+use crate::api::http::NewServer;
 use crate::ctl::Client;
 
 #[derive(Args, Debug)]
@@ -561,78 +561,79 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
             let _ = writeln!(out, "{name}{{{labels}}} {v}");
         }
     };
-    let server = |f: &Fleet, pick: fn(&Health) -> u64| {
-        f.servers
+    type ServerFigure = (&'static str, &'static str, &'static str, fn(&Health) -> u64);
+    const SERVERS: [ServerFigure; 4] = [
+        (
+            "kvswitch_controller_server_up",
+            "1 while the server is in the pool.",
+            "gauge",
+            |h| u64::from(h.up),
+        ),
+        (
+            "kvswitch_controller_probes_total",
+            "Probes sent.",
+            "counter",
+            |h| h.probes,
+        ),
+        (
+            "kvswitch_controller_probe_failures_total",
+            "Probes that failed.",
+            "counter",
+            |h| h.failures,
+        ),
+        (
+            "kvswitch_controller_server_downs_total",
+            "Times the server was marked down.",
+            "counter",
+            |h| h.downs,
+        ),
+    ];
+    for (name, help, kind, pick) in SERVERS {
+        let rows = f
+            .servers
             .iter()
             .zip(&f.health)
             .map(|(s, h)| (format!("server=\"{}\"", s.label()), pick(h)))
-            .collect()
-    };
-    family(
-        "kvswitch_controller_server_up",
-        "1 while the server is in the pool.",
-        "gauge",
-        server(&f, |h| u64::from(h.up)),
+            .collect();
+        family(name, help, kind, rows);
+    }
+    type SwitchFigure = (
+        &'static str,
+        &'static str,
+        &'static str,
+        fn(&SwitchState) -> u64,
     );
-    family(
-        "kvswitch_controller_probes_total",
-        "Probes sent.",
-        "counter",
-        server(&f, |h| h.probes),
-    );
-    family(
-        "kvswitch_controller_probe_failures_total",
-        "Probes that failed.",
-        "counter",
-        server(&f, |h| h.failures),
-    );
-    family(
-        "kvswitch_controller_server_downs_total",
-        "Times the server was marked down.",
-        "counter",
-        server(&f, |h| h.downs),
-    );
-    let switch = |f: &Fleet, pick: fn(&SwitchState) -> u64| -> Vec<(String, u64)> {
-        f.file
+    const SWITCHES: [SwitchFigure; 3] = [
+        (
+            "kvswitch_controller_switch_in_step",
+            "1 while the switch's pool matched at the last sync.",
+            "gauge",
+            |s| u64::from(s.in_step),
+        ),
+        (
+            "kvswitch_controller_switch_changes_total",
+            "Servers added, removed or reweighted on the switch.",
+            "counter",
+            |s| s.changes,
+        ),
+        (
+            "kvswitch_controller_switch_errors_total",
+            "Syncs that failed.",
+            "counter",
+            |s| s.errors,
+        ),
+    ];
+    for (name, help, kind, pick) in SWITCHES {
+        let rows = f
+            .file
             .switches
             .iter()
             .zip(&f.switches)
             .map(|(sw, st)| (format!("switch=\"{}\"", sw.name), pick(st)))
-            .collect()
-    };
-    family(
-        "kvswitch_controller_switch_in_step",
-        "1 while the switch's pool matched at the last sync.",
-        "gauge",
-        switch(&f, |s| u64::from(s.in_step)),
-    );
-    family(
-        "kvswitch_controller_switch_changes_total",
-        "Servers added, removed or reweighted on the switch.",
-        "counter",
-        switch(&f, |s| s.changes),
-    );
-    family(
-        "kvswitch_controller_switch_errors_total",
-        "Syncs that failed.",
-        "counter",
-        switch(&f, |s| s.errors),
-    );
+            .collect();
+        family(name, help, kind, rows);
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NewServer {
-    addr: SocketAddr,
-    host: Option<String>,
-    #[serde(default = "one")]
-    weight: u32,
-    name: Option<String>,
-}
-
-fn one() -> u32 {
-    1
 }
 
 async fn add_server(State(shared): State<Arc<Shared>>, headers: HeaderMap, bytes: Bytes) -> Reply {
@@ -642,13 +643,14 @@ async fn add_server(State(shared): State<Arc<Shared>>, headers: HeaderMap, bytes
     if s.weight == 0 {
         return Err(refuse(StatusCode::BAD_REQUEST, "weight: use 1 or more"));
     }
-    let server = ServerSpec {
-        host: s.host.unwrap_or_else(|| s.addr.ip().to_string()),
-        addr: s.addr,
-        weight: s.weight,
-        name: s.name,
-    };
     let mut f = shared.fleet();
+    if s.pool.as_ref().is_some_and(|p| *p != f.file.pool.name) {
+        return Err(refuse(
+            StatusCode::NOT_FOUND,
+            format!("pool: the controller's pool is {:?}", f.file.pool.name),
+        ));
+    }
+    let server = s.spec();
     let label = server.label();
     if f.servers
         .iter()

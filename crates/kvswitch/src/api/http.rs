@@ -939,18 +939,31 @@ fn pool_failure(e: PoolChangeError) -> ApiFailure {
     ControlError::new(kind, field, e.to_string()).into()
 }
 
+/// A server to add, as `POST /api/v1/pool/servers` takes it (the controller's too).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct NewServer {
+pub(crate) struct NewServer {
     /// Where to connect: `IP:PORT`.
-    addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
     /// The host as ketama hashes it (as a configuration file spells it); the address's IP
     /// by default.
-    host: Option<String>,
+    pub(crate) host: Option<String>,
     #[serde(default = "one")]
-    weight: u32,
-    name: Option<String>,
-    pool: Option<String>,
+    pub(crate) weight: u32,
+    pub(crate) name: Option<String>,
+    pub(crate) pool: Option<String>,
+}
+
+impl NewServer {
+    /// The server, as a pool holds it.
+    pub(crate) fn spec(self) -> ServerSpec {
+        ServerSpec {
+            host: self.host.unwrap_or_else(|| self.addr.ip().to_string()),
+            addr: self.addr,
+            weight: self.weight,
+            name: self.name,
+        }
+    }
 }
 
 fn one() -> u32 {
@@ -960,12 +973,7 @@ fn one() -> u32 {
 async fn add_server(State(api): State<Shared>, bytes: Bytes) -> Reply {
     let s: NewServer = body(&bytes)?;
     let pool = pool_named(&api, s.pool.as_deref())?;
-    let server = ServerSpec {
-        host: s.host.unwrap_or_else(|| s.addr.ip().to_string()),
-        addr: s.addr,
-        weight: s.weight,
-        name: s.name,
-    };
+    let server = s.spec();
     let changed = pool.add_server(server).map_err(pool_failure)?;
     grow_caches(&pool, &pool.spec().name, &api.exporter.caches());
     Ok((
