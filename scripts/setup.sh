@@ -3,7 +3,8 @@
 # is measured against and tested with), iproute2 and ethtool (the testbed's hosts and links,
 # the switch's local port), and libmemcached's command-line clients (the ordinary TCP client
 # the tests talk to the VIP with, and memcslap, the second client of `kvswitch bench proxy`),
-# and the DejaVu fonts the bench's plots are lettered in.
+# the DejaVu fonts the bench's plots are lettered in, and etcd (where several controllers keep
+# their pool and elect a leader).
 # Needs root. Rust (cargo) must already be installed.
 set -euo pipefail
 
@@ -13,7 +14,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 need=()
-for cmd in memcached nutcracker ethtool ip python3 ps ping memccp memcslap; do
+for cmd in memcached nutcracker ethtool ip python3 ps ping memccp memcslap etcd; do
     command -v "$cmd" >/dev/null 2>&1 || need+=("$cmd")
 done
 if [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
@@ -21,16 +22,17 @@ if [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
 fi
 if [ "${#need[@]}" -gt 0 ]; then
     echo "setup: installing memcached, nutcracker, iproute2, ethtool, python3, procps," \
-        "iputils-ping, libmemcached-tools, fonts-dejavu-core"
+        "iputils-ping, libmemcached-tools, fonts-dejavu-core, etcd-server"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends \
         memcached nutcracker iproute2 ethtool python3 procps iputils-ping \
-        libmemcached-tools fonts-dejavu-core >/dev/null
+        libmemcached-tools fonts-dejavu-core etcd-server >/dev/null
 fi
 # Debian starts memcached as a service on install; the testbed runs its own.
 if command -v systemctl >/dev/null 2>&1; then
     systemctl disable --now memcached >/dev/null 2>&1 || true
+    systemctl disable --now etcd >/dev/null 2>&1 || true
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then

@@ -137,7 +137,7 @@ fn a_fleet_follows_its_servers_health_and_the_controllers_changes() {
         Path::new("controller.toml"),
     )
     .unwrap();
-    let controller = kvswitch::controller::start(file, listener, None, None).unwrap();
+    let controller = kvswitch::controller::start(file, listener, None, None, None).unwrap();
     let ctl = Client {
         api: ctl_api,
         token: None,

@@ -44,7 +44,17 @@ pub struct ControllerArgs {
     /// The controller's file: [controller], [[switches]] and [pool] (see the README).
     #[arg(long)]
     pub config: std::path::PathBuf,
+    /// Keep the pool in etcd (etcd://HOST:PORT) and run as one of several controllers, of
+    /// which one leads and the others stand by; without it the file is the only state and
+    /// this controller leads alone.
+    #[arg(long)]
+    pub store: Option<String>,
 }
+
+pub mod etcd;
+
+/// How often a standby tries to lead, and a leader renews its lease.
+const CAMPAIGN_INTERVAL: Duration = Duration::from_millis(300);
 
 /// What a server's probes say of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,6 +136,10 @@ struct Fleet {
     switches: Vec<SwitchState>,
     /// Bumped on every change the switches must follow.
     generation: u64,
+    /// Whether this controller acts (probes, syncs, takes changes): always without a store.
+    leads: bool,
+    /// The leading controller's API, when another leads.
+    leader: Option<String>,
 }
 
 /// What the threads share.
@@ -136,6 +150,10 @@ struct Shared {
     stop: AtomicBool,
     token: Option<String>,
     started: Instant,
+    /// The pool's state in etcd and the election, when there is a store.
+    store: Option<Mutex<etcd::Etcd>>,
+    /// This controller's API address, as it is named in the election.
+    me: String,
 }
 
 impl Shared {
@@ -249,7 +267,11 @@ pub fn run(args: &ControllerArgs) -> anyhow::Result<()> {
     };
     let listener = TcpListener::bind(file.api)
         .with_context(|| format!("the controller's API cannot listen on {}", file.api))?;
-    let shared = start(file, listener, token, switch_token)?;
+    let store = match &args.store {
+        Some(url) => Some(etcd::Etcd::new(url, &file.pool.name)?),
+        None => None,
+    };
+    let shared = start(file, listener, token, switch_token, store)?;
     tracing::info!(api = %shared.api, "controller running");
     loop {
         std::thread::park();
@@ -279,6 +301,7 @@ pub fn start(
     listener: TcpListener,
     token: Option<String>,
     switch_token: Option<String>,
+    store: Option<etcd::Etcd>,
 ) -> anyhow::Result<Running> {
     let servers = file.pool.servers.clone();
     let fleet = Fleet {
@@ -287,15 +310,30 @@ pub fn start(
         servers,
         file,
         generation: 1,
+        leads: store.is_none(),
+        leader: None,
     };
+    let me = listener.local_addr()?.to_string();
+    let elects = store.is_some();
     let shared = Arc::new(Shared {
         fleet: Mutex::new(fleet),
         changed: Condvar::new(),
         stop: AtomicBool::new(false),
         token,
         started: Instant::now(),
+        store: store.map(Mutex::new),
+        me,
     });
     let api = serve(listener, shared.clone())?;
+    let mut threads = Vec::new();
+    if elects {
+        let shared = shared.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("elector".into())
+                .spawn(move || elector(&shared))?,
+        );
+    }
     let prober = {
         let shared = shared.clone();
         std::thread::Builder::new()
@@ -308,17 +346,98 @@ pub fn start(
             .name("syncer".into())
             .spawn(move || syncer(&shared, switch_token))?
     };
+    threads.push(prober);
+    threads.push(syncer);
     Ok(Running {
         api,
         shared,
-        threads: vec![prober, syncer],
+        threads,
     })
+}
+
+impl Shared {
+    fn store(&self) -> Option<MutexGuard<'_, etcd::Etcd>> {
+        self.store
+            .as_ref()
+            .map(|m| m.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+/// Leads when it can: takes the pool from etcd (or puts the file's there, the first time),
+/// keeps the lease alive while leading, and stops acting the moment it cannot.
+fn elector(shared: &Shared) {
+    let mut complained = false;
+    while !shared.stop.load(Ordering::Relaxed) {
+        let leading = shared.fleet().leads;
+        if leading {
+            let kept = shared.store().is_some_and(|mut e| e.keep_leading());
+            if !kept {
+                tracing::warn!("lost the lead (the lease ran out or etcd is out of reach)");
+                let mut f = shared.fleet();
+                f.leads = false;
+                f.leader = None;
+            }
+        } else {
+            let outcome = shared.store().map(|mut e| {
+                let won = e.campaign(&shared.me)?;
+                let servers = match won {
+                    true => e.servers()?,
+                    false => None,
+                };
+                let leader = match won {
+                    true => None,
+                    false => e.leader()?,
+                };
+                anyhow::Ok((won, servers, leader))
+            });
+            match outcome {
+                Some(Ok((true, stored, _))) => {
+                    let mut f = shared.fleet();
+                    match stored {
+                        Some(list) => {
+                            f.health = vec![Health::default(); list.len()];
+                            f.servers = list;
+                        }
+                        None => {
+                            let list = f.servers.clone();
+                            if let Some(e) = shared.store() {
+                                if let Err(err) = e.store_servers(&list) {
+                                    tracing::warn!("cannot store the pool: {err:#}");
+                                }
+                            }
+                        }
+                    }
+                    f.leads = true;
+                    f.leader = None;
+                    tracing::info!("leading");
+                    shared.bump(&mut f);
+                    complained = false;
+                }
+                Some(Ok((false, _, leader))) => {
+                    shared.fleet().leader = leader;
+                    complained = false;
+                }
+                Some(Err(e)) => {
+                    if !complained {
+                        tracing::warn!("cannot reach etcd: {e:#}");
+                        complained = true;
+                    }
+                }
+                None => return,
+            }
+        }
+        std::thread::sleep(CAMPAIGN_INTERVAL);
+    }
 }
 
 /// Probes every server each interval, all at once, and marks them up or down.
 fn prober(shared: &Shared) {
     while !shared.stop.load(Ordering::Relaxed) {
         let began = Instant::now();
+        if !shared.fleet().leads {
+            std::thread::sleep(CAMPAIGN_INTERVAL);
+            continue;
+        }
         let (servers, interval, timeout) = {
             let f = shared.fleet();
             let addrs: Vec<SocketAddr> = f.servers.iter().map(|s| s.addr).collect();
@@ -369,6 +488,10 @@ fn prober(shared: &Shared) {
 fn syncer(shared: &Shared, token: Option<String>) {
     let mut done = 0u64;
     while !shared.stop.load(Ordering::Relaxed) {
+        if !shared.fleet().leads {
+            std::thread::sleep(CAMPAIGN_INTERVAL);
+            continue;
+        }
         let (generation, pool, live, switches) = {
             let f = shared.fleet();
             let live: Vec<ServerSpec> = f
@@ -505,6 +628,33 @@ fn authorised(shared: &Shared, headers: &HeaderMap) -> Result<(), (StatusCode, J
     }
 }
 
+/// Refuses a change on a controller that does not lead, naming the one that does.
+fn leading(f: &Fleet) -> Result<(), (StatusCode, Json<Value>)> {
+    match f.leads {
+        true => Ok(()),
+        false => Err(refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "this controller stands by; the leader is {}",
+                f.leader.as_deref().unwrap_or("not known yet")
+            ),
+        )),
+    }
+}
+
+/// Stores the pool's new servers before the change is taken, when there is a store.
+fn stored(shared: &Shared, list: &[ServerSpec]) -> Result<(), (StatusCode, Json<Value>)> {
+    match shared.store() {
+        Some(e) => e.store_servers(list).map_err(|e| {
+            refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the change was not stored, so not made: {e:#}"),
+            )
+        }),
+        None => Ok(()),
+    }
+}
+
 async fn index() -> &'static str {
     "kvswitch controller: GET /api/v1/status, GET /metrics, POST /api/v1/pool/servers, \
      DELETE /api/v1/pool/servers/{server}\n"
@@ -542,6 +692,12 @@ fn status_doc(shared: &Shared) -> Value {
         "version": env!("CARGO_PKG_VERSION"),
         "uptime_s": shared.started.elapsed().as_secs(),
         "pool": f.file.pool.name,
+        "role": match (shared.store.is_some(), f.leads) {
+            (false, _) => "alone",
+            (true, true) => "leader",
+            (true, false) => "standby",
+        },
+        "leader": if f.leads { Some(shared.me.clone()) } else { f.leader.clone() },
         "generation": f.generation,
         "servers": servers,
         "switches": switches,
@@ -644,6 +800,7 @@ async fn add_server(State(shared): State<Arc<Shared>>, headers: HeaderMap, bytes
         return Err(refuse(StatusCode::BAD_REQUEST, "weight: use 1 or more"));
     }
     let mut f = shared.fleet();
+    leading(&f)?;
     if s.pool.as_ref().is_some_and(|p| *p != f.file.pool.name) {
         return Err(refuse(
             StatusCode::NOT_FOUND,
@@ -664,7 +821,10 @@ async fn add_server(State(shared): State<Arc<Shared>>, headers: HeaderMap, bytes
     if f.servers.len() >= switch::pool::MAX_SERVERS {
         return Err(refuse(StatusCode::CONFLICT, "the pool is full"));
     }
-    f.servers.push(server);
+    let mut list = f.servers.clone();
+    list.push(server);
+    stored(&shared, &list)?;
+    f.servers = list;
     f.health.push(Health::default());
     shared.bump(&mut f);
     Ok((
@@ -681,6 +841,7 @@ async fn remove_server(
 ) -> Reply {
     authorised(&shared, &headers)?;
     let mut f = shared.fleet();
+    leading(&f)?;
     let Some(i) = f
         .servers
         .iter()
@@ -691,7 +852,10 @@ async fn remove_server(
             format!("no server {server:?} in the pool"),
         ));
     };
-    f.servers.remove(i);
+    let mut list = f.servers.clone();
+    list.remove(i);
+    stored(&shared, &list)?;
+    f.servers = list;
     f.health.remove(i);
     shared.bump(&mut f);
     Ok(Json(json!({ "removed": server, "generation": f.generation })).into_response())

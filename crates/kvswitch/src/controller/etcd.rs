@@ -1,0 +1,244 @@
+//! The controller's state in etcd, and the election of one leader among several controllers,
+//! through etcd's v3 JSON gateway (`/v3/kv/...`, `/v3/lease/...`): no consensus of our own.
+//!
+//! The leader holds the key `<prefix>leader` under a lease it keeps alive; a standby tries to
+//! create the key (a transaction that succeeds only while no one holds it) and leads once the
+//! old leader's lease has run out. The pool's servers live under `<prefix>servers`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde_json::{json, Value};
+use switch::pool::ServerSpec;
+
+use crate::ctl::Client;
+
+/// How long a leader's lease lasts without a keep-alive: a standby takes over this long after
+/// the leader dies, at most (plus one campaign interval).
+pub const LEASE_TTL: Duration = Duration::from_secs(2);
+
+/// An etcd server and the keys of one pool's controllers.
+pub struct Etcd {
+    client: Client,
+    prefix: String,
+    /// The lease this controller leads under, while it leads.
+    lease: Option<String>,
+}
+
+impl Etcd {
+    /// `url` is `etcd://HOST:PORT`; the keys go under `/kvswitch/controller/<pool>/`.
+    pub fn new(url: &str, pool: &str) -> anyhow::Result<Etcd> {
+        let addr = url
+            .strip_prefix("etcd://")
+            .with_context(|| format!("{url:?}: write etcd://HOST:PORT"))?;
+        let api: SocketAddr = addr.parse().with_context(|| {
+            format!("{url:?}: {addr:?} is not an address such as 127.0.0.1:2379")
+        })?;
+        Ok(Etcd {
+            client: Client { api, token: None },
+            prefix: format!("/kvswitch/controller/{pool}/"),
+            lease: None,
+        })
+    }
+
+    fn key(&self, name: &str) -> String {
+        encode(format!("{}{name}", self.prefix).as_bytes())
+    }
+
+    /// The value of `name`, if set.
+    fn get(&self, name: &str) -> anyhow::Result<Option<Vec<u8>>> {
+        let doc = self.client.call(
+            "POST",
+            "/v3/kv/range",
+            Some(&json!({ "key": self.key(name) })),
+        )?;
+        match doc["kvs"][0]["value"].as_str() {
+            Some(v) => Ok(Some(
+                decode(v).context("etcd sent a value that is not base64")?,
+            )),
+            // A key with an empty value has no `value` field.
+            None if doc["kvs"][0].is_object() => Ok(Some(Vec::new())),
+            None => Ok(None),
+        }
+    }
+
+    /// Whether this controller leads now (as far as it knows).
+    pub fn leads(&self) -> bool {
+        self.lease.is_some()
+    }
+
+    /// Who leads: the leader's API address as it wrote it.
+    pub fn leader(&self) -> anyhow::Result<Option<String>> {
+        Ok(self
+            .get("leader")?
+            .map(|v| String::from_utf8_lossy(&v).into_owned()))
+    }
+
+    /// Tries to lead, as `me`; true if this controller leads now.
+    pub fn campaign(&mut self, me: &str) -> anyhow::Result<bool> {
+        if self.lease.is_some() {
+            return Ok(true);
+        }
+        let ttl = LEASE_TTL.as_secs().max(1);
+        let grant = self.client.call(
+            "POST",
+            "/v3/lease/grant",
+            Some(&json!({ "TTL": ttl.to_string() })),
+        )?;
+        let lease = grant["ID"]
+            .as_str()
+            .context("etcd granted a lease without an ID")?
+            .to_string();
+        let key = self.key("leader");
+        let txn = json!({
+            "compare": [{"key": key, "target": "CREATE", "create_revision": "0"}],
+            "success": [{"request_put": {"key": key, "value": encode(me.as_bytes()), "lease": lease}}],
+            "failure": [],
+        });
+        let done = self.client.call("POST", "/v3/kv/txn", Some(&txn))?;
+        if done["succeeded"] == true {
+            self.lease = Some(lease);
+            return Ok(true);
+        }
+        // Someone else leads; let the unused lease go.
+        let _ = self
+            .client
+            .call("POST", "/v3/lease/revoke", Some(&json!({ "ID": lease })));
+        Ok(false)
+    }
+
+    /// Keeps the lease alive; false (and no longer leading) if it has run out or etcd cannot
+    /// be reached, so that the controller stops acting before a standby starts.
+    pub fn keep_leading(&mut self) -> bool {
+        let Some(lease) = self.lease.clone() else {
+            return false;
+        };
+        let alive = self
+            .client
+            .call("POST", "/v3/lease/keepalive", Some(&json!({ "ID": lease })))
+            .ok()
+            .and_then(|d| {
+                d["result"]["TTL"]
+                    .as_str()
+                    .and_then(|t| t.parse::<u64>().ok())
+            })
+            .is_some_and(|ttl| ttl > 0);
+        if !alive {
+            self.lease = None;
+        }
+        alive
+    }
+
+    /// The pool's servers as stored, if they are.
+    pub fn servers(&self) -> anyhow::Result<Option<Vec<ServerSpec>>> {
+        let Some(bytes) = self.get("servers")? else {
+            return Ok(None);
+        };
+        let doc: Value =
+            serde_json::from_slice(&bytes).context("the stored servers are not JSON")?;
+        let mut out = Vec::new();
+        for s in doc
+            .as_array()
+            .context("the stored servers are not a list")?
+        {
+            let addr: SocketAddr = s["addr"]
+                .as_str()
+                .and_then(|a| a.parse().ok())
+                .context("a stored server without an address")?;
+            out.push(ServerSpec {
+                host: s["host"].as_str().unwrap_or_default().to_string(),
+                addr,
+                weight: s["weight"]
+                    .as_u64()
+                    .and_then(|w| u32::try_from(w).ok())
+                    .unwrap_or(1),
+                name: s["name"].as_str().map(str::to_string),
+            });
+        }
+        Ok(Some(out))
+    }
+
+    /// Stores the pool's servers; only while leading.
+    pub fn store_servers(&self, servers: &[ServerSpec]) -> anyhow::Result<()> {
+        let Some(lease) = &self.lease else {
+            bail!("this controller does not lead");
+        };
+        let list: Vec<Value> = servers
+            .iter()
+            .map(|s| json!({"host": s.host, "addr": s.addr.to_string(), "weight": s.weight, "name": s.name}))
+            .collect();
+        let value = serde_json::to_vec(&list)?;
+        // Written only while this controller's leader key stands under its lease.
+        let txn = json!({
+            "compare": [{"key": self.key("leader"), "target": "LEASE", "lease": lease}],
+            "success": [{"request_put": {"key": self.key("servers"), "value": encode(&value)}}],
+            "failure": [],
+        });
+        let done = self.client.call("POST", "/v3/kv/txn", Some(&txn))?;
+        if done["succeeded"] != true {
+            bail!("this controller no longer leads");
+        }
+        Ok(())
+    }
+}
+
+const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/// Standard base64 with padding, as etcd's gateway writes bytes.
+pub fn encode(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// The bytes of standard base64; `None` if it is not.
+pub fn decode(text: &str) -> Option<Vec<u8>> {
+    let text = text.trim_end_matches('=');
+    let mut out = Vec::with_capacity(text.len() * 3 / 4);
+    let (mut acc, mut bits) = (0u32, 0);
+    for c in text.bytes() {
+        let v = ALPHABET.iter().position(|&a| a == c)? as u32;
+        acc = (acc << 6) | v;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_round_trips_as_etcd_writes_it() {
+        assert_eq!(encode(b"/k"), "L2s=");
+        assert_eq!(encode(b"me"), "bWU=");
+        assert_eq!(encode(b"abc"), "YWJj");
+        assert_eq!(encode(b""), "");
+        for n in 0..40u8 {
+            let bytes: Vec<u8> = (0..n).map(|i| i.wrapping_mul(37)).collect();
+            assert_eq!(decode(&encode(&bytes)).unwrap(), bytes);
+        }
+        assert_eq!(decode("bWU="), Some(b"me".to_vec()));
+        assert_eq!(decode("b!U="), None);
+    }
+}

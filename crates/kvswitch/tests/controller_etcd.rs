@@ -1,0 +1,236 @@
+//! Two controllers keeping their pool in a real etcd (Debian's etcd-server) and driving two
+//! kvswitch proxies in front of real memcached servers on loopback:
+//!
+//! - exactly one leads; the other stands by and refuses changes, naming the leader;
+//! - a change made through the leader is stored, and survives the leader's death;
+//! - the leader killed (SIGKILL), the standby takes over within a few seconds, and a later
+//!   server death is still taken out of both proxies' pools.
+//!
+//! Requires memcached and etcd.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::proxy::{free_port, Front, Memcached, PoolOpts, Proxy};
+use kvswitch::ctl::Client;
+use serde_json::{json, Value};
+use testbed::local::{self, Proc, TempDir};
+
+/// The labels of the servers in `client`'s pool.
+fn pool_of(client: &Client) -> Vec<String> {
+    let doc = client.call("GET", "/api/v1/pool", None).unwrap();
+    let mut labels: Vec<String> = doc["pools"][0]["servers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s["label"].as_str().map(str::to_string))
+        .collect();
+    labels.sort();
+    labels
+}
+
+fn until_pools(proxies: &[Client], want: &[&str], limit: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        let pools: Vec<Vec<String>> = proxies.iter().map(pool_of).collect();
+        if pools.iter().all(|p| p == want) {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < limit,
+            "the proxies' pools are {pools:?}, not {want:?}, after {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The controllers' roles, by index, once exactly one leads (within `limit`).
+fn one_leader(controllers: &[Option<Client>], limit: Duration) -> usize {
+    let started = Instant::now();
+    loop {
+        let roles: Vec<Option<String>> = controllers
+            .iter()
+            .map(|c| {
+                c.as_ref()
+                    .and_then(|c| c.call("GET", "/api/v1/status", None).ok())
+                    .and_then(|s| s["role"].as_str().map(str::to_string))
+            })
+            .collect();
+        let leaders: Vec<usize> = roles
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.as_deref() == Some("leader"))
+            .map(|(i, _)| i)
+            .collect();
+        if leaders.len() == 1 {
+            return leaders[0];
+        }
+        assert!(leaders.len() < 2, "two leaders at once: {roles:?}");
+        assert!(
+            started.elapsed() < limit,
+            "no single leader after {limit:?}: {roles:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// etcd on free loopback ports, its data in `dir`; waits until it answers.
+fn etcd(dir: &TempDir) -> (Proc, SocketAddr) {
+    let bin = local::require("etcd").expect("etcd is installed (scripts/setup.sh)");
+    let client = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let peer = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let proc = Proc::spawn_logged(
+        "etcd",
+        Command::new(bin)
+            .arg("--name")
+            .arg("kvswitch-test")
+            .arg("--data-dir")
+            .arg(dir.path().join("etcd"))
+            .arg("--listen-client-urls")
+            .arg(format!("http://{client}"))
+            .arg("--advertise-client-urls")
+            .arg(format!("http://{client}"))
+            .arg("--listen-peer-urls")
+            .arg(format!("http://{peer}"))
+            .arg("--initial-advertise-peer-urls")
+            .arg(format!("http://{peer}"))
+            .arg("--initial-cluster")
+            .arg(format!("kvswitch-test=http://{peer}")),
+        &dir.path().join("etcd.log"),
+    )
+    .expect("etcd starts");
+    let api = Client {
+        api: client,
+        token: None,
+    };
+    let started = Instant::now();
+    while api
+        .call("POST", "/v3/kv/range", Some(&json!({"key": "eA=="})))
+        .is_err()
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "etcd did not answer: {}",
+            std::fs::read_to_string(dir.path().join("etcd.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (proc, client)
+}
+
+#[test]
+fn a_standby_controller_takes_over_from_a_dead_leader_with_the_pool_it_stored() {
+    let dir = TempDir::new("kvswitch-controller-etcd").unwrap();
+    let (_etcd, etcd_addr) = etcd(&dir);
+    let names = ["s1", "s2", "s3"];
+    let mut servers: Vec<Memcached> = names.iter().map(|_| Memcached::start()).collect();
+    let list: Vec<(&str, SocketAddr)> = names
+        .iter()
+        .zip(&servers)
+        .map(|(n, m)| (*n, m.addr()))
+        .collect();
+    let apis: Vec<SocketAddr> = (0..2)
+        .map(|_| SocketAddr::from(([127, 0, 0, 1], free_port())))
+        .collect();
+    let _proxies: Vec<Proxy> = apis
+        .iter()
+        .map(|&api| {
+            let opts = PoolOpts {
+                api: Some(api),
+                ..PoolOpts::default()
+            };
+            Proxy::start(Front::Kvswitch, &list, &opts)
+        })
+        .collect();
+    let clients: Vec<Client> = apis
+        .iter()
+        .map(|&api| Client { api, token: None })
+        .collect();
+
+    // Two controllers of the same file but for their own API address.
+    let mut procs: Vec<Option<Proc>> = Vec::new();
+    let mut controllers: Vec<Option<Client>> = Vec::new();
+    for i in 0..2 {
+        let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let mut text = format!(
+            "[controller]\napi = \"{api}\"\nprobe_interval_ms = 50\ndown_after = 3\n\
+             sync_interval_ms = 300\n"
+        );
+        for (j, p) in apis.iter().enumerate() {
+            text.push_str(&format!("[[switches]]\nname = \"p{j}\"\napi = \"{p}\"\n"));
+        }
+        text.push_str("[pool]\n");
+        for (name, addr) in &list {
+            text.push_str(&format!(
+                "[[pool.servers]]\naddr = \"{addr}\"\nname = \"{name}\"\n"
+            ));
+        }
+        let path = dir.path().join(format!("controller{i}.toml"));
+        std::fs::write(&path, text).unwrap();
+        let proc = Proc::spawn_logged(
+            "kvswitch controller",
+            Command::new(env!("CARGO_BIN_EXE_kvswitch"))
+                .arg("controller")
+                .arg("--config")
+                .arg(&path)
+                .arg("--store")
+                .arg(format!("etcd://{etcd_addr}")),
+            &dir.path().join(format!("controller{i}.log")),
+        )
+        .unwrap();
+        procs.push(Some(proc));
+        controllers.push(Some(Client { api, token: None }));
+    }
+    let leader = one_leader(&controllers, Duration::from_secs(20));
+    let standby = 1 - leader;
+    until_pools(&clients, &["s1", "s2", "s3"], Duration::from_secs(10));
+
+    // The standby refuses changes and names the leader.
+    let s4 = Memcached::start();
+    let body = json!({"addr": s4.addr().to_string(), "name": "s4"});
+    let e = controllers[standby]
+        .as_ref()
+        .unwrap()
+        .call("POST", "/api/v1/pool/servers", Some(&body))
+        .unwrap_err()
+        .to_string();
+    let leader_api = controllers[leader].as_ref().unwrap().api.to_string();
+    assert!(e.contains("503") && e.contains(&leader_api), "{e}");
+    // The leader takes it, stores it, and both proxies follow.
+    controllers[leader]
+        .as_ref()
+        .unwrap()
+        .call("POST", "/api/v1/pool/servers", Some(&body))
+        .unwrap();
+    until_pools(&clients, &["s1", "s2", "s3", "s4"], Duration::from_secs(10));
+
+    // The leader dies; the standby takes over with the stored pool.
+    let killed = Instant::now();
+    procs[leader] = None;
+    controllers[leader] = None;
+    assert_eq!(one_leader(&controllers, Duration::from_secs(15)), standby);
+    let took = killed.elapsed();
+    let status: Value = controllers[standby]
+        .as_ref()
+        .unwrap()
+        .call("GET", "/api/v1/status", None)
+        .unwrap();
+    let mut stored: Vec<&str> = status["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["label"].as_str())
+        .collect();
+    stored.sort();
+    assert_eq!(stored, ["s1", "s2", "s3", "s4"], "{status}");
+
+    // A later failure is still handled.
+    servers[2].kill();
+    let out = until_pools(&clients, &["s1", "s2", "s4"], Duration::from_secs(10));
+    eprintln!(
+        "the standby led {took:?} after the leader's death; s3 then left both pools in {out:?}"
+    );
+}
