@@ -3,8 +3,8 @@
 # is measured against and tested with), iproute2 and ethtool (the testbed's hosts and links,
 # the switch's local port), and libmemcached's command-line clients (the ordinary TCP client
 # the tests talk to the VIP with, and memcslap, the second client of `kvswitch bench proxy`),
-# the DejaVu fonts the bench's plots are lettered in, and etcd (where several controllers keep
-# their pool and elect a leader).
+# the DejaVu fonts the bench's plots are lettered in, etcd (where several controllers keep
+# their pool and elect a leader) and Chromium (the dashboard's tests load it headless).
 # Needs root. Rust (cargo) must already be installed.
 set -euo pipefail
 
@@ -14,7 +14,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 need=()
-for cmd in memcached nutcracker ethtool ip python3 ps ping memccp memcslap etcd; do
+for cmd in memcached nutcracker ethtool ip python3 ps ping memccp memcslap etcd chromium; do
     command -v "$cmd" >/dev/null 2>&1 || need+=("$cmd")
 done
 if [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
@@ -22,12 +22,12 @@ if [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
 fi
 if [ "${#need[@]}" -gt 0 ]; then
     echo "setup: installing memcached, nutcracker, iproute2, ethtool, python3, procps," \
-        "iputils-ping, libmemcached-tools, fonts-dejavu-core, etcd-server"
+        "iputils-ping, libmemcached-tools, fonts-dejavu-core, etcd-server, chromium"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends \
         memcached nutcracker iproute2 ethtool python3 procps iputils-ping \
-        libmemcached-tools fonts-dejavu-core etcd-server >/dev/null
+        libmemcached-tools fonts-dejavu-core etcd-server chromium >/dev/null
 fi
 # Debian starts memcached as a service on install; the testbed runs its own.
 if command -v systemctl >/dev/null 2>&1; then

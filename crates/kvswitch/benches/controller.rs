@@ -5,7 +5,9 @@
 //!   API) to 2 and to 8 switches, until every one lists it: median of 5;
 //! - with the default probe settings, the time from a server's death to the last failed
 //!   request through the proxies (TCP);
-//! - the controller's CPU at idle, as a process of its own driving 8 switches.
+//! - the controller's CPU at idle, as a process of its own driving 8 switches;
+//! - a screenshot of its dashboard under load (headless Chromium), kept in
+//!   `target/kvswitch-bench/controller-dashboard.png`.
 //!
 //! Requires memcached. Nothing here asserts on time: `cargo bench -p kvswitch --bench controller`.
 
@@ -181,7 +183,7 @@ fn main() {
     servers[1].restart();
 
     // The controller's CPU at idle: its own process, 8 switches, 3 servers.
-    let (_procs, clients) = proxies(8, &list);
+    let (idle_procs, clients) = proxies(8, &list);
     let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let apis: Vec<SocketAddr> = clients.iter().map(|c| c.api).collect();
     let dir = local::TempDir::new("kvswitch-controller-bench").unwrap();
@@ -215,5 +217,54 @@ fn main() {
          {:.2}% of one core over {window:?}",
         100.0 * used / window.as_secs_f64()
     );
+
+    // The dashboard under load, as a picture.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let loads: Vec<_> = idle_procs
+        .iter()
+        .take(4)
+        .map(|p| {
+            let (front, stop) = (p.addr, stop.clone());
+            std::thread::spawn(move || {
+                let keys: Vec<Vec<u8>> = (0..50).map(|i| format!("d{i}").into_bytes()).collect();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let _ = local::store(front, &keys);
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/kvswitch-bench");
+    let _ = std::fs::create_dir_all(&out);
+    let shot = out.join("controller-dashboard.png");
+    let taken = local::require("chromium").ok().and_then(|bin| {
+        Command::new(bin)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+            ])
+            .arg("--window-size=1400,900")
+            .arg(format!(
+                "--user-data-dir={}",
+                dir.path().join("profile").display()
+            ))
+            .arg("--virtual-time-budget=5000")
+            .arg(format!("--screenshot={}", shot.display()))
+            .arg(format!("http://{api}/"))
+            .output()
+            .ok()
+    });
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for l in loads {
+        let _ = l.join();
+    }
+    match taken {
+        Some(o) if o.status.success() && shot.exists() => {
+            println!("the dashboard under load: {}", shot.display())
+        }
+        _ => println!("no screenshot of the dashboard: chromium is missing or failed"),
+    }
     drop(proc);
 }

@@ -357,7 +357,18 @@ impl Client {
     /// `method path` with an optional JSON body; the reply's body as JSON (or text wrapped in
     /// a JSON string), or an error carrying the API's message.
     pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> anyhow::Result<Value> {
-        let mut conn = self.connect(Some(Duration::from_secs(30)))?;
+        self.call_within(method, path, body, Duration::from_secs(30))
+    }
+
+    /// [`Client::call`], giving up on the reply after `limit`.
+    pub fn call_within(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        limit: Duration,
+    ) -> anyhow::Result<Value> {
+        let mut conn = self.connect(Some(limit))?;
         let body = body.map(|b| b.to_string()).unwrap_or_default();
         let mut head = format!(
             "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: \

@@ -10,7 +10,9 @@
 //! restarted or changed by hand is put right). Servers are added to and removed from the pool
 //! through the controller's own API, which also serves its status and metrics.
 //!
-//! Three threads: the prober, the syncer (woken by a change or its interval) and the API.
+//! Three threads: the prober, the syncer (woken by a change or its interval) and the API,
+//! which also serves the dashboard (`dashboard.html`, reading `/api/v1/fleet` once a second);
+//! with a store, a fourth, the elector (see [`etcd`]).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -154,6 +156,8 @@ struct Shared {
     store: Option<Mutex<etcd::Etcd>>,
     /// This controller's API address, as it is named in the election.
     me: String,
+    /// The token the switches' APIs want, for reading their status.
+    switch_token: Option<String>,
 }
 
 impl Shared {
@@ -323,6 +327,7 @@ pub fn start(
         started: Instant::now(),
         store: store.map(Mutex::new),
         me,
+        switch_token: switch_token.clone(),
     });
     let api = serve(listener, shared.clone())?;
     let mut threads = Vec::new();
@@ -582,7 +587,8 @@ fn serve(listener: TcpListener, shared: Arc<Shared>) -> anyhow::Result<SocketAdd
         .enable_all()
         .build()?;
     let app = Router::new()
-        .route("/", get(index))
+        .route("/", get(dashboard))
+        .route("/api/v1/fleet", get(fleet))
         .route("/metrics", get(metrics))
         .route("/api/v1/status", get(status))
         .route("/api/v1/pool/servers", post(add_server))
@@ -655,9 +661,56 @@ fn stored(shared: &Shared, list: &[ServerSpec]) -> Result<(), (StatusCode, Json<
     }
 }
 
-async fn index() -> &'static str {
-    "kvswitch controller: GET /api/v1/status, GET /metrics, POST /api/v1/pool/servers, \
-     DELETE /api/v1/pool/servers/{server}\n"
+/// The dashboard: one page that reads `/api/v1/fleet` once a second.
+const DASHBOARD: &str = include_str!("dashboard.html");
+
+async fn dashboard() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        DASHBOARD,
+    )
+        .into_response()
+}
+
+/// How long the fleet view waits for one switch's status.
+const FLEET_WAIT: Duration = Duration::from_millis(500);
+
+/// The controller's status and every switch's own status (fetched now, all at once), for the
+/// dashboard.
+async fn fleet(State(shared): State<Arc<Shared>>) -> Json<Value> {
+    let doc = status_doc(&shared);
+    let switches = shared.fleet().file.switches.clone();
+    let token = shared.switch_token.clone();
+    let statuses = tokio::task::spawn_blocking(move || {
+        std::thread::scope(|s| {
+            let jobs: Vec<_> = switches
+                .iter()
+                .map(|sw| {
+                    let client = Client {
+                        api: sw.api,
+                        token: token.clone(),
+                    };
+                    s.spawn(move || client.call_within("GET", "/api/v1/status", None, FLEET_WAIT))
+                })
+                .collect();
+            jobs.into_iter()
+                .map(|j| {
+                    j.join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer")))
+                })
+                .collect::<Vec<_>>()
+        })
+    })
+    .await
+    .unwrap_or_default();
+    let mut list = doc["switches"].as_array().cloned().unwrap_or_default();
+    for (sw, st) in list.iter_mut().zip(statuses) {
+        match st {
+            Ok(st) => sw["status"] = st,
+            Err(e) => sw["error"] = json!(format!("{e:#}")),
+        }
+    }
+    Json(json!({ "controller": doc, "switches": list }))
 }
 
 fn status_doc(shared: &Shared) -> Value {
@@ -697,7 +750,11 @@ fn status_doc(shared: &Shared) -> Value {
             (true, true) => "leader",
             (true, false) => "standby",
         },
-        "leader": if f.leads { Some(shared.me.clone()) } else { f.leader.clone() },
+        "leader": match (shared.store.is_some(), f.leads) {
+            (false, _) => None,
+            (true, true) => Some(shared.me.clone()),
+            (true, false) => f.leader.clone(),
+        },
         "generation": f.generation,
         "servers": servers,
         "switches": switches,
