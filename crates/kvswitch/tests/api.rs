@@ -179,6 +179,12 @@ fn refused(rig: &Rig, method: &str, path: &str, body: Option<Value>) -> String {
 #[test]
 fn every_documented_route_is_served() {
     let rig = rig(None);
+    // The dashboard's data, as a fleet of one.
+    let fleet = rig.client.call("GET", "/api/v1/fleet", None).unwrap();
+    assert_eq!(fleet["controller"]["servers"][0]["up"], true, "{fleet}");
+    assert!(fleet["switches"][0]["status"].is_object(), "{fleet}");
+    let page = rig.client.call("GET", "/dashboard", None).unwrap();
+    assert!(page.as_str().unwrap_or_default().contains("/api/v1/fleet"));
     for (path, methods) in ROUTES {
         let path = path
             .replace("{table}", "acl")

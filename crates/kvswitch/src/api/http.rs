@@ -42,6 +42,8 @@ pub const ROUTES: &[(&str, &[&str])] = &[
     ("/", &["get"]),
     ("/metrics", &["get"]),
     ("/api/v1/openapi.json", &["get"]),
+    ("/dashboard", &["get"]),
+    ("/api/v1/fleet", &["get"]),
     ("/api/v1/status", &["get"]),
     ("/api/v1/fields", &["get"]),
     ("/api/v1/tables", &["get", "post"]),
@@ -208,6 +210,8 @@ pub fn router(api: Shared) -> Router {
         .route("/", get(index))
         .route("/metrics", get(metrics))
         .route("/api/v1/openapi.json", get(openapi))
+        .route("/dashboard", get(dashboard))
+        .route("/api/v1/fleet", get(fleet))
         .route("/api/v1/status", get(status))
         .route("/api/v1/fields", get(fields))
         .route("/api/v1/tables", get(list_tables).post(create_table))
@@ -371,6 +375,56 @@ async fn metrics(State(api): State<Shared>) -> Response {
     let mut out = api.exporter.metrics();
     cache::write_metrics(&mut out, &api.exporter.caches());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+}
+
+/// The controller's dashboard, for this switch (or proxy) alone.
+async fn dashboard() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        crate::controller::DASHBOARD,
+    )
+        .into_response()
+}
+
+/// What the dashboard reads, as a fleet of one: this switch's status, and its pool's servers
+/// (up while they are in the ring).
+async fn fleet(State(api): State<Shared>) -> Reply {
+    let mut st = api.exporter.status();
+    let caches = api.exporter.caches();
+    if let (false, Some(map)) = (caches.is_empty(), st.as_object_mut()) {
+        map.insert("cache".into(), cache::status(&caches, STATUS_ENTRIES));
+    }
+    let now = kvio::clock::now();
+    let pool = api.pools.first();
+    let servers: Vec<Value> = pool
+        .map(|pool| {
+            let spec = pool.spec();
+            let view = pool.view(now);
+            spec.servers
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !pool.health(*i).removed)
+                .map(|(i, s)| {
+                    let h = pool.health(i);
+                    json!({
+                        "label": s.label(), "addr": s.addr.to_string(), "weight": s.weight,
+                        "up": view.live().contains(&i), "failures": h.failures,
+                        "downs": h.ejections, "last_error": null,
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    ok(json!({
+        "controller": {
+            "pool": pool.map(|p| p.spec().name.clone()),
+            "role": "alone",
+            "leader": null,
+            "generation": pool.map(|p| p.version()),
+            "servers": servers,
+        },
+        "switches": [{ "name": "this switch", "api": null, "in_step": true, "status": st }],
+    }))
 }
 
 async fn openapi() -> Response {

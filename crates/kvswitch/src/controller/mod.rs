@@ -662,7 +662,7 @@ fn stored(shared: &Shared, list: &[ServerSpec]) -> Result<(), (StatusCode, Json<
 }
 
 /// The dashboard: one page that reads `/api/v1/fleet` once a second.
-const DASHBOARD: &str = include_str!("dashboard.html");
+pub(crate) const DASHBOARD: &str = include_str!("dashboard.html");
 
 async fn dashboard() -> Response {
     (
