@@ -1,0 +1,125 @@
+//! The controller driving a real switch on the testbed (`l3`, three memcached servers, the
+//! built-in proxy behind the local port): a memcached killed while a client reads its keys
+//! over UDP is taken out of the switch's pool by the controller, after which every UDP and
+//! TCP request for those keys is answered (by the servers they move to). Prints the time from
+//! the death to the last unanswered UDP request.
+//!
+//! Needs root (network namespaces) and memcached.
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+use kvswitch::ctl::Client;
+
+/// The testbed's prefix, with a subnet of its own.
+const PREFIX: &str = "kctl";
+const VICTIM: &str = "s2";
+
+fn in_pool(api: &Client, label: &str) -> bool {
+    api.call("GET", "/api/v1/pool", None)
+        .ok()
+        .and_then(|d| d["pools"][0]["servers"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .any(|s| s["label"] == label)
+}
+
+#[test]
+fn a_dead_server_leaves_the_switchs_udp_path_and_proxy_through_the_controller() {
+    require_root();
+    let live = testbed(PREFIX, "l3", false);
+    let switch_api = Client {
+        api: live.api(),
+        token: None,
+    };
+    let names = ["s1", "s2", "s3"];
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let api = listener.local_addr().unwrap();
+    let mut text = format!(
+        "[controller]\napi = \"{api}\"\n[[switches]]\nname = \"sw\"\napi = \"{}\"\n[pool]\n",
+        live.api()
+    );
+    for n in names {
+        text.push_str(&format!(
+            "[[pool.servers]]\naddr = \"{}:11211\"\nname = \"{n}\"\n",
+            ip_of(&live, n)
+        ));
+    }
+    let file = config::controller::parse(&text, Path::new("controller.toml")).unwrap();
+    let _controller = kvswitch::controller::start(file, listener, None, None, None).unwrap();
+    let ctl = Client { api, token: None };
+    let started = Instant::now();
+    while ctl.call("GET", "/api/v1/status", None).unwrap()["switches"][0]["in_step"] != true {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the switch never came in step: {}",
+            ctl.call("GET", "/api/v1/status", None).unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // Keys of the victim, by a ring built apart from kvswitch.
+    let ring = kv::Ring::new(
+        kv::Distribution::Ketama,
+        kv::HashFn::Md5,
+        &names.map(|n| kv::Server::new(n, 1)),
+    )
+    .unwrap();
+    let keys: Vec<String> = (0..1000)
+        .map(|i| format!("victim:{i}"))
+        .filter(|k| ring.locate(k.as_bytes()) == 1)
+        .take(8)
+        .collect();
+    let get = |key: &str, wait: Duration| {
+        udp_call(
+            &live,
+            "c1",
+            vip(&live),
+            format!("get {key}\r\n").as_bytes(),
+            wait,
+        )
+    };
+    assert!(
+        get(&keys[0], Duration::from_secs(1)).is_some(),
+        "no UDP reply before the kill"
+    );
+
+    let killed = Instant::now();
+    live.kill_server(VICTIM).expect("kill the victim");
+    let mut last_unanswered = None;
+    let mut i = 0;
+    while in_pool(&switch_api, VICTIM) {
+        assert!(
+            killed.elapsed() < Duration::from_secs(10),
+            "{VICTIM} still in the switch's pool 10 s after its death"
+        );
+        let asked = killed.elapsed();
+        if get(&keys[i % keys.len()], Duration::from_millis(200)).is_none() {
+            last_unanswered = Some(asked);
+        }
+        i += 1;
+    }
+    let out = killed.elapsed();
+    // Out of the pool: every key is answered, over UDP and TCP.
+    for key in &keys {
+        let reply = get(key, Duration::from_secs(1))
+            .unwrap_or_else(|| panic!("no UDP reply for {key} after the removal"));
+        assert_eq!(reply.body, b"END\r\n", "{key}");
+        let reply = tcp_call(
+            &live,
+            "c2",
+            vip(&live),
+            format!("get {key}\r\n").as_bytes(),
+            |b| b.ends_with(b"END\r\n"),
+        );
+        assert_eq!(reply, b"END\r\n", "{key} over TCP");
+    }
+    eprintln!(
+        "{VICTIM} killed: out of the switch's pool after {out:?}; the last unanswered UDP get \
+         was sent {last_unanswered:?} after the death"
+    );
+}
