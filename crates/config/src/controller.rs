@@ -7,6 +7,7 @@
 //! api = "127.0.0.1:9200"        # the controller's own API: status, metrics, pool changes
 //! probe_interval_ms = 100       # each server is asked `version` this often, over TCP
 //! probe_timeout_ms = 100        # ... and must answer within this long
+//! probe_udp = false             # also over UDP (memcached started with -U)
 //! down_after = 3                # failed probes in a row before a server is marked down
 //! up_after = 2                  # answered probes in a row before it is up again
 //! sync_interval_ms = 1000       # every switch's pool is checked this often anyway
@@ -51,6 +52,8 @@ pub struct ControllerFile {
     pub api: SocketAddr,
     pub probe_interval: Duration,
     pub probe_timeout: Duration,
+    /// Probe over UDP as well as TCP: a server is up only while it answers both.
+    pub probe_udp: bool,
     pub down_after: u32,
     pub up_after: u32,
     pub sync_interval: Duration,
@@ -78,6 +81,7 @@ struct RawController {
     api: Option<String>,
     probe_interval_ms: Option<u64>,
     probe_timeout_ms: Option<u64>,
+    probe_udp: Option<bool>,
     down_after: Option<u32>,
     up_after: Option<u32>,
     sync_interval_ms: Option<u64>,
@@ -208,6 +212,7 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
         api,
         probe_interval,
         probe_timeout,
+        probe_udp: c.probe_udp.unwrap_or(false),
         down_after,
         up_after,
         sync_interval,

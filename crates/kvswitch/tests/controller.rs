@@ -7,7 +7,8 @@
 //! - servers added and removed through the controller's API reach both proxies;
 //! - a proxy whose pool is changed behind the controller's back is put right at the next
 //!   sync;
-//! - the controller's status and metrics say what happened.
+//! - the controller's status and metrics say what happened;
+//! - every server failing its probes empties no pool.
 //!
 //! Requires memcached.
 
@@ -252,6 +253,27 @@ fn a_fleet_follows_its_servers_health_and_the_controllers_changes() {
     let status: Value = ctl.call("GET", "/api/v1/status", None).unwrap();
     assert!(
         status["switches"][0]["changes"].as_u64() >= Some(4),
+        "{status}"
+    );
+
+    // Every server failing its probes empties no pool: the controller keeps them all.
+    let mut s4 = s4;
+    s4.kill();
+    servers[0].kill();
+    servers[1].kill();
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < deadline {
+        assert_eq!(pool_of(&clients[0]), ["s1", "s2", "s4"]);
+        assert_eq!(pool_of(&clients[1]), ["s1", "s2", "s4"]);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status: Value = ctl.call("GET", "/api/v1/status", None).unwrap();
+    assert!(
+        status["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["up"] == false),
         "{status}"
     );
     drop(controller);

@@ -206,6 +206,55 @@ pub fn probe(addr: SocketAddr, timeout: Duration) -> Result<(), String> {
     }
 }
 
+/// Asks `addr` for memcached's `version` over UDP (one datagram with the 8-byte frame
+/// header), within `timeout`. The reply is matched by its request id, not its source: a
+/// switch in `l3` mode sends servers' replies from the VIP.
+pub fn probe_udp(addr: SocketAddr, timeout: Duration) -> Result<(), String> {
+    let local: SocketAddr = match addr {
+        SocketAddr::V4(_) => ([0, 0, 0, 0], 0).into(),
+        SocketAddr::V6(_) => ([0u16; 8], 0).into(),
+    };
+    let sock = std::net::UdpSocket::bind(local).map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    // A request id of its own, so that a late reply to an earlier probe is not taken.
+    let id = (started.elapsed().as_nanos() as u16) ^ (std::process::id() as u16) ^ 0x4b56;
+    let mut request = vec![(id >> 8) as u8, id as u8, 0, 0, 0, 1, 0, 0];
+    request.extend_from_slice(b"version\r\n");
+    sock.send_to(&request, addr)
+        .map_err(|e| format!("udp: {e}"))?;
+    let mut reply = [0u8; 512];
+    loop {
+        let left = timeout.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            return Err(format!("udp: no answer within {timeout:?}"));
+        }
+        sock.set_read_timeout(Some(left))
+            .map_err(|e| e.to_string())?;
+        let n = match sock.recv_from(&mut reply) {
+            Ok((n, _)) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(format!("udp: no answer within {timeout:?}"));
+            }
+            Err(e) => return Err(format!("udp: {e}")),
+        };
+        if n < 8 || reply[..2] != request[..2] {
+            continue;
+        }
+        return match reply[8..n].starts_with(b"VERSION ") {
+            true => Ok(()),
+            false => Err(format!(
+                "udp: answered {:?}",
+                String::from_utf8_lossy(&reply[8..n]).trim_end()
+            )),
+        };
+    }
+}
+
 /// Brings one switch's pool to `live` (the servers that should be in it, with their
 /// weights): adds first, then new weights, then removals. Returns the changes made.
 fn sync_switch(client: &Client, pool: &str, live: &[ServerSpec]) -> anyhow::Result<u64> {
@@ -443,15 +492,28 @@ fn prober(shared: &Shared) {
             std::thread::sleep(CAMPAIGN_INTERVAL);
             continue;
         }
-        let (servers, interval, timeout) = {
+        let (servers, interval, timeout, udp) = {
             let f = shared.fleet();
             let addrs: Vec<SocketAddr> = f.servers.iter().map(|s| s.addr).collect();
-            (addrs, f.file.probe_interval, f.file.probe_timeout)
+            (
+                addrs,
+                f.file.probe_interval,
+                f.file.probe_timeout,
+                f.file.probe_udp,
+            )
         };
         let outcomes: Vec<Result<(), String>> = std::thread::scope(|s| {
             let probes: Vec<_> = servers
                 .iter()
-                .map(|&addr| s.spawn(move || probe(addr, timeout)))
+                .map(|&addr| {
+                    s.spawn(move || {
+                        probe(addr, timeout)?;
+                        match udp {
+                            true => probe_udp(addr, timeout),
+                            false => Ok(()),
+                        }
+                    })
+                })
                 .collect();
             probes
                 .into_iter()
@@ -492,6 +554,7 @@ fn prober(shared: &Shared) {
 /// Brings every switch to the live servers on each change, and every interval.
 fn syncer(shared: &Shared, token: Option<String>) {
     let mut done = 0u64;
+    let mut all_down_said = false;
     while !shared.stop.load(Ordering::Relaxed) {
         if !shared.fleet().leads {
             std::thread::sleep(CAMPAIGN_INTERVAL);
@@ -499,13 +562,27 @@ fn syncer(shared: &Shared, token: Option<String>) {
         }
         let (generation, pool, live, switches) = {
             let f = shared.fleet();
-            let live: Vec<ServerSpec> = f
+            let mut live: Vec<ServerSpec> = f
                 .servers
                 .iter()
                 .zip(&f.health)
                 .filter(|(_, h)| h.up)
                 .map(|(s, _)| s.clone())
                 .collect();
+            // A pool is never emptied by probes: when every server fails them, the controller
+            // is more likely cut off than the servers all dead, and an empty ring answers no
+            // one. The switches keep every server (and their own failure handling).
+            if live.is_empty() && !f.servers.is_empty() {
+                if !all_down_said {
+                    tracing::warn!(
+                        "every server fails its probes: keeping them all in the switches' pools"
+                    );
+                    all_down_said = true;
+                }
+                live = f.servers.clone();
+            } else {
+                all_down_said = false;
+            }
             (
                 f.generation,
                 f.file.pool.name.clone(),
@@ -969,5 +1046,28 @@ mod tests {
         let e = probe(addr, Duration::from_millis(500)).unwrap_err();
         assert!(e.contains("HELLO"), "{e}");
         let _ = t.join();
+    }
+
+    #[test]
+    fn a_udp_probe_reads_the_frame_header() {
+        let server = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = server.local_addr().unwrap();
+        let t = std::thread::spawn(move || {
+            let mut buf = [0u8; 64];
+            for reply in [&b"VERSION 1.6\r\n"[..], b"ERROR\r\n"] {
+                if let Ok((n, from)) = server.recv_from(&mut buf) {
+                    assert!(buf[8..n].starts_with(b"version"));
+                    let mut out = buf[..8].to_vec();
+                    out.extend_from_slice(reply);
+                    let _ = server.send_to(&out, from);
+                }
+            }
+        });
+        assert_eq!(probe_udp(addr, Duration::from_secs(2)), Ok(()));
+        let e = probe_udp(addr, Duration::from_secs(2)).unwrap_err();
+        assert!(e.contains("ERROR"), "{e}");
+        let _ = t.join();
+        let e = probe_udp(addr, Duration::from_millis(50)).unwrap_err();
+        assert!(e.contains("udp"), "{e}");
     }
 }
