@@ -11,36 +11,26 @@
 //!
 //! Requires memcached. Nothing here asserts on time: `cargo bench -p kvswitch --bench controller`.
 
-#[path = "../tests/common/proxy.rs"]
-#[allow(dead_code)]
-mod proxy;
+#[path = "../tests/common/mod.rs"]
+mod common;
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::fleet::{controller_toml, pool_of, proxies as fleet};
+use common::proxy::{free_port, Memcached, PoolOpts, Proxy};
 use kvswitch::ctl::Client;
-use proxy::{free_port, Front, Memcached, PoolOpts, Proxy};
 use serde_json::json;
 use testbed::local;
 
 const ROUNDS: usize = 5;
 
-fn labels(client: &Client) -> Vec<String> {
-    let doc = client.call("GET", "/api/v1/pool", None).unwrap_or_default();
-    doc["pools"][0]["servers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|s| s["label"].as_str().map(str::to_string))
-        .collect()
-}
-
 /// Waits until `has(labels)` holds on every switch; the time it took.
 fn until_all(clients: &[Client], has: impl Fn(&[String]) -> bool) -> Duration {
     let started = Instant::now();
-    while !clients.iter().all(|c| has(&labels(c))) {
+    while !clients.iter().all(|c| has(&pool_of(c))) {
         assert!(
             started.elapsed() < Duration::from_secs(30),
             "the switches never followed"
@@ -50,40 +40,17 @@ fn until_all(clients: &[Client], has: impl Fn(&[String]) -> bool) -> Duration {
     started.elapsed()
 }
 
-fn file(
-    api: SocketAddr,
-    switches: &[SocketAddr],
-    servers: &[(&str, SocketAddr)],
-    probes: &str,
-) -> String {
-    let mut text = format!("[controller]\napi = \"{api}\"\n{probes}\n");
-    for (i, s) in switches.iter().enumerate() {
-        text.push_str(&format!("[[switches]]\nname = \"p{i}\"\napi = \"{s}\"\n"));
-    }
-    text.push_str("[pool]\n");
-    for (name, addr) in servers {
-        text.push_str(&format!(
-            "[[pool.servers]]\naddr = \"{addr}\"\nname = \"{name}\"\n"
-        ));
-    }
-    text
+fn file(api: SocketAddr, switches: &[SocketAddr], servers: &[(&str, SocketAddr)]) -> String {
+    controller_toml(api, "", switches, servers)
 }
 
 fn proxies(n: usize, servers: &[(&str, SocketAddr)]) -> (Vec<Proxy>, Vec<Client>) {
-    let mut out = Vec::new();
-    let mut clients = Vec::new();
-    for _ in 0..n {
-        let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let opts = PoolOpts {
-            api: Some(api),
-            workers: 1,
-            timeout_ms: 300,
-            ..PoolOpts::default()
-        };
-        out.push(Proxy::start(Front::Kvswitch, servers, &opts));
-        clients.push(Client { api, token: None });
-    }
-    (out, clients)
+    let opts = PoolOpts {
+        workers: 1,
+        timeout_ms: 300,
+        ..PoolOpts::default()
+    };
+    fleet(n, servers, &opts)
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -107,8 +74,7 @@ fn main() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let api = listener.local_addr().unwrap();
         let apis: Vec<SocketAddr> = clients.iter().map(|c| c.api).collect();
-        let cfg =
-            config::controller::parse(&file(api, &apis, &list, ""), Path::new("c.toml")).unwrap();
+        let cfg = config::controller::parse(&file(api, &apis, &list), Path::new("c.toml")).unwrap();
         let _running = kvswitch::controller::start(cfg, listener, None, None, None).unwrap();
         let ctl = Client { api, token: None };
         until_all(&clients, |l| l.len() == 3);
@@ -137,7 +103,7 @@ fn main() {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let api = listener.local_addr().unwrap();
     let apis: Vec<SocketAddr> = clients.iter().map(|c| c.api).collect();
-    let cfg = config::controller::parse(&file(api, &apis, &list, ""), Path::new("c.toml")).unwrap();
+    let cfg = config::controller::parse(&file(api, &apis, &list), Path::new("c.toml")).unwrap();
     let running = kvswitch::controller::start(cfg, listener, None, None, None).unwrap();
     until_all(&clients, |l| l.len() == 3);
     let origin = Instant::now();
@@ -188,7 +154,7 @@ fn main() {
     let apis: Vec<SocketAddr> = clients.iter().map(|c| c.api).collect();
     let dir = local::TempDir::new("kvswitch-controller-bench").unwrap();
     let path = dir.path().join("controller.toml");
-    std::fs::write(&path, file(api, &apis, &list, "")).unwrap();
+    std::fs::write(&path, file(api, &apis, &list)).unwrap();
     let proc = local::Proc::spawn(
         "kvswitch controller",
         Command::new(env!("CARGO_BIN_EXE_kvswitch"))

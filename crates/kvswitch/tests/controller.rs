@@ -20,63 +20,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::proxy::{free_port, Front, Memcached, PoolOpts, Proxy};
+use common::fleet::{controller_toml, pool_of, proxies, until_pools};
+use common::proxy::{Memcached, PoolOpts};
 use kvswitch::ctl::Client;
 use serde_json::{json, Value};
 use testbed::local;
 
 const PROBE_MS: u64 = 50;
 const DOWN_AFTER: u32 = 3;
-
-/// The labels of the servers in `client`'s pool.
-fn pool_of(client: &Client) -> Vec<String> {
-    let doc = client.call("GET", "/api/v1/pool", None).unwrap();
-    let mut labels: Vec<String> = doc["pools"][0]["servers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|s| s["label"].as_str().map(str::to_string))
-        .collect();
-    labels.sort();
-    labels
-}
-
-/// Waits (at most `limit`) until every proxy's pool is `want`; returns how long it took.
-fn until_pools(proxies: &[Client], want: &[&str], limit: Duration) -> Duration {
-    let started = Instant::now();
-    loop {
-        let pools: Vec<Vec<String>> = proxies.iter().map(pool_of).collect();
-        if pools.iter().all(|p| p == want) {
-            return started.elapsed();
-        }
-        assert!(
-            started.elapsed() < limit,
-            "the proxies' pools are {pools:?}, not {want:?}, after {limit:?}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn controller_file(
-    api: SocketAddr,
-    proxies: &[SocketAddr],
-    servers: &[(&str, SocketAddr)],
-) -> String {
-    let mut text = format!(
-        "[controller]\napi = \"{api}\"\nprobe_interval_ms = {PROBE_MS}\nprobe_timeout_ms = 100\n\
-         down_after = {DOWN_AFTER}\nup_after = 2\nsync_interval_ms = 300\n\n"
-    );
-    for (i, p) in proxies.iter().enumerate() {
-        text.push_str(&format!("[[switches]]\nname = \"p{i}\"\napi = \"{p}\"\n\n"));
-    }
-    text.push_str("[pool]\ndistribution = \"ketama\"\nhash = \"md5\"\n");
-    for (name, addr) in servers {
-        text.push_str(&format!(
-            "[[pool.servers]]\naddr = \"{addr}\"\nname = \"{name}\"\n"
-        ));
-    }
-    text
-}
 
 /// Sets and reads keys through `front` until told to stop, counting the rounds that failed
 /// and when the last of them began.
@@ -112,29 +63,24 @@ fn a_fleet_follows_its_servers_health_and_the_controllers_changes() {
         .zip(&servers)
         .map(|(n, m)| (*n, m.addr()))
         .collect();
-    let apis: Vec<SocketAddr> = (0..2)
-        .map(|_| SocketAddr::from(([127, 0, 0, 1], free_port())))
-        .collect();
-    let proxies: Vec<Proxy> = apis
-        .iter()
-        .map(|&api| {
-            let opts = PoolOpts {
-                api: Some(api),
-                timeout_ms: 300,
-                ..PoolOpts::default()
-            };
-            Proxy::start(Front::Kvswitch, &list, &opts)
-        })
-        .collect();
-    let clients: Vec<Client> = apis
-        .iter()
-        .map(|&api| Client { api, token: None })
-        .collect();
-
+    let opts = PoolOpts {
+        timeout_ms: 300,
+        ..PoolOpts::default()
+    };
+    let (proxies, clients) = proxies(2, &list, &opts);
+    let apis: Vec<SocketAddr> = clients.iter().map(|c| c.api).collect();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let ctl_api = listener.local_addr().unwrap();
     let file = config::controller::parse(
-        &controller_file(ctl_api, &apis, &list),
+        &controller_toml(
+            ctl_api,
+            &format!(
+                "probe_interval_ms = {PROBE_MS}\nprobe_timeout_ms = 100\ndown_after = {DOWN_AFTER}\n\
+                 up_after = 2\nsync_interval_ms = 300"
+            ),
+            &apis,
+            &list,
+        ),
         Path::new("controller.toml"),
     )
     .unwrap();

@@ -14,7 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::proxy::{free_port, Front, Memcached, PoolOpts, Proxy};
+use common::fleet::{controller_toml, proxies};
+use common::proxy::{Memcached, PoolOpts};
 use testbed::local::{self, TempDir};
 
 /// The page as Chromium leaves it after `budget` of virtual time (the page polls once a
@@ -70,31 +71,11 @@ fn the_dashboard_shows_the_fleet_and_its_rates_rise_under_load() {
         .zip(&servers)
         .map(|(n, m)| (*n, m.addr()))
         .collect();
-    let apis: Vec<SocketAddr> = (0..2)
-        .map(|_| SocketAddr::from(([127, 0, 0, 1], free_port())))
-        .collect();
-    let proxies: Vec<Proxy> = apis
-        .iter()
-        .map(|&api| {
-            let opts = PoolOpts {
-                api: Some(api),
-                ..PoolOpts::default()
-            };
-            Proxy::start(Front::Kvswitch, &list, &opts)
-        })
-        .collect();
+    let (proxies, clients) = proxies(2, &list, &PoolOpts::default());
+    let apis: Vec<SocketAddr> = clients.iter().map(|c| c.api).collect();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let api = listener.local_addr().unwrap();
-    let mut text = format!("[controller]\napi = \"{api}\"\n");
-    for (i, p) in apis.iter().enumerate() {
-        text.push_str(&format!("[[switches]]\nname = \"p{i}\"\napi = \"{p}\"\n"));
-    }
-    text.push_str("[pool]\n");
-    for (name, addr) in &list {
-        text.push_str(&format!(
-            "[[pool.servers]]\naddr = \"{addr}\"\nname = \"{name}\"\n"
-        ));
-    }
+    let text = controller_toml(api, "", &apis, &list);
     let file = config::controller::parse(&text, Path::new("controller.toml")).unwrap();
     let _controller = kvswitch::controller::start(file, listener, None, None, None).unwrap();
     let url = format!("http://{api}/");

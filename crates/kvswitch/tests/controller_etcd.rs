@@ -14,38 +14,11 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::proxy::{free_port, Front, Memcached, PoolOpts, Proxy};
+use common::fleet::{controller_toml, proxies, until_pools};
+use common::proxy::{free_port, Memcached, PoolOpts};
 use kvswitch::ctl::Client;
 use serde_json::{json, Value};
 use testbed::local::{self, Proc, TempDir};
-
-/// The labels of the servers in `client`'s pool.
-fn pool_of(client: &Client) -> Vec<String> {
-    let doc = client.call("GET", "/api/v1/pool", None).unwrap();
-    let mut labels: Vec<String> = doc["pools"][0]["servers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|s| s["label"].as_str().map(str::to_string))
-        .collect();
-    labels.sort();
-    labels
-}
-
-fn until_pools(proxies: &[Client], want: &[&str], limit: Duration) -> Duration {
-    let started = Instant::now();
-    loop {
-        let pools: Vec<Vec<String>> = proxies.iter().map(pool_of).collect();
-        if pools.iter().all(|p| p == want) {
-            return started.elapsed();
-        }
-        assert!(
-            started.elapsed() < limit,
-            "the proxies' pools are {pools:?}, not {want:?}, after {limit:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 /// The controllers' roles, by index, once exactly one leads (within `limit`).
 fn one_leader(controllers: &[Option<Client>], limit: Duration) -> usize {
@@ -132,42 +105,20 @@ fn a_standby_controller_takes_over_from_a_dead_leader_with_the_pool_it_stored() 
         .zip(&servers)
         .map(|(n, m)| (*n, m.addr()))
         .collect();
-    let apis: Vec<SocketAddr> = (0..2)
-        .map(|_| SocketAddr::from(([127, 0, 0, 1], free_port())))
-        .collect();
-    let _proxies: Vec<Proxy> = apis
-        .iter()
-        .map(|&api| {
-            let opts = PoolOpts {
-                api: Some(api),
-                ..PoolOpts::default()
-            };
-            Proxy::start(Front::Kvswitch, &list, &opts)
-        })
-        .collect();
-    let clients: Vec<Client> = apis
-        .iter()
-        .map(|&api| Client { api, token: None })
-        .collect();
+    let (_proxies, clients) = proxies(2, &list, &PoolOpts::default());
+    let apis: Vec<SocketAddr> = clients.iter().map(|c| c.api).collect();
 
     // Two controllers of the same file but for their own API address.
     let mut procs: Vec<Option<Proc>> = Vec::new();
     let mut controllers: Vec<Option<Client>> = Vec::new();
     for i in 0..2 {
         let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let mut text = format!(
-            "[controller]\napi = \"{api}\"\nprobe_interval_ms = 50\ndown_after = 3\n\
-             sync_interval_ms = 300\n"
+        let text = controller_toml(
+            api,
+            "probe_interval_ms = 50\ndown_after = 3\nsync_interval_ms = 300",
+            &apis,
+            &list,
         );
-        for (j, p) in apis.iter().enumerate() {
-            text.push_str(&format!("[[switches]]\nname = \"p{j}\"\napi = \"{p}\"\n"));
-        }
-        text.push_str("[pool]\n");
-        for (name, addr) in &list {
-            text.push_str(&format!(
-                "[[pool.servers]]\naddr = \"{addr}\"\nname = \"{name}\"\n"
-            ));
-        }
         let path = dir.path().join(format!("controller{i}.toml"));
         std::fs::write(&path, text).unwrap();
         let proc = Proc::spawn_logged(

@@ -2,6 +2,7 @@
 //! over UDP from inside a client namespace, and direct questions to servers.
 #![allow(dead_code)]
 
+pub mod fleet;
 pub mod proxy;
 
 use std::io::{Read, Write};

@@ -1,0 +1,80 @@
+//! A fleet on loopback for the controller's tests: kvswitch proxies with their control APIs in
+//! front of memcached servers, the controller's file for them, and questions to their pools.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use kvswitch::ctl::Client;
+
+use super::proxy::{free_port, Front, PoolOpts, Proxy};
+
+/// `n` kvswitch proxies of `servers`, each with a control API, and a client of each API.
+pub fn proxies(
+    n: usize,
+    servers: &[(&str, SocketAddr)],
+    opts: &PoolOpts,
+) -> (Vec<Proxy>, Vec<Client>) {
+    (0..n)
+        .map(|_| {
+            let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
+            let opts = PoolOpts {
+                api: Some(api),
+                ..opts.clone()
+            };
+            (
+                Proxy::start(Front::Kvswitch, servers, &opts),
+                Client { api, token: None },
+            )
+        })
+        .unzip()
+}
+
+/// A controller file for `switches` (named p0, p1, ...) and `servers`, with `settings` added
+/// to its `[controller]` table.
+pub fn controller_toml(
+    api: SocketAddr,
+    settings: &str,
+    switches: &[SocketAddr],
+    servers: &[(&str, SocketAddr)],
+) -> String {
+    let mut text = format!("[controller]\napi = \"{api}\"\n{settings}\n");
+    for (i, s) in switches.iter().enumerate() {
+        text.push_str(&format!("[[switches]]\nname = \"p{i}\"\napi = \"{s}\"\n"));
+    }
+    text.push_str("[pool]\ndistribution = \"ketama\"\nhash = \"md5\"\n");
+    for (name, addr) in servers {
+        text.push_str(&format!(
+            "[[pool.servers]]\naddr = \"{addr}\"\nname = \"{name}\"\n"
+        ));
+    }
+    text
+}
+
+/// The labels of the servers in `client`'s pool, sorted.
+pub fn pool_of(client: &Client) -> Vec<String> {
+    let doc = client.call("GET", "/api/v1/pool", None).unwrap_or_default();
+    let mut labels: Vec<String> = doc["pools"][0]["servers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s["label"].as_str().map(str::to_string))
+        .collect();
+    labels.sort();
+    labels
+}
+
+/// Waits (at most `limit`) until every proxy's pool is `want`; returns how long it took.
+pub fn until_pools(proxies: &[Client], want: &[&str], limit: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        let pools: Vec<Vec<String>> = proxies.iter().map(pool_of).collect();
+        if pools.iter().all(|p| p == want) {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < limit,
+            "the proxies' pools are {pools:?}, not {want:?}, after {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
