@@ -8,6 +8,7 @@
 //! probe_interval_ms = 100       # each server is asked `version` this often, over TCP
 //! probe_timeout_ms = 100        # ... and must answer within this long
 //! probe_udp = false             # also over UDP (memcached started with -U)
+//! failover = ["10.0.0.19:11211"]  # spares that take a dead server's keys, in its place
 //! down_after = 3                # failed probes in a row before a server is marked down
 //! up_after = 2                  # answered probes in a row before it is up again
 //! sync_interval_ms = 1000       # every switch's pool is checked this often anyway
@@ -54,6 +55,9 @@ pub struct ControllerFile {
     pub probe_timeout: Duration,
     /// Probe over UDP as well as TCP: a server is up only while it answers both.
     pub probe_udp: bool,
+    /// Spare servers: a dead server's place on the ring goes to the first free one, instead
+    /// of its keys moving to the next server.
+    pub failover: Vec<SocketAddr>,
     pub down_after: u32,
     pub up_after: u32,
     pub sync_interval: Duration,
@@ -82,6 +86,8 @@ struct RawController {
     probe_interval_ms: Option<u64>,
     probe_timeout_ms: Option<u64>,
     probe_udp: Option<bool>,
+    #[serde(default)]
+    failover: Vec<String>,
     down_after: Option<u32>,
     up_after: Option<u32>,
     sync_interval_ms: Option<u64>,
@@ -147,6 +153,15 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
     let base = path.parent().unwrap_or(Path::new("."));
     let switch_token_file = c.switch_token_file.map(|f| base.join(f));
 
+    let mut failover = Vec::with_capacity(c.failover.len());
+    for (i, text) in c.failover.iter().enumerate() {
+        failover.push(text.parse::<SocketAddr>().map_err(|_| {
+            err(
+                &format!("controller.failover[{i}]"),
+                format!("`{text}` is not an address such as 10.0.0.19:11211"),
+            )
+        })?);
+    }
     if raw.switches.is_empty() {
         return Err(err(
             "switches",
@@ -207,12 +222,25 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
             "no servers: add [[pool.servers]] with the addr of each".into(),
         ));
     }
+    if let Some(i) = failover
+        .iter()
+        .position(|a| pool.servers.iter().any(|s| s.addr == *a))
+    {
+        return Err(err(
+            &format!("controller.failover[{i}]"),
+            format!(
+                "{} is a server of the pool; a spare stands apart",
+                failover[i]
+            ),
+        ));
+    }
     Ok(ControllerFile {
         path: path.to_owned(),
         api,
         probe_interval,
         probe_timeout,
         probe_udp: c.probe_udp.unwrap_or(false),
+        failover,
         down_after,
         up_after,
         sync_interval,
@@ -254,6 +282,13 @@ weight = 2
     fn a_good_file_reads_whole() {
         let f = parse(GOOD, Path::new("c.toml")).unwrap();
         assert_eq!(f.switches.len(), 2);
+        assert!(f.failover.is_empty());
+        let spare = GOOD.replace("down_after = 2", "failover = [\"127.0.0.1:11299\"]");
+        let f2 = parse(&spare, Path::new("c.toml")).unwrap();
+        assert_eq!(
+            f2.failover,
+            ["127.0.0.1:11299".parse::<SocketAddr>().unwrap()]
+        );
         assert_eq!(f.switches[1].api, "127.0.0.1:9111".parse().unwrap());
         assert_eq!((f.down_after, f.up_after), (2, 2));
         assert_eq!(f.probe_interval, Duration::from_millis(100));
@@ -288,6 +323,14 @@ weight = 2
             (
                 GOOD.replace("api = \"127.0.0.1:9200\"", "api = \"x\""),
                 "controller.api",
+            ),
+            (
+                GOOD.replace("down_after = 2", "failover = [\"spare\"]"),
+                "controller.failover[0]",
+            ),
+            (
+                GOOD.replace("down_after = 2", "failover = [\"127.0.0.1:11212\"]"),
+                "a spare stands apart",
             ),
         ];
         for (text, key) in cases {

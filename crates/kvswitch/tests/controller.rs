@@ -224,3 +224,104 @@ fn a_fleet_follows_its_servers_health_and_the_controllers_changes() {
     );
     drop(controller);
 }
+
+/// The address `client`'s pool gives the server `label`.
+fn addr_of(client: &Client, label: &str) -> Option<String> {
+    let doc = client.call("GET", "/api/v1/pool", None).ok()?;
+    doc["pools"][0]["servers"]
+        .as_array()?
+        .iter()
+        .find(|s| s["label"] == label)
+        .and_then(|s| s["addr"].as_str().map(str::to_string))
+}
+
+#[test]
+fn a_dead_servers_place_goes_to_a_spare_until_it_is_back() {
+    let names = ["s1", "s2", "s3"];
+    let mut servers: Vec<Memcached> = names.iter().map(|_| Memcached::start()).collect();
+    let spare = Memcached::start();
+    let list: Vec<(&str, SocketAddr)> = names
+        .iter()
+        .zip(&servers)
+        .map(|(n, m)| (*n, m.addr()))
+        .collect();
+    let (proxies, clients) = proxies(2, &list, &PoolOpts::default());
+    let apis: Vec<SocketAddr> = clients.iter().map(|c| c.api).collect();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let ctl_api = listener.local_addr().unwrap();
+    let settings = format!(
+        "probe_interval_ms = {PROBE_MS}\ndown_after = {DOWN_AFTER}\nsync_interval_ms = 300\n\
+         failover = [\"{}\"]",
+        spare.addr()
+    );
+    let file = config::controller::parse(
+        &controller_toml(ctl_api, &settings, &apis, &list),
+        Path::new("controller.toml"),
+    )
+    .unwrap();
+    let _controller = kvswitch::controller::start(file, listener, None, None, None).unwrap();
+    until_pools(&clients, &["s1", "s2", "s3"], Duration::from_secs(5));
+
+    // Keys of s2 and of s1, by a ring built apart from kvswitch.
+    let ring = kv::Ring::new(
+        kv::Distribution::Ketama,
+        kv::HashFn::Md5,
+        &names.map(|n| kv::Server::new(n, 1)),
+    )
+    .unwrap();
+    let owned_by = |i: usize| -> Vec<Vec<u8>> {
+        (0..2000)
+            .map(|k| format!("spare:{k}").into_bytes())
+            .filter(|k| ring.locate(k) == i)
+            .take(20)
+            .collect()
+    };
+    let (of_s1, of_s2) = (owned_by(0), owned_by(1));
+
+    // s2 dies: its place, not its keys' neighbours, takes them: the spare.
+    servers[1].kill();
+    let started = Instant::now();
+    while clients
+        .iter()
+        .any(|c| addr_of(c, "s2") != Some(spare.addr().to_string()))
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the spare never stood in for s2: {:?}",
+            clients.iter().map(|c| addr_of(c, "s2")).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for p in &proxies {
+        local::store(p.addr, &of_s2).unwrap();
+        local::store(p.addr, &of_s1).unwrap();
+    }
+    let on_spare = local::owners(&[spare.addr()], &of_s2).unwrap();
+    assert!(on_spare.iter().all(|o| *o == Some(0)), "{on_spare:?}");
+    let on_s1 = local::owners(&[servers[0].addr()], &of_s1).unwrap();
+    assert!(
+        on_s1.iter().all(|o| *o == Some(0)),
+        "s1's keys moved: {on_s1:?}"
+    );
+
+    // s2 back: its own place again, and the spare is free.
+    servers[1].restart();
+    let started = Instant::now();
+    while clients
+        .iter()
+        .any(|c| addr_of(c, "s2") != Some(servers[1].addr().to_string()))
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "s2 never took its place back"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let ctl = Client {
+        api: ctl_api,
+        token: None,
+    };
+    let status = ctl.call("GET", "/api/v1/status", None).unwrap();
+    assert!(status["spares"][0]["standing_in_for"].is_null(), "{status}");
+    assert_eq!(status["spares"][0]["up"], true, "{status}");
+}

@@ -138,6 +138,10 @@ struct Fleet {
     switches: Vec<SwitchState>,
     /// Bumped on every change the switches must follow.
     generation: u64,
+    /// The failover spares' health, by position in `file.failover`.
+    spare_health: Vec<Health>,
+    /// For each server, the spare standing in its place while it is down.
+    standing_in: Vec<Option<usize>>,
     /// Whether this controller acts (probes, syncs, takes changes): always without a store.
     leads: bool,
     /// The leading controller's API, when another leads.
@@ -271,7 +275,27 @@ fn sync_switch(client: &Client, pool: &str, live: &[ServerSpec]) -> anyhow::Resu
             && v["addr"].as_str() == Some(s.addr.to_string().as_str())
     };
     let enc = |s: &str| crate::cache::percent_encode(s.as_bytes());
+    let pool_name = theirs["name"].as_str().unwrap_or_default();
+    let remove = |label: &str| {
+        let path = format!(
+            "/api/v1/pool/servers/{}?pool={}",
+            enc(label),
+            enc(pool_name)
+        );
+        client.call("DELETE", &path, None)
+    };
     let mut changes = 0;
+    // A server whose place goes to another address (a spare standing in, or the server back
+    // from its spare) leaves first: the switch holds one server per ring name.
+    let mut gone = Vec::new();
+    for v in &listed {
+        let label = v["label"].as_str().unwrap_or_default();
+        if live.iter().any(|s| s.label() == label && !same(s, v)) {
+            remove(label)?;
+            gone.push(label);
+            changes += 1;
+        }
+    }
     for s in live {
         match listed.iter().find(|v| same(s, v)) {
             None => {
@@ -295,15 +319,9 @@ fn sync_switch(client: &Client, pool: &str, live: &[ServerSpec]) -> anyhow::Resu
         }
     }
     for v in &listed {
-        if !live.iter().any(|s| same(s, v)) {
-            let label = v["label"].as_str().unwrap_or_default();
-            let pool_name = theirs["name"].as_str().unwrap_or_default();
-            let path = format!(
-                "/api/v1/pool/servers/{}?pool={}",
-                enc(label),
-                enc(pool_name)
-            );
-            client.call("DELETE", &path, None)?;
+        let label = v["label"].as_str().unwrap_or_default();
+        if !live.iter().any(|s| same(s, v)) && !gone.contains(&label) {
+            remove(label)?;
             changes += 1;
         }
     }
@@ -359,6 +377,8 @@ pub fn start(
     let servers = file.pool.servers.clone();
     let fleet = Fleet {
         health: vec![Health::default(); servers.len()],
+        spare_health: vec![Health::default(); file.failover.len()],
+        standing_in: vec![None; servers.len()],
         switches: vec![SwitchState::default(); file.switches.len()],
         servers,
         file,
@@ -450,6 +470,7 @@ fn elector(shared: &Shared) {
                     match stored {
                         Some(list) => {
                             f.health = vec![Health::default(); list.len()];
+                            f.standing_in = vec![None; list.len()];
                             f.servers = list;
                         }
                         None => {
@@ -494,7 +515,13 @@ fn prober(shared: &Shared) {
         }
         let (servers, interval, timeout, udp) = {
             let f = shared.fleet();
-            let addrs: Vec<SocketAddr> = f.servers.iter().map(|s| s.addr).collect();
+            // The servers, then the failover spares.
+            let addrs: Vec<SocketAddr> = f
+                .servers
+                .iter()
+                .map(|s| s.addr)
+                .chain(f.file.failover.iter().copied())
+                .collect();
             (
                 addrs,
                 f.file.probe_interval,
@@ -524,7 +551,16 @@ fn prober(shared: &Shared) {
             let mut f = shared.fleet();
             let (down_after, up_after) = (f.file.down_after, f.file.up_after);
             let mut changed = false;
-            for (i, (addr, outcome)) in servers.iter().zip(outcomes).enumerate() {
+            let spares_at = servers.len() - f.file.failover.len();
+            let mut outcomes = outcomes.into_iter();
+            let mine: Vec<_> = outcomes.by_ref().take(spares_at).collect();
+            for (k, outcome) in outcomes.enumerate() {
+                if let Some(h) = f.spare_health.get_mut(k) {
+                    // A spare's change matters only to a server it stands in for, or could.
+                    changed |= h.record(outcome, down_after, up_after);
+                }
+            }
+            for (i, (addr, outcome)) in servers.iter().zip(mine).enumerate() {
                 // The list may have changed while the probes ran.
                 let Some(s) = f.servers.get(i).filter(|s| s.addr == *addr) else {
                     continue;
@@ -551,6 +587,45 @@ fn prober(shared: &Shared) {
     }
 }
 
+/// The servers the switches should have: those up, and in a down server's place (its ring
+/// name, its weight) the failover spare standing in for it, if one is free and up. A spare
+/// takes a place only where the ring would not tell it from the server: a named server, or one
+/// on the spare's port.
+fn live_servers(f: &mut Fleet) -> Vec<ServerSpec> {
+    for i in 0..f.servers.len() {
+        if let Some(k) = f.standing_in[i] {
+            if f.health[i].up || !f.spare_health[k].up {
+                f.standing_in[i] = None;
+            }
+        }
+    }
+    let mut live = Vec::with_capacity(f.servers.len());
+    for i in 0..f.servers.len() {
+        let s = &f.servers[i];
+        if f.health[i].up {
+            live.push(s.clone());
+            continue;
+        }
+        if f.standing_in[i].is_none() {
+            f.standing_in[i] = (0..f.file.failover.len()).find(|&k| {
+                let spare = f.file.failover[k];
+                f.spare_health[k].up
+                    && !f.standing_in.contains(&Some(k))
+                    && (s.name.is_some() || spare.port() == s.addr.port())
+            });
+        }
+        if let Some(k) = f.standing_in[i] {
+            live.push(ServerSpec {
+                host: s.host.clone(),
+                addr: f.file.failover[k],
+                weight: s.weight,
+                name: s.name.clone(),
+            });
+        }
+    }
+    live
+}
+
 /// Brings every switch to the live servers on each change, and every interval.
 fn syncer(shared: &Shared, token: Option<String>) {
     let mut done = 0u64;
@@ -561,14 +636,8 @@ fn syncer(shared: &Shared, token: Option<String>) {
             continue;
         }
         let (generation, pool, live, switches) = {
-            let f = shared.fleet();
-            let mut live: Vec<ServerSpec> = f
-                .servers
-                .iter()
-                .zip(&f.health)
-                .filter(|(_, h)| h.up)
-                .map(|(s, _)| s.clone())
-                .collect();
+            let mut f = shared.fleet();
+            let mut live = live_servers(&mut f);
             // A pool is never emptied by probes: when every server fails them, the controller
             // is more likely cut off than the servers all dead, and an empty ring answers no
             // one. The switches keep every server (and their own failure handling).
@@ -792,16 +861,36 @@ async fn fleet(State(shared): State<Arc<Shared>>) -> Json<Value> {
 
 fn status_doc(shared: &Shared) -> Value {
     let f = shared.fleet();
+    let spare = |k: Option<usize>| {
+        k.and_then(|k| f.file.failover.get(k))
+            .map(|a| a.to_string())
+    };
     let servers: Vec<Value> = f
         .servers
         .iter()
         .zip(&f.health)
-        .map(|(s, h)| {
+        .zip(&f.standing_in)
+        .map(|((s, h), k)| {
             json!({
                 "label": s.label(), "addr": s.addr.to_string(), "weight": s.weight,
                 "up": h.up, "probes": h.probes, "failures": h.failures, "downs": h.downs,
-                "last_error": h.last_error,
+                "last_error": h.last_error, "spare": spare(*k),
             })
+        })
+        .collect();
+    let spares: Vec<Value> = f
+        .file
+        .failover
+        .iter()
+        .zip(&f.spare_health)
+        .enumerate()
+        .map(|(k, (a, h))| {
+            let for_server = f
+                .standing_in
+                .iter()
+                .position(|&s| s == Some(k))
+                .map(|i| f.servers[i].label());
+            json!({ "addr": a.to_string(), "up": h.up, "standing_in_for": for_server })
         })
         .collect();
     let switches: Vec<Value> = f
@@ -834,6 +923,7 @@ fn status_doc(shared: &Shared) -> Value {
         },
         "generation": f.generation,
         "servers": servers,
+        "spares": spares,
         "switches": switches,
     })
 }
@@ -960,6 +1050,7 @@ async fn add_server(State(shared): State<Arc<Shared>>, headers: HeaderMap, bytes
     stored(&shared, &list)?;
     f.servers = list;
     f.health.push(Health::default());
+    f.standing_in.push(None);
     shared.bump(&mut f);
     Ok((
         StatusCode::CREATED,
@@ -991,6 +1082,7 @@ async fn remove_server(
     stored(&shared, &list)?;
     f.servers = list;
     f.health.remove(i);
+    f.standing_in.remove(i);
     shared.bump(&mut f);
     Ok(Json(json!({ "removed": server, "generation": f.generation })).into_response())
 }
