@@ -771,7 +771,7 @@ fn authorised(shared: &Shared, headers: &HeaderMap) -> Result<(), (StatusCode, J
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    match given == Some(token.as_str()) {
+    match given.is_some_and(|g| crate::api::http::same(g.as_bytes(), token.as_bytes())) {
         true => Ok(()),
         false => Err(refuse(
             StatusCode::UNAUTHORIZED,
