@@ -37,6 +37,8 @@ use switch::pool::PoolSpec;
 
 /// Most switches one controller drives.
 pub const MAX_SWITCHES: usize = 256;
+/// Most failover spares.
+pub const MAX_SPARES: usize = 64;
 
 /// One switch the controller drives.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -153,14 +155,27 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
     let base = path.parent().unwrap_or(Path::new("."));
     let switch_token_file = c.switch_token_file.map(|f| base.join(f));
 
-    let mut failover = Vec::with_capacity(c.failover.len());
+    if c.failover.len() > MAX_SPARES {
+        return Err(err(
+            "controller.failover",
+            format!("{} spares; at most {MAX_SPARES}", c.failover.len()),
+        ));
+    }
+    let mut failover: Vec<SocketAddr> = Vec::with_capacity(c.failover.len());
     for (i, text) in c.failover.iter().enumerate() {
-        failover.push(text.parse::<SocketAddr>().map_err(|_| {
+        let addr = text.parse::<SocketAddr>().map_err(|_| {
             err(
                 &format!("controller.failover[{i}]"),
                 format!("`{text}` is not an address such as 10.0.0.19:11211"),
             )
-        })?);
+        })?;
+        if failover.contains(&addr) {
+            return Err(err(
+                &format!("controller.failover[{i}]"),
+                format!("{addr} is listed twice"),
+            ));
+        }
+        failover.push(addr);
     }
     if raw.switches.is_empty() {
         return Err(err(

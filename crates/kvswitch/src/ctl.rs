@@ -236,14 +236,15 @@ pub struct Client {
 
 impl Client {
     fn connect(&self, timeout: Option<Duration>) -> anyhow::Result<TcpStream> {
-        let conn = TcpStream::connect_timeout(&self.api, Duration::from_secs(5)).map_err(|e| {
+        let connect = timeout.map_or(Duration::from_secs(5), |t| t.min(Duration::from_secs(5)));
+        let conn = TcpStream::connect_timeout(&self.api, connect).map_err(|e| {
             anyhow::anyhow!(
                 "cannot reach the control API at {} ({e}); is kvswitch running there?",
                 self.api
             )
         })?;
         conn.set_read_timeout(timeout)?;
-        conn.set_write_timeout(Some(Duration::from_secs(30)))?;
+        conn.set_write_timeout(Some(timeout.unwrap_or(Duration::from_secs(30))))?;
         Ok(conn)
     }
 

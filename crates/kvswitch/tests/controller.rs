@@ -138,11 +138,8 @@ fn a_fleet_follows_its_servers_health_and_the_controllers_changes() {
         .find(|s| s["label"] == "s2")
         .unwrap()
         .clone();
-    assert_eq!(
-        (s2["up"].clone(), s2["downs"].clone()),
-        (json!(false), json!(1)),
-        "{s2}"
-    );
+    assert_eq!(s2["up"], json!(false), "{s2}");
+    assert!(s2["downs"].as_u64() >= Some(1), "{s2}");
 
     // Restarted: back in both pools.
     servers[1].restart();
@@ -184,10 +181,13 @@ fn a_fleet_follows_its_servers_health_and_the_controllers_changes() {
 
     let metrics = ctl.call("GET", "/metrics", None).unwrap();
     let text = metrics.as_str().unwrap_or_default().to_string();
-    assert!(
-        text.contains("kvswitch_controller_server_downs_total{server=\"s2\"} 2"),
-        "{text}"
-    );
+    // Killed and stopped: down twice at least (a loaded machine may see more).
+    let downs: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("kvswitch_controller_server_downs_total{server=\"s2\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(downs >= 2, "{text}");
     assert!(
         text.contains("kvswitch_controller_switch_in_step{switch=\"p1\"} 1"),
         "{text}"

@@ -137,6 +137,22 @@ fn a_standby_controller_takes_over_from_a_dead_leader_with_the_pool_it_stored() 
     }
     let leader = one_leader(&controllers, Duration::from_secs(20));
     let standby = 1 - leader;
+    // The standby knows who leads once it has campaigned.
+    let leader_api = controllers[leader].as_ref().unwrap().api.to_string();
+    let started = Instant::now();
+    while controllers[standby]
+        .as_ref()
+        .unwrap()
+        .call("GET", "/api/v1/status", None)
+        .map(|s| s["leader"] != leader_api.as_str())
+        .unwrap_or(true)
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the standby never named the leader"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     until_pools(&clients, &["s1", "s2", "s3"], Duration::from_secs(10));
 
     // The standby refuses changes and names the leader.
@@ -148,7 +164,6 @@ fn a_standby_controller_takes_over_from_a_dead_leader_with_the_pool_it_stored() 
         .call("POST", "/api/v1/pool/servers", Some(&body))
         .unwrap_err()
         .to_string();
-    let leader_api = controllers[leader].as_ref().unwrap().api.to_string();
     assert!(e.contains("503") && e.contains(&leader_api), "{e}");
     // The leader takes it, stores it, and both proxies follow.
     controllers[leader]

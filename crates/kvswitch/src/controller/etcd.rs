@@ -18,6 +18,13 @@ use crate::ctl::Client;
 /// the leader dies, at most (plus one campaign interval).
 pub const LEASE_TTL: Duration = Duration::from_secs(2);
 
+/// The longest one call to etcd may take: well inside the lease, so that a leader that cannot
+/// renew knows it before a standby can lead.
+pub const ETCD_WAIT: Duration = Duration::from_millis(500);
+
+/// How long before its lease runs out by its own clock a leader stops acting.
+pub const LEAD_MARGIN: Duration = Duration::from_millis(500);
+
 /// An etcd server and the keys of one pool's controllers.
 pub struct Etcd {
     client: Client,
@@ -42,17 +49,25 @@ impl Etcd {
         })
     }
 
+    /// One call to etcd's gateway, given at most [`ETCD_WAIT`].
+    fn post(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
+        self.client.call_within("POST", path, Some(body), ETCD_WAIT)
+    }
+
+    /// Lets go of the lead (after a failure part way through taking it).
+    pub fn forget(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            let _ = self.post("/v3/lease/revoke", &json!({ "ID": lease }));
+        }
+    }
+
     fn key(&self, name: &str) -> String {
         encode(format!("{}{name}", self.prefix).as_bytes())
     }
 
     /// The value of `name`, if set.
     fn get(&self, name: &str) -> anyhow::Result<Option<Vec<u8>>> {
-        let doc = self.client.call(
-            "POST",
-            "/v3/kv/range",
-            Some(&json!({ "key": self.key(name) })),
-        )?;
+        let doc = self.post("/v3/kv/range", &json!({ "key": self.key(name) }))?;
         match doc["kvs"][0]["value"].as_str() {
             Some(v) => Ok(Some(
                 decode(v).context("etcd sent a value that is not base64")?,
@@ -81,11 +96,7 @@ impl Etcd {
             return Ok(true);
         }
         let ttl = LEASE_TTL.as_secs().max(1);
-        let grant = self.client.call(
-            "POST",
-            "/v3/lease/grant",
-            Some(&json!({ "TTL": ttl.to_string() })),
-        )?;
+        let grant = self.post("/v3/lease/grant", &json!({ "TTL": ttl.to_string() }))?;
         let lease = grant["ID"]
             .as_str()
             .context("etcd granted a lease without an ID")?
@@ -96,15 +107,13 @@ impl Etcd {
             "success": [{"request_put": {"key": key, "value": encode(me.as_bytes()), "lease": lease}}],
             "failure": [],
         });
-        let done = self.client.call("POST", "/v3/kv/txn", Some(&txn))?;
+        let done = self.post("/v3/kv/txn", &txn)?;
         if done["succeeded"] == true {
             self.lease = Some(lease);
             return Ok(true);
         }
         // Someone else leads; let the unused lease go.
-        let _ = self
-            .client
-            .call("POST", "/v3/lease/revoke", Some(&json!({ "ID": lease })));
+        let _ = self.post("/v3/lease/revoke", &json!({ "ID": lease }));
         Ok(false)
     }
 
@@ -115,8 +124,7 @@ impl Etcd {
             return false;
         };
         let alive = self
-            .client
-            .call("POST", "/v3/lease/keepalive", Some(&json!({ "ID": lease })))
+            .post("/v3/lease/keepalive", &json!({ "ID": lease }))
             .ok()
             .and_then(|d| {
                 d["result"]["TTL"]
@@ -146,15 +154,32 @@ impl Etcd {
                 .as_str()
                 .and_then(|a| a.parse().ok())
                 .context("a stored server without an address")?;
-            out.push(ServerSpec {
-                host: s["host"].as_str().unwrap_or_default().to_string(),
+            let weight = s["weight"]
+                .as_u64()
+                .and_then(|w| u32::try_from(w).ok())
+                .filter(|&w| w > 0)
+                .context("a stored server without a weight of 1 or more")?;
+            let host = s["host"]
+                .as_str()
+                .filter(|h| !h.is_empty())
+                .context("a stored server without a host")?;
+            let server = ServerSpec {
+                host: host.to_string(),
                 addr,
-                weight: s["weight"]
-                    .as_u64()
-                    .and_then(|w| u32::try_from(w).ok())
-                    .unwrap_or(1),
+                weight,
                 name: s["name"].as_str().map(str::to_string),
-            });
+            };
+            if out.iter().any(|o: &ServerSpec| o.label() == server.label()) {
+                bail!("the stored servers name {} twice", server.label());
+            }
+            out.push(server);
+        }
+        if out.len() > switch::pool::MAX_SERVERS {
+            bail!(
+                "{} stored servers; a pool holds at most {}",
+                out.len(),
+                switch::pool::MAX_SERVERS
+            );
         }
         Ok(Some(out))
     }
@@ -175,7 +200,7 @@ impl Etcd {
             "success": [{"request_put": {"key": self.key("servers"), "value": encode(&value)}}],
             "failure": [],
         });
-        let done = self.client.call("POST", "/v3/kv/txn", Some(&txn))?;
+        let done = self.post("/v3/kv/txn", &txn)?;
         if done["succeeded"] != true {
             bail!("this controller no longer leads");
         }

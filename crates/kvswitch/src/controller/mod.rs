@@ -61,6 +61,9 @@ const CAMPAIGN_INTERVAL: Duration = Duration::from_millis(300);
 /// What a server's probes say of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Health {
+    /// Whether a probe has answered or failed yet: until then the server counts as up, but
+    /// the switches are not changed on its account.
+    pub known: bool,
     pub up: bool,
     /// Probes in a row that failed, or that answered.
     pub failed_in_row: u32,
@@ -76,6 +79,7 @@ impl Default for Health {
     /// A server starts up: it is in the pool until probes say otherwise.
     fn default() -> Health {
         Health {
+            known: false,
             up: true,
             failed_in_row: 0,
             answered_in_row: 0,
@@ -91,6 +95,22 @@ impl Health {
     /// Takes in one probe's outcome; returns whether the server changed between up and down.
     pub fn record(&mut self, outcome: Result<(), String>, down_after: u32, up_after: u32) -> bool {
         self.probes += 1;
+        // The first probe says where the server stands, without a run of them: a controller
+        // that has just started, or just taken the lead, puts no dead server back.
+        if !self.known {
+            self.known = true;
+            let was = self.up;
+            self.up = outcome.is_ok();
+            if let Err(e) = outcome {
+                self.failures += 1;
+                self.failed_in_row = 1;
+                self.last_error = Some(e);
+                self.downs += 1;
+            } else {
+                self.answered_in_row = 1;
+            }
+            return was != self.up;
+        }
         match outcome {
             Ok(()) => {
                 self.failed_in_row = 0;
@@ -144,6 +164,9 @@ struct Fleet {
     standing_in: Vec<Option<usize>>,
     /// Whether this controller acts (probes, syncs, takes changes): always without a store.
     leads: bool,
+    /// With a store: the lead ends at this instant unless the lease is renewed (the time the
+    /// last renewal was asked for, plus the lease, less a margin).
+    lead_until: Option<Instant>,
     /// The leading controller's API, when another leads.
     leader: Option<String>,
 }
@@ -162,6 +185,14 @@ struct Shared {
     me: String,
     /// The token the switches' APIs want, for reading their status.
     switch_token: Option<String>,
+}
+
+impl Fleet {
+    /// Whether this controller may act now: it leads, and (with a store) its lease has not
+    /// run out by its own clock.
+    fn acting(&self) -> bool {
+        self.leads && self.lead_until.is_none_or(|t| Instant::now() < t)
+    }
 }
 
 impl Shared {
@@ -259,41 +290,59 @@ pub fn probe_udp(addr: SocketAddr, timeout: Duration) -> Result<(), String> {
     }
 }
 
+/// How long one call to a switch may take before the switch counts as out of reach.
+const SWITCH_WAIT: Duration = Duration::from_secs(2);
+
 /// Brings one switch's pool to `live` (the servers that should be in it, with their
-/// weights): adds first, then new weights, then removals. Returns the changes made.
-fn sync_switch(client: &Client, pool: &str, live: &[ServerSpec]) -> anyhow::Result<u64> {
-    let doc = client.call("GET", "/api/v1/pool", None)?;
+/// weights): a server whose place goes to another address leaves first, then adds, new
+/// weights and removals. Servers are named to the switch by their position in its pool (a
+/// name that is a number would be read as one). A refused call does not stop the others;
+/// every refusal is reported. `leads` is asked before each call, so that a controller that
+/// lost the lead stops at once. Returns the changes made.
+fn sync_switch(
+    client: &Client,
+    pool: &str,
+    live: &[ServerSpec],
+    leads: &dyn Fn() -> bool,
+) -> anyhow::Result<u64> {
+    let doc = client.call_within("GET", "/api/v1/pool", None, SWITCH_WAIT)?;
     let pools = doc["pools"].as_array().cloned().unwrap_or_default();
-    let theirs = pools
-        .iter()
-        .find(|p| p["name"] == pool)
-        .or(pools.first())
-        .context("the switch serves no pool")?;
+    let theirs = match pools.iter().find(|p| p["name"] == pool) {
+        Some(p) => p,
+        None if pools.len() == 1 => &pools[0],
+        None => anyhow::bail!("the switch serves no pool named {pool:?}"),
+    };
     let listed: Vec<&Value> = theirs["servers"].as_array().into_iter().flatten().collect();
     let same = |s: &ServerSpec, v: &Value| {
         v["label"].as_str() == Some(s.label().as_str())
             && v["addr"].as_str() == Some(s.addr.to_string().as_str())
     };
     let enc = |s: &str| crate::cache::percent_encode(s.as_bytes());
-    let pool_name = theirs["name"].as_str().unwrap_or_default();
-    let remove = |label: &str| {
-        let path = format!(
-            "/api/v1/pool/servers/{}?pool={}",
-            enc(label),
-            enc(pool_name)
-        );
-        client.call("DELETE", &path, None)
-    };
+    let pool_name = theirs["name"].as_str().unwrap_or_default().to_string();
     let mut changes = 0;
+    let mut refused: Vec<String> = Vec::new();
+    let mut call = |method: &str, path: String, body: Option<Value>, what: String| {
+        if !leads() {
+            anyhow::bail!("this controller no longer leads");
+        }
+        match client.call_within(method, &path, body.as_ref(), SWITCH_WAIT) {
+            Ok(_) => changes += 1,
+            Err(e) => refused.push(format!("{what}: {e:#}")),
+        }
+        Ok(())
+    };
+    let position = |v: &Value| v["server"].as_u64().map(|p| p.to_string());
     // A server whose place goes to another address (a spare standing in, or the server back
     // from its spare) leaves first: the switch holds one server per ring name.
     let mut gone = Vec::new();
     for v in &listed {
         let label = v["label"].as_str().unwrap_or_default();
         if live.iter().any(|s| s.label() == label && !same(s, v)) {
-            remove(label)?;
+            if let Some(p) = position(v) {
+                let path = format!("/api/v1/pool/servers/{p}?pool={}", enc(&pool_name));
+                call("DELETE", path, None, format!("removing {label}"))?;
+            }
             gone.push(label);
-            changes += 1;
         }
     }
     for s in live {
@@ -301,19 +350,26 @@ fn sync_switch(client: &Client, pool: &str, live: &[ServerSpec]) -> anyhow::Resu
             None => {
                 let body = json!({
                     "addr": s.addr.to_string(), "host": s.host, "weight": s.weight,
-                    "name": s.name, "pool": theirs["name"],
+                    "name": s.name, "pool": pool_name,
                 });
-                client.call("POST", "/api/v1/pool/servers", Some(&body))?;
-                changes += 1;
+                call(
+                    "POST",
+                    "/api/v1/pool/servers".into(),
+                    Some(body),
+                    format!("adding {}", s.label()),
+                )?;
             }
             Some(v) if v["weight"].as_u64() != Some(u64::from(s.weight)) => {
-                let path = format!("/api/v1/pool/servers/{}", enc(&s.label()));
-                client.call(
-                    "PUT",
-                    &path,
-                    Some(&json!({ "weight": s.weight, "pool": theirs["name"] })),
-                )?;
-                changes += 1;
+                if let Some(p) = position(v) {
+                    let body = json!({ "weight": s.weight, "pool": pool_name });
+                    let path = format!("/api/v1/pool/servers/{p}");
+                    call(
+                        "PUT",
+                        path,
+                        Some(body),
+                        format!("reweighting {}", s.label()),
+                    )?;
+                }
             }
             Some(_) => {}
         }
@@ -321,19 +377,34 @@ fn sync_switch(client: &Client, pool: &str, live: &[ServerSpec]) -> anyhow::Resu
     for v in &listed {
         let label = v["label"].as_str().unwrap_or_default();
         if !live.iter().any(|s| same(s, v)) && !gone.contains(&label) {
-            remove(label)?;
-            changes += 1;
+            if let Some(p) = position(v) {
+                let path = format!("/api/v1/pool/servers/{p}?pool={}", enc(&pool_name));
+                call("DELETE", path, None, format!("removing {label}"))?;
+            }
         }
     }
-    Ok(changes)
+    match refused.is_empty() {
+        true => Ok(changes),
+        false => anyhow::bail!(
+            "{} of its changes refused: {}",
+            refused.len(),
+            refused.join("; ")
+        ),
+    }
 }
 
 /// Runs the controller until the process is stopped.
 pub fn run(args: &ControllerArgs) -> anyhow::Result<()> {
     let file = config::controller::load(&args.config)?;
     let token = crate::api::api_token(None, file.api)?;
+    // The switches' token comes from the file alone: KVSWITCH_API_TOKEN is this
+    // controller's own.
     let switch_token = match &file.switch_token_file {
-        Some(f) => crate::ctl::token(Some(f))?,
+        Some(f) => {
+            let text = std::fs::read_to_string(f)
+                .with_context(|| format!("reading the switches' token file {}", f.display()))?;
+            Some(text.lines().next().unwrap_or("").trim().to_string())
+        }
         None => None,
     };
     let listener = TcpListener::bind(file.api)
@@ -359,7 +430,10 @@ pub struct Running {
 impl Drop for Running {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Relaxed);
+        // Under the lock, so that the syncer cannot miss it between its check and its wait.
+        let f = self.shared.fleet();
         self.shared.changed.notify_all();
+        drop(f);
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -384,6 +458,7 @@ pub fn start(
         file,
         generation: 1,
         leads: store.is_none(),
+        lead_until: None,
         leader: None,
     };
     let me = listener.local_addr()?.to_string();
@@ -441,48 +516,57 @@ impl Shared {
 /// keeps the lease alive while leading, and stops acting the moment it cannot.
 fn elector(shared: &Shared) {
     let mut complained = false;
+    let until = |asked: Instant| Some(asked + etcd::LEASE_TTL.saturating_sub(etcd::LEAD_MARGIN));
     while !shared.stop.load(Ordering::Relaxed) {
         let leading = shared.fleet().leads;
         if leading {
+            let asked = Instant::now();
             let kept = shared.store().is_some_and(|mut e| e.keep_leading());
-            if !kept {
-                tracing::warn!("lost the lead (the lease ran out or etcd is out of reach)");
-                let mut f = shared.fleet();
-                f.leads = false;
-                f.leader = None;
+            let mut f = shared.fleet();
+            match kept {
+                true => f.lead_until = until(asked),
+                false => {
+                    tracing::warn!("lost the lead (the lease ran out or etcd is out of reach)");
+                    f.leads = false;
+                    f.lead_until = None;
+                    f.leader = None;
+                }
             }
         } else {
+            let asked = Instant::now();
             let outcome = shared.store().map(|mut e| {
                 let won = e.campaign(&shared.me)?;
-                let servers = match won {
-                    true => e.servers()?,
-                    false => None,
-                };
-                let leader = match won {
-                    true => None,
-                    false => e.leader()?,
-                };
-                anyhow::Ok((won, servers, leader))
+                if !won {
+                    return anyhow::Ok((false, None, e.leader()?));
+                }
+                match e.servers() {
+                    Ok(stored) => Ok((true, stored, None)),
+                    Err(err) => {
+                        // Not leading on a lease that is not being kept alive.
+                        e.forget();
+                        Err(err)
+                    }
+                }
             });
             match outcome {
                 Some(Ok((true, stored, _))) => {
                     let mut f = shared.fleet();
-                    match stored {
-                        Some(list) => {
-                            f.health = vec![Health::default(); list.len()];
-                            f.standing_in = vec![None; list.len()];
-                            f.servers = list;
-                        }
-                        None => {
-                            let list = f.servers.clone();
-                            if let Some(e) = shared.store() {
-                                if let Err(err) = e.store_servers(&list) {
-                                    tracing::warn!("cannot store the pool: {err:#}");
-                                }
+                    if let Some(list) = stored {
+                        f.standing_in = vec![None; list.len()];
+                        f.servers = list;
+                    } else {
+                        let list = f.servers.clone();
+                        if let Some(e) = shared.store() {
+                            if let Err(err) = e.store_servers(&list) {
+                                tracing::warn!("cannot store the pool: {err:#}");
                             }
                         }
                     }
+                    // Health starts unknown: the switches change only after a probe round.
+                    f.health = vec![Health::default(); f.servers.len()];
+                    f.spare_health = vec![Health::default(); f.file.failover.len()];
                     f.leads = true;
+                    f.lead_until = until(asked);
                     f.leader = None;
                     tracing::info!("leading");
                     shared.bump(&mut f);
@@ -509,7 +593,7 @@ fn elector(shared: &Shared) {
 fn prober(shared: &Shared) {
     while !shared.stop.load(Ordering::Relaxed) {
         let began = Instant::now();
-        if !shared.fleet().leads {
+        if !shared.fleet().acting() {
             std::thread::sleep(CAMPAIGN_INTERVAL);
             continue;
         }
@@ -631,9 +715,15 @@ fn syncer(shared: &Shared, token: Option<String>) {
     let mut done = 0u64;
     let mut all_down_said = false;
     while !shared.stop.load(Ordering::Relaxed) {
-        if !shared.fleet().leads {
-            std::thread::sleep(CAMPAIGN_INTERVAL);
-            continue;
+        {
+            let f = shared.fleet();
+            // Not while standing by, nor before every server has been probed once.
+            let probed = f.health.iter().chain(&f.spare_health).all(|h| h.known);
+            if !f.acting() || !probed {
+                drop(f);
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
         }
         let (generation, pool, live, switches) = {
             let mut f = shared.fleet();
@@ -669,7 +759,8 @@ fn syncer(shared: &Shared, token: Option<String>) {
                         token: token.clone(),
                     };
                     let (pool, live) = (&pool, &live);
-                    s.spawn(move || sync_switch(&client, pool, live))
+                    let leads = || shared.fleet().acting();
+                    s.spawn(move || sync_switch(&client, pool, live, &leads))
                 })
                 .collect();
             jobs.into_iter()
@@ -782,7 +873,7 @@ fn authorised(shared: &Shared, headers: &HeaderMap) -> Result<(), (StatusCode, J
 
 /// Refuses a change on a controller that does not lead, naming the one that does.
 fn leading(f: &Fleet) -> Result<(), (StatusCode, Json<Value>)> {
-    match f.leads {
+    match f.acting() {
         true => Ok(()),
         false => Err(refuse(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -1033,6 +1124,21 @@ async fn add_server(State(shared): State<Arc<Shared>>, headers: HeaderMap, bytes
     }
     let server = s.spec();
     let label = server.label();
+    if label.is_empty()
+        || label.len() > 250
+        || label.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(refuse(
+            StatusCode::BAD_REQUEST,
+            format!("name: {label:?} is not a server name (1 to 250 characters, no spaces)"),
+        ));
+    }
+    if f.file.failover.contains(&server.addr) {
+        return Err(refuse(
+            StatusCode::CONFLICT,
+            format!("{} is a failover spare", server.addr),
+        ));
+    }
     if f.servers
         .iter()
         .any(|o| o.label() == label || o.addr == server.addr)
@@ -1103,8 +1209,14 @@ mod tests {
 
     #[test]
     fn a_server_goes_down_after_its_failures_and_up_after_its_answers() {
-        let mut h = Health::default();
         let fail = || Err("refused".to_string());
+        // The first probe says where it stands at once.
+        let mut dead = Health::default();
+        assert!(dead.record(fail(), 3, 2));
+        assert!(!dead.up && dead.known);
+        let mut h = Health::default();
+        assert!(!h.record(Ok(()), 3, 2));
+        assert!(h.up && h.known);
         assert!(!h.record(fail(), 3, 2));
         assert!(!h.record(fail(), 3, 2));
         assert!(!h.record(Ok(()), 3, 2), "an answer starts the count again");
@@ -1116,7 +1228,7 @@ mod tests {
         assert!(!h.record(Ok(()), 3, 2));
         assert!(h.record(Ok(()), 3, 2));
         assert!(h.up);
-        assert_eq!((h.probes, h.failures, h.downs), (9, 6, 1));
+        assert_eq!((h.probes, h.failures, h.downs), (10, 6, 1));
     }
 
     #[test]
