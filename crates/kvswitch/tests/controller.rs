@@ -360,3 +360,38 @@ fn changes_to_the_controller_need_its_token_when_it_has_one() {
         .unwrap();
     ctl.call("DELETE", "/api/v1/pool/servers/s9", None).unwrap();
 }
+
+#[test]
+fn a_switch_out_of_reach_does_not_hold_up_the_others() {
+    let names = ["s1", "s2"];
+    let mut servers: Vec<Memcached> = names.iter().map(|_| Memcached::start()).collect();
+    let list: Vec<(&str, SocketAddr)> = names
+        .iter()
+        .zip(&servers)
+        .map(|(n, m)| (*n, m.addr()))
+        .collect();
+    let (_proxies, clients) = proxies(1, &list, &PoolOpts::default());
+    // A "switch" that takes connections and never answers.
+    let hung = TcpListener::bind("127.0.0.1:0").unwrap();
+    let hung_api = hung.local_addr().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let api = listener.local_addr().unwrap();
+    let settings = format!("probe_interval_ms = {PROBE_MS}\ndown_after = {DOWN_AFTER}");
+    let file = config::controller::parse(
+        &controller_toml(api, &settings, &[hung_api, clients[0].api], &list),
+        Path::new("controller.toml"),
+    )
+    .unwrap();
+    let _controller = kvswitch::controller::start(file, listener, None, None, None).unwrap();
+    until_pools(&clients, &["s1", "s2"], Duration::from_secs(5));
+    servers[1].kill();
+    let took = until_pools(&clients, &["s1"], Duration::from_secs(5));
+    // Detection takes about three probe intervals; waiting on the hung switch would add
+    // its 2-second call timeout.
+    assert!(took < Duration::from_millis(1500), "{took:?}");
+    let ctl = Client { api, token: None };
+    let status = ctl.call("GET", "/api/v1/status", None).unwrap();
+    assert_eq!(status["switches"][0]["in_step"], false, "{status}");
+    assert_eq!(status["switches"][1]["in_step"], true, "{status}");
+    drop(hung);
+}

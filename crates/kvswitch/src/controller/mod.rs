@@ -10,7 +10,7 @@
 //! restarted or changed by hand is put right). Servers are added to and removed from the pool
 //! through the controller's own API, which also serves its status and metrics.
 //!
-//! Three threads: the prober, the syncer (woken by a change or its interval) and the API,
+//! Threads: the prober, a syncer per switch (woken by a change or its interval) and the API,
 //! which also serves the dashboard (`dashboard.html`, reading `/api/v1/fleet` once a second);
 //! with a store, a fourth, the elector (see [`etcd`]).
 
@@ -30,7 +30,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use clap::Args;
-use config::controller::{ControllerFile, SwitchRef};
+use config::controller::ControllerFile;
 use serde_json::{json, Value};
 use switch::pool::ServerSpec;
 
@@ -164,6 +164,8 @@ struct Fleet {
     standing_in: Vec<Option<usize>>,
     /// Whether this controller acts (probes, syncs, takes changes): always without a store.
     leads: bool,
+    /// Whether the warning that every server fails its probes has been given.
+    all_down_said: bool,
     /// With a store: the lead ends at this instant unless the lease is renewed (the time the
     /// last renewal was asked for, plus the lease, less a margin).
     lead_until: Option<Instant>,
@@ -459,6 +461,7 @@ pub fn start(
         generation: 1,
         leads: store.is_none(),
         lead_until: None,
+        all_down_said: false,
         leader: None,
     };
     let me = listener.local_addr()?.to_string();
@@ -489,14 +492,17 @@ pub fn start(
             .name("prober".into())
             .spawn(move || prober(&shared))?
     };
-    let syncer = {
-        let shared = shared.clone();
-        std::thread::Builder::new()
-            .name("syncer".into())
-            .spawn(move || syncer(&shared, switch_token))?
-    };
     threads.push(prober);
-    threads.push(syncer);
+    // One syncer per switch: a switch out of reach holds up only its own.
+    let switches = shared.fleet().file.switches.len();
+    for i in 0..switches {
+        let (shared, token) = (shared.clone(), switch_token.clone());
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("syncer-{i}"))
+                .spawn(move || syncer(&shared, i, token))?,
+        );
+    }
     Ok(Running {
         api,
         shared,
@@ -711,9 +717,8 @@ fn live_servers(f: &mut Fleet) -> Vec<ServerSpec> {
 }
 
 /// Brings every switch to the live servers on each change, and every interval.
-fn syncer(shared: &Shared, token: Option<String>) {
+fn syncer(shared: &Shared, i: usize, token: Option<String>) {
     let mut done = 0u64;
-    let mut all_down_said = false;
     while !shared.stop.load(Ordering::Relaxed) {
         {
             let f = shared.fleet();
@@ -725,87 +730,51 @@ fn syncer(shared: &Shared, token: Option<String>) {
                 continue;
             }
         }
-        let (generation, pool, live, switches) = {
+        let (generation, pool, live, switch) = {
             let mut f = shared.fleet();
-            let mut live = live_servers(&mut f);
-            // A pool is never emptied by probes: when every server fails them, the controller
-            // is more likely cut off than the servers all dead, and an empty ring answers no
-            // one. The switches keep every server (and their own failure handling).
-            if live.is_empty() && !f.servers.is_empty() {
-                if !all_down_said {
-                    tracing::warn!(
-                        "every server fails its probes: keeping them all in the switches' pools"
-                    );
-                    all_down_said = true;
-                }
-                live = f.servers.clone();
-            } else {
-                all_down_said = false;
-            }
+            let live = desired(&mut f);
             (
                 f.generation,
                 f.file.pool.name.clone(),
                 live,
-                f.file.switches.clone(),
+                f.file.switches[i].clone(),
             )
         };
-        // All switches at once: a slow one does not hold up the others.
-        let outcomes: Vec<anyhow::Result<u64>> = std::thread::scope(|s| {
-            let jobs: Vec<_> = switches
-                .iter()
-                .map(|sw: &SwitchRef| {
-                    let client = Client {
-                        api: sw.api,
-                        token: token.clone(),
-                    };
-                    let (pool, live) = (&pool, &live);
-                    let leads = || shared.fleet().acting();
-                    s.spawn(move || sync_switch(&client, pool, live, &leads))
-                })
-                .collect();
-            jobs.into_iter()
-                .map(|j| {
-                    j.join()
-                        .unwrap_or_else(|_| Err(anyhow::anyhow!("the sync failed")))
-                })
-                .collect()
-        });
+        let client = Client {
+            api: switch.api,
+            token: token.clone(),
+        };
+        let outcome = sync_switch(&client, &pool, &live, &|| shared.fleet().acting());
         let mut f = shared.fleet();
-        let mut all = true;
-        for (i, outcome) in outcomes.into_iter().enumerate() {
-            let name = f.file.switches[i].name.clone();
-            let st = &mut f.switches[i];
-            st.syncs += 1;
-            match outcome {
-                Ok(changes) => {
-                    if changes > 0 {
-                        tracing::info!(switch = %name, changes, "switch brought in step");
-                    }
-                    st.changes += changes;
-                    st.in_step = true;
-                    st.last_in_step = Some(Instant::now());
-                    st.last_error = None;
+        let st = &mut f.switches[i];
+        st.syncs += 1;
+        let ok = outcome.is_ok();
+        match outcome {
+            Ok(changes) => {
+                if changes > 0 {
+                    tracing::info!(switch = %switch.name, changes, "switch brought in step");
                 }
-                Err(e) => {
-                    if st.last_error.is_none() {
-                        tracing::warn!(switch = %name, "cannot bring the switch in step: {e:#}");
-                    }
-                    all = false;
-                    st.in_step = false;
-                    st.errors += 1;
-                    st.last_error = Some(format!("{e:#}"));
+                st.changes += changes;
+                st.in_step = true;
+                st.last_in_step = Some(Instant::now());
+                st.last_error = None;
+                done = generation;
+            }
+            Err(e) => {
+                if st.last_error.is_none() {
+                    tracing::warn!(switch = %switch.name, "cannot bring the switch in step: {e:#}");
                 }
+                st.in_step = false;
+                st.errors += 1;
+                st.last_error = Some(format!("{e:#}"));
             }
         }
-        if all {
-            done = generation;
-        }
-        // Wait for a change, or the interval; retry failures soon.
-        let wait = match all {
+        // Wait for a change, or the interval; retry a failure soon.
+        let wait = match ok {
             true => f.file.sync_interval,
             false => f.file.sync_interval.min(Duration::from_millis(200)),
         };
-        if f.generation == done || !all {
+        if f.generation == done || !ok {
             let (g, _) = shared
                 .changed
                 .wait_timeout_while(f, wait, |f| {
@@ -815,6 +784,23 @@ fn syncer(shared: &Shared, token: Option<String>) {
             drop(g);
         }
     }
+}
+
+/// The servers every switch should have now ([`live_servers`]), but never none: when every
+/// server fails its probes, the controller is more likely cut off than the servers all dead,
+/// and an empty ring answers no one, so the switches keep every server (and their own
+/// failure handling).
+fn desired(f: &mut Fleet) -> Vec<ServerSpec> {
+    let live = live_servers(f);
+    if !live.is_empty() || f.servers.is_empty() {
+        f.all_down_said = false;
+        return live;
+    }
+    if !f.all_down_said {
+        tracing::warn!("every server fails its probes: keeping them all in the switches' pools");
+        f.all_down_said = true;
+    }
+    f.servers.clone()
 }
 
 fn serve(listener: TcpListener, shared: Arc<Shared>) -> anyhow::Result<SocketAddr> {
