@@ -175,33 +175,57 @@ fn lower_priority() {
 
 /// Binds nothing: serves `api` on `listener` on a thread of its own; returns the address.
 pub fn serve(listener: TcpListener, api: Api) -> anyhow::Result<SocketAddr> {
+    let app = router(Arc::new(Served {
+        api,
+        streams: Default::default(),
+    }));
+    spawn_server(listener, app, "api", true)
+}
+
+/// Serves `app` on `listener` from a thread named `name` with a single-threaded runtime
+/// (at [`API_NICENESS`] below the rest of the process when `lower` is set); returns the
+/// address. The switch's API and the controller's both run this way.
+pub(crate) fn spawn_server(
+    listener: TcpListener,
+    app: Router,
+    name: &str,
+    lower: bool,
+) -> anyhow::Result<SocketAddr> {
     let addr = listener.local_addr()?;
     listener.set_nonblocking(true)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let app = router(Arc::new(Served {
-        api,
-        streams: Default::default(),
-    }));
+    let name = name.to_string();
     std::thread::Builder::new()
-        .name("api".into())
+        .name(name.clone())
         .spawn(move || {
-            lower_priority();
+            if lower {
+                lower_priority();
+            }
             runtime.block_on(async move {
                 let listener = match tokio::net::TcpListener::from_std(listener) {
                     Ok(l) => l,
                     Err(e) => {
-                        tracing::error!("the API cannot listen: {e}");
+                        tracing::error!("the {name} server cannot listen: {e}");
                         return;
                     }
                 };
                 if let Err(e) = axum::serve(listener, app).await {
-                    tracing::error!("the API stopped: {e}");
+                    tracing::error!("the {name} server stopped: {e}");
                 }
             })
         })?;
     Ok(addr)
+}
+
+/// Whether `headers` carry `Authorization: Bearer <token>`, compared in constant time.
+pub(crate) fn bearer_is(headers: &HeaderMap, token: &str) -> bool {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|g| same(g.as_bytes(), token.as_bytes()))
 }
 
 /// The routes of [`ROUTES`] and their handlers.
@@ -269,12 +293,7 @@ async fn authorise(State(api): State<Shared>, req: Request, next: Next) -> Respo
     let change = !matches!(*req.method(), Method::GET | Method::HEAD)
         || req.uri().path().starts_with("/api/v1/packets");
     if let (true, Some(token)) = (change, &api.token) {
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if !given.is_some_and(|g| same(g.as_bytes(), token.as_bytes())) {
+        if !bearer_is(req.headers(), token) {
             return ApiFailure::new(
                 StatusCode::UNAUTHORIZED,
                 "changes, and taking frames sent to the CPU, need the API token: send `Authorization: Bearer <token>` \
@@ -288,7 +307,7 @@ async fn authorise(State(api): State<Shared>, req: Request, next: Next) -> Respo
 
 /// Compares without stopping at the first difference, so the time taken does not tell how
 /// much of a guess was right.
-pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
+fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 

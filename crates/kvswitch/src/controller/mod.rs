@@ -804,11 +804,6 @@ fn desired(f: &mut Fleet) -> Vec<ServerSpec> {
 }
 
 fn serve(listener: TcpListener, shared: Arc<Shared>) -> anyhow::Result<SocketAddr> {
-    let addr = listener.local_addr()?;
-    listener.set_nonblocking(true)?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
     let app = Router::new()
         .route("/", get(dashboard))
         .route("/api/v1/fleet", get(fleet))
@@ -817,21 +812,7 @@ fn serve(listener: TcpListener, shared: Arc<Shared>) -> anyhow::Result<SocketAdd
         .route("/api/v1/pool/servers", post(add_server))
         .route("/api/v1/pool/servers/{server}", delete(remove_server))
         .with_state(shared);
-    std::thread::Builder::new()
-        .name("controller-api".into())
-        .spawn(move || {
-            runtime.block_on(async move {
-                match tokio::net::TcpListener::from_std(listener) {
-                    Ok(l) => {
-                        if let Err(e) = axum::serve(l, app).await {
-                            tracing::error!("the controller's API stopped: {e}");
-                        }
-                    }
-                    Err(e) => tracing::error!("the controller's API cannot listen: {e}"),
-                }
-            })
-        })?;
-    Ok(addr)
+    crate::api::http::spawn_server(listener, app, "controller-api", false)
 }
 
 type Reply = Result<Response, (StatusCode, Json<Value>)>;
@@ -844,11 +825,7 @@ fn authorised(shared: &Shared, headers: &HeaderMap) -> Result<(), (StatusCode, J
     let Some(token) = &shared.token else {
         return Ok(());
     };
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    match given.is_some_and(|g| crate::api::http::same(g.as_bytes(), token.as_bytes())) {
+    match crate::api::http::bearer_is(headers, token) {
         true => Ok(()),
         false => Err(refuse(
             StatusCode::UNAUTHORIZED,
