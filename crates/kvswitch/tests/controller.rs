@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::fleet::{controller_toml, pool_of, proxies, until_pools};
+use common::fleet::{controller_toml, pool_of, proxies, servers, until_pools};
 use common::proxy::{Memcached, PoolOpts};
 use kvswitch::ctl::Client;
 use serde_json::{json, Value};
@@ -57,12 +57,7 @@ fn load(
 #[test]
 fn a_fleet_follows_its_servers_health_and_the_controllers_changes() {
     let names = ["s1", "s2", "s3"];
-    let mut servers: Vec<Memcached> = names.iter().map(|_| Memcached::start()).collect();
-    let list: Vec<(&str, SocketAddr)> = names
-        .iter()
-        .zip(&servers)
-        .map(|(n, m)| (*n, m.addr()))
-        .collect();
+    let (mut servers, list) = servers(&names);
     let (proxies, clients) = proxies(2, &list, &PoolOpts::default());
     let apis: Vec<SocketAddr> = clients.iter().map(|c| c.api).collect();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -241,13 +236,8 @@ fn addr_of(client: &Client, label: &str) -> Option<String> {
 #[test]
 fn a_dead_servers_place_goes_to_a_spare_until_it_is_back() {
     let names = ["s1", "s2", "s3"];
-    let mut servers: Vec<Memcached> = names.iter().map(|_| Memcached::start()).collect();
+    let (mut servers, list) = servers(&names);
     let spare = Memcached::start();
-    let list: Vec<(&str, SocketAddr)> = names
-        .iter()
-        .zip(&servers)
-        .map(|(n, m)| (*n, m.addr()))
-        .collect();
     let (proxies, clients) = proxies(2, &list, &PoolOpts::default());
     let apis: Vec<SocketAddr> = clients.iter().map(|c| c.api).collect();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -364,12 +354,7 @@ fn changes_to_the_controller_need_its_token_when_it_has_one() {
 #[test]
 fn a_switch_out_of_reach_does_not_hold_up_the_others() {
     let names = ["s1", "s2"];
-    let mut servers: Vec<Memcached> = names.iter().map(|_| Memcached::start()).collect();
-    let list: Vec<(&str, SocketAddr)> = names
-        .iter()
-        .zip(&servers)
-        .map(|(n, m)| (*n, m.addr()))
-        .collect();
+    let (mut servers, list) = servers(&names);
     let (_proxies, clients) = proxies(1, &list, &PoolOpts::default());
     // A "switch" that takes connections and never answers.
     let hung = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::fleet::{controller_toml, proxies};
-use common::proxy::{Memcached, PoolOpts};
+use common::fleet::{controller_toml, proxies, servers};
+use common::proxy::PoolOpts;
 use testbed::local::{self, TempDir};
 
 /// The page as Chromium leaves it after `budget` of virtual time (the page polls once a
@@ -65,12 +65,7 @@ fn figure(dom: &str, class: &str, attr: &str, value: &str) -> f64 {
 fn the_dashboard_shows_the_fleet_and_its_rates_rise_under_load() {
     let dir = TempDir::new("kvswitch-dashboard").unwrap();
     let names = ["s1", "s2", "s3"];
-    let servers: Vec<Memcached> = names.iter().map(|_| Memcached::start()).collect();
-    let list: Vec<(&str, SocketAddr)> = names
-        .iter()
-        .zip(&servers)
-        .map(|(n, m)| (*n, m.addr()))
-        .collect();
+    let (_servers, list) = servers(&names);
     let (proxies, clients) = proxies(2, &list, &PoolOpts::default());
     let apis: Vec<SocketAddr> = clients.iter().map(|c| c.api).collect();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::fleet::{controller_toml, proxies, until_pools};
+use common::fleet::{controller_toml, proxies, servers, until_pools};
 use common::proxy::{free_port, Memcached, PoolOpts};
 use kvswitch::ctl::Client;
 use serde_json::{json, Value};
@@ -99,12 +99,7 @@ fn a_standby_controller_takes_over_from_a_dead_leader_with_the_pool_it_stored() 
     let dir = TempDir::new("kvswitch-controller-etcd").unwrap();
     let (_etcd, etcd_addr) = etcd(&dir);
     let names = ["s1", "s2", "s3"];
-    let mut servers: Vec<Memcached> = names.iter().map(|_| Memcached::start()).collect();
-    let list: Vec<(&str, SocketAddr)> = names
-        .iter()
-        .zip(&servers)
-        .map(|(n, m)| (*n, m.addr()))
-        .collect();
+    let (mut servers, list) = servers(&names);
     let (_proxies, clients) = proxies(2, &list, &PoolOpts::default());
     let apis: Vec<SocketAddr> = clients.iter().map(|c| c.api).collect();
 

@@ -6,7 +6,18 @@ use std::time::{Duration, Instant};
 
 use kvswitch::ctl::Client;
 
-use super::proxy::{free_port, Front, PoolOpts, Proxy};
+use super::proxy::{free_port, Front, Memcached, PoolOpts, Proxy};
+
+/// memcached servers, one for each of `names`, and their list as (name, address).
+pub fn servers(names: &[&'static str]) -> (Vec<Memcached>, Vec<(&'static str, SocketAddr)>) {
+    let servers: Vec<Memcached> = names.iter().map(|_| Memcached::start()).collect();
+    let list = names
+        .iter()
+        .zip(&servers)
+        .map(|(n, m)| (*n, m.addr()))
+        .collect();
+    (servers, list)
+}
 
 /// `n` kvswitch proxies of `servers`, each with a control API, and a client of each API.
 pub fn proxies(
