@@ -80,6 +80,8 @@ pub struct Config {
     pub server_retry_timeout: Duration,
     /// Connections each proxy worker keeps to each server (`pool.server_connections`).
     pub server_connections: usize,
+    /// Servers each key is kept on (`pool.replicas`).
+    pub replicas: usize,
     /// The in-network cache (`[cache]`), shared by the UDP path and the proxy.
     pub cache: cache::CacheSettings,
     /// The source-address check of the ports (`switch.source_check` and its keys).
@@ -602,6 +604,7 @@ impl Config {
             server_failure_limit: keys.server_failure_limit,
             server_retry_timeout: keys.server_retry_timeout,
             server_connections: keys.server_connections,
+            replicas: keys.replicas,
             cache: {
                 let present = raw.cache.is_some();
                 raw.cache.unwrap_or_default().settings(present, path)?
@@ -641,6 +644,7 @@ impl Config {
         pool.server_failure_limit = self.server_failure_limit;
         pool.server_retry_timeout = self.server_retry_timeout;
         pool.server_connections = self.server_connections;
+        pool.replicas = self.replicas;
         pool
     }
 }
@@ -895,6 +899,7 @@ hash = "md5"              # nutcracker's hash names: md5, fnv1a_64, crc32, ...
 # server_failure_limit = 2         # ... after this many failures in a row ...
 # server_retry_timeout_ms = 30000  # ... for this long
 # server_connections = 1           # connections to each server, per proxy worker
+# replicas = 1                     # servers each key is kept on (writes to all, reads to one)
 
 [[pool.servers]]
 addr = "10.0.0.11:11211"

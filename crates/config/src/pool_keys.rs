@@ -24,6 +24,8 @@ pub(crate) const FAILURE_LIMIT: RangeInclusive<u64> = 1..=1_000;
 pub(crate) const RETRY_TIMEOUT_MS: RangeInclusive<u64> = 1..=3_600_000;
 /// Connections each worker keeps to each server.
 pub(crate) const SERVER_CONNECTIONS: RangeInclusive<u64> = 1..=64;
+/// Servers each key is kept on.
+pub(crate) const REPLICAS: RangeInclusive<u64> = 1..=8;
 /// Longest explicit server name.
 const MAX_NAME_LEN: usize = 80;
 
@@ -48,6 +50,8 @@ pub(crate) struct RawPool {
     pub server_retry_timeout_ms: Option<u64>,
     #[serde(default)]
     pub server_connections: Option<u64>,
+    #[serde(default)]
+    pub replicas: Option<u64>,
     pub servers: Vec<RawServer>,
 }
 
@@ -75,6 +79,7 @@ pub(crate) struct PoolKeys {
     pub server_failure_limit: u32,
     pub server_retry_timeout: Duration,
     pub server_connections: usize,
+    pub replicas: usize,
 }
 
 impl Default for PoolKeys {
@@ -89,6 +94,7 @@ impl Default for PoolKeys {
             server_failure_limit: DEFAULT_FAILURE_LIMIT,
             server_retry_timeout: DEFAULT_RETRY_TIMEOUT,
             server_connections: DEFAULT_SERVER_CONNECTIONS,
+            replicas: 1,
         }
     }
 }
@@ -125,6 +131,9 @@ impl PoolKeys {
             keys.server_connections =
                 server_connections(n).map_err(|e| ("server_connections", e))?;
         }
+        if let Some(n) = raw.replicas {
+            keys.replicas = in_range(n, &REPLICAS, "").map_err(|e| ("replicas", e))? as usize;
+        }
         Ok(keys)
     }
 
@@ -138,6 +147,7 @@ impl PoolKeys {
         pool.server_failure_limit = self.server_failure_limit;
         pool.server_retry_timeout = self.server_retry_timeout;
         pool.server_connections = self.server_connections;
+        pool.replicas = self.replicas;
     }
 }
 

@@ -13,7 +13,8 @@
 //! hash = "md5"
 //! hash_tag = "{}"              # optional, as nutcracker's
 //! timeout_ms = 1000            # and auto_eject_hosts, server_failure_limit,
-//!                              # server_retry_timeout_ms, server_connections
+//!                              # server_retry_timeout_ms, server_connections,
+//!                              # replicas (servers each key is kept on)
 //! [[pool.servers]]
 //! addr = "cache1.example:11211"
 //! weight = 1
@@ -250,6 +251,7 @@ hash = "md5"              # nutcracker's hash names: md5, fnv1a_64, crc32, ...
 # server_failure_limit = 2         # ... after this many failures in a row ...
 # server_retry_timeout_ms = 30000  # ... for this long
 # server_connections = 1           # connections to each server, per worker
+# replicas = 1                     # servers each key is kept on (writes to all, reads to one)
 
 [[pool.servers]]
 # host:port, where host is an IPv4 address, [an IPv6 address] or a hostname (resolved at

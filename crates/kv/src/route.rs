@@ -295,6 +295,45 @@ impl Ring {
         self.continuum.len()
     }
 
+    /// The `n` servers that hold `hash` in a replicated pool, owner first, into `out`
+    /// (cleared first): the owner, then the next distinct servers along the ring (ketama: the
+    /// continuum clockwise from the hash; modula and jump: the slot order after the owner's).
+    /// Fewer than `n` when the ring has fewer servers. With ketama, taking a server out makes
+    /// each of its keys' second replica the owner, and that replica holds every write the key
+    /// had.
+    pub fn replicas_hash(&self, hash: u32, n: usize, out: &mut Vec<usize>) {
+        out.clear();
+        let n = n.min(self.servers);
+        if n == 0 {
+            return;
+        }
+        match self.dist {
+            Distribution::Ketama => {
+                let len = self.continuum.len();
+                let start = self.continuum.partition_point(|p| p.value < hash);
+                for k in 0..len {
+                    let server = self.continuum[(start + k) % len].server as usize;
+                    if !out.contains(&server) {
+                        out.push(server);
+                        if out.len() == n {
+                            break;
+                        }
+                    }
+                }
+            }
+            Distribution::Modula | Distribution::Jump => {
+                let owner = self.locate_hash(hash);
+                let len = self.slot_order.len();
+                let at = self
+                    .slot_order
+                    .iter()
+                    .position(|&s| s as usize == owner)
+                    .unwrap_or(0);
+                out.extend((0..n).map(|k| self.slot_order[(at + k) % len] as usize));
+            }
+        }
+    }
+
     /// Owner of a modula/jump slot, `slot < total weight`.
     fn slot_owner(&self, slot: u32) -> usize {
         let i = self.cumulative.partition_point(|&c| c <= slot);
@@ -417,6 +456,49 @@ mod tests {
 
     fn keys(n: usize) -> impl Iterator<Item = Vec<u8>> {
         (0..n).map(|i| format!("key:{i}").into_bytes())
+    }
+
+    #[test]
+    fn replicas_are_distinct_owner_first_and_survive_a_removal() {
+        let servers = pool(5, |_| 1);
+        let mut out = Vec::new();
+        for dist in [
+            Distribution::Ketama,
+            Distribution::Modula,
+            Distribution::Jump,
+        ] {
+            let ring = Ring::new(dist, HashFn::Md5, &servers).unwrap();
+            for key in keys(500) {
+                let hash = ring.key_hash(&key);
+                ring.replicas_hash(hash, 3, &mut out);
+                assert_eq!(out.len(), 3);
+                assert_eq!(out[0], ring.locate_hash(hash), "{dist:?}");
+                assert!(out[0] != out[1] && out[1] != out[2] && out[0] != out[2]);
+                ring.replicas_hash(hash, 9, &mut out);
+                assert_eq!(out.len(), 5, "no more replicas than servers");
+                ring.replicas_hash(hash, 0, &mut out);
+                assert!(out.is_empty());
+            }
+        }
+        // Ketama: without a key's owner, its second replica owns it.
+        let ring = Ring::new(Distribution::Ketama, HashFn::Md5, &servers).unwrap();
+        for gone in 0..servers.len() {
+            let rest: Vec<Server> = (0..servers.len())
+                .filter(|&i| i != gone)
+                .map(|i| servers[i].clone())
+                .collect();
+            let smaller = Ring::new(Distribution::Ketama, HashFn::Md5, &rest).unwrap();
+            for key in keys(300) {
+                let hash = ring.key_hash(&key);
+                ring.replicas_hash(hash, 2, &mut out);
+                if out[0] != gone {
+                    continue;
+                }
+                let next = smaller.locate_hash(hash);
+                let next = if next >= gone { next + 1 } else { next };
+                assert_eq!(next, out[1]);
+            }
+        }
     }
 
     #[test]

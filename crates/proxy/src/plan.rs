@@ -52,6 +52,11 @@ pub enum Combine {
     /// Sent to every server: the common reply if all agree, else the first that differs from
     /// `OK` (an error).
     Same,
+    /// A write sent to every replica of its key, owner first: the common reply if all agree,
+    /// else the first error reply (`ERROR`, `CLIENT_ERROR`, `SERVER_ERROR`, a binary status of
+    /// 0x80 or more), else the owner's. A replica that fails makes the reply that failure's
+    /// error, as for any part.
+    Replicated,
     /// `stats` sent to every server: the replies are added up.
     StatsText,
     /// Binary `STAT` sent to every server: the replies are added up.
@@ -120,6 +125,12 @@ pub trait Router {
     fn locate(&mut self, key: &[u8]) -> Option<usize>;
     /// Servers that are in the ring now, in configuration order.
     fn live(&self) -> Vec<usize>;
+    /// The live servers that keep `key`, owner first, into `out` (cleared first): more than
+    /// one in a replicated pool. Empty if no server is available.
+    fn replicas(&mut self, key: &[u8], out: &mut Vec<usize>) {
+        out.clear();
+        out.extend(self.locate(key));
+    }
 }
 
 /// The reply memcached 1.6 gives `shutdown` when it was not started with `-A`.
@@ -159,6 +170,43 @@ fn single(request: &Request<'_>, server: usize, wire: Wire, kind: ReplyKind) -> 
         }],
         combine: Combine::Single,
         on_error: on_error(request),
+    }
+}
+
+/// A keyed request: a write goes to every replica of `key`, anything else to its owner.
+fn keyed(
+    request: &Request<'_>,
+    key: &[u8],
+    router: &mut dyn Router,
+    wire: Wire,
+    kind: ReplyKind,
+) -> Plan {
+    let write = request.command.is_write() && !request.command.is_retrieval();
+    if !write {
+        return match router.locate(key) {
+            Some(server) => single(request, server, wire, kind),
+            None => no_server(request),
+        };
+    }
+    let mut servers = Vec::new();
+    router.replicas(key, &mut servers);
+    match servers[..] {
+        [] => no_server(request),
+        [server] => single(request, server, wire, kind),
+        _ => Plan::Forward {
+            parts: servers
+                .into_iter()
+                .map(|server| Part {
+                    server,
+                    wire,
+                    bytes: Bytes::Request,
+                    kind,
+                    sentinel: request.noreply(),
+                })
+                .collect(),
+            combine: Combine::Replicated,
+            on_error: on_error(request),
+        },
     }
 }
 
@@ -210,10 +258,7 @@ fn plan_text(request: &Request<'_>, router: &mut dyn Router) -> Plan {
             let Some(key) = placed(request, &mut scratch) else {
                 return no_server(request);
             };
-            match router.locate(key) {
-                Some(server) => single(request, server, Wire::Text, kind),
-                None => no_server(request),
-            }
+            keyed(request, key, router, Wire::Text, kind)
         }
     }
 }
@@ -384,8 +429,8 @@ fn plan_binary(request: &Request<'_>, router: &mut dyn Router) -> Plan {
         opcode::FLUSH | opcode::FLUSHQ | opcode::VERBOSITY => {
             broadcast(request, router, Wire::Binary, Combine::Same)
         }
-        _ if opcode::has_key(op) => match request.key().and_then(|k| router.locate(k)) {
-            Some(server) => single(request, server, Wire::Binary, kind),
+        _ if opcode::has_key(op) => match request.key() {
+            Some(key) => keyed(request, key, router, Wire::Binary, kind),
             None => no_server(request),
         },
         // VERSION and the SASL opcodes: the first server answers.
@@ -396,15 +441,17 @@ fn plan_binary(request: &Request<'_>, router: &mut dyn Router) -> Plan {
     }
 }
 
-/// The plan for a refused `set`: drop the item it would have replaced from its server, as
-/// memcached does, then answer with the refusal.
+/// The plan for a refused `set`: drop the item it would have replaced from its server (every
+/// replica of it), as memcached does, then answer with the refusal.
 pub fn unlink(refused: Refused, binary: bool, router: &mut dyn Router) -> Plan {
     let Some(key) = refused.unlink else {
         return Plan::Local(refused.reply);
     };
-    let Some(server) = router.locate(&key) else {
+    let mut servers = Vec::new();
+    router.replicas(&key, &mut servers);
+    if servers.is_empty() {
         return Plan::Local(refused.reply);
-    };
+    }
     let (wire, bytes, kind) = if binary {
         let mut bytes = Vec::with_capacity(HEADER_LEN + key.len());
         wire::memcache::binary::write_request(opcode::DELETEQ, &key, b"", b"", 0, 0, &mut bytes);
@@ -417,13 +464,16 @@ pub fn unlink(refused: Refused, binary: bool, router: &mut dyn Router) -> Plan {
         (Wire::Text, bytes, ReplyKind::Line)
     };
     Plan::Forward {
-        parts: vec![Part {
-            server,
-            wire,
-            bytes: Bytes::Owned(bytes),
-            kind,
-            sentinel: true,
-        }],
+        parts: servers
+            .into_iter()
+            .map(|server| Part {
+                server,
+                wire,
+                bytes: Bytes::Owned(bytes.clone()),
+                kind,
+                sentinel: true,
+            })
+            .collect(),
         combine: Combine::Fixed(refused.reply),
         on_error: OnError {
             protocol: if binary {
@@ -683,6 +733,96 @@ mod tests {
             Plan::Forward { parts, .. } => parts,
             other => panic!("not forwarded: {other:?}"),
         }
+    }
+
+    /// [`ByLetter`] with each key also kept on the next server.
+    struct Replicated(ByLetter);
+
+    impl Router for Replicated {
+        fn locate(&mut self, key: &[u8]) -> Option<usize> {
+            self.0.locate(key)
+        }
+
+        fn live(&self) -> Vec<usize> {
+            self.0.live()
+        }
+
+        fn replicas(&mut self, key: &[u8], out: &mut Vec<usize>) {
+            out.clear();
+            out.extend(self.locate(key));
+            out.extend(out.first().map(|s| (s + 1) % 3));
+        }
+    }
+
+    #[test]
+    fn writes_go_to_every_replica_and_reads_to_the_owner() {
+        let mut router = Replicated(ByLetter {
+            live: vec![0, 1, 2],
+        });
+        let mut plan_of = |bytes: &[u8]| plan(&parse(bytes).unwrap().unwrap(), &mut router);
+        for write in [
+            &b"set b1 0 0 1\r\nx\r\n"[..],
+            b"delete b1 noreply\r\n",
+            b"incr b1 1\r\n",
+            b"ms b1 1 q\r\nx\r\n",
+        ] {
+            let p = plan_of(write);
+            let Plan::Forward { parts, combine, .. } = &p else {
+                panic!("{p:?}");
+            };
+            let servers: Vec<usize> = parts.iter().map(|p| p.server).collect();
+            assert_eq!(servers, [1, 2], "{:?}", String::from_utf8_lossy(write));
+            assert_eq!(*combine, Combine::Replicated);
+            assert!(parts.iter().all(|p| p.bytes == Bytes::Request));
+            assert!(parts.iter().all(|p| p.sentinel == parts[0].sentinel));
+        }
+        let mut set = vec![0x80, opcode::SET, 0, 2, 8, 0, 0, 0, 0, 0, 0, 11, 0, 0, 0, 0];
+        set.extend_from_slice(&[0; 16]);
+        set.extend_from_slice(b"a1x");
+        assert_eq!(parts(&plan_of(&set)).len(), 2);
+        for read in [&b"get b1\r\n"[..], b"mg b1 v\r\n", b"gat 0 b1\r\n"] {
+            let p = plan_of(read);
+            let servers: Vec<usize> = parts(&p).iter().map(|p| p.server).collect();
+            assert_eq!(servers, [1], "{:?}", String::from_utf8_lossy(read));
+        }
+    }
+
+    #[test]
+    fn a_replicated_write_answers_as_all_agree_or_with_the_first_error() {
+        let on_error = OnError {
+            protocol: Protocol::Text,
+            opcode: 0,
+            opaque: 0,
+            silent: false,
+        };
+        let combined = |outcomes: &[&[u8]]| {
+            let mut outcomes: Vec<crate::combine::Outcome> =
+                outcomes.iter().map(|o| Ok(o.to_vec())).collect();
+            let mut out = Vec::new();
+            crate::combine::combine(&Combine::Replicated, &on_error, &mut outcomes, &mut out);
+            out
+        };
+        assert_eq!(combined(&[b"STORED\r\n", b"STORED\r\n"]), b"STORED\r\n");
+        assert_eq!(
+            combined(&[b"STORED\r\n", b"SERVER_ERROR out of memory\r\n"]),
+            b"SERVER_ERROR out of memory\r\n"
+        );
+        assert_eq!(
+            combined(&[b"DELETED\r\n", b"NOT_FOUND\r\n"]),
+            b"DELETED\r\n"
+        );
+        assert_eq!(combined(&[b"", b""]), b"");
+        let mut outcomes = vec![
+            Ok(b"STORED\r\n".to_vec()),
+            Err(crate::backend::ServerError::Timeout),
+        ];
+        let mut out = Vec::new();
+        crate::combine::combine(&Combine::Replicated, &on_error, &mut outcomes, &mut out);
+        assert!(
+            out.starts_with(b"SERVER_ERROR"),
+            "{}",
+            String::from_utf8_lossy(&out)
+        );
     }
 
     #[test]

@@ -114,6 +114,11 @@ impl Router for PoolRouter {
     fn live(&self) -> Vec<usize> {
         self.pool.view.borrow().live().to_vec()
     }
+
+    fn replicas(&mut self, key: &[u8], out: &mut Vec<usize>) {
+        let view = self.pool.view.borrow();
+        view.replicas_hash(view.key_hash(key), out);
+    }
 }
 
 /// Runs one worker until `stop` turns true.

@@ -50,6 +50,9 @@ pub struct PoolSpec {
     pub server_retry_timeout: Duration,
     /// Connections each worker keeps to each server.
     pub server_connections: usize,
+    /// Servers each key is kept on (1: no replication). A write goes to every replica of its
+    /// key and is answered once all have answered; a read goes to the first live one.
+    pub replicas: usize,
 }
 
 /// One memcached server of a pool.
@@ -98,6 +101,7 @@ impl PoolSpec {
             server_failure_limit: DEFAULT_FAILURE_LIMIT,
             server_retry_timeout: DEFAULT_RETRY_TIMEOUT,
             server_connections: DEFAULT_SERVER_CONNECTIONS,
+            replicas: 1,
         }
     }
 
@@ -152,6 +156,7 @@ pub struct View {
     live: Vec<usize>,
     hash: HashFn,
     hash_tag: Option<[u8; 2]>,
+    replicas: usize,
     /// The earliest instant at which a server that is out comes back.
     next_return: Option<Instant>,
 }
@@ -187,6 +192,25 @@ impl View {
     /// The server that owns `key`.
     pub fn locate(&self, key: &[u8]) -> Option<usize> {
         self.locate_hash(self.key_hash(key))
+    }
+
+    /// Servers each key is kept on (the pool's `replicas`; 1 when it is not replicated).
+    pub fn replicas(&self) -> usize {
+        self.replicas
+    }
+
+    /// The live servers that hold `hash`, owner first, into `out` (cleared first): the
+    /// pool's `replicas` of them, or every live server when fewer are in (see
+    /// [`Ring::replicas_hash`]). Empty when every server is out.
+    pub fn replicas_hash(&self, hash: u32, out: &mut Vec<usize>) {
+        out.clear();
+        let Some(ring) = self.ring.as_ref() else {
+            return;
+        };
+        ring.replicas_hash(hash, self.replicas, out);
+        for i in out.iter_mut() {
+            *i = self.live[*i];
+        }
     }
 
     /// When this view stops being true without any other change: a server that is out is
@@ -515,6 +539,7 @@ impl Pool {
             live: Vec::new(),
             hash: state.spec.hash,
             hash_tag: state.spec.hash_tag,
+            replicas: state.spec.replicas.max(1),
             next_return: None,
         });
         self.publish(view);
@@ -544,6 +569,7 @@ fn build_view(state: &State, version: u64) -> Result<View, RouteError> {
         live,
         hash: spec.hash,
         hash_tag: spec.hash_tag,
+        replicas: spec.replicas.max(1),
         next_return: health
             .iter()
             .filter(|h| !h.removed)
