@@ -507,6 +507,7 @@ enum Count {
     ArpReplies,
     KvForwarded,
     KvSplit,
+    KvReplicated,
     Requests(usize),
     Replies(usize),
 }
@@ -523,6 +524,7 @@ impl Count {
             Count::ArpReplies,
             Count::KvForwarded,
             Count::KvSplit,
+            Count::KvReplicated,
         ]);
         all.extend((0..SERVERS.len()).map(Count::Requests));
         all.extend((0..SERVERS.len()).map(Count::Replies));
@@ -538,6 +540,7 @@ impl Count {
             Count::ArpReplies => &s.arp_replies,
             Count::KvForwarded => &s.kv_forwarded,
             Count::KvSplit => &s.kv_split,
+            Count::KvReplicated => &s.kv_replicated,
             Count::Requests(i) => &s.backends[i].requests,
             Count::Replies(i) => &s.backends[i].replies,
         })
@@ -1703,6 +1706,148 @@ fn to_server(server: usize, request_id: u16, body: &[u8]) -> Vec<u8> {
         (s.ip, MC_PORT),
         &mc(request_id, 0, 1, body),
     )
+}
+
+/// A switch whose pool keeps each key on two servers.
+fn replicated() -> Rig {
+    let mut cfg = config(Mode::L3);
+    cfg.replicas = 2;
+    Rig::with(cfg, PORTS)
+}
+
+/// The two replicas of `key` on the test ring, owner first.
+fn replicas_of(key: &str) -> [usize; 2] {
+    let ring = ring();
+    let mut out = Vec::new();
+    ring.replicas_hash(ring.key_hash(key.as_bytes()), 2, &mut out);
+    [out[0], out[1]]
+}
+
+/// Sends `body` (one write) to the VIP and checks that it goes, unchanged, to both replicas of
+/// `key` from the agent port. Returns the sub-request ids, owner first.
+fn start_replicated(rig: &mut Rig, key: &str, body: &[u8]) -> Vec<u16> {
+    let mut frame = to_vip_raw(&mc(0x5151, 0, 1, body));
+    let mut emit = Vec::new();
+    let before = snapshot(&rig.stats);
+    assert_eq!(
+        rig.process(CLIENT.port, &mut frame, &mut emit),
+        Fate::Consumed
+    );
+    let replicas = replicas_of(key);
+    assert_eq!(emit.len(), 2, "one copy per replica");
+    let mut ids = Vec::new();
+    for (e, server) in emit.iter().zip(replicas) {
+        let (header, _) = mcudp::Header::parse(&e.frame[PAYLOAD_AT..]).expect("frame header");
+        assert_eq!(e.dest, Dest::Port(SERVERS[server].port));
+        assert_bytes(
+            "copy of the write",
+            &e.frame,
+            &to_server(server, header.request_id, body),
+        );
+        assert_checksums("copy of the write", &e.frame);
+        ids.push(header.request_id);
+    }
+    assert_counts(
+        "replicated write",
+        &rig.stats,
+        &before,
+        &[
+            Count::KvReplicated,
+            Count::Requests(replicas[0]),
+            Count::Requests(replicas[1]),
+        ],
+    );
+    ids
+}
+
+#[test]
+fn a_replicated_write_reaches_every_replica_and_is_answered_once_all_have() {
+    let fx = Fx::new();
+    let mut rig = replicated();
+    let key = fx.key(1, 0);
+    let [owner, second] = replicas_of(key);
+    let body = format!("set {key} 0 0 2\r\nhi\r\n");
+    let ids = start_replicated(&mut rig, key, body.as_bytes());
+
+    // The first answer is held; the second completes the write and the client gets one reply.
+    let mut emit = Vec::new();
+    let mut f = to_agent(owner, ids[0], 0, 1, b"STORED\r\n");
+    assert_eq!(
+        rig.process(SERVERS[owner].port, &mut f, &mut emit),
+        Fate::Consumed
+    );
+    assert!(emit.is_empty(), "no reply before every replica answered");
+    let before = snapshot(&rig.stats);
+    let mut f = to_agent(second, ids[1], 0, 1, b"STORED\r\n");
+    assert_eq!(
+        rig.process(SERVERS[second].port, &mut f, &mut emit),
+        Fate::Consumed
+    );
+    assert_eq!(emit, vec![from_vip_id(0x5151, b"STORED\r\n")]);
+    assert_counts(
+        "the last replica's answer",
+        &rig.stats,
+        &before,
+        &[
+            Count::Replies(second),
+            Count::Answer(Answer::ReplicatedWrite),
+        ],
+    );
+
+    // Replicas that disagree: an error wins over the owner's answer.
+    let ids = start_replicated(&mut rig, key, body.as_bytes());
+    let mut emit = Vec::new();
+    let mut f = to_agent(second, ids[1], 0, 1, b"SERVER_ERROR out of memory\r\n");
+    rig.process(SERVERS[second].port, &mut f, &mut emit);
+    let mut f = to_agent(owner, ids[0], 0, 1, b"STORED\r\n");
+    rig.process(SERVERS[owner].port, &mut f, &mut emit);
+    assert_eq!(
+        emit,
+        vec![from_vip_id(0x5151, b"SERVER_ERROR out of memory\r\n")]
+    );
+
+    // A replica that never answers: no reply, the write times out.
+    let ids = start_replicated(&mut rig, key, body.as_bytes());
+    let mut emit = Vec::new();
+    let mut f = to_agent(owner, ids[0], 0, 1, b"STORED\r\n");
+    rig.process(SERVERS[owner].port, &mut f, &mut emit);
+    let before = snapshot(&rig.stats);
+    rig.sw.tick(rig.now + Duration::from_secs(2), &mut emit);
+    assert!(emit.is_empty());
+    assert_counts(
+        "a replica that never answers",
+        &rig.stats,
+        &before,
+        &[Count::Drop(Drop::SplitTimeout)],
+    );
+
+    // Reads go to the owner alone, as without replicas.
+    let mut frame = to_vip(format!("get {key}\r\n").as_bytes());
+    let before = snapshot(&rig.stats);
+    assert_eq!(
+        rig.process(CLIENT.port, &mut frame, &mut emit),
+        Fate::Out(SERVERS[owner].port)
+    );
+    assert_counts(
+        "a read",
+        &rig.stats,
+        &before,
+        &[Count::KvForwarded, Count::Switched, Count::Requests(owner)],
+    );
+
+    // A write in a datagram with other requests is refused, counted.
+    let mut frame = to_vip(format!("{body}get {key}\r\n").as_bytes());
+    let before = snapshot(&rig.stats);
+    assert_eq!(
+        rig.process(CLIENT.port, &mut frame, &mut emit),
+        Fate::Consumed
+    );
+    assert_counts(
+        "a pipelined write",
+        &rig.stats,
+        &before,
+        &[Count::Drop(Drop::ReplicatedPipeline)],
+    );
 }
 
 /// A binary request (magic 0x80) or response (0x81) with `extras`, `key` and `value`.

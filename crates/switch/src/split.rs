@@ -72,6 +72,8 @@ enum Fold {
     },
     /// A meta `mg` sent without `q`: `VA`, `HD` or `EN`. An `EN` is left out if `quiet`.
     Meta { quiet: bool },
+    /// A write sent to one replica of its key: whatever one message the server answers.
+    Write,
 }
 
 /// One part: the single-key sub-request for one distinct text key or one pipelined get, and its
@@ -163,6 +165,8 @@ pub enum Arrival {
         ends: UdpEnds,
         request_id: u16,
         reply: Vec<u8>,
+        /// A replicated write's, rather than a split get's.
+        write: bool,
     },
     /// A part came back malformed; the split is abandoned.
     BadReply,
@@ -444,6 +448,66 @@ impl Splitter {
         Ok(subs)
     }
 
+    /// Starts a write to every replica of its key (`servers`, owner first): the client's
+    /// request `payload` is sent to each as it is. Once every replica has answered, the client
+    /// gets one reply: the common one if all agree, else the first error (`ERROR`,
+    /// `CLIENT_ERROR`, `SERVER_ERROR`, a binary status of 0x80 or more), else the owner's. A
+    /// replica that does not answer in time fails the write: the client gets nothing, as from
+    /// a lost datagram. A `quiet` write (noreply, a quiet binary opcode, meta `q`) gets no
+    /// reply on success, so nothing is awaited: its sub-requests go out under id 0, and an
+    /// error a replica sends back is counted, not passed on.
+    pub fn start_write(
+        &mut self,
+        now: Instant,
+        client: Client,
+        payload: &[u8],
+        servers: &[usize],
+        quiet: bool,
+        sources: &[(Ipv4Addr, u16)],
+    ) -> Result<Vec<SubRequest>, SplitError> {
+        if servers.iter().any(|&s| s >= sources.len()) {
+            return Err(SplitError::NotRetrieval);
+        }
+        if quiet {
+            return Ok(servers
+                .iter()
+                .map(|&server| SubRequest {
+                    server,
+                    request_id: 0,
+                    payload: payload.to_vec(),
+                })
+                .collect());
+        }
+        if self.pending.len() >= MAX_PENDING || !self.ids_available(servers.len(), now) {
+            return Err(SplitError::TableFull);
+        }
+        let split = self.next_split;
+        self.next_split += 1;
+        let mut subs = Vec::with_capacity(servers.len());
+        let mut parts = Vec::with_capacity(servers.len());
+        for &server in servers {
+            let request_id = self.allocate_request_id(now);
+            self.by_request.insert(request_id, split);
+            subs.push(SubRequest {
+                server,
+                request_id,
+                payload: payload.to_vec(),
+            });
+            parts.push(Part::new(Fold::Write, request_id, sources[server]));
+        }
+        self.pending.insert(
+            split,
+            Pending {
+                client,
+                order: Vec::new(),
+                parts,
+                trailer: Vec::new(),
+                deadline: now + self.timeout,
+            },
+        );
+        Ok(subs)
+    }
+
     /// Takes one datagram that arrived at the agent port from `source`: its frame header fields
     /// and payload. A datagram that does not come from the server its request id was sent to
     /// is refused without disturbing the split.
@@ -491,12 +555,17 @@ impl Splitter {
         let Some(pending) = self.take(split) else {
             return Arrival::Stale;
         };
+        let write = pending
+            .parts
+            .first()
+            .is_some_and(|p| matches!(p.fold, Fold::Write));
         match merge(&pending) {
             Some(reply) => Arrival::Done {
                 client_port: pending.client.port,
                 ends: pending.client.ends,
                 request_id: pending.client.request_id,
                 reply,
+                write,
             },
             None => Arrival::BadReply,
         }
@@ -627,6 +696,7 @@ fn read_part(part: &Part) -> Option<Answer> {
             quiet,
         } => read_binary(message, *sent, *client, *opaque, *quiet),
         Fold::Meta { quiet } => read_meta(message, *quiet),
+        Fold::Write => Some(Answer::Item(Some(message))),
     }
 }
 
@@ -708,6 +778,12 @@ fn read_meta(message: Vec<u8>, quiet: bool) -> Option<Answer> {
 /// passed on whole, as the client would have had it from that server; a part that is neither
 /// makes the merge fail.
 fn merge(p: &Pending) -> Option<Vec<u8>> {
+    if p.parts
+        .first()
+        .is_some_and(|part| matches!(part.fold, Fold::Write))
+    {
+        return Some(merge_write(p));
+    }
     let mut answers = Vec::with_capacity(p.parts.len());
     for part in &p.parts {
         match read_part(part) {
@@ -738,6 +814,27 @@ fn merge(p: &Pending) -> Option<Vec<u8>> {
     }
     out.extend_from_slice(&p.trailer);
     Some(out)
+}
+
+/// The one reply to a write every replica answered (see [`Splitter::start_write`]).
+fn merge_write(p: &Pending) -> Vec<u8> {
+    let replies: Vec<Vec<u8>> = p.parts.iter().map(Part::message).collect();
+    if replies.iter().all(|r| *r == replies[0]) {
+        return replies[0].clone();
+    }
+    let is_error = |r: &Vec<u8>| match r.first() {
+        Some(&binary::RESPONSE_MAGIC) => r.len() >= 8 && u16::from_be_bytes([r[6], r[7]]) >= 0x80,
+        _ => {
+            r.starts_with(b"ERROR")
+                || r.starts_with(b"CLIENT_ERROR")
+                || r.starts_with(b"SERVER_ERROR")
+        }
+    };
+    replies
+        .iter()
+        .find(|r| is_error(r))
+        .unwrap_or(&replies[0])
+        .clone()
 }
 
 #[cfg(test)]

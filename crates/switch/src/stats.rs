@@ -98,10 +98,13 @@ pub enum Drop {
     CpuQueueFull,
     /// A frame for a port whose egress queue (with a rate) was full.
     EgressQueueFull,
+    /// In a replicated pool, a datagram holding a write with other requests: a write goes to
+    /// every replica of its key alone.
+    ReplicatedPipeline,
 }
 
 impl Drop {
-    pub const ALL: [Drop; 41] = [
+    pub const ALL: [Drop; 42] = [
         Drop::BadEthernet,
         Drop::BadIpv4,
         Drop::BadUdp,
@@ -143,6 +146,7 @@ impl Drop {
         Drop::Operator,
         Drop::CpuQueueFull,
         Drop::EgressQueueFull,
+        Drop::ReplicatedPipeline,
     ];
 
     /// The label used in metrics.
@@ -189,6 +193,7 @@ impl Drop {
             Drop::Operator => "operator",
             Drop::CpuQueueFull => "cpu_queue_full",
             Drop::EgressQueueFull => "egress_queue_full",
+            Drop::ReplicatedPipeline => "replicated_pipeline",
         }
     }
 
@@ -218,15 +223,18 @@ pub enum Answer {
     MergedGet,
     /// A read answered from the cache.
     Cache,
+    /// A write sent to every replica of its key, answered once all had.
+    ReplicatedWrite,
 }
 
 impl Answer {
-    pub const ALL: [Answer; 5] = [
+    pub const ALL: [Answer; 6] = [
         Answer::UnknownCommand,
         Answer::ClientError,
         Answer::Local,
         Answer::MergedGet,
         Answer::Cache,
+        Answer::ReplicatedWrite,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -235,6 +243,7 @@ impl Answer {
             Answer::Local => "local",
             Answer::MergedGet => "merged_get",
             Answer::Cache => "cache",
+            Answer::ReplicatedWrite => "replicated_write",
         }
     }
 }
@@ -272,6 +281,8 @@ pub struct Stats {
     pub kv_forwarded: AtomicU64,
     /// Multi-key gets split across servers.
     pub kv_split: AtomicU64,
+    /// Writes sent to every replica of their key (a replicated pool).
+    pub kv_replicated: AtomicU64,
     /// Routed requests held until their server's port was known (right after start).
     pub route_held: AtomicU64,
     pub arp_replies: AtomicU64,
@@ -295,6 +306,7 @@ impl Stats {
             kv_requests: AtomicU64::new(0),
             kv_forwarded: AtomicU64::new(0),
             kv_split: AtomicU64::new(0),
+            kv_replicated: AtomicU64::new(0),
             route_held: AtomicU64::new(0),
             arp_replies: AtomicU64::new(0),
             arp_requests_sent: AtomicU64::new(0),

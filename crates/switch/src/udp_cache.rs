@@ -203,6 +203,14 @@ impl UdpCache {
     }
 
     /// Forgets what waits under `ticket`; an open write is closed.
+    /// The switch answered the client's write itself (a replicated write, once every replica
+    /// had): the write is over, as if its reply had passed.
+    pub fn write_answered(&mut self, client: (Ipv4Addr, u16), request_id: u16) {
+        if let Some(Pending::Write { .. }) = self.pending.get(&(client.0, client.1, request_id)) {
+            self.settle((client.0, client.1, request_id));
+        }
+    }
+
     fn settle(&mut self, ticket: Ticket) {
         match self.pending.remove(&ticket) {
             Some(Pending::Write { writes, .. }) => {

@@ -353,7 +353,7 @@ pub fn metrics(shared: &Shared) -> String {
             get(&s.answers[a as usize])
         );
     }
-    let singles: [(&str, &str, u64); 10] = [
+    let singles: [(&str, &str, u64); 11] = [
         (
             "kvswitch_kv_requests_total",
             "memcached datagrams to the VIP.",
@@ -373,6 +373,11 @@ pub fn metrics(shared: &Shared) -> String {
             "kvswitch_kv_split_total",
             "Multi-key gets split across servers.",
             get(&s.kv_split),
+        ),
+        (
+            "kvswitch_kv_replicated_writes_total",
+            "Writes sent to every replica of their key.",
+            get(&s.kv_replicated),
         ),
         (
             "kvswitch_arp_replies_total",
@@ -492,6 +497,7 @@ pub fn status(shared: &Shared) -> serde_json::Value {
             "kv_requests": get(&s.kv_requests),
             "kv_forwarded": get(&s.kv_forwarded),
             "kv_split": get(&s.kv_split),
+            "kv_replicated": get(&s.kv_replicated),
             "route_held": get(&s.route_held),
             "arp_replies": get(&s.arp_replies),
             "switched": get(&s.switched),

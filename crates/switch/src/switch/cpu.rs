@@ -143,6 +143,17 @@ impl Switch {
         };
         stats::inc(&self.stats.kv_split);
         self.count_splits();
+        self.send_subs(agent_ip, subs, emit);
+    }
+
+    /// Sends sub-requests from the agent address, each to its server: the parts of a split
+    /// get or the copies of a replicated write.
+    fn send_subs(
+        &mut self,
+        agent_ip: Ipv4Addr,
+        subs: Vec<split::SubRequest>,
+        emit: &mut Vec<Emit>,
+    ) {
         for sub in subs {
             let backend = &self.spec.servers[sub.server];
             // Both were checked before the split started.
@@ -175,6 +186,56 @@ impl Switch {
         }
     }
 
+    /// Sends a write to every replica of its key (`replicas`, owner first) from the agent
+    /// address; the replies are merged into one for the client (see
+    /// [`split::Splitter::start_write`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn start_write(
+        &mut self,
+        in_port: u16,
+        client: UdpEnds,
+        request_id: u16,
+        body: &[u8],
+        replicas: &[usize],
+        now: Instant,
+        emit: &mut Vec<Emit>,
+    ) {
+        let Some(agent_ip) = self.spec.agent_ip else {
+            self.stats.count_drop(Drop::SplitUnavailable);
+            return;
+        };
+        let Ok(Some(req)) = memcache::parse(body) else {
+            self.stats.count_drop(Drop::IncompleteRequest);
+            return;
+        };
+        if replicas.iter().any(|&s| self.backend_macs[s].is_none()) {
+            self.stats.count_drop(Drop::BackendUnresolved);
+            return;
+        }
+        if replicas.iter().any(|&s| self.server_port(s).is_none()) {
+            self.stats.count_drop(Drop::RoutePortUnknown);
+            return;
+        }
+        let client = split::Client {
+            ends: client,
+            request_id,
+            port: in_port,
+        };
+        let quiet = req.noreply();
+        match self
+            .splitter
+            .start_write(now, client, body, replicas, quiet, &self.sources)
+        {
+            Ok(subs) => {
+                stats::inc(&self.stats.kv_replicated);
+                self.count_splits();
+                self.send_subs(agent_ip, subs, emit);
+            }
+            Err(split::SplitError::TableFull) => self.stats.count_drop(Drop::SplitTableFull),
+            Err(split::SplitError::NotRetrieval) => self.stats.count_drop(Drop::NoBackend),
+        }
+    }
+
     pub(super) fn split_reply(
         &mut self,
         source: (Ipv4Addr, u16),
@@ -196,8 +257,15 @@ impl Switch {
                 ends,
                 request_id,
                 reply,
+                write,
             } => {
-                self.stats.answer(Answer::MergedGet);
+                self.stats.answer(match write {
+                    true => Answer::ReplicatedWrite,
+                    false => Answer::MergedGet,
+                });
+                if let (true, Some(cache)) = (write, &mut self.cache) {
+                    cache.write_answered((ends.dst_ip, ends.dst_port), request_id);
+                }
                 // Quiet gets that all missed, with no no-op after them: memcached sends nothing.
                 if !reply.is_empty() {
                     self.send_reply(client_port, &ends, request_id, &reply, now, emit);

@@ -172,6 +172,33 @@ impl Switch {
                 self.start_split(in_port, client, header.request_id, body, now, emit);
                 Stage::Done(Fate::Consumed)
             }
+            Route::Replicate { servers } => {
+                if let Some(cache) = &mut self.cache {
+                    let view = &self.view;
+                    let mut locate = |key: &[u8]| view.locate(key).unwrap_or(0);
+                    let opened = cache.on_request(
+                        (src_ip, src_port),
+                        header.request_id,
+                        body,
+                        &mut locate,
+                        now,
+                    );
+                    if let Err(reason) = opened {
+                        self.stats.count_drop(reason);
+                        return Stage::Done(Fate::Consumed);
+                    }
+                }
+                self.start_write(
+                    in_port,
+                    client,
+                    header.request_id,
+                    body,
+                    &servers,
+                    now,
+                    emit,
+                );
+                Stage::Done(Fate::Consumed)
+            }
             Route::Drop(reason) => {
                 self.stats.count_drop(reason);
                 Stage::Done(Fate::Consumed)
@@ -193,6 +220,7 @@ impl Switch {
         let mut protocol: Option<Protocol> = None;
         let mut local: Option<&'static [u8]> = None;
         let mut noops = 0;
+        let mut writes = false;
         while offset < body.len() {
             let req = match memcache::parse(&body[offset..]) {
                 Ok(Some(req)) => req,
@@ -216,6 +244,7 @@ impl Switch {
                 }
             };
             requests += 1;
+            writes |= req.command.is_write() && !req.command.is_retrieval();
             // Nothing may follow a no-op in a pipeline the splitter takes apart.
             let after_noop = noops > 0;
             if req.key_count() == 0 {
@@ -265,6 +294,19 @@ impl Switch {
                 return Route::Answer(Answer::Local, reply);
             }
             return Route::Drop(Drop::KeylessCommand);
+        }
+        if writes && self.view.replicas() > 1 {
+            let Some((_, key_hash)) = target else {
+                return Route::Drop(Drop::IncompleteRequest);
+            };
+            if requests > 1 {
+                return Route::Drop(Drop::ReplicatedPipeline);
+            }
+            let mut servers = Vec::with_capacity(self.view.replicas());
+            self.view.replicas_hash(key_hash, &mut servers);
+            if servers.len() > 1 {
+                return Route::Replicate { servers };
+            }
         }
         match target {
             None => Route::Drop(Drop::IncompleteRequest),
@@ -362,7 +404,13 @@ impl Stage {
 }
 
 pub(super) enum Route {
-    One { key_hash: u32 },
+    One {
+        key_hash: u32,
+    },
+    /// A lone write in a replicated pool: to each of these servers, owner first.
+    Replicate {
+        servers: Vec<usize>,
+    },
     Answer(Answer, &'static [u8]),
     Split,
     Drop(Drop),
