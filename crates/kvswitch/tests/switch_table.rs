@@ -1835,6 +1835,27 @@ fn a_replicated_write_reaches_every_replica_and_is_answered_once_all_have() {
         &[Count::KvForwarded, Count::Switched, Count::Requests(owner)],
     );
 
+    // A cas cannot be checked against one unique on every replica: refused.
+    let mut frame = to_vip(format!("cas {key} 0 0 2 77\r\nhi\r\n").as_bytes());
+    let before = snapshot(&rig.stats);
+    let mut emit = Vec::new();
+    assert_eq!(
+        rig.process(CLIENT.port, &mut frame, &mut emit),
+        Fate::Consumed
+    );
+    assert_eq!(
+        emit,
+        vec![from_vip(
+            b"SERVER_ERROR cas is not supported by a replicated pool\r\n"
+        )]
+    );
+    assert_counts(
+        "a cas",
+        &rig.stats,
+        &before,
+        &[Count::Answer(Answer::ClientError)],
+    );
+
     // A write in a datagram with other requests is refused, counted.
     let mut frame = to_vip(format!("{body}get {key}\r\n").as_bytes());
     let before = snapshot(&rig.stats);

@@ -135,6 +135,9 @@ pub trait Router {
 
 /// The reply memcached 1.6 gives `shutdown` when it was not started with `-A`.
 pub const SHUTDOWN_REPLY: &[u8] = b"ERROR: shutdown not enabled\r\n";
+/// The text the proxy sends for a write that compares a cas unique in a replicated pool: each
+/// replica has its own uniques, so the comparison could succeed on some and fail on others.
+pub const REPLICATED_CAS: &str = "cas is not supported by a replicated pool";
 /// The text the proxy sends when no server can take a request.
 pub const NO_SERVER: &str = "no server available";
 
@@ -190,6 +193,11 @@ fn keyed(
     }
     let mut servers = Vec::new();
     router.replicas(key, &mut servers);
+    if servers.len() > 1 && request.compares_cas() {
+        let mut out = Vec::new();
+        error_reply(&on_error(request), REPLICATED_CAS, &mut out);
+        return Plan::Local(out);
+    }
     match servers[..] {
         [] => no_server(request),
         [server] => single(request, server, wire, kind),
@@ -780,6 +788,12 @@ mod tests {
         set.extend_from_slice(&[0; 16]);
         set.extend_from_slice(b"a1x");
         assert_eq!(parts(&plan_of(&set)).len(), 2);
+        for cas in [&b"cas b1 0 0 1 7\r\nx\r\n"[..], b"md b1 C7\r\n"] {
+            assert_eq!(
+                plan_of(cas),
+                Plan::Local(b"SERVER_ERROR cas is not supported by a replicated pool\r\n".to_vec())
+            );
+        }
         for read in [&b"get b1\r\n"[..], b"mg b1 v\r\n", b"gat 0 b1\r\n"] {
             let p = plan_of(read);
             let servers: Vec<usize> = parts(&p).iter().map(|p| p.server).collect();

@@ -101,10 +101,13 @@ pub enum Drop {
     /// In a replicated pool, a datagram holding a write with other requests: a write goes to
     /// every replica of its key alone.
     ReplicatedPipeline,
+    /// In a replicated pool, a binary write that compares a cas unique: each replica has its
+    /// own uniques (text and meta ones are answered with an error).
+    ReplicatedCas,
 }
 
 impl Drop {
-    pub const ALL: [Drop; 42] = [
+    pub const ALL: [Drop; 43] = [
         Drop::BadEthernet,
         Drop::BadIpv4,
         Drop::BadUdp,
@@ -147,6 +150,7 @@ impl Drop {
         Drop::CpuQueueFull,
         Drop::EgressQueueFull,
         Drop::ReplicatedPipeline,
+        Drop::ReplicatedCas,
     ];
 
     /// The label used in metrics.
@@ -194,6 +198,7 @@ impl Drop {
             Drop::CpuQueueFull => "cpu_queue_full",
             Drop::EgressQueueFull => "egress_queue_full",
             Drop::ReplicatedPipeline => "replicated_pipeline",
+            Drop::ReplicatedCas => "replicated_cas",
         }
     }
 

@@ -1193,7 +1193,10 @@ fn the_same_seed_gives_the_same_run_frame_for_frame() {
         assert!(count(name) > 0, "{name} never moved");
     }
     // The seeded network's pool keeps each key once: no write is replicated.
-    for kind in Answer::ALL.into_iter().filter(|k| *k != Answer::ReplicatedWrite) {
+    for kind in Answer::ALL
+        .into_iter()
+        .filter(|k| *k != Answer::ReplicatedWrite)
+    {
         assert!(a.answers(kind) > 0, "no {} answer", kind.name());
     }
     for reason in [

@@ -32,10 +32,33 @@ pub fn testbed_with(
     nutcracker: bool,
     tweak: impl FnOnce(&mut testbed::UpOptions),
 ) -> testbed::Live {
+    testbed_of(prefix, mode, nutcracker, &["s1", "s2", "s3"], tweak)
+}
+
+/// The default topology's two clients with the servers `servers` (named as the hosts), and
+/// the options changed by `tweak`.
+pub fn testbed_of(
+    prefix: &str,
+    mode: &str,
+    nutcracker: bool,
+    servers: &[&str],
+    tweak: impl FnOnce(&mut testbed::UpOptions),
+) -> testbed::Live {
     require_root();
     let mut topo = testbed::Topology::default_topology()
         .on_subnet(testbed::Subnet::for_prefix(prefix))
         .expect("the default topology fits a /24");
+    let server = topo
+        .hosts
+        .iter()
+        .find(|h| h.role == testbed::Role::Server)
+        .cloned()
+        .expect("the default topology has servers");
+    topo.hosts.retain(|h| h.role != testbed::Role::Server);
+    topo.hosts.extend(servers.iter().map(|name| testbed::Host {
+        name: name.to_string(),
+        ..server.clone()
+    }));
     topo.mode = match mode {
         "l2" => testbed::Mode::L2,
         _ => testbed::Mode::L3,

@@ -221,6 +221,7 @@ impl Switch {
         let mut local: Option<&'static [u8]> = None;
         let mut noops = 0;
         let mut writes = false;
+        let mut cas = false;
         while offset < body.len() {
             let req = match memcache::parse(&body[offset..]) {
                 Ok(Some(req)) => req,
@@ -245,6 +246,7 @@ impl Switch {
             };
             requests += 1;
             writes |= req.command.is_write() && !req.command.is_retrieval();
+            cas |= req.compares_cas();
             // Nothing may follow a no-op in a pipeline the splitter takes apart.
             let after_noop = noops > 0;
             if req.key_count() == 0 {
@@ -301,6 +303,12 @@ impl Switch {
             };
             if requests > 1 {
                 return Route::Drop(Drop::ReplicatedPipeline);
+            }
+            if cas {
+                return match protocol {
+                    Some(Protocol::Binary) => Route::Drop(Drop::ReplicatedCas),
+                    _ => Route::Answer(Answer::ClientError, REPLICATED_CAS_REPLY),
+                };
             }
             let mut servers = Vec::with_capacity(self.view.replicas());
             self.view.replicas_hash(key_hash, &mut servers);
@@ -362,6 +370,11 @@ pub(super) fn is_pipelined_get_or_noop(command: Command) -> bool {
             )
     )
 }
+
+/// The answer to a text or meta write that compares a cas unique, in a replicated pool: each
+/// replica has its own uniques, so the comparison could succeed on some and fail on others.
+pub(super) const REPLICATED_CAS_REPLY: &[u8] =
+    b"SERVER_ERROR cas is not supported by a replicated pool\r\n";
 
 /// The reply to `version` on the VIP: the switch answers for the pool.
 pub(super) const VERSION_REPLY: &[u8] =

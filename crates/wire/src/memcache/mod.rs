@@ -356,6 +356,33 @@ impl<'a> Request<'a> {
         Ok(token)
     }
 
+    /// Whether the request takes effect only if the item's cas unique matches one it gives:
+    /// text `cas`, a meta `ms`, `md` or `ma` with a `C` flag, a binary write whose header
+    /// carries a cas value.
+    pub fn compares_cas(&self) -> bool {
+        match self.command {
+            Command::Cas => true,
+            Command::MetaSet | Command::MetaDelete | Command::MetaArithmetic => {
+                // The command line only: an `ms` data block may hold anything.
+                let bytes = self.bytes();
+                let line = &bytes[..line_len(bytes).unwrap_or(bytes.len())];
+                line_content(line)
+                    .split(|&b| b == b' ')
+                    .filter(|t| !t.is_empty())
+                    .skip(2)
+                    .any(|t| t.first() == Some(&b'C'))
+            }
+            Command::Binary(op) => {
+                binary::opcode::is_write(op)
+                    && self
+                        .bytes()
+                        .get(16..24)
+                        .is_some_and(|c| c.iter().any(|&b| b != 0))
+            }
+            _ => false,
+        }
+    }
+
     /// The exptime argument of a text `gat`/`gats`, needed to rebuild a split request.
     pub fn exptime_token(&self) -> Option<&'a [u8]> {
         self.exptime.map(|r| self.slice(r))

@@ -959,3 +959,27 @@ fn building_sub_requests() {
     assert_eq!(reply::line_reply_len(b"STORED\r\nEND"), Some(8));
     assert_eq!(reply::line_reply_len(b"STORED\r"), None);
 }
+
+#[test]
+fn requests_that_compare_a_cas_unique_say_so() {
+    let compares = |bytes: &[u8]| parse(bytes).unwrap().unwrap().compares_cas();
+    assert!(compares(b"cas k 0 0 1 42\r\nx\r\n"));
+    assert!(compares(b"ms k 1 T0 C42\r\nx\r\n"));
+    assert!(compares(b"md k C42 q\r\n"));
+    assert!(compares(b"ma k C7\r\n"));
+    assert!(!compares(b"set k 0 0 1\r\nx\r\n"));
+    assert!(
+        !compares(b"ms k 3 T0\r\nC42\r\n"),
+        "a data block is not a flag"
+    );
+    assert!(!compares(b"ms C 1\r\nx\r\n"), "a key is not a flag");
+    assert!(!compares(b"get k\r\n"));
+    // Binary SET with a cas value in its header, then without.
+    let mut set = vec![0x80, 0x01, 0, 1, 8, 0, 0, 0, 0, 0, 0, 10, 0, 0, 0, 0];
+    set.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 9]);
+    set.extend_from_slice(&[0; 8]);
+    set.extend_from_slice(b"kx");
+    assert!(compares(&set));
+    set[16..24].fill(0);
+    assert!(!compares(&set));
+}
