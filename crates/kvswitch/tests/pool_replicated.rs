@@ -1,0 +1,288 @@
+//! A replicated pool (`replicas = 2`) on the testbed (`l3`, four memcached servers, the
+//! built-in proxy behind the local port), driven by the controller:
+//!
+//! - a write over UDP or TCP lands on both replicas of its key and on no other server;
+//! - while UDP and TCP clients record a history on hot keys, one server is killed; the
+//!   controller takes it out of the switch's pool, after which every read of its keys is
+//!   answered by their second replica with the last acknowledged value, writes reach the
+//!   survivors that now hold the keys, and the history checker finds no read of a value older
+//!   than an acknowledged write (nothing is lost, so no write is assumed lost at the kill).
+//!
+//! Needs root (network namespaces) and memcached.
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+use kvswitch::ctl::Client as Api;
+use testbed::history::{self, Kind};
+use testbed::history_load::{self, Client, Clock, Load, Mix, Transport};
+
+/// The testbed's prefix, with a subnet of its own.
+const PREFIX: &str = "krep";
+const SERVERS: [&str; 4] = ["s1", "s2", "s3", "s4"];
+const VICTIM: &str = "s2";
+const SURVIVORS: [&str; 3] = ["s1", "s3", "s4"];
+const REPLICAS: usize = 2;
+
+const LOAD_FOR: Duration = Duration::from_secs(8);
+const KILL_AFTER: Duration = Duration::from_millis(2500);
+/// The most the controller may take to take the dead server out (its probes every 50 ms,
+/// three failures in a row), with room for a loaded machine.
+const REMOVED_WITHIN: Duration = Duration::from_secs(10);
+const MIN_OPS: usize = 3_000;
+const SEED: u64 = 0x7265_706c_6963_6173;
+
+/// The replicas of `key` in a pool of `names` (ketama over md5, weight 1), owner first,
+/// computed apart from kvswitch's pool.
+fn replicas(names: &[&'static str], key: &str) -> Vec<&'static str> {
+    let servers: Vec<kv::Server> = names.iter().map(|n| kv::Server::new(*n, 1)).collect();
+    let ring = kv::Ring::new(kv::Distribution::Ketama, kv::HashFn::Md5, &servers).unwrap();
+    let mut out = Vec::new();
+    ring.replicas_hash(ring.key_hash(key.as_bytes()), REPLICAS, &mut out);
+    out.into_iter().map(|i| names[i]).collect()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn set(key: &str, value: &str) -> String {
+    format!("set {key} 0 0 {}\r\n{value}\r\n", value.len())
+}
+
+fn hit(key: &str, value: &str) -> String {
+    format!("VALUE {key} 0 {}\r\n{value}\r\nEND\r\n", value.len())
+}
+
+fn udp(live: &testbed::Live, host: &str, request: &str) -> Option<String> {
+    (0..3).find_map(|_| {
+        udp_call(
+            live,
+            host,
+            vip(live),
+            request.as_bytes(),
+            Duration::from_secs(1),
+        )
+        .map(|r| text(&r.body))
+    })
+}
+
+fn tcp(live: &testbed::Live, host: &str, request: &str) -> String {
+    text(&tcp_call(live, host, vip(live), request.as_bytes(), |b| {
+        if b.starts_with(b"VALUE ") {
+            b.ends_with(b"END\r\n")
+        } else {
+            b.ends_with(b"\r\n")
+        }
+    }))
+}
+
+/// The servers among `among` that hold `key`, asked directly, with the value each holds.
+fn holders(live: &testbed::Live, among: &[&'static str], key: &str) -> Vec<(&'static str, String)> {
+    among
+        .iter()
+        .filter_map(|s| server_value(live, s, key).map(|v| (*s, text(&v))))
+        .collect()
+}
+
+fn in_pool(api: &Api, label: &str) -> bool {
+    api.call("GET", "/api/v1/pool", None)
+        .ok()
+        .and_then(|d| d["pools"][0]["servers"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .any(|s| s["label"] == label)
+}
+
+/// Writes each key over UDP then over TCP: each time both replicas hold the value and no
+/// other server does; it reads back over the other transport.
+fn written_to_both_replicas(live: &testbed::Live, names: &[&'static str], keys: &[String]) {
+    for (i, key) in keys.iter().enumerate() {
+        let mut want: Vec<&str> = replicas(names, key);
+        want.sort();
+        for (transport, value) in [("UDP", format!("u{i}")), ("TCP", format!("t{i}"))] {
+            let reply = match transport {
+                "UDP" => udp(live, "c1", &set(key, &value)),
+                _ => Some(tcp(live, "c2", &set(key, &value))),
+            };
+            assert_eq!(
+                reply.as_deref(),
+                Some("STORED\r\n"),
+                "{transport} set {key}"
+            );
+            let held = holders(live, names, key);
+            assert_eq!(
+                held.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+                want,
+                "{key} set over {transport}: held by {held:?}"
+            );
+            assert!(held.iter().all(|(_, v)| *v == value), "{key}: {held:?}");
+        }
+        assert_eq!(
+            udp(live, "c2", &format!("get {key}\r\n")),
+            Some(hit(key, &format!("t{i}")))
+        );
+    }
+}
+
+/// The history's clients: in each client namespace one over UDP and one over TCP.
+fn clients(live: &testbed::Live) -> Vec<Client> {
+    let mut clients = Vec::new();
+    for host in ["c1", "c2"] {
+        let netns = live.host(host).expect("client host").netns.clone();
+        for transport in [Transport::Udp, Transport::Tcp] {
+            let timeout = match transport {
+                Transport::Udp => Duration::from_millis(500),
+                Transport::Tcp => Duration::from_secs(3),
+            };
+            clients.push(Client {
+                id: clients.len() as u32 + 1,
+                transport,
+                target: vip(live),
+                timeout,
+                netns: Some(netns.clone()),
+            });
+        }
+    }
+    clients
+}
+
+#[test]
+fn a_dead_replica_loses_nothing() {
+    let live = testbed_of(PREFIX, "l3", false, &SERVERS, |o| {
+        o.pool_config = Some(format!("replicas = {REPLICAS}\n"));
+    });
+    let switch_api = Api {
+        api: live.api(),
+        token: None,
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let api = listener.local_addr().unwrap();
+    let mut toml = format!(
+        "[controller]\napi = \"{api}\"\nprobe_interval_ms = 50\nprobe_timeout_ms = 100\n\
+         down_after = 3\n[[switches]]\nname = \"sw\"\napi = \"{}\"\n[pool]\n",
+        live.api()
+    );
+    for n in SERVERS {
+        toml.push_str(&format!(
+            "[[pool.servers]]\naddr = \"{}:11211\"\nname = \"{n}\"\n",
+            ip_of(&live, n)
+        ));
+    }
+    let file = config::controller::parse(&toml, Path::new("controller.toml")).unwrap();
+    let _controller = kvswitch::controller::start(file, listener, None, None, None).unwrap();
+    let ctl = Api { api, token: None };
+    let started = Instant::now();
+    while ctl.call("GET", "/api/v1/status", None).unwrap()["switches"][0]["in_step"] != true {
+        assert!(started.elapsed() < Duration::from_secs(10), "never in step");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let tag = format!("rep:{}", std::process::id());
+    // Keys of every pair of replicas; the victim's own among them.
+    let keys: Vec<String> = (0..400)
+        .map(|i| format!("{tag}:{i}"))
+        .filter(|k| replicas(&SERVERS, k)[0] == VICTIM)
+        .take(6)
+        .collect();
+    assert_eq!(keys.len(), 6);
+    let others: Vec<String> = (0..400)
+        .map(|i| format!("{tag}:o{i}"))
+        .filter(|k| replicas(&SERVERS, k)[0] != VICTIM)
+        .take(6)
+        .collect();
+    written_to_both_replicas(&live, &SERVERS, &keys);
+    written_to_both_replicas(&live, &SERVERS, &others);
+
+    // The history: hot keys on every server, the victim's included. No cas: a replicated pool
+    // refuses it.
+    let hot: Vec<String> = (0..12).map(|i| format!("{tag}:hot:{i}")).collect();
+    assert!(hot.iter().any(|k| replicas(&SERVERS, k).contains(&VICTIM)));
+    let clients = clients(&live);
+    let load = Load {
+        keys: hot,
+        ops_per_client: 200_000,
+        duration: LOAD_FOR,
+        mix: Mix {
+            gets_cas: 0,
+            ..Mix::default()
+        },
+        seed: SEED,
+    };
+    let clock = Clock::start();
+    let (recorded, removed_at) = std::thread::scope(|scope| {
+        let history = scope.spawn(|| history_load::run(&clients, &load, clock));
+        std::thread::sleep(KILL_AFTER);
+        let killed = Instant::now();
+        live.kill_server(VICTIM).expect("kill the victim");
+        while in_pool(&switch_api, VICTIM) {
+            assert!(
+                killed.elapsed() < REMOVED_WITHIN,
+                "{VICTIM} still in the switch's pool {REMOVED_WITHIN:?} after its death"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let removed = killed.elapsed();
+        eprintln!("{VICTIM} out of the switch's pool {removed:?} after its death");
+        let removed_at = clock.now();
+        (
+            history.join().expect("history thread").expect("load"),
+            removed_at,
+        )
+    });
+
+    // Every value written before the kill reads back from the second replica, over both
+    // transports; a write now reaches both of the key's replicas among the survivors.
+    for (i, key) in keys.iter().chain(&others).enumerate() {
+        let last = format!("t{}", i % keys.len());
+        assert_eq!(
+            udp(&live, "c1", &format!("get {key}\r\n")),
+            Some(hit(key, &last)),
+            "UDP read of {key} after {VICTIM} died"
+        );
+        assert_eq!(tcp(&live, "c2", &format!("get {key}\r\n")), hit(key, &last));
+    }
+    written_to_both_replicas(&live, &SURVIVORS, &keys);
+
+    println!(
+        "history: {} ops ({} over UDP, {} over TCP), {} unanswered, {} SERVER_ERROR",
+        recorded.ops.len(),
+        recorded.ops_over(Transport::Udp),
+        recorded.ops_over(Transport::Tcp),
+        recorded.timeouts(),
+        recorded.server_errors()
+    );
+    assert!(
+        recorded.bad_replies.is_empty(),
+        "{:?}",
+        &recorded.bad_replies
+    );
+    assert!(
+        recorded.ops.len() >= MIN_OPS,
+        "only {} ops",
+        recorded.ops.len()
+    );
+    let report = history::check(&recorded.ops);
+    println!("history: {}", report.stats);
+    assert!(
+        report.ok(),
+        "{} reads saw a value older than an acknowledged write; the first:\n{}",
+        report.violations.len(),
+        report.first_violations(10)
+    );
+    // Reads went on after the removal, and found values.
+    let hits_after = recorded
+        .ops
+        .iter()
+        .filter(|op| op.start > removed_at && matches!(op.kind, Kind::Read(Some(_))))
+        .count();
+    assert!(
+        hits_after >= 100,
+        "only {hits_after} hits after the removal"
+    );
+    live.down().expect("down");
+}
