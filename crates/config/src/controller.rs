@@ -10,6 +10,8 @@
 //! probe_udp = false             # also over UDP (memcached started with -U)
 //! failover = ["10.0.0.19:11211"]  # spares that take a dead server's keys, in its place
 //! down_after = 3                # failed probes in a row before a server is marked down
+//! tko_after = 3                 # ... or failed requests the switches report in one interval
+//!                               #     (0: their reports are not read)
 //! up_after = 2                  # answered probes in a row before it is up again
 //! sync_interval_ms = 1000       # every switch's pool is checked this often anyway
 //! switch_token_file = "token"   # optional: the token the switches' APIs want
@@ -61,6 +63,9 @@ pub struct ControllerFile {
     /// of its keys moving to the next server.
     pub failover: Vec<SocketAddr>,
     pub down_after: u32,
+    /// Failed requests the switches report for a server within one probe interval that mark
+    /// it down at once (TKO), until its probes answer again; 0: the reports are not read.
+    pub tko_after: u32,
     pub up_after: u32,
     pub sync_interval: Duration,
     /// The file whose first line is the switches' API token (relative to this file's
@@ -91,6 +96,7 @@ struct RawController {
     #[serde(default)]
     failover: Vec<String>,
     down_after: Option<u32>,
+    tko_after: Option<u32>,
     up_after: Option<u32>,
     sync_interval_ms: Option<u64>,
     switch_token_file: Option<String>,
@@ -152,6 +158,10 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
     };
     let down_after = count("down_after", c.down_after, 3)?;
     let up_after = count("up_after", c.up_after, 2)?;
+    let tko_after = match c.tko_after {
+        Some(0) => 0,
+        other => count("tko_after", other, 3)?,
+    };
     let base = path.parent().unwrap_or(Path::new("."));
     let switch_token_file = c.switch_token_file.map(|f| base.join(f));
 
@@ -257,6 +267,7 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
         probe_udp: c.probe_udp.unwrap_or(false),
         failover,
         down_after,
+        tko_after,
         up_after,
         sync_interval,
         switch_token_file,
@@ -305,7 +316,9 @@ weight = 2
             ["127.0.0.1:11299".parse::<SocketAddr>().unwrap()]
         );
         assert_eq!(f.switches[1].api, "127.0.0.1:9111".parse().unwrap());
-        assert_eq!((f.down_after, f.up_after), (2, 2));
+        assert_eq!((f.down_after, f.up_after, f.tko_after), (2, 2, 3));
+        let off = GOOD.replace("down_after = 2", "tko_after = 0");
+        assert_eq!(parse(&off, Path::new("c.toml")).unwrap().tko_after, 0);
         assert_eq!(f.probe_interval, Duration::from_millis(100));
         assert_eq!(f.pool.servers.len(), 2);
         assert_eq!(f.pool.servers[0].name.as_deref(), Some("s1"));

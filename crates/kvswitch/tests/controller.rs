@@ -380,3 +380,69 @@ fn a_switch_out_of_reach_does_not_hold_up_the_others() {
     assert_eq!(status["switches"][1]["in_step"], true, "{status}");
     drop(hung);
 }
+
+#[test]
+fn failed_requests_the_switches_report_take_a_server_out_before_its_probes_would() {
+    let names = ["s1", "s2", "s3"];
+    let (mut servers, list) = servers(&names);
+    let (proxies, clients) = proxies(2, &list, &PoolOpts::default());
+    let apis: Vec<SocketAddr> = clients.iter().map(|c| c.api).collect();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let ctl_api = listener.local_addr().unwrap();
+    // Probes alone would need 10 failures 2 s apart: 20 s. The proxies' reports need two.
+    let file = config::controller::parse(
+        &controller_toml(
+            ctl_api,
+            "probe_interval_ms = 2000\nprobe_timeout_ms = 100\ndown_after = 10\ntko_after = 2",
+            &apis,
+            &list,
+        ),
+        Path::new("controller.toml"),
+    )
+    .unwrap();
+    let _controller = kvswitch::controller::start(file, listener, None, None, None).unwrap();
+    let ctl = Client {
+        api: ctl_api,
+        token: None,
+    };
+    until_pools(&clients, &["s1", "s2", "s3"], Duration::from_secs(10));
+    let origin = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (failed, last_failure) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let loads: Vec<_> = proxies
+        .iter()
+        .map(|p| {
+            load(
+                p.addr,
+                stop.clone(),
+                failed.clone(),
+                last_failure.clone(),
+                origin,
+            )
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    servers[1].kill();
+    let took = until_pools(&clients, &["s1", "s3"], Duration::from_secs(10));
+    stop.store(true, Ordering::Relaxed);
+    for l in loads {
+        l.join().unwrap();
+    }
+    eprintln!("s2 killed: out of both pools by TKO in {took:?}");
+    let status = ctl.call("GET", "/api/v1/status", None).unwrap();
+    let s2 = status["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["label"] == "s2")
+        .unwrap()
+        .clone();
+    assert_eq!(s2["up"], json!(false), "{s2}");
+    assert!(s2["tkos"].as_u64() >= Some(1), "not by TKO: {s2}");
+    let metrics = ctl.call("GET", "/metrics", None).unwrap();
+    let text = metrics.as_str().unwrap_or_default();
+    assert!(
+        text.contains("kvswitch_controller_server_tkos_total{server=\"s2\"} 1"),
+        "{text}"
+    );
+}

@@ -964,6 +964,7 @@ async fn pool(State(api): State<Shared>) -> Reply {
                         "name": s.name,
                         "weight": s.weight,
                         "in_ring": view.live().contains(&i),
+                        "failures": pool.health(i).failures,
                     })
                 })
                 .collect();
@@ -971,6 +972,7 @@ async fn pool(State(api): State<Shared>) -> Reply {
                 "name": spec.name,
                 "distribution": spec.distribution.to_string(),
                 "hash": spec.hash.to_string(),
+                "replicas": spec.replicas,
                 "version": pool.version(),
                 "servers": servers,
             })

@@ -14,7 +14,7 @@
 //! which also serves the dashboard (`dashboard.html`, reading `/api/v1/fleet` once a second);
 //! with a store, a fourth, the elector (see [`etcd`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -72,6 +72,8 @@ pub struct Health {
     pub failures: u64,
     /// Times it was marked down.
     pub downs: u64,
+    /// Times the switches' reports of its failed requests marked it down (TKO).
+    pub tkos: u64,
     pub last_error: Option<String>,
 }
 
@@ -86,6 +88,7 @@ impl Default for Health {
             probes: 0,
             failures: 0,
             downs: 0,
+            tkos: 0,
             last_error: None,
         }
     }
@@ -136,6 +139,23 @@ impl Health {
     }
 }
 
+impl Health {
+    /// The switches report `failed` requests to the server within one probe interval, at
+    /// least the TKO threshold: it is marked down now, and up again only after its probes
+    /// answer. Returns whether it changed.
+    pub fn tko(&mut self, failed: u64) -> bool {
+        if !self.known || !self.up {
+            return false;
+        }
+        self.up = false;
+        self.answered_in_row = 0;
+        self.downs += 1;
+        self.tkos += 1;
+        self.last_error = Some(format!("{failed} failed requests reported by the switches"));
+        true
+    }
+}
+
 /// What the controller knows of one switch.
 #[derive(Debug, Clone, Default)]
 struct SwitchState {
@@ -171,6 +191,8 @@ struct Fleet {
     lead_until: Option<Instant>,
     /// The leading controller's API, when another leads.
     leader: Option<String>,
+    /// Each switch's last count of failed requests per server address, for TKO.
+    reported: HashMap<(usize, String), u64>,
 }
 
 /// What the threads share.
@@ -463,6 +485,7 @@ pub fn start(
         lead_until: None,
         all_down_said: false,
         leader: None,
+        reported: HashMap::new(),
     };
     let me = listener.local_addr()?.to_string();
     let elects = store.is_some();
@@ -603,7 +626,7 @@ fn prober(shared: &Shared) {
             std::thread::sleep(CAMPAIGN_INTERVAL);
             continue;
         }
-        let (servers, interval, timeout, udp) = {
+        let (servers, interval, timeout, udp, switches, tko_after) = {
             let f = shared.fleet();
             // The servers, then the failover spares.
             let addrs: Vec<SocketAddr> = f
@@ -617,9 +640,22 @@ fn prober(shared: &Shared) {
                 f.file.probe_interval,
                 f.file.probe_timeout,
                 f.file.probe_udp,
+                f.file.switches.clone(),
+                f.file.tko_after,
             )
         };
-        let outcomes: Vec<Result<(), String>> = std::thread::scope(|s| {
+        let (outcomes, reports) = std::thread::scope(|s| {
+            let reports: Vec<_> = switches
+                .iter()
+                .filter(|_| tko_after > 0)
+                .map(|sw| {
+                    let client = Client {
+                        api: sw.api,
+                        token: shared.switch_token.clone(),
+                    };
+                    s.spawn(move || failures_reported(&client, timeout.max(REPORT_WAIT)))
+                })
+                .collect();
             let probes: Vec<_> = servers
                 .iter()
                 .map(|&addr| {
@@ -632,10 +668,15 @@ fn prober(shared: &Shared) {
                     })
                 })
                 .collect();
-            probes
+            let outcomes: Vec<Result<(), String>> = probes
                 .into_iter()
                 .map(|p| p.join().unwrap_or_else(|_| Err("the probe failed".into())))
-                .collect()
+                .collect();
+            let reports: Vec<Option<Vec<(String, u64)>>> = reports
+                .into_iter()
+                .map(|r| r.join().ok().flatten())
+                .collect();
+            (outcomes, reports)
         });
         {
             let mut f = shared.fleet();
@@ -650,13 +691,24 @@ fn prober(shared: &Shared) {
                     changed |= h.record(outcome, down_after, up_after);
                 }
             }
+            let failed = new_failures(&mut f.reported, &reports);
             for (i, (addr, outcome)) in servers.iter().zip(mine).enumerate() {
                 // The list may have changed while the probes ran.
                 let Some(s) = f.servers.get(i).filter(|s| s.addr == *addr) else {
                     continue;
                 };
                 let label = s.label();
+                let reported = failed.get(&addr.to_string()).copied().unwrap_or(0);
                 let h = &mut f.health[i];
+                if tko_after > 0 && reported >= u64::from(tko_after) && h.tko(reported) {
+                    changed = true;
+                    tracing::warn!(
+                        server = %label,
+                        failed = reported,
+                        "server down: the switches report its requests failing (TKO)"
+                    );
+                    continue;
+                }
                 if h.record(outcome, down_after, up_after) {
                     changed = true;
                     match h.up {
@@ -675,6 +727,44 @@ fn prober(shared: &Shared) {
         }
         std::thread::sleep(interval.saturating_sub(began.elapsed()));
     }
+}
+
+/// How long the prober waits at least for a switch's report of failed requests.
+const REPORT_WAIT: Duration = Duration::from_millis(200);
+
+/// Each server's failed requests as one switch counts them (`GET /api/v1/pool`), by address;
+/// `None` if the switch did not answer.
+fn failures_reported(client: &Client, wait: Duration) -> Option<Vec<(String, u64)>> {
+    let doc = client.call_within("GET", "/api/v1/pool", None, wait).ok()?;
+    let servers = doc["pools"]
+        .as_array()?
+        .iter()
+        .flat_map(|p| p["servers"].as_array().into_iter().flatten());
+    Some(
+        servers
+            .filter_map(|v| Some((v["addr"].as_str()?.to_string(), v["failures"].as_u64()?)))
+            .collect(),
+    )
+}
+
+/// The failed requests each server's address gained, summed over the switches, since their
+/// last reports (`last`, by switch and address, is brought up to date). A switch's first
+/// report of a server, or a count that went down (the switch restarted), only sets where
+/// counting starts.
+fn new_failures(
+    last: &mut HashMap<(usize, String), u64>,
+    reports: &[Option<Vec<(String, u64)>>],
+) -> HashMap<String, u64> {
+    let mut gained: HashMap<String, u64> = HashMap::new();
+    for (switch, report) in reports.iter().enumerate() {
+        for (addr, failures) in report.iter().flatten() {
+            let before = last.insert((switch, addr.clone()), *failures);
+            if let Some(before) = before.filter(|b| b <= failures) {
+                *gained.entry(addr.clone()).or_default() += failures - before;
+            }
+        }
+    }
+    gained
 }
 
 /// The servers the switches should have: those up, and in a down server's place (its ring
@@ -928,7 +1018,7 @@ fn status_doc(shared: &Shared) -> Value {
             json!({
                 "label": s.label(), "addr": s.addr.to_string(), "weight": s.weight,
                 "up": h.up, "probes": h.probes, "failures": h.failures, "downs": h.downs,
-                "last_error": h.last_error, "spare": spare(*k),
+                "tkos": h.tkos, "last_error": h.last_error, "spare": spare(*k),
             })
         })
         .collect();
@@ -996,7 +1086,7 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         }
     };
     type ServerFigure = (&'static str, &'static str, &'static str, fn(&Health) -> u64);
-    const SERVERS: [ServerFigure; 4] = [
+    const SERVERS: [ServerFigure; 5] = [
         (
             "kvswitch_controller_server_up",
             "1 while the server is in the pool.",
@@ -1020,6 +1110,12 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
             "Times the server was marked down.",
             "counter",
             |h| h.downs,
+        ),
+        (
+            "kvswitch_controller_server_tkos_total",
+            "Times the switches' reports of failed requests marked the server down (TKO).",
+            "counter",
+            |h| h.tkos,
         ),
     ];
     for (name, help, kind, pick) in SERVERS {
@@ -1192,6 +1288,37 @@ mod tests {
         assert!(h.record(Ok(()), 3, 2));
         assert!(h.up);
         assert_eq!((h.probes, h.failures, h.downs), (10, 6, 1));
+    }
+
+    #[test]
+    fn failed_requests_the_switches_report_mark_a_server_down_until_it_answers() {
+        let mut h = Health::default();
+        assert!(!h.tko(5), "not before its first probe");
+        assert!(!h.record(Ok(()), 3, 2));
+        assert!(h.tko(5));
+        assert!(!h.up && h.tkos == 1 && h.downs == 1);
+        assert!(!h.tko(5), "down once");
+        assert!(!h.record(Ok(()), 3, 2));
+        assert!(h.record(Ok(()), 3, 2), "up after its answers");
+
+        // Counts are per switch and address; the first report only sets where they start, and
+        // a count that fell (a restarted switch) starts again.
+        let mut last = HashMap::new();
+        let report = |n: u64, m: u64| Some(vec![("a:1".to_string(), n), ("b:1".to_string(), m)]);
+        assert!(new_failures(&mut last, &[report(7, 1), report(2, 0)])
+            .values()
+            .all(|&n| n == 0));
+        let gained = new_failures(&mut last, &[report(9, 1), report(3, 0)]);
+        assert_eq!(gained.get("a:1"), Some(&3));
+        assert_eq!(gained.get("b:1"), Some(&0));
+        let gained = new_failures(&mut last, &[report(1, 1), None]);
+        assert_eq!(
+            gained.get("a:1"),
+            None,
+            "a restarted switch's counts start again"
+        );
+        let gained = new_failures(&mut last, &[report(2, 1), report(3, 0)]);
+        assert_eq!(gained.get("a:1"), Some(&1));
     }
 
     #[test]
