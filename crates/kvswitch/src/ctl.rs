@@ -170,6 +170,10 @@ pub enum PoolCmd {
         /// The host as ketama hashes it (default: the address's IP).
         #[arg(long)]
         host: Option<String>,
+        /// Warm it up for this many milliseconds: a get through the proxy that misses on it
+        /// is also asked of the server that held the key before, and the item found stored.
+        #[arg(long)]
+        warm_ms: Option<u64>,
     },
     /// Remove a server (its label, ring name or position).
     Remove { server: String },
@@ -771,12 +775,13 @@ pub fn run(args: &CtlArgs) -> anyhow::Result<()> {
                     weight,
                     name,
                     host,
+                    warm_ms,
                 } => client.call(
                     "POST",
                     "/api/v1/pool/servers",
                     Some(&json!({
                         "addr": addr.to_string(), "weight": weight, "name": name,
-                        "host": host, "pool": pool,
+                        "host": host, "pool": pool, "warm_ms": warm_ms,
                     })),
                 )?,
                 PoolCmd::Remove { server } => client.call(

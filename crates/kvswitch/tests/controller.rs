@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::fleet::{controller_toml, pool_of, proxies, servers, until_pools};
-use common::proxy::{Memcached, PoolOpts};
+use common::proxy::{Conn, Memcached, PoolOpts};
 use kvswitch::ctl::Client;
 use serde_json::{json, Value};
 use testbed::local;
@@ -445,4 +445,107 @@ fn failed_requests_the_switches_report_take_a_server_out_before_its_probes_would
         text.contains("kvswitch_controller_server_tkos_total{server=\"s2\"} 1"),
         "{text}"
     );
+}
+
+/// The ring of `names` (ketama over md5, each named, weight 1), apart from kvswitch's.
+fn ring_of(names: &[&str]) -> kv::Ring {
+    let servers: Vec<kv::Server> = names.iter().map(|n| kv::Server::new(*n, 1)).collect();
+    kv::Ring::new(kv::Distribution::Ketama, kv::HashFn::Md5, &servers).unwrap()
+}
+
+#[test]
+fn a_server_added_with_a_warm_up_is_filled_from_where_its_keys_were() {
+    let names = ["s1", "s2"];
+    let (_servers, list) = servers(&names);
+    let (proxies, clients) = proxies(2, &list, &PoolOpts::default());
+    let apis: Vec<SocketAddr> = clients.iter().map(|c| c.api).collect();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let ctl_api = listener.local_addr().unwrap();
+    let file = config::controller::parse(
+        &controller_toml(ctl_api, "probe_interval_ms = 50", &apis, &list),
+        Path::new("controller.toml"),
+    )
+    .unwrap();
+    let _controller = kvswitch::controller::start(file, listener, None, None, None).unwrap();
+    let ctl = Client {
+        api: ctl_api,
+        token: None,
+    };
+    until_pools(&clients, &["s1", "s2"], Duration::from_secs(10));
+
+    // Keys that s3 will own, written before it comes: they are on s1 and s2.
+    let after = ring_of(&["s1", "s2", "s3"]);
+    let moving: Vec<String> = (0..2000)
+        .map(|i| format!("warm:{i}"))
+        .filter(|k| after.locate(k.as_bytes()) == 2)
+        .take(12)
+        .collect();
+    let mut conns: Vec<Conn> = proxies.iter().map(|p| Conn::open(p.addr)).collect();
+    for (i, key) in moving.iter().enumerate() {
+        let set = format!("set {key} {i} 0 2\r\nv{}\r\n", i % 10);
+        assert_eq!(conns[0].text(set.as_bytes()), b"STORED\r\n");
+    }
+
+    let s3 = Memcached::start();
+    let body = json!({"addr": s3.addr().to_string(), "name": "s3", "warm_ms": 60_000});
+    ctl.call("POST", "/api/v1/pool/servers", Some(&body))
+        .unwrap();
+    until_pools(&clients, &["s1", "s2", "s3"], Duration::from_secs(10));
+
+    // A write meanwhile goes to s3 and deletes the key where it was: a later miss on s3
+    // does not find the value it replaced.
+    let (deleted, rewritten) = (&moving[0], &moving[1]);
+    assert_eq!(
+        conns[1].text(format!("delete {deleted}\r\n").as_bytes()),
+        b"NOT_FOUND\r\n",
+        "s3 never had it"
+    );
+    assert_eq!(
+        conns[1].text(format!("set {rewritten} 7 0 3\r\nnew\r\n").as_bytes()),
+        b"STORED\r\n"
+    );
+    assert_eq!(
+        conns[0].text(format!("get {deleted}\r\n").as_bytes()),
+        b"END\r\n"
+    );
+    assert_eq!(
+        conns[0].text(format!("get {rewritten}\r\n").as_bytes()),
+        format!("VALUE {rewritten} 7 3\r\nnew\r\nEND\r\n").as_bytes()
+    );
+    // The others read as they were, through either proxy, and s3 is given them.
+    let mut direct = Conn::open(s3.addr());
+    for (i, key) in moving.iter().enumerate().skip(2) {
+        let want = format!("VALUE {key} {i} 2\r\nv{}\r\nEND\r\n", i % 10);
+        let got = conns[i % 2].text(format!("get {key}\r\n").as_bytes());
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            want,
+            "{key} while s3 warms up"
+        );
+        let started = Instant::now();
+        while direct.text(format!("get {key}\r\n").as_bytes()) != want.as_bytes() {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "s3 was not given {key}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let metrics = clients[0].call("GET", "/metrics", None).unwrap();
+    let metrics = metrics.as_str().unwrap_or_default().to_string();
+    let fills: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("kvswitch_proxy_warm_fills_total{pool=\"default\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(fills >= 1, "{metrics}");
+
+    // A warm-up longer than a day is refused, naming the field.
+    let s4 = Memcached::start();
+    let body = json!({"addr": s4.addr().to_string(), "name": "s4", "warm_ms": 90_000_000u64});
+    let e = ctl
+        .call("POST", "/api/v1/pool/servers", Some(&body))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("400") && e.contains("warm_ms"), "{e}");
 }

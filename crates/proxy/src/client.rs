@@ -17,7 +17,7 @@ use wire::memcache::{binary, parse_text, recover_binary, recover_text, Command, 
 use switch::cache::{ReadFill, Served, Writes};
 
 use super::backend::Pending;
-use super::combine::{combine, Outcome};
+use super::combine::{combine, warm_fill, Outcome};
 use super::plan::{self, sentinel, Bytes, Combine, OnError, Plan, Router};
 use super::stats::{add, sub};
 use super::worker::{PoolRouter, PoolRt};
@@ -36,6 +36,9 @@ pub struct Slot {
     cache: RefCell<Option<CacheHook>>,
     /// Taken off the client's queue before it completed: its reply is not written.
     forgotten: Cell<bool>,
+    /// A `get` whose owner warms up: the pool and the owner, which is given the item the
+    /// server that held the key before had.
+    warm: Option<(Rc<PoolRt>, usize)>,
 }
 
 /// A forwarded request's business with the cache.
@@ -75,6 +78,11 @@ impl Slot {
         if left > 0 {
             return;
         }
+        if let Some((pool, owner)) = &self.warm {
+            if let Some(item) = warm_fill(&self.combine, &self.outcomes.borrow()) {
+                store_warm(pool.clone(), *owner, item);
+            }
+        }
         let mut reply = Vec::new();
         combine(
             &self.combine,
@@ -95,6 +103,46 @@ impl Slot {
         *self.done.borrow_mut() = Some(reply);
         client.wake.notify_one();
     }
+}
+
+/// Stores `add` (a quiet `add` of an item found where a key was before) on `owner`, warming
+/// up. Sent from a task of its own: the reply that completed the get may be on the very
+/// connection `add` goes out on. No one waits for its answer.
+fn store_warm(pool: Rc<PoolRt>, owner: usize, item: Vec<u8>) {
+    add(&pool.stats.warm_fills, 1);
+    tokio::task::spawn_local(async move {
+        let slot = Rc::new(Slot {
+            client: Weak::new(),
+            combine: Combine::Fixed(Vec::new()),
+            on_error: OnError {
+                protocol: wire::memcache::Protocol::Text,
+                opcode: 0,
+                opaque: 0,
+                silent: true,
+            },
+            outcomes: RefCell::new(vec![Ok(Vec::new())]),
+            remaining: Cell::new(1),
+            done: RefCell::new(None),
+            cache: RefCell::new(None),
+            forgotten: Cell::new(false),
+            warm: None,
+        });
+        let wire = plan::Wire::Text;
+        pool.conn(owner, wire).send(
+            &item,
+            sentinel(wire),
+            Pending {
+                slot,
+                part: 0,
+                framer: Framer::new(ReplyKind::Line),
+                sentinel: true,
+                deadline: Instant::now() + pool.stats.spec.timeout,
+                reply: 0..0,
+                mark: None,
+                stats: false,
+            },
+        );
+    });
 }
 
 enum Entry {
@@ -388,6 +436,7 @@ fn forward(
     shared: &Rc<Shared>,
     pool: &Rc<PoolRt>,
 ) {
+    let combine_is_warm = matches!(combine, Combine::WarmUp { .. });
     let slot = Rc::new(Slot {
         client: Rc::downgrade(shared),
         combine,
@@ -397,6 +446,10 @@ fn forward(
         done: RefCell::new(None),
         cache: RefCell::new(cache),
         forgotten: Cell::new(false),
+        warm: match (&combine_is_warm, parts.first()) {
+            (true, Some(owner)) => Some((pool.clone(), owner.server)),
+            _ => None,
+        },
     });
     shared.push(Entry::Wait(slot.clone()));
     let deadline = Instant::now() + pool.stats.spec.timeout;

@@ -15,6 +15,19 @@ pub fn combine(how: &Combine, on_error: &OnError, outcomes: &mut [Outcome], out:
         out.extend_from_slice(bytes);
         return;
     }
+    let outcomes = match how {
+        // The deletes where a warming server's keys were are not part of the reply.
+        Combine::Replicated { extra } => {
+            let n = outcomes.len().saturating_sub(*extra);
+            &mut outcomes[..n]
+        }
+        // The server that held the key before speaks only when the owner misses.
+        Combine::WarmUp { key } => {
+            warm_up(key, on_error, outcomes, out);
+            return;
+        }
+        _ => outcomes,
+    };
     if let Some(Err(why)) = outcomes.iter().find(|o| o.is_err()) {
         error_reply(on_error, why, out);
         return;
@@ -38,7 +51,7 @@ pub fn combine(how: &Combine, on_error: &OnError, outcomes: &mut [Outcome], out:
                 }
             }
         }
-        Combine::Replicated => {
+        Combine::Replicated { .. } => {
             let differing = replies.iter().any(|r| *r != replies[0]);
             let reply = match differing {
                 false => replies[0],
@@ -50,8 +63,90 @@ pub fn combine(how: &Combine, on_error: &OnError, outcomes: &mut [Outcome], out:
         Combine::MergeCached { keys, cached } => merge(keys, &replies, Some(cached), on_error, out),
         Combine::StatsText => stats::merge_text(&replies, out),
         Combine::StatsBinary { opaque } => stats::merge_binary(&replies, *opaque, out),
-        Combine::Fixed(_) => {}
+        Combine::Fixed(_) | Combine::WarmUp { .. } => {}
     }
+}
+
+/// The reply to a `get` whose owner warms up (see [`Combine::WarmUp`]).
+fn warm_up(key: &[u8], on_error: &OnError, outcomes: &[Outcome], out: &mut Vec<u8>) {
+    let owner = match &outcomes[0] {
+        Ok(reply) => reply,
+        Err(why) => return error_reply(on_error, why, out),
+    };
+    if owner.as_slice() != b"END\r\n" {
+        out.extend_from_slice(owner);
+        return;
+    }
+    match outcomes
+        .get(1)
+        .and_then(|o| o.as_ref().ok())
+        .and_then(|r| meta_item(r))
+    {
+        Some(item) => {
+            out.extend_from_slice(b"VALUE ");
+            out.extend_from_slice(key);
+            out.extend_from_slice(format!(" {} {}\r\n", item.flags, item.data.len()).as_bytes());
+            out.extend_from_slice(item.data);
+            out.extend_from_slice(b"\r\nEND\r\n");
+        }
+        None => out.extend_from_slice(b"END\r\n"),
+    }
+}
+
+/// The item in the reply to `mg <key> v f t`: its data, flags and seconds left to live (-1:
+/// none).
+pub struct MetaItem<'a> {
+    pub data: &'a [u8],
+    pub flags: u32,
+    pub ttl: i64,
+}
+
+/// Reads the reply to `mg <key> v f t`; `None` for a miss or anything else.
+pub fn meta_item(reply: &[u8]) -> Option<MetaItem<'_>> {
+    let line_end = reply.windows(2).position(|w| w == b"\r\n")?;
+    let mut tokens = reply[..line_end].split(|&b| b == b' ');
+    if tokens.next()? != b"VA" {
+        return None;
+    }
+    let len: usize = std::str::from_utf8(tokens.next()?).ok()?.parse().ok()?;
+    let (mut flags, mut ttl) = (0u32, -1i64);
+    for t in tokens {
+        let text = std::str::from_utf8(t.get(1..)?).ok()?;
+        match t.first() {
+            Some(b'f') => flags = text.parse().ok()?,
+            Some(b't') => ttl = text.parse().ok()?,
+            _ => {}
+        }
+    }
+    let data = reply.get(line_end + 2..line_end + 2 + len)?;
+    (reply.get(line_end + 2 + len..)? == b"\r\n").then_some(MetaItem { data, flags, ttl })
+}
+
+/// The `add` that stores on a warming owner the item its `get` found on the server that held
+/// the key before; `None` when the owner answered or nothing was found.
+pub fn warm_fill(how: &Combine, outcomes: &[Outcome]) -> Option<Vec<u8>> {
+    let Combine::WarmUp { key } = how else {
+        return None;
+    };
+    if outcomes.first()?.as_deref().ok()? != b"END\r\n" {
+        return None;
+    }
+    let item = meta_item(outcomes.get(1)?.as_deref().ok()?)?;
+    // memcached reads an exptime over 30 days as a Unix time; a longer life left is rounded
+    // down to 30 days.
+    let exptime = match item.ttl {
+        ttl if ttl < 0 => 0,
+        ttl => ttl.clamp(1, 30 * 24 * 3600),
+    };
+    let mut add = Vec::with_capacity(key.len() + item.data.len() + 48);
+    add.extend_from_slice(b"add ");
+    add.extend_from_slice(key);
+    add.extend_from_slice(
+        format!(" {} {exptime} {} noreply\r\n", item.flags, item.data.len()).as_bytes(),
+    );
+    add.extend_from_slice(item.data);
+    add.extend_from_slice(b"\r\n");
+    Some(add)
 }
 
 /// Whether a reply to a broadcast command is the plain success reply.

@@ -55,8 +55,13 @@ pub enum Combine {
     /// A write sent to every replica of its key, owner first: the common reply if all agree,
     /// else the first error reply (`ERROR`, `CLIENT_ERROR`, `SERVER_ERROR`, a binary status of
     /// 0x80 or more), else the owner's. A replica that fails makes the reply that failure's
-    /// error, as for any part.
-    Replicated,
+    /// error, as for any part. The last `extra` parts (deletes of the key from the server that
+    /// held it before a server warming up took it) are not part of the reply.
+    Replicated { extra: usize },
+    /// A `get` of one key whose owner warms up (part 0), with `mg <key> v f t` to the server
+    /// that held the key before (part 1): the owner's reply, unless it misses; then the other
+    /// server's item, as a `get` reply for `key` (and the proxy stores it on the owner).
+    WarmUp { key: Vec<u8> },
     /// `stats` sent to every server: the replies are added up.
     StatsText,
     /// Binary `STAT` sent to every server: the replies are added up.
@@ -131,6 +136,10 @@ pub trait Router {
         out.clear();
         out.extend(self.locate(key));
     }
+    /// When `key`'s owner warms up: the owner and the server that held the key before.
+    fn warm_source(&mut self, _key: &[u8]) -> Option<(usize, usize)> {
+        None
+    }
 }
 
 /// The reply memcached 1.6 gives `shutdown` when it was not started with `-A`.
@@ -198,24 +207,81 @@ fn keyed(
         error_reply(&on_error(request), REPLICATED_CAS, &mut out);
         return Plan::Local(out);
     }
-    match servers[..] {
-        [] => no_server(request),
-        [server] => single(request, server, wire, kind),
-        _ => Plan::Forward {
-            parts: servers
-                .into_iter()
-                .map(|server| Part {
+    // While the owner warms up, the write also deletes the key where it was before, so that
+    // a later miss on the owner cannot read the value this write replaced there.
+    let before = router.warm_source(key).map(|(_, before)| before);
+    match (&servers[..], before) {
+        ([], _) => no_server(request),
+        ([server], None) => single(request, *server, wire, kind),
+        _ => {
+            let mut parts: Vec<Part> = servers
+                .iter()
+                .map(|&server| Part {
                     server,
                     wire,
                     bytes: Bytes::Request,
                     kind,
                     sentinel: request.noreply(),
                 })
-                .collect(),
-            combine: Combine::Replicated,
-            on_error: on_error(request),
-        },
+                .collect();
+            let extra = usize::from(before.is_some());
+            if let Some(before) = before {
+                parts.push(binary_delete(before, key));
+            }
+            Plan::Forward {
+                parts,
+                combine: Combine::Replicated { extra },
+                on_error: on_error(request),
+            }
+        }
     }
+}
+
+/// A quiet binary delete of `key` on `server` (binary, so that any key bytes go as they are).
+fn binary_delete(server: usize, key: &[u8]) -> Part {
+    let mut bytes = Vec::with_capacity(HEADER_LEN + key.len());
+    wire::memcache::binary::write_request(opcode::DELETEQ, key, b"", b"", 0, 0, &mut bytes);
+    Part {
+        server,
+        wire: Wire::Binary,
+        bytes: Bytes::Owned(bytes),
+        kind: ReplyKind::Binary,
+        sentinel: true,
+    }
+}
+
+/// A text `get` of one key whose owner warms up: asked of the owner and, with `mg`, of the
+/// server that held the key before (see [`Combine::WarmUp`]).
+fn warm_get(request: &Request<'_>, router: &mut dyn Router) -> Option<Plan> {
+    if request.command != Command::Get || request.key_count() != 1 {
+        return None;
+    }
+    let key = request.key()?;
+    let (owner, before) = router.warm_source(key)?;
+    let mut mg = Vec::with_capacity(key.len() + 16);
+    mg.extend_from_slice(b"mg ");
+    mg.extend_from_slice(key);
+    mg.extend_from_slice(b" v f t\r\n");
+    Some(Plan::Forward {
+        parts: vec![
+            Part {
+                server: owner,
+                wire: Wire::Text,
+                bytes: Bytes::Request,
+                kind: ReplyKind::Retrieval,
+                sentinel: false,
+            },
+            Part {
+                server: before,
+                wire: Wire::Text,
+                bytes: Bytes::Owned(mg),
+                kind: ReplyKind::Meta,
+                sentinel: false,
+            },
+        ],
+        combine: Combine::WarmUp { key: key.to_vec() },
+        on_error: on_error(request),
+    })
 }
 
 fn no_server(request: &Request<'_>) -> Plan {
@@ -234,7 +300,7 @@ fn plan_text(request: &Request<'_>, router: &mut dyn Router) -> Plan {
     let kind = ReplyKind::of(request);
     match request.command {
         Command::Get | Command::Gets | Command::Gat | Command::Gats => {
-            plan_multiget(request, router)
+            warm_get(request, router).unwrap_or_else(|| plan_multiget(request, router))
         }
         Command::MetaNoop => Plan::Local(b"MN\r\n".to_vec()),
         Command::Quit => Plan::Close(Vec::new()),
@@ -736,6 +802,10 @@ mod tests {
         )
     }
 
+    fn parts_of(plan: &Plan) -> &[Part] {
+        parts(plan)
+    }
+
     fn parts(plan: &Plan) -> &[Part] {
         match plan {
             Plan::Forward { parts, .. } => parts,
@@ -780,7 +850,7 @@ mod tests {
             };
             let servers: Vec<usize> = parts.iter().map(|p| p.server).collect();
             assert_eq!(servers, [1, 2], "{:?}", String::from_utf8_lossy(write));
-            assert_eq!(*combine, Combine::Replicated);
+            assert_eq!(*combine, Combine::Replicated { extra: 0 });
             assert!(parts.iter().all(|p| p.bytes == Bytes::Request));
             assert!(parts.iter().all(|p| p.sentinel == parts[0].sentinel));
         }
@@ -801,6 +871,87 @@ mod tests {
         }
     }
 
+    /// [`ByLetter`] where server 2 warms up, its keys (all but `a` and `b`) held by 0 before.
+    struct Warming(ByLetter);
+
+    impl Router for Warming {
+        fn locate(&mut self, key: &[u8]) -> Option<usize> {
+            self.0.locate(key)
+        }
+
+        fn live(&self) -> Vec<usize> {
+            self.0.live()
+        }
+
+        fn warm_source(&mut self, key: &[u8]) -> Option<(usize, usize)> {
+            (self.locate(key) == Some(2)).then_some((2, 0))
+        }
+    }
+
+    #[test]
+    fn a_get_on_a_server_warming_up_also_asks_where_the_key_was() {
+        let mut router = Warming(ByLetter {
+            live: vec![0, 1, 2],
+        });
+        let mut plan_of = |bytes: &[u8]| plan(&parse(bytes).unwrap().unwrap(), &mut router);
+        let p = plan_of(b"get c1\r\n");
+        let Plan::Forward { parts, combine, .. } = &p else {
+            panic!("{p:?}");
+        };
+        assert_eq!((parts[0].server, parts[1].server), (2, 0));
+        assert_eq!(parts[1].bytes, Bytes::Owned(b"mg c1 v f t\r\n".to_vec()));
+        assert_eq!(
+            *combine,
+            Combine::WarmUp {
+                key: b"c1".to_vec()
+            }
+        );
+        // Not warming, or several keys: as ever.
+        assert_eq!(parts_of(&plan_of(b"get a1\r\n")).len(), 1);
+        assert!(parts_of(&plan_of(b"get c1 c2\r\n"))
+            .iter()
+            .all(|p| p.server == 2));
+        // A write also deletes the key where it was.
+        let p = plan_of(b"set c1 0 0 1\r\nx\r\n");
+        let Plan::Forward { parts, combine, .. } = &p else {
+            panic!("{p:?}");
+        };
+        assert_eq!((parts[0].server, parts[1].server), (2, 0));
+        assert_eq!((parts[1].wire, parts[1].sentinel), (Wire::Binary, true));
+        assert_eq!(*combine, Combine::Replicated { extra: 1 });
+
+        let on_error = on_error(&parse(b"get c1\r\n").unwrap().unwrap());
+        let warm = Combine::WarmUp {
+            key: b"c1".to_vec(),
+        };
+        let answer = |owner: &[u8], before: &[u8]| {
+            let mut outcomes: Vec<crate::combine::Outcome> =
+                vec![Ok(owner.to_vec()), Ok(before.to_vec())];
+            let fill = crate::combine::warm_fill(&warm, &outcomes);
+            let mut out = Vec::new();
+            crate::combine::combine(&warm, &on_error, &mut outcomes, &mut out);
+            (
+                String::from_utf8(out).unwrap(),
+                fill.map(|f| String::from_utf8(f).unwrap()),
+            )
+        };
+        let hit = "VALUE c1 3 2\r\nhi\r\nEND\r\n";
+        assert_eq!(answer(hit.as_bytes(), b"EN\r\n"), (hit.into(), None));
+        assert_eq!(
+            answer(b"END\r\n", b"VA 2 f3 t-1\r\nhi\r\n"),
+            (hit.into(), Some("add c1 3 0 2 noreply\r\nhi\r\n".into()))
+        );
+        assert_eq!(
+            answer(b"END\r\n", b"VA 2 f3 t90\r\nhi\r\n").1,
+            Some("add c1 3 90 2 noreply\r\nhi\r\n".into())
+        );
+        assert_eq!(answer(b"END\r\n", b"EN\r\n"), ("END\r\n".into(), None));
+        assert_eq!(
+            answer(b"END\r\n", b"VA 9 f3\r\nhi\r\n"),
+            ("END\r\n".into(), None)
+        );
+    }
+
     #[test]
     fn a_replicated_write_answers_as_all_agree_or_with_the_first_error() {
         let on_error = OnError {
@@ -813,7 +964,12 @@ mod tests {
             let mut outcomes: Vec<crate::combine::Outcome> =
                 outcomes.iter().map(|o| Ok(o.to_vec())).collect();
             let mut out = Vec::new();
-            crate::combine::combine(&Combine::Replicated, &on_error, &mut outcomes, &mut out);
+            crate::combine::combine(
+                &Combine::Replicated { extra: 0 },
+                &on_error,
+                &mut outcomes,
+                &mut out,
+            );
             out
         };
         assert_eq!(combined(&[b"STORED\r\n", b"STORED\r\n"]), b"STORED\r\n");
@@ -831,7 +987,12 @@ mod tests {
             Err(crate::backend::ServerError::Timeout),
         ];
         let mut out = Vec::new();
-        crate::combine::combine(&Combine::Replicated, &on_error, &mut outcomes, &mut out);
+        crate::combine::combine(
+            &Combine::Replicated { extra: 0 },
+            &on_error,
+            &mut outcomes,
+            &mut out,
+        );
         assert!(
             out.starts_with(b"SERVER_ERROR"),
             "{}",

@@ -57,6 +57,8 @@ pub struct PoolStats {
     pub local_replies: AtomicU64,
     /// Reads answered from the cache.
     pub cache_replies: AtomicU64,
+    /// Items a server warming up was given from where their keys were before.
+    pub warm_fills: AtomicU64,
     /// Malformed requests (answered as memcached answers them).
     pub client_errors: AtomicU64,
     /// Clients disconnected for leaving more replies unread than `client_reply_max`.
@@ -77,6 +79,7 @@ impl PoolStats {
             requests: AtomicU64::new(0),
             local_replies: AtomicU64::new(0),
             cache_replies: AtomicU64::new(0),
+            warm_fills: AtomicU64::new(0),
             client_errors: AtomicU64::new(0),
             clients_overflowed: AtomicU64::new(0),
             bytes_from_clients: AtomicU64::new(0),
@@ -144,7 +147,7 @@ impl ProxyStats {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         };
         type PoolField = fn(&PoolStats) -> u64;
-        let pool_families: [(&str, &str, &str, PoolField); 9] = [
+        let pool_families: [(&str, &str, &str, PoolField); 10] = [
             (
                 "kvswitch_proxy_client_connections",
                 "gauge",
@@ -174,6 +177,12 @@ impl ProxyStats {
                 "counter",
                 "Reads answered from the cache.",
                 |p| get(&p.cache_replies),
+            ),
+            (
+                "kvswitch_proxy_warm_fills_total",
+                "counter",
+                "Items a server warming up was given from the server that held their keys before.",
+                |p| get(&p.warm_fills),
             ),
             (
                 "kvswitch_proxy_client_errors_total",
@@ -389,6 +398,7 @@ impl ProxyStats {
                     "requests": get(&p.requests),
                     "local_replies": get(&p.local_replies),
                     "cache_replies": get(&p.cache_replies),
+                    "warm_fills": get(&p.warm_fills),
                     "client_errors": get(&p.client_errors),
                     "servers": servers,
                 })

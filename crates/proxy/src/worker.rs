@@ -119,6 +119,11 @@ impl Router for PoolRouter {
         let view = self.pool.view.borrow();
         view.replicas_hash(view.key_hash(key), out);
     }
+
+    fn warm_source(&mut self, key: &[u8]) -> Option<(usize, usize)> {
+        let view = self.pool.view.borrow();
+        view.warm_source(view.key_hash(key))
+    }
 }
 
 /// Runs one worker until `stop` turns true.

@@ -145,6 +145,10 @@ pub struct Health {
     /// Taken out of the pool by the control plane; its position is never reused by another
     /// server, and adding the same server again brings it back there.
     pub removed: bool,
+    /// Until when it warms up: a read the proxy sends it that misses is also asked of the
+    /// key's previous owner (the owner on the ring without the servers warming up), whose
+    /// item it is given.
+    pub warm_until: Option<Instant>,
 }
 
 /// The pool as it stands at one version: the ring over the servers in it and where each of
@@ -157,7 +161,12 @@ pub struct View {
     hash: HashFn,
     hash_tag: Option<[u8; 2]>,
     replicas: usize,
-    /// The earliest instant at which a server that is out comes back.
+    /// The servers warming up, and the ring over the live servers without them: where their
+    /// keys were before they came.
+    warming: Vec<usize>,
+    cold: Option<(Ring, Vec<usize>)>,
+    /// The earliest instant at which a server that is out comes back, or one warming up is
+    /// warm.
     next_return: Option<Instant>,
 }
 
@@ -192,6 +201,21 @@ impl View {
     /// The server that owns `key`.
     pub fn locate(&self, key: &[u8]) -> Option<usize> {
         self.locate_hash(self.key_hash(key))
+    }
+
+    /// For a key (by its hash) whose owner is warming up: the owner, and the server that owned
+    /// the key before the servers warming up came (`None` when no other server holds it).
+    pub fn warm_source(&self, hash: u32) -> Option<(usize, usize)> {
+        if self.warming.is_empty() {
+            return None;
+        }
+        let owner = self.locate_hash(hash)?;
+        if !self.warming.contains(&owner) {
+            return None;
+        }
+        let (ring, live) = self.cold.as_ref()?;
+        let before = *live.get(ring.locate_hash(hash))?;
+        (before != owner).then_some((owner, before))
     }
 
     /// Servers each key is kept on (the pool's `replicas`; 1 when it is not replicated).
@@ -307,6 +331,16 @@ impl Pool {
     /// same ring name and address at its old position. Only the keys ketama gives the new
     /// server move.
     pub fn add_server(&self, server: ServerSpec) -> Result<Changed, PoolChangeError> {
+        self.add_warming(server, None)
+    }
+
+    /// As [`Pool::add_server`]; with `warm_until`, the server warms up until then (see
+    /// [`Health::warm_until`]).
+    pub fn add_warming(
+        &self,
+        server: ServerSpec,
+        warm_until: Option<Instant>,
+    ) -> Result<Changed, PoolChangeError> {
         if server.weight == 0 {
             return Err(PoolChangeError::BadWeight(0));
         }
@@ -331,6 +365,7 @@ impl Pool {
             };
             state.order.retain(|&o| o != i);
             state.order.push(i);
+            state.health[i].warm_until = warm_until;
             Ok(i)
         })
     }
@@ -428,6 +463,10 @@ impl Pool {
                 for h in health.iter_mut() {
                     if h.down_until.is_some_and(|t| t <= now) {
                         h.down_until = None;
+                        changed = true;
+                    }
+                    if h.warm_until.is_some_and(|t| t <= now) {
+                        h.warm_until = None;
                         changed = true;
                     }
                 }
@@ -540,6 +579,8 @@ impl Pool {
             hash: state.spec.hash,
             hash_tag: state.spec.hash_tag,
             replicas: state.spec.replicas.max(1),
+            warming: Vec::new(),
+            cold: None,
             next_return: None,
         });
         self.publish(view);
@@ -563,6 +604,29 @@ fn build_view(state: &State, version: u64) -> Result<View, RouteError> {
         true => None,
         false => Some(Ring::new(spec.distribution, spec.hash, &servers)?),
     };
+    let warming: Vec<usize> = live
+        .iter()
+        .copied()
+        .filter(|&i| health[i].warm_until.is_some())
+        .collect();
+    let cold_live: Vec<usize> = live
+        .iter()
+        .copied()
+        .filter(|i| !warming.contains(i))
+        .collect();
+    let cold = match (warming.is_empty(), cold_live.is_empty()) {
+        (false, false) => {
+            let servers: Vec<Server> = cold_live
+                .iter()
+                .map(|&i| Server::new(spec.servers[i].ring_name(), spec.servers[i].weight))
+                .collect();
+            Some((
+                Ring::new(spec.distribution, spec.hash, &servers)?,
+                cold_live,
+            ))
+        }
+        _ => None,
+    };
     Ok(View {
         version,
         ring,
@@ -570,10 +634,13 @@ fn build_view(state: &State, version: u64) -> Result<View, RouteError> {
         hash: spec.hash,
         hash_tag: spec.hash_tag,
         replicas: spec.replicas.max(1),
+        warming,
+        cold,
         next_return: health
             .iter()
             .filter(|h| !h.removed)
-            .filter_map(|h| h.down_until)
+            .flat_map(|h| [h.down_until, h.warm_until])
+            .flatten()
             .min(),
     })
 }
@@ -997,5 +1064,43 @@ mod tests {
         // A removed server's failures change nothing.
         assert!(!pool.failed(2, Instant::ZERO));
         assert_eq!(pool.version(), version + 1);
+    }
+
+    #[test]
+    fn a_server_warming_up_names_where_its_keys_were_until_it_is_warm() {
+        let pool = three(false);
+        let t0 = Instant::from_secs(100);
+        let before = pool.view(t0);
+        let fourth = ServerSpec {
+            host: "10.0.0.4".into(),
+            addr: SocketAddr::from(([10, 0, 0, 4], 11211)),
+            weight: 1,
+            name: None,
+        };
+        let until = t0 + Duration::from_secs(5);
+        let added = pool.add_warming(fourth, Some(until)).unwrap();
+        let view = pool.view(t0);
+        assert_eq!(view.next_return(), Some(until));
+        let mut moved = 0;
+        for k in 0..2000u32 {
+            let hash = view.key_hash(format!("key:{k}").as_bytes());
+            let owner = view.locate_hash(hash).unwrap();
+            match view.warm_source(hash) {
+                Some((o, was)) => {
+                    moved += 1;
+                    assert_eq!(o, added.server);
+                    assert_eq!(Some(was), before.locate_hash(hash), "the owner before");
+                }
+                None => assert_ne!(owner, added.server),
+            }
+        }
+        assert!(moved > 200, "{moved} keys moved to the new server");
+        // Warm: its keys are its own.
+        let later = pool.view(until);
+        assert!(later.version() > view.version());
+        assert!((0..2000u32).all(|k| later
+            .warm_source(later.key_hash(format!("key:{k}").as_bytes()))
+            .is_none()));
+        assert_eq!(pool.health(added.server).warm_until, None);
     }
 }

@@ -1027,9 +1027,24 @@ pub(crate) struct NewServer {
     pub(crate) weight: u32,
     pub(crate) name: Option<String>,
     pub(crate) pool: Option<String>,
+    /// Warm the server up for this long: a `get` through the proxy that misses on it is
+    /// also asked of the server that held the key before, whose item it is given.
+    pub(crate) warm_ms: Option<u64>,
 }
 
+/// The longest warm-up: a day.
+pub(crate) const MAX_WARM_MS: u64 = 86_400_000;
+
 impl NewServer {
+    /// The warm-up asked for, checked.
+    pub(crate) fn warm(&self) -> Result<Option<std::time::Duration>, String> {
+        match self.warm_ms {
+            None | Some(0) => Ok(None),
+            Some(ms) if ms <= MAX_WARM_MS => Ok(Some(std::time::Duration::from_millis(ms))),
+            Some(ms) => Err(format!("warm_ms: {ms} is more than a day ({MAX_WARM_MS})")),
+        }
+    }
+
     /// The server, as a pool holds it.
     pub(crate) fn spec(self) -> ServerSpec {
         ServerSpec {
@@ -1048,8 +1063,12 @@ fn one() -> u32 {
 async fn add_server(State(api): State<Shared>, bytes: Bytes) -> Reply {
     let s: NewServer = body(&bytes)?;
     let pool = pool_named(&api, s.pool.as_deref())?;
+    let warm = s
+        .warm()
+        .map_err(|e| ApiFailure::from(ControlError::new(ErrorKind::Invalid, "warm_ms", e)))?;
+    let until = warm.map(|w| kvio::clock::now() + w);
     let server = s.spec();
-    let changed = pool.add_server(server).map_err(pool_failure)?;
+    let changed = pool.add_warming(server, until).map_err(pool_failure)?;
     grow_caches(&pool, &pool.spec().name, &api.exporter.caches());
     Ok((
         StatusCode::CREATED,

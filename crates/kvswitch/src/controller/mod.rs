@@ -193,6 +193,9 @@ struct Fleet {
     leader: Option<String>,
     /// Each switch's last count of failed requests per server address, for TKO.
     reported: HashMap<(usize, String), u64>,
+    /// Servers added with a warm-up, by label: until when they warm up. A switch that takes
+    /// one in before then is asked to warm it for the time left.
+    warm_until: HashMap<String, Instant>,
 }
 
 /// What the threads share.
@@ -327,6 +330,7 @@ fn sync_switch(
     client: &Client,
     pool: &str,
     live: &[ServerSpec],
+    warm: &HashMap<String, Instant>,
     leads: &dyn Fn() -> bool,
 ) -> anyhow::Result<u64> {
     let doc = client.call_within("GET", "/api/v1/pool", None, SWITCH_WAIT)?;
@@ -372,9 +376,13 @@ fn sync_switch(
     for s in live {
         match listed.iter().find(|v| same(s, v)) {
             None => {
+                let warm_ms = warm
+                    .get(&s.label())
+                    .map(|t| t.saturating_duration_since(Instant::now()).as_millis() as u64)
+                    .filter(|&ms| ms > 0);
                 let body = json!({
                     "addr": s.addr.to_string(), "host": s.host, "weight": s.weight,
-                    "name": s.name, "pool": pool_name,
+                    "name": s.name, "pool": pool_name, "warm_ms": warm_ms,
                 });
                 call(
                     "POST",
@@ -486,6 +494,7 @@ pub fn start(
         all_down_said: false,
         leader: None,
         reported: HashMap::new(),
+        warm_until: HashMap::new(),
     };
     let me = listener.local_addr()?.to_string();
     let elects = store.is_some();
@@ -820,21 +829,24 @@ fn syncer(shared: &Shared, i: usize, token: Option<String>) {
                 continue;
             }
         }
-        let (generation, pool, live, switch) = {
+        let (generation, pool, live, switch, warm) = {
             let mut f = shared.fleet();
             let live = desired(&mut f);
+            let now = Instant::now();
+            f.warm_until.retain(|_, t| *t > now);
             (
                 f.generation,
                 f.file.pool.name.clone(),
                 live,
                 f.file.switches[i].clone(),
+                f.warm_until.clone(),
             )
         };
         let client = Client {
             api: switch.api,
             token: token.clone(),
         };
-        let outcome = sync_switch(&client, &pool, &live, &|| shared.fleet().acting());
+        let outcome = sync_switch(&client, &pool, &live, &warm, &|| shared.fleet().acting());
         let mut f = shared.fleet();
         let st = &mut f.switches[i];
         st.syncs += 1;
@@ -1173,6 +1185,7 @@ async fn add_server(State(shared): State<Arc<Shared>>, headers: HeaderMap, bytes
     if s.weight == 0 {
         return Err(refuse(StatusCode::BAD_REQUEST, "weight: use 1 or more"));
     }
+    let warm = s.warm().map_err(|e| refuse(StatusCode::BAD_REQUEST, e))?;
     let mut f = shared.fleet();
     leading(&f)?;
     if s.pool.as_ref().is_some_and(|p| *p != f.file.pool.name) {
@@ -1216,6 +1229,9 @@ async fn add_server(State(shared): State<Arc<Shared>>, headers: HeaderMap, bytes
     f.servers = list;
     f.health.push(Health::default());
     f.standing_in.push(None);
+    if let Some(warm) = warm {
+        f.warm_until.insert(label.clone(), Instant::now() + warm);
+    }
     shared.bump(&mut f);
     Ok((
         StatusCode::CREATED,
