@@ -41,13 +41,9 @@ impl Switch {
         now: Instant,
         emit: &mut Vec<Emit>,
     ) {
-        let Some(agent_ip) = self.spec.agent_ip else {
-            self.stats.count_drop(Drop::SplitUnavailable);
-            return;
-        };
-        let Ok(Some(req)) = memcache::parse(body) else {
-            self.stats.count_drop(Drop::IncompleteRequest);
-            return;
+        let (agent_ip, req) = match self.from_agent(body) {
+            Ok(x) => x,
+            Err(reason) => return self.stats.count_drop(reason),
         };
         let client = split::Client {
             ends: client,
@@ -64,12 +60,8 @@ impl Switch {
                 return;
             };
             // Every part needs a known MAC and port before anything is sent.
-            if keys.iter().any(|(_, s)| self.backend_macs[*s].is_none()) {
-                self.stats.count_drop(Drop::BackendUnresolved);
-                return;
-            }
-            if keys.iter().any(|(_, s)| self.server_port(*s).is_none()) {
-                self.stats.count_drop(Drop::RoutePortUnknown);
+            if let Some(reason) = self.unreachable(keys.iter().map(|(_, s)| *s)) {
+                self.stats.count_drop(reason);
                 return;
             }
             if let Some(cache) = &self.cache {
@@ -113,18 +105,8 @@ impl Switch {
                 self.stats.count_drop(Drop::IncompleteRequest);
                 return;
             };
-            if requests
-                .iter()
-                .any(|(_, s)| s.is_some_and(|s| self.backend_macs[s].is_none()))
-            {
-                self.stats.count_drop(Drop::BackendUnresolved);
-                return;
-            }
-            if requests
-                .iter()
-                .any(|(_, s)| s.is_some_and(|s| self.server_port(s).is_none()))
-            {
-                self.stats.count_drop(Drop::RoutePortUnknown);
+            if let Some(reason) = self.unreachable(requests.iter().filter_map(|(_, s)| *s)) {
+                self.stats.count_drop(reason);
                 return;
             }
             self.splitter
@@ -144,6 +126,27 @@ impl Switch {
         stats::inc(&self.stats.kv_split);
         self.count_splits();
         self.send_subs(agent_ip, subs, emit);
+    }
+
+    /// The address sub-requests go from, and the request of `body` they carry.
+    fn from_agent<'b>(&self, body: &'b [u8]) -> Result<(Ipv4Addr, memcache::Request<'b>), Drop> {
+        let agent_ip = self.spec.agent_ip.ok_or(Drop::SplitUnavailable)?;
+        match memcache::parse(body) {
+            Ok(Some(req)) => Ok((agent_ip, req)),
+            _ => Err(Drop::IncompleteRequest),
+        }
+    }
+
+    /// Why sub-requests to `servers` cannot be sent yet: a server whose MAC is unknown, or
+    /// whose port is; `None` when every one can be reached.
+    fn unreachable(&self, servers: impl Iterator<Item = usize> + Clone) -> Option<Drop> {
+        if servers.clone().any(|s| self.backend_macs[s].is_none()) {
+            return Some(Drop::BackendUnresolved);
+        }
+        if servers.into_iter().any(|s| self.server_port(s).is_none()) {
+            return Some(Drop::RoutePortUnknown);
+        }
+        None
     }
 
     /// Sends sub-requests from the agent address, each to its server: the parts of a split
@@ -200,20 +203,12 @@ impl Switch {
         now: Instant,
         emit: &mut Vec<Emit>,
     ) {
-        let Some(agent_ip) = self.spec.agent_ip else {
-            self.stats.count_drop(Drop::SplitUnavailable);
-            return;
+        let (agent_ip, req) = match self.from_agent(body) {
+            Ok(x) => x,
+            Err(reason) => return self.stats.count_drop(reason),
         };
-        let Ok(Some(req)) = memcache::parse(body) else {
-            self.stats.count_drop(Drop::IncompleteRequest);
-            return;
-        };
-        if replicas.iter().any(|&s| self.backend_macs[s].is_none()) {
-            self.stats.count_drop(Drop::BackendUnresolved);
-            return;
-        }
-        if replicas.iter().any(|&s| self.server_port(s).is_none()) {
-            self.stats.count_drop(Drop::RoutePortUnknown);
+        if let Some(reason) = self.unreachable(replicas.iter().copied()) {
+            self.stats.count_drop(reason);
             return;
         }
         let client = split::Client {
