@@ -131,7 +131,7 @@ pub enum EntryCmd {
     /// Add an entry: --match FIELD=VALUE (a number, an address, 0xHEX, text:TEXT, or
     /// VALUE/MASK) and --action ACTION (output:PORT, flood, drop, to_cpu, mirror,
     /// count:NAME, goto:TABLE, set_eth_dst:MAC, set_eth_src:MAC, set_ipv4_dst:IP,
-    /// set_ipv4_src:IP, dec_ttl, interface:ID, set_reg:REG=VALUE, load_reg:REG=REGISTER,
+    /// set_ipv4_src:IP, set_dscp:N, dec_ttl, interface:ID, set_reg:REG=VALUE, load_reg:REG=REGISTER,
     /// add_register:REGISTER=VALUE).
     Add {
         table: String,
@@ -470,6 +470,9 @@ pub fn action(text: &str) -> anyhow::Result<Value> {
         ("interface", Some(n)) => {
             json!({ "interface": n.parse::<u16>().with_context(|| format!("{text}: an interface id"))? })
         }
+        ("set_dscp", Some(n)) => {
+            json!({ "set_dscp": n.parse::<u8>().with_context(|| format!("{text}: a DSCP, 0 to 63"))? })
+        }
         ("set_reg" | "load_reg" | "add_register", Some(a)) => {
             let (left, right) = a
                 .split_once('=')
@@ -488,7 +491,7 @@ pub fn action(text: &str) -> anyhow::Result<Value> {
         _ => bail!(
             "{text:?} is not an action: output:PORT, flood, drop, to_cpu, mirror, count:NAME, \
              goto:TABLE, set_eth_dst:MAC, set_eth_src:MAC, set_ipv4_dst:IP, set_ipv4_src:IP, \
-             dec_ttl, interface:ID, set_reg:REG=VALUE, load_reg:REG=REGISTER, \
+             set_dscp:N, dec_ttl, interface:ID, set_reg:REG=VALUE, load_reg:REG=REGISTER, \
              add_register:REGISTER=VALUE"
         ),
     })
