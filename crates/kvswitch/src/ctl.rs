@@ -413,11 +413,35 @@ impl Client {
                 .and_then(Value::as_str)
                 .map(str::to_string)
                 .unwrap_or_else(|| body.trim().to_string());
-            bail!("{method} {path}: {status}: {message}");
+            return Err(Refused {
+                what: format!("{method} {path}"),
+                status,
+                message,
+            }
+            .into());
         }
         Ok(doc)
     }
 }
+
+/// A reply of the API other than 2xx: the call reached the API and was answered, so a caller
+/// can tell a refusal (4xx) from a switch out of reach (any other error of [`Client::call`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    /// The method and path.
+    pub what: String,
+    pub status: u16,
+    /// The API's `error`, or its body.
+    pub message: String,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}: {}", self.what, self.status, self.message)
+    }
+}
+
+impl std::error::Error for Refused {}
 
 /// The body of a chunked reply.
 fn dechunk(mut text: &str) -> String {
