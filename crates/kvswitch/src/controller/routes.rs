@@ -569,8 +569,10 @@ fn update(shared: &Shared, want: BTreeMap<String, Vec<EntryDef>>) -> Result<Json
             .find_map(|(i, r)| r.as_ref().err().map(|f| (i, f.clone())))
     };
 
-    // Ready: read every switch not known yet.
-    let read = each(calls.len(), |i| match on[i].known {
+    // Ready: read every switch not known yet; with a store, every switch, since another
+    // controller may have led in between.
+    let fresh = shared.store.is_some();
+    let read = each(calls.len(), |i| match on[i].known && !fresh {
         true => Ok(on[i].clone()),
         false => ready(&calls[i], &spec),
     });
