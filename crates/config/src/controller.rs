@@ -26,8 +26,18 @@
 //! [[pool.servers]]
 //! addr = "10.0.0.11:11211"
 //! name = "s1"
+//!
+//! # Optional: routes the controller keeps on the switches, replaced as a whole by
+//! # `PUT /api/v1/routes` and updated consistently (each frame meets one version only).
+//! [routes]
+//! match = { ip_dst = { value = "10.9.0.0", mask = "255.255.255.0" } }  # the frames routed
+//! priority = 1000               # of the `acl` entry that sends them to the controller's tables
+//! drain_ms = 100                # the old version stays this long after the new one stamps
+//! [routes.edge_ports]           # per switch: ports where frames enter the fabric
+//! sw1 = [0]
 //! ```
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -35,6 +45,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::ConfigError;
+use switch::control::Value;
 use switch::pool::PoolSpec;
 
 /// Most switches one controller drives.
@@ -74,6 +85,23 @@ pub struct ControllerFile {
     pub switches: Vec<SwitchRef>,
     /// The pool every switch serves; its `listen` is unused.
     pub pool: PoolSpec,
+    /// The routes the controller keeps on the switches (`[routes]`), if any.
+    pub routes: Option<RoutesSpec>,
+}
+
+/// How the controller keeps versioned routes on its switches (`[routes]`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoutesSpec {
+    /// The frames the controller routes, as a match in the fields of the switches' `acl`
+    /// table (never empty: the controller takes no switch's whole traffic by default).
+    pub traffic: BTreeMap<String, Value>,
+    /// The priority of the `acl` entry that sends those frames to the controller's tables.
+    pub priority: u32,
+    /// How long the old version stays installed after every switch stamps the new one: longer
+    /// than a frame can spend inside the fabric.
+    pub drain: Duration,
+    /// Per switch (by name): the ports where frames enter the fabric and are stamped.
+    pub edge_ports: BTreeMap<String, Vec<u16>>,
 }
 
 #[derive(Deserialize)]
@@ -84,6 +112,19 @@ struct RawFile {
     #[serde(default)]
     switches: Vec<RawSwitchRef>,
     pool: toml::Table,
+    #[serde(default)]
+    routes: Option<RawRoutes>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRoutes {
+    #[serde(rename = "match", default)]
+    traffic: BTreeMap<String, Value>,
+    priority: Option<u32>,
+    drain_ms: Option<u64>,
+    #[serde(default)]
+    edge_ports: BTreeMap<String, Vec<u16>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -259,6 +300,10 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
             ),
         ));
     }
+    let routes = match raw.routes {
+        Some(r) => Some(routes(r, &switches, path)?),
+        None => None,
+    };
     Ok(ControllerFile {
         path: path.to_owned(),
         api,
@@ -273,6 +318,51 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
         switch_token_file,
         switches,
         pool,
+        routes,
+    })
+}
+
+/// Checks `[routes]`: a match to route by, a drain time in range, edge ports of known switches.
+fn routes(r: RawRoutes, switches: &[SwitchRef], path: &Path) -> Result<RoutesSpec, ConfigError> {
+    let err = |key: &str, message: String| ConfigError::new(path, key, message);
+    if r.traffic.is_empty() {
+        return Err(err(
+            "routes.match",
+            "say which frames the controller routes, as a match in acl's fields \
+             (for example ip_dst with a mask)"
+                .into(),
+        ));
+    }
+    let drain_ms = r.drain_ms.unwrap_or(100);
+    if drain_ms > 60_000 {
+        return Err(err(
+            "routes.drain_ms",
+            format!("{drain_ms} is out of range; use 0 to 60000"),
+        ));
+    }
+    for (name, ports) in &r.edge_ports {
+        if !switches.iter().any(|s| s.name == *name) {
+            return Err(err(
+                &format!("routes.edge_ports.{name}"),
+                format!("no switch named `{name}` in [[switches]]"),
+            ));
+        }
+        if let Some(p) = ports
+            .iter()
+            .enumerate()
+            .find_map(|(i, p)| ports[..i].contains(p).then_some(p))
+        {
+            return Err(err(
+                &format!("routes.edge_ports.{name}"),
+                format!("port {p} is listed twice"),
+            ));
+        }
+    }
+    Ok(RoutesSpec {
+        traffic: r.traffic,
+        priority: r.priority.unwrap_or(1000),
+        drain: Duration::from_millis(drain_ms),
+        edge_ports: r.edge_ports,
     })
 }
 
@@ -363,6 +453,30 @@ weight = 2
         ];
         for (text, key) in cases {
             let e = parse(&text, Path::new("c.toml")).unwrap_err();
+            assert!(e.to_string().contains(key), "{key}: {e}");
+        }
+        let routes =
+            "\n[routes]\nmatch = { ip_dst = \"10.9.0.1\" }\n[routes.edge_ports]\nsw1 = [0]\n";
+        let f = parse(&(GOOD.to_string() + routes), Path::new("c.toml")).unwrap();
+        let r = f.routes.unwrap();
+        assert_eq!(r.edge_ports["sw1"], [0]);
+        assert_eq!((r.drain, r.priority), (Duration::from_millis(100), 1000));
+        for (bad, key) in [
+            (
+                routes.replace("sw1 = [0]", "sw9 = [0]"),
+                "routes.edge_ports.sw9",
+            ),
+            (routes.replace("sw1 = [0]", "sw1 = [0, 0]"), "listed twice"),
+            (
+                routes.replace("match = { ip_dst = \"10.9.0.1\" }", ""),
+                "routes.match",
+            ),
+            (
+                routes.replace("[routes.edge", "drain_ms = 70000\n[routes.edge"),
+                "routes.drain_ms",
+            ),
+        ] {
+            let e = parse(&(GOOD.to_string() + &bad), Path::new("c.toml")).unwrap_err();
             assert!(e.to_string().contains(key), "{key}: {e}");
         }
         let none = GOOD.split("[[switches]]").next().unwrap().to_string()

@@ -131,7 +131,7 @@ pub enum EntryCmd {
     /// Add an entry: --match FIELD=VALUE (a number, an address, 0xHEX, text:TEXT, or
     /// VALUE/MASK) and --action ACTION (output:PORT, flood, drop, to_cpu, mirror,
     /// count:NAME, goto:TABLE, set_eth_dst:MAC, set_eth_src:MAC, set_ipv4_dst:IP,
-    /// set_ipv4_src:IP, dec_ttl, interface:ID, set_reg:REG=VALUE, load_reg:REG=REGISTER,
+    /// set_ipv4_src:IP, set_dscp:N, dec_ttl, interface:ID, set_reg:REG=VALUE, load_reg:REG=REGISTER,
     /// add_register:REGISTER=VALUE).
     Add {
         table: String,
@@ -417,11 +417,35 @@ impl Client {
                 .and_then(Value::as_str)
                 .map(str::to_string)
                 .unwrap_or_else(|| body.trim().to_string());
-            bail!("{method} {path}: {status}: {message}");
+            return Err(Refused {
+                what: format!("{method} {path}"),
+                status,
+                message,
+            }
+            .into());
         }
         Ok(doc)
     }
 }
+
+/// A reply of the API other than 2xx: the call reached the API and was answered, so a caller
+/// can tell a refusal (4xx) from a switch out of reach (any other error of [`Client::call`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    /// The method and path.
+    pub what: String,
+    pub status: u16,
+    /// The API's `error`, or its body.
+    pub message: String,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}: {}", self.what, self.status, self.message)
+    }
+}
+
+impl std::error::Error for Refused {}
 
 /// The body of a chunked reply.
 fn dechunk(mut text: &str) -> String {
@@ -474,6 +498,9 @@ pub fn action(text: &str) -> anyhow::Result<Value> {
         ("interface", Some(n)) => {
             json!({ "interface": n.parse::<u16>().with_context(|| format!("{text}: an interface id"))? })
         }
+        ("set_dscp", Some(n)) => {
+            json!({ "set_dscp": n.parse::<u8>().with_context(|| format!("{text}: a DSCP, 0 to 63"))? })
+        }
         ("set_reg" | "load_reg" | "add_register", Some(a)) => {
             let (left, right) = a
                 .split_once('=')
@@ -492,7 +519,7 @@ pub fn action(text: &str) -> anyhow::Result<Value> {
         _ => bail!(
             "{text:?} is not an action: output:PORT, flood, drop, to_cpu, mirror, count:NAME, \
              goto:TABLE, set_eth_dst:MAC, set_eth_src:MAC, set_ipv4_dst:IP, set_ipv4_src:IP, \
-             dec_ttl, interface:ID, set_reg:REG=VALUE, load_reg:REG=REGISTER, \
+             set_dscp:N, dec_ttl, interface:ID, set_reg:REG=VALUE, load_reg:REG=REGISTER, \
              add_register:REGISTER=VALUE"
         ),
     })

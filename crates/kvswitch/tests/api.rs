@@ -813,3 +813,35 @@ fn a_large_table_is_listed_a_page_at_a_time() {
     let e = refused(&rig, "GET", "/api/v1/tables/many/entries?page=2", None);
     assert!(e.contains("400"), "{e}");
 }
+
+#[test]
+fn a_dscp_is_written_with_its_checksum_and_one_out_of_range_is_refused() {
+    let mut rig = rig(None);
+    let c = rig.client.clone();
+    let e = refused(
+        &rig,
+        "POST",
+        "/api/v1/tables/acl/entries",
+        Some(
+            json!({"match": {"ip_dst": "10.7.0.1"}, "actions": [{"set_dscp": 64}, {"output": 1}]}),
+        ),
+    );
+    assert!(
+        e.contains("400") && e.contains("actions[0]") && e.contains("0 to 63"),
+        "{e}"
+    );
+    c.call(
+        "POST",
+        "/api/v1/tables/acl/entries",
+        Some(
+            &json!({"match": {"ip_dst": "10.7.0.1"}, "actions": [{"set_dscp": 46}, {"output": 1}]}),
+        ),
+    )
+    .unwrap();
+    let listed = c.call("GET", "/api/v1/tables/acl/entries", None).unwrap();
+    assert_eq!(listed["entries"][0]["actions"][0], json!({"set_dscp": 46}));
+    let out = received(&mut rig, 1, &frame(Ipv4Addr::new(10, 7, 0, 1))).expect("on port 1");
+    assert_eq!(out[15] >> 2, 46);
+    let header = wire::ipv4::Packet::new_checked(&out[14..]).expect("an IPv4 header");
+    assert!(header.verify_checksum(), "the header checksum holds");
+}

@@ -57,6 +57,13 @@ pub enum Action {
     SetIpv4Dst([u8; 4]),
     /// Rewrite the IPv4 source; checksums as for [`Action::SetIpv4Dst`].
     SetIpv4Src([u8; 4]),
+    /// Write the IPv4 DSCP (the top 6 bits of the ToS byte; the 2 ECN bits are kept) and fix
+    /// the header checksum incrementally (RFC 1624), so a header checksum that was wrong stays
+    /// wrong. The value must be below 64 (checked at insertion: [`Error::BadDscp`]).
+    /// Skipped (and counted) unless the frame is Ethernet II / IPv4 with a valid header length.
+    ///
+    /// [`Error::BadDscp`]: crate::Error::BadDscp
+    SetDscp(u8),
     /// Decrement the IPv4 TTL and fix the header checksum. A TTL of 0 or 1 drops the frame with
     /// [`reason::TTL_EXPIRED`](crate::reason::TTL_EXPIRED). Skipped (and counted) on non-IPv4.
     DecTtl,

@@ -76,6 +76,9 @@ pub enum Error {
     /// A table cannot be removed while an action list elsewhere jumps to it.
     #[error("{table} is the target of a goto in {by}")]
     TableInUse { table: TableId, by: TableId },
+    /// A `SetDscp` value does not fit the DSCP's 6 bits.
+    #[error("DSCP {0} out of range (0 to 63)")]
+    BadDscp(u8),
     /// A `LoadReg` or `AddReg` names a user register out of range.
     #[error("user register {0} out of range (have {})", crate::NUM_USER_REGS)]
     BadUserRegister(u8),

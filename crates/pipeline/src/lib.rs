@@ -76,3 +76,6 @@ pub const NUM_USER_REGS: usize = 64;
 
 /// Most entries in the interface table; interface ids are `0..MAX_INTERFACES`.
 pub const MAX_INTERFACES: usize = 256;
+/// The largest value [`Action::SetDscp`] writes: the DSCP is the top 6 bits of the IPv4 ToS
+/// byte.
+pub const MAX_DSCP: u8 = 63;

@@ -223,6 +223,10 @@ impl Exec<'_> {
                 let done = rewrite::set_ipv4(self.frame, Addr::Src, a);
                 self.applied(done);
             }
+            Action::SetDscp(d) => {
+                let done = rewrite::set_dscp(self.frame, d);
+                self.applied(done);
+            }
             Action::DecTtl => match rewrite::dec_ttl(self.frame) {
                 Ttl::Decremented => {}
                 Ttl::Expired => return Flow::Stop(reason::TTL_EXPIRED),
@@ -884,6 +888,7 @@ impl Pipeline {
                 Action::Drop(code) if code < reason::USER_BASE => {
                     return Err(Error::ReservedReason(code));
                 }
+                Action::SetDscp(d) if d > crate::MAX_DSCP => return Err(Error::BadDscp(d)),
                 _ => {}
             }
         }

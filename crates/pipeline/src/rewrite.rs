@@ -11,6 +11,7 @@ const PROTO_UDP: u8 = 17;
 
 /// Byte offsets inside an IPv4 header.
 mod ip {
+    pub const TOS: usize = 1;
     pub const FRAG: usize = 6;
     pub const TTL: usize = 8;
     pub const PROTO: usize = 9;
@@ -176,6 +177,29 @@ fn udp_checksum(frame: &mut [u8], l4: usize, udp_len: usize) -> u16 {
     !(fold(sum) as u16)
 }
 
+/// Writes the DSCP (the top 6 bits of the IPv4 ToS byte, keeping the 2 ECN bits) and repairs
+/// the header checksum incrementally (RFC 1624, eqn. 3, on the 16-bit word holding version,
+/// IHL and ToS), so a header checksum that was wrong stays wrong. `dscp` is at most
+/// [`MAX_DSCP`](crate::MAX_DSCP); higher bits are ignored. Returns `false`, changing nothing, if the frame is
+/// not Ethernet II / IPv4.
+pub(crate) fn set_dscp(frame: &mut [u8], dscp: u8) -> bool {
+    if ipv4_header_len(frame).is_none() {
+        return false;
+    }
+    let at = ETH_LEN + ip::TOS;
+    let old_word = [frame[ETH_LEN], frame[at]];
+    frame[at] = (dscp << 2) | (frame[at] & 0x03);
+    let new_word = [frame[ETH_LEN], frame[at]];
+    if let Some(hc) = read16(frame, ETH_LEN + ip::CHECKSUM) {
+        let mut sum = u32::from(!hc);
+        sum += u32::from(!u16::from_be_bytes(old_word));
+        sum += u32::from(u16::from_be_bytes(new_word));
+        // `fold` returns at most 0xffff, so the truncation is exact.
+        write16(frame, ETH_LEN + ip::CHECKSUM, !(fold(sum) as u16));
+    }
+    true
+}
+
 /// Decrements the IPv4 TTL and recomputes the header checksum. A TTL of 0 or 1 is left alone
 /// and reported as expired.
 pub(crate) fn dec_ttl(frame: &mut [u8]) -> Ttl {
@@ -314,6 +338,44 @@ mod tests {
         f[22] = 1;
         assert_eq!(dec_ttl(&mut f), Ttl::Expired);
         assert_eq!(dec_ttl(&mut [0u8; 13]), Ttl::NotIpv4);
+    }
+
+    #[test]
+    fn dscp_keeps_ecn_and_a_valid_checksum() {
+        let mut f = frame(PROTO_UDP, 0, &[0; 8]);
+        f[15] = 0x02; // ECN: ECT(0)
+        let ihl = ipv4_header_len(&f).unwrap();
+        fill_ipv4_checksum(&mut f, ihl);
+        let before = f.clone();
+        for dscp in [1, 46, 63, 0] {
+            assert!(set_dscp(&mut f, dscp));
+            assert_eq!(f[15], (dscp << 2) | 0x02, "dscp {dscp}");
+            assert!(verify_ip(&f), "dscp {dscp}");
+            let mut full = f.clone();
+            fill_ipv4_checksum(&mut full, ihl);
+            assert_eq!(
+                f[24..26],
+                full[24..26],
+                "incremental = recomputed, dscp {dscp}"
+            );
+        }
+        // Back at 0 the frame is what it was.
+        assert_eq!(f, before);
+        // A header that was wrong stays wrong.
+        let mut bad = before.clone();
+        bad[24] ^= 0x10;
+        assert!(set_dscp(&mut bad, 9));
+        assert!(!verify_ip(&bad));
+    }
+
+    #[test]
+    fn dscp_skips_what_is_not_ipv4() {
+        let mut arp = vec![0u8; 42];
+        arp[12..14].copy_from_slice(&[0x08, 0x06]);
+        let before = arp.clone();
+        assert!(!set_dscp(&mut arp, 5));
+        assert_eq!(arp, before);
+        assert!(!set_dscp(&mut [0u8; 14], 5));
     }
 
     #[test]

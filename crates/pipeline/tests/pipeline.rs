@@ -570,6 +570,68 @@ fn rewrite_on_non_ipv4_is_counted() {
     assert_eq!(p.stats().rewrite_skipped, 2);
 }
 
+/// A version stamp as a controller writes it: the first switch sets the DSCP on frames from
+/// an edge port, and a later table matches it with a byte range of the ToS byte (offset 15)
+/// under the DSCP's mask, whatever the ECN bits say.
+#[test]
+fn a_dscp_written_is_matched_by_a_byte_range_under_its_mask() {
+    let mut p = Pipeline::new();
+    let stamp = p
+        .add_table(TableSpec {
+            name: "stamp".into(),
+            kind: MatchKind::Ternary,
+            key: vec![Field::InPort],
+            miss: vec![Action::Goto(TableId(1))],
+        })
+        .unwrap();
+    let routes = p
+        .add_table(TableSpec {
+            name: "routes".into(),
+            kind: MatchKind::Ternary,
+            key: vec![bytes(15, 1)],
+            miss: vec![Action::Drop(NO_ROUTE)],
+        })
+        .unwrap();
+    p.insert(
+        stamp,
+        Entry::ternary([0, 1], [0xff, 0xff], 1, {
+            vec![Action::SetDscp(5), Action::Goto(routes)]
+        }),
+    )
+    .unwrap();
+    for (v, port) in [(5u8, 2u16), (6, 3)] {
+        p.insert(
+            routes,
+            Entry::ternary([v << 2], [0xfc], 0, vec![Action::Output(port)]),
+        )
+        .unwrap();
+    }
+    // From the edge port 1: stamped 5, routed by version 5.
+    let mut f = client().build();
+    assert_eq!(p.process(&mut f, &mut meta(1, 0)), Verdict::Output(2));
+    assert_eq!(f[15], 5 << 2);
+    assert!(checksums_ok(&f));
+    // From another port, already stamped 6 by an earlier switch: left as it is.
+    let mut g = client().build();
+    g[15] = (6 << 2) | 0x01; // ECN bits set: the mask leaves them out
+    assert_eq!(p.process(&mut g, &mut meta(4, 0)), Verdict::Output(3));
+    // Unstamped from another port: no version routes it.
+    let mut h = client().build();
+    assert_eq!(p.process(&mut h, &mut meta(4, 0)), Verdict::Drop(NO_ROUTE));
+    // A DSCP takes 6 bits.
+    assert_eq!(
+        p.insert(
+            routes,
+            Entry::ternary([0], [0xfc], 0, vec![Action::SetDscp(64)])
+        ),
+        Err(Error::BadDscp(64))
+    );
+    // On ARP the stamp is skipped and counted.
+    let mut a = arp_request(MAC_A, [10, 0, 0, 1], VIP);
+    p.process(&mut a, &mut meta(1, 0));
+    assert_eq!(p.stats().rewrite_skipped, 1);
+}
+
 #[test]
 fn selector_spreads_and_can_be_replaced() {
     let mut p = switch();
@@ -892,7 +954,11 @@ fn everything() -> Pipeline {
             name: "tern".into(),
             kind: MatchKind::Ternary,
             key: vec![bytes(12, 2), bytes(23, 1), Field::Flags, Field::Reg(0)],
-            miss: vec![Action::SetEthDst([7; 6]), Action::DecTtl],
+            miss: vec![
+                Action::SetEthDst([7; 6]),
+                Action::SetDscp(46),
+                Action::DecTtl,
+            ],
         })
         .unwrap();
     p.insert(

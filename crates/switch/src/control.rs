@@ -12,7 +12,7 @@ use std::fmt;
 use std::net::Ipv4Addr;
 
 use pipeline::{Action, Entry, Field, MatchKind};
-pub use pipeline::{MAX_INTERFACES, NUM_REGS, NUM_USER_REGS};
+pub use pipeline::{MAX_DSCP, MAX_INTERFACES, NUM_REGS, NUM_USER_REGS};
 use wire::ethernet::Mac;
 
 /// The table in front of the memcached program that takes an operator's entries.
@@ -242,6 +242,10 @@ pub enum ActionDef {
     SetEthSrc(String),
     SetIpv4Dst(Ipv4Addr),
     SetIpv4Src(Ipv4Addr),
+    /// Write the IPv4 DSCP (0 to 63, the top 6 bits of the ToS byte; the ECN bits are kept)
+    /// and fix the header checksum. Match it with a byte range at offset 15 of length 1 under
+    /// the mask `0xfc`.
+    SetDscp(u8),
     /// Decrement the IPv4 TTL; a frame whose TTL runs out is dropped.
     DecTtl,
     /// Go on at a later table.

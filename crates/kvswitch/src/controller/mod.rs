@@ -54,6 +54,7 @@ pub struct ControllerArgs {
 }
 
 pub mod etcd;
+pub mod routes;
 
 /// How often a standby tries to lead, and a leader renews its lease.
 const CAMPAIGN_INTERVAL: Duration = Duration::from_millis(300);
@@ -212,6 +213,8 @@ struct Shared {
     me: String,
     /// The token the switches' APIs want, for reading their status.
     switch_token: Option<String>,
+    /// The versioned routes (`[routes]`, `/api/v1/routes`).
+    routes: routes::Routes,
 }
 
 impl Fleet {
@@ -507,6 +510,7 @@ pub fn start(
         store: store.map(Mutex::new),
         me,
         switch_token: switch_token.clone(),
+        routes: routes::Routes::default(),
     });
     let api = serve(listener, shared.clone())?;
     let mut threads = Vec::new();
@@ -913,6 +917,7 @@ fn serve(listener: TcpListener, shared: Arc<Shared>) -> anyhow::Result<SocketAdd
         .route("/api/v1/status", get(status))
         .route("/api/v1/pool/servers", post(add_server))
         .route("/api/v1/pool/servers/{server}", delete(remove_server))
+        .route("/api/v1/routes", get(routes::show).put(routes::replace))
         .with_state(shared);
     crate::api::http::spawn_server(listener, app, "controller-api", false)
 }
@@ -1081,6 +1086,7 @@ fn status_doc(shared: &Shared) -> Value {
         "servers": servers,
         "spares": spares,
         "switches": switches,
+        "routes": routes::status(&shared.routes),
     })
 }
 
@@ -1175,6 +1181,7 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
             .collect();
         family(name, help, kind, rows);
     }
+    routes::metrics(&shared.routes, &mut out);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 

@@ -10,7 +10,8 @@ use crate::control::{
     check_name, describe_field, describe_match, field_name, resolve_field, user_register_name,
     ActionDef, Change, ControlError, CounterView, CpuPacket, EntryDef, EntryView, ErrorKind,
     InterfaceDef, InterfaceView, KeyField, RegisterView, TableDef, TableView, CPU_QUEUE,
-    DEFAULT_TABLE_SIZE, FIRST_OPERATOR_REG, MAX_BATCH, MAX_TABLE_SIZE, TERNARY_TABLE_SIZE,
+    DEFAULT_TABLE_SIZE, FIRST_OPERATOR_REG, MAX_BATCH, MAX_DSCP, MAX_TABLE_SIZE,
+    TERNARY_TABLE_SIZE,
 };
 
 /// The control plane's additions to the switch.
@@ -465,6 +466,12 @@ impl Switch {
                 }
                 ActionDef::SetIpv4Dst(ip) => Action::SetIpv4Dst(ip.octets()),
                 ActionDef::SetIpv4Src(ip) => Action::SetIpv4Src(ip.octets()),
+                ActionDef::SetDscp(d) if *d > MAX_DSCP => {
+                    return Err(bad(format!(
+                        "set_dscp {d}: a DSCP is 0 to {MAX_DSCP} (the top 6 bits of the ToS byte)"
+                    )));
+                }
+                ActionDef::SetDscp(d) => Action::SetDscp(*d),
                 ActionDef::DecTtl => Action::DecTtl,
                 ActionDef::Goto(name) => {
                     let to = self
@@ -542,6 +549,7 @@ impl Switch {
             Action::SetEthSrc(m) => ActionDef::SetEthSrc(Mac(m).to_string()),
             Action::SetIpv4Dst(ip) => ActionDef::SetIpv4Dst(ip.into()),
             Action::SetIpv4Src(ip) => ActionDef::SetIpv4Src(ip.into()),
+            Action::SetDscp(d) => ActionDef::SetDscp(d),
             Action::DecTtl => ActionDef::DecTtl,
             Action::Goto(t) => ActionDef::Goto(table_name(t)),
             Action::ToCpu(CPU_ARP) => ActionDef::Program("answer arp".into()),

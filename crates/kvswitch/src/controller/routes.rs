@@ -1,0 +1,987 @@
+//! Routes the controller keeps on its switches, changed consistently: every frame is handled
+//! by one version of them from its first switch to its last, never by a mix (AppSwitch §5.2,
+//! after the two-phase update of Reitblatt et al.). It changes the switches only through
+//! their control APIs, and holds nothing on the data path.
+//!
+//! On each switch the controller makes two tables of its own, reached from `acl` by one entry
+//! matching `[routes] match` (the frames it routes):
+//!
+//! - [`STAMP`] (ternary on `in_port`): on an edge port, `set_dscp` the version in force and go
+//!   on to [`ROUTES`]; from any other port the frame goes on as its first switch stamped it;
+//! - [`ROUTES`] (ternary on `acl`'s fields and `dscp`, the ToS byte's top 6 bits): the entries
+//!   of each installed version, each under `dscp = version`.
+//!
+//! An update to version `v` (1 to 63; 0 is "unstamped", and a version still installed is
+//! never taken) runs in phases, each on every switch at once: *ready* (read a switch the
+//! controller does not know yet, making its tables), *prepare* (add `v`'s entries, one batch a
+//! switch, and wait for every switch to acknowledge), *flip* (every edge port stamps `v`),
+//! *drain* (wait `drain_ms`, so that frames stamped with the old version leave the fabric)
+//! and *cleanup* (delete every other version). A switch that refuses or cannot be reached
+//! before the flip stops the update: what was added is taken out again, and the old version
+//! stays in force everywhere.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use axum::Json;
+use config::controller::RoutesSpec;
+use serde::Deserialize;
+use serde_json::{json, Value as JsonValue};
+use switch::control::{ActionDef, Change, EntryDef, KeyField, Kind, TableDef, Value, ACL_KEY};
+
+use super::{authorised, leading, refuse, Reply, Shared, SWITCH_WAIT};
+use crate::ctl::{Client, Refused};
+
+/// The controller's stamp table on each switch.
+pub const STAMP: &str = "ctl_stamp";
+/// The controller's routes table on each switch.
+pub const ROUTES: &str = "ctl_routes";
+/// The key field of [`ROUTES`] that holds the version: the ToS byte of an Ethernet II / IPv4
+/// frame, matched under [`DSCP_MASK`].
+pub const DSCP_FIELD: &str = "dscp";
+const DSCP_MASK: &str = "0xfc";
+/// Versions are DSCP values; 0 means a frame no switch has stamped.
+pub const MAX_VERSION: u8 = switch::control::MAX_DSCP;
+/// Most entries of one switch in one version: they are added as one batch, and a ternary
+/// table costs every frame that reaches it about 50 ns an entry.
+pub const MAX_ENTRIES: usize = 2000;
+
+/// The version after `current` in the cycle 1..=63 that is not `taken` (installed or stamped
+/// on some switch), or `None` if every one is.
+pub fn next_version(current: Option<u8>, taken: &BTreeSet<u8>) -> Option<u8> {
+    let start = current.map_or(1, |c| c % MAX_VERSION + 1);
+    (0..MAX_VERSION)
+        .map(|k| (start - 1 + k) % MAX_VERSION + 1)
+        .find(|v| !taken.contains(v))
+}
+
+/// The match value that selects version `v` in [`ROUTES`].
+pub fn dscp_match(v: u8) -> Value {
+    Value::Masked {
+        value: Box::new(Value::Number(u64::from(v) << 2)),
+        mask: Box::new(Value::Text(DSCP_MASK.into())),
+    }
+}
+
+/// The version an entry of [`ROUTES`] belongs to, from its match as the switch lists it.
+pub fn version_of(listed_match: &JsonValue) -> Option<u8> {
+    let v = listed_match[DSCP_FIELD]["value"].as_u64()?;
+    u8::try_from(v >> 2)
+        .ok()
+        .filter(|v| (1..=MAX_VERSION).contains(v))
+}
+
+/// `entries` as additions to [`ROUTES`] under version `v`.
+pub fn versioned(entries: &[EntryDef], v: u8) -> Vec<Change> {
+    entries
+        .iter()
+        .map(|e| {
+            let mut entry = e.clone();
+            entry.fields.insert(DSCP_FIELD.into(), dscp_match(v));
+            Change::Add {
+                table: ROUTES.into(),
+                entry,
+            }
+        })
+        .collect()
+}
+
+/// What the controller knows it has put on one switch.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OnSwitch {
+    /// Whether the switch was read (false at first and after any failure there: it is read
+    /// again before the next update).
+    pub known: bool,
+    /// Entry ids in [`ROUTES`], by version.
+    pub installed: BTreeMap<u8, Vec<u64>>,
+    /// The stamp entries: port → (entry id, version it stamps).
+    pub stamps: BTreeMap<u16, (u64, u8)>,
+}
+
+/// One change of the stamp table and what it makes of the port's stamp.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StampEffect {
+    /// The port stamps this version (its entry's id comes from the batch's reply).
+    Stamps(u16, u8),
+    /// The port's entry is gone.
+    Gone(u16),
+}
+
+fn stamp_actions(v: u8) -> Vec<ActionDef> {
+    vec![ActionDef::SetDscp(v), ActionDef::Goto(ROUTES.into())]
+}
+
+/// The changes that bring the stamp table from `on.stamps` to `want` (port → version).
+pub fn stamp_changes(on: &OnSwitch, want: &BTreeMap<u16, u8>) -> Vec<(Change, StampEffect)> {
+    let mut out = Vec::new();
+    for (&port, &v) in want {
+        let effect = StampEffect::Stamps(port, v);
+        match on.stamps.get(&port) {
+            Some(&(_, now)) if now == v => {}
+            Some(&(id, _)) => out.push((
+                Change::Modify {
+                    table: STAMP.into(),
+                    id,
+                    actions: stamp_actions(v),
+                },
+                effect,
+            )),
+            None => out.push((
+                Change::Add {
+                    table: STAMP.into(),
+                    entry: EntryDef {
+                        fields: BTreeMap::from([("in_port".into(), Value::Number(port.into()))]),
+                        priority: 1,
+                        prefix_len: None,
+                        actions: stamp_actions(v),
+                    },
+                },
+                effect,
+            )),
+        }
+    }
+    for (&port, &(id, _)) in &on.stamps {
+        if !want.contains_key(&port) {
+            let change = Change::Delete {
+                table: STAMP.into(),
+                id,
+            };
+            out.push((change, StampEffect::Gone(port)));
+        }
+    }
+    out
+}
+
+/// `on` after `changes` were applied and answered with `ids` (one per change, in order).
+fn after_stamps(on: &mut OnSwitch, changes: &[(Change, StampEffect)], ids: &[u64]) {
+    for ((_, effect), &id) in changes.iter().zip(ids) {
+        match *effect {
+            StampEffect::Stamps(port, v) => {
+                on.stamps.insert(port, (id, v));
+            }
+            StampEffect::Gone(port) => {
+                on.stamps.remove(&port);
+            }
+        }
+    }
+}
+
+/// Why a step on a switch failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// The switch answered and refused (4xx): nothing of that call was applied.
+    Refused(String),
+    /// No answer, or not a clear one (5xx, a timeout): the call may or may not have applied.
+    OutOfReach(String),
+    /// This controller no longer leads.
+    NotLeading,
+}
+
+impl Failure {
+    fn status(&self) -> StatusCode {
+        match self {
+            Failure::Refused(_) => StatusCode::CONFLICT,
+            Failure::OutOfReach(_) => StatusCode::BAD_GATEWAY,
+            Failure::NotLeading => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Refused(m) => write!(f, "refused: {m}"),
+            Failure::OutOfReach(m) => write!(f, "out of reach: {m}"),
+            Failure::NotLeading => write!(f, "this controller no longer leads"),
+        }
+    }
+}
+
+/// Calls to one switch, each given [`SWITCH_WAIT`], each only while this controller leads.
+struct Calls<'a> {
+    client: Client,
+    leads: &'a (dyn Fn() -> bool + Sync),
+}
+
+impl Calls<'_> {
+    fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&JsonValue>,
+    ) -> Result<JsonValue, Failure> {
+        if !(self.leads)() {
+            return Err(Failure::NotLeading);
+        }
+        self.client
+            .call_within(method, path, body, SWITCH_WAIT)
+            .map_err(|e| match e.downcast_ref::<Refused>() {
+                Some(r) if (400..500).contains(&r.status) => Failure::Refused(r.to_string()),
+                _ => Failure::OutOfReach(format!("{e:#}")),
+            })
+    }
+
+    /// Applies `changes` as batches of at most [`switch::control::MAX_BATCH`]; the ids, one
+    /// per change.
+    fn batch(&self, changes: &[Change]) -> Result<Vec<u64>, Failure> {
+        let mut ids = Vec::with_capacity(changes.len());
+        for chunk in changes.chunks(switch::control::MAX_BATCH) {
+            let body = json!({ "changes": chunk });
+            let reply = self.call("POST", "/api/v1/batch", Some(&body))?;
+            let got: Vec<u64> = reply["ids"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(JsonValue::as_u64)
+                .collect();
+            if got.len() != chunk.len() {
+                return Err(Failure::OutOfReach(format!(
+                    "a batch of {} changes answered with {} ids",
+                    chunk.len(),
+                    got.len()
+                )));
+            }
+            ids.extend(got);
+        }
+        Ok(ids)
+    }
+
+    /// Every entry of `table`, a page at a time.
+    fn entries(&self, table: &str) -> Result<Vec<JsonValue>, Failure> {
+        let mut out = Vec::new();
+        let mut after: Option<u64> = None;
+        // A table holds at most 2^20 entries: 105 pages of 10,000.
+        for _ in 0..128 {
+            let path = match after {
+                Some(a) => format!("/api/v1/tables/{table}/entries?after={a}"),
+                None => format!("/api/v1/tables/{table}/entries"),
+            };
+            let page = self.call("GET", &path, None)?;
+            out.extend(page["entries"].as_array().cloned().unwrap_or_default());
+            match page["next"].as_u64() {
+                Some(n) => after = Some(n),
+                None => return Ok(out),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The tables' definitions.
+fn stamp_table() -> TableDef {
+    TableDef {
+        name: STAMP.into(),
+        kind: Kind::Ternary,
+        key: vec![KeyField::Named("in_port".into())],
+        miss: Vec::new(),
+        size: None,
+    }
+}
+
+fn routes_table() -> TableDef {
+    let mut key: Vec<KeyField> = ACL_KEY
+        .iter()
+        .map(|n| KeyField::Named(n.to_string()))
+        .collect();
+    key.push(KeyField::Bytes {
+        name: DSCP_FIELD.into(),
+        offset: 15,
+        len: 1,
+        padded: false,
+    });
+    TableDef {
+        name: ROUTES.into(),
+        kind: Kind::Ternary,
+        key,
+        miss: Vec::new(),
+        size: Some(2 * MAX_ENTRIES + 64),
+    }
+}
+
+/// Reads a switch the controller does not know yet, making what is missing: its two tables
+/// ([`STAMP`] before [`ROUTES`], since a goto only goes forward), the entry of `acl` that sends
+/// the routed frames to [`STAMP`], and [`STAMP`]'s catch-all that sends the rest on to
+/// [`ROUTES`]. Versions installed before (by this controller before a restart, or another
+/// that led) are found by their `dscp`.
+fn ready(c: &Calls, spec: &RoutesSpec) -> Result<OnSwitch, Failure> {
+    let tables = c.call("GET", "/api/v1/tables", None)?;
+    let names: Vec<&str> = tables["tables"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    let (has_stamp, has_routes) = (names.contains(&STAMP), names.contains(&ROUTES));
+    if has_routes && !has_stamp {
+        // Left alone by hand: made again in order.
+        c.call("DELETE", &format!("/api/v1/tables/{ROUTES}"), None)?;
+    }
+    if !has_stamp {
+        c.call("POST", "/api/v1/tables", Some(&json!(stamp_table())))?;
+    }
+    if !(has_stamp && has_routes) {
+        c.call("POST", "/api/v1/tables", Some(&json!(routes_table())))?;
+    }
+    let mut adds = Vec::new();
+    let to_stamp = json!([{ "goto": STAMP }]);
+    if !c.entries("acl")?.iter().any(|e| e["actions"] == to_stamp) {
+        adds.push(Change::Add {
+            table: "acl".into(),
+            entry: EntryDef {
+                fields: spec.traffic.clone(),
+                priority: spec.priority,
+                prefix_len: None,
+                actions: vec![ActionDef::Goto(STAMP.into())],
+            },
+        });
+    }
+    let mut on = OnSwitch {
+        known: true,
+        ..OnSwitch::default()
+    };
+    let mut catch_all = false;
+    for e in c.entries(STAMP)? {
+        let Some(id) = e["id"].as_u64() else { continue };
+        let port = e["match"]["in_port"]
+            .as_u64()
+            .and_then(|p| u16::try_from(p).ok());
+        let stamp = e["actions"][0]["set_dscp"]
+            .as_u64()
+            .and_then(|v| u8::try_from(v).ok());
+        match (port, stamp) {
+            (Some(p), Some(v)) => {
+                on.stamps.insert(p, (id, v));
+            }
+            (None, None) => catch_all = true,
+            _ => {}
+        }
+    }
+    if !catch_all {
+        adds.push(Change::Add {
+            table: STAMP.into(),
+            entry: EntryDef {
+                fields: BTreeMap::new(),
+                priority: 0,
+                prefix_len: None,
+                actions: vec![ActionDef::Goto(ROUTES.into())],
+            },
+        });
+    }
+    c.batch(&adds)?;
+    for e in c.entries(ROUTES)? {
+        if let (Some(id), Some(v)) = (e["id"].as_u64(), version_of(&e["match"])) {
+            on.installed.entry(v).or_default().push(id);
+        }
+    }
+    Ok(on)
+}
+
+/// Runs `f` for every switch at once.
+fn each<T: Send>(
+    n: usize,
+    f: impl Fn(usize) -> Result<T, Failure> + Sync,
+) -> Vec<Result<T, Failure>> {
+    std::thread::scope(|s| {
+        let jobs: Vec<_> = (0..n)
+            .map(|i| {
+                s.spawn({
+                    let f = &f;
+                    move || f(i)
+                })
+            })
+            .collect();
+        jobs.into_iter()
+            .map(|j| {
+                j.join()
+                    .unwrap_or_else(|_| Err(Failure::OutOfReach("the call failed".into())))
+            })
+            .collect()
+    })
+}
+
+/// The outcome of the last update, for the status and the metrics.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub version: Option<u8>,
+    pub ok: bool,
+    /// The phase it stopped in, or `done`.
+    pub phase: &'static str,
+    pub switch: Option<String>,
+    pub error: Option<String>,
+    /// Problems after the flip that left the update standing (an old version not removed).
+    pub warnings: Vec<String>,
+    /// How long each phase took.
+    pub phases: Vec<(&'static str, Duration)>,
+    pub total: Duration,
+}
+
+impl Outcome {
+    fn doc(&self) -> JsonValue {
+        let phases: serde_json::Map<String, JsonValue> = self
+            .phases
+            .iter()
+            .map(|(p, d)| (format!("{p}_ms"), json!(d.as_secs_f64() * 1e3)))
+            .collect();
+        json!({
+            "version": self.version, "ok": self.ok, "phase": self.phase,
+            "switch": self.switch, "error": self.error, "warnings": self.warnings,
+            "phases": phases, "total_ms": self.total.as_secs_f64() * 1e3,
+        })
+    }
+}
+
+/// The controller's routes state.
+#[derive(Debug, Default)]
+pub struct RouteState {
+    /// The version every edge port stamps, once an update has finished.
+    pub current: Option<u8>,
+    /// The entries of `current`, by switch.
+    pub entries: BTreeMap<String, Vec<EntryDef>>,
+    /// By the switch's position in the file.
+    pub switches: Vec<OnSwitch>,
+    pub last: Option<Outcome>,
+    pub updates: u64,
+    pub failed: u64,
+}
+
+/// Shared by the API's handlers: one update at a time.
+#[derive(Debug, Default)]
+pub struct Routes {
+    busy: Mutex<()>,
+    state: Mutex<RouteState>,
+}
+
+impl Routes {
+    fn state(&self) -> MutexGuard<'_, RouteState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The body of `PUT /api/v1/routes`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewRoutes {
+    /// Switch name → its entries (in the switch API's entry shape). A switch left out gets
+    /// none.
+    switches: BTreeMap<String, Vec<EntryDef>>,
+}
+
+type Refusal = (StatusCode, JsonValue);
+
+/// Replaces the routes with a new version on every switch; see the module's doc.
+fn update(shared: &Shared, want: BTreeMap<String, Vec<EntryDef>>) -> Result<JsonValue, Refusal> {
+    let routes = &shared.routes;
+    let Ok(_busy) = routes.busy.try_lock() else {
+        return Err((
+            StatusCode::CONFLICT,
+            json!({ "error": "another update of the routes is under way" }),
+        ));
+    };
+    let (spec, switches) = {
+        let f = shared.fleet();
+        (f.file.routes.clone(), f.file.switches.clone())
+    };
+    let Some(spec) = spec else {
+        return Err((
+            StatusCode::NOT_FOUND,
+            json!({ "error": "the controller's file has no [routes]" }),
+        ));
+    };
+    let started = Instant::now();
+    let leads = || shared.fleet().acting();
+    let calls: Vec<Calls> = switches
+        .iter()
+        .map(|s| Calls {
+            client: Client {
+                api: s.api,
+                token: shared.switch_token.clone(),
+            },
+            leads: &leads,
+        })
+        .collect();
+    let (mut on, current) = {
+        let st = routes.state();
+        let mut on = st.switches.clone();
+        on.resize(switches.len(), OnSwitch::default());
+        (on, st.current)
+    };
+    let mut out = Outcome {
+        version: None,
+        ok: false,
+        phase: "ready",
+        switch: None,
+        error: None,
+        warnings: Vec::new(),
+        phases: Vec::new(),
+        total: Duration::ZERO,
+    };
+    let mut mark = Instant::now();
+    let mut lap = |out: &mut Outcome, phase: &'static str| {
+        out.phases.push((phase, mark.elapsed()));
+        mark = Instant::now();
+    };
+    // What ends the update: the state kept, the outcome recorded and the reply.
+    let finish = |on: Vec<OnSwitch>,
+                  mut out: Outcome,
+                  current: Option<u8>,
+                  failure: Option<(usize, Failure)>| {
+        out.total = started.elapsed();
+        let mut st = routes.state();
+        st.switches = on;
+        st.updates += 1;
+        let reply = match failure {
+            None => {
+                out.ok = true;
+                out.phase = "done";
+                st.current = current;
+                st.entries = want.clone();
+                let doc = out.doc();
+                Ok(doc)
+            }
+            Some((i, f)) => {
+                st.failed += 1;
+                out.switch = Some(switches[i].name.clone());
+                out.error = Some(f.to_string());
+                tracing::warn!(switch = %switches[i].name, phase = out.phase, "routes not updated: {f}");
+                let mut doc = out.doc();
+                doc["error"] = json!(format!(
+                    "switch {} in phase {}: {f}; version {} stays in force",
+                    switches[i].name,
+                    out.phase,
+                    st.current.map_or("none".to_string(), |v| v.to_string())
+                ));
+                Err((f.status(), doc))
+            }
+        };
+        st.last = Some(out);
+        reply
+    };
+    let first_failure = |results: &[Result<(), Failure>]| {
+        results
+            .iter()
+            .enumerate()
+            .find_map(|(i, r)| r.as_ref().err().map(|f| (i, f.clone())))
+    };
+
+    // Ready: read every switch not known yet; with a store, every switch, since another
+    // controller may have led in between.
+    let fresh = shared.store.is_some();
+    let read = each(calls.len(), |i| match on[i].known && !fresh {
+        true => Ok(on[i].clone()),
+        false => ready(&calls[i], &spec),
+    });
+    let mut fails = Vec::new();
+    for (i, r) in read.into_iter().enumerate() {
+        match r {
+            Ok(o) => on[i] = o,
+            Err(f) => {
+                on[i].known = false;
+                fails.push(Err(f));
+                continue;
+            }
+        }
+        fails.push(Ok(()));
+    }
+    lap(&mut out, "ready");
+    if let Some(f) = first_failure(&fails) {
+        return finish(on, out, current, Some(f));
+    }
+    let taken: BTreeSet<u8> = on
+        .iter()
+        .flat_map(|o| {
+            o.installed
+                .keys()
+                .copied()
+                .chain(o.stamps.values().map(|s| s.1))
+        })
+        .collect();
+    let Some(v) = next_version(current, &taken) else {
+        let f = Failure::Refused(format!("every version 1 to {MAX_VERSION} is installed"));
+        return finish(on, out, current, Some((0, f)));
+    };
+    out.version = Some(v);
+
+    // Prepare: v's entries on every switch, acknowledged by all before any stamps v.
+    out.phase = "prepare";
+    let none = Vec::new();
+    let added = each(calls.len(), |i| {
+        let entries = want.get(&switches[i].name).unwrap_or(&none);
+        calls[i].batch(&versioned(entries, v))
+    });
+    if added.iter().any(Result::is_err) {
+        let f = first_failure(
+            &added
+                .iter()
+                .map(|r| r.as_ref().map(|_| ()).map_err(Clone::clone))
+                .collect::<Vec<_>>(),
+        );
+        // Take v out where it went in; a switch that did not answer may hold it or not, so it
+        // is read again before the next update.
+        let undone = each(calls.len(), |i| match &added[i] {
+            Ok(ids) => calls[i].batch(&deletes(ids)),
+            Err(_) => Ok(Vec::new()),
+        });
+        for (i, (a, u)) in added.iter().zip(&undone).enumerate() {
+            if let (Ok(ids), Err(_)) = (a, u) {
+                on[i].installed.insert(v, ids.clone());
+                on[i].known = false;
+            }
+            if matches!(a, Err(Failure::OutOfReach(_))) {
+                on[i].known = false;
+            }
+        }
+        lap(&mut out, "prepare");
+        return finish(on, out, current, f);
+    }
+    for (i, ids) in added.into_iter().enumerate() {
+        on[i].installed.insert(v, ids.unwrap_or_default());
+    }
+    lap(&mut out, "prepare");
+
+    // Flip: every edge port stamps v.
+    out.phase = "flip";
+    let before = on.clone();
+    let plans: Vec<Vec<(Change, StampEffect)>> = switches
+        .iter()
+        .zip(&on)
+        .map(|(s, o)| {
+            let want: BTreeMap<u16, u8> = spec
+                .edge_ports
+                .get(&s.name)
+                .into_iter()
+                .flatten()
+                .map(|&p| (p, v))
+                .collect();
+            stamp_changes(o, &want)
+        })
+        .collect();
+    let flipped = each(calls.len(), |i| {
+        let changes: Vec<Change> = plans[i].iter().map(|(c, _)| c.clone()).collect();
+        calls[i].batch(&changes)
+    });
+    let flip_ok = flipped.iter().all(Result::is_ok);
+    for (i, r) in flipped.iter().enumerate() {
+        if let Ok(ids) = r {
+            after_stamps(&mut on[i], &plans[i], ids);
+        }
+    }
+    if !flip_ok {
+        let f = first_failure(
+            &flipped
+                .iter()
+                .map(|r| r.as_ref().map(|_| ()).map_err(Clone::clone))
+                .collect::<Vec<_>>(),
+        );
+        // Back to the stamps of before; v stays installed everywhere unless every switch
+        // is known to stamp it nowhere.
+        let back = each(calls.len(), |i| {
+            let want: BTreeMap<u16, u8> = before[i]
+                .stamps
+                .iter()
+                .map(|(&p, &(_, s))| (p, s))
+                .collect();
+            let plan = stamp_changes(&on[i], &want);
+            let changes: Vec<Change> = plan.iter().map(|(c, _)| c.clone()).collect();
+            calls[i].batch(&changes).map(|ids| (plan, ids))
+        });
+        let mut clean = true;
+        for (i, (r, b)) in flipped.iter().zip(back).enumerate() {
+            match b {
+                Ok((plan, ids)) => after_stamps(&mut on[i], &plan, &ids),
+                Err(_) => {
+                    on[i].known = false;
+                    clean = false;
+                }
+            }
+            if matches!(r, Err(Failure::OutOfReach(_)) | Err(Failure::NotLeading)) {
+                on[i].known = false;
+                clean = false;
+            }
+        }
+        if clean {
+            let removed = each(calls.len(), |i| {
+                calls[i].batch(&deletes(on[i].installed.get(&v).unwrap_or(&Vec::new())))
+            });
+            for (i, r) in removed.iter().enumerate() {
+                match r {
+                    Ok(_) => {
+                        on[i].installed.remove(&v);
+                    }
+                    Err(_) => on[i].known = false,
+                }
+            }
+        }
+        lap(&mut out, "flip");
+        return finish(on, out, current, f);
+    }
+    lap(&mut out, "flip");
+    {
+        let mut st = routes.state();
+        st.current = Some(v);
+        st.switches = on.clone();
+    }
+
+    // Drain: a frame stamped with the old version before the flip leaves the fabric.
+    out.phase = "drain";
+    std::thread::sleep(spec.drain);
+    lap(&mut out, "drain");
+
+    // Cleanup: every other version goes.
+    out.phase = "cleanup";
+    let removed = each(calls.len(), |i| {
+        let old: Vec<u8> = on[i]
+            .installed
+            .keys()
+            .copied()
+            .filter(|&u| u != v)
+            .collect();
+        let ids: Vec<u64> = old
+            .iter()
+            .flat_map(|u| on[i].installed[u].clone())
+            .collect();
+        calls[i].batch(&deletes(&ids)).map(|_| old)
+    });
+    for (i, r) in removed.into_iter().enumerate() {
+        match r {
+            Ok(old) => {
+                for u in old {
+                    on[i].installed.remove(&u);
+                }
+            }
+            Err(f) => {
+                on[i].known = false;
+                out.warnings.push(format!(
+                    "switch {}: the old version is not removed yet ({f}); it goes at the next update",
+                    switches[i].name
+                ));
+            }
+        }
+    }
+    lap(&mut out, "cleanup");
+    tracing::info!(version = v, took = ?started.elapsed(), "routes updated");
+    finish(on, out, Some(v), None)
+}
+
+fn deletes(ids: &[u64]) -> Vec<Change> {
+    ids.iter()
+        .map(|&id| Change::Delete {
+            table: ROUTES.into(),
+            id,
+        })
+        .collect()
+}
+
+/// `PUT /api/v1/routes`: a new version of every switch's routes.
+pub(super) async fn replace(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Reply {
+    authorised(&shared, &headers)?;
+    let body: NewRoutes = serde_json::from_slice(&bytes)
+        .map_err(|e| refuse(StatusCode::BAD_REQUEST, format!("body: {e}")))?;
+    {
+        let f = shared.fleet();
+        leading(&f)?;
+        if f.file.routes.is_none() {
+            return Err(refuse(
+                StatusCode::NOT_FOUND,
+                "the controller's file has no [routes]",
+            ));
+        }
+        for (name, entries) in &body.switches {
+            if !f.file.switches.iter().any(|s| s.name == *name) {
+                return Err(refuse(
+                    StatusCode::BAD_REQUEST,
+                    format!("switches.{name}: no such switch"),
+                ));
+            }
+            if entries.len() > MAX_ENTRIES {
+                return Err(refuse(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "switches.{name}: {} entries; at most {MAX_ENTRIES}",
+                        entries.len()
+                    ),
+                ));
+            }
+            if let Some(i) = entries
+                .iter()
+                .position(|e| e.fields.contains_key(DSCP_FIELD))
+            {
+                return Err(refuse(
+                    StatusCode::BAD_REQUEST,
+                    format!("switches.{name}[{i}].match.{DSCP_FIELD}: the version is the controller's to match"),
+                ));
+            }
+        }
+    }
+    let worker = shared.clone();
+    match tokio::task::spawn_blocking(move || update(&worker, body.switches)).await {
+        Ok(Ok(doc)) => Ok(Json(doc).into_response()),
+        Ok(Err((status, doc))) => Err((status, Json(doc))),
+        Err(e) => Err(refuse(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the update failed: {e}"),
+        )),
+    }
+}
+
+/// `GET /api/v1/routes`: the version in force, its entries and what each switch holds.
+pub(super) async fn show(State(shared): State<Arc<Shared>>) -> Json<JsonValue> {
+    let names: Vec<String> = shared
+        .fleet()
+        .file
+        .switches
+        .iter()
+        .map(|s| s.name.clone())
+        .collect();
+    let st = shared.routes.state();
+    let switches: serde_json::Map<String, JsonValue> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let o = st.switches.get(i).cloned().unwrap_or_default();
+            let stamps: BTreeMap<String, u8> = o
+                .stamps
+                .iter()
+                .map(|(p, (_, v))| (p.to_string(), *v))
+                .collect();
+            (
+                n.clone(),
+                json!({
+                    "known": o.known,
+                    "installed": o.installed.keys().collect::<Vec<_>>(),
+                    "stamps": stamps,
+                    "entries": st.entries.get(n).cloned().unwrap_or_default(),
+                }),
+            )
+        })
+        .collect();
+    Json(
+        json!({ "version": st.current, "switches": switches, "last_update": st.last.as_ref().map(Outcome::doc) }),
+    )
+}
+
+/// The routes' part of the controller's status.
+pub(super) fn status(routes: &Routes) -> JsonValue {
+    let st = routes.state();
+    json!({
+        "version": st.current, "updates": st.updates, "failed": st.failed,
+        "last_update": st.last.as_ref().map(Outcome::doc),
+    })
+}
+
+/// The routes' metrics, appended to `out`.
+pub(super) fn metrics(routes: &Routes, out: &mut String) {
+    let st = routes.state();
+    let _ = writeln!(
+        out,
+        "# HELP kvswitch_controller_routes_version The routes' version every edge port stamps (0: none yet).\n\
+         # TYPE kvswitch_controller_routes_version gauge\n\
+         kvswitch_controller_routes_version {}",
+        st.current.unwrap_or(0)
+    );
+    let _ = writeln!(
+        out,
+        "# HELP kvswitch_controller_routes_updates_total Updates of the routes, by outcome.\n\
+         # TYPE kvswitch_controller_routes_updates_total counter\n\
+         kvswitch_controller_routes_updates_total{{outcome=\"ok\"}} {}\n\
+         kvswitch_controller_routes_updates_total{{outcome=\"failed\"}} {}",
+        st.updates - st.failed,
+        st.failed
+    );
+    if let Some(last) = &st.last {
+        let _ = writeln!(
+            out,
+            "# HELP kvswitch_controller_routes_phase_seconds How long each phase of the last update took.\n\
+             # TYPE kvswitch_controller_routes_phase_seconds gauge"
+        );
+        for (phase, d) in &last.phases {
+            let _ = writeln!(
+                out,
+                "kvswitch_controller_routes_phase_seconds{{phase=\"{phase}\"}} {}",
+                d.as_secs_f64()
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_cycle_past_those_taken_and_never_zero() {
+        let none = BTreeSet::new();
+        assert_eq!(next_version(None, &none), Some(1));
+        assert_eq!(next_version(Some(1), &none), Some(2));
+        assert_eq!(next_version(Some(63), &none), Some(1));
+        assert_eq!(next_version(Some(62), &BTreeSet::from([63, 1])), Some(2));
+        let all: BTreeSet<u8> = (1..=63).collect();
+        assert_eq!(next_version(Some(5), &all), None);
+        let but_5: BTreeSet<u8> = (1..=63).filter(|&v| v != 5).collect();
+        assert_eq!(next_version(Some(5), &but_5), Some(5));
+    }
+
+    #[test]
+    fn entries_go_in_under_their_version_and_are_read_back_by_it() {
+        let entry = EntryDef {
+            fields: BTreeMap::from([("ip_dst".into(), Value::Text("10.9.0.1".into()))]),
+            priority: 3,
+            prefix_len: None,
+            actions: vec![ActionDef::Output(1)],
+        };
+        let changes = versioned(&[entry], 7);
+        let Change::Add { table, entry } = &changes[0] else {
+            panic!("an add");
+        };
+        assert_eq!(table, ROUTES);
+        assert_eq!(entry.fields[DSCP_FIELD], dscp_match(7));
+        assert_eq!(entry.priority, 3);
+        // As the switch lists it.
+        let listed = json!({ "ip_dst": "10.9.0.1", "dscp": { "value": 28, "mask": "0xfc" } });
+        assert_eq!(version_of(&listed), Some(7));
+        assert_eq!(
+            version_of(&json!({ "dscp": { "value": 0, "mask": "0xfc" } })),
+            None
+        );
+        assert_eq!(version_of(&json!({})), None);
+    }
+
+    #[test]
+    fn stamps_change_only_where_they_differ() {
+        let on = OnSwitch {
+            known: true,
+            installed: BTreeMap::new(),
+            stamps: BTreeMap::from([(0, (10, 4)), (1, (11, 5)), (7, (12, 4))]),
+        };
+        let want = BTreeMap::from([(0, 5), (1, 5), (2, 5)]);
+        let plan = stamp_changes(&on, &want);
+        let effects: Vec<&StampEffect> = plan.iter().map(|(_, e)| e).collect();
+        assert_eq!(
+            effects,
+            [
+                &StampEffect::Stamps(0, 5),
+                &StampEffect::Stamps(2, 5),
+                &StampEffect::Gone(7)
+            ]
+        );
+        assert!(matches!(plan[0].0, Change::Modify { id: 10, .. }));
+        assert!(matches!(plan[1].0, Change::Add { .. }));
+        assert!(matches!(plan[2].0, Change::Delete { id: 12, .. }));
+        let mut after = on.clone();
+        after_stamps(&mut after, &plan, &[10, 13, 12]);
+        assert_eq!(
+            after.stamps,
+            BTreeMap::from([(0, (10, 5)), (1, (11, 5)), (2, (13, 5))])
+        );
+        assert!(stamp_changes(&after, &want).is_empty());
+    }
+}
