@@ -1,9 +1,12 @@
 //! The controller driving two kvswitch proxies (each with its control API) in front of real
 //! memcached servers on loopback:
 //!
-//! - a server killed under load is taken out of both proxies' pools within the detection
-//!   window; after that no request fails; restarted, it is put back in both;
-//! - a server that hangs (SIGSTOP) is taken out the same way, and put back when it goes on;
+//! - of four servers, one killed under load is taken out of both proxies' pools within the
+//!   detection window; after that no request fails; restarted, it is put back in both;
+//! - a server that hangs (SIGSTOP) under load is taken out the same way, with failures only
+//!   before, and put back when it goes on;
+//! - failed requests the proxies report take a server out before its probes would (TKO);
+//! - a server added with a warm-up is given the items of its keys from where they were;
 //! - servers added and removed through the controller's API reach both proxies;
 //! - a proxy whose pool is changed behind the controller's back is put right at the next
 //!   sync;
@@ -56,7 +59,7 @@ fn load(
 
 #[test]
 fn a_fleet_follows_its_servers_health_and_the_controllers_changes() {
-    let names = ["s1", "s2", "s3"];
+    let names = ["s1", "s2", "s3", "s4"];
     let (mut servers, list) = servers(&names);
     let (proxies, clients) = proxies(2, &list, &PoolOpts::default());
     let apis: Vec<SocketAddr> = clients.iter().map(|c| c.api).collect();
@@ -80,7 +83,7 @@ fn a_fleet_follows_its_servers_health_and_the_controllers_changes() {
         api: ctl_api,
         token: None,
     };
-    until_pools(&clients, &["s1", "s2", "s3"], Duration::from_secs(5));
+    until_pools(&clients, &["s1", "s2", "s3", "s4"], Duration::from_secs(5));
 
     // A server killed under load: out of both pools within the detection window, and no
     // failure after that.
@@ -108,7 +111,7 @@ fn a_fleet_follows_its_servers_health_and_the_controllers_changes() {
     );
     let killed_at = origin.elapsed();
     servers[1].kill();
-    let took = until_pools(&clients, &["s1", "s3"], Duration::from_secs(5));
+    let took = until_pools(&clients, &["s1", "s3", "s4"], Duration::from_secs(5));
     let out_at = origin.elapsed();
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::Relaxed);
@@ -138,41 +141,77 @@ fn a_fleet_follows_its_servers_health_and_the_controllers_changes() {
 
     // Restarted: back in both pools.
     servers[1].restart();
-    until_pools(&clients, &["s1", "s2", "s3"], Duration::from_secs(5));
+    until_pools(&clients, &["s1", "s2", "s3", "s4"], Duration::from_secs(5));
 
     // Scaling through the controller's API.
-    let s4 = Memcached::start();
-    let body = json!({"addr": s4.addr().to_string(), "name": "s4"});
+    let s5 = Memcached::start();
+    let body = json!({"addr": s5.addr().to_string(), "name": "s5"});
     ctl.call("POST", "/api/v1/pool/servers", Some(&body))
         .unwrap();
-    until_pools(&clients, &["s1", "s2", "s3", "s4"], Duration::from_secs(5));
+    until_pools(
+        &clients,
+        &["s1", "s2", "s3", "s4", "s5"],
+        Duration::from_secs(5),
+    );
     let e = ctl
         .call("POST", "/api/v1/pool/servers", Some(&body))
         .unwrap_err()
         .to_string();
     assert!(e.contains("409"), "{e}");
     ctl.call("DELETE", "/api/v1/pool/servers/s3", None).unwrap();
-    until_pools(&clients, &["s1", "s2", "s4"], Duration::from_secs(5));
+    until_pools(&clients, &["s1", "s2", "s4", "s5"], Duration::from_secs(5));
 
     // A proxy changed behind the controller's back is put right.
     clients[0]
         .call("DELETE", "/api/v1/pool/servers/s1", None)
         .unwrap();
-    until_pools(&clients, &["s1", "s2", "s4"], Duration::from_secs(5));
+    until_pools(&clients, &["s1", "s2", "s4", "s5"], Duration::from_secs(5));
     let keys: Vec<Vec<u8>> = (0..50).map(|i| format!("after:{i}").into_bytes()).collect();
     for p in &proxies {
         local::store(p.addr, &keys).unwrap();
     }
 
-    // A server that hangs (stopped, its port still open) is taken out too, and put back
-    // when it goes on.
+    // A server that hangs (stopped, its port still open) under load is taken out too, with
+    // failures only before it is out, and put back when it goes on.
+    let (failed, last_failure) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    stop.store(false, Ordering::Relaxed);
+    let loads: Vec<_> = proxies
+        .iter()
+        .map(|p| {
+            load(
+                p.addr,
+                stop.clone(),
+                failed.clone(),
+                last_failure.clone(),
+                origin,
+            )
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
     let pid = servers[1].pid().expect("s2 runs") as libc::pid_t;
     // SAFETY: kill takes no pointers; the PID is our own child's.
     unsafe { libc::kill(pid, libc::SIGSTOP) };
-    until_pools(&clients, &["s1", "s4"], Duration::from_secs(5));
+    let stopped_at = origin.elapsed();
+    let took = until_pools(&clients, &["s1", "s4", "s5"], Duration::from_secs(5));
+    let out_at = origin.elapsed();
+    std::thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::Relaxed);
+    let rounds: u64 = loads.into_iter().map(|l| l.join().unwrap()).sum();
+    let last = Duration::from_millis(last_failure.load(Ordering::Relaxed));
+    eprintln!(
+        "s2 stopped: out of both pools in {took:?}; {} of {rounds} load rounds failed, the last \
+         begun {:?} after the stop",
+        failed.load(Ordering::Relaxed),
+        last.saturating_sub(stopped_at)
+    );
+    assert!(
+        failed.load(Ordering::Relaxed) == 0 || last <= out_at,
+        "a round begun {last:?} into the run failed, after the stopped s2 left both pools at \
+         {out_at:?}"
+    );
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGCONT) };
-    until_pools(&clients, &["s1", "s2", "s4"], Duration::from_secs(5));
+    until_pools(&clients, &["s1", "s2", "s4", "s5"], Duration::from_secs(5));
 
     let metrics = ctl.call("GET", "/metrics", None).unwrap();
     let text = metrics.as_str().unwrap_or_default().to_string();
@@ -194,10 +233,11 @@ fn a_fleet_follows_its_servers_health_and_the_controllers_changes() {
     );
 
     // Every server failing its probes empties no pool: the controller keeps them all.
-    let mut s4 = s4;
-    s4.kill();
+    let mut s5 = s5;
+    s5.kill();
     servers[0].kill();
     servers[1].kill();
+    servers[3].kill();
     // The kills may fall on either side of a probe round, so some may be out for a moment
     // before the last goes down; once all are down, all are kept.
     let all_down = || {
@@ -213,11 +253,11 @@ fn a_fleet_follows_its_servers_health_and_the_controllers_changes() {
         assert!(started.elapsed() < Duration::from_secs(5), "not all down");
         std::thread::sleep(Duration::from_millis(20));
     }
-    until_pools(&clients, &["s1", "s2", "s4"], Duration::from_secs(5));
+    until_pools(&clients, &["s1", "s2", "s4", "s5"], Duration::from_secs(5));
     let deadline = Instant::now() + Duration::from_secs(1);
     while Instant::now() < deadline {
-        assert_eq!(pool_of(&clients[0]), ["s1", "s2", "s4"]);
-        assert_eq!(pool_of(&clients[1]), ["s1", "s2", "s4"]);
+        assert_eq!(pool_of(&clients[0]), ["s1", "s2", "s4", "s5"]);
+        assert_eq!(pool_of(&clients[1]), ["s1", "s2", "s4", "s5"]);
         std::thread::sleep(Duration::from_millis(50));
     }
     drop(controller);

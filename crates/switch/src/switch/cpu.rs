@@ -41,7 +41,7 @@ impl Switch {
         now: Instant,
         emit: &mut Vec<Emit>,
     ) {
-        let (agent_ip, req) = match self.from_agent(body) {
+        let (agent_ip, req) = match self.agent_request(body) {
             Ok(x) => x,
             Err(reason) => return self.stats.count_drop(reason),
         };
@@ -129,7 +129,7 @@ impl Switch {
     }
 
     /// The address sub-requests go from, and the request of `body` they carry.
-    fn from_agent<'b>(&self, body: &'b [u8]) -> Result<(Ipv4Addr, memcache::Request<'b>), Drop> {
+    fn agent_request<'b>(&self, body: &'b [u8]) -> Result<(Ipv4Addr, memcache::Request<'b>), Drop> {
         let agent_ip = self.spec.agent_ip.ok_or(Drop::SplitUnavailable)?;
         match memcache::parse(body) {
             Ok(Some(req)) => Ok((agent_ip, req)),
@@ -203,7 +203,7 @@ impl Switch {
         now: Instant,
         emit: &mut Vec<Emit>,
     ) {
-        let (agent_ip, req) = match self.from_agent(body) {
+        let (agent_ip, req) = match self.agent_request(body) {
             Ok(x) => x,
             Err(reason) => return self.stats.count_drop(reason),
         };
