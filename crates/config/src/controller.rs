@@ -13,6 +13,8 @@
 //! tko_after = 3                 # ... or failed requests the switches report in one interval
 //!                               #     (0: their reports are not read)
 //! up_after = 2                  # answered probes in a row before it is up again
+//! flush_on_return = true        # a server out of the pool is emptied (flush_all) as it is
+//!                               # probed, so it comes back without items replaced meanwhile
 //! sync_interval_ms = 1000       # every switch's pool is checked this often anyway
 //! switch_token_file = "token"   # optional: the token the switches' APIs want
 //!
@@ -78,6 +80,9 @@ pub struct ControllerFile {
     /// it down at once (TKO), until its probes answer again; 0: the reports are not read.
     pub tko_after: u32,
     pub up_after: u32,
+    /// Empty a server that is out of the pool as it is probed (`flush_all`), so that it comes
+    /// back without the items that writes made elsewhere while it was out have replaced.
+    pub flush_on_return: bool,
     pub sync_interval: Duration,
     /// The file whose first line is the switches' API token (relative to this file's
     /// directory).
@@ -139,6 +144,7 @@ struct RawController {
     down_after: Option<u32>,
     tko_after: Option<u32>,
     up_after: Option<u32>,
+    flush_on_return: Option<bool>,
     sync_interval_ms: Option<u64>,
     switch_token_file: Option<String>,
 }
@@ -313,6 +319,7 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
         failover,
         down_after,
         tko_after,
+        flush_on_return: c.flush_on_return.unwrap_or(true),
         up_after,
         sync_interval,
         switch_token_file,

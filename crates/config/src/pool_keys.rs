@@ -133,6 +133,12 @@ impl PoolKeys {
         }
         if let Some(n) = raw.replicas {
             keys.replicas = in_range(n, &REPLICAS, "").map_err(|e| ("replicas", e))? as usize;
+            if n > 1 && keys.distribution != Distribution::Ketama {
+                return Err((
+                    "replicas",
+                    KeyError::ReplicasNeedKetama(n, keys.distribution),
+                ));
+            }
         }
         Ok(keys)
     }
@@ -176,6 +182,12 @@ pub(crate) enum KeyError {
     HashTag(String),
     #[error("weight must be at least 1")]
     ZeroWeight,
+    /// Replication over a distribution that moves every key when a server leaves.
+    #[error(
+        "{0} replicas over distribution {1}: a replicated pool needs distribution = \"ketama\", \
+         where a server's keys go to their next replica when it leaves"
+    )]
+    ReplicasNeedKetama(u64, Distribution),
     #[error("weight {0} is too large; use 1 to {max}", max = u32::MAX)]
     WeightTooLarge(u64),
     /// A server name that is empty, too long or holds a space.

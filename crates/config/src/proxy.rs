@@ -447,6 +447,12 @@ mod tests {
                 "server_connections = 65",
                 "1 to 64",
             ),
+            ("# replicas = 1", "replicas = 9", "pool.replicas"),
+            (
+                "distribution = \"ketama\"",
+                "distribution = \"modula\"\nreplicas = 2",
+                "needs distribution = \"ketama\"",
+            ),
             (
                 "addr = \"localhost:11212\"",
                 "addr = \"localhost\"",

@@ -22,6 +22,6 @@ pub mod time;
 pub use hash::{HashFn, UnknownHash};
 pub use route::{
     jump_consistent_hash, ketama_name, Distribution, Ring, RouteError, Server, KETAMA_MAX_HOSTLEN,
-    KETAMA_POINTS_PER_SERVER, MEMCACHED_DEFAULT_PORT,
+    KETAMA_POINTS_PER_SERVER, MAX_STABLE_WEIGHT, MEMCACHED_DEFAULT_PORT,
 };
 pub use time::Instant;

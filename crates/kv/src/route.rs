@@ -142,6 +142,14 @@ pub enum RouteError {
     /// A distribution name that is not `ketama`, `modula` or `jump`.
     #[error("unknown distribution {0:?}; expected ketama, modula or jump")]
     UnknownDistribution(String),
+    /// A server of a stable ring (see [`Ring::new_stable`]) weighs more than
+    /// [`MAX_STABLE_WEIGHT`].
+    #[error("server {server} has weight {weight}; a replicated pool takes at most {max}", max = MAX_STABLE_WEIGHT)]
+    StableWeight {
+        /// Index of the server in the pool.
+        server: usize,
+        weight: u32,
+    },
     /// `random` distribution, which kvswitch does not offer.
     #[error(
         "distribution \"random\" is not supported: a key must map to one server; \
@@ -218,7 +226,10 @@ impl Ring {
             cumulative: Vec::new(),
         };
         match dist {
-            Distribution::Ketama => ring.continuum = build_continuum(servers, &order, total)?,
+            Distribution::Ketama => {
+                let points = |s: &Server| ketama_points(s.weight, total, servers.len());
+                ring.continuum = build_continuum(servers, &order, points)?
+            }
             Distribution::Modula | Distribution::Jump => {
                 let mut sum = 0u32;
                 for &i in &order {
@@ -229,6 +240,33 @@ impl Ring {
                 ring.slot_order = order;
             }
         }
+        Ok(ring)
+    }
+
+    /// A ketama ring whose servers' points do not depend on each other: 160 per unit of
+    /// weight (at most [`MAX_STABLE_WEIGHT`]), on the same continuum positions ketama gives a
+    /// server of 160 points. Taking a server out of such a ring leaves every other point where
+    /// it was, so each of its keys goes to the key's next replica
+    /// ([`Ring::replicas_hash`]), whatever the pool's size and weights; in a twemproxy ring
+    /// a server's share of points depends on the total weight and the number of servers
+    /// (with equal weights, 156 rather than 160 each in pools of 25, 47, 50, ... servers), so
+    /// removing one can move the others' points. Replicated pools are built on it; placement
+    /// then differs from twemproxy's where twemproxy gives a server other than 160 points per
+    /// unit of weight.
+    pub fn new_stable(hash: HashFn, servers: &[Server]) -> Result<Ring, RouteError> {
+        if let Some((server, s)) = servers
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.weight > MAX_STABLE_WEIGHT)
+        {
+            return Err(RouteError::StableWeight {
+                server,
+                weight: s.weight,
+            });
+        }
+        let mut ring = Ring::new(Distribution::Ketama, hash, servers)?;
+        let order = twemproxy_order(servers)?;
+        ring.continuum = build_continuum(servers, &order, |s| KETAMA_POINTS_PER_SERVER * s.weight)?;
         Ok(ring)
     }
 
@@ -396,13 +434,13 @@ fn twemproxy_order(servers: &[Server]) -> Result<Vec<u32>, RouteError> {
 fn build_continuum(
     servers: &[Server],
     order: &[u32],
-    total: u32,
+    points: impl Fn(&Server) -> u32,
 ) -> Result<Vec<Point>, RouteError> {
     let mut continuum = Vec::with_capacity(servers.len() * KETAMA_POINTS_PER_SERVER as usize);
     let mut label = Vec::with_capacity(KETAMA_MAX_HOSTLEN);
     for &index in order {
         let server = &servers[index as usize];
-        let count = ketama_points(server.weight, total, servers.len());
+        let count = points(server);
         let hashes = count / KETAMA_POINTS_PER_HASH;
         if hashes > 0 {
             let len = server.name.len() + 1 + decimal_digits(hashes - 1);
@@ -429,6 +467,9 @@ fn build_continuum(
     continuum.sort_by_key(|p| p.value);
     Ok(continuum)
 }
+
+/// The heaviest server of a stable ring ([`Ring::new_stable`]): 64 × 160 points.
+pub const MAX_STABLE_WEIGHT: u32 = 64;
 
 /// Lamping and Veach, "A Fast, Minimal Memory, Consistent Hash Algorithm" (2014): maps `key`
 /// to a bucket in `0..buckets` so that growing from `n` to `n + 1` buckets moves only about
@@ -480,14 +521,17 @@ mod tests {
                 assert!(out.is_empty());
             }
         }
-        // Ketama: without a key's owner, its second replica owns it.
-        let ring = Ring::new(Distribution::Ketama, HashFn::Md5, &servers).unwrap();
+        // A stable ring, whatever the pool's size and weights: without a key's owner, its
+        // second replica owns it. (A twemproxy ring of 26 gives each server 160 points, of
+        // 25 only 156: this would not hold.)
+        let servers = pool(26, |i| 1 + (i % 3) as u32);
+        let ring = Ring::new_stable(HashFn::Md5, &servers).unwrap();
         for gone in 0..servers.len() {
             let rest: Vec<Server> = (0..servers.len())
                 .filter(|&i| i != gone)
                 .map(|i| servers[i].clone())
                 .collect();
-            let smaller = Ring::new(Distribution::Ketama, HashFn::Md5, &rest).unwrap();
+            let smaller = Ring::new_stable(HashFn::Md5, &rest).unwrap();
             for key in keys(300) {
                 let hash = ring.key_hash(&key);
                 ring.replicas_hash(hash, 2, &mut out);

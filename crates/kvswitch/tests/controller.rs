@@ -171,6 +171,16 @@ fn a_fleet_follows_its_servers_health_and_the_controllers_changes() {
         local::store(p.addr, &keys).unwrap();
     }
 
+    // A key of s2's, stored before it hangs.
+    let ring = ring_of(&["s1", "s2", "s4", "s5"]);
+    let key = (0..1000)
+        .map(|i| format!("stale:{i}"))
+        .find(|k| ring.locate(k.as_bytes()) == 1)
+        .unwrap();
+    let mut conn = Conn::open(proxies[0].addr);
+    let set = |value: &str| format!("set {key} 0 0 {}\r\n{value}\r\n", value.len());
+    assert_eq!(conn.text(set("old").as_bytes()), b"STORED\r\n");
+
     // A server that hangs (stopped, its port still open) under load is taken out too, with
     // failures only before it is out, and put back when it goes on.
     let (failed, last_failure) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
@@ -209,9 +219,18 @@ fn a_fleet_follows_its_servers_health_and_the_controllers_changes() {
         "a round begun {last:?} into the run failed, after the stopped s2 left both pools at \
          {out_at:?}"
     );
+    // While it is out, its key is written elsewhere.
+    assert_eq!(conn.text(set("new").as_bytes()), b"STORED\r\n");
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGCONT) };
     until_pools(&clients, &["s1", "s2", "s4", "s5"], Duration::from_secs(5));
+    // Back, it owns the key again: emptied before it came back, it does not answer with the
+    // value the write replaced.
+    assert_eq!(
+        String::from_utf8_lossy(&conn.text(format!("get {key}\r\n").as_bytes())),
+        "END\r\n",
+        "s2 came back with an item replaced while it was out"
+    );
 
     let metrics = ctl.call("GET", "/metrics", None).unwrap();
     let text = metrics.as_str().unwrap_or_default().to_string();

@@ -36,11 +36,11 @@ const REMOVED_WITHIN: Duration = Duration::from_secs(10);
 const MIN_OPS: usize = 3_000;
 const SEED: u64 = 0x7265_706c_6963_6173;
 
-/// The replicas of `key` in a pool of `names` (ketama over md5, weight 1), owner first,
-/// computed apart from kvswitch's pool.
+/// The replicas of `key` in a pool of `names` (a replicated pool's stable ketama ring over
+/// md5, weight 1), owner first, computed apart from kvswitch's pool.
 fn replicas(names: &[&'static str], key: &str) -> Vec<&'static str> {
     let servers: Vec<kv::Server> = names.iter().map(|n| kv::Server::new(*n, 1)).collect();
-    let ring = kv::Ring::new(kv::Distribution::Ketama, kv::HashFn::Md5, &servers).unwrap();
+    let ring = kv::Ring::new_stable(kv::HashFn::Md5, &servers).unwrap();
     let mut out = Vec::new();
     ring.replicas_hash(ring.key_hash(key.as_bytes()), REPLICAS, &mut out);
     out.into_iter().map(|i| names[i]).collect()

@@ -149,6 +149,7 @@ impl Fx {
 struct Rig {
     sw: Switch,
     stats: Arc<Stats>,
+    pool: Arc<switch::pool::Pool>,
     now: Instant,
 }
 
@@ -166,7 +167,9 @@ impl Rig {
 
     fn with(cfg: Config, ports: usize) -> Rig {
         let stats = Arc::new(Stats::new(ports, SERVERS.len()));
-        let mut sw = new_switch(&cfg, ports, stats.clone()).expect("switch");
+        let pool = Arc::new(cfg.pool().expect("the pool builds"));
+        let mut sw =
+            Switch::new(cfg.switch_spec(ports, 0), pool.clone(), stats.clone()).expect("switch");
         let now = Instant::from_secs(1_000);
         let mut emit = Vec::new();
         for h in std::iter::once(&CLIENT).chain(&SERVERS) {
@@ -177,7 +180,12 @@ impl Rig {
             );
         }
         assert!(emit.is_empty());
-        Rig { sw, stats, now }
+        Rig {
+            sw,
+            stats,
+            pool,
+            now,
+        }
     }
 
     fn process(&mut self, in_port: u16, frame: &mut [u8], emit: &mut Vec<Emit>) -> Fate {
@@ -1717,7 +1725,8 @@ fn replicated() -> Rig {
 
 /// The two replicas of `key` on the test ring, owner first.
 fn replicas_of(key: &str) -> [usize; 2] {
-    let ring = ring();
+    let servers: Vec<Server> = SERVER_NAMES.iter().map(|n| Server::new(*n, 1)).collect();
+    let ring = Ring::new_stable(HashFn::Md5, &servers).expect("ring");
     let mut out = Vec::new();
     ring.replicas_hash(ring.key_hash(key.as_bytes()), 2, &mut out);
     [out[0], out[1]]
@@ -1869,6 +1878,61 @@ fn a_replicated_write_reaches_every_replica_and_is_answered_once_all_have() {
         &before,
         &[Count::Drop(Drop::ReplicatedPipeline)],
     );
+}
+
+#[test]
+fn a_udp_write_to_a_key_of_a_warming_server_deletes_it_where_it_was() {
+    let fx = Fx::new();
+    let mut rig = Rig::new(Mode::L3);
+    // s3 leaves and comes back warming up: its keys were on s1 and s2 meanwhile.
+    let s3 = rig.pool.spec().servers[2].clone();
+    rig.pool.remove_server(2).unwrap();
+    let until = rig.now + Duration::from_secs(60);
+    assert_eq!(rig.pool.add_warming(s3, Some(until)).unwrap().server, 2);
+    let without: Vec<Server> = SERVER_NAMES[..2]
+        .iter()
+        .map(|n| Server::new(*n, 1))
+        .collect();
+    let cold = Ring::new(Distribution::Ketama, HashFn::Md5, &without).unwrap();
+    let key = fx.key(2, 0);
+    let before = cold.locate(key.as_bytes());
+
+    let body = format!("set {key} 0 0 2\r\nhi\r\n");
+    let mut frame = to_vip(body.as_bytes());
+    let mut emit = Vec::new();
+    assert_eq!(
+        rig.process(CLIENT.port, &mut frame, &mut emit),
+        Fate::Out(SERVERS[2].port),
+        "the write goes to the warming owner"
+    );
+    let mut delete = vec![0x80, 0x14, 0, key.len() as u8, 0, 0, 0, 0];
+    delete.extend_from_slice(&(key.len() as u32).to_be_bytes());
+    delete.extend_from_slice(&[0; 12]);
+    delete.extend_from_slice(key.as_bytes());
+    assert_eq!(emit.len(), 1, "{emit:?}");
+    assert_eq!(emit[0].dest, Dest::Port(SERVERS[before].port));
+    assert_bytes(
+        "the delete where it was",
+        &emit[0].frame,
+        &to_server(before, 0, &delete),
+    );
+
+    // A read, or a write of a key no warming server owns, sends nothing more.
+    for body in [
+        format!("get {key}\r\n"),
+        format!("set {} 0 0 1\r\nx\r\n", fx.key(0, 0)),
+    ] {
+        let mut frame = to_vip(body.as_bytes());
+        let mut emit = Vec::new();
+        rig.process(CLIENT.port, &mut frame, &mut emit);
+        assert!(emit.is_empty(), "{body:?}: {emit:?}");
+    }
+    // Warm: nothing more either.
+    rig.now = until;
+    let mut frame = to_vip(body.as_bytes());
+    let mut emit = Vec::new();
+    rig.process(CLIENT.port, &mut frame, &mut emit);
+    assert!(emit.is_empty(), "{emit:?}");
 }
 
 /// A binary request (magic 0x80) or response (0x81) with `extras`, `key` and `value`.

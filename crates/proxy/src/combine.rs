@@ -118,8 +118,9 @@ pub fn meta_item(reply: &[u8]) -> Option<MetaItem<'_>> {
             _ => {}
         }
     }
-    let data = reply.get(line_end + 2..line_end + 2 + len)?;
-    (reply.get(line_end + 2 + len..)? == b"\r\n").then_some(MetaItem { data, flags, ttl })
+    let end = (line_end + 2).checked_add(len)?;
+    let data = reply.get(line_end + 2..end)?;
+    (reply.get(end..)? == b"\r\n").then_some(MetaItem { data, flags, ttl })
 }
 
 /// The `add` that stores on a warming owner the item its `get` found on the server that held

@@ -209,7 +209,11 @@ fn keyed(
     }
     // While the owner warms up, the write also deletes the key where it was before, so that
     // a later miss on the owner cannot read the value this write replaced there.
-    let before = router.warm_source(key).map(|(_, before)| before);
+    // Not on a server that keeps the key anyway: a replica's copy is the write's own.
+    let before = router
+        .warm_source(key)
+        .map(|(_, before)| before)
+        .filter(|before| !servers.contains(before));
     match (&servers[..], before) {
         ([], _) => no_server(request),
         ([server], None) => single(request, *server, wire, kind),

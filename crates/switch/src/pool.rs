@@ -127,7 +127,7 @@ impl PoolSpec {
     /// [`PoolSpec::servers`]. Place a key with `ring.locate(pool.hashed_key(key))`. The errors
     /// are [`Ring::new`]'s.
     pub fn ring(&self) -> Result<Ring, RouteError> {
-        Ring::new(self.distribution, self.hash, &self.ring_servers())
+        build_ring(self, &self.ring_servers())
     }
 }
 
@@ -201,6 +201,11 @@ impl View {
     /// The server that owns `key`.
     pub fn locate(&self, key: &[u8]) -> Option<usize> {
         self.locate_hash(self.key_hash(key))
+    }
+
+    /// Whether a server warms up.
+    pub fn is_warming(&self) -> bool {
+        !self.warming.is_empty()
     }
 
     /// For a key (by its hash) whose owner is warming up: the owner, and the server that owned
@@ -602,7 +607,7 @@ fn build_view(state: &State, version: u64) -> Result<View, RouteError> {
         .collect();
     let ring = match servers.is_empty() {
         true => None,
-        false => Some(Ring::new(spec.distribution, spec.hash, &servers)?),
+        false => Some(build_ring(spec, &servers)?),
     };
     let warming: Vec<usize> = live
         .iter()
@@ -620,10 +625,7 @@ fn build_view(state: &State, version: u64) -> Result<View, RouteError> {
                 .iter()
                 .map(|&i| Server::new(spec.servers[i].ring_name(), spec.servers[i].weight))
                 .collect();
-            Some((
-                Ring::new(spec.distribution, spec.hash, &servers)?,
-                cold_live,
-            ))
+            Some((build_ring(spec, &servers)?, cold_live))
         }
         _ => None,
     };
@@ -643,6 +645,16 @@ fn build_view(state: &State, version: u64) -> Result<View, RouteError> {
             .flatten()
             .min(),
     })
+}
+
+/// The ring of `servers` in `spec`'s pool: twemproxy's, or for a replicated pool the stable
+/// ring ([`Ring::new_stable`]), on which taking a server out hands each of its keys to the
+/// key's next replica, which holds it.
+fn build_ring(spec: &PoolSpec, servers: &[Server]) -> Result<Ring, RouteError> {
+    match spec.replicas > 1 && spec.distribution == Distribution::Ketama {
+        true => Ring::new_stable(spec.hash, servers),
+        false => Ring::new(spec.distribution, spec.hash, servers),
+    }
 }
 
 /// The part of `key` nutcracker hashes under the hash tag `tag` (see [`PoolSpec::hashed_key`]).

@@ -268,7 +268,8 @@ impl Splitter {
         loop {
             let id = self.next_request_id;
             self.next_request_id = self.next_request_id.wrapping_add(1);
-            if self.by_request.contains_key(&id) {
+            // Id 0 belongs to quiet replicated writes, whose replies no one awaits.
+            if id == 0 || self.by_request.contains_key(&id) {
                 continue;
             }
             match self.resting.get(&id) {
@@ -1455,5 +1456,49 @@ mod tests {
             .start(rest_end, client(), Command::Get, None, keys(), &sources())
             .is_ok());
         assert_eq!(sp.resting.len(), 0);
+    }
+
+    #[test]
+    fn a_replicated_write_never_takes_id_zero_which_quiet_writes_use() {
+        let now = Instant::from_secs(1);
+        let mut sp = Splitter::new(Duration::from_secs(1), 0xffff);
+        let subs = sp
+            .start_write(
+                now,
+                client(),
+                b"set k 0 0 1\r\nx\r\n",
+                &[0, 1],
+                false,
+                &sources(),
+            )
+            .unwrap();
+        let ids: Vec<u16> = subs.iter().map(|s| s.request_id).collect();
+        assert_eq!(ids, [0xffff, 1]);
+        // A quiet write's stray error under id 0 is nobody's answer.
+        let quiet = sp
+            .start_write(
+                now,
+                client(),
+                b"set k 0 0 1 noreply\r\nx\r\n",
+                &[0, 1],
+                true,
+                &sources(),
+            )
+            .unwrap();
+        assert!(quiet.iter().all(|s| s.request_id == 0));
+        assert_eq!(
+            sp.arrive(src(0), 0, 0, 1, b"SERVER_ERROR out of memory\r\n"),
+            Arrival::Stale
+        );
+        assert_eq!(
+            sp.arrive(src(0), 0xffff, 0, 1, b"STORED\r\n"),
+            Arrival::Stored
+        );
+        match sp.arrive(src(1), 1, 0, 1, b"STORED\r\n") {
+            Arrival::Done { reply, write, .. } => {
+                assert_eq!((reply, write), (b"STORED\r\n".to_vec(), true))
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -238,6 +238,21 @@ impl Shared {
 
 /// Asks `addr` for memcached's `version` over TCP, within `timeout`.
 pub fn probe(addr: SocketAddr, timeout: Duration) -> Result<(), String> {
+    ask(addr, timeout, false)
+}
+
+/// Empties the server at `addr` (`flush_all`), then asks it `version`, within `timeout`: the
+/// probe of a server that is out of the pool, so that it comes back without the items it
+/// held while writes to its keys went to other servers.
+pub fn probe_and_flush(addr: SocketAddr, timeout: Duration) -> Result<(), String> {
+    ask(addr, timeout, true)
+}
+
+fn ask(addr: SocketAddr, timeout: Duration, flush: bool) -> Result<(), String> {
+    let (request, lines, expect): (&[u8], usize, &[u8]) = match flush {
+        true => (b"flush_all\r\nversion\r\n", 2, b"OK\r\nVERSION "),
+        false => (b"version\r\n", 1, b"VERSION "),
+    };
     let started = Instant::now();
     let mut conn = TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
     let left = timeout
@@ -247,10 +262,12 @@ pub fn probe(addr: SocketAddr, timeout: Duration) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     conn.set_write_timeout(Some(left))
         .map_err(|e| e.to_string())?;
-    conn.write_all(b"version\r\n").map_err(|e| e.to_string())?;
+    conn.write_all(request).map_err(|e| e.to_string())?;
     let mut reply = Vec::with_capacity(64);
     let mut buf = [0u8; 64];
-    while !reply.ends_with(b"\r\n") && reply.len() < 256 {
+    let whole =
+        |r: &[u8]| r.ends_with(b"\r\n") && r.windows(2).filter(|w| w == b"\r\n").count() >= lines;
+    while !whole(&reply) && reply.len() < 256 {
         let n = conn.read(&mut buf).map_err(|e| match e.kind() {
             std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
                 format!("no answer within {timeout:?}")
@@ -262,7 +279,7 @@ pub fn probe(addr: SocketAddr, timeout: Duration) -> Result<(), String> {
         }
         reply.extend_from_slice(&buf[..n]);
     }
-    match reply.starts_with(b"VERSION ") {
+    match reply.starts_with(expect) {
         true => Ok(()),
         false => Err(format!(
             "answered {:?}",
@@ -639,7 +656,7 @@ fn prober(shared: &Shared) {
             std::thread::sleep(CAMPAIGN_INTERVAL);
             continue;
         }
-        let (servers, interval, timeout, udp, switches, tko_after) = {
+        let (servers, flush, interval, timeout, udp, switches, tko_after) = {
             let f = shared.fleet();
             // The servers, then the failover spares.
             let addrs: Vec<SocketAddr> = f
@@ -648,8 +665,16 @@ fn prober(shared: &Shared) {
                 .map(|s| s.addr)
                 .chain(f.file.failover.iter().copied())
                 .collect();
+            // A server out of the pool is emptied as it is probed, so that it comes back
+            // without items that writes made meanwhile, elsewhere, have replaced.
+            let flush: Vec<bool> = f
+                .health
+                .iter()
+                .map(|h| f.file.flush_on_return && h.known && !h.up)
+                .collect();
             (
                 addrs,
+                flush,
                 f.file.probe_interval,
                 f.file.probe_timeout,
                 f.file.probe_udp,
@@ -671,9 +696,14 @@ fn prober(shared: &Shared) {
                 .collect();
             let probes: Vec<_> = servers
                 .iter()
-                .map(|&addr| {
+                .enumerate()
+                .map(|(i, &addr)| {
+                    let flush = flush.get(i).copied().unwrap_or(false);
                     s.spawn(move || {
-                        probe(addr, timeout)?;
+                        match flush {
+                            true => probe_and_flush(addr, timeout)?,
+                            false => probe(addr, timeout)?,
+                        }
                         match udp {
                             true => probe_udp(addr, timeout),
                             false => Ok(()),

@@ -139,7 +139,7 @@ impl Switch {
 
     /// Why sub-requests to `servers` cannot be sent yet: a server whose MAC is unknown, or
     /// whose port is; `None` when every one can be reached.
-    fn unreachable(&self, servers: impl Iterator<Item = usize> + Clone) -> Option<Drop> {
+    pub(super) fn unreachable(&self, servers: impl Iterator<Item = usize> + Clone) -> Option<Drop> {
         if servers.clone().any(|s| self.backend_macs[s].is_none()) {
             return Some(Drop::BackendUnresolved);
         }
@@ -151,7 +151,7 @@ impl Switch {
 
     /// Sends sub-requests from the agent address, each to its server: the parts of a split
     /// get or the copies of a replicated write.
-    fn send_subs(
+    pub(super) fn send_subs(
         &mut self,
         agent_ip: Ipv4Addr,
         subs: Vec<split::SubRequest>,

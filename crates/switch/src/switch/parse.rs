@@ -131,6 +131,7 @@ impl Switch {
         }
         match self.route_datagram(body) {
             Route::One { key_hash } => {
+                self.warm_deletes(body, &[], emit);
                 let mut read = None;
                 if let Some(cache) = &mut self.cache {
                     let view = &self.view;
@@ -188,6 +189,7 @@ impl Switch {
                         return Stage::Done(Fate::Consumed);
                     }
                 }
+                self.warm_deletes(body, &servers, emit);
                 self.start_write(
                     in_port,
                     client,
@@ -323,6 +325,56 @@ impl Switch {
             Some(_) if pipelined_gets => Route::Split,
             Some(_) => Route::Drop(Drop::PipelinedMultiServer),
         }
+    }
+
+    /// While a server warms up, a write to one of its keys also deletes the key where it
+    /// was before (a quiet binary delete from the agent address, unless that server keeps
+    /// the key as a replica), so that a later miss on the warming server, read there by the
+    /// proxy, does not find the value the write replaced.
+    fn warm_deletes(&mut self, body: &[u8], replicas: &[usize], emit: &mut Vec<Emit>) {
+        if !self.view.is_warming() {
+            return;
+        }
+        let Some(agent_ip) = self.spec.agent_ip else {
+            return;
+        };
+        let mut subs = Vec::new();
+        let mut offset = 0;
+        while let Some(Ok(Some(req))) = body.get(offset..).map(memcache::parse) {
+            offset += req.len.max(1);
+            if !req.command.is_write() || req.command.is_retrieval() {
+                continue;
+            }
+            for token in req.keys() {
+                let mut decoded = [0u8; memcache::MAX_KEY_LEN];
+                let Ok(key) = req.stored_key(token, &mut decoded) else {
+                    continue;
+                };
+                let Some((_, before)) = self.view.warm_source(self.view.key_hash(key)) else {
+                    continue;
+                };
+                if replicas.contains(&before) || self.unreachable(std::iter::once(before)).is_some()
+                {
+                    continue;
+                }
+                let mut payload = Vec::with_capacity(memcache::binary::HEADER_LEN + key.len());
+                memcache::binary::write_request(
+                    memcache::binary::opcode::DELETEQ,
+                    key,
+                    b"",
+                    b"",
+                    0,
+                    0,
+                    &mut payload,
+                );
+                subs.push(split::SubRequest {
+                    server: before,
+                    request_id: 0,
+                    payload,
+                });
+            }
+        }
+        self.send_subs(agent_ip, subs, emit);
     }
 
     /// The key hash and server of one key of `req`, placed as memcached stores it: a base64
