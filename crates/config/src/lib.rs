@@ -485,6 +485,14 @@ impl Config {
 
         let keys = PoolKeys::from_toml(&raw.pool)
             .map_err(|(k, e)| err(&format!("pool.{k}"), e.to_string()))?;
+        if keys.replicas > 1 && agent_ip.is_none() {
+            return Err(err(
+                "pool.replicas",
+                "the switch sends a replicated pool's writes from its agent address: in l2 mode \
+                 set vip.agent_ip"
+                    .into(),
+            ));
+        }
         if keys.hash_tag.is_some() {
             // The switch hashes whole keys; accepting the tag would place keys elsewhere than
             // the proxy and nutcracker do.
@@ -1021,6 +1029,23 @@ mod tests {
         let agent = Ipv4Addr::new(10, 0, 0, 101);
         assert_eq!(c.local_source(), agent);
         assert_eq!(c.local_addrs(), vec![(agent, 24), (c.vip, 32)]);
+    }
+
+    #[test]
+    fn a_replicated_pool_in_l2_mode_needs_an_agent_address() {
+        let l2 = EXAMPLE
+            .replace("mode = \"l3\"", "mode = \"l2\"")
+            .replace("local_port = \"kvs-local\"", "local_port = \"\"")
+            .replace("# replicas = 1", "replicas = 2");
+        let e = parse(&l2).unwrap_err().to_string();
+        assert!(
+            e.contains("pool.replicas") && e.contains("vip.agent_ip"),
+            "{e}"
+        );
+        let with_agent = l2.replace("# agent_ip = \"10.0.0.101\"", "agent_ip = \"10.0.0.101\"");
+        assert_eq!(parse(&with_agent).unwrap().replicas, 2);
+        let l3 = EXAMPLE.replace("# replicas = 1", "replicas = 2");
+        assert_eq!(parse(&l3).unwrap().replicas, 2);
     }
 
     #[test]

@@ -656,7 +656,7 @@ fn prober(shared: &Shared) {
             std::thread::sleep(CAMPAIGN_INTERVAL);
             continue;
         }
-        let (servers, flush, interval, timeout, udp, switches, tko_after) = {
+        let (servers, flush, interval, timeout, udp, switches, tko_after, pool) = {
             let f = shared.fleet();
             // The servers, then the failover spares.
             let addrs: Vec<SocketAddr> = f
@@ -680,6 +680,7 @@ fn prober(shared: &Shared) {
                 f.file.probe_udp,
                 f.file.switches.clone(),
                 f.file.tko_after,
+                f.file.pool.name.clone(),
             )
         };
         let (outcomes, reports) = std::thread::scope(|s| {
@@ -691,7 +692,8 @@ fn prober(shared: &Shared) {
                         api: sw.api,
                         token: shared.switch_token.clone(),
                     };
-                    s.spawn(move || failures_reported(&client, timeout.max(REPORT_WAIT)))
+                    let pool = &pool;
+                    s.spawn(move || failures_reported(&client, pool, timeout.max(REPORT_WAIT)))
                 })
                 .collect();
             let probes: Vec<_> = servers
@@ -777,12 +779,16 @@ const REPORT_WAIT: Duration = Duration::from_millis(200);
 
 /// Each server's failed requests as one switch counts them (`GET /api/v1/pool`), by address;
 /// `None` if the switch did not answer.
-fn failures_reported(client: &Client, wait: Duration) -> Option<Vec<(String, u64)>> {
+fn failures_reported(client: &Client, pool: &str, wait: Duration) -> Option<Vec<(String, u64)>> {
     let doc = client.call_within("GET", "/api/v1/pool", None, wait).ok()?;
-    let servers = doc["pools"]
-        .as_array()?
-        .iter()
-        .flat_map(|p| p["servers"].as_array().into_iter().flatten());
+    let pools = doc["pools"].as_array()?;
+    // The controller's pool, or the only one (as the syncer picks it).
+    let theirs = match pools.iter().find(|p| p["name"] == pool) {
+        Some(p) => p,
+        None if pools.len() == 1 => &pools[0],
+        None => return None,
+    };
+    let servers = theirs["servers"].as_array().into_iter().flatten();
     Some(
         servers
             .filter_map(|v| Some((v["addr"].as_str()?.to_string(), v["failures"].as_u64()?)))
@@ -793,13 +799,17 @@ fn failures_reported(client: &Client, wait: Duration) -> Option<Vec<(String, u64
 /// The failed requests each server's address gained, summed over the switches, since their
 /// last reports (`last`, by switch and address, is brought up to date). A switch's first
 /// report of a server, or a count that went down (the switch restarted), only sets where
-/// counting starts.
+/// counting starts; a server a switch no longer lists is forgotten, so that failures counted
+/// while it was out (requests sent before it left) do not count when it is back.
 fn new_failures(
     last: &mut HashMap<(usize, String), u64>,
     reports: &[Option<Vec<(String, u64)>>],
 ) -> HashMap<String, u64> {
     let mut gained: HashMap<String, u64> = HashMap::new();
     for (switch, report) in reports.iter().enumerate() {
+        if let Some(listed) = report {
+            last.retain(|(s, addr), _| *s != switch || listed.iter().any(|(a, _)| a == addr));
+        }
         for (addr, failures) in report.iter().flatten() {
             let before = last.insert((switch, addr.clone()), *failures);
             if let Some(before) = before.filter(|b| b <= failures) {
@@ -1372,6 +1382,12 @@ mod tests {
         );
         let gained = new_failures(&mut last, &[report(2, 1), report(3, 0)]);
         assert_eq!(gained.get("a:1"), Some(&1));
+        // Out of a switch's pool, then back with failures counted meanwhile: they do not
+        // count.
+        let without = Some(vec![("b:1".to_string(), 0)]);
+        new_failures(&mut last, &[without, report(3, 0)]);
+        let gained = new_failures(&mut last, &[report(9, 0), report(3, 0)]);
+        assert_eq!(gained.get("a:1").copied().unwrap_or(0), 0);
     }
 
     #[test]

@@ -300,7 +300,8 @@ fn routes_table() -> TableDef {
         kind: Kind::Ternary,
         key,
         miss: Vec::new(),
-        size: Some(2 * MAX_ENTRIES + 64),
+        // The version in force, one a failed update left behind, and the next.
+        size: Some(3 * MAX_ENTRIES + 64),
     }
 }
 
@@ -632,7 +633,8 @@ fn update(shared: &Shared, want: BTreeMap<String, Vec<EntryDef>>) -> Result<Json
                 on[i].installed.insert(v, ids.clone());
                 on[i].known = false;
             }
-            if matches!(a, Err(Failure::OutOfReach(_))) {
+            // A refusal may mean the switch lost its tables (a restart): read it again.
+            if a.is_err() {
                 on[i].known = false;
             }
         }
@@ -699,12 +701,16 @@ fn update(shared: &Shared, want: BTreeMap<String, Vec<EntryDef>>) -> Result<Json
                     clean = false;
                 }
             }
-            if matches!(r, Err(Failure::OutOfReach(_)) | Err(Failure::NotLeading)) {
+            if r.is_err() {
                 on[i].known = false;
+            }
+            if matches!(r, Err(Failure::OutOfReach(_)) | Err(Failure::NotLeading)) {
                 clean = false;
             }
         }
         if clean {
+            // Frames stamped v before the stamps went back may still be on their way.
+            std::thread::sleep(spec.drain);
             let removed = each(calls.len(), |i| {
                 calls[i].batch(&deletes(on[i].installed.get(&v).unwrap_or(&Vec::new())))
             });
