@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::fleet::{controller_toml, pool_of, proxies, servers, until_pools};
-use common::proxy::{Conn, Memcached, PoolOpts};
+use common::proxy::{Conn, Memcached, PoolOpts, Proxy};
 use kvswitch::ctl::Client;
 use serde_json::{json, Value};
 use testbed::local;
@@ -57,6 +57,56 @@ fn load(
     })
 }
 
+/// Runs `fault` while load goes through every proxy, and waits (at most 10 s) until every
+/// pool is `want`, then lets the load go on for `after`. Only load rounds begun before the
+/// last pool had changed may fail. Returns how long the pools took.
+fn fault_under_load(
+    proxies: &[Proxy],
+    clients: &[Client],
+    want: &[&str],
+    after: Duration,
+    what: &str,
+    fault: impl FnOnce(),
+) -> Duration {
+    let origin = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (failed, last_failure) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let loads: Vec<_> = proxies
+        .iter()
+        .map(|p| {
+            load(
+                p.addr,
+                stop.clone(),
+                failed.clone(),
+                last_failure.clone(),
+                origin,
+            )
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(failed.load(Ordering::Relaxed), 0, "failures before {what}");
+    let fault_at = origin.elapsed();
+    fault();
+    let took = until_pools(clients, want, Duration::from_secs(10));
+    let out_at = origin.elapsed();
+    std::thread::sleep(after);
+    stop.store(true, Ordering::Relaxed);
+    let rounds: u64 = loads.into_iter().map(|l| l.join().unwrap()).sum();
+    let last = Duration::from_millis(last_failure.load(Ordering::Relaxed));
+    let failed = failed.load(Ordering::Relaxed);
+    eprintln!(
+        "{what}: the pools are {want:?} after {took:?}; {failed} of {rounds} load rounds \
+         failed, the last begun {:?} after it",
+        last.saturating_sub(fault_at)
+    );
+    assert!(
+        failed == 0 || last <= out_at,
+        "{what}: a round begun {last:?} into the run failed, after the pools changed at \
+         {out_at:?}"
+    );
+    took
+}
+
 #[test]
 fn a_fleet_follows_its_servers_health_and_the_controllers_changes() {
     let names = ["s1", "s2", "s3", "s4"];
@@ -87,46 +137,13 @@ fn a_fleet_follows_its_servers_health_and_the_controllers_changes() {
 
     // A server killed under load: out of both pools within the detection window, and no
     // failure after that.
-    let origin = Instant::now();
-    let stop = Arc::new(AtomicBool::new(false));
-    let failed = Arc::new(AtomicU64::new(0));
-    let last_failure = Arc::new(AtomicU64::new(0));
-    let loads: Vec<_> = proxies
-        .iter()
-        .map(|p| {
-            load(
-                p.addr,
-                stop.clone(),
-                failed.clone(),
-                last_failure.clone(),
-                origin,
-            )
-        })
-        .collect();
-    std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(
-        failed.load(Ordering::Relaxed),
-        0,
-        "failures before the kill"
-    );
-    let killed_at = origin.elapsed();
-    servers[1].kill();
-    let took = until_pools(&clients, &["s1", "s3", "s4"], Duration::from_secs(5));
-    let out_at = origin.elapsed();
-    std::thread::sleep(Duration::from_millis(500));
-    stop.store(true, Ordering::Relaxed);
-    let rounds: u64 = loads.into_iter().map(|l| l.join().unwrap()).sum();
-    let last = Duration::from_millis(last_failure.load(Ordering::Relaxed));
-    eprintln!(
-        "s2 killed: out of both pools in {took:?}; {} of {rounds} load rounds failed, the last \
-         begun {:?} after the kill",
-        failed.load(Ordering::Relaxed),
-        last.saturating_sub(killed_at)
-    );
-    // Only rounds begun before both pools had let s2 go may fail.
-    assert!(
-        failed.load(Ordering::Relaxed) == 0 || last <= out_at,
-        "a round begun {last:?} into the run failed, after s2 left both pools at {out_at:?}"
+    fault_under_load(
+        &proxies,
+        &clients,
+        &["s1", "s3", "s4"],
+        Duration::from_millis(500),
+        "s2 killed",
+        || servers[1].kill(),
     );
     let status = ctl.call("GET", "/api/v1/status", None).unwrap();
     let s2 = status["servers"]
@@ -183,41 +200,17 @@ fn a_fleet_follows_its_servers_health_and_the_controllers_changes() {
 
     // A server that hangs (stopped, its port still open) under load is taken out too, with
     // failures only before it is out, and put back when it goes on.
-    let (failed, last_failure) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    stop.store(false, Ordering::Relaxed);
-    let loads: Vec<_> = proxies
-        .iter()
-        .map(|p| {
-            load(
-                p.addr,
-                stop.clone(),
-                failed.clone(),
-                last_failure.clone(),
-                origin,
-            )
-        })
-        .collect();
-    std::thread::sleep(Duration::from_millis(200));
     let pid = servers[1].pid().expect("s2 runs") as libc::pid_t;
-    // SAFETY: kill takes no pointers; the PID is our own child's.
-    unsafe { libc::kill(pid, libc::SIGSTOP) };
-    let stopped_at = origin.elapsed();
-    let took = until_pools(&clients, &["s1", "s4", "s5"], Duration::from_secs(5));
-    let out_at = origin.elapsed();
-    std::thread::sleep(Duration::from_millis(1500));
-    stop.store(true, Ordering::Relaxed);
-    let rounds: u64 = loads.into_iter().map(|l| l.join().unwrap()).sum();
-    let last = Duration::from_millis(last_failure.load(Ordering::Relaxed));
-    eprintln!(
-        "s2 stopped: out of both pools in {took:?}; {} of {rounds} load rounds failed, the last \
-         begun {:?} after the stop",
-        failed.load(Ordering::Relaxed),
-        last.saturating_sub(stopped_at)
-    );
-    assert!(
-        failed.load(Ordering::Relaxed) == 0 || last <= out_at,
-        "a round begun {last:?} into the run failed, after the stopped s2 left both pools at \
-         {out_at:?}"
+    fault_under_load(
+        &proxies,
+        &clients,
+        &["s1", "s4", "s5"],
+        Duration::from_millis(1500),
+        "s2 stopped",
+        // SAFETY: kill takes no pointers; the PID is our own child's.
+        || unsafe {
+            libc::kill(pid, libc::SIGSTOP);
+        },
     );
     // While it is out, its key is written elsewhere.
     assert_eq!(conn.text(set("new").as_bytes()), b"STORED\r\n");
@@ -465,28 +458,14 @@ fn failed_requests_the_switches_report_take_a_server_out_before_its_probes_would
         token: None,
     };
     until_pools(&clients, &["s1", "s2", "s3"], Duration::from_secs(10));
-    let origin = Instant::now();
-    let stop = Arc::new(AtomicBool::new(false));
-    let (failed, last_failure) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let loads: Vec<_> = proxies
-        .iter()
-        .map(|p| {
-            load(
-                p.addr,
-                stop.clone(),
-                failed.clone(),
-                last_failure.clone(),
-                origin,
-            )
-        })
-        .collect();
-    std::thread::sleep(Duration::from_millis(200));
-    servers[1].kill();
-    let took = until_pools(&clients, &["s1", "s3"], Duration::from_secs(10));
-    stop.store(true, Ordering::Relaxed);
-    for l in loads {
-        l.join().unwrap();
-    }
+    let took = fault_under_load(
+        &proxies,
+        &clients,
+        &["s1", "s3"],
+        Duration::ZERO,
+        "s2 killed, probes slow",
+        || servers[1].kill(),
+    );
     eprintln!("s2 killed: out of both pools by TKO in {took:?}");
     let status = ctl.call("GET", "/api/v1/status", None).unwrap();
     let s2 = status["servers"]
