@@ -8,10 +8,9 @@
 
 mod common;
 
-use std::net::TcpListener;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::fleet::testbed_controller;
 use common::*;
 use kvswitch::ctl::Client;
 
@@ -37,30 +36,7 @@ fn a_dead_server_leaves_the_switchs_udp_path_and_proxy_through_the_controller() 
         token: None,
     };
     let names = ["s1", "s2", "s3"];
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let api = listener.local_addr().unwrap();
-    let mut text = format!(
-        "[controller]\napi = \"{api}\"\n[[switches]]\nname = \"sw\"\napi = \"{}\"\n[pool]\n",
-        live.api()
-    );
-    for n in names {
-        text.push_str(&format!(
-            "[[pool.servers]]\naddr = \"{}:11211\"\nname = \"{n}\"\n",
-            ip_of(&live, n)
-        ));
-    }
-    let file = config::controller::parse(&text, Path::new("controller.toml")).unwrap();
-    let _controller = kvswitch::controller::start(file, listener, None, None, None).unwrap();
-    let ctl = Client { api, token: None };
-    let started = Instant::now();
-    while ctl.call("GET", "/api/v1/status", None).unwrap()["switches"][0]["in_step"] != true {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the switch never came in step: {}",
-            ctl.call("GET", "/api/v1/status", None).unwrap()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let (_controller, _ctl) = testbed_controller(&live, &names, "");
 
     // Keys of the victim, by a ring built apart from kvswitch.
     let ring = kv::Ring::new(

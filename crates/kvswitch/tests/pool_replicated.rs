@@ -12,10 +12,9 @@
 
 mod common;
 
-use std::net::TcpListener;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::fleet::testbed_controller;
 use common::*;
 use kvswitch::ctl::Client as Api;
 use testbed::history::{self, Kind};
@@ -160,27 +159,11 @@ fn a_dead_replica_loses_nothing() {
         api: live.api(),
         token: None,
     };
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let api = listener.local_addr().unwrap();
-    let mut toml = format!(
-        "[controller]\napi = \"{api}\"\nprobe_interval_ms = 50\nprobe_timeout_ms = 100\n\
-         down_after = 3\n[[switches]]\nname = \"sw\"\napi = \"{}\"\n[pool]\n",
-        live.api()
+    let (_controller, _ctl) = testbed_controller(
+        &live,
+        &SERVERS,
+        "probe_interval_ms = 50\nprobe_timeout_ms = 100\ndown_after = 3",
     );
-    for n in SERVERS {
-        toml.push_str(&format!(
-            "[[pool.servers]]\naddr = \"{}:11211\"\nname = \"{n}\"\n",
-            ip_of(&live, n)
-        ));
-    }
-    let file = config::controller::parse(&toml, Path::new("controller.toml")).unwrap();
-    let _controller = kvswitch::controller::start(file, listener, None, None, None).unwrap();
-    let ctl = Api { api, token: None };
-    let started = Instant::now();
-    while ctl.call("GET", "/api/v1/status", None).unwrap()["switches"][0]["in_step"] != true {
-        assert!(started.elapsed() < Duration::from_secs(10), "never in step");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 
     let tag = format!("rep:{}", std::process::id());
     // Keys of every pair of replicas; the victim's own among them.

@@ -89,3 +89,34 @@ pub fn until_pools(proxies: &[Client], want: &[&str], limit: Duration) -> Durati
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// A controller (in this process) of the testbed's switch, whose pool is the servers `names`
+/// (the testbed's hosts, on memcached's port), with `settings` added to its `[controller]`
+/// table; returned once the switch is in step, with a client of its API.
+pub fn testbed_controller(
+    live: &testbed::Live,
+    names: &[&str],
+    settings: &str,
+) -> (kvswitch::controller::Running, Client) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let api = listener.local_addr().unwrap();
+    let switches = [live.api()];
+    let servers: Vec<(&str, SocketAddr)> = names
+        .iter()
+        .map(|n| (*n, SocketAddr::from((super::ip_of(live, n), 11211))))
+        .collect();
+    let text = controller_toml(api, settings, &switches, &servers);
+    let file = config::controller::parse(&text, std::path::Path::new("controller.toml")).unwrap();
+    let running = kvswitch::controller::start(file, listener, None, None, None).unwrap();
+    let ctl = Client { api, token: None };
+    let started = Instant::now();
+    while ctl.call("GET", "/api/v1/status", None).unwrap()["switches"][0]["in_step"] != true {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the switch never came in step: {}",
+            ctl.call("GET", "/api/v1/status", None).unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (running, ctl)
+}
