@@ -1233,6 +1233,22 @@ async fn add_server(State(shared): State<Arc<Shared>>, headers: HeaderMap, bytes
         return Err(refuse(StatusCode::BAD_REQUEST, "weight: use 1 or more"));
     }
     let warm = s.warm().map_err(|e| refuse(StatusCode::BAD_REQUEST, e))?;
+    // Probed now, so the switches need not wait for the next round to take it (or to know to
+    // leave it out).
+    let (timeout, udp) = {
+        let f = shared.fleet();
+        (f.file.probe_timeout, f.file.probe_udp)
+    };
+    let addr = s.addr;
+    let first = tokio::task::spawn_blocking(move || {
+        probe(addr, timeout)?;
+        match udp {
+            true => probe_udp(addr, timeout),
+            false => Ok(()),
+        }
+    })
+    .await
+    .unwrap_or_else(|_| Err("the probe failed".into()));
     let mut f = shared.fleet();
     leading(&f)?;
     if s.pool.as_ref().is_some_and(|p| *p != f.file.pool.name) {
@@ -1274,7 +1290,9 @@ async fn add_server(State(shared): State<Arc<Shared>>, headers: HeaderMap, bytes
     list.push(server);
     stored(&shared, &list)?;
     f.servers = list;
-    f.health.push(Health::default());
+    let mut health = Health::default();
+    health.record(first, f.file.down_after, f.file.up_after);
+    f.health.push(health);
     f.standing_in.push(None);
     if let Some(warm) = warm {
         f.warm_until.insert(label.clone(), Instant::now() + warm);
