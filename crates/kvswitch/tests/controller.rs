@@ -57,6 +57,21 @@ fn load(
     })
 }
 
+/// A controller (in this process) of the switches whose APIs are `apis`, with `settings` in
+/// its `[controller]` table, and a client of its API.
+fn start_controller(
+    apis: &[SocketAddr],
+    list: &[(&str, SocketAddr)],
+    settings: &str,
+) -> (kvswitch::controller::Running, Client) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let api = listener.local_addr().unwrap();
+    let text = controller_toml(api, settings, apis, list);
+    let file = config::controller::parse(&text, Path::new("controller.toml")).unwrap();
+    let running = kvswitch::controller::start(file, listener, None, None, None).unwrap();
+    (running, Client { api, token: None })
+}
+
 /// Runs `fault` while load goes through every proxy, and waits (at most 10 s) until every
 /// pool is `want`, then lets the load go on for `after`. Only load rounds begun before the
 /// last pool had changed may fail. Returns how long the pools took.
@@ -113,26 +128,14 @@ fn a_fleet_follows_its_servers_health_and_the_controllers_changes() {
     let (mut servers, list) = servers(&names);
     let (proxies, clients) = proxies(2, &list, &PoolOpts::default());
     let apis: Vec<SocketAddr> = clients.iter().map(|c| c.api).collect();
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let ctl_api = listener.local_addr().unwrap();
-    let file = config::controller::parse(
-        &controller_toml(
-            ctl_api,
-            &format!(
-                "probe_interval_ms = {PROBE_MS}\nprobe_timeout_ms = 100\ndown_after = {DOWN_AFTER}\n\
+    let (controller, ctl) = start_controller(
+        &apis,
+        &list,
+        &format!(
+            "probe_interval_ms = {PROBE_MS}\nprobe_timeout_ms = 100\ndown_after = {DOWN_AFTER}\n\
                  up_after = 2\nsync_interval_ms = 300"
-            ),
-            &apis,
-            &list,
         ),
-        Path::new("controller.toml"),
-    )
-    .unwrap();
-    let controller = kvswitch::controller::start(file, listener, None, None, None).unwrap();
-    let ctl = Client {
-        api: ctl_api,
-        token: None,
-    };
+    );
     until_pools(&clients, &["s1", "s2", "s3", "s4"], Duration::from_secs(5));
 
     // A server killed under load: out of both pools within the detection window, and no
@@ -439,24 +442,12 @@ fn failed_requests_the_switches_report_take_a_server_out_before_its_probes_would
     let (mut servers, list) = servers(&names);
     let (proxies, clients) = proxies(2, &list, &PoolOpts::default());
     let apis: Vec<SocketAddr> = clients.iter().map(|c| c.api).collect();
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let ctl_api = listener.local_addr().unwrap();
     // Probes alone would need 10 failures 2 s apart: 20 s. The proxies' reports need two.
-    let file = config::controller::parse(
-        &controller_toml(
-            ctl_api,
-            "probe_interval_ms = 2000\nprobe_timeout_ms = 100\ndown_after = 10\ntko_after = 2",
-            &apis,
-            &list,
-        ),
-        Path::new("controller.toml"),
-    )
-    .unwrap();
-    let _controller = kvswitch::controller::start(file, listener, None, None, None).unwrap();
-    let ctl = Client {
-        api: ctl_api,
-        token: None,
-    };
+    let (_controller, ctl) = start_controller(
+        &apis,
+        &list,
+        "probe_interval_ms = 2000\nprobe_timeout_ms = 100\ndown_after = 10\ntko_after = 2",
+    );
     until_pools(&clients, &["s1", "s2", "s3"], Duration::from_secs(10));
     let took = fault_under_load(
         &proxies,
@@ -497,18 +488,7 @@ fn a_server_added_with_a_warm_up_is_filled_from_where_its_keys_were() {
     let (_servers, list) = servers(&names);
     let (proxies, clients) = proxies(2, &list, &PoolOpts::default());
     let apis: Vec<SocketAddr> = clients.iter().map(|c| c.api).collect();
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let ctl_api = listener.local_addr().unwrap();
-    let file = config::controller::parse(
-        &controller_toml(ctl_api, "probe_interval_ms = 50", &apis, &list),
-        Path::new("controller.toml"),
-    )
-    .unwrap();
-    let _controller = kvswitch::controller::start(file, listener, None, None, None).unwrap();
-    let ctl = Client {
-        api: ctl_api,
-        token: None,
-    };
+    let (_controller, ctl) = start_controller(&apis, &list, "probe_interval_ms = 50");
     until_pools(&clients, &["s1", "s2"], Duration::from_secs(10));
 
     // Keys that s3 will own, written before it comes: they are on s1 and s2.
