@@ -72,6 +72,16 @@ fn start_controller(
     (running, Client { api, token: None })
 }
 
+/// What the controller's status says of the server `label`.
+fn server_status(ctl: &Client, label: &str) -> Value {
+    let status = ctl.call("GET", "/api/v1/status", None).unwrap();
+    status["servers"]
+        .as_array()
+        .and_then(|all| all.iter().find(|s| s["label"] == label))
+        .cloned()
+        .unwrap_or_else(|| panic!("no {label} in the status: {status}"))
+}
+
 /// Runs `fault` while load goes through every proxy, and waits (at most 10 s) until every
 /// pool is `want`, then lets the load go on for `after`. Only load rounds begun before the
 /// last pool had changed may fail. Returns how long the pools took.
@@ -148,14 +158,7 @@ fn a_fleet_follows_its_servers_health_and_the_controllers_changes() {
         "s2 killed",
         || servers[1].kill(),
     );
-    let status = ctl.call("GET", "/api/v1/status", None).unwrap();
-    let s2 = status["servers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["label"] == "s2")
-        .unwrap()
-        .clone();
+    let s2 = server_status(&ctl, "s2");
     assert_eq!(s2["up"], json!(false), "{s2}");
     assert!(s2["downs"].as_u64() >= Some(1), "{s2}");
 
@@ -458,14 +461,7 @@ fn failed_requests_the_switches_report_take_a_server_out_before_its_probes_would
         || servers[1].kill(),
     );
     eprintln!("s2 killed: out of both pools by TKO in {took:?}");
-    let status = ctl.call("GET", "/api/v1/status", None).unwrap();
-    let s2 = status["servers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["label"] == "s2")
-        .unwrap()
-        .clone();
+    let s2 = server_status(&ctl, "s2");
     assert_eq!(s2["up"], json!(false), "{s2}");
     assert!(s2["tkos"].as_u64() >= Some(1), "not by TKO: {s2}");
     let metrics = ctl.call("GET", "/metrics", None).unwrap();
