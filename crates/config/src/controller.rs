@@ -15,6 +15,7 @@
 //! up_after = 2                  # answered probes in a row before it is up again
 //! flush_on_return = true        # a server out of the pool is emptied (flush_all) as it is
 //!                               # probed, so it comes back without items replaced meanwhile
+//! return_warm_ms = 0            # a server back from being down warms up this long (0: not)
 //! sync_interval_ms = 1000       # every switch's pool is checked this often anyway
 //! switch_token_file = "token"   # optional: the token the switches' APIs want
 //!
@@ -83,6 +84,10 @@ pub struct ControllerFile {
     /// Empty a server that is out of the pool as it is probed (`flush_all`), so that it comes
     /// back without the items that writes made elsewhere while it was out have replaced.
     pub flush_on_return: bool,
+    /// A server back from being down is put back warming up for this long (see `warm_ms` of
+    /// the pool API): a get through the proxy that misses on it is read where the key was
+    /// meanwhile, such as its other replica.
+    pub return_warm: Option<Duration>,
     pub sync_interval: Duration,
     /// The file whose first line is the switches' API token (relative to this file's
     /// directory).
@@ -145,6 +150,7 @@ struct RawController {
     tko_after: Option<u32>,
     up_after: Option<u32>,
     flush_on_return: Option<bool>,
+    return_warm_ms: Option<u64>,
     sync_interval_ms: Option<u64>,
     switch_token_file: Option<String>,
 }
@@ -208,6 +214,10 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
     let tko_after = match c.tko_after {
         Some(0) => 0,
         other => count("tko_after", other, 3)?,
+    };
+    let return_warm = match c.return_warm_ms.unwrap_or(0) {
+        0 => None,
+        n => Some(ms("return_warm_ms", Some(n), 0, (1, 86_400_000))?),
     };
     let base = path.parent().unwrap_or(Path::new("."));
     let switch_token_file = c.switch_token_file.map(|f| base.join(f));
@@ -320,6 +330,7 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
         down_after,
         tko_after,
         flush_on_return: c.flush_on_return.unwrap_or(true),
+        return_warm,
         up_after,
         sync_interval,
         switch_token_file,

@@ -152,7 +152,7 @@ fn clients(live: &testbed::Live) -> Vec<Client> {
 
 #[test]
 fn a_dead_replica_loses_nothing() {
-    let live = testbed_of(PREFIX, "l3", false, &SERVERS, |o| {
+    let mut live = testbed_of(PREFIX, "l3", false, &SERVERS, |o| {
         o.pool_config = Some(format!("replicas = {REPLICAS}\n"));
     });
     let switch_api = Api {
@@ -162,7 +162,8 @@ fn a_dead_replica_loses_nothing() {
     let (_controller, _ctl) = testbed_controller(
         &live,
         &SERVERS,
-        "probe_interval_ms = 50\nprobe_timeout_ms = 100\ndown_after = 3",
+        "probe_interval_ms = 50\nprobe_timeout_ms = 100\ndown_after = 3\n\
+         return_warm_ms = 60000",
     );
 
     let tag = format!("rep:{}", std::process::id());
@@ -267,5 +268,33 @@ fn a_dead_replica_loses_nothing() {
         hits_after >= 100,
         "only {hits_after} hits after the removal"
     );
+    // Restarted, the victim comes back empty, owns its keys again, and warms up from their
+    // other replica: a TCP read finds the last value, and the victim is given it.
+    live.restart_server(VICTIM).expect("restart the victim");
+    let started = Instant::now();
+    while !in_pool(&switch_api, VICTIM) {
+        assert!(
+            started.elapsed() < REMOVED_WITHIN,
+            "{VICTIM} not back in the pool"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for (i, key) in keys.iter().enumerate() {
+        let last = format!("t{i}");
+        assert_eq!(replicas(&SERVERS, key)[0], VICTIM);
+        assert_eq!(
+            tcp(&live, "c2", &format!("get {key}\r\n")),
+            hit(key, &last),
+            "TCP read of {key} once {VICTIM} is back, warming up"
+        );
+        let started = Instant::now();
+        while server_value(&live, VICTIM, key).map(|v| text(&v)) != Some(last.clone()) {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{VICTIM} was not given {key}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
     live.down().expect("down");
 }

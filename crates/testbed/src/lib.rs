@@ -203,6 +203,51 @@ impl Live {
         Ok(record.pid)
     }
 
+    /// Starts the program of server `host` again, after [`Live::kill_server`]: the command
+    /// line recorded for it, in its namespace, logging where it did. The new process is
+    /// recorded, so teardown stops it. Returns its PID.
+    pub fn restart_server(&mut self, host: &str) -> anyhow::Result<u32> {
+        let i = self
+            .state
+            .hosts
+            .iter()
+            .position(|h| h.name == host && h.role == Role::Server)
+            .ok_or_else(|| {
+                anyhow::anyhow!("no server {host:?} in testbed {:?}", self.state.prefix)
+            })?;
+        let h = self.state.hosts[i].clone();
+        let record = self
+            .state
+            .procs
+            .iter()
+            .rev()
+            .find(|p| p.netns.as_deref() == Some(h.netns.as_str()) && h.pids.contains(&p.pid))
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("no process recorded on server {host:?}"))?;
+        if process::alive(record.pid) && process::runs(record.pid, &record.argv) {
+            anyhow::bail!(
+                "{} on {host:?} still runs (pid {})",
+                record.what,
+                record.pid
+            );
+        }
+        let log = h
+            .log
+            .clone()
+            .ok_or_else(|| anyhow::anyhow!("no log recorded for server {host:?}"))?;
+        let child = process::spawn(Some(&h.netns), &record.argv, &log)?;
+        let pid = child.id();
+        self.state.procs.push(state::ProcRecord {
+            pid,
+            what: record.what.clone(),
+            netns: record.netns.clone(),
+            argv: record.argv.clone(),
+        });
+        self.state.hosts[i].pids.push(pid);
+        self.state.save()?;
+        Ok(pid)
+    }
+
     /// Leaves the testbed running when this value is dropped; `down(state_path)` removes it
     /// later.
     pub fn keep(&self) {

@@ -737,6 +737,7 @@ fn prober(shared: &Shared) {
                 }
             }
             let failed = new_failures(&mut f.reported, &reports);
+            let mut returned = Vec::new();
             for (i, (addr, outcome)) in servers.iter().zip(mine).enumerate() {
                 // The list may have changed while the probes ran.
                 let Some(s) = f.servers.get(i).filter(|s| s.addr == *addr) else {
@@ -756,6 +757,9 @@ fn prober(shared: &Shared) {
                 }
                 if h.record(outcome, down_after, up_after) {
                     changed = true;
+                    if h.up {
+                        returned.push(label.clone());
+                    }
                     match h.up {
                         true => tracing::info!(server = %label, "server up: back in the pool"),
                         false => tracing::warn!(
@@ -764,6 +768,13 @@ fn prober(shared: &Shared) {
                             "server down: taken out of the pool"
                         ),
                     }
+                }
+            }
+            // Back from being down, it warms up from where its keys were meanwhile.
+            if let Some(warm) = f.file.return_warm.filter(|_| !returned.is_empty()) {
+                let until = Instant::now() + warm;
+                for label in returned {
+                    f.warm_until.insert(label, until);
                 }
             }
             if changed {
