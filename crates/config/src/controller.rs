@@ -427,6 +427,15 @@ weight = 2
         assert_eq!((f.down_after, f.up_after, f.tko_after), (2, 2, 3));
         let off = GOOD.replace("down_after = 2", "tko_after = 0");
         assert_eq!(parse(&off, Path::new("c.toml")).unwrap().tko_after, 0);
+        assert_eq!((f.flush_on_return, f.return_warm), (true, None));
+        let warm = GOOD.replace("down_after = 2", "return_warm_ms = 500");
+        assert_eq!(
+            parse(&warm, Path::new("c.toml")).unwrap().return_warm,
+            Some(Duration::from_millis(500))
+        );
+        let long = GOOD.replace("down_after = 2", "return_warm_ms = 90000000");
+        let e = parse(&long, Path::new("c.toml")).unwrap_err().to_string();
+        assert!(e.contains("controller.return_warm_ms"), "{e}");
         assert_eq!(f.probe_interval, Duration::from_millis(100));
         assert_eq!(f.pool.servers.len(), 2);
         assert_eq!(f.pool.servers[0].name.as_deref(), Some("s1"));
