@@ -268,8 +268,9 @@ fn a_dead_replica_loses_nothing() {
         hits_after >= 100,
         "only {hits_after} hits after the removal"
     );
-    // Restarted, the victim comes back empty, owns its keys again, and warms up from their
-    // other replica: a TCP read finds the last value, and the victim is given it.
+    // Restarted, the victim comes back empty, owns its keys again, and warms up: a UDP read
+    // goes to the keys' other replica; a TCP read misses on it, finds the last value on the
+    // other replica, and the victim is given it.
     live.restart_server(VICTIM).expect("restart the victim");
     let started = Instant::now();
     while !in_pool(&switch_api, VICTIM) {
@@ -282,6 +283,11 @@ fn a_dead_replica_loses_nothing() {
     for (i, key) in keys.iter().enumerate() {
         let last = format!("t{i}");
         assert_eq!(replicas(&SERVERS, key)[0], VICTIM);
+        assert_eq!(
+            udp(&live, "c1", &format!("get {key}\r\n")),
+            Some(hit(key, &last)),
+            "UDP read of {key} once {VICTIM} is back, warming up (read from the other replica)"
+        );
         assert_eq!(
             tcp(&live, "c2", &format!("get {key}\r\n")),
             hit(key, &last),

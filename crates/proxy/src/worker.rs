@@ -108,7 +108,9 @@ pub struct PoolRouter {
 
 impl Router for PoolRouter {
     fn locate(&mut self, key: &[u8]) -> Option<usize> {
-        self.pool.view.borrow().locate(key)
+        // Used for reads (writes go to `replicas`): a replicated pool reads a warming owner's
+        // keys from another replica, except the one-key gets that warm it.
+        self.pool.view.borrow().read_locate(key)
     }
 
     fn live(&self) -> Vec<usize> {

@@ -203,6 +203,29 @@ impl View {
         self.locate_hash(self.key_hash(key))
     }
 
+    /// The server a read of `hash` goes to: its owner, except in a replicated pool whose owner
+    /// warms up (back from being down, it lacks what was written meanwhile), where it is the
+    /// first of the key's replicas that does not, which has every write.
+    pub fn read_locate_hash(&self, hash: u32) -> Option<usize> {
+        let owner = self.locate_hash(hash)?;
+        if self.replicas < 2 || !self.warming.contains(&owner) {
+            return Some(owner);
+        }
+        let mut replicas = Vec::with_capacity(self.replicas);
+        self.replicas_hash(hash, &mut replicas);
+        Some(
+            replicas
+                .into_iter()
+                .find(|r| !self.warming.contains(r))
+                .unwrap_or(owner),
+        )
+    }
+
+    /// The server a read of `key` goes to (see [`View::read_locate_hash`]).
+    pub fn read_locate(&self, key: &[u8]) -> Option<usize> {
+        self.read_locate_hash(self.key_hash(key))
+    }
+
     /// Whether a server warms up.
     pub fn is_warming(&self) -> bool {
         !self.warming.is_empty()
@@ -1114,5 +1137,41 @@ mod tests {
             .warm_source(later.key_hash(format!("key:{k}").as_bytes()))
             .is_none()));
         assert_eq!(pool.health(added.server).warm_until, None);
+    }
+
+    #[test]
+    fn a_replicated_pool_reads_a_warming_owners_keys_from_another_replica() {
+        let mut spec = three(false).spec().as_ref().clone();
+        spec.replicas = 2;
+        let pool = Pool::new(spec).unwrap();
+        let t0 = Instant::from_secs(100);
+        let s1 = pool.spec().servers[0].clone();
+        pool.remove_server(0).unwrap();
+        pool.add_warming(s1, Some(t0 + Duration::from_secs(5)))
+            .unwrap();
+        let view = pool.view(t0);
+        let mut replicas = Vec::new();
+        let mut moved = 0;
+        for k in 0..500u32 {
+            let hash = view.key_hash(format!("key:{k}").as_bytes());
+            view.replicas_hash(hash, &mut replicas);
+            let read = view.read_locate_hash(hash).unwrap();
+            if replicas[0] == 0 {
+                moved += 1;
+                assert_eq!(
+                    read, replicas[1],
+                    "read from the replica that is not warming"
+                );
+            } else {
+                assert_eq!(read, replicas[0]);
+            }
+        }
+        assert!(moved > 50);
+        // Warm: every read goes to its owner again.
+        let view = pool.view(t0 + Duration::from_secs(5));
+        for k in 0..500u32 {
+            let hash = view.key_hash(format!("key:{k}").as_bytes());
+            assert_eq!(view.read_locate_hash(hash), view.locate_hash(hash));
+        }
     }
 }

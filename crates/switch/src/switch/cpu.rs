@@ -53,7 +53,7 @@ impl Switch {
         let started = if req.protocol == Protocol::Text {
             let keys: Option<Vec<(Vec<u8>, usize)>> = req
                 .keys()
-                .map(|k| Some((k.to_vec(), self.view.locate(k)?)))
+                .map(|k| Some((k.to_vec(), self.view.read_locate(k)?)))
                 .collect();
             let Some(keys) = keys else {
                 self.stats.count_drop(Drop::NoBackend);

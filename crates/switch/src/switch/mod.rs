@@ -534,7 +534,7 @@ impl Switch {
         let fate = self.resolve(verdict, in_port, routed, frame, emit);
         if routed && fate != Fate::Consumed {
             // Counted once the pipeline has sent it on, not when it was parsed.
-            if let Some(server) = self.view.locate_hash(meta.key_hash) {
+            if let Some(server) = self.view.read_locate_hash(meta.key_hash) {
                 self.stats.backend_request(server);
             }
             stats::inc(&self.stats.kv_forwarded);

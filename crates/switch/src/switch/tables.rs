@@ -7,7 +7,8 @@ pub(super) struct RingChooser(pub(super) Arc<View>);
 
 impl Choose for RingChooser {
     fn choose(&self, key_hash: u32) -> Option<usize> {
-        self.0.locate_hash(key_hash)
+        // Only reads are routed on the ring in a replicated pool: writes go to every replica.
+        self.0.read_locate_hash(key_hash)
     }
 }
 
