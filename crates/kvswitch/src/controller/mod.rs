@@ -666,11 +666,14 @@ fn prober(shared: &Shared) {
                 .chain(f.file.failover.iter().copied())
                 .collect();
             // A server out of the pool is emptied as it is probed, so that it comes back
-            // without items that writes made meanwhile, elsewhere, have replaced.
+            // without items that writes made meanwhile, elsewhere, have replaced. Not while
+            // every server is down: the switches then keep them all (see `desired`).
+            let kept_all =
+                f.health.iter().all(|h| !h.up) && f.standing_in.iter().all(Option::is_none);
             let flush: Vec<bool> = f
                 .health
                 .iter()
-                .map(|h| f.file.flush_on_return && h.known && !h.up)
+                .map(|h| f.file.flush_on_return && !kept_all && h.known && !h.up)
                 .collect();
             (
                 addrs,
