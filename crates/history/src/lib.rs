@@ -219,8 +219,9 @@ impl Report {
 
 /// Index of the virtual write of the initial state.
 const INITIAL: usize = usize::MAX;
-/// How many uncertain `incr`s may stand between a read value and a recorded write.
-const INCR_DEPTH: usize = 3;
+/// The largest sum of uncertain increments looked for between a read value and a recorded
+/// write (the harness adds 1 to 9 at a time; writes' values are a million apart).
+const MAX_INCR_SUM: u64 = 100_000;
 
 /// The writes of one key, arranged so each read is checked with two binary searches.
 #[derive(Default)]
@@ -291,17 +292,42 @@ impl KeyIndex {
     }
 
     /// Whether `value` could have been produced, by `t`, by uncertain increments on top of a
-    /// write that began by `t`.
-    fn via_uncertain_incr(&self, value: u64, t: u64, depth: usize) -> bool {
-        if depth == 0 {
+    /// write that began by `t`: `value` less a write's value is a sum of some of the deltas of
+    /// the uncertain increments begun by `t` (each taken at most once; any number of them, as
+    /// when a replica that took them failed to answer).
+    fn via_uncertain_incr(&self, value: u64, t: u64) -> bool {
+        let deltas: Vec<u64> = self
+            .maybe_incrs
+            .iter()
+            .filter(|&&(start, _)| start <= t)
+            .map(|&(_, delta)| delta)
+            .collect();
+        let most = deltas
+            .iter()
+            .fold(0u64, |sum, d| sum.saturating_add(*d))
+            .min(MAX_INCR_SUM);
+        if most == 0 {
             return false;
         }
-        self.maybe_incrs.iter().any(|&(start, delta)| {
-            start <= t
-                && value.checked_sub(delta).is_some_and(|base| {
-                    self.latest_writer_begun_by(Some(base), t).is_ok()
-                        || self.via_uncertain_incr(base, t, depth - 1)
-                })
+        // sums[s]: whether some of the deltas add up to s (a bounded subset sum).
+        let mut sums = vec![false; most as usize + 1];
+        sums[0] = true;
+        for &d in &deltas {
+            let d = d as usize;
+            if d == 0 || d > most as usize {
+                continue;
+            }
+            for s in (d..sums.len()).rev() {
+                sums[s] |= sums[s - d];
+            }
+        }
+        self.by_value.keys().any(|base| {
+            base.is_some_and(|b| {
+                b < value
+                    && value - b <= most
+                    && sums[(value - b) as usize]
+                    && self.latest_writer_begun_by(Some(b), t).is_ok()
+            })
         })
     }
 }
@@ -387,8 +413,7 @@ pub fn check(ops: &[Op]) -> Report {
                     }
                 }
                 Err(earliest) => {
-                    let explained =
-                        value.is_some_and(|v| index.via_uncertain_incr(v, read.end, INCR_DEPTH));
+                    let explained = value.is_some_and(|v| index.via_uncertain_incr(v, read.end));
                     if explained {
                         stats.hits_via_uncertain_incr += 1;
                         continue;
@@ -681,6 +706,24 @@ mod tests {
         let report = check(&ops);
         let bad: Vec<&Op> = report.violations.iter().map(Violation::read).collect();
         assert_eq!(bad, vec![&ops[6], &ops[5]]);
+        assert_eq!(report.stats.hits_via_uncertain_incr, 2);
+    }
+
+    #[test]
+    fn any_number_of_uncertain_incrs_may_stand_between_a_write_and_a_read() {
+        // As when a replica that took them failed to answer: each applied, each uncertain.
+        let mut ops = vec![set(1, 10, 20, 1000)];
+        for (i, delta) in [1u64, 2, 3, 4, 5, 6].into_iter().enumerate() {
+            let at = 30 + 10 * i as u64;
+            ops.push(op(2, "incr", at, at + 5, Kind::MaybeIncr(delta)));
+        }
+        ops.push(get(3, 100, 110, Some(1021)));
+        ops.push(get(3, 100, 110, Some(1020)));
+        // More than they all add up to.
+        ops.push(get(3, 100, 110, Some(1022)));
+        let report = check(&ops);
+        let bad: Vec<&Op> = report.violations.iter().map(Violation::read).collect();
+        assert_eq!(bad, vec![&ops[9]]);
         assert_eq!(report.stats.hits_via_uncertain_incr, 2);
     }
 

@@ -10,22 +10,13 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::fleet::testbed_controller;
+use common::fleet::{in_pool, testbed_controller};
 use common::*;
 use kvswitch::ctl::Client;
 
 /// The testbed's prefix, with a subnet of its own.
 const PREFIX: &str = "kctl";
 const VICTIM: &str = "s2";
-
-fn in_pool(api: &Client, label: &str) -> bool {
-    api.call("GET", "/api/v1/pool", None)
-        .ok()
-        .and_then(|d| d["pools"][0]["servers"].as_array().cloned())
-        .unwrap_or_default()
-        .iter()
-        .any(|s| s["label"] == label)
-}
 
 #[test]
 fn a_dead_server_leaves_the_switchs_udp_path_and_proxy_through_the_controller() {

@@ -14,7 +14,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::fleet::testbed_controller;
+use common::fleet::{in_pool, testbed_controller};
 use common::*;
 use kvswitch::ctl::Client as Api;
 use testbed::history::{self, Kind};
@@ -86,15 +86,6 @@ fn holders(live: &testbed::Live, among: &[&'static str], key: &str) -> Vec<(&'st
         .iter()
         .filter_map(|s| server_value(live, s, key).map(|v| (*s, text(&v))))
         .collect()
-}
-
-fn in_pool(api: &Api, label: &str) -> bool {
-    api.call("GET", "/api/v1/pool", None)
-        .ok()
-        .and_then(|d| d["pools"][0]["servers"].as_array().cloned())
-        .unwrap_or_default()
-        .iter()
-        .any(|s| s["label"] == label)
 }
 
 /// Writes each key over UDP then over TCP: each time both replicas hold the value and no

@@ -776,9 +776,14 @@ mod tests {
     use super::*;
     use wire::memcache::parse;
 
-    /// Keys starting with `a` live on server 0, `b` on 1, anything else on 2.
+    /// Keys starting with `a` live on server 0, `b` on 1, anything else on 2; with
+    /// `replicated`, each also on the next server; with `warming`, server 2 warms up, its keys
+    /// held by 0 before.
+    #[derive(Default)]
     struct ByLetter {
         live: Vec<usize>,
+        replicated: bool,
+        warming: bool,
     }
 
     impl Router for ByLetter {
@@ -794,6 +799,18 @@ mod tests {
         fn live(&self) -> Vec<usize> {
             self.live.clone()
         }
+
+        fn replicas(&mut self, key: &[u8], out: &mut Vec<usize>) {
+            out.clear();
+            out.extend(self.locate(key));
+            if self.replicated {
+                out.extend(out.first().map(|s| (s + 1) % 3));
+            }
+        }
+
+        fn warm_source(&mut self, key: &[u8]) -> Option<(usize, usize)> {
+            (self.warming && self.locate(key) == Some(2)).then_some((2, 0))
+        }
     }
 
     fn plan_of(bytes: &[u8]) -> Plan {
@@ -802,6 +819,7 @@ mod tests {
             &request,
             &mut ByLetter {
                 live: vec![0, 1, 2],
+                ..ByLetter::default()
             },
         )
     }
@@ -817,30 +835,13 @@ mod tests {
         }
     }
 
-    /// [`ByLetter`] with each key also kept on the next server.
-    struct Replicated(ByLetter);
-
-    impl Router for Replicated {
-        fn locate(&mut self, key: &[u8]) -> Option<usize> {
-            self.0.locate(key)
-        }
-
-        fn live(&self) -> Vec<usize> {
-            self.0.live()
-        }
-
-        fn replicas(&mut self, key: &[u8], out: &mut Vec<usize>) {
-            out.clear();
-            out.extend(self.locate(key));
-            out.extend(out.first().map(|s| (s + 1) % 3));
-        }
-    }
-
     #[test]
     fn writes_go_to_every_replica_and_reads_to_the_owner() {
-        let mut router = Replicated(ByLetter {
+        let mut router = ByLetter {
             live: vec![0, 1, 2],
-        });
+            replicated: true,
+            ..ByLetter::default()
+        };
         let mut plan_of = |bytes: &[u8]| plan(&parse(bytes).unwrap().unwrap(), &mut router);
         for write in [
             &b"set b1 0 0 1\r\nx\r\n"[..],
@@ -875,28 +876,13 @@ mod tests {
         }
     }
 
-    /// [`ByLetter`] where server 2 warms up, its keys (all but `a` and `b`) held by 0 before.
-    struct Warming(ByLetter);
-
-    impl Router for Warming {
-        fn locate(&mut self, key: &[u8]) -> Option<usize> {
-            self.0.locate(key)
-        }
-
-        fn live(&self) -> Vec<usize> {
-            self.0.live()
-        }
-
-        fn warm_source(&mut self, key: &[u8]) -> Option<(usize, usize)> {
-            (self.locate(key) == Some(2)).then_some((2, 0))
-        }
-    }
-
     #[test]
     fn a_get_on_a_server_warming_up_also_asks_where_the_key_was() {
-        let mut router = Warming(ByLetter {
+        let mut router = ByLetter {
             live: vec![0, 1, 2],
-        });
+            warming: true,
+            ..ByLetter::default()
+        };
         let mut plan_of = |bytes: &[u8]| plan(&parse(bytes).unwrap().unwrap(), &mut router);
         let p = plan_of(b"get c1\r\n");
         let Plan::Forward { parts, combine, .. } = &p else {
@@ -1082,7 +1068,13 @@ mod tests {
     #[test]
     fn broadcasts_reach_every_live_server() {
         let request = parse(b"flush_all\r\n").unwrap().unwrap();
-        let p = plan(&request, &mut ByLetter { live: vec![0, 2] });
+        let p = plan(
+            &request,
+            &mut ByLetter {
+                live: vec![0, 2],
+                ..ByLetter::default()
+            },
+        );
         let servers: Vec<usize> = parts(&p).iter().map(|p| p.server).collect();
         assert_eq!(servers, vec![0, 2]);
         assert!(matches!(
@@ -1159,13 +1151,25 @@ mod tests {
     #[test]
     fn no_server_is_an_immediate_error() {
         let request = parse(b"get a\r\n").unwrap().unwrap();
-        let p = plan(&request, &mut ByLetter { live: vec![1] });
+        let p = plan(
+            &request,
+            &mut ByLetter {
+                live: vec![1],
+                ..ByLetter::default()
+            },
+        );
         assert_eq!(
             p,
             Plan::Local(format!("SERVER_ERROR {NO_SERVER}\r\n").into_bytes())
         );
         let request = parse(b"set a 0 0 1 noreply\r\nx\r\n").unwrap().unwrap();
-        let p = plan(&request, &mut ByLetter { live: vec![1] });
+        let p = plan(
+            &request,
+            &mut ByLetter {
+                live: vec![1],
+                ..ByLetter::default()
+            },
+        );
         assert_eq!(p, Plan::Local(Vec::new()), "noreply clients read no errors");
     }
 

@@ -74,6 +74,11 @@ pub fn pool_of(client: &Client) -> Vec<String> {
     labels
 }
 
+/// Whether `client`'s pool holds the server `label`.
+pub fn in_pool(client: &Client, label: &str) -> bool {
+    pool_of(client).iter().any(|l| l == label)
+}
+
 /// Waits (at most `limit`) until every proxy's pool is `want`; returns how long it took.
 pub fn until_pools(proxies: &[Client], want: &[&str], limit: Duration) -> Duration {
     let started = Instant::now();
