@@ -192,6 +192,9 @@ struct Fleet {
     lead_until: Option<Instant>,
     /// The leading controller's API, when another leads.
     leader: Option<String>,
+    /// With a store: when this controller took the lead. A call the last leader made to a
+    /// switch may still land for [`SWITCH_WAIT`] after it stopped leading.
+    led_since: Option<Instant>,
     /// Each switch's last count of failed requests per server address, for TKO.
     reported: HashMap<(usize, String), u64>,
     /// Servers added with a warm-up, by label: until when they warm up. A switch that takes
@@ -338,7 +341,7 @@ pub fn probe_udp(addr: SocketAddr, timeout: Duration) -> Result<(), String> {
 }
 
 /// How long one call to a switch may take before the switch counts as out of reach.
-const SWITCH_WAIT: Duration = Duration::from_secs(2);
+pub(crate) const SWITCH_WAIT: Duration = Duration::from_secs(2);
 
 /// Brings one switch's pool to `live` (the servers that should be in it, with their
 /// weights): a server whose place goes to another address leaves first, then adds, new
@@ -514,6 +517,7 @@ pub fn start(
         all_down_said: false,
         leader: None,
         reported: HashMap::new(),
+        led_since: None,
         warm_until: HashMap::new(),
     };
     let me = listener.local_addr()?.to_string();
@@ -625,6 +629,7 @@ fn elector(shared: &Shared) {
                     f.health = vec![Health::default(); f.servers.len()];
                     f.spare_health = vec![Health::default(); f.file.failover.len()];
                     f.leads = true;
+                    f.led_since = Some(Instant::now());
                     f.lead_until = until(asked);
                     f.leader = None;
                     tracing::info!("leading");

@@ -494,6 +494,12 @@ fn update(shared: &Shared, want: BTreeMap<String, Vec<EntryDef>>) -> Result<Json
             json!({ "error": "the controller's file has no [routes]" }),
         ));
     };
+    // A new leader first lets the calls of the last one land: one still in flight could
+    // install a version this update is about to choose.
+    let led_since = shared.fleet().led_since;
+    if let Some(wait) = led_since.map(|t| super::SWITCH_WAIT.saturating_sub(t.elapsed())) {
+        std::thread::sleep(wait);
+    }
     let started = Instant::now();
     let leads = || shared.fleet().acting();
     let calls: Vec<Calls> = switches

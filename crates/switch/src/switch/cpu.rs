@@ -191,7 +191,8 @@ impl Switch {
 
     /// Sends a write to every replica of its key (`replicas`, owner first) from the agent
     /// address; the replies are merged into one for the client (see
-    /// [`split::Splitter::start_write`]).
+    /// [`split::Splitter::start_write`]). Returns whether it went out; a write that did not is
+    /// counted as a drop.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn start_write(
         &mut self,
@@ -202,14 +203,17 @@ impl Switch {
         replicas: &[usize],
         now: Instant,
         emit: &mut Vec<Emit>,
-    ) {
+    ) -> bool {
         let (agent_ip, req) = match self.agent_request(body) {
             Ok(x) => x,
-            Err(reason) => return self.stats.count_drop(reason),
+            Err(reason) => {
+                self.stats.count_drop(reason);
+                return false;
+            }
         };
         if let Some(reason) = self.unreachable(replicas.iter().copied()) {
             self.stats.count_drop(reason);
-            return;
+            return false;
         }
         let client = split::Client {
             ends: client,
@@ -225,9 +229,15 @@ impl Switch {
                 stats::inc(&self.stats.kv_replicated);
                 self.count_splits();
                 self.send_subs(agent_ip, subs, emit);
+                true
             }
-            Err(split::SplitError::TableFull) => self.stats.count_drop(Drop::SplitTableFull),
-            Err(split::SplitError::NotRetrieval) => self.stats.count_drop(Drop::NoBackend),
+            Err(e) => {
+                self.stats.count_drop(match e {
+                    split::SplitError::TableFull => Drop::SplitTableFull,
+                    split::SplitError::NotRetrieval => Drop::NoBackend,
+                });
+                false
+            }
         }
     }
 

@@ -190,7 +190,7 @@ impl Switch {
                     }
                 }
                 self.warm_deletes(body, &servers, emit);
-                self.start_write(
+                let sent = self.start_write(
                     in_port,
                     client,
                     header.request_id,
@@ -199,6 +199,11 @@ impl Switch {
                     now,
                     emit,
                 );
+                // Not sent: the write the cache opened for it is over at once, so the key is
+                // not kept from filling until the write's time runs out.
+                if let (false, Some(cache)) = (sent, &mut self.cache) {
+                    cache.write_answered((src_ip, src_port), header.request_id);
+                }
                 Stage::Done(Fate::Consumed)
             }
             Route::Drop(reason) => {
