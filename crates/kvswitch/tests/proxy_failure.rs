@@ -168,6 +168,9 @@ fn eject_and_return(front: Front) {
         );
         match result {
             Ok(()) => back = value_on(&cluster.servers[dead], k).as_deref() == Some(b"back"),
+            // The round whose set and get straddle the server's return: the set went to the
+            // key's stand-in, the get to the server, back and empty (so with nutcracker too).
+            Err(reply) if reply == b"END\r\n" => {}
             Err(reply) => assert!(is_server_error(&reply), "{front:?}: {}", show(&reply)),
         }
         i += 1;
