@@ -11,6 +11,7 @@ pub mod ethernet;
 pub mod ipv4;
 pub mod mcudp;
 pub mod memcache;
+pub mod switchkv;
 pub mod udp;
 
 mod error;

@@ -1,0 +1,369 @@
+//! The messages of SwitchKV's cache update protocol (its section 3.2, Figure 4), between a
+//! backend and its cache node, over one TCP connection each way. Text lines, so that an
+//! operator can read them with `nc`; an item's value travels as a counted block, as in
+//! memcached's storage commands. Every request gets exactly one reply.
+//!
+//! Backend to cache node:
+//! - `report <n>\r\n` and `n` lines `<key> <load>\r\n`: the periodic top-k report, loads in
+//!   thousandths of a request per second; reply `ok`;
+//! - `hot <key> <flags> <bytes>\r\n<data>\r\n`: an instant report of a bursty key with its
+//!   value; reply `ok` (cached: the backend holds a lease for it) or `no`;
+//! - `update <key> <flags> <bytes>\r\n<data>\r\n` and `delete <key>\r\n`: a write to a cached
+//!   key, sent before the backend answers its client; reply `ok`.
+//!
+//! Cache node to backend:
+//! - `fetch <key>\r\n`: the value of a key the cache admits, which the backend then counts as
+//!   cached under a lease; reply `value <flags> <bytes>\r\n<data>\r\n` or `miss`;
+//! - `renew <n>\r\n` and `n` lines `<key>\r\n`: extend the leases of cached keys; reply `ok`;
+//! - `evict <key>\r\n`: the key left the cache (or was not taken); reply `ok`.
+//!
+//! Either side may reply `error <text>\r\n` to a request it cannot take.
+//!
+//! Pure: [`parse`] reads one message at the front of a buffer, borrowing from it, and never
+//! panics; the `write_*` functions append one message to a buffer.
+
+use std::fmt;
+
+/// Longest key: memcached's.
+pub const MAX_KEY_LEN: usize = 250;
+/// Largest value carried: memcached's default item size.
+pub const MAX_VALUE: usize = 1 << 20;
+/// Most keys in one report or renewal.
+pub const MAX_KEYS: usize = 10_000;
+/// Longest line read before a message is refused.
+const MAX_LINE: usize = 512;
+
+/// One message of the protocol, borrowing its keys and value from the buffer it was read from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Message<'a> {
+    /// Keys and their loads, in requests per second.
+    Report(Vec<(&'a [u8], f64)>),
+    Hot(&'a [u8], Item<'a>),
+    Update(&'a [u8], Item<'a>),
+    Delete(&'a [u8]),
+    Fetch(&'a [u8]),
+    Renew(Vec<&'a [u8]>),
+    Evict(&'a [u8]),
+    /// Replies.
+    Ok,
+    No,
+    Miss,
+    Value(Item<'a>),
+    Error(&'a [u8]),
+}
+
+/// An item as memcached keeps it: client flags and value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Item<'a> {
+    pub flags: u32,
+    pub data: &'a [u8],
+}
+
+/// Why bytes are not a message; the connection cannot be read further.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProtoError {
+    UnknownCommand(String),
+    BadKey,
+    BadNumber(&'static str),
+    TooLong(&'static str),
+    /// A value block not followed by `\r\n`.
+    BadBlock,
+    /// A line longer than any message's.
+    LineTooLong,
+}
+
+impl fmt::Display for ProtoError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ProtoError::UnknownCommand(c) => write!(f, "unknown command {c:?}"),
+            ProtoError::BadKey => write!(
+                f,
+                "a key must be 1 to {MAX_KEY_LEN} bytes without spaces or control bytes"
+            ),
+            ProtoError::BadNumber(what) => write!(f, "{what} is not a number"),
+            ProtoError::TooLong(what) => write!(f, "{what} is too large"),
+            ProtoError::BadBlock => write!(f, "a value block must end with \\r\\n"),
+            ProtoError::LineTooLong => write!(f, "a line is longer than {MAX_LINE} bytes"),
+        }
+    }
+}
+
+impl std::error::Error for ProtoError {}
+
+/// Reads the message at the front of `buf`: `Ok(None)` while it is incomplete, else the
+/// message and the bytes it took.
+pub fn parse(buf: &[u8]) -> Result<Option<(Message<'_>, usize)>, ProtoError> {
+    let Some((first, mut at)) = line(buf, 0)? else {
+        return Ok(None);
+    };
+    let mut words = first.split(|&b| b == b' ').filter(|w| !w.is_empty());
+    let command = words.next().unwrap_or_default();
+    let mut next = |what: &'static str| words.next().ok_or(ProtoError::BadNumber(what));
+    let message = match command {
+        b"ok" => Message::Ok,
+        b"no" => Message::No,
+        b"miss" => Message::Miss,
+        b"error" => Message::Error(first.get(6..).unwrap_or_default()),
+        b"delete" => Message::Delete(key(next("key")?)?),
+        b"fetch" => Message::Fetch(key(next("key")?)?),
+        b"evict" => Message::Evict(key(next("key")?)?),
+        b"hot" | b"update" | b"value" => {
+            let k = match command {
+                b"value" => None,
+                _ => Some(key(next("key")?)?),
+            };
+            let flags = number(next("flags")?, "flags")?;
+            let flags = u32::try_from(flags).map_err(|_| ProtoError::BadNumber("flags"))?;
+            let len = number(next("bytes")?, "bytes")? as usize;
+            if len > MAX_VALUE {
+                return Err(ProtoError::TooLong("a value"));
+            }
+            let end = at + len;
+            if buf.len() < end + 2 {
+                return Ok(None);
+            }
+            if &buf[end..end + 2] != b"\r\n" {
+                return Err(ProtoError::BadBlock);
+            }
+            let item = Item {
+                flags,
+                data: &buf[at..end],
+            };
+            at = end + 2;
+            match (command, k) {
+                (b"hot", Some(k)) => Message::Hot(k, item),
+                (b"update", Some(k)) => Message::Update(k, item),
+                _ => Message::Value(item),
+            }
+        }
+        b"report" | b"renew" => {
+            let n = number(next("count")?, "count")? as usize;
+            if n > MAX_KEYS {
+                return Err(ProtoError::TooLong("a key list"));
+            }
+            let mut keys = Vec::with_capacity(n);
+            let mut loads = Vec::with_capacity(n);
+            for _ in 0..n {
+                let Some((entry, after)) = line(buf, at)? else {
+                    return Ok(None);
+                };
+                at = after;
+                let mut words = entry.split(|&b| b == b' ').filter(|w| !w.is_empty());
+                let k = key(words.next().unwrap_or_default())?;
+                if command == b"report" {
+                    let load = number(words.next().unwrap_or_default(), "load")?;
+                    loads.push((k, load as f64 / 1000.0));
+                } else {
+                    keys.push(k);
+                }
+            }
+            match command {
+                b"report" => Message::Report(loads),
+                _ => Message::Renew(keys),
+            }
+        }
+        other => {
+            return Err(ProtoError::UnknownCommand(
+                String::from_utf8_lossy(other).into_owned(),
+            ))
+        }
+    };
+    Ok(Some((message, at)))
+}
+
+/// The line starting at `from` (without `\r\n`) and where the next begins.
+fn line(buf: &[u8], from: usize) -> Result<Option<(&[u8], usize)>, ProtoError> {
+    let rest = buf.get(from..).unwrap_or_default();
+    match rest.iter().position(|&b| b == b'\n') {
+        Some(end) if end > MAX_LINE => Err(ProtoError::LineTooLong),
+        Some(end) => {
+            let text = &rest[..end];
+            Ok(Some((
+                text.strip_suffix(b"\r").unwrap_or(text),
+                from + end + 1,
+            )))
+        }
+        None if rest.len() > MAX_LINE => Err(ProtoError::LineTooLong),
+        None => Ok(None),
+    }
+}
+
+fn key(word: &[u8]) -> Result<&[u8], ProtoError> {
+    match word.len() {
+        1..=MAX_KEY_LEN if word.iter().all(|&b| b > b' ' && b != 0x7f) => Ok(word),
+        _ => Err(ProtoError::BadKey),
+    }
+}
+
+fn number(word: &[u8], what: &'static str) -> Result<u64, ProtoError> {
+    std::str::from_utf8(word)
+        .ok()
+        .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|s| s.parse().ok())
+        .ok_or(ProtoError::BadNumber(what))
+}
+
+/// Appends `message` to `out`. Keys must be valid (as [`parse`] checks them).
+pub fn write(message: &Message<'_>, out: &mut Vec<u8>) {
+    let item = |out: &mut Vec<u8>, item: &Item<'_>| {
+        out.extend_from_slice(format!(" {} {}\r\n", item.flags, item.data.len()).as_bytes());
+        out.extend_from_slice(item.data);
+        out.extend_from_slice(b"\r\n");
+    };
+    let keyed = |out: &mut Vec<u8>, command: &[u8], key: &[u8]| {
+        out.extend_from_slice(command);
+        out.push(b' ');
+        out.extend_from_slice(key);
+    };
+    match message {
+        Message::Ok => out.extend_from_slice(b"ok\r\n"),
+        Message::No => out.extend_from_slice(b"no\r\n"),
+        Message::Miss => out.extend_from_slice(b"miss\r\n"),
+        Message::Error(text) => {
+            out.extend_from_slice(b"error ");
+            out.extend(text.iter().map(|&b| if b < b' ' { b' ' } else { b }));
+            out.extend_from_slice(b"\r\n");
+        }
+        Message::Delete(k) | Message::Fetch(k) | Message::Evict(k) => {
+            let command: &[u8] = match message {
+                Message::Delete(_) => b"delete",
+                Message::Fetch(_) => b"fetch",
+                _ => b"evict",
+            };
+            keyed(out, command, k);
+            out.extend_from_slice(b"\r\n");
+        }
+        Message::Hot(k, i) | Message::Update(k, i) => {
+            let command: &[u8] = match message {
+                Message::Hot(..) => b"hot",
+                _ => b"update",
+            };
+            keyed(out, command, k);
+            item(out, i);
+        }
+        Message::Value(i) => {
+            out.extend_from_slice(b"value");
+            item(out, i);
+        }
+        Message::Report(loads) => {
+            out.extend_from_slice(format!("report {}\r\n", loads.len()).as_bytes());
+            for (k, load) in loads {
+                out.extend_from_slice(k);
+                let milli = (load.max(0.0) * 1000.0).round() as u64;
+                out.extend_from_slice(format!(" {milli}\r\n").as_bytes());
+            }
+        }
+        Message::Renew(keys) => {
+            out.extend_from_slice(format!("renew {}\r\n", keys.len()).as_bytes());
+            for k in keys {
+                out.extend_from_slice(k);
+                out.extend_from_slice(b"\r\n");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip(message: Message<'_>) {
+        let mut out = Vec::new();
+        write(&message, &mut out);
+        let (read, used) = parse(&out).unwrap().unwrap();
+        assert_eq!(read, message, "{}", String::from_utf8_lossy(&out));
+        assert_eq!(used, out.len());
+        // Every shorter prefix is incomplete, never an error or another message.
+        for cut in 0..out.len() {
+            assert_eq!(parse(&out[..cut]), Ok(None), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn every_message_reads_back_as_written() {
+        let item = Item {
+            flags: 7,
+            data: b"a value\r\nwith a line",
+        };
+        for m in [
+            Message::Report(vec![(&b"k1"[..], 12.5), (&b"k2"[..], 0.001)]),
+            Message::Report(Vec::new()),
+            Message::Hot(b"k", item),
+            Message::Update(
+                b"k",
+                Item {
+                    flags: 0,
+                    data: b"",
+                },
+            ),
+            Message::Delete(b"k"),
+            Message::Fetch(b"k"),
+            Message::Renew(vec![&b"a"[..], &b"b"[..]]),
+            Message::Evict(b"k"),
+            Message::Ok,
+            Message::No,
+            Message::Miss,
+            Message::Value(item),
+            Message::Error(b"no such key"),
+        ] {
+            round_trip(m);
+        }
+    }
+
+    #[test]
+    fn messages_follow_each_other_in_one_buffer() {
+        let mut out = Vec::new();
+        write(&Message::Fetch(b"a"), &mut out);
+        write(&Message::Ok, &mut out);
+        let (first, used) = parse(&out).unwrap().unwrap();
+        assert_eq!(first, Message::Fetch(b"a"));
+        assert_eq!(parse(&out[used..]).unwrap().unwrap().0, Message::Ok);
+    }
+
+    #[test]
+    fn bad_input_is_refused_never_a_panic() {
+        let bad: &[&[u8]] = &[
+            b"bogus\r\n",
+            b"fetch\r\n",
+            b"fetch a\x01b\r\n",
+            b"hot k x 2\r\nhi\r\n",
+            b"hot k 0 2\r\nhiXX",
+            b"update k 4294967296 1\r\nx\r\n",
+            b"value 0 99999999999\r\n",
+            b"report 10001\r\n",
+            b"report 1\r\nk nan\r\n",
+            b"renew 1\r\n\r\n",
+        ];
+        for b in bad {
+            assert!(parse(b).is_err(), "{:?}", String::from_utf8_lossy(b));
+        }
+        let long = vec![b'x'; MAX_LINE + 10];
+        assert_eq!(parse(&long), Err(ProtoError::LineTooLong));
+        // A seeded stream of mutations of valid messages: an error or a message, never a
+        // panic, and never more bytes used than there are.
+        let mut valid = Vec::new();
+        write(&Message::Report(vec![(&b"key"[..], 3.0)]), &mut valid);
+        write(
+            &Message::Hot(
+                b"k",
+                Item {
+                    flags: 1,
+                    data: b"vv",
+                },
+            ),
+            &mut valid,
+        );
+        let mut seed = 0x5eed_u64;
+        for _ in 0..20_000 {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let mut m = valid.clone();
+            let at = (seed >> 33) as usize % m.len();
+            m[at] = (seed >> 17) as u8;
+            if let Ok(Some((_, used))) = parse(&m) {
+                assert!(used <= m.len());
+            }
+        }
+    }
+}
