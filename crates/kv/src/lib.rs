@@ -17,6 +17,7 @@ pub mod hash;
 pub mod hot;
 pub mod route;
 pub mod rules;
+pub mod switchkv;
 pub mod time;
 
 pub use hash::{HashFn, UnknownHash};
