@@ -85,6 +85,13 @@ impl Backend {
         burst && self.rate >= self.cfg.load_floor && !self.is_cached(key, now)
     }
 
+    /// The load of a key the circular log just found bursty, in requests a second: its share
+    /// of the log at the threshold, times the backend's read rate.
+    pub fn burst_load(&self) -> f64 {
+        let share = f64::from(self.cfg.log_threshold + 1) / self.cfg.log_size.max(1) as f64;
+        share * self.rate
+    }
+
     /// The periodic report due at `now`, if a segment has ended since the last: the top k
     /// keys and their loads (requests a second), hottest first.
     pub fn report(&mut self, now: Instant) -> Option<Vec<(Box<[u8]>, f64)>> {
@@ -181,6 +188,226 @@ impl Backend {
     }
 }
 
+/// A SwitchKV cache node's settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CacheNodeConfig {
+    /// Admission, eviction, loads, the rule budget and buffer (see [`crate::cache::Config`]);
+    /// its tracker must count as the backends' do.
+    pub cache: crate::cache::Config,
+    /// The backends' lease (their [`BackendConfig::lease`]).
+    pub lease: Duration,
+    /// Taken off every lease, for the time a grant takes to arrive: the cache node stops
+    /// serving a key before its backend stops telling it of writes.
+    pub guard: Duration,
+}
+
+impl Default for CacheNodeConfig {
+    fn default() -> CacheNodeConfig {
+        CacheNodeConfig {
+            cache: crate::cache::Config::default(),
+            lease: Duration::from_secs(2),
+            guard: Duration::from_millis(200),
+        }
+    }
+}
+
+/// A SwitchKV cache node: which keys it holds (admitted from its backends' reports under the
+/// admission threshold, evicted by load), their values, the lease under which each may be
+/// served, and the switch rules that steer reads of them to it.
+#[derive(Debug)]
+pub struct CacheNode {
+    cfg: CacheNodeConfig,
+    cache: crate::cache::Cache,
+    /// Per key, until when it may be served, as its backend granted.
+    granted: HashMap<Box<[u8]>, Instant>,
+    /// Per admitted key, its backend.
+    backend: HashMap<Box<[u8]>, usize>,
+}
+
+/// A value fetch in flight: the key, its backend and the token its reply fills with.
+#[derive(Debug, Clone)]
+pub struct Fetch {
+    pub key: Box<[u8]>,
+    pub backend: usize,
+    pub token: crate::cache::FillToken,
+}
+
+impl CacheNode {
+    /// A cache node for `backends` backends.
+    pub fn new(
+        cfg: CacheNodeConfig,
+        backends: usize,
+        now: Instant,
+    ) -> Result<CacheNode, crate::cache::ConfigError> {
+        let mut cache = crate::cache::Cache::new(cfg.cache.clone(), backends, now)?;
+        cache.keep_rule_changes(true);
+        Ok(CacheNode {
+            cfg,
+            cache,
+            granted: HashMap::new(),
+            backend: HashMap::new(),
+        })
+    }
+
+    /// The lease a grant made at `granted` gives the cache node.
+    fn lease_end(&self, granted: Instant) -> Instant {
+        granted + self.cfg.lease.saturating_sub(self.cfg.guard)
+    }
+
+    /// Takes a periodic report of `backend`: the keys it admits and must fetch now.
+    pub fn report(&mut self, backend: usize, loads: &[(&[u8], f64)], now: Instant) -> Vec<Fetch> {
+        self.cache.ensure_groups(backend + 1);
+        let mut fetches = Vec::new();
+        for &(key, load) in loads {
+            let known = self.cache.contains(key);
+            if self.cache.offer(key, load, now) && !known {
+                self.backend.insert(key.into(), backend);
+                if let Some(token) = self.cache.fill_token(key) {
+                    fetches.push(Fetch {
+                        key: key.into(),
+                        backend,
+                        token,
+                    });
+                }
+            }
+        }
+        self.forget_evicted();
+        fetches
+    }
+
+    /// The answer to a fetch asked at `asked`: the value, or `None` if the backend has none
+    /// (the key is then dropped).
+    pub fn fetched(&mut self, fetch: Fetch, value: Option<crate::cache::Value>, asked: Instant) {
+        let Some(value) = value else {
+            self.cache.evict(&fetch.key, asked);
+            self.forget_evicted();
+            return;
+        };
+        if self.cache.fill(&fetch.key, fetch.token, value, asked) == crate::cache::Fill::Filled {
+            let end = self.lease_end(asked);
+            self.granted.insert(fetch.key, end);
+        }
+    }
+
+    /// An instant report from `backend`: `key` is bursty, with `load` (requests a second) and
+    /// this value, granted at about `now`. Returns whether the cache node took it (if not, the backend must stop
+    /// counting it as cached).
+    pub fn hot(
+        &mut self,
+        backend: usize,
+        key: &[u8],
+        load: f64,
+        value: crate::cache::Value,
+        now: Instant,
+    ) -> bool {
+        self.cache.ensure_groups(backend + 1);
+        if !self.cache.offer(key, load, now) {
+            return false;
+        }
+        self.backend.insert(key.into(), backend);
+        let Some(token) = self.cache.fill_token(key) else {
+            return false;
+        };
+        let filled = self.cache.fill(key, token, value, now) == crate::cache::Fill::Filled;
+        if filled {
+            let end = self.lease_end(now);
+            self.granted.insert(key.into(), end);
+        }
+        self.forget_evicted();
+        filled
+    }
+
+    /// A write at the backend: `key` now holds `value` (`None`: deleted). The lease stays as
+    /// it was granted.
+    pub fn update(&mut self, key: &[u8], value: Option<crate::cache::Value>, now: Instant) {
+        let ticket = self.cache.begin_write(key);
+        self.cache.end_write(ticket);
+        let (Some(value), Some(token)) = (value, self.cache.fill_token(key)) else {
+            return;
+        };
+        self.cache.fill(key, token, value, now);
+    }
+
+    /// A read of `key` (its backend `backend`, as the ring says) steered here: the value if it
+    /// may be served now. Counted for the loads of cached keys.
+    pub fn serve(
+        &mut self,
+        backend: usize,
+        key: &[u8],
+        now: Instant,
+    ) -> Option<crate::cache::Value> {
+        self.cache.ensure_groups(backend + 1);
+        self.cache.see(backend, key, now);
+        if self.granted.get(key).is_none_or(|&end| end <= now) {
+            self.cache.count_misses(1);
+            return None;
+        }
+        self.cache.lookup(key, false, now).ok().cloned()
+    }
+
+    /// The leases to renew at `now` (those ending within half a lease), by backend: ask each
+    /// backend, then give the answer to [`CacheNode::renewed`] with the time it was asked.
+    pub fn renewals(&self, now: Instant) -> Vec<(usize, Vec<Box<[u8]>>)> {
+        let soon = now + self.cfg.lease / 2;
+        let mut by: HashMap<usize, Vec<Box<[u8]>>> = HashMap::new();
+        for (key, &end) in &self.granted {
+            if end > now && end <= soon && self.cache.contains(key) {
+                if let Some(&b) = self.backend.get(key) {
+                    by.entry(b).or_default().push(key.clone());
+                }
+            }
+        }
+        let mut all: Vec<(usize, Vec<Box<[u8]>>)> = by.into_iter().collect();
+        all.sort();
+        for (_, keys) in &mut all {
+            keys.sort();
+        }
+        all
+    }
+
+    /// `keys` were renewed by a request made at `asked`.
+    pub fn renewed(&mut self, keys: &[Box<[u8]>], asked: Instant) {
+        let end = self.lease_end(asked);
+        for key in keys {
+            if let Some(at) = self.granted.get_mut(key) {
+                *at = (*at).max(end);
+            }
+        }
+    }
+
+    /// The switch rule changes released at `now` (installs before removals, under the rule
+    /// budget), in order; also ends the load segment when it is due.
+    pub fn poll(&mut self, now: Instant) -> Vec<crate::rules::Change<Box<[u8]>>> {
+        self.cache.roll(now);
+        self.cache.poll_rules(now);
+        self.forget_evicted();
+        self.cache.take_rule_changes()
+    }
+
+    /// Drops the leases and backends of keys no longer cached.
+    fn forget_evicted(&mut self) {
+        let cache = &self.cache;
+        self.granted.retain(|k, _| cache.contains(k));
+        self.backend.retain(|k, _| cache.contains(k));
+    }
+
+    /// The backend of every cached key, sorted: whom to tell when the cache node forgets.
+    pub fn cached(&self) -> Vec<(Box<[u8]>, usize)> {
+        let mut all: Vec<(Box<[u8]>, usize)> =
+            self.backend.iter().map(|(k, &b)| (k.clone(), b)).collect();
+        all.sort();
+        all
+    }
+
+    pub fn counters(&self) -> crate::cache::Counters {
+        self.cache.counters()
+    }
+
+    pub fn gauges(&self) -> crate::cache::Gauges {
+        self.cache.gauges()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,5 +472,82 @@ mod tests {
         b.grant(b"j", late);
         b.evict(b"j");
         assert!(!b.is_cached(b"j", late));
+    }
+
+    fn value(data: &[u8]) -> crate::cache::Value {
+        crate::cache::Value {
+            flags: 3,
+            cas: None,
+            data: data.into(),
+            key_base64: None,
+        }
+    }
+
+    fn node(now: Instant) -> CacheNode {
+        let mut cfg = CacheNodeConfig::default();
+        cfg.cache.items = 2;
+        CacheNode::new(cfg, 2, now).unwrap()
+    }
+
+    #[test]
+    fn reported_keys_are_fetched_served_under_their_lease_and_updated() {
+        let t0 = Instant::from_secs(10);
+        let mut n = node(t0);
+        let fetches = n.report(1, &[(&b"a"[..], 50.0), (&b"b"[..], 40.0)], t0);
+        assert_eq!(fetches.len(), 2);
+        // Not served before its value and its rule.
+        assert_eq!(n.serve(1, b"a", t0), None);
+        let changes = n.poll(t0);
+        assert_eq!(changes.len(), 2, "both rules installed: {changes:?}");
+        for f in fetches {
+            n.fetched(f, Some(value(b"v1")), t0);
+        }
+        assert_eq!(n.serve(1, b"a", t0).unwrap().data.as_ref(), b"v1");
+        // An update replaces the value and keeps the lease.
+        n.update(b"a", Some(value(b"v2")), t0);
+        assert_eq!(n.serve(1, b"a", t0).unwrap().data.as_ref(), b"v2");
+        n.update(b"b", None, t0);
+        assert_eq!(n.serve(1, b"b", t0), None, "deleted");
+        // The lease less the guard: served until then, not after, unless renewed.
+        let end = t0 + Duration::from_millis(1800);
+        assert!(n.serve(1, b"a", end - Duration::from_millis(1)).is_some());
+        // Renewed while cached, a value or not (a deleted key's next write fills it again).
+        let both: Vec<Box<[u8]>> = vec![b"a".to_vec().into(), b"b".to_vec().into()];
+        assert_eq!(n.renewals(t0 + Duration::from_millis(900)), vec![(1, both)]);
+        n.renewed(&[b"a".to_vec().into()], t0 + Duration::from_millis(900));
+        assert!(n.serve(1, b"a", end + Duration::from_millis(1)).is_some());
+        assert!(n.serve(1, b"a", t0 + Duration::from_millis(2701)).is_none());
+    }
+
+    #[test]
+    fn a_write_racing_a_fetch_wins() {
+        let t0 = Instant::from_secs(10);
+        let mut n = node(t0);
+        let fetch = n.report(0, &[(&b"a"[..], 50.0)], t0).remove(0);
+        n.poll(t0);
+        n.update(b"a", Some(value(b"new")), t0);
+        n.fetched(fetch, Some(value(b"old")), t0);
+        assert_ne!(
+            n.serve(0, b"a", t0).map(|v| v.data.to_vec()),
+            Some(b"old".to_vec())
+        );
+    }
+
+    #[test]
+    fn a_full_cache_admits_only_above_the_threshold_and_evicts_the_least_loaded() {
+        let t0 = Instant::from_secs(10);
+        let mut n = node(t0);
+        n.report(0, &[(&b"a"[..], 50.0), (&b"b"[..], 40.0)], t0);
+        assert!(
+            !n.hot(0, b"c", 10.0, value(b"c"), t0),
+            "full, and not hotter"
+        );
+        assert!(
+            n.hot(0, b"c", 45.0, value(b"c"), t0),
+            "a burst beats the least loaded"
+        );
+        let keys: Vec<Box<[u8]>> = n.cached().into_iter().map(|(k, _)| k).collect();
+        assert_eq!(keys.len(), 2);
+        assert!(keys.iter().any(|k| &**k == b"c"));
     }
 }

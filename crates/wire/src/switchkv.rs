@@ -6,8 +6,9 @@
 //! Backend to cache node:
 //! - `report <n>\r\n` and `n` lines `<key> <load>\r\n`: the periodic top-k report, loads in
 //!   thousandths of a request per second; reply `ok`;
-//! - `hot <key> <flags> <bytes>\r\n<data>\r\n`: an instant report of a bursty key with its
-//!   value; reply `ok` (cached: the backend holds a lease for it) or `no`;
+//! - `hot <key> <load> <flags> <bytes>\r\n<data>\r\n`: an instant report of a bursty key
+//!   with its load (thousandths of a request per second) and value; reply `ok` (cached: the
+//!   backend holds a lease for it) or `no`;
 //! - `update <key> <flags> <bytes>\r\n<data>\r\n` and `delete <key>\r\n`: a write to a cached
 //!   key, sent before the backend answers its client; reply `ok`.
 //!
@@ -38,7 +39,8 @@ const MAX_LINE: usize = 512;
 pub enum Message<'a> {
     /// Keys and their loads, in requests per second.
     Report(Vec<(&'a [u8], f64)>),
-    Hot(&'a [u8], Item<'a>),
+    /// A bursty key, its load in requests per second, and its value.
+    Hot(&'a [u8], f64, Item<'a>),
     Update(&'a [u8], Item<'a>),
     Delete(&'a [u8]),
     Fetch(&'a [u8]),
@@ -112,6 +114,10 @@ pub fn parse(buf: &[u8]) -> Result<Option<(Message<'_>, usize)>, ProtoError> {
                 b"value" => None,
                 _ => Some(key(next("key")?)?),
             };
+            let load = match command {
+                b"hot" => number(next("load")?, "load")? as f64 / 1000.0,
+                _ => 0.0,
+            };
             let flags = number(next("flags")?, "flags")?;
             let flags = u32::try_from(flags).map_err(|_| ProtoError::BadNumber("flags"))?;
             let len = number(next("bytes")?, "bytes")? as usize;
@@ -131,7 +137,7 @@ pub fn parse(buf: &[u8]) -> Result<Option<(Message<'_>, usize)>, ProtoError> {
             };
             at = end + 2;
             match (command, k) {
-                (b"hot", Some(k)) => Message::Hot(k, item),
+                (b"hot", Some(k)) => Message::Hot(k, load, item),
                 (b"update", Some(k)) => Message::Update(k, item),
                 _ => Message::Value(item),
             }
@@ -233,12 +239,13 @@ pub fn write(message: &Message<'_>, out: &mut Vec<u8>) {
             keyed(out, command, k);
             out.extend_from_slice(b"\r\n");
         }
-        Message::Hot(k, i) | Message::Update(k, i) => {
-            let command: &[u8] = match message {
-                Message::Hot(..) => b"hot",
-                _ => b"update",
-            };
-            keyed(out, command, k);
+        Message::Hot(k, load, i) => {
+            keyed(out, b"hot", k);
+            out.extend_from_slice(format!(" {}", milli(*load)).as_bytes());
+            item(out, i);
+        }
+        Message::Update(k, i) => {
+            keyed(out, b"update", k);
             item(out, i);
         }
         Message::Value(i) => {
@@ -249,8 +256,7 @@ pub fn write(message: &Message<'_>, out: &mut Vec<u8>) {
             out.extend_from_slice(format!("report {}\r\n", loads.len()).as_bytes());
             for (k, load) in loads {
                 out.extend_from_slice(k);
-                let milli = (load.max(0.0) * 1000.0).round() as u64;
-                out.extend_from_slice(format!(" {milli}\r\n").as_bytes());
+                out.extend_from_slice(format!(" {}\r\n", milli(*load)).as_bytes());
             }
         }
         Message::Renew(keys) => {
@@ -261,6 +267,11 @@ pub fn write(message: &Message<'_>, out: &mut Vec<u8>) {
             }
         }
     }
+}
+
+/// A load in requests per second as the thousandths the messages carry.
+fn milli(load: f64) -> u64 {
+    (load.max(0.0) * 1000.0).round() as u64
 }
 
 #[cfg(test)]
@@ -288,7 +299,7 @@ mod tests {
         for m in [
             Message::Report(vec![(&b"k1"[..], 12.5), (&b"k2"[..], 0.001)]),
             Message::Report(Vec::new()),
-            Message::Hot(b"k", item),
+            Message::Hot(b"k", 120.5, item),
             Message::Update(
                 b"k",
                 Item {
@@ -326,8 +337,8 @@ mod tests {
             b"bogus\r\n",
             b"fetch\r\n",
             b"fetch a\x01b\r\n",
-            b"hot k x 2\r\nhi\r\n",
-            b"hot k 0 2\r\nhiXX",
+            b"hot k 1 x 2\r\nhi\r\n",
+            b"hot k 1 0 2\r\nhiXX",
             b"update k 4294967296 1\r\nx\r\n",
             b"value 0 99999999999\r\n",
             b"report 10001\r\n",
