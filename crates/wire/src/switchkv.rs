@@ -357,6 +357,7 @@ mod tests {
         write(
             &Message::Hot(
                 b"k",
+                9.0,
                 Item {
                     flags: 1,
                     data: b"vv",
