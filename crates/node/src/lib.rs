@@ -29,6 +29,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 
 pub use bucket::Bucket;
+pub use session::Hooks;
 pub use store::{Counters, Store};
 pub use tcp::MAX_CONNECTIONS;
 
@@ -95,6 +96,8 @@ pub(crate) struct Shared {
     pub store: Store,
     pub bucket: Option<Mutex<Bucket>>,
     pub stop: AtomicBool,
+    /// What the node's role adds to serving (SwitchKV's backend or cache node).
+    pub hooks: Option<Arc<dyn Hooks>>,
 }
 
 impl Shared {
@@ -127,6 +130,7 @@ impl Node {
             store: Store::new(limit),
             bucket,
             stop: AtomicBool::new(false),
+            hooks: None,
         });
         let mut node = Node {
             shared,

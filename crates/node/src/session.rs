@@ -19,6 +19,16 @@ pub struct Step {
     pub after: After,
 }
 
+/// What a node's role adds to serving requests (SwitchKV's backend and cache node).
+pub trait Hooks: Send + Sync + std::fmt::Debug {
+    /// Before `request` is executed: true if the role answered it itself, its reply appended
+    /// to `out`.
+    fn answer(&self, request: &memcache::Request<'_>, store: &Store, out: &mut Vec<u8>) -> bool;
+    /// After `request` was executed, before its reply is sent: the role may hold the reply
+    /// back (a backend tells its cache node of a write first).
+    fn executed(&self, request: &memcache::Request<'_>, store: &Store);
+}
+
 /// Size past which a reply in the making is handed to the `spill` callback of [`step`].
 pub const SPILL_AT: usize = 1024 * 1024;
 
@@ -39,6 +49,7 @@ pub fn step(
     out: &mut Vec<u8>,
     admit: &mut dyn FnMut(&mut Vec<u8>) -> bool,
     spill: &mut dyn FnMut(&mut Vec<u8>) -> bool,
+    hooks: Option<&dyn Hooks>,
 ) -> Option<Step> {
     match memcache::parse(buf) {
         Ok(None) => None,
@@ -51,10 +62,20 @@ pub fn step(
                 });
             }
             bump(&store.counters.requests);
+            if hooks.is_some_and(|h| h.answer(&request, store, out)) {
+                return Some(Step {
+                    consumed: request.len,
+                    skip: 0,
+                    after: After::Continue,
+                });
+            }
             let after = match request.protocol {
                 Protocol::Binary => binary::execute(store, &request, out),
                 Protocol::Text | Protocol::Meta => text::execute(store, &request, out, spill),
             };
+            if let Some(h) = hooks {
+                h.executed(&request, store);
+            }
             Some(Step {
                 consumed: request.len,
                 skip: 0,
@@ -80,7 +101,14 @@ mod tests {
     fn run(store: &Store, input: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
         let mut at = 0;
-        while let Some(step) = step(store, &input[at..], &mut out, &mut |_| true, &mut |_| true) {
+        while let Some(step) = step(
+            store,
+            &input[at..],
+            &mut out,
+            &mut |_| true,
+            &mut |_| true,
+            None,
+        ) {
             at += step.consumed;
             if step.after == After::Close || at == input.len() {
                 break;
@@ -123,14 +151,20 @@ mod tests {
                 b"set a 0 0 2\r\nh",
                 &mut out,
                 &mut |_| true,
-                &mut |_| true
+                &mut |_| true,
+                None
             ),
             None
         );
         assert_eq!(
-            step(&store, &[0x80, 0, 0], &mut out, &mut |_| true, &mut |_| {
-                true
-            }),
+            step(
+                &store,
+                &[0x80, 0, 0],
+                &mut out,
+                &mut |_| true,
+                &mut |_| true,
+                None
+            ),
             None
         );
         assert!(out.is_empty());
@@ -157,6 +191,7 @@ mod tests {
             &mut out,
             &mut |_| true,
             &mut spill,
+            None,
         )
         .unwrap();
         assert_eq!(done.after, After::Continue);
@@ -181,9 +216,14 @@ mod tests {
         let value = vec![b'x'; 600_000];
         store.store(crate::store::Mode::Set, b"a", &value, 0, 0, 0);
         let mut out = b"MN\r\n".to_vec();
-        let done = step(&store, b"get a a\r\n", &mut out, &mut |_| true, &mut |_| {
-            false
-        })
+        let done = step(
+            &store,
+            b"get a a\r\n",
+            &mut out,
+            &mut |_| true,
+            &mut |_| false,
+            None,
+        )
         .unwrap();
         assert_eq!(done.after, After::Close);
         assert_eq!(out, [&b"MN\r\n"[..], text::NO_MEMORY_GET].concat());

@@ -156,6 +156,7 @@ fn connection(stream: &mut TcpStream, shared: &Shared) -> std::io::Result<()> {
                 &mut out,
                 &mut admit,
                 &mut spill,
+                shared.hooks.as_deref(),
             )
             else {
                 break;

@@ -83,7 +83,14 @@ fn execute(shared: &Shared, payload: &[u8], out: &mut Vec<u8>) {
     let mut at = 0;
     while at < payload.len() {
         let before = out.len();
-        match step(&shared.store, &payload[at..], out, &mut admit, &mut spill) {
+        match step(
+            &shared.store,
+            &payload[at..],
+            out,
+            &mut admit,
+            &mut spill,
+            shared.hooks.as_deref(),
+        ) {
             Some(Step {
                 consumed, after, ..
             }) => {
@@ -141,6 +148,7 @@ mod tests {
             store: Store::new(None),
             bucket: bucket.map(Mutex::new),
             stop: AtomicBool::new(false),
+            hooks: None,
         }
     }
 
