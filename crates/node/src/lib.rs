@@ -16,6 +16,7 @@ mod binary;
 mod bucket;
 mod session;
 mod store;
+pub mod switchkv;
 mod tcp;
 mod text;
 mod udp;
@@ -66,6 +67,40 @@ pub struct NodeArgs {
     /// it is refused with `SERVER_ERROR out of memory storing object`; nothing is evicted.
     #[arg(long)]
     pub memory_limit_mb: Option<u64>,
+    /// SwitchKV's roles: `backend` reports its hot keys to its cache node (`--cache-node`)
+    /// and tells it of writes to cached keys before answering them; `cache` admits reported
+    /// keys and serves them under their backends' leases. `plain` (the default) does neither.
+    #[arg(long, value_enum, default_value = "plain")]
+    pub role: Role,
+    /// The port of the SwitchKV control connections, on the node's own address (and on the
+    /// backends' addresses, for a cache node).
+    #[arg(long, default_value_t = 11311)]
+    pub control_port: u16,
+    /// A backend's cache node: its address and control port.
+    #[arg(long)]
+    pub cache_node: Option<SocketAddr>,
+    /// How long a backend's grant lets its cache node serve a key without hearing of writes.
+    #[arg(long, default_value_t = 2000)]
+    pub lease_ms: u64,
+    /// A cache node's upstream: where a read it cannot answer goes (the switch's VIP and
+    /// memcached port; its proxy routes it to the key's backend).
+    #[arg(long)]
+    pub upstream: Option<SocketAddr>,
+    /// A cache node's capacity in keys (SwitchKV: 10,000).
+    #[arg(long, default_value_t = 10_000)]
+    pub cache_items: usize,
+    /// Switch rule changes a second the cache node may ask for (SwitchKV: 400 in its
+    /// evaluation); 0 for no limit.
+    #[arg(long, default_value_t = 400)]
+    pub rule_rate: u32,
+}
+
+/// What a node does besides serving memcached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Role {
+    Plain,
+    Backend,
+    Cache,
 }
 
 impl Default for NodeArgs {
@@ -79,6 +114,13 @@ impl Default for NodeArgs {
             burst: None,
             threads: 4,
             memory_limit_mb: None,
+            role: Role::Plain,
+            control_port: 11311,
+            cache_node: None,
+            lease_ms: 2000,
+            upstream: None,
+            cache_items: 10_000,
+            rule_rate: 400,
         }
     }
 }
@@ -93,7 +135,7 @@ impl NodeArgs {
 /// What the serving threads share.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    pub store: Store,
+    pub store: Arc<Store>,
     pub bucket: Option<Mutex<Bucket>>,
     pub stop: AtomicBool,
     /// What the node's role adds to serving (SwitchKV's backend or cache node).
@@ -113,11 +155,21 @@ pub struct Node {
     tcp: Option<SocketAddr>,
     udp: Option<SocketAddr>,
     threads: Vec<JoinHandle<()>>,
+    /// The SwitchKV role's threads, stopped with the node.
+    roles: switchkv::Roles,
+    backend: Option<Arc<switchkv::BackendRole>>,
+    cache: Option<Arc<switchkv::CacheRole>>,
 }
 
 impl Node {
-    /// Binds the sockets and starts serving in background threads.
+    /// Binds the sockets and starts serving in background threads. A cache node (`--role
+    /// cache`) needs [`Node::start_with`], which says where its rule changes go.
     pub fn start(args: &NodeArgs) -> anyhow::Result<Node> {
+        Node::start_with(args, None)
+    }
+
+    /// As [`Node::start`]; a cache node hands its switch rule changes to `rules`.
+    pub fn start_with(args: &NodeArgs, rules: Option<switchkv::RuleSink>) -> anyhow::Result<Node> {
         if args.no_tcp && args.no_udp {
             bail!("--no-tcp and --no-udp leave nothing to serve");
         }
@@ -126,17 +178,75 @@ impl Node {
         let limit = args
             .memory_limit_mb
             .map(|mb| mb.saturating_mul(1024 * 1024));
+        let store = Arc::new(Store::new(limit));
+        let roles = switchkv::Roles::default();
+        let control = || {
+            let addr = SocketAddr::new(args.listen.ip(), args.control_port);
+            TcpListener::bind(addr).with_context(|| format!("failed to listen on control {addr}"))
+        };
+        let lease = std::time::Duration::from_millis(args.lease_ms.max(1));
+        let (mut backend, mut cache, mut role_threads) = (None, None, Vec::new());
+        let hooks: Option<Arc<dyn Hooks>> = match args.role {
+            Role::Plain => None,
+            Role::Backend => {
+                let Some(to) = args.cache_node else {
+                    bail!("--role backend needs --cache-node ADDRESS:PORT");
+                };
+                let cfg = kv::switchkv::BackendConfig {
+                    lease,
+                    ..Default::default()
+                };
+                let (role, threads) = switchkv::BackendRole::start(
+                    cfg,
+                    to,
+                    control()?,
+                    store.clone(),
+                    roles.stop.clone(),
+                )?;
+                role_threads = threads;
+                backend = Some(role.clone());
+                Some(role)
+            }
+            Role::Cache => {
+                let Some(upstream) = args.upstream else {
+                    bail!("--role cache needs --upstream ADDRESS:PORT (the switch's VIP)");
+                };
+                let rules = rules.unwrap_or_else(|| Box::new(|_| Ok(())));
+                let mut cfg = kv::switchkv::CacheNodeConfig {
+                    lease,
+                    ..Default::default()
+                };
+                cfg.cache.items = args.cache_items.max(1);
+                cfg.cache.lease = lease;
+                cfg.cache.rules.rate = (args.rule_rate > 0).then_some(args.rule_rate);
+                let (role, threads) = switchkv::CacheRole::start(
+                    cfg,
+                    control()?,
+                    upstream,
+                    rules,
+                    roles.stop.clone(),
+                )?;
+                role_threads = threads;
+                cache = Some(role.clone());
+                Some(role)
+            }
+        };
         let shared = Arc::new(Shared {
-            store: Store::new(limit),
+            store,
             bucket,
             stop: AtomicBool::new(false),
-            hooks: None,
+            hooks,
         });
+        let mut roles = roles;
+        roles.threads = role_threads;
         let mut node = Node {
             shared,
             tcp: None,
             udp: None,
             threads: Vec::new(),
+            roles,
+            backend,
+            cache,
         };
         let mut listen = args.listen;
         if !args.no_tcp {
@@ -183,6 +293,16 @@ impl Node {
         &self.shared.store
     }
 
+    /// The SwitchKV backend role's counters, if the node is one.
+    pub fn backend_counters(&self) -> Option<&switchkv::RoleCounters> {
+        self.backend.as_ref().map(|b| &b.counters)
+    }
+
+    /// The SwitchKV cache node role's counters, if the node is one.
+    pub fn cache_counters(&self) -> Option<&switchkv::RoleCounters> {
+        self.cache.as_ref().map(|c| &c.counters)
+    }
+
     /// Serves until a serving thread exits (which happens only on a fatal socket error).
     pub fn wait(mut self) {
         for thread in self.threads.drain(..) {
@@ -194,6 +314,7 @@ impl Node {
 impl Drop for Node {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Relaxed);
+        self.roles.stop.store(true, Ordering::Relaxed);
         for thread in self.threads.drain(..) {
             let _ = thread.join();
         }

@@ -145,7 +145,7 @@ mod tests {
 
     fn shared(bucket: Option<Bucket>) -> Shared {
         Shared {
-            store: Store::new(None),
+            store: Arc::new(Store::new(None)),
             bucket: bucket.map(Mutex::new),
             stop: AtomicBool::new(false),
             hooks: None,

@@ -4,11 +4,12 @@
 //! memcached's storage commands. Every request gets exactly one reply.
 //!
 //! Backend to cache node:
-//! - `report <n>\r\n` and `n` lines `<key> <load>\r\n`: the periodic top-k report, loads in
-//!   thousandths of a request per second; reply `ok`;
-//! - `hot <key> <load> <flags> <bytes>\r\n<data>\r\n`: an instant report of a bursty key
-//!   with its load (thousandths of a request per second) and value; reply `ok` (cached: the
-//!   backend holds a lease for it) or `no`;
+//! - `report <port> <n>\r\n` and `n` lines `<key> <load>\r\n`: the periodic top-k report,
+//!   loads in thousandths of a request per second; `port` is the backend's control port, on
+//!   the address the report comes from; reply `ok`;
+//! - `hot <port> <key> <load> <flags> <bytes>\r\n<data>\r\n`: an instant report of a bursty
+//!   key with its load (thousandths of a request per second) and value; reply `ok` (cached:
+//!   the backend holds a lease for it) or `no`;
 //! - `update <key> <flags> <bytes>\r\n<data>\r\n` and `delete <key>\r\n`: a write to a cached
 //!   key, sent before the backend answers its client; reply `ok`.
 //!
@@ -37,10 +38,11 @@ const MAX_LINE: usize = 512;
 /// One message of the protocol, borrowing its keys and value from the buffer it was read from.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Message<'a> {
-    /// Keys and their loads, in requests per second.
-    Report(Vec<(&'a [u8], f64)>),
-    /// A bursty key, its load in requests per second, and its value.
-    Hot(&'a [u8], f64, Item<'a>),
+    /// The backend's control port, then keys and their loads, in requests per second.
+    Report(u16, Vec<(&'a [u8], f64)>),
+    /// The backend's control port, a bursty key, its load in requests per second, and its
+    /// value.
+    Hot(u16, &'a [u8], f64, Item<'a>),
     Update(&'a [u8], Item<'a>),
     Delete(&'a [u8]),
     Fetch(&'a [u8]),
@@ -110,6 +112,10 @@ pub fn parse(buf: &[u8]) -> Result<Option<(Message<'_>, usize)>, ProtoError> {
         b"fetch" => Message::Fetch(key(next("key")?)?),
         b"evict" => Message::Evict(key(next("key")?)?),
         b"hot" | b"update" | b"value" => {
+            let port = match command {
+                b"hot" => port(next("port")?)?,
+                _ => 0,
+            };
             let k = match command {
                 b"value" => None,
                 _ => Some(key(next("key")?)?),
@@ -137,12 +143,16 @@ pub fn parse(buf: &[u8]) -> Result<Option<(Message<'_>, usize)>, ProtoError> {
             };
             at = end + 2;
             match (command, k) {
-                (b"hot", Some(k)) => Message::Hot(k, load, item),
+                (b"hot", Some(k)) => Message::Hot(port, k, load, item),
                 (b"update", Some(k)) => Message::Update(k, item),
                 _ => Message::Value(item),
             }
         }
         b"report" | b"renew" => {
+            let from = match command {
+                b"report" => port(next("port")?)?,
+                _ => 0,
+            };
             let n = number(next("count")?, "count")? as usize;
             if n > MAX_KEYS {
                 return Err(ProtoError::TooLong("a key list"));
@@ -164,7 +174,7 @@ pub fn parse(buf: &[u8]) -> Result<Option<(Message<'_>, usize)>, ProtoError> {
                 }
             }
             match command {
-                b"report" => Message::Report(loads),
+                b"report" => Message::Report(from, loads),
                 _ => Message::Renew(keys),
             }
         }
@@ -199,6 +209,10 @@ fn key(word: &[u8]) -> Result<&[u8], ProtoError> {
         1..=MAX_KEY_LEN if word.iter().all(|&b| b > b' ' && b != 0x7f) => Ok(word),
         _ => Err(ProtoError::BadKey),
     }
+}
+
+fn port(word: &[u8]) -> Result<u16, ProtoError> {
+    u16::try_from(number(word, "port")?).map_err(|_| ProtoError::BadNumber("port"))
 }
 
 fn number(word: &[u8], what: &'static str) -> Result<u64, ProtoError> {
@@ -239,8 +253,9 @@ pub fn write(message: &Message<'_>, out: &mut Vec<u8>) {
             keyed(out, command, k);
             out.extend_from_slice(b"\r\n");
         }
-        Message::Hot(k, load, i) => {
-            keyed(out, b"hot", k);
+        Message::Hot(port, k, load, i) => {
+            out.extend_from_slice(format!("hot {port} ").as_bytes());
+            out.extend_from_slice(k);
             out.extend_from_slice(format!(" {}", milli(*load)).as_bytes());
             item(out, i);
         }
@@ -252,8 +267,8 @@ pub fn write(message: &Message<'_>, out: &mut Vec<u8>) {
             out.extend_from_slice(b"value");
             item(out, i);
         }
-        Message::Report(loads) => {
-            out.extend_from_slice(format!("report {}\r\n", loads.len()).as_bytes());
+        Message::Report(port, loads) => {
+            out.extend_from_slice(format!("report {port} {}\r\n", loads.len()).as_bytes());
             for (k, load) in loads {
                 out.extend_from_slice(k);
                 out.extend_from_slice(format!(" {}\r\n", milli(*load)).as_bytes());
@@ -297,9 +312,9 @@ mod tests {
             data: b"a value\r\nwith a line",
         };
         for m in [
-            Message::Report(vec![(&b"k1"[..], 12.5), (&b"k2"[..], 0.001)]),
-            Message::Report(Vec::new()),
-            Message::Hot(b"k", 120.5, item),
+            Message::Report(11311, vec![(&b"k1"[..], 12.5), (&b"k2"[..], 0.001)]),
+            Message::Report(1, Vec::new()),
+            Message::Hot(11311, b"k", 120.5, item),
             Message::Update(
                 b"k",
                 Item {
@@ -337,12 +352,13 @@ mod tests {
             b"bogus\r\n",
             b"fetch\r\n",
             b"fetch a\x01b\r\n",
-            b"hot k 1 x 2\r\nhi\r\n",
-            b"hot k 1 0 2\r\nhiXX",
+            b"hot 1 k 1 x 2\r\nhi\r\n",
+            b"hot 1 k 1 0 2\r\nhiXX",
+            b"hot 70000 k 1 0 2\r\nhi\r\n",
             b"update k 4294967296 1\r\nx\r\n",
             b"value 0 99999999999\r\n",
-            b"report 10001\r\n",
-            b"report 1\r\nk nan\r\n",
+            b"report 1 10001\r\n",
+            b"report 1 1\r\nk nan\r\n",
             b"renew 1\r\n\r\n",
         ];
         for b in bad {
@@ -353,9 +369,10 @@ mod tests {
         // A seeded stream of mutations of valid messages: an error or a message, never a
         // panic, and never more bytes used than there are.
         let mut valid = Vec::new();
-        write(&Message::Report(vec![(&b"key"[..], 3.0)]), &mut valid);
+        write(&Message::Report(7, vec![(&b"key"[..], 3.0)]), &mut valid);
         write(
             &Message::Hot(
+                7,
                 b"k",
                 9.0,
                 Item {

@@ -1,0 +1,716 @@
+//! SwitchKV's roles for a node (SwitchKV sections 3.2 and 3.2.4): a backend that reports its
+//! hot keys to its cache node and tells it of writes to cached keys before it answers, and a
+//! cache node that admits reported keys, fetches their values, serves them under the leases
+//! their backends grant, and hands the switch rules that steer reads to it to its owner.
+//!
+//! The decisions are `kv::switchkv`'s ([`Backend`], [`CacheNode`]); this module moves their
+//! messages ([`wire::switchkv`]) over TCP, one control connection each way, and hooks them into
+//! the node's request path ([`Hooks`]).
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use kv::rules::Change;
+use kv::switchkv::{Backend, BackendConfig, CacheNode, CacheNodeConfig, Fetch};
+use wire::memcache::{Command, Request};
+use wire::switchkv::{self as proto, Item, Message};
+
+use crate::session::Hooks;
+use crate::store::Store;
+
+/// How long a control call may take before its connection is dropped.
+const CALL_WAIT: Duration = Duration::from_secs(1);
+/// How often the background threads look at the time.
+const TICK: Duration = Duration::from_millis(10);
+
+/// The node's clock, as the pure state reads time.
+#[derive(Debug, Clone, Copy)]
+struct Clock(Instant);
+
+impl Clock {
+    fn now(&self) -> kv::Instant {
+        kv::Instant::from_nanos(self.0.elapsed().as_nanos() as u64)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One request-reply connection to a peer's control port, made when first needed and again
+/// after a failure.
+#[derive(Debug)]
+struct Link {
+    peer: SocketAddr,
+    conn: Option<TcpStream>,
+    buf: Vec<u8>,
+}
+
+impl Link {
+    fn new(peer: SocketAddr) -> Link {
+        Link {
+            peer,
+            conn: None,
+            buf: Vec::new(),
+        }
+    }
+
+    /// Sends `message` and reads its reply, waiting at most `wait`; the reply's bytes are
+    /// returned whole (parse them with [`proto::parse`]).
+    fn call(&mut self, message: &Message<'_>, wait: Duration) -> std::io::Result<Vec<u8>> {
+        let outcome = self.try_call(message, wait);
+        if outcome.is_err() {
+            self.conn = None;
+        }
+        outcome
+    }
+
+    fn try_call(&mut self, message: &Message<'_>, wait: Duration) -> std::io::Result<Vec<u8>> {
+        let wait = wait.max(Duration::from_millis(1));
+        if self.conn.is_none() {
+            let conn = TcpStream::connect_timeout(&self.peer, wait)?;
+            conn.set_nodelay(true)?;
+            self.conn = Some(conn);
+            self.buf.clear();
+        }
+        let Some(conn) = self.conn.as_mut() else {
+            return Err(ErrorKind::NotConnected.into());
+        };
+        conn.set_write_timeout(Some(wait))?;
+        conn.set_read_timeout(Some(wait))?;
+        let mut out = Vec::new();
+        proto::write(message, &mut out);
+        conn.write_all(&out)?;
+        let deadline = Instant::now() + wait;
+        let mut chunk = [0u8; 16 * 1024];
+        loop {
+            match proto::parse(&self.buf) {
+                Ok(Some((_, used))) => {
+                    let reply: Vec<u8> = self.buf.drain(..used).collect();
+                    return Ok(reply);
+                }
+                Ok(None) => {}
+                Err(e) => return Err(std::io::Error::new(ErrorKind::InvalidData, e.to_string())),
+            }
+            if Instant::now() >= deadline {
+                return Err(ErrorKind::TimedOut.into());
+            }
+            let n = conn.read(&mut chunk)?;
+            if n == 0 {
+                return Err(ErrorKind::UnexpectedEof.into());
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+/// Answers one control request from a peer with the reply's bytes.
+type Answer = dyn Fn(SocketAddr, &Message<'_>) -> Vec<u8> + Send + Sync;
+
+/// Serves a control port: each connection's requests are answered by `answer` in order.
+fn serve_control(
+    listener: TcpListener,
+    stop: Arc<AtomicBool>,
+    answer: Arc<Answer>,
+) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        let _ = listener.set_nonblocking(true);
+        while !stop.load(Ordering::Relaxed) {
+            match listener.accept() {
+                Ok((conn, peer)) => {
+                    let (stop, answer) = (stop.clone(), answer.clone());
+                    thread::spawn(move || control_connection(conn, peer, &stop, &*answer));
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => thread::sleep(TICK),
+                Err(e) => {
+                    tracing::warn!("control accept failed: {e}");
+                    thread::sleep(TICK);
+                }
+            }
+        }
+    })
+}
+
+fn control_connection(mut conn: TcpStream, peer: SocketAddr, stop: &AtomicBool, answer: &Answer) {
+    let _ = conn.set_nonblocking(false);
+    let _ = conn.set_nodelay(true);
+    let _ = conn.set_read_timeout(Some(Duration::from_millis(100)));
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    while !stop.load(Ordering::Relaxed) {
+        loop {
+            match proto::parse(&buf) {
+                Ok(Some((message, used))) => {
+                    let reply = answer(peer, &message);
+                    buf.drain(..used);
+                    if conn.write_all(&reply).is_err() {
+                        return;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    let mut out = Vec::new();
+                    proto::write(&Message::Error(e.to_string().as_bytes()), &mut out);
+                    let _ = conn.write_all(&out);
+                    tracing::debug!(%peer, "control connection refused: {e}");
+                    return;
+                }
+            }
+        }
+        match conn.read(&mut chunk) {
+            Ok(0) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+fn reply(message: &Message<'_>) -> Vec<u8> {
+    let mut out = Vec::new();
+    proto::write(message, &mut out);
+    out
+}
+
+/// The keys a request names, as stored (meta base64 keys decoded).
+fn keys_of(request: &Request<'_>) -> Vec<Vec<u8>> {
+    let mut scratch = [0u8; wire::memcache::MAX_KEY_LEN];
+    request
+        .keys()
+        .filter_map(|k| request.stored_key(k, &mut scratch).ok().map(<[u8]>::to_vec))
+        .collect()
+}
+
+/// Counters of a role, for `stats`-like status and tests.
+#[derive(Debug, Default)]
+pub struct RoleCounters {
+    pub reports: AtomicU64,
+    pub instant_reports: AtomicU64,
+    pub updates: AtomicU64,
+    pub update_timeouts: AtomicU64,
+    pub fetches: AtomicU64,
+    pub served: AtomicU64,
+    pub forwarded: AtomicU64,
+    pub rule_changes: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+// ---- the backend ------------------------------------------------------------------------------
+
+/// A SwitchKV backend: counts its reads, reports hot keys to its cache node, and tells it of
+/// every write to a key it holds before the write is answered.
+#[derive(Debug)]
+pub struct BackendRole {
+    clock: Clock,
+    state: Mutex<Backend>,
+    /// Calls made while serving a write (updates), one at a time.
+    writes: Mutex<Link>,
+    instant: Mutex<Sender<Vec<u8>>>,
+    /// Its control port, named in its reports.
+    control_port: u16,
+    pub counters: RoleCounters,
+}
+
+impl BackendRole {
+    /// A backend reporting to the cache node whose control port is `cache`, serving its own
+    /// control port on `control`; `store` is the node's.
+    pub fn start(
+        cfg: BackendConfig,
+        cache: SocketAddr,
+        control: TcpListener,
+        store: Arc<Store>,
+        stop: Arc<AtomicBool>,
+    ) -> anyhow::Result<(Arc<BackendRole>, Vec<thread::JoinHandle<()>>)> {
+        let clock = Clock(Instant::now());
+        let state = Backend::new(cfg, clock.now()).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let (tx, rx) = mpsc::channel();
+        let control_port = control.local_addr()?.port();
+        let role = Arc::new(BackendRole {
+            control_port,
+            clock,
+            state: Mutex::new(state),
+            writes: Mutex::new(Link::new(cache)),
+            instant: Mutex::new(tx),
+            counters: RoleCounters::default(),
+        });
+        let reporter = {
+            let (role, stop, store) = (role.clone(), stop.clone(), store.clone());
+            thread::spawn(move || role.report_loop(cache, &rx, &store, &stop))
+        };
+        let answer = {
+            let (role, store) = (role.clone(), store.clone());
+            Arc::new(move |_: SocketAddr, m: &Message<'_>| role.answer_control(m, &store))
+        };
+        let server = serve_control(control, stop, answer);
+        Ok((role, vec![reporter, server]))
+    }
+
+    /// Sends the periodic reports when due and the instant reports as they come.
+    fn report_loop(
+        &self,
+        cache: SocketAddr,
+        instant: &Receiver<Vec<u8>>,
+        store: &Store,
+        stop: &AtomicBool,
+    ) {
+        let mut link = Link::new(cache);
+        while !stop.load(Ordering::Relaxed) {
+            if let Ok(key) = instant.recv_timeout(TICK) {
+                self.send_hot(&mut link, &key, store);
+            }
+            let report = lock(&self.state).report(self.clock.now());
+            if let Some(report) = report {
+                let loads: Vec<(&[u8], f64)> = report.iter().map(|(k, l)| (&**k, *l)).collect();
+                if link
+                    .call(&Message::Report(self.control_port, loads), CALL_WAIT)
+                    .is_ok()
+                {
+                    bump(&self.counters.reports);
+                }
+            }
+        }
+    }
+
+    fn send_hot(&self, link: &mut Link, key: &[u8], store: &Store) {
+        let Some(item) = store.get(key, None) else {
+            return;
+        };
+        let granted = self.clock.now();
+        let load = {
+            let mut state = lock(&self.state);
+            // Counted as cached from before the report leaves: a write meanwhile is told.
+            state.grant(key, granted);
+            state.burst_load()
+        };
+        let message = Message::Hot(
+            self.control_port,
+            key,
+            load,
+            Item {
+                flags: item.flags,
+                data: &item.value,
+            },
+        );
+        bump(&self.counters.instant_reports);
+        match link.call(&message, CALL_WAIT) {
+            Ok(r) if matches!(proto::parse(&r), Ok(Some((Message::Ok, _)))) => {}
+            _ => lock(&self.state).evict(key),
+        }
+    }
+
+    fn answer_control(&self, message: &Message<'_>, store: &Store) -> Vec<u8> {
+        let now = self.clock.now();
+        match message {
+            Message::Fetch(key) => match store.get(key, None) {
+                Some(item) => {
+                    lock(&self.state).grant(key, now);
+                    bump(&self.counters.fetches);
+                    reply(&Message::Value(Item {
+                        flags: item.flags,
+                        data: &item.value,
+                    }))
+                }
+                None => reply(&Message::Miss),
+            },
+            Message::Renew(keys) => {
+                lock(&self.state).renew(keys.iter().copied(), now);
+                reply(&Message::Ok)
+            }
+            Message::Evict(key) => {
+                lock(&self.state).evict(key);
+                reply(&Message::Ok)
+            }
+            _ => reply(&Message::Error(b"a backend takes fetch, renew and evict")),
+        }
+    }
+
+    /// Tells the cache node of a write to `key`, which now holds what `store` has, and waits
+    /// for its acknowledgement or the end of the key's lease.
+    fn tell(&self, key: &[u8], store: &Store) {
+        let now = self.clock.now();
+        let Some(until) = lock(&self.state).cached_until(key, now) else {
+            return;
+        };
+        let item = store.get(key, None);
+        let message = match &item {
+            Some(item) => Message::Update(
+                key,
+                Item {
+                    flags: item.flags,
+                    data: &item.value,
+                },
+            ),
+            None => Message::Delete(key),
+        };
+        bump(&self.counters.updates);
+        let mut link = lock(&self.writes);
+        let wait = until.saturating_duration_since(now);
+        let acked = matches!(
+            link.call(&message, wait).ok().as_deref().map(proto::parse),
+            Some(Ok(Some((Message::Ok, _))))
+        );
+        if !acked {
+            // Not acknowledged: the write is answered once the cache node's lease has ended.
+            bump(&self.counters.update_timeouts);
+            let left = until.saturating_duration_since(self.clock.now());
+            drop(link);
+            thread::sleep(left);
+        }
+    }
+}
+
+impl Hooks for BackendRole {
+    fn answer(&self, _: &Request<'_>, _: &Store, _: &mut Vec<u8>) -> bool {
+        false
+    }
+
+    fn executed(&self, request: &Request<'_>, store: &Store) {
+        let command = request.command;
+        if command.is_retrieval() {
+            let now = self.clock.now();
+            for key in keys_of(request) {
+                let burst = lock(&self.state).see(&key, now);
+                if burst {
+                    let _ = lock(&self.instant).send(key);
+                }
+            }
+        }
+        if command.is_write() && !command.is_retrieval() {
+            if command == Command::FlushAll {
+                let all = lock(&self.state).all_cached(self.clock.now());
+                for (key, _) in all {
+                    self.tell(&key, store);
+                }
+                return;
+            }
+            for key in keys_of(request) {
+                self.tell(&key, store);
+            }
+        }
+    }
+}
+
+// ---- the cache node --------------------------------------------------------------------------
+
+/// A SwitchKV cache node: takes its backends' reports, fetches and serves the keys it admits
+/// under their leases, hands rule changes to `rules`, and sends reads it cannot answer on to
+/// `upstream` (the switch's VIP, reached so that they are not steered back here).
+pub struct CacheRole {
+    clock: Clock,
+    state: Mutex<CacheNode>,
+    /// Backends by control address (their control connections), in the order first heard
+    /// from.
+    backends: Mutex<Vec<(SocketAddr, Link)>>,
+    upstream: SocketAddr,
+    forward: Mutex<Vec<Link2>>,
+    pub counters: RoleCounters,
+}
+
+impl std::fmt::Debug for CacheRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CacheRole")
+            .field("upstream", &self.upstream)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A memcached text connection to where misses go.
+#[derive(Debug)]
+struct Link2 {
+    conn: Option<TcpStream>,
+}
+
+/// Where a cache node's rule changes go: the switch that steers reads of its keys to it.
+pub type RuleSink = Box<dyn FnMut(Vec<Change<Box<[u8]>>>) -> anyhow::Result<()> + Send>;
+
+impl CacheRole {
+    /// A cache node serving its control port on `control`, asking backends at their address
+    /// and `backend_control_port`, sending misses to `upstream` and rule changes to `rules`.
+    pub fn start(
+        cfg: CacheNodeConfig,
+        control: TcpListener,
+        upstream: SocketAddr,
+        mut rules: RuleSink,
+        stop: Arc<AtomicBool>,
+    ) -> anyhow::Result<(Arc<CacheRole>, Vec<thread::JoinHandle<()>>)> {
+        let clock = Clock(Instant::now());
+        let state = CacheNode::new(cfg, 1, clock.now()).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let role = Arc::new(CacheRole {
+            clock,
+            state: Mutex::new(state),
+            backends: Mutex::new(Vec::new()),
+            upstream,
+            forward: Mutex::new(Vec::new()),
+            counters: RoleCounters::default(),
+        });
+        let (fetch_tx, fetch_rx) = mpsc::channel::<(SocketAddr, Fetch)>();
+        let answer = {
+            let role = role.clone();
+            let fetch_tx = Mutex::new(fetch_tx);
+            Arc::new(move |peer: SocketAddr, m: &Message<'_>| {
+                role.answer_control(peer.ip(), m, &fetch_tx)
+            })
+        };
+        let server = serve_control(control, stop.clone(), answer);
+        let ticker = {
+            let (role, stop) = (role.clone(), stop.clone());
+            thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    while let Ok((backend, fetch)) = fetch_rx.recv_timeout(TICK) {
+                        role.fetch(backend, fetch);
+                    }
+                    let changes = lock(&role.state).poll(role.clock.now());
+                    if !changes.is_empty() {
+                        let n = changes.len() as u64;
+                        match rules(changes) {
+                            Ok(()) => {
+                                role.counters.rule_changes.fetch_add(n, Ordering::Relaxed);
+                            }
+                            Err(e) => tracing::warn!("switch rules not changed: {e:#}"),
+                        }
+                    }
+                    role.renew();
+                }
+            })
+        };
+        Ok((role, vec![server, ticker]))
+    }
+
+    /// The index of the backend whose control port is `at`, added when first heard from.
+    fn backend(&self, at: SocketAddr) -> usize {
+        let mut all = lock(&self.backends);
+        if let Some(i) = all.iter().position(|(a, _)| *a == at) {
+            return i;
+        }
+        all.push((at, Link::new(at)));
+        all.len() - 1
+    }
+
+    fn answer_control(
+        &self,
+        ip: IpAddr,
+        message: &Message<'_>,
+        fetches: &Mutex<Sender<(SocketAddr, Fetch)>>,
+    ) -> Vec<u8> {
+        let now = self.clock.now();
+        match message {
+            Message::Report(port, loads) => {
+                bump(&self.counters.reports);
+                let at = SocketAddr::new(ip, *port);
+                let b = self.backend(at);
+                let wanted = lock(&self.state).report(b, loads, now);
+                let tx = lock(fetches);
+                for f in wanted {
+                    let _ = tx.send((at, f));
+                }
+                reply(&Message::Ok)
+            }
+            Message::Hot(port, key, load, item) => {
+                bump(&self.counters.instant_reports);
+                let b = self.backend(SocketAddr::new(ip, *port));
+                let value = kv::cache::Value {
+                    flags: item.flags,
+                    cas: None,
+                    data: item.data.into(),
+                    key_base64: None,
+                };
+                match lock(&self.state).hot(b, key, *load, value, now) {
+                    true => reply(&Message::Ok),
+                    false => reply(&Message::No),
+                }
+            }
+            Message::Update(key, item) => {
+                bump(&self.counters.updates);
+                let value = kv::cache::Value {
+                    flags: item.flags,
+                    cas: None,
+                    data: item.data.into(),
+                    key_base64: None,
+                };
+                lock(&self.state).update(key, Some(value), now);
+                reply(&Message::Ok)
+            }
+            Message::Delete(key) => {
+                bump(&self.counters.updates);
+                lock(&self.state).update(key, None, now);
+                reply(&Message::Ok)
+            }
+            _ => reply(&Message::Error(
+                b"a cache node takes report, hot, update and delete",
+            )),
+        }
+    }
+
+    /// Fetches an admitted key's value from its backend.
+    fn fetch(&self, backend: SocketAddr, fetch: Fetch) {
+        let asked = self.clock.now();
+        let b = self.backend(backend);
+        let answer = {
+            let mut all = lock(&self.backends);
+            let Some((_, link)) = all.get_mut(b) else {
+                return;
+            };
+            link.call(&Message::Fetch(&fetch.key), CALL_WAIT)
+        };
+        bump(&self.counters.fetches);
+        let value = match answer.as_deref().map(proto::parse) {
+            Ok(Ok(Some((Message::Value(item), _)))) => Some(kv::cache::Value {
+                flags: item.flags,
+                cas: None,
+                data: item.data.into(),
+                key_base64: None,
+            }),
+            Ok(Ok(Some((Message::Miss, _)))) => None,
+            // No answer: try again at the next report.
+            _ => return,
+        };
+        lock(&self.state).fetched(fetch, value, asked);
+    }
+
+    /// Renews the leases that end within half a lease.
+    fn renew(&self) {
+        let asked = self.clock.now();
+        let due = lock(&self.state).renewals(asked);
+        for (b, keys) in due {
+            let ok = {
+                let mut all = lock(&self.backends);
+                let Some((_, link)) = all.get_mut(b) else {
+                    continue;
+                };
+                let names: Vec<&[u8]> = keys.iter().map(|k| &**k).collect();
+                matches!(
+                    link.call(&Message::Renew(names), CALL_WAIT)
+                        .ok()
+                        .as_deref()
+                        .map(proto::parse),
+                    Some(Ok(Some((Message::Ok, _))))
+                )
+            };
+            if ok {
+                lock(&self.state).renewed(&keys, asked);
+            }
+        }
+    }
+
+    /// Sends `request` to the upstream (the switch's VIP over TCP, whose proxy routes it to
+    /// the key's backend) and appends its reply.
+    fn forward(&self, request: &[u8], out: &mut Vec<u8>) -> bool {
+        let mut pool = lock(&self.forward);
+        let mut link = pool.pop().unwrap_or(Link2 { conn: None });
+        drop(pool);
+        let ok = link.get(self.upstream, request, out);
+        if ok {
+            lock(&self.forward).push(link);
+        }
+        ok
+    }
+}
+
+impl Link2 {
+    fn get(&mut self, to: SocketAddr, request: &[u8], out: &mut Vec<u8>) -> bool {
+        let attempt = |conn: &mut Option<TcpStream>, out: &mut Vec<u8>| -> std::io::Result<()> {
+            if conn.is_none() {
+                let c = TcpStream::connect_timeout(&to, CALL_WAIT)?;
+                c.set_nodelay(true)?;
+                c.set_read_timeout(Some(CALL_WAIT))?;
+                *conn = Some(c);
+            }
+            let Some(c) = conn.as_mut() else {
+                return Err(ErrorKind::NotConnected.into());
+            };
+            c.write_all(request)?;
+            let start = out.len();
+            let mut chunk = [0u8; 16 * 1024];
+            loop {
+                let reply = &out[start..];
+                let done = reply.ends_with(b"END\r\n")
+                    || (!reply.starts_with(b"VALUE ") && reply.ends_with(b"\r\n"));
+                if done {
+                    return Ok(());
+                }
+                let n = c.read(&mut chunk)?;
+                if n == 0 {
+                    return Err(ErrorKind::UnexpectedEof.into());
+                }
+                out.extend_from_slice(&chunk[..n]);
+            }
+        };
+        let start = out.len();
+        match attempt(&mut self.conn, out) {
+            Ok(()) => true,
+            Err(_) => {
+                self.conn = None;
+                out.truncate(start);
+                false
+            }
+        }
+    }
+}
+
+impl Hooks for CacheRole {
+    /// A text `get` whose keys are all served under a lease is answered here; any other get
+    /// goes on to the upstream, and other requests (a cache node takes no writes) are refused.
+    fn answer(&self, request: &Request<'_>, _: &Store, out: &mut Vec<u8>) -> bool {
+        if !matches!(request.command, Command::Get) {
+            out.extend_from_slice(b"SERVER_ERROR a cache node only serves get\r\n");
+            return true;
+        }
+        let now = self.clock.now();
+        let keys = keys_of(request);
+        let mut items = Vec::with_capacity(keys.len());
+        {
+            let mut state = lock(&self.state);
+            for key in &keys {
+                match state.serve(0, key, now) {
+                    Some(value) => items.push(value),
+                    None => break,
+                }
+            }
+        }
+        if items.len() == keys.len() {
+            bump(&self.counters.served);
+            for (key, value) in keys.iter().zip(&items) {
+                out.extend_from_slice(b"VALUE ");
+                out.extend_from_slice(key);
+                out.extend_from_slice(
+                    format!(" {} {}\r\n", value.flags, value.data.len()).as_bytes(),
+                );
+                out.extend_from_slice(&value.data);
+                out.extend_from_slice(b"\r\n");
+            }
+            out.extend_from_slice(b"END\r\n");
+            return true;
+        }
+        bump(&self.counters.forwarded);
+        if !self.forward(request.bytes(), out) {
+            out.extend_from_slice(b"SERVER_ERROR the key's backend did not answer\r\n");
+        }
+        true
+    }
+
+    fn executed(&self, _: &Request<'_>, _: &Store) {}
+}
+
+/// Stops the roles' threads when dropped.
+#[derive(Debug, Default)]
+pub struct Roles {
+    pub stop: Arc<AtomicBool>,
+    pub threads: Vec<thread::JoinHandle<()>>,
+}
+
+impl Drop for Roles {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! SwitchKV's roles on loopback: a backend node and a cache node talking over their control
+//! connections, with clients reading through the cache node (which sends what it cannot
+//! answer to the backend) and writing to the backend.
+//!
+//! - a key read often at the backend is reported, admitted, fetched and served by the cache
+//!   node, and its switch rule is handed out;
+//! - a write to it at the backend reaches the cache node before the backend answers, so the
+//!   cache node never serves the value it replaced; a delete too;
+//! - with the cache node gone, a write to a key it held is answered once the lease has run out.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{connect, exchange, free_port};
+use kv::rules::Change;
+use node::{Node, NodeArgs, Role};
+
+const LEASE_MS: u64 = 400;
+
+/// The switch rule changes the cache node handed out.
+type Rules = Vec<Change<Box<[u8]>>>;
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn line_or_end(r: &[u8]) -> bool {
+    r.ends_with(b"END\r\n") || (!r.starts_with(b"VALUE") && r.ends_with(b"\r\n"))
+}
+
+#[test]
+fn a_hot_key_is_served_by_the_cache_node_and_kept_coherent_with_writes() {
+    let cache_control = free_port();
+    let backend_control = free_port();
+    let backend = Node::start(&NodeArgs {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        no_udp: true,
+        role: Role::Backend,
+        control_port: backend_control,
+        cache_node: Some(format!("127.0.0.1:{cache_control}").parse().unwrap()),
+        lease_ms: LEASE_MS,
+        ..NodeArgs::default()
+    })
+    .unwrap();
+    let backend_addr = backend.tcp_addr().unwrap();
+    let changes: Arc<Mutex<Rules>> = Arc::default();
+    let sink = changes.clone();
+    let cache = Node::start_with(
+        &NodeArgs {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            no_udp: true,
+            role: Role::Cache,
+            control_port: cache_control,
+            upstream: Some(backend_addr),
+            lease_ms: LEASE_MS,
+            rule_rate: 0,
+            ..NodeArgs::default()
+        },
+        Some(Box::new(move |c| {
+            sink.lock().unwrap().extend(c);
+            Ok(())
+        })),
+    )
+    .unwrap();
+    let mut to_backend = connect(backend_addr);
+    let mut to_cache = connect(cache.tcp_addr().unwrap());
+    let call = |stream: &mut std::net::TcpStream, request: &str| {
+        text(&exchange(stream, request.as_bytes(), line_or_end))
+    };
+
+    assert_eq!(
+        call(&mut to_backend, "set hot 5 0 2\r\nv1\r\n"),
+        "STORED\r\n"
+    );
+    // Not cached yet: the cache node sends the read on to the backend.
+    assert_eq!(
+        call(&mut to_cache, "get hot\r\n"),
+        "VALUE hot 5 2\r\nv1\r\nEND\r\n"
+    );
+    // Read often at the backend: an instant report (more than 8 of the last 200 reads).
+    for _ in 0..20 {
+        call(&mut to_backend, "get hot\r\n");
+    }
+    let started = Instant::now();
+    while cache
+        .cache_counters()
+        .unwrap()
+        .served
+        .load(std::sync::atomic::Ordering::Relaxed)
+        == 0
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "never served by the cache node"
+        );
+        assert_eq!(
+            call(&mut to_cache, "get hot\r\n"),
+            "VALUE hot 5 2\r\nv1\r\nEND\r\n"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        changes
+            .lock()
+            .unwrap()
+            .contains(&Change::Add(b"hot".to_vec().into())),
+        "the rule that steers reads of the key to the cache node"
+    );
+
+    // A write at the backend reaches the cache node before it is answered.
+    for i in 0..20 {
+        let value = format!("w{i:02}");
+        assert_eq!(
+            call(&mut to_backend, &format!("set hot 5 0 3\r\n{value}\r\n")),
+            "STORED\r\n"
+        );
+        assert_eq!(
+            call(&mut to_cache, "get hot\r\n"),
+            format!("VALUE hot 5 3\r\n{value}\r\nEND\r\n"),
+            "the cache node served a value a write had replaced"
+        );
+    }
+    let served_before = cache
+        .cache_counters()
+        .unwrap()
+        .served
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        served_before >= 20,
+        "{served_before} reads served by the cache node"
+    );
+    assert_eq!(call(&mut to_backend, "delete hot\r\n"), "DELETED\r\n");
+    assert_eq!(call(&mut to_cache, "get hot\r\n"), "END\r\n");
+
+    // The cache node gone, a write to a key it held waits out the lease, then is answered.
+    assert_eq!(
+        call(&mut to_backend, "set hot 5 0 2\r\nv3\r\n"),
+        "STORED\r\n"
+    );
+    let timeouts = |b: &Node| {
+        b.backend_counters()
+            .unwrap()
+            .update_timeouts
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let before = timeouts(&backend);
+    drop(to_cache);
+    drop(cache);
+    assert_eq!(
+        call(&mut to_backend, "set hot 5 0 2\r\nv4\r\n"),
+        "STORED\r\n"
+    );
+    assert_eq!(timeouts(&backend), before + 1);
+    assert_eq!(
+        call(&mut to_backend, "get hot\r\n"),
+        "VALUE hot 5 2\r\nv4\r\nEND\r\n"
+    );
+}
