@@ -72,8 +72,8 @@ pub struct NodeArgs {
     /// keys and serves them under their backends' leases. `plain` (the default) does neither.
     #[arg(long, value_enum, default_value = "plain")]
     pub role: Role,
-    /// The port of the SwitchKV control connections, on the node's own address (and on the
-    /// backends' addresses, for a cache node).
+    /// The port of this node's SwitchKV control connections, on its own address (a backend
+    /// names it in its reports, and its cache node connects there).
     #[arg(long, default_value_t = 11311)]
     pub control_port: u16,
     /// A backend's cache node: its address and control port.
