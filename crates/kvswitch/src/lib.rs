@@ -11,3 +11,4 @@ pub mod daemon;
 pub mod demo;
 pub mod local;
 pub mod proxy_cli;
+pub mod steer;

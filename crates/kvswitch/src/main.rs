@@ -66,8 +66,13 @@ enum Cmd {
     },
     Proxy(kvswitch::proxy_cli::ProxyArgs),
     /// Serve the memcached protocol from memory, optionally capacity-limited (a backend for
-    /// experiments).
-    Node(node::NodeArgs),
+    /// experiments), or as one of SwitchKV's roles (a backend, a cache node).
+    Node {
+        #[command(flatten)]
+        node: node::NodeArgs,
+        #[command(flatten)]
+        steer: kvswitch::steer::SteerArgs,
+    },
 }
 
 #[derive(Subcommand)]
@@ -193,6 +198,12 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
         }
         Cmd::Demo(args) => demo::run(&args),
         Cmd::Bench { scenario } => bench::run(&scenario),
-        Cmd::Node(args) => node::run(&args),
+        Cmd::Node { node, steer } => {
+            let rules = match node.role {
+                node::Role::Cache => kvswitch::steer::rule_sink(&steer, node.listen)?,
+                _ => None,
+            };
+            node::run_with(&node, rules)
+        }
     }
 }

@@ -10,6 +10,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use dataplane::{Driver, RunOptions};
+use kv::rules::Change;
 use kv::{Distribution, HashFn};
 use kvio::{mem_pair, Batch, MemPort, Port};
 use kvswitch::api::{self, http::ROUTES, Api, Exporter};
@@ -844,4 +845,73 @@ fn a_dscp_is_written_with_its_checksum_and_one_out_of_range_is_refused() {
     assert_eq!(out[15] >> 2, 46);
     let header = wire::ipv4::Packet::new_checked(&out[14..]).expect("an IPv4 header");
     assert!(header.verify_checksum(), "the header checksum holds");
+}
+
+#[test]
+fn a_cache_nodes_rules_steer_reads_of_its_keys_through_the_api() {
+    let rig = rig(None);
+    let c = rig.client.clone();
+    c.call(
+        "PUT",
+        "/api/v1/interfaces/6",
+        Some(&json!({"eth_dst": "02:00:00:00:09:09", "eth_src": "02:00:00:00:00:64", "port": 2})),
+    )
+    .unwrap();
+    let steer = kvswitch::steer::SteerArgs {
+        switch_api: Some(c.api),
+        switch_token_file: None,
+        steer_interface: Some(6),
+        vip: Some(Ipv4Addr::new(10, 0, 0, 100)),
+        hash: "md5".into(),
+    };
+    let mut sink = kvswitch::steer::rule_sink(&steer, "10.0.1.9:11211".parse().unwrap())
+        .unwrap()
+        .expect("a sink when a switch is named");
+    // The cache node's replies leave with the VIP as source.
+    let acl = c.call("GET", "/api/v1/tables/acl/entries", None).unwrap();
+    assert_eq!(acl["entries"][0]["match"]["ip_src"], "10.0.1.9", "{acl}");
+    assert_eq!(
+        acl["entries"][0]["actions"][0]["set_ipv4_src"],
+        "10.0.0.100"
+    );
+    let key = |k: &str| -> Box<[u8]> { k.as_bytes().into() };
+    sink(vec![Change::Add(key("a")), Change::Add(key("b"))]).unwrap();
+    let entries = |c: &Client| {
+        c.call("GET", "/api/v1/tables/kv_steer/entries", None)
+            .unwrap()
+    };
+    let listed = entries(&c);
+    let hashes: Vec<u64> = listed["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["match"]["key_hash"].as_u64().unwrap())
+        .collect();
+    let want: Vec<u64> = ["a", "b"]
+        .iter()
+        .map(|k| u64::from(HashFn::Md5.hash(k.as_bytes())))
+        .collect();
+    assert_eq!(hashes, want, "{listed}");
+    assert_eq!(listed["entries"][0]["actions"][1]["interface"], 6);
+    sink(vec![Change::Remove(key("a"))]).unwrap();
+    assert_eq!(entries(&c)["entries"].as_array().unwrap().len(), 1);
+    // Without a switch, no sink; with one but no interface, a clear refusal.
+    let none = kvswitch::steer::SteerArgs {
+        switch_api: None,
+        ..steer.clone()
+    };
+    assert!(
+        kvswitch::steer::rule_sink(&none, "10.0.1.9:11211".parse().unwrap())
+            .unwrap()
+            .is_none()
+    );
+    let lost = kvswitch::steer::SteerArgs {
+        steer_interface: None,
+        ..steer
+    };
+    let e = kvswitch::steer::rule_sink(&lost, "10.0.1.9:11211".parse().unwrap())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("--steer-interface"), "{e}");
 }

@@ -323,7 +323,12 @@ impl Drop for Node {
 
 /// Runs `kvswitch node` in the foreground.
 pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
-    let node = Node::start(args)?;
+    run_with(args, None)
+}
+
+/// As [`run`]; a cache node hands its switch rule changes to `rules`.
+pub fn run_with(args: &NodeArgs, rules: Option<switchkv::RuleSink>) -> anyhow::Result<()> {
+    let node = Node::start_with(args, rules)?;
     tracing::info!(
         tcp = ?node.tcp_addr(),
         udp = ?node.udp_addr(),

@@ -39,6 +39,11 @@ pub const MAX_NAME: usize = 64;
 /// those below it.
 pub const FIRST_OPERATOR_REG: u8 = 3;
 
+/// The program's table an operator writes to steer reads of one key elsewhere (a SwitchKV
+/// cache node): exact on `reg1` (1 for a datagram holding one read of one key) and
+/// `key_hash`; a miss goes on to the program.
+pub const STEER: &str = "kv_steer";
+
 /// The key of [`ACL`]: every named field, so that an entry can match any of them.
 pub const ACL_KEY: &[&str] = &[
     "in_port",

@@ -565,6 +565,61 @@ fn an_operator_pins_a_key_to_a_server_through_an_interface() {
 }
 
 #[test]
+fn reads_of_a_steered_key_go_to_the_cache_node_and_nothing_else_does() {
+    let (mut sw, _) = rig();
+    let Fate::Out(owner) = send(&mut sw, get("hot")) else {
+        panic!("a get is routed");
+    };
+    // The cache node sits behind port 3.
+    let cache_mac = Mac([2, 0, 0, 0, 9, 9]);
+    let cache_ip = Ipv4Addr::new(10, 0, 1, 9);
+    sw.set_interface(
+        5,
+        serde_json::from_value(json!({
+            "eth_dst": cache_mac.to_string(),
+            "eth_src": "02:00:00:00:00:64",
+            "port": 3,
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+    let hash = HashFn::Md5.hash(b"hot");
+    let ids = sw
+        .apply(vec![add(
+            switch::control::STEER,
+            json!({
+                "match": {"one_read": 1, "key_hash": hash},
+                "actions": [{"set_ipv4_dst": cache_ip.to_string()}, {"interface": 5}]
+            }),
+        )])
+        .unwrap();
+    let mut frame = get("hot");
+    assert_eq!(
+        sw.process(0, &mut frame, true, NOW, &mut Vec::new()),
+        Fate::Out(3)
+    );
+    assert_eq!(&frame[0..6], &cache_mac.0[..]);
+    assert_eq!(&frame[30..34], &cache_ip.octets()[..]);
+    // A write of the key and a read of another key go to their owners.
+    let mut payload = vec![0u8; mcudp::LEN];
+    mcudp::Header::single(8).emit(&mut payload);
+    payload.extend_from_slice(b"set hot 0 0 1\r\nx\r\n");
+    let write = frame_from(CLIENT_MAC, CLIENT_IP, VIP, &payload);
+    assert_eq!(send(&mut sw, write), Fate::Out(owner));
+    assert!(matches!(send(&mut sw, get("cold")), Fate::Out(p) if p != 3));
+    // Its table is the switch's: entries come and go, the table stays.
+    refused(&mut sw, ErrorKind::Conflict, "table", |sw| {
+        sw.delete_table(switch::control::STEER)
+    });
+    sw.apply(vec![Change::Delete {
+        table: switch::control::STEER.into(),
+        id: ids[0],
+    }])
+    .unwrap();
+    assert_eq!(send(&mut sw, get("hot")), Fate::Out(owner));
+}
+
+#[test]
 fn a_frame_goes_out_of_the_port_it_is_sent_to() {
     let (mut sw, _) = rig();
     let mut emit = Vec::new();
@@ -584,9 +639,18 @@ fn the_program_tables_are_listed_read_only() {
     let names: Vec<&str> = tables.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(
         names,
-        ["acl", "arp_vip", "kv_route", "local_in", "vip_reply", "l2"]
+        [
+            "acl",
+            "kv_steer",
+            "arp_vip",
+            "kv_route",
+            "local_in",
+            "vip_reply",
+            "l2"
+        ]
     );
-    assert!(tables[0].writable && !tables[1].writable);
+    // `acl` and `kv_steer` take the operator's entries; the program's own tables do not.
+    assert!(tables[0].writable && tables[1].writable && !tables[2].writable);
     let route = sw.entries("kv_route").unwrap();
     assert_eq!(route.len(), 1);
     assert_eq!(

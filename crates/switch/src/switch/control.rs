@@ -19,8 +19,9 @@ use crate::control::{
 pub(super) struct Operator {
     /// Tables that take an operator's entries: `acl` and those created through the API.
     pub(super) tables: BTreeSet<TableId>,
-    /// Key fields of the tables created through the API, as named at creation.
-    keys: HashMap<TableId, Vec<KeyField>>,
+    /// Key fields of the tables created through the API, as named at creation (and of
+    /// `kv_steer`).
+    pub(super) keys: HashMap<TableId, Vec<KeyField>>,
     counters: BTreeMap<String, CounterId>,
     /// Counters made by the call in progress: forgotten again if it is refused.
     made: Vec<String>,
@@ -234,11 +235,11 @@ impl Switch {
     /// Removes an operator's table and its entries; refused while something jumps to it.
     pub fn delete_table(&mut self, name: &str) -> Result<(), ControlError> {
         let id = self.writable_table(name)?;
-        if id == self.tables.acl {
+        if id == self.tables.acl || id == self.tables.steer {
             return Err(ControlError::new(
                 ErrorKind::Conflict,
                 "table",
-                "acl is part of the switch; delete its entries instead",
+                format!("{name} is part of the switch; delete its entries instead"),
             ));
         }
         self.pipeline.remove_table(id).map_err(|e| {

@@ -154,6 +154,8 @@ struct Tables {
     ring: SelectorId,
     /// `kv_cache`, when the cache is on: exact on the key hash of reads it may answer.
     cache: Option<TableId>,
+    /// `kv_steer`: the operator's entries that send reads of one key elsewhere.
+    steer: TableId,
     /// The operator's table in front of the program.
     acl: TableId,
     /// The program's first table, where `acl` goes on to.
@@ -280,6 +282,17 @@ impl Switch {
             spec,
         };
         sw.operator.tables.insert(sw.tables.acl);
+        sw.operator.tables.insert(sw.tables.steer);
+        sw.operator.keys.insert(
+            sw.tables.steer,
+            vec![
+                crate::control::KeyField::Meta {
+                    name: "one_read".into(),
+                    meta: crate::control::MetaField::Reg1,
+                },
+                crate::control::KeyField::Named("key_hash".into()),
+            ],
+        );
         sw.install_members()?;
         Ok(sw)
     }
@@ -466,10 +479,12 @@ impl Switch {
                         key_hash,
                         routed,
                         read,
+                        one_read,
                     } => {
                         meta.flags = flags;
                         meta.key_hash = key_hash;
                         meta.regs[REG_ROUTED] = u32::from(routed);
+                        meta.regs[REG_CACHE] = u32::from(one_read);
                         if let Some(read) = read {
                             return self.process_read(in_port, frame, meta, read, now, emit);
                         }

@@ -72,6 +72,7 @@ impl Switch {
                 key_hash: 0,
                 routed: false,
                 read: None,
+                one_read: false,
             };
         }
         // UDP to the VIP (or the agent address): the key router's business.
@@ -106,6 +107,7 @@ impl Switch {
                 key_hash: 0,
                 routed: false,
                 read: None,
+                one_read: false,
             };
         }
         stats::inc(&self.stats.kv_requests);
@@ -157,11 +159,19 @@ impl Switch {
                         }
                     }
                 }
+                // One read of one key (the program marks it for `kv_steer`), also without a
+                // cache.
+                let one_read = read.is_some()
+                    || (self.cache.is_none()
+                        && memcache::parse(body).ok().flatten().is_some_and(|r| {
+                            r.len == body.len() && memcache::cached::servable(&r).is_some()
+                        }));
                 Stage::Continue {
                     flags: FLAG_PLAIN_UDP,
                     key_hash,
                     routed: true,
                     read,
+                    one_read,
                 }
             }
             Route::Answer(kind, reply) => {
@@ -445,6 +455,8 @@ pub(super) enum Stage {
         routed: bool,
         /// One read the cache may answer.
         read: Option<Read>,
+        /// One read of one key: what `kv_steer` may send elsewhere.
+        one_read: bool,
     },
 }
 
@@ -469,6 +481,7 @@ impl Stage {
             key_hash: 0,
             routed: false,
             read: None,
+            one_read: false,
         }
     }
 }

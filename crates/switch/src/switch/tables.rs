@@ -17,7 +17,8 @@ pub(super) fn bytes_field(offset: u16, len: u8) -> Field {
 }
 
 /// The switch's behaviour as tables, after `acl` (ternary, empty: the operator's, whose miss
-/// goes on to the program) and `kv_cache` (with the cache):
+/// goes on to the program), `kv_cache` (with the cache) and `kv_steer` (exact on a read's
+/// one-read mark and key hash, empty: the operator's, for reads steered to a cache node):
 /// 0 `arp_vip`: ARP requests for the VIP (or agent address) go to the CPU; ARP replies to the
 ///   addresses of the host's end of the local port go out of the local port;
 /// 1 `kv_route`: UDP to the VIP's memcached port is hashed by key onto the ring; TCP to it goes
@@ -62,6 +63,16 @@ pub(super) fn build_tables(p: &mut Pipeline, spec: &SwitchSpec) -> Result<Tables
         ),
         false => None,
     };
+    // Reads of one key that an operator sends elsewhere (a SwitchKV cache node): exact on the
+    // one-read mark and the key hash, written through the control API; empty, it is skipped.
+    let steer_t = p
+        .add_table(TableSpec {
+            name: crate::control::STEER.into(),
+            kind: MatchKind::Exact,
+            key: vec![Field::Reg(REG_CACHE as u8), Field::KeyHash],
+            miss: vec![],
+        })
+        .map_err(e)?;
     let arp_t = p
         .add_table(TableSpec {
             name: "arp_vip".into(),
@@ -123,11 +134,13 @@ pub(super) fn build_tables(p: &mut Pipeline, spec: &SwitchSpec) -> Result<Tables
         })
         .map_err(e)?;
     // Misses fall through to the next table.
-    let program = cache_t.unwrap_or(arp_t);
+    let program = cache_t.unwrap_or(steer_t);
     p.set_miss(acl, vec![Action::Goto(program)]).map_err(e)?;
     if let Some(cache_t) = cache_t {
-        p.set_miss(cache_t, vec![Action::Goto(arp_t)]).map_err(e)?;
+        p.set_miss(cache_t, vec![Action::Goto(steer_t)])
+            .map_err(e)?;
     }
+    p.set_miss(steer_t, vec![Action::Goto(arp_t)]).map_err(e)?;
     p.set_miss(arp_t, vec![Action::Goto(route_t)]).map_err(e)?;
     p.set_miss(route_t, vec![Action::Goto(local_t)])
         .map_err(e)?;
@@ -198,6 +211,7 @@ pub(super) fn build_tables(p: &mut Pipeline, spec: &SwitchSpec) -> Result<Tables
         l2,
         ring,
         cache: cache_t,
+        steer: steer_t,
         acl,
         program,
         local_in: local_t,
