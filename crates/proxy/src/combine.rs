@@ -1,6 +1,6 @@
 //! Turning the replies of a request's parts into the one reply its client expects.
 
-use wire::memcache::reply::{parse_retrieval_reply, ReplyError};
+use wire::memcache::reply::{parse_retrieval_reply, replicas_reply, ReplyError};
 use wire::memcache::stats;
 
 use super::backend::ServerError;
@@ -51,14 +51,7 @@ pub fn combine(how: &Combine, on_error: &OnError, outcomes: &mut [Outcome], out:
                 }
             }
         }
-        Combine::Replicated { .. } => {
-            let differing = replies.iter().any(|r| *r != replies[0]);
-            let reply = match differing {
-                false => replies[0],
-                true => replies.iter().find(|r| is_error(r)).unwrap_or(&replies[0]),
-            };
-            out.extend_from_slice(reply);
-        }
+        Combine::Replicated { .. } => out.extend_from_slice(replicas_reply(&replies)),
         Combine::Merge(keys) => merge(keys, &replies, None, on_error, out),
         Combine::MergeCached { keys, cached } => merge(keys, &replies, Some(cached), on_error, out),
         Combine::StatsText => stats::merge_text(&replies, out),
@@ -155,19 +148,6 @@ fn is_success(reply: &[u8]) -> bool {
     reply == b"OK\r\n"
         || reply.is_empty()
         || (reply.len() >= 8 && reply[0] == 0x81 && reply[6..8] == [0, 0])
-}
-
-/// Whether a reply says the request failed, rather than how it went (`NOT_STORED` and
-/// `NOT_FOUND` are answers, not failures).
-fn is_error(reply: &[u8]) -> bool {
-    match reply.first() {
-        Some(0x81) => reply.len() >= 8 && u16::from_be_bytes([reply[6], reply[7]]) >= 0x80,
-        _ => {
-            reply.starts_with(b"ERROR")
-                || reply.starts_with(b"CLIENT_ERROR")
-                || reply.starts_with(b"SERVER_ERROR")
-        }
-    }
 }
 
 /// Puts the items of a split multi-get back in the client's key order.

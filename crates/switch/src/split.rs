@@ -819,23 +819,9 @@ fn merge(p: &Pending) -> Option<Vec<u8>> {
 
 /// The one reply to a write every replica answered (see [`Splitter::start_write`]).
 fn merge_write(p: &Pending) -> Vec<u8> {
-    let replies: Vec<Vec<u8>> = p.parts.iter().map(Part::message).collect();
-    if replies.iter().all(|r| *r == replies[0]) {
-        return replies[0].clone();
-    }
-    let is_error = |r: &Vec<u8>| match r.first() {
-        Some(&binary::RESPONSE_MAGIC) => r.len() >= 8 && u16::from_be_bytes([r[6], r[7]]) >= 0x80,
-        _ => {
-            r.starts_with(b"ERROR")
-                || r.starts_with(b"CLIENT_ERROR")
-                || r.starts_with(b"SERVER_ERROR")
-        }
-    };
-    replies
-        .iter()
-        .find(|r| is_error(r))
-        .unwrap_or(&replies[0])
-        .clone()
+    let messages: Vec<Vec<u8>> = p.parts.iter().map(Part::message).collect();
+    let replies: Vec<&[u8]> = messages.iter().map(Vec::as_slice).collect();
+    memcache::reply::replicas_reply(&replies).to_vec()
 }
 
 #[cfg(test)]

@@ -983,3 +983,26 @@ fn requests_that_compare_a_cas_unique_say_so() {
     set[16..24].fill(0);
     assert!(!compares(&set));
 }
+
+#[test]
+fn replicas_agree_or_a_failure_or_the_owner_answers() {
+    use super::reply::replicas_reply;
+    assert_eq!(
+        replicas_reply(&[b"STORED\r\n", b"STORED\r\n"]),
+        b"STORED\r\n"
+    );
+    assert_eq!(
+        replicas_reply(&[b"STORED\r\n", b"SERVER_ERROR out of memory\r\n"]),
+        b"SERVER_ERROR out of memory\r\n"
+    );
+    assert_eq!(
+        replicas_reply(&[b"DELETED\r\n", b"NOT_FOUND\r\n"]),
+        b"DELETED\r\n"
+    );
+    let ok = [0x81, 1, 0, 0, 0, 0, 0, 0];
+    let oom = [0x81, 1, 0, 0, 0, 0, 0, 0x82];
+    let exists = [0x81, 1, 0, 0, 0, 0, 0, 2];
+    assert_eq!(replicas_reply(&[&ok, &oom]), oom);
+    assert_eq!(replicas_reply(&[&ok, &exists]), ok);
+    assert_eq!(replicas_reply(&[]), b"");
+}

@@ -15,6 +15,30 @@ use super::{Command, MAX_DATA_LEN, MAX_LINE_LEN};
 const END: &[u8] = b"END\r\n";
 const VALUE: &[u8] = b"VALUE ";
 
+/// The one reply a client gets for a write that every replica of its key answered (`replies`,
+/// the owner's first, at least one): the common reply if all agree, else the first that says
+/// the request failed (`ERROR`, `CLIENT_ERROR`, `SERVER_ERROR`, a binary status of 0x80 or
+/// more; `NOT_STORED` and `NOT_FOUND` are answers, not failures), else the owner's.
+pub fn replicas_reply<'r>(replies: &[&'r [u8]]) -> &'r [u8] {
+    let Some(&owner) = replies.first() else {
+        return b"";
+    };
+    if replies.iter().all(|r| *r == owner) {
+        return owner;
+    }
+    let failed = |r: &[u8]| match r.first() {
+        Some(&super::binary::RESPONSE_MAGIC) => {
+            r.len() >= 8 && u16::from_be_bytes([r[6], r[7]]) >= 0x80
+        }
+        _ => {
+            r.starts_with(b"ERROR")
+                || r.starts_with(b"CLIENT_ERROR")
+                || r.starts_with(b"SERVER_ERROR")
+        }
+    };
+    replies.iter().copied().find(|r| failed(r)).unwrap_or(owner)
+}
+
 /// One item of a retrieval reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Item<'a> {
