@@ -132,7 +132,7 @@ impl Switch {
             return Stage::Done(Fate::Consumed);
         }
         match self.route_datagram(body) {
-            Route::One { key_hash } => {
+            Route::One { key_hash, one_read } => {
                 self.warm_deletes(body, &[], emit);
                 let mut read = None;
                 if let Some(cache) = &mut self.cache {
@@ -159,13 +159,8 @@ impl Switch {
                         }
                     }
                 }
-                // One read of one key (the program marks it for `kv_steer`), also without a
-                // cache.
-                let one_read = read.is_some()
-                    || (self.cache.is_none()
-                        && memcache::parse(body).ok().flatten().is_some_and(|r| {
-                            r.len == body.len() && memcache::cached::servable(&r).is_some()
-                        }));
+                // With the cache on, only the reads it may answer are marked, as before.
+                let one_read = read.is_some() || (self.cache.is_none() && one_read);
                 Stage::Continue {
                     flags: FLAG_PLAIN_UDP,
                     key_hash,
@@ -239,6 +234,9 @@ impl Switch {
         let mut noops = 0;
         let mut writes = false;
         let mut cas = false;
+        // Whether the last request is one the cache could answer: with `requests == 1`, a
+        // datagram holding one read of its keys.
+        let mut servable = false;
         while offset < body.len() {
             let req = match memcache::parse(&body[offset..]) {
                 Ok(Some(req)) => req,
@@ -289,6 +287,7 @@ impl Switch {
                 && protocol.is_none_or(|p| p == req.protocol)
                 && is_pipelined_get_or_noop(req.command);
             protocol = Some(req.protocol);
+            servable = memcache::cached::servable(&req).is_some();
             for token in req.keys() {
                 let (hash, server) = match self.place(&req, token) {
                     Ok((hash, Some(server))) => (hash, server),
@@ -335,7 +334,10 @@ impl Switch {
         }
         match target {
             None => Route::Drop(Drop::IncompleteRequest),
-            Some((_, key_hash)) if !multi => Route::One { key_hash },
+            Some((_, key_hash)) if !multi => Route::One {
+                key_hash,
+                one_read: requests == 1 && servable,
+            },
             Some(_) if requests == 1 && split_candidate => Route::Split,
             Some(_) if pipelined_gets => Route::Split,
             Some(_) => Route::Drop(Drop::PipelinedMultiServer),
@@ -489,6 +491,8 @@ impl Stage {
 pub(super) enum Route {
     One {
         key_hash: u32,
+        /// One read of one key the cache could answer (what `kv_steer` steers).
+        one_read: bool,
     },
     /// A lone write in a replicated pool: to each of these servers, owner first.
     Replicate {
