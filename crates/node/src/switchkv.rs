@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use kv::rules::Change;
 use kv::switchkv::{Backend, BackendConfig, CacheNode, CacheNodeConfig, Fetch};
+use wire::memcache::reply::{Framer, ReplyKind};
 use wire::memcache::{Command, Request};
 use wire::switchkv::{self as proto, Item, Message};
 
@@ -410,7 +411,7 @@ pub struct CacheRole {
     /// from.
     backends: Mutex<Vec<(SocketAddr, Link)>>,
     upstream: SocketAddr,
-    forward: Mutex<Vec<Link2>>,
+    forward: Mutex<Vec<Upstream>>,
     pub counters: RoleCounters,
 }
 
@@ -422,9 +423,9 @@ impl std::fmt::Debug for CacheRole {
     }
 }
 
-/// A memcached text connection to where misses go.
+/// A memcached text connection to where a cache node's misses go.
 #[derive(Debug)]
-struct Link2 {
+struct Upstream {
     conn: Option<TcpStream>,
 }
 
@@ -604,7 +605,7 @@ impl CacheRole {
     /// the key's backend) and appends its reply.
     fn forward(&self, request: &[u8], out: &mut Vec<u8>) -> bool {
         let mut pool = lock(&self.forward);
-        let mut link = pool.pop().unwrap_or(Link2 { conn: None });
+        let mut link = pool.pop().unwrap_or(Upstream { conn: None });
         drop(pool);
         let ok = link.get(self.upstream, request, out);
         if ok {
@@ -614,7 +615,7 @@ impl CacheRole {
     }
 }
 
-impl Link2 {
+impl Upstream {
     fn get(&mut self, to: SocketAddr, request: &[u8], out: &mut Vec<u8>) -> bool {
         let attempt = |conn: &mut Option<TcpStream>, out: &mut Vec<u8>| -> std::io::Result<()> {
             if conn.is_none() {
@@ -628,13 +629,14 @@ impl Link2 {
             };
             c.write_all(request)?;
             let start = out.len();
+            let mut framer = Framer::new(ReplyKind::Retrieval);
             let mut chunk = [0u8; 16 * 1024];
             loop {
-                let reply = &out[start..];
-                let done = reply.ends_with(b"END\r\n")
-                    || (!reply.starts_with(b"VALUE ") && reply.ends_with(b"\r\n"));
-                if done {
-                    return Ok(());
+                match framer.reply_len(&out[start..]) {
+                    Ok(Some(len)) if start + len == out.len() => return Ok(()),
+                    // More than one reply: the connection is out of step.
+                    Ok(Some(_)) | Err(_) => return Err(ErrorKind::InvalidData.into()),
+                    Ok(None) => {}
                 }
                 let n = c.read(&mut chunk)?;
                 if n == 0 {
