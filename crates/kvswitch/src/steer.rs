@@ -77,9 +77,27 @@ pub fn rule_sink(
         "priority": 1000,
         "actions": [{ "set_ipv4_src": vip.to_string() }],
     });
-    client
-        .call("POST", "/api/v1/tables/acl/entries", Some(&replies))
-        .context("adding the acl entry for the cache node's replies")?;
+    // A cache node that starts again finds its reply entry there, and its old steering
+    // entries, which lead to a node that holds nothing now: those go.
+    let acl = entries(&client, "acl")?;
+    // (Listed with the switch's own goto on to the program after its action.)
+    let ours =
+        |e: &Value| e["match"] == replies["match"] && e["actions"][0] == replies["actions"][0];
+    if !acl.iter().any(ours) {
+        client
+            .call("POST", "/api/v1/tables/acl/entries", Some(&replies))
+            .context("adding the acl entry for the cache node's replies")?;
+    }
+    let mine = json!({ "set_ipv4_dst": cache.ip().to_string() });
+    for old in entries(&client, switch::control::STEER)? {
+        if old["actions"][0] == mine {
+            let id = old["id"].as_u64().unwrap_or_default();
+            let path = format!("/api/v1/tables/{}/entries/{id}", switch::control::STEER);
+            client
+                .call("DELETE", &path, None)
+                .context("removing a steering entry left from before")?;
+        }
+    }
     let mut steer = Steer {
         client,
         hash,
@@ -88,6 +106,26 @@ pub fn rule_sink(
         entries: HashMap::new(),
     };
     Ok(Some(Box::new(move |changes| steer.apply(changes))))
+}
+
+/// Every entry of `table`, page by page.
+fn entries(client: &Client, table: &str) -> anyhow::Result<Vec<Value>> {
+    let mut all = Vec::new();
+    let mut after = String::new();
+    loop {
+        let page = client
+            .call(
+                "GET",
+                &format!("/api/v1/tables/{table}/entries{after}"),
+                None,
+            )
+            .with_context(|| format!("listing the switch's {table} entries"))?;
+        all.extend(page["entries"].as_array().cloned().unwrap_or_default());
+        match page["next"].as_u64() {
+            Some(next) => after = format!("?after={next}"),
+            None => return Ok(all),
+        }
+    }
 }
 
 /// The cache node's entries in `kv_steer`, by key hash (keys whose hashes collide share one).

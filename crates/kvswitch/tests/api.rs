@@ -895,6 +895,14 @@ fn a_cache_nodes_rules_steer_reads_of_its_keys_through_the_api() {
     assert_eq!(listed["entries"][0]["actions"][1]["interface"], 6);
     sink(vec![Change::Remove(key("a"))]).unwrap();
     assert_eq!(entries(&c)["entries"].as_array().unwrap().len(), 1);
+    // Started again: its reply entry is kept, not added twice, and its old steering entries
+    // (to a node that holds nothing now) are gone.
+    drop(sink);
+    let again = kvswitch::steer::rule_sink(&steer, "10.0.1.9:11211".parse().unwrap()).unwrap();
+    assert!(again.is_some());
+    let acl = c.call("GET", "/api/v1/tables/acl/entries", None).unwrap();
+    assert_eq!(acl["entries"].as_array().unwrap().len(), 1, "{acl}");
+    assert_eq!(entries(&c)["entries"].as_array().unwrap().len(), 0);
     // Without a switch, no sink; with one but no interface, a clear refusal.
     let none = kvswitch::steer::SteerArgs {
         switch_api: None,
