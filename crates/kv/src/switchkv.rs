@@ -128,20 +128,20 @@ impl Backend {
     }
 
     /// The cache node renews its leases on `keys` (granted at `granted`); keys the backend
-    /// does not count as cached are left alone (the cache node must fetch them again).
-    /// Returns how many were renewed.
+    /// does not count as cached are left alone (the cache node must drop them, and fetch them
+    /// again to serve them). Returns the keys renewed.
     pub fn renew<'k>(
         &mut self,
         keys: impl IntoIterator<Item = &'k [u8]>,
         granted: Instant,
-    ) -> usize {
+    ) -> Vec<&'k [u8]> {
         let end = granted + self.cfg.lease;
-        let mut renewed = 0;
+        let mut renewed = Vec::new();
         for key in keys {
             if let Some(at) = self.cached.get_mut(key) {
                 if *at > granted {
                     *at = (*at).max(end);
-                    renewed += 1;
+                    renewed.push(key);
                 }
             }
         }
@@ -375,9 +375,42 @@ impl CacheNode {
         }
     }
 
+    /// `keys` were not renewed: their backend no longer counts them as cached (it restarted,
+    /// or their lease had ended there). They are dropped; a later report may admit them again,
+    /// and their fetch grants a new lease.
+    pub fn refused(&mut self, keys: &[Box<[u8]>], now: Instant) {
+        for key in keys {
+            self.cache.evict(key, now);
+        }
+        self.forget_evicted();
+    }
+
+    /// `backend` started afresh: it holds no lease and perhaps none of its values. Every key
+    /// of it is dropped.
+    pub fn reset(&mut self, backend: usize, now: Instant) {
+        let keys: Vec<Box<[u8]>> = self
+            .backend
+            .iter()
+            .filter(|(_, &b)| b == backend)
+            .map(|(k, _)| k.clone())
+            .collect();
+        self.refused(&keys, now);
+    }
+
     /// The switch rule changes released at `now` (installs before removals, under the rule
-    /// budget), in order; also ends the load segment when it is due.
+    /// budget), in order; also ends the load segment when it is due, and drops the keys whose
+    /// lease has ended (a key that cannot be served must not keep its rule, and its next
+    /// admission fetches it again).
     pub fn poll(&mut self, now: Instant) -> Vec<crate::rules::Change<Box<[u8]>>> {
+        let ended: Vec<Box<[u8]>> = self
+            .granted
+            .iter()
+            .filter(|(_, &end)| end <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        if !ended.is_empty() {
+            self.refused(&ended, now);
+        }
         self.cache.roll(now);
         self.cache.poll_rules(now);
         self.forget_evicted();
@@ -462,12 +495,12 @@ mod tests {
         let lease = b.config().lease;
         assert_eq!(b.cached_until(b"k", t0), Some(t0 + lease));
         let half = t0 + lease / 2;
-        assert_eq!(b.renew([&b"k"[..], b"unknown"], half), 1);
+        assert_eq!(b.renew([&b"k"[..], b"unknown"], half), [&b"k"[..]]);
         assert_eq!(b.cached_until(b"k", half), Some(half + lease));
         // Past its lease the key is no longer cached, and a late renewal does not revive it.
         let late = half + lease;
         assert_eq!(b.cached_until(b"k", late), None);
-        assert_eq!(b.renew([&b"k"[..]], late), 0);
+        assert!(b.renew([&b"k"[..]], late).is_empty());
         assert!(!b.is_cached(b"k", late));
         b.grant(b"j", late);
         b.evict(b"j");
@@ -517,6 +550,38 @@ mod tests {
         n.renewed(&[b"a".to_vec().into()], t0 + Duration::from_millis(900));
         assert!(n.serve(1, b"a", end + Duration::from_millis(1)).is_some());
         assert!(n.serve(1, b"a", t0 + Duration::from_millis(2701)).is_none());
+    }
+
+    #[test]
+    fn refused_renewals_resets_and_ended_leases_drop_keys_and_their_rules() {
+        let t0 = Instant::from_secs(10);
+        let mut n = node(t0);
+        for f in n.report(1, &[(&b"a"[..], 50.0), (&b"b"[..], 40.0)], t0) {
+            n.fetched(f, Some(value(b"v")), t0);
+        }
+        n.poll(t0);
+        // A renewal the backend refused: the key goes, with its rule.
+        n.refused(&[b"a".to_vec().into()], t0);
+        assert_eq!(n.serve(1, b"a", t0), None);
+        let changes = n.poll(t0 + Duration::from_millis(10));
+        assert!(
+            changes
+                .iter()
+                .any(|c| matches!(c, crate::rules::Change::Remove(k) if &**k == b"a")),
+            "{changes:?}"
+        );
+        // A report admits it again and fetches it: a new lease.
+        assert_eq!(n.report(1, &[(&b"a"[..], 60.0)], t0).len(), 1);
+        // The backend restarted: all its keys go.
+        n.reset(1, t0);
+        assert!(n.cached().is_empty(), "{:?}", n.cached());
+        // A lease that ends unrenewed drops its key at the next poll.
+        let f = n.report(0, &[(&b"c"[..], 50.0)], t0).remove(0);
+        n.fetched(f, Some(value(b"v")), t0);
+        n.poll(t0);
+        assert_eq!(n.cached().len(), 1);
+        n.poll(t0 + Duration::from_millis(1801));
+        assert!(n.cached().is_empty());
     }
 
     #[test]

@@ -230,10 +230,11 @@ impl BackendRole {
         store: Arc<Store>,
         stop: Arc<AtomicBool>,
     ) -> anyhow::Result<(Arc<BackendRole>, Vec<thread::JoinHandle<()>>)> {
+        let control_port = control.local_addr()?.port();
+        announce_start(cache, control_port, cfg.lease);
         let clock = Clock(Instant::now());
         let state = Backend::new(cfg, clock.now()).map_err(|e| anyhow::anyhow!("{e}"))?;
         let (tx, rx) = mpsc::channel();
-        let control_port = control.local_addr()?.port();
         let role = Arc::new(BackendRole {
             control_port,
             clock,
@@ -322,8 +323,11 @@ impl BackendRole {
                 None => reply(&Message::Miss),
             },
             Message::Renew(keys) => {
-                lock(&self.state).renew(keys.iter().copied(), now);
-                reply(&Message::Ok)
+                let renewed = lock(&self.state).renew(keys.iter().copied(), now);
+                match renewed.len() == keys.len() {
+                    true => reply(&Message::Ok),
+                    false => reply(&Message::Renewed(renewed)),
+                }
             }
             Message::Evict(key) => {
                 lock(&self.state).evict(key);
@@ -396,6 +400,33 @@ impl Hooks for BackendRole {
                 self.tell(&key, store);
             }
         }
+    }
+}
+
+/// Tells the cache node at `cache` that the backend whose control port is `port` starts
+/// afresh, so that it drops every key it had from it (values a restart lost, leases nobody
+/// keeps now). Returns once that is acknowledged, or once a whole lease has passed, when every
+/// lease an earlier run of this backend granted has ended. The backend serves nothing before.
+fn announce_start(cache: SocketAddr, port: u16, lease: Duration) {
+    let until = Instant::now() + lease;
+    let mut link = Link::new(cache);
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            tracing::info!(%cache, "cache node did not acknowledge the start; a lease has passed");
+            return;
+        }
+        let acked = matches!(
+            link.call(&Message::Reset(port), left.min(CALL_WAIT))
+                .ok()
+                .as_deref()
+                .map(proto::parse),
+            Some(Ok(Some((Message::Ok, _))))
+        );
+        if acked {
+            return;
+        }
+        thread::sleep(TICK.min(until.saturating_duration_since(Instant::now())));
     }
 }
 
@@ -544,8 +575,13 @@ impl CacheRole {
                 lock(&self.state).update(key, None, now);
                 reply(&Message::Ok)
             }
+            Message::Reset(port) => {
+                let b = self.backend(SocketAddr::new(ip, *port));
+                lock(&self.state).reset(b, now);
+                reply(&Message::Ok)
+            }
             _ => reply(&Message::Error(
-                b"a cache node takes report, hot, update and delete",
+                b"a cache node takes report, hot, update, delete and reset",
             )),
         }
     }
@@ -569,9 +605,8 @@ impl CacheRole {
                 data: item.data.into(),
                 key_base64: None,
             }),
-            Ok(Ok(Some((Message::Miss, _)))) => None,
-            // No answer: try again at the next report.
-            _ => return,
+            // No value, or no answer: the key goes, and a later report admits it again.
+            _ => None,
         };
         lock(&self.state).fetched(fetch, value, asked);
     }
@@ -581,33 +616,38 @@ impl CacheRole {
         let asked = self.clock.now();
         let due = lock(&self.state).renewals(asked);
         for (b, keys) in due {
-            let ok = {
+            let answer = {
                 let mut all = lock(&self.backends);
                 let Some((_, link)) = all.get_mut(b) else {
                     continue;
                 };
                 let names: Vec<&[u8]> = keys.iter().map(|k| &**k).collect();
-                matches!(
-                    link.call(&Message::Renew(names), CALL_WAIT)
-                        .ok()
-                        .as_deref()
-                        .map(proto::parse),
-                    Some(Ok(Some((Message::Ok, _))))
-                )
+                link.call(&Message::Renew(names), CALL_WAIT)
             };
-            if ok {
-                lock(&self.state).renewed(&keys, asked);
-            }
+            // No answer: the leases run out unless a later try gets one.
+            let Ok(answer) = answer else {
+                continue;
+            };
+            let (renewed, refused): (Vec<Box<[u8]>>, Vec<Box<[u8]>>) = match proto::parse(&answer) {
+                Ok(Some((Message::Ok, _))) => (keys, Vec::new()),
+                Ok(Some((Message::Renewed(some), _))) => {
+                    keys.into_iter().partition(|k| some.contains(&&**k))
+                }
+                _ => (Vec::new(), keys),
+            };
+            let mut state = lock(&self.state);
+            state.renewed(&renewed, asked);
+            state.refused(&refused, asked);
         }
     }
 
     /// Sends `request` to the upstream (the switch's VIP over TCP, whose proxy routes it to
     /// the key's backend) and appends its reply.
-    fn forward(&self, request: &[u8], out: &mut Vec<u8>) -> bool {
+    fn forward(&self, request: &Request<'_>, out: &mut Vec<u8>) -> bool {
         let mut pool = lock(&self.forward);
         let mut link = pool.pop().unwrap_or(Upstream { conn: None });
         drop(pool);
-        let ok = link.get(self.upstream, request, out);
+        let ok = link.call(self.upstream, request, out);
         if ok {
             lock(&self.forward).push(link);
         }
@@ -615,8 +655,20 @@ impl CacheRole {
     }
 }
 
+/// A binary no-op request: sent after a quiet get, whose miss has no reply, so that its reply
+/// (or the no-op's alone) ends the exchange.
+const BINARY_NOOP: [u8; wire::memcache::binary::HEADER_LEN] = {
+    let mut h = [0u8; wire::memcache::binary::HEADER_LEN];
+    h[0] = wire::memcache::binary::REQUEST_MAGIC;
+    h[1] = wire::memcache::binary::opcode::NOOP;
+    h
+};
+
 impl Upstream {
-    fn get(&mut self, to: SocketAddr, request: &[u8], out: &mut Vec<u8>) -> bool {
+    /// Sends `request` to `to` and appends its whole reply, framed as memcached answers it.
+    fn call(&mut self, to: SocketAddr, request: &Request<'_>, out: &mut Vec<u8>) -> bool {
+        let quiet = matches!(request.command, Command::Binary(op) if wire::memcache::binary::opcode::is_quiet(op));
+        let kind = ReplyKind::of(request);
         let attempt = |conn: &mut Option<TcpStream>, out: &mut Vec<u8>| -> std::io::Result<()> {
             if conn.is_none() {
                 let c = TcpStream::connect_timeout(&to, CALL_WAIT)?;
@@ -627,13 +679,31 @@ impl Upstream {
             let Some(c) = conn.as_mut() else {
                 return Err(ErrorKind::NotConnected.into());
             };
-            c.write_all(request)?;
-            let start = out.len();
-            let mut framer = Framer::new(ReplyKind::Retrieval);
+            let mut sent = request.bytes().to_vec();
+            if quiet {
+                sent.extend_from_slice(&BINARY_NOOP);
+            }
+            c.write_all(&sent)?;
+            let mut start = out.len();
+            let mut framer = Framer::new(kind);
             let mut chunk = [0u8; 16 * 1024];
             loop {
                 match framer.reply_len(&out[start..]) {
-                    Ok(Some(len)) if start + len == out.len() => return Ok(()),
+                    Ok(Some(len)) if !quiet && start + len == out.len() => return Ok(()),
+                    Ok(Some(len)) if quiet && start + len <= out.len() => {
+                        // The no-op's reply ends it, and is not the client's.
+                        let op = out[start + 1];
+                        if op == wire::memcache::binary::opcode::NOOP {
+                            if start + len != out.len() {
+                                return Err(ErrorKind::InvalidData.into());
+                            }
+                            out.truncate(start);
+                            return Ok(());
+                        }
+                        start += len;
+                        framer = Framer::new(kind);
+                        continue;
+                    }
                     // More than one reply: the connection is out of step.
                     Ok(Some(_)) | Err(_) => return Err(ErrorKind::InvalidData.into()),
                     Ok(None) => {}
@@ -646,23 +716,43 @@ impl Upstream {
             }
         };
         let start = out.len();
-        match attempt(&mut self.conn, out) {
-            Ok(()) => true,
-            Err(_) => {
-                self.conn = None;
-                out.truncate(start);
-                false
+        // A kept connection may have been closed by the other end meanwhile (a restarted
+        // backend): a read is sent again once on a new one.
+        let tries = if self.conn.is_some() { 2 } else { 1 };
+        for _ in 0..tries {
+            match attempt(&mut self.conn, out) {
+                Ok(()) => return true,
+                Err(_) => {
+                    self.conn = None;
+                    out.truncate(start);
+                }
             }
         }
+        false
     }
 }
 
 impl Hooks for CacheRole {
-    /// A text `get` whose keys are all served under a lease is answered here; any other get
-    /// goes on to the upstream, and other requests (a cache node takes no writes) are refused.
+    /// A text `get` whose keys are all served under a lease is answered here; any other read
+    /// (a get of a key it does not hold, `gets`, `mg`, the binary gets) goes on to the
+    /// upstream. Writes are refused: a cache node's values come from its backends. The rest
+    /// (`version`, `mn`, `stats`, ...) the node answers as any node does.
     fn answer(&self, request: &Request<'_>, _: &Store, out: &mut Vec<u8>) -> bool {
-        if !matches!(request.command, Command::Get) {
-            out.extend_from_slice(b"SERVER_ERROR a cache node only serves get\r\n");
+        let command = request.command;
+        if command.is_write() && !command.is_retrieval() {
+            out.extend_from_slice(
+                b"SERVER_ERROR a cache node takes no writes; send them to the key's backend\r\n",
+            );
+            return true;
+        }
+        if !command.is_retrieval() {
+            return false;
+        }
+        if command != Command::Get {
+            bump(&self.counters.forwarded);
+            if !self.forward(request, out) {
+                out.extend_from_slice(b"SERVER_ERROR the key's backend did not answer\r\n");
+            }
             return true;
         }
         let now = self.clock.now();
@@ -692,7 +782,7 @@ impl Hooks for CacheRole {
             return true;
         }
         bump(&self.counters.forwarded);
-        if !self.forward(request.bytes(), out) {
+        if !self.forward(request, out) {
             out.extend_from_slice(b"SERVER_ERROR the key's backend did not answer\r\n");
         }
         true

@@ -40,7 +40,10 @@ pub(crate) fn spawn(listener: TcpListener, shared: Arc<Shared>) -> anyhow::Resul
 }
 
 fn accept(listener: TcpListener, shared: Arc<Shared>) {
+    // Joined when the node stops, so that no connection outlives it.
+    let mut connections: Vec<JoinHandle<()>> = Vec::new();
     while !shared.stopping() {
+        connections.retain(|c| !c.is_finished());
         match listener.accept() {
             Ok((stream, _)) => {
                 let counters = &shared.store.counters;
@@ -57,9 +60,12 @@ fn accept(listener: TcpListener, shared: Arc<Shared>) {
                 let spawned = thread::Builder::new()
                     .name("node-conn".into())
                     .spawn(move || serve(stream, &thread_shared));
-                if let Err(e) = spawned {
-                    counters.curr_connections.fetch_sub(1, Ordering::Relaxed);
-                    tracing::warn!("failed to start a connection thread: {e}");
+                match spawned {
+                    Ok(c) => connections.push(c),
+                    Err(e) => {
+                        counters.curr_connections.fetch_sub(1, Ordering::Relaxed);
+                        tracing::warn!("failed to start a connection thread: {e}");
+                    }
                 }
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock => thread::sleep(Duration::from_millis(5)),
@@ -68,6 +74,10 @@ fn accept(listener: TcpListener, shared: Arc<Shared>) {
                 thread::sleep(POLL);
             }
         }
+    }
+    drop(listener);
+    for c in connections {
+        let _ = c.join();
     }
 }
 

@@ -6,7 +6,10 @@
 //!   node, and its switch rule is handed out;
 //! - a write to it at the backend reaches the cache node before the backend answers, so the
 //!   cache node never serves the value it replaced; a delete too;
-//! - with the cache node gone, a write to a key it held is answered once the lease has run out.
+//! - with the cache node gone, a write to a key it held is answered once the lease has run out;
+//! - a backend that starts again (its values and leases lost) makes its cache node drop its
+//!   keys before it serves anything; reads the cache node does not answer itself (gets, mg,
+//!   a quiet binary get) reach the backend, writes are refused.
 
 mod common;
 
@@ -156,5 +159,121 @@ fn a_hot_key_is_served_by_the_cache_node_and_kept_coherent_with_writes() {
     assert_eq!(
         call(&mut to_backend, "get hot\r\n"),
         "VALUE hot 5 2\r\nv4\r\nEND\r\n"
+    );
+}
+
+/// Reads the cache node answered itself.
+fn served(cache: &Node) -> u64 {
+    cache
+        .cache_counters()
+        .unwrap()
+        .served
+        .load(std::sync::atomic::Ordering::Relaxed)
+}
+
+#[test]
+fn a_restarted_backend_makes_its_cache_node_drop_its_keys_and_other_reads_are_forwarded() {
+    let cache_control = free_port();
+    let backend_control = free_port();
+    let backend_port = free_port();
+    let backend_args = NodeArgs {
+        listen: format!("127.0.0.1:{backend_port}").parse().unwrap(),
+        no_udp: true,
+        role: Role::Backend,
+        control_port: backend_control,
+        cache_node: Some(format!("127.0.0.1:{cache_control}").parse().unwrap()),
+        lease_ms: 60_000,
+        ..NodeArgs::default()
+    };
+    let cache = Node::start_with(
+        &NodeArgs {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            no_udp: true,
+            role: Role::Cache,
+            control_port: cache_control,
+            upstream: Some(backend_args.listen),
+            lease_ms: 60_000,
+            rule_rate: 0,
+            ..NodeArgs::default()
+        },
+        None,
+    )
+    .unwrap();
+    // With the cache node up, the backend's start is acknowledged at once, long before the
+    // minute a lease lasts.
+    let started = Instant::now();
+    let backend = Node::start(&backend_args).unwrap();
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let mut to_backend = connect(backend.tcp_addr().unwrap());
+    let mut to_cache = connect(cache.tcp_addr().unwrap());
+    let call = |stream: &mut std::net::TcpStream, request: &[u8]| {
+        text(&exchange(stream, request, line_or_end))
+    };
+    assert_eq!(
+        call(&mut to_backend, b"set k 0 0 2\r\nv1\r\n"),
+        "STORED\r\n"
+    );
+    for _ in 0..20 {
+        call(&mut to_backend, b"get k\r\n");
+    }
+    let started = Instant::now();
+    while served(&cache) == 0 {
+        assert!(started.elapsed() < Duration::from_secs(5), "never cached");
+        assert_eq!(
+            call(&mut to_cache, b"get k\r\n"),
+            "VALUE k 0 2\r\nv1\r\nEND\r\n"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Reads it does not serve itself go on to the backend; writes are refused; the rest is
+    // answered as any node answers it.
+    let gets = call(&mut to_cache, b"gets k\r\n");
+    assert!(
+        gets.starts_with("VALUE k 0 2 ") && gets.ends_with("\r\nv1\r\nEND\r\n"),
+        "{gets}"
+    );
+    let mg = exchange(&mut to_cache, b"mg k v\r\n", |r| r.ends_with(b"\r\nv1\r\n"));
+    assert_eq!(text(&mg), "VA 2\r\nv1\r\n");
+    // A quiet binary get that misses has no reply of its own: the cache node still answers.
+    let mut getq = vec![0x80, 0x09, 0, 4, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 7];
+    getq.extend_from_slice(&[0; 8]);
+    getq.extend_from_slice(b"none");
+    let mut hit = getq.clone();
+    hit[3] = 1;
+    hit[11] = 1;
+    hit[15] = 8;
+    hit.truncate(24);
+    hit.push(b'k');
+    let miss_then_hit = [getq, hit].concat();
+    let replies = exchange(&mut to_cache, &miss_then_hit[..28], |r| r.is_empty());
+    assert!(replies.is_empty(), "a quiet miss has no reply: {replies:?}");
+    let replies = exchange(&mut to_cache, &miss_then_hit[28..], |r| {
+        r.len() >= 24 + 4 + 2
+    });
+    assert_eq!(
+        replies.len(),
+        24 + 4 + 2,
+        "the hit's reply alone: {replies:?}"
+    );
+    assert_eq!((replies[1], replies[15]), (0x09, 8), "{replies:?}");
+    assert_eq!(&replies[replies.len() - 2..], b"v1");
+    assert!(call(&mut to_cache, b"set k 0 0 1\r\nx\r\n").starts_with("SERVER_ERROR"));
+    assert!(call(&mut to_cache, b"version\r\n").starts_with("VERSION "));
+
+    // The backend restarts and lost its values; the cache node must not serve the old one.
+    drop(to_backend);
+    drop(backend);
+    let backend = Node::start(&backend_args).unwrap();
+    let mut to_backend = connect(backend.tcp_addr().unwrap());
+    let before = served(&cache);
+    assert_eq!(call(&mut to_cache, b"get k\r\n"), "END\r\n");
+    assert_eq!(served(&cache), before, "served after its backend restarted");
+    assert_eq!(
+        call(&mut to_backend, b"set k 0 0 2\r\nv2\r\n"),
+        "STORED\r\n"
+    );
+    assert_eq!(
+        call(&mut to_cache, b"get k\r\n"),
+        "VALUE k 0 2\r\nv2\r\nEND\r\n"
     );
 }

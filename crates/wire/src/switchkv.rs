@@ -11,12 +11,17 @@
 //!   key with its load (thousandths of a request per second) and value; reply `ok` (cached:
 //!   the backend holds a lease for it) or `no`;
 //! - `update <key> <flags> <bytes>\r\n<data>\r\n` and `delete <key>\r\n`: a write to a cached
-//!   key, sent before the backend answers its client; reply `ok`.
+//!   key, sent before the backend answers its client; reply `ok`;
+//! - `reset <port>`: the backend started and holds no leases (nor, perhaps, the values it
+//!   had): the cache node drops every key of it; reply `ok`. A backend serves nothing before
+//!   this is acknowledged or a whole lease has passed.
 //!
 //! Cache node to backend:
 //! - `fetch <key>\r\n`: the value of a key the cache admits, which the backend then counts as
 //!   cached under a lease; reply `value <flags> <bytes>\r\n<data>\r\n` or `miss`;
-//! - `renew <n>\r\n` and `n` lines `<key>\r\n`: extend the leases of cached keys; reply `ok`;
+//! - `renew <n>\r\n` and `n` lines `<key>\r\n`: extend the leases of cached keys; reply `ok`
+//!   when every one was extended, else `renewed <m>\r\n` and the `m` keys that were (the
+//!   others the backend no longer counts as cached);
 //! - `evict <key>\r\n`: the key left the cache (or was not taken); reply `ok`.
 //!
 //! Either side may reply `error <text>\r\n` to a request it cannot take.
@@ -48,8 +53,12 @@ pub enum Message<'a> {
     Fetch(&'a [u8]),
     Renew(Vec<&'a [u8]>),
     Evict(&'a [u8]),
+    /// The backend's control port.
+    Reset(u16),
     /// Replies.
     Ok,
+    /// The keys of a renewal whose leases were extended, when not all were.
+    Renewed(Vec<&'a [u8]>),
     No,
     Miss,
     Value(Item<'a>),
@@ -111,6 +120,7 @@ pub fn parse(buf: &[u8]) -> Result<Option<(Message<'_>, usize)>, ProtoError> {
         b"delete" => Message::Delete(key(next("key")?)?),
         b"fetch" => Message::Fetch(key(next("key")?)?),
         b"evict" => Message::Evict(key(next("key")?)?),
+        b"reset" => Message::Reset(port(next("port")?)?),
         b"hot" | b"update" | b"value" => {
             let port = match command {
                 b"hot" => port(next("port")?)?,
@@ -148,7 +158,7 @@ pub fn parse(buf: &[u8]) -> Result<Option<(Message<'_>, usize)>, ProtoError> {
                 _ => Message::Value(item),
             }
         }
-        b"report" | b"renew" => {
+        b"report" | b"renew" | b"renewed" => {
             let from = match command {
                 b"report" => port(next("port")?)?,
                 _ => 0,
@@ -175,7 +185,8 @@ pub fn parse(buf: &[u8]) -> Result<Option<(Message<'_>, usize)>, ProtoError> {
             }
             match command {
                 b"report" => Message::Report(from, loads),
-                _ => Message::Renew(keys),
+                b"renew" => Message::Renew(keys),
+                _ => Message::Renewed(keys),
             }
         }
         other => {
@@ -274,8 +285,13 @@ pub fn write(message: &Message<'_>, out: &mut Vec<u8>) {
                 out.extend_from_slice(format!(" {}\r\n", milli(*load)).as_bytes());
             }
         }
-        Message::Renew(keys) => {
-            out.extend_from_slice(format!("renew {}\r\n", keys.len()).as_bytes());
+        Message::Reset(port) => out.extend_from_slice(format!("reset {port}\r\n").as_bytes()),
+        Message::Renew(keys) | Message::Renewed(keys) => {
+            let command = match message {
+                Message::Renew(_) => "renew",
+                _ => "renewed",
+            };
+            out.extend_from_slice(format!("{command} {}\r\n", keys.len()).as_bytes());
             for k in keys {
                 out.extend_from_slice(k);
                 out.extend_from_slice(b"\r\n");
@@ -326,6 +342,9 @@ mod tests {
             Message::Fetch(b"k"),
             Message::Renew(vec![&b"a"[..], &b"b"[..]]),
             Message::Evict(b"k"),
+            Message::Reset(11311),
+            Message::Renewed(vec![&b"a"[..]]),
+            Message::Renewed(Vec::new()),
             Message::Ok,
             Message::No,
             Message::Miss,
@@ -360,6 +379,8 @@ mod tests {
             b"report 1 10001\r\n",
             b"report 1 1\r\nk nan\r\n",
             b"renew 1\r\n\r\n",
+            b"reset\r\n",
+            b"reset 65536\r\n",
         ];
         for b in bad {
             assert!(parse(b).is_err(), "{:?}", String::from_utf8_lossy(b));
