@@ -628,7 +628,8 @@ impl CacheRole {
             let Ok(answer) = answer else {
                 continue;
             };
-            let (renewed, refused): (Vec<Box<[u8]>>, Vec<Box<[u8]>>) = match proto::parse(&answer) {
+            type Keys = Vec<Box<[u8]>>;
+            let (renewed, refused): (Keys, Keys) = match proto::parse(&answer) {
                 Ok(Some((Message::Ok, _))) => (keys, Vec::new()),
                 Ok(Some((Message::Renewed(some), _))) => {
                     keys.into_iter().partition(|k| some.contains(&&**k))
