@@ -168,11 +168,21 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
                     Some(p) => testbed::Topology::from_file(p)?,
                     None => testbed::Topology::default_topology(),
                 };
+                let bin = std::env::current_exe()?;
+                // SwitchKV: the servers are `kvswitch node` backends of the cache hosts.
+                let servers = match topo.caches().next() {
+                    Some(_) => testbed::ServerProgram::Node {
+                        bin: bin.clone(),
+                        args: Vec::new(),
+                    },
+                    None => testbed::ServerProgram::Memcached,
+                };
                 let opts = testbed::UpOptions {
                     prefix,
-                    kvswitch_bin: Some(std::env::current_exe()?),
+                    kvswitch_bin: Some(bin),
                     state_path: state,
                     start_nutcracker: !no_nutcracker,
+                    servers,
                     ..Default::default()
                 };
                 let live = testbed::up(&topo, &opts)?;

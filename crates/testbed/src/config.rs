@@ -27,6 +27,9 @@ pub fn kvswitch_config(state: &State, pool: Option<&str>, extra: Option<&str>) -
     let _ = writeln!(out, "ports = [{}]", ports.join(", "));
     let _ = writeln!(out, "mode = {:?}", state.mode.as_str());
     let _ = writeln!(out, "api = \"{}\"", state.api);
+    if let Some(token) = &state.api_token_file {
+        let _ = writeln!(out, "api_token_file = {:?}", token.display().to_string());
+    }
     // Every host's address is accepted on its own port only: what a switch exposed to
     // untrusted hosts should run with, and so what the tests and benchmarks run with.
     let _ = writeln!(out, "source_check = true");

@@ -86,8 +86,13 @@ pub struct UpOptions {
     /// Run kvswitch's TCP proxy behind the local port. Default true; false leaves the VIP's
     /// port in the root namespace to another program (a test's own listener, nutcracker).
     pub proxy: bool,
-    /// What the servers run. Default memcached.
+    /// What the servers run. Default memcached. With cache hosts in the topology the servers
+    /// must run `kvswitch node`, which `up` makes SwitchKV backends of the cache nodes (each
+    /// server of one, in turn); give both the same `--lease-ms`.
     pub servers: ServerProgram,
+    /// Appended to the command line of every cache node (`kvswitch node --role cache`), such
+    /// as `--lease-ms`, `--cache-items` and `--rule-rate`.
+    pub cache_args: Vec<String>,
 }
 
 /// The program every server host runs on port 11211 (TCP and UDP).
@@ -115,6 +120,7 @@ impl Default for UpOptions {
             local_port: true,
             proxy: true,
             servers: ServerProgram::Memcached,
+            cache_args: Vec::new(),
         }
     }
 }
@@ -180,27 +186,42 @@ impl Live {
         in_netns(&h.netns, f)
     }
 
-    /// Kills the program serving on `host` (memcached, or `kvswitch node`) with SIGKILL, as a
-    /// crash would, and waits until it is gone; the host's namespace and link stay. Only the
-    /// PID `up` recorded for it is signalled, and only while it runs the recorded command
-    /// line. Returns that PID. Fails for a host that is not a server, or whose program is no
-    /// longer running.
+    /// Kills the program serving on `host` (memcached or `kvswitch node` on a server, the
+    /// cache node on a cache host) with SIGKILL, as a crash would, and waits until it is gone;
+    /// the host's namespace and link stay. Only the PID `up` recorded for it is signalled, and
+    /// only while it runs the recorded command line. Returns that PID. Fails for a client, or
+    /// a host whose program is no longer running.
     pub fn kill_server(&self, host: &str) -> anyhow::Result<u32> {
-        let h = self
-            .host(host)
-            .filter(|h| h.role == Role::Server)
-            .ok_or_else(|| {
-                anyhow::anyhow!("no server {host:?} in testbed {:?}", self.state.prefix)
-            })?;
-        let record = self
-            .state
-            .procs
-            .iter()
-            .find(|p| p.netns.as_deref() == Some(h.netns.as_str()) && h.pids.contains(&p.pid))
-            .ok_or_else(|| anyhow::anyhow!("no process recorded on server {host:?}"))?;
+        let record = self.program_of(host)?;
         process::kill(record.pid, &record.argv)
             .with_context(|| format!("killing {} on {host:?}", record.what))?;
         Ok(record.pid)
+    }
+
+    /// Stops the program serving on `host` with SIGSTOP (`stop`), as a process that hangs
+    /// would, or lets it go on with SIGCONT. Same checks as [`Live::kill_server`].
+    pub fn pause_server(&self, host: &str, stop: bool) -> anyhow::Result<u32> {
+        let record = self.program_of(host)?;
+        process::pause(record.pid, &record.argv, stop)
+            .with_context(|| format!("signalling {} on {host:?}", record.what))?;
+        Ok(record.pid)
+    }
+
+    /// The live program `up` (or a restart) started on server or cache host `host`.
+    fn program_of(&self, host: &str) -> anyhow::Result<state::ProcRecord> {
+        let h = self
+            .host(host)
+            .filter(|h| matches!(h.role, Role::Server | Role::Cache))
+            .ok_or_else(|| {
+                anyhow::anyhow!("no server {host:?} in testbed {:?}", self.state.prefix)
+            })?;
+        self.state
+            .procs
+            .iter()
+            .rev()
+            .find(|p| p.netns.as_deref() == Some(h.netns.as_str()) && h.pids.contains(&p.pid))
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("no process recorded on server {host:?}"))
     }
 
     /// Starts the program of server `host` again, after [`Live::kill_server`]: the command
@@ -211,7 +232,7 @@ impl Live {
             .state
             .hosts
             .iter()
-            .position(|h| h.name == host && h.role == Role::Server)
+            .position(|h| h.name == host && matches!(h.role, Role::Server | Role::Cache))
             .ok_or_else(|| {
                 anyhow::anyhow!("no server {host:?} in testbed {:?}", self.state.prefix)
             })?;

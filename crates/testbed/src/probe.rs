@@ -12,14 +12,36 @@ const IO_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// `GET path` over HTTP/1.0; returns the status code and the body.
 pub fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    http(addr, "GET", path, None, None)
+}
+
+/// `method path` over HTTP/1.0, with the API token as a bearer token and a JSON body when
+/// given; returns the status code and the body.
+pub fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+) -> anyhow::Result<(u16, String)> {
     let mut s = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
         .with_context(|| format!("connecting to {addr}"))?;
     s.set_read_timeout(Some(IO_TIMEOUT))?;
     s.set_write_timeout(Some(IO_TIMEOUT))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
+    let mut head = format!("{method} {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n");
+    if let Some(token) = token {
+        head.push_str(&format!("Authorization: Bearer {token}\r\n"));
+    }
+    let body = body.unwrap_or_default();
+    if !body.is_empty() {
+        head.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            body.len()
+        ));
+    }
+    head.push_str("\r\n");
+    head.push_str(body);
+    s.write_all(head.as_bytes())?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw)
         .with_context(|| format!("reading HTTP response from {addr}"))?;

@@ -144,6 +144,15 @@ pub fn kill(pid: u32, argv: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Stops (`SIGSTOP`) or continues (`SIGCONT`) `pid`, only while it runs `argv`.
+pub fn pause(pid: u32, argv: &[String], stop: bool) -> anyhow::Result<()> {
+    if pid <= 1 || !runs(pid, argv) {
+        anyhow::bail!("pid {pid} does not run `{}`", argv.join(" "));
+    }
+    signal(pid, if stop { libc::SIGSTOP } else { libc::SIGCONT });
+    Ok(())
+}
+
 fn wait_gone(pids: &[u32], limit: Duration) -> Vec<u32> {
     let deadline = Instant::now() + limit;
     loop {

@@ -39,6 +39,10 @@ pub struct State {
     pub hash: String,
     /// kvswitch's HTTP API.
     pub api: SocketAddr,
+    /// The API's token, when the API is reachable from the hosts (a testbed with cache
+    /// nodes): changes need it.
+    #[serde(default)]
+    pub api_token_file: Option<PathBuf>,
     /// This file.
     pub state_path: PathBuf,
     /// Directory holding the generated configs and logs.
@@ -139,5 +143,19 @@ impl State {
 
     pub fn clients(&self) -> impl Iterator<Item = &HostState> {
         self.hosts.iter().filter(|h| h.role == Role::Client)
+    }
+
+    pub fn caches(&self) -> impl Iterator<Item = &HostState> {
+        self.hosts.iter().filter(|h| h.role == Role::Cache)
+    }
+
+    /// The API's token, if it has one.
+    pub fn api_token(&self) -> anyhow::Result<Option<String>> {
+        let Some(path) = &self.api_token_file else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the API token {}", path.display()))?;
+        Ok(Some(text.trim().to_string()))
     }
 }

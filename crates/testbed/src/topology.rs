@@ -75,6 +75,10 @@ pub enum Role {
     Client,
     /// Runs memcached on port 11211, TCP and UDP.
     Server,
+    /// A SwitchKV cache node (`kvswitch node --role cache`) beside the switch: the switch
+    /// steers reads of the keys it holds to it, and the servers (`kvswitch node --role
+    /// backend`) report their hot keys to it. Not in the pool.
+    Cache,
 }
 
 impl Role {
@@ -82,6 +86,7 @@ impl Role {
         match self {
             Role::Client => "client",
             Role::Server => "server",
+            Role::Cache => "cache",
         }
     }
 }
@@ -394,6 +399,10 @@ impl Topology {
     pub fn clients(&self) -> impl Iterator<Item = &Host> {
         self.hosts.iter().filter(|h| h.role == Role::Client)
     }
+
+    pub fn caches(&self) -> impl Iterator<Item = &Host> {
+        self.hosts.iter().filter(|h| h.role == Role::Cache)
+    }
 }
 
 fn validate_host(i: usize, raw: RawHost) -> anyhow::Result<Host> {
@@ -404,15 +413,16 @@ fn validate_host(i: usize, raw: RawHost) -> anyhow::Result<Host> {
     let role = match raw.role.as_deref() {
         Some("client") => Role::Client,
         Some("server") => Role::Server,
+        Some("cache") => Role::Cache,
         Some(other) => bail!(
-            "hosts[{i}].role: unknown role {other:?} for host {name:?} (expected \"client\" or \"server\")"
+            "hosts[{i}].role: unknown role {other:?} for host {name:?} (expected \"client\", \"server\" or \"cache\")"
         ),
         None => bail!("hosts[{i}].role: missing for host {name:?}"),
     };
     let weight = match raw.weight {
         None => 1,
-        Some(w) if role == Role::Client => {
-            bail!("hosts[{i}].weight: {w} given for client {name:?}; only servers have a weight")
+        Some(w) if role != Role::Server => {
+            bail!("hosts[{i}].weight: {w} given for {role} {name:?}; only servers have a weight")
         }
         Some(w) if !(1..=i64::from(u16::MAX)).contains(&w) => {
             bail!("hosts[{i}].weight: {w} is outside 1..=65535")
@@ -421,8 +431,8 @@ fn validate_host(i: usize, raw: RawHost) -> anyhow::Result<Host> {
     };
     let memcached_args = match raw.memcached_args {
         None => Vec::new(),
-        Some(_) if role == Role::Client => {
-            bail!("hosts[{i}].memcached_args: client {name:?} does not run memcached")
+        Some(_) if role != Role::Server => {
+            bail!("hosts[{i}].memcached_args: {role} {name:?} does not run memcached")
         }
         Some(args) => args,
     };

@@ -27,6 +27,10 @@ const KVSWITCH_READY: Duration = Duration::from_secs(10);
 const DAEMON_READY: Duration = Duration::from_secs(5);
 /// Lines of a daemon log quoted in errors.
 const LOG_TAIL: usize = 20;
+/// The longest lease a testbed's backends may wait out before serving (see `start_caches`).
+const BACKEND_LEASE_WAIT: Duration = Duration::from_secs(10);
+/// The SwitchKV control port of `kvswitch node` (its default).
+const CONTROL_PORT: u16 = 11311;
 
 /// Builds the whole testbed and returns its state, or tears down whatever was built and fails.
 pub(crate) fn up(topo: &Topology, opts: &UpOptions) -> anyhow::Result<State> {
@@ -76,11 +80,27 @@ pub(crate) fn up(topo: &Topology, opts: &UpOptions) -> anyhow::Result<State> {
     if matches!(opts.servers, ServerProgram::Node { .. }) && topo.mode != Mode::L3 {
         bail!("servers running `kvswitch node` need mode = \"l3\" (a node listens on its host address only)");
     }
+    let caches = topo.caches().next().is_some();
+    if caches
+        && !(matches!(opts.servers, ServerProgram::Node { .. })
+            && opts.kvswitch_bin.is_some()
+            && opts.local_port
+            && topo.mode == Mode::L3)
+    {
+        bail!(
+            "cache hosts (SwitchKV's cache nodes) need servers running `kvswitch node` (their \
+             backends), kvswitch with its local port (the cache nodes reach its API and proxy \
+             through it) and mode = \"l3\""
+        );
+    }
     if opts.local_port && opts.kvswitch_bin.is_some() {
         check_root_namespace(&topo.subnet)?;
     }
     let api = match opts.api {
         Some(api) => api,
+        // Cache nodes reach the API on the VIP, through the local port: it listens on every
+        // address of the root namespace, with a token.
+        None if caches => SocketAddr::from((Ipv4Addr::UNSPECIFIED, free_port()?.port())),
         None => free_port()?,
     };
 
@@ -260,6 +280,10 @@ fn plan(
         hash: topo.hash.clone(),
         api,
         state_path,
+        api_token_file: topo
+            .caches()
+            .next()
+            .map(|_| work_dir.join("api-token")),
         config_path: work_dir.join("kvswitch.toml"),
         kvswitch_log: work_dir.join("kvswitch.log"),
         work_dir,
@@ -280,21 +304,30 @@ fn build(state: &mut State, topo: &Topology, opts: &UpOptions) -> anyhow::Result
         create_host(state, &h).with_context(|| format!("creating host {:?}", h.name))?;
     }
 
+    // SwitchKV: each server is a backend of one cache node, in turn (SwitchKV section 3.4).
+    let caches: Vec<Ipv4Addr> = state.caches().map(|h| h.ip).collect();
     let mut servers = Vec::new();
     for (i, host) in topo.hosts.iter().enumerate() {
         if host.role == Role::Server {
+            let cache = (!caches.is_empty()).then(|| caches[servers.len() % caches.len()]);
             servers.push((
                 i,
-                start_server(state, i, &host.memcached_args, &opts.servers)?,
+                start_server(state, i, &host.memcached_args, &opts.servers, cache)?,
             ));
         }
     }
+    // A backend serves once its cache node acknowledged its start or a lease has passed; the
+    // cache nodes start after kvswitch, so the backends wait out their lease.
+    let ready = match caches.is_empty() {
+        true => DAEMON_READY,
+        false => DAEMON_READY + BACKEND_LEASE_WAIT,
+    };
     for (i, mut child) in servers {
         let h = &state.hosts[i];
         let addr = SocketAddr::V4(SocketAddrV4::new(h.ip, MEMCACHED_PORT));
         let log = h.log.clone().unwrap_or_default();
         probe::wait_for(
-            DAEMON_READY,
+            ready,
             || exited(&mut child),
             || in_netns(&h.netns, || probe::memcached_version(addr))?,
         )
@@ -319,9 +352,15 @@ fn build(state: &mut State, topo: &Topology, opts: &UpOptions) -> anyhow::Result
         opts.pool_config.as_deref(),
         opts.extra_config.as_deref(),
     );
+    if let Some(path) = state.api_token_file.clone() {
+        write_file(state, &path, &format!("{}\n", new_token()?))?;
+    }
     write_file(state, &state.config_path.clone(), &text)?;
     if let Some(bin) = &opts.kvswitch_bin {
         start_kvswitch(state, bin)?;
+        if !caches.is_empty() {
+            start_caches(state, bin, &opts.cache_args)?;
+        }
     }
 
     state.complete = true;
@@ -405,11 +444,13 @@ fn server_name(program: &ServerProgram) -> &'static str {
     }
 }
 
+/// Starts server `i`'s program; with `cache`, as a SwitchKV backend of the cache node there.
 fn start_server(
     state: &mut State,
     i: usize,
     memcached_args: &[String],
     program: &ServerProgram,
+    cache: Option<Ipv4Addr>,
 ) -> anyhow::Result<Child> {
     let ServerProgram::Node { bin, args } = program else {
         return start_memcached(state, i, memcached_args);
@@ -421,6 +462,14 @@ fn start_server(
         "--listen".to_string(),
         format!("{}:{MEMCACHED_PORT}", h.ip),
     ];
+    if let Some(cache) = cache {
+        argv.extend([
+            "--role".to_string(),
+            "backend".to_string(),
+            "--cache-node".to_string(),
+            format!("{cache}:{CONTROL_PORT}"),
+        ]);
+    }
     argv.extend(args.iter().cloned());
     let log = state.work_dir.join(format!("node-{}.log", h.name));
     record_file(state, &log)?;
@@ -560,6 +609,110 @@ fn start_kvswitch(state: &mut State, bin: &Path) -> anyhow::Result<()> {
             process::tail(&log, LOG_TAIL)
         )
     })
+}
+
+/// A fresh API token: 128 bits from the operating system, in hex.
+fn new_token() -> anyhow::Result<String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .context("reading /dev/urandom for the API token")?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A change through kvswitch's API, with the testbed's token; fails unless it succeeded.
+fn api_change(state: &State, method: &str, path: &str, body: &str) -> anyhow::Result<()> {
+    let token = state.api_token()?;
+    match probe::http(state.api, method, path, token.as_deref(), Some(body))? {
+        (200..=299, _) => Ok(()),
+        (code, answer) => bail!("{method} {path} answered {code}: {}", answer.trim()),
+    }
+}
+
+/// SwitchKV's cache nodes: the API opened to the hosts on the VIP (an `acl` entry sends TCP
+/// to its port out of the local port), an interface-table entry per cache node (the steering
+/// rules' way there, numbered from 1 in host order), and `kvswitch node --role cache` on each,
+/// its rules installed through that API.
+fn start_caches(state: &mut State, bin: &Path, extra: &[String]) -> anyhow::Result<()> {
+    let local_port = state.hosts.len();
+    let acl = format!(
+        r#"{{"match": {{"ip_dst": "{}", "ip_proto": 6, "l4_dst": {}}}, "priority": 1000, "actions": [{{"output": {local_port}}}]}}"#,
+        state.vip,
+        state.api.port()
+    );
+    api_change(state, "POST", "/api/v1/tables/acl/entries", &acl)
+        .context("opening kvswitch's API to the cache nodes")?;
+    let token = state
+        .api_token_file
+        .clone()
+        .context("a testbed with cache nodes has an API token")?;
+    let caches: Vec<usize> = (0..state.hosts.len())
+        .filter(|&i| state.hosts[i].role == Role::Cache)
+        .collect();
+    let mut started = Vec::new();
+    for (k, &i) in caches.iter().enumerate() {
+        let h = state.hosts[i].clone();
+        let interface = k + 1;
+        let entry = format!(
+            r#"{{"eth_dst": "{}", "eth_src": "{}", "port": {i}}}"#,
+            h.mac, state.vip_mac
+        );
+        api_change(
+            state,
+            "PUT",
+            &format!("/api/v1/interfaces/{interface}"),
+            &entry,
+        )
+        .with_context(|| format!("the interface entry to cache node {:?}", h.name))?;
+        let mut argv = vec![
+            bin.display().to_string(),
+            "node".to_string(),
+            "--role".to_string(),
+            "cache".to_string(),
+            "--listen".to_string(),
+            format!("{}:{MEMCACHED_PORT}", h.ip),
+            "--upstream".to_string(),
+            format!("{}:{}", state.vip, state.vip_port),
+            "--switch-api".to_string(),
+            format!("{}:{}", state.vip, state.api.port()),
+            "--switch-token-file".to_string(),
+            token.display().to_string(),
+            "--steer-interface".to_string(),
+            interface.to_string(),
+            "--vip".to_string(),
+            state.vip.to_string(),
+            "--hash".to_string(),
+            state.hash.clone(),
+        ];
+        argv.extend(extra.iter().cloned());
+        let log = state.work_dir.join(format!("cache-{}.log", h.name));
+        record_file(state, &log)?;
+        state.hosts[i].log = Some(log.clone());
+        let child = process::spawn(Some(&h.netns), &argv, &log)?;
+        record_proc(state, &child, "kvswitch node (cache)", Some(&h.netns), argv)?;
+        state.hosts[i].pids.push(child.id());
+        state.save()?;
+        started.push((i, child));
+    }
+    for (i, mut child) in started {
+        let h = &state.hosts[i];
+        let addr = SocketAddr::V4(SocketAddrV4::new(h.ip, MEMCACHED_PORT));
+        let log = h.log.clone().unwrap_or_default();
+        probe::wait_for(
+            DAEMON_READY,
+            || exited(&mut child),
+            || in_netns(&h.netns, || probe::memcached_version(addr))?,
+        )
+        .with_context(|| {
+            format!(
+                "cache node on {:?} did not answer `version` on {addr}; log:\n{}",
+                h.name,
+                process::tail(&log, LOG_TAIL)
+            )
+        })?;
+    }
+    Ok(())
 }
 
 /// Some(reason) once the child has exited, so readiness polling stops early.
