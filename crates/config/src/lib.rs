@@ -41,6 +41,11 @@ pub struct Config {
     pub api_token_file: Option<PathBuf>,
     /// After a frame, how long the run loop keeps polling the ports before it sleeps.
     pub busy_poll: std::time::Duration,
+    /// How often the cache nodes that `kv_steer` entries lead to are probed (a TCP connection
+    /// to their memcached port, through the local port); `None`: not probed.
+    pub steer_check: Option<Duration>,
+    /// Probes a cache node fails in a row before its steering entries are removed.
+    pub steer_check_failures: u32,
     /// `[switch.egress.PORT]`: ports whose frames leave through a queue at a rate, as
     /// (position in `ports`, bits per second, queue depth in bytes).
     pub egress: Vec<(usize, u64, u64)>,
@@ -225,6 +230,10 @@ struct RawSwitch {
     #[serde(default)]
     busy_poll_us: Option<u64>,
     #[serde(default)]
+    steer_check_ms: Option<u64>,
+    #[serde(default)]
+    steer_check_failures: Option<u32>,
+    #[serde(default)]
     egress: std::collections::BTreeMap<String, RawEgress>,
     #[serde(default)]
     mac_table_size: Option<usize>,
@@ -273,6 +282,10 @@ struct RawVip {
 pub const DEFAULT_API: &str = "127.0.0.1:9110";
 /// Default busy-poll window after a frame, in microseconds.
 pub const DEFAULT_BUSY_POLL_US: u64 = 200;
+/// How often cache nodes that `kv_steer` entries lead to are probed, by default.
+pub const DEFAULT_STEER_CHECK_MS: u64 = 200;
+/// Failed probes in a row that remove a cache node's steering entries, by default.
+pub const DEFAULT_STEER_CHECK_FAILURES: u32 = 3;
 /// Default size of the MAC table, in stations.
 pub const DEFAULT_MAC_TABLE_SIZE: usize = 8192;
 /// Default ageing time of a learned station, in seconds (as a Linux bridge).
@@ -360,6 +373,23 @@ impl Config {
             return Err(err(
                 "switch.busy_poll_us",
                 format!("{busy_poll_us} is more than a second; use 0 to 1000000"),
+            ));
+        }
+        let steer_check_ms = raw.switch.steer_check_ms.unwrap_or(DEFAULT_STEER_CHECK_MS);
+        if steer_check_ms > 60_000 {
+            return Err(err(
+                "switch.steer_check_ms",
+                format!("{steer_check_ms} is more than a minute; use 0 (off) to 60000"),
+            ));
+        }
+        let steer_check_failures = raw
+            .switch
+            .steer_check_failures
+            .unwrap_or(DEFAULT_STEER_CHECK_FAILURES);
+        if !(1..=100).contains(&steer_check_failures) {
+            return Err(err(
+                "switch.steer_check_failures",
+                format!("{steer_check_failures} is outside 1..=100"),
             ));
         }
         let mut egress = Vec::new();
@@ -591,6 +621,8 @@ impl Config {
                 false => f,
             }),
             busy_poll: std::time::Duration::from_micros(busy_poll_us),
+            steer_check: (steer_check_ms > 0).then(|| Duration::from_millis(steer_check_ms)),
+            steer_check_failures,
             egress,
             mac_table_size,
             mac_age: std::time::Duration::from_secs(mac_age_s),
@@ -853,6 +885,12 @@ api = "127.0.0.1:9110"
 # After a frame, keep polling the ports this long before sleeping (0: always sleep).
 # Longer windows cut latency and CPU per frame under load, at the price of a busy core.
 busy_poll_us = 200
+# SwitchKV cache nodes (kvswitch node --role cache) steer reads of their keys to themselves
+# with kv_steer entries. kvswitch probes each such node (a TCP connection to its memcached
+# port, through the local port) every steer_check_ms (0: never) and removes its entries
+# after steer_check_failures failures in a row: its keys' reads go to their servers again.
+steer_check_ms = 200
+steer_check_failures = 3
 # MAC learning: most stations held, and how long an unheard one is kept.
 mac_table_size = 8192
 mac_age_s = 300

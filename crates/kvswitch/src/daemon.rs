@@ -104,6 +104,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         proxy: std::sync::OnceLock::new(),
         cache: cache.clone(),
         pool: pool.clone(),
+        steer: Arc::default(),
     });
     watch_hangups(reloader(&cfg, pool.clone(), shared.caches()))?;
     let token = api::api_token(cfg.api_token_file.as_deref(), cfg.api)
@@ -116,6 +117,21 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         )
     })?;
     let (remote, inbox) = dataplane::remote::<Switch>()?;
+    // The cache nodes that steering entries lead to are reached through the local port.
+    match (cfg.steer_check, &local) {
+        (Some(every), Some(_)) => {
+            let check = crate::steer::SteerCheck {
+                port: cfg.vip_port,
+                every,
+                failures: cfg.steer_check_failures,
+            };
+            crate::steer::watch(remote.clone(), check, shared.steer.clone(), stop_requested)?;
+        }
+        (Some(_), None) => {
+            tracing::info!("no local port: the cache nodes of kv_steer entries are not probed")
+        }
+        (None, _) => {}
+    }
     let egress = dataplane::EgressSettings::new(port_count);
     for &(p, rate, depth) in &cfg.egress {
         let _ = egress.set(p, rate, depth);

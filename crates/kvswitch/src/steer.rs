@@ -6,15 +6,21 @@
 //! as a server's do. Other reads, writes and reads of other keys go through the program to
 //! their backend as before.
 
-use std::collections::HashMap;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::collections::{BTreeSet, HashMap};
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
 use kv::rules::Change;
 use kv::HashFn;
 use serde_json::{json, Value};
+
+use switch::Switch;
 
 use crate::ctl::Client;
 
@@ -139,7 +145,12 @@ struct Steer {
 }
 
 impl Steer {
+    /// Applies the cache node's rule changes; with none, makes the switch's entries match
+    /// the node's keys again (see [`Steer::sync`]).
     fn apply(&mut self, changes: Vec<Change<Box<[u8]>>>) -> anyhow::Result<()> {
+        if changes.is_empty() {
+            return self.sync();
+        }
         for change in changes {
             match change {
                 Change::Add(key) => {
@@ -148,22 +159,7 @@ impl Steer {
                         *n += 1;
                         continue;
                     }
-                    let entry = json!({
-                        "match": { "one_read": 1, "key_hash": h },
-                        "actions": [
-                            { "set_ipv4_dst": self.cache.to_string() },
-                            { "interface": self.interface },
-                        ],
-                    });
-                    let made: Value = self
-                        .client
-                        .call(
-                            "POST",
-                            &format!("/api/v1/tables/{}/entries", switch::control::STEER),
-                            Some(&entry),
-                        )
-                        .with_context(|| format!("steering key hash {h}"))?;
-                    let id = made["id"].as_u64().context("the switch gave no entry id")?;
+                    let id = self.install(h)?;
                     self.entries.insert(h, (id, 1));
                 }
                 Change::Remove(key) => {
@@ -177,16 +173,224 @@ impl Steer {
                     }
                     let id = *id;
                     self.entries.remove(&h);
-                    self.client
-                        .call(
-                            "DELETE",
-                            &format!("/api/v1/tables/{}/entries/{id}", switch::control::STEER),
-                            None,
-                        )
+                    self.remove(id)
                         .with_context(|| format!("no longer steering key hash {h}"))?;
                 }
             }
         }
         Ok(())
     }
+
+    /// Adds the entry steering reads of key hash `h` here; returns its id.
+    fn install(&self, h: u32) -> anyhow::Result<u64> {
+        let entry = json!({
+            "match": { "one_read": 1, "key_hash": h },
+            "actions": [
+                { "set_ipv4_dst": self.cache.to_string() },
+                { "interface": self.interface },
+            ],
+        });
+        let made: Value = self
+            .client
+            .call(
+                "POST",
+                &format!("/api/v1/tables/{}/entries", switch::control::STEER),
+                Some(&entry),
+            )
+            .with_context(|| format!("steering key hash {h}"))?;
+        made["id"].as_u64().context("the switch gave no entry id")
+    }
+
+    /// Removes entry `id`; one already gone (the switch removed it) is not an error.
+    fn remove(&self, id: u64) -> anyhow::Result<()> {
+        let path = format!("/api/v1/tables/{}/entries/{id}", switch::control::STEER);
+        match self.client.call("DELETE", &path, None) {
+            Ok(_) => Ok(()),
+            Err(e)
+                if e.downcast_ref::<crate::ctl::Refused>()
+                    .is_some_and(|r| r.status == 404) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Makes the switch's entries leading here those of the node's keys: an entry the
+    /// switch removed (it found this node not answering, as while it was paused) is
+    /// installed again, and one the node does not know of (a removal that failed) goes.
+    fn sync(&mut self) -> anyhow::Result<()> {
+        let mine = json!({ "set_ipv4_dst": self.cache.to_string() });
+        let there: std::collections::HashSet<u64> = entries(&self.client, switch::control::STEER)?
+            .iter()
+            .filter(|e| e["actions"][0] == mine)
+            .filter_map(|e| e["id"].as_u64())
+            .collect();
+        let hashes: Vec<u32> = self.entries.keys().copied().collect();
+        for h in hashes {
+            let Some(&(id, n)) = self.entries.get(&h) else {
+                continue;
+            };
+            if !there.contains(&id) {
+                let id = self.install(h)?;
+                self.entries.insert(h, (id, n));
+            }
+        }
+        let known: std::collections::HashSet<u64> =
+            self.entries.values().map(|&(id, _)| id).collect();
+        for id in there.difference(&known) {
+            self.remove(*id)?;
+        }
+        Ok(())
+    }
+}
+
+// ---- the switch's side: cache nodes that stop answering lose their entries -------------------
+
+/// What the steering check saw, for the status document and the metrics.
+#[derive(Debug, Default)]
+pub struct SteerHealth {
+    /// Entries removed because the cache node they led to stopped answering.
+    pub removed: AtomicU64,
+    /// Cache nodes whose entries were removed, until they answer again.
+    pub down: Mutex<BTreeSet<Ipv4Addr>>,
+}
+
+/// How the daemon checks the cache nodes its `kv_steer` entries lead to.
+#[derive(Debug, Clone, Copy)]
+pub struct SteerCheck {
+    /// Their memcached port (the VIP's).
+    pub port: u16,
+    pub every: Duration,
+    /// Failed probes in a row that remove a node's entries.
+    pub failures: u32,
+}
+
+/// Probes, every `check.every`, each cache node that a `kv_steer` entry leads to (the address
+/// its `set_ipv4_dst` action names) with memcached's `version` over TCP; a node that fails
+/// `check.failures` probes in a row loses every entry leading to it, so that reads of its keys
+/// go to their servers again (a node that hangs is caught as well as one that died). The node
+/// installs its entries again itself once it runs. Runs until `stop` says so.
+pub fn watch(
+    remote: dataplane::Remote<Switch>,
+    check: SteerCheck,
+    health: Arc<SteerHealth>,
+    stop: fn() -> bool,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("steer-check".into())
+        .spawn(move || {
+            let mut failed: HashMap<Ipv4Addr, u32> = HashMap::new();
+            while !stop() {
+                let started = Instant::now();
+                if let Some(targets) = on_switch(&remote, targets) {
+                    failed.retain(|ip, _| targets.contains(ip));
+                    for ip in targets {
+                        let answered = answers(SocketAddr::from((ip, check.port)), check.every);
+                        let n = failed.entry(ip).or_default();
+                        if answered {
+                            *n = 0;
+                            lock(&health.down).remove(&ip);
+                            continue;
+                        }
+                        *n += 1;
+                        if *n < check.failures {
+                            continue;
+                        }
+                        *n = 0;
+                        let removed = on_switch(&remote, move |sw| remove_target(sw, ip));
+                        if let Some(removed) = removed.filter(|&r| r > 0) {
+                            health.removed.fetch_add(removed, Ordering::Relaxed);
+                            lock(&health.down).insert(ip);
+                            tracing::warn!(
+                                cache_node = %ip, entries = removed,
+                                "cache node does not answer: its steering entries are removed"
+                            );
+                        }
+                    }
+                }
+                std::thread::sleep(check.every.saturating_sub(started.elapsed()));
+            }
+        })
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Runs `f` on the forwarding thread; `None` if it did not answer within a second.
+fn on_switch<R: Send + 'static>(
+    remote: &dataplane::Remote<Switch>,
+    f: impl FnOnce(&mut Switch) -> R + Send + 'static,
+) -> Option<R> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    remote
+        .submit(Box::new(move |sw, _, _| {
+            let _ = tx.send(f(sw));
+        }))
+        .ok()?;
+    rx.recv_timeout(Duration::from_secs(1)).ok()
+}
+
+/// The addresses `kv_steer` entries send reads to.
+fn targets(sw: &mut Switch) -> BTreeSet<Ipv4Addr> {
+    sw.entries(switch::control::STEER)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(target_of)
+        .collect()
+}
+
+fn target_of(entry: &switch::control::EntryView) -> Option<Ipv4Addr> {
+    entry.actions.iter().find_map(|a| match a {
+        switch::control::ActionDef::SetIpv4Dst(ip) => Some(*ip),
+        _ => None,
+    })
+}
+
+/// Removes every `kv_steer` entry leading to `ip`; returns how many went.
+fn remove_target(sw: &mut Switch, ip: Ipv4Addr) -> u64 {
+    let ids: Vec<u64> = sw
+        .entries(switch::control::STEER)
+        .unwrap_or_default()
+        .iter()
+        .filter(|e| target_of(e) == Some(ip))
+        .map(|e| e.id)
+        .collect();
+    let changes = ids
+        .iter()
+        .map(|&id| switch::control::Change::Delete {
+            table: switch::control::STEER.to_string(),
+            id,
+        })
+        .collect();
+    match sw.apply(changes) {
+        Ok(_) => ids.len() as u64,
+        Err(e) => {
+            tracing::warn!(cache_node = %ip, "steering entries not removed: {e}");
+            0
+        }
+    }
+}
+
+/// Whether a memcached at `addr` answers `version` within `wait` (at most a second).
+fn answers(addr: SocketAddr, wait: Duration) -> bool {
+    let wait = wait.clamp(Duration::from_millis(10), Duration::from_secs(1));
+    let attempt = || -> std::io::Result<bool> {
+        let mut s = TcpStream::connect_timeout(&addr, wait)?;
+        s.set_read_timeout(Some(wait))?;
+        s.set_write_timeout(Some(wait))?;
+        s.write_all(b"version\r\n")?;
+        let mut reply = Vec::new();
+        let mut chunk = [0u8; 128];
+        while !reply.ends_with(b"\r\n") && reply.len() < 1024 {
+            let n = s.read(&mut chunk)?;
+            if n == 0 {
+                break;
+            }
+            reply.extend_from_slice(&chunk[..n]);
+        }
+        Ok(reply.starts_with(b"VERSION "))
+    };
+    attempt().unwrap_or(false)
 }

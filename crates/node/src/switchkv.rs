@@ -28,6 +28,9 @@ use crate::store::Store;
 const CALL_WAIT: Duration = Duration::from_secs(1);
 /// How often the background threads look at the time.
 const TICK: Duration = Duration::from_millis(10);
+/// How often, with no rule changes, a cache node's rule sink is asked to check the switch's
+/// rules (an empty batch).
+const RULE_SYNC: Duration = Duration::from_secs(1);
 
 /// The node's clock, as the pure state reads time.
 #[derive(Debug, Clone, Copy)]
@@ -198,6 +201,43 @@ pub struct RoleCounters {
     pub served: AtomicU64,
     pub forwarded: AtomicU64,
     pub rule_changes: AtomicU64,
+}
+
+impl RoleCounters {
+    /// Appends `stats`' reply with these counters after the node's own (`switchkv_*` lines),
+    /// if `request` is a plain text `stats`; returns whether it did.
+    fn answer_stats(&self, request: &Request<'_>, store: &Store, out: &mut Vec<u8>) -> bool {
+        let plain = request.command == Command::Stats
+            && request.protocol == wire::memcache::Protocol::Text
+            && request
+                .bytes()
+                .split(|&b| b == b'\n')
+                .next()
+                .is_some_and(|l| l.trim_ascii() == b"stats");
+        if !plain {
+            return false;
+        }
+        crate::text::stats(store, out);
+        if out.ends_with(b"END\r\n") {
+            out.truncate(out.len() - 5);
+        }
+        let rows = [
+            ("reports", &self.reports),
+            ("instant_reports", &self.instant_reports),
+            ("updates", &self.updates),
+            ("update_timeouts", &self.update_timeouts),
+            ("fetches", &self.fetches),
+            ("served", &self.served),
+            ("forwarded", &self.forwarded),
+            ("rule_changes", &self.rule_changes),
+        ];
+        for (name, c) in rows {
+            let v = c.load(Ordering::Relaxed);
+            out.extend_from_slice(format!("STAT switchkv_{name} {v}\r\n").as_bytes());
+        }
+        out.extend_from_slice(b"END\r\n");
+        true
+    }
 }
 
 fn bump(c: &AtomicU64) {
@@ -373,8 +413,8 @@ impl BackendRole {
 }
 
 impl Hooks for BackendRole {
-    fn answer(&self, _: &Request<'_>, _: &Store, _: &mut Vec<u8>) -> bool {
-        false
+    fn answer(&self, request: &Request<'_>, store: &Store, out: &mut Vec<u8>) -> bool {
+        self.counters.answer_stats(request, store, out)
     }
 
     fn executed(&self, request: &Request<'_>, store: &Store) {
@@ -460,7 +500,9 @@ struct Upstream {
     conn: Option<TcpStream>,
 }
 
-/// Where a cache node's rule changes go: the switch that steers reads of its keys to it.
+/// Where a cache node's rule changes go: the switch that steers reads of its keys to it. An
+/// empty batch, sent every second without changes, asks it to check that the switch still
+/// holds what it was given.
 pub type RuleSink = Box<dyn FnMut(Vec<Change<Box<[u8]>>>) -> anyhow::Result<()> + Send>;
 
 impl CacheRole {
@@ -495,12 +537,16 @@ impl CacheRole {
         let ticker = {
             let (role, stop) = (role.clone(), stop.clone());
             thread::spawn(move || {
+                let mut synced = Instant::now();
                 while !stop.load(Ordering::Relaxed) {
                     while let Ok((backend, fetch)) = fetch_rx.recv_timeout(TICK) {
                         role.fetch(backend, fetch);
                     }
                     let changes = lock(&role.state).poll(role.clock.now());
-                    if !changes.is_empty() {
+                    // No changes for a while: an empty batch asks the sink to check that
+                    // the switch still holds the rules it was given.
+                    if !changes.is_empty() || synced.elapsed() >= RULE_SYNC {
+                        synced = Instant::now();
                         let n = changes.len() as u64;
                         match rules(changes) {
                             Ok(()) => {
@@ -738,7 +784,10 @@ impl Hooks for CacheRole {
     /// (a get of a key it does not hold, `gets`, `mg`, the binary gets) goes on to the
     /// upstream. Writes are refused: a cache node's values come from its backends. The rest
     /// (`version`, `mn`, `stats`, ...) the node answers as any node does.
-    fn answer(&self, request: &Request<'_>, _: &Store, out: &mut Vec<u8>) -> bool {
+    fn answer(&self, request: &Request<'_>, store: &Store, out: &mut Vec<u8>) -> bool {
+        if self.counters.answer_stats(request, store, out) {
+            return true;
+        }
         let command = request.command;
         if command.is_write() && !command.is_retrieval() {
             out.extend_from_slice(

@@ -259,6 +259,13 @@ fn a_restarted_backend_makes_its_cache_node_drop_its_keys_and_other_reads_are_fo
     assert_eq!(&replies[replies.len() - 2..], b"v1");
     assert!(call(&mut to_cache, b"set k 0 0 1\r\nx\r\n").starts_with("SERVER_ERROR"));
     assert!(call(&mut to_cache, b"version\r\n").starts_with("VERSION "));
+    // `stats` shows the role's counters after the node's own.
+    let stats = call(&mut to_cache, b"stats\r\n");
+    assert!(stats.contains("STAT switchkv_served 1\r\n"), "{stats}");
+    assert!(
+        stats.contains("STAT curr_items ") && stats.ends_with("END\r\n"),
+        "{stats}"
+    );
 
     // The backend restarts and lost its values; the cache node must not serve the old one.
     drop(to_backend);

@@ -280,10 +280,7 @@ fn plan(
         hash: topo.hash.clone(),
         api,
         state_path,
-        api_token_file: topo
-            .caches()
-            .next()
-            .map(|_| work_dir.join("api-token")),
+        api_token_file: topo.caches().next().map(|_| work_dir.join("api-token")),
         config_path: work_dir.join("kvswitch.toml"),
         kvswitch_log: work_dir.join("kvswitch.log"),
         work_dir,

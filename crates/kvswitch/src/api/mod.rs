@@ -37,6 +37,8 @@ pub struct Shared {
     pub cache: Option<Arc<CacheService>>,
     /// The pool both paths route by, with its servers' health.
     pub pool: Arc<Pool>,
+    /// The check of the cache nodes `kv_steer` entries lead to.
+    pub steer: Arc<crate::steer::SteerHealth>,
 }
 
 /// What an API server shows.
@@ -58,6 +60,18 @@ pub trait Exporter: Send + Sync + 'static {
 impl Exporter for Shared {
     fn metrics(&self) -> String {
         let mut out = metrics(self);
+        let removed = self
+            .steer
+            .removed
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let down = self.steer.down.lock().map_or(0, |d| d.len());
+        let _ = writeln!(
+            out,
+            "# HELP kvswitch_steer_removed_total kv_steer entries removed because the cache node they led to stopped answering.\n\
+             # TYPE kvswitch_steer_removed_total counter\nkvswitch_steer_removed_total {removed}\n\
+             # HELP kvswitch_steer_nodes_down Cache nodes whose steering entries were removed and that have not answered since.\n\
+             # TYPE kvswitch_steer_nodes_down gauge\nkvswitch_steer_nodes_down {down}"
+        );
         if let Some(proxy) = self.proxy.get() {
             proxy.write_metrics(&mut out);
         }
@@ -68,6 +82,21 @@ impl Exporter for Shared {
         let mut doc = status(self);
         if let (Some(proxy), Some(map)) = (self.proxy.get(), doc.as_object_mut()) {
             map.insert("proxy".into(), proxy.status());
+        }
+        if let Some(map) = doc.as_object_mut() {
+            let down: Vec<String> = self
+                .steer
+                .down
+                .lock()
+                .map(|d| d.iter().map(ToString::to_string).collect())
+                .unwrap_or_default();
+            map.insert(
+                "steer".into(),
+                json!({
+                    "removed_entries": self.steer.removed.load(std::sync::atomic::Ordering::Relaxed),
+                    "nodes_down": down,
+                }),
+            );
         }
         doc
     }
