@@ -188,11 +188,15 @@ impl Backend {
     }
 }
 
+/// How long the cache under a cache node keeps a value: for good (a year).
+const VALUE_KEPT: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// A SwitchKV cache node's settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CacheNodeConfig {
     /// Admission, eviction, loads, the rule budget and buffer (see [`crate::cache::Config`]);
-    /// its tracker must count as the backends' do.
+    /// its tracker must count as the backends' do. Its `lease` is not used: the backends'
+    /// grants bound serving.
     pub cache: crate::cache::Config,
     /// The backends' lease (their [`BackendConfig::lease`]).
     pub lease: Duration,
@@ -220,6 +224,10 @@ pub struct CacheNode {
     cache: crate::cache::Cache,
     /// Per key, until when it may be served, as its backend granted.
     granted: HashMap<Box<[u8]>, Instant>,
+    /// Keys taken from an instant report, not served until a renewal confirms their lease:
+    /// the report may have waited (in a hung cache node's queue) past the lease its backend
+    /// granted, and a lease counts from when the cache node asked.
+    pending: std::collections::HashSet<Box<[u8]>>,
     /// Per admitted key, its backend.
     backend: HashMap<Box<[u8]>, usize>,
 }
@@ -239,12 +247,18 @@ impl CacheNode {
         backends: usize,
         now: Instant,
     ) -> Result<CacheNode, crate::cache::ConfigError> {
-        let mut cache = crate::cache::Cache::new(cfg.cache.clone(), backends, now)?;
+        // A value is kept until it is evicted or replaced: what bounds serving it is its
+        // backend's grant (`granted`), renewed as long as the key stays, not the time since
+        // it was filled.
+        let mut inner = cfg.cache.clone();
+        inner.lease = VALUE_KEPT;
+        let mut cache = crate::cache::Cache::new(inner, backends, now)?;
         cache.keep_rule_changes(true);
         Ok(CacheNode {
             cfg,
             cache,
             granted: HashMap::new(),
+            pending: std::collections::HashSet::new(),
             backend: HashMap::new(),
         })
     }
@@ -290,8 +304,9 @@ impl CacheNode {
     }
 
     /// An instant report from `backend`: `key` is bursty, with `load` (requests a second) and
-    /// this value, granted at about `now`. Returns whether the cache node took it (if not, the backend must stop
-    /// counting it as cached).
+    /// this value. Returns whether the cache node took it (if not, the backend must stop
+    /// counting it as cached). A key taken is served once a renewal confirms its lease
+    /// ([`CacheNode::renewals`] asks at once).
     pub fn hot(
         &mut self,
         backend: usize,
@@ -309,9 +324,8 @@ impl CacheNode {
             return false;
         };
         let filled = self.cache.fill(key, token, value, now) == crate::cache::Fill::Filled;
-        if filled {
-            let end = self.lease_end(now);
-            self.granted.insert(key.into(), end);
+        if filled && !self.granted.contains_key(key) {
+            self.pending.insert(key.into());
         }
         self.forget_evicted();
         filled
@@ -345,13 +359,20 @@ impl CacheNode {
         self.cache.lookup(key, false, now).ok().cloned()
     }
 
-    /// The leases to renew at `now` (those ending within half a lease), by backend: ask each
-    /// backend, then give the answer to [`CacheNode::renewed`] with the time it was asked.
+    /// The leases to renew at `now` (those ending within half a lease, and those of keys an
+    /// instant report brought), by backend: ask each backend, then give the answer to
+    /// [`CacheNode::renewed`] with the time it was asked.
     pub fn renewals(&self, now: Instant) -> Vec<(usize, Vec<Box<[u8]>>)> {
         let soon = now + self.cfg.lease / 2;
         let mut by: HashMap<usize, Vec<Box<[u8]>>> = HashMap::new();
-        for (key, &end) in &self.granted {
-            if end > now && end <= soon && self.cache.contains(key) {
+        let due = self
+            .granted
+            .iter()
+            .filter(|(_, &end)| end > now && end <= soon)
+            .map(|(k, _)| k)
+            .chain(&self.pending);
+        for key in due {
+            if self.cache.contains(key) {
                 if let Some(&b) = self.backend.get(key) {
                     by.entry(b).or_default().push(key.clone());
                 }
@@ -369,7 +390,9 @@ impl CacheNode {
     pub fn renewed(&mut self, keys: &[Box<[u8]>], asked: Instant) {
         let end = self.lease_end(asked);
         for key in keys {
-            if let Some(at) = self.granted.get_mut(key) {
+            if self.pending.remove(key) {
+                self.granted.insert(key.clone(), end);
+            } else if let Some(at) = self.granted.get_mut(key) {
                 *at = (*at).max(end);
             }
         }
@@ -421,6 +444,7 @@ impl CacheNode {
     fn forget_evicted(&mut self) {
         let cache = &self.cache;
         self.granted.retain(|k, _| cache.contains(k));
+        self.pending.retain(|k| cache.contains(k));
         self.backend.retain(|k, _| cache.contains(k));
     }
 
@@ -582,6 +606,27 @@ mod tests {
         assert_eq!(n.cached().len(), 1);
         n.poll(t0 + Duration::from_millis(1801));
         assert!(n.cached().is_empty());
+    }
+
+    #[test]
+    fn an_instant_report_is_served_only_once_a_renewal_confirms_its_lease() {
+        let t0 = Instant::from_secs(10);
+        let mut n = node(t0);
+        assert!(n.hot(0, b"h", 50.0, value(b"v"), t0));
+        n.poll(t0);
+        assert_eq!(n.serve(0, b"h", t0), None, "no lease yet");
+        assert_eq!(n.renewals(t0), vec![(0, vec![b"h".to_vec().into()])]);
+        // Asked later than the report came (it may have waited in a queue): the lease counts
+        // from the question.
+        let asked = t0 + Duration::from_secs(5);
+        n.renewed(&[b"h".to_vec().into()], asked);
+        assert!(n.serve(0, b"h", asked).is_some());
+        assert!(n.renewals(asked).is_empty());
+        assert!(n.serve(0, b"h", asked + Duration::from_millis(1800)).is_none());
+        // A refused renewal drops a reported key.
+        assert!(n.hot(0, b"g", 50.0, value(b"v"), asked));
+        n.refused(&[b"g".to_vec().into()], asked);
+        assert!(n.renewals(asked).iter().all(|(_, keys)| keys.is_empty()));
     }
 
     #[test]

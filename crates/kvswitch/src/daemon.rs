@@ -118,10 +118,12 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
     })?;
     let (remote, inbox) = dataplane::remote::<Switch>()?;
     // The cache nodes that steering entries lead to are reached through the local port.
-    match (cfg.steer_check, &local) {
-        (Some(every), Some(_)) => {
+    match (cfg.steer_check, switch.local_port()) {
+        (Some(every), Some(local_port)) => {
             let check = crate::steer::SteerCheck {
                 port: cfg.vip_port,
+                local_port,
+                local_source: cfg.local_source(),
                 every,
                 failures: cfg.steer_check_failures,
             };

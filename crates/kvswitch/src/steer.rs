@@ -261,6 +261,10 @@ pub struct SteerHealth {
 pub struct SteerCheck {
     /// Their memcached port (the VIP's).
     pub port: u16,
+    /// The local port's number, and the address the host's stack speaks from through it: the
+    /// probes' replies are let back to the host by an `acl` entry the check adds per node.
+    pub local_port: u16,
+    pub local_source: Ipv4Addr,
     pub every: Duration,
     /// Failed probes in a row that remove a node's entries.
     pub failures: u32,
@@ -286,6 +290,9 @@ pub fn watch(
                 if let Some(targets) = on_switch(&remote, targets) {
                     failed.retain(|ip, _| targets.contains(ip));
                     for ip in targets {
+                        if !failed.contains_key(&ip) {
+                            on_switch(&remote, move |sw| let_replies_in(sw, ip, check));
+                        }
                         let answered = answers(SocketAddr::from((ip, check.port)), check.every);
                         let n = failed.entry(ip).or_default();
                         if answered {
@@ -346,6 +353,44 @@ fn target_of(entry: &switch::control::EntryView) -> Option<Ipv4Addr> {
         switch::control::ActionDef::SetIpv4Dst(ip) => Some(*ip),
         _ => None,
     })
+}
+
+/// Adds the `acl` entry that sends TCP from cache node `ip`'s memcached port to the host's
+/// stack out of the local port (the replies to the probes), unless it is there.
+fn let_replies_in(sw: &mut Switch, ip: Ipv4Addr, check: SteerCheck) {
+    use switch::control::{ActionDef, Change, EntryDef, Value};
+    let fields: std::collections::BTreeMap<String, Value> = [
+        ("ip_src", Value::Text(ip.to_string())),
+        ("ip_proto", Value::Number(6)),
+        ("l4_src", Value::Number(u64::from(check.port))),
+        ("ip_dst", Value::Text(check.local_source.to_string())),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let actions = vec![ActionDef::Output(check.local_port)];
+    let acl = switch::control::ACL;
+    let there = sw.entries(acl).unwrap_or_default().iter().any(|e| {
+        e.actions.first() == actions.first()
+            && e.fields.get("ip_src") == fields.get("ip_src")
+            && e.fields.get("l4_src") == fields.get("l4_src")
+    });
+    if there {
+        return;
+    }
+    let entry = EntryDef {
+        fields,
+        priority: 1000,
+        prefix_len: None,
+        actions,
+    };
+    let added = sw.apply(vec![Change::Add {
+        table: acl.to_string(),
+        entry,
+    }]);
+    if let Err(e) = added {
+        tracing::warn!(cache_node = %ip, "cannot let its probe replies in: {e}");
+    }
 }
 
 /// Removes every `kv_steer` entry leading to `ip`; returns how many went.

@@ -217,7 +217,6 @@ impl Node {
                     ..Default::default()
                 };
                 cfg.cache.items = args.cache_items.max(1);
-                cfg.cache.lease = lease;
                 cfg.cache.rules.rate = (args.rule_rate > 0).then_some(args.rule_rate);
                 let (role, threads) = switchkv::CacheRole::start(
                     cfg,

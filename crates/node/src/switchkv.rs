@@ -306,7 +306,7 @@ impl BackendRole {
         let mut link = Link::new(cache);
         while !stop.load(Ordering::Relaxed) {
             if let Ok(key) = instant.recv_timeout(TICK) {
-                self.send_hot(&mut link, &key, store);
+                self.send_hot(&key, store);
             }
             let report = lock(&self.state).report(self.clock.now());
             if let Some(report) = report {
@@ -321,16 +321,21 @@ impl BackendRole {
         }
     }
 
-    fn send_hot(&self, link: &mut Link, key: &[u8], store: &Store) {
-        let Some(item) = store.get(key, None) else {
-            return;
-        };
+    /// Sends an instant report of `key` with its value. The grant, the read of the value and
+    /// the report happen under the lock the writes' updates take, on their connection: a write
+    /// that the read missed is told to the cache node after the report, never before.
+    fn send_hot(&self, key: &[u8], store: &Store) {
+        let mut link = lock(&self.writes);
         let granted = self.clock.now();
         let load = {
             let mut state = lock(&self.state);
-            // Counted as cached from before the report leaves: a write meanwhile is told.
+            // Counted as cached before the value is read: a write after the read is told.
             state.grant(key, granted);
             state.burst_load()
+        };
+        let Some(item) = store.get(key, None) else {
+            lock(&self.state).evict(key);
+            return;
         };
         let message = Message::Hot(
             self.control_port,
@@ -351,17 +356,26 @@ impl BackendRole {
     fn answer_control(&self, message: &Message<'_>, store: &Store) -> Vec<u8> {
         let now = self.clock.now();
         match message {
-            Message::Fetch(key) => match store.get(key, None) {
-                Some(item) => {
-                    lock(&self.state).grant(key, now);
-                    bump(&self.counters.fetches);
-                    reply(&Message::Value(Item {
-                        flags: item.flags,
-                        data: &item.value,
-                    }))
+            Message::Fetch(key) => {
+                // Granted before the value is read, under the updates' lock: a write the read
+                // missed is told after this reply is sent (and the cache node's fill loses to
+                // it).
+                let _updates = lock(&self.writes);
+                lock(&self.state).grant(key, now);
+                match store.get(key, None) {
+                    Some(item) => {
+                        bump(&self.counters.fetches);
+                        reply(&Message::Value(Item {
+                            flags: item.flags,
+                            data: &item.value,
+                        }))
+                    }
+                    None => {
+                        lock(&self.state).evict(key);
+                        reply(&Message::Miss)
+                    }
                 }
-                None => reply(&Message::Miss),
-            },
+            }
             Message::Renew(keys) => {
                 let renewed = lock(&self.state).renew(keys.iter().copied(), now);
                 match renewed.len() == keys.len() {
@@ -480,7 +494,9 @@ pub struct CacheRole {
     state: Mutex<CacheNode>,
     /// Backends by control address (their control connections), in the order first heard
     /// from.
-    backends: Mutex<Vec<(SocketAddr, Link)>>,
+    /// Its calls to each (fetches, renewals) take the backend's own link, never this list's
+    /// lock: a control request from the backend must not wait for a call to it.
+    backends: Mutex<Vec<(SocketAddr, Arc<Mutex<Link>>)>>,
     upstream: SocketAddr,
     forward: Mutex<Vec<Upstream>>,
     pub counters: RoleCounters,
@@ -568,8 +584,13 @@ impl CacheRole {
         if let Some(i) = all.iter().position(|(a, _)| *a == at) {
             return i;
         }
-        all.push((at, Link::new(at)));
+        all.push((at, Arc::new(Mutex::new(Link::new(at)))));
         all.len() - 1
+    }
+
+    /// The link to backend `b`.
+    fn link(&self, b: usize) -> Option<Arc<Mutex<Link>>> {
+        lock(&self.backends).get(b).map(|(_, l)| l.clone())
     }
 
     fn answer_control(
@@ -636,13 +657,10 @@ impl CacheRole {
     fn fetch(&self, backend: SocketAddr, fetch: Fetch) {
         let asked = self.clock.now();
         let b = self.backend(backend);
-        let answer = {
-            let mut all = lock(&self.backends);
-            let Some((_, link)) = all.get_mut(b) else {
-                return;
-            };
-            link.call(&Message::Fetch(&fetch.key), CALL_WAIT)
+        let Some(link) = self.link(b) else {
+            return;
         };
+        let answer = lock(&link).call(&Message::Fetch(&fetch.key), CALL_WAIT);
         bump(&self.counters.fetches);
         let value = match answer.as_deref().map(proto::parse) {
             Ok(Ok(Some((Message::Value(item), _)))) => Some(kv::cache::Value {
@@ -662,14 +680,11 @@ impl CacheRole {
         let asked = self.clock.now();
         let due = lock(&self.state).renewals(asked);
         for (b, keys) in due {
-            let answer = {
-                let mut all = lock(&self.backends);
-                let Some((_, link)) = all.get_mut(b) else {
-                    continue;
-                };
-                let names: Vec<&[u8]> = keys.iter().map(|k| &**k).collect();
-                link.call(&Message::Renew(names), CALL_WAIT)
+            let Some(link) = self.link(b) else {
+                continue;
             };
+            let names: Vec<&[u8]> = keys.iter().map(|k| &**k).collect();
+            let answer = lock(&link).call(&Message::Renew(names), CALL_WAIT);
             // No answer: the leases run out unless a later try gets one.
             let Ok(answer) = answer else {
                 continue;

@@ -1,0 +1,304 @@
+//! SwitchKV on the testbed (`l3`): three `kvswitch node --role backend` servers, one cache node
+//! (`kvswitch node --role cache`) on its own host, and kvswitch steering reads of the cache
+//! node's keys to it through `kv_steer` entries the cache node installs over the API.
+//!
+//! While UDP clients in two namespaces record a history on hot keys:
+//! - the backends report the keys, the cache node admits them and installs their entries, and
+//!   reads of them are answered by the cache node;
+//! - the cache node hangs (SIGSTOP) for longer than its lease: the switch finds it silent and
+//!   removes its entries, writes to its keys wait out the lease at their backends, and once it
+//!   goes on it serves nothing whose lease ended;
+//! - a backend crashes and starts again with nothing (recorded in the history as a write of
+//!   "absent" to each of its keys between the crash and its return): its cache node drops its
+//!   keys before the backend serves anything;
+//! - the cache node dies: its entries are removed and every read is answered by the backends.
+//!
+//! The history checker finds no read of a value older than an acknowledged write.
+//!
+//! Needs root (network namespaces).
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use common::*;
+use testbed::history::{self, Kind, Op};
+use testbed::history_load::{self, Client, Clock, Load, Mix, Transport};
+
+/// The testbed's prefix, with a subnet of its own.
+const PREFIX: &str = "kskv";
+const SERVERS: [&str; 3] = ["s1", "s2", "s3"];
+const CACHE: &str = "k1";
+/// The backend that crashes.
+const VICTIM: &str = "s1";
+const LEASE_MS: u64 = 1000;
+const SEED: u64 = 0x7377_6974_6368_6b76;
+
+/// The phases, from the start of the load.
+const PAUSE_AT: Duration = Duration::from_millis(3500);
+const PAUSE_FOR: Duration = Duration::from_millis(2500);
+const CRASH_AT: Duration = Duration::from_millis(8000);
+const KILL_AT: Duration = Duration::from_millis(11_000);
+const LOAD_FOR: Duration = Duration::from_millis(15_000);
+/// The most the switch may take to remove a silent cache node's entries (probes every
+/// 200 ms, three failures in a row), with room for a loaded machine.
+const REMOVED_WITHIN: Duration = Duration::from_secs(5);
+
+fn bed() -> testbed::Live {
+    require_root();
+    let mut topo = testbed::Topology::default_topology()
+        .on_subnet(testbed::Subnet::for_prefix(PREFIX))
+        .expect("the default topology fits a /24");
+    let host = |name: &str, role| testbed::Host {
+        name: name.to_string(),
+        role,
+        weight: 1,
+        memcached_args: Vec::new(),
+    };
+    topo.hosts = vec![
+        host("c1", testbed::Role::Client),
+        host("c2", testbed::Role::Client),
+        host(CACHE, testbed::Role::Cache),
+    ];
+    topo.hosts
+        .extend(SERVERS.iter().map(|s| host(s, testbed::Role::Server)));
+    let state = std::env::temp_dir().join(format!("{PREFIX}-testbed-{}.json", std::process::id()));
+    let _ = testbed::down(&state);
+    let _ = testbed::down_prefix(PREFIX);
+    let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_kvswitch"));
+    let lease = vec!["--lease-ms".to_string(), LEASE_MS.to_string()];
+    let opts = testbed::UpOptions {
+        prefix: PREFIX.into(),
+        kvswitch_bin: Some(bin.clone()),
+        state_path: Some(state),
+        start_nutcracker: false,
+        servers: testbed::ServerProgram::Node { bin, args: lease.clone() },
+        cache_args: lease,
+        ..Default::default()
+    };
+    testbed::up(&topo, &opts).expect("testbed up")
+}
+
+/// A text request over TCP to `addr` from inside `host`, its reply read up to `END` (or the
+/// line of `version`).
+fn tcp_to(live: &testbed::Live, host: &str, addr: SocketAddr, request: &[u8]) -> String {
+    live.in_host(host, || {
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        s.write_all(request)?;
+        let mut reply = Vec::new();
+        let mut chunk = [0u8; 8192];
+        while !(reply.ends_with(b"END\r\n")
+            || (reply.starts_with(b"VERSION") && reply.ends_with(b"\r\n")))
+        {
+            let n = s.read(&mut chunk)?;
+            if n == 0 {
+                break;
+            }
+            reply.extend_from_slice(&chunk[..n]);
+        }
+        Ok::<_, std::io::Error>(String::from_utf8_lossy(&reply).into_owned())
+    })
+    .expect("in the host")
+    .unwrap_or_else(|e| format!("no answer: {e}"))
+}
+
+/// A counter of the cache node's `stats` (`switchkv_<name>`), asked from a client.
+fn cache_stat(live: &testbed::Live, name: &str) -> Option<u64> {
+    let addr = SocketAddr::from((ip_of(live, CACHE), 11211));
+    let stats = tcp_to(live, "c1", addr, b"stats\r\n");
+    stats.lines().find_map(|l| {
+        l.strip_prefix(&format!("STAT switchkv_{name} "))
+            .and_then(|v| v.trim().parse().ok())
+    })
+}
+
+fn steer_entries(live: &testbed::Live) -> usize {
+    let (_, body) = testbed::http_get(live.api(), "/api/v1/tables/kv_steer/entries")
+        .expect("the switch's steering entries");
+    let doc: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    doc["entries"].as_array().map_or(0, Vec::len)
+}
+
+fn steer_removed(live: &testbed::Live) -> u64 {
+    status(live)["steer"]["removed_entries"]
+        .as_u64()
+        .unwrap_or_default()
+}
+
+fn clients(live: &testbed::Live) -> Vec<Client> {
+    let mut clients = Vec::new();
+    for host in ["c1", "c2", "c1", "c2"] {
+        clients.push(Client {
+            id: clients.len() as u32 + 1,
+            transport: Transport::Udp,
+            target: vip(live),
+            // Past a lease: a write to a cached key may wait for one at its backend.
+            timeout: Duration::from_millis(2 * LEASE_MS),
+            netns: Some(live.host(host).expect("client host").netns.clone()),
+        });
+    }
+    clients
+}
+
+/// Sleeps until `at` after `start`.
+fn until(start: Instant, at: Duration) {
+    std::thread::sleep(at.saturating_sub(start.elapsed()));
+}
+
+#[test]
+fn reads_steered_to_a_cache_node_stay_coherent_through_a_hang_a_backend_crash_and_its_death() {
+    let mut live = bed();
+    let tag = format!("skv:{}", std::process::id());
+    let keys: Vec<String> = (0..8).map(|i| format!("{tag}:hot:{i}")).collect();
+    let ring = default_ring();
+    let victim = SERVERS.iter().position(|s| *s == VICTIM).unwrap();
+    let victims: Vec<String> = keys
+        .iter()
+        .filter(|k| ring.locate(k.as_bytes()) == victim)
+        .cloned()
+        .collect();
+    assert!(!victims.is_empty(), "no hot key on {VICTIM}");
+    let clients = clients(&live);
+    let load = Load {
+        keys: keys.clone(),
+        ops_per_client: 1_000_000,
+        duration: LOAD_FOR,
+        mix: Mix {
+            get: 70,
+            gets_cas: 5,
+            set: 10,
+            delete: 5,
+            incr: 10,
+        },
+        seed: SEED,
+    };
+    let clock = Clock::start();
+    let started = Instant::now();
+    struct Seen {
+        served_before_pause: Option<u64>,
+        entries_before_pause: usize,
+        removed_in_pause: Duration,
+        crash: (u64, u64),
+        dead_removed_at: u64,
+    }
+    let (recorded, seen) = std::thread::scope(|scope| {
+        let history = scope.spawn(|| history_load::run(&clients, &load, clock));
+        // Hot keys are reported, admitted and steered, and the cache node answers reads.
+        until(started, PAUSE_AT);
+        let served_before_pause = cache_stat(&live, "served");
+        let entries_before_pause = steer_entries(&live);
+        // It hangs for longer than its lease: the switch removes its entries.
+        let removed_before = steer_removed(&live);
+        let paused = Instant::now();
+        live.pause_server(CACHE, true).expect("pause the cache node");
+        while steer_removed(&live) == removed_before && paused.elapsed() < REMOVED_WITHIN {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let removed_in_pause = paused.elapsed();
+        until(paused, PAUSE_FOR);
+        live.pause_server(CACHE, false).expect("let the cache node go on");
+        // A backend crashes and comes back with nothing.
+        until(started, CRASH_AT);
+        let crashed = clock.now();
+        live.kill_server(VICTIM).expect("kill the backend");
+        live.restart_server(VICTIM).expect("restart the backend");
+        let addr = SocketAddr::from((ip_of(&live, VICTIM), 11211));
+        let back = Instant::now();
+        while !tcp_to(&live, VICTIM, addr, b"version\r\n").starts_with("VERSION") {
+            assert!(back.elapsed() < Duration::from_secs(10), "{VICTIM} not back");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let crash = (crashed, clock.now());
+        // The cache node dies: its entries go.
+        until(started, KILL_AT);
+        live.kill_server(CACHE).expect("kill the cache node");
+        let killed = Instant::now();
+        while steer_entries(&live) > 0 {
+            assert!(
+                killed.elapsed() < REMOVED_WITHIN,
+                "the dead cache node's entries are still there"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let dead_removed_at = clock.now();
+        let recorded = history.join().expect("history thread").expect("load");
+        (
+            recorded,
+            Seen {
+                served_before_pause,
+                entries_before_pause,
+                removed_in_pause,
+                crash,
+                dead_removed_at,
+            },
+        )
+    });
+    println!(
+        "before the hang: {:?} reads served by the cache node, {} steering entries; \
+         its entries removed {:?} into the hang",
+        seen.served_before_pause, seen.entries_before_pause, seen.removed_in_pause
+    );
+    assert!(
+        seen.served_before_pause.unwrap_or(0) > 100,
+        "the cache node served {:?} reads; log:\n{}",
+        seen.served_before_pause,
+        log_tail(&live, 20)
+    );
+    assert!(seen.entries_before_pause > 0);
+    assert!(
+        seen.removed_in_pause < REMOVED_WITHIN,
+        "the hung cache node's entries were not removed"
+    );
+
+    println!(
+        "history: {} ops, {} unanswered, {} SERVER_ERROR",
+        recorded.ops.len(),
+        recorded.timeouts(),
+        recorded.server_errors()
+    );
+    assert!(
+        recorded.bad_replies.is_empty(),
+        "{:?}",
+        &recorded.bad_replies
+    );
+    // The crash lost the victim's values: a write of "absent" to each of its keys, at some
+    // instant between the crash and its return.
+    let mut ops = recorded.ops.clone();
+    for key in &victims {
+        ops.push(Op {
+            client: 0,
+            cmd: "delete",
+            key: key.clone(),
+            start: seen.crash.0,
+            end: seen.crash.1,
+            kind: Kind::Write(None),
+        });
+    }
+    let report = history::check(&ops);
+    println!("history: {}", report.stats);
+    assert!(
+        report.ok(),
+        "{} reads saw a value older than an acknowledged write; the first:\n{}",
+        report.violations.len(),
+        report.first_violations(10)
+    );
+    // With the cache node dead, reads are answered by the backends.
+    let after: Vec<&Op> = recorded
+        .ops
+        .iter()
+        .filter(|op| op.start > seen.dead_removed_at && op.cmd == "get")
+        .collect();
+    let answered = after
+        .iter()
+        .filter(|op| matches!(op.kind, Kind::Read(_)))
+        .count();
+    assert!(
+        after.len() >= 50 && answered * 10 >= after.len() * 9,
+        "{answered} of {} reads answered once the dead cache node's entries were gone",
+        after.len()
+    );
+    live.down().expect("down");
+}
