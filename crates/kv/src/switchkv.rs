@@ -51,6 +51,9 @@ pub struct Backend {
     log: Option<CircularLog>,
     /// Cached keys and the end of their lease.
     cached: HashMap<Box<[u8]>, Instant>,
+    /// Cached keys whose update the cache node did not acknowledge in time: their lease is
+    /// neither renewed nor granted again until it has ended, and writes to them wait it out.
+    revoked: std::collections::HashSet<Box<[u8]>>,
     /// Reads in the current segment and the rate of the last one, for `load_floor`.
     reads: u64,
     rate: f64,
@@ -66,6 +69,7 @@ impl Backend {
             tracker,
             log,
             cached: HashMap::new(),
+            revoked: std::collections::HashSet::new(),
             reads: 0,
             rate: 0.0,
         })
@@ -122,6 +126,10 @@ impl Backend {
     /// The cache node was given `key` (it fetched it, or took an instant report of it) by a
     /// grant made at `granted`: it may serve it until `granted + lease`.
     pub fn grant(&mut self, key: &[u8], granted: Instant) {
+        if !self.may_grant(key, granted) {
+            return;
+        }
+        self.revoked.remove(key);
         let end = granted + self.cfg.lease;
         let at = self.cached.entry(key.into()).or_insert(end);
         *at = (*at).max(end);
@@ -138,6 +146,9 @@ impl Backend {
         let end = granted + self.cfg.lease;
         let mut renewed = Vec::new();
         for key in keys {
+            if self.revoked.contains(key) {
+                continue;
+            }
             if let Some(at) = self.cached.get_mut(key) {
                 if *at > granted {
                     *at = (*at).max(end);
@@ -150,7 +161,29 @@ impl Backend {
 
     /// `key` left the cache, or was not taken.
     pub fn evict(&mut self, key: &[u8]) {
-        self.cached.remove(key);
+        if !self.revoked.contains(key) {
+            self.cached.remove(key);
+        }
+    }
+
+    /// An update of `key` was not acknowledged: the cache node may still serve the value it
+    /// had until the lease ends, and the update may yet reach it, late. The lease is no
+    /// longer renewed nor granted again until it has ended (see [`Backend::may_grant`]).
+    pub fn revoke(&mut self, key: &[u8]) {
+        if self.cached.contains_key(key) {
+            self.revoked.insert(key.into());
+        }
+    }
+
+    /// Whether `key` may be granted at `now` (fetched, or reported with its value): not while
+    /// a lease revoked by an unacknowledged update runs.
+    pub fn may_grant(&mut self, key: &[u8], now: Instant) -> bool {
+        !(self.is_cached(key, now) && self.revoked.contains(key))
+    }
+
+    /// Whether writes to `key` must wait out its lease without telling the cache node.
+    pub fn is_revoked(&self, key: &[u8]) -> bool {
+        self.revoked.contains(key)
     }
 
     /// Whether the cache node may serve `key` at `now`; a lease that has ended is forgotten.
@@ -165,6 +198,7 @@ impl Backend {
         let end = *self.cached.get(key)?;
         if end <= now {
             self.cached.remove(key);
+            self.revoked.remove(key);
             return None;
         }
         Some(end)
@@ -531,6 +565,32 @@ mod tests {
         assert!(!b.is_cached(b"j", late));
     }
 
+    #[test]
+    fn a_revoked_lease_is_neither_renewed_nor_granted_until_it_ends() {
+        let t0 = Instant::from_secs(10);
+        let mut b = backend(t0);
+        let lease = b.config().lease;
+        b.grant(b"k", t0);
+        b.revoke(b"k");
+        assert!(b.is_revoked(b"k"));
+        let half = t0 + lease / 2;
+        assert!(b.renew([&b"k"[..]], half).is_empty());
+        assert!(!b.may_grant(b"k", half));
+        b.grant(b"k", half);
+        b.evict(b"k");
+        assert_eq!(
+            b.cached_until(b"k", half),
+            Some(t0 + lease),
+            "writes still wait it out"
+        );
+        // Once it has ended, the key may be granted afresh.
+        let after = t0 + lease;
+        assert_eq!(b.cached_until(b"k", after), None);
+        assert!(b.may_grant(b"k", after) && !b.is_revoked(b"k"));
+        b.grant(b"k", after);
+        assert_eq!(b.renew([&b"k"[..]], after + lease / 2), [&b"k"[..]]);
+    }
+
     fn value(data: &[u8]) -> crate::cache::Value {
         crate::cache::Value {
             flags: 3,
@@ -622,7 +682,9 @@ mod tests {
         n.renewed(&[b"h".to_vec().into()], asked);
         assert!(n.serve(0, b"h", asked).is_some());
         assert!(n.renewals(asked).is_empty());
-        assert!(n.serve(0, b"h", asked + Duration::from_millis(1800)).is_none());
+        assert!(n
+            .serve(0, b"h", asked + Duration::from_millis(1800))
+            .is_none());
         // A refused renewal drops a reported key.
         assert!(n.hot(0, b"g", 50.0, value(b"v"), asked));
         n.refused(&[b"g".to_vec().into()], asked);

@@ -74,7 +74,10 @@ fn bed() -> testbed::Live {
         kvswitch_bin: Some(bin.clone()),
         state_path: Some(state),
         start_nutcracker: false,
-        servers: testbed::ServerProgram::Node { bin, args: lease.clone() },
+        servers: testbed::ServerProgram::Node {
+            bin,
+            args: lease.clone(),
+        },
         cache_args: lease,
         ..Default::default()
     };
@@ -193,13 +196,15 @@ fn reads_steered_to_a_cache_node_stay_coherent_through_a_hang_a_backend_crash_an
         // It hangs for longer than its lease: the switch removes its entries.
         let removed_before = steer_removed(&live);
         let paused = Instant::now();
-        live.pause_server(CACHE, true).expect("pause the cache node");
+        live.pause_server(CACHE, true)
+            .expect("pause the cache node");
         while steer_removed(&live) == removed_before && paused.elapsed() < REMOVED_WITHIN {
             std::thread::sleep(Duration::from_millis(20));
         }
         let removed_in_pause = paused.elapsed();
         until(paused, PAUSE_FOR);
-        live.pause_server(CACHE, false).expect("let the cache node go on");
+        live.pause_server(CACHE, false)
+            .expect("let the cache node go on");
         // A backend crashes and comes back with nothing.
         until(started, CRASH_AT);
         let crashed = clock.now();
@@ -208,7 +213,10 @@ fn reads_steered_to_a_cache_node_stay_coherent_through_a_hang_a_backend_crash_an
         let addr = SocketAddr::from((ip_of(&live, VICTIM), 11211));
         let back = Instant::now();
         while !tcp_to(&live, VICTIM, addr, b"version\r\n").starts_with("VERSION") {
-            assert!(back.elapsed() < Duration::from_secs(10), "{VICTIM} not back");
+            assert!(
+                back.elapsed() < Duration::from_secs(10),
+                "{VICTIM} not back"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         let crash = (crashed, clock.now());

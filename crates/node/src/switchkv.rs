@@ -47,12 +47,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// One request-reply connection to a peer's control port, made when first needed and again
-/// after a failure.
+/// after a failure. A call whose reply does not come in time leaves the connection open and
+/// the reply owed: the next call reads it first. So the peer takes the messages of one link in
+/// the order they were sent, a late one included, and a new connection is made only when the
+/// peer is gone (nothing sent on the old one can still be taken).
 #[derive(Debug)]
 struct Link {
     peer: SocketAddr,
     conn: Option<TcpStream>,
     buf: Vec<u8>,
+    /// Replies to earlier calls not read yet.
+    owed: usize,
 }
 
 impl Link {
@@ -61,50 +66,81 @@ impl Link {
             peer,
             conn: None,
             buf: Vec::new(),
+            owed: 0,
         }
     }
 
-    /// Sends `message` and reads its reply, waiting at most `wait`; the reply's bytes are
-    /// returned whole (parse them with [`proto::parse`]).
+    /// Sends `message` and reads its reply, waiting at most `wait` (replies owed by earlier
+    /// calls included); the reply's bytes are returned whole (parse them with
+    /// [`proto::parse`]). When the wait runs out, the message may have been sent, and may yet
+    /// be taken.
     fn call(&mut self, message: &Message<'_>, wait: Duration) -> std::io::Result<Vec<u8>> {
         let outcome = self.try_call(message, wait);
-        if outcome.is_err() {
-            self.conn = None;
+        if let Err(e) = &outcome {
+            if !matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock) {
+                self.conn = None;
+                self.owed = 0;
+            }
         }
         outcome
     }
 
+    /// Whether a reply is still owed: a message sent may not have been taken yet.
+    fn behind(&self) -> bool {
+        self.conn.is_some() && self.owed > 0
+    }
+
     fn try_call(&mut self, message: &Message<'_>, wait: Duration) -> std::io::Result<Vec<u8>> {
         let wait = wait.max(Duration::from_millis(1));
+        let deadline = Instant::now() + wait;
         if self.conn.is_none() {
             let conn = TcpStream::connect_timeout(&self.peer, wait)?;
             conn.set_nodelay(true)?;
             self.conn = Some(conn);
             self.buf.clear();
+            self.owed = 0;
         }
+        while self.owed > 0 {
+            self.reply(deadline)?;
+            self.owed -= 1;
+        }
+        let mut out = Vec::new();
+        proto::write(message, &mut out);
         let Some(conn) = self.conn.as_mut() else {
             return Err(ErrorKind::NotConnected.into());
         };
         conn.set_write_timeout(Some(wait))?;
-        conn.set_read_timeout(Some(wait))?;
-        let mut out = Vec::new();
-        proto::write(message, &mut out);
         conn.write_all(&out)?;
-        let deadline = Instant::now() + wait;
+        self.owed = 1;
+        let reply = self.reply(deadline)?;
+        self.owed = 0;
+        Ok(reply)
+    }
+
+    /// Reads the next reply, waiting until `deadline`.
+    fn reply(&mut self, deadline: Instant) -> std::io::Result<Vec<u8>> {
         let mut chunk = [0u8; 16 * 1024];
         loop {
             match proto::parse(&self.buf) {
-                Ok(Some((_, used))) => {
-                    let reply: Vec<u8> = self.buf.drain(..used).collect();
-                    return Ok(reply);
-                }
+                Ok(Some((_, used))) => return Ok(self.buf.drain(..used).collect()),
                 Ok(None) => {}
                 Err(e) => return Err(std::io::Error::new(ErrorKind::InvalidData, e.to_string())),
             }
-            if Instant::now() >= deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
                 return Err(ErrorKind::TimedOut.into());
             }
-            let n = conn.read(&mut chunk)?;
+            let Some(conn) = self.conn.as_mut() else {
+                return Err(ErrorKind::NotConnected.into());
+            };
+            conn.set_read_timeout(Some(left))?;
+            let n = match conn.read(&mut chunk) {
+                Ok(n) => n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    return Err(ErrorKind::TimedOut.into())
+                }
+                Err(e) => return Err(e),
+            };
             if n == 0 {
                 return Err(ErrorKind::UnexpectedEof.into());
             }
@@ -329,6 +365,11 @@ impl BackendRole {
         let granted = self.clock.now();
         let load = {
             let mut state = lock(&self.state);
+            // Not while a message the cache node has not taken may still change what it
+            // holds, nor while a revoked lease runs.
+            if link.behind() || !state.may_grant(key, granted) {
+                return;
+            }
             // Counted as cached before the value is read: a write after the read is told.
             state.grant(key, granted);
             state.burst_load()
@@ -360,8 +401,14 @@ impl BackendRole {
                 // Granted before the value is read, under the updates' lock: a write the read
                 // missed is told after this reply is sent (and the cache node's fill loses to
                 // it).
-                let _updates = lock(&self.writes);
-                lock(&self.state).grant(key, now);
+                let updates = lock(&self.writes);
+                {
+                    let mut state = lock(&self.state);
+                    if updates.behind() || !state.may_grant(key, now) {
+                        return reply(&Message::Miss);
+                    }
+                    state.grant(key, now);
+                }
                 match store.get(key, None) {
                     Some(item) => {
                         bump(&self.counters.fetches);
@@ -394,34 +441,47 @@ impl BackendRole {
     /// Tells the cache node of a write to `key`, which now holds what `store` has, and waits
     /// for its acknowledgement or the end of the key's lease.
     fn tell(&self, key: &[u8], store: &Store) {
+        // Under the updates' lock from the lease's check to the reply: updates of one key
+        // reach the cache node in the order of the values they carry.
+        let mut link = lock(&self.writes);
         let now = self.clock.now();
-        let Some(until) = lock(&self.state).cached_until(key, now) else {
-            return;
-        };
-        let item = store.get(key, None);
-        let message = match &item {
-            Some(item) => Message::Update(
-                key,
-                Item {
-                    flags: item.flags,
-                    data: &item.value,
-                },
-            ),
-            None => Message::Delete(key),
+        let (until, revoked) = {
+            let mut state = lock(&self.state);
+            let Some(until) = state.cached_until(key, now) else {
+                return;
+            };
+            (until, state.is_revoked(key))
         };
         bump(&self.counters.updates);
-        let mut link = lock(&self.writes);
-        let wait = until.saturating_duration_since(now);
-        let acked = matches!(
-            link.call(&message, wait).ok().as_deref().map(proto::parse),
-            Some(Ok(Some((Message::Ok, _))))
-        );
-        if !acked {
-            // Not acknowledged: the write is answered once the cache node's lease has ended.
-            bump(&self.counters.update_timeouts);
-            let left = until.saturating_duration_since(self.clock.now());
-            drop(link);
-            thread::sleep(left);
+        if !revoked {
+            let item = store.get(key, None);
+            let message = match &item {
+                Some(item) => Message::Update(
+                    key,
+                    Item {
+                        flags: item.flags,
+                        data: &item.value,
+                    },
+                ),
+                None => Message::Delete(key),
+            };
+            let wait = until.saturating_duration_since(now);
+            let acked = matches!(
+                link.call(&message, wait).ok().as_deref().map(proto::parse),
+                Some(Ok(Some((Message::Ok, _))))
+            );
+            if acked {
+                return;
+            }
+            // The cache node may take the update late, or never: its lease on the key is
+            // neither renewed nor granted again, and the write waits for it to end.
+            lock(&self.state).revoke(key);
+        }
+        bump(&self.counters.update_timeouts);
+        drop(link);
+        let end = lock(&self.state).cached_until(key, self.clock.now());
+        if let Some(end) = end {
+            thread::sleep(end.saturating_duration_since(self.clock.now()));
         }
     }
 }
