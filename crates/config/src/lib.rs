@@ -980,6 +980,34 @@ mod tests {
         assert_eq!(c.servers[1].mac, None);
         assert_eq!(c.agent_ip, Some(c.vip));
         assert_eq!(c.servers[0].ring_name(), "s1");
+        assert_eq!(c.steer_check, Some(Duration::from_millis(200)));
+        assert_eq!(c.steer_check_failures, 3);
+    }
+
+    #[test]
+    fn the_steering_check_is_bounded_and_may_be_off() {
+        let off = EXAMPLE.replace("steer_check_ms = 200", "steer_check_ms = 0");
+        assert_eq!(parse(&off).unwrap().steer_check, None);
+        for (from, to, key) in [
+            (
+                "steer_check_ms = 200",
+                "steer_check_ms = 60001",
+                "switch.steer_check_ms",
+            ),
+            (
+                "steer_check_failures = 3",
+                "steer_check_failures = 0",
+                "switch.steer_check_failures",
+            ),
+            (
+                "steer_check_failures = 3",
+                "steer_check_failures = 101",
+                "switch.steer_check_failures",
+            ),
+        ] {
+            let e = parse(&EXAMPLE.replace(from, to)).unwrap_err().to_string();
+            assert!(e.contains(key), "{e}");
+        }
     }
 
     #[test]

@@ -514,10 +514,32 @@ mod tests {
     }
 
     #[test]
+    fn cache_hosts_are_neither_clients_nor_servers_and_take_no_server_settings() {
+        let t = Topology::parse(
+            "[[hosts]]\nname = \"k\"\nrole = \"cache\"\n[[hosts]]\nname = \"s\"\nrole = \"server\"\n",
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            t.caches().map(|h| h.name.as_str()).collect::<Vec<_>>(),
+            ["k"]
+        );
+        assert_eq!(t.clients().count(), 0);
+        for extra in ["weight = 2", "memcached_args = [\"-v\"]"] {
+            let text = format!(
+                "[[hosts]]\nname = \"k\"\nrole = \"cache\"\n{extra}\n[[hosts]]\nname = \"s\"\nrole = \"server\"\n"
+            );
+            let e = Topology::parse(&text, "t.toml").unwrap_err().to_string();
+            assert!(e.contains("hosts[0]") && e.contains("cache"), "{e}");
+        }
+    }
+
+    #[test]
     fn subnets_per_prefix() {
         let prefixes = [
             "kvs", "kvd", "ku2", "ku3", "kp2", "kp3", "kt2", "kt3", "tb1", "tb2", "tb3", "tb4",
-            "tb5", "tb6", "kpf", "kpl", "kctl", "kcoh", "kcsw", "kcs2", "krep", "kver",
+            "tb5", "tb6", "kpf", "kpl", "kctl", "kcoh", "kcsw", "kcs2", "krep", "kver", "kskv",
+            "kvtdn",
         ];
         let subnets: Vec<Subnet> = prefixes.iter().map(|p| Subnet::for_prefix(p)).collect();
         for (i, s) in subnets.iter().enumerate() {
