@@ -61,6 +61,33 @@ impl CacheSetup {
     }
 }
 
+/// How a scenario runs SwitchKV: a cache node beside kvswitch, the backends reporting to it,
+/// kvswitch steering reads of its keys to it.
+#[derive(Clone, Copy, Debug)]
+pub struct SwitchKvSetup {
+    /// Keys the cache node holds at most.
+    pub items: u64,
+    /// Rule installs and removals a second (none: unlimited).
+    pub rule_rate: Option<u64>,
+    /// The backends' lease, in milliseconds.
+    pub lease_ms: u64,
+    /// Hot keys each backend reports per segment.
+    pub top_k: u64,
+}
+
+impl SwitchKvSetup {
+    /// SwitchKV's setting, as [`CacheSetup::hot_keys`] gives kvswitch's own cache: `items`
+    /// keys, a rule budget, as many hot keys reported per segment as the paper's cluster.
+    pub fn paper(items: u64, rule_rate: Option<u64>, backends: u32) -> SwitchKvSetup {
+        SwitchKvSetup {
+            items,
+            rule_rate,
+            lease_ms: 2000,
+            top_k: PAPER_REPORTS_PER_SEGMENT.div_ceil(u64::from(backends.max(1))),
+        }
+    }
+}
+
 /// The `[cache]` section of a kvswitch configuration for `setup`; it turns the cache on for
 /// the UDP path and the built-in proxy alike.
 pub fn cache_section(setup: &CacheSetup) -> String {
@@ -101,6 +128,19 @@ pub enum System {
     KvswitchCacheUdp,
     /// TCP to the VIP with kvswitch's cache on.
     KvswitchCacheTcp,
+    /// UDP to the VIP with SwitchKV: kvswitch steers reads of the cache node's keys to it.
+    SwitchKvUdp,
+}
+
+/// The kvswitch deployment a system needs: each is measured on a testbed of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Setup {
+    /// kvswitch without a cache.
+    Plain,
+    /// kvswitch with its own cache.
+    Cache,
+    /// kvswitch without a cache, steering to a SwitchKV cache node.
+    SwitchKv,
 }
 
 impl System {
@@ -117,17 +157,22 @@ impl System {
         ]
     }
 
-    /// The systems in front of capacity-limited backends: switch mode without and with the
-    /// cache.
+    /// The systems in front of capacity-limited backends: switch mode without a cache, with
+    /// kvswitch's cache, and with SwitchKV's cache node.
     pub fn switched() -> Vec<System> {
-        vec![System::KvswitchUdp, System::KvswitchCacheUdp]
+        vec![
+            System::KvswitchUdp,
+            System::KvswitchCacheUdp,
+            System::SwitchKvUdp,
+        ]
     }
 
     pub fn proto(self) -> loadgen::Proto {
         match self {
-            System::DirectUdp | System::KvswitchUdp | System::KvswitchCacheUdp => {
-                loadgen::Proto::Udp
-            }
+            System::DirectUdp
+            | System::KvswitchUdp
+            | System::KvswitchCacheUdp
+            | System::SwitchKvUdp => loadgen::Proto::Udp,
             _ => loadgen::Proto::Tcp,
         }
     }
@@ -135,6 +180,20 @@ impl System {
     /// Whether kvswitch runs with its cache for this system.
     pub fn cached(self) -> bool {
         matches!(self, System::KvswitchCacheUdp | System::KvswitchCacheTcp)
+    }
+
+    /// Whether a cache learns the hot keys while the load runs (kvswitch's or SwitchKV's).
+    pub fn caches(self) -> bool {
+        self.cached() || self == System::SwitchKvUdp
+    }
+
+    /// The deployment it runs on.
+    pub fn setup(self) -> Setup {
+        match self {
+            System::SwitchKvUdp => Setup::SwitchKv,
+            s if s.cached() => Setup::Cache,
+            _ => Setup::Plain,
+        }
     }
 
     /// A short name for files and JSON.
@@ -147,6 +206,7 @@ impl System {
             System::KvswitchTcp => "kvswitch_tcp",
             System::KvswitchCacheUdp => "kvswitch_cache_udp",
             System::KvswitchCacheTcp => "kvswitch_cache_tcp",
+            System::SwitchKvUdp => "switchkv_udp",
         }
     }
 
@@ -160,6 +220,7 @@ impl System {
             System::KvswitchTcp => 2,
             System::KvswitchCacheUdp => 3,
             System::KvswitchCacheTcp => 4,
+            System::SwitchKvUdp => 7,
         }
     }
 }
@@ -174,22 +235,23 @@ impl fmt::Display for System {
             System::KvswitchTcp => "kvswitch proxy (TCP)",
             System::KvswitchCacheUdp => "kvswitch + cache (UDP)",
             System::KvswitchCacheTcp => "kvswitch + cache (TCP)",
+            System::SwitchKvUdp => "SwitchKV cache node (UDP)",
         })
     }
 }
 
-/// `systems` split by the kvswitch configuration they need, each group measured on a testbed of
-/// its own: those without the cache (`false`), then those with it (`true`).
-pub fn by_setup(systems: &[System]) -> Vec<(bool, Vec<System>)> {
-    [false, true]
+/// `systems` split by the kvswitch deployment they need, each group measured on a testbed of
+/// its own: those without a cache, those with kvswitch's, then SwitchKV.
+pub fn by_setup(systems: &[System]) -> Vec<(Setup, Vec<System>)> {
+    [Setup::Plain, Setup::Cache, Setup::SwitchKv]
         .into_iter()
-        .map(|cached| {
+        .map(|setup| {
             let group: Vec<System> = systems
                 .iter()
                 .copied()
-                .filter(|s| s.cached() == cached)
+                .filter(|s| s.setup() == setup)
                 .collect();
-            (cached, group)
+            (setup, group)
         })
         .filter(|(_, group)| !group.is_empty())
         .collect()
@@ -229,6 +291,9 @@ pub struct BedSpec {
     pub servers: Servers,
     /// The kvswitch cache. None: no cache.
     pub cache: Option<CacheSetup>,
+    /// SwitchKV: a cache host beside kvswitch, the servers its backends. Needs
+    /// [`Servers::Nodes`].
+    pub switchkv: Option<SwitchKvSetup>,
     pub nutcracker: bool,
 }
 
@@ -264,24 +329,33 @@ impl Bed {
         let exe = std::env::current_exe().context("finding kvswitch itself")?;
         let (n, mode, program) = match spec.servers {
             Servers::Memcached { n } => (n, testbed::Mode::L2, testbed::ServerProgram::Memcached),
-            Servers::Nodes { n, capacity } => (
-                n,
-                testbed::Mode::L3,
-                testbed::ServerProgram::Node {
+            Servers::Nodes { n, capacity } => {
+                let mut args: Vec<String> = vec![
+                    "--capacity".into(),
+                    capacity.to_string(),
+                    "--burst".into(),
+                    node_burst(capacity).to_string(),
+                    "--threads".into(),
+                    "1".into(),
+                ];
+                if let Some(k) = &spec.switchkv {
+                    args.extend(switchkv_args(k, false));
+                }
+                let program = testbed::ServerProgram::Node {
                     bin: exe.clone(),
-                    args: vec![
-                        "--capacity".into(),
-                        capacity.to_string(),
-                        "--burst".into(),
-                        node_burst(capacity).to_string(),
-                        "--threads".into(),
-                        "1".into(),
-                    ],
-                },
-            ),
+                    args,
+                };
+                (n, testbed::Mode::L3, program)
+            }
         };
+        if spec.switchkv.is_some() && !matches!(spec.servers, Servers::Nodes { .. }) {
+            bail!("SwitchKV's backends are kvswitch nodes");
+        }
         let mut text = format!("name = \"bench\"\nmode = \"{}\"\n", mode.as_str());
         text.push_str("[[hosts]]\nname = \"c1\"\nrole = \"client\"\n");
+        if spec.switchkv.is_some() {
+            text.push_str("[[hosts]]\nname = \"k1\"\nrole = \"cache\"\n");
+        }
         for i in 1..=n {
             text.push_str(&format!(
                 "[[hosts]]\nname = \"s{i}\"\nrole = \"server\"\nmemcached_args = [\"-m\", \
@@ -301,6 +375,11 @@ impl Bed {
             start_nutcracker: spec.nutcracker,
             extra_config: spec.cache.as_ref().map(cache_section),
             servers: program,
+            cache_args: spec
+                .switchkv
+                .as_ref()
+                .map(|k| switchkv_args(k, true))
+                .unwrap_or_default(),
             ..Default::default()
         };
         let live = testbed::up(&topo, &opts)?;
@@ -347,6 +426,12 @@ impl Bed {
             System::KvswitchCacheUdp | System::KvswitchCacheTcp => {
                 if self.spec.cache.is_none() {
                     bail!("{system} needs a testbed with kvswitch's cache");
+                }
+                Ok(self.vip)
+            }
+            System::SwitchKvUdp => {
+                if self.spec.switchkv.is_none() {
+                    bail!("{system} needs a testbed with a SwitchKV cache node");
                 }
                 Ok(self.vip)
             }
@@ -440,6 +525,25 @@ impl Bed {
     pub fn down(self) -> anyhow::Result<()> {
         self.live.down()
     }
+}
+
+/// The arguments of a SwitchKV backend (`cache_node` false) or cache node for `setup`.
+fn switchkv_args(setup: &SwitchKvSetup, cache_node: bool) -> Vec<String> {
+    let mut args = vec![
+        "--lease-ms".to_string(),
+        setup.lease_ms.to_string(),
+        "--top-k".to_string(),
+        setup.top_k.to_string(),
+    ];
+    if cache_node {
+        args.extend([
+            "--cache-items".to_string(),
+            setup.items.max(1).to_string(),
+            "--rule-rate".to_string(),
+            setup.rule_rate.unwrap_or(0).to_string(),
+        ]);
+    }
+    args
 }
 
 /// The pause after a run that lost requests.

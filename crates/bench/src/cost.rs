@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::bed::{by_setup, rotated, Bed, BedSpec, CacheSetup, Servers, System};
+use super::bed::{by_setup, rotated, Bed, BedSpec, CacheSetup, Servers, Setup, System};
 use super::latency::per_s;
 use super::output::{fmt, ratio, times, Machine, Output};
 use super::plot::{BarChart, Chart};
@@ -93,7 +93,8 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     let out = Output::create(&super::bed::out_dir(args.common.out.as_ref(), NAME))?;
     let systems = System::compared();
     let mut points = Vec::new();
-    for (cached, group) in by_setup(&systems) {
+    for (setup, group) in by_setup(&systems) {
+        let cached = setup == Setup::Cache;
         let with = if cached { " with its cache" } else { "" };
         eprintln!(
             "{NAME}: building the testbed (1 client, {SERVERS} memcached, \
@@ -104,6 +105,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
             prefix: args.common.prefix.clone(),
             servers: Servers::Memcached { n: SERVERS },
             cache: cached.then(|| CacheSetup::whole_keyspace(args.keys)),
+            switchkv: None,
             nutcracker: true,
         })?;
         bed.preload(args.keys, "key:", args.value_size as usize)?;

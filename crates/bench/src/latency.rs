@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::bed::{by_setup, rotated, Bed, BedSpec, CacheSetup, Servers, System};
+use super::bed::{by_setup, rotated, Bed, BedSpec, CacheSetup, Servers, Setup, System};
 use super::output::{fmt, ratio, times, Machine, Output};
 use super::plot::{Chart, LineChart, Series};
 use super::Common;
@@ -130,7 +130,8 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
 
     let mut points = Vec::new();
     let mut light = Vec::new();
-    for (cached, group) in by_setup(&systems) {
+    for (setup, group) in by_setup(&systems) {
+        let cached = setup == Setup::Cache;
         let with = if cached { " with its cache" } else { "" };
         eprintln!(
             "{NAME}: building the testbed (1 client, {SERVERS} memcached, \
@@ -141,6 +142,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
             prefix: args.common.prefix.clone(),
             servers: Servers::Memcached { n: SERVERS },
             cache: cached.then(|| CacheSetup::whole_keyspace(args.keys)),
+            switchkv: None,
             nutcracker: true,
         })?;
         bed.preload(args.keys, "key:", args.value_size as usize)?;

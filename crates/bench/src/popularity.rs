@@ -9,7 +9,9 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::bed::{by_setup, rotated, Bed, BedSpec, CacheSetup, Servers, System};
+use super::bed::{
+    by_setup, rotated, Bed, BedSpec, CacheSetup, Servers, Setup, SwitchKvSetup, System,
+};
 use super::output::{fmt, Machine, Output};
 use super::plot::{Chart, LineChart, Series};
 use super::Common;
@@ -176,19 +178,26 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Run>> {
         capacity: args.capacity,
     };
     let mut all = Vec::new();
-    for (cached, group) in by_setup(&systems) {
+    for (setup, group) in by_setup(&systems) {
         eprintln!(
             "{NAME}: building the testbed (1 client, {} kvswitch nodes of {} requests/s, kvswitch{})...",
             args.servers,
             args.capacity,
-            if cached { " with its cache" } else { "" }
+            match setup {
+                Setup::Plain => "",
+                Setup::Cache => " with its cache",
+                Setup::SwitchKv => " steering to a SwitchKV cache node",
+            }
         );
+        let entries = args.keys / 10;
+        let rules = Some(args.rule_updates);
         let bed = Bed::up(&BedSpec {
             prefix: args.common.prefix.clone(),
             servers: servers.clone(),
-            cache: cached.then(|| {
-                CacheSetup::hot_keys(args.keys / 10, Some(args.rule_updates), args.servers)
-            }),
+            cache: (setup == Setup::Cache)
+                .then(|| CacheSetup::hot_keys(entries, rules, args.servers)),
+            switchkv: (setup == Setup::SwitchKv)
+                .then(|| SwitchKvSetup::paper(entries, rules, args.servers)),
             nutcracker: false,
         })?;
         bed.preload(args.keys, "key:", 32)?;
@@ -218,7 +227,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Run>> {
             runs,
             rule_updates_per_s: systems
                 .iter()
-                .any(|s| s.cached())
+                .any(|s| s.caches())
                 .then_some(args.rule_updates),
             short: args.common.short,
         },
@@ -254,7 +263,7 @@ fn measure(
         rate: Some(args.offered()),
         duration: args.duration(),
         // The cache learns the hot keys while the load runs: give it a few segments first.
-        warmup: if system.cached() && !args.common.short {
+        warmup: if system.caches() && !args.common.short {
             3.0
         } else {
             0.5_f64.min(args.duration() / 4.0)

@@ -11,7 +11,9 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::bed::{by_setup, rotated, Bed, BedSpec, CacheSetup, Servers, System};
+use super::bed::{
+    by_setup, rotated, Bed, BedSpec, CacheSetup, Servers, Setup, SwitchKvSetup, System,
+};
 use super::latency::{loss, per_s};
 use super::output::{fmt, ratio, times, Machine, Output};
 use super::plot::{BarChart, Chart, LineChart, Series};
@@ -172,10 +174,13 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
 
     let mut points = Vec::new();
     // One testbed per kvswitch configuration: without the cache, then with it.
-    for (cached, group) in by_setup(&systems) {
+    for (setup, group) in by_setup(&systems) {
+        let entries = default_cache_entries(args);
         let cache =
-            cached.then(|| CacheSetup::hot_keys(default_cache_entries(args), None, args.servers));
-        let bed = up(args, &servers, cache)?;
+            (setup == Setup::Cache).then(|| CacheSetup::hot_keys(entries, None, args.servers));
+        let switchkv = (setup == Setup::SwitchKv)
+            .then(|| SwitchKvSetup::paper(entries, None, args.servers));
+        let bed = up(args, &servers, cache, switchkv)?;
         for run in 0..runs {
             for &skew in &skews {
                 for system in rotated(&group, run) {
@@ -184,7 +189,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
                         args,
                         system,
                         skew,
-                        cache.map(|c| c.items),
+                        system.caches().then_some(entries),
                         run,
                     )?);
                 }
@@ -198,6 +203,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
                 args,
                 &servers,
                 Some(CacheSetup::hot_keys(entries, None, args.servers)),
+                None,
             )?;
             for run in 0..runs {
                 let p = measure(
@@ -262,17 +268,26 @@ fn default_cache_entries(args: &Args) -> u64 {
     args.cache_sizes().into_iter().max().unwrap_or(1000)
 }
 
-fn up(args: &Args, servers: &Servers, cache: Option<CacheSetup>) -> anyhow::Result<Bed> {
+fn up(
+    args: &Args,
+    servers: &Servers,
+    cache: Option<CacheSetup>,
+    switchkv: Option<SwitchKvSetup>,
+) -> anyhow::Result<Bed> {
+    let with = match (cache, switchkv) {
+        (Some(c), _) => format!(" with a cache of {} entries", c.items),
+        (_, Some(k)) => format!(" steering to a SwitchKV cache node of {} entries", k.items),
+        _ => String::new(),
+    };
     eprintln!(
-        "{NAME}: building the testbed (1 client, {} kvswitch nodes of {} requests/s, kvswitch{})...",
-        args.servers,
-        args.capacity,
-        cache.map_or_else(String::new, |c| format!(" with a cache of {} entries", c.items))
+        "{NAME}: building the testbed (1 client, {} kvswitch nodes of {} requests/s, kvswitch{with})...",
+        args.servers, args.capacity,
     );
     let bed = Bed::up(&BedSpec {
         prefix: args.common.prefix.clone(),
         servers: servers.clone(),
         cache,
+        switchkv,
         nutcracker: false,
     })?;
     bed.preload(args.keys, "key:", 32)?;
@@ -297,7 +312,7 @@ fn measure(
         rate: Some(args.offered()),
         duration,
         // The cache learns the hot keys while the load runs: give it the paper's few segments.
-        warmup: if system.cached() && !args.common.short {
+        warmup: if system.caches() && !args.common.short {
             3.0
         } else {
             (duration / 4.0).min(0.5)
@@ -375,7 +390,7 @@ fn medians(points: &[Point]) -> Vec<Point> {
 
 /// The points of the skew sweep (not the cache-size sweep) of `system`.
 fn sweep<'a>(args: &Args, medians: &'a [Point], system: System) -> Vec<&'a Point> {
-    let entries = system.cached().then(|| default_cache_entries(args));
+    let entries = system.caches().then(|| default_cache_entries(args));
     medians
         .iter()
         .filter(|p| p.system == system && p.cache_entries == entries)
@@ -441,7 +456,7 @@ fn backend_chart(args: &Args, skews: &[f64], medians: &[Point]) -> BarChart {
     for skew in bar_skews(skews) {
         for p in medians.iter().filter(|p| {
             p.skew == skew
-                && p.cache_entries == p.system.cached().then(|| default_cache_entries(args))
+                && p.cache_entries == p.system.caches().then(|| default_cache_entries(args))
         }) {
             groups.push((format!("zipf {skew}, {}", p.system), p.backend_rps.clone()));
         }
@@ -503,7 +518,10 @@ fn summary(
          run(s). Throughput is GETs answered per second. With the cache, kvswitch finds hot keys \
          itself (periodic top-k reports, {} per backend per second so that the {} backends \
          report as many as SwitchKV's 128 did, and the circular log); it learns them during a \
-         3 s warm-up before each point and keeps them from one point to the next.\n",
+         3 s warm-up before each point and keeps them from one point to the next. With \
+         SwitchKV, the backends report the same way to a cache node (`kvswitch node --role \
+         cache`, as many entries) on a host of its own, which installs a `kv_steer` entry per \
+         key it holds in kvswitch; kvswitch has no cache of its own then.\n",
         args.servers,
         args.capacity,
         super::bed::node_burst(args.capacity),
@@ -545,6 +563,21 @@ fn summary(
                 p.get_rps,
                 times(ratio(Some(p.get_rps), uniform)),
                 p.get_rps / total * 100.0
+            );
+        }
+    }
+    let _ = writeln!(t);
+    let base = sweep(args, medians, System::KvswitchUdp);
+    for &s in systems.iter().filter(|s| s.caches()) {
+        for p in sweep(args, medians, s) {
+            let without = base.iter().find(|b| b.skew == p.skew).map(|b| b.get_rps);
+            let _ = writeln!(
+                t,
+                "- {s} against no cache, zipf {}: {} ({:.0} against {} GET/s).",
+                p.skew,
+                times(ratio(Some(p.get_rps), without)),
+                p.get_rps,
+                fmt(without, 0)
             );
         }
     }

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::bed::{by_setup, rotated, Bed, BedSpec, CacheSetup, Servers, System};
+use super::bed::{by_setup, rotated, Bed, BedSpec, CacheSetup, Servers, Setup, System};
 use super::latency::loss;
 use super::output::{fmt, ratio, times, Machine, Output};
 use super::plot::{Chart, LineChart, Series};
@@ -106,7 +106,8 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     let systems = System::compared();
 
     let mut points = Vec::new();
-    for (cached, group) in by_setup(&systems) {
+    for (setup, group) in by_setup(&systems) {
+        let cached = setup == Setup::Cache;
         let with = if cached { " with its cache" } else { "" };
         eprintln!(
             "{NAME}: building the testbed (1 client, {SERVERS} memcached, \
@@ -117,6 +118,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
             prefix: args.common.prefix.clone(),
             servers: Servers::Memcached { n: SERVERS },
             cache: cached.then(|| CacheSetup::whole_keyspace(args.keys * sizes.len() as u64)),
+            switchkv: None,
             nutcracker: true,
         })?;
         for &size in &sizes {

@@ -93,6 +93,10 @@ pub struct NodeArgs {
     /// evaluation); 0 for no limit.
     #[arg(long, default_value_t = 400)]
     pub rule_rate: u32,
+    /// Hot keys a backend reports each second, and a cache node counts per backend (SwitchKV:
+    /// 5); give backends and their cache node the same.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub top_k: u32,
 }
 
 /// What a node does besides serving memcached.
@@ -121,6 +125,7 @@ impl Default for NodeArgs {
             upstream: None,
             cache_items: 10_000,
             rule_rate: 400,
+            top_k: 5,
         }
     }
 }
@@ -192,10 +197,13 @@ impl Node {
                 let Some(to) = args.cache_node else {
                     bail!("--role backend needs --cache-node ADDRESS:PORT");
                 };
-                let cfg = kv::switchkv::BackendConfig {
+                let mut cfg = kv::switchkv::BackendConfig {
                     lease,
                     ..Default::default()
                 };
+                cfg.tracker.top_k = args.top_k as usize;
+                // The tracker must count at least as many keys as it reports.
+                cfg.tracker.capacity = cfg.tracker.capacity.max(4 * cfg.tracker.top_k);
                 let (role, threads) = switchkv::BackendRole::start(
                     cfg,
                     to,
@@ -217,6 +225,9 @@ impl Node {
                     ..Default::default()
                 };
                 cfg.cache.items = args.cache_items.max(1);
+                cfg.cache.tracker.top_k = args.top_k as usize;
+                cfg.cache.tracker.capacity =
+                    cfg.cache.tracker.capacity.max(4 * cfg.cache.tracker.top_k);
                 cfg.cache.rules.rate = (args.rule_rate > 0).then_some(args.rule_rate);
                 let (role, threads) = switchkv::CacheRole::start(
                     cfg,
