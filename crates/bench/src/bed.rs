@@ -503,8 +503,17 @@ impl Bed {
         })
     }
 
-    /// Requests kvswitch has routed to each server so far, in server order, from its metrics.
+    /// Requests each server has been sent so far, in server order: on `kvswitch node`
+    /// servers, what each took (served and dropped over capacity, from its `stats`), which
+    /// also counts what reaches them other than through kvswitch's routing (a SwitchKV cache
+    /// node's misses); on memcached, what kvswitch routed to each (its metrics).
     pub fn backend_requests(&self) -> anyhow::Result<Vec<u64>> {
+        if matches!(self.spec.servers, Servers::Nodes { .. }) {
+            let servers = self.servers.clone();
+            return self.live.in_host(&self.client, move || {
+                servers.iter().map(|&s| node_requests(s)).collect()
+            })?;
+        }
         let (code, body) = testbed::http_get(self.live.api(), "/metrics")?;
         if code != 200 {
             bail!("kvswitch's /metrics answered {code}");
@@ -525,6 +534,34 @@ impl Bed {
     pub fn down(self) -> anyhow::Result<()> {
         self.live.down()
     }
+}
+
+/// Requests a `kvswitch node` at `addr` has taken: `requests` and `capacity_drops` of its
+/// `stats`, asked over TCP.
+fn node_requests(addr: SocketAddr) -> anyhow::Result<u64> {
+    use std::io::{Read, Write};
+    let wait = std::time::Duration::from_secs(2);
+    let mut s = std::net::TcpStream::connect_timeout(&addr, wait)
+        .with_context(|| format!("asking {addr} for its stats"))?;
+    s.set_read_timeout(Some(wait))?;
+    s.write_all(b"stats\r\n")?;
+    let mut reply = Vec::new();
+    let mut chunk = [0u8; 8192];
+    while !reply.ends_with(b"END\r\n") {
+        let n = s.read(&mut chunk)?;
+        if n == 0 {
+            bail!("{addr} closed the connection before the end of its stats");
+        }
+        reply.extend_from_slice(&chunk[..n]);
+    }
+    let text = String::from_utf8_lossy(&reply);
+    let stat = |name: &str| -> anyhow::Result<u64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("STAT {name} ")))
+            .and_then(|v| v.trim().parse().ok())
+            .with_context(|| format!("no {name} in the stats of {addr}"))
+    };
+    Ok(stat("requests")? + stat("capacity_drops")?)
 }
 
 /// The arguments of a SwitchKV backend (`cache_node` false) or cache node for `setup`.

@@ -39,6 +39,10 @@ pub enum Scenario {
     PopularityChange(popularity::Args),
     /// CPU time per request of every middle box (kvswitch, nutcracker), from /proc.
     Cost(cost::Args),
+    /// SwitchKV (a cache node that kvswitch steers reads to) beside kvswitch's own cache and
+    /// no cache, in front of capacity-limited backends: the skew and popularity-change
+    /// scenarios, into <out>/skew and <out>/popularity-change.
+    Switchkv(SwitchkvArgs),
     /// Every testbed scenario in turn (not `proxy`), each into its own folder under --out.
     All(AllArgs),
 }
@@ -74,6 +78,19 @@ fn parse_prefix(s: &str) -> anyhow::Result<String> {
 }
 
 #[derive(clap::Args, Clone, Debug)]
+pub struct SwitchkvArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Backends (kvswitch nodes).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub servers: u32,
+    /// Requests per second each backend serves.
+    #[arg(long, default_value_t = 500,
+          value_parser = clap::value_parser!(u64).range(10..=10_000_000))]
+    pub capacity: u64,
+}
+
+#[derive(clap::Args, Clone, Debug)]
 pub struct AllArgs {
     #[command(flatten)]
     pub common: Common,
@@ -87,6 +104,7 @@ pub fn run(scenario: &Scenario) -> anyhow::Result<()> {
         Scenario::Skew(args) => skew::run(args).map(drop),
         Scenario::PopularityChange(args) => popularity::run(args).map(drop),
         Scenario::Cost(args) => cost::run(args).map(drop),
+        Scenario::Switchkv(args) => run_switchkv(args),
         Scenario::All(args) => run_all(&args.common),
     }
 }
@@ -109,6 +127,30 @@ fn run_all(common: &Common) -> anyhow::Result<()> {
     skew::run(&skew::Args::with(sub(skew::NAME)))?;
     popularity::run(&popularity::Args::with(sub(popularity::NAME)))?;
     cost::run(&cost::Args::with(sub(cost::NAME)))?;
+    Ok(())
+}
+
+/// The scenarios that compare SwitchKV with kvswitch's cache, at `args.servers` backends,
+/// each into `<out>/<scenario>` (default `results/switchkv/<scenario>`).
+fn run_switchkv(args: &SwitchkvArgs) -> anyhow::Result<()> {
+    let sub = |name: &str| Common {
+        out: Some(
+            args.common
+                .out
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("results").join("switchkv"))
+                .join(name),
+        ),
+        ..args.common.clone()
+    };
+    let mut skew = skew::Args::with(sub(skew::NAME));
+    skew.servers = args.servers;
+    skew.capacity = args.capacity;
+    skew::run(&skew)?;
+    let mut popularity = popularity::Args::with(sub(popularity::NAME));
+    popularity.servers = args.servers;
+    popularity.capacity = args.capacity;
+    popularity::run(&popularity)?;
     Ok(())
 }
 

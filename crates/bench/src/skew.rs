@@ -128,7 +128,7 @@ pub struct Point {
     /// Gets answered per second (hits and misses).
     pub get_rps: f64,
     pub loss: f64,
-    /// Requests per second kvswitch sent to each backend, in server order.
+    /// Requests per second each backend was sent, in server order.
     pub backend_rps: Vec<f64>,
     pub run: u32,
 }
@@ -178,8 +178,8 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
         let entries = default_cache_entries(args);
         let cache =
             (setup == Setup::Cache).then(|| CacheSetup::hot_keys(entries, None, args.servers));
-        let switchkv = (setup == Setup::SwitchKv)
-            .then(|| SwitchKvSetup::paper(entries, None, args.servers));
+        let switchkv =
+            (setup == Setup::SwitchKv).then(|| SwitchKvSetup::paper(entries, None, args.servers));
         let bed = up(args, &servers, cache, switchkv)?;
         for run in 0..runs {
             for &skew in &skews {

@@ -424,7 +424,9 @@ impl Cache {
             }
             match self.least_loaded() {
                 Some((victim, victim_load)) if victim_load < load || self.cfg.admit_every_read => {
-                    self.evict_key(&victim, now);
+                    // Its removal is queued before the new key's addition, and released at
+                    // the admission's poll, after it: additions first.
+                    self.remove_entry(&victim, now);
                 }
                 _ => return false,
             }
@@ -458,6 +460,13 @@ impl Cache {
     }
 
     fn evict_key(&mut self, key: &[u8], now: Instant) -> bool {
+        let removed = self.remove_entry(key, now);
+        self.poll_rules(now);
+        removed
+    }
+
+    /// Drops `key` and queues its rule's removal, without releasing anything.
+    fn remove_entry(&mut self, key: &[u8], now: Instant) -> bool {
         let Some(entry) = self.entries.remove(key) else {
             return false;
         };
@@ -468,7 +477,6 @@ impl Cache {
             // costs forwarded misses.
             self.counters.rule_buffer_full += 1;
         }
-        self.poll_rules(now);
         true
     }
 
@@ -486,7 +494,7 @@ impl Cache {
                     cached: self.entries.len(),
                 });
             };
-            self.evict_key(&victim, now);
+            self.remove_entry(&victim, now);
         }
         let load = self.threshold;
         if self.admit(key, Entry::new(load, true), now) {

@@ -284,3 +284,95 @@ fn a_restarted_backend_makes_its_cache_node_drop_its_keys_and_other_reads_are_fo
         "VALUE k 0 2\r\nv2\r\nEND\r\n"
     );
 }
+
+#[test]
+fn rules_follow_the_cache_under_the_rule_update_limit_additions_first() {
+    const RATE: u32 = 20;
+    const KEYS: usize = 30;
+    let cache_control = free_port();
+    let changes: Arc<Mutex<Vec<(Instant, Change<Box<[u8]>>)>>> = Arc::default();
+    let sink = changes.clone();
+    let cache = Node::start_with(
+        &NodeArgs {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            no_udp: true,
+            role: Role::Cache,
+            control_port: cache_control,
+            upstream: Some("127.0.0.1:9".parse().unwrap()),
+            cache_items: KEYS,
+            rule_rate: RATE,
+            top_k: KEYS as u32,
+            ..NodeArgs::default()
+        },
+        Some(Box::new(move |c| {
+            let now = Instant::now();
+            sink.lock().unwrap().extend(c.into_iter().map(|c| (now, c)));
+            Ok(())
+        })),
+    )
+    .unwrap();
+    let backend = Node::start(&NodeArgs {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        no_udp: true,
+        role: Role::Backend,
+        control_port: free_port(),
+        cache_node: Some(format!("127.0.0.1:{cache_control}").parse().unwrap()),
+        top_k: KEYS as u32,
+        ..NodeArgs::default()
+    })
+    .unwrap();
+    let mut to_backend = connect(backend.tcp_addr().unwrap());
+    let mut call =
+        |request: String| text(&exchange(&mut to_backend, request.as_bytes(), line_or_end));
+    // Two waves of hot keys: the second read more, so that it replaces the first.
+    let wave = |w: usize| (0..KEYS).map(move |i| format!("w{w}:{i}"));
+    for key in wave(1).chain(wave(2)) {
+        assert_eq!(call(format!("set {key} 0 0 1\r\nv\r\n")), "STORED\r\n");
+    }
+    let added = |w: usize, all: &[(Instant, Change<Box<[u8]>>)]| {
+        all.iter()
+            .filter(
+                |(_, c)| matches!(c, Change::Add(k) if k.starts_with(format!("w{w}:").as_bytes())),
+            )
+            .count()
+    };
+    for (w, reads) in [(1, 20), (2, 60)] {
+        let started = Instant::now();
+        while added(w, &changes.lock().unwrap()) < KEYS {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "wave {w} not cached"
+            );
+            for key in wave(w) {
+                for _ in 0..reads / 10 {
+                    call(format!("get {key}\r\n"));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let all = changes.lock().unwrap().clone();
+    // Never more than the budget allows: its burst (a second's worth) and the rate since.
+    let first = all[0].0;
+    for (i, (at, _)) in all.iter().enumerate() {
+        let allowed = RATE as f64 * (1.0 + at.duration_since(first).as_secs_f64()) + 1.0;
+        assert!(
+            (i + 1) as f64 <= allowed,
+            "change {} at {:?}: {all:?}",
+            i + 1,
+            *at - first
+        );
+    }
+    // The first wave's keys leave only after the second's have started to come in.
+    let first_removal = all
+        .iter()
+        .position(|(_, c)| matches!(c, Change::Remove(_)))
+        .expect("the first wave was evicted");
+    assert!(
+        all[..first_removal]
+            .iter()
+            .any(|(_, c)| matches!(c, Change::Add(k) if k.starts_with(b"w2:"))),
+        "a removal went before any addition of the second wave: {all:?}"
+    );
+    drop(cache);
+}
