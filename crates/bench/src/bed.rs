@@ -130,6 +130,28 @@ pub enum System {
     KvswitchCacheTcp,
     /// UDP to the VIP with SwitchKV: kvswitch steers reads of the cache node's keys to it.
     SwitchKvUdp,
+    /// UDP to the SwitchKV cache node itself, which answers what it holds and sends the rest
+    /// to the backends (SwitchKV's on-path look-through architecture).
+    LookThroughUdp,
+}
+
+/// The systems of `wanted` (slugs) among `all`, in `all`'s order; every one when `wanted` is
+/// empty. An unknown slug is an error that lists the known ones.
+pub fn pick(all: &[System], wanted: &[String]) -> anyhow::Result<Vec<System>> {
+    if wanted.is_empty() {
+        return Ok(all.to_vec());
+    }
+    for w in wanted {
+        if !all.iter().any(|s| s.slug() == w) {
+            let known: Vec<&str> = all.iter().map(|s| s.slug()).collect();
+            bail!("--systems: no system {w:?} here (known: {})", known.join(", "));
+        }
+    }
+    Ok(all
+        .iter()
+        .copied()
+        .filter(|s| wanted.iter().any(|w| w == s.slug()))
+        .collect())
 }
 
 /// The kvswitch deployment a system needs: each is measured on a testbed of its own.
@@ -164,6 +186,7 @@ impl System {
             System::KvswitchUdp,
             System::KvswitchCacheUdp,
             System::SwitchKvUdp,
+            System::LookThroughUdp,
         ]
     }
 
@@ -172,7 +195,8 @@ impl System {
             System::DirectUdp
             | System::KvswitchUdp
             | System::KvswitchCacheUdp
-            | System::SwitchKvUdp => loadgen::Proto::Udp,
+            | System::SwitchKvUdp
+            | System::LookThroughUdp => loadgen::Proto::Udp,
             _ => loadgen::Proto::Tcp,
         }
     }
@@ -184,13 +208,13 @@ impl System {
 
     /// Whether a cache learns the hot keys while the load runs (kvswitch's or SwitchKV's).
     pub fn caches(self) -> bool {
-        self.cached() || self == System::SwitchKvUdp
+        self.cached() || self.setup() == Setup::SwitchKv
     }
 
     /// The deployment it runs on.
     pub fn setup(self) -> Setup {
         match self {
-            System::SwitchKvUdp => Setup::SwitchKv,
+            System::SwitchKvUdp | System::LookThroughUdp => Setup::SwitchKv,
             s if s.cached() => Setup::Cache,
             _ => Setup::Plain,
         }
@@ -207,6 +231,7 @@ impl System {
             System::KvswitchCacheUdp => "kvswitch_cache_udp",
             System::KvswitchCacheTcp => "kvswitch_cache_tcp",
             System::SwitchKvUdp => "switchkv_udp",
+            System::LookThroughUdp => "look_through_udp",
         }
     }
 
@@ -221,6 +246,8 @@ impl System {
             System::KvswitchCacheUdp => 3,
             System::KvswitchCacheTcp => 4,
             System::SwitchKvUdp => 7,
+            // DirectTcp's, which never runs beside it.
+            System::LookThroughUdp => 5,
         }
     }
 }
@@ -236,6 +263,7 @@ impl fmt::Display for System {
             System::KvswitchCacheUdp => "kvswitch + cache (UDP)",
             System::KvswitchCacheTcp => "kvswitch + cache (TCP)",
             System::SwitchKvUdp => "SwitchKV cache node (UDP)",
+            System::LookThroughUdp => "look-through cache node (UDP)",
         })
     }
 }
@@ -435,6 +463,18 @@ impl Bed {
                 }
                 Ok(self.vip)
             }
+            System::LookThroughUdp => {
+                let cache = self
+                    .live
+                    .state
+                    .caches()
+                    .next()
+                    .with_context(|| format!("{system} needs a testbed with a SwitchKV cache node"))?;
+                Ok(SocketAddr::V4(SocketAddrV4::new(
+                    cache.ip,
+                    testbed::MEMCACHED_PORT,
+                )))
+            }
         }
     }
 
@@ -573,7 +613,9 @@ fn switchkv_args(setup: &SwitchKvSetup, cache_node: bool) -> Vec<String> {
         setup.top_k.to_string(),
     ];
     if cache_node {
+        // Also on the path of every request when clients send to it (look-through).
         args.extend([
+            "--look-through".to_string(),
             "--cache-items".to_string(),
             setup.items.max(1).to_string(),
             "--rule-rate".to_string(),

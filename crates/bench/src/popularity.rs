@@ -54,6 +54,10 @@ pub struct Args {
     /// applies to the systems with the cache.
     #[arg(long, default_value_t = 400)]
     pub rule_updates: u64,
+    /// Only these systems, by their short names (kvswitch_udp, kvswitch_cache_udp,
+    /// switchkv_udp, look_through_udp), comma-separated [default: all].
+    #[arg(long, value_delimiter = ',', value_name = "SYSTEM,...")]
+    pub systems: Vec<String>,
 }
 
 impl Args {
@@ -69,6 +73,7 @@ impl Args {
             change_every: None,
             duration: None,
             rule_updates: 400,
+            systems: Vec::new(),
         }
     }
 
@@ -172,7 +177,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Run>> {
     let duration = args.duration();
     let machine = Machine::describe();
     let out = Output::create(&super::bed::out_dir(args.common.out.as_ref(), NAME))?;
-    let systems = System::switched();
+    let systems = super::bed::pick(&System::switched(), &args.systems)?;
     let servers = Servers::Nodes {
         n: args.servers as usize,
         capacity: args.capacity,

@@ -55,6 +55,10 @@ pub struct Args {
     /// Zipf exponent of the cache-size sweep.
     #[arg(long, default_value_t = 0.99)]
     pub cache_skew: f64,
+    /// Only these systems, by their short names (kvswitch_udp, kvswitch_cache_udp,
+    /// switchkv_udp, look_through_udp), comma-separated [default: all].
+    #[arg(long, value_delimiter = ',', value_name = "SYSTEM,...")]
+    pub systems: Vec<String>,
 }
 
 impl Args {
@@ -69,6 +73,7 @@ impl Args {
             duration: None,
             cache_sizes: Vec::new(),
             cache_skew: 0.99,
+            systems: Vec::new(),
         }
     }
 
@@ -165,7 +170,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     let runs = args.common.runs();
     let machine = Machine::describe();
     let out = Output::create(&super::bed::out_dir(args.common.out.as_ref(), NAME))?;
-    let systems = System::switched();
+    let systems = super::bed::pick(&System::switched(), &args.systems)?;
     let cache_sizes = Some(args.cache_sizes());
     let servers = Servers::Nodes {
         n: args.servers as usize,
@@ -521,7 +526,9 @@ fn summary(
          3 s warm-up before each point and keeps them from one point to the next. With \
          SwitchKV, the backends report the same way to a cache node (`kvswitch node --role \
          cache`, as many entries) on a host of its own, which installs a `kv_steer` entry per \
-         key it holds in kvswitch; kvswitch has no cache of its own then.\n",
+         key it holds in kvswitch; kvswitch has no cache of its own then. Look-through sends \
+         every request to that cache node instead, which answers what it holds and sends the \
+         rest on to the backends (one TCP exchange through kvswitch's proxy each).\n",
         args.servers,
         args.capacity,
         super::bed::node_burst(args.capacity),

@@ -110,6 +110,7 @@ pub fn rule_sink(
         interface,
         cache: *cache.ip(),
         entries: HashMap::new(),
+        removed_seen: None,
     };
     Ok(Some(Box::new(move |changes| steer.apply(changes))))
 }
@@ -142,15 +143,62 @@ struct Steer {
     cache: Ipv4Addr,
     /// Key hash → (entry id, keys that hold it).
     entries: HashMap<u32, (u64, usize)>,
+    /// The switch's count of steering entries it removed (its check of the cache nodes), when
+    /// last synced: a sync lists the entries only when it moved.
+    removed_seen: Option<u64>,
 }
 
 impl Steer {
-    /// Applies the cache node's rule changes; with none, makes the switch's entries match
-    /// the node's keys again (see [`Steer::sync`]).
+    /// Applies the cache node's rule changes, in one batch when it can; with none, makes the
+    /// switch's entries match the node's keys again (see [`Steer::sync`]).
     fn apply(&mut self, changes: Vec<Change<Box<[u8]>>>) -> anyhow::Result<()> {
         if changes.is_empty() {
             return self.sync();
         }
+        // What the changes do to the switch's entries, by key hash: an entry added, or one
+        // removed (keys whose hashes collide share one).
+        let mut counts: HashMap<u32, usize> =
+            self.entries.iter().map(|(&h, &(_, n))| (h, n)).collect();
+        let mut ops: Vec<(u32, bool)> = Vec::new();
+        for change in &changes {
+            match change {
+                Change::Add(key) => {
+                    let h = self.hash.hash(key);
+                    let n = counts.entry(h).or_default();
+                    *n += 1;
+                    if *n == 1 {
+                        ops.push((h, true));
+                    }
+                }
+                Change::Remove(key) => {
+                    let h = self.hash.hash(key);
+                    let Some(n) = counts.get_mut(&h).filter(|n| **n > 0) else {
+                        continue;
+                    };
+                    *n -= 1;
+                    if *n == 0 {
+                        // Added in this batch: the two cancel out.
+                        match ops.iter().rposition(|&(o, _)| o == h) {
+                            Some(i) if ops[i].1 => {
+                                ops.remove(i);
+                            }
+                            _ => ops.push((h, false)),
+                        }
+                    }
+                }
+            }
+        }
+        if self.apply_batch(&ops).is_ok() {
+            for (&h, &n) in &counts {
+                if n == 0 {
+                    self.entries.remove(&h);
+                } else if let Some(e) = self.entries.get_mut(&h) {
+                    e.1 = n;
+                }
+            }
+            return Ok(());
+        }
+        // Refused as a whole (an entry the switch removed itself, say): one by one.
         for change in changes {
             match change {
                 Change::Add(key) => {
@@ -181,15 +229,54 @@ impl Steer {
         Ok(())
     }
 
-    /// Adds the entry steering reads of key hash `h` here; returns its id.
-    fn install(&self, h: u32) -> anyhow::Result<u64> {
-        let entry = json!({
+    /// Adds (true) and removes (false) the entries of key hashes in one batch, all or
+    /// nothing; the entries added are recorded with one key each.
+    fn apply_batch(&mut self, ops: &[(u32, bool)]) -> anyhow::Result<()> {
+        let table = switch::control::STEER;
+        for chunk in ops.chunks(switch::control::MAX_BATCH) {
+            let mut changes = Vec::with_capacity(chunk.len());
+            for &(h, add) in chunk {
+                changes.push(match add {
+                    true => json!({ "op": "add", "table": table, "entry": self.entry(h) }),
+                    false => {
+                        let id = self.entries.get(&h).map(|e| e.0).unwrap_or_default();
+                        json!({ "op": "delete", "table": table, "id": id })
+                    }
+                });
+            }
+            let done = self.client.call(
+                "POST",
+                "/api/v1/batch",
+                Some(&json!({ "changes": changes })),
+            )?;
+            let ids = done["ids"].as_array().cloned().unwrap_or_default();
+            if ids.len() != chunk.len() {
+                anyhow::bail!("the switch gave {} ids for {} changes", ids.len(), chunk.len());
+            }
+            for (&(h, add), id) in chunk.iter().zip(&ids) {
+                if add {
+                    let id = id.as_u64().context("the switch gave no entry id")?;
+                    self.entries.insert(h, (id, 1));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The entry steering reads of key hash `h` here.
+    fn entry(&self, h: u32) -> Value {
+        json!({
             "match": { "one_read": 1, "key_hash": h },
             "actions": [
                 { "set_ipv4_dst": self.cache.to_string() },
                 { "interface": self.interface },
             ],
-        });
+        })
+    }
+
+    /// Adds the entry steering reads of key hash `h` here; returns its id.
+    fn install(&self, h: u32) -> anyhow::Result<u64> {
+        let entry = self.entry(h);
         let made: Value = self
             .client
             .call(
@@ -220,6 +307,14 @@ impl Steer {
     /// switch removed (it found this node not answering, as while it was paused) is
     /// installed again, and one the node does not know of (a removal that failed) goes.
     fn sync(&mut self) -> anyhow::Result<()> {
+        // Only when the switch removed steering entries since the last look (or on the
+        // first): listing them all is the costly part.
+        let status = self.client.call("GET", "/api/v1/status", None)?;
+        let removed = status["steer"]["removed_entries"].as_u64();
+        if removed.is_some() && removed == self.removed_seen {
+            return Ok(());
+        }
+        self.removed_seen = removed;
         let mine = json!({ "set_ipv4_dst": self.cache.to_string() });
         let there: std::collections::HashSet<u64> = entries(&self.client, switch::control::STEER)?
             .iter()

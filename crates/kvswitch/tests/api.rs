@@ -895,6 +895,20 @@ fn a_cache_nodes_rules_steer_reads_of_its_keys_through_the_api() {
     assert_eq!(listed["entries"][0]["actions"][1]["interface"], 6);
     sink(vec![Change::Remove(key("a"))]).unwrap();
     assert_eq!(entries(&c)["entries"].as_array().unwrap().len(), 1);
+    // A key added and removed in one batch leaves nothing.
+    sink(vec![Change::Add(key("c")), Change::Remove(key("c"))]).unwrap();
+    assert_eq!(entries(&c)["entries"].as_array().unwrap().len(), 1);
+    // An entry the switch removed (its check found the node silent) is installed again at
+    // the next check, and a removal of it then takes the new one.
+    let id = entries(&c)["entries"][0]["id"].as_u64().unwrap();
+    c.call("DELETE", &format!("/api/v1/tables/kv_steer/entries/{id}"), None)
+        .unwrap();
+    sink(Vec::new()).unwrap();
+    let listed = entries(&c);
+    assert_eq!(listed["entries"][0]["match"]["key_hash"].as_u64(), Some(want[1]), "{listed}");
+    sink(vec![Change::Remove(key("b"))]).unwrap();
+    assert_eq!(entries(&c)["entries"].as_array().unwrap().len(), 0);
+    sink(vec![Change::Add(key("a"))]).unwrap();
     // Started again: its reply entry is kept, not added twice, and its old steering entries
     // (to a node that holds nothing now) are gone.
     drop(sink);

@@ -93,6 +93,10 @@ pub struct NodeArgs {
     /// evaluation); 0 for no limit.
     #[arg(long, default_value_t = 400)]
     pub rule_rate: u32,
+    /// A cache node that clients send every request to (SwitchKV's on-path look-through
+    /// architecture): writes go on to the upstream instead of being refused.
+    #[arg(long)]
+    pub look_through: bool,
     /// Hot keys a backend reports each second, and a cache node counts per backend (SwitchKV:
     /// 5); give backends and their cache node the same.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100_000))]
@@ -126,6 +130,7 @@ impl Default for NodeArgs {
             cache_items: 10_000,
             rule_rate: 400,
             top_k: 5,
+            look_through: false,
         }
     }
 }
@@ -233,6 +238,7 @@ impl Node {
                     cfg,
                     control()?,
                     upstream,
+                    args.look_through,
                     rules,
                     roles.stop.clone(),
                 )?;

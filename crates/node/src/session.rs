@@ -21,6 +21,9 @@ pub struct Step {
 
 /// What a node's role adds to serving requests (SwitchKV's backend and cache node).
 pub trait Hooks: Send + Sync + std::fmt::Debug {
+    /// Every request read, before the capacity limit may drop it: what the node is asked for,
+    /// not only what it serves (a backend's hot keys are the ones asked for most).
+    fn received(&self, _request: &memcache::Request<'_>) {}
     /// Before `request` is executed: true if the role answered it itself, its reply appended
     /// to `out`.
     fn answer(&self, request: &memcache::Request<'_>, store: &Store, out: &mut Vec<u8>) -> bool;
@@ -54,6 +57,9 @@ pub fn step(
     match memcache::parse(buf) {
         Ok(None) => None,
         Ok(Some(request)) => {
+            if let Some(h) = hooks {
+                h.received(&request);
+            }
             if !admit(out) {
                 return Some(Step {
                     consumed: request.len,

@@ -28,6 +28,8 @@ use crate::store::Store;
 const CALL_WAIT: Duration = Duration::from_secs(1);
 /// How often the background threads look at the time.
 const TICK: Duration = Duration::from_millis(10);
+/// Most fetches a cache node makes before it looks at its leases and rules again.
+const MAX_FETCHES_A_TICK: usize = 256;
 /// How often, with no rule changes, a cache node's rule sink is asked to check the switch's
 /// rules (an empty batch).
 const RULE_SYNC: Duration = Duration::from_secs(1);
@@ -487,21 +489,27 @@ impl BackendRole {
 }
 
 impl Hooks for BackendRole {
+    /// Reads are counted as they are asked for, served or dropped over capacity: the hot keys
+    /// are those asked for most.
+    fn received(&self, request: &Request<'_>) {
+        if !request.command.is_retrieval() {
+            return;
+        }
+        let now = self.clock.now();
+        for key in keys_of(request) {
+            let burst = lock(&self.state).see(&key, now);
+            if burst {
+                let _ = lock(&self.instant).send(key);
+            }
+        }
+    }
+
     fn answer(&self, request: &Request<'_>, store: &Store, out: &mut Vec<u8>) -> bool {
         self.counters.answer_stats(request, store, out)
     }
 
     fn executed(&self, request: &Request<'_>, store: &Store) {
         let command = request.command;
-        if command.is_retrieval() {
-            let now = self.clock.now();
-            for key in keys_of(request) {
-                let burst = lock(&self.state).see(&key, now);
-                if burst {
-                    let _ = lock(&self.instant).send(key);
-                }
-            }
-        }
         if command.is_write() && !command.is_retrieval() {
             if command == Command::FlushAll {
                 let all = lock(&self.state).all_cached(self.clock.now());
@@ -559,6 +567,8 @@ pub struct CacheRole {
     backends: Mutex<Vec<(SocketAddr, Arc<Mutex<Link>>)>>,
     upstream: SocketAddr,
     forward: Mutex<Vec<Upstream>>,
+    /// On the path of every request (look-through): writes go on to the upstream too.
+    look_through: bool,
     pub counters: RoleCounters,
 }
 
@@ -588,6 +598,7 @@ impl CacheRole {
         cfg: CacheNodeConfig,
         control: TcpListener,
         upstream: SocketAddr,
+        look_through: bool,
         mut rules: RuleSink,
         stop: Arc<AtomicBool>,
     ) -> anyhow::Result<(Arc<CacheRole>, Vec<thread::JoinHandle<()>>)> {
@@ -599,6 +610,7 @@ impl CacheRole {
             backends: Mutex::new(Vec::new()),
             upstream,
             forward: Mutex::new(Vec::new()),
+            look_through,
             counters: RoleCounters::default(),
         });
         let (fetch_tx, fetch_rx) = mpsc::channel::<(SocketAddr, Fetch)>();
@@ -610,32 +622,65 @@ impl CacheRole {
             })
         };
         let server = serve_control(control, stop.clone(), answer);
-        let ticker = {
+        // Rule changes go to the switch from a thread of their own, in order: a slow switch
+        // API must not hold up fetches and renewals.
+        let (rules_tx, rules_rx) = mpsc::channel::<Vec<Change<Box<[u8]>>>>();
+        let installer = {
             let (role, stop) = (role.clone(), stop.clone());
             thread::spawn(move || {
                 let mut synced = Instant::now();
                 while !stop.load(Ordering::Relaxed) {
-                    while let Ok((backend, fetch)) = fetch_rx.recv_timeout(TICK) {
+                    let mut changes = match rules_rx.recv_timeout(TICK) {
+                        Ok(c) => c,
+                        Err(mpsc::RecvTimeoutError::Timeout) => Vec::new(),
+                        Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                    };
+                    // Whatever else is waiting goes in the same call.
+                    while let Ok(more) = rules_rx.try_recv() {
+                        changes.extend(more);
+                    }
+                    // No changes for a while: an empty batch asks the sink to check that the
+                    // switch still holds the rules it was given.
+                    if changes.is_empty() && synced.elapsed() < RULE_SYNC {
+                        continue;
+                    }
+                    synced = Instant::now();
+                    let n = changes.len() as u64;
+                    match rules(changes) {
+                        Ok(()) => {
+                            role.counters.rule_changes.fetch_add(n, Ordering::Relaxed);
+                        }
+                        Err(e) => tracing::warn!("switch rules not changed: {e:#}"),
+                    }
+                }
+            })
+        };
+        let ticker = {
+            let (role, stop) = (role.clone(), stop.clone());
+            thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    // The fetches waiting now (at most a tick's wait for the first), then the
+                    // periodic work: a stream of fetches must not hold up renewals.
+                    if let Ok((backend, fetch)) = fetch_rx.recv_timeout(TICK) {
                         role.fetch(backend, fetch);
+                        let mut more = 0;
+                        while let Ok((backend, fetch)) = fetch_rx.try_recv() {
+                            role.fetch(backend, fetch);
+                            more += 1;
+                            if more >= MAX_FETCHES_A_TICK {
+                                break;
+                            }
+                        }
                     }
                     let changes = lock(&role.state).poll(role.clock.now());
-                    // No changes for a while: an empty batch asks the sink to check that
-                    // the switch still holds the rules it was given.
-                    if !changes.is_empty() || synced.elapsed() >= RULE_SYNC {
-                        synced = Instant::now();
-                        let n = changes.len() as u64;
-                        match rules(changes) {
-                            Ok(()) => {
-                                role.counters.rule_changes.fetch_add(n, Ordering::Relaxed);
-                            }
-                            Err(e) => tracing::warn!("switch rules not changed: {e:#}"),
-                        }
+                    if !changes.is_empty() && rules_tx.send(changes).is_err() {
+                        return;
                     }
                     role.renew();
                 }
             })
         };
-        Ok((role, vec![server, ticker]))
+        Ok((role, vec![server, ticker, installer]))
     }
 
     /// The index of the backend whose control port is `at`, added when first heard from.
@@ -777,19 +822,31 @@ impl CacheRole {
     }
 }
 
-/// A binary no-op request: sent after a quiet get, whose miss has no reply, so that its reply
-/// (or the no-op's alone) ends the exchange.
+/// A binary no-op request: sent after a quiet binary request, whose success (or miss) has no
+/// reply, so that its reply (or the no-op's alone) ends the exchange. `mn` does the same for
+/// text `noreply` and meta `q`.
 const BINARY_NOOP: [u8; wire::memcache::binary::HEADER_LEN] = {
     let mut h = [0u8; wire::memcache::binary::HEADER_LEN];
     h[0] = wire::memcache::binary::REQUEST_MAGIC;
     h[1] = wire::memcache::binary::opcode::NOOP;
     h
 };
+const META_NOOP: &[u8] = b"mn\r\n";
 
 impl Upstream {
     /// Sends `request` to `to` and appends its whole reply, framed as memcached answers it.
     fn call(&mut self, to: SocketAddr, request: &Request<'_>, out: &mut Vec<u8>) -> bool {
-        let quiet = matches!(request.command, Command::Binary(op) if wire::memcache::binary::opcode::is_quiet(op));
+        let binary = request.protocol == wire::memcache::Protocol::Binary;
+        // A request that may have no reply is followed by a no-op, whose reply ends it.
+        let sentinel: Option<&[u8]> = match (request.noreply(), binary) {
+            (false, _) => None,
+            (true, true) => Some(&BINARY_NOOP),
+            (true, false) => Some(META_NOOP),
+        };
+        let is_sentinel = |reply: &[u8]| match binary {
+            true => reply.get(1) == Some(&wire::memcache::binary::opcode::NOOP),
+            false => reply == b"MN\r\n",
+        };
         let kind = ReplyKind::of(request);
         let attempt = |conn: &mut Option<TcpStream>, out: &mut Vec<u8>| -> std::io::Result<()> {
             if conn.is_none() {
@@ -802,20 +859,23 @@ impl Upstream {
                 return Err(ErrorKind::NotConnected.into());
             };
             let mut sent = request.bytes().to_vec();
-            if quiet {
-                sent.extend_from_slice(&BINARY_NOOP);
-            }
+            sent.extend_from_slice(sentinel.unwrap_or_default());
             c.write_all(&sent)?;
             let mut start = out.len();
             let mut framer = Framer::new(kind);
             let mut chunk = [0u8; 16 * 1024];
             loop {
                 match framer.reply_len(&out[start..]) {
-                    Ok(Some(len)) if !quiet && start + len == out.len() => return Ok(()),
-                    Ok(Some(len)) if quiet && start + len <= out.len() => {
+                    Ok(Some(len)) if sentinel.is_none() => {
+                        // More than one reply: the connection is out of step.
+                        if start + len != out.len() {
+                            return Err(ErrorKind::InvalidData.into());
+                        }
+                        return Ok(());
+                    }
+                    Ok(Some(len)) => {
                         // The no-op's reply ends it, and is not the client's.
-                        let op = out[start + 1];
-                        if op == wire::memcache::binary::opcode::NOOP {
+                        if is_sentinel(&out[start..start + len]) {
                             if start + len != out.len() {
                                 return Err(ErrorKind::InvalidData.into());
                             }
@@ -823,11 +883,10 @@ impl Upstream {
                             return Ok(());
                         }
                         start += len;
-                        framer = Framer::new(kind);
+                        framer = Framer::new(if binary { kind } else { ReplyKind::Line });
                         continue;
                     }
-                    // More than one reply: the connection is out of step.
-                    Ok(Some(_)) | Err(_) => return Err(ErrorKind::InvalidData.into()),
+                    Err(_) => return Err(ErrorKind::InvalidData.into()),
                     Ok(None) => {}
                 }
                 let n = c.read(&mut chunk)?;
@@ -839,8 +898,13 @@ impl Upstream {
         };
         let start = out.len();
         // A kept connection may have been closed by the other end meanwhile (a restarted
-        // backend): a read is sent again once on a new one.
-        let tries = if self.conn.is_some() { 2 } else { 1 };
+        // backend): a read is sent again once on a new one. A write is not: it may have been
+        // applied.
+        let tries = if self.conn.is_some() && !request.command.is_write() {
+            2
+        } else {
+            1
+        };
         for _ in 0..tries {
             match attempt(&mut self.conn, out) {
                 Ok(()) => return true,
@@ -857,20 +921,21 @@ impl Upstream {
 impl Hooks for CacheRole {
     /// A text `get` whose keys are all served under a lease is answered here; any other read
     /// (a get of a key it does not hold, `gets`, `mg`, the binary gets) goes on to the
-    /// upstream. Writes are refused: a cache node's values come from its backends. The rest
+    /// upstream. Writes are refused (a cache node's values come from its backends), or, on
+    /// the path of every request (look-through), sent on to the upstream as well. The rest
     /// (`version`, `mn`, `stats`, ...) the node answers as any node does.
     fn answer(&self, request: &Request<'_>, store: &Store, out: &mut Vec<u8>) -> bool {
         if self.counters.answer_stats(request, store, out) {
             return true;
         }
         let command = request.command;
-        if command.is_write() && !command.is_retrieval() {
+        if command.is_write() && !command.is_retrieval() && !self.look_through {
             out.extend_from_slice(
                 b"SERVER_ERROR a cache node takes no writes; send them to the key's backend\r\n",
             );
             return true;
         }
-        if !command.is_retrieval() {
+        if !command.is_retrieval() && !command.is_write() {
             return false;
         }
         if command != Command::Get {

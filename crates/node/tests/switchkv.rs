@@ -376,3 +376,74 @@ fn rules_follow_the_cache_under_the_rule_update_limit_additions_first() {
     );
     drop(cache);
 }
+
+#[test]
+fn a_look_through_cache_node_sends_writes_on_and_serves_what_they_wrote() {
+    let cache_control = free_port();
+    let backend_at: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    // The cache node first: the backend's start is acknowledged at once.
+    let cache = Node::start_with(
+        &NodeArgs {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            no_udp: true,
+            role: Role::Cache,
+            control_port: cache_control,
+            upstream: Some(backend_at),
+            lease_ms: 60_000,
+            rule_rate: 0,
+            look_through: true,
+            ..NodeArgs::default()
+        },
+        None,
+    )
+    .unwrap();
+    let _backend = Node::start(&NodeArgs {
+        listen: backend_at,
+        no_udp: true,
+        role: Role::Backend,
+        control_port: free_port(),
+        cache_node: Some(format!("127.0.0.1:{cache_control}").parse().unwrap()),
+        lease_ms: 60_000,
+        ..NodeArgs::default()
+    })
+    .unwrap();
+    let mut to_cache = connect(cache.tcp_addr().unwrap());
+    let call = |stream: &mut std::net::TcpStream, request: &[u8]| {
+        text(&exchange(stream, request, line_or_end))
+    };
+    // Every request goes to the cache node: reads make the key hot at the backend.
+    assert_eq!(call(&mut to_cache, b"set k 0 0 2\r\nv1\r\n"), "STORED\r\n");
+    let started = Instant::now();
+    while served(&cache) == 0 {
+        assert!(started.elapsed() < Duration::from_secs(5), "never cached");
+        assert_eq!(call(&mut to_cache, b"get k\r\n"), "VALUE k 0 2\r\nv1\r\nEND\r\n");
+    }
+    // Writes through it reach the backend, which tells it before answering.
+    for (i, write) in [
+        &b"set k 0 0 2\r\nv2\r\n"[..],
+        b"set k 0 0 2 noreply\r\nv3\r\n",
+        b"ms k 2 q\r\nv4\r\n",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let reply = match i {
+            0 => call(&mut to_cache, write),
+            // No reply of its own: what follows is answered alone.
+            _ => {
+                let sent = [*write, b"version\r\n"].concat();
+                text(&exchange(&mut to_cache, &sent, |r| r.ends_with(b"\r\n")))
+            }
+        };
+        assert!(reply == "STORED\r\n" || reply.starts_with("VERSION "), "{reply}");
+        let value = format!("v{}", i + 2);
+        let before = served(&cache);
+        assert_eq!(
+            call(&mut to_cache, b"get k\r\n"),
+            format!("VALUE k 0 2\r\n{value}\r\nEND\r\n")
+        );
+        assert_eq!(served(&cache), before + 1, "served by the cache node itself");
+    }
+    assert_eq!(call(&mut to_cache, b"delete k\r\n"), "DELETED\r\n");
+    assert_eq!(call(&mut to_cache, b"get k\r\n"), "END\r\n");
+}
