@@ -144,7 +144,10 @@ pub fn pick(all: &[System], wanted: &[String]) -> anyhow::Result<Vec<System>> {
     for w in wanted {
         if !all.iter().any(|s| s.slug() == w) {
             let known: Vec<&str> = all.iter().map(|s| s.slug()).collect();
-            bail!("--systems: no system {w:?} here (known: {})", known.join(", "));
+            bail!(
+                "--systems: no system {w:?} here (known: {})",
+                known.join(", ")
+            );
         }
     }
     Ok(all
@@ -464,12 +467,9 @@ impl Bed {
                 Ok(self.vip)
             }
             System::LookThroughUdp => {
-                let cache = self
-                    .live
-                    .state
-                    .caches()
-                    .next()
-                    .with_context(|| format!("{system} needs a testbed with a SwitchKV cache node"))?;
+                let cache = self.live.state.caches().next().with_context(|| {
+                    format!("{system} needs a testbed with a SwitchKV cache node")
+                })?;
                 Ok(SocketAddr::V4(SocketAddrV4::new(
                     cache.ip,
                     testbed::MEMCACHED_PORT,

@@ -249,6 +249,9 @@ pub struct Counters {
     pub periodic_reports: u64,
     /// Rule changes the buffer could not take (it was full); the key was not admitted.
     pub rule_buffer_full: u64,
+    /// Admissions refused because a second's worth of rule installs (under the rule budget)
+    /// was already waiting: the key would wait longer for its rule than its load is worth.
+    pub rule_backlog: u64,
 }
 
 /// A snapshot of the cache's size and rule state.
@@ -417,6 +420,15 @@ impl Cache {
     pub fn offer(&mut self, key: &[u8], load: f64, now: Instant) -> bool {
         if self.entries.contains_key(key) {
             return true;
+        }
+        // Under a rule budget, no more installs waiting than a second's worth: reports come
+        // hottest first, so the hottest get the rules, and a backlog cannot grow while the
+        // keys that wait in it cool down.
+        if let Some(rate) = self.cfg.rules.rate {
+            if self.buffer.len_adds() >= rate.max(1) as usize && !self.cfg.admit_every_read {
+                self.counters.rule_backlog += 1;
+                return false;
+            }
         }
         if self.entries.len() >= self.cfg.items {
             if load <= self.threshold && !self.cfg.admit_every_read {
@@ -623,6 +635,22 @@ impl Cache {
             return Err(Miss::NoCas);
         }
         Ok(())
+    }
+
+    /// Raises a cached key's load to `load` if it is lower: what a report from elsewhere saw
+    /// of it (a SwitchKV backend still reads a cached key until its rule is installed, and the
+    /// cache node, which counts only the reads steered to it, would otherwise see it cool
+    /// down before it is served). Returns whether the key is cached.
+    pub fn raise_load(&mut self, key: &[u8], load: f64) -> bool {
+        match self.entries.get_mut(key) {
+            Some(entry) => {
+                if load.is_finite() && load > entry.load {
+                    entry.load = load;
+                }
+                true
+            }
+            None => false,
+        }
     }
 
     /// Whether `key` is cached (admitted), whatever its value's state.

@@ -307,7 +307,9 @@ impl CacheNode {
         self.cache.ensure_groups(backend + 1);
         let mut fetches = Vec::new();
         for &(key, load) in loads {
-            let known = self.cache.contains(key);
+            // A cached key its backend still reads (its rule not installed yet, or its lease
+            // ended): the backend's count of it counts too.
+            let known = self.cache.raise_load(key, load);
             if self.cache.offer(key, load, now) && !known {
                 self.backend.insert(key.into(), backend);
                 if let Some(token) = self.cache.fill_token(key) {
@@ -496,6 +498,13 @@ impl CacheNode {
 
     pub fn gauges(&self) -> crate::cache::Gauges {
         self.cache.gauges()
+    }
+
+    /// Keys that may be served at `now` (a lease that has not ended), and keys waiting for a
+    /// renewal to confirm an instant report's lease.
+    pub fn leases(&self, now: Instant) -> (usize, usize) {
+        let live = self.granted.values().filter(|&&end| end > now).count();
+        (live, self.pending.len())
     }
 }
 

@@ -23,7 +23,7 @@ pub fn write_metrics(out: &mut String, caches: &[(String, Arc<CacheService>)]) {
         })
         .collect();
     type Counter = fn(&kv::cache::Counters) -> u64;
-    let counters: [(&str, &str, Counter); 13] = [
+    let counters: [(&str, &str, Counter); 14] = [
         ("hits", "Reads answered from the cache.", |c| c.hits),
         ("misses", "Reads of keys the cache could not answer.", |c| {
             c.misses
@@ -64,6 +64,11 @@ pub fn write_metrics(out: &mut String, caches: &[(String, Arc<CacheService>)]) {
             "rule_buffer_full",
             "Rule changes refused because the rule buffer was full.",
             |c| c.rule_buffer_full,
+        ),
+        (
+            "rule_backlog",
+            "Admissions refused because a second's worth of rule installs was already waiting.",
+            |c| c.rule_backlog,
         ),
     ];
     for (name, help, read) in counters {

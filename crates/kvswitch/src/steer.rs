@@ -251,7 +251,11 @@ impl Steer {
             )?;
             let ids = done["ids"].as_array().cloned().unwrap_or_default();
             if ids.len() != chunk.len() {
-                anyhow::bail!("the switch gave {} ids for {} changes", ids.len(), chunk.len());
+                anyhow::bail!(
+                    "the switch gave {} ids for {} changes",
+                    ids.len(),
+                    chunk.len()
+                );
             }
             for (&(h, add), id) in chunk.iter().zip(&ids) {
                 if add {

@@ -901,11 +901,19 @@ fn a_cache_nodes_rules_steer_reads_of_its_keys_through_the_api() {
     // An entry the switch removed (its check found the node silent) is installed again at
     // the next check, and a removal of it then takes the new one.
     let id = entries(&c)["entries"][0]["id"].as_u64().unwrap();
-    c.call("DELETE", &format!("/api/v1/tables/kv_steer/entries/{id}"), None)
-        .unwrap();
+    c.call(
+        "DELETE",
+        &format!("/api/v1/tables/kv_steer/entries/{id}"),
+        None,
+    )
+    .unwrap();
     sink(Vec::new()).unwrap();
     let listed = entries(&c);
-    assert_eq!(listed["entries"][0]["match"]["key_hash"].as_u64(), Some(want[1]), "{listed}");
+    assert_eq!(
+        listed["entries"][0]["match"]["key_hash"].as_u64(),
+        Some(want[1]),
+        "{listed}"
+    );
     sink(vec![Change::Remove(key("b"))]).unwrap();
     assert_eq!(entries(&c)["entries"].as_array().unwrap().len(), 0);
     sink(vec![Change::Add(key("a"))]).unwrap();

@@ -87,9 +87,23 @@ impl Link {
         outcome
     }
 
-    /// Whether a reply is still owed: a message sent may not have been taken yet.
-    fn behind(&self) -> bool {
-        self.conn.is_some() && self.owed > 0
+    /// Whether a reply is still owed (a message sent may not have been taken yet), after
+    /// reading the owed replies that have come meanwhile.
+    fn behind(&mut self) -> bool {
+        while self.conn.is_some() && self.owed > 0 {
+            match self.reply(Instant::now() + Duration::from_millis(1)) {
+                Ok(_) => self.owed -= 1,
+                Err(e) if matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock) => {
+                    return true
+                }
+                // The peer is gone: nothing sent to it can be taken any more.
+                Err(_) => {
+                    self.conn = None;
+                    self.owed = 0;
+                }
+            }
+        }
+        false
     }
 
     fn try_call(&mut self, message: &Message<'_>, wait: Duration) -> std::io::Result<Vec<u8>> {
@@ -236,6 +250,10 @@ pub struct RoleCounters {
     pub updates: AtomicU64,
     pub update_timeouts: AtomicU64,
     pub fetches: AtomicU64,
+    /// Fetches answered with no value (the key is dropped).
+    pub fetch_misses: AtomicU64,
+    /// Leases a backend would not renew (the keys are dropped).
+    pub renewals_refused: AtomicU64,
     pub served: AtomicU64,
     pub forwarded: AtomicU64,
     pub rule_changes: AtomicU64,
@@ -244,7 +262,13 @@ pub struct RoleCounters {
 impl RoleCounters {
     /// Appends `stats`' reply with these counters after the node's own (`switchkv_*` lines),
     /// if `request` is a plain text `stats`; returns whether it did.
-    fn answer_stats(&self, request: &Request<'_>, store: &Store, out: &mut Vec<u8>) -> bool {
+    fn answer_stats(
+        &self,
+        request: &Request<'_>,
+        store: &Store,
+        gauges: &[(&str, u64)],
+        out: &mut Vec<u8>,
+    ) -> bool {
         let plain = request.command == Command::Stats
             && request.protocol == wire::memcache::Protocol::Text
             && request
@@ -265,12 +289,16 @@ impl RoleCounters {
             ("updates", &self.updates),
             ("update_timeouts", &self.update_timeouts),
             ("fetches", &self.fetches),
+            ("fetch_misses", &self.fetch_misses),
+            ("renewals_refused", &self.renewals_refused),
             ("served", &self.served),
             ("forwarded", &self.forwarded),
             ("rule_changes", &self.rule_changes),
         ];
-        for (name, c) in rows {
-            let v = c.load(Ordering::Relaxed);
+        let counted = rows
+            .iter()
+            .map(|(name, c)| (*name, c.load(Ordering::Relaxed)));
+        for (name, v) in counted.chain(gauges.iter().copied()) {
             out.extend_from_slice(format!("STAT switchkv_{name} {v}\r\n").as_bytes());
         }
         out.extend_from_slice(b"END\r\n");
@@ -364,12 +392,13 @@ impl BackendRole {
     /// that the read missed is told to the cache node after the report, never before.
     fn send_hot(&self, key: &[u8], store: &Store) {
         let mut link = lock(&self.writes);
+        let behind = link.behind();
         let granted = self.clock.now();
         let load = {
             let mut state = lock(&self.state);
             // Not while a message the cache node has not taken may still change what it
             // holds, nor while a revoked lease runs.
-            if link.behind() || !state.may_grant(key, granted) {
+            if behind || !state.may_grant(key, granted) {
                 return;
             }
             // Counted as cached before the value is read: a write after the read is told.
@@ -403,10 +432,11 @@ impl BackendRole {
                 // Granted before the value is read, under the updates' lock: a write the read
                 // missed is told after this reply is sent (and the cache node's fill loses to
                 // it).
-                let updates = lock(&self.writes);
+                let mut updates = lock(&self.writes);
+                let behind = updates.behind();
                 {
                     let mut state = lock(&self.state);
-                    if updates.behind() || !state.may_grant(key, now) {
+                    if behind || !state.may_grant(key, now) {
                         return reply(&Message::Miss);
                     }
                     state.grant(key, now);
@@ -505,7 +535,12 @@ impl Hooks for BackendRole {
     }
 
     fn answer(&self, request: &Request<'_>, store: &Store, out: &mut Vec<u8>) -> bool {
-        self.counters.answer_stats(request, store, out)
+        if request.command != Command::Stats {
+            return false;
+        }
+        let cached = lock(&self.state).cached_keys(self.clock.now()) as u64;
+        self.counters
+            .answer_stats(request, store, &[("cached_keys", cached)], out)
     }
 
     fn executed(&self, request: &Request<'_>, store: &Store) {
@@ -775,7 +810,10 @@ impl CacheRole {
                 key_base64: None,
             }),
             // No value, or no answer: the key goes, and a later report admits it again.
-            _ => None,
+            _ => {
+                bump(&self.counters.fetch_misses);
+                None
+            }
         };
         lock(&self.state).fetched(fetch, value, asked);
     }
@@ -802,6 +840,9 @@ impl CacheRole {
                 }
                 _ => (Vec::new(), keys),
             };
+            self.counters
+                .renewals_refused
+                .fetch_add(refused.len() as u64, Ordering::Relaxed);
             let mut state = lock(&self.state);
             state.renewed(&renewed, asked);
             state.refused(&refused, asked);
@@ -925,8 +966,22 @@ impl Hooks for CacheRole {
     /// the path of every request (look-through), sent on to the upstream as well. The rest
     /// (`version`, `mn`, `stats`, ...) the node answers as any node does.
     fn answer(&self, request: &Request<'_>, store: &Store, out: &mut Vec<u8>) -> bool {
-        if self.counters.answer_stats(request, store, out) {
-            return true;
+        if request.command == Command::Stats {
+            let (g, (leased, pending)) = {
+                let state = lock(&self.state);
+                (state.gauges(), state.leases(self.clock.now()))
+            };
+            let gauges = [
+                ("cached_keys", g.entries as u64),
+                ("filled_keys", g.filled as u64),
+                ("leased_keys", leased as u64),
+                ("pending_keys", pending as u64),
+                ("rules_installed", g.rules_installed as u64),
+                ("pending_installs", g.pending_installs as u64),
+            ];
+            if self.counters.answer_stats(request, store, &gauges, out) {
+                return true;
+            }
         }
         let command = request.command;
         if command.is_write() && !command.is_retrieval() && !self.look_through {

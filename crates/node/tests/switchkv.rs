@@ -416,7 +416,10 @@ fn a_look_through_cache_node_sends_writes_on_and_serves_what_they_wrote() {
     let started = Instant::now();
     while served(&cache) == 0 {
         assert!(started.elapsed() < Duration::from_secs(5), "never cached");
-        assert_eq!(call(&mut to_cache, b"get k\r\n"), "VALUE k 0 2\r\nv1\r\nEND\r\n");
+        assert_eq!(
+            call(&mut to_cache, b"get k\r\n"),
+            "VALUE k 0 2\r\nv1\r\nEND\r\n"
+        );
     }
     // Writes through it reach the backend, which tells it before answering.
     for (i, write) in [
@@ -435,14 +438,21 @@ fn a_look_through_cache_node_sends_writes_on_and_serves_what_they_wrote() {
                 text(&exchange(&mut to_cache, &sent, |r| r.ends_with(b"\r\n")))
             }
         };
-        assert!(reply == "STORED\r\n" || reply.starts_with("VERSION "), "{reply}");
+        assert!(
+            reply == "STORED\r\n" || reply.starts_with("VERSION "),
+            "{reply}"
+        );
         let value = format!("v{}", i + 2);
         let before = served(&cache);
         assert_eq!(
             call(&mut to_cache, b"get k\r\n"),
             format!("VALUE k 0 2\r\n{value}\r\nEND\r\n")
         );
-        assert_eq!(served(&cache), before + 1, "served by the cache node itself");
+        assert_eq!(
+            served(&cache),
+            before + 1,
+            "served by the cache node itself"
+        );
     }
     assert_eq!(call(&mut to_cache, b"delete k\r\n"), "DELETED\r\n");
     assert_eq!(call(&mut to_cache, b"get k\r\n"), "END\r\n");
