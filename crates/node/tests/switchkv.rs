@@ -24,6 +24,8 @@ const LEASE_MS: u64 = 400;
 
 /// The switch rule changes the cache node handed out.
 type Rules = Vec<Change<Box<[u8]>>>;
+/// The same, each with when it was handed out.
+type Timed = Vec<(Instant, Change<Box<[u8]>>)>;
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -290,7 +292,7 @@ fn rules_follow_the_cache_under_the_rule_update_limit_additions_first() {
     const RATE: u32 = 20;
     const KEYS: usize = 30;
     let cache_control = free_port();
-    let changes: Arc<Mutex<Vec<(Instant, Change<Box<[u8]>>)>>> = Arc::default();
+    let changes: Arc<Mutex<Timed>> = Arc::default();
     let sink = changes.clone();
     let cache = Node::start_with(
         &NodeArgs {
