@@ -73,6 +73,9 @@ pub struct SwitchKvSetup {
     pub lease_ms: u64,
     /// Hot keys each backend reports per segment.
     pub top_k: u64,
+    /// Clients send every request to the cache node (look-through), which then programs no
+    /// steering: its replies keep its own address.
+    pub look_through: bool,
 }
 
 impl SwitchKvSetup {
@@ -84,6 +87,25 @@ impl SwitchKvSetup {
             rule_rate,
             lease_ms: 2000,
             top_k: PAPER_REPORTS_PER_SEGMENT.div_ceil(u64::from(backends.max(1))),
+            look_through: false,
+        }
+    }
+
+    /// The same cache node on the path of every request (SwitchKV's look-through).
+    pub fn look_through(self) -> SwitchKvSetup {
+        SwitchKvSetup {
+            look_through: true,
+            ..self
+        }
+    }
+
+    /// The setting `setup` needs of a scenario's cache node, if any.
+    pub fn of(setup: Setup, items: u64, rule_rate: Option<u64>, backends: u32) -> Option<Self> {
+        let paper = SwitchKvSetup::paper(items, rule_rate, backends);
+        match setup {
+            Setup::SwitchKv => Some(paper),
+            Setup::LookThrough => Some(paper.look_through()),
+            _ => None,
         }
     }
 }
@@ -166,6 +188,8 @@ pub enum Setup {
     Cache,
     /// kvswitch without a cache, steering to a SwitchKV cache node.
     SwitchKv,
+    /// kvswitch without a cache, and a cache node the clients send every request to.
+    LookThrough,
 }
 
 impl System {
@@ -211,13 +235,14 @@ impl System {
 
     /// Whether a cache learns the hot keys while the load runs (kvswitch's or SwitchKV's).
     pub fn caches(self) -> bool {
-        self.cached() || self.setup() == Setup::SwitchKv
+        self.cached() || matches!(self.setup(), Setup::SwitchKv | Setup::LookThrough)
     }
 
     /// The deployment it runs on.
     pub fn setup(self) -> Setup {
         match self {
-            System::SwitchKvUdp | System::LookThroughUdp => Setup::SwitchKv,
+            System::SwitchKvUdp => Setup::SwitchKv,
+            System::LookThroughUdp => Setup::LookThrough,
             s if s.cached() => Setup::Cache,
             _ => Setup::Plain,
         }
@@ -272,20 +297,25 @@ impl fmt::Display for System {
 }
 
 /// `systems` split by the kvswitch deployment they need, each group measured on a testbed of
-/// its own: those without a cache, those with kvswitch's, then SwitchKV.
+/// its own: those without a cache, those with kvswitch's, then SwitchKV, then look-through.
 pub fn by_setup(systems: &[System]) -> Vec<(Setup, Vec<System>)> {
-    [Setup::Plain, Setup::Cache, Setup::SwitchKv]
-        .into_iter()
-        .map(|setup| {
-            let group: Vec<System> = systems
-                .iter()
-                .copied()
-                .filter(|s| s.setup() == setup)
-                .collect();
-            (setup, group)
-        })
-        .filter(|(_, group)| !group.is_empty())
-        .collect()
+    [
+        Setup::Plain,
+        Setup::Cache,
+        Setup::SwitchKv,
+        Setup::LookThrough,
+    ]
+    .into_iter()
+    .map(|setup| {
+        let group: Vec<System> = systems
+            .iter()
+            .copied()
+            .filter(|s| s.setup() == setup)
+            .collect();
+        (setup, group)
+    })
+    .filter(|(_, group)| !group.is_empty())
+    .collect()
 }
 
 /// The systems of run `run`, each first in turn, so that drift over a scenario (a neighbour's
@@ -322,8 +352,8 @@ pub struct BedSpec {
     pub servers: Servers,
     /// The kvswitch cache. None: no cache.
     pub cache: Option<CacheSetup>,
-    /// SwitchKV: a cache host beside kvswitch, the servers its backends. Needs
-    /// [`Servers::Nodes`].
+    /// SwitchKV: a cache host beside kvswitch, the servers its backends (steered to, or on
+    /// the path of every request). Needs [`Servers::Nodes`].
     pub switchkv: Option<SwitchKvSetup>,
     pub nutcracker: bool,
 }
@@ -411,6 +441,7 @@ impl Bed {
                 .as_ref()
                 .map(|k| switchkv_args(k, true))
                 .unwrap_or_default(),
+            steer_to_caches: !spec.switchkv.is_some_and(|k| k.look_through),
             ..Default::default()
         };
         let live = testbed::up(&topo, &opts)?;
@@ -612,10 +643,11 @@ fn switchkv_args(setup: &SwitchKvSetup, cache_node: bool) -> Vec<String> {
         "--top-k".to_string(),
         setup.top_k.to_string(),
     ];
+    if cache_node && setup.look_through {
+        args.push("--look-through".to_string());
+    }
     if cache_node {
-        // Also on the path of every request when clients send to it (look-through).
         args.extend([
-            "--look-through".to_string(),
             "--cache-items".to_string(),
             setup.items.max(1).to_string(),
             "--rule-rate".to_string(),

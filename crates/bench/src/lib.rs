@@ -88,6 +88,10 @@ pub struct SwitchkvArgs {
     #[arg(long, default_value_t = 500,
           value_parser = clap::value_parser!(u64).range(10..=10_000_000))]
     pub capacity: u64,
+    /// Only these systems, by their short names (kvswitch_udp, kvswitch_cache_udp,
+    /// switchkv_udp, look_through_udp), comma-separated [default: all].
+    #[arg(long, value_delimiter = ',', value_name = "SYSTEM,...")]
+    pub systems: Vec<String>,
 }
 
 #[derive(clap::Args, Clone, Debug)]
@@ -146,10 +150,12 @@ fn run_switchkv(args: &SwitchkvArgs) -> anyhow::Result<()> {
     let mut skew = skew::Args::with(sub(skew::NAME));
     skew.servers = args.servers;
     skew.capacity = args.capacity;
+    skew.systems = args.systems.clone();
     skew::run(&skew)?;
     let mut popularity = popularity::Args::with(sub(popularity::NAME));
     popularity.servers = args.servers;
     popularity.capacity = args.capacity;
+    popularity.systems = args.systems.clone();
     popularity::run(&popularity)?;
     Ok(())
 }

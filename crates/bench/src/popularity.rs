@@ -192,6 +192,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Run>> {
                 Setup::Plain => "",
                 Setup::Cache => " with its cache",
                 Setup::SwitchKv => " steering to a SwitchKV cache node",
+                Setup::LookThrough => " and a look-through cache node",
             }
         );
         let entries = args.keys / 10;
@@ -201,8 +202,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Run>> {
             servers: servers.clone(),
             cache: (setup == Setup::Cache)
                 .then(|| CacheSetup::hot_keys(entries, rules, args.servers)),
-            switchkv: (setup == Setup::SwitchKv)
-                .then(|| SwitchKvSetup::paper(entries, rules, args.servers)),
+            switchkv: SwitchKvSetup::of(setup, entries, rules, args.servers),
             nutcracker: false,
         })?;
         bed.preload(args.keys, "key:", 32)?;

@@ -183,8 +183,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
         let entries = default_cache_entries(args);
         let cache =
             (setup == Setup::Cache).then(|| CacheSetup::hot_keys(entries, None, args.servers));
-        let switchkv =
-            (setup == Setup::SwitchKv).then(|| SwitchKvSetup::paper(entries, None, args.servers));
+        let switchkv = SwitchKvSetup::of(setup, entries, None, args.servers);
         let bed = up(args, &servers, cache, switchkv)?;
         for run in 0..runs {
             for &skew in &skews {
@@ -281,6 +280,9 @@ fn up(
 ) -> anyhow::Result<Bed> {
     let with = match (cache, switchkv) {
         (Some(c), _) => format!(" with a cache of {} entries", c.items),
+        (_, Some(k)) if k.look_through => {
+            format!(" and a look-through cache node of {} entries", k.items)
+        }
         (_, Some(k)) => format!(" steering to a SwitchKV cache node of {} entries", k.items),
         _ => String::new(),
     };

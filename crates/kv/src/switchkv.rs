@@ -258,10 +258,8 @@ pub struct CacheNode {
     cache: crate::cache::Cache,
     /// Per key, until when it may be served, as its backend granted.
     granted: HashMap<Box<[u8]>, Instant>,
-    /// Keys taken from an instant report, not served until a renewal confirms their lease:
-    /// the report may have waited (in a hung cache node's queue) past the lease its backend
-    /// granted, and a lease counts from when the cache node asked.
-    pending: std::collections::HashSet<Box<[u8]>>,
+    /// Keys whose value has been asked of their backend and not yet answered.
+    fetching: std::collections::HashSet<Box<[u8]>>,
     /// Per admitted key, its backend.
     backend: HashMap<Box<[u8]>, usize>,
 }
@@ -286,13 +284,17 @@ impl CacheNode {
         // it was filled.
         let mut inner = cfg.cache.clone();
         inner.lease = VALUE_KEPT;
+        // Keys come in from the backends' reports only, each with a fetch: the reads steered
+        // here count for loads but admit nothing (an admission without a fetch would never
+        // be served).
+        inner.log_size = 0;
         let mut cache = crate::cache::Cache::new(inner, backends, now)?;
         cache.keep_rule_changes(true);
         Ok(CacheNode {
             cfg,
             cache,
             granted: HashMap::new(),
-            pending: std::collections::HashSet::new(),
+            fetching: std::collections::HashSet::new(),
             backend: HashMap::new(),
         })
     }
@@ -302,69 +304,77 @@ impl CacheNode {
         granted + self.cfg.lease.saturating_sub(self.cfg.guard)
     }
 
-    /// Takes a periodic report of `backend`: the keys it admits and must fetch now.
+    /// Takes a periodic report of `backend`: the keys it admits and must fetch now (also a
+    /// cached key with neither a lease nor a fetch under way, which would otherwise never be
+    /// served).
     pub fn report(&mut self, backend: usize, loads: &[(&[u8], f64)], now: Instant) -> Vec<Fetch> {
         self.cache.ensure_groups(backend + 1);
         let mut fetches = Vec::new();
         for &(key, load) in loads {
             // A cached key its backend still reads (its rule not installed yet, or its lease
             // ended): the backend's count of it counts too.
-            let known = self.cache.raise_load(key, load);
-            if self.cache.offer(key, load, now) && !known {
-                self.backend.insert(key.into(), backend);
-                if let Some(token) = self.cache.fill_token(key) {
-                    fetches.push(Fetch {
-                        key: key.into(),
-                        backend,
-                        token,
-                    });
-                }
+            self.cache.raise_load(key, load);
+            if let Some(fetch) = self.admit(backend, key, load, now) {
+                fetches.push(fetch);
             }
         }
         self.forget_evicted();
         fetches
     }
 
-    /// The answer to a fetch asked at `asked`: the value, or `None` if the backend has none
-    /// (the key is then dropped).
-    pub fn fetched(&mut self, fetch: Fetch, value: Option<crate::cache::Value>, asked: Instant) {
-        let Some(value) = value else {
-            self.cache.evict(&fetch.key, asked);
-            self.forget_evicted();
-            return;
-        };
-        if self.cache.fill(&fetch.key, fetch.token, value, asked) == crate::cache::Fill::Filled {
-            let end = self.lease_end(asked);
-            self.granted.insert(fetch.key, end);
-        }
-    }
-
-    /// An instant report from `backend`: `key` is bursty, with `load` (requests a second) and
-    /// this value. Returns whether the cache node took it (if not, the backend must stop
-    /// counting it as cached). A key taken is served once a renewal confirms its lease
-    /// ([`CacheNode::renewals`] asks at once).
-    pub fn hot(
-        &mut self,
-        backend: usize,
-        key: &[u8],
-        load: f64,
-        value: crate::cache::Value,
-        now: Instant,
-    ) -> bool {
-        self.cache.ensure_groups(backend + 1);
+    /// Offers `key` to the cache; the fetch to make if it is cached now and neither leased
+    /// nor being fetched.
+    fn admit(&mut self, backend: usize, key: &[u8], load: f64, now: Instant) -> Option<Fetch> {
         if !self.cache.offer(key, load, now) {
-            return false;
+            return None;
+        }
+        let leased = self.granted.get(key).is_some_and(|&end| end > now);
+        if leased || self.fetching.contains(key) {
+            return None;
         }
         self.backend.insert(key.into(), backend);
-        let Some(token) = self.cache.fill_token(key) else {
-            return false;
+        let token = self.cache.fill_token(key)?;
+        self.fetching.insert(key.into());
+        Some(Fetch {
+            key: key.into(),
+            backend,
+            token,
+        })
+    }
+
+    /// The answer to a fetch asked at `asked`: the value, or `None` if the backend has none
+    /// or did not answer. The backend granted a lease when it answered, after `asked`. A
+    /// value that does not fill (a write raced the fetch) leaves the key without a value
+    /// known to be current: it is dropped, as it is without a value, and a later report
+    /// admits it again.
+    pub fn fetched(&mut self, fetch: Fetch, value: Option<crate::cache::Value>, asked: Instant) {
+        self.fetching.remove(&fetch.key);
+        let filled = match value {
+            Some(value) => {
+                self.cache.fill(&fetch.key, fetch.token, value, asked) == crate::cache::Fill::Filled
+            }
+            None => false,
         };
-        let filled = self.cache.fill(key, token, value, now) == crate::cache::Fill::Filled;
-        if filled && !self.granted.contains_key(key) {
-            self.pending.insert(key.into());
+        if !filled {
+            self.cache.evict(&fetch.key, asked);
+            self.granted.remove(&fetch.key);
+            self.forget_evicted();
+            return;
         }
+        let end = self.lease_end(asked);
+        let at = self.granted.entry(fetch.key).or_insert(end);
+        *at = (*at).max(end);
+    }
+
+    /// An instant report from `backend`: `key` is bursty, with `load` (requests a second).
+    /// The fetch to make if the cache node takes it; its value comes with the fetch, whose
+    /// grant starts when the backend answers it (a report's own value may have waited, in a
+    /// hung cache node's queue, past anything its backend still promises).
+    pub fn hot(&mut self, backend: usize, key: &[u8], load: f64, now: Instant) -> Option<Fetch> {
+        self.cache.ensure_groups(backend + 1);
+        let fetch = self.admit(backend, key, load, now);
         self.forget_evicted();
-        filled
+        fetch
     }
 
     /// A write at the backend: `key` now holds `value` (`None`: deleted). The lease stays as
@@ -395,9 +405,8 @@ impl CacheNode {
         self.cache.lookup(key, false, now).ok().cloned()
     }
 
-    /// The leases to renew at `now` (those ending within half a lease, and those of keys an
-    /// instant report brought), by backend: ask each backend, then give the answer to
-    /// [`CacheNode::renewed`] with the time it was asked.
+    /// The leases to renew at `now` (those ending within half a lease), by backend: ask each
+    /// backend, then give the answer to [`CacheNode::renewed`] with the time it was asked.
     pub fn renewals(&self, now: Instant) -> Vec<(usize, Vec<Box<[u8]>>)> {
         let soon = now + self.cfg.lease / 2;
         let mut by: HashMap<usize, Vec<Box<[u8]>>> = HashMap::new();
@@ -405,8 +414,7 @@ impl CacheNode {
             .granted
             .iter()
             .filter(|(_, &end)| end > now && end <= soon)
-            .map(|(k, _)| k)
-            .chain(&self.pending);
+            .map(|(k, _)| k);
         for key in due {
             if self.cache.contains(key) {
                 if let Some(&b) = self.backend.get(key) {
@@ -426,9 +434,7 @@ impl CacheNode {
     pub fn renewed(&mut self, keys: &[Box<[u8]>], asked: Instant) {
         let end = self.lease_end(asked);
         for key in keys {
-            if self.pending.remove(key) {
-                self.granted.insert(key.clone(), end);
-            } else if let Some(at) = self.granted.get_mut(key) {
+            if let Some(at) = self.granted.get_mut(key) {
                 *at = (*at).max(end);
             }
         }
@@ -480,7 +486,7 @@ impl CacheNode {
     fn forget_evicted(&mut self) {
         let cache = &self.cache;
         self.granted.retain(|k, _| cache.contains(k));
-        self.pending.retain(|k| cache.contains(k));
+        self.fetching.retain(|k| cache.contains(k));
         self.backend.retain(|k, _| cache.contains(k));
     }
 
@@ -500,11 +506,11 @@ impl CacheNode {
         self.cache.gauges()
     }
 
-    /// Keys that may be served at `now` (a lease that has not ended), and keys waiting for a
-    /// renewal to confirm an instant report's lease.
+    /// Keys that may be served at `now` (a lease that has not ended), and keys whose value
+    /// is being fetched.
     pub fn leases(&self, now: Instant) -> (usize, usize) {
         let live = self.granted.values().filter(|&&end| end > now).count();
-        (live, self.pending.len())
+        (live, self.fetching.len())
     }
 }
 
@@ -678,26 +684,37 @@ mod tests {
     }
 
     #[test]
-    fn an_instant_report_is_served_only_once_a_renewal_confirms_its_lease() {
+    fn an_instant_report_is_fetched_and_served_under_the_fetch_grant() {
         let t0 = Instant::from_secs(10);
         let mut n = node(t0);
-        assert!(n.hot(0, b"h", 50.0, value(b"v"), t0));
+        let fetch = n.hot(0, b"h", 50.0, t0).expect("taken, to be fetched");
         n.poll(t0);
-        assert_eq!(n.serve(0, b"h", t0), None, "no lease yet");
-        assert_eq!(n.renewals(t0), vec![(0, vec![b"h".to_vec().into()])]);
-        // Asked later than the report came (it may have waited in a queue): the lease counts
-        // from the question.
+        assert_eq!(n.serve(0, b"h", t0), None, "no value nor lease yet");
+        // Reported again while its fetch is under way: no second fetch.
+        assert!(n.report(0, &[(&b"h"[..], 60.0)], t0).is_empty());
         let asked = t0 + Duration::from_secs(5);
-        n.renewed(&[b"h".to_vec().into()], asked);
+        n.fetched(fetch, Some(value(b"v")), asked);
         assert!(n.serve(0, b"h", asked).is_some());
-        assert!(n.renewals(asked).is_empty());
         assert!(n
             .serve(0, b"h", asked + Duration::from_millis(1800))
             .is_none());
-        // A refused renewal drops a reported key.
-        assert!(n.hot(0, b"g", 50.0, value(b"v"), asked));
-        n.refused(&[b"g".to_vec().into()], asked);
-        assert!(n.renewals(asked).iter().all(|(_, keys)| keys.is_empty()));
+        // A key cached but neither leased nor fetched (its lease ended) is fetched again at
+        // its next report.
+        let late = asked + Duration::from_millis(1801);
+        assert_eq!(n.report(0, &[(&b"h"[..], 60.0)], late).len(), 1);
+    }
+
+    #[test]
+    fn a_fetch_that_does_not_fill_drops_its_key() {
+        let t0 = Instant::from_secs(10);
+        let mut n = node(t0);
+        let fetch = n.hot(0, b"k", 50.0, t0).unwrap();
+        n.poll(t0);
+        // A write raced it: the fetched value may be older than what was written.
+        n.update(b"k", Some(value(b"new")), t0);
+        n.fetched(fetch, Some(value(b"old")), t0);
+        assert!(n.cached().is_empty(), "{:?}", n.cached());
+        assert_eq!(n.serve(0, b"k", t0), None);
     }
 
     #[test]
@@ -719,12 +736,9 @@ mod tests {
         let t0 = Instant::from_secs(10);
         let mut n = node(t0);
         n.report(0, &[(&b"a"[..], 50.0), (&b"b"[..], 40.0)], t0);
+        assert!(n.hot(0, b"c", 10.0, t0).is_none(), "full, and not hotter");
         assert!(
-            !n.hot(0, b"c", 10.0, value(b"c"), t0),
-            "full, and not hotter"
-        );
-        assert!(
-            n.hot(0, b"c", 45.0, value(b"c"), t0),
+            n.hot(0, b"c", 45.0, t0).is_some(),
             "a burst beats the least loaded"
         );
         let keys: Vec<Box<[u8]>> = n.cached().into_iter().map(|(k, _)| k).collect();

@@ -198,17 +198,20 @@ impl Steer {
             }
             return Ok(());
         }
-        // Refused as a whole (an entry the switch removed itself, say): one by one.
+        // Refused as a whole (an entry the switch removed itself, say): one by one, every
+        // change tried, the first failure reported.
+        let mut failed = None;
         for change in changes {
-            match change {
+            let outcome = match change {
                 Change::Add(key) => {
                     let h = self.hash.hash(&key);
                     if let Some((_, n)) = self.entries.get_mut(&h) {
                         *n += 1;
                         continue;
                     }
-                    let id = self.install(h)?;
-                    self.entries.insert(h, (id, 1));
+                    self.install(h).map(|id| {
+                        self.entries.insert(h, (id, 1));
+                    })
                 }
                 Change::Remove(key) => {
                     let h = self.hash.hash(&key);
@@ -222,11 +225,14 @@ impl Steer {
                     let id = *id;
                     self.entries.remove(&h);
                     self.remove(id)
-                        .with_context(|| format!("no longer steering key hash {h}"))?;
+                        .with_context(|| format!("no longer steering key hash {h}"))
                 }
+            };
+            if let Err(e) = outcome {
+                failed.get_or_insert(e);
             }
         }
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// Adds (true) and removes (false) the entries of key hashes in one batch, all or
@@ -318,7 +324,6 @@ impl Steer {
         if removed.is_some() && removed == self.removed_seen {
             return Ok(());
         }
-        self.removed_seen = removed;
         let mine = json!({ "set_ipv4_dst": self.cache.to_string() });
         let there: std::collections::HashSet<u64> = entries(&self.client, switch::control::STEER)?
             .iter()
@@ -340,6 +345,8 @@ impl Steer {
         for id in there.difference(&known) {
             self.remove(*id)?;
         }
+        // Only once it all went through: a sync that failed is tried again.
+        self.removed_seen = removed;
         Ok(())
     }
 }

@@ -124,6 +124,8 @@ fn system_names(json: &serde_json::Value) -> Vec<String> {
         ("kvswitch_tcp", "kvswitch proxy (TCP)"),
         ("kvswitch_cache_udp", "kvswitch + cache (UDP)"),
         ("kvswitch_cache_tcp", "kvswitch + cache (TCP)"),
+        ("switchkv_udp", "SwitchKV cache node (UDP)"),
+        ("look_through_udp", "look-through cache node (UDP)"),
     ];
     json["systems"]
         .as_array()
@@ -197,6 +199,8 @@ fn skew_short() {
         &[
             "kvswitch switch (UDP)".to_string(),
             "kvswitch + cache (UDP)".to_string(),
+            "SwitchKV cache node (UDP)".to_string(),
+            "look-through cache node (UDP)".to_string(),
         ],
     );
     assert!(dir.join("throughput-cache-size.png").exists());
@@ -225,13 +229,19 @@ fn skew_short() {
 #[test]
 fn popularity_change_short() {
     let (dir, json) = run("popularity-change", "kvbp");
-    let changes: Vec<&str> = medians(&json)
-        .iter()
-        .map(|r| r["change"].as_str().expect("change"))
-        .collect();
-    // Without the cache, then with it.
+    // Every system (no cache, kvswitch's, SwitchKV's cache node steered to and on the path
+    // of every request) under every kind of change, in order.
     let kinds = ["no change", "hot-in", "hot-out", "random"];
-    assert_eq!(changes, [kinds, kinds].concat());
+    let systems = json["systems"].as_array().expect("systems");
+    assert_eq!(systems.len(), 4, "{json}");
+    for system in systems {
+        let changes: Vec<&str> = medians(&json)
+            .iter()
+            .filter(|r| r["system"] == *system)
+            .map(|r| r["change"].as_str().expect("change"))
+            .collect();
+        assert_eq!(changes, kinds, "{system}");
+    }
     for r in medians(&json) {
         let series = r["series"].as_array().expect("series");
         // 100 ms intervals over the measured window.
@@ -242,6 +252,8 @@ fn popularity_change_short() {
     let names: Vec<String> = ["hot-in", "hot-out", "random"].map(String::from).to_vec();
     check_plot(&dir, "throughput-over-time-kvswitch_udp", &names);
     check_plot(&dir, "throughput-over-time-kvswitch_cache_udp", &names);
+    check_plot(&dir, "throughput-over-time-switchkv_udp", &names);
+    check_plot(&dir, "throughput-over-time-look_through_udp", &names);
     let _ = std::fs::remove_dir_all(dir);
 }
 

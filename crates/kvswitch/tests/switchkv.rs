@@ -182,6 +182,8 @@ fn reads_steered_to_a_cache_node_stay_coherent_through_a_hang_a_backend_crash_an
     let started = Instant::now();
     struct Seen {
         served_before_pause: Option<u64>,
+        served_after_crash: Option<u64>,
+        served_before_death: Option<u64>,
         entries_before_pause: usize,
         removed_in_pause: Duration,
         crash: (u64, u64),
@@ -220,8 +222,10 @@ fn reads_steered_to_a_cache_node_stay_coherent_through_a_hang_a_backend_crash_an
             std::thread::sleep(Duration::from_millis(20));
         }
         let crash = (crashed, clock.now());
+        let served_after_crash = cache_stat(&live, "served");
         // The cache node dies: its entries go.
         until(started, KILL_AT);
+        let served_before_death = cache_stat(&live, "served");
         live.kill_server(CACHE).expect("kill the cache node");
         let killed = Instant::now();
         while steer_entries(&live) > 0 {
@@ -237,6 +241,8 @@ fn reads_steered_to_a_cache_node_stay_coherent_through_a_hang_a_backend_crash_an
             recorded,
             Seen {
                 served_before_pause,
+                served_after_crash,
+                served_before_death,
                 entries_before_pause,
                 removed_in_pause,
                 crash,
@@ -260,6 +266,13 @@ fn reads_steered_to_a_cache_node_stay_coherent_through_a_hang_a_backend_crash_an
         seen.removed_in_pause < REMOVED_WITHIN,
         "the hung cache node's entries were not removed"
     );
+    // After the hang and the backend's crash, the cache node serves again.
+    let again = seen
+        .served_before_death
+        .unwrap_or(0)
+        .saturating_sub(seen.served_after_crash.unwrap_or(u64::MAX));
+    println!("{again} reads served by the cache node between the backend's return and its death");
+    assert!(again > 100, "{again} reads served after the crash");
 
     println!(
         "history: {} ops, {} unanswered, {} SERVER_ERROR",

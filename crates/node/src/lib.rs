@@ -99,7 +99,7 @@ pub struct NodeArgs {
     pub look_through: bool,
     /// Hot keys a backend reports each second, and a cache node counts per backend (SwitchKV:
     /// 5); give backends and their cache node the same.
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub top_k: u32,
 }
 

@@ -28,6 +28,8 @@ use crate::store::Store;
 const CALL_WAIT: Duration = Duration::from_secs(1);
 /// How often the background threads look at the time.
 const TICK: Duration = Duration::from_millis(10);
+/// Instant reports waiting to be sent, at most.
+const INSTANT_QUEUE: usize = 1024;
 /// Most fetches a cache node makes before it looks at its leases and rules again.
 const MAX_FETCHES_A_TICK: usize = 256;
 /// How often, with no rule changes, a cache node's rule sink is asked to check the switch's
@@ -152,6 +154,8 @@ impl Link {
             conn.set_read_timeout(Some(left))?;
             let n = match conn.read(&mut chunk) {
                 Ok(n) => n,
+                // A signal (a stop and a continue, say): the connection is fine.
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
                     return Err(ErrorKind::TimedOut.into())
                 }
@@ -221,7 +225,11 @@ fn control_connection(mut conn: TcpStream, peer: SocketAddr, stop: &AtomicBool, 
         match conn.read(&mut chunk) {
             Ok(0) => return,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                ) => {}
             Err(_) => return,
         }
     }
@@ -320,7 +328,7 @@ pub struct BackendRole {
     state: Mutex<Backend>,
     /// Calls made while serving a write (updates), one at a time.
     writes: Mutex<Link>,
-    instant: Mutex<Sender<Vec<u8>>>,
+    instant: Mutex<mpsc::SyncSender<Vec<u8>>>,
     /// Its control port, named in its reports.
     control_port: u16,
     pub counters: RoleCounters,
@@ -340,7 +348,9 @@ impl BackendRole {
         announce_start(cache, control_port, cfg.lease);
         let clock = Clock(Instant::now());
         let state = Backend::new(cfg, clock.now()).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let (tx, rx) = mpsc::channel();
+        // Bursts beyond what the reporter keeps up with are dropped: the periodic report
+        // carries them too.
+        let (tx, rx) = mpsc::sync_channel(INSTANT_QUEUE);
         let role = Arc::new(BackendRole {
             control_port,
             clock,
@@ -372,7 +382,7 @@ impl BackendRole {
         let mut link = Link::new(cache);
         while !stop.load(Ordering::Relaxed) {
             if let Ok(key) = instant.recv_timeout(TICK) {
-                self.send_hot(&key, store);
+                self.send_hot(&mut link, &key, store);
             }
             let report = lock(&self.state).report(self.clock.now());
             if let Some(report) = report {
@@ -387,28 +397,13 @@ impl BackendRole {
         }
     }
 
-    /// Sends an instant report of `key` with its value. The grant, the read of the value and
-    /// the report happen under the lock the writes' updates take, on their connection: a write
-    /// that the read missed is told to the cache node after the report, never before.
-    fn send_hot(&self, key: &[u8], store: &Store) {
-        let mut link = lock(&self.writes);
-        let behind = link.behind();
-        let granted = self.clock.now();
-        let load = {
-            let mut state = lock(&self.state);
-            // Not while a message the cache node has not taken may still change what it
-            // holds, nor while a revoked lease runs.
-            if behind || !state.may_grant(key, granted) {
-                return;
-            }
-            // Counted as cached before the value is read: a write after the read is told.
-            state.grant(key, granted);
-            state.burst_load()
-        };
+    /// Sends an instant report of `key` with its value. Nothing is granted by it: the cache
+    /// node that takes the key fetches it, and the fetch's grant is the lease.
+    fn send_hot(&self, link: &mut Link, key: &[u8], store: &Store) {
         let Some(item) = store.get(key, None) else {
-            lock(&self.state).evict(key);
             return;
         };
+        let load = lock(&self.state).burst_load();
         let message = Message::Hot(
             self.control_port,
             key,
@@ -419,10 +414,7 @@ impl BackendRole {
             },
         );
         bump(&self.counters.instant_reports);
-        match link.call(&message, CALL_WAIT) {
-            Ok(r) if matches!(proto::parse(&r), Ok(Some((Message::Ok, _)))) => {}
-            _ => lock(&self.state).evict(key),
-        }
+        let _ = link.call(&message, CALL_WAIT);
     }
 
     fn answer_control(&self, message: &Message<'_>, store: &Store) -> Vec<u8> {
@@ -473,6 +465,14 @@ impl BackendRole {
     /// Tells the cache node of a write to `key`, which now holds what `store` has, and waits
     /// for its acknowledgement or the end of the key's lease.
     fn tell(&self, key: &[u8], store: &Store) {
+        // A key not cached is not told, and waits for no other write's update (the store
+        // holds this write already: a grant after this check reads it).
+        if lock(&self.state)
+            .cached_until(key, self.clock.now())
+            .is_none()
+        {
+            return;
+        }
         // Under the updates' lock from the lease's check to the reply: updates of one key
         // reach the cache node in the order of the values they carry.
         let mut link = lock(&self.writes);
@@ -752,18 +752,18 @@ impl CacheRole {
                 }
                 reply(&Message::Ok)
             }
-            Message::Hot(port, key, load, item) => {
+            Message::Hot(port, key, load, _) => {
+                // Taken: fetched like any admitted key, and served under that fetch's grant.
                 bump(&self.counters.instant_reports);
-                let b = self.backend(SocketAddr::new(ip, *port));
-                let value = kv::cache::Value {
-                    flags: item.flags,
-                    cas: None,
-                    data: item.data.into(),
-                    key_base64: None,
-                };
-                match lock(&self.state).hot(b, key, *load, value, now) {
-                    true => reply(&Message::Ok),
-                    false => reply(&Message::No),
+                let at = SocketAddr::new(ip, *port);
+                let b = self.backend(at);
+                let fetch = lock(&self.state).hot(b, key, *load, now);
+                match fetch {
+                    Some(f) => {
+                        let _ = lock(fetches).send((at, f));
+                        reply(&Message::Ok)
+                    }
+                    None => reply(&Message::No),
                 }
             }
             Message::Update(key, item) => {
@@ -800,7 +800,16 @@ impl CacheRole {
         let Some(link) = self.link(b) else {
             return;
         };
-        let answer = lock(&link).call(&Message::Fetch(&fetch.key), CALL_WAIT);
+        let answer = {
+            let mut link = lock(&link);
+            // A backend that has not answered an earlier call (hung): not asked again now,
+            // so that it holds up no other backend's fetches and renewals.
+            if link.behind() {
+                Err(ErrorKind::TimedOut.into())
+            } else {
+                link.call(&Message::Fetch(&fetch.key), CALL_WAIT)
+            }
+        };
         bump(&self.counters.fetches);
         let value = match answer.as_deref().map(proto::parse) {
             Ok(Ok(Some((Message::Value(item), _)))) => Some(kv::cache::Value {
@@ -827,7 +836,13 @@ impl CacheRole {
                 continue;
             };
             let names: Vec<&[u8]> = keys.iter().map(|k| &**k).collect();
-            let answer = lock(&link).call(&Message::Renew(names), CALL_WAIT);
+            let answer = {
+                let mut link = lock(&link);
+                if link.behind() {
+                    continue;
+                }
+                link.call(&Message::Renew(names), CALL_WAIT)
+            };
             // No answer: the leases run out unless a later try gets one.
             let Ok(answer) = answer else {
                 continue;
@@ -836,7 +851,8 @@ impl CacheRole {
             let (renewed, refused): (Keys, Keys) = match proto::parse(&answer) {
                 Ok(Some((Message::Ok, _))) => (keys, Vec::new()),
                 Ok(Some((Message::Renewed(some), _))) => {
-                    keys.into_iter().partition(|k| some.contains(&&**k))
+                    let some: std::collections::HashSet<&[u8]> = some.into_iter().collect();
+                    keys.into_iter().partition(|k| some.contains(&**k))
                 }
                 _ => (Vec::new(), keys),
             };
@@ -899,6 +915,7 @@ impl Upstream {
             let Some(c) = conn.as_mut() else {
                 return Err(ErrorKind::NotConnected.into());
             };
+            c.set_write_timeout(Some(CALL_WAIT))?;
             let mut sent = request.bytes().to_vec();
             sent.extend_from_slice(sentinel.unwrap_or_default());
             c.write_all(&sent)?;
@@ -930,7 +947,11 @@ impl Upstream {
                     Err(_) => return Err(ErrorKind::InvalidData.into()),
                     Ok(None) => {}
                 }
-                let n = c.read(&mut chunk)?;
+                let n = match c.read(&mut chunk) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e),
+                };
                 if n == 0 {
                     return Err(ErrorKind::UnexpectedEof.into());
                 }

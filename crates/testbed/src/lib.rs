@@ -93,6 +93,9 @@ pub struct UpOptions {
     /// Appended to the command line of every cache node (`kvswitch node --role cache`), such
     /// as `--lease-ms`, `--cache-items` and `--rule-rate`.
     pub cache_args: Vec<String>,
+    /// The cache nodes install steering entries in kvswitch (SwitchKV). Default true; false
+    /// leaves the switch alone, for clients that send to a cache node itself (look-through).
+    pub steer_to_caches: bool,
 }
 
 /// The program every server host runs on port 11211 (TCP and UDP).
@@ -121,6 +124,7 @@ impl Default for UpOptions {
             proxy: true,
             servers: ServerProgram::Memcached,
             cache_args: Vec::new(),
+            steer_to_caches: true,
         }
     }
 }

@@ -356,7 +356,7 @@ fn build(state: &mut State, topo: &Topology, opts: &UpOptions) -> anyhow::Result
     if let Some(bin) = &opts.kvswitch_bin {
         start_kvswitch(state, bin)?;
         if !caches.is_empty() {
-            start_caches(state, bin, &opts.cache_args)?;
+            start_caches(state, bin, &opts.cache_args, opts.steer_to_caches)?;
         }
     }
 
@@ -631,7 +631,12 @@ fn api_change(state: &State, method: &str, path: &str, body: &str) -> anyhow::Re
 /// to its port out of the local port), an interface-table entry per cache node (the steering
 /// rules' way there, numbered from 1 in host order), and `kvswitch node --role cache` on each,
 /// its rules installed through that API.
-fn start_caches(state: &mut State, bin: &Path, extra: &[String]) -> anyhow::Result<()> {
+fn start_caches(
+    state: &mut State,
+    bin: &Path,
+    extra: &[String],
+    steer: bool,
+) -> anyhow::Result<()> {
     let local_port = state.hosts.len();
     let acl = format!(
         r#"{{"match": {{"ip_dst": "{}", "ip_proto": 6, "l4_dst": {}}}, "priority": 1000, "actions": [{{"output": {local_port}}}]}}"#,
@@ -671,17 +676,21 @@ fn start_caches(state: &mut State, bin: &Path, extra: &[String]) -> anyhow::Resu
             format!("{}:{MEMCACHED_PORT}", h.ip),
             "--upstream".to_string(),
             format!("{}:{}", state.vip, state.vip_port),
-            "--switch-api".to_string(),
-            format!("{}:{}", state.vip, state.api.port()),
-            "--switch-token-file".to_string(),
-            token.display().to_string(),
-            "--steer-interface".to_string(),
-            interface.to_string(),
-            "--vip".to_string(),
-            state.vip.to_string(),
-            "--hash".to_string(),
-            state.hash.clone(),
         ];
+        if steer {
+            argv.extend([
+                "--switch-api".to_string(),
+                format!("{}:{}", state.vip, state.api.port()),
+                "--switch-token-file".to_string(),
+                token.display().to_string(),
+                "--steer-interface".to_string(),
+                interface.to_string(),
+                "--vip".to_string(),
+                state.vip.to_string(),
+                "--hash".to_string(),
+                state.hash.clone(),
+            ]);
+        }
         argv.extend(extra.iter().cloned());
         let log = state.work_dir.join(format!("cache-{}.log", h.name));
         record_file(state, &log)?;
