@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use common::fleet::{in_pool, testbed_controller};
 use common::*;
 use kvswitch::ctl::Client as Api;
-use testbed::history::{self, Kind};
+use testbed::history::Kind;
 use testbed::history_load::{self, Client, Clock, Load, Mix, Transport};
 
 /// The testbed's prefix, with a subnet of its own.
@@ -223,32 +223,13 @@ fn a_dead_replica_loses_nothing() {
     }
     written_to_both_replicas(&live, &SURVIVORS, &keys);
 
-    println!(
-        "history: {} ops ({} over UDP, {} over TCP), {} unanswered, {} SERVER_ERROR",
-        recorded.ops.len(),
-        recorded.ops_over(Transport::Udp),
-        recorded.ops_over(Transport::Tcp),
-        recorded.timeouts(),
-        recorded.server_errors()
-    );
-    assert!(
-        recorded.bad_replies.is_empty(),
-        "{:?}",
-        &recorded.bad_replies
-    );
+    recorded_ok(&recorded);
     assert!(
         recorded.ops.len() >= MIN_OPS,
         "only {} ops",
         recorded.ops.len()
     );
-    let report = history::check(&recorded.ops);
-    println!("history: {}", report.stats);
-    assert!(
-        report.ok(),
-        "{} reads saw a value older than an acknowledged write; the first:\n{}",
-        report.violations.len(),
-        report.first_violations(10)
-    );
+    no_stale_read(&recorded.ops);
     // Reads went on after the removal, and found values.
     let hits_after = recorded
         .ops

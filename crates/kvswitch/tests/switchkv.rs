@@ -24,7 +24,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use common::*;
-use testbed::history::{self, Kind, Op};
+use testbed::history::{Kind, Op};
 use testbed::history_load::{self, Client, Clock, Load, Mix, Transport};
 
 /// The testbed's prefix, with a subnet of its own.
@@ -274,17 +274,7 @@ fn reads_steered_to_a_cache_node_stay_coherent_through_a_hang_a_backend_crash_an
     println!("{again} reads served by the cache node between the backend's return and its death");
     assert!(again > 100, "{again} reads served after the crash");
 
-    println!(
-        "history: {} ops, {} unanswered, {} SERVER_ERROR",
-        recorded.ops.len(),
-        recorded.timeouts(),
-        recorded.server_errors()
-    );
-    assert!(
-        recorded.bad_replies.is_empty(),
-        "{:?}",
-        &recorded.bad_replies
-    );
+    recorded_ok(&recorded);
     // The crash lost the victim's values: a write of "absent" to each of its keys, at some
     // instant between the crash and its return.
     let mut ops = recorded.ops.clone();
@@ -298,14 +288,7 @@ fn reads_steered_to_a_cache_node_stay_coherent_through_a_hang_a_backend_crash_an
             kind: Kind::Write(None),
         });
     }
-    let report = history::check(&ops);
-    println!("history: {}", report.stats);
-    assert!(
-        report.ok(),
-        "{} reads saw a value older than an acknowledged write; the first:\n{}",
-        report.violations.len(),
-        report.first_violations(10)
-    );
+    no_stale_read(&ops);
     // With the cache node dead, reads are answered by the backends.
     let after: Vec<&Op> = recorded
         .ops

@@ -35,34 +35,42 @@ fn line_or_end(r: &[u8]) -> bool {
     r.ends_with(b"END\r\n") || (!r.starts_with(b"VALUE") && r.ends_with(b"\r\n"))
 }
 
-#[test]
-fn a_hot_key_is_served_by_the_cache_node_and_kept_coherent_with_writes() {
-    let cache_control = free_port();
-    let backend_control = free_port();
-    let backend = Node::start(&NodeArgs {
+/// A backend on loopback, over TCP only, whose cache node's control port is `cache_control`.
+fn backend_args(cache_control: u16, lease_ms: u64) -> NodeArgs {
+    NodeArgs {
         listen: "127.0.0.1:0".parse().unwrap(),
         no_udp: true,
         role: Role::Backend,
-        control_port: backend_control,
+        control_port: free_port(),
         cache_node: Some(format!("127.0.0.1:{cache_control}").parse().unwrap()),
-        lease_ms: LEASE_MS,
+        lease_ms,
         ..NodeArgs::default()
-    })
-    .unwrap();
+    }
+}
+
+/// A cache node on loopback, over TCP only, with its control port and upstream, no rule limit.
+fn cache_args(control: u16, upstream: std::net::SocketAddr, lease_ms: u64) -> NodeArgs {
+    NodeArgs {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        no_udp: true,
+        role: Role::Cache,
+        control_port: control,
+        upstream: Some(upstream),
+        lease_ms,
+        rule_rate: 0,
+        ..NodeArgs::default()
+    }
+}
+
+#[test]
+fn a_hot_key_is_served_by_the_cache_node_and_kept_coherent_with_writes() {
+    let cache_control = free_port();
+    let backend = Node::start(&backend_args(cache_control, LEASE_MS)).unwrap();
     let backend_addr = backend.tcp_addr().unwrap();
     let changes: Arc<Mutex<Rules>> = Arc::default();
     let sink = changes.clone();
     let cache = Node::start_with(
-        &NodeArgs {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            no_udp: true,
-            role: Role::Cache,
-            control_port: cache_control,
-            upstream: Some(backend_addr),
-            lease_ms: LEASE_MS,
-            rule_rate: 0,
-            ..NodeArgs::default()
-        },
+        &cache_args(cache_control, backend_addr, LEASE_MS),
         Some(Box::new(move |c| {
             sink.lock().unwrap().extend(c);
             Ok(())
@@ -176,28 +184,12 @@ fn served(cache: &Node) -> u64 {
 #[test]
 fn a_restarted_backend_makes_its_cache_node_drop_its_keys_and_other_reads_are_forwarded() {
     let cache_control = free_port();
-    let backend_control = free_port();
-    let backend_port = free_port();
     let backend_args = NodeArgs {
-        listen: format!("127.0.0.1:{backend_port}").parse().unwrap(),
-        no_udp: true,
-        role: Role::Backend,
-        control_port: backend_control,
-        cache_node: Some(format!("127.0.0.1:{cache_control}").parse().unwrap()),
-        lease_ms: 60_000,
-        ..NodeArgs::default()
+        listen: format!("127.0.0.1:{}", free_port()).parse().unwrap(),
+        ..backend_args(cache_control, 60_000)
     };
     let cache = Node::start_with(
-        &NodeArgs {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            no_udp: true,
-            role: Role::Cache,
-            control_port: cache_control,
-            upstream: Some(backend_args.listen),
-            lease_ms: 60_000,
-            rule_rate: 0,
-            ..NodeArgs::default()
-        },
+        &cache_args(cache_control, backend_args.listen, 60_000),
         None,
     )
     .unwrap();
@@ -296,15 +288,10 @@ fn rules_follow_the_cache_under_the_rule_update_limit_additions_first() {
     let sink = changes.clone();
     let cache = Node::start_with(
         &NodeArgs {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            no_udp: true,
-            role: Role::Cache,
-            control_port: cache_control,
-            upstream: Some("127.0.0.1:9".parse().unwrap()),
             cache_items: KEYS,
             rule_rate: RATE,
             top_k: KEYS as u32,
-            ..NodeArgs::default()
+            ..cache_args(cache_control, "127.0.0.1:9".parse().unwrap(), 2000)
         },
         Some(Box::new(move |c| {
             let now = Instant::now();
@@ -314,13 +301,8 @@ fn rules_follow_the_cache_under_the_rule_update_limit_additions_first() {
     )
     .unwrap();
     let backend = Node::start(&NodeArgs {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        no_udp: true,
-        role: Role::Backend,
-        control_port: free_port(),
-        cache_node: Some(format!("127.0.0.1:{cache_control}").parse().unwrap()),
         top_k: KEYS as u32,
-        ..NodeArgs::default()
+        ..backend_args(cache_control, 2000)
     })
     .unwrap();
     let mut to_backend = connect(backend.tcp_addr().unwrap());
@@ -386,27 +368,15 @@ fn a_look_through_cache_node_sends_writes_on_and_serves_what_they_wrote() {
     // The cache node first: the backend's start is acknowledged at once.
     let cache = Node::start_with(
         &NodeArgs {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            no_udp: true,
-            role: Role::Cache,
-            control_port: cache_control,
-            upstream: Some(backend_at),
-            lease_ms: 60_000,
-            rule_rate: 0,
             look_through: true,
-            ..NodeArgs::default()
+            ..cache_args(cache_control, backend_at, 60_000)
         },
         None,
     )
     .unwrap();
     let _backend = Node::start(&NodeArgs {
         listen: backend_at,
-        no_udp: true,
-        role: Role::Backend,
-        control_port: free_port(),
-        cache_node: Some(format!("127.0.0.1:{cache_control}").parse().unwrap()),
-        lease_ms: 60_000,
-        ..NodeArgs::default()
+        ..backend_args(cache_control, 60_000)
     })
     .unwrap();
     let mut to_cache = connect(cache.tcp_addr().unwrap());

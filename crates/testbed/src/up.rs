@@ -319,23 +319,8 @@ fn build(state: &mut State, topo: &Topology, opts: &UpOptions) -> anyhow::Result
         true => DAEMON_READY,
         false => DAEMON_READY + BACKEND_LEASE_WAIT,
     };
-    for (i, mut child) in servers {
-        let h = &state.hosts[i];
-        let addr = SocketAddr::V4(SocketAddrV4::new(h.ip, MEMCACHED_PORT));
-        let log = h.log.clone().unwrap_or_default();
-        probe::wait_for(
-            ready,
-            || exited(&mut child),
-            || in_netns(&h.netns, || probe::memcached_version(addr))?,
-        )
-        .with_context(|| {
-            format!(
-                "{} on {:?} did not answer `version` on {addr}; log:\n{}",
-                server_name(&opts.servers),
-                h.name,
-                process::tail(&log, LOG_TAIL)
-            )
-        })?;
+    for (i, child) in servers {
+        answers_version(state, i, child, ready, server_name(&opts.servers))?;
     }
 
     if opts.start_nutcracker {
@@ -608,6 +593,33 @@ fn start_kvswitch(state: &mut State, bin: &Path) -> anyhow::Result<()> {
     })
 }
 
+/// Waits until `what`, just started as `child` on host `i`, answers `version` on memcached's
+/// port, or fails with the tail of its log.
+fn answers_version(
+    state: &State,
+    i: usize,
+    mut child: Child,
+    limit: Duration,
+    what: &str,
+) -> anyhow::Result<()> {
+    let h = &state.hosts[i];
+    let addr = SocketAddr::V4(SocketAddrV4::new(h.ip, MEMCACHED_PORT));
+    let log = h.log.clone().unwrap_or_default();
+    probe::wait_for(
+        limit,
+        || exited(&mut child),
+        || in_netns(&h.netns, || probe::memcached_version(addr))?,
+    )
+    .with_context(|| {
+        format!(
+            "{what} on {:?} did not answer `version` on {addr}; log:\n{}",
+            h.name,
+            process::tail(&log, LOG_TAIL)
+        )
+    })?;
+    Ok(())
+}
+
 /// A fresh API token: 128 bits from the operating system, in hex.
 fn new_token() -> anyhow::Result<String> {
     use std::io::Read;
@@ -701,22 +713,8 @@ fn start_caches(
         state.save()?;
         started.push((i, child));
     }
-    for (i, mut child) in started {
-        let h = &state.hosts[i];
-        let addr = SocketAddr::V4(SocketAddrV4::new(h.ip, MEMCACHED_PORT));
-        let log = h.log.clone().unwrap_or_default();
-        probe::wait_for(
-            DAEMON_READY,
-            || exited(&mut child),
-            || in_netns(&h.netns, || probe::memcached_version(addr))?,
-        )
-        .with_context(|| {
-            format!(
-                "cache node on {:?} did not answer `version` on {addr}; log:\n{}",
-                h.name,
-                process::tail(&log, LOG_TAIL)
-            )
-        })?;
+    for (i, child) in started {
+        answers_version(state, i, child, DAEMON_READY, "cache node")?;
     }
     Ok(())
 }

@@ -313,3 +313,34 @@ pub fn log_tail(live: &testbed::Live, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }
+
+/// Prints what a recorded history did, and fails on any reply memcached never gives.
+pub fn recorded_ok(recorded: &testbed::history_load::Recorded) {
+    use testbed::history_load::Transport;
+    println!(
+        "history: {} ops ({} over UDP, {} over TCP), {} unanswered, {} SERVER_ERROR",
+        recorded.ops.len(),
+        recorded.ops_over(Transport::Udp),
+        recorded.ops_over(Transport::Tcp),
+        recorded.timeouts(),
+        recorded.server_errors()
+    );
+    assert!(
+        recorded.bad_replies.is_empty(),
+        "{:?}",
+        &recorded.bad_replies
+    );
+}
+
+/// Runs the history checker on `ops`, prints its figures, and fails on any read of a value
+/// older than an acknowledged write, naming the first ones.
+pub fn no_stale_read(ops: &[testbed::history::Op]) {
+    let report = testbed::history::check(ops);
+    println!("history: {}", report.stats);
+    assert!(
+        report.ok(),
+        "{} reads saw a value older than an acknowledged write; the first:\n{}",
+        report.violations.len(),
+        report.first_violations(10)
+    );
+}
