@@ -26,7 +26,7 @@ pub struct BackendConfig {
     /// Instant reports only while the backend serves at least this many reads a second
     /// (SwitchKV: "the node's overall load is also above a certain threshold").
     pub load_floor: f64,
-    /// How long a grant (a fetch, an accepted instant report, a renewal) lets the cache node
+    /// How long a grant (a fetch, a renewal) lets the cache node
     /// serve a key without hearing of writes.
     pub lease: Duration,
 }
@@ -123,7 +123,7 @@ impl Backend {
         }
     }
 
-    /// The cache node was given `key` (it fetched it, or took an instant report of it) by a
+    /// The cache node was given `key` (it fetched it) by a
     /// grant made at `granted`: it may serve it until `granted + lease`.
     pub fn grant(&mut self, key: &[u8], granted: Instant) {
         if !self.may_grant(key, granted) {

@@ -8,8 +8,8 @@
 //!   loads in thousandths of a request per second; `port` is the backend's control port, on
 //!   the address the report comes from; reply `ok`;
 //! - `hot <port> <key> <load> <flags> <bytes>\r\n<data>\r\n`: an instant report of a bursty
-//!   key with its load (thousandths of a request per second) and value; reply `ok` (cached:
-//!   the backend holds a lease for it) or `no`;
+//!   key with its load (thousandths of a request per second) and value; reply `ok` (taken:
+//!   the cache node fetches it, and the fetch grants the lease) or `no`;
 //! - `update <key> <flags> <bytes>\r\n<data>\r\n` and `delete <key>\r\n`: a write to a cached
 //!   key, sent before the backend answers its client; reply `ok`;
 //! - `reset <port>`: the backend started and holds no leases (nor, perhaps, the values it
