@@ -48,8 +48,8 @@ pub struct Args {
     /// Seconds measured per point [default: 3; 0.5 with --short].
     #[arg(long, value_name = "SECS")]
     pub duration: Option<f64>,
-    /// Cache sizes (entries) of the cache-size sweep, comma-separated; run only when kvswitch
-    /// has a cache [default: 10,100,1000,10000].
+    /// Cache sizes (entries) of the cache-size sweep, comma-separated, for kvswitch's cache and
+    /// SwitchKV's cache node (those of them measured) [default: 10,100,1000,10000].
     #[arg(long, value_delimiter = ',', value_name = "ENTRIES,...")]
     pub cache_sizes: Vec<u64>,
     /// Zipf exponent of the cache-size sweep.
@@ -171,7 +171,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     let machine = Machine::describe();
     let out = Output::create(&super::bed::out_dir(args.common.out.as_ref(), NAME))?;
     let systems = super::bed::pick(&System::switched(), &args.systems)?;
-    let cache_sizes = Some(args.cache_sizes());
+    let cache_sizes = (!sized(&systems).is_empty()).then(|| args.cache_sizes());
     let servers = Servers::Nodes {
         n: args.servers as usize,
         capacity: args.capacity,
@@ -202,25 +202,19 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
         bed.down()?;
     }
     if let Some(sizes) = &cache_sizes {
-        for &entries in sizes {
-            let bed = up(
-                args,
-                &servers,
-                Some(CacheSetup::hot_keys(entries, None, args.servers)),
-                None,
-            )?;
-            for run in 0..runs {
-                let p = measure(
-                    &bed,
-                    args,
-                    System::KvswitchCacheUdp,
-                    args.cache_skew,
-                    Some(entries),
-                    run,
-                )?;
-                points.push(p);
+        for &system in &sized(&systems) {
+            for &entries in sizes {
+                let setup = system.setup();
+                let cache = (setup == Setup::Cache)
+                    .then(|| CacheSetup::hot_keys(entries, None, args.servers));
+                let switchkv = SwitchKvSetup::of(setup, entries, None, args.servers);
+                let bed = up(args, &servers, cache, switchkv)?;
+                for run in 0..runs {
+                    let p = measure(&bed, args, system, args.cache_skew, Some(entries), run)?;
+                    points.push(p);
+                }
+                bed.down()?;
             }
-            bed.down()?;
         }
     }
 
@@ -257,7 +251,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     if cache_sizes.is_some() {
         out.plot(
             "throughput-cache-size",
-            &Chart::Line(cache_chart(args, &medians)),
+            &Chart::Line(cache_chart(args, &systems, &medians)),
         )?;
     }
     out.summary(
@@ -482,11 +476,29 @@ fn backend_chart(args: &Args, skews: &[f64], medians: &[Point]) -> BarChart {
     }
 }
 
-fn cache_chart(args: &Args, medians: &[Point]) -> LineChart {
-    let points = medians
+/// The systems of the cache-size sweep: those whose cache is sized (kvswitch's, SwitchKV's
+/// steered cache node).
+fn sized(systems: &[System]) -> Vec<System> {
+    systems
         .iter()
-        .filter(|p| p.system == System::KvswitchCacheUdp && p.skew == args.cache_skew)
-        .filter_map(|p| Some((p.cache_entries? as f64, p.get_rps)))
+        .copied()
+        .filter(|s| matches!(s, System::KvswitchCacheUdp | System::SwitchKvUdp))
+        .collect()
+}
+
+fn cache_chart(args: &Args, systems: &[System], medians: &[Point]) -> LineChart {
+    let series = sized(systems)
+        .into_iter()
+        .map(|system| Series {
+            name: system.to_string(),
+            points: medians
+                .iter()
+                .filter(|p| p.system == system && p.skew == args.cache_skew)
+                .filter_map(|p| Some((p.cache_entries? as f64, p.get_rps)))
+                .collect(),
+            color: system.color(),
+            dashed: false,
+        })
         .collect();
     LineChart {
         title: format!("Throughput against cache size (zipf {})", args.cache_skew),
@@ -495,12 +507,7 @@ fn cache_chart(args: &Args, medians: &[Point]) -> LineChart {
         x_log: true,
         y_log: false,
         y_from_zero: true,
-        series: vec![Series {
-            name: System::KvswitchCacheUdp.to_string(),
-            points,
-            color: System::KvswitchCacheUdp.color(),
-            dashed: false,
-        }],
+        series,
     }
 }
 
@@ -590,13 +597,24 @@ fn summary(
             );
         }
     }
-    let _ = writeln!(t, "\n| cache entries | GET/s at zipf {} |", args.cache_skew);
-    let _ = writeln!(t, "|--:|--:|");
-    for p in medians
-        .iter()
-        .filter(|p| p.system == System::KvswitchCacheUdp && p.skew == args.cache_skew)
-    {
-        let _ = writeln!(t, "| {} | {:.0} |", p.cache_entries.unwrap_or(0), p.get_rps);
+    let _ = writeln!(
+        t,
+        "\n| cache entries | system | GET/s at zipf {} |",
+        args.cache_skew
+    );
+    let _ = writeln!(t, "|--:|---|--:|");
+    for &system in &sized(systems) {
+        for p in medians
+            .iter()
+            .filter(|p| p.system == system && p.skew == args.cache_skew)
+        {
+            let _ = writeln!(
+                t,
+                "| {} | {system} | {:.0} |",
+                p.cache_entries.unwrap_or(0),
+                p.get_rps
+            );
+        }
     }
     t
 }

@@ -46,10 +46,12 @@ const LOAD_FOR: Duration = Duration::from_millis(15_000);
 /// 200 ms, three failures in a row), with room for a loaded machine.
 const REMOVED_WITHIN: Duration = Duration::from_secs(5);
 
-fn bed() -> testbed::Live {
+/// Clients c1 and c2, the cache hosts `caches`, the backends `servers` (each a backend of the
+/// cache hosts in turn), on `prefix`'s own subnet.
+fn bed_of(prefix: &str, caches: &[&str], servers: &[&str]) -> testbed::Live {
     require_root();
     let mut topo = testbed::Topology::default_topology()
-        .on_subnet(testbed::Subnet::for_prefix(PREFIX))
+        .on_subnet(testbed::Subnet::for_prefix(prefix))
         .expect("the default topology fits a /24");
     let host = |name: &str, role| testbed::Host {
         name: name.to_string(),
@@ -60,17 +62,18 @@ fn bed() -> testbed::Live {
     topo.hosts = vec![
         host("c1", testbed::Role::Client),
         host("c2", testbed::Role::Client),
-        host(CACHE, testbed::Role::Cache),
     ];
     topo.hosts
-        .extend(SERVERS.iter().map(|s| host(s, testbed::Role::Server)));
-    let state = std::env::temp_dir().join(format!("{PREFIX}-testbed-{}.json", std::process::id()));
+        .extend(caches.iter().map(|c| host(c, testbed::Role::Cache)));
+    topo.hosts
+        .extend(servers.iter().map(|s| host(s, testbed::Role::Server)));
+    let state = std::env::temp_dir().join(format!("{prefix}-testbed-{}.json", std::process::id()));
     let _ = testbed::down(&state);
-    let _ = testbed::down_prefix(PREFIX);
+    let _ = testbed::down_prefix(prefix);
     let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_kvswitch"));
     let lease = vec!["--lease-ms".to_string(), LEASE_MS.to_string()];
     let opts = testbed::UpOptions {
-        prefix: PREFIX.into(),
+        prefix: prefix.into(),
         kvswitch_bin: Some(bin.clone()),
         state_path: Some(state),
         start_nutcracker: false,
@@ -110,7 +113,12 @@ fn tcp_to(live: &testbed::Live, host: &str, addr: SocketAddr, request: &[u8]) ->
 
 /// A counter of the cache node's `stats` (`switchkv_<name>`), asked from a client.
 fn cache_stat(live: &testbed::Live, name: &str) -> Option<u64> {
-    let addr = SocketAddr::from((ip_of(live, CACHE), 11211));
+    stat_of(live, CACHE, name)
+}
+
+/// Counter `switchkv_<name>` of the cache node on `host`.
+fn stat_of(live: &testbed::Live, host: &str, name: &str) -> Option<u64> {
+    let addr = SocketAddr::from((ip_of(live, host), 11211));
     let stats = tcp_to(live, "c1", addr, b"stats\r\n");
     stats.lines().find_map(|l| {
         l.strip_prefix(&format!("STAT switchkv_{name} "))
@@ -119,10 +127,26 @@ fn cache_stat(live: &testbed::Live, name: &str) -> Option<u64> {
 }
 
 fn steer_entries(live: &testbed::Live) -> usize {
+    steering(live).len()
+}
+
+/// The switch's steering entries: key hash and the address each leads to.
+fn steering(live: &testbed::Live) -> Vec<(u32, String)> {
     let (_, body) = testbed::http_get(live.api(), "/api/v1/tables/kv_steer/entries")
         .expect("the switch's steering entries");
     let doc: serde_json::Value = serde_json::from_str(&body).expect("JSON");
-    doc["entries"].as_array().map_or(0, Vec::len)
+    doc["entries"]
+        .as_array()
+        .map(|all| {
+            all.iter()
+                .map(|e| {
+                    let hash = e["match"]["key_hash"].as_u64().unwrap_or_default() as u32;
+                    let to = e["actions"][0]["set_ipv4_dst"].as_str().unwrap_or_default();
+                    (hash, to.to_string())
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn steer_removed(live: &testbed::Live) -> u64 {
@@ -153,7 +177,7 @@ fn until(start: Instant, at: Duration) {
 
 #[test]
 fn reads_steered_to_a_cache_node_stay_coherent_through_a_hang_a_backend_crash_and_its_death() {
-    let mut live = bed();
+    let mut live = bed_of(PREFIX, &[CACHE], &SERVERS);
     let tag = format!("skv:{}", std::process::id());
     let keys: Vec<String> = (0..8).map(|i| format!("{tag}:hot:{i}")).collect();
     let ring = default_ring();
@@ -304,5 +328,108 @@ fn reads_steered_to_a_cache_node_stay_coherent_through_a_hang_a_backend_crash_an
         "{answered} of {} reads answered once the dead cache node's entries were gone",
         after.len()
     );
+    live.down().expect("down");
+}
+
+/// Several cache nodes, each serving its own backends (SwitchKV section 3.4): the backends
+/// are given to the cache hosts in turn, and reads of a hot key are steered to the cache node
+/// of that key's backend, and answered there.
+#[test]
+fn each_cache_node_serves_the_keys_of_its_own_backends() {
+    const TWO: &str = "kskw";
+    const CACHES: [&str; 2] = ["k1", "k2"];
+    const BACKENDS: [&str; 4] = ["s1", "s2", "s3", "s4"];
+    let live = bed_of(TWO, &CACHES, &BACKENDS);
+    let servers: Vec<kv::Server> = BACKENDS.iter().map(|n| kv::Server::new(*n, 1)).collect();
+    let ring = kv::Ring::new(kv::Distribution::Ketama, kv::HashFn::Md5, &servers).unwrap();
+    let tag = format!("two:{}", std::process::id());
+    let keys: Vec<String> = (0..12).map(|i| format!("{tag}:{i}")).collect();
+    let hot = |key: &str| {
+        for _ in 0..3 {
+            let set = format!("set {key} 0 0 1\r\nv\r\n");
+            if udp_call(
+                &live,
+                "c1",
+                vip(&live),
+                set.as_bytes(),
+                Duration::from_secs(1),
+            )
+            .is_some()
+            {
+                break;
+            }
+        }
+        for _ in 0..30 {
+            let get = format!("get {key}\r\n");
+            let _ = udp_call(
+                &live,
+                "c1",
+                vip(&live),
+                get.as_bytes(),
+                Duration::from_secs(1),
+            );
+        }
+    };
+    for key in &keys {
+        hot(key);
+    }
+    // Each key's entry leads to the cache node of its backend: backend i reports to cache
+    // host i mod 2.
+    let want: Vec<(u32, String)> = keys
+        .iter()
+        .map(|k| {
+            let backend = ring.locate(k.as_bytes());
+            let cache = CACHES[backend % CACHES.len()];
+            (ring.key_hash(k.as_bytes()), ip_of(&live, cache).to_string())
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    loop {
+        let have = steering(&live);
+        if want.iter().all(|w| have.contains(w)) {
+            assert!(have.iter().all(|h| want.contains(h)), "{have:?}");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "steering {have:?}, expected {want:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Both cache nodes hold keys, and a steered read is answered by its own node.
+    for cache in CACHES {
+        let ip = ip_of(&live, cache).to_string();
+        assert!(want.iter().any(|(_, to)| *to == ip), "no key for {cache}");
+    }
+    let before: Vec<u64> = CACHES
+        .iter()
+        .map(|c| stat_of(&live, c, "served").unwrap_or(0))
+        .collect();
+    for key in &keys {
+        let get = format!("get {key}\r\n");
+        let reply = udp_call(
+            &live,
+            "c2",
+            vip(&live),
+            get.as_bytes(),
+            Duration::from_secs(1),
+        )
+        .expect("a steered read is answered");
+        assert_eq!(
+            String::from_utf8_lossy(&reply.body),
+            format!("VALUE {key} 0 1\r\nv\r\nEND\r\n")
+        );
+    }
+    let after: Vec<u64> = CACHES
+        .iter()
+        .map(|c| stat_of(&live, c, "served").unwrap_or(0))
+        .collect();
+    for (i, cache) in CACHES.iter().enumerate() {
+        let theirs = want
+            .iter()
+            .filter(|(_, to)| *to == ip_of(&live, cache).to_string())
+            .count() as u64;
+        assert_eq!(after[i] - before[i], theirs, "reads served by {cache}");
+    }
     live.down().expect("down");
 }
