@@ -172,6 +172,17 @@ fn a_hot_key_is_served_by_the_cache_node_and_kept_coherent_with_writes() {
     );
 }
 
+/// Reads key `k` through the cache node until it answers one itself (it holds `v1`).
+fn until_served(cache: &Node, to_cache: &mut std::net::TcpStream) {
+    let started = Instant::now();
+    while served(cache) == 0 {
+        assert!(started.elapsed() < Duration::from_secs(5), "never cached");
+        let reply = exchange(to_cache, b"get k\r\n", line_or_end);
+        assert_eq!(text(&reply), "VALUE k 0 2\r\nv1\r\nEND\r\n");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Reads the cache node answered itself.
 fn served(cache: &Node) -> u64 {
     cache
@@ -210,15 +221,7 @@ fn a_restarted_backend_makes_its_cache_node_drop_its_keys_and_other_reads_are_fo
     for _ in 0..20 {
         call(&mut to_backend, b"get k\r\n");
     }
-    let started = Instant::now();
-    while served(&cache) == 0 {
-        assert!(started.elapsed() < Duration::from_secs(5), "never cached");
-        assert_eq!(
-            call(&mut to_cache, b"get k\r\n"),
-            "VALUE k 0 2\r\nv1\r\nEND\r\n"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until_served(&cache, &mut to_cache);
     // Reads it does not serve itself go on to the backend; writes are refused; the rest is
     // answered as any node answers it.
     let gets = call(&mut to_cache, b"gets k\r\n");
@@ -385,14 +388,7 @@ fn a_look_through_cache_node_sends_writes_on_and_serves_what_they_wrote() {
     };
     // Every request goes to the cache node: reads make the key hot at the backend.
     assert_eq!(call(&mut to_cache, b"set k 0 0 2\r\nv1\r\n"), "STORED\r\n");
-    let started = Instant::now();
-    while served(&cache) == 0 {
-        assert!(started.elapsed() < Duration::from_secs(5), "never cached");
-        assert_eq!(
-            call(&mut to_cache, b"get k\r\n"),
-            "VALUE k 0 2\r\nv1\r\nEND\r\n"
-        );
-    }
+    until_served(&cache, &mut to_cache);
     // Writes through it reach the backend, which tells it before answering.
     for (i, write) in [
         &b"set k 0 0 2\r\nv2\r\n"[..],
