@@ -290,36 +290,6 @@ fn cache_answered(live: &testbed::Live) {
     );
 }
 
-/// The history's clients: in each client namespace two over UDP and two over TCP, to the
-/// VIP, on the same keys.
-fn clients(live: &testbed::Live) -> Vec<Client> {
-    let mut clients = Vec::new();
-    for host in ["c1", "c2"] {
-        let netns = live.host(host).expect("client host").netns.clone();
-        for transport in [
-            Transport::Udp,
-            Transport::Tcp,
-            Transport::Udp,
-            Transport::Tcp,
-        ] {
-            // UDP: a lost datagram stays lost, so a short wait; TCP: longer than the pool's
-            // server timeout, which answers SERVER_ERROR first.
-            let timeout = match transport {
-                Transport::Udp => Duration::from_millis(500),
-                Transport::Tcp => Duration::from_secs(3),
-            };
-            clients.push(Client {
-                id: clients.len() as u32 + 1,
-                transport,
-                target: vip(live),
-                timeout,
-                netns: Some(netns.clone()),
-            });
-        }
-    }
-    clients
-}
-
 /// 4. The history is coherent across the kill, and says something: enough operations, reads
 ///    over both transports of the killed server's keys after the failover, and reads of
 ///    values the other transport wrote.
@@ -336,21 +306,7 @@ fn coherent(
     killed: u64,
     settled: u64,
 ) {
-    println!(
-        "history: {} ops in {:.1?} ({} over UDP, {} over TCP), {} unanswered, {} SERVER_ERROR",
-        recorded.ops.len(),
-        recorded.elapsed,
-        recorded.ops_over(Transport::Udp),
-        recorded.ops_over(Transport::Tcp),
-        recorded.timeouts(),
-        recorded.server_errors()
-    );
-    assert!(
-        recorded.bad_replies.is_empty(),
-        "{} replies memcached would not give, first: {:#?}",
-        recorded.bad_replies.len(),
-        &recorded.bad_replies[..recorded.bad_replies.len().min(5)]
-    );
+    recorded_ok(recorded);
     let mut ops = recorded.ops.clone();
     ops.extend(dead_keys.iter().map(|key| Op {
         client: 0,
@@ -448,7 +404,18 @@ fn an_ejected_server_leaves_both_transports() {
         }
     }
 
-    let clients = clients(&live);
+    // In each client namespace two over UDP and two over TCP, on the same keys.
+    let clients = history_clients(
+        &live,
+        &["c1", "c2"],
+        &[
+            Transport::Udp,
+            Transport::Tcp,
+            Transport::Udp,
+            Transport::Tcp,
+        ],
+        Duration::from_millis(500),
+    );
     let load = Load {
         keys: hot,
         ops_per_client: 200_000,

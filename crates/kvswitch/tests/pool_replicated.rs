@@ -18,7 +18,7 @@ use common::fleet::{in_pool, testbed_controller};
 use common::*;
 use kvswitch::ctl::Client as Api;
 use testbed::history::Kind;
-use testbed::history_load::{self, Client, Clock, Load, Mix, Transport};
+use testbed::history_load::{self, Clock, Load, Mix, Transport};
 
 /// The testbed's prefix, with a subnet of its own.
 const PREFIX: &str = "krep";
@@ -119,28 +119,6 @@ fn written_to_both_replicas(live: &testbed::Live, names: &[&'static str], keys: 
     }
 }
 
-/// The history's clients: in each client namespace one over UDP and one over TCP.
-fn clients(live: &testbed::Live) -> Vec<Client> {
-    let mut clients = Vec::new();
-    for host in ["c1", "c2"] {
-        let netns = live.host(host).expect("client host").netns.clone();
-        for transport in [Transport::Udp, Transport::Tcp] {
-            let timeout = match transport {
-                Transport::Udp => Duration::from_millis(500),
-                Transport::Tcp => Duration::from_secs(3),
-            };
-            clients.push(Client {
-                id: clients.len() as u32 + 1,
-                transport,
-                target: vip(live),
-                timeout,
-                netns: Some(netns.clone()),
-            });
-        }
-    }
-    clients
-}
-
 #[test]
 fn a_dead_replica_loses_nothing() {
     let mut live = testbed_of(PREFIX, "l3", false, &SERVERS, |o| {
@@ -177,7 +155,13 @@ fn a_dead_replica_loses_nothing() {
     // refuses it.
     let hot: Vec<String> = (0..12).map(|i| format!("{tag}:hot:{i}")).collect();
     assert!(hot.iter().any(|k| replicas(&SERVERS, k).contains(&VICTIM)));
-    let clients = clients(&live);
+    // In each client namespace one over UDP and one over TCP.
+    let clients = history_clients(
+        &live,
+        &["c1", "c2"],
+        &[Transport::Udp, Transport::Tcp],
+        Duration::from_millis(500),
+    );
     let load = Load {
         keys: hot,
         ops_per_client: 200_000,

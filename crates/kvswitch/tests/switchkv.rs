@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use testbed::history::{Kind, Op};
-use testbed::history_load::{self, Client, Clock, Load, Mix, Transport};
+use testbed::history_load::{self, Clock, Load, Mix, Transport};
 
 /// The testbed's prefix, with a subnet of its own.
 const PREFIX: &str = "kskv";
@@ -155,21 +155,6 @@ fn steer_removed(live: &testbed::Live) -> u64 {
         .unwrap_or_default()
 }
 
-fn clients(live: &testbed::Live) -> Vec<Client> {
-    let mut clients = Vec::new();
-    for host in ["c1", "c2", "c1", "c2"] {
-        clients.push(Client {
-            id: clients.len() as u32 + 1,
-            transport: Transport::Udp,
-            target: vip(live),
-            // Past a lease: a write to a cached key may wait for one at its backend.
-            timeout: Duration::from_millis(2 * LEASE_MS),
-            netns: Some(live.host(host).expect("client host").netns.clone()),
-        });
-    }
-    clients
-}
-
 /// Sleeps until `at` after `start`.
 fn until(start: Instant, at: Duration) {
     std::thread::sleep(at.saturating_sub(start.elapsed()));
@@ -188,7 +173,14 @@ fn reads_steered_to_a_cache_node_stay_coherent_through_a_hang_a_backend_crash_an
         .cloned()
         .collect();
     assert!(!victims.is_empty(), "no hot key on {VICTIM}");
-    let clients = clients(&live);
+    // Two UDP clients in each client namespace, waiting past a lease: a write to a cached key
+    // may wait for one at its backend.
+    let clients = history_clients(
+        &live,
+        &["c1", "c2"],
+        &[Transport::Udp, Transport::Udp],
+        Duration::from_millis(2 * LEASE_MS),
+    );
     let load = Load {
         keys: keys.clone(),
         ops_per_client: 1_000_000,

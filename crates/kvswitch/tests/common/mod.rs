@@ -314,12 +314,44 @@ pub fn log_tail(live: &testbed::Live, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// The clients of a recorded history, to the VIP: in each of `hosts`, one per transport of
+/// `per_host`, in order. A UDP client gives up after `udp_timeout` (a lost datagram stays
+/// lost); a TCP one after 3 s, longer than a pool's server timeout, which answers
+/// `SERVER_ERROR` first.
+pub fn history_clients(
+    live: &testbed::Live,
+    hosts: &[&str],
+    per_host: &[testbed::history_load::Transport],
+    udp_timeout: Duration,
+) -> Vec<testbed::history_load::Client> {
+    use testbed::history_load::{Client, Transport};
+    let mut clients = Vec::new();
+    for host in hosts {
+        let netns = live.host(host).expect("client host").netns.clone();
+        for &transport in per_host {
+            let timeout = match transport {
+                Transport::Udp => udp_timeout,
+                Transport::Tcp => Duration::from_secs(3),
+            };
+            clients.push(Client {
+                id: clients.len() as u32 + 1,
+                transport,
+                target: vip(live),
+                timeout,
+                netns: Some(netns.clone()),
+            });
+        }
+    }
+    clients
+}
+
 /// Prints what a recorded history did, and fails on any reply memcached never gives.
 pub fn recorded_ok(recorded: &testbed::history_load::Recorded) {
     use testbed::history_load::Transport;
     println!(
-        "history: {} ops ({} over UDP, {} over TCP), {} unanswered, {} SERVER_ERROR",
+        "history: {} ops in {:.1?} ({} over UDP, {} over TCP), {} unanswered, {} SERVER_ERROR",
         recorded.ops.len(),
+        recorded.elapsed,
         recorded.ops_over(Transport::Udp),
         recorded.ops_over(Transport::Tcp),
         recorded.timeouts(),
@@ -327,8 +359,9 @@ pub fn recorded_ok(recorded: &testbed::history_load::Recorded) {
     );
     assert!(
         recorded.bad_replies.is_empty(),
-        "{:?}",
-        &recorded.bad_replies
+        "{} replies memcached would not give, first: {:#?}",
+        recorded.bad_replies.len(),
+        &recorded.bad_replies[..recorded.bad_replies.len().min(5)]
     );
 }
 
