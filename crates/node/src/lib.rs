@@ -14,6 +14,7 @@
 
 mod binary;
 mod bucket;
+mod relay;
 mod session;
 mod store;
 pub mod switchkv;
@@ -83,7 +84,8 @@ pub struct NodeArgs {
     #[arg(long, default_value_t = 2000)]
     pub lease_ms: u64,
     /// A cache node's upstream: where a read it cannot answer goes (the switch's VIP and
-    /// memcached port; its proxy routes it to the key's backend).
+    /// memcached port; its proxy, or with --look-through its key routing over UDP, takes it to
+    /// the key's backend).
     #[arg(long)]
     pub upstream: Option<SocketAddr>,
     /// A cache node's capacity in keys (SwitchKV: 10,000).
@@ -94,7 +96,9 @@ pub struct NodeArgs {
     #[arg(long, default_value_t = 400)]
     pub rule_rate: u32,
     /// A cache node that clients send every request to (SwitchKV's on-path look-through
-    /// architecture): writes go on to the upstream instead of being refused.
+    /// architecture): writes go on to the upstream instead of being refused, and what it does
+    /// not answer over UDP goes on over UDP, as its client sent it (a backend over capacity
+    /// drops it, as it would the client's).
     #[arg(long)]
     pub look_through: bool,
     /// Hot keys a backend reports each second, and a cache node counts per backend (SwitchKV:
@@ -284,11 +288,22 @@ impl Node {
                     .local_addr()
                     .context("failed to read the udp address")?,
             );
+            // A look-through cache node sends what it does not answer on over UDP.
+            let relay = match (&args.upstream, args.role, args.look_through) {
+                (Some(upstream), Role::Cache, true) => {
+                    let relay = Arc::new(relay::Relay::new(&socket, *upstream)?);
+                    node.threads
+                        .push(relay::Relay::spawn(relay.clone(), node.shared.clone())?);
+                    Some(relay)
+                }
+                _ => None,
+            };
             for _ in 0..args.threads.max(1) {
                 let socket = socket
                     .try_clone()
                     .context("failed to share the udp socket")?;
-                node.threads.push(udp::spawn(socket, node.shared.clone())?);
+                node.threads
+                    .push(udp::spawn(socket, node.shared.clone(), relay.clone())?);
             }
         }
         Ok(node)

@@ -30,6 +30,23 @@ pub trait Hooks: Send + Sync + std::fmt::Debug {
     /// After `request` was executed, before its reply is sent: the role may hold the reply
     /// back (a backend tells its cache node of a write first).
     fn executed(&self, request: &memcache::Request<'_>, store: &Store);
+    /// A UDP datagram's one request, on a node that relays (a look-through cache node): the
+    /// role may answer it itself ([`UdpPath::Answered`], its reply appended to `out`) or have
+    /// it sent on to its upstream over UDP ([`UdpPath::SendOn`]).
+    fn udp(&self, _request: &memcache::Request<'_>, _out: &mut Vec<u8>) -> UdpPath {
+        UdpPath::Execute
+    }
+}
+
+/// Where a UDP request goes on a node that relays (see [`Hooks::udp`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UdpPath {
+    /// Executed as any request is.
+    Execute,
+    /// Answered by the role.
+    Answered,
+    /// Sent on to the upstream; its reply comes back through the relay.
+    SendOn,
 }
 
 /// Size past which a reply in the making is handed to the `spill` callback of [`step`].

@@ -116,6 +116,12 @@ pub struct Counters {
     pub capacity_delays: AtomicU64,
     /// Requests of any kind served.
     pub requests: AtomicU64,
+    /// UDP requests a look-through cache node sent on to its upstream.
+    pub relayed: AtomicU64,
+    /// Relayed requests whose reply did not come back in time (the upstream dropped them).
+    pub relay_lost: AtomicU64,
+    /// Datagrams at the relay that answer no open request (late, or not a reply).
+    pub relay_stray: AtomicU64,
 }
 
 /// Adds one to a counter.

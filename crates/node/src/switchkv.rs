@@ -21,7 +21,7 @@ use wire::memcache::reply::{Framer, ReplyKind};
 use wire::memcache::{Command, Request};
 use wire::switchkv::{self as proto, Item, Message};
 
-use crate::session::Hooks;
+use crate::session::{Hooks, UdpPath};
 use crate::store::Store;
 
 /// How long a control call may take before its connection is dropped.
@@ -865,6 +865,33 @@ impl CacheRole {
         }
     }
 
+    /// Answers a text `get` whose keys are all served under a lease; false (nothing appended)
+    /// if any is not.
+    fn answer_get(&self, request: &Request<'_>, out: &mut Vec<u8>) -> bool {
+        let now = self.clock.now();
+        let keys = keys_of(request);
+        let mut items = Vec::with_capacity(keys.len());
+        {
+            let mut state = lock(&self.state);
+            for key in &keys {
+                match state.serve(0, key, now) {
+                    Some(value) => items.push(value),
+                    None => return false,
+                }
+            }
+        }
+        bump(&self.counters.served);
+        for (key, value) in keys.iter().zip(&items) {
+            out.extend_from_slice(b"VALUE ");
+            out.extend_from_slice(key);
+            out.extend_from_slice(format!(" {} {}\r\n", value.flags, value.data.len()).as_bytes());
+            out.extend_from_slice(&value.data);
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(b"END\r\n");
+        true
+    }
+
     /// Sends `request` to the upstream (the switch's VIP over TCP, whose proxy routes it to
     /// the key's backend) and appends its reply.
     fn forward(&self, request: &Request<'_>, out: &mut Vec<u8>) -> bool {
@@ -1014,37 +1041,7 @@ impl Hooks for CacheRole {
         if !command.is_retrieval() && !command.is_write() {
             return false;
         }
-        if command != Command::Get {
-            bump(&self.counters.forwarded);
-            if !self.forward(request, out) {
-                out.extend_from_slice(b"SERVER_ERROR the key's backend did not answer\r\n");
-            }
-            return true;
-        }
-        let now = self.clock.now();
-        let keys = keys_of(request);
-        let mut items = Vec::with_capacity(keys.len());
-        {
-            let mut state = lock(&self.state);
-            for key in &keys {
-                match state.serve(0, key, now) {
-                    Some(value) => items.push(value),
-                    None => break,
-                }
-            }
-        }
-        if items.len() == keys.len() {
-            bump(&self.counters.served);
-            for (key, value) in keys.iter().zip(&items) {
-                out.extend_from_slice(b"VALUE ");
-                out.extend_from_slice(key);
-                out.extend_from_slice(
-                    format!(" {} {}\r\n", value.flags, value.data.len()).as_bytes(),
-                );
-                out.extend_from_slice(&value.data);
-                out.extend_from_slice(b"\r\n");
-            }
-            out.extend_from_slice(b"END\r\n");
+        if command == Command::Get && self.answer_get(request, out) {
             return true;
         }
         bump(&self.counters.forwarded);
@@ -1055,6 +1052,20 @@ impl Hooks for CacheRole {
     }
 
     fn executed(&self, _: &Request<'_>, _: &Store) {}
+
+    /// On the path of every request, a UDP `get` of keys all served here is answered; any
+    /// other read or write goes on over UDP.
+    fn udp(&self, request: &Request<'_>, out: &mut Vec<u8>) -> UdpPath {
+        let command = request.command;
+        if !self.look_through || !(command.is_retrieval() || command.is_write()) {
+            return UdpPath::Execute;
+        }
+        if command == Command::Get && self.answer_get(request, out) {
+            return UdpPath::Answered;
+        }
+        bump(&self.counters.forwarded);
+        UdpPath::SendOn
+    }
 }
 
 /// Stops the roles' threads when dropped.

@@ -246,7 +246,7 @@ pub(crate) fn stats(store: &Store, out: &mut Vec<u8>) {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let rows: [(&str, String); 30] = [
+    let rows: [(&str, String); 33] = [
         ("pid", std::process::id().to_string()),
         ("uptime", store.uptime().to_string()),
         ("time", now.to_string()),
@@ -277,6 +277,9 @@ pub(crate) fn stats(store: &Store, out: &mut Vec<u8>) {
         ("requests", read(&c.requests).to_string()),
         ("capacity_drops", read(&c.capacity_drops).to_string()),
         ("capacity_delays", read(&c.capacity_delays).to_string()),
+        ("relayed", read(&c.relayed).to_string()),
+        ("relay_lost", read(&c.relay_lost).to_string()),
+        ("relay_stray", read(&c.relay_stray).to_string()),
     ];
     for (name, value) in rows {
         out.extend_from_slice(format!("STAT {name} {value}\r\n").as_bytes());

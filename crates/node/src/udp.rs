@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use wire::mcudp::{self, Header};
 
+use crate::relay::{Offer, Relay};
 use crate::session::{step, Step};
 use crate::store::bump;
 use crate::text::{After, NO_MEMORY_GET};
@@ -18,17 +19,21 @@ use crate::Shared;
 /// How often blocked workers look at the stop flag.
 const POLL: Duration = Duration::from_millis(50);
 
-pub(crate) fn spawn(socket: UdpSocket, shared: Arc<Shared>) -> anyhow::Result<JoinHandle<()>> {
+pub(crate) fn spawn(
+    socket: UdpSocket,
+    shared: Arc<Shared>,
+    relay: Option<Arc<Relay>>,
+) -> anyhow::Result<JoinHandle<()>> {
     socket
         .set_read_timeout(Some(POLL))
         .context("failed to set the udp read timeout")?;
     thread::Builder::new()
         .name("node-udp".into())
-        .spawn(move || serve(&socket, &shared))
+        .spawn(move || serve(&socket, &shared, relay.as_deref()))
         .context("failed to start a udp worker")
 }
 
-fn serve(socket: &UdpSocket, shared: &Shared) {
+fn serve(socket: &UdpSocket, shared: &Shared, relay: Option<&Relay>) {
     let mut datagram = vec![0u8; 64 * 1024];
     let mut out = Vec::with_capacity(64 * 1024);
     while !shared.stopping() {
@@ -47,7 +52,12 @@ fn serve(socket: &UdpSocket, shared: &Shared) {
             continue;
         }
         out.clear();
-        execute(shared, payload, &mut out);
+        let offer = relay.map(|r| r.offer(shared, payload, peer, header.request_id, &mut out));
+        match offer {
+            Some(Offer::Sent) => continue,
+            Some(Offer::Answered) => {}
+            Some(Offer::Declined) | None => execute(shared, payload, &mut out),
+        }
         if let Err(e) = reply(socket, peer, header.request_id, &out) {
             tracing::debug!("udp send to {peer} failed: {e}");
         }

@@ -9,7 +9,10 @@
 //! - with the cache node gone, a write to a key it held is answered once the lease has run out;
 //! - a backend that starts again (its values and leases lost) makes its cache node drop its
 //!   keys before it serves anything; reads the cache node does not answer itself (gets, mg,
-//!   a quiet binary get) reach the backend, writes are refused.
+//!   a quiet binary get) reach the backend, writes are refused;
+//! - on the path of every request (look-through), writes go on as well, and over UDP what the
+//!   cache node does not answer goes on over UDP, its reply back under the client's id; what
+//!   the upstream drops is forgotten and counted.
 
 mod common;
 
@@ -372,6 +375,7 @@ fn a_look_through_cache_node_sends_writes_on_and_serves_what_they_wrote() {
     let cache = Node::start_with(
         &NodeArgs {
             look_through: true,
+            no_udp: false,
             ..cache_args(cache_control, backend_at, 60_000)
         },
         None,
@@ -379,6 +383,7 @@ fn a_look_through_cache_node_sends_writes_on_and_serves_what_they_wrote() {
     .unwrap();
     let _backend = Node::start(&NodeArgs {
         listen: backend_at,
+        no_udp: false,
         ..backend_args(cache_control, 60_000)
     })
     .unwrap();
@@ -422,6 +427,109 @@ fn a_look_through_cache_node_sends_writes_on_and_serves_what_they_wrote() {
             "served by the cache node itself"
         );
     }
+    // Over UDP: a get of keys served here is answered here; anything else goes on over UDP,
+    // and its reply comes back from the cache node under the client's request id.
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    udp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let at = cache.udp_addr().unwrap();
+    let ask = |id: u16, request: &[u8]| -> String {
+        let mut datagram = id.to_be_bytes().to_vec();
+        datagram.extend_from_slice(&[0, 0, 0, 1, 0, 0]);
+        datagram.extend_from_slice(request);
+        udp.send_to(&datagram, at).unwrap();
+        let mut buf = [0u8; 2048];
+        let (n, from) = udp.recv_from(&mut buf).unwrap();
+        assert_eq!(from, at, "the reply comes from the cache node");
+        assert_eq!(buf[..2], id.to_be_bytes(), "under the client's request id");
+        text(&buf[8..n])
+    };
+    let (served_before, relayed_before) = (served(&cache), stat(&mut to_cache, "relayed"));
+    assert_eq!(ask(1, b"get k\r\n"), "VALUE k 0 2\r\nv4\r\nEND\r\n");
+    assert_eq!(served(&cache), served_before + 1);
+    assert_eq!(ask(300, b"set u 0 0 1\r\nx\r\n"), "STORED\r\n");
+    assert_eq!(
+        ask(301, b"get u k\r\n"),
+        "VALUE u 0 1\r\nx\r\nVALUE k 0 2\r\nv4\r\nEND\r\n"
+    );
+    assert_eq!(stat(&mut to_cache, "relayed"), relayed_before + 2);
     assert_eq!(call(&mut to_cache, b"delete k\r\n"), "DELETED\r\n");
     assert_eq!(call(&mut to_cache, b"get k\r\n"), "END\r\n");
+    assert_eq!(ask(2, b"get k\r\n"), "END\r\n");
+}
+
+/// One `STAT name value` of a node's `stats`.
+fn stat(stream: &mut std::net::TcpStream, name: &str) -> u64 {
+    let reply = text(&exchange(stream, b"stats\r\n", |r| r.ends_with(b"END\r\n")));
+    let prefix = format!("STAT {name} ");
+    reply
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {reply}"))
+}
+
+#[test]
+fn a_look_through_cache_node_forgets_what_its_upstream_drops() {
+    // An upstream that takes every datagram and answers none (a backend over capacity).
+    let upstream = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let cache = Node::start_with(
+        &NodeArgs {
+            look_through: true,
+            no_udp: false,
+            ..cache_args(free_port(), upstream.local_addr().unwrap(), 60_000)
+        },
+        None,
+    )
+    .unwrap();
+    let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let at = cache.udp_addr().unwrap();
+    let sent = Instant::now();
+    client
+        .send_to(b"\0\x07\0\0\0\x01\0\0get a\r\n", at)
+        .unwrap();
+    // It reached the upstream as the client sent it, under an id of the relay's own.
+    upstream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut buf = [0u8; 256];
+    let (n, _) = upstream.recv_from(&mut buf).unwrap();
+    assert_eq!(&buf[2..n], b"\0\0\0\x01\0\0get a\r\n");
+    assert!(
+        client.recv_from(&mut buf).is_err(),
+        "nothing to answer with"
+    );
+    let mut to_cache = connect(cache.tcp_addr().unwrap());
+    // Forgotten once the relay's wait has passed, at the next request sent on.
+    let started = Instant::now();
+    while stat(&mut to_cache, "relay_lost") == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never forgotten"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        client
+            .send_to(b"\0\x08\0\0\0\x01\0\0get b\r\n", at)
+            .unwrap();
+    }
+    assert!(
+        sent.elapsed() >= Duration::from_secs(1),
+        "forgotten too soon"
+    );
+    // A reply to a request it forgot is counted, not sent.
+    let (_, from) = upstream.recv_from(&mut buf).unwrap();
+    upstream
+        .send_to(b"\xff\xff\0\0\0\x01\0\0END\r\n", from)
+        .unwrap();
+    let started = Instant::now();
+    while stat(&mut to_cache, "relay_stray") == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "a stray reply not counted"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(client.recv_from(&mut buf).is_err());
 }

@@ -1,0 +1,253 @@
+//! The UDP relay of a cache node on the path of every request (look-through): a request the
+//! role does not answer goes on to the upstream over UDP, as its client would have sent it,
+//! under a request id of the relay's own; the reply comes back to the relay's socket and goes
+//! to the client under the client's id, from the node's own address.
+//!
+//! Nothing waits on the upstream. A request it drops (a backend over its capacity) is a reply
+//! that never comes, as it would be for a client of that backend: the open request is forgotten
+//! after [`WAIT`] and counted (`relay_lost`). A blocking call per request would tie a worker up
+//! for each drop, and the requests queued behind it would reach their clients too late.
+
+use std::collections::HashMap;
+use std::io::ErrorKind;
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use wire::mcudp::{self, Header};
+
+use crate::session::UdpPath;
+use crate::store::bump;
+use crate::Shared;
+
+/// How long a relayed request waits for its reply before it is forgotten.
+pub const WAIT: Duration = Duration::from_secs(1);
+/// How often the relay's thread looks at the stop flag.
+const POLL: Duration = Duration::from_millis(50);
+
+/// What became of a datagram offered to the relay.
+pub(crate) enum Offer {
+    /// Sent on; its reply, if any, comes back through the relay.
+    Sent,
+    /// The role answered it; the reply is in `out`.
+    Answered,
+    /// Not the relay's: execute it as usual.
+    Declined,
+}
+
+/// A relayed request waiting for its reply.
+#[derive(Clone, Copy, Debug)]
+struct Open {
+    client: SocketAddr,
+    request_id: u16,
+    sent: Instant,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    next_id: u16,
+    open: HashMap<u16, Open>,
+    swept: Option<Instant>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Relay {
+    /// Sends to the upstream and receives its replies.
+    socket: UdpSocket,
+    /// The node's serving socket: replies leave from the address the client asked.
+    serving: UdpSocket,
+    upstream: SocketAddr,
+    table: Mutex<Table>,
+}
+
+impl Relay {
+    /// A relay to `upstream` from a socket of its own on the address of `serving`.
+    pub(crate) fn new(serving: &UdpSocket, upstream: SocketAddr) -> anyhow::Result<Relay> {
+        let mut local = serving
+            .local_addr()
+            .context("failed to read the udp address")?;
+        local.set_port(0);
+        let socket =
+            UdpSocket::bind(local).with_context(|| format!("failed to bind the relay {local}"))?;
+        socket
+            .set_read_timeout(Some(POLL))
+            .context("failed to set the relay's read timeout")?;
+        Ok(Relay {
+            socket,
+            serving: serving
+                .try_clone()
+                .context("failed to share the udp socket")?,
+            upstream,
+            table: Mutex::new(Table::default()),
+        })
+    }
+
+    /// Starts the thread that sends the upstream's replies back to the clients.
+    pub(crate) fn spawn(relay: Arc<Relay>, shared: Arc<Shared>) -> anyhow::Result<JoinHandle<()>> {
+        thread::Builder::new()
+            .name("node-relay".into())
+            .spawn(move || relay.replies(&shared))
+            .context("failed to start the udp relay")
+    }
+
+    /// Offers a datagram's payload from `client` (its request id `request_id`) to the role: a
+    /// lone request the role answers, or has sent on, never reaches the store.
+    pub(crate) fn offer(
+        &self,
+        shared: &Shared,
+        payload: &[u8],
+        client: SocketAddr,
+        request_id: u16,
+        out: &mut Vec<u8>,
+    ) -> Offer {
+        let Some(hooks) = shared.hooks.as_deref() else {
+            return Offer::Declined;
+        };
+        let Ok(Some(request)) = wire::memcache::parse(payload) else {
+            return Offer::Declined;
+        };
+        if request.bytes().len() != payload.len() {
+            return Offer::Declined;
+        }
+        match hooks.udp(&request, out) {
+            UdpPath::Execute => Offer::Declined,
+            UdpPath::Answered => Offer::Answered,
+            UdpPath::SendOn => {
+                self.send(shared, payload, client, request_id);
+                Offer::Sent
+            }
+        }
+    }
+
+    fn send(&self, shared: &Shared, payload: &[u8], client: SocketAddr, request_id: u16) {
+        let counters = &shared.store.counters;
+        let now = Instant::now();
+        let id = {
+            let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+            table.sweep(now, &counters.relay_lost);
+            let id = table.next_id;
+            table.next_id = id.wrapping_add(1);
+            // Every id in use: the oldest request's reply is given up.
+            let open = Open {
+                client,
+                request_id,
+                sent: now,
+            };
+            if table.open.insert(id, open).is_some() {
+                bump(&counters.relay_lost);
+            }
+            id
+        };
+        let mut datagram = vec![0u8; mcudp::LEN];
+        Header::single(id).emit(&mut datagram);
+        datagram.extend_from_slice(payload);
+        match self.socket.send_to(&datagram, self.upstream) {
+            Ok(_) => bump(&counters.relayed),
+            Err(e) => {
+                tracing::debug!("relay to {} failed: {e}", self.upstream);
+                let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+                table.open.remove(&id);
+                bump(&counters.relay_lost);
+            }
+        }
+    }
+
+    /// The replies' loop: each datagram goes to its request's client under the client's id;
+    /// the last datagram of a reply closes its request.
+    fn replies(&self, shared: &Shared) {
+        let counters = &shared.store.counters;
+        let mut datagram = vec![0u8; 64 * 1024];
+        while !shared.stopping() {
+            let n = match self.socket.recv_from(&mut datagram) {
+                Ok((n, _)) => n,
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    continue
+                }
+                Err(e) => {
+                    tracing::debug!("relay receive failed: {e}");
+                    continue;
+                }
+            };
+            let Ok((header, _)) = Header::parse(&datagram[..n]) else {
+                bump(&counters.relay_stray);
+                continue;
+            };
+            let open = {
+                let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+                let last = header.seq.saturating_add(1) >= header.total;
+                match last {
+                    true => table.open.remove(&header.request_id),
+                    false => table.open.get(&header.request_id).copied(),
+                }
+            };
+            let Some(open) = open else {
+                bump(&counters.relay_stray);
+                continue;
+            };
+            Header {
+                request_id: open.request_id,
+                ..header
+            }
+            .emit(&mut datagram[..mcudp::LEN]);
+            if let Err(e) = self.serving.send_to(&datagram[..n], open.client) {
+                tracing::debug!("relayed reply to {} failed: {e}", open.client);
+            }
+        }
+    }
+}
+
+impl Table {
+    /// Forgets the requests that have waited longer than [`WAIT`], at most once per tenth of
+    /// it.
+    fn sweep(&mut self, now: Instant, lost: &std::sync::atomic::AtomicU64) {
+        if self
+            .swept
+            .is_some_and(|at| now.saturating_duration_since(at) < WAIT / 10)
+        {
+            return;
+        }
+        self.swept = Some(now);
+        let before = self.open.len();
+        self.open
+            .retain(|_, o| now.saturating_duration_since(o.sent) < WAIT);
+        let gone = (before - self.open.len()) as u64;
+        lost.fetch_add(gone, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::*;
+
+    fn open(sent: Instant) -> Open {
+        Open {
+            client: "127.0.0.1:1".parse().unwrap(),
+            request_id: 7,
+            sent,
+        }
+    }
+
+    #[test]
+    fn requests_waiting_too_long_are_forgotten_and_counted() {
+        // Later than now, so that times before it exist.
+        let t0 = Instant::now() + WAIT * 2;
+        let lost = AtomicU64::new(0);
+        let mut table = Table::default();
+        table.open.insert(1, open(t0));
+        table.open.insert(2, open(t0 + WAIT / 2));
+        table.sweep(t0 + WAIT, &lost);
+        assert_eq!(table.open.keys().copied().collect::<Vec<_>>(), vec![2]);
+        assert_eq!(lost.load(Ordering::Relaxed), 1);
+        // Not again within a tenth of the wait, even for a request long overdue.
+        table.open.insert(3, open(t0 - WAIT));
+        table.sweep(t0 + WAIT + WAIT / 20, &lost);
+        assert_eq!(table.open.len(), 2);
+        table.sweep(t0 + WAIT * 2, &lost);
+        assert!(table.open.is_empty());
+        assert_eq!(lost.load(Ordering::Relaxed), 3);
+    }
+}
