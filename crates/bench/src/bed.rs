@@ -73,9 +73,20 @@ pub struct SwitchKvSetup {
     pub lease_ms: u64,
     /// Hot keys each backend reports per segment.
     pub top_k: u64,
-    /// Clients send every request to the cache node (look-through), which then programs no
-    /// steering: its replies keep its own address.
-    pub look_through: bool,
+    /// How clients reach the cache node. Unless steered, it programs no steering, and its
+    /// replies keep its own address.
+    pub path: CachePath,
+}
+
+/// How clients reach a SwitchKV cache node (SwitchKV's Table 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CachePath {
+    /// kvswitch steers reads of its keys to it.
+    Steered,
+    /// Clients send it every request (on-path look-through).
+    LookThrough,
+    /// Clients ask it first, the backend on a miss (look-aside).
+    LookAside,
 }
 
 impl SwitchKvSetup {
@@ -87,16 +98,13 @@ impl SwitchKvSetup {
             rule_rate,
             lease_ms: 2000,
             top_k: PAPER_REPORTS_PER_SEGMENT.div_ceil(u64::from(backends.max(1))),
-            look_through: false,
+            path: CachePath::Steered,
         }
     }
 
-    /// The same cache node on the path of every request (SwitchKV's look-through).
-    pub fn look_through(self) -> SwitchKvSetup {
-        SwitchKvSetup {
-            look_through: true,
-            ..self
-        }
+    /// The same cache node reached another way.
+    pub fn reached(self, path: CachePath) -> SwitchKvSetup {
+        SwitchKvSetup { path, ..self }
     }
 
     /// The setting `setup` needs of a scenario's cache node, if any.
@@ -104,7 +112,8 @@ impl SwitchKvSetup {
         let paper = SwitchKvSetup::paper(items, rule_rate, backends);
         match setup {
             Setup::SwitchKv => Some(paper),
-            Setup::LookThrough => Some(paper.look_through()),
+            Setup::LookThrough => Some(paper.reached(CachePath::LookThrough)),
+            Setup::LookAside => Some(paper.reached(CachePath::LookAside)),
             _ => None,
         }
     }
@@ -151,10 +160,14 @@ pub enum System {
     /// TCP to the VIP with kvswitch's cache on.
     KvswitchCacheTcp,
     /// UDP to the VIP with SwitchKV: kvswitch steers reads of the cache node's keys to it.
+    #[serde(rename = "switchkv_udp")]
     SwitchKvUdp,
     /// UDP to the SwitchKV cache node itself, which answers what it holds and sends the rest
     /// to the backends (SwitchKV's on-path look-through architecture).
     LookThroughUdp,
+    /// UDP gets to the SwitchKV cache node first and, on a miss, to the VIP; sets to the VIP
+    /// (SwitchKV's look-aside architecture).
+    LookAsideUdp,
 }
 
 /// The systems of `wanted` (slugs) among `all`, in `all`'s order; every one when `wanted` is
@@ -190,6 +203,8 @@ pub enum Setup {
     SwitchKv,
     /// kvswitch without a cache, and a cache node the clients send every request to.
     LookThrough,
+    /// kvswitch without a cache, and a cache node the clients ask first.
+    LookAside,
 }
 
 impl System {
@@ -214,6 +229,7 @@ impl System {
             System::KvswitchCacheUdp,
             System::SwitchKvUdp,
             System::LookThroughUdp,
+            System::LookAsideUdp,
         ]
     }
 
@@ -223,7 +239,8 @@ impl System {
             | System::KvswitchUdp
             | System::KvswitchCacheUdp
             | System::SwitchKvUdp
-            | System::LookThroughUdp => loadgen::Proto::Udp,
+            | System::LookThroughUdp
+            | System::LookAsideUdp => loadgen::Proto::Udp,
             _ => loadgen::Proto::Tcp,
         }
     }
@@ -235,7 +252,11 @@ impl System {
 
     /// Whether a cache learns the hot keys while the load runs (kvswitch's or SwitchKV's).
     pub fn caches(self) -> bool {
-        self.cached() || matches!(self.setup(), Setup::SwitchKv | Setup::LookThrough)
+        self.cached()
+            || matches!(
+                self.setup(),
+                Setup::SwitchKv | Setup::LookThrough | Setup::LookAside
+            )
     }
 
     /// The deployment it runs on.
@@ -243,6 +264,7 @@ impl System {
         match self {
             System::SwitchKvUdp => Setup::SwitchKv,
             System::LookThroughUdp => Setup::LookThrough,
+            System::LookAsideUdp => Setup::LookAside,
             s if s.cached() => Setup::Cache,
             _ => Setup::Plain,
         }
@@ -260,6 +282,7 @@ impl System {
             System::KvswitchCacheTcp => "kvswitch_cache_tcp",
             System::SwitchKvUdp => "switchkv_udp",
             System::LookThroughUdp => "look_through_udp",
+            System::LookAsideUdp => "look_aside_udp",
         }
     }
 
@@ -276,6 +299,8 @@ impl System {
             System::SwitchKvUdp => 7,
             // DirectTcp's, which never runs beside it.
             System::LookThroughUdp => 5,
+            // Nutcracker's, which never runs beside it.
+            System::LookAsideUdp => 1,
         }
     }
 }
@@ -292,18 +317,21 @@ impl fmt::Display for System {
             System::KvswitchCacheTcp => "kvswitch + cache (TCP)",
             System::SwitchKvUdp => "SwitchKV cache node (UDP)",
             System::LookThroughUdp => "look-through cache node (UDP)",
+            System::LookAsideUdp => "look-aside cache node (UDP)",
         })
     }
 }
 
 /// `systems` split by the kvswitch deployment they need, each group measured on a testbed of
-/// its own: those without a cache, those with kvswitch's, then SwitchKV, then look-through.
+/// its own: those without a cache, those with kvswitch's, then SwitchKV, look-through and
+/// look-aside.
 pub fn by_setup(systems: &[System]) -> Vec<(Setup, Vec<System>)> {
     [
         Setup::Plain,
         Setup::Cache,
         Setup::SwitchKv,
         Setup::LookThrough,
+        Setup::LookAside,
     ]
     .into_iter()
     .map(|setup| {
@@ -441,7 +469,7 @@ impl Bed {
                 .as_ref()
                 .map(|k| switchkv_args(k, true))
                 .unwrap_or_default(),
-            steer_to_caches: !spec.switchkv.is_some_and(|k| k.look_through),
+            steer_to_caches: spec.switchkv.is_none_or(|k| k.path == CachePath::Steered),
             ..Default::default()
         };
         let live = testbed::up(&topo, &opts)?;
@@ -497,16 +525,27 @@ impl Bed {
                 }
                 Ok(self.vip)
             }
-            System::LookThroughUdp => {
-                let cache = self.live.state.caches().next().with_context(|| {
-                    format!("{system} needs a testbed with a SwitchKV cache node")
-                })?;
-                Ok(SocketAddr::V4(SocketAddrV4::new(
-                    cache.ip,
-                    testbed::MEMCACHED_PORT,
-                )))
+            System::LookThroughUdp => self.cache_node(system),
+            // The cache node is asked first (see [`Bed::load`]).
+            System::LookAsideUdp => {
+                self.cache_node(system)?;
+                Ok(self.vip)
             }
         }
+    }
+
+    /// The address of the testbed's (first) cache node, for `system`.
+    fn cache_node(&self, system: System) -> anyhow::Result<SocketAddr> {
+        let cache = self
+            .live
+            .state
+            .caches()
+            .next()
+            .with_context(|| format!("{system} needs a testbed with a SwitchKV cache node"))?;
+        Ok(SocketAddr::V4(SocketAddrV4::new(
+            cache.ip,
+            testbed::MEMCACHED_PORT,
+        )))
     }
 
     /// Sets `keys` keys `prefix<i>` of `value_size` bytes through kvswitch's proxy (placed by
@@ -545,8 +584,13 @@ impl Bed {
     /// Runs `args` (its target replaced by `system`'s) in the client's namespace, with the CPU
     /// time kvswitch and nutcracker used meanwhile.
     pub fn load(&self, system: System, args: &loadgen::LoadArgs) -> anyhow::Result<Measured> {
+        let look_aside = match system {
+            System::LookAsideUdp => Some(self.cache_node(system)?.to_string()),
+            _ => None,
+        };
         let args = loadgen::LoadArgs {
             target: self.target(system)?.to_string(),
+            look_aside,
             proto: system.proto(),
             quiet: true,
             json: None,
@@ -643,8 +687,10 @@ fn switchkv_args(setup: &SwitchKvSetup, cache_node: bool) -> Vec<String> {
         "--top-k".to_string(),
         setup.top_k.to_string(),
     ];
-    if cache_node && setup.look_through {
-        args.push("--look-through".to_string());
+    match (cache_node, setup.path) {
+        (true, CachePath::LookThrough) => args.push("--look-through".to_string()),
+        (true, CachePath::LookAside) => args.push("--look-aside".to_string()),
+        _ => {}
     }
     if cache_node {
         args.extend([
@@ -673,4 +719,19 @@ pub struct Measured {
 pub fn out_dir(out: Option<&PathBuf>, scenario: &str) -> PathBuf {
     out.cloned()
         .unwrap_or_else(|| PathBuf::from("results").join(scenario))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_name_each_system_as_systems_does() {
+        for system in System::compared().into_iter().chain(System::switched()) {
+            assert_eq!(
+                serde_json::to_value(system).unwrap(),
+                serde_json::Value::from(system.slug())
+            );
+        }
+    }
 }

@@ -55,7 +55,7 @@ pub struct Args {
     #[arg(long, default_value_t = 400)]
     pub rule_updates: u64,
     /// Only these systems, by their short names (kvswitch_udp, kvswitch_cache_udp,
-    /// switchkv_udp, look_through_udp), comma-separated [default: all].
+    /// switchkv_udp, look_through_udp, look_aside_udp), comma-separated [default: all].
     #[arg(long, value_delimiter = ',', value_name = "SYSTEM,...")]
     pub systems: Vec<String>,
 }
@@ -193,6 +193,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Run>> {
                 Setup::Cache => " with its cache",
                 Setup::SwitchKv => " steering to a SwitchKV cache node",
                 Setup::LookThrough => " and a look-through cache node",
+                Setup::LookAside => " and a look-aside cache node",
             }
         );
         let entries = args.keys / 10;

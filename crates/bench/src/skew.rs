@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::bed::{
-    by_setup, rotated, Bed, BedSpec, CacheSetup, Servers, Setup, SwitchKvSetup, System,
+    by_setup, rotated, Bed, BedSpec, CachePath, CacheSetup, Servers, Setup, SwitchKvSetup, System,
 };
 use super::latency::{loss, per_s};
 use super::output::{fmt, ratio, times, Machine, Output};
@@ -56,7 +56,7 @@ pub struct Args {
     #[arg(long, default_value_t = 0.99)]
     pub cache_skew: f64,
     /// Only these systems, by their short names (kvswitch_udp, kvswitch_cache_udp,
-    /// switchkv_udp, look_through_udp), comma-separated [default: all].
+    /// switchkv_udp, look_through_udp, look_aside_udp), comma-separated [default: all].
     #[arg(long, value_delimiter = ',', value_name = "SYSTEM,...")]
     pub systems: Vec<String>,
 }
@@ -274,8 +274,11 @@ fn up(
 ) -> anyhow::Result<Bed> {
     let with = match (cache, switchkv) {
         (Some(c), _) => format!(" with a cache of {} entries", c.items),
-        (_, Some(k)) if k.look_through => {
+        (_, Some(k)) if k.path == CachePath::LookThrough => {
             format!(" and a look-through cache node of {} entries", k.items)
+        }
+        (_, Some(k)) if k.path == CachePath::LookAside => {
+            format!(" and a look-aside cache node of {} entries", k.items)
         }
         (_, Some(k)) => format!(" steering to a SwitchKV cache node of {} entries", k.items),
         _ => String::new(),
@@ -536,8 +539,9 @@ fn summary(
          SwitchKV, the backends report the same way to a cache node (`kvswitch node --role \
          cache`, as many entries) on a host of its own, which installs a `kv_steer` entry per \
          key it holds in kvswitch; kvswitch has no cache of its own then. Look-through sends \
-         every request to that cache node instead, which answers what it holds and sends the \
-         rest on to the backends (one TCP exchange through kvswitch's proxy each).\n",
+         every request to that cache node instead, which answers what it holds and relays the \
+         rest to the VIP over UDP (a backend over capacity drops it as it would a client's). \
+         Look-aside clients ask the cache node first and the VIP on a miss.\n",
         args.servers,
         args.capacity,
         super::bed::node_burst(args.capacity),

@@ -160,6 +160,11 @@ pub struct LoadArgs {
     /// Transport.
     #[arg(long, value_enum, default_value_t = Proto::Udp)]
     pub proto: Proto,
+    /// Look-aside clients (SwitchKV's Table 1): every get asks this cache node first, ADDR:PORT,
+    /// and on a miss the target; its latency runs over both. Sets go to the target. UDP only.
+    #[arg(long, value_name = "ADDR:PORT")]
+    #[serde(default)]
+    pub look_aside: Option<String>,
     /// Number of distinct keys.
     #[arg(long, default_value_t = 10_000)]
     pub keys: u64,
@@ -247,6 +252,7 @@ impl LoadArgs {
         LoadArgs {
             target: target.into(),
             proto: Proto::Udp,
+            look_aside: None,
             keys: 10_000,
             key_prefix: "key:".into(),
             dist: Dist::Uniform,
@@ -302,6 +308,9 @@ impl LoadArgs {
         }
         if self.timeout_ms == 0 {
             bail!("--timeout-ms must be at least 1");
+        }
+        if self.look_aside.is_some() && self.proto != Proto::Udp {
+            bail!("--look-aside asks its cache node over UDP: use --proto udp");
         }
         if let Some(rate) = self.rate {
             if !rate.is_finite() || rate <= 0.0 || rate > 1e9 {
@@ -417,6 +426,7 @@ pub fn resolve(target: &str) -> anyhow::Result<SocketAddr> {
 pub fn run(args: &LoadArgs) -> anyhow::Result<Report> {
     args.validate()?;
     let target = resolve(&args.target)?;
+    let aside = args.look_aside.as_deref().map(resolve).transpose()?;
     if args.preload {
         preload(
             target,
@@ -437,12 +447,15 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<Report> {
             let rng = SmallRng::seed_from_u64(seed ^ 0x6a09_e667_f3bc_c908);
             arrival::Arrivals::new(rate / args.concurrency as f64, rng)
         });
-        let r = worker::Requester::connect(
+        let mut r = worker::Requester::connect(
             args.proto,
             target,
             SmallRng::seed_from_u64(seed),
             arrivals,
         )?;
+        if let Some(cache) = aside {
+            r = r.look_aside(cache)?;
+        }
         groups[i % threads].push(r);
     }
 
@@ -754,6 +767,11 @@ mod tests {
             },
             LoadArgs {
                 timeout_ms: 0,
+                ..ok.clone()
+            },
+            LoadArgs {
+                look_aside: Some("127.0.0.1:11211".into()),
+                proto: Proto::Tcp,
                 ..ok.clone()
             },
             LoadArgs {

@@ -3,6 +3,10 @@
 //! keeps as many outstanding as the schedule makes (matched by request id over UDP, in order
 //! over a pipelined TCP connection). A worker multiplexes its requesters with `poll`, so an idle
 //! worker sleeps instead of spinning.
+//!
+//! A look-aside requester (SwitchKV's look-aside clients) has a second UDP socket, to a cache
+//! node: each get asks the cache node first and, on a miss, the target; its latency runs over
+//! both. Sets go to the target.
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
@@ -87,6 +91,8 @@ struct Pending {
     /// When it went to the socket; the UDP timeout runs from here.
     sent: Instant,
     measured: bool,
+    /// The key's index, for a look-aside get that goes on to the target.
+    index: u64,
     /// Answered out of order (UDP); popped once it reaches the front.
     done: bool,
     reassembly: Reassembly,
@@ -103,6 +109,24 @@ pub struct Requester {
     /// TCP connection lost; reconnect at this instant.
     down: Option<Instant>,
     req: Vec<u8>,
+    /// Look-aside: the cache node's socket and the gets waiting for its replies.
+    aside: Option<Lane>,
+}
+
+/// A look-aside requester's UDP socket to its cache node.
+struct Lane {
+    sock: UdpSocket,
+    next_id: u16,
+    pending: VecDeque<Pending>,
+    buf: Vec<u8>,
+}
+
+/// A request whose UDP reply is complete.
+struct Finished {
+    outcome: Outcome,
+    origin: Instant,
+    measured: bool,
+    index: u64,
 }
 
 impl Requester {
@@ -116,17 +140,12 @@ impl Requester {
         arrivals: Option<Arrivals>,
     ) -> anyhow::Result<Requester> {
         let conn = match proto {
-            Proto::Udp => {
-                let sock = udp_socket(target)?;
-                sock.set_nonblocking(true)
-                    .context("failed to make UDP socket non-blocking")?;
-                Conn::Udp {
-                    sock,
-                    // A random first id makes replies meant for an earlier run's socket on
-                    // the same port unlikely to match.
-                    next_id: rng.gen(),
-                }
-            }
+            Proto::Udp => Conn::Udp {
+                sock: nonblocking_udp(target)?,
+                // A random first id makes replies meant for an earlier run's socket on the
+                // same port unlikely to match.
+                next_id: rng.gen(),
+            },
             Proto::Tcp => Conn::Tcp {
                 stream: Some(tcp_connect(target)?),
                 rbuf: Vec::new(),
@@ -140,7 +159,19 @@ impl Requester {
             pending: VecDeque::new(),
             down: None,
             req: Vec::with_capacity(256),
+            aside: None,
         })
+    }
+
+    /// Makes the requester look-aside: its gets ask the cache node at `cache` first.
+    pub fn look_aside(mut self, cache: SocketAddr) -> anyhow::Result<Requester> {
+        self.aside = Some(Lane {
+            sock: nonblocking_udp(cache)?,
+            next_id: self.rng.gen(),
+            pending: VecDeque::new(),
+            buf: Vec::with_capacity(256),
+        });
+        Ok(self)
     }
 
     /// Open loop: the first request is due one random gap after `start`.
@@ -161,6 +192,13 @@ impl Requester {
             self.next_send += a.next_gap();
         }
     }
+}
+
+fn nonblocking_udp(target: SocketAddr) -> anyhow::Result<UdpSocket> {
+    let sock = udp_socket(target)?;
+    sock.set_nonblocking(true)
+        .context("failed to make UDP socket non-blocking")?;
+    Ok(sock)
 }
 
 /// A UDP socket bound to an ephemeral port of the target's address family and connected to the
@@ -238,7 +276,8 @@ pub fn run(
 ) -> (Stats, Instant) {
     let mut w = Worker::new(plan, id, series);
     let mut fds: Vec<PollFd> = Vec::with_capacity(requesters.len());
-    let mut owners: Vec<usize> = Vec::with_capacity(requesters.len());
+    // Each polled socket's requester, and whether it is the look-aside one.
+    let mut owners: Vec<(usize, bool)> = Vec::with_capacity(requesters.len());
     loop {
         let now = Instant::now();
         if now >= plan.end {
@@ -274,7 +313,15 @@ pub fn run(
                 }
                 if let Some(fd) = r.raw_fd() {
                     fds.push(PollFd::readable(fd));
-                    owners.push(i);
+                    owners.push((i, false));
+                }
+            }
+            if let Some(front) = r.aside.as_ref().and_then(|a| a.pending.front()) {
+                outstanding = true;
+                next = next.min(front.sent + plan.timeout);
+                if let Some(a) = &r.aside {
+                    fds.push(PollFd::readable(a.sock.as_raw_fd()));
+                    owners.push((i, true));
                 }
             }
         }
@@ -289,9 +336,12 @@ pub fn run(
             // poll only fails on resource exhaustion; back off rather than spin.
             std::thread::sleep(Duration::from_millis(1));
         }
-        for (fd, &i) in fds.iter().zip(&owners) {
+        for (fd, &(i, aside)) in fds.iter().zip(&owners) {
             if fd.ready() {
-                w.receive(&mut requesters[i]);
+                match aside {
+                    true => w.receive_aside(&mut requesters[i]),
+                    false => w.receive(&mut requesters[i]),
+                }
             }
         }
         let now = Instant::now();
@@ -321,6 +371,8 @@ struct Worker<'a> {
     slice_interval: u64,
     slice_requests: u64,
     slice_latency: Histogram<u64>,
+    /// Replies completed by the last read, reused.
+    finished: Vec<Finished>,
 }
 
 /// What ended a measured request, for the counters.
@@ -344,6 +396,7 @@ impl<'a> Worker<'a> {
             slice_interval: 0,
             slice_requests: 0,
             slice_latency: new_series_histogram(),
+            finished: Vec::new(),
         }
     }
 
@@ -463,43 +516,55 @@ impl<'a> Worker<'a> {
             }
             None => plan.keygen.next_index(&mut r.rng),
         };
-        if r.pending.len() >= MAX_OUTSTANDING {
-            return self.count(measured, End::Error);
-        }
-        let mut p = Pending {
+        let p = Pending {
             id: 0,
             op,
             origin,
             sent: origin,
             measured,
+            index,
             done: false,
             reassembly: Reassembly::default(),
         };
-        match &mut r.conn {
-            Conn::Udp { sock, next_id } => {
-                // The id is only used up once the request is on its way: pending ids stay
-                // consecutive, which is how replies find their request.
-                p.id = *next_id;
-                p.reassembly.expect(p.id);
-                r.req.clear();
-                r.req.resize(HEADER_LEN, 0);
-                Header::single(p.id).emit(&mut r.req);
-                write_request(&mut r.req, op, plan, index, p.id);
-                // The clock starts before the send syscall: it is part of the latency.
-                p.sent = Instant::now();
-                let ok = sock.send(&r.req).is_ok();
-                r.req.clear();
-                if !ok {
+        match (&mut r.aside, op) {
+            (Some(lane), Op::Get) => {
+                if lane.pending.len() >= MAX_OUTSTANDING {
                     return self.count(measured, End::Error);
                 }
-                *next_id = next_id.wrapping_add(1);
+                if !send_udp(
+                    &lane.sock,
+                    &mut lane.next_id,
+                    &mut lane.buf,
+                    plan,
+                    p,
+                    &mut lane.pending,
+                ) {
+                    self.count(measured, End::Error);
+                }
+            }
+            _ => self.send(r, p),
+        }
+    }
+
+    /// Sends `p` to the target: at once over UDP, queued in `r.req` over TCP.
+    fn send(&mut self, r: &mut Requester, mut p: Pending) {
+        let plan = self.plan;
+        if r.pending.len() >= MAX_OUTSTANDING {
+            return self.count(p.measured, End::Error);
+        }
+        match &mut r.conn {
+            Conn::Udp { sock, next_id } => {
+                let measured = p.measured;
+                if !send_udp(sock, next_id, &mut r.req, plan, p, &mut r.pending) {
+                    self.count(measured, End::Error);
+                }
             }
             Conn::Tcp { .. } => {
-                write_request(&mut r.req, op, plan, index, 0);
+                write_request(&mut r.req, p.op, plan, p.index, 0);
                 p.sent = Instant::now();
+                r.pending.push_back(p);
             }
         }
-        r.pending.push_back(p);
     }
 
     /// Writes the TCP requests queued by [`Worker::issue`] in one go.
@@ -538,6 +603,56 @@ impl<'a> Worker<'a> {
         let Conn::Udp { sock, .. } = &r.conn else {
             return;
         };
+        let mut finished = std::mem::take(&mut self.finished);
+        self.read_udp(sock, &mut r.pending, &mut finished);
+        for f in finished.drain(..) {
+            self.count(
+                f.measured,
+                End::Reply(f.outcome, micros(f.origin.elapsed())),
+            );
+        }
+        self.finished = finished;
+    }
+
+    /// The cache node's replies: a hit (or any answer but a miss) ends the get; a miss sends it
+    /// on to the target, its clock still running.
+    fn receive_aside(&mut self, r: &mut Requester) {
+        let Some(lane) = &mut r.aside else {
+            return;
+        };
+        let mut finished = std::mem::take(&mut self.finished);
+        self.read_udp(&lane.sock, &mut lane.pending, &mut finished);
+        for f in finished.drain(..) {
+            if f.outcome != Outcome::Miss {
+                self.count(
+                    f.measured,
+                    End::Reply(f.outcome, micros(f.origin.elapsed())),
+                );
+                continue;
+            }
+            let p = Pending {
+                id: 0,
+                op: Op::Get,
+                origin: f.origin,
+                sent: f.origin,
+                measured: f.measured,
+                index: f.index,
+                done: false,
+                reassembly: Reassembly::default(),
+            };
+            self.send(r, p);
+        }
+        self.finished = finished;
+    }
+
+    /// Reads what `sock` has; each request of `pending` whose reply is now complete goes to
+    /// `finished`.
+    fn read_udp(
+        &mut self,
+        sock: &UdpSocket,
+        pending: &mut VecDeque<Pending>,
+        finished: &mut Vec<Finished>,
+    ) {
         let protocol = self.plan.protocol;
         let counting = self.measuring();
         loop {
@@ -546,17 +661,17 @@ impl<'a> Worker<'a> {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(_) => {
                     // ICMP port unreachable and the like: the oldest request is lost.
-                    if let Some(p) = r.pending.pop_front() {
+                    if let Some(p) = pending.pop_front() {
                         self.count(p.measured, End::Error);
                     }
-                    pop_done(&mut r.pending);
+                    pop_done(pending);
                     return;
                 }
             };
             let datagram = &self.scratch[..n];
             // Pending ids are consecutive from the front's, so the id gives the slot; the id
             // is still compared, so a reply can only ever finish its own request.
-            let (slot, id) = match (parse_header(datagram), r.pending.front()) {
+            let (slot, id) = match (parse_header(datagram), pending.front()) {
                 (Ok(h), Some(front)) => (
                     usize::from(h.request_id.wrapping_sub(front.id)),
                     h.request_id,
@@ -569,7 +684,7 @@ impl<'a> Worker<'a> {
                     continue;
                 }
             };
-            let Some(p) = r.pending.get_mut(slot).filter(|p| !p.done && p.id == id) else {
+            let Some(p) = pending.get_mut(slot).filter(|p| !p.done && p.id == id) else {
                 if counting {
                     self.stats.stale_datagrams += 1;
                 }
@@ -578,11 +693,14 @@ impl<'a> Worker<'a> {
             match p.reassembly.push(datagram) {
                 Push::Incomplete => {}
                 Push::Complete(payload) => {
-                    let outcome = check_datagram_reply(protocol, p.op, &payload);
                     p.done = true;
-                    let (origin, measured) = (p.origin, p.measured);
-                    self.count(measured, End::Reply(outcome, micros(origin.elapsed())));
-                    pop_done(&mut r.pending);
+                    finished.push(Finished {
+                        outcome: check_datagram_reply(protocol, p.op, &payload),
+                        origin: p.origin,
+                        measured: p.measured,
+                        index: p.index,
+                    });
+                    pop_done(pending);
                 }
                 Push::Dropped(DropReason::Stale) if counting => self.stats.stale_datagrams += 1,
                 Push::Dropped(_) if counting => self.stats.bad_datagrams += 1,
@@ -653,16 +771,23 @@ impl<'a> Worker<'a> {
     }
 
     fn check_timeouts(&mut self, r: &mut Requester, now: Instant) {
-        if !matches!(r.conn, Conn::Udp { .. }) {
-            return;
+        if let Some(lane) = &mut r.aside {
+            self.time_out(&mut lane.pending, now);
         }
+        if matches!(r.conn, Conn::Udp { .. }) {
+            self.time_out(&mut r.pending, now);
+        }
+    }
+
+    /// Gives up on the UDP requests of `pending` that have waited the timeout.
+    fn time_out(&mut self, pending: &mut VecDeque<Pending>, now: Instant) {
         // Requests leave in send order with one timeout, so only the front can be overdue.
-        while let Some(p) = r.pending.front() {
+        while let Some(p) = pending.front() {
             if !p.done && now.duration_since(p.sent) < self.plan.timeout {
                 break;
             }
             let (done, measured) = (p.done, p.measured);
-            r.pending.pop_front();
+            pending.pop_front();
             if !done {
                 // A late reply carries an id no longer pending, so it counts as stale.
                 self.count(measured, End::Timeout);
@@ -694,6 +819,34 @@ fn pop_done(pending: &mut VecDeque<Pending>) {
     while pending.front().is_some_and(|p| p.done) {
         pending.pop_front();
     }
+}
+
+/// Sends `p` over UDP under the socket's next id and queues it on `pending`; false if the send
+/// failed (the id is then not used up: pending ids stay consecutive, which is how replies find
+/// their request).
+fn send_udp(
+    sock: &UdpSocket,
+    next_id: &mut u16,
+    buf: &mut Vec<u8>,
+    plan: &Plan,
+    mut p: Pending,
+    pending: &mut VecDeque<Pending>,
+) -> bool {
+    p.id = *next_id;
+    p.reassembly.expect(p.id);
+    buf.clear();
+    buf.resize(HEADER_LEN, 0);
+    Header::single(p.id).emit(buf);
+    write_request(buf, p.op, plan, p.index, p.id);
+    // The clock starts before the send syscall: it is part of the latency.
+    p.sent = Instant::now();
+    let ok = sock.send(buf).is_ok();
+    buf.clear();
+    if ok {
+        *next_id = next_id.wrapping_add(1);
+        pending.push_back(p);
+    }
+    ok
 }
 
 /// Appends one request in the plan's protocol; `opaque` is echoed by binary replies.
@@ -799,6 +952,86 @@ mod tests {
         assert_eq!(g.stats.stale_datagrams, 0);
         assert_eq!(g.stats.errors, 0);
         assert!(r.pending.is_empty());
+    }
+
+    /// Receives one request datagram: its id, its bytes after the header, and its sender.
+    fn take(server: &UdpSocket) -> (u16, Vec<u8>, SocketAddr) {
+        let mut buf = [0u8; 2048];
+        let (n, from) = server.recv_from(&mut buf).expect("request");
+        let h = parse_header(&buf[..n]).expect("header");
+        (h.request_id, buf[HEADER_LEN..n].to_vec(), from)
+    }
+
+    fn answer(server: &UdpSocket, id: u16, to: SocketAddr, body: &[u8]) {
+        let mut reply = vec![0u8; HEADER_LEN];
+        Header::single(id).emit(&mut reply);
+        reply.extend_from_slice(body);
+        server.send_to(&reply, to).expect("reply");
+    }
+
+    #[test]
+    fn a_look_aside_get_asks_the_cache_node_first_and_the_target_on_a_miss() {
+        let cache = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let target = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        for s in [&cache, &target] {
+            s.set_read_timeout(Some(Duration::from_secs(2)))
+                .expect("timeout");
+        }
+        let gets = plan(target.local_addr().unwrap(), 1.0, 0);
+        let sets = plan(target.local_addr().unwrap(), 0.0, 1);
+        let (tx, _rx) = std::sync::mpsc::channel();
+        let mut w = Worker::new(&gets, 0, tx.clone());
+        let mut ws = Worker::new(&sets, 0, tx);
+        let mut r = Requester::connect(
+            Proto::Udp,
+            target.local_addr().unwrap(),
+            SmallRng::seed_from_u64(1),
+            None,
+        )
+        .expect("udp")
+        .look_aside(cache.local_addr().unwrap())
+        .expect("look-aside");
+        let now = Instant::now();
+        // A set goes straight to the target.
+        ws.issue(&mut r, now);
+        let (set_id, set, set_from) = take(&target);
+        assert!(set.starts_with(b"set "), "{set:?}");
+        answer(&target, set_id, set_from, b"STORED\r\n");
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while ws.stats.sets < 1 && Instant::now() < deadline {
+            ws.receive(&mut r);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(ws.stats.sets, 1);
+        w.issue(&mut r, now);
+        w.issue(&mut r, now);
+        // The cache node has the first key, not the second.
+        let (hit_id, hit, from) = take(&cache);
+        let (miss_id, miss, _) = take(&cache);
+        assert!(hit.starts_with(b"get ") && miss.starts_with(b"get "));
+        let key = |get: &[u8]| get[4..get.len() - 2].to_vec();
+        let mut value = b"VALUE ".to_vec();
+        value.extend_from_slice(&key(&hit));
+        value.extend_from_slice(b" 0 1\r\nx\r\nEND\r\n");
+        answer(&cache, hit_id, from, &value);
+        answer(&cache, miss_id, from, b"END\r\n");
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while w.stats.hits < 1 && Instant::now() < deadline {
+            w.receive_aside(&mut r);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!((w.stats.hits, w.stats.misses), (1, 0));
+        // The miss went on to the target, the same key, and ends there.
+        let (id, again, from) = take(&target);
+        assert_eq!(again, miss);
+        answer(&target, id, from, b"END\r\n");
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while w.stats.misses < 1 && Instant::now() < deadline {
+            w.receive(&mut r);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!((w.stats.hits, w.stats.misses, w.stats.gets), (1, 1, 2));
+        assert!(r.pending.is_empty() && r.aside.as_ref().unwrap().pending.is_empty());
     }
 
     #[test]

@@ -99,8 +99,12 @@ pub struct NodeArgs {
     /// architecture): writes go on to the upstream instead of being refused, and what it does
     /// not answer over UDP goes on over UDP, as its client sent it (a backend over capacity
     /// drops it, as it would the client's).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "look_aside")]
     pub look_through: bool,
+    /// A cache node that clients ask first and then, on a miss, the key's backend (SwitchKV's
+    /// look-aside architecture): a get of a key it does not serve is answered as a miss.
+    #[arg(long)]
+    pub look_aside: bool,
     /// Hot keys a backend reports each second, and a cache node counts per backend (SwitchKV:
     /// 5); give backends and their cache node the same.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=10_000))]
@@ -135,6 +139,7 @@ impl Default for NodeArgs {
             rule_rate: 400,
             top_k: 5,
             look_through: false,
+            look_aside: false,
         }
     }
 }
@@ -242,7 +247,11 @@ impl Node {
                     cfg,
                     control()?,
                     upstream,
-                    args.look_through,
+                    match (args.look_through, args.look_aside) {
+                        (true, _) => switchkv::CachePath::LookThrough,
+                        (false, true) => switchkv::CachePath::LookAside,
+                        (false, false) => switchkv::CachePath::Steered,
+                    },
                     rules,
                     roles.stop.clone(),
                 )?;

@@ -264,6 +264,8 @@ pub struct RoleCounters {
     pub renewals_refused: AtomicU64,
     pub served: AtomicU64,
     pub forwarded: AtomicU64,
+    /// Gets a look-aside cache node answered as misses.
+    pub misses: AtomicU64,
     pub rule_changes: AtomicU64,
 }
 
@@ -301,6 +303,7 @@ impl RoleCounters {
             ("renewals_refused", &self.renewals_refused),
             ("served", &self.served),
             ("forwarded", &self.forwarded),
+            ("misses", &self.misses),
             ("rule_changes", &self.rule_changes),
         ];
         let counted = rows
@@ -602,8 +605,8 @@ pub struct CacheRole {
     backends: Mutex<Vec<(SocketAddr, Arc<Mutex<Link>>)>>,
     upstream: SocketAddr,
     forward: Mutex<Vec<Upstream>>,
-    /// On the path of every request (look-through): writes go on to the upstream too.
-    look_through: bool,
+    /// How clients reach it.
+    path: CachePath,
     pub counters: RoleCounters,
 }
 
@@ -613,6 +616,19 @@ impl std::fmt::Debug for CacheRole {
             .field("upstream", &self.upstream)
             .finish_non_exhaustive()
     }
+}
+
+/// How clients reach a cache node: SwitchKV's architectures (its Table 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CachePath {
+    /// The switch steers reads of its keys to it (SwitchKV).
+    Steered,
+    /// Clients send it every request (on-path look-through): writes go on to the upstream
+    /// too, and over UDP what it does not answer goes on over UDP.
+    LookThrough,
+    /// Clients ask it first and the key's backend on a miss (look-aside): a text `get` of a
+    /// key it does not serve is answered as a miss.
+    LookAside,
 }
 
 /// A memcached text connection to where a cache node's misses go.
@@ -633,7 +649,7 @@ impl CacheRole {
         cfg: CacheNodeConfig,
         control: TcpListener,
         upstream: SocketAddr,
-        look_through: bool,
+        path: CachePath,
         mut rules: RuleSink,
         stop: Arc<AtomicBool>,
     ) -> anyhow::Result<(Arc<CacheRole>, Vec<thread::JoinHandle<()>>)> {
@@ -645,7 +661,7 @@ impl CacheRole {
             backends: Mutex::new(Vec::new()),
             upstream,
             forward: Mutex::new(Vec::new()),
-            look_through,
+            path,
             counters: RoleCounters::default(),
         });
         let (fetch_tx, fetch_rx) = mpsc::channel::<(SocketAddr, Fetch)>();
@@ -1032,7 +1048,7 @@ impl Hooks for CacheRole {
             }
         }
         let command = request.command;
-        if command.is_write() && !command.is_retrieval() && !self.look_through {
+        if command.is_write() && !command.is_retrieval() && self.path != CachePath::LookThrough {
             out.extend_from_slice(
                 b"SERVER_ERROR a cache node takes no writes; send them to the key's backend\r\n",
             );
@@ -1042,6 +1058,11 @@ impl Hooks for CacheRole {
             return false;
         }
         if command == Command::Get && self.answer_get(request, out) {
+            return true;
+        }
+        if command == Command::Get && self.path == CachePath::LookAside {
+            bump(&self.counters.misses);
+            out.extend_from_slice(b"END\r\n");
             return true;
         }
         bump(&self.counters.forwarded);
@@ -1057,7 +1078,7 @@ impl Hooks for CacheRole {
     /// other read or write goes on over UDP.
     fn udp(&self, request: &Request<'_>, out: &mut Vec<u8>) -> UdpPath {
         let command = request.command;
-        if !self.look_through || !(command.is_retrieval() || command.is_write()) {
+        if self.path != CachePath::LookThrough || !(command.is_retrieval() || command.is_write()) {
             return UdpPath::Execute;
         }
         if command == Command::Get && self.answer_get(request, out) {

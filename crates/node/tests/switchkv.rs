@@ -12,7 +12,9 @@
 //!   a quiet binary get) reach the backend, writes are refused;
 //! - on the path of every request (look-through), writes go on as well, and over UDP what the
 //!   cache node does not answer goes on over UDP, its reply back under the client's id; what
-//!   the upstream drops is forgotten and counted.
+//!   the upstream drops is forgotten and counted;
+//! - asked first by look-aside clients, a cache node answers a key it does not serve as a
+//!   miss, so that they go on to the backend.
 
 mod common;
 
@@ -367,26 +369,37 @@ fn rules_follow_the_cache_under_the_rule_update_limit_additions_first() {
     drop(cache);
 }
 
-#[test]
-fn a_look_through_cache_node_sends_writes_on_and_serves_what_they_wrote() {
+/// A cache node reached as `how` says (its `look_through`, `look_aside` and `no_udp`), then its
+/// backend, over UDP too if the cache node is: the backend's start is acknowledged at once.
+fn cache_then_backend(how: NodeArgs) -> (Node, Node) {
     let cache_control = free_port();
     let backend_at: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    // The cache node first: the backend's start is acknowledged at once.
     let cache = Node::start_with(
         &NodeArgs {
-            look_through: true,
-            no_udp: false,
+            look_through: how.look_through,
+            look_aside: how.look_aside,
+            no_udp: how.no_udp,
             ..cache_args(cache_control, backend_at, 60_000)
         },
         None,
     )
     .unwrap();
-    let _backend = Node::start(&NodeArgs {
+    let backend = Node::start(&NodeArgs {
         listen: backend_at,
-        no_udp: false,
+        no_udp: how.no_udp,
         ..backend_args(cache_control, 60_000)
     })
     .unwrap();
+    (cache, backend)
+}
+
+#[test]
+fn a_look_through_cache_node_sends_writes_on_and_serves_what_they_wrote() {
+    let (cache, _backend) = cache_then_backend(NodeArgs {
+        look_through: true,
+        no_udp: false,
+        ..NodeArgs::default()
+    });
     let mut to_cache = connect(cache.tcp_addr().unwrap());
     let call = |stream: &mut std::net::TcpStream, request: &[u8]| {
         text(&exchange(stream, request, line_or_end))
@@ -466,6 +479,59 @@ fn stat(stream: &mut std::net::TcpStream, name: &str) -> u64 {
         .find_map(|l| l.strip_prefix(&prefix))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or_else(|| panic!("no {name} in {reply}"))
+}
+
+#[test]
+fn a_look_aside_cache_node_answers_what_it_does_not_serve_as_a_miss() {
+    let (cache, backend) = cache_then_backend(NodeArgs {
+        look_aside: true,
+        ..NodeArgs::default()
+    });
+    let mut to_cache = connect(cache.tcp_addr().unwrap());
+    let mut to_backend = connect(backend.tcp_addr().unwrap());
+    let call = |stream: &mut std::net::TcpStream, request: &[u8]| {
+        text(&exchange(stream, request, line_or_end))
+    };
+    assert_eq!(
+        call(&mut to_backend, b"set k 0 0 2\r\nv1\r\n"),
+        "STORED\r\n"
+    );
+    assert_eq!(
+        call(&mut to_backend, b"set cold 0 0 1\r\nc\r\n"),
+        "STORED\r\n"
+    );
+    // A look-aside client: the cache node first, the backend on a miss. The backend's reads
+    // make the key hot, and the cache node takes it in.
+    let started = Instant::now();
+    loop {
+        let reply = call(&mut to_cache, b"get k\r\n");
+        if reply != "END\r\n" {
+            assert_eq!(reply, "VALUE k 0 2\r\nv1\r\nEND\r\n");
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "never cached");
+        assert_eq!(
+            call(&mut to_backend, b"get k\r\n"),
+            "VALUE k 0 2\r\nv1\r\nEND\r\n"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let misses = stat(&mut to_cache, "switchkv_misses");
+    assert!(misses >= 1);
+    // A key it does not hold is a miss, not sent on.
+    assert_eq!(call(&mut to_cache, b"get cold\r\n"), "END\r\n");
+    assert_eq!(stat(&mut to_cache, "switchkv_misses"), misses + 1);
+    assert_eq!(stat(&mut to_cache, "switchkv_forwarded"), 0);
+    // Writes go to the backend, which updates the cache node before it answers.
+    assert!(call(&mut to_cache, b"set k 0 0 2\r\nv2\r\n").starts_with("SERVER_ERROR"));
+    assert_eq!(
+        call(&mut to_backend, b"set k 0 0 2\r\nv2\r\n"),
+        "STORED\r\n"
+    );
+    assert_eq!(
+        call(&mut to_cache, b"get k\r\n"),
+        "VALUE k 0 2\r\nv2\r\nEND\r\n"
+    );
 }
 
 #[test]
