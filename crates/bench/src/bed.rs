@@ -76,6 +76,21 @@ pub struct SwitchKvSetup {
     /// How clients reach the cache node. Unless steered, it programs no steering, and its
     /// replies keep its own address.
     pub path: CachePath,
+    /// The backends' hot-key reports.
+    pub reports: Reports,
+    /// Whether the cache node's rule removals wait behind additions (SwitchKV's rule buffer,
+    /// up to 2 s) or go first.
+    pub rule_buffer: bool,
+}
+
+/// Which hot-key reports SwitchKV's backends send (its Figures 15 to 17).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reports {
+    /// Periodic and instant reports (SwitchKV's complete updates).
+    Complete,
+    PeriodicOnly,
+    InstantOnly,
 }
 
 /// How clients reach a SwitchKV cache node (SwitchKV's Table 1).
@@ -99,6 +114,8 @@ impl SwitchKvSetup {
             lease_ms: 2000,
             top_k: PAPER_REPORTS_PER_SEGMENT.div_ceil(u64::from(backends.max(1))),
             path: CachePath::Steered,
+            reports: Reports::Complete,
+            rule_buffer: true,
         }
     }
 
@@ -691,6 +708,14 @@ fn switchkv_args(setup: &SwitchKvSetup, cache_node: bool) -> Vec<String> {
         (true, CachePath::LookThrough) => args.push("--look-through".to_string()),
         (true, CachePath::LookAside) => args.push("--look-aside".to_string()),
         _ => {}
+    }
+    match (cache_node, setup.reports) {
+        (false, Reports::PeriodicOnly) => args.extend(["--reports".into(), "periodic".into()]),
+        (false, Reports::InstantOnly) => args.extend(["--reports".into(), "instant".into()]),
+        _ => {}
+    }
+    if cache_node && !setup.rule_buffer {
+        args.extend(["--rule-buffer-ms".to_string(), "0".to_string()]);
     }
     if cache_node {
         args.extend([

@@ -4,8 +4,9 @@
 //! most `--capacity` requests a second (UDP beyond it is dropped), and the client offers a
 //! multiple of their total capacity (`--load`, 6 by default). Without the cache at most that
 //! capacity is answered, and skew piles the load onto the hottest backends; with kvswitch's
-//! cache the hot keys are answered by kvswitch and the rest fits the backends. A second sweep
-//! varies the cache's size.
+//! cache the hot keys are answered by kvswitch and the rest fits the backends. Further sweeps
+//! vary the cache's size, the share of writes (SwitchKV's Figure 12) and the offered load, for
+//! the latency of each architecture (its Figure 13).
 
 use std::fmt::Write as _;
 
@@ -52,9 +53,17 @@ pub struct Args {
     /// SwitchKV's cache node (those of them measured) [default: 10,100,1000,10000].
     #[arg(long, value_delimiter = ',', value_name = "ENTRIES,...")]
     pub cache_sizes: Vec<u64>,
-    /// Zipf exponent of the cache-size sweep.
+    /// Zipf exponent of the cache-size, write-ratio and latency sweeps.
     #[arg(long, default_value_t = 0.99)]
     pub cache_skew: f64,
+    /// Shares of writes of the write-ratio sweep, comma-separated, 0 to 1
+    /// [default: 0.01,0.05,0.1,0.2,0.3; 0.1 with --short].
+    #[arg(long, value_delimiter = ',', value_name = "RATIO,...")]
+    pub write_ratios: Vec<f64>,
+    /// Offered loads of the latency sweep, as multiples of the backends' total capacity,
+    /// comma-separated [default: 0.25,0.5,1,2,4; 0.5 with --short].
+    #[arg(long, value_delimiter = ',', value_name = "LOAD,...")]
+    pub latency_loads: Vec<f64>,
     /// Only these systems, by their short names (kvswitch_udp, kvswitch_cache_udp,
     /// switchkv_udp, look_through_udp, look_aside_udp), comma-separated [default: all].
     #[arg(long, value_delimiter = ',', value_name = "SYSTEM,...")]
@@ -73,7 +82,29 @@ impl Args {
             duration: None,
             cache_sizes: Vec::new(),
             cache_skew: 0.99,
+            write_ratios: Vec::new(),
+            latency_loads: Vec::new(),
             systems: Vec::new(),
+        }
+    }
+
+    fn write_ratios(&self) -> Vec<f64> {
+        if !self.write_ratios.is_empty() {
+            self.write_ratios.clone()
+        } else if self.common.short {
+            vec![0.1]
+        } else {
+            vec![0.01, 0.05, 0.1, 0.2, 0.3]
+        }
+    }
+
+    fn latency_loads(&self) -> Vec<f64> {
+        if !self.latency_loads.is_empty() {
+            self.latency_loads.clone()
+        } else if self.common.short {
+            vec![0.5]
+        } else {
+            vec![0.25, 0.5, 1.0, 2.0, 4.0]
         }
     }
 
@@ -103,7 +134,12 @@ impl Args {
     }
 
     fn offered(&self) -> f64 {
-        self.load * self.capacity as f64 * f64::from(self.servers)
+        self.offered_at(self.load)
+    }
+
+    /// The requests a second offered at `load` times the backends' total capacity.
+    fn offered_at(&self, load: f64) -> f64 {
+        load * self.capacity as f64 * f64::from(self.servers)
     }
 
     fn check(&self) -> anyhow::Result<()> {
@@ -112,8 +148,15 @@ impl Args {
                 anyhow::bail!("a Zipf exponent must be between 0 and 5, got {s}");
             }
         }
-        if !self.load.is_finite() || self.load <= 0.0 || self.load > 100.0 {
-            anyhow::bail!("--load must be above 0 and at most 100, got {}", self.load);
+        for &load in self.latency_loads().iter().chain([self.load].iter()) {
+            if !load.is_finite() || load <= 0.0 || load > 100.0 {
+                anyhow::bail!("a load must be above 0 and at most 100, got {load}");
+            }
+        }
+        for &w in &self.write_ratios() {
+            if !w.is_finite() || !(0.0..=1.0).contains(&w) {
+                anyhow::bail!("--write-ratios: a share of writes is 0 to 1, got {w}");
+            }
         }
         if self.cache_sizes().contains(&0) {
             anyhow::bail!("--cache-sizes: a cache holds at least one entry");
@@ -122,16 +165,49 @@ impl Args {
     }
 }
 
-/// One system at one skew (and cache size) in one run.
+/// The sweeps of the scenario; a point belongs to one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Sweep {
+    /// Gets only, against the Zipf exponent.
+    Skew,
+    /// Gets only, against the cache's size.
+    CacheSize,
+    /// Gets and sets, against the share of sets.
+    WriteRatio,
+    /// Gets only, against the offered load: latency.
+    Load,
+}
+
+/// Where a point is measured.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct At {
+    pub sweep: Sweep,
+    pub skew: f64,
+    /// Entries of the cache; none without one.
+    pub cache_entries: Option<u64>,
+    /// Share of the requests that are sets.
+    pub write_ratio: f64,
+    /// Offered load as a multiple of the backends' total capacity.
+    pub load: f64,
+}
+
+/// One system at one point of a sweep in one run.
 #[derive(Clone, Debug, Serialize)]
 pub struct Point {
     pub system: System,
+    pub sweep: Sweep,
     pub skew: f64,
     /// Entries of kvswitch's cache; none without it.
     pub cache_entries: Option<u64>,
+    pub write_ratio: f64,
     pub offered_rps: f64,
     /// Gets answered per second (hits and misses).
     pub get_rps: f64,
+    /// Requests answered per second, gets and sets.
+    pub rps: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
     pub loss: f64,
     /// Requests per second each backend was sent, in server order.
     pub backend_rps: Vec<f64>,
@@ -150,6 +226,8 @@ struct Settings {
     runs: u32,
     cache_sizes: Option<Vec<u64>>,
     cache_skew: f64,
+    write_ratios: Vec<f64>,
+    latency_loads: Vec<f64>,
     short: bool,
 }
 
@@ -186,16 +264,13 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
         let switchkv = SwitchKvSetup::of(setup, entries, None, args.servers);
         let bed = up(args, &servers, cache, switchkv)?;
         for run in 0..runs {
-            for &skew in &skews {
+            for at in on_one_bed(args, &skews) {
                 for system in rotated(&group, run) {
-                    points.push(measure(
-                        &bed,
-                        args,
-                        system,
-                        skew,
-                        system.caches().then_some(entries),
-                        run,
-                    )?);
+                    let at = At {
+                        cache_entries: system.caches().then_some(entries),
+                        ..at
+                    };
+                    points.push(measure(&bed, args, system, &at, run)?);
                 }
             }
         }
@@ -209,9 +284,15 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
                     .then(|| CacheSetup::hot_keys(entries, None, args.servers));
                 let switchkv = SwitchKvSetup::of(setup, entries, None, args.servers);
                 let bed = up(args, &servers, cache, switchkv)?;
+                let at = At {
+                    sweep: Sweep::CacheSize,
+                    skew: args.cache_skew,
+                    cache_entries: Some(entries),
+                    write_ratio: 0.0,
+                    load: args.load,
+                };
                 for run in 0..runs {
-                    let p = measure(&bed, args, system, args.cache_skew, Some(entries), run)?;
-                    points.push(p);
+                    points.push(measure(&bed, args, system, &at, run)?);
                 }
                 bed.down()?;
             }
@@ -232,6 +313,8 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
             runs,
             cache_sizes: cache_sizes.clone(),
             cache_skew: args.cache_skew,
+            write_ratios: args.write_ratios(),
+            latency_loads: args.latency_loads(),
             short: args.common.short,
         },
         machine: machine.clone(),
@@ -254,6 +337,14 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
             &Chart::Line(cache_chart(args, &systems, &medians)),
         )?;
     }
+    out.plot(
+        "throughput-write-ratio",
+        &Chart::Line(write_chart(args, &systems, &medians)),
+    )?;
+    out.plot(
+        "latency-load",
+        &Chart::Line(latency_chart(args, &systems, &medians)),
+    )?;
     out.summary(
         &summary(args, &systems, &skews, &medians, runs, duration),
         &machine,
@@ -298,22 +389,38 @@ fn up(
     Ok(bed)
 }
 
-fn measure(
-    bed: &Bed,
-    args: &Args,
-    system: System,
-    skew: f64,
-    cache_entries: Option<u64>,
-    run: u32,
-) -> anyhow::Result<Point> {
+/// The points measured on each system's own testbed, in order: the skews, then the write
+/// ratios and the loads at the cache-size sweep's skew.
+fn on_one_bed(args: &Args, skews: &[f64]) -> Vec<At> {
+    let at = |sweep, skew, write_ratio, load| At {
+        sweep,
+        skew,
+        cache_entries: None,
+        write_ratio,
+        load,
+    };
+    let skewed = skews.iter().map(|&s| at(Sweep::Skew, s, 0.0, args.load));
+    let writes = args
+        .write_ratios()
+        .into_iter()
+        .map(|w| at(Sweep::WriteRatio, args.cache_skew, w, args.load));
+    let loads = args
+        .latency_loads()
+        .into_iter()
+        .map(|l| at(Sweep::Load, args.cache_skew, 0.0, l));
+    skewed.chain(writes).chain(loads).collect()
+}
+
+fn measure(bed: &Bed, args: &Args, system: System, at: &At, run: u32) -> anyhow::Result<Point> {
+    let (skew, cache_entries) = (at.skew, at.cache_entries);
     let duration = args.duration();
     let load = loadgen::LoadArgs {
         keys: args.keys,
         value_size: 32,
         dist: loadgen::Dist::Zipf(skew),
-        get_ratio: 1.0,
+        get_ratio: 1.0 - at.write_ratio,
         concurrency: 16,
-        rate: Some(args.offered()),
+        rate: Some(args.offered_at(at.load)),
         duration,
         // The cache learns the hot keys while the load runs: give it the paper's few segments.
         warmup: if system.caches() && !args.common.short {
@@ -339,49 +446,68 @@ fn measure(
         .collect();
     let p = Point {
         system,
+        sweep: at.sweep,
         skew,
         cache_entries,
-        offered_rps: args.offered(),
+        write_ratio: at.write_ratio,
+        offered_rps: args.offered_at(at.load),
         get_rps: per_s(r.gets, r.duration_s),
+        rps: per_s(r.gets + r.sets, r.duration_s),
+        p50_us: r.latency_us.p50 as f64,
+        p99_us: r.latency_us.p99 as f64,
         loss: loss(r),
         backend_rps,
         run,
     };
     eprintln!(
-        "  run {}  zipf {skew:<4}  {system:<24}{} {:>8.0} GET/s of {:.0} offered",
+        "  run {}  zipf {skew:<4}  {system:<24}{}{} {:>8.0} requests/s of {:.0} offered, p50 {:.0} us",
         run + 1,
         cache_entries.map_or_else(String::new, |e| format!(" cache {e:>6}")),
-        p.get_rps,
-        p.offered_rps
+        match at.write_ratio {
+            0.0 => String::new(),
+            w => format!(" writes {w}"),
+        },
+        p.rps,
+        p.offered_rps,
+        p.p50_us
     );
     Ok(p)
 }
 
-/// Medians per (system, skew, cache size), backend loads per backend.
+/// Medians per system and point of a sweep, backend loads per backend.
 fn medians(points: &[Point]) -> Vec<Point> {
-    let mut keys: Vec<(System, f64, Option<u64>)> = Vec::new();
+    let key = |p: &Point| {
+        (
+            p.system,
+            p.sweep,
+            p.skew,
+            p.cache_entries,
+            p.write_ratio,
+            p.offered_rps,
+        )
+    };
+    let mut keys = Vec::new();
     for p in points {
-        let k = (p.system, p.skew, p.cache_entries);
-        if !keys.contains(&k) {
-            keys.push(k);
+        if !keys.contains(&key(p)) {
+            keys.push(key(p));
         }
     }
     keys.into_iter()
-        .map(|(system, skew, cache_entries)| {
-            let of: Vec<&Point> = points
-                .iter()
-                .filter(|p| {
-                    p.system == system && p.skew == skew && p.cache_entries == cache_entries
-                })
-                .collect();
+        .map(|k| {
+            let of: Vec<&Point> = points.iter().filter(|p| key(p) == k).collect();
             let m = |f: &dyn Fn(&Point) -> f64| median(of.iter().map(|p| f(p)).collect());
             let n = of[0].backend_rps.len();
             Point {
-                system,
-                skew,
-                cache_entries,
+                system: of[0].system,
+                sweep: of[0].sweep,
+                skew: of[0].skew,
+                cache_entries: of[0].cache_entries,
+                write_ratio: of[0].write_ratio,
                 offered_rps: of[0].offered_rps,
                 get_rps: m(&|p| p.get_rps),
+                rps: m(&|p| p.rps),
+                p50_us: m(&|p| p.p50_us),
+                p99_us: m(&|p| p.p99_us),
                 loss: m(&|p| p.loss),
                 backend_rps: (0..n)
                     .map(|i| m(&|p| p.backend_rps.get(i).copied().unwrap_or(0.0)))
@@ -392,12 +518,11 @@ fn medians(points: &[Point]) -> Vec<Point> {
         .collect()
 }
 
-/// The points of the skew sweep (not the cache-size sweep) of `system`.
-fn sweep<'a>(args: &Args, medians: &'a [Point], system: System) -> Vec<&'a Point> {
-    let entries = system.caches().then(|| default_cache_entries(args));
+/// The points of `system` in `kind`'s sweep.
+fn sweep(medians: &[Point], system: System, kind: Sweep) -> Vec<&Point> {
     medians
         .iter()
-        .filter(|p| p.system == system && p.cache_entries == entries)
+        .filter(|p| p.system == system && p.sweep == kind)
         .collect()
 }
 
@@ -406,7 +531,7 @@ fn skew_chart(args: &Args, systems: &[System], medians: &[Point]) -> LineChart {
         .iter()
         .map(|&s| Series {
             name: s.to_string(),
-            points: sweep(args, medians, s)
+            points: sweep(medians, s, Sweep::Skew)
                 .iter()
                 .map(|p| (p.skew, p.get_rps))
                 .collect(),
@@ -458,10 +583,10 @@ fn bar_skews(skews: &[f64]) -> Vec<f64> {
 fn backend_chart(args: &Args, skews: &[f64], medians: &[Point]) -> BarChart {
     let mut groups = Vec::new();
     for skew in bar_skews(skews) {
-        for p in medians.iter().filter(|p| {
-            p.skew == skew
-                && p.cache_entries == p.system.caches().then(|| default_cache_entries(args))
-        }) {
+        for p in medians
+            .iter()
+            .filter(|p| p.sweep == Sweep::Skew && p.skew == skew)
+        {
             groups.push((format!("zipf {skew}, {}", p.system), p.backend_rps.clone()));
         }
     }
@@ -496,7 +621,7 @@ fn cache_chart(args: &Args, systems: &[System], medians: &[Point]) -> LineChart 
             name: system.to_string(),
             points: medians
                 .iter()
-                .filter(|p| p.system == system && p.skew == args.cache_skew)
+                .filter(|p| p.system == system && p.sweep == Sweep::CacheSize)
                 .filter_map(|p| Some((p.cache_entries? as f64, p.get_rps)))
                 .collect(),
             color: system.color(),
@@ -510,6 +635,61 @@ fn cache_chart(args: &Args, systems: &[System], medians: &[Point]) -> LineChart 
         x_log: true,
         y_log: false,
         y_from_zero: true,
+        series,
+    }
+}
+
+fn write_chart(args: &Args, systems: &[System], medians: &[Point]) -> LineChart {
+    let series = systems
+        .iter()
+        .map(|&system| Series {
+            name: system.to_string(),
+            points: sweep(medians, system, Sweep::WriteRatio)
+                .iter()
+                .map(|p| (p.write_ratio, p.rps))
+                .collect(),
+            color: system.color(),
+            dashed: false,
+        })
+        .collect();
+    LineChart {
+        title: format!(
+            "Throughput against the share of writes (zipf {})",
+            args.cache_skew
+        ),
+        x_label: "share of requests that are sets".into(),
+        y_label: "requests answered per second".into(),
+        x_log: false,
+        y_log: false,
+        y_from_zero: true,
+        series,
+    }
+}
+
+/// Median (solid) and 99th-percentile (dashed) latency against the offered load.
+fn latency_chart(args: &Args, systems: &[System], medians: &[Point]) -> LineChart {
+    let mut series = Vec::new();
+    for &system in systems {
+        let pts = sweep(medians, system, Sweep::Load);
+        for (what, dashed) in [("p50", false), ("p99", true)] {
+            series.push(Series {
+                name: format!("{system} {what}"),
+                points: pts
+                    .iter()
+                    .map(|p| (p.offered_rps, if dashed { p.p99_us } else { p.p50_us }))
+                    .collect(),
+                color: system.color(),
+                dashed,
+            });
+        }
+    }
+    LineChart {
+        title: format!("Latency against offered load (zipf {})", args.cache_skew),
+        x_label: "GETs offered per second (log scale)".into(),
+        y_label: "latency of answered GETs (µs, log scale)".into(),
+        x_log: true,
+        y_log: true,
+        y_from_zero: false,
         series,
     }
 }
@@ -560,7 +740,9 @@ fn summary(
     for &skew in skews {
         let _ = write!(t, "| {skew} |");
         for &s in systems {
-            let p = sweep(args, medians, s).into_iter().find(|p| p.skew == skew);
+            let p = sweep(medians, s, Sweep::Skew)
+                .into_iter()
+                .find(|p| p.skew == skew);
             let busiest = p.map(|p| p.backend_rps.iter().copied().fold(0.0, f64::max));
             let _ = write!(
                 t,
@@ -573,7 +755,7 @@ fn summary(
     }
     let _ = writeln!(t);
     for &s in systems {
-        let pts = sweep(args, medians, s);
+        let pts = sweep(medians, s, Sweep::Skew);
         let uniform = pts.iter().find(|p| p.skew == 0.0).map(|p| p.get_rps);
         for p in pts.iter().filter(|p| p.skew > 0.0) {
             let _ = writeln!(
@@ -587,9 +769,9 @@ fn summary(
         }
     }
     let _ = writeln!(t);
-    let base = sweep(args, medians, System::KvswitchUdp);
+    let base = sweep(medians, System::KvswitchUdp, Sweep::Skew);
     for &s in systems.iter().filter(|s| s.caches()) {
-        for p in sweep(args, medians, s) {
+        for p in sweep(medians, s, Sweep::Skew) {
             let without = base.iter().find(|b| b.skew == p.skew).map(|b| b.get_rps);
             let _ = writeln!(
                 t,
@@ -608,10 +790,7 @@ fn summary(
     );
     let _ = writeln!(t, "|--:|---|--:|");
     for &system in &sized(systems) {
-        for p in medians
-            .iter()
-            .filter(|p| p.system == system && p.skew == args.cache_skew)
-        {
+        for p in sweep(medians, system, Sweep::CacheSize) {
             let _ = writeln!(
                 t,
                 "| {} | {system} | {:.0} |",
@@ -619,6 +798,53 @@ fn summary(
                 p.get_rps
             );
         }
+    }
+    let _ = writeln!(
+        t,
+        "\nWith writes (sets of 32 bytes to the keys the same Zipf {} draws, sent to the VIP, or to \
+         the cache node on the path of every request), requests answered per second:\n",
+        args.cache_skew
+    );
+    let _ = write!(t, "| share of sets |");
+    for s in systems {
+        let _ = write!(t, " {s} |");
+    }
+    let _ = writeln!(t, "\n|--:|{}", "--:|".repeat(systems.len()));
+    for w in args.write_ratios() {
+        let _ = write!(t, "| {w} |");
+        for &s in systems {
+            let p = sweep(medians, s, Sweep::WriteRatio)
+                .into_iter()
+                .find(|p| p.write_ratio == w);
+            let _ = write!(t, " {} |", fmt(p.map(|p| p.rps), 0));
+        }
+        let _ = writeln!(t);
+    }
+    let _ = writeln!(
+        t,
+        "\nLatency of answered GETs (median / 99th percentile, µs) and GETs answered per second, \
+         at loads offered as a multiple of the backends' total capacity ({:.0}/s), zipf {}:\n",
+        total, args.cache_skew
+    );
+    let _ = write!(t, "| offered |");
+    for s in systems {
+        let _ = write!(t, " {s} |");
+    }
+    let _ = writeln!(t, "\n|--:|{}", "--:|".repeat(systems.len()));
+    for load in args.latency_loads() {
+        let offered = args.offered_at(load);
+        let _ = write!(t, "| {offered:.0} ({load}x) |");
+        for &s in systems {
+            let p = sweep(medians, s, Sweep::Load)
+                .into_iter()
+                .find(|p| p.offered_rps == offered);
+            let cell = p.map_or_else(
+                || "-".to_string(),
+                |p| format!("{:.0} / {:.0} µs, {:.0}/s", p.p50_us, p.p99_us, p.get_rps),
+            );
+            let _ = write!(t, " {cell} |");
+        }
+        let _ = writeln!(t);
     }
     t
 }

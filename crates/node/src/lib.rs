@@ -95,6 +95,10 @@ pub struct NodeArgs {
     /// evaluation); 0 for no limit.
     #[arg(long, default_value_t = 400)]
     pub rule_rate: u32,
+    /// Longest a cache node's rule removal waits behind additions, in milliseconds (SwitchKV's
+    /// rule buffer: 2000); 0 sends every removal first (no rule buffer).
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    pub rule_buffer_ms: u64,
     /// A cache node that clients send every request to (SwitchKV's on-path look-through
     /// architecture): writes go on to the upstream instead of being refused, and what it does
     /// not answer over UDP goes on over UDP, as its client sent it (a backend over capacity
@@ -109,6 +113,22 @@ pub struct NodeArgs {
     /// 5); give backends and their cache node the same.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub top_k: u32,
+    /// Which hot-key reports a backend sends: both (SwitchKV's complete updates), periodic
+    /// only or instant only.
+    #[arg(long, value_enum, default_value_t = Reports::Both)]
+    pub reports: Reports,
+}
+
+/// The hot-key reports a SwitchKV backend sends (SwitchKV's Figures 15 to 17 compare them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Reports {
+    /// Periodic top-k reports and instant reports.
+    #[default]
+    Both,
+    /// The periodic top-k reports only.
+    Periodic,
+    /// The instant reports only.
+    Instant,
 }
 
 /// What a node does besides serving memcached.
@@ -137,7 +157,9 @@ impl Default for NodeArgs {
             upstream: None,
             cache_items: 10_000,
             rule_rate: 400,
+            rule_buffer_ms: 2000,
             top_k: 5,
+            reports: Reports::Both,
             look_through: false,
             look_aside: false,
         }
@@ -218,8 +240,12 @@ impl Node {
                 cfg.tracker.top_k = args.top_k as usize;
                 // The tracker must count at least as many keys as it reports.
                 cfg.tracker.capacity = cfg.tracker.capacity.max(4 * cfg.tracker.top_k);
+                if args.reports == Reports::Periodic {
+                    cfg.log_size = 0;
+                }
                 let (role, threads) = switchkv::BackendRole::start(
                     cfg,
+                    args.reports != Reports::Instant,
                     to,
                     control()?,
                     store.clone(),
@@ -243,6 +269,7 @@ impl Node {
                 cfg.cache.tracker.capacity =
                     cfg.cache.tracker.capacity.max(4 * cfg.cache.tracker.top_k);
                 cfg.cache.rules.rate = (args.rule_rate > 0).then_some(args.rule_rate);
+                cfg.cache.rules.max_delay = std::time::Duration::from_millis(args.rule_buffer_ms);
                 let (role, threads) = switchkv::CacheRole::start(
                     cfg,
                     control()?,

@@ -332,16 +332,20 @@ pub struct BackendRole {
     /// Calls made while serving a write (updates), one at a time.
     writes: Mutex<Link>,
     instant: Mutex<mpsc::SyncSender<Vec<u8>>>,
+    /// Whether it sends the periodic reports (the instant ones are off when the config's log
+    /// is).
+    periodic: bool,
     /// Its control port, named in its reports.
     control_port: u16,
     pub counters: RoleCounters,
 }
 
 impl BackendRole {
-    /// A backend reporting to the cache node whose control port is `cache`, serving its own
-    /// control port on `control`; `store` is the node's.
+    /// A backend reporting to the cache node whose control port is `cache` (periodically too
+    /// if `periodic`), serving its own control port on `control`; `store` is the node's.
     pub fn start(
         cfg: BackendConfig,
+        periodic: bool,
         cache: SocketAddr,
         control: TcpListener,
         store: Arc<Store>,
@@ -360,6 +364,7 @@ impl BackendRole {
             state: Mutex::new(state),
             writes: Mutex::new(Link::new(cache)),
             instant: Mutex::new(tx),
+            periodic,
             counters: RoleCounters::default(),
         });
         let reporter = {
@@ -388,7 +393,7 @@ impl BackendRole {
                 self.send_hot(&mut link, &key, store);
             }
             let report = lock(&self.state).report(self.clock.now());
-            if let Some(report) = report {
+            if let Some(report) = report.filter(|_| self.periodic) {
                 let loads: Vec<(&[u8], f64)> = report.iter().map(|(k, l)| (&**k, *l)).collect();
                 if link
                     .call(&Message::Report(self.control_port, loads), CALL_WAIT)
