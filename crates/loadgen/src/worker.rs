@@ -88,8 +88,11 @@ struct Pending {
     /// Latency is measured from here: the send in a closed loop, the scheduled send time in an
     /// open loop, so time spent queueing behind a slow sender counts.
     origin: Instant,
-    /// When it went to the socket; the UDP timeout runs from here.
+    /// When it went to the socket.
     sent: Instant,
+    /// A look-aside get sent on after the cache node's miss: when it went to the cache node.
+    /// Its timeout runs from there, as every other request's does from its send.
+    asked_cache: Option<Instant>,
     measured: bool,
     /// The key's index, for a look-aside get that goes on to the target.
     index: u64,
@@ -121,10 +124,18 @@ struct Lane {
     buf: Vec<u8>,
 }
 
+impl Pending {
+    /// When its UDP timeout started.
+    fn clock(&self) -> Instant {
+        self.asked_cache.unwrap_or(self.sent)
+    }
+}
+
 /// A request whose UDP reply is complete.
 struct Finished {
     outcome: Outcome,
     origin: Instant,
+    sent: Instant,
     measured: bool,
     index: u64,
 }
@@ -309,7 +320,12 @@ pub fn run(
             if let Some(front) = r.pending.front() {
                 outstanding = true;
                 if matches!(r.conn, Conn::Udp { .. }) {
-                    next = next.min(front.sent + plan.timeout);
+                    // A look-aside requester's queue is not in timeout order.
+                    let first = match r.aside {
+                        Some(_) => r.pending.iter().map(Pending::clock).min(),
+                        None => Some(front.clock()),
+                    };
+                    next = next.min(first.unwrap_or(front.clock()) + plan.timeout);
                 }
                 if let Some(fd) = r.raw_fd() {
                     fds.push(PollFd::readable(fd));
@@ -318,7 +334,7 @@ pub fn run(
             }
             if let Some(front) = r.aside.as_ref().and_then(|a| a.pending.front()) {
                 outstanding = true;
-                next = next.min(front.sent + plan.timeout);
+                next = next.min(front.clock() + plan.timeout);
                 if let Some(a) = &r.aside {
                     fds.push(PollFd::readable(a.sock.as_raw_fd()));
                     owners.push((i, true));
@@ -457,7 +473,9 @@ impl<'a> Worker<'a> {
     /// open loop every request whose scheduled time has come.
     fn send_due(&mut self, r: &mut Requester, now: Instant) {
         if r.arrivals.is_none() {
-            if r.pending.is_empty() && r.down.is_none() && !self.capped {
+            let idle =
+                r.pending.is_empty() && r.aside.as_ref().is_none_or(|a| a.pending.is_empty());
+            if idle && r.down.is_none() && !self.capped {
                 let origin = Instant::now();
                 self.issue(r, origin);
             }
@@ -521,6 +539,7 @@ impl<'a> Worker<'a> {
             op,
             origin,
             sent: origin,
+            asked_cache: None,
             measured,
             index,
             done: false,
@@ -635,6 +654,7 @@ impl<'a> Worker<'a> {
                 op: Op::Get,
                 origin: f.origin,
                 sent: f.origin,
+                asked_cache: Some(f.sent),
                 measured: f.measured,
                 index: f.index,
                 done: false,
@@ -697,6 +717,7 @@ impl<'a> Worker<'a> {
                     finished.push(Finished {
                         outcome: check_datagram_reply(protocol, p.op, &payload),
                         origin: p.origin,
+                        sent: p.sent,
                         measured: p.measured,
                         index: p.index,
                     });
@@ -773,8 +794,17 @@ impl<'a> Worker<'a> {
     fn check_timeouts(&mut self, r: &mut Requester, now: Instant) {
         if let Some(lane) = &mut r.aside {
             self.time_out(&mut lane.pending, now);
-        }
-        if matches!(r.conn, Conn::Udp { .. }) {
+            // Gets sent on after a miss keep their first clock, so the target's queue is not
+            // in timeout order: every request in it is looked at.
+            for p in r.pending.iter_mut() {
+                if !p.done && now.duration_since(p.clock()) >= self.plan.timeout {
+                    p.done = true;
+                    let measured = p.measured;
+                    self.count(measured, End::Timeout);
+                }
+            }
+            pop_done(&mut r.pending);
+        } else if matches!(r.conn, Conn::Udp { .. }) {
             self.time_out(&mut r.pending, now);
         }
     }
@@ -783,7 +813,7 @@ impl<'a> Worker<'a> {
     fn time_out(&mut self, pending: &mut VecDeque<Pending>, now: Instant) {
         // Requests leave in send order with one timeout, so only the front can be overdue.
         while let Some(p) = pending.front() {
-            if !p.done && now.duration_since(p.sent) < self.plan.timeout {
+            if !p.done && now.duration_since(p.clock()) < self.plan.timeout {
                 break;
             }
             let (done, measured) = (p.done, p.measured);

@@ -29,7 +29,8 @@ const POLL: Duration = Duration::from_millis(50);
 
 /// What became of a datagram offered to the relay.
 pub(crate) enum Offer {
-    /// Sent on; its reply, if any, comes back through the relay.
+    /// Sent on (its reply, if any, comes back through the relay), or dropped over the node's
+    /// capacity.
     Sent,
     /// The role answered it; the reply is in `out`.
     Answered,
@@ -43,6 +44,9 @@ struct Open {
     client: SocketAddr,
     request_id: u16,
     sent: Instant,
+    /// A quiet request (`noreply`, meta `q`, a quiet binary get): no reply may be its answer,
+    /// so one that never comes is not counted lost.
+    quiet: bool,
 }
 
 #[derive(Debug, Default)]
@@ -111,33 +115,52 @@ impl Relay {
         if request.bytes().len() != payload.len() {
             return Offer::Declined;
         }
+        // The node's capacity covers what it answers and what it sends on alike.
+        if let Some(bucket) = &shared.bucket {
+            let mut bucket = bucket.lock().unwrap_or_else(|e| e.into_inner());
+            if !bucket.try_take(Instant::now()) {
+                bump(&shared.store.counters.capacity_drops);
+                return Offer::Sent;
+            }
+        }
         match hooks.udp(&request, out) {
             UdpPath::Execute => Offer::Declined,
-            UdpPath::Answered => Offer::Answered,
+            UdpPath::Answered => {
+                bump(&shared.store.counters.requests);
+                Offer::Answered
+            }
             UdpPath::SendOn => {
-                self.send(shared, payload, client, request_id);
+                self.send(shared, payload, client, request_id, request.noreply());
                 Offer::Sent
             }
         }
     }
 
-    fn send(&self, shared: &Shared, payload: &[u8], client: SocketAddr, request_id: u16) {
+    fn send(
+        &self,
+        shared: &Shared,
+        payload: &[u8],
+        client: SocketAddr,
+        request_id: u16,
+        quiet: bool,
+    ) {
         let counters = &shared.store.counters;
         let now = Instant::now();
+        let open = Open {
+            client,
+            request_id,
+            sent: now,
+            quiet,
+        };
         let id = {
             let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
             table.sweep(now, &counters.relay_lost);
-            let id = table.next_id;
-            table.next_id = id.wrapping_add(1);
-            // Every id in use: the oldest request's reply is given up.
-            let open = Open {
-                client,
-                request_id,
-                sent: now,
-            };
-            if table.open.insert(id, open).is_some() {
+            // An id still open is skipped: a late reply to it must not reach another client.
+            let Some(id) = table.free_id() else {
                 bump(&counters.relay_lost);
-            }
+                return;
+            };
+            table.open.insert(id, open);
             id
         };
         let mut datagram = vec![0u8; mcudp::LEN];
@@ -161,9 +184,16 @@ impl Relay {
         let mut datagram = vec![0u8; 64 * 1024];
         while !shared.stopping() {
             let n = match self.socket.recv_from(&mut datagram) {
-                Ok((n, _)) => n,
+                Ok((n, from)) if from == self.upstream => n,
+                Ok(_) => {
+                    bump(&counters.relay_stray);
+                    continue;
+                }
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                    continue
+                    // Quiet: requests still waiting are given up on time all the same.
+                    let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+                    table.sweep(Instant::now(), &counters.relay_lost);
+                    continue;
                 }
                 Err(e) => {
                     tracing::debug!("relay receive failed: {e}");
@@ -199,6 +229,20 @@ impl Relay {
 }
 
 impl Table {
+    /// The next id not in use, if any is free.
+    fn free_id(&mut self) -> Option<u16> {
+        if self.open.len() > usize::from(u16::MAX) {
+            return None;
+        }
+        loop {
+            let id = self.next_id;
+            self.next_id = id.wrapping_add(1);
+            if !self.open.contains_key(&id) {
+                return Some(id);
+            }
+        }
+    }
+
     /// Forgets the requests that have waited longer than [`WAIT`], at most once per tenth of
     /// it.
     fn sweep(&mut self, now: Instant, lost: &std::sync::atomic::AtomicU64) {
@@ -209,10 +253,12 @@ impl Table {
             return;
         }
         self.swept = Some(now);
-        let before = self.open.len();
-        self.open
-            .retain(|_, o| now.saturating_duration_since(o.sent) < WAIT);
-        let gone = (before - self.open.len()) as u64;
+        let mut gone = 0;
+        self.open.retain(|_, o| {
+            let keep = now.saturating_duration_since(o.sent) < WAIT;
+            gone += u64::from(!keep && !o.quiet);
+            keep
+        });
         lost.fetch_add(gone, std::sync::atomic::Ordering::Relaxed);
     }
 }
@@ -228,6 +274,7 @@ mod tests {
             client: "127.0.0.1:1".parse().unwrap(),
             request_id: 7,
             sent,
+            quiet: false,
         }
     }
 
@@ -249,5 +296,33 @@ mod tests {
         table.sweep(t0 + WAIT * 2, &lost);
         assert!(table.open.is_empty());
         assert_eq!(lost.load(Ordering::Relaxed), 3);
+        // A quiet request that gets no reply is not lost.
+        table.open.insert(
+            4,
+            Open {
+                quiet: true,
+                ..open(t0)
+            },
+        );
+        table.sweep(t0 + WAIT * 3, &lost);
+        assert!(table.open.is_empty());
+        assert_eq!(lost.load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn ids_still_open_are_skipped_and_a_full_table_refuses() {
+        let t0 = Instant::now();
+        let mut table = Table {
+            next_id: u16::MAX,
+            ..Table::default()
+        };
+        table.open.insert(0, open(t0));
+        table.open.insert(1, open(t0));
+        assert_eq!(table.free_id(), Some(u16::MAX));
+        assert_eq!(table.free_id(), Some(2), "0 and 1 are open");
+        for id in 0..=u16::MAX {
+            table.open.insert(id, open(t0));
+        }
+        assert_eq!(table.free_id(), None);
     }
 }
