@@ -355,7 +355,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Run>> {
             .filter(|r| r.variant == Some(variant))
             .collect();
         if !runs.is_empty() {
-            let name = format!("{}, {}", System::SwitchKvUdp, variant.name());
+            let name = format!("SwitchKV, {}", variant.name());
             out.plot(
                 &format!(
                     "throughput-over-time-{}-{}",
