@@ -171,6 +171,15 @@ impl NodeArgs {
     pub fn burst(&self) -> u64 {
         self.burst.unwrap_or(self.capacity / 100).max(1)
     }
+
+    /// How a cache node's clients reach it (`--look-through`, `--look-aside`, or steered).
+    pub fn cache_path(&self) -> switchkv::CachePath {
+        match (self.look_through, self.look_aside) {
+            (true, _) => switchkv::CachePath::LookThrough,
+            (false, true) => switchkv::CachePath::LookAside,
+            (false, false) => switchkv::CachePath::Steered,
+        }
+    }
 }
 
 /// What the serving threads share.
@@ -186,6 +195,22 @@ pub(crate) struct Shared {
 impl Shared {
     pub fn stopping(&self) -> bool {
         self.stop.load(Ordering::Relaxed)
+    }
+
+    /// Takes a token for a UDP request, or counts it dropped over capacity (a UDP request is
+    /// never queued); true without a capacity limit.
+    pub(crate) fn udp_token(&self) -> bool {
+        let Some(bucket) = &self.bucket else {
+            return true;
+        };
+        let taken = bucket
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .try_take(Instant::now());
+        if !taken {
+            store::bump(&self.store.counters.capacity_drops);
+        }
+        taken
     }
 }
 
@@ -274,11 +299,7 @@ impl Node {
                     cfg,
                     control()?,
                     upstream,
-                    match (args.look_through, args.look_aside) {
-                        (true, _) => switchkv::CachePath::LookThrough,
-                        (false, true) => switchkv::CachePath::LookAside,
-                        (false, false) => switchkv::CachePath::Steered,
-                    },
+                    args.cache_path(),
                     rules,
                     roles.stop.clone(),
                 )?;
@@ -325,8 +346,8 @@ impl Node {
                     .context("failed to read the udp address")?,
             );
             // A look-through cache node sends what it does not answer on over UDP.
-            let relay = match (&args.upstream, args.role, args.look_through) {
-                (Some(upstream), Role::Cache, true) => {
+            let relay = match (&args.upstream, args.role, args.cache_path()) {
+                (Some(upstream), Role::Cache, switchkv::CachePath::LookThrough) => {
                     let relay = Arc::new(relay::Relay::new(&socket, *upstream)?);
                     node.threads
                         .push(relay::Relay::spawn(relay.clone(), node.shared.clone())?);

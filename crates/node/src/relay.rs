@@ -116,12 +116,8 @@ impl Relay {
             return Offer::Declined;
         }
         // The node's capacity covers what it answers and what it sends on alike.
-        if let Some(bucket) = &shared.bucket {
-            let mut bucket = bucket.lock().unwrap_or_else(|e| e.into_inner());
-            if !bucket.try_take(Instant::now()) {
-                bump(&shared.store.counters.capacity_drops);
-                return Offer::Sent;
-            }
+        if !shared.udp_token() {
+            return Offer::Sent;
         }
         match hooks.udp(&request, out) {
             UdpPath::Execute => Offer::Declined,

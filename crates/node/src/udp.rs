@@ -5,7 +5,7 @@ use std::io::ErrorKind;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use wire::mcudp::{self, Header};
@@ -75,17 +75,10 @@ pub(crate) const MAX_MESSAGE: usize = u16::MAX as usize * mcudp::MAX_PAYLOAD;
 fn execute(shared: &Shared, payload: &[u8], out: &mut Vec<u8>) {
     let mut refused = false;
     let mut admit = |_: &mut Vec<u8>| {
-        let Some(bucket) = &shared.bucket else {
-            return true;
-        };
-        if !refused {
-            refused = !bucket
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .try_take(Instant::now());
-        }
         if refused {
             bump(&shared.store.counters.capacity_drops);
+        } else {
+            refused = !shared.udp_token();
         }
         !refused
     };
@@ -148,6 +141,7 @@ fn reply(
 mod tests {
     use std::sync::atomic::AtomicBool;
     use std::sync::Mutex;
+    use std::time::Instant;
 
     use super::*;
     use crate::store::{read, Mode, Store};
