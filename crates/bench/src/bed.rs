@@ -671,28 +671,8 @@ impl Bed {
 /// Requests a `kvswitch node` at `addr` has taken: `requests` and `capacity_drops` of its
 /// `stats`, asked over TCP.
 fn node_requests(addr: SocketAddr) -> anyhow::Result<u64> {
-    use std::io::{Read, Write};
-    let wait = std::time::Duration::from_secs(2);
-    let mut s = std::net::TcpStream::connect_timeout(&addr, wait)
-        .with_context(|| format!("asking {addr} for its stats"))?;
-    s.set_read_timeout(Some(wait))?;
-    s.write_all(b"stats\r\n")?;
-    let mut reply = Vec::new();
-    let mut chunk = [0u8; 8192];
-    while !reply.ends_with(b"END\r\n") {
-        let n = s.read(&mut chunk)?;
-        if n == 0 {
-            bail!("{addr} closed the connection before the end of its stats");
-        }
-        reply.extend_from_slice(&chunk[..n]);
-    }
-    let text = String::from_utf8_lossy(&reply);
-    let stat = |name: &str| -> anyhow::Result<u64> {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("STAT {name} ")))
-            .and_then(|v| v.trim().parse().ok())
-            .with_context(|| format!("no {name} in the stats of {addr}"))
-    };
+    let stats = testbed::memcached_stats(addr)?;
+    let stat = |name| testbed::stat_u64(&stats, name, addr);
     Ok(stat("requests")? + stat("capacity_drops")?)
 }
 

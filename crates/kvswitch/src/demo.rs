@@ -2,8 +2,7 @@
 //! the keys went, and measures memcached direct, kvswitch (UDP) and nutcracker (TCP) side by
 //! side in one run. Tears everything down at the end, also on error.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
@@ -376,23 +375,6 @@ fn run_load(mut cmd: Command, json: &PathBuf) -> anyhow::Result<loadgen::Report>
 /// Asks one memcached how many items it holds.
 fn curr_items(live: &testbed::Live, host: &str, ip: &str) -> anyhow::Result<u64> {
     let addr: SocketAddr = format!("{ip}:11211").parse()?;
-    let text = live.in_host(host, move || -> std::io::Result<String> {
-        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-        s.set_read_timeout(Some(Duration::from_secs(2)))?;
-        s.write_all(b"stats\r\n")?;
-        let mut buf = Vec::new();
-        let mut chunk = [0u8; 4096];
-        while !buf.ends_with(b"END\r\n") {
-            let n = s.read(&mut chunk)?;
-            if n == 0 {
-                break;
-            }
-            buf.extend_from_slice(&chunk[..n]);
-        }
-        Ok(String::from_utf8_lossy(&buf).into_owned())
-    })??;
-    text.lines()
-        .find_map(|l| l.strip_prefix("STAT curr_items "))
-        .and_then(|v| v.trim().parse().ok())
-        .context("memcached sent no curr_items")
+    let stats = live.in_host(host, move || testbed::memcached_stats(addr))??;
+    testbed::stat_u64(&stats, "curr_items", addr)
 }

@@ -36,7 +36,9 @@ pub use config::{kvswitch_config, nutcracker_config};
 pub use down::{down, down_prefix, sweep};
 pub use history;
 pub use netns::in_netns;
-pub use probe::{http_get, memcached_udp_version, memcached_version, wait_for};
+pub use probe::{
+    http_get, memcached_stats, memcached_udp_version, memcached_version, stat_u64, wait_for,
+};
 pub use state::{HostState, NutcrackerState, ProcRecord, State};
 pub use topology::{
     check_prefix, Host, Mode, Role, Subnet, Topology, MAX_HOST_NAME, MAX_PREFIX, MEMCACHED_PORT,

@@ -1,6 +1,8 @@
 //! Readiness probes: a minimal HTTP/1.0 GET for kvswitch's API and a memcached `version`
-//! exchange, both with short timeouts so a dead daemon costs milliseconds, not minutes.
+//! exchange, both with short timeouts so a dead daemon costs milliseconds, not minutes; and a
+//! memcached's `stats`.
 
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
@@ -55,6 +57,44 @@ pub fn http(
         Some(code) if version.starts_with("HTTP/") => Ok((code, body.to_string())),
         _ => bail!("bad HTTP status line from {addr}: {status_line:?}"),
     }
+}
+
+/// How long reading a memcached's `stats` may take to connect, and then to read.
+const STATS_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The `stats` of a memcached (or a `kvswitch node`) at `addr`, over TCP: each `STAT name
+/// value` line's value, by name.
+pub fn memcached_stats(addr: SocketAddr) -> anyhow::Result<BTreeMap<String, String>> {
+    let mut s = TcpStream::connect_timeout(&addr, STATS_TIMEOUT)
+        .with_context(|| format!("asking {addr} for its stats"))?;
+    s.set_read_timeout(Some(STATS_TIMEOUT))?;
+    s.write_all(b"stats\r\n")?;
+    let mut reply = Vec::new();
+    let mut chunk = [0u8; 8192];
+    while !reply.ends_with(b"END\r\n") {
+        let n = s.read(&mut chunk)?;
+        if n == 0 {
+            bail!("{addr} closed the connection before the end of its stats");
+        }
+        reply.extend_from_slice(&chunk[..n]);
+    }
+    Ok(String::from_utf8_lossy(&reply)
+        .lines()
+        .filter_map(|l| l.strip_prefix("STAT ")?.split_once(' '))
+        .map(|(name, value)| (name.to_string(), value.trim().to_string()))
+        .collect())
+}
+
+/// One counter of [`memcached_stats`]' answer from `addr`, as a number.
+pub fn stat_u64(
+    stats: &BTreeMap<String, String>,
+    name: &str,
+    addr: SocketAddr,
+) -> anyhow::Result<u64> {
+    stats
+        .get(name)
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("no {name} in the stats of {addr}"))
 }
 
 /// Sends `version\r\n` to a memcached (or nutcracker) at `addr` and returns the reply line.
