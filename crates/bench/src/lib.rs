@@ -113,19 +113,25 @@ pub fn run(scenario: &Scenario) -> anyhow::Result<()> {
     }
 }
 
-/// Every testbed scenario with its default settings and the shared ones, each into
-/// `<out>/<scenario>` (default `results/<scenario>`).
-fn run_all(common: &Common) -> anyhow::Result<()> {
-    let sub = |name: &str| Common {
+/// `common` for one scenario of several: its results in `<out>/<name>`, `<default>/<name>`
+/// without `--out`.
+fn within(common: &Common, default: &str, name: &str) -> Common {
+    Common {
         out: Some(
             common
                 .out
                 .clone()
-                .unwrap_or_else(|| PathBuf::from("results"))
+                .unwrap_or_else(|| PathBuf::from(default))
                 .join(name),
         ),
         ..common.clone()
-    };
+    }
+}
+
+/// Every testbed scenario with its default settings and the shared ones, each into
+/// `<out>/<scenario>` (default `results/<scenario>`).
+fn run_all(common: &Common) -> anyhow::Result<()> {
+    let sub = |name: &str| within(common, "results", name);
     latency::run(&latency::Args::with(sub(latency::NAME)))?;
     value_size::run(&value_size::Args::with(sub(value_size::NAME)))?;
     skew::run(&skew::Args::with(sub(skew::NAME)))?;
@@ -137,16 +143,7 @@ fn run_all(common: &Common) -> anyhow::Result<()> {
 /// The scenarios that compare SwitchKV with kvswitch's cache, at `args.servers` backends,
 /// each into `<out>/<scenario>` (default `results/switchkv/<scenario>`).
 fn run_switchkv(args: &SwitchkvArgs) -> anyhow::Result<()> {
-    let sub = |name: &str| Common {
-        out: Some(
-            args.common
-                .out
-                .clone()
-                .unwrap_or_else(|| PathBuf::from("results").join("switchkv"))
-                .join(name),
-        ),
-        ..args.common.clone()
-    };
+    let sub = |name: &str| within(&args.common, "results/switchkv", name);
     let mut skew = skew::Args::with(sub(skew::NAME));
     skew.servers = args.servers;
     skew.capacity = args.capacity;
