@@ -425,3 +425,53 @@ fn each_cache_node_serves_the_keys_of_its_own_backends() {
     }
     live.down().expect("down");
 }
+
+/// SwitchKV's own clients (section 3.1.1, `kvswitch load --switchkv`): each query carries its
+/// key's hash in the destination MAC and its backend's address as the destination, and never
+/// passes kvswitch's key router. Reads of hot keys are steered by their hash to the cache node
+/// and answered there, the rest and every write reach the backend the client named, and every
+/// request is answered with the right kind of reply.
+#[test]
+fn switchkv_clients_queries_reach_the_cache_node_or_their_backend_by_their_mac() {
+    const NATIVE: &str = "kskn";
+    let live = bed_of(NATIVE, &[CACHE], &SERVERS);
+    let mut args = loadgen::LoadArgs::new(vip(&live).to_string());
+    args.switchkv = Some(live.state.config_path.clone());
+    args.keys = 200;
+    args.key_prefix = format!("native:{}:", std::process::id());
+    args.dist = "zipf:0.99".parse().expect("dist");
+    args.get_ratio = 0.95;
+    args.preload = true;
+    args.concurrency = 4;
+    args.threads = Some(1);
+    args.warmup = 1.5;
+    args.duration = 3.0;
+    args.timeout_ms = 500;
+    args.quiet = true;
+    let before = status(&live)["counters"].clone();
+    let served_before = cache_stat(&live, "served").unwrap_or(0);
+    let report = live
+        .in_host("c1", move || loadgen::run(&args))
+        .expect("in the host")
+        .expect("load");
+    let after = status(&live)["counters"].clone();
+    let grew = |name: &str| after[name].as_u64().unwrap_or(0) - before[name].as_u64().unwrap_or(0);
+    let served = cache_stat(&live, "served").unwrap_or(0) - served_before;
+    // Every key was set first: every get finds its value, wherever it is answered.
+    assert!(report.gets > 100 && report.sets > 0, "{report:?}");
+    assert_eq!(report.misses, 0, "{report:?}");
+    assert_eq!(report.errors + report.bad_datagrams, 0, "{report:?}");
+    assert!(report.timeouts * 50 <= report.requests, "{report:?}");
+    // The switch saw them as SwitchKV's queries, not as requests to route by key (only the
+    // preload went to the VIP).
+    assert!(grew("switchkv_gets") >= report.gets, "{after}");
+    assert!(grew("switchkv_others") >= report.sets, "{after}");
+    assert!(grew("kv_requests") <= 2 * 200, "{after}");
+    // The hot keys' reads were steered to the cache node and answered there.
+    assert!(steer_entries(&live) > 0);
+    assert!(
+        served * 5 >= report.gets,
+        "cache node served {served} of {} gets",
+        report.gets
+    );
+}

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod arrival;
 pub mod binary;
+pub mod encoded;
 pub mod frame;
 mod poll;
 mod preload;
@@ -165,6 +166,15 @@ pub struct LoadArgs {
     #[arg(long, value_name = "ADDR:PORT")]
     #[serde(default)]
     pub look_aside: Option<String>,
+    /// SwitchKV's clients: every request leaves as a raw frame with its key's hash in the
+    /// destination MAC (the get prefix for reads, the other for writes) and its backend's
+    /// address as the destination, placed as the pool in CONFIG (the switch's kvswitch
+    /// configuration) places keys; the switch sends a read to its key's cache node when it
+    /// has a rule for it. Replies come to the requesters' sockets from the target, a backend
+    /// or a cache node. UDP only; needs CAP_NET_RAW.
+    #[arg(long, value_name = "CONFIG")]
+    #[serde(default)]
+    pub switchkv: Option<PathBuf>,
     /// Number of distinct keys.
     #[arg(long, default_value_t = 10_000)]
     pub keys: u64,
@@ -253,6 +263,7 @@ impl LoadArgs {
             target: target.into(),
             proto: Proto::Udp,
             look_aside: None,
+            switchkv: None,
             keys: 10_000,
             key_prefix: "key:".into(),
             dist: Dist::Uniform,
@@ -311,6 +322,12 @@ impl LoadArgs {
         }
         if self.look_aside.is_some() && self.proto != Proto::Udp {
             bail!("--look-aside asks its cache node over UDP: use --proto udp");
+        }
+        if self.switchkv.is_some() && self.proto != Proto::Udp {
+            bail!("--switchkv encodes keys in UDP queries: use --proto udp");
+        }
+        if self.switchkv.is_some() && self.look_aside.is_some() {
+            bail!("--switchkv and --look-aside are two kinds of client: choose one");
         }
         if let Some(rate) = self.rate {
             if !rate.is_finite() || rate <= 0.0 || rate > 1e9 {
@@ -427,6 +444,12 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<Report> {
     args.validate()?;
     let target = resolve(&args.target)?;
     let aside = args.look_aside.as_deref().map(resolve).transpose()?;
+    let placement = args
+        .switchkv
+        .as_deref()
+        .map(encoded::Placement::from_config)
+        .transpose()?
+        .map(Arc::new);
     if args.preload {
         preload(
             target,
@@ -455,6 +478,9 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<Report> {
         )?;
         if let Some(cache) = aside {
             r = r.look_aside(cache)?;
+        }
+        if let Some(placement) = &placement {
+            r = r.encoded(target, placement.clone())?;
         }
         groups[i % threads].push(r);
     }

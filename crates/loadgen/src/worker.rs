@@ -14,6 +14,7 @@ use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -22,12 +23,14 @@ use rand::rngs::SmallRng;
 use rand::Rng;
 
 use crate::arrival::Arrivals;
+use crate::encoded::{Encoder, Placement};
 use crate::frame::{parse_header, DropReason, Header, Push, Reassembly, HEADER_LEN};
 use crate::poll::{self, PollFd};
 use crate::report::{new_series_histogram, Slice, Stats};
 use crate::text::{self, Op, Outcome};
 use crate::zipf::{KeyGen, Ranking};
 use crate::{binary, Proto, Protocol};
+use wire::keymac::Kind;
 
 /// How long a TCP (re)connect may take; during a run never longer than the time left.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -73,6 +76,8 @@ enum Conn {
     Udp {
         sock: UdpSocket,
         next_id: u16,
+        /// SwitchKV's client: requests leave as frames with their key in the destination MAC.
+        encoder: Option<Encoder>,
     },
     Tcp {
         stream: Option<TcpStream>,
@@ -156,6 +161,7 @@ impl Requester {
                 // A random first id makes replies meant for an earlier run's socket on the
                 // same port unlikely to match.
                 next_id: rng.gen(),
+                encoder: None,
             },
             Proto::Tcp => Conn::Tcp {
                 stream: Some(tcp_connect(target)?),
@@ -182,6 +188,32 @@ impl Requester {
             pending: VecDeque::new(),
             buf: Vec::with_capacity(256),
         });
+        Ok(self)
+    }
+
+    /// Makes the requester one of SwitchKV's clients: its requests leave as frames encoded
+    /// for `placement`, from the address its socket to `target` has, and its socket takes
+    /// replies from any sender (the backend or cache node answers).
+    pub fn encoded(
+        mut self,
+        target: SocketAddr,
+        placement: Arc<Placement>,
+    ) -> anyhow::Result<Requester> {
+        let Conn::Udp { sock, encoder, .. } = &mut self.conn else {
+            anyhow::bail!("--switchkv encodes keys in UDP queries: use --proto udp");
+        };
+        let SocketAddr::V4(route) = sock.local_addr().context("local address")? else {
+            anyhow::bail!("--switchkv needs an IPv4 target, got {target}");
+        };
+        // The connected socket's address is the one the route to the target leaves from.
+        let open = UdpSocket::bind((*route.ip(), 0)).context("failed to bind UDP socket")?;
+        open.set_nonblocking(true)
+            .context("failed to make UDP socket non-blocking")?;
+        let SocketAddr::V4(source) = open.local_addr().context("local address")? else {
+            anyhow::bail!("--switchkv needs an IPv4 target, got {target}");
+        };
+        *encoder = Some(Encoder::open(source, placement)?);
+        *sock = open;
         Ok(self)
     }
 
@@ -552,6 +584,7 @@ impl<'a> Worker<'a> {
                 }
                 if !send_udp(
                     &lane.sock,
+                    None,
                     &mut lane.next_id,
                     &mut lane.buf,
                     plan,
@@ -572,9 +605,22 @@ impl<'a> Worker<'a> {
             return self.count(p.measured, End::Error);
         }
         match &mut r.conn {
-            Conn::Udp { sock, next_id } => {
+            Conn::Udp {
+                sock,
+                next_id,
+                encoder,
+            } => {
                 let measured = p.measured;
-                if !send_udp(sock, next_id, &mut r.req, plan, p, &mut r.pending) {
+                let sent = send_udp(
+                    sock,
+                    encoder.as_mut(),
+                    next_id,
+                    &mut r.req,
+                    plan,
+                    p,
+                    &mut r.pending,
+                );
+                if !sent {
                     self.count(measured, End::Error);
                 }
             }
@@ -856,6 +902,7 @@ fn pop_done(pending: &mut VecDeque<Pending>) {
 /// their request).
 fn send_udp(
     sock: &UdpSocket,
+    encoder: Option<&mut Encoder>,
     next_id: &mut u16,
     buf: &mut Vec<u8>,
     plan: &Plan,
@@ -870,7 +917,18 @@ fn send_udp(
     write_request(buf, p.op, plan, p.index, p.id);
     // The clock starts before the send syscall: it is part of the latency.
     p.sent = Instant::now();
-    let ok = sock.send(buf).is_ok();
+    let ok = match encoder {
+        Some(e) => {
+            let mut key = Vec::with_capacity(plan.key_prefix.len() + 20);
+            text::write_key(&mut key, &plan.key_prefix, p.index);
+            let kind = match p.op {
+                Op::Get => Kind::Get,
+                Op::Set => Kind::Other,
+            };
+            e.send(kind, &key, buf).is_ok()
+        }
+        None => sock.send(buf).is_ok(),
+    };
     buf.clear();
     if ok {
         *next_id = next_id.wrapping_add(1);

@@ -282,6 +282,10 @@ pub struct Stats {
     pub answers: [AtomicU64; Answer::ALL.len()],
     /// memcached requests to the VIP seen (valid or not).
     pub kv_requests: AtomicU64,
+    /// Queries a SwitchKV client encoded (key hash in the destination MAC, backend in the
+    /// destination IP): reads, and everything else.
+    pub switchkv_gets: AtomicU64,
+    pub switchkv_others: AtomicU64,
     /// Requests forwarded to exactly one server unchanged.
     pub kv_forwarded: AtomicU64,
     /// Multi-key gets split across servers.
@@ -309,6 +313,8 @@ impl Stats {
             drops: std::array::from_fn(|_| AtomicU64::new(0)),
             answers: std::array::from_fn(|_| AtomicU64::new(0)),
             kv_requests: AtomicU64::new(0),
+            switchkv_gets: AtomicU64::new(0),
+            switchkv_others: AtomicU64::new(0),
             kv_forwarded: AtomicU64::new(0),
             kv_split: AtomicU64::new(0),
             kv_replicated: AtomicU64::new(0),

@@ -17,7 +17,7 @@ use switch::spec;
 use switch::stats::{self, Drop, Stats};
 use switch::{Emit, Fate, Switch, SwitchSpec};
 use wire::ethernet::Mac;
-use wire::mcudp;
+use wire::{keymac, mcudp};
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 100);
 const CLIENT_MAC: Mac = Mac([2, 0, 0, 0, 0, 1]);
@@ -619,6 +619,74 @@ fn reads_of_a_steered_key_go_to_the_cache_node_and_nothing_else_does() {
     assert_eq!(send(&mut sw, get("hot")), Fate::Out(owner));
 }
 
+/// A SwitchKV client's query for `key` of `kind` to server `server`'s address: the key's
+/// hash in the destination MAC, the request in the payload.
+fn encoded(kind: keymac::Kind, key: &str, server: u8, request: &str) -> Vec<u8> {
+    let mut payload = vec![0u8; mcudp::LEN];
+    mcudp::Header::single(7).emit(&mut payload);
+    payload.extend_from_slice(request.as_bytes());
+    let server_ip = Ipv4Addr::new(10, 0, 1, server + 1);
+    let mut f = frame_from(CLIENT_MAC, CLIENT_IP, server_ip, &payload);
+    f[..6].copy_from_slice(&keymac::encode(kind, HashFn::Md5.hash(key.as_bytes())).0);
+    f
+}
+
+#[test]
+fn a_switchkv_clients_queries_go_to_the_cache_node_of_their_key_or_their_backend() {
+    let (mut sw, stats) = rig();
+    let cache_mac = Mac([2, 0, 0, 0, 9, 9]);
+    let cache_ip = Ipv4Addr::new(10, 0, 1, 9);
+    sw.set_interface(
+        5,
+        serde_json::from_value(json!({
+            "eth_dst": cache_mac.to_string(),
+            "eth_src": "02:00:00:00:00:64",
+            "port": 3,
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+    sw.apply(vec![add(
+        switch::control::STEER,
+        json!({
+            "match": {"one_read": 1, "key_hash": HashFn::Md5.hash(b"hot")},
+            "actions": [{"set_ipv4_dst": cache_ip.to_string()}, {"interface": 5}]
+        }),
+    )])
+    .unwrap();
+    // A read of a steered key goes to the cache node, rewritten for it.
+    let mut frame = encoded(keymac::Kind::Get, "hot", 1, "get hot\r\n");
+    assert_eq!(
+        sw.process(0, &mut frame, true, NOW, &mut Vec::new()),
+        Fate::Out(3)
+    );
+    assert_eq!(&frame[0..6], &cache_mac.0[..]);
+    assert_eq!(&frame[30..34], &cache_ip.octets()[..]);
+    // The other prefix (a write, or a read the cache node sends on) goes to the backend the
+    // client named, with its MAC; so does a read of a key nobody steers.
+    for (kind, key, server) in [
+        (keymac::Kind::Other, "hot", 1u8),
+        (keymac::Kind::Get, "cold", 1),
+        (keymac::Kind::Get, "cold", 0),
+    ] {
+        let mut frame = encoded(kind, key, server, "get x\r\n");
+        let fate = sw.process(0, &mut frame, true, NOW, &mut Vec::new());
+        assert_eq!(fate, Fate::Out(1 + u16::from(server)), "{kind:?} {key}");
+        assert_eq!(&frame[0..6], &server_mac(server).0[..]);
+        assert_eq!(&frame[30..34], &[10, 0, 1, server + 1]);
+    }
+    assert_eq!(stats::get(&stats.switchkv_gets), 3);
+    assert_eq!(stats::get(&stats.switchkv_others), 1);
+    // A query prefix to an address that is no server's, or to a server's other port, is not a
+    // query: switched as any frame to an unknown MAC is.
+    let mut stray = encoded(keymac::Kind::Get, "hot", 7, "get hot\r\n");
+    assert_eq!(send(&mut sw, stray.clone()), Fate::Flood);
+    stray = encoded(keymac::Kind::Get, "hot", 1, "get hot\r\n");
+    stray[36..38].copy_from_slice(&11212u16.to_be_bytes());
+    assert_eq!(send(&mut sw, stray), Fate::Flood);
+    assert_eq!(stats::get(&stats.switchkv_gets), 3);
+}
+
 #[test]
 fn a_frame_goes_out_of_the_port_it_is_sent_to() {
     let (mut sw, _) = rig();
@@ -642,6 +710,7 @@ fn the_program_tables_are_listed_read_only() {
         [
             "acl",
             "kv_steer",
+            "kv_backend",
             "arp_vip",
             "kv_route",
             "local_in",
@@ -650,7 +719,10 @@ fn the_program_tables_are_listed_read_only() {
         ]
     );
     // `acl` and `kv_steer` take the operator's entries; the program's own tables do not.
-    assert!(tables[0].writable && tables[1].writable && !tables[2].writable);
+    assert!(tables[0].writable && tables[1].writable);
+    assert!(tables[2..].iter().all(|t| !t.writable));
+    // One `kv_backend` entry per server.
+    assert_eq!(sw.entries("kv_backend").unwrap().len(), 2);
     let route = sw.entries("kv_route").unwrap();
     assert_eq!(route.len(), 1);
     assert_eq!(

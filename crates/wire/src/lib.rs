@@ -9,6 +9,7 @@ pub mod arp;
 pub mod checksum;
 pub mod ethernet;
 pub mod ipv4;
+pub mod keymac;
 pub mod mcudp;
 pub mod memcache;
 pub mod switchkv;

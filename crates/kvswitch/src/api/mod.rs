@@ -382,6 +382,19 @@ pub fn metrics(shared: &Shared) -> String {
             get(&s.answers[a as usize])
         );
     }
+    family(
+        &mut out,
+        "kvswitch_switchkv_queries_total",
+        "counter",
+        "Queries a SwitchKV client encoded (key hash in the destination MAC), by prefix.",
+    );
+    for (kind, n) in [("get", &s.switchkv_gets), ("other", &s.switchkv_others)] {
+        let _ = writeln!(
+            out,
+            "kvswitch_switchkv_queries_total{{kind=\"{kind}\"}} {}",
+            get(n)
+        );
+    }
     let singles: [(&str, &str, u64); 11] = [
         (
             "kvswitch_kv_requests_total",
@@ -524,6 +537,8 @@ pub fn status(shared: &Shared) -> serde_json::Value {
         "ports": ports,
         "counters": {
             "kv_requests": get(&s.kv_requests),
+            "switchkv_gets": get(&s.switchkv_gets),
+            "switchkv_others": get(&s.switchkv_others),
             "kv_forwarded": get(&s.kv_forwarded),
             "kv_split": get(&s.kv_split),
             "kv_replicated": get(&s.kv_replicated),

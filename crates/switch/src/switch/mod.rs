@@ -23,7 +23,7 @@ use pipeline::{
 };
 use wire::ethernet::{self, EtherType, Mac};
 use wire::memcache::{self, Command, Protocol};
-use wire::{arp, ipv4, mcudp, udp};
+use wire::{arp, ipv4, keymac, mcudp, udp};
 
 use crate::cache::CacheService;
 use crate::frame::{self, UdpEnds};
@@ -93,6 +93,9 @@ const CPU_ARP: u16 = 200;
 const FLAG_PLAIN_UDP: u32 = 1;
 /// The same for TCP: addresses and ports at the same offsets as for UDP.
 const FLAG_PLAIN_TCP: u32 = 2;
+/// A plain UDP query a SwitchKV client encoded ([`wire::keymac`]) for the backend in its
+/// destination IP: `kv_backend` sends it there.
+const FLAG_SWITCHKV: u32 = 4;
 /// Register 0 holds this when the parser stage routed the frame by key (a memcached request to
 /// the VIP); no table matches on it.
 const REG_ROUTED: usize = 0;
@@ -156,6 +159,8 @@ struct Tables {
     cache: Option<TableId>,
     /// `kv_steer`: the operator's entries that send reads of one key elsewhere.
     steer: TableId,
+    /// `kv_backend`: a SwitchKV client's query to the backend in its destination IP.
+    backend: TableId,
     /// The operator's table in front of the program.
     acl: TableId,
     /// The program's first table, where `acl` goes on to.
@@ -424,6 +429,25 @@ impl Switch {
             members,
             Box::new(RingChooser(self.view.clone())),
         )?;
+        // A SwitchKV client's queries go to the server at their destination IP (the newest
+        // at an address, as its replies are counted).
+        for (&ip, &i) in &self.backend_by_ip {
+            let mut key = Vec::with_capacity(8);
+            key.extend_from_slice(&(FLAG_PLAIN_UDP | FLAG_SWITCHKV).to_be_bytes());
+            key.extend_from_slice(&ip.octets());
+            let actions = match self.backend_macs.get(i).copied().flatten() {
+                Some(mac) => vec![Action::SetEthDst(mac.0), Action::Goto(self.tables.l2)],
+                None => vec![Action::Drop(Drop::BackendUnresolved.code())],
+            };
+            let entry = Entry::exact(key.clone(), actions.clone());
+            if let Err(pipeline::Error::DuplicateKey(id)) =
+                self.pipeline.insert(self.tables.backend, entry)
+            {
+                self.pipeline.remove(self.tables.backend, id)?;
+                self.pipeline
+                    .insert(self.tables.backend, Entry::exact(key, actions))?;
+            }
+        }
         Ok(())
     }
 

@@ -66,6 +66,11 @@ impl Switch {
                 return Stage::Done(Fate::Consumed);
             }
         }
+        if plain_udp && !for_vip && !for_agent {
+            if let Some(stage) = self.switchkv_query(dst_mac, dst_ip, ip.payload()) {
+                return stage;
+            }
+        }
         if !(for_vip || for_agent) || ip.protocol() != ipv4::Protocol::UDP {
             return Stage::Continue {
                 flags: plain_flags,
@@ -216,6 +221,32 @@ impl Switch {
                 Stage::Done(Fate::Consumed)
             }
         }
+    }
+
+    /// A query a SwitchKV client encoded ([`keymac`]): to a backend's address and memcached
+    /// port, with a query prefix in the destination MAC. Its key hash is the MAC's; a client's
+    /// read is marked as one read, so that `kv_steer` may send it to a cache node, unless the
+    /// switch's own cache is on (it answers only reads it parsed); `kv_backend` sends the rest
+    /// to the backend. Its payload is not read: the client chose the backend.
+    fn switchkv_query(&self, dst_mac: Mac, dst_ip: Ipv4Addr, l4: &[u8]) -> Option<Stage> {
+        let (kind, key_hash) = keymac::decode(dst_mac)?;
+        let &i = self.backend_by_ip.get(&dst_ip)?;
+        let u = udp::Packet::new_checked(l4).ok()?;
+        if u.dst_port() != self.spec.servers.get(i)?.addr.port() {
+            return None;
+        }
+        let get = kind == keymac::Kind::Get;
+        stats::inc(match get {
+            true => &self.stats.switchkv_gets,
+            false => &self.stats.switchkv_others,
+        });
+        Some(Stage::Continue {
+            flags: FLAG_PLAIN_UDP | FLAG_SWITCHKV,
+            key_hash,
+            routed: true,
+            read: None,
+            one_read: get && self.cache.is_none(),
+        })
     }
 
     /// Decides where the requests of one datagram go: all to one server, answered here, split,

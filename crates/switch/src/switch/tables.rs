@@ -18,7 +18,8 @@ pub(super) fn bytes_field(offset: u16, len: u8) -> Field {
 
 /// The switch's behaviour as tables, after `acl` (ternary, empty: the operator's, whose miss
 /// goes on to the program), `kv_cache` (with the cache) and `kv_steer` (exact on a read's
-/// one-read mark and key hash, empty: the operator's, for reads steered to a cache node):
+/// one-read mark and key hash, empty: the operator's, for reads steered to a cache node),
+/// `kv_backend` (a SwitchKV client's queries to the backend at their destination IP):
 /// 0 `arp_vip`: ARP requests for the VIP (or agent address) go to the CPU; ARP replies to the
 ///   addresses of the host's end of the local port go out of the local port;
 /// 1 `kv_route`: UDP to the VIP's memcached port is hashed by key onto the ring; TCP to it goes
@@ -70,6 +71,16 @@ pub(super) fn build_tables(p: &mut Pipeline, spec: &SwitchSpec) -> Result<Tables
             name: crate::control::STEER.into(),
             kind: MatchKind::Exact,
             key: vec![Field::Reg(REG_CACHE as u8), Field::KeyHash],
+            miss: vec![],
+        })
+        .map_err(e)?;
+    // A SwitchKV client's queries that no steering entry took: to the backend at their
+    // destination IP (an entry per server, kept by `install_members`).
+    let backend_t = p
+        .add_table(TableSpec {
+            name: "kv_backend".into(),
+            kind: MatchKind::Exact,
+            key: vec![Field::Flags, bytes_field(OFF_IP_DST, 4)],
             miss: vec![],
         })
         .map_err(e)?;
@@ -140,7 +151,10 @@ pub(super) fn build_tables(p: &mut Pipeline, spec: &SwitchSpec) -> Result<Tables
         p.set_miss(cache_t, vec![Action::Goto(steer_t)])
             .map_err(e)?;
     }
-    p.set_miss(steer_t, vec![Action::Goto(arp_t)]).map_err(e)?;
+    p.set_miss(steer_t, vec![Action::Goto(backend_t)])
+        .map_err(e)?;
+    p.set_miss(backend_t, vec![Action::Goto(arp_t)])
+        .map_err(e)?;
     p.set_miss(arp_t, vec![Action::Goto(route_t)]).map_err(e)?;
     p.set_miss(route_t, vec![Action::Goto(local_t)])
         .map_err(e)?;
@@ -212,6 +226,7 @@ pub(super) fn build_tables(p: &mut Pipeline, spec: &SwitchSpec) -> Result<Tables
         ring,
         cache: cache_t,
         steer: steer_t,
+        backend: backend_t,
         acl,
         program,
         local_in: local_t,
