@@ -459,7 +459,7 @@ fn would_block_or_interrupted(e: &io::Error) -> bool {
 }
 
 /// Resolves an interface name, with errors that name it.
-fn if_index(ifname: &str) -> io::Result<u32> {
+pub(crate) fn if_index(ifname: &str) -> io::Result<u32> {
     if ifname.is_empty() || ifname.len() >= libc::IFNAMSIZ || ifname.contains(['\0', '/']) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -483,7 +483,7 @@ fn if_index(ifname: &str) -> io::Result<u32> {
     Ok(index)
 }
 
-fn sockaddr_ll(ifindex: u32) -> libc::sockaddr_ll {
+pub(crate) fn sockaddr_ll(ifindex: u32) -> libc::sockaddr_ll {
     libc::sockaddr_ll {
         sll_family: libc::AF_PACKET as libc::c_ushort,
         sll_protocol: 0,
@@ -504,7 +504,7 @@ fn set_buffer(sock: RawFd, force: libc::c_int, plain: libc::c_int, bytes: usize)
 
 /// The hardware address of the interface a bound packet socket is on; the kernel reports it
 /// through `getsockname`.
-fn local_mac(sock: RawFd) -> io::Result<[u8; 6]> {
+pub(crate) fn local_mac(sock: RawFd) -> io::Result<[u8; 6]> {
     let mut addr = sockaddr_ll(0);
     let mut len = size_of::<libc::sockaddr_ll>() as libc::socklen_t;
     // SAFETY: `addr` is a writable sockaddr_ll and `len` its size; the kernel writes at most

@@ -15,6 +15,7 @@ pub mod link;
 mod mem;
 mod port;
 mod ring;
+mod sender;
 mod sys;
 mod waker;
 
@@ -23,4 +24,5 @@ pub use batch::{Batch, FRAME_CAP, MAX_BATCH};
 pub use link::VethPair;
 pub use mem::{mem_pair, MemPort, MEM_QUEUE_LIMIT};
 pub use port::{wait_readable, Poller, Port, PortStats};
+pub use sender::FrameSender;
 pub use waker::Waker;

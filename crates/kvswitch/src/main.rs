@@ -210,7 +210,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Bench { scenario } => bench::run(&scenario),
         Cmd::Node { node, steer } => {
             let rules = match node.role {
-                node::Role::Cache => kvswitch::steer::rule_sink(&steer, node.listen)?,
+                node::Role::Cache => kvswitch::steer::rule_sink(&steer, node.listen, &node.hash)?,
                 _ => None,
             };
             node::run_with(&node, rules)

@@ -41,9 +41,6 @@ pub struct SteerArgs {
     /// The switch's VIP, the source of the cache node's replies as clients see them.
     #[arg(long)]
     pub vip: Option<Ipv4Addr>,
-    /// The switch pool's hash function, which the switch hashes keys with.
-    #[arg(long, default_value = "md5")]
-    pub hash: String,
 }
 
 /// The rule sink of a cache node at `cache` (its address and memcached port), installing
@@ -52,6 +49,7 @@ pub struct SteerArgs {
 pub fn rule_sink(
     args: &SteerArgs,
     cache: SocketAddr,
+    hash: &str,
 ) -> anyhow::Result<Option<node::switchkv::RuleSink>> {
     let Some(api) = args.switch_api else {
         return Ok(None);
@@ -65,10 +63,9 @@ pub fn rule_sink(
     let SocketAddr::V4(cache) = cache else {
         anyhow::bail!("a cache node steered to by a switch listens on IPv4");
     };
-    let hash: HashFn = args
-        .hash
+    let hash: HashFn = hash
         .parse()
-        .map_err(|e| anyhow::anyhow!("--hash {}: {e}", args.hash))?;
+        .map_err(|e| anyhow::anyhow!("--hash {hash}: {e}"))?;
     let client = Client {
         api,
         token: crate::ctl::token(args.switch_token_file.as_deref())?,

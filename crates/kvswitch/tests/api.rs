@@ -862,9 +862,8 @@ fn a_cache_nodes_rules_steer_reads_of_its_keys_through_the_api() {
         switch_token_file: None,
         steer_interface: Some(6),
         vip: Some(Ipv4Addr::new(10, 0, 0, 100)),
-        hash: "md5".into(),
     };
-    let mut sink = kvswitch::steer::rule_sink(&steer, "10.0.1.9:11211".parse().unwrap())
+    let mut sink = kvswitch::steer::rule_sink(&steer, "10.0.1.9:11211".parse().unwrap(), "md5")
         .unwrap()
         .expect("a sink when a switch is named");
     // The cache node's replies leave with the VIP as source.
@@ -920,7 +919,8 @@ fn a_cache_nodes_rules_steer_reads_of_its_keys_through_the_api() {
     // Started again: its reply entry is kept, not added twice, and its old steering entries
     // (to a node that holds nothing now) are gone.
     drop(sink);
-    let again = kvswitch::steer::rule_sink(&steer, "10.0.1.9:11211".parse().unwrap()).unwrap();
+    let again =
+        kvswitch::steer::rule_sink(&steer, "10.0.1.9:11211".parse().unwrap(), "md5").unwrap();
     assert!(again.is_some());
     let acl = c.call("GET", "/api/v1/tables/acl/entries", None).unwrap();
     assert_eq!(acl["entries"].as_array().unwrap().len(), 1, "{acl}");
@@ -931,7 +931,7 @@ fn a_cache_nodes_rules_steer_reads_of_its_keys_through_the_api() {
         ..steer.clone()
     };
     assert!(
-        kvswitch::steer::rule_sink(&none, "10.0.1.9:11211".parse().unwrap())
+        kvswitch::steer::rule_sink(&none, "10.0.1.9:11211".parse().unwrap(), "md5")
             .unwrap()
             .is_none()
     );
@@ -939,7 +939,7 @@ fn a_cache_nodes_rules_steer_reads_of_its_keys_through_the_api() {
         steer_interface: None,
         ..steer
     };
-    let e = kvswitch::steer::rule_sink(&lost, "10.0.1.9:11211".parse().unwrap())
+    let e = kvswitch::steer::rule_sink(&lost, "10.0.1.9:11211".parse().unwrap(), "md5")
         .err()
         .unwrap()
         .to_string();

@@ -474,4 +474,73 @@ fn switchkv_clients_queries_reach_the_cache_node_or_their_backend_by_their_mac()
         "cache node served {served} of {} gets",
         report.gets
     );
+
+    // A read steered to the cache node for a key it does not hold (a rule the switch still
+    // has, or another key with the same hash) goes back through the switch with the other
+    // prefix and is answered by its backend, straight to the client.
+    let key = format!("stale:{}", std::process::id());
+    let set = format!("set {key} 0 0 5\r\nfresh\r\n");
+    let stored = udp_call(
+        &live,
+        "c2",
+        vip(&live),
+        set.as_bytes(),
+        Duration::from_secs(1),
+    );
+    assert_eq!(stored.map(|r| r.body), Some(b"STORED\r\n".to_vec()));
+    let (_, listed) = testbed::http_get(live.api(), "/api/v1/tables/kv_steer/entries")
+        .expect("the steering entries");
+    let listed: serde_json::Value = serde_json::from_str(&listed).expect("JSON");
+    let to_cache = listed["entries"][0]["actions"].clone();
+    let client = kvswitch::ctl::Client {
+        api: live.api(),
+        token: live.state.api_token().expect("token"),
+    };
+    let entry = serde_json::json!({
+        "match": {"one_read": 1, "key_hash": kv::HashFn::Md5.hash(key.as_bytes())},
+        "actions": to_cache,
+    });
+    client
+        .call("POST", "/api/v1/tables/kv_steer/entries", Some(&entry))
+        .expect("a steering entry for a key the cache node does not hold");
+    let bounced = || node_stat(&live, CACHE, "bounced").unwrap_or(0);
+    let before = bounced();
+    let get = format!("get {key}\r\n");
+    let reply = udp_call(
+        &live,
+        "c2",
+        vip(&live),
+        get.as_bytes(),
+        Duration::from_secs(2),
+    )
+    .unwrap_or_else(|| {
+        panic!(
+            "no answer to a read the cache node sent back: bounced {} failed {:?}, \
+                 switch {}, cache node log {}",
+            bounced() - before,
+            node_stat(&live, CACHE, "bounce_failed"),
+            status(&live)["counters"],
+            std::fs::read_to_string(
+                live.host(CACHE)
+                    .and_then(|h| h.log.clone())
+                    .unwrap_or_default()
+            )
+            .unwrap_or_default()
+        )
+    });
+    assert_eq!(
+        String::from_utf8_lossy(&reply.body),
+        format!("VALUE {key} 0 5\r\nfresh\r\nEND\r\n")
+    );
+    assert_eq!(bounced(), before + 1);
+}
+
+/// Counter `name` of the node on `host` (not its role's).
+fn node_stat(live: &testbed::Live, host: &str, name: &str) -> Option<u64> {
+    let addr = SocketAddr::from((ip_of(live, host), 11211));
+    let stats = tcp_to(live, "c1", addr, b"stats\r\n");
+    stats.lines().find_map(|l| {
+        l.strip_prefix(&format!("STAT {name} "))
+            .and_then(|v| v.trim().parse().ok())
+    })
 }

@@ -88,6 +88,10 @@ pub struct NodeArgs {
     /// the key's backend).
     #[arg(long)]
     pub upstream: Option<SocketAddr>,
+    /// The switch pool's hash function, which the switch hashes keys with: the key hash of a
+    /// cache node's steering entries and of the reads it sends back through the switch.
+    #[arg(long, default_value = "md5")]
+    pub hash: String,
     /// A cache node's capacity in keys (SwitchKV: 10,000).
     #[arg(long, default_value_t = 10_000)]
     pub cache_items: usize,
@@ -155,6 +159,7 @@ impl Default for NodeArgs {
             cache_node: None,
             lease_ms: 2000,
             upstream: None,
+            hash: "md5".into(),
             cache_items: 10_000,
             rule_rate: 400,
             rule_buffer_ms: 2000,
@@ -239,6 +244,12 @@ impl Node {
         if args.no_tcp && args.no_udp {
             bail!("--no-tcp and --no-udp leave nothing to serve");
         }
+        let hash: kv::HashFn = args
+            .hash
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--hash {}: {e}", args.hash))?;
+        // A cache node whose rule changes go to a switch is steered to by it.
+        let steered = rules.is_some();
         let bucket = (args.capacity > 0)
             .then(|| Mutex::new(Bucket::new(args.capacity, args.burst(), Instant::now())));
         let limit = args
@@ -345,13 +356,29 @@ impl Node {
                     .local_addr()
                     .context("failed to read the udp address")?,
             );
-            // A look-through cache node sends what it does not answer on over UDP.
-            let relay = match (&args.upstream, args.role, args.cache_path()) {
+            let serving = socket
+                .local_addr()
+                .context("failed to read the udp address")?;
+            // A look-through cache node sends what it does not answer on over UDP; one a
+            // switch steers reads to sends those back through the switch.
+            let onward = match (args.upstream, args.role, args.cache_path()) {
                 (Some(upstream), Role::Cache, switchkv::CachePath::LookThrough) => {
-                    let relay = Arc::new(relay::Relay::new(&socket, *upstream)?);
+                    let relay = Arc::new(relay::Relay::new(&socket, upstream)?);
                     node.threads
                         .push(relay::Relay::spawn(relay.clone(), node.shared.clone())?);
-                    Some(relay)
+                    Some(relay::Onward::Relay(relay))
+                }
+                (Some(upstream), Role::Cache, switchkv::CachePath::Steered) if steered => {
+                    match relay::Bounce::new(serving, upstream, hash) {
+                        Ok(bounce) => Some(relay::Onward::Bounce(Arc::new(bounce))),
+                        Err(e) => {
+                            tracing::warn!(
+                                "reads this cache node cannot answer go to their backend over \
+                                 TCP: {e:#}"
+                            );
+                            None
+                        }
+                    }
                 }
                 _ => None,
             };
@@ -360,7 +387,7 @@ impl Node {
                     .try_clone()
                     .context("failed to share the udp socket")?;
                 node.threads
-                    .push(udp::spawn(socket, node.shared.clone(), relay.clone())?);
+                    .push(udp::spawn(socket, node.shared.clone(), onward.clone())?);
             }
         }
         Ok(node)

@@ -10,12 +10,15 @@
 
 use std::collections::HashMap;
 use std::io::ErrorKind;
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{SocketAddr, SocketAddrV4, UdpSocket};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use wire::ethernet::Mac;
+use wire::frame::{UdpEnds, PAYLOAD_OFFSET};
+use wire::keymac;
 use wire::mcudp::{self, Header};
 
 use crate::session::UdpPath;
@@ -66,36 +69,16 @@ pub(crate) struct Relay {
     table: Mutex<Table>,
 }
 
-impl Relay {
-    /// A relay to `upstream` from a socket of its own on the address of `serving`.
-    pub(crate) fn new(serving: &UdpSocket, upstream: SocketAddr) -> anyhow::Result<Relay> {
-        let mut local = serving
-            .local_addr()
-            .context("failed to read the udp address")?;
-        local.set_port(0);
-        let socket =
-            UdpSocket::bind(local).with_context(|| format!("failed to bind the relay {local}"))?;
-        socket
-            .set_read_timeout(Some(POLL))
-            .context("failed to set the relay's read timeout")?;
-        Ok(Relay {
-            socket,
-            serving: serving
-                .try_clone()
-                .context("failed to share the udp socket")?,
-            upstream,
-            table: Mutex::new(Table::default()),
-        })
-    }
+/// Where the requests a cache node's role does not answer over UDP go, when not to its store.
+#[derive(Clone, Debug)]
+pub(crate) enum Onward {
+    /// A look-through cache node's relay to its upstream.
+    Relay(Arc<Relay>),
+    /// A steered cache node's way back through the switch.
+    Bounce(Arc<Bounce>),
+}
 
-    /// Starts the thread that sends the upstream's replies back to the clients.
-    pub(crate) fn spawn(relay: Arc<Relay>, shared: Arc<Shared>) -> anyhow::Result<JoinHandle<()>> {
-        thread::Builder::new()
-            .name("node-relay".into())
-            .spawn(move || relay.replies(&shared))
-            .context("failed to start the udp relay")
-    }
-
+impl Onward {
     /// Offers a datagram's payload from `client` (its request id `request_id`) to the role: a
     /// lone request the role answers, or has sent on, never reaches the store.
     pub(crate) fn offer(
@@ -125,11 +108,120 @@ impl Relay {
                 bump(&shared.store.counters.requests);
                 Offer::Answered
             }
-            UdpPath::SendOn => {
-                self.send(shared, payload, client, request_id, request.noreply());
-                Offer::Sent
-            }
+            UdpPath::SendOn => match self {
+                Onward::Relay(relay) => {
+                    relay.send(shared, payload, client, request_id, request.noreply());
+                    Offer::Sent
+                }
+                Onward::Bounce(bounce) => {
+                    match bounce.send(&request, payload, client, request_id) {
+                        Ok(()) => {
+                            bump(&shared.store.counters.bounced);
+                            Offer::Sent
+                        }
+                        // The role's own way to the backend, over TCP.
+                        Err(e) => {
+                            tracing::debug!("sending a read back through the switch: {e}");
+                            bump(&shared.store.counters.bounce_failed);
+                            Offer::Declined
+                        }
+                    }
+                }
+            },
         }
+    }
+}
+
+/// A steered cache node's way back through the switch (SwitchKV, section 3.1.2): a read it
+/// cannot answer (a rule the switch still has for a key it dropped, or another key with the
+/// same hash) leaves again as its client sent it, from the client's address and port, to the
+/// switch's VIP, with the other prefix in the destination MAC ([`wire::keymac`]) so that no
+/// steering entry takes it again. The switch routes it by key to its backend, which answers
+/// the client directly; the cache node keeps nothing of it.
+#[derive(Debug)]
+pub(crate) struct Bounce {
+    sender: kvio::FrameSender,
+    vip: SocketAddrV4,
+    hash: kv::HashFn,
+}
+
+impl Bounce {
+    /// Sends from the interface that holds `serving`'s address (needs `CAP_NET_RAW`) to the
+    /// switch at `vip`; `hash` is the switch pool's.
+    pub(crate) fn new(
+        serving: SocketAddr,
+        vip: SocketAddr,
+        hash: kv::HashFn,
+    ) -> anyhow::Result<Bounce> {
+        let (SocketAddr::V4(serving), SocketAddr::V4(vip)) = (serving, vip) else {
+            anyhow::bail!("sending reads back through the switch needs IPv4 addresses");
+        };
+        let sender = kvio::FrameSender::on_address(*serving.ip()).with_context(|| {
+            format!(
+                "sending reads back through the switch from {}",
+                serving.ip()
+            )
+        })?;
+        Ok(Bounce { sender, vip, hash })
+    }
+
+    fn send(
+        &self,
+        request: &wire::memcache::Request<'_>,
+        payload: &[u8],
+        client: SocketAddr,
+        request_id: u16,
+    ) -> std::io::Result<()> {
+        let SocketAddr::V4(client) = client else {
+            return Err(ErrorKind::Unsupported.into());
+        };
+        let hash = request.key().map_or(0, |k| self.hash.hash(k));
+        let ends = UdpEnds {
+            src_mac: Mac(self.sender.mac()),
+            dst_mac: keymac::encode(keymac::Kind::Other, hash),
+            src_ip: *client.ip(),
+            dst_ip: *self.vip.ip(),
+            src_port: client.port(),
+            dst_port: self.vip.port(),
+        };
+        let mut frame = vec![0u8; PAYLOAD_OFFSET + mcudp::LEN];
+        Header::single(request_id).emit(&mut frame[PAYLOAD_OFFSET..]);
+        frame.extend_from_slice(payload);
+        if !wire::frame::emit_udp_headers(&mut frame, &ends) {
+            return Err(ErrorKind::InvalidInput.into());
+        }
+        self.sender.send(&frame)
+    }
+}
+
+impl Relay {
+    /// A relay to `upstream` from a socket of its own on the address of `serving`.
+    pub(crate) fn new(serving: &UdpSocket, upstream: SocketAddr) -> anyhow::Result<Relay> {
+        let mut local = serving
+            .local_addr()
+            .context("failed to read the udp address")?;
+        local.set_port(0);
+        let socket =
+            UdpSocket::bind(local).with_context(|| format!("failed to bind the relay {local}"))?;
+        socket
+            .set_read_timeout(Some(POLL))
+            .context("failed to set the relay's read timeout")?;
+        Ok(Relay {
+            socket,
+            serving: serving
+                .try_clone()
+                .context("failed to share the udp socket")?,
+            upstream,
+            table: Mutex::new(Table::default()),
+        })
+    }
+
+    /// Starts the thread that sends the upstream's replies back to the clients.
+    pub(crate) fn spawn(relay: Arc<Relay>, shared: Arc<Shared>) -> anyhow::Result<JoinHandle<()>> {
+        thread::Builder::new()
+            .name("node-relay".into())
+            .spawn(move || relay.replies(&shared))
+            .context("failed to start the udp relay")
     }
 
     fn send(

@@ -122,6 +122,11 @@ pub struct Counters {
     pub relay_lost: AtomicU64,
     /// Datagrams at the relay that answer no open request (late, or not a reply).
     pub relay_stray: AtomicU64,
+    /// UDP reads a steered cache node could not answer and sent back through the switch to
+    /// their backend.
+    pub bounced: AtomicU64,
+    /// Reads it could not send back that way, taken to the backend over TCP instead.
+    pub bounce_failed: AtomicU64,
 }
 
 /// Adds one to a counter.

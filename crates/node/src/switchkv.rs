@@ -1079,11 +1079,17 @@ impl Hooks for CacheRole {
 
     fn executed(&self, _: &Request<'_>, _: &Store) {}
 
-    /// On the path of every request, a UDP `get` of keys all served here is answered; any
-    /// other read or write goes on over UDP.
+    /// A UDP `get` of keys all served here is answered. On the path of every request, any
+    /// other read or write goes on over UDP; steered to, any other read goes back through the
+    /// switch to its backend.
     fn udp(&self, request: &Request<'_>, out: &mut Vec<u8>) -> UdpPath {
         let command = request.command;
-        if self.path != CachePath::LookThrough || !(command.is_retrieval() || command.is_write()) {
+        let onward = match self.path {
+            CachePath::LookThrough => command.is_retrieval() || command.is_write(),
+            CachePath::Steered => command.is_retrieval() && !command.is_write(),
+            CachePath::LookAside => false,
+        };
+        if !onward {
             return UdpPath::Execute;
         }
         if command == Command::Get && self.answer_get(request, out) {

@@ -246,7 +246,7 @@ pub(crate) fn stats(store: &Store, out: &mut Vec<u8>) {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let rows: [(&str, String); 33] = [
+    let rows: [(&str, String); 35] = [
         ("pid", std::process::id().to_string()),
         ("uptime", store.uptime().to_string()),
         ("time", now.to_string()),
@@ -280,6 +280,8 @@ pub(crate) fn stats(store: &Store, out: &mut Vec<u8>) {
         ("relayed", read(&c.relayed).to_string()),
         ("relay_lost", read(&c.relay_lost).to_string()),
         ("relay_stray", read(&c.relay_stray).to_string()),
+        ("bounced", read(&c.bounced).to_string()),
+        ("bounce_failed", read(&c.bounce_failed).to_string()),
     ];
     for (name, value) in rows {
         out.extend_from_slice(format!("STAT {name} {value}\r\n").as_bytes());

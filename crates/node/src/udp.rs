@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use wire::mcudp::{self, Header};
 
-use crate::relay::{Offer, Relay};
+use crate::relay::{Offer, Onward};
 use crate::session::{step, Step};
 use crate::store::bump;
 use crate::text::{After, NO_MEMORY_GET};
@@ -22,18 +22,18 @@ const POLL: Duration = Duration::from_millis(50);
 pub(crate) fn spawn(
     socket: UdpSocket,
     shared: Arc<Shared>,
-    relay: Option<Arc<Relay>>,
+    onward: Option<Onward>,
 ) -> anyhow::Result<JoinHandle<()>> {
     socket
         .set_read_timeout(Some(POLL))
         .context("failed to set the udp read timeout")?;
     thread::Builder::new()
         .name("node-udp".into())
-        .spawn(move || serve(&socket, &shared, relay.as_deref()))
+        .spawn(move || serve(&socket, &shared, onward.as_ref()))
         .context("failed to start a udp worker")
 }
 
-fn serve(socket: &UdpSocket, shared: &Shared, relay: Option<&Relay>) {
+fn serve(socket: &UdpSocket, shared: &Shared, onward: Option<&Onward>) {
     let mut datagram = vec![0u8; 64 * 1024];
     let mut out = Vec::with_capacity(64 * 1024);
     while !shared.stopping() {
@@ -52,7 +52,7 @@ fn serve(socket: &UdpSocket, shared: &Shared, relay: Option<&Relay>) {
             continue;
         }
         out.clear();
-        let offer = relay.map(|r| r.offer(shared, payload, peer, header.request_id, &mut out));
+        let offer = onward.map(|o| o.offer(shared, payload, peer, header.request_id, &mut out));
         match offer {
             Some(Offer::Sent) => continue,
             Some(Offer::Answered) => {}

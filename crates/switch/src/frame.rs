@@ -1,57 +1,21 @@
 //! Builders for the frames the switch originates itself: ARP replies and requests, and UDP
 //! replies from the VIP (error answers and merged multi-key gets).
 
-use std::net::Ipv4Addr;
-
 use wire::ethernet::{self, EtherType, Mac};
-use wire::{arp, ipv4, mcudp, udp};
+use wire::{arp, mcudp};
 
-/// Addresses of one UDP exchange, seen from the sender of the frame being built.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct UdpEnds {
-    pub src_mac: Mac,
-    pub dst_mac: Mac,
-    pub src_ip: Ipv4Addr,
-    pub dst_ip: Ipv4Addr,
-    pub src_port: u16,
-    pub dst_port: u16,
-}
-
-const UDP_OFFSET: usize = ethernet::HEADER_LEN + ipv4::HEADER_LEN;
-const PAYLOAD_OFFSET: usize = UDP_OFFSET + udp::HEADER_LEN;
+pub use wire::frame::UdpEnds;
+use wire::frame::PAYLOAD_OFFSET;
 
 /// Builds one Ethernet/IPv4/UDP frame carrying `payload`, with both checksums filled.
 pub fn udp_frame(ends: &UdpEnds, payload: &[&[u8]]) -> Vec<u8> {
-    let payload_len: usize = payload.iter().map(|p| p.len()).sum();
-    let mut buf = vec![0u8; PAYLOAD_OFFSET + payload_len];
-    ethernet::Repr {
-        src: ends.src_mac,
-        dst: ends.dst_mac,
-        ethertype: EtherType::IPV4,
-    }
-    .emit(&mut buf[..]);
-    ipv4::Repr {
-        src: ends.src_ip,
-        dst: ends.dst_ip,
-        protocol: ipv4::Protocol::UDP,
-        payload_len: (udp::HEADER_LEN + payload_len) as u16,
-        ttl: 64,
-    }
-    .emit(&mut buf[ethernet::HEADER_LEN..]);
-    udp::Repr {
-        src_port: ends.src_port,
-        dst_port: ends.dst_port,
-        payload_len: payload_len as u16,
-    }
-    .emit(&mut buf[UDP_OFFSET..]);
-    let mut at = PAYLOAD_OFFSET;
+    let mut buf =
+        Vec::with_capacity(PAYLOAD_OFFSET + payload.iter().map(|p| p.len()).sum::<usize>());
+    buf.resize(PAYLOAD_OFFSET, 0);
     for p in payload {
-        buf[at..at + p.len()].copy_from_slice(p);
-        at += p.len();
+        buf.extend_from_slice(p);
     }
-    if let Ok(mut u) = udp::Packet::new_checked(&mut buf[UDP_OFFSET..]) {
-        u.fill_checksum(ends.src_ip, ends.dst_ip);
-    }
+    wire::frame::emit_udp_headers(&mut buf, ends);
     buf
 }
 
@@ -85,6 +49,9 @@ pub fn arp_frame(eth_dst: Mac, repr: &arp::Repr) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::Ipv4Addr;
+    use wire::frame::UDP_OFFSET;
+    use wire::{ipv4, udp};
 
     fn ends() -> UdpEnds {
         UdpEnds {

@@ -31,13 +31,19 @@ fn server_mac(i: u8) -> Mac {
 /// Four ports: the client on 0, server 0 on port 1 and server 1 on port 2, both with MACs
 /// configured.
 fn rig() -> (Switch, Arc<Stats>) {
+    rig_with(|_| {})
+}
+
+/// [`rig`] with `change` made to its spec first.
+fn rig_with(change: impl FnOnce(&mut SwitchSpec)) -> (Switch, Arc<Stats>) {
     let servers = (0..2u8)
         .map(|i| spec::Server {
             addr: SocketAddrV4::new(Ipv4Addr::new(10, 0, 1, i + 1), 11211),
             mac: Some(server_mac(i)),
         })
         .collect();
-    let spec = SwitchSpec::new(4, VIP, servers);
+    let mut spec = SwitchSpec::new(4, VIP, servers);
+    change(&mut spec);
     let pool = Pool::new(spec.pool_spec(Distribution::Ketama, HashFn::Md5)).unwrap();
     let stats = Arc::new(Stats::new(4, 2));
     let mut sw = Switch::new(spec, Arc::new(pool), stats.clone()).unwrap();
@@ -685,6 +691,73 @@ fn a_switchkv_clients_queries_go_to_the_cache_node_of_their_key_or_their_backend
     stray[36..38].copy_from_slice(&11212u16.to_be_bytes());
     assert_eq!(send(&mut sw, stray), Fate::Flood);
     assert_eq!(stats::get(&stats.switchkv_gets), 3);
+    // A read the cache node sends back to the VIP with the other prefix (a key it does not
+    // hold) goes to the key's server, not to the cache node again.
+    let Fate::Out(owner) = send(&mut sw, get("hot")) else {
+        panic!("a get is routed");
+    };
+    assert_eq!(owner, 3, "a client's read of the key is steered");
+    let mut back = get("hot");
+    back[..6].copy_from_slice(&keymac::encode(keymac::Kind::Other, 0).0);
+    let fate = sw.process(3, &mut back, true, NOW, &mut Vec::new());
+    assert!(matches!(fate, Fate::Out(1 | 2)), "{fate:?}");
+    assert_eq!(&back[30..34], &[10, 0, 1, 1 + (fate == Fate::Out(2)) as u8]);
+}
+
+#[test]
+fn with_the_source_check_only_a_next_hop_may_send_a_read_back_in_its_clients_name() {
+    let (mut sw, stats) = rig_with(|spec| {
+        spec.source_check = Some(spec::SourceCheck {
+            age: std::time::Duration::from_secs(60),
+            table_size: 64,
+            prefixes: Vec::new(),
+        })
+    });
+    let cache_mac = Mac([2, 0, 0, 0, 9, 9]);
+    // The client is learned on port 0.
+    assert!(matches!(send(&mut sw, get("k")), Fate::Out(1 | 2)));
+    let back = |src: Mac| {
+        let mut f = get("k");
+        f[..6].copy_from_slice(&keymac::encode(keymac::Kind::Other, 0).0);
+        f[6..12].copy_from_slice(&src.0);
+        f
+    };
+    let spoofed = || stats::get(&stats.drops[Drop::SourceSpoofed as usize]);
+    // No next hop behind port 3 yet: the client's address from there is spoofed.
+    assert_eq!(
+        sw.process(3, &mut back(cache_mac), true, NOW, &mut Vec::new()),
+        Fate::Consumed
+    );
+    assert_eq!(spoofed(), 1);
+    sw.set_interface(
+        5,
+        serde_json::from_value(json!({
+            "eth_dst": cache_mac.to_string(),
+            "eth_src": "02:00:00:00:00:64",
+            "port": 3,
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+    // The next hop's read sent back goes to the key's server; another MAC on its port, or
+    // the client prefix, is still checked.
+    let fate = sw.process(3, &mut back(cache_mac), true, NOW, &mut Vec::new());
+    assert!(matches!(fate, Fate::Out(1 | 2)), "{fate:?}");
+    let other = Mac([2, 0, 0, 0, 9, 8]);
+    assert_eq!(
+        sw.process(3, &mut back(other), true, NOW, &mut Vec::new()),
+        Fate::Consumed
+    );
+    let mut get_prefix = back(cache_mac);
+    get_prefix[..6].copy_from_slice(&keymac::encode(keymac::Kind::Get, 0).0);
+    assert_eq!(
+        sw.process(3, &mut get_prefix, true, NOW, &mut Vec::new()),
+        Fate::Consumed
+    );
+    assert_eq!(spoofed(), 3);
+    // The client's address was not learned on port 3: it still sends from port 0.
+    assert!(matches!(send(&mut sw, get("k")), Fate::Out(1 | 2)));
+    assert_eq!(spoofed(), 3);
 }
 
 #[test]

@@ -8,6 +8,7 @@
 pub mod arp;
 pub mod checksum;
 pub mod ethernet;
+pub mod frame;
 pub mod ipv4;
 pub mod keymac;
 pub mod mcudp;

@@ -41,11 +41,34 @@ impl Switch {
         if !source::is_host_address(ip) {
             return None;
         }
+        if self.sent_back(in_port, frame, src_mac) {
+            return None;
+        }
         match self.guard.as_mut()?.check(in_port, ip, now) {
             Check::Accept => None,
             Check::Spoofed => Some(Drop::SourceSpoofed),
             Check::TableFull => Some(Drop::SourceTableFull),
         }
+    }
+
+    /// Whether `frame` is a read a SwitchKV cache node sends back through the switch (the
+    /// other prefix in its destination MAC, to the VIP), from a next hop of the interface
+    /// table on its own port: it keeps its client's address, which is neither checked nor
+    /// learned on that port.
+    fn sent_back(&self, in_port: u16, frame: &[u8], src_mac: Mac) -> bool {
+        let Some(dst) = frame.get(0..6).and_then(|b| <[u8; 6]>::try_from(b).ok()) else {
+            return false;
+        };
+        if !keymac::decode(Mac(dst)).is_some_and(|(k, _)| k == keymac::Kind::Other) {
+            return false;
+        }
+        let at = usize::from(OFF_IP_DST);
+        if frame.get(at..at + 4) != Some(&self.spec.vip.ip.octets()[..]) {
+            return false;
+        }
+        self.pipeline
+            .interfaces()
+            .any(|(_, it)| it.port == in_port && it.eth_dst == src_mac.0)
     }
 
     /// The VIP, the agent address, or an address of the host's end of the local port.

@@ -164,8 +164,12 @@ impl Switch {
                         }
                     }
                 }
-                // With the cache on, only the reads it may answer are marked, as before.
-                let one_read = read.is_some() || (self.cache.is_none() && one_read);
+                // With the cache on, only the reads it may answer are marked, as before. A
+                // read a SwitchKV cache node sent back with the other prefix is never steered
+                // again: it goes to its server.
+                let sent_back =
+                    keymac::decode(dst_mac).is_some_and(|(k, _)| k == keymac::Kind::Other);
+                let one_read = read.is_some() || (self.cache.is_none() && one_read && !sent_back);
                 Stage::Continue {
                     flags: FLAG_PLAIN_UDP,
                     key_hash,
