@@ -179,6 +179,10 @@ pub enum System {
     /// UDP to the VIP with SwitchKV: kvswitch steers reads of the cache node's keys to it.
     #[serde(rename = "switchkv_udp")]
     SwitchKvUdp,
+    /// SwitchKV's own clients: each query a raw frame with its key's hash in the destination
+    /// MAC and its backend's address as the destination (`kvswitch load --switchkv`).
+    #[serde(rename = "switchkv_encoded_udp")]
+    SwitchKvEncodedUdp,
     /// UDP to the SwitchKV cache node itself, which answers what it holds and sends the rest
     /// to the backends (SwitchKV's on-path look-through architecture).
     LookThroughUdp,
@@ -245,6 +249,7 @@ impl System {
             System::KvswitchUdp,
             System::KvswitchCacheUdp,
             System::SwitchKvUdp,
+            System::SwitchKvEncodedUdp,
             System::LookThroughUdp,
             System::LookAsideUdp,
         ]
@@ -256,6 +261,7 @@ impl System {
             | System::KvswitchUdp
             | System::KvswitchCacheUdp
             | System::SwitchKvUdp
+            | System::SwitchKvEncodedUdp
             | System::LookThroughUdp
             | System::LookAsideUdp => loadgen::Proto::Udp,
             _ => loadgen::Proto::Tcp,
@@ -279,7 +285,7 @@ impl System {
     /// The deployment it runs on.
     pub fn setup(self) -> Setup {
         match self {
-            System::SwitchKvUdp => Setup::SwitchKv,
+            System::SwitchKvUdp | System::SwitchKvEncodedUdp => Setup::SwitchKv,
             System::LookThroughUdp => Setup::LookThrough,
             System::LookAsideUdp => Setup::LookAside,
             s if s.cached() => Setup::Cache,
@@ -298,6 +304,7 @@ impl System {
             System::KvswitchCacheUdp => "kvswitch_cache_udp",
             System::KvswitchCacheTcp => "kvswitch_cache_tcp",
             System::SwitchKvUdp => "switchkv_udp",
+            System::SwitchKvEncodedUdp => "switchkv_encoded_udp",
             System::LookThroughUdp => "look_through_udp",
             System::LookAsideUdp => "look_aside_udp",
         }
@@ -314,6 +321,8 @@ impl System {
             System::KvswitchCacheUdp => 3,
             System::KvswitchCacheTcp => 4,
             System::SwitchKvUdp => 7,
+            // KvswitchTcp's, which never runs beside it.
+            System::SwitchKvEncodedUdp => 2,
             // DirectTcp's, which never runs beside it.
             System::LookThroughUdp => 5,
             // Nutcracker's, which never runs beside it.
@@ -333,6 +342,7 @@ impl fmt::Display for System {
             System::KvswitchCacheUdp => "kvswitch + cache (UDP)",
             System::KvswitchCacheTcp => "kvswitch + cache (TCP)",
             System::SwitchKvUdp => "SwitchKV cache node (UDP)",
+            System::SwitchKvEncodedUdp => "SwitchKV, client-encoded (UDP)",
             System::LookThroughUdp => "look-through cache node (UDP)",
             System::LookAsideUdp => "look-aside cache node (UDP)",
         })
@@ -536,7 +546,7 @@ impl Bed {
                 }
                 Ok(self.vip)
             }
-            System::SwitchKvUdp => {
+            System::SwitchKvUdp | System::SwitchKvEncodedUdp => {
                 if self.spec.switchkv.is_none() {
                     bail!("{system} needs a testbed with a SwitchKV cache node");
                 }
@@ -605,9 +615,13 @@ impl Bed {
             System::LookAsideUdp => Some(self.cache_node(system)?.to_string()),
             _ => None,
         };
+        // SwitchKV's clients place keys as the switch's pool does.
+        let switchkv =
+            (system == System::SwitchKvEncodedUdp).then(|| self.live.state.config_path.clone());
         let args = loadgen::LoadArgs {
             target: self.target(system)?.to_string(),
             look_aside,
+            switchkv,
             proto: system.proto(),
             quiet: true,
             json: None,

@@ -89,7 +89,8 @@ pub struct SwitchkvArgs {
           value_parser = clap::value_parser!(u64).range(10..=10_000_000))]
     pub capacity: u64,
     /// Only these systems, by their short names (kvswitch_udp, kvswitch_cache_udp,
-    /// switchkv_udp, look_through_udp, look_aside_udp), comma-separated [default: all].
+    /// switchkv_udp, switchkv_encoded_udp, look_through_udp, look_aside_udp), comma-separated
+    /// [default: all].
     #[arg(long, value_delimiter = ',', value_name = "SYSTEM,...")]
     pub systems: Vec<String>,
 }

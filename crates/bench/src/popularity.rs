@@ -267,7 +267,13 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Run>> {
     let duration = args.duration();
     let machine = Machine::describe();
     let out = Output::create(&super::bed::out_dir(args.common.out.as_ref(), NAME))?;
-    let systems = super::bed::pick(&System::switched(), &args.systems)?;
+    // SwitchKV's own clients reach the same cache node as the others: their keys' popularity
+    // changes the same way, and the skew scenario compares the two encodings.
+    let switched: Vec<System> = System::switched()
+        .into_iter()
+        .filter(|s| *s != System::SwitchKvEncodedUdp)
+        .collect();
+    let systems = super::bed::pick(&switched, &args.systems)?;
     let mut all = Vec::new();
     for (setup, group) in by_setup(&systems) {
         let bed = up(args, setup, None)?;

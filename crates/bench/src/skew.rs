@@ -65,7 +65,8 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', value_name = "LOAD,...")]
     pub latency_loads: Vec<f64>,
     /// Only these systems, by their short names (kvswitch_udp, kvswitch_cache_udp,
-    /// switchkv_udp, look_through_udp, look_aside_udp), comma-separated [default: all].
+    /// switchkv_udp, switchkv_encoded_udp, look_through_udp, look_aside_udp), comma-separated
+    /// [default: all].
     #[arg(long, value_delimiter = ',', value_name = "SYSTEM,...")]
     pub systems: Vec<String>,
 }
@@ -718,7 +719,10 @@ fn summary(
          3 s warm-up before each point and keeps them from one point to the next. With \
          SwitchKV, the backends report the same way to a cache node (`kvswitch node --role \
          cache`, as many entries) on a host of its own, which installs a `kv_steer` entry per \
-         key it holds in kvswitch; kvswitch has no cache of its own then. Look-through sends \
+         key it holds in kvswitch; kvswitch has no cache of its own then. SwitchKV's own \
+         clients (client-encoded) send each request as a frame with its key's hash in the \
+         destination MAC to its backend's address (`kvswitch load --switchkv`), which kvswitch \
+         steers by that hash without reading the request. Look-through sends \
          every request to that cache node instead, which answers what it holds and relays the \
          rest to the VIP over UDP (a backend over capacity drops it as it would a client's). \
          Look-aside clients ask the cache node first and the VIP on a miss.\n",

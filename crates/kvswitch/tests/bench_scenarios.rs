@@ -125,6 +125,7 @@ fn system_names(json: &serde_json::Value) -> Vec<String> {
         ("kvswitch_cache_udp", "kvswitch + cache (UDP)"),
         ("kvswitch_cache_tcp", "kvswitch + cache (TCP)"),
         ("switchkv_udp", "SwitchKV cache node (UDP)"),
+        ("switchkv_encoded_udp", "SwitchKV, client-encoded (UDP)"),
         ("look_through_udp", "look-through cache node (UDP)"),
         ("look_aside_udp", "look-aside cache node (UDP)"),
     ];
@@ -257,6 +258,7 @@ fn skew_short() {
     for system in [
         "kvswitch_cache_udp",
         "switchkv_udp",
+        "switchkv_encoded_udp",
         "look_through_udp",
         "look_aside_udp",
     ] {
