@@ -113,7 +113,7 @@ pub fn rule_sink(
 }
 
 /// Every entry of `table`, page by page.
-fn entries(client: &Client, table: &str) -> anyhow::Result<Vec<Value>> {
+pub(crate) fn entries(client: &Client, table: &str) -> anyhow::Result<Vec<Value>> {
     let mut all = Vec::new();
     let mut after = String::new();
     loop {

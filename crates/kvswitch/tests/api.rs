@@ -945,3 +945,106 @@ fn a_cache_nodes_rules_steer_reads_of_its_keys_through_the_api() {
         .to_string();
     assert!(e.contains("--steer-interface"), "{e}");
 }
+
+/// The controller watches the SwitchKV cache nodes its switches steer reads to: a node that
+/// does not answer loses its steering entries on the switch, one that answers keeps them, and
+/// the controller's status and metrics say so.
+#[test]
+fn the_controller_removes_the_steering_entries_of_a_cache_node_that_does_not_answer() {
+    let rig = rig(None);
+    let c = rig.client.clone();
+    c.call(
+        "PUT",
+        "/api/v1/interfaces/6",
+        Some(&json!({"eth_dst": "02:00:00:00:09:09", "eth_src": "02:00:00:00:00:64", "port": 2})),
+    )
+    .unwrap();
+    // A live cache node on 127.0.0.1; nothing answers on 127.0.0.2 at its port.
+    let live = node::Node::start(&node::NodeArgs {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        no_udp: true,
+        ..Default::default()
+    })
+    .unwrap();
+    let port = live.tcp_addr().unwrap().port();
+    let steer = |hash: u32, to: &str| {
+        let entry = json!({
+            "match": {"one_read": 1, "key_hash": hash},
+            "actions": [{"set_ipv4_dst": to}, {"interface": 6}],
+        });
+        c.call("POST", "/api/v1/tables/kv_steer/entries", Some(&entry))
+            .unwrap();
+    };
+    steer(1, "127.0.0.1");
+    steer(2, "127.0.0.1");
+    steer(3, "127.0.0.2");
+    let leading_to = |ip: &str| -> usize {
+        let listed = c
+            .call("GET", "/api/v1/tables/kv_steer/entries", None)
+            .unwrap();
+        listed["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["actions"][0]["set_ipv4_dst"] == ip)
+            .count()
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let ctl_api = listener.local_addr().unwrap();
+    let text = format!(
+        "[controller]\napi = \"{ctl_api}\"\nprobe_interval_ms = 50\nprobe_timeout_ms = 200\n\
+         down_after = 3\ncache_node_port = {port}\n\
+         [[switches]]\nname = \"sw\"\napi = \"{}\"\n\
+         [pool]\ndistribution = \"ketama\"\nhash = \"md5\"\n\
+         [[pool.servers]]\naddr = \"127.0.0.1:{port}\"\nname = \"s1\"\n",
+        c.api
+    );
+    let file = config::controller::parse(&text, std::path::Path::new("controller.toml")).unwrap();
+    let running = kvswitch::controller::start(file, listener, None, None, None).unwrap();
+    let ctl = Client {
+        api: ctl_api,
+        token: None,
+    };
+    let within = |what: &str, done: &dyn Fn() -> bool| {
+        let started = Instant::now();
+        while !done() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{what}: {}",
+                ctl.call("GET", "/api/v1/status", None).unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    within("the dead node's entry removed", &|| {
+        leading_to("127.0.0.2") == 0
+    });
+    // Several rounds later the live node's entries are all there.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(leading_to("127.0.0.1"), 2);
+    let status = ctl.call("GET", "/api/v1/status", None).unwrap();
+    let node_of = |ip: &str| {
+        status["cache_nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["addr"] == ip)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {ip} in {status}"))
+    };
+    assert_eq!(node_of("127.0.0.2")["up"], false);
+    assert_eq!(node_of("127.0.0.2")["removed_entries"], 1);
+    assert_eq!(node_of("127.0.0.1")["up"], true);
+    assert_eq!(node_of("127.0.0.1")["entries"], 2);
+    let (_, metrics) = testbed::http_get(ctl_api, "/metrics").unwrap();
+    assert!(
+        metrics.contains("kvswitch_controller_steer_removed_total{cache_node=\"127.0.0.2\"} 1"),
+        "{metrics}"
+    );
+    // The live node stops: its entries go too.
+    drop(live);
+    within("the stopped node's entries removed", &|| {
+        leading_to("127.0.0.1") == 0
+    });
+    drop(running);
+}

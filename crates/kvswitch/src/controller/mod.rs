@@ -53,6 +53,7 @@ pub struct ControllerArgs {
     pub store: Option<String>,
 }
 
+mod cache_nodes;
 pub mod etcd;
 pub mod routes;
 
@@ -200,6 +201,8 @@ struct Fleet {
     /// Servers added with a warm-up, by label: until when they warm up. A switch that takes
     /// one in before then is asked to warm it for the time left.
     warm_until: HashMap<String, Instant>,
+    /// The SwitchKV cache nodes the switches' steering entries lead to, by address.
+    cache_nodes: BTreeMap<std::net::Ipv4Addr, cache_nodes::CacheNode>,
 }
 
 /// What the threads share.
@@ -519,6 +522,7 @@ pub fn start(
         reported: HashMap::new(),
         led_since: None,
         warm_until: HashMap::new(),
+        cache_nodes: BTreeMap::new(),
     };
     let me = listener.local_addr()?.to_string();
     let elects = store.is_some();
@@ -550,6 +554,13 @@ pub fn start(
             .spawn(move || prober(&shared))?
     };
     threads.push(prober);
+    let watch = {
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("cache-nodes".into())
+            .spawn(move || cache_nodes::watch(&shared))?
+    };
+    threads.push(watch);
     // One syncer per switch: a switch out of reach holds up only its own.
     let switches = shared.fleet().file.switches.len();
     for i in 0..switches {
@@ -1145,6 +1156,7 @@ fn status_doc(shared: &Shared) -> Value {
         "servers": servers,
         "spares": spares,
         "switches": switches,
+        "cache_nodes": cache_nodes::status(&f.cache_nodes),
         "routes": routes::status(&shared.routes),
     })
 }
@@ -1240,6 +1252,7 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
             .collect();
         family(name, help, kind, rows);
     }
+    cache_nodes::metrics(&f.cache_nodes, &mut out);
     routes::metrics(&shared.routes, &mut out);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }

@@ -1,0 +1,208 @@
+//! The SwitchKV cache nodes the switches steer reads to: every address a `kv_steer` entry of
+//! any switch leads to (its `set_ipv4_dst`) is asked memcached's `version` on the
+//! `cache_node_port` each probe interval. A node that fails `down_after` probes in a row loses
+//! its steering entries on every switch, so that reads of its keys go to their backends again
+//! (it may have died, or hung past its leases); it installs them again itself once it serves.
+//! A switch also checks the nodes it steers to on its own (`switch.steer_check_ms`); the
+//! controller's check covers every switch of the fleet from one place, and switches without a
+//! local port, which cannot probe.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use serde_json::{json, Value};
+
+use super::{probe, Health, Shared, CAMPAIGN_INTERVAL};
+use crate::ctl::Client;
+
+/// What the controller knows of one cache node.
+#[derive(Debug, Clone, Default)]
+pub(super) struct CacheNode {
+    pub health: Health,
+    /// Steering entries that led to it at the last round, over every switch.
+    pub entries: usize,
+    /// Entries removed because it did not answer.
+    pub removed: u64,
+}
+
+/// The cache nodes' watch: runs until the controller stops; returns at once when
+/// `cache_node_port` is 0.
+pub(super) fn watch(shared: &Shared) {
+    while !shared.stop.load(Ordering::Relaxed) {
+        let began = Instant::now();
+        if !shared.fleet().acting() {
+            std::thread::sleep(CAMPAIGN_INTERVAL);
+            continue;
+        }
+        let (port, switches, interval, timeout) = {
+            let f = shared.fleet();
+            (
+                f.file.cache_node_port,
+                f.file.switches.clone(),
+                f.file.probe_interval,
+                f.file.probe_timeout,
+            )
+        };
+        let Some(port) = port else {
+            return;
+        };
+        let clients: Vec<Client> = switches
+            .iter()
+            .map(|sw| Client {
+                api: sw.api,
+                token: shared.switch_token.clone(),
+            })
+            .collect();
+        // Each switch's steering entries, by the address they lead to: (switch, entry id).
+        let mut leading: BTreeMap<Ipv4Addr, Vec<(usize, u64)>> = BTreeMap::new();
+        for (i, client) in clients.iter().enumerate() {
+            // A switch out of reach (its syncer says so), or a proxy without tables.
+            let Ok(entries) = crate::steer::entries(client, switch::control::STEER) else {
+                continue;
+            };
+            for e in &entries {
+                if let (Some(ip), Some(id)) = (target(e), e["id"].as_u64()) {
+                    leading.entry(ip).or_default().push((i, id));
+                }
+            }
+        }
+        let outcomes: Vec<(Ipv4Addr, Result<(), String>)> = std::thread::scope(|s| {
+            let probes: Vec<_> = leading
+                .keys()
+                .map(|&ip| {
+                    (
+                        ip,
+                        s.spawn(move || probe(SocketAddr::from((ip, port)), timeout)),
+                    )
+                })
+                .collect();
+            probes
+                .into_iter()
+                .map(|(ip, p)| {
+                    let outcome = p.join().unwrap_or_else(|_| Err("the probe failed".into()));
+                    (ip, outcome)
+                })
+                .collect()
+        });
+        let mut remove: Vec<(Ipv4Addr, Vec<(usize, u64)>)> = Vec::new();
+        {
+            let mut f = shared.fleet();
+            let (down_after, up_after) = (f.file.down_after, f.file.up_after);
+            for node in f.cache_nodes.values_mut() {
+                node.entries = 0;
+            }
+            for (ip, outcome) in outcomes {
+                let node = f.cache_nodes.entry(ip).or_default();
+                let entries = leading.remove(&ip).unwrap_or_default();
+                node.entries = entries.len();
+                if node.health.record(outcome, down_after, up_after) && node.health.up {
+                    tracing::info!(cache_node = %ip, "cache node answers again");
+                }
+                if !node.health.up {
+                    remove.push((ip, entries));
+                }
+            }
+        }
+        for (ip, entries) in remove {
+            let mut gone = 0u64;
+            for (i, id) in entries {
+                let path = format!("/api/v1/tables/{}/entries/{id}", switch::control::STEER);
+                // An entry the switch removed meanwhile (its own check) is not counted.
+                if clients[i].call("DELETE", &path, None).is_ok() {
+                    gone += 1;
+                }
+            }
+            if gone > 0 {
+                tracing::warn!(
+                    cache_node = %ip, entries = gone,
+                    "cache node does not answer: its steering entries are removed"
+                );
+                let mut f = shared.fleet();
+                if let Some(node) = f.cache_nodes.get_mut(&ip) {
+                    node.removed += gone;
+                    node.entries = node.entries.saturating_sub(gone as usize);
+                }
+            }
+        }
+        std::thread::sleep(interval.saturating_sub(began.elapsed()));
+    }
+}
+
+/// The address a steering entry (as the API lists it) sends reads to.
+fn target(entry: &Value) -> Option<Ipv4Addr> {
+    entry["actions"]
+        .as_array()?
+        .iter()
+        .find_map(|a| a["set_ipv4_dst"].as_str()?.parse().ok())
+}
+
+/// The cache nodes for the status document.
+pub(super) fn status(nodes: &BTreeMap<Ipv4Addr, CacheNode>) -> Value {
+    nodes
+        .iter()
+        .map(|(ip, n)| {
+            json!({
+                "addr": ip.to_string(), "up": n.health.up, "entries": n.entries,
+                "probes": n.health.probes, "failures": n.health.failures,
+                "downs": n.health.downs, "removed_entries": n.removed,
+                "last_error": n.health.last_error,
+            })
+        })
+        .collect()
+}
+
+/// The cache nodes' metric families.
+pub(super) fn metrics(nodes: &BTreeMap<Ipv4Addr, CacheNode>, out: &mut String) {
+    type Figure = (
+        &'static str,
+        &'static str,
+        &'static str,
+        fn(&CacheNode) -> u64,
+    );
+    const FIGURES: [Figure; 3] = [
+        (
+            "kvswitch_controller_cache_node_up",
+            "1 while the cache node answers its probes.",
+            "gauge",
+            |n| u64::from(n.health.up),
+        ),
+        (
+            "kvswitch_controller_cache_node_entries",
+            "Steering entries leading to the cache node, over every switch.",
+            "gauge",
+            |n| n.entries as u64,
+        ),
+        (
+            "kvswitch_controller_steer_removed_total",
+            "Steering entries removed because the cache node they led to did not answer.",
+            "counter",
+            |n| n.removed,
+        ),
+    ];
+    for (name, help, kind, pick) in FIGURES {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (ip, n) in nodes {
+            let _ = writeln!(out, "{name}{{cache_node=\"{ip}\"}} {}", pick(n));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_leads_to_the_address_of_its_ip_rewrite() {
+        let entry = json!({"id": 3, "actions": [{"set_ipv4_dst": "10.0.0.9"}, {"interface": 2}]});
+        assert_eq!(target(&entry), Some(Ipv4Addr::new(10, 0, 0, 9)));
+        assert_eq!(target(&json!({"actions": [{"interface": 2}]})), None);
+        assert_eq!(
+            target(&json!({"actions": [{"set_ipv4_dst": "nonsense"}]})),
+            None
+        );
+        assert_eq!(target(&json!({})), None);
+    }
+}
