@@ -847,16 +847,21 @@ fn a_dscp_is_written_with_its_checksum_and_one_out_of_range_is_refused() {
     assert!(header.verify_checksum(), "the header checksum holds");
 }
 
-#[test]
-fn a_cache_nodes_rules_steer_reads_of_its_keys_through_the_api() {
-    let rig = rig(None);
-    let c = rig.client.clone();
+/// Interface-table entry 6: a cache node behind port 2.
+fn cache_node_interface(c: &Client) {
     c.call(
         "PUT",
         "/api/v1/interfaces/6",
         Some(&json!({"eth_dst": "02:00:00:00:09:09", "eth_src": "02:00:00:00:00:64", "port": 2})),
     )
     .unwrap();
+}
+
+#[test]
+fn a_cache_nodes_rules_steer_reads_of_its_keys_through_the_api() {
+    let rig = rig(None);
+    let c = rig.client.clone();
+    cache_node_interface(&c);
     let steer = kvswitch::steer::SteerArgs {
         switch_api: Some(c.api),
         switch_token_file: None,
@@ -953,12 +958,7 @@ fn a_cache_nodes_rules_steer_reads_of_its_keys_through_the_api() {
 fn the_controller_removes_the_steering_entries_of_a_cache_node_that_does_not_answer() {
     let rig = rig(None);
     let c = rig.client.clone();
-    c.call(
-        "PUT",
-        "/api/v1/interfaces/6",
-        Some(&json!({"eth_dst": "02:00:00:00:09:09", "eth_src": "02:00:00:00:00:64", "port": 2})),
-    )
-    .unwrap();
+    cache_node_interface(&c);
     // A live cache node on 127.0.0.1; nothing answers on 127.0.0.2 at its port.
     let live = node::Node::start(&node::NodeArgs {
         listen: "127.0.0.1:0".parse().unwrap(),

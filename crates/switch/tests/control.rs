@@ -89,6 +89,20 @@ fn plain(dst: Ipv4Addr) -> Vec<u8> {
     f
 }
 
+/// Makes interface-table entry `i` lead to `mac` behind `port`, from the VIP's MAC.
+fn interface(sw: &mut Switch, i: u16, mac: Mac, port: u16) {
+    sw.set_interface(
+        i,
+        serde_json::from_value(json!({
+            "eth_dst": mac.to_string(),
+            "eth_src": "02:00:00:00:00:64",
+            "port": port,
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+}
+
 fn send(sw: &mut Switch, mut frame: Vec<u8>) -> Fate {
     let mut emit: Vec<Emit> = Vec::new();
     sw.process(0, &mut frame, true, NOW, &mut emit)
@@ -533,16 +547,7 @@ fn an_operator_pins_a_key_to_a_server_through_an_interface() {
     // The other server: ports 1 and 2 hold servers 0 and 1.
     let other = if owner == 1 { 1u8 } else { 0u8 };
     let other_ip = Ipv4Addr::new(10, 0, 1, other + 1);
-    sw.set_interface(
-        9,
-        serde_json::from_value(json!({
-            "eth_dst": server_mac(other).to_string(),
-            "eth_src": "02:00:00:00:00:64",
-            "port": 1 + u16::from(other),
-        }))
-        .unwrap(),
-    )
-    .unwrap();
+    interface(&mut sw, 9, server_mac(other), 1 + u16::from(other));
     let ids = sw
         .apply(vec![add(
             "acl",
@@ -579,16 +584,7 @@ fn reads_of_a_steered_key_go_to_the_cache_node_and_nothing_else_does() {
     // The cache node sits behind port 3.
     let cache_mac = Mac([2, 0, 0, 0, 9, 9]);
     let cache_ip = Ipv4Addr::new(10, 0, 1, 9);
-    sw.set_interface(
-        5,
-        serde_json::from_value(json!({
-            "eth_dst": cache_mac.to_string(),
-            "eth_src": "02:00:00:00:00:64",
-            "port": 3,
-        }))
-        .unwrap(),
-    )
-    .unwrap();
+    interface(&mut sw, 5, cache_mac, 3);
     let hash = HashFn::Md5.hash(b"hot");
     let ids = sw
         .apply(vec![add(
@@ -642,16 +638,7 @@ fn a_switchkv_clients_queries_go_to_the_cache_node_of_their_key_or_their_backend
     let (mut sw, stats) = rig();
     let cache_mac = Mac([2, 0, 0, 0, 9, 9]);
     let cache_ip = Ipv4Addr::new(10, 0, 1, 9);
-    sw.set_interface(
-        5,
-        serde_json::from_value(json!({
-            "eth_dst": cache_mac.to_string(),
-            "eth_src": "02:00:00:00:00:64",
-            "port": 3,
-        }))
-        .unwrap(),
-    )
-    .unwrap();
+    interface(&mut sw, 5, cache_mac, 3);
     sw.apply(vec![add(
         switch::control::STEER,
         json!({
@@ -729,16 +716,7 @@ fn with_the_source_check_only_a_next_hop_may_send_a_read_back_in_its_clients_nam
         Fate::Consumed
     );
     assert_eq!(spoofed(), 1);
-    sw.set_interface(
-        5,
-        serde_json::from_value(json!({
-            "eth_dst": cache_mac.to_string(),
-            "eth_src": "02:00:00:00:00:64",
-            "port": 3,
-        }))
-        .unwrap(),
-    )
-    .unwrap();
+    interface(&mut sw, 5, cache_mac, 3);
     // The next hop's read sent back goes to the key's server; another MAC on its port, or
     // the client prefix, is still checked.
     let fate = sw.process(3, &mut back(cache_mac), true, NOW, &mut Vec::new());
