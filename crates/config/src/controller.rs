@@ -18,9 +18,9 @@
 //! return_warm_ms = 0            # a server back from being down warms up this long (0: not)
 //! sync_interval_ms = 1000       # every switch's pool is checked this often anyway
 //! switch_token_file = "token"   # optional: the token the switches' APIs want
-//! cache_node_port = 11211       # SwitchKV cache nodes the switches' kv_steer entries lead
-//!                               # to are probed on this port (0: not probed); one that fails
-//!                               # down_after probes in a row loses its entries on every switch
+//! cache_node_port = 11211       # optional: SwitchKV cache nodes the switches' kv_steer entries
+//!                               # lead to are probed on this port; one that fails down_after
+//!                               # probes in a row loses its entries on every switch
 //!
 //! [[switches]]
 //! name = "sw1"
@@ -93,7 +93,8 @@ pub struct ControllerFile {
     pub return_warm: Option<Duration>,
     pub sync_interval: Duration,
     /// The memcached port of the SwitchKV cache nodes the switches' `kv_steer` entries lead
-    /// to, where they are probed; `None`: they are not.
+    /// to, where they are probed; `None` (the default, or 0): they are not. Every node must
+    /// serve on it: one that does not answer there loses its entries.
     pub cache_node_port: Option<u16>,
     /// The file whose first line is the switches' API token (relative to this file's
     /// directory).
@@ -131,10 +132,6 @@ struct RawFile {
     #[serde(default)]
     routes: Option<RawRoutes>,
 }
-
-/// The port SwitchKV cache nodes are probed on unless `cache_node_port` says otherwise:
-/// memcached's, which the switch's VIP serves.
-pub const DEFAULT_CACHE_NODE_PORT: u16 = 11211;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -344,11 +341,7 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
         return_warm,
         up_after,
         sync_interval,
-        cache_node_port: match c.cache_node_port {
-            None => Some(DEFAULT_CACHE_NODE_PORT),
-            Some(0) => None,
-            Some(port) => Some(port),
-        },
+        cache_node_port: c.cache_node_port.filter(|&p| p != 0),
         switch_token_file,
         switches,
         pool,
@@ -456,8 +449,8 @@ weight = 2
         assert_eq!(f.pool.servers.len(), 2);
         assert_eq!(f.pool.servers[0].name.as_deref(), Some("s1"));
         assert_eq!(f.pool.servers[1].weight, 2);
-        // SwitchKV cache nodes are probed on memcached's port unless told otherwise.
-        assert_eq!(f.cache_node_port, Some(11211));
+        // SwitchKV cache nodes are probed only when a port is given.
+        assert_eq!(f.cache_node_port, None);
         let port = |text: String| parse(&text, Path::new("c.toml")).unwrap().cache_node_port;
         assert_eq!(
             port(GOOD.replace("down_after = 2", "cache_node_port = 0")),

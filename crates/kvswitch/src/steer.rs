@@ -63,6 +63,12 @@ pub fn rule_sink(
     let SocketAddr::V4(cache) = cache else {
         anyhow::bail!("a cache node steered to by a switch listens on IPv4");
     };
+    if cache.ip().is_unspecified() {
+        anyhow::bail!(
+            "a cache node steered to by a switch listens on one address, the one its steering \
+             entries lead to: give --listen ADDRESS:PORT"
+        );
+    }
     let hash: HashFn = hash
         .parse()
         .map_err(|e| anyhow::anyhow!("--hash {hash}: {e}"))?;
@@ -108,6 +114,7 @@ pub fn rule_sink(
         cache: *cache.ip(),
         entries: HashMap::new(),
         removed_seen: None,
+        listed: None,
     };
     Ok(Some(Box::new(move |changes| steer.apply(changes))))
 }
@@ -141,9 +148,15 @@ struct Steer {
     /// Key hash → (entry id, keys that hold it).
     entries: HashMap<u32, (u64, usize)>,
     /// The switch's count of steering entries it removed (its check of the cache nodes), when
-    /// last synced: a sync lists the entries only when it moved.
+    /// last synced: a sync lists the entries when it moved ...
     removed_seen: Option<u64>,
+    /// ... or [`AUDIT_EVERY`] after the last listing: entries removed by others (the
+    /// controller, an operator) move no count.
+    listed: Option<Instant>,
 }
+
+/// How often a cache node's rule sink lists its entries whatever the switch's count says.
+pub const AUDIT_EVERY: Duration = Duration::from_secs(10);
 
 impl Steer {
     /// Applies the cache node's rule changes, in one batch when it can; with none, makes the
@@ -318,7 +331,8 @@ impl Steer {
         // first): listing them all is the costly part.
         let status = self.client.call("GET", "/api/v1/status", None)?;
         let removed = status["steer"]["removed_entries"].as_u64();
-        if removed.is_some() && removed == self.removed_seen {
+        let due = self.listed.is_none_or(|t| t.elapsed() >= AUDIT_EVERY);
+        if removed.is_some() && removed == self.removed_seen && !due {
             return Ok(());
         }
         let mine = json!({ "set_ipv4_dst": self.cache.to_string() });
@@ -344,6 +358,7 @@ impl Steer {
         }
         // Only once it all went through: a sync that failed is tried again.
         self.removed_seen = removed;
+        self.listed = Some(Instant::now());
         Ok(())
     }
 }

@@ -1048,3 +1048,24 @@ fn the_controller_removes_the_steering_entries_of_a_cache_node_that_does_not_ans
     });
     drop(running);
 }
+
+#[test]
+fn a_cache_node_on_no_one_address_is_refused_its_steering() {
+    let rig = rig(None);
+    let steer = kvswitch::steer::SteerArgs {
+        switch_api: Some(rig.client.api),
+        switch_token_file: None,
+        steer_interface: Some(6),
+        vip: Some(Ipv4Addr::new(10, 0, 0, 100)),
+    };
+    let e = kvswitch::steer::rule_sink(&steer, "0.0.0.0:11211".parse().unwrap(), "md5")
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("--listen"), "{e}");
+    // Nothing was installed for it.
+    let acl = rig
+        .client
+        .call("GET", "/api/v1/tables/acl/entries", None)
+        .unwrap();
+    assert_eq!(acl["entries"].as_array().map(Vec::len), Some(0), "{acl}");
+}

@@ -73,6 +73,7 @@ pub struct Encoder {
     local: SocketAddrV4,
     placement: Arc<Placement>,
     frame: Vec<u8>,
+    key: Vec<u8>,
 }
 
 impl Encoder {
@@ -86,13 +87,16 @@ impl Encoder {
             local,
             placement,
             frame: Vec::with_capacity(2048),
+            key: Vec::with_capacity(64),
         })
     }
 
-    /// Sends `payload` (a memcached UDP frame header and request) for `key` as a query of
-    /// `kind` to the key's backend.
-    pub fn send(&mut self, kind: Kind, key: &[u8], payload: &[u8]) -> io::Result<()> {
-        let (hash, backend) = self.placement.place(key);
+    /// Sends `payload` (a memcached UDP frame header and request) for key `prefix<index>` as
+    /// a query of `kind` to the key's backend.
+    pub fn send(&mut self, kind: Kind, prefix: &str, index: u64, payload: &[u8]) -> io::Result<()> {
+        self.key.clear();
+        crate::text::write_key(&mut self.key, prefix, index);
+        let (hash, backend) = self.placement.place(&self.key);
         let ends = UdpEnds {
             src_mac: Mac(self.sender.mac()),
             dst_mac: keymac::encode(kind, hash),

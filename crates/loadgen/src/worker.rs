@@ -919,13 +919,11 @@ fn send_udp(
     p.sent = Instant::now();
     let ok = match encoder {
         Some(e) => {
-            let mut key = Vec::with_capacity(plan.key_prefix.len() + 20);
-            text::write_key(&mut key, &plan.key_prefix, p.index);
             let kind = match p.op {
                 Op::Get => Kind::Get,
                 Op::Set => Kind::Other,
             };
-            e.send(kind, &key, buf).is_ok()
+            e.send(kind, &plan.key_prefix, p.index, buf).is_ok()
         }
         None => sock.send(buf).is_ok(),
     };

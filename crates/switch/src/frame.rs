@@ -7,7 +7,9 @@ use wire::{arp, mcudp};
 pub use wire::frame::UdpEnds;
 use wire::frame::PAYLOAD_OFFSET;
 
-/// Builds one Ethernet/IPv4/UDP frame carrying `payload`, with both checksums filled.
+/// Builds one Ethernet/IPv4/UDP frame carrying `payload`, with both checksums filled. The
+/// switch's own frames always fit ([`wire::frame::MAX_PAYLOAD`]): a piece of a reply, or part
+/// of a request that came in one datagram; a payload that does not fit gives no frame.
 pub fn udp_frame(ends: &UdpEnds, payload: &[&[u8]]) -> Vec<u8> {
     let mut buf =
         Vec::with_capacity(PAYLOAD_OFFSET + payload.iter().map(|p| p.len()).sum::<usize>());
@@ -15,7 +17,9 @@ pub fn udp_frame(ends: &UdpEnds, payload: &[&[u8]]) -> Vec<u8> {
     for p in payload {
         buf.extend_from_slice(p);
     }
-    wire::frame::emit_udp_headers(&mut buf, ends);
+    if !wire::frame::emit_udp_headers(&mut buf, ends) {
+        buf.clear();
+    }
     buf
 }
 

@@ -104,10 +104,16 @@ pub enum Drop {
     /// In a replicated pool, a binary write that compares a cas unique: each replica has its
     /// own uniques (text and meta ones are answered with an error).
     ReplicatedCas,
+    /// A frame to one of SwitchKV's query MACs that is no query: not IPv4 UDP to a server's
+    /// address and memcached port (or with a source no host sends from).
+    SwitchkvMisaddressed,
+    /// A SwitchKV client's query while kvswitch's own cache is on: that cache stays coherent
+    /// only by reading every write, and these are never read.
+    SwitchkvCacheOn,
 }
 
 impl Drop {
-    pub const ALL: [Drop; 43] = [
+    pub const ALL: [Drop; 45] = [
         Drop::BadEthernet,
         Drop::BadIpv4,
         Drop::BadUdp,
@@ -151,6 +157,8 @@ impl Drop {
         Drop::EgressQueueFull,
         Drop::ReplicatedPipeline,
         Drop::ReplicatedCas,
+        Drop::SwitchkvMisaddressed,
+        Drop::SwitchkvCacheOn,
     ];
 
     /// The label used in metrics.
@@ -199,6 +207,8 @@ impl Drop {
             Drop::EgressQueueFull => "egress_queue_full",
             Drop::ReplicatedPipeline => "replicated_pipeline",
             Drop::ReplicatedCas => "replicated_cas",
+            Drop::SwitchkvMisaddressed => "switchkv_misaddressed",
+            Drop::SwitchkvCacheOn => "switchkv_cache_on",
         }
     }
 

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use kv::{Distribution, HashFn, Instant};
 use serde_json::{json, Value};
+use switch::cache::{CacheService, CacheSettings};
 use switch::control::{Change, ControlError, EntryDef, ErrorKind, TableDef};
 use switch::frame::{udp_frame, UdpEnds};
 use switch::pool::Pool;
@@ -670,13 +671,18 @@ fn a_switchkv_clients_queries_go_to_the_cache_node_of_their_key_or_their_backend
     }
     assert_eq!(stats::get(&stats.switchkv_gets), 3);
     assert_eq!(stats::get(&stats.switchkv_others), 1);
-    // A query prefix to an address that is no server's, or to a server's other port, is not a
-    // query: switched as any frame to an unknown MAC is.
+    // A query MAC on a frame to an address that is no server's, to a server's other port, or
+    // from port 0, is no query: dropped and counted, never flooded.
+    let misaddressed = || stats::get(&stats.drops[Drop::SwitchkvMisaddressed as usize]);
     let mut stray = encoded(keymac::Kind::Get, "hot", 7, "get hot\r\n");
-    assert_eq!(send(&mut sw, stray.clone()), Fate::Flood);
+    assert_eq!(send(&mut sw, stray.clone()), Fate::Consumed);
     stray = encoded(keymac::Kind::Get, "hot", 1, "get hot\r\n");
     stray[36..38].copy_from_slice(&11212u16.to_be_bytes());
-    assert_eq!(send(&mut sw, stray), Fate::Flood);
+    assert_eq!(send(&mut sw, stray), Fate::Consumed);
+    stray = encoded(keymac::Kind::Other, "hot", 1, "get hot\r\n");
+    stray[34..36].copy_from_slice(&0u16.to_be_bytes());
+    assert_eq!(send(&mut sw, stray), Fate::Consumed);
+    assert_eq!(misaddressed(), 3);
     assert_eq!(stats::get(&stats.switchkv_gets), 3);
     // A read the cache node sends back to the VIP with the other prefix (a key it does not
     // hold) goes to the key's server, not to the cache node again.
@@ -689,6 +695,46 @@ fn a_switchkv_clients_queries_go_to_the_cache_node_of_their_key_or_their_backend
     let fate = sw.process(3, &mut back, true, NOW, &mut Vec::new());
     assert!(matches!(fate, Fate::Out(1 | 2)), "{fate:?}");
     assert_eq!(&back[30..34], &[10, 0, 1, 1 + (fate == Fate::Out(2)) as u8]);
+}
+
+#[test]
+fn with_kvswitchs_cache_on_switchkv_queries_are_refused_and_a_read_sent_back_is_not_steered() {
+    let (mut sw, stats) = rig_with(|spec| spec.cache = true);
+    let mut settings = CacheSettings {
+        enabled: true,
+        ..Default::default()
+    };
+    settings.cache.items = 16;
+    sw.set_cache(CacheService::new(settings, 2, NOW).unwrap())
+        .unwrap();
+    let cache_mac = Mac([2, 0, 0, 0, 9, 9]);
+    interface(&mut sw, 5, cache_mac, 3);
+    sw.apply(vec![add(
+        switch::control::STEER,
+        json!({
+            "match": {"one_read": 1, "key_hash": HashFn::Md5.hash(b"hot")},
+            "actions": [{"set_ipv4_dst": "10.0.1.9"}, {"interface": 5}]
+        }),
+    )])
+    .unwrap();
+    // The cache answers only what it parsed and sees every write it must: a SwitchKV
+    // client's queries, which it would never read, are dropped and counted.
+    for kind in [keymac::Kind::Get, keymac::Kind::Other] {
+        assert_eq!(
+            send(&mut sw, encoded(kind, "hot", 1, "get hot\r\n")),
+            Fate::Consumed
+        );
+    }
+    assert_eq!(stats::get(&stats.drops[Drop::SwitchkvCacheOn as usize]), 2);
+    // A client's read of the key misses the cache and is steered to the cache node.
+    assert_eq!(send(&mut sw, get("hot")), Fate::Out(3));
+    // The cache node sends it back with the other prefix: to the key's server, not to the
+    // cache node again (which would send it back again, and so on).
+    let mut back = get("hot");
+    back[..6].copy_from_slice(&keymac::encode(keymac::Kind::Other, 0).0);
+    back[6..12].copy_from_slice(&cache_mac.0);
+    let fate = sw.process(3, &mut back, true, NOW, &mut Vec::new());
+    assert!(matches!(fate, Fate::Out(1 | 2)), "{fate:?}");
 }
 
 #[test]

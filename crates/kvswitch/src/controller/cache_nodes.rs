@@ -1,8 +1,10 @@
-//! The SwitchKV cache nodes the switches steer reads to: every address a `kv_steer` entry of
-//! any switch leads to (its `set_ipv4_dst`) is asked memcached's `version` on the
-//! `cache_node_port` each probe interval. A node that fails `down_after` probes in a row loses
-//! its steering entries on every switch, so that reads of its keys go to their backends again
-//! (it may have died, or hung past its leases); it installs them again itself once it serves.
+//! The SwitchKV cache nodes the switches steer reads to, with `cache_node_port` set: every
+//! address a `kv_steer` entry of any switch leads to (its `set_ipv4_dst`) is asked memcached's
+//! `version` on that port each probe interval. A node that fails `down_after` probes in a row
+//! loses its steering entries on every switch, so that reads of its keys go to their backends
+//! again (it may have died, or hung past its leases); entries found leading to it while its
+//! probes still fail go too. Once it answers, its rule sink finds them gone (it lists its
+//! entries every few seconds) and installs them again.
 //! A switch also checks the nodes it steers to on its own (`switch.steer_check_ms`); the
 //! controller's check covers every switch of the fleet from one place, and switches without a
 //! local port, which cannot probe.
@@ -19,7 +21,7 @@ use super::{probe, Health, Shared, CAMPAIGN_INTERVAL};
 use crate::ctl::Client;
 
 /// What the controller knows of one cache node.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(super) struct CacheNode {
     pub health: Health,
     /// Steering entries that led to it at the last round, over every switch.
@@ -28,8 +30,24 @@ pub(super) struct CacheNode {
     pub removed: u64,
 }
 
-/// The cache nodes' watch: runs until the controller stops; returns at once when
-/// `cache_node_port` is 0.
+impl Default for CacheNode {
+    /// A node found in a steering entry installed it, and so served a moment ago: up, and
+    /// down only after `down_after` failed probes in a row (a server's first probe alone
+    /// decides, which does not suit a node that has just shown it runs).
+    fn default() -> CacheNode {
+        CacheNode {
+            health: Health {
+                known: true,
+                ..Health::default()
+            },
+            entries: 0,
+            removed: 0,
+        }
+    }
+}
+
+/// The cache nodes' watch: runs until the controller stops; returns at once without
+/// `cache_node_port`.
 pub(super) fn watch(shared: &Shared) {
     while !shared.stop.load(Ordering::Relaxed) {
         let began = Instant::now();
@@ -98,10 +116,12 @@ pub(super) fn watch(shared: &Shared) {
                 let node = f.cache_nodes.entry(ip).or_default();
                 let entries = leading.remove(&ip).unwrap_or_default();
                 node.entries = entries.len();
+                let failed = outcome.is_err();
                 if node.health.record(outcome, down_after, up_after) && node.health.up {
                     tracing::info!(cache_node = %ip, "cache node answers again");
                 }
-                if !node.health.up {
+                // Not once it answers again: what it installs on its way back up stays.
+                if !node.health.up && failed {
                     remove.push((ip, entries));
                 }
             }

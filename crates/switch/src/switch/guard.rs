@@ -52,9 +52,9 @@ impl Switch {
     }
 
     /// Whether `frame` is a read a SwitchKV cache node sends back through the switch (the
-    /// other prefix in its destination MAC, to the VIP), from a next hop of the interface
-    /// table on its own port: it keeps its client's address, which is neither checked nor
-    /// learned on that port.
+    /// other prefix in its destination MAC; IPv4 with a plain header, UDP to the VIP's
+    /// memcached port), from a next hop of the interface table on its own port: it keeps its
+    /// client's address, which is neither checked nor learned on that port.
     fn sent_back(&self, in_port: u16, frame: &[u8], src_mac: Mac) -> bool {
         let Some(dst) = frame.get(0..6).and_then(|b| <[u8; 6]>::try_from(b).ok()) else {
             return false;
@@ -62,8 +62,15 @@ impl Switch {
         if !keymac::decode(Mac(dst)).is_some_and(|(k, _)| k == keymac::Kind::Other) {
             return false;
         }
+        let ipv4_udp = frame.get(12..14) == Some(&EtherType::IPV4.0.to_be_bytes()[..])
+            && frame.get(ethernet::HEADER_LEN) == Some(&0x45)
+            && frame.get(usize::from(OFF_IP_PROTO)) == Some(&ipv4::Protocol::UDP.0);
         let at = usize::from(OFF_IP_DST);
-        if frame.get(at..at + 4) != Some(&self.spec.vip.ip.octets()[..]) {
+        let dst_port = usize::from(OFF_L4_DST);
+        if !ipv4_udp
+            || frame.get(at..at + 4) != Some(&self.spec.vip.ip.octets()[..])
+            || frame.get(dst_port..dst_port + 2) != Some(&self.spec.vip.port.to_be_bytes()[..])
+        {
             return false;
         }
         self.pipeline

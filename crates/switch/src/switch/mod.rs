@@ -572,8 +572,16 @@ impl Switch {
         }
         let fate = self.resolve(verdict, in_port, routed, frame, emit);
         if routed && fate != Fate::Consumed {
-            // Counted once the pipeline has sent it on, not when it was parsed.
-            if let Some(server) = self.view.read_locate_hash(meta.key_hash) {
+            // Counted once the pipeline has sent it on, not when it was parsed. A SwitchKV
+            // client's query goes to the server it names, unless steered to a cache node.
+            let server = match meta.flags & FLAG_SWITCHKV {
+                0 => self.view.read_locate_hash(meta.key_hash),
+                _ => frame
+                    .get(usize::from(OFF_IP_DST)..usize::from(OFF_IP_DST) + 4)
+                    .and_then(|b| <[u8; 4]>::try_from(b).ok())
+                    .and_then(|ip| self.backend_by_ip.get(&Ipv4Addr::from(ip)).copied()),
+            };
+            if let Some(server) = server {
                 self.stats.backend_request(server);
             }
             stats::inc(&self.stats.kv_forwarded);

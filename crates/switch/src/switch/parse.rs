@@ -66,8 +66,10 @@ impl Switch {
                 return Stage::Done(Fate::Consumed);
             }
         }
-        if plain_udp && !for_vip && !for_agent {
-            if let Some(stage) = self.switchkv_query(dst_mac, dst_ip, ip.payload()) {
+        if !for_vip && !for_agent {
+            if let Some(stage) =
+                self.switchkv_query(dst_mac, src_ip, dst_ip, ip.payload(), plain_udp)
+            {
                 return stage;
             }
         }
@@ -136,11 +138,14 @@ impl Switch {
             self.stats.count_drop(Drop::MultiDatagramRequest);
             return Stage::Done(Fate::Consumed);
         }
+        // A read a SwitchKV cache node sent back with the other prefix is never steered
+        // again, nor asked of the cache (whose miss would steer it): it goes to its server.
+        let sent_back = keymac::decode(dst_mac).is_some_and(|(k, _)| k == keymac::Kind::Other);
         match self.route_datagram(body) {
             Route::One { key_hash, one_read } => {
                 self.warm_deletes(body, &[], emit);
                 let mut read = None;
-                if let Some(cache) = &mut self.cache {
+                if let (Some(cache), false) = (&mut self.cache, sent_back) {
                     let view = &self.view;
                     let mut locate = |key: &[u8]| view.locate(key).unwrap_or(0);
                     match cache.on_request(
@@ -164,11 +169,7 @@ impl Switch {
                         }
                     }
                 }
-                // With the cache on, only the reads it may answer are marked, as before. A
-                // read a SwitchKV cache node sent back with the other prefix is never steered
-                // again: it goes to its server.
-                let sent_back =
-                    keymac::decode(dst_mac).is_some_and(|(k, _)| k == keymac::Kind::Other);
+                // With the cache on, only the reads it may answer are marked, as before.
                 let one_read = read.is_some() || (self.cache.is_none() && one_read && !sent_back);
                 Stage::Continue {
                     flags: FLAG_PLAIN_UDP,
@@ -227,17 +228,36 @@ impl Switch {
         }
     }
 
-    /// A query a SwitchKV client encoded ([`keymac`]): to a backend's address and memcached
-    /// port, with a query prefix in the destination MAC. Its key hash is the MAC's; a client's
-    /// read is marked as one read, so that `kv_steer` may send it to a cache node, unless the
-    /// switch's own cache is on (it answers only reads it parsed); `kv_backend` sends the rest
-    /// to the backend. Its payload is not read: the client chose the backend.
-    fn switchkv_query(&self, dst_mac: Mac, dst_ip: Ipv4Addr, l4: &[u8]) -> Option<Stage> {
+    /// A query a SwitchKV client encoded ([`keymac`]): a query prefix in the destination MAC,
+    /// to a server's address and memcached port. Its key hash is the MAC's; a client's read is
+    /// marked as one read, so that `kv_steer` may send it to a cache node, and `kv_backend`
+    /// sends the rest to the server. Its payload is not read: the client chose the server.
+    /// `None` for a frame to any other MAC; a query MAC on anything else is dropped, as is
+    /// every query while kvswitch's own cache is on (it would miss their writes).
+    fn switchkv_query(
+        &self,
+        dst_mac: Mac,
+        src_ip: Ipv4Addr,
+        dst_ip: Ipv4Addr,
+        l4: &[u8],
+        plain_udp: bool,
+    ) -> Option<Stage> {
         let (kind, key_hash) = keymac::decode(dst_mac)?;
-        let &i = self.backend_by_ip.get(&dst_ip)?;
-        let u = udp::Packet::new_checked(l4).ok()?;
-        if u.dst_port() != self.spec.servers.get(i)?.addr.port() {
-            return None;
+        let server = self
+            .backend_by_ip
+            .get(&dst_ip)
+            .and_then(|&i| self.spec.servers.get(i));
+        let to_server = plain_udp
+            && server.is_some_and(|s| {
+                udp::Packet::new_checked(l4).is_ok_and(|u| u.dst_port() == s.addr.port())
+            });
+        if !to_server || self.bad_source_to_vip(src_ip, l4, plain_udp).is_some() {
+            self.stats.count_drop(Drop::SwitchkvMisaddressed);
+            return Some(Stage::Done(Fate::Consumed));
+        }
+        if self.cache.is_some() {
+            self.stats.count_drop(Drop::SwitchkvCacheOn);
+            return Some(Stage::Done(Fate::Consumed));
         }
         let get = kind == keymac::Kind::Get;
         stats::inc(match get {
@@ -249,7 +269,7 @@ impl Switch {
             key_hash,
             routed: true,
             read: None,
-            one_read: get && self.cache.is_none(),
+            one_read: get,
         })
     }
 
