@@ -377,6 +377,17 @@ pub enum Change {
     },
 }
 
+impl Change {
+    /// The table it changes.
+    pub fn table(&self) -> &str {
+        match self {
+            Change::Add { table, .. }
+            | Change::Modify { table, .. }
+            | Change::Delete { table, .. } => table,
+        }
+    }
+}
+
 /// A table as listed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]

@@ -738,7 +738,7 @@ fn with_kvswitchs_cache_on_switchkv_queries_are_refused_and_a_read_sent_back_is_
 }
 
 #[test]
-fn with_the_source_check_only_a_next_hop_may_send_a_read_back_in_its_clients_name() {
+fn with_the_source_check_only_a_steered_next_hop_may_send_a_read_back_in_its_clients_name() {
     let (mut sw, stats) = rig_with(|spec| {
         spec.source_check = Some(spec::SourceCheck {
             age: std::time::Duration::from_secs(60),
@@ -762,8 +762,25 @@ fn with_the_source_check_only_a_next_hop_may_send_a_read_back_in_its_clients_nam
         Fate::Consumed
     );
     assert_eq!(spoofed(), 1);
+    // An interface-table entry behind port 3 that no steering entry uses is not enough.
     interface(&mut sw, 5, cache_mac, 3);
-    // The next hop's read sent back goes to the key's server; another MAC on its port, or
+    assert_eq!(
+        sw.process(3, &mut back(cache_mac), true, NOW, &mut Vec::new()),
+        Fate::Consumed
+    );
+    assert_eq!(spoofed(), 2);
+    let steer = |sw: &mut Switch, change: Change| sw.apply(vec![change]).unwrap()[0];
+    let id = steer(
+        &mut sw,
+        add(
+            switch::control::STEER,
+            json!({
+                "match": {"one_read": 1, "key_hash": 77},
+                "actions": [{"set_ipv4_dst": "10.0.1.9"}, {"interface": 5}]
+            }),
+        ),
+    );
+    // The cache node's read sent back goes to the key's server; another MAC on its port, or
     // the client prefix, is still checked.
     let fate = sw.process(3, &mut back(cache_mac), true, NOW, &mut Vec::new());
     assert!(matches!(fate, Fate::Out(1 | 2)), "{fate:?}");
@@ -778,10 +795,23 @@ fn with_the_source_check_only_a_next_hop_may_send_a_read_back_in_its_clients_nam
         sw.process(3, &mut get_prefix, true, NOW, &mut Vec::new()),
         Fate::Consumed
     );
-    assert_eq!(spoofed(), 3);
+    assert_eq!(spoofed(), 4);
     // The client's address was not learned on port 3: it still sends from port 0.
     assert!(matches!(send(&mut sw, get("k")), Fate::Out(1 | 2)));
-    assert_eq!(spoofed(), 3);
+    assert_eq!(spoofed(), 4);
+    // Once no steering entry leads there, the exemption ends.
+    steer(
+        &mut sw,
+        Change::Delete {
+            table: switch::control::STEER.into(),
+            id,
+        },
+    );
+    assert_eq!(
+        sw.process(3, &mut back(cache_mac), true, NOW, &mut Vec::new()),
+        Fate::Consumed
+    );
+    assert_eq!(spoofed(), 5);
 }
 
 #[test]

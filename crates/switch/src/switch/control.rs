@@ -316,9 +316,30 @@ impl Switch {
     /// (the new entry's for an add).
     pub fn apply(&mut self, changes: Vec<Change>) -> Result<Vec<u64>, ControlError> {
         self.operator.made.clear();
+        let steers = changes.iter().any(|c| c.table() == crate::control::STEER);
         let done = self.apply_now(changes);
         self.settle_counters(done.is_ok());
+        if steers && done.is_ok() {
+            self.steer_hops = self.hops_steered_to();
+        }
         done
+    }
+
+    /// The interface-table entries named by `kv_steer` entries, sorted.
+    fn hops_steered_to(&self) -> Vec<u16> {
+        let mut hops: Vec<u16> = self
+            .entries(crate::control::STEER)
+            .unwrap_or_default()
+            .iter()
+            .flat_map(|e| &e.actions)
+            .filter_map(|a| match a {
+                crate::control::ActionDef::Interface(i) => Some(*i),
+                _ => None,
+            })
+            .collect();
+        hops.sort_unstable();
+        hops.dedup();
+        hops
     }
 
     fn apply_now(&mut self, changes: Vec<Change>) -> Result<Vec<u64>, ControlError> {

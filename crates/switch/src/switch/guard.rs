@@ -53,8 +53,9 @@ impl Switch {
 
     /// Whether `frame` is a read a SwitchKV cache node sends back through the switch (the
     /// other prefix in its destination MAC; IPv4 with a plain header, UDP to the VIP's
-    /// memcached port), from a next hop of the interface table on its own port: it keeps its
-    /// client's address, which is neither checked nor learned on that port.
+    /// memcached port), from the port and MAC of an interface-table entry that `kv_steer`
+    /// entries send reads through (a cache node's): it keeps its client's address, which is
+    /// neither checked nor learned on that port.
     fn sent_back(&self, in_port: u16, frame: &[u8], src_mac: Mac) -> bool {
         let Some(dst) = frame.get(0..6).and_then(|b| <[u8; 6]>::try_from(b).ok()) else {
             return false;
@@ -73,9 +74,11 @@ impl Switch {
         {
             return false;
         }
-        self.pipeline
-            .interfaces()
-            .any(|(_, it)| it.port == in_port && it.eth_dst == src_mac.0)
+        self.steer_hops.iter().any(|&i| {
+            self.pipeline
+                .interface(i)
+                .is_some_and(|it| it.port == in_port && it.eth_dst == src_mac.0)
+        })
     }
 
     /// The VIP, the agent address, or an address of the host's end of the local port.

@@ -210,6 +210,10 @@ pub struct Switch {
     vip_broadcast: Option<Ipv4Addr>,
     /// What the control plane added: its tables, counters and the CPU queue.
     operator: control::Operator,
+    /// The interface-table entries `kv_steer` entries send reads through (the SwitchKV cache
+    /// nodes' next hops), kept as `kv_steer` changes: only these may send a read back in its
+    /// client's name past the source check.
+    steer_hops: Vec<u16>,
 }
 
 impl Switch {
@@ -284,6 +288,7 @@ impl Switch {
                 Ipv4Addr::from(u32::from(spec.vip.ip) | (u32::MAX >> spec.vip.prefix_len))
             }),
             operator: control::Operator::default(),
+            steer_hops: Vec::new(),
             spec,
         };
         sw.operator.tables.insert(sw.tables.acl);
