@@ -578,7 +578,7 @@ fn an_operator_pins_a_key_to_a_server_through_an_interface() {
 
 #[test]
 fn reads_of_a_steered_key_go_to_the_cache_node_and_nothing_else_does() {
-    let (mut sw, _) = rig();
+    let (mut sw, stats) = rig();
     let Fate::Out(owner) = send(&mut sw, get("hot")) else {
         panic!("a get is routed");
     };
@@ -596,6 +596,8 @@ fn reads_of_a_steered_key_go_to_the_cache_node_and_nothing_else_does() {
             }),
         )])
         .unwrap();
+    let requests = |i: u16| stats::get(&stats.backends[usize::from(i) - 1].requests);
+    let before = requests(owner);
     let mut frame = get("hot");
     assert_eq!(
         sw.process(0, &mut frame, true, NOW, &mut Vec::new()),
@@ -603,12 +605,15 @@ fn reads_of_a_steered_key_go_to_the_cache_node_and_nothing_else_does() {
     );
     assert_eq!(&frame[0..6], &cache_mac.0[..]);
     assert_eq!(&frame[30..34], &cache_ip.octets()[..]);
+    // The cache node answers it: no request of the key's server.
+    assert_eq!(requests(owner), before);
     // A write of the key and a read of another key go to their owners.
     let mut payload = vec![0u8; mcudp::LEN];
     mcudp::Header::single(8).emit(&mut payload);
     payload.extend_from_slice(b"set hot 0 0 1\r\nx\r\n");
     let write = frame_from(CLIENT_MAC, CLIENT_IP, VIP, &payload);
     assert_eq!(send(&mut sw, write), Fate::Out(owner));
+    assert_eq!(requests(owner), before + 1);
     assert!(matches!(send(&mut sw, get("cold")), Fate::Out(p) if p != 3));
     // Its table is the switch's: entries come and go, the table stays.
     refused(&mut sw, ErrorKind::Conflict, "table", |sw| {

@@ -298,7 +298,7 @@ pub fn metrics(shared: &Shared) -> String {
         &mut out,
         "kvswitch_backend_requests_total",
         "counter",
-        "memcached requests routed to each server.",
+        "memcached requests sent to each server (a read steered to a cache node is none).",
     );
     let servers = shared.pool.spec();
     for (i, (server, b)) in servers.servers.iter().zip(&s.backends).enumerate() {

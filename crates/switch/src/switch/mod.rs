@@ -577,10 +577,15 @@ impl Switch {
         }
         let fate = self.resolve(verdict, in_port, routed, frame, emit);
         if routed && fate != Fate::Consumed {
-            // Counted once the pipeline has sent it on, not when it was parsed. A SwitchKV
-            // client's query goes to the server it names, unless steered to a cache node.
+            // Counted once the pipeline has sent it on, not when it was parsed, for the server
+            // it leaves for: a read steered to a cache node (or sent elsewhere by an
+            // operator) leaves with another MAC, and a SwitchKV client's query goes to the
+            // server it names unless steered.
             let server = match meta.flags & FLAG_SWITCHKV {
-                0 => self.view.read_locate_hash(meta.key_hash),
+                0 => self.view.read_locate_hash(meta.key_hash).filter(|&i| {
+                    let mac = self.backend_macs.get(i).copied().flatten();
+                    mac.is_some_and(|m| frame.get(0..6) == Some(&m.0[..]))
+                }),
                 _ => frame
                     .get(usize::from(OFF_IP_DST)..usize::from(OFF_IP_DST) + 4)
                     .and_then(|b| <[u8; 4]>::try_from(b).ok())
