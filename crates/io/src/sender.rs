@@ -16,7 +16,6 @@ use crate::sys::cvt;
 #[derive(Debug)]
 pub struct FrameSender {
     fd: OwnedFd,
-    ifname: String,
     mac: [u8; 6],
 }
 
@@ -47,17 +46,12 @@ impl FrameSender {
             )
         })?;
         let mac = local_mac(fd.as_raw_fd())?;
-        Ok(FrameSender { fd, ifname, mac })
+        Ok(FrameSender { fd, mac })
     }
 
     /// The interface's hardware address: the source of the frames it sends.
     pub fn mac(&self) -> [u8; 6] {
         self.mac
-    }
-
-    /// The interface's name.
-    pub fn interface(&self) -> &str {
-        &self.ifname
     }
 
     /// Sends one whole frame without waiting; a full queue is an error of kind `WouldBlock`.

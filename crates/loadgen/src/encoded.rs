@@ -22,8 +22,7 @@ use wire::keymac::{self, Kind};
 /// switch's pool places it with every server in.
 #[derive(Debug)]
 pub struct Placement {
-    spec: switch::pool::PoolSpec,
-    ring: kv::Ring,
+    view: Arc<switch::pool::View>,
     servers: Vec<SocketAddrV4>,
 }
 
@@ -38,9 +37,6 @@ impl Placement {
 
     /// The placement of `spec`'s pool; its servers must have IPv4 addresses.
     pub fn new(spec: switch::pool::PoolSpec) -> anyhow::Result<Placement> {
-        let ring = spec
-            .ring()
-            .map_err(|e| anyhow!("--switchkv: the pool has no ring: {e}"))?;
         let servers = spec
             .servers
             .iter()
@@ -49,21 +45,19 @@ impl Placement {
                 SocketAddr::V6(a) => bail!("--switchkv: server {a} is not IPv4"),
             })
             .collect::<anyhow::Result<_>>()?;
-        Ok(Placement {
-            spec,
-            ring,
-            servers,
-        })
+        // Every server in, as the pool stands before any health check.
+        let view = switch::pool::Pool::new(spec)
+            .map_err(|e| anyhow!("--switchkv: the pool has no ring: {e}"))?
+            .view(kv::Instant::ZERO);
+        Ok(Placement { view, servers })
     }
 
     /// The hash that places `key` and the address of the server that holds it.
     pub fn place(&self, key: &[u8]) -> (u32, SocketAddrV4) {
-        let hashed = self.spec.hashed_key(key);
-        let hash = match hashed.is_empty() {
-            true => 0,
-            false => self.ring.key_hash(hashed),
-        };
-        (hash, self.servers[self.ring.locate_hash(hash)])
+        let hash = self.view.key_hash(key);
+        // A pool just built has every server in: its ring always answers.
+        let at = self.view.locate_hash(hash).unwrap_or(0);
+        (hash, self.servers[at])
     }
 }
 

@@ -351,14 +351,10 @@ impl Node {
         if !args.no_udp {
             let socket =
                 UdpSocket::bind(listen).with_context(|| format!("failed to bind udp {listen}"))?;
-            node.udp = Some(
-                socket
-                    .local_addr()
-                    .context("failed to read the udp address")?,
-            );
             let serving = socket
                 .local_addr()
                 .context("failed to read the udp address")?;
+            node.udp = Some(serving);
             // A look-through cache node sends what it does not answer on over UDP; one a
             // switch steers reads to sends those back through the switch.
             let onward = match (args.upstream, args.role, args.cache_path()) {

@@ -45,6 +45,12 @@ pub fn decode(mac: Mac) -> Option<(Kind, u32)> {
     Some((kind, u32::from_be_bytes([m[2], m[3], m[4], m[5]])))
 }
 
+/// Whether `mac` carries the other prefix: a query no cache node may answer, such as a read a
+/// cache node sends back through the switch.
+pub fn is_other(mac: Mac) -> bool {
+    decode(mac).is_some_and(|(kind, _)| kind == Kind::Other)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -59,6 +65,7 @@ mod tests {
             let mac = encode(kind, hash);
             assert!(mac.is_unicast(), "{mac:?}");
             assert_eq!(decode(mac), Some((kind, hash)));
+            assert_eq!(is_other(mac), kind == Kind::Other);
         }
         assert_eq!(encode(Kind::Get, 0x0102_0304).0, [0x02, 0x4b, 1, 2, 3, 4]);
     }
@@ -72,6 +79,7 @@ mod tests {
             Mac([0; 6]),
         ] {
             assert_eq!(decode(mac), None, "{mac:?}");
+            assert!(!is_other(mac), "{mac:?}");
         }
     }
 }

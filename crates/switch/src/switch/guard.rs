@@ -60,7 +60,7 @@ impl Switch {
         let Some(dst) = frame.get(0..6).and_then(|b| <[u8; 6]>::try_from(b).ok()) else {
             return false;
         };
-        if !keymac::decode(Mac(dst)).is_some_and(|(k, _)| k == keymac::Kind::Other) {
+        if !keymac::is_other(Mac(dst)) {
             return false;
         }
         let ipv4_udp = frame.get(12..14) == Some(&EtherType::IPV4.0.to_be_bytes()[..])

@@ -444,13 +444,14 @@ impl Switch {
                 Some(mac) => vec![Action::SetEthDst(mac.0), Action::Goto(self.tables.l2)],
                 None => vec![Action::Drop(Drop::BackendUnresolved.code())],
             };
-            let entry = Entry::exact(key.clone(), actions.clone());
-            if let Err(pipeline::Error::DuplicateKey(id)) =
-                self.pipeline.insert(self.tables.backend, entry)
-            {
-                self.pipeline.remove(self.tables.backend, id)?;
-                self.pipeline
-                    .insert(self.tables.backend, Entry::exact(key, actions))?;
+            match self.pipeline.lookup_exact(self.tables.backend, &key) {
+                Some(id) => self
+                    .pipeline
+                    .set_actions(self.tables.backend, id, actions)?,
+                None => {
+                    self.pipeline
+                        .insert(self.tables.backend, Entry::exact(key, actions))?;
+                }
             }
         }
         Ok(())
@@ -578,19 +579,20 @@ impl Switch {
         let fate = self.resolve(verdict, in_port, routed, frame, emit);
         if routed && fate != Fate::Consumed {
             // Counted once the pipeline has sent it on, not when it was parsed, for the server
-            // it leaves for: a read steered to a cache node (or sent elsewhere by an
-            // operator) leaves with another MAC, and a SwitchKV client's query goes to the
-            // server it names unless steered.
+            // it leaves for (with that server's MAC): the key's owner on the ring, or the
+            // server a SwitchKV client's query names. A read steered to a cache node, or sent
+            // elsewhere by an operator, leaves with another MAC and counts for none.
             let server = match meta.flags & FLAG_SWITCHKV {
-                0 => self.view.read_locate_hash(meta.key_hash).filter(|&i| {
-                    let mac = self.backend_macs.get(i).copied().flatten();
-                    mac.is_some_and(|m| frame.get(0..6) == Some(&m.0[..]))
-                }),
+                0 => self.view.read_locate_hash(meta.key_hash),
                 _ => frame
                     .get(usize::from(OFF_IP_DST)..usize::from(OFF_IP_DST) + 4)
                     .and_then(|b| <[u8; 4]>::try_from(b).ok())
                     .and_then(|ip| self.backend_by_ip.get(&Ipv4Addr::from(ip)).copied()),
-            };
+            }
+            .filter(|&i| {
+                let mac = self.backend_macs.get(i).copied().flatten();
+                mac.is_some_and(|m| frame.get(0..6) == Some(&m.0[..]))
+            });
             if let Some(server) = server {
                 self.stats.backend_request(server);
             }

@@ -140,7 +140,7 @@ impl Switch {
         }
         // A read a SwitchKV cache node sent back with the other prefix is never steered
         // again, nor asked of the cache (whose miss would steer it): it goes to its server.
-        let sent_back = keymac::decode(dst_mac).is_some_and(|(k, _)| k == keymac::Kind::Other);
+        let sent_back = keymac::is_other(dst_mac);
         match self.route_datagram(body) {
             Route::One { key_hash, one_read } => {
                 self.warm_deletes(body, &[], emit);
