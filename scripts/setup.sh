@@ -4,7 +4,9 @@
 # the switch's local port), and libmemcached's command-line clients (the ordinary TCP client
 # the tests talk to the VIP with, and memcslap, the second client of `kvswitch bench proxy`),
 # the DejaVu fonts the bench's plots are lettered in, etcd (where several controllers keep
-# their pool and elect a leader) and Chromium (the dashboard's tests load it headless).
+# their pool and elect a leader), Chromium (the dashboard's tests load it headless), and clang,
+# libbpf, libelf, zlib and bpftool (the XDP fast path is compiled, linked and inspected with
+# them).
 # Needs root. Rust (cargo) must already be installed.
 set -euo pipefail
 
@@ -14,20 +16,26 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 need=()
-for cmd in memcached nutcracker ethtool ip python3 ps ping memccp memcslap etcd chromium; do
+for cmd in memcached nutcracker ethtool ip python3 ps ping memccp memcslap etcd chromium clang \
+    bpftool pkg-config; do
     command -v "$cmd" >/dev/null 2>&1 || need+=("$cmd")
 done
 if [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
     need+=("DejaVuSans.ttf")
 fi
+for header in /usr/include/bpf/bpf_helpers.h /usr/include/libelf.h /usr/include/zlib.h; do
+    [ -f "$header" ] || need+=("$header")
+done
 if [ "${#need[@]}" -gt 0 ]; then
     echo "setup: installing memcached, nutcracker, iproute2, ethtool, python3, procps," \
-        "iputils-ping, libmemcached-tools, fonts-dejavu-core, etcd-server, chromium"
+        "iputils-ping, libmemcached-tools, fonts-dejavu-core, etcd-server, chromium, clang," \
+        "libbpf-dev, libelf-dev, zlib1g-dev, bpftool, pkg-config"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends \
         memcached nutcracker iproute2 ethtool python3 procps iputils-ping \
-        libmemcached-tools fonts-dejavu-core etcd-server chromium >/dev/null
+        libmemcached-tools fonts-dejavu-core etcd-server chromium clang libbpf-dev \
+        libelf-dev zlib1g-dev bpftool pkg-config linux-libc-dev >/dev/null
 fi
 # Debian starts memcached as a service on install; the testbed runs its own.
 if command -v systemctl >/dev/null 2>&1; then

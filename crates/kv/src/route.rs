@@ -281,6 +281,13 @@ impl Ring {
         }
     }
 
+    /// The ketama continuum as (point, server index) in the order [`Ring::locate_hash`]
+    /// searches it: the first point at or after a hash owns it, the first point owns hashes
+    /// past the last. Empty for other distributions.
+    pub fn points(&self) -> impl ExactSizeIterator<Item = (u32, u32)> + '_ {
+        self.continuum.iter().map(|p| (p.value, p.server))
+    }
+
     /// The index of the server that owns `hash`, in `0..self.len()`.
     pub fn locate_hash(&self, hash: u32) -> usize {
         match self.dist {

@@ -198,6 +198,26 @@ impl View {
         self.live.get(ring.locate_hash(hash)).copied()
     }
 
+    /// The ring as a table of points for a router that searches it itself (the XDP fast
+    /// path): the key hash function and each ketama point with the pool position of its
+    /// server. `None` when keys are not placed by the ring alone: another distribution, a
+    /// hash tag, replicas, a server warming up, or every server out.
+    pub fn ketama_points(&self) -> Option<(HashFn, Vec<(u32, usize)>)> {
+        let ring = self.ring.as_ref()?;
+        if ring.distribution() != kv::Distribution::Ketama
+            || self.hash_tag.is_some()
+            || self.replicas > 1
+            || !self.warming.is_empty()
+        {
+            return None;
+        }
+        let points = ring
+            .points()
+            .map(|(value, server)| self.live.get(server as usize).map(|&s| (value, s)))
+            .collect::<Option<Vec<_>>>()?;
+        Some((self.hash, points))
+    }
+
     /// The server that owns `key`.
     pub fn locate(&self, key: &[u8]) -> Option<usize> {
         self.locate_hash(self.key_hash(key))

@@ -166,6 +166,21 @@ impl SourceGuard {
         }
     }
 
+    /// Whether [`SourceGuard::check`] would accept `ip` on `port` now without learning or moving
+    /// anything: a prefix of the port holds it, or it is bound there.
+    pub fn accepts(&self, port: u16, ip: Ipv4Addr) -> bool {
+        match self.prefixes.get(usize::from(port)) {
+            Some(own) if !own.is_empty() => own.iter().any(|x| x.contains(ip)),
+            _ => {
+                let elsewhere =
+                    self.prefixes.iter().enumerate().any(|(q, list)| {
+                        q != usize::from(port) && list.iter().any(|x| x.contains(ip))
+                    });
+                !elsewhere && self.bound.get(&ip).is_some_and(|b| b.port == port)
+            }
+        }
+    }
+
     /// Forgets addresses not seen for the ageing time. Each binding is judged on its own and
     /// the per-port counts only go down, so the outcome does not depend on the map's order.
     pub fn expire(&mut self, now: Instant) {

@@ -37,6 +37,7 @@ use crate::udp_cache::{UdpCache, CPU_CACHE, REG_CACHE};
 
 mod control;
 mod cpu;
+mod fast;
 mod guard;
 mod parse;
 mod station;
@@ -214,6 +215,9 @@ pub struct Switch {
     /// nodes' next hops), kept as `kv_steer` changes: only these may send a read back in its
     /// client's name past the source check.
     steer_hops: Vec<u16>,
+    /// With a fast path in front of the switch: the senders whose frames the switch sent on,
+    /// which the fast path may then switch itself ([`Switch::set_fast_path`]).
+    fast_hosts: Option<std::collections::BTreeSet<crate::fastpath::Host>>,
 }
 
 impl Switch {
@@ -289,6 +293,7 @@ impl Switch {
             }),
             operator: control::Operator::default(),
             steer_hops: Vec::new(),
+            fast_hosts: None,
             spec,
         };
         sw.operator.tables.insert(sw.tables.acl);
@@ -460,6 +465,22 @@ impl Switch {
     /// Processes one received frame. Rewrites happen in place in `frame`; frames the switch
     /// originates are appended to `emit`.
     pub fn process(
+        &mut self,
+        in_port: u16,
+        frame: &mut [u8],
+        csum_ready: bool,
+        now: Instant,
+        emit: &mut Vec<Emit>,
+    ) -> Fate {
+        let sender = self.fast_sender(in_port, frame);
+        let fate = self.process_frame(in_port, frame, csum_ready, now, emit);
+        if let (Some(host), Fate::Out(_)) = (sender, fate) {
+            self.fast_note(host);
+        }
+        fate
+    }
+
+    fn process_frame(
         &mut self,
         in_port: u16,
         frame: &mut [u8],

@@ -1,0 +1,177 @@
+//! The switch's side of a fast path ([`crate::fastpath`]): the tables it publishes, the senders
+//! it remembers, and what it takes back.
+
+use std::collections::BTreeSet;
+
+use super::*;
+use crate::fastpath::{FastServer, Host, Seen, Tables, MAX_HOSTS};
+
+impl Switch {
+    /// Turns the fast path's bookkeeping on or off: while it is on, each IPv4 sender whose
+    /// frame the switch sends on to one port is remembered (at most [`MAX_HOSTS`]).
+    pub fn set_fast_path(&mut self, on: bool) {
+        self.fast_hosts = on.then(BTreeSet::new);
+    }
+
+    /// The sender of `frame` as a fast path would key it, when the switch remembers senders.
+    pub(super) fn fast_sender(&self, in_port: u16, frame: &[u8]) -> Option<Host> {
+        let hosts = self.fast_hosts.as_ref()?;
+        if Some(in_port) == self.local || frame.get(12..14) != Some(&[0x08, 0x00][..]) {
+            return None;
+        }
+        let mac = Mac(frame.get(6..12)?.try_into().ok()?);
+        let at = usize::from(OFF_IP_SRC);
+        let ip = Ipv4Addr::from(<[u8; 4]>::try_from(frame.get(at..at + 4)?).ok()?);
+        let host = Host {
+            mac,
+            ip,
+            port: in_port,
+        };
+        (!hosts.contains(&host) && hosts.len() < MAX_HOSTS).then_some(host)
+    }
+
+    /// Remembers a sender whose frame the switch just sent on.
+    pub(super) fn fast_note(&mut self, host: Host) {
+        if let Some(hosts) = &mut self.fast_hosts {
+            hosts.insert(host);
+        }
+    }
+
+    /// Why a fast path may not act for the switch now, if it may not: something reads or
+    /// changes frames that it does not know of.
+    fn fast_blocker(&self) -> Option<&'static str> {
+        if self.fast_hosts.is_none() {
+            return Some("off");
+        }
+        if self.cache.is_some() {
+            return Some("the cache is on");
+        }
+        if self.pipeline.len(self.tables.acl).unwrap_or(1) > 0 {
+            return Some("acl has entries");
+        }
+        if self.pipeline.len(self.tables.steer).unwrap_or(1) > 0 {
+            return Some("kv_steer has entries");
+        }
+        if self.spec.servers.len() > crate::pool::MAX_SERVERS {
+            return Some("too many servers");
+        }
+        None
+    }
+
+    /// What a fast path needs to act for the switch as it stands: see [`Tables`]. Senders that
+    /// the switch would no longer accept where they were (a station moved or aged out, a
+    /// source binding went) are forgotten.
+    pub fn fast_tables(&mut self) -> Tables {
+        let ring = self.view.ketama_points();
+        let mut disabled = self.fast_blocker();
+        if disabled.is_none() && ring.is_none() {
+            disabled = Some("keys are not placed by a ketama ring alone");
+        }
+        let (hash, ring) = ring.unwrap_or((kv::HashFn::Md5, Vec::new()));
+        let live = self.view.live();
+        let servers = self
+            .spec
+            .servers
+            .iter()
+            .enumerate()
+            .map(|(i, s)| FastServer {
+                ip: *s.addr.ip(),
+                udp_port: s.addr.port(),
+                to: match (live.contains(&i), self.backend_macs[i], self.server_port(i)) {
+                    (true, Some(mac), Some(port)) => Some((mac, port)),
+                    _ => None,
+                },
+            })
+            .collect();
+        let mut stations: Vec<(Mac, u16)> = self
+            .macs
+            .iter()
+            .filter(|(_, s)| Some(s.port) != self.local)
+            .map(|(m, s)| (*m, s.port))
+            .collect();
+        stations.sort();
+        let mut hosts = self.fast_hosts.take().unwrap_or_default();
+        hosts.retain(|h| self.fast_accepts(h));
+        let list = hosts.iter().copied().collect();
+        if disabled != Some("off") {
+            self.fast_hosts = Some(hosts);
+        }
+        let mut own = vec![self.spec.vip.ip];
+        own.extend(self.spec.agent_ip);
+        own.extend(self.local_ips.iter().copied());
+        own.sort();
+        own.dedup();
+        Tables {
+            disabled,
+            vip: self.spec.vip.ip,
+            vip_mac: self.spec.vip.mac,
+            vip_port: self.spec.vip.port,
+            vip_broadcast: self.vip_broadcast,
+            l3: self.spec.mode == Mode::L3,
+            own,
+            reply_limit: self
+                .spec
+                .reply_limit
+                .as_ref()
+                .filter(|_| self.limiter.is_some())
+                .map(|l| (l.rate, l.burst)),
+            hash,
+            ring,
+            ring_version: self.view.version(),
+            servers,
+            stations,
+            hosts: list,
+        }
+    }
+
+    /// Whether the switch would send on a frame from `h` without learning anything new: its
+    /// station is on its port, and its source passes the source check there.
+    fn fast_accepts(&self, h: &Host) -> bool {
+        if self.macs.get(&h.mac).map(|s| s.port) != Some(h.port) {
+            return false;
+        }
+        if self.own_address(h.ip) {
+            // Only the servers' answers from the VIP in l2 mode come from an address of the
+            // switch's own.
+            return self.spec.mode == Mode::L2
+                && h.ip == self.spec.vip.ip
+                && self.backend_macs.contains(&Some(h.mac));
+        }
+        match &self.guard {
+            Some(guard) if source::is_host_address(h.ip) => guard.accepts(h.port, h.ip),
+            _ => true,
+        }
+    }
+
+    /// Takes in what a fast path did: its senders' stations and source bindings are refreshed
+    /// at `now` as if the switch had seen their frames, and its counts are added to the
+    /// switch's own.
+    pub fn fast_seen(&mut self, seen: &Seen, now: Instant) {
+        for h in &seen.hosts {
+            if !self.fast_accepts(h) {
+                continue;
+            }
+            if let (Some(guard), true) = (&mut self.guard, source::is_host_address(h.ip)) {
+                guard.check(h.port, h.ip, now);
+            }
+            self.learn(h.mac, h.port, now);
+        }
+        let mut routed = 0;
+        for (i, &n) in seen.server_requests.iter().enumerate() {
+            if let (Some(b), true) = (self.stats.backends.get(i), n > 0) {
+                stats::add(&b.requests, n);
+                routed += n;
+            }
+        }
+        for (i, &n) in seen.server_replies.iter().enumerate() {
+            if let (Some(b), true) = (self.stats.backends.get(i), n > 0) {
+                stats::add(&b.replies, n);
+            }
+        }
+        for _ in 0..seen.reply_limited {
+            self.stats.count_drop(Drop::ReplyRateLimited);
+        }
+        stats::add(&self.stats.kv_requests, routed);
+        stats::add(&self.stats.kv_forwarded, routed);
+    }
+}

@@ -1,0 +1,725 @@
+/* kvswitch's fast path: an XDP program on the switch's ports that routes single-key memcached
+ * reads to the VIP by key and switches unicast IPv4 frames between stations the user-space
+ * switch already knows, exactly as it would. Every frame it is not sure of (ARP, writes, split
+ * gets, anything malformed, strangers, anything an operator's entry may touch) is passed to
+ * the user-space switch unchanged: XDP_PASS is always a safe answer. It learns nothing and
+ * decides nothing user space has not published in its maps. */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/udp.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#include "fastpath.h"
+
+
+/* The settings every decision reads: VIP, mode, hash, the ring in use; written by user space. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct fp_config);
+} fp_cfg SEC(".maps");
+
+/* Two copies of the ketama continuum, sorted by value; fp_config.ring says which is in use. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2 * FP_MAX_POINTS);
+	__type(key, __u32);
+	__type(value, struct fp_point);
+} fp_ring SEC(".maps");
+
+/* The pool's servers by index: address, MAC, port; valid only when user space could send there. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, FP_MAX_SERVERS);
+	__type(key, __u32);
+	__type(value, struct fp_server);
+} fp_servers SEC(".maps");
+
+/* A server's address to its index, for its replies. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, FP_MAX_SERVERS);
+	__type(key, __u32);
+	__type(value, __u32);
+} fp_server_ips SEC(".maps");
+
+/* The interface a frame arrives on to its switch port number. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, FP_MAX_PORTS);
+	__type(key, __u32);
+	__type(value, __u32);
+} fp_ports SEC(".maps");
+
+/* A switch port to the interface frames leave by; 0 while the port may not be sent to directly
+ * (an egress rate, or a port without the program). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, FP_MAX_PORTS);
+	__type(key, __u32);
+	__type(value, __u32);
+} fp_port_ifindex SEC(".maps");
+
+/* Learned stations: destination MAC to switch port, as the user-space l2 table has them. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, FP_MAX_STATIONS);
+	__type(key, struct fp_mac);
+	__type(value, __u32);
+} fp_stations SEC(".maps");
+
+/* Senders user space has switched a frame from: (MAC, IPv4 source) and their port. A frame from
+ * anyone else goes up, so learning and the source check see it first. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, FP_MAX_HOSTS);
+	__type(key, struct fp_host);
+	__type(value, struct fp_host_seen);
+} fp_hosts SEC(".maps");
+
+/* The switch's own addresses (VIP, agent, local port): frames to them other than routed reads go up. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, FP_MAX_OWN);
+	__type(key, __u32);
+	__type(value, __u32);
+} fp_own SEC(".maps");
+
+/* Per-server request and reply counts, added into the switch's own by user space. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, FP_MAX_SERVERS);
+	__type(key, __u32);
+	__type(value, struct fp_server_stats);
+} fp_server_stats SEC(".maps");
+
+/* What the program did with frames (FP_C_*). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, FP_NUM_COUNTERS);
+	__type(key, __u32);
+	__type(value, __u64);
+} fp_counters SEC(".maps");
+
+/* Reply bytes per client, the same limit as the switch's own buckets for the replies sent here. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, FP_MAX_BUCKETS);
+	__type(key, __u32);
+	__type(value, struct fp_bucket);
+} fp_buckets SEC(".maps");
+
+/* The key being hashed, copied out of the frame, with room for MD5's padding. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct fp_scratch);
+} fp_scratch SEC(".maps");
+
+/* The switch port the last frame sent on left by: how tests see where a frame went. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} fp_last_port SEC(".maps");
+
+#define ETH_LEN 14
+#define IP_LEN 20
+#define UDP_LEN 8
+#define MC_LEN 8
+/* Where a memcached request starts: Ethernet, a 20-byte IPv4 header, UDP, the frame header. */
+#define BODY_OFF (ETH_LEN + IP_LEN + UDP_LEN + MC_LEN)
+
+static __always_inline void count(__u32 which)
+{
+	__u64 *c = bpf_map_lookup_elem(&fp_counters, &which);
+	if (c)
+		*c += 1;
+}
+
+static __always_inline int pass(void)
+{
+	count(FP_C_PASSED);
+	return XDP_PASS;
+}
+
+static __always_inline __u32 fold(__u32 sum)
+{
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return sum;
+}
+
+/* RFC 1624, eqn. 3: a checksum after a 32-bit field went from `from` to `to` (both network
+ * order), as the user-space pipeline computes it, so a wrong checksum stays wrong. */
+static __always_inline __u16 csum_replace(__u16 check, __u32 from, __u32 to)
+{
+	__u32 sum = (__u16)~bpf_ntohs(check);
+	sum += (__u16)~bpf_ntohs(from & 0xffff) + (__u16)~bpf_ntohs(from >> 16);
+	sum += bpf_ntohs(to & 0xffff) + bpf_ntohs(to >> 16);
+	return bpf_htons((__u16)~fold(sum));
+}
+
+static __always_inline void set_ip(struct iphdr *ip, struct udphdr *udp, __u32 *field, __u32 to)
+{
+	__u32 from = *field;
+	*field = to;
+	ip->check = csum_replace(ip->check, from, to);
+	if (udp->check) {
+		__u16 c = csum_replace(udp->check, from, to);
+		udp->check = c ? c : 0xffff;
+	}
+}
+
+static __always_inline int ip_header_ok(struct iphdr *ip)
+{
+	__u16 *w = (__u16 *)ip;
+	__u32 sum = 0;
+#pragma unroll
+	for (int i = 0; i < IP_LEN / 2; i++)
+		sum += w[i];
+	return fold(sum) == 0xffff;
+}
+
+/* The UDP checksum of a datagram of `len` bytes (at most FP_SCRATCH + UDP_LEN + MC_LEN + 64),
+ * checked as the user-space switch checks it: 0 means none. */
+static __always_inline int udp_ok(struct iphdr *ip, struct udphdr *udp, __u32 len, void *end)
+{
+	if (!udp->check)
+		return 1;
+	__u32 sum = (ip->saddr & 0xffff) + (ip->saddr >> 16) + (ip->daddr & 0xffff) +
+		    (ip->daddr >> 16) + bpf_htons(IPPROTO_UDP) + bpf_htons(len);
+	__u8 *p = (__u8 *)udp;
+	for (__u32 i = 0; i < (FP_SCRATCH + 80) / 2; i++) {
+		if (2 * i + 1 >= len)
+			break;
+		if (p + 2 * i + 2 > (__u8 *)end)
+			return 0;
+		sum += *(__u16 *)(p + 2 * i);
+	}
+	if (len & 1) {
+		__u32 last = len - 1;
+		if (last > FP_SCRATCH + 80)
+			return 0;
+		if (p + last + 1 > (__u8 *)end)
+			return 0;
+		sum += p[last]; /* the odd byte, padded with zero, little-endian */
+	}
+	return fold(sum) == 0xffff;
+}
+
+/* --- Key hashes, byte for byte nutcracker's (kv::HashFn). Bytes widen as x86's signed char. */
+
+#define WIDEN(b) ((__u32)(__s32)(__s8)(b))
+
+static __always_inline __u32 hash_fnv(const __u8 *k, __u32 len, __u32 kind)
+{
+	__u64 h64 = 0xcbf29ce484222325ULL;
+	__u32 h = kind == FP_HASH_FNV1A_64 ? 0x84222325u : 0x811c9dc5u;
+	for (__u32 i = 0; i < FP_MAX_KEY; i++) {
+		if (i >= len)
+			break;
+		__u32 b = WIDEN(k[i]);
+		switch (kind) {
+		case FP_HASH_FNV1_64:
+			h64 = (h64 * 0x100000001b3ULL) ^ (__u64)(__s64)(__s32)b;
+			break;
+		case FP_HASH_FNV1A_64:
+			h = (h ^ b) * 0x000001b3u;
+			break;
+		case FP_HASH_FNV1_32:
+			h = (h * 0x01000193u) ^ b;
+			break;
+		default:
+			h = (h ^ b) * 0x01000193u;
+		}
+	}
+	return kind == FP_HASH_FNV1_64 ? (__u32)h64 : h;
+}
+
+static __always_inline __u32 hash_one_at_a_time(const __u8 *k, __u32 len)
+{
+	__u32 h = 0;
+	for (__u32 i = 0; i < FP_MAX_KEY; i++) {
+		if (i >= len)
+			break;
+		h += WIDEN(k[i]);
+		h += h << 10;
+		h ^= h >> 6;
+	}
+	h += h << 3;
+	h ^= h >> 11;
+	return h + (h << 15);
+}
+
+#define ROTL(x, c) (((x) << (c)) | ((x) >> (32 - (c))))
+#define MD5_STEP(f, a, b, c, d, k, s, t)                                                           \
+	a += f(b, c, d) + m[k] + t;                                                                \
+	a = b + ROTL(a, s)
+#define MD5_F(x, y, z) ((z) ^ ((x) & ((y) ^ (z))))
+#define MD5_G(x, y, z) ((y) ^ ((z) & ((x) ^ (y))))
+#define MD5_H(x, y, z) ((x) ^ (y) ^ (z))
+#define MD5_I(x, y, z) ((y) ^ ((x) | ~(z)))
+
+static __noinline void md5_block(__u32 *st, const __u8 *blk)
+{
+	__u32 m[16];
+#pragma unroll
+	for (int i = 0; i < 16; i++)
+		m[i] = blk[4 * i] | blk[4 * i + 1] << 8 | blk[4 * i + 2] << 16 |
+		       (__u32)blk[4 * i + 3] << 24;
+	__u32 a = st[0], b = st[1], c = st[2], d = st[3];
+	MD5_STEP(MD5_F, a, b, c, d, 0, 7, 0xd76aa478); MD5_STEP(MD5_F, d, a, b, c, 1, 12, 0xe8c7b756);
+	MD5_STEP(MD5_F, c, d, a, b, 2, 17, 0x242070db); MD5_STEP(MD5_F, b, c, d, a, 3, 22, 0xc1bdceee);
+	MD5_STEP(MD5_F, a, b, c, d, 4, 7, 0xf57c0faf); MD5_STEP(MD5_F, d, a, b, c, 5, 12, 0x4787c62a);
+	MD5_STEP(MD5_F, c, d, a, b, 6, 17, 0xa8304613); MD5_STEP(MD5_F, b, c, d, a, 7, 22, 0xfd469501);
+	MD5_STEP(MD5_F, a, b, c, d, 8, 7, 0x698098d8); MD5_STEP(MD5_F, d, a, b, c, 9, 12, 0x8b44f7af);
+	MD5_STEP(MD5_F, c, d, a, b, 10, 17, 0xffff5bb1); MD5_STEP(MD5_F, b, c, d, a, 11, 22, 0x895cd7be);
+	MD5_STEP(MD5_F, a, b, c, d, 12, 7, 0x6b901122); MD5_STEP(MD5_F, d, a, b, c, 13, 12, 0xfd987193);
+	MD5_STEP(MD5_F, c, d, a, b, 14, 17, 0xa679438e); MD5_STEP(MD5_F, b, c, d, a, 15, 22, 0x49b40821);
+	MD5_STEP(MD5_G, a, b, c, d, 1, 5, 0xf61e2562); MD5_STEP(MD5_G, d, a, b, c, 6, 9, 0xc040b340);
+	MD5_STEP(MD5_G, c, d, a, b, 11, 14, 0x265e5a51); MD5_STEP(MD5_G, b, c, d, a, 0, 20, 0xe9b6c7aa);
+	MD5_STEP(MD5_G, a, b, c, d, 5, 5, 0xd62f105d); MD5_STEP(MD5_G, d, a, b, c, 10, 9, 0x02441453);
+	MD5_STEP(MD5_G, c, d, a, b, 15, 14, 0xd8a1e681); MD5_STEP(MD5_G, b, c, d, a, 4, 20, 0xe7d3fbc8);
+	MD5_STEP(MD5_G, a, b, c, d, 9, 5, 0x21e1cde6); MD5_STEP(MD5_G, d, a, b, c, 14, 9, 0xc33707d6);
+	MD5_STEP(MD5_G, c, d, a, b, 3, 14, 0xf4d50d87); MD5_STEP(MD5_G, b, c, d, a, 8, 20, 0x455a14ed);
+	MD5_STEP(MD5_G, a, b, c, d, 13, 5, 0xa9e3e905); MD5_STEP(MD5_G, d, a, b, c, 2, 9, 0xfcefa3f8);
+	MD5_STEP(MD5_G, c, d, a, b, 7, 14, 0x676f02d9); MD5_STEP(MD5_G, b, c, d, a, 12, 20, 0x8d2a4c8a);
+	MD5_STEP(MD5_H, a, b, c, d, 5, 4, 0xfffa3942); MD5_STEP(MD5_H, d, a, b, c, 8, 11, 0x8771f681);
+	MD5_STEP(MD5_H, c, d, a, b, 11, 16, 0x6d9d6122); MD5_STEP(MD5_H, b, c, d, a, 14, 23, 0xfde5380c);
+	MD5_STEP(MD5_H, a, b, c, d, 1, 4, 0xa4beea44); MD5_STEP(MD5_H, d, a, b, c, 4, 11, 0x4bdecfa9);
+	MD5_STEP(MD5_H, c, d, a, b, 7, 16, 0xf6bb4b60); MD5_STEP(MD5_H, b, c, d, a, 10, 23, 0xbebfbc70);
+	MD5_STEP(MD5_H, a, b, c, d, 13, 4, 0x289b7ec6); MD5_STEP(MD5_H, d, a, b, c, 0, 11, 0xeaa127fa);
+	MD5_STEP(MD5_H, c, d, a, b, 3, 16, 0xd4ef3085); MD5_STEP(MD5_H, b, c, d, a, 6, 23, 0x04881d05);
+	MD5_STEP(MD5_H, a, b, c, d, 9, 4, 0xd9d4d039); MD5_STEP(MD5_H, d, a, b, c, 12, 11, 0xe6db99e5);
+	MD5_STEP(MD5_H, c, d, a, b, 15, 16, 0x1fa27cf8); MD5_STEP(MD5_H, b, c, d, a, 2, 23, 0xc4ac5665);
+	MD5_STEP(MD5_I, a, b, c, d, 0, 6, 0xf4292244); MD5_STEP(MD5_I, d, a, b, c, 7, 10, 0x432aff97);
+	MD5_STEP(MD5_I, c, d, a, b, 14, 15, 0xab9423a7); MD5_STEP(MD5_I, b, c, d, a, 5, 21, 0xfc93a039);
+	MD5_STEP(MD5_I, a, b, c, d, 12, 6, 0x655b59c3); MD5_STEP(MD5_I, d, a, b, c, 3, 10, 0x8f0ccc92);
+	MD5_STEP(MD5_I, c, d, a, b, 10, 15, 0xffeff47d); MD5_STEP(MD5_I, b, c, d, a, 1, 21, 0x85845dd1);
+	MD5_STEP(MD5_I, a, b, c, d, 8, 6, 0x6fa87e4f); MD5_STEP(MD5_I, d, a, b, c, 15, 10, 0xfe2ce6e0);
+	MD5_STEP(MD5_I, c, d, a, b, 6, 15, 0xa3014314); MD5_STEP(MD5_I, b, c, d, a, 13, 21, 0x4e0811a1);
+	MD5_STEP(MD5_I, a, b, c, d, 4, 6, 0xf7537e82); MD5_STEP(MD5_I, d, a, b, c, 11, 10, 0xbd3af235);
+	MD5_STEP(MD5_I, c, d, a, b, 2, 15, 0x2ad7d2bb); MD5_STEP(MD5_I, b, c, d, a, 9, 21, 0xeb86d391);
+	st[0] += a;
+	st[1] += b;
+	st[2] += c;
+	st[3] += d;
+}
+
+/* The first word of the key's MD5 digest, little-endian (nutcracker's md5 key hash). The key
+ * is in s->buf[0..len]; the rest of the buffer is overwritten with MD5's padding. */
+static __always_inline __u32 hash_md5(struct fp_scratch *s, __u32 len)
+{
+	if (len > FP_MAX_KEY)
+		return 0;
+	__u32 blocks = (len + 8) / 64 + 1;
+	for (__u32 i = 0; i < FP_SCRATCH; i++) {
+		if (i < len)
+			continue;
+		s->buf[i] = 0;
+	}
+	barrier_var(len);
+	if (len > FP_MAX_KEY)
+		return 0;
+	s->buf[len] = 0x80;
+	__u64 bits = (__u64)len * 8;
+	__u32 at = blocks * 64 - 8;
+	barrier_var(at); /* so the check below stays, on the register the stores use */
+	if (at > FP_SCRATCH - 8)
+		return 0;
+	__u8 *tail = s->buf + at;
+	barrier_var(tail);
+#pragma unroll
+	for (int i = 0; i < 8; i++)
+		tail[i] = bits >> (8 * i);
+	__u32 st[4] = {0x67452301, 0xefcdab89, 0x98badcfe, 0x10325476};
+	for (__u32 b = 0; b < FP_SCRATCH / 64; b++) {
+		if (b >= blocks)
+			break;
+		md5_block(st, s->buf + b * 64);
+	}
+	return st[0];
+}
+
+/* A global function: the verifier checks it once for any length, not once per key length. */
+__noinline __u32 fp_key_hash(__u32 len, __u32 kind)
+{
+	__u32 zero = 0;
+	struct fp_scratch *s = bpf_map_lookup_elem(&fp_scratch, &zero);
+	if (!s || len == 0 || len > FP_MAX_KEY)
+		return 0;
+	if (kind == FP_HASH_MD5)
+		return hash_md5(s, len);
+	if (kind == FP_HASH_ONE_AT_A_TIME)
+		return hash_one_at_a_time(s->buf, len);
+	return hash_fnv(s->buf, len, kind);
+}
+
+/* --- The request: one single-key read that the user-space parser would route to the key's
+ * server. Anything else is 0 (go up). On success the key is in s->buf and its length returned. */
+
+/* A text key at `at` (from the body's start): bytes 0x21..0x7e up to a space or CR, copied to
+ * the scratch buffer. Returns its length, with bit 16 set when a space ends it, or 0. */
+__noinline __u32 fp_text_key(struct xdp_md *ctx, __u32 at)
+{
+	void *end = (void *)(long)ctx->data_end;
+	__u8 *p = (__u8 *)(long)ctx->data + BODY_OFF;
+	__u32 zero = 0;
+	struct fp_scratch *s = bpf_map_lookup_elem(&fp_scratch, &zero);
+	if (!s)
+		return 0;
+	__u8 *q = p + (at & 0xf); /* callers pass 3 to 5; the mask bounds it for the verifier */
+	for (__u32 i = 0; i <= FP_MAX_KEY; i++, q++) {
+		barrier_var(q);
+		if (q + 1 > (__u8 *)end)
+			return 0;
+		__u8 c = *q;
+		if (c == ' ' || c == '\r')
+			return i ? i | (c == ' ') << 16 : 0;
+		if (c < 0x21 || c > 0x7e || i == FP_MAX_KEY)
+			return 0;
+		s->buf[i] = c;
+	}
+	return 0;
+}
+
+/* The flags of `mg <key>` the fast path takes (v k f s t c h l), one bit per letter from 'a',
+ * each at most once: they change the reply, never where the request goes, and memcached
+ * accepts every one alone. */
+#define META_FLAGS                                                                                \
+	(1u << ('v' - 'a') | 1u << ('k' - 'a') | 1u << ('f' - 'a') | 1u << ('s' - 'a') |           \
+	 1u << ('t' - 'a') | 1u << ('c' - 'a') | 1u << ('h' - 'a') | 1u << ('l' - 'a'))
+
+/* What follows a text key at `at`: for `mg`, flags (" v", " k", ...), then CR LF. Returns
+ * where the request ends, or 0. The flags are checked without a branch per letter, so the
+ * verifier follows one path per flag count, not one per combination. */
+__noinline __u32 fp_text_tail(struct xdp_md *ctx, __u32 at, __u32 meta)
+{
+	void *end = (void *)(long)ctx->data_end;
+	__u8 *body = (__u8 *)(long)ctx->data + BODY_OFF;
+	at &= 0x1ff; /* at most 5 + FP_MAX_KEY from the caller; the mask bounds it for the verifier */
+	__u32 seen = 0, bad = 0;
+	__u8 *p = body + at;
+	for (int f = 0; f < FP_MAX_META_FLAGS + 1; f++, at += 2, p += 2) {
+		barrier_var(p);
+		if (p + 2 > (__u8 *)end)
+			return 0;
+		__u8 c0 = p[0], c1 = p[1];
+		if (c0 == '\r')
+			return c1 == '\n' && !bad ? at + 2 : 0;
+		if (!meta || c0 != ' ')
+			return 0;
+		__u32 letter = (__u32)c1 - 'a';
+		__u32 bit = letter < 26 ? (1u << letter) & META_FLAGS : 0;
+		bad |= (seen & bit) | (bit == 0);
+		seen |= bit;
+	}
+	return 0;
+}
+
+/* The key of a binary GET, GETQ, GETK or GETKQ: no extras, a body that is exactly the key, no
+ * cas. Copied to the scratch buffer; returns its length, or 0. */
+__noinline __u32 fp_binary_key(struct xdp_md *ctx)
+{
+	void *end = (void *)(long)ctx->data_end;
+	__u8 *body = (__u8 *)(long)ctx->data + BODY_OFF;
+	__u32 zero = 0;
+	struct fp_scratch *s = bpf_map_lookup_elem(&fp_scratch, &zero);
+	if (!s || body + 24 > (__u8 *)end)
+		return 0;
+	__u8 op = body[1];
+	if (body[0] != 0x80 || (op != 0x00 && op != 0x09 && op != 0x0c && op != 0x0d))
+		return 0;
+	__u32 klen = (__u32)body[2] << 8 | body[3];
+	if (klen == 0 || klen > FP_MAX_KEY || body[4] || body[5] || body[6] || body[7])
+		return 0;
+	__u32 blen = (__u32)body[8] << 24 | (__u32)body[9] << 16 | (__u32)body[10] << 8 | body[11];
+	if (blen != klen)
+		return 0;
+	for (int i = 16; i < 24; i++)
+		if (body[i])
+			return 0;
+	__u8 *q = body + 24;
+	for (__u32 i = 0; i < FP_MAX_KEY; i++, q++) {
+		if (i >= klen)
+			break;
+		barrier_var(q);
+		if (q + 1 > (__u8 *)end)
+			return 0;
+		s->buf[i] = *q;
+	}
+	return klen;
+}
+
+/* The request after the memcached frame header when it is one single-key read the user-space
+ * parser routes to the key's server: its length in bytes above bit 16 and its key's length
+ * below (the key in the scratch buffer), or 0 (go up). */
+static __always_inline __u32 parse_read(struct xdp_md *ctx)
+{
+	void *end = (void *)(long)ctx->data_end;
+	__u8 *body = (__u8 *)(long)ctx->data + BODY_OFF;
+	if (body + 5 > (__u8 *)end)
+		return 0;
+	if (body[0] == 0x80) {
+		__u32 klen = fp_binary_key(ctx);
+		return klen ? (24 + klen) << 16 | klen : 0;
+	}
+	__u32 at, meta = 0;
+	if (body[0] == 'g' && body[1] == 'e' && body[2] == 't' && body[3] == ' ') {
+		at = 4;
+	} else if (body[0] == 'g' && body[1] == 'e' && body[2] == 't' && body[3] == 's' &&
+		   body[4] == ' ') {
+		at = 5;
+	} else if (body[0] == 'm' && body[1] == 'g' && body[2] == ' ') {
+		at = 3;
+		meta = 1;
+	} else {
+		return 0;
+	}
+	__u32 key = fp_text_key(ctx, at);
+	__u32 klen = key & 0xffff;
+	if (!klen || klen > FP_MAX_KEY || ((key >> 16) && !meta))
+		return 0; /* a second key, or a trailing space: the parser's business */
+	__u32 used = fp_text_tail(ctx, at + klen, meta);
+	return used ? used << 16 | klen : 0;
+}
+
+/* Whether the UDP checksum of the `len`-byte datagram is right (see udp_ok); global, as above. */
+__noinline int fp_udp_ok(struct xdp_md *ctx, __u32 len)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct iphdr *ip = data + ETH_LEN;
+	struct udphdr *udp = (void *)(ip + 1);
+	if ((void *)(udp + 1) > end)
+		return 0;
+	return udp_ok(ip, udp, len, end);
+}
+
+/* The server owning `hash`: the first point at or after it, wrapping to the first. */
+static __always_inline int locate(struct fp_config *cfg, __u32 hash, __u32 *server)
+{
+	__u32 n = cfg->ring & ~FP_RING_GEN_BIT;
+	__u32 base = cfg->ring & FP_RING_GEN_BIT ? FP_MAX_POINTS : 0;
+	if (n == 0 || n > FP_MAX_POINTS)
+		return 0;
+	__u32 lo = 0, hi = n;
+	for (int i = 0; i < FP_RING_STEPS; i++) {
+		if (lo >= hi)
+			break;
+		__u32 mid = lo + (hi - lo) / 2;
+		__u32 k = base + mid;
+		struct fp_point *p = bpf_map_lookup_elem(&fp_ring, &k);
+		if (!p)
+			return 0;
+		if (p->value < hash)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	__u32 k = base + (lo >= n ? 0 : lo);
+	struct fp_point *p = bpf_map_lookup_elem(&fp_ring, &k);
+	if (!p)
+		return 0;
+	*server = p->server;
+	return 1;
+}
+
+static __always_inline int send(struct xdp_md *ctx, __u32 in_port, __u32 out_port)
+{
+	__u32 zero = 0;
+	__u32 *last = bpf_map_lookup_elem(&fp_last_port, &zero);
+	if (last)
+		*last = out_port;
+	if (out_port == in_port)
+		return XDP_TX;
+	__u32 *ifindex = bpf_map_lookup_elem(&fp_port_ifindex, &out_port);
+	if (!ifindex || !*ifindex)
+		return XDP_PASS;
+	return bpf_redirect(*ifindex, 0);
+}
+
+/* Whether a reply of `bytes` may go to `client` now: a token bucket of cfg->reply_rate bytes a
+ * second holding at most cfg->reply_burst, full for a client not seen before. */
+static __always_inline int reply_allowed(struct fp_config *cfg, __u32 client, __u64 bytes)
+{
+	if (!cfg->reply_rate)
+		return 1;
+	__u64 now = bpf_ktime_get_ns();
+	struct fp_bucket *b = bpf_map_lookup_elem(&fp_buckets, &client);
+	if (!b) {
+		struct fp_bucket fresh = {.tokens = cfg->reply_burst, .last_ns = now};
+		bpf_map_update_elem(&fp_buckets, &client, &fresh, BPF_ANY);
+		b = bpf_map_lookup_elem(&fp_buckets, &client);
+		if (!b)
+			return 1;
+	}
+	__u64 elapsed = now - b->last_ns;
+	if (elapsed > 0) {
+		/* At most a second's worth at a time: no overflow (user space keeps the rate under
+		 * 2^34), and a second fills any burst worth having. */
+		if (elapsed > 1000000000ULL)
+			elapsed = 1000000000ULL;
+		__u64 tokens = b->tokens + elapsed * cfg->reply_rate / 1000000000ULL;
+		b->tokens = tokens > cfg->reply_burst ? cfg->reply_burst : tokens;
+		b->last_ns = now;
+	}
+	if (b->tokens < bytes)
+		return 0;
+	b->tokens -= bytes;
+	return 1;
+}
+
+static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
+{
+	return *(__u32 *)a == *(__u32 *)b && *(__u16 *)(a + 4) == *(__u16 *)(b + 4);
+}
+
+/* A request to the VIP's memcached port: routed to its key's server, or passed up. */
+static __always_inline int route(struct xdp_md *ctx, struct fp_config *cfg, __u32 in_port,
+				 struct ethhdr *eth, struct iphdr *ip, struct udphdr *udp)
+{
+	void *end = (void *)(long)ctx->data_end;
+	if (!mac_eq(eth->h_dest, cfg->vip_mac) || udp->source == 0)
+		return pass();
+	__u32 src = ip->saddr;
+	__u8 first = src & 0xff;
+	if (src == 0 || src == 0xffffffff || src == cfg->vip_bcast || first == 127 ||
+	    (first & 0xf0) == 0xe0 || bpf_map_lookup_elem(&fp_own, &src))
+		return pass();
+	__u32 ulen = bpf_ntohs(udp->len);
+	__u8 *mc = (__u8 *)(udp + 1);
+	if (mc + MC_LEN > (__u8 *)end)
+		return pass();
+	/* One datagram: sequence 0, total 1 (the reserved field is memcached's business). */
+	if (mc[2] || mc[3] || mc[4] || mc[5] != 1)
+		return pass();
+	__u32 parsed = parse_read(ctx);
+	__u32 used = parsed >> 16, klen = parsed & 0xffff;
+	if (!parsed || klen > FP_MAX_KEY || used + UDP_LEN + MC_LEN != ulen)
+		return pass();
+	if (!fp_udp_ok(ctx, ulen))
+		return pass();
+	__u32 server;
+	if (!locate(cfg, fp_key_hash(klen, cfg->hash), &server))
+		return pass();
+	struct fp_server *srv = bpf_map_lookup_elem(&fp_servers, &server);
+	if (!srv || !srv->valid)
+		return pass();
+	__builtin_memcpy(eth->h_dest, srv->mac, 6);
+	if (cfg->l3)
+		set_ip(ip, udp, &ip->daddr, srv->ip);
+	int verdict = send(ctx, in_port, srv->port);
+	if (verdict == XDP_PASS)
+		return pass();
+	struct fp_server_stats *st = bpf_map_lookup_elem(&fp_server_stats, &server);
+	if (st)
+		st->requests += 1;
+	count(FP_C_ROUTED);
+	return verdict;
+}
+
+SEC("xdp")
+int kvswitch_fastpath(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	__u32 zero = 0;
+	count(FP_C_FRAMES);
+	struct fp_config *cfg = bpf_map_lookup_elem(&fp_cfg, &zero);
+	if (!cfg || !cfg->enabled)
+		return pass();
+	__u32 ifindex = ctx->ingress_ifindex;
+	__u32 *port = bpf_map_lookup_elem(&fp_ports, &ifindex);
+	if (!port)
+		return pass();
+	__u32 in_port = *port;
+
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP) || (eth->h_dest[0] & 1))
+		return pass();
+	struct iphdr *ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > end)
+		return pass();
+	/* A 20-byte header, not a fragment, a length the frame holds, a right checksum. */
+	if (ip->version != 4 || ip->ihl != 5 || (ip->frag_off & bpf_htons(0x3fff)) ||
+	    (void *)ip + bpf_ntohs(ip->tot_len) > end || bpf_ntohs(ip->tot_len) < IP_LEN ||
+	    !ip_header_ok(ip))
+		return pass();
+	struct fp_host host = {.ip = ip->saddr};
+	__builtin_memcpy(host.mac, eth->h_source, 6);
+	struct fp_host_seen *seen = bpf_map_lookup_elem(&fp_hosts, &host);
+	if (!seen || seen->port != in_port)
+		return pass();
+	if (!seen->hit)
+		seen->hit = 1;
+
+	struct udphdr *udp = (void *)(ip + 1);
+	int is_udp = ip->protocol == IPPROTO_UDP;
+	if (is_udp) {
+		if ((void *)(udp + 1) > end || bpf_ntohs(udp->len) < UDP_LEN ||
+		    bpf_ntohs(udp->len) != bpf_ntohs(ip->tot_len) - IP_LEN)
+			return pass();
+	}
+	__u32 dst = ip->daddr;
+	if (dst == cfg->vip) {
+		if ((void *)(udp + 1) > end)
+			return pass();
+		if (is_udp && udp->dest == cfg->vip_port)
+			return route(ctx, cfg, in_port, eth, ip, udp);
+		return pass();
+	}
+	if (bpf_map_lookup_elem(&fp_own, &dst) || mac_eq(eth->h_dest, cfg->vip_mac))
+		return pass();
+	/* SwitchKV's encoded queries carry a locally administered MAC no station has. */
+	struct fp_mac to = {};
+	__builtin_memcpy(to.mac, eth->h_dest, 6);
+	__u32 *out = bpf_map_lookup_elem(&fp_stations, &to);
+	if (!out || *out == in_port)
+		return pass();
+	if (is_udp) {
+		if ((void *)(udp + 1) > end)
+			return pass();
+		__u32 src = ip->saddr;
+		__u32 *idx = bpf_map_lookup_elem(&fp_server_ips, &src);
+		struct fp_server *srv = idx ? bpf_map_lookup_elem(&fp_servers, idx) : 0;
+		int reply = srv && udp->source == srv->udp_port;
+		if (!reply && src == cfg->vip && !cfg->l3)
+			reply = udp->source == cfg->vip_port;
+		if (reply) {
+			__u32 *to = bpf_map_lookup_elem(&fp_port_ifindex, out);
+			if (!to || !*to)
+				return pass(); /* not sent from here: not charged here */
+			if (!reply_allowed(cfg, ip->daddr, (__u64)(end - data))) {
+				count(FP_C_REPLY_LIMITED);
+				return XDP_DROP;
+			}
+			if (srv && cfg->l3)
+				set_ip(ip, udp, &ip->saddr, cfg->vip);
+			int verdict = send(ctx, in_port, *out);
+			if (verdict == XDP_PASS)
+				return pass();
+			if (srv) {
+				struct fp_server_stats *st = bpf_map_lookup_elem(&fp_server_stats, idx);
+				if (st)
+					st->replies += 1;
+			}
+			count(FP_C_REPLIES);
+			return verdict;
+		}
+	}
+	int verdict = send(ctx, in_port, *out);
+	if (verdict == XDP_PASS)
+		return pass();
+	count(FP_C_SWITCHED);
+	return verdict;
+}
+
+char LICENSE[] SEC("license") = "GPL";

@@ -1,0 +1,106 @@
+/* The fast path's ABI: limits, map layouts and codes shared by fastpath.c and the Rust loader
+ * (crates/xdp/src/abi.rs), which checks every number and size here against its own at build
+ * time (build.rs) and every map's sizes when it loads the object. */
+#ifndef KVSWITCH_FASTPATH_H
+#define KVSWITCH_FASTPATH_H
+
+/* memcached's longest key. */
+#define FP_MAX_KEY 250
+/* Servers the fast path routes to; a larger pool runs in user space. */
+#define FP_MAX_SERVERS 1024
+/* Ketama points in one copy of the ring (160 per unit of weight); the ring map holds two. */
+#define FP_MAX_POINTS 262144
+/* Binary search steps: log2(FP_MAX_POINTS) + 1. */
+#define FP_RING_STEPS 19
+/* Switch ports, the local port included. */
+#define FP_MAX_PORTS 256
+/* Stations (MAC to port) and hosts (MAC and IPv4 source on a port) mirrored from user space. */
+#define FP_MAX_STATIONS 16384
+#define FP_MAX_HOSTS 16384
+/* Addresses of the switch itself: VIP, agent address, the local port's. */
+#define FP_MAX_OWN 64
+/* The scratch buffer a key is hashed from: the key, MD5's padding and length (5 blocks). */
+#define FP_SCRATCH 320
+/* Meta flags after an mg key that the fast path takes: each at most once. */
+#define FP_MAX_META_FLAGS 8
+
+/* Key hash functions (nutcracker's names). */
+#define FP_HASH_MD5 1
+#define FP_HASH_FNV1A_64 2
+#define FP_HASH_FNV1_64 3
+#define FP_HASH_FNV1A_32 4
+#define FP_HASH_FNV1_32 5
+#define FP_HASH_ONE_AT_A_TIME 6
+
+/* The ring selector in fp_config.ring: the copy in use in the top bit, its length below. */
+#define FP_RING_GEN_BIT 0x80000000u
+
+/* Counters (fp_counters, per CPU). */
+#define FP_C_FRAMES 0        /* frames the program saw */
+#define FP_C_ROUTED 1        /* requests to the VIP routed to their server */
+#define FP_C_SWITCHED 2      /* frames switched by MAC (replies included) */
+#define FP_C_PASSED 3        /* frames handed to the user-space switch */
+#define FP_C_REPLIES 4       /* server replies switched (their source rewritten in l3 mode) */
+#define FP_C_REPLY_LIMITED 5 /* server replies dropped: the client's reply bytes ran out */
+#define FP_NUM_COUNTERS 6
+/* Clients with a bucket of reply bytes in the program (least recently used ones go first). */
+#define FP_MAX_BUCKETS 65536
+
+struct fp_config {
+	__u32 enabled;    /* 0: every frame goes to user space */
+	__u32 vip;        /* network order */
+	__u32 vip_bcast;  /* the VIP network's broadcast address, network order; 0: none */
+	__u8 vip_mac[6];
+	__u16 vip_port;   /* network order */
+	__u32 l3;         /* 1: l3 mode (the server's address written in, the VIP on replies) */
+	__u32 hash;       /* FP_HASH_* */
+	__u32 ring;       /* FP_RING_GEN_BIT | number of points */
+	__u32 pad[2]; /* reply_rate is 8-byte aligned */
+	__u64 reply_rate;  /* reply bytes a second per client; 0: no limit */
+	__u64 reply_burst; /* the most reply bytes at once */
+};
+
+struct fp_point {
+	__u32 value;  /* the point on the continuum */
+	__u32 server; /* index into fp_servers */
+};
+
+struct fp_server {
+	__u32 ip;       /* network order */
+	__u8 mac[6];
+	__u16 udp_port; /* network order: its memcached port */
+	__u32 port;     /* the switch port it is learned on */
+	__u32 valid;    /* 0: its MAC or port is unknown, or it is out: requests go up */
+};
+
+struct fp_mac {
+	__u8 mac[6];
+	__u16 pad;
+};
+
+struct fp_host {
+	__u8 mac[6];
+	__u16 pad;
+	__u32 ip; /* network order */
+};
+
+struct fp_host_seen {
+	__u32 port; /* the switch port the host is on */
+	__u32 hit;  /* set by the program, cleared by user space when it refreshes the host */
+};
+
+struct fp_server_stats {
+	__u64 requests; /* requests routed to it */
+	__u64 replies;  /* replies from its memcached port switched */
+};
+
+struct fp_bucket {
+	__u64 tokens;  /* reply bytes the client may still be sent */
+	__u64 last_ns; /* when it was last refilled (bpf_ktime_get_ns) */
+};
+
+struct fp_scratch {
+	__u8 buf[FP_SCRATCH];
+};
+
+#endif

@@ -1,0 +1,717 @@
+//! kvswitch's fast path: an XDP program on the switch's ports (`bpf/fastpath.c`) that routes
+//! single-key reads to the VIP by key and switches unicast IPv4 between known stations, and the
+//! loader that attaches it and keeps its maps in step with the switch ([`switch::fastpath`]).
+//! Whatever the program is not sure of it passes to the user-space switch unchanged, so the
+//! switch's outcome is the same with or without it. The loader holds no switching policy.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::os::fd::{AsFd, OwnedFd};
+
+use kv::HashFn;
+use libbpf_rs::{MapCore, MapFlags, MapHandle, Object, ObjectBuilder, Xdp, XdpFlags};
+use switch::fastpath::{Host, Seen, Tables};
+use wire::ethernet::Mac;
+
+/// The limits and codes of `bpf/fastpath.h`, generated from it at build time.
+pub mod abi {
+    include!(concat!(env!("OUT_DIR"), "/abi.rs"));
+}
+
+/// The compiled program.
+static OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fastpath.o"));
+const PROGRAM: &str = "kvswitch_fastpath";
+
+/// What went wrong, with the kernel's or libbpf's reason.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("loading the XDP program: {0}")]
+    Load(String),
+    #[error("the XDP program's map {map} has {what} {found}, the loader expects {expected}")]
+    Abi {
+        map: &'static str,
+        what: &'static str,
+        found: u32,
+        expected: u32,
+    },
+    #[error("attaching XDP in {mode} mode to ifindex {ifindex}: {reason}")]
+    Attach {
+        ifindex: u32,
+        mode: Mode,
+        reason: String,
+    },
+    #[error("writing the XDP map {map}: {reason}")]
+    Map { map: &'static str, reason: String },
+    #[error("the XDP program ran but failed: {0}")]
+    TestRun(String),
+}
+
+/// How the program is attached to a port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// In the driver (veth has it): frames never become socket buffers.
+    Native,
+    /// After the driver, on socket buffers: works on any interface, costs more.
+    Generic,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Native => "native",
+            Mode::Generic => "generic",
+        }
+    }
+
+    fn flags(self) -> XdpFlags {
+        match self {
+            Mode::Native => XdpFlags::DRV_MODE,
+            Mode::Generic => XdpFlags::SKB_MODE,
+        }
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The program's verdict on one frame (its XDP action).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Up to the user-space switch, unchanged.
+    Pass,
+    /// Back out of the port it came in on.
+    Tx,
+    /// Out of another port.
+    Redirect,
+    /// Dropped (a reply past its client's limit; counted).
+    Drop,
+    /// Anything else (the program never returns it).
+    Other(u32),
+}
+
+impl Verdict {
+    fn from_action(action: u32) -> Verdict {
+        match action {
+            1 => Verdict::Drop,
+            2 => Verdict::Pass,
+            3 => Verdict::Tx,
+            4 => Verdict::Redirect,
+            other => Verdict::Other(other),
+        }
+    }
+}
+
+/// One frame through the program with `BPF_PROG_TEST_RUN`: what it decided, the frame as it
+/// left, and the switch port it was sent to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TestRun {
+    pub verdict: Verdict,
+    pub frame: Vec<u8>,
+    pub out_port: Option<u16>,
+}
+
+/// The program's counters, summed over CPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub frames: u64,
+    pub routed: u64,
+    pub switched: u64,
+    pub replies: u64,
+    pub passed: u64,
+    pub reply_limited: u64,
+}
+
+/// The maps the loader writes and reads, as owned handles.
+struct Maps {
+    cfg: MapHandle,
+    ring: MapHandle,
+    servers: MapHandle,
+    server_ips: MapHandle,
+    ports: MapHandle,
+    port_ifindex: MapHandle,
+    stations: MapHandle,
+    hosts: MapHandle,
+    own: MapHandle,
+    server_stats: MapHandle,
+    counters: MapHandle,
+    last_port: MapHandle,
+}
+
+/// What the maps hold now, so a sync writes only what changed.
+#[derive(Default)]
+struct Shadow {
+    cfg: Vec<u8>,
+    /// The ring copy in use (0 or 1), the pool version and hash it was written for, its points.
+    ring_gen: u32,
+    ring_of: Option<(u64, HashFn)>,
+    ring: Vec<(u32, usize)>,
+    servers: Vec<Vec<u8>>,
+    server_ips: BTreeMap<Ipv4Addr, u32>,
+    stations: BTreeMap<Mac, u16>,
+    hosts: BTreeSet<Host>,
+    own: BTreeSet<Ipv4Addr>,
+    /// Per-server totals last read, for deltas.
+    requests: Vec<u64>,
+    replies: Vec<u64>,
+    reply_limited: u64,
+}
+
+/// The loaded program and its maps. Dropping it detaches the program from every port it was
+/// attached to.
+pub struct FastPath {
+    object: Object,
+    program: OwnedFd,
+    maps: Maps,
+    attached: Vec<(u32, Mode)>,
+    shadow: Shadow,
+}
+
+/// Sizes of the structures of `fastpath.h`, as this loader lays them out.
+const CFG_LEN: u32 = 56;
+const POINT_LEN: u32 = 8;
+const SERVER_LEN: u32 = 20;
+const MAC_KEY_LEN: u32 = 8;
+const HOST_KEY_LEN: u32 = 12;
+const HOST_SEEN_LEN: u32 = 8;
+const SERVER_STATS_LEN: u32 = 16;
+
+fn map_err(map: &'static str) -> impl Fn(libbpf_rs::Error) -> Error {
+    move |e| Error::Map {
+        map,
+        reason: e.to_string(),
+    }
+}
+
+impl FastPath {
+    /// Loads the program into the kernel (the verifier checks it here) with empty maps: until
+    /// [`FastPath::sync`] enables it, it passes every frame up. Needs CAP_BPF and CAP_NET_ADMIN.
+    pub fn load() -> Result<FastPath, Error> {
+        let open = ObjectBuilder::default()
+            .name("kvswitch")
+            .map_err(|e| Error::Load(e.to_string()))?
+            .open_memory(OBJECT)
+            .map_err(|e| Error::Load(e.to_string()))?;
+        let object = open.load().map_err(|e| Error::Load(e.to_string()))?;
+        let program = object
+            .progs()
+            .find(|p| p.name() == PROGRAM)
+            .ok_or_else(|| Error::Load(format!("the object has no program {PROGRAM}")))?
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| Error::Load(e.to_string()))?;
+        let handle = |name: &'static str, key: u32, value: u32| -> Result<MapHandle, Error> {
+            let map = object
+                .maps()
+                .find(|m| m.name() == name)
+                .ok_or_else(|| Error::Load(format!("the object has no map {name}")))?;
+            for (what, found, expected) in [
+                ("key size", map.key_size(), key),
+                ("value size", map.value_size(), value),
+            ] {
+                if found != expected {
+                    return Err(Error::Abi {
+                        map: name,
+                        what,
+                        found,
+                        expected,
+                    });
+                }
+            }
+            MapHandle::try_from(&map).map_err(|e| Error::Load(e.to_string()))
+        };
+        let maps = Maps {
+            cfg: handle("fp_cfg", 4, CFG_LEN)?,
+            ring: handle("fp_ring", 4, POINT_LEN)?,
+            servers: handle("fp_servers", 4, SERVER_LEN)?,
+            server_ips: handle("fp_server_ips", 4, 4)?,
+            ports: handle("fp_ports", 4, 4)?,
+            port_ifindex: handle("fp_port_ifindex", 4, 4)?,
+            stations: handle("fp_stations", MAC_KEY_LEN, 4)?,
+            hosts: handle("fp_hosts", HOST_KEY_LEN, HOST_SEEN_LEN)?,
+            own: handle("fp_own", 4, 4)?,
+            server_stats: handle("fp_server_stats", 4, SERVER_STATS_LEN)?,
+            counters: handle("fp_counters", 4, 8)?,
+            last_port: handle("fp_last_port", 4, 4)?,
+        };
+        Ok(FastPath {
+            object,
+            program,
+            maps,
+            attached: Vec::new(),
+            shadow: Shadow::default(),
+        })
+    }
+
+    /// Attaches the program to interface `ifindex`: in `mode`, or natively and else generically
+    /// when `mode` is `None`. Returns the mode it runs in; the error carries the kernel's
+    /// reason.
+    pub fn attach(&mut self, ifindex: u32, mode: Option<Mode>) -> Result<Mode, Error> {
+        let xdp = Xdp::new(self.program.as_fd());
+        let tries: &[Mode] = match mode {
+            Some(Mode::Native) => &[Mode::Native],
+            Some(Mode::Generic) => &[Mode::Generic],
+            None => &[Mode::Native, Mode::Generic],
+        };
+        let mut last = None;
+        for &m in tries {
+            let index = i32::try_from(ifindex).map_err(|_| Error::Attach {
+                ifindex,
+                mode: m,
+                reason: "ifindex out of range".into(),
+            })?;
+            match xdp.attach(index, m.flags()) {
+                Ok(()) => {
+                    self.attached.push((ifindex, m));
+                    return Ok(m);
+                }
+                Err(e) => {
+                    if mode.is_none() {
+                        tracing::info!(ifindex, mode = %m, "XDP did not attach: {e}");
+                    }
+                    last = Some(Error::Attach {
+                        ifindex,
+                        mode: m,
+                        reason: e.to_string(),
+                    });
+                }
+            }
+        }
+        Err(last.expect("at least one mode was tried"))
+    }
+
+    /// The interfaces the program is attached to, and how.
+    pub fn attached(&self) -> &[(u32, Mode)] {
+        &self.attached
+    }
+
+    /// Names the switch's ports: each port number with the interface it is, and whether the
+    /// program may send frames out of it directly (not a port with an egress rate, whose queue
+    /// is the user-space driver's, nor one without the program).
+    pub fn set_ports(&mut self, ports: &[(u16, u32, bool)]) -> Result<(), Error> {
+        for &(port, ifindex, sendable) in ports {
+            let p = u32::from(port);
+            if p >= abi::MAX_PORTS {
+                continue;
+            }
+            self.maps
+                .ports
+                .update(&ifindex.to_ne_bytes(), &p.to_ne_bytes(), MapFlags::ANY)
+                .map_err(map_err("fp_ports"))?;
+            let to = if sendable { ifindex } else { 0 };
+            self.maps
+                .port_ifindex
+                .update(&p.to_ne_bytes(), &to.to_ne_bytes(), MapFlags::ANY)
+                .map_err(map_err("fp_port_ifindex"))?;
+        }
+        Ok(())
+    }
+
+    /// Brings the maps to `t`, writing only what changed. A disabled table turns the program
+    /// off (every frame passes up) and leaves the rest as it was. The ring is written into the
+    /// copy not in use and then switched to in one word, so a frame sees one ring or the other.
+    pub fn sync(&mut self, t: &Tables) -> Result<(), Error> {
+        if t.disabled.is_some() || t.servers.len() > abi::MAX_SERVERS as usize {
+            return self.write_cfg(&cfg_bytes(t, false, 0));
+        }
+        self.sync_servers(t)?;
+        self.sync_ring(t)?;
+        self.sync_own(t)?;
+        self.sync_stations(t)?;
+        self.sync_hosts(t)?;
+        let ring = (self.shadow.ring_gen * abi::RING_GEN_BIT) | self.shadow.ring.len() as u32;
+        let ring_ok =
+            !self.shadow.ring.is_empty() && self.shadow.ring.len() <= abi::MAX_POINTS as usize;
+        self.write_cfg(&cfg_bytes(t, ring_ok, ring))
+    }
+
+    fn write_cfg(&mut self, cfg: &[u8]) -> Result<(), Error> {
+        if self.shadow.cfg == cfg {
+            return Ok(());
+        }
+        self.maps
+            .cfg
+            .update(&0u32.to_ne_bytes(), cfg, MapFlags::ANY)
+            .map_err(map_err("fp_cfg"))?;
+        self.shadow.cfg = cfg.to_vec();
+        Ok(())
+    }
+
+    fn sync_servers(&mut self, t: &Tables) -> Result<(), Error> {
+        let want: Vec<Vec<u8>> = t.servers.iter().map(server_bytes).collect();
+        let n = want.len().max(self.shadow.servers.len());
+        for i in 0..n {
+            let bytes = want
+                .get(i)
+                .cloned()
+                .unwrap_or_else(|| vec![0; SERVER_LEN as usize]);
+            if self.shadow.servers.get(i) == Some(&bytes) {
+                continue;
+            }
+            self.maps
+                .servers
+                .update(&(i as u32).to_ne_bytes(), &bytes, MapFlags::ANY)
+                .map_err(map_err("fp_servers"))?;
+        }
+        self.shadow.servers = want;
+        // The newest server at an address is the one its replies count for, as in the switch.
+        let ips: BTreeMap<Ipv4Addr, u32> = t
+            .servers
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.ip, i as u32))
+            .collect();
+        for ip in self
+            .shadow
+            .server_ips
+            .keys()
+            .filter(|ip| !ips.contains_key(ip))
+        {
+            let _ = self.maps.server_ips.delete(&ip.octets());
+        }
+        for (ip, i) in &ips {
+            if self.shadow.server_ips.get(ip) != Some(i) {
+                self.maps
+                    .server_ips
+                    .update(&ip.octets(), &i.to_ne_bytes(), MapFlags::ANY)
+                    .map_err(map_err("fp_server_ips"))?;
+            }
+        }
+        self.shadow.server_ips = ips;
+        Ok(())
+    }
+
+    fn sync_ring(&mut self, t: &Tables) -> Result<(), Error> {
+        let of = Some((t.ring_version, t.hash));
+        if self.shadow.ring_of == of && self.shadow.ring == t.ring {
+            return Ok(());
+        }
+        if t.ring.len() > abi::MAX_POINTS as usize {
+            self.shadow.ring_of = of;
+            self.shadow.ring = t.ring.clone();
+            return Ok(()); // too long: sync leaves the program off (see ring_ok)
+        }
+        let gen = 1 - self.shadow.ring_gen;
+        let base = gen * abi::MAX_POINTS;
+        for (i, &(value, server)) in t.ring.iter().enumerate() {
+            let mut v = [0u8; POINT_LEN as usize];
+            v[..4].copy_from_slice(&value.to_ne_bytes());
+            v[4..].copy_from_slice(&(server as u32).to_ne_bytes());
+            self.maps
+                .ring
+                .update(&(base + i as u32).to_ne_bytes(), &v, MapFlags::ANY)
+                .map_err(map_err("fp_ring"))?;
+        }
+        self.shadow.ring_gen = gen;
+        self.shadow.ring_of = of;
+        self.shadow.ring = t.ring.clone();
+        Ok(())
+    }
+
+    fn sync_own(&mut self, t: &Tables) -> Result<(), Error> {
+        let want: BTreeSet<Ipv4Addr> = t.own.iter().copied().collect();
+        for ip in self.shadow.own.difference(&want) {
+            let _ = self.maps.own.delete(&ip.octets());
+        }
+        for ip in want.difference(&self.shadow.own) {
+            self.maps
+                .own
+                .update(&ip.octets(), &1u32.to_ne_bytes(), MapFlags::ANY)
+                .map_err(map_err("fp_own"))?;
+        }
+        self.shadow.own = want;
+        Ok(())
+    }
+
+    fn sync_stations(&mut self, t: &Tables) -> Result<(), Error> {
+        let want: BTreeMap<Mac, u16> = t.stations.iter().copied().collect();
+        for mac in self
+            .shadow
+            .stations
+            .keys()
+            .filter(|m| !want.contains_key(m))
+        {
+            let _ = self.maps.stations.delete(&mac_key(*mac));
+        }
+        let mut kept = BTreeMap::new();
+        for (mac, port) in want {
+            if self.shadow.stations.get(&mac) != Some(&port) {
+                let written = self.maps.stations.update(
+                    &mac_key(mac),
+                    &u32::from(port).to_ne_bytes(),
+                    MapFlags::ANY,
+                );
+                if written.is_err() {
+                    continue; // the map is full: this station's frames go up
+                }
+            }
+            kept.insert(mac, port);
+        }
+        self.shadow.stations = kept;
+        Ok(())
+    }
+
+    fn sync_hosts(&mut self, t: &Tables) -> Result<(), Error> {
+        let want: BTreeSet<Host> = t.hosts.iter().copied().collect();
+        for h in self.shadow.hosts.difference(&want) {
+            let _ = self.maps.hosts.delete(&host_key(h));
+        }
+        let mut kept: BTreeSet<Host> = self.shadow.hosts.intersection(&want).copied().collect();
+        for h in want.difference(&self.shadow.hosts) {
+            let mut seen = [0u8; HOST_SEEN_LEN as usize];
+            seen[..4].copy_from_slice(&u32::from(h.port).to_ne_bytes());
+            // A host of the same MAC and address on another port is replaced.
+            if self
+                .maps
+                .hosts
+                .update(&host_key(h), &seen, MapFlags::ANY)
+                .is_ok()
+            {
+                kept.insert(*h);
+            }
+        }
+        // Entries of one key on two ports: only the last written is in the map.
+        self.shadow.hosts = kept;
+        Ok(())
+    }
+
+    /// What the program did since the last call: its per-server counts and, with `hosts`, the
+    /// hosts it switched frames from (their marks cleared, so the next call names only those
+    /// seen again).
+    pub fn seen(&mut self, hosts: bool) -> Seen {
+        let n = self.shadow.servers.len();
+        let mut seen = Seen {
+            hosts: Vec::new(),
+            server_requests: vec![0; n],
+            server_replies: vec![0; n],
+            reply_limited: 0,
+        };
+        let limited = self.counters().reply_limited;
+        seen.reply_limited = limited.saturating_sub(self.shadow.reply_limited);
+        self.shadow.reply_limited = limited;
+        self.shadow.requests.resize(n, 0);
+        self.shadow.replies.resize(n, 0);
+        for i in 0..n {
+            let Ok(Some(per_cpu)) = self
+                .maps
+                .server_stats
+                .lookup_percpu(&(i as u32).to_ne_bytes(), MapFlags::ANY)
+            else {
+                continue;
+            };
+            let (mut req, mut rep) = (0u64, 0u64);
+            for v in &per_cpu {
+                req += read_u64(v, 0);
+                rep += read_u64(v, 8);
+            }
+            seen.server_requests[i] = req.saturating_sub(self.shadow.requests[i]);
+            seen.server_replies[i] = rep.saturating_sub(self.shadow.replies[i]);
+            self.shadow.requests[i] = req;
+            self.shadow.replies[i] = rep;
+        }
+        if hosts {
+            for h in &self.shadow.hosts {
+                let key = host_key(h);
+                let Ok(Some(v)) = self.maps.hosts.lookup(&key, MapFlags::ANY) else {
+                    continue;
+                };
+                if v.get(4..8) == Some(&[0, 0, 0, 0][..]) {
+                    continue;
+                }
+                seen.hosts.push(*h);
+                let mut cleared = v.clone();
+                cleared[4..8].fill(0);
+                let _ = self.maps.hosts.update(&key, &cleared, MapFlags::EXIST);
+            }
+        }
+        seen
+    }
+
+    /// The program's counters, summed over CPUs.
+    pub fn counters(&self) -> Counters {
+        let read = |i: u32| -> u64 {
+            match self
+                .maps
+                .counters
+                .lookup_percpu(&i.to_ne_bytes(), MapFlags::ANY)
+            {
+                Ok(Some(per_cpu)) => per_cpu.iter().map(|v| read_u64(v, 0)).sum(),
+                _ => 0,
+            }
+        };
+        Counters {
+            frames: read(abi::C_FRAMES),
+            routed: read(abi::C_ROUTED),
+            switched: read(abi::C_SWITCHED),
+            replies: read(abi::C_REPLIES),
+            passed: read(abi::C_PASSED),
+            reply_limited: read(abi::C_REPLY_LIMITED),
+        }
+    }
+
+    /// Runs `frame`, arriving on switch port `in_port`, through the program with
+    /// `BPF_PROG_TEST_RUN` (as katran's tests do): nothing is sent. Frames arrive as from the
+    /// loopback interface, which stands for `in_port` during the run.
+    pub fn test_run(&mut self, frame: &[u8], in_port: u16) -> Result<TestRun, Error> {
+        const LOOPBACK: u32 = 1;
+        self.maps
+            .ports
+            .update(
+                &LOOPBACK.to_ne_bytes(),
+                &u32::from(in_port).to_ne_bytes(),
+                MapFlags::ANY,
+            )
+            .map_err(map_err("fp_ports"))?;
+        let cpus = libbpf_rs::num_possible_cpus().map_err(|e| Error::TestRun(e.to_string()))?;
+        let none = vec![u32::MAX.to_ne_bytes().to_vec(); cpus];
+        self.maps
+            .last_port
+            .update_percpu(&0u32.to_ne_bytes(), &none, MapFlags::ANY)
+            .map_err(map_err("fp_last_port"))?;
+        // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index,
+        // egress_ifindex.
+        // The kernel runs nothing shorter than an Ethernet header, on a port or in a test.
+        if frame.len() < 14 {
+            return Ok(TestRun {
+                verdict: Verdict::Pass,
+                frame: frame.to_vec(),
+                out_port: None,
+            });
+        }
+        let mut ctx = [0u8; 24];
+        let len =
+            u32::try_from(frame.len()).map_err(|_| Error::TestRun("frame too long".into()))?;
+        ctx[4..8].copy_from_slice(&len.to_ne_bytes());
+        ctx[12..16].copy_from_slice(&LOOPBACK.to_ne_bytes());
+        let mut out = vec![0u8; frame.len() + 256];
+        let input = libbpf_rs::ProgramInput {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            context_in: Some(&mut ctx),
+            ..Default::default()
+        };
+        let program = self
+            .object
+            .progs_mut()
+            .find(|p| p.name() == PROGRAM)
+            .ok_or_else(|| Error::TestRun("no program".into()))?;
+        let result = program
+            .test_run(input)
+            .map_err(|e| Error::TestRun(e.to_string()))?;
+        let verdict = Verdict::from_action(result.return_value);
+        let frame = result.data.map(|d| d.to_vec()).unwrap_or_default();
+        let out_port = match self
+            .maps
+            .last_port
+            .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)
+        {
+            Ok(Some(per_cpu)) => per_cpu
+                .iter()
+                .map(|v| read_u32(v, 0))
+                .find(|&p| p != u32::MAX)
+                .and_then(|p| u16::try_from(p).ok()),
+            _ => None,
+        };
+        Ok(TestRun {
+            verdict,
+            frame,
+            out_port: out_port.filter(|_| matches!(verdict, Verdict::Tx | Verdict::Redirect)),
+        })
+    }
+}
+
+impl Drop for FastPath {
+    fn drop(&mut self) {
+        let xdp = Xdp::new(self.program.as_fd());
+        for &(ifindex, mode) in &self.attached {
+            if let Ok(index) = i32::try_from(ifindex) {
+                if let Err(e) = xdp.detach(index, mode.flags()) {
+                    tracing::warn!(ifindex, "detaching XDP failed: {e}");
+                }
+            }
+        }
+    }
+}
+
+fn hash_code(h: HashFn) -> Option<u32> {
+    Some(match h {
+        HashFn::Md5 => abi::HASH_MD5,
+        HashFn::Fnv1a64 => abi::HASH_FNV1A_64,
+        HashFn::Fnv1_64 => abi::HASH_FNV1_64,
+        HashFn::Fnv1a32 => abi::HASH_FNV1A_32,
+        HashFn::Fnv1_32 => abi::HASH_FNV1_32,
+        HashFn::OneAtATime => abi::HASH_ONE_AT_A_TIME,
+        _ => return None,
+    })
+}
+
+/// Whether the program hashes keys with `h` (otherwise the switch routes every request).
+pub fn supports_hash(h: HashFn) -> bool {
+    hash_code(h).is_some()
+}
+
+/// `struct fp_config`.
+fn cfg_bytes(t: &Tables, ring_ok: bool, ring: u32) -> Vec<u8> {
+    let hash = hash_code(t.hash);
+    let enabled = t.disabled.is_none() && ring_ok && hash.is_some();
+    let mut b = Vec::with_capacity(CFG_LEN as usize);
+    b.extend_from_slice(&u32::from(enabled).to_ne_bytes());
+    b.extend_from_slice(&t.vip.octets());
+    b.extend_from_slice(&t.vip_broadcast.map_or([0; 4], |a| a.octets()));
+    b.extend_from_slice(&t.vip_mac.0);
+    b.extend_from_slice(&t.vip_port.to_be_bytes());
+    b.extend_from_slice(&u32::from(t.l3).to_ne_bytes());
+    b.extend_from_slice(&hash.unwrap_or(0).to_ne_bytes());
+    b.extend_from_slice(&ring.to_ne_bytes());
+    b.extend_from_slice(&[0; 8]);
+    // The program's refill multiplies by the rate: keep it under 2^34 bytes a second.
+    let (rate, burst) = t.reply_limit.map_or((0, 0), |(r, b)| (r.min(1 << 34), b));
+    b.extend_from_slice(&rate.to_ne_bytes());
+    b.extend_from_slice(&burst.to_ne_bytes());
+    debug_assert_eq!(b.len(), CFG_LEN as usize);
+    b
+}
+
+/// `struct fp_server`.
+fn server_bytes(s: &switch::fastpath::FastServer) -> Vec<u8> {
+    let mut b = Vec::with_capacity(SERVER_LEN as usize);
+    b.extend_from_slice(&s.ip.octets());
+    let (mac, port, valid) = match s.to {
+        Some((mac, port)) => (mac.0, u32::from(port), 1u32),
+        None => ([0; 6], 0, 0),
+    };
+    b.extend_from_slice(&mac);
+    b.extend_from_slice(&s.udp_port.to_be_bytes());
+    b.extend_from_slice(&port.to_ne_bytes());
+    b.extend_from_slice(&valid.to_ne_bytes());
+    b
+}
+
+/// `struct fp_mac`.
+fn mac_key(mac: Mac) -> [u8; MAC_KEY_LEN as usize] {
+    let mut k = [0u8; MAC_KEY_LEN as usize];
+    k[..6].copy_from_slice(&mac.0);
+    k
+}
+
+/// `struct fp_host`.
+fn host_key(h: &Host) -> [u8; HOST_KEY_LEN as usize] {
+    let mut k = [0u8; HOST_KEY_LEN as usize];
+    k[..6].copy_from_slice(&h.mac.0);
+    k[8..].copy_from_slice(&h.ip.octets());
+    k
+}
+
+fn read_u64(v: &[u8], at: usize) -> u64 {
+    v.get(at..at + 8)
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map_or(0, u64::from_ne_bytes)
+}
+
+fn read_u32(v: &[u8], at: usize) -> u32 {
+    v.get(at..at + 4)
+        .and_then(|b| <[u8; 4]>::try_from(b).ok())
+        .map_or(0, u32::from_ne_bytes)
+}
