@@ -737,6 +737,189 @@ fn xdp_fast_path_does_what_the_switch_does() {
     }
 }
 
+/// A deterministic stream of numbers for the mutations below (xorshift64*).
+struct Mutator(u64);
+
+impl Mutator {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+/// Sets the IPv4 and UDP lengths from the frame's size and refills both checksums, so that a
+/// mutated payload reaches the key router rather than stopping at a length or checksum check.
+fn refit(frame: &mut [u8]) {
+    if frame.len() < PAYLOAD_AT {
+        return;
+    }
+    let ip_len = (frame.len() - IP_AT) as u16;
+    frame[IP_AT + 2..IP_AT + 4].copy_from_slice(&ip_len.to_be_bytes());
+    frame[UDP_AT + 4..UDP_AT + 6].copy_from_slice(&(ip_len - 20).to_be_bytes());
+    let addr = |at: usize| Ipv4Addr::from(<[u8; 4]>::try_from(&frame[at..at + 4]).expect("4"));
+    let (src, dst) = (addr(IP_AT + 12), addr(IP_AT + 16));
+    frame[IP_AT + 10..IP_AT + 12].fill(0);
+    let sum = frame[IP_AT..UDP_AT]
+        .chunks(2)
+        .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+        .sum::<u32>();
+    let sum = (sum & 0xffff) + (sum >> 16);
+    let sum = (sum & 0xffff) + (sum >> 16);
+    frame[IP_AT + 10..IP_AT + 12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    if let Ok(mut u) = udp::Packet::new_checked(&mut frame[UDP_AT..]) {
+        u.fill_checksum(src, dst);
+    }
+}
+
+/// Requests that memcached would parse, or nearly: the seeds the mutations start from.
+fn request_seeds(fx: &Fx) -> Vec<Vec<u8>> {
+    let key = fx.key(1, 0);
+    let mut seeds: Vec<Vec<u8>> = [
+        format!("get {key}\r\n"),
+        format!("gets {key}\r\n"),
+        format!("mg {key} v k f t\r\n"),
+        format!("mg {key}\r\n"),
+        format!("get {key} {}\r\n", fx.key(1, 1)),
+        format!("set {key} 0 0 1\r\nx\r\n"),
+        format!("get {}\r\n", fx.long_key.0),
+        format!("mg {key} v v\r\n"),
+        format!("mg {key} b\r\n"),
+        format!("get {key}\n"),
+    ]
+    .into_iter()
+    .map(String::into_bytes)
+    .collect();
+    for op in [0x00u8, 0x09, 0x0c, 0x0d, 0x01] {
+        let mut bin = Vec::new();
+        wire::memcache::binary::write_request(op, key.as_bytes(), b"", b"", 7, 0, &mut bin);
+        seeds.push(bin);
+    }
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/memcache_request");
+    let mut files: Vec<_> = std::fs::read_dir(&corpus)
+        .expect("the fuzz corpus of requests")
+        .map(|e| e.expect("a corpus entry").path())
+        .collect();
+    files.sort();
+    seeds.extend(files.iter().map(|f| std::fs::read(f).expect("a corpus file")));
+    seeds
+}
+
+/// One mutation of a seed request, as a frame from the client to the VIP.
+fn mutate(m: &mut Mutator, seed: &[u8]) -> Vec<u8> {
+    let mut frame = to_vip(seed);
+    match m.below(8) {
+        0 => {}
+        1 => {
+            let at = PAYLOAD_AT + m.below(frame.len() - PAYLOAD_AT);
+            frame[at] = m.next() as u8;
+        }
+        2 => {
+            let at = m.below(frame.len());
+            frame[at] ^= 1 << m.below(8);
+        }
+        3 => {
+            let len = m.below(frame.len() + 1);
+            frame.truncate(len);
+        }
+        4 => {
+            for _ in 0..1 + m.below(8) {
+                frame.push(m.next() as u8);
+            }
+        }
+        5 => {
+            // A key byte turned into a space, a control byte or a high byte.
+            let at = PAYLOAD_AT + mcudp::LEN + 4 + m.below(4);
+            if at < frame.len() {
+                frame[at] = [b' ', b'\t', 0, 0x80, 0xff, b'\r', b'\n'][m.below(7)];
+            }
+        }
+        6 => {
+            // The memcached frame header's sequence, total or reserved field.
+            let at = PAYLOAD_AT + 2 + m.below(6);
+            frame[at] = m.next() as u8;
+        }
+        _ => {
+            let at = IP_AT + m.below(PAYLOAD_AT - IP_AT);
+            frame[at] = m.next() as u8;
+        }
+    }
+    if m.below(2) == 0 {
+        refit(&mut frame);
+    }
+    frame
+}
+
+#[test]
+fn xdp_fast_path_forwards_nothing_malformed_the_switch_would_not() {
+    let mut fp = xdp::FastPath::load().expect("the XDP program loads (needs root)");
+    let ports: Vec<(u16, u32, bool)> =
+        (0..=PORTS as u16).map(|p| (p, fake_ifindex(p), true)).collect();
+    fp.set_ports(&ports).expect("ports");
+    let fx = Fx::new();
+    let seeds = request_seeds(&fx);
+    let mut corpus: Vec<(u16, Vec<u8>)> = Vec::new();
+    let frames = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/switch_process");
+    let mut files: Vec<_> = std::fs::read_dir(&frames)
+        .expect("the fuzz corpus of frames")
+        .map(|e| e.expect("a corpus entry").path())
+        .collect();
+    files.sort();
+    for f in &files {
+        let bytes = std::fs::read(f).expect("a corpus file");
+        let port = bytes.first().map_or(0, |b| u16::from(*b % 3));
+        corpus.push((port, bytes));
+    }
+    let mut m = Mutator(0x6b76_7377_6974_6368);
+    for i in 0..3000 {
+        corpus.push((CLIENT.port, mutate(&mut m, &seeds[i % seeds.len()])));
+    }
+    let (mut acted, mut passed) = (0, 0);
+    for mode in [Mode::L3, Mode::L2] {
+        // One switch that knows the client and every server as senders, as after a first
+        // exchange; each frame is judged against it as it stands.
+        let mut rig = Rig::new(mode);
+        rig.sw.set_fast_path(true);
+        let mut emit = Vec::new();
+        let mut warm = to_vip(format!("get {}\r\n", fx.key(0, 0)).as_bytes());
+        assert!(matches!(rig.process(CLIENT.port, &mut warm, &mut emit), Fate::Out(_)));
+        for s in 0..SERVERS.len() {
+            let src = if mode == Mode::L2 { VIP } else { SERVERS[s].ip };
+            let mut reply = backend_reply(s, src, MC_PORT);
+            assert!(matches!(rig.process(SERVERS[s].port, &mut reply, &mut emit), Fate::Out(_)));
+        }
+        for (n, (port, input)) in corpus.iter().enumerate() {
+            let what = format!("{mode:?}: frame {n} ({} bytes) on port {port}", input.len());
+            fp.sync(&rig.sw.fast_tables()).expect("tables");
+            let run = fp.test_run(input, *port).expect("test run");
+            let mut frame = input.clone();
+            let fate = rig.process(*port, &mut frame, &mut emit);
+            match run.verdict {
+                xdp::Verdict::Pass => {
+                    assert_eq!(&run.frame, input, "{what}: a passed frame is unchanged");
+                    passed += 1;
+                }
+                xdp::Verdict::Tx | xdp::Verdict::Redirect => {
+                    let out = run.out_port.expect("a sent frame names its port");
+                    assert_eq!(fate, Fate::Out(out), "{what}: sent where the switch sends it");
+                    assert_bytes(&what, &run.frame, &frame);
+                    acted += 1;
+                }
+                other => panic!("{what}: the program returned {other:?}"),
+            }
+            emit.clear();
+        }
+    }
+    // Mutations that leave a request valid are routed by the program: it is not passing all.
+    assert!(acted > 100, "the program sent only {acted} of {} frames", acted + passed);
+    assert!(passed > 1000, "the program passed up only {passed} frames");
+}
+
 fn l3_cases() -> Vec<Case> {
     vec![
         Case {
