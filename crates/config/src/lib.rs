@@ -41,6 +41,8 @@ pub struct Config {
     pub api_token_file: Option<PathBuf>,
     /// After a frame, how long the run loop keeps polling the ports before it sleeps.
     pub busy_poll: std::time::Duration,
+    /// `switch.datapath`: what carries frames between the ports and the switch.
+    pub datapath: Datapath,
     /// How often the cache nodes that `kv_steer` entries lead to are probed (a TCP connection
     /// to their memcached port, through the local port); `None`: not probed.
     pub steer_check: Option<Duration>,
@@ -217,10 +219,33 @@ struct RawEgress {
 /// An egress queue's depth when `depth_bytes` is not given: 64 full-size frames.
 pub const DEFAULT_EGRESS_DEPTH: u64 = 64 * 1514;
 
+/// `switch.datapath`: what carries frames between the ports and the switch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Datapath {
+    /// Not set: the XDP fast path wherever it attaches, AF_PACKET otherwise (the reason logged).
+    Auto,
+    /// `"xdp"`: the XDP fast path in front of AF_PACKET; a port it cannot attach to is an error.
+    Xdp,
+    /// `"af_packet"`: every frame through AF_PACKET to the user-space switch.
+    AfPacket,
+}
+
+impl Datapath {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Datapath::Auto => "auto",
+            Datapath::Xdp => "xdp",
+            Datapath::AfPacket => "af_packet",
+        }
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawSwitch {
     ports: Vec<String>,
+    #[serde(default)]
+    datapath: Option<String>,
     #[serde(default)]
     mode: Option<String>,
     #[serde(default)]
@@ -368,6 +393,25 @@ impl Config {
             )
         })?;
 
+        let datapath = match raw.switch.datapath.as_deref() {
+            None => Datapath::Auto,
+            Some("xdp") => Datapath::Xdp,
+            Some("af_packet") => Datapath::AfPacket,
+            Some("af_xdp") => {
+                return Err(err(
+                    "switch.datapath",
+                    "\"af_xdp\" ports are not available yet; use \"xdp\" (the fast path in \
+                     front of AF_PACKET) or \"af_packet\""
+                        .into(),
+                ))
+            }
+            Some(other) => {
+                return Err(err(
+                    "switch.datapath",
+                    format!("unknown datapath {other:?}; use \"xdp\" or \"af_packet\""),
+                ))
+            }
+        };
         let busy_poll_us = raw.switch.busy_poll_us.unwrap_or(DEFAULT_BUSY_POLL_US);
         if busy_poll_us > 1_000_000 {
             return Err(err(
@@ -621,6 +665,7 @@ impl Config {
                 false => f,
             }),
             busy_poll: std::time::Duration::from_micros(busy_poll_us),
+            datapath,
             steer_check: (steer_check_ms > 0).then(|| Duration::from_millis(steer_check_ms)),
             steer_check_failures,
             egress,
@@ -885,6 +930,11 @@ api = "127.0.0.1:9110"
 # After a frame, keep polling the ports this long before sleeping (0: always sleep).
 # Longer windows cut latency and CPU per frame under load, at the price of a busy core.
 busy_poll_us = 200
+# What carries frames to the switch. Unset: an XDP program on the ports routes single-key
+# reads and switches known unicast in the kernel, handing the rest to the switch over
+# AF_PACKET, wherever it attaches (AF_PACKET alone otherwise, with the reason logged).
+# "xdp": the same, and a port it cannot attach to is an error. "af_packet": no XDP.
+# datapath = "xdp"
 # SwitchKV cache nodes (kvswitch node --role cache) steer reads of their keys to themselves
 # with kv_steer entries. kvswitch probes each such node (a TCP connection to its memcached
 # port, through the local port) every steer_check_ms (0: never) and removes its entries

@@ -105,6 +105,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         cache: cache.clone(),
         pool: pool.clone(),
         steer: Arc::default(),
+        fast: Arc::default(),
     });
     watch_hangups(reloader(&cfg, pool.clone(), shared.caches()))?;
     let token = api::api_token(cfg.api_token_file.as_deref(), cfg.api)
@@ -138,6 +139,26 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
     for &(p, rate, depth) in &cfg.egress {
         let _ = egress.set(p, rate, depth);
     }
+    let fast_ports = crate::fast::FastPorts {
+        ports: cfg
+            .ports
+            .iter()
+            .enumerate()
+            .map(|(i, name)| (i as u16, name.clone(), ports[i].ifindex()))
+            .collect(),
+        count: port_count,
+    };
+    let fast = crate::fast::start(
+        &cfg,
+        fast_ports,
+        remote.clone(),
+        egress.clone(),
+        pool.clone(),
+        shared.fast.clone(),
+        stop_requested,
+    )?;
+    // The switch remembers the senders the program may then switch itself.
+    switch.set_fast_path(fast.is_some());
     let api_addr = api::serve(
         listener,
         api::Api {
@@ -160,7 +181,8 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
     tracing::info!(
         ports = ?cfg.ports, local_port = ?local.as_ref().map(|l| l.port()),
         proxy = proxy.is_some(), cache = cache.is_some(), vip = %cfg.vip, mode = ?cfg.mode,
-        servers = cfg.servers.len(), api = %api_addr, "kvswitch running"
+        servers = cfg.servers.len(), api = %api_addr,
+        datapath = if fast.is_some() { "xdp" } else { "af_packet" }, "kvswitch running"
     );
 
     let options = RunOptions {
@@ -186,6 +208,10 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         p.stop();
     }
     drop(driver);
+    if let Some(thread) = fast {
+        // It sees the stop too, and detaches the program as it ends.
+        let _ = thread.join();
+    }
     if let Some(l) = local {
         l.remove()?;
     }

@@ -806,7 +806,11 @@ fn request_seeds(fx: &Fx) -> Vec<Vec<u8>> {
         .map(|e| e.expect("a corpus entry").path())
         .collect();
     files.sort();
-    seeds.extend(files.iter().map(|f| std::fs::read(f).expect("a corpus file")));
+    seeds.extend(
+        files
+            .iter()
+            .map(|f| std::fs::read(f).expect("a corpus file")),
+    );
     seeds
 }
 
@@ -858,8 +862,9 @@ fn mutate(m: &mut Mutator, seed: &[u8]) -> Vec<u8> {
 #[test]
 fn xdp_fast_path_forwards_nothing_malformed_the_switch_would_not() {
     let mut fp = xdp::FastPath::load().expect("the XDP program loads (needs root)");
-    let ports: Vec<(u16, u32, bool)> =
-        (0..=PORTS as u16).map(|p| (p, fake_ifindex(p), true)).collect();
+    let ports: Vec<(u16, u32, bool)> = (0..=PORTS as u16)
+        .map(|p| (p, fake_ifindex(p), true))
+        .collect();
     fp.set_ports(&ports).expect("ports");
     let fx = Fx::new();
     let seeds = request_seeds(&fx);
@@ -887,11 +892,17 @@ fn xdp_fast_path_forwards_nothing_malformed_the_switch_would_not() {
         rig.sw.set_fast_path(true);
         let mut emit = Vec::new();
         let mut warm = to_vip(format!("get {}\r\n", fx.key(0, 0)).as_bytes());
-        assert!(matches!(rig.process(CLIENT.port, &mut warm, &mut emit), Fate::Out(_)));
+        assert!(matches!(
+            rig.process(CLIENT.port, &mut warm, &mut emit),
+            Fate::Out(_)
+        ));
         for s in 0..SERVERS.len() {
             let src = if mode == Mode::L2 { VIP } else { SERVERS[s].ip };
             let mut reply = backend_reply(s, src, MC_PORT);
-            assert!(matches!(rig.process(SERVERS[s].port, &mut reply, &mut emit), Fate::Out(_)));
+            assert!(matches!(
+                rig.process(SERVERS[s].port, &mut reply, &mut emit),
+                Fate::Out(_)
+            ));
         }
         for (n, (port, input)) in corpus.iter().enumerate() {
             let what = format!("{mode:?}: frame {n} ({} bytes) on port {port}", input.len());
@@ -906,7 +917,11 @@ fn xdp_fast_path_forwards_nothing_malformed_the_switch_would_not() {
                 }
                 xdp::Verdict::Tx | xdp::Verdict::Redirect => {
                     let out = run.out_port.expect("a sent frame names its port");
-                    assert_eq!(fate, Fate::Out(out), "{what}: sent where the switch sends it");
+                    assert_eq!(
+                        fate,
+                        Fate::Out(out),
+                        "{what}: sent where the switch sends it"
+                    );
                     assert_bytes(&what, &run.frame, &frame);
                     acted += 1;
                 }
@@ -916,7 +931,11 @@ fn xdp_fast_path_forwards_nothing_malformed_the_switch_would_not() {
         }
     }
     // Mutations that leave a request valid are routed by the program: it is not passing all.
-    assert!(acted > 100, "the program sent only {acted} of {} frames", acted + passed);
+    assert!(
+        acted > 100,
+        "the program sent only {acted} of {} frames",
+        acted + passed
+    );
     assert!(passed > 1000, "the program passed up only {passed} frames");
 }
 

@@ -415,6 +415,10 @@ fn create_host(state: &mut State, h: &HostState) -> anyhow::Result<()> {
         )?;
     }
     ip(&["-n", ns, "link", "set", "dev", "eth0", "up"])?;
+    // Receive coalescing gives the veth a NAPI context, which frames the switch's XDP program
+    // sends here from the kernel need (without it they are dropped). The kernel sets it up
+    // only when GRO is turned on while the link is up, hence off above and on here.
+    let _ = ns_run(ns, "ethtool", &["-K", "eth0", "gro", "on"]);
     Ok(())
 }
 

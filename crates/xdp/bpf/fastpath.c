@@ -535,14 +535,15 @@ static __always_inline int locate(struct fp_config *cfg, __u32 hash, __u32 *serv
 static __always_inline int send(struct xdp_md *ctx, __u32 in_port, __u32 out_port)
 {
 	__u32 zero = 0;
+	/* TX needs what a redirect to the port needs (a veth's peer ready for XDP frames). */
+	__u32 *ifindex = bpf_map_lookup_elem(&fp_port_ifindex, &out_port);
+	if (!ifindex || !*ifindex)
+		return XDP_PASS;
 	__u32 *last = bpf_map_lookup_elem(&fp_last_port, &zero);
 	if (last)
 		*last = out_port;
 	if (out_port == in_port)
 		return XDP_TX;
-	__u32 *ifindex = bpf_map_lookup_elem(&fp_port_ifindex, &out_port);
-	if (!ifindex || !*ifindex)
-		return XDP_PASS;
 	return bpf_redirect(*ifindex, 0);
 }
 

@@ -287,6 +287,25 @@ impl FastPath {
         &self.attached
     }
 
+    /// Whether the program may send frames out of `ifindex`: always where it runs generically;
+    /// natively only when the interface takes frames from XDP (`ndo_xdp_xmit`), which a veth
+    /// does only while its peer has GRO on or an XDP program of its own.
+    pub fn can_send(&self, ifindex: u32) -> bool {
+        /// NETDEV_XDP_ACT_NDO_XMIT, from linux/netdev.h.
+        const NDO_XMIT: u64 = 1 << 2;
+        match self.attached.iter().find(|(i, _)| *i == ifindex) {
+            Some((_, Mode::Generic)) => true,
+            Some((_, Mode::Native)) => {
+                let xdp = Xdp::new(self.program.as_fd());
+                i32::try_from(ifindex).is_ok_and(|i| {
+                    xdp.query(i, XdpFlags::NONE)
+                        .is_ok_and(|q| q.feature_flags & NDO_XMIT != 0)
+                })
+            }
+            None => false,
+        }
+    }
+
     /// Names the switch's ports: each port number with the interface it is, and whether the
     /// program may send frames out of it directly (not a port with an egress rate, whose queue
     /// is the user-space driver's, nor one without the program).

@@ -39,6 +39,8 @@ pub struct Shared {
     pub pool: Arc<Pool>,
     /// The check of the cache nodes `kv_steer` entries lead to.
     pub steer: Arc<crate::steer::SteerHealth>,
+    /// The datapath of each port and the XDP program's counters.
+    pub fast: Arc<crate::fast::FastStatus>,
 }
 
 /// What an API server shows.
@@ -275,6 +277,42 @@ pub fn metrics(shared: &Shared) -> String {
             get(&p.tx_packets)
         );
     }
+    let fast = shared.fast.get();
+    family(
+        &mut out,
+        "kvswitch_xdp_frames_total",
+        "counter",
+        "Frames the XDP fast path handled, by outcome (passed: handed to the switch, whose own \
+         counters then count them).",
+    );
+    let c = fast.counters;
+    for (outcome, n) in [
+        ("routed", c.routed),
+        ("switched", c.switched),
+        ("replies", c.replies),
+        ("reply_limited", c.reply_limited),
+        ("passed", c.passed),
+    ] {
+        let _ = writeln!(
+            out,
+            "kvswitch_xdp_frames_total{{outcome=\"{outcome}\"}} {n}"
+        );
+    }
+    family(
+        &mut out,
+        "kvswitch_port_xdp",
+        "gauge",
+        "1 when the XDP fast path runs on the port.",
+    );
+    for (i, name) in shared.port_names.iter().enumerate() {
+        let on = fast.ports.get(i).is_some_and(|p| p.starts_with("xdp"));
+        let _ = writeln!(
+            out,
+            "kvswitch_port_xdp{{port=\"{}\"}} {}",
+            escape(name),
+            u8::from(on)
+        );
+    }
     family(
         &mut out,
         "kvswitch_port_bytes_total",
@@ -462,6 +500,7 @@ pub fn metrics(shared: &Shared) -> String {
 
 /// Each port with its counters.
 pub fn ports(shared: &Shared) -> serde_json::Value {
+    let fast = shared.fast.get();
     shared
         .stats
         .ports
@@ -472,6 +511,7 @@ pub fn ports(shared: &Shared) -> serde_json::Value {
                 "port": i,
                 "name": shared.port_names.get(i),
                 "mac": shared.port_macs.get(i),
+                "datapath": fast.ports.get(i).map_or("af_packet", String::as_str),
                 "rx_packets": get(&p.rx_packets), "rx_bytes": get(&p.rx_bytes),
                 "tx_packets": get(&p.tx_packets), "tx_bytes": get(&p.tx_bytes),
                 "tx_dropped": get(&p.tx_dropped),
@@ -480,6 +520,23 @@ pub fn ports(shared: &Shared) -> serde_json::Value {
             })
         })
         .collect()
+}
+
+/// The datapath: XDP or AF_PACKET per port, why XDP is off or idle, and what the program did.
+fn datapath_status(shared: &Shared) -> serde_json::Value {
+    let f = shared.fast.get();
+    let c = f.counters;
+    json!({
+        "setting": shared.config.datapath.as_str(),
+        "xdp": f.ports.iter().any(|p| p.starts_with("xdp")),
+        "fallback": f.fallback,
+        "idle": f.idle,
+        "unsendable_ports": f.unsendable,
+        "xdp_frames": {
+            "seen": c.frames, "routed": c.routed, "switched": c.switched,
+            "replies": c.replies, "passed": c.passed, "reply_limited": c.reply_limited,
+        },
+    })
 }
 
 /// The status document.
@@ -535,6 +592,7 @@ pub fn status(shared: &Shared) -> serde_json::Value {
             "servers": pool,
         },
         "ports": ports,
+        "datapath": datapath_status(shared),
         "counters": {
             "kv_requests": get(&s.kv_requests),
             "switchkv_gets": get(&s.switchkv_gets),

@@ -1,0 +1,268 @@
+//! The XDP fast path in the daemon (`switch.datapath`): loads the program, attaches it to the
+//! switch's ports, and keeps its maps in step with the switch from a thread of its own — the
+//! switch's tables are taken, and what the program saw handed back, through the run loop's
+//! job queue, so the forwarding thread never waits for a map write.
+
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use config::{Config, Datapath};
+use dataplane::remote::Remote;
+use dataplane::EgressSettings;
+use proxy::Pool;
+use switch::fastpath::Seen;
+use switch::Switch;
+
+/// How often the maps are brought in step with the switch (and at once when the pool changes).
+const SYNC_EVERY: Duration = Duration::from_millis(50);
+/// How often the pool's version is looked at between syncs.
+const POOL_CHECK: Duration = Duration::from_millis(5);
+/// How often the hosts the program switched frames from are read back (their stations and
+/// source bindings refreshed); far inside any ageing time.
+const HOSTS_EVERY: Duration = Duration::from_secs(1);
+
+/// What the status API and `/metrics` show of the datapath.
+#[derive(Debug, Clone, Default)]
+pub struct FastState {
+    /// Per port, by number: `xdp (native)`, `xdp (generic)` or `af_packet`.
+    pub ports: Vec<String>,
+    /// Why XDP is not in use at all, when the datapath fell back to AF_PACKET.
+    pub fallback: Option<String>,
+    /// Why the program passes every frame up now (the cache on, operator entries, ...).
+    pub idle: Option<String>,
+    /// Ports the program sends nothing out of (an egress rate, or a veth not ready for it).
+    pub unsendable: Vec<String>,
+    pub counters: xdp::Counters,
+}
+
+#[derive(Default)]
+pub struct FastStatus(Mutex<FastState>);
+
+impl FastStatus {
+    pub fn get(&self) -> FastState {
+        self.0.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    fn update(&self, f: impl FnOnce(&mut FastState)) {
+        if let Ok(mut s) = self.0.lock() {
+            f(&mut s);
+        }
+    }
+}
+
+/// The ports the program runs on: each port's number, name and interface index.
+pub struct FastPorts {
+    pub ports: Vec<(u16, String, u32)>,
+    /// All ports, the local port included (which never gets the program).
+    pub count: usize,
+}
+
+/// Loads and attaches the program as `cfg.datapath` asks, and starts the thread that keeps it
+/// in step. `Ok(None)`: AF_PACKET alone (asked for, or the fallback of an unset datapath, with
+/// the reason in `status`). An explicit `"xdp"` that cannot attach is an error with the
+/// kernel's reason. The thread stops once `stop` says so, detaching the program.
+pub fn start(
+    cfg: &Config,
+    ports: FastPorts,
+    remote: Remote<Switch>,
+    egress: Arc<EgressSettings>,
+    pool: Arc<Pool>,
+    status: Arc<FastStatus>,
+    stop: fn() -> bool,
+) -> anyhow::Result<Option<JoinHandle<()>>> {
+    let af_packet = vec!["af_packet".to_string(); ports.count];
+    status.update(|s| s.ports = af_packet.clone());
+    if cfg.datapath == Datapath::AfPacket {
+        return Ok(None);
+    }
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let status_thread = status.clone();
+    let thread = std::thread::Builder::new()
+        .name("xdp-sync".into())
+        .spawn(move || {
+            let fp = match attach(&ports) {
+                Ok((fp, modes)) => {
+                    let _ = ready_tx.send(Ok(modes));
+                    fp
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            keep_in_step(fp, &ports, remote, egress, pool, status_thread, stop);
+        })?;
+    match ready_rx
+        .recv()
+        .context("the XDP thread ended before attaching")?
+    {
+        Ok(modes) => {
+            status.update(|s| {
+                s.ports = af_packet;
+                for (port, mode) in &modes {
+                    if let Some(p) = s.ports.get_mut(usize::from(*port)) {
+                        *p = format!("xdp ({mode})");
+                    }
+                }
+            });
+            tracing::info!(ports = ?modes, "XDP fast path attached");
+            Ok(Some(thread))
+        }
+        Err(e) if cfg.datapath == Datapath::Xdp => {
+            let _ = thread.join();
+            Err(e).with_context(|| {
+                format!(
+                    "{}: `switch.datapath = \"xdp\"`: the XDP program did not attach \
+                     (\"af_packet\" runs without it)",
+                    cfg.path.display()
+                )
+            })
+        }
+        Err(e) => {
+            let _ = thread.join();
+            let reason = format!("{e:#}");
+            tracing::warn!(
+                "XDP fast path not in use, every frame goes through AF_PACKET: {reason}"
+            );
+            status.update(|s| s.fallback = Some(reason));
+            Ok(None)
+        }
+    }
+}
+
+/// Loads the program and attaches it to every port (natively where the driver can, else
+/// generically); all or nothing.
+fn attach(ports: &FastPorts) -> anyhow::Result<(xdp::FastPath, Vec<(u16, xdp::Mode)>)> {
+    let mut fp = xdp::FastPath::load()?;
+    let mut modes = Vec::new();
+    for (port, name, ifindex) in &ports.ports {
+        let mode = fp
+            .attach(*ifindex, None)
+            .with_context(|| format!("port `{name}`"))?;
+        modes.push((*port, mode));
+    }
+    Ok((fp, modes))
+}
+
+/// Each port with whether the program may send out of it: not a port with an egress rate
+/// (whose queue is the driver's), nor one that cannot take frames from XDP (a veth whose peer
+/// has neither GRO nor a program of its own; frames to it then go through the switch).
+fn port_table(
+    fp: &xdp::FastPath,
+    ports: &FastPorts,
+    egress: &Arc<EgressSettings>,
+) -> Vec<(u16, u32, bool)> {
+    ports
+        .ports
+        .iter()
+        .map(|(p, _, ifindex)| {
+            let shaped = egress
+                .get(usize::from(*p))
+                .is_some_and(|(rate, _)| rate > 0);
+            (*p, *ifindex, !shaped && fp.can_send(*ifindex))
+        })
+        .collect()
+}
+
+fn keep_in_step(
+    mut fp: xdp::FastPath,
+    ports: &FastPorts,
+    remote: Remote<Switch>,
+    egress: Arc<EgressSettings>,
+    pool: Arc<Pool>,
+    status: Arc<FastStatus>,
+    stop: fn() -> bool,
+) {
+    let mut table = port_table(&fp, ports, &egress);
+    report_ports(&table, ports, &status);
+    if let Err(e) = fp.set_ports(&table) {
+        tracing::warn!("XDP ports: {e}");
+    }
+    let mut pending = Seen::default();
+    let mut last_hosts = Instant::now();
+    let mut last_version = pool.version();
+    while !stop() {
+        let due = Instant::now() + SYNC_EVERY;
+        while Instant::now() < due && pool.version() == last_version && !stop() {
+            std::thread::sleep(POOL_CHECK);
+        }
+        last_version = pool.version();
+        let now_table = port_table(&fp, ports, &egress);
+        if now_table != table {
+            table = now_table;
+            report_ports(&table, ports, &status);
+            if let Err(e) = fp.set_ports(&table) {
+                tracing::warn!("XDP ports: {e}");
+            }
+        }
+        let hosts = last_hosts.elapsed() >= HOSTS_EVERY;
+        if hosts {
+            last_hosts = Instant::now();
+        }
+        merge(&mut pending, fp.seen(hosts));
+        let seen = std::mem::take(&mut pending);
+        let (tx, rx) = mpsc::sync_channel(1);
+        let kept = seen.clone();
+        let job = Box::new(move |sw: &mut Switch, now, _: &mut Vec<switch::Emit>| {
+            sw.fast_seen(&seen, now);
+            let _ = tx.send(sw.fast_tables());
+        });
+        if remote.submit(job).is_err() {
+            pending = kept; // the loop is busy: hand it over next round
+            continue;
+        }
+        let Ok(tables) = rx.recv_timeout(Duration::from_secs(1)) else {
+            continue;
+        };
+        if let Err(e) = fp.sync(&tables) {
+            tracing::warn!("XDP maps: {e}");
+        }
+        let counters = fp.counters();
+        status.update(|s| {
+            s.idle = tables.disabled.map(str::to_string);
+            s.counters = counters;
+        });
+    }
+    // Dropping `fp` detaches the program from every port.
+}
+
+/// Says in the status which ports the program cannot send to, and logs it once per change.
+fn report_ports(table: &[(u16, u32, bool)], ports: &FastPorts, status: &FastStatus) {
+    let blocked: Vec<&str> = table
+        .iter()
+        .filter(|(_, _, ok)| !ok)
+        .filter_map(|(p, _, _)| ports.ports.iter().find(|(q, _, _)| q == p))
+        .map(|(_, name, _)| name.as_str())
+        .collect();
+    if !blocked.is_empty() {
+        tracing::info!(
+            ports = ?blocked,
+            "XDP sends nothing out of these ports (an egress rate, or a veth whose peer has \
+             neither GRO on nor an XDP program): frames to them go through the switch"
+        );
+    }
+    status.update(|s| {
+        s.unsendable = blocked.iter().map(|n| n.to_string()).collect();
+    });
+}
+
+fn merge(into: &mut Seen, more: Seen) {
+    into.hosts.extend(more.hosts);
+    into.hosts.sort();
+    into.hosts.dedup();
+    for (a, b) in [
+        (&mut into.server_requests, more.server_requests),
+        (&mut into.server_replies, more.server_replies),
+    ] {
+        if a.len() < b.len() {
+            a.resize(b.len(), 0);
+        }
+        for (x, y) in a.iter_mut().zip(b) {
+            *x += y;
+        }
+    }
+    into.reply_limited += more.reply_limited;
+}
