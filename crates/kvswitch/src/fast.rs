@@ -182,6 +182,7 @@ fn keep_in_step(
         tracing::warn!("XDP ports: {e}");
     }
     let mut pending = Seen::default();
+    let mut idle = Some(String::from("not yet in step"));
     let mut last_hosts = Instant::now();
     let mut last_version = pool.version();
     while !stop() {
@@ -219,6 +220,13 @@ fn keep_in_step(
         };
         if let Err(e) = fp.sync(&tables) {
             tracing::warn!("XDP maps: {e}");
+        }
+        if idle.as_deref() != tables.disabled {
+            match tables.disabled {
+                None => tracing::info!("XDP fast path in step with the switch"),
+                Some(why) => tracing::info!("XDP fast path passes every frame up: {why}"),
+            }
+            idle = tables.disabled.map(str::to_string);
         }
         let counters = fp.counters();
         status.update(|s| {

@@ -896,11 +896,11 @@ fn xdp_fast_path_forwards_nothing_malformed_the_switch_would_not() {
             rig.process(CLIENT.port, &mut warm, &mut emit),
             Fate::Out(_)
         ));
-        for s in 0..SERVERS.len() {
-            let src = if mode == Mode::L2 { VIP } else { SERVERS[s].ip };
+        for (s, server) in SERVERS.iter().enumerate() {
+            let src = if mode == Mode::L2 { VIP } else { server.ip };
             let mut reply = backend_reply(s, src, MC_PORT);
             assert!(matches!(
-                rig.process(SERVERS[s].port, &mut reply, &mut emit),
+                rig.process(server.port, &mut reply, &mut emit),
                 Fate::Out(_)
             ));
         }

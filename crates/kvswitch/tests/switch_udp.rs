@@ -591,6 +591,7 @@ fn switch_mode_l3_end_to_end() {
         .map(|s| s["requests"].as_u64().unwrap())
         .collect();
     assert!(per_backend.iter().all(|n| *n > 0), "{per_backend:?}");
+    check_fast_path(&live);
     live.down().expect("down");
 }
 
@@ -599,5 +600,6 @@ fn switch_mode_l2_end_to_end() {
     let live = testbed("ku2", "l2", false);
     check_routing(&live);
     check_l2(&live);
+    check_fast_path(&live);
     live.down().expect("down");
 }

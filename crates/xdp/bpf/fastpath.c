@@ -143,9 +143,11 @@ static __always_inline void count(__u32 which)
 		*c += 1;
 }
 
-static __always_inline int pass(void)
+/* Hands the frame, unchanged, to the user-space switch, counting why. */
+static __always_inline int pass(__u32 why)
 {
 	count(FP_C_PASSED);
+	count(why);
 	return XDP_PASS;
 }
 
@@ -532,13 +534,21 @@ static __always_inline int locate(struct fp_config *cfg, __u32 hash, __u32 *serv
 	return 1;
 }
 
+/* Whether frames may leave by `port` from here (see fp_port_ifindex). */
+static __always_inline int sendable(__u32 port)
+{
+	__u32 *ifindex = bpf_map_lookup_elem(&fp_port_ifindex, &port);
+	return ifindex && *ifindex;
+}
+
+/* Sends the frame out of `out_port`; the caller checked sendable(out_port). */
 static __always_inline int send(struct xdp_md *ctx, __u32 in_port, __u32 out_port)
 {
 	__u32 zero = 0;
 	/* TX needs what a redirect to the port needs (a veth's peer ready for XDP frames). */
 	__u32 *ifindex = bpf_map_lookup_elem(&fp_port_ifindex, &out_port);
 	if (!ifindex || !*ifindex)
-		return XDP_PASS;
+		return XDP_ABORTED; /* callers check sendable() first; never reached */
 	__u32 *last = bpf_map_lookup_elem(&fp_last_port, &zero);
 	if (last)
 		*last = out_port;
@@ -589,37 +599,37 @@ static __always_inline int route(struct xdp_md *ctx, struct fp_config *cfg, __u3
 {
 	void *end = (void *)(long)ctx->data_end;
 	if (!mac_eq(eth->h_dest, cfg->vip_mac) || udp->source == 0)
-		return pass();
+		return pass(FP_C_PASS_REQUEST);
 	__u32 src = ip->saddr;
 	__u8 first = src & 0xff;
 	if (src == 0 || src == 0xffffffff || src == cfg->vip_bcast || first == 127 ||
 	    (first & 0xf0) == 0xe0 || bpf_map_lookup_elem(&fp_own, &src))
-		return pass();
+		return pass(FP_C_PASS_REQUEST);
 	__u32 ulen = bpf_ntohs(udp->len);
 	__u8 *mc = (__u8 *)(udp + 1);
 	if (mc + MC_LEN > (__u8 *)end)
-		return pass();
+		return pass(FP_C_PASS_REQUEST);
 	/* One datagram: sequence 0, total 1 (the reserved field is memcached's business). */
 	if (mc[2] || mc[3] || mc[4] || mc[5] != 1)
-		return pass();
+		return pass(FP_C_PASS_REQUEST);
 	__u32 parsed = parse_read(ctx);
 	__u32 used = parsed >> 16, klen = parsed & 0xffff;
 	if (!parsed || klen > FP_MAX_KEY || used + UDP_LEN + MC_LEN != ulen)
-		return pass();
+		return pass(FP_C_PASS_REQUEST);
 	if (!fp_udp_ok(ctx, ulen))
-		return pass();
+		return pass(FP_C_PASS_CHECKSUM);
 	__u32 server;
 	if (!locate(cfg, fp_key_hash(klen, cfg->hash), &server))
-		return pass();
+		return pass(FP_C_PASS_NO_SERVER);
 	struct fp_server *srv = bpf_map_lookup_elem(&fp_servers, &server);
 	if (!srv || !srv->valid)
-		return pass();
+		return pass(FP_C_PASS_NO_SERVER);
+	if (!sendable(srv->port))
+		return pass(FP_C_PASS_BLOCKED); /* before any rewrite: a passed frame is unchanged */
 	__builtin_memcpy(eth->h_dest, srv->mac, 6);
 	if (cfg->l3)
 		set_ip(ip, udp, &ip->daddr, srv->ip);
 	int verdict = send(ctx, in_port, srv->port);
-	if (verdict == XDP_PASS)
-		return pass();
 	struct fp_server_stats *st = bpf_map_lookup_elem(&fp_server_stats, &server);
 	if (st)
 		st->requests += 1;
@@ -636,29 +646,29 @@ int kvswitch_fastpath(struct xdp_md *ctx)
 	count(FP_C_FRAMES);
 	struct fp_config *cfg = bpf_map_lookup_elem(&fp_cfg, &zero);
 	if (!cfg || !cfg->enabled)
-		return pass();
+		return pass(FP_C_PASS_OFF);
 	__u32 ifindex = ctx->ingress_ifindex;
 	__u32 *port = bpf_map_lookup_elem(&fp_ports, &ifindex);
 	if (!port)
-		return pass();
+		return pass(FP_C_PASS_OFF);
 	__u32 in_port = *port;
 
 	struct ethhdr *eth = data;
 	if ((void *)(eth + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP) || (eth->h_dest[0] & 1))
-		return pass();
+		return pass(FP_C_PASS_NOT_IPV4);
 	struct iphdr *ip = (void *)(eth + 1);
 	if ((void *)(ip + 1) > end)
-		return pass();
+		return pass(FP_C_PASS_IP_HEADER);
 	/* A 20-byte header, not a fragment, a length the frame holds, a right checksum. */
 	if (ip->version != 4 || ip->ihl != 5 || (ip->frag_off & bpf_htons(0x3fff)) ||
 	    (void *)ip + bpf_ntohs(ip->tot_len) > end || bpf_ntohs(ip->tot_len) < IP_LEN ||
 	    !ip_header_ok(ip))
-		return pass();
+		return pass(FP_C_PASS_IP_HEADER);
 	struct fp_host host = {.ip = ip->saddr};
 	__builtin_memcpy(host.mac, eth->h_source, 6);
 	struct fp_host_seen *seen = bpf_map_lookup_elem(&fp_hosts, &host);
 	if (!seen || seen->port != in_port)
-		return pass();
+		return pass(FP_C_PASS_STRANGER);
 	if (!seen->hit)
 		seen->hit = 1;
 
@@ -667,27 +677,29 @@ int kvswitch_fastpath(struct xdp_md *ctx)
 	if (is_udp) {
 		if ((void *)(udp + 1) > end || bpf_ntohs(udp->len) < UDP_LEN ||
 		    bpf_ntohs(udp->len) != bpf_ntohs(ip->tot_len) - IP_LEN)
-			return pass();
+			return pass(FP_C_PASS_IP_HEADER);
 	}
 	__u32 dst = ip->daddr;
 	if (dst == cfg->vip) {
 		if ((void *)(udp + 1) > end)
-			return pass();
+			return pass(FP_C_PASS_TO_SWITCH);
 		if (is_udp && udp->dest == cfg->vip_port)
 			return route(ctx, cfg, in_port, eth, ip, udp);
-		return pass();
+		return pass(FP_C_PASS_TO_SWITCH);
 	}
 	if (bpf_map_lookup_elem(&fp_own, &dst) || mac_eq(eth->h_dest, cfg->vip_mac))
-		return pass();
+		return pass(FP_C_PASS_TO_SWITCH);
 	/* SwitchKV's encoded queries carry a locally administered MAC no station has. */
 	struct fp_mac to = {};
 	__builtin_memcpy(to.mac, eth->h_dest, 6);
 	__u32 *out = bpf_map_lookup_elem(&fp_stations, &to);
 	if (!out || *out == in_port)
-		return pass();
+		return pass(FP_C_PASS_NO_STATION);
+	if (!sendable(*out))
+		return pass(FP_C_PASS_BLOCKED);
 	if (is_udp) {
 		if ((void *)(udp + 1) > end)
-			return pass();
+			return pass(FP_C_PASS_IP_HEADER);
 		__u32 src = ip->saddr;
 		__u32 *idx = bpf_map_lookup_elem(&fp_server_ips, &src);
 		struct fp_server *srv = idx ? bpf_map_lookup_elem(&fp_servers, idx) : 0;
@@ -695,9 +707,6 @@ int kvswitch_fastpath(struct xdp_md *ctx)
 		if (!reply && src == cfg->vip && !cfg->l3)
 			reply = udp->source == cfg->vip_port;
 		if (reply) {
-			__u32 *to = bpf_map_lookup_elem(&fp_port_ifindex, out);
-			if (!to || !*to)
-				return pass(); /* not sent from here: not charged here */
 			if (!reply_allowed(cfg, ip->daddr, (__u64)(end - data))) {
 				count(FP_C_REPLY_LIMITED);
 				return XDP_DROP;
@@ -705,8 +714,6 @@ int kvswitch_fastpath(struct xdp_md *ctx)
 			if (srv && cfg->l3)
 				set_ip(ip, udp, &ip->saddr, cfg->vip);
 			int verdict = send(ctx, in_port, *out);
-			if (verdict == XDP_PASS)
-				return pass();
 			if (srv) {
 				struct fp_server_stats *st = bpf_map_lookup_elem(&fp_server_stats, idx);
 				if (st)
@@ -717,8 +724,6 @@ int kvswitch_fastpath(struct xdp_md *ctx)
 		}
 	}
 	int verdict = send(ctx, in_port, *out);
-	if (verdict == XDP_PASS)
-		return pass();
 	count(FP_C_SWITCHED);
 	return verdict;
 }

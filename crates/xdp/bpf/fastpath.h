@@ -42,7 +42,18 @@
 #define FP_C_PASSED 3        /* frames handed to the user-space switch */
 #define FP_C_REPLIES 4       /* server replies switched (their source rewritten in l3 mode) */
 #define FP_C_REPLY_LIMITED 5 /* server replies dropped: the client's reply bytes ran out */
-#define FP_NUM_COUNTERS 6
+/* Why frames were passed up (each also counts in FP_C_PASSED). */
+#define FP_C_PASS_OFF 6        /* the program is off, or the port is not the switch's */
+#define FP_C_PASS_NOT_IPV4 7   /* not unicast IPv4 (ARP, IPv6, broadcast, multicast) */
+#define FP_C_PASS_IP_HEADER 8  /* options, a fragment, a bad length or checksum */
+#define FP_C_PASS_STRANGER 9   /* a sender the switch has not sent a frame on for, here */
+#define FP_C_PASS_TO_SWITCH 10 /* for the switch itself: its addresses, its MAC */
+#define FP_C_PASS_REQUEST 11   /* to the VIP, but not one single-key read the program takes */
+#define FP_C_PASS_CHECKSUM 12  /* a read whose UDP checksum is wrong */
+#define FP_C_PASS_NO_SERVER 13 /* the key's server is not known to be reachable */
+#define FP_C_PASS_NO_STATION 14 /* an unknown destination MAC, or one behind the in-port */
+#define FP_C_PASS_BLOCKED 15   /* the out-port may not be sent to from XDP */
+#define FP_NUM_COUNTERS 16
 /* Clients with a bucket of reply bytes in the program (least recently used ones go first). */
 #define FP_MAX_BUCKETS 65536
 

@@ -113,6 +113,20 @@ pub struct TestRun {
     pub out_port: Option<u16>,
 }
 
+/// Why the program passes frames up, by counter index (see `fastpath.h`).
+pub const PASS_REASONS: [(&str, u32); 10] = [
+    ("off", abi::C_PASS_OFF),
+    ("not_ipv4", abi::C_PASS_NOT_IPV4),
+    ("ip_header", abi::C_PASS_IP_HEADER),
+    ("stranger", abi::C_PASS_STRANGER),
+    ("to_switch", abi::C_PASS_TO_SWITCH),
+    ("request", abi::C_PASS_REQUEST),
+    ("checksum", abi::C_PASS_CHECKSUM),
+    ("no_server", abi::C_PASS_NO_SERVER),
+    ("no_station", abi::C_PASS_NO_STATION),
+    ("blocked", abi::C_PASS_BLOCKED),
+];
+
 /// The program's counters, summed over CPUs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
@@ -122,6 +136,8 @@ pub struct Counters {
     pub replies: u64,
     pub passed: u64,
     pub reply_limited: u64,
+    /// Frames passed up, per reason of [`PASS_REASONS`] (in its order).
+    pub passed_by: [u64; PASS_REASONS.len()],
 }
 
 /// The maps the loader writes and reads, as owned handles.
@@ -567,6 +583,7 @@ impl FastPath {
             replies: read(abi::C_REPLIES),
             passed: read(abi::C_PASSED),
             reply_limited: read(abi::C_REPLY_LIMITED),
+            passed_by: PASS_REASONS.map(|(_, i)| read(i)),
         }
     }
 

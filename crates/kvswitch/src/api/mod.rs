@@ -300,6 +300,15 @@ pub fn metrics(shared: &Shared) -> String {
     }
     family(
         &mut out,
+        "kvswitch_xdp_passed_total",
+        "counter",
+        "Frames the XDP fast path handed to the switch, by why.",
+    );
+    for ((reason, _), n) in xdp::PASS_REASONS.iter().zip(c.passed_by) {
+        let _ = writeln!(out, "kvswitch_xdp_passed_total{{reason=\"{reason}\"}} {n}");
+    }
+    family(
+        &mut out,
         "kvswitch_port_xdp",
         "gauge",
         "1 when the XDP fast path runs on the port.",
@@ -536,6 +545,11 @@ fn datapath_status(shared: &Shared) -> serde_json::Value {
             "seen": c.frames, "routed": c.routed, "switched": c.switched,
             "replies": c.replies, "passed": c.passed, "reply_limited": c.reply_limited,
         },
+        "xdp_passed": xdp::PASS_REASONS
+            .iter()
+            .zip(c.passed_by)
+            .map(|((name, _), n)| (name.to_string(), json!(n)))
+            .collect::<serde_json::Map<_, _>>(),
     })
 }
 

@@ -257,6 +257,105 @@ pub fn status(live: &testbed::Live) -> serde_json::Value {
     serde_json::from_str(&body).expect("status is JSON")
 }
 
+/// Reads through the XDP fast path: once a client has been seen by the switch, its single-key
+/// reads are routed by the program in the kernel (the status API's `xdp_frames.routed` moves),
+/// answered right, and counted for their servers as the switch counts them.
+#[allow(dead_code)]
+pub fn check_fast_path(live: &testbed::Live) {
+    let st = status(live);
+    let d = &st["datapath"];
+    assert_eq!(d["xdp"], true, "the XDP fast path is not in use: {d}");
+    let xdp_ports = st["ports"]
+        .as_array()
+        .expect("ports")
+        .iter()
+        .filter(|p| p["datapath"].as_str().is_some_and(|x| x.starts_with("xdp")))
+        .count();
+    assert_eq!(
+        xdp_ports,
+        live.state.hosts.len(),
+        "ports with XDP: {}",
+        st["ports"]
+    );
+    assert_eq!(d["unsendable_ports"], serde_json::json!([]), "{d}");
+    let counter = |st: &serde_json::Value, name: &str| {
+        st["datapath"]["xdp_frames"][name]
+            .as_u64()
+            .expect("an XDP counter")
+    };
+    let requests = |st: &serde_json::Value| -> u64 {
+        st["pool"]["servers"]
+            .as_array()
+            .expect("servers")
+            .iter()
+            .map(|s| s["requests"].as_u64().expect("requests"))
+            .sum()
+    };
+    let ring = default_ring();
+    let keys = keys_spanning_servers(&ring, "fast:", 2);
+    let vip = vip(live);
+    for key in &keys {
+        let set = format!("set {key} 0 0 {}\r\n{key}\r\n", key.len());
+        let r = udp_call(live, "c1", vip, set.as_bytes(), T_FAST).expect("set");
+        assert_eq!(r.body, b"STORED\r\n");
+    }
+    let get = |host: &str, key: &str| {
+        let r = udp_call(live, host, vip, format!("get {key}\r\n").as_bytes(), T_FAST)
+            .expect("a reply to a get");
+        assert_eq!(
+            r.body,
+            format!("VALUE {key} 0 {}\r\n{key}\r\nEND\r\n", key.len()).as_bytes()
+        );
+        assert_eq!(r.from, vip);
+    };
+    // The switch publishes a sender it has seen every 50 ms: read until the program routes.
+    let start = std::time::Instant::now();
+    while counter(&status(live), "routed") == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "XDP routed nothing: {}",
+            status(live)["datapath"]
+        );
+        get("c2", &keys[0]);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Both clients are known now; counters reach the status API within 50 ms.
+    get("c1", &keys[0]);
+    std::thread::sleep(Duration::from_millis(200));
+    let before = status(live);
+    for _ in 0..5 {
+        for key in &keys {
+            get("c1", key);
+            get("c2", key);
+        }
+    }
+    let n = 10 * keys.len() as u64;
+    let start = std::time::Instant::now();
+    loop {
+        let after = status(live);
+        let routed = counter(&after, "routed") - counter(&before, "routed");
+        let counted = requests(&after) - requests(&before);
+        if routed >= n && counted >= n {
+            assert_eq!(routed, n, "the program routed reads that were not sent");
+            assert_eq!(
+                counted, n,
+                "the servers' request counters: {}",
+                after["pool"]
+            );
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{n} reads: the program routed {routed}, the servers counted {counted}: {}",
+            after["datapath"]
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// How long a call of [`check_fast_path`] waits for its reply.
+const T_FAST: Duration = Duration::from_secs(2);
+
 pub fn metrics(live: &testbed::Live) -> String {
     let (code, body) = testbed::http_get(live.api(), "/metrics").expect("metrics");
     assert_eq!(code, 200);
