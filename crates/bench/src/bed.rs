@@ -411,6 +411,8 @@ pub struct BedSpec {
     /// the path of every request). Needs [`Servers::Nodes`].
     pub switchkv: Option<SwitchKvSetup>,
     pub nutcracker: bool,
+    /// kvswitch's `switch.datapath`; None: unset (XDP wherever it attaches).
+    pub datapath: Option<&'static str>,
 }
 
 /// memcached's memory on the peers' testbed, in MiB: the first server holds every key of the
@@ -490,6 +492,7 @@ impl Bed {
             state_path: Some(state_path),
             start_nutcracker: spec.nutcracker,
             extra_config: spec.cache.as_ref().map(cache_section),
+            datapath: spec.datapath.map(str::to_string),
             servers: program,
             cache_args: spec
                 .switchkv

@@ -144,6 +144,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
             cache: cached.then(|| CacheSetup::whole_keyspace(args.keys)),
             switchkv: None,
             nutcracker: true,
+            datapath: None,
         })?;
         bed.preload(args.keys, "key:", args.value_size as usize)?;
         for run in 0..runs {

@@ -6,6 +6,7 @@
 
 pub mod bed;
 pub mod cost;
+pub mod fastpath;
 pub mod latency;
 pub mod measure;
 pub mod memcslap;
@@ -39,6 +40,9 @@ pub enum Scenario {
     PopularityChange(popularity::Args),
     /// CPU time per request of every middle box (kvswitch, nutcracker), from /proc.
     Cost(cost::Args),
+    /// The XDP fast path against AF_PACKET on the same testbed: GET throughput, latency and
+    /// CPU per GET (the kvswitch process, the whole machine, the XDP program itself).
+    Fastpath(fastpath::Args),
     /// SwitchKV (a cache node that kvswitch steers reads to) beside kvswitch's own cache and
     /// no cache, in front of capacity-limited backends: the skew and popularity-change
     /// scenarios, into <out>/skew and <out>/popularity-change.
@@ -109,6 +113,7 @@ pub fn run(scenario: &Scenario) -> anyhow::Result<()> {
         Scenario::Skew(args) => skew::run(args).map(drop),
         Scenario::PopularityChange(args) => popularity::run(args).map(drop),
         Scenario::Cost(args) => cost::run(args).map(drop),
+        Scenario::Fastpath(args) => fastpath::run(args).map(drop),
         Scenario::Switchkv(args) => run_switchkv(args),
         Scenario::All(args) => run_all(&args.common),
     }
@@ -138,6 +143,7 @@ fn run_all(common: &Common) -> anyhow::Result<()> {
     skew::run(&skew::Args::with(sub(skew::NAME)))?;
     popularity::run(&popularity::Args::with(sub(popularity::NAME)))?;
     cost::run(&cost::Args::with(sub(cost::NAME)))?;
+    fastpath::run(&fastpath::Args::with(sub(fastpath::NAME)))?;
     Ok(())
 }
 

@@ -412,6 +412,7 @@ fn up(args: &Args, setup: Setup, variant: Option<Variant>) -> anyhow::Result<Bed
             None => switchkv,
         },
         nutcracker: false,
+        datapath: None,
     })?;
     bed.preload(args.keys, "key:", 32)?;
     Ok(bed)

@@ -385,6 +385,7 @@ fn up(
         cache,
         switchkv,
         nutcracker: false,
+        datapath: None,
     })?;
     bed.preload(args.keys, "key:", 32)?;
     Ok(bed)

@@ -120,6 +120,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
             cache: cached.then(|| CacheSetup::whole_keyspace(args.keys * sizes.len() as u64)),
             switchkv: None,
             nutcracker: true,
+            datapath: None,
         })?;
         for &size in &sizes {
             bed.preload(args.keys, &key_prefix(size), size as usize)?;

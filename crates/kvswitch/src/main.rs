@@ -90,6 +90,10 @@ enum TestbedCmd {
         /// Do not start nutcracker on the first client.
         #[arg(long)]
         no_nutcracker: bool,
+        /// kvswitch's datapath: "xdp" (the fast path, an error if it cannot attach) or
+        /// "af_packet" (none) [default: XDP wherever it attaches].
+        #[arg(long, value_parser = ["xdp", "af_packet"])]
+        datapath: Option<String>,
     },
     /// Remove every namespace, link and process the testbed made (also after a crash);
     /// fails if no testbed of the prefix exists.
@@ -163,6 +167,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
                 prefix,
                 state,
                 no_nutcracker,
+                datapath,
             } => {
                 let topo = match &topology {
                     Some(p) => testbed::Topology::from_file(p)?,
@@ -183,6 +188,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
                     state_path: state,
                     start_nutcracker: !no_nutcracker,
                     servers,
+                    datapath,
                     ..Default::default()
                 };
                 let live = testbed::up(&topo, &opts)?;

@@ -373,6 +373,29 @@ fn cost_short() {
 }
 
 #[test]
+fn fastpath_short() {
+    let (dir, json) = run("fastpath", "kvbf");
+    let medians = medians(&json);
+    assert_eq!(medians.len(), 4, "two datapaths, two targets each");
+    for p in medians {
+        assert!(p["get_rps"].as_f64().unwrap() > 0.0, "{p}");
+        assert!(p["machine_us"].as_f64().unwrap() > 0.0, "{p}");
+        // The program's own run time is read only where it runs.
+        match p["datapath"].as_str() {
+            Some("xdp") => assert!(p["xdp_ns"].as_f64().unwrap() > 0.0, "{p}"),
+            Some("af_packet") => assert!(p["xdp_ns"].is_null(), "{p}"),
+            other => panic!("datapath {other:?}"),
+        }
+    }
+    check_plot(
+        &dir,
+        "cpu-per-get",
+        &["kvswitch process".to_string(), "whole machine".to_string()],
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn bad_arguments_are_refused_with_a_reason() {
     let bench = |args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_kvswitch"))
@@ -405,6 +428,7 @@ fn bad_arguments_are_refused_with_a_reason() {
         "skew",
         "popularity-change",
         "cost",
+        "fastpath",
         "all",
     ] {
         assert!(text.contains(s), "bench --help does not list {s}:\n{text}");

@@ -9,8 +9,14 @@ use crate::state::State;
 use crate::topology::MEMCACHED_PORT;
 
 /// The kvswitch daemon config, with `pool` added verbatim to its `[pool]` table (before the
-/// servers, which TOML would otherwise take it to belong to) and `extra` appended verbatim.
-pub fn kvswitch_config(state: &State, pool: Option<&str>, extra: Option<&str>) -> String {
+/// servers, which TOML would otherwise take it to belong to), `datapath` as
+/// `switch.datapath`, and `extra` appended verbatim.
+pub fn kvswitch_config(
+    state: &State,
+    pool: Option<&str>,
+    datapath: Option<&str>,
+    extra: Option<&str>,
+) -> String {
     let mut out = String::new();
     let ports: Vec<String> = state
         .hosts
@@ -33,6 +39,9 @@ pub fn kvswitch_config(state: &State, pool: Option<&str>, extra: Option<&str>) -
     // Every host's address is accepted on its own port only: what a switch exposed to
     // untrusted hosts should run with, and so what the tests and benchmarks run with.
     let _ = writeln!(out, "source_check = true");
+    if let Some(datapath) = datapath {
+        let _ = writeln!(out, "datapath = {datapath:?}");
+    }
     match (&state.local_port, &state.local_peer) {
         (Some(port), Some(peer)) => {
             let _ = writeln!(out, "local_port = {port:?}");

@@ -80,6 +80,9 @@ pub struct UpOptions {
     pub pool_config: Option<String>,
     /// Appended verbatim to the generated kvswitch config.
     pub extra_config: Option<String>,
+    /// kvswitch's `switch.datapath` (`"xdp"` or `"af_packet"`); None leaves it unset: XDP
+    /// wherever it attaches.
+    pub datapath: Option<String>,
     /// Give kvswitch a local port into the root namespace (`<prefix>-local`), through which TCP
     /// to the VIP reaches the host's stack. Default true. The root namespace then holds the
     /// VIP and a route to the subnet, so testbeds running side by side need distinct subnets
@@ -122,6 +125,7 @@ impl Default for UpOptions {
             start_nutcracker: true,
             pool_config: None,
             extra_config: None,
+            datapath: None,
             local_port: true,
             proxy: true,
             servers: ServerProgram::Memcached,

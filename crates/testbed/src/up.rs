@@ -332,6 +332,7 @@ fn build(state: &mut State, topo: &Topology, opts: &UpOptions) -> anyhow::Result
     let text = config::kvswitch_config(
         state,
         opts.pool_config.as_deref(),
+        opts.datapath.as_deref(),
         opts.extra_config.as_deref(),
     );
     if let Some(path) = state.api_token_file.clone() {
@@ -793,8 +794,12 @@ mod tests {
         assert_eq!(s.hosts[2].netns, "kvs-s1");
         assert_eq!(s.hosts[2].ip, Ipv4Addr::new(10, 77, 0, 3));
         assert_eq!(s.work_dir, Path::new("/run/kvswitch/kvs-testbed.d"));
-        let conf =
-            config::kvswitch_config(&s, Some("auto_eject_hosts = true"), Some("[extra]\nx = 1"));
+        let conf = config::kvswitch_config(
+            &s,
+            Some("auto_eject_hosts = true"),
+            Some("af_packet"),
+            Some("[extra]\nx = 1"),
+        );
         let parsed: toml::Value = toml::from_str(&conf).unwrap();
         assert_eq!(parsed["switch"]["ports"].as_array().unwrap().len(), 5);
         assert_eq!(
@@ -805,6 +810,7 @@ mod tests {
         assert_eq!(parsed["vip"]["port"].as_integer(), Some(11211));
         assert_eq!(parsed["extra"]["x"].as_integer(), Some(1));
         assert_eq!(parsed["pool"]["auto_eject_hosts"].as_bool(), Some(true));
+        assert_eq!(parsed["switch"]["datapath"].as_str(), Some("af_packet"));
         assert_eq!(parsed["switch"]["local_port"].as_str(), Some("kvs-local"));
         assert_eq!(parsed["switch"]["local_peer"].as_str(), Some("kvs-local-h"));
         assert_eq!(parsed["switch"]["proxy"].as_bool(), Some(true));
@@ -820,7 +826,8 @@ mod tests {
             ..UpOptions::default()
         };
         let s = plan(&l2, &opts, "/run/kvswitch/kvs-testbed.json".into(), api).unwrap();
-        let parsed: toml::Value = toml::from_str(&config::kvswitch_config(&s, None, None)).unwrap();
+        let parsed: toml::Value =
+            toml::from_str(&config::kvswitch_config(&s, None, None, None)).unwrap();
         assert_eq!(parsed["vip"]["agent_ip"].as_str(), Some("10.77.0.254"));
         assert_eq!(parsed["switch"]["local_port"].as_str(), Some(""));
         assert!(parsed["switch"].get("local_peer").is_none());

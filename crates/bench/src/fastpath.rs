@@ -1,0 +1,388 @@
+//! `kvswitch bench fastpath`: what the XDP fast path saves, side by side with the AF_PACKET
+//! path and memcached direct on the same testbed: GET throughput and latency, and the CPU a
+//! GET costs — in the kvswitch process, on the whole machine, and in the XDP program itself
+//! (the kernel's own BPF run-time statistics).
+
+use std::fmt::Write as _;
+
+use anyhow::Context;
+use serde::Serialize;
+
+use super::bed::{Bed, BedSpec, Servers, System};
+use super::latency::per_s;
+use super::output::{fmt, ratio, times, Machine, Output};
+use super::plot::{BarChart, Chart};
+use super::Common;
+use crate::measure::{median, median_of_some};
+
+pub const NAME: &str = "fastpath";
+const SERVERS: usize = 3;
+/// The datapaths compared, as `switch.datapath` names them.
+const DATAPATHS: [&str; 2] = ["xdp", "af_packet"];
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: Common,
+    /// Closed-loop requesters (one request outstanding each).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub concurrency: u32,
+    /// Seconds measured per system [default: 3; 0.5 with --short].
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Keys preloaded and read (uniformly).
+    #[arg(long, default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub keys: u64,
+    /// Value size in bytes.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub value_size: u32,
+}
+
+impl Args {
+    pub fn with(common: Common) -> Args {
+        Args {
+            common,
+            concurrency: 16,
+            duration: None,
+            keys: 10_000,
+            value_size: 100,
+        }
+    }
+
+    fn duration(&self) -> f64 {
+        self.duration
+            .unwrap_or(if self.common.short { 0.5 } else { 3.0 })
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Point {
+    /// `switch.datapath` of the testbed's kvswitch.
+    pub datapath: &'static str,
+    /// Through the VIP (routed by key) or to a server's own address (switched by MAC).
+    pub system: System,
+    pub get_rps: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    /// CPU µs per GET of the kvswitch process (user + system).
+    pub kvswitch_us: Option<f64>,
+    /// CPU µs per GET of the whole machine (every core; clients and servers included).
+    pub machine_us: Option<f64>,
+    /// Run time of the XDP program per GET (its request and its reply), from the kernel's
+    /// BPF statistics; none on AF_PACKET.
+    pub xdp_ns: Option<f64>,
+    pub run: u32,
+}
+
+#[derive(Serialize)]
+struct Settings {
+    concurrency: u32,
+    duration_s: f64,
+    runs: u32,
+    keys: u64,
+    value_size: u32,
+    servers: usize,
+    short: bool,
+}
+
+#[derive(Serialize)]
+struct Results {
+    scenario: &'static str,
+    settings: Settings,
+    machine: Machine,
+    runs: Vec<Point>,
+    medians: Vec<Point>,
+}
+
+/// The systems measured on each datapath: the VIP, and memcached direct (whose packets the
+/// switch forwards by MAC).
+const SYSTEMS: [System; 2] = [System::KvswitchUdp, System::DirectUdp];
+
+pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
+    let duration = args.duration();
+    super::check_duration(duration)?;
+    let runs = args.common.runs();
+    let machine = Machine::describe();
+    let out = Output::create(&super::bed::out_dir(args.common.out.as_ref(), NAME))?;
+    let stats = BpfStats::enable()?;
+    let mut points = Vec::new();
+    for datapath in DATAPATHS {
+        eprintln!(
+            "{NAME}: building the testbed (1 client, {SERVERS} memcached, kvswitch with \
+             datapath = {datapath:?})..."
+        );
+        let bed = Bed::up(&BedSpec {
+            prefix: args.common.prefix.clone(),
+            servers: Servers::Memcached { n: SERVERS },
+            cache: None,
+            switchkv: None,
+            nutcracker: false,
+            datapath: Some(datapath),
+        })?;
+        bed.preload(args.keys, "key:", args.value_size as usize)?;
+        for run in 0..runs {
+            for system in super::bed::rotated(&SYSTEMS, run) {
+                let load = loadgen::LoadArgs {
+                    keys: args.keys,
+                    value_size: args.value_size as usize,
+                    get_ratio: 1.0,
+                    concurrency: args.concurrency as usize,
+                    duration,
+                    warmup: (duration / 4.0).min(0.5),
+                    seed: u64::from(run) + 1,
+                    ..loadgen::LoadArgs::new("")
+                };
+                let machine_before = machine_ticks()?;
+                let port = &bed.live.state.hosts[0].switch_if;
+                let xdp_before = stats.program_ns(port)?;
+                let m = bed.load(system, &load)?;
+                let machine_s =
+                    (machine_ticks()? - machine_before) as f64 / crate::measure::clock_ticks();
+                let xdp_after = stats.program_ns(port)?;
+                let r = &m.report;
+                // CPU was read over the warm-up and the window alike: per GET of both.
+                let gets = per_s(r.gets, r.duration_s) * (r.duration_s + load.warmup);
+                let per = |cpu_s: Option<f64>| cpu_s.filter(|_| gets > 0.0).map(|s| s * 1e6 / gets);
+                let xdp_ns = match (datapath, xdp_before, xdp_after) {
+                    ("xdp", Some(before), Some(after)) if gets > 0.0 => {
+                        Some(after.saturating_sub(before) as f64 / gets)
+                    }
+                    _ => None,
+                };
+                let p = Point {
+                    datapath,
+                    system,
+                    get_rps: per_s(r.gets, r.duration_s),
+                    p50_us: r.latency_us.p50 as f64,
+                    p99_us: r.latency_us.p99 as f64,
+                    kvswitch_us: per(m.kvswitch_cpu_s),
+                    machine_us: per(Some(machine_s)),
+                    xdp_ns,
+                    run,
+                };
+                eprintln!(
+                    "  run {}/{runs}  {datapath:<9} {system:<20} {:>8.0} GET/s  p50 {:>4.0} µs  \
+                     kvswitch {} µs/GET  machine {} µs/GET  XDP program {} ns/GET",
+                    run + 1,
+                    p.get_rps,
+                    p.p50_us,
+                    fmt(p.kvswitch_us, 2),
+                    fmt(p.machine_us, 2),
+                    fmt(p.xdp_ns, 0),
+                );
+                points.push(p);
+            }
+        }
+        bed.down()?;
+    }
+    drop(stats);
+    let medians: Vec<Point> = DATAPATHS
+        .iter()
+        .flat_map(|&d| SYSTEMS.iter().map(move |&s| (d, s)))
+        .map(|(datapath, system)| {
+            let of: Vec<&Point> = points
+                .iter()
+                .filter(|p| p.datapath == datapath && p.system == system)
+                .collect();
+            Point {
+                datapath,
+                system,
+                get_rps: median(of.iter().map(|p| p.get_rps).collect()),
+                p50_us: median(of.iter().map(|p| p.p50_us).collect()),
+                p99_us: median(of.iter().map(|p| p.p99_us).collect()),
+                kvswitch_us: median_of_some(of.iter().map(|p| p.kvswitch_us)),
+                machine_us: median_of_some(of.iter().map(|p| p.machine_us)),
+                xdp_ns: median_of_some(of.iter().map(|p| p.xdp_ns)),
+                run: of.len() as u32,
+            }
+        })
+        .collect();
+    out.json(&Results {
+        scenario: NAME,
+        settings: Settings {
+            concurrency: args.concurrency,
+            duration_s: duration,
+            runs,
+            keys: args.keys,
+            value_size: args.value_size,
+            servers: SERVERS,
+            short: args.common.short,
+        },
+        machine: machine.clone(),
+        runs: points,
+        medians: medians.clone(),
+    })?;
+    let mut out = out;
+    out.plot("cpu-per-get", &Chart::Bars(chart(&medians)))?;
+    out.summary(&summary(args, &medians, runs, duration), &machine)?;
+    Ok(medians)
+}
+
+/// Total CPU ticks of every core (user, nice, system, irq, softirq) from /proc/stat.
+fn machine_ticks() -> anyhow::Result<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+    let line = stat
+        .lines()
+        .find(|l| l.starts_with("cpu "))
+        .context("/proc/stat has no cpu line")?;
+    let fields: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal ...
+    let busy = [0usize, 1, 2, 5, 6, 7]
+        .iter()
+        .filter_map(|&i| fields.get(i))
+        .sum();
+    Ok(busy)
+}
+
+/// The kernel's BPF run-time statistics (`kernel.bpf_stats_enabled`), on while it lives and
+/// set back as they were when dropped.
+struct BpfStats {
+    before: String,
+}
+
+const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
+impl BpfStats {
+    fn enable() -> anyhow::Result<BpfStats> {
+        let before = std::fs::read_to_string(BPF_STATS)
+            .with_context(|| format!("reading {BPF_STATS}"))?
+            .trim()
+            .to_string();
+        std::fs::write(BPF_STATS, "1").with_context(|| format!("writing {BPF_STATS}"))?;
+        Ok(BpfStats { before })
+    }
+
+    /// Nanoseconds the XDP program attached to interface `port` has run so far (bpftool's
+    /// `run_time_ns`), or `None` when it has none.
+    fn program_ns(&self, port: &str) -> anyhow::Result<Option<u64>> {
+        let out = std::process::Command::new("ip")
+            .args(["-json", "-details", "link", "show", "dev", port])
+            .output()
+            .context("running ip")?;
+        anyhow::ensure!(out.status.success(), "ip link show {port} failed");
+        let links: serde_json::Value = serde_json::from_slice(&out.stdout).context("ip's JSON")?;
+        let Some(id) = links[0]["xdp"]["prog"]["id"].as_u64() else {
+            return Ok(None);
+        };
+        let out = std::process::Command::new("bpftool")
+            .args(["--json", "prog", "show", "id", &id.to_string()])
+            .output()
+            .context("running bpftool (scripts/setup.sh installs it)")?;
+        anyhow::ensure!(out.status.success(), "bpftool prog show id {id} failed");
+        let prog: serde_json::Value =
+            serde_json::from_slice(&out.stdout).context("bpftool's JSON")?;
+        Ok(prog["run_time_ns"].as_u64())
+    }
+}
+
+impl Drop for BpfStats {
+    fn drop(&mut self) {
+        let _ = std::fs::write(BPF_STATS, &self.before);
+    }
+}
+
+fn label(p: &Point) -> String {
+    let what = match p.system {
+        System::DirectUdp => "direct",
+        _ => "VIP",
+    };
+    format!("{} {what}", p.datapath)
+}
+
+fn chart(medians: &[Point]) -> BarChart {
+    BarChart {
+        title: "CPU per GET over UDP: XDP fast path against AF_PACKET".into(),
+        x_label: "datapath and target".into(),
+        y_label: "µs of CPU per GET".into(),
+        categories: medians.iter().map(label).collect(),
+        groups: vec![
+            (
+                "kvswitch process".into(),
+                medians
+                    .iter()
+                    .map(|p| p.kvswitch_us.unwrap_or(0.0))
+                    .collect(),
+            ),
+            (
+                "whole machine".into(),
+                medians
+                    .iter()
+                    .map(|p| p.machine_us.unwrap_or(0.0))
+                    .collect(),
+            ),
+        ],
+        line: None,
+        stacked: false,
+    }
+}
+
+fn summary(args: &Args, medians: &[Point], runs: u32, duration: f64) -> String {
+    let mut t = String::new();
+    let _ = writeln!(t, "# The XDP fast path against AF_PACKET\n");
+    let _ = writeln!(
+        t,
+        "{} closed-loop requesters read {} keys of {} bytes over UDP as fast as each system \
+         answers, {duration} s per system, medians of {runs} run(s). The same testbed ({SERVERS} \
+         memcached in `l2` mode, 1 client) is built once with `switch.datapath = \"xdp\"` and \
+         once with `\"af_packet\"`; \"VIP\" reads are routed by key, \"direct\" reads go to a \
+         server's own address and are switched by MAC. kvswitch µs/GET is the kvswitch \
+         process's user + system time; machine µs/GET is every core's busy time from /proc/stat \
+         (client, servers and softirq included); the XDP program's time is the kernel's BPF \
+         run-time statistics for kvswitch's program, per GET (its request and its reply).\n",
+        args.concurrency, args.keys, args.value_size
+    );
+    let _ = writeln!(
+        t,
+        "| datapath | target | GET/s | p50 µs | p99 µs | kvswitch µs/GET | machine µs/GET | XDP ns/GET |"
+    );
+    let _ = writeln!(t, "|---|---|--:|--:|--:|--:|--:|--:|");
+    for p in medians {
+        let _ = writeln!(
+            t,
+            "| {} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {} |",
+            p.datapath,
+            if p.system == System::DirectUdp {
+                "direct"
+            } else {
+                "VIP"
+            },
+            p.get_rps,
+            p.p50_us,
+            p.p99_us,
+            fmt(p.kvswitch_us, 2),
+            fmt(p.machine_us, 2),
+            fmt(p.xdp_ns, 0)
+        );
+    }
+    let find = |d: &str, s: System| medians.iter().find(|p| p.datapath == d && p.system == s);
+    let _ = writeln!(t);
+    if let (Some(x), Some(a)) = (
+        find("xdp", System::KvswitchUdp),
+        find("af_packet", System::KvswitchUdp),
+    ) {
+        let _ = writeln!(
+            t,
+            "- VIP, XDP / AF_PACKET: GET/s {}, kvswitch CPU per GET {}, machine CPU per GET {}.",
+            times(ratio(Some(x.get_rps), Some(a.get_rps))),
+            times(ratio(x.kvswitch_us, a.kvswitch_us)),
+            times(ratio(x.machine_us, a.machine_us)),
+        );
+    }
+    if let (Some(v), Some(d)) = (
+        find("xdp", System::KvswitchUdp),
+        find("xdp", System::DirectUdp),
+    ) {
+        let _ = writeln!(
+            t,
+            "- On XDP, VIP / direct: GET/s {}, p50 {}.",
+            times(ratio(Some(v.get_rps), Some(d.get_rps))),
+            times(ratio(Some(v.p50_us), Some(d.p50_us))),
+        );
+    }
+    t
+}
