@@ -220,7 +220,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
 }
 
 /// Total CPU ticks of every core (user, nice, system, irq, softirq) from /proc/stat.
-fn machine_ticks() -> anyhow::Result<u64> {
+pub(crate) fn machine_ticks() -> anyhow::Result<u64> {
     let stat = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
     let line = stat
         .lines()

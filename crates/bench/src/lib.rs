@@ -7,6 +7,7 @@
 pub mod bed;
 pub mod cost;
 pub mod fastpath;
+pub mod forwarding;
 pub mod latency;
 pub mod measure;
 pub mod memcslap;
@@ -43,6 +44,9 @@ pub enum Scenario {
     /// The XDP fast path against AF_PACKET on the same testbed: GET throughput, latency and
     /// CPU per GET (the kvswitch process, the whole machine, the XDP program itself).
     Fastpath(fastpath::Args),
+    /// Layer-2 forwarding of 64- to 1,514-byte frames through kvswitch (XDP and AF_PACKET)
+    /// and a Linux bridge on the same veth pairs: the rate frames arrive at, and ping times.
+    Forwarding(forwarding::Args),
     /// SwitchKV (a cache node that kvswitch steers reads to) beside kvswitch's own cache and
     /// no cache, in front of capacity-limited backends: the skew and popularity-change
     /// scenarios, into <out>/skew and <out>/popularity-change.
@@ -114,6 +118,7 @@ pub fn run(scenario: &Scenario) -> anyhow::Result<()> {
         Scenario::PopularityChange(args) => popularity::run(args).map(drop),
         Scenario::Cost(args) => cost::run(args).map(drop),
         Scenario::Fastpath(args) => fastpath::run(args).map(drop),
+        Scenario::Forwarding(args) => forwarding::run(args).map(drop),
         Scenario::Switchkv(args) => run_switchkv(args),
         Scenario::All(args) => run_all(&args.common),
     }
@@ -144,6 +149,7 @@ fn run_all(common: &Common) -> anyhow::Result<()> {
     popularity::run(&popularity::Args::with(sub(popularity::NAME)))?;
     cost::run(&cost::Args::with(sub(cost::NAME)))?;
     fastpath::run(&fastpath::Args::with(sub(fastpath::NAME)))?;
+    forwarding::run(&forwarding::Args::with(sub(forwarding::NAME)))?;
     Ok(())
 }
 

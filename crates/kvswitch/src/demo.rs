@@ -5,7 +5,6 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::Duration;
 
 use anyhow::Context;
 use serde::Serialize;
@@ -126,14 +125,12 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     // in its place (kvswitch gives replies from a server's memcached port the VIP as source, so
     // a client cannot talk UDP to a server's own address through it).
     println!("stopping kvswitch and joining the hosts with a Linux bridge for the direct runs...");
-    if let Some(pid) = kvswitch_pid {
-        stop(pid);
-    }
-    let bridge = bridge_up(&live)?;
+    live.stop_kvswitch();
+    let bridge = live.bridge_up()?;
     for _ in 0..args.runs {
         samples[0].push(measure("memcached direct", direct, "udp", None)?);
     }
-    bridge_down(&bridge);
+    live.bridge_down(&bridge);
     let rows: Vec<Row> = samples.iter().map(|s| median_row(s)).collect();
 
     println!(
@@ -242,50 +239,6 @@ fn median_row(rows: &[Row]) -> Row {
             rows.iter().map(|r| r.middlebox_cpu_us_per_request),
         ),
     }
-}
-
-/// Stops a process with SIGTERM and waits up to 2 s for it to go.
-fn stop(pid: u32) {
-    // SAFETY: kill has no memory preconditions; the PID is the daemon this testbed started.
-    unsafe {
-        libc::kill(pid as libc::pid_t, libc::SIGTERM);
-    }
-    let deadline = std::time::Instant::now() + Duration::from_secs(2);
-    while std::time::Instant::now() < deadline {
-        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        // Gone, or a zombie waiting to be reaped by the testbed.
-        if state.is_empty() || state.contains(") Z ") {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Joins the switch-side ends with a Linux bridge named after the testbed's prefix, so that
-/// `testbed down` removes it too.
-fn bridge_up(live: &testbed::Live) -> anyhow::Result<String> {
-    let name = format!("{}-br", live.state.prefix);
-    let ip = |args: &[&str]| -> anyhow::Result<()> {
-        let out = Command::new("ip").args(args).output()?;
-        anyhow::ensure!(
-            out.status.success(),
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-        Ok(())
-    };
-    ip(&["link", "add", &name, "type", "bridge"])?;
-    let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6"), "1");
-    for h in &live.state.hosts {
-        ip(&["link", "set", "dev", &h.switch_if, "master", &name])?;
-    }
-    ip(&["link", "set", "dev", &name, "up"])?;
-    Ok(name)
-}
-
-fn bridge_down(name: &str) {
-    let _ = Command::new("ip").args(["link", "del", name]).output();
 }
 
 /// Sets every key once from inside `host`.

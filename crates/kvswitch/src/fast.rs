@@ -134,13 +134,13 @@ pub fn start(
 }
 
 /// Loads the program and attaches it to every port (natively where the driver can, else
-/// generically); all or nothing.
+/// generically); all or nothing (what attached is detached again on failure).
 fn attach(ports: &FastPorts) -> anyhow::Result<(xdp::FastPath, Vec<(u16, xdp::Mode)>)> {
     let mut fp = xdp::FastPath::load()?;
     let mut modes = Vec::new();
     for (port, name, ifindex) in &ports.ports {
         let mode = fp
-            .attach(*ifindex, None)
+            .attach(*ifindex)
             .with_context(|| format!("port `{name}`"))?;
         modes.push((*port, mode));
     }

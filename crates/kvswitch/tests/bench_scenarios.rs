@@ -396,6 +396,25 @@ fn fastpath_short() {
 }
 
 #[test]
+fn forwarding_short() {
+    let (dir, json) = run("forwarding", "kvbw");
+    let medians = medians(&json);
+    let sizes = json["settings"]["sizes"].as_array().expect("sizes").len();
+    assert_eq!(medians.len(), 3 * sizes, "three systems, every size");
+    for p in medians {
+        // Every system forwards: what arrives is most of what was sent, never more.
+        let (offered, forwarded) = (
+            p["offered_fps"].as_f64().unwrap(),
+            p["forwarded_fps"].as_f64().unwrap(),
+        );
+        assert!(forwarded > 0.0 && forwarded <= offered * 1.01, "{p}");
+        assert!(p["rtt_us"].as_f64().unwrap() > 0.0, "{p}");
+    }
+    check_plot(&dir, "forwarding-rate", &["Linux bridge".to_string()]);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn bad_arguments_are_refused_with_a_reason() {
     let bench = |args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_kvswitch"))
@@ -409,6 +428,7 @@ fn bad_arguments_are_refused_with_a_reason() {
         (&["latency-throughput", "--rates", "0"][..], "--rates"),
         (&["value-size", "--sizes", "20000"][..], "--sizes"),
         (&["cost", "--prefix", "Bad_Prefix"][..], "prefix"),
+        (&["forwarding", "--sizes", "40"][..], "--sizes"),
         (
             &["popularity-change", "--change-keys", "0"][..],
             "--change-keys",
@@ -429,6 +449,7 @@ fn bad_arguments_are_refused_with_a_reason() {
         "popularity-change",
         "cost",
         "fastpath",
+        "forwarding",
         "all",
     ] {
         assert!(text.contains(s), "bench --help does not list {s}:\n{text}");

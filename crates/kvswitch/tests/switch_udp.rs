@@ -552,6 +552,39 @@ fn check_forged_sources(live: &testbed::Live) {
     }
 }
 
+/// A switch killed outright leaves no XDP program on its ports: the kernel releases the
+/// program's links with the process, so nothing goes on forwarding on tables nobody keeps.
+fn check_no_program_outlives_the_switch(live: &testbed::Live) {
+    let pid = live.state.kvswitch_pid.expect("kvswitch runs");
+    let ports: Vec<String> = live
+        .state
+        .hosts
+        .iter()
+        .map(|h| h.switch_if.clone())
+        .collect();
+    let has_xdp = |port: &str| {
+        let out = std::process::Command::new("ip")
+            .args(["-details", "link", "show", "dev", port])
+            .output()
+            .expect("ip link show");
+        String::from_utf8_lossy(&out.stdout).contains("prog/xdp")
+    };
+    assert!(
+        ports.iter().all(|p| has_xdp(p)),
+        "the program is not on every port"
+    );
+    // SAFETY: kill has no memory-safety preconditions; the PID is the testbed's own kvswitch.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    let start = std::time::Instant::now();
+    while ports.iter().any(|p| has_xdp(p)) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "an XDP program stayed on a port of a killed switch"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn switch_mode_l3_end_to_end() {
     let live = testbed("ku3", "l3", true);
@@ -601,5 +634,6 @@ fn switch_mode_l2_end_to_end() {
     check_routing(&live);
     check_l2(&live);
     check_fast_path(&live);
+    check_no_program_outlives_the_switch(&live);
     live.down().expect("down");
 }

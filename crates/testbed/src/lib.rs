@@ -159,6 +159,58 @@ impl Live {
         &self.state.state_path
     }
 
+    /// Stops kvswitch (SIGTERM to its recorded PID) and waits up to 2 s for it to end: it
+    /// takes its local port and its XDP program with it.
+    pub fn stop_kvswitch(&self) {
+        let Some(pid) = self.state.kvswitch_pid else {
+            return;
+        };
+        // SAFETY: kill has no memory preconditions; the PID is the daemon this testbed started.
+        unsafe {
+            libc::kill(pid as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while std::time::Instant::now() < deadline {
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // Gone, or a zombie waiting to be reaped by the testbed.
+            if state.is_empty() || state.contains(") Z ") {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// Joins the switch-side ends of every host's link with a Linux bridge named after the
+    /// prefix (`<prefix>-br`, which `down` removes too), in kvswitch's place: stop kvswitch
+    /// first. Returns the bridge's name.
+    pub fn bridge_up(&self) -> anyhow::Result<String> {
+        let name = format!("{}-br", self.state.prefix);
+        let ip = |args: &[&str]| -> anyhow::Result<()> {
+            let out = std::process::Command::new("ip").args(args).output()?;
+            anyhow::ensure!(
+                out.status.success(),
+                "ip {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            Ok(())
+        };
+        ip(&["link", "add", &name, "type", "bridge"])?;
+        let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6"), "1");
+        for h in &self.state.hosts {
+            ip(&["link", "set", "dev", &h.switch_if, "master", &name])?;
+        }
+        ip(&["link", "set", "dev", &name, "up"])?;
+        Ok(name)
+    }
+
+    /// Removes a bridge [`Live::bridge_up`] made.
+    pub fn bridge_down(&self, name: &str) {
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", name])
+            .output();
+    }
+
     pub fn host(&self, name: &str) -> Option<&HostState> {
         self.state.host(name)
     }

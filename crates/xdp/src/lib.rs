@@ -34,12 +34,8 @@ pub enum Error {
         found: u32,
         expected: u32,
     },
-    #[error("attaching XDP in {mode} mode to ifindex {ifindex}: {reason}")]
-    Attach {
-        ifindex: u32,
-        mode: Mode,
-        reason: String,
-    },
+    #[error("attaching XDP to ifindex {ifindex}: {reason}")]
+    Attach { ifindex: u32, reason: String },
     #[error("writing the XDP map {map}: {reason}")]
     Map { map: &'static str, reason: String },
     #[error("the XDP program ran but failed: {0}")]
@@ -60,13 +56,6 @@ impl Mode {
         match self {
             Mode::Native => "native",
             Mode::Generic => "generic",
-        }
-    }
-
-    fn flags(self) -> XdpFlags {
-        match self {
-            Mode::Native => XdpFlags::DRV_MODE,
-            Mode::Generic => XdpFlags::SKB_MODE,
         }
     }
 }
@@ -175,13 +164,15 @@ struct Shadow {
     reply_limited: u64,
 }
 
-/// The loaded program and its maps. Dropping it detaches the program from every port it was
-/// attached to.
+/// The loaded program and its maps. Dropping it (or the process ending) detaches the program
+/// from every interface it was attached to.
 pub struct FastPath {
     object: Object,
     program: OwnedFd,
     maps: Maps,
     attached: Vec<(u32, Mode)>,
+    /// One BPF link per attached interface: dropping it detaches the program.
+    links: Vec<libbpf_rs::Link>,
     shadow: Shadow,
 }
 
@@ -257,45 +248,36 @@ impl FastPath {
             program,
             maps,
             attached: Vec::new(),
+            links: Vec::new(),
             shadow: Shadow::default(),
         })
     }
 
-    /// Attaches the program to interface `ifindex`: in `mode`, or natively and else generically
-    /// when `mode` is `None`. Returns the mode it runs in; the error carries the kernel's
-    /// reason.
-    pub fn attach(&mut self, ifindex: u32, mode: Option<Mode>) -> Result<Mode, Error> {
-        let xdp = Xdp::new(self.program.as_fd());
-        let tries: &[Mode] = match mode {
-            Some(Mode::Native) => &[Mode::Native],
-            Some(Mode::Generic) => &[Mode::Generic],
-            None => &[Mode::Native, Mode::Generic],
+    /// Attaches the program to interface `ifindex` with a BPF link, which the kernel releases
+    /// when this process ends however it ends: a switch that crashed leaves no program behind
+    /// forwarding on tables nobody keeps. The kernel runs it natively where the driver can,
+    /// generically otherwise; returns which. The error carries the kernel's reason.
+    pub fn attach(&mut self, ifindex: u32) -> Result<Mode, Error> {
+        let attach_err = |reason: String| Error::Attach { ifindex, reason };
+        let index =
+            i32::try_from(ifindex).map_err(|_| attach_err("ifindex out of range".into()))?;
+        let program = self
+            .object
+            .progs_mut()
+            .find(|p| p.name() == PROGRAM)
+            .ok_or_else(|| attach_err(format!("the object has no program {PROGRAM}")))?;
+        let link = program
+            .attach_xdp(index)
+            .map_err(|e| attach_err(e.to_string()))?;
+        /// XDP_ATTACHED_SKB, from linux/if_link.h.
+        const ATTACHED_SKB: u8 = 2;
+        let mode = match Xdp::new(self.program.as_fd()).query(index, XdpFlags::NONE) {
+            Ok(q) if q.attach_mode == ATTACHED_SKB => Mode::Generic,
+            _ => Mode::Native,
         };
-        let mut last = None;
-        for &m in tries {
-            let index = i32::try_from(ifindex).map_err(|_| Error::Attach {
-                ifindex,
-                mode: m,
-                reason: "ifindex out of range".into(),
-            })?;
-            match xdp.attach(index, m.flags()) {
-                Ok(()) => {
-                    self.attached.push((ifindex, m));
-                    return Ok(m);
-                }
-                Err(e) => {
-                    if mode.is_none() {
-                        tracing::info!(ifindex, mode = %m, "XDP did not attach: {e}");
-                    }
-                    last = Some(Error::Attach {
-                        ifindex,
-                        mode: m,
-                        reason: e.to_string(),
-                    });
-                }
-            }
-        }
-        Err(last.expect("at least one mode was tried"))
+        self.attached.push((ifindex, mode));
+        self.links.push(link);
+        Ok(mode)
     }
 
     /// The interfaces the program is attached to, and how.
@@ -655,19 +637,6 @@ impl FastPath {
             frame,
             out_port: out_port.filter(|_| matches!(verdict, Verdict::Tx | Verdict::Redirect)),
         })
-    }
-}
-
-impl Drop for FastPath {
-    fn drop(&mut self) {
-        let xdp = Xdp::new(self.program.as_fd());
-        for &(ifindex, mode) in &self.attached {
-            if let Ok(index) = i32::try_from(ifindex) {
-                if let Err(e) = xdp.detach(index, mode.flags()) {
-                    tracing::warn!(ifindex, "detaching XDP failed: {e}");
-                }
-            }
-        }
     }
 }
 
