@@ -206,6 +206,17 @@ pub struct WriteTicket {
     slot: Option<u32>,
 }
 
+/// What happened to a value, for a copy of the values kept elsewhere.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ValueChange {
+    /// The key has a new value ([`Cache::peek`] gives it and its lease).
+    Filled(Box<[u8]>),
+    /// The key's value is gone, or a write to it is about to be forwarded.
+    Dropped(Box<[u8]>),
+    /// Every value is gone (`flush_all`).
+    DroppedAll,
+}
+
 /// What became of a fill.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fill {
@@ -300,6 +311,9 @@ pub struct Cache {
     released: Vec<Change<Box<[u8]>>>,
     /// Keep released changes for a switch to mirror (false: only the cache's own view).
     keep_released: bool,
+    /// What happened to values since [`Cache::take_value_changes`], kept only for a copy of
+    /// the values held elsewhere (see [`Cache::keep_value_changes`]).
+    value_changes: Option<Vec<ValueChange>>,
     threshold: f64,
     /// Reads in the current segment and the rate of the last one, for instant reports' loads.
     segment_reads: u64,
@@ -334,6 +348,7 @@ impl Cache {
             installed: HashSet::new(),
             released: Vec::new(),
             keep_released: false,
+            value_changes: None,
             threshold: 0.0,
             segment_reads: 0,
             last_rate: 0.0,
@@ -349,6 +364,40 @@ impl Cache {
     /// its table); without it they only change the cache's own view of the rules.
     pub fn keep_rule_changes(&mut self, keep: bool) {
         self.keep_released = keep;
+    }
+
+    /// Keep what happens to values for [`Cache::take_value_changes`]: a copy of the values
+    /// held elsewhere (the XDP fast path's) follows them, dropping a key before any write to
+    /// it is forwarded.
+    pub fn keep_value_changes(&mut self, keep: bool) {
+        self.value_changes = keep.then(Vec::new);
+    }
+
+    /// The value changes since the last call, in order (empty unless kept).
+    pub fn take_value_changes(&mut self) -> Vec<ValueChange> {
+        self.value_changes
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    fn value_changed(&mut self, change: ValueChange) {
+        if let Some(changes) = &mut self.value_changes {
+            changes.push(change);
+        }
+    }
+
+    /// The value of `key` and the end of its lease when [`Cache::lookup`] would serve it now
+    /// (no CAS asked for), counting nothing.
+    pub fn peek(&self, key: &[u8], now: Instant) -> Option<(&Value, Instant)> {
+        let entry = self.entries.get(key)?;
+        let filled = entry.value.as_ref()?;
+        (entry.rule && now < filled.lease_end).then_some((&filled.value, filled.lease_end))
+    }
+
+    /// Counts `n` reads answered from a copy of the values held elsewhere as hits.
+    pub fn count_hits(&mut self, n: u64) {
+        self.counters.hits += n;
     }
 
     fn slot_of(&self, key: &[u8]) -> usize {
@@ -482,6 +531,7 @@ impl Cache {
         let Some(entry) = self.entries.remove(key) else {
             return false;
         };
+        self.value_changed(ValueChange::Dropped(key.into()));
         self.bytes -= entry.bytes();
         self.counters.evictions += 1;
         if self.buffer.remove(key.into(), now).is_err() {
@@ -729,6 +779,7 @@ impl Cache {
         };
         entry.value = Some(Filled { value, lease_end });
         self.bytes = self.bytes - old + size;
+        self.value_changed(ValueChange::Filled(key.into()));
         Fill::Filled
     }
 
@@ -737,6 +788,8 @@ impl Cache {
     /// Called before a write to `key` is forwarded: drops its value and opens a write on its
     /// slot, so that no read forwarded before the write's reply fills.
     pub fn begin_write(&mut self, key: &[u8]) -> WriteTicket {
+        // Whether cached or not: a copy elsewhere may hold it still.
+        self.value_changed(ValueChange::Dropped(key.into()));
         let slot = self.slot_of(key);
         let s = &mut self.slots[slot];
         s.epoch += 1;
@@ -754,6 +807,7 @@ impl Cache {
 
     /// Called before a write to every key (`flush_all`) is forwarded: drops every value.
     pub fn begin_flush(&mut self) -> WriteTicket {
+        self.value_changed(ValueChange::DroppedAll);
         self.all.epoch += 1;
         self.all.writes += 1;
         for entry in self.entries.values_mut() {

@@ -154,6 +154,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         remote.clone(),
         egress.clone(),
         pool.clone(),
+        cache.clone(),
         shared.fast.clone(),
         stop_requested,
     )?;

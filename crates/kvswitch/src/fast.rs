@@ -64,12 +64,14 @@ pub struct FastPorts {
 /// in step. `Ok(None)`: AF_PACKET alone (asked for, or the fallback of an unset datapath, with
 /// the reason in `status`). An explicit `"xdp"` that cannot attach is an error with the
 /// kernel's reason. The thread stops once `stop` says so, detaching the program.
+#[allow(clippy::too_many_arguments)]
 pub fn start(
     cfg: &Config,
     ports: FastPorts,
     remote: Remote<Switch>,
     egress: Arc<EgressSettings>,
     pool: Arc<Pool>,
+    cache: Option<Arc<switch::cache::CacheService>>,
     status: Arc<FastStatus>,
     stop: fn() -> bool,
 ) -> anyhow::Result<Option<JoinHandle<()>>> {
@@ -80,12 +82,20 @@ pub fn start(
     }
     let (ready_tx, ready_rx) = mpsc::channel();
     let status_thread = status.clone();
+    let (hash, with_cache) = (cfg.hash, cache.is_some());
     let thread = std::thread::Builder::new()
         .name("xdp-sync".into())
         .spawn(move || {
-            let fp = match attach(&ports) {
-                Ok((fp, modes)) => {
-                    let _ = ready_tx.send(Ok(modes));
+            let attached = attach(&ports).and_then(|(fp, modes)| {
+                let mirror = match with_cache {
+                    true => Some(fp.cache_mirror(hash, Box::new(to_ktime()))?),
+                    false => None,
+                };
+                Ok((fp, modes, mirror))
+            });
+            let fp = match attached {
+                Ok((fp, modes, mirror)) => {
+                    let _ = ready_tx.send(Ok((modes, mirror)));
                     fp
                 }
                 Err(e) => {
@@ -99,7 +109,11 @@ pub fn start(
         .recv()
         .context("the XDP thread ended before attaching")?
     {
-        Ok(modes) => {
+        Ok((modes, mirror)) => {
+            // Reads of one key the cache holds are answered in the kernel from here on.
+            if let (Some(cache), Some(mirror)) = (&cache, mirror) {
+                cache.set_mirror(Arc::new(mirror));
+            }
             status.update(|s| {
                 s.ports = af_packet;
                 for (port, mode) in &modes {
@@ -150,6 +164,20 @@ fn attach(ports: &FastPorts) -> anyhow::Result<(xdp::FastPath, Vec<(u16, xdp::Mo
 /// Each port with whether the program may send out of it: not a port with an egress rate
 /// (whose queue is the driver's), nor one that cannot take frames from XDP (a veth whose peer
 /// has neither GRO nor a program of its own; frames to it then go through the switch).
+/// Turns the process's instants ([`kvio::clock`], on the monotonic clock) into the kernel's
+/// `bpf_ktime_get_ns`, which counts the same clock from boot.
+fn to_ktime() -> impl Fn(kv::Instant) -> u64 + Send + Sync {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given, nothing else.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let kernel_now = (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64;
+    let origin = kernel_now.saturating_sub(kvio::clock::now().as_nanos());
+    move |t: kv::Instant| origin.saturating_add(t.as_nanos())
+}
+
 fn port_table(
     fp: &xdp::FastPath,
     ports: &FastPorts,
@@ -273,4 +301,5 @@ fn merge(into: &mut Seen, more: Seen) {
         }
     }
     into.reply_limited += more.reply_limited;
+    into.cache_hits += more.cache_hits;
 }

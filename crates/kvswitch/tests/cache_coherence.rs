@@ -272,6 +272,13 @@ fn switch_udp_and_tcp_keep_reads_coherent() {
         );
     }
     cache_exercised("switch", &metrics(&live));
+    // Some of those reads were answered by the XDP program from its copy of the cache, and
+    // none of them was stale.
+    let hits = status(&live)["datapath"]["xdp_frames"]["cache_hits"]
+        .as_u64()
+        .expect("the XDP counters");
+    println!("switch: {hits} reads answered from the kernel cache");
+    assert!(hits > 0, "no read was answered from the kernel cache");
     assert_eq!(drops(&live, "vip_unhandled"), 0);
     live.down().expect("down");
 }

@@ -737,6 +737,136 @@ fn xdp_fast_path_does_what_the_switch_does() {
     }
 }
 
+/// The kernel's monotonic clock now, ns: what the XDP program reads leases against.
+fn ktime_now() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given, nothing else.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[test]
+fn xdp_kernel_cache_answers_as_the_switch_and_drops_a_key_before_its_write() {
+    use switch::cache::{CacheMirror, CacheService};
+    let mut fp = xdp::FastPath::load().expect("the XDP program loads (needs root)");
+    let ports: Vec<(u16, u32, bool)> = (0..=PORTS as u16)
+        .map(|p| (p, fake_ifindex(p), true))
+        .collect();
+    fp.set_ports(&ports).expect("ports");
+    let fx = Fx::new();
+    let mut cfg = config(Mode::L3);
+    cfg.cache.enabled = true;
+    let mut rig = Rig::with(cfg.clone(), PORTS);
+    let cache = CacheService::new(cfg.cache.clone(), SERVERS.len(), rig.now).expect("cache");
+    rig.sw
+        .set_cache(cache.clone())
+        .expect("the switch takes the cache");
+    rig.sw.set_fast_path(true);
+    // Leases on the rig's clock, turned into the kernel's: the rig's now is the kernel's now.
+    let (rig_now, kernel_now) = (rig.now, ktime_now());
+    let to_ktime = move |t: Instant| kernel_now + t.as_nanos().saturating_sub(rig_now.as_nanos());
+    let mirror = fp
+        .cache_mirror(HashFn::Md5, Box::new(to_ktime))
+        .expect("the kernel cache");
+    cache.set_mirror(std::sync::Arc::new(mirror));
+
+    let key = fx.key(1, 0).to_string();
+    cache.lock().pin(key.as_bytes(), rig.now).expect("pinned");
+    let mut emit = Vec::new();
+    rig.sw.tick(rig.now, &mut emit);
+    emit.clear();
+    let get = to_vip(format!("get {key}\r\n").as_bytes());
+    // The first read goes to the server; its reply fills the cache and the kernel's copy.
+    assert_eq!(
+        rig.process(CLIENT.port, &mut get.clone(), &mut emit),
+        Fate::Out(SERVERS[1].port)
+    );
+    let mut reply = udp_frame(
+        SERVERS[1].mac,
+        CLIENT.mac,
+        (SERVERS[1].ip, MC_PORT),
+        (CLIENT.ip, CLIENT_UDP_PORT),
+        &mc(
+            REQ_ID,
+            0,
+            1,
+            format!("VALUE {key} 5 3\r\nabc\r\nEND\r\n").as_bytes(),
+        ),
+    );
+    assert_eq!(
+        rig.process(SERVERS[1].port, &mut reply, &mut emit),
+        Fate::Out(CLIENT.port)
+    );
+    fp.sync(&rig.sw.fast_tables()).expect("tables");
+
+    // The program answers it, byte for byte as the switch does from its cache.
+    let run = fp.test_run(&get, CLIENT.port).expect("test run");
+    assert_eq!(
+        run.verdict,
+        xdp::Verdict::Tx,
+        "a kernel-cache hit goes back out"
+    );
+    assert_eq!(run.out_port, Some(CLIENT.port));
+    emit.clear();
+    assert_eq!(
+        rig.process(CLIENT.port, &mut get.clone(), &mut emit),
+        Fate::Consumed
+    );
+    assert_eq!(emit.len(), 1, "the switch's own answer from its cache");
+    assert_eq!(emit[0].dest, Dest::Port(CLIENT.port));
+    assert_bytes("kernel-cache hit", &run.frame, &emit[0].frame);
+    assert_checksums("kernel-cache hit", &run.frame);
+    assert_eq!(fp.counters().cache_hits, 1);
+
+    // A gets, an mg and a binary get of the same key are the switch's to answer.
+    for other in [
+        to_vip(format!("gets {key}\r\n").as_bytes()),
+        to_vip(format!("mg {key} v\r\n").as_bytes()),
+    ] {
+        let run = fp.test_run(&other, CLIENT.port).expect("test run");
+        assert_eq!(run.verdict, xdp::Verdict::Pass);
+        assert_eq!(run.frame, other);
+    }
+    // Another key, not cached: up to the switch.
+    let miss = to_vip(format!("get {}\r\n", fx.key(1, 1)).as_bytes());
+    assert_eq!(
+        fp.test_run(&miss, CLIENT.port).expect("run").verdict,
+        xdp::Verdict::Pass
+    );
+
+    // A write to the key: the kernel's copy is gone before the write leaves the switch.
+    let mut set = to_vip(format!("set {key} 0 0 3\r\nxyz\r\n").as_bytes());
+    assert_eq!(
+        rig.process(CLIENT.port, &mut set, &mut emit),
+        Fate::Out(SERVERS[1].port)
+    );
+    let run = fp.test_run(&get, CLIENT.port).expect("test run");
+    assert_eq!(
+        run.verdict,
+        xdp::Verdict::Pass,
+        "a written key is not answered in the kernel"
+    );
+    assert_eq!(run.frame, get);
+
+    // A value whose lease has ended is not answered either.
+    let expired = fp
+        .cache_mirror(HashFn::Md5, Box::new(|_| 1))
+        .expect("the kernel cache");
+    expired.fill(
+        key.as_bytes(),
+        format!("VALUE {key} 0 1\r\nq\r\nEND\r\n").as_bytes(),
+        rig.now,
+    );
+    assert_eq!(
+        fp.test_run(&get, CLIENT.port).expect("run").verdict,
+        xdp::Verdict::Pass
+    );
+    expired.drop_all();
+}
+
 /// A deterministic stream of numbers for the mutations below (xorshift64*).
 struct Mutator(u64);
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use kv::Instant;
 
-use kv::cache::{Cache, FillToken, Value, WriteTicket};
+use kv::cache::{Cache, FillToken, Value, ValueChange, WriteTicket};
 use wire::memcache::cached::{self, CachedItem, KeyForm};
 use wire::memcache::{binary, Command, Request, MAX_KEY_LEN};
 
@@ -40,10 +40,23 @@ impl Default for CacheSettings {
 #[error("cache: {0}")]
 pub struct CacheError(pub kv::cache::ConfigError);
 
+/// A copy of the cache's answers kept elsewhere (the XDP fast path's, which answers `get` of
+/// one key in the kernel). Called with the cache's lock held, in the cache's own order: a key
+/// is dropped before any write to it is forwarded, on whichever path.
+pub trait CacheMirror: Send + Sync {
+    /// `key` may be answered with `reply` (the whole text reply to `get KEY`) until `until`.
+    fn fill(&self, key: &[u8], reply: &[u8], until: Instant);
+    /// `key` may no longer be answered.
+    fn drop_key(&self, key: &[u8]);
+    /// No key may be answered.
+    fn drop_all(&self);
+}
+
 /// The shared cache.
 pub struct CacheService {
     inner: Mutex<Cache>,
     settings: CacheSettings,
+    mirror: Mutex<Option<Arc<dyn CacheMirror>>>,
 }
 
 impl std::fmt::Debug for CacheService {
@@ -100,11 +113,50 @@ impl CacheService {
         Ok(Arc::new(CacheService {
             inner: Mutex::new(cache),
             settings,
+            mirror: Mutex::new(None),
         }))
     }
 
     pub fn settings(&self) -> &CacheSettings {
         &self.settings
+    }
+
+    /// Keeps `mirror` in step with the cache's values from now on (see [`CacheMirror`]); the
+    /// values cached before are not copied.
+    pub fn set_mirror(&self, mirror: Arc<dyn CacheMirror>) {
+        self.lock().keep_value_changes(true);
+        *self.mirror.lock().unwrap_or_else(|e| e.into_inner()) = Some(mirror);
+    }
+
+    /// Counts `n` reads of one key answered by the mirror as the cache's hits.
+    pub fn count_mirror_hits(&self, n: u64) {
+        self.lock().count_hits(n);
+    }
+
+    /// Hands the value changes since the last call to the mirror, under the cache's lock.
+    fn mirror_changes(&self, cache: &mut Cache, now: Instant) {
+        let changes = cache.take_value_changes();
+        if changes.is_empty() {
+            return;
+        }
+        let mirror = self
+            .mirror
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let Some(mirror) = mirror else {
+            return;
+        };
+        for change in changes {
+            match change {
+                ValueChange::Filled(key) => match get_reply(cache, &key, now) {
+                    Some((reply, until)) => mirror.fill(&key, &reply, until),
+                    None => mirror.drop_key(&key),
+                },
+                ValueChange::Dropped(key) => mirror.drop_key(&key),
+                ValueChange::DroppedAll => mirror.drop_all(),
+            }
+        }
     }
 
     /// The cache itself, for the status API, the switch's rule mirror and the subcommands.
@@ -277,6 +329,7 @@ impl CacheService {
             };
             cache.fill(&key, *token, value, now);
         }
+        self.mirror_changes(&mut cache, now);
     }
 
     /// Opens the writes of a request that changes items, before it is forwarded: its keys'
@@ -298,6 +351,8 @@ impl CacheService {
             }
             tickets
         };
+        // Before the write is forwarded: no copy may answer for the keys it changes.
+        self.mirror_changes(&mut cache, Instant::ZERO);
         Some(Writes { tickets })
     }
 
@@ -319,7 +374,29 @@ impl CacheService {
         let mut cache = self.lock();
         cache.roll(now);
         cache.poll_rules(now);
+        self.mirror_changes(&mut cache, now);
     }
+}
+
+/// The text reply to `get KEY` from the cached value of `key` and the end of its lease, when
+/// the cache would serve it now.
+fn get_reply(cache: &Cache, key: &[u8], now: Instant) -> Option<(Vec<u8>, Instant)> {
+    let (value, until) = cache.peek(key, now)?;
+    let bytes = [b"get ", key, b"\r\n"].concat();
+    let request = wire::memcache::parse_text(&bytes).ok()??;
+    let token = request.keys().next()?;
+    let item = CachedItem {
+        flags: value.flags,
+        cas: value.cas,
+        data: &value.data,
+        key_form: key_form(value.key_base64),
+    };
+    let mut out = Vec::new();
+    if !cached::write_hit(&request, token, &item, &mut out) {
+        return None;
+    }
+    cached::write_text_end(&mut out);
+    Some((out, until))
 }
 
 /// Whether a request may change stored items. A meta get that the cache cannot answer may carry

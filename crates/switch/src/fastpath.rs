@@ -25,6 +25,9 @@ pub struct Tables {
     pub own: Vec<Ipv4Addr>,
     /// The per-client reply limit (bytes a second, the most at once), when it is on.
     pub reply_limit: Option<(u64, u64)>,
+    /// The cache is on: the fast path answers reads its copy of the cache holds
+    /// ([`crate::cache::CacheMirror`]) and hands everything else to the switch.
+    pub cache_only: bool,
     /// The key hash and the ketama continuum: (point, server's position in the pool).
     pub hash: HashFn,
     pub ring: Vec<(u32, usize)>,
@@ -67,6 +70,8 @@ pub struct Seen {
     pub server_replies: Vec<u64>,
     /// Replies dropped because their client's reply bytes ran out.
     pub reply_limited: u64,
+    /// Reads answered from the fast path's copy of the cache.
+    pub cache_hits: u64,
 }
 
 /// Hosts the switch remembers at most for a fast path; past this, new senders stay on the

@@ -113,6 +113,16 @@ struct {
 	__type(value, struct fp_bucket);
 } fp_buckets SEC(".maps");
 
+/* The kernel cache: a copy of the user-space cache's answers to `get` of one key, by key hash,
+ * filled and dropped only by user space, in the cache's own order (a key is dropped before
+ * any write to it is forwarded). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, FP_MAX_CACHED);
+	__type(key, __u32);
+	__type(value, struct fp_cached);
+} fp_cache SEC(".maps");
+
 /* The key being hashed, copied out of the frame, with room for MD5's padding. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -461,8 +471,9 @@ __noinline __u32 fp_binary_key(struct xdp_md *ctx)
 }
 
 /* The request after the memcached frame header when it is one single-key read the user-space
- * parser routes to the key's server: its length in bytes above bit 16 and its key's length
- * below (the key in the scratch buffer), or 0 (go up). */
+ * parser routes to the key's server: its length in bytes above bit 16, what read it is
+ * (FP_READ_*) in bits 8 to 15 and its key's length below (the key in the scratch buffer), or
+ * 0 (go up). */
 static __always_inline __u32 parse_read(struct xdp_md *ctx)
 {
 	void *end = (void *)(long)ctx->data_end;
@@ -471,17 +482,19 @@ static __always_inline __u32 parse_read(struct xdp_md *ctx)
 		return 0;
 	if (body[0] == 0x80) {
 		__u32 klen = fp_binary_key(ctx);
-		return klen ? (24 + klen) << 16 | klen : 0;
+		return klen ? (24 + klen) << 16 | FP_READ_BINARY << 8 | klen : 0;
 	}
-	__u32 at, meta = 0;
+	__u32 at, meta = 0, kind = FP_READ_GET;
 	if (body[0] == 'g' && body[1] == 'e' && body[2] == 't' && body[3] == ' ') {
 		at = 4;
 	} else if (body[0] == 'g' && body[1] == 'e' && body[2] == 't' && body[3] == 's' &&
 		   body[4] == ' ') {
 		at = 5;
+		kind = FP_READ_GETS;
 	} else if (body[0] == 'm' && body[1] == 'g' && body[2] == ' ') {
 		at = 3;
 		meta = 1;
+		kind = FP_READ_MG;
 	} else {
 		return 0;
 	}
@@ -490,7 +503,7 @@ static __always_inline __u32 parse_read(struct xdp_md *ctx)
 	if (!klen || klen > FP_MAX_KEY || ((key >> 16) && !meta))
 		return 0; /* a second key, or a trailing space: the parser's business */
 	__u32 used = fp_text_tail(ctx, at + klen, meta);
-	return used ? used << 16 | klen : 0;
+	return used ? used << 16 | kind << 8 | klen : 0;
 }
 
 /* Whether the UDP checksum of the `len`-byte datagram is right (see udp_ok); global, as above. */
@@ -593,6 +606,122 @@ static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
 	return *(__u32 *)a == *(__u32 *)b && *(__u16 *)(a + 4) == *(__u16 *)(b + 4);
 }
 
+/* Whether the kernel cache's entry `c` holds the key in the scratch buffer (`klen` bytes). */
+__noinline int fp_same_key(__u32 hash, __u32 klen)
+{
+	__u32 zero = 0;
+	struct fp_scratch *s = bpf_map_lookup_elem(&fp_scratch, &zero);
+	struct fp_cached *c = bpf_map_lookup_elem(&fp_cache, &hash);
+	if (!s || !c || c->key_len != klen || klen > FP_MAX_KEY)
+		return 0;
+	for (__u32 i = 0; i < FP_MAX_KEY; i++) {
+		if (i >= klen)
+			break;
+		if (c->key[i] != s->buf[i])
+			return 0;
+	}
+	return 1;
+}
+
+/* The 16-bit one's-complement sum of the 20-byte IPv4 header at `ip`, as stored. */
+static __always_inline __u16 ip_checksum(struct iphdr *ip)
+{
+	__u16 *w = (__u16 *)ip;
+	__u32 sum = 0;
+#pragma unroll
+	for (int i = 0; i < IP_LEN / 2; i++)
+		sum += w[i];
+	return ~fold(sum);
+}
+
+/* A `get` of one key that the kernel cache holds, under its lease: answered from the VIP out
+ * of the port it came in on, in the bytes the user-space switch sends from its cache
+ * (memcached's reply in one datagram; IPv4 with DF, TTL 64, id 0; a full UDP checksum). */
+static __always_inline int answer_cached(struct xdp_md *ctx, struct fp_config *cfg, __u32 in_port,
+					 __u32 hash, __u32 klen)
+{
+	if (!fp_same_key(hash, klen))
+		return pass(FP_C_PASS_CACHE);
+	struct fp_cached *c = bpf_map_lookup_elem(&fp_cache, &hash);
+	if (!c || c->until_ns <= bpf_ktime_get_ns())
+		return pass(FP_C_PASS_CACHE);
+	__u32 rlen = c->reply_len;
+	if (rlen == 0 || rlen > FP_MAX_REPLY)
+		return pass(FP_C_PASS_CACHE);
+	if (!sendable(in_port))
+		return pass(FP_C_PASS_BLOCKED);
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = (void *)(eth + 1);
+	struct udphdr *udp = (void *)(ip + 1);
+	__u8 *mc = (__u8 *)(udp + 1);
+	if (mc + MC_LEN > (__u8 *)end)
+		return pass(FP_C_PASS_CACHE);
+	__u8 client_mac[6];
+	__builtin_memcpy(client_mac, eth->h_source, 6);
+	__u32 client_ip = ip->saddr;
+	__u16 client_port = udp->source;
+	__u16 request_id = *(__u16 *)mc;
+	__u32 frame_len = BODY_OFF + rlen;
+	int delta = (int)frame_len - (int)(end - data);
+	if (bpf_xdp_adjust_tail(ctx, delta))
+		return pass(FP_C_PASS_CACHE); /* no room: the frame is as it was */
+	/* From here the frame is the reply: it leaves or is dropped, never passed up. */
+	if (!reply_allowed(cfg, client_ip, frame_len)) {
+		count(FP_C_REPLY_LIMITED);
+		return XDP_DROP;
+	}
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	eth = data;
+	ip = (void *)(eth + 1);
+	udp = (void *)(ip + 1);
+	mc = (__u8 *)(udp + 1);
+	if (mc + MC_LEN > (__u8 *)end)
+		return XDP_DROP;
+	rlen &= 0x7ff;
+	if (rlen > FP_MAX_REPLY || bpf_xdp_store_bytes(ctx, BODY_OFF, c->reply, rlen))
+		return XDP_DROP;
+	__builtin_memcpy(eth->h_dest, client_mac, 6);
+	__builtin_memcpy(eth->h_source, cfg->vip_mac, 6);
+	eth->h_proto = bpf_htons(ETH_P_IP);
+	__u16 udp_len = UDP_LEN + MC_LEN + rlen;
+	ip->version = 4;
+	ip->ihl = 5;
+	ip->tos = 0;
+	ip->tot_len = bpf_htons(IP_LEN + udp_len);
+	ip->id = 0;
+	ip->frag_off = bpf_htons(0x4000);
+	ip->ttl = 64;
+	ip->protocol = IPPROTO_UDP;
+	ip->check = 0;
+	ip->saddr = cfg->vip;
+	ip->daddr = client_ip;
+	ip->check = ip_checksum(ip);
+	udp->source = cfg->vip_port;
+	udp->dest = client_port;
+	udp->len = bpf_htons(udp_len);
+	udp->check = 0;
+	*(__u16 *)mc = request_id;
+	*(__u16 *)(mc + 2) = 0;
+	*(__u16 *)(mc + 4) = bpf_htons(1);
+	*(__u16 *)(mc + 6) = 0;
+	__u32 sum = (cfg->vip & 0xffff) + (cfg->vip >> 16) + (client_ip & 0xffff) +
+		    (client_ip >> 16) + bpf_htons(IPPROTO_UDP) + udp->len;
+	sum += udp->source + udp->dest + udp->len;
+	sum += request_id + bpf_htons(1);
+	sum += (c->reply_sum & 0xffff) + (c->reply_sum >> 16);
+	__u16 check = ~fold(sum);
+	udp->check = check ? check : 0xffff;
+	__u32 zero = 0;
+	__u32 *last = bpf_map_lookup_elem(&fp_last_port, &zero);
+	if (last)
+		*last = in_port;
+	count(FP_C_CACHE_HITS);
+	return XDP_TX;
+}
+
 /* A request to the VIP's memcached port: routed to its key's server, or passed up. */
 static __always_inline int route(struct xdp_md *ctx, struct fp_config *cfg, __u32 in_port,
 				 struct ethhdr *eth, struct iphdr *ip, struct udphdr *udp)
@@ -613,13 +742,19 @@ static __always_inline int route(struct xdp_md *ctx, struct fp_config *cfg, __u3
 	if (mc[2] || mc[3] || mc[4] || mc[5] != 1)
 		return pass(FP_C_PASS_REQUEST);
 	__u32 parsed = parse_read(ctx);
-	__u32 used = parsed >> 16, klen = parsed & 0xffff;
+	__u32 used = parsed >> 16, kind = (parsed >> 8) & 0xff, klen = parsed & 0xff;
 	if (!parsed || klen > FP_MAX_KEY || used + UDP_LEN + MC_LEN != ulen)
 		return pass(FP_C_PASS_REQUEST);
 	if (!fp_udp_ok(ctx, ulen))
 		return pass(FP_C_PASS_CHECKSUM);
+	__u32 hash = fp_key_hash(klen, cfg->hash);
+	if (cfg->cache_only) {
+		if (kind != FP_READ_GET)
+			return pass(FP_C_PASS_CACHE);
+		return answer_cached(ctx, cfg, in_port, hash, klen);
+	}
 	__u32 server;
-	if (!locate(cfg, fp_key_hash(klen, cfg->hash), &server))
+	if (!locate(cfg, hash, &server))
 		return pass(FP_C_PASS_NO_SERVER);
 	struct fp_server *srv = bpf_map_lookup_elem(&fp_servers, &server);
 	if (!srv || !srv->valid)
@@ -689,6 +824,9 @@ int kvswitch_fastpath(struct xdp_md *ctx)
 	}
 	if (bpf_map_lookup_elem(&fp_own, &dst) || mac_eq(eth->h_dest, cfg->vip_mac))
 		return pass(FP_C_PASS_TO_SWITCH);
+	/* With the cache on, the switch must see every server's reply (fills, writes' ends). */
+	if (cfg->cache_only)
+		return pass(FP_C_PASS_CACHE);
 	/* SwitchKV's encoded queries carry a locally administered MAC no station has. */
 	struct fp_mac to = {};
 	__builtin_memcpy(to.mac, eth->h_dest, 6);

@@ -21,6 +21,10 @@
 #define FP_MAX_OWN 64
 /* The scratch buffer a key is hashed from: the key, MD5's padding and length (5 blocks). */
 #define FP_SCRATCH 320
+/* The longest `get` reply the kernel cache answers: one datagram on a 1500-byte MTU. */
+#define FP_MAX_REPLY 1400
+/* Keys the kernel cache holds at most (least recently used ones go first). */
+#define FP_MAX_CACHED 8192
 /* Meta flags after an mg key that the fast path takes: each at most once. */
 #define FP_MAX_META_FLAGS 8
 
@@ -53,7 +57,15 @@
 #define FP_C_PASS_NO_SERVER 13 /* the key's server is not known to be reachable */
 #define FP_C_PASS_NO_STATION 14 /* an unknown destination MAC, or one behind the in-port */
 #define FP_C_PASS_BLOCKED 15   /* the out-port may not be sent to from XDP */
-#define FP_NUM_COUNTERS 16
+#define FP_C_CACHE_HITS 16     /* reads answered from the kernel cache */
+#define FP_C_PASS_CACHE 17     /* with the cache on, anything but a kernel-cache hit */
+#define FP_NUM_COUNTERS 18
+
+/* What a read is, in fp_parse's result. */
+#define FP_READ_GET 1
+#define FP_READ_GETS 2
+#define FP_READ_MG 3
+#define FP_READ_BINARY 4
 /* Clients with a bucket of reply bytes in the program (least recently used ones go first). */
 #define FP_MAX_BUCKETS 65536
 
@@ -66,7 +78,8 @@ struct fp_config {
 	__u32 l3;         /* 1: l3 mode (the server's address written in, the VIP on replies) */
 	__u32 hash;       /* FP_HASH_* */
 	__u32 ring;       /* FP_RING_GEN_BIT | number of points */
-	__u32 pad[2]; /* reply_rate is 8-byte aligned */
+	__u32 cache_only; /* 1: the cache is on: answer kernel-cache hits, pass everything else */
+	__u32 pad;        /* reply_rate is 8-byte aligned */
 	__u64 reply_rate;  /* reply bytes a second per client; 0: no limit */
 	__u64 reply_burst; /* the most reply bytes at once */
 };
@@ -108,6 +121,16 @@ struct fp_server_stats {
 struct fp_bucket {
 	__u64 tokens;  /* reply bytes the client may still be sent */
 	__u64 last_ns; /* when it was last refilled (bpf_ktime_get_ns) */
+};
+
+struct fp_cached {
+	__u64 until_ns;  /* the end of the value's lease (bpf_ktime_get_ns) */
+	__u32 key_len;
+	__u32 reply_len;
+	__u32 reply_sum; /* the reply's 16-bit words summed as the program reads them */
+	__u32 pad;
+	__u8 key[256];
+	__u8 reply[FP_MAX_REPLY]; /* the whole text reply to `get KEY` */
 };
 
 struct fp_scratch {

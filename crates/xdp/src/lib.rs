@@ -103,7 +103,7 @@ pub struct TestRun {
 }
 
 /// Why the program passes frames up, by counter index (see `fastpath.h`).
-pub const PASS_REASONS: [(&str, u32); 10] = [
+pub const PASS_REASONS: [(&str, u32); 11] = [
     ("off", abi::C_PASS_OFF),
     ("not_ipv4", abi::C_PASS_NOT_IPV4),
     ("ip_header", abi::C_PASS_IP_HEADER),
@@ -114,6 +114,7 @@ pub const PASS_REASONS: [(&str, u32); 10] = [
     ("no_server", abi::C_PASS_NO_SERVER),
     ("no_station", abi::C_PASS_NO_STATION),
     ("blocked", abi::C_PASS_BLOCKED),
+    ("cache", abi::C_PASS_CACHE),
 ];
 
 /// The program's counters, summed over CPUs.
@@ -125,6 +126,8 @@ pub struct Counters {
     pub replies: u64,
     pub passed: u64,
     pub reply_limited: u64,
+    /// Reads answered from the kernel cache.
+    pub cache_hits: u64,
     /// Frames passed up, per reason of [`PASS_REASONS`] (in its order).
     pub passed_by: [u64; PASS_REASONS.len()],
 }
@@ -143,6 +146,7 @@ struct Maps {
     server_stats: MapHandle,
     counters: MapHandle,
     last_port: MapHandle,
+    cache: MapHandle,
 }
 
 /// What the maps hold now, so a sync writes only what changed.
@@ -162,6 +166,7 @@ struct Shadow {
     requests: Vec<u64>,
     replies: Vec<u64>,
     reply_limited: u64,
+    cache_hits: u64,
 }
 
 /// The loaded program and its maps. Dropping it (or the process ending) detaches the program
@@ -184,6 +189,7 @@ const MAC_KEY_LEN: u32 = 8;
 const HOST_KEY_LEN: u32 = 12;
 const HOST_SEEN_LEN: u32 = 8;
 const SERVER_STATS_LEN: u32 = 16;
+const CACHED_LEN: u32 = 24 + 256 + abi::MAX_REPLY;
 
 fn map_err(map: &'static str) -> impl Fn(libbpf_rs::Error) -> Error {
     move |e| Error::Map {
@@ -242,6 +248,7 @@ impl FastPath {
             server_stats: handle("fp_server_stats", 4, SERVER_STATS_LEN)?,
             counters: handle("fp_counters", 4, 8)?,
             last_port: handle("fp_last_port", 4, 4)?,
+            cache: handle("fp_cache", 4, CACHED_LEN)?,
         };
         Ok(FastPath {
             object,
@@ -494,6 +501,21 @@ impl FastPath {
         Ok(())
     }
 
+    /// A handle on the kernel cache that follows the user-space cache's values
+    /// ([`switch::cache::CacheMirror`]): keys hashed with `hash` (the pool's), leases turned
+    /// into the kernel's monotonic clock by `to_ktime`.
+    pub fn cache_mirror(
+        &self,
+        hash: HashFn,
+        to_ktime: Box<dyn Fn(kv::Instant) -> u64 + Send + Sync>,
+    ) -> Result<CacheMap, Error> {
+        Ok(CacheMap {
+            map: MapHandle::try_from(&self.maps.cache).map_err(|e| Error::Load(e.to_string()))?,
+            hash,
+            to_ktime,
+        })
+    }
+
     /// What the program did since the last call: its per-server counts and, with `hosts`, the
     /// hosts it switched frames from (their marks cleared, so the next call names only those
     /// seen again).
@@ -504,10 +526,15 @@ impl FastPath {
             server_requests: vec![0; n],
             server_replies: vec![0; n],
             reply_limited: 0,
+            cache_hits: 0,
         };
-        let limited = self.counters().reply_limited;
-        seen.reply_limited = limited.saturating_sub(self.shadow.reply_limited);
-        self.shadow.reply_limited = limited;
+        let counters = self.counters();
+        seen.reply_limited = counters
+            .reply_limited
+            .saturating_sub(self.shadow.reply_limited);
+        self.shadow.reply_limited = counters.reply_limited;
+        seen.cache_hits = counters.cache_hits.saturating_sub(self.shadow.cache_hits);
+        self.shadow.cache_hits = counters.cache_hits;
         self.shadow.requests.resize(n, 0);
         self.shadow.replies.resize(n, 0);
         for i in 0..n {
@@ -565,6 +592,7 @@ impl FastPath {
             replies: read(abi::C_REPLIES),
             passed: read(abi::C_PASSED),
             reply_limited: read(abi::C_REPLY_LIMITED),
+            cache_hits: read(abi::C_CACHE_HITS),
             passed_by: PASS_REASONS.map(|(_, i)| read(i)),
         }
     }
@@ -603,7 +631,8 @@ impl FastPath {
             u32::try_from(frame.len()).map_err(|_| Error::TestRun("frame too long".into()))?;
         ctx[4..8].copy_from_slice(&len.to_ne_bytes());
         ctx[12..16].copy_from_slice(&LOOPBACK.to_ne_bytes());
-        let mut out = vec![0u8; frame.len() + 256];
+        // Room for a reply from the kernel cache, which grows the frame.
+        let mut out = vec![0u8; 4096];
         let input = libbpf_rs::ProgramInput {
             data_in: Some(frame),
             data_out: Some(&mut out),
@@ -640,6 +669,77 @@ impl FastPath {
     }
 }
 
+/// The kernel cache as the user-space cache's mirror: a key's entry is written when it is
+/// filled and deleted when it is dropped, each a system call made at once, under the cache's
+/// lock and before the write that dropped it is forwarded.
+pub struct CacheMap {
+    map: MapHandle,
+    hash: HashFn,
+    to_ktime: Box<dyn Fn(kv::Instant) -> u64 + Send + Sync>,
+}
+
+impl CacheMap {
+    fn key(&self, key: &[u8]) -> [u8; 4] {
+        let hash = if key.is_empty() {
+            0
+        } else {
+            self.hash.hash(key)
+        };
+        hash.to_ne_bytes()
+    }
+}
+
+impl switch::cache::CacheMirror for CacheMap {
+    fn fill(&self, key: &[u8], reply: &[u8], until: kv::Instant) {
+        if key.len() > abi::MAX_KEY as usize || reply.len() > abi::MAX_REPLY as usize {
+            // Too long to answer from the kernel: make sure no older value is.
+            self.drop_key(key);
+            return;
+        }
+        let mut v = vec![0u8; CACHED_LEN as usize];
+        v[0..8].copy_from_slice(&(self.to_ktime)(until).to_ne_bytes());
+        v[8..12].copy_from_slice(&(key.len() as u32).to_ne_bytes());
+        v[12..16].copy_from_slice(&(reply.len() as u32).to_ne_bytes());
+        v[16..20].copy_from_slice(&reply_sum(reply).to_ne_bytes());
+        v[24..24 + key.len()].copy_from_slice(key);
+        v[280..280 + reply.len()].copy_from_slice(reply);
+        if let Err(e) = self.map.update(&self.key(key), &v, MapFlags::ANY) {
+            tracing::warn!("the kernel cache did not take a value: {e}");
+            self.drop_key(key);
+        }
+    }
+
+    fn drop_key(&self, key: &[u8]) {
+        // Absent is as good as deleted; any other failure leaves a value that may be stale.
+        if let Err(e) = self.map.delete(&self.key(key)) {
+            if e.kind() != libbpf_rs::ErrorKind::NotFound {
+                tracing::error!("the kernel cache kept a value it should have dropped: {e}");
+            }
+        }
+    }
+
+    fn drop_all(&self) {
+        let keys: Vec<Vec<u8>> = self.map.keys().collect();
+        for k in keys {
+            let _ = self.map.delete(&k);
+        }
+    }
+}
+
+/// The sum of `reply`'s 16-bit words as the program reads them (native order; a last odd
+/// byte padded with zero), from which it finishes the UDP checksum.
+fn reply_sum(reply: &[u8]) -> u32 {
+    let mut sum: u64 = 0;
+    for w in reply.chunks(2) {
+        let word = [w[0], w.get(1).copied().unwrap_or(0)];
+        sum += u64::from(u16::from_ne_bytes(word));
+    }
+    while sum > 0xffff_ffff {
+        sum = (sum & 0xffff_ffff) + (sum >> 32);
+    }
+    sum as u32
+}
+
 fn hash_code(h: HashFn) -> Option<u32> {
     Some(match h {
         HashFn::Md5 => abi::HASH_MD5,
@@ -670,7 +770,8 @@ fn cfg_bytes(t: &Tables, ring_ok: bool, ring: u32) -> Vec<u8> {
     b.extend_from_slice(&u32::from(t.l3).to_ne_bytes());
     b.extend_from_slice(&hash.unwrap_or(0).to_ne_bytes());
     b.extend_from_slice(&ring.to_ne_bytes());
-    b.extend_from_slice(&[0; 8]);
+    b.extend_from_slice(&u32::from(t.cache_only).to_ne_bytes());
+    b.extend_from_slice(&[0; 4]);
     // The program's refill multiplies by the rate: keep it under 2^34 bytes a second.
     let (rate, burst) = t.reply_limit.map_or((0, 0), |(r, b)| (r.min(1 << 34), b));
     b.extend_from_slice(&rate.to_ne_bytes());

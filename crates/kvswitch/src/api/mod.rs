@@ -287,6 +287,7 @@ pub fn metrics(shared: &Shared) -> String {
     );
     let c = fast.counters;
     for (outcome, n) in [
+        ("cache_hits", c.cache_hits),
         ("routed", c.routed),
         ("switched", c.switched),
         ("replies", c.replies),
@@ -544,6 +545,7 @@ fn datapath_status(shared: &Shared) -> serde_json::Value {
         "xdp_frames": {
             "seen": c.frames, "routed": c.routed, "switched": c.switched,
             "replies": c.replies, "passed": c.passed, "reply_limited": c.reply_limited,
+            "cache_hits": c.cache_hits,
         },
         "xdp_passed": xdp::PASS_REASONS
             .iter()

@@ -43,9 +43,6 @@ impl Switch {
         if self.fast_hosts.is_none() {
             return Some("off");
         }
-        if self.cache.is_some() {
-            return Some("the cache is on");
-        }
         if self.pipeline.len(self.tables.acl).unwrap_or(1) > 0 {
             return Some("acl has entries");
         }
@@ -109,6 +106,7 @@ impl Switch {
             vip_broadcast: self.vip_broadcast,
             l3: self.spec.mode == Mode::L3,
             own,
+            cache_only: self.cache.is_some(),
             reply_limit: self
                 .spec
                 .reply_limit
@@ -166,6 +164,13 @@ impl Switch {
         for (i, &n) in seen.server_replies.iter().enumerate() {
             if let (Some(b), true) = (self.stats.backends.get(i), n > 0) {
                 stats::add(&b.replies, n);
+            }
+        }
+        if seen.cache_hits > 0 {
+            stats::add(&self.stats.answers[Answer::Cache as usize], seen.cache_hits);
+            stats::add(&self.stats.kv_requests, seen.cache_hits);
+            if let Some(cache) = &self.cache {
+                cache.service().count_mirror_hits(seen.cache_hits);
             }
         }
         for _ in 0..seen.reply_limited {
