@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use anyhow::Context;
 use serde::Serialize;
 
-use super::bed::{Bed, BedSpec, Servers, System};
+use super::bed::{Bed, BedSpec, CacheSetup, Servers, System};
 use super::latency::per_s;
 use super::output::{fmt, ratio, times, Machine, Output};
 use super::plot::{BarChart, Chart};
@@ -65,6 +65,8 @@ pub struct Point {
     pub get_rps: f64,
     pub p50_us: f64,
     pub p99_us: f64,
+    /// The median round trip of one requester alone (light load), µs.
+    pub light_p50_us: f64,
     /// CPU µs per GET of the kvswitch process (user + system).
     pub kvswitch_us: Option<f64>,
     /// CPU µs per GET of the whole machine (every core; clients and servers included).
@@ -95,9 +97,14 @@ struct Results {
     medians: Vec<Point>,
 }
 
-/// The systems measured on each datapath: the VIP, and memcached direct (whose packets the
-/// switch forwards by MAC).
-const SYSTEMS: [System; 2] = [System::KvswitchUdp, System::DirectUdp];
+/// The systems measured on each datapath: the VIP, memcached direct (whose packets the switch
+/// forwards by MAC), and the VIP with the cache on (every key cached once read: on XDP the
+/// kernel answers them) on a testbed of its own.
+const SYSTEMS: [System; 3] = [
+    System::KvswitchUdp,
+    System::DirectUdp,
+    System::KvswitchCacheUdp,
+];
 
 pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     let duration = args.duration();
@@ -108,73 +115,39 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     let stats = BpfStats::enable()?;
     let mut points = Vec::new();
     for datapath in DATAPATHS {
-        eprintln!(
-            "{NAME}: building the testbed (1 client, {SERVERS} memcached, kvswitch with \
-             datapath = {datapath:?})..."
-        );
-        let bed = Bed::up(&BedSpec {
-            prefix: args.common.prefix.clone(),
-            servers: Servers::Memcached { n: SERVERS },
-            cache: None,
-            switchkv: None,
-            nutcracker: false,
-            datapath: Some(datapath),
-        })?;
-        bed.preload(args.keys, "key:", args.value_size as usize)?;
-        for run in 0..runs {
-            for system in super::bed::rotated(&SYSTEMS, run) {
-                let load = loadgen::LoadArgs {
-                    keys: args.keys,
-                    value_size: args.value_size as usize,
-                    get_ratio: 1.0,
-                    concurrency: args.concurrency as usize,
-                    duration,
-                    warmup: (duration / 4.0).min(0.5),
-                    seed: u64::from(run) + 1,
-                    ..loadgen::LoadArgs::new("")
-                };
-                let machine_before = machine_ticks()?;
-                let port = &bed.live.state.hosts[0].switch_if;
-                let xdp_before = stats.program_ns(port)?;
-                let m = bed.load(system, &load)?;
-                let machine_s =
-                    (machine_ticks()? - machine_before) as f64 / crate::measure::clock_ticks();
-                let xdp_after = stats.program_ns(port)?;
-                let r = &m.report;
-                // CPU was read over the warm-up and the window alike: per GET of both.
-                let gets = per_s(r.gets, r.duration_s) * (r.duration_s + load.warmup);
-                let per = |cpu_s: Option<f64>| cpu_s.filter(|_| gets > 0.0).map(|s| s * 1e6 / gets);
-                let xdp_ns = match (datapath, xdp_before, xdp_after) {
-                    ("xdp", Some(before), Some(after)) if gets > 0.0 => {
-                        Some(after.saturating_sub(before) as f64 / gets)
-                    }
-                    _ => None,
-                };
-                let p = Point {
-                    datapath,
-                    system,
-                    get_rps: per_s(r.gets, r.duration_s),
-                    p50_us: r.latency_us.p50 as f64,
-                    p99_us: r.latency_us.p99 as f64,
-                    kvswitch_us: per(m.kvswitch_cpu_s),
-                    machine_us: per(Some(machine_s)),
-                    xdp_ns,
-                    run,
-                };
-                eprintln!(
-                    "  run {}/{runs}  {datapath:<9} {system:<20} {:>8.0} GET/s  p50 {:>4.0} µs  \
-                     kvswitch {} µs/GET  machine {} µs/GET  XDP program {} ns/GET",
-                    run + 1,
-                    p.get_rps,
-                    p.p50_us,
-                    fmt(p.kvswitch_us, 2),
-                    fmt(p.machine_us, 2),
-                    fmt(p.xdp_ns, 0),
-                );
-                points.push(p);
+        for cached in [false, true] {
+            let group: Vec<System> = SYSTEMS
+                .iter()
+                .copied()
+                .filter(|s| s.cached() == cached)
+                .collect();
+            let with = if cached {
+                ", its cache holding every key"
+            } else {
+                ""
+            };
+            eprintln!(
+                "{NAME}: building the testbed (1 client, {SERVERS} memcached, kvswitch with \
+                 datapath = {datapath:?}{with})..."
+            );
+            let bed = Bed::up(&BedSpec {
+                prefix: args.common.prefix.clone(),
+                servers: Servers::Memcached { n: SERVERS },
+                cache: cached.then(|| CacheSetup::whole_keyspace(args.keys)),
+                switchkv: None,
+                nutcracker: false,
+                datapath: Some(datapath),
+            })?;
+            bed.preload(args.keys, "key:", args.value_size as usize)?;
+            for run in 0..runs {
+                for system in super::bed::rotated(&group, run) {
+                    points.push(measure(
+                        &bed, &stats, args, datapath, system, run, duration,
+                    )?);
+                }
             }
+            bed.down()?;
         }
-        bed.down()?;
     }
     drop(stats);
     let medians: Vec<Point> = DATAPATHS
@@ -191,6 +164,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
                 get_rps: median(of.iter().map(|p| p.get_rps).collect()),
                 p50_us: median(of.iter().map(|p| p.p50_us).collect()),
                 p99_us: median(of.iter().map(|p| p.p99_us).collect()),
+                light_p50_us: median(of.iter().map(|p| p.light_p50_us).collect()),
                 kvswitch_us: median_of_some(of.iter().map(|p| p.kvswitch_us)),
                 machine_us: median_of_some(of.iter().map(|p| p.machine_us)),
                 xdp_ns: median_of_some(of.iter().map(|p| p.xdp_ns)),
@@ -217,6 +191,84 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     out.plot("cpu-per-get", &Chart::Bars(chart(&medians)))?;
     out.summary(&summary(args, &medians, runs, duration), &machine)?;
     Ok(medians)
+}
+
+/// One system on one testbed: a closed loop at full speed, then one requester alone.
+fn measure(
+    bed: &Bed,
+    stats: &BpfStats,
+    args: &Args,
+    datapath: &'static str,
+    system: System,
+    run: u32,
+    duration: f64,
+) -> anyhow::Result<Point> {
+    let load = loadgen::LoadArgs {
+        keys: args.keys,
+        value_size: args.value_size as usize,
+        get_ratio: 1.0,
+        concurrency: args.concurrency as usize,
+        duration,
+        warmup: (duration / 4.0).min(0.5),
+        seed: u64::from(run) + 1,
+        ..loadgen::LoadArgs::new("")
+    };
+    let machine_before = machine_ticks()?;
+    let port = &bed.live.state.hosts[0].switch_if;
+    let xdp_before = stats.program_ns(port)?;
+    let m = bed.load(system, &load)?;
+    let machine_s = (machine_ticks()? - machine_before) as f64 / crate::measure::clock_ticks();
+    let xdp_after = stats.program_ns(port)?;
+    let r = &m.report;
+    // CPU was read over the warm-up and the window alike: per GET of both.
+    let gets = per_s(r.gets, r.duration_s) * (r.duration_s + load.warmup);
+    let per = |cpu_s: Option<f64>| cpu_s.filter(|_| gets > 0.0).map(|s| s * 1e6 / gets);
+    let xdp_ns = match (datapath, xdp_before, xdp_after) {
+        ("xdp", Some(before), Some(after)) if gets > 0.0 => {
+            Some(after.saturating_sub(before) as f64 / gets)
+        }
+        _ => None,
+    };
+    let light = bed.load(
+        system,
+        &loadgen::LoadArgs {
+            concurrency: 1,
+            duration: (duration / 2.0).max(0.3),
+            warmup: 0.1,
+            ..load.clone()
+        },
+    )?;
+    let lr = &light.report;
+    if lr.gets == 0 || lr.timeouts + lr.errors > 0 {
+        eprintln!(
+            "  {datapath} {system} alone: {} GETs, {} timeouts, {} errors",
+            lr.gets, lr.timeouts, lr.errors
+        );
+    }
+    let p = Point {
+        datapath,
+        system,
+        get_rps: per_s(r.gets, r.duration_s),
+        p50_us: r.latency_us.p50 as f64,
+        p99_us: r.latency_us.p99 as f64,
+        light_p50_us: light.report.latency_us.p50 as f64,
+        kvswitch_us: per(m.kvswitch_cpu_s),
+        machine_us: per(Some(machine_s)),
+        xdp_ns,
+        run,
+    };
+    eprintln!(
+        "  run {}  {datapath:<9} {system:<24} {:>8.0} GET/s  p50 {:>4.0} µs (alone {:>3.0} µs)  \
+         kvswitch {} µs/GET  machine {} µs/GET  XDP program {} ns/GET",
+        run + 1,
+        p.get_rps,
+        p.p50_us,
+        p.light_p50_us,
+        fmt(p.kvswitch_us, 2),
+        fmt(p.machine_us, 2),
+        fmt(p.xdp_ns, 0),
+    );
+    Ok(p)
 }
 
 /// Total CPU ticks of every core (user, nice, system, irq, softirq) from /proc/stat.
@@ -286,12 +338,17 @@ impl Drop for BpfStats {
     }
 }
 
-fn label(p: &Point) -> String {
-    let what = match p.system {
+/// How the summary names a system's target.
+fn target(system: System) -> &'static str {
+    match system {
         System::DirectUdp => "direct",
+        System::KvswitchCacheUdp => "VIP, cache on",
         _ => "VIP",
-    };
-    format!("{} {what}", p.datapath)
+    }
+}
+
+fn label(p: &Point) -> String {
+    format!("{} {}", p.datapath, target(p.system))
 }
 
 fn chart(medians: &[Point]) -> BarChart {
@@ -330,7 +387,10 @@ fn summary(args: &Args, medians: &[Point], runs: u32, duration: f64) -> String {
          answers, {duration} s per system, medians of {runs} run(s). The same testbed ({SERVERS} \
          memcached in `l2` mode, 1 client) is built once with `switch.datapath = \"xdp\"` and \
          once with `\"af_packet\"`; \"VIP\" reads are routed by key, \"direct\" reads go to a \
-         server's own address and are switched by MAC. kvswitch µs/GET is the kvswitch \
+         server's own address and are switched by MAC, and \"VIP, cache on\" reads go to a \
+         testbed of their own whose kvswitch caches every key once read (on XDP the kernel \
+         answers them from its copy of the cache). p50 alone is one requester's median round \
+         trip, the others are of the closed loop. kvswitch µs/GET is the kvswitch \
          process's user + system time; machine µs/GET is every core's busy time from /proc/stat \
          (client, servers and softirq included); the XDP program's time is the kernel's BPF \
          run-time statistics for kvswitch's program, per GET (its request and its reply).\n",
@@ -338,22 +398,19 @@ fn summary(args: &Args, medians: &[Point], runs: u32, duration: f64) -> String {
     );
     let _ = writeln!(
         t,
-        "| datapath | target | GET/s | p50 µs | p99 µs | kvswitch µs/GET | machine µs/GET | XDP ns/GET |"
+        "| datapath | target | GET/s | p50 µs | p99 µs | p50 alone µs | kvswitch µs/GET | machine µs/GET | XDP ns/GET |"
     );
-    let _ = writeln!(t, "|---|---|--:|--:|--:|--:|--:|--:|");
+    let _ = writeln!(t, "|---|---|--:|--:|--:|--:|--:|--:|--:|");
     for p in medians {
         let _ = writeln!(
             t,
-            "| {} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {} |",
+            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} |",
             p.datapath,
-            if p.system == System::DirectUdp {
-                "direct"
-            } else {
-                "VIP"
-            },
+            target(p.system),
             p.get_rps,
             p.p50_us,
             p.p99_us,
+            p.light_p50_us,
             fmt(p.kvswitch_us, 2),
             fmt(p.machine_us, 2),
             fmt(p.xdp_ns, 0)
@@ -371,6 +428,21 @@ fn summary(args: &Args, medians: &[Point], runs: u32, duration: f64) -> String {
             times(ratio(Some(x.get_rps), Some(a.get_rps))),
             times(ratio(x.kvswitch_us, a.kvswitch_us)),
             times(ratio(x.machine_us, a.machine_us)),
+        );
+    }
+    if let (Some(k), Some(d), Some(u)) = (
+        find("xdp", System::KvswitchCacheUdp),
+        find("xdp", System::DirectUdp),
+        find("af_packet", System::KvswitchCacheUdp),
+    ) {
+        let _ = writeln!(
+            t,
+            "- A GET answered from the kernel cache, one requester alone: p50 {} of memcached \
+             direct's, {} of the user-space cache's (AF_PACKET); GET/s at full speed {} of \
+             direct's.",
+            times(ratio(Some(k.light_p50_us), Some(d.light_p50_us))),
+            times(ratio(Some(k.light_p50_us), Some(u.light_p50_us))),
+            times(ratio(Some(k.get_rps), Some(d.get_rps))),
         );
     }
     if let (Some(v), Some(d)) = (

@@ -373,6 +373,11 @@ impl Cache {
         self.value_changes = keep.then(Vec::new);
     }
 
+    /// Whether value changes are kept ([`Cache::keep_value_changes`]).
+    pub fn keeps_value_changes(&self) -> bool {
+        self.value_changes.is_some()
+    }
+
     /// The value changes since the last call, in order (empty unless kept).
     pub fn take_value_changes(&mut self) -> Vec<ValueChange> {
         self.value_changes
@@ -387,12 +392,12 @@ impl Cache {
         }
     }
 
-    /// The value of `key` and the end of its lease when [`Cache::lookup`] would serve it now
-    /// (no CAS asked for), counting nothing.
+    /// The value of `key` and the end of its lease while it is filled and its lease runs,
+    /// counting nothing. Unlike [`Cache::lookup`] it does not ask for the key's rule: a copy
+    /// kept elsewhere may answer before the rule is installed, as the value is right.
     pub fn peek(&self, key: &[u8], now: Instant) -> Option<(&Value, Instant)> {
-        let entry = self.entries.get(key)?;
-        let filled = entry.value.as_ref()?;
-        (entry.rule && now < filled.lease_end).then_some((&filled.value, filled.lease_end))
+        let filled = self.entries.get(key)?.value.as_ref()?;
+        (now < filled.lease_end).then_some((&filled.value, filled.lease_end))
     }
 
     /// Counts `n` reads answered from a copy of the values held elsewhere as hits.
@@ -942,6 +947,42 @@ mod tests {
         assert_eq!(c.gauges().bytes, 0);
         let n = c.counters();
         assert_eq!((n.hits, n.fills, n.lease_expiries), (1, 1, 1));
+    }
+
+    #[test]
+    fn value_changes_name_every_fill_and_drop_in_order_a_write_first() {
+        let (mut c, now) = cache(10, None);
+        assert!(c.take_value_changes().is_empty(), "not kept until asked");
+        c.keep_value_changes(true);
+        cached(&mut c, b"k", now);
+        let token = c.fill_token(b"k").unwrap();
+        assert_eq!(c.fill(b"k", token, value(b"v", None), now), Fill::Filled);
+        let (v, until) = c.peek(b"k", now).expect("filled, lease running");
+        assert_eq!(&*v.data, b"v");
+        assert!(c.peek(b"k", until).is_none(), "not after its lease");
+        // A write to a key the cache does not hold is named too: a copy may hold it.
+        let w = c.begin_write(b"other");
+        c.end_write(w);
+        let w = c.begin_write(b"k");
+        c.end_write(w);
+        let f = c.begin_flush();
+        c.end_write(f);
+        assert_eq!(
+            c.take_value_changes(),
+            vec![
+                // `cached` filled it once already.
+                ValueChange::Filled(b"k".as_slice().into()),
+                ValueChange::Filled(b"k".as_slice().into()),
+                ValueChange::Dropped(b"other".as_slice().into()),
+                ValueChange::Dropped(b"k".as_slice().into()),
+                ValueChange::DroppedAll,
+            ]
+        );
+        assert!(c.evict(b"k", now));
+        assert_eq!(
+            c.take_value_changes(),
+            vec![ValueChange::Dropped(b"k".as_slice().into())]
+        );
     }
 
     #[test]

@@ -13,6 +13,17 @@ use common::*;
 
 const T: Duration = Duration::from_secs(2);
 
+/// Waits until the cache's hits reach `want` (reads answered by the XDP program's copy of
+/// the cache reach the counter within 50 ms), then checks they stay there.
+fn wait_hits(live: &testbed::Live, want: u64, what: &str) {
+    let start = std::time::Instant::now();
+    while hits(live) < want && start.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(hits(live), want, "{what}");
+}
+
 fn hits(live: &testbed::Live) -> u64 {
     let body = metrics(live);
     body.lines()
@@ -117,7 +128,11 @@ fn check_served_from_cache(live: &testbed::Live, multi_get: bool) {
                 second.datagrams, want.datagrams,
                 "as many datagrams as memcached"
             );
-            assert_eq!(hits(live), before + 1, "answered from the cache: {form:?}");
+            wait_hits(
+                live,
+                before + 1,
+                &format!("answered from the cache: {form:?}"),
+            );
             checked += 1;
         }
     }
@@ -140,7 +155,7 @@ fn check_served_from_cache(live: &testbed::Live, multi_get: bool) {
     let before = hits(live);
     let r = udp_call(live, "c1", vip, format!("get {key}\r\n").as_bytes(), T).expect("get");
     assert_eq!(r.body, want);
-    assert_eq!(hits(live), before + 1);
+    wait_hits(live, before + 1, "the new value from the cache");
     // A UDP delete, then the key reads as missing.
     let r = udp_call(live, "c2", vip, format!("delete {key}\r\n").as_bytes(), T).expect("del");
     assert_eq!(r.body, b"DELETED\r\n");
@@ -180,11 +195,7 @@ fn check_served_from_cache(live: &testbed::Live, multi_get: bool) {
         let before = hits(live);
         let r = udp_call(live, "c1", vip, request.as_bytes(), T).expect("multi-get");
         assert_eq!(r.body, expected);
-        assert_eq!(
-            hits(live),
-            before + 2,
-            "the two cached keys came from the cache"
-        );
+        wait_hits(live, before + 2, "the two cached keys came from the cache");
         // All cached: answered at once.
         let request = format!("get {} {plain}\r\n", keys[1]);
         let r = udp_call(live, "c1", vip, request.as_bytes(), T).expect("multi-get");
@@ -206,7 +217,7 @@ fn check_served_from_cache(live: &testbed::Live, multi_get: bool) {
     assert!(r
         .body
         .starts_with(format!("VALUE {} 41 256", keys[1]).as_bytes()));
-    assert_eq!(hits(live), before, "an evicted key is read from its server");
+    wait_hits(live, before, "an evicted key is read from its server");
     let tables = status(live)["tables"].to_string();
     assert!(tables.contains("kv_cache"), "{tables}");
 }

@@ -52,6 +52,35 @@ pub trait CacheMirror: Send + Sync {
     fn drop_all(&self);
 }
 
+/// The cache, locked: see [`CacheService::lock`].
+pub struct CacheGuard<'a> {
+    service: &'a CacheService,
+    cache: Option<MutexGuard<'a, Cache>>,
+}
+
+impl std::ops::Deref for CacheGuard<'_> {
+    type Target = Cache;
+    fn deref(&self) -> &Cache {
+        self.cache.as_ref().expect("held until dropped")
+    }
+}
+
+impl std::ops::DerefMut for CacheGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Cache {
+        self.cache.as_mut().expect("held until dropped")
+    }
+}
+
+impl Drop for CacheGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(mut cache) = self.cache.take() {
+            // A fill's lease comes from its entry; the instant only says whether it still runs,
+            // and a value whose lease has ended is not served from the copy either.
+            self.service.mirror_changes(&mut cache, Instant::ZERO);
+        }
+    }
+}
+
 /// The shared cache.
 pub struct CacheService {
     inner: Mutex<Cache>,
@@ -135,6 +164,9 @@ impl CacheService {
 
     /// Hands the value changes since the last call to the mirror, under the cache's lock.
     fn mirror_changes(&self, cache: &mut Cache, now: Instant) {
+        if !cache.keeps_value_changes() {
+            return;
+        }
         let changes = cache.take_value_changes();
         if changes.is_empty() {
             return;
@@ -160,10 +192,15 @@ impl CacheService {
     }
 
     /// The cache itself, for the status API, the switch's rule mirror and the subcommands.
-    pub fn lock(&self) -> MutexGuard<'_, Cache> {
+    /// What the holder changed of its values reaches the mirror as the guard is dropped,
+    /// before the lock is released.
+    pub fn lock(&self) -> CacheGuard<'_> {
         // A panic while holding the lock leaves the cache consistent enough to serve: every
         // method finishes its bookkeeping before it can fail.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        CacheGuard {
+            service: self,
+            cache: Some(self.inner.lock().unwrap_or_else(|e| e.into_inner())),
+        }
     }
 
     /// Shows the keys of a read to hot-key detection; `locate` names a key's backend.
@@ -329,7 +366,7 @@ impl CacheService {
             };
             cache.fill(&key, *token, value, now);
         }
-        self.mirror_changes(&mut cache, now);
+        // The guard hands the fills to the mirror as it is dropped.
     }
 
     /// Opens the writes of a request that changes items, before it is forwarded: its keys'
@@ -351,8 +388,9 @@ impl CacheService {
             }
             tickets
         };
-        // Before the write is forwarded: no copy may answer for the keys it changes.
-        self.mirror_changes(&mut cache, Instant::ZERO);
+        // Before the write is forwarded: no copy may answer for the keys it changes (the guard
+        // drops them from the mirror as this returns).
+        drop(cache);
         Some(Writes { tickets })
     }
 
@@ -374,7 +412,6 @@ impl CacheService {
         let mut cache = self.lock();
         cache.roll(now);
         cache.poll_rules(now);
-        self.mirror_changes(&mut cache, now);
     }
 }
 

@@ -565,8 +565,9 @@ static __always_inline int send(struct xdp_md *ctx, __u32 in_port, __u32 out_por
 	__u32 *last = bpf_map_lookup_elem(&fp_last_port, &zero);
 	if (last)
 		*last = out_port;
-	if (out_port == in_port)
-		return XDP_TX;
+	/* Back out of the in-port by redirect too, not XDP_TX: a veth wakes its peer for frames
+	 * sent with XDP_TX only when the peer runs XDP itself, so they would wait there for the
+	 * next frame; a redirect always wakes it. */
 	return bpf_redirect(*ifindex, 0);
 }
 
@@ -665,8 +666,10 @@ static __always_inline int answer_cached(struct xdp_md *ctx, struct fp_config *c
 	__u16 request_id = *(__u16 *)mc;
 	__u32 frame_len = BODY_OFF + rlen;
 	int delta = (int)frame_len - (int)(end - data);
-	if (bpf_xdp_adjust_tail(ctx, delta))
-		return pass(FP_C_PASS_CACHE); /* no room: the frame is as it was */
+	/* Room at the end, else at the front (the driver keeps XDP_PACKET_HEADROOM there): the
+	 * whole frame is written anew below. A helper that fails leaves the frame as it was. */
+	if (bpf_xdp_adjust_tail(ctx, delta) && (delta < 0 || bpf_xdp_adjust_head(ctx, -delta)))
+		return pass(FP_C_PASS_NO_ROOM);
 	/* From here the frame is the reply: it leaves or is dropped, never passed up. */
 	if (!reply_allowed(cfg, client_ip, frame_len)) {
 		count(FP_C_REPLY_LIMITED);
@@ -719,7 +722,11 @@ static __always_inline int answer_cached(struct xdp_md *ctx, struct fp_config *c
 	if (last)
 		*last = in_port;
 	count(FP_C_CACHE_HITS);
-	return XDP_TX;
+	/* See send(): redirected, not XDP_TX, so the client's end is woken at once. */
+	__u32 *ifindex = bpf_map_lookup_elem(&fp_port_ifindex, &in_port);
+	if (!ifindex || !*ifindex)
+		return XDP_DROP; /* checked by sendable() above; never reached */
+	return bpf_redirect(*ifindex, 0);
 }
 
 /* A request to the VIP's memcached port: routed to its key's server, or passed up. */

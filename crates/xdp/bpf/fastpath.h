@@ -59,7 +59,8 @@
 #define FP_C_PASS_BLOCKED 15   /* the out-port may not be sent to from XDP */
 #define FP_C_CACHE_HITS 16     /* reads answered from the kernel cache */
 #define FP_C_PASS_CACHE 17     /* with the cache on, anything but a kernel-cache hit */
-#define FP_NUM_COUNTERS 18
+#define FP_C_PASS_NO_ROOM 18   /* a kernel-cache hit whose reply the frame has no room for */
+#define FP_NUM_COUNTERS 19
 
 /* What a read is, in fp_parse's result. */
 #define FP_READ_GET 1

@@ -103,7 +103,7 @@ pub struct TestRun {
 }
 
 /// Why the program passes frames up, by counter index (see `fastpath.h`).
-pub const PASS_REASONS: [(&str, u32); 11] = [
+pub const PASS_REASONS: [(&str, u32); 12] = [
     ("off", abi::C_PASS_OFF),
     ("not_ipv4", abi::C_PASS_NOT_IPV4),
     ("ip_header", abi::C_PASS_IP_HEADER),
@@ -115,6 +115,7 @@ pub const PASS_REASONS: [(&str, u32); 11] = [
     ("no_station", abi::C_PASS_NO_STATION),
     ("blocked", abi::C_PASS_BLOCKED),
     ("cache", abi::C_PASS_CACHE),
+    ("no_room", abi::C_PASS_NO_ROOM),
 ];
 
 /// The program's counters, summed over CPUs.
