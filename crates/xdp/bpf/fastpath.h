@@ -24,7 +24,7 @@
 /* The longest `get` reply the kernel cache answers: one datagram on a 1500-byte MTU. */
 #define FP_MAX_REPLY 1400
 /* Keys the kernel cache holds at most (least recently used ones go first). */
-#define FP_MAX_CACHED 8192
+#define FP_MAX_CACHED 16384
 /* Meta flags after an mg key that the fast path takes: each at most once. */
 #define FP_MAX_META_FLAGS 8
 
