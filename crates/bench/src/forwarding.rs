@@ -326,32 +326,37 @@ fn ping(bed: &Bed, to: std::net::Ipv4Addr, size: usize, count: u32) -> anyhow::R
 }
 
 fn rate_chart(args: &Args, medians: &[Point]) -> BarChart {
-    BarChart {
-        title: "Layer-2 forwarding rate by frame size".into(),
-        x_label: "frame size (bytes)".into(),
-        y_label: "frames/s arriving".into(),
-        categories: args.sizes.iter().map(|s| s.to_string()).collect(),
-        groups: SYSTEMS
-            .iter()
-            .map(|&s| {
-                let v = args
-                    .sizes
-                    .iter()
-                    .map(|&z| find(medians, s, z).map_or(0.0, |p| p.forwarded_fps))
-                    .collect();
-                (s.to_string(), v)
-            })
-            .collect(),
-        line: None,
-        stacked: false,
-    }
+    size_chart(
+        args,
+        medians,
+        "Layer-2 forwarding rate by frame size",
+        "frames/s arriving",
+        |p| Some(p.forwarded_fps),
+    )
 }
 
 fn rtt_chart(args: &Args, medians: &[Point]) -> BarChart {
+    size_chart(
+        args,
+        medians,
+        "Ping round-trip time by frame size",
+        "µs",
+        |p| p.rtt_us,
+    )
+}
+
+/// One bar per system and frame size of what `value` reads of its median.
+fn size_chart(
+    args: &Args,
+    medians: &[Point],
+    title: &str,
+    y_label: &str,
+    value: fn(&Point) -> Option<f64>,
+) -> BarChart {
     BarChart {
-        title: "Ping round-trip time by frame size".into(),
+        title: title.into(),
         x_label: "frame size (bytes)".into(),
-        y_label: "µs".into(),
+        y_label: y_label.into(),
         categories: args.sizes.iter().map(|s| s.to_string()).collect(),
         groups: SYSTEMS
             .iter()
@@ -359,7 +364,7 @@ fn rtt_chart(args: &Args, medians: &[Point]) -> BarChart {
                 let v = args
                     .sizes
                     .iter()
-                    .map(|&z| find(medians, s, z).and_then(|p| p.rtt_us).unwrap_or(0.0))
+                    .map(|&z| find(medians, s, z).and_then(value).unwrap_or(0.0))
                     .collect();
                 (s.to_string(), v)
             })

@@ -660,6 +660,35 @@ fn fake_ifindex(port: u16) -> u32 {
     1000 + u32::from(port)
 }
 
+/// The XDP program, loaded, with every port of the table's switch (and a local port) named.
+fn fast_path() -> xdp::FastPath {
+    let mut fp = xdp::FastPath::load().expect("the XDP program loads (needs root)");
+    fp.set_ports(&stand_in_ports()).expect("ports");
+    fp
+}
+
+fn stand_in_ports() -> Vec<(u16, u32, bool)> {
+    (0..=PORTS as u16)
+        .map(|p| (p, fake_ifindex(p), true))
+        .collect()
+}
+
+/// The files of a fuzz corpus, in name order.
+fn corpus_files(name: &str) -> Vec<Vec<u8>> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fuzz/corpus")
+        .join(name);
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("the fuzz corpus {name}: {e}"))
+        .map(|e| e.expect("a corpus entry").path())
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .map(|f| std::fs::read(f).expect("a corpus file"))
+        .collect()
+}
+
 /// Runs `cases` through a fresh switch and the fast path; returns the names of the cases the
 /// program handled itself.
 fn run_xdp(
@@ -670,10 +699,7 @@ fn run_xdp(
 ) -> Vec<&'static str> {
     let fx = Fx::new();
     let mut acted = Vec::new();
-    let ports: Vec<(u16, u32, bool)> = (0..=PORTS as u16)
-        .map(|p| (p, fake_ifindex(p), true))
-        .collect();
-    fp.set_ports(&ports).expect("ports");
+    fp.set_ports(&stand_in_ports()).expect("ports");
     for case in cases {
         let what = format!("{mode:?} through XDP: {}", case.name);
         let mut rig = rig(mode);
@@ -749,11 +775,7 @@ fn ktime_now() -> u64 {
 #[test]
 fn xdp_kernel_cache_answers_as_the_switch_and_drops_a_key_before_its_write() {
     use switch::cache::{CacheMirror, CacheService};
-    let mut fp = xdp::FastPath::load().expect("the XDP program loads (needs root)");
-    let ports: Vec<(u16, u32, bool)> = (0..=PORTS as u16)
-        .map(|p| (p, fake_ifindex(p), true))
-        .collect();
-    fp.set_ports(&ports).expect("ports");
+    let mut fp = fast_path();
     let fx = Fx::new();
     let mut cfg = config(Mode::L3);
     cfg.cache.enabled = true;
@@ -928,17 +950,7 @@ fn request_seeds(fx: &Fx) -> Vec<Vec<u8>> {
         wire::memcache::binary::write_request(op, key.as_bytes(), b"", b"", 7, 0, &mut bin);
         seeds.push(bin);
     }
-    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/memcache_request");
-    let mut files: Vec<_> = std::fs::read_dir(&corpus)
-        .expect("the fuzz corpus of requests")
-        .map(|e| e.expect("a corpus entry").path())
-        .collect();
-    files.sort();
-    seeds.extend(
-        files
-            .iter()
-            .map(|f| std::fs::read(f).expect("a corpus file")),
-    );
+    seeds.extend(corpus_files("memcache_request"));
     seeds
 }
 
@@ -989,25 +1001,14 @@ fn mutate(m: &mut Mutator, seed: &[u8]) -> Vec<u8> {
 
 #[test]
 fn xdp_fast_path_forwards_nothing_malformed_the_switch_would_not() {
-    let mut fp = xdp::FastPath::load().expect("the XDP program loads (needs root)");
-    let ports: Vec<(u16, u32, bool)> = (0..=PORTS as u16)
-        .map(|p| (p, fake_ifindex(p), true))
-        .collect();
-    fp.set_ports(&ports).expect("ports");
+    let mut fp = fast_path();
     let fx = Fx::new();
     let seeds = request_seeds(&fx);
-    let mut corpus: Vec<(u16, Vec<u8>)> = Vec::new();
-    let frames = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/switch_process");
-    let mut files: Vec<_> = std::fs::read_dir(&frames)
-        .expect("the fuzz corpus of frames")
-        .map(|e| e.expect("a corpus entry").path())
+    // Each corpus frame arrives on the port its first byte picks, as in the fuzz target.
+    let mut corpus: Vec<(u16, Vec<u8>)> = corpus_files("switch_process")
+        .into_iter()
+        .map(|bytes| (bytes.first().map_or(0, |b| u16::from(*b % 3)), bytes))
         .collect();
-    files.sort();
-    for f in &files {
-        let bytes = std::fs::read(f).expect("a corpus file");
-        let port = bytes.first().map_or(0, |b| u16::from(*b % 3));
-        corpus.push((port, bytes));
-    }
     let mut m = Mutator(0x6b76_7377_6974_6368);
     for i in 0..3000 {
         corpus.push((CLIENT.port, mutate(&mut m, &seeds[i % seeds.len()])));
