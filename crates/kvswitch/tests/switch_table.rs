@@ -761,6 +761,71 @@ fn xdp_fast_path_does_what_the_switch_does() {
     }
 }
 
+#[test]
+fn xdp_hashes_every_key_length_as_the_ring_does() {
+    let mut fp = fast_path();
+    for hash in [
+        "md5",
+        "fnv1a_64",
+        "fnv1_64",
+        "fnv1a_32",
+        "fnv1_32",
+        "one_at_a_time",
+    ] {
+        let mut cfg = config(Mode::L3);
+        cfg.hash = hash.parse().expect("a hash nutcracker knows");
+        let mut rig = Rig::with(cfg, PORTS);
+        rig.sw.set_fast_path(true);
+        let mut emit = Vec::new();
+        let mut warm = to_vip(b"get warm\r\n");
+        assert!(matches!(
+            rig.process(CLIENT.port, &mut warm, &mut emit),
+            Fate::Out(_)
+        ));
+        fp.sync(&rig.sw.fast_tables()).expect("tables");
+        let mut routed = [0usize; 3];
+        for len in 1..=250usize {
+            // Text keys of every length, and binary keys with bytes past 0x7f (which
+            // nutcracker's hashes widen as a signed char).
+            let text: Vec<u8> = (0..len)
+                .map(|i| b'!' + ((i * 7 + len) % 94) as u8)
+                .collect();
+            let binary: Vec<u8> = (0..len)
+                .map(|i| 0x80 + ((i * 13 + len) % 128) as u8)
+                .collect();
+            let mut text_req = b"get ".to_vec();
+            text_req.extend_from_slice(&text);
+            text_req.extend_from_slice(b"\r\n");
+            let mut bin_req = Vec::new();
+            wire::memcache::binary::write_request(0x00, &binary, b"", b"", 9, 0, &mut bin_req);
+            for body in [text_req, bin_req] {
+                let input = to_vip(&body);
+                let what = format!("{hash}, a key of {len} bytes");
+                let run = fp.test_run(&input, CLIENT.port).expect("test run");
+                let mut frame = input.clone();
+                let fate = rig.process(CLIENT.port, &mut frame, &mut emit);
+                assert_eq!(
+                    run.verdict,
+                    xdp::Verdict::Redirect,
+                    "{what}: routed by the program"
+                );
+                let port = run.out_port.expect("a port");
+                assert_eq!(fate, Fate::Out(port), "{what}: to the switch's server");
+                assert_bytes(&what, &run.frame, &frame);
+                let server = SERVERS
+                    .iter()
+                    .position(|s| frame[0..6] == s.mac.0)
+                    .expect("a server");
+                routed[server] += 1;
+            }
+        }
+        assert!(
+            routed.iter().all(|&n| n > 0),
+            "{hash}: every server gets keys: {routed:?}"
+        );
+    }
+}
+
 /// The kernel's monotonic clock now, ns: what the XDP program reads leases against.
 fn ktime_now() -> u64 {
     let mut ts = libc::timespec {

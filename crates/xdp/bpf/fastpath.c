@@ -332,10 +332,20 @@ static __always_inline __u32 hash_md5(struct fp_scratch *s, __u32 len)
 	if (len > FP_MAX_KEY)
 		return 0;
 	__u32 blocks = (len + 8) / 64 + 1;
-	for (__u32 i = 0; i < FP_SCRATCH; i++) {
-		if (i < len)
+	/* Zero the padding of the blocks used only: the bytes after the key up to a word
+	 * boundary, then whole words. */
+	__u32 aligned = (len + 7) & ~7u;
+	__u64 *words = (__u64 *)s->buf;
+	__u32 last = len / 8;
+	barrier_var(last); /* so the mask below stays, on the register that indexes */
+	if (len & 7) /* keep the key's bytes of its last word (little-endian: the low ones) */
+		words[last & 31] &= (1ULL << (8 * (len & 7))) - 1;
+	for (__u32 w = 0; w < FP_SCRATCH / 8; w++) {
+		if (w >= blocks * 8)
+			break;
+		if (w < aligned / 8)
 			continue;
-		s->buf[i] = 0;
+		words[w] = 0;
 	}
 	barrier_var(len);
 	if (len > FP_MAX_KEY)
