@@ -228,6 +228,9 @@ pub enum Datapath {
     Xdp,
     /// `"af_packet"`: every frame through AF_PACKET to the user-space switch.
     AfPacket,
+    /// `"af_xdp"`: the XDP fast path, and what it hands to the switch through an AF_XDP
+    /// socket per port (copy mode) rather than the kernel's stack; an error if either fails.
+    AfXdp,
 }
 
 impl Datapath {
@@ -236,6 +239,7 @@ impl Datapath {
             Datapath::Auto => "auto",
             Datapath::Xdp => "xdp",
             Datapath::AfPacket => "af_packet",
+            Datapath::AfXdp => "af_xdp",
         }
     }
 }
@@ -397,18 +401,11 @@ impl Config {
             None => Datapath::Auto,
             Some("xdp") => Datapath::Xdp,
             Some("af_packet") => Datapath::AfPacket,
-            Some("af_xdp") => {
-                return Err(err(
-                    "switch.datapath",
-                    "\"af_xdp\" ports are not available yet; use \"xdp\" (the fast path in \
-                     front of AF_PACKET) or \"af_packet\""
-                        .into(),
-                ))
-            }
+            Some("af_xdp") => Datapath::AfXdp,
             Some(other) => {
                 return Err(err(
                     "switch.datapath",
-                    format!("unknown datapath {other:?}; use \"xdp\" or \"af_packet\""),
+                    format!("unknown datapath {other:?}; use \"xdp\", \"af_xdp\" or \"af_packet\""),
                 ))
             }
         };
@@ -933,7 +930,9 @@ busy_poll_us = 200
 # What carries frames to the switch. Unset: an XDP program on the ports routes single-key
 # reads and switches known unicast in the kernel, handing the rest to the switch over
 # AF_PACKET, wherever it attaches (AF_PACKET alone otherwise, with the reason logged).
-# "xdp": the same, and a port it cannot attach to is an error. "af_packet": no XDP.
+# "xdp": the same, and a port it cannot attach to is an error. "af_xdp": XDP, and what it
+# hands to the switch goes through an AF_XDP socket per port instead of the kernel's stack.
+# "af_packet": no XDP.
 # datapath = "xdp"
 # SwitchKV cache nodes (kvswitch node --role cache) steer reads of their keys to themselves
 # with kv_steer entries. kvswitch probes each such node (a TCP connection to its memcached

@@ -9,6 +9,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 mod afpacket;
+mod afxdp;
 mod batch;
 pub mod clock;
 pub mod link;
@@ -20,6 +21,7 @@ mod sys;
 mod waker;
 
 pub use afpacket::{AfPacket, AfPacketOptions};
+pub use afxdp::AfXdp;
 pub use batch::{Batch, FRAME_CAP, MAX_BATCH};
 pub use link::VethPair;
 pub use mem::{mem_pair, MemPort, MEM_QUEUE_LIMIT};

@@ -51,6 +51,8 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
     };
     let mut ports: Vec<Box<dyn Port>> = Vec::with_capacity(cfg.ports.len() + 1);
     let mut port_names = cfg.ports.clone();
+    // With `switch.datapath = "af_xdp"`: each port's AF_XDP socket, for the program's map.
+    let mut xsks = Vec::new();
     for name in &cfg.ports {
         // The host's own stack sees every frame of a port too. With the default `arp_ignore`
         // it would answer ARP for any of the host's addresses on it, the VIP included once the
@@ -58,6 +60,17 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         // the host instead of the switch.
         if let Err(e) = kvio::link::set_ipv4_conf(name, "arp_ignore", "1") {
             tracing::warn!(port = %name, "cannot keep the host from answering ARP on it: {e}");
+        }
+        if cfg.datapath == config::Datapath::AfXdp {
+            let port = open_af_xdp(name).with_context(|| {
+                format!(
+                    "{}: `switch.datapath = \"af_xdp\"`: cannot open port `{name}`",
+                    cfg.path.display()
+                )
+            })?;
+            xsks.push((ports.len() as u16, port.socket()));
+            ports.push(Box::new(port));
+            continue;
         }
         let port = AfPacket::open(name, &AfPacketOptions::default()).with_context(|| {
             format!(
@@ -147,6 +160,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
             .map(|(i, name)| (i as u16, name.clone(), ports[i].ifindex()))
             .collect(),
         count: port_count,
+        xsks,
     };
     let fast = crate::fast::start(
         &cfg,
@@ -217,6 +231,18 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         l.remove()?;
     }
     Ok(())
+}
+
+/// An AF_XDP port on `name`, with the interface's MAC read from sysfs (the daemon runs in the
+/// namespace that holds its ports).
+fn open_af_xdp(name: &str) -> anyhow::Result<kvio::AfXdp> {
+    let text = std::fs::read_to_string(format!("/sys/class/net/{name}/address"))
+        .with_context(|| format!("reading the MAC of {name}"))?;
+    let mac: wire::ethernet::Mac = text
+        .trim()
+        .parse()
+        .map_err(|_| anyhow::anyhow!("{name} has no Ethernet address: {text:?}"))?;
+    Ok(kvio::AfXdp::open(name, mac.0)?)
 }
 
 /// Reads the configuration file again and changes the pool's servers and weights to its;

@@ -58,6 +58,8 @@ pub struct FastPorts {
     pub ports: Vec<(u16, String, u32)>,
     /// All ports, the local port included (which never gets the program).
     pub count: usize,
+    /// With `switch.datapath = "af_xdp"`: each port's AF_XDP socket.
+    pub xsks: Vec<(u16, std::os::fd::RawFd)>,
 }
 
 /// Loads and attaches the program as `cfg.datapath` asks, and starts the thread that keeps it
@@ -86,7 +88,10 @@ pub fn start(
     let thread = std::thread::Builder::new()
         .name("xdp-sync".into())
         .spawn(move || {
-            let attached = attach(&ports).and_then(|(fp, modes)| {
+            let attached = attach(&ports).and_then(|(mut fp, modes)| {
+                for &(port, socket) in &ports.xsks {
+                    fp.set_xsk(port, socket)?;
+                }
                 let mirror = match with_cache {
                     true => Some(fp.cache_mirror(hash, Box::new(to_ktime()))?),
                     false => None,
@@ -118,20 +123,24 @@ pub fn start(
                 s.ports = af_packet;
                 for (port, mode) in &modes {
                     if let Some(p) = s.ports.get_mut(usize::from(*port)) {
-                        *p = format!("xdp ({mode})");
+                        *p = match cfg.datapath {
+                            Datapath::AfXdp => format!("xdp ({mode}) and af_xdp"),
+                            _ => format!("xdp ({mode})"),
+                        };
                     }
                 }
             });
             tracing::info!(ports = ?modes, "XDP fast path attached");
             Ok(Some(thread))
         }
-        Err(e) if cfg.datapath == Datapath::Xdp => {
+        Err(e) if matches!(cfg.datapath, Datapath::Xdp | Datapath::AfXdp) => {
             let _ = thread.join();
             Err(e).with_context(|| {
                 format!(
-                    "{}: `switch.datapath = \"xdp\"`: the XDP program did not attach \
+                    "{}: `switch.datapath = {:?}`: the XDP program did not attach \
                      (\"af_packet\" runs without it)",
-                    cfg.path.display()
+                    cfg.path.display(),
+                    cfg.datapath.as_str()
                 )
             })
         }

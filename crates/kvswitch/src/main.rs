@@ -90,9 +90,10 @@ enum TestbedCmd {
         /// Do not start nutcracker on the first client.
         #[arg(long)]
         no_nutcracker: bool,
-        /// kvswitch's datapath: "xdp" (the fast path, an error if it cannot attach) or
-        /// "af_packet" (none) [default: XDP wherever it attaches].
-        #[arg(long, value_parser = ["xdp", "af_packet"])]
+        /// kvswitch's datapath: "xdp" (the fast path, an error if it cannot attach), "af_xdp"
+        /// (the fast path, and AF_XDP sockets to the switch) or "af_packet" (none) [default:
+        /// XDP wherever it attaches].
+        #[arg(long, value_parser = ["xdp", "af_xdp", "af_packet"])]
         datapath: Option<String>,
     },
     /// Remove every namespace, link and process the testbed made (also after a crash);

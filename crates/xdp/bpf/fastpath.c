@@ -123,6 +123,15 @@ struct {
 	__type(value, struct fp_cached);
 } fp_cache SEC(".maps");
 
+/* Each switch port's AF_XDP socket (with `switch.datapath = "af_xdp"`): where frames for the
+ * user-space switch go instead of the kernel's stack. */
+struct {
+	__uint(type, BPF_MAP_TYPE_XSKMAP);
+	__uint(max_entries, FP_MAX_PORTS);
+	__type(key, __u32);
+	__type(value, __u32);
+} fp_xsks SEC(".maps");
+
 /* The key being hashed, copied out of the frame, with room for MD5's padding. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -789,21 +798,16 @@ static __always_inline int route(struct xdp_md *ctx, struct fp_config *cfg, __u3
 	return verdict;
 }
 
-SEC("xdp")
-int kvswitch_fastpath(struct xdp_md *ctx)
+/* What the program does with a frame that arrived on switch port `in_port`: XDP_PASS hands
+ * it, unchanged, to the switch. */
+static __always_inline int decide(struct xdp_md *ctx, __u32 in_port)
 {
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
 	__u32 zero = 0;
-	count(FP_C_FRAMES);
 	struct fp_config *cfg = bpf_map_lookup_elem(&fp_cfg, &zero);
 	if (!cfg || !cfg->enabled)
 		return pass(FP_C_PASS_OFF);
-	__u32 ifindex = ctx->ingress_ifindex;
-	__u32 *port = bpf_map_lookup_elem(&fp_ports, &ifindex);
-	if (!port)
-		return pass(FP_C_PASS_OFF);
-	__u32 in_port = *port;
 
 	struct ethhdr *eth = data;
 	if ((void *)(eth + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP) || (eth->h_dest[0] & 1))
@@ -880,6 +884,23 @@ int kvswitch_fastpath(struct xdp_md *ctx)
 	}
 	int verdict = send(ctx, in_port, *out);
 	count(FP_C_SWITCHED);
+	return verdict;
+}
+
+SEC("xdp")
+int kvswitch_fastpath(struct xdp_md *ctx)
+{
+	count(FP_C_FRAMES);
+	__u32 ifindex = ctx->ingress_ifindex;
+	__u32 *port = bpf_map_lookup_elem(&fp_ports, &ifindex);
+	if (!port)
+		return pass(FP_C_PASS_OFF);
+	__u32 in_port = *port;
+	int verdict = decide(ctx, in_port);
+	/* To the switch: through the port's AF_XDP socket when it has one, else the kernel's
+	 * stack (where its AF_PACKET socket reads it). */
+	if (verdict == XDP_PASS)
+		return bpf_redirect_map(&fp_xsks, in_port, XDP_PASS);
 	return verdict;
 }
 

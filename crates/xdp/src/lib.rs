@@ -148,6 +148,7 @@ struct Maps {
     counters: MapHandle,
     last_port: MapHandle,
     cache: MapHandle,
+    xsks: MapHandle,
 }
 
 /// What the maps hold now, so a sync writes only what changed.
@@ -250,6 +251,7 @@ impl FastPath {
             counters: handle("fp_counters", 4, 8)?,
             last_port: handle("fp_last_port", 4, 4)?,
             cache: handle("fp_cache", 4, CACHED_LEN)?,
+            xsks: handle("fp_xsks", 4, 4)?,
         };
         Ok(FastPath {
             object,
@@ -332,6 +334,20 @@ impl FastPath {
                 .map_err(map_err("fp_port_ifindex"))?;
         }
         Ok(())
+    }
+
+    /// Sends the frames of switch port `port` that the program hands to the switch to the
+    /// AF_XDP socket `socket` (bound to the port's interface, queue 0) instead of the kernel's
+    /// stack.
+    pub fn set_xsk(&mut self, port: u16, socket: std::os::fd::RawFd) -> Result<(), Error> {
+        self.maps
+            .xsks
+            .update(
+                &u32::from(port).to_ne_bytes(),
+                &(socket as u32).to_ne_bytes(),
+                MapFlags::ANY,
+            )
+            .map_err(map_err("fp_xsks"))
     }
 
     /// Brings the maps to `t`, writing only what changed. A disabled table turns the program
