@@ -376,9 +376,14 @@ fn cost_short() {
 fn fastpath_short() {
     let (dir, json) = run("fastpath", "kvbf");
     let medians = medians(&json);
-    assert_eq!(medians.len(), 4, "two datapaths, two targets each");
+    assert_eq!(
+        medians.len(),
+        6,
+        "two datapaths, three targets each (the VIP, direct, the VIP with the cache)"
+    );
     for p in medians {
         assert!(p["get_rps"].as_f64().unwrap() > 0.0, "{p}");
+        assert!(p["light_p50_us"].as_f64().unwrap() > 0.0, "{p}");
         assert!(p["machine_us"].as_f64().unwrap() > 0.0, "{p}");
         // The program's own run time is read only where it runs.
         match p["datapath"].as_str() {
