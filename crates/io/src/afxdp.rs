@@ -1,8 +1,9 @@
 //! An AF_XDP port in copy mode: frames an XDP program on the interface redirects to this
 //! socket (an XSKMAP entry for the queue) arrive in a receive ring over memory shared with the
 //! kernel, and frames to send are written into that memory and named in a transmit ring. No
-//! copy through the kernel's network stack on the way in. One socket per interface, on queue 0
-//! (a veth has one).
+//! copy through the kernel's network stack on the way in. One socket per interface, on queue 0:
+//! an interface with more receive queues is refused, since a frame redirected from another
+//! queue would be dropped. Frames up to 1,792 bytes (a chunk less the kernel's headroom).
 
 use std::io;
 use std::mem::size_of;
@@ -90,20 +91,33 @@ impl<T> Drop for Ring<T> {
     }
 }
 
-/// An AF_XDP socket on an interface's queue 0, in copy mode.
+/// The frames shared with the kernel, unmapped when dropped.
+struct Umem {
+    ptr: *mut u8,
+}
+
+impl Drop for Umem {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `AfXdp::open`, of that length, used by nothing after this.
+        unsafe { libc::munmap(self.ptr.cast(), (FRAMES * CHUNK) as usize) };
+    }
+}
+
+/// An AF_XDP socket on an interface's queue 0, in copy mode. Fields drop in order: the rings
+/// are unmapped, the socket closed, and only then the frames unmapped.
 pub struct AfXdp {
     name: String,
     ifindex: u32,
     mac: [u8; 6],
-    fd: OwnedFd,
-    umem: *mut u8,
     rx: Ring<libc::xdp_desc>,
     tx: Ring<libc::xdp_desc>,
     fill: Ring<u64>,
     comp: Ring<u64>,
+    fd: OwnedFd,
     /// Frames of the shared memory free for sending.
     free: Vec<u64>,
     stats: PortStats,
+    umem: Umem,
 }
 
 // SAFETY: the raw pointers address memory this value maps and owns alone (the shared frames
@@ -119,6 +133,22 @@ impl AfXdp {
             io::Error::new(e.kind(), format!("AF_XDP on {ifname}: {what}: {e}"))
         };
         let ifindex = if_index(ifname).map_err(|e| ctx("no such interface", e))?;
+        let queues = std::fs::read_dir(format!("/sys/class/net/{ifname}/queues"))
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
+                    .count()
+            })
+            .unwrap_or(1);
+        if queues > 1 {
+            return Err(ctx(
+                "one receive queue needed",
+                io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!("it has {queues}; frames from the others would be dropped"),
+                ),
+            ));
+        }
         // SAFETY: plain socket(2); the result is checked.
         let raw =
             cvt(unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) })
@@ -201,13 +231,13 @@ impl AfXdp {
                 ifindex,
                 mac,
                 fd: fd.try_clone()?,
-                umem: umem.cast(),
                 rx,
                 tx,
                 fill,
                 comp,
                 free: (half..FRAMES).map(|i| u64::from(i * CHUNK)).collect(),
                 stats: PortStats::default(),
+                umem: Umem { ptr: umem.cast() },
             })
         };
         let port = setup();
@@ -239,15 +269,7 @@ impl AfXdp {
         // SAFETY: `addr` is a chunk offset below FRAMES * CHUNK and `len` at most CHUNK, so
         // the slice lies within the mapping, which this port alone writes while it owns the
         // chunk (not in the kernel's rings).
-        unsafe { std::slice::from_raw_parts_mut(self.umem.add(addr as usize), len) }
-    }
-}
-
-impl Drop for AfXdp {
-    fn drop(&mut self) {
-        // The rings unmap themselves; the frames go last, after the socket's rings.
-        // SAFETY: the mapping made in `open`, of that length.
-        unsafe { libc::munmap(self.umem.cast(), (FRAMES * CHUNK) as usize) };
+        unsafe { std::slice::from_raw_parts_mut(self.umem.ptr.add(addr as usize), len) }
     }
 }
 
@@ -283,7 +305,12 @@ impl Port for AfXdp {
             cons = cons.wrapping_add(1);
             let len = desc.len as usize;
             let chunk = desc.addr & !u64::from(CHUNK - 1);
-            if len <= FRAME_CAP && desc.addr + len as u64 <= u64::from(FRAMES * CHUNK) {
+            if chunk >= u64::from(FRAMES * CHUNK) {
+                // Not one of ours: nothing to read, nothing to give back.
+                self.stats.rx_errors += 1;
+                continue;
+            }
+            if len <= FRAME_CAP && desc.addr + len as u64 <= chunk + u64::from(CHUNK) {
                 let addr = desc.addr;
                 let frame = self.frame_mut(addr, len).to_vec();
                 batch.push(&frame);

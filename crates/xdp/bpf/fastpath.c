@@ -105,7 +105,8 @@ struct {
 	__type(value, __u64);
 } fp_counters SEC(".maps");
 
-/* Reply bytes per client, the same limit as the switch's own buckets for the replies sent here. */
+/* Reply bytes per client for the replies sent from here: the switch's rate and burst, in
+ * buckets of the program's own (a client whose replies take both paths gets both). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, FP_MAX_BUCKETS);
@@ -115,9 +116,11 @@ struct {
 
 /* The kernel cache: a copy of the user-space cache's answers to `get` of one key, by key hash,
  * filled and dropped only by user space, in the cache's own order (a key is dropped before
- * any write to it is forwarded). */
+ * any write to it is forwarded). Not preallocated: a replaced or deleted entry is freed only
+ * after every program that may hold it has finished, so an answer is never read torn. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__uint(max_entries, FP_MAX_CACHED);
 	__type(key, __u32);
 	__type(value, struct fp_cached);
@@ -626,12 +629,12 @@ static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
 	return *(__u32 *)a == *(__u32 *)b && *(__u16 *)(a + 4) == *(__u16 *)(b + 4);
 }
 
-/* Whether the kernel cache's entry `c` holds the key in the scratch buffer (`klen` bytes). */
-__noinline int fp_same_key(__u32 hash, __u32 klen)
+/* Whether the kernel cache's entry `c` holds the key in the scratch buffer (`klen` bytes):
+ * two keys may share a hash. */
+__noinline int fp_same_key(struct fp_cached *c, __u32 klen)
 {
 	__u32 zero = 0;
 	struct fp_scratch *s = bpf_map_lookup_elem(&fp_scratch, &zero);
-	struct fp_cached *c = bpf_map_lookup_elem(&fp_cache, &hash);
 	if (!s || !c || c->key_len != klen || klen > FP_MAX_KEY)
 		return 0;
 	for (__u32 i = 0; i < FP_MAX_KEY; i++) {
@@ -660,10 +663,9 @@ static __always_inline __u16 ip_checksum(struct iphdr *ip)
 static __always_inline int answer_cached(struct xdp_md *ctx, struct fp_config *cfg, __u32 in_port,
 					 __u32 hash, __u32 klen)
 {
-	if (!fp_same_key(hash, klen))
-		return pass(FP_C_PASS_CACHE);
+	/* One lookup: the key is compared, and the answer read, on the same entry. */
 	struct fp_cached *c = bpf_map_lookup_elem(&fp_cache, &hash);
-	if (!c || c->until_ns <= bpf_ktime_get_ns())
+	if (!c || c->until_ns <= bpf_ktime_get_ns() || !fp_same_key(c, klen))
 		return pass(FP_C_PASS_CACHE);
 	__u32 rlen = c->reply_len;
 	if (rlen == 0 || rlen > FP_MAX_REPLY)

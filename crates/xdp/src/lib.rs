@@ -721,16 +721,20 @@ impl switch::cache::CacheMirror for CacheMap {
         v[24..24 + key.len()].copy_from_slice(key);
         v[280..280 + reply.len()].copy_from_slice(reply);
         if let Err(e) = self.map.update(&self.key(key), &v, MapFlags::ANY) {
-            tracing::warn!("the kernel cache did not take a value: {e}");
+            // Full (E2BIG) is the common case: the kernel holds as many keys as it can, and
+            // the switch answers the others.
+            tracing::debug!("the kernel cache did not take a value: {e}");
             self.drop_key(key);
         }
     }
 
     fn drop_key(&self, key: &[u8]) {
-        // Absent is as good as deleted; any other failure leaves a value that may be stale.
+        // Absent is as good as deleted; any other failure could leave a stale value, so the
+        // whole copy goes.
         if let Err(e) = self.map.delete(&self.key(key)) {
             if e.kind() != libbpf_rs::ErrorKind::NotFound {
-                tracing::error!("the kernel cache kept a value it should have dropped: {e}");
+                tracing::error!("the kernel cache failed to drop a key ({e}): emptying it");
+                self.drop_all();
             }
         }
     }
