@@ -23,7 +23,7 @@
 #define FP_SCRATCH 320
 /* The longest `get` reply the kernel cache answers: one datagram on a 1500-byte MTU. */
 #define FP_MAX_REPLY 1400
-/* Keys the kernel cache holds at most (least recently used ones go first). */
+/* Keys the kernel cache holds at most (when full, further keys are answered by the switch). */
 #define FP_MAX_CACHED 16384
 /* Meta flags after an mg key that the fast path takes: each at most once. */
 #define FP_MAX_META_FLAGS 8
