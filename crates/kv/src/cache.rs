@@ -373,11 +373,6 @@ impl Cache {
         self.value_changes = keep.then(Vec::new);
     }
 
-    /// Whether value changes are kept ([`Cache::keep_value_changes`]).
-    pub fn keeps_value_changes(&self) -> bool {
-        self.value_changes.is_some()
-    }
-
     /// The value changes since the last call, in order (empty unless kept).
     pub fn take_value_changes(&mut self) -> Vec<ValueChange> {
         self.value_changes

@@ -117,7 +117,9 @@ pub fn start(
         Ok((modes, mirror)) => {
             // Reads of one key the cache holds are answered in the kernel from here on.
             if let (Some(cache), Some(mirror)) = (&cache, mirror) {
-                cache.set_mirror(Arc::new(mirror));
+                if !cache.set_mirror(Arc::new(mirror)) {
+                    tracing::warn!("the cache already has a mirror: no answers from the kernel");
+                }
             }
             status.update(|s| {
                 s.ports = af_packet;
@@ -170,9 +172,6 @@ fn attach(ports: &FastPorts) -> anyhow::Result<(xdp::FastPath, Vec<(u16, xdp::Mo
     Ok((fp, modes))
 }
 
-/// Each port with whether the program may send out of it: not a port with an egress rate
-/// (whose queue is the driver's), nor one that cannot take frames from XDP (a veth whose peer
-/// has neither GRO nor a program of its own; frames to it then go through the switch).
 /// Turns the process's instants ([`kvio::clock`], on the monotonic clock) into the kernel's
 /// `bpf_ktime_get_ns`, which counts the same clock from boot.
 fn to_ktime() -> impl Fn(kv::Instant) -> u64 + Send + Sync {
@@ -187,6 +186,9 @@ fn to_ktime() -> impl Fn(kv::Instant) -> u64 + Send + Sync {
     move |t: kv::Instant| origin.saturating_add(t.as_nanos())
 }
 
+/// Each port with whether the program may send out of it: not a port with an egress rate
+/// (whose queue is the driver's), nor one that cannot take frames from XDP (a veth whose peer
+/// has neither GRO nor a program of its own; frames to it then go through the switch).
 fn port_table(
     fp: &xdp::FastPath,
     ports: &FastPorts,
@@ -240,7 +242,8 @@ fn keep_in_step(
         if hosts {
             last_hosts = Instant::now();
         }
-        merge(&mut pending, fp.seen(hosts));
+        let counters = fp.counters();
+        merge(&mut pending, fp.seen(&counters, hosts));
         let seen = std::mem::take(&mut pending);
         let (tx, rx) = mpsc::sync_channel(1);
         let kept = seen.clone();
@@ -265,7 +268,6 @@ fn keep_in_step(
             }
             idle = tables.disabled.map(str::to_string);
         }
-        let counters = fp.counters();
         status.update(|s| {
             s.idle = tables.disabled.map(str::to_string);
             s.counters = counters;

@@ -856,7 +856,10 @@ fn xdp_kernel_cache_answers_as_the_switch_and_drops_a_key_before_its_write() {
     let mirror = fp
         .cache_mirror(HashFn::Md5, Box::new(to_ktime))
         .expect("the kernel cache");
-    cache.set_mirror(std::sync::Arc::new(mirror));
+    assert!(
+        cache.set_mirror(std::sync::Arc::new(mirror)),
+        "the cache's only mirror"
+    );
 
     let key = fx.key(1, 0).to_string();
     cache.lock().pin(key.as_bytes(), rig.now).expect("pinned");

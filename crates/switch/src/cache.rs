@@ -3,7 +3,7 @@
 //! pure [`kv::cache::Cache`], behind one lock. Replies are built byte for byte as memcached
 //! builds them ([`wire::memcache::cached`]).
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use kv::Instant;
@@ -74,9 +74,7 @@ impl std::ops::DerefMut for CacheGuard<'_> {
 impl Drop for CacheGuard<'_> {
     fn drop(&mut self) {
         if let Some(mut cache) = self.cache.take() {
-            // A fill's lease comes from its entry; the instant only says whether it still runs,
-            // and a value whose lease has ended is not served from the copy either.
-            self.service.mirror_changes(&mut cache, Instant::ZERO);
+            self.service.mirror_changes(&mut cache);
         }
     }
 }
@@ -85,7 +83,8 @@ impl Drop for CacheGuard<'_> {
 pub struct CacheService {
     inner: Mutex<Cache>,
     settings: CacheSettings,
-    mirror: Mutex<Option<Arc<dyn CacheMirror>>>,
+    /// Set once, when a fast path attaches; only then does the cache keep value changes.
+    mirror: OnceLock<Arc<dyn CacheMirror>>,
 }
 
 impl std::fmt::Debug for CacheService {
@@ -142,7 +141,7 @@ impl CacheService {
         Ok(Arc::new(CacheService {
             inner: Mutex::new(cache),
             settings,
-            mirror: Mutex::new(None),
+            mirror: OnceLock::new(),
         }))
     }
 
@@ -151,10 +150,15 @@ impl CacheService {
     }
 
     /// Keeps `mirror` in step with the cache's values from now on (see [`CacheMirror`]); the
-    /// values cached before are not copied.
-    pub fn set_mirror(&self, mirror: Arc<dyn CacheMirror>) {
-        self.lock().keep_value_changes(true);
-        *self.mirror.lock().unwrap_or_else(|e| e.into_inner()) = Some(mirror);
+    /// values cached before are not copied. A cache has one mirror: false, and nothing
+    /// changed, when it has one already.
+    pub fn set_mirror(&self, mirror: Arc<dyn CacheMirror>) -> bool {
+        let mut cache = self.lock();
+        let set = self.mirror.set(mirror).is_ok();
+        if set {
+            cache.keep_value_changes(true);
+        }
+        set
     }
 
     /// Counts `n` reads of one key answered by the mirror as the cache's hits.
@@ -163,25 +167,13 @@ impl CacheService {
     }
 
     /// Hands the value changes since the last call to the mirror, under the cache's lock.
-    fn mirror_changes(&self, cache: &mut Cache, now: Instant) {
-        if !cache.keeps_value_changes() {
-            return;
-        }
-        let changes = cache.take_value_changes();
-        if changes.is_empty() {
-            return;
-        }
-        let mirror = self
-            .mirror
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        let Some(mirror) = mirror else {
+    fn mirror_changes(&self, cache: &mut Cache) {
+        let Some(mirror) = self.mirror.get() else {
             return;
         };
-        for change in changes {
+        for change in cache.take_value_changes() {
             match change {
-                ValueChange::Filled(key) => match get_reply(cache, &key, now) {
+                ValueChange::Filled(key) => match get_reply(cache, &key) {
                     Some((reply, until)) => mirror.fill(&key, &reply, until),
                     None => mirror.drop_key(&key),
                 },
@@ -415,10 +407,10 @@ impl CacheService {
     }
 }
 
-/// The text reply to `get KEY` from the cached value of `key` and the end of its lease, when
-/// the cache would serve it now.
-fn get_reply(cache: &Cache, key: &[u8], now: Instant) -> Option<(Vec<u8>, Instant)> {
-    let (value, until) = cache.peek(key, now)?;
+/// The text reply to `get KEY` from the filled value of `key`, and the end of its lease (which
+/// the mirror keeps to: it is not checked here, as the guard that calls this has no clock).
+fn get_reply(cache: &Cache, key: &[u8]) -> Option<(Vec<u8>, Instant)> {
+    let (value, until) = cache.peek(key, Instant::ZERO)?;
     let bytes = [b"get ", key, b"\r\n"].concat();
     let request = wire::memcache::parse_text(&bytes).ok()??;
     let token = request.keys().next()?;

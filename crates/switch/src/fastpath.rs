@@ -4,6 +4,7 @@
 //! saw ([`Seen`]) so learning, ageing and counters stay the switch's. Nothing here does I/O.
 
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 
 use kv::HashFn;
 use wire::ethernet::Mac;
@@ -28,9 +29,10 @@ pub struct Tables {
     /// The cache is on: the fast path answers reads its copy of the cache holds
     /// ([`crate::cache::CacheMirror`]) and hands everything else to the switch.
     pub cache_only: bool,
-    /// The key hash and the ketama continuum: (point, server's position in the pool).
+    /// The key hash and the ketama continuum: (point, server's position in the pool), the
+    /// same allocation for as long as the pool's version stands.
     pub hash: HashFn,
-    pub ring: Vec<(u32, usize)>,
+    pub ring: Arc<[(u32, usize)]>,
     /// The pool's version the ring is of: a fast path rewrites its ring only when it moves.
     pub ring_version: u64,
     /// Per server (by position in the pool): where a routed request goes, `None` while the

@@ -118,22 +118,10 @@ impl SourceGuard {
     /// ageing time moves to `port` (a host that moved).
     pub fn check(&mut self, port: u16, ip: Ipv4Addr, now: Instant) -> Check {
         let p = usize::from(port);
-        match self.prefixes.get(p) {
-            Some(own) if !own.is_empty() => {
-                return match own.iter().any(|x| x.contains(ip)) {
-                    true => Check::Accept,
-                    false => Check::Spoofed,
-                };
-            }
-            _ => {}
-        }
-        if self
-            .prefixes
-            .iter()
-            .enumerate()
-            .any(|(q, list)| q != p && list.iter().any(|x| x.contains(ip)))
-        {
-            return Check::Spoofed;
+        match self.by_prefixes(port, ip) {
+            Some(true) => return Check::Accept,
+            Some(false) => return Check::Spoofed,
+            None => {}
         }
         let share_left = self.per_port.get(p).is_some_and(|n| *n < self.port_share);
         match self.bound.get_mut(&ip) {
@@ -169,15 +157,23 @@ impl SourceGuard {
     /// Whether [`SourceGuard::check`] would accept `ip` on `port` now without learning or moving
     /// anything: a prefix of the port holds it, or it is bound there.
     pub fn accepts(&self, port: u16, ip: Ipv4Addr) -> bool {
-        match self.prefixes.get(usize::from(port)) {
-            Some(own) if !own.is_empty() => own.iter().any(|x| x.contains(ip)),
-            _ => {
-                let elsewhere =
-                    self.prefixes.iter().enumerate().any(|(q, list)| {
-                        q != usize::from(port) && list.iter().any(|x| x.contains(ip))
-                    });
-                !elsewhere && self.bound.get(&ip).is_some_and(|b| b.port == port)
-            }
+        self.by_prefixes(port, ip)
+            .unwrap_or_else(|| self.bound.get(&ip).is_some_and(|b| b.port == port))
+    }
+
+    /// What the configured prefixes decide of `ip` on `port`: accepted when the port has
+    /// prefixes and one holds it, refused when the port's prefixes do not hold it or another
+    /// port's do; `None` when they leave it to the bindings.
+    fn by_prefixes(&self, port: u16, ip: Ipv4Addr) -> Option<bool> {
+        let p = usize::from(port);
+        match self.prefixes.get(p) {
+            Some(own) if !own.is_empty() => Some(own.iter().any(|x| x.contains(ip))),
+            _ => self
+                .prefixes
+                .iter()
+                .enumerate()
+                .any(|(q, list)| q != p && list.iter().any(|x| x.contains(ip)))
+                .then_some(false),
         }
     }
 

@@ -201,14 +201,16 @@ static __always_inline void set_ip(struct iphdr *ip, struct udphdr *udp, __u32 *
 	}
 }
 
-static __always_inline int ip_header_ok(struct iphdr *ip)
+/* The 16-bit one's-complement sum of the 20-byte IPv4 header at `ip`, complemented: 0 for
+ * a header whose checksum is right, and the checksum to store when its field is 0. */
+static __always_inline __u16 ip_checksum(struct iphdr *ip)
 {
 	__u16 *w = (__u16 *)ip;
 	__u32 sum = 0;
 #pragma unroll
 	for (int i = 0; i < IP_LEN / 2; i++)
 		sum += w[i];
-	return fold(sum) == 0xffff;
+	return ~fold(sum);
 }
 
 /* The UDP checksum of a datagram of `len` bytes (at most FP_SCRATCH + UDP_LEN + MC_LEN + 64),
@@ -646,17 +648,6 @@ __noinline int fp_same_key(struct fp_cached *c, __u32 klen)
 	return 1;
 }
 
-/* The 16-bit one's-complement sum of the 20-byte IPv4 header at `ip`, as stored. */
-static __always_inline __u16 ip_checksum(struct iphdr *ip)
-{
-	__u16 *w = (__u16 *)ip;
-	__u32 sum = 0;
-#pragma unroll
-	for (int i = 0; i < IP_LEN / 2; i++)
-		sum += w[i];
-	return ~fold(sum);
-}
-
 /* A `get` of one key that the kernel cache holds, under its lease: answered from the VIP out
  * of the port it came in on, in the bytes the user-space switch sends from its cache
  * (memcached's reply in one datagram; IPv4 with DF, TTL 64, id 0; a full UDP checksum). */
@@ -820,7 +811,7 @@ static __always_inline int decide(struct xdp_md *ctx, __u32 in_port)
 	/* A 20-byte header, not a fragment, a length the frame holds, a right checksum. */
 	if (ip->version != 4 || ip->ihl != 5 || (ip->frag_off & bpf_htons(0x3fff)) ||
 	    (void *)ip + bpf_ntohs(ip->tot_len) > end || bpf_ntohs(ip->tot_len) < IP_LEN ||
-	    !ip_header_ok(ip))
+	    ip_checksum(ip) != 0)
 		return pass(FP_C_PASS_IP_HEADER);
 	struct fp_host host = {.ip = ip->saddr};
 	__builtin_memcpy(host.mac, eth->h_source, 6);

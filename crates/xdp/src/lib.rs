@@ -158,7 +158,8 @@ struct Shadow {
     /// The ring copy in use (0 or 1), the pool version and hash it was written for, its points.
     ring_gen: u32,
     ring_of: Option<(u64, HashFn)>,
-    ring: Vec<(u32, usize)>,
+    /// How many points the ring in use holds.
+    ring_len: usize,
     servers: Vec<Vec<u8>>,
     server_ips: BTreeMap<Ipv4Addr, u32>,
     stations: BTreeMap<Mac, u16>,
@@ -362,9 +363,8 @@ impl FastPath {
         self.sync_own(t)?;
         self.sync_stations(t)?;
         self.sync_hosts(t)?;
-        let ring = (self.shadow.ring_gen * abi::RING_GEN_BIT) | self.shadow.ring.len() as u32;
-        let ring_ok =
-            !self.shadow.ring.is_empty() && self.shadow.ring.len() <= abi::MAX_POINTS as usize;
+        let ring = (self.shadow.ring_gen * abi::RING_GEN_BIT) | self.shadow.ring_len as u32;
+        let ring_ok = self.shadow.ring_len > 0 && self.shadow.ring_len <= abi::MAX_POINTS as usize;
         self.write_cfg(&cfg_bytes(t, ring_ok, ring))
     }
 
@@ -425,13 +425,14 @@ impl FastPath {
     }
 
     fn sync_ring(&mut self, t: &Tables) -> Result<(), Error> {
+        // A pool's version names one ring.
         let of = Some((t.ring_version, t.hash));
-        if self.shadow.ring_of == of && self.shadow.ring == t.ring {
+        if self.shadow.ring_of == of {
             return Ok(());
         }
         if t.ring.len() > abi::MAX_POINTS as usize {
             self.shadow.ring_of = of;
-            self.shadow.ring = t.ring.clone();
+            self.shadow.ring_len = t.ring.len();
             return Ok(()); // too long: sync leaves the program off (see ring_ok)
         }
         let gen = 1 - self.shadow.ring_gen;
@@ -447,7 +448,7 @@ impl FastPath {
         }
         self.shadow.ring_gen = gen;
         self.shadow.ring_of = of;
-        self.shadow.ring = t.ring.clone();
+        self.shadow.ring_len = t.ring.len();
         Ok(())
     }
 
@@ -533,10 +534,11 @@ impl FastPath {
         })
     }
 
-    /// What the program did since the last call: its per-server counts and, with `hosts`, the
-    /// hosts it switched frames from (their marks cleared, so the next call names only those
-    /// seen again).
-    pub fn seen(&mut self, hosts: bool) -> Seen {
+    /// What the program did since the last call, from `counters` (just read with
+    /// [`FastPath::counters`]) and its per-server counts and, with `hosts`, the hosts it
+    /// switched frames from (their marks cleared, so the next call names only those seen
+    /// again).
+    pub fn seen(&mut self, counters: &Counters, hosts: bool) -> Seen {
         let n = self.shadow.servers.len();
         let mut seen = Seen {
             hosts: Vec::new(),
@@ -545,7 +547,6 @@ impl FastPath {
             reply_limited: 0,
             cache_hits: 0,
         };
-        let counters = self.counters();
         seen.reply_limited = counters
             .reply_limited
             .saturating_sub(self.shadow.reply_limited);

@@ -6,6 +6,10 @@ use std::collections::BTreeSet;
 use super::*;
 use crate::fastpath::{FastServer, Host, Seen, Tables, MAX_HOSTS};
 
+/// The hash and ketama points a fast path routes by; `None` when keys are not placed by the
+/// ring alone.
+pub(super) type FastRing = Option<(kv::HashFn, Arc<[(u32, usize)]>)>;
+
 impl Switch {
     /// Turns the fast path's bookkeeping on or off: while it is on, each IPv4 sender whose
     /// frame the switch sends on to one port is remembered (at most [`MAX_HOSTS`]).
@@ -59,12 +63,15 @@ impl Switch {
     /// the switch would no longer accept where they were (a station moved or aged out, a
     /// source binding went) are forgotten.
     pub fn fast_tables(&mut self) -> Tables {
-        let ring = self.view.ketama_points();
+        let ring = self.fast_ring();
         let mut disabled = self.fast_blocker();
         if disabled.is_none() && ring.is_none() {
             disabled = Some("keys are not placed by a ketama ring alone");
         }
-        let (hash, ring) = ring.unwrap_or((kv::HashFn::Md5, Vec::new()));
+        let (hash, ring) = match &*ring {
+            Some((hash, points)) => (*hash, points.clone()),
+            None => (kv::HashFn::Md5, Arc::default()),
+        };
         let live = self.view.live();
         let servers = self
             .spec
@@ -87,12 +94,16 @@ impl Switch {
             .map(|(m, s)| (*m, s.port))
             .collect();
         stations.sort();
-        let mut hosts = self.fast_hosts.take().unwrap_or_default();
-        hosts.retain(|h| self.fast_accepts(h));
-        let list = hosts.iter().copied().collect();
-        if disabled != Some("off") {
-            self.fast_hosts = Some(hosts);
-        }
+        // Taken out while they are judged, as judging reads the rest of the switch.
+        let list = match self.fast_hosts.take() {
+            Some(mut hosts) => {
+                hosts.retain(|h| self.fast_accepts(h));
+                let list = hosts.iter().copied().collect();
+                self.fast_hosts = Some(hosts);
+                list
+            }
+            None => Vec::new(),
+        };
         let mut own = vec![self.spec.vip.ip];
         own.extend(self.spec.agent_ip);
         own.extend(self.local_ips.iter().copied());
@@ -120,6 +131,24 @@ impl Switch {
             stations,
             hosts: list,
         }
+    }
+
+    /// The view's ketama points for the fast path, worked out once per pool version (at a
+    /// thousand servers they are 160,000).
+    fn fast_ring(&mut self) -> Arc<FastRing> {
+        let version = self.view.version();
+        if let Some((v, ring)) = &self.fast_ring {
+            if *v == version {
+                return ring.clone();
+            }
+        }
+        let ring = Arc::new(
+            self.view
+                .ketama_points()
+                .map(|(hash, points)| (hash, Arc::from(points))),
+        );
+        self.fast_ring = Some((version, ring.clone()));
+        ring
     }
 
     /// Whether the switch would send on a frame from `h` without learning anything new: its
@@ -173,9 +202,10 @@ impl Switch {
                 cache.service().count_mirror_hits(seen.cache_hits);
             }
         }
-        for _ in 0..seen.reply_limited {
-            self.stats.count_drop(Drop::ReplyRateLimited);
-        }
+        stats::add(
+            &self.stats.drops[Drop::ReplyRateLimited as usize],
+            seen.reply_limited,
+        );
         stats::add(&self.stats.kv_requests, routed);
         stats::add(&self.stats.kv_forwarded, routed);
     }

@@ -218,6 +218,8 @@ pub struct Switch {
     /// With a fast path in front of the switch: the senders whose frames the switch sent on,
     /// which the fast path may then switch itself ([`Switch::set_fast_path`]).
     fast_hosts: Option<std::collections::BTreeSet<crate::fastpath::Host>>,
+    /// The pool version and ring last worked out for the fast path ([`Switch::fast_tables`]).
+    fast_ring: Option<(u64, Arc<fast::FastRing>)>,
 }
 
 impl Switch {
@@ -294,6 +296,7 @@ impl Switch {
             operator: control::Operator::default(),
             steer_hops: Vec::new(),
             fast_hosts: None,
+            fast_ring: None,
             spec,
         };
         sw.operator.tables.insert(sw.tables.acl);
