@@ -46,7 +46,7 @@ impl Args {
         }
     }
 
-    fn duration(&self) -> f64 {
+    pub(crate) fn duration(&self) -> f64 {
         self.duration
             .unwrap_or(if self.common.short { 0.5 } else { 3.0 })
     }
@@ -64,8 +64,9 @@ pub struct Point {
     pub run: u32,
 }
 
+/// A closed-loop scenario's settings as its results record them (`cost`, `fastpath`).
 #[derive(Serialize)]
-struct Settings {
+pub(crate) struct Settings {
     concurrency: u32,
     duration_s: f64,
     runs: u32,
@@ -73,6 +74,20 @@ struct Settings {
     value_size: u32,
     servers: usize,
     short: bool,
+}
+
+impl Settings {
+    pub(crate) fn of(args: &Args, duration_s: f64, runs: u32, servers: usize) -> Settings {
+        Settings {
+            concurrency: args.concurrency,
+            duration_s,
+            runs,
+            keys: args.keys,
+            value_size: args.value_size,
+            servers,
+            short: args.common.short,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -167,15 +182,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
         .collect();
     out.json(&Results {
         scenario: NAME,
-        settings: Settings {
-            concurrency: args.concurrency,
-            duration_s: duration,
-            runs,
-            keys: args.keys,
-            value_size: args.value_size,
-            servers: SERVERS,
-            short: args.common.short,
-        },
+        settings: Settings::of(args, duration, runs, SERVERS),
         machine: machine.clone(),
         systems: systems.clone(),
         runs: points,

@@ -12,7 +12,6 @@ use super::bed::{Bed, BedSpec, CacheSetup, Servers, System};
 use super::latency::per_s;
 use super::output::{fmt, ratio, times, Machine, Output};
 use super::plot::{BarChart, Chart};
-use super::Common;
 use crate::measure::{median, median_of_some};
 
 pub const NAME: &str = "fastpath";
@@ -20,41 +19,8 @@ const SERVERS: usize = 3;
 /// The datapaths compared, as `switch.datapath` names them.
 const DATAPATHS: [&str; 2] = ["xdp", "af_packet"];
 
-#[derive(clap::Args, Clone, Debug)]
-pub struct Args {
-    #[command(flatten)]
-    pub common: Common,
-    /// Closed-loop requesters (one request outstanding each).
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub concurrency: u32,
-    /// Seconds measured per system [default: 3; 0.5 with --short].
-    #[arg(long, value_name = "SECS")]
-    pub duration: Option<f64>,
-    /// Keys preloaded and read (uniformly).
-    #[arg(long, default_value_t = 10_000,
-          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
-    pub keys: u64,
-    /// Value size in bytes.
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    pub value_size: u32,
-}
-
-impl Args {
-    pub fn with(common: Common) -> Args {
-        Args {
-            common,
-            concurrency: 16,
-            duration: None,
-            keys: 10_000,
-            value_size: 100,
-        }
-    }
-
-    fn duration(&self) -> f64 {
-        self.duration
-            .unwrap_or(if self.common.short { 0.5 } else { 3.0 })
-    }
-}
+/// The same settings as `cost`: closed-loop requesters, keys and value size.
+pub use super::cost::Args;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Point {
@@ -78,20 +44,9 @@ pub struct Point {
 }
 
 #[derive(Serialize)]
-struct Settings {
-    concurrency: u32,
-    duration_s: f64,
-    runs: u32,
-    keys: u64,
-    value_size: u32,
-    servers: usize,
-    short: bool,
-}
-
-#[derive(Serialize)]
 struct Results {
     scenario: &'static str,
-    settings: Settings,
+    settings: super::cost::Settings,
     machine: Machine,
     runs: Vec<Point>,
     medians: Vec<Point>,
@@ -174,15 +129,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
         .collect();
     out.json(&Results {
         scenario: NAME,
-        settings: Settings {
-            concurrency: args.concurrency,
-            duration_s: duration,
-            runs,
-            keys: args.keys,
-            value_size: args.value_size,
-            servers: SERVERS,
-            short: args.common.short,
-        },
+        settings: super::cost::Settings::of(args, duration, runs, SERVERS),
         machine: machine.clone(),
         runs: points,
         medians: medians.clone(),

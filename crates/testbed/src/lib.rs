@@ -80,8 +80,8 @@ pub struct UpOptions {
     pub pool_config: Option<String>,
     /// Appended verbatim to the generated kvswitch config.
     pub extra_config: Option<String>,
-    /// kvswitch's `switch.datapath` (`"xdp"` or `"af_packet"`); None leaves it unset: XDP
-    /// wherever it attaches.
+    /// kvswitch's `switch.datapath` (`"xdp"`, `"af_xdp"` or `"af_packet"`); None leaves it
+    /// unset: XDP wherever it attaches.
     pub datapath: Option<String>,
     /// Give kvswitch a local port into the root namespace (`<prefix>-local`), through which TCP
     /// to the VIP reaches the host's stack. Default true. The root namespace then holds the
@@ -159,24 +159,11 @@ impl Live {
         &self.state.state_path
     }
 
-    /// Stops kvswitch (SIGTERM to its recorded PID) and waits up to 2 s for it to end: it
-    /// takes its local port and its XDP program with it.
+    /// Stops kvswitch (SIGTERM to its recorded PID, SIGKILL past a grace of 2 s): it takes its
+    /// local port and its XDP program with it.
     pub fn stop_kvswitch(&self) {
-        let Some(pid) = self.state.kvswitch_pid else {
-            return;
-        };
-        // SAFETY: kill has no memory preconditions; the PID is the daemon this testbed started.
-        unsafe {
-            libc::kill(pid as libc::pid_t, libc::SIGTERM);
-        }
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-        while std::time::Instant::now() < deadline {
-            let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            // Gone, or a zombie waiting to be reaped by the testbed.
-            if state.is_empty() || state.contains(") Z ") {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
+        if let Some(pid) = self.state.kvswitch_pid {
+            process::stop_all(&[pid]);
         }
     }
 
