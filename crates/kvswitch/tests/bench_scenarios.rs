@@ -363,9 +363,18 @@ fn cost_short() {
     let systems = system_names(&json);
     assert_eq!(medians(&json).len(), systems.len());
     for p in medians(&json) {
-        assert!(p["middle_us"].as_f64().unwrap() > 0.0, "{p}");
-        if p["system"] == "nutcracker" {
-            assert!(p["nutcracker_us"].as_f64().unwrap() > 0.0, "{p}");
+        // With the XDP fast path the kernel forwards what needs no user space, so the
+        // kvswitch process may spend less than a clock tick on a whole run: only the middle
+        // boxes every request passes through in user space must show CPU.
+        let middle = p["middle_us"].as_f64().unwrap();
+        assert!(middle.is_finite() && middle >= 0.0, "{p}");
+        match p["system"].as_str() {
+            Some("nutcracker") => {
+                assert!(p["nutcracker_us"].as_f64().unwrap() > 0.0, "{p}");
+                assert!(middle > 0.0, "{p}");
+            }
+            Some("kvswitch_tcp" | "kvswitch_cache_tcp") => assert!(middle > 0.0, "{p}"),
+            _ => {}
         }
     }
     check_plot(&dir, "cpu-per-request", &["kvswitch process".to_string()]);
