@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cache;
+pub mod fabric;
 pub mod hash;
 pub mod hot;
 pub mod route;

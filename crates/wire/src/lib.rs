@@ -9,6 +9,7 @@ pub mod arp;
 pub mod checksum;
 pub mod ethernet;
 pub mod frame;
+pub mod inc;
 pub mod ipv4;
 pub mod keymac;
 pub mod mcudp;

@@ -1,0 +1,517 @@
+//! The directory a key's home keeps (IncBricks 4.3): for each key, the switches that may hold
+//! a copy, and the write in progress with the invalidations it still waits for. Writes to one
+//! key are taken one at a time, in arrival order: a write is sent on to the server only when
+//! every sharer has acknowledged its invalidation, and the next opens only once the server's
+//! reply to it has passed. Unacknowledged invalidations are sent again every `retry`; a write
+//! whose invalidations are not all acknowledged within `give_up` is failed, never applied.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::time::Duration;
+
+use super::{epoch_before, SwitchId};
+use crate::Instant;
+
+/// The counter value a read was stamped with when the home sent it on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadStamp(pub u32);
+
+/// What the home does next for a write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteStep<W> {
+    /// Another write to the key is in progress; this one waits its turn.
+    Queued,
+    /// Send an invalidation at `epoch` to each of `targets` and wait for their ACKs.
+    Invalidate { epoch: u32, targets: Vec<SwitchId> },
+    /// Nothing is cached elsewhere any more: send the write on to the server.
+    Forward(W),
+    /// Its invalidations were not all acknowledged in time: answer its client with an
+    /// error; the write is not applied.
+    Failed(W),
+}
+
+/// Work the home's clock brought.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Due<W> {
+    /// Send the invalidation at `epoch` to `target` again.
+    Retransmit {
+        key: Vec<u8>,
+        epoch: u32,
+        target: SwitchId,
+    },
+    /// A write moved on (failed, or the next one opened).
+    Step { key: Vec<u8>, step: WriteStep<W> },
+}
+
+/// Counters for the operator.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DirectoryStats {
+    pub fills_allowed: u64,
+    /// Replies that may not fill: a write to their key opened after their read.
+    pub fills_refused_write: u64,
+    /// Replies that may not fill: the directory was full.
+    pub fills_refused_full: u64,
+    pub writes: u64,
+    pub writes_queued: u64,
+    pub invalidations: u64,
+    pub retransmits: u64,
+    pub acks: u64,
+    /// ACKs for no write in progress (late or repeated).
+    pub acks_stale: u64,
+    pub writes_failed: u64,
+    /// Writes closed without the server's reply having passed.
+    pub writes_timed_out: u64,
+}
+
+#[derive(Debug)]
+struct Open<W> {
+    epoch: u32,
+    /// Sharers yet to acknowledge, with when to ask again.
+    waiting: BTreeMap<SwitchId, Instant>,
+    opened: Instant,
+    /// The write, until it is sent on; then when it was.
+    write: Option<W>,
+    sent: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct KeyState<W> {
+    /// The epoch of the key's last change (a write opening or closing).
+    changed: u32,
+    sharers: BTreeSet<SwitchId>,
+    open: Option<Open<W>>,
+    queue: VecDeque<W>,
+}
+
+/// A home's directory.
+#[derive(Debug)]
+pub struct Directory<W> {
+    counter: u32,
+    /// The latest change among keys no longer held: a key not held changed no later.
+    floor: u32,
+    keys: HashMap<Vec<u8>, KeyState<W>>,
+    /// Most keys with sharers; past it, replies do not fill.
+    capacity: usize,
+    retry: Duration,
+    give_up: Duration,
+    /// How long a write sent on waits for the server's reply before its key moves on.
+    reply_timeout: Duration,
+    stats: DirectoryStats,
+}
+
+impl<W> Directory<W> {
+    pub fn new(
+        capacity: usize,
+        retry: Duration,
+        give_up: Duration,
+        reply_timeout: Duration,
+    ) -> Directory<W> {
+        Directory {
+            counter: 0,
+            floor: 0,
+            keys: HashMap::new(),
+            capacity,
+            retry,
+            give_up,
+            reply_timeout,
+            stats: DirectoryStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> DirectoryStats {
+        self.stats
+    }
+
+    /// Keys held (with sharers or writes).
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// The switches that may hold `key`.
+    pub fn sharers(&self, key: &[u8]) -> Vec<SwitchId> {
+        self.keys
+            .get(key)
+            .map(|k| k.sharers.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// Whether a write to `key` is in progress.
+    pub fn write_open(&self, key: &[u8]) -> bool {
+        self.keys.get(key).is_some_and(|k| k.open.is_some())
+    }
+
+    /// Stamps a read the home sends on to the server.
+    pub fn read(&self) -> ReadStamp {
+        ReadStamp(self.counter)
+    }
+
+    /// Whether the reply to a read stamped `stamp` may fill the caches of `sharers`: yes when
+    /// no write to `key` is in progress or opened after the stamp, and the directory has room
+    /// to remember them. Then they are recorded, and the epoch the fill is valid for returned.
+    pub fn fill(
+        &mut self,
+        key: &[u8],
+        stamp: ReadStamp,
+        sharers: impl IntoIterator<Item = SwitchId>,
+    ) -> Option<u32> {
+        let changed = self.keys.get(key).map_or(self.floor, |k| k.changed);
+        let open = self.keys.get(key).is_some_and(|k| k.open.is_some());
+        if open || epoch_before(stamp.0, changed) {
+            self.stats.fills_refused_write += 1;
+            return None;
+        }
+        if !self.keys.contains_key(key) && self.keys.len() >= self.capacity {
+            self.stats.fills_refused_full += 1;
+            return None;
+        }
+        let floor = self.floor;
+        let state = self.keys.entry(key.to_vec()).or_insert_with(|| KeyState {
+            changed: floor,
+            sharers: BTreeSet::new(),
+            open: None,
+            queue: VecDeque::new(),
+        });
+        state.sharers.extend(sharers);
+        self.stats.fills_allowed += 1;
+        Some(stamp.0)
+    }
+
+    /// A write to `key` arrived at the home.
+    pub fn write(&mut self, key: &[u8], write: W, now: Instant) -> WriteStep<W> {
+        self.stats.writes += 1;
+        let floor = self.floor;
+        let state = self.keys.entry(key.to_vec()).or_insert_with(|| KeyState {
+            changed: floor,
+            sharers: BTreeSet::new(),
+            open: None,
+            queue: VecDeque::new(),
+        });
+        if state.open.is_some() {
+            state.queue.push_back(write);
+            self.stats.writes_queued += 1;
+            return WriteStep::Queued;
+        }
+        self.open(key, write, now)
+    }
+
+    /// Opens `write` on `key`, which has none open.
+    fn open(&mut self, key: &[u8], write: W, now: Instant) -> WriteStep<W> {
+        self.counter = self.counter.wrapping_add(1);
+        let epoch = self.counter;
+        let retry_at = now + self.retry;
+        let state = self.keys.get_mut(key).expect("the key's state exists");
+        state.changed = epoch;
+        let targets: Vec<SwitchId> = std::mem::take(&mut state.sharers).into_iter().collect();
+        if targets.is_empty() {
+            state.open = Some(Open {
+                epoch,
+                waiting: BTreeMap::new(),
+                opened: now,
+                write: None,
+                sent: Some(now),
+            });
+            return WriteStep::Forward(write);
+        }
+        self.stats.invalidations += targets.len() as u64;
+        state.open = Some(Open {
+            epoch,
+            waiting: targets.iter().map(|&t| (t, retry_at)).collect(),
+            opened: now,
+            write: Some(write),
+            sent: None,
+        });
+        WriteStep::Invalidate { epoch, targets }
+    }
+
+    /// `from` acknowledged the invalidation of `key` at `epoch`. The write, when that was
+    /// the last ACK it waited for.
+    pub fn ack(&mut self, key: &[u8], epoch: u32, from: SwitchId, now: Instant) -> Option<W> {
+        let open = self
+            .keys
+            .get_mut(key)
+            .and_then(|k| k.open.as_mut())
+            .filter(|o| o.epoch == epoch && o.waiting.contains_key(&from));
+        let Some(open) = open else {
+            self.stats.acks_stale += 1;
+            return None;
+        };
+        self.stats.acks += 1;
+        open.waiting.remove(&from);
+        if open.waiting.is_empty() && open.sent.is_none() {
+            open.sent = Some(now);
+            return open.write.take();
+        }
+        None
+    }
+
+    /// The server's reply to the write in progress on `key` passed: the key's next write, if
+    /// one waits, opens.
+    pub fn done(&mut self, key: &[u8], now: Instant) -> Option<WriteStep<W>> {
+        let sent = self
+            .keys
+            .get(key)
+            .and_then(|k| k.open.as_ref())
+            .is_some_and(|o| o.sent.is_some());
+        if !sent {
+            return None;
+        }
+        self.close(key, now)
+    }
+
+    /// Closes the key's write and opens the next.
+    fn close(&mut self, key: &[u8], now: Instant) -> Option<WriteStep<W>> {
+        self.counter = self.counter.wrapping_add(1);
+        let epoch = self.counter;
+        let state = self.keys.get_mut(key)?;
+        state.open = None;
+        state.changed = epoch;
+        if let Some(next) = state.queue.pop_front() {
+            return Some(self.open(key, next, now));
+        }
+        if state.sharers.is_empty() {
+            self.keys.remove(key);
+            if epoch_before(self.floor, epoch) {
+                self.floor = epoch;
+            }
+        }
+        None
+    }
+
+    /// Retransmissions due, writes given up and writes whose reply never came.
+    pub fn tick(&mut self, now: Instant) -> Vec<Due<W>> {
+        let mut due = Vec::new();
+        let mut failed = Vec::new();
+        let mut timed_out = Vec::new();
+        for (key, state) in &mut self.keys {
+            let Some(open) = &mut state.open else {
+                continue;
+            };
+            match open.sent {
+                None if now >= open.opened + self.give_up => failed.push(key.clone()),
+                None => {
+                    for (&target, at) in &mut open.waiting {
+                        if now >= *at {
+                            *at = now + self.retry;
+                            self.stats.retransmits += 1;
+                            due.push(Due::Retransmit {
+                                key: key.clone(),
+                                epoch: open.epoch,
+                                target,
+                            });
+                        }
+                    }
+                }
+                Some(sent) if now >= sent + self.reply_timeout => timed_out.push(key.clone()),
+                Some(_) => {}
+            }
+        }
+        for key in failed {
+            let state = self.keys.get_mut(&key).expect("listed above");
+            let open = state.open.as_mut().expect("listed above");
+            // Sharers that did not answer may still hold the key.
+            let missing: Vec<SwitchId> = open.waiting.keys().copied().collect();
+            state.sharers.extend(missing);
+            let write = open.write.take().expect("not sent");
+            open.sent = Some(now);
+            self.stats.writes_failed += 1;
+            due.push(Due::Step {
+                key: key.clone(),
+                step: WriteStep::Failed(write),
+            });
+            if let Some(step) = self.close(&key, now) {
+                due.push(Due::Step { key, step });
+            }
+        }
+        for key in timed_out {
+            self.stats.writes_timed_out += 1;
+            if let Some(step) = self.close(&key, now) {
+                due.push(Due::Step { key, step });
+            }
+        }
+        due
+    }
+
+    /// When [`Directory::tick`] next has work.
+    pub fn poll_at(&self) -> Option<Instant> {
+        self.keys
+            .values()
+            .filter_map(|k| k.open.as_ref())
+            .map(|o| match o.sent {
+                None => o
+                    .waiting
+                    .values()
+                    .copied()
+                    .min()
+                    .map_or(o.opened + self.give_up, |r| r.min(o.opened + self.give_up)),
+                Some(sent) => sent + self.reply_timeout,
+            })
+            .min()
+    }
+
+    /// A controller declared `id` failed: its copies are gone. It leaves every sharer list,
+    /// and writes that waited only for it go on.
+    pub fn switch_failed(&mut self, id: SwitchId, now: Instant) -> Vec<(Vec<u8>, W)> {
+        let mut ready = Vec::new();
+        for (key, state) in &mut self.keys {
+            state.sharers.remove(&id);
+            if let Some(open) = &mut state.open {
+                if open.waiting.remove(&id).is_some() && open.waiting.is_empty() {
+                    if let Some(w) = open.write.take() {
+                        open.sent = Some(now);
+                        ready.push((key.clone(), w));
+                    }
+                }
+            }
+        }
+        ready
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn dir() -> Directory<&'static str> {
+        Directory::new(4, 10 * MS, 100 * MS, 50 * MS)
+    }
+
+    fn at(ms: u64) -> Instant {
+        Instant::from_millis(ms)
+    }
+
+    #[test]
+    fn a_write_waits_for_every_sharer_then_goes_on() {
+        let mut d = dir();
+        let stamp = d.read();
+        assert_eq!(d.fill(b"k", stamp, [1, 5]), Some(stamp.0));
+        let step = d.write(b"k", "w1", at(0));
+        let WriteStep::Invalidate { epoch, targets } = step else {
+            panic!("{step:?}")
+        };
+        assert_eq!(targets, vec![1, 5]);
+        assert_eq!(d.ack(b"k", epoch, 1, at(1)), None);
+        // A repeated ACK changes nothing.
+        assert_eq!(d.ack(b"k", epoch, 1, at(1)), None);
+        assert_eq!(d.ack(b"k", epoch, 5, at(2)), Some("w1"));
+        assert!(d.write_open(b"k"));
+        assert_eq!(d.done(b"k", at(3)), None);
+        assert!(d.is_empty(), "nothing left to remember");
+    }
+
+    #[test]
+    fn writes_to_one_key_go_one_at_a_time() {
+        let mut d = dir();
+        assert_eq!(d.write(b"k", "w1", at(0)), WriteStep::Forward("w1"));
+        assert_eq!(d.write(b"k", "w2", at(0)), WriteStep::Queued);
+        assert_eq!(d.write(b"other", "w3", at(0)), WriteStep::Forward("w3"));
+        assert_eq!(d.done(b"k", at(1)), Some(WriteStep::Forward("w2")));
+        assert_eq!(d.done(b"k", at(2)), None);
+    }
+
+    #[test]
+    fn a_reply_read_before_a_write_opened_does_not_fill() {
+        let mut d = dir();
+        let before = d.read();
+        assert!(matches!(d.write(b"k", "w", at(0)), WriteStep::Forward(_)));
+        // While the write is open, and after it closed, the older read may not fill.
+        assert_eq!(d.fill(b"k", before, [1]), None);
+        d.done(b"k", at(1));
+        assert_eq!(d.fill(b"k", before, [1]), None);
+        // A read after the write may.
+        let after = d.read();
+        assert_eq!(d.fill(b"k", after, [1]), Some(after.0));
+        assert_eq!(d.stats().fills_refused_write, 2);
+    }
+
+    #[test]
+    fn a_forgotten_key_still_refuses_old_reads() {
+        let mut d = dir();
+        let old = d.read();
+        d.write(b"k", "w", at(0));
+        d.done(b"k", at(1));
+        assert!(d.is_empty());
+        assert_eq!(d.fill(b"k", old, [1]), None);
+    }
+
+    #[test]
+    fn unacknowledged_invalidations_are_sent_again_then_the_write_fails() {
+        let mut d = dir();
+        let s = d.read();
+        d.fill(b"k", s, [3]);
+        let WriteStep::Invalidate { epoch, .. } = d.write(b"k", "w", at(0)) else {
+            panic!()
+        };
+        assert_eq!(d.poll_at(), Some(at(10)));
+        assert!(d.tick(at(5)).is_empty());
+        assert_eq!(
+            d.tick(at(10)),
+            vec![Due::Retransmit {
+                key: b"k".to_vec(),
+                epoch,
+                target: 3
+            }]
+        );
+        assert!(d.tick(at(15)).is_empty());
+        assert_eq!(d.tick(at(20)).len(), 1);
+        let due = d.tick(at(100));
+        assert_eq!(
+            due,
+            vec![Due::Step {
+                key: b"k".to_vec(),
+                step: WriteStep::Failed("w")
+            }]
+        );
+        // The silent sharer is still counted as holding the key.
+        assert_eq!(d.sharers(b"k"), vec![3]);
+        assert_eq!(d.stats().writes_failed, 1);
+    }
+
+    #[test]
+    fn a_failed_switch_leaves_the_lists_and_releases_writes() {
+        let mut d = dir();
+        let s = d.read();
+        d.fill(b"k", s, [3, 4]);
+        let WriteStep::Invalidate { epoch, .. } = d.write(b"k", "w", at(0)) else {
+            panic!()
+        };
+        assert_eq!(d.ack(b"k", epoch, 3, at(1)), None);
+        assert_eq!(d.switch_failed(4, at(2)), vec![(b"k".to_vec(), "w")]);
+        assert_eq!(d.done(b"k", at(3)), None);
+        assert!(d.sharers(b"k").is_empty());
+    }
+
+    #[test]
+    fn a_write_whose_reply_never_comes_lets_the_next_go() {
+        let mut d = dir();
+        d.write(b"k", "w1", at(0));
+        d.write(b"k", "w2", at(0));
+        assert_eq!(d.poll_at(), Some(at(50)));
+        let due = d.tick(at(50));
+        assert_eq!(
+            due,
+            vec![Due::Step {
+                key: b"k".to_vec(),
+                step: WriteStep::Forward("w2")
+            }]
+        );
+        assert_eq!(d.stats().writes_timed_out, 1);
+    }
+
+    #[test]
+    fn a_full_directory_refuses_fills_but_never_writes() {
+        let mut d = dir();
+        for k in 0..4u8 {
+            let s = d.read();
+            assert!(d.fill(&[k], s, [1]).is_some());
+        }
+        let s = d.read();
+        assert_eq!(d.fill(b"x", s, [1]), None);
+        assert_eq!(d.stats().fills_refused_full, 1);
+        assert!(matches!(d.write(b"x", "w", at(0)), WriteStep::Forward(_)));
+    }
+}

@@ -1,0 +1,251 @@
+//! A switch's cache in the fabric (IncBricks 4.2.1): a fixed number of items, the least
+//! frequently used evicted first (the older of equals first), and tombstones that keep a
+//! reply older than an invalidation from filling after it.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::time::Duration;
+
+use super::epoch_before;
+use crate::Instant;
+
+#[derive(Debug)]
+struct Item {
+    value: Vec<u8>,
+    epoch: u32,
+    uses: u64,
+    /// When it was last used, in the cache's own count of operations.
+    seq: u64,
+}
+
+/// Counters for the operator.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LfuStats {
+    pub hits: u64,
+    pub misses: u64,
+    pub fills: u64,
+    /// Fills older than an invalidation of their key.
+    pub fills_stale: u64,
+    pub evictions: u64,
+    pub invalidations: u64,
+}
+
+/// A fixed-size cache of values by key, least frequently used out first.
+#[derive(Debug)]
+pub struct Lfu {
+    capacity: usize,
+    items: HashMap<Vec<u8>, Item>,
+    /// (uses, seq, key) of every item: the first is the next to go.
+    order: BTreeSet<(u64, u64, Vec<u8>)>,
+    seq: u64,
+    /// The latest invalidation epoch of keys dropped recently, and until when it is kept.
+    tombstones: HashMap<Vec<u8>, (u32, Instant)>,
+    /// Tombstones in the order they expire.
+    tomb_order: VecDeque<(Instant, Vec<u8>)>,
+    tombstone_for: Duration,
+    stats: LfuStats,
+}
+
+/// Most tombstones kept; past it the oldest go first.
+const MAX_TOMBSTONES: usize = 1 << 16;
+
+impl Lfu {
+    pub fn new(capacity: usize, tombstone_for: Duration) -> Lfu {
+        Lfu {
+            capacity,
+            items: HashMap::new(),
+            order: BTreeSet::new(),
+            seq: 0,
+            tombstones: HashMap::new(),
+            tomb_order: VecDeque::new(),
+            tombstone_for,
+            stats: LfuStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> LfuStats {
+        self.stats
+    }
+
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub fn contains(&self, key: &[u8]) -> bool {
+        self.items.contains_key(key)
+    }
+
+    /// The value of `key` and the epoch it was filled at, counted as one use.
+    pub fn get(&mut self, key: &[u8]) -> Option<(&[u8], u32)> {
+        self.seq += 1;
+        let Some(item) = self.items.get_mut(key) else {
+            self.stats.misses += 1;
+            return None;
+        };
+        self.stats.hits += 1;
+        self.order.remove(&(item.uses, item.seq, key.to_vec()));
+        item.uses += 1;
+        item.seq = self.seq;
+        self.order.insert((item.uses, item.seq, key.to_vec()));
+        Some((&item.value, item.epoch))
+    }
+
+    /// Caches `value` for `key`, valid at `epoch`. Refused (false) when an invalidation of the
+    /// key at a later epoch was seen, or a copy from a later epoch is held.
+    pub fn fill(&mut self, key: &[u8], value: &[u8], epoch: u32, now: Instant) -> bool {
+        self.expire(now);
+        if self
+            .tombstones
+            .get(key)
+            .is_some_and(|&(dead, _)| epoch_before(epoch, dead))
+            || self
+                .items
+                .get(key)
+                .is_some_and(|i| epoch_before(epoch, i.epoch))
+        {
+            self.stats.fills_stale += 1;
+            return false;
+        }
+        if self.capacity == 0 {
+            return false;
+        }
+        self.seq += 1;
+        let uses = match self.items.remove(key) {
+            Some(old) => {
+                self.order.remove(&(old.uses, old.seq, key.to_vec()));
+                old.uses
+            }
+            None => {
+                if self.items.len() >= self.capacity {
+                    if let Some(first) = self.order.pop_first() {
+                        self.items.remove(&first.2);
+                        self.stats.evictions += 1;
+                    }
+                }
+                1
+            }
+        };
+        self.items.insert(
+            key.to_vec(),
+            Item {
+                value: value.to_vec(),
+                epoch,
+                uses,
+                seq: self.seq,
+            },
+        );
+        self.order.insert((uses, self.seq, key.to_vec()));
+        self.stats.fills += 1;
+        true
+    }
+
+    /// Drops `key` for the write at `epoch`; fills from before it are refused for
+    /// `tombstone_for`. True when a copy was held.
+    pub fn invalidate(&mut self, key: &[u8], epoch: u32, now: Instant) -> bool {
+        self.expire(now);
+        self.stats.invalidations += 1;
+        let held = match self.items.remove(key) {
+            Some(item) => {
+                self.order.remove(&(item.uses, item.seq, key.to_vec()));
+                true
+            }
+            None => false,
+        };
+        let until = now + self.tombstone_for;
+        let dead = match self.tombstones.get(key) {
+            Some(&(e, _)) if epoch_before(epoch, e) => e,
+            _ => epoch,
+        };
+        if self.tombstones.len() >= MAX_TOMBSTONES && !self.tombstones.contains_key(key) {
+            if let Some((_, oldest)) = self.tomb_order.pop_front() {
+                self.tombstones.remove(&oldest);
+            }
+        }
+        self.tombstones.insert(key.to_vec(), (dead, until));
+        self.tomb_order.push_back((until, key.to_vec()));
+        held
+    }
+
+    /// Drops every item (the switch's copies are no longer trusted).
+    pub fn clear(&mut self) {
+        self.items.clear();
+        self.order.clear();
+    }
+
+    fn expire(&mut self, now: Instant) {
+        while let Some((until, _)) = self.tomb_order.front() {
+            if *until > now {
+                break;
+            }
+            let (_, key) = self.tomb_order.pop_front().expect("front exists");
+            if self.tombstones.get(&key).is_some_and(|&(_, u)| u <= now) {
+                self.tombstones.remove(&key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn the_least_frequently_used_goes_first() {
+        let mut c = Lfu::new(2, SEC);
+        let now = Instant::ZERO;
+        assert!(c.fill(b"a", b"1", 1, now));
+        assert!(c.fill(b"b", b"2", 1, now));
+        c.get(b"a");
+        c.get(b"a");
+        c.get(b"b");
+        assert!(c.fill(b"c", b"3", 1, now));
+        assert!(c.contains(b"a") && c.contains(b"c") && !c.contains(b"b"));
+        assert_eq!(c.stats().evictions, 1);
+        // Of equals, the one used longer ago.
+        c.get(b"c");
+        c.get(b"c");
+        c.get(b"a");
+        assert!(c.fill(b"d", b"4", 1, now));
+        assert!(c.contains(b"a") && c.contains(b"d") && !c.contains(b"c"));
+        assert_eq!(c.len(), 2);
+    }
+
+    #[test]
+    fn a_fill_older_than_an_invalidation_is_refused() {
+        let mut c = Lfu::new(4, SEC);
+        let now = Instant::ZERO;
+        assert!(c.fill(b"k", b"old", 3, now));
+        assert!(c.invalidate(b"k", 5, now));
+        assert!(!c.fill(b"k", b"old", 4, now));
+        assert_eq!(c.get(b"k"), None);
+        assert!(c.fill(b"k", b"new", 6, now));
+        assert_eq!(c.get(b"k"), Some((&b"new"[..], 6)));
+        // Nor does an older copy replace a newer one.
+        assert!(!c.fill(b"k", b"old", 4, now));
+        assert_eq!(c.stats().fills_stale, 2);
+    }
+
+    #[test]
+    fn tombstones_expire() {
+        let mut c = Lfu::new(4, SEC);
+        c.invalidate(b"k", 5, Instant::ZERO);
+        assert!(!c.fill(b"k", b"v", 4, Instant::from_millis(999)));
+        assert!(c.fill(b"k", b"v", 4, Instant::from_millis(1000)));
+    }
+
+    #[test]
+    fn a_zero_size_cache_holds_nothing() {
+        let mut c = Lfu::new(0, SEC);
+        assert!(!c.fill(b"k", b"v", 1, Instant::ZERO));
+        assert!(c.is_empty());
+    }
+}
