@@ -15,7 +15,7 @@
 mod binary;
 mod bucket;
 mod relay;
-mod session;
+pub mod session;
 mod store;
 pub mod switchkv;
 mod tcp;

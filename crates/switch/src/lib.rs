@@ -10,6 +10,7 @@
 
 pub mod cache;
 pub mod control;
+pub mod fabric;
 pub mod fastpath;
 pub mod frame;
 pub mod pool;

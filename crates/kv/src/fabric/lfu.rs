@@ -151,13 +151,7 @@ impl Lfu {
     pub fn invalidate(&mut self, key: &[u8], epoch: u32, now: Instant) -> bool {
         self.expire(now);
         self.stats.invalidations += 1;
-        let held = match self.items.remove(key) {
-            Some(item) => {
-                self.order.remove(&(item.uses, item.seq, key.to_vec()));
-                true
-            }
-            None => false,
-        };
+        let held = self.remove(key);
         let until = now + self.tombstone_for;
         let dead = match self.tombstones.get(key) {
             Some(&(e, _)) if epoch_before(epoch, e) => e,
@@ -171,6 +165,18 @@ impl Lfu {
         self.tombstones.insert(key.to_vec(), (dead, until));
         self.tomb_order.push_back((until, key.to_vec()));
         held
+    }
+
+    /// Drops `key` with no tombstone (for a home, whose directory refuses stale fills
+    /// itself). True when a copy was held.
+    pub fn remove(&mut self, key: &[u8]) -> bool {
+        match self.items.remove(key) {
+            Some(item) => {
+                self.order.remove(&(item.uses, item.seq, key.to_vec()));
+                true
+            }
+            None => false,
+        }
     }
 
     /// Drops every item (the switch's copies are no longer trusted).

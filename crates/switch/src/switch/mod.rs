@@ -43,7 +43,8 @@ mod parse;
 mod station;
 mod tables;
 
-use parse::{complete_l4_checksum, Read, Stage};
+pub(crate) use parse::complete_l4_checksum;
+use parse::{Read, Stage};
 use tables::{build_tables, RingChooser};
 
 /// What the run loop does with a received frame after processing.

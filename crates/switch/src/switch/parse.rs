@@ -561,7 +561,7 @@ pub(super) enum Route {
 /// Completes the UDP or TCP checksum of an IPv4 frame whose sender left it to hardware (a
 /// veth with transmit offload on hands such frames over with only the pseudo-header sum in
 /// place). Fragments and malformed frames are left alone.
-pub(super) fn complete_l4_checksum(frame: &mut [u8]) {
+pub(crate) fn complete_l4_checksum(frame: &mut [u8]) {
     let Some(l3) = frame.get(ethernet::HEADER_LEN..) else {
         return;
     };

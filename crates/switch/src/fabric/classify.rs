@@ -1,0 +1,157 @@
+//! What the fabric makes of one memcached request datagram to a server it carries.
+
+use wire::inc::Command;
+use wire::memcache::{self, cached, Command as Mc, Request, MAX_KEY_LEN};
+
+/// The fabric's view of a request datagram's bytes (after the memcached frame header).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kind {
+    /// A text `get` of one key: the fabric's caches may answer it.
+    Get(Vec<u8>),
+    /// One write of one key: ordered by the key's home.
+    Write(Command, Vec<u8>),
+    /// Reads the caches do not answer (several keys, `gets`, meta and binary reads, `stats`,
+    /// `version`): sent to the server as they are.
+    Plain,
+    /// Writes the fabric cannot keep coherent (several requests with a write among them,
+    /// `flush_all`): refused with this reason.
+    Refused(&'static str),
+}
+
+/// Classifies the memcached bytes of one request datagram.
+pub fn classify(body: &[u8]) -> Kind {
+    let mut requests: Vec<Request<'_>> = Vec::new();
+    let mut at = 0;
+    while at < body.len() {
+        match memcache::parse(&body[at..]) {
+            Ok(Some(r)) if r.len > 0 => {
+                at += r.len;
+                requests.push(r);
+            }
+            // Bytes memcached itself will refuse or wait on: no write among them takes
+            // effect before the server has parsed them, which the server answers.
+            _ => break,
+        }
+    }
+    let writes: Vec<&Request<'_>> = requests.iter().filter(|r| writes(r)).collect();
+    match (requests.as_slice(), writes.as_slice()) {
+        ([one], []) if one.command == Mc::Get && one.key_count() == 1 && at == body.len() => {
+            match one.key() {
+                Some(key) => Kind::Get(key.to_vec()),
+                None => Kind::Plain,
+            }
+        }
+        (_, []) if at == body.len() => Kind::Plain,
+        // A request cut short or not understood: memcached may read on past it as another
+        // request, which could be a write.
+        (_, []) if may_hold_write(&body[at..]) => {
+            Kind::Refused("a datagram the fabric cannot read")
+        }
+        (_, []) => Kind::Plain,
+        ([one], [_]) if at == body.len() => match write_key(one) {
+            Some(key) => Kind::Write(write_command(one.command), key),
+            None => Kind::Refused("a write the fabric cannot read the key of"),
+        },
+        ([one], [_]) if one.command == Mc::FlushAll => {
+            Kind::Refused("flush_all is not carried by the fabric")
+        }
+        _ if writes.iter().any(|r| is_flush(r)) => {
+            Kind::Refused("flush_all is not carried by the fabric")
+        }
+        _ => Kind::Refused("several requests with a write among them in one datagram"),
+    }
+}
+
+/// Whether a request may change stored items; a meta get the caches could not answer may
+/// carry flags that do (`T`, `N`, `E`).
+fn writes(r: &Request<'_>) -> bool {
+    match r.command {
+        Mc::MetaGet => cached::servable(r).is_none(),
+        c => c.is_write(),
+    }
+}
+
+fn is_flush(r: &Request<'_>) -> bool {
+    use memcache::binary::opcode::{FLUSH, FLUSHQ};
+    matches!(r.command, Mc::FlushAll | Mc::Binary(FLUSH | FLUSHQ))
+}
+
+/// Whether unread bytes could be a write memcached would still execute: anything but blank
+/// space could.
+fn may_hold_write(rest: &[u8]) -> bool {
+    rest.iter().any(|b| !b.is_ascii_whitespace())
+}
+
+fn write_command(c: Mc) -> Command {
+    use memcache::binary::opcode::{DECREMENT, DECREMENTQ, DELETE, DELETEQ, INCREMENT, INCREMENTQ};
+    match c {
+        Mc::Delete | Mc::MetaDelete | Mc::Binary(DELETE | DELETEQ) => Command::Del,
+        Mc::Incr
+        | Mc::Decr
+        | Mc::MetaArithmetic
+        | Mc::Binary(INCREMENT | INCREMENTQ | DECREMENT | DECREMENTQ) => Command::Increment,
+        _ => Command::Set,
+    }
+}
+
+/// The stored key a single-key write changes.
+fn write_key(r: &Request<'_>) -> Option<Vec<u8>> {
+    if r.key_count() != 1 || is_flush(r) {
+        return None;
+    }
+    let token = r.key()?;
+    let mut buf = [0u8; MAX_KEY_LEN];
+    r.stored_key(token, &mut buf).ok().map(<[u8]>::to_vec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_sorted_by_what_the_fabric_does_with_them() {
+        assert_eq!(classify(b"get foo\r\n"), Kind::Get(b"foo".to_vec()));
+        assert_eq!(classify(b"get foo bar\r\n"), Kind::Plain);
+        assert_eq!(classify(b"gets foo\r\n"), Kind::Plain);
+        assert_eq!(classify(b"stats\r\n"), Kind::Plain);
+        assert_eq!(
+            classify(b"set foo 0 0 1\r\nx\r\n"),
+            Kind::Write(Command::Set, b"foo".to_vec())
+        );
+        assert_eq!(
+            classify(b"delete foo\r\n"),
+            Kind::Write(Command::Del, b"foo".to_vec())
+        );
+        assert_eq!(
+            classify(b"incr n 5\r\n"),
+            Kind::Write(Command::Increment, b"n".to_vec())
+        );
+        assert_eq!(
+            classify(b"decr n 5\r\n"),
+            Kind::Write(Command::Increment, b"n".to_vec())
+        );
+        assert_eq!(
+            classify(b"ms Zm9v 1 b\r\nx\r\n"),
+            Kind::Write(Command::Set, b"foo".to_vec())
+        );
+        assert!(matches!(classify(b"flush_all\r\n"), Kind::Refused(_)));
+        assert!(matches!(
+            classify(b"get a\r\nset a 0 0 1\r\nx\r\n"),
+            Kind::Refused(_)
+        ));
+        // A meta get that touches is a write.
+        assert_eq!(
+            classify(b"mg foo v T30\r\n"),
+            Kind::Write(Command::Set, b"foo".to_vec())
+        );
+    }
+
+    #[test]
+    fn unreadable_bytes_are_refused_unless_blank() {
+        assert!(matches!(
+            classify(b"get foo\r\n\x01garbage"),
+            Kind::Refused(_)
+        ));
+        assert_eq!(classify(b""), Kind::Plain);
+    }
+}

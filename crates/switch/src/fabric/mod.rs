@@ -1,0 +1,1257 @@
+//! One switch of a coherent caching fabric (IncBricks, sections 4.1 to 4.6): a ToR or a root
+//! of a tree of kvswitches, each with a fixed-size LFU cache, the ToRs homes of their racks'
+//! memcached servers with the directory that keeps every copy coherent.
+//!
+//! Ordinary traffic is routed by IPv4 destination: within a rack by learned MAC, between racks
+//! up to a root chosen by a hash of the flow among the roots that are up (ECMP), and down to
+//! the destination's ToR. Frames keep their Ethernet addresses (hosts know each other's MACs).
+//!
+//! A memcached UDP request from a host to a server of the fabric is taken in by the ToR next
+//! to the client: a `get` of one key is answered from its cache when it can; otherwise the
+//! request travels as a [`wire::inc`] message, expanded with the client's address, along the
+//! key's designated path (the registration table's root for the key, then the server's ToR),
+//! and every designated switch on the way may answer a `get` from its cache. The server's ToR
+//! is the key's home: it sends reads on to the server as the client's own datagram, and wraps
+//! the server's reply datagrams in messages back along the path; a reply the directory lets
+//! fill is cached by the designated switches it passes. A write waits at the home until every
+//! switch that may hold its key has acknowledged an invalidation, then goes to the server; the
+//! client's ToR shrinks each reply back into the datagram the server sent.
+//!
+//! Neighbours greet each other every `hello_every`; a neighbour not heard from for
+//! `dead_after` is down. A message whose designated root is down goes by another root,
+//! flagged as a detour: nobody caches it on the way. A controller's new registration table
+//! names failed switches: their copies are forgotten and the writes that waited for them go
+//! on.
+//!
+//! Pure, like [`crate::Switch`]: frames, instants and the table come from the caller.
+
+mod classify;
+mod spec;
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::net::Ipv4Addr;
+
+use kv::fabric::{
+    Directory, DirectoryStats, Due, Lfu, LfuStats, ReadStamp, Registration, SwitchId, WriteStep,
+};
+use kv::Instant;
+use wire::ethernet::{self, EtherType, Mac};
+use wire::frame::{emit_udp_headers, UdpEnds, PAYLOAD_OFFSET};
+use wire::inc::{self, flags, Command, Header, Message};
+use wire::{ipv4, mcudp, udp};
+
+pub use classify::{classify, Kind};
+pub use spec::{FabricServer, FabricSpec, FabricSpecError, Member, PortRole, Rack, Role};
+
+use crate::{Dest, Emit, Fate};
+
+/// Requests a home remembers while their server answers; past it, replies go back as
+/// ordinary frames and fill nothing.
+const MAX_PENDING: usize = 1 << 16;
+
+/// Counters an operator reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FabricStats {
+    /// Memcached requests taken into the fabric by this ToR.
+    pub requests_in: u64,
+    /// Of those, answered from this switch's cache (also counted by the cache).
+    pub hits: u64,
+    /// Requests refused as the fabric cannot keep them coherent.
+    pub refused: u64,
+    /// Requests a home sent on to its server.
+    pub to_server: u64,
+    /// Replies shrunk back into the client's datagram.
+    pub replies_out: u64,
+    /// Fabric messages sent, and received for this switch.
+    pub messages_sent: u64,
+    pub messages_in: u64,
+    pub invalidations_sent: u64,
+    pub invalidations_in: u64,
+    /// Invalidations dropped on an operator's order (`drop_invalidations`).
+    pub invalidations_dropped: u64,
+    pub acks_sent: u64,
+    /// Replies that failed a write its invalidations could not complete.
+    pub writes_failed: u64,
+    /// Frames with no way on (no root up, a rack's ToR unreachable, a client unknown).
+    pub no_route: u64,
+    /// Frames and messages that could not be read.
+    pub malformed: u64,
+    /// Messages this switch cannot act on (a request for a server it is not the home of).
+    pub unexpected: u64,
+    /// Frames routed on unchanged.
+    pub routed: u64,
+    /// Messages that left by another root than the designated one.
+    pub detours: u64,
+}
+
+/// A view of the switch for the status API and the tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FabricSnapshot {
+    pub id: SwitchId,
+    pub role: Role,
+    pub stats: FabricStats,
+    pub cache: LfuStats,
+    pub cached_items: usize,
+    pub directory: DirectoryStats,
+    pub registration_version: u64,
+    /// Per port: whether the neighbour behind it is up (`None` for host ports).
+    pub links_up: Vec<Option<bool>>,
+}
+
+/// A write waiting at its home.
+#[derive(Debug, Clone)]
+struct Write {
+    key: Vec<u8>,
+    origin: SwitchId,
+    detour: bool,
+    request_id: u16,
+    client: (Ipv4Addr, u16),
+    server: (Ipv4Addr, u16),
+    /// The client's memcached datagram, frame header included.
+    datagram: Vec<u8>,
+}
+
+/// A request a home sent on to its server, by (client address, client port, memcached
+/// request id).
+#[derive(Debug, Clone)]
+struct Pending {
+    key: Vec<u8>,
+    /// A read's stamp; `None` for a write.
+    stamp: Option<ReadStamp>,
+    origin: SwitchId,
+    detour: bool,
+    request_id: u16,
+    since: Instant,
+}
+
+type Flow = (Ipv4Addr, u16, u16);
+
+/// One switch of a fabric.
+#[derive(Debug)]
+pub struct FabricSwitch {
+    spec: FabricSpec,
+    me: Member,
+    cache: Lfu,
+    directory: Directory<Write>,
+    /// Hosts' MACs on this ToR's host ports.
+    macs: HashMap<Mac, u16>,
+    /// Hosts' addresses: their MAC and port, for replies shrunk back to them.
+    hosts: HashMap<Ipv4Addr, (Mac, u16)>,
+    /// Per port, when the neighbour behind it was last heard (links only).
+    heard: Vec<Option<Instant>>,
+    next_hello: Option<Instant>,
+    pending: HashMap<Flow, Pending>,
+    pending_order: VecDeque<(Instant, Flow)>,
+    next_request_id: u16,
+    /// Invalidations still to drop on the operator's order.
+    drop_invalidations: u64,
+    stats: FabricStats,
+}
+
+/// A parsed IPv4/UDP frame.
+struct Udp<'a> {
+    src_ip: Ipv4Addr,
+    dst_ip: Ipv4Addr,
+    src_port: u16,
+    dst_port: u16,
+    payload: &'a [u8],
+}
+
+fn parse_udp(frame: &[u8]) -> Option<Udp<'_>> {
+    let ip = ipv4::Packet::new_checked(frame.get(ethernet::HEADER_LEN..)?).ok()?;
+    if ip.is_fragment() || ip.protocol() != ipv4::Protocol::UDP {
+        return None;
+    }
+    let (src_ip, dst_ip) = (ip.src(), ip.dst());
+    let start = ethernet::HEADER_LEN + ip.header_len();
+    let end = ethernet::HEADER_LEN + usize::from(ip.total_len());
+    let segment = frame.get(start..end)?;
+    let u = udp::Packet::new_checked(segment).ok()?;
+    let (src_port, dst_port) = (u.src_port(), u.dst_port());
+    let len = usize::from(u.len());
+    Some(Udp {
+        src_ip,
+        dst_ip,
+        src_port,
+        dst_port,
+        payload: segment.get(udp::HEADER_LEN..len)?,
+    })
+}
+
+fn fnv(parts: &[&[u8]]) -> u32 {
+    parts
+        .iter()
+        .flat_map(|p| p.iter())
+        .fold(0x811c_9dc5_u32, |h, &b| {
+            (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+        })
+}
+
+/// The key a single-datagram reply to `get KEY` carries, when it is a hit.
+fn reply_key(body: &[u8]) -> Option<&[u8]> {
+    let rest = body.strip_prefix(b"VALUE ")?;
+    let end = rest.iter().position(|&b| b == b' ')?;
+    Some(&rest[..end])
+}
+
+impl FabricSwitch {
+    pub fn new(spec: FabricSpec) -> Result<FabricSwitch, FabricSpecError> {
+        spec.validate()?;
+        let me = *spec.member(spec.id).expect("validated");
+        let cache = Lfu::new(spec.cache_items, spec.tombstone_for);
+        let directory = Directory::new(
+            spec.directory_keys,
+            spec.invalidate_retry,
+            spec.invalidate_give_up,
+            spec.reply_timeout,
+        );
+        let heard = vec![None; spec.ports.len()];
+        Ok(FabricSwitch {
+            spec,
+            me,
+            cache,
+            directory,
+            macs: HashMap::new(),
+            hosts: HashMap::new(),
+            heard,
+            next_hello: None,
+            pending: HashMap::new(),
+            pending_order: VecDeque::new(),
+            next_request_id: 0,
+            drop_invalidations: 0,
+            stats: FabricStats::default(),
+        })
+    }
+
+    pub fn id(&self) -> SwitchId {
+        self.me.id
+    }
+
+    pub fn spec(&self) -> &FabricSpec {
+        &self.spec
+    }
+
+    pub fn registration(&self) -> &Registration {
+        &self.spec.registration
+    }
+
+    /// Whether this switch caches `key` now.
+    pub fn holds(&self, key: &[u8]) -> bool {
+        self.cache.contains(key)
+    }
+
+    pub fn snapshot(&self, now: Instant) -> FabricSnapshot {
+        FabricSnapshot {
+            id: self.me.id,
+            role: self.me.role,
+            stats: self.stats,
+            cache: self.cache.stats(),
+            cached_items: self.cache.len(),
+            directory: self.directory.stats(),
+            registration_version: self.spec.registration.version(),
+            links_up: (0..self.spec.ports.len())
+                .map(|p| match self.spec.ports[p] {
+                    PortRole::Host => None,
+                    PortRole::Link(_) => Some(self.up(p as u16, now)),
+                })
+                .collect(),
+        }
+    }
+
+    /// The operator's fault: drop the next `n` invalidations this switch receives (unacknowledged,
+    /// so their home sends them again).
+    pub fn drop_invalidations(&mut self, n: u64) {
+        self.drop_invalidations = n;
+    }
+
+    /// Installs a controller's registration table. Refused unless newer than the one held.
+    /// Switches it names failed leave every sharer list (their writes go on), and a switch
+    /// named failed itself forgets its copies.
+    pub fn set_registration(
+        &mut self,
+        table: Registration,
+        now: Instant,
+        emit: &mut Vec<Emit>,
+    ) -> Result<(), String> {
+        if table.version() <= self.spec.registration.version() {
+            return Err(format!(
+                "registration table version {} is not newer than {}",
+                table.version(),
+                self.spec.registration.version()
+            ));
+        }
+        if let Some(&bad) = table
+            .buckets()
+            .iter()
+            .find(|&&r| self.spec.member(r).map(|m| m.role) != Some(Role::Root))
+        {
+            return Err(format!(
+                "the table designates switch {bad}, which is not a root"
+            ));
+        }
+        let newly_failed: Vec<SwitchId> = table
+            .failed()
+            .iter()
+            .copied()
+            .filter(|id| !self.spec.registration.is_failed(*id))
+            .collect();
+        if table.is_failed(self.me.id) {
+            self.cache.clear();
+        }
+        self.spec.registration = table;
+        for id in newly_failed {
+            for (_, write) in self.directory.switch_failed(id, now) {
+                self.forward_write(write, now, emit);
+            }
+        }
+        Ok(())
+    }
+
+    fn port_role(&self, port: u16) -> Option<PortRole> {
+        self.spec.ports.get(usize::from(port)).copied()
+    }
+
+    fn is_host_port(&self, port: u16) -> bool {
+        self.port_role(port) == Some(PortRole::Host)
+    }
+
+    /// Whether the neighbour behind link `port` is up: heard within `dead_after`, or not yet
+    /// due to be (a switch starts with every neighbour up).
+    fn up(&self, port: u16, now: Instant) -> bool {
+        match self.heard.get(usize::from(port)).copied().flatten() {
+            Some(at) => now < at + self.spec.dead_after,
+            None => false,
+        }
+    }
+
+    /// The port a link to `to` leaves by, if it is up.
+    fn link_to(&self, to: SwitchId, now: Instant) -> Option<u16> {
+        (0..self.spec.ports.len() as u16)
+            .find(|&p| self.port_role(p) == Some(PortRole::Link(to)) && self.up(p, now))
+    }
+
+    /// Root links that are up, in port order, with their roots.
+    fn roots_up(&self, now: Instant) -> Vec<(SwitchId, u16)> {
+        (0..self.spec.ports.len() as u16)
+            .filter_map(|p| match self.port_role(p) {
+                Some(PortRole::Link(to))
+                    if self.spec.member(to).map(|m| m.role) == Some(Role::Root)
+                        && self.up(p, now) =>
+                {
+                    Some((to, p))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn rack_of(&self, ip: Ipv4Addr) -> Option<&Rack> {
+        self.spec.racks.iter().find(|r| r.contains(ip))
+    }
+
+    fn server(&self, ip: Ipv4Addr, port: u16) -> Option<&FabricServer> {
+        self.spec
+            .servers
+            .iter()
+            .find(|s| s.ip == ip && s.port == port)
+    }
+
+    fn home_of(&self, server: Ipv4Addr) -> Option<SwitchId> {
+        self.rack_of(server).map(|r| r.tor)
+    }
+
+    fn member_by_ip(&self, ip: Ipv4Addr) -> Option<Member> {
+        self.spec.members.iter().find(|m| m.ip == ip).copied()
+    }
+
+    /// The port toward switch `to` for a message about `key_hash`: the link to it if up;
+    /// from a ToR to another ToR, the key's designated root if up, else another root.
+    /// Whether it left by the designated root is the second value.
+    fn toward(&self, to: SwitchId, key_hash: u32, now: Instant) -> Option<(u16, bool)> {
+        if let Some(p) = self.link_to(to, now) {
+            return Some((p, true));
+        }
+        if self.me.role != Role::Tor {
+            return None;
+        }
+        let designated = self.spec.registration.root(key_hash);
+        if let Some(p) = self.link_to(designated, now) {
+            return Some((p, true));
+        }
+        let roots = self.roots_up(now);
+        if roots.is_empty() {
+            return None;
+        }
+        Some((roots[key_hash as usize % roots.len()].1, false))
+    }
+
+    /// Sends a fabric message to switch `to`. False when no way leads there.
+    fn send(
+        &mut self,
+        to: SwitchId,
+        header: &Header,
+        payload: &[u8],
+        now: Instant,
+        emit: &mut Vec<Emit>,
+    ) -> bool {
+        let Some(member) = self.spec.member(to).copied() else {
+            self.stats.no_route += 1;
+            return false;
+        };
+        let Some((port, designated)) = self.toward(to, header.key_hash, now) else {
+            self.stats.no_route += 1;
+            return false;
+        };
+        if !designated {
+            self.stats.detours += 1;
+        }
+        let mut frame = vec![0u8; PAYLOAD_OFFSET];
+        header.emit(&mut frame);
+        frame.extend_from_slice(payload);
+        let ends = UdpEnds {
+            src_mac: self.me.mac,
+            dst_mac: member.mac,
+            src_ip: self.me.ip,
+            dst_ip: member.ip,
+            src_port: inc::PORT,
+            dst_port: inc::PORT,
+        };
+        if !emit_udp_headers(&mut frame, &ends) {
+            self.stats.malformed += 1;
+            return false;
+        }
+        self.stats.messages_sent += 1;
+        emit.push(Emit {
+            dest: Dest::Port(port),
+            frame,
+        });
+        true
+    }
+
+    /// Sends `datagram` to a client from a server's address, as the server sent it.
+    fn send_to_client(
+        &mut self,
+        client: (Ipv4Addr, u16),
+        server: (Ipv4Addr, u16),
+        datagram: &[u8],
+        emit: &mut Vec<Emit>,
+    ) {
+        let Some(&(mac, port)) = self.hosts.get(&client.0) else {
+            self.stats.no_route += 1;
+            return;
+        };
+        let mut frame = vec![0u8; PAYLOAD_OFFSET];
+        frame.extend_from_slice(datagram);
+        let ends = UdpEnds {
+            src_mac: self.me.mac,
+            dst_mac: mac,
+            src_ip: server.0,
+            dst_ip: client.0,
+            src_port: server.1,
+            dst_port: client.1,
+        };
+        if emit_udp_headers(&mut frame, &ends) {
+            self.stats.replies_out += 1;
+            emit.push(Emit {
+                dest: Dest::Port(port),
+                frame,
+            });
+        }
+    }
+
+    /// Sends a client's datagram to its server, from the client's address, so that the server
+    /// answers the client (and its reply passes this home on the way).
+    fn send_to_server(
+        &mut self,
+        client: (Ipv4Addr, u16),
+        server: (Ipv4Addr, u16),
+        datagram: &[u8],
+        emit: &mut Vec<Emit>,
+    ) {
+        let Some(s) = self.server(server.0, server.1).copied() else {
+            self.stats.unexpected += 1;
+            return;
+        };
+        let Some(&port) = self.macs.get(&s.mac) else {
+            // Not heard from yet: out of every host port.
+            self.stats.to_server += 1;
+            let frame = self.udp_frame(self.me.mac, s.mac, client, server, datagram);
+            for p in self.host_ports() {
+                emit.push(Emit {
+                    dest: Dest::Port(p),
+                    frame: frame.clone(),
+                });
+            }
+            return;
+        };
+        self.stats.to_server += 1;
+        let frame = self.udp_frame(self.me.mac, s.mac, client, server, datagram);
+        emit.push(Emit {
+            dest: Dest::Port(port),
+            frame,
+        });
+    }
+
+    fn udp_frame(
+        &self,
+        src_mac: Mac,
+        dst_mac: Mac,
+        src: (Ipv4Addr, u16),
+        dst: (Ipv4Addr, u16),
+        payload: &[u8],
+    ) -> Vec<u8> {
+        let mut frame = vec![0u8; PAYLOAD_OFFSET];
+        frame.extend_from_slice(payload);
+        let ends = UdpEnds {
+            src_mac,
+            dst_mac,
+            src_ip: src.0,
+            dst_ip: dst.0,
+            src_port: src.1,
+            dst_port: dst.1,
+        };
+        emit_udp_headers(&mut frame, &ends);
+        frame
+    }
+
+    fn host_ports(&self) -> Vec<u16> {
+        (0..self.spec.ports.len() as u16)
+            .filter(|&p| self.is_host_port(p))
+            .collect()
+    }
+
+    /// Handles one received frame.
+    pub fn process(
+        &mut self,
+        in_port: u16,
+        frame: &mut [u8],
+        csum_ready: bool,
+        now: Instant,
+        emit: &mut Vec<Emit>,
+    ) -> Fate {
+        self.start(now);
+        let Ok(eth) = ethernet::Frame::new_checked(&frame[..]) else {
+            self.stats.malformed += 1;
+            return Fate::Consumed;
+        };
+        let (src, dst, ethertype) = (eth.src(), eth.dst(), eth.ethertype());
+        let Some(role) = self.port_role(in_port) else {
+            self.stats.malformed += 1;
+            return Fate::Consumed;
+        };
+        if role == PortRole::Host && src.is_unicast() {
+            self.macs.insert(src, in_port);
+        }
+        if ethertype != EtherType::IPV4 {
+            // Hosts' ARP and other traffic stay within their rack.
+            return match role {
+                PortRole::Host => self.switch_l2(in_port, dst, frame, emit),
+                PortRole::Link(_) => {
+                    self.stats.no_route += 1;
+                    Fate::Consumed
+                }
+            };
+        }
+        if !csum_ready {
+            crate::switch::complete_l4_checksum(frame);
+        }
+        let Some(udp) = parse_udp(frame) else {
+            return self.route(in_port, frame, None, now, emit);
+        };
+        if role == PortRole::Host {
+            self.hosts.insert(udp.src_ip, (src, in_port));
+        }
+        if udp.dst_port == inc::PORT && udp.dst_ip == self.me.ip {
+            let (src_ip, payload) = (udp.src_ip, udp.payload.to_vec());
+            self.message(in_port, src_ip, &payload, now, emit);
+            return Fate::Consumed;
+        }
+        if role == PortRole::Host && self.me.role == Role::Tor {
+            if self.server(udp.dst_ip, udp.dst_port).is_some() {
+                let client = (udp.src_ip, udp.src_port);
+                let server = (udp.dst_ip, udp.dst_port);
+                let datagram = udp.payload.to_vec();
+                if self.ingress(client, server, &datagram, now, emit) {
+                    return Fate::Consumed;
+                }
+            } else if self.server(udp.src_ip, udp.src_port).is_some()
+                && self.home_of(udp.src_ip) == Some(self.me.id)
+            {
+                let client = (udp.dst_ip, udp.dst_port);
+                let server = (udp.src_ip, udp.src_port);
+                let datagram = udp.payload.to_vec();
+                if self.server_reply(client, server, &datagram, now, emit) {
+                    return Fate::Consumed;
+                }
+            }
+        }
+        let flow = fnv(&[
+            &udp.src_ip.octets(),
+            &udp.dst_ip.octets(),
+            &udp.src_port.to_be_bytes(),
+            &udp.dst_port.to_be_bytes(),
+        ]);
+        self.route(in_port, frame, Some(flow), now, emit)
+    }
+
+    /// Hosts' frames within the rack: by learned MAC, else out of every other host port.
+    fn switch_l2(&mut self, in_port: u16, dst: Mac, frame: &[u8], emit: &mut Vec<Emit>) -> Fate {
+        if let Some(&p) = self.macs.get(&dst) {
+            if p == in_port {
+                return Fate::Consumed;
+            }
+            self.stats.routed += 1;
+            return Fate::Out(p);
+        }
+        for p in self.host_ports() {
+            if p != in_port {
+                emit.push(Emit {
+                    dest: Dest::Port(p),
+                    frame: frame.to_vec(),
+                });
+            }
+        }
+        Fate::Consumed
+    }
+
+    /// Ordinary IPv4: within the rack by MAC, to another rack by a root (the flow's hash picks
+    /// among those up), from a root down to the rack's ToR; to a switch's address, toward it.
+    fn route(
+        &mut self,
+        in_port: u16,
+        frame: &mut [u8],
+        flow: Option<u32>,
+        now: Instant,
+        emit: &mut Vec<Emit>,
+    ) -> Fate {
+        let Some(dst_ip) = frame
+            .get(ethernet::HEADER_LEN..)
+            .and_then(|l3| ipv4::Packet::new_checked(l3).ok())
+            .map(|ip| ip.dst())
+        else {
+            self.stats.malformed += 1;
+            return Fate::Consumed;
+        };
+        let flow = flow.unwrap_or_else(|| fnv(&[&frame[26..34]]));
+        if let Some(member) = self.member_by_ip(dst_ip) {
+            if member.id == self.me.id {
+                self.stats.unexpected += 1;
+                return Fate::Consumed;
+            }
+            return match self.toward(member.id, flow, now) {
+                Some((p, _)) if p != in_port => {
+                    self.stats.routed += 1;
+                    Fate::Out(p)
+                }
+                _ => {
+                    self.stats.no_route += 1;
+                    Fate::Consumed
+                }
+            };
+        }
+        let Some(rack) = self.rack_of(dst_ip).copied() else {
+            self.stats.no_route += 1;
+            return Fate::Consumed;
+        };
+        match self.me.role {
+            Role::Tor if rack.tor == self.me.id => {
+                let dst = ethernet::Frame::new_checked(&frame[..])
+                    .map(|e| e.dst())
+                    .unwrap_or(Mac::BROADCAST);
+                self.switch_l2(in_port, dst, frame, emit)
+            }
+            Role::Tor => {
+                if !self.is_host_port(in_port) {
+                    // A ToR never carries traffic between two other switches.
+                    self.stats.no_route += 1;
+                    return Fate::Consumed;
+                }
+                let roots = self.roots_up(now);
+                if roots.is_empty() {
+                    self.stats.no_route += 1;
+                    return Fate::Consumed;
+                }
+                self.stats.routed += 1;
+                Fate::Out(roots[flow as usize % roots.len()].1)
+            }
+            Role::Root => match self.link_to(rack.tor, now) {
+                Some(p) if p != in_port => {
+                    self.stats.routed += 1;
+                    Fate::Out(p)
+                }
+                _ => {
+                    self.stats.no_route += 1;
+                    Fate::Consumed
+                }
+            },
+        }
+    }
+
+    fn new_request_id(&mut self) -> u16 {
+        self.next_request_id = self.next_request_id.wrapping_add(1);
+        self.next_request_id
+    }
+
+    /// A client's memcached datagram to a server of the fabric, at the client's ToR. False
+    /// when it is not the fabric's to carry (it is then routed as it is).
+    fn ingress(
+        &mut self,
+        client: (Ipv4Addr, u16),
+        server: (Ipv4Addr, u16),
+        datagram: &[u8],
+        now: Instant,
+        emit: &mut Vec<Emit>,
+    ) -> bool {
+        let Ok((mc, body)) = mcudp::Header::parse(datagram) else {
+            return false;
+        };
+        if !mc.is_valid_request() {
+            return false;
+        }
+        let Some(home) = self.home_of(server.0) else {
+            return false;
+        };
+        let (command, key) = match classify(body) {
+            Kind::Plain => return false,
+            Kind::Refused(why) => {
+                self.stats.refused += 1;
+                let mut reply = vec![0u8; mcudp::LEN];
+                mcudp::Header::single(mc.request_id).emit(&mut reply);
+                reply.extend_from_slice(b"SERVER_ERROR ");
+                reply.extend_from_slice(why.as_bytes());
+                reply.extend_from_slice(b"\r\n");
+                self.send_to_client(client, server, &reply, emit);
+                return true;
+            }
+            Kind::Get(key) => (Command::Get, key),
+            Kind::Write(command, key) => (command, key),
+        };
+        self.stats.requests_in += 1;
+        if command == Command::Get {
+            if let Some(reply) = self.cached_reply(&key, mc.request_id) {
+                self.stats.hits += 1;
+                self.send_to_client(client, server, &reply, emit);
+                return true;
+            }
+        }
+        let header = Header {
+            request_id: self.new_request_id(),
+            command,
+            key_hash: inc::key_hash(&key),
+            flags: flags::EXPANDED,
+            origin: self.me.id,
+            epoch: 0,
+            client,
+            server,
+        };
+        if home == self.me.id {
+            self.at_home(&header, &key, datagram, now, emit);
+            return true;
+        }
+        let root = self.spec.registration.root(header.key_hash);
+        if self.link_to(root, now).is_some() {
+            self.send(root, &header, datagram, now, emit);
+        } else {
+            let header = Header {
+                flags: header.flags | flags::DETOUR,
+                ..header
+            };
+            self.send(home, &header, datagram, now, emit);
+        }
+        true
+    }
+
+    /// The datagram answering `get KEY` from this switch's cache.
+    fn cached_reply(&mut self, key: &[u8], request_id: u16) -> Option<Vec<u8>> {
+        let (body, _) = self.cache.get(key)?;
+        let mut reply = vec![0u8; mcudp::LEN];
+        mcudp::Header::single(request_id).emit(&mut reply);
+        reply.extend_from_slice(body);
+        Some(reply)
+    }
+
+    /// A fabric message addressed to this switch.
+    fn message(
+        &mut self,
+        in_port: u16,
+        src_ip: Ipv4Addr,
+        payload: &[u8],
+        now: Instant,
+        emit: &mut Vec<Emit>,
+    ) {
+        let Ok(msg) = Message::parse(payload) else {
+            self.stats.malformed += 1;
+            return;
+        };
+        let h = msg.header;
+        if h.command == Command::Hello {
+            if let Some(PortRole::Link(from)) = self.port_role(in_port) {
+                if self.member_by_ip(src_ip).map(|m| m.id) == Some(from) {
+                    self.heard[usize::from(in_port)] = Some(now);
+                    return;
+                }
+            }
+            self.stats.unexpected += 1;
+            return;
+        }
+        self.stats.messages_in += 1;
+        match h.command {
+            Command::Invalidate => self.invalidated(src_ip, &h, msg.payload, now, emit),
+            Command::InvalidateAck => {
+                let Some(from) = self.member_by_ip(src_ip) else {
+                    self.stats.unexpected += 1;
+                    return;
+                };
+                if let Some(write) = self.directory.ack(msg.payload, h.epoch, from.id, now) {
+                    self.forward_write(write, now, emit);
+                }
+            }
+            Command::Reply => self.reply_message(&h, msg.payload, now, emit),
+            _ => self.request_message(&h, msg.payload, now, emit),
+        }
+    }
+
+    /// A request travelling its designated path: answered here from the cache (a get at a
+    /// designated switch), taken by its home, or sent on toward the home.
+    fn request_message(&mut self, h: &Header, datagram: &[u8], now: Instant, emit: &mut Vec<Emit>) {
+        let Some(home) = self.home_of(h.server.0) else {
+            self.stats.unexpected += 1;
+            return;
+        };
+        let Ok((mc, body)) = mcudp::Header::parse(datagram) else {
+            self.stats.malformed += 1;
+            return;
+        };
+        let key = match (h.command, classify(body)) {
+            (Command::Get, Kind::Get(key)) => key,
+            (c, Kind::Write(w, key)) if c == w => key,
+            _ => {
+                self.stats.malformed += 1;
+                return;
+            }
+        };
+        if inc::key_hash(&key) != h.key_hash {
+            self.stats.malformed += 1;
+            return;
+        }
+        if home == self.me.id {
+            self.at_home(h, &key, datagram, now, emit);
+            return;
+        }
+        if h.command == Command::Get && !h.has(flags::DETOUR) {
+            if let Some(reply) = self.cached_reply(&key, mc.request_id) {
+                // Not a fill: the home did not count the client's ToR among the sharers.
+                self.stats.hits += 1;
+                let header = Header {
+                    command: Command::Reply,
+                    flags: h.flags & flags::EXPANDED,
+                    epoch: 0,
+                    ..*h
+                };
+                self.send(h.origin, &header, &reply, now, emit);
+                return;
+            }
+        }
+        self.send(home, h, datagram, now, emit);
+    }
+
+    /// A request at its home, from a client of this rack or through the fabric.
+    fn at_home(
+        &mut self,
+        h: &Header,
+        key: &[u8],
+        datagram: &[u8],
+        now: Instant,
+        emit: &mut Vec<Emit>,
+    ) {
+        let Ok((mc, _)) = mcudp::Header::parse(datagram) else {
+            self.stats.malformed += 1;
+            return;
+        };
+        let detour = h.has(flags::DETOUR);
+        if h.command == Command::Get {
+            if h.origin != self.me.id {
+                if let Some(reply) = self.cached_reply(key, mc.request_id) {
+                    self.stats.hits += 1;
+                    self.reply_to(h, key, &reply, None, now, emit);
+                    return;
+                }
+            }
+            let stamp = self.directory.read();
+            self.remember(
+                (h.client.0, h.client.1, mc.request_id),
+                Pending {
+                    key: key.to_vec(),
+                    stamp: Some(stamp),
+                    origin: h.origin,
+                    detour,
+                    request_id: h.request_id,
+                    since: now,
+                },
+            );
+            self.send_to_server(h.client, h.server, datagram, emit);
+            return;
+        }
+        // A write: this switch's own copy goes at once; the others are invalidated first.
+        self.cache.remove(key);
+        let write = Write {
+            key: key.to_vec(),
+            origin: h.origin,
+            detour,
+            request_id: h.request_id,
+            client: h.client,
+            server: h.server,
+            datagram: datagram.to_vec(),
+        };
+        let step = self.directory.write(key, write, now);
+        self.write_step(key, step, now, emit);
+    }
+
+    fn write_step(
+        &mut self,
+        key: &[u8],
+        step: WriteStep<Write>,
+        now: Instant,
+        emit: &mut Vec<Emit>,
+    ) {
+        match step {
+            WriteStep::Queued => {}
+            WriteStep::Invalidate { epoch, targets } => {
+                for target in targets {
+                    self.send_invalidation(key, epoch, target, now, emit);
+                }
+            }
+            WriteStep::Forward(write) => self.forward_write(write, now, emit),
+            WriteStep::Failed(write) => {
+                self.stats.writes_failed += 1;
+                let Ok((mc, _)) = mcudp::Header::parse(&write.datagram) else {
+                    return;
+                };
+                let mut reply = vec![0u8; mcudp::LEN];
+                mcudp::Header::single(mc.request_id).emit(&mut reply);
+                reply.extend_from_slice(b"SERVER_ERROR fabric invalidation not acknowledged\r\n");
+                let h = self.write_header(&write);
+                self.reply_to(&h, &write.key, &reply, None, now, emit);
+            }
+        }
+    }
+
+    fn write_header(&self, w: &Write) -> Header {
+        Header {
+            request_id: w.request_id,
+            command: Command::Set,
+            key_hash: inc::key_hash(&w.key),
+            flags: flags::EXPANDED | if w.detour { flags::DETOUR } else { 0 },
+            origin: w.origin,
+            epoch: 0,
+            client: w.client,
+            server: w.server,
+        }
+    }
+
+    fn send_invalidation(
+        &mut self,
+        key: &[u8],
+        epoch: u32,
+        target: SwitchId,
+        now: Instant,
+        emit: &mut Vec<Emit>,
+    ) {
+        if target == self.me.id {
+            return;
+        }
+        let header = Header {
+            request_id: self.new_request_id(),
+            command: Command::Invalidate,
+            key_hash: inc::key_hash(key),
+            flags: 0,
+            origin: self.me.id,
+            epoch,
+            client: (Ipv4Addr::UNSPECIFIED, 0),
+            server: (Ipv4Addr::UNSPECIFIED, 0),
+        };
+        self.stats.invalidations_sent += 1;
+        self.send(target, &header, key, now, emit);
+    }
+
+    /// A write whose invalidations are all acknowledged goes to its server.
+    fn forward_write(&mut self, write: Write, now: Instant, emit: &mut Vec<Emit>) {
+        let Ok((mc, _)) = mcudp::Header::parse(&write.datagram) else {
+            self.stats.malformed += 1;
+            return;
+        };
+        self.remember(
+            (write.client.0, write.client.1, mc.request_id),
+            Pending {
+                key: write.key.clone(),
+                stamp: None,
+                origin: write.origin,
+                detour: write.detour,
+                request_id: write.request_id,
+                since: now,
+            },
+        );
+        self.send_to_server(write.client, write.server, &write.datagram, emit);
+    }
+
+    fn remember(&mut self, flow: Flow, pending: Pending) {
+        if self.pending.len() >= MAX_PENDING && !self.pending.contains_key(&flow) {
+            return;
+        }
+        self.pending_order.push_back((pending.since, flow));
+        self.pending.insert(flow, pending);
+    }
+
+    /// A server's reply datagram, at its home. False when no request of the fabric's waits
+    /// for it (it is then routed as it is).
+    fn server_reply(
+        &mut self,
+        client: (Ipv4Addr, u16),
+        server: (Ipv4Addr, u16),
+        datagram: &[u8],
+        now: Instant,
+        emit: &mut Vec<Emit>,
+    ) -> bool {
+        let Ok((mc, body)) = mcudp::Header::parse(datagram) else {
+            return false;
+        };
+        let flow = (client.0, client.1, mc.request_id);
+        let Some(pending) = self.pending.get(&flow).cloned() else {
+            return false;
+        };
+        if mc.seq.saturating_add(1) >= mc.total {
+            self.pending.remove(&flow);
+        }
+        let h = Header {
+            request_id: pending.request_id,
+            command: Command::Reply,
+            key_hash: inc::key_hash(&pending.key),
+            flags: flags::EXPANDED | if pending.detour { flags::DETOUR } else { 0 },
+            origin: pending.origin,
+            epoch: 0,
+            client,
+            server,
+        };
+        let mut fill = None;
+        match pending.stamp {
+            None => {
+                if let Some(step) = self.directory.done(&pending.key, now) {
+                    self.write_step(&pending.key.clone(), step, now, emit);
+                }
+            }
+            Some(stamp) => {
+                if mc.total == 1 && reply_key(body) == Some(&pending.key[..]) {
+                    let sharers = self.sharers_on_way(&h, now);
+                    if let Some(epoch) = self.directory.fill(&pending.key, stamp, sharers) {
+                        self.cache.fill(&pending.key, body, epoch, now);
+                        fill = Some(epoch);
+                    }
+                }
+            }
+        }
+        self.reply_to(&h, &pending.key, datagram, fill, now, emit);
+        true
+    }
+
+    /// The switches a reply from this home to `h.origin` would leave cached copies at: the
+    /// client's ToR, and the key's designated root when the reply goes by it.
+    fn sharers_on_way(&self, h: &Header, now: Instant) -> Vec<SwitchId> {
+        if h.origin == self.me.id {
+            return Vec::new();
+        }
+        let mut sharers = vec![h.origin];
+        if let Some(root) = self.via_root(h, now) {
+            sharers.push(root);
+        }
+        sharers
+    }
+
+    /// The designated root a reply to `h.origin` goes by, if it is up and the request came by
+    /// it.
+    fn via_root(&self, h: &Header, now: Instant) -> Option<SwitchId> {
+        if h.has(flags::DETOUR) || h.origin == self.me.id {
+            return None;
+        }
+        let root = self.spec.registration.root(h.key_hash);
+        self.link_to(root, now).map(|_| root)
+    }
+
+    /// Sends a reply datagram back to the client: by its ToR, through the designated root
+    /// when it is up (a fill then at `epoch`), or straight to a client of this rack.
+    fn reply_to(
+        &mut self,
+        h: &Header,
+        key: &[u8],
+        datagram: &[u8],
+        fill: Option<u32>,
+        now: Instant,
+        emit: &mut Vec<Emit>,
+    ) {
+        if h.origin == self.me.id {
+            self.send_to_client(h.client, h.server, datagram, emit);
+            return;
+        }
+        let root = self.via_root(h, now);
+        let mut header = Header {
+            command: Command::Reply,
+            key_hash: inc::key_hash(key),
+            flags: flags::EXPANDED,
+            epoch: fill.unwrap_or(0),
+            ..*h
+        };
+        if fill.is_some() {
+            header.flags |= flags::FILL;
+        }
+        match root {
+            Some(root) => {
+                self.send(root, &header, datagram, now, emit);
+            }
+            None => {
+                header.flags |= flags::DETOUR;
+                self.send(h.origin, &header, datagram, now, emit);
+            }
+        }
+    }
+
+    /// A reply on its way back: filled here if this is a designated switch it may fill, then
+    /// on to the client's ToR, or shrunk to the client.
+    fn reply_message(&mut self, h: &Header, datagram: &[u8], now: Instant, emit: &mut Vec<Emit>) {
+        if h.has(flags::FILL) {
+            if let Ok((mc, body)) = mcudp::Header::parse(datagram) {
+                let detour_ok = h.origin == self.me.id || !h.has(flags::DETOUR);
+                if let Some(key) = reply_key(body) {
+                    if mc.total == 1 && detour_ok && inc::key_hash(key) == h.key_hash {
+                        let key = key.to_vec();
+                        self.cache.fill(&key, body, h.epoch, now);
+                    }
+                }
+            }
+        }
+        if h.origin == self.me.id {
+            self.send_to_client(h.client, h.server, datagram, emit);
+        } else {
+            self.send(h.origin, h, datagram, now, emit);
+        }
+    }
+
+    /// An invalidation from a key's home: the copy goes, and the home hears so.
+    fn invalidated(
+        &mut self,
+        src_ip: Ipv4Addr,
+        h: &Header,
+        key: &[u8],
+        now: Instant,
+        emit: &mut Vec<Emit>,
+    ) {
+        self.stats.invalidations_in += 1;
+        if self.drop_invalidations > 0 {
+            self.drop_invalidations -= 1;
+            self.stats.invalidations_dropped += 1;
+            return;
+        }
+        let Some(home) = self.member_by_ip(src_ip) else {
+            self.stats.unexpected += 1;
+            return;
+        };
+        self.cache.invalidate(key, h.epoch, now);
+        let ack = Header {
+            command: Command::InvalidateAck,
+            origin: self.me.id,
+            ..*h
+        };
+        self.stats.acks_sent += 1;
+        self.send(home.id, &ack, key, now, emit);
+    }
+
+    fn start(&mut self, now: Instant) {
+        if self.next_hello.is_none() {
+            // Every neighbour counts as up until it has had time to greet.
+            for (p, role) in self.spec.ports.iter().enumerate() {
+                if matches!(role, PortRole::Link(_)) {
+                    self.heard[p] = Some(now);
+                }
+            }
+            self.next_hello = Some(now);
+        }
+    }
+
+    /// Greetings, retransmitted invalidations, failed writes, forgotten requests.
+    pub fn tick(&mut self, now: Instant, emit: &mut Vec<Emit>) {
+        self.start(now);
+        if self.next_hello.is_some_and(|at| now >= at) {
+            self.next_hello = Some(now + self.spec.hello_every);
+            for p in 0..self.spec.ports.len() as u16 {
+                if let Some(PortRole::Link(to)) = self.port_role(p) {
+                    let Some(member) = self.spec.member(to).copied() else {
+                        continue;
+                    };
+                    let mut frame = vec![0u8; PAYLOAD_OFFSET];
+                    Header {
+                        request_id: 0,
+                        command: Command::Hello,
+                        key_hash: 0,
+                        flags: 0,
+                        origin: self.me.id,
+                        epoch: 0,
+                        client: (Ipv4Addr::UNSPECIFIED, 0),
+                        server: (Ipv4Addr::UNSPECIFIED, 0),
+                    }
+                    .emit(&mut frame);
+                    let ends = UdpEnds {
+                        src_mac: self.me.mac,
+                        dst_mac: member.mac,
+                        src_ip: self.me.ip,
+                        dst_ip: member.ip,
+                        src_port: inc::PORT,
+                        dst_port: inc::PORT,
+                    };
+                    if emit_udp_headers(&mut frame, &ends) {
+                        emit.push(Emit {
+                            dest: Dest::Port(p),
+                            frame,
+                        });
+                    }
+                }
+            }
+        }
+        for due in self.directory.tick(now) {
+            match due {
+                Due::Retransmit { key, epoch, target } => {
+                    self.send_invalidation(&key, epoch, target, now, emit)
+                }
+                Due::Step { key, step } => self.write_step(&key, step, now, emit),
+            }
+        }
+        while let Some(&(since, flow)) = self.pending_order.front() {
+            if now < since + self.spec.reply_timeout {
+                break;
+            }
+            self.pending_order.pop_front();
+            if self.pending.get(&flow).is_some_and(|p| p.since == since) {
+                self.pending.remove(&flow);
+            }
+        }
+    }
+
+    /// When [`FabricSwitch::tick`] next has work.
+    pub fn poll_at(&self) -> Option<Instant> {
+        let pending = self
+            .pending_order
+            .front()
+            .map(|&(since, _)| since + self.spec.reply_timeout);
+        [self.next_hello, self.directory.poll_at(), pending]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// The links up now, by neighbour: for tests and the status API.
+    pub fn neighbours_up(&self, now: Instant) -> BTreeSet<SwitchId> {
+        (0..self.spec.ports.len() as u16)
+            .filter_map(|p| match self.port_role(p) {
+                Some(PortRole::Link(to)) if self.up(p, now) => Some(to),
+                _ => None,
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,879 @@
+//! The fabric's switches joined in one process: frames cross links after a fixed delay on a
+//! virtual clock, servers are `kvswitch node`'s memcached store, and clients record a history
+//! the coherence checker reads. Deterministic: the same seed gives the same run.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
+use std::net::Ipv4Addr;
+
+use history::{Kind, Op};
+use kv::fabric::{Registration, SwitchId};
+use kv::Instant;
+use node::Store;
+use switch::fabric::{FabricServer, FabricSpec, FabricSwitch, Member, PortRole, Rack, Role};
+use switch::{Dest, Emit, Fate};
+use wire::ethernet::{self, Mac};
+use wire::frame::{emit_udp_headers, UdpEnds, PAYLOAD_OFFSET};
+use wire::{ipv4, mcudp, udp};
+
+/// One hop's delay.
+const LINK_NS: u64 = 5_000;
+/// A server's time to answer.
+const SERVE_NS: u64 = 10_000;
+/// A client's time before it gives up on a reply.
+const TIMEOUT_NS: u64 = 30_000_000;
+const MC_PORT: u16 = 11211;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum End {
+    Switch(usize, u16),
+    Host(usize),
+}
+
+struct Host {
+    ip: Ipv4Addr,
+    mac: Mac,
+    /// The switch and port it hangs off.
+    tor: (usize, u16),
+    store: Option<Store>,
+}
+
+/// A closed-loop client on a host: one request at a time.
+struct Client {
+    host: usize,
+    port: u16,
+    next_id: u16,
+    waiting: Option<Waiting>,
+    rng: u64,
+}
+
+struct Waiting {
+    request_id: u16,
+    op: Op,
+    /// The value a set writes, or the delta of an incr.
+    arg: u64,
+    deadline: u64,
+}
+
+struct Net {
+    switches: Vec<FabricSwitch>,
+    dead: BTreeSet<usize>,
+    wires: HashMap<End, End>,
+    hosts: Vec<Host>,
+    clients: Vec<Client>,
+    queue: BinaryHeap<Reverse<(u64, u64, End, Vec<u8>)>>,
+    now: u64,
+    seq: u64,
+    history: Vec<Op>,
+    /// Every frame a switch sent out of each of its ports.
+    sent: HashMap<End, u64>,
+    /// The keys clients use, and the counters among them (only incremented).
+    keys: Vec<String>,
+    counters: usize,
+    /// Acknowledged increments per counter, and increments of unknown outcome.
+    increments: HashMap<String, (u64, u64)>,
+    /// Up to this much more delay per frame, drawn from `jitter_rng`: frames may overtake
+    /// each other.
+    jitter_ns: u64,
+    jitter_rng: u64,
+    /// Whether clients send requests of their own (off while a test speaks for one).
+    auto: bool,
+    /// The reply to a test's own request.
+    raw: Option<String>,
+}
+
+fn switch_ip(id: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 255, 0, id as u8 + 1)
+}
+
+fn switch_mac(id: usize) -> Mac {
+    Mac([0x02, 0xff, 0, 0, 0, id as u8])
+}
+
+fn xorshift(s: &mut u64) -> u64 {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    *s
+}
+
+impl Net {
+    /// `tors` ToRs (switches 0..tors) and `roots` roots after them, each ToR linked to every
+    /// root; `hosts` hosts per rack, the first of each a memcached server.
+    fn tree(tors: usize, roots: usize, hosts: usize, cache_items: usize) -> Net {
+        let n = tors + roots;
+        let members: Vec<Member> = (0..n)
+            .map(|i| Member {
+                id: i as SwitchId,
+                role: if i < tors { Role::Tor } else { Role::Root },
+                ip: switch_ip(i),
+                mac: switch_mac(i),
+            })
+            .collect();
+        let racks: Vec<Rack> = (0..tors)
+            .map(|t| Rack {
+                tor: t as SwitchId,
+                prefix: Ipv4Addr::new(10, t as u8 + 1, 0, 0),
+                prefix_len: 16,
+            })
+            .collect();
+        let mut all_hosts = Vec::new();
+        let mut wires = HashMap::new();
+        for t in 0..tors {
+            for h in 0..hosts {
+                let id = all_hosts.len();
+                all_hosts.push(Host {
+                    ip: Ipv4Addr::new(10, t as u8 + 1, 0, h as u8 + 2),
+                    mac: Mac([0x02, 0, 0, t as u8, h as u8, 1]),
+                    tor: (t, h as u16),
+                    store: (h == 0).then(|| Store::new(None)),
+                });
+                wires.insert(End::Switch(t, h as u16), End::Host(id));
+                wires.insert(End::Host(id), End::Switch(t, h as u16));
+            }
+            for r in 0..roots {
+                let tor_port = (hosts + r) as u16;
+                let root_port = t as u16;
+                wires.insert(End::Switch(t, tor_port), End::Switch(tors + r, root_port));
+                wires.insert(End::Switch(tors + r, root_port), End::Switch(t, tor_port));
+            }
+        }
+        let servers: Vec<FabricServer> = all_hosts
+            .iter()
+            .filter(|h| h.store.is_some())
+            .map(|h| FabricServer {
+                ip: h.ip,
+                port: MC_PORT,
+                mac: h.mac,
+            })
+            .collect();
+        let root_ids: Vec<SwitchId> = (tors..n).map(|i| i as SwitchId).collect();
+        let table = Registration::spread(1, &root_ids, &BTreeSet::new(), 64).unwrap();
+        let switches = (0..n)
+            .map(|i| {
+                let ports = if i < tors {
+                    (0..hosts)
+                        .map(|_| PortRole::Host)
+                        .chain((0..roots).map(|r| PortRole::Link((tors + r) as SwitchId)))
+                        .collect()
+                } else {
+                    (0..tors).map(|t| PortRole::Link(t as SwitchId)).collect()
+                };
+                let mut spec = FabricSpec::new(
+                    i as SwitchId,
+                    members.clone(),
+                    ports,
+                    racks.clone(),
+                    servers.clone(),
+                    table.clone(),
+                );
+                spec.cache_items = cache_items;
+                FabricSwitch::new(spec).unwrap()
+            })
+            .collect();
+        Net {
+            switches,
+            dead: BTreeSet::new(),
+            wires,
+            hosts: all_hosts,
+            clients: Vec::new(),
+            queue: BinaryHeap::new(),
+            now: 0,
+            seq: 0,
+            history: Vec::new(),
+            sent: HashMap::new(),
+            keys: Vec::new(),
+            counters: 0,
+            increments: HashMap::new(),
+            jitter_ns: 0,
+            jitter_rng: 0x2545_f491_4f6c_dd1d,
+            auto: true,
+            raw: None,
+        }
+    }
+
+    fn at(&self) -> Instant {
+        Instant::from_nanos(self.now)
+    }
+
+    fn push(&mut self, at: u64, to: End, frame: Vec<u8>) {
+        self.seq += 1;
+        self.queue.push(Reverse((at, self.seq, to, frame)));
+    }
+
+    /// A frame leaving `from` over its wire.
+    fn transmit(&mut self, from: End, frame: Vec<u8>) {
+        *self.sent.entry(from).or_default() += 1;
+        if let Some(&to) = self.wires.get(&from) {
+            let jitter = match self.jitter_ns {
+                0 => 0,
+                j => xorshift(&mut self.jitter_rng) % j,
+            };
+            self.push(self.now + LINK_NS + jitter, to, frame);
+        }
+    }
+
+    fn emitted(&mut self, s: usize, emit: Vec<Emit>) {
+        for e in emit {
+            match e.dest {
+                Dest::Port(p) => self.transmit(End::Switch(s, p), e.frame),
+                Dest::Flood => panic!("the fabric never floods blindly"),
+            }
+        }
+    }
+
+    fn deliver(&mut self, to: End, mut frame: Vec<u8>) {
+        match to {
+            End::Switch(s, port) => {
+                if self.dead.contains(&s) {
+                    return;
+                }
+                let mut emit = Vec::new();
+                let now = self.at();
+                let fate = self.switches[s].process(port, &mut frame, true, now, &mut emit);
+                self.emitted(s, emit);
+                match fate {
+                    Fate::Out(p) => self.transmit(End::Switch(s, p), frame),
+                    Fate::Consumed => {}
+                    Fate::Flood => panic!("the fabric never floods blindly"),
+                }
+            }
+            End::Host(h) => self.at_host(h, &frame),
+        }
+    }
+
+    fn at_host(&mut self, h: usize, frame: &[u8]) {
+        let Some((src, dst, payload)) = udp_of(frame) else {
+            return;
+        };
+        if dst.0 != self.hosts[h].ip {
+            return;
+        }
+        if let Some(store) = &self.hosts[h].store {
+            if dst.1 != MC_PORT {
+                return;
+            }
+            let Ok((mc, body)) = mcudp::Header::parse(payload) else {
+                return;
+            };
+            let mut out = Vec::new();
+            let mut at = 0;
+            while at < body.len() {
+                let step = node::session::step(
+                    store,
+                    &body[at..],
+                    &mut out,
+                    &mut |_| true,
+                    &mut |_| true,
+                    None,
+                );
+                match step {
+                    Some(s) if s.consumed > 0 => at += s.consumed + s.skip,
+                    _ => break,
+                }
+            }
+            let client_mac = self
+                .hosts
+                .iter()
+                .find(|o| o.ip == src.0)
+                .map(|o| o.mac)
+                .unwrap_or(Mac::BROADCAST);
+            let pieces: Vec<Vec<u8>> = mcudp::pieces(mc.request_id, &out)
+                .unwrap()
+                .map(|(hdr, bytes)| {
+                    let mut d = vec![0u8; mcudp::LEN];
+                    hdr.emit(&mut d);
+                    d.extend_from_slice(bytes);
+                    d
+                })
+                .collect();
+            for d in pieces {
+                let frame = udp_frame(self.hosts[h].mac, client_mac, dst, src, &d);
+                self.seq += 1;
+                let at = self.now + SERVE_NS;
+                let to = self.wires[&End::Host(h)];
+                self.queue.push(Reverse((at, self.seq, to, frame)));
+            }
+            return;
+        }
+        // A client: the reply it waits for.
+        let Ok((mc, body)) = mcudp::Header::parse(payload) else {
+            return;
+        };
+        let Some(c) = self
+            .clients
+            .iter()
+            .position(|c| c.host == h && c.port == dst.1)
+        else {
+            return;
+        };
+        let waiting = match &self.clients[c].waiting {
+            Some(w) if w.request_id == mc.request_id => self.clients[c].waiting.take().unwrap(),
+            _ => return,
+        };
+        assert_eq!(mc.total, 1, "small values fit one datagram");
+        if waiting.op.cmd == "raw" {
+            self.raw = Some(String::from_utf8_lossy(body).into_owned());
+            return;
+        }
+        let kind = outcome(&waiting, body);
+        self.finish(c, waiting, kind);
+    }
+
+    fn finish(&mut self, c: usize, w: Waiting, kind: Kind) {
+        let mut op = w.op;
+        op.end = self.now;
+        op.kind = kind;
+        if op.cmd == "incr" {
+            let e = self.increments.entry(op.key.clone()).or_default();
+            match kind {
+                Kind::Write(_) => e.0 += w.arg,
+                _ => e.1 += w.arg,
+            }
+        }
+        self.history.push(op);
+        let _ = c;
+    }
+
+    /// Sends client `c`'s next request.
+    fn issue(&mut self, c: usize) {
+        let client = &mut self.clients[c];
+        let r = xorshift(&mut client.rng);
+        client.next_id = client.next_id.wrapping_add(1);
+        let request_id = client.next_id;
+        let counter = (r % 10) == 0;
+        let key = if counter {
+            self.keys[(r >> 8) as usize % self.counters].clone()
+        } else {
+            self.keys[self.counters + (r >> 8) as usize % (self.keys.len() - self.counters)].clone()
+        };
+        let dice = (r >> 32) % 100;
+        let value = ((c as u64 + 1) << 32) | u64::from(request_id) << 8 | (r & 0xff);
+        let (cmd, text, arg): (&'static str, String, u64) = if counter {
+            if dice < 50 {
+                ("get", format!("get {key}\r\n"), 0)
+            } else {
+                let d = 1 + (r >> 40) % 5;
+                ("incr", format!("incr {key} {d}\r\n"), d)
+            }
+        } else if dice < 80 {
+            ("get", format!("get {key}\r\n"), 0)
+        } else if dice < 95 {
+            let v = value.to_string();
+            (
+                "set",
+                format!("set {key} 0 0 {}\r\n{v}\r\n", v.len()),
+                value,
+            )
+        } else {
+            ("delete", format!("delete {key}\r\n"), 0)
+        };
+        let mut datagram = vec![0u8; mcudp::LEN];
+        mcudp::Header::single(request_id).emit(&mut datagram);
+        datagram.extend_from_slice(text.as_bytes());
+        let server = self.server_of(&key);
+        let client = &mut self.clients[c];
+        let host = &self.hosts[client.host];
+        let src = (host.ip, client.port);
+        let dst = (self.hosts[server].ip, MC_PORT);
+        let frame = udp_frame(host.mac, self.hosts[server].mac, src, dst, &datagram);
+        let to = self.wires[&End::Host(client.host)];
+        client.waiting = Some(Waiting {
+            request_id,
+            op: Op {
+                client: c as u32,
+                cmd,
+                key,
+                start: self.now,
+                end: self.now,
+                kind: Kind::Failed,
+            },
+            arg,
+            deadline: self.now + TIMEOUT_NS,
+        });
+        self.push(self.now + LINK_NS, to, frame);
+    }
+
+    fn server_of(&self, key: &str) -> usize {
+        let servers: Vec<usize> = (0..self.hosts.len())
+            .filter(|&h| self.hosts[h].store.is_some())
+            .collect();
+        let h = key
+            .bytes()
+            .fold(7u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+        servers[h as usize % servers.len()]
+    }
+
+    /// Runs until `until` (ns) or until `ops` operations are recorded.
+    fn run(&mut self, until: u64, ops: usize) {
+        loop {
+            if self.history.len() >= ops || self.raw.is_some() {
+                return;
+            }
+            // Clients with nothing outstanding ask again; those past their deadline give up.
+            for c in 0..self.clients.len() {
+                match &self.clients[c].waiting {
+                    None if self.auto => self.issue(c),
+                    None => {}
+                    Some(w) if self.now >= w.deadline => {
+                        let w = self.clients[c].waiting.take().unwrap();
+                        let kind = match w.op.cmd {
+                            "set" => Kind::MaybeWrite(Some(w.arg)),
+                            "delete" => Kind::MaybeWrite(None),
+                            "incr" => Kind::MaybeIncr(w.arg),
+                            _ => Kind::Failed,
+                        };
+                        self.finish(c, w, kind);
+                    }
+                    Some(_) => {}
+                }
+            }
+            let next_frame = self.queue.peek().map(|Reverse((t, ..))| *t);
+            let next_tick = self
+                .switches
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !self.dead.contains(i))
+                .filter_map(|(_, s)| s.poll_at())
+                .map(|i| i.as_nanos())
+                .min();
+            let next_deadline = self
+                .clients
+                .iter()
+                .filter_map(|c| c.waiting.as_ref().map(|w| w.deadline))
+                .min();
+            let Some(next) = [next_frame, next_tick, next_deadline]
+                .into_iter()
+                .flatten()
+                .min()
+            else {
+                return;
+            };
+            if next > until {
+                self.now = until;
+                return;
+            }
+            self.now = self.now.max(next);
+            for s in 0..self.switches.len() {
+                if self.dead.contains(&s) {
+                    continue;
+                }
+                if self.switches[s]
+                    .poll_at()
+                    .is_some_and(|at| at.as_nanos() <= self.now)
+                {
+                    let mut emit = Vec::new();
+                    let now = self.at();
+                    self.switches[s].tick(now, &mut emit);
+                    self.emitted(s, emit);
+                }
+            }
+            while let Some(Reverse((t, ..))) = self.queue.peek() {
+                if *t > self.now {
+                    break;
+                }
+                let Reverse((_, _, to, frame)) = self.queue.pop().unwrap();
+                self.deliver(to, frame);
+            }
+        }
+    }
+
+    /// Adds `per_rack` clients on every non-server host.
+    fn add_clients(&mut self, seed: u64) {
+        for h in 0..self.hosts.len() {
+            if self.hosts[h].store.is_none() {
+                let n = self.clients.len() as u64;
+                self.clients.push(Client {
+                    host: h,
+                    port: 40_000 + n as u16,
+                    next_id: 0,
+                    waiting: None,
+                    rng: (seed ^ (n + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1,
+                });
+            }
+        }
+    }
+
+    fn counters_of(&self, port: End) -> u64 {
+        self.sent.get(&port).copied().unwrap_or(0)
+    }
+}
+
+fn udp_frame(
+    src_mac: Mac,
+    dst_mac: Mac,
+    src: (Ipv4Addr, u16),
+    dst: (Ipv4Addr, u16),
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut frame = vec![0u8; PAYLOAD_OFFSET];
+    frame.extend_from_slice(payload);
+    assert!(emit_udp_headers(
+        &mut frame,
+        &UdpEnds {
+            src_mac,
+            dst_mac,
+            src_ip: src.0,
+            dst_ip: dst.0,
+            src_port: src.1,
+            dst_port: dst.1,
+        }
+    ));
+    frame
+}
+
+fn udp_of(frame: &[u8]) -> Option<((Ipv4Addr, u16), (Ipv4Addr, u16), &[u8])> {
+    let ip = ipv4::Packet::new_checked(frame.get(ethernet::HEADER_LEN..)?).ok()?;
+    let (s, d) = (ip.src(), ip.dst());
+    let start = ethernet::HEADER_LEN + ip.header_len();
+    let u = udp::Packet::new_checked(frame.get(start..)?).ok()?;
+    let len = usize::from(u.len());
+    let payload = frame.get(start + udp::HEADER_LEN..start + len)?;
+    Some(((s, u.src_port()), (d, u.dst_port()), payload))
+}
+
+/// What a reply says about the operation it answers.
+fn outcome(w: &Waiting, body: &[u8]) -> Kind {
+    let text = String::from_utf8_lossy(body);
+    if text.starts_with("SERVER_ERROR") {
+        return match w.op.cmd {
+            "set" => Kind::MaybeWrite(Some(w.arg)),
+            "delete" => Kind::MaybeWrite(None),
+            "incr" => Kind::MaybeIncr(w.arg),
+            _ => Kind::Failed,
+        };
+    }
+    match w.op.cmd {
+        "get" => {
+            if text == "END\r\n" {
+                return Kind::Read(None);
+            }
+            let mut lines = text.split("\r\n");
+            let head = lines.next().unwrap_or_default();
+            assert!(
+                head.starts_with(&format!("VALUE {} 0 ", w.op.key)),
+                "{text:?}"
+            );
+            let v: u64 = lines.next().unwrap().parse().unwrap();
+            assert_eq!(lines.next(), Some("END"), "{text:?}");
+            Kind::Read(Some(v))
+        }
+        "set" => {
+            assert_eq!(text, "STORED\r\n");
+            Kind::Write(Some(w.arg))
+        }
+        "delete" => match &*text {
+            "DELETED\r\n" => Kind::Write(None),
+            "NOT_FOUND\r\n" => Kind::Failed,
+            other => panic!("{other:?}"),
+        },
+        "incr" => match text.trim_end().parse::<u64>() {
+            Ok(n) => Kind::Write(Some(n)),
+            Err(_) => {
+                assert_eq!(text, "NOT_FOUND\r\n");
+                Kind::Failed
+            }
+        },
+        other => panic!("{other}"),
+    }
+}
+
+/// Stores every counter as 0 first, through the fabric, so increments find it.
+fn seed_counters(net: &mut Net) {
+    for i in 0..net.counters {
+        let key = net.keys[i].clone();
+        let server = net.server_of(&key);
+        let store = net.hosts[server].store.as_ref().unwrap();
+        let mut out = Vec::new();
+        let req = format!("set {key} 0 0 1\r\n0\r\n");
+        node::session::step(
+            store,
+            req.as_bytes(),
+            &mut out,
+            &mut |_| true,
+            &mut |_| true,
+            None,
+        );
+        assert_eq!(out, b"STORED\r\n");
+        net.history.push(Op {
+            client: u32::MAX,
+            cmd: "set",
+            key,
+            start: 0,
+            end: 0,
+            kind: Kind::Write(Some(0)),
+        });
+    }
+}
+
+fn with_keys(net: &mut Net, counters: usize, keys: usize) {
+    net.keys = (0..counters)
+        .map(|i| format!("counter:{i}"))
+        .chain((0..keys).map(|i| format!("key:{i}")))
+        .collect();
+    net.counters = counters;
+    seed_counters(net);
+}
+
+/// No stale read, and every counter holds exactly its acknowledged increments (plus some of
+/// those whose outcome is unknown).
+fn check(net: &Net) {
+    let report = history::check(&net.history);
+    assert!(
+        report.violations.is_empty(),
+        "{} stale reads, the first: {:?}",
+        report.violations.len(),
+        report.violations.first()
+    );
+    for i in 0..net.counters {
+        let key = &net.keys[i];
+        let store = net.hosts[net.server_of(key)].store.as_ref().unwrap();
+        let mut out = Vec::new();
+        let req = format!("get {key}\r\n");
+        node::session::step(
+            store,
+            req.as_bytes(),
+            &mut out,
+            &mut |_| true,
+            &mut |_| true,
+            None,
+        );
+        let text = String::from_utf8(out).unwrap();
+        let value: u64 = text.split("\r\n").nth(1).unwrap().parse().unwrap();
+        let (acked, mut unknown) = net.increments.get(key).copied().unwrap_or_default();
+        // Increments still on their way may have been applied.
+        unknown += net
+            .clients
+            .iter()
+            .filter_map(|c| c.waiting.as_ref())
+            .filter(|w| w.op.cmd == "incr" && &w.op.key == key)
+            .map(|w| w.arg)
+            .sum::<u64>();
+        assert!(
+            value >= acked && value <= acked + unknown,
+            "{key}: {value}, acknowledged {acked}, unknown {unknown}"
+        );
+    }
+}
+
+fn hits(net: &Net) -> u64 {
+    net.switches
+        .iter()
+        .map(|s| s.snapshot(Instant::ZERO).cache.hits)
+        .sum()
+}
+
+#[test]
+fn a_two_level_tree_answers_from_its_caches_and_stays_coherent() {
+    let mut net = Net::tree(2, 1, 3, 4096);
+    with_keys(&mut net, 2, 16);
+    net.add_clients(1);
+    net.run(20_000_000_000, 20_000);
+    check(&net);
+    assert!(net.history.len() >= 20_000);
+    let h = hits(&net);
+    assert!(h > 2_000, "hits {h}");
+    let root = net.switches[2].snapshot(Instant::ZERO);
+    assert!(root.cache.hits > 0, "{root:?}");
+}
+
+#[test]
+fn a_multi_rooted_tree_of_four_racks_stays_coherent_over_a_hundred_thousand_operations() {
+    let mut net = Net::tree(4, 2, 3, 4096);
+    // Frames overtake each other: fills may arrive after the invalidations that follow them.
+    net.jitter_ns = 40_000;
+    with_keys(&mut net, 4, 24);
+    net.add_clients(7);
+    net.run(200_000_000_000, 100_000);
+    check(&net);
+    assert!(net.history.len() >= 100_000);
+    let reads = net.history.iter().filter(|o| o.cmd == "get").count();
+    assert!(
+        hits(&net) as usize > reads / 10,
+        "hits {} of {reads} reads",
+        hits(&net)
+    );
+    // Every root took part in caching.
+    for r in 4..6 {
+        assert!(net.switches[r].snapshot(Instant::ZERO).cache.fills > 0);
+    }
+    let dirs: u64 = (0..4)
+        .map(|t| {
+            net.switches[t]
+                .snapshot(Instant::ZERO)
+                .directory
+                .invalidations
+        })
+        .sum();
+    assert!(dirs > 100, "invalidations {dirs}");
+}
+
+#[test]
+fn the_same_seed_gives_the_same_run() {
+    let run = |seed| {
+        let mut net = Net::tree(2, 2, 2, 64);
+        with_keys(&mut net, 1, 8);
+        net.add_clients(seed);
+        net.run(10_000_000_000, 2_000);
+        net.history
+            .iter()
+            .map(|o| format!("{o}"))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(run(3), run(3));
+    assert_ne!(run(3), run(4));
+}
+
+/// A client's own request-reply on `key`, with nothing else running.
+fn one(net: &mut Net, client: usize, text: &str, key: &str) -> String {
+    let request_id = 7000 + net.history.len() as u16;
+    let mut datagram = vec![0u8; mcudp::LEN];
+    mcudp::Header::single(request_id).emit(&mut datagram);
+    datagram.extend_from_slice(text.as_bytes());
+    let server = net.server_of(key);
+    let c = &net.clients[client];
+    let host = &net.hosts[c.host];
+    let frame = udp_frame(
+        host.mac,
+        net.hosts[server].mac,
+        (host.ip, c.port),
+        (net.hosts[server].ip, MC_PORT),
+        &datagram,
+    );
+    let to = net.wires[&End::Host(c.host)];
+    net.clients[client].waiting = Some(Waiting {
+        request_id,
+        op: Op {
+            client: client as u32,
+            cmd: "raw",
+            key: key.to_string(),
+            start: net.now,
+            end: net.now,
+            kind: Kind::Failed,
+        },
+        arg: 0,
+        deadline: u64::MAX,
+    });
+    let now = net.now;
+    net.push(now + LINK_NS, to, frame);
+    net.auto = false;
+    let until = net.now + 1_000_000_000;
+    net.run(until, usize::MAX);
+    net.clients[client].waiting = None;
+    net.raw.take().expect("a reply within a second")
+}
+
+#[test]
+fn a_hit_in_a_tor_never_crosses_a_root() {
+    let mut net = Net::tree(2, 1, 2, 64);
+    net.add_clients(1);
+    // Client 0 is in rack 0; pick a key whose server is in rack 1.
+    let key = (0..100)
+        .map(|i| format!("k{i}"))
+        .find(|k| net.hosts[net.server_of(k)].tor.0 == 1)
+        .unwrap();
+    assert_eq!(
+        one(&mut net, 0, &format!("set {key} 0 0 2\r\nhi\r\n"), &key),
+        "STORED\r\n"
+    );
+    let miss = one(&mut net, 0, &format!("get {key}\r\n"), &key);
+    assert_eq!(miss, format!("VALUE {key} 0 2\r\nhi\r\nEND\r\n"));
+    assert!(
+        net.switches[0].holds(key.as_bytes()),
+        "filled at the client's ToR"
+    );
+    assert!(
+        net.switches[2].holds(key.as_bytes()),
+        "and at the designated root"
+    );
+    let root_frames: u64 = (0..2).map(|p| net.counters_of(End::Switch(2, p))).sum();
+    for _ in 0..10 {
+        let hit = one(&mut net, 0, &format!("get {key}\r\n"), &key);
+        assert_eq!(hit, miss, "byte for byte what the server said");
+    }
+    let after: u64 = (0..2).map(|p| net.counters_of(End::Switch(2, p))).sum();
+    assert_eq!(root_frames, after, "the root sent nothing for ten hits");
+    // A write invalidates both copies before it is acknowledged.
+    assert_eq!(
+        one(&mut net, 0, &format!("set {key} 0 0 3\r\nbye\r\n"), &key),
+        "STORED\r\n"
+    );
+    assert!(!net.switches[0].holds(key.as_bytes()));
+    assert!(!net.switches[2].holds(key.as_bytes()));
+    assert_eq!(
+        one(&mut net, 0, &format!("get {key}\r\n"), &key),
+        format!("VALUE {key} 0 3\r\nbye\r\nEND\r\n")
+    );
+}
+
+#[test]
+fn dropped_invalidations_are_sent_again_and_hold_the_write_back() {
+    let mut net = Net::tree(2, 1, 2, 64);
+    net.add_clients(1);
+    let key = (0..100)
+        .map(|i| format!("k{i}"))
+        .find(|k| net.hosts[net.server_of(k)].tor.0 == 1)
+        .unwrap();
+    one(&mut net, 0, &format!("set {key} 0 0 1\r\na\r\n"), &key);
+    one(&mut net, 0, &format!("get {key}\r\n"), &key);
+    assert!(net.switches[0].holds(key.as_bytes()));
+    // The client's ToR drops the next three invalidations it gets.
+    net.switches[0].drop_invalidations(3);
+    let start = net.now;
+    assert_eq!(
+        one(&mut net, 0, &format!("set {key} 0 0 1\r\nb\r\n"), &key),
+        "STORED\r\n"
+    );
+    let took = net.now - start;
+    let tor = net.switches[0].snapshot(Instant::ZERO);
+    assert_eq!(tor.stats.invalidations_dropped, 3);
+    let home = net.switches[1].snapshot(Instant::ZERO);
+    assert!(home.directory.retransmits >= 3, "{:?}", home.directory);
+    // Not acknowledged before the fourth invalidation (three retries of 20 ms) got through.
+    assert!(took >= 60_000_000, "acknowledged after {took} ns");
+    assert!(!net.switches[0].holds(key.as_bytes()));
+}
+
+#[test]
+fn a_killed_root_leaves_traffic_on_the_other_and_caching_resumes_with_a_new_table() {
+    let mut net = Net::tree(4, 2, 3, 4096);
+    with_keys(&mut net, 2, 24);
+    net.add_clients(11);
+    net.run(u64::MAX, 10_000);
+    // Root 4 dies mid-run.
+    net.dead.insert(4);
+    let killed_at = net.now;
+    net.run(u64::MAX, 30_000);
+    let fills_before: u64 = net.switches[5].snapshot(Instant::ZERO).cache.fills;
+    // The controller's new table names it failed.
+    let table = Registration::spread(2, &[4, 5], &BTreeSet::from([4]), 64).unwrap();
+    for s in [0, 1, 2, 3, 5] {
+        let mut emit = Vec::new();
+        let now = net.at();
+        net.switches[s]
+            .set_registration(table.clone(), now, &mut emit)
+            .unwrap();
+        net.emitted(s, emit);
+    }
+    net.run(u64::MAX, 50_000);
+    check(&net);
+    // Traffic went on: operations after the kill were answered.
+    let answered = net
+        .history
+        .iter()
+        .filter(|o| o.start > killed_at && matches!(o.kind, Kind::Read(_) | Kind::Write(_)))
+        .count();
+    assert!(answered > 30_000, "{answered}");
+    let fills_after = net.switches[5].snapshot(Instant::ZERO).cache.fills;
+    assert!(
+        fills_after > fills_before,
+        "the other root caches the dead one's keys"
+    );
+    for t in 0..4 {
+        assert_eq!(
+            net.switches[t].neighbours_up(net.at()),
+            BTreeSet::from([5]),
+            "ToR {t} sees the dead root down"
+        );
+    }
+}
