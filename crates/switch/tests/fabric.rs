@@ -55,13 +55,18 @@ struct Waiting {
     deadline: u64,
 }
 
+/// A frame's arrival: when, in what order among equals, where.
+type Arrival = (u64, u64, End, Vec<u8>);
+/// An address and a port.
+type Addr = (Ipv4Addr, u16);
+
 struct Net {
     switches: Vec<FabricSwitch>,
     dead: BTreeSet<usize>,
     wires: HashMap<End, End>,
     hosts: Vec<Host>,
     clients: Vec<Client>,
-    queue: BinaryHeap<Reverse<(u64, u64, End, Vec<u8>)>>,
+    queue: BinaryHeap<Reverse<Arrival>>,
     now: u64,
     seq: u64,
     history: Vec<Op>,
@@ -341,7 +346,7 @@ impl Net {
         let r = xorshift(&mut client.rng);
         client.next_id = client.next_id.wrapping_add(1);
         let request_id = client.next_id;
-        let counter = (r % 10) == 0;
+        let counter = r.is_multiple_of(10);
         let key = if counter {
             self.keys[(r >> 8) as usize % self.counters].clone()
         } else {
@@ -522,7 +527,7 @@ fn udp_frame(
     frame
 }
 
-fn udp_of(frame: &[u8]) -> Option<((Ipv4Addr, u16), (Ipv4Addr, u16), &[u8])> {
+fn udp_of(frame: &[u8]) -> Option<(Addr, Addr, &[u8])> {
     let ip = ipv4::Packet::new_checked(frame.get(ethernet::HEADER_LEN..)?).ok()?;
     let (s, d) = (ip.src(), ip.dst());
     let start = ethernet::HEADER_LEN + ip.header_len();
