@@ -7,6 +7,7 @@
 
 pub mod cache;
 pub mod controller;
+pub mod fabric;
 pub mod nutcracker;
 pub(crate) mod pool_keys;
 pub mod proxy;

@@ -64,6 +64,27 @@ impl Datapath for Switch {
     }
 }
 
+impl Datapath for switch::fabric::FabricSwitch {
+    fn process(
+        &mut self,
+        in_port: u16,
+        frame: &mut [u8],
+        csum_ready: bool,
+        now: Instant,
+        emit: &mut Vec<Emit>,
+    ) -> Fate {
+        switch::fabric::FabricSwitch::process(self, in_port, frame, csum_ready, now, emit)
+    }
+
+    fn tick(&mut self, now: Instant, emit: &mut Vec<Emit>) {
+        switch::fabric::FabricSwitch::tick(self, now, emit)
+    }
+
+    fn poll_at(&self) -> Option<Instant> {
+        switch::fabric::FabricSwitch::poll_at(self)
+    }
+}
+
 /// Frames received from one port per call.
 pub const BATCH: usize = 64;
 /// Batches taken from one port before the others get their turn.

@@ -9,6 +9,7 @@ pub mod controller;
 pub mod ctl;
 pub mod daemon;
 pub mod demo;
+pub mod fabric;
 pub mod fast;
 pub mod local;
 pub mod proxy_cli;

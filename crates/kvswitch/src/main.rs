@@ -48,6 +48,9 @@ enum Cmd {
     /// Run a fleet of switches as one: probe the pool's servers, take a dead one out of every
     /// switch's pool and put it back when it answers, add and remove servers.
     Controller(kvswitch::controller::ControllerArgs),
+    /// A coherent caching fabric of several kvswitches (IncBricks): run one of its switches,
+    /// show them all, install a registration table, inject faults.
+    Fabric(kvswitch::fabric::FabricArgs),
     /// Build or remove a test network of namespaces, memcached servers and kvswitch.
     Testbed {
         #[command(subcommand)]
@@ -161,6 +164,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Proxy(args) => kvswitch::proxy_cli::run(args),
         Cmd::Cache(args) => kvswitch::cache::run_cli(&args),
         Cmd::Ctl(args) => kvswitch::ctl::run(&args),
+        Cmd::Fabric(args) => kvswitch::fabric::run_cli(&args),
         Cmd::Controller(args) => kvswitch::controller::run(&args),
         Cmd::Testbed { action } => match action {
             TestbedCmd::Up {

@@ -15,6 +15,7 @@
 mod config;
 pub mod differential;
 mod down;
+mod fabric;
 pub mod history_load;
 pub mod local;
 mod netns;
@@ -37,12 +38,12 @@ pub use down::{down, down_prefix, sweep};
 pub use history;
 pub use netns::in_netns;
 pub use probe::{
-    http_get, memcached_stats, memcached_udp_version, memcached_version, stat_u64, wait_for,
+    http, http_get, memcached_stats, memcached_udp_version, memcached_version, stat_u64, wait_for,
 };
-pub use state::{HostState, NutcrackerState, ProcRecord, State};
+pub use state::{FabricState, FabricSwitchState, HostState, NutcrackerState, ProcRecord, State};
 pub use topology::{
-    check_prefix, Host, Mode, Role, Subnet, Topology, MAX_HOST_NAME, MAX_PREFIX, MEMCACHED_PORT,
-    RESERVED_HOST_NAMES,
+    check_prefix, FabricLayout, Host, Mode, Role, Subnet, SwitchDef, SwitchRole, Topology,
+    MAX_HOST_NAME, MAX_PREFIX, MEMCACHED_PORT, RESERVED_HOST_NAMES,
 };
 pub use up::{NUTCRACKER_PORT, NUTCRACKER_STATS_PORT};
 
@@ -254,6 +255,36 @@ impl Live {
         process::pause(record.pid, &record.argv, stop)
             .with_context(|| format!("signalling {} on {host:?}", record.what))?;
         Ok(record.pid)
+    }
+
+    /// The API of fabric switch `name` (a testbed with `[[switches]]`).
+    pub fn switch_api(&self, name: &str) -> Option<SocketAddr> {
+        fabric::switch_api(&self.state, name)
+    }
+
+    /// Kills fabric switch `name` with SIGKILL, as a crash would, and waits until it is gone;
+    /// its links stay (the neighbours see it fall silent). Only the PID `up` recorded is
+    /// signalled, and only while it runs the recorded command line.
+    pub fn kill_switch(&self, name: &str) -> anyhow::Result<u32> {
+        let s = self
+            .state
+            .fabric
+            .as_ref()
+            .and_then(|f| f.switches.iter().find(|s| s.name == name))
+            .ok_or_else(|| {
+                anyhow::anyhow!("no fabric switch {name:?} in {:?}", self.state.prefix)
+            })?;
+        let pid = s
+            .pid
+            .ok_or_else(|| anyhow::anyhow!("fabric switch {name:?} was not started"))?;
+        let record = self
+            .state
+            .procs
+            .iter()
+            .find(|p| p.pid == pid)
+            .ok_or_else(|| anyhow::anyhow!("no process recorded for switch {name:?}"))?;
+        process::kill(pid, &record.argv).with_context(|| format!("killing switch {name:?}"))?;
+        Ok(pid)
     }
 
     /// The live program `up` (or a restart) started on server or cache host `host`.

@@ -61,6 +61,33 @@ pub struct State {
     pub files: Vec<PathBuf>,
     /// True once `up` finished every step.
     pub complete: bool,
+    /// A fabric of several kvswitches in place of the one (`kvswitch_pid` then stays empty).
+    #[serde(default)]
+    pub fabric: Option<FabricState>,
+}
+
+/// The switches of a fabric testbed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FabricState {
+    /// The fabric file every switch reads.
+    pub config: PathBuf,
+    pub switches: Vec<FabricSwitchState>,
+}
+
+/// One switch of a fabric testbed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FabricSwitchState {
+    pub name: String,
+    pub role: crate::topology::SwitchRole,
+    /// Where fabric messages to it go.
+    pub address: Ipv4Addr,
+    pub mac: String,
+    pub api: SocketAddr,
+    /// Its ports' interfaces in the root namespace, in port order, each with the switch at
+    /// the other end (`None`: a host).
+    pub ports: Vec<(String, Option<String>)>,
+    pub log: PathBuf,
+    pub pid: Option<u32>,
 }
 
 /// One host: a namespace joined to the switch by a veth pair.

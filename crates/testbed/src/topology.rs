@@ -201,9 +201,43 @@ pub struct Topology {
     pub mode: Mode,
     pub distribution: String,
     pub hash: String,
-    /// In file order; host `i` gets address `subnet.nth(i + 1)`.
+    /// In file order; host `i` gets address `subnet.nth(i + 1)` (in a fabric, an address in
+    /// its rack's part of the subnet).
     pub hosts: Vec<Host>,
+    /// Several kvswitches joined into a caching fabric (`[[switches]]`); `None`: one kvswitch
+    /// with every host on it.
+    pub fabric: Option<FabricLayout>,
 }
+
+/// Where a switch of a fabric sits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SwitchRole {
+    Tor,
+    Root,
+}
+
+/// One switch of a fabric.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SwitchDef {
+    pub name: String,
+    pub role: SwitchRole,
+    /// A ToR's roots, each joined to it by a link.
+    pub uplinks: Vec<String>,
+}
+
+/// The switches of a fabric and which ToR each host hangs off.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FabricLayout {
+    pub switches: Vec<SwitchDef>,
+    /// Per host (in `hosts` order), the name of its ToR.
+    pub host_switch: Vec<String>,
+}
+
+/// Most ToRs of a fabric: each rack is a /27 of the testbed's /24, the last one the switches'.
+pub const MAX_RACKS: usize = 7;
+/// Most hosts in one rack.
+pub const MAX_RACK_HOSTS: usize = 28;
 
 /// The file as written, before validation.
 #[derive(Deserialize)]
@@ -217,6 +251,17 @@ struct RawTopology {
     hash: Option<String>,
     #[serde(default)]
     hosts: Vec<RawHost>,
+    #[serde(default)]
+    switches: Vec<RawSwitch>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSwitch {
+    name: Option<String>,
+    role: Option<String>,
+    #[serde(default)]
+    uplinks: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -226,6 +271,8 @@ struct RawHost {
     role: Option<String>,
     weight: Option<i64>,
     memcached_args: Option<Vec<String>>,
+    /// In a fabric, the ToR the host hangs off.
+    switch: Option<String>,
 }
 
 const DEFAULT_SUBNET: &str = "10.77.0.0/24";
@@ -260,6 +307,7 @@ impl Topology {
                 host("s2", Role::Server),
                 host("s3", Role::Server),
             ],
+            fabric: None,
         }
     }
 
@@ -321,6 +369,7 @@ impl Topology {
                 raw.hosts.len()
             );
         }
+        let host_switch: Vec<Option<String>> = raw.hosts.iter().map(|h| h.switch.clone()).collect();
         let mut hosts: Vec<Host> = Vec::with_capacity(raw.hosts.len());
         for (i, h) in raw.hosts.into_iter().enumerate() {
             let host = validate_host(i, h)?;
@@ -351,6 +400,7 @@ impl Topology {
             bail!("vip: {vip} is also the address of host {:?}", hosts[i].name);
         }
 
+        let fabric = validate_fabric(raw.switches, &hosts, host_switch, subnet, mode)?;
         Ok(Topology {
             name,
             subnet,
@@ -359,6 +409,7 @@ impl Topology {
             distribution,
             hash,
             hosts,
+            fabric,
         })
     }
 
@@ -442,6 +493,106 @@ fn validate_host(i: usize, raw: RawHost) -> anyhow::Result<Host> {
         weight,
         memcached_args,
     })
+}
+
+/// The `[[switches]]` of a fabric, and each host's `switch`.
+fn validate_fabric(
+    raw: Vec<RawSwitch>,
+    hosts: &[Host],
+    host_switch: Vec<Option<String>>,
+    subnet: Subnet,
+    mode: Mode,
+) -> anyhow::Result<Option<FabricLayout>> {
+    if raw.is_empty() {
+        if let Some(i) = host_switch.iter().position(Option::is_some) {
+            bail!("hosts[{i}].switch: only a fabric (with [[switches]]) has switches");
+        }
+        return Ok(None);
+    }
+    if subnet.len != 24 {
+        bail!("subnet: a fabric needs a /24 (a /27 per rack), not {subnet}");
+    }
+    if mode != Mode::L3 {
+        bail!("mode: a fabric carries hosts' own addresses; leave mode at \"l3\"");
+    }
+    let mut switches: Vec<SwitchDef> = Vec::new();
+    for (i, s) in raw.into_iter().enumerate() {
+        let name = s
+            .name
+            .ok_or_else(|| anyhow!("switches[{i}].name: missing"))?;
+        check_host_name(&name).map_err(|e| anyhow!("switches[{i}].name: {e}"))?;
+        if switches.iter().any(|o| o.name == name) || hosts.iter().any(|h| h.name == name) {
+            bail!("switches[{i}].name: {name:?} is already the name of a switch or host");
+        }
+        let role = match s.role.as_deref() {
+            Some("tor") => SwitchRole::Tor,
+            Some("root") => SwitchRole::Root,
+            Some(other) => {
+                bail!("switches[{i}].role: unknown role {other:?} (expected \"tor\" or \"root\")")
+            }
+            None => bail!("switches[{i}].role: missing for switch {name:?}"),
+        };
+        if role == SwitchRole::Root && !s.uplinks.is_empty() {
+            bail!("switches[{i}].uplinks: root {name:?} has no uplinks; give them on the ToRs");
+        }
+        switches.push(SwitchDef {
+            name,
+            role,
+            uplinks: s.uplinks,
+        });
+    }
+    let tors = switches
+        .iter()
+        .filter(|s| s.role == SwitchRole::Tor)
+        .count();
+    if tors == 0 || tors > MAX_RACKS {
+        bail!("switches: a fabric has 1 to {MAX_RACKS} ToRs, this one {tors}");
+    }
+    if !switches.iter().any(|s| s.role == SwitchRole::Root) {
+        bail!("switches: a fabric needs at least one root");
+    }
+    for (i, s) in switches.iter().enumerate() {
+        for up in &s.uplinks {
+            if !switches
+                .iter()
+                .any(|o| &o.name == up && o.role == SwitchRole::Root)
+            {
+                bail!("switches[{i}].uplinks: {up:?} is not a root of this fabric");
+            }
+        }
+        if s.role == SwitchRole::Tor && s.uplinks.is_empty() {
+            bail!(
+                "switches[{i}].uplinks: ToR {:?} needs at least one root",
+                s.name
+            );
+        }
+    }
+    let mut per_rack = std::collections::HashMap::new();
+    let mut host_switch_names = Vec::new();
+    for (i, s) in host_switch.into_iter().enumerate() {
+        let Some(s) = s else {
+            bail!("hosts[{i}].switch: missing; in a fabric every host hangs off a ToR");
+        };
+        if !switches
+            .iter()
+            .any(|o| o.name == s && o.role == SwitchRole::Tor)
+        {
+            bail!("hosts[{i}].switch: {s:?} is not a ToR of this fabric");
+        }
+        if hosts[i].role == Role::Cache {
+            bail!("hosts[{i}].role: a fabric has no cache hosts; its switches cache");
+        }
+        let n = per_rack.entry(s.clone()).or_insert(0usize);
+        *n += 1;
+        if *n > MAX_RACK_HOSTS {
+            bail!("hosts[{i}].switch: more than {MAX_RACK_HOSTS} hosts under {s:?}");
+        }
+        host_switch_names.push(s);
+    }
+    Ok(Some(FabricLayout {
+        switches,
+        host_switch: host_switch_names,
+    }))
 }
 
 /// Host names become parts of interface, namespace and nutcracker server names.

@@ -93,7 +93,7 @@ pub(crate) fn up(topo: &Topology, opts: &UpOptions) -> anyhow::Result<State> {
              through it) and mode = \"l3\""
         );
     }
-    if opts.local_port && opts.kvswitch_bin.is_some() {
+    if opts.local_port && opts.kvswitch_bin.is_some() && topo.fabric.is_none() {
         check_root_namespace(&topo.subnet)?;
     }
     let api = match opts.api {
@@ -105,6 +105,9 @@ pub(crate) fn up(topo: &Topology, opts: &UpOptions) -> anyhow::Result<State> {
     };
 
     let mut state = plan(topo, opts, state_path.clone(), api)?;
+    if topo.fabric.is_some() {
+        crate::fabric::plan(&mut state, topo, &opts.prefix)?;
+    }
     if state_path != default {
         // Listed with the generated files, so `down` removes it with them.
         state.files.push(pointer.clone());
@@ -118,7 +121,11 @@ pub(crate) fn up(topo: &Topology, opts: &UpOptions) -> anyhow::Result<State> {
             return Err(e).with_context(|| format!("writing {}", pointer.display()));
         }
     }
-    match build(&mut state, topo, opts) {
+    let built = match topo.fabric {
+        Some(_) => crate::fabric::build(&mut state, topo, opts),
+        None => build(&mut state, topo, opts),
+    };
+    match built {
         Ok(()) => Ok(state),
         Err(err) => {
             if let Err(cleanup) = down::down(&state_path) {
@@ -131,7 +138,7 @@ pub(crate) fn up(topo: &Topology, opts: &UpOptions) -> anyhow::Result<State> {
 }
 
 /// `<prefix>-<host>`: both the namespace and the switch-side interface.
-fn if_name(prefix: &str, host: &str) -> String {
+pub(crate) fn if_name(prefix: &str, host: &str) -> String {
     format!("{prefix}-{host}")
 }
 
@@ -200,12 +207,12 @@ fn mask(len: u8) -> u32 {
 }
 
 /// Locally administered MAC `02:6b:76:XX:00:NN`; XX separates testbeds, NN is the host number.
-fn mac(prefix: &str, nn: u8) -> String {
+pub(crate) fn mac(prefix: &str, nn: u8) -> String {
     format!("02:6b:76:{:02x}:00:{nn:02x}", prefix_byte(prefix))
 }
 
 /// FNV-1a of the prefix folded to one byte.
-fn prefix_byte(prefix: &str) -> u8 {
+pub(crate) fn prefix_byte(prefix: &str) -> u8 {
     let mut h: u32 = 0x811c_9dc5;
     for b in prefix.bytes() {
         h ^= u32::from(b);
@@ -217,13 +224,13 @@ fn prefix_byte(prefix: &str) -> u8 {
 /// The VIP MAC ends in 0x64 (100), above every host number.
 const VIP_MAC_BYTE: u8 = 0x64;
 
-fn free_port() -> anyhow::Result<SocketAddr> {
+pub(crate) fn free_port() -> anyhow::Result<SocketAddr> {
     let l = TcpListener::bind("127.0.0.1:0").context("finding a free port for the kvswitch API")?;
     Ok(l.local_addr()?)
 }
 
 /// The state with every name decided and nothing created yet.
-fn plan(
+pub(crate) fn plan(
     topo: &Topology,
     opts: &UpOptions,
     state_path: PathBuf,
@@ -290,6 +297,7 @@ fn plan(
         procs: Vec::new(),
         files: Vec::new(),
         complete: false,
+        fabric: None,
     })
 }
 
@@ -351,7 +359,7 @@ fn build(state: &mut State, topo: &Topology, opts: &UpOptions) -> anyhow::Result
 }
 
 /// Creates the namespace and the veth pair and configures both ends.
-fn create_host(state: &mut State, h: &HostState) -> anyhow::Result<()> {
+pub(crate) fn create_host(state: &mut State, h: &HostState) -> anyhow::Result<()> {
     let ns = h.netns.as_str();
     let v6 = netns::have_ipv6();
     ip(&["netns", "add", ns])?;
@@ -468,7 +476,11 @@ fn start_server(
     Ok(child)
 }
 
-fn start_memcached(state: &mut State, i: usize, extra: &[String]) -> anyhow::Result<Child> {
+pub(crate) fn start_memcached(
+    state: &mut State,
+    i: usize,
+    extra: &[String],
+) -> anyhow::Result<Child> {
     let h = state.hosts[i].clone();
     let listen = match state.mode {
         Mode::L3 => h.ip.to_string(),
@@ -600,7 +612,7 @@ fn start_kvswitch(state: &mut State, bin: &Path) -> anyhow::Result<()> {
 
 /// Waits until `what`, just started as `child` on host `i`, answers `version` on memcached's
 /// port, or fails with the tail of its log.
-fn answers_version(
+pub(crate) fn answers_version(
     state: &State,
     i: usize,
     mut child: Child,
@@ -725,14 +737,14 @@ fn start_caches(
 }
 
 /// Some(reason) once the child has exited, so readiness polling stops early.
-fn exited(child: &mut Child) -> Option<String> {
+pub(crate) fn exited(child: &mut Child) -> Option<String> {
     match child.try_wait() {
         Ok(Some(status)) => Some(format!("process {} exited ({status})", child.id())),
         _ => None,
     }
 }
 
-fn record_proc(
+pub(crate) fn record_proc(
     state: &mut State,
     child: &Child,
     what: &str,
@@ -749,7 +761,7 @@ fn record_proc(
 }
 
 /// Records a file before it is created.
-fn record_file(state: &mut State, path: &Path) -> anyhow::Result<()> {
+pub(crate) fn record_file(state: &mut State, path: &Path) -> anyhow::Result<()> {
     if !state.files.iter().any(|f| f == path) {
         state.files.push(path.to_path_buf());
         state.save()?;
@@ -757,7 +769,7 @@ fn record_file(state: &mut State, path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn write_file(state: &mut State, path: &Path, text: &str) -> anyhow::Result<()> {
+pub(crate) fn write_file(state: &mut State, path: &Path, text: &str) -> anyhow::Result<()> {
     record_file(state, path)?;
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }

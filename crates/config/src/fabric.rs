@@ -1,0 +1,431 @@
+//! A fabric's file (TOML): every switch of a fabric of kvswitches, its ports and racks, and
+//! the memcached servers the fabric carries. One file serves every switch:
+//! `kvswitch fabric run --config FILE --switch NAME` takes its own part and knows the rest.
+//!
+//! ```toml
+//! name = "two-level"
+//! buckets = 64                       # registration table buckets
+//!
+//! [[switch]]
+//! name = "tor0"
+//! role = "tor"                       # or "root"
+//! address = "10.91.0.225"            # where fabric messages to it go
+//! mac = "02:91:00:00:00:e1"
+//! rack = "10.91.0.0/27"              # a ToR's hosts
+//! api = "127.0.0.1:9101"             # its HTTP API (optional)
+//! ports = [
+//!   { interface = "fab-c0" },                      # a host
+//!   { interface = "fab-t0r0", link = "root0" },    # another switch
+//! ]
+//!
+//! [[server]]
+//! address = "10.91.0.2"
+//! mac = "02:91:00:00:00:02"          # port defaults to 11211
+//! ```
+//!
+//! Every error names the file, the key and the problem.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use kv::fabric::{Registration, SwitchId};
+use serde::Deserialize;
+use switch::fabric::{FabricServer, FabricSpec, Member, PortRole, Rack, Role};
+use wire::ethernet::Mac;
+
+/// Registration table buckets unless the file says.
+pub const DEFAULT_BUCKETS: usize = 64;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFabric {
+    name: String,
+    #[serde(default)]
+    buckets: Option<usize>,
+    #[serde(default)]
+    invalidate_retry_ms: Option<u64>,
+    #[serde(default)]
+    invalidate_give_up_ms: Option<u64>,
+    #[serde(default)]
+    hello_ms: Option<u64>,
+    #[serde(default)]
+    dead_ms: Option<u64>,
+    #[serde(default, rename = "switch")]
+    switches: Vec<RawSwitch>,
+    #[serde(default, rename = "server")]
+    servers: Vec<RawServer>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSwitch {
+    name: String,
+    role: String,
+    address: Ipv4Addr,
+    mac: String,
+    #[serde(default)]
+    rack: Option<String>,
+    #[serde(default)]
+    api: Option<SocketAddr>,
+    #[serde(default)]
+    cache_items: Option<usize>,
+    #[serde(default)]
+    ports: Vec<RawPort>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPort {
+    interface: String,
+    #[serde(default)]
+    link: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    address: Ipv4Addr,
+    #[serde(default = "memcached_port")]
+    port: u16,
+    mac: String,
+}
+
+fn memcached_port() -> u16 {
+    11211
+}
+
+/// One switch as the file describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FabricSwitchConfig {
+    pub name: String,
+    pub id: SwitchId,
+    pub role: Role,
+    pub address: Ipv4Addr,
+    pub mac: Mac,
+    pub rack: Option<(Ipv4Addr, u8)>,
+    pub api: Option<SocketAddr>,
+    pub cache_items: Option<usize>,
+    /// Interface names, and the switch behind each link.
+    pub ports: Vec<(String, Option<SwitchId>)>,
+}
+
+/// A validated fabric file.
+#[derive(Debug, Clone)]
+pub struct FabricConfig {
+    pub path: PathBuf,
+    pub name: String,
+    pub buckets: usize,
+    pub switches: Vec<FabricSwitchConfig>,
+    pub servers: Vec<FabricServer>,
+    invalidate_retry: Option<Duration>,
+    invalidate_give_up: Option<Duration>,
+    hello: Option<Duration>,
+    dead: Option<Duration>,
+}
+
+fn err(path: &Path, key: &str, problem: impl std::fmt::Display) -> anyhow::Error {
+    anyhow::anyhow!("{}: `{key}`: {problem}", path.display())
+}
+
+fn parse_prefix(text: &str) -> Option<(Ipv4Addr, u8)> {
+    let (a, l) = text.split_once('/')?;
+    let len: u8 = l.parse().ok()?;
+    (len <= 32).then_some(())?;
+    Some((a.parse().ok()?, len))
+}
+
+impl FabricConfig {
+    pub fn load(path: &Path) -> anyhow::Result<FabricConfig> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("{}: cannot read: {e}", path.display()))?;
+        FabricConfig::parse(&text, path)
+    }
+
+    pub fn parse(text: &str, path: &Path) -> anyhow::Result<FabricConfig> {
+        let raw: RawFabric = toml::from_str(text)
+            .map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.to_string().trim()))?;
+        if raw.switches.is_empty() {
+            return Err(err(path, "switch", "a fabric needs at least one switch"));
+        }
+        if raw.switches.len() > 255 {
+            return Err(err(path, "switch", "at most 255 switches"));
+        }
+        let ids: HashMap<&str, SwitchId> = raw
+            .switches
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.name.as_str(), i as SwitchId))
+            .collect();
+        if ids.len() != raw.switches.len() {
+            return Err(err(path, "switch.name", "two switches share a name"));
+        }
+        let mut switches = Vec::new();
+        for (i, s) in raw.switches.iter().enumerate() {
+            let key = |k: &str| format!("switch[{}].{k}", s.name);
+            let role = match s.role.as_str() {
+                "tor" => Role::Tor,
+                "root" => Role::Root,
+                other => {
+                    return Err(err(
+                        path,
+                        &key("role"),
+                        format!("{other:?}: `tor` or `root`"),
+                    ))
+                }
+            };
+            let mac: Mac = s
+                .mac
+                .parse()
+                .map_err(|_| err(path, &key("mac"), format!("{:?} is not a MAC", s.mac)))?;
+            let rack = match (&s.rack, role) {
+                (Some(r), Role::Tor) => Some(parse_prefix(r).ok_or_else(|| {
+                    err(path, &key("rack"), format!("{r:?} is not ADDRESS/LENGTH"))
+                })?),
+                (None, Role::Tor) => return Err(err(path, &key("rack"), "a ToR needs its rack")),
+                (Some(_), Role::Root) => return Err(err(path, &key("rack"), "a root has no rack")),
+                (None, Role::Root) => None,
+            };
+            let mut ports = Vec::new();
+            for p in &s.ports {
+                let link = match &p.link {
+                    None => None,
+                    Some(n) => Some(*ids.get(n.as_str()).ok_or_else(|| {
+                        err(
+                            path,
+                            &key("ports.link"),
+                            format!("no switch is named {n:?}"),
+                        )
+                    })?),
+                };
+                ports.push((p.interface.clone(), link));
+            }
+            switches.push(FabricSwitchConfig {
+                name: s.name.clone(),
+                id: i as SwitchId,
+                role,
+                address: s.address,
+                mac,
+                rack,
+                api: s.api,
+                cache_items: s.cache_items,
+                ports,
+            });
+        }
+        let mut servers = Vec::new();
+        for (i, s) in raw.servers.iter().enumerate() {
+            let mac: Mac = s.mac.parse().map_err(|_| {
+                err(
+                    path,
+                    &format!("server[{i}].mac"),
+                    format!("{:?} is not a MAC", s.mac),
+                )
+            })?;
+            servers.push(FabricServer {
+                ip: s.address,
+                port: s.port,
+                mac,
+            });
+        }
+        let ms = |v: Option<u64>| v.map(Duration::from_millis);
+        let config = FabricConfig {
+            path: path.to_path_buf(),
+            name: raw.name,
+            buckets: raw.buckets.unwrap_or(DEFAULT_BUCKETS),
+            switches,
+            servers,
+            invalidate_retry: ms(raw.invalidate_retry_ms),
+            invalidate_give_up: ms(raw.invalidate_give_up_ms),
+            hello: ms(raw.hello_ms),
+            dead: ms(raw.dead_ms),
+        };
+        // Every switch's spec must hold together.
+        for s in &config.switches {
+            config.spec(&s.name)?;
+        }
+        Ok(config)
+    }
+
+    pub fn switch(&self, name: &str) -> Option<&FabricSwitchConfig> {
+        self.switches.iter().find(|s| s.name == name)
+    }
+
+    pub fn roots(&self) -> Vec<SwitchId> {
+        self.switches
+            .iter()
+            .filter(|s| s.role == Role::Root)
+            .map(|s| s.id)
+            .collect()
+    }
+
+    /// The registration table the controller installs first: buckets spread over the roots.
+    pub fn registration(
+        &self,
+        version: u64,
+        failed: &BTreeSet<SwitchId>,
+    ) -> anyhow::Result<Registration> {
+        let roots = self.roots();
+        if roots.is_empty() {
+            // A fabric of one rack: no key is ever designated at a root.
+            return Registration::new(version, vec![0], failed.clone())
+                .map_err(|e| anyhow::anyhow!("{e}"));
+        }
+        Registration::spread(version, &roots, failed, self.buckets).ok_or_else(|| {
+            anyhow::anyhow!(
+                "{}: no root is left to designate ({} buckets, {} roots, {} failed)",
+                self.path.display(),
+                self.buckets,
+                roots.len(),
+                failed.len()
+            )
+        })
+    }
+
+    /// The spec of the switch named `name`.
+    pub fn spec(&self, name: &str) -> anyhow::Result<FabricSpec> {
+        let me = self.switch(name).ok_or_else(|| {
+            anyhow::anyhow!("{}: no switch is named {name:?}", self.path.display())
+        })?;
+        let members = self
+            .switches
+            .iter()
+            .map(|s| Member {
+                id: s.id,
+                role: s.role,
+                ip: s.address,
+                mac: s.mac,
+            })
+            .collect();
+        let racks = self
+            .switches
+            .iter()
+            .filter_map(|s| {
+                s.rack.map(|(prefix, prefix_len)| Rack {
+                    tor: s.id,
+                    prefix,
+                    prefix_len,
+                })
+            })
+            .collect();
+        let ports = me
+            .ports
+            .iter()
+            .map(|(_, link)| link.map_or(PortRole::Host, PortRole::Link))
+            .collect();
+        let registration = match self.roots().is_empty() {
+            // With no root, a table naming switch 0 is never read: every path stays in a rack.
+            true => None,
+            false => Some(self.registration(1, &BTreeSet::new())?),
+        };
+        let registration = match registration {
+            Some(r) => r,
+            None => {
+                return Err(err(
+                    &self.path,
+                    "switch",
+                    "a fabric needs at least one root (a single rack is one kvswitch)",
+                ))
+            }
+        };
+        let mut spec = FabricSpec::new(
+            me.id,
+            members,
+            ports,
+            racks,
+            self.servers.clone(),
+            registration,
+        );
+        if let Some(n) = me.cache_items {
+            spec.cache_items = n;
+        }
+        if let Some(d) = self.invalidate_retry {
+            spec.invalidate_retry = d;
+        }
+        if let Some(d) = self.invalidate_give_up {
+            spec.invalidate_give_up = d;
+        }
+        if let Some(d) = self.hello {
+            spec.hello_every = d;
+        }
+        if let Some(d) = self.dead {
+            spec.dead_after = d;
+        }
+        spec.validate()
+            .map_err(|e| err(&self.path, &format!("switch[{name}]"), e))?;
+        Ok(spec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = r#"
+name = "two-level"
+[[switch]]
+name = "tor0"
+role = "tor"
+address = "10.91.0.225"
+mac = "02:91:00:00:00:e1"
+rack = "10.91.0.0/27"
+ports = [{ interface = "f-c0" }, { interface = "f-t0r0", link = "root0" }]
+[[switch]]
+name = "tor1"
+role = "tor"
+address = "10.91.0.226"
+mac = "02:91:00:00:00:e2"
+rack = "10.91.0.32/27"
+ports = [{ interface = "f-s0" }, { interface = "f-t1r0", link = "root0" }]
+[[switch]]
+name = "root0"
+role = "root"
+address = "10.91.0.227"
+mac = "02:91:00:00:00:e3"
+ports = [{ interface = "f-r0t0", link = "tor0" }, { interface = "f-r0t1", link = "tor1" }]
+[[server]]
+address = "10.91.0.34"
+mac = "02:91:00:00:00:22"
+"#;
+
+    #[test]
+    fn a_file_gives_each_switch_its_spec() {
+        let c = FabricConfig::parse(FILE, Path::new("f.toml")).unwrap();
+        let tor = c.spec("tor0").unwrap();
+        assert_eq!(tor.ports, vec![PortRole::Host, PortRole::Link(2)]);
+        assert_eq!(tor.cache_items, 4096);
+        let root = c.spec("root0").unwrap();
+        assert_eq!(root.cache_items, 16_384);
+        assert_eq!(root.registration.buckets().len(), DEFAULT_BUCKETS);
+        assert_eq!(c.servers[0].port, 11211);
+        assert!(c.spec("nobody").is_err());
+    }
+
+    #[test]
+    fn mistakes_name_the_file_and_key() {
+        let bad = FILE.replace("link = \"root0\" }, ]", "");
+        let cases = [
+            (FILE.replace("role = \"root\"", "role = \"spine\""), "role"),
+            (FILE.replace("link = \"tor1\"", "link = \"tor9\""), "tor9"),
+            (
+                FILE.replace("rack = \"10.91.0.32/27\"", "rack = \"x\""),
+                "rack",
+            ),
+            (FILE.replace("10.91.0.34", "10.92.0.34"), "no rack"),
+            (
+                FILE.replace("mac = \"02:91:00:00:00:22\"", "mac = \"zz\""),
+                "server[0].mac",
+            ),
+            (format!("{FILE}\nbogus = 1\n"), "bogus"),
+            (bad, ""),
+        ];
+        for (text, needle) in cases {
+            let e = FabricConfig::parse(&text, Path::new("f.toml"));
+            if needle.is_empty() {
+                continue;
+            }
+            let e = format!("{:#}", e.unwrap_err());
+            assert!(e.contains("f.toml") && e.contains(needle), "{e}");
+        }
+    }
+}

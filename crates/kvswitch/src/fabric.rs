@@ -1,0 +1,477 @@
+//! `kvswitch fabric`: one switch of a coherent caching fabric (`run`), and the operator's
+//! view of a running fabric (`status`, `table`, `fault`), all read from one fabric file.
+//!
+//! A fabric switch's HTTP API:
+//! - `GET /api/v1/fabric` — its counters, cache, directory, links and ports, as JSON;
+//! - `GET /metrics` — the same for Prometheus;
+//! - `PUT /api/v1/fabric/registration` `{"version": N, "failed": ["root0"]}` — install the
+//!   registration table the fabric file gives with those switches failed (what a controller
+//!   does when a switch fails or comes back);
+//! - `PUT /api/v1/fabric/faults` `{"drop_invalidations": N}` — drop the next N invalidations
+//!   this switch receives (to test that homes send them again).
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::{get, put};
+use axum::{Json, Router};
+use clap::{Args, Subcommand};
+use config::fabric::FabricConfig;
+use dataplane::remote::Remote;
+use dataplane::{Driver, RunOptions};
+use kvio::{AfPacket, AfPacketOptions, Port};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use switch::fabric::{FabricSnapshot, FabricSwitch, Role};
+use switch::stats::Stats;
+
+#[derive(Args, Debug)]
+pub struct FabricArgs {
+    #[command(subcommand)]
+    pub action: FabricCmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum FabricCmd {
+    /// Run one switch of the fabric on its ports (needs root).
+    Run {
+        /// The fabric file (TOML).
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Which switch of the file this is.
+        #[arg(long)]
+        switch: String,
+        /// Check the file and exit without opening ports.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Show every switch's counters, cache and links.
+    Status {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Install a registration table on every switch: the file's roots, those named failed
+    /// left out (a controller's job when a switch fails or comes back).
+    Table {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// The table's version; must be newer than the one each switch holds.
+        #[arg(long)]
+        version: u64,
+        /// Switches that failed (names), comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        failed: Vec<String>,
+    },
+    /// Make a switch drop the next N invalidations it receives.
+    Fault {
+        #[arg(long, short)]
+        config: PathBuf,
+        #[arg(long)]
+        switch: String,
+        #[arg(long)]
+        drop_invalidations: u64,
+    },
+}
+
+pub fn run_cli(args: &FabricArgs) -> anyhow::Result<()> {
+    match &args.action {
+        FabricCmd::Run {
+            config,
+            switch,
+            check,
+        } => {
+            let cfg = FabricConfig::load(config)?;
+            cfg.spec(switch)?;
+            if *check {
+                println!("{}: switch {switch} is fine", config.display());
+                return Ok(());
+            }
+            run(cfg, switch)
+        }
+        FabricCmd::Status { config } => status(&FabricConfig::load(config)?),
+        FabricCmd::Table {
+            config,
+            version,
+            failed,
+        } => {
+            let cfg = FabricConfig::load(config)?;
+            let body = json!({"version": version, "failed": failed}).to_string();
+            for_each_switch(&cfg, "PUT", "/api/v1/fabric/registration", &body)
+        }
+        FabricCmd::Fault {
+            config,
+            switch,
+            drop_invalidations,
+        } => {
+            let cfg = FabricConfig::load(config)?;
+            let s = cfg
+                .switch(switch)
+                .with_context(|| format!("{}: no switch {switch:?}", config.display()))?;
+            let api = s
+                .api
+                .with_context(|| format!("{}: switch {switch} has no `api`", config.display()))?;
+            let body = json!({ "drop_invalidations": drop_invalidations }).to_string();
+            call(api, "PUT", "/api/v1/fabric/faults", &body)?;
+            println!("{switch}: dropping the next {drop_invalidations} invalidations");
+            Ok(())
+        }
+    }
+}
+
+/// `method path` with a JSON body to one switch's API; an error unless it answers 200.
+fn call(api: SocketAddr, method: &str, path: &str, body: &str) -> anyhow::Result<String> {
+    let (code, text) = testbed::http(api, method, path, None, Some(body))?;
+    if code != 200 {
+        anyhow::bail!("{method} {path} on {api}: {code}: {}", text.trim());
+    }
+    Ok(text)
+}
+
+fn for_each_switch(cfg: &FabricConfig, method: &str, path: &str, body: &str) -> anyhow::Result<()> {
+    let mut failures = Vec::new();
+    for s in &cfg.switches {
+        let Some(api) = s.api else {
+            continue;
+        };
+        match call(api, method, path, body) {
+            Ok(_) => println!("{}: done", s.name),
+            Err(e) => {
+                println!("{}: {e:#}", s.name);
+                failures.push(s.name.clone());
+            }
+        }
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        anyhow::bail!("not done on {}", failures.join(", "))
+    }
+}
+
+fn status(cfg: &FabricConfig) -> anyhow::Result<()> {
+    println!(
+        "{:<8} {:<5} {:>9} {:>9} {:>8} {:>8} {:>9} {:>8}  links up",
+        "switch", "role", "requests", "hits", "items", "fills", "invalid.", "no route"
+    );
+    for s in &cfg.switches {
+        let Some(api) = s.api else {
+            println!("{:<8} (no api)", s.name);
+            continue;
+        };
+        match testbed::http_get(api, "/api/v1/fabric") {
+            Ok((200, body)) => {
+                let v: Value = serde_json::from_str(&body)?;
+                let n = |p: &str| v.pointer(p).and_then(Value::as_u64).unwrap_or(0);
+                let links: Vec<String> = v["links"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter(|l| l["up"] == true)
+                            .filter_map(|l| l["to"].as_str().map(String::from))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                println!(
+                    "{:<8} {:<5} {:>9} {:>9} {:>8} {:>8} {:>9} {:>8}  {}",
+                    s.name,
+                    v["role"].as_str().unwrap_or("?"),
+                    n("/stats/requests_in"),
+                    n("/cache/hits"),
+                    n("/cache/items"),
+                    n("/cache/fills"),
+                    n("/directory/invalidations"),
+                    n("/stats/no_route"),
+                    links.join(",")
+                );
+            }
+            Ok((code, body)) => println!("{:<8} {code}: {}", s.name, body.trim()),
+            Err(e) => println!("{:<8} down: {e:#}", s.name),
+        }
+    }
+    Ok(())
+}
+
+/// What the API thread shares with the forwarding thread.
+struct Shared {
+    cfg: FabricConfig,
+    name: String,
+    snapshot: Mutex<Option<FabricSnapshot>>,
+    stats: Arc<Stats>,
+    ports: Vec<String>,
+    remote: Remote<FabricSwitch>,
+}
+
+pub fn run(cfg: FabricConfig, name: &str) -> anyhow::Result<()> {
+    crate::daemon::install_signal_handlers();
+    let spec = cfg.spec(name)?;
+    let me = cfg.switch(name).expect("checked by spec").clone();
+    let mut ports: Vec<Box<dyn Port>> = Vec::new();
+    for (iface, _) in &me.ports {
+        let _ = kvio::link::set_ipv4_conf(iface, "arp_ignore", "1");
+        let port = AfPacket::open(iface, &AfPacketOptions::default()).with_context(|| {
+            format!(
+                "{}: switch {name}: cannot open port `{iface}`",
+                cfg.path.display()
+            )
+        })?;
+        ports.push(Box::new(port));
+    }
+    let stats = Arc::new(Stats::new(ports.len(), 0));
+    let fabric = FabricSwitch::new(spec)?;
+    let (remote, inbox) = dataplane::remote::<FabricSwitch>()?;
+    let shared = Arc::new(Shared {
+        cfg: cfg.clone(),
+        name: name.to_string(),
+        snapshot: Mutex::new(None),
+        stats: stats.clone(),
+        ports: me.ports.iter().map(|(i, _)| i.clone()).collect(),
+        remote,
+    });
+    let api = match me.api {
+        Some(addr) => Some(serve(addr, shared.clone())?),
+        None => None,
+    };
+    tracing::info!(switch = name, role = me.role.name(), ports = ?shared.ports,
+        api = ?api, "kvswitch fabric switch running");
+    let mut driver = Driver::new(ports, fabric, None, stats);
+    let options = RunOptions::default();
+    let clock = kvio::clock::now;
+    driver.run(
+        &options,
+        Some(&inbox),
+        &crate::daemon::stop_requested,
+        &mut |fabric| {
+            if let Ok(mut s) = shared.snapshot.lock() {
+                *s = Some(fabric.snapshot(clock()));
+            }
+        },
+    )?;
+    tracing::info!(switch = name, "kvswitch fabric switch stopping");
+    Ok(())
+}
+
+/// Starts the API on a thread of its own.
+fn serve(addr: SocketAddr, shared: Arc<Shared>) -> anyhow::Result<SocketAddr> {
+    let listener = std::net::TcpListener::bind(addr)
+        .with_context(|| format!("the fabric API cannot listen on {addr}"))?;
+    listener.set_nonblocking(true)?;
+    let local = listener.local_addr()?;
+    let app = Router::new()
+        .route("/api/v1/fabric", get(fabric_status))
+        .route("/metrics", get(metrics))
+        .route("/api/v1/fabric/registration", put(registration))
+        .route("/api/v1/fabric/faults", put(faults))
+        .with_state(shared);
+    std::thread::Builder::new()
+        .name("fabric-api".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    tracing::error!("the fabric API has no runtime: {e}");
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+                    tracing::error!("the fabric API cannot take its socket");
+                    return;
+                };
+                if let Err(e) = axum::serve(listener, app).await {
+                    tracing::error!("the fabric API stopped: {e}");
+                }
+            });
+        })?;
+    Ok(local)
+}
+
+fn status_json(shared: &Shared) -> Value {
+    let snap = shared.snapshot.lock().ok().and_then(|s| s.clone());
+    let ports: Vec<Value> = shared
+        .ports
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let p = &shared.stats.ports[i];
+            json!({
+                "name": name,
+                "rx_frames": p.rx_packets.load(Ordering::Relaxed),
+                "tx_frames": p.tx_packets.load(Ordering::Relaxed),
+            })
+        })
+        .collect();
+    let Some(s) = snap else {
+        return json!({"switch": shared.name, "starting": true, "ports": ports});
+    };
+    let links: Vec<Value> = s
+        .links_up
+        .iter()
+        .enumerate()
+        .filter_map(|(p, up)| {
+            let up = (*up)?;
+            let to = shared
+                .cfg
+                .switch(&shared.name)
+                .and_then(|me| me.ports.get(p))
+                .and_then(|(_, link)| *link)
+                .and_then(|id| shared.cfg.switches.get(usize::from(id)))
+                .map(|sw| sw.name.clone());
+            Some(json!({"port": shared.ports.get(p), "to": to, "up": up}))
+        })
+        .collect();
+    let st = s.stats;
+    let c = s.cache;
+    let d = s.directory;
+    json!({
+        "switch": shared.name,
+        "role": s.role.name(),
+        "registration_version": s.registration_version,
+        "stats": {
+            "requests_in": st.requests_in, "hits": st.hits, "refused": st.refused,
+            "to_server": st.to_server, "replies_out": st.replies_out,
+            "messages_sent": st.messages_sent, "messages_in": st.messages_in,
+            "invalidations_sent": st.invalidations_sent, "invalidations_in": st.invalidations_in,
+            "invalidations_dropped": st.invalidations_dropped, "acks_sent": st.acks_sent,
+            "writes_failed": st.writes_failed, "no_route": st.no_route,
+            "malformed": st.malformed, "unexpected": st.unexpected, "routed": st.routed,
+            "detours": st.detours,
+        },
+        "cache": {
+            "items": s.cached_items, "hits": c.hits, "misses": c.misses, "fills": c.fills,
+            "fills_stale": c.fills_stale, "evictions": c.evictions,
+            "invalidations": c.invalidations,
+        },
+        "directory": {
+            "fills_allowed": d.fills_allowed, "fills_refused_write": d.fills_refused_write,
+            "fills_refused_full": d.fills_refused_full, "writes": d.writes,
+            "writes_queued": d.writes_queued, "invalidations": d.invalidations,
+            "retransmits": d.retransmits, "acks": d.acks, "acks_stale": d.acks_stale,
+            "writes_failed": d.writes_failed, "writes_timed_out": d.writes_timed_out,
+        },
+        "links": links,
+        "ports": ports,
+    })
+}
+
+async fn fabric_status(State(shared): State<Arc<Shared>>) -> Json<Value> {
+    Json(status_json(&shared))
+}
+
+/// Every number of the status as a Prometheus gauge or counter.
+async fn metrics(State(shared): State<Arc<Shared>>) -> String {
+    let v = status_json(&shared);
+    let mut out = String::new();
+    let switch = &shared.name;
+    for group in ["stats", "cache", "directory"] {
+        if let Some(map) = v[group].as_object() {
+            for (k, n) in map {
+                if let Some(n) = n.as_u64() {
+                    out.push_str(&format!(
+                        "kvswitch_fabric_{group}_{k}{{switch=\"{switch}\"}} {n}\n"
+                    ));
+                }
+            }
+        }
+    }
+    if let Some(links) = v["links"].as_array() {
+        for l in links {
+            out.push_str(&format!(
+                "kvswitch_fabric_link_up{{switch=\"{switch}\",to=\"{}\"}} {}\n",
+                l["to"].as_str().unwrap_or("?"),
+                u8::from(l["up"] == true)
+            ));
+        }
+    }
+    out
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TableRequest {
+    version: u64,
+    #[serde(default)]
+    failed: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FaultRequest {
+    drop_invalidations: u64,
+}
+
+type Reply = (StatusCode, Json<Value>);
+
+fn refused(code: StatusCode, message: impl std::fmt::Display) -> Reply {
+    (code, Json(json!({ "error": message.to_string() })))
+}
+
+/// Runs `job` on the forwarding thread and waits for its answer.
+async fn on_switch<T: Send + 'static>(
+    shared: &Shared,
+    job: impl FnOnce(&mut FabricSwitch, kv::Instant, &mut Vec<switch::Emit>) -> T + Send + 'static,
+) -> Result<T, Reply> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    shared
+        .remote
+        .submit(Box::new(move |f, now, emit| {
+            let _ = tx.send(job(f, now, emit));
+        }))
+        .map_err(|e| refused(StatusCode::SERVICE_UNAVAILABLE, e))?;
+    rx.await
+        .map_err(|_| refused(StatusCode::SERVICE_UNAVAILABLE, "the switch stopped"))
+}
+
+async fn registration(State(shared): State<Arc<Shared>>, body: axum::body::Bytes) -> Reply {
+    let req: TableRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return refused(StatusCode::BAD_REQUEST, e),
+    };
+    let mut failed = BTreeSet::new();
+    for name in &req.failed {
+        match shared.cfg.switch(name) {
+            Some(s) => {
+                failed.insert(s.id);
+            }
+            None => return refused(StatusCode::BAD_REQUEST, format!("no switch {name:?}")),
+        }
+    }
+    let table = match shared.cfg.registration(req.version, &failed) {
+        Ok(t) => t,
+        Err(e) => return refused(StatusCode::BAD_REQUEST, format!("{e:#}")),
+    };
+    match on_switch(&shared, move |f, now, emit| {
+        f.set_registration(table, now, emit)
+    })
+    .await
+    {
+        Ok(Ok(())) => (StatusCode::OK, Json(json!({"version": req.version}))),
+        Ok(Err(e)) => refused(StatusCode::CONFLICT, e),
+        Err(reply) => reply,
+    }
+}
+
+async fn faults(State(shared): State<Arc<Shared>>, body: axum::body::Bytes) -> Reply {
+    let req: FaultRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return refused(StatusCode::BAD_REQUEST, e),
+    };
+    let n = req.drop_invalidations;
+    match on_switch(&shared, move |f, _, _| f.drop_invalidations(n)).await {
+        Ok(()) => (StatusCode::OK, Json(json!({ "drop_invalidations": n }))),
+        Err(reply) => reply,
+    }
+}
+
+/// The role names the status prints.
+pub fn role_name(role: Role) -> &'static str {
+    role.name()
+}
