@@ -8,8 +8,9 @@ use wire::memcache::{self, cached, Command as Mc, Request, MAX_KEY_LEN};
 pub enum Kind {
     /// A text `get` of one key: the fabric's caches may answer it.
     Get(Vec<u8>),
-    /// One write of one key: ordered by the key's home.
-    Write(Command, Vec<u8>),
+    /// One write of one key: ordered by the key's home. True when the server will not answer
+    /// it (`noreply`, meta `q`, a quiet binary opcode).
+    Write(Command, Vec<u8>, bool),
     /// Reads the caches do not answer (several keys, `gets`, meta and binary reads, `stats`,
     /// `version`): sent to the server as they are.
     Plain,
@@ -49,7 +50,7 @@ pub fn classify(body: &[u8]) -> Kind {
         }
         (_, []) => Kind::Plain,
         ([one], [_]) if at == body.len() => match write_key(one) {
-            Some(key) => Kind::Write(write_command(one.command), key),
+            Some(key) => Kind::Write(write_command(one.command), key, one.noreply()),
             None => Kind::Refused("a write the fabric cannot read the key of"),
         },
         ([one], [_]) if one.command == Mc::FlushAll => {
@@ -116,23 +117,27 @@ mod tests {
         assert_eq!(classify(b"stats\r\n"), Kind::Plain);
         assert_eq!(
             classify(b"set foo 0 0 1\r\nx\r\n"),
-            Kind::Write(Command::Set, b"foo".to_vec())
+            Kind::Write(Command::Set, b"foo".to_vec(), false)
         );
         assert_eq!(
             classify(b"delete foo\r\n"),
-            Kind::Write(Command::Del, b"foo".to_vec())
+            Kind::Write(Command::Del, b"foo".to_vec(), false)
         );
         assert_eq!(
             classify(b"incr n 5\r\n"),
-            Kind::Write(Command::Increment, b"n".to_vec())
+            Kind::Write(Command::Increment, b"n".to_vec(), false)
         );
         assert_eq!(
             classify(b"decr n 5\r\n"),
-            Kind::Write(Command::Increment, b"n".to_vec())
+            Kind::Write(Command::Increment, b"n".to_vec(), false)
         );
         assert_eq!(
             classify(b"ms Zm9v 1 b\r\nx\r\n"),
-            Kind::Write(Command::Set, b"foo".to_vec())
+            Kind::Write(Command::Set, b"foo".to_vec(), false)
+        );
+        assert_eq!(
+            classify(b"set foo 0 0 1 noreply\r\nx\r\n"),
+            Kind::Write(Command::Set, b"foo".to_vec(), true)
         );
         assert!(matches!(classify(b"flush_all\r\n"), Kind::Refused(_)));
         assert!(matches!(
@@ -142,7 +147,7 @@ mod tests {
         // A meta get that touches is a write.
         assert_eq!(
             classify(b"mg foo v T30\r\n"),
-            Kind::Write(Command::Set, b"foo".to_vec())
+            Kind::Write(Command::Set, b"foo".to_vec(), false)
         );
     }
 

@@ -724,7 +724,7 @@ impl FabricSwitch {
                 return true;
             }
             Kind::Get(key) => (Command::Get, key),
-            Kind::Write(command, key) => (command, key),
+            Kind::Write(command, key, _) => (command, key),
         };
         self.stats.requests_in += 1;
         if command == Command::Get {
@@ -824,7 +824,7 @@ impl FabricSwitch {
         };
         let key = match (h.command, classify(body)) {
             (Command::Get, Kind::Get(key)) => key,
-            (c, Kind::Write(w, key)) if c == w => key,
+            (c, Kind::Write(w, key, _)) if c == w => key,
             _ => {
                 self.stats.malformed += 1;
                 return;
@@ -992,6 +992,16 @@ impl FabricSwitch {
             },
         );
         self.send_to_server(write.client, write.server, &write.datagram, emit);
+        let quiet = mcudp::Header::parse(&write.datagram)
+            .is_ok_and(|(_, body)| matches!(classify(body), Kind::Write(_, _, true)));
+        if quiet {
+            // No reply will come: the write is done once it left (the server takes the
+            // key's requests in the order this home sends them).
+            self.pending.remove(&(write.client.0, write.client.1, mc.request_id));
+            if let Some(step) = self.directory.done(&write.key, now) {
+                self.write_step(&write.key, step, now, emit);
+            }
+        }
     }
 
     fn remember(&mut self, flow: Flow, pending: Pending) {
