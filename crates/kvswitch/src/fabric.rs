@@ -294,8 +294,15 @@ fn serve(addr: SocketAddr, shared: Arc<Shared>) -> anyhow::Result<SocketAddr> {
     Ok(local)
 }
 
-fn status_json(shared: &Shared) -> Value {
-    let snap = shared.snapshot.lock().ok().and_then(|s| s.clone());
+/// A snapshot taken on the forwarding thread now; the last periodic one if that is busy.
+async fn fresh(shared: &Shared) -> Option<FabricSnapshot> {
+    match on_switch(shared, |f, now, _| f.snapshot(now)).await {
+        Ok(s) => Some(s),
+        Err(_) => shared.snapshot.lock().ok().and_then(|s| s.clone()),
+    }
+}
+
+fn status_json(shared: &Shared, snap: Option<FabricSnapshot>) -> Value {
     let ports: Vec<Value> = shared
         .ports
         .iter()
@@ -363,12 +370,14 @@ fn status_json(shared: &Shared) -> Value {
 }
 
 async fn fabric_status(State(shared): State<Arc<Shared>>) -> Json<Value> {
-    Json(status_json(&shared))
+    let snap = fresh(&shared).await;
+    Json(status_json(&shared, snap))
 }
 
 /// Every number of the status as a Prometheus gauge or counter.
 async fn metrics(State(shared): State<Arc<Shared>>) -> String {
-    let v = status_json(&shared);
+    let snap = fresh(&shared).await;
+    let v = status_json(&shared, snap);
     let mut out = String::new();
     let switch = &shared.name;
     for group in ["stats", "cache", "directory"] {

@@ -1,0 +1,372 @@
+//! The caching fabric on the testbed: kvswitch processes joined by veth links
+//! (`kvswitch fabric run`), memcached servers under their ToRs, unmodified clients.
+
+mod common;
+
+use std::net::{SocketAddr, UdpSocket};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use common::{exchange, require_root, udp_call};
+use serde_json::Value;
+use testbed::history_load::{self, Clock, Mix, Transport};
+
+const TIMEOUT: Duration = Duration::from_secs(2);
+
+fn topology(file: &str, prefix: &str) -> testbed::Topology {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../topologies")
+        .join(file);
+    testbed::Topology::from_file(&path)
+        .expect("shipped topology")
+        .on_subnet(testbed::Subnet::for_prefix(prefix))
+        .expect("a /24")
+}
+
+fn fabric(file: &str, prefix: &str) -> testbed::Live {
+    require_root();
+    let topo = topology(file, prefix);
+    let state = std::env::temp_dir().join(format!("{prefix}-testbed-{}.json", std::process::id()));
+    let _ = testbed::down(&state);
+    let _ = testbed::down_prefix(prefix);
+    let opts = testbed::UpOptions {
+        prefix: prefix.into(),
+        kvswitch_bin: Some(env!("CARGO_BIN_EXE_kvswitch").into()),
+        state_path: Some(state),
+        start_nutcracker: false,
+        ..Default::default()
+    };
+    testbed::up(&topo, &opts).expect("fabric testbed up")
+}
+
+fn status(live: &testbed::Live, switch: &str) -> Value {
+    let api = live.switch_api(switch).expect("a switch of the fabric");
+    let (code, body) = testbed::http_get(api, "/api/v1/fabric").expect("fabric API");
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+fn n(v: &Value, pointer: &str) -> u64 {
+    v.pointer(pointer)
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("{pointer} in {v}"))
+}
+
+/// memcached's address on `server`.
+fn mc(live: &testbed::Live, server: &str) -> SocketAddr {
+    SocketAddr::from((live.host(server).unwrap().ip, 11211))
+}
+
+fn call(live: &testbed::Live, host: &str, server: &str, request: &str) -> String {
+    let target = mc(live, server);
+    let reply = udp_call(live, host, target, request.as_bytes(), TIMEOUT)
+        .unwrap_or_else(|| panic!("no reply to {request:?} from {server} at {host}"));
+    assert_eq!(reply.from, target, "the reply comes from the server's address");
+    String::from_utf8_lossy(&reply.body).into_owned()
+}
+
+/// The same requests to a memcached of our own on loopback, for its exact replies.
+fn memcached_replies(requests: &[&str]) -> Vec<String> {
+    let dir = testbed::local::TempDir::new("kvswitch-fabric").unwrap();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut proc = testbed::local::Proc::spawn_logged(
+        "memcached",
+        std::process::Command::new("memcached").args([
+            "-U",
+            &port.to_string(),
+            "-p",
+            &port.to_string(),
+            "-l",
+            "127.0.0.1",
+            "-u",
+            "root",
+            "-t",
+            "1",
+        ]),
+        &dir.path().join("memcached.log"),
+    )
+    .unwrap();
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    proc.wait_listening(addr, None).unwrap();
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    requests
+        .iter()
+        .map(|r| {
+            let mut d = vec![0u8, 7, 0, 0, 0, 1, 0, 0];
+            d.extend_from_slice(r.as_bytes());
+            let reply = exchange(&sock, addr, &d, TIMEOUT).expect("memcached answers");
+            String::from_utf8_lossy(&reply.body).into_owned()
+        })
+        .collect()
+}
+
+#[test]
+fn fabric_two_level_tree_answers_unmodified_clients_as_memcached_and_keeps_hits_below_the_root() {
+    let live = fabric("fabric-two-level.toml", "kfa");
+    // c1 is under tor0; s2 under tor1: every request crosses root0.
+    let requests = [
+        "get fab\r\n",
+        "set fab 5 0 3\r\nabc\r\n",
+        "get fab\r\n",
+        "get fab\r\n",
+        "append fab 0 0 2\r\nde\r\n",
+        "get fab\r\n",
+        "set num 0 0 2\r\n10\r\n",
+        "incr num 5\r\n",
+        "decr num 100\r\n",
+        "get num\r\n",
+        "mg fab v f\r\n",
+        "ms fab 2\r\nxy\r\n",
+        "get fab\r\n",
+        "delete fab\r\n",
+        "get fab\r\n",
+        "get fab num\r\n",
+        "touch num 100\r\n",
+        "flush_all\r\n",
+    ];
+    let through: Vec<String> = requests.iter().map(|r| call(&live, "c1", "s2", r)).collect();
+    let direct = memcached_replies(&requests[..requests.len() - 1]);
+    for (i, (a, b)) in through.iter().zip(&direct).enumerate() {
+        assert_eq!(a, b, "request {:?}", requests[i]);
+    }
+    // The one write the fabric cannot keep coherent is refused, never half done.
+    assert!(
+        through.last().unwrap().starts_with("SERVER_ERROR"),
+        "{:?}",
+        through.last()
+    );
+
+    // A write with no reply still goes through its home, in order.
+    let target = mc(&live, "s2");
+    let quiet = udp_call(&live, "c1", target, b"set big 0 0 3 noreply\r\nyes\r\n", Duration::from_millis(200));
+    assert!(quiet.is_none(), "{quiet:?}");
+    assert_eq!(call(&live, "c1", "s2", "get big\r\n"), "VALUE big 0 3\r\nyes\r\nEND\r\n");
+
+    // A key read by c1 is cached at tor0 and at root0; hits at tor0 leave the root alone.
+    call(&live, "c1", "s2", "set hot 0 0 5\r\nhello\r\n");
+    assert_eq!(call(&live, "c1", "s2", "get hot\r\n"), "VALUE hot 0 5\r\nhello\r\nEND\r\n");
+    let root = status(&live, "root0");
+    let tor = status(&live, "tor0");
+    for _ in 0..20 {
+        assert_eq!(call(&live, "c1", "s2", "get hot\r\n"), "VALUE hot 0 5\r\nhello\r\nEND\r\n");
+    }
+    let root_after = status(&live, "root0");
+    let tor_after = status(&live, "tor0");
+    assert_eq!(n(&tor_after, "/cache/hits") - n(&tor, "/cache/hits"), 20);
+    for p in ["/stats/messages_in", "/stats/routed", "/cache/hits", "/cache/misses"] {
+        assert_eq!(n(&root, p), n(&root_after, p), "{p} at the root moved");
+    }
+    // c2 reads it under tor1 (the home), which answers from its own copy.
+    assert_eq!(call(&live, "c2", "s2", "get hot\r\n"), "VALUE hot 0 5\r\nhello\r\nEND\r\n");
+
+    // Invalidations dropped on purpose: the home sends them again, and the write is not
+    // acknowledged before tor0 took one.
+    let cfg = live.state.fabric.as_ref().unwrap().config.clone();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvswitch"))
+        .args(["fabric", "fault", "--config"])
+        .arg(&cfg)
+        .args(["--switch", "tor0", "--drop-invalidations", "3"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let home = status(&live, "tor1");
+    let started = Instant::now();
+    assert_eq!(call(&live, "c2", "s2", "set hot 0 0 3\r\nbye\r\n"), "STORED\r\n");
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(60), "acknowledged after {took:?}");
+    let home_after = status(&live, "tor1");
+    assert!(n(&home_after, "/directory/retransmits") >= n(&home, "/directory/retransmits") + 3);
+    assert_eq!(n(&status(&live, "tor0"), "/stats/invalidations_dropped"), 3);
+    assert_eq!(call(&live, "c1", "s2", "get hot\r\n"), "VALUE hot 0 3\r\nbye\r\nEND\r\n");
+
+    // libmemcached's own client over UDP.
+    let file = std::env::temp_dir().join(format!("kfa-memccp-{}", std::process::id()));
+    std::fs::write(&file, b"from libmemcached").unwrap();
+    let out = live
+        .exec("c1", "memccp")
+        .arg("--udp")
+        .arg(format!("--servers={}", live.host("s2").unwrap().ip))
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let key = file.file_name().unwrap().to_string_lossy().into_owned();
+    let got = call(&live, "c1", "s2", &format!("get {key}\r\n"));
+    assert!(got.ends_with("\r\nfrom libmemcached\r\nEND\r\n"), "{got:?}");
+    let _ = std::fs::remove_file(file);
+    live.down().unwrap();
+}
+
+fn clients(live: &testbed::Live, per_host: u32, target: &str) -> Vec<history_load::Client> {
+    let target = SocketAddr::from((live.host(target).unwrap().ip, 11211));
+    let mut out = Vec::new();
+    for h in live.clients() {
+        for _ in 0..per_host {
+            out.push(history_load::Client {
+                id: out.len() as u32 + 1,
+                transport: Transport::Udp,
+                target,
+                timeout: Duration::from_millis(500),
+                netns: Some(h.netns.clone()),
+            });
+        }
+    }
+    out
+}
+
+/// Increments of `key` from every client host at once; the counter ends at exactly the
+/// acknowledged ones (plus at most those not answered).
+fn increments_are_never_lost(live: &testbed::Live, server: &str, per_client: u32) {
+    let target = SocketAddr::from((live.host(server).unwrap().ip, 11211));
+    assert_eq!(call(live, "c0", server, "set counter 0 0 1\r\n0\r\n"), "STORED\r\n");
+    let results: Vec<(u64, u64)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = live
+            .clients()
+            .into_iter()
+            .map(|h| {
+                let ns = h.netns.clone();
+                scope.spawn(move || {
+                    testbed::in_netns(&ns, move || {
+                        let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
+                        let (mut acked, mut unknown) = (0, 0);
+                        for i in 0..per_client {
+                            let mut d = vec![(i >> 8) as u8, i as u8, 0, 0, 0, 1, 0, 0];
+                            d.extend_from_slice(b"incr counter 1\r\n");
+                            match exchange(&sock, target, &d, Duration::from_millis(500)) {
+                                Some(r) if r.body.ends_with(b"\r\n") && r.body[0].is_ascii_digit() => {
+                                    acked += 1
+                                }
+                                _ => unknown += 1,
+                            }
+                        }
+                        (acked, unknown)
+                    })
+                    .unwrap()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let acked: u64 = results.iter().map(|r| r.0).sum();
+    let unknown: u64 = results.iter().map(|r| r.1).sum();
+    let got = call(live, "c0", server, "get counter\r\n");
+    let value: u64 = got.split("\r\n").nth(1).unwrap().parse().unwrap();
+    assert!(
+        value >= acked && value <= acked + unknown,
+        "counter {value}, acknowledged {acked}, unanswered {unknown}"
+    );
+    assert!(acked > 0);
+}
+
+#[test]
+fn fabric_multi_rooted_tree_stays_coherent_across_every_rack() {
+    let live = fabric("fabric-multi-root.toml", "kfb");
+    let clients = clients(&live, 2, "s2");
+    let load = history_load::Load {
+        keys: (0..16).map(|i| format!("shared:{i}")).collect(),
+        ops_per_client: 100_000 / clients.len() + 1,
+        duration: Duration::from_secs(240),
+        mix: Mix {
+            get: 60,
+            gets_cas: 5,
+            set: 15,
+            delete: 5,
+            incr: 15,
+        },
+        seed: 14,
+    };
+    let recorded = history_load::run(&clients, &load, Clock::start()).expect("load");
+    let report = testbed::history::check(&recorded.ops);
+    assert!(
+        report.violations.is_empty(),
+        "{} stale reads; the first: {:?}",
+        report.violations.len(),
+        report.violations.first()
+    );
+    assert!(recorded.bad_replies.is_empty(), "{:?}", recorded.bad_replies.first());
+    assert!(recorded.ops.len() >= 100_000, "{} operations", recorded.ops.len());
+    // Clients of every rack were answered, and the caches took part.
+    let hits: u64 = ["tor0", "tor1", "tor3", "root0", "root1"]
+        .iter()
+        .map(|s| n(&status(&live, s), "/cache/hits"))
+        .sum();
+    assert!(hits > 1_000, "{hits} hits");
+    let home = status(&live, "tor2");
+    assert!(n(&home, "/directory/invalidations") > 0, "{home}");
+    increments_are_never_lost(&live, "s2", 300);
+    live.down().unwrap();
+}
+
+#[test]
+fn fabric_survives_a_root_killed_mid_run_and_caches_again_with_a_new_table() {
+    let live = fabric("fabric-multi-root.toml", "kfc");
+    let clients = clients(&live, 1, "s1");
+    let load = history_load::Load {
+        keys: (0..16).map(|i| format!("k:{i}")).collect(),
+        ops_per_client: usize::MAX,
+        duration: Duration::from_secs(8),
+        mix: Mix::default(),
+        seed: 3,
+    };
+    let clock = Clock::start();
+    let killed_at = std::sync::OnceLock::new();
+    let recorded = std::thread::scope(|scope| {
+        let run = scope.spawn(|| history_load::run(&clients, &load, clock).expect("load"));
+        std::thread::sleep(Duration::from_secs(2));
+        live.kill_switch("root0").unwrap();
+        let _ = killed_at.set(clock.now());
+        std::thread::sleep(Duration::from_secs(2));
+        // The operator's (or a controller's) new table: root0 failed.
+        let cfg = live.state.fabric.as_ref().unwrap().config.clone();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvswitch"))
+            .args(["fabric", "table", "--config"])
+            .arg(&cfg)
+            .args(["--version", "2", "--failed", "root0"])
+            .output()
+            .unwrap();
+        // root0 cannot take it; every live switch must.
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        for s in ["tor0", "tor1", "tor2", "tor3", "root1"] {
+            assert!(text.contains(&format!("{s}: done")), "{text}");
+        }
+        let fills = n(&status(&live, "root1"), "/cache/fills");
+        let recorded = run.join().unwrap();
+        (recorded, fills)
+    });
+    let (recorded, fills_at_table) = recorded;
+    let report = testbed::history::check(&recorded.ops);
+    assert!(
+        report.violations.is_empty(),
+        "{} stale reads; the first: {:?}",
+        report.violations.len(),
+        report.violations.first()
+    );
+    let killed = *killed_at.get().unwrap();
+    let answered_after = recorded
+        .ops
+        .iter()
+        .filter(|o| o.start > killed && !matches!(o.kind, testbed::history::Kind::MaybeWrite(_) | testbed::history::Kind::MaybeIncr(_)))
+        .count();
+    assert!(answered_after > 500, "{answered_after} answered after the kill");
+    for t in ["tor0", "tor1", "tor2", "tor3"] {
+        let v = status(&live, t);
+        let up: Vec<&str> = v["links"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|l| l["up"] == true)
+            .filter_map(|l| l["to"].as_str())
+            .collect();
+        assert_eq!(up, vec!["root1"], "{t}");
+        assert_eq!(n(&v, "/registration_version"), 2);
+    }
+    let fills_end = n(&status(&live, "root1"), "/cache/fills");
+    assert!(
+        fills_end > fills_at_table,
+        "root1 caches again once the table names it: {fills_at_table} then {fills_end}"
+    );
+    live.down().unwrap();
+}
