@@ -61,7 +61,10 @@ fn call(live: &testbed::Live, host: &str, server: &str, request: &str) -> String
     let target = mc(live, server);
     let reply = udp_call(live, host, target, request.as_bytes(), TIMEOUT)
         .unwrap_or_else(|| panic!("no reply to {request:?} from {server} at {host}"));
-    assert_eq!(reply.from, target, "the reply comes from the server's address");
+    assert_eq!(
+        reply.from, target,
+        "the reply comes from the server's address"
+    );
     String::from_utf8_lossy(&reply.body).into_owned()
 }
 
@@ -127,7 +130,10 @@ fn fabric_two_level_tree_answers_unmodified_clients_as_memcached_and_keeps_hits_
         "touch num 100\r\n",
         "flush_all\r\n",
     ];
-    let through: Vec<String> = requests.iter().map(|r| call(&live, "c1", "s2", r)).collect();
+    let through: Vec<String> = requests
+        .iter()
+        .map(|r| call(&live, "c1", "s2", r))
+        .collect();
     let direct = memcached_replies(&requests[..requests.len() - 1]);
     for (i, (a, b)) in through.iter().zip(&direct).enumerate() {
         assert_eq!(a, b, "request {:?}", requests[i]);
@@ -141,26 +147,49 @@ fn fabric_two_level_tree_answers_unmodified_clients_as_memcached_and_keeps_hits_
 
     // A write with no reply still goes through its home, in order.
     let target = mc(&live, "s2");
-    let quiet = udp_call(&live, "c1", target, b"set big 0 0 3 noreply\r\nyes\r\n", Duration::from_millis(200));
+    let quiet = udp_call(
+        &live,
+        "c1",
+        target,
+        b"set big 0 0 3 noreply\r\nyes\r\n",
+        Duration::from_millis(200),
+    );
     assert!(quiet.is_none(), "{quiet:?}");
-    assert_eq!(call(&live, "c1", "s2", "get big\r\n"), "VALUE big 0 3\r\nyes\r\nEND\r\n");
+    assert_eq!(
+        call(&live, "c1", "s2", "get big\r\n"),
+        "VALUE big 0 3\r\nyes\r\nEND\r\n"
+    );
 
     // A key read by c1 is cached at tor0 and at root0; hits at tor0 leave the root alone.
     call(&live, "c1", "s2", "set hot 0 0 5\r\nhello\r\n");
-    assert_eq!(call(&live, "c1", "s2", "get hot\r\n"), "VALUE hot 0 5\r\nhello\r\nEND\r\n");
+    assert_eq!(
+        call(&live, "c1", "s2", "get hot\r\n"),
+        "VALUE hot 0 5\r\nhello\r\nEND\r\n"
+    );
     let root = status(&live, "root0");
     let tor = status(&live, "tor0");
     for _ in 0..20 {
-        assert_eq!(call(&live, "c1", "s2", "get hot\r\n"), "VALUE hot 0 5\r\nhello\r\nEND\r\n");
+        assert_eq!(
+            call(&live, "c1", "s2", "get hot\r\n"),
+            "VALUE hot 0 5\r\nhello\r\nEND\r\n"
+        );
     }
     let root_after = status(&live, "root0");
     let tor_after = status(&live, "tor0");
     assert_eq!(n(&tor_after, "/cache/hits") - n(&tor, "/cache/hits"), 20);
-    for p in ["/stats/messages_in", "/stats/routed", "/cache/hits", "/cache/misses"] {
+    for p in [
+        "/stats/messages_in",
+        "/stats/routed",
+        "/cache/hits",
+        "/cache/misses",
+    ] {
         assert_eq!(n(&root, p), n(&root_after, p), "{p} at the root moved");
     }
     // c2 reads it under tor1 (the home), which answers from its own copy.
-    assert_eq!(call(&live, "c2", "s2", "get hot\r\n"), "VALUE hot 0 5\r\nhello\r\nEND\r\n");
+    assert_eq!(
+        call(&live, "c2", "s2", "get hot\r\n"),
+        "VALUE hot 0 5\r\nhello\r\nEND\r\n"
+    );
 
     // Invalidations dropped on purpose: the home sends them again, and the write is not
     // acknowledged before tor0 took one.
@@ -171,16 +200,29 @@ fn fabric_two_level_tree_answers_unmodified_clients_as_memcached_and_keeps_hits_
         .args(["--switch", "tor0", "--drop-invalidations", "3"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let home = status(&live, "tor1");
     let started = Instant::now();
-    assert_eq!(call(&live, "c2", "s2", "set hot 0 0 3\r\nbye\r\n"), "STORED\r\n");
+    assert_eq!(
+        call(&live, "c2", "s2", "set hot 0 0 3\r\nbye\r\n"),
+        "STORED\r\n"
+    );
     let took = started.elapsed();
-    assert!(took >= Duration::from_millis(60), "acknowledged after {took:?}");
+    assert!(
+        took >= Duration::from_millis(60),
+        "acknowledged after {took:?}"
+    );
     let home_after = status(&live, "tor1");
     assert!(n(&home_after, "/directory/retransmits") >= n(&home, "/directory/retransmits") + 3);
     assert_eq!(n(&status(&live, "tor0"), "/stats/invalidations_dropped"), 3);
-    assert_eq!(call(&live, "c1", "s2", "get hot\r\n"), "VALUE hot 0 3\r\nbye\r\nEND\r\n");
+    assert_eq!(
+        call(&live, "c1", "s2", "get hot\r\n"),
+        "VALUE hot 0 3\r\nbye\r\nEND\r\n"
+    );
 
     // libmemcached's own client over UDP.
     let file = std::env::temp_dir().join(format!("kfa-memccp-{}", std::process::id()));
@@ -192,7 +234,11 @@ fn fabric_two_level_tree_answers_unmodified_clients_as_memcached_and_keeps_hits_
         .arg(&file)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let key = file.file_name().unwrap().to_string_lossy().into_owned();
     let got = call(&live, "c1", "s2", &format!("get {key}\r\n"));
     assert!(got.ends_with("\r\nfrom libmemcached\r\nEND\r\n"), "{got:?}");
@@ -221,7 +267,10 @@ fn clients(live: &testbed::Live, per_host: u32, target: &str) -> Vec<history_loa
 /// acknowledged ones (plus at most those not answered).
 fn increments_are_never_lost(live: &testbed::Live, server: &str, per_client: u32) {
     let target = SocketAddr::from((live.host(server).unwrap().ip, 11211));
-    assert_eq!(call(live, "c0", server, "set counter 0 0 1\r\n0\r\n"), "STORED\r\n");
+    assert_eq!(
+        call(live, "c0", server, "set counter 0 0 1\r\n0\r\n"),
+        "STORED\r\n"
+    );
     let results: Vec<(u64, u64)> = std::thread::scope(|scope| {
         let handles: Vec<_> = live
             .clients()
@@ -236,7 +285,9 @@ fn increments_are_never_lost(live: &testbed::Live, server: &str, per_client: u32
                             let mut d = vec![(i >> 8) as u8, i as u8, 0, 0, 0, 1, 0, 0];
                             d.extend_from_slice(b"incr counter 1\r\n");
                             match exchange(&sock, target, &d, Duration::from_millis(500)) {
-                                Some(r) if r.body.ends_with(b"\r\n") && r.body[0].is_ascii_digit() => {
+                                Some(r)
+                                    if r.body.ends_with(b"\r\n") && r.body[0].is_ascii_digit() =>
+                                {
                                     acked += 1
                                 }
                                 _ => unknown += 1,
@@ -286,8 +337,16 @@ fn fabric_multi_rooted_tree_stays_coherent_across_every_rack() {
         report.violations.len(),
         report.violations.first()
     );
-    assert!(recorded.bad_replies.is_empty(), "{:?}", recorded.bad_replies.first());
-    assert!(recorded.ops.len() >= 100_000, "{} operations", recorded.ops.len());
+    assert!(
+        recorded.bad_replies.is_empty(),
+        "{:?}",
+        recorded.bad_replies.first()
+    );
+    assert!(
+        recorded.ops.len() >= 100_000,
+        "{} operations",
+        recorded.ops.len()
+    );
     // Clients of every rack were answered, and the caches took part.
     let hits: u64 = ["tor0", "tor1", "tor3", "root0", "root1"]
         .iter()
@@ -348,9 +407,18 @@ fn fabric_survives_a_root_killed_mid_run_and_caches_again_with_a_new_table() {
     let answered_after = recorded
         .ops
         .iter()
-        .filter(|o| o.start > killed && !matches!(o.kind, testbed::history::Kind::MaybeWrite(_) | testbed::history::Kind::MaybeIncr(_)))
+        .filter(|o| {
+            o.start > killed
+                && !matches!(
+                    o.kind,
+                    testbed::history::Kind::MaybeWrite(_) | testbed::history::Kind::MaybeIncr(_)
+                )
+        })
         .count();
-    assert!(answered_after > 500, "{answered_after} answered after the kill");
+    assert!(
+        answered_after > 500,
+        "{answered_after} answered after the kill"
+    );
     for t in ["tor0", "tor1", "tor2", "tor3"] {
         let v = status(&live, t);
         let up: Vec<&str> = v["links"]

@@ -301,7 +301,12 @@ impl Net {
             }
             return;
         }
-        // A client: the reply it waits for.
+        // A client: the reply it waits for (inside a message for a client that speaks the
+        // fabric's format).
+        let payload = match wire::inc::Message::parse(payload) {
+            Ok(m) if m.header.command == wire::inc::Command::Reply => m.payload,
+            _ => payload,
+        };
         let Ok((mc, body)) = mcudp::Header::parse(payload) else {
             return;
         };
@@ -731,10 +736,54 @@ fn the_same_seed_gives_the_same_run() {
 
 /// A client's own request-reply on `key`, with nothing else running.
 fn one(net: &mut Net, client: usize, text: &str, key: &str) -> String {
+    exchange(net, client, text, key, None)
+}
+
+/// The same, as a message of the fabric's own format with `command` (what the `kvswitch
+/// inc` library sends).
+fn native(
+    net: &mut Net,
+    client: usize,
+    command: wire::inc::Command,
+    text: &str,
+    key: &str,
+) -> String {
+    exchange(net, client, text, key, Some(command))
+}
+
+fn exchange(
+    net: &mut Net,
+    client: usize,
+    text: &str,
+    key: &str,
+    native: Option<wire::inc::Command>,
+) -> String {
     let request_id = 7000 + net.history.len() as u16;
     let mut datagram = vec![0u8; mcudp::LEN];
     mcudp::Header::single(request_id).emit(&mut datagram);
     datagram.extend_from_slice(text.as_bytes());
+    let port = match native {
+        Some(command) => {
+            let mut message = Vec::new();
+            wire::inc::Message {
+                header: wire::inc::Header {
+                    request_id: 99,
+                    command,
+                    key_hash: wire::inc::key_hash(key.as_bytes()),
+                    flags: 0,
+                    origin: 0,
+                    epoch: 0,
+                    client: (Ipv4Addr::UNSPECIFIED, 0),
+                    server: (Ipv4Addr::UNSPECIFIED, 0),
+                },
+                payload: &datagram,
+            }
+            .emit(&mut message);
+            datagram = message;
+            wire::inc::PORT
+        }
+        None => MC_PORT,
+    };
     let server = net.server_of(key);
     let c = &net.clients[client];
     let host = &net.hosts[c.host];
@@ -742,7 +791,7 @@ fn one(net: &mut Net, client: usize, text: &str, key: &str) -> String {
         host.mac,
         net.hosts[server].mac,
         (host.ip, c.port),
-        (net.hosts[server].ip, MC_PORT),
+        (net.hosts[server].ip, port),
         &datagram,
     );
     let to = net.wires[&End::Host(c.host)];
@@ -881,4 +930,67 @@ fn a_killed_root_leaves_traffic_on_the_other_and_caching_resumes_with_a_new_tabl
             "ToR {t} sees the dead root down"
         );
     }
+}
+
+#[test]
+fn conditional_puts_that_write_nothing_are_answered_in_the_network() {
+    use wire::inc::Command;
+    let mut net = Net::tree(2, 1, 2, 64);
+    net.add_clients(1);
+    let key = (0..100)
+        .map(|i| format!("k{i}"))
+        .find(|k| net.hosts[net.server_of(k)].tor.0 == 1)
+        .unwrap();
+    let put = |n: u64| format!("set {key} 0 0 {}\r\n{n}\r\n", n.to_string().len());
+    // Unset: stored (the home reads the server's value first).
+    assert_eq!(
+        native(&mut net, 0, Command::CondPut, &put(10), &key),
+        "STORED\r\n"
+    );
+    assert_eq!(
+        native(&mut net, 0, Command::CondPut, &put(7), &key),
+        "NOT_STORED\r\n"
+    );
+    // Once the client's ToR holds the key, a put that would write nothing stays there.
+    assert_eq!(
+        native(&mut net, 0, Command::Get, &format!("get {key}\r\n"), &key),
+        format!("VALUE {key} 0 2\r\n10\r\nEND\r\n")
+    );
+    let home_before = net.switches[1].snapshot(Instant::ZERO).stats.messages_in;
+    for n in [3, 9, 10] {
+        assert_eq!(
+            native(&mut net, 0, Command::CondPut, &put(n), &key),
+            "NOT_STORED\r\n"
+        );
+    }
+    assert_eq!(
+        net.switches[1].snapshot(Instant::ZERO).stats.messages_in,
+        home_before
+    );
+    // A bigger one is a write, through the home, and invalidates the copies.
+    assert_eq!(
+        native(&mut net, 0, Command::CondPut, &put(25), &key),
+        "STORED\r\n"
+    );
+    assert!(!net.switches[0].holds(key.as_bytes()));
+    assert_eq!(
+        one(&mut net, 0, &format!("get {key}\r\n"), &key),
+        format!("VALUE {key} 0 2\r\n25\r\nEND\r\n")
+    );
+    // Increments are ordered by the home and executed by the server, as memcached's incr.
+    assert_eq!(
+        native(
+            &mut net,
+            0,
+            Command::Increment,
+            &format!("incr {key} 5\r\n"),
+            &key
+        ),
+        "30\r\n"
+    );
+    // A message whose command does not match its request is refused.
+    assert!(
+        native(&mut net, 0, Command::Del, &format!("get {key}\r\n"), &key)
+            .starts_with("CLIENT_ERROR")
+    );
 }

@@ -43,8 +43,11 @@ pub mod flags {
     pub const DETOUR: u8 = 2;
     /// A reply whose value the designated switches on its way may cache, at `epoch`.
     pub const FILL: u8 = 4;
+    /// The client speaks this format itself (the `kvswitch inc` library) and gets its reply
+    /// as a message; without it the client's ToR answers in memcached's own bytes.
+    pub const NATIVE: u8 = 8;
     /// Every flag kvswitch defines; a message with others is refused.
-    pub const ALL: u8 = EXPANDED | DETOUR | FILL;
+    pub const ALL: u8 = EXPANDED | DETOUR | FILL | NATIVE;
 }
 
 /// What a message asks for.

@@ -102,8 +102,10 @@ pub struct FabricSnapshot {
 #[derive(Debug, Clone)]
 struct Write {
     key: Vec<u8>,
+    command: Command,
     origin: SwitchId,
     detour: bool,
+    native: bool,
     request_id: u16,
     client: (Ipv4Addr, u16),
     server: (Ipv4Addr, u16),
@@ -118,8 +120,11 @@ struct Pending {
     key: Vec<u8>,
     /// A read's stamp; `None` for a write.
     stamp: Option<ReadStamp>,
+    /// A conditional put whose home asked the server for the key's value first.
+    cond: Option<Write>,
     origin: SwitchId,
     detour: bool,
+    native: bool,
     request_id: u16,
     since: Instant,
 }
@@ -185,6 +190,29 @@ fn fnv(parts: &[&[u8]]) -> u32 {
         .fold(0x811c_9dc5_u32, |h, &b| {
             (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
         })
+}
+
+/// The number a conditional put stores: the data of its `set`.
+fn cond_operand(body: &[u8]) -> Option<u64> {
+    let request = wire::memcache::parse(body).ok()??;
+    parse_number(request.data()?)
+}
+
+/// The number in a cached reply to `get KEY`; `None` when the value is not one.
+fn cached_number(reply: &[u8]) -> Option<u64> {
+    let line_end = reply.windows(2).position(|w| w == b"\r\n")?;
+    let rest = &reply[line_end + 2..];
+    let data_end = rest.windows(2).position(|w| w == b"\r\n")?;
+    parse_number(&rest[..data_end])
+}
+
+/// A decimal number as memcached's `incr` reads one.
+fn parse_number(text: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(text).ok()?.trim_end();
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
 }
 
 /// The key a single-datagram reply to `get KEY` carries, when it is a hit.
@@ -567,11 +595,26 @@ impl FabricSwitch {
             return Fate::Consumed;
         }
         if role == PortRole::Host && self.me.role == Role::Tor {
+            let native_server = (udp.dst_port == inc::PORT)
+                .then(|| {
+                    self.spec
+                        .servers
+                        .iter()
+                        .find(|s| s.ip == udp.dst_ip)
+                        .copied()
+                })
+                .flatten();
+            if let Some(server) = native_server {
+                let client = (udp.src_ip, udp.src_port);
+                let payload = udp.payload.to_vec();
+                self.ingress_native(client, (server.ip, server.port), &payload, now, emit);
+                return Fate::Consumed;
+            }
             if self.server(udp.dst_ip, udp.dst_port).is_some() {
                 let client = (udp.src_ip, udp.src_port);
                 let server = (udp.dst_ip, udp.dst_port);
                 let datagram = udp.payload.to_vec();
-                if self.ingress(client, server, &datagram, now, emit) {
+                if self.ingress(client, server, &datagram, None, now, emit) {
                     return Fate::Consumed;
                 }
             } else if self.server(udp.src_ip, udp.src_port).is_some()
@@ -699,6 +742,7 @@ impl FabricSwitch {
         client: (Ipv4Addr, u16),
         server: (Ipv4Addr, u16),
         datagram: &[u8],
+        native: Option<(Command, u16)>,
         now: Instant,
         emit: &mut Vec<Emit>,
     ) -> bool {
@@ -711,39 +755,49 @@ impl FabricSwitch {
         let Some(home) = self.home_of(server.0) else {
             return false;
         };
-        let (command, key) = match classify(body) {
-            Kind::Plain => return false,
-            Kind::Refused(why) => {
-                self.stats.refused += 1;
-                let mut reply = vec![0u8; mcudp::LEN];
-                mcudp::Header::single(mc.request_id).emit(&mut reply);
-                reply.extend_from_slice(b"SERVER_ERROR ");
-                reply.extend_from_slice(why.as_bytes());
-                reply.extend_from_slice(b"\r\n");
-                self.send_to_client(client, server, &reply, emit);
-                return true;
-            }
-            Kind::Get(key) => (Command::Get, key),
-            Kind::Write(command, key, _) => (command, key),
-        };
-        self.stats.requests_in += 1;
-        if command == Command::Get {
-            if let Some(reply) = self.cached_reply(&key, mc.request_id) {
-                self.stats.hits += 1;
-                self.send_to_client(client, server, &reply, emit);
-                return true;
-            }
-        }
-        let header = Header {
-            request_id: self.new_request_id(),
-            command,
-            key_hash: inc::key_hash(&key),
-            flags: flags::EXPANDED,
+        let mut header = Header {
+            request_id: match native {
+                Some((_, id)) => id,
+                None => self.new_request_id(),
+            },
+            command: Command::Get,
+            key_hash: 0,
+            flags: flags::EXPANDED | if native.is_some() { flags::NATIVE } else { 0 },
             origin: self.me.id,
             epoch: 0,
             client,
             server,
         };
+        let (command, key) = match (classify(body), native) {
+            (Kind::Plain, None) => return false,
+            (Kind::Refused(why), _) => {
+                self.stats.refused += 1;
+                self.answer_error(&header, mc.request_id, "SERVER_ERROR", why, emit);
+                return true;
+            }
+            (Kind::Get(key), None | Some((Command::Get, _))) => (Command::Get, key),
+            (Kind::Write(command, key, _), None) => (command, key),
+            (Kind::Write(Command::Set, key, _), Some((Command::CondPut, _)))
+                if cond_operand(body).is_some() =>
+            {
+                (Command::CondPut, key)
+            }
+            (Kind::Write(command, key, _), Some((asked, _))) if command == asked => (command, key),
+            (_, Some(_)) => {
+                self.stats.malformed += 1;
+                let why = "the message's command does not match its request";
+                self.answer_error(&header, mc.request_id, "CLIENT_ERROR", why, emit);
+                return true;
+            }
+        };
+        header.command = command;
+        header.key_hash = inc::key_hash(&key);
+        self.stats.requests_in += 1;
+        if let Some(reply) = self.answer_from_cache(command, &key, mc.request_id, body) {
+            self.stats.hits += 1;
+            self.answer(&header, &reply, emit);
+            return true;
+        }
         if home == self.me.id {
             self.at_home(&header, &key, datagram, now, emit);
             return true;
@@ -752,13 +806,107 @@ impl FabricSwitch {
         if self.link_to(root, now).is_some() {
             self.send(root, &header, datagram, now, emit);
         } else {
-            let header = Header {
-                flags: header.flags | flags::DETOUR,
-                ..header
-            };
+            header.flags |= flags::DETOUR;
             self.send(home, &header, datagram, now, emit);
         }
         true
+    }
+
+    /// A request from a client that speaks the fabric's message itself (to a server's
+    /// address, on [`inc::PORT`]).
+    fn ingress_native(
+        &mut self,
+        client: (Ipv4Addr, u16),
+        server: (Ipv4Addr, u16),
+        payload: &[u8],
+        now: Instant,
+        emit: &mut Vec<Emit>,
+    ) {
+        let msg = match Message::parse(payload) {
+            Ok(m)
+                if matches!(
+                    m.header.command,
+                    Command::Get
+                        | Command::Set
+                        | Command::Del
+                        | Command::Increment
+                        | Command::CondPut
+                ) =>
+            {
+                m
+            }
+            _ => {
+                self.stats.malformed += 1;
+                return;
+            }
+        };
+        let native = Some((msg.header.command, msg.header.request_id));
+        if !self.ingress(client, server, msg.payload, native, now, emit) {
+            // A read the caches do not answer: straight to the server's home.
+            self.stats.malformed += 1;
+        }
+    }
+
+    /// What a designated switch answers from its cache: a `get`'s hit, or a conditional put
+    /// whose operand is not above the cached number (nothing to write).
+    fn answer_from_cache(
+        &mut self,
+        command: Command,
+        key: &[u8],
+        request_id: u16,
+        body: &[u8],
+    ) -> Option<Vec<u8>> {
+        match command {
+            Command::Get => self.cached_reply(key, request_id),
+            Command::CondPut => {
+                let operand = cond_operand(body)?;
+                let cached = self
+                    .cache
+                    .get(key)
+                    .and_then(|(reply, _)| cached_number(reply))?;
+                (cached >= operand).then(|| {
+                    let mut reply = vec![0u8; mcudp::LEN];
+                    mcudp::Header::single(request_id).emit(&mut reply);
+                    reply.extend_from_slice(b"NOT_STORED\r\n");
+                    reply
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// Answers the client of `h` with `datagram`: as a message for a client that speaks the
+    /// fabric's format, else as the server's own datagram.
+    fn answer(&mut self, h: &Header, datagram: &[u8], emit: &mut Vec<Emit>) {
+        if !h.has(flags::NATIVE) {
+            self.send_to_client(h.client, h.server, datagram, emit);
+            return;
+        }
+        let mut payload = Vec::with_capacity(inc::HEADER_LEN + datagram.len());
+        Header {
+            command: Command::Reply,
+            flags: flags::NATIVE,
+            epoch: 0,
+            ..*h
+        }
+        .emit(&mut payload);
+        payload.extend_from_slice(datagram);
+        self.send_to_client(h.client, (h.server.0, inc::PORT), &payload, emit);
+    }
+
+    /// Answers the client of `h` with `KIND reason`.
+    fn answer_error(
+        &mut self,
+        h: &Header,
+        request_id: u16,
+        kind: &str,
+        why: &str,
+        emit: &mut Vec<Emit>,
+    ) {
+        let mut reply = vec![0u8; mcudp::LEN];
+        mcudp::Header::single(request_id).emit(&mut reply);
+        reply.extend_from_slice(format!("{kind} {why}\r\n").as_bytes());
+        self.answer(h, &reply, emit);
     }
 
     /// The datagram answering `get KEY` from this switch's cache.
@@ -824,6 +972,7 @@ impl FabricSwitch {
         };
         let key = match (h.command, classify(body)) {
             (Command::Get, Kind::Get(key)) => key,
+            (Command::CondPut, Kind::Write(Command::Set, key, _)) => key,
             (c, Kind::Write(w, key, _)) if c == w => key,
             _ => {
                 self.stats.malformed += 1;
@@ -838,13 +987,13 @@ impl FabricSwitch {
             self.at_home(h, &key, datagram, now, emit);
             return;
         }
-        if h.command == Command::Get && !h.has(flags::DETOUR) {
-            if let Some(reply) = self.cached_reply(&key, mc.request_id) {
+        if !h.has(flags::DETOUR) {
+            if let Some(reply) = self.answer_from_cache(h.command, &key, mc.request_id, body) {
                 // Not a fill: the home did not count the client's ToR among the sharers.
                 self.stats.hits += 1;
                 let header = Header {
                     command: Command::Reply,
-                    flags: h.flags & flags::EXPANDED,
+                    flags: h.flags & (flags::EXPANDED | flags::NATIVE),
                     epoch: 0,
                     ..*h
                 };
@@ -864,27 +1013,30 @@ impl FabricSwitch {
         now: Instant,
         emit: &mut Vec<Emit>,
     ) {
-        let Ok((mc, _)) = mcudp::Header::parse(datagram) else {
+        let Ok((mc, body)) = mcudp::Header::parse(datagram) else {
             self.stats.malformed += 1;
             return;
         };
         let detour = h.has(flags::DETOUR);
-        if h.command == Command::Get {
-            if h.origin != self.me.id {
-                if let Some(reply) = self.cached_reply(key, mc.request_id) {
-                    self.stats.hits += 1;
-                    self.reply_to(h, key, &reply, None, now, emit);
-                    return;
-                }
+        if h.origin != self.me.id {
+            // The client's ToR looked already when the client is in this rack.
+            if let Some(reply) = self.answer_from_cache(h.command, key, mc.request_id, body) {
+                self.stats.hits += 1;
+                self.reply_to(h, key, &reply, None, now, emit);
+                return;
             }
+        }
+        if h.command == Command::Get {
             let stamp = self.directory.read();
             self.remember(
                 (h.client.0, h.client.1, mc.request_id),
                 Pending {
                     key: key.to_vec(),
                     stamp: Some(stamp),
+                    cond: None,
                     origin: h.origin,
                     detour,
+                    native: h.has(flags::NATIVE),
                     request_id: h.request_id,
                     since: now,
                 },
@@ -896,8 +1048,10 @@ impl FabricSwitch {
         self.cache.remove(key);
         let write = Write {
             key: key.to_vec(),
+            command: h.command,
             origin: h.origin,
             detour,
+            native: h.has(flags::NATIVE),
             request_id: h.request_id,
             client: h.client,
             server: h.server,
@@ -939,9 +1093,11 @@ impl FabricSwitch {
     fn write_header(&self, w: &Write) -> Header {
         Header {
             request_id: w.request_id,
-            command: Command::Set,
+            command: w.command,
             key_hash: inc::key_hash(&w.key),
-            flags: flags::EXPANDED | if w.detour { flags::DETOUR } else { 0 },
+            flags: flags::EXPANDED
+                | if w.detour { flags::DETOUR } else { 0 }
+                | if w.native { flags::NATIVE } else { 0 },
             origin: w.origin,
             epoch: 0,
             client: w.client,
@@ -980,13 +1136,45 @@ impl FabricSwitch {
             self.stats.malformed += 1;
             return;
         };
+        if write.command == Command::CondPut {
+            // Executed here on the server's value: read it first, under the key's write.
+            let id = self.new_request_id();
+            let mut get = vec![0u8; mcudp::LEN];
+            mcudp::Header::single(id).emit(&mut get);
+            get.extend_from_slice(b"get ");
+            get.extend_from_slice(&write.key);
+            get.extend_from_slice(b"\r\n");
+            let (client, server) = (write.client, write.server);
+            self.remember(
+                (client.0, client.1, id),
+                Pending {
+                    key: write.key.clone(),
+                    stamp: None,
+                    origin: write.origin,
+                    detour: write.detour,
+                    native: write.native,
+                    request_id: write.request_id,
+                    since: now,
+                    cond: Some(write),
+                },
+            );
+            self.send_to_server(client, server, &get, emit);
+            return;
+        }
+        self.send_write(write, mc.request_id, now, emit);
+    }
+
+    /// Sends a write to its server and waits for the reply (none for a quiet one).
+    fn send_write(&mut self, write: Write, request_id: u16, now: Instant, emit: &mut Vec<Emit>) {
         self.remember(
-            (write.client.0, write.client.1, mc.request_id),
+            (write.client.0, write.client.1, request_id),
             Pending {
                 key: write.key.clone(),
                 stamp: None,
+                cond: None,
                 origin: write.origin,
                 detour: write.detour,
+                native: write.native,
                 request_id: write.request_id,
                 since: now,
             },
@@ -997,10 +1185,42 @@ impl FabricSwitch {
         if quiet {
             // No reply will come: the write is done once it left (the server takes the
             // key's requests in the order this home sends them).
-            self.pending.remove(&(write.client.0, write.client.1, mc.request_id));
+            self.pending
+                .remove(&(write.client.0, write.client.1, request_id));
             if let Some(step) = self.directory.done(&write.key, now) {
                 self.write_step(&write.key, step, now, emit);
             }
+        }
+    }
+
+    /// The server's value for a conditional put waiting at its home: the put goes on to
+    /// the server when the value is smaller or unset, else the client hears `NOT_STORED`.
+    fn cond_put_read(&mut self, write: Write, body: &[u8], now: Instant, emit: &mut Vec<Emit>) {
+        let Ok((mc, put)) = mcudp::Header::parse(&write.datagram) else {
+            return;
+        };
+        let current = if body == b"END\r\n" {
+            None
+        } else {
+            Some(cached_number(body))
+        };
+        let operand = cond_operand(put);
+        let store = match (current, operand) {
+            (None, Some(_)) => true,
+            (Some(Some(v)), Some(o)) => v < o,
+            _ => false,
+        };
+        if store {
+            self.send_write(write, mc.request_id, now, emit);
+            return;
+        }
+        let mut reply = vec![0u8; mcudp::LEN];
+        mcudp::Header::single(mc.request_id).emit(&mut reply);
+        reply.extend_from_slice(b"NOT_STORED\r\n");
+        let h = self.write_header(&write);
+        self.reply_to(&h, &write.key, &reply, None, now, emit);
+        if let Some(step) = self.directory.done(&write.key, now) {
+            self.write_step(&write.key, step, now, emit);
         }
     }
 
@@ -1032,11 +1252,17 @@ impl FabricSwitch {
         if mc.seq.saturating_add(1) >= mc.total {
             self.pending.remove(&flow);
         }
+        if let Some(write) = pending.cond {
+            self.cond_put_read(write, body, now, emit);
+            return true;
+        }
         let h = Header {
             request_id: pending.request_id,
             command: Command::Reply,
             key_hash: inc::key_hash(&pending.key),
-            flags: flags::EXPANDED | if pending.detour { flags::DETOUR } else { 0 },
+            flags: flags::EXPANDED
+                | if pending.detour { flags::DETOUR } else { 0 }
+                | if pending.native { flags::NATIVE } else { 0 },
             origin: pending.origin,
             epoch: 0,
             client,
@@ -1098,14 +1324,14 @@ impl FabricSwitch {
         emit: &mut Vec<Emit>,
     ) {
         if h.origin == self.me.id {
-            self.send_to_client(h.client, h.server, datagram, emit);
+            self.answer(h, datagram, emit);
             return;
         }
         let root = self.via_root(h, now);
         let mut header = Header {
             command: Command::Reply,
             key_hash: inc::key_hash(key),
-            flags: flags::EXPANDED,
+            flags: flags::EXPANDED | (h.flags & flags::NATIVE),
             epoch: fill.unwrap_or(0),
             ..*h
         };
@@ -1138,7 +1364,7 @@ impl FabricSwitch {
             }
         }
         if h.origin == self.me.id {
-            self.send_to_client(h.client, h.server, datagram, emit);
+            self.answer(h, datagram, emit);
         } else {
             self.send(h.origin, h, datagram, now, emit);
         }
