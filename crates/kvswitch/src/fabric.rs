@@ -28,7 +28,7 @@ use dataplane::{Driver, RunOptions};
 use kvio::{AfPacket, AfPacketOptions, Port};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use switch::fabric::{FabricSnapshot, FabricSwitch, Role};
+use switch::fabric::{FabricSnapshot, FabricSwitch};
 use switch::stats::Stats;
 
 #[derive(Args, Debug)]
@@ -478,9 +478,4 @@ async fn faults(State(shared): State<Arc<Shared>>, body: axum::body::Bytes) -> R
         Ok(()) => (StatusCode::OK, Json(json!({ "drop_invalidations": n }))),
         Err(reply) => reply,
     }
-}
-
-/// The role names the status prints.
-pub fn role_name(role: Role) -> &'static str {
-    role.name()
 }

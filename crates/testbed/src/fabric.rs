@@ -215,7 +215,7 @@ pub(crate) fn build(state: &mut State, topo: &Topology, opts: &UpOptions) -> any
             let peer = fabric
                 .switches
                 .iter()
-                .find(|o| &o.name == tor)
+                .find(|o| o.name == tor)
                 .and_then(|o| {
                     o.ports
                         .iter()
