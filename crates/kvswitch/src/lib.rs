@@ -11,6 +11,7 @@ pub mod daemon;
 pub mod demo;
 pub mod fabric;
 pub mod fast;
+pub mod inc_cli;
 pub mod local;
 pub mod proxy_cli;
 pub mod steer;

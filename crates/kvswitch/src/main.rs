@@ -51,6 +51,9 @@ enum Cmd {
     /// A coherent caching fabric of several kvswitches (IncBricks): run one of its switches,
     /// show them all, install a registration table, inject faults.
     Fabric(kvswitch::fabric::FabricArgs),
+    /// One operation of the fabric's client library (get, set, del, incr, cond-put) on a
+    /// memcached server behind a kvswitch fabric.
+    Inc(kvswitch::inc_cli::IncArgs),
     /// Build or remove a test network of namespaces, memcached servers and kvswitch.
     Testbed {
         #[command(subcommand)]
@@ -165,6 +168,12 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Cache(args) => kvswitch::cache::run_cli(&args),
         Cmd::Ctl(args) => kvswitch::ctl::run(&args),
         Cmd::Fabric(args) => kvswitch::fabric::run_cli(&args),
+        Cmd::Inc(args) => {
+            if !kvswitch::inc_cli::run(&args)? {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
         Cmd::Controller(args) => kvswitch::controller::run(&args),
         Cmd::Testbed { action } => match action {
             TestbedCmd::Up {

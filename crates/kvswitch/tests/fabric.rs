@@ -224,6 +224,39 @@ fn fabric_two_level_tree_answers_unmodified_clients_as_memcached_and_keeps_hits_
         "VALUE hot 0 3\r\nbye\r\nEND\r\n"
     );
 
+    // The fabric's own client library, from the command line, through the same path.
+    let s2 = live.host("s2").unwrap().ip.to_string();
+    let inc = |args: &[&str]| {
+        let out = live
+            .exec("c1", env!("CARGO_BIN_EXE_kvswitch"))
+            .args(["inc", "--server", &s2])
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        )
+    };
+    assert_eq!(inc(&["set", "score", "40"]), (Some(0), "stored".into()));
+    assert_eq!(inc(&["get", "score"]), (Some(0), "40".into()));
+    assert_eq!(
+        inc(&["cond-put", "score", "30"]),
+        (Some(1), "not stored".into())
+    );
+    assert_eq!(
+        inc(&["cond-put", "score", "50"]),
+        (Some(0), "stored".into())
+    );
+    assert_eq!(inc(&["incr", "score", "5"]), (Some(0), "55".into()));
+    assert_eq!(
+        call(&live, "c2", "s2", "get score\r\n"),
+        "VALUE score 0 2\r\n55\r\nEND\r\n"
+    );
+    assert_eq!(inc(&["del", "score"]), (Some(0), "deleted".into()));
+    assert_eq!(inc(&["get", "score"]), (Some(1), "".into()));
+    assert_eq!(inc(&["cond-put", "score", "7"]), (Some(0), "stored".into()));
+
     // libmemcached's own client over UDP.
     let file = std::env::temp_dir().join(format!("kfa-memccp-{}", std::process::id()));
     std::fs::write(&file, b"from libmemcached").unwrap();
