@@ -8,7 +8,8 @@
 //!   registration table the fabric file gives with those switches failed (what a controller
 //!   does when a switch fails or comes back);
 //! - `PUT /api/v1/fabric/faults` `{"drop_invalidations": N}` — drop the next N invalidations
-//!   this switch receives (to test that homes send them again).
+//!   this switch receives (to test that homes send them again);
+//! - `PUT /api/v1/fabric/cache` `{"items": N}` — how many items this switch caches (0: none).
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -68,6 +69,16 @@ pub enum FabricCmd {
         #[arg(long, value_delimiter = ',')]
         failed: Vec<String>,
     },
+    /// Set how many items switches cache (0: none): one switch, or every ToR or root.
+    Cache {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// A switch's name, `tor` (every ToR) or `root` (every root).
+        #[arg(long)]
+        switch: String,
+        #[arg(long)]
+        items: usize,
+    },
     /// Make a switch drop the next N invalidations it receives.
     Fault {
         #[arg(long, short)]
@@ -103,6 +114,28 @@ pub fn run_cli(args: &FabricArgs) -> anyhow::Result<()> {
             let cfg = FabricConfig::load(config)?;
             let body = json!({"version": version, "failed": failed}).to_string();
             for_each_switch(&cfg, "PUT", "/api/v1/fabric/registration", &body)
+        }
+        FabricCmd::Cache {
+            config,
+            switch,
+            items,
+        } => {
+            let cfg = FabricConfig::load(config)?;
+            let body = json!({ "items": items }).to_string();
+            let chosen: Vec<_> = cfg
+                .switches
+                .iter()
+                .filter(|s| s.name == *switch || s.role.name() == switch)
+                .collect();
+            if chosen.is_empty() {
+                anyhow::bail!("{}: no switch or role {switch:?}", config.display());
+            }
+            for s in chosen {
+                let api = s.api.with_context(|| format!("switch {} has no `api`", s.name))?;
+                call(api, "PUT", "/api/v1/fabric/cache", &body)?;
+                println!("{}: {items} items", s.name);
+            }
+            Ok(())
         }
         FabricCmd::Fault {
             config,
@@ -267,6 +300,7 @@ fn serve(addr: SocketAddr, shared: Arc<Shared>) -> anyhow::Result<SocketAddr> {
         .route("/metrics", get(metrics))
         .route("/api/v1/fabric/registration", put(registration))
         .route("/api/v1/fabric/faults", put(faults))
+        .route("/api/v1/fabric/cache", put(cache_size))
         .with_state(shared);
     std::thread::Builder::new()
         .name("fabric-api".into())
@@ -353,7 +387,7 @@ fn status_json(shared: &Shared, snap: Option<FabricSnapshot>) -> Value {
             "detours": st.detours,
         },
         "cache": {
-            "items": s.cached_items, "hits": c.hits, "misses": c.misses, "fills": c.fills,
+            "items": s.cached_items, "capacity": s.cache_capacity, "hits": c.hits, "misses": c.misses, "fills": c.fills,
             "fills_stale": c.fills_stale, "evictions": c.evictions,
             "invalidations": c.invalidations,
         },
@@ -409,6 +443,33 @@ struct TableRequest {
     version: u64,
     #[serde(default)]
     failed: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CacheRequest {
+    items: usize,
+}
+
+/// Most items a switch may be told to cache.
+const MAX_CACHE_ITEMS: usize = 1 << 24;
+
+async fn cache_size(State(shared): State<Arc<Shared>>, body: axum::body::Bytes) -> Reply {
+    let req: CacheRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return refused(StatusCode::BAD_REQUEST, e),
+    };
+    if req.items > MAX_CACHE_ITEMS {
+        return refused(
+            StatusCode::BAD_REQUEST,
+            format!("{} items: at most {MAX_CACHE_ITEMS}", req.items),
+        );
+    }
+    let items = req.items;
+    match on_switch(&shared, move |f, _, _| f.set_cache_items(items)).await {
+        Ok(()) => (StatusCode::OK, Json(json!({ "items": items }))),
+        Err(reply) => reply,
+    }
 }
 
 #[derive(Deserialize)]

@@ -78,6 +78,18 @@ impl Lfu {
         self.capacity
     }
 
+    /// Changes the number of items held, evicting the least frequently used past it.
+    pub fn set_capacity(&mut self, capacity: usize) {
+        self.capacity = capacity;
+        while self.items.len() > capacity {
+            let Some(first) = self.order.pop_first() else {
+                break;
+            };
+            self.items.remove(&first.2);
+            self.stats.evictions += 1;
+        }
+    }
+
     pub fn contains(&self, key: &[u8]) -> bool {
         self.items.contains_key(key)
     }
@@ -246,6 +258,23 @@ mod tests {
         c.invalidate(b"k", 5, Instant::ZERO);
         assert!(!c.fill(b"k", b"v", 4, Instant::from_millis(999)));
         assert!(c.fill(b"k", b"v", 4, Instant::from_millis(1000)));
+    }
+
+    #[test]
+    fn shrinking_evicts_the_least_used() {
+        let mut c = Lfu::new(3, SEC);
+        for k in [b"a", b"b", b"c"] {
+            c.fill(k, b"v", 1, Instant::ZERO);
+        }
+        c.get(b"b");
+        c.get(b"c");
+        c.get(b"c");
+        c.set_capacity(1);
+        assert_eq!(c.len(), 1);
+        assert!(c.contains(b"c"));
+        c.set_capacity(0);
+        assert!(c.is_empty());
+        assert!(!c.fill(b"a", b"v", 1, Instant::ZERO));
     }
 
     #[test]

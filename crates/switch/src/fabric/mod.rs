@@ -92,6 +92,8 @@ pub struct FabricSnapshot {
     pub stats: FabricStats,
     pub cache: LfuStats,
     pub cached_items: usize,
+    /// Items it may hold.
+    pub cache_capacity: usize,
     pub directory: DirectoryStats,
     pub registration_version: u64,
     /// Per port: whether the neighbour behind it is up (`None` for host ports).
@@ -275,6 +277,7 @@ impl FabricSwitch {
             stats: self.stats,
             cache: self.cache.stats(),
             cached_items: self.cache.len(),
+            cache_capacity: self.cache.capacity(),
             directory: self.directory.stats(),
             registration_version: self.spec.registration.version(),
             links_up: (0..self.spec.ports.len())
@@ -284,6 +287,13 @@ impl FabricSwitch {
                 })
                 .collect(),
         }
+    }
+
+    /// Changes how many items this switch caches (0: none), evicting the least frequently
+    /// used past it.
+    pub fn set_cache_items(&mut self, items: usize) {
+        self.spec.cache_items = items;
+        self.cache.set_capacity(items);
     }
 
     /// The operator's fault: drop the next `n` invalidations this switch receives (unacknowledged,
