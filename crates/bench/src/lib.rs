@@ -6,6 +6,7 @@
 
 pub mod bed;
 pub mod cost;
+pub mod fabric;
 pub mod fastpath;
 pub mod forwarding;
 pub mod latency;
@@ -51,6 +52,10 @@ pub enum Scenario {
     /// no cache, in front of capacity-limited backends: the skew and popularity-change
     /// scenarios, into <out>/skew and <out>/popularity-change.
     Switchkv(SwitchkvArgs),
+    /// The caching fabric of several kvswitches (IncBricks): latency against throughput with
+    /// and without its caches, within a rack and across racks; against cache sizes and skew;
+    /// conditional puts computed by the client, at the home and in the network.
+    Fabric(fabric::Args),
     /// Every testbed scenario in turn (not `proxy`), each into its own folder under --out.
     All(AllArgs),
 }
@@ -119,6 +124,7 @@ pub fn run(scenario: &Scenario) -> anyhow::Result<()> {
         Scenario::Cost(args) => cost::run(args).map(drop),
         Scenario::Fastpath(args) => fastpath::run(args).map(drop),
         Scenario::Forwarding(args) => forwarding::run(args).map(drop),
+        Scenario::Fabric(args) => fabric::run(args),
         Scenario::Switchkv(args) => run_switchkv(args),
         Scenario::All(args) => run_all(&args.common),
     }
@@ -150,6 +156,7 @@ fn run_all(common: &Common) -> anyhow::Result<()> {
     cost::run(&cost::Args::with(sub(cost::NAME)))?;
     fastpath::run(&fastpath::Args::with(sub(fastpath::NAME)))?;
     forwarding::run(&forwarding::Args::with(sub(forwarding::NAME)))?;
+    fabric::run(&fabric::Args::with(sub(fabric::NAME)))?;
     Ok(())
 }
 

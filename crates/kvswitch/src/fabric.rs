@@ -131,7 +131,9 @@ pub fn run_cli(args: &FabricArgs) -> anyhow::Result<()> {
                 anyhow::bail!("{}: no switch or role {switch:?}", config.display());
             }
             for s in chosen {
-                let api = s.api.with_context(|| format!("switch {} has no `api`", s.name))?;
+                let api = s
+                    .api
+                    .with_context(|| format!("switch {} has no `api`", s.name))?;
                 call(api, "PUT", "/api/v1/fabric/cache", &body)?;
                 println!("{}: {items} items", s.name);
             }

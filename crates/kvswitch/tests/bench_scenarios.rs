@@ -469,3 +469,33 @@ fn bad_arguments_are_refused_with_a_reason() {
         assert!(text.contains(s), "bench --help does not list {s}:\n{text}");
     }
 }
+
+#[test]
+fn fabric_short() {
+    let (dir, json) = run("fabric", "kfd");
+    let curves = json["curves"].as_array().unwrap();
+    // Two rates and a closed loop, with and without the caches, in one rack and across two.
+    assert_eq!(curves.len(), 3 * 2 * 2, "{json}");
+    for p in curves {
+        assert!(p["throughput_rps"].as_f64().unwrap() > 0.0, "{p}");
+        assert!(p["mean_us"].as_f64().unwrap() > 0.0, "{p}");
+    }
+    assert_eq!(json["cache_size"].as_array().unwrap().len(), 4);
+    assert_eq!(json["skew"].as_array().unwrap().len(), 4);
+    let compute = json["compute"].as_array().unwrap();
+    assert_eq!(compute.len(), 3);
+    for p in compute {
+        assert!(p["ops_per_s"].as_f64().unwrap() > 0.0, "{p}");
+    }
+    let on_off = ["with the fabric's caches", "caches off (plain network)"].map(String::from);
+    check_plot(&dir, "latency-throughput-within", &on_off);
+    check_plot(&dir, "latency-throughput-across", &on_off);
+    check_plot(&dir, "skew", &on_off);
+    check_plot(
+        &dir,
+        "cache-size",
+        &["ToR caches (roots 16,384)", "root caches (ToRs 512)"].map(String::from),
+    );
+    check_plot(&dir, "compute", &["thousand ops/s".to_string()]);
+    let _ = std::fs::remove_dir_all(dir);
+}

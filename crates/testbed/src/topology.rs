@@ -311,6 +311,20 @@ impl Topology {
         }
     }
 
+    /// A topology shipped in the repository's `topologies/` folder, by file stem:
+    /// `fabric-two-level` or `fabric-multi-root`.
+    pub fn shipped(name: &str) -> Option<Topology> {
+        let text = match name {
+            "fabric-two-level" => include_str!("../../../topologies/fabric-two-level.toml"),
+            "fabric-multi-root" => include_str!("../../../topologies/fabric-multi-root.toml"),
+            _ => return None,
+        };
+        Some(
+            Topology::parse(text, &format!("topologies/{name}.toml"))
+                .expect("shipped topologies are valid"),
+        )
+    }
+
     /// Reads and validates a topology file.
     pub fn from_file(path: impl AsRef<Path>) -> anyhow::Result<Topology> {
         let path = path.as_ref();
@@ -640,6 +654,50 @@ mod tests {
     use super::*;
 
     #[test]
+    fn shipped_fabrics_parse_and_fabric_mistakes_are_named() {
+        let t = Topology::shipped("fabric-multi-root").unwrap();
+        let f = t.fabric.as_ref().unwrap();
+        assert_eq!(f.switches.len(), 6);
+        assert_eq!(f.host_switch.len(), t.hosts.len());
+        assert!(Topology::shipped("fabric-two-level")
+            .unwrap()
+            .fabric
+            .is_some());
+        assert!(Topology::shipped("nothing").is_none());
+        let base = include_str!("../../../topologies/fabric-two-level.toml");
+        for (text, needle) in [
+            (
+                base.replace("uplinks = [\"root0\"]", "uplinks = [\"tor1\"]"),
+                "not a root",
+            ),
+            (
+                base.replace("switch = \"tor1\"", "switch = \"root0\""),
+                "not a ToR",
+            ),
+            (
+                base.replace("role = \"root\"", "role = \"spine\""),
+                "unknown role",
+            ),
+            (
+                base.replace("subnet = \"10.78.0.0/24\"", "subnet = \"10.78.0.0/25\""),
+                "/24",
+            ),
+            (
+                base.replace("switch = \"tor1\"\n", "\n"),
+                "every host hangs off a ToR",
+            ),
+        ] {
+            let e = Topology::parse(&text, "f.toml").unwrap_err().to_string();
+            assert!(e.contains("f.toml") && e.contains(needle), "{e}");
+        }
+        let plain = "[[hosts]]\nname = \"s1\"\nrole = \"server\"\nswitch = \"tor0\"\n";
+        assert!(Topology::parse(plain, "p.toml")
+            .unwrap_err()
+            .to_string()
+            .contains("only a fabric"));
+    }
+
+    #[test]
     fn subnet_parse() {
         let s = Subnet::parse("10.77.0.0/24").unwrap();
         assert_eq!(s.nth(3), Ipv4Addr::new(10, 77, 0, 3));
@@ -690,7 +748,7 @@ mod tests {
         let prefixes = [
             "kvs", "kvd", "ku2", "ku3", "kp2", "kp3", "kt2", "kt3", "tb1", "tb2", "tb3", "tb4",
             "tb5", "tb6", "kpf", "kpl", "kctl", "kcoh", "kcsw", "kcs2", "krep", "kver", "kskv",
-            "kskw", "kskn", "kvtdn", "kux",
+            "kskw", "kskn", "kvtdn", "kux", "kfa", "kfb", "kfc", "kfd",
         ];
         let subnets: Vec<Subnet> = prefixes.iter().map(|p| Subnet::for_prefix(p)).collect();
         for (i, s) in subnets.iter().enumerate() {

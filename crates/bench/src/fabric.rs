@@ -1,0 +1,822 @@
+//! `kvswitch bench fabric`: the caching fabric (IncBricks' section 5) on the multi-rooted
+//! testbed tree (4 ToRs, 2 roots, a client and a memcached server per rack), with its caches
+//! and without them, in one run:
+//! - mean latency against throughput, client and server in one rack and in two (IncBricks
+//!   Figures 7 and 8);
+//! - mean latency against the ToRs' and the roots' cache sizes (Figure 10);
+//! - mean latency against the workload's skew (Figure 11);
+//! - a conditional put done by the client (a get, then a set), at the key's home (the caches
+//!   off), and in the network (Figure 12).
+
+use std::fmt::Write as _;
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde::Serialize;
+
+use super::output::{fmt, ratio, times, Machine, Output};
+use super::plot::{BarChart, Chart, LineChart, Series};
+use super::Common;
+use crate::measure::median;
+
+pub const NAME: &str = "fabric";
+/// IncBricks' cache sizes: 4,096 items at a ToR, 16,384 at a root.
+const TOR_ITEMS: usize = 4096;
+const ROOT_ITEMS: usize = 16_384;
+/// Keys of the conditional-put experiment.
+const COMPUTE_KEYS: u64 = 1000;
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: Common,
+    /// Offered rates (requests per second, open loop) of the latency-throughput curves
+    /// [default: 1000,2500,5000,10000; 1000,3000 with --short]; a closed loop at full speed
+    /// ends each curve.
+    #[arg(long, value_delimiter = ',', value_name = "RPS,...")]
+    pub rates: Vec<f64>,
+    /// Seconds measured per point [default: 2; 0.5 with --short].
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Keys preloaded and read [default: 100000; 5000 with --short].
+    #[arg(long)]
+    pub keys: Option<u64>,
+    /// Value size in bytes (IncBricks: 1,024; at most 1,300, so a reply fits one datagram
+    /// and may be cached).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1300))]
+    pub value_size: u32,
+}
+
+impl Args {
+    pub fn with(common: Common) -> Args {
+        Args {
+            common,
+            rates: Vec::new(),
+            duration: None,
+            keys: None,
+            value_size: 1024,
+        }
+    }
+
+    fn rates(&self) -> Vec<f64> {
+        match (self.rates.is_empty(), self.common.short) {
+            (false, _) => self.rates.clone(),
+            (true, true) => vec![1000.0, 3000.0],
+            (true, false) => vec![1000.0, 2500.0, 5000.0, 10_000.0],
+        }
+    }
+
+    fn duration(&self) -> f64 {
+        self.duration
+            .unwrap_or(if self.common.short { 0.5 } else { 2.0 })
+    }
+
+    fn keys(&self) -> u64 {
+        self.keys
+            .unwrap_or(if self.common.short { 5000 } else { 100_000 })
+    }
+
+    fn sizes(&self) -> Vec<usize> {
+        match self.common.short {
+            true => vec![512, 8192],
+            false => vec![512, 2048, 8192, 16_384],
+        }
+    }
+
+    fn skews(&self) -> Vec<f64> {
+        match self.common.short {
+            true => vec![0.5, 0.99],
+            false => vec![0.0, 0.5, 0.8, 0.99, 1.2],
+        }
+    }
+}
+
+/// One point of the latency-throughput curves.
+#[derive(Clone, Debug, Serialize)]
+pub struct CurvePoint {
+    /// "within" (client and server under one ToR) or "across" (two racks, through a root).
+    pub deployment: &'static str,
+    pub caches: bool,
+    /// The offered rate; `None` for the closed loop at full speed.
+    pub offered_rps: Option<f64>,
+    pub throughput_rps: f64,
+    pub mean_us: f64,
+    pub p50_us: f64,
+    pub loss: f64,
+    pub run: u32,
+}
+
+/// Mean latency with one cache size changed.
+#[derive(Clone, Debug, Serialize)]
+pub struct SizePoint {
+    /// "tor" or "root": which switches' size changed (the others keep IncBricks' size).
+    pub level: &'static str,
+    pub items: usize,
+    pub mean_us: f64,
+    pub throughput_rps: f64,
+    pub run: u32,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SkewPoint {
+    pub theta: f64,
+    pub caches: bool,
+    pub mean_us: f64,
+    pub throughput_rps: f64,
+    pub run: u32,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ComputePoint {
+    /// "client", "server" or "network".
+    pub place: &'static str,
+    pub ops_per_s: f64,
+    pub mean_us: f64,
+    /// Operations without an answer in time.
+    pub failed: u64,
+    pub run: u32,
+}
+
+#[derive(Serialize)]
+struct Results {
+    scenario: &'static str,
+    settings: serde_json::Value,
+    machine: Machine,
+    curves: Vec<CurvePoint>,
+    cache_size: Vec<SizePoint>,
+    skew: Vec<SkewPoint>,
+    compute: Vec<ComputePoint>,
+}
+
+/// The fabric testbed and what the scenario does on it.
+struct Fabric {
+    live: testbed::Live,
+}
+
+impl Fabric {
+    fn up(prefix: &str) -> anyhow::Result<Fabric> {
+        let mut topo = testbed::Topology::shipped("fabric-multi-root")
+            .expect("shipped")
+            .on_subnet(testbed::Subnet::for_prefix(prefix))?;
+        for h in topo
+            .hosts
+            .iter_mut()
+            .filter(|h| h.role == testbed::Role::Server)
+        {
+            h.memcached_args = vec!["-m".into(), "512".into()];
+        }
+        let exe = std::env::current_exe().context("finding kvswitch itself")?;
+        let state = std::env::temp_dir().join(format!("{prefix}-fabric-bench.json"));
+        let _ = testbed::down(&state);
+        let _ = testbed::down_prefix(prefix);
+        let live = testbed::up(
+            &topo,
+            &testbed::UpOptions {
+                prefix: prefix.into(),
+                kvswitch_bin: Some(exe),
+                state_path: Some(state),
+                start_nutcracker: false,
+                ..Default::default()
+            },
+        )?;
+        Ok(Fabric { live })
+    }
+
+    fn ip(&self, host: &str) -> Ipv4Addr {
+        self.live.host(host).expect("a host of the topology").ip
+    }
+
+    /// Sets every ToR's and every root's cache size (emptying them when 0).
+    fn caches(&self, tor: usize, root: usize) -> anyhow::Result<()> {
+        let fabric = self.live.state.fabric.as_ref().expect("a fabric testbed");
+        for s in &fabric.switches {
+            let items = match s.role {
+                testbed::SwitchRole::Tor => tor,
+                testbed::SwitchRole::Root => root,
+            };
+            let body = format!("{{\"items\": {items}}}");
+            let (code, text) =
+                testbed::http(s.api, "PUT", "/api/v1/fabric/cache", None, Some(&body))?;
+            anyhow::ensure!(code == 200, "{}: {code} {text}", s.name);
+        }
+        Ok(())
+    }
+
+    fn load(&self, client: &str, args: loadgen::LoadArgs) -> anyhow::Result<loadgen::Report> {
+        self.live
+            .in_host(client, move || loadgen::run(&args))?
+            .context("kvswitch load")
+    }
+}
+
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    let duration = args.duration();
+    super::check_duration(duration)?;
+    let runs = args.common.runs();
+    let machine = Machine::describe();
+    let mut out = Output::create(&super::bed::out_dir(args.common.out.as_ref(), NAME))?;
+    eprintln!("{NAME}: building the fabric (4 ToRs, 2 roots, 4 clients, 4 memcached)...");
+    let f = Fabric::up(&args.common.prefix)?;
+    let server = SocketAddr::from((f.ip("s1"), 11211));
+    eprintln!(
+        "{NAME}: preloading {} keys of {} B...",
+        args.keys(),
+        args.value_size
+    );
+    let keys = args.keys();
+    let value_size = args.value_size as usize;
+    let stored = f.live.in_host("c1", move || {
+        loadgen::preload(server, loadgen::Proto::Tcp, keys, "key:", value_size)
+    })??;
+    anyhow::ensure!(stored == keys, "only {stored} of {keys} keys stored");
+    let base = loadgen::LoadArgs {
+        keys,
+        dist: loadgen::Dist::Zipf(0.99),
+        get_ratio: 0.95,
+        value_size,
+        concurrency: 8,
+        duration,
+        warmup: (duration / 2.0).min(1.0),
+        quiet: true,
+        ..loadgen::LoadArgs::new(server.to_string())
+    };
+    let mut curves = Vec::new();
+    let mut cache_size = Vec::new();
+    let mut skew = Vec::new();
+    let mut compute = Vec::new();
+    for run in 0..runs {
+        for caches in [true, false] {
+            for (deployment, client) in [("within", "c1"), ("across", "c0")] {
+                let (t, r) = if caches {
+                    (TOR_ITEMS, ROOT_ITEMS)
+                } else {
+                    (0, 0)
+                };
+                f.caches(0, 0)?;
+                f.caches(t, r)?;
+                let rates = args.rates().into_iter().map(Some).chain([None]);
+                for rate in rates {
+                    let a = loadgen::LoadArgs {
+                        rate,
+                        concurrency: if rate.is_some() { 8 } else { 16 },
+                        seed: u64::from(run) + 1,
+                        ..base.clone()
+                    };
+                    let rep = f.load(client, a)?;
+                    let p = CurvePoint {
+                        deployment,
+                        caches,
+                        offered_rps: rate,
+                        throughput_rps: rep.throughput_rps,
+                        mean_us: rep.latency_us.mean,
+                        p50_us: rep.latency_us.p50 as f64,
+                        loss: (rep.errors + rep.timeouts) as f64 / rep.requests.max(1) as f64,
+                        run,
+                    };
+                    eprintln!(
+                        "  run {}/{runs} {deployment:<6} caches {:<3} offered {:>6} → {:>7.0} req/s, mean {:>6.0} µs",
+                        run + 1,
+                        if caches { "on" } else { "off" },
+                        rate.map_or("max".to_string(), |r| format!("{r:.0}")),
+                        p.throughput_rps,
+                        p.mean_us
+                    );
+                    curves.push(p);
+                }
+            }
+        }
+        // Cache sizes and skew: across racks, a closed loop of 4.
+        let closed = loadgen::LoadArgs {
+            concurrency: 4,
+            seed: u64::from(run) + 11,
+            ..base.clone()
+        };
+        for level in ["tor", "root"] {
+            for &items in &args.sizes() {
+                let (t, r) = match level {
+                    "tor" => (items, ROOT_ITEMS),
+                    _ => (TOR_ITEMS.min(512), items),
+                };
+                f.caches(0, 0)?;
+                f.caches(t, r)?;
+                let rep = f.load("c0", closed.clone())?;
+                eprintln!(
+                    "  run {}/{runs} {level} cache {items:>6} items: mean {:>6.0} µs",
+                    run + 1,
+                    rep.latency_us.mean
+                );
+                cache_size.push(SizePoint {
+                    level,
+                    items,
+                    mean_us: rep.latency_us.mean,
+                    throughput_rps: rep.throughput_rps,
+                    run,
+                });
+            }
+        }
+        for caches in [true, false] {
+            for &theta in &args.skews() {
+                let (t, r) = if caches {
+                    (TOR_ITEMS, ROOT_ITEMS)
+                } else {
+                    (0, 0)
+                };
+                f.caches(0, 0)?;
+                f.caches(t, r)?;
+                let dist = match theta {
+                    0.0 => loadgen::Dist::Uniform,
+                    t => loadgen::Dist::Zipf(t),
+                };
+                let rep = f.load(
+                    "c0",
+                    loadgen::LoadArgs {
+                        dist,
+                        ..closed.clone()
+                    },
+                )?;
+                eprintln!(
+                    "  run {}/{runs} skew {theta:<4} caches {:<3}: mean {:>6.0} µs",
+                    run + 1,
+                    if caches { "on" } else { "off" },
+                    rep.latency_us.mean
+                );
+                skew.push(SkewPoint {
+                    theta,
+                    caches,
+                    mean_us: rep.latency_us.mean,
+                    throughput_rps: rep.throughput_rps,
+                    run,
+                });
+            }
+        }
+        compute.extend(run_compute(&f, duration, run)?);
+    }
+    f.caches(TOR_ITEMS, ROOT_ITEMS)?;
+    f.live.down()?;
+    let settings = serde_json::json!({
+        "short": args.common.short, "duration_s": duration, "runs": runs, "keys": keys, "value_size": value_size,
+        "zipf": 0.99, "get_ratio": 0.95, "rates": args.rates(),
+        "tor_items": TOR_ITEMS, "root_items": ROOT_ITEMS,
+        "compute_keys": COMPUTE_KEYS,
+    });
+    out.json(&Results {
+        scenario: NAME,
+        settings,
+        machine: machine.clone(),
+        curves: curves.clone(),
+        cache_size: cache_size.clone(),
+        skew: skew.clone(),
+        compute: compute.clone(),
+    })?;
+    for deployment in ["within", "across"] {
+        out.plot(
+            &format!("latency-throughput-{deployment}"),
+            &Chart::Line(curve_chart(&curves, deployment)),
+        )?;
+    }
+    out.plot("cache-size", &Chart::Line(size_chart(&cache_size)))?;
+    out.plot("skew", &Chart::Line(skew_chart(&skew)))?;
+    out.plot("compute", &Chart::Bars(compute_chart(&compute)))?;
+    out.summary(
+        &summary(args, &curves, &cache_size, &skew, &compute, runs),
+        &machine,
+    )?;
+    Ok(())
+}
+
+/// One conditional put in each of three places, from a closed loop of two requesters on each
+/// client host, on random keys of [`COMPUTE_KEYS`] with uniform random operands.
+fn run_compute(f: &Fabric, duration: f64, run: u32) -> anyhow::Result<Vec<ComputePoint>> {
+    let server = f.ip("s1");
+    // Every key starts at 0.
+    f.live.in_host("c1", move || -> anyhow::Result<()> {
+        let mut c = inc::Client::connect(server, Duration::from_secs(1))?;
+        for k in 0..COMPUTE_KEYS {
+            c.set(&format!("cp:{k}"), b"0")?;
+        }
+        Ok(())
+    })??;
+    let mut points = Vec::new();
+    for place in ["client", "server", "network"] {
+        if place == "network" {
+            f.caches(TOR_ITEMS, ROOT_ITEMS)?;
+        } else {
+            f.caches(0, 0)?;
+        }
+        let hosts: Vec<String> = f.live.clients().iter().map(|h| h.netns.clone()).collect();
+        let until = Instant::now() + Duration::from_secs_f64(duration);
+        let results: Vec<anyhow::Result<(u64, u64, f64)>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = hosts
+                .iter()
+                .flat_map(|ns| [ns.clone(), ns.clone()])
+                .enumerate()
+                .map(|(i, ns)| {
+                    scope.spawn(move || {
+                        testbed::in_netns(&ns, move || requester(place, server, until, i as u64))
+                            .and_then(|r| r)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("a requester died")))
+                })
+                .collect()
+        });
+        let (mut ops, mut failed, mut total_us) = (0, 0, 0.0);
+        for r in results {
+            let (o, fl, us) = r?;
+            ops += o;
+            failed += fl;
+            total_us += us;
+        }
+        let p = ComputePoint {
+            place,
+            ops_per_s: ops as f64 / duration,
+            mean_us: if ops > 0 {
+                total_us / ops as f64
+            } else {
+                f64::NAN
+            },
+            failed,
+            run,
+        };
+        eprintln!(
+            "  run {}/{} cond-put at the {place:<7}: {:>7.0} ops/s, mean {:>6.0} µs",
+            run + 1,
+            run + 1,
+            p.ops_per_s,
+            p.mean_us
+        );
+        points.push(p);
+    }
+    f.caches(TOR_ITEMS, ROOT_ITEMS)?;
+    Ok(points)
+}
+
+/// One requester's closed loop until `until`: operations done, failed, and their summed
+/// latency in µs.
+fn requester(
+    place: &'static str,
+    server: Ipv4Addr,
+    until: Instant,
+    seed: u64,
+) -> anyhow::Result<(u64, u64, f64)> {
+    let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let timeout = Duration::from_millis(500);
+    let mut client = inc::Client::connect(server, timeout)?;
+    let plain = UdpSocket::bind("0.0.0.0:0")?;
+    plain.set_read_timeout(Some(timeout))?;
+    let target = SocketAddr::from((server, 11211));
+    let (mut ops, mut failed, mut total) = (0u64, 0u64, 0.0);
+    let mut id: u16 = 0;
+    while Instant::now() < until {
+        let key = format!("cp:{}", next() % COMPUTE_KEYS);
+        let operand = next() % 1_000_000;
+        let began = Instant::now();
+        let ok = match place {
+            "client" => {
+                // Fetch, compare, write back: two requests, and not atomic.
+                id = id.wrapping_add(1);
+                match plain_call(&plain, target, id, &format!("get {key}\r\n")) {
+                    Some(reply) => {
+                        let value = reply
+                            .split("\r\n")
+                            .nth(1)
+                            .and_then(|v| v.parse::<u64>().ok());
+                        if value.is_none_or(|v| v < operand) {
+                            id = id.wrapping_add(1);
+                            let v = operand.to_string();
+                            let set = format!("set {key} 0 0 {}\r\n{v}\r\n", v.len());
+                            plain_call(&plain, target, id, &set).is_some()
+                        } else {
+                            true
+                        }
+                    }
+                    None => false,
+                }
+            }
+            _ => client.cond_put(&key, operand).is_ok(),
+        };
+        if ok {
+            ops += 1;
+            total += began.elapsed().as_secs_f64() * 1e6;
+        } else {
+            failed += 1;
+        }
+    }
+    Ok((ops, failed, total))
+}
+
+/// One memcached UDP request and its single-datagram reply.
+fn plain_call(sock: &UdpSocket, target: SocketAddr, id: u16, request: &str) -> Option<String> {
+    let mut d = vec![(id >> 8) as u8, id as u8, 0, 0, 0, 1, 0, 0];
+    d.extend_from_slice(request.as_bytes());
+    sock.send_to(&d, target).ok()?;
+    let mut buf = [0u8; 2048];
+    loop {
+        let (n, _) = sock.recv_from(&mut buf).ok()?;
+        if n >= 8 && buf[0..2] == d[0..2] {
+            return Some(String::from_utf8_lossy(&buf[8..n]).into_owned());
+        }
+    }
+}
+
+fn curve_medians(
+    curves: &[CurvePoint],
+    deployment: &str,
+    caches: bool,
+) -> Vec<(Option<f64>, f64, f64)> {
+    let mut offered: Vec<Option<f64>> = Vec::new();
+    for p in curves
+        .iter()
+        .filter(|p| p.deployment == deployment && p.caches == caches)
+    {
+        if !offered.contains(&p.offered_rps) {
+            offered.push(p.offered_rps);
+        }
+    }
+    offered
+        .into_iter()
+        .map(|o| {
+            let of: Vec<&CurvePoint> = curves
+                .iter()
+                .filter(|p| p.deployment == deployment && p.caches == caches && p.offered_rps == o)
+                .collect();
+            (
+                o,
+                median(of.iter().map(|p| p.throughput_rps).collect()),
+                median(of.iter().map(|p| p.mean_us).collect()),
+            )
+        })
+        .collect()
+}
+
+fn label(caches: bool) -> String {
+    match caches {
+        true => "with the fabric's caches".into(),
+        false => "caches off (plain network)".into(),
+    }
+}
+
+fn curve_chart(curves: &[CurvePoint], deployment: &str) -> LineChart {
+    let place = match deployment {
+        "within" => "client and server in one rack",
+        _ => "client and server in two racks",
+    };
+    LineChart {
+        title: format!("Mean GET/SET latency against throughput, {place}"),
+        x_label: "throughput (requests/s)".into(),
+        y_label: "mean latency (µs)".into(),
+        x_log: false,
+        y_log: true,
+        y_from_zero: false,
+        series: [true, false]
+            .iter()
+            .enumerate()
+            .map(|(i, &caches)| Series {
+                name: label(caches),
+                points: curve_medians(curves, deployment, caches)
+                    .into_iter()
+                    .map(|(_, t, l)| (t, l))
+                    .collect(),
+                color: i,
+                dashed: !caches,
+            })
+            .collect(),
+    }
+}
+
+fn size_medians(sizes: &[SizePoint], level: &str) -> Vec<(usize, f64)> {
+    let mut items: Vec<usize> = sizes
+        .iter()
+        .filter(|p| p.level == level)
+        .map(|p| p.items)
+        .collect();
+    items.sort_unstable();
+    items.dedup();
+    items
+        .into_iter()
+        .map(|n| {
+            let of = sizes
+                .iter()
+                .filter(|p| p.level == level && p.items == n)
+                .map(|p| p.mean_us)
+                .collect();
+            (n, median(of))
+        })
+        .collect()
+}
+
+fn size_chart(sizes: &[SizePoint]) -> LineChart {
+    LineChart {
+        title: "Mean latency against cache size (two racks)".into(),
+        x_label: "items in the cache".into(),
+        y_label: "mean latency (µs)".into(),
+        x_log: true,
+        y_log: false,
+        y_from_zero: true,
+        series: [
+            ("tor", "ToR caches (roots 16,384)"),
+            ("root", "root caches (ToRs 512)"),
+        ]
+        .iter()
+        .enumerate()
+        .map(|(i, (level, name))| Series {
+            name: name.to_string(),
+            points: size_medians(sizes, level)
+                .into_iter()
+                .map(|(n, l)| (n as f64, l))
+                .collect(),
+            color: i,
+            dashed: false,
+        })
+        .collect(),
+    }
+}
+
+fn skew_medians(skews: &[SkewPoint], caches: bool) -> Vec<(f64, f64)> {
+    let mut thetas: Vec<f64> = Vec::new();
+    for p in skews.iter().filter(|p| p.caches == caches) {
+        if !thetas.contains(&p.theta) {
+            thetas.push(p.theta);
+        }
+    }
+    thetas
+        .into_iter()
+        .map(|t| {
+            let of = skews
+                .iter()
+                .filter(|p| p.caches == caches && p.theta == t)
+                .map(|p| p.mean_us)
+                .collect();
+            (t, median(of))
+        })
+        .collect()
+}
+
+fn skew_chart(skews: &[SkewPoint]) -> LineChart {
+    LineChart {
+        title: "Mean latency against the workload's skew (two racks)".into(),
+        x_label: "Zipf exponent (0: uniform)".into(),
+        y_label: "mean latency (µs)".into(),
+        x_log: false,
+        y_log: false,
+        y_from_zero: true,
+        series: [true, false]
+            .iter()
+            .enumerate()
+            .map(|(i, &caches)| Series {
+                name: label(caches),
+                points: skew_medians(skews, caches),
+                color: i,
+                dashed: !caches,
+            })
+            .collect(),
+    }
+}
+
+fn compute_medians(compute: &[ComputePoint]) -> Vec<(&'static str, f64, f64)> {
+    ["client", "server", "network"]
+        .into_iter()
+        .map(|place| {
+            let of: Vec<&ComputePoint> = compute.iter().filter(|p| p.place == place).collect();
+            (
+                place,
+                median(of.iter().map(|p| p.ops_per_s).collect()),
+                median(of.iter().map(|p| p.mean_us).collect()),
+            )
+        })
+        .collect()
+}
+
+fn compute_chart(compute: &[ComputePoint]) -> BarChart {
+    let m = compute_medians(compute);
+    BarChart {
+        title: "Conditional put: operations per second and mean latency".into(),
+        x_label: "where it is computed".into(),
+        y_label: "ops/s, µs".into(),
+        categories: m.iter().map(|(p, ..)| p.to_string()).collect(),
+        groups: vec![
+            (
+                "thousand ops/s".into(),
+                m.iter().map(|(_, o, _)| o / 1000.0).collect(),
+            ),
+            (
+                "mean latency (µs)".into(),
+                m.iter().map(|(_, _, l)| *l).collect(),
+            ),
+        ],
+        line: None,
+        stacked: false,
+    }
+}
+
+fn summary(
+    args: &Args,
+    curves: &[CurvePoint],
+    sizes: &[SizePoint],
+    skews: &[SkewPoint],
+    compute: &[ComputePoint],
+    runs: u32,
+) -> String {
+    let mut t = String::new();
+    let _ = writeln!(t, "# The caching fabric (IncBricks' evaluation)\n");
+    let _ = writeln!(
+        t,
+        "The multi-rooted testbed tree: 4 ToRs and 2 roots (each ToR linked to both), each a \
+         `kvswitch fabric run` process, a client and a memcached server under every ToR. {} \
+         keys of {} B preloaded on one server; Zipf 0.99, 95% GETs and 5% SETs (IncBricks' \
+         workload, with fewer keys). \"within\": the client under the server's ToR; \
+         \"across\": a client under another ToR, so every request crosses a root. Caches on: \
+         4,096 items per ToR and 16,384 per root, as IncBricks; off: 0 items, the same \
+         switches forwarding only. Points of {} s after a warm-up; medians of {runs} run(s).\n",
+        args.keys(),
+        args.value_size,
+        args.duration()
+    );
+    for deployment in ["within", "across"] {
+        let _ = writeln!(
+            t,
+            "## Latency against throughput, {deployment} (Figures 7 and 8)\n"
+        );
+        let _ = writeln!(t, "| offered req/s | caches on: req/s | mean µs | caches off: req/s | mean µs | latency on/off |");
+        let _ = writeln!(t, "|--:|--:|--:|--:|--:|--:|");
+        let on = curve_medians(curves, deployment, true);
+        let off = curve_medians(curves, deployment, false);
+        for ((o, t_on, l_on), (_, t_off, l_off)) in on.iter().zip(&off) {
+            let _ = writeln!(
+                t,
+                "| {} | {t_on:.0} | {l_on:.0} | {t_off:.0} | {l_off:.0} | {} |",
+                o.map_or("max (closed loop)".to_string(), |r| format!("{r:.0}")),
+                times(ratio(Some(*l_on), Some(*l_off)))
+            );
+        }
+        if let (Some(a), Some(b)) = (on.last(), off.last()) {
+            let _ = writeln!(
+                t,
+                "\nHighest throughput with the caches: {} that without them (IncBricks: about \
+                 2x for 1 KB values).\n",
+                times(ratio(Some(a.1), Some(b.1)))
+            );
+        }
+    }
+    let _ = writeln!(t, "## Latency against cache size (Figure 10)\n");
+    let _ = writeln!(
+        t,
+        "| items | ToR caches changed: mean µs | root caches changed: mean µs |"
+    );
+    let _ = writeln!(t, "|--:|--:|--:|");
+    let tor = size_medians(sizes, "tor");
+    let root = size_medians(sizes, "root");
+    for ((n, a), (_, b)) in tor.iter().zip(&root) {
+        let _ = writeln!(t, "| {n} | {a:.0} | {b:.0} |");
+    }
+    let _ = writeln!(
+        t,
+        "\nIncBricks found the ToRs' size to matter (194 to 49 µs from 512 to 16,384 items) \
+         and the roots' hardly, their caches being inclusive.\n"
+    );
+    let _ = writeln!(t, "## Latency against skew (Figure 11)\n");
+    let _ = writeln!(
+        t,
+        "| Zipf exponent | caches on: mean µs | caches off: mean µs |"
+    );
+    let _ = writeln!(t, "|--:|--:|--:|");
+    for ((th, a), (_, b)) in skew_medians(skews, true)
+        .iter()
+        .zip(&skew_medians(skews, false))
+    {
+        let _ = writeln!(t, "| {th} | {a:.0} | {b:.0} |");
+    }
+    let _ = writeln!(t, "\n## Conditional put (Figure 12)\n");
+    let _ = writeln!(t, "| computed at | ops/s | mean µs |");
+    let _ = writeln!(t, "|--|--:|--:|");
+    let m = compute_medians(compute);
+    for (place, o, l) in &m {
+        let _ = writeln!(t, "| {place} | {o:.0} | {} |", fmt(Some(*l), 0));
+    }
+    if let (Some(c), Some(n)) = (m.first(), m.last()) {
+        let _ = writeln!(
+            t,
+            "\nIn the network against the client: {} the throughput at {} the latency \
+             (IncBricks: 3.3x at 0.3x). \"client\": a get, then a set when the operand is \
+             larger (two requests, not atomic); \"server\": the fabric's request executed at \
+             the key's home on the server's value, caches off; \"network\": the same with the \
+             caches on, where a put that would not change the cached number is answered by the \
+             first switch holding it.",
+            times(ratio(Some(n.1), Some(c.1))),
+            times(ratio(Some(n.2), Some(c.2)))
+        );
+    }
+    t
+}
