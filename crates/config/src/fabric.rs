@@ -5,6 +5,8 @@
 //! ```toml
 //! name = "two-level"
 //! buckets = 64                       # registration table buckets
+//! lease_ms = 2000                    # how long a cached item is served after its fill
+//! busy_poll_us = 0                   # polling after a frame before sleeping
 //!
 //! [[switch]]
 //! name = "tor0"
@@ -52,6 +54,10 @@ struct RawFabric {
     hello_ms: Option<u64>,
     #[serde(default)]
     dead_ms: Option<u64>,
+    #[serde(default)]
+    lease_ms: Option<u64>,
+    #[serde(default)]
+    busy_poll_us: Option<u64>,
     #[serde(default, rename = "switch")]
     switches: Vec<RawSwitch>,
     #[serde(default, rename = "server")]
@@ -119,10 +125,15 @@ pub struct FabricConfig {
     pub buckets: usize,
     pub switches: Vec<FabricSwitchConfig>,
     pub servers: Vec<FabricServer>,
+    /// After a frame, how long a switch keeps polling its ports before it sleeps (0: it
+    /// always sleeps; several switches of a fabric sharing a host's cores would spin
+    /// against each other).
+    pub busy_poll: Duration,
     invalidate_retry: Option<Duration>,
     invalidate_give_up: Option<Duration>,
     hello: Option<Duration>,
     dead: Option<Duration>,
+    lease: Option<Duration>,
 }
 
 fn err(path: &Path, key: &str, problem: impl std::fmt::Display) -> anyhow::Error {
@@ -235,10 +246,12 @@ impl FabricConfig {
             buckets: raw.buckets.unwrap_or(DEFAULT_BUCKETS),
             switches,
             servers,
+            busy_poll: Duration::from_micros(raw.busy_poll_us.unwrap_or(0)),
             invalidate_retry: ms(raw.invalidate_retry_ms),
             invalidate_give_up: ms(raw.invalidate_give_up_ms),
             hello: ms(raw.hello_ms),
             dead: ms(raw.dead_ms),
+            lease: ms(raw.lease_ms),
         };
         // Every switch's spec must hold together.
         for s in &config.switches {
@@ -350,6 +363,9 @@ impl FabricConfig {
         }
         if let Some(d) = self.dead {
             spec.dead_after = d;
+        }
+        if let Some(d) = self.lease {
+            spec.lease = d;
         }
         spec.validate()
             .map_err(|e| err(&self.path, &format!("switch[{name}]"), e))?;

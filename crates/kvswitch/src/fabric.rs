@@ -275,7 +275,10 @@ pub fn run(cfg: FabricConfig, name: &str) -> anyhow::Result<()> {
     tracing::info!(switch = name, role = me.role.name(), ports = ?shared.ports,
         api = ?api, "kvswitch fabric switch running");
     let mut driver = Driver::new(ports, fabric, None, stats);
-    let options = RunOptions::default();
+    let options = RunOptions {
+        busy_poll: cfg.busy_poll,
+        ..RunOptions::default()
+    };
     let clock = kvio::clock::now;
     driver.run(
         &options,

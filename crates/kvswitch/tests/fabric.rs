@@ -389,6 +389,28 @@ fn fabric_multi_rooted_tree_stays_coherent_across_every_rack() {
     let home = status(&live, "tor2");
     assert!(n(&home, "/directory/invalidations") > 0, "{home}");
     increments_are_never_lost(&live, "s2", 300);
+
+    // Ordinary traffic between racks is spread over both roots (ECMP by flow).
+    let routed = |s: &str| n(&status(&live, s), "/stats/routed");
+    let before = (routed("root0"), routed("root1"));
+    let c1 = SocketAddr::from((live.host("c1").unwrap().ip, 9));
+    live.in_host("c0", move || {
+        for _ in 0..64 {
+            let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
+            sock.send_to(b"spread", c1).unwrap();
+        }
+    })
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let after = (routed("root0"), routed("root1"));
+    assert!(
+        after.0 >= before.0 + 8,
+        "root0 routed {before:?} then {after:?}"
+    );
+    assert!(
+        after.1 >= before.1 + 8,
+        "root1 routed {before:?} then {after:?}"
+    );
     live.down().unwrap();
 }
 

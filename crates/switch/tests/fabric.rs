@@ -87,6 +87,12 @@ struct Net {
     raw: Option<String>,
 }
 
+impl Host {
+    fn clone_addr(&self) -> (Ipv4Addr, Mac) {
+        (self.ip, self.mac)
+    }
+}
+
 fn switch_ip(id: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 255, 0, id as u8 + 1)
 }
@@ -988,9 +994,115 @@ fn conditional_puts_that_write_nothing_are_answered_in_the_network() {
         ),
         "30\r\n"
     );
+    // A put the home refused leaves the value it read cached on the way back, so the next
+    // one that would change nothing stays at the client's ToR.
+    let other = (100..200)
+        .map(|i| format!("k{i}"))
+        .find(|k| net.hosts[net.server_of(k)].tor.0 == 1)
+        .unwrap();
+    let put_other = |n: u64| format!("set {other} 0 0 {}\r\n{n}\r\n", n.to_string().len());
+    assert_eq!(
+        native(&mut net, 0, Command::CondPut, &put_other(50), &other),
+        "STORED\r\n"
+    );
+    assert!(!net.switches[0].holds(other.as_bytes()));
+    assert_eq!(
+        native(&mut net, 0, Command::CondPut, &put_other(40), &other),
+        "NOT_STORED\r\n"
+    );
+    assert!(
+        net.switches[0].holds(other.as_bytes()),
+        "filled by the refusal"
+    );
+    let home_before = net.switches[1].snapshot(Instant::ZERO).stats.messages_in;
+    assert_eq!(
+        native(&mut net, 0, Command::CondPut, &put_other(45), &other),
+        "NOT_STORED\r\n"
+    );
+    assert_eq!(
+        net.switches[1].snapshot(Instant::ZERO).stats.messages_in,
+        home_before
+    );
     // A message whose command does not match its request is refused.
     assert!(
         native(&mut net, 0, Command::Del, &format!("get {key}\r\n"), &key)
             .starts_with("CLIENT_ERROR")
+    );
+}
+
+#[test]
+fn garbage_from_hosts_and_links_is_counted_never_a_panic() {
+    let mut net = Net::tree(2, 1, 2, 64);
+    net.add_clients(1);
+    let key = "k1";
+    assert_eq!(
+        one(&mut net, 0, &format!("set {key} 0 0 1\r\nx\r\n"), key),
+        "STORED\r\n"
+    );
+    // A valid message, then every byte of it changed in turn, and random bytes, from a host
+    // and from a link, to a switch's own address and to a server's fabric port.
+    let mut message = Vec::new();
+    let datagram = b"\x00\x01\x00\x00\x00\x01\x00\x00get k1\r\n";
+    wire::inc::Message {
+        header: wire::inc::Header {
+            request_id: 1,
+            command: wire::inc::Command::Get,
+            key_hash: wire::inc::key_hash(b"k1"),
+            flags: wire::inc::flags::EXPANDED,
+            origin: 0,
+            epoch: 0,
+            client: (net.hosts[0].ip, 40000),
+            server: (net.hosts[2].ip, MC_PORT),
+        },
+        payload: datagram,
+    }
+    .emit(&mut message);
+    let mut rng = 0x1234_5678_9abc_def1_u64;
+    let mut payloads = vec![message.clone()];
+    for i in 0..message.len() {
+        let mut m = message.clone();
+        m[i] ^= (xorshift(&mut rng) as u8) | 1;
+        payloads.push(m);
+    }
+    for len in 0..120 {
+        payloads.push((0..len).map(|_| xorshift(&mut rng) as u8).collect());
+    }
+    let before: u64 = net
+        .switches
+        .iter()
+        .map(|s| s.snapshot(Instant::ZERO).stats.malformed)
+        .sum();
+    let client = net.hosts[1].clone_addr();
+    for p in &payloads {
+        for (to_port, dst) in [
+            (wire::inc::PORT, switch_ip(2)),
+            (wire::inc::PORT, net.hosts[2].ip),
+            (MC_PORT, net.hosts[2].ip),
+        ] {
+            // From a host of rack 0 into ToR 0, and from the root into ToR 1.
+            let f = udp_frame(
+                client.1,
+                switch_mac(0),
+                (client.0, 40000),
+                (dst, to_port),
+                p,
+            );
+            net.push(net.now + LINK_NS, End::Switch(0, 1), f.clone());
+            net.push(net.now + LINK_NS, End::Switch(1, 2), f);
+        }
+    }
+    net.auto = false;
+    let until = net.now + 100_000_000;
+    net.run(until, usize::MAX);
+    let after: u64 = net
+        .switches
+        .iter()
+        .map(|s| s.snapshot(Instant::ZERO).stats.malformed)
+        .sum();
+    assert!(after > before + 50, "malformed {before} then {after}");
+    // The fabric still answers, and the value is what was stored.
+    assert_eq!(
+        one(&mut net, 0, &format!("get {key}\r\n"), key),
+        "VALUE k1 0 1\r\nx\r\nEND\r\n"
     );
 }

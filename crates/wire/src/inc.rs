@@ -46,8 +46,11 @@ pub mod flags {
     /// The client speaks this format itself (the `kvswitch inc` library) and gets its reply
     /// as a message; without it the client's ToR answers in memcached's own bytes.
     pub const NATIVE: u8 = 8;
+    /// A reply that only fills (a key's value as its home knows it after a conditional put
+    /// that changed nothing): the client's ToR caches it and sends nothing on.
+    pub const FILL_ONLY: u8 = 16;
     /// Every flag kvswitch defines; a message with others is refused.
-    pub const ALL: u8 = EXPANDED | DETOUR | FILL | NATIVE;
+    pub const ALL: u8 = EXPANDED | DETOUR | FILL | NATIVE | FILL_ONLY;
 }
 
 /// What a message asks for.

@@ -1,6 +1,7 @@
 //! A switch's cache in the fabric (IncBricks 4.2.1): a fixed number of items, the least
-//! frequently used evicted first (the older of equals first), and tombstones that keep a
-//! reply older than an invalidation from filling after it.
+//! frequently used evicted first (the older of equals first), tombstones that keep a reply
+//! older than an invalidation from filling after it, and a lease on every item that bounds
+//! how long a write the fabric never saw can leave it stale.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
@@ -15,6 +16,8 @@ struct Item {
     uses: u64,
     /// When it was last used, in the cache's own count of operations.
     seq: u64,
+    /// When its lease ends.
+    until: Instant,
 }
 
 /// Counters for the operator.
@@ -27,6 +30,8 @@ pub struct LfuStats {
     pub fills_stale: u64,
     pub evictions: u64,
     pub invalidations: u64,
+    /// Items dropped as their lease ended.
+    pub expired: u64,
 }
 
 /// A fixed-size cache of values by key, least frequently used out first.
@@ -42,6 +47,7 @@ pub struct Lfu {
     /// Tombstones in the order they expire.
     tomb_order: VecDeque<(Instant, Vec<u8>)>,
     tombstone_for: Duration,
+    lease: Duration,
     stats: LfuStats,
 }
 
@@ -49,7 +55,8 @@ pub struct Lfu {
 const MAX_TOMBSTONES: usize = 1 << 16;
 
 impl Lfu {
-    pub fn new(capacity: usize, tombstone_for: Duration) -> Lfu {
+    /// A cache of `capacity` items, each held at most `lease` after its fill.
+    pub fn new(capacity: usize, tombstone_for: Duration, lease: Duration) -> Lfu {
         Lfu {
             capacity,
             items: HashMap::new(),
@@ -58,6 +65,7 @@ impl Lfu {
             tombstones: HashMap::new(),
             tomb_order: VecDeque::new(),
             tombstone_for,
+            lease,
             stats: LfuStats::default(),
         }
     }
@@ -94,9 +102,14 @@ impl Lfu {
         self.items.contains_key(key)
     }
 
-    /// The value of `key` and the epoch it was filled at, counted as one use.
-    pub fn get(&mut self, key: &[u8]) -> Option<(&[u8], u32)> {
+    /// The value of `key` and the epoch it was filled at, counted as one use; `None` past its
+    /// lease.
+    pub fn get(&mut self, key: &[u8], now: Instant) -> Option<(&[u8], u32)> {
         self.seq += 1;
+        if self.items.get(key).is_some_and(|i| now >= i.until) {
+            self.remove(key);
+            self.stats.expired += 1;
+        }
         let Some(item) = self.items.get_mut(key) else {
             self.stats.misses += 1;
             return None;
@@ -151,6 +164,7 @@ impl Lfu {
                 epoch,
                 uses,
                 seq: self.seq,
+                until: now + self.lease,
             },
         );
         self.order.insert((uses, self.seq, key.to_vec()));
@@ -218,20 +232,20 @@ mod tests {
 
     #[test]
     fn the_least_frequently_used_goes_first() {
-        let mut c = Lfu::new(2, SEC);
+        let mut c = Lfu::new(2, SEC, 60 * SEC);
         let now = Instant::ZERO;
         assert!(c.fill(b"a", b"1", 1, now));
         assert!(c.fill(b"b", b"2", 1, now));
-        c.get(b"a");
-        c.get(b"a");
-        c.get(b"b");
+        c.get(b"a", Instant::ZERO);
+        c.get(b"a", Instant::ZERO);
+        c.get(b"b", Instant::ZERO);
         assert!(c.fill(b"c", b"3", 1, now));
         assert!(c.contains(b"a") && c.contains(b"c") && !c.contains(b"b"));
         assert_eq!(c.stats().evictions, 1);
         // Of equals, the one used longer ago.
-        c.get(b"c");
-        c.get(b"c");
-        c.get(b"a");
+        c.get(b"c", Instant::ZERO);
+        c.get(b"c", Instant::ZERO);
+        c.get(b"a", Instant::ZERO);
         assert!(c.fill(b"d", b"4", 1, now));
         assert!(c.contains(b"a") && c.contains(b"d") && !c.contains(b"c"));
         assert_eq!(c.len(), 2);
@@ -239,22 +253,32 @@ mod tests {
 
     #[test]
     fn a_fill_older_than_an_invalidation_is_refused() {
-        let mut c = Lfu::new(4, SEC);
+        let mut c = Lfu::new(4, SEC, 60 * SEC);
         let now = Instant::ZERO;
         assert!(c.fill(b"k", b"old", 3, now));
         assert!(c.invalidate(b"k", 5, now));
         assert!(!c.fill(b"k", b"old", 4, now));
-        assert_eq!(c.get(b"k"), None);
+        assert_eq!(c.get(b"k", Instant::ZERO), None);
         assert!(c.fill(b"k", b"new", 6, now));
-        assert_eq!(c.get(b"k"), Some((&b"new"[..], 6)));
+        assert_eq!(c.get(b"k", Instant::ZERO), Some((&b"new"[..], 6)));
         // Nor does an older copy replace a newer one.
         assert!(!c.fill(b"k", b"old", 4, now));
         assert_eq!(c.stats().fills_stale, 2);
     }
 
     #[test]
+    fn an_item_past_its_lease_is_gone() {
+        let mut c = Lfu::new(4, SEC, SEC);
+        c.fill(b"k", b"v", 1, Instant::ZERO);
+        assert!(c.get(b"k", Instant::from_millis(999)).is_some());
+        assert!(c.get(b"k", Instant::from_millis(1000)).is_none());
+        assert_eq!(c.stats().expired, 1);
+        assert!(c.is_empty());
+    }
+
+    #[test]
     fn tombstones_expire() {
-        let mut c = Lfu::new(4, SEC);
+        let mut c = Lfu::new(4, SEC, 60 * SEC);
         c.invalidate(b"k", 5, Instant::ZERO);
         assert!(!c.fill(b"k", b"v", 4, Instant::from_millis(999)));
         assert!(c.fill(b"k", b"v", 4, Instant::from_millis(1000)));
@@ -262,13 +286,13 @@ mod tests {
 
     #[test]
     fn shrinking_evicts_the_least_used() {
-        let mut c = Lfu::new(3, SEC);
+        let mut c = Lfu::new(3, SEC, 60 * SEC);
         for k in [b"a", b"b", b"c"] {
             c.fill(k, b"v", 1, Instant::ZERO);
         }
-        c.get(b"b");
-        c.get(b"c");
-        c.get(b"c");
+        c.get(b"b", Instant::ZERO);
+        c.get(b"c", Instant::ZERO);
+        c.get(b"c", Instant::ZERO);
         c.set_capacity(1);
         assert_eq!(c.len(), 1);
         assert!(c.contains(b"c"));
@@ -279,7 +303,7 @@ mod tests {
 
     #[test]
     fn a_zero_size_cache_holds_nothing() {
-        let mut c = Lfu::new(0, SEC);
+        let mut c = Lfu::new(0, SEC, 60 * SEC);
         assert!(!c.fill(b"k", b"v", 1, Instant::ZERO));
         assert!(c.is_empty());
     }

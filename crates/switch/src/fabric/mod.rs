@@ -228,7 +228,7 @@ impl FabricSwitch {
     pub fn new(spec: FabricSpec) -> Result<FabricSwitch, FabricSpecError> {
         spec.validate()?;
         let me = *spec.member(spec.id).expect("validated");
-        let cache = Lfu::new(spec.cache_items, spec.tombstone_for);
+        let cache = Lfu::new(spec.cache_items, spec.tombstone_for, spec.lease);
         let directory = Directory::new(
             spec.directory_keys,
             spec.invalidate_retry,
@@ -803,7 +803,7 @@ impl FabricSwitch {
         header.command = command;
         header.key_hash = inc::key_hash(&key);
         self.stats.requests_in += 1;
-        if let Some(reply) = self.answer_from_cache(command, &key, mc.request_id, body) {
+        if let Some(reply) = self.answer_from_cache(command, &key, mc.request_id, body, now) {
             self.stats.hits += 1;
             self.answer(&header, &reply, emit);
             return true;
@@ -865,14 +865,15 @@ impl FabricSwitch {
         key: &[u8],
         request_id: u16,
         body: &[u8],
+        now: Instant,
     ) -> Option<Vec<u8>> {
         match command {
-            Command::Get => self.cached_reply(key, request_id),
+            Command::Get => self.cached_reply(key, request_id, now),
             Command::CondPut => {
                 let operand = cond_operand(body)?;
                 let cached = self
                     .cache
-                    .get(key)
+                    .get(key, now)
                     .and_then(|(reply, _)| cached_number(reply))?;
                 (cached >= operand).then(|| {
                     let mut reply = vec![0u8; mcudp::LEN];
@@ -920,8 +921,8 @@ impl FabricSwitch {
     }
 
     /// The datagram answering `get KEY` from this switch's cache.
-    fn cached_reply(&mut self, key: &[u8], request_id: u16) -> Option<Vec<u8>> {
-        let (body, _) = self.cache.get(key)?;
+    fn cached_reply(&mut self, key: &[u8], request_id: u16, now: Instant) -> Option<Vec<u8>> {
+        let (body, _) = self.cache.get(key, now)?;
         let mut reply = vec![0u8; mcudp::LEN];
         mcudp::Header::single(request_id).emit(&mut reply);
         reply.extend_from_slice(body);
@@ -998,7 +999,7 @@ impl FabricSwitch {
             return;
         }
         if !h.has(flags::DETOUR) {
-            if let Some(reply) = self.answer_from_cache(h.command, &key, mc.request_id, body) {
+            if let Some(reply) = self.answer_from_cache(h.command, &key, mc.request_id, body, now) {
                 // Not a fill: the home did not count the client's ToR among the sharers.
                 self.stats.hits += 1;
                 let header = Header {
@@ -1030,7 +1031,7 @@ impl FabricSwitch {
         let detour = h.has(flags::DETOUR);
         if h.origin != self.me.id {
             // The client's ToR looked already when the client is in this rack.
-            if let Some(reply) = self.answer_from_cache(h.command, key, mc.request_id, body) {
+            if let Some(reply) = self.answer_from_cache(h.command, key, mc.request_id, body, now) {
                 self.stats.hits += 1;
                 self.reply_to(h, key, &reply, None, now, emit);
                 return;
@@ -1231,6 +1232,25 @@ impl FabricSwitch {
         self.reply_to(&h, &write.key, &reply, None, now, emit);
         if let Some(step) = self.directory.done(&write.key, now) {
             self.write_step(&write.key, step, now, emit);
+            return;
+        }
+        // Nothing changed and no write waits: the value read is the key's value now, and
+        // the designated switches on the way may cache it, so that the next conditional
+        // put that would change nothing is answered there.
+        if matches!(current, Some(Some(_))) && reply_key(body) == Some(&write.key[..]) {
+            let stamp = self.directory.read();
+            let sharers = self.sharers_on_way(&h, now);
+            if let Some(epoch) = self.directory.fill(&write.key, stamp, sharers) {
+                self.cache.fill(&write.key, body, epoch, now);
+                let mut datagram = vec![0u8; mcudp::LEN];
+                mcudp::Header::single(0).emit(&mut datagram);
+                datagram.extend_from_slice(body);
+                let h = Header {
+                    flags: h.flags | flags::FILL_ONLY,
+                    ..h
+                };
+                self.reply_to(&h, &write.key, &datagram, Some(epoch), now, emit);
+            }
         }
     }
 
@@ -1334,14 +1354,16 @@ impl FabricSwitch {
         emit: &mut Vec<Emit>,
     ) {
         if h.origin == self.me.id {
-            self.answer(h, datagram, emit);
+            if !h.has(flags::FILL_ONLY) {
+                self.answer(h, datagram, emit);
+            }
             return;
         }
         let root = self.via_root(h, now);
         let mut header = Header {
             command: Command::Reply,
             key_hash: inc::key_hash(key),
-            flags: flags::EXPANDED | (h.flags & flags::NATIVE),
+            flags: flags::EXPANDED | (h.flags & (flags::NATIVE | flags::FILL_ONLY)),
             epoch: fill.unwrap_or(0),
             ..*h
         };
@@ -1373,10 +1395,10 @@ impl FabricSwitch {
                 }
             }
         }
-        if h.origin == self.me.id {
-            self.answer(h, datagram, emit);
-        } else {
+        if h.origin != self.me.id {
             self.send(h.origin, h, datagram, now, emit);
+        } else if !h.has(flags::FILL_ONLY) {
+            self.answer(h, datagram, emit);
         }
     }
 

@@ -97,6 +97,9 @@ pub struct FabricSpec {
     pub reply_timeout: Duration,
     /// How long a switch refuses fills older than an invalidation it took.
     pub tombstone_for: Duration,
+    /// How long a cached item is served after its fill: the longest a write that did not
+    /// pass the key's home (TCP, or a client on the server's own host) leaves it stale.
+    pub lease: Duration,
     /// How often a switch greets its neighbours.
     pub hello_every: Duration,
     /// A neighbour not heard from for this long is down.
@@ -182,6 +185,7 @@ impl FabricSpec {
             invalidate_give_up: Duration::from_secs(2),
             reply_timeout: Duration::from_secs(1),
             tombstone_for: Duration::from_secs(2),
+            lease: Duration::from_secs(2),
             hello_every: Duration::from_millis(50),
             dead_after: Duration::from_millis(200),
         }
@@ -236,6 +240,7 @@ impl FabricSpec {
             ("reply_timeout", self.reply_timeout),
             ("hello_every", self.hello_every),
             ("dead_after", self.dead_after),
+            ("lease", self.lease),
         ] {
             if d.is_zero() {
                 return Err(FabricSpecError::ZeroTime(what));
