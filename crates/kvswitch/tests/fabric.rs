@@ -279,6 +279,16 @@ fn fabric_two_level_tree_answers_unmodified_clients_as_memcached_and_keeps_hits_
     live.down().unwrap();
 }
 
+fn no_stale_reads(recorded: &history_load::Recorded) {
+    let report = testbed::history::check(&recorded.ops);
+    assert!(
+        report.violations.is_empty(),
+        "{} stale reads; the first: {:?}",
+        report.violations.len(),
+        report.violations.first()
+    );
+}
+
 fn clients(live: &testbed::Live, per_host: u32, target: &str) -> Vec<history_load::Client> {
     let target = SocketAddr::from((live.host(target).unwrap().ip, 11211));
     let mut out = Vec::new();
@@ -363,13 +373,7 @@ fn fabric_multi_rooted_tree_stays_coherent_across_every_rack() {
         seed: 14,
     };
     let recorded = history_load::run(&clients, &load, Clock::start()).expect("load");
-    let report = testbed::history::check(&recorded.ops);
-    assert!(
-        report.violations.is_empty(),
-        "{} stale reads; the first: {:?}",
-        report.violations.len(),
-        report.violations.first()
-    );
+    no_stale_reads(&recorded);
     assert!(
         recorded.bad_replies.is_empty(),
         "{:?}",
@@ -451,13 +455,7 @@ fn fabric_survives_a_root_killed_mid_run_and_caches_again_with_a_new_table() {
         (recorded, fills)
     });
     let (recorded, fills_at_table) = recorded;
-    let report = testbed::history::check(&recorded.ops);
-    assert!(
-        report.violations.is_empty(),
-        "{} stale reads; the first: {:?}",
-        report.violations.len(),
-        report.violations.first()
-    );
+    no_stale_reads(&recorded);
     let killed = *killed_at.get().unwrap();
     let answered_after = recorded
         .ops

@@ -740,6 +740,14 @@ fn the_same_seed_gives_the_same_run() {
     assert_ne!(run(3), run(4));
 }
 
+/// The first key from `k{from}` on whose server is in rack `rack`.
+fn key_in_rack(net: &Net, rack: usize, from: usize) -> String {
+    (from..from + 100)
+        .map(|i| format!("k{i}"))
+        .find(|k| net.hosts[net.server_of(k)].tor.0 == rack)
+        .expect("a key of every rack within 100")
+}
+
 /// A client's own request-reply on `key`, with nothing else running.
 fn one(net: &mut Net, client: usize, text: &str, key: &str) -> String {
     exchange(net, client, text, key, None)
@@ -828,10 +836,7 @@ fn a_hit_in_a_tor_never_crosses_a_root() {
     let mut net = Net::tree(2, 1, 2, 64);
     net.add_clients(1);
     // Client 0 is in rack 0; pick a key whose server is in rack 1.
-    let key = (0..100)
-        .map(|i| format!("k{i}"))
-        .find(|k| net.hosts[net.server_of(k)].tor.0 == 1)
-        .unwrap();
+    let key = key_in_rack(&net, 1, 0);
     assert_eq!(
         one(&mut net, 0, &format!("set {key} 0 0 2\r\nhi\r\n"), &key),
         "STORED\r\n"
@@ -870,10 +875,7 @@ fn a_hit_in_a_tor_never_crosses_a_root() {
 fn dropped_invalidations_are_sent_again_and_hold_the_write_back() {
     let mut net = Net::tree(2, 1, 2, 64);
     net.add_clients(1);
-    let key = (0..100)
-        .map(|i| format!("k{i}"))
-        .find(|k| net.hosts[net.server_of(k)].tor.0 == 1)
-        .unwrap();
+    let key = key_in_rack(&net, 1, 0);
     one(&mut net, 0, &format!("set {key} 0 0 1\r\na\r\n"), &key);
     one(&mut net, 0, &format!("get {key}\r\n"), &key);
     assert!(net.switches[0].holds(key.as_bytes()));
@@ -943,10 +945,7 @@ fn conditional_puts_that_write_nothing_are_answered_in_the_network() {
     use wire::inc::Command;
     let mut net = Net::tree(2, 1, 2, 64);
     net.add_clients(1);
-    let key = (0..100)
-        .map(|i| format!("k{i}"))
-        .find(|k| net.hosts[net.server_of(k)].tor.0 == 1)
-        .unwrap();
+    let key = key_in_rack(&net, 1, 0);
     let put = |n: u64| format!("set {key} 0 0 {}\r\n{n}\r\n", n.to_string().len());
     // Unset: stored (the home reads the server's value first).
     assert_eq!(
@@ -996,10 +995,7 @@ fn conditional_puts_that_write_nothing_are_answered_in_the_network() {
     );
     // A put the home refused leaves the value it read cached on the way back, so the next
     // one that would change nothing stays at the client's ToR.
-    let other = (100..200)
-        .map(|i| format!("k{i}"))
-        .find(|k| net.hosts[net.server_of(k)].tor.0 == 1)
-        .unwrap();
+    let other = key_in_rack(&net, 1, 100);
     let put_other = |n: u64| format!("set {other} 0 0 {}\r\n{n}\r\n", n.to_string().len());
     assert_eq!(
         native(&mut net, 0, Command::CondPut, &put_other(50), &other),

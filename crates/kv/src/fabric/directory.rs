@@ -167,14 +167,7 @@ impl<W> Directory<W> {
             self.stats.fills_refused_full += 1;
             return None;
         }
-        let floor = self.floor;
-        let state = self.keys.entry(key.to_vec()).or_insert_with(|| KeyState {
-            changed: floor,
-            sharers: BTreeSet::new(),
-            open: None,
-            queue: VecDeque::new(),
-        });
-        state.sharers.extend(sharers);
+        self.entry(key).sharers.extend(sharers);
         self.stats.fills_allowed += 1;
         Some(stamp.0)
     }
@@ -182,19 +175,24 @@ impl<W> Directory<W> {
     /// A write to `key` arrived at the home.
     pub fn write(&mut self, key: &[u8], write: W, now: Instant) -> WriteStep<W> {
         self.stats.writes += 1;
-        let floor = self.floor;
-        let state = self.keys.entry(key.to_vec()).or_insert_with(|| KeyState {
-            changed: floor,
-            sharers: BTreeSet::new(),
-            open: None,
-            queue: VecDeque::new(),
-        });
+        let state = self.entry(key);
         if state.open.is_some() {
             state.queue.push_back(write);
             self.stats.writes_queued += 1;
             return WriteStep::Queued;
         }
         self.open(key, write, now)
+    }
+
+    /// The key's state, made (changed no later than any key forgotten) if it has none.
+    fn entry(&mut self, key: &[u8]) -> &mut KeyState<W> {
+        let floor = self.floor;
+        self.keys.entry(key.to_vec()).or_insert_with(|| KeyState {
+            changed: floor,
+            sharers: BTreeSet::new(),
+            open: None,
+            queue: VecDeque::new(),
+        })
     }
 
     /// Opens `write` on `key`, which has none open.

@@ -194,6 +194,27 @@ fn fnv(parts: &[&[u8]]) -> u32 {
         })
 }
 
+/// A UDP frame from `src` to `dst` carrying `payload`; `None` when it would not fit.
+fn udp_frame(
+    src_mac: Mac,
+    dst_mac: Mac,
+    src: (Ipv4Addr, u16),
+    dst: (Ipv4Addr, u16),
+    payload: &[u8],
+) -> Option<Vec<u8>> {
+    let mut frame = vec![0u8; PAYLOAD_OFFSET];
+    frame.extend_from_slice(payload);
+    let ends = UdpEnds {
+        src_mac,
+        dst_mac,
+        src_ip: src.0,
+        dst_ip: dst.0,
+        src_port: src.1,
+        dst_port: dst.1,
+    };
+    emit_udp_headers(&mut frame, &ends).then_some(frame)
+}
+
 /// The number a conditional put stores: the data of its `set`.
 fn cond_operand(body: &[u8]) -> Option<u64> {
     let request = wire::memcache::parse(body).ok()??;
@@ -443,21 +464,10 @@ impl FabricSwitch {
         if !designated {
             self.stats.detours += 1;
         }
-        let mut frame = vec![0u8; PAYLOAD_OFFSET];
-        header.emit(&mut frame);
-        frame.extend_from_slice(payload);
-        let ends = UdpEnds {
-            src_mac: self.me.mac,
-            dst_mac: member.mac,
-            src_ip: self.me.ip,
-            dst_ip: member.ip,
-            src_port: inc::PORT,
-            dst_port: inc::PORT,
-        };
-        if !emit_udp_headers(&mut frame, &ends) {
+        let Some(frame) = self.message_frame(&member, header, payload) else {
             self.stats.malformed += 1;
             return false;
-        }
+        };
         self.stats.messages_sent += 1;
         emit.push(Emit {
             dest: Dest::Port(port),
@@ -478,17 +488,7 @@ impl FabricSwitch {
             self.stats.no_route += 1;
             return;
         };
-        let mut frame = vec![0u8; PAYLOAD_OFFSET];
-        frame.extend_from_slice(datagram);
-        let ends = UdpEnds {
-            src_mac: self.me.mac,
-            dst_mac: mac,
-            src_ip: server.0,
-            dst_ip: client.0,
-            src_port: server.1,
-            dst_port: client.1,
-        };
-        if emit_udp_headers(&mut frame, &ends) {
+        if let Some(frame) = udp_frame(self.me.mac, mac, server, client, datagram) {
             self.stats.replies_out += 1;
             emit.push(Emit {
                 dest: Dest::Port(port),
@@ -510,46 +510,36 @@ impl FabricSwitch {
             self.stats.unexpected += 1;
             return;
         };
-        let Some(&port) = self.macs.get(&s.mac) else {
-            // Not heard from yet: out of every host port.
-            self.stats.to_server += 1;
-            let frame = self.udp_frame(self.me.mac, s.mac, client, server, datagram);
-            for p in self.host_ports() {
-                emit.push(Emit {
-                    dest: Dest::Port(p),
-                    frame: frame.clone(),
-                });
-            }
+        let Some(frame) = udp_frame(self.me.mac, s.mac, client, server, datagram) else {
+            self.stats.malformed += 1;
             return;
         };
         self.stats.to_server += 1;
-        let frame = self.udp_frame(self.me.mac, s.mac, client, server, datagram);
-        emit.push(Emit {
-            dest: Dest::Port(port),
-            frame,
-        });
+        // A server not heard from yet is looked for out of every host port.
+        let ports = match self.macs.get(&s.mac) {
+            Some(&port) => vec![port],
+            None => self.host_ports(),
+        };
+        for p in ports {
+            emit.push(Emit {
+                dest: Dest::Port(p),
+                frame: frame.clone(),
+            });
+        }
     }
 
-    fn udp_frame(
-        &self,
-        src_mac: Mac,
-        dst_mac: Mac,
-        src: (Ipv4Addr, u16),
-        dst: (Ipv4Addr, u16),
-        payload: &[u8],
-    ) -> Vec<u8> {
-        let mut frame = vec![0u8; PAYLOAD_OFFSET];
-        frame.extend_from_slice(payload);
-        let ends = UdpEnds {
-            src_mac,
-            dst_mac,
-            src_ip: src.0,
-            dst_ip: dst.0,
-            src_port: src.1,
-            dst_port: dst.1,
-        };
-        emit_udp_headers(&mut frame, &ends);
-        frame
+    /// A fabric message to `member` in a frame from this switch.
+    fn message_frame(&self, member: &Member, header: &Header, payload: &[u8]) -> Option<Vec<u8>> {
+        let mut message = Vec::with_capacity(inc::HEADER_LEN + payload.len());
+        header.emit(&mut message);
+        message.extend_from_slice(payload);
+        udp_frame(
+            self.me.mac,
+            member.mac,
+            (self.me.ip, inc::PORT),
+            (member.ip, inc::PORT),
+            &message,
+        )
     }
 
     fn host_ports(&self) -> Vec<u16> {
@@ -1453,8 +1443,7 @@ impl FabricSwitch {
                     let Some(member) = self.spec.member(to).copied() else {
                         continue;
                     };
-                    let mut frame = vec![0u8; PAYLOAD_OFFSET];
-                    Header {
+                    let hello = Header {
                         request_id: 0,
                         command: Command::Hello,
                         key_hash: 0,
@@ -1463,17 +1452,8 @@ impl FabricSwitch {
                         epoch: 0,
                         client: (Ipv4Addr::UNSPECIFIED, 0),
                         server: (Ipv4Addr::UNSPECIFIED, 0),
-                    }
-                    .emit(&mut frame);
-                    let ends = UdpEnds {
-                        src_mac: self.me.mac,
-                        dst_mac: member.mac,
-                        src_ip: self.me.ip,
-                        dst_ip: member.ip,
-                        src_port: inc::PORT,
-                        dst_port: inc::PORT,
                     };
-                    if emit_udp_headers(&mut frame, &ends) {
+                    if let Some(frame) = self.message_frame(&member, &hello, &[]) {
                         emit.push(Emit {
                             dest: Dest::Port(p),
                             frame,
