@@ -257,6 +257,38 @@ fn fabric_two_level_tree_answers_unmodified_clients_as_memcached_and_keeps_hits_
     assert_eq!(inc(&["get", "score"]), (Some(1), "".into()));
     assert_eq!(inc(&["cond-put", "score", "7"]), (Some(0), "stored".into()));
 
+    // The project's load generator: every reply is one memcached would give, and the
+    // fabric answers some of the reads.
+    let target = mc(&live, "s2").to_string();
+    let hits_before = n(&status(&live, "tor0"), "/cache/hits");
+    let stored = live
+        .in_host("c1", {
+            let t = mc(&live, "s2");
+            move || loadgen::preload(t, loadgen::Proto::Udp, 200, "lg:", 100)
+        })
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored, 200);
+    let report = live
+        .in_host("c1", move || {
+            loadgen::run(&loadgen::LoadArgs {
+                keys: 200,
+                key_prefix: "lg:".into(),
+                dist: loadgen::Dist::Zipf(0.99),
+                get_ratio: 0.9,
+                value_size: 100,
+                concurrency: 4,
+                duration: 1.0,
+                quiet: true,
+                ..loadgen::LoadArgs::new(target)
+            })
+        })
+        .unwrap()
+        .unwrap();
+    assert_eq!(report.errors, 0, "{report:?}");
+    assert!(report.requests > 500, "{} requests", report.requests);
+    assert!(n(&status(&live, "tor0"), "/cache/hits") > hits_before + 100);
+
     // libmemcached's own client over UDP.
     let file = std::env::temp_dir().join(format!("kfa-memccp-{}", std::process::id()));
     std::fs::write(&file, b"from libmemcached").unwrap();
