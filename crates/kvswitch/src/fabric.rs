@@ -69,6 +69,19 @@ pub enum FabricCmd {
         #[arg(long, value_delimiter = ',')]
         failed: Vec<String>,
     },
+    /// Watch every switch and keep the registration table right: a switch whose API fails
+    /// `--failures` probes in a row is declared failed in a new table sent to the others;
+    /// one that answers again is taken back the same way. Runs until SIGINT or SIGTERM.
+    Watch {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Milliseconds between probes.
+        #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+        every_ms: u64,
+        /// Probes failed in a row before a switch is declared failed.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+        failures: u32,
+    },
     /// Set how many items switches cache (0: none): one switch, or every ToR or root.
     Cache {
         #[arg(long, short)]
@@ -106,6 +119,19 @@ pub fn run_cli(args: &FabricArgs) -> anyhow::Result<()> {
             run(cfg, switch)
         }
         FabricCmd::Status { config } => status(&FabricConfig::load(config)?),
+        FabricCmd::Watch {
+            config,
+            every_ms,
+            failures,
+        } => {
+            crate::daemon::install_signal_handlers();
+            watch(
+                &FabricConfig::load(config)?,
+                std::time::Duration::from_millis(*every_ms),
+                *failures,
+                &crate::daemon::stop_requested,
+            )
+        }
         FabricCmd::Table {
             config,
             version,
@@ -228,6 +254,68 @@ fn status(cfg: &FabricConfig) -> anyhow::Result<()> {
             Ok((code, body)) => println!("{:<8} {code}: {}", s.name, body.trim()),
             Err(e) => println!("{:<8} down: {e:#}", s.name),
         }
+    }
+    Ok(())
+}
+
+/// The registration table's keeper: probes every switch's API, and sends a new table (with
+/// the switches found dead failed) to every live switch when the set of dead ones changes.
+pub fn watch(
+    cfg: &FabricConfig,
+    every: std::time::Duration,
+    failures: u32,
+    stop: &dyn Fn() -> bool,
+) -> anyhow::Result<()> {
+    let switches: Vec<_> = cfg.switches.iter().filter(|s| s.api.is_some()).collect();
+    anyhow::ensure!(
+        !switches.is_empty(),
+        "{}: no switch has an `api` to watch",
+        cfg.path.display()
+    );
+    let mut missed = vec![0u32; switches.len()];
+    let mut failed: BTreeSet<String> = BTreeSet::new();
+    let mut version = 0u64;
+    while !stop() {
+        for (i, s) in switches.iter().enumerate() {
+            let api = s.api.expect("filtered");
+            match testbed::http_get(api, "/api/v1/fabric") {
+                Ok((200, body)) => {
+                    missed[i] = 0;
+                    let held = serde_json::from_str::<Value>(&body)
+                        .ok()
+                        .and_then(|v| v["registration_version"].as_u64())
+                        .unwrap_or(0);
+                    version = version.max(held);
+                }
+                _ => missed[i] = missed[i].saturating_add(1),
+            }
+        }
+        let dead: BTreeSet<String> = switches
+            .iter()
+            .zip(&missed)
+            .filter(|(_, &m)| m >= failures)
+            .map(|(s, _)| s.name.clone())
+            .collect();
+        if dead != failed {
+            version += 1;
+            let names: Vec<&String> = dead.iter().collect();
+            let body = json!({"version": version, "failed": names}).to_string();
+            tracing::info!(version, failed = ?names, "installing a registration table");
+            for (s, &m) in switches.iter().zip(&missed) {
+                if m == 0 {
+                    if let Err(e) = call(
+                        s.api.expect("filtered"),
+                        "PUT",
+                        "/api/v1/fabric/registration",
+                        &body,
+                    ) {
+                        tracing::warn!(switch = %s.name, "registration table refused: {e:#}");
+                    }
+                }
+            }
+            failed = dead;
+        }
+        std::thread::sleep(every);
     }
     Ok(())
 }

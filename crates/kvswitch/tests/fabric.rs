@@ -289,6 +289,26 @@ fn fabric_two_level_tree_answers_unmodified_clients_as_memcached_and_keeps_hits_
     assert!(report.requests > 500, "{} requests", report.requests);
     assert!(n(&status(&live, "tor0"), "/cache/hits") > hits_before + 100);
 
+    // A new registration table reaches every switch; an older one is refused.
+    let table = |version: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kvswitch"))
+            .args(["fabric", "table", "--config"])
+            .arg(&cfg)
+            .args(["--version", version])
+            .output()
+            .unwrap()
+    };
+    let out = table("5");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for s in ["tor0", "tor1", "root0"] {
+        assert_eq!(n(&status(&live, s), "/registration_version"), 5, "{s}");
+    }
+    assert!(!table("3").status.success(), "an older table is refused");
+
     // libmemcached's own client over UDP.
     let file = std::env::temp_dir().join(format!("kfa-memccp-{}", std::process::id()));
     std::fs::write(&file, b"from libmemcached").unwrap();
@@ -463,29 +483,42 @@ fn fabric_survives_a_root_killed_mid_run_and_caches_again_with_a_new_table() {
     };
     let clock = Clock::start();
     let killed_at = std::sync::OnceLock::new();
+    // The fabric's table keeper, as an operator would run it.
+    let cfg = live.state.fabric.as_ref().unwrap().config.clone();
+    let log = std::env::temp_dir().join(format!("kfc-watch-{}.log", std::process::id()));
+    let watcher = testbed::local::Proc::spawn_logged(
+        "kvswitch fabric watch",
+        std::process::Command::new(env!("CARGO_BIN_EXE_kvswitch"))
+            .args([
+                "fabric",
+                "watch",
+                "--every-ms",
+                "100",
+                "--failures",
+                "3",
+                "--config",
+            ])
+            .arg(&cfg),
+        &log,
+    )
+    .unwrap();
     let recorded = std::thread::scope(|scope| {
         let run = scope.spawn(|| history_load::run(&clients, &load, clock).expect("load"));
         std::thread::sleep(Duration::from_secs(2));
         live.kill_switch("root0").unwrap();
         let _ = killed_at.set(clock.now());
-        std::thread::sleep(Duration::from_secs(2));
-        // The operator's (or a controller's) new table: root0 failed.
-        let cfg = live.state.fabric.as_ref().unwrap().config.clone();
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvswitch"))
-            .args(["fabric", "table", "--config"])
-            .arg(&cfg)
-            .args(["--version", "2", "--failed", "root0"])
-            .output()
-            .unwrap();
-        // root0 cannot take it; every live switch must.
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        for s in ["tor0", "tor1", "tor2", "tor3", "root1"] {
-            assert!(text.contains(&format!("{s}: done")), "{text}");
+        // The keeper notices within a few probes and installs a table without root0.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while n(&status(&live, "tor0"), "/registration_version") < 2 {
+            assert!(Instant::now() < deadline, "no new table within 5 s");
+            std::thread::sleep(Duration::from_millis(50));
         }
         let fills = n(&status(&live, "root1"), "/cache/fills");
         let recorded = run.join().unwrap();
         (recorded, fills)
     });
+    drop(watcher);
+    let _ = std::fs::remove_file(log);
     let (recorded, fills_at_table) = recorded;
     no_stale_reads(&recorded);
     let killed = *killed_at.get().unwrap();
