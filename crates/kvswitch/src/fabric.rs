@@ -301,16 +301,12 @@ pub fn watch(
             let names: Vec<&String> = dead.iter().collect();
             let body = json!({"version": version, "failed": names}).to_string();
             tracing::info!(version, failed = ?names, "installing a registration table");
-            for (s, &m) in switches.iter().zip(&missed) {
-                if m == 0 {
-                    if let Err(e) = call(
-                        s.api.expect("filtered"),
-                        "PUT",
-                        "/api/v1/fabric/registration",
-                        &body,
-                    ) {
-                        tracing::warn!(switch = %s.name, "registration table refused: {e:#}");
-                    }
+            // Every switch is told, the ones taken for dead too: a switch that is only slow
+            // learns that it was named failed (and forgets its copies).
+            for s in &switches {
+                let api = s.api.expect("filtered");
+                if let Err(e) = call(api, "PUT", "/api/v1/fabric/registration", &body) {
+                    tracing::warn!(switch = %s.name, "registration table not installed: {e:#}");
                 }
             }
             failed = dead;

@@ -85,6 +85,8 @@ struct Net {
     auto: bool,
     /// The reply to a test's own request.
     raw: Option<String>,
+    /// The server a test's own request goes to, instead of the key's.
+    to_server: Option<usize>,
 }
 
 impl Host {
@@ -200,6 +202,7 @@ impl Net {
             jitter_rng: 0x2545_f491_4f6c_dd1d,
             auto: true,
             raw: None,
+            to_server: None,
         }
     }
 
@@ -776,6 +779,7 @@ fn exchange(
     let mut datagram = vec![0u8; mcudp::LEN];
     mcudp::Header::single(request_id).emit(&mut datagram);
     datagram.extend_from_slice(text.as_bytes());
+    let server = net.to_server.unwrap_or_else(|| net.server_of(key));
     let port = match native {
         Some(command) => {
             let mut message = Vec::new();
@@ -798,7 +802,6 @@ fn exchange(
         }
         None => MC_PORT,
     };
-    let server = net.server_of(key);
     let c = &net.clients[client];
     let host = &net.hosts[c.host];
     let frame = udp_frame(
@@ -1101,4 +1104,115 @@ fn garbage_from_hosts_and_links_is_counted_never_a_panic() {
         one(&mut net, 0, &format!("get {key}\r\n"), key),
         "VALUE k1 0 1\r\nx\r\nEND\r\n"
     );
+}
+
+#[test]
+fn two_servers_items_of_one_name_are_two_items() {
+    let mut net = Net::tree(2, 1, 2, 64);
+    net.add_clients(1);
+    // Host 0 is rack 0's server, host 2 rack 1's; client 0 is in rack 0.
+    net.to_server = Some(2);
+    assert_eq!(
+        one(&mut net, 0, "set same 0 0 3\r\none\r\n", "same"),
+        "STORED\r\n"
+    );
+    assert_eq!(
+        one(&mut net, 0, "get same\r\n", "same"),
+        "VALUE same 0 3\r\none\r\nEND\r\n"
+    );
+    assert!(net.switches[0].holds(b"same"));
+    net.to_server = Some(0);
+    assert_eq!(one(&mut net, 0, "get same\r\n", "same"), "END\r\n");
+    assert_eq!(
+        one(&mut net, 0, "set same 0 0 3\r\ntwo\r\n", "same"),
+        "STORED\r\n"
+    );
+    assert_eq!(
+        one(&mut net, 0, "get same\r\n", "same"),
+        "VALUE same 0 3\r\ntwo\r\nEND\r\n"
+    );
+    net.to_server = Some(2);
+    assert_eq!(
+        one(&mut net, 0, "get same\r\n", "same"),
+        "VALUE same 0 3\r\none\r\nEND\r\n"
+    );
+}
+
+#[test]
+fn hosts_cannot_speak_for_switches_or_servers() {
+    use wire::inc::{flags, Command, Header, Message};
+    let mut net = Net::tree(2, 1, 2, 64);
+    net.add_clients(1);
+    let key = key_in_rack(&net, 1, 0);
+    one(&mut net, 0, &format!("set {key} 0 0 4\r\ngood\r\n"), &key);
+    one(&mut net, 0, &format!("get {key}\r\n"), &key);
+    assert!(net.switches[0].holds(key.as_bytes()));
+    let server = net.server_of(&key);
+    let (server_ip, server_mac) = (net.hosts[server].ip, net.hosts[server].mac);
+    let (client_ip, client_mac) = (net.hosts[1].ip, net.hosts[1].mac);
+    let evil = format!("VALUE {key} 0 4\r\nevil\r\nEND\r\n");
+    let mut datagram = vec![0u8; mcudp::LEN];
+    mcudp::Header::single(1).emit(&mut datagram);
+    datagram.extend_from_slice(evil.as_bytes());
+    let mut forged = Vec::new();
+    Message {
+        header: Header {
+            request_id: 1,
+            command: Command::Reply,
+            key_hash: wire::inc::key_hash(key.as_bytes()),
+            flags: flags::EXPANDED | flags::FILL,
+            origin: 0,
+            epoch: u32::MAX / 2,
+            client: (client_ip, 40000),
+            server: (server_ip, MC_PORT),
+        },
+        payload: &datagram,
+    }
+    .emit(&mut forged);
+    let before = net.switches[0]
+        .snapshot(Instant::ZERO)
+        .stats
+        .refused_sources;
+    // A fill addressed to the ToR, from a host of its rack; and a server's reply from a host
+    // that is not the server (rack 1's client, with the server's address).
+    let to_tor = udp_frame(
+        client_mac,
+        switch_mac(0),
+        (client_ip, 40000),
+        (switch_ip(0), wire::inc::PORT),
+        &forged,
+    );
+    net.push(net.now + LINK_NS, End::Switch(0, 1), to_tor);
+    let fake_reply = udp_frame(
+        net.hosts[3].mac,
+        client_mac,
+        (server_ip, MC_PORT),
+        (client_ip, 40000),
+        &datagram,
+    );
+    net.push(net.now + LINK_NS, End::Switch(1, 1), fake_reply);
+    net.auto = false;
+    let until = net.now + 10_000_000;
+    net.run(until, usize::MAX);
+    assert!(
+        net.switches[0]
+            .snapshot(Instant::ZERO)
+            .stats
+            .refused_sources
+            > before
+    );
+    assert_eq!(
+        one(&mut net, 0, &format!("get {key}\r\n"), &key),
+        format!("VALUE {key} 0 4\r\ngood\r\nEND\r\n"),
+        "the forged fill was refused"
+    );
+    // A write, then a read: the value is the real one, never the forged one.
+    one(&mut net, 0, &format!("set {key} 0 0 4\r\nnext\r\n"), &key);
+    for _ in 0..3 {
+        assert_eq!(
+            one(&mut net, 0, &format!("get {key}\r\n"), &key),
+            format!("VALUE {key} 0 4\r\nnext\r\nEND\r\n")
+        );
+    }
+    let _ = server_mac;
 }

@@ -27,7 +27,13 @@ pub enum WriteStep<W> {
     /// Its invalidations were not all acknowledged in time: answer its client with an
     /// error; the write is not applied.
     Failed(W),
+    /// Too many writes to the key wait already: answer its client with an error; the write
+    /// is not applied.
+    Refused(W),
 }
+
+/// Writes waiting behind a key's open write, at most; more are refused.
+pub const MAX_QUEUED: usize = 64;
 
 /// Work the home's clock brought.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +66,8 @@ pub struct DirectoryStats {
     pub writes_failed: u64,
     /// Writes closed without the server's reply having passed.
     pub writes_timed_out: u64,
+    /// Writes refused as [`MAX_QUEUED`] waited on their key already.
+    pub writes_refused: u64,
 }
 
 #[derive(Debug)]
@@ -80,6 +88,9 @@ struct KeyState<W> {
     sharers: BTreeSet<SwitchId>,
     open: Option<Open<W>>,
     queue: VecDeque<W>,
+    /// A write closed without its server's reply may still be applied late: no reply
+    /// fills until then.
+    no_fill_until: Option<Instant>,
 }
 
 /// A home's directory.
@@ -95,15 +106,22 @@ pub struct Directory<W> {
     give_up: Duration,
     /// How long a write sent on waits for the server's reply before its key moves on.
     reply_timeout: Duration,
+    /// How long after such a write no reply fills (the caches' lease).
+    quarantine: Duration,
     stats: DirectoryStats,
 }
 
 impl<W> Directory<W> {
+    /// A directory of at most `capacity` keys with sharers. Invalidations are sent again every
+    /// `retry` and a write fails `give_up` after it opened; a write sent on whose reply does
+    /// not come within `reply_timeout` lets the key's next write go, and no reply fills the
+    /// key for `quarantine` after (the write may still be applied late).
     pub fn new(
         capacity: usize,
         retry: Duration,
         give_up: Duration,
         reply_timeout: Duration,
+        quarantine: Duration,
     ) -> Directory<W> {
         Directory {
             counter: 0,
@@ -113,6 +131,7 @@ impl<W> Directory<W> {
             retry,
             give_up,
             reply_timeout,
+            quarantine,
             stats: DirectoryStats::default(),
         }
     }
@@ -156,12 +175,23 @@ impl<W> Directory<W> {
         key: &[u8],
         stamp: ReadStamp,
         sharers: impl IntoIterator<Item = SwitchId>,
+        now: Instant,
     ) -> Option<u32> {
-        let changed = self.keys.get(key).map_or(self.floor, |k| k.changed);
-        let open = self.keys.get(key).is_some_and(|k| k.open.is_some());
-        if open || epoch_before(stamp.0, changed) {
+        let state = self.keys.get(key);
+        let changed = state.map_or(self.floor, |k| k.changed);
+        let open = state.is_some_and(|k| k.open.is_some());
+        let quarantined = state
+            .and_then(|k| k.no_fill_until)
+            .is_some_and(|until| now < until);
+        if open || quarantined || epoch_before(stamp.0, changed) {
             self.stats.fills_refused_write += 1;
             return None;
+        }
+        let sharers: Vec<SwitchId> = sharers.into_iter().collect();
+        if sharers.is_empty() {
+            // Only the home's own copy: nothing to remember.
+            self.stats.fills_allowed += 1;
+            return Some(stamp.0);
         }
         if !self.keys.contains_key(key) && self.keys.len() >= self.capacity {
             self.stats.fills_refused_full += 1;
@@ -177,6 +207,10 @@ impl<W> Directory<W> {
         self.stats.writes += 1;
         let state = self.entry(key);
         if state.open.is_some() {
+            if state.queue.len() >= MAX_QUEUED {
+                self.stats.writes_refused += 1;
+                return WriteStep::Refused(write);
+            }
             state.queue.push_back(write);
             self.stats.writes_queued += 1;
             return WriteStep::Queued;
@@ -192,6 +226,7 @@ impl<W> Directory<W> {
             sharers: BTreeSet::new(),
             open: None,
             queue: VecDeque::new(),
+            no_fill_until: None,
         })
     }
 
@@ -269,7 +304,8 @@ impl<W> Directory<W> {
         if let Some(next) = state.queue.pop_front() {
             return Some(self.open(key, next, now));
         }
-        if state.sharers.is_empty() {
+        let quarantined = state.no_fill_until.is_some_and(|until| now < until);
+        if state.sharers.is_empty() && !quarantined {
             self.keys.remove(key);
             if epoch_before(self.floor, epoch) {
                 self.floor = epoch;
@@ -325,6 +361,9 @@ impl<W> Directory<W> {
         }
         for key in timed_out {
             self.stats.writes_timed_out += 1;
+            if let Some(state) = self.keys.get_mut(&key) {
+                state.no_fill_until = Some(now + self.quarantine);
+            }
             if let Some(step) = self.close(&key, now) {
                 due.push(Due::Step { key, step });
             }
@@ -375,7 +414,7 @@ mod tests {
     const MS: Duration = Duration::from_millis(1);
 
     fn dir() -> Directory<&'static str> {
-        Directory::new(4, 10 * MS, 100 * MS, 50 * MS)
+        Directory::new(4, 10 * MS, 100 * MS, 50 * MS, 30 * MS)
     }
 
     fn at(ms: u64) -> Instant {
@@ -386,7 +425,7 @@ mod tests {
     fn a_write_waits_for_every_sharer_then_goes_on() {
         let mut d = dir();
         let stamp = d.read();
-        assert_eq!(d.fill(b"k", stamp, [1, 5]), Some(stamp.0));
+        assert_eq!(d.fill(b"k", stamp, [1, 5], at(0)), Some(stamp.0));
         let step = d.write(b"k", "w1", at(0));
         let WriteStep::Invalidate { epoch, targets } = step else {
             panic!("{step:?}")
@@ -417,12 +456,12 @@ mod tests {
         let before = d.read();
         assert!(matches!(d.write(b"k", "w", at(0)), WriteStep::Forward(_)));
         // While the write is open, and after it closed, the older read may not fill.
-        assert_eq!(d.fill(b"k", before, [1]), None);
+        assert_eq!(d.fill(b"k", before, [1], at(0)), None);
         d.done(b"k", at(1));
-        assert_eq!(d.fill(b"k", before, [1]), None);
+        assert_eq!(d.fill(b"k", before, [1], at(0)), None);
         // A read after the write may.
         let after = d.read();
-        assert_eq!(d.fill(b"k", after, [1]), Some(after.0));
+        assert_eq!(d.fill(b"k", after, [1], at(0)), Some(after.0));
         assert_eq!(d.stats().fills_refused_write, 2);
     }
 
@@ -433,14 +472,14 @@ mod tests {
         d.write(b"k", "w", at(0));
         d.done(b"k", at(1));
         assert!(d.is_empty());
-        assert_eq!(d.fill(b"k", old, [1]), None);
+        assert_eq!(d.fill(b"k", old, [1], at(0)), None);
     }
 
     #[test]
     fn unacknowledged_invalidations_are_sent_again_then_the_write_fails() {
         let mut d = dir();
         let s = d.read();
-        d.fill(b"k", s, [3]);
+        d.fill(b"k", s, [3], at(0));
         let WriteStep::Invalidate { epoch, .. } = d.write(b"k", "w", at(0)) else {
             panic!()
         };
@@ -473,7 +512,7 @@ mod tests {
     fn a_failed_switch_leaves_the_lists_and_releases_writes() {
         let mut d = dir();
         let s = d.read();
-        d.fill(b"k", s, [3, 4]);
+        d.fill(b"k", s, [3, 4], at(0));
         let WriteStep::Invalidate { epoch, .. } = d.write(b"k", "w", at(0)) else {
             panic!()
         };
@@ -501,14 +540,46 @@ mod tests {
     }
 
     #[test]
+    fn after_a_write_whose_reply_never_came_nothing_fills_for_a_while() {
+        let mut d = dir();
+        d.write(b"k", "w", at(0));
+        d.tick(at(50));
+        let s = d.read();
+        assert_eq!(
+            d.fill(b"k", s, [1], at(60)),
+            None,
+            "the write may land late"
+        );
+        assert_eq!(d.fill(b"k", s, [1], at(80)), Some(s.0));
+    }
+
+    #[test]
+    fn writes_past_the_queue_bound_are_refused_and_fills_of_the_home_alone_leave_nothing() {
+        let mut d = dir();
+        assert!(matches!(
+            d.write(b"k", "first", at(0)),
+            WriteStep::Forward(_)
+        ));
+        for _ in 0..MAX_QUEUED {
+            assert_eq!(d.write(b"k", "w", at(0)), WriteStep::Queued);
+        }
+        assert_eq!(d.write(b"k", "more", at(0)), WriteStep::Refused("more"));
+        assert_eq!(d.stats().writes_refused, 1);
+        let mut e = dir();
+        let s = e.read();
+        assert_eq!(e.fill(b"x", s, [], at(0)), Some(s.0));
+        assert!(e.is_empty());
+    }
+
+    #[test]
     fn a_full_directory_refuses_fills_but_never_writes() {
         let mut d = dir();
         for k in 0..4u8 {
             let s = d.read();
-            assert!(d.fill(&[k], s, [1]).is_some());
+            assert!(d.fill(&[k], s, [1], at(0)).is_some());
         }
         let s = d.read();
-        assert_eq!(d.fill(b"x", s, [1]), None);
+        assert_eq!(d.fill(b"x", s, [1], at(0)), None);
         assert_eq!(d.stats().fills_refused_full, 1);
         assert!(matches!(d.write(b"x", "w", at(0)), WriteStep::Forward(_)));
     }

@@ -183,8 +183,17 @@ impl Lfu {
             Some(&(e, _)) if epoch_before(epoch, e) => e,
             _ => epoch,
         };
-        if self.tombstones.len() >= MAX_TOMBSTONES && !self.tombstones.contains_key(key) {
-            if let Some((_, oldest)) = self.tomb_order.pop_front() {
+        while self.tombstones.len() >= MAX_TOMBSTONES && !self.tombstones.contains_key(key) {
+            let Some((until, oldest)) = self.tomb_order.pop_front() else {
+                break;
+            };
+            // Only the entry that is the tombstone's latest; older ones of a key invalidated
+            // again since are stale.
+            if self
+                .tombstones
+                .get(&oldest)
+                .is_some_and(|&(_, u)| u == until)
+            {
                 self.tombstones.remove(&oldest);
             }
         }

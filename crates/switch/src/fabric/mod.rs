@@ -45,9 +45,14 @@ pub use spec::{FabricServer, FabricSpec, FabricSpecError, Member, PortRole, Rack
 
 use crate::{Dest, Emit, Fate};
 
-/// Requests a home remembers while their server answers; past it, replies go back as
-/// ordinary frames and fill nothing.
+/// Reads a home remembers while their server answers; past it, replies go back as ordinary
+/// frames and fill nothing (writes are always remembered).
 const MAX_PENDING: usize = 1 << 16;
+/// Hosts (addresses and MACs) a ToR learns on its host ports; past it, new ones are not
+/// learned (their frames are still forwarded, flooded within the rack).
+const MAX_HOSTS: usize = 4096;
+/// How long past a lease a home waits before it takes a failed switch's copies as gone.
+const FAILED_MARGIN: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Counters an operator reads.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -82,6 +87,11 @@ pub struct FabricStats {
     pub routed: u64,
     /// Messages that left by another root than the designated one.
     pub detours: u64,
+    /// Frames from a host port with a source outside the rack or a switch's address, or
+    /// to a switch's address, or a server's reply from another MAC: dropped.
+    pub refused_sources: u64,
+    /// Writes refused as their key had too many waiting already.
+    pub writes_refused: u64,
 }
 
 /// A view of the switch for the status API and the tests.
@@ -152,6 +162,8 @@ pub struct FabricSwitch {
     next_request_id: u16,
     /// Invalidations still to drop on the operator's order.
     drop_invalidations: u64,
+    /// Switches a table named failed, and when their copies are surely gone (a lease on).
+    failing: Vec<(SwitchId, Instant)>,
     stats: FabricStats,
 }
 
@@ -215,6 +227,28 @@ fn udp_frame(
     emit_udp_headers(&mut frame, &ends).then_some(frame)
 }
 
+/// The cache's and the directory's name for `key` of `server`: the server's address and port,
+/// then the key (two servers' items of one name are two items).
+fn item(server: (Ipv4Addr, u16), key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(6 + key.len());
+    out.extend_from_slice(&server.0.octets());
+    out.extend_from_slice(&server.1.to_be_bytes());
+    out.extend_from_slice(key);
+    out
+}
+
+/// The server and the key of an [`item`] name.
+fn split_item(name: &[u8]) -> Option<((Ipv4Addr, u16), &[u8])> {
+    let ip = Ipv4Addr::new(*name.first()?, *name.get(1)?, *name.get(2)?, *name.get(3)?);
+    let port = u16::from_be_bytes([*name.get(4)?, *name.get(5)?]);
+    Some(((ip, port), name.get(6..)?))
+}
+
+/// Whether a key can be written into a text command as it is (no space or control byte).
+fn text_safe(key: &[u8]) -> bool {
+    !key.is_empty() && key.iter().all(|&b| b > b' ' && b != 0x7f)
+}
+
 /// The number a conditional put stores: the data of its `set`.
 fn cond_operand(body: &[u8]) -> Option<u64> {
     let request = wire::memcache::parse(body).ok()??;
@@ -255,6 +289,7 @@ impl FabricSwitch {
             spec.invalidate_retry,
             spec.invalidate_give_up,
             spec.reply_timeout,
+            spec.lease,
         );
         let heard = vec![None; spec.ports.len()];
         Ok(FabricSwitch {
@@ -270,6 +305,7 @@ impl FabricSwitch {
             pending_order: VecDeque::new(),
             next_request_id: 0,
             drop_invalidations: 0,
+            failing: Vec::new(),
             stats: FabricStats::default(),
         })
     }
@@ -286,9 +322,12 @@ impl FabricSwitch {
         &self.spec.registration
     }
 
-    /// Whether this switch caches `key` now.
+    /// Whether this switch caches `key` (of any server) now.
     pub fn holds(&self, key: &[u8]) -> bool {
-        self.cache.contains(key)
+        self.spec
+            .servers
+            .iter()
+            .any(|s| self.cache.contains(&item((s.ip, s.port), key)))
     }
 
     pub fn snapshot(&self, now: Instant) -> FabricSnapshot {
@@ -354,16 +393,39 @@ impl FabricSwitch {
             .copied()
             .filter(|id| !self.spec.registration.is_failed(*id))
             .collect();
-        if table.is_failed(self.me.id) {
+        // Named failed, or a table missed (one may have named it failed): its copies are
+        // no longer counted by the homes.
+        if table.is_failed(self.me.id) || table.version() > self.spec.registration.version() + 1 {
             self.cache.clear();
         }
         self.spec.registration = table;
+        // A switch declared failed may only be slow: its copies are taken as gone once a
+        // lease has passed, and the writes that wait for it go on then.
         for id in newly_failed {
+            self.failing
+                .push((id, now + self.spec.lease + FAILED_MARGIN));
+        }
+        self.release_failed(now, emit);
+        Ok(())
+    }
+
+    /// Writes that waited only for switches whose failure is a lease old go on.
+    fn release_failed(&mut self, now: Instant, emit: &mut Vec<Emit>) {
+        let due: Vec<SwitchId> = self
+            .failing
+            .iter()
+            .filter(|&&(_, at)| now >= at)
+            .map(|&(id, _)| id)
+            .collect();
+        self.failing.retain(|&(_, at)| now < at);
+        for id in due {
+            if !self.spec.registration.is_failed(id) {
+                continue;
+            }
             for (_, write) in self.directory.switch_failed(id, now) {
                 self.forward_write(write, now, emit);
             }
         }
-        Ok(())
     }
 
     fn port_role(&self, port: u16) -> Option<PortRole> {
@@ -567,7 +629,10 @@ impl FabricSwitch {
             self.stats.malformed += 1;
             return Fate::Consumed;
         };
-        if role == PortRole::Host && src.is_unicast() {
+        if role == PortRole::Host
+            && src.is_unicast()
+            && (self.macs.len() < MAX_HOSTS || self.macs.contains_key(&src))
+        {
             self.macs.insert(src, in_port);
         }
         if ethertype != EtherType::IPV4 {
@@ -583,13 +648,24 @@ impl FabricSwitch {
         if !csum_ready {
             crate::switch::complete_l4_checksum(frame);
         }
+        if role == PortRole::Host && !self.host_source_ok(frame) {
+            self.stats.refused_sources += 1;
+            return Fate::Consumed;
+        }
         let Some(udp) = parse_udp(frame) else {
             return self.route(in_port, frame, None, now, emit);
         };
-        if role == PortRole::Host {
+        if role == PortRole::Host
+            && (self.hosts.len() < MAX_HOSTS || self.hosts.contains_key(&udp.src_ip))
+        {
             self.hosts.insert(udp.src_ip, (src, in_port));
         }
         if udp.dst_port == inc::PORT && udp.dst_ip == self.me.ip {
+            // Only another switch speaks to a switch.
+            if role == PortRole::Host {
+                self.stats.refused_sources += 1;
+                return Fate::Consumed;
+            }
             let (src_ip, payload) = (udp.src_ip, udp.payload.to_vec());
             self.message(in_port, src_ip, &payload, now, emit);
             return Fate::Consumed;
@@ -617,7 +693,9 @@ impl FabricSwitch {
                 if self.ingress(client, server, &datagram, None, now, emit) {
                     return Fate::Consumed;
                 }
-            } else if self.server(udp.src_ip, udp.src_port).is_some()
+            } else if self
+                .server(udp.src_ip, udp.src_port)
+                .is_some_and(|s| s.mac == src)
                 && self.home_of(udp.src_ip) == Some(self.me.id)
             {
                 let client = (udp.dst_ip, udp.dst_port);
@@ -635,6 +713,22 @@ impl FabricSwitch {
             &udp.dst_port.to_be_bytes(),
         ]);
         self.route(in_port, frame, Some(flow), now, emit)
+    }
+
+    /// Whether an IPv4 frame from a host port may enter: its source in this ToR's rack and
+    /// not a switch's address, its destination not a switch's address.
+    fn host_source_ok(&self, frame: &[u8]) -> bool {
+        let Some(ip) = frame
+            .get(ethernet::HEADER_LEN..)
+            .and_then(|l3| ipv4::Packet::new_checked(l3).ok())
+        else {
+            return false;
+        };
+        let (src, dst) = (ip.src(), ip.dst());
+        self.me.role == Role::Tor
+            && self.rack_of(src).map(|r| r.tor) == Some(self.me.id)
+            && self.member_by_ip(src).is_none()
+            && self.member_by_ip(dst).is_none()
     }
 
     /// Hosts' frames within the rack: by learned MAC, else out of every other host port.
@@ -778,7 +872,7 @@ impl FabricSwitch {
             (Kind::Get(key), None | Some((Command::Get, _))) => (Command::Get, key),
             (Kind::Write(command, key, _), None) => (command, key),
             (Kind::Write(Command::Set, key, _), Some((Command::CondPut, _)))
-                if cond_operand(body).is_some() =>
+                if cond_operand(body).is_some() && body.starts_with(b"set ") && text_safe(&key) =>
             {
                 (Command::CondPut, key)
             }
@@ -793,7 +887,8 @@ impl FabricSwitch {
         header.command = command;
         header.key_hash = inc::key_hash(&key);
         self.stats.requests_in += 1;
-        if let Some(reply) = self.answer_from_cache(command, &key, mc.request_id, body, now) {
+        if let Some(reply) = self.answer_from_cache(server, command, &key, mc.request_id, body, now)
+        {
             self.stats.hits += 1;
             self.answer(&header, &reply, emit);
             return true;
@@ -851,6 +946,7 @@ impl FabricSwitch {
     /// whose operand is not above the cached number (nothing to write).
     fn answer_from_cache(
         &mut self,
+        server: (Ipv4Addr, u16),
         command: Command,
         key: &[u8],
         request_id: u16,
@@ -858,12 +954,12 @@ impl FabricSwitch {
         now: Instant,
     ) -> Option<Vec<u8>> {
         match command {
-            Command::Get => self.cached_reply(key, request_id, now),
+            Command::Get => self.cached_reply(server, key, request_id, now),
             Command::CondPut => {
                 let operand = cond_operand(body)?;
                 let cached = self
                     .cache
-                    .get(key, now)
+                    .get(&item(server, key), now)
                     .and_then(|(reply, _)| cached_number(reply))?;
                 (cached >= operand).then(|| {
                     let mut reply = vec![0u8; mcudp::LEN];
@@ -911,8 +1007,14 @@ impl FabricSwitch {
     }
 
     /// The datagram answering `get KEY` from this switch's cache.
-    fn cached_reply(&mut self, key: &[u8], request_id: u16, now: Instant) -> Option<Vec<u8>> {
-        let (body, _) = self.cache.get(key, now)?;
+    fn cached_reply(
+        &mut self,
+        server: (Ipv4Addr, u16),
+        key: &[u8],
+        request_id: u16,
+        now: Instant,
+    ) -> Option<Vec<u8>> {
+        let (body, _) = self.cache.get(&item(server, key), now)?;
         let mut reply = vec![0u8; mcudp::LEN];
         mcudp::Header::single(request_id).emit(&mut reply);
         reply.extend_from_slice(body);
@@ -951,7 +1053,8 @@ impl FabricSwitch {
                     self.stats.unexpected += 1;
                     return;
                 };
-                if let Some(write) = self.directory.ack(msg.payload, h.epoch, from.id, now) {
+                let name = item(h.server, msg.payload);
+                if let Some(write) = self.directory.ack(&name, h.epoch, from.id, now) {
                     self.forward_write(write, now, emit);
                 }
             }
@@ -967,13 +1070,25 @@ impl FabricSwitch {
             self.stats.unexpected += 1;
             return;
         };
+        if self.server(h.server.0, h.server.1).is_none() {
+            self.stats.unexpected += 1;
+            return;
+        }
         let Ok((mc, body)) = mcudp::Header::parse(datagram) else {
             self.stats.malformed += 1;
             return;
         };
+        if !mc.is_valid_request() {
+            self.stats.malformed += 1;
+            return;
+        }
         let key = match (h.command, classify(body)) {
             (Command::Get, Kind::Get(key)) => key,
-            (Command::CondPut, Kind::Write(Command::Set, key, _)) => key,
+            (Command::CondPut, Kind::Write(Command::Set, key, _))
+                if body.starts_with(b"set ") && text_safe(&key) =>
+            {
+                key
+            }
             (c, Kind::Write(w, key, _)) if c == w => key,
             _ => {
                 self.stats.malformed += 1;
@@ -989,7 +1104,9 @@ impl FabricSwitch {
             return;
         }
         if !h.has(flags::DETOUR) {
-            if let Some(reply) = self.answer_from_cache(h.command, &key, mc.request_id, body, now) {
+            if let Some(reply) =
+                self.answer_from_cache(h.server, h.command, &key, mc.request_id, body, now)
+            {
                 // Not a fill: the home did not count the client's ToR among the sharers.
                 self.stats.hits += 1;
                 let header = Header {
@@ -1021,7 +1138,9 @@ impl FabricSwitch {
         let detour = h.has(flags::DETOUR);
         if h.origin != self.me.id {
             // The client's ToR looked already when the client is in this rack.
-            if let Some(reply) = self.answer_from_cache(h.command, key, mc.request_id, body, now) {
+            if let Some(reply) =
+                self.answer_from_cache(h.server, h.command, key, mc.request_id, body, now)
+            {
                 self.stats.hits += 1;
                 self.reply_to(h, key, &reply, None, now, emit);
                 return;
@@ -1046,7 +1165,8 @@ impl FabricSwitch {
             return;
         }
         // A write: this switch's own copy goes at once; the others are invalidated first.
-        self.cache.remove(key);
+        let name = item(h.server, key);
+        self.cache.remove(&name);
         let write = Write {
             key: key.to_vec(),
             command: h.command,
@@ -1058,37 +1178,44 @@ impl FabricSwitch {
             server: h.server,
             datagram: datagram.to_vec(),
         };
-        let step = self.directory.write(key, write, now);
-        self.write_step(key, step, now, emit);
+        let step = self.directory.write(&name, write, now);
+        self.write_step(&name, step, now, emit);
     }
 
+    /// Carries out a step of the directory for the write on `name` (an [`item`] name).
     fn write_step(
         &mut self,
-        key: &[u8],
+        name: &[u8],
         step: WriteStep<Write>,
         now: Instant,
         emit: &mut Vec<Emit>,
     ) {
-        match step {
-            WriteStep::Queued => {}
+        let (write, why) = match step {
+            WriteStep::Queued => return,
             WriteStep::Invalidate { epoch, targets } => {
                 for target in targets {
-                    self.send_invalidation(key, epoch, target, now, emit);
+                    self.send_invalidation(name, epoch, target, now, emit);
                 }
+                return;
             }
-            WriteStep::Forward(write) => self.forward_write(write, now, emit),
+            WriteStep::Forward(write) => return self.forward_write(write, now, emit),
             WriteStep::Failed(write) => {
                 self.stats.writes_failed += 1;
-                let Ok((mc, _)) = mcudp::Header::parse(&write.datagram) else {
-                    return;
-                };
-                let mut reply = vec![0u8; mcudp::LEN];
-                mcudp::Header::single(mc.request_id).emit(&mut reply);
-                reply.extend_from_slice(b"SERVER_ERROR fabric invalidation not acknowledged\r\n");
-                let h = self.write_header(&write);
-                self.reply_to(&h, &write.key, &reply, None, now, emit);
+                (write, "fabric invalidation not acknowledged")
             }
-        }
+            WriteStep::Refused(write) => {
+                self.stats.writes_refused += 1;
+                (write, "too many writes to this key wait in the fabric")
+            }
+        };
+        let Ok((mc, _)) = mcudp::Header::parse(&write.datagram) else {
+            return;
+        };
+        let mut reply = vec![0u8; mcudp::LEN];
+        mcudp::Header::single(mc.request_id).emit(&mut reply);
+        reply.extend_from_slice(format!("SERVER_ERROR {why}\r\n").as_bytes());
+        let h = self.write_header(&write);
+        self.reply_to(&h, &write.key, &reply, None, now, emit);
     }
 
     fn write_header(&self, w: &Write) -> Header {
@@ -1106,14 +1233,18 @@ impl FabricSwitch {
         }
     }
 
+    /// Sends the invalidation of `name` (an [`item`] name) at `epoch` to `target`.
     fn send_invalidation(
         &mut self,
-        key: &[u8],
+        name: &[u8],
         epoch: u32,
         target: SwitchId,
         now: Instant,
         emit: &mut Vec<Emit>,
     ) {
+        let Some((server, key)) = split_item(name) else {
+            return;
+        };
         if target == self.me.id {
             return;
         }
@@ -1125,7 +1256,7 @@ impl FabricSwitch {
             origin: self.me.id,
             epoch,
             client: (Ipv4Addr::UNSPECIFIED, 0),
-            server: (Ipv4Addr::UNSPECIFIED, 0),
+            server,
         };
         self.stats.invalidations_sent += 1;
         self.send(target, &header, key, now, emit);
@@ -1139,7 +1270,17 @@ impl FabricSwitch {
         };
         if write.command == Command::CondPut {
             // Executed here on the server's value: read it first, under the key's write.
-            let id = self.new_request_id();
+            // An id this client has no request waiting under.
+            let mut id = self.new_request_id();
+            for _ in 0..16 {
+                if !self
+                    .pending
+                    .contains_key(&(write.client.0, write.client.1, id))
+                {
+                    break;
+                }
+                id = self.new_request_id();
+            }
             let mut get = vec![0u8; mcudp::LEN];
             mcudp::Header::single(id).emit(&mut get);
             get.extend_from_slice(b"get ");
@@ -1188,8 +1329,9 @@ impl FabricSwitch {
             // key's requests in the order this home sends them).
             self.pending
                 .remove(&(write.client.0, write.client.1, request_id));
-            if let Some(step) = self.directory.done(&write.key, now) {
-                self.write_step(&write.key, step, now, emit);
+            let name = item(write.server, &write.key);
+            if let Some(step) = self.directory.done(&name, now) {
+                self.write_step(&name, step, now, emit);
             }
         }
     }
@@ -1220,8 +1362,9 @@ impl FabricSwitch {
         reply.extend_from_slice(b"NOT_STORED\r\n");
         let h = self.write_header(&write);
         self.reply_to(&h, &write.key, &reply, None, now, emit);
-        if let Some(step) = self.directory.done(&write.key, now) {
-            self.write_step(&write.key, step, now, emit);
+        let name = item(write.server, &write.key);
+        if let Some(step) = self.directory.done(&name, now) {
+            self.write_step(&name, step, now, emit);
             return;
         }
         // Nothing changed and no write waits: the value read is the key's value now, and
@@ -1230,8 +1373,8 @@ impl FabricSwitch {
         if matches!(current, Some(Some(_))) && reply_key(body) == Some(&write.key[..]) {
             let stamp = self.directory.read();
             let sharers = self.sharers_on_way(&h, now);
-            if let Some(epoch) = self.directory.fill(&write.key, stamp, sharers) {
-                self.cache.fill(&write.key, body, epoch, now);
+            if let Some(epoch) = self.directory.fill(&name, stamp, sharers, now) {
+                self.cache.fill(&name, body, epoch, now);
                 let mut datagram = vec![0u8; mcudp::LEN];
                 mcudp::Header::single(0).emit(&mut datagram);
                 datagram.extend_from_slice(body);
@@ -1245,7 +1388,8 @@ impl FabricSwitch {
     }
 
     fn remember(&mut self, flow: Flow, pending: Pending) {
-        if self.pending.len() >= MAX_PENDING && !self.pending.contains_key(&flow) {
+        let read = pending.stamp.is_some();
+        if read && self.pending.len() >= MAX_PENDING && !self.pending.contains_key(&flow) {
             return;
         }
         self.pending_order.push_back((pending.since, flow));
@@ -1269,13 +1413,15 @@ impl FabricSwitch {
         let Some(pending) = self.pending.get(&flow).cloned() else {
             return false;
         };
-        if mc.seq.saturating_add(1) >= mc.total {
+        // A read's reply may come in several datagrams; anything else is done at its first.
+        if mc.seq.saturating_add(1) >= mc.total || pending.stamp.is_none() {
             self.pending.remove(&flow);
         }
         if let Some(write) = pending.cond {
             self.cond_put_read(write, body, now, emit);
             return true;
         }
+        let name = item(server, &pending.key);
         let h = Header {
             request_id: pending.request_id,
             command: Command::Reply,
@@ -1291,15 +1437,15 @@ impl FabricSwitch {
         let mut fill = None;
         match pending.stamp {
             None => {
-                if let Some(step) = self.directory.done(&pending.key, now) {
-                    self.write_step(&pending.key.clone(), step, now, emit);
+                if let Some(step) = self.directory.done(&name, now) {
+                    self.write_step(&name, step, now, emit);
                 }
             }
             Some(stamp) => {
                 if mc.total == 1 && reply_key(body) == Some(&pending.key[..]) {
                     let sharers = self.sharers_on_way(&h, now);
-                    if let Some(epoch) = self.directory.fill(&pending.key, stamp, sharers) {
-                        self.cache.fill(&pending.key, body, epoch, now);
+                    if let Some(epoch) = self.directory.fill(&name, stamp, sharers, now) {
+                        self.cache.fill(&name, body, epoch, now);
                         fill = Some(epoch);
                     }
                 }
@@ -1379,8 +1525,8 @@ impl FabricSwitch {
                 let detour_ok = h.origin == self.me.id || !h.has(flags::DETOUR);
                 if let Some(key) = reply_key(body) {
                     if mc.total == 1 && detour_ok && inc::key_hash(key) == h.key_hash {
-                        let key = key.to_vec();
-                        self.cache.fill(&key, body, h.epoch, now);
+                        let name = item(h.server, key);
+                        self.cache.fill(&name, body, h.epoch, now);
                     }
                 }
             }
@@ -1411,7 +1557,7 @@ impl FabricSwitch {
             self.stats.unexpected += 1;
             return;
         };
-        self.cache.invalidate(key, h.epoch, now);
+        self.cache.invalidate(&item(h.server, key), h.epoch, now);
         let ack = Header {
             command: Command::InvalidateAck,
             origin: self.me.id,
@@ -1462,6 +1608,7 @@ impl FabricSwitch {
                 }
             }
         }
+        self.release_failed(now, emit);
         for due in self.directory.tick(now) {
             match due {
                 Due::Retransmit { key, epoch, target } => {
@@ -1487,7 +1634,8 @@ impl FabricSwitch {
             .pending_order
             .front()
             .map(|&(since, _)| since + self.spec.reply_timeout);
-        [self.next_hello, self.directory.poll_at(), pending]
+        let failing = self.failing.iter().map(|&(_, at)| at).min();
+        [self.next_hello, self.directory.poll_at(), pending, failing]
             .into_iter()
             .flatten()
             .min()

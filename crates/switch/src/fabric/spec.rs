@@ -241,6 +241,7 @@ impl FabricSpec {
             ("hello_every", self.hello_every),
             ("dead_after", self.dead_after),
             ("lease", self.lease),
+            ("tombstone_for", self.tombstone_for),
         ] {
             if d.is_zero() {
                 return Err(FabricSpecError::ZeroTime(what));
