@@ -527,34 +527,43 @@ fn plain_call(sock: &UdpSocket, target: SocketAddr, id: u16, request: &str) -> O
     }
 }
 
+/// The points `keep` selects, grouped by `x` in the order each value first appears, with
+/// the median of each of `ys` over the points of the group (one per run).
+fn medians_by<P, X: PartialEq + Copy, const N: usize>(
+    points: &[P],
+    keep: impl Fn(&P) -> bool,
+    x: impl Fn(&P) -> X,
+    ys: [fn(&P) -> f64; N],
+) -> Vec<(X, [f64; N])> {
+    let mut xs: Vec<X> = Vec::new();
+    for p in points.iter().filter(|p| keep(p)) {
+        if !xs.contains(&x(p)) {
+            xs.push(x(p));
+        }
+    }
+    xs.into_iter()
+        .map(|at| {
+            let of: Vec<&P> = points.iter().filter(|p| keep(p) && x(p) == at).collect();
+            (at, ys.map(|y| median(of.iter().map(|p| y(p)).collect())))
+        })
+        .collect()
+}
+
+/// Per offered rate: the median throughput and mean latency.
 fn curve_medians(
     curves: &[CurvePoint],
     deployment: &str,
     caches: bool,
 ) -> Vec<(Option<f64>, f64, f64)> {
-    let mut offered: Vec<Option<f64>> = Vec::new();
-    for p in curves
-        .iter()
-        .filter(|p| p.deployment == deployment && p.caches == caches)
-    {
-        if !offered.contains(&p.offered_rps) {
-            offered.push(p.offered_rps);
-        }
-    }
-    offered
-        .into_iter()
-        .map(|o| {
-            let of: Vec<&CurvePoint> = curves
-                .iter()
-                .filter(|p| p.deployment == deployment && p.caches == caches && p.offered_rps == o)
-                .collect();
-            (
-                o,
-                median(of.iter().map(|p| p.throughput_rps).collect()),
-                median(of.iter().map(|p| p.mean_us).collect()),
-            )
-        })
-        .collect()
+    medians_by(
+        curves,
+        |p| p.deployment == deployment && p.caches == caches,
+        |p| p.offered_rps,
+        [|p| p.throughput_rps, |p| p.mean_us],
+    )
+    .into_iter()
+    .map(|(o, [t, l])| (o, t, l))
+    .collect()
 }
 
 fn label(caches: bool) -> String {
@@ -592,24 +601,11 @@ fn curve_chart(curves: &[CurvePoint], deployment: &str) -> LineChart {
     }
 }
 
+/// Per cache size (in the order measured, ascending): the median mean latency.
 fn size_medians(sizes: &[SizePoint], level: &str) -> Vec<(usize, f64)> {
-    let mut items: Vec<usize> = sizes
-        .iter()
-        .filter(|p| p.level == level)
-        .map(|p| p.items)
-        .collect();
-    items.sort_unstable();
-    items.dedup();
-    items
+    medians_by(sizes, |p| p.level == level, |p| p.items, [|p| p.mean_us])
         .into_iter()
-        .map(|n| {
-            let of = sizes
-                .iter()
-                .filter(|p| p.level == level && p.items == n)
-                .map(|p| p.mean_us)
-                .collect();
-            (n, median(of))
-        })
+        .map(|(n, [l])| (n, l))
         .collect()
 }
 
@@ -640,23 +636,11 @@ fn size_chart(sizes: &[SizePoint]) -> LineChart {
     }
 }
 
+/// Per Zipf exponent: the median mean latency.
 fn skew_medians(skews: &[SkewPoint], caches: bool) -> Vec<(f64, f64)> {
-    let mut thetas: Vec<f64> = Vec::new();
-    for p in skews.iter().filter(|p| p.caches == caches) {
-        if !thetas.contains(&p.theta) {
-            thetas.push(p.theta);
-        }
-    }
-    thetas
+    medians_by(skews, |p| p.caches == caches, |p| p.theta, [|p| p.mean_us])
         .into_iter()
-        .map(|t| {
-            let of = skews
-                .iter()
-                .filter(|p| p.caches == caches && p.theta == t)
-                .map(|p| p.mean_us)
-                .collect();
-            (t, median(of))
-        })
+        .map(|(t, [l])| (t, l))
         .collect()
 }
 
@@ -681,18 +665,17 @@ fn skew_chart(skews: &[SkewPoint]) -> LineChart {
     }
 }
 
+/// Per place (client, server, network, as measured): the median rate and mean latency.
 fn compute_medians(compute: &[ComputePoint]) -> Vec<(&'static str, f64, f64)> {
-    ["client", "server", "network"]
-        .into_iter()
-        .map(|place| {
-            let of: Vec<&ComputePoint> = compute.iter().filter(|p| p.place == place).collect();
-            (
-                place,
-                median(of.iter().map(|p| p.ops_per_s).collect()),
-                median(of.iter().map(|p| p.mean_us).collect()),
-            )
-        })
-        .collect()
+    medians_by(
+        compute,
+        |_| true,
+        |p| p.place,
+        [|p| p.ops_per_s, |p| p.mean_us],
+    )
+    .into_iter()
+    .map(|(place, [o, l])| (place, o, l))
+    .collect()
 }
 
 fn compute_chart(compute: &[ComputePoint]) -> BarChart {
@@ -816,4 +799,23 @@ fn summary(
         );
     }
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians_group_by_x_in_the_order_measured() {
+        // (x, y, kept) per run.
+        let points = [
+            (2, 10.0, true),
+            (1, 5.0, true),
+            (2, 30.0, true),
+            (2, 20.0, true),
+            (1, 9.0, false),
+        ];
+        let m = medians_by(&points, |p| p.2, |p| p.0, [|p| p.1]);
+        assert_eq!(m, vec![(2, [20.0]), (1, [5.0])]);
+    }
 }

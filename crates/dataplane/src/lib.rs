@@ -43,47 +43,34 @@ pub trait Datapath {
     fn poll_at(&self) -> Option<Instant>;
 }
 
-impl Datapath for Switch {
-    fn process(
-        &mut self,
-        in_port: u16,
-        frame: &mut [u8],
-        csum_ready: bool,
-        now: Instant,
-        emit: &mut Vec<Emit>,
-    ) -> Fate {
-        Switch::process(self, in_port, frame, csum_ready, now, emit)
-    }
+/// A switch application is driven through its own `process`, `tick` and `poll_at`.
+macro_rules! datapath {
+    ($app:ty) => {
+        impl Datapath for $app {
+            fn process(
+                &mut self,
+                in_port: u16,
+                frame: &mut [u8],
+                csum_ready: bool,
+                now: Instant,
+                emit: &mut Vec<Emit>,
+            ) -> Fate {
+                <$app>::process(self, in_port, frame, csum_ready, now, emit)
+            }
 
-    fn tick(&mut self, now: Instant, emit: &mut Vec<Emit>) {
-        Switch::tick(self, now, emit)
-    }
+            fn tick(&mut self, now: Instant, emit: &mut Vec<Emit>) {
+                <$app>::tick(self, now, emit)
+            }
 
-    fn poll_at(&self) -> Option<Instant> {
-        Switch::poll_at(self)
-    }
+            fn poll_at(&self) -> Option<Instant> {
+                <$app>::poll_at(self)
+            }
+        }
+    };
 }
 
-impl Datapath for switch::fabric::FabricSwitch {
-    fn process(
-        &mut self,
-        in_port: u16,
-        frame: &mut [u8],
-        csum_ready: bool,
-        now: Instant,
-        emit: &mut Vec<Emit>,
-    ) -> Fate {
-        switch::fabric::FabricSwitch::process(self, in_port, frame, csum_ready, now, emit)
-    }
-
-    fn tick(&mut self, now: Instant, emit: &mut Vec<Emit>) {
-        switch::fabric::FabricSwitch::tick(self, now, emit)
-    }
-
-    fn poll_at(&self) -> Option<Instant> {
-        switch::fabric::FabricSwitch::poll_at(self)
-    }
-}
+datapath!(Switch);
+datapath!(switch::fabric::FabricSwitch);
 
 /// Frames received from one port per call.
 pub const BATCH: usize = 64;

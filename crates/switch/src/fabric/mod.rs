@@ -123,6 +123,8 @@ struct Write {
     server: (Ipv4Addr, u16),
     /// The client's memcached datagram, frame header included.
     datagram: Vec<u8>,
+    /// Its server will not answer it (`noreply`, meta `q`, quiet binary opcodes).
+    quiet: bool,
 }
 
 /// A request a home sent on to its server, by (client address, client port, memcached
@@ -308,18 +310,6 @@ impl FabricSwitch {
             failing: Vec::new(),
             stats: FabricStats::default(),
         })
-    }
-
-    pub fn id(&self) -> SwitchId {
-        self.me.id
-    }
-
-    pub fn spec(&self) -> &FabricSpec {
-        &self.spec
-    }
-
-    pub fn registration(&self) -> &Registration {
-        &self.spec.registration
     }
 
     /// Whether this switch caches `key` (of any server) now.
@@ -862,21 +852,23 @@ impl FabricSwitch {
             client,
             server,
         };
-        let (command, key) = match (classify(body), native) {
+        let (command, key, quiet) = match (classify(body), native) {
             (Kind::Plain, None) => return false,
             (Kind::Refused(why), _) => {
                 self.stats.refused += 1;
                 self.answer_error(&header, mc.request_id, "SERVER_ERROR", why, emit);
                 return true;
             }
-            (Kind::Get(key), None | Some((Command::Get, _))) => (Command::Get, key),
-            (Kind::Write(command, key, _), None) => (command, key),
-            (Kind::Write(Command::Set, key, _), Some((Command::CondPut, _)))
+            (Kind::Get(key), None | Some((Command::Get, _))) => (Command::Get, key, false),
+            (Kind::Write(command, key, quiet), None) => (command, key, quiet),
+            (Kind::Write(Command::Set, key, quiet), Some((Command::CondPut, _)))
                 if cond_operand(body).is_some() && body.starts_with(b"set ") && text_safe(&key) =>
             {
-                (Command::CondPut, key)
+                (Command::CondPut, key, quiet)
             }
-            (Kind::Write(command, key, _), Some((asked, _))) if command == asked => (command, key),
+            (Kind::Write(command, key, quiet), Some((asked, _))) if command == asked => {
+                (command, key, quiet)
+            }
             (_, Some(_)) => {
                 self.stats.malformed += 1;
                 let why = "the message's command does not match its request";
@@ -894,7 +886,7 @@ impl FabricSwitch {
             return true;
         }
         if home == self.me.id {
-            self.at_home(&header, &key, datagram, now, emit);
+            self.at_home(&header, &key, quiet, datagram, now, emit);
             return true;
         }
         let root = self.spec.registration.root(header.key_hash);
@@ -1082,14 +1074,14 @@ impl FabricSwitch {
             self.stats.malformed += 1;
             return;
         }
-        let key = match (h.command, classify(body)) {
-            (Command::Get, Kind::Get(key)) => key,
-            (Command::CondPut, Kind::Write(Command::Set, key, _))
+        let (key, quiet) = match (h.command, classify(body)) {
+            (Command::Get, Kind::Get(key)) => (key, false),
+            (Command::CondPut, Kind::Write(Command::Set, key, quiet))
                 if body.starts_with(b"set ") && text_safe(&key) =>
             {
-                key
+                (key, quiet)
             }
-            (c, Kind::Write(w, key, _)) if c == w => key,
+            (c, Kind::Write(w, key, quiet)) if c == w => (key, quiet),
             _ => {
                 self.stats.malformed += 1;
                 return;
@@ -1100,7 +1092,7 @@ impl FabricSwitch {
             return;
         }
         if home == self.me.id {
-            self.at_home(h, &key, datagram, now, emit);
+            self.at_home(h, &key, quiet, datagram, now, emit);
             return;
         }
         if !h.has(flags::DETOUR) {
@@ -1122,11 +1114,13 @@ impl FabricSwitch {
         self.send(home, h, datagram, now, emit);
     }
 
-    /// A request at its home, from a client of this rack or through the fabric.
+    /// A request at its home, from a client of this rack or through the fabric; `quiet` when
+    /// it is a write its server will not answer.
     fn at_home(
         &mut self,
         h: &Header,
         key: &[u8],
+        quiet: bool,
         datagram: &[u8],
         now: Instant,
         emit: &mut Vec<Emit>,
@@ -1177,6 +1171,7 @@ impl FabricSwitch {
             client: h.client,
             server: h.server,
             datagram: datagram.to_vec(),
+            quiet,
         };
         let step = self.directory.write(&name, write, now);
         self.write_step(&name, step, now, emit);
@@ -1322,9 +1317,7 @@ impl FabricSwitch {
             },
         );
         self.send_to_server(write.client, write.server, &write.datagram, emit);
-        let quiet = mcudp::Header::parse(&write.datagram)
-            .is_ok_and(|(_, body)| matches!(classify(body), Kind::Write(_, _, true)));
-        if quiet {
+        if write.quiet {
             // No reply will come: the write is done once it left (the server takes the
             // key's requests in the order this home sends them).
             self.pending
