@@ -1,5 +1,5 @@
 //! `kvswitch bench fastpath`: what the XDP fast path saves, side by side with the AF_PACKET
-//! path and memcached direct on the same testbed: GET throughput and latency, and the CPU a
+//! path, memcached direct and nutcracker on the same testbed: GET throughput and latency, and the CPU a
 //! GET costs — in the kvswitch process, on the whole machine, and in the XDP program itself
 //! (the kernel's own BPF run-time statistics).
 
@@ -35,6 +35,8 @@ pub struct Point {
     pub light_p50_us: f64,
     /// CPU µs per GET of the kvswitch process (user + system).
     pub kvswitch_us: Option<f64>,
+    /// CPU µs per GET of nutcracker (user + system); only for nutcracker.
+    pub nutcracker_us: Option<f64>,
     /// CPU µs per GET of the whole machine (every core; clients and servers included).
     pub machine_us: Option<f64>,
     /// Run time of the XDP program per GET (its request and its reply), from the kernel's
@@ -53,11 +55,13 @@ struct Results {
 }
 
 /// The systems measured on each datapath: the VIP, memcached direct (whose packets the switch
-/// forwards by MAC), and the VIP with the cache on (every key cached once read: on XDP the
-/// kernel answers them) on a testbed of its own.
-const SYSTEMS: [System; 3] = [
+/// forwards by MAC), nutcracker over TCP (the proxy a fleet runs today; the switch carries its
+/// frames), and the VIP with the cache on (every key cached once read: on XDP the kernel
+/// answers them) on a testbed of its own.
+const SYSTEMS: [System; 4] = [
     System::KvswitchUdp,
     System::DirectUdp,
+    System::Nutcracker,
     System::KvswitchCacheUdp,
 ];
 
@@ -83,14 +87,15 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
             };
             eprintln!(
                 "{NAME}: building the testbed (1 client, {SERVERS} memcached, kvswitch with \
-                 datapath = {datapath:?}{with})..."
+                 datapath = {datapath:?}{with}{})...",
+                if cached { "" } else { ", nutcracker" }
             );
             let bed = Bed::up(&BedSpec {
                 prefix: args.common.prefix.clone(),
                 servers: Servers::Memcached { n: SERVERS },
                 cache: cached.then(|| CacheSetup::whole_keyspace(args.keys)),
                 switchkv: None,
-                nutcracker: false,
+                nutcracker: !cached,
                 datapath: Some(datapath),
             })?;
             bed.preload(args.keys, "key:", args.value_size as usize)?;
@@ -121,6 +126,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
                 p99_us: median(of.iter().map(|p| p.p99_us).collect()),
                 light_p50_us: median(of.iter().map(|p| p.light_p50_us).collect()),
                 kvswitch_us: median_of_some(of.iter().map(|p| p.kvswitch_us)),
+                nutcracker_us: median_of_some(of.iter().map(|p| p.nutcracker_us)),
                 machine_us: median_of_some(of.iter().map(|p| p.machine_us)),
                 xdp_ns: median_of_some(of.iter().map(|p| p.xdp_ns)),
                 run: of.len() as u32,
@@ -200,18 +206,20 @@ fn measure(
         p99_us: r.latency_us.p99 as f64,
         light_p50_us: light.report.latency_us.p50 as f64,
         kvswitch_us: per(m.kvswitch_cpu_s),
+        nutcracker_us: per(m.nutcracker_cpu_s.filter(|_| system == System::Nutcracker)),
         machine_us: per(Some(machine_s)),
         xdp_ns,
         run,
     };
     eprintln!(
         "  run {}  {datapath:<9} {system:<24} {:>8.0} GET/s  p50 {:>4.0} µs (alone {:>3.0} µs)  \
-         kvswitch {} µs/GET  machine {} µs/GET  XDP program {} ns/GET",
+         kvswitch {} µs/GET  nutcracker {} µs/GET  machine {} µs/GET  XDP program {} ns/GET",
         run + 1,
         p.get_rps,
         p.p50_us,
         p.light_p50_us,
         fmt(p.kvswitch_us, 2),
+        fmt(p.nutcracker_us, 2),
         fmt(p.machine_us, 2),
         fmt(p.xdp_ns, 0),
     );
@@ -290,6 +298,7 @@ fn target(system: System) -> &'static str {
     match system {
         System::DirectUdp => "direct",
         System::KvswitchCacheUdp => "VIP, cache on",
+        System::Nutcracker => "nutcracker (TCP)",
         _ => "VIP",
     }
 }
@@ -310,6 +319,13 @@ fn chart(medians: &[Point]) -> BarChart {
                 medians
                     .iter()
                     .map(|p| p.kvswitch_us.unwrap_or(0.0))
+                    .collect(),
+            ),
+            (
+                "nutcracker process".into(),
+                medians
+                    .iter()
+                    .map(|p| p.nutcracker_us.unwrap_or(0.0))
                     .collect(),
             ),
             (
@@ -334,24 +350,26 @@ fn summary(args: &Args, medians: &[Point], runs: u32, duration: f64) -> String {
          answers, {duration} s per system, medians of {runs} run(s). The same testbed ({SERVERS} \
          memcached in `l2` mode, 1 client) is built once with `switch.datapath = \"xdp\"` and \
          once with `\"af_packet\"`; \"VIP\" reads are routed by key, \"direct\" reads go to a \
-         server's own address and are switched by MAC, and \"VIP, cache on\" reads go to a \
+         server's own address and are switched by MAC, \"nutcracker\" reads go over TCP to a \
+         nutcracker in front of the same servers (its frames cross the switch too), and \
+         \"VIP, cache on\" reads go to a \
          testbed of their own whose kvswitch caches every key once read (on XDP the kernel \
          answers them from its copy of the cache). p50 alone is one requester's median round \
-         trip, the others are of the closed loop. kvswitch µs/GET is the kvswitch \
-         process's user + system time; machine µs/GET is every core's busy time from /proc/stat \
+         trip, the others are of the closed loop. kvswitch µs/GET and nutcracker \
+         µs/GET are those processes' user + system time; machine µs/GET is every core's busy time from /proc/stat \
          (client, servers and softirq included); the XDP program's time is the kernel's BPF \
          run-time statistics for kvswitch's program, per GET (its request and its reply).\n",
         args.concurrency, args.keys, args.value_size
     );
     let _ = writeln!(
         t,
-        "| datapath | target | GET/s | p50 µs | p99 µs | p50 alone µs | kvswitch µs/GET | machine µs/GET | XDP ns/GET |"
+        "| datapath | target | GET/s | p50 µs | p99 µs | p50 alone µs | kvswitch µs/GET | nutcracker µs/GET | machine µs/GET | XDP ns/GET |"
     );
-    let _ = writeln!(t, "|---|---|--:|--:|--:|--:|--:|--:|--:|");
+    let _ = writeln!(t, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|");
     for p in medians {
         let _ = writeln!(
             t,
-            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} |",
+            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} |",
             p.datapath,
             target(p.system),
             p.get_rps,
@@ -359,6 +377,7 @@ fn summary(args: &Args, medians: &[Point], runs: u32, duration: f64) -> String {
             p.p99_us,
             p.light_p50_us,
             fmt(p.kvswitch_us, 2),
+            fmt(p.nutcracker_us, 2),
             fmt(p.machine_us, 2),
             fmt(p.xdp_ns, 0)
         );
@@ -390,6 +409,22 @@ fn summary(args: &Args, medians: &[Point], runs: u32, duration: f64) -> String {
             times(ratio(Some(k.light_p50_us), Some(d.light_p50_us))),
             times(ratio(Some(k.light_p50_us), Some(u.light_p50_us))),
             times(ratio(Some(k.get_rps), Some(d.get_rps))),
+        );
+    }
+    if let (Some(v), Some(n)) = (
+        find("xdp", System::KvswitchUdp),
+        find("xdp", System::Nutcracker),
+    ) {
+        let _ = writeln!(
+            t,
+            "- On XDP, VIP / nutcracker: GET/s {}, p50 {}, CPU per GET of the middle box \
+             (kvswitch's process and program / nutcracker's process) {}.",
+            times(ratio(Some(v.get_rps), Some(n.get_rps))),
+            times(ratio(Some(v.p50_us), Some(n.p50_us))),
+            times(ratio(
+                v.kvswitch_us.zip(v.xdp_ns).map(|(k, x)| k + x / 1000.0),
+                n.nutcracker_us
+            )),
         );
     }
     if let (Some(v), Some(d)) = (

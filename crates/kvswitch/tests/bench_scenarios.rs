@@ -387,8 +387,8 @@ fn fastpath_short() {
     let medians = medians(&json);
     assert_eq!(
         medians.len(),
-        6,
-        "two datapaths, three targets each (the VIP, direct, the VIP with the cache)"
+        8,
+        "two datapaths, four targets each (the VIP, direct, nutcracker, the VIP with the cache)"
     );
     for p in medians {
         assert!(p["get_rps"].as_f64().unwrap() > 0.0, "{p}");
@@ -400,11 +400,18 @@ fn fastpath_short() {
             Some("af_packet") => assert!(p["xdp_ns"].is_null(), "{p}"),
             other => panic!("datapath {other:?}"),
         }
+        // nutcracker's own CPU is read for nutcracker alone.
+        let nutcracker = p["system"].as_str() == Some("nutcracker");
+        assert_eq!(p["nutcracker_us"].is_null(), !nutcracker, "{p}");
     }
     check_plot(
         &dir,
         "cpu-per-get",
-        &["kvswitch process".to_string(), "whole machine".to_string()],
+        &[
+            "kvswitch process".to_string(),
+            "nutcracker process".to_string(),
+            "whole machine".to_string(),
+        ],
     );
     let _ = std::fs::remove_dir_all(dir);
 }
