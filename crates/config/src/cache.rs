@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use kv::cache::Config as CacheConfig;
+use kv::cache::{Admission, Config as CacheConfig};
 use kv::hot::Counter;
 use serde::Deserialize;
 
@@ -135,10 +135,16 @@ impl RawCache {
         }
         c.rules.max_delay = ms("rule_delay_ms", self.rule_delay_ms, c.rules.max_delay)?;
         if let Some(admit) = &self.admit {
-            c.admit_every_read = match admit.as_str() {
-                "hot" => false,
-                "every" => true,
-                other => return Err(err("admit", format!("`{other}` is not one of hot, every"))),
+            c.admission = match admit.as_str() {
+                "hot" => Admission::Hot,
+                "every" => Admission::EveryRead,
+                "lfu" => Admission::Lfu,
+                other => {
+                    return Err(err(
+                        "admit",
+                        format!("`{other}` is not one of hot, every, lfu"),
+                    ))
+                }
             };
         }
         let write_timeout = ms(
@@ -164,7 +170,8 @@ items = 10000            # keys cached at most
 bytes = 67108864         # value bytes held at most
 max_value = 1048576      # larger values are never cached
 lease_ms = 2000          # a value is refetched after this long (bounds writes that bypass kvswitch)
-admit = "hot"            # "hot": keys hot-key detection finds; "every": every key read
+admit = "hot"            # "hot": keys hot-key detection finds; "every": every key read, the
+                         # least loaded out first; "lfu": every key read, the least used out first
 admit_percentile = 10    # a key enters a full cache above this percentile of cached keys' loads
 segment_ms = 1000        # the top-k tracker's segment
 top_k = 5                # hot keys reported per backend per segment
@@ -220,6 +227,16 @@ mod tests {
         assert!(e.contains("cache.counter") && e.contains("lfu"), "{e}");
         let e = parse("[cache]\nitems = 0\n").unwrap_err().to_string();
         assert!(e.contains("cache.items"), "{e}");
+        for (name, admission) in [
+            ("hot", Admission::Hot),
+            ("every", Admission::EveryRead),
+            ("lfu", Admission::Lfu),
+        ] {
+            let s = parse(&format!("[cache]\nadmit = \"{name}\"\n")).unwrap();
+            assert_eq!(s.cache.admission, admission);
+        }
+        let e = parse("[cache]\nadmit = \"lru\"\n").unwrap_err().to_string();
+        assert!(e.contains("cache.admit") && e.contains("lru"), "{e}");
         let e = parse("[cache]\nlease = 3\n").unwrap_err().to_string();
         assert!(e.contains("lease"), "{e}");
     }

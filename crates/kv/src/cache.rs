@@ -4,10 +4,11 @@
 //! - **Detection.** Every read the switch or proxy routes is shown to [`Cache::see`]: a
 //!   time-segmented top-k tracker per backend ([`hot::Tracker`], SwitchKV's periodic reports)
 //!   and a circular log ([`hot::CircularLog`], its instant reports) nominate hot keys.
-//! - **Admission and eviction.** A nominated key enters while there is room; when full, only if
-//!   its load is above a low percentile of the cached keys' loads, and then the least loaded
-//!   unpinned key leaves. Cached keys' loads use the tracker's metric (an EWMA of requests per
-//!   second, equation (1) of SwitchKV).
+//! - **Admission and eviction** ([`Admission`]). A nominated key enters while there is room;
+//!   when full, only if its load is above a low percentile of the cached keys' loads, and then
+//!   the least loaded unpinned key leaves. Cached keys' loads use the tracker's metric (an EWMA
+//!   of requests per second, equation (1) of SwitchKV). Two other policies admit every key
+//!   read: one evicts the least loaded, the other the least frequently used (IncBricks 4.2.1).
 //! - **Rules.** A key is answered from the cache only once its rule is installed; entering and
 //!   leaving are rule changes queued in a [`RuleBuffer`] and released under a [`RuleBudget`],
 //!   additions first. A stale rule (its key already gone) only costs a forwarded miss.
@@ -50,10 +51,8 @@ pub struct Config {
     pub log_threshold: u32,
     /// The rule-update budget and the rule buffer's deletion delay.
     pub rules: RuleConfig,
-    /// Admit every key read, evicting the least loaded when full: the traditional policy
-    /// SwitchKV compares with, and a way to warm a cache that should hold a whole keyspace.
-    /// Off: only the keys hot-key detection nominates.
-    pub admit_every_read: bool,
+    /// Which keys enter, and which leave a full cache first.
+    pub admission: Admission,
     /// Number of coherence slots keys are hashed to (a power of two). Keys that share a slot
     /// only share refused fills, never a stale read.
     pub slots: usize,
@@ -71,7 +70,7 @@ impl Default for Config {
             log_size: 200,
             log_threshold: 8,
             rules: RuleConfig::default(),
-            admit_every_read: false,
+            admission: Admission::Hot,
             slots: 1 << 16,
         }
     }
@@ -101,6 +100,28 @@ impl Config {
         self.tracker.validate().map_err(ConfigError::Tracker)?;
         self.rules.validate().map_err(ConfigError::Rules)?;
         Ok(())
+    }
+}
+
+/// Which keys the cache admits, and which it evicts first when full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Admission {
+    /// Only the keys hot-key detection nominates, above the admission threshold; the least
+    /// loaded leaves (SwitchKV).
+    #[default]
+    Hot,
+    /// Every key read; the least loaded leaves. The traditional policy SwitchKV compares
+    /// with, and a way to warm a cache that should hold a whole keyspace.
+    EveryRead,
+    /// Every key read; the one read least often since it entered leaves, the older of equals
+    /// first (IncBricks' fixed-size LFU cache, section 4.2.1).
+    Lfu,
+}
+
+impl Admission {
+    /// Whether every key read is admitted (no detection, no threshold).
+    pub fn every_read(self) -> bool {
+        self != Admission::Hot
     }
 }
 
@@ -163,6 +184,10 @@ struct Entry {
     load: f64,
     /// Reads seen in the current segment.
     reads: u64,
+    /// Reads since it entered (the LFU policy's count).
+    uses: u64,
+    /// When it entered, in the cache's count of admissions (the LFU policy's tie-break).
+    since: u64,
     pinned: bool,
     /// Whether the key's rule is installed: only then is the value served.
     rule: bool,
@@ -174,6 +199,8 @@ impl Entry {
             value: None,
             load,
             reads: 0,
+            uses: 0,
+            since: 0,
             pinned,
             rule: false,
         }
@@ -419,10 +446,15 @@ impl Cache {
         self.segment_reads += 1;
         if let Some(entry) = self.entries.get_mut(key) {
             entry.reads += 1;
+            entry.uses += 1;
         }
         self.tracker.see(group, key, now);
-        if self.cfg.admit_every_read && !self.entries.contains_key(key) {
-            self.offer(key, self.threshold, now);
+        if self.cfg.admission.every_read() && !self.entries.contains_key(key) {
+            if self.offer(key, self.threshold, now) {
+                if let Some(entry) = self.entries.get_mut(key) {
+                    entry.uses = 1;
+                }
+            }
             return;
         }
         let burst = self.log.as_mut().is_some_and(|log| log.see(key));
@@ -474,17 +506,19 @@ impl Cache {
         // hottest first, so the hottest get the rules, and a backlog cannot grow while the
         // keys that wait in it cool down.
         if let Some(rate) = self.cfg.rules.rate {
-            if self.buffer.len_adds() >= rate.max(1) as usize && !self.cfg.admit_every_read {
+            if self.buffer.len_adds() >= rate.max(1) as usize && !self.cfg.admission.every_read()
+            {
                 self.counters.rule_backlog += 1;
                 return false;
             }
         }
         if self.entries.len() >= self.cfg.items {
-            if load <= self.threshold && !self.cfg.admit_every_read {
+            let every = self.cfg.admission.every_read();
+            if load <= self.threshold && !every {
                 return false;
             }
             match self.least_loaded() {
-                Some((victim, victim_load)) if victim_load < load || self.cfg.admit_every_read => {
+                Some((victim, victim_load)) if victim_load < load || every => {
                     // Its removal is queued before the new key's addition, and released at
                     // the admission's poll, after it: additions first.
                     self.remove_entry(&victim, now);
@@ -503,6 +537,7 @@ impl Cache {
         }
         self.counters.admissions += 1;
         let mut entry = entry;
+        entry.since = self.counters.admissions;
         // A deletion still buffered for this key was cancelled: its rule stays installed.
         entry.rule = self.installed.contains(&key);
         self.entries.insert(key, entry);
@@ -510,13 +545,14 @@ impl Cache {
         true
     }
 
-    /// The unpinned key that leaves first: the least loaded, and among equal loads the lowest
-    /// in byte order, so that the victim never depends on the map's iteration order.
+    /// The unpinned key that leaves first under the policy ([`victim_order`]), so that the
+    /// victim never depends on the map's iteration order.
     fn least_loaded(&self) -> Option<(Box<[u8]>, f64)> {
+        let policy = self.cfg.admission;
         self.entries
             .iter()
             .filter(|(_, e)| !e.pinned)
-            .min_by(|(ka, a), (kb, b)| victim_order((ka, a), (kb, b)))
+            .min_by(|(ka, a), (kb, b)| victim_order(policy, (ka, a), (kb, b)))
             .map(|(k, e)| (k.clone(), e.load))
     }
 
@@ -755,19 +791,23 @@ impl Cache {
         let Some(entry) = self.entries.get(key) else {
             return Fill::NotCached;
         };
-        let load = entry.load;
+        let (load, uses) = (entry.load, entry.uses);
         let old = entry.bytes();
-        // Make room from less loaded values, or give up.
+        let policy = self.cfg.admission;
+        // Make room from values the policy ranks below this one, or give up.
         while self.bytes - old + size > self.cfg.bytes {
-            // The least loaded value, ties to the lowest key, as in `least_loaded`.
+            // The first to leave, as in `least_loaded`.
             let victim = self
                 .entries
                 .iter()
                 .filter(|(k, e)| e.value.is_some() && !e.pinned && &***k != key)
-                .min_by(|(ka, a), (kb, b)| victim_order((ka, a), (kb, b)))
-                .map(|(k, e)| (k.clone(), e.load));
+                .min_by(|(ka, a), (kb, b)| victim_order(policy, (ka, a), (kb, b)))
+                .map(|(k, e)| (k.clone(), e.load < load, e.uses < uses));
             match victim {
-                Some((victim, victim_load)) if victim_load < load => {
+                Some((victim, less_loaded, less_used))
+                    if (policy == Admission::Lfu && less_used)
+                        || (policy != Admission::Lfu && less_loaded) =>
+                {
                     self.evict_key(&victim, now);
                 }
                 _ => return Fill::TooLarge,
@@ -887,10 +927,15 @@ impl Cache {
     }
 }
 
-/// The order in which cached keys leave: lower load first, and among equal loads the lower key
-/// in byte order. Loads compare by [`f64::total_cmp`], so a NaN never makes the order partial.
-fn victim_order(a: (&[u8], &Entry), b: (&[u8], &Entry)) -> std::cmp::Ordering {
-    a.1.load.total_cmp(&b.1.load).then_with(|| a.0.cmp(b.0))
+/// The order in which cached keys leave: lower load first (under LFU: fewer reads since they
+/// entered, then the older), and among equals the lower key in byte order. Loads compare by
+/// [`f64::total_cmp`], so a NaN never makes the order partial.
+fn victim_order(policy: Admission, a: (&[u8], &Entry), b: (&[u8], &Entry)) -> std::cmp::Ordering {
+    let first = match policy {
+        Admission::Lfu => a.1.uses.cmp(&b.1.uses).then(a.1.since.cmp(&b.1.since)),
+        Admission::Hot | Admission::EveryRead => a.1.load.total_cmp(&b.1.load),
+    };
+    first.then_with(|| a.0.cmp(b.0))
 }
 
 #[cfg(test)]
@@ -1170,7 +1215,7 @@ mod tests {
         let now = Instant::ZERO;
         let cfg = Config {
             items: 3,
-            admit_every_read: true,
+            admission: Admission::EveryRead,
             ..Config::default()
         };
         let mut c = Cache::new(cfg, 1, now).unwrap();
@@ -1185,11 +1230,62 @@ mod tests {
     }
 
     #[test]
+    fn lfu_evicts_the_least_read_since_admission_and_the_older_of_equals() {
+        let now = Instant::ZERO;
+        let lfu = |items| Config {
+            items,
+            admission: Admission::Lfu,
+            ..Config::default()
+        };
+        let mut c = Cache::new(lfu(2), 1, now).unwrap();
+        for _ in 0..5 {
+            c.see(0, b"a", now);
+        }
+        c.see(0, b"b", now);
+        // b was read once, a five times: b leaves, though a is the lower key and both loads
+        // are the same until the segment rolls.
+        c.see(0, b"c", now);
+        assert!(c.contains(b"a") && c.contains(b"c") && !c.contains(b"b"));
+        // Counts keep growing: c read twice still leaves before a read five times.
+        c.see(0, b"c", now);
+        c.see(0, b"d", now);
+        assert!(c.contains(b"d") && !c.contains(b"c"), "c had 2 reads, a 5");
+        c.see(0, b"d", now);
+        c.see(0, b"e", now);
+        assert!(!c.contains(b"d") && c.contains(b"a"), "d had 2 reads, a 5");
+
+        // Equal counts: the older leaves first, whatever the keys' order.
+        let mut c = Cache::new(lfu(2), 1, now).unwrap();
+        c.see(0, b"z", now);
+        c.see(0, b"y", now);
+        c.see(0, b"x", now);
+        assert!(!c.contains(b"z") && c.contains(b"y") && c.contains(b"x"));
+
+        // The same cache under the load policy evicts by load and key: a, the lower key.
+        let mut c = Cache::new(
+            Config {
+                items: 2,
+                admission: Admission::EveryRead,
+                ..Config::default()
+            },
+            1,
+            now,
+        )
+        .unwrap();
+        for _ in 0..5 {
+            c.see(0, b"a", now);
+        }
+        c.see(0, b"b", now);
+        c.see(0, b"c", now);
+        assert!(!c.contains(b"a"));
+    }
+
+    #[test]
     fn equal_loads_evict_the_lowest_key() {
         let now = Instant::ZERO;
         let cfg = Config {
             items: 3,
-            admit_every_read: true,
+            admission: Admission::EveryRead,
             ..Config::default()
         };
         let mut c = Cache::new(cfg, 1, now).unwrap();

@@ -1027,7 +1027,7 @@ mod tests {
             enabled: true,
             ..Default::default()
         };
-        settings.cache.admit_every_read = true;
+        settings.cache.admission = kv::cache::Admission::EveryRead;
         let mut bed = Bed::new(Some(settings));
         let t0 = bed.now;
         bed.sleep_until(t0);
