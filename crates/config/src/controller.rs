@@ -21,6 +21,9 @@
 //! cache_node_port = 11211       # optional: SwitchKV cache nodes the switches' kv_steer entries
 //!                               # lead to are probed on this port; one that fails down_after
 //!                               # probes in a row loses its entries on every switch
+//! fabric = "fabric.toml"        # optional: keep this caching fabric's registration table
+//!                               # (relative to this file); [[switches]] and [pool] may then
+//!                               # be left out
 //!
 //! [[switches]]
 //! name = "sw1"
@@ -99,6 +102,10 @@ pub struct ControllerFile {
     /// The file whose first line is the switches' API token (relative to this file's
     /// directory).
     pub switch_token_file: Option<PathBuf>,
+    /// The fabric file (`kvswitch fabric`) of a caching fabric whose registration table this
+    /// controller keeps: its switches are probed, and a new table installed on them all when
+    /// one fails or comes back.
+    pub fabric: Option<PathBuf>,
     pub switches: Vec<SwitchRef>,
     /// The pool every switch serves; its `listen` is unused.
     pub pool: PoolSpec,
@@ -128,7 +135,8 @@ struct RawFile {
     controller: Option<RawController>,
     #[serde(default)]
     switches: Vec<RawSwitchRef>,
-    pool: toml::Table,
+    /// Required unless the controller keeps only a fabric's table.
+    pool: Option<toml::Table>,
     #[serde(default)]
     routes: Option<RawRoutes>,
 }
@@ -161,6 +169,7 @@ struct RawController {
     sync_interval_ms: Option<u64>,
     switch_token_file: Option<String>,
     cache_node_port: Option<u16>,
+    fabric: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -229,6 +238,7 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
     };
     let base = path.parent().unwrap_or(Path::new("."));
     let switch_token_file = c.switch_token_file.map(|f| base.join(f));
+    let fabric = c.fabric.map(|f| base.join(f));
 
     if c.failover.len() > MAX_SPARES {
         return Err(err(
@@ -252,10 +262,12 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
         }
         failover.push(addr);
     }
-    if raw.switches.is_empty() {
+    if raw.switches.is_empty() && fabric.is_none() {
         return Err(err(
             "switches",
-            "no switches: add [[switches]] with a name and the api of each".into(),
+            "no switches: add [[switches]] with a name and the api of each (or a `fabric` \
+             file under [controller])"
+                .into(),
         ));
     }
     if raw.switches.len() > MAX_SWITCHES {
@@ -289,11 +301,28 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
     }
 
     // The pool is read as the proxy reads its own: the same keys, the same messages.
+    let only_fabric = raw.pool.is_none() && fabric.is_some();
+    // Without one, the pool's settings at their defaults (read with a stand-in server, taken
+    // out below: a pool file must name one).
+    let empty_pool = || {
+        let mut server = toml::Table::new();
+        server.insert("addr".into(), "127.0.0.1:1".into());
+        let mut t = toml::Table::new();
+        t.insert("servers".into(), toml::Value::Array(vec![server.into()]));
+        t
+    };
+    let Some(raw_pool) = raw.pool.or_else(|| only_fabric.then(empty_pool)) else {
+        return Err(err(
+            "pool",
+            "no [pool]: add the pool the switches serve (or a `fabric` file under [controller])"
+                .into(),
+        ));
+    };
     let mut pool_only = toml::Table::new();
-    pool_only.insert("pool".into(), toml::Value::Table(raw.pool));
+    pool_only.insert("pool".into(), toml::Value::Table(raw_pool));
     let pool_text = toml::to_string(&pool_only)
         .map_err(|e| err("pool", format!("cannot be read back: {e}")))?;
-    let pool = super::proxy::parse_toml(&pool_text, path)
+    let mut pool = super::proxy::parse_toml(&pool_text, path)
         .map_err(|mut e| {
             // A line number would count lines of the pool alone: name the table instead.
             if let Some((_, rest)) = e
@@ -306,7 +335,10 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
             e
         })?
         .pool;
-    if pool.servers.is_empty() {
+    if only_fabric {
+        pool.servers.clear();
+    }
+    if pool.servers.is_empty() && !only_fabric {
         return Err(err(
             "pool.servers",
             "no servers: add [[pool.servers]] with the addr of each".into(),
@@ -343,6 +375,7 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
         sync_interval,
         cache_node_port: c.cache_node_port.filter(|&p| p != 0),
         switch_token_file,
+        fabric,
         switches,
         pool,
         routes,
@@ -460,6 +493,36 @@ weight = 2
             port(GOOD.replace("down_after = 2", "cache_node_port = 11311")),
             Some(11311)
         );
+    }
+
+    #[test]
+    fn a_fabric_file_lets_the_switches_go_and_is_read_beside_the_file() {
+        let no_switches = GOOD
+            .replace(
+                "[[switches]]\nname = \"sw1\"\napi = \"127.0.0.1:9110\"\n",
+                "",
+            )
+            .replace(
+                "[[switches]]\nname = \"sw2\"\napi = \"127.0.0.1:9111\"\n",
+                "",
+            );
+        let e = parse(&no_switches, Path::new("c.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("switches") && e.contains("fabric"), "{e}");
+        let with = no_switches.replace("down_after = 2", "fabric = \"fabric.toml\"");
+        let f = parse(&with, Path::new("/etc/kv/c.toml")).unwrap();
+        assert!(f.switches.is_empty());
+        assert_eq!(f.fabric, Some(PathBuf::from("/etc/kv/fabric.toml")));
+        // A controller of a fabric alone has no pool.
+        let alone = "[controller]\nfabric = \"fabric.toml\"\n";
+        let f = parse(alone, Path::new("c.toml")).unwrap();
+        assert!(f.pool.servers.is_empty() && f.switches.is_empty());
+        let e = parse("[controller]\n", Path::new("c.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("switches") || e.contains("pool"), "{e}");
+        assert_eq!(parse(GOOD, Path::new("c.toml")).unwrap().fabric, None);
     }
 
     #[test]

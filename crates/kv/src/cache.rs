@@ -506,8 +506,7 @@ impl Cache {
         // hottest first, so the hottest get the rules, and a backlog cannot grow while the
         // keys that wait in it cool down.
         if let Some(rate) = self.cfg.rules.rate {
-            if self.buffer.len_adds() >= rate.max(1) as usize && !self.cfg.admission.every_read()
-            {
+            if self.buffer.len_adds() >= rate.max(1) as usize && !self.cfg.admission.every_read() {
                 self.counters.rule_backlog += 1;
                 return false;
             }

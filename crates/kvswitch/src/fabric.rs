@@ -258,58 +258,156 @@ fn status(cfg: &FabricConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The registration table's keeper: probes every switch's API, and sends a new table (with
-/// the switches found dead failed) to every live switch when the set of dead ones changes.
-pub fn watch(
-    cfg: &FabricConfig,
-    every: std::time::Duration,
+/// A registration table: its version and the switches it counts out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Table {
+    pub version: u64,
+    pub failed: BTreeSet<String>,
+}
+
+impl Table {
+    /// The body of `PUT /api/v1/fabric/registration`, and how a controller stores it.
+    pub fn to_json(&self) -> Value {
+        json!({"version": self.version, "failed": self.failed})
+    }
+
+    /// A table as [`Table::to_json`] writes it.
+    pub fn from_json(v: &Value) -> anyhow::Result<Table> {
+        let version = v["version"].as_u64().context("a table without a version")?;
+        let failed = v["failed"]
+            .as_array()
+            .context("a table without a failed list")?
+            .iter()
+            .map(|n| {
+                n.as_str()
+                    .map(String::from)
+                    .context("a failed switch not named")
+            })
+            .collect::<anyhow::Result<_>>()?;
+        Ok(Table { version, failed })
+    }
+}
+
+/// The registration table's keeper: probes every switch's API, and makes a new table (with
+/// the switches found dead failed) when the set of dead ones changes. `kvswitch fabric watch`
+/// and `kvswitch controller` (with `fabric` set) both run one.
+pub struct Keeper {
+    /// Every switch with an API: its name and address.
+    switches: Vec<(String, SocketAddr)>,
+    /// Probes failed in a row, per switch.
+    missed: Vec<u32>,
+    /// Probes failed in a row before a switch is dead.
     failures: u32,
-    stop: &dyn Fn() -> bool,
-) -> anyhow::Result<()> {
-    let switches: Vec<_> = cfg.switches.iter().filter(|s| s.api.is_some()).collect();
-    anyhow::ensure!(
-        !switches.is_empty(),
-        "{}: no switch has an `api` to watch",
-        cfg.path.display()
-    );
-    let mut missed = vec![0u32; switches.len()];
-    let mut failed: BTreeSet<String> = BTreeSet::new();
-    let mut version = 0u64;
-    while !stop() {
-        for (i, s) in switches.iter().enumerate() {
-            let api = s.api.expect("filtered");
-            match testbed::http_get(api, "/api/v1/fabric") {
+    /// The table installed last (version 0: none yet).
+    table: Table,
+}
+
+impl Keeper {
+    pub fn new(cfg: &FabricConfig, failures: u32) -> anyhow::Result<Keeper> {
+        let switches: Vec<(String, SocketAddr)> = cfg
+            .switches
+            .iter()
+            .filter_map(|s| Some((s.name.clone(), s.api?)))
+            .collect();
+        anyhow::ensure!(
+            !switches.is_empty(),
+            "{}: no switch has an `api` to watch",
+            cfg.path.display()
+        );
+        Ok(Keeper {
+            missed: vec![0; switches.len()],
+            switches,
+            failures: failures.max(1),
+            table: Table {
+                version: 0,
+                failed: BTreeSet::new(),
+            },
+        })
+    }
+
+    /// Carries on from a table installed before (a controller taking over from another): its
+    /// failed switches stay failed until they answer a probe.
+    pub fn resume(&mut self, table: Table) {
+        for ((name, _), missed) in self.switches.iter().zip(&mut self.missed) {
+            if table.failed.contains(name) {
+                *missed = (*missed).max(self.failures);
+            }
+        }
+        if table.version > self.table.version {
+            self.table = table;
+        }
+    }
+
+    /// The table installed last.
+    pub fn table(&self) -> &Table {
+        &self.table
+    }
+
+    /// Each switch's name, whether it is taken for alive, and its probes failed in a row.
+    pub fn switches(&self) -> impl Iterator<Item = (&str, bool, u32)> {
+        self.switches
+            .iter()
+            .zip(&self.missed)
+            .map(|((name, _), &m)| (name.as_str(), m < self.failures, m))
+    }
+
+    /// Probes every switch once; the new table to install when the set of dead switches
+    /// changed. Its version is above every version a switch reported holding.
+    pub fn probe(&mut self) -> Option<Table> {
+        let mut version = self.table.version;
+        for ((_, api), missed) in self.switches.iter().zip(&mut self.missed) {
+            match testbed::http_get(*api, "/api/v1/fabric") {
                 Ok((200, body)) => {
-                    missed[i] = 0;
+                    *missed = 0;
                     let held = serde_json::from_str::<Value>(&body)
                         .ok()
                         .and_then(|v| v["registration_version"].as_u64())
                         .unwrap_or(0);
                     version = version.max(held);
                 }
-                _ => missed[i] = missed[i].saturating_add(1),
+                _ => *missed = missed.saturating_add(1),
             }
         }
-        let dead: BTreeSet<String> = switches
-            .iter()
-            .zip(&missed)
-            .filter(|(_, &m)| m >= failures)
-            .map(|(s, _)| s.name.clone())
+        let dead: BTreeSet<String> = self
+            .switches()
+            .filter(|(_, alive, _)| !alive)
+            .map(|(name, _, _)| name.to_string())
             .collect();
-        if dead != failed {
-            version += 1;
-            let names: Vec<&String> = dead.iter().collect();
-            let body = json!({"version": version, "failed": names}).to_string();
-            tracing::info!(version, failed = ?names, "installing a registration table");
-            // Every switch is told, the ones taken for dead too: a switch that is only slow
-            // learns that it was named failed (and forgets its copies).
-            for s in &switches {
-                let api = s.api.expect("filtered");
-                if let Err(e) = call(api, "PUT", "/api/v1/fabric/registration", &body) {
-                    tracing::warn!(switch = %s.name, "registration table not installed: {e:#}");
-                }
+        (dead != self.table.failed).then(|| Table {
+            version: version + 1,
+            failed: dead,
+        })
+    }
+
+    /// Sends `table` to every switch, the ones taken for dead too (a switch that is only slow
+    /// learns that it was named failed, and forgets its copies), and keeps it as the table
+    /// installed. Returns the switches that did not take it.
+    pub fn install(&mut self, table: Table) -> Vec<String> {
+        let body = table.to_json().to_string();
+        tracing::info!(version = table.version, failed = ?table.failed, "installing a registration table");
+        let mut refused = Vec::new();
+        for (name, api) in &self.switches {
+            if let Err(e) = call(*api, "PUT", "/api/v1/fabric/registration", &body) {
+                tracing::warn!(switch = %name, "registration table not installed: {e:#}");
+                refused.push(name.clone());
             }
-            failed = dead;
+        }
+        self.table = table;
+        refused
+    }
+}
+
+/// `kvswitch fabric watch`: a [`Keeper`] probing every `every` until `stop`.
+pub fn watch(
+    cfg: &FabricConfig,
+    every: std::time::Duration,
+    failures: u32,
+    stop: &dyn Fn() -> bool,
+) -> anyhow::Result<()> {
+    let mut keeper = Keeper::new(cfg, failures)?;
+    while !stop() {
+        if let Some(table) = keeper.probe() {
+            keeper.install(table);
         }
         std::thread::sleep(every);
     }

@@ -46,7 +46,8 @@ enum Cmd {
     /// counters, packets, the pool, the cache.
     Ctl(kvswitch::ctl::CtlArgs),
     /// Run a fleet of switches as one: probe the pool's servers, take a dead one out of every
-    /// switch's pool and put it back when it answers, add and remove servers.
+    /// switch's pool and put it back when it answers, add and remove servers; keep a caching
+    /// fabric's registration table.
     Controller(kvswitch::controller::ControllerArgs),
     /// A coherent caching fabric of several kvswitches (IncBricks): run one of its switches,
     /// show them all, install a registration table, inject faults.

@@ -14,11 +14,11 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::fleet::{controller_toml, proxies, servers, until_pools};
+use common::fleet::{controller_toml, etcd, proxies, servers, until_pools};
 use common::proxy::{free_port, Memcached, PoolOpts};
 use kvswitch::ctl::Client;
 use serde_json::{json, Value};
-use testbed::local::{self, Proc, TempDir};
+use testbed::local::{Proc, TempDir};
 
 /// The controllers' roles, by index, once exactly one leads (within `limit`).
 fn one_leader(controllers: &[Option<Client>], limit: Duration) -> usize {
@@ -48,50 +48,6 @@ fn one_leader(controllers: &[Option<Client>], limit: Duration) -> usize {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// etcd on free loopback ports, its data in `dir`; waits until it answers.
-fn etcd(dir: &TempDir) -> (Proc, SocketAddr) {
-    let bin = local::require("etcd").expect("etcd is installed (scripts/setup.sh)");
-    let client = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let peer = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let proc = Proc::spawn_logged(
-        "etcd",
-        Command::new(bin)
-            .arg("--name")
-            .arg("kvswitch-test")
-            .arg("--data-dir")
-            .arg(dir.path().join("etcd"))
-            .arg("--listen-client-urls")
-            .arg(format!("http://{client}"))
-            .arg("--advertise-client-urls")
-            .arg(format!("http://{client}"))
-            .arg("--listen-peer-urls")
-            .arg(format!("http://{peer}"))
-            .arg("--initial-advertise-peer-urls")
-            .arg(format!("http://{peer}"))
-            .arg("--initial-cluster")
-            .arg(format!("kvswitch-test=http://{peer}")),
-        &dir.path().join("etcd.log"),
-    )
-    .expect("etcd starts");
-    let api = Client {
-        api: client,
-        token: None,
-    };
-    let started = Instant::now();
-    while api
-        .call("POST", "/v3/kv/range", Some(&json!({"key": "eA=="})))
-        .is_err()
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "etcd did not answer: {}",
-            std::fs::read_to_string(dir.path().join("etcd.log")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    (proc, client)
 }
 
 #[test]

@@ -483,31 +483,54 @@ fn fabric_survives_a_root_killed_mid_run_and_caches_again_with_a_new_table() {
     };
     let clock = Clock::start();
     let killed_at = std::sync::OnceLock::new();
-    // The fabric's table keeper, as an operator would run it.
+    // The fabric's table kept by two controllers sharing etcd: one leads, one stands by.
     let cfg = live.state.fabric.as_ref().unwrap().config.clone();
-    let log = std::env::temp_dir().join(format!("kfc-watch-{}.log", std::process::id()));
-    let watcher = testbed::local::Proc::spawn_logged(
-        "kvswitch fabric watch",
-        std::process::Command::new(env!("CARGO_BIN_EXE_kvswitch"))
-            .args([
-                "fabric",
-                "watch",
-                "--every-ms",
-                "100",
-                "--failures",
-                "3",
-                "--config",
-            ])
-            .arg(&cfg),
-        &log,
-    )
-    .unwrap();
+    let dir = testbed::local::TempDir::new("kfc-controllers").unwrap();
+    let (etcd_proc, etcd_addr) = common::fleet::etcd(&dir);
+    let mut controllers: Vec<(Option<testbed::local::Proc>, SocketAddr)> = (0..2)
+        .map(|i| {
+            let api = SocketAddr::from(([127, 0, 0, 1], common::proxy::free_port()));
+            let file = dir.path().join(format!("controller{i}.toml"));
+            let text = format!(
+                "[controller]\napi = \"{api}\"\nprobe_interval_ms = 100\ndown_after = 3\n\
+                 fabric = \"{}\"\n",
+                cfg.display()
+            );
+            std::fs::write(&file, text).unwrap();
+            let proc = testbed::local::Proc::spawn_logged(
+                "kvswitch controller",
+                std::process::Command::new(env!("CARGO_BIN_EXE_kvswitch"))
+                    .args(["controller", "--config"])
+                    .arg(&file)
+                    .arg("--store")
+                    .arg(format!("etcd://{etcd_addr}")),
+                &dir.path().join(format!("controller{i}.log")),
+            )
+            .unwrap();
+            (Some(proc), api)
+        })
+        .collect();
+    let fleet = |api: SocketAddr| -> Option<Value> {
+        let (code, body) = testbed::http_get(api, "/api/v1/status").ok()?;
+        (code == 200).then(|| serde_json::from_str(&body).ok())?
+    };
+    let leader = |controllers: &[(Option<testbed::local::Proc>, SocketAddr)]| -> Option<usize> {
+        controllers
+            .iter()
+            .position(|(p, api)| p.is_some() && fleet(*api).is_some_and(|v| v["role"] == "leader"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while leader(&controllers).is_none() {
+        assert!(Instant::now() < deadline, "no controller leads within 20 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let recorded = std::thread::scope(|scope| {
         let run = scope.spawn(|| history_load::run(&clients, &load, clock).expect("load"));
         std::thread::sleep(Duration::from_secs(2));
         live.kill_switch("root0").unwrap();
         let _ = killed_at.set(clock.now());
-        // The keeper notices within a few probes and installs a table without root0.
+        // The leading controller notices within a few probes and installs a table without
+        // root0 (its first, version 1, named every switch alive once they all answered).
         let deadline = Instant::now() + Duration::from_secs(5);
         while n(&status(&live, "tor0"), "/registration_version") < 2 {
             assert!(Instant::now() < deadline, "no new table within 5 s");
@@ -517,8 +540,6 @@ fn fabric_survives_a_root_killed_mid_run_and_caches_again_with_a_new_table() {
         let recorded = run.join().unwrap();
         (recorded, fills)
     });
-    drop(watcher);
-    let _ = std::fs::remove_file(log);
     let (recorded, fills_at_table) = recorded;
     no_stale_reads(&recorded);
     let killed = *killed_at.get().unwrap();
@@ -554,5 +575,48 @@ fn fabric_survives_a_root_killed_mid_run_and_caches_again_with_a_new_table() {
         fills_end > fills_at_table,
         "root1 caches again once the table names it: {fills_at_table} then {fills_end}"
     );
+
+    // The leader dies; the standby takes over from the table stored in etcd: root0 stays
+    // failed, and no table is installed that names it alive, nor any older one.
+    let first = leader(&controllers).expect("a leader");
+    let status_of = |v: &Value| {
+        (
+            v["fabric"]["registration_version"].clone(),
+            v["fabric"]["failed"].clone(),
+        )
+    };
+    let before = fleet(controllers[first].1).expect("the leader answers");
+    assert_eq!(
+        status_of(&before),
+        (Value::from(2), serde_json::json!(["root0"])),
+        "{before}"
+    );
+    assert_eq!(
+        before["fabric"]["switches"].as_array().unwrap().len(),
+        6,
+        "{before}"
+    );
+    drop(controllers[first].0.take());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let second = loop {
+        if let Some(i) = leader(&controllers) {
+            break i;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the standby did not take over within 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_ne!(first, second);
+    // Several probe rounds under the new leader.
+    std::thread::sleep(Duration::from_secs(1));
+    let after = fleet(controllers[second].1).expect("the new leader answers");
+    assert_eq!(status_of(&after), status_of(&before), "{after}");
+    for t in ["tor0", "root1"] {
+        assert_eq!(n(&status(&live, t), "/registration_version"), 2, "{t}");
+    }
+    drop(controllers);
+    drop(etcd_proc);
     live.down().unwrap();
 }

@@ -66,7 +66,7 @@ impl Etcd {
     }
 
     /// The value of `name`, if set.
-    fn get(&self, name: &str) -> anyhow::Result<Option<Vec<u8>>> {
+    pub(super) fn get(&self, name: &str) -> anyhow::Result<Option<Vec<u8>>> {
         let doc = self.post("/v3/kv/range", &json!({ "key": self.key(name) }))?;
         match doc["kvs"][0]["value"].as_str() {
             Some(v) => Ok(Some(
@@ -186,18 +186,21 @@ impl Etcd {
 
     /// Stores the pool's servers; only while leading.
     pub fn store_servers(&self, servers: &[ServerSpec]) -> anyhow::Result<()> {
-        let Some(lease) = &self.lease else {
-            bail!("this controller does not lead");
-        };
         let list: Vec<Value> = servers
             .iter()
             .map(|s| json!({"host": s.host, "addr": s.addr.to_string(), "weight": s.weight, "name": s.name}))
             .collect();
-        let value = serde_json::to_vec(&list)?;
-        // Written only while this controller's leader key stands under its lease.
+        self.put_while_leading("servers", &serde_json::to_vec(&list)?)
+    }
+
+    /// Sets `name` to `value`, only while this controller's leader key stands under its lease.
+    pub(super) fn put_while_leading(&self, name: &str, value: &[u8]) -> anyhow::Result<()> {
+        let Some(lease) = &self.lease else {
+            bail!("this controller does not lead");
+        };
         let txn = json!({
             "compare": [{"key": self.key("leader"), "target": "LEASE", "lease": lease}],
-            "success": [{"request_put": {"key": self.key("servers"), "value": encode(&value)}}],
+            "success": [{"request_put": {"key": self.key(name), "value": encode(value)}}],
             "failure": [],
         });
         let done = self.post("/v3/kv/txn", &txn)?;

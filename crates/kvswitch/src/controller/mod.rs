@@ -55,6 +55,7 @@ pub struct ControllerArgs {
 
 mod cache_nodes;
 pub mod etcd;
+mod fabric;
 pub mod routes;
 
 /// How often a standby tries to lead, and a leader renews its lease.
@@ -203,6 +204,8 @@ struct Fleet {
     warm_until: HashMap<String, Instant>,
     /// The SwitchKV cache nodes the switches' steering entries lead to, by address.
     cache_nodes: BTreeMap<std::net::Ipv4Addr, cache_nodes::CacheNode>,
+    /// The caching fabric whose registration table this controller keeps, if any.
+    fabric: Option<fabric::FabricStatus>,
 }
 
 /// What the threads share.
@@ -507,6 +510,16 @@ pub fn start(
     store: Option<etcd::Etcd>,
 ) -> anyhow::Result<Running> {
     let servers = file.pool.servers.clone();
+    let keeper = match &file.fabric {
+        Some(path) => {
+            let cfg = config::fabric::FabricConfig::load(path)?;
+            Some((
+                crate::fabric::Keeper::new(&cfg, file.down_after)?,
+                path.display().to_string(),
+            ))
+        }
+        None => None,
+    };
     let fleet = Fleet {
         health: vec![Health::default(); servers.len()],
         spare_health: vec![Health::default(); file.failover.len()],
@@ -523,6 +536,10 @@ pub fn start(
         led_since: None,
         warm_until: HashMap::new(),
         cache_nodes: BTreeMap::new(),
+        fabric: keeper.as_ref().map(|(_, file)| fabric::FabricStatus {
+            file: file.clone(),
+            ..Default::default()
+        }),
     };
     let me = listener.local_addr()?.to_string();
     let elects = store.is_some();
@@ -561,6 +578,14 @@ pub fn start(
             .spawn(move || cache_nodes::watch(&shared))?
     };
     threads.push(watch);
+    if let Some((keeper, _)) = keeper {
+        let shared = shared.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("fabric".into())
+                .spawn(move || fabric::keep(&shared, keeper))?,
+        );
+    }
     // One syncer per switch: a switch out of reach holds up only its own.
     let switches = shared.fleet().file.switches.len();
     for i in 0..switches {
@@ -1158,6 +1183,7 @@ fn status_doc(shared: &Shared) -> Value {
         "switches": switches,
         "cache_nodes": cache_nodes::status(&f.cache_nodes),
         "routes": routes::status(&shared.routes),
+        "fabric": fabric::status(&f.fabric),
     })
 }
 
@@ -1254,6 +1280,7 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     }
     cache_nodes::metrics(&f.cache_nodes, &mut out);
     routes::metrics(&shared.routes, &mut out);
+    fabric::metrics(&f.fabric, &mut out);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 

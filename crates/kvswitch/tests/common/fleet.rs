@@ -2,9 +2,12 @@
 //! front of memcached servers, the controller's file for them, and questions to their pools.
 
 use std::net::SocketAddr;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use kvswitch::ctl::Client;
+use serde_json::json;
+use testbed::local::{self, Proc, TempDir};
 
 use super::proxy::{free_port, Front, Memcached, PoolOpts, Proxy};
 
@@ -124,4 +127,48 @@ pub fn testbed_controller(
         std::thread::sleep(Duration::from_millis(50));
     }
     (running, ctl)
+}
+
+/// etcd on free loopback ports, its data in `dir`; waits until it answers.
+pub fn etcd(dir: &TempDir) -> (Proc, SocketAddr) {
+    let bin = local::require("etcd").expect("etcd is installed (scripts/setup.sh)");
+    let client = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let peer = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let proc = Proc::spawn_logged(
+        "etcd",
+        Command::new(bin)
+            .arg("--name")
+            .arg("kvswitch-test")
+            .arg("--data-dir")
+            .arg(dir.path().join("etcd"))
+            .arg("--listen-client-urls")
+            .arg(format!("http://{client}"))
+            .arg("--advertise-client-urls")
+            .arg(format!("http://{client}"))
+            .arg("--listen-peer-urls")
+            .arg(format!("http://{peer}"))
+            .arg("--initial-advertise-peer-urls")
+            .arg(format!("http://{peer}"))
+            .arg("--initial-cluster")
+            .arg(format!("kvswitch-test=http://{peer}")),
+        &dir.path().join("etcd.log"),
+    )
+    .expect("etcd starts");
+    let api = Client {
+        api: client,
+        token: None,
+    };
+    let started = Instant::now();
+    while api
+        .call("POST", "/v3/kv/range", Some(&json!({"key": "eA=="})))
+        .is_err()
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "etcd did not answer: {}",
+            std::fs::read_to_string(dir.path().join("etcd.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (proc, client)
 }

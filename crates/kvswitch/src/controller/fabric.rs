@@ -1,0 +1,177 @@
+//! A caching fabric's registration table (`fabric` in the controller's file): the fabric's
+//! switches are probed every probe interval, and a switch whose API fails `down_after` probes
+//! in a row is counted out in a new table installed on every switch (IncBricks 4.4: traffic
+//! then takes non-designated paths uncached until the table names new designated switches);
+//! one that answers again is taken back the same way. With a store, each table is written to
+//! etcd before it is installed, and a controller that takes the lead carries on from the
+//! stored one: its failed switches stay failed until they answer, and versions only grow.
+
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use serde_json::{json, Value};
+
+use super::{Shared, CAMPAIGN_INTERVAL};
+use crate::fabric::{Keeper, Table};
+
+/// What the controller shows of the fabric.
+#[derive(Debug, Clone, Default)]
+pub(super) struct FabricStatus {
+    /// The fabric file.
+    pub file: String,
+    /// The table installed last: version and failed switches.
+    pub version: u64,
+    pub failed: Vec<String>,
+    /// Each switch: name, alive, probes failed in a row.
+    pub switches: Vec<(String, bool, u32)>,
+    /// Tables installed, and switches that refused one.
+    pub tables: u64,
+    pub refusals: u64,
+    pub last_error: Option<String>,
+}
+
+/// Keeps the table while this controller acts; runs until the controller stops.
+pub(super) fn keep(shared: &Shared, mut keeper: Keeper) {
+    // Whether the stored table has been read since this controller last took the lead.
+    let mut resumed = false;
+    while !shared.stop.load(Ordering::Relaxed) {
+        let began = Instant::now();
+        let (acting, interval) = {
+            let f = shared.fleet();
+            (f.acting(), f.file.probe_interval)
+        };
+        if !acting {
+            resumed = false;
+            std::thread::sleep(CAMPAIGN_INTERVAL);
+            continue;
+        }
+        if !resumed {
+            let stored = shared.store().map(|e| e.fabric_table());
+            match stored {
+                Some(Ok(Some(table))) => keeper.resume(table),
+                None | Some(Ok(None)) => {}
+                Some(Err(e)) => {
+                    set_error(shared, format!("reading the stored table: {e:#}"));
+                    std::thread::sleep(CAMPAIGN_INTERVAL);
+                    continue;
+                }
+            }
+            resumed = true;
+        }
+        if let Some(table) = keeper.probe() {
+            // Stored first: a controller that takes over never installs an older version.
+            let stored = match shared.store() {
+                Some(e) => e.store_fabric_table(&table),
+                None => Ok(()),
+            };
+            match stored {
+                Ok(()) if shared.fleet().acting() => {
+                    let refused = keeper.install(table);
+                    let mut f = shared.fleet();
+                    if let Some(s) = &mut f.fabric {
+                        s.tables += 1;
+                        s.refusals += refused.len() as u64;
+                        s.last_error = (!refused.is_empty())
+                            .then(|| format!("not installed on {}", refused.join(", ")));
+                    }
+                }
+                Ok(()) => {}
+                Err(e) => set_error(shared, format!("storing the table: {e:#}")),
+            }
+        }
+        {
+            let mut f = shared.fleet();
+            if let Some(s) = &mut f.fabric {
+                s.version = keeper.table().version;
+                s.failed = keeper.table().failed.iter().cloned().collect();
+                s.switches = keeper
+                    .switches()
+                    .map(|(n, alive, missed)| (n.to_string(), alive, missed))
+                    .collect();
+            }
+        }
+        std::thread::sleep(interval.saturating_sub(began.elapsed()));
+    }
+}
+
+fn set_error(shared: &Shared, error: String) {
+    tracing::warn!("fabric: {error}");
+    if let Some(s) = &mut shared.fleet().fabric {
+        s.last_error = Some(error);
+    }
+}
+
+/// The fabric's part of `/api/v1/fleet`.
+pub(super) fn status(s: &Option<FabricStatus>) -> Value {
+    let Some(s) = s else {
+        return Value::Null;
+    };
+    let switches: Vec<Value> = s
+        .switches
+        .iter()
+        .map(|(name, alive, missed)| json!({"name": name, "up": alive, "missed": missed}))
+        .collect();
+    json!({
+        "file": s.file, "registration_version": s.version, "failed": s.failed,
+        "switches": switches, "tables_installed": s.tables, "refusals": s.refusals,
+        "last_error": s.last_error,
+    })
+}
+
+/// The fabric's metrics.
+pub(super) fn metrics(s: &Option<FabricStatus>, out: &mut String) {
+    let Some(s) = s else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "# HELP kvswitch_controller_fabric_registration_version The registration table's \
+         version installed last.\n# TYPE kvswitch_controller_fabric_registration_version \
+         gauge\nkvswitch_controller_fabric_registration_version {}",
+        s.version
+    );
+    let _ = writeln!(
+        out,
+        "# HELP kvswitch_controller_fabric_tables_total Registration tables installed.\n\
+         # TYPE kvswitch_controller_fabric_tables_total counter\n\
+         kvswitch_controller_fabric_tables_total {}",
+        s.tables
+    );
+    let _ = writeln!(
+        out,
+        "# HELP kvswitch_controller_fabric_switch_up 1 while the fabric switch answers its \
+         probes.\n# TYPE kvswitch_controller_fabric_switch_up gauge"
+    );
+    for (name, alive, _) in &s.switches {
+        let _ = writeln!(
+            out,
+            "kvswitch_controller_fabric_switch_up{{switch=\"{name}\"}} {}",
+            u8::from(*alive)
+        );
+    }
+}
+
+impl Table {
+    /// The table as etcd holds it.
+    fn stored(&self) -> Vec<u8> {
+        self.to_json().to_string().into_bytes()
+    }
+}
+
+impl super::etcd::Etcd {
+    /// The fabric's registration table as stored, if it is.
+    pub fn fabric_table(&self) -> anyhow::Result<Option<Table>> {
+        let Some(bytes) = self.get("fabric")? else {
+            return Ok(None);
+        };
+        let doc: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| anyhow::anyhow!("the stored fabric table is not JSON: {e}"))?;
+        Table::from_json(&doc).map(Some)
+    }
+
+    /// Stores the fabric's registration table; only while leading.
+    pub fn store_fabric_table(&self, table: &Table) -> anyhow::Result<()> {
+        self.put_while_leading("fabric", &table.stored())
+    }
+}
