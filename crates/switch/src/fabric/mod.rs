@@ -25,7 +25,6 @@
 //!
 //! Pure, like [`crate::Switch`]: frames, instants and the table come from the caller.
 
-mod classify;
 mod spec;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -37,10 +36,10 @@ use kv::fabric::{
 use kv::Instant;
 use wire::ethernet::{self, EtherType, Mac};
 use wire::frame::{emit_udp_headers, UdpEnds, PAYLOAD_OFFSET};
+use wire::inc::classify::{cached_number, classify, cond_operand, reply_key, text_safe, Kind};
 use wire::inc::{self, flags, Command, Header, Message};
 use wire::{ipv4, mcudp, udp};
 
-pub use classify::{classify, Kind};
 pub use spec::{FabricServer, FabricSpec, FabricSpecError, Member, PortRole, Rack, Role};
 
 use crate::{Dest, Emit, Fate};
@@ -244,41 +243,6 @@ fn split_item(name: &[u8]) -> Option<((Ipv4Addr, u16), &[u8])> {
     let ip = Ipv4Addr::new(*name.first()?, *name.get(1)?, *name.get(2)?, *name.get(3)?);
     let port = u16::from_be_bytes([*name.get(4)?, *name.get(5)?]);
     Some(((ip, port), name.get(6..)?))
-}
-
-/// Whether a key can be written into a text command as it is (no space or control byte).
-fn text_safe(key: &[u8]) -> bool {
-    !key.is_empty() && key.iter().all(|&b| b > b' ' && b != 0x7f)
-}
-
-/// The number a conditional put stores: the data of its `set`.
-fn cond_operand(body: &[u8]) -> Option<u64> {
-    let request = wire::memcache::parse(body).ok()??;
-    parse_number(request.data()?)
-}
-
-/// The number in a cached reply to `get KEY`; `None` when the value is not one.
-fn cached_number(reply: &[u8]) -> Option<u64> {
-    let line_end = reply.windows(2).position(|w| w == b"\r\n")?;
-    let rest = &reply[line_end + 2..];
-    let data_end = rest.windows(2).position(|w| w == b"\r\n")?;
-    parse_number(&rest[..data_end])
-}
-
-/// A decimal number as memcached's `incr` reads one.
-fn parse_number(text: &[u8]) -> Option<u64> {
-    let text = std::str::from_utf8(text).ok()?.trim_end();
-    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    text.parse().ok()
-}
-
-/// The key a single-datagram reply to `get KEY` carries, when it is a hit.
-fn reply_key(body: &[u8]) -> Option<&[u8]> {
-    let rest = body.strip_prefix(b"VALUE ")?;
-    let end = rest.iter().position(|&b| b == b' ')?;
-    Some(&rest[..end])
 }
 
 impl FabricSwitch {

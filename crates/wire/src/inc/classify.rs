@@ -1,7 +1,8 @@
-//! What the fabric makes of one memcached request datagram to a server it carries.
+//! What the fabric makes of one memcached request datagram to a server it carries, and the
+//! numbers its compute primitives read.
 
-use wire::inc::Command;
-use wire::memcache::{self, cached, Command as Mc, Request, MAX_KEY_LEN};
+use super::Command;
+use crate::memcache::{self, cached, Command as Mc, Request, MAX_KEY_LEN};
 
 /// The fabric's view of a request datagram's bytes (after the memcached frame header).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,6 +104,42 @@ fn write_key(r: &Request<'_>) -> Option<Vec<u8>> {
     let token = r.key()?;
     let mut buf = [0u8; MAX_KEY_LEN];
     r.stored_key(token, &mut buf).ok().map(<[u8]>::to_vec)
+}
+
+/// Whether a key can be written into a text command as it is (no space or control byte).
+pub fn text_safe(key: &[u8]) -> bool {
+    !key.is_empty() && key.iter().all(|&b| b > b' ' && b != 0x7f)
+}
+
+/// The number a conditional put stores: the data of its `set`.
+pub fn cond_operand(body: &[u8]) -> Option<u64> {
+    let request = memcache::parse(body).ok()??;
+    parse_number(request.data()?)
+}
+
+/// The number in a reply to `get KEY` (`VALUE ...` line, data, `END`); `None` when the value
+/// is not one.
+pub fn cached_number(reply: &[u8]) -> Option<u64> {
+    let line_end = reply.windows(2).position(|w| w == b"\r\n")?;
+    let rest = &reply[line_end + 2..];
+    let data_end = rest.windows(2).position(|w| w == b"\r\n")?;
+    parse_number(&rest[..data_end])
+}
+
+/// A decimal number as memcached's `incr` reads one.
+pub fn parse_number(text: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(text).ok()?.trim_end();
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+/// The key a single-datagram reply to `get KEY` carries, when it is a hit.
+pub fn reply_key(body: &[u8]) -> Option<&[u8]> {
+    let rest = body.strip_prefix(b"VALUE ")?;
+    let end = rest.iter().position(|&b| b == b' ')?;
+    Some(&rest[..end])
 }
 
 #[cfg(test)]

@@ -23,6 +23,8 @@
 //! All numbers are big-endian. Pure: [`Message::parse`] never panics and borrows the payload;
 //! [`Message::emit`] writes into a caller's buffer.
 
+pub mod classify;
+
 use std::net::Ipv4Addr;
 
 use crate::Error;
