@@ -166,6 +166,7 @@ impl Client {
                 key_hash: msg::key_hash(key.as_bytes()),
                 flags: 0,
                 origin: 0,
+                via: 0,
                 epoch: 0,
                 client: (Ipv4Addr::UNSPECIFIED, 0),
                 server: (Ipv4Addr::UNSPECIFIED, 0),

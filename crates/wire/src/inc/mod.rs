@@ -10,10 +10,10 @@
 //! the server sent.
 //!
 //! ```text
-//!  0      2            8          12         16    17     18      20      24       28     30
-//!  +------+------------+----------+----------+-----+------+-------+-------+--------+------+
-//!  |req id| magic (6)  | command  | key hash |flags|origin|  rsvd | epoch |clientIP|cport |
-//!  +------+------------+----------+----------+-----+------+-------+-------+--------+------+
+//!  0      2            8          12         16    17     18  19  20      24       28     30
+//!  +------+------------+----------+----------+-----+------+---+---+-------+--------+------+
+//!  |req id| magic (6)  | command  | key hash |flags|origin|via|rsv| epoch |clientIP|cport |
+//!  +------+------------+----------+----------+-----+------+---+---+-------+--------+------+
 //!  30        34     36     40
 //!  +---------+------+------+--------------------------------------------+
 //!  |server IP|sport | rsvd |  memcached datagram (frame header + bytes)  |
@@ -51,8 +51,14 @@ pub mod flags {
     /// A reply that only fills (a key's value as its home knows it after a conditional put
     /// that changed nothing): the client's ToR caches it and sends nothing on.
     pub const FILL_ONLY: u8 = 16;
+    /// [`Header::via`](super::Header::via) names a switch.
+    pub const VIA: u8 = 32;
+    /// On an INVALIDATE_ACK from a ToR to a home node of its rack: the switch `via` is
+    /// counted out (the registration table failed it a lease ago), and every write that
+    /// waits for its acknowledgement goes on.
+    pub const FAILED: u8 = 64;
     /// Every flag kvswitch defines; a message with others is refused.
-    pub const ALL: u8 = EXPANDED | DETOUR | FILL | NATIVE | FILL_ONLY;
+    pub const ALL: u8 = EXPANDED | DETOUR | FILL | NATIVE | FILL_ONLY | VIA | FAILED;
 }
 
 /// What a message asks for.
@@ -147,6 +153,11 @@ pub struct Header {
     pub flags: u8,
     /// The switch id of the client's ToR, where replies and acknowledgements return.
     pub origin: u8,
+    /// With [`flags::VIA`], a switch the message concerns besides its origin, between a ToR
+    /// and a home node of its rack: in a request the ToR passes on, the designated root its
+    /// reply goes by (which may cache it); in an invalidation, the sharer it is for; in an
+    /// acknowledgement, the sharer that sent it. 0 otherwise.
+    pub via: u8,
     /// The key's write epoch at its home: in a reply, the epoch a fill is valid for; in an
     /// invalidation, the epoch of the write that caused it.
     pub epoch: u32,
@@ -204,6 +215,7 @@ impl<'a> Message<'a> {
                 key_hash: be32(buf, 12),
                 flags,
                 origin: buf[17],
+                via: buf[18],
                 epoch: be32(buf, 20),
                 client: (ip(buf, 24), be16(buf, 28)),
                 server: (ip(buf, 30), be16(buf, 34)),
@@ -237,7 +249,8 @@ impl Header {
         out.extend_from_slice(&self.key_hash.to_be_bytes());
         out.push(self.flags);
         out.push(self.origin);
-        out.extend_from_slice(&[0, 0]);
+        out.push(self.via);
+        out.push(0);
         out.extend_from_slice(&self.epoch.to_be_bytes());
         out.extend_from_slice(&self.client.0.octets());
         out.extend_from_slice(&self.client.1.to_be_bytes());
@@ -267,8 +280,9 @@ mod tests {
             request_id: 0xbeef,
             command: Command::Get,
             key_hash: key_hash(b"foo"),
-            flags: flags::EXPANDED | flags::FILL,
+            flags: flags::EXPANDED | flags::FILL | flags::VIA,
             origin: 3,
+            via: 5,
             epoch: 0x0102_0304,
             client: (Ipv4Addr::new(10, 1, 0, 2), 40000),
             server: (Ipv4Addr::new(10, 2, 0, 9), 11211),
