@@ -23,6 +23,8 @@
 //! [[server]]
 //! address = "10.91.0.2"
 //! mac = "02:91:00:00:00:02"          # port defaults to 11211
+//! home = "tor"                       # its ToR keeps its keys' directory; "node": the server
+//!                                    # itself (`kvswitch node --role home`)
 //! ```
 //!
 //! Every error names the file, the key and the problem.
@@ -96,6 +98,8 @@ struct RawServer {
     #[serde(default = "memcached_port")]
     port: u16,
     mac: String,
+    #[serde(default)]
+    home: Option<String>,
 }
 
 fn memcached_port() -> u16 {
@@ -233,10 +237,33 @@ impl FabricConfig {
                     format!("{:?} is not a MAC", s.mac),
                 )
             })?;
+            let home_node = match s.home.as_deref() {
+                None | Some("tor") => false,
+                Some("node") => true,
+                Some(other) => {
+                    return Err(err(
+                        path,
+                        &format!("server[{i}].home"),
+                        format!("{other:?} is not \"tor\" or \"node\""),
+                    ))
+                }
+            };
+            let shared = |o: &RawServer| o.address == s.address && !std::ptr::eq(o, s);
+            if home_node && raw.servers.iter().any(shared) {
+                return Err(err(
+                    path,
+                    &format!("server[{i}].home"),
+                    format!(
+                        "a home node is the only server at its address; {} has several",
+                        s.address
+                    ),
+                ));
+            }
             servers.push(FabricServer {
                 ip: s.address,
                 port: s.port,
                 mac,
+                home_node,
             });
         }
         let ms = |v: Option<u64>| v.map(Duration::from_millis);

@@ -362,8 +362,9 @@ fn clients(live: &testbed::Live, per_host: u32, target: &str) -> Vec<history_loa
 /// acknowledged ones (plus at most those not answered).
 fn increments_are_never_lost(live: &testbed::Live, server: &str, per_client: u32) {
     let target = SocketAddr::from((live.host(server).unwrap().ip, 11211));
+    let first = live.clients()[0].name.clone();
     assert_eq!(
-        call(live, "c0", server, "set counter 0 0 1\r\n0\r\n"),
+        call(live, &first, server, "set counter 0 0 1\r\n0\r\n"),
         "STORED\r\n"
     );
     let results: Vec<(u64, u64)> = std::thread::scope(|scope| {
@@ -398,7 +399,7 @@ fn increments_are_never_lost(live: &testbed::Live, server: &str, per_client: u32
     });
     let acked: u64 = results.iter().map(|r| r.0).sum();
     let unknown: u64 = results.iter().map(|r| r.1).sum();
-    let got = call(live, "c0", server, "get counter\r\n");
+    let got = call(live, &first, server, "get counter\r\n");
     let value: u64 = got.split("\r\n").nth(1).unwrap().parse().unwrap();
     assert!(
         value >= acked && value <= acked + unknown,
@@ -618,5 +619,145 @@ fn fabric_survives_a_root_killed_mid_run_and_caches_again_with_a_new_table() {
     }
     drop(controllers);
     drop(etcd_proc);
+    live.down().unwrap();
+}
+
+/// Counter `name` of the `stats` of the memcached-compatible server on `host`.
+fn server_stat(live: &testbed::Live, host: &str, name: &'static str) -> u64 {
+    let addr = mc(live, host);
+    live.in_host(host, move || {
+        let stats = testbed::memcached_stats(addr)?;
+        testbed::stat_u64(&stats, name, addr)
+    })
+    .unwrap()
+    .unwrap()
+}
+
+#[test]
+fn a_home_node_keeps_its_own_directory_and_every_copy_coherent() {
+    let live = fabric("fabric-home-node.toml", "kfe");
+    // s1 (under tor0) is `kvswitch node --role home`; c2 is under tor1, across root0.
+    let stat = |name| server_stat(&live, "s1", name);
+    assert_eq!(
+        call(&live, "c2", "s1", "set k 3 0 2\r\nv1\r\n"),
+        "STORED\r\n"
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            call(&live, "c2", "s1", "get k\r\n"),
+            "VALUE k 3 2\r\nv1\r\nEND\r\n"
+        );
+    }
+    // The node answered the first read and let tor1 and root0 fill; tor1 answered the rest.
+    assert_eq!(stat("get_hits"), 1);
+    assert_eq!(stat("home_fills"), 1);
+    assert_eq!(n(&status(&live, "tor1"), "/cache/hits"), 2);
+    assert_eq!(n(&status(&live, "root0"), "/cache/items"), 1);
+    let tor0 = status(&live, "tor0");
+    assert_eq!(n(&tor0, "/directory/writes"), 0, "tor0 is no home of s1's");
+    assert!(n(&tor0, "/stats/to_home_node") >= 2, "{tor0}");
+
+    // A write from s1's own rack: the node invalidates tor1 and root0 (through tor0) and
+    // applies the write only after both acknowledged.
+    let invalidations = stat("home_invalidations");
+    assert_eq!(
+        call(&live, "c1", "s1", "set k 3 0 2\r\nv2\r\n"),
+        "STORED\r\n"
+    );
+    assert_eq!(stat("home_invalidations"), invalidations + 2);
+    assert_eq!(stat("home_acks"), 2);
+    assert_eq!(n(&status(&live, "root0"), "/cache/items"), 0);
+    assert_eq!(
+        call(&live, "c2", "s1", "get k\r\n"),
+        "VALUE k 3 2\r\nv2\r\nEND\r\n"
+    );
+
+    // Invalidations dropped at tor1: the node sends them again, and acknowledges the write
+    // only once tor1 took one.
+    let cfg = live.state.fabric.as_ref().unwrap().config.clone();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvswitch"))
+        .args(["fabric", "fault", "--config"])
+        .arg(&cfg)
+        .args(["--switch", "tor1", "--drop-invalidations", "3"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let invalidations = stat("home_invalidations");
+    let started = Instant::now();
+    assert_eq!(call(&live, "c1", "s1", "delete k\r\n"), "DELETED\r\n");
+    assert!(
+        started.elapsed() >= Duration::from_millis(60),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(stat("home_invalidations") >= invalidations + 4);
+    assert_eq!(n(&status(&live, "tor1"), "/stats/invalidations_dropped"), 3);
+    assert_eq!(call(&live, "c2", "s1", "get k\r\n"), "END\r\n");
+
+    // memcached's own increments and the fabric's compute primitives, through the node.
+    assert_eq!(
+        call(&live, "c2", "s1", "set n 0 0 2\r\n10\r\n"),
+        "STORED\r\n"
+    );
+    assert_eq!(call(&live, "c2", "s1", "incr n 5\r\n"), "15\r\n");
+    let s1 = live.host("s1").unwrap().ip.to_string();
+    let inc = |args: &[&str]| {
+        let out = live
+            .exec("c2", env!("CARGO_BIN_EXE_kvswitch"))
+            .args(["inc", "--server", &s1])
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        )
+    };
+    assert_eq!(
+        inc(&["cond-put", "n", "12"]),
+        (Some(1), "not stored".into())
+    );
+    assert_eq!(inc(&["cond-put", "n", "40"]), (Some(0), "stored".into()));
+    assert_eq!(inc(&["incr", "n", "2"]), (Some(0), "42".into()));
+    assert_eq!(
+        call(&live, "c1", "s1", "get n\r\n"),
+        "VALUE n 0 2\r\n42\r\nEND\r\n"
+    );
+
+    // Clients of both racks reading, writing and incrementing the node's keys at once.
+    let clients = clients(&live, 2, "s1");
+    let load = history_load::Load {
+        keys: (0..16).map(|i| format!("h:{i}")).collect(),
+        ops_per_client: 20_000 / clients.len() + 1,
+        duration: Duration::from_secs(60),
+        mix: Mix {
+            get: 60,
+            gets_cas: 5,
+            set: 15,
+            delete: 5,
+            incr: 15,
+        },
+        seed: 15,
+    };
+    let recorded = history_load::run(&clients, &load, Clock::start()).expect("load");
+    no_stale_reads(&recorded);
+    assert!(
+        recorded.bad_replies.is_empty(),
+        "{:?}",
+        recorded.bad_replies.first()
+    );
+    assert!(
+        recorded.ops.len() >= 20_000,
+        "{} operations",
+        recorded.ops.len()
+    );
+    assert!(n(&status(&live, "tor1"), "/cache/hits") > 100);
+    assert_eq!(stat("home_writes_failed"), 0);
+    assert_eq!(stat("home_malformed"), 0);
+    increments_are_never_lost(&live, "s1", 200);
     live.down().unwrap();
 }

@@ -14,6 +14,7 @@
 
 mod binary;
 mod bucket;
+pub mod home;
 mod relay;
 pub mod session;
 mod store;
@@ -70,7 +71,9 @@ pub struct NodeArgs {
     pub memory_limit_mb: Option<u64>,
     /// SwitchKV's roles: `backend` reports its hot keys to its cache node (`--cache-node`)
     /// and tells it of writes to cached keys before answering them; `cache` admits reported
-    /// keys and serves them under their backends' leases. `plain` (the default) does neither.
+    /// keys and serves them under their backends' leases. The caching fabric's `home` keeps
+    /// the fabric's directory for its own keys (a server marked `home = "node"` in the fabric
+    /// file), on UDP port 11311 of its --listen address. `plain` (the default) does none.
     #[arg(long, value_enum, default_value = "plain")]
     pub role: Role,
     /// The port of this node's SwitchKV control connections, on its own address (a backend
@@ -80,7 +83,8 @@ pub struct NodeArgs {
     /// A backend's cache node: its address and control port.
     #[arg(long)]
     pub cache_node: Option<SocketAddr>,
-    /// How long a backend's grant lets its cache node serve a key without hearing of writes.
+    /// How long a backend's grant lets its cache node serve a key without hearing of writes;
+    /// for a fabric home, the caches' lease (the fabric file's `lease_ms`).
     #[arg(long, default_value_t = 2000)]
     pub lease_ms: u64,
     /// A cache node's upstream: where a read it cannot answer goes (the switch's VIP and
@@ -141,6 +145,7 @@ pub enum Role {
     Plain,
     Backend,
     Cache,
+    Home,
 }
 
 impl Default for NodeArgs {
@@ -264,7 +269,7 @@ impl Node {
         let lease = std::time::Duration::from_millis(args.lease_ms.max(1));
         let (mut backend, mut cache, mut role_threads) = (None, None, Vec::new());
         let hooks: Option<Arc<dyn Hooks>> = match args.role {
-            Role::Plain => None,
+            Role::Plain | Role::Home => None,
             Role::Backend => {
                 let Some(to) = args.cache_node else {
                     bail!("--role backend needs --cache-node ADDRESS:PORT");
@@ -337,6 +342,17 @@ impl Node {
             cache,
         };
         let mut listen = args.listen;
+        if args.role == Role::Home {
+            let addr = SocketAddr::new(args.listen.ip(), wire::inc::PORT);
+            let socket = UdpSocket::bind(addr)
+                .with_context(|| format!("--role home: failed to bind udp {addr}"))?;
+            let cfg = home::HomeConfig {
+                lease: std::time::Duration::from_millis(args.lease_ms.max(1)),
+                ..Default::default()
+            };
+            node.threads
+                .push(home::spawn(socket, node.shared.clone(), cfg)?);
+        }
         if !args.no_tcp {
             let listener = TcpListener::bind(listen)
                 .with_context(|| format!("failed to listen on tcp {listen}"))?;

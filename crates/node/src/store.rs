@@ -127,6 +127,17 @@ pub struct Counters {
     pub bounced: AtomicU64,
     /// Reads it could not send back that way, taken to the backend over TCP instead.
     pub bounce_failed: AtomicU64,
+    /// A fabric home's requests from its ToR.
+    pub home_requests: AtomicU64,
+    /// Read replies it let fill the caches on their way.
+    pub home_fills: AtomicU64,
+    /// Invalidations it sent (retransmissions included), and acknowledgements received.
+    pub home_invalidations: AtomicU64,
+    pub home_acks: AtomicU64,
+    /// Writes failed unapplied (invalidations not acknowledged in time, or too many waiting).
+    pub home_writes_failed: AtomicU64,
+    /// Messages it could not read or that did not match their request.
+    pub home_malformed: AtomicU64,
 }
 
 /// Adds one to a counter.

@@ -246,7 +246,7 @@ pub(crate) fn stats(store: &Store, out: &mut Vec<u8>) {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let rows: [(&str, String); 35] = [
+    let rows: [(&str, String); 41] = [
         ("pid", std::process::id().to_string()),
         ("uptime", store.uptime().to_string()),
         ("time", now.to_string()),
@@ -282,6 +282,18 @@ pub(crate) fn stats(store: &Store, out: &mut Vec<u8>) {
         ("relay_stray", read(&c.relay_stray).to_string()),
         ("bounced", read(&c.bounced).to_string()),
         ("bounce_failed", read(&c.bounce_failed).to_string()),
+        ("home_requests", read(&c.home_requests).to_string()),
+        ("home_fills", read(&c.home_fills).to_string()),
+        (
+            "home_invalidations",
+            read(&c.home_invalidations).to_string(),
+        ),
+        ("home_acks", read(&c.home_acks).to_string()),
+        (
+            "home_writes_failed",
+            read(&c.home_writes_failed).to_string(),
+        ),
+        ("home_malformed", read(&c.home_malformed).to_string()),
     ];
     for (name, value) in rows {
         out.extend_from_slice(format!("STAT {name} {value}\r\n").as_bytes());

@@ -72,7 +72,7 @@ pub(crate) const MAX_MESSAGE: usize = u16::MAX as usize * mcudp::MAX_PAYLOAD;
 /// Each request takes a token from the bucket; once one finds it empty, it and the rest of the
 /// datagram's requests are dropped and counted. A reply that would not fit in one message
 /// ([`MAX_MESSAGE`]) is replaced with memcached's out-of-memory error and ends the datagram.
-fn execute(shared: &Shared, payload: &[u8], out: &mut Vec<u8>) {
+pub(crate) fn execute(shared: &Shared, payload: &[u8], out: &mut Vec<u8>) {
     let mut refused = false;
     let mut admit = |_: &mut Vec<u8>| {
         if refused {

@@ -152,6 +152,7 @@ impl Net {
                 ip: h.ip,
                 port: MC_PORT,
                 mac: h.mac,
+                home_node: false,
             })
             .collect();
         let root_ids: Vec<SwitchId> = (tors..n).map(|i| i as SwitchId).collect();

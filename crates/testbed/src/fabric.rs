@@ -166,12 +166,19 @@ pub(crate) fn fabric_file(state: &State, topo: &Topology) -> String {
         }
         out.push_str("]\n");
     }
-    for h in state.hosts.iter().filter(|h| h.role == Role::Server) {
+    let layout = topo.fabric.as_ref().expect("a fabric");
+    for (i, h) in state.hosts.iter().enumerate() {
+        if h.role != Role::Server {
+            continue;
+        }
         let _ = writeln!(
             out,
             "\n[[server]]\naddress = \"{}\"\nport = {MEMCACHED_PORT}\nmac = \"{}\"",
             h.ip, h.mac
         );
+        if layout.home_node[i] {
+            out.push_str("home = \"node\"\n");
+        }
     }
     out
 }
@@ -233,14 +240,30 @@ pub(crate) fn build(state: &mut State, topo: &Topology, opts: &UpOptions) -> any
             }
         }
     }
+    let layout = topo.fabric.as_ref().expect("a fabric");
     let mut servers = Vec::new();
     for (i, host) in topo.hosts.iter().enumerate() {
-        if host.role == Role::Server {
-            servers.push((i, start_memcached(state, i, &host.memcached_args)?));
+        if host.role != Role::Server {
+            continue;
+        }
+        if layout.home_node[i] {
+            let bin = opts.kvswitch_bin.as_ref().with_context(|| {
+                format!(
+                    "host {:?} is its own home: kvswitch node needs the kvswitch binary",
+                    host.name
+                )
+            })?;
+            servers.push((i, start_home_node(state, i, bin)?, "kvswitch node"));
+        } else {
+            servers.push((
+                i,
+                start_memcached(state, i, &host.memcached_args)?,
+                "memcached",
+            ));
         }
     }
-    for (i, child) in servers {
-        answers_version(state, i, child, DAEMON_READY, "memcached")?;
+    for (i, child, what) in servers {
+        answers_version(state, i, child, DAEMON_READY, what)?;
     }
     let text = fabric_file(state, topo);
     write_file(state, &state.config_path.clone(), &text)?;
@@ -251,6 +274,32 @@ pub(crate) fn build(state: &mut State, topo: &Topology, opts: &UpOptions) -> any
     }
     state.complete = true;
     state.save()
+}
+
+/// Starts `kvswitch node --role home` on server host `i`: memcached to its clients, and the
+/// fabric's home of its own keys.
+fn start_home_node(
+    state: &mut State,
+    i: usize,
+    bin: &std::path::Path,
+) -> anyhow::Result<std::process::Child> {
+    let h = state.hosts[i].clone();
+    let argv = vec![
+        bin.display().to_string(),
+        "node".to_string(),
+        "--listen".to_string(),
+        format!("{}:{MEMCACHED_PORT}", h.ip),
+        "--role".to_string(),
+        "home".to_string(),
+    ];
+    let log = state.work_dir.join(format!("node-{}.log", h.name));
+    record_file(state, &log)?;
+    state.hosts[i].log = Some(log.clone());
+    let child = crate::process::spawn(Some(&h.netns), &argv, &log)?;
+    record_proc(state, &child, "kvswitch node", Some(&h.netns), argv)?;
+    state.hosts[i].pids.push(child.id());
+    state.save()?;
+    Ok(child)
 }
 
 /// Starts switch `j` of the fabric and waits for its API.

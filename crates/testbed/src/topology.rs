@@ -232,6 +232,9 @@ pub struct FabricLayout {
     pub switches: Vec<SwitchDef>,
     /// Per host (in `hosts` order), the name of its ToR.
     pub host_switch: Vec<String>,
+    /// Per host (in `hosts` order), whether it is a server that is its own fabric home
+    /// (`home = "node"`: `kvswitch node --role home` in place of memcached).
+    pub home_node: Vec<bool>,
 }
 
 /// Most ToRs of a fabric: each rack is a /27 of the testbed's /24, the last one the switches'.
@@ -273,6 +276,8 @@ struct RawHost {
     memcached_args: Option<Vec<String>>,
     /// In a fabric, the ToR the host hangs off.
     switch: Option<String>,
+    /// In a fabric, a server's home: "tor" (its ToR, the default) or "node" (itself).
+    home: Option<String>,
 }
 
 const DEFAULT_SUBNET: &str = "10.77.0.0/24";
@@ -312,10 +317,11 @@ impl Topology {
     }
 
     /// A topology shipped in the repository's `topologies/` folder, by file stem:
-    /// `fabric-two-level` or `fabric-multi-root`.
+    /// `fabric-two-level`, `fabric-multi-root` or `fabric-home-node`.
     pub fn shipped(name: &str) -> Option<Topology> {
         let text = match name {
             "fabric-two-level" => include_str!("../../../topologies/fabric-two-level.toml"),
+            "fabric-home-node" => include_str!("../../../topologies/fabric-home-node.toml"),
             "fabric-multi-root" => include_str!("../../../topologies/fabric-multi-root.toml"),
             _ => return None,
         };
@@ -384,6 +390,7 @@ impl Topology {
             );
         }
         let host_switch: Vec<Option<String>> = raw.hosts.iter().map(|h| h.switch.clone()).collect();
+        let host_home: Vec<Option<String>> = raw.hosts.iter().map(|h| h.home.clone()).collect();
         let mut hosts: Vec<Host> = Vec::with_capacity(raw.hosts.len());
         for (i, h) in raw.hosts.into_iter().enumerate() {
             let host = validate_host(i, h)?;
@@ -414,7 +421,7 @@ impl Topology {
             bail!("vip: {vip} is also the address of host {:?}", hosts[i].name);
         }
 
-        let fabric = validate_fabric(raw.switches, &hosts, host_switch, subnet, mode)?;
+        let fabric = validate_fabric(raw.switches, &hosts, host_switch, host_home, subnet, mode)?;
         Ok(Topology {
             name,
             subnet,
@@ -514,6 +521,7 @@ fn validate_fabric(
     raw: Vec<RawSwitch>,
     hosts: &[Host],
     host_switch: Vec<Option<String>>,
+    host_home: Vec<Option<String>>,
     subnet: Subnet,
     mode: Mode,
 ) -> anyhow::Result<Option<FabricLayout>> {
@@ -521,7 +529,19 @@ fn validate_fabric(
         if let Some(i) = host_switch.iter().position(Option::is_some) {
             bail!("hosts[{i}].switch: only a fabric (with [[switches]]) has switches");
         }
+        if let Some(i) = host_home.iter().position(Option::is_some) {
+            bail!("hosts[{i}].home: only a fabric (with [[switches]]) has homes");
+        }
         return Ok(None);
+    }
+    let mut home_node = Vec::with_capacity(hosts.len());
+    for (i, home) in host_home.iter().enumerate() {
+        home_node.push(match home.as_deref() {
+            None | Some("tor") => false,
+            Some("node") if hosts[i].role == Role::Server => true,
+            Some("node") => bail!("hosts[{i}].home: only a server is a home"),
+            Some(other) => bail!("hosts[{i}].home: {other:?} is not \"tor\" or \"node\""),
+        });
     }
     if subnet.len != 24 {
         bail!("subnet: a fabric needs a /24 (a /27 per rack), not {subnet}");
@@ -606,6 +626,7 @@ fn validate_fabric(
     Ok(Some(FabricLayout {
         switches,
         host_switch: host_switch_names,
+        home_node,
     }))
 }
 
@@ -664,6 +685,10 @@ mod tests {
             .fabric
             .is_some());
         assert!(Topology::shipped("nothing").is_none());
+        let home = Topology::shipped("fabric-home-node").unwrap();
+        let homes = &home.fabric.as_ref().unwrap().home_node;
+        let s1 = home.hosts.iter().position(|h| h.name == "s1").unwrap();
+        assert!(homes[s1] && homes.iter().filter(|&&h| h).count() == 1);
         let base = include_str!("../../../topologies/fabric-two-level.toml");
         for (text, needle) in [
             (
@@ -685,6 +710,20 @@ mod tests {
             (
                 base.replace("switch = \"tor1\"\n", "\n"),
                 "every host hangs off a ToR",
+            ),
+            (
+                base.replace(
+                    "role = \"client\"\nswitch = \"tor0\"",
+                    "role = \"client\"\nswitch = \"tor0\"\nhome = \"node\"",
+                ),
+                "only a server",
+            ),
+            (
+                base.replace(
+                    "role = \"server\"\nswitch = \"tor0\"",
+                    "role = \"server\"\nswitch = \"tor0\"\nhome = \"self\"",
+                ),
+                "\"tor\" or \"node\"",
             ),
         ] {
             let e = Topology::parse(&text, "f.toml").unwrap_err().to_string();
@@ -748,7 +787,7 @@ mod tests {
         let prefixes = [
             "kvs", "kvd", "ku2", "ku3", "kp2", "kp3", "kt2", "kt3", "tb1", "tb2", "tb3", "tb4",
             "tb5", "tb6", "kpf", "kpl", "kctl", "kcoh", "kcsw", "kcs2", "krep", "kver", "kskv",
-            "kskw", "kskn", "kvtdn", "kux", "kfa", "kfb", "kfc", "kfd",
+            "kskw", "kskn", "kvtdn", "kux", "kfa", "kfb", "kfc", "kfd", "kfe",
         ];
         let subnets: Vec<Subnet> = prefixes.iter().map(|p| Subnet::for_prefix(p)).collect();
         for (i, s) in subnets.iter().enumerate() {

@@ -64,6 +64,10 @@ pub struct FabricStats {
     pub refused: u64,
     /// Requests a home sent on to its server.
     pub to_server: u64,
+    /// Messages passed to a home node of this rack (requests, acknowledgements), and
+    /// messages from it relayed on (replies, invalidations).
+    pub to_home_node: u64,
+    pub from_home_node: u64,
     /// Replies shrunk back into the client's datagram.
     pub replies_out: u64,
     /// Fabric messages sent, and received for this switch.
@@ -379,6 +383,27 @@ impl FabricSwitch {
             for (_, write) in self.directory.switch_failed(id, now) {
                 self.forward_write(write, now, emit);
             }
+            let nodes: Vec<FabricServer> = self
+                .spec
+                .servers
+                .iter()
+                .filter(|s| self.home_node(s.ip).is_some())
+                .copied()
+                .collect();
+            for node in nodes {
+                let failed = Header {
+                    request_id: 0,
+                    command: Command::InvalidateAck,
+                    key_hash: 0,
+                    flags: flags::VIA | flags::FAILED,
+                    origin: self.me.id,
+                    via: id,
+                    epoch: 0,
+                    client: (Ipv4Addr::UNSPECIFIED, 0),
+                    server: (node.ip, node.port),
+                };
+                self.send_to_node(&node, &failed, &[], emit);
+            }
         }
     }
 
@@ -531,8 +556,13 @@ impl FabricSwitch {
             return;
         };
         self.stats.to_server += 1;
-        // A server not heard from yet is looked for out of every host port.
-        let ports = match self.macs.get(&s.mac) {
+        self.to_host(s.mac, frame, emit);
+    }
+
+    /// Sends `frame` to the host with `mac`; one not heard from yet is looked for out of
+    /// every host port.
+    fn to_host(&self, mac: Mac, frame: Vec<u8>, emit: &mut Vec<Emit>) {
+        let ports = match self.macs.get(&mac) {
             Some(&port) => vec![port],
             None => self.host_ports(),
         };
@@ -542,6 +572,41 @@ impl FabricSwitch {
                 frame: frame.clone(),
             });
         }
+    }
+
+    /// Sends a fabric message to a home node of this rack.
+    fn send_to_node(
+        &mut self,
+        node: &FabricServer,
+        header: &Header,
+        payload: &[u8],
+        emit: &mut Vec<Emit>,
+    ) {
+        let mut message = Vec::with_capacity(inc::HEADER_LEN + payload.len());
+        header.emit(&mut message);
+        message.extend_from_slice(payload);
+        let Some(frame) = udp_frame(
+            self.me.mac,
+            node.mac,
+            (self.me.ip, inc::PORT),
+            (node.ip, inc::PORT),
+            &message,
+        ) else {
+            self.stats.malformed += 1;
+            return;
+        };
+        self.stats.to_home_node += 1;
+        self.to_host(node.mac, frame, emit);
+    }
+
+    /// The home node of this rack at `ip` (a server marked `home_node` under this ToR).
+    fn home_node(&self, ip: Ipv4Addr) -> Option<FabricServer> {
+        self.spec
+            .servers
+            .iter()
+            .find(|s| s.ip == ip && s.home_node)
+            .filter(|s| self.home_of(s.ip) == Some(self.me.id))
+            .copied()
     }
 
     /// A fabric message to `member` in a frame from this switch.
@@ -589,6 +654,15 @@ impl FabricSwitch {
         {
             self.macs.insert(src, in_port);
         }
+        if ethertype == EtherType::ARP && role == PortRole::Host {
+            if let Some(reply) = self.arp_for_me(frame) {
+                emit.push(Emit {
+                    dest: Dest::Port(in_port),
+                    frame: reply,
+                });
+                return Fate::Consumed;
+            }
+        }
         if ethertype != EtherType::IPV4 {
             // Hosts' ARP and other traffic stay within their rack.
             return match role {
@@ -615,9 +689,15 @@ impl FabricSwitch {
             self.hosts.insert(udp.src_ip, (src, in_port));
         }
         if udp.dst_port == inc::PORT && udp.dst_ip == self.me.ip {
-            // Only another switch speaks to a switch.
+            // Only another switch speaks to a switch, and a home node to its ToR.
             if role == PortRole::Host {
-                self.stats.refused_sources += 1;
+                match self.home_node(udp.src_ip).filter(|n| n.mac == src) {
+                    Some(node) if udp.src_port == inc::PORT => {
+                        let payload = udp.payload.to_vec();
+                        self.from_home_node(&node, &payload, now, emit);
+                    }
+                    _ => self.stats.refused_sources += 1,
+                }
                 return Fate::Consumed;
             }
             let (src_ip, payload) = (udp.src_ip, udp.payload.to_vec());
@@ -669,6 +749,24 @@ impl FabricSwitch {
         self.route(in_port, frame, Some(flow), now, emit)
     }
 
+    /// The answer to a host's ARP request for this switch's own address (a home node sends
+    /// its ToR messages).
+    fn arp_for_me(&self, frame: &[u8]) -> Option<Vec<u8>> {
+        let packet = wire::arp::Packet::new_checked(frame.get(ethernet::HEADER_LEN..)?).ok()?;
+        let asked = wire::arp::Repr::parse(&packet).ok()?;
+        if asked.operation != wire::arp::Operation::Request || asked.target_ip != self.me.ip {
+            return None;
+        }
+        let reply = wire::arp::Repr {
+            operation: wire::arp::Operation::Reply,
+            sender_mac: self.me.mac,
+            sender_ip: self.me.ip,
+            target_mac: asked.sender_mac,
+            target_ip: asked.sender_ip,
+        };
+        Some(crate::frame::arp_frame(asked.sender_mac, &reply))
+    }
+
     /// Whether an IPv4 frame from a host port may enter: its source in this ToR's rack and
     /// not a switch's address, its destination not a switch's address.
     fn host_source_ok(&self, frame: &[u8]) -> bool {
@@ -682,7 +780,8 @@ impl FabricSwitch {
         self.me.role == Role::Tor
             && self.rack_of(src).map(|r| r.tor) == Some(self.me.id)
             && self.member_by_ip(src).is_none()
-            && self.member_by_ip(dst).is_none()
+            && (self.member_by_ip(dst).is_none()
+                || (dst == self.me.ip && self.home_node(src).is_some()))
     }
 
     /// Hosts' frames within the rack: by learned MAC, else out of every other host port.
@@ -1010,6 +1109,16 @@ impl FabricSwitch {
                     self.stats.unexpected += 1;
                     return;
                 };
+                if let Some(node) = self.home_node(h.server.0) {
+                    // For the home node, which sent the invalidation by this switch.
+                    let header = Header {
+                        flags: flags::VIA,
+                        via: from.id,
+                        ..h
+                    };
+                    self.send_to_node(&node, &header, msg.payload, emit);
+                    return;
+                }
                 let name = item(h.server, msg.payload);
                 if let Some(write) = self.directory.ack(&name, h.epoch, from.id, now) {
                     self.forward_write(write, now, emit);
@@ -1101,9 +1210,22 @@ impl FabricSwitch {
                 self.answer_from_cache(h.server, h.command, key, mc.request_id, body, now)
             {
                 self.stats.hits += 1;
-                self.reply_to(h, key, &reply, None, now, emit);
+                self.reply_to(h, inc::key_hash(key), &reply, None, now, emit);
                 return;
             }
+        }
+        if let Some(node) = self.home_node(h.server.0) {
+            // The server keeps its own directory: it hears the request as it came, with the
+            // root its reply will go by (a sharer of what it fills).
+            let via = self.via_root(h, now);
+            let header = Header {
+                flags: (h.flags & !(flags::VIA | flags::FAILED))
+                    | if via.is_some() { flags::VIA } else { 0 },
+                via: via.unwrap_or(0),
+                ..*h
+            };
+            self.send_to_node(&node, &header, datagram, emit);
+            return;
         }
         if h.command == Command::Get {
             let stamp = self.directory.read();
@@ -1175,7 +1297,7 @@ impl FabricSwitch {
         mcudp::Header::single(mc.request_id).emit(&mut reply);
         reply.extend_from_slice(format!("SERVER_ERROR {why}\r\n").as_bytes());
         let h = self.write_header(&write);
-        self.reply_to(&h, &write.key, &reply, None, now, emit);
+        self.reply_to(&h, inc::key_hash(&write.key), &reply, None, now, emit);
     }
 
     fn write_header(&self, w: &Write) -> Header {
@@ -1321,7 +1443,7 @@ impl FabricSwitch {
         mcudp::Header::single(mc.request_id).emit(&mut reply);
         reply.extend_from_slice(b"NOT_STORED\r\n");
         let h = self.write_header(&write);
-        self.reply_to(&h, &write.key, &reply, None, now, emit);
+        self.reply_to(&h, inc::key_hash(&write.key), &reply, None, now, emit);
         let name = item(write.server, &write.key);
         if let Some(step) = self.directory.done(&name, now) {
             self.write_step(&name, step, now, emit);
@@ -1342,7 +1464,14 @@ impl FabricSwitch {
                     flags: h.flags | flags::FILL_ONLY,
                     ..h
                 };
-                self.reply_to(&h, &write.key, &datagram, Some(epoch), now, emit);
+                self.reply_to(
+                    &h,
+                    inc::key_hash(&write.key),
+                    &datagram,
+                    Some(epoch),
+                    now,
+                    emit,
+                );
             }
         }
     }
@@ -1412,7 +1541,7 @@ impl FabricSwitch {
                 }
             }
         }
-        self.reply_to(&h, &pending.key, datagram, fill, now, emit);
+        self.reply_to(&h, inc::key_hash(&pending.key), datagram, fill, now, emit);
         true
     }
 
@@ -1444,7 +1573,7 @@ impl FabricSwitch {
     fn reply_to(
         &mut self,
         h: &Header,
-        key: &[u8],
+        key_hash: u32,
         datagram: &[u8],
         fill: Option<u32>,
         now: Instant,
@@ -1459,8 +1588,9 @@ impl FabricSwitch {
         let root = self.via_root(h, now);
         let mut header = Header {
             command: Command::Reply,
-            key_hash: inc::key_hash(key),
+            key_hash,
             flags: flags::EXPANDED | (h.flags & (flags::NATIVE | flags::FILL_ONLY)),
+            via: 0,
             epoch: fill.unwrap_or(0),
             ..*h
         };
@@ -1496,6 +1626,85 @@ impl FabricSwitch {
             self.send(h.origin, h, datagram, now, emit);
         } else if !h.has(flags::FILL_ONLY) {
             self.answer(h, datagram, emit);
+        }
+    }
+
+    /// A message from a home node of this rack: a reply to send on its way (filling this
+    /// switch's copy when its client is in this rack), or an invalidation to pass to a sharer
+    /// (or to carry out here, acknowledged straight back).
+    fn from_home_node(
+        &mut self,
+        node: &FabricServer,
+        payload: &[u8],
+        now: Instant,
+        emit: &mut Vec<Emit>,
+    ) {
+        let Ok(msg) = Message::parse(payload) else {
+            self.stats.malformed += 1;
+            return;
+        };
+        let h = msg.header;
+        if h.server.0 != node.ip {
+            // A home node speaks for its own keys only.
+            self.stats.unexpected += 1;
+            return;
+        }
+        self.stats.from_home_node += 1;
+        match h.command {
+            Command::Reply => {
+                let (Ok((mc, body)), true) = (
+                    mcudp::Header::parse(msg.payload),
+                    self.spec.member(h.origin).is_some(),
+                ) else {
+                    self.stats.malformed += 1;
+                    return;
+                };
+                let fill = h.has(flags::FILL).then_some(h.epoch);
+                if let (Some(epoch), true) = (fill, h.origin == self.me.id) {
+                    if let Some(key) = reply_key(body) {
+                        if mc.total == 1 && inc::key_hash(key) == h.key_hash {
+                            self.cache.fill(&item(h.server, key), body, epoch, now);
+                        }
+                    }
+                }
+                let header = Header {
+                    flags: h.flags & !(flags::VIA | flags::FAILED | flags::FILL),
+                    via: 0,
+                    ..h
+                };
+                self.reply_to(&header, h.key_hash, msg.payload, fill, now, emit);
+            }
+            Command::Invalidate if h.has(flags::VIA) => {
+                let key = msg.payload;
+                if h.via != self.me.id {
+                    let header = Header {
+                        origin: self.me.id,
+                        flags: 0,
+                        via: 0,
+                        ..h
+                    };
+                    self.stats.invalidations_sent += 1;
+                    self.send(h.via, &header, key, now, emit);
+                    return;
+                }
+                self.stats.invalidations_in += 1;
+                if self.drop_invalidations > 0 {
+                    self.drop_invalidations -= 1;
+                    self.stats.invalidations_dropped += 1;
+                    return;
+                }
+                self.cache.invalidate(&item(h.server, key), h.epoch, now);
+                let ack = Header {
+                    command: Command::InvalidateAck,
+                    origin: self.me.id,
+                    flags: flags::VIA,
+                    via: self.me.id,
+                    ..h
+                };
+                self.stats.acks_sent += 1;
+                self.send_to_node(node, &ack, key, emit);
+            }
+            _ => self.stats.unexpected += 1,
         }
     }
 

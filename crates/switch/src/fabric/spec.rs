@@ -72,6 +72,9 @@ pub struct FabricServer {
     pub ip: Ipv4Addr,
     pub port: u16,
     pub mac: Mac,
+    /// The server keeps its own keys' directory (`kvswitch node --role home`): its ToR
+    /// passes it the requests that reach the home, and relays its invalidations and replies.
+    pub home_node: bool,
 }
 
 /// Everything one fabric switch is built from.
