@@ -345,3 +345,260 @@ impl<'a> Home<'a> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+    use std::sync::atomic::AtomicBool;
+
+    use super::*;
+    use crate::store::{read, Store};
+
+    /// A home on loopback, and the socket that plays its ToR.
+    struct Bed {
+        shared: Arc<Shared>,
+        tor: UdpSocket,
+        home: SocketAddr,
+        thread: Option<JoinHandle<()>>,
+    }
+
+    impl Drop for Bed {
+        fn drop(&mut self) {
+            self.shared
+                .stop
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            if let Some(t) = self.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+
+    const SERVER: (Ipv4Addr, u16) = (Ipv4Addr::LOCALHOST, 11211);
+
+    fn bed(cfg: HomeConfig) -> Bed {
+        let shared = Arc::new(Shared {
+            store: Arc::new(Store::new(None)),
+            bucket: None,
+            stop: AtomicBool::new(false),
+            hooks: None,
+        });
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let home = socket.local_addr().unwrap();
+        let thread = spawn(socket, shared.clone(), cfg).unwrap();
+        let tor = UdpSocket::bind("127.0.0.1:0").unwrap();
+        tor.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        Bed {
+            shared,
+            tor,
+            home,
+            thread: Some(thread),
+        }
+    }
+
+    fn header(command: Command, key: &[u8], origin: SwitchId, via: Option<SwitchId>) -> Header {
+        Header {
+            request_id: 9,
+            command,
+            key_hash: inc::key_hash(key),
+            flags: flags::EXPANDED | if via.is_some() { flags::VIA } else { 0 },
+            origin,
+            via: via.unwrap_or(0),
+            epoch: 0,
+            client: (Ipv4Addr::new(10, 0, 0, 2), 40000),
+            server: SERVER,
+        }
+    }
+
+    impl Bed {
+        fn send(&self, h: Header, payload: &[u8]) {
+            let mut out = Vec::new();
+            h.emit(&mut out);
+            out.extend_from_slice(payload);
+            self.tor.send_to(&out, self.home).unwrap();
+        }
+
+        /// A client's request datagram in a message.
+        fn request(&self, h: Header, body: &[u8]) {
+            let mut d = vec![0u8; mcudp::LEN];
+            mcudp::Header::single(7).emit(&mut d);
+            d.extend_from_slice(body);
+            self.send(h, &d);
+        }
+
+        /// The next message from the home: its header and payload.
+        fn next(&self) -> (Header, Vec<u8>) {
+            let mut buf = [0u8; 2048];
+            let (n, _) = self.tor.recv_from(&mut buf).expect("the home answers");
+            let m = Message::parse(&buf[..n]).unwrap();
+            (m.header, m.payload.to_vec())
+        }
+
+        fn reply_body(&self) -> (Header, Vec<u8>) {
+            let (h, p) = self.next();
+            assert_eq!(h.command, Command::Reply);
+            let (mc, body) = mcudp::Header::parse(&p).unwrap();
+            assert_eq!(mc.request_id, 7, "the client's own request id");
+            (h, body.to_vec())
+        }
+    }
+
+    #[test]
+    fn reads_fill_their_sharers_and_writes_wait_for_every_acknowledgement() {
+        let b = bed(HomeConfig::default());
+        b.request(
+            header(Command::Set, b"k", 1, None),
+            b"set k 0 0 2\r\nv1\r\n",
+        );
+        let (_, body) = b.reply_body();
+        assert_eq!(body, b"STORED\r\n");
+
+        // A read from ToR 1 by root 3: a fill, the two of them sharers.
+        b.request(header(Command::Get, b"k", 1, Some(3)), b"get k\r\n");
+        let (h, body) = b.reply_body();
+        assert_eq!(body, b"VALUE k 0 2\r\nv1\r\nEND\r\n");
+        assert!(
+            h.has(flags::FILL) && h.has(flags::VIA) && h.via == 3,
+            "{h:?}"
+        );
+        assert_eq!(
+            (h.origin, h.client),
+            (1, (Ipv4Addr::new(10, 0, 0, 2), 40000))
+        );
+        let fill_epoch = h.epoch;
+
+        // A write: invalidations for both, and nothing applied until both acknowledged.
+        b.request(
+            header(Command::Set, b"k", 2, None),
+            b"set k 0 0 2\r\nv2\r\n",
+        );
+        let mut targets = Vec::new();
+        for _ in 0..2 {
+            let (h, key) = b.next();
+            assert_eq!(
+                (h.command, key.as_slice()),
+                (Command::Invalidate, &b"k"[..])
+            );
+            assert!(h.has(flags::VIA) && h.server == SERVER);
+            assert!(
+                epoch_after(h.epoch, fill_epoch),
+                "{} after {fill_epoch}",
+                h.epoch
+            );
+            targets.push((h.via, h.epoch));
+        }
+        targets.sort();
+        assert_eq!(targets.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 3]);
+        let ack = |via: SwitchId, epoch: u32| Header {
+            command: Command::InvalidateAck,
+            flags: flags::VIA,
+            via,
+            epoch,
+            ..header(Command::InvalidateAck, b"k", 1, None)
+        };
+        b.send(ack(1, targets[0].1), b"k");
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(read(&b.shared.store.counters.cmd_set), 1, "not applied yet");
+        b.send(ack(3, targets[1].1), b"k");
+        // Invalidations sent again while waiting may come first.
+        let body = loop {
+            let (h, p) = b.next();
+            if h.command == Command::Reply {
+                break mcudp::Header::parse(&p).unwrap().1.to_vec();
+            }
+        };
+        assert_eq!(body, b"STORED\r\n");
+        assert_eq!(read(&b.shared.store.counters.cmd_set), 2);
+        assert!(read(&b.shared.store.counters.home_acks) >= 2);
+    }
+
+    fn epoch_after(a: u32, b: u32) -> bool {
+        kv::fabric::epoch_before(b, a)
+    }
+
+    #[test]
+    fn unanswered_invalidations_are_sent_again_and_fail_the_write_or_end_with_a_failed_switch() {
+        let b = bed(HomeConfig {
+            retry: Duration::from_millis(20),
+            give_up: Duration::from_millis(300),
+            ..HomeConfig::default()
+        });
+        b.request(header(Command::Get, b"x", 4, None), b"get x\r\n");
+        assert_eq!(b.reply_body().1, b"END\r\n", "a miss fills nothing");
+        b.request(header(Command::Set, b"x", 1, None), b"set x 0 0 1\r\na\r\n");
+        assert_eq!(b.reply_body().1, b"STORED\r\n");
+        b.request(header(Command::Get, b"x", 4, None), b"get x\r\n");
+        assert!(b.reply_body().0.has(flags::FILL));
+
+        // Switch 4 never answers: its invalidation is sent again, and the write fails.
+        b.request(header(Command::Del, b"x", 1, None), b"delete x\r\n");
+        let mut sent = 0;
+        let body = loop {
+            let (h, p) = b.next();
+            match h.command {
+                Command::Invalidate => sent += 1,
+                Command::Reply => break mcudp::Header::parse(&p).unwrap().1.to_vec(),
+                other => panic!("{other:?}"),
+            }
+        };
+        assert!(sent >= 5, "{sent} invalidations");
+        assert!(
+            body.starts_with(b"SERVER_ERROR"),
+            "{:?}",
+            String::from_utf8_lossy(&body)
+        );
+        assert_eq!(read(&b.shared.store.counters.home_writes_failed), 1);
+
+        // Read again (a fill for 4), then 4 is declared failed while a write waits for it:
+        // the write goes on.
+        b.request(header(Command::Get, b"x", 4, None), b"get x\r\n");
+        assert!(b.reply_body().0.has(flags::FILL));
+        b.request(header(Command::Del, b"x", 1, None), b"delete x\r\n");
+        assert_eq!(b.next().0.command, Command::Invalidate);
+        b.send(
+            Header {
+                command: Command::InvalidateAck,
+                flags: flags::VIA | flags::FAILED,
+                via: 4,
+                ..header(Command::InvalidateAck, b"", 1, None)
+            },
+            &[],
+        );
+        let body = loop {
+            let (h, p) = b.next();
+            if h.command == Command::Reply {
+                break mcudp::Header::parse(&p).unwrap().1.to_vec();
+            }
+        };
+        assert_eq!(body, b"DELETED\r\n");
+    }
+
+    #[test]
+    fn conditional_puts_store_only_a_larger_number_and_bad_messages_are_counted() {
+        let b = bed(HomeConfig::default());
+        b.request(
+            header(Command::CondPut, b"n", 1, None),
+            b"set n 0 0 2\r\n10\r\n",
+        );
+        assert_eq!(b.reply_body().1, b"STORED\r\n", "unset: stored");
+        b.request(
+            header(Command::CondPut, b"n", 1, None),
+            b"set n 0 0 1\r\n9\r\n",
+        );
+        assert_eq!(b.reply_body().1, b"NOT_STORED\r\n");
+        b.request(
+            header(Command::CondPut, b"n", 1, None),
+            b"set n 0 0 2\r\n11\r\n",
+        );
+        assert_eq!(b.reply_body().1, b"STORED\r\n");
+        b.request(header(Command::Increment, b"n", 1, None), b"incr n 4\r\n");
+        assert_eq!(b.reply_body().1, b"15\r\n");
+        // A command that does not match its request, and a key hash that does not.
+        b.request(header(Command::Del, b"n", 1, None), b"incr n 4\r\n");
+        assert!(b.reply_body().1.starts_with(b"CLIENT_ERROR"));
+        b.request(header(Command::Get, b"m", 1, None), b"get n\r\n");
+        assert!(b.reply_body().1.starts_with(b"CLIENT_ERROR"));
+        b.tor.send_to(b"not a message at all", b.home).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(read(&b.shared.store.counters.home_malformed), 3);
+    }
+}

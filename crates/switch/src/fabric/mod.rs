@@ -694,7 +694,7 @@ impl FabricSwitch {
                 match self.home_node(udp.src_ip).filter(|n| n.mac == src) {
                     Some(node) if udp.src_port == inc::PORT => {
                         let payload = udp.payload.to_vec();
-                        self.from_home_node(&node, &payload, now, emit);
+                        self.home_node_message(&node, &payload, now, emit);
                     }
                     _ => self.stats.refused_sources += 1,
                 }
@@ -1632,7 +1632,7 @@ impl FabricSwitch {
     /// A message from a home node of this rack: a reply to send on its way (filling this
     /// switch's copy when its client is in this rack), or an invalidation to pass to a sharer
     /// (or to carry out here, acknowledged straight back).
-    fn from_home_node(
+    fn home_node_message(
         &mut self,
         node: &FabricServer,
         payload: &[u8],
