@@ -567,6 +567,7 @@ fn status_json(shared: &Shared, snap: Option<FabricSnapshot>) -> Value {
             "requests_in": st.requests_in, "hits": st.hits, "refused": st.refused,
             "to_server": st.to_server, "replies_out": st.replies_out,
             "to_home_node": st.to_home_node, "from_home_node": st.from_home_node,
+            "computed": st.computed, "computed_kept": st.computed_kept,
             "messages_sent": st.messages_sent, "messages_in": st.messages_in,
             "invalidations_sent": st.invalidations_sent, "invalidations_in": st.invalidations_in,
             "invalidations_dropped": st.invalidations_dropped, "acks_sent": st.acks_sent,

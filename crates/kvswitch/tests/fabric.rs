@@ -728,6 +728,44 @@ fn a_home_node_keeps_its_own_directory_and_every_copy_coherent() {
         "VALUE n 0 2\r\n42\r\nEND\r\n"
     );
 
+    // An increment of a value tor1 holds is computed there as well; tor1 keeps the new value
+    // once the node's result agrees, so the next read is answered at tor1.
+    assert_eq!(
+        call(&live, "c2", "s1", "set m 0 0 3\r\n100\r\n"),
+        "STORED\r\n"
+    );
+    assert_eq!(
+        call(&live, "c2", "s1", "get m\r\n"),
+        "VALUE m 0 3\r\n100\r\nEND\r\n"
+    );
+    let tor1 = status(&live, "tor1");
+    let node_reads = stat("get_hits");
+    assert_eq!(call(&live, "c2", "s1", "decr m 95\r\n"), "5\r\n");
+    assert_eq!(
+        call(&live, "c2", "s1", "get m\r\n"),
+        "VALUE m 0 3\r\n5  \r\nEND\r\n"
+    );
+    assert_eq!(call(&live, "c2", "s1", "incr m 7\r\n"), "12\r\n");
+    assert_eq!(
+        call(&live, "c2", "s1", "get m\r\n"),
+        "VALUE m 0 3\r\n12 \r\nEND\r\n"
+    );
+    let tor1_after = status(&live, "tor1");
+    for p in ["/stats/computed", "/stats/computed_kept"] {
+        assert_eq!(n(&tor1_after, p) - n(&tor1, p), 2, "{p}");
+    }
+    assert_eq!(
+        stat("get_hits"),
+        node_reads,
+        "the reads after each increment stayed at tor1"
+    );
+    // The node holds the very bytes tor1 computed (`gets` is carried to it as it is).
+    let held = call(&live, "c2", "s1", "gets m\r\n");
+    assert!(
+        held.starts_with("VALUE m 0 3 ") && held.ends_with("\r\n12 \r\nEND\r\n"),
+        "{held:?}"
+    );
+
     // Clients of both racks reading, writing and incrementing the node's keys at once.
     let clients = clients(&live, 2, "s1");
     let load = history_load::Load {

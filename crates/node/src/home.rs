@@ -65,6 +65,9 @@ struct Write {
     key: Vec<u8>,
     /// The memcached datagram, frame header included.
     datagram: Vec<u8>,
+    /// An increment a designated switch computed on a copy of a value nothing has changed
+    /// since: its result may fill the sharers on the reply's way (the switch keeps it).
+    fresh: bool,
 }
 
 /// How often the home looks at its clock when nothing arrives.
@@ -189,10 +192,14 @@ impl<'a> Home<'a> {
         };
         match key {
             Some(key) if inc::key_hash(&key) == h.key_hash => {
+                let fresh = h.command == Command::Increment
+                    && h.has(flags::COMPUTED)
+                    && self.directory.unchanged_since(&key, h.epoch);
                 let write = Write {
                     header: h,
                     key: key.clone(),
                     datagram: datagram.to_vec(),
+                    fresh,
                 };
                 let step = self.directory.write(&key, write, self.now());
                 self.step(&key, step);
@@ -277,11 +284,31 @@ impl<'a> Home<'a> {
         } else {
             crate::udp::execute(self.shared, body, &mut out);
         }
+        let now = self.now();
+        let next = self.directory.done(&write.key, now);
+        // A computed increment's result fills the switches on the reply's way: the one that
+        // computed it keeps its new value if the number agrees.
+        let number = out.len() > 2
+            && out.ends_with(b"\r\n")
+            && out[..out.len() - 2].iter().all(u8::is_ascii_digit);
+        let mut fill = None;
+        if write.fresh && number && next.is_none() {
+            let h = write.header;
+            let mut sharers: Vec<SwitchId> = vec![h.origin];
+            if h.has(flags::VIA) && !h.has(flags::DETOUR) && h.via != h.origin {
+                sharers.push(h.via);
+            }
+            let stamp = self.directory.read();
+            fill = self.directory.fill(&write.key, stamp, sharers, now);
+            if fill.is_some() {
+                bump(&self.counters().home_fills);
+            }
+        }
         // A quiet write answers nothing.
         if !out.is_empty() {
-            self.reply(&write.header, mc.request_id, &out, None);
+            self.reply(&write.header, mc.request_id, &out, fill);
         }
-        if let Some(step) = self.directory.done(&write.key, self.now()) {
+        if let Some(step) = next {
             self.step(&write.key, step);
         }
     }
@@ -513,6 +540,65 @@ mod tests {
 
     fn epoch_after(a: u32, b: u32) -> bool {
         kv::fabric::epoch_before(b, a)
+    }
+
+    #[test]
+    fn a_computed_increment_fills_only_when_nothing_changed_the_key_since_the_copy() {
+        let b = bed(HomeConfig::default());
+        b.request(header(Command::Set, b"c", 1, None), b"set c 0 0 1\r\n5\r\n");
+        assert_eq!(b.reply_body().1, b"STORED\r\n");
+        b.request(header(Command::Get, b"c", 2, None), b"get c\r\n");
+        let (h, _) = b.reply_body();
+        assert!(h.has(flags::FILL));
+        let copy = h.epoch;
+        let computed = |epoch: u32| Header {
+            flags: flags::EXPANDED | flags::COMPUTED,
+            epoch,
+            ..header(Command::Increment, b"c", 2, None)
+        };
+        // Switch 2 computed 6 on its copy: the write invalidates it, then fills it again.
+        b.request(computed(copy), b"incr c 1\r\n");
+        let (inv, _) = b.next();
+        assert_eq!((inv.command, inv.via), (Command::Invalidate, 2));
+        b.send(
+            Header {
+                command: Command::InvalidateAck,
+                flags: flags::VIA,
+                via: 2,
+                epoch: inv.epoch,
+                ..header(Command::InvalidateAck, b"c", 1, None)
+            },
+            b"c",
+        );
+        let (h, body) = b.reply_body();
+        assert_eq!(body, b"6\r\n");
+        assert!(h.has(flags::FILL), "{h:?}");
+        let filled = h.epoch;
+
+        // A copy older than a change since: its increment is executed, and fills nothing.
+        b.request(computed(copy), b"incr c 1\r\n");
+        let reply = loop {
+            let (h, p) = b.next();
+            match h.command {
+                Command::Invalidate => b.send(
+                    Header {
+                        command: Command::InvalidateAck,
+                        flags: flags::VIA,
+                        via: h.via,
+                        epoch: h.epoch,
+                        ..header(Command::InvalidateAck, b"c", 1, None)
+                    },
+                    b"c",
+                ),
+                _ => break (h, p),
+            }
+        };
+        assert_eq!(mcudp::Header::parse(&reply.1).unwrap().1, b"7\r\n");
+        assert!(
+            !reply.0.has(flags::FILL),
+            "a stale copy's computation keeps nothing"
+        );
+        assert!(filled != copy);
     }
 
     #[test]

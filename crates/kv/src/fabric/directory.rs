@@ -162,6 +162,15 @@ impl<W> Directory<W> {
         self.keys.get(key).is_some_and(|k| k.open.is_some())
     }
 
+    /// Whether `key` has not changed since `epoch` (a copy filled then still holds its value)
+    /// and no write to it is open or waiting.
+    pub fn unchanged_since(&self, key: &[u8], epoch: u32) -> bool {
+        match self.keys.get(key) {
+            Some(k) => k.open.is_none() && k.queue.is_empty() && !epoch_before(epoch, k.changed),
+            None => !epoch_before(epoch, self.floor),
+        }
+    }
+
     /// Stamps a read the home sends on to the server.
     pub fn read(&self) -> ReadStamp {
         ReadStamp(self.counter)

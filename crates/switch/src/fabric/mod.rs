@@ -36,7 +36,9 @@ use kv::fabric::{
 use kv::Instant;
 use wire::ethernet::{self, EtherType, Mac};
 use wire::frame::{emit_udp_headers, UdpEnds, PAYLOAD_OFFSET};
-use wire::inc::classify::{cached_number, classify, cond_operand, reply_key, text_safe, Kind};
+use wire::inc::classify::{
+    after_delta, cached_number, classify, cond_operand, reply_key, text_delta, text_safe, Kind,
+};
 use wire::inc::{self, flags, Command, Header, Message};
 use wire::{ipv4, mcudp, udp};
 
@@ -68,6 +70,10 @@ pub struct FabricStats {
     /// messages from it relayed on (replies, invalidations).
     pub to_home_node: u64,
     pub from_home_node: u64,
+    /// Increments of a home node's key computed on this switch's copy, and of those, the new
+    /// values kept (the home's result agreed and nothing had changed the key).
+    pub computed: u64,
+    pub computed_kept: u64,
     /// Replies shrunk back into the client's datagram.
     pub replies_out: u64,
     /// Fabric messages sent, and received for this switch.
@@ -148,6 +154,16 @@ struct Pending {
 
 type Flow = (Ipv4Addr, u16, u16);
 
+/// An increment this switch computed on its copy: the item, the new number, and the cached
+/// reply that holds it, kept if the home's reply agrees.
+#[derive(Debug, Clone)]
+struct Computed {
+    name: Vec<u8>,
+    value: u64,
+    reply: Vec<u8>,
+    since: Instant,
+}
+
 /// One switch of a fabric.
 #[derive(Debug)]
 pub struct FabricSwitch {
@@ -164,6 +180,9 @@ pub struct FabricSwitch {
     next_hello: Option<Instant>,
     pending: HashMap<Flow, Pending>,
     pending_order: VecDeque<(Instant, Flow)>,
+    /// Increments computed here, by their client's flow, until their reply passes.
+    computed: HashMap<Flow, Computed>,
+    computed_order: VecDeque<(Instant, Flow)>,
     next_request_id: u16,
     /// Invalidations still to drop on the operator's order.
     drop_invalidations: u64,
@@ -272,6 +291,8 @@ impl FabricSwitch {
             heard,
             next_hello: None,
             pending: HashMap::new(),
+            computed: HashMap::new(),
+            computed_order: VecDeque::new(),
             pending_order: VecDeque::new(),
             next_request_id: 0,
             drop_invalidations: 0,
@@ -949,6 +970,7 @@ impl FabricSwitch {
             self.answer(&header, &reply, emit);
             return true;
         }
+        self.compute_increment(&mut header, &key, mc.request_id, body, now);
         if home == self.me.id {
             self.at_home(&header, &key, quiet, datagram, now, emit);
             return true;
@@ -1185,7 +1207,77 @@ impl FabricSwitch {
                 return;
             }
         }
-        self.send(home, h, datagram, now, emit);
+        let mut h = *h;
+        if !h.has(flags::DETOUR) {
+            self.compute_increment(&mut h, &key, mc.request_id, body, now);
+        }
+        self.send(home, &h, datagram, now, emit);
+    }
+
+    /// An increment of a home node's key that this designated switch holds: computed on the
+    /// copy as the home will compute it, remembered, and the request flagged so that the home
+    /// lets this switch keep the new value if nothing changed the key since the copy's fill.
+    fn compute_increment(
+        &mut self,
+        h: &mut Header,
+        key: &[u8],
+        request_id: u16,
+        body: &[u8],
+        now: Instant,
+    ) {
+        if h.command != Command::Increment
+            || h.has(flags::COMPUTED | flags::DETOUR)
+            || !self
+                .server(h.server.0, h.server.1)
+                .is_some_and(|s| s.home_node)
+            || self.computed.len() >= MAX_PENDING
+        {
+            return;
+        }
+        let Some((k, incr, delta)) = text_delta(body) else {
+            return;
+        };
+        let name = item(h.server, key);
+        if k != key {
+            return;
+        }
+        let Some((value, reply, epoch)) = self.cache.get(&name, now).and_then(|(cached, epoch)| {
+            after_delta(cached, incr, delta).map(|(v, r)| (v, r, epoch))
+        }) else {
+            return;
+        };
+        h.flags |= flags::COMPUTED;
+        h.epoch = epoch;
+        let flow = (h.client.0, h.client.1, request_id);
+        self.stats.computed += 1;
+        self.computed_order.push_back((now, flow));
+        self.computed.insert(
+            flow,
+            Computed {
+                name,
+                value,
+                reply,
+                since: now,
+            },
+        );
+    }
+
+    /// A reply passing the switch that computed its increment: the new value is kept when the
+    /// home marked the reply a fill and its number is the one computed here.
+    fn computed_reply(&mut self, h: &Header, datagram: &[u8], now: Instant) {
+        let Ok((mc, body)) = mcudp::Header::parse(datagram) else {
+            return;
+        };
+        let Some(c) = self
+            .computed
+            .remove(&(h.client.0, h.client.1, mc.request_id))
+        else {
+            return;
+        };
+        if h.has(flags::FILL) && body == format!("{}\r\n", c.value).as_bytes() {
+            self.cache.fill(&c.name, &c.reply, h.epoch, now);
+            self.stats.computed_kept += 1;
+        }
     }
 
     /// A request at its home, from a client of this rack or through the fabric; `quiet` when
@@ -1611,6 +1703,9 @@ impl FabricSwitch {
     /// A reply on its way back: filled here if this is a designated switch it may fill, then
     /// on to the client's ToR, or shrunk to the client.
     fn reply_message(&mut self, h: &Header, datagram: &[u8], now: Instant, emit: &mut Vec<Emit>) {
+        if !self.computed.is_empty() {
+            self.computed_reply(h, datagram, now);
+        }
         if h.has(flags::FILL) {
             if let Ok((mc, body)) = mcudp::Header::parse(datagram) {
                 let detour_ok = h.origin == self.me.id || !h.has(flags::DETOUR);
@@ -1660,6 +1755,9 @@ impl FabricSwitch {
                     return;
                 };
                 let fill = h.has(flags::FILL).then_some(h.epoch);
+                if h.origin == self.me.id && !self.computed.is_empty() {
+                    self.computed_reply(&h, msg.payload, now);
+                }
                 if let (Some(epoch), true) = (fill, h.origin == self.me.id) {
                     if let Some(key) = reply_key(body) {
                         if mc.total == 1 && inc::key_hash(key) == h.key_hash {
@@ -1788,6 +1886,15 @@ impl FabricSwitch {
                 Due::Step { key, step } => self.write_step(&key, step, now, emit),
             }
         }
+        while let Some(&(since, flow)) = self.computed_order.front() {
+            if now < since + self.spec.reply_timeout {
+                break;
+            }
+            self.computed_order.pop_front();
+            if self.computed.get(&flow).is_some_and(|c| c.since == since) {
+                self.computed.remove(&flow);
+            }
+        }
         while let Some(&(since, flow)) = self.pending_order.front() {
             if now < since + self.spec.reply_timeout {
                 break;
@@ -1804,7 +1911,10 @@ impl FabricSwitch {
         let pending = self
             .pending_order
             .front()
-            .map(|&(since, _)| since + self.spec.reply_timeout);
+            .into_iter()
+            .chain(self.computed_order.front())
+            .map(|&(since, _)| since + self.spec.reply_timeout)
+            .min();
         let failing = self.failing.iter().map(|&(_, at)| at).min();
         [self.next_hello, self.directory.poll_at(), pending, failing]
             .into_iter()

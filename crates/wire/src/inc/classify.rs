@@ -135,6 +135,65 @@ pub fn parse_number(text: &[u8]) -> Option<u64> {
     text.parse().ok()
 }
 
+/// A text `incr KEY DELTA` or `decr KEY DELTA` alone, with a reply: its key, whether it
+/// increments, and its delta.
+pub fn text_delta(body: &[u8]) -> Option<(&[u8], bool, u64)> {
+    let request = memcache::parse(body).ok()??;
+    if request.len != body.len() || request.noreply() {
+        return None;
+    }
+    let incr = match request.command {
+        Mc::Incr => true,
+        Mc::Decr => false,
+        _ => return None,
+    };
+    let line = body.strip_suffix(b"\r\n")?;
+    let mut words = line.split(|&b| b == b' ').filter(|w| !w.is_empty());
+    let (_, key, delta) = (words.next()?, words.next()?, words.next()?);
+    if words.next().is_some() || !text_safe(key) {
+        return None;
+    }
+    Some((key, incr, parse_number(delta)?))
+}
+
+/// What a cached `VALUE KEY FLAGS LEN\r\nDATA\r\nEND\r\n` holds after `incr` (or `decr`) by
+/// `delta`, as a home that stores it computes it (memcached's `do_add_delta`): increments
+/// wrap at 2^64, decrements stop at 0, and a result no longer than the old data is padded
+/// with spaces to its length. The new number and the new cached reply; `None` when the
+/// value is not a number.
+pub fn after_delta(cached: &[u8], incr: bool, delta: u64) -> Option<(u64, Vec<u8>)> {
+    let line_end = cached.windows(2).position(|w| w == b"\r\n")?;
+    let line = &cached[..line_end];
+    let rest = &cached[line_end + 2..];
+    let data_end = rest.windows(2).position(|w| w == b"\r\n")?;
+    let old = &rest[..data_end];
+    let current = parse_number(old)?;
+    let value = if incr {
+        current.wrapping_add(delta)
+    } else {
+        current.saturating_sub(delta)
+    };
+    let mut data = value.to_string().into_bytes();
+    if data.len() <= old.len() {
+        data.resize(old.len(), b' ');
+    }
+    // VALUE key flags (no cas: a cached `get` reply).
+    let mut words = line.split(|&b| b == b' ');
+    let (value_word, key, flags) = (words.next()?, words.next()?, words.next()?);
+    if value_word != b"VALUE" {
+        return None;
+    }
+    let mut out = Vec::with_capacity(cached.len() + 8);
+    out.extend_from_slice(b"VALUE ");
+    out.extend_from_slice(key);
+    out.push(b' ');
+    out.extend_from_slice(flags);
+    out.extend_from_slice(format!(" {}\r\n", data.len()).as_bytes());
+    out.extend_from_slice(&data);
+    out.extend_from_slice(b"\r\nEND\r\n");
+    Some((value, out))
+}
+
 /// The key a single-datagram reply to `get KEY` carries, when it is a hit.
 pub fn reply_key(body: &[u8]) -> Option<&[u8]> {
     let rest = body.strip_prefix(b"VALUE ")?;
@@ -186,6 +245,42 @@ mod tests {
             classify(b"mg foo v T30\r\n"),
             Kind::Write(Command::Set, b"foo".to_vec(), false)
         );
+    }
+
+    #[test]
+    fn increments_are_read_and_computed_as_a_storing_home_computes_them() {
+        assert_eq!(text_delta(b"incr n 5\r\n"), Some((&b"n"[..], true, 5)));
+        assert_eq!(text_delta(b"decr n 7\r\n"), Some((&b"n"[..], false, 7)));
+        assert_eq!(text_delta(b"incr n 5 noreply\r\n"), None);
+        assert_eq!(text_delta(b"incr n x\r\n"), None);
+        assert_eq!(text_delta(b"get n\r\n"), None);
+        assert_eq!(text_delta(b"incr n 5\r\nget n\r\n"), None);
+        let cached = b"VALUE n 3 3\r\n100\r\nEND\r\n";
+        assert_eq!(
+            after_delta(cached, true, 5),
+            Some((105, b"VALUE n 3 3\r\n105\r\nEND\r\n".to_vec()))
+        );
+        assert_eq!(
+            after_delta(cached, false, 95),
+            Some((5, b"VALUE n 3 3\r\n5  \r\nEND\r\n".to_vec())),
+            "shorter: padded in place"
+        );
+        assert_eq!(
+            after_delta(cached, false, 500),
+            Some((0, b"VALUE n 3 3\r\n0  \r\nEND\r\n".to_vec()))
+        );
+        assert_eq!(
+            after_delta(cached, true, 900),
+            Some((1000, b"VALUE n 3 4\r\n1000\r\nEND\r\n".to_vec())),
+            "longer: a new length"
+        );
+        let max = format!("VALUE n 0 20\r\n{}\r\nEND\r\n", u64::MAX);
+        assert_eq!(
+            after_delta(max.as_bytes(), true, 2).map(|(v, _)| v),
+            Some(1),
+            "wraps at 2^64"
+        );
+        assert_eq!(after_delta(b"VALUE n 0 1\r\nx\r\nEND\r\n", true, 1), None);
     }
 
     #[test]

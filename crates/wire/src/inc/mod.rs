@@ -57,8 +57,10 @@ pub mod flags {
     /// counted out (the registration table failed it a lease ago), and every write that
     /// waits for its acknowledgement goes on.
     pub const FAILED: u8 = 64;
-    /// Every flag kvswitch defines; a message with others is refused.
-    pub const ALL: u8 = EXPANDED | DETOUR | FILL | NATIVE | FILL_ONLY | VIA | FAILED;
+    /// On an INCREMENT to a home node: a designated switch on the way computed the new value
+    /// on its copy filled at `epoch`, and keeps it if the home's result agrees and nothing
+    /// changed the key since (the home then marks its reply a fill).
+    pub const COMPUTED: u8 = 128;
 }
 
 /// What a message asks for.
@@ -195,7 +197,8 @@ pub fn is_fabric(payload: &[u8]) -> bool {
 
 impl<'a> Message<'a> {
     /// Reads a message from a UDP payload. `Truncated` when shorter than the header,
-    /// `Malformed` when the magic, the command or a flag is not kvswitch's.
+    /// `Malformed` when the magic or the command is not kvswitch's, or a reserved byte is not
+    /// zero (every flag bit is defined).
     pub fn parse(buf: &'a [u8]) -> Result<Message<'a>, Error> {
         if buf.len() < HEADER_LEN {
             return Err(Error::Truncated);
@@ -205,7 +208,7 @@ impl<'a> Message<'a> {
         }
         let command = Command::from_code(be32(buf, 8)).ok_or(Error::Malformed)?;
         let flags = buf[16];
-        if flags & !flags::ALL != 0 {
+        if buf[19] != 0 || buf[36..HEADER_LEN].iter().any(|&b| b != 0) {
             return Err(Error::Malformed);
         }
         Ok(Message {
@@ -332,9 +335,11 @@ mod tests {
         let mut bad = out.clone();
         bad[11] = 99;
         assert_eq!(Message::parse(&bad), Err(Error::Malformed));
-        let mut bad = out.clone();
-        bad[16] = 0x80;
-        assert_eq!(Message::parse(&bad), Err(Error::Malformed));
+        for reserved in [19, 36, 39] {
+            let mut bad = out.clone();
+            bad[reserved] = 1;
+            assert_eq!(Message::parse(&bad), Err(Error::Malformed), "{reserved}");
+        }
         assert!(!is_fabric(b"\x00\x01\x00\x00\x00\x01\x00\x00get foo\r\n"));
     }
 
