@@ -5,8 +5,9 @@
 //!   Figures 7 and 8);
 //! - mean latency against the ToRs' and the roots' cache sizes (Figure 10);
 //! - mean latency against the workload's skew (Figure 11);
-//! - a conditional put done by the client (a get, then a set), at the key's home (the caches
-//!   off), and in the network (Figure 12).
+//! - a conditional put and an increment done by the client (a get, then a set), at the key's
+//!   home (the caches off), and in the network (Figure 12). Increments go to the rack whose
+//!   server is its own home (`kvswitch node --role home`), where switches compute them.
 
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
@@ -24,8 +25,10 @@ pub const NAME: &str = "fabric";
 /// IncBricks' cache sizes: 4,096 items at a ToR, 16,384 at a root.
 const TOR_ITEMS: usize = 4096;
 const ROOT_ITEMS: usize = 16_384;
-/// Keys of the conditional-put experiment.
+/// Keys of the conditional-put and increment experiments.
 const COMPUTE_KEYS: u64 = 1000;
+/// The server of the increment experiment: its own home.
+const HOME_NODE: &str = "s3";
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct Args {
@@ -129,6 +132,8 @@ pub struct SkewPoint {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct ComputePoint {
+    /// "cond-put" or "increment".
+    pub op: &'static str,
     /// "client", "server" or "network".
     pub place: &'static str,
     pub ops_per_s: f64,
@@ -165,6 +170,12 @@ impl Fabric {
             .filter(|h| h.role == testbed::Role::Server)
         {
             h.memcached_args = vec!["-m".into(), "512".into()];
+        }
+        // The increments' server keeps its own directory, so that switches compute them.
+        let home = topo.hosts.iter().position(|h| h.name == HOME_NODE);
+        if let (Some(i), Some(layout)) = (home, topo.fabric.as_mut()) {
+            layout.home_node[i] = true;
+            topo.hosts[i].memcached_args.clear();
         }
         let exe = std::env::current_exe().context("finding kvswitch itself")?;
         let state = std::env::temp_dir().join(format!("{prefix}-fabric-bench.json"));
@@ -350,7 +361,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                 });
             }
         }
-        compute.extend(run_compute(&f, duration, run)?);
+        compute.extend(run_compute(&f, "cond-put", duration, run)?);
+        compute.extend(run_compute(&f, "increment", duration, run)?);
     }
     f.caches(TOR_ITEMS, ROOT_ITEMS)?;
     f.live.down()?;
@@ -385,10 +397,16 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One conditional put in each of three places, from a closed loop of two requesters on each
-/// client host, on random keys of [`COMPUTE_KEYS`] with uniform random operands.
-fn run_compute(f: &Fabric, duration: f64, run: u32) -> anyhow::Result<Vec<ComputePoint>> {
-    let server = f.ip("s1");
+/// One operation (`cond-put` on s1, whose ToR is its home; `increment` on the home node) in
+/// each of three places, from a closed loop of two requesters on each client host, on random
+/// keys of [`COMPUTE_KEYS`] with uniform random operands (increments by 1).
+fn run_compute(
+    f: &Fabric,
+    op: &'static str,
+    duration: f64,
+    run: u32,
+) -> anyhow::Result<Vec<ComputePoint>> {
+    let server = f.ip(if op == "increment" { HOME_NODE } else { "s1" });
     // Every key starts at 0.
     f.live.in_host("c1", move || -> anyhow::Result<()> {
         let mut c = inc::Client::connect(server, Duration::from_secs(1))?;
@@ -405,6 +423,20 @@ fn run_compute(f: &Fabric, duration: f64, run: u32) -> anyhow::Result<Vec<Comput
             f.caches(0, 0)?;
         }
         let hosts: Vec<String> = f.live.clients().iter().map(|h| h.netns.clone()).collect();
+        if op == "increment" && place == "network" {
+            // Increments are computed where a copy is: every client reads every key once.
+            for ns in &hosts {
+                testbed::in_netns(ns, move || -> anyhow::Result<()> {
+                    let sock = UdpSocket::bind("0.0.0.0:0")?;
+                    sock.set_read_timeout(Some(Duration::from_millis(500)))?;
+                    let target = SocketAddr::from((server, 11211));
+                    for k in 0..COMPUTE_KEYS {
+                        plain_call(&sock, target, k as u16, &format!("get cp:{k}\r\n"));
+                    }
+                    Ok(())
+                })??;
+            }
+        }
         let until = Instant::now() + Duration::from_secs_f64(duration);
         let results: Vec<anyhow::Result<(u64, u64, f64)>> = std::thread::scope(|scope| {
             let handles: Vec<_> = hosts
@@ -413,8 +445,10 @@ fn run_compute(f: &Fabric, duration: f64, run: u32) -> anyhow::Result<Vec<Comput
                 .enumerate()
                 .map(|(i, ns)| {
                     scope.spawn(move || {
-                        testbed::in_netns(&ns, move || requester(place, server, until, i as u64))
-                            .and_then(|r| r)
+                        testbed::in_netns(&ns, move || {
+                            requester(op, place, server, until, i as u64)
+                        })
+                        .and_then(|r| r)
                     })
                 })
                 .collect();
@@ -434,6 +468,7 @@ fn run_compute(f: &Fabric, duration: f64, run: u32) -> anyhow::Result<Vec<Comput
             total_us += us;
         }
         let p = ComputePoint {
+            op,
             place,
             ops_per_s: ops as f64 / duration,
             mean_us: if ops > 0 {
@@ -445,8 +480,7 @@ fn run_compute(f: &Fabric, duration: f64, run: u32) -> anyhow::Result<Vec<Comput
             run,
         };
         eprintln!(
-            "  run {}/{} cond-put at the {place:<7}: {:>7.0} ops/s, mean {:>6.0} µs",
-            run + 1,
+            "  run {} {op} at the {place:<7}: {:>7.0} ops/s, mean {:>6.0} µs",
             run + 1,
             p.ops_per_s,
             p.mean_us
@@ -460,6 +494,7 @@ fn run_compute(f: &Fabric, duration: f64, run: u32) -> anyhow::Result<Vec<Comput
 /// One requester's closed loop until `until`: operations done, failed, and their summed
 /// latency in µs.
 fn requester(
+    op: &'static str,
     place: &'static str,
     server: Ipv4Addr,
     until: Instant,
@@ -483,8 +518,8 @@ fn requester(
         let key = format!("cp:{}", next() % COMPUTE_KEYS);
         let operand = next() % 1_000_000;
         let began = Instant::now();
-        let ok = match place {
-            "client" => {
+        let ok = match (op, place) {
+            (_, "client") => {
                 // Fetch, compute, write the result back: two requests, and not atomic.
                 id = id.wrapping_add(1);
                 match plain_call(&plain, target, id, &format!("get {key}\r\n")) {
@@ -492,14 +527,24 @@ fn requester(
                         let value = reply
                             .split("\r\n")
                             .nth(1)
-                            .and_then(|v| v.parse::<u64>().ok());
-                        let v = value.map_or(operand, |v| v.max(operand)).to_string();
+                            .and_then(|v| v.trim_end().parse::<u64>().ok());
+                        let v = match op {
+                            "increment" => value.unwrap_or(0).wrapping_add(1),
+                            _ => value.map_or(operand, |v| v.max(operand)),
+                        }
+                        .to_string();
                         id = id.wrapping_add(1);
                         let set = format!("set {key} 0 0 {}\r\n{v}\r\n", v.len());
                         plain_call(&plain, target, id, &set).is_some()
                     }
                     None => false,
                 }
+            }
+            ("increment", _) => {
+                // memcached's own incr, through the fabric's path.
+                id = id.wrapping_add(1);
+                plain_call(&plain, target, id, &format!("incr {key} 1\r\n"))
+                    .is_some_and(|r| r.as_bytes().first().is_some_and(u8::is_ascii_digit))
             }
             _ => client.cond_put(&key, operand).is_ok(),
         };
@@ -665,11 +710,12 @@ fn skew_chart(skews: &[SkewPoint]) -> LineChart {
     }
 }
 
-/// Per place (client, server, network, as measured): the median rate and mean latency.
-fn compute_medians(compute: &[ComputePoint]) -> Vec<(&'static str, f64, f64)> {
+/// Per operation and place (client, server, network, as measured): the median rate and mean
+/// latency.
+fn compute_medians(compute: &[ComputePoint], op: &str) -> Vec<(&'static str, f64, f64)> {
     medians_by(
         compute,
-        |_| true,
+        |p| p.op == op,
         |p| p.place,
         [|p| p.ops_per_s, |p| p.mean_us],
     )
@@ -679,12 +725,19 @@ fn compute_medians(compute: &[ComputePoint]) -> Vec<(&'static str, f64, f64)> {
 }
 
 fn compute_chart(compute: &[ComputePoint]) -> BarChart {
-    let m = compute_medians(compute);
+    let m: Vec<(String, f64, f64)> = ["cond-put", "increment"]
+        .iter()
+        .flat_map(|op| {
+            compute_medians(compute, op)
+                .into_iter()
+                .map(move |(place, o, l)| (format!("{op}, {place}"), o, l))
+        })
+        .collect();
     BarChart {
-        title: "Conditional put: operations per second and mean latency".into(),
-        x_label: "where it is computed".into(),
+        title: "Conditional put and increment: operations per second and mean latency".into(),
+        x_label: "operation, where it is computed".into(),
         y_label: "ops/s, µs".into(),
-        categories: m.iter().map(|(p, ..)| p.to_string()).collect(),
+        categories: m.iter().map(|(p, ..)| p.clone()).collect(),
         groups: vec![
             (
                 "thousand ops/s".into(),
@@ -777,13 +830,15 @@ fn summary(
     {
         let _ = writeln!(t, "| {th} | {a:.0} | {b:.0} |");
     }
-    let _ = writeln!(t, "\n## Conditional put (Figure 12)\n");
-    let _ = writeln!(t, "| computed at | ops/s | mean µs |");
-    let _ = writeln!(t, "|--|--:|--:|");
-    let m = compute_medians(compute);
-    for (place, o, l) in &m {
-        let _ = writeln!(t, "| {place} | {o:.0} | {} |", fmt(Some(*l), 0));
+    let _ = writeln!(t, "\n## Conditional put and increment (Figure 12)\n");
+    let _ = writeln!(t, "| operation | computed at | ops/s | mean µs |");
+    let _ = writeln!(t, "|--|--|--:|--:|");
+    for op in ["cond-put", "increment"] {
+        for (place, o, l) in compute_medians(compute, op) {
+            let _ = writeln!(t, "| {op} | {place} | {o:.0} | {} |", fmt(Some(l), 0));
+        }
     }
+    let m = compute_medians(compute, "cond-put");
     if let (Some(c), Some(n)) = (m.first(), m.last()) {
         let _ = writeln!(
             t,
@@ -796,6 +851,24 @@ fn summary(
              value it read along the way after a put that changed nothing).",
             times(ratio(Some(n.1), Some(c.1))),
             times(ratio(Some(n.2), Some(c.2)))
+        );
+    }
+    let m = compute_medians(compute, "increment");
+    if let (Some(c), Some(s), Some(n)) = (m.first(), m.get(1), m.last()) {
+        let _ = writeln!(
+            t,
+            "\nIncrements (`incr KEY 1`) of keys of {HOME_NODE}, which runs `kvswitch node --role \
+             home`: in the network against the client {} the throughput at {} the latency, \
+             against the server {} at {}. \"client\": a get, then a set of the value plus one; \
+             \"server\": memcached's incr through the fabric, ordered and executed by the home \
+             node, caches off; \"network\": the same with the caches on, each client having \
+             read every key once, so that the first switch holding a key computes the increment \
+             on its copy and keeps the result when the home's agrees (an increment still waits \
+             for the home: every other copy must go first).",
+            times(ratio(Some(n.1), Some(c.1))),
+            times(ratio(Some(n.2), Some(c.2))),
+            times(ratio(Some(n.1), Some(s.1))),
+            times(ratio(Some(n.2), Some(s.2)))
         );
     }
     t

@@ -490,7 +490,8 @@ fn fabric_short() {
     assert_eq!(json["cache_size"].as_array().unwrap().len(), 4);
     assert_eq!(json["skew"].as_array().unwrap().len(), 4);
     let compute = json["compute"].as_array().unwrap();
-    assert_eq!(compute.len(), 3);
+    // A conditional put and an increment, each at the client, the server and in the network.
+    assert_eq!(compute.len(), 6);
     for p in compute {
         assert!(p["ops_per_s"].as_f64().unwrap() > 0.0, "{p}");
     }
