@@ -298,6 +298,8 @@ pub struct Keeper {
     missed: Vec<u32>,
     /// Probes failed in a row before a switch is dead.
     failures: u32,
+    /// Per switch: whether it answered the last probe holding an older table than `table`.
+    behind: Vec<bool>,
     /// The table installed last (version 0: none yet).
     table: Table,
 }
@@ -316,6 +318,7 @@ impl Keeper {
         );
         Ok(Keeper {
             missed: vec![0; switches.len()],
+            behind: vec![false; switches.len()],
             switches,
             failures: failures.max(1),
             table: Table {
@@ -355,7 +358,13 @@ impl Keeper {
     /// changed. Its version is above every version a switch reported holding.
     pub fn probe(&mut self) -> Option<Table> {
         let mut version = self.table.version;
-        for ((_, api), missed) in self.switches.iter().zip(&mut self.missed) {
+        let probed = self
+            .switches
+            .iter()
+            .zip(&mut self.missed)
+            .zip(&mut self.behind);
+        for (((_, api), missed), behind) in probed {
+            *behind = false;
             match testbed::http_get(*api, "/api/v1/fabric") {
                 Ok((200, body)) => {
                     *missed = 0;
@@ -364,6 +373,7 @@ impl Keeper {
                         .and_then(|v| v["registration_version"].as_u64())
                         .unwrap_or(0);
                     version = version.max(held);
+                    *behind = held < self.table.version;
                 }
                 _ => *missed = missed.saturating_add(1),
             }
@@ -395,6 +405,28 @@ impl Keeper {
         self.table = table;
         refused
     }
+
+    /// Sends the table installed last again to the switches the last probe found holding an
+    /// older one (it did not reach them, or a controller stored it and lost the lead before
+    /// installing it). Returns the switches that did not take it.
+    pub fn catch_up(&mut self) -> Vec<String> {
+        let body = self.table.to_json().to_string();
+        let mut refused = Vec::new();
+        for ((name, api), behind) in self.switches.iter().zip(&mut self.behind) {
+            if !*behind {
+                continue;
+            }
+            tracing::info!(switch = %name, version = self.table.version, "installing the registration table again");
+            match call(*api, "PUT", "/api/v1/fabric/registration", &body) {
+                Ok(_) => *behind = false,
+                Err(e) => {
+                    tracing::warn!(switch = %name, "registration table not installed: {e:#}");
+                    refused.push(name.clone());
+                }
+            }
+        }
+        refused
+    }
 }
 
 /// `kvswitch fabric watch`: a [`Keeper`] probing every `every` until `stop`.
@@ -406,8 +438,13 @@ pub fn watch(
 ) -> anyhow::Result<()> {
     let mut keeper = Keeper::new(cfg, failures)?;
     while !stop() {
-        if let Some(table) = keeper.probe() {
-            keeper.install(table);
+        match keeper.probe() {
+            Some(table) => {
+                keeper.install(table);
+            }
+            None => {
+                keeper.catch_up();
+            }
         }
         std::thread::sleep(every);
     }

@@ -1,7 +1,8 @@
 //! `--role home`: the node keeps the caching fabric's directory for its own keys (IncBricks
 //! 4.3), in place of its ToR, and stays memcached to everything else.
 //!
-//! It speaks only to its ToR, on UDP port [`inc::PORT`] of its own address. The ToR passes it
+//! It speaks only to its ToR (`--tor`; datagrams from anyone else are counted and dropped),
+//! on UDP port [`inc::PORT`] of its own address. The ToR passes it
 //! every fabric request for this server that reaches the home, unshrunk (the client's address,
 //! the client's ToR as `origin`, and in `via` the designated root the reply will go by), and
 //! every acknowledgement of its invalidations (`via`: the sharer that sent it). The node:
@@ -17,7 +18,8 @@
 //!   the writes that waited for it go on.
 //!
 //! The ToR only relays and says which way replies go: the order of writes, the sharer lists
-//! and the epochs are the node's.
+//! and the epochs are the node's. For a lease after it starts the node holds writes and lets
+//! no read fill: copies made before a restart, which it no longer knows of, expire first.
 
 use std::io::ErrorKind;
 use std::net::{SocketAddr, UdpSocket};
@@ -34,9 +36,12 @@ use wire::mcudp;
 use crate::store::bump;
 use crate::Shared;
 
-/// The directory's settings (the same names and defaults as a fabric file's).
+/// The home's settings (the defaults are a fabric file's).
 #[derive(Debug, Clone, Copy)]
 pub struct HomeConfig {
+    /// The ToR's fabric address and port: the only source of messages the home takes, and
+    /// where it sends its own.
+    pub tor: SocketAddr,
     /// Unacknowledged invalidations are sent again this often.
     pub retry: Duration,
     /// A write whose invalidations are not all acknowledged by then fails, unapplied.
@@ -47,9 +52,11 @@ pub struct HomeConfig {
     pub keys: usize,
 }
 
-impl Default for HomeConfig {
-    fn default() -> HomeConfig {
+impl HomeConfig {
+    /// The defaults, with ToR `tor`.
+    pub fn new(tor: SocketAddr) -> HomeConfig {
         HomeConfig {
+            tor,
             retry: Duration::from_millis(20),
             give_up: Duration::from_millis(1000),
             lease: Duration::from_secs(2),
@@ -69,6 +76,9 @@ struct Write {
     /// since: its result may fill the sharers on the reply's way (the switch keeps it).
     fresh: bool,
 }
+
+/// Writes held while the home starts, at most; more are refused.
+const MAX_HELD: usize = 4096;
 
 /// How often the home looks at its clock when nothing arrives.
 const POLL: Duration = Duration::from_millis(5);
@@ -94,8 +104,13 @@ struct Home<'a> {
     shared: &'a Shared,
     socket: &'a UdpSocket,
     directory: Directory<Write>,
-    /// The ToR, as its messages come from it.
-    tor: Option<SocketAddr>,
+    /// The ToR.
+    tor: SocketAddr,
+    /// Until then (a lease after start), writes wait and reads fill nothing: copies made
+    /// before a restart, which the directory no longer knows of, have expired by then.
+    ready_at: kv::Instant,
+    /// Writes that came before `ready_at`, in order.
+    held: std::collections::VecDeque<(Header, Vec<u8>)>,
     /// This server as the fabric names it (address and memcached port), from the requests.
     server: Option<(std::net::Ipv4Addr, u16)>,
     started: std::time::Instant,
@@ -109,7 +124,9 @@ impl<'a> Home<'a> {
             socket,
             // Writes are applied here at once: the reply timeout never runs.
             directory: Directory::new(cfg.keys, cfg.retry, cfg.give_up, cfg.lease, cfg.lease),
-            tor: None,
+            tor: cfg.tor,
+            ready_at: kv::Instant::ZERO + cfg.lease,
+            held: std::collections::VecDeque::new(),
             server: None,
             started: std::time::Instant::now(),
             next_id: 0,
@@ -132,13 +149,27 @@ impl<'a> Home<'a> {
                 Err(e) => tracing::debug!("home receive failed: {e}"),
             }
             let now = self.now();
-            for due in self.directory.tick(now) {
-                match due {
-                    Due::Retransmit { key, epoch, target } => self.invalidate(&key, epoch, target),
-                    Due::Step { key, step } => self.step(&key, step),
+            if now >= self.ready_at && !self.held.is_empty() {
+                for (h, datagram) in std::mem::take(&mut self.held) {
+                    self.request(h, &datagram);
+                }
+            }
+            if self.directory.poll_at().is_some_and(|at| now >= at) {
+                for due in self.directory.tick(now) {
+                    match due {
+                        Due::Retransmit { key, epoch, target } => {
+                            self.invalidate(&key, epoch, target)
+                        }
+                        Due::Step { key, step } => self.step(&key, step),
+                    }
                 }
             }
         }
+    }
+
+    /// Whether the home has been up a lease (see `ready_at`).
+    fn ready(&self) -> bool {
+        self.now() >= self.ready_at
     }
 
     fn counters(&self) -> &crate::store::Counters {
@@ -147,11 +178,14 @@ impl<'a> Home<'a> {
 
     /// One message from the ToR.
     fn message(&mut self, from: SocketAddr, bytes: &[u8]) {
+        if from != self.tor {
+            bump(&self.counters().home_refused);
+            return;
+        }
         let Ok(msg) = Message::parse(bytes) else {
             bump(&self.counters().home_malformed);
             return;
         };
-        self.tor = Some(from);
         let h = msg.header;
         match h.command {
             Command::InvalidateAck if h.has(flags::VIA) => {
@@ -165,6 +199,16 @@ impl<'a> Home<'a> {
                 bump(&self.counters().home_acks);
                 if let Some(write) = self.directory.ack(msg.payload, h.epoch, h.via, now) {
                     self.apply(write);
+                }
+            }
+            Command::Set | Command::Del | Command::Increment | Command::CondPut
+                if !self.ready() =>
+            {
+                if self.held.len() < MAX_HELD {
+                    self.held.push_back((h, msg.payload.to_vec()));
+                } else if let Ok((mc, _)) = mcudp::Header::parse(msg.payload) {
+                    let why = b"SERVER_ERROR the fabric's home is starting\r\n";
+                    self.reply(&h, mc.request_id, why, None);
                 }
             }
             Command::Get | Command::Set | Command::Del | Command::Increment | Command::CondPut => {
@@ -218,7 +262,7 @@ impl<'a> Home<'a> {
         let mut out = Vec::new();
         crate::udp::execute(self.shared, body, &mut out);
         let mut fill = None;
-        if out.len() <= mcudp::MAX_PAYLOAD && reply_key(&out) == Some(key) {
+        if self.ready() && out.len() <= mcudp::MAX_PAYLOAD && reply_key(&out) == Some(key) {
             let mut sharers: Vec<SwitchId> = vec![h.origin];
             if h.has(flags::VIA) && !h.has(flags::DETOUR) && h.via != h.origin {
                 sharers.push(h.via);
@@ -315,7 +359,7 @@ impl<'a> Home<'a> {
 
     /// Sends the ToR the invalidation of `key` at `epoch` for `target`.
     fn invalidate(&mut self, key: &[u8], epoch: u32, target: SwitchId) {
-        let (Some(tor), Some(server)) = (self.tor, self.server) else {
+        let (tor, Some(server)) = (self.tor, self.server) else {
             return;
         };
         self.next_id = self.next_id.wrapping_add(1);
@@ -340,9 +384,7 @@ impl<'a> Home<'a> {
     /// Sends the client of `h` the reply `message` (one memcached message, split into
     /// datagrams), by the ToR; the first datagram is a fill at `fill` when it is the only one.
     fn reply(&mut self, h: &Header, request_id: u16, message: &[u8], fill: Option<u32>) {
-        let Some(tor) = self.tor else {
-            return;
-        };
+        let tor = self.tor;
         let Some(pieces) = mcudp::pieces(request_id, message) else {
             return;
         };
@@ -402,7 +444,8 @@ mod tests {
 
     const SERVER: (Ipv4Addr, u16) = (Ipv4Addr::LOCALHOST, 11211);
 
-    fn bed(cfg: HomeConfig) -> Bed {
+    /// A home whose ToR is the bed's socket, with a lease of 100 ms (`change` may set more).
+    fn bed(change: impl FnOnce(&mut HomeConfig)) -> Bed {
         let shared = Arc::new(Shared {
             store: Arc::new(Store::new(None)),
             bucket: None,
@@ -411,8 +454,11 @@ mod tests {
         });
         let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
         let home = socket.local_addr().unwrap();
-        let thread = spawn(socket, shared.clone(), cfg).unwrap();
         let tor = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut cfg = HomeConfig::new(tor.local_addr().unwrap());
+        cfg.lease = Duration::from_millis(100);
+        change(&mut cfg);
+        let thread = spawn(socket, shared.clone(), cfg).unwrap();
         tor.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
         Bed {
             shared,
@@ -471,7 +517,7 @@ mod tests {
 
     #[test]
     fn reads_fill_their_sharers_and_writes_wait_for_every_acknowledgement() {
-        let b = bed(HomeConfig::default());
+        let b = bed(|_| {});
         b.request(
             header(Command::Set, b"k", 1, None),
             b"set k 0 0 2\r\nv1\r\n",
@@ -544,7 +590,7 @@ mod tests {
 
     #[test]
     fn a_computed_increment_fills_only_when_nothing_changed_the_key_since_the_copy() {
-        let b = bed(HomeConfig::default());
+        let b = bed(|_| {});
         b.request(header(Command::Set, b"c", 1, None), b"set c 0 0 1\r\n5\r\n");
         assert_eq!(b.reply_body().1, b"STORED\r\n");
         b.request(header(Command::Get, b"c", 2, None), b"get c\r\n");
@@ -603,10 +649,9 @@ mod tests {
 
     #[test]
     fn unanswered_invalidations_are_sent_again_and_fail_the_write_or_end_with_a_failed_switch() {
-        let b = bed(HomeConfig {
-            retry: Duration::from_millis(20),
-            give_up: Duration::from_millis(300),
-            ..HomeConfig::default()
+        let b = bed(|c| {
+            c.retry = Duration::from_millis(20);
+            c.give_up = Duration::from_millis(300);
         });
         b.request(header(Command::Get, b"x", 4, None), b"get x\r\n");
         assert_eq!(b.reply_body().1, b"END\r\n", "a miss fills nothing");
@@ -659,8 +704,37 @@ mod tests {
     }
 
     #[test]
+    fn a_starting_home_holds_writes_and_fills_nothing_for_a_lease_and_hears_only_its_tor() {
+        let b = bed(|c| c.lease = Duration::from_millis(400));
+        let started = std::time::Instant::now();
+        b.request(header(Command::Set, b"s", 1, None), b"set s 0 0 1\r\nx\r\n");
+        b.request(header(Command::Get, b"s", 1, None), b"get s\r\n");
+        // The read is answered at once, before the held write, and fills nothing.
+        let (h, body) = b.reply_body();
+        assert_eq!(body, b"END\r\n");
+        assert!(!h.has(flags::FILL));
+        let (_, body) = b.reply_body();
+        assert_eq!(body, b"STORED\r\n");
+        assert!(
+            started.elapsed() >= Duration::from_millis(300),
+            "{:?}",
+            started.elapsed()
+        );
+        b.request(header(Command::Get, b"s", 1, None), b"get s\r\n");
+        assert!(b.reply_body().0.has(flags::FILL), "ready: reads fill");
+
+        // Anyone but the ToR is not heard, however well formed.
+        let stranger = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut out = Vec::new();
+        header(Command::Get, b"s", 1, None).emit(&mut out);
+        stranger.send_to(&out, b.home).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(read(&b.shared.store.counters.home_refused), 1);
+    }
+
+    #[test]
     fn conditional_puts_store_only_a_larger_number_and_bad_messages_are_counted() {
-        let b = bed(HomeConfig::default());
+        let b = bed(|_| {});
         b.request(
             header(Command::CondPut, b"n", 1, None),
             b"set n 0 0 2\r\n10\r\n",

@@ -83,6 +83,10 @@ pub struct NodeArgs {
     /// A backend's cache node: its address and control port.
     #[arg(long)]
     pub cache_node: Option<SocketAddr>,
+    /// A fabric home's ToR: its fabric address (the fabric file's `address`). The home takes
+    /// messages from it alone.
+    #[arg(long)]
+    pub tor: Option<std::net::IpAddr>,
     /// How long a backend's grant lets its cache node serve a key without hearing of writes;
     /// for a fabric home, the caches' lease (the fabric file's `lease_ms`).
     #[arg(long, default_value_t = 2000)]
@@ -162,6 +166,7 @@ impl Default for NodeArgs {
             role: Role::Plain,
             control_port: 11311,
             cache_node: None,
+            tor: None,
             lease_ms: 2000,
             upstream: None,
             hash: "md5".into(),
@@ -346,9 +351,12 @@ impl Node {
             let addr = SocketAddr::new(args.listen.ip(), wire::inc::PORT);
             let socket = UdpSocket::bind(addr)
                 .with_context(|| format!("--role home: failed to bind udp {addr}"))?;
+            let Some(tor) = args.tor else {
+                bail!("--role home needs --tor ADDRESS (its ToR's fabric address)");
+            };
             let cfg = home::HomeConfig {
                 lease: std::time::Duration::from_millis(args.lease_ms.max(1)),
-                ..Default::default()
+                ..home::HomeConfig::new(SocketAddr::new(tor, wire::inc::PORT))
             };
             node.threads
                 .push(home::spawn(socket, node.shared.clone(), cfg)?);

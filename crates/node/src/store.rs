@@ -138,6 +138,8 @@ pub struct Counters {
     pub home_writes_failed: AtomicU64,
     /// Messages it could not read or that did not match their request.
     pub home_malformed: AtomicU64,
+    /// Datagrams to its fabric port from anyone but its ToR: dropped.
+    pub home_refused: AtomicU64,
 }
 
 /// Adds one to a counter.

@@ -246,7 +246,7 @@ pub(crate) fn stats(store: &Store, out: &mut Vec<u8>) {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let rows: [(&str, String); 41] = [
+    let rows: [(&str, String); 42] = [
         ("pid", std::process::id().to_string()),
         ("uptime", store.uptime().to_string()),
         ("time", now.to_string()),
@@ -294,6 +294,7 @@ pub(crate) fn stats(store: &Store, out: &mut Vec<u8>) {
             read(&c.home_writes_failed).to_string(),
         ),
         ("home_malformed", read(&c.home_malformed).to_string()),
+        ("home_refused", read(&c.home_refused).to_string()),
     ];
     for (name, value) in rows {
         out.extend_from_slice(format!("STAT {name} {value}\r\n").as_bytes());

@@ -253,7 +253,13 @@ pub(crate) fn build(state: &mut State, topo: &Topology, opts: &UpOptions) -> any
                     host.name
                 )
             })?;
-            servers.push((i, start_home_node(state, i, bin)?, "kvswitch node"));
+            let tor = fabric
+                .switches
+                .iter()
+                .find(|s| s.name == layout.host_switch[i])
+                .map(|s| s.address)
+                .expect("planned from the same layout");
+            servers.push((i, start_home_node(state, i, bin, tor)?, "kvswitch node"));
         } else {
             servers.push((
                 i,
@@ -282,6 +288,7 @@ fn start_home_node(
     state: &mut State,
     i: usize,
     bin: &std::path::Path,
+    tor: std::net::Ipv4Addr,
 ) -> anyhow::Result<std::process::Child> {
     let h = state.hosts[i].clone();
     let argv = vec![
@@ -291,6 +298,8 @@ fn start_home_node(
         format!("{}:{MEMCACHED_PORT}", h.ip),
         "--role".to_string(),
         "home".to_string(),
+        "--tor".to_string(),
+        tor.to_string(),
     ];
     let log = state.work_dir.join(format!("node-{}.log", h.name));
     record_file(state, &log)?;

@@ -79,6 +79,11 @@ pub(super) fn keep(shared: &Shared, mut keeper: Keeper) {
                 Ok(()) => {}
                 Err(e) => set_error(shared, format!("storing the table: {e:#}")),
             }
+        } else if shared.fleet().acting() {
+            let refused = keeper.catch_up();
+            if !refused.is_empty() {
+                set_error(shared, format!("not installed on {}", refused.join(", ")));
+            }
         }
         {
             let mut f = shared.fleet();

@@ -49,6 +49,8 @@ use crate::{Dest, Emit, Fate};
 /// Reads a home remembers while their server answers; past it, replies go back as ordinary
 /// frames and fill nothing (writes are always remembered).
 const MAX_PENDING: usize = 1 << 16;
+/// How often home nodes are told again of the switches the table names failed.
+const FAILED_NOTICE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// Hosts (addresses and MACs) a ToR learns on its host ports; past it, new ones are not
 /// learned (their frames are still forwarded, flooded within the rack).
 const MAX_HOSTS: usize = 4096;
@@ -101,6 +103,8 @@ pub struct FabricStats {
     pub refused_sources: u64,
     /// Writes refused as their key had too many waiting already.
     pub writes_refused: u64,
+    /// IPv4 fragments from hosts to a server of the fabric: dropped.
+    pub refused_fragments: u64,
 }
 
 /// A view of the switch for the status API and the tests.
@@ -178,6 +182,8 @@ pub struct FabricSwitch {
     /// Per port, when the neighbour behind it was last heard (links only).
     heard: Vec<Option<Instant>>,
     next_hello: Option<Instant>,
+    /// When home nodes are next told again of the switches the table names failed.
+    next_failed_notice: Option<Instant>,
     pending: HashMap<Flow, Pending>,
     pending_order: VecDeque<(Instant, Flow)>,
     /// Increments computed here, by their client's flow, until their reply passes.
@@ -290,6 +296,7 @@ impl FabricSwitch {
             hosts: HashMap::new(),
             heard,
             next_hello: None,
+            next_failed_notice: None,
             pending: HashMap::new(),
             computed: HashMap::new(),
             computed_order: VecDeque::new(),
@@ -404,27 +411,49 @@ impl FabricSwitch {
             for (_, write) in self.directory.switch_failed(id, now) {
                 self.forward_write(write, now, emit);
             }
-            let nodes: Vec<FabricServer> = self
+            self.tell_nodes_failed(id, emit);
+        }
+        // Told again every second while the table names them failed: a notice may be lost.
+        if self.next_failed_notice.is_none_or(|at| now >= at) {
+            self.next_failed_notice = Some(now + FAILED_NOTICE_EVERY);
+            let released: Vec<SwitchId> = self
                 .spec
-                .servers
+                .members
                 .iter()
-                .filter(|s| self.home_node(s.ip).is_some())
-                .copied()
+                .map(|m| m.id)
+                .filter(|&id| {
+                    self.spec.registration.is_failed(id)
+                        && !self.failing.iter().any(|&(f, _)| f == id)
+                })
                 .collect();
-            for node in nodes {
-                let failed = Header {
-                    request_id: 0,
-                    command: Command::InvalidateAck,
-                    key_hash: 0,
-                    flags: flags::VIA | flags::FAILED,
-                    origin: self.me.id,
-                    via: id,
-                    epoch: 0,
-                    client: (Ipv4Addr::UNSPECIFIED, 0),
-                    server: (node.ip, node.port),
-                };
-                self.send_to_node(&node, &failed, &[], emit);
+            for id in released {
+                self.tell_nodes_failed(id, emit);
             }
+        }
+    }
+
+    /// Tells every home node of this rack that switch `id` is counted out.
+    fn tell_nodes_failed(&mut self, id: SwitchId, emit: &mut Vec<Emit>) {
+        let nodes: Vec<FabricServer> = self
+            .spec
+            .servers
+            .iter()
+            .filter(|s| self.home_node(s.ip).is_some())
+            .copied()
+            .collect();
+        for node in nodes {
+            let failed = Header {
+                request_id: 0,
+                command: Command::InvalidateAck,
+                key_hash: 0,
+                flags: flags::VIA | flags::FAILED,
+                origin: self.me.id,
+                via: id,
+                epoch: 0,
+                client: (Ipv4Addr::UNSPECIFIED, 0),
+                server: (node.ip, node.port),
+            };
+            self.send_to_node(&node, &failed, &[], emit);
         }
     }
 
@@ -669,7 +698,19 @@ impl FabricSwitch {
             self.stats.malformed += 1;
             return Fate::Consumed;
         };
-        if role == PortRole::Host
+        if role == PortRole::Host && self.is_home_node_mac(src) {
+            // A home node stays on the port it was first heard on: another host using its
+            // MAC could otherwise draw its messages, or speak for it.
+            match self.macs.get(&src) {
+                Some(&p) if p != in_port => {
+                    self.stats.refused_sources += 1;
+                    return Fate::Consumed;
+                }
+                _ => {
+                    self.macs.insert(src, in_port);
+                }
+            }
+        } else if role == PortRole::Host
             && src.is_unicast()
             && (self.macs.len() < MAX_HOSTS || self.macs.contains_key(&src))
         {
@@ -699,6 +740,12 @@ impl FabricSwitch {
         }
         if role == PortRole::Host && !self.host_source_ok(frame) {
             self.stats.refused_sources += 1;
+            return Fate::Consumed;
+        }
+        if role == PortRole::Host && self.fragment_to_server(frame) {
+            // The fabric reads every datagram to its servers whole: a fragmented one could
+            // carry a write past the home.
+            self.stats.refused_fragments += 1;
             return Fate::Consumed;
         }
         let Some(udp) = parse_udp(frame) else {
@@ -768,6 +815,24 @@ impl FabricSwitch {
             &udp.dst_port.to_be_bytes(),
         ]);
         self.route(in_port, frame, Some(flow), now, emit)
+    }
+
+    /// Whether `mac` is a home node's.
+    fn is_home_node_mac(&self, mac: Mac) -> bool {
+        self.spec
+            .servers
+            .iter()
+            .any(|s| s.home_node && s.mac == mac)
+    }
+
+    /// Whether an IPv4 frame is a fragment addressed to a server of the fabric.
+    fn fragment_to_server(&self, frame: &[u8]) -> bool {
+        frame
+            .get(ethernet::HEADER_LEN..)
+            .and_then(|l3| ipv4::Packet::new_checked(l3).ok())
+            .is_some_and(|ip| {
+                ip.is_fragment() && self.spec.servers.iter().any(|s| s.ip == ip.dst())
+            })
     }
 
     /// The answer to a host's ARP request for this switch's own address (a home node sends
@@ -1268,10 +1333,12 @@ impl FabricSwitch {
         let Ok((mc, body)) = mcudp::Header::parse(datagram) else {
             return;
         };
-        let Some(c) = self
-            .computed
-            .remove(&(h.client.0, h.client.1, mc.request_id))
-        else {
+        let flow = (h.client.0, h.client.1, mc.request_id);
+        let ours = self.computed.get(&flow).is_some_and(|c| {
+            split_item(&c.name)
+                .is_some_and(|(server, key)| server == h.server && inc::key_hash(key) == h.key_hash)
+        });
+        let Some(c) = self.computed.remove(&flow).filter(|_| ours) else {
             return;
         };
         if h.has(flags::FILL) && body == format!("{}\r\n", c.value).as_bytes() {
@@ -1754,7 +1821,18 @@ impl FabricSwitch {
                     self.stats.malformed += 1;
                     return;
                 };
-                let fill = h.has(flags::FILL).then_some(h.epoch);
+                // The node recorded the root named in `via` as a sharer: a fill goes only by it.
+                let recorded = h.has(flags::VIA).then_some(h.via);
+                let fill =
+                    (h.has(flags::FILL) && self.via_root(&h, now) == recorded).then_some(h.epoch);
+                let h = Header {
+                    flags: if fill.is_some() {
+                        h.flags
+                    } else {
+                        h.flags & !flags::FILL
+                    },
+                    ..h
+                };
                 if h.origin == self.me.id && !self.computed.is_empty() {
                     self.computed_reply(&h, msg.payload, now);
                 }

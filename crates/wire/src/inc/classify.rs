@@ -120,10 +120,15 @@ pub fn cond_operand(body: &[u8]) -> Option<u64> {
 /// The number in a reply to `get KEY` (`VALUE ...` line, data, `END`); `None` when the value
 /// is not one.
 pub fn cached_number(reply: &[u8]) -> Option<u64> {
+    parse_number(value_parts(reply)?.1)
+}
+
+/// A `VALUE ...` reply's first line (without its CR LF) and its data.
+fn value_parts(reply: &[u8]) -> Option<(&[u8], &[u8])> {
     let line_end = reply.windows(2).position(|w| w == b"\r\n")?;
     let rest = &reply[line_end + 2..];
     let data_end = rest.windows(2).position(|w| w == b"\r\n")?;
-    parse_number(&rest[..data_end])
+    Some((&reply[..line_end], &rest[..data_end]))
 }
 
 /// A decimal number as memcached's `incr` reads one.
@@ -162,11 +167,7 @@ pub fn text_delta(body: &[u8]) -> Option<(&[u8], bool, u64)> {
 /// with spaces to its length. The new number and the new cached reply; `None` when the
 /// value is not a number.
 pub fn after_delta(cached: &[u8], incr: bool, delta: u64) -> Option<(u64, Vec<u8>)> {
-    let line_end = cached.windows(2).position(|w| w == b"\r\n")?;
-    let line = &cached[..line_end];
-    let rest = &cached[line_end + 2..];
-    let data_end = rest.windows(2).position(|w| w == b"\r\n")?;
-    let old = &rest[..data_end];
+    let (line, old) = value_parts(cached)?;
     let current = parse_number(old)?;
     let value = if incr {
         current.wrapping_add(delta)
