@@ -1213,3 +1213,44 @@ fn hosts_cannot_speak_for_switches_or_servers() {
         );
     }
 }
+
+#[test]
+fn fragments_from_hosts_to_servers_are_refused() {
+    let mut net = Net::tree(2, 1, 2, 64);
+    net.add_clients(1);
+    let key = key_in_rack(&net, 1, 0);
+    let server = net.server_of(&key);
+    let (client_ip, client_mac) = (net.hosts[1].ip, net.hosts[1].mac);
+    // The first piece of a write cut in two: a ToR that let it by would let the write reach
+    // its server without the home seeing it.
+    let mut datagram = vec![0u8; mcudp::LEN];
+    mcudp::Header::single(1).emit(&mut datagram);
+    datagram.extend_from_slice(format!("set {key} 0 0 4\r\nevil\r\n").as_bytes());
+    let mut frame = udp_frame(
+        client_mac,
+        net.hosts[server].mac,
+        (client_ip, 40000),
+        (net.hosts[server].ip, MC_PORT),
+        &datagram,
+    );
+    // More fragments follow.
+    frame[ethernet::HEADER_LEN + 6] |= 0x20;
+    let mut ip = wire::ipv4::Packet::new_unchecked(&mut frame[ethernet::HEADER_LEN..]);
+    ip.fill_checksum();
+    net.push(net.now + LINK_NS, End::Switch(0, 1), frame);
+    net.auto = false;
+    let until = net.now + 10_000_000;
+    net.run(until, usize::MAX);
+    assert_eq!(
+        net.switches[0]
+            .snapshot(Instant::ZERO)
+            .stats
+            .refused_fragments,
+        1
+    );
+    assert_eq!(
+        one(&mut net, 0, &format!("get {key}\r\n"), &key),
+        "END\r\n",
+        "the write never reached the server"
+    );
+}
