@@ -677,8 +677,10 @@ fn a_home_node_keeps_its_own_directory_and_every_copy_coherent() {
         call(&live, "c1", "s1", "set k 3 0 2\r\nv2\r\n"),
         "STORED\r\n"
     );
-    assert_eq!(stat("home_invalidations"), invalidations + 2);
-    assert_eq!(stat("home_acks"), 2);
+    // Two sharers, each invalidated (again if its ACK took longer than 20 ms) and each
+    // acknowledging.
+    assert!(stat("home_invalidations") >= invalidations + 2);
+    assert!(stat("home_acks") >= 2);
     assert_eq!(n(&status(&live, "root0"), "/cache/items"), 0);
     assert_eq!(
         call(&live, "c2", "s1", "get k\r\n"),

@@ -671,7 +671,10 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         };
-        assert!(sent >= 5, "{sent} invalidations");
+        assert!(
+            sent >= 3,
+            "{sent} invalidations: sent again until the give-up"
+        );
         assert!(
             body.starts_with(b"SERVER_ERROR"),
             "{:?}",
@@ -705,8 +708,8 @@ mod tests {
 
     #[test]
     fn a_starting_home_holds_writes_and_fills_nothing_for_a_lease_and_hears_only_its_tor() {
-        let b = bed(|c| c.lease = Duration::from_millis(400));
         let started = std::time::Instant::now();
+        let b = bed(|c| c.lease = Duration::from_millis(400));
         b.request(header(Command::Set, b"s", 1, None), b"set s 0 0 1\r\nx\r\n");
         b.request(header(Command::Get, b"s", 1, None), b"get s\r\n");
         // The read is answered at once, before the held write, and fills nothing.
@@ -716,7 +719,7 @@ mod tests {
         let (_, body) = b.reply_body();
         assert_eq!(body, b"STORED\r\n");
         assert!(
-            started.elapsed() >= Duration::from_millis(300),
+            started.elapsed() >= Duration::from_millis(400),
             "{:?}",
             started.elapsed()
         );
