@@ -19,9 +19,9 @@ use crate::state::{FabricState, FabricSwitchState, State};
 use crate::topology::{Role, SwitchRole, Topology, MEMCACHED_PORT};
 use crate::up::{
     answers_version, create_host, exited, free_port, prefix_byte, record_file, record_proc,
-    start_memcached, write_file,
+    start_memcached, start_server, write_file,
 };
-use crate::UpOptions;
+use crate::{ServerProgram, UpOptions};
 
 /// A fabric switch's API must answer within this long after start.
 const SWITCH_READY: std::time::Duration = std::time::Duration::from_secs(10);
@@ -259,7 +259,18 @@ pub(crate) fn build(state: &mut State, topo: &Topology, opts: &UpOptions) -> any
                 .find(|s| s.name == layout.host_switch[i])
                 .map(|s| s.address)
                 .expect("planned from the same layout");
-            servers.push((i, start_home_node(state, i, bin, tor)?, "kvswitch node"));
+            // kvswitch node as the server, memcached to its clients and the home of its keys.
+            let node = ServerProgram::Node {
+                bin: bin.clone(),
+                args: ["--role", "home", "--tor", &tor.to_string()]
+                    .map(String::from)
+                    .to_vec(),
+            };
+            servers.push((
+                i,
+                start_server(state, i, &[], &node, None)?,
+                "kvswitch node",
+            ));
         } else {
             servers.push((
                 i,
@@ -280,35 +291,6 @@ pub(crate) fn build(state: &mut State, topo: &Topology, opts: &UpOptions) -> any
     }
     state.complete = true;
     state.save()
-}
-
-/// Starts `kvswitch node --role home` on server host `i`: memcached to its clients, and the
-/// fabric's home of its own keys.
-fn start_home_node(
-    state: &mut State,
-    i: usize,
-    bin: &std::path::Path,
-    tor: std::net::Ipv4Addr,
-) -> anyhow::Result<std::process::Child> {
-    let h = state.hosts[i].clone();
-    let argv = vec![
-        bin.display().to_string(),
-        "node".to_string(),
-        "--listen".to_string(),
-        format!("{}:{MEMCACHED_PORT}", h.ip),
-        "--role".to_string(),
-        "home".to_string(),
-        "--tor".to_string(),
-        tor.to_string(),
-    ];
-    let log = state.work_dir.join(format!("node-{}.log", h.name));
-    record_file(state, &log)?;
-    state.hosts[i].log = Some(log.clone());
-    let child = crate::process::spawn(Some(&h.netns), &argv, &log)?;
-    record_proc(state, &child, "kvswitch node", Some(&h.netns), argv)?;
-    state.hosts[i].pids.push(child.id());
-    state.save()?;
-    Ok(child)
 }
 
 /// Starts switch `j` of the fabric and waits for its API.

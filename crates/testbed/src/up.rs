@@ -440,7 +440,7 @@ fn server_name(program: &ServerProgram) -> &'static str {
 }
 
 /// Starts server `i`'s program; with `cache`, as a SwitchKV backend of the cache node there.
-fn start_server(
+pub(crate) fn start_server(
     state: &mut State,
     i: usize,
     memcached_args: &[String],
