@@ -35,7 +35,7 @@ use kv::fabric::{
 };
 use kv::Instant;
 use wire::ethernet::{self, EtherType, Mac};
-use wire::frame::{emit_udp_headers, UdpEnds, PAYLOAD_OFFSET};
+use wire::frame::UdpEnds;
 use wire::inc::classify::{
     after_delta, cached_number, classify, cond_operand, reply_key, text_delta, text_safe, Kind,
 };
@@ -158,6 +158,14 @@ struct Pending {
 
 type Flow = (Ipv4Addr, u16, u16);
 
+/// Why a host's frame is refused at its ToR.
+enum Refusal {
+    /// Its source or destination (`refused_sources`).
+    Source,
+    /// A fragment to a server (`refused_fragments`).
+    Fragment,
+}
+
 /// An increment this switch computed on its copy: the item, the new number, and the cached
 /// reply that holds it, kept if the home's reply agrees.
 #[derive(Debug, Clone)]
@@ -244,8 +252,6 @@ fn udp_frame(
     dst: (Ipv4Addr, u16),
     payload: &[u8],
 ) -> Option<Vec<u8>> {
-    let mut frame = vec![0u8; PAYLOAD_OFFSET];
-    frame.extend_from_slice(payload);
     let ends = UdpEnds {
         src_mac,
         dst_mac,
@@ -254,7 +260,8 @@ fn udp_frame(
         src_port: src.1,
         dst_port: dst.1,
     };
-    emit_udp_headers(&mut frame, &ends).then_some(frame)
+    let frame = crate::frame::udp_frame(&ends, &[payload]);
+    (!frame.is_empty()).then_some(frame)
 }
 
 /// The cache's and the directory's name for `key` of `server`: the server's address and port,
@@ -555,7 +562,7 @@ impl FabricSwitch {
         if !designated {
             self.stats.detours += 1;
         }
-        let Some(frame) = self.message_frame(&member, header, payload) else {
+        let Some(frame) = self.message_frame((member.mac, member.ip), header, payload) else {
             self.stats.malformed += 1;
             return false;
         };
@@ -632,16 +639,7 @@ impl FabricSwitch {
         payload: &[u8],
         emit: &mut Vec<Emit>,
     ) {
-        let mut message = Vec::with_capacity(inc::HEADER_LEN + payload.len());
-        header.emit(&mut message);
-        message.extend_from_slice(payload);
-        let Some(frame) = udp_frame(
-            self.me.mac,
-            node.mac,
-            (self.me.ip, inc::PORT),
-            (node.ip, inc::PORT),
-            &message,
-        ) else {
+        let Some(frame) = self.message_frame((node.mac, node.ip), header, payload) else {
             self.stats.malformed += 1;
             return;
         };
@@ -659,16 +657,21 @@ impl FabricSwitch {
             .copied()
     }
 
-    /// A fabric message to `member` in a frame from this switch.
-    fn message_frame(&self, member: &Member, header: &Header, payload: &[u8]) -> Option<Vec<u8>> {
+    /// A fabric message in a frame from this switch to the switch or home node at `(mac, ip)`.
+    fn message_frame(
+        &self,
+        (mac, ip): (Mac, Ipv4Addr),
+        header: &Header,
+        payload: &[u8],
+    ) -> Option<Vec<u8>> {
         let mut message = Vec::with_capacity(inc::HEADER_LEN + payload.len());
         header.emit(&mut message);
         message.extend_from_slice(payload);
         udp_frame(
             self.me.mac,
-            member.mac,
+            mac,
             (self.me.ip, inc::PORT),
-            (member.ip, inc::PORT),
+            (ip, inc::PORT),
             &message,
         )
     }
@@ -738,15 +741,18 @@ impl FabricSwitch {
         if !csum_ready {
             crate::switch::complete_l4_checksum(frame);
         }
-        if role == PortRole::Host && !self.host_source_ok(frame) {
-            self.stats.refused_sources += 1;
-            return Fate::Consumed;
-        }
-        if role == PortRole::Host && self.fragment_to_server(frame) {
-            // The fabric reads every datagram to its servers whole: a fragmented one could
-            // carry a write past the home.
-            self.stats.refused_fragments += 1;
-            return Fate::Consumed;
+        if role == PortRole::Host {
+            match self.host_refusal(frame) {
+                Some(Refusal::Source) => {
+                    self.stats.refused_sources += 1;
+                    return Fate::Consumed;
+                }
+                Some(Refusal::Fragment) => {
+                    self.stats.refused_fragments += 1;
+                    return Fate::Consumed;
+                }
+                None => {}
+            }
         }
         let Some(udp) = parse_udp(frame) else {
             return self.route(in_port, frame, None, now, emit);
@@ -825,16 +831,6 @@ impl FabricSwitch {
             .any(|s| s.home_node && s.mac == mac)
     }
 
-    /// Whether an IPv4 frame is a fragment addressed to a server of the fabric.
-    fn fragment_to_server(&self, frame: &[u8]) -> bool {
-        frame
-            .get(ethernet::HEADER_LEN..)
-            .and_then(|l3| ipv4::Packet::new_checked(l3).ok())
-            .is_some_and(|ip| {
-                ip.is_fragment() && self.spec.servers.iter().any(|s| s.ip == ip.dst())
-            })
-    }
-
     /// The answer to a host's ARP request for this switch's own address (a home node sends
     /// its ToR messages).
     fn arp_for_me(&self, frame: &[u8]) -> Option<Vec<u8>> {
@@ -853,21 +849,31 @@ impl FabricSwitch {
         Some(crate::frame::arp_frame(asked.sender_mac, &reply))
     }
 
-    /// Whether an IPv4 frame from a host port may enter: its source in this ToR's rack and
-    /// not a switch's address, its destination not a switch's address.
-    fn host_source_ok(&self, frame: &[u8]) -> bool {
+    /// Why an IPv4 frame from a host port may not enter, if it may not: its source must be in
+    /// this ToR's rack and not a switch's address, its destination not a switch's address
+    /// (but this switch's own for a home node of the rack); and a fragment to a server of the
+    /// fabric is refused, as the fabric reads every datagram to its servers whole (a
+    /// fragmented one could carry a write past the home).
+    fn host_refusal(&self, frame: &[u8]) -> Option<Refusal> {
         let Some(ip) = frame
             .get(ethernet::HEADER_LEN..)
             .and_then(|l3| ipv4::Packet::new_checked(l3).ok())
         else {
-            return false;
+            return Some(Refusal::Source);
         };
         let (src, dst) = (ip.src(), ip.dst());
-        self.me.role == Role::Tor
+        let source_ok = self.me.role == Role::Tor
             && self.rack_of(src).map(|r| r.tor) == Some(self.me.id)
             && self.member_by_ip(src).is_none()
             && (self.member_by_ip(dst).is_none()
-                || (dst == self.me.ip && self.home_node(src).is_some()))
+                || (dst == self.me.ip && self.home_node(src).is_some()));
+        if !source_ok {
+            Some(Refusal::Source)
+        } else if ip.is_fragment() && self.spec.servers.iter().any(|s| s.ip == dst) {
+            Some(Refusal::Fragment)
+        } else {
+            None
+        }
     }
 
     /// Hosts' frames within the rack: by learned MAC, else out of every other host port.
@@ -1773,22 +1779,38 @@ impl FabricSwitch {
         if !self.computed.is_empty() {
             self.computed_reply(h, datagram, now);
         }
-        if h.has(flags::FILL) {
-            if let Ok((mc, body)) = mcudp::Header::parse(datagram) {
-                let detour_ok = h.origin == self.me.id || !h.has(flags::DETOUR);
-                if let Some(key) = reply_key(body) {
-                    if mc.total == 1 && detour_ok && inc::key_hash(key) == h.key_hash {
-                        let name = item(h.server, key);
-                        self.cache.fill(&name, body, h.epoch, now);
-                    }
-                }
-            }
+        if h.has(flags::FILL) && (h.origin == self.me.id || !h.has(flags::DETOUR)) {
+            self.fill_from_reply(h, datagram, h.epoch, now);
         }
         if h.origin != self.me.id {
             self.send(h.origin, h, datagram, now, emit);
         } else if !h.has(flags::FILL_ONLY) {
             self.answer(h, datagram, emit);
         }
+    }
+
+    /// Caches the value a reply datagram for `h` carries, at `epoch`, when it is one datagram
+    /// and a hit of `h`'s key.
+    fn fill_from_reply(&mut self, h: &Header, datagram: &[u8], epoch: u32, now: Instant) {
+        let Ok((mc, body)) = mcudp::Header::parse(datagram) else {
+            return;
+        };
+        if let Some(key) = reply_key(body) {
+            if mc.total == 1 && inc::key_hash(key) == h.key_hash {
+                self.cache.fill(&item(h.server, key), body, epoch, now);
+            }
+        }
+    }
+
+    /// Counts an invalidation received; false when an operator's fault drops it.
+    fn take_invalidation(&mut self) -> bool {
+        self.stats.invalidations_in += 1;
+        if self.drop_invalidations > 0 {
+            self.drop_invalidations -= 1;
+            self.stats.invalidations_dropped += 1;
+            return false;
+        }
+        true
     }
 
     /// A message from a home node of this rack: a reply to send on its way (filling this
@@ -1814,40 +1836,30 @@ impl FabricSwitch {
         self.stats.from_home_node += 1;
         match h.command {
             Command::Reply => {
-                let (Ok((mc, body)), true) = (
-                    mcudp::Header::parse(msg.payload),
-                    self.spec.member(h.origin).is_some(),
-                ) else {
+                if mcudp::Header::parse(msg.payload).is_err()
+                    || self.spec.member(h.origin).is_none()
+                {
                     self.stats.malformed += 1;
                     return;
-                };
+                }
                 // The node recorded the root named in `via` as a sharer: a fill goes only by it.
                 let recorded = h.has(flags::VIA).then_some(h.via);
                 let fill =
                     (h.has(flags::FILL) && self.via_root(&h, now) == recorded).then_some(h.epoch);
-                let h = Header {
-                    flags: if fill.is_some() {
-                        h.flags
-                    } else {
-                        h.flags & !flags::FILL
-                    },
-                    ..h
-                };
-                if h.origin == self.me.id && !self.computed.is_empty() {
-                    self.computed_reply(&h, msg.payload, now);
-                }
-                if let (Some(epoch), true) = (fill, h.origin == self.me.id) {
-                    if let Some(key) = reply_key(body) {
-                        if mc.total == 1 && inc::key_hash(key) == h.key_hash {
-                            self.cache.fill(&item(h.server, key), body, epoch, now);
-                        }
-                    }
-                }
                 let header = Header {
-                    flags: h.flags & !(flags::VIA | flags::FAILED | flags::FILL),
+                    flags: h.flags & !(flags::VIA | flags::FAILED | flags::FILL)
+                        | if fill.is_some() { flags::FILL } else { 0 },
                     via: 0,
                     ..h
                 };
+                if h.origin == self.me.id {
+                    if !self.computed.is_empty() {
+                        self.computed_reply(&header, msg.payload, now);
+                    }
+                    if let Some(epoch) = fill {
+                        self.fill_from_reply(&header, msg.payload, epoch, now);
+                    }
+                }
                 self.reply_to(&header, h.key_hash, msg.payload, fill, now, emit);
             }
             Command::Invalidate if h.has(flags::VIA) => {
@@ -1863,10 +1875,7 @@ impl FabricSwitch {
                     self.send(h.via, &header, key, now, emit);
                     return;
                 }
-                self.stats.invalidations_in += 1;
-                if self.drop_invalidations > 0 {
-                    self.drop_invalidations -= 1;
-                    self.stats.invalidations_dropped += 1;
+                if !self.take_invalidation() {
                     return;
                 }
                 self.cache.invalidate(&item(h.server, key), h.epoch, now);
@@ -1893,10 +1902,7 @@ impl FabricSwitch {
         now: Instant,
         emit: &mut Vec<Emit>,
     ) {
-        self.stats.invalidations_in += 1;
-        if self.drop_invalidations > 0 {
-            self.drop_invalidations -= 1;
-            self.stats.invalidations_dropped += 1;
+        if !self.take_invalidation() {
             return;
         }
         let Some(home) = self.member_by_ip(src_ip) else {
@@ -1946,7 +1952,7 @@ impl FabricSwitch {
                         client: (Ipv4Addr::UNSPECIFIED, 0),
                         server: (Ipv4Addr::UNSPECIFIED, 0),
                     };
-                    if let Some(frame) = self.message_frame(&member, &hello, &[]) {
+                    if let Some(frame) = self.message_frame((member.mac, member.ip), &hello, &[]) {
                         emit.push(Emit {
                             dest: Dest::Port(p),
                             frame,
