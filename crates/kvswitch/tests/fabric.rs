@@ -68,6 +68,37 @@ fn call(live: &testbed::Live, host: &str, server: &str, request: &str) -> String
     String::from_utf8_lossy(&reply.body).into_owned()
 }
 
+/// `kvswitch fabric fault`: switch `switch` drops the next `n` invalidations it receives.
+fn drop_invalidations(live: &testbed::Live, switch: &str, n: u32) {
+    let cfg = live.state.fabric.as_ref().unwrap().config.clone();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvswitch"))
+        .args(["fabric", "fault", "--config"])
+        .arg(&cfg)
+        .args(["--switch", switch, "--drop-invalidations", &n.to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `kvswitch inc --server SERVER ARGS` on `host`: its exit code and what it printed.
+fn inc(live: &testbed::Live, host: &str, server: &str, args: &[&str]) -> (Option<i32>, String) {
+    let server = live.host(server).unwrap().ip.to_string();
+    let out = live
+        .exec(host, env!("CARGO_BIN_EXE_kvswitch"))
+        .args(["inc", "--server", &server])
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).trim().to_string(),
+    )
+}
+
 /// The same requests to a memcached of our own on loopback, for its exact replies.
 fn memcached_replies(requests: &[&str]) -> Vec<String> {
     let dir = testbed::local::TempDir::new("kvswitch-fabric").unwrap();
@@ -193,18 +224,7 @@ fn fabric_two_level_tree_answers_unmodified_clients_as_memcached_and_keeps_hits_
 
     // Invalidations dropped on purpose: the home sends them again, and the write is not
     // acknowledged before tor0 took one.
-    let cfg = live.state.fabric.as_ref().unwrap().config.clone();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvswitch"))
-        .args(["fabric", "fault", "--config"])
-        .arg(&cfg)
-        .args(["--switch", "tor0", "--drop-invalidations", "3"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    drop_invalidations(&live, "tor0", 3);
     let home = status(&live, "tor1");
     let started = Instant::now();
     assert_eq!(
@@ -225,19 +245,7 @@ fn fabric_two_level_tree_answers_unmodified_clients_as_memcached_and_keeps_hits_
     );
 
     // The fabric's own client library, from the command line, through the same path.
-    let s2 = live.host("s2").unwrap().ip.to_string();
-    let inc = |args: &[&str]| {
-        let out = live
-            .exec("c1", env!("CARGO_BIN_EXE_kvswitch"))
-            .args(["inc", "--server", &s2])
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).trim().to_string(),
-        )
-    };
+    let inc = |args: &[&str]| inc(&live, "c1", "s2", args);
     assert_eq!(inc(&["set", "score", "40"]), (Some(0), "stored".into()));
     assert_eq!(inc(&["get", "score"]), (Some(0), "40".into()));
     assert_eq!(
@@ -290,6 +298,7 @@ fn fabric_two_level_tree_answers_unmodified_clients_as_memcached_and_keeps_hits_
     assert!(n(&status(&live, "tor0"), "/cache/hits") > hits_before + 100);
 
     // A new registration table reaches every switch; an older one is refused.
+    let cfg = live.state.fabric.as_ref().unwrap().config.clone();
     let table = |version: &str| {
         std::process::Command::new(env!("CARGO_BIN_EXE_kvswitch"))
             .args(["fabric", "table", "--config"])
@@ -689,18 +698,7 @@ fn a_home_node_keeps_its_own_directory_and_every_copy_coherent() {
 
     // Invalidations dropped at tor1: the node sends them again, and acknowledges the write
     // only once tor1 took one.
-    let cfg = live.state.fabric.as_ref().unwrap().config.clone();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvswitch"))
-        .args(["fabric", "fault", "--config"])
-        .arg(&cfg)
-        .args(["--switch", "tor1", "--drop-invalidations", "3"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    drop_invalidations(&live, "tor1", 3);
     let invalidations = stat("home_invalidations");
     let started = Instant::now();
     assert_eq!(call(&live, "c1", "s1", "delete k\r\n"), "DELETED\r\n");
@@ -719,19 +717,7 @@ fn a_home_node_keeps_its_own_directory_and_every_copy_coherent() {
         "STORED\r\n"
     );
     assert_eq!(call(&live, "c2", "s1", "incr n 5\r\n"), "15\r\n");
-    let s1 = live.host("s1").unwrap().ip.to_string();
-    let inc = |args: &[&str]| {
-        let out = live
-            .exec("c2", env!("CARGO_BIN_EXE_kvswitch"))
-            .args(["inc", "--server", &s1])
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).trim().to_string(),
-        )
-    };
+    let inc = |args: &[&str]| inc(&live, "c2", "s1", args);
     assert_eq!(
         inc(&["cond-put", "n", "12"]),
         (Some(1), "not stored".into())
