@@ -793,6 +793,11 @@ impl Cache {
         let (load, uses) = (entry.load, entry.uses);
         let old = entry.bytes();
         let policy = self.cfg.admission;
+        // Whether a value ranks strictly below this one under the policy.
+        let below = |e: &Entry| match policy {
+            Admission::Lfu => e.uses < uses,
+            Admission::Hot | Admission::EveryRead => e.load < load,
+        };
         // Make room from values the policy ranks below this one, or give up.
         while self.bytes - old + size > self.cfg.bytes {
             // The first to leave, as in `least_loaded`.
@@ -801,16 +806,11 @@ impl Cache {
                 .iter()
                 .filter(|(k, e)| e.value.is_some() && !e.pinned && &***k != key)
                 .min_by(|(ka, a), (kb, b)| victim_order(policy, (ka, a), (kb, b)))
-                .map(|(k, e)| (k.clone(), e.load < load, e.uses < uses));
+                .map(|(k, e)| (k.clone(), below(e)));
             match victim {
-                Some((victim, less_loaded, less_used))
-                    if (policy == Admission::Lfu && less_used)
-                        || (policy != Admission::Lfu && less_loaded) =>
-                {
-                    self.evict_key(&victim, now);
-                }
+                Some((victim, true)) => self.evict_key(&victim, now),
                 _ => return Fill::TooLarge,
-            }
+            };
         }
         let lease_end = now + self.cfg.lease;
         let Some(entry) = self.entries.get_mut(key) else {
