@@ -262,6 +262,9 @@ pub struct CacheNode {
     fetching: std::collections::HashSet<Box<[u8]>>,
     /// Per admitted key, its backend.
     backend: HashMap<Box<[u8]>, usize>,
+    /// The cache's evictions when the maps above were last trimmed to it: a key enters them
+    /// only while cached, and leaves the cache only by an eviction.
+    trimmed_at: u64,
 }
 
 /// A value fetch in flight: the key, its backend and the token its reply fills with.
@@ -296,6 +299,7 @@ impl CacheNode {
             granted: HashMap::new(),
             fetching: std::collections::HashSet::new(),
             backend: HashMap::new(),
+            trimmed_at: 0,
         })
     }
 
@@ -484,6 +488,11 @@ impl CacheNode {
 
     /// Drops the leases and backends of keys no longer cached.
     fn forget_evicted(&mut self) {
+        let evictions = self.cache.counters().evictions;
+        if evictions == self.trimmed_at {
+            return;
+        }
+        self.trimmed_at = evictions;
         let cache = &self.cache;
         self.granted.retain(|k, _| cache.contains(k));
         self.fetching.retain(|k| cache.contains(k));

@@ -14,4 +14,5 @@ pub mod fast;
 pub mod inc_cli;
 pub mod local;
 pub mod proxy_cli;
+pub mod sim_cli;
 pub mod steer;

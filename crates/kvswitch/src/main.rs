@@ -72,6 +72,9 @@ enum Cmd {
         scenario: bench::Scenario,
     },
     Proxy(kvswitch::proxy_cli::ProxyArgs),
+    /// Simulate a scenario at datacenter scale on kvswitch's own code, on a virtual clock:
+    /// the same scenario and seed give the same results.
+    Sim(kvswitch::sim_cli::SimArgs),
     /// Serve the memcached protocol from memory, optionally capacity-limited (a backend for
     /// experiments), or as one of SwitchKV's roles (a backend, a cache node).
     Node {
@@ -166,6 +169,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             daemon::run(cfg)
         }
         Cmd::Proxy(args) => kvswitch::proxy_cli::run(args),
+        Cmd::Sim(args) => kvswitch::sim_cli::run(&args),
         Cmd::Cache(args) => kvswitch::cache::run_cli(&args),
         Cmd::Ctl(args) => kvswitch::ctl::run(&args),
         Cmd::Fabric(args) => kvswitch::fabric::run_cli(&args),

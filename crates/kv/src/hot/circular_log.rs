@@ -58,29 +58,43 @@ impl CircularLog {
     /// `threshold` or below. (A visit that pushes out an older entry of the same key leaves
     /// its count unchanged and reports nothing.)
     pub fn see(&mut self, key: &[u8]) -> bool {
-        let before = self.count(key);
+        // The oldest entry leaves once the ring is full. When it is this key, the visit
+        // leaves the key's count as it was and cannot cross the threshold.
+        let mut same = false;
         if self.filled == self.log.len() {
             let oldest = &self.log[self.pos];
-            if let Some(c) = self.counts.get_mut(&oldest[..]) {
-                *c -= 1;
-                if *c == 0 {
-                    self.counts.remove(&oldest[..]);
+            same = oldest[..] == *key;
+            if !same {
+                if let Some(c) = self.counts.get_mut(&oldest[..]) {
+                    *c -= 1;
+                    if *c == 0 {
+                        self.counts.remove(&oldest[..]);
+                    }
                 }
             }
         } else {
             self.filled += 1;
         }
-        match self.counts.get_mut(key) {
-            Some(c) => *c += 1,
-            None => {
-                self.counts.insert(key.into(), 1);
+        let after = if same {
+            0
+        } else {
+            match self.counts.get_mut(key) {
+                Some(c) => {
+                    *c += 1;
+                    *c
+                }
+                None => {
+                    self.counts.insert(key.into(), 1);
+                    1
+                }
             }
-        }
+        };
         let slot = &mut self.log[self.pos];
         slot.clear();
         slot.extend_from_slice(key);
         self.pos = (self.pos + 1) % self.log.len();
-        before <= self.threshold && self.count(key) > self.threshold
+        // Without the oldest entry being this key, the count rose by exactly one.
+        !same && after - 1 <= self.threshold && after > self.threshold
     }
 
     /// How many of the last `size` visits were for `key`.

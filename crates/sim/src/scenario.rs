@@ -1,0 +1,725 @@
+//! A scenario file: what to simulate, in TOML. Every field is checked before anything runs;
+//! an error names the field and what is wrong with it.
+//!
+//! A scenario may hold variants (`[[variant]]`: the same run with some fields set otherwise,
+//! such as the cache taken away) and a sweep (`[sweep]`: one field over a list of values); the
+//! run is then every variant at every point.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use loadgen::zipf::ChangeKind;
+
+use crate::station::Service;
+
+/// One run's settings, after variants and sweeps are applied.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// Simulated seconds.
+    pub duration_s: f64,
+    /// Seconds at the start left out of the summary (the cache warms up).
+    #[serde(default)]
+    pub warmup_s: f64,
+    /// Length of one time-series bin, in milliseconds.
+    #[serde(default = "default_bin_ms")]
+    pub bin_ms: u64,
+    pub workload: Workload,
+    pub clients: Clients,
+    #[serde(default)]
+    pub network: Network,
+    pub backends: Backends,
+    /// SwitchKV's cache nodes and the switch rules that steer reads to them; none without.
+    #[serde(default)]
+    pub cache: Option<CacheNodes>,
+    /// What to plot of this scenario's variants and sweep points.
+    #[serde(default)]
+    pub plot: Plot,
+}
+
+fn default_bin_ms() -> u64 {
+    100
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Workload {
+    /// Keys in the keyspace (up to 10^10 and beyond: nothing is kept per key).
+    pub keys: u64,
+    /// Zipf exponent; 0 is uniform.
+    #[serde(default)]
+    pub skew: f64,
+    /// Share of requests that are writes, 0 to 1.
+    #[serde(default)]
+    pub write_ratio: f64,
+    /// Bytes of each value.
+    #[serde(default = "default_value_size")]
+    pub value_size: usize,
+    /// Popularity changes, SwitchKV's hot-in, hot-out and random; none without.
+    #[serde(default)]
+    pub change: Option<Change>,
+}
+
+fn default_value_size() -> usize {
+    128
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Change {
+    pub kind: ChangeKind,
+    /// Keys moved by each change.
+    pub keys: u64,
+    /// Seconds between changes.
+    pub every_s: f64,
+    /// First change at this many seconds [default: every_s].
+    #[serde(default)]
+    pub start_s: Option<f64>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClientModel {
+    /// Poisson arrivals at `rate`.
+    Open,
+    /// `count` clients, each waiting for its answer (or `timeout_ms`) before the next.
+    Closed,
+    /// SwitchKV's clients: Poisson arrivals whose rate is adjusted every `adjust_ms` to keep
+    /// the loss between `loss_low` and `loss_high`.
+    RateControl,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Clients {
+    pub model: ClientModel,
+    /// Requests a second (open loop; rate control: where it starts).
+    #[serde(default)]
+    pub rate: f64,
+    /// Closed-loop clients.
+    #[serde(default)]
+    pub count: usize,
+    /// Closed loop: microseconds between an answer and the next request.
+    #[serde(default)]
+    pub think_us: f64,
+    /// Closed loop: milliseconds after which a request without an answer counts as lost and
+    /// the next goes.
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: f64,
+    #[serde(default = "default_adjust_ms")]
+    pub adjust_ms: f64,
+    #[serde(default = "default_loss_low")]
+    pub loss_low: f64,
+    #[serde(default = "default_loss_high")]
+    pub loss_high: f64,
+    /// Rate control: the rate is multiplied by 1 + step below `loss_low` and by 1 − step
+    /// above `loss_high`.
+    #[serde(default = "default_step")]
+    pub step: f64,
+}
+
+fn default_timeout_ms() -> f64 {
+    10.0
+}
+fn default_adjust_ms() -> f64 {
+    10.0
+}
+fn default_loss_low() -> f64 {
+    0.005
+}
+fn default_loss_high() -> f64 {
+    0.01
+}
+fn default_step() -> f64 {
+    0.02
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Network {
+    /// One-way propagation and switching delay of each link a request or reply crosses, in
+    /// microseconds (a request to a backend and its reply cross four).
+    #[serde(default = "default_link_us")]
+    pub link_us: f64,
+}
+
+fn default_link_us() -> f64 {
+    2.0
+}
+
+impl Default for Network {
+    fn default() -> Network {
+        Network {
+            link_us: default_link_us(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Backends {
+    pub count: usize,
+    /// Requests a second each serves.
+    pub capacity: f64,
+    /// Requests each holds, the one in service included; more are dropped.
+    #[serde(default = "default_queue")]
+    pub queue: usize,
+    #[serde(default = "default_service")]
+    pub service: Service,
+    /// How the switch places keys on backends: ketama (as nutcracker) or modula.
+    #[serde(default = "default_distribution")]
+    pub distribution: String,
+    /// nutcracker's hash function name.
+    #[serde(default = "default_hash")]
+    pub hash: String,
+}
+
+fn default_queue() -> usize {
+    64
+}
+fn default_service() -> Service {
+    Service::Fixed
+}
+fn default_distribution() -> String {
+    "ketama".into()
+}
+fn default_hash() -> String {
+    "fnv1a_64".into()
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CacheNodes {
+    /// Cache nodes; backend `b` reports to node `b mod nodes`.
+    #[serde(default = "default_nodes")]
+    pub nodes: usize,
+    /// Keys each cache node holds (SwitchKV: 10,000 in all).
+    pub items: usize,
+    /// Requests a second each cache node serves; 0: as many as come.
+    #[serde(default)]
+    pub capacity: f64,
+    #[serde(default = "default_node_queue")]
+    pub queue: usize,
+    /// Exact-match rules the switch holds; past it an install is refused and counted.
+    #[serde(default = "default_rule_table")]
+    pub rule_table: usize,
+    /// Rule updates a second the switch accepts (SwitchKV: 400); 0: unlimited.
+    #[serde(default)]
+    pub rule_rate: u32,
+    /// Periodic report: segment length in milliseconds and keys reported per segment.
+    #[serde(default = "default_report_ms")]
+    pub report_ms: u64,
+    #[serde(default = "default_top_k")]
+    pub top_k: usize,
+    /// EWMA weight of the segment just ended.
+    #[serde(default = "default_alpha")]
+    pub alpha: f64,
+    /// Keys each backend's counter tracks.
+    #[serde(default = "default_counter")]
+    pub counter_capacity: usize,
+    /// Count one request in `sample` at the backends (1: every one).
+    #[serde(default = "default_sample")]
+    pub sample: u32,
+    /// Instant reports: a key read more than `log_threshold` times in the last `log_size`;
+    /// `log_size` 0 turns them off.
+    #[serde(default = "default_log_size")]
+    pub log_size: usize,
+    #[serde(default = "default_log_threshold")]
+    pub log_threshold: u32,
+    /// Instant reports only from a backend serving at least this many reads a second.
+    #[serde(default)]
+    pub load_floor: f64,
+    /// Admission threshold percentile among cached loads.
+    #[serde(default = "default_admit")]
+    pub admit_percentile: f64,
+    /// Lease a backend grants, in milliseconds.
+    #[serde(default = "default_lease_ms")]
+    pub lease_ms: u64,
+    /// How often a cache node fetches, releases rule changes and renews, in milliseconds
+    /// (the node's tick).
+    #[serde(default = "default_tick_ms")]
+    pub tick_ms: u64,
+    /// How reads reach a cache node: `steered` (SwitchKV: the switch's rules send reads of
+    /// cached keys to it) or `look-aside` (every read asks its backend's cache node first,
+    /// and its backend on a miss).
+    #[serde(default = "default_path")]
+    pub path: CachePath,
+    /// Periodic reports on (off: only instant reports admit keys).
+    #[serde(default = "yes")]
+    pub periodic: bool,
+    /// The hottest keys the cache nodes hold before requests start, as SwitchKV's
+    /// experiments start: reported by their backends with their loads, fetched, and their
+    /// rules installed at the rule rate during a quiet lead-in the results leave out.
+    #[serde(default)]
+    pub prefill: u64,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum CachePath {
+    Steered,
+    LookAside,
+}
+
+fn default_path() -> CachePath {
+    CachePath::Steered
+}
+fn yes() -> bool {
+    true
+}
+
+fn default_nodes() -> usize {
+    1
+}
+fn default_node_queue() -> usize {
+    256
+}
+fn default_rule_table() -> usize {
+    1 << 20
+}
+fn default_report_ms() -> u64 {
+    1000
+}
+fn default_top_k() -> usize {
+    5
+}
+fn default_alpha() -> f64 {
+    0.5
+}
+fn default_counter() -> usize {
+    1024
+}
+fn default_sample() -> u32 {
+    1
+}
+fn default_log_size() -> usize {
+    200
+}
+fn default_log_threshold() -> u32 {
+    8
+}
+fn default_admit() -> f64 {
+    10.0
+}
+fn default_lease_ms() -> u64 {
+    2000
+}
+fn default_tick_ms() -> u64 {
+    10
+}
+
+/// What the plots of a scenario show.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Plot {
+    /// Summary figures drawn against the sweep's values (one line per variant), or, with no
+    /// sweep, time-series columns drawn over time. Default: throughput.
+    #[serde(default)]
+    pub y: Vec<String>,
+    /// Draw the sweep's axis on a log scale.
+    #[serde(default)]
+    pub x_log: bool,
+    /// Also draw each run's per-backend loads, busiest first (SwitchKV's Figure 9).
+    #[serde(default)]
+    pub backends: bool,
+    /// A title for the plots; the scenario's name without.
+    #[serde(default)]
+    pub title: String,
+    /// The axis label of the sweep; its key without.
+    #[serde(default)]
+    pub x_label: String,
+}
+
+/// A scenario file: the base run, its variants and its sweep.
+#[derive(Clone, Debug)]
+pub struct File {
+    /// Every run: (variant name, sweep value as written, the run's scenario).
+    pub runs: Vec<Run>,
+    /// The sweep's key (the first, when it sets several), if any.
+    pub sweep: Option<String>,
+    pub base: Scenario,
+}
+
+#[derive(Clone, Debug)]
+pub struct Run {
+    pub variant: String,
+    pub x: Option<f64>,
+    pub scenario: Scenario,
+}
+
+/// What is wrong with a scenario file.
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    #[error("not TOML: {0}")]
+    Toml(String),
+    #[error("{0}")]
+    Field(String),
+}
+
+fn field(msg: impl Into<String>) -> ScenarioError {
+    ScenarioError::Field(msg.into())
+}
+
+/// Reads a scenario file's text: the base, `[[variant]]` tables (`name`, `set`: dotted keys to
+/// values, `remove`: dotted keys to take away) and `[sweep]` (`key`, `values`).
+pub fn parse(text: &str) -> Result<File, ScenarioError> {
+    parse_with(text, false)
+}
+
+/// As [`parse`]; with `short`, the file's `[short]` table is applied first: its `set` (dotted
+/// keys to values) and `values` (the sweep's values), a small version of the scenario for the
+/// test suite and a quick look.
+pub fn parse_with(text: &str, short: bool) -> Result<File, ScenarioError> {
+    let mut root: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| ScenarioError::Toml(e.to_string()))?;
+    let variants = root.remove("variant");
+    let mut sweep = root.remove("sweep");
+    let small = root.remove("short");
+    if let (true, Some(small)) = (short, small) {
+        let toml::Value::Table(mut small) = small else {
+            return Err(field("short: must be a table"));
+        };
+        if let Some(set) = small.remove("set") {
+            let toml::Value::Table(set) = set else {
+                return Err(field("short.set: must be a table of dotted keys"));
+            };
+            for (k, value) in set {
+                set_path(&mut root, &k, Some(value))
+                    .map_err(|e| field(format!("short.set.\"{k}\": {e}")))?;
+            }
+        }
+        if let Some(values) = small.remove("values") {
+            match &mut sweep {
+                Some(toml::Value::Table(s)) => {
+                    s.insert("values".into(), values);
+                }
+                _ => return Err(field("short.values: the scenario has no sweep")),
+            }
+        }
+        if let Some((k, _)) = small.iter().next() {
+            return Err(field(format!(
+                "short.{k}: unknown (short has set and values)"
+            )));
+        }
+    }
+    let base = to_scenario(&root, "the scenario")?;
+    let mut variants_list: Vec<(String, toml::Table)> = Vec::new();
+    match variants {
+        None => variants_list.push((String::new(), root.clone())),
+        Some(toml::Value::Array(all)) => {
+            for (i, v) in all.into_iter().enumerate() {
+                let at = format!("variant[{i}]");
+                let toml::Value::Table(mut v) = v else {
+                    return Err(field(format!("{at}: must be a table")));
+                };
+                let name = match v.remove("name") {
+                    Some(toml::Value::String(s)) if !s.is_empty() => s,
+                    _ => return Err(field(format!("{at}.name: a non-empty string is required"))),
+                };
+                let mut table = root.clone();
+                if let Some(set) = v.remove("set") {
+                    let toml::Value::Table(set) = set else {
+                        return Err(field(format!("{at}.set: must be a table of dotted keys")));
+                    };
+                    for (k, value) in set {
+                        set_path(&mut table, &k, Some(value))
+                            .map_err(|e| field(format!("{at}.set.\"{k}\": {e}")))?;
+                    }
+                }
+                if let Some(remove) = v.remove("remove") {
+                    let toml::Value::Array(keys) = remove else {
+                        return Err(field(format!("{at}.remove: must be a list of dotted keys")));
+                    };
+                    for k in keys {
+                        let toml::Value::String(k) = k else {
+                            return Err(field(format!("{at}.remove: must be a list of strings")));
+                        };
+                        set_path(&mut table, &k, None)
+                            .map_err(|e| field(format!("{at}.remove \"{k}\": {e}")))?;
+                    }
+                }
+                if let Some((k, _)) = v.iter().next() {
+                    return Err(field(format!(
+                        "{at}.{k}: unknown (a variant has name, set and remove)"
+                    )));
+                }
+                if variants_list.iter().any(|(n, _)| *n == name) {
+                    return Err(field(format!("{at}.name: \"{name}\" is used twice")));
+                }
+                variants_list.push((name, table));
+            }
+            if variants_list.is_empty() {
+                return Err(field("variant: an empty list; leave it out for one run"));
+            }
+        }
+        Some(_) => return Err(field("variant: must be an array of tables ([[variant]])")),
+    }
+    let (sweep_key, values) = match sweep {
+        None => (None, vec![None]),
+        Some(toml::Value::Table(mut s)) => {
+            let key: Vec<String> = match s.remove("key") {
+                Some(toml::Value::String(k)) => vec![k],
+                Some(toml::Value::Array(ks)) if !ks.is_empty() => ks
+                    .into_iter()
+                    .map(|k| match k {
+                        toml::Value::String(k) => Ok(k),
+                        _ => Err(field("sweep.key: a list of dotted keys must hold strings")),
+                    })
+                    .collect::<Result<_, _>>()?,
+                _ => return Err(field("sweep.key: a dotted key such as \"workload.skew\" (or a list of them) is required")),
+            };
+            let values = match s.remove("values") {
+                Some(toml::Value::Array(v)) if !v.is_empty() => v,
+                _ => return Err(field("sweep.values: a non-empty list is required")),
+            };
+            if let Some((k, _)) = s.iter().next() {
+                return Err(field(format!(
+                    "sweep.{k}: unknown (a sweep has key and values)"
+                )));
+            }
+            (Some(key), values.into_iter().map(Some).collect())
+        }
+        Some(_) => return Err(field("sweep: must be a table")),
+    };
+    let mut runs = Vec::new();
+    for (name, table) in &variants_list {
+        for value in &values {
+            let mut t = table.clone();
+            let mut x = None;
+            let mut at = if name.is_empty() {
+                "the scenario".to_string()
+            } else {
+                format!("variant \"{name}\"")
+            };
+            if let (Some(key), Some(value)) = (&sweep_key, value) {
+                x = Some(match value {
+                    toml::Value::Integer(i) => *i as f64,
+                    toml::Value::Float(f) => *f,
+                    _ => return Err(field(format!("sweep.values: {value} is not a number"))),
+                });
+                for k in key {
+                    // A variant that took away the table a swept key is in (the cache) takes
+                    // no part in the sweep: its line stays flat.
+                    if !has_parent(&t, k) {
+                        continue;
+                    }
+                    set_path(&mut t, k, Some(value.clone()))
+                        .map_err(|e| field(format!("sweep.key \"{k}\": {e}")))?;
+                }
+                at = format!("{at} at {} = {value}", key[0]);
+            }
+            let scenario = to_scenario(&t, &at)?;
+            runs.push(Run {
+                variant: name.clone(),
+                x,
+                scenario,
+            });
+        }
+    }
+    Ok(File {
+        runs,
+        sweep: sweep_key.map(|k| k[0].clone()),
+        base,
+    })
+}
+
+fn to_scenario(table: &toml::Table, at: &str) -> Result<Scenario, ScenarioError> {
+    let s: Scenario = toml::Value::Table(table.clone())
+        .try_into()
+        .map_err(|e: toml::de::Error| field(format!("{at}: {}", e.to_string().trim())))?;
+    s.validate().map_err(|e| field(format!("{at}: {e}")))?;
+    Ok(s)
+}
+
+/// Whether the table holding a dotted key's last part is there.
+fn has_parent(table: &toml::Table, key: &str) -> bool {
+    let parts: Vec<&str> = key.split('.').collect();
+    let mut t = table;
+    for p in &parts[..parts.len().saturating_sub(1)] {
+        match t.get(*p) {
+            Some(toml::Value::Table(inner)) => t = inner,
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// Sets (or with `None` removes) the value at a dotted key, making tables on the way.
+fn set_path(table: &mut toml::Table, key: &str, value: Option<toml::Value>) -> Result<(), String> {
+    let parts: Vec<&str> = key.split('.').collect();
+    if parts.iter().any(|p| p.is_empty()) {
+        return Err("not a dotted key".into());
+    }
+    let mut t = table;
+    for p in &parts[..parts.len() - 1] {
+        let next = t
+            .entry(p.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        t = match next {
+            toml::Value::Table(inner) => inner,
+            _ => return Err(format!("{p} is not a table")),
+        };
+    }
+    let last = parts[parts.len() - 1];
+    match value {
+        Some(v) => {
+            t.insert(last.to_string(), v);
+        }
+        None => {
+            if t.remove(last).is_none() {
+                return Err("not in the scenario".into());
+            }
+        }
+    }
+    Ok(())
+}
+
+fn positive(name: &str, v: f64) -> Result<(), String> {
+    if v.is_finite() && v > 0.0 {
+        Ok(())
+    } else {
+        Err(format!("{name} must be a number above 0, not {v}"))
+    }
+}
+
+impl Scenario {
+    /// Checks every field's range.
+    pub fn validate(&self) -> Result<(), String> {
+        positive("duration_s", self.duration_s)?;
+        if !(self.warmup_s >= 0.0 && self.warmup_s < self.duration_s) {
+            return Err(format!(
+                "warmup_s must be at least 0 and below duration_s, not {}",
+                self.warmup_s
+            ));
+        }
+        if self.bin_ms == 0 {
+            return Err("bin_ms must be above 0".into());
+        }
+        if self.duration_s * 1000.0 / self.bin_ms as f64 > 1e6 {
+            return Err("duration_s / bin_ms gives more than a million bins".into());
+        }
+        let w = &self.workload;
+        if w.keys == 0 {
+            return Err("workload.keys must be above 0".into());
+        }
+        if !(w.skew.is_finite() && w.skew >= 0.0) {
+            return Err(format!("workload.skew must be 0 or above, not {}", w.skew));
+        }
+        if !(0.0..=1.0).contains(&w.write_ratio) {
+            return Err(format!(
+                "workload.write_ratio must be 0 to 1, not {}",
+                w.write_ratio
+            ));
+        }
+        if w.value_size == 0 || w.value_size > 1 << 20 {
+            return Err("workload.value_size must be 1 to 1048576 bytes".into());
+        }
+        if let Some(c) = &w.change {
+            positive("workload.change.every_s", c.every_s)?;
+            if c.keys == 0
+                || c.keys >= w.keys
+                || (c.kind == ChangeKind::Random && c.keys.saturating_mul(2) > w.keys)
+            {
+                return Err(format!("workload.change.keys must be 1 to below workload.keys (half of it for random), not {}", c.keys));
+            }
+            if c.kind != ChangeKind::Random && w.skew == 0.0 {
+                return Err(
+                    "workload.change moves popularity ranks: it needs workload.skew above 0".into(),
+                );
+            }
+            if let Some(s) = c.start_s {
+                if !(s.is_finite() && s >= 0.0) {
+                    return Err("workload.change.start_s must be 0 or above".into());
+                }
+            }
+        }
+        let c = &self.clients;
+        match c.model {
+            ClientModel::Open | ClientModel::RateControl => positive("clients.rate", c.rate)?,
+            ClientModel::Closed => {
+                if c.count == 0 || c.count > 1_000_000 {
+                    return Err("clients.count must be 1 to 1000000 for closed-loop clients".into());
+                }
+                positive("clients.timeout_ms", c.timeout_ms)?;
+                if !(c.think_us.is_finite() && c.think_us >= 0.0) {
+                    return Err("clients.think_us must be 0 or above".into());
+                }
+            }
+        }
+        if c.model == ClientModel::RateControl {
+            positive("clients.adjust_ms", c.adjust_ms)?;
+            if !(0.0 <= c.loss_low && c.loss_low < c.loss_high && c.loss_high < 1.0) {
+                return Err(
+                    "clients.loss_low and loss_high must satisfy 0 <= low < high < 1".into(),
+                );
+            }
+            if !(c.step > 0.0 && c.step < 1.0) {
+                return Err("clients.step must be between 0 and 1".into());
+            }
+        }
+        if !(self.network.link_us.is_finite() && self.network.link_us >= 0.0) {
+            return Err("network.link_us must be 0 or above".into());
+        }
+        let b = &self.backends;
+        if b.count == 0 || b.count > 65_536 {
+            return Err("backends.count must be 1 to 65536".into());
+        }
+        positive("backends.capacity", b.capacity)?;
+        if b.queue == 0 {
+            return Err("backends.queue must be at least 1".into());
+        }
+        b.distribution
+            .parse::<kv::Distribution>()
+            .map_err(|e| format!("backends.distribution: {e}"))?;
+        b.hash
+            .parse::<kv::HashFn>()
+            .map_err(|e| format!("backends.hash: {e}"))?;
+        if let Some(n) = &self.cache {
+            if n.nodes == 0 || n.nodes > b.count {
+                return Err("cache.nodes must be 1 to backends.count".into());
+            }
+            if n.items == 0 {
+                return Err("cache.items must be above 0".into());
+            }
+            if !(n.capacity.is_finite() && n.capacity >= 0.0) {
+                return Err("cache.capacity must be 0 (unlimited) or above".into());
+            }
+            if n.queue == 0
+                || n.rule_table == 0
+                || n.report_ms == 0
+                || n.lease_ms == 0
+                || n.tick_ms == 0
+            {
+                return Err(
+                    "cache.queue, rule_table, report_ms, lease_ms and tick_ms must be above 0"
+                        .into(),
+                );
+            }
+            if n.top_k == 0 || n.top_k > n.counter_capacity {
+                return Err("cache.top_k must be 1 to cache.counter_capacity".into());
+            }
+            if !(n.alpha > 0.0 && n.alpha <= 1.0) {
+                return Err("cache.alpha must be in (0, 1]".into());
+            }
+            if n.sample == 0 {
+                return Err("cache.sample must be at least 1".into());
+            }
+            if n.prefill > w.keys || n.prefill > 10_000_000 {
+                return Err("cache.prefill must be at most workload.keys and 10000000".into());
+            }
+            if !(0.0..=100.0).contains(&n.admit_percentile) {
+                return Err("cache.admit_percentile must be 0 to 100".into());
+            }
+        }
+        Ok(())
+    }
+
+    pub fn duration(&self) -> Duration {
+        Duration::from_secs_f64(self.duration_s)
+    }
+}
