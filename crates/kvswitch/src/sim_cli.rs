@@ -28,6 +28,10 @@ pub struct SimArgs {
     /// Run the scenario's small version (its `[short]` table): the test suite's.
     #[arg(long)]
     pub short: bool,
+    /// Set a field of the scenario, a dotted key and a TOML value (`--set duration_s=15`,
+    /// `--set 'cache.path="look-aside"'`); may be given more than once.
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
     /// Print no progress line.
     #[arg(long, short)]
     pub quiet: bool,
@@ -36,7 +40,7 @@ pub struct SimArgs {
 pub fn run(args: &SimArgs) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&args.scenario)
         .with_context(|| format!("reading {}", args.scenario.display()))?;
-    let file = sim::parse_with(&text, args.short)
+    let file = sim::parse_set(&text, args.short, &args.set)
         .with_context(|| format!("{}", args.scenario.display()))?;
     check_plot(&file).with_context(|| format!("{}", args.scenario.display()))?;
     let out = args
@@ -266,7 +270,7 @@ fn charts(file: &sim::File, outcomes: &[(sim::Run, sim::Outcome)]) -> Vec<(Strin
                 charts.push((
                     y.clone(),
                     LineChart {
-                        title: format!("{title}: {y}"),
+                        title: format!("{title} ({y})"),
                         x_label: if p.x_label.is_empty() {
                             key.clone()
                         } else {
@@ -301,7 +305,7 @@ fn charts(file: &sim::File, outcomes: &[(sim::Run, sim::Outcome)]) -> Vec<(Strin
                 charts.push((
                     y.clone(),
                     LineChart {
-                        title: format!("{title}: {y}"),
+                        title: format!("{title} ({y})"),
                         x_label: "time (s)".into(),
                         y_label: y.clone(),
                         x_log: false,

@@ -6,12 +6,14 @@
 //! - [`station`]: a server's queue and service.
 //! - [`scenario`]: the scenario file, its variants and sweep.
 //! - [`request`]: the request level, SwitchKV's system through the `kv` crate's objects.
+//! - [`frame`]: the frame level, IncBricks' fabric through the fabric's switches.
 //! - [`output`]: the summary and time series, written the same way every time.
 //!
 //! Nothing here reads a clock, the operating system's randomness or a file: the same
 //! scenario and seed give the same bytes.
 
 pub mod core;
+pub mod frame;
 pub mod output;
 pub mod request;
 pub mod scenario;
@@ -20,7 +22,7 @@ pub mod station;
 use std::time::Duration;
 
 pub use output::{Bin, Summary};
-pub use scenario::{parse, parse_with, File, Run, Scenario, ScenarioError};
+pub use scenario::{parse, parse_set, parse_with, File, Run, Scenario, ScenarioError};
 
 /// How far a run has got, for a progress line.
 #[derive(Clone, Copy, Debug)]
@@ -43,8 +45,11 @@ pub struct Outcome {
 
 /// Runs one scenario with `seed`.
 pub fn run(run: &Run, seed: u64, progress: &mut dyn FnMut(Progress)) -> Result<Outcome, String> {
-    let sim = request::RequestSim::new(&run.scenario, core::Seeds::new(seed))?;
-    let (mut summary, series, backend_loads) = sim.run(progress);
+    let seeds = core::Seeds::new(seed);
+    let (mut summary, series, backend_loads) = match run.scenario.level {
+        scenario::Level::Request => request::RequestSim::new(&run.scenario, seeds)?.run(progress),
+        scenario::Level::Frame => frame::FrameSim::new(&run.scenario, seeds)?.run(progress),
+    };
     summary.variant = run.variant.clone();
     summary.x = run.x;
     let series_csv = output::series_csv(&series, run.scenario.bin_ms as f64 / 1000.0);

@@ -52,6 +52,13 @@ pub struct Summary {
     pub periodic_reports: u64,
     /// Rate-control clients: their rate at the end, requests a second.
     pub client_rate_end: f64,
+    /// Frame level: reads answered by a ToR's cache and by a root's, frames dropped by a
+    /// full link queue, and what the coherence checker found in the clients' history.
+    pub tor_hits: u64,
+    pub root_hits: u64,
+    pub dropped_link_queue: u64,
+    pub history_ops: u64,
+    pub violations: u64,
 }
 
 /// One time-series bin.

@@ -36,9 +36,72 @@ pub struct Scenario {
     /// SwitchKV's cache nodes and the switch rules that steer reads to them; none without.
     #[serde(default)]
     pub cache: Option<CacheNodes>,
+    /// The level of detail: `request` (the `kv` crate's objects per request) or `frame`
+    /// (frames through the fabric's switches, `[fabric]`).
+    #[serde(default = "default_level")]
+    pub level: Level,
+    /// The caching fabric of the frame level.
+    #[serde(default)]
+    pub fabric: Option<Fabric>,
     /// What to plot of this scenario's variants and sweep points.
     #[serde(default)]
     pub plot: Plot,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Level {
+    Request,
+    Frame,
+}
+
+fn default_level() -> Level {
+    Level::Request
+}
+
+/// IncBricks' multi-rooted tree: every ToR linked to every root, a rack of hosts under each
+/// ToR, servers on the first hosts of the racks in turn, closed-loop clients on the others.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Fabric {
+    pub tors: usize,
+    pub roots: usize,
+    /// Hosts under each ToR.
+    pub hosts_per_rack: usize,
+    /// Servers (`backends.count` is ignored at this level).
+    pub servers: usize,
+    /// Cached items at each ToR and each root (0: no cache there).
+    pub tor_items: usize,
+    pub root_items: usize,
+    /// Gigabits a second of a host's link and of a ToR-root link.
+    #[serde(default = "default_host_gbps")]
+    pub host_gbps: f64,
+    #[serde(default = "default_core_gbps")]
+    pub core_gbps: f64,
+    /// Frames a link's queue holds; more are dropped.
+    #[serde(default = "default_link_queue")]
+    pub link_queue: usize,
+    /// Microseconds a switch takes over each frame it handles.
+    #[serde(default = "default_switch_us")]
+    pub switch_us: f64,
+    /// Servers packed into the first racks and clients only in the others (IncBricks'
+    /// cross-cluster runs); otherwise servers are spread over the racks and clients share
+    /// them.
+    #[serde(default)]
+    pub cross_rack: bool,
+}
+
+fn default_host_gbps() -> f64 {
+    10.0
+}
+fn default_core_gbps() -> f64 {
+    40.0
+}
+fn default_link_queue() -> usize {
+    1000
+}
+fn default_switch_us() -> f64 {
+    1.0
 }
 
 fn default_bin_ms() -> u64 {
@@ -374,6 +437,12 @@ pub fn parse(text: &str) -> Result<File, ScenarioError> {
 /// keys to values) and `values` (the sweep's values), a small version of the scenario for the
 /// test suite and a quick look.
 pub fn parse_with(text: &str, short: bool) -> Result<File, ScenarioError> {
+    parse_set(text, short, &[])
+}
+
+/// As [`parse_with`], with `KEY=VALUE` settings (a dotted key, a TOML value) applied to the
+/// base after `[short]`: `duration_s=15`, `cache.items=1000`.
+pub fn parse_set(text: &str, short: bool, set: &[String]) -> Result<File, ScenarioError> {
     let mut root: toml::Table = text
         .parse()
         .map_err(|e: toml::de::Error| ScenarioError::Toml(e.to_string()))?;
@@ -406,6 +475,22 @@ pub fn parse_with(text: &str, short: bool) -> Result<File, ScenarioError> {
                 "short.{k}: unknown (short has set and values)"
             )));
         }
+    }
+    for kv in set {
+        let Some((k, v)) = kv.split_once('=') else {
+            return Err(field(format!("--set {kv}: expected KEY=VALUE")));
+        };
+        let value: toml::Table = format!("v = {v}").parse().map_err(|_| {
+            field(format!(
+                "--set {kv}: {v} is not a TOML value (quote strings)"
+            ))
+        })?;
+        let value = value
+            .get("v")
+            .cloned()
+            .unwrap_or(toml::Value::Boolean(false));
+        set_path(&mut root, k.trim(), Some(value))
+            .map_err(|e| field(format!("--set {kv}: {e}")))?;
     }
     let base = to_scenario(&root, "the scenario")?;
     let mut variants_list: Vec<(String, toml::Table)> = Vec::new();
@@ -664,6 +749,46 @@ impl Scenario {
         }
         if !(self.network.link_us.is_finite() && self.network.link_us >= 0.0) {
             return Err("network.link_us must be 0 or above".into());
+        }
+        if self.level == Level::Frame {
+            let Some(f) = &self.fabric else {
+                return Err("level = \"frame\" needs a [fabric] table".into());
+            };
+            if f.tors == 0 || f.tors > 200 || f.roots == 0 || f.roots > 50 {
+                return Err("fabric.tors must be 1 to 200 and fabric.roots 1 to 50".into());
+            }
+            if f.hosts_per_rack < 2 || f.hosts_per_rack > 250 {
+                return Err("fabric.hosts_per_rack must be 2 to 250".into());
+            }
+            if f.servers == 0 || f.servers >= f.tors * f.hosts_per_rack {
+                return Err("fabric.servers must be 1 to fewer than the hosts".into());
+            }
+            if f.cross_rack && f.tors < 2 {
+                return Err("fabric.cross_rack needs at least 2 ToRs".into());
+            }
+            positive("fabric.host_gbps", f.host_gbps)?;
+            positive("fabric.core_gbps", f.core_gbps)?;
+            if f.link_queue == 0 {
+                return Err("fabric.link_queue must be at least 1".into());
+            }
+            if !(f.switch_us.is_finite() && f.switch_us >= 0.0) {
+                return Err("fabric.switch_us must be 0 or above".into());
+            }
+            if self.clients.model != ClientModel::Closed {
+                return Err(
+                    "the frame level has closed-loop clients only (clients.model = \"closed\")"
+                        .into(),
+                );
+            }
+            if self.workload.value_size > 1200 {
+                return Err("the frame level keeps a value in one datagram: workload.value_size at most 1200".into());
+            }
+            if self.cache.is_some() {
+                return Err("[cache] is SwitchKV's, of the request level; the fabric caches in its switches".into());
+            }
+            if self.workload.change.is_some() {
+                return Err("workload.change is not simulated at the frame level".into());
+            }
         }
         let b = &self.backends;
         if b.count == 0 || b.count > 65_536 {

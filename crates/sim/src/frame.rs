@@ -1,0 +1,757 @@
+//! The frame level: IncBricks' caching fabric as the daemon runs it. Every ToR and root is a
+//! `switch::fabric::FabricSwitch` (its parser, LFU cache, registration table, directory and
+//! coherence messages) fed whole Ethernet frames; links have a rate, a delay and a queue;
+//! servers answer from `kvswitch node`'s store behind a [`Station`]; closed-loop clients send
+//! memcached datagrams and record every operation for the coherence checker.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use history::{Kind, Op};
+use kv::fabric::{Registration, SwitchId};
+use kv::{Instant, Ring, Server};
+use loadgen::zipf::KeyGen;
+use rand::rngs::SmallRng;
+use rand::Rng;
+use switch::fabric::{FabricServer, FabricSpec, FabricSwitch, Member, PortRole, Rack, Role};
+use switch::{Dest, Emit, Fate};
+use wire::ethernet::{self, Mac};
+use wire::frame::{emit_udp_headers, UdpEnds, PAYLOAD_OFFSET};
+use wire::{ipv4, mcudp, udp};
+
+use crate::core::{source, Events, Seeds};
+use crate::output::{Bin, Histogram, Summary};
+use crate::scenario::{Fabric, Scenario};
+use crate::station::Station;
+use crate::Progress;
+
+const MC_PORT: u16 = 11211;
+/// Bytes a frame occupies on the wire beyond its own: preamble, gap and check sequence.
+const WIRE_OVERHEAD: u64 = 24;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum End {
+    Switch(usize, u16),
+    Host(usize),
+}
+
+enum Ev {
+    /// A frame reaches an end of a link.
+    Frame(End, Vec<u8>),
+    /// A switch's deadline.
+    Tick(usize),
+    /// A server's answer leaves it.
+    Answer(usize, Vec<u8>),
+    /// Client `c` sends its next request.
+    Send(usize),
+    /// Client `c` gives up on request `id`.
+    Timeout(usize, u16),
+    Bin,
+}
+
+/// One direction of a link: frames leave one after another at its rate.
+struct Link {
+    to: End,
+    bits_per_ns: f64,
+    delay: Duration,
+    depth: usize,
+    leaving: VecDeque<Instant>,
+    free_at: Instant,
+}
+
+struct Host {
+    ip: Ipv4Addr,
+    mac: Mac,
+    server: Option<(node::Store, Station)>,
+}
+
+struct Client {
+    host: usize,
+    port: u16,
+    next_id: u16,
+    waiting: Option<(u16, Op, u64)>,
+    rng: SmallRng,
+}
+
+pub struct FrameSim<'a> {
+    sc: &'a Scenario,
+    f: &'a Fabric,
+    ev: Events<Ev>,
+    end: Instant,
+    warmup: Instant,
+    bin: Duration,
+    switches: Vec<FabricSwitch>,
+    tick_at: Vec<Option<Instant>>,
+    links: HashMap<End, Link>,
+    hosts: Vec<Host>,
+    servers: Vec<usize>,
+    ring: Ring,
+    clients: Vec<Client>,
+    keys: KeyGen,
+    key_rng: SmallRng,
+    history: Vec<Op>,
+    bins: Vec<Bin>,
+    latency: Histogram,
+    s: Summary,
+    window_answered: u64,
+    window_sent: u64,
+    served: Vec<u64>,
+    /// Keys every server holds from the start (the experiments' preload), stored when first
+    /// asked for and recorded in the history as written before any client ran.
+    preloaded: std::collections::HashSet<String>,
+}
+
+fn switch_ip(id: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 255, (id >> 8) as u8, id as u8 + 1)
+}
+
+fn switch_mac(id: usize) -> Mac {
+    Mac([0x02, 0xff, 0, 0, (id >> 8) as u8, id as u8])
+}
+
+impl<'a> FrameSim<'a> {
+    pub fn new(sc: &'a Scenario, seeds: Seeds) -> Result<FrameSim<'a>, String> {
+        let f = sc
+            .fabric
+            .as_ref()
+            .ok_or("level = \"frame\" needs [fabric]")?;
+        let (tors, roots, per) = (f.tors, f.roots, f.hosts_per_rack);
+        let n = tors + roots;
+        let members: Vec<Member> = (0..n)
+            .map(|i| Member {
+                id: i as SwitchId,
+                role: if i < tors { Role::Tor } else { Role::Root },
+                ip: switch_ip(i),
+                mac: switch_mac(i),
+            })
+            .collect();
+        let racks: Vec<Rack> = (0..tors)
+            .map(|t| Rack {
+                tor: t as SwitchId,
+                prefix: Ipv4Addr::new(10, (t / 250) as u8, (t % 250) as u8, 0),
+                prefix_len: 24,
+            })
+            .collect();
+        let mut hosts = Vec::new();
+        let mut links = HashMap::new();
+        let host_bits = f.host_gbps;
+        let core_bits = f.core_gbps;
+        let delay = Duration::from_secs_f64(sc.network.link_us / 1e6);
+        let mut link = |from: End, to: End, gbps: f64| {
+            links.insert(
+                from,
+                Link {
+                    to,
+                    bits_per_ns: gbps,
+                    delay,
+                    depth: f.link_queue,
+                    leaving: VecDeque::new(),
+                    free_at: Instant::ZERO,
+                },
+            );
+        };
+        // Servers on host 0 of racks 0, 1, ... in turn, then host 1 of each, and so on; with
+        // `cross_rack`, packed into the first racks, whose other hosts stay idle.
+        let is_server = |t: usize, h: usize| {
+            if f.cross_rack {
+                t * per + h < f.servers
+            } else {
+                h * tors + t < f.servers
+            }
+        };
+        let server_racks = if f.cross_rack {
+            f.servers.div_ceil(per)
+        } else {
+            0
+        };
+        for t in 0..tors {
+            for h in 0..per {
+                let id = hosts.len();
+                let server = is_server(t, h).then(|| {
+                    let st = Station::new(
+                        sc.backends.capacity,
+                        sc.backends.queue,
+                        sc.backends.service,
+                        seeds.rng(source::SERVICE + id as u64),
+                    );
+                    (node::Store::new(None), st)
+                });
+                hosts.push(Host {
+                    ip: Ipv4Addr::new(10, (t / 250) as u8, (t % 250) as u8, h as u8 + 2),
+                    mac: Mac([0x02, 0, (t >> 8) as u8, t as u8, h as u8, 1]),
+                    server,
+                });
+                link(End::Switch(t, h as u16), End::Host(id), host_bits);
+                link(End::Host(id), End::Switch(t, h as u16), host_bits);
+            }
+            for r in 0..roots {
+                let (tor_port, root_port) = ((per + r) as u16, t as u16);
+                link(
+                    End::Switch(t, tor_port),
+                    End::Switch(tors + r, root_port),
+                    core_bits,
+                );
+                link(
+                    End::Switch(tors + r, root_port),
+                    End::Switch(t, tor_port),
+                    core_bits,
+                );
+            }
+        }
+        let servers: Vec<usize> = (0..hosts.len())
+            .filter(|&h| hosts[h].server.is_some())
+            .collect();
+        let fabric_servers: Vec<FabricServer> = servers
+            .iter()
+            .map(|&h| FabricServer {
+                ip: hosts[h].ip,
+                port: MC_PORT,
+                mac: hosts[h].mac,
+                home_node: false,
+            })
+            .collect();
+        let root_ids: Vec<SwitchId> = (tors..n).map(|i| i as SwitchId).collect();
+        let table = Registration::spread(1, &root_ids, &BTreeSet::new(), 64)
+            .ok_or("no registration table")?;
+        let mut switches = Vec::with_capacity(n);
+        for i in 0..n {
+            let ports = if i < tors {
+                (0..per)
+                    .map(|_| PortRole::Host)
+                    .chain((0..roots).map(|r| PortRole::Link((tors + r) as SwitchId)))
+                    .collect()
+            } else {
+                (0..tors).map(|t| PortRole::Link(t as SwitchId)).collect()
+            };
+            let mut spec = FabricSpec::new(
+                i as SwitchId,
+                members.clone(),
+                ports,
+                racks.clone(),
+                fabric_servers.clone(),
+                table.clone(),
+            );
+            spec.cache_items = if i < tors { f.tor_items } else { f.root_items };
+            switches.push(FabricSwitch::new(spec).map_err(|e| format!("switch {i}: {e}"))?);
+        }
+        let ring_servers: Vec<Server> = servers
+            .iter()
+            .map(|&h| Server::new(format!("{}:{MC_PORT}", hosts[h].ip), 1))
+            .collect();
+        let ring = Ring::new(kv::Distribution::Ketama, kv::HashFn::Fnv1a64, &ring_servers)
+            .map_err(|e| format!("the ring: {e}"))?;
+        // Cross-rack: clients only in racks without a server.
+        let client_hosts: Vec<usize> = (0..hosts.len())
+            .filter(|&h| hosts[h].server.is_none() && h / per >= server_racks)
+            .collect();
+        if client_hosts.is_empty() {
+            return Err("fabric: no rack is left for clients".into());
+        }
+        let clients = (0..sc.clients.count)
+            .map(|c| Client {
+                host: client_hosts[c % client_hosts.len()],
+                port: 20_000 + (c / client_hosts.len()) as u16,
+                next_id: 0,
+                waiting: None,
+                rng: seeds.rng(source::CLIENT + c as u64),
+            })
+            .collect::<Vec<_>>();
+        if sc.clients.count / client_hosts.len() > 40_000 {
+            return Err("clients.count: more than 40,000 clients a host".into());
+        }
+        let mut sim = FrameSim {
+            sc,
+            f,
+            ev: Events::new(),
+            end: Instant::ZERO + sc.duration(),
+            warmup: Instant::ZERO + Duration::from_secs_f64(sc.warmup_s),
+            bin: Duration::from_millis(sc.bin_ms),
+            tick_at: vec![None; switches.len()],
+            switches,
+            links,
+            served: vec![0; servers.len()],
+            hosts,
+            servers,
+            ring,
+            clients,
+            keys: KeyGen::new(sc.workload.keys, sc.workload.skew, true),
+            key_rng: seeds.rng(source::KEYS),
+            history: Vec::new(),
+            bins: vec![Bin::default()],
+            latency: Histogram::default(),
+            s: Summary {
+                scenario: sc.name.clone(),
+                seed: seeds.seed(),
+                level: "frame",
+                simulated_s: sc.duration_s,
+                ..Summary::default()
+            },
+            window_answered: 0,
+            window_sent: 0,
+            preloaded: std::collections::HashSet::new(),
+        };
+        for c in 0..sim.clients.len() {
+            let start = Duration::from_nanos(sim.clients[c].rng.gen_range(0..1_000_000));
+            sim.ev.at(Instant::ZERO + start, Ev::Send(c));
+        }
+        for s in 0..sim.switches.len() {
+            sim.schedule_tick(s);
+        }
+        sim.ev.at(Instant::ZERO + sim.bin, Ev::Bin);
+        Ok(sim)
+    }
+
+    pub fn run(mut self, progress: &mut dyn FnMut(Progress)) -> (Summary, Vec<Bin>, Vec<f64>) {
+        let mut reported = 0;
+        while let Some(at) = self.ev.peek() {
+            if at >= self.end {
+                break;
+            }
+            let Some((now, e)) = self.ev.pop() else { break };
+            match e {
+                Ev::Frame(to, frame) => self.deliver(to, frame, now),
+                Ev::Tick(s) => {
+                    if self.tick_at[s] == Some(now) {
+                        self.tick_at[s] = None;
+                        let mut emit = Vec::new();
+                        self.switches[s].tick(now, &mut emit);
+                        self.emitted(s, emit, now);
+                        self.schedule_tick(s);
+                    }
+                }
+                Ev::Answer(h, frame) => self.transmit(End::Host(h), frame, now),
+                Ev::Send(c) => self.issue(c, now),
+                Ev::Timeout(c, id) => {
+                    if self.clients[c].waiting.as_ref().is_some_and(|w| w.0 == id) {
+                        let (_, mut op, arg) =
+                            self.clients[c]
+                                .waiting
+                                .take()
+                                .unwrap_or((0, placeholder(), 0));
+                        op.end = now.as_nanos();
+                        op.kind = if op.cmd == "set" {
+                            Kind::MaybeWrite(Some(arg))
+                        } else {
+                            Kind::Failed
+                        };
+                        self.history.push(op);
+                        self.s.dropped += 1;
+                        self.ev.at(now, Ev::Send(c));
+                    }
+                }
+                Ev::Bin => {
+                    self.bin_at(now.checked_sub(Duration::from_nanos(1)).unwrap_or(now));
+                    self.ev.after(self.bin, Ev::Bin);
+                }
+            }
+            if self.ev.handled() - reported >= 1 << 18 {
+                reported = self.ev.handled();
+                progress(Progress {
+                    events: reported,
+                    simulated: self.ev.now().since_origin(),
+                    end: self.sc.duration(),
+                });
+            }
+        }
+        self.finish()
+    }
+
+    fn bin_at(&mut self, t: Instant) -> usize {
+        let i = (t.as_nanos() / self.bin.as_nanos() as u64) as usize;
+        while self.bins.len() <= i {
+            self.bins.push(Bin::default());
+        }
+        self.bins[i].t = (i + 1) as f64 * self.bin.as_secs_f64();
+        i
+    }
+
+    fn schedule_tick(&mut self, s: usize) {
+        let Some(at) = self.switches[s].poll_at() else {
+            return;
+        };
+        if self.tick_at[s].is_none_or(|t| at < t) {
+            self.tick_at[s] = Some(at);
+            self.ev.at(at, Ev::Tick(s));
+        }
+    }
+
+    /// A frame leaving `from` over its link: queued behind the frames before it, or dropped.
+    fn transmit(&mut self, from: End, frame: Vec<u8>, now: Instant) {
+        let Some(link) = self.links.get_mut(&from) else {
+            return;
+        };
+        while link.leaving.front().is_some_and(|&t| t <= now) {
+            link.leaving.pop_front();
+        }
+        if link.leaving.len() >= link.depth {
+            self.s.dropped_link_queue += 1;
+            return;
+        }
+        let bits = (frame.len() as u64 + WIRE_OVERHEAD) * 8;
+        let leaves = link.free_at.max(now)
+            + Duration::from_nanos((bits as f64 / link.bits_per_ns).ceil() as u64);
+        link.free_at = leaves;
+        link.leaving.push_back(leaves);
+        let to = link.to;
+        let at = leaves + link.delay;
+        self.ev.at(at, Ev::Frame(to, frame));
+    }
+
+    fn emitted(&mut self, s: usize, emit: Vec<Emit>, now: Instant) {
+        for e in emit {
+            if let Dest::Port(p) = e.dest {
+                self.transmit(End::Switch(s, p), e.frame, now);
+            }
+        }
+    }
+
+    fn deliver(&mut self, to: End, mut frame: Vec<u8>, now: Instant) {
+        match to {
+            End::Switch(s, port) => {
+                // The switch's own time over the frame, then its verdict.
+                let now = now + Duration::from_secs_f64(self.f.switch_us / 1e6);
+                let mut emit = Vec::new();
+                let fate = self.switches[s].process(port, &mut frame, true, now, &mut emit);
+                self.emitted(s, emit, now);
+                if let Fate::Out(p) = fate {
+                    self.transmit(End::Switch(s, p), frame, now);
+                }
+                self.schedule_tick(s);
+            }
+            End::Host(h) => self.at_host(h, &frame, now),
+        }
+    }
+
+    fn at_host(&mut self, h: usize, frame: &[u8], now: Instant) {
+        let Some((src, dst, payload)) = udp_of(frame) else {
+            return;
+        };
+        if dst.0 != self.hosts[h].ip {
+            return;
+        }
+        if self.hosts[h].server.is_some() {
+            self.serve(h, src, dst, payload, now);
+            return;
+        }
+        let payload = match wire::inc::Message::parse(payload) {
+            Ok(m) if m.header.command == wire::inc::Command::Reply => m.payload,
+            _ => payload,
+        };
+        let Ok((mc, body)) = mcudp::Header::parse(payload) else {
+            return;
+        };
+        let Some(c) = self
+            .clients
+            .iter()
+            .position(|c| c.host == h && c.port == dst.1)
+        else {
+            return;
+        };
+        // Only the answer to the request the client waits for; a late one is not.
+        if self.clients[c]
+            .waiting
+            .as_ref()
+            .is_none_or(|w| w.0 != mc.request_id)
+        {
+            return;
+        }
+        let Some((_, mut op, arg)) = self.clients[c].waiting.take() else {
+            return;
+        };
+        op.end = now.as_nanos();
+        op.kind = outcome(&op, arg, body);
+        if op.start >= self.warmup.as_nanos() {
+            self.latency.record(op.end - op.start);
+        }
+        self.history.push(op);
+        self.s.answered += 1;
+        if now >= self.warmup {
+            self.window_answered += 1;
+        }
+        let b = self.bin_at(now);
+        self.bins[b].answered += 1;
+        let think = Duration::from_secs_f64(self.sc.clients.think_us / 1e6);
+        self.ev.at(now + think, Ev::Send(c));
+    }
+
+    fn serve(
+        &mut self,
+        h: usize,
+        src: (Ipv4Addr, u16),
+        dst: (Ipv4Addr, u16),
+        payload: &[u8],
+        now: Instant,
+    ) {
+        if dst.1 != MC_PORT {
+            return;
+        }
+        let Ok((mc, body)) = mcudp::Header::parse(payload) else {
+            return;
+        };
+        let Some((store, station)) = &mut self.hosts[h].server else {
+            return;
+        };
+        let Some(leaves) = station.arrive(now) else {
+            self.s.dropped_backend_queue += 1;
+            return;
+        };
+        if let Some(i) = self.servers.iter().position(|&s| s == h) {
+            if now >= self.warmup {
+                self.served[i] += 1;
+            }
+        }
+        // A key written before anyone read it holds what was written, not the preload.
+        if let Some(rest) = body.strip_prefix(b"set ") {
+            if let Some(end) = rest.iter().position(|&b| b == b' ') {
+                self.preloaded
+                    .insert(String::from_utf8_lossy(&rest[..end]).into_owned());
+            }
+        }
+        // A get of a key nobody has asked for yet: it was preloaded with 0.
+        if let Some(key) = body
+            .strip_prefix(b"get ")
+            .and_then(|k| k.strip_suffix(b"\r\n"))
+        {
+            let key = String::from_utf8_lossy(key).into_owned();
+            if !self.preloaded.contains(&key) {
+                let v = format!("{:0width$}", 0, width = self.sc.workload.value_size);
+                let set = format!("set {key} 0 0 {}\r\n{v}\r\n", v.len());
+                let mut sink = Vec::new();
+                node::session::step(
+                    store,
+                    set.as_bytes(),
+                    &mut sink,
+                    &mut |_| true,
+                    &mut |_| true,
+                    None,
+                );
+                self.history.push(Op {
+                    client: u32::MAX,
+                    cmd: "set",
+                    key: key.clone(),
+                    start: 0,
+                    end: 0,
+                    kind: Kind::Write(Some(0)),
+                });
+                self.preloaded.insert(key);
+            }
+        }
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at < body.len() {
+            match node::session::step(
+                store,
+                &body[at..],
+                &mut out,
+                &mut |_| true,
+                &mut |_| true,
+                None,
+            ) {
+                Some(s) if s.consumed > 0 => at += s.consumed + s.skip,
+                _ => break,
+            }
+        }
+        // The fabric's switches know every host's MAC; the reply goes to the ToR, which
+        // switches it by address.
+        let client_mac = self
+            .hosts
+            .iter()
+            .find(|o| o.ip == src.0)
+            .map(|o| o.mac)
+            .unwrap_or(Mac::BROADCAST);
+        let Some(pieces) = mcudp::pieces(mc.request_id, &out) else {
+            return;
+        };
+        for (hdr, bytes) in pieces {
+            let mut d = vec![0u8; mcudp::LEN];
+            hdr.emit(&mut d);
+            d.extend_from_slice(bytes);
+            let frame = udp_frame(self.hosts[h].mac, client_mac, dst, src, &d);
+            self.ev.at(leaves, Ev::Answer(h, frame));
+        }
+    }
+
+    /// Client `c` sends its next request.
+    fn issue(&mut self, c: usize, now: Instant) {
+        let index = self.keys.next_index(&mut self.key_rng);
+        let key = format!("key:{index}");
+        let server = self.servers[self.ring.locate(key.as_bytes())];
+        let client = &mut self.clients[c];
+        let write = self.sc.workload.write_ratio > 0.0
+            && client.rng.gen::<f64>() < self.sc.workload.write_ratio;
+        client.next_id = client.next_id.wrapping_add(1);
+        let id = client.next_id;
+        let value = ((c as u64 + 1) << 24) | u64::from(id) << 8 | client.rng.gen::<u8>() as u64;
+        let (cmd, text) = if write {
+            let v = format!("{value:0width$}", width = self.sc.workload.value_size);
+            ("set", format!("set {key} 0 0 {}\r\n{v}\r\n", v.len()))
+        } else {
+            ("get", format!("get {key}\r\n"))
+        };
+        let mut datagram = vec![0u8; mcudp::LEN];
+        mcudp::Header::single(id).emit(&mut datagram);
+        datagram.extend_from_slice(text.as_bytes());
+        let host = &self.hosts[client.host];
+        let frame = udp_frame(
+            host.mac,
+            self.hosts[server].mac,
+            (host.ip, client.port),
+            (self.hosts[server].ip, MC_PORT),
+            &datagram,
+        );
+        client.waiting = Some((
+            id,
+            Op {
+                client: c as u32,
+                cmd,
+                key,
+                start: now.as_nanos(),
+                end: now.as_nanos(),
+                kind: Kind::Failed,
+            },
+            value,
+        ));
+        let host = client.host;
+        self.s.sent += 1;
+        if now >= self.warmup {
+            self.window_sent += 1;
+        }
+        let b = self.bin_at(now);
+        self.bins[b].sent += 1;
+        let timeout = Duration::from_secs_f64(self.sc.clients.timeout_ms / 1000.0);
+        self.ev.at(now + timeout, Ev::Timeout(c, id));
+        self.transmit(End::Host(host), frame, now);
+    }
+
+    fn finish(mut self) -> (Summary, Vec<Bin>, Vec<f64>) {
+        let window = (self.end - self.warmup).as_secs_f64();
+        self.bin_at(
+            self.end
+                .checked_sub(Duration::from_nanos(1))
+                .unwrap_or(self.end),
+        );
+        let bins = (self.sc.duration_s * 1000.0 / self.sc.bin_ms as f64).ceil() as usize;
+        self.bins.truncate(bins);
+        let s = &mut self.s;
+        s.events = self.ev.handled();
+        s.in_flight = self.clients.iter().filter(|c| c.waiting.is_some()).count() as u64;
+        s.offered = self.window_sent as f64 / window;
+        s.throughput = self.window_answered as f64 / window;
+        s.loss = if self.window_sent == 0 {
+            0.0
+        } else {
+            1.0 - (self.window_answered as f64 / self.window_sent as f64).min(1.0)
+        };
+        let tors = self.f.tors;
+        for (i, sw) in self.switches.iter().enumerate() {
+            let hits = sw.snapshot(self.end).stats.hits;
+            if i < tors {
+                s.tor_hits += hits;
+            } else {
+                s.root_hits += hits;
+            }
+        }
+        s.cache_hits = s.tor_hits + s.root_hits;
+        s.hit_ratio = if s.answered == 0 {
+            0.0
+        } else {
+            s.cache_hits as f64 / s.answered as f64
+        };
+        let loads: Vec<f64> = self.served.iter().map(|&n| n as f64 / window).collect();
+        s.backend_load_max = loads.iter().cloned().fold(0.0, f64::max);
+        s.backend_load_min = loads.iter().cloned().fold(f64::INFINITY, f64::min);
+        s.backend_load_mean = loads.iter().sum::<f64>() / loads.len().max(1) as f64;
+        s.imbalance = if s.backend_load_mean > 0.0 {
+            s.backend_load_max / s.backend_load_mean
+        } else {
+            0.0
+        };
+        s.latency_mean_us = self.latency.mean_ns() / 1000.0;
+        s.latency_p99_us = self.latency.quantile_ns(0.99) / 1000.0;
+        let (sojourn, accepted) = self
+            .hosts
+            .iter()
+            .filter_map(|h| h.server.as_ref())
+            .fold((0u128, 0u64), |(t, n), (_, st)| {
+                (t + st.sojourn_ns, n + st.accepted)
+            });
+        s.backend_sojourn_us = if accepted == 0 {
+            0.0
+        } else {
+            sojourn as f64 / accepted as f64 / 1000.0
+        };
+        let report = history::check(&self.history);
+        s.history_ops = self.history.len() as u64;
+        s.violations = report.violations.len() as u64;
+        (self.s, self.bins, loads)
+    }
+}
+
+fn placeholder() -> Op {
+    Op {
+        client: 0,
+        cmd: "get",
+        key: String::new(),
+        start: 0,
+        end: 0,
+        kind: Kind::Failed,
+    }
+}
+
+fn udp_frame(
+    src_mac: Mac,
+    dst_mac: Mac,
+    src: (Ipv4Addr, u16),
+    dst: (Ipv4Addr, u16),
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut frame = vec![0u8; PAYLOAD_OFFSET];
+    frame.extend_from_slice(payload);
+    let ends = UdpEnds {
+        src_mac,
+        dst_mac,
+        src_ip: src.0,
+        dst_ip: dst.0,
+        src_port: src.1,
+        dst_port: dst.1,
+    };
+    if !emit_udp_headers(&mut frame, &ends) {
+        frame.clear();
+    }
+    frame
+}
+
+type Addr = (Ipv4Addr, u16);
+
+fn udp_of(frame: &[u8]) -> Option<(Addr, Addr, &[u8])> {
+    let ip = ipv4::Packet::new_checked(frame.get(ethernet::HEADER_LEN..)?).ok()?;
+    let (s, d) = (ip.src(), ip.dst());
+    let start = ethernet::HEADER_LEN + ip.header_len();
+    let u = udp::Packet::new_checked(frame.get(start..)?).ok()?;
+    let len = usize::from(u.len());
+    let payload = frame.get(start + udp::HEADER_LEN..start + len)?;
+    Some(((s, u.src_port()), (d, u.dst_port()), payload))
+}
+
+/// What a reply says about the operation it answers; an answer that is not what memcached
+/// gives counts as a failed read (the checker then holds it to nothing).
+fn outcome(op: &Op, arg: u64, body: &[u8]) -> Kind {
+    let text = String::from_utf8_lossy(body);
+    match op.cmd {
+        "set" if text == "STORED\r\n" => Kind::Write(Some(arg)),
+        "set" => Kind::MaybeWrite(Some(arg)),
+        _ if text == "END\r\n" => Kind::Read(None),
+        _ => {
+            let mut lines = text.split("\r\n");
+            let head = lines.next().unwrap_or_default();
+            if !head.starts_with(&format!("VALUE {} 0 ", op.key)) {
+                return Kind::Failed;
+            }
+            match lines.next().and_then(|v| v.parse::<u64>().ok()) {
+                Some(v) if lines.next() == Some("END") => Kind::Read(Some(v)),
+                _ => Kind::Failed,
+            }
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! Every scenario shipped in `scenarios/` runs in its small version (`[short]`) and shows the
+//! qualitative result of the paper's figure it reproduces.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use sim::{parse, parse_with, Summary};
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios")
+}
+
+/// Runs a shipped scenario's small version: (variant, x) → summary, and the series by run.
+fn short(
+    name: &str,
+) -> (
+    HashMap<(String, String), Summary>,
+    HashMap<(String, String), String>,
+) {
+    let text = std::fs::read_to_string(dir().join(format!("{name}.toml"))).unwrap();
+    let file = parse_with(&text, true).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let mut out = HashMap::new();
+    let mut series = HashMap::new();
+    for r in &file.runs {
+        let o = sim::run(r, 1, &mut |_| {}).unwrap();
+        let at = (
+            r.variant.clone(),
+            r.x.map(|x| x.to_string()).unwrap_or_default(),
+        );
+        assert_eq!(
+            o.summary.sent,
+            o.summary.answered + o.summary.dropped + o.summary.in_flight
+        );
+        series.insert(at.clone(), o.series_csv);
+        out.insert(at, o.summary);
+    }
+    (out, series)
+}
+
+fn at<'a>(runs: &'a HashMap<(String, String), Summary>, variant: &str, x: &str) -> &'a Summary {
+    runs.get(&(variant.to_string(), x.to_string()))
+        .unwrap_or_else(|| {
+            panic!(
+                "no run {variant} at {x}: {:?}",
+                runs.keys().collect::<Vec<_>>()
+            )
+        })
+}
+
+#[test]
+fn every_shipped_scenario_parses_whole_and_short() {
+    let mut n = 0;
+    for entry in std::fs::read_dir(dir()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            let whole = parse(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let small =
+                parse_with(&text, true).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(!whole.runs.is_empty() && !small.runs.is_empty());
+            n += 1;
+        }
+    }
+    assert!(n >= 10, "{n} scenarios");
+}
+
+#[test]
+fn fig9_skew_piles_load_on_a_few_backends() {
+    let (runs, _) = short("switchkv-fig9");
+    let (uniform, zipf) = (at(&runs, "", "0"), at(&runs, "", "0.99"));
+    assert!(uniform.imbalance < 1.4, "{uniform:?}");
+    assert!(zipf.imbalance > 1.5, "{zipf:?}");
+    assert!(zipf.throughput < 0.8 * uniform.throughput);
+}
+
+#[test]
+fn fig10_the_cache_turns_skew_into_more_throughput() {
+    let (runs, _) = short("switchkv-fig10");
+    let (cache, none) = (at(&runs, "SwitchKV", "0.99"), at(&runs, "no cache", "0.99"));
+    assert!(
+        cache.throughput > 2.0 * none.throughput,
+        "{} against {}",
+        cache.throughput,
+        none.throughput
+    );
+    assert!(cache.hit_ratio > 0.25 && cache.imbalance < none.imbalance);
+    // Uniform: nothing to cache, the same throughput.
+    let (cu, nu) = (at(&runs, "SwitchKV", "0"), at(&runs, "no cache", "0"));
+    assert!((cu.throughput / nu.throughput - 1.0).abs() < 0.05);
+}
+
+#[test]
+fn fig11_a_small_cache_balances_the_load() {
+    let (runs, _) = short("switchkv-fig11");
+    let (tiny, small) = (at(&runs, "", "10"), at(&runs, "", "1000"));
+    assert!(
+        small.throughput > 1.2 * tiny.throughput,
+        "{} against {}",
+        small.throughput,
+        tiny.throughput
+    );
+    assert!(small.imbalance < tiny.imbalance && small.hit_ratio > tiny.hit_ratio);
+}
+
+#[test]
+fn fig14_switchkv_scales_past_a_look_aside_cache() {
+    let (runs, _) = short("switchkv-fig14");
+    let (s, l) = (at(&runs, "SwitchKV", "64"), at(&runs, "look-aside", "64"));
+    // The look-aside cache node takes every read and caps the system at its capacity.
+    assert!(l.throughput < 110_000.0, "{l:?}");
+    assert!(
+        s.throughput > 2.0 * l.throughput,
+        "{} against {}",
+        s.throughput,
+        l.throughput
+    );
+}
+
+/// The lowest throughput in `(from, to]` over the mean in `(before, from]`.
+fn dip(series: &str, before: f64, from: f64, to: f64) -> f64 {
+    let t = sim::output::series_column(series, "throughput_rps").unwrap();
+    let mean = {
+        let v: Vec<f64> = t
+            .iter()
+            .filter(|(x, _)| *x > before && *x <= from)
+            .map(|p| p.1)
+            .collect();
+        v.iter().sum::<f64>() / v.len() as f64
+    };
+    t.iter()
+        .filter(|(x, _)| *x > from && *x <= to)
+        .map(|p| p.1)
+        .fold(f64::INFINITY, f64::min)
+        / mean
+}
+
+#[test]
+fn fig15_instant_reports_soften_a_hot_in_change() {
+    let (_, series) = short("switchkv-fig15");
+    let periodic = dip(
+        &series[&("periodic only".to_string(), String::new())],
+        2.5,
+        4.0,
+        5.0,
+    );
+    let both = dip(
+        &series[&("SwitchKV".to_string(), String::new())],
+        2.5,
+        4.0,
+        5.0,
+    );
+    assert!(periodic < 0.7, "{periodic}");
+    assert!(both > periodic + 0.1, "{both} against {periodic}");
+}
+
+#[test]
+fn fig16_and_fig17_instant_reports_alone_fall_short() {
+    let (runs, _) = short("switchkv-fig16");
+    assert!(at(&runs, "instant only", "").throughput < at(&runs, "SwitchKV", "").throughput);
+    let (runs, _) = short("switchkv-fig17");
+    let both = at(&runs, "SwitchKV", "").throughput;
+    assert!(at(&runs, "periodic only", "").throughput < both);
+}
+
+#[test]
+fn fig19_faster_changes_cost_throughput() {
+    let (runs, _) = short("switchkv-fig19");
+    for kind in ["hot-in", "hot-out", "random"] {
+        let (slow, fast) = (at(&runs, kind, "10"), at(&runs, kind, "1000"));
+        assert!(
+            fast.throughput < slow.throughput,
+            "{kind}: {} against {}",
+            fast.throughput,
+            slow.throughput
+        );
+    }
+}
+
+#[test]
+fn incbricks_fig10_and_fig11_caches_cut_latency_more_with_skew() {
+    let (runs, _) = short("incbricks-fig10");
+    // A bigger ToR cache answers more and faster.
+    let (small, big) = (at(&runs, "root 512", "64"), at(&runs, "root 512", "2048"));
+    assert!(big.tor_hits > small.tor_hits && big.latency_mean_us < small.latency_mean_us);
+    for s in runs.values() {
+        assert_eq!(s.violations, 0, "{s:?}");
+    }
+    let (runs, _) = short("incbricks-fig11");
+    let gain = |x: &str| {
+        at(&runs, "no caches", x).latency_mean_us / at(&runs, "IncBricks", x).latency_mean_us
+    };
+    assert!(
+        gain("0.99") > gain("0.5"),
+        "{} against {}",
+        gain("0.99"),
+        gain("0.5")
+    );
+    assert!(at(&runs, "IncBricks", "0.99").hit_ratio > at(&runs, "IncBricks", "0.5").hit_ratio);
+}
