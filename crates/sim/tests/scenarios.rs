@@ -10,6 +10,9 @@ fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios")
 }
 
+/// Runs by (variant, sweep value as written).
+type ByRun<T> = HashMap<(String, String), T>;
+
 /// Runs a shipped scenario's small version: (variant, x) → summary, and the series by run.
 fn short(
     name: &str,
