@@ -40,7 +40,7 @@ fn short(
     (out, series)
 }
 
-fn at<'a>(runs: &'a HashMap<(String, String), Summary>, variant: &str, x: &str) -> &'a Summary {
+fn at<'a>(runs: &'a ByRun<Summary>, variant: &str, x: &str) -> &'a Summary {
     runs.get(&(variant.to_string(), x.to_string()))
         .unwrap_or_else(|| {
             panic!(
