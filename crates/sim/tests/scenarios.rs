@@ -14,12 +14,7 @@ fn dir() -> PathBuf {
 type ByRun<T> = HashMap<(String, String), T>;
 
 /// Runs a shipped scenario's small version: (variant, x) → summary, and the series by run.
-fn short(
-    name: &str,
-) -> (
-    HashMap<(String, String), Summary>,
-    HashMap<(String, String), String>,
-) {
+fn short(name: &str) -> (ByRun<Summary>, ByRun<String>) {
     let text = std::fs::read_to_string(dir().join(format!("{name}.toml"))).unwrap();
     let file = parse_with(&text, true).unwrap_or_else(|e| panic!("{name}: {e}"));
     let mut out = HashMap::new();
