@@ -175,6 +175,11 @@ pub struct Ring {
     servers: usize,
     /// Ketama: the continuum, sorted by value. Empty for other distributions.
     continuum: Vec<Point>,
+    /// Ketama: where each slice of the hash space starts on the continuum — entry `b` is the
+    /// first point whose value's top `index_bits` bits are at least `b` — so a lookup searches
+    /// a few points of one slice rather than the whole continuum.
+    index: Vec<u32>,
+    index_bits: u32,
     /// Modula and jump: the servers in slot order, as indexes into the caller's list.
     slot_order: Vec<u32>,
     /// Modula and jump: `cumulative[i]` = sum of the weights of `slot_order[0..=i]`, so slot
@@ -222,13 +227,16 @@ impl Ring {
             hash,
             servers: servers.len(),
             continuum: Vec::new(),
+            index: Vec::new(),
+            index_bits: 0,
             slot_order: Vec::new(),
             cumulative: Vec::new(),
         };
         match dist {
             Distribution::Ketama => {
                 let points = |s: &Server| ketama_points(s.weight, total, servers.len());
-                ring.continuum = build_continuum(servers, &order, points)?
+                ring.continuum = build_continuum(servers, &order, points)?;
+                ring.build_index();
             }
             Distribution::Modula | Distribution::Jump => {
                 let mut sum = 0u32;
@@ -267,7 +275,38 @@ impl Ring {
         let mut ring = Ring::new(Distribution::Ketama, hash, servers)?;
         let order = twemproxy_order(servers)?;
         ring.continuum = build_continuum(servers, &order, |s| KETAMA_POINTS_PER_SERVER * s.weight)?;
+        ring.build_index();
         Ok(ring)
+    }
+
+    /// Slices of about two points each (at most 2^16 of them): the index costs 4 bytes a
+    /// slice, and a lookup reads one entry of it and searches one or two points.
+    fn build_index(&mut self) {
+        let len = self.continuum.len().max(1);
+        let bits = (usize::BITS - len.leading_zeros()).clamp(1, 16);
+        let shift = 32 - bits;
+        let slices = 1usize << bits;
+        let mut index = Vec::with_capacity(slices + 1);
+        let mut at = 0usize;
+        for b in 0..slices {
+            while at < self.continuum.len() && ((self.continuum[at].value >> shift) as usize) < b {
+                at += 1;
+            }
+            index.push(at as u32);
+        }
+        index.push(self.continuum.len() as u32);
+        self.index = index;
+        self.index_bits = bits;
+    }
+
+    /// The first point of the continuum at or after `hash` (its length when none is).
+    fn first_at_or_after(&self, hash: u32) -> usize {
+        if self.index.is_empty() {
+            return self.continuum.partition_point(|p| p.value < hash);
+        }
+        let b = (hash >> (32 - self.index_bits)) as usize;
+        let (lo, hi) = (self.index[b] as usize, self.index[b + 1] as usize);
+        lo + self.continuum[lo..hi].partition_point(|p| p.value < hash)
     }
 
     /// The key's hash as twemproxy computes it for placement: the pool's hash function, except
@@ -293,7 +332,7 @@ impl Ring {
         match self.dist {
             Distribution::Ketama => {
                 // First point at or after the hash, wrapping to the first point past the end.
-                let i = self.continuum.partition_point(|p| p.value < hash);
+                let i = self.first_at_or_after(hash);
                 self.continuum
                     .get(i)
                     .or_else(|| self.continuum.first())
@@ -355,7 +394,7 @@ impl Ring {
         match self.dist {
             Distribution::Ketama => {
                 let len = self.continuum.len();
-                let start = self.continuum.partition_point(|p| p.value < hash);
+                let start = self.first_at_or_after(hash);
                 for k in 0..len {
                     let server = self.continuum[(start + k) % len].server as usize;
                     if !out.contains(&server) {
@@ -494,6 +533,40 @@ pub fn jump_consistent_hash(mut key: u64, buckets: u32) -> u32 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_index_finds_what_a_search_of_the_whole_continuum_finds() {
+        for n in [1usize, 2, 7, 64, 1024] {
+            let servers: Vec<Server> = (0..n)
+                .map(|i| {
+                    Server::new(
+                        format!("10.0.{}.{}:11211", i / 250, i % 250),
+                        1 + (i % 3) as u32,
+                    )
+                })
+                .collect();
+            let ring = Ring::new(Distribution::Ketama, HashFn::Md5, &servers).unwrap();
+            let mut x = 0x1234_5678_u32;
+            let points: Vec<u32> = ring.points().map(|(v, _)| v).collect();
+            let probes = points
+                .iter()
+                .flat_map(|&v| [v.wrapping_sub(1), v, v.wrapping_add(1)])
+                .chain([0, u32::MAX]);
+            for hash in probes.chain((0..20_000).map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x
+            })) {
+                let whole = ring.continuum.partition_point(|p| p.value < hash);
+                assert_eq!(
+                    ring.first_at_or_after(hash),
+                    whole,
+                    "{n} servers, hash {hash:#x}"
+                );
+            }
+        }
+    }
+
     use super::*;
 
     fn pool(n: usize, weight: impl Fn(usize) -> u32) -> Vec<Server> {

@@ -2,7 +2,7 @@
 //! ring, how many times it appears there. A key that suddenly takes more than a threshold of
 //! the last N requests is worth caching at once instead of waiting for the periodic report.
 
-use std::collections::HashMap;
+use super::{ByFingerprint, Fingerprints};
 
 /// Ring size from SwitchKV's evaluation: the last 200 requests.
 pub const DEFAULT_LOG_SIZE: usize = 200;
@@ -13,19 +13,20 @@ pub const DEFAULT_LOG_THRESHOLD: u32 = 8;
 /// The last `size` keys seen and a count per key among them.
 ///
 /// The count map holds exactly the keys currently in the ring. A visit inserts the key and
-/// pushes out the oldest one: O(1), and allocation-free for a key already in the ring once
-/// the ring has filled. SwitchKV also requires the backend itself to be loaded before it
+/// pushes out the oldest one: O(1), and allocation-free once the ring has filled. Keys are
+/// held as fingerprints (see [`Fingerprints`]). SwitchKV also requires the backend itself to be loaded before it
 /// sends an instant report; that check is the caller's.
 #[derive(Clone, Debug)]
 pub struct CircularLog {
-    /// The ring. Entries are reused so that their buffers are too.
-    log: Vec<Vec<u8>>,
+    /// The ring, as fingerprints.
+    log: Vec<u64>,
     /// Where the next key goes; once the ring is full, also the oldest entry.
     pos: usize,
     /// Entries of `log` in use (all of them once it has wrapped).
     filled: usize,
-    counts: HashMap<Box<[u8]>, u32>,
+    counts: ByFingerprint<u32>,
     threshold: u32,
+    fingerprints: Fingerprints,
 }
 
 impl Default for CircularLog {
@@ -44,11 +45,12 @@ impl CircularLog {
     pub fn new(size: usize, threshold: u32) -> CircularLog {
         assert!(size > 0, "circular log size must be > 0");
         CircularLog {
-            log: vec![Vec::new(); size],
+            log: vec![0; size],
             pos: 0,
             filled: 0,
-            counts: HashMap::with_capacity(size),
+            counts: ByFingerprint::with_capacity_and_hasher(size, Default::default()),
             threshold,
+            fingerprints: Fingerprints::default(),
         }
     }
 
@@ -58,17 +60,18 @@ impl CircularLog {
     /// `threshold` or below. (A visit that pushes out an older entry of the same key leaves
     /// its count unchanged and reports nothing.)
     pub fn see(&mut self, key: &[u8]) -> bool {
+        let fp = self.fingerprints.of(key);
         // The oldest entry leaves once the ring is full. When it is this key, the visit
         // leaves the key's count as it was and cannot cross the threshold.
         let mut same = false;
         if self.filled == self.log.len() {
-            let oldest = &self.log[self.pos];
-            same = oldest[..] == *key;
+            let oldest = self.log[self.pos];
+            same = oldest == fp;
             if !same {
-                if let Some(c) = self.counts.get_mut(&oldest[..]) {
+                if let Some(c) = self.counts.get_mut(&oldest) {
                     *c -= 1;
                     if *c == 0 {
-                        self.counts.remove(&oldest[..]);
+                        self.counts.remove(&oldest);
                     }
                 }
             }
@@ -78,20 +81,11 @@ impl CircularLog {
         let after = if same {
             0
         } else {
-            match self.counts.get_mut(key) {
-                Some(c) => {
-                    *c += 1;
-                    *c
-                }
-                None => {
-                    self.counts.insert(key.into(), 1);
-                    1
-                }
-            }
+            let c = self.counts.entry(fp).or_insert(0);
+            *c += 1;
+            *c
         };
-        let slot = &mut self.log[self.pos];
-        slot.clear();
-        slot.extend_from_slice(key);
+        self.log[self.pos] = fp;
         self.pos = (self.pos + 1) % self.log.len();
         // Without the oldest entry being this key, the count rose by exactly one.
         !same && after - 1 <= self.threshold && after > self.threshold
@@ -99,7 +93,10 @@ impl CircularLog {
 
     /// How many of the last `size` visits were for `key`.
     pub fn count(&self, key: &[u8]) -> u32 {
-        self.counts.get(key).copied().unwrap_or(0)
+        self.counts
+            .get(&self.fingerprints.of(key))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Number of distinct keys in the ring.

@@ -14,6 +14,46 @@ mod tracker;
 use std::time::Duration;
 
 pub use circular_log::{CircularLog, DEFAULT_LOG_SIZE, DEFAULT_LOG_THRESHOLD};
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+
+/// 64-bit fingerprints of keys under a random key of each structure that holds them, so that
+/// the per-request paths of the detectors compare and hash eight bytes rather than whole
+/// keys. Two keys share a fingerprint with probability 2^-64 a pair, and then count as one:
+/// a detector may nominate a key a little early, nothing worse. The random key keeps that
+/// out of a client's reach.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Fingerprints(std::collections::hash_map::RandomState);
+
+impl Fingerprints {
+    pub(crate) fn of(&self, key: &[u8]) -> u64 {
+        self.0.hash_one(key)
+    }
+}
+
+/// The hasher of maps keyed by fingerprints: they are uniform already.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A map keyed by fingerprints.
+pub(crate) type ByFingerprint<V> = HashMap<u64, V, BuildHasherDefault<PassThrough>>;
 pub use count_min::{CountMin, HeavyHitters};
 pub use space_saving::SpaceSaving;
 pub use tracker::{Counter, Report, Tracker, TrackerConfig, TrackerError};

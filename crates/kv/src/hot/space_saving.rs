@@ -5,7 +5,7 @@
 //! keys of a bucket from least to most recently visited. Both lists are doubly linked through
 //! indices into vectors, so a visit touches a constant number of nodes and never scans.
 
-use std::collections::HashMap;
+use super::{ByFingerprint, Fingerprints};
 
 /// End of a list.
 const NIL: u32 = u32::MAX;
@@ -14,6 +14,8 @@ const NIL: u32 = u32::MAX;
 #[derive(Debug)]
 struct Slot {
     key: Box<[u8]>,
+    /// The key's fingerprint, its name in `index`.
+    fp: u64,
     /// The bucket holding this key, which gives its count.
     bucket: u32,
     /// Less recently visited neighbour in the bucket.
@@ -44,7 +46,9 @@ struct Bucket {
 #[derive(Debug)]
 pub struct SpaceSaving {
     capacity: usize,
-    index: HashMap<Box<[u8]>, u32>,
+    /// Slots by their key's fingerprint (see [`Fingerprints`]).
+    index: ByFingerprint<u32>,
+    fingerprints: Fingerprints,
     slots: Vec<Slot>,
     buckets: Vec<Bucket>,
     /// Indices of unused entries in `buckets`.
@@ -67,7 +71,8 @@ impl SpaceSaving {
         );
         SpaceSaving {
             capacity,
-            index: HashMap::with_capacity(capacity),
+            index: ByFingerprint::with_capacity_and_hasher(capacity, Default::default()),
+            fingerprints: Fingerprints::default(),
             slots: Vec::with_capacity(capacity),
             buckets: Vec::with_capacity(capacity),
             free: Vec::new(),
@@ -80,7 +85,8 @@ impl SpaceSaving {
     /// of the least recently visited of the least visited keys and inherits its count before
     /// the increment.
     pub fn see(&mut self, key: &[u8]) {
-        if let Some(&slot) = self.index.get(key) {
+        let fp = self.fingerprints.of(key);
+        if let Some(&slot) = self.index.get(&fp) {
             self.bump(slot);
             return;
         }
@@ -88,11 +94,12 @@ impl SpaceSaving {
             let slot = self.slots.len() as u32;
             self.slots.push(Slot {
                 key: key.into(),
+                fp,
                 bucket: NIL,
                 prev: NIL,
                 next: NIL,
             });
-            self.index.insert(key.into(), slot);
+            self.index.insert(fp, slot);
             // Counts start at 1, so a bucket for 1 can only be the lowest one.
             let bucket = if self.lowest != NIL && self.buckets[self.lowest as usize].count == 1 {
                 self.lowest
@@ -103,15 +110,22 @@ impl SpaceSaving {
             return;
         }
         let slot = self.buckets[self.lowest as usize].first;
-        let old = std::mem::replace(&mut self.slots[slot as usize].key, key.into());
-        self.index.remove(&old);
-        self.index.insert(key.into(), slot);
+        let s = &mut self.slots[slot as usize];
+        self.index.remove(&s.fp);
+        // The slot's buffer is reused when the new key has the old one's length.
+        if s.key.len() == key.len() {
+            s.key.copy_from_slice(key);
+        } else {
+            s.key = key.into();
+        }
+        s.fp = fp;
+        self.index.insert(fp, slot);
         self.bump(slot);
     }
 
     /// The estimated count of `key`, or `None` if it is not tracked.
     pub fn count(&self, key: &[u8]) -> Option<u64> {
-        let slot = *self.index.get(key)?;
+        let slot = *self.index.get(&self.fingerprints.of(key))?;
         Some(self.buckets[self.slots[slot as usize].bucket as usize].count)
     }
 
