@@ -131,13 +131,15 @@ fn write(path: &Path, text: &str) -> anyhow::Result<()> {
 }
 
 fn run_label(run: &sim::Run, sweep: Option<&str>) -> String {
-    let mut label = if run.variant.is_empty() {
-        "run".to_string()
-    } else {
-        run.variant.clone()
-    };
+    let mut label = run.variant.clone();
     if let (Some(key), Some(x)) = (sweep, run.x) {
-        let _ = write!(label, " {}={x}", key.rsplit('.').next().unwrap_or(key));
+        if !label.is_empty() {
+            label.push(' ');
+        }
+        let _ = write!(label, "{}={x}", key.rsplit('.').next().unwrap_or(key));
+    }
+    if label.is_empty() {
+        label.push_str("run");
     }
     label
 }
@@ -222,7 +224,7 @@ fn charts(file: &sim::File, outcomes: &[(sim::Run, sim::Outcome)]) -> Vec<(Strin
         charts.push((
             "backends".to_string(),
             LineChart {
-                title: format!("{title}: per-backend load, busiest first"),
+                title: format!("{title} (busiest first)"),
                 x_label: "backend (by load)".into(),
                 y_label: "requests/s".into(),
                 x_log: false,

@@ -100,6 +100,9 @@ pub struct Directory<W> {
     /// The latest change among keys no longer held: a key not held changed no later.
     floor: u32,
     keys: HashMap<Vec<u8>, KeyState<W>>,
+    /// The keys with a write open, in order: what `tick` and `poll_at` look at, so their cost
+    /// follows the writes in progress, not the keys held.
+    open_keys: BTreeSet<Vec<u8>>,
     /// Most keys with sharers; past it, replies do not fill.
     capacity: usize,
     retry: Duration,
@@ -127,6 +130,7 @@ impl<W> Directory<W> {
             counter: 0,
             floor: 0,
             keys: HashMap::new(),
+            open_keys: BTreeSet::new(),
             capacity,
             retry,
             give_up,
@@ -241,6 +245,7 @@ impl<W> Directory<W> {
 
     /// Opens `write` on `key`, which has none open.
     fn open(&mut self, key: &[u8], write: W, now: Instant) -> WriteStep<W> {
+        self.open_keys.insert(key.to_vec());
         self.counter = self.counter.wrapping_add(1);
         let epoch = self.counter;
         let retry_at = now + self.retry;
@@ -307,6 +312,7 @@ impl<W> Directory<W> {
     fn close(&mut self, key: &[u8], now: Instant) -> Option<WriteStep<W>> {
         self.counter = self.counter.wrapping_add(1);
         let epoch = self.counter;
+        self.open_keys.remove(key);
         let state = self.keys.get_mut(key)?;
         state.open = None;
         state.changed = epoch;
@@ -328,8 +334,8 @@ impl<W> Directory<W> {
         let mut due = Vec::new();
         let mut failed = Vec::new();
         let mut timed_out = Vec::new();
-        for (key, state) in &mut self.keys {
-            let Some(open) = &mut state.open else {
+        for key in &self.open_keys {
+            let Some(open) = self.keys.get_mut(key).and_then(|s| s.open.as_mut()) else {
                 continue;
             };
             match open.sent {
@@ -382,9 +388,9 @@ impl<W> Directory<W> {
 
     /// When [`Directory::tick`] next has work.
     pub fn poll_at(&self) -> Option<Instant> {
-        self.keys
-            .values()
-            .filter_map(|k| k.open.as_ref())
+        self.open_keys
+            .iter()
+            .filter_map(|k| self.keys.get(k)?.open.as_ref())
             .map(|o| match o.sent {
                 None => o
                     .waiting
