@@ -114,3 +114,126 @@ remove = ["cache"]
     assert!(testbed("switchkv_udp") > 2.0 * testbed("kvswitch_udp"));
     let _ = std::fs::remove_dir_all(out);
 }
+
+#[test]
+fn the_simulator_and_the_testbed_agree_under_popularity_changes() {
+    require_root();
+    let out = std::env::temp_dir().join(format!("kvswitch-sim-popularity-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let result = Command::new(env!("CARGO_BIN_EXE_kvswitch"))
+        .args([
+            "bench",
+            "popularity-change",
+            "--short",
+            "--systems",
+            "kvswitch_udp,switchkv_udp",
+            "--duration",
+            "3",
+            "--change-every",
+            "1",
+            "--change-rates",
+            "1",
+            "--prefix",
+            "kvsa",
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .expect("running kvswitch bench popularity-change");
+    assert!(
+        result.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&result.stdout),
+        String::from_utf8_lossy(&result.stderr)
+    );
+    let text = std::fs::read_to_string(out.join("results.json")).expect("results.json");
+    let json: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let settings = &json["settings"];
+    let testbed = |system: &str, change: &str| {
+        json["medians"]
+            .as_array()
+            .expect("medians")
+            .iter()
+            .find(|p| p["system"] == system && p["variant"].is_null() && p["change"] == change)
+            .and_then(|p| p["get_rps"].as_f64())
+            .unwrap_or_else(|| panic!("no {system} under {change} in {text}"))
+    };
+    // The bench's cache node holds a tenth of the keys and keeps what it learnt from one kind
+    // of change to the next: the simulator's starts holding the hottest.
+    let keys = settings["keys"].as_u64().unwrap();
+    let servers = settings["servers"].as_u64().unwrap();
+    let scenario = format!(
+        r#"
+name = "agreement-popularity"
+duration_s = {duration}
+warmup_s = 0.5
+[workload]
+keys = {keys}
+skew = {skew}
+[workload.change]
+kind = "hot-in"
+keys = {change_keys}
+every_s = {every}
+[clients]
+model = "open"
+rate = {rate}
+[backends]
+count = {servers}
+capacity = {capacity}
+queue = {burst}
+[cache]
+items = {items}
+prefill = {items}
+top_k = {top_k}
+rule_rate = {rules}
+[[variant]]
+name = "hot-in"
+[[variant]]
+name = "hot-out"
+set = {{ "workload.change.kind" = "hot-out" }}
+[[variant]]
+name = "random"
+set = {{ "workload.change.kind" = "random" }}
+"#,
+        duration = settings["duration_s"].as_f64().unwrap() + 0.5,
+        skew = settings["skew"],
+        change_keys = settings["change_keys"],
+        every = settings["change_every_s"],
+        rate = settings["offered_rps"],
+        capacity = settings["capacity_rps"],
+        burst = (settings["capacity_rps"].as_u64().unwrap() / 20).max(1),
+        items = keys / 10,
+        top_k = (5 * 128u64).div_ceil(servers),
+        rules = settings["rule_updates_per_s"],
+    );
+    let file = sim::parse(&scenario).expect("scenario");
+    let (mut real_all, mut simulated_all) = (0.0, 0.0);
+    for run in &file.runs {
+        let simulated = sim::run(run, 1, &mut |_| {})
+            .expect("simulation")
+            .summary
+            .throughput;
+        let real = testbed("switchkv_udp", &run.variant);
+        let ratio = simulated / real;
+        eprintln!(
+            "{}: testbed {real:.0} gets/s, simulator {simulated:.0} ({ratio:.3}x)",
+            run.variant
+        );
+        // Each kind alone: a hot-in run's few changes make it the noisiest on the testbed.
+        assert!(
+            (ratio - 1.0).abs() <= 0.25,
+            "{}: testbed {real:.0}, simulator {simulated:.0}",
+            run.variant
+        );
+        real_all += real;
+        simulated_all += simulated;
+    }
+    // The bench's throughput under change, all three kinds together.
+    let ratio = simulated_all / real_all;
+    eprintln!("all changes: testbed {real_all:.0}, simulator {simulated_all:.0} ({ratio:.3}x)");
+    assert!(
+        (ratio - 1.0).abs() <= 0.15,
+        "testbed {real_all:.0}, simulator {simulated_all:.0}"
+    );
+    let _ = std::fs::remove_dir_all(out);
+}
