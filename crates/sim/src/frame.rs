@@ -17,7 +17,7 @@ use rand::Rng;
 use switch::fabric::{FabricServer, FabricSpec, FabricSwitch, Member, PortRole, Rack, Role};
 use switch::{Dest, Emit, Fate};
 use wire::ethernet::{self, Mac};
-use wire::frame::{emit_udp_headers, UdpEnds, PAYLOAD_OFFSET};
+use wire::frame::UdpEnds;
 use wire::{ipv4, mcudp, udp};
 
 use crate::core::{source, Events, Seeds};
@@ -97,6 +97,9 @@ pub struct FrameSim<'a> {
     window_answered: u64,
     window_sent: u64,
     served: Vec<u64>,
+    /// Requests each server took in the current bin, and the switches' hits counted so far.
+    bin_served: Vec<u64>,
+    hits_seen: u64,
     /// Keys every server holds from the start (the experiments' preload), stored when first
     /// asked for and recorded in the history as written before any client ran.
     preloaded: std::collections::HashSet<String>,
@@ -248,6 +251,9 @@ impl<'a> FrameSim<'a> {
         if client_hosts.is_empty() {
             return Err("fabric: no rack is left for clients".into());
         }
+        if sc.clients.count / client_hosts.len() > 40_000 {
+            return Err("clients.count: more than 40,000 clients a host".into());
+        }
         let clients = (0..sc.clients.count)
             .map(|c| Client {
                 host: client_hosts[c % client_hosts.len()],
@@ -257,9 +263,6 @@ impl<'a> FrameSim<'a> {
                 rng: seeds.rng(source::CLIENT + c as u64),
             })
             .collect::<Vec<_>>();
-        if sc.clients.count / client_hosts.len() > 40_000 {
-            return Err("clients.count: more than 40,000 clients a host".into());
-        }
         let mut sim = FrameSim {
             sc,
             f,
@@ -271,6 +274,8 @@ impl<'a> FrameSim<'a> {
             switches,
             links,
             served: vec![0; servers.len()],
+            bin_served: vec![0; servers.len()],
+            hits_seen: 0,
             hosts,
             servers,
             ring,
@@ -337,11 +342,13 @@ impl<'a> FrameSim<'a> {
                         };
                         self.history.push(op);
                         self.s.dropped += 1;
+                        let b = self.bin_at(now);
+                        self.bins[b].dropped += 1;
                         self.ev.at(now, Ev::Send(c));
                     }
                 }
                 Ev::Bin => {
-                    self.bin_at(now.checked_sub(Duration::from_nanos(1)).unwrap_or(now));
+                    self.close_bin(now);
                     self.ev.after(self.bin, Ev::Bin);
                 }
             }
@@ -357,6 +364,21 @@ impl<'a> FrameSim<'a> {
         self.finish()
     }
 
+    /// A bin ends at `now`: the reads the switches answered in it and the busiest server's
+    /// requests.
+    fn close_bin(&mut self, now: Instant) {
+        let b = self.bin_at(now.checked_sub(Duration::from_nanos(1)).unwrap_or(now));
+        let hits: u64 = self
+            .switches
+            .iter()
+            .map(|sw| sw.snapshot(now).stats.hits)
+            .sum();
+        self.bins[b].hits = hits - self.hits_seen;
+        self.hits_seen = hits;
+        self.bins[b].backend_max = self.bin_served.iter().copied().max().unwrap_or(0);
+        self.bin_served.iter_mut().for_each(|n| *n = 0);
+    }
+
     fn bin_at(&mut self, t: Instant) -> usize {
         let i = (t.as_nanos() / self.bin.as_nanos() as u64) as usize;
         while self.bins.len() <= i {
@@ -370,6 +392,8 @@ impl<'a> FrameSim<'a> {
         let Some(at) = self.switches[s].poll_at() else {
             return;
         };
+        // A deadline already past runs now (the queue never goes back in time).
+        let at = at.max(self.ev.now());
         if self.tick_at[s].is_none_or(|t| at < t) {
             self.tick_at[s] = Some(at);
             self.ev.at(at, Ev::Tick(s));
@@ -497,6 +521,7 @@ impl<'a> FrameSim<'a> {
             return;
         };
         if let Some(i) = self.servers.iter().position(|&s| s == h) {
+            self.bin_served[i] += 1;
             if now >= self.warmup {
                 self.served[i] += 1;
             }
@@ -560,14 +585,11 @@ impl<'a> FrameSim<'a> {
             .find(|o| o.ip == src.0)
             .map(|o| o.mac)
             .unwrap_or(Mac::BROADCAST);
-        let Some(pieces) = mcudp::pieces(mc.request_id, &out) else {
+        let ends = udp_ends(self.hosts[h].mac, client_mac, dst, src);
+        let Some(frames) = switch::frame::memcached_reply(&ends, mc.request_id, &out) else {
             return;
         };
-        for (hdr, bytes) in pieces {
-            let mut d = vec![0u8; mcudp::LEN];
-            hdr.emit(&mut d);
-            d.extend_from_slice(bytes);
-            let frame = udp_frame(self.hosts[h].mac, client_mac, dst, src, &d);
+        for frame in frames {
             self.ev.at(leaves, Ev::Answer(h, frame));
         }
     }
@@ -589,17 +611,16 @@ impl<'a> FrameSim<'a> {
         } else {
             ("get", format!("get {key}\r\n"))
         };
-        let mut datagram = vec![0u8; mcudp::LEN];
-        mcudp::Header::single(id).emit(&mut datagram);
-        datagram.extend_from_slice(text.as_bytes());
+        let mut header = [0u8; mcudp::LEN];
+        mcudp::Header::single(id).emit(&mut header);
         let host = &self.hosts[client.host];
-        let frame = udp_frame(
+        let ends = udp_ends(
             host.mac,
             self.hosts[server].mac,
             (host.ip, client.port),
             (self.hosts[server].ip, MC_PORT),
-            &datagram,
         );
+        let frame = switch::frame::udp_frame(&ends, &[&header, text.as_bytes()]);
         client.waiting = Some((
             id,
             Op {
@@ -626,11 +647,7 @@ impl<'a> FrameSim<'a> {
 
     fn finish(mut self) -> (Summary, Vec<Bin>, Vec<f64>) {
         let window = (self.end - self.warmup).as_secs_f64();
-        self.bin_at(
-            self.end
-                .checked_sub(Duration::from_nanos(1))
-                .unwrap_or(self.end),
-        );
+        self.close_bin(self.end);
         let bins = (self.sc.duration_s * 1000.0 / self.sc.bin_ms as f64).ceil() as usize;
         self.bins.truncate(bins);
         let s = &mut self.s;
@@ -699,27 +716,15 @@ fn placeholder() -> Op {
     }
 }
 
-fn udp_frame(
-    src_mac: Mac,
-    dst_mac: Mac,
-    src: (Ipv4Addr, u16),
-    dst: (Ipv4Addr, u16),
-    payload: &[u8],
-) -> Vec<u8> {
-    let mut frame = vec![0u8; PAYLOAD_OFFSET];
-    frame.extend_from_slice(payload);
-    let ends = UdpEnds {
+fn udp_ends(src_mac: Mac, dst_mac: Mac, src: Addr, dst: Addr) -> UdpEnds {
+    UdpEnds {
         src_mac,
         dst_mac,
         src_ip: src.0,
         dst_ip: dst.0,
         src_port: src.1,
         dst_port: dst.1,
-    };
-    if !emit_udp_headers(&mut frame, &ends) {
-        frame.clear();
     }
-    frame
 }
 
 type Addr = (Ipv4Addr, u16);

@@ -341,7 +341,10 @@ impl<'a> RequestSim<'a> {
                     } else if loss < c.loss_low {
                         self.rate *= 1.0 + c.step;
                     }
-                    self.rate = self.rate.max(1.0);
+                    // Never past a hundred times where it started: a system that drops
+                    // nothing (a very deep queue) would have it grow without end.
+                    let cap = (c.rate * 100.0).min(crate::scenario::MAX_RATE);
+                    self.rate = self.rate.clamp(1.0, cap);
                 }
                 self.adjust_sent = 0;
                 self.adjust_dropped = 0;

@@ -664,6 +664,23 @@ fn set_path(table: &mut toml::Table, key: &str, value: Option<toml::Value>) -> R
     Ok(())
 }
 
+/// `v` within `[low, high]`: bounds that keep every time a field gives at least a
+/// nanosecond and every count within what one machine can simulate.
+fn within(name: &str, v: f64, low: f64, high: f64) -> Result<(), String> {
+    if v.is_finite() && (low..=high).contains(&v) {
+        Ok(())
+    } else {
+        Err(format!("{name} must be {low} to {high}, not {v}"))
+    }
+}
+
+/// At most this many requests a second from clients, and of service from one server.
+pub const MAX_RATE: f64 = 1e9;
+/// At most this many requests or frames held by one queue.
+pub const MAX_QUEUE: usize = 1_000_000;
+/// The longest lead-in a cache prefill may take (its keys at the rule rate).
+pub const MAX_LEAD_IN_S: f64 = 3600.0;
+
 fn positive(name: &str, v: f64) -> Result<(), String> {
     if v.is_finite() && v > 0.0 {
         Ok(())
@@ -675,8 +692,8 @@ fn positive(name: &str, v: f64) -> Result<(), String> {
 impl Scenario {
     /// Checks every field's range.
     pub fn validate(&self) -> Result<(), String> {
-        positive("duration_s", self.duration_s)?;
-        if !(self.warmup_s >= 0.0 && self.warmup_s < self.duration_s) {
+        within("duration_s", self.duration_s, 0.001, 1e6)?;
+        if !(self.warmup_s >= 0.0 && self.warmup_s <= self.duration_s - 0.001) {
             return Err(format!(
                 "warmup_s must be at least 0 and below duration_s, not {}",
                 self.warmup_s
@@ -705,7 +722,7 @@ impl Scenario {
             return Err("workload.value_size must be 1 to 1048576 bytes".into());
         }
         if let Some(c) = &w.change {
-            positive("workload.change.every_s", c.every_s)?;
+            within("workload.change.every_s", c.every_s, 0.001, 1e6)?;
             if c.keys == 0
                 || c.keys >= w.keys
                 || (c.kind == ChangeKind::Random && c.keys.saturating_mul(2) > w.keys)
@@ -725,19 +742,21 @@ impl Scenario {
         }
         let c = &self.clients;
         match c.model {
-            ClientModel::Open | ClientModel::RateControl => positive("clients.rate", c.rate)?,
+            ClientModel::Open | ClientModel::RateControl => {
+                within("clients.rate", c.rate, 1.0, MAX_RATE)?
+            }
             ClientModel::Closed => {
                 if c.count == 0 || c.count > 1_000_000 {
                     return Err("clients.count must be 1 to 1000000 for closed-loop clients".into());
                 }
-                positive("clients.timeout_ms", c.timeout_ms)?;
+                within("clients.timeout_ms", c.timeout_ms, 0.001, 1e6)?;
                 if !(c.think_us.is_finite() && c.think_us >= 0.0) {
                     return Err("clients.think_us must be 0 or above".into());
                 }
             }
         }
         if c.model == ClientModel::RateControl {
-            positive("clients.adjust_ms", c.adjust_ms)?;
+            within("clients.adjust_ms", c.adjust_ms, 0.001, 1e6)?;
             if !(0.0 <= c.loss_low && c.loss_low < c.loss_high && c.loss_high < 1.0) {
                 return Err(
                     "clients.loss_low and loss_high must satisfy 0 <= low < high < 1".into(),
@@ -747,9 +766,7 @@ impl Scenario {
                 return Err("clients.step must be between 0 and 1".into());
             }
         }
-        if !(self.network.link_us.is_finite() && self.network.link_us >= 0.0) {
-            return Err("network.link_us must be 0 or above".into());
-        }
+        within("network.link_us", self.network.link_us, 0.0, 1e6)?;
         if self.level == Level::Frame {
             let Some(f) = &self.fabric else {
                 return Err("level = \"frame\" needs a [fabric] table".into());
@@ -768,8 +785,8 @@ impl Scenario {
             }
             positive("fabric.host_gbps", f.host_gbps)?;
             positive("fabric.core_gbps", f.core_gbps)?;
-            if f.link_queue == 0 {
-                return Err("fabric.link_queue must be at least 1".into());
+            if f.link_queue == 0 || f.link_queue > MAX_QUEUE {
+                return Err(format!("fabric.link_queue must be 1 to {MAX_QUEUE}"));
             }
             if !(f.switch_us.is_finite() && f.switch_us >= 0.0) {
                 return Err("fabric.switch_us must be 0 or above".into());
@@ -794,9 +811,9 @@ impl Scenario {
         if b.count == 0 || b.count > 65_536 {
             return Err("backends.count must be 1 to 65536".into());
         }
-        positive("backends.capacity", b.capacity)?;
-        if b.queue == 0 {
-            return Err("backends.queue must be at least 1".into());
+        within("backends.capacity", b.capacity, 0.001, MAX_RATE)?;
+        if b.queue == 0 || b.queue > MAX_QUEUE {
+            return Err(format!("backends.queue must be 1 to {MAX_QUEUE}"));
         }
         b.distribution
             .parse::<kv::Distribution>()
@@ -811,8 +828,19 @@ impl Scenario {
             if n.items == 0 {
                 return Err("cache.items must be above 0".into());
             }
-            if !(n.capacity.is_finite() && n.capacity >= 0.0) {
-                return Err("cache.capacity must be 0 (unlimited) or above".into());
+            if n.capacity != 0.0 {
+                within("cache.capacity (0: unlimited)", n.capacity, 0.001, MAX_RATE)?;
+            }
+            if n.queue > MAX_QUEUE {
+                return Err(format!("cache.queue must be 1 to {MAX_QUEUE}"));
+            }
+            if n.prefill > 0
+                && n.rule_rate > 0
+                && n.prefill as f64 / f64::from(n.rule_rate) > MAX_LEAD_IN_S
+            {
+                return Err(format!(
+                    "cache.prefill / cache.rule_rate gives a lead-in of more than {MAX_LEAD_IN_S} s"
+                ));
             }
             if n.queue == 0
                 || n.rule_table == 0

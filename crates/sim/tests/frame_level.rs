@@ -48,6 +48,11 @@ fn the_fabric_is_coherent_and_every_request_is_accounted_for() {
     // Every answer and every give-up, and the preload of each key read, are in the history.
     assert!(s.history_ops >= s.answered + s.dropped, "{s:?}");
     assert_eq!(s.violations, 0, "{s:?}");
+    // The time series counts the switches' hits and the busiest server, bin by bin.
+    let hits = sim::output::series_column(&o.series_csv, "hit_ratio").unwrap();
+    assert!(hits.iter().any(|&(_, h)| h > 0.2), "{}", o.series_csv);
+    let busiest = sim::output::series_column(&o.series_csv, "backend_max_rps").unwrap();
+    assert!(busiest.iter().all(|&(_, b)| b > 0.0), "{}", o.series_csv);
 }
 
 #[test]

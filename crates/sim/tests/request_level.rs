@@ -125,7 +125,7 @@ link_us = 0
 [backends]
 count = 1
 capacity = {mu}
-queue = 10_000_000
+queue = 1_000_000
 service = "exponential"
 "#
     );
@@ -288,6 +288,36 @@ fn bad_scenarios_are_refused_naming_the_field() {
             "sideways",
         ),
         ("not toml [".to_string(), "TOML"),
+        // Values that would overflow a duration, round a time to nothing or hold a run at
+        // one instant.
+        (
+            SMALL.replace("rate = 50_000", "rate = 1e-25"),
+            "clients.rate",
+        ),
+        (
+            SMALL.replace("capacity = 10_000", "capacity = 1e12"),
+            "backends.capacity",
+        ),
+        (
+            SMALL.replace("warmup_s = 1.0", "warmup_s = 2.9999999999"),
+            "warmup_s",
+        ),
+        (
+            SMALL.replace("rate = 50_000", "rate = 50_000\nadjust_ms = 1e-7"),
+            "clients.adjust_ms",
+        ),
+        (
+            SMALL.replace("queue = 8", "queue = 1_000_000_000"),
+            "backends.queue",
+        ),
+        (
+            SMALL
+                .replace("rule_rate = 400", "rule_rate = 1")
+                .replace("items = 500", "items = 5_000_000")
+                .replace("prefill = 500", "prefill = 5_000_000")
+                .replace("keys = 1_000_000", "keys = 10_000_000"),
+            "lead-in",
+        ),
     ];
     for (text, want) in cases {
         let err = parse(&text).map(|_| ()).expect_err(want).to_string();
