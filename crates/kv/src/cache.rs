@@ -463,7 +463,7 @@ impl Cache {
             // The key's share of the log, times the read rate of the last segment.
             let share = f64::from(self.cfg.log_threshold + 1) / self.cfg.log_size as f64;
             let load = (share * self.last_rate).max(self.threshold);
-            self.offer(key, load, now);
+            self.offer_instant(key, load, now);
         }
     }
 
@@ -499,13 +499,25 @@ impl Cache {
     /// Admits `key` with `load` if there is room, or if it beats the admission threshold and
     /// the least loaded unpinned key, which then leaves. Returns whether it is cached now.
     pub fn offer(&mut self, key: &[u8], load: f64, now: Instant) -> bool {
+        self.offer_as(key, load, now, false)
+    }
+
+    /// As [`Cache::offer`], for a key an instant report found bursting: taken even while a
+    /// second's worth of installs waits, and its install goes ahead of them. Periodic reports
+    /// may keep the rule budget busy for good; a burst must not wait behind them, and a
+    /// circular log reports a key once, when it crosses its threshold.
+    pub fn offer_instant(&mut self, key: &[u8], load: f64, now: Instant) -> bool {
+        self.offer_as(key, load, now, true)
+    }
+
+    fn offer_as(&mut self, key: &[u8], load: f64, now: Instant, instant: bool) -> bool {
         if self.entries.contains_key(key) {
             return true;
         }
         // Under a rule budget, no more installs waiting than a second's worth: reports come
         // hottest first, so the hottest get the rules, and a backlog cannot grow while the
         // keys that wait in it cool down.
-        if let Some(rate) = self.cfg.rules.rate {
+        if let (Some(rate), false) = (self.cfg.rules.rate, instant) {
             if self.buffer.len_adds() >= rate.max(1) as usize && !self.cfg.admission.every_read() {
                 self.counters.rule_backlog += 1;
                 return false;
@@ -525,12 +537,17 @@ impl Cache {
                 _ => return false,
             }
         }
-        self.admit(key, Entry::new(load, false), now)
+        self.admit(key, Entry::new(load, false), now, instant)
     }
 
-    fn admit(&mut self, key: &[u8], entry: Entry, now: Instant) -> bool {
+    fn admit(&mut self, key: &[u8], entry: Entry, now: Instant, first: bool) -> bool {
         let key: Box<[u8]> = key.into();
-        if self.buffer.add(key.clone(), now).is_err() {
+        let queued = if first {
+            self.buffer.add_first(key.clone(), now)
+        } else {
+            self.buffer.add(key.clone(), now)
+        };
+        if queued.is_err() {
             self.counters.rule_buffer_full += 1;
             return false;
         }
@@ -594,7 +611,7 @@ impl Cache {
             self.remove_entry(&victim, now);
         }
         let load = self.threshold;
-        if self.admit(key, Entry::new(load, true), now) {
+        if self.admit(key, Entry::new(load, true), now, false) {
             Ok(())
         } else {
             Err(PinError::RuleBufferFull)

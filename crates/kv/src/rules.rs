@@ -258,6 +258,45 @@ impl<K: Eq + Hash + Clone> RuleBuffer<K> {
         self.request(key, false, now)
     }
 
+    /// Asks for `key`'s rule to be installed ahead of every addition queued: a key found
+    /// bursting must not wait behind a backlog of keys that only report load. An addition of
+    /// the key already queued moves to the front.
+    pub fn add_first(&mut self, key: K, now: Instant) -> Result<Outcome, BufferFull> {
+        if let Some(&p) = self.pending.get(&key) {
+            if p.remove {
+                return self.request(key, false, now);
+            }
+            // Queued already: a new entry at the front; the old one is left behind, dead.
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            self.pending
+                .insert(key.clone(), Pending { remove: false, seq });
+            self.adds.push_front(Entry {
+                key,
+                seq,
+                since: now,
+            });
+            self.tidy();
+            return Ok(Outcome::Queued);
+        }
+        if self.live_adds + self.live_removes >= self.capacity {
+            return Err(BufferFull {
+                capacity: self.capacity,
+            });
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.pending
+            .insert(key.clone(), Pending { remove: false, seq });
+        self.adds.push_front(Entry {
+            key,
+            seq,
+            since: now,
+        });
+        self.live_adds += 1;
+        Ok(Outcome::Queued)
+    }
+
     /// Asks for `key`'s rule to be deleted, at `now`.
     pub fn remove(&mut self, key: K, now: Instant) -> Result<Outcome, BufferFull> {
         self.request(key, true, now)
@@ -408,6 +447,39 @@ mod tests {
     use super::*;
 
     const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn an_addition_asked_first_goes_ahead_of_the_queue() {
+        let (cfg, mut b) = limited(1000, 2000 * MS);
+        let now = Instant::ZERO;
+        let mut budget = RuleBudget::from_config(&cfg, now).unwrap();
+        for k in 1..=3 {
+            assert_eq!(b.add(k, now), Ok(Outcome::Queued));
+        }
+        assert_eq!(b.add_first(9, now), Ok(Outcome::Queued));
+        // Already queued: moved to the front, still one change.
+        assert_eq!(b.add_first(3, now), Ok(Outcome::Queued));
+        assert_eq!(b.len_adds(), 4);
+        // A queued removal is cancelled as by `add`.
+        assert_eq!(b.remove(7, now), Ok(Outcome::Queued));
+        assert_eq!(b.add_first(7, now), Ok(Outcome::Cancelled));
+        let mut out = Vec::new();
+        let mut t = now;
+        while out.len() < 4 {
+            t += MS;
+            out.extend(b.poll(t, &mut budget));
+        }
+        assert_eq!(
+            out,
+            [
+                Change::Add(3),
+                Change::Add(9),
+                Change::Add(1),
+                Change::Add(2)
+            ]
+        );
+        assert!(b.is_empty());
+    }
 
     fn limited(rate: u32, max_delay: Duration) -> (RuleConfig, RuleBuffer<u32>) {
         let cfg = RuleConfig {

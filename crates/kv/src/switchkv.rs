@@ -318,7 +318,7 @@ impl CacheNode {
             // A cached key its backend still reads (its rule not installed yet, or its lease
             // ended): the backend's count of it counts too.
             self.cache.raise_load(key, load);
-            if let Some(fetch) = self.admit(backend, key, load, now) {
+            if let Some(fetch) = self.admit(backend, key, load, now, false) {
                 fetches.push(fetch);
             }
         }
@@ -328,8 +328,20 @@ impl CacheNode {
 
     /// Offers `key` to the cache; the fetch to make if it is cached now and neither leased
     /// nor being fetched.
-    fn admit(&mut self, backend: usize, key: &[u8], load: f64, now: Instant) -> Option<Fetch> {
-        if !self.cache.offer(key, load, now) {
+    fn admit(
+        &mut self,
+        backend: usize,
+        key: &[u8],
+        load: f64,
+        now: Instant,
+        instant: bool,
+    ) -> Option<Fetch> {
+        let cached = if instant {
+            self.cache.offer_instant(key, load, now)
+        } else {
+            self.cache.offer(key, load, now)
+        };
+        if !cached {
             return None;
         }
         let leased = self.granted.get(key).is_some_and(|&end| end > now);
@@ -376,7 +388,7 @@ impl CacheNode {
     /// hung cache node's queue, past anything its backend still promises).
     pub fn hot(&mut self, backend: usize, key: &[u8], load: f64, now: Instant) -> Option<Fetch> {
         self.cache.ensure_groups(backend + 1);
-        let fetch = self.admit(backend, key, load, now);
+        let fetch = self.admit(backend, key, load, now, true);
         self.forget_evicted();
         fetch
     }
