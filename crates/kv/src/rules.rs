@@ -213,6 +213,9 @@ pub struct RuleBuffer<K> {
     /// Additions in request order. Entries whose change was cancelled stay until they reach
     /// the front or the queue is compacted; the front entry is always live.
     adds: VecDeque<Entry<K>>,
+    /// Additions asked first ([`RuleBuffer::add_first`]), in request order, kept like `adds`
+    /// and released before them.
+    urgent: VecDeque<Entry<K>>,
     /// Removals in request order, kept like `adds`.
     removes: VecDeque<Entry<K>>,
     live_adds: usize,
@@ -223,6 +226,8 @@ pub struct RuleBuffer<K> {
 #[derive(Clone, Copy, Debug)]
 struct Pending {
     remove: bool,
+    /// An addition in the `urgent` queue.
+    urgent: bool,
     /// Identifies the queue entry, so that one left behind by a cancellation is recognised.
     seq: u64,
 }
@@ -246,6 +251,7 @@ impl<K: Eq + Hash + Clone> RuleBuffer<K> {
             capacity: cfg.capacity,
             pending: HashMap::new(),
             adds: VecDeque::new(),
+            urgent: VecDeque::new(),
             removes: VecDeque::new(),
             live_adds: 0,
             live_removes: 0,
@@ -258,42 +264,43 @@ impl<K: Eq + Hash + Clone> RuleBuffer<K> {
         self.request(key, false, now)
     }
 
-    /// Asks for `key`'s rule to be installed ahead of every addition queued: a key found
-    /// bursting must not wait behind a backlog of keys that only report load. An addition of
-    /// the key already queued moves to the front.
+    /// Asks for `key`'s rule to be installed ahead of every addition queued by [`add`], after
+    /// those asked first before it: a key found bursting must not wait behind a backlog of
+    /// keys that only report load. An addition of the key already queued moves up.
+    ///
+    /// [`add`]: RuleBuffer::add
     pub fn add_first(&mut self, key: K, now: Instant) -> Result<Outcome, BufferFull> {
-        if let Some(&p) = self.pending.get(&key) {
-            if p.remove {
-                return self.request(key, false, now);
+        match self.pending.get(&key) {
+            Some(p) if p.remove => return self.request(key, false, now),
+            Some(p) if p.urgent => return Ok(Outcome::Duplicate),
+            // Queued among the others: a new entry in the urgent queue; the old one is left
+            // behind, dead, and the count of additions stays.
+            Some(_) => self.live_adds -= 1,
+            None => {
+                if self.live_adds + self.live_removes >= self.capacity {
+                    return Err(BufferFull {
+                        capacity: self.capacity,
+                    });
+                }
             }
-            // Queued already: a new entry at the front; the old one is left behind, dead.
-            let seq = self.next_seq;
-            self.next_seq += 1;
-            self.pending
-                .insert(key.clone(), Pending { remove: false, seq });
-            self.adds.push_front(Entry {
-                key,
-                seq,
-                since: now,
-            });
-            self.tidy();
-            return Ok(Outcome::Queued);
-        }
-        if self.live_adds + self.live_removes >= self.capacity {
-            return Err(BufferFull {
-                capacity: self.capacity,
-            });
         }
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.pending
-            .insert(key.clone(), Pending { remove: false, seq });
-        self.adds.push_front(Entry {
+        self.pending.insert(
+            key.clone(),
+            Pending {
+                remove: false,
+                urgent: true,
+                seq,
+            },
+        );
+        self.urgent.push_back(Entry {
             key,
             seq,
             since: now,
         });
         self.live_adds += 1;
+        self.tidy();
         Ok(Outcome::Queued)
     }
 
@@ -310,7 +317,7 @@ impl<K: Eq + Hash + Clone> RuleBuffer<K> {
                 .removes
                 .front()
                 .is_some_and(|e| now.saturating_duration_since(e.since) >= self.max_delay);
-            let remove = overdue || self.adds.is_empty();
+            let remove = overdue || (self.adds.is_empty() && self.urgent.is_empty());
             if remove && self.removes.is_empty() {
                 break;
             }
@@ -319,6 +326,8 @@ impl<K: Eq + Hash + Clone> RuleBuffer<K> {
             }
             let queue = if remove {
                 &mut self.removes
+            } else if !self.urgent.is_empty() {
+                &mut self.urgent
             } else {
                 &mut self.adds
             };
@@ -379,6 +388,7 @@ impl<K: Eq + Hash + Clone> RuleBuffer<K> {
     pub fn clear(&mut self) {
         self.pending.clear();
         self.adds.clear();
+        self.urgent.clear();
         self.removes.clear();
         self.live_adds = 0;
         self.live_removes = 0;
@@ -405,7 +415,14 @@ impl<K: Eq + Hash + Clone> RuleBuffer<K> {
         }
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.pending.insert(key.clone(), Pending { remove, seq });
+        self.pending.insert(
+            key.clone(),
+            Pending {
+                remove,
+                urgent: false,
+                seq,
+            },
+        );
         let entry = Entry {
             key,
             seq,
@@ -428,6 +445,7 @@ impl<K: Eq + Hash + Clone> RuleBuffer<K> {
         let live = |e: &Entry<K>| pending.get(&e.key).is_some_and(|p| p.seq == e.seq);
         for (queue, n) in [
             (&mut self.adds, self.live_adds),
+            (&mut self.urgent, self.live_adds),
             (&mut self.removes, self.live_removes),
         ] {
             if queue.len() > 2 * n + SLACK {
@@ -457,7 +475,7 @@ mod tests {
             assert_eq!(b.add(k, now), Ok(Outcome::Queued));
         }
         assert_eq!(b.add_first(9, now), Ok(Outcome::Queued));
-        // Already queued: moved to the front, still one change.
+        // Already queued: moved up behind 9, still one change.
         assert_eq!(b.add_first(3, now), Ok(Outcome::Queued));
         assert_eq!(b.len_adds(), 4);
         // A queued removal is cancelled as by `add`.
@@ -472,8 +490,8 @@ mod tests {
         assert_eq!(
             out,
             [
-                Change::Add(3),
                 Change::Add(9),
+                Change::Add(3),
                 Change::Add(1),
                 Change::Add(2)
             ]
