@@ -5,39 +5,27 @@
 mod common;
 
 use std::process::Command;
+use std::sync::Mutex;
 
 use common::require_root;
 
-#[test]
-fn the_simulator_and_the_testbed_agree_on_skewed_throughput() {
+/// Both benches build a testbed under the one prefix: one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Runs `kvswitch bench ARGS --prefix kvsa` into a folder of its own and returns its
+/// `results.json`.
+fn bench(args: &[&str]) -> serde_json::Value {
     require_root();
-    let out = std::env::temp_dir().join(format!("kvswitch-sim-agreement-{}", std::process::id()));
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let out = std::env::temp_dir().join(format!("kvswitch-sim-{}-{}", args[0], std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
-    // A fresh cache at the only skew point; long enough for two rounds of periodic reports.
     let result = Command::new(env!("CARGO_BIN_EXE_kvswitch"))
-        .args([
-            "bench",
-            "skew",
-            "--short",
-            "--duration",
-            "2.5",
-            "--systems",
-            "kvswitch_udp,switchkv_udp",
-            "--skews",
-            "0.99",
-            "--cache-sizes",
-            "1000",
-            "--write-ratios",
-            "0.1",
-            "--latency-loads",
-            "0.5",
-            "--prefix",
-            "kvsa",
-            "--out",
-        ])
+        .arg("bench")
+        .args(args)
+        .args(["--prefix", "kvsa", "--out"])
         .arg(&out)
         .output()
-        .expect("running kvswitch bench skew");
+        .expect("running kvswitch bench");
     assert!(
         result.status.success(),
         "{}\n{}",
@@ -45,17 +33,42 @@ fn the_simulator_and_the_testbed_agree_on_skewed_throughput() {
         String::from_utf8_lossy(&result.stderr)
     );
     let text = std::fs::read_to_string(out.join("results.json")).expect("results.json");
-    let json: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let _ = std::fs::remove_dir_all(&out);
+    serde_json::from_str(&text).expect("JSON")
+}
+
+/// The median GETs a second of the first point `pick` takes.
+fn get_rps(json: &serde_json::Value, pick: impl Fn(&serde_json::Value) -> bool) -> f64 {
+    json["medians"]
+        .as_array()
+        .expect("medians")
+        .iter()
+        .find(|p| pick(p))
+        .and_then(|p| p["get_rps"].as_f64())
+        .unwrap_or_else(|| panic!("no such point in {json}"))
+}
+
+#[test]
+fn the_simulator_and_the_testbed_agree_on_skewed_throughput() {
+    // A fresh cache at the only skew point; long enough for two rounds of periodic reports.
+    let json = bench(&[
+        "skew",
+        "--short",
+        "--duration",
+        "2.5",
+        "--systems",
+        "kvswitch_udp,switchkv_udp",
+        "--skews",
+        "0.99",
+        "--cache-sizes",
+        "1000",
+        "--write-ratios",
+        "0.1",
+        "--latency-loads",
+        "0.5",
+    ]);
     let settings = &json["settings"];
-    let testbed = |system: &str| {
-        json["medians"]
-            .as_array()
-            .expect("medians")
-            .iter()
-            .find(|p| p["system"] == system && p["sweep"] == "skew")
-            .and_then(|p| p["get_rps"].as_f64())
-            .unwrap_or_else(|| panic!("no {system} in {text}"))
-    };
+    let testbed = |system: &str| get_rps(&json, |p| p["system"] == system && p["sweep"] == "skew");
     // The same system in the simulator: as many backends of the same capacity and burst,
     // the same offered load, keyspace, skew and cache size, the bench's warm-up before the
     // measured window, and its cache node's reports (the paper's 640 hot keys a segment
@@ -112,51 +125,27 @@ remove = ["cache"]
     }
     // The cache must matter in both, or agreeing proves little.
     assert!(testbed("switchkv_udp") > 2.0 * testbed("kvswitch_udp"));
-    let _ = std::fs::remove_dir_all(out);
 }
 
 #[test]
 fn the_simulator_and_the_testbed_agree_under_popularity_changes() {
-    require_root();
-    let out = std::env::temp_dir().join(format!("kvswitch-sim-popularity-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
-    let result = Command::new(env!("CARGO_BIN_EXE_kvswitch"))
-        .args([
-            "bench",
-            "popularity-change",
-            "--short",
-            "--systems",
-            "kvswitch_udp,switchkv_udp",
-            "--duration",
-            "3",
-            "--change-every",
-            "1",
-            "--change-rates",
-            "1",
-            "--prefix",
-            "kvsa",
-            "--out",
-        ])
-        .arg(&out)
-        .output()
-        .expect("running kvswitch bench popularity-change");
-    assert!(
-        result.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&result.stdout),
-        String::from_utf8_lossy(&result.stderr)
-    );
-    let text = std::fs::read_to_string(out.join("results.json")).expect("results.json");
-    let json: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let json = bench(&[
+        "popularity-change",
+        "--short",
+        "--systems",
+        "kvswitch_udp,switchkv_udp",
+        "--duration",
+        "3",
+        "--change-every",
+        "1",
+        "--change-rates",
+        "1",
+    ]);
     let settings = &json["settings"];
     let testbed = |system: &str, change: &str| {
-        json["medians"]
-            .as_array()
-            .expect("medians")
-            .iter()
-            .find(|p| p["system"] == system && p["variant"].is_null() && p["change"] == change)
-            .and_then(|p| p["get_rps"].as_f64())
-            .unwrap_or_else(|| panic!("no {system} under {change} in {text}"))
+        get_rps(&json, |p| {
+            p["system"] == system && p["variant"].is_null() && p["change"] == change
+        })
     };
     // The bench's cache node holds a tenth of the keys and keeps what it learnt from one kind
     // of change to the next: the simulator's starts holding the hottest.
@@ -235,5 +224,4 @@ set = {{ "workload.change.kind" = "random" }}
         (ratio - 1.0).abs() <= 0.15,
         "testbed {real_all:.0}, simulator {simulated_all:.0}"
     );
-    let _ = std::fs::remove_dir_all(out);
 }

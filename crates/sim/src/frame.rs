@@ -676,16 +676,6 @@ impl<'a> FrameSim<'a> {
             s.cache_hits as f64 / s.answered as f64
         };
         let loads: Vec<f64> = self.served.iter().map(|&n| n as f64 / window).collect();
-        s.backend_load_max = loads.iter().cloned().fold(0.0, f64::max);
-        s.backend_load_min = loads.iter().cloned().fold(f64::INFINITY, f64::min);
-        s.backend_load_mean = loads.iter().sum::<f64>() / loads.len().max(1) as f64;
-        s.imbalance = if s.backend_load_mean > 0.0 {
-            s.backend_load_max / s.backend_load_mean
-        } else {
-            0.0
-        };
-        s.latency_mean_us = self.latency.mean_ns() / 1000.0;
-        s.latency_p99_us = self.latency.quantile_ns(0.99) / 1000.0;
         let (sojourn, accepted) = self
             .hosts
             .iter()
@@ -693,11 +683,7 @@ impl<'a> FrameSim<'a> {
             .fold((0u128, 0u64), |(t, n), (_, st)| {
                 (t + st.sojourn_ns, n + st.accepted)
             });
-        s.backend_sojourn_us = if accepted == 0 {
-            0.0
-        } else {
-            sojourn as f64 / accepted as f64 / 1000.0
-        };
+        s.set_loads(&loads, &self.latency, (sojourn, accepted));
         let report = history::check(&self.history);
         s.history_ops = self.history.len() as u64;
         s.violations = report.violations.len() as u64;

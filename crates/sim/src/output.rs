@@ -61,6 +61,29 @@ pub struct Summary {
     pub violations: u64,
 }
 
+impl Summary {
+    /// The figures of the backends' loads (requests a second each served) and of the clients'
+    /// latencies and the servers' time in queue and service (total nanoseconds, requests).
+    pub fn set_loads(&mut self, loads: &[f64], latency: &Histogram, sojourn: (u128, u64)) {
+        self.backend_load_max = loads.iter().cloned().fold(0.0, f64::max);
+        self.backend_load_min = loads.iter().cloned().fold(f64::INFINITY, f64::min);
+        self.backend_load_mean = loads.iter().sum::<f64>() / loads.len().max(1) as f64;
+        self.imbalance = if self.backend_load_mean > 0.0 {
+            self.backend_load_max / self.backend_load_mean
+        } else {
+            0.0
+        };
+        self.latency_mean_us = latency.mean_ns() / 1000.0;
+        self.latency_p99_us = latency.quantile_ns(0.99) / 1000.0;
+        let (ns, accepted) = sojourn;
+        self.backend_sojourn_us = if accepted == 0 {
+            0.0
+        } else {
+            ns as f64 / accepted as f64 / 1000.0
+        };
+    }
+}
+
 /// One time-series bin.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Bin {

@@ -646,24 +646,10 @@ impl<'a> RequestSim<'a> {
             .iter()
             .map(|b| b.window as f64 / window)
             .collect();
-        s.backend_load_max = loads.iter().cloned().fold(0.0, f64::max);
-        s.backend_load_min = loads.iter().cloned().fold(f64::INFINITY, f64::min);
-        s.backend_load_mean = loads.iter().sum::<f64>() / loads.len() as f64;
-        s.imbalance = if s.backend_load_mean > 0.0 {
-            s.backend_load_max / s.backend_load_mean
-        } else {
-            0.0
-        };
-        s.latency_mean_us = self.latency.mean_ns() / 1000.0;
-        s.latency_p99_us = self.latency.quantile_ns(0.99) / 1000.0;
         let (sojourn, accepted) = self.backends.iter().fold((0u128, 0u64), |(t, n), b| {
             (t + b.station.sojourn_ns, n + b.station.accepted)
         });
-        s.backend_sojourn_us = if accepted == 0 {
-            0.0
-        } else {
-            sojourn as f64 / accepted as f64 / 1000.0
-        };
+        s.set_loads(&loads, &self.latency, (sojourn, accepted));
         s.rules_end = self.rules.len() as u64;
         s.cached_end = self.nodes.iter().map(|n| n.kv.leases(end).0 as u64).sum();
         s.client_rate_end = match self.sc.clients.model {
