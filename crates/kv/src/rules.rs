@@ -276,30 +276,9 @@ impl<K: Eq + Hash + Clone> RuleBuffer<K> {
             // Queued among the others: a new entry in the urgent queue; the old one is left
             // behind, dead, and the count of additions stays.
             Some(_) => self.live_adds -= 1,
-            None => {
-                if self.live_adds + self.live_removes >= self.capacity {
-                    return Err(BufferFull {
-                        capacity: self.capacity,
-                    });
-                }
-            }
+            None => self.room()?,
         }
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        self.pending.insert(
-            key.clone(),
-            Pending {
-                remove: false,
-                urgent: true,
-                seq,
-            },
-        );
-        self.urgent.push_back(Entry {
-            key,
-            seq,
-            since: now,
-        });
-        self.live_adds += 1;
+        self.enqueue(key, false, true, now);
         self.tidy();
         Ok(Outcome::Queued)
     }
@@ -408,18 +387,31 @@ impl<K: Eq + Hash + Clone> RuleBuffer<K> {
             self.tidy();
             return Ok(Outcome::Cancelled);
         }
+        self.room()?;
+        self.enqueue(key, remove, false, now);
+        Ok(Outcome::Queued)
+    }
+
+    /// Whether one more change fits.
+    fn room(&self) -> Result<(), BufferFull> {
         if self.live_adds + self.live_removes >= self.capacity {
             return Err(BufferFull {
                 capacity: self.capacity,
             });
         }
+        Ok(())
+    }
+
+    /// Queues `key`'s change at the back of its queue (`urgent`: the additions asked first)
+    /// and counts it live.
+    fn enqueue(&mut self, key: K, remove: bool, urgent: bool, now: Instant) {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.pending.insert(
             key.clone(),
             Pending {
                 remove,
-                urgent: false,
+                urgent,
                 seq,
             },
         );
@@ -431,11 +423,13 @@ impl<K: Eq + Hash + Clone> RuleBuffer<K> {
         if remove {
             self.removes.push_back(entry);
             self.live_removes += 1;
+        } else if urgent {
+            self.urgent.push_back(entry);
+            self.live_adds += 1;
         } else {
             self.adds.push_back(entry);
             self.live_adds += 1;
         }
-        Ok(Outcome::Queued)
     }
 
     /// Restores the queues' invariants after a change left the queue: live fronts, and no
