@@ -487,7 +487,10 @@ pub fn action(text: &str) -> anyhow::Result<Value> {
         None => (text, None),
     };
     Ok(match (name, arg) {
-        ("flood" | "drop" | "to_cpu" | "mirror" | "dec_ttl", None) => json!(name),
+        ("flood" | "drop" | "to_cpu" | "mirror" | "dec_ttl" | "pop_label", None) => json!(name),
+        ("push_label" | "swap_label", Some(l)) => {
+            json!({ name: l.parse::<u32>().with_context(|| format!("{text}: an MPLS label, 0 to 1048575"))? })
+        }
         ("output", Some(p)) => {
             json!({ "output": p.parse::<u16>().with_context(|| format!("{text}: a port number"))? })
         }
@@ -520,7 +523,7 @@ pub fn action(text: &str) -> anyhow::Result<Value> {
             "{text:?} is not an action: output:PORT, flood, drop, to_cpu, mirror, count:NAME, \
              goto:TABLE, set_eth_dst:MAC, set_eth_src:MAC, set_ipv4_dst:IP, set_ipv4_src:IP, \
              set_dscp:N, dec_ttl, interface:ID, set_reg:REG=VALUE, load_reg:REG=REGISTER, \
-             add_register:REGISTER=VALUE"
+             add_register:REGISTER=VALUE, push_label:LABEL, pop_label, swap_label:LABEL"
         ),
     })
 }

@@ -84,6 +84,24 @@ pub enum Action {
     /// destination and source and output it on the interface's port. The entry is read when
     /// the frame runs, so changing it changes every list that names it.
     Interface(u16),
+    /// Push an MPLS label stack entry with this label (at most
+    /// [`MAX_LABEL`](crate::MAX_LABEL)) in front of the frame's payload, behind its Ethernet
+    /// addresses: the ethertype becomes 0x8847, traffic class 0, the TTL is copied from the
+    /// label below or the IPv4 TTL (64 otherwise), and the entry is the bottom of the stack
+    /// when the frame had no label. The frame grows by 4 bytes (see
+    /// [`Pipeline::resized`](crate::Pipeline::resized)); past
+    /// [`MAX_FRAME_LEN`](crate::MAX_FRAME_LEN) it is dropped with
+    /// [`reason::FRAME_TOO_LONG`](crate::reason::FRAME_TOO_LONG).
+    PushLabel(u32),
+    /// Pop the top MPLS label. Popping the bottom one gives the frame the ethertype of its
+    /// payload, IPv4 or IPv6 by its version; any other payload drops the frame with
+    /// [`reason::LABEL_PAYLOAD_UNKNOWN`](crate::reason::LABEL_PAYLOAD_UNKNOWN). A frame with no
+    /// label is dropped with [`reason::NO_LABEL`](crate::reason::NO_LABEL). The frame shrinks
+    /// by 4 bytes.
+    PopLabel,
+    /// Replace the top MPLS label's label (traffic class, bottom bit and TTL kept). A frame with
+    /// no label is dropped with [`reason::NO_LABEL`](crate::reason::NO_LABEL).
+    SwapLabel(u32),
 }
 
 impl Action {

@@ -79,6 +79,9 @@ pub enum Error {
     /// A `SetDscp` value does not fit the DSCP's 6 bits.
     #[error("DSCP {0} out of range (0 to 63)")]
     BadDscp(u8),
+    /// A `PushLabel` or `SwapLabel` label does not fit an MPLS label's 20 bits.
+    #[error("MPLS label {0} out of range (0 to {})", crate::MAX_LABEL)]
+    BadLabel(u32),
     /// A `LoadReg` or `AddReg` names a user register out of range.
     #[error("user register {0} out of range (have {})", crate::NUM_USER_REGS)]
     BadUserRegister(u8),

@@ -33,6 +33,7 @@
 mod action;
 mod error;
 mod field;
+pub mod label;
 mod pipeline;
 pub mod reason;
 mod rewrite;
@@ -79,3 +80,8 @@ pub const MAX_INTERFACES: usize = 256;
 /// The largest value [`Action::SetDscp`] writes: the DSCP is the top 6 bits of the IPv4 ToS
 /// byte.
 pub const MAX_DSCP: u8 = 63;
+/// The largest MPLS label ([`Action::PushLabel`], [`Action::SwapLabel`]): labels are 20 bits.
+pub const MAX_LABEL: u32 = (1 << 20) - 1;
+/// The longest frame [`Action::PushLabel`] makes; a push past it drops the frame with
+/// [`reason::FRAME_TOO_LONG`].
+pub const MAX_FRAME_LEN: usize = 16_384;

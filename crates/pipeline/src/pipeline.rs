@@ -6,6 +6,7 @@
 use crate::action::{Action, CounterId, SelectorId, TableId, Verdict};
 use crate::error::Error;
 use crate::field::{extract, Field, Meta};
+use crate::label;
 use crate::reason;
 use crate::rewrite::{self, Addr, Ttl};
 use crate::table::{table_id, Entry, EntryId, MatchKind, Stored, Table, TableSpec};
@@ -158,6 +159,9 @@ pub struct Pipeline {
     key: Vec<u8>,
     /// Masked copies of the key for LPM lookups; capacity [`MAX_KEY_LEN`].
     scratch: Vec<u8>,
+    /// The last frame processed, when an action changed its length.
+    resized: Vec<u8>,
+    moved: bool,
 }
 
 impl Default for Pipeline {
@@ -182,9 +186,49 @@ enum Flow {
     Stop(u16),
 }
 
+/// The frame as the actions see it: the caller's bytes, until an action changes its length and
+/// it moves to the pipeline's own buffer for the rest of its trip.
+struct Frame<'a> {
+    given: &'a mut [u8],
+    own: &'a mut Vec<u8>,
+    moved: bool,
+}
+
+impl Frame<'_> {
+    fn bytes(&self) -> &[u8] {
+        if self.moved {
+            self.own
+        } else {
+            self.given
+        }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        if self.moved {
+            self.own
+        } else {
+            self.given
+        }
+    }
+
+    /// Replaces `remove` bytes at `at` with `insert`; false when `at + remove` is past the end.
+    fn splice(&mut self, at: usize, remove: usize, insert: &[u8]) -> bool {
+        if at + remove > self.bytes().len() {
+            return false;
+        }
+        if !self.moved {
+            self.own.clear();
+            self.own.extend_from_slice(self.given);
+            self.moved = true;
+        }
+        self.own.splice(at..at + remove, insert.iter().copied());
+        true
+    }
+}
+
 /// Mutable state of one frame's trip through the pipeline.
 struct Exec<'a> {
-    frame: &'a mut [u8],
+    frame: Frame<'a>,
     meta: &'a mut Meta,
     counters: &'a mut [Counter],
     interfaces: &'a [Option<Interface>],
@@ -204,30 +248,30 @@ impl Exec<'_> {
             Action::Count(id) => {
                 if let Some(c) = self.counters.get_mut(id.0 as usize) {
                     c.packets += 1;
-                    c.bytes += self.frame.len() as u64;
+                    c.bytes += self.frame.bytes().len() as u64;
                 }
             }
             Action::SetEthDst(mac) => {
-                let done = rewrite::set_mac(self.frame, 0, mac);
+                let done = rewrite::set_mac(self.frame.bytes_mut(), 0, mac);
                 self.applied(done);
             }
             Action::SetEthSrc(mac) => {
-                let done = rewrite::set_mac(self.frame, 6, mac);
+                let done = rewrite::set_mac(self.frame.bytes_mut(), 6, mac);
                 self.applied(done);
             }
             Action::SetIpv4Dst(a) => {
-                let done = rewrite::set_ipv4(self.frame, Addr::Dst, a);
+                let done = rewrite::set_ipv4(self.frame.bytes_mut(), Addr::Dst, a);
                 self.applied(done);
             }
             Action::SetIpv4Src(a) => {
-                let done = rewrite::set_ipv4(self.frame, Addr::Src, a);
+                let done = rewrite::set_ipv4(self.frame.bytes_mut(), Addr::Src, a);
                 self.applied(done);
             }
             Action::SetDscp(d) => {
-                let done = rewrite::set_dscp(self.frame, d);
+                let done = rewrite::set_dscp(self.frame.bytes_mut(), d);
                 self.applied(done);
             }
-            Action::DecTtl => match rewrite::dec_ttl(self.frame) {
+            Action::DecTtl => match rewrite::dec_ttl(self.frame.bytes_mut()) {
                 Ttl::Decremented => {}
                 Ttl::Expired => return Flow::Stop(reason::TTL_EXPIRED),
                 Ttl::NotIpv4 => self.applied(false),
@@ -255,10 +299,34 @@ impl Exec<'_> {
                 let Some(Some(it)) = self.interfaces.get(usize::from(i)) else {
                     return Flow::Stop(reason::NO_INTERFACE);
                 };
-                let done = rewrite::set_mac(self.frame, 0, it.eth_dst)
-                    && rewrite::set_mac(self.frame, 6, it.eth_src);
+                let done = rewrite::set_mac(self.frame.bytes_mut(), 0, it.eth_dst)
+                    && rewrite::set_mac(self.frame.bytes_mut(), 6, it.eth_src);
                 self.applied(done);
                 self.verdict = Some(Verdict::Output(it.port));
+            }
+            Action::PushLabel(label) => {
+                if self.frame.bytes().len() + label::LEN > crate::MAX_FRAME_LEN {
+                    return Flow::Stop(reason::FRAME_TOO_LONG);
+                }
+                let Some((ethertype, entry)) = label::push(self.frame.bytes(), label) else {
+                    self.applied(false);
+                    return Flow::Next;
+                };
+                let mut shim = [0u8; 2 + label::LEN];
+                shim[..2].copy_from_slice(&ethertype);
+                shim[2..].copy_from_slice(&entry);
+                self.frame.splice(label::AT - 2, 2, &shim);
+            }
+            Action::PopLabel => match label::pop(self.frame.bytes()) {
+                Err(code) => return Flow::Stop(code),
+                Ok(ethertype) => {
+                    self.frame.splice(label::AT - 2, 2 + label::LEN, &ethertype);
+                }
+            },
+            Action::SwapLabel(l) => {
+                if !label::swap(self.frame.bytes_mut(), l) {
+                    return Flow::Stop(reason::NO_LABEL);
+                }
             }
             Action::Goto(t) => return Flow::Goto(t),
             // Selector members cannot select (checked at insertion); treat as a no-op.
@@ -320,6 +388,8 @@ impl Pipeline {
             stats: PipelineStats::default(),
             key: Vec::with_capacity(MAX_KEY_LEN),
             scratch: Vec::with_capacity(MAX_KEY_LEN),
+            resized: Vec::new(),
+            moved: false,
         }
     }
 
@@ -754,10 +824,15 @@ impl Pipeline {
     /// gives the verdict; if none ran, the verdict is `Drop(`[`reason::NO_VERDICT`]`)`. The
     /// pipeline's own drops (see [`crate::reason`]) end processing at once.
     ///
-    /// Never panics on any frame contents and does not allocate. `meta.regs` may be changed by
-    /// `SetReg`.
+    /// An action that changes the frame's length (`PushLabel`, `PopLabel`) moves it to a
+    /// buffer of the pipeline's, where later actions work on it: the caller then sends
+    /// [`Pipeline::resized`] instead of `frame`.
+    ///
+    /// Never panics on any frame contents. It allocates only when a frame first needs a longer
+    /// buffer for a change of length. `meta.regs` may be changed by `SetReg`.
     pub fn process(&mut self, frame: &mut [u8], meta: &mut Meta) -> Verdict {
         self.stats.packets += 1;
+        self.moved = false;
         let verdict = self.run(frame, meta);
         if let Verdict::Drop(code) = verdict {
             if let Some(n) = usize::from(code)
@@ -770,6 +845,12 @@ impl Pipeline {
         verdict
     }
 
+    /// The frame the last [`Pipeline::process`] ended with, when an action changed its length;
+    /// `None` when it was rewritten in place (or not at all).
+    pub fn resized(&self) -> Option<&[u8]> {
+        self.moved.then_some(&self.resized[..])
+    }
+
     fn run(&mut self, frame: &mut [u8], meta: &mut Meta) -> Verdict {
         let Pipeline {
             tables,
@@ -780,12 +861,18 @@ impl Pipeline {
             stats,
             key,
             scratch,
+            resized,
+            moved,
         } = self;
         if tables.is_empty() {
             return Verdict::Drop(reason::NO_TABLES);
         }
         let mut exec = Exec {
-            frame,
+            frame: Frame {
+                given: frame,
+                own: resized,
+                moved: false,
+            },
             meta,
             counters,
             interfaces,
@@ -794,16 +881,16 @@ impl Pipeline {
             verdict: None,
         };
         let mut current = 0usize;
-        loop {
+        let verdict = loop {
             let table = &mut tables[current];
             if table.removed {
-                return Verdict::Drop(reason::BAD_GOTO);
+                break Verdict::Drop(reason::BAD_GOTO);
             }
             key.clear();
             // An empty table misses whatever the key: it is not built (nor counted absent).
             let slot = if table.len() == 0 {
                 None
-            } else if extract(&table.fields, exec.frame, exec.meta, key) {
+            } else if extract(&table.fields, exec.frame.bytes(), exec.meta, key) {
                 table.find(key, scratch)
             } else {
                 table.absent += 1;
@@ -817,18 +904,19 @@ impl Pipeline {
                 }
             };
             match exec.run(selectors, actions) {
-                Flow::Next => break,
-                Flow::Stop(code) => return Verdict::Drop(code),
+                Flow::Next => break exec.verdict.unwrap_or(Verdict::Drop(reason::NO_VERDICT)),
+                Flow::Stop(code) => break Verdict::Drop(code),
                 Flow::Goto(next) => {
                     let next = usize::from(next.0);
                     if next <= current || next >= tables.len() {
-                        return Verdict::Drop(reason::BAD_GOTO);
+                        break Verdict::Drop(reason::BAD_GOTO);
                     }
                     current = next;
                 }
             }
-        }
-        exec.verdict.unwrap_or(Verdict::Drop(reason::NO_VERDICT))
+        };
+        *moved = exec.frame.moved;
+        verdict
     }
 
     fn table(&self, t: TableId) -> Result<&Table, Error> {
@@ -889,6 +977,9 @@ impl Pipeline {
                     return Err(Error::ReservedReason(code));
                 }
                 Action::SetDscp(d) if d > crate::MAX_DSCP => return Err(Error::BadDscp(d)),
+                Action::PushLabel(l) | Action::SwapLabel(l) if l > crate::MAX_LABEL => {
+                    return Err(Error::BadLabel(l));
+                }
                 _ => {}
             }
         }

@@ -26,9 +26,16 @@ pub const BAD_GOTO: u16 = 5;
 pub const TTL_EXPIRED: u16 = 6;
 /// An `Interface` action found no entry in the interface table.
 pub const NO_INTERFACE: u16 = 7;
+/// `PopLabel` or `SwapLabel` found no MPLS label (ethertype 0x8847) on the frame.
+pub const NO_LABEL: u16 = 8;
+/// `PopLabel` took the bottom label off a payload that is neither IPv4 nor IPv6, so the
+/// ethertype to give it is unknown.
+pub const LABEL_PAYLOAD_UNKNOWN: u16 = 9;
+/// `PushLabel` would make the frame longer than [`MAX_FRAME_LEN`](crate::MAX_FRAME_LEN).
+pub const FRAME_TOO_LONG: u16 = 10;
 
 /// Every pipeline reason code, in order, with its name.
-pub const ALL: [(u16, &str); 7] = [
+pub const ALL: [(u16, &str); 10] = [
     (NO_VERDICT, "no_verdict"),
     (NO_TABLES, "no_tables"),
     (NO_SELECTOR_MEMBER, "no_selector_member"),
@@ -36,6 +43,9 @@ pub const ALL: [(u16, &str); 7] = [
     (BAD_GOTO, "bad_goto"),
     (TTL_EXPIRED, "ttl_expired"),
     (NO_INTERFACE, "no_interface"),
+    (NO_LABEL, "no_label"),
+    (LABEL_PAYLOAD_UNKNOWN, "label_payload_unknown"),
+    (FRAME_TOO_LONG, "frame_too_long"),
 ];
 
 /// The name of a pipeline reason code, or `None` for an unknown or caller-defined code.

@@ -1301,3 +1301,213 @@ fn tables_made_and_removed_again_and_again_do_not_use_up_the_limit() {
     let mut f = to_a();
     assert_eq!(p.process(&mut f, &mut meta(0, 0)), Verdict::Flood);
 }
+
+/// A switch that routes labelled frames by their top label (popping it, as a source route
+/// is read hop by hop), and pushes a stack of labels onto frames from its edge port 0.
+fn label_router(routes: &[(u32, Vec<Action>)], push: &[u32]) -> Pipeline {
+    let mut p = Pipeline::new();
+    let edge = p
+        .add_table(TableSpec {
+            name: "edge".into(),
+            kind: MatchKind::Exact,
+            key: vec![Field::InPort],
+            miss: vec![Action::Goto(TableId(1))],
+        })
+        .unwrap();
+    let by_label = p
+        .add_table(TableSpec {
+            name: "by_label".into(),
+            kind: MatchKind::Ternary,
+            key: vec![bytes(12, 2), bytes(14, 3)],
+            miss: vec![Action::Drop(NO_ROUTE)],
+        })
+        .unwrap();
+    if !push.is_empty() {
+        let mut actions: Vec<Action> = push.iter().rev().map(|&l| Action::PushLabel(l)).collect();
+        actions.push(Action::Goto(by_label));
+        p.insert(edge, Entry::exact(0u16.to_be_bytes(), actions))
+            .unwrap();
+    }
+    for (label, actions) in routes {
+        let top = (label << 4).to_be_bytes();
+        p.insert(
+            by_label,
+            Entry::ternary(
+                [0x88, 0x47, top[1], top[2], top[3]],
+                [0xff, 0xff, 0xff, 0xff, 0xf0],
+                0,
+                actions.clone(),
+            ),
+        )
+        .unwrap();
+    }
+    p
+}
+
+#[test]
+fn a_labelled_frame_follows_its_label_stack_and_leaves_unlabelled() {
+    // Ingress pushes the route 7, 9, 3 (7 on top) and sends by its first label; the next
+    // switches pop one label each and send by the next.
+    let ingress = label_router(
+        &[(7, vec![Action::PopLabel, Action::Output(2)])],
+        &[7, 9, 3],
+    );
+    let middle = label_router(&[(9, vec![Action::PopLabel, Action::Output(5)])], &[]);
+    let egress = label_router(&[(3, vec![Action::PopLabel, Action::Output(1)])], &[]);
+    let original = client().build();
+    let mut path = Vec::new();
+    let mut frame = original.clone();
+    for (hop, mut p) in [ingress, middle, egress].into_iter().enumerate() {
+        let in_port = if hop == 0 { 0 } else { 4 };
+        let verdict = p.process(&mut frame, &mut meta(in_port, 0));
+        let out = p.resized().expect("a pop changes the length").to_vec();
+        if let Verdict::Output(port) = verdict {
+            path.push(port);
+        } else {
+            panic!("hop {hop}: {verdict:?}");
+        }
+        frame = out;
+        if hop < 2 {
+            assert_eq!(
+                &frame[12..14],
+                &[0x88, 0x47],
+                "hop {hop} leaves it labelled"
+            );
+        }
+    }
+    assert_eq!(path, [2, 5, 1]);
+    assert_eq!(frame, original, "unlabelled, byte for byte as it came in");
+    assert!(checksums_ok(&frame));
+}
+
+#[test]
+fn label_push_swap_and_pop_write_rfc_3032_entries() {
+    let mut p = Pipeline::new();
+    let t = p
+        .add_table(exact(
+            "t",
+            vec![Field::InPort],
+            vec![Action::Drop(NO_ROUTE)],
+        ))
+        .unwrap();
+    for (port, actions) in [
+        (0u16, vec![Action::PushLabel(0xabcde), Action::Output(1)]),
+        (1, vec![Action::SwapLabel(42), Action::Output(2)]),
+        (2, vec![Action::PopLabel, Action::Output(3)]),
+        (
+            3,
+            vec![
+                Action::PushLabel(5),
+                Action::PushLabel(6),
+                Action::Output(4),
+            ],
+        ),
+    ] {
+        p.insert(t, Entry::exact(port.to_be_bytes(), actions))
+            .unwrap();
+    }
+    let ip = client().build();
+    let ttl = ip[22];
+    // Push on IPv4: one entry, bottom of stack, the IP TTL copied.
+    let mut f = ip.clone();
+    assert_eq!(p.process(&mut f, &mut meta(0, 0)), Verdict::Output(1));
+    let pushed = p.resized().unwrap().to_vec();
+    assert_eq!(pushed.len(), ip.len() + 4);
+    assert_eq!(&pushed[12..18], &[0x88, 0x47, 0xab, 0xcd, 0xe1, ttl]);
+    assert_eq!(&pushed[18..], &ip[14..]);
+    assert_eq!(pipeline::label::top(&pushed), Some(0xabcde));
+    // Swap keeps the class, the bottom bit and the TTL, in place.
+    let mut g = pushed.clone();
+    assert_eq!(p.process(&mut g, &mut meta(1, 0)), Verdict::Output(2));
+    assert_eq!(p.resized(), None);
+    assert_eq!(&g[14..18], &[0x00, 0x02, 0xa1, ttl]);
+    // Pop of the bottom label: IPv4 again.
+    assert_eq!(p.process(&mut g, &mut meta(2, 0)), Verdict::Output(3));
+    assert_eq!(p.resized().unwrap(), &ip[..]);
+    // Two pushes: the second goes on top, not the bottom, with the first's TTL.
+    let mut h = ip.clone();
+    assert_eq!(p.process(&mut h, &mut meta(3, 0)), Verdict::Output(4));
+    let two = p.resized().unwrap().to_vec();
+    assert_eq!(&two[14..22], &[0, 0, 0x60, ttl, 0, 0, 0x51, ttl]);
+    // A pop above the bottom keeps the MPLS ethertype.
+    let mut k = two.clone();
+    assert_eq!(p.process(&mut k, &mut meta(2, 0)), Verdict::Output(3));
+    assert_eq!(
+        &p.resized().unwrap()[12..18],
+        &[0x88, 0x47, 0, 0, 0x51, ttl]
+    );
+}
+
+#[test]
+fn label_actions_on_frames_without_labels_are_counted_drops() {
+    let mut p = Pipeline::new();
+    let t = p
+        .add_table(exact(
+            "t",
+            vec![Field::InPort],
+            vec![Action::Drop(NO_ROUTE)],
+        ))
+        .unwrap();
+    p.insert(
+        t,
+        Entry::exact(
+            0u16.to_be_bytes(),
+            vec![Action::PopLabel, Action::Output(1)],
+        ),
+    )
+    .unwrap();
+    p.insert(
+        t,
+        Entry::exact(
+            1u16.to_be_bytes(),
+            vec![Action::SwapLabel(3), Action::Output(1)],
+        ),
+    )
+    .unwrap();
+    p.insert(
+        t,
+        Entry::exact(
+            2u16.to_be_bytes(),
+            vec![Action::PushLabel(3), Action::Output(1)],
+        ),
+    )
+    .unwrap();
+    let mut f = client().build();
+    assert_eq!(
+        p.process(&mut f, &mut meta(0, 0)),
+        Verdict::Drop(reason::NO_LABEL)
+    );
+    assert_eq!(
+        p.process(&mut f, &mut meta(1, 0)),
+        Verdict::Drop(reason::NO_LABEL)
+    );
+    // The bottom label over a payload that is not IP: its ethertype is unknown.
+    let mut arp = arp_request(MAC_A, [10, 0, 0, 1], VIP);
+    assert_eq!(p.process(&mut arp, &mut meta(2, 0)), Verdict::Output(1));
+    let mut labelled = p.resized().unwrap().to_vec();
+    assert_eq!(
+        p.process(&mut labelled, &mut meta(0, 0)),
+        Verdict::Drop(reason::LABEL_PAYLOAD_UNKNOWN)
+    );
+    assert_eq!(p.stats().drops[usize::from(reason::NO_LABEL) - 1], 2);
+    // Truncated labelled frames never panic.
+    for len in 0..labelled.len() {
+        let mut cut = labelled[..len].to_vec();
+        for port in 0..3u16 {
+            p.process(&mut cut, &mut meta(port, 0));
+        }
+    }
+    // A push past the longest frame.
+    let mut long = vec![0u8; pipeline::MAX_FRAME_LEN - 2];
+    assert_eq!(
+        p.process(&mut long, &mut meta(2, 0)),
+        Verdict::Drop(reason::FRAME_TOO_LONG)
+    );
+    assert_eq!(
+        p.insert(
+            t,
+            Entry::exact(3u16.to_be_bytes(), vec![Action::PushLabel(1 << 20)])
+        ),
+        Err(Error::BadLabel(1 << 20))
+    );
+}

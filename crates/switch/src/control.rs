@@ -100,6 +100,12 @@ pub const NAMED_FIELDS: &[(&str, Field, &str)] = &[
         "UDP or TCP destination port",
     ),
     (
+        "mpls",
+        Field::Bytes { offset: 14, len: 4 },
+        "the top MPLS label stack entry: label (20 bits), traffic class (3), bottom of stack \
+         (1), TTL (8); match a label L as (L << 12) under the mask 0xfffff000",
+    ),
+    (
         "mc_request",
         Field::Padded {
             offset: 50,
@@ -272,6 +278,15 @@ pub enum ActionDef {
         register: u8,
         value: u32,
     },
+    /// Push an MPLS label (0 to 1,048,575) on top of the frame's label stack: ethertype
+    /// 0x8847, TTL copied from the label below or the IPv4 TTL. Match the top label with the
+    /// `mpls` field.
+    PushLabel(u32),
+    /// Pop the top MPLS label; the bottom one gives the frame back its IPv4 or IPv6 ethertype.
+    /// A frame with no label is dropped (`no_label`).
+    PopLabel,
+    /// Replace the top MPLS label's label.
+    SwapLabel(u32),
     /// An action of the memcached program that only it writes, described.
     Program(String),
 }

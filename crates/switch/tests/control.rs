@@ -862,3 +862,108 @@ fn the_program_tables_are_listed_read_only() {
         json!([{"program": "select a server on the ring"}])
     );
 }
+
+#[test]
+fn labels_pushed_swapped_and_popped_through_the_api_leave_as_the_switchs_own_frames() {
+    // Three switches in a line, each written through the control calls alone: the first
+    // pushes the route [7, 9] (7 on top) onto traffic for 10.9.0.0/16 and sends it by its top
+    // label; the second swaps 9 for 11; the last pops both labels and delivers the frame.
+    let (mut ingress, _) = rig();
+    let (mut middle, _) = rig();
+    let (mut egress, _) = rig();
+    let labels = |sw: &mut Switch, routes: Value| {
+        sw.create_table(table(
+            json!({"name": "labels", "kind": "ternary", "key": ["mpls"]}),
+        ))
+        .unwrap();
+        let mut changes = vec![add(
+            "acl",
+            json!({"match": {"ethertype": "0x8847"}, "actions": [{"goto": "labels"}]}),
+        )];
+        for (label, actions) in routes.as_object().unwrap() {
+            let label: u32 = label.parse().unwrap();
+            changes.push(add(
+                "labels",
+                json!({"match": {"mpls": {"value": label << 12, "mask": "0xfffff000"}},
+                       "actions": actions}),
+            ));
+        }
+        sw.apply(changes).unwrap();
+    };
+    labels(
+        &mut ingress,
+        json!({"7": [{"pop_label": null}, {"output": 3}]}),
+    );
+    ingress
+        .apply(vec![add(
+            "acl",
+            json!({"match": {"ip_dst": {"value": "10.9.0.0", "mask": "255.255.0.0"}},
+                   "priority": 5,
+                   "actions": [{"push_label": 9}, {"push_label": 7}, {"goto": "labels"}]}),
+        )])
+        .unwrap();
+    labels(
+        &mut middle,
+        json!({"9": [{"swap_label": 11}, {"output": 2}]}),
+    );
+    labels(&mut egress, json!({"11": ["pop_label", {"output": 1}]}));
+
+    let original = plain(Ipv4Addr::new(10, 9, 1, 1));
+    let mut frame = original.clone();
+    let mut path = Vec::new();
+    for (name, sw) in [
+        ("ingress", &mut ingress),
+        ("middle", &mut middle),
+        ("egress", &mut egress),
+    ] {
+        let mut emit = Vec::new();
+        let fate = sw.process(0, &mut frame, true, NOW, &mut emit);
+        match (fate, emit.as_slice()) {
+            // The middle switch rewrites in place; the others change the length.
+            (Fate::Out(p), []) => path.push(p),
+            (
+                Fate::Consumed,
+                [Emit {
+                    dest: switch::Dest::Port(p),
+                    frame: f,
+                }],
+            ) => {
+                path.push(*p);
+                frame = f.clone();
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+        if name != "egress" {
+            assert_eq!(&frame[12..14], &[0x88, 0x47], "{name} leaves it labelled");
+        }
+    }
+    assert_eq!(path, [3, 2, 1]);
+    assert_eq!(frame, original, "it leaves unlabelled, as it came in");
+
+    // The entries read back as they were written.
+    let listed = serde_json::to_value(ingress.entries("acl").unwrap()).unwrap();
+    let pushes: Vec<&Value> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|e| e["actions"].as_array().unwrap())
+        .filter(|a| a.get("push_label").is_some())
+        .collect();
+    assert_eq!(
+        pushes,
+        [&json!({"push_label": 9}), &json!({"push_label": 7})]
+    );
+    // A label takes 20 bits.
+    refused(
+        &mut middle,
+        ErrorKind::Invalid,
+        "changes[0].entry.actions[0]",
+        |sw| {
+            sw.apply(vec![add(
+                "labels",
+                json!({"match": {"mpls": 0}, "actions": [{"swap_label": 1 << 20}]}),
+            )])
+            .map(|_| ())
+        },
+    );
+}

@@ -495,6 +495,15 @@ impl Switch {
                 }
                 ActionDef::SetDscp(d) => Action::SetDscp(*d),
                 ActionDef::DecTtl => Action::DecTtl,
+                ActionDef::PushLabel(l) | ActionDef::SwapLabel(l) if *l > pipeline::MAX_LABEL => {
+                    return Err(bad(format!(
+                        "label {l}: an MPLS label is 0 to {} (20 bits)",
+                        pipeline::MAX_LABEL
+                    )));
+                }
+                ActionDef::PushLabel(l) => Action::PushLabel(*l),
+                ActionDef::PopLabel => Action::PopLabel,
+                ActionDef::SwapLabel(l) => Action::SwapLabel(*l),
                 ActionDef::Goto(name) => {
                     let to = self
                         .pipeline
@@ -589,6 +598,9 @@ impl Switch {
             Action::LoadReg(reg, register) => ActionDef::LoadReg { reg, register },
             Action::AddReg(register, value) => ActionDef::AddRegister { register, value },
             Action::Interface(n) => ActionDef::Interface(n),
+            Action::PushLabel(l) => ActionDef::PushLabel(l),
+            Action::PopLabel => ActionDef::PopLabel,
+            Action::SwapLabel(l) => ActionDef::SwapLabel(l),
         }
     }
 

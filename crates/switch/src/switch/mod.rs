@@ -597,6 +597,10 @@ impl Switch {
         meta: Meta,
         emit: &mut Vec<Emit>,
     ) -> Fate {
+        // A label pushed or popped changed the frame's length: it leaves as a frame of the
+        // switch's own, from the pipeline's buffer.
+        let moved = self.pipeline.resized().map(<[u8]>::to_vec);
+        let frame: &[u8] = moved.as_deref().unwrap_or(frame);
         let routed = meta.regs[REG_ROUTED] != 0;
         if meta.regs[REG_MIRROR] != 0 {
             self.queue_for_cpu(in_port, "mirror", frame);
@@ -623,7 +627,27 @@ impl Switch {
             }
             stats::inc(&self.stats.kv_forwarded);
         }
-        fate
+        match (moved, fate) {
+            (Some(bytes), Fate::Out(p)) => {
+                emit.push(Emit {
+                    dest: Dest::Port(p),
+                    frame: bytes,
+                });
+                Fate::Consumed
+            }
+            (Some(bytes), Fate::Flood) => {
+                let ports =
+                    (0..self.ports as u16).filter(|&p| p != in_port && Some(p) != self.local);
+                for p in ports {
+                    emit.push(Emit {
+                        dest: Dest::Port(p),
+                        frame: bytes.clone(),
+                    });
+                }
+                Fate::Consumed
+            }
+            (_, fate) => fate,
+        }
     }
 
     /// Turns the pipeline's verdict into a fate.

@@ -1,0 +1,67 @@
+//! MPLS label stack entries (RFC 3032): 20 bits of label, 3 of traffic class, the bottom-of-stack
+//! bit and an 8-bit TTL, in front of the payload behind the Ethernet addresses, ethertype
+//! 0x8847. Every function checks bounds first.
+
+use crate::reason;
+
+/// Where the top label stack entry starts: after the Ethernet addresses and ethertype.
+pub(crate) const AT: usize = 14;
+/// Length of one label stack entry.
+pub(crate) const LEN: usize = 4;
+const ETHERTYPE_MPLS: [u8; 2] = [0x88, 0x47];
+const ETHERTYPE_IPV4: [u8; 2] = [0x08, 0x00];
+const ETHERTYPE_IPV6: [u8; 2] = [0x86, 0xdd];
+const DEFAULT_TTL: u8 = 64;
+
+fn labelled(frame: &[u8]) -> bool {
+    frame.len() >= AT + LEN && frame[12..14] == ETHERTYPE_MPLS
+}
+
+/// The ethertype and label stack entry a push of `label` writes in place of `frame`'s
+/// ethertype; `None` for a frame shorter than an Ethernet header.
+pub(crate) fn push(frame: &[u8], label: u32) -> Option<([u8; 2], [u8; LEN])> {
+    if frame.len() < AT {
+        return None;
+    }
+    let (bottom, ttl) = if labelled(frame) {
+        (0, frame[AT + 3])
+    } else if frame[12..14] == ETHERTYPE_IPV4 && frame.len() >= AT + 20 {
+        (1, frame[AT + 8])
+    } else {
+        (1, DEFAULT_TTL)
+    };
+    let word = (label << 12) | (bottom << 8) | u32::from(ttl);
+    Some((ETHERTYPE_MPLS, word.to_be_bytes()))
+}
+
+/// The ethertype a pop of `frame`'s top label leaves it with, or the reason it cannot.
+pub(crate) fn pop(frame: &[u8]) -> Result<[u8; 2], u16> {
+    if !labelled(frame) {
+        return Err(reason::NO_LABEL);
+    }
+    if frame[AT + 2] & 1 == 0 {
+        return Ok(ETHERTYPE_MPLS);
+    }
+    match frame.get(AT + LEN).map(|b| b >> 4) {
+        Some(4) => Ok(ETHERTYPE_IPV4),
+        Some(6) => Ok(ETHERTYPE_IPV6),
+        _ => Err(reason::LABEL_PAYLOAD_UNKNOWN),
+    }
+}
+
+/// Writes `label` into `frame`'s top entry; false when it has none.
+pub(crate) fn swap(frame: &mut [u8], label: u32) -> bool {
+    if !labelled(frame) {
+        return false;
+    }
+    let entry = &mut frame[AT..AT + LEN];
+    let old = u32::from_be_bytes([entry[0], entry[1], entry[2], entry[3]]);
+    entry.copy_from_slice(&((label << 12) | (old & 0xfff)).to_be_bytes());
+    true
+}
+
+/// The top label of `frame`, if it has one.
+pub fn top(frame: &[u8]) -> Option<u32> {
+    labelled(frame)
+        .then(|| u32::from_be_bytes([frame[AT], frame[AT + 1], frame[AT + 2], frame[AT + 3]]) >> 12)
+}
