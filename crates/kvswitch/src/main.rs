@@ -55,6 +55,9 @@ enum Cmd {
     /// One operation of the fabric's client library (get, set, del, incr, cond-put) on a
     /// memcached server behind a kvswitch fabric.
     Inc(kvswitch::inc_cli::IncArgs),
+    /// Network functions other than memcached's, run on a switch through its control API:
+    /// caching by request id.
+    Nf(kvswitch::nf::NfArgs),
     /// Build or remove a test network of namespaces, memcached servers and kvswitch.
     Testbed {
         #[command(subcommand)]
@@ -170,6 +173,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
         }
         Cmd::Proxy(args) => kvswitch::proxy_cli::run(args),
         Cmd::Sim(args) => kvswitch::sim_cli::run(&args),
+        Cmd::Nf(args) => kvswitch::nf::run(&args),
         Cmd::Cache(args) => kvswitch::cache::run_cli(&args),
         Cmd::Ctl(args) => kvswitch::ctl::run(&args),
         Cmd::Fabric(args) => kvswitch::fabric::run_cli(&args),

@@ -1069,3 +1069,119 @@ fn a_cache_node_on_no_one_address_is_refused_its_steering() {
         .unwrap();
     assert_eq!(acl["entries"].as_array().map(Vec::len), Some(0), "{acl}");
 }
+
+/// The first frame to UDP port `dst_port` that `host` receives within `within`.
+fn udp_to(rig: &mut Rig, host: usize, dst_port: u16, within: Duration) -> Option<Vec<u8>> {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        let mut got = Batch::new(8);
+        let n = rig.hosts[host].recv(&mut got).unwrap();
+        for j in 0..n {
+            let f = got.frame(j);
+            if f.len() >= 42
+                && f[12..14] == [8, 0]
+                && f[23] == 17
+                && f[36..38] == dst_port.to_be_bytes()
+            {
+                return Some(f.to_vec());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    None
+}
+
+#[test]
+fn the_request_id_cache_answers_hits_itself_and_leaves_the_tables_as_it_found_them() {
+    const PORT: u16 = 9100;
+    let mut rig = rig(None);
+    let tables_before = rig.client.call("GET", "/api/v1/tables", None).unwrap();
+    let client_mac = Mac([2, 0, 0, 0, 0, 1]);
+    let server_mac = Mac([2, 0, 0, 0, 1, 1]);
+    let (client_ip, server_ip) = (Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 1, 1));
+    let to_server = UdpEnds {
+        src_mac: client_mac,
+        dst_mac: server_mac,
+        src_ip: client_ip,
+        dst_ip: server_ip,
+        src_port: 40000,
+        dst_port: PORT,
+    };
+    let to_client = UdpEnds {
+        src_mac: server_mac,
+        dst_mac: client_mac,
+        src_ip: server_ip,
+        dst_ip: client_ip,
+        src_port: PORT,
+        dst_port: 40000,
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let agent = {
+        let (client, stop) = (rig.client.clone(), stop.clone());
+        std::thread::spawn(move || {
+            kvswitch::nf::run_reqcache(&client, PORT, 16, 100, None, &|| {
+                stop.load(Ordering::Relaxed)
+            })
+        })
+    };
+    let acl_len = |rig: &Rig| {
+        rig.client
+            .call("GET", "/api/v1/tables/acl/entries", None)
+            .unwrap()["entries"]
+            .as_array()
+            .map_or(0, Vec::len)
+    };
+    let wait_for = |rig: &Rig, n: usize| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while acl_len(rig) != n {
+            assert!(Instant::now() < deadline, "acl never held {n} entries");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_for(&rig, 1);
+
+    // A miss: the request reaches the server, whose reply goes to the client and is kept.
+    let request = udp_frame(&to_server, &[b"object-1"]);
+    let reply = udp_frame(&to_client, &[b"object-1", b" the content of object 1"]);
+    rig.hosts[0].send(&[&request[..]]).unwrap();
+    let at_server = udp_to(&mut rig, 1, PORT, Duration::from_secs(5)).expect("a miss goes on");
+    assert_eq!(at_server, request);
+    rig.hosts[1].send(&[&reply[..]]).unwrap();
+    assert_eq!(
+        udp_to(&mut rig, 0, 40000, Duration::from_secs(5)),
+        Some(reply.clone())
+    );
+    wait_for(&rig, 2);
+
+    // Hits: answered from the CPU path byte for byte, and the server sees none of them.
+    for _ in 0..3 {
+        rig.hosts[0].send(&[&request[..]]).unwrap();
+        let answer = udp_to(&mut rig, 0, 40000, Duration::from_secs(5)).expect("a hit");
+        assert_eq!(answer, reply);
+    }
+    assert_eq!(udp_to(&mut rig, 1, PORT, Duration::from_millis(300)), None);
+    // Another id is a miss.
+    let other = udp_frame(&to_server, &[b"object-2"]);
+    rig.hosts[0].send(&[&other[..]]).unwrap();
+    assert_eq!(
+        udp_to(&mut rig, 1, PORT, Duration::from_secs(5)),
+        Some(other)
+    );
+
+    stop.store(true, Ordering::Relaxed);
+    let stats = agent.join().unwrap().unwrap();
+    assert_eq!((stats.kept, stats.hits), (1, 3), "{stats:?}");
+    assert_eq!(acl_len(&rig), 0, "the agent removes its entries");
+    let tables_after = rig.client.call("GET", "/api/v1/tables", None).unwrap();
+    let shape = |t: &Value| -> Vec<(Value, Value)> {
+        t["tables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            // `l2` learned the two hosts' MACs meanwhile, as it would without the agent.
+            .filter(|t| t["name"] != "l2")
+            .map(|t| (t["name"].clone(), t["entries"].clone()))
+            .collect()
+    };
+    assert_eq!(shape(&tables_after), shape(&tables_before));
+}

@@ -57,6 +57,7 @@ pub const ACL_KEY: &[&str] = &[
     "l4_dst",
     "key_hash",
     "mc_request",
+    "l4_payload",
 ];
 
 /// The fields the API knows by name: the Ethernet, IPv4 and UDP/TCP headers at their usual
@@ -98,6 +99,12 @@ pub const NAMED_FIELDS: &[(&str, Field, &str)] = &[
         "l4_dst",
         Field::Bytes { offset: 36, len: 2 },
         "UDP or TCP destination port",
+    ),
+    (
+        "l4_payload",
+        Field::Padded { offset: 42, len: 8 },
+        "the first 8 bytes after a UDP header (IPv4 without options), zero-padded: a request id \
+         or tag a network function matches on",
     ),
     (
         "mpls",

@@ -1,0 +1,213 @@
+//! `kvswitch nf`: network functions other than memcached's, run on a switch through its control
+//! API alone, with an agent on the CPU path where the function needs one.
+
+pub mod reqcache;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use serde_json::{json, Value};
+
+use crate::ctl::Client;
+use reqcache::{ReqCache, Step};
+
+#[derive(Args, Debug)]
+#[command(about = "Network functions on a running kvswitch, through its control API")]
+pub struct NfArgs {
+    /// The switch's API address.
+    #[arg(long, default_value = "127.0.0.1:9110", global = true)]
+    pub api: SocketAddr,
+    /// A file whose first line is the API token; KVSWITCH_API_TOKEN works too.
+    #[arg(long, global = true)]
+    pub token_file: Option<PathBuf>,
+    #[command(subcommand)]
+    pub function: NfCmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum NfCmd {
+    /// Cache replies by request id (ServerSwitch 6.1): UDP requests to --port whose payload
+    /// starts with an 8-byte id are answered from the CPU path once the server's reply to that
+    /// id has passed; the rest go to the server. Runs until SIGINT, SIGTERM or --duration-s,
+    /// then removes its entries.
+    Reqcache {
+        /// The UDP port of the requests (and of the server's replies).
+        #[arg(long, default_value_t = 9100)]
+        port: u16,
+        /// Most replies kept (an `acl` entry each; the oldest goes first).
+        #[arg(long, default_value_t = 1024)]
+        capacity: usize,
+        /// The priority of its `acl` entries.
+        #[arg(long, default_value_t = 100)]
+        priority: u32,
+        /// Stop after this many seconds.
+        #[arg(long)]
+        duration_s: Option<f64>,
+        /// Print a line of counters every this many seconds (0: only at the end).
+        #[arg(long, default_value_t = 5.0)]
+        report_s: f64,
+    },
+}
+
+pub fn run(args: &NfArgs) -> anyhow::Result<()> {
+    let client = Client {
+        api: args.api,
+        token: crate::ctl::token(args.token_file.as_deref())?,
+    };
+    match &args.function {
+        NfCmd::Reqcache {
+            port,
+            capacity,
+            priority,
+            duration_s,
+            report_s,
+        } => {
+            if *capacity == 0 || *capacity > 4000 {
+                anyhow::bail!("--capacity {capacity}: 1 to 4,000 (each reply takes an acl entry)");
+            }
+            crate::daemon::install_signal_handlers();
+            let until = duration_s.map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0)));
+            let stop = move || {
+                crate::daemon::stop_requested() || until.is_some_and(|u| Instant::now() >= u)
+            };
+            let report = (*report_s > 0.0).then(|| Duration::from_secs_f64(*report_s));
+            let stats = run_reqcache(&client, *port, *capacity, *priority, report, &stop)?;
+            println!("{}", serde_json::to_string(&stats)?);
+            Ok(())
+        }
+    }
+}
+
+fn add_acl(client: &Client, entry: &Value) -> anyhow::Result<u64> {
+    let made = client.call("POST", "/api/v1/tables/acl/entries", Some(entry))?;
+    made["id"]
+        .as_u64()
+        .with_context(|| format!("the switch answered {made} for a new entry"))
+}
+
+fn delete_acl(client: &Client, id: u64) -> anyhow::Result<()> {
+    client
+        .call("DELETE", &format!("/api/v1/tables/acl/entries/{id}"), None)
+        .map(|_| ())
+}
+
+/// Runs the request-id cache until `stop`, then removes every entry it made (also after an
+/// error). Returns its counters.
+pub fn run_reqcache(
+    client: &Client,
+    port: u16,
+    capacity: usize,
+    priority: u32,
+    report: Option<Duration>,
+    stop: &dyn Fn() -> bool,
+) -> anyhow::Result<reqcache::Stats> {
+    let mirror = add_acl(
+        client,
+        &json!({
+            "match": {"ethertype": "0x0800", "ip_proto": 17, "l4_src": port},
+            "priority": priority,
+            "actions": ["mirror"],
+        }),
+    )
+    .context("installing the entry that copies replies to the CPU")?;
+    let mut cache = ReqCache::new(port, capacity);
+    let served = serve(client, &mut cache, port, priority, report, stop);
+    let mut cleanup = delete_acl(client, mirror);
+    for id in cache.entries().collect::<Vec<_>>() {
+        cleanup = cleanup.and(delete_acl(client, id));
+    }
+    served?;
+    cleanup.context("removing the request-id cache's entries")?;
+    Ok(cache.stats)
+}
+
+fn serve(
+    client: &Client,
+    cache: &mut ReqCache,
+    port: u16,
+    priority: u32,
+    report: Option<Duration>,
+    stop: &dyn Fn() -> bool,
+) -> anyhow::Result<()> {
+    let mut next_report = report.map(|r| Instant::now() + r);
+    while !stop() {
+        let mut failed = None;
+        client.stream("/api/v1/packets/stream?ms=250", |doc| {
+            let (Some(in_port), Some(hex)) = (doc["in_port"].as_u64(), doc["frame"].as_str())
+            else {
+                return true;
+            };
+            let Ok(frame) = switch::control::unhex(hex) else {
+                return true;
+            };
+            if let Err(e) = act(client, cache, port, priority, in_port as u16, &frame) {
+                failed = Some(e);
+                return false;
+            }
+            !stop()
+        })?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if let (Some(at), Some(every)) = (next_report, report) {
+            if Instant::now() >= at {
+                let s = cache.stats;
+                eprintln!(
+                    "reqcache: {} kept, {} hits, {} passed to the server, {} evicted, {} ignored",
+                    cache.len(),
+                    s.hits,
+                    s.passed,
+                    s.evicted,
+                    s.ignored
+                );
+                next_report = Some(at + every);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn act(
+    client: &Client,
+    cache: &mut ReqCache,
+    port: u16,
+    priority: u32,
+    in_port: u16,
+    frame: &[u8],
+) -> anyhow::Result<()> {
+    match cache.take(in_port, frame) {
+        Step::Keep { id, evict } => {
+            if let Some(old) = evict {
+                delete_acl(client, old)?;
+            }
+            let entry = json!({
+                "match": {
+                    "ethertype": "0x0800", "ip_proto": 17, "l4_dst": port,
+                    "l4_payload": switch::control::hex(&id),
+                },
+                "priority": priority + 1,
+                "actions": ["to_cpu"],
+            });
+            match add_acl(client, &entry) {
+                Ok(made) => {
+                    cache.installed(id, made);
+                }
+                // A full acl: the reply is not kept, the function goes on.
+                Err(e) if e.to_string().contains("409") => cache.forget(id),
+                Err(e) => return Err(e),
+            }
+        }
+        Step::Send { port, frame } => {
+            client.call(
+                "POST",
+                "/api/v1/packets",
+                Some(&json!({"port": port, "frame": switch::control::hex(&frame)})),
+            )?;
+        }
+        Step::Ignore(_) => {}
+    }
+    Ok(())
+}
