@@ -16,6 +16,7 @@ pub mod output;
 pub mod plot;
 pub mod popularity;
 pub mod proxy;
+pub mod qcn;
 pub mod skew;
 pub mod value_size;
 
@@ -48,6 +49,11 @@ pub enum Scenario {
     /// Layer-2 forwarding of 64- to 1,514-byte frames through kvswitch (XDP and AF_PACKET)
     /// and a Linux bridge on the same veth pairs: the rate frames arrive at, and ping times.
     Forwarding(forwarding::Args),
+    /// QCN with kvswitch as the congestion point (an agent on its CPU path) and a UDP sender
+    /// as the reaction point: the port's rate lowered, then raised step by step; the queue
+    /// and the sender's rate over time, drops, and the delay the CPU path adds to a
+    /// notification.
+    Qcn(qcn::Args),
     /// SwitchKV (a cache node that kvswitch steers reads to) beside kvswitch's own cache and
     /// no cache, in front of capacity-limited backends: the skew and popularity-change
     /// scenarios, into <out>/skew and <out>/popularity-change.
@@ -124,6 +130,7 @@ pub fn run(scenario: &Scenario) -> anyhow::Result<()> {
         Scenario::Cost(args) => cost::run(args).map(drop),
         Scenario::Fastpath(args) => fastpath::run(args).map(drop),
         Scenario::Forwarding(args) => forwarding::run(args).map(drop),
+        Scenario::Qcn(args) => qcn::run(args).map(drop),
         Scenario::Fabric(args) => fabric::run(args),
         Scenario::Switchkv(args) => run_switchkv(args),
         Scenario::All(args) => run_all(&args.common),
@@ -156,6 +163,7 @@ fn run_all(common: &Common) -> anyhow::Result<()> {
     cost::run(&cost::Args::with(sub(cost::NAME)))?;
     fastpath::run(&fastpath::Args::with(sub(fastpath::NAME)))?;
     forwarding::run(&forwarding::Args::with(sub(forwarding::NAME)))?;
+    qcn::run(&qcn::Args::with(sub(qcn::NAME)))?;
     fabric::run(&fabric::Args::with(sub(fabric::NAME)))?;
     Ok(())
 }

@@ -58,6 +58,7 @@ pub const ACL_KEY: &[&str] = &[
     "key_hash",
     "mc_request",
     "l4_payload",
+    "ip_tos",
 ];
 
 /// The fields the API knows by name: the Ethernet, IPv4 and UDP/TCP headers at their usual
@@ -99,6 +100,12 @@ pub const NAMED_FIELDS: &[(&str, Field, &str)] = &[
         "l4_dst",
         Field::Bytes { offset: 36, len: 2 },
         "UDP or TCP destination port",
+    ),
+    (
+        "ip_tos",
+        Field::Bytes { offset: 15, len: 1 },
+        "the IPv4 ToS byte: the DSCP in its top 6 bits (match DSCP D as D << 2 under the mask \
+         0xfc), ECN in the low 2",
     ),
     (
         "l4_payload",

@@ -14,6 +14,7 @@ pub mod fabric;
 pub mod fastpath;
 pub mod frame;
 pub mod pool;
+pub mod qcn;
 pub mod ratelimit;
 pub mod shaper;
 pub mod source;

@@ -62,9 +62,65 @@ pub fn emit_udp_headers(frame: &mut [u8], ends: &UdpEnds) -> bool {
     true
 }
 
+impl UdpEnds {
+    /// The same exchange seen from the other end: the addresses of a reply.
+    pub fn reversed(&self) -> UdpEnds {
+        UdpEnds {
+            src_mac: self.dst_mac,
+            dst_mac: self.src_mac,
+            src_ip: self.dst_ip,
+            dst_ip: self.src_ip,
+            src_port: self.dst_port,
+            dst_port: self.src_port,
+        }
+    }
+}
+
+/// A received Ethernet/IPv4/UDP frame's addresses, seen from its sender, and its UDP payload;
+/// `None` for anything else (other protocols, fragments, lengths that disagree). Checksums are
+/// not checked.
+pub fn parse_udp(frame: &[u8]) -> Option<(UdpEnds, &[u8])> {
+    let eth = ethernet::Frame::new_checked(frame).ok()?;
+    if eth.ethertype() != EtherType::IPV4 {
+        return None;
+    }
+    let ip = ipv4::Packet::new_checked(frame.get(ethernet::HEADER_LEN..)?).ok()?;
+    if ip.is_fragment() || ip.protocol() != ipv4::Protocol::UDP {
+        return None;
+    }
+    let start = ethernet::HEADER_LEN + ip.header_len();
+    let end = ethernet::HEADER_LEN + usize::from(ip.total_len());
+    let segment = frame.get(start..end)?;
+    let u = udp::Packet::new_checked(segment).ok()?;
+    let ends = UdpEnds {
+        src_mac: eth.src(),
+        dst_mac: eth.dst(),
+        src_ip: ip.src(),
+        dst_ip: ip.dst(),
+        src_port: u.src_port(),
+        dst_port: u.dst_port(),
+    };
+    Some((ends, segment.get(udp::HEADER_LEN..usize::from(u.len()))?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_built_frame_parses_back_to_its_ends_and_payload_and_nothing_else_does() {
+        let mut frame = vec![0u8; PAYLOAD_OFFSET];
+        frame.extend_from_slice(b"hello");
+        assert!(emit_udp_headers(&mut frame, &ends()));
+        assert_eq!(parse_udp(&frame), Some((ends(), &b"hello"[..])));
+        assert_eq!(ends().reversed().reversed(), ends());
+        for len in 0..frame.len() {
+            assert_eq!(parse_udp(&frame[..len]), None);
+        }
+        let mut tcp = frame.clone();
+        tcp[23] = 6;
+        assert_eq!(parse_udp(&tcp), None);
+    }
 
     fn ends() -> UdpEnds {
         UdpEnds {

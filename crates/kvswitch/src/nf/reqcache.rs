@@ -14,11 +14,8 @@
 //! - Everything else never reaches the agent: misses go on to the memcached program untouched.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::Ipv4Addr;
 
-use wire::ethernet::{self, Mac};
-use wire::frame::{emit_udp_headers, UdpEnds, PAYLOAD_OFFSET};
-use wire::{ipv4, udp};
+use wire::frame::{emit_udp_headers, parse_udp, PAYLOAD_OFFSET};
 
 /// The request id's length: the first bytes of the UDP payload.
 pub const ID_LEN: usize = 8;
@@ -62,38 +59,6 @@ pub struct Stats {
     /// Requests sent to the CPU that found no copy, sent on to the server.
     pub passed: u64,
     pub ignored: u64,
-}
-
-/// A parsed IPv4/UDP frame.
-struct Udp<'a> {
-    src_mac: Mac,
-    dst_mac: Mac,
-    src_ip: Ipv4Addr,
-    dst_ip: Ipv4Addr,
-    src_port: u16,
-    dst_port: u16,
-    payload: &'a [u8],
-}
-
-fn parse(frame: &[u8]) -> Option<Udp<'_>> {
-    let eth = ethernet::Frame::new_checked(frame).ok()?;
-    let ip = ipv4::Packet::new_checked(frame.get(ethernet::HEADER_LEN..)?).ok()?;
-    if ip.is_fragment() || ip.protocol() != ipv4::Protocol::UDP {
-        return None;
-    }
-    let start = ethernet::HEADER_LEN + ip.header_len();
-    let end = ethernet::HEADER_LEN + usize::from(ip.total_len());
-    let segment = frame.get(start..end)?;
-    let u = udp::Packet::new_checked(segment).ok()?;
-    Some(Udp {
-        src_mac: eth.src(),
-        dst_mac: eth.dst(),
-        src_ip: ip.src(),
-        dst_ip: ip.dst(),
-        src_port: u.src_port(),
-        dst_port: u.dst_port(),
-        payload: segment.get(udp::HEADER_LEN..usize::from(u.len()))?,
-    })
 }
 
 fn id_of(payload: &[u8]) -> Option<[u8; ID_LEN]> {
@@ -154,10 +119,10 @@ impl ReqCache {
     }
 
     fn step(&mut self, in_port: u16, frame: &[u8]) -> Step {
-        let Some(u) = parse(frame) else {
+        let Some((u, payload)) = parse_udp(frame) else {
             return Step::Ignore("not IPv4 UDP");
         };
-        let Some(id) = id_of(u.payload) else {
+        let Some(id) = id_of(payload) else {
             return Step::Ignore("shorter than a request id");
         };
         if u.src_port == self.port {
@@ -176,7 +141,7 @@ impl ReqCache {
             self.items.insert(
                 id,
                 Item {
-                    reply: u.payload.to_vec(),
+                    reply: payload.to_vec(),
                     entry: None,
                 },
             );
@@ -200,14 +165,7 @@ impl ReqCache {
             };
         };
         // The server's reply, from the server's addresses to the client's.
-        let ends = UdpEnds {
-            src_mac: u.dst_mac,
-            dst_mac: u.src_mac,
-            src_ip: u.dst_ip,
-            dst_ip: u.src_ip,
-            src_port: u.dst_port,
-            dst_port: u.src_port,
-        };
+        let ends = u.reversed();
         let mut reply = vec![0u8; PAYLOAD_OFFSET + item.reply.len()];
         reply[PAYLOAD_OFFSET..].copy_from_slice(&item.reply);
         if !emit_udp_headers(&mut reply, &ends) {
@@ -224,6 +182,9 @@ impl ReqCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::Ipv4Addr;
+    use wire::ethernet::Mac;
+    use wire::frame::UdpEnds;
 
     const PORT: u16 = 9100;
 
