@@ -49,8 +49,13 @@ pub struct Api {
 impl Api {
     pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> anyhow::Result<Value> {
         let text = body.map(Value::to_string);
-        let (code, answer) =
-            testbed::http(self.addr, method, path, self.token.as_deref(), text.as_deref())?;
+        let (code, answer) = testbed::http(
+            self.addr,
+            method,
+            path,
+            self.token.as_deref(),
+            text.as_deref(),
+        )?;
         if !(200..300).contains(&code) {
             bail!("{method} {path}: {code}: {}", answer.trim());
         }
@@ -59,8 +64,14 @@ impl Api {
 
     /// The bytes waiting in `port`'s egress queue.
     pub fn queue_bytes(&self, port: u16) -> anyhow::Result<u64> {
-        let r = self.call("GET", &format!("/api/v1/registers/port{port}.queue_bytes"), None)?;
-        r["value"].as_u64().with_context(|| format!("register answer {r}"))
+        let r = self.call(
+            "GET",
+            &format!("/api/v1/registers/port{port}.queue_bytes"),
+            None,
+        )?;
+        r["value"]
+            .as_u64()
+            .with_context(|| format!("register answer {r}"))
     }
 }
 
@@ -130,7 +141,9 @@ fn serve_cp(cfg: &CpConfig, stop: &dyn Fn() -> bool) -> anyhow::Result<CpStats> 
     let mut cp = Cp::new(cfg.params);
     let mut stats = CpStats::default();
     while !stop() {
-        let got = cfg.api.call("GET", "/api/v1/packets?max=256&wait_ms=50", None)?;
+        let got = cfg
+            .api
+            .call("GET", "/api/v1/packets?max=256&wait_ms=50", None)?;
         // Every query is answered; of the frames sampled, only each source's newest in the
         // batch: older ones waited behind it, and a notification from a stale reading would
         // cut the rate again for congestion already answered.
@@ -403,7 +416,8 @@ impl Args {
     }
 
     fn step_s(&self) -> f64 {
-        self.step_s.unwrap_or(if self.common.short { 2.0 } else { 8.0 })
+        self.step_s
+            .unwrap_or(if self.common.short { 2.0 } else { 8.0 })
     }
 
     fn probes(&self) -> u32 {
@@ -468,7 +482,10 @@ pub fn run(args: &Args) -> anyhow::Result<Results> {
             args.max_mbps
         );
     }
-    anyhow::ensure!(!args.steps_mbps.is_empty(), "--steps-mbps: at least one rate");
+    anyhow::ensure!(
+        !args.steps_mbps.is_empty(),
+        "--steps-mbps: at least one rate"
+    );
     anyhow::ensure!(
         (16..=1472).contains(&args.payload),
         "--payload {}: 16 to 1,472 bytes",
@@ -560,19 +577,25 @@ fn measure(bed: &Bed, args: &Args, step_s: f64) -> anyhow::Result<Results> {
         let stop = &stop;
         let sink = scope.spawn(move || live.in_host(&server_ns, || sink(stop, ready_tx)));
         let cp = scope.spawn(|| run_cp(&cp_cfg, &|| stop.load(Ordering::Relaxed)));
-        let ready = ready_rx.recv_timeout(Duration::from_secs(5)).unwrap_or(false);
+        let ready = ready_rx
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap_or(false);
         let finish = |stop: &AtomicBool| stop.store(true, Ordering::Relaxed);
         if !ready {
             finish(stop);
             bail!("the receiver could not bind UDP ports {DATA_PORT} and {ECHO_PORT}");
         }
         // Teach the switch both hosts before the clock starts.
-        live.in_host(&client, || probe(SocketAddrV4::new(server.ip, ECHO_PORT), 5))??;
+        live.in_host(&client, || {
+            probe(SocketAddrV4::new(server.ip, ECHO_PORT), 5)
+        })??;
         std::thread::sleep(Duration::from_millis(300));
         let params = RpParams::scaled(args.max_mbps * 1e6);
         let (payload, client2) = (args.payload, client.clone());
         let sender = scope.spawn(move || {
-            live.in_host(&client2, move || send(to, payload, params, MARK_DSCP, total, 7))
+            live.in_host(&client2, move || {
+                send(to, payload, params, MARK_DSCP, total, 7)
+            })
         });
         let origin = Instant::now();
         let mut queue = Vec::new();
@@ -598,8 +621,12 @@ fn measure(bed: &Bed, args: &Args, step_s: f64) -> anyhow::Result<Results> {
         std::thread::sleep(Duration::from_millis(200));
         let drops = tx_dropped()? - dropped_before;
         let n = args.probes();
-        let query = live.in_host(&client, || probe(SocketAddrV4::new(server.ip, QUERY_PORT), n))??;
-        let echo = live.in_host(&client, || probe(SocketAddrV4::new(server.ip, ECHO_PORT), n))??;
+        let query = live.in_host(&client, || {
+            probe(SocketAddrV4::new(server.ip, QUERY_PORT), n)
+        })??;
+        let echo = live.in_host(&client, || {
+            probe(SocketAddrV4::new(server.ip, ECHO_PORT), n)
+        })??;
         finish(stop);
         let received = sink
             .join()
@@ -682,7 +709,11 @@ fn queue_chart(args: &Args, r: &Results) -> LineChart {
         series: vec![
             Series {
                 name: "queue".into(),
-                points: r.queue.iter().map(|s| (s.t, s.queue_bytes as f64 / 1e3)).collect(),
+                points: r
+                    .queue
+                    .iter()
+                    .map(|s| (s.t, s.queue_bytes as f64 / 1e3))
+                    .collect(),
                 color: 0,
                 dashed: false,
             },
@@ -736,10 +767,7 @@ fn summary(args: &Args, r: &Results) -> String {
          congestion point for the receiver's port (set point {} KB). The port's rate is lowered \
          to {} Mb/s, then raised step by step ({} s a step). ServerSwitch (Figure 11): the \
          queue stays around its set point, the sender follows the port, no drops.\n",
-        args.max_mbps,
-        args.q_eq_kb,
-        args.steps_mbps[0],
-        r.settings["step_s"]
+        args.max_mbps, args.q_eq_kb, args.steps_mbps[0], r.settings["step_s"]
     );
     let _ = writeln!(
         s,

@@ -56,7 +56,7 @@ enum Cmd {
     /// memcached server behind a kvswitch fabric.
     Inc(kvswitch::inc_cli::IncArgs),
     /// Network functions other than memcached's, run on a switch through its control API:
-    /// caching by request id.
+    /// caching by request id, QCN's congestion point, reaction point and sink.
     Nf(kvswitch::nf::NfArgs),
     /// Build or remove a test network of namespaces, memcached servers and kvswitch.
     Testbed {

@@ -436,6 +436,43 @@ fn forwarding_short() {
 }
 
 #[test]
+fn qcn_short() {
+    let (dir, json) = run("qcn", "kvbq");
+    let q_eq = json["settings"]["q_eq_bytes"].as_f64().unwrap();
+    // Without congestion control the queue would fill its depth (a second at the lowest
+    // rate) and drop; with QCN nothing is dropped, and in the second half of every step the
+    // queue stays within 5 set points and the sender and receiver follow the port.
+    assert_eq!(json["drops"], 0, "{}", json["steps"]);
+    let steps = json["steps"].as_array().unwrap();
+    assert_eq!(
+        steps.len(),
+        json["settings"]["steps_mbps"].as_array().unwrap().len()
+    );
+    for st in steps {
+        let port = st["port_mbps"].as_f64().unwrap();
+        let p90 = st["queue_p90"].as_f64().unwrap();
+        assert!(p90 <= 5.0 * q_eq, "queue p90 {p90} past 5 x {q_eq}: {st}");
+        let (sender, received) = (
+            st["sender_mbps"].as_f64().unwrap(),
+            st["received_mbps"].as_f64().unwrap(),
+        );
+        assert!(sender >= 0.3 * port && sender <= 1.3 * port, "{st}");
+        assert!(received >= 0.5 * port && received <= 1.1 * port, "{st}");
+    }
+    assert!(json["cp"]["notifications"].as_u64().unwrap() > 0);
+    assert_eq!(json["cp"]["notifications"], json["notifications_received"]);
+    assert!(json["query_rtt_us"].as_f64().unwrap() > 0.0);
+    assert!(json["echo_rtt_us"].as_f64().unwrap() > 0.0);
+    check_plot(&dir, "queue", &["set point".to_string()]);
+    check_plot(
+        &dir,
+        "rate",
+        &["sender rate (QCN)".to_string(), "port rate".to_string()],
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn bad_arguments_are_refused_with_a_reason() {
     let bench = |args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_kvswitch"))
@@ -450,6 +487,8 @@ fn bad_arguments_are_refused_with_a_reason() {
         (&["value-size", "--sizes", "20000"][..], "--sizes"),
         (&["cost", "--prefix", "Bad_Prefix"][..], "prefix"),
         (&["forwarding", "--sizes", "40"][..], "--sizes"),
+        (&["qcn", "--steps-mbps", "500"][..], "--steps-mbps"),
+        (&["qcn", "--payload", "4"][..], "--payload"),
         (
             &["popularity-change", "--change-keys", "0"][..],
             "--change-keys",
@@ -471,6 +510,7 @@ fn bad_arguments_are_refused_with_a_reason() {
         "cost",
         "fastpath",
         "forwarding",
+        "qcn",
         "all",
     ] {
         assert!(text.contains(s), "bench --help does not list {s}:\n{text}");

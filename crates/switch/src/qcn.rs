@@ -27,7 +27,10 @@ pub struct CpParams {
 
 impl Default for CpParams {
     fn default() -> Self {
-        CpParams { q_eq: 20_000, w: 2.0 }
+        CpParams {
+            q_eq: 20_000,
+            w: 2.0,
+        }
     }
 }
 
@@ -284,7 +287,9 @@ impl Notification {
         if fb > FB_MAX {
             return None;
         }
-        let word = |at: usize| u32::from_be_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
+        let word = |at: usize| {
+            u32::from_be_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+        };
         Some(Notification {
             fb,
             queue: word(5),
@@ -299,16 +304,29 @@ mod tests {
 
     #[test]
     fn feedback_is_negative_only_above_the_set_point_or_while_the_queue_grows() {
-        let mut cp = Cp::new(CpParams { q_eq: 10_000, w: 2.0 });
+        let mut cp = Cp::new(CpParams {
+            q_eq: 10_000,
+            w: 2.0,
+        });
         assert_eq!(cp.sample(0), None);
-        assert_eq!(cp.sample(3_000), None, "below Qeq, growing slowly: -7000 + 2*3000 < 0");
-        assert!(cp.sample(8_000).is_some(), "below Qeq, growing fast: -2000 + 2*5000 > 0");
+        assert_eq!(
+            cp.sample(3_000),
+            None,
+            "below Qeq, growing slowly: -7000 + 2*3000 < 0"
+        );
+        assert!(
+            cp.sample(8_000).is_some(),
+            "below Qeq, growing fast: -2000 + 2*5000 > 0"
+        );
         assert!(cp.sample(12_000).is_some(), "above Qeq and growing");
         // Steady above Qeq: |Fb| = 2000 of the 50,000 that quantize to 63.
         assert_eq!(cp.sample(12_000), Some(3));
         assert_eq!(cp.sample(8_000), None, "above nothing once it shrinks");
         // The largest congestion is capped.
-        let mut cp = Cp::new(CpParams { q_eq: 10_000, w: 2.0 });
+        let mut cp = Cp::new(CpParams {
+            q_eq: 10_000,
+            w: 2.0,
+        });
         assert_eq!(cp.sample(1_000_000), Some(FB_MAX));
     }
 
@@ -322,7 +340,11 @@ mod tests {
         let mut rp = Rp::new(p);
         assert_eq!((rp.rate(), rp.phase()), (100e6, Phase::Idle));
         rp.notified(FB_MAX, at(0));
-        assert_eq!(rp.rate(), 100e6 * (1.0 - 63.0 / 128.0), "Gd·|Fb| off the rate");
+        assert_eq!(
+            rp.rate(),
+            100e6 * (1.0 - 63.0 / 128.0),
+            "Gd·|Fb| off the rate"
+        );
         assert_eq!(rp.target(), 100e6);
         assert_eq!(rp.phase(), Phase::FastRecovery);
         assert!((rp.mark_probability() - p.mark_max).abs() < 1e-9);

@@ -50,6 +50,52 @@ pub enum NfCmd {
         #[arg(long, default_value_t = 5.0)]
         report_s: f64,
     },
+    /// QCN's congestion point (ServerSwitch 5.2): mirrors frames marked with --dscp to the
+    /// CPU, reads --queue-port's egress queue for each and sends its source a congestion
+    /// notification when the queue is past its set point or growing; answers queue queries
+    /// (UDP to port 9201) at once. Give the port a rate first (`kvswitch ctl egress`). Runs
+    /// until SIGINT, SIGTERM or --duration-s, then removes its entries.
+    QcnCp {
+        /// The port whose egress queue is watched.
+        #[arg(long)]
+        queue_port: u16,
+        /// The queue length to steer towards, KB.
+        #[arg(long, default_value_t = 20.0)]
+        q_eq_kb: f64,
+        /// The DSCP senders mark frames for sampling with.
+        #[arg(long, default_value_t = bench::qcn::MARK_DSCP)]
+        dscp: u8,
+        #[arg(long, default_value_t = 100)]
+        priority: u32,
+        #[arg(long)]
+        duration_s: Option<f64>,
+    },
+    /// QCN's reaction point: sends UDP to --to at a rate QCN adjusts (pseudo-code 2.3,
+    /// scaled to --max-mbps), marking frames for sampling; prints its rate every 10 ms as
+    /// CSV (t, rate_mbps, target_mbps, notifications). Run it on the sending host.
+    QcnSend {
+        /// Where to send, IP:PORT (a `kvswitch nf qcn-sink` listens on port 9200).
+        #[arg(long)]
+        to: std::net::SocketAddrV4,
+        #[arg(long, default_value_t = 100.0)]
+        max_mbps: f64,
+        /// UDP payload bytes.
+        #[arg(long, default_value_t = 1000)]
+        payload: usize,
+        #[arg(long, default_value_t = bench::qcn::MARK_DSCP)]
+        dscp: u8,
+        #[arg(long, default_value_t = 10.0)]
+        duration_s: f64,
+        /// Picks which frames are marked.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// Takes QCN traffic on UDP port 9200 and echoes probes on 9202; prints the megabits a
+    /// second received per 100 ms as CSV at the end. Run it on the receiving host.
+    QcnSink {
+        #[arg(long, default_value_t = 10.0)]
+        duration_s: f64,
+    },
 }
 
 pub fn run(args: &NfArgs) -> anyhow::Result<()> {
@@ -76,6 +122,87 @@ pub fn run(args: &NfArgs) -> anyhow::Result<()> {
             let report = (*report_s > 0.0).then(|| Duration::from_secs_f64(*report_s));
             let stats = run_reqcache(&client, *port, *capacity, *priority, report, &stop)?;
             println!("{}", serde_json::to_string(&stats)?);
+            Ok(())
+        }
+        NfCmd::QcnCp {
+            queue_port,
+            q_eq_kb,
+            dscp,
+            priority,
+            duration_s,
+        } => {
+            anyhow::ensure!(*dscp < 64, "--dscp {dscp}: 0 to 63");
+            anyhow::ensure!(*q_eq_kb > 0.0, "--q-eq-kb {q_eq_kb}: more than 0");
+            crate::daemon::install_signal_handlers();
+            let until = duration_s.map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0)));
+            let cfg = bench::qcn::CpConfig {
+                api: bench::qcn::Api {
+                    addr: client.api,
+                    token: client.token.clone(),
+                },
+                port: *queue_port,
+                params: switch::qcn::CpParams {
+                    q_eq: (q_eq_kb * 1000.0) as u64,
+                    w: 2.0,
+                },
+                dscp: *dscp,
+                priority: *priority,
+            };
+            let stats = bench::qcn::run_cp(&cfg, &|| {
+                crate::daemon::stop_requested() || until.is_some_and(|u| Instant::now() >= u)
+            })?;
+            println!("{}", serde_json::to_string(&stats)?);
+            Ok(())
+        }
+        NfCmd::QcnSend {
+            to,
+            max_mbps,
+            payload,
+            dscp,
+            duration_s,
+            seed,
+        } => {
+            anyhow::ensure!(*dscp < 64, "--dscp {dscp}: 0 to 63");
+            anyhow::ensure!(
+                *max_mbps >= 0.1 && *max_mbps <= 100_000.0,
+                "--max-mbps {max_mbps}: 0.1 to 100,000"
+            );
+            anyhow::ensure!(
+                (16..=1472).contains(payload),
+                "--payload {payload}: 16 to 1,472"
+            );
+            let params = switch::qcn::RpParams::scaled(max_mbps * 1e6);
+            let sent = bench::qcn::send(*to, *payload, params, *dscp, *duration_s, *seed)?;
+            println!("t,rate_mbps,target_mbps,notifications");
+            for s in &sent.series {
+                println!(
+                    "{:.3},{:.3},{:.3},{}",
+                    s.t, s.rate_mbps, s.target_mbps, s.notifications
+                );
+            }
+            eprintln!(
+                "qcn-send: {} datagrams, {} marked, {} notifications",
+                sent.datagrams, sent.marked, sent.notifications
+            );
+            Ok(())
+        }
+        NfCmd::QcnSink { duration_s } => {
+            let stop = std::sync::atomic::AtomicBool::new(false);
+            let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+            let bins = std::thread::scope(|scope| {
+                let sink = scope.spawn(|| bench::qcn::sink(&stop, ready_tx));
+                let ready = ready_rx.recv().unwrap_or(false);
+                if ready {
+                    std::thread::sleep(Duration::from_secs_f64(duration_s.max(0.0)));
+                }
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                sink.join().ok().filter(|_| ready)
+            })
+            .context("could not bind UDP ports 9200 and 9202")?;
+            println!("t,received_mbps");
+            for (t, mbps) in bins {
+                println!("{t:.1},{mbps:.3}");
+            }
             Ok(())
         }
     }
