@@ -295,9 +295,9 @@ pub fn send(
         rp.tick(clock(now));
         if now >= next_sample {
             out.series.push(SendSample {
-                t: now.duration_since(origin).as_secs_f64(),
-                rate_mbps: rp.rate() / 1e6,
-                target_mbps: rp.target() / 1e6,
+                t: round3(now.duration_since(origin).as_secs_f64()),
+                rate_mbps: round3(rp.rate() / 1e6),
+                target_mbps: round3(rp.target() / 1e6),
                 notifications: out.notifications,
             });
             next_sample += Duration::from_millis(10);
@@ -341,7 +341,14 @@ pub fn sink(stop: &AtomicBool, ready: std::sync::mpsc::Sender<bool>) -> Vec<(f64
             std::thread::sleep(Duration::from_micros(100));
         }
     }
-    bins
+    bins.into_iter()
+        .map(|(t, m)| (round3(t), round3(m)))
+        .collect()
+}
+
+/// To the thousandth: the results' series stay readable and small.
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
 }
 
 /// Round-trip times in µs of `count` 64-byte-frame probes to `to`, one at a time (a probe
@@ -609,7 +616,7 @@ fn measure(bed: &Bed, args: &Args, step_s: f64) -> anyhow::Result<Results> {
                 next += 1;
             }
             queue.push(QueueSample {
-                t,
+                t: round3(t),
                 queue_bytes: api.queue_bytes(port)?,
                 port_mbps,
             });

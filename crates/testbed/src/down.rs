@@ -103,6 +103,11 @@ pub fn down_prefix(prefix: &str) -> anyhow::Result<()> {
             found = true;
         }
     }
+    // A network of programmable switches (`testbed::net`) keeps its own state file.
+    if crate::net::state_path(prefix).exists() {
+        crate::net::take_down_prefix(prefix)?;
+        found = true;
+    }
     // A pointer whose state file is gone (removed by hand) points nowhere.
     if pointer.exists() {
         std::fs::remove_file(&pointer)

@@ -18,6 +18,7 @@ mod down;
 mod fabric;
 pub mod history_load;
 pub mod local;
+pub mod net;
 mod netns;
 mod probe;
 mod process;

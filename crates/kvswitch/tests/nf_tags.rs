@@ -1,0 +1,226 @@
+//! MPLS tags on a network of four kvswitches (a diamond: s0 joined to s1 and s2, both joined to
+//! s3), each programmed through its control API alone: the ingress switch pushes a stack of
+//! labels, one per hop, and every switch pops its own and sends the frame where the label says.
+//! Datagrams follow exactly the path their stack encodes (every switch's port counters), reach
+//! the other host as plain UDP, and the tables the function made are removed cleanly.
+
+use std::net::{SocketAddrV4, UdpSocket};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use testbed::net::{Net, NetSpec};
+
+const PREFIX: &str = "kvtg";
+const PORT: u16 = 7300;
+const SENT: u64 = 50;
+
+fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    assert_eq!(uid, 0, "the network of switches needs root");
+}
+
+fn label(l: u32) -> Value {
+    json!({"value": l << 12, "mask": "0xfffff000"})
+}
+
+/// Every switch: a `labels` table keyed on the top label; labelled frames go to it, and
+/// nothing else that comes from another switch goes anywhere (the diamond has a loop).
+fn program_labels(net: &Net, sw: &str, routes: &[(u32, u16)]) -> Vec<u64> {
+    net.api(
+        sw,
+        "POST",
+        "/api/v1/tables",
+        Some(&json!({"name": "labels", "kind": "ternary", "key": ["mpls"], "miss": ["drop"]})),
+    )
+    .unwrap();
+    let mut acl = Vec::new();
+    let labelled = json!({"match": {"ethertype": "0x8847"}, "priority": 10,
+                          "actions": [{"goto": "labels"}]});
+    let made = net
+        .api(sw, "POST", "/api/v1/tables/acl/entries", Some(&labelled))
+        .unwrap();
+    acl.push(made["id"].as_u64().unwrap());
+    for (p, port) in net.switch(sw).ports.iter().enumerate() {
+        if matches!(port.peer, testbed::net::Peer::Switch { .. }) {
+            let guard = json!({"match": {"in_port": p}, "priority": 1, "actions": ["drop"]});
+            let made = net
+                .api(sw, "POST", "/api/v1/tables/acl/entries", Some(&guard))
+                .unwrap();
+            acl.push(made["id"].as_u64().unwrap());
+        }
+    }
+    for &(l, out) in routes {
+        net.api(
+            sw,
+            "POST",
+            "/api/v1/tables/labels/entries",
+            Some(&json!({"match": {"mpls": label(l)}, "actions": ["pop_label", {"output": out}]})),
+        )
+        .unwrap();
+    }
+    acl
+}
+
+/// Sends `SENT` datagrams from h0 to h1 and returns how many h1 received as UDP.
+fn send(net: &Net) -> u64 {
+    let (h0, h1) = (net.host("h0").clone(), net.host("h1").clone());
+    let to = SocketAddrV4::new(h1.ip, PORT);
+    let receiver = std::thread::spawn(move || {
+        testbed::in_netns(&h1.netns, || {
+            let sock = UdpSocket::bind(("0.0.0.0", PORT)).unwrap();
+            sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            let mut got = 0u64;
+            let mut buf = [0u8; 2048];
+            while let Ok((n, _)) = sock.recv_from(&mut buf) {
+                assert_eq!(&buf[..n], b"labelled datagram", "arrives as it was sent");
+                got += 1;
+                if got == SENT {
+                    break;
+                }
+            }
+            got
+        })
+        .unwrap()
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    testbed::in_netns(&h0.netns, || {
+        let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
+        for _ in 0..SENT {
+            sock.send_to(b"labelled datagram", to).unwrap();
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    })
+    .unwrap();
+    receiver.join().unwrap()
+}
+
+/// Packets received on every port of every switch.
+fn counters(net: &Net) -> Vec<Vec<u64>> {
+    ["s0", "s1", "s2", "s3"]
+        .iter()
+        .map(|s| net.rx_packets(s).unwrap())
+        .collect()
+}
+
+#[test]
+fn labelled_datagrams_follow_their_label_stack_and_arrive_unlabelled() {
+    require_root();
+    let net = Net::up(&NetSpec {
+        prefix: PREFIX.into(),
+        switches: ["s0", "s1", "s2", "s3"].map(String::from).to_vec(),
+        hosts: vec![("h0".into(), "s0".into()), ("h1".into(), "s3".into())],
+        links: [("s0", "s1"), ("s0", "s2"), ("s1", "s3"), ("s2", "s3")]
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .to_vec(),
+        bin: env!("CARGO_BIN_EXE_kvswitch").into(),
+    })
+    .unwrap();
+    let tables_before: Vec<Value> = ["s0", "s3"]
+        .iter()
+        .map(|s| net.api(s, "GET", "/api/v1/tables", None).unwrap())
+        .collect();
+    let to = |a: &str, b: &str| net.port_to(a, b).unwrap();
+    let h1_port = net.host("h1").port;
+    // Labels: 10 and 20 leave s0 for s1 and s2; 11 and 21 leave those for s3; 30 leaves s3
+    // for h1 (the bottom label: the frame is IPv4 again).
+    let mut acl = std::collections::HashMap::new();
+    acl.insert(
+        "s0",
+        program_labels(&net, "s0", &[(10, to("s0", "s1")), (20, to("s0", "s2"))]),
+    );
+    acl.insert("s1", program_labels(&net, "s1", &[(11, to("s1", "s3"))]));
+    acl.insert("s2", program_labels(&net, "s2", &[(21, to("s2", "s3"))]));
+    acl.insert("s3", program_labels(&net, "s3", &[(30, h1_port)]));
+    let h1_ip = net.host("h1").ip.to_string();
+    let route = |stack: &[u32]| {
+        let mut actions: Vec<Value> = stack
+            .iter()
+            .rev()
+            .map(|l| json!({"push_label": l}))
+            .collect();
+        actions.push(json!({"goto": "labels"}));
+        json!({"match": {"ethertype": "0x0800", "ip_dst": h1_ip, "ip_proto": 17, "l4_dst": PORT},
+               "priority": 20, "actions": actions})
+    };
+    // (the middle switch, s3's port from it)
+    let via_s1 = (1usize, to("s3", "s1") as usize);
+    let via_s2 = (2usize, to("s3", "s2") as usize);
+    let from_s0 = |s: usize| net.port_to(&format!("s{s}"), "s0").unwrap() as usize;
+    for (stack, via, not) in [
+        (vec![10, 11, 30], via_s1, via_s2),
+        (vec![20, 21, 30], via_s2, via_s1),
+    ] {
+        let made = net
+            .api(
+                "s0",
+                "POST",
+                "/api/v1/tables/acl/entries",
+                Some(&route(&stack)),
+            )
+            .unwrap();
+        let before = counters(&net);
+        let got = send(&net);
+        let after = counters(&net);
+        assert_eq!(got, SENT, "stack {stack:?}: every datagram arrives");
+        let delta = |s: usize, p: usize| after[s][p] - before[s][p];
+        // The switch on the path took every datagram on its port from s0, and s3 took them
+        // on its port from it; the other middle switch and s3's other port took none.
+        assert!(
+            delta(via.0, from_s0(via.0)) >= SENT,
+            "stack {stack:?}: {before:?} -> {after:?}"
+        );
+        assert!(
+            delta(3, via.1) >= SENT,
+            "stack {stack:?}: {before:?} -> {after:?}"
+        );
+        assert_eq!(
+            delta(not.0, from_s0(not.0)),
+            0,
+            "stack {stack:?}: {before:?} -> {after:?}"
+        );
+        assert_eq!(
+            delta(3, not.1),
+            0,
+            "stack {stack:?}: {before:?} -> {after:?}"
+        );
+        net.api(
+            "s0",
+            "DELETE",
+            &format!("/api/v1/tables/acl/entries/{}", made["id"]),
+            None,
+        )
+        .unwrap();
+    }
+    // The function's tables are listed, and removed cleanly: the memcached program is as it was.
+    for (sw, ids) in &acl {
+        let tables = net.api(sw, "GET", "/api/v1/tables", None).unwrap();
+        assert!(tables.to_string().contains("\"labels\""), "{sw}: {tables}");
+        for id in ids {
+            net.api(
+                sw,
+                "DELETE",
+                &format!("/api/v1/tables/acl/entries/{id}"),
+                None,
+            )
+            .unwrap();
+        }
+        net.api(sw, "DELETE", "/api/v1/tables/labels", None)
+            .unwrap();
+    }
+    for (sw, before) in ["s0", "s3"].iter().zip(&tables_before) {
+        let names = |t: &Value| -> Vec<(Value, Value)> {
+            t["tables"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|t| t["name"] != "l2")
+                .map(|t| (t["name"].clone(), t["entries"].clone()))
+                .collect()
+        };
+        let after = net.api(sw, "GET", "/api/v1/tables", None).unwrap();
+        assert_eq!(names(&after), names(before), "{sw}");
+    }
+    net.down().unwrap();
+    assert!(!testbed::net::state_path(PREFIX).exists());
+}
