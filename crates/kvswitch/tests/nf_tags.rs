@@ -1,7 +1,7 @@
 //! MPLS tags on a network of four kvswitches (a diamond: s0 joined to s1 and s2, both joined to
 //! s3), each programmed through its control API alone: the ingress switch pushes a stack of
 //! labels, one per hop, and every switch pops its own and sends the frame where the label says.
-//! Datagrams follow exactly the path their stack encodes (every switch's port counters), reach
+//! Datagrams follow exactly the path their stack encodes (a counter on every label entry), reach
 //! the other host as plain UDP, and the tables the function made are removed cleanly.
 
 use std::net::{SocketAddrV4, UdpSocket};
@@ -55,7 +55,8 @@ fn program_labels(net: &Net, sw: &str, routes: &[(u32, u16)]) -> Vec<u64> {
             sw,
             "POST",
             "/api/v1/tables/labels/entries",
-            Some(&json!({"match": {"mpls": label(l)}, "actions": ["pop_label", {"output": out}]})),
+            Some(&json!({"match": {"mpls": label(l)},
+                         "actions": [{"count": format!("label{l}")}, "pop_label", {"output": out}]})),
         )
         .unwrap();
     }
@@ -66,10 +67,12 @@ fn program_labels(net: &Net, sw: &str, routes: &[(u32, u16)]) -> Vec<u64> {
 fn send(net: &Net) -> u64 {
     let (h0, h1) = (net.host("h0").clone(), net.host("h1").clone());
     let to = SocketAddrV4::new(h1.ip, PORT);
+    let (bound_tx, bound_rx) = std::sync::mpsc::channel();
     let receiver = std::thread::spawn(move || {
         testbed::in_netns(&h1.netns, || {
             let sock = UdpSocket::bind(("0.0.0.0", PORT)).unwrap();
             sock.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            bound_tx.send(()).unwrap();
             let mut got = 0u64;
             let mut buf = [0u8; 2048];
             while let Ok((n, _)) = sock.recv_from(&mut buf) {
@@ -83,7 +86,7 @@ fn send(net: &Net) -> u64 {
         })
         .unwrap()
     });
-    std::thread::sleep(Duration::from_millis(200));
+    bound_rx.recv_timeout(Duration::from_secs(5)).unwrap();
     testbed::in_netns(&h0.netns, || {
         let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
         for _ in 0..SENT {
@@ -95,12 +98,17 @@ fn send(net: &Net) -> u64 {
     receiver.join().unwrap()
 }
 
-/// Packets received on every port of every switch.
-fn counters(net: &Net) -> Vec<Vec<u64>> {
-    ["s0", "s1", "s2", "s3"]
-        .iter()
-        .map(|s| net.rx_packets(s).unwrap())
-        .collect()
+/// The frames each switch's label entries counted, by label.
+fn counted(net: &Net) -> std::collections::HashMap<String, u64> {
+    let mut out = std::collections::HashMap::new();
+    for sw in ["s0", "s1", "s2", "s3"] {
+        let counters = net.api(sw, "GET", "/api/v1/counters", None).unwrap();
+        for c in counters["counters"].as_array().unwrap() {
+            let name = c["name"].as_str().unwrap().to_string();
+            out.insert(format!("{sw}/{name}"), c["packets"].as_u64().unwrap());
+        }
+    }
+    out
 }
 
 #[test]
@@ -114,6 +122,7 @@ fn labelled_datagrams_follow_their_label_stack_and_arrive_unlabelled() {
             .map(|(a, b)| (a.to_string(), b.to_string()))
             .to_vec(),
         bin: env!("CARGO_BIN_EXE_kvswitch").into(),
+        static_neighbours: true,
     })
     .unwrap();
     let tables_before: Vec<Value> = ["s0", "s3"]
@@ -143,13 +152,12 @@ fn labelled_datagrams_follow_their_label_stack_and_arrive_unlabelled() {
         json!({"match": {"ethertype": "0x0800", "ip_dst": h1_ip, "ip_proto": 17, "l4_dst": PORT},
                "priority": 20, "actions": actions})
     };
-    // (the middle switch, s3's port from it)
-    let via_s1 = (1usize, to("s3", "s1") as usize);
-    let via_s2 = (2usize, to("s3", "s2") as usize);
-    let from_s0 = |s: usize| net.port_to(&format!("s{s}"), "s0").unwrap() as usize;
-    for (stack, via, not) in [
-        (vec![10, 11, 30], via_s1, via_s2),
-        (vec![20, 21, 30], via_s2, via_s1),
+    // Each route: the counters its labels must move, and those of the other route.
+    let via_s1 = ["s0/label10", "s1/label11", "s3/label30"];
+    let via_s2 = ["s0/label20", "s2/label21", "s3/label30"];
+    for (stack, on, off) in [
+        (vec![10, 11, 30], via_s1, ["s0/label20", "s2/label21"]),
+        (vec![20, 21, 30], via_s2, ["s0/label10", "s1/label11"]),
     ] {
         let made = net
             .api(
@@ -159,31 +167,27 @@ fn labelled_datagrams_follow_their_label_stack_and_arrive_unlabelled() {
                 Some(&route(&stack)),
             )
             .unwrap();
-        let before = counters(&net);
+        let before = counted(&net);
         let got = send(&net);
-        let after = counters(&net);
-        assert_eq!(got, SENT, "stack {stack:?}: every datagram arrives");
-        let delta = |s: usize, p: usize| after[s][p] - before[s][p];
-        // The switch on the path took every datagram on its port from s0, and s3 took them
-        // on its port from it; the other middle switch and s3's other port took none.
-        assert!(
-            delta(via.0, from_s0(via.0)) >= SENT,
-            "stack {stack:?}: {before:?} -> {after:?}"
-        );
-        assert!(
-            delta(3, via.1) >= SENT,
-            "stack {stack:?}: {before:?} -> {after:?}"
-        );
+        let after = counted(&net);
         assert_eq!(
-            delta(not.0, from_s0(not.0)),
-            0,
-            "stack {stack:?}: {before:?} -> {after:?}"
+            got, SENT,
+            "stack {stack:?}: every datagram arrives: {before:?} -> {after:?}"
         );
-        assert_eq!(
-            delta(3, not.1),
-            0,
-            "stack {stack:?}: {before:?} -> {after:?}"
-        );
+        let delta =
+            |c: &str| after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0);
+        // Every hop of the stack's path took every datagram by its own label; the other
+        // route's hops took none.
+        for c in on {
+            assert_eq!(
+                delta(c),
+                SENT,
+                "stack {stack:?}: {c}: {before:?} -> {after:?}"
+            );
+        }
+        for c in off {
+            assert_eq!(delta(c), 0, "stack {stack:?}: {c}: {before:?} -> {after:?}");
+        }
         net.api(
             "s0",
             "DELETE",

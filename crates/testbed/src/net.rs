@@ -4,9 +4,9 @@
 //! network functions that run on kvswitch's pipeline (tags, and designs such as BCube and
 //! PortLand) are programmed onto them through the API.
 //!
-//! Hosts get addresses in the prefix's subnet and permanent neighbour entries for each other,
-//! so no ARP or IPv6 neighbour discovery crosses the network: topologies with loops carry only
-//! what their tables send. A state file (`/run/kvswitch/<prefix>-net.json`) records every
+//! Hosts get addresses in the prefix's subnet, no IPv6, and (unless the design answers ARP
+//! itself) permanent neighbour entries for each other, so no neighbour discovery crosses the
+//! network: topologies with loops carry only what their tables send. A state file (`/run/kvswitch/<prefix>-net.json`) records every
 //! process and link, so a network whose owner died is taken down by [`Net::up`] with the same
 //! prefix, or by `kvswitch testbed down --prefix`.
 
@@ -33,6 +33,9 @@ pub struct NetSpec {
     pub links: Vec<(String, String)>,
     /// The kvswitch binary.
     pub bin: PathBuf,
+    /// Give every host a permanent neighbour entry for every other (no ARP crosses the
+    /// network); off for designs that answer ARP themselves.
+    pub static_neighbours: bool,
 }
 
 /// What is at the far end of a switch's port.
@@ -88,6 +91,8 @@ pub fn state_path(prefix: &str) -> PathBuf {
 }
 
 const READY: Duration = Duration::from_secs(20);
+/// The MTU of links between switches: a full-size frame with labels pushed still fits.
+const LINK_MTU: u32 = 9000;
 
 fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
@@ -202,7 +207,7 @@ impl Net {
             let _ = ns_run(ns, "ethtool", &["-K", "eth0", "gso", "off", "gro", "off"]);
             ip(&["-n", ns, "link", "set", "dev", "eth0", "up"])?;
         }
-        for h in &self.hosts {
+        for h in self.hosts.iter().filter(|_| spec.static_neighbours) {
             for other in self.hosts.iter().filter(|o| o.name != h.name) {
                 ip(&[
                     "-n",
@@ -241,9 +246,16 @@ impl Net {
             });
             self.save()?;
             ip(&["link", "add", &ia, "type", "veth", "peer", "name", &ib])?;
-            switch_end(&ia, v6)?;
-            switch_end(&ib, v6)?;
+            // Room for labels and tags a function pushes between switches.
+            for end in [&ia, &ib] {
+                ip(&["link", "set", "dev", end, "mtu", &LINK_MTU.to_string()])?;
+                switch_end(end, v6)?;
+            }
         }
+        // Each switch drops what comes from another switch until a function's entries say
+        // otherwise: the memcached program would flood it, and the topology may loop. (The
+        // links are up from the start: a port kvswitch opens on a link that is down loses a
+        // few frames in every hundred once it comes up.)
         for s in 0..self.switches.len() {
             anyhow::ensure!(
                 !self.switches[s].ports.is_empty(),
@@ -251,6 +263,14 @@ impl Net {
                 self.switches[s].name
             );
             self.start_switch(s, &spec.bin)?;
+            let name = self.switches[s].name.clone();
+            for p in 0..self.switches[s].ports.len() {
+                if matches!(self.switches[s].ports[p].peer, Peer::Switch { .. }) {
+                    let guard = serde_json::json!({"match": {"in_port": p}, "priority": 0,
+                                                   "actions": ["drop"]});
+                    self.api(&name, "POST", "/api/v1/tables/acl/entries", Some(&guard))?;
+                }
+            }
         }
         Ok(())
     }
@@ -278,9 +298,12 @@ impl Net {
             "--config".into(),
             path.display().to_string(),
         ];
-        let mut child = process::spawn(None, &sw.argv, &sw.log)?;
-        sw.pid = Some(child.id());
-        let log = sw.log.clone();
+        let (argv, log) = (sw.argv.clone(), sw.log.clone());
+        // Recorded before it starts: a network whose owner dies between the two is still
+        // taken down (by its command line, which names this network's own file).
+        self.save()?;
+        let mut child = process::spawn(None, &argv, &log)?;
+        self.switches[s].pid = Some(child.id());
         self.save()?;
         crate::probe::wait_for(
             READY,
@@ -303,10 +326,14 @@ impl Net {
         })
     }
 
+    /// Writes the state file whole or not at all (a file written half-way would keep the
+    /// prefix from being taken down).
     fn save(&self) -> anyhow::Result<()> {
         let path = state_path(&self.prefix);
+        let tmp = path.with_extension("json.tmp");
         let text = serde_json::to_string_pretty(self)?;
-        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+        std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))
     }
 
     pub fn switch(&self, name: &str) -> &NetSwitch {
@@ -376,7 +403,12 @@ impl Net {
         let pids: Vec<u32> = self
             .switches
             .iter()
-            .filter_map(|s| s.pid.filter(|&p| process::runs(p, &s.argv)))
+            .filter(|s| !s.argv.is_empty())
+            .flat_map(|s| match s.pid {
+                Some(p) if process::runs(p, &s.argv) => vec![p],
+                Some(_) => Vec::new(),
+                None => process::running(&s.argv),
+            })
             .collect();
         let alive = process::stop_all(&pids);
         left.extend(alive.iter().map(|p| format!("process {p}")));
@@ -429,8 +461,19 @@ pub fn take_down_prefix(prefix: &str) -> anyhow::Result<()> {
     let Ok(text) = std::fs::read_to_string(&path) else {
         return Ok(());
     };
-    let mut net: Net = serde_json::from_str(&text)
-        .with_context(|| format!("reading the state file {}", path.display()))?;
+    let mut net: Net = match serde_json::from_str(&text) {
+        Ok(net) => net,
+        Err(e) => {
+            // Not ours to read: its namespaces and links still carry the prefix.
+            crate::down::sweep(prefix)?;
+            let _ = std::fs::remove_file(&path);
+            return Err(anyhow::anyhow!(
+                "the state file {} did not read ({e}); its namespaces and links were removed, \
+                 its switches (if any) may still run",
+                path.display()
+            ));
+        }
+    };
     let left = net.take_down();
     anyhow::ensure!(left.is_empty(), "left behind: {}", left.join(", "));
     Ok(())

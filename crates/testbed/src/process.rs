@@ -69,6 +69,18 @@ pub fn runs(pid: u32, argv: &[String]) -> bool {
     }
 }
 
+/// The processes whose command line ends with `argv` (as [`runs`] checks one): for a process
+/// started but not yet recorded when its owner died. `argv` names generated files, so only
+/// the process started with them matches.
+pub fn running(argv: &[String]) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| runs(pid, argv))
+        .collect()
+}
+
 /// The basename of `pid`'s program, or None when it is gone.
 pub fn program(pid: u32) -> Option<String> {
     let argv0 = cmdline(pid)?.into_iter().next()?;

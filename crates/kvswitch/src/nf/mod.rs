@@ -1,6 +1,7 @@
 //! `kvswitch nf`: network functions other than memcached's, run on a switch through its control
 //! API alone, with an agent on the CPU path where the function needs one.
 
+pub mod portland;
 pub mod reqcache;
 
 use std::net::SocketAddr;

@@ -1,0 +1,687 @@
+//! PortLand on kvswitches (ServerSwitch 3.2.2, after PortLand's section 3): a fat-tree whose
+//! hosts are reached by positional pseudo MACs (PMACs), built from each switch's control API
+//! and a fabric manager on the CPU path.
+//!
+//! - A PMAC is `pod.position.port.vmid`: 16, 8, 8 and 16 bits.
+//! - Every switch gets a `pmac` table, longest-prefix match on the destination MAC. A core
+//!   sends each pod's prefix (16 bits) down to it; an aggregation switch sends each of its
+//!   pod's edges' prefixes (24 bits) down and other pods' up, spread over its uplinks by pod;
+//!   an edge switch sends other pods and other edges up, and a local host's whole PMAC through
+//!   an interface-table entry that writes the host's real MAC back.
+//! - Edge host ports send ARP to the CPU; the fabric manager learns the sender's location
+//!   there, gives it a PMAC (an `acl` entry rewriting its source MAC on the way in, the
+//!   interface and `pmac` entries on the way out) and answers with the target's PMAC. A host
+//!   seen at a new place (the same address or MAC on another port) gets a new PMAC; the old
+//!   entries go, and every other host is told the new PMAC by an ARP reply.
+//! - Frames from other switches go to `pmac` only, whose misses are dropped, so the tree's
+//!   loops carry nothing the tables do not send.
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr};
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use wire::arp::{self, Operation};
+use wire::ethernet::{self, EtherType, Mac};
+
+/// What a switch is in the tree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "role")]
+pub enum Role {
+    Edge { pod: u16, position: u8 },
+    Aggregation { pod: u16, position: u8 },
+    Core,
+}
+
+/// What a switch's port leads to.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PortTo {
+    /// Hosts (an edge switch's down ports).
+    Host,
+    /// Another switch, by name.
+    Switch(String),
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct SwitchDef {
+    pub name: String,
+    pub api: SocketAddr,
+    #[serde(flatten)]
+    pub role: Role,
+    /// The switch's own MAC, the source of frames it delivers to hosts.
+    pub mac: String,
+    pub ports: Vec<PortTo>,
+}
+
+/// The tree, as the fabric manager's file gives it (`[[switches]]`).
+#[derive(Clone, Debug, Deserialize)]
+pub struct Layout {
+    pub switches: Vec<SwitchDef>,
+}
+
+/// One call on a switch's API.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Call {
+    pub switch: usize,
+    pub method: &'static str,
+    pub path: String,
+    pub body: Option<Value>,
+}
+
+fn call(switch: usize, method: &'static str, path: String, body: Option<Value>) -> Call {
+    Call {
+        switch,
+        method,
+        path,
+        body,
+    }
+}
+
+/// A PMAC.
+pub fn pmac(pod: u16, position: u8, port: u8, vmid: u16) -> Mac {
+    let [p0, p1] = pod.to_be_bytes();
+    let [v0, v1] = vmid.to_be_bytes();
+    Mac([p0, p1, position, port, v0, v1])
+}
+
+fn route(switch: usize, prefix: Mac, bits: u16, actions: Value) -> Call {
+    call(
+        switch,
+        "POST",
+        "/api/v1/tables/pmac/entries".into(),
+        Some(
+            json!({"match": {"eth_dst": prefix.to_string()}, "prefix_len": bits,
+                    "actions": actions}),
+        ),
+    )
+}
+
+fn acl(switch: usize, fields: Value, priority: u32, actions: Value) -> Call {
+    call(
+        switch,
+        "POST",
+        "/api/v1/tables/acl/entries".into(),
+        Some(json!({"match": fields, "priority": priority, "actions": actions})),
+    )
+}
+
+impl Layout {
+    pub fn index(&self, name: &str) -> Option<usize> {
+        self.switches.iter().position(|s| s.name == name)
+    }
+
+    /// The ports of switch `s` leading to switches for which `pick` holds.
+    fn ports_to(&self, s: usize, pick: impl Fn(&Role) -> bool) -> Vec<u16> {
+        self.switches[s]
+            .ports
+            .iter()
+            .enumerate()
+            .filter_map(|(p, to)| match to {
+                PortTo::Switch(n) => self
+                    .index(n)
+                    .filter(|&i| pick(&self.switches[i].role))
+                    .map(|_| p as u16),
+                PortTo::Host => None,
+            })
+            .collect()
+    }
+
+    /// Checks the tree: every name known, pods and positions consistent.
+    pub fn check(&self) -> anyhow::Result<()> {
+        for s in &self.switches {
+            for to in &s.ports {
+                if let PortTo::Switch(n) = to {
+                    anyhow::ensure!(self.index(n).is_some(), "{}: no switch named {n:?}", s.name);
+                }
+            }
+            anyhow::ensure!(
+                s.mac.parse::<Mac>().is_ok(),
+                "{}: {:?} is not a MAC",
+                s.name,
+                s.mac
+            );
+            anyhow::ensure!(s.ports.len() <= 256, "{}: more than 256 ports", s.name);
+            if !matches!(s.role, Role::Edge { .. }) {
+                anyhow::ensure!(
+                    !s.ports.contains(&PortTo::Host),
+                    "{}: only edge switches have host ports",
+                    s.name
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The calls that set up every switch: the `pmac` table, its routes, and the `acl`
+    /// entries that send frames to it (or ARP to the CPU).
+    pub fn setup(&self) -> Vec<Call> {
+        let mut calls = Vec::new();
+        for (s, sw) in self.switches.iter().enumerate() {
+            calls.push(call(
+                s,
+                "POST",
+                "/api/v1/tables".into(),
+                Some(json!({"name": "pmac", "kind": "lpm", "key": ["eth_dst"], "miss": ["drop"]})),
+            ));
+            let pods: Vec<u16> = {
+                let mut p: Vec<u16> = self
+                    .switches
+                    .iter()
+                    .filter_map(|s| match s.role {
+                        Role::Edge { pod, .. } => Some(pod),
+                        _ => None,
+                    })
+                    .collect();
+                p.sort_unstable();
+                p.dedup();
+                p
+            };
+            match sw.role {
+                Role::Core => {
+                    for &pod in &pods {
+                        if let Some(&port) = self
+                            .ports_to(
+                                s,
+                                |r| matches!(r, Role::Aggregation { pod: q, .. } if *q == pod),
+                            )
+                            .first()
+                        {
+                            calls.push(route(s, pmac(pod, 0, 0, 0), 16, json!([{"output": port}])));
+                        }
+                    }
+                }
+                Role::Aggregation { pod, .. } => {
+                    for e in self.switches.iter() {
+                        if let Role::Edge { pod: q, position } = e.role {
+                            if q != pod {
+                                continue;
+                            }
+                            let name = &e.name;
+                            if let Some(port) = sw
+                                .ports
+                                .iter()
+                                .position(|t| matches!(t, PortTo::Switch(n) if n == name))
+                            {
+                                calls.push(route(
+                                    s,
+                                    pmac(pod, position, 0, 0),
+                                    24,
+                                    json!([{"output": port}]),
+                                ));
+                            }
+                        }
+                    }
+                    let up = self.ports_to(s, |r| matches!(r, Role::Core));
+                    for &other in pods.iter().filter(|&&q| q != pod) {
+                        if !up.is_empty() {
+                            let port = up[usize::from(other) % up.len()];
+                            calls.push(route(
+                                s,
+                                pmac(other, 0, 0, 0),
+                                16,
+                                json!([{"output": port}]),
+                            ));
+                        }
+                    }
+                }
+                Role::Edge { pod, position } => {
+                    let up = self.ports_to(s, |r| matches!(r, Role::Aggregation { .. }));
+                    if !up.is_empty() {
+                        for &other in pods.iter().filter(|&&q| q != pod) {
+                            let port = up[usize::from(other) % up.len()];
+                            calls.push(route(
+                                s,
+                                pmac(other, 0, 0, 0),
+                                16,
+                                json!([{"output": port}]),
+                            ));
+                        }
+                        for e in self.switches.iter() {
+                            if let Role::Edge {
+                                pod: q,
+                                position: p,
+                            } = e.role
+                            {
+                                if q == pod && p != position {
+                                    let port = up[usize::from(p) % up.len()];
+                                    calls.push(route(
+                                        s,
+                                        pmac(pod, p, 0, 0),
+                                        24,
+                                        json!([{"output": port}]),
+                                    ));
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            for (p, to) in sw.ports.iter().enumerate() {
+                calls.push(match to {
+                    PortTo::Switch(_) => {
+                        acl(s, json!({"in_port": p}), 10, json!([{"goto": "pmac"}]))
+                    }
+                    PortTo::Host => acl(
+                        s,
+                        json!({"in_port": p, "ethertype": "0x0806"}),
+                        30,
+                        json!(["to_cpu"]),
+                    ),
+                });
+                if *to == PortTo::Host {
+                    // From a host not given a PMAC yet: nothing (its ARP comes first).
+                    calls.push(acl(s, json!({"in_port": p}), 5, json!(["drop"])));
+                }
+            }
+        }
+        calls
+    }
+}
+
+/// Where a host is, and what it was given there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Host {
+    pub ip: Ipv4Addr,
+    pub mac: Mac,
+    pub switch: usize,
+    pub port: u16,
+    pub pmac: Mac,
+}
+
+/// The fabric manager's table of hosts: ARP in, calls out.
+pub struct Manager {
+    layout: Layout,
+    pub hosts: Vec<Host>,
+    /// Interface ids handed out per edge switch.
+    next_interface: HashMap<usize, u16>,
+    /// VM ids handed out per (switch, port).
+    next_vmid: HashMap<(usize, u16), u16>,
+    /// Entry and interface ids of each host's entries, by its PMAC: (switch, acl id, pmac id,
+    /// interface id), filled in as the calls are answered.
+    pub installed: HashMap<Mac, (usize, Option<u64>, Option<u64>, u16)>,
+    pub moves: u64,
+    pub answered: u64,
+}
+
+/// An ARP reply telling `to` that `about`'s address is at `about`'s PMAC.
+fn reply(about: &Host, to: &Host) -> Vec<u8> {
+    let repr = arp::Repr {
+        operation: Operation::Reply,
+        sender_mac: about.pmac,
+        sender_ip: about.ip,
+        target_mac: to.mac,
+        target_ip: to.ip,
+    };
+    switch::frame::arp_frame(to.mac, &repr)
+}
+
+/// What a host's ARP makes the manager do.
+#[derive(Debug, PartialEq)]
+pub enum Learned {
+    /// Nothing new about the sender.
+    Known,
+    /// A new host, or a host moved: install its entries (and, after a move, remove the old
+    /// ones and tell the others).
+    Placed { host: Host, old: Option<Host> },
+}
+
+impl Manager {
+    pub fn new(layout: Layout) -> Manager {
+        Manager {
+            layout,
+            hosts: Vec::new(),
+            next_interface: HashMap::new(),
+            next_vmid: HashMap::new(),
+            installed: HashMap::new(),
+            moves: 0,
+            answered: 0,
+        }
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Every host port of every edge switch.
+    fn host_ports(&self) -> Vec<(usize, u16)> {
+        let mut out = Vec::new();
+        for (s, sw) in self.layout.switches.iter().enumerate() {
+            for (p, to) in sw.ports.iter().enumerate() {
+                if *to == PortTo::Host {
+                    out.push((s, p as u16));
+                }
+            }
+        }
+        out
+    }
+
+    /// An ARP frame from host port `port` of edge switch `switch`: what the manager learned of
+    /// its sender, and the ARP frames to send (edge, port, frame).
+    ///
+    /// - A request for a known host is answered with its PMAC.
+    /// - A request for a host not seen yet is sent on to every other host port, with the
+    ///   requester's PMAC as its sender, so the target answers to a PMAC.
+    /// - A reply (to such a request) tells its target host the sender's PMAC.
+    pub fn arp(
+        &mut self,
+        switch: usize,
+        port: u16,
+        frame: &[u8],
+    ) -> Option<(Learned, Vec<(usize, u16, Vec<u8>)>)> {
+        let eth = ethernet::Frame::new_checked(frame).ok()?;
+        if eth.ethertype() != EtherType::ARP {
+            return None;
+        }
+        let a = arp::Repr::parse(&arp::Packet::new_checked(eth.payload()).ok()?).ok()?;
+        let Role::Edge { pod, position } = self.layout.switches.get(switch)?.role else {
+            return None;
+        };
+        if a.sender_ip.is_unspecified() || eth.src() != a.sender_mac || port > u16::from(u8::MAX) {
+            return None;
+        }
+        let here = |h: &Host| h.switch == switch && h.port == port;
+        let learned = match self
+            .hosts
+            .iter()
+            .position(|h| h.ip == a.sender_ip || h.mac == a.sender_mac)
+        {
+            Some(i)
+                if here(&self.hosts[i])
+                    && self.hosts[i].mac == a.sender_mac
+                    && self.hosts[i].ip == a.sender_ip =>
+            {
+                Learned::Known
+            }
+            found => {
+                let old = found.map(|i| self.hosts.remove(i));
+                let vmid = self.next_vmid.entry((switch, port)).or_insert(0);
+                let host = Host {
+                    ip: a.sender_ip,
+                    mac: a.sender_mac,
+                    switch,
+                    port,
+                    pmac: pmac(pod, position, port as u8, *vmid),
+                };
+                *vmid = vmid.wrapping_add(1);
+                self.hosts.push(host.clone());
+                if old.is_some() {
+                    self.moves += 1;
+                }
+                Learned::Placed { host, old }
+            }
+        };
+        let sender = self.hosts.iter().find(|h| h.ip == a.sender_ip)?.clone();
+        let target = self.hosts.iter().find(|h| h.ip == a.target_ip).cloned();
+        let mut out = Vec::new();
+        match (a.operation, target) {
+            (Operation::Request, Some(t)) => {
+                self.answered += 1;
+                out.push((switch, port, reply(&t, &sender)));
+            }
+            (Operation::Request, None) => {
+                let mut ask = a;
+                ask.sender_mac = sender.pmac;
+                let frame = switch::frame::arp_frame(Mac([0xff; 6]), &ask);
+                for (s, p) in self.host_ports() {
+                    if (s, p) != (switch, port) {
+                        out.push((s, p, frame.clone()));
+                    }
+                }
+            }
+            (Operation::Reply, Some(t)) if t.ip != sender.ip => {
+                out.push((t.switch, t.port, reply(&sender, &t)));
+            }
+            _ => {}
+        }
+        Some((learned, out))
+    }
+
+    /// The calls that give `host` its entries at its edge: the source rewrite, the interface
+    /// entry and the route to it. The interface id is the edge's next.
+    pub fn install(&mut self, host: &Host) -> (u16, Vec<Call>) {
+        let next = self.next_interface.entry(host.switch).or_insert(0);
+        let interface = *next;
+        *next = next.wrapping_add(1);
+        let edge_mac = self.layout.switches[host.switch].mac.clone();
+        let s = host.switch;
+        let calls = vec![
+            call(
+                s,
+                "PUT",
+                format!("/api/v1/interfaces/{interface}"),
+                Some(json!({"eth_dst": host.mac.to_string(), "eth_src": edge_mac,
+                            "port": host.port})),
+            ),
+            route(s, host.pmac, 48, json!([{"interface": interface}])),
+            acl(
+                s,
+                json!({"in_port": host.port, "eth_src": host.mac.to_string()}),
+                20,
+                json!([{"set_eth_src": host.pmac.to_string()}, {"goto": "pmac"}]),
+            ),
+        ];
+        (interface, calls)
+    }
+
+    /// ARP replies telling every other host `host`'s PMAC, each with the edge and port to send
+    /// it out of.
+    pub fn announce(&self, host: &Host) -> Vec<(usize, u16, Vec<u8>)> {
+        self.hosts
+            .iter()
+            .filter(|h| h.ip != host.ip)
+            .map(|h| (h.switch, h.port, reply(host, h)))
+            .collect()
+    }
+}
+
+/// What the fabric manager did, for its report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Stats {
+    pub hosts: u64,
+    pub moves: u64,
+    pub arp_answered: u64,
+    pub announcements: u64,
+}
+
+struct Shared {
+    manager: Manager,
+    /// `acl` entries the setup made, per switch, for removal.
+    setup_acl: Vec<(usize, u64)>,
+    announcements: u64,
+}
+
+fn run_call(clients: &[crate::ctl::Client], c: &Call) -> anyhow::Result<Value> {
+    clients[c.switch]
+        .call(c.method, &c.path, c.body.as_ref())
+        .map_err(|e| e.context(format!("switch {}", c.switch)))
+}
+
+fn send_frame(
+    clients: &[crate::ctl::Client],
+    switch: usize,
+    port: u16,
+    frame: &[u8],
+) -> anyhow::Result<()> {
+    clients[switch]
+        .call(
+            "POST",
+            "/api/v1/packets",
+            Some(&json!({"port": port, "frame": ::switch::control::hex(frame)})),
+        )
+        .map(drop)
+}
+
+/// Runs the fabric manager over `layout` until `stop`: sets every switch up, answers ARP and
+/// places hosts, then removes everything it made (also after an error).
+pub fn run(
+    layout: Layout,
+    token: Option<String>,
+    stop: &(dyn Fn() -> bool + Sync),
+) -> anyhow::Result<Stats> {
+    layout.check()?;
+    let clients: Vec<crate::ctl::Client> = layout
+        .switches
+        .iter()
+        .map(|s| crate::ctl::Client {
+            api: s.api,
+            token: token.clone(),
+        })
+        .collect();
+    let edges: Vec<usize> = (0..layout.switches.len())
+        .filter(|&s| matches!(layout.switches[s].role, Role::Edge { .. }))
+        .collect();
+    let shared = std::sync::Mutex::new(Shared {
+        manager: Manager::new(layout),
+        setup_acl: Vec::new(),
+        announcements: 0,
+    });
+    let setup = shared
+        .lock()
+        .map_err(|_| anyhow::anyhow!("poisoned"))?
+        .manager
+        .layout()
+        .setup();
+    let mut result = Ok(());
+    for c in &setup {
+        match run_call(&clients, c) {
+            Ok(v) => {
+                if c.path == "/api/v1/tables/acl/entries" {
+                    if let (Some(id), Ok(mut g)) = (v["id"].as_u64(), shared.lock()) {
+                        g.setup_acl.push((c.switch, id));
+                    }
+                }
+            }
+            Err(e) => {
+                result = Err(e.context("setting the switches up"));
+                break;
+            }
+        }
+    }
+    if result.is_ok() {
+        result = std::thread::scope(|scope| {
+            let workers: Vec<_> = edges
+                .iter()
+                .map(|&edge| {
+                    let (clients, shared) = (&clients, &shared);
+                    scope.spawn(move || serve_edge(clients, shared, edge, stop))
+                })
+                .collect();
+            let mut r = Ok(());
+            for w in workers {
+                let done = w
+                    .join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("an edge's worker panicked")));
+                if r.is_ok() {
+                    r = done;
+                }
+            }
+            r
+        });
+    }
+    let g = shared
+        .into_inner()
+        .map_err(|_| anyhow::anyhow!("poisoned"))?;
+    let mut cleanup: anyhow::Result<()> = Ok(());
+    let mut keep = |r: anyhow::Result<Value>| {
+        if let (Ok(()), Err(e)) = (&cleanup, r) {
+            cleanup = Err(e);
+        }
+    };
+    for &(s, id) in &g.setup_acl {
+        keep(clients[s].call("DELETE", &format!("/api/v1/tables/acl/entries/{id}"), None));
+    }
+    for &(s, acl_id, _, _) in g.manager.installed.values() {
+        if let Some(id) = acl_id {
+            keep(clients[s].call("DELETE", &format!("/api/v1/tables/acl/entries/{id}"), None));
+        }
+    }
+    for s in 0..clients.len() {
+        keep(clients[s].call("DELETE", "/api/v1/tables/pmac", None));
+    }
+    for &(s, _, _, interface) in g.manager.installed.values() {
+        keep(clients[s].call("DELETE", &format!("/api/v1/interfaces/{interface}"), None));
+    }
+    result?;
+    cleanup.map_err(|e| e.context("removing the fabric manager's entries"))?;
+    Ok(Stats {
+        hosts: g.manager.hosts.len() as u64,
+        moves: g.manager.moves,
+        arp_answered: g.manager.answered,
+        announcements: g.announcements,
+    })
+}
+
+fn serve_edge(
+    clients: &[crate::ctl::Client],
+    shared: &std::sync::Mutex<Shared>,
+    edge: usize,
+    stop: &(dyn Fn() -> bool + Sync),
+) -> anyhow::Result<()> {
+    while !stop() {
+        let got = clients[edge].call("GET", "/api/v1/packets?max=64&wait_ms=100", None)?;
+        for f in got["frames"].as_array().into_iter().flatten() {
+            let (Some(port), Some(hex)) = (f["in_port"].as_u64(), f["frame"].as_str()) else {
+                continue;
+            };
+            let Ok(frame) = ::switch::control::unhex(hex) else {
+                continue;
+            };
+            let mut g = shared.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+            let Some((learned, frames)) = g.manager.arp(edge, port as u16, &frame) else {
+                continue;
+            };
+            if let Learned::Placed { host, old } = learned {
+                if let Some(old) = old {
+                    if let Some((s, acl_id, pmac_id, interface)) =
+                        g.manager.installed.remove(&old.pmac)
+                    {
+                        if let Some(id) = acl_id {
+                            clients[s].call(
+                                "DELETE",
+                                &format!("/api/v1/tables/acl/entries/{id}"),
+                                None,
+                            )?;
+                        }
+                        if let Some(id) = pmac_id {
+                            clients[s].call(
+                                "DELETE",
+                                &format!("/api/v1/tables/pmac/entries/{id}"),
+                                None,
+                            )?;
+                        }
+                        clients[s].call(
+                            "DELETE",
+                            &format!("/api/v1/interfaces/{interface}"),
+                            None,
+                        )?;
+                    }
+                }
+                let (interface, calls) = g.manager.install(&host);
+                g.manager
+                    .installed
+                    .insert(host.pmac, (host.switch, None, None, interface));
+                let mut ids = [None, None];
+                for c in &calls {
+                    let v = run_call(clients, c)?;
+                    if c.path.ends_with("/pmac/entries") {
+                        ids[0] = v["id"].as_u64();
+                    } else if c.path.ends_with("/acl/entries") {
+                        ids[1] = v["id"].as_u64();
+                    }
+                }
+                g.manager
+                    .installed
+                    .insert(host.pmac, (host.switch, ids[1], ids[0], interface));
+                for (s, p, frame) in g.manager.announce(&host) {
+                    send_frame(clients, s, p, &frame)?;
+                    g.announcements += 1;
+                }
+            }
+            for (s, p, frame) in frames {
+                send_frame(clients, s, p, &frame)?;
+            }
+        }
+    }
+    Ok(())
+}
