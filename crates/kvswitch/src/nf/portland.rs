@@ -304,6 +304,9 @@ pub struct Manager {
     pub answered: u64,
 }
 
+/// A frame to send: (edge switch, port, bytes).
+pub type Out = (usize, u16, Vec<u8>);
+
 /// An ARP reply telling `to` that `about`'s address is at `about`'s PMAC.
 fn reply(about: &Host, to: &Host) -> Vec<u8> {
     let repr = arp::Repr {
@@ -368,7 +371,7 @@ impl Manager {
         switch: usize,
         port: u16,
         frame: &[u8],
-    ) -> Option<(Learned, Vec<(usize, u16, Vec<u8>)>)> {
+    ) -> Option<(Learned, Vec<Out>)> {
         let eth = ethernet::Frame::new_checked(frame).ok()?;
         if eth.ethertype() != EtherType::ARP {
             return None;
@@ -466,7 +469,7 @@ impl Manager {
 
     /// ARP replies telling every other host `host`'s PMAC, each with the edge and port to send
     /// it out of.
-    pub fn announce(&self, host: &Host) -> Vec<(usize, u16, Vec<u8>)> {
+    pub fn announce(&self, host: &Host) -> Vec<Out> {
         self.hosts
             .iter()
             .filter(|h| h.ip != host.ip)
@@ -596,8 +599,8 @@ pub fn run(
             keep(clients[s].call("DELETE", &format!("/api/v1/tables/acl/entries/{id}"), None));
         }
     }
-    for s in 0..clients.len() {
-        keep(clients[s].call("DELETE", "/api/v1/tables/pmac", None));
+    for c in &clients {
+        keep(c.call("DELETE", "/api/v1/tables/pmac", None));
     }
     for &(s, _, _, interface) in g.manager.installed.values() {
         keep(clients[s].call("DELETE", &format!("/api/v1/interfaces/{interface}"), None));
