@@ -187,7 +187,10 @@ fn serve_cp(cfg: &CpConfig, stop: &dyn Fn() -> bool) -> anyhow::Result<CpStats> 
             };
             let mut reply = vec![0u8; PAYLOAD_OFFSET];
             reply.extend_from_slice(&n.emit());
-            emit_udp_headers(&mut reply, &ends.reversed());
+            if !emit_udp_headers(&mut reply, &ends.reversed()) {
+                stats.ignored += 1;
+                continue;
+            }
             cfg.api.call(
                 "POST",
                 "/api/v1/packets",
@@ -220,8 +223,8 @@ pub struct Sent {
 }
 
 /// Sends UDP datagrams of `payload` bytes to `to` for `secs` at the reaction point's rate,
-/// marking the share it says with `dscp`; a sample of its state every 10 ms. Run it on the
-/// sending host. `seed` picks which frames are marked.
+/// marking the share it says with `dscp`; a sample of its state every 10 ms, timed from
+/// `origin`. Run it on the sending host. `seed` picks which frames are marked.
 pub fn send(
     to: SocketAddrV4,
     payload: usize,
@@ -229,6 +232,7 @@ pub fn send(
     dscp: u8,
     secs: f64,
     seed: u64,
+    origin: Instant,
 ) -> anyhow::Result<Sent> {
     let plain = UdpSocket::bind("0.0.0.0:0")?;
     let marked = socket2::Socket::from(UdpSocket::bind("0.0.0.0:0")?);
@@ -238,12 +242,12 @@ pub fn send(
         s.set_nonblocking(true)?;
     }
     let buf = vec![0x51u8; payload];
-    let origin = Instant::now();
+    let started = Instant::now();
     let clock = |now: Instant| kv::Instant::ZERO + now.duration_since(origin);
     let mut rp = Rp::new(params);
     let mut rng = seed | 1;
     let mut credit = 0.0f64;
-    let mut last = origin;
+    let mut last = started;
     let mut out = Sent {
         bytes: 0,
         datagrams: 0,
@@ -251,9 +255,9 @@ pub fn send(
         notifications: 0,
         series: Vec::new(),
     };
-    let mut next_sample = origin;
+    let mut next_sample = started;
     let frame_bytes = (payload + PAYLOAD_OFFSET + 4) as f64;
-    let end = origin + Duration::from_secs_f64(secs);
+    let end = started + Duration::from_secs_f64(secs);
     let mut cn = [0u8; 64];
     loop {
         let now = Instant::now();
@@ -295,7 +299,7 @@ pub fn send(
         rp.tick(clock(now));
         if now >= next_sample {
             out.series.push(SendSample {
-                t: round3(now.duration_since(origin).as_secs_f64()),
+                t: round3(now.saturating_duration_since(origin).as_secs_f64()),
                 rate_mbps: round3(rp.rate() / 1e6),
                 target_mbps: round3(rp.target() / 1e6),
                 notifications: out.notifications,
@@ -308,9 +312,13 @@ pub fn send(
 }
 
 /// Takes traffic on [`DATA_PORT`] and echoes datagrams on [`ECHO_PORT`] until `stop`; returns
-/// the megabits a second received in each 100 ms. Run it on the receiving host; `ready` is
-/// told once both ports are bound (or not).
-pub fn sink(stop: &AtomicBool, ready: std::sync::mpsc::Sender<bool>) -> Vec<(f64, f64)> {
+/// the megabits a second received in each 100 ms from `origin`. Run it on the receiving host;
+/// `ready` is told once both ports are bound (or not).
+pub fn sink(
+    stop: &AtomicBool,
+    ready: std::sync::mpsc::Sender<bool>,
+    origin: Instant,
+) -> Vec<(f64, f64)> {
     let (Ok(data), Ok(echo)) = (
         UdpSocket::bind(("0.0.0.0", DATA_PORT)),
         UdpSocket::bind(("0.0.0.0", ECHO_PORT)),
@@ -320,14 +328,14 @@ pub fn sink(stop: &AtomicBool, ready: std::sync::mpsc::Sender<bool>) -> Vec<(f64
     };
     let ok = data.set_nonblocking(true).is_ok() && echo.set_nonblocking(true).is_ok();
     let _ = ready.send(ok);
-    let origin = Instant::now();
     let mut bins: Vec<(f64, f64)> = Vec::new();
     let mut buf = vec![0u8; 65_536];
     while !stop.load(Ordering::Relaxed) {
         let mut idle = true;
         while let Ok((n, _)) = data.recv_from(&mut buf) {
             idle = false;
-            let bin = (origin.elapsed().as_millis() / 100) as usize;
+            let since = Instant::now().saturating_duration_since(origin);
+            let bin = (since.as_millis() / 100) as usize;
             while bins.len() <= bin {
                 bins.push(((bins.len() + 1) as f64 * 0.1, 0.0));
             }
@@ -578,33 +586,42 @@ fn measure(bed: &Bed, args: &Args, step_s: f64) -> anyhow::Result<Results> {
         dscp: MARK_DSCP,
         priority: 100,
     };
+    /// Stops the sink and the congestion point however the scope ends, so an error cannot
+    /// leave them running and the scope waiting for them.
+    struct StopOnDrop<'a>(&'a AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
     std::thread::scope(|scope| -> anyhow::Result<Results> {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let server_ns = server.name.clone();
         let stop = &stop;
-        let sink = scope.spawn(move || live.in_host(&server_ns, || sink(stop, ready_tx)));
+        let _stop = StopOnDrop(stop);
+        // One clock for the schedule, the queue, the sender and the receiver.
+        let origin = Instant::now() + Duration::from_millis(500);
+        let sink = scope.spawn(move || live.in_host(&server_ns, || sink(stop, ready_tx, origin)));
         let cp = scope.spawn(|| run_cp(&cp_cfg, &|| stop.load(Ordering::Relaxed)));
         let ready = ready_rx
             .recv_timeout(Duration::from_secs(5))
             .unwrap_or(false);
         let finish = |stop: &AtomicBool| stop.store(true, Ordering::Relaxed);
         if !ready {
-            finish(stop);
             bail!("the receiver could not bind UDP ports {DATA_PORT} and {ECHO_PORT}");
         }
         // Teach the switch both hosts before the clock starts.
         live.in_host(&client, || {
             probe(SocketAddrV4::new(server.ip, ECHO_PORT), 5)
         })??;
-        std::thread::sleep(Duration::from_millis(300));
+        std::thread::sleep(origin.saturating_duration_since(Instant::now()));
         let params = RpParams::scaled(args.max_mbps * 1e6);
         let (payload, client2) = (args.payload, client.clone());
         let sender = scope.spawn(move || {
             live.in_host(&client2, move || {
-                send(to, payload, params, MARK_DSCP, total, 7)
+                send(to, payload, params, MARK_DSCP, total, 7, origin)
             })
         });
-        let origin = Instant::now();
         let mut queue = Vec::new();
         let mut next = 0;
         let mut port_mbps = schedule[0].1;

@@ -1119,7 +1119,8 @@ fn the_request_id_cache_answers_hits_itself_and_leaves_the_tables_as_it_found_th
     let agent = {
         let (client, stop) = (rig.client.clone(), stop.clone());
         std::thread::spawn(move || {
-            kvswitch::nf::run_reqcache(&client, PORT, 16, 100, None, &|| {
+            let servers = [Ipv4Addr::new(10, 0, 1, 1)];
+            kvswitch::nf::run_reqcache(&client, PORT, &servers, 16, 100, None, &|| {
                 stop.load(Ordering::Relaxed)
             })
         })
@@ -1139,6 +1140,22 @@ fn the_request_id_cache_answers_hits_itself_and_leaves_the_tables_as_it_found_th
         }
     };
     wait_for(&rig, 1);
+
+    // A "reply" from a host that is not the server is not kept (nor answered for).
+    let forged = udp_frame(
+        &UdpEnds {
+            src_mac: Mac([2, 0, 0, 0, 0, 7]),
+            src_ip: Ipv4Addr::new(10, 0, 0, 7),
+            ..to_client
+        },
+        &[b"object-1", b" forged"],
+    );
+    rig.hosts[2].send(&[&forged[..]]).unwrap();
+    // The switch forwards it like any frame; the agent never sees it.
+    assert_eq!(
+        udp_to(&mut rig, 0, 40000, Duration::from_secs(5)),
+        Some(forged)
+    );
 
     // A miss: the request reaches the server, whose reply goes to the client and is kept.
     let request = udp_frame(&to_server, &[b"object-1"]);

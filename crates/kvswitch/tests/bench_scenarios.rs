@@ -459,8 +459,15 @@ fn qcn_short() {
         assert!(sender >= 0.3 * port && sender <= 1.3 * port, "{st}");
         assert!(received >= 0.5 * port && received <= 1.1 * port, "{st}");
     }
-    assert!(json["cp"]["notifications"].as_u64().unwrap() > 0);
-    assert_eq!(json["cp"]["notifications"], json["notifications_received"]);
+    // The agent may still answer frames queued when the sender stopped.
+    let (sent, received) = (
+        json["cp"]["notifications"].as_u64().unwrap(),
+        json["notifications_received"].as_u64().unwrap(),
+    );
+    assert!(
+        received > 0 && received <= sent,
+        "{sent} sent, {received} received"
+    );
     assert!(json["query_rtt_us"].as_f64().unwrap() > 0.0);
     assert!(json["echo_rtt_us"].as_f64().unwrap() > 0.0);
     check_plot(&dir, "queue", &["set point".to_string()]);

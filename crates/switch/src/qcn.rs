@@ -171,9 +171,10 @@ impl Rp {
         self.mark
     }
 
+    /// The phase by the cycles counted: fast recovery for the first `F` of each counter.
     pub fn phase(&self) -> Phase {
         let f = self.p.fast_recovery;
-        match (self.limited, self.byte_cycles >= f, self.timer_cycles >= f) {
+        match (self.limited, self.byte_cycles > f, self.timer_cycles > f) {
             (false, _, _) => Phase::Idle,
             (true, false, false) => Phase::FastRecovery,
             (true, true, true) => Phase::HyperActiveIncrease,
@@ -206,9 +207,10 @@ impl Rp {
             return;
         }
         self.bytes += bytes;
-        let limit = match self.phase() {
-            Phase::ActiveIncrease | Phase::HyperActiveIncrease => self.p.bc_limit / 2,
-            _ => self.p.bc_limit,
+        // Each counter's cycle halves once that counter is past fast recovery.
+        let limit = match self.byte_cycles >= self.p.fast_recovery {
+            true => self.p.bc_limit / 2,
+            false => self.p.bc_limit,
         }
         .max(1);
         if self.bytes >= limit {
@@ -224,9 +226,9 @@ impl Rp {
         while let Some(at) = self.next_timer.filter(|&at| self.limited && now >= at) {
             self.timer_cycles += 1;
             self.increase();
-            let period = match self.phase() {
-                Phase::ActiveIncrease | Phase::HyperActiveIncrease => self.p.timer / 2,
-                _ => self.p.timer,
+            let period = match self.timer_cycles >= self.p.fast_recovery {
+                true => self.p.timer / 2,
+                false => self.p.timer,
             };
             self.next_timer = Some(at + period);
         }
@@ -239,8 +241,8 @@ impl Rp {
             Phase::FastRecovery => {}
             Phase::ActiveIncrease => self.target += self.p.r_ai,
             Phase::HyperActiveIncrease => {
-                let past = self.byte_cycles.min(self.timer_cycles).saturating_sub(f);
-                self.target += self.p.r_hai * f64::from(past.max(1));
+                let past = self.byte_cycles.min(self.timer_cycles) - f;
+                self.target += self.p.r_hai * f64::from(past);
             }
         }
         self.target = self.target.min(self.p.max_rate);
@@ -362,6 +364,27 @@ mod tests {
         }
         assert_eq!((rp.rate(), rp.phase()), (100e6, Phase::Idle));
         assert!(now < 5_000, "recovered in {now} ms");
+    }
+
+    #[test]
+    fn fast_recovery_lasts_five_cycles_then_the_target_rises() {
+        let mut p = RpParams::scaled(100e6);
+        p.bc_limit = u64::MAX / 4;
+        let mut rp = Rp::new(p);
+        rp.notified(32, at(0));
+        rp.notified(32, at(0));
+        let target = rp.target();
+        for cycle in 1..=5 {
+            rp.tick(at(15 * cycle));
+            assert_eq!(rp.target(), target, "cycle {cycle} is fast recovery");
+            assert_eq!(rp.phase(), Phase::FastRecovery);
+        }
+        // The timer's cycles halve once past fast recovery: the sixth ends 7.5 ms later.
+        rp.tick(at(75 + 7));
+        assert_eq!(rp.target(), target);
+        rp.tick(at(75 + 8));
+        assert_eq!(rp.target(), target + p.r_ai, "active increase");
+        assert_eq!(rp.phase(), Phase::ActiveIncrease);
     }
 
     #[test]

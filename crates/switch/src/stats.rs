@@ -110,10 +110,15 @@ pub enum Drop {
     /// A SwitchKV client's query while kvswitch's own cache is on: that cache stays coherent
     /// only by reading every write, and these are never read.
     SwitchkvCacheOn,
+    /// An operator's label action found no MPLS label to pop or swap, or popped the bottom one
+    /// off a payload that is neither IPv4 nor IPv6.
+    Label,
+    /// An operator's label push would have made the frame longer than the pipeline allows.
+    FrameTooLong,
 }
 
 impl Drop {
-    pub const ALL: [Drop; 45] = [
+    pub const ALL: [Drop; 47] = [
         Drop::BadEthernet,
         Drop::BadIpv4,
         Drop::BadUdp,
@@ -159,6 +164,8 @@ impl Drop {
         Drop::ReplicatedCas,
         Drop::SwitchkvMisaddressed,
         Drop::SwitchkvCacheOn,
+        Drop::Label,
+        Drop::FrameTooLong,
     ];
 
     /// The label used in metrics.
@@ -209,6 +216,8 @@ impl Drop {
             Drop::ReplicatedCas => "replicated_cas",
             Drop::SwitchkvMisaddressed => "switchkv_misaddressed",
             Drop::SwitchkvCacheOn => "switchkv_cache_on",
+            Drop::Label => "label",
+            Drop::FrameTooLong => "frame_too_long",
         }
     }
 

@@ -870,7 +870,7 @@ fn labels_pushed_swapped_and_popped_through_the_api_leave_as_the_switchs_own_fra
     // label; the second swaps 9 for 11; the last pops both labels and delivers the frame.
     let (mut ingress, _) = rig();
     let (mut middle, _) = rig();
-    let (mut egress, _) = rig();
+    let (mut egress, egress_stats) = rig();
     let labels = |sw: &mut Switch, routes: Value| {
         sw.create_table(table(
             json!({"name": "labels", "kind": "ternary", "key": ["mpls"]}),
@@ -939,6 +939,20 @@ fn labels_pushed_swapped_and_popped_through_the_api_leave_as_the_switchs_own_fra
     }
     assert_eq!(path, [3, 2, 1]);
     assert_eq!(frame, original, "it leaves unlabelled, as it came in");
+
+    // A pop on a frame with no label is a counted drop.
+    egress
+        .apply(vec![add(
+            "acl",
+            json!({"match": {"ip_dst": "10.8.0.1"}, "priority": 9,
+                   "actions": ["pop_label", {"output": 1}]}),
+        )])
+        .unwrap();
+    assert_eq!(
+        send(&mut egress, plain(Ipv4Addr::new(10, 8, 0, 1))),
+        Fate::Consumed
+    );
+    assert_eq!(stats::get(&egress_stats.drops[Drop::Label as usize]), 1);
 
     // The entries read back as they were written.
     let listed = serde_json::to_value(ingress.entries("acl").unwrap()).unwrap();

@@ -38,6 +38,10 @@ pub enum NfCmd {
         /// The UDP port of the requests (and of the server's replies).
         #[arg(long, default_value_t = 9100)]
         port: u16,
+        /// A server whose replies are kept (repeat for several); replies from other hosts are
+        /// not.
+        #[arg(long = "server", required = true)]
+        servers: Vec<std::net::Ipv4Addr>,
         /// Most replies kept (an `acl` entry each; the oldest goes first).
         #[arg(long, default_value_t = 1024)]
         capacity: usize,
@@ -107,6 +111,7 @@ pub fn run(args: &NfArgs) -> anyhow::Result<()> {
     match &args.function {
         NfCmd::Reqcache {
             port,
+            servers,
             capacity,
             priority,
             duration_s,
@@ -116,12 +121,12 @@ pub fn run(args: &NfArgs) -> anyhow::Result<()> {
                 anyhow::bail!("--capacity {capacity}: 1 to 4,000 (each reply takes an acl entry)");
             }
             crate::daemon::install_signal_handlers();
-            let until = duration_s.map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0)));
+            let until = deadline(*duration_s)?;
             let stop = move || {
                 crate::daemon::stop_requested() || until.is_some_and(|u| Instant::now() >= u)
             };
-            let report = (*report_s > 0.0).then(|| Duration::from_secs_f64(*report_s));
-            let stats = run_reqcache(&client, *port, *capacity, *priority, report, &stop)?;
+            let report = seconds("--report-s", *report_s)?.filter(|d| !d.is_zero());
+            let stats = run_reqcache(&client, *port, servers, *capacity, *priority, report, &stop)?;
             println!("{}", serde_json::to_string(&stats)?);
             Ok(())
         }
@@ -135,7 +140,7 @@ pub fn run(args: &NfArgs) -> anyhow::Result<()> {
             anyhow::ensure!(*dscp < 64, "--dscp {dscp}: 0 to 63");
             anyhow::ensure!(*q_eq_kb > 0.0, "--q-eq-kb {q_eq_kb}: more than 0");
             crate::daemon::install_signal_handlers();
-            let until = duration_s.map(|s| Instant::now() + Duration::from_secs_f64(s.max(0.0)));
+            let until = deadline(*duration_s)?;
             let cfg = bench::qcn::CpConfig {
                 api: bench::qcn::Api {
                     addr: client.api,
@@ -172,8 +177,10 @@ pub fn run(args: &NfArgs) -> anyhow::Result<()> {
                 (16..=1472).contains(payload),
                 "--payload {payload}: 16 to 1,472"
             );
+            seconds("--duration-s", *duration_s)?;
             let params = switch::qcn::RpParams::scaled(max_mbps * 1e6);
-            let sent = bench::qcn::send(*to, *payload, params, *dscp, *duration_s, *seed)?;
+            let origin = std::time::Instant::now();
+            let sent = bench::qcn::send(*to, *payload, params, *dscp, *duration_s, *seed, origin)?;
             println!("t,rate_mbps,target_mbps,notifications");
             for s in &sent.series {
                 println!(
@@ -188,10 +195,12 @@ pub fn run(args: &NfArgs) -> anyhow::Result<()> {
             Ok(())
         }
         NfCmd::QcnSink { duration_s } => {
+            seconds("--duration-s", *duration_s)?;
             let stop = std::sync::atomic::AtomicBool::new(false);
             let (ready_tx, ready_rx) = std::sync::mpsc::channel();
             let bins = std::thread::scope(|scope| {
-                let sink = scope.spawn(|| bench::qcn::sink(&stop, ready_tx));
+                let (stop, origin) = (&stop, std::time::Instant::now());
+                let sink = scope.spawn(move || bench::qcn::sink(stop, ready_tx, origin));
                 let ready = ready_rx.recv().unwrap_or(false);
                 if ready {
                     std::thread::sleep(Duration::from_secs_f64(duration_s.max(0.0)));
@@ -207,6 +216,23 @@ pub fn run(args: &NfArgs) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// A number of seconds from the command line: finite and not negative.
+fn seconds(flag: &str, s: f64) -> anyhow::Result<Option<Duration>> {
+    anyhow::ensure!(
+        s.is_finite() && (0.0..=1e9).contains(&s),
+        "{flag} {s}: a number of seconds, 0 or more"
+    );
+    Ok(Some(Duration::from_secs_f64(s)))
+}
+
+/// When `--duration-s` runs out.
+fn deadline(duration_s: Option<f64>) -> anyhow::Result<Option<Instant>> {
+    Ok(match duration_s {
+        Some(s) => seconds("--duration-s", s)?.map(|d| Instant::now() + d),
+        None => None,
+    })
 }
 
 fn add_acl(client: &Client, entry: &Value) -> anyhow::Result<u64> {
@@ -227,23 +253,39 @@ fn delete_acl(client: &Client, id: u64) -> anyhow::Result<()> {
 pub fn run_reqcache(
     client: &Client,
     port: u16,
+    servers: &[std::net::Ipv4Addr],
     capacity: usize,
     priority: u32,
     report: Option<Duration>,
     stop: &dyn Fn() -> bool,
 ) -> anyhow::Result<reqcache::Stats> {
-    let mirror = add_acl(
-        client,
-        &json!({
-            "match": {"ethertype": "0x0800", "ip_proto": 17, "l4_src": port},
+    anyhow::ensure!(
+        !servers.is_empty(),
+        "a request-id cache needs at least one server"
+    );
+    let mut mirrors = Vec::new();
+    let mut made = Ok(());
+    for server in servers {
+        let entry = json!({
+            "match": {"ethertype": "0x0800", "ip_proto": 17, "ip_src": server.to_string(),
+                      "l4_src": port},
             "priority": priority,
             "actions": ["mirror"],
-        }),
-    )
-    .context("installing the entry that copies replies to the CPU")?;
-    let mut cache = ReqCache::new(port, capacity);
-    let served = serve(client, &mut cache, port, priority, report, stop);
-    let mut cleanup = delete_acl(client, mirror);
+        });
+        match add_acl(client, &entry) {
+            Ok(id) => mirrors.push(id),
+            Err(e) => {
+                made = Err(e.context("installing the entry that copies replies to the CPU"));
+                break;
+            }
+        }
+    }
+    let mut cache = ReqCache::new(port, capacity, servers);
+    let served = made.and_then(|()| serve(client, &mut cache, port, priority, report, stop));
+    let mut cleanup = Ok(());
+    for id in mirrors {
+        cleanup = cleanup.and(delete_acl(client, id));
+    }
     for id in cache.entries().collect::<Vec<_>>() {
         cleanup = cleanup.and(delete_acl(client, id));
     }
@@ -309,7 +351,10 @@ fn act(
     match cache.take(in_port, frame) {
         Step::Keep { id, evict } => {
             if let Some(old) = evict {
-                delete_acl(client, old)?;
+                if let Err(e) = delete_acl(client, old) {
+                    cache.orphaned(old);
+                    return Err(e);
+                }
             }
             let entry = json!({
                 "match": {
@@ -324,7 +369,9 @@ fn act(
                     cache.installed(id, made);
                 }
                 // A full acl: the reply is not kept, the function goes on.
-                Err(e) if e.to_string().contains("409") => cache.forget(id),
+                Err(e) if e.to_string().contains("409") && e.to_string().contains("full") => {
+                    cache.forget(id)
+                }
                 Err(e) => return Err(e),
             }
         }

@@ -366,12 +366,7 @@ impl Manager {
     /// - A request for a host not seen yet is sent on to every other host port, with the
     ///   requester's PMAC as its sender, so the target answers to a PMAC.
     /// - A reply (to such a request) tells its target host the sender's PMAC.
-    pub fn arp(
-        &mut self,
-        switch: usize,
-        port: u16,
-        frame: &[u8],
-    ) -> Option<(Learned, Vec<Out>)> {
+    pub fn arp(&mut self, switch: usize, port: u16, frame: &[u8]) -> Option<(Learned, Vec<Out>)> {
         let eth = ethernet::Frame::new_checked(frame).ok()?;
         if eth.ethertype() != EtherType::ARP {
             return None;

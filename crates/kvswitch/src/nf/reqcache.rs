@@ -14,6 +14,7 @@
 //! - Everything else never reaches the agent: misses go on to the memcached program untouched.
 
 use std::collections::{HashMap, VecDeque};
+use std::net::Ipv4Addr;
 
 use wire::frame::{emit_udp_headers, parse_udp, PAYLOAD_OFFSET};
 
@@ -46,8 +47,11 @@ pub struct ReqCache {
     capacity: usize,
     items: HashMap<[u8; ID_LEN], Item>,
     order: VecDeque<[u8; ID_LEN]>,
-    /// The port the server's replies came from, for requests that find no copy.
-    server_port: Option<u16>,
+    /// The servers whose replies are kept, and the port each one's replies came in on (for
+    /// requests that find no copy).
+    servers: HashMap<Ipv4Addr, Option<u16>>,
+    /// Entries of replies evicted whose removal failed, removed again at the end.
+    orphans: Vec<u64>,
     pub stats: Stats,
 }
 
@@ -66,14 +70,16 @@ fn id_of(payload: &[u8]) -> Option<[u8; ID_LEN]> {
 }
 
 impl ReqCache {
-    /// A cache of at most `capacity` replies for requests to UDP `port`.
-    pub fn new(port: u16, capacity: usize) -> ReqCache {
+    /// A cache of at most `capacity` replies for requests to UDP `port` of `servers`: only
+    /// their replies are kept, so no other host can plant one.
+    pub fn new(port: u16, capacity: usize, servers: &[Ipv4Addr]) -> ReqCache {
         ReqCache {
             port,
             capacity: capacity.max(1),
             items: HashMap::new(),
             order: VecDeque::new(),
-            server_port: None,
+            servers: servers.iter().map(|&ip| (ip, None)).collect(),
+            orphans: Vec::new(),
             stats: Stats::default(),
         }
     }
@@ -88,7 +94,15 @@ impl ReqCache {
 
     /// The `acl` entry ids installed, for removal.
     pub fn entries(&self) -> impl Iterator<Item = u64> + '_ {
-        self.items.values().filter_map(|i| i.entry)
+        self.items
+            .values()
+            .filter_map(|i| i.entry)
+            .chain(self.orphans.iter().copied())
+    }
+
+    /// An evicted reply's entry could not be removed: it is tried again at the end.
+    pub fn orphaned(&mut self, entry: u64) {
+        self.orphans.push(entry);
     }
 
     /// Records the entry installed for `id`; false when `id` left meanwhile.
@@ -125,8 +139,11 @@ impl ReqCache {
         let Some(id) = id_of(payload) else {
             return Step::Ignore("shorter than a request id");
         };
-        if u.src_port == self.port {
-            self.server_port = Some(in_port);
+        if u.src_port == self.port && u.dst_port != self.port {
+            let Some(seen) = self.servers.get_mut(&u.src_ip) else {
+                return Step::Ignore("a reply from a host that is not a server");
+            };
+            *seen = Some(in_port);
             if self.items.contains_key(&id) {
                 return Step::Ignore("already cached");
             }
@@ -153,7 +170,7 @@ impl ReqCache {
             return Step::Ignore("not the request id port");
         }
         let Some(item) = self.items.get(&id) else {
-            return match self.server_port {
+            return match self.servers.get(&u.dst_ip).copied().flatten() {
                 Some(port) => {
                     self.stats.passed += 1;
                     Step::Send {
@@ -161,7 +178,7 @@ impl ReqCache {
                         frame: frame.to_vec(),
                     }
                 }
-                None => Step::Ignore("no copy and no server port known"),
+                None => Step::Ignore("no copy, and no reply seen from that server"),
             };
         };
         // The server's reply, from the server's addresses to the client's.
@@ -205,7 +222,7 @@ mod tests {
 
     #[test]
     fn a_kept_reply_answers_its_id_byte_for_byte_as_the_server_did() {
-        let mut c = ReqCache::new(PORT, 2);
+        let mut c = ReqCache::new(PORT, 2, &[Ipv4Addr::new(10, 0, 0, 9)]);
         let id = *b"object-1";
         let reply = frame((9, PORT), (1, 40000), b"object-1 the content");
         assert_eq!(c.take(3, &reply), Step::Keep { id, evict: None });
@@ -224,7 +241,7 @@ mod tests {
 
     #[test]
     fn the_oldest_goes_first_and_a_request_without_a_copy_goes_to_the_server() {
-        let mut c = ReqCache::new(PORT, 2);
+        let mut c = ReqCache::new(PORT, 2, &[Ipv4Addr::new(10, 0, 0, 9)]);
         for (n, entry) in [(1u8, 10u64), (2, 11)] {
             let id = [b'0' + n; ID_LEN];
             let step = c.take(3, &frame((9, PORT), (1, 40000), &id));
@@ -252,7 +269,7 @@ mod tests {
 
     #[test]
     fn what_is_not_a_request_or_reply_of_the_port_is_ignored_and_counted() {
-        let mut c = ReqCache::new(PORT, 2);
+        let mut c = ReqCache::new(PORT, 2, &[Ipv4Addr::new(10, 0, 0, 9)]);
         let cases: Vec<Vec<u8>> = vec![
             vec![],
             vec![0; 13],
@@ -267,6 +284,15 @@ mod tests {
                 assert!(matches!(c.take(0, &f[..len]), Step::Ignore(_)));
             }
         }
+        // A reply from a host that is not a server, or to the port itself, is not kept.
+        assert!(matches!(
+            c.take(0, &frame((7, PORT), (1, 40000), b"12345678")),
+            Step::Ignore(_)
+        ));
+        assert!(matches!(
+            c.take(0, &frame((9, PORT), (1, PORT), b"12345678")),
+            Step::Ignore(_)
+        ));
         assert!(c.is_empty());
         assert!(c.stats.ignored >= cases.len() as u64);
     }

@@ -724,6 +724,10 @@ impl Switch {
                 let reason = match code {
                     pipeline::reason::NO_SELECTOR_MEMBER
                     | pipeline::reason::SELECTOR_OUT_OF_RANGE => Drop::NoBackend,
+                    pipeline::reason::NO_LABEL | pipeline::reason::LABEL_PAYLOAD_UNKNOWN => {
+                        Drop::Label
+                    }
+                    pipeline::reason::FRAME_TOO_LONG => Drop::FrameTooLong,
                     code => Drop::from_code(code).unwrap_or(Drop::NoAction),
                 };
                 self.stats.count_drop(reason);
