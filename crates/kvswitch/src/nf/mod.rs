@@ -95,6 +95,20 @@ pub enum NfCmd {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// PortLand's fabric manager (ServerSwitch 3.2.2): sets up every switch of a fat-tree
+    /// described in --layout (a `pmac` table, longest-prefix match on the destination MAC, and
+    /// acl entries sending hosts' ARP to the CPU) and answers ARP with positional pseudo MACs,
+    /// placing hosts as they appear and again when they move. Runs until SIGINT, SIGTERM or
+    /// --duration-s, then removes everything it made.
+    Portland {
+        /// The fat-tree: `[[switches]]` with name, api, role ("edge", "aggregation" with pod
+        /// and position, or "core"), mac, and ports (in the switch's order: "host" or
+        /// {switch = NAME}).
+        #[arg(long)]
+        layout: PathBuf,
+        #[arg(long)]
+        duration_s: Option<f64>,
+    },
     /// Takes QCN traffic on UDP port 9200 and echoes probes on 9202; prints the megabits a
     /// second received per 100 ms as CSV at the end. Run it on the receiving host.
     QcnSink {
@@ -192,6 +206,22 @@ pub fn run(args: &NfArgs) -> anyhow::Result<()> {
                 "qcn-send: {} datagrams, {} marked, {} notifications",
                 sent.datagrams, sent.marked, sent.notifications
             );
+            Ok(())
+        }
+        NfCmd::Portland { layout, duration_s } => {
+            let text = std::fs::read_to_string(layout)
+                .with_context(|| format!("reading {}", layout.display()))?;
+            let parsed: portland::Layout = toml::from_str(&text)
+                .with_context(|| format!("{}: not a PortLand layout", layout.display()))?;
+            parsed
+                .check()
+                .with_context(|| format!("{}", layout.display()))?;
+            crate::daemon::install_signal_handlers();
+            let until = deadline(*duration_s)?;
+            let stats = portland::run(parsed, client.token.clone(), &move || {
+                crate::daemon::stop_requested() || until.is_some_and(|u| Instant::now() >= u)
+            })?;
+            println!("{}", serde_json::to_string(&stats)?);
             Ok(())
         }
         NfCmd::QcnSink { duration_s } => {

@@ -683,3 +683,167 @@ fn serve_edge(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LAYOUT: &str = r#"
+[[switches]]
+name = "e0"
+api = "127.0.0.1:9001"
+role = "edge"
+pod = 0
+position = 0
+mac = "02:fe:00:00:00:01"
+ports = ["host", { switch = "a0" }]
+
+[[switches]]
+name = "a0"
+api = "127.0.0.1:9002"
+role = "aggregation"
+pod = 0
+position = 0
+mac = "02:fe:00:00:00:02"
+ports = [{ switch = "e0" }, { switch = "c0" }]
+
+[[switches]]
+name = "e1"
+api = "127.0.0.1:9003"
+role = "edge"
+pod = 1
+position = 0
+mac = "02:fe:00:00:00:03"
+ports = ["host", { switch = "a1" }]
+
+[[switches]]
+name = "a1"
+api = "127.0.0.1:9004"
+role = "aggregation"
+pod = 1
+position = 0
+mac = "02:fe:00:00:00:04"
+ports = [{ switch = "e1" }, { switch = "c0" }]
+
+[[switches]]
+name = "c0"
+api = "127.0.0.1:9005"
+role = "core"
+mac = "02:fe:00:00:00:05"
+ports = [{ switch = "a0" }, { switch = "a1" }]
+"#;
+
+    fn routes(calls: &[Call], switch: usize) -> Vec<(String, u64, Value)> {
+        calls
+            .iter()
+            .filter(|c| c.switch == switch && c.path.ends_with("/pmac/entries"))
+            .map(|c| {
+                let b = c.body.as_ref().unwrap();
+                (
+                    b["match"]["eth_dst"].as_str().unwrap().to_string(),
+                    b["prefix_len"].as_u64().unwrap(),
+                    b["actions"].clone(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_layout_file_sets_every_level_up_by_prefix() {
+        let layout: Layout = toml::from_str(LAYOUT).unwrap();
+        layout.check().unwrap();
+        let calls = layout.setup();
+        let pod = |p: u16| pmac(p, 0, 0, 0).to_string();
+        // The core sends each pod down; an aggregation switch its edge down and the other pod
+        // up; an edge the other pod up.
+        assert_eq!(
+            routes(&calls, 4),
+            [
+                (pod(0), 16, json!([{"output": 0}])),
+                (pod(1), 16, json!([{"output": 1}]))
+            ]
+        );
+        assert_eq!(
+            routes(&calls, 1),
+            [
+                (pod(0), 24, json!([{"output": 0}])),
+                (pod(1), 16, json!([{"output": 1}]))
+            ]
+        );
+        assert_eq!(routes(&calls, 0), [(pod(1), 16, json!([{"output": 1}]))]);
+        // ARP from the host port goes to the CPU; what comes from a switch goes to pmac.
+        let acl: Vec<&Value> = calls
+            .iter()
+            .filter(|c| c.switch == 0 && c.path.ends_with("/acl/entries"))
+            .map(|c| c.body.as_ref().unwrap())
+            .collect();
+        assert!(acl
+            .iter()
+            .any(|b| b["match"]["ethertype"] == "0x0806" && b["actions"] == json!(["to_cpu"])));
+        assert!(acl
+            .iter()
+            .any(|b| b["match"]["in_port"] == 1 && b["actions"] == json!([{"goto": "pmac"}])));
+    }
+
+    #[test]
+    fn a_layout_naming_an_unknown_switch_or_host_ports_off_the_edge_is_refused() {
+        let bad = LAYOUT.replace(
+            "{ switch = \"c0\" }]\n\n[[switches]]\nname = \"e1\"",
+            "{ switch = \"c9\" }]\n\n[[switches]]\nname = \"e1\"",
+        );
+        let layout: Layout = toml::from_str(&bad).unwrap();
+        assert!(layout.check().unwrap_err().to_string().contains("c9"));
+        let bad = LAYOUT.replace(
+            "ports = [{ switch = \"a0\" }, { switch = \"a1\" }]",
+            "ports = [\"host\", { switch = \"a1\" }]",
+        );
+        let layout: Layout = toml::from_str(&bad).unwrap();
+        assert!(layout.check().unwrap_err().to_string().contains("edge"));
+    }
+
+    #[test]
+    fn arp_places_hosts_answers_for_known_ones_and_asks_for_unknown_ones() {
+        let layout: Layout = toml::from_str(LAYOUT).unwrap();
+        let mut m = Manager::new(layout);
+        let mac = |n: u8| Mac([2, 0, 0, 0, 0, n]);
+        let ip = |n: u8| Ipv4Addr::new(10, 0, 0, n);
+        let request = |from: u8, to: u8| {
+            let repr = arp::Repr {
+                operation: Operation::Request,
+                sender_mac: mac(from),
+                sender_ip: ip(from),
+                target_mac: Mac([0; 6]),
+                target_ip: ip(to),
+            };
+            switch::frame::arp_frame(Mac([0xff; 6]), &repr)
+        };
+        // h1 at e0 asks for h2, not seen yet: placed, and the question goes to e1's host.
+        let (learned, out) = m.arp(0, 0, &request(1, 2)).unwrap();
+        assert!(
+            matches!(learned, Learned::Placed { ref host, old: None } if host.pmac == pmac(0, 0, 0, 0))
+        );
+        assert_eq!(out.len(), 1);
+        assert_eq!((out[0].0, out[0].1), (2, 0));
+        // h2 at e1 asks for h1: answered with h1's PMAC, from h1's PMAC.
+        let (_, out) = m.arp(2, 0, &request(2, 1)).unwrap();
+        assert_eq!(out.len(), 1);
+        let eth = ethernet::Frame::new_checked(&out[0].2[..]).unwrap();
+        let a = arp::Repr::parse(&arp::Packet::new_checked(eth.payload()).unwrap()).unwrap();
+        assert_eq!(
+            (a.operation, a.sender_mac, a.sender_ip),
+            (Operation::Reply, pmac(0, 0, 0, 0), ip(1))
+        );
+        // h1 again from the same place: nothing new. From e1: it moved, with a new PMAC.
+        assert_eq!(m.arp(0, 0, &request(1, 2)).unwrap().0, Learned::Known);
+        let (learned, _) = m.arp(2, 0, &request(1, 2)).unwrap();
+        assert!(
+            matches!(learned, Learned::Placed { ref host, old: Some(_) } if host.pmac == pmac(1, 0, 0, 1))
+        );
+        assert_eq!(m.moves, 1);
+        // Not ARP, a truncated frame, or a frame from a core: nothing.
+        let mut cut = request(3, 1);
+        cut.truncate(30);
+        assert!(m.arp(0, 0, &cut).is_none());
+        assert!(m.arp(4, 0, &request(3, 1)).is_none());
+    }
+}
