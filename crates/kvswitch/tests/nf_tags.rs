@@ -5,6 +5,7 @@
 //! the other host as plain UDP, and the tables the function made are removed cleanly.
 
 use std::net::{SocketAddrV4, UdpSocket};
+use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -227,4 +228,33 @@ fn labelled_datagrams_follow_their_label_stack_and_arrive_unlabelled() {
     }
     net.down().unwrap();
     assert!(!testbed::net::state_path(PREFIX).exists());
+}
+
+#[test]
+fn a_network_whose_owner_died_is_taken_down_by_the_next_up_of_its_prefix() {
+    require_root();
+    let spec = NetSpec {
+        prefix: "kvtr".into(),
+        switches: vec!["s0".into()],
+        hosts: vec![("h0".into(), "s0".into())],
+        links: Vec::new(),
+        bin: env!("CARGO_BIN_EXE_kvswitch").into(),
+        static_neighbours: true,
+    };
+    let first = Net::up(&spec).unwrap();
+    let pid = first.switches[0].pid.unwrap();
+    // Its owner is gone without taking it down.
+    std::mem::forget(first);
+    let second = Net::up(&spec).unwrap();
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.contains(") Z ")),
+        "the first network's switch still runs"
+    );
+    assert_ne!(second.switches[0].pid, Some(pid));
+    second.down().unwrap();
+    assert!(!testbed::net::state_path("kvtr").exists());
+    let left = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&left.stdout).contains("kvtr-"));
 }

@@ -17,7 +17,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
-use crate::netns::{self, ip, ns_run, sysctl};
+use crate::netns::{self, ip, sysctl};
 use crate::process;
 use crate::topology::{check_prefix, Subnet};
 
@@ -185,26 +185,8 @@ impl Net {
             });
             self.save()?;
             let ns = h.netns.as_str();
-            ip(&["netns", "add", ns])?;
-            if v6 {
-                sysctl(
-                    Some(ns),
-                    &[
-                        ("net.ipv6.conf.all.disable_ipv6", "1"),
-                        ("net.ipv6.conf.default.disable_ipv6", "1"),
-                    ],
-                )?;
-            }
-            ip(&[
-                "link", "add", &ifname, "type", "veth", "peer", "name", "eth0", "netns", ns,
-            ])?;
-            switch_end(&ifname, v6)?;
-            ip(&["-n", ns, "link", "set", "dev", "lo", "up"])?;
-            ip(&["-n", ns, "link", "set", "dev", "eth0", "address", &h.mac])?;
             let cidr = format!("{}/{}", h.ip, subnet.len);
-            ip(&["-n", ns, "addr", "add", &cidr, "dev", "eth0"])?;
-            ns_run(ns, "ethtool", &["-K", "eth0", "tx", "off"])?;
-            let _ = ns_run(ns, "ethtool", &["-K", "eth0", "gso", "off", "gro", "off"]);
+            crate::up::host_link(ns, &ifname, &h.mac, &cidr)?;
             ip(&["-n", ns, "link", "set", "dev", "eth0", "up"])?;
         }
         for h in self.hosts.iter().filter(|_| spec.static_neighbours) {

@@ -361,54 +361,8 @@ fn build(state: &mut State, topo: &Topology, opts: &UpOptions) -> anyhow::Result
 /// Creates the namespace and the veth pair and configures both ends.
 pub(crate) fn create_host(state: &mut State, h: &HostState) -> anyhow::Result<()> {
     let ns = h.netns.as_str();
-    let v6 = netns::have_ipv6();
-    ip(&["netns", "add", ns])?;
-    // Set before eth0 exists so it is born without IPv6 and never sends router solicitations.
-    if v6 {
-        sysctl(
-            Some(ns),
-            &[
-                ("net.ipv6.conf.all.disable_ipv6", "1"),
-                ("net.ipv6.conf.default.disable_ipv6", "1"),
-            ],
-        )?;
-    }
-    ip(&[
-        "link",
-        "add",
-        &h.switch_if,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "eth0",
-        "netns",
-        ns,
-    ])?;
-    if v6 {
-        sysctl(
-            None,
-            &[(&format!("net.ipv6.conf.{}.disable_ipv6", h.switch_if), "1")],
-        )?;
-    }
-    ip(&["link", "set", "dev", &h.switch_if, "up"])?;
-    // The switch reads this end with AF_PACKET: no coalescing of received segments.
-    let _ = super::netns::run("ethtool", &["-K", &h.switch_if, "gro", "off", "tx", "off"]);
-
-    ip(&["-n", ns, "link", "set", "dev", "lo", "up"])?;
-    ip(&["-n", ns, "link", "set", "dev", "eth0", "address", &h.mac])?;
     let cidr = format!("{}/{}", h.ip, h.prefix_len);
-    ip(&["-n", ns, "addr", "add", &cidr, "dev", "eth0"])?;
-    if v6 {
-        sysctl(Some(ns), &[("net.ipv6.conf.eth0.disable_ipv6", "1")])?;
-    }
-    // Without this the kernel leaves TCP/UDP checksums for "hardware" that a veth never has, and
-    // the switch reads frames with partial checksums. It also turns off TSO, so no frame is
-    // larger than the MTU.
-    ns_run(ns, "ethtool", &["-K", "eth0", "tx", "off"])?;
-    // Segmentation offloads would hand the switch frames larger than the MTU; best effort, as
-    // not every kernel lets each of them be changed.
-    let _ = ns_run(ns, "ethtool", &["-K", "eth0", "gso", "off", "gro", "off"]);
+    host_link(ns, &h.switch_if, &h.mac, &cidr)?;
     if state.mode == Mode::L2 && h.role == Role::Server {
         // Servers accept traffic for the VIP but must not answer ARP for it: only the switch does.
         let vip = format!("{}/32", state.vip);
@@ -428,6 +382,51 @@ pub(crate) fn create_host(state: &mut State, h: &HostState) -> anyhow::Result<()
     // sends here from the kernel need (without it they are dropped). The kernel sets it up
     // only when GRO is turned on while the link is up, hence off above and on here.
     let _ = ns_run(ns, "ethtool", &["-K", "eth0", "gro", "on"]);
+    Ok(())
+}
+
+/// A host's namespace `ns` with IPv6 off and its `eth0` (MAC `mac`, address `cidr`, still
+/// down), joined by a veth pair to `switch_if` in the root namespace (up, no receive
+/// coalescing, no transmit offloads, for a switch that reads it with AF_PACKET).
+pub(crate) fn host_link(ns: &str, switch_if: &str, mac: &str, cidr: &str) -> anyhow::Result<()> {
+    let v6 = netns::have_ipv6();
+    ip(&["netns", "add", ns])?;
+    // Set before eth0 exists so it is born without IPv6 and never sends router solicitations.
+    if v6 {
+        sysctl(
+            Some(ns),
+            &[
+                ("net.ipv6.conf.all.disable_ipv6", "1"),
+                ("net.ipv6.conf.default.disable_ipv6", "1"),
+            ],
+        )?;
+    }
+    ip(&[
+        "link", "add", switch_if, "type", "veth", "peer", "name", "eth0", "netns", ns,
+    ])?;
+    if v6 {
+        sysctl(
+            None,
+            &[(&format!("net.ipv6.conf.{switch_if}.disable_ipv6"), "1")],
+        )?;
+    }
+    ip(&["link", "set", "dev", switch_if, "up"])?;
+    // The switch reads this end with AF_PACKET: no coalescing of received segments.
+    let _ = super::netns::run("ethtool", &["-K", switch_if, "gro", "off", "tx", "off"]);
+
+    ip(&["-n", ns, "link", "set", "dev", "lo", "up"])?;
+    ip(&["-n", ns, "link", "set", "dev", "eth0", "address", mac])?;
+    ip(&["-n", ns, "addr", "add", cidr, "dev", "eth0"])?;
+    if v6 {
+        sysctl(Some(ns), &[("net.ipv6.conf.eth0.disable_ipv6", "1")])?;
+    }
+    // Without this the kernel leaves TCP/UDP checksums for "hardware" that a veth never has, and
+    // the switch reads frames with partial checksums. It also turns off TSO, so no frame is
+    // larger than the MTU.
+    ns_run(ns, "ethtool", &["-K", "eth0", "tx", "off"])?;
+    // Segmentation offloads would hand the switch frames larger than the MTU; best effort, as
+    // not every kernel lets each of them be changed.
+    let _ = ns_run(ns, "ethtool", &["-K", "eth0", "gso", "off", "gro", "off"]);
     Ok(())
 }
 
