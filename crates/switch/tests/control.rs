@@ -981,3 +981,21 @@ fn labels_pushed_swapped_and_popped_through_the_api_leave_as_the_switchs_own_fra
         },
     );
 }
+
+#[test]
+fn a_byte_range_keeps_the_name_it_was_given_even_where_a_named_field_lies() {
+    let (mut sw, _) = rig();
+    // The ToS byte is also the named field `ip_tos`; the table calls it `tos`.
+    sw.create_table(table(json!({"name": "t", "kind": "ternary",
+                                 "key": ["ip_dst", {"name": "tos", "offset": 15, "len": 1}]})))
+        .unwrap();
+    sw.apply(vec![add(
+        "t",
+        json!({"match": {"tos": {"value": 8, "mask": "0xfc"}}, "actions": [{"output": 2}]}),
+    )])
+    .unwrap();
+    let listed = serde_json::to_value(sw.table("t").unwrap()).unwrap();
+    assert_eq!(listed["key"][1]["name"], "tos", "{listed}");
+    let entries = serde_json::to_value(sw.entries("t").unwrap()).unwrap();
+    assert!(entries[0]["match"].get("tos").is_some(), "{entries}");
+}

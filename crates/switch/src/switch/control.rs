@@ -224,7 +224,8 @@ impl Switch {
                         name: name.clone(),
                         meta,
                     },
-                    named => named,
+                    // A byte range that is also a named field keeps the name it was given.
+                    KeyField::Named(_) => k.clone(),
                 },
             })
             .collect();
