@@ -99,8 +99,10 @@ pub enum Action {
     /// label is dropped with [`reason::NO_LABEL`](crate::reason::NO_LABEL). The frame shrinks
     /// by 4 bytes.
     PopLabel,
-    /// Replace the top MPLS label's label (traffic class, bottom bit and TTL kept). A frame with
-    /// no label is dropped with [`reason::NO_LABEL`](crate::reason::NO_LABEL).
+    /// Replace the top MPLS label's label and decrement its TTL (traffic class and bottom bit
+    /// kept), as a label switch does. A frame with no label is dropped with
+    /// [`reason::NO_LABEL`](crate::reason::NO_LABEL), one whose label TTL is 0 or 1 with
+    /// [`reason::TTL_EXPIRED`](crate::reason::TTL_EXPIRED).
     SwapLabel(u32),
 }
 

@@ -49,15 +49,20 @@ pub(crate) fn pop(frame: &[u8]) -> Result<[u8; 2], u16> {
     }
 }
 
-/// Writes `label` into `frame`'s top entry; false when it has none.
-pub(crate) fn swap(frame: &mut [u8], label: u32) -> bool {
+/// Writes `label` into `frame`'s top entry and decrements its TTL (a label switched hop by hop
+/// in a loop runs out), or the reason it cannot: no label, or a TTL of 0 or 1.
+pub(crate) fn swap(frame: &mut [u8], label: u32) -> Result<(), u16> {
     if !labelled(frame) {
-        return false;
+        return Err(reason::NO_LABEL);
     }
     let entry = &mut frame[AT..AT + LEN];
     let old = u32::from_be_bytes([entry[0], entry[1], entry[2], entry[3]]);
-    entry.copy_from_slice(&((label << 12) | (old & 0xfff)).to_be_bytes());
-    true
+    let ttl = old & 0xff;
+    if ttl <= 1 {
+        return Err(reason::TTL_EXPIRED);
+    }
+    entry.copy_from_slice(&((label << 12) | (old & 0xf00) | (ttl - 1)).to_be_bytes());
+    Ok(())
 }
 
 /// The top label of `frame`, if it has one.

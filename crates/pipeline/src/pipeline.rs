@@ -324,8 +324,8 @@ impl Exec<'_> {
                 }
             },
             Action::SwapLabel(l) => {
-                if !label::swap(self.frame.bytes_mut(), l) {
-                    return Flow::Stop(reason::NO_LABEL);
+                if let Err(code) = label::swap(self.frame.bytes_mut(), l) {
+                    return Flow::Stop(code);
                 }
             }
             Action::Goto(t) => return Flow::Goto(t),

@@ -22,7 +22,7 @@ pub const SELECTOR_OUT_OF_RANGE: u16 = 4;
 /// A `Goto` named a table that does not exist, or (from a selector member) a table that is not
 /// after the current one.
 pub const BAD_GOTO: u16 = 5;
-/// `DecTtl` found an IPv4 TTL of 0 or 1.
+/// `DecTtl` found an IPv4 TTL of 0 or 1, or `SwapLabel` a label TTL of 0 or 1.
 pub const TTL_EXPIRED: u16 = 6;
 /// An `Interface` action found no entry in the interface table.
 pub const NO_INTERFACE: u16 = 7;

@@ -1416,11 +1416,18 @@ fn label_push_swap_and_pop_write_rfc_3032_entries() {
     assert_eq!(&pushed[12..18], &[0x88, 0x47, 0xab, 0xcd, 0xe1, ttl]);
     assert_eq!(&pushed[18..], &ip[14..]);
     assert_eq!(pipeline::label::top(&pushed), Some(0xabcde));
-    // Swap keeps the class, the bottom bit and the TTL, in place.
+    // Swap keeps the class and the bottom bit and decrements the TTL, in place.
     let mut g = pushed.clone();
     assert_eq!(p.process(&mut g, &mut meta(1, 0)), Verdict::Output(2));
     assert_eq!(p.resized(), None);
-    assert_eq!(&g[14..18], &[0x00, 0x02, 0xa1, ttl]);
+    assert_eq!(&g[14..18], &[0x00, 0x02, 0xa1, ttl - 1]);
+    // A label whose TTL runs out is dropped, as a label switch in a loop would.
+    let mut dying = pushed.clone();
+    dying[17] = 1;
+    assert_eq!(
+        p.process(&mut dying, &mut meta(1, 0)),
+        Verdict::Drop(reason::TTL_EXPIRED)
+    );
     // Pop of the bottom label: IPv4 again.
     assert_eq!(p.process(&mut g, &mut meta(2, 0)), Verdict::Output(3));
     assert_eq!(p.resized().unwrap(), &ip[..]);

@@ -299,7 +299,8 @@ pub enum ActionDef {
     /// Pop the top MPLS label; the bottom one gives the frame back its IPv4 or IPv6 ethertype.
     /// A frame with no label is dropped (`no_label`).
     PopLabel,
-    /// Replace the top MPLS label's label.
+    /// Replace the top MPLS label's label and decrement its TTL (one that runs out drops the
+    /// frame).
     SwapLabel(u32),
     /// An action of the memcached program that only it writes, described.
     Program(String),
