@@ -337,18 +337,39 @@ fn build(state: &mut State, topo: &Topology, opts: &UpOptions) -> anyhow::Result
         }
     }
 
-    let text = config::kvswitch_config(
-        state,
-        opts.pool_config.as_deref(),
-        opts.datapath.as_deref(),
-        opts.extra_config.as_deref(),
-    );
     if let Some(path) = state.api_token_file.clone() {
         write_file(state, &path, &format!("{}\n", new_token()?))?;
     }
-    write_file(state, &state.config_path.clone(), &text)?;
+    // The API's port was free when it was picked; another socket may take it before kvswitch
+    // listens there. Then kvswitch exits at once, and a port picked again is tried (a port
+    // the caller gave is not changed).
+    let mut attempts = 0;
+    loop {
+        let text = config::kvswitch_config(
+            state,
+            opts.pool_config.as_deref(),
+            opts.datapath.as_deref(),
+            opts.extra_config.as_deref(),
+        );
+        write_file(state, &state.config_path.clone(), &text)?;
+        let Some(bin) = &opts.kvswitch_bin else {
+            break;
+        };
+        attempts += 1;
+        match start_kvswitch(state, bin) {
+            Ok(()) => break,
+            Err(e)
+                if opts.api.is_none()
+                    && attempts < 3
+                    && format!("{e:#}").contains("Address already in use") =>
+            {
+                tracing::warn!(api = %state.api, "the API's port was taken; picking another");
+                state.api = SocketAddr::new(state.api.ip(), free_port()?.port());
+            }
+            Err(e) => return Err(e),
+        }
+    }
     if let Some(bin) = &opts.kvswitch_bin {
-        start_kvswitch(state, bin)?;
         if !caches.is_empty() {
             start_caches(state, bin, &opts.cache_args, opts.steer_to_caches)?;
         }
