@@ -10,7 +10,7 @@
 //! process and link, so a network whose owner died is taken down by [`Net::up`] with the same
 //! prefix, or by `kvswitch testbed down --prefix`.
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -93,10 +93,6 @@ pub fn state_path(prefix: &str) -> PathBuf {
 const READY: Duration = Duration::from_secs(20);
 /// The MTU of links between switches: a full-size frame with labels pushed still fits.
 const LINK_MTU: u32 = 9000;
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
 
 fn host_mac(prefix_tag: u8, i: usize) -> String {
     format!("02:6e:{prefix_tag:02x}:00:{:02x}:{:02x}", i >> 8, i & 0xff)
@@ -258,7 +254,7 @@ impl Net {
     }
 
     fn start_switch(&mut self, s: usize, bin: &Path) -> anyhow::Result<()> {
-        let api = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+        let api = crate::up::free_port()?;
         let sw = &mut self.switches[s];
         sw.api = api;
         let ports: Vec<String> = sw.ports.iter().map(|p| format!("{:?}", p.ifname)).collect();
