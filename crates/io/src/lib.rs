@@ -2,9 +2,10 @@
 //!
 //! [`Port`] is the contract the switch loop is written against; [`AfPacket`] implements it on a
 //! Linux interface and [`MemPort`] in memory for tests; [`link`] creates the interfaces a port
-//! may need, such as the veth pair of a local port into the host's own stack. This crate moves
-//! frames and counts them; it never parses or rewrites them. It is the only kvswitch crate with
-//! `unsafe` code, each block confined to one system call or C structure.
+//! may need, such as the veth pair of a local port into the host's own stack; [`Tun`] is a TUN
+//! device, for programs that stand in a host's IP path. This crate moves frames and counts
+//! them; it never parses or rewrites them. It is the only kvswitch crate with `unsafe` code,
+//! each block confined to one system call or C structure.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
@@ -18,6 +19,7 @@ mod port;
 mod ring;
 mod sender;
 mod sys;
+mod tun;
 mod waker;
 
 pub use afpacket::{AfPacket, AfPacketOptions};
@@ -27,4 +29,5 @@ pub use link::VethPair;
 pub use mem::{mem_pair, MemPort, MEM_QUEUE_LIMIT};
 pub use port::{wait_readable, Poller, Port, PortStats};
 pub use sender::FrameSender;
+pub use tun::Tun;
 pub use waker::Waker;

@@ -133,6 +133,27 @@ pub fn add_host_route(name: &str, dest: Ipv4Addr, src: Ipv4Addr) -> io::Result<(
     ])
 }
 
+/// Routes `dest` (one address) through interface `name` like [`add_host_route`], replacing
+/// a route to it that is already there.
+pub fn replace_host_route(name: &str, dest: Ipv4Addr, src: Ipv4Addr) -> io::Result<()> {
+    check_name(name)?;
+    ip(&[
+        "route",
+        "replace",
+        &format!("{dest}/32"),
+        "dev",
+        name,
+        "src",
+        &src.to_string(),
+    ])
+}
+
+/// Sets the MTU of interface `name`.
+pub fn set_mtu(name: &str, mtu: usize) -> io::Result<()> {
+    check_name(name)?;
+    ip(&["link", "set", "dev", name, "mtu", &mtu.to_string()])
+}
+
 /// Writes `value` to `/proc/sys/net/ipv4/conf/<name>/<key>` (e.g. `arp_ignore`).
 pub fn set_ipv4_conf(name: &str, key: &str, value: &str) -> io::Result<()> {
     check_name(name)?;

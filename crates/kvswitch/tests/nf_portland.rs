@@ -56,6 +56,7 @@ fn layout(net: &Net) -> Layout {
                         Peer::Switch { switch, .. } => {
                             PortTo::Switch(net.switches[switch].name.clone())
                         }
+                        Peer::Bridge(_) => unreachable!("the fat-tree has no bridges"),
                     })
                     .collect(),
             })
@@ -148,6 +149,7 @@ fn hosts_reach_each_other_by_pseudo_mac_and_a_moved_host_gets_a_new_one() {
             .iter()
             .map(|(h, s)| (h.to_string(), s.to_string()))
             .collect(),
+        bridges: Vec::new(),
         links,
         bin: env!("CARGO_BIN_EXE_kvswitch").into(),
         static_neighbours: false,

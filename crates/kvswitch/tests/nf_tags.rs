@@ -119,6 +119,7 @@ fn labelled_datagrams_follow_their_label_stack_and_arrive_unlabelled() {
         prefix: PREFIX.into(),
         switches: ["s0", "s1", "s2", "s3"].map(String::from).to_vec(),
         hosts: vec![("h0".into(), "s0".into()), ("h1".into(), "s3".into())],
+        bridges: Vec::new(),
         links: [("s0", "s1"), ("s0", "s2"), ("s1", "s3"), ("s2", "s3")]
             .map(|(a, b)| (a.to_string(), b.to_string()))
             .to_vec(),
@@ -237,6 +238,7 @@ fn a_network_whose_owner_died_is_taken_down_by_the_next_up_of_its_prefix() {
         prefix: "kvtr".into(),
         switches: vec!["s0".into()],
         hosts: vec![("h0".into(), "s0".into())],
+        bridges: Vec::new(),
         links: Vec::new(),
         bin: env!("CARGO_BIN_EXE_kvswitch").into(),
         static_neighbours: true,

@@ -29,7 +29,10 @@ pub struct NetSpec {
     pub switches: Vec<String>,
     /// (host, the switch it hangs off).
     pub hosts: Vec<(String, String)>,
-    /// Switch-to-switch links.
+    /// Plain learning bridges (Linux bridges in the root namespace), by name: the commodity
+    /// switches of designs such as BCube, whose programmable parts are the servers' cards.
+    pub bridges: Vec<String>,
+    /// Links between two switches, or a switch and a bridge.
     pub links: Vec<(String, String)>,
     /// The kvswitch binary.
     pub bin: PathBuf,
@@ -43,6 +46,7 @@ pub struct NetSpec {
 pub enum Peer {
     Host(usize),
     Switch { switch: usize, port: u16 },
+    Bridge(usize),
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -78,7 +82,10 @@ pub struct Net {
     pub prefix: String,
     pub switches: Vec<NetSwitch>,
     pub hosts: Vec<NetHost>,
-    /// Root-namespace ends of every veth pair.
+    /// The bridges' interface names.
+    #[serde(default)]
+    pub bridges: Vec<String>,
+    /// Root-namespace ends of every veth pair, and the bridges.
     links: Vec<String>,
     work_dir: PathBuf,
     #[serde(skip)]
@@ -137,6 +144,7 @@ impl Net {
                 })
                 .collect(),
             hosts: Vec::new(),
+            bridges: Vec::new(),
             links: Vec::new(),
             work_dir,
             down: false,
@@ -202,7 +210,45 @@ impl Net {
                 ])?;
             }
         }
+        for (i, name) in spec.bridges.iter().enumerate() {
+            anyhow::ensure!(
+                !spec.switches.contains(name),
+                "{name:?} names both a switch and a bridge"
+            );
+            let br = format!("{}-b{i}", self.prefix);
+            self.links.push(br.clone());
+            self.bridges.push(br.clone());
+            self.save()?;
+            ip(&["link", "add", &br, "type", "bridge", "stp_state", "0"])?;
+            switch_end(&br, v6)?;
+        }
+        let bridge = |name: &str| spec.bridges.iter().position(|b| b == name);
+        let mut bridge_ports = vec![0usize; spec.bridges.len()];
         for (a, b) in &spec.links {
+            let (a, b) = match bridge(a) {
+                Some(_) => (b, a),
+                None => (a, b),
+            };
+            if let Some(br) = bridge(b) {
+                let sa = index(a)?;
+                let pa = self.switches[sa].ports.len();
+                let ia = self.ifname(sa, pa);
+                let ib = format!("{}p{}", self.bridges[br], bridge_ports[br]);
+                bridge_ports[br] += 1;
+                self.links.push(ia.clone());
+                self.switches[sa].ports.push(NetPort {
+                    ifname: ia.clone(),
+                    peer: Peer::Bridge(br),
+                });
+                self.save()?;
+                ip(&["link", "add", &ia, "type", "veth", "peer", "name", &ib])?;
+                ip(&["link", "set", "dev", &ib, "master", &self.bridges[br]])?;
+                for end in [&ia, &ib] {
+                    ip(&["link", "set", "dev", end, "mtu", &LINK_MTU.to_string()])?;
+                    switch_end(end, v6)?;
+                }
+                continue;
+            }
             let (sa, sb) = (index(a)?, index(b)?);
             anyhow::ensure!(sa != sb, "a link from {a:?} to itself");
             let (pa, pb) = (self.switches[sa].ports.len(), self.switches[sb].ports.len());
@@ -230,7 +276,7 @@ impl Net {
                 switch_end(end, v6)?;
             }
         }
-        // Each switch drops what comes from another switch until a function's entries say
+        // Each switch drops what comes from another switch (or a bridge) until a function's entries say
         // otherwise: the memcached program would flood it, and the topology may loop. (The
         // links are up from the start: a port kvswitch opens on a link that is down loses a
         // few frames in every hundred once it comes up.)
@@ -243,7 +289,7 @@ impl Net {
             self.start_switch(s, &spec.bin)?;
             let name = self.switches[s].name.clone();
             for p in 0..self.switches[s].ports.len() {
-                if matches!(self.switches[s].ports[p].peer, Peer::Switch { .. }) {
+                if !matches!(self.switches[s].ports[p].peer, Peer::Host(_)) {
                     let guard = serde_json::json!({"match": {"in_port": p}, "priority": 0,
                                                    "actions": ["drop"]});
                     self.api(&name, "POST", "/api/v1/tables/acl/entries", Some(&guard))?;
@@ -353,6 +399,38 @@ impl Net {
             bail!("{name}: {method} {path}: {code}: {}", answer.trim());
         }
         Ok(serde_json::from_str(&answer).unwrap_or(serde_json::Value::Null))
+    }
+
+    /// What network functions write on switch `name`, without the hit counts traffic moves:
+    /// every table (name, kind, key, miss actions, owner, and entry count but for the
+    /// learning table `l2`'s), the `acl` entries
+    /// (match, priority, actions) and the interface table. A function that cleans up after
+    /// itself leaves this as it found it.
+    pub fn programmed(&self, name: &str) -> anyhow::Result<serde_json::Value> {
+        let tables = self.api(name, "GET", "/api/v1/tables", None)?;
+        let tables: Vec<serde_json::Value> = tables["tables"]
+            .as_array()
+            .context("tables")?
+            .iter()
+            .map(|t| {
+                // The learning table's entries come and go with traffic.
+                let entries = match t["name"] == "l2" {
+                    true => serde_json::Value::Null,
+                    false => t["entries"].clone(),
+                };
+                serde_json::json!([t["name"], t["kind"], t["key"], t["miss"], entries, t["owner"]])
+            })
+            .collect();
+        let acl = self.api(name, "GET", "/api/v1/tables/acl/entries", None)?;
+        let acl: Vec<serde_json::Value> = acl["entries"]
+            .as_array()
+            .context("acl entries")?
+            .iter()
+            .map(|e| serde_json::json!([e["match"], e["priority"], e["actions"]]))
+            .collect();
+        let interfaces = self.api(name, "GET", "/api/v1/interfaces", None)?;
+        Ok(serde_json::json!({"tables": tables, "acl": acl,
+                              "interfaces": interfaces["interfaces"]}))
     }
 
     /// Packets each port of switch `name` received so far.

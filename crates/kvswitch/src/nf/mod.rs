@@ -1,6 +1,7 @@
 //! `kvswitch nf`: network functions other than memcached's, run on a switch through its control
 //! API alone, with an agent on the CPU path where the function needs one.
 
+pub mod bcube;
 pub mod portland;
 pub mod reqcache;
 
@@ -109,12 +110,96 @@ pub enum NfCmd {
         #[arg(long)]
         duration_s: Option<f64>,
     },
+    /// A BCube server's card (ServerSwitch 5.1): sets this switch up as the card of server
+    /// --id (a `bcube` table routing by the index in the IP TTL and the next hops in the
+    /// BCube header, with filters to the host and the CPU), discovers the neighbours on each
+    /// level port, fills the interface table from them, and answers available-bandwidth
+    /// queries from the ports' byte counters. Runs until SIGINT, SIGTERM or --duration-s,
+    /// then removes everything it made.
+    BcubeCard {
+        #[command(flatten)]
+        shape: BcubeShape,
+        /// The switch's port to each level, level 0 first, comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        level_ports: Vec<u16>,
+        /// The switch's port to its host.
+        #[arg(long)]
+        host_port: u16,
+        /// The host's MAC, written on packets delivered to it.
+        #[arg(long)]
+        host_mac: wire::ethernet::Mac,
+        /// The rate of a level link whose port has no egress rate set, Mb/s.
+        #[arg(long, default_value_t = 1000.0)]
+        link_mbps: f64,
+        /// The card's interface-table entries are this plus each next-hop address.
+        #[arg(long, default_value_t = 64)]
+        interface_base: u16,
+        /// The priority of its `acl` entries.
+        #[arg(long, default_value_t = 100)]
+        priority: u32,
+        #[arg(long)]
+        duration_s: Option<f64>,
+    },
+    /// A BCube server's host side: creates a TUN device (--tun), routes every other server
+    /// through it, and sends each packet to the card (--dev) with the BCube header of one of
+    /// the parallel paths, spread in proportion to their available bandwidth (asked every
+    /// --query-ms); packets from the card lose the header and go up the stack. Run it in the
+    /// host's network namespace. Prints its counters as JSON when it stops.
+    BcubeHost {
+        #[command(flatten)]
+        shape: BcubeShape,
+        #[arg(long, default_value = "bc0")]
+        tun: String,
+        /// The interface to the card.
+        #[arg(long, default_value = "eth0")]
+        dev: String,
+        /// Use at most this many parallel paths to a server (0: all BCube gives).
+        #[arg(long, default_value_t = 0)]
+        max_paths: usize,
+        /// How often the paths in use are asked their available bandwidth, ms (0: never;
+        /// packets are then spread evenly).
+        #[arg(long, default_value_t = 1000)]
+        query_ms: u64,
+        #[arg(long)]
+        duration_s: Option<f64>,
+    },
     /// Takes QCN traffic on UDP port 9200 and echoes probes on 9202; prints the megabits a
     /// second received per 100 ms as CSV at the end. Run it on the receiving host.
     QcnSink {
         #[arg(long, default_value_t = 10.0)]
         duration_s: f64,
     },
+}
+
+/// Which BCube and which server in it.
+#[derive(Args, Debug, Clone)]
+pub struct BcubeShape {
+    /// Ports of each BCube switch.
+    #[arg(long, default_value_t = 4)]
+    n: u8,
+    /// Levels (a BCube1 has 2).
+    #[arg(long, default_value_t = 2)]
+    levels: u8,
+    /// This server's number, 0 to n^levels - 1 (its digits, level 0 the lowest).
+    #[arg(long)]
+    id: usize,
+    /// The address of server 0; server I has this plus I.
+    #[arg(long)]
+    first_ip: std::net::Ipv4Addr,
+}
+
+impl BcubeShape {
+    fn geometry(&self) -> anyhow::Result<bcube::Geometry> {
+        let g = bcube::Geometry::new(self.n, self.levels)?;
+        anyhow::ensure!(
+            self.id < g.servers(),
+            "--id {}: 0 to {} in a BCube of {} servers",
+            self.id,
+            g.servers() - 1,
+            g.servers()
+        );
+        Ok(g)
+    }
 }
 
 pub fn run(args: &NfArgs) -> anyhow::Result<()> {
@@ -219,6 +304,61 @@ pub fn run(args: &NfArgs) -> anyhow::Result<()> {
             crate::daemon::install_signal_handlers();
             let until = deadline(*duration_s)?;
             let stats = portland::run(parsed, client.token.clone(), &move || {
+                crate::daemon::stop_requested() || until.is_some_and(|u| Instant::now() >= u)
+            })?;
+            println!("{}", serde_json::to_string(&stats)?);
+            Ok(())
+        }
+        NfCmd::BcubeCard {
+            shape,
+            level_ports,
+            host_port,
+            host_mac,
+            link_mbps,
+            interface_base,
+            priority,
+            duration_s,
+        } => {
+            let card = bcube::Card {
+                geometry: shape.geometry()?,
+                id: shape.id,
+                first_ip: shape.first_ip,
+                level_ports: level_ports.clone(),
+                host_port: *host_port,
+                host_mac: *host_mac,
+                link_mbps: *link_mbps,
+                interface_base: *interface_base,
+                priority: *priority,
+            };
+            card.check()?;
+            crate::daemon::install_signal_handlers();
+            let until = deadline(*duration_s)?;
+            let stats = bcube::run_card(&client, &card, &move || {
+                crate::daemon::stop_requested() || until.is_some_and(|u| Instant::now() >= u)
+            })?;
+            println!("{}", serde_json::to_string(&stats)?);
+            Ok(())
+        }
+        NfCmd::BcubeHost {
+            shape,
+            tun,
+            dev,
+            max_paths,
+            query_ms,
+            duration_s,
+        } => {
+            let cfg = bcube::HostConfig {
+                geometry: shape.geometry()?,
+                id: shape.id,
+                first_ip: shape.first_ip,
+                tun: tun.clone(),
+                dev: dev.clone(),
+                max_paths: *max_paths,
+                query_every: Duration::from_millis(*query_ms),
+            };
+            crate::daemon::install_signal_handlers();
+            let until = deadline(*duration_s)?;
+            let stats = bcube::run_host(&cfg, &move || {
                 crate::daemon::stop_requested() || until.is_some_and(|u| Instant::now() >= u)
             })?;
             println!("{}", serde_json::to_string(&stats)?);
