@@ -4,6 +4,7 @@
 //! run, tear it down, and write JSON, PNG and SVG plots and a markdown summary into a results
 //! folder.
 
+pub mod bcube;
 pub mod bed;
 pub mod cost;
 pub mod fabric;
@@ -54,6 +55,9 @@ pub enum Scenario {
     /// and the sender's rate over time, drops, and the delay the CPU path adds to a
     /// notification.
     Qcn(qcn::Args),
+    /// BCube1 (n = 4) on 16 kvswitch cards and 8 bridges: the CPU each server's card, card
+    /// agent and host use while a TCP transfer crosses two parallel paths.
+    Bcube(bcube::Args),
     /// SwitchKV (a cache node that kvswitch steers reads to) beside kvswitch's own cache and
     /// no cache, in front of capacity-limited backends: the skew and popularity-change
     /// scenarios, into <out>/skew and <out>/popularity-change.
@@ -131,6 +135,7 @@ pub fn run(scenario: &Scenario) -> anyhow::Result<()> {
         Scenario::Fastpath(args) => fastpath::run(args).map(drop),
         Scenario::Forwarding(args) => forwarding::run(args).map(drop),
         Scenario::Qcn(args) => qcn::run(args).map(drop),
+        Scenario::Bcube(args) => bcube::run(args).map(drop),
         Scenario::Fabric(args) => fabric::run(args),
         Scenario::Switchkv(args) => run_switchkv(args),
         Scenario::All(args) => run_all(&args.common),
@@ -164,6 +169,7 @@ fn run_all(common: &Common) -> anyhow::Result<()> {
     fastpath::run(&fastpath::Args::with(sub(fastpath::NAME)))?;
     forwarding::run(&forwarding::Args::with(sub(forwarding::NAME)))?;
     qcn::run(&qcn::Args::with(sub(qcn::NAME)))?;
+    bcube::run(&bcube::Args::with(sub(bcube::NAME)))?;
     fabric::run(&fabric::Args::with(sub(fabric::NAME)))?;
     Ok(())
 }

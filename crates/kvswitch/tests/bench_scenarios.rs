@@ -436,6 +436,38 @@ fn forwarding_short() {
 }
 
 #[test]
+fn bcube_short() {
+    let (dir, json) = run("bcube", "kvbb");
+    let medians = json["medians"].as_array().unwrap();
+    let of = |role: &str| {
+        medians
+            .iter()
+            .find(|m| m["role"] == role)
+            .unwrap_or_else(|| panic!("no {role} in {medians:?}"))
+    };
+    let pct = |m: &serde_json::Value, part: &str| m[part].as_f64().unwrap();
+    assert!(json["median_mbps"].as_f64().unwrap() > 1.0, "{json}");
+    // The relays' cards forwarded the transfer; their hosts spent (next to) nothing on it,
+    // while the ends' hosts did the header work. One clock tick over 2 s is 0.5%.
+    let relay = of("relay");
+    assert!(pct(relay, "card_pct") > 1.0, "{relay}");
+    assert!(pct(relay, "host_pct") <= 2.0, "{relay}");
+    assert!(
+        pct(of("source"), "host_pct") > pct(relay, "host_pct"),
+        "{medians:?}"
+    );
+    check_plot(
+        &dir,
+        "cpu",
+        &[
+            "card (kvswitch pipeline)".to_string(),
+            "host (BCube header)".to_string(),
+        ],
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn qcn_short() {
     let (dir, json) = run("qcn", "kvbq");
     let q_eq = json["settings"]["q_eq_bytes"].as_f64().unwrap();

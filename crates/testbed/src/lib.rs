@@ -21,7 +21,7 @@ pub mod local;
 pub mod net;
 mod netns;
 mod probe;
-mod process;
+pub mod process;
 pub mod replies;
 mod state;
 mod topology;
