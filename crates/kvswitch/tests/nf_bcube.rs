@@ -319,3 +319,61 @@ fn packets_follow_their_bcube_header_and_tcp_spreads_over_parallel_paths() {
     }
     net.down().unwrap();
 }
+
+/// `kvswitch nf bcube-card` and `bcube-host` refuse settings that cannot make a BCube, with a
+/// message naming what is wrong, before touching a switch or the host.
+#[test]
+fn bad_bcube_settings_are_refused_clearly() {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvswitch"))
+            .args(["nf", "--api", "127.0.0.1:9"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?} was taken");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let card = |extra: &[&str]| {
+        let mut a = vec![
+            "bcube-card",
+            "--first-ip",
+            "10.9.0.1",
+            "--host-port",
+            "0",
+            "--host-mac",
+            "02:00:00:00:00:01",
+        ];
+        a.extend_from_slice(extra);
+        run(&a)
+    };
+    let e = card(&["--id", "16", "--level-ports", "1,2"]);
+    assert!(e.contains("--id 16: 0 to 15"), "{e}");
+    let e = card(&["--id", "0", "--n", "1", "--level-ports", "1,2"]);
+    assert!(e.contains("n 1: 2 to 16"), "{e}");
+    let e = card(&["--id", "0", "--level-ports", "1"]);
+    assert!(e.contains("1 level ports for 2 levels"), "{e}");
+    let e = card(&["--id", "0", "--level-ports", "0,1"]);
+    assert!(e.contains("must all differ"), "{e}");
+    let e = card(&["--id", "0", "--level-ports", "1,2", "--link-mbps", "0"]);
+    assert!(e.contains("link rate 0"), "{e}");
+    let e = run(&[
+        "bcube-host",
+        "--id",
+        "3",
+        "--levels",
+        "5",
+        "--first-ip",
+        "10.9.0.1",
+    ]);
+    assert!(e.contains("levels 5: 1 to 4"), "{e}");
+    let e = run(&[
+        "bcube-host",
+        "--id",
+        "0",
+        "--first-ip",
+        "10.9.0.1",
+        "--tun",
+        "a/b",
+    ]);
+    assert!(e.contains("not a valid interface name"), "{e}");
+}

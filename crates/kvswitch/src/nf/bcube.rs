@@ -1160,3 +1160,285 @@ pub fn run_host(cfg: &HostConfig, stop: &(dyn Fn() -> bool + Sync)) -> anyhow::R
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bcube1() -> Geometry {
+        Geometry::new(4, 2).unwrap()
+    }
+
+    fn card(id: usize) -> Card {
+        Card {
+            geometry: bcube1(),
+            id,
+            first_ip: Ipv4Addr::new(10, 9, 0, 1),
+            level_ports: vec![1, 2],
+            host_port: 0,
+            host_mac: Mac([2, 0, 0, 0, 0, id as u8]),
+            link_mbps: 1000.0,
+            interface_base: 64,
+            priority: 100,
+        }
+    }
+
+    /// A UDP packet from server `from` to server `to` with `payload`.
+    fn udp(from: usize, to: usize, payload: &[u8]) -> Vec<u8> {
+        let total = 28 + payload.len();
+        let mut p = vec![0x45, 0, 0, 0, 0, 1, 0x40, 0, 64, 17, 0, 0];
+        p.extend_from_slice(&address(Ipv4Addr::new(10, 9, 0, 1), from).octets());
+        p.extend_from_slice(&address(Ipv4Addr::new(10, 9, 0, 1), to).octets());
+        p.extend_from_slice(&[0x30, 0x39, 0x24, 0x54]);
+        p.extend_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+        p.extend_from_slice(&[0, 0]);
+        p.extend_from_slice(payload);
+        p[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+        fill_ip_checksum(&mut p);
+        p
+    }
+
+    #[test]
+    fn geometry_names_servers_by_digits_and_neighbours_by_nha() {
+        let g = bcube1();
+        assert_eq!(g.servers(), 16);
+        // Server 13 is digits (3, 1): level 1 digit 3, level 0 digit 1.
+        assert_eq!((g.digit(13, 1), g.digit(13, 0)), (3, 1));
+        assert_eq!(g.nha(1, 2), 6);
+        assert_eq!(g.split(6), Some((1, 2)));
+        assert_eq!(g.split(8), None);
+        assert_eq!(g.hop(13, g.nha(0, 0)), Some(12));
+        assert_eq!(g.hop(13, g.nha(1, 0)), Some(1));
+        assert_eq!(g.hop(13, 99), None);
+        assert!(Geometry::new(1, 2).is_err());
+        assert!(Geometry::new(4, 5).is_err());
+        assert!(Geometry::new(16, 4).is_err(), "65,536 servers");
+    }
+
+    #[test]
+    fn parallel_paths_are_disjoint_and_lead_to_the_destination() {
+        for g in [bcube1(), Geometry::new(3, 3).unwrap()] {
+            for src in 0..g.servers() {
+                for dst in 0..g.servers() {
+                    let paths = g.paths(src, dst);
+                    let differ = (0..g.levels)
+                        .filter(|&l| g.digit(src, l) != g.digit(dst, l))
+                        .count();
+                    assert_eq!(paths.len(), differ, "{src} -> {dst}");
+                    let mut middles = std::collections::HashSet::new();
+                    for p in &paths {
+                        let walked = g.walk(src, p).unwrap();
+                        assert_eq!(walked.last(), Some(&dst), "{src} -> {dst}: {p:?}");
+                        for &m in &walked[..walked.len() - 1] {
+                            assert!(middles.insert(m), "{src} -> {dst}: {m} on two paths");
+                        }
+                        // The way back visits the same servers in reverse.
+                        let back = g.reverse(src, p).unwrap();
+                        let mut again = g.walk(dst, &back).unwrap();
+                        again.pop();
+                        let mut forward = walked.clone();
+                        forward.pop();
+                        forward.reverse();
+                        assert_eq!(again, forward, "{src} -> {dst}: {p:?} back {back:?}");
+                        assert_eq!(g.walk(dst, &back).unwrap().last(), Some(&src));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_header_holds_next_hops_last_first_and_the_ttl_is_the_index() {
+        let g = bcube1();
+        let route = g.paths(0, 15)[0].clone();
+        let packet = udp(0, 15, b"payload");
+        let b = encapsulate(&packet, &route, kind::DATA).unwrap();
+        assert_eq!(b.len(), packet.len() + HEADER_LEN);
+        assert_eq!(b[8], 3, "two hops: TTL 3");
+        assert_eq!(b[9], PROTO);
+        // NHA1 is the last hop; the TTL t reads NHA t - 1.
+        assert_eq!(&b[20..22], &[route[1], route[0]]);
+        assert_eq!((b[28], b[29], b[30]), (kind::DATA, 2, 17));
+        assert!(wire::ipv4::Packet::new_checked(&b[..])
+            .unwrap()
+            .verify_checksum());
+        let h = header(&b).unwrap();
+        assert_eq!((h.kind, &h.route, h.inner), (kind::DATA, &route, 17));
+        // The packet comes back as it was sent (its TTL was 64 already).
+        assert_eq!(decapsulate(&b).unwrap(), packet);
+        // Anything else is refused, never a panic.
+        assert_eq!(encapsulate(&packet, &[], kind::DATA), None);
+        assert_eq!(encapsulate(&packet, &[0; 9], kind::DATA), None);
+        assert_eq!(encapsulate(&packet[..10], &route, kind::DATA), None);
+        let mut options = packet.clone();
+        options[0] = 0x46;
+        assert_eq!(encapsulate(&options, &route, kind::DATA), None);
+        assert_eq!(decapsulate(&packet), None, "not a BCube packet");
+        for cut in 0..b.len() {
+            let _ = header(&b[..cut]);
+            let _ = decapsulate(&b[..cut]);
+        }
+        let mut lying = b.clone();
+        lying[29] = 9;
+        assert_eq!(header(&lying), None, "nine hops");
+    }
+
+    #[test]
+    fn the_card_writes_figure_6_one_entry_per_index_and_next_hop() {
+        let c = card(0);
+        c.check().unwrap();
+        let routes = c.routes(7);
+        assert_eq!(routes.len(), MAX_HOPS);
+        for (i, r) in routes.iter().enumerate() {
+            assert_eq!(r["match"]["ttl"], json!(i + 2));
+            assert_eq!(r["match"][format!("nha{}", i + 1)], json!(7));
+            assert_eq!(r["match"].as_object().unwrap().len(), 2);
+            assert_eq!(r["actions"][2], json!({"interface": 71}));
+        }
+        let table = c.table();
+        assert_eq!(table["key"].as_array().unwrap().len(), 12);
+        assert_eq!(
+            table["key"][3],
+            json!({"name": "nha1", "offset": 34, "len": 1})
+        );
+        let filters = c.filters();
+        assert!(filters
+            .iter()
+            .all(|f| f["priority"].as_u64() > Some(u64::from(PRIO_ROUTE))));
+        let mut bad = card(0);
+        bad.level_ports = vec![1, 0];
+        assert!(bad.check().is_err(), "host port reused");
+        bad = card(16);
+        assert!(bad.check().is_err());
+        bad = card(0);
+        bad.interface_base = 250;
+        assert!(bad.check().is_err());
+    }
+
+    #[test]
+    fn announcements_are_heard_only_from_neighbours_at_the_ports_level() {
+        let (a, b) = (card(0), card(3));
+        let mac = Mac([2, 0, 0, 0, 3, 1]);
+        let said = b.announcement(0, mac);
+        assert_eq!(
+            a.heard(1, &said),
+            Some(Neighbour {
+                nha: 3,
+                mac,
+                port: 1
+            })
+        );
+        assert_eq!(
+            a.heard(2, &said),
+            None,
+            "level 0's announcement on level 1's port"
+        );
+        assert_eq!(a.heard(0, &said), None, "from the host port");
+        // Server 5 is two digits away from 0: not a neighbour on any level.
+        assert_eq!(a.heard(1, &card(5).announcement(0, mac)), None);
+        assert_eq!(a.heard(1, &a.announcement(0, mac)), None, "itself");
+        for cut in 0..said.len() {
+            let _ = a.heard(1, &said[..cut]);
+        }
+    }
+
+    #[test]
+    fn a_query_takes_the_least_bandwidth_on_its_way_and_returns_by_the_reverse_path() {
+        let g = bcube1();
+        let route = g.paths(0, 15)[1].clone(); // through 3
+        let q = Query {
+            seq: 7,
+            path: 1,
+            kbps: u32::MAX,
+        };
+        let h = Header {
+            kind: kind::ABQ,
+            route: route.clone(),
+            inner: 0,
+        };
+        let first = Ipv4Addr::new(10, 9, 0, 1);
+        let frame = control_frame(
+            (Mac([0xff; 6]), Mac([2; 6])),
+            address(first, 0),
+            address(first, 15),
+            3,
+            &h,
+            &q.bytes(),
+        );
+        let macs = vec![Mac([0xa0; 6]), Mac([0xa1; 6]), Mac([0xa2; 6])];
+        let neighbour = |nha: u8, port: u16| Neighbour {
+            nha,
+            mac: Mac([0xb0, 0, 0, 0, 0, nha]),
+            port,
+        };
+        // At the source's card: out of its level-0 port to 3, with 600 Mb/s left there.
+        let at0: HashMap<u8, Neighbour> = [(3, neighbour(3, 1))].into();
+        let QueryStep::Send { port, frame } =
+            card(0).query(&frame, &at0, &macs, &|p| if p == 1 { 600_000 } else { 0 })
+        else {
+            panic!("not sent");
+        };
+        assert_eq!(port, 1);
+        assert_eq!(frame[22], 2, "TTL decremented");
+        assert_eq!(&frame[..6], &[0xb0, 0, 0, 0, 0, 3]);
+        // At 3: on through level 1 to 15, where less is left.
+        let at3: HashMap<u8, Neighbour> = [(7, neighbour(7, 2))].into();
+        let QueryStep::Send { port, frame } = card(3).query(&frame, &at3, &macs, &|_| 250_000)
+        else {
+            panic!("not sent");
+        };
+        assert_eq!((port, frame[22]), (2, 1));
+        // At 15: answered along the reverse path (back through 3), the least kept.
+        let at15: HashMap<u8, Neighbour> = [(4, neighbour(4, 2))].into();
+        let QueryStep::Send { port, frame } = card(15).query(&frame, &at15, &macs, &|_| 900_000)
+        else {
+            panic!("not answered");
+        };
+        assert_eq!(port, 2);
+        let h = header(&frame[14..]).unwrap();
+        assert_eq!(h.kind, kind::ABQ_REPLY);
+        assert_eq!(h.route, g.reverse(0, &route).unwrap());
+        assert_eq!(g.walk(15, &h.route).unwrap(), vec![3, 0]);
+        assert_eq!(&frame[30..34], &address(first, 0).octets());
+        let answer = Query::read(&frame[AT + HEADER_LEN..]).unwrap();
+        assert_eq!(
+            answer,
+            Query {
+                seq: 7,
+                path: 1,
+                kbps: 250_000
+            }
+        );
+        assert!(wire::ipv4::Packet::new_checked(&frame[14..])
+            .unwrap()
+            .verify_checksum());
+        // A next hop not yet discovered, or a cut frame: dropped, counted by the caller.
+        assert!(matches!(
+            card(3).query(&frame, &HashMap::new(), &macs, &|_| 0),
+            QueryStep::Drop(_)
+        ));
+        for cut in 0..frame.len() {
+            let _ = card(0).query(&frame[..cut], &at0, &macs, &|_| 0);
+        }
+    }
+
+    #[test]
+    fn packets_are_spread_over_paths_by_their_bandwidth() {
+        let mut s = Spread::new(vec![vec![1], vec![2]]);
+        let picks: Vec<usize> = (0..4).map(|_| s.pick()).collect();
+        assert_eq!(picks, [0, 1, 0, 1], "even until answered");
+        s.answered(0, 300);
+        s.answered(1, 100);
+        s.answered(5, 100);
+        let mut n = [0; 2];
+        for _ in 0..400 {
+            n[s.pick()] += 1;
+        }
+        assert_eq!(n, [300, 100]);
+        s.answered(1, 0);
+        assert!(
+            (0..1000).any(|_| s.pick() == 1),
+            "a full path still gets a trickle"
+        );
+    }
+}
