@@ -157,25 +157,7 @@ fn hosts_reach_each_other_by_pseudo_mac_and_a_moved_host_gets_a_new_one() {
     .unwrap();
     // The spare host stays down until h0 moves there.
     ip_in(&net, "m", &["link", "set", "dev", "eth0", "down"]);
-    // The acl's entries without their hit counts (the idle program's ARP moves them).
-    let acl = |s: &str| -> Vec<(Value, Value, Value)> {
-        let listed = net
-            .api(s, "GET", "/api/v1/tables/acl/entries", None)
-            .unwrap();
-        listed["entries"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| {
-                (
-                    e["match"].clone(),
-                    e["priority"].clone(),
-                    e["actions"].clone(),
-                )
-            })
-            .collect()
-    };
-    let acl_before: Vec<_> = names.iter().map(|s| acl(s)).collect();
+    let before: Vec<Value> = names.iter().map(|s| net.programmed(s).unwrap()).collect();
 
     let stop = AtomicBool::new(false);
     let lay = layout(&net);
@@ -265,14 +247,8 @@ fn hosts_reach_each_other_by_pseudo_mac_and_a_moved_host_gets_a_new_one() {
         assert_eq!((stats.hosts, stats.moves), (4, 1), "{stats:?}");
     });
     // The manager's tables and entries are gone; the memcached program is as it was.
-    for (s, before) in names.iter().zip(&acl_before) {
-        assert!(
-            net.api(s, "GET", "/api/v1/tables/pmac", None).is_err(),
-            "{s}"
-        );
-        assert_eq!(&acl(s), before, "{s}");
-        let interfaces = net.api(s, "GET", "/api/v1/interfaces", None).unwrap();
-        assert_eq!(interfaces["interfaces"], serde_json::json!([]), "{s}");
+    for (s, before) in names.iter().zip(&before) {
+        assert_eq!(&net.programmed(s).unwrap(), before, "{s}");
     }
     net.down().unwrap();
 }
