@@ -402,8 +402,8 @@ fn summary(r: &Results) -> String {
          each a host behind its own kvswitch card, and 8 Linux bridges. A TCP transfer from \
          server {FROM} to server {TO} runs {} s over both parallel paths (relays 3 and 12), \
          {} times: {} Mb/s (median). CPU in percent of one core, from /proc. ServerSwitch \
-         (Figure 10's point, and 6.1): forwarding in the card costs the host nothing, where \
-         software forwarding on the host used 65.6% CPU for 1,514-byte frames.\n",
+         (6.1): forwarding in the card costs the server nothing, where software BCube \
+         forwarding on a server used 65.6% CPU for 1,514-byte frames.\n",
         r.settings.duration_s,
         r.runs.len(),
         fmt(Some(r.median_mbps), 1)
