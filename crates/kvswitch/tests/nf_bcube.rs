@@ -220,9 +220,15 @@ fn packets_follow_their_bcube_header_and_tcp_spreads_over_parallel_paths() {
     // The card's table is listed through the API: per level port a filter to the host and
     // one for announcements, one for queries, and per neighbour an entry per index.
     for id in 0..SERVERS {
-        let table = net.api(&card(id), "GET", "/api/v1/tables/bcube", None).unwrap();
+        let table = net
+            .api(&card(id), "GET", "/api/v1/tables/bcube", None)
+            .unwrap();
         assert_eq!(table["kind"], "ternary");
-        assert_eq!(table["entries"], 2 * 2 + 1 + 6 * bcube::MAX_HOPS, "card {id}");
+        assert_eq!(
+            table["entries"],
+            2 * 2 + 1 + 6 * bcube::MAX_HOPS,
+            "card {id}"
+        );
     }
 
     // Server 0 (digits 00) to server 15 (33): two parallel paths, through 12 (30) first
