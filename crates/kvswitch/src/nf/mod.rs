@@ -219,11 +219,7 @@ pub fn run(args: &NfArgs) -> anyhow::Result<()> {
             if *capacity == 0 || *capacity > 4000 {
                 anyhow::bail!("--capacity {capacity}: 1 to 4,000 (each reply takes an acl entry)");
             }
-            crate::daemon::install_signal_handlers();
-            let until = deadline(*duration_s)?;
-            let stop = move || {
-                crate::daemon::stop_requested() || until.is_some_and(|u| Instant::now() >= u)
-            };
+            let stop = stopper(*duration_s)?;
             let report = seconds("--report-s", *report_s)?.filter(|d| !d.is_zero());
             let stats = run_reqcache(&client, *port, servers, *capacity, *priority, report, &stop)?;
             println!("{}", serde_json::to_string(&stats)?);
@@ -238,8 +234,7 @@ pub fn run(args: &NfArgs) -> anyhow::Result<()> {
         } => {
             anyhow::ensure!(*dscp < 64, "--dscp {dscp}: 0 to 63");
             anyhow::ensure!(*q_eq_kb > 0.0, "--q-eq-kb {q_eq_kb}: more than 0");
-            crate::daemon::install_signal_handlers();
-            let until = deadline(*duration_s)?;
+            let stop = stopper(*duration_s)?;
             let cfg = bench::qcn::CpConfig {
                 api: bench::qcn::Api {
                     addr: client.api,
@@ -253,9 +248,7 @@ pub fn run(args: &NfArgs) -> anyhow::Result<()> {
                 dscp: *dscp,
                 priority: *priority,
             };
-            let stats = bench::qcn::run_cp(&cfg, &|| {
-                crate::daemon::stop_requested() || until.is_some_and(|u| Instant::now() >= u)
-            })?;
+            let stats = bench::qcn::run_cp(&cfg, &stop)?;
             println!("{}", serde_json::to_string(&stats)?);
             Ok(())
         }
@@ -301,11 +294,8 @@ pub fn run(args: &NfArgs) -> anyhow::Result<()> {
             parsed
                 .check()
                 .with_context(|| format!("{}", layout.display()))?;
-            crate::daemon::install_signal_handlers();
-            let until = deadline(*duration_s)?;
-            let stats = portland::run(parsed, client.token.clone(), &move || {
-                crate::daemon::stop_requested() || until.is_some_and(|u| Instant::now() >= u)
-            })?;
+            let stop = stopper(*duration_s)?;
+            let stats = portland::run(parsed, client.token.clone(), &stop)?;
             println!("{}", serde_json::to_string(&stats)?);
             Ok(())
         }
@@ -331,11 +321,8 @@ pub fn run(args: &NfArgs) -> anyhow::Result<()> {
                 priority: *priority,
             };
             card.check()?;
-            crate::daemon::install_signal_handlers();
-            let until = deadline(*duration_s)?;
-            let stats = bcube::run_card(&client, &card, &move || {
-                crate::daemon::stop_requested() || until.is_some_and(|u| Instant::now() >= u)
-            })?;
+            let stop = stopper(*duration_s)?;
+            let stats = bcube::run_card(&client, &card, &stop)?;
             println!("{}", serde_json::to_string(&stats)?);
             Ok(())
         }
@@ -356,11 +343,8 @@ pub fn run(args: &NfArgs) -> anyhow::Result<()> {
                 max_paths: *max_paths,
                 query_every: Duration::from_millis(*query_ms),
             };
-            crate::daemon::install_signal_handlers();
-            let until = deadline(*duration_s)?;
-            let stats = bcube::run_host(&cfg, &move || {
-                crate::daemon::stop_requested() || until.is_some_and(|u| Instant::now() >= u)
-            })?;
+            let stop = stopper(*duration_s)?;
+            let stats = bcube::run_host(&cfg, &stop)?;
             println!("{}", serde_json::to_string(&stats)?);
             Ok(())
         }
@@ -395,6 +379,14 @@ fn seconds(flag: &str, s: f64) -> anyhow::Result<Option<Duration>> {
         "{flag} {s}: a number of seconds, 0 or more"
     );
     Ok(Some(Duration::from_secs_f64(s)))
+}
+
+/// Installs the signal handlers and returns what tells a function to stop: SIGINT, SIGTERM,
+/// or `--duration-s` run out.
+fn stopper(duration_s: Option<f64>) -> anyhow::Result<impl Fn() -> bool + Sync> {
+    let until = deadline(duration_s)?;
+    crate::daemon::install_signal_handlers();
+    Ok(move || crate::daemon::stop_requested() || until.is_some_and(|u| Instant::now() >= u))
 }
 
 /// When `--duration-s` runs out.
