@@ -170,6 +170,7 @@ impl Client {
                 epoch: 0,
                 client: (Ipv4Addr::UNSPECIFIED, 0),
                 server: (Ipv4Addr::UNSPECIFIED, 0),
+                lease_ms: 0,
             },
             payload: &datagram,
         }

@@ -610,7 +610,8 @@ fn status_json(shared: &Shared, snap: Option<FabricSnapshot>) -> Value {
             "invalidations_dropped": st.invalidations_dropped, "acks_sent": st.acks_sent,
             "writes_failed": st.writes_failed, "no_route": st.no_route,
             "malformed": st.malformed, "unexpected": st.unexpected, "routed": st.routed,
-            "detours": st.detours,
+            "detours": st.detours, "root_fills": st.root_fills,
+            "invalidations_relayed": st.invalidations_relayed,
         },
         "cache": {
             "items": s.cached_items, "capacity": s.cache_capacity, "hits": c.hits, "misses": c.misses, "fills": c.fills,

@@ -373,6 +373,7 @@ impl<'a> Home<'a> {
             epoch,
             client: (std::net::Ipv4Addr::UNSPECIFIED, 0),
             server,
+            lease_ms: 0,
         };
         let mut out = Vec::with_capacity(inc::HEADER_LEN + key.len());
         header.emit(&mut out);
@@ -479,6 +480,7 @@ mod tests {
             epoch: 0,
             client: (Ipv4Addr::new(10, 0, 0, 2), 40000),
             server: SERVER,
+            lease_ms: 0,
         }
     }
 

@@ -707,9 +707,13 @@ fn a_multi_rooted_tree_of_four_racks_stays_coherent_over_a_hundred_thousand_oper
         "hits {} of {reads} reads",
         hits(&net)
     );
-    // Every root took part in caching.
+    // Every root took part in caching, and filled ToRs from its own copies, whose
+    // invalidations it passed on (the history above is coherent with them).
     for r in 4..6 {
-        assert!(net.switches[r].snapshot(Instant::ZERO).cache.fills > 0);
+        let root = net.switches[r].snapshot(Instant::ZERO);
+        assert!(root.cache.fills > 0);
+        assert!(root.stats.root_fills > 0, "{:?}", root.stats);
+        assert!(root.stats.invalidations_relayed > 0, "{:?}", root.stats);
     }
     let dirs: u64 = (0..4)
         .map(|t| {
@@ -789,6 +793,7 @@ fn exchange(
                     epoch: 0,
                     client: (Ipv4Addr::UNSPECIFIED, 0),
                     server: (Ipv4Addr::UNSPECIFIED, 0),
+                    lease_ms: 0,
                 },
                 payload: &datagram,
             }
@@ -866,6 +871,59 @@ fn a_hit_in_a_tor_never_crosses_a_root() {
     assert!(!net.switches[2].holds(key.as_bytes()));
     assert_eq!(
         one(&mut net, 0, &format!("get {key}\r\n"), &key),
+        format!("VALUE {key} 0 3\r\nbye\r\nEND\r\n")
+    );
+}
+
+#[test]
+fn a_roots_hit_fills_the_clients_tor_and_the_root_passes_invalidations_on() {
+    // Three racks, one root (switch 3): clients 0, 1 and 2 in racks 0, 1 and 2.
+    let mut net = Net::tree(3, 1, 2, 64);
+    net.add_clients(1);
+    let key = key_in_rack(&net, 1, 0);
+    let get = format!("get {key}\r\n");
+    one(&mut net, 0, &format!("set {key} 0 0 2\r\nhi\r\n"), &key);
+    let value = one(&mut net, 0, &get, &key);
+    assert!(net.switches[3].holds(key.as_bytes()), "filled at the root");
+    assert!(!net.switches[2].holds(key.as_bytes()));
+    // Rack 2's first read is the root's hit, and fills rack 2's ToR on its way (inclusive).
+    assert_eq!(one(&mut net, 2, &get, &key), value);
+    assert!(
+        net.switches[2].holds(key.as_bytes()),
+        "filled by the root's hit"
+    );
+    assert_eq!(net.switches[3].snapshot(Instant::ZERO).stats.root_fills, 1);
+    let root_frames: u64 = (0..3).map(|p| net.counters_of(End::Switch(3, p))).sum();
+    assert_eq!(one(&mut net, 2, &get, &key), value);
+    let after: u64 = (0..3).map(|p| net.counters_of(End::Switch(3, p))).sum();
+    assert_eq!(
+        root_frames, after,
+        "the next read is rack 2's ToR's own hit"
+    );
+    // The home never heard of rack 2's copy: the root passes the invalidation on and
+    // acknowledges only once rack 2's ToR has, so the write waits for its retries.
+    net.switches[2].drop_invalidations(2);
+    let start = net.now;
+    assert_eq!(
+        one(&mut net, 0, &format!("set {key} 0 0 3\r\nbye\r\n"), &key),
+        "STORED\r\n"
+    );
+    let took = net.now - start;
+    assert!(took >= 40_000_000, "acknowledged after {took} ns");
+    for s in [0, 2, 3] {
+        assert!(!net.switches[s].holds(key.as_bytes()), "switch {s} kept it");
+    }
+    let root = net.switches[3].snapshot(Instant::ZERO).stats;
+    assert!(root.invalidations_relayed >= 3, "{root:?}");
+    assert_eq!(
+        net.switches[2]
+            .snapshot(Instant::ZERO)
+            .stats
+            .invalidations_dropped,
+        2
+    );
+    assert_eq!(
+        one(&mut net, 2, &get, &key),
         format!("VALUE {key} 0 3\r\nbye\r\nEND\r\n")
     );
 }
@@ -1049,6 +1107,7 @@ fn garbage_from_hosts_and_links_is_counted_never_a_panic() {
             epoch: 0,
             client: (net.hosts[0].ip, 40000),
             server: (net.hosts[2].ip, MC_PORT),
+            lease_ms: 0,
         },
         payload: datagram,
     }
@@ -1163,6 +1222,7 @@ fn hosts_cannot_speak_for_switches_or_servers() {
             epoch: u32::MAX / 2,
             client: (client_ip, 40000),
             server: (server_ip, MC_PORT),
+            lease_ms: 0,
         },
         payload: &datagram,
     }

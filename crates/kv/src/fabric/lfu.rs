@@ -122,9 +122,29 @@ impl Lfu {
         Some((&item.value, item.epoch))
     }
 
+    /// The epoch `key`'s copy was filled at and how long it has left of its lease, without
+    /// counting a use; `None` when none is held (or its lease ran out).
+    pub fn held(&self, key: &[u8], now: Instant) -> Option<(u32, Duration)> {
+        let item = self.items.get(key)?;
+        (now < item.until).then(|| (item.epoch, item.until - now))
+    }
+
     /// Caches `value` for `key`, valid at `epoch`. Refused (false) when an invalidation of the
     /// key at a later epoch was seen, or a copy from a later epoch is held.
     pub fn fill(&mut self, key: &[u8], value: &[u8], epoch: u32, now: Instant) -> bool {
+        self.fill_for(key, value, epoch, self.lease, now)
+    }
+
+    /// [`Lfu::fill`] with a lease no longer than `lease`: a copy made from another cache's
+    /// copy ends when that one would.
+    pub fn fill_for(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        epoch: u32,
+        lease: Duration,
+        now: Instant,
+    ) -> bool {
         self.expire(now);
         if self
             .tombstones
@@ -164,7 +184,7 @@ impl Lfu {
                 epoch,
                 uses,
                 seq: self.seq,
-                until: now + self.lease,
+                until: now + lease.min(self.lease),
             },
         );
         self.order.insert((uses, self.seq, key.to_vec()));
@@ -236,6 +256,29 @@ impl Lfu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_copy_of_a_copy_ends_when_the_first_would() {
+        let lease = Duration::from_secs(2);
+        let mut c = Lfu::new(4, Duration::from_secs(2), lease);
+        let t0 = Instant::ZERO;
+        assert!(c.fill(b"k", b"v", 3, t0));
+        assert_eq!(c.held(b"k", t0), Some((3, lease)));
+        let t1 = t0 + Duration::from_millis(500);
+        let (epoch, left) = c.held(b"k", t1).unwrap();
+        assert_eq!((epoch, left), (3, Duration::from_millis(1500)));
+        let mut other = Lfu::new(4, Duration::from_secs(2), lease);
+        assert!(other.fill_for(b"k", b"v", epoch, left, t1));
+        assert!(other.get(b"k", t0 + Duration::from_millis(1999)).is_some());
+        assert!(
+            other.get(b"k", t0 + lease).is_none(),
+            "outlived the first copy"
+        );
+        // A longer lease than the cache's own is cut to it.
+        assert!(other.fill_for(b"j", b"v", 1, Duration::from_secs(60), t1));
+        assert_eq!(other.held(b"j", t1), Some((1, lease)));
+        assert_eq!(c.held(b"k", t0 + lease), None);
+    }
 
     const SEC: Duration = Duration::from_secs(1);
 

@@ -54,6 +54,8 @@ const FAILED_NOTICE_EVERY: std::time::Duration = std::time::Duration::from_secs(
 /// Hosts (addresses and MACs) a ToR learns on its host ports; past it, new ones are not
 /// learned (their frames are still forwarded, flooded within the rack).
 const MAX_HOSTS: usize = 4096;
+/// Keys a root remembers having filled ToRs from its own copy; past it, its hits fill no ToR.
+const MAX_FILLED: usize = 1 << 16;
 /// How long past a lease a home waits before it takes a failed switch's copies as gone.
 const FAILED_MARGIN: std::time::Duration = std::time::Duration::from_millis(100);
 
@@ -105,6 +107,10 @@ pub struct FabricStats {
     pub writes_refused: u64,
     /// IPv4 fragments from hosts to a server of the fabric: dropped.
     pub refused_fragments: u64,
+    /// A root's hits that filled the client's ToR from the root's copy.
+    pub root_fills: u64,
+    /// Invalidations a root passed on to the ToRs it filled.
+    pub invalidations_relayed: u64,
 }
 
 /// A view of the switch for the status API and the tests.
@@ -176,6 +182,18 @@ struct Computed {
     since: Instant,
 }
 
+/// An invalidation a root passed on to the ToRs it filled from its copy, acknowledged to the
+/// key's home once every one of them has acknowledged it.
+#[derive(Debug, Clone)]
+struct Relay {
+    key: Vec<u8>,
+    waiting: BTreeSet<SwitchId>,
+    /// Whom the acknowledgement goes to, and the invalidation it answers.
+    home: SwitchId,
+    header: Header,
+    since: Instant,
+}
+
 /// One switch of a fabric.
 #[derive(Debug)]
 pub struct FabricSwitch {
@@ -202,6 +220,11 @@ pub struct FabricSwitch {
     drop_invalidations: u64,
     /// Switches a table named failed, and when their copies are surely gone (a lease on).
     failing: Vec<(SwitchId, Instant)>,
+    /// A root's: by item, the ToRs it filled from its own copy and until when their copies
+    /// may live.
+    filled: HashMap<Vec<u8>, Vec<(SwitchId, Instant)>>,
+    /// A root's invalidations passed on to those ToRs, by (item, epoch).
+    relaying: HashMap<(Vec<u8>, u32), Relay>,
     stats: FabricStats,
 }
 
@@ -311,6 +334,8 @@ impl FabricSwitch {
             next_request_id: 0,
             drop_invalidations: 0,
             failing: Vec::new(),
+            filled: HashMap::new(),
+            relaying: HashMap::new(),
             stats: FabricStats::default(),
         })
     }
@@ -418,6 +443,7 @@ impl FabricSwitch {
             for (_, write) in self.directory.switch_failed(id, now) {
                 self.forward_write(write, now, emit);
             }
+            self.relay_failed(id, now, emit);
             self.tell_nodes_failed(id, emit);
         }
         // Told again every second while the table names them failed: a notice may be lost.
@@ -459,6 +485,7 @@ impl FabricSwitch {
                 epoch: 0,
                 client: (Ipv4Addr::UNSPECIFIED, 0),
                 server: (node.ip, node.port),
+                lease_ms: 0,
             };
             self.send_to_node(&node, &failed, &[], emit);
         }
@@ -1007,6 +1034,7 @@ impl FabricSwitch {
             epoch: 0,
             client,
             server,
+            lease_ms: 0,
         };
         let (command, key, quiet) = match (classify(body), native) {
             (Kind::Plain, None) => return false,
@@ -1133,6 +1161,7 @@ impl FabricSwitch {
             command: Command::Reply,
             flags: flags::NATIVE,
             epoch: 0,
+            lease_ms: 0,
             ..*h
         }
         .emit(&mut payload);
@@ -1202,6 +1231,12 @@ impl FabricSwitch {
                     self.stats.unexpected += 1;
                     return;
                 };
+                if self.me.role == Role::Root {
+                    if !self.relay_ack(from.id, &h, msg.payload, now, emit) {
+                        self.stats.unexpected += 1;
+                    }
+                    return;
+                }
                 if let Some(node) = self.home_node(h.server.0) {
                     // For the home node, which sent the invalidation by this switch.
                     let header = Header {
@@ -1266,14 +1301,25 @@ impl FabricSwitch {
             if let Some(reply) =
                 self.answer_from_cache(h.server, h.command, &key, mc.request_id, body, now)
             {
-                // Not a fill: the home did not count the client's ToR among the sharers.
                 self.stats.hits += 1;
-                let header = Header {
+                let mut header = Header {
                     command: Command::Reply,
                     flags: h.flags & (flags::EXPANDED | flags::NATIVE),
                     epoch: 0,
+                    lease_ms: 0,
                     ..*h
                 };
+                // A root's hit fills the client's ToR (the cache is inclusive, as in
+                // IncBricks): the root now answers for that copy to the home.
+                if h.command == Command::Get {
+                    if let Some((epoch, lease_ms)) =
+                        self.fill_tor(item(h.server, &key), h.origin, now)
+                    {
+                        header.flags |= flags::FILL;
+                        header.epoch = epoch;
+                        header.lease_ms = lease_ms;
+                    }
+                }
                 self.send(h.origin, &header, &reply, now, emit);
                 return;
             }
@@ -1478,6 +1524,7 @@ impl FabricSwitch {
             epoch: 0,
             client: w.client,
             server: w.server,
+            lease_ms: 0,
         }
     }
 
@@ -1506,6 +1553,7 @@ impl FabricSwitch {
             epoch,
             client: (Ipv4Addr::UNSPECIFIED, 0),
             server,
+            lease_ms: 0,
         };
         self.stats.invalidations_sent += 1;
         self.send(target, &header, key, now, emit);
@@ -1688,6 +1736,7 @@ impl FabricSwitch {
             epoch: 0,
             client,
             server,
+            lease_ms: 0,
         };
         let mut fill = None;
         match pending.stamp {
@@ -1797,7 +1846,17 @@ impl FabricSwitch {
         };
         if let Some(key) = reply_key(body) {
             if mc.total == 1 && inc::key_hash(key) == h.key_hash {
-                self.cache.fill(&item(h.server, key), body, epoch, now);
+                let name = item(h.server, key);
+                match h.lease_ms {
+                    0 => self.cache.fill(&name, body, epoch, now),
+                    ms => self.cache.fill_for(
+                        &name,
+                        body,
+                        epoch,
+                        std::time::Duration::from_millis(u64::from(ms)),
+                        now,
+                    ),
+                };
             }
         }
     }
@@ -1909,14 +1968,143 @@ impl FabricSwitch {
             self.stats.unexpected += 1;
             return;
         };
-        self.cache.invalidate(&item(h.server, key), h.epoch, now);
+        let name = item(h.server, key);
+        self.cache.invalidate(&name, h.epoch, now);
+        // The ToRs this root filled from its copy drop theirs first (the home sends again
+        // until it hears, and each time they are asked again).
+        let mut waiting: BTreeSet<SwitchId> = self
+            .filled
+            .remove(&name)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|&(_, until)| now < until)
+            .map(|(tor, _)| tor)
+            .collect();
+        let at = (name, h.epoch);
+        if let Some(r) = self.relaying.get(&at) {
+            waiting.extend(r.waiting.iter().copied());
+        }
+        if waiting.is_empty() {
+            self.relaying.remove(&at);
+            let ack = Header {
+                command: Command::InvalidateAck,
+                origin: self.me.id,
+                ..*h
+            };
+            self.stats.acks_sent += 1;
+            self.send(home.id, &ack, key, now, emit);
+            return;
+        }
+        for &tor in &waiting {
+            let on = Header {
+                origin: self.me.id,
+                ..*h
+            };
+            self.stats.invalidations_relayed += 1;
+            self.send(tor, &on, key, now, emit);
+        }
+        if !self.relaying.contains_key(&at) {
+            // Relays whose home gave up on them long ago go first.
+            let stale = self.spec.invalidate_give_up * 2;
+            self.relaying.retain(|_, r| now < r.since + stale);
+        }
+        let since = self.relaying.get(&at).map_or(now, |r| r.since);
+        self.relaying.insert(
+            at,
+            Relay {
+                key: key.to_vec(),
+                waiting,
+                home: home.id,
+                header: *h,
+                since,
+            },
+        );
+    }
+
+    /// A root's hit for the client's ToR `tor`: remembered, so that an invalidation of the
+    /// item reaches the ToR through this root, and the epoch and lease left of the copy the
+    /// ToR may fill from. `None` (no fill) for anything but a ToR, or past [`MAX_FILLED`].
+    fn fill_tor(&mut self, name: Vec<u8>, tor: SwitchId, now: Instant) -> Option<(u32, u32)> {
+        if self.me.role != Role::Root
+            || tor == self.me.id
+            || self.spec.member(tor).map(|m| m.role) != Some(Role::Tor)
+        {
+            return None;
+        }
+        let (epoch, left) = self.cache.held(&name, now)?;
+        if !self.filled.contains_key(&name) && self.filled.len() >= MAX_FILLED {
+            self.filled.retain(|_, tors| {
+                tors.retain(|&(_, until)| now < until);
+                !tors.is_empty()
+            });
+            if self.filled.len() >= MAX_FILLED {
+                return None;
+            }
+        }
+        // The ToR's copy may outlive the record by the time the reply takes to get there.
+        let until = now + left + FAILED_MARGIN;
+        let tors = self.filled.entry(name).or_default();
+        match tors.iter_mut().find(|(t, _)| *t == tor) {
+            Some(known) => known.1 = known.1.max(until),
+            None => tors.push((tor, until)),
+        }
+        self.stats.root_fills += 1;
+        let ms = left.as_millis().clamp(1, u128::from(u32::MAX)) as u32;
+        Some((epoch, ms))
+    }
+
+    /// An acknowledgement from a ToR of an invalidation this root passed on: when it is the
+    /// last one waited for, the home hears from this root. False when no relay waits for it.
+    fn relay_ack(
+        &mut self,
+        from: SwitchId,
+        h: &Header,
+        key: &[u8],
+        now: Instant,
+        emit: &mut Vec<Emit>,
+    ) -> bool {
+        let at = (item(h.server, key), h.epoch);
+        let Some(relay) = self.relaying.get_mut(&at) else {
+            return false;
+        };
+        relay.waiting.remove(&from);
+        if relay.waiting.is_empty() {
+            if let Some(done) = self.relaying.remove(&at) {
+                self.ack_relay(done, now, emit);
+            }
+        }
+        true
+    }
+
+    fn ack_relay(&mut self, relay: Relay, now: Instant, emit: &mut Vec<Emit>) {
         let ack = Header {
             command: Command::InvalidateAck,
             origin: self.me.id,
-            ..*h
+            ..relay.header
         };
         self.stats.acks_sent += 1;
-        self.send(home.id, &ack, key, now, emit);
+        self.send(relay.home, &ack, &relay.key, now, emit);
+    }
+
+    /// A ToR the table named failed a lease ago holds nothing this root filled: relays stop
+    /// waiting for it.
+    fn relay_failed(&mut self, id: SwitchId, now: Instant, emit: &mut Vec<Emit>) {
+        for tors in self.filled.values_mut() {
+            tors.retain(|&(t, _)| t != id);
+        }
+        self.filled.retain(|_, tors| !tors.is_empty());
+        let done: Vec<(Vec<u8>, u32)> = self
+            .relaying
+            .iter_mut()
+            .filter_map(|(at, r)| {
+                (r.waiting.remove(&id) && r.waiting.is_empty()).then(|| at.clone())
+            })
+            .collect();
+        for at in done {
+            if let Some(relay) = self.relaying.remove(&at) {
+                self.ack_relay(relay, now, emit);
+            }
+        }
     }
 
     fn start(&mut self, now: Instant) {
@@ -1951,6 +2139,7 @@ impl FabricSwitch {
                         epoch: 0,
                         client: (Ipv4Addr::UNSPECIFIED, 0),
                         server: (Ipv4Addr::UNSPECIFIED, 0),
+                        lease_ms: 0,
                     };
                     if let Some(frame) = self.message_frame((member.mac, member.ip), &hello, &[]) {
                         emit.push(Emit {

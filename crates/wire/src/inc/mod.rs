@@ -3,8 +3,8 @@
 //!
 //! The first 16 bytes are IncBricks' header: request id, magic, command, key hash. kvswitch
 //! adds a fixed 24-byte extension (flags, the client's ToR, the key's write epoch at its home,
-//! the original client's address — IncBricks' "expansion" — and the server the request is
-//! for). The payload is one memcached UDP datagram, its 8-byte frame header included: the
+//! the original client's address — IncBricks' "expansion" — the server the request is for,
+//! and the lease left of a root's copy that fills a ToR). The payload is one memcached UDP datagram, its 8-byte frame header included: the
 //! client's request, or one datagram of the server's reply. A memcached client's bytes thus
 //! cross the fabric unchanged, and the ToR that shrinks a reply gives the client exactly what
 //! the server sent.
@@ -14,10 +14,10 @@
 //!  +------+------------+----------+----------+-----+------+---+---+-------+--------+------+
 //!  |req id| magic (6)  | command  | key hash |flags|origin|via|rsv| epoch |clientIP|cport |
 //!  +------+------------+----------+----------+-----+------+---+---+-------+--------+------+
-//!  30        34     36     40
-//!  +---------+------+------+--------------------------------------------+
-//!  |server IP|sport | rsvd |  memcached datagram (frame header + bytes)  |
-//!  +---------+------+------+--------------------------------------------+
+//!  30        34     36      40
+//!  +---------+------+-------+-------------------------------------------+
+//!  |server IP|sport | lease |  memcached datagram (frame header + bytes) |
+//!  +---------+------+-------+-------------------------------------------+
 //! ```
 //!
 //! All numbers are big-endian. Pure: [`Message::parse`] never panics and borrows the payload;
@@ -167,6 +167,9 @@ pub struct Header {
     pub client: (Ipv4Addr, u16),
     /// The memcached server the request is for.
     pub server: (Ipv4Addr, u16),
+    /// In a fill a root sends from its own copy, the milliseconds left of that copy's lease:
+    /// the ToR it fills keeps the value no longer than the root would. 0 otherwise.
+    pub lease_ms: u32,
 }
 
 /// One message: its header and the memcached datagram it carries.
@@ -208,7 +211,7 @@ impl<'a> Message<'a> {
         }
         let command = Command::from_code(be32(buf, 8)).ok_or(Error::Malformed)?;
         let flags = buf[16];
-        if buf[19] != 0 || buf[36..HEADER_LEN].iter().any(|&b| b != 0) {
+        if buf[19] != 0 {
             return Err(Error::Malformed);
         }
         Ok(Message {
@@ -222,6 +225,7 @@ impl<'a> Message<'a> {
                 epoch: be32(buf, 20),
                 client: (ip(buf, 24), be16(buf, 28)),
                 server: (ip(buf, 30), be16(buf, 34)),
+                lease_ms: be32(buf, 36),
             },
             payload: &buf[HEADER_LEN..],
         })
@@ -259,7 +263,7 @@ impl Header {
         out.extend_from_slice(&self.client.1.to_be_bytes());
         out.extend_from_slice(&self.server.0.octets());
         out.extend_from_slice(&self.server.1.to_be_bytes());
-        out.extend_from_slice(&[0; 4]);
+        out.extend_from_slice(&self.lease_ms.to_be_bytes());
     }
 
     pub fn has(&self, flag: u8) -> bool {
@@ -289,6 +293,7 @@ mod tests {
             epoch: 0x0102_0304,
             client: (Ipv4Addr::new(10, 1, 0, 2), 40000),
             server: (Ipv4Addr::new(10, 2, 0, 9), 11211),
+            lease_ms: 0,
         }
     }
 
@@ -335,11 +340,17 @@ mod tests {
         let mut bad = out.clone();
         bad[11] = 99;
         assert_eq!(Message::parse(&bad), Err(Error::Malformed));
-        for reserved in [19, 36, 39] {
-            let mut bad = out.clone();
-            bad[reserved] = 1;
-            assert_eq!(Message::parse(&bad), Err(Error::Malformed), "{reserved}");
-        }
+        let mut bad = out.clone();
+        bad[19] = 1;
+        assert_eq!(
+            Message::parse(&bad),
+            Err(Error::Malformed),
+            "the reserved byte"
+        );
+        // The lease a root's fill carries reads back.
+        let mut leased = out.clone();
+        leased[36..40].copy_from_slice(&1500u32.to_be_bytes());
+        assert_eq!(Message::parse(&leased).unwrap().header.lease_ms, 1500);
         assert!(!is_fabric(b"\x00\x01\x00\x00\x00\x01\x00\x00get foo\r\n"));
     }
 
