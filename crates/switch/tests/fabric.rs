@@ -108,6 +108,17 @@ impl Net {
     /// `tors` ToRs (switches 0..tors) and `roots` roots after them, each ToR linked to every
     /// root; `hosts` hosts per rack, the first of each a memcached server.
     fn tree(tors: usize, roots: usize, hosts: usize, cache_items: usize) -> Net {
+        Net::tree_with(tors, roots, hosts, cache_items, |_| {})
+    }
+
+    /// [`Net::tree`] with every switch's spec changed by `edit`.
+    fn tree_with(
+        tors: usize,
+        roots: usize,
+        hosts: usize,
+        cache_items: usize,
+        edit: impl Fn(&mut FabricSpec),
+    ) -> Net {
         let n = tors + roots;
         let members: Vec<Member> = (0..n)
             .map(|i| Member {
@@ -176,6 +187,7 @@ impl Net {
                     table.clone(),
                 );
                 spec.cache_items = cache_items;
+                edit(&mut spec);
                 FabricSwitch::new(spec).unwrap()
             })
             .collect();
@@ -925,6 +937,47 @@ fn a_roots_hit_fills_the_clients_tor_and_the_root_passes_invalidations_on() {
     assert_eq!(
         one(&mut net, 2, &get, &key),
         format!("VALUE {key} 0 3\r\nbye\r\nEND\r\n")
+    );
+}
+
+#[test]
+fn a_tor_a_failed_write_left_holding_its_copy_is_asked_again_by_the_next() {
+    // Leases longer than the home waits for acknowledgements: a copy outlives a write that
+    // gave up on it.
+    let mut net = Net::tree_with(3, 1, 2, 64, |spec| {
+        spec.lease = std::time::Duration::from_secs(10);
+        spec.invalidate_give_up = std::time::Duration::from_millis(200);
+    });
+    net.add_clients(1);
+    let key = key_in_rack(&net, 1, 0);
+    let get = format!("get {key}\r\n");
+    one(&mut net, 0, &format!("set {key} 0 0 2\r\nhi\r\n"), &key);
+    one(&mut net, 0, &get, &key);
+    let old = one(&mut net, 2, &get, &key);
+    assert!(
+        net.switches[2].holds(key.as_bytes()),
+        "filled by the root's hit"
+    );
+    // Rack 2's ToR hears no invalidation: the write is not applied, and its copy stays
+    // (still the key's value).
+    net.switches[2].drop_invalidations(u64::MAX);
+    let failed = one(&mut net, 0, &format!("set {key} 0 0 1\r\nx\r\n"), &key);
+    assert!(failed.starts_with("SERVER_ERROR"), "{failed}");
+    assert!(net.switches[2].holds(key.as_bytes()));
+    assert_eq!(one(&mut net, 2, &get, &key), old);
+    // The next write reaches that copy through the root all the same.
+    net.switches[2].drop_invalidations(0);
+    assert_eq!(
+        one(&mut net, 0, &format!("set {key} 0 0 3\r\nnew\r\n"), &key),
+        "STORED\r\n"
+    );
+    assert!(
+        !net.switches[2].holds(key.as_bytes()),
+        "a stale copy survived the write"
+    );
+    assert_eq!(
+        one(&mut net, 2, &get, &key),
+        format!("VALUE {key} 0 3\r\nnew\r\nEND\r\n")
     );
 }
 

@@ -376,6 +376,10 @@ impl Card {
             g.servers()
         );
         anyhow::ensure!(
+            self.priority >= 1,
+            "priority 0: the card's drop entry goes one below it"
+        );
+        anyhow::ensure!(
             self.link_mbps.is_finite() && self.link_mbps > 0.0,
             "link rate {}: more than 0 Mb/s",
             self.link_mbps
@@ -514,9 +518,10 @@ pub enum QueryStep {
 }
 
 impl Card {
-    /// Moves a query on: at its destination it turns into a reply along the reverse path; on
-    /// the way, the bandwidth left on the port it leaves by is folded in and it goes to the
-    /// next hop as the pipeline would send it (TTL decremented, the neighbour's MACs).
+    /// Moves a query on: at its destination it turns into a reply along the reverse path
+    /// (carrying the least bandwidth left on the hops there); on the way, the bandwidth left
+    /// on the port it leaves by is folded in and it goes to the next hop as the pipeline would
+    /// send it (TTL decremented, the neighbour's MACs).
     pub fn query(
         &self,
         frame: &[u8],
@@ -564,7 +569,11 @@ impl Card {
         let Some(next) = neighbours.get(&nha) else {
             return QueryStep::Drop("next hop not discovered");
         };
-        q.kbps = q.kbps.min(available_kbps(next.port));
+        // The way back from the destination is not the path's: only the hops on the way
+        // there count.
+        if dst != self.ip() {
+            q.kbps = q.kbps.min(available_kbps(next.port));
+        }
         let kind = if dst == self.ip() {
             kind::ABQ_REPLY
         } else {
@@ -651,21 +660,20 @@ pub fn run_card(
         stats: CardStats::default(),
     };
     let mut acl_ids = Vec::new();
-    let made = agent.setup(&mut acl_ids);
+    let mut made_table = false;
+    let made = agent.setup(&mut acl_ids, &mut made_table);
     let served = made.and_then(|()| agent.serve(stop));
     let mut cleanup: anyhow::Result<()> = Ok(());
     for id in acl_ids {
         cleanup = cleanup.and(super::delete_acl(client, id));
     }
-    cleanup = cleanup.and(
-        client
-            .call("DELETE", &format!("/api/v1/tables/{TABLE}"), None)
-            .map(drop)
-            .or_else(|e| match e.to_string().contains("404") {
-                true => Ok(()),
-                false => Err(e),
-            }),
-    );
+    if made_table {
+        cleanup = cleanup.and(
+            client
+                .call("DELETE", &format!("/api/v1/tables/{TABLE}"), None)
+                .map(drop),
+        );
+    }
     for nha in agent.neighbours.keys() {
         cleanup = cleanup.and(
             client
@@ -683,10 +691,11 @@ pub fn run_card(
 }
 
 impl Agent<'_> {
-    fn setup(&mut self, acl_ids: &mut Vec<u64>) -> anyhow::Result<()> {
+    fn setup(&mut self, acl_ids: &mut Vec<u64>, made_table: &mut bool) -> anyhow::Result<()> {
         let c = self.client;
         c.call("POST", "/api/v1/tables", Some(&self.card.table()))
-            .context("creating the bcube table")?;
+            .context("creating the bcube table (is another BCube agent running here?)")?;
+        *made_table = true;
         for f in self.card.filters() {
             c.call("POST", &format!("/api/v1/tables/{TABLE}/entries"), Some(&f))?;
         }
@@ -835,19 +844,22 @@ impl Agent<'_> {
             .map(|(nha, _)| *nha)
             .collect();
         for nha in gone {
-            let Some((_, _, ids)) = self.neighbours.remove(&nha) else {
-                continue;
-            };
-            for id in ids {
+            // Forgotten only once its entries are gone: a failed call leaves it for the next
+            // round (or the cleanup at the end).
+            while let Some(&id) = self.neighbours.get(&nha).and_then(|n| n.2.last()) {
                 self.client.call(
                     "DELETE",
                     &format!("/api/v1/tables/{TABLE}/entries/{id}"),
                     None,
                 )?;
+                if let Some(n) = self.neighbours.get_mut(&nha) {
+                    n.2.pop();
+                }
             }
             let iface = self.card.interface(nha);
             self.client
                 .call("DELETE", &format!("/api/v1/interfaces/{iface}"), None)?;
+            self.neighbours.remove(&nha);
             self.stats.neighbours = self.stats.neighbours.saturating_sub(1);
             self.stats.neighbours_lost += 1;
         }
@@ -909,6 +921,8 @@ pub struct HostStats {
     pub not_bcube: u64,
     /// Packets from the card that did not read as BCube data or replies.
     pub malformed: u64,
+    /// Data packets the kernel would not take from the TUN device.
+    pub undelivered: u64,
     /// Each destination's paths' last answered bandwidth, kb/s.
     pub available_kbps: std::collections::BTreeMap<String, Vec<u32>>,
 }
@@ -921,6 +935,10 @@ struct Spread {
     /// Smooth weighted round robin: each path's credit.
     credit: Vec<i64>,
     sent: Vec<u64>,
+    /// When each path last answered a query.
+    answered_at: Vec<Option<Instant>>,
+    /// When the spread was made (a path that never answered is silent since then).
+    since: Instant,
     last_used: Instant,
 }
 
@@ -932,6 +950,8 @@ impl Spread {
             weight: vec![1; k],
             credit: vec![0; k],
             sent: vec![0; k],
+            answered_at: vec![None; k],
+            since: Instant::now(),
             last_used: Instant::now(),
         }
     }
@@ -950,10 +970,25 @@ impl Spread {
         best
     }
 
-    fn answered(&mut self, path: usize, kbps: u32) {
+    fn answered(&mut self, path: usize, kbps: u32, now: Instant) {
         if path < self.weight.len() {
             // A path with nothing left still gets a trickle, so its next answer is heard.
             self.weight[path] = u64::from(kbps.max(1));
+            self.answered_at[path] = Some(now);
+        }
+    }
+
+    /// Paths that have not answered for `silent` (their queries lost, as on a path through a
+    /// server that is gone) keep a trickle only; while none has ever answered, all share
+    /// evenly.
+    fn age(&mut self, now: Instant, silent: Duration) {
+        if self.answered_at.iter().all(Option::is_none) {
+            return;
+        }
+        for (w, at) in self.weight.iter_mut().zip(&self.answered_at) {
+            if now.duration_since(at.unwrap_or(self.since)) > silent {
+                *w = 1;
+            }
         }
     }
 }
@@ -975,6 +1010,11 @@ pub fn run_host(cfg: &HostConfig, stop: &(dyn Fn() -> bool + Sync)) -> anyhow::R
         .trim()
         .parse::<usize>()
         .context("the interface's MTU")?;
+    anyhow::ensure!(
+        mtu >= 576 + HEADER_LEN,
+        "{}'s MTU of {mtu} leaves no room for the BCube header",
+        cfg.dev
+    );
     kvio::link::set_mtu(&cfg.tun, mtu - HEADER_LEN)?;
     kvio::link::set_up(&cfg.tun)?;
     for id in (0..g.servers()).filter(|&id| id != cfg.id) {
@@ -1016,10 +1056,11 @@ pub fn run_host(cfg: &HostConfig, stop: &(dyn Fn() -> bool + Sync)) -> anyhow::R
         f
     };
     let server_of = |ip: Ipv4Addr| server(cfg.first_ip, g, ip);
+    let done = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|scope| -> anyhow::Result<()> {
         let receiver = scope.spawn(|| -> anyhow::Result<()> {
             let mut buf = vec![0u8; 65536];
-            while !stop() {
+            while !stop() && !done.load(std::sync::atomic::Ordering::Relaxed) {
                 let n = match std::io::Read::read(&mut &raw, &mut buf) {
                     Ok(n) => n,
                     Err(e)
@@ -1040,20 +1081,25 @@ pub fn run_host(cfg: &HostConfig, stop: &(dyn Fn() -> bool + Sync)) -> anyhow::R
                     continue;
                 };
                 match h.kind {
-                    kind::DATA => match decapsulate(packet) {
-                        Some(inner) => {
-                            tun.write(&inner)?;
-                            stats.lock().map_err(|_| lock("stats"))?.received += 1;
+                    kind::DATA => {
+                        // A packet the kernel will not take (a bad inner header) is counted,
+                        // not fatal.
+                        let inner = decapsulate(packet);
+                        let taken = inner.as_ref().map(|p| tun.write(p).is_ok());
+                        let mut st = stats.lock().map_err(|_| lock("stats"))?;
+                        match taken {
+                            Some(true) => st.received += 1,
+                            Some(false) => st.undelivered += 1,
+                            None => st.malformed += 1,
                         }
-                        None => stats.lock().map_err(|_| lock("stats"))?.malformed += 1,
-                    },
+                    }
                     kind::ABQ_REPLY => {
                         let src = Ipv4Addr::new(packet[12], packet[13], packet[14], packet[15]);
                         let q = Query::read(&packet[20 + HEADER_LEN..]);
                         if let (Some(q), Some(from)) = (q, server_of(src)) {
                             let mut s = spreads.lock().map_err(|_| lock("paths"))?;
                             if let Some(spread) = s.get_mut(&from) {
-                                spread.answered(q.path as usize, q.kbps);
+                                spread.answered(q.path as usize, q.kbps, Instant::now());
                             }
                             stats.lock().map_err(|_| lock("stats"))?.replies += 1;
                         }
@@ -1063,84 +1109,84 @@ pub fn run_host(cfg: &HostConfig, stop: &(dyn Fn() -> bool + Sync)) -> anyhow::R
             }
             Ok(())
         });
-        let mut buf = vec![0u8; 65536];
-        let mut next_query = Instant::now() + cfg.query_every;
-        let mut seq = 0u32;
-        let mut result = Ok(());
-        while !stop() && !receiver.is_finished() {
-            let n = match tun.read(&mut buf, Duration::from_millis(50)) {
-                Ok(n) => n,
-                Err(e) => {
-                    result = Err(e.into());
-                    break;
-                }
-            };
-            if n > 0 {
-                let packet = &buf[..n];
-                let dst = (n >= 20 && packet[0] == 0x45)
-                    .then(|| Ipv4Addr::new(packet[16], packet[17], packet[18], packet[19]))
-                    .and_then(server_of)
-                    .filter(|&id| id != cfg.id);
-                let Some(dst) = dst else {
-                    stats.lock().map_err(|_| lock("stats"))?.not_bcube += 1;
-                    continue;
-                };
-                let route = {
-                    let mut s = spreads.lock().map_err(|_| lock("paths"))?;
-                    let spread = s.entry(dst).or_insert_with(|| {
-                        let mut paths = g.paths(cfg.id, dst);
-                        if cfg.max_paths > 0 {
-                            paths.truncate(cfg.max_paths);
-                        }
-                        Spread::new(paths)
-                    });
-                    spread.last_used = Instant::now();
-                    let i = spread.pick();
-                    spread.paths[i].clone()
-                };
-                match encapsulate(packet, &route, kind::DATA) {
-                    Some(out) => {
-                        if let Err(e) = kvio::Port::send(&mut port, &[&frame_for(&out, host_mac)]) {
-                            result = Err(anyhow::Error::from(e).context("sending to the card"));
-                            break;
-                        }
-                    }
-                    None => stats.lock().map_err(|_| lock("stats"))?.not_bcube += 1,
-                }
-            }
-            if !cfg.query_every.is_zero() && Instant::now() >= next_query {
-                next_query = Instant::now() + cfg.query_every;
-                let s = spreads.lock().map_err(|_| lock("paths"))?;
-                for (&dst, spread) in s.iter() {
-                    if spread.last_used.elapsed() > 10 * cfg.query_every {
+        // The sending side: any error ends it, and the receiver with it.
+        let sending = (|| -> anyhow::Result<()> {
+            let mut buf = vec![0u8; 65536];
+            let mut next_query = Instant::now() + cfg.query_every;
+            let mut seq = 0u32;
+            while !stop() && !receiver.is_finished() {
+                let n = tun.read(&mut buf, Duration::from_millis(50))?;
+                if n > 0 {
+                    let packet = &buf[..n];
+                    let dst = (n >= 20 && packet[0] == 0x45)
+                        .then(|| Ipv4Addr::new(packet[16], packet[17], packet[18], packet[19]))
+                        .and_then(server_of)
+                        .filter(|&id| id != cfg.id);
+                    let Some(dst) = dst else {
+                        stats.lock().map_err(|_| lock("stats"))?.not_bcube += 1;
                         continue;
+                    };
+                    let route = {
+                        let mut s = spreads.lock().map_err(|_| lock("paths"))?;
+                        let spread = s.entry(dst).or_insert_with(|| {
+                            let mut paths = g.paths(cfg.id, dst);
+                            if cfg.max_paths > 0 {
+                                paths.truncate(cfg.max_paths);
+                            }
+                            Spread::new(paths)
+                        });
+                        spread.last_used = Instant::now();
+                        let i = spread.pick();
+                        spread.paths[i].clone()
+                    };
+                    match encapsulate(packet, &route, kind::DATA) {
+                        Some(out) => {
+                            kvio::Port::send(&mut port, &[&frame_for(&out, host_mac)])
+                                .context("sending to the card")?;
+                        }
+                        None => stats.lock().map_err(|_| lock("stats"))?.not_bcube += 1,
                     }
-                    for (i, route) in spread.paths.iter().enumerate() {
-                        seq = seq.wrapping_add(1);
-                        let q = Query {
-                            seq,
-                            path: i as u8,
-                            kbps: u32::MAX,
-                        };
-                        let h = Header {
-                            kind: kind::ABQ,
-                            route: route.clone(),
-                            inner: 0,
-                        };
-                        let f = control_frame(
-                            (Mac([0xff; 6]), host_mac),
-                            me,
-                            address(cfg.first_ip, dst),
-                            route.len() as u8 + 1,
-                            &h,
-                            &q.bytes(),
-                        );
-                        kvio::Port::send(&mut port, &[&f])?;
-                        stats.lock().map_err(|_| lock("stats"))?.queries_sent += 1;
+                }
+                if !cfg.query_every.is_zero() && Instant::now() >= next_query {
+                    let now = Instant::now();
+                    next_query = now + cfg.query_every;
+                    let mut s = spreads.lock().map_err(|_| lock("paths"))?;
+                    for (&dst, spread) in s.iter_mut() {
+                        if spread.last_used.elapsed() > 10 * cfg.query_every {
+                            continue;
+                        }
+                        // A path silent for three rounds (a relay gone) gets a trickle only.
+                        spread.age(now, 3 * cfg.query_every);
+                        for (i, route) in spread.paths.iter().enumerate() {
+                            seq = seq.wrapping_add(1);
+                            let q = Query {
+                                seq,
+                                path: i as u8,
+                                kbps: u32::MAX,
+                            };
+                            let h = Header {
+                                kind: kind::ABQ,
+                                route: route.clone(),
+                                inner: 0,
+                            };
+                            let f = control_frame(
+                                (Mac([0xff; 6]), host_mac),
+                                me,
+                                address(cfg.first_ip, dst),
+                                route.len() as u8 + 1,
+                                &h,
+                                &q.bytes(),
+                            );
+                            kvio::Port::send(&mut port, &[&f]).context("sending a query")?;
+                            stats.lock().map_err(|_| lock("stats"))?.queries_sent += 1;
+                        }
                     }
                 }
             }
-        }
+            Ok(())
+        })();
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        let result = sending;
         let received = receiver
             .join()
             .unwrap_or_else(|_| Err(anyhow::anyhow!("the receiver panicked")));
@@ -1388,10 +1434,10 @@ mod tests {
             panic!("not sent");
         };
         assert_eq!((port, frame[22]), (2, 1));
-        // At 15: answered along the reverse path (back through 3), the least kept.
+        // At 15: answered along the reverse path (back through 3), the least kept; the way
+        // back (however loaded) is not the path's.
         let at15: HashMap<u8, Neighbour> = [(4, neighbour(4, 2))].into();
-        let QueryStep::Send { port, frame } = card(15).query(&frame, &at15, &macs, &|_| 900_000)
-        else {
+        let QueryStep::Send { port, frame } = card(15).query(&frame, &at15, &macs, &|_| 100) else {
             panic!("not answered");
         };
         assert_eq!(port, 2);
@@ -1427,18 +1473,27 @@ mod tests {
         let mut s = Spread::new(vec![vec![1], vec![2]]);
         let picks: Vec<usize> = (0..4).map(|_| s.pick()).collect();
         assert_eq!(picks, [0, 1, 0, 1], "even until answered");
-        s.answered(0, 300);
-        s.answered(1, 100);
-        s.answered(5, 100);
+        let now = Instant::now();
+        s.age(now + Duration::from_secs(60), Duration::from_secs(3));
+        assert_eq!(s.weight, [1, 1], "no answer yet: nothing to age");
+        s.answered(0, 300, now);
+        s.answered(1, 100, now);
+        s.answered(5, 100, now);
         let mut n = [0; 2];
         for _ in 0..400 {
             n[s.pick()] += 1;
         }
         assert_eq!(n, [300, 100]);
-        s.answered(1, 0);
+        s.answered(1, 0, now);
         assert!(
             (0..1000).any(|_| s.pick() == 1),
             "a full path still gets a trickle"
         );
+        // A path that stops answering (its relay gone) keeps a trickle only.
+        s.answered(1, 100, now);
+        let later = now + Duration::from_secs(4);
+        s.answered(0, 300, later);
+        s.age(later, Duration::from_secs(3));
+        assert_eq!(s.weight, [300, 1]);
     }
 }

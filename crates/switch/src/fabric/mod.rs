@@ -27,7 +27,7 @@
 
 mod spec;
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::Ipv4Addr;
 
 use kv::fabric::{
@@ -186,12 +186,14 @@ struct Computed {
 /// key's home once every one of them has acknowledged it.
 #[derive(Debug, Clone)]
 struct Relay {
+    /// The write's epoch: only acknowledgements of it count.
+    epoch: u32,
     key: Vec<u8>,
-    waiting: BTreeSet<SwitchId>,
+    /// The ToRs still to acknowledge, and until when their copies may live.
+    waiting: BTreeMap<SwitchId, Instant>,
     /// Whom the acknowledgement goes to, and the invalidation it answers.
     home: SwitchId,
     header: Header,
-    since: Instant,
 }
 
 /// One switch of a fabric.
@@ -223,8 +225,9 @@ pub struct FabricSwitch {
     /// A root's: by item, the ToRs it filled from its own copy and until when their copies
     /// may live.
     filled: HashMap<Vec<u8>, Vec<(SwitchId, Instant)>>,
-    /// A root's invalidations passed on to those ToRs, by (item, epoch).
-    relaying: HashMap<(Vec<u8>, u32), Relay>,
+    /// A root's invalidations passed on to those ToRs, by item (a home writes one key at a
+    /// time: a new epoch takes over the ToRs an earlier write left unacknowledged).
+    relaying: HashMap<Vec<u8>, Relay>,
     stats: FabricStats,
 }
 
@@ -1971,21 +1974,17 @@ impl FabricSwitch {
         let name = item(h.server, key);
         self.cache.invalidate(&name, h.epoch, now);
         // The ToRs this root filled from its copy drop theirs first (the home sends again
-        // until it hears, and each time they are asked again).
-        let mut waiting: BTreeSet<SwitchId> = self
-            .filled
-            .remove(&name)
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|&(_, until)| now < until)
-            .map(|(tor, _)| tor)
-            .collect();
-        let at = (name, h.epoch);
-        if let Some(r) = self.relaying.get(&at) {
-            waiting.extend(r.waiting.iter().copied());
+        // until it hears, and each time they are asked again). Those an earlier write left
+        // unacknowledged (its home gave up) are asked too: their copies may still live.
+        let mut waiting: BTreeMap<SwitchId, Instant> = BTreeMap::new();
+        let earlier = self.relaying.remove(&name).map(|r| r.waiting);
+        let filled = self.filled.remove(&name).unwrap_or_default();
+        for (tor, until) in filled.into_iter().chain(earlier.into_iter().flatten()) {
+            let at = waiting.entry(tor).or_insert(until);
+            *at = (*at).max(until);
         }
+        waiting.retain(|_, until| now < *until);
         if waiting.is_empty() {
-            self.relaying.remove(&at);
             let ack = Header {
                 command: Command::InvalidateAck,
                 origin: self.me.id,
@@ -1995,7 +1994,7 @@ impl FabricSwitch {
             self.send(home.id, &ack, key, now, emit);
             return;
         }
-        for &tor in &waiting {
+        for &tor in waiting.keys() {
             let on = Header {
                 origin: self.me.id,
                 ..*h
@@ -2003,20 +2002,19 @@ impl FabricSwitch {
             self.stats.invalidations_relayed += 1;
             self.send(tor, &on, key, now, emit);
         }
-        if !self.relaying.contains_key(&at) {
-            // Relays whose home gave up on them long ago go first.
-            let stale = self.spec.invalidate_give_up * 2;
-            self.relaying.retain(|_, r| now < r.since + stale);
+        if self.relaying.len() >= MAX_FILLED {
+            // Relays whose ToRs' copies have all run out are done with.
+            self.relaying
+                .retain(|_, r| r.waiting.values().any(|&until| now < until));
         }
-        let since = self.relaying.get(&at).map_or(now, |r| r.since);
         self.relaying.insert(
-            at,
+            name,
             Relay {
+                epoch: h.epoch,
                 key: key.to_vec(),
                 waiting,
                 home: home.id,
                 header: *h,
-                since,
             },
         );
     }
@@ -2063,13 +2061,17 @@ impl FabricSwitch {
         now: Instant,
         emit: &mut Vec<Emit>,
     ) -> bool {
-        let at = (item(h.server, key), h.epoch);
-        let Some(relay) = self.relaying.get_mut(&at) else {
+        let name = item(h.server, key);
+        let Some(relay) = self.relaying.get_mut(&name) else {
             return false;
         };
+        // An acknowledgement of an earlier write says nothing of a copy filled since.
+        if relay.epoch != h.epoch {
+            return true;
+        }
         relay.waiting.remove(&from);
         if relay.waiting.is_empty() {
-            if let Some(done) = self.relaying.remove(&at) {
+            if let Some(done) = self.relaying.remove(&name) {
                 self.ack_relay(done, now, emit);
             }
         }
@@ -2093,11 +2095,11 @@ impl FabricSwitch {
             tors.retain(|&(t, _)| t != id);
         }
         self.filled.retain(|_, tors| !tors.is_empty());
-        let done: Vec<(Vec<u8>, u32)> = self
+        let done: Vec<Vec<u8>> = self
             .relaying
             .iter_mut()
-            .filter_map(|(at, r)| {
-                (r.waiting.remove(&id) && r.waiting.is_empty()).then(|| at.clone())
+            .filter_map(|(name, r)| {
+                (r.waiting.remove(&id).is_some() && r.waiting.is_empty()).then(|| name.clone())
             })
             .collect();
         for at in done {
