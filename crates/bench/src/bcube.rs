@@ -133,12 +133,21 @@ pub struct Results {
     pub median_mbps: f64,
 }
 
-/// The processes a run started; stopped by PID when dropped.
-struct Procs(Vec<(u32, Vec<String>)>);
+/// The card agents and host sides a run started, by server; stopped by PID when dropped.
+struct Procs {
+    agents: Vec<u32>,
+    hosts: Vec<u32>,
+}
+
+impl Procs {
+    fn all(&self) -> impl Iterator<Item = u32> + '_ {
+        self.agents.iter().chain(&self.hosts).copied()
+    }
+}
 
 impl Drop for Procs {
     fn drop(&mut self) {
-        let pids: Vec<u32> = self.0.iter().map(|(p, _)| *p).collect();
+        let pids: Vec<u32> = self.all().collect();
         let left = testbed::process::stop_all(&pids);
         if !left.is_empty() {
             eprintln!("{NAME}: processes left running: {left:?}");
@@ -189,9 +198,10 @@ fn measure(
     let logs = out.dir().join("logs");
     std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
     let exe = exe.display().to_string();
-    let mut procs = Procs(Vec::new());
-    let mut agents = Vec::new();
-    let mut hosts = Vec::new();
+    let mut procs = Procs {
+        agents: Vec::new(),
+        hosts: Vec::new(),
+    };
     for id in 0..SERVERS {
         let h = net.host(&format!("h{id}"));
         let shape = [
@@ -220,14 +230,12 @@ fn measure(
             .map(String::from),
         );
         let child = testbed::process::spawn(None, &argv, &logs.join(format!("card{id}.log")))?;
-        procs.0.push((child.id(), argv));
-        agents.push(child.id());
+        procs.agents.push(child.id());
         let mut argv: Vec<String> = vec![exe.clone(), "nf".into(), "bcube-host".into()];
         argv.extend(shape.iter().cloned());
         let child =
             testbed::process::spawn(Some(&h.netns), &argv, &logs.join(format!("host{id}.log")))?;
-        procs.0.push((child.id(), argv));
-        hosts.push(child.id());
+        procs.hosts.push(child.id());
     }
     eprintln!("{NAME}: waiting for neighbour discovery...");
     let started = Instant::now();
@@ -241,11 +249,7 @@ fn measure(
         if filled {
             break;
         }
-        if let Some((pid, _)) = procs
-            .0
-            .iter()
-            .find(|(pid, _)| !testbed::process::alive(*pid))
-        {
+        if let Some(pid) = procs.all().find(|&pid| !testbed::process::alive(pid)) {
             anyhow::bail!("process {pid} stopped; logs in {}", logs.display());
         }
         anyhow::ensure!(
@@ -270,11 +274,11 @@ fn measure(
         );
         let ticks =
             |pids: &[u32]| -> Vec<Option<u64>> { pids.iter().map(|&p| cpu_ticks(p)).collect() };
-        let before = (ticks(&cards), ticks(&agents), ticks(&hosts));
+        let before = (ticks(&cards), ticks(&procs.agents), ticks(&procs.hosts));
         let t0 = Instant::now();
         let bytes = transfer(net, duration)?;
         let secs = t0.elapsed().as_secs_f64();
-        let after = (ticks(&cards), ticks(&agents), ticks(&hosts));
+        let after = (ticks(&cards), ticks(&procs.agents), ticks(&procs.hosts));
         let pct = |b: &[Option<u64>], a: &[Option<u64>], id: usize| -> f64 {
             match (b[id], a[id]) {
                 (Some(b), Some(a)) => a.saturating_sub(b) as f64 / clock_ticks() / secs * 100.0,

@@ -241,12 +241,7 @@ impl Net {
                     peer: Peer::Bridge(br),
                 });
                 self.save()?;
-                ip(&["link", "add", &ia, "type", "veth", "peer", "name", &ib])?;
-                ip(&["link", "set", "dev", &ib, "master", &self.bridges[br]])?;
-                for end in [&ia, &ib] {
-                    ip(&["link", "set", "dev", end, "mtu", &LINK_MTU.to_string()])?;
-                    switch_end(end, v6)?;
-                }
+                link_pair(&ia, &ib, Some(&self.bridges[br]), v6)?;
                 continue;
             }
             let (sa, sb) = (index(a)?, index(b)?);
@@ -269,17 +264,12 @@ impl Net {
                 },
             });
             self.save()?;
-            ip(&["link", "add", &ia, "type", "veth", "peer", "name", &ib])?;
-            // Room for labels and tags a function pushes between switches.
-            for end in [&ia, &ib] {
-                ip(&["link", "set", "dev", end, "mtu", &LINK_MTU.to_string()])?;
-                switch_end(end, v6)?;
-            }
+            link_pair(&ia, &ib, None, v6)?;
         }
-        // Each switch drops what comes from another switch (or a bridge) until a function's entries say
-        // otherwise: the memcached program would flood it, and the topology may loop. (The
-        // links are up from the start: a port kvswitch opens on a link that is down loses a
-        // few frames in every hundred once it comes up.)
+        // Each switch drops what comes from another switch (or a bridge) until a function's
+        // entries say otherwise: the memcached program would flood it, and the topology may
+        // loop. (The links are up from the start: a port kvswitch opens on a link that is down
+        // loses a few frames in every hundred once it comes up.)
         for s in 0..self.switches.len() {
             anyhow::ensure!(
                 !self.switches[s].ports.is_empty(),
@@ -495,6 +485,21 @@ impl Drop for Net {
             }
         }
     }
+}
+
+/// A veth pair between switches (or a switch and a bridge, which takes end `b` when `master`
+/// names it), both ends in the root namespace and up, with room for the labels and tags a
+/// function pushes between switches.
+fn link_pair(a: &str, b: &str, master: Option<&str>, v6: bool) -> anyhow::Result<()> {
+    ip(&["link", "add", a, "type", "veth", "peer", "name", b])?;
+    if let Some(bridge) = master {
+        ip(&["link", "set", "dev", b, "master", bridge])?;
+    }
+    for end in [a, b] {
+        ip(&["link", "set", "dev", end, "mtu", &LINK_MTU.to_string()])?;
+        switch_end(end, v6)?;
+    }
+    Ok(())
 }
 
 /// The root-namespace end of a link a switch reads with AF_PACKET.

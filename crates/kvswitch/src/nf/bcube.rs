@@ -187,14 +187,7 @@ pub fn encapsulate(packet: &[u8], route: &[u8], kind: u8) -> Option<Vec<u8>> {
     }
     let mut out = Vec::with_capacity(total + HEADER_LEN);
     out.extend_from_slice(&packet[..20]);
-    let mut header = [0u8; HEADER_LEN];
-    for (slot, &nha) in route.iter().rev().enumerate() {
-        header[slot] = nha;
-    }
-    header[8] = kind;
-    header[9] = route.len() as u8;
-    header[10] = packet[9];
-    out.extend_from_slice(&header);
+    out.extend_from_slice(&header_bytes(route, kind, packet[9]));
     out.extend_from_slice(&packet[20..total]);
     out[2..4].copy_from_slice(&((total + HEADER_LEN) as u16).to_be_bytes());
     out[8] = route.len() as u8 + 1;
@@ -238,6 +231,19 @@ pub fn decapsulate(packet: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// The 12 header bytes for `route` (in the order travelled): its NHAs last hop first, the kind,
+/// the hop count and the payload's protocol.
+fn header_bytes(route: &[u8], kind: u8, inner: u8) -> [u8; HEADER_LEN] {
+    let mut header = [0u8; HEADER_LEN];
+    for (slot, &nha) in route.iter().rev().enumerate() {
+        header[slot] = nha;
+    }
+    header[8] = kind;
+    header[9] = route.len() as u8;
+    header[10] = inner;
+    header
+}
+
 fn fill_ip_checksum(packet: &mut [u8]) {
     wire::ipv4::Packet::new_unchecked(&mut packet[..]).fill_checksum();
 }
@@ -260,13 +266,7 @@ fn control_frame(
     f.extend_from_slice(&[0x45, 0, 0, 0, 0, 0, 0x40, 0, ttl, PROTO, 0, 0]);
     f.extend_from_slice(&src.octets());
     f.extend_from_slice(&dst.octets());
-    let mut header = [0u8; HEADER_LEN];
-    for (slot, &nha) in h.route.iter().rev().enumerate() {
-        header[slot] = nha;
-    }
-    header[8] = h.kind;
-    header[9] = h.route.len() as u8;
-    f.extend_from_slice(&header);
+    f.extend_from_slice(&header_bytes(&h.route, h.kind, h.inner));
     f.extend_from_slice(body);
     f[16..18].copy_from_slice(&(total as u16).to_be_bytes());
     fill_ip_checksum(&mut f[14..34]);
@@ -391,6 +391,11 @@ impl Card {
         address(self.first_ip, self.id)
     }
 
+    /// `link_mbps` in kb/s.
+    fn link_kbps(&self) -> u32 {
+        (self.link_mbps * 1000.0) as u32
+    }
+
     /// The `bcube` table: the in-port, IP destination, TTL (the index), the eight NHAs and the
     /// kind; a miss drops.
     pub fn table(&self) -> Value {
@@ -511,8 +516,10 @@ pub fn server(first_ip: Ipv4Addr, geometry: Geometry, ip: Ipv4Addr) -> Option<us
 /// What a card does with a query that reached its CPU.
 #[derive(Debug, PartialEq, Eq)]
 pub enum QueryStep {
-    /// Send this frame out of this port.
-    Send { port: u16, frame: Vec<u8> },
+    /// Send the query on, this frame out of this port.
+    Forward { port: u16, frame: Vec<u8> },
+    /// Send the answer back, this frame out of this port (the query was for this server).
+    Answer { port: u16, frame: Vec<u8> },
     /// Not a query this card can move on (counted).
     Drop(&'static str),
 }
@@ -525,7 +532,7 @@ impl Card {
     pub fn query(
         &self,
         frame: &[u8],
-        neighbours: &HashMap<u8, Neighbour>,
+        neighbour: &dyn Fn(u8) -> Option<Neighbour>,
         port_macs: &[Mac],
         available_kbps: &dyn Fn(u16) -> u32,
     ) -> QueryStep {
@@ -540,7 +547,8 @@ impl Card {
         };
         let src = Ipv4Addr::new(frame[26], frame[27], frame[28], frame[29]);
         let dst = Ipv4Addr::new(frame[30], frame[31], frame[32], frame[33]);
-        let (route, ttl, to) = if dst == self.ip() {
+        let answering = dst == self.ip();
+        let (route, ttl, to) = if answering {
             let Some(from) = server(self.first_ip, self.geometry, src) else {
                 return QueryStep::Drop("query from outside the BCube");
             };
@@ -566,21 +574,20 @@ impl Card {
             return QueryStep::Drop("index out of the route");
         };
         let nha = route[hops - 1 - slot];
-        let Some(next) = neighbours.get(&nha) else {
+        let Some(next) = neighbour(nha) else {
             return QueryStep::Drop("next hop not discovered");
         };
         // The way back from the destination is not the path's: only the hops on the way
         // there count.
-        if dst != self.ip() {
+        if !answering {
             q.kbps = q.kbps.min(available_kbps(next.port));
         }
-        let kind = if dst == self.ip() {
-            kind::ABQ_REPLY
-        } else {
-            kind::ABQ
-        };
         let h = Header {
-            kind,
+            kind: if answering {
+                kind::ABQ_REPLY
+            } else {
+                kind::ABQ
+            },
             route,
             inner: 0,
         };
@@ -588,11 +595,13 @@ impl Card {
             .get(next.port as usize)
             .copied()
             .unwrap_or(Mac([0; 6]));
-        let from = if dst == self.ip() { self.ip() } else { src };
+        // An answer comes from this server, a query goes on from its asker.
+        let from = if answering { self.ip() } else { src };
         let frame = control_frame((next.mac, src_mac), from, to, ttl - 1, &h, &q.bytes());
-        QueryStep::Send {
-            port: next.port,
-            frame,
+        let port = next.port;
+        match answering {
+            true => QueryStep::Answer { port, frame },
+            false => QueryStep::Forward { port, frame },
         }
     }
 }
@@ -619,8 +628,9 @@ struct Agent<'a> {
     macs: Vec<Mac>,
     /// By NHA: the neighbour, when it was last heard, its route entries' ids.
     neighbours: HashMap<u8, (Neighbour, Instant, Vec<u64>)>,
-    /// Per port: (when read, bytes sent then, rate in kb/s since the read before, capacity).
-    rates: Vec<(Instant, u64, u32, u32)>,
+    /// Per port: when its bytes sent were read, how many, and the bandwidth it had left
+    /// (kb/s: its capacity less what it sent since the read before).
+    rates: Vec<(Instant, u64, u32)>,
     stats: CardStats,
 }
 
@@ -697,7 +707,7 @@ impl Agent<'_> {
             .context("creating the bcube table (is another BCube agent running here?)")?;
         *made_table = true;
         for f in self.card.filters() {
-            c.call("POST", &format!("/api/v1/tables/{TABLE}/entries"), Some(&f))?;
+            super::add_entry(c, TABLE, &f)?;
         }
         for a in self.card.acl() {
             acl_ids.push(super::add_acl(c, &a)?);
@@ -735,22 +745,12 @@ impl Agent<'_> {
         Ok(())
     }
 
-    fn send(&self, port: u16, frame: &[u8]) -> anyhow::Result<()> {
-        self.client
-            .call(
-                "POST",
-                "/api/v1/packets",
-                Some(&json!({"port": port, "frame": ::switch::control::hex(frame)})),
-            )
-            .map(drop)
-    }
-
     fn announce(&mut self) -> anyhow::Result<()> {
         for (level, &port) in self.card.level_ports.iter().enumerate() {
             let frame = self
                 .card
                 .announcement(level as u8, self.macs[port as usize]);
-            self.send(port, &frame)?;
+            super::send_frame(self.client, port, &frame)?;
             self.stats.announcements_sent += 1;
         }
         Ok(())
@@ -772,25 +772,22 @@ impl Agent<'_> {
             self.stats.ignored += 1;
             return Ok(());
         }
-        let neighbours: HashMap<u8, Neighbour> = self
-            .neighbours
-            .iter()
-            .map(|(k, (n, _, _))| (*k, *n))
-            .collect();
-        let rates = &self.rates;
-        let link = (self.card.link_mbps * 1000.0) as u32;
-        let available = |p: u16| match rates.get(p as usize) {
-            Some(&(_, _, used, cap)) => cap.saturating_sub(used),
-            None => link,
-        };
-        let answering = frame.get(30..34) == Some(&self.card.ip().octets()[..]);
-        match self.card.query(frame, &neighbours, &self.macs, &available) {
-            QueryStep::Send { port, frame } => {
-                self.send(port, &frame)?;
-                match answering {
-                    true => self.stats.queries_answered += 1,
-                    false => self.stats.queries_forwarded += 1,
-                }
+        let (neighbours, rates) = (&self.neighbours, &self.rates);
+        let link = self.card.link_kbps();
+        let step = self.card.query(
+            frame,
+            &|nha| neighbours.get(&nha).map(|n| n.0),
+            &self.macs,
+            &|p| rates.get(p as usize).map_or(link, |r| r.2),
+        );
+        match step {
+            QueryStep::Forward { port, frame } => {
+                super::send_frame(self.client, port, &frame)?;
+                self.stats.queries_forwarded += 1;
+            }
+            QueryStep::Answer { port, frame } => {
+                super::send_frame(self.client, port, &frame)?;
+                self.stats.queries_answered += 1;
             }
             QueryStep::Drop(_) => self.stats.queries_dropped += 1,
         }
@@ -819,12 +816,7 @@ impl Agent<'_> {
                 self.neighbours.insert(n.nha, (n, now, Vec::new()));
                 self.stats.neighbours += 1;
                 for r in self.card.routes(n.nha) {
-                    let made = self.client.call(
-                        "POST",
-                        &format!("/api/v1/tables/{TABLE}/entries"),
-                        Some(&r),
-                    )?;
-                    let id = made["id"].as_u64().context("a route entry without an id")?;
+                    let id = super::add_entry(self.client, TABLE, &r)?;
                     if let Some(known) = self.neighbours.get_mut(&n.nha) {
                         known.2.push(id);
                     }
@@ -869,7 +861,7 @@ impl Agent<'_> {
     /// Reads every port's bytes sent and its capacity (its egress rate, or the link's).
     fn read_rates(&mut self, now: Instant) -> anyhow::Result<()> {
         let ports = self.client.call("GET", "/api/v1/ports", None)?;
-        let link = (self.card.link_mbps * 1000.0) as u32;
+        let link = self.card.link_kbps();
         let list = ports["ports"].as_array().cloned().unwrap_or_default();
         let mut next = Vec::with_capacity(list.len());
         for (i, p) in list.iter().enumerate() {
@@ -879,13 +871,13 @@ impl Agent<'_> {
                 _ => link,
             };
             let used = match self.rates.get(i) {
-                Some(&(at, before, _, _)) => {
+                Some(&(at, before, _)) => {
                     let secs = now.duration_since(at).as_secs_f64().max(1e-3);
                     (bytes.saturating_sub(before) as f64 * 8.0 / 1000.0 / secs) as u32
                 }
                 None => 0,
             };
-            next.push((now, bytes, used, cap));
+            next.push((now, bytes, cap.saturating_sub(used)));
         }
         self.rates = next;
         Ok(())
@@ -1419,8 +1411,14 @@ mod tests {
         };
         // At the source's card: out of its level-0 port to 3, with 600 Mb/s left there.
         let at0: HashMap<u8, Neighbour> = [(3, neighbour(3, 1))].into();
-        let QueryStep::Send { port, frame } =
-            card(0).query(&frame, &at0, &macs, &|p| if p == 1 { 600_000 } else { 0 })
+        let QueryStep::Forward { port, frame } =
+            card(0).query(&frame, &|n| at0.get(&n).copied(), &macs, &|p| {
+                if p == 1 {
+                    600_000
+                } else {
+                    0
+                }
+            })
         else {
             panic!("not sent");
         };
@@ -1429,7 +1427,8 @@ mod tests {
         assert_eq!(&frame[..6], &[0xb0, 0, 0, 0, 0, 3]);
         // At 3: on through level 1 to 15, where less is left.
         let at3: HashMap<u8, Neighbour> = [(7, neighbour(7, 2))].into();
-        let QueryStep::Send { port, frame } = card(3).query(&frame, &at3, &macs, &|_| 250_000)
+        let QueryStep::Forward { port, frame } =
+            card(3).query(&frame, &|n| at3.get(&n).copied(), &macs, &|_| 250_000)
         else {
             panic!("not sent");
         };
@@ -1437,7 +1436,9 @@ mod tests {
         // At 15: answered along the reverse path (back through 3), the least kept; the way
         // back (however loaded) is not the path's.
         let at15: HashMap<u8, Neighbour> = [(4, neighbour(4, 2))].into();
-        let QueryStep::Send { port, frame } = card(15).query(&frame, &at15, &macs, &|_| 100) else {
+        let QueryStep::Answer { port, frame } =
+            card(15).query(&frame, &|n| at15.get(&n).copied(), &macs, &|_| 100)
+        else {
             panic!("not answered");
         };
         assert_eq!(port, 2);
@@ -1460,11 +1461,11 @@ mod tests {
             .verify_checksum());
         // A next hop not yet discovered, or a cut frame: dropped, counted by the caller.
         assert!(matches!(
-            card(3).query(&frame, &HashMap::new(), &macs, &|_| 0),
+            card(3).query(&frame, &|_| None, &macs, &|_| 0),
             QueryStep::Drop(_)
         ));
         for cut in 0..frame.len() {
-            let _ = card(0).query(&frame[..cut], &at0, &macs, &|_| 0);
+            let _ = card(0).query(&frame[..cut], &|n| at0.get(&n).copied(), &macs, &|_| 0);
         }
     }
 

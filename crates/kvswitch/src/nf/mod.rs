@@ -397,11 +397,31 @@ fn deadline(duration_s: Option<f64>) -> anyhow::Result<Option<Instant>> {
     })
 }
 
-fn add_acl(client: &Client, entry: &Value) -> anyhow::Result<u64> {
-    let made = client.call("POST", "/api/v1/tables/acl/entries", Some(entry))?;
+/// Adds `entry` to `table` and returns its id.
+fn add_entry(client: &Client, table: &str, entry: &Value) -> anyhow::Result<u64> {
+    let made = client.call(
+        "POST",
+        &format!("/api/v1/tables/{table}/entries"),
+        Some(entry),
+    )?;
     made["id"]
         .as_u64()
         .with_context(|| format!("the switch answered {made} for a new entry"))
+}
+
+fn add_acl(client: &Client, entry: &Value) -> anyhow::Result<u64> {
+    add_entry(client, "acl", entry)
+}
+
+/// Sends `frame` out of the switch's `port`, as the switch's own.
+fn send_frame(client: &Client, port: u16, frame: &[u8]) -> anyhow::Result<()> {
+    client
+        .call(
+            "POST",
+            "/api/v1/packets",
+            Some(&json!({"port": port, "frame": switch::control::hex(frame)})),
+        )
+        .map(drop)
 }
 
 fn delete_acl(client: &Client, id: u64) -> anyhow::Result<()> {
@@ -537,13 +557,7 @@ fn act(
                 Err(e) => return Err(e),
             }
         }
-        Step::Send { port, frame } => {
-            client.call(
-                "POST",
-                "/api/v1/packets",
-                Some(&json!({"port": port, "frame": switch::control::hex(&frame)})),
-            )?;
-        }
+        Step::Send { port, frame } => send_frame(client, port, &frame)?,
         Step::Ignore(_) => {}
     }
     Ok(())

@@ -495,21 +495,6 @@ fn run_call(clients: &[crate::ctl::Client], c: &Call) -> anyhow::Result<Value> {
         .map_err(|e| e.context(format!("switch {}", c.switch)))
 }
 
-fn send_frame(
-    clients: &[crate::ctl::Client],
-    switch: usize,
-    port: u16,
-    frame: &[u8],
-) -> anyhow::Result<()> {
-    clients[switch]
-        .call(
-            "POST",
-            "/api/v1/packets",
-            Some(&json!({"port": port, "frame": ::switch::control::hex(frame)})),
-        )
-        .map(drop)
-}
-
 /// Runs the fabric manager over `layout` until `stop`: sets every switch up, answers ARP and
 /// places hosts, then removes everything it made (also after an error).
 pub fn run(
@@ -672,12 +657,12 @@ fn serve_edge(
                     .installed
                     .insert(host.pmac, (host.switch, ids[1], ids[0], interface));
                 for (s, p, frame) in g.manager.announce(&host) {
-                    send_frame(clients, s, p, &frame)?;
+                    super::send_frame(&clients[s], p, &frame)?;
                     g.announcements += 1;
                 }
             }
             for (s, p, frame) in frames {
-                send_frame(clients, s, p, &frame)?;
+                super::send_frame(&clients[s], p, &frame)?;
             }
         }
     }
