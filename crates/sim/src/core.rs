@@ -138,6 +138,8 @@ pub mod source {
     pub const SERVICE: u64 = 1 << 32;
     /// Closed-loop client `i`: `CLIENT + i`.
     pub const CLIENT: u64 = 2 << 32;
+    /// Switch `i`'s processor: `SWITCH + i`.
+    pub const SWITCH: u64 = 3 << 32;
 }
 
 impl Seeds {

@@ -1,6 +1,8 @@
 //! The frame level: IncBricks' caching fabric as the daemon runs it. Every ToR and root is a
 //! `switch::fabric::FabricSwitch` (its parser, LFU cache, registration table, directory and
 //! coherence messages) fed whole Ethernet frames; links have a rate, a delay and a queue;
+//! in a fat-tree, a ToR's link to a core is a path through an aggregation switch, which
+//! forwards;
 //! servers answer from `kvswitch node`'s store behind a [`Station`]; closed-loop clients send
 //! memcached datagrams and record every operation for the coherence checker.
 
@@ -39,6 +41,10 @@ enum End {
 enum Ev {
     /// A frame reaches an end of a link.
     Frame(End, Vec<u8>),
+    /// A switch's processor takes the frame that reached its port.
+    Process(usize, u16, Vec<u8>),
+    /// A frame on the path from an end reaches the forwarder before the path's `n`th link.
+    Relay(End, usize, Vec<u8>),
     /// A switch's deadline.
     Tick(usize),
     /// A server's answer leaves it.
@@ -52,12 +58,18 @@ enum Ev {
 
 /// One direction of a link: frames leave one after another at its rate.
 struct Link {
-    to: End,
     bits_per_ns: f64,
     delay: Duration,
     depth: usize,
     leaving: VecDeque<Instant>,
     free_at: Instant,
+}
+
+/// Where a frame sent from an end goes: over these links in turn (an aggregation switch
+/// forwards between two), to `to`.
+struct Path {
+    links: Vec<usize>,
+    to: End,
 }
 
 struct Host {
@@ -82,8 +94,15 @@ pub struct FrameSim<'a> {
     warmup: Instant,
     bin: Duration,
     switches: Vec<FabricSwitch>,
+    /// Each switch's processor, when `fabric.switch_capacity` limits it.
+    processors: Vec<Option<Station>>,
     tick_at: Vec<Option<Instant>>,
-    links: HashMap<End, Link>,
+    links: Vec<Link>,
+    paths: HashMap<End, Path>,
+    /// ToRs, then roots (a fat-tree's cores).
+    tors: usize,
+    /// Frames each switch took.
+    frames: Vec<u64>,
     hosts: Vec<Host>,
     servers: Vec<usize>,
     ring: Ring,
@@ -119,7 +138,8 @@ impl<'a> FrameSim<'a> {
             .fabric
             .as_ref()
             .ok_or("level = \"frame\" needs [fabric]")?;
-        let (tors, roots, per) = (f.tors, f.roots, f.hosts_per_rack);
+        let (tors, roots, aggs) = f.shape();
+        let per = f.hosts_per_rack;
         let n = tors + roots;
         let members: Vec<Member> = (0..n)
             .map(|i| Member {
@@ -137,22 +157,24 @@ impl<'a> FrameSim<'a> {
             })
             .collect();
         let mut hosts = Vec::new();
-        let mut links = HashMap::new();
+        let mut links = Vec::new();
+        let mut paths = HashMap::new();
         let host_bits = f.host_gbps;
         let core_bits = f.core_gbps;
         let delay = Duration::from_secs_f64(sc.network.link_us / 1e6);
+        let new_link = |links: &mut Vec<Link>, gbps: f64| {
+            links.push(Link {
+                bits_per_ns: gbps,
+                delay,
+                depth: f.link_queue,
+                leaving: VecDeque::new(),
+                free_at: Instant::ZERO,
+            });
+            links.len() - 1
+        };
         let mut link = |from: End, to: End, gbps: f64| {
-            links.insert(
-                from,
-                Link {
-                    to,
-                    bits_per_ns: gbps,
-                    delay,
-                    depth: f.link_queue,
-                    leaving: VecDeque::new(),
-                    free_at: Instant::ZERO,
-                },
-            );
+            let l = new_link(&mut links, gbps);
+            paths.insert(from, Path { links: vec![l], to });
         };
         // Servers on host 0 of racks 0, 1, ... in turn, then host 1 of each, and so on; with
         // `cross_rack`, packed into the first racks, whose other hosts stay idle.
@@ -188,17 +210,49 @@ impl<'a> FrameSim<'a> {
                 link(End::Switch(t, h as u16), End::Host(id), host_bits);
                 link(End::Host(id), End::Switch(t, h as u16), host_bits);
             }
+        }
+        // Every ToR has a port for every root and every root one for every ToR; in a tree
+        // that port is a link of its own, in a fat-tree a path over two links through the
+        // aggregation switch of the ToR's pod that links to the root.
+        let half = f.k / 2;
+        let mut hops = HashMap::new();
+        let mut agg_link = |links: &mut Vec<Link>, from: (usize, usize), to: (usize, usize)| {
+            *hops
+                .entry((from, to))
+                .or_insert_with(|| new_link(links, core_bits))
+        };
+        let mut agg_link = |from, to| agg_link(&mut links, from, to);
+        for t in 0..tors {
             for r in 0..roots {
                 let (tor_port, root_port) = ((per + r) as u16, t as u16);
-                link(
+                let (up, down) = if aggs == 0 {
+                    // Links of their own, never shared.
+                    (
+                        vec![agg_link((0, t), (2, r))],
+                        vec![agg_link((2, r), (0, t))],
+                    )
+                } else {
+                    // Switches named by (level, index): 0 ToRs, 1 aggregation, 2 cores.
+                    let agg = (1, t / half * half + r / half);
+                    let (tor, core) = ((0, t), (2, r));
+                    (
+                        vec![agg_link(tor, agg), agg_link(agg, core)],
+                        vec![agg_link(core, agg), agg_link(agg, tor)],
+                    )
+                };
+                paths.insert(
                     End::Switch(t, tor_port),
-                    End::Switch(tors + r, root_port),
-                    core_bits,
+                    Path {
+                        links: up,
+                        to: End::Switch(tors + r, root_port),
+                    },
                 );
-                link(
+                paths.insert(
                     End::Switch(tors + r, root_port),
-                    End::Switch(t, tor_port),
-                    core_bits,
+                    Path {
+                        links: down,
+                        to: End::Switch(t, tor_port),
+                    },
                 );
             }
         }
@@ -238,6 +292,18 @@ impl<'a> FrameSim<'a> {
             spec.cache_items = if i < tors { f.tor_items } else { f.root_items };
             switches.push(FabricSwitch::new(spec).map_err(|e| format!("switch {i}: {e}"))?);
         }
+        let processors = (0..n)
+            .map(|i| {
+                (f.switch_capacity > 0.0).then(|| {
+                    Station::new(
+                        f.switch_capacity,
+                        f.switch_queue,
+                        crate::station::Service::Fixed,
+                        seeds.rng(source::SWITCH + i as u64),
+                    )
+                })
+            })
+            .collect();
         let ring_servers: Vec<Server> = servers
             .iter()
             .map(|&h| Server::new(format!("{}:{MC_PORT}", hosts[h].ip), 1))
@@ -272,7 +338,11 @@ impl<'a> FrameSim<'a> {
             bin: Duration::from_millis(sc.bin_ms),
             tick_at: vec![None; switches.len()],
             switches,
+            processors,
             links,
+            paths,
+            tors,
+            frames: vec![0; n],
             served: vec![0; servers.len()],
             bin_served: vec![0; servers.len()],
             hits_seen: 0,
@@ -316,6 +386,8 @@ impl<'a> FrameSim<'a> {
             let Some((now, e)) = self.ev.pop() else { break };
             match e {
                 Ev::Frame(to, frame) => self.deliver(to, frame, now),
+                Ev::Process(s, port, frame) => self.process(s, port, frame, now),
+                Ev::Relay(from, n, frame) => self.forward(from, n, frame, now),
                 Ev::Tick(s) => {
                     if self.tick_at[s] == Some(now) {
                         self.tick_at[s] = None;
@@ -400,9 +472,19 @@ impl<'a> FrameSim<'a> {
         }
     }
 
-    /// A frame leaving `from` over its link: queued behind the frames before it, or dropped.
+    /// A frame leaving `from` over its path.
     fn transmit(&mut self, from: End, frame: Vec<u8>, now: Instant) {
-        let Some(link) = self.links.get_mut(&from) else {
+        self.forward(from, 0, frame, now);
+    }
+
+    /// A frame on the path from `from` leaving over the path's `n`th link: queued behind the
+    /// frames before it, or dropped.
+    fn forward(&mut self, from: End, n: usize, frame: Vec<u8>, now: Instant) {
+        let Some(path) = self.paths.get(&from) else {
+            return;
+        };
+        let (to, last) = (path.to, n + 1 == path.links.len());
+        let Some(link) = path.links.get(n).and_then(|&l| self.links.get_mut(l)) else {
             return;
         };
         while link.leaving.front().is_some_and(|&t| t <= now) {
@@ -417,9 +499,14 @@ impl<'a> FrameSim<'a> {
             + Duration::from_nanos((bits as f64 / link.bits_per_ns).ceil() as u64);
         link.free_at = leaves;
         link.leaving.push_back(leaves);
-        let to = link.to;
         let at = leaves + link.delay;
-        self.ev.at(at, Ev::Frame(to, frame));
+        if last {
+            self.ev.at(at, Ev::Frame(to, frame));
+        } else {
+            // An aggregation switch forwards it, in a switch's time.
+            let at = at + Duration::from_secs_f64(self.f.switch_us / 1e6);
+            self.ev.at(at, Ev::Relay(from, n + 1, frame));
+        }
     }
 
     fn emitted(&mut self, s: usize, emit: Vec<Emit>, now: Instant) {
@@ -430,21 +517,32 @@ impl<'a> FrameSim<'a> {
         }
     }
 
-    fn deliver(&mut self, to: End, mut frame: Vec<u8>, now: Instant) {
+    fn deliver(&mut self, to: End, frame: Vec<u8>, now: Instant) {
         match to {
             End::Switch(s, port) => {
-                // The switch's own time over the frame, then its verdict.
-                let now = now + Duration::from_secs_f64(self.f.switch_us / 1e6);
-                let mut emit = Vec::new();
-                let fate = self.switches[s].process(port, &mut frame, true, now, &mut emit);
-                self.emitted(s, emit, now);
-                if let Fate::Out(p) = fate {
-                    self.transmit(End::Switch(s, p), frame, now);
+                // The switch's own time over the frame, after the frames ahead of it at a
+                // limited processor.
+                let handled = now + Duration::from_secs_f64(self.f.switch_us / 1e6);
+                match self.processors[s].as_mut().map(|p| p.arrive(handled)) {
+                    None => self.process(s, port, frame, handled),
+                    Some(Some(done)) => self.ev.at(done, Ev::Process(s, port, frame)),
+                    Some(None) => self.s.dropped_switch_queue += 1,
                 }
-                self.schedule_tick(s);
             }
             End::Host(h) => self.at_host(h, &frame, now),
         }
+    }
+
+    /// The switch's verdict on a frame, and whatever it sends.
+    fn process(&mut self, s: usize, port: u16, mut frame: Vec<u8>, now: Instant) {
+        self.frames[s] += 1;
+        let mut emit = Vec::new();
+        let fate = self.switches[s].process(port, &mut frame, true, now, &mut emit);
+        self.emitted(s, emit, now);
+        if let Fate::Out(p) = fate {
+            self.transmit(End::Switch(s, p), frame, now);
+        }
+        self.schedule_tick(s);
     }
 
     fn at_host(&mut self, h: usize, frame: &[u8], now: Instant) {
@@ -660,7 +758,7 @@ impl<'a> FrameSim<'a> {
         } else {
             1.0 - (self.window_answered as f64 / self.window_sent as f64).min(1.0)
         };
-        let tors = self.f.tors;
+        let tors = self.tors;
         for (i, sw) in self.switches.iter().enumerate() {
             let hits = sw.snapshot(self.end).stats.hits;
             if i < tors {
@@ -670,6 +768,28 @@ impl<'a> FrameSim<'a> {
             }
         }
         s.cache_hits = s.tor_hits + s.root_hits;
+        let sojourn = |range: std::ops::Range<usize>| {
+            let (ns, n) = self.processors[range]
+                .iter()
+                .flatten()
+                .fold((0u128, 0u64), |(t, n), p| {
+                    (t + p.sojourn_ns, n + p.accepted)
+                });
+            if n == 0 {
+                0.0
+            } else {
+                ns as f64 / n as f64 / 1000.0
+            }
+        };
+        s.tor_sojourn_us = sojourn(0..tors);
+        s.root_sojourn_us = sojourn(tors..self.processors.len());
+        let roots = &self.frames[tors..];
+        let mean = roots.iter().sum::<u64>() as f64 / roots.len().max(1) as f64;
+        s.root_imbalance = if mean > 0.0 {
+            roots.iter().copied().max().unwrap_or(0) as f64 / mean
+        } else {
+            0.0
+        };
         s.hit_ratio = if s.answered == 0 {
             0.0
         } else {

@@ -53,10 +53,18 @@ pub struct Summary {
     /// Rate-control clients: their rate at the end, requests a second.
     pub client_rate_end: f64,
     /// Frame level: reads answered by a ToR's cache and by a root's, frames dropped by a
-    /// full link queue, and what the coherence checker found in the clients' history.
+    /// full link queue or a full switch processor's queue, the mean time a frame spent at a
+    /// ToR's and at a root's processor (queued and handled), and what the coherence checker
+    /// found in the clients' history.
     pub tor_hits: u64,
     pub root_hits: u64,
     pub dropped_link_queue: u64,
+    pub dropped_switch_queue: u64,
+    pub tor_sojourn_us: f64,
+    pub root_sojourn_us: f64,
+    /// Frames the busiest root took over the mean root's: how evenly the keys' designated
+    /// roots (a fat-tree's paths) share the load.
+    pub root_imbalance: f64,
     pub history_ops: u64,
     pub violations: u64,
 }

@@ -59,13 +59,23 @@ fn default_level() -> Level {
     Level::Request
 }
 
-/// IncBricks' multi-rooted tree: every ToR linked to every root, a rack of hosts under each
-/// ToR, servers on the first hosts of the racks in turn, closed-loop clients on the others.
+/// IncBricks' multi-rooted tree (every ToR linked to every root) or a k-ary fat-tree, a rack
+/// of hosts under each ToR, servers on the first hosts of the racks in turn, closed-loop
+/// clients on the others.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Fabric {
+    #[serde(default)]
+    pub topology: Topology,
+    /// The tree's ToRs and roots (a fat-tree's follow from `k`).
+    #[serde(default)]
     pub tors: usize,
+    #[serde(default)]
     pub roots: usize,
+    /// A fat-tree's arity: `k` pods of `k / 2` ToRs and `k / 2` aggregation switches, and
+    /// `(k / 2)^2` core switches, each linked to one aggregation switch of every pod.
+    #[serde(default)]
+    pub k: usize,
     /// Hosts under each ToR.
     pub hosts_per_rack: usize,
     /// Servers (`backends.count` is ignored at this level).
@@ -84,11 +94,48 @@ pub struct Fabric {
     /// Microseconds a switch takes over each frame it handles.
     #[serde(default = "default_switch_us")]
     pub switch_us: f64,
+    /// Frames a second each switch's cache processor handles (IncBricks' network
+    /// accelerator, which sees every fabric frame: a request, the reply that fills it, an
+    /// invalidation), one at a time in arrival order; 0: as many as arrive, each after
+    /// `switch_us` only.
+    #[serde(default)]
+    pub switch_capacity: f64,
+    /// Frames waiting for a switch's processor, the one in hand included; more are dropped.
+    #[serde(default = "default_link_queue")]
+    pub switch_queue: usize,
     /// Servers packed into the first racks and clients only in the others (IncBricks'
     /// cross-cluster runs); otherwise servers are spread over the racks and clients share
     /// them.
     #[serde(default)]
     pub cross_rack: bool,
+}
+
+/// How the fabric's switches are linked.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Topology {
+    /// Two levels: every ToR linked straight to every root.
+    #[default]
+    Tree,
+    /// Three levels: the cores are the fabric's roots, and a ToR reaches a core through the
+    /// one aggregation switch of its pod that links to that core, so two racks in different
+    /// pods are joined by `(k / 2)^2` paths and each key takes the one through its designated
+    /// core. Aggregation switches cache nothing (no key designates them): they forward.
+    FatTree,
+}
+
+impl Fabric {
+    /// ToRs, roots (a fat-tree's cores) and aggregation switches.
+    pub fn shape(&self) -> (usize, usize, usize) {
+        match self.topology {
+            Topology::Tree => (self.tors, self.roots, 0),
+            Topology::FatTree => (
+                self.k * self.k / 2,
+                self.k * self.k / 4,
+                self.k * self.k / 2,
+            ),
+        }
+    }
 }
 
 fn default_host_gbps() -> f64 {
@@ -771,16 +818,38 @@ impl Scenario {
             let Some(f) = &self.fabric else {
                 return Err("level = \"frame\" needs a [fabric] table".into());
             };
-            if f.tors == 0 || f.tors > 200 || f.roots == 0 || f.roots > 50 {
-                return Err("fabric.tors must be 1 to 200 and fabric.roots 1 to 50".into());
+            match f.topology {
+                Topology::Tree => {
+                    if f.tors == 0 || f.tors > 200 || f.roots == 0 || f.roots > 50 {
+                        return Err("fabric.tors must be 1 to 200 and fabric.roots 1 to 50".into());
+                    }
+                    if f.k != 0 {
+                        return Err("fabric.k is a fat-tree's (topology = \"fat-tree\")".into());
+                    }
+                }
+                Topology::FatTree => {
+                    if f.k < 2 || f.k > 16 || f.k % 2 != 0 {
+                        return Err(format!(
+                            "fabric.k must be an even number from 2 to 16, not {}",
+                            f.k
+                        ));
+                    }
+                    if f.tors != 0 || f.roots != 0 {
+                        return Err(
+                            "fabric.tors and fabric.roots follow from fabric.k in a fat-tree"
+                                .into(),
+                        );
+                    }
+                }
             }
+            let (tors, _, _) = f.shape();
             if f.hosts_per_rack < 2 || f.hosts_per_rack > 250 {
                 return Err("fabric.hosts_per_rack must be 2 to 250".into());
             }
-            if f.servers == 0 || f.servers >= f.tors * f.hosts_per_rack {
+            if f.servers == 0 || f.servers >= tors * f.hosts_per_rack {
                 return Err("fabric.servers must be 1 to fewer than the hosts".into());
             }
-            if f.cross_rack && f.tors < 2 {
+            if f.cross_rack && tors < 2 {
                 return Err("fabric.cross_rack needs at least 2 ToRs".into());
             }
             positive("fabric.host_gbps", f.host_gbps)?;
@@ -790,6 +859,17 @@ impl Scenario {
             }
             if !(f.switch_us.is_finite() && f.switch_us >= 0.0) {
                 return Err("fabric.switch_us must be 0 or above".into());
+            }
+            if f.switch_capacity != 0.0 {
+                within(
+                    "fabric.switch_capacity (0: unlimited)",
+                    f.switch_capacity,
+                    1.0,
+                    MAX_RATE,
+                )?;
+            }
+            if f.switch_queue == 0 || f.switch_queue > MAX_QUEUE {
+                return Err(format!("fabric.switch_queue must be 1 to {MAX_QUEUE}"));
             }
             if self.clients.model != ClientModel::Closed {
                 return Err(

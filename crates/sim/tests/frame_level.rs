@@ -83,6 +83,87 @@ fn caches_in_the_fabric_answer_reads_and_cut_latency() {
 }
 
 #[test]
+fn a_switch_processor_of_limited_capacity_queues_its_frames_and_drops_past_its_queue() {
+    let (free, limited) = (
+        run(FABRIC, 3).summary,
+        run(
+            &FABRIC.replace(
+                "root_items = 2048",
+                "root_items = 2048\nswitch_capacity = 200_000",
+            ),
+            3,
+        )
+        .summary,
+    );
+    assert_eq!((free.tor_sojourn_us, free.dropped_switch_queue), (0.0, 0));
+    // Each frame takes 5 µs of its processor at least, and waits behind the others.
+    assert!(
+        limited.tor_sojourn_us >= 5.0 && limited.root_sojourn_us >= 5.0,
+        "{limited:?}"
+    );
+    assert!(
+        limited.latency_mean_us > free.latency_mean_us + 10.0,
+        "{limited:?}"
+    );
+    assert_eq!(limited.dropped_switch_queue, 0, "{limited:?}");
+    // A processor far too slow for its load, with room for 4 frames: the rest are dropped and
+    // counted, their requests time out, and every request is still accounted for.
+    let starved = run(
+        &FABRIC.replace(
+            "root_items = 2048",
+            "root_items = 2048\nswitch_capacity = 20_000\nswitch_queue = 4",
+        ),
+        3,
+    )
+    .summary;
+    assert!(starved.dropped_switch_queue > 100, "{starved:?}");
+    assert!(starved.dropped > 0, "{starved:?}");
+    assert_eq!(
+        starved.sent,
+        starved.answered + starved.dropped + starved.in_flight,
+        "{starved:?}"
+    );
+    assert_eq!(starved.violations, 0, "{starved:?}");
+}
+
+/// The same racks and caches as a k = 4 fat-tree, as a two-level tree.
+fn fat_tree(text: &str) -> String {
+    text.replace("tors = 4\nroots = 2", "topology = \"fat-tree\"\nk = 4")
+}
+
+#[test]
+fn a_fat_tree_spreads_keys_over_its_cores_and_pays_for_its_extra_level() {
+    let tree = FABRIC.replace("tors = 4\nroots = 2", "tors = 8\nroots = 4");
+    let (flat, fat) = (run(&tree, 6).summary, run(&fat_tree(FABRIC), 6).summary);
+    for s in [&flat, &fat] {
+        assert_eq!(s.sent, s.answered + s.dropped + s.in_flight, "{s:?}");
+        assert!(s.tor_hits > 0 && s.root_hits > 0, "{s:?}");
+        assert_eq!(s.violations, 0, "{s:?}");
+    }
+    // Each key crosses the core the registration table designates: the four cores (four
+    // paths between two pods) share the load.
+    assert!(
+        fat.root_imbalance > 1.0 && fat.root_imbalance < 1.5,
+        "{fat:?}"
+    );
+    // The same switches cache the same keys...
+    assert!(
+        (fat.hit_ratio - flat.hit_ratio).abs() < 0.05,
+        "{fat:?} {flat:?}"
+    );
+    // ...but a request that crosses a core also crosses two aggregation switches each way (a
+    // link of 5 µs and a switch's 1 µs each).
+    assert!(
+        fat.latency_mean_us > flat.latency_mean_us + 6.0,
+        "{} against {}",
+        fat.latency_mean_us,
+        flat.latency_mean_us
+    );
+    let again = run(&fat_tree(FABRIC), 6).summary;
+    assert_eq!(sim::summary_json(&fat), sim::summary_json(&again));
+}
+
+#[test]
 fn frame_level_scenarios_are_checked() {
     for (from, to, want) in [
         (
@@ -92,6 +173,28 @@ fn frame_level_scenarios_are_checked() {
         ),
         ("value_size = 200", "value_size = 5000", "value_size"),
         ("servers = 4", "servers = 16", "fabric.servers"),
+        ("roots = 2", "roots = 2\nk = 4", "fabric.k"),
+        (
+            "tors = 4\nroots = 2",
+            "topology = \"fat-tree\"\nk = 3",
+            "fabric.k",
+        ),
+        (
+            "tors = 4\nroots = 2",
+            "topology = \"fat-tree\"\nk = 4\ntors = 8",
+            "follow from fabric.k",
+        ),
+        ("tors = 4\nroots = 2", "topology = \"mesh\"", "topology"),
+        (
+            "root_items = 2048",
+            "root_items = 2048\nswitch_capacity = 0.5",
+            "fabric.switch_capacity",
+        ),
+        (
+            "root_items = 2048",
+            "root_items = 2048\nswitch_queue = 0",
+            "fabric.switch_queue",
+        ),
         (
             "root_items = 2048",
             "root_items = 2048\n[cache]\nitems = 10",
