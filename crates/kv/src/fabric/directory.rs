@@ -81,6 +81,24 @@ struct Open<W> {
     sent: Option<Instant>,
 }
 
+impl<W> Open<W> {
+    /// When the write next has something due: an invalidation to send again, its give-up, or
+    /// the end of its wait for the server's reply.
+    fn next_due(&self, give_up: Duration, reply_timeout: Duration) -> Instant {
+        match self.sent {
+            None => {
+                let fails = self.opened + give_up;
+                self.waiting
+                    .values()
+                    .copied()
+                    .min()
+                    .map_or(fails, |r| r.min(fails))
+            }
+            Some(sent) => sent + reply_timeout,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct KeyState<W> {
     /// The epoch of the key's last change (a write opening or closing).
@@ -100,9 +118,11 @@ pub struct Directory<W> {
     /// The latest change among keys no longer held: a key not held changed no later.
     floor: u32,
     keys: HashMap<Vec<u8>, KeyState<W>>,
-    /// The keys with a write open, in order: what `tick` and `poll_at` look at, so their cost
-    /// follows the writes in progress, not the keys held.
-    open_keys: BTreeSet<Vec<u8>>,
+    /// When keys with a write open have something due, earliest first: what `tick` and
+    /// `poll_at` look at, so their cost follows the writes due, not the writes open or the
+    /// keys held. An entry may be early (an ACK or a close since made it so), never late:
+    /// every open write has one at or before its next due time.
+    due: BTreeSet<(Instant, Vec<u8>)>,
     /// Most keys with sharers; past it, replies do not fill.
     capacity: usize,
     retry: Duration,
@@ -130,7 +150,7 @@ impl<W> Directory<W> {
             counter: 0,
             floor: 0,
             keys: HashMap::new(),
-            open_keys: BTreeSet::new(),
+            due: BTreeSet::new(),
             capacity,
             retry,
             give_up,
@@ -245,7 +265,6 @@ impl<W> Directory<W> {
 
     /// Opens `write` on `key`, which has none open.
     fn open(&mut self, key: &[u8], write: W, now: Instant) -> WriteStep<W> {
-        self.open_keys.insert(key.to_vec());
         self.counter = self.counter.wrapping_add(1);
         let epoch = self.counter;
         let retry_at = now + self.retry;
@@ -260,6 +279,7 @@ impl<W> Directory<W> {
                 write: None,
                 sent: Some(now),
             });
+            self.due.insert((now + self.reply_timeout, key.to_vec()));
             return WriteStep::Forward(write);
         }
         self.stats.invalidations += targets.len() as u64;
@@ -270,6 +290,8 @@ impl<W> Directory<W> {
             write: Some(write),
             sent: None,
         });
+        self.due
+            .insert((retry_at.min(now + self.give_up), key.to_vec()));
         WriteStep::Invalidate { epoch, targets }
     }
 
@@ -312,7 +334,6 @@ impl<W> Directory<W> {
     fn close(&mut self, key: &[u8], now: Instant) -> Option<WriteStep<W>> {
         self.counter = self.counter.wrapping_add(1);
         let epoch = self.counter;
-        self.open_keys.remove(key);
         let state = self.keys.get_mut(key)?;
         state.open = None;
         state.changed = epoch;
@@ -334,7 +355,17 @@ impl<W> Directory<W> {
         let mut due = Vec::new();
         let mut failed = Vec::new();
         let mut timed_out = Vec::new();
-        for key in &self.open_keys {
+        // The keys due by now, in key order.
+        let mut keys = BTreeSet::new();
+        while let Some(first) = self.due.first() {
+            if first.0 > now {
+                break;
+            }
+            if let Some((_, key)) = self.due.pop_first() {
+                keys.insert(key);
+            }
+        }
+        for key in &keys {
             let Some(open) = self.keys.get_mut(key).and_then(|s| s.open.as_mut()) else {
                 continue;
             };
@@ -383,24 +414,23 @@ impl<W> Directory<W> {
                 due.push(Due::Step { key, step });
             }
         }
+        // Each key looked at is due again when its write (the same, or the next opened)
+        // next has something due.
+        for key in keys {
+            if let Some(open) = self.keys.get(&key).and_then(|s| s.open.as_ref()) {
+                let at = open.next_due(self.give_up, self.reply_timeout);
+                self.due.insert((at, key));
+            }
+        }
         due
     }
 
     /// When [`Directory::tick`] next has work.
+    ///
+    /// It may be early (a write that was due then has since moved on): a tick then finds
+    /// nothing to do but to look again later.
     pub fn poll_at(&self) -> Option<Instant> {
-        self.open_keys
-            .iter()
-            .filter_map(|k| self.keys.get(k)?.open.as_ref())
-            .map(|o| match o.sent {
-                None => o
-                    .waiting
-                    .values()
-                    .copied()
-                    .min()
-                    .map_or(o.opened + self.give_up, |r| r.min(o.opened + self.give_up)),
-                Some(sent) => sent + self.reply_timeout,
-            })
-            .min()
+        self.due.first().map(|&(at, _)| at)
     }
 
     /// A controller declared `id` failed: its copies are gone. It leaves every sharer list,
@@ -453,6 +483,42 @@ mod tests {
         assert!(d.write_open(b"k"));
         assert_eq!(d.done(b"k", at(3)), None);
         assert!(d.is_empty(), "nothing left to remember");
+    }
+
+    #[test]
+    fn a_tick_looks_only_at_the_writes_due_and_an_early_wake_finds_nothing() {
+        let mut d = Directory::new(4096, 10 * MS, 100 * MS, 50 * MS, 30 * MS);
+        // A thousand writes waiting for a sharer that never answers, and one that is sent on.
+        for i in 0..1000u32 {
+            let key = i.to_be_bytes();
+            let stamp = d.read();
+            d.fill(&key, stamp, [7], at(0));
+            assert!(matches!(
+                d.write(&key, "w", at(0)),
+                WriteStep::Invalidate { .. }
+            ));
+        }
+        let stamp = d.read();
+        d.fill(b"acked", stamp, [1], at(0));
+        let WriteStep::Invalidate { epoch, .. } = d.write(b"acked", "w", at(5)) else {
+            panic!("a sharer to invalidate")
+        };
+        assert_eq!(d.ack(b"acked", epoch, 1, at(6)), Some("w"));
+        // Every waiting write is due again at 10 ms, each once.
+        assert_eq!(d.poll_at(), Some(at(10)));
+        assert_eq!(d.tick(at(10)).len(), 1000);
+        // The acknowledged write was due to be asked again at 15 ms; nothing is due then but
+        // the wait for its server's reply, which ends at 56 ms.
+        assert_eq!(d.poll_at(), Some(at(15)));
+        assert!(d.tick(at(15)).is_empty());
+        assert_eq!(d.poll_at(), Some(at(20)));
+        assert_eq!(d.tick(at(20)).len(), 1000);
+        // Answered in time: the write closes, and its key is not due at 56 ms.
+        assert_eq!(d.done(b"acked", at(21)), None);
+        let due = d.tick(at(56));
+        assert_eq!(due.len(), 1000);
+        assert!(due.iter().all(|d| matches!(d, Due::Retransmit { .. })));
+        assert_eq!(d.stats().writes_timed_out, 0);
     }
 
     #[test]
