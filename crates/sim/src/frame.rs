@@ -29,6 +29,8 @@ use crate::station::Station;
 use crate::Progress;
 
 const MC_PORT: u16 = 11211;
+/// Buckets of the registration table (each designates a root for the keys hashed to it).
+const REGISTRATION_BUCKETS: usize = 64;
 /// Bytes a frame occupies on the wire beyond its own: preamble, gap and check sequence.
 const WIRE_OVERHEAD: u64 = 24;
 
@@ -45,6 +47,10 @@ enum Ev {
     Process(usize, u16, Vec<u8>),
     /// A frame on the path from an end reaches the forwarder before the path's `n`th link.
     Relay(End, usize, Vec<u8>),
+    /// A switch fails.
+    Fail(usize),
+    /// The controller installs a registration table naming the failed root.
+    Controller,
     /// A switch's deadline.
     Tick(usize),
     /// A server's answer leaves it.
@@ -103,6 +109,8 @@ pub struct FrameSim<'a> {
     tors: usize,
     /// Frames each switch took.
     frames: Vec<u64>,
+    /// Switches that have failed.
+    down: Vec<bool>,
     hosts: Vec<Host>,
     servers: Vec<usize>,
     ring: Ring,
@@ -269,7 +277,7 @@ impl<'a> FrameSim<'a> {
             })
             .collect();
         let root_ids: Vec<SwitchId> = (tors..n).map(|i| i as SwitchId).collect();
-        let table = Registration::spread(1, &root_ids, &BTreeSet::new(), 64)
+        let table = Registration::spread(1, &root_ids, &BTreeSet::new(), REGISTRATION_BUCKETS)
             .ok_or("no registration table")?;
         let mut switches = Vec::with_capacity(n);
         for i in 0..n {
@@ -290,6 +298,7 @@ impl<'a> FrameSim<'a> {
                 table.clone(),
             );
             spec.cache_items = if i < tors { f.tor_items } else { f.root_items };
+            spec.lease = Duration::from_secs_f64(f.lease_ms / 1000.0);
             switches.push(FabricSwitch::new(spec).map_err(|e| format!("switch {i}: {e}"))?);
         }
         let processors = (0..n)
@@ -343,6 +352,7 @@ impl<'a> FrameSim<'a> {
             paths,
             tors,
             frames: vec![0; n],
+            down: vec![false; n],
             served: vec![0; servers.len()],
             bin_served: vec![0; servers.len()],
             hits_seen: 0,
@@ -373,6 +383,14 @@ impl<'a> FrameSim<'a> {
         for s in 0..sim.switches.len() {
             sim.schedule_tick(s);
         }
+        if let Some(r) = f.fail_root {
+            let at = Instant::ZERO + Duration::from_secs_f64(f.fail_at_s);
+            sim.ev.at(at, Ev::Fail(tors + r));
+            if let Some(ms) = f.controller_ms {
+                sim.ev
+                    .at(at + Duration::from_secs_f64(ms / 1000.0), Ev::Controller);
+            }
+        }
         sim.ev.at(Instant::ZERO + sim.bin, Ev::Bin);
         Ok(sim)
     }
@@ -388,8 +406,10 @@ impl<'a> FrameSim<'a> {
                 Ev::Frame(to, frame) => self.deliver(to, frame, now),
                 Ev::Process(s, port, frame) => self.process(s, port, frame, now),
                 Ev::Relay(from, n, frame) => self.forward(from, n, frame, now),
+                Ev::Fail(s) => self.down[s] = true,
+                Ev::Controller => self.controller(now),
                 Ev::Tick(s) => {
-                    if self.tick_at[s] == Some(now) {
+                    if self.tick_at[s] == Some(now) && !self.down[s] {
                         self.tick_at[s] = None;
                         let mut emit = Vec::new();
                         self.switches[s].tick(now, &mut emit);
@@ -519,6 +539,7 @@ impl<'a> FrameSim<'a> {
 
     fn deliver(&mut self, to: End, frame: Vec<u8>, now: Instant) {
         match to {
+            End::Switch(s, _) if self.down[s] => self.s.dropped_switch_down += 1,
             End::Switch(s, port) => {
                 // The switch's own time over the frame, after the frames ahead of it at a
                 // limited processor.
@@ -533,8 +554,41 @@ impl<'a> FrameSim<'a> {
         }
     }
 
+    /// The controller's new registration table, naming the failed roots, installed on every
+    /// switch that is up.
+    fn controller(&mut self, now: Instant) {
+        let roots: Vec<SwitchId> = (self.tors..self.switches.len())
+            .map(|i| i as SwitchId)
+            .collect();
+        let failed: BTreeSet<SwitchId> = (self.tors..self.switches.len())
+            .filter(|&i| self.down[i])
+            .map(|i| i as SwitchId)
+            .collect();
+        let Some(table) = Registration::spread(2, &roots, &failed, REGISTRATION_BUCKETS) else {
+            return;
+        };
+        for s in 0..self.switches.len() {
+            if self.down[s] {
+                continue;
+            }
+            let mut emit = Vec::new();
+            if self.switches[s]
+                .set_registration(table.clone(), now, &mut emit)
+                .is_ok()
+            {
+                self.s.tables_installed += 1;
+            }
+            self.emitted(s, emit, now);
+            self.schedule_tick(s);
+        }
+    }
+
     /// The switch's verdict on a frame, and whatever it sends.
     fn process(&mut self, s: usize, port: u16, mut frame: Vec<u8>, now: Instant) {
+        if self.down[s] {
+            self.s.dropped_switch_down += 1;
+            return;
+        }
         self.frames[s] += 1;
         let mut emit = Vec::new();
         let fate = self.switches[s].process(port, &mut frame, true, now, &mut emit);
@@ -760,7 +814,9 @@ impl<'a> FrameSim<'a> {
         };
         let tors = self.tors;
         for (i, sw) in self.switches.iter().enumerate() {
-            let hits = sw.snapshot(self.end).stats.hits;
+            let snap = sw.snapshot(self.end);
+            s.detours += snap.stats.detours;
+            let hits = snap.stats.hits;
             if i < tors {
                 s.tor_hits += hits;
             } else {

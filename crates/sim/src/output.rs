@@ -60,6 +60,12 @@ pub struct Summary {
     pub root_hits: u64,
     pub dropped_link_queue: u64,
     pub dropped_switch_queue: u64,
+    /// Frames that reached a failed switch, and messages the switches sent by another root
+    /// than the key's designated one (as it was down).
+    pub dropped_switch_down: u64,
+    pub detours: u64,
+    /// Registration tables the controller installed on the switches.
+    pub tables_installed: u64,
     pub tor_sojourn_us: f64,
     pub root_sojourn_us: f64,
     /// Frames the busiest root took over the mean root's: how evenly the keys' designated

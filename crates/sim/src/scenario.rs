@@ -108,6 +108,24 @@ pub struct Fabric {
     /// them.
     #[serde(default)]
     pub cross_rack: bool,
+    /// A root (a fat-tree's core; numbered from 0) that fails at `fail_at_s`: it takes no
+    /// frame and sends none from then on, and the others find out as its greetings stop.
+    #[serde(default)]
+    pub fail_root: Option<usize>,
+    #[serde(default)]
+    pub fail_at_s: f64,
+    /// How long after the failure the controller installs a registration table naming the
+    /// failed root (the fabric's own `Registration::spread`): its keys move to the others,
+    /// and the writes that waited for it go on a lease later. Never, when not given.
+    #[serde(default)]
+    pub controller_ms: Option<f64>,
+    /// How long a cached item is served after its fill (the fabric's `lease_ms`).
+    #[serde(default = "default_fabric_lease_ms")]
+    pub lease_ms: f64,
+}
+
+fn default_fabric_lease_ms() -> f64 {
+    2000.0
 }
 
 /// How the fabric's switches are linked.
@@ -871,6 +889,26 @@ impl Scenario {
             if f.switch_queue == 0 || f.switch_queue > MAX_QUEUE {
                 return Err(format!("fabric.switch_queue must be 1 to {MAX_QUEUE}"));
             }
+            if let Some(r) = f.fail_root {
+                let (_, roots, _) = f.shape();
+                if r >= roots {
+                    return Err(format!(
+                        "fabric.fail_root must be a root's number, 0 to {}, not {r}",
+                        roots - 1
+                    ));
+                }
+                within("fabric.fail_at_s", f.fail_at_s, 0.0, self.duration_s)?;
+                if roots < 2 && f.controller_ms.is_some() {
+                    return Err("fabric.controller_ms: no root would be left".into());
+                }
+            }
+            if let Some(ms) = f.controller_ms {
+                if f.fail_root.is_none() {
+                    return Err("fabric.controller_ms needs fabric.fail_root".into());
+                }
+                within("fabric.controller_ms", ms, 0.0, 3_600_000.0)?;
+            }
+            within("fabric.lease_ms", f.lease_ms, 1.0, 3_600_000.0)?;
             if self.clients.model != ClientModel::Closed {
                 return Err(
                     "the frame level has closed-loop clients only (clients.model = \"closed\")"

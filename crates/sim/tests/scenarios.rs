@@ -195,3 +195,44 @@ fn incbricks_fig10_and_fig11_caches_cut_latency_more_with_skew() {
     );
     assert!(at(&runs, "IncBricks", "0.99").hit_ratio > at(&runs, "IncBricks", "0.5").hit_ratio);
 }
+
+#[test]
+fn a_fat_tree_shares_its_cores_and_survives_losing_one() {
+    let (runs, _) = short("fat-tree");
+    for x in ["0.5", "0.99"] {
+        let (fat, flat) = (at(&runs, "fat-tree", x), at(&runs, "two-level tree", x));
+        // The same caches answer as much; the fat-tree's aggregation level costs latency.
+        assert!(
+            (fat.hit_ratio - flat.hit_ratio).abs() < 0.03,
+            "{fat:?} {flat:?}"
+        );
+        assert!(
+            fat.latency_mean_us > flat.latency_mean_us + 6.0,
+            "{fat:?} {flat:?}"
+        );
+        assert!(fat.root_imbalance < 1.5, "{fat:?}");
+        assert_eq!(fat.violations, 0);
+    }
+    let (runs, series) = short("fat-tree-failure");
+    let failed = at(&runs, "a core fails", "");
+    assert!(
+        failed.dropped_switch_down > 0 && failed.tables_installed > 0,
+        "{failed:?}"
+    );
+    assert_eq!(failed.violations, 0, "{failed:?}");
+    assert_eq!(at(&runs, "no failure", "").dropped, 0);
+    let curve = &series[&("a core fails".to_string(), String::new())];
+    // Down to a third at most while the ToRs still send a quarter of the keys to the lost
+    // core, and back once its writes go on.
+    assert!(dip(curve, 0.05, 0.2, 0.4) < 0.33, "{curve}");
+    let rate = sim::output::series_column(curve, "throughput_rps").unwrap();
+    let mean = |from: f64, to: f64| {
+        let v: Vec<f64> = rate
+            .iter()
+            .filter(|(t, _)| *t > from && *t <= to)
+            .map(|p| p.1)
+            .collect();
+        v.iter().sum::<f64>() / v.len() as f64
+    };
+    assert!(mean(0.8, 1.0) > 0.95 * mean(0.05, 0.2), "{curve}");
+}
