@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use history::{Kind, Op};
@@ -16,15 +17,18 @@ use kv::{Instant, Ring, Server};
 use loadgen::zipf::KeyGen;
 use rand::rngs::SmallRng;
 use rand::Rng;
+use switch::cache::{CacheService, CacheSettings};
 use switch::fabric::{FabricServer, FabricSpec, FabricSwitch, Member, PortRole, Rack, Role};
-use switch::{Dest, Emit, Fate};
+use switch::pool::Pool;
+use switch::stats::Stats;
+use switch::{Dest, Emit, Fate, Switch, SwitchSpec};
 use wire::ethernet::{self, Mac};
 use wire::frame::UdpEnds;
 use wire::{ipv4, mcudp, udp};
 
 use crate::core::{source, Events, Seeds};
 use crate::output::{Bin, Histogram, Summary};
-use crate::scenario::{Fabric, Scenario};
+use crate::scenario::{Fabric, Scenario, Topology};
 use crate::station::Station;
 use crate::Progress;
 
@@ -99,7 +103,7 @@ pub struct FrameSim<'a> {
     end: Instant,
     warmup: Instant,
     bin: Duration,
-    switches: Vec<FabricSwitch>,
+    switches: Vec<Node>,
     /// Each switch's processor, when `fabric.switch_capacity` limits it.
     processors: Vec<Option<Station>>,
     tick_at: Vec<Option<Instant>>,
@@ -109,6 +113,8 @@ pub struct FrameSim<'a> {
     tors: usize,
     /// Frames each switch took.
     frames: Vec<u64>,
+    /// Ports each switch has.
+    ports: Vec<u16>,
     /// Switches that have failed.
     down: Vec<bool>,
     hosts: Vec<Host>,
@@ -131,6 +137,57 @@ pub struct FrameSim<'a> {
     /// asked for and recorded in the history as written before any client ran.
     preloaded: std::collections::HashSet<String>,
 }
+
+/// A switch of the simulated network.
+enum Node {
+    /// A ToR or root of the caching fabric.
+    Fabric(FabricSwitch),
+    /// `kvswitch run`'s switch application, and its cache if it has one.
+    Single(Box<Switch>, Option<Arc<CacheService>>),
+}
+
+impl Node {
+    fn process(
+        &mut self,
+        port: u16,
+        frame: &mut Vec<u8>,
+        now: Instant,
+        emit: &mut Vec<Emit>,
+    ) -> Fate {
+        match self {
+            Node::Fabric(sw) => sw.process(port, frame, true, now, emit),
+            Node::Single(sw, _) => sw.process(port, frame, true, now, emit),
+        }
+    }
+
+    fn tick(&mut self, now: Instant, emit: &mut Vec<Emit>) {
+        match self {
+            Node::Fabric(sw) => sw.tick(now, emit),
+            Node::Single(sw, _) => sw.tick(now, emit),
+        }
+    }
+
+    fn poll_at(&self) -> Option<Instant> {
+        match self {
+            Node::Fabric(sw) => sw.poll_at(),
+            Node::Single(sw, _) => sw.poll_at(),
+        }
+    }
+
+    /// Reads its cache answered, and messages it sent by another root than the designated.
+    fn hits_and_detours(&self, now: Instant) -> (u64, u64) {
+        match self {
+            Node::Fabric(sw) => {
+                let stats = sw.snapshot(now).stats;
+                (stats.hits, stats.detours)
+            }
+            Node::Single(_, cache) => (cache.as_ref().map_or(0, |c| c.lock().counters().hits), 0),
+        }
+    }
+}
+
+/// The VIP of a single switch, on the hosts' subnet, past every host's address.
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 254);
 
 fn switch_ip(id: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 255, (id >> 8) as u8, id as u8 + 1)
@@ -276,11 +333,14 @@ impl<'a> FrameSim<'a> {
                 home_node: false,
             })
             .collect();
-        let root_ids: Vec<SwitchId> = (tors..n).map(|i| i as SwitchId).collect();
-        let table = Registration::spread(1, &root_ids, &BTreeSet::new(), REGISTRATION_BUCKETS)
-            .ok_or("no registration table")?;
         let mut switches = Vec::with_capacity(n);
-        for i in 0..n {
+        if f.topology == Topology::Switch {
+            switches.push(single_switch(sc, &hosts, &servers, &seeds)?);
+        }
+        let root_ids: Vec<SwitchId> = (tors..n).map(|i| i as SwitchId).collect();
+        let table = Registration::spread(1, &root_ids, &BTreeSet::new(), REGISTRATION_BUCKETS);
+        for i in (0..n).filter(|_| f.topology != Topology::Switch) {
+            let table = table.clone().ok_or("no registration table")?;
             let ports = if i < tors {
                 (0..per)
                     .map(|_| PortRole::Host)
@@ -295,11 +355,13 @@ impl<'a> FrameSim<'a> {
                 ports,
                 racks.clone(),
                 fabric_servers.clone(),
-                table.clone(),
+                table,
             );
             spec.cache_items = if i < tors { f.tor_items } else { f.root_items };
             spec.lease = Duration::from_secs_f64(f.lease_ms / 1000.0);
-            switches.push(FabricSwitch::new(spec).map_err(|e| format!("switch {i}: {e}"))?);
+            switches.push(Node::Fabric(
+                FabricSwitch::new(spec).map_err(|e| format!("switch {i}: {e}"))?,
+            ));
         }
         let processors = (0..n)
             .map(|i| {
@@ -338,6 +400,18 @@ impl<'a> FrameSim<'a> {
                 rng: seeds.rng(source::CLIENT + c as u64),
             })
             .collect::<Vec<_>>();
+        let ports = (0..n)
+            .map(|s| {
+                paths
+                    .keys()
+                    .filter_map(|e| match *e {
+                        End::Switch(o, p) if o == s => Some(p + 1),
+                        _ => None,
+                    })
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
         let mut sim = FrameSim {
             sc,
             f,
@@ -352,6 +426,7 @@ impl<'a> FrameSim<'a> {
             paths,
             tors,
             frames: vec![0; n],
+            ports,
             down: vec![false; n],
             served: vec![0; servers.len()],
             bin_served: vec![0; servers.len()],
@@ -463,7 +538,7 @@ impl<'a> FrameSim<'a> {
         let hits: u64 = self
             .switches
             .iter()
-            .map(|sw| sw.snapshot(now).stats.hits)
+            .map(|sw| sw.hits_and_detours(now).0)
             .sum();
         self.bins[b].hits = hits - self.hits_seen;
         self.hits_seen = hits;
@@ -531,9 +606,18 @@ impl<'a> FrameSim<'a> {
 
     fn emitted(&mut self, s: usize, emit: Vec<Emit>, now: Instant) {
         for e in emit {
-            if let Dest::Port(p) = e.dest {
-                self.transmit(End::Switch(s, p), e.frame, now);
+            match e.dest {
+                Dest::Port(p) => self.transmit(End::Switch(s, p), e.frame, now),
+                Dest::Flood => self.flood(s, None, e.frame, now),
             }
+        }
+    }
+
+    /// Sends a frame out of every port of switch `s` but `except`.
+    fn flood(&mut self, s: usize, except: Option<u16>, frame: Vec<u8>, now: Instant) {
+        let ports = self.ports[s];
+        for p in (0..ports).filter(|&p| Some(p) != except) {
+            self.transmit(End::Switch(s, p), frame.clone(), now);
         }
     }
 
@@ -572,11 +656,10 @@ impl<'a> FrameSim<'a> {
                 continue;
             }
             let mut emit = Vec::new();
-            if self.switches[s]
-                .set_registration(table.clone(), now, &mut emit)
-                .is_ok()
-            {
-                self.s.tables_installed += 1;
+            if let Node::Fabric(sw) = &mut self.switches[s] {
+                if sw.set_registration(table.clone(), now, &mut emit).is_ok() {
+                    self.s.tables_installed += 1;
+                }
             }
             self.emitted(s, emit, now);
             self.schedule_tick(s);
@@ -591,15 +674,21 @@ impl<'a> FrameSim<'a> {
         }
         self.frames[s] += 1;
         let mut emit = Vec::new();
-        let fate = self.switches[s].process(port, &mut frame, true, now, &mut emit);
+        let fate = self.switches[s].process(port, &mut frame, now, &mut emit);
         self.emitted(s, emit, now);
-        if let Fate::Out(p) = fate {
-            self.transmit(End::Switch(s, p), frame, now);
+        match fate {
+            Fate::Out(p) => self.transmit(End::Switch(s, p), frame, now),
+            Fate::Flood => self.flood(s, Some(port), frame, now),
+            Fate::Consumed => {}
         }
         self.schedule_tick(s);
     }
 
     fn at_host(&mut self, h: usize, frame: &[u8], now: Instant) {
+        if let Some(reply) = arp_reply(frame, self.hosts[h].ip, self.hosts[h].mac) {
+            self.transmit(End::Host(h), reply, now);
+            return;
+        }
         let Some((src, dst, payload)) = udp_of(frame) else {
             return;
         };
@@ -750,7 +839,13 @@ impl<'a> FrameSim<'a> {
     fn issue(&mut self, c: usize, now: Instant) {
         let index = self.keys.next_index(&mut self.key_rng);
         let key = format!("key:{index}");
-        let server = self.servers[self.ring.locate(key.as_bytes())];
+        // To the key's server through the fabric, or to a single switch's VIP, which picks it.
+        let to = if self.f.topology == Topology::Switch {
+            (VIP, SwitchSpec::new(0, VIP, Vec::new()).vip.mac)
+        } else {
+            let server = self.servers[self.ring.locate(key.as_bytes())];
+            (self.hosts[server].ip, self.hosts[server].mac)
+        };
         let client = &mut self.clients[c];
         let write = self.sc.workload.write_ratio > 0.0
             && client.rng.gen::<f64>() < self.sc.workload.write_ratio;
@@ -766,12 +861,7 @@ impl<'a> FrameSim<'a> {
         let mut header = [0u8; mcudp::LEN];
         mcudp::Header::single(id).emit(&mut header);
         let host = &self.hosts[client.host];
-        let ends = udp_ends(
-            host.mac,
-            self.hosts[server].mac,
-            (host.ip, client.port),
-            (self.hosts[server].ip, MC_PORT),
-        );
+        let ends = udp_ends(host.mac, to.1, (host.ip, client.port), (to.0, MC_PORT));
         let frame = switch::frame::udp_frame(&ends, &[&header, text.as_bytes()]);
         client.waiting = Some((
             id,
@@ -814,9 +904,8 @@ impl<'a> FrameSim<'a> {
         };
         let tors = self.tors;
         for (i, sw) in self.switches.iter().enumerate() {
-            let snap = sw.snapshot(self.end);
-            s.detours += snap.stats.detours;
-            let hits = snap.stats.hits;
+            let (hits, detours) = sw.hits_and_detours(self.end);
+            s.detours += detours;
             if i < tors {
                 s.tor_hits += hits;
             } else {
@@ -867,6 +956,53 @@ impl<'a> FrameSim<'a> {
     }
 }
 
+/// `kvswitch run`'s switch with every host on a port of its own: the servers' addresses and
+/// MACs configured, the ring the scenario's backends name, and the cache on the UDP path
+/// when `fabric.tor_items` is above 0.
+fn single_switch(
+    sc: &Scenario,
+    hosts: &[Host],
+    servers: &[usize],
+    seeds: &Seeds,
+) -> Result<Node, String> {
+    let backends = servers
+        .iter()
+        .map(|&h| switch::spec::Server {
+            addr: std::net::SocketAddrV4::new(hosts[h].ip, MC_PORT),
+            mac: Some(hosts[h].mac),
+        })
+        .collect();
+    let mut spec = SwitchSpec::new(hosts.len(), VIP, backends);
+    spec.seed = seeds.rng(source::SWITCH).gen();
+    let items = sc.fabric.as_ref().map_or(0, |f| f.tor_items);
+    spec.cache = items > 0;
+    let dist: kv::Distribution = sc
+        .backends
+        .distribution
+        .parse()
+        .map_err(|e| format!("{e}"))?;
+    let hash: kv::HashFn = sc.backends.hash.parse().map_err(|e| format!("{e}"))?;
+    let pool = Pool::new(spec.pool_spec(dist, hash)).map_err(|e| format!("the pool: {e}"))?;
+    let stats = Arc::new(Stats::new(hosts.len(), servers.len()));
+    let mut sw =
+        Switch::new(spec, Arc::new(pool), stats).map_err(|e| format!("the switch: {e}"))?;
+    let cache = if items > 0 {
+        let mut settings = CacheSettings {
+            enabled: true,
+            ..Default::default()
+        };
+        settings.cache.items = items;
+        let cache = CacheService::new(settings, servers.len(), Instant::ZERO)
+            .map_err(|e| format!("the switch's cache: {e}"))?;
+        sw.set_cache(cache.clone())
+            .map_err(|e| format!("the switch's cache: {e}"))?;
+        Some(cache)
+    } else {
+        None
+    };
+    Ok(Node::Single(Box::new(sw), cache))
+}
+
 fn placeholder() -> Op {
     Op {
         client: 0,
@@ -890,6 +1026,27 @@ fn udp_ends(src_mac: Mac, dst_mac: Mac, src: Addr, dst: Addr) -> UdpEnds {
 }
 
 type Addr = (Ipv4Addr, u16);
+
+/// A host's answer to an ARP request for its address.
+fn arp_reply(frame: &[u8], ip: Ipv4Addr, mac: Mac) -> Option<Vec<u8>> {
+    let eth = ethernet::Frame::new_checked(frame).ok()?;
+    if eth.ethertype() != ethernet::EtherType::ARP {
+        return None;
+    }
+    let asked =
+        wire::arp::Repr::parse(&wire::arp::Packet::new_checked(eth.payload()).ok()?).ok()?;
+    if asked.operation != wire::arp::Operation::Request || asked.target_ip != ip {
+        return None;
+    }
+    let reply = wire::arp::Repr {
+        operation: wire::arp::Operation::Reply,
+        sender_mac: mac,
+        sender_ip: ip,
+        target_mac: asked.sender_mac,
+        target_ip: asked.sender_ip,
+    };
+    Some(switch::frame::arp_frame(asked.sender_mac, &reply))
+}
 
 fn udp_of(frame: &[u8]) -> Option<(Addr, Addr, &[u8])> {
     let ip = ipv4::Packet::new_checked(frame.get(ethernet::HEADER_LEN..)?).ok()?;

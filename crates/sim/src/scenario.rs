@@ -82,6 +82,7 @@ pub struct Fabric {
     pub servers: usize,
     /// Cached items at each ToR and each root (0: no cache there).
     pub tor_items: usize,
+    #[serde(default)]
     pub root_items: usize,
     /// Gigabits a second of a host's link and of a ToR-root link.
     #[serde(default = "default_host_gbps")]
@@ -135,6 +136,12 @@ pub enum Topology {
     /// Two levels: every ToR linked straight to every root.
     #[default]
     Tree,
+    /// One kvswitch: the switch application of `kvswitch run` (ARP, learning, the memcached
+    /// program that routes each request to the VIP by its key over the backends' ring, the
+    /// coherent cache on the UDP path with its hot-key detection) with every host on a port
+    /// of its own, the first `servers` of them servers; `tor_items` is its cache's size (0:
+    /// no cache).
+    Switch,
     /// Three levels: the cores are the fabric's roots, and a ToR reaches a core through the
     /// one aggregation switch of its pod that links to that core, so two racks in different
     /// pods are joined by `(k / 2)^2` paths and each key takes the one through its designated
@@ -147,6 +154,7 @@ impl Fabric {
     pub fn shape(&self) -> (usize, usize, usize) {
         match self.topology {
             Topology::Tree => (self.tors, self.roots, 0),
+            Topology::Switch => (1, 0, 0),
             Topology::FatTree => (
                 self.k * self.k / 2,
                 self.k * self.k / 4,
@@ -843,6 +851,17 @@ impl Scenario {
                     }
                     if f.k != 0 {
                         return Err("fabric.k is a fat-tree's (topology = \"fat-tree\")".into());
+                    }
+                }
+                Topology::Switch => {
+                    if f.tors != 0 || f.roots != 0 || f.k != 0 {
+                        return Err(
+                            "fabric.tors, fabric.roots and fabric.k are not a single switch's"
+                                .into(),
+                        );
+                    }
+                    if f.root_items != 0 {
+                        return Err("fabric.root_items: a single switch has no root".into());
                     }
                 }
                 Topology::FatTree => {

@@ -224,6 +224,16 @@ fn frame_level_scenarios_are_checked() {
             "follow from fabric.k",
         ),
         ("tors = 4\nroots = 2", "topology = \"mesh\"", "topology"),
+        (
+            "roots = 2",
+            "roots = 2\ntopology = \"switch\"",
+            "single switch",
+        ),
+        (
+            "tors = 4\nroots = 2",
+            "topology = \"switch\"",
+            "fabric.root_items: a single switch has no root",
+        ),
         ("roots = 2", "roots = 2\nfail_root = 2", "fabric.fail_root"),
         (
             "roots = 2",

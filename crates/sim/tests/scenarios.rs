@@ -236,3 +236,31 @@ fn a_fat_tree_shares_its_cores_and_survives_losing_one() {
     };
     assert!(mean(0.8, 1.0) > 0.95 * mean(0.05, 0.2), "{curve}");
 }
+
+#[test]
+fn one_kvswitch_at_frame_level_answers_hot_keys_from_its_cache() {
+    let (runs, _) = short("switch");
+    let (cache, writes, none) = (
+        at(&runs, "cache", "0.99"),
+        at(&runs, "cache, 1% writes", "0.99"),
+        at(&runs, "no cache", "0.99"),
+    );
+    for s in [cache, writes, none] {
+        assert_eq!(s.violations, 0, "{s:?}");
+    }
+    assert_eq!(none.cache_hits, 0);
+    // The busiest server sets the pace of the closed loop; the switch's cache takes the
+    // hottest keys' reads off it.
+    assert!(cache.hit_ratio > 0.15, "{cache:?}");
+    assert!(
+        cache.throughput > 1.4 * none.throughput,
+        "{cache:?} {none:?}"
+    );
+    // Writes to a hot key close its copy until the write's reply has passed the switch, and
+    // behind a saturated server that is most of the time: the cache helps far less.
+    assert!(writes.hit_ratio < cache.hit_ratio, "{writes:?}");
+    assert!(
+        writes.throughput > none.throughput && writes.throughput < cache.throughput,
+        "{writes:?}"
+    );
+}
