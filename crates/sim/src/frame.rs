@@ -141,19 +141,13 @@ pub struct FrameSim<'a> {
 /// A switch of the simulated network.
 enum Node {
     /// A ToR or root of the caching fabric.
-    Fabric(FabricSwitch),
+    Fabric(Box<FabricSwitch>),
     /// `kvswitch run`'s switch application, and its cache if it has one.
     Single(Box<Switch>, Option<Arc<CacheService>>),
 }
 
 impl Node {
-    fn process(
-        &mut self,
-        port: u16,
-        frame: &mut Vec<u8>,
-        now: Instant,
-        emit: &mut Vec<Emit>,
-    ) -> Fate {
+    fn process(&mut self, port: u16, frame: &mut [u8], now: Instant, emit: &mut Vec<Emit>) -> Fate {
         match self {
             Node::Fabric(sw) => sw.process(port, frame, true, now, emit),
             Node::Single(sw, _) => sw.process(port, frame, true, now, emit),
@@ -359,9 +353,9 @@ impl<'a> FrameSim<'a> {
             );
             spec.cache_items = if i < tors { f.tor_items } else { f.root_items };
             spec.lease = Duration::from_secs_f64(f.lease_ms / 1000.0);
-            switches.push(Node::Fabric(
+            switches.push(Node::Fabric(Box::new(
                 FabricSwitch::new(spec).map_err(|e| format!("switch {i}: {e}"))?,
-            ));
+            )));
         }
         let processors = (0..n)
             .map(|i| {
