@@ -180,6 +180,16 @@ pub struct Ring {
     /// a few points of one slice rather than the whole continuum.
     index: Vec<u32>,
     index_bits: u32,
+    /// Ketama: per slice of the hash space (about 1.6 a point), the first point at or after
+    /// the slice's start: its server in the top `direct_bits` bits, and in the others its
+    /// value's low bits when it lies in the slice, or all ones when it lies past it (or past
+    /// the last point, where the first point's server follows). A hash at or below that point
+    /// belongs to its server: three lookups in four read one entry of this table and nothing
+    /// else, where a search reads `index` and then the continuum, two cache misses on a large
+    /// ring. Four bytes an entry keep the table small enough to stay cached. Empty when a
+    /// server's number does not fit.
+    direct: Vec<u32>,
+    direct_bits: u32,
     /// Modula and jump: the servers in slot order, as indexes into the caller's list.
     slot_order: Vec<u32>,
     /// Modula and jump: `cumulative[i]` = sum of the weights of `slot_order[0..=i]`, so slot
@@ -229,6 +239,8 @@ impl Ring {
             continuum: Vec::new(),
             index: Vec::new(),
             index_bits: 0,
+            direct: Vec::new(),
+            direct_bits: 0,
             slot_order: Vec::new(),
             cumulative: Vec::new(),
         };
@@ -297,6 +309,39 @@ impl Ring {
         index.push(self.continuum.len() as u32);
         self.index = index;
         self.index_bits = bits;
+        self.build_direct();
+    }
+
+    /// About 1.6 slices a point (2^18 of them for 1,024 servers of 160 points), at most 2^20.
+    fn build_direct(&mut self) {
+        self.direct = Vec::new();
+        self.direct_bits = 0;
+        let Some(first) = self.continuum.first() else {
+            return;
+        };
+        let len = self.continuum.len();
+        let bits = (usize::BITS - len.leading_zeros()).clamp(1, 20);
+        if self.servers > 1 << bits {
+            return;
+        }
+        let shift = 32 - bits;
+        let low = u32::MAX >> bits;
+        let mut direct = Vec::with_capacity(1 << bits);
+        let mut at = 0usize;
+        for b in 0..1u32 << bits {
+            let start = b << shift;
+            while at < len && self.continuum[at].value < start {
+                at += 1;
+            }
+            let entry = match self.continuum.get(at) {
+                Some(p) if p.value >> shift == b => (p.server << shift) | (p.value & low),
+                Some(p) => (p.server << shift) | low,
+                None => (first.server << shift) | low,
+            };
+            direct.push(entry);
+        }
+        self.direct = direct;
+        self.direct_bits = bits;
     }
 
     /// The first point of the continuum at or after `hash` (its length when none is).
@@ -331,6 +376,16 @@ impl Ring {
     pub fn locate_hash(&self, hash: u32) -> usize {
         match self.dist {
             Distribution::Ketama => {
+                // No point between the slice's start and the hash: the slice's first point
+                // (with the lowest index among equal values, as the search finds it).
+                if self.direct_bits > 0 {
+                    let shift = 32 - self.direct_bits;
+                    let low = u32::MAX >> self.direct_bits;
+                    let entry = self.direct[(hash >> shift) as usize];
+                    if hash & low <= entry & low {
+                        return (entry >> shift) as usize;
+                    }
+                }
                 // First point at or after the hash, wrapping to the first point past the end.
                 let i = self.first_at_or_after(hash);
                 self.continuum
@@ -732,6 +787,33 @@ mod tests {
         let (a, b) = (ring.continuum[6], ring.continuum[7]);
         if b.value - a.value > 1 {
             assert_eq!(ring.locate_hash(a.value + 1), b.server as usize);
+        }
+    }
+
+    #[test]
+    fn ketama_lookup_tables_agree_with_a_search_of_the_continuum() {
+        for n in [1, 3, 50, 1024] {
+            let servers = pool(n, |i| i as u32 % 3 + 1);
+            let ring = Ring::new(Distribution::Ketama, HashFn::Md5, &servers).unwrap();
+            let search = |hash: u32| {
+                let i = ring.continuum.partition_point(|p| p.value < hash);
+                ring.continuum.get(i).unwrap_or(&ring.continuum[0]).server as usize
+            };
+            // Every point and its neighbours, the slices' edges, and a spread of hashes.
+            let mut hashes: Vec<u32> = ring
+                .continuum
+                .iter()
+                .flat_map(|p| [p.value.wrapping_sub(1), p.value, p.value.wrapping_add(1)])
+                .collect();
+            let shift = 32 - ring.direct_bits;
+            for b in 0..1u32 << ring.direct_bits {
+                hashes.extend([b << shift, (b << shift) | ((1 << shift) - 1)]);
+            }
+            hashes.extend((0..100_000u32).map(|i| i.wrapping_mul(0x9e37_79b9)));
+            hashes.extend([0, u32::MAX]);
+            for h in hashes {
+                assert_eq!(ring.locate_hash(h), search(h), "{n} servers, hash {h:#x}");
+            }
         }
     }
 

@@ -412,13 +412,26 @@ impl CacheNode {
         key: &[u8],
         now: Instant,
     ) -> Option<crate::cache::Value> {
+        self.serve_with(backend, key, now, crate::cache::Value::clone)
+    }
+
+    /// As [`CacheNode::serve`], counted the same, giving what `answer` makes of the value
+    /// rather than a copy of it (a reply written straight from it, or only whether there is
+    /// one).
+    pub fn serve_with<R>(
+        &mut self,
+        backend: usize,
+        key: &[u8],
+        now: Instant,
+        answer: impl FnOnce(&crate::cache::Value) -> R,
+    ) -> Option<R> {
         self.cache.ensure_groups(backend + 1);
         self.cache.see(backend, key, now);
         if self.granted.get(key).is_none_or(|&end| end <= now) {
             self.cache.count_misses(1);
             return None;
         }
-        self.cache.lookup(key, false, now).ok().cloned()
+        self.cache.lookup(key, false, now).ok().map(answer)
     }
 
     /// The leases to renew at `now` (those ending within half a lease), by backend: ask each

@@ -165,6 +165,32 @@ pub fn mix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
+/// The hasher of the simulator's maps keyed by numbers (a switch's table keyed by key
+/// hashes, looked up at every request): [`mix`] of the number rather than SipHash, as no
+/// client chooses these keys and their order is never read.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MixHasher(u64);
+
+impl std::hash::Hasher for MixHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = mix(self.0 ^ u64::from(b));
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.0 = mix(self.0 ^ u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = mix(self.0 ^ n);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
 /// An exponential draw with mean `mean`, from a uniform in (0, 1].
 pub fn exponential(mean: Duration, u: f64) -> Duration {
     let u = if u <= 0.0 {

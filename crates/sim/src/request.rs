@@ -18,6 +18,7 @@
 //! take them.
 
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::time::Duration;
 
 use kv::switchkv::{Backend, BackendConfig, CacheNode, CacheNodeConfig, Fetch};
@@ -26,7 +27,7 @@ use loadgen::zipf::{KeyGen, Ranking};
 use rand::rngs::SmallRng;
 use rand::Rng;
 
-use crate::core::{exponential, source, Events, Seeds};
+use crate::core::{exponential, source, Events, MixHasher, Seeds};
 use crate::output::{Bin, Histogram, Summary};
 use crate::scenario::{CacheNodes, CachePath, ClientModel, Scenario};
 use crate::station::Station;
@@ -86,7 +87,7 @@ pub struct RequestSim<'a> {
     /// the lead-in.
     prefill: Vec<Vec<(Box<[u8]>, f64)>>,
     /// The switch's rules: key hash → cache node, with how many cached keys share it.
-    rules: HashMap<u32, (usize, u32)>,
+    rules: HashMap<u32, (usize, u32), BuildHasherDefault<MixHasher>>,
     keys: KeyGen,
     ranking: Option<Ranking>,
     key_rng: SmallRng,
@@ -202,7 +203,7 @@ impl<'a> RequestSim<'a> {
             backends,
             nodes,
             prefill,
-            rules: HashMap::new(),
+            rules: HashMap::default(),
             keys,
             ranking,
             key_rng: seeds.rng(source::KEYS),
@@ -492,7 +493,8 @@ impl<'a> RequestSim<'a> {
                 },
                 None => now,
             };
-            if node.kv.serve(local, &self.key, now).is_some() {
+            // Only whether it is answered matters here: no copy of the value.
+            if node.kv.serve_with(local, &self.key, now, |_| ()).is_some() {
                 return Fate::Answered {
                     at: leaves + link * 4,
                     hit: true,

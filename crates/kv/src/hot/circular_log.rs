@@ -2,7 +2,7 @@
 //! ring, how many times it appears there. A key that suddenly takes more than a threshold of
 //! the last N requests is worth caching at once instead of waiting for the periodic report.
 
-use super::{ByFingerprint, Fingerprints};
+use super::{FingerprintMap, Fingerprints};
 
 /// Ring size from SwitchKV's evaluation: the last 200 requests.
 pub const DEFAULT_LOG_SIZE: usize = 200;
@@ -24,7 +24,8 @@ pub struct CircularLog {
     pos: usize,
     /// Entries of `log` in use (all of them once it has wrapped).
     filled: usize,
-    counts: ByFingerprint<u32>,
+    /// Per key in the ring, its entries there.
+    counts: FingerprintMap,
     threshold: u32,
     fingerprints: Fingerprints,
 }
@@ -48,7 +49,7 @@ impl CircularLog {
             log: vec![0; size],
             pos: 0,
             filled: 0,
-            counts: ByFingerprint::with_capacity_and_hasher(size, Default::default()),
+            counts: FingerprintMap::with_capacity(size),
             threshold,
             fingerprints: Fingerprints::default(),
         }
@@ -68,10 +69,10 @@ impl CircularLog {
             let oldest = self.log[self.pos];
             same = oldest == fp;
             if !same {
-                if let Some(c) = self.counts.get_mut(&oldest) {
+                if let Some(c) = self.counts.get_mut(oldest) {
                     *c -= 1;
                     if *c == 0 {
-                        self.counts.remove(&oldest);
+                        self.counts.remove(oldest);
                     }
                 }
             }
@@ -81,7 +82,7 @@ impl CircularLog {
         let after = if same {
             0
         } else {
-            let c = self.counts.entry(fp).or_insert(0);
+            let c = self.counts.get_or_insert(fp, 0);
             *c += 1;
             *c
         };
@@ -93,10 +94,7 @@ impl CircularLog {
 
     /// How many of the last `size` visits were for `key`.
     pub fn count(&self, key: &[u8]) -> u32 {
-        self.counts
-            .get(&self.fingerprints.of(key))
-            .copied()
-            .unwrap_or(0)
+        self.counts.get(self.fingerprints.of(key)).unwrap_or(0)
     }
 
     /// Number of distinct keys in the ring.

@@ -15,8 +15,7 @@ use std::time::Duration;
 
 pub use circular_log::{CircularLog, DEFAULT_LOG_SIZE, DEFAULT_LOG_THRESHOLD};
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::hash::BuildHasher;
 
 /// 64-bit fingerprints of keys under a random key of each structure that holds them, so that
 /// the per-request paths of the detectors compare and hash eight bytes rather than whole
@@ -32,28 +31,140 @@ impl Fingerprints {
     }
 }
 
-/// The hasher of maps keyed by fingerprints: they are uniform already.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct PassThrough(u64);
+/// A map from fingerprints to `u32` values, for the per-request paths of the detectors: open
+/// addressing with linear probing in one flat table, so that a lookup usually reads a single
+/// cache line (a general hash map keeps its control bytes and its entries apart, two lines a
+/// lookup). Fingerprints are uniform already and index the table as they are. The table
+/// holds at most half as many keys as it has entries, growing when needed; removal shifts the
+/// entries after it back, so there are no tombstones and lookups never slow down.
+#[derive(Clone, Debug)]
+pub(crate) struct FingerprintMap {
+    /// `(fingerprint, value)`; [`FingerprintMap::VACANT`] as the value marks an empty entry.
+    entries: Box<[(u64, u32)]>,
+    mask: usize,
+    len: usize,
+}
 
-impl Hasher for PassThrough {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+impl FingerprintMap {
+    /// The value that marks an empty entry; it cannot be stored.
+    pub(crate) const VACANT: u32 = u32::MAX;
+
+    /// A map with room for `keys` keys before it grows.
+    pub(crate) fn with_capacity(keys: usize) -> FingerprintMap {
+        let size = keys.max(4).saturating_mul(2).next_power_of_two();
+        FingerprintMap {
+            entries: vec![(0, Self::VACANT); size].into_boxed_slice(),
+            mask: size - 1,
+            len: 0,
         }
     }
 
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
+    fn home(&self, fp: u64) -> usize {
+        (fp as usize) & self.mask
     }
 
-    fn finish(&self) -> u64 {
-        self.0
+    /// Where `fp` is, or the empty entry where it would go.
+    fn find(&self, fp: u64) -> (usize, bool) {
+        let mut i = self.home(fp);
+        loop {
+            let (f, v) = self.entries[i];
+            if v == Self::VACANT {
+                return (i, false);
+            }
+            if f == fp {
+                return (i, true);
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    pub(crate) fn get(&self, fp: u64) -> Option<u32> {
+        match self.find(fp) {
+            (i, true) => Some(self.entries[i].1),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn get_mut(&mut self, fp: u64) -> Option<&mut u32> {
+        match self.find(fp) {
+            (i, true) => Some(&mut self.entries[i].1),
+            _ => None,
+        }
+    }
+
+    /// The value of `fp`, inserted as `value` first if absent.
+    pub(crate) fn get_or_insert(&mut self, fp: u64, value: u32) -> &mut u32 {
+        debug_assert_ne!(value, Self::VACANT);
+        let (mut i, found) = self.find(fp);
+        if !found {
+            if (self.len + 1) * 2 > self.entries.len() {
+                self.grow();
+                i = self.find(fp).0;
+            }
+            self.entries[i] = (fp, value);
+            self.len += 1;
+        }
+        &mut self.entries[i].1
+    }
+
+    /// Sets the value of `fp`.
+    pub(crate) fn insert(&mut self, fp: u64, value: u32) {
+        *self.get_or_insert(fp, value) = value;
+    }
+
+    /// Removes `fp`, returning its value if it was there.
+    pub(crate) fn remove(&mut self, fp: u64) -> Option<u32> {
+        let (mut hole, true) = self.find(fp) else {
+            return None;
+        };
+        let value = self.entries[hole].1;
+        // Backward shift: an entry after the hole moves into it unless its home lies in
+        // (hole, j] (cyclically), where it must stay to be found.
+        let mut j = hole;
+        loop {
+            j = (j + 1) & self.mask;
+            let (f, v) = self.entries[j];
+            if v == Self::VACANT {
+                break;
+            }
+            let home = self.home(f);
+            let stays = if hole <= j {
+                hole < home && home <= j
+            } else {
+                hole < home || home <= j
+            };
+            if !stays {
+                self.entries[hole] = self.entries[j];
+                hole = j;
+            }
+        }
+        self.entries[hole] = (0, Self::VACANT);
+        self.len -= 1;
+        Some(value)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Removes every key, keeping the table.
+    pub(crate) fn clear(&mut self) {
+        if self.len > 0 {
+            self.entries.fill((0, Self::VACANT));
+            self.len = 0;
+        }
+    }
+
+    fn grow(&mut self) {
+        let old = std::mem::replace(self, FingerprintMap::with_capacity(self.entries.len()));
+        for &(f, v) in old.entries.iter() {
+            if v != Self::VACANT {
+                self.insert(f, v);
+            }
+        }
     }
 }
 
-/// A map keyed by fingerprints.
-pub(crate) type ByFingerprint<V> = HashMap<u64, V, BuildHasherDefault<PassThrough>>;
 pub use count_min::{CountMin, HeavyHitters};
 pub use space_saving::SpaceSaving;
 pub use tracker::{Counter, Report, Tracker, TrackerConfig, TrackerError};
@@ -132,6 +243,39 @@ pub(crate) mod test_zipf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fingerprint_map_agrees_with_a_hash_map() {
+        use rand::rngs::SmallRng;
+        use rand::{Rng, SeedableRng};
+        let mut rng = SmallRng::seed_from_u64(5);
+        let mut map = FingerprintMap::with_capacity(8);
+        let mut want = std::collections::HashMap::new();
+        for step in 0..200_000u32 {
+            // Few distinct fingerprints, many sharing low bits: long probe runs that wrap.
+            let fp = u64::from(rng.gen_range(0..64u32)) << 40 | u64::from(rng.gen_range(0..24u32));
+            match rng.gen_range(0..4) {
+                0 => {
+                    map.insert(fp, step);
+                    want.insert(fp, step);
+                }
+                1 => assert_eq!(map.remove(fp), want.remove(&fp)),
+                2 => {
+                    *map.get_or_insert(fp, 7) += 1;
+                    *want.entry(fp).or_insert(7) += 1;
+                }
+                _ => assert_eq!(map.get(fp), want.get(&fp).copied()),
+            }
+            assert_eq!(map.len(), want.len());
+            if step % 50_000 == 0 {
+                map.clear();
+                want.clear();
+            }
+        }
+        for (&fp, &v) in &want {
+            assert_eq!(map.get(fp), Some(v));
+        }
+    }
 
     #[test]
     fn ewma_weights_the_new_frequency_by_alpha() {

@@ -5,15 +5,56 @@
 //! keys of a bucket from least to most recently visited. Both lists are doubly linked through
 //! indices into vectors, so a visit touches a constant number of nodes and never scans.
 
-use super::{ByFingerprint, Fingerprints};
+use super::{FingerprintMap, Fingerprints};
 
 /// End of a list.
 const NIL: u32 = u32::MAX;
 
-/// One tracked key.
+/// Key bytes kept in the slot itself when short enough: a visit that replaces a key writes
+/// the slot's own cache line rather than a separate allocation.
+const INLINE: usize = 30;
+
+/// A tracked key's bytes.
 #[derive(Debug)]
+enum KeyBytes {
+    Inline { len: u8, bytes: [u8; INLINE] },
+    Heap(Box<[u8]>),
+}
+
+impl KeyBytes {
+    fn new(key: &[u8]) -> KeyBytes {
+        if key.len() <= INLINE {
+            let mut bytes = [0; INLINE];
+            bytes[..key.len()].copy_from_slice(key);
+            KeyBytes::Inline {
+                len: key.len() as u8,
+                bytes,
+            }
+        } else {
+            KeyBytes::Heap(key.into())
+        }
+    }
+
+    fn get(&self) -> &[u8] {
+        match self {
+            KeyBytes::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            KeyBytes::Heap(key) => key,
+        }
+    }
+
+    fn set(&mut self, key: &[u8]) {
+        match self {
+            // The buffer is reused when the new key has the old one's length.
+            KeyBytes::Heap(old) if old.len() == key.len() => old.copy_from_slice(key),
+            _ => *self = KeyBytes::new(key),
+        }
+    }
+}
+
+/// One tracked key, in one cache line: a visit reads or writes a few slots, each once.
+#[derive(Debug)]
+#[repr(align(64))]
 struct Slot {
-    key: Box<[u8]>,
     /// The key's fingerprint, its name in `index`.
     fp: u64,
     /// The bucket holding this key, which gives its count.
@@ -22,7 +63,10 @@ struct Slot {
     prev: u32,
     /// More recently visited neighbour in the bucket.
     next: u32,
+    key: KeyBytes,
 }
+
+const _: () = assert!(std::mem::size_of::<Slot>() == 64);
 
 /// All keys visited `count` times, least recent first.
 #[derive(Debug)]
@@ -47,7 +91,7 @@ struct Bucket {
 pub struct SpaceSaving {
     capacity: usize,
     /// Slots by their key's fingerprint (see [`Fingerprints`]).
-    index: ByFingerprint<u32>,
+    index: FingerprintMap,
     fingerprints: Fingerprints,
     slots: Vec<Slot>,
     buckets: Vec<Bucket>,
@@ -71,7 +115,7 @@ impl SpaceSaving {
         );
         SpaceSaving {
             capacity,
-            index: ByFingerprint::with_capacity_and_hasher(capacity, Default::default()),
+            index: FingerprintMap::with_capacity(capacity),
             fingerprints: Fingerprints::default(),
             slots: Vec::with_capacity(capacity),
             buckets: Vec::with_capacity(capacity),
@@ -86,14 +130,14 @@ impl SpaceSaving {
     /// the increment.
     pub fn see(&mut self, key: &[u8]) {
         let fp = self.fingerprints.of(key);
-        if let Some(&slot) = self.index.get(&fp) {
+        if let Some(slot) = self.index.get(fp) {
             self.bump(slot);
             return;
         }
         if self.slots.len() < self.capacity {
             let slot = self.slots.len() as u32;
             self.slots.push(Slot {
-                key: key.into(),
+                key: KeyBytes::new(key),
                 fp,
                 bucket: NIL,
                 prev: NIL,
@@ -111,13 +155,8 @@ impl SpaceSaving {
         }
         let slot = self.buckets[self.lowest as usize].first;
         let s = &mut self.slots[slot as usize];
-        self.index.remove(&s.fp);
-        // The slot's buffer is reused when the new key has the old one's length.
-        if s.key.len() == key.len() {
-            s.key.copy_from_slice(key);
-        } else {
-            s.key = key.into();
-        }
+        self.index.remove(s.fp);
+        s.key.set(key);
         s.fp = fp;
         self.index.insert(fp, slot);
         self.bump(slot);
@@ -125,7 +164,7 @@ impl SpaceSaving {
 
     /// The estimated count of `key`, or `None` if it is not tracked.
     pub fn count(&self, key: &[u8]) -> Option<u64> {
-        let slot = *self.index.get(&self.fingerprints.of(key))?;
+        let slot = self.index.get(self.fingerprints.of(key))?;
         Some(self.buckets[self.slots[slot as usize].bucket as usize].count)
     }
 
@@ -139,7 +178,7 @@ impl SpaceSaving {
             let mut slot = b.last;
             while slot != NIL && out.len() < k {
                 let s = &self.slots[slot as usize];
-                out.push((s.key.clone(), b.count));
+                out.push((s.key.get().into(), b.count));
                 slot = s.prev;
             }
             bucket = b.prev;
