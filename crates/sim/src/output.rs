@@ -172,6 +172,17 @@ pub fn series_column(csv: &str, column: &str) -> Option<Vec<(f64, f64)>> {
     )
 }
 
+/// The mean of a time-series column over the bins that end in `(from, to]` seconds; `None`
+/// when the column is missing or no bin ends there.
+pub fn series_mean(csv: &str, column: &str, from: f64, to: f64) -> Option<f64> {
+    let v: Vec<f64> = series_column(csv, column)?
+        .into_iter()
+        .filter(|&(t, _)| t > from && t <= to)
+        .map(|(_, y)| y)
+        .collect();
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
 /// A summary figure by name, for plots and sweeps' tables.
 pub fn figure(s: &Summary, name: &str) -> Option<f64> {
     let v = serde_json::to_value(s).ok()?;

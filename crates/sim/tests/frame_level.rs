@@ -178,15 +178,8 @@ fn a_fat_tree_that_loses_a_core_detours_and_recovers_once_the_controller_names_i
     assert!(s.dropped_switch_down > 0 && s.detours > 0, "{s:?}");
     // Every switch but the failed core took the controller's table.
     assert_eq!(s.tables_installed, 8 + 4 - 1, "{s:?}");
-    let rate = sim::output::series_column(&o.series_csv, "throughput_rps").unwrap();
-    let mean = |from: f64, to: f64| {
-        let v: Vec<f64> = rate
-            .iter()
-            .filter(|&&(t, _)| t > from && t <= to)
-            .map(|&(_, r)| r)
-            .collect();
-        v.iter().sum::<f64>() / v.len() as f64
-    };
+    let mean =
+        |from, to| sim::output::series_mean(&o.series_csv, "throughput_rps", from, to).unwrap();
     let (before, after_fail, recovered) = (mean(0.05, 0.15), mean(0.15, 0.2), mean(0.65, 0.8));
     // A quarter of the keys' requests are lost until the ToRs find the core gone (200 ms
     // without its greetings) and send them by other cores (the detours); writes wait for its

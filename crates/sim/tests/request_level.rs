@@ -228,16 +228,10 @@ name = "SwitchKV"
     let runs = run_all(text, 9);
     let mut dips = Vec::new();
     for o in &runs {
-        let tput = sim::output::series_column(&o.series_csv, "throughput_rps").unwrap();
-        let mean = |from: f64, to: f64| {
-            let v: Vec<f64> = tput
-                .iter()
-                .filter(|(t, _)| *t > from && *t <= to)
-                .map(|p| p.1)
-                .collect();
-            v.iter().sum::<f64>() / v.len() as f64
-        };
+        let mean =
+            |from, to| sim::output::series_mean(&o.series_csv, "throughput_rps", from, to).unwrap();
         let before = mean(2.5, 4.0);
+        let tput = sim::output::series_column(&o.series_csv, "throughput_rps").unwrap();
         let dip = tput
             .iter()
             .filter(|(t, _)| *t > 4.0 && *t <= 5.0)

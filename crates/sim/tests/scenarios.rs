@@ -117,14 +117,7 @@ fn fig14_switchkv_scales_past_a_look_aside_cache() {
 /// The lowest throughput in `(from, to]` over the mean in `(before, from]`.
 fn dip(series: &str, before: f64, from: f64, to: f64) -> f64 {
     let t = sim::output::series_column(series, "throughput_rps").unwrap();
-    let mean = {
-        let v: Vec<f64> = t
-            .iter()
-            .filter(|(x, _)| *x > before && *x <= from)
-            .map(|p| p.1)
-            .collect();
-        v.iter().sum::<f64>() / v.len() as f64
-    };
+    let mean = sim::output::series_mean(series, "throughput_rps", before, from).unwrap();
     t.iter()
         .filter(|(x, _)| *x > from && *x <= to)
         .map(|p| p.1)
@@ -225,15 +218,7 @@ fn a_fat_tree_shares_its_cores_and_survives_losing_one() {
     // Down to a third at most while the ToRs still send a quarter of the keys to the lost
     // core, and back once its writes go on.
     assert!(dip(curve, 0.05, 0.2, 0.4) < 0.33, "{curve}");
-    let rate = sim::output::series_column(curve, "throughput_rps").unwrap();
-    let mean = |from: f64, to: f64| {
-        let v: Vec<f64> = rate
-            .iter()
-            .filter(|(t, _)| *t > from && *t <= to)
-            .map(|p| p.1)
-            .collect();
-        v.iter().sum::<f64>() / v.len() as f64
-    };
+    let mean = |from, to| sim::output::series_mean(curve, "throughput_rps", from, to).unwrap();
     assert!(mean(0.8, 1.0) > 0.95 * mean(0.05, 0.2), "{curve}");
 }
 
