@@ -180,14 +180,14 @@ pub struct Ring {
     /// a few points of one slice rather than the whole continuum.
     index: Vec<u32>,
     index_bits: u32,
-    /// Ketama: per slice of the hash space (about 1.6 a point), the first point at or after
+    /// Ketama: per slice of the hash space (one to two a point), the first point at or after
     /// the slice's start: its server in the top `direct_bits` bits, and in the others its
     /// value's low bits when it lies in the slice, or all ones when it lies past it (or past
     /// the last point, where the first point's server follows). A hash at or below that point
-    /// belongs to its server: three lookups in four read one entry of this table and nothing
-    /// else, where a search reads `index` and then the continuum, two cache misses on a large
-    /// ring. Four bytes an entry keep the table small enough to stay cached. Empty when a
-    /// server's number does not fit.
+    /// belongs to its server: most lookups (about two in three to four in five, with the
+    /// ring's size) read one entry of this table and nothing else, where a search reads
+    /// `index` and then the continuum, two cache misses on a large ring. Four bytes an entry
+    /// keep the table small enough to stay cached. Empty when a server's number does not fit.
     direct: Vec<u32>,
     direct_bits: u32,
     /// Modula and jump: the servers in slot order, as indexes into the caller's list.
@@ -312,7 +312,7 @@ impl Ring {
         self.build_direct();
     }
 
-    /// About 1.6 slices a point (2^18 of them for 1,024 servers of 160 points), at most 2^20.
+    /// One to two slices a point (2^18 of them for 1,024 servers of 160 points), at most 2^20.
     fn build_direct(&mut self) {
         self.direct = Vec::new();
         self.direct_bits = 0;

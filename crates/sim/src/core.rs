@@ -140,6 +140,8 @@ pub mod source {
     pub const CLIENT: u64 = 2 << 32;
     /// Switch `i`'s processor: `SWITCH + i`.
     pub const SWITCH: u64 = 3 << 32;
+    /// A single switch's own seed.
+    pub const SINGLE_SWITCH: u64 = 4 << 32;
 }
 
 impl Seeds {

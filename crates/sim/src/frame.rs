@@ -115,6 +115,10 @@ pub struct FrameSim<'a> {
     frames: Vec<u64>,
     /// Ports each switch has.
     ports: Vec<u16>,
+    /// A switch's time over each frame (`fabric.switch_us`).
+    switch_time: Duration,
+    /// A single switch's VIP MAC, where its clients send.
+    vip_mac: Mac,
     /// Switches that have failed.
     down: Vec<bool>,
     hosts: Vec<Host>,
@@ -421,6 +425,8 @@ impl<'a> FrameSim<'a> {
             tors,
             frames: vec![0; n],
             ports,
+            switch_time: Duration::from_secs_f64(f.switch_us / 1e6),
+            vip_mac: SwitchSpec::new(0, VIP, Vec::new()).vip.mac,
             down: vec![false; n],
             served: vec![0; servers.len()],
             bin_served: vec![0; servers.len()],
@@ -593,7 +599,7 @@ impl<'a> FrameSim<'a> {
             self.ev.at(at, Ev::Frame(to, frame));
         } else {
             // An aggregation switch forwards it, in a switch's time.
-            let at = at + Duration::from_secs_f64(self.f.switch_us / 1e6);
+            let at = at + self.switch_time;
             self.ev.at(at, Ev::Relay(from, n + 1, frame));
         }
     }
@@ -621,7 +627,7 @@ impl<'a> FrameSim<'a> {
             End::Switch(s, port) => {
                 // The switch's own time over the frame, after the frames ahead of it at a
                 // limited processor.
-                let handled = now + Duration::from_secs_f64(self.f.switch_us / 1e6);
+                let handled = now + self.switch_time;
                 match self.processors[s].as_mut().map(|p| p.arrive(handled)) {
                     None => self.process(s, port, frame, handled),
                     Some(Some(done)) => self.ev.at(done, Ev::Process(s, port, frame)),
@@ -835,7 +841,7 @@ impl<'a> FrameSim<'a> {
         let key = format!("key:{index}");
         // To the key's server through the fabric, or to a single switch's VIP, which picks it.
         let to = if self.f.topology == Topology::Switch {
-            (VIP, SwitchSpec::new(0, VIP, Vec::new()).vip.mac)
+            (VIP, self.vip_mac)
         } else {
             let server = self.servers[self.ring.locate(key.as_bytes())];
             (self.hosts[server].ip, self.hosts[server].mac)
@@ -967,7 +973,7 @@ fn single_switch(
         })
         .collect();
     let mut spec = SwitchSpec::new(hosts.len(), VIP, backends);
-    spec.seed = seeds.rng(source::SWITCH).gen();
+    spec.seed = seeds.rng(source::SINGLE_SWITCH).gen();
     let items = sc.fabric.as_ref().map_or(0, |f| f.tor_items);
     spec.cache = items > 0;
     let dist: kv::Distribution = sc
@@ -986,6 +992,8 @@ fn single_switch(
             ..Default::default()
         };
         settings.cache.items = items;
+        settings.cache.lease =
+            Duration::from_secs_f64(sc.fabric.as_ref().map_or(2000.0, |f| f.lease_ms) / 1000.0);
         let cache = CacheService::new(settings, servers.len(), Instant::ZERO)
             .map_err(|e| format!("the switch's cache: {e}"))?;
         sw.set_cache(cache.clone())

@@ -883,6 +883,15 @@ impl Scenario {
             if f.hosts_per_rack < 2 || f.hosts_per_rack > 250 {
                 return Err("fabric.hosts_per_rack must be 2 to 250".into());
             }
+            // A ToR has a port for each host and each root, a root one for each ToR.
+            let (_, roots, _) = f.shape();
+            if f.hosts_per_rack + roots > 256 {
+                return Err(format!(
+                    "fabric.hosts_per_rack: a ToR has a port for each of its {} hosts and {roots} \
+                     roots, more than 256",
+                    f.hosts_per_rack
+                ));
+            }
             if f.servers == 0 || f.servers >= tors * f.hosts_per_rack {
                 return Err("fabric.servers must be 1 to fewer than the hosts".into());
             }
@@ -910,6 +919,9 @@ impl Scenario {
             }
             if let Some(r) = f.fail_root {
                 let (_, roots, _) = f.shape();
+                if roots == 0 {
+                    return Err("fabric.fail_root: a single switch has no root".into());
+                }
                 if r >= roots {
                     return Err(format!(
                         "fabric.fail_root must be a root's number, 0 to {}, not {r}",
@@ -920,6 +932,9 @@ impl Scenario {
                 if roots < 2 && f.controller_ms.is_some() {
                     return Err("fabric.controller_ms: no root would be left".into());
                 }
+            }
+            if f.fail_root.is_none() && f.fail_at_s != 0.0 {
+                return Err("fabric.fail_at_s needs fabric.fail_root".into());
             }
             if let Some(ms) = f.controller_ms {
                 if f.fail_root.is_none() {

@@ -142,10 +142,7 @@ fn a_fat_tree_spreads_keys_over_its_cores_and_pays_for_its_extra_level() {
     }
     // Each key crosses the core the registration table designates: the four cores (four
     // paths between two pods) share the load.
-    assert!(
-        fat.root_imbalance > 1.0 && fat.root_imbalance < 1.5,
-        "{fat:?}"
-    );
+    assert!(fat.root_imbalance < 1.5, "{fat:?}");
     // The same switches cache the same keys...
     assert!(
         (fat.hit_ratio - flat.hit_ratio).abs() < 0.05,
@@ -234,6 +231,21 @@ fn frame_level_scenarios_are_checked() {
             "needs fabric.fail_root",
         ),
         ("roots = 2", "roots = 2\nlease_ms = 0", "fabric.lease_ms"),
+        (
+            "roots = 2",
+            "roots = 2\nfail_at_s = 0.1",
+            "needs fabric.fail_root",
+        ),
+        (
+            "tors = 4\nroots = 2",
+            "topology = \"switch\"\nfail_root = 0",
+            "a single switch has no root",
+        ),
+        (
+            "tors = 4\nroots = 2\nhosts_per_rack = 4",
+            "topology = \"fat-tree\"\nk = 16\nhosts_per_rack = 200",
+            "fabric.hosts_per_rack",
+        ),
         (
             "root_items = 2048",
             "root_items = 2048\nswitch_capacity = 0.5",

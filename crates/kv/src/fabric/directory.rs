@@ -290,8 +290,8 @@ impl<W> Directory<W> {
             write: Some(write),
             sent: None,
         });
-        self.due
-            .insert((retry_at.min(now + self.give_up), key.to_vec()));
+        let due = retry_at.min(now + self.give_up);
+        self.due.insert((due, key.to_vec()));
         WriteStep::Invalidate { epoch, targets }
     }
 
@@ -311,7 +311,10 @@ impl<W> Directory<W> {
         open.waiting.remove(&from);
         if open.waiting.is_empty() && open.sent.is_none() {
             open.sent = Some(now);
-            return open.write.take();
+            let write = open.write.take();
+            // Sent on: due when its reply is late, which may be before the retry it was due at.
+            self.due.insert((now + self.reply_timeout, key.to_vec()));
+            return write;
         }
         None
     }
@@ -448,6 +451,9 @@ impl<W> Directory<W> {
                 }
             }
         }
+        for (key, _) in &ready {
+            self.due.insert((now + self.reply_timeout, key.clone()));
+        }
         ready
     }
 }
@@ -519,6 +525,64 @@ mod tests {
         assert_eq!(due.len(), 1000);
         assert!(due.iter().all(|d| matches!(d, Due::Retransmit { .. })));
         assert_eq!(d.stats().writes_timed_out, 0);
+    }
+
+    /// After every step of a random run, `poll_at` is at or before the earliest time any open
+    /// write has something due (an early wake is allowed, a late one never).
+    #[test]
+    fn poll_at_is_never_later_than_the_first_write_due() {
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        // A retry longer than the reply timeout, so that an ACK makes a write due sooner.
+        for (retry, reply) in [(100 * MS, 10 * MS), (10 * MS, 50 * MS)] {
+            let mut d: Directory<u32> = Directory::new(64, retry, 300 * MS, reply, 30 * MS);
+            let mut epochs: HashMap<Vec<u8>, u32> = HashMap::new();
+            let mut now = at(0);
+            for step in 0..20_000u32 {
+                now += Duration::from_micros(next(3_000));
+                let key = vec![b'k', next(8) as u8];
+                match next(7) {
+                    0 | 1 => {
+                        let stamp = d.read();
+                        d.fill(&key, stamp, [next(4) as SwitchId + 1], now);
+                    }
+                    2 => {
+                        if let WriteStep::Invalidate { epoch, .. } = d.write(&key, step, now) {
+                            epochs.insert(key, epoch);
+                        }
+                    }
+                    3 => {
+                        if let Some(&epoch) = epochs.get(&key) {
+                            d.ack(&key, epoch, next(4) as SwitchId + 1, now);
+                        }
+                    }
+                    4 => {
+                        d.done(&key, now);
+                    }
+                    5 => {
+                        d.switch_failed(next(4) as SwitchId + 1, now);
+                    }
+                    _ => {
+                        d.tick(now);
+                    }
+                }
+                let first_due = d
+                    .keys
+                    .values()
+                    .filter_map(|k| k.open.as_ref())
+                    .map(|o| o.next_due(d.give_up, d.reply_timeout))
+                    .min();
+                if let Some(due) = first_due {
+                    let poll = d.poll_at().expect("a write is open");
+                    assert!(poll <= due, "step {step}: poll_at {poll:?} after {due:?}");
+                }
+            }
+        }
     }
 
     #[test]

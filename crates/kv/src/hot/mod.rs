@@ -252,8 +252,10 @@ mod tests {
         let mut map = FingerprintMap::with_capacity(8);
         let mut want = std::collections::HashMap::new();
         for step in 0..200_000u32 {
-            // Few distinct fingerprints, many sharing low bits: long probe runs that wrap.
-            let fp = u64::from(rng.gen_range(0..64u32)) << 40 | u64::from(rng.gen_range(0..24u32));
+            // Few distinct fingerprints, many sharing low bits and all at the top of the table
+            // at every size: long probe runs that wrap past its end.
+            let fp = u64::from(rng.gen_range(0..64u32)) << 40
+                | (0xff_ffff - u64::from(rng.gen_range(0..24u32)));
             match rng.gen_range(0..4) {
                 0 => {
                     map.insert(fp, step);
@@ -269,6 +271,8 @@ mod tests {
             assert_eq!(map.len(), want.len());
             if step % 50_000 == 0 {
                 map.clear();
+                assert_eq!(map.get(fp), None);
+                map = FingerprintMap::with_capacity(8);
                 want.clear();
             }
         }

@@ -378,6 +378,36 @@ mod tests {
     }
 
     #[test]
+    fn keys_of_every_length_survive_eviction_inline_or_not() {
+        // 30 bytes fit in a slot, 31 do not; each replaces a key of the other kind.
+        let key = |n: usize, c: u8| vec![c; n];
+        let mut ss = SpaceSaving::new(2);
+        for (n, c) in [
+            (30, b'a'),
+            (31, b'b'),
+            (31, b'c'),
+            (30, b'd'),
+            (64, b'e'),
+            (1, b'f'),
+        ] {
+            ss.see(&key(n, c));
+            ss.see(&key(n, c));
+        }
+        // The last two seen are held, with the counts they took over (2 + 2 each time).
+        let top = ss.top(2);
+        assert_eq!(top.len(), 2);
+        assert_eq!(top[0].0.as_ref(), &key(1, b'f')[..]);
+        assert_eq!(top[1].0.as_ref(), &key(64, b'e')[..]);
+        assert_eq!(ss.count(&key(1, b'f')), Some(top[0].1));
+        assert_eq!(ss.count(&key(30, b'a')), None);
+        assert_eq!(ss.count(&key(31, b'c')), None);
+        // A long key and a short one sharing a prefix are apart.
+        ss.see(&key(30, b'e'));
+        assert_eq!(ss.count(&key(64, b'e')), None);
+        assert!(ss.count(&key(30, b'e')).is_some());
+    }
+
+    #[test]
     fn recency_orders_a_bucket() {
         let mut ss = SpaceSaving::new(8);
         for k in [&b"a"[..], b"b", b"c", b"c", b"a", b"b"] {
