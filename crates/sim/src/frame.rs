@@ -334,32 +334,33 @@ impl<'a> FrameSim<'a> {
         let mut switches = Vec::with_capacity(n);
         if f.topology == Topology::Switch {
             switches.push(single_switch(sc, &hosts, &servers, &seeds)?);
-        }
-        let root_ids: Vec<SwitchId> = (tors..n).map(|i| i as SwitchId).collect();
-        let table = Registration::spread(1, &root_ids, &BTreeSet::new(), REGISTRATION_BUCKETS);
-        for i in (0..n).filter(|_| f.topology != Topology::Switch) {
-            let table = table.clone().ok_or("no registration table")?;
-            let ports = if i < tors {
-                (0..per)
-                    .map(|_| PortRole::Host)
-                    .chain((0..roots).map(|r| PortRole::Link((tors + r) as SwitchId)))
-                    .collect()
-            } else {
-                (0..tors).map(|t| PortRole::Link(t as SwitchId)).collect()
-            };
-            let mut spec = FabricSpec::new(
-                i as SwitchId,
-                members.clone(),
-                ports,
-                racks.clone(),
-                fabric_servers.clone(),
-                table,
-            );
-            spec.cache_items = if i < tors { f.tor_items } else { f.root_items };
-            spec.lease = Duration::from_secs_f64(f.lease_ms / 1000.0);
-            switches.push(Node::Fabric(Box::new(
-                FabricSwitch::new(spec).map_err(|e| format!("switch {i}: {e}"))?,
-            )));
+        } else {
+            let root_ids: Vec<SwitchId> = (tors..n).map(|i| i as SwitchId).collect();
+            let table = Registration::spread(1, &root_ids, &BTreeSet::new(), REGISTRATION_BUCKETS)
+                .ok_or("no registration table")?;
+            for i in 0..n {
+                let ports = if i < tors {
+                    (0..per)
+                        .map(|_| PortRole::Host)
+                        .chain((0..roots).map(|r| PortRole::Link((tors + r) as SwitchId)))
+                        .collect()
+                } else {
+                    (0..tors).map(|t| PortRole::Link(t as SwitchId)).collect()
+                };
+                let mut spec = FabricSpec::new(
+                    i as SwitchId,
+                    members.clone(),
+                    ports,
+                    racks.clone(),
+                    fabric_servers.clone(),
+                    table.clone(),
+                );
+                spec.cache_items = if i < tors { f.tor_items } else { f.root_items };
+                spec.lease = Duration::from_secs_f64(f.lease_ms / 1000.0);
+                switches.push(Node::Fabric(Box::new(
+                    FabricSwitch::new(spec).map_err(|e| format!("switch {i}: {e}"))?,
+                )));
+            }
         }
         let processors = (0..n)
             .map(|i| {
@@ -398,18 +399,12 @@ impl<'a> FrameSim<'a> {
                 rng: seeds.rng(source::CLIENT + c as u64),
             })
             .collect::<Vec<_>>();
-        let ports = (0..n)
-            .map(|s| {
-                paths
-                    .keys()
-                    .filter_map(|e| match *e {
-                        End::Switch(o, p) if o == s => Some(p + 1),
-                        _ => None,
-                    })
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
+        let mut ports = vec![0u16; n];
+        for end in paths.keys() {
+            if let End::Switch(s, p) = *end {
+                ports[s] = ports[s].max(p + 1);
+            }
+        }
         let mut sim = FrameSim {
             sc,
             f,

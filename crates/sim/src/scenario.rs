@@ -879,12 +879,11 @@ impl Scenario {
                     }
                 }
             }
-            let (tors, _, _) = f.shape();
+            let (tors, roots, _) = f.shape();
             if f.hosts_per_rack < 2 || f.hosts_per_rack > 250 {
                 return Err("fabric.hosts_per_rack must be 2 to 250".into());
             }
             // A ToR has a port for each host and each root, a root one for each ToR.
-            let (_, roots, _) = f.shape();
             if f.hosts_per_rack + roots > 256 {
                 return Err(format!(
                     "fabric.hosts_per_rack: a ToR has a port for each of its {} hosts and {roots} \
@@ -918,7 +917,6 @@ impl Scenario {
                 return Err(format!("fabric.switch_queue must be 1 to {MAX_QUEUE}"));
             }
             if let Some(r) = f.fail_root {
-                let (_, roots, _) = f.shape();
                 if roots == 0 {
                     return Err("fabric.fail_root: a single switch has no root".into());
                 }
