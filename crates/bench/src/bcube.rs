@@ -229,12 +229,15 @@ fn measure(
             ]
             .map(String::from),
         );
-        let child = testbed::process::spawn(None, &argv, &logs.join(format!("card{id}.log")))?;
+        let child = testbed::process::spawn_tied(None, &argv, &logs.join(format!("card{id}.log")))?;
         procs.agents.push(child.id());
         let mut argv: Vec<String> = vec![exe.clone(), "nf".into(), "bcube-host".into()];
         argv.extend(shape.iter().cloned());
-        let child =
-            testbed::process::spawn(Some(&h.netns), &argv, &logs.join(format!("host{id}.log")))?;
+        let child = testbed::process::spawn_tied(
+            Some(&h.netns),
+            &argv,
+            &logs.join(format!("host{id}.log")),
+        )?;
         procs.hosts.push(child.id());
     }
     eprintln!("{NAME}: waiting for neighbour discovery...");

@@ -21,6 +21,21 @@ const POLL: Duration = Duration::from_millis(20);
 ///
 /// `ip netns exec` execs the program in place, so the child's PID is the daemon's PID.
 pub fn spawn(ns: Option<&str>, argv: &[String], log: &Path) -> anyhow::Result<Child> {
+    start(&mut command(ns, argv, log)?, argv)
+}
+
+/// Starts `argv` as [`spawn`] does, and has the kernel kill it when the calling thread exits,
+/// so that a caller killed by a signal, without running its destructors, leaves no such
+/// process behind. For children that live no longer than the call that starts them (a
+/// bench's agents), not for daemons meant to outlive the command.
+pub fn spawn_tied(ns: Option<&str>, argv: &[String], log: &Path) -> anyhow::Result<Child> {
+    start(
+        crate::local::die_with_parent(&mut command(ns, argv, log)?),
+        argv,
+    )
+}
+
+fn command(ns: Option<&str>, argv: &[String], log: &Path) -> anyhow::Result<Command> {
     let out = OpenOptions::new()
         .create(true)
         .append(true)
@@ -43,6 +58,10 @@ pub fn spawn(ns: Option<&str>, argv: &[String], log: &Path) -> anyhow::Result<Ch
         .stdout(out)
         .stderr(err)
         .process_group(0);
+    Ok(cmd)
+}
+
+fn start(cmd: &mut Command, argv: &[String]) -> anyhow::Result<Child> {
     cmd.spawn()
         .with_context(|| format!("starting `{}`", argv.join(" ")))
 }
@@ -189,4 +208,38 @@ pub fn tail(path: &Path, lines: usize) -> String {
         return "(log is empty)".to_string();
     }
     all[start..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Starts `sleep 30` from a thread that exits at once, and returns its PID.
+    fn sleeper(tied: bool, log: &Path) -> u32 {
+        let log = log.to_path_buf();
+        std::thread::spawn(move || {
+            let argv = ["sleep".to_string(), "30".to_string()];
+            let child = if tied {
+                spawn_tied(None, &argv, &log)
+            } else {
+                spawn(None, &argv, &log)
+            };
+            child.expect("sleep starts").id()
+        })
+        .join()
+        .expect("the starting thread returns")
+    }
+
+    #[test]
+    fn a_tied_child_dies_with_the_thread_that_started_it_and_an_untied_one_does_not() {
+        let log = Path::new("/dev/null");
+        let tied = sleeper(true, log);
+        let untied = sleeper(false, log);
+        let gone = wait_gone(&[tied], Duration::from_secs(10));
+        let untied_alive = alive(untied);
+        let left = stop_all(&[untied]);
+        assert!(gone.is_empty(), "tied child {tied} outlived its thread");
+        assert!(untied_alive, "untied child {untied} died with its thread");
+        assert!(left.is_empty(), "untied child {untied} did not stop");
+    }
 }
