@@ -65,8 +65,48 @@ pub(crate) fn swap(frame: &mut [u8], label: u32) -> Result<(), u16> {
     Ok(())
 }
 
+/// The length of the label stack `entries` starts with: up to and including the first entry
+/// with the bottom-of-stack bit; `None` when no entry within `entries` has it.
+pub fn stack_len(entries: &[u8]) -> Option<usize> {
+    entries
+        .chunks_exact(LEN)
+        .position(|entry| entry[2] & 1 == 1)
+        .map(|i| (i + 1) * LEN)
+}
+
 /// The top label of `frame`, if it has one.
 pub fn top(frame: &[u8]) -> Option<u32> {
     labelled(frame)
         .then(|| u32::from_be_bytes([frame[AT], frame[AT + 1], frame[AT + 2], frame[AT + 3]]) >> 12)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(label: u32, bottom: bool) -> [u8; LEN] {
+        ((label << 12) | (u32::from(bottom) << 8) | 64).to_be_bytes()
+    }
+
+    #[test]
+    fn a_stack_ends_at_its_first_bottom_entry_and_must_end_within_the_bytes() {
+        let one = entry(5, true);
+        assert_eq!(stack_len(&one), Some(4));
+        let three = [
+            entry(1, false),
+            entry(2, false),
+            entry(3, true),
+            entry(4, true),
+        ]
+        .concat();
+        assert_eq!(stack_len(&three), Some(12));
+        let open = [entry(1, false), entry(2, false)].concat();
+        assert_eq!(stack_len(&open), None);
+        // A bottom bit in a partial entry at the end does not count.
+        assert_eq!(
+            stack_len(&[entry(1, false).as_slice(), &[0, 0, 1]].concat()),
+            None
+        );
+        assert_eq!(stack_len(&[]), None);
+    }
 }

@@ -999,3 +999,67 @@ fn a_byte_range_keeps_the_name_it_was_given_even_where_a_named_field_lies() {
     let entries = serde_json::to_value(sw.entries("t").unwrap()).unwrap();
     assert!(entries[0]["match"].get("tos").is_some(), "{entries}");
 }
+
+/// `frame` with `shim` put in after the Ethernet addresses under `ethertype`: VLAN tags (each
+/// tag's TCI, then the next tag's ethertype; the last tag's is the frame's own), or an MPLS
+/// label stack, which replaces the IPv4 ethertype the labels' payload no longer carries.
+fn tagged(frame: &[u8], ethertype: u16, shim: &[u8]) -> Vec<u8> {
+    let mut out = frame[..12].to_vec();
+    out.extend(ethertype.to_be_bytes());
+    out.extend(shim);
+    let rest = if ethertype == 0x8847 { 14 } else { 12 };
+    out.extend(&frame[rest..]);
+    out
+}
+
+/// An MPLS label stack entry: label 100 + `i`, the bottom-of-stack bit when `bottom`, TTL 64.
+fn label(i: u32, bottom: bool) -> [u8; 4] {
+    (((100 + i) << 12) | (u32::from(bottom) << 8) | 64).to_be_bytes()
+}
+
+#[test]
+fn with_the_source_check_an_address_behind_vlan_tags_or_mpls_labels_is_checked_too() {
+    let (mut sw, stats) = rig_with(|spec| {
+        spec.source_check = Some(spec::SourceCheck {
+            age: std::time::Duration::from_secs(60),
+            table_size: 64,
+            prefixes: Vec::new(),
+        })
+    });
+    let spoofed = || stats::get(&stats.drops[Drop::SourceSpoofed as usize]);
+    let from = |sw: &mut Switch, port: u16, mut frame: Vec<u8>| {
+        sw.process(port, &mut frame, true, NOW, &mut Vec::new())
+    };
+    // The client is learned on port 0.
+    assert!(matches!(send(&mut sw, get("k")), Fate::Out(1 | 2)));
+    let plain = get("k");
+    let one_tag = tagged(&plain, 0x8100, &[0, 5]);
+    let two_tags = tagged(&plain, 0x88a8, &[0, 7, 0x81, 0x00, 0, 5]);
+    let one_label = tagged(&plain, 0x8847, &label(0, true));
+    let three_labels = tagged(
+        &plain,
+        0x8847,
+        &[label(0, false), label(1, false), label(2, true)].concat(),
+    );
+    let in_disguise = [one_tag, two_tags, one_label, three_labels];
+    // From another port, the client's address is refused however it is wrapped.
+    for (i, frame) in in_disguise.iter().enumerate() {
+        assert_eq!(from(&mut sw, 3, frame.clone()), Fate::Consumed, "frame {i}");
+        assert_eq!(spoofed(), i as u64 + 1, "frame {i}");
+    }
+    // From its own port it is no forgery.
+    for frame in &in_disguise {
+        from(&mut sw, 0, frame.clone());
+    }
+    assert_eq!(spoofed(), 4);
+    // A new address first seen behind a label is bound to that port like any other.
+    let stranger = frame_from(CLIENT_MAC, Ipv4Addr::new(10, 0, 0, 7), VIP, b"x");
+    from(&mut sw, 3, tagged(&stranger, 0x8847, &label(0, true)));
+    assert_eq!(spoofed(), 4);
+    assert_eq!(from(&mut sw, 0, stranger), Fate::Consumed);
+    assert_eq!(spoofed(), 5);
+    // A label stack that never ends carries no address to check; it is not counted as one.
+    let endless = tagged(&plain, 0x8847, &[label(0, false), label(1, false)].concat());
+    from(&mut sw, 3, endless);
+    assert_eq!(spoofed(), 5);
+}

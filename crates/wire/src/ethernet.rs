@@ -1,7 +1,7 @@
 //! Ethernet II frames: MAC addresses, the 14-byte header and its EtherType.
 //!
-//! kvswitch sees untagged frames only; a VLAN tag is reported as `EtherType::VLAN` and left to
-//! the caller. No FCS is expected in the buffer.
+//! The header parsed is the untagged one; a VLAN tag is reported as `EtherType::VLAN` and left
+//! to the caller. No FCS is expected in the buffer.
 
 use core::fmt;
 use core::str::FromStr;
@@ -96,9 +96,14 @@ pub struct EtherType(pub u16);
 impl EtherType {
     pub const IPV4: EtherType = EtherType(0x0800);
     pub const ARP: EtherType = EtherType(0x0806);
-    /// An 802.1Q tag; kvswitch does not look inside it.
+    /// An 802.1Q tag; kvswitch forwards what it carries unparsed, and the source check looks
+    /// beneath it.
     pub const VLAN: EtherType = EtherType(0x8100);
+    /// 802.1ad's outer tag (Q-in-Q), looked beneath as [`EtherType::VLAN`] is.
+    pub const QINQ: EtherType = EtherType(0x88a8);
     pub const IPV6: EtherType = EtherType(0x86dd);
+    /// An MPLS label stack (unicast), which an operator's table may push, swap and pop.
+    pub const MPLS: EtherType = EtherType(0x8847);
 }
 
 impl fmt::Display for EtherType {
@@ -107,6 +112,8 @@ impl fmt::Display for EtherType {
             EtherType::IPV4 => f.write_str("IPv4"),
             EtherType::ARP => f.write_str("ARP"),
             EtherType::VLAN => f.write_str("VLAN"),
+            EtherType::QINQ => f.write_str("Q-in-Q"),
+            EtherType::MPLS => f.write_str("MPLS"),
             EtherType::IPV6 => f.write_str("IPv6"),
             EtherType(other) => write!(f, "0x{other:04x}"),
         }

@@ -19,14 +19,15 @@ impl Switch {
         if self.guard.is_none() || Some(in_port) == self.local {
             return None;
         }
+        let (ethertype, at) = beneath_tags(frame, ethertype)?;
         let ip = match ethertype {
             EtherType::IPV4 => {
-                let at = usize::from(OFF_IP_SRC);
+                let at = at + usize::from(OFF_IP_SRC) - ethernet::HEADER_LEN;
                 let bytes: [u8; 4] = frame.get(at..at + 4)?.try_into().ok()?;
                 Ipv4Addr::from(bytes)
             }
             EtherType::ARP => {
-                let packet = arp::Packet::new_checked(frame.get(ethernet::HEADER_LEN..)?).ok()?;
+                let packet = arp::Packet::new_checked(frame.get(at..)?).ok()?;
                 arp::Repr::parse(&packet).ok()?.sender_ip
             }
             _ => return None,
@@ -128,4 +129,25 @@ impl Switch {
             None => true,
         }
     }
+}
+
+/// The ethertype and offset of what `frame` carries beneath its VLAN tags or its MPLS label
+/// stack, which the source check reads as it reads an untagged frame: a host's address behind
+/// a tag or a label is checked like any other (a label the switch pops, or a receiver that
+/// takes the tag, would otherwise let it through in another host's name). Beneath labels only
+/// IPv4, by its version, is recognised; `None` when the tags or the stack do not end within
+/// the frame.
+fn beneath_tags(frame: &[u8], ethertype: EtherType) -> Option<(EtherType, usize)> {
+    let mut ethertype = ethertype;
+    let mut at = ethernet::HEADER_LEN;
+    while ethertype == EtherType::VLAN || ethertype == EtherType::QINQ {
+        let inner = frame.get(at + 2..at + 4)?;
+        ethertype = EtherType(u16::from_be_bytes([inner[0], inner[1]]));
+        at += 4;
+    }
+    if ethertype == EtherType::MPLS {
+        let payload = at + pipeline::label::stack_len(frame.get(at..)?)?;
+        return (frame.get(payload)? >> 4 == 4).then_some((EtherType::IPV4, payload));
+    }
+    Some((ethertype, at))
 }
