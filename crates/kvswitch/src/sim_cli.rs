@@ -25,7 +25,8 @@ pub struct SimArgs {
     /// Leave out the plots (no font needed).
     #[arg(long)]
     pub no_plots: bool,
-    /// Run the scenario's small version (its `[short]` table): the test suite's.
+    /// Run the scenario's small version (its `[short]` table), as the test suite does: a first
+    /// look in seconds, not figures.
     #[arg(long)]
     pub short: bool,
     /// Set a field of the scenario, a dotted key and a TOML value (`--set duration_s=15`,
