@@ -615,7 +615,8 @@ fn status_json(shared: &Shared, snap: Option<FabricSnapshot>) -> Value {
         },
         "cache": {
             "items": s.cached_items, "capacity": s.cache_capacity, "hits": c.hits, "misses": c.misses, "fills": c.fills,
-            "fills_stale": c.fills_stale, "evictions": c.evictions,
+            "fills_stale": c.fills_stale, "fills_refused": c.fills_refused,
+            "evictions": c.evictions,
             "invalidations": c.invalidations,
         },
         "directory": {

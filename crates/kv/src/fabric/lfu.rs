@@ -2,11 +2,20 @@
 //! frequently used evicted first (the older of equals first), tombstones that keep a reply
 //! older than an invalidation from filling after it, and a lease on every item that bounds
 //! how long a write the fabric never saw can leave it stale.
+//!
+//! Frequencies are those of the keys' lookups at the switch, hits and misses alike, counted
+//! in a count-min sketch that is halved every ten lookups per item the cache holds, so that
+//! they follow the keys' recent popularity. When the cache is full, a fill takes the place of
+//! the least frequently used item only if its key was looked up more often (TinyLFU's
+//! admission): a key seen once cannot push out a hot one, and a key keeps its frequency
+//! through a write's invalidation or its lease's end. IncBricks leaves its replacement policy
+//! open and names biasing the cache toward heavy hitters as the way to cut its miss rate.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
 use super::epoch_before;
+use crate::hot::CountMin;
 use crate::Instant;
 
 #[derive(Debug)]
@@ -29,6 +38,9 @@ pub struct LfuStats {
     /// Fills older than an invalidation of their key.
     pub fills_stale: u64,
     pub evictions: u64,
+    /// Fills refused as their key was looked up no more often than the item they would
+    /// replace.
+    pub fills_refused: u64,
     pub invalidations: u64,
     /// Items dropped as their lease ended.
     pub expired: u64,
@@ -48,11 +60,26 @@ pub struct Lfu {
     tomb_order: VecDeque<(Instant, Vec<u8>)>,
     tombstone_for: Duration,
     lease: Duration,
+    /// How often each key was looked up lately.
+    frequency: CountMin,
+    /// Lookups counted since the sketch was last halved.
+    counted: u64,
     stats: LfuStats,
 }
 
 /// Most tombstones kept; past it the oldest go first.
 const MAX_TOMBSTONES: usize = 1 << 16;
+
+/// Lookups per item held between two halvings of the frequencies (TinyLFU's sample of ten
+/// times the cache's size).
+const AGE_EVERY: u64 = 10;
+
+/// The frequency sketch of a cache of `capacity` items: four rows of four counters per item
+/// (at least 64 a row, at most 2^20: 32 MiB in all), with conservative update.
+fn sketch(capacity: usize) -> CountMin {
+    let width = capacity.saturating_mul(4).clamp(64, 1 << 20);
+    CountMin::new(width, 4, 0x1f_c0de).conservative(true)
+}
 
 impl Lfu {
     /// A cache of `capacity` items, each held at most `lease` after its fill.
@@ -66,6 +93,8 @@ impl Lfu {
             tomb_order: VecDeque::new(),
             tombstone_for,
             lease,
+            frequency: sketch(capacity),
+            counted: 0,
             stats: LfuStats::default(),
         }
     }
@@ -86,8 +115,13 @@ impl Lfu {
         self.capacity
     }
 
-    /// Changes the number of items held, evicting the least frequently used past it.
+    /// Changes the number of items held, evicting the least frequently used past it. The
+    /// frequencies counted so far are forgotten.
     pub fn set_capacity(&mut self, capacity: usize) {
+        if capacity != self.capacity {
+            self.frequency = sketch(capacity);
+            self.counted = 0;
+        }
         self.capacity = capacity;
         while self.items.len() > capacity {
             let Some(first) = self.order.pop_first() else {
@@ -106,6 +140,7 @@ impl Lfu {
     /// lease.
     pub fn get(&mut self, key: &[u8], now: Instant) -> Option<(&[u8], u32)> {
         self.seq += 1;
+        self.count(key);
         if self.items.get(key).is_some_and(|i| now >= i.until) {
             self.remove(key);
             self.stats.expired += 1;
@@ -130,7 +165,8 @@ impl Lfu {
     }
 
     /// Caches `value` for `key`, valid at `epoch`. Refused (false) when an invalidation of the
-    /// key at a later epoch was seen, or a copy from a later epoch is held.
+    /// key at a later epoch was seen, or a copy from a later epoch is held, or the cache is
+    /// full and the key was looked up no more often than its least frequently used item.
     pub fn fill(&mut self, key: &[u8], value: &[u8], epoch: u32, now: Instant) -> bool {
         self.fill_for(key, value, epoch, self.lease, now)
     }
@@ -169,12 +205,19 @@ impl Lfu {
             }
             None => {
                 if self.items.len() >= self.capacity {
-                    if let Some(first) = self.order.pop_first() {
-                        self.items.remove(&first.2);
-                        self.stats.evictions += 1;
+                    let wanted = self.frequency.estimate(key);
+                    let Some(first) = self.order.first() else {
+                        return false;
+                    };
+                    if wanted <= self.frequency.estimate(&first.2) {
+                        self.stats.fills_refused += 1;
+                        return false;
                     }
+                    let first = self.order.pop_first().expect("first exists");
+                    self.items.remove(&first.2);
+                    self.stats.evictions += 1;
                 }
-                1
+                self.frequency.estimate(key).max(1)
             }
         };
         self.items.insert(
@@ -240,6 +283,32 @@ impl Lfu {
         self.order.clear();
     }
 
+    /// Counts a lookup of `key`, halving every frequency (and every item's count of uses, so
+    /// that old favourites age too) once enough lookups have been counted.
+    fn count(&mut self, key: &[u8]) {
+        if self.capacity == 0 {
+            return;
+        }
+        self.frequency.add(key);
+        self.counted += 1;
+        if self.counted < AGE_EVERY.saturating_mul(self.capacity as u64) {
+            return;
+        }
+        self.counted = 0;
+        self.frequency.halve();
+        let order = std::mem::take(&mut self.order);
+        self.order = order
+            .into_iter()
+            .map(|(uses, seq, key)| {
+                let uses = uses / 2;
+                if let Some(item) = self.items.get_mut(&key) {
+                    item.uses = uses;
+                }
+                (uses, seq, key)
+            })
+            .collect();
+    }
+
     fn expire(&mut self, now: Instant) {
         while let Some((until, _)) = self.tomb_order.front() {
             if *until > now {
@@ -282,25 +351,72 @@ mod tests {
 
     const SEC: Duration = Duration::from_secs(1);
 
+    /// Looks `key` up `times` times at `now`, as the switch does for every read it sees.
+    fn look_up(c: &mut Lfu, key: &[u8], times: usize) {
+        for _ in 0..times {
+            c.get(key, Instant::ZERO);
+        }
+    }
+
     #[test]
-    fn the_least_frequently_used_goes_first() {
+    fn the_least_frequently_used_goes_first_and_only_for_a_key_looked_up_more_often() {
         let mut c = Lfu::new(2, SEC, 60 * SEC);
         let now = Instant::ZERO;
-        assert!(c.fill(b"a", b"1", 1, now));
-        assert!(c.fill(b"b", b"2", 1, now));
-        c.get(b"a", Instant::ZERO);
-        c.get(b"a", Instant::ZERO);
-        c.get(b"b", Instant::ZERO);
+        for key in [b"a", b"b"] {
+            assert!(c.get(key, now).is_none());
+            assert!(c.fill(key, b"1", 1, now));
+        }
+        look_up(&mut c, b"a", 2);
+        look_up(&mut c, b"b", 1);
+        // c was looked up once, b twice: c stays out.
+        look_up(&mut c, b"c", 1);
+        assert!(!c.fill(b"c", b"3", 1, now));
+        assert_eq!(c.stats().fills_refused, 1);
+        assert!(c.contains(b"a") && c.contains(b"b") && !c.contains(b"c"));
+        // Three lookups against b's two: c takes the place of the least used.
+        look_up(&mut c, b"c", 2);
         assert!(c.fill(b"c", b"3", 1, now));
         assert!(c.contains(b"a") && c.contains(b"c") && !c.contains(b"b"));
         assert_eq!(c.stats().evictions, 1);
-        // Of equals, the one used longer ago.
-        c.get(b"c", Instant::ZERO);
-        c.get(b"c", Instant::ZERO);
-        c.get(b"a", Instant::ZERO);
+        // a and c were both looked up three times: of equals, the one used longer ago goes.
+        look_up(&mut c, b"d", 4);
         assert!(c.fill(b"d", b"4", 1, now));
-        assert!(c.contains(b"a") && c.contains(b"d") && !c.contains(b"c"));
+        assert!(c.contains(b"c") && c.contains(b"d") && !c.contains(b"a"));
         assert_eq!(c.len(), 2);
+    }
+
+    #[test]
+    fn a_key_keeps_its_frequency_through_an_invalidation() {
+        let mut c = Lfu::new(2, SEC, 60 * SEC);
+        let now = Instant::ZERO;
+        look_up(&mut c, b"hot", 5);
+        assert!(c.fill(b"hot", b"1", 1, now));
+        look_up(&mut c, b"warm", 4);
+        assert!(c.fill(b"warm", b"1", 1, now));
+        assert!(c.invalidate(b"hot", 2, now));
+        look_up(&mut c, b"new", 4);
+        assert!(c.fill(b"new", b"1", 1, now));
+        // A key looked up as often as the least used item stays out...
+        look_up(&mut c, b"tepid", 4);
+        assert!(!c.fill(b"tepid", b"1", 1, now));
+        // ...but hot's copy was dropped and its lookups were not: it takes warm's place.
+        assert!(c.fill(b"hot", b"2", 2, now));
+        assert!(c.contains(b"hot") && c.contains(b"new") && !c.contains(b"warm"));
+    }
+
+    #[test]
+    fn frequencies_age_so_that_a_new_favourite_gets_in() {
+        let mut c = Lfu::new(1, SEC, 60 * SEC);
+        let now = Instant::ZERO;
+        look_up(&mut c, b"old", 100);
+        assert!(c.fill(b"old", b"1", 1, now));
+        look_up(&mut c, b"new", 1);
+        assert!(!c.fill(b"new", b"2", 1, now));
+        // 20 lookups of new against 100 of old, but old's are older: halved every ten
+        // lookups, they count for less than new's.
+        look_up(&mut c, b"new", 19);
+        assert!(c.fill(b"new", b"2", 1, now));
+        assert!(c.contains(b"new") && !c.contains(b"old"));
     }
 
     #[test]

@@ -76,6 +76,15 @@ impl CountMin {
         self.cells.fill(0);
     }
 
+    /// Halves every counter (rounding down): older visits weigh half as much as newer ones,
+    /// the ageing of a sketch that counts a stream without end. An estimate stays at least
+    /// half the key's true count, rounded down, for each halving since it was counted.
+    pub fn halve(&mut self) {
+        for cell in &mut self.cells {
+            *cell /= 2;
+        }
+    }
+
     /// Counters per row.
     pub fn width(&self) -> usize {
         self.width
@@ -314,6 +323,20 @@ mod tests {
         assert_eq!(cm.estimate(b"c"), 0);
         cm.clear();
         assert_eq!(cm.estimate(b"a"), 0);
+    }
+
+    #[test]
+    fn halving_ages_every_count() {
+        let mut cm = CountMin::new(1 << 16, 4, 1);
+        for _ in 0..7 {
+            cm.add(b"a");
+        }
+        cm.add(b"b");
+        cm.halve();
+        assert_eq!((cm.estimate(b"a"), cm.estimate(b"b")), (3, 0));
+        cm.add(b"b");
+        cm.halve();
+        assert_eq!((cm.estimate(b"a"), cm.estimate(b"b")), (1, 0));
     }
 
     #[test]
