@@ -481,6 +481,14 @@ fn frames_go_out_of_a_port_and_come_to_the_cpu() {
         counters["counters"],
         json!([{"name": "echo", "packets": 1, "bytes": f.len()}])
     );
+    // A counter goes only once nothing feeds it.
+    let e = refused(&rig, "DELETE", "/api/v1/counters/echo", None);
+    assert!(
+        e.contains("409") && e.contains("fed by a count action"),
+        "{e}"
+    );
+    let e = refused(&rig, "DELETE", "/api/v1/counters/nope", None);
+    assert!(e.contains("404") && e.contains("no counter"), "{e}");
 
     // The stream hands over frames as they come, with their in-port, and ends after `count`.
     let client = rig.client.clone();

@@ -213,6 +213,13 @@ fn labelled_datagrams_follow_their_label_stack_and_arrive_unlabelled() {
         }
         net.api(sw, "DELETE", "/api/v1/tables/labels", None)
             .unwrap();
+        // Its counters go once their entries have.
+        let counters = net.api(sw, "GET", "/api/v1/counters", None).unwrap();
+        for c in counters["counters"].as_array().unwrap() {
+            let name = c["name"].as_str().unwrap();
+            net.api(sw, "DELETE", &format!("/api/v1/counters/{name}"), None)
+                .unwrap();
+        }
     }
     for (sw, before) in ["s0", "s1", "s2", "s3"].iter().zip(&before) {
         assert_eq!(&net.programmed(sw).unwrap(), before, "{sw}");

@@ -717,29 +717,28 @@ impl Pipeline {
     /// an entry, a miss list or a selector member names it.
     pub fn remove_interface(&mut self, i: u16) -> Result<Interface, Error> {
         let it = self.interface(i).ok_or(Error::UnknownInterface(i))?;
-        let names = |list: &[Action]| list.contains(&Action::Interface(i));
+        if let Some(by) = self.used_by(&Action::Interface(i)) {
+            return Err(Error::InterfaceInUse { interface: i, by });
+        }
+        self.interfaces[usize::from(i)] = None;
+        Ok(it)
+    }
+
+    /// The first table (its id) or selector (`selector N`) with an action list, an entry's, a
+    /// table's miss or a selector member's, that holds `action`; `None` when none does.
+    pub fn used_by(&self, action: &Action) -> Option<String> {
+        let names = |list: &[Action]| list.contains(action);
         for (t, table) in self.tables.iter().enumerate() {
             if !table.removed
                 && (names(&table.miss) || table.iter().any(|(_, s)| names(&s.entry.actions)))
             {
-                return Err(Error::InterfaceInUse {
-                    interface: i,
-                    by: table_id(t).to_string(),
-                });
+                return Some(table_id(t).to_string());
             }
         }
-        if let Some(s) = self
-            .selectors
+        self.selectors
             .iter()
             .position(|s| s.members.iter().any(|m| names(m)))
-        {
-            return Err(Error::InterfaceInUse {
-                interface: i,
-                by: format!("selector {s}"),
-            });
-        }
-        self.interfaces[usize::from(i)] = None;
-        Ok(it)
+            .map(|s| format!("selector {s}"))
     }
 
     /// User register `n`.

@@ -1063,3 +1063,39 @@ fn with_the_source_check_an_address_behind_vlan_tags_or_mpls_labels_is_checked_t
     from(&mut sw, 3, endless);
     assert_eq!(spoofed(), 5);
 }
+
+#[test]
+fn a_counter_is_deleted_once_nothing_feeds_it_and_comes_back_from_zero() {
+    let (mut sw, _) = rig();
+    sw.create_table(table(
+        json!({"name": "t", "kind": "exact", "key": ["l4_dst"]}),
+    ))
+    .unwrap();
+    let entry = json!({"match": {"l4_dst": 40000}, "actions": [{"count": "seen"}, "flood"]});
+    let id = sw.apply(vec![add("t", entry.clone())]).unwrap()[0];
+    let counted = |sw: &Switch| {
+        sw.counters()
+            .iter()
+            .map(|c| (c.name.clone(), c.packets))
+            .collect::<Vec<_>>()
+    };
+    let missing = sw.delete_counter("nope").unwrap_err();
+    assert_eq!(missing.kind, ErrorKind::NotFound, "{missing:?}");
+    let busy = sw.delete_counter("seen").unwrap_err();
+    assert_eq!(busy.kind, ErrorKind::Conflict, "{busy:?}");
+    assert!(busy.error.contains("fed by a count action"), "{busy:?}");
+    sw.apply(vec![Change::Delete {
+        table: "t".into(),
+        id,
+    }])
+    .unwrap();
+    sw.delete_counter("seen").unwrap();
+    assert_eq!(counted(&sw), []);
+    assert_eq!(
+        sw.delete_counter("seen").unwrap_err().kind,
+        ErrorKind::NotFound
+    );
+    // Named again, it counts from zero.
+    sw.apply(vec![add("t", entry)]).unwrap();
+    assert_eq!(counted(&sw), [("seen".to_string(), 0)]);
+}

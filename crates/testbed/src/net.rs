@@ -393,9 +393,9 @@ impl Net {
 
     /// What network functions write on switch `name`, without the hit counts traffic moves:
     /// every table (name, kind, key, miss actions, owner, and entry count but for the
-    /// learning table `l2`'s), the `acl` entries
-    /// (match, priority, actions) and the interface table. A function that cleans up after
-    /// itself leaves this as it found it.
+    /// learning table `l2`'s), the `acl` entries (match, priority, actions), the interface
+    /// table and the counters' names. A function that cleans up after itself leaves this as
+    /// it found it.
     pub fn programmed(&self, name: &str) -> anyhow::Result<serde_json::Value> {
         let tables = self.api(name, "GET", "/api/v1/tables", None)?;
         let tables: Vec<serde_json::Value> = tables["tables"]
@@ -419,8 +419,16 @@ impl Net {
             .map(|e| serde_json::json!([e["match"], e["priority"], e["actions"]]))
             .collect();
         let interfaces = self.api(name, "GET", "/api/v1/interfaces", None)?;
+        // Counters by name: their counts come and go with traffic.
+        let counters = self.api(name, "GET", "/api/v1/counters", None)?;
+        let counters: Vec<serde_json::Value> = counters["counters"]
+            .as_array()
+            .context("counters")?
+            .iter()
+            .map(|c| c["name"].clone())
+            .collect();
         Ok(serde_json::json!({"tables": tables, "acl": acl,
-                              "interfaces": interfaces["interfaces"]}))
+                              "interfaces": interfaces["interfaces"], "counters": counters}))
     }
 
     /// Packets each port of switch `name` received so far.

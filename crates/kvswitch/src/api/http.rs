@@ -54,6 +54,7 @@ pub const ROUTES: &[(&str, &[&str])] = &[
     ("/api/v1/ports", &["get"]),
     ("/api/v1/ports/{port}/egress", &["put"]),
     ("/api/v1/counters", &["get"]),
+    ("/api/v1/counters/{name}", &["delete"]),
     ("/api/v1/interfaces", &["get"]),
     ("/api/v1/interfaces/{id}", &["get", "put", "delete"]),
     ("/api/v1/registers", &["get"]),
@@ -258,6 +259,10 @@ pub fn router(api: Shared) -> Router {
             axum::routing::put(set_egress),
         )
         .route("/api/v1/counters", get(counters))
+        .route(
+            "/api/v1/counters/{name}",
+            axum::routing::delete(delete_counter),
+        )
         .route("/api/v1/interfaces", get(interfaces))
         .route(
             "/api/v1/interfaces/{id}",
@@ -666,6 +671,11 @@ async fn set_egress(State(api): State<Shared>, Path(port): Path<String>, bytes: 
 
 async fn counters(State(api): State<Shared>) -> Reply {
     ok(json!({ "counters": call(&api, |sw, _, _| sw.counters()).await? }))
+}
+
+async fn delete_counter(State(api): State<Shared>, Path(name): Path<String>) -> Reply {
+    call(&api, move |sw, _, _| sw.delete_counter(&name)).await??;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 async fn interfaces(State(api): State<Shared>) -> Reply {

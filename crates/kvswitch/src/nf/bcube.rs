@@ -416,7 +416,7 @@ impl Card {
             out.push(
                 json!({"match": {"in_port": p, "ip_dst": self.ip().to_string()},
                             "priority": PRIO_LOCAL,
-                            "actions": [{"count": "bcube_local"},
+                            "actions": [{"count": LOCAL_COUNTER},
                                         {"set_eth_dst": self.host_mac.to_string()},
                                         {"output": self.host_port}]}),
             );
@@ -450,7 +450,7 @@ impl Card {
             .map(|i| {
                 json!({"match": {"ttl": i + 2, format!("nha{}", i + 1): nha},
                        "priority": PRIO_ROUTE,
-                       "actions": [{"count": format!("bcube_nha{nha}")}, "dec_ttl",
+                       "actions": [{"count": format!("{NHA_COUNTER}{nha}")}, "dec_ttl",
                                    {"interface": self.interface(nha)}]})
             })
             .collect()
@@ -634,6 +634,31 @@ struct Agent<'a> {
     stats: CardStats,
 }
 
+/// The counter of what reached the host, and the prefix of each neighbour's (its NHA after
+/// it): what the card's entries count.
+const LOCAL_COUNTER: &str = "bcube_local";
+const NHA_COUNTER: &str = "bcube_nha";
+
+/// Deletes the counters the card's entries fed, once the entries are gone.
+fn delete_counters(client: &Client) -> anyhow::Result<()> {
+    let listed = client.call("GET", "/api/v1/counters", None)?;
+    let ours = listed["counters"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["name"].as_str())
+        .filter(|name| {
+            *name == LOCAL_COUNTER
+                || name
+                    .strip_prefix(NHA_COUNTER)
+                    .is_some_and(|nha| nha.parse::<u8>().is_ok())
+        });
+    for name in ours {
+        client.call("DELETE", &format!("/api/v1/counters/{name}"), None)?;
+    }
+    Ok(())
+}
+
 /// Runs a card's agent until `stop`: sets the card's tables up, discovers neighbours,
 /// answers queries; then removes everything it made (also after an error).
 pub fn run_card(
@@ -694,6 +719,9 @@ pub fn run_card(
                 )
                 .map(drop),
         );
+    }
+    if made_table {
+        cleanup = cleanup.and(delete_counters(client));
     }
     served?;
     cleanup.context("removing the BCube card's entries")?;

@@ -699,6 +699,28 @@ impl Switch {
             .map_err(|e| ControlError::new(ErrorKind::NotFound, "register", e.to_string()))
     }
 
+    /// Removes the counter `name`, which no action may still feed; a `count` action naming it
+    /// later makes a new one, from zero.
+    pub fn delete_counter(&mut self, name: &str) -> Result<(), ControlError> {
+        let Some(&id) = self.operator.counters.get(name) else {
+            return Err(ControlError::new(
+                ErrorKind::NotFound,
+                "name",
+                format!("no counter {name:?}"),
+            ));
+        };
+        if let Some(by) = self.pipeline.used_by(&Action::Count(id)) {
+            return Err(ControlError::new(
+                ErrorKind::Conflict,
+                "name",
+                format!("counter {name:?} is fed by a count action in {by}"),
+            ));
+        }
+        self.operator.counters.remove(name);
+        self.operator.spare.push(id);
+        Ok(())
+    }
+
     /// The counters operators' `count` actions feed.
     pub fn counters(&self) -> Vec<CounterView> {
         self.operator
