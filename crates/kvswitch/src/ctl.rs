@@ -64,6 +64,11 @@ pub enum CtlCmd {
     },
     /// The counters of operators' `count` actions.
     Counters,
+    /// Delete a counter that no `count` action feeds any more.
+    Counter {
+        #[command(subcommand)]
+        action: CounterCmd,
+    },
     /// The interface table: destination MAC, source MAC and port that `interface:N` actions
     /// send through.
     Interfaces,
@@ -195,6 +200,13 @@ pub enum InterfaceCmd {
     },
     /// Delete interface ID (refused while an action names it).
     Delete { id: u16 },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CounterCmd {
+    /// Delete counter NAME (refused while a `count` action feeds it); named again, it counts
+    /// from zero.
+    Delete { name: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -705,6 +717,12 @@ pub fn run(args: &CtlArgs) -> anyhow::Result<()> {
         CtlCmd::Counters => (client.call("GET", "/api/v1/counters", None)?, |d| {
             listing(&d["counters"], &["name", "packets", "bytes"])
         }),
+        CtlCmd::Counter {
+            action: CounterCmd::Delete { name },
+        } => (
+            client.call("DELETE", &format!("/api/v1/counters/{name}"), None)?,
+            |_| "deleted\n".to_string(),
+        ),
         CtlCmd::Interfaces => (client.call("GET", "/api/v1/interfaces", None)?, |d| {
             listing(
                 &d["interfaces"],
