@@ -106,11 +106,13 @@ pub struct SpaceSaving {
     /// The bucket with the highest count, or `NIL` when empty.
     highest: u32,
     /// Once the counter is full, the key the next untracked key replaces (the lowest bucket's
-    /// first) and its fingerprint, noted at the end of every visit: the next replacement then
-    /// looks the old key up in `index` at once, alongside the new one, instead of after
-    /// reading the bucket and then the slot, two memory reads in a row.
+    /// first), its fingerprint and its successor in the bucket, noted at the end of every
+    /// visit: the next replacement then looks the old key up in `index` at once, alongside
+    /// the new one, and moves the slot without waiting to read it, instead of after reading
+    /// the bucket and then the slot, two memory reads in a row.
     victim: u32,
     victim_fp: u64,
+    victim_next: u32,
 }
 
 impl SpaceSaving {
@@ -141,6 +143,7 @@ impl SpaceSaving {
             highest: NIL,
             victim: NIL,
             victim_fp: 0,
+            victim_next: NIL,
         }
     }
 
@@ -165,8 +168,8 @@ impl SpaceSaving {
         }
         if self.slots.len() == self.capacity {
             let victim = self.buckets[self.lowest as usize].first;
-            self.victim = victim;
-            self.victim_fp = self.slots[victim as usize].fp;
+            let v = &self.slots[victim as usize];
+            (self.victim, self.victim_fp, self.victim_next) = (victim, v.fp, v.next);
         }
     }
 
@@ -195,12 +198,14 @@ impl SpaceSaving {
         let slot = self.victim;
         debug_assert_eq!(slot, self.buckets[self.lowest as usize].first);
         debug_assert_eq!(self.victim_fp, self.slots[slot as usize].fp);
+        debug_assert_eq!(self.victim_next, self.slots[slot as usize].next);
         self.index.remove(self.victim_fp);
         let s = &mut self.slots[slot as usize];
         s.key.set(key);
         s.fp = fp;
         self.index.insert(fp, slot);
-        self.bump(slot);
+        // The victim is its bucket's first: no `prev`.
+        self.bump_linked(slot, self.lowest, NIL, self.victim_next);
     }
 
     /// The estimated count of `key`, or `None` if it is not tracked.
@@ -265,11 +270,17 @@ impl SpaceSaving {
     /// Lines 10-16 of Algorithm 1: moves a tracked key from its bucket (count f) to the
     /// bucket for f + 1, as that bucket's most recent key.
     fn bump(&mut self, slot: u32) {
-        let bucket = self.slots[slot as usize].bucket;
+        let s = &self.slots[slot as usize];
+        self.bump_linked(slot, s.bucket, s.prev, s.next);
+    }
+
+    /// [`SpaceSaving::bump`] for a slot whose bucket and neighbours there (`prev`, `after`)
+    /// the caller knows; `prev` is not read when `slot` is the bucket's first.
+    fn bump_linked(&mut self, slot: u32, bucket: u32, prev: u32, after: u32) {
         let b = &self.buckets[bucket as usize];
         let (count, next) = (b.count, b.next);
         if next != NIL && self.buckets[next as usize].count == count + 1 {
-            self.unlink(slot);
+            self.unlink(slot, bucket, prev, after);
             self.append(next, slot);
             if self.buckets[bucket as usize].first == NIL {
                 self.drop_bucket(bucket);
@@ -279,7 +290,7 @@ impl SpaceSaving {
             self.buckets[bucket as usize].count = count + 1;
         } else {
             let new = self.new_bucket(count + 1, bucket, next);
-            self.unlink(slot);
+            self.unlink(slot, bucket, prev, after);
             self.append(new, slot);
         }
     }
@@ -342,12 +353,10 @@ impl SpaceSaving {
         self.buckets[bucket as usize].last = slot;
     }
 
-    /// Takes `slot` out of its bucket's list (the bucket may be left empty). A first key's
-    /// successor becomes first with its `prev` left stale, unwritten.
-    fn unlink(&mut self, slot: u32) {
-        let Slot {
-            bucket, prev, next, ..
-        } = self.slots[slot as usize];
+    /// Takes `slot`, whose bucket and neighbours there are `bucket`, `prev` and `next`, out
+    /// of that bucket's list (the bucket may be left empty). A first key's successor becomes
+    /// first with its `prev` left stale, unwritten.
+    fn unlink(&mut self, slot: u32, bucket: u32, prev: u32, next: u32) {
         let b = &mut self.buckets[bucket as usize];
         if b.first == slot {
             b.first = next;
