@@ -359,7 +359,13 @@ impl Cache {
         cfg.validate()?;
         let tracker =
             Tracker::new(cfg.tracker.clone(), groups.max(1), now).map_err(ConfigError::Tracker)?;
-        let log = (cfg.log_size > 0).then(|| CircularLog::new(cfg.log_size, cfg.log_threshold));
+        let log = (cfg.log_size > 0).then(|| {
+            CircularLog::with_fingerprints(
+                cfg.log_size,
+                cfg.log_threshold,
+                tracker.fingerprints().clone(),
+            )
+        });
         let buffer = RuleBuffer::new(&cfg.rules).map_err(ConfigError::Rules)?;
         let budget = RuleBudget::from_config(&cfg.rules, now).map_err(ConfigError::Rules)?;
         Ok(Cache {
@@ -448,7 +454,9 @@ impl Cache {
             entry.reads += 1;
             entry.uses += 1;
         }
-        self.tracker.see(group, key, now);
+        // One fingerprint for the tracker and the log, which share their fingerprints.
+        let fp = self.tracker.fingerprints().of(key);
+        self.tracker.see_fingerprint(group, key, fp, now);
         if self.cfg.admission.every_read() && !self.entries.contains_key(key) {
             if self.offer(key, self.threshold, now) {
                 if let Some(entry) = self.entries.get_mut(key) {
@@ -457,7 +465,7 @@ impl Cache {
             }
             return;
         }
-        let burst = self.log.as_mut().is_some_and(|log| log.see(key));
+        let burst = self.log.as_mut().is_some_and(|log| log.see_fingerprint(fp));
         if burst && !self.entries.contains_key(key) {
             self.counters.instant_reports += 1;
             // The key's share of the log, times the read rate of the last segment.

@@ -180,16 +180,28 @@ pub struct Ring {
     /// a few points of one slice rather than the whole continuum.
     index: Vec<u32>,
     index_bits: u32,
-    /// Ketama: per slice of the hash space (one to two a point), the first point at or after
-    /// the slice's start: its server in the top `direct_bits` bits, and in the others its
-    /// value's low bits when it lies in the slice, or all ones when it lies past it (or past
-    /// the last point, where the first point's server follows). A hash at or below that point
-    /// belongs to its server: most lookups (about two in three to four in five, with the
-    /// ring's size) read one entry of this table and nothing else, where a search reads
-    /// `index` and then the continuum, two cache misses on a large ring. Four bytes an entry
-    /// keep the table small enough to stay cached. Empty when a server's number does not fit.
+    /// Ketama: per slice of the hash space (one to two a point; the top `direct_bits` bits of
+    /// a hash pick it), three fields of `direct_server_bits`, `direct_server_bits` and the
+    /// rest of the bits, from the top:
+    /// - the server of the first point at or after the slice's start (past the last point,
+    ///   the first point's);
+    /// - when that point lies in the slice and is its only one, the server of the point after
+    ///   it (the first point's past the last); when it is one of several, all ones (no server
+    ///   has that number); when it lies past the slice, the first field again;
+    /// - the top bits of that point's offset in the slice (`direct_drop` low bits dropped), or
+    ///   all ones when it lies past the slice.
+    ///
+    /// A hash whose offset's top bits are below the point's belongs to the first server, above
+    /// them to the second, unless that is all ones: most lookups (nine in ten on a ring of
+    /// 160 points a server) read one entry of this table and nothing else, where a search
+    /// reads `index` and then the continuum, two cache misses on a large ring. Equal top bits
+    /// (when bits were dropped) and slices of several points are searched. Four bytes an entry
+    /// keep the table small enough to stay cached. Empty when two servers' numbers leave too
+    /// few bits for the offset (32,768 servers or more).
     direct: Vec<u32>,
     direct_bits: u32,
+    direct_server_bits: u32,
+    direct_drop: u32,
     /// Modula and jump: the servers in slot order, as indexes into the caller's list.
     slot_order: Vec<u32>,
     /// Modula and jump: `cumulative[i]` = sum of the weights of `slot_order[0..=i]`, so slot
@@ -241,6 +253,8 @@ impl Ring {
             index_bits: 0,
             direct: Vec::new(),
             direct_bits: 0,
+            direct_server_bits: 0,
+            direct_drop: 0,
             slot_order: Vec::new(),
             cumulative: Vec::new(),
         };
@@ -319,13 +333,20 @@ impl Ring {
         let Some(first) = self.continuum.first() else {
             return;
         };
-        let len = self.continuum.len();
-        let bits = (usize::BITS - len.leading_zeros()).clamp(1, 20);
-        if self.servers > 1 << bits {
+        // Server numbers are below 2^w, leaving all ones for "several points".
+        let w = usize::BITS - self.servers.leading_zeros();
+        if w > 15 {
             return;
         }
+        let len = self.continuum.len();
+        let bits = (usize::BITS - len.leading_zeros()).clamp(1, 20);
         let shift = 32 - bits;
         let low = u32::MAX >> bits;
+        let cut_bits = (32 - 2 * w).min(shift);
+        let drop = shift - cut_bits;
+        let past = (1u32 << cut_bits) - 1;
+        let several = (1u32 << w) - 1;
+        let entry = |a: u32, b: u32, cut: u32| (a << (32 - w)) | (b << (32 - 2 * w)) | cut;
         let mut direct = Vec::with_capacity(1 << bits);
         let mut at = 0usize;
         for b in 0..1u32 << bits {
@@ -333,15 +354,23 @@ impl Ring {
             while at < len && self.continuum[at].value < start {
                 at += 1;
             }
-            let entry = match self.continuum.get(at) {
-                Some(p) if p.value >> shift == b => (p.server << shift) | (p.value & low),
-                Some(p) => (p.server << shift) | low,
-                None => (first.server << shift) | low,
-            };
-            direct.push(entry);
+            direct.push(match self.continuum.get(at) {
+                Some(p) if p.value >> shift == b => {
+                    let after = match self.continuum.get(at + 1) {
+                        Some(q) if q.value >> shift == b => several,
+                        Some(q) => q.server,
+                        None => first.server,
+                    };
+                    entry(p.server, after, (p.value & low) >> drop)
+                }
+                Some(p) => entry(p.server, p.server, past),
+                None => entry(first.server, first.server, past),
+            });
         }
         self.direct = direct;
         self.direct_bits = bits;
+        self.direct_server_bits = w;
+        self.direct_drop = drop;
     }
 
     /// The first point of the continuum at or after `hash` (its length when none is).
@@ -376,14 +405,21 @@ impl Ring {
     pub fn locate_hash(&self, hash: u32) -> usize {
         match self.dist {
             Distribution::Ketama => {
-                // No point between the slice's start and the hash: the slice's first point
-                // (with the lowest index among equal values, as the search finds it).
                 if self.direct_bits > 0 {
                     let shift = 32 - self.direct_bits;
-                    let low = u32::MAX >> self.direct_bits;
+                    let w = self.direct_server_bits;
                     let entry = self.direct[(hash >> shift) as usize];
-                    if hash & low <= entry & low {
-                        return (entry >> shift) as usize;
+                    let cut = entry & (u32::MAX >> (2 * w));
+                    let offset = (hash & (u32::MAX >> self.direct_bits)) >> self.direct_drop;
+                    // No point between the slice's start and the hash: the slice's first point
+                    // (with the lowest index among equal values, as the search finds it).
+                    if offset < cut || (offset == cut && self.direct_drop == 0) {
+                        return (entry >> (32 - w)) as usize;
+                    }
+                    // Past the slice's only point: the point after it.
+                    let after = (entry >> (32 - 2 * w)) & (u32::MAX >> (32 - w));
+                    if offset > cut && after != u32::MAX >> (32 - w) {
+                        return after as usize;
                     }
                 }
                 // First point at or after the hash, wrapping to the first point past the end.
@@ -799,11 +835,23 @@ mod tests {
                 let i = ring.continuum.partition_point(|p| p.value < hash);
                 ring.continuum.get(i).unwrap_or(&ring.continuum[0]).server as usize
             };
-            // Every point and its neighbours, the slices' edges, and a spread of hashes.
+            // Every point and its neighbours (also those that differ from it only in the bits
+            // the table drops), the slices' edges, and a spread of hashes.
+            let dropped = (1u32 << ring.direct_drop) - 1;
             let mut hashes: Vec<u32> = ring
                 .continuum
                 .iter()
-                .flat_map(|p| [p.value.wrapping_sub(1), p.value, p.value.wrapping_add(1)])
+                .flat_map(|p| {
+                    [
+                        p.value.wrapping_sub(1),
+                        p.value,
+                        p.value.wrapping_add(1),
+                        p.value & !dropped,
+                        p.value | dropped,
+                        (p.value | dropped).wrapping_add(1),
+                        (p.value & !dropped).wrapping_sub(1),
+                    ]
+                })
                 .collect();
             let shift = 32 - ring.direct_bits;
             for b in 0..1u32 << ring.direct_bits {

@@ -63,7 +63,13 @@ impl Backend {
     /// A backend whose first report segment starts at `now`.
     pub fn new(cfg: BackendConfig, now: Instant) -> Result<Backend, TrackerError> {
         let tracker = Tracker::new(cfg.tracker.clone(), 1, now)?;
-        let log = (cfg.log_size > 0).then(|| CircularLog::new(cfg.log_size, cfg.log_threshold));
+        let log = (cfg.log_size > 0).then(|| {
+            CircularLog::with_fingerprints(
+                cfg.log_size,
+                cfg.log_threshold,
+                tracker.fingerprints().clone(),
+            )
+        });
         Ok(Backend {
             cfg,
             tracker,
@@ -84,8 +90,12 @@ impl Backend {
     pub fn see(&mut self, key: &[u8], now: Instant) -> bool {
         self.roll(now);
         self.reads += 1;
-        self.tracker.see(0, key, now);
-        let burst = self.log.as_mut().is_some_and(|log| log.see(key));
+        // One fingerprint for the log and the tracker, which share their fingerprints. The log
+        // goes first: its few memory reads are then under way while the tracker's longer chain
+        // of them runs.
+        let fp = self.tracker.fingerprints().of(key);
+        let burst = self.log.as_mut().is_some_and(|log| log.see_fingerprint(fp));
+        self.tracker.see_fingerprint(0, key, fp, now);
         burst && self.rate >= self.cfg.load_floor && !self.is_cached(key, now)
     }
 

@@ -80,6 +80,8 @@ pub struct RequestSim<'a> {
     end: Instant,
     warmup: Instant,
     bin: Duration,
+    /// One link's latency (`network.link_us`).
+    link: Duration,
     ring: Ring,
     backends: Vec<BackendState>,
     nodes: Vec<NodeState>,
@@ -199,6 +201,7 @@ impl<'a> RequestSim<'a> {
             end: start + sc.duration(),
             warmup: start + Duration::from_secs_f64(sc.warmup_s),
             bin: Duration::from_millis(sc.bin_ms),
+            link: Duration::from_secs_f64(sc.network.link_us / 1e6),
             ring,
             backends,
             nodes,
@@ -474,7 +477,7 @@ impl<'a> RequestSim<'a> {
 
     /// The switch, a cache node and a backend, for the key in `self.key`.
     fn route(&mut self, now: Instant, write: bool) -> Fate {
-        let link = Duration::from_secs_f64(self.sc.network.link_us / 1e6);
+        let link = self.link;
         let hash = self.ring.key_hash(&self.key);
         let backend = self.ring.locate_hash(hash);
         let steered = match self.sc.cache.as_ref().map(|c| c.path) {

@@ -60,6 +60,10 @@ impl Station {
     /// A request arrives at `now` (never earlier than the last arrival): when it leaves, or
     /// `None` if the queue is full and it is dropped.
     pub fn arrive(&mut self, now: Instant) -> Option<Instant> {
+        if self.free_at <= now {
+            // The last request has left, so all have: the queue empties without reading it.
+            self.leaving.clear();
+        }
         while self.leaving.front().is_some_and(|&t| t <= now) {
             self.leaving.pop_front();
         }

@@ -24,6 +24,10 @@ pub struct CircularLog {
     pos: usize,
     /// Entries of `log` in use (all of them once it has wrapped).
     filled: usize,
+    /// Once the ring is full, the oldest entry (`log[pos]`), noted at the end of every visit
+    /// while its cache line is at hand: the next visit then looks its count up at once,
+    /// alongside its own key's, instead of after reading the ring.
+    oldest: u64,
     /// Per key in the ring, its entries there.
     counts: FingerprintMap,
     threshold: u32,
@@ -44,14 +48,26 @@ impl CircularLog {
     /// # Panics
     /// If `size` is 0.
     pub fn new(size: usize, threshold: u32) -> CircularLog {
+        CircularLog::with_fingerprints(size, threshold, Fingerprints::default())
+    }
+
+    /// As [`CircularLog::new`], fingerprinting keys with `fingerprints`: a caller that holds
+    /// the same [`Fingerprints`] can fingerprint a key once for this log and others (see
+    /// [`CircularLog::see_fingerprint`]).
+    pub(crate) fn with_fingerprints(
+        size: usize,
+        threshold: u32,
+        fingerprints: Fingerprints,
+    ) -> CircularLog {
         assert!(size > 0, "circular log size must be > 0");
         CircularLog {
             log: vec![0; size],
             pos: 0,
             filled: 0,
+            oldest: 0,
             counts: FingerprintMap::with_capacity(size),
             threshold,
-            fingerprints: Fingerprints::default(),
+            fingerprints,
         }
     }
 
@@ -61,12 +77,18 @@ impl CircularLog {
     /// `threshold` or below. (A visit that pushes out an older entry of the same key leaves
     /// its count unchanged and reports nothing.)
     pub fn see(&mut self, key: &[u8]) -> bool {
-        let fp = self.fingerprints.of(key);
+        self.see_fingerprint(self.fingerprints.of(key))
+    }
+
+    /// As [`CircularLog::see`], for a key whose fingerprint under this log's [`Fingerprints`]
+    /// (those it was made with) the caller has already taken.
+    pub(crate) fn see_fingerprint(&mut self, fp: u64) -> bool {
         // The oldest entry leaves once the ring is full. When it is this key, the visit
         // leaves the key's count as it was and cannot cross the threshold.
         let mut same = false;
         if self.filled == self.log.len() {
-            let oldest = self.log[self.pos];
+            let oldest = self.oldest;
+            debug_assert_eq!(oldest, self.log[self.pos]);
             same = oldest == fp;
             if !same {
                 if let Some(c) = self.counts.get_mut(oldest) {
@@ -88,6 +110,9 @@ impl CircularLog {
         };
         self.log[self.pos] = fp;
         self.pos = (self.pos + 1) % self.log.len();
+        if self.filled == self.log.len() {
+            self.oldest = self.log[self.pos];
+        }
         // Without the oldest entry being this key, the count rose by exactly one.
         !same && after - 1 <= self.threshold && after > self.threshold
     }

@@ -282,6 +282,30 @@ mod tests {
     }
 
     #[test]
+    fn structures_sharing_fingerprints_take_keys_fingerprinted_once() {
+        use rand::rngs::SmallRng;
+        use rand::{Rng, SeedableRng};
+        // A counter and a log fed fingerprints taken once under shared `Fingerprints` answer
+        // as ones that fingerprint each key themselves.
+        let shared = Fingerprints::default();
+        let mut counter = SpaceSaving::with_fingerprints(16, shared.clone());
+        let mut log = CircularLog::with_fingerprints(20, 3, shared.clone());
+        let (mut counter_alone, mut log_alone) = (SpaceSaving::new(16), CircularLog::new(20, 3));
+        let mut rng = SmallRng::seed_from_u64(3);
+        for _ in 0..20_000 {
+            let spread = rng.gen_range(1..64);
+            let key = test_zipf::key(rng.gen_range(0..spread));
+            let fp = shared.of(&key);
+            counter.see_fingerprint(&key, fp);
+            counter_alone.see(&key);
+            assert_eq!(log.see_fingerprint(fp), log_alone.see(&key));
+            assert_eq!(counter.count(&key), counter_alone.count(&key));
+            assert_eq!(log.count(&key), log_alone.count(&key));
+        }
+        assert_eq!(counter.top(16), counter_alone.top(16));
+    }
+
+    #[test]
     fn ewma_weights_the_new_frequency_by_alpha() {
         assert_eq!(ewma(0.5, 10.0, 0.0), 5.0);
         assert_eq!(ewma(0.5, 2.0, 5.0), 3.5);

@@ -3,7 +3,10 @@
 //!
 //! Keys with the same count share a bucket; buckets are kept in increasing count order and the
 //! keys of a bucket from least to most recently visited. Both lists are doubly linked through
-//! indices into vectors, so a visit touches a constant number of nodes and never scans.
+//! indices into vectors, so a visit touches a constant number of nodes and never scans. A
+//! bucket's first key has no less recent neighbour and its `prev` is left stale: replacing
+//! the least visited key, every request once the counter is full, then writes no other key's
+//! slot to say so (one cache line fewer a request).
 
 use super::{FingerprintMap, Fingerprints};
 
@@ -59,7 +62,8 @@ struct Slot {
     fp: u64,
     /// The bucket holding this key, which gives its count.
     bucket: u32,
-    /// Less recently visited neighbour in the bucket.
+    /// Less recently visited neighbour in the bucket; stale when this is the bucket's first
+    /// key (the bucket's `first` says so).
     prev: u32,
     /// More recently visited neighbour in the bucket.
     next: u32,
@@ -101,6 +105,14 @@ pub struct SpaceSaving {
     lowest: u32,
     /// The bucket with the highest count, or `NIL` when empty.
     highest: u32,
+    /// Once the counter is full, the key the next untracked key replaces (the lowest bucket's
+    /// first), its fingerprint and its successor in the bucket, noted at the end of every
+    /// visit: the next replacement then looks the old key up in `index` at once, alongside
+    /// the new one, and moves the slot without waiting to read it, instead of after reading
+    /// the bucket and then the slot, two memory reads in a row.
+    victim: u32,
+    victim_fp: u64,
+    victim_next: u32,
 }
 
 impl SpaceSaving {
@@ -109,6 +121,13 @@ impl SpaceSaving {
     /// # Panics
     /// If `capacity` is 0 or not below `u32::MAX`.
     pub fn new(capacity: usize) -> SpaceSaving {
+        SpaceSaving::with_fingerprints(capacity, Fingerprints::default())
+    }
+
+    /// As [`SpaceSaving::new`], fingerprinting keys with `fingerprints`: a caller that holds
+    /// the same [`Fingerprints`] can fingerprint a key once for this counter and others (see
+    /// [`SpaceSaving::see_fingerprint`]).
+    pub(crate) fn with_fingerprints(capacity: usize, fingerprints: Fingerprints) -> SpaceSaving {
         assert!(
             capacity > 0 && capacity < NIL as usize,
             "space-saving capacity must be in 1..u32::MAX, got {capacity}"
@@ -116,12 +135,15 @@ impl SpaceSaving {
         SpaceSaving {
             capacity,
             index: FingerprintMap::with_capacity(capacity),
-            fingerprints: Fingerprints::default(),
+            fingerprints,
             slots: Vec::with_capacity(capacity),
             buckets: Vec::with_capacity(capacity),
             free: Vec::new(),
             lowest: NIL,
             highest: NIL,
+            victim: NIL,
+            victim_fp: 0,
+            victim_next: NIL,
         }
     }
 
@@ -129,37 +151,61 @@ impl SpaceSaving {
     /// of the least recently visited of the least visited keys and inherits its count before
     /// the increment.
     pub fn see(&mut self, key: &[u8]) {
-        let fp = self.fingerprints.of(key);
+        self.see_fingerprint(key, self.fingerprints.of(key));
+    }
+
+    /// As [`SpaceSaving::see`], for a key whose fingerprint under this counter's
+    /// [`Fingerprints`] (those it was made with) the caller has already taken. Another
+    /// fingerprint would file the key under a wrong name.
+    pub(crate) fn see_fingerprint(&mut self, key: &[u8], fp: u64) {
+        debug_assert_eq!(fp, self.fingerprints.of(key));
         if let Some(slot) = self.index.get(fp) {
             self.bump(slot);
-            return;
+        } else if self.slots.len() < self.capacity {
+            self.insert(key, fp);
+        } else {
+            self.replace(key, fp);
         }
-        if self.slots.len() < self.capacity {
-            let slot = self.slots.len() as u32;
-            self.slots.push(Slot {
-                key: KeyBytes::new(key),
-                fp,
-                bucket: NIL,
-                prev: NIL,
-                next: NIL,
-            });
-            self.index.insert(fp, slot);
-            // Counts start at 1, so a bucket for 1 can only be the lowest one.
-            let bucket = if self.lowest != NIL && self.buckets[self.lowest as usize].count == 1 {
-                self.lowest
-            } else {
-                self.new_bucket(1, NIL, self.lowest)
-            };
-            self.append(bucket, slot);
-            return;
+        if self.slots.len() == self.capacity {
+            let victim = self.buckets[self.lowest as usize].first;
+            let v = &self.slots[victim as usize];
+            (self.victim, self.victim_fp, self.victim_next) = (victim, v.fp, v.next);
         }
-        let slot = self.buckets[self.lowest as usize].first;
+    }
+
+    /// Tracks `key`, untracked, in a new slot (the counter is not full).
+    fn insert(&mut self, key: &[u8], fp: u64) {
+        let slot = self.slots.len() as u32;
+        self.slots.push(Slot {
+            key: KeyBytes::new(key),
+            fp,
+            bucket: NIL,
+            prev: NIL,
+            next: NIL,
+        });
+        self.index.insert(fp, slot);
+        // Counts start at 1, so a bucket for 1 can only be the lowest one.
+        let bucket = if self.lowest != NIL && self.buckets[self.lowest as usize].count == 1 {
+            self.lowest
+        } else {
+            self.new_bucket(1, NIL, self.lowest)
+        };
+        self.append(bucket, slot);
+    }
+
+    /// Tracks `key`, untracked, in place of the victim (the counter is full).
+    fn replace(&mut self, key: &[u8], fp: u64) {
+        let slot = self.victim;
+        debug_assert_eq!(slot, self.buckets[self.lowest as usize].first);
+        debug_assert_eq!(self.victim_fp, self.slots[slot as usize].fp);
+        debug_assert_eq!(self.victim_next, self.slots[slot as usize].next);
+        self.index.remove(self.victim_fp);
         let s = &mut self.slots[slot as usize];
-        self.index.remove(s.fp);
         s.key.set(key);
         s.fp = fp;
         self.index.insert(fp, slot);
-        self.bump(slot);
+        // The victim is its bucket's first: no `prev`.
+        self.bump_linked(slot, self.lowest, NIL, self.victim_next);
     }
 
     /// The estimated count of `key`, or `None` if it is not tracked.
@@ -179,7 +225,7 @@ impl SpaceSaving {
             while slot != NIL && out.len() < k {
                 let s = &self.slots[slot as usize];
                 out.push((s.key.get().into(), b.count));
-                slot = s.prev;
+                slot = if slot == b.first { NIL } else { s.prev };
             }
             bucket = b.prev;
         }
@@ -224,11 +270,17 @@ impl SpaceSaving {
     /// Lines 10-16 of Algorithm 1: moves a tracked key from its bucket (count f) to the
     /// bucket for f + 1, as that bucket's most recent key.
     fn bump(&mut self, slot: u32) {
-        let bucket = self.slots[slot as usize].bucket;
+        let s = &self.slots[slot as usize];
+        self.bump_linked(slot, s.bucket, s.prev, s.next);
+    }
+
+    /// [`SpaceSaving::bump`] for a slot whose bucket and neighbours there (`prev`, `after`)
+    /// the caller knows; `prev` is not read when `slot` is the bucket's first.
+    fn bump_linked(&mut self, slot: u32, bucket: u32, prev: u32, after: u32) {
         let b = &self.buckets[bucket as usize];
         let (count, next) = (b.count, b.next);
         if next != NIL && self.buckets[next as usize].count == count + 1 {
-            self.unlink(slot);
+            self.unlink(slot, bucket, prev, after);
             self.append(next, slot);
             if self.buckets[bucket as usize].first == NIL {
                 self.drop_bucket(bucket);
@@ -238,7 +290,7 @@ impl SpaceSaving {
             self.buckets[bucket as usize].count = count + 1;
         } else {
             let new = self.new_bucket(count + 1, bucket, next);
-            self.unlink(slot);
+            self.unlink(slot, bucket, prev, after);
             self.append(new, slot);
         }
     }
@@ -301,17 +353,22 @@ impl SpaceSaving {
         self.buckets[bucket as usize].last = slot;
     }
 
-    /// Takes `slot` out of its bucket's list (the bucket may be left empty).
-    fn unlink(&mut self, slot: u32) {
-        let Slot {
-            bucket, prev, next, ..
-        } = self.slots[slot as usize];
-        match prev {
-            NIL => self.buckets[bucket as usize].first = next,
-            p => self.slots[p as usize].next = next,
+    /// Takes `slot`, whose bucket and neighbours there are `bucket`, `prev` and `next`, out
+    /// of that bucket's list (the bucket may be left empty). A first key's successor becomes
+    /// first with its `prev` left stale, unwritten.
+    fn unlink(&mut self, slot: u32, bucket: u32, prev: u32, next: u32) {
+        let b = &mut self.buckets[bucket as usize];
+        if b.first == slot {
+            b.first = next;
+            if next == NIL {
+                b.last = NIL;
+            }
+            return;
         }
+        // Not first: `prev` is a key of the bucket.
+        self.slots[prev as usize].next = next;
         match next {
-            NIL => self.buckets[bucket as usize].last = prev,
+            NIL => b.last = prev,
             n => self.slots[n as usize].prev = prev,
         }
     }
@@ -431,6 +488,51 @@ mod tests {
         assert_eq!(ss.count(b"c"), None);
         ss.see(b"x");
         assert_eq!(keys(&ss.top(5)), [(&b"x"[..], 1)]);
+    }
+
+    #[test]
+    fn agrees_with_a_model_of_counts_and_last_visits() {
+        use rand::rngs::SmallRng;
+        use rand::{Rng, SeedableRng};
+        // The model: per tracked key its count and the step of its last visit. A full counter
+        // replaces the key with the lowest (count, last visit); `top` orders by the highest.
+        let mut rng = SmallRng::seed_from_u64(11);
+        for capacity in [1, 2, 3, 8, 33] {
+            let mut ss = SpaceSaving::new(capacity);
+            let mut model: HashMap<u32, (u64, u32)> = HashMap::new();
+            for step in 0..20_000u32 {
+                // Skewed: a few keys come back often, so hits, ties and replacements mix.
+                let spread = rng.gen_range(1..4 * capacity as u32 + 2);
+                let k = rng.gen_range(0..spread);
+                ss.see(&key(k));
+                if let Some(entry) = model.get_mut(&k) {
+                    *entry = (entry.0 + 1, step);
+                } else if model.len() < capacity {
+                    model.insert(k, (1, step));
+                } else {
+                    let (&victim, &(count, _)) =
+                        model.iter().min_by_key(|(_, &(c, at))| (c, at)).unwrap();
+                    model.remove(&victim);
+                    model.insert(k, (count + 1, step));
+                }
+                if step % 97 == 0 || capacity <= 3 {
+                    let mut want: Vec<(u32, u64, u32)> =
+                        model.iter().map(|(&k, &(c, at))| (k, c, at)).collect();
+                    want.sort_by_key(|&(_, c, at)| std::cmp::Reverse((c, at)));
+                    let want: Vec<(Box<[u8]>, u64)> = want
+                        .iter()
+                        .map(|&(k, c, _)| (key(k).to_vec().into_boxed_slice(), c))
+                        .collect();
+                    for n in [1, capacity / 2, capacity, capacity + 1] {
+                        assert_eq!(ss.top(n), want[..n.min(want.len())], "step {step}");
+                    }
+                    let low = model.values().map(|&(c, _)| c).min().unwrap_or(0);
+                    let full = model.len() == capacity;
+                    assert_eq!(ss.min_count(), if full { low } else { 0 });
+                }
+                assert_eq!(ss.count(&key(k)), model.get(&k).map(|&(c, _)| c));
+            }
+        }
     }
 
     #[test]

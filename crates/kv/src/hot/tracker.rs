@@ -9,7 +9,7 @@ use crate::time::Instant;
 
 use super::count_min::{mix64, CountMin, HeavyHitters};
 use super::space_saving::SpaceSaving;
-use super::{ewma, load_per_sec};
+use super::{ewma, load_per_sec, Fingerprints};
 
 /// Which frequency counter a [`Tracker`] keeps per group.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -160,6 +160,9 @@ pub struct Report {
 pub struct Tracker {
     cfg: TrackerConfig,
     groups: Vec<Group>,
+    /// Every group's space-saving counter fingerprints keys with these, so that a caller
+    /// fingerprints a key once for the tracker and its own structures.
+    fingerprints: Fingerprints,
     /// End of the current segment.
     segment_end: Instant,
     /// SplitMix64 state for sampling.
@@ -176,10 +179,13 @@ struct Group {
 }
 
 impl Group {
-    fn new(cfg: &TrackerConfig) -> Group {
+    fn new(cfg: &TrackerConfig, fingerprints: &Fingerprints) -> Group {
         Group {
             counter: match cfg.counter {
-                Counter::SpaceSaving => Freq::SpaceSaving(SpaceSaving::new(cfg.capacity)),
+                Counter::SpaceSaving => Freq::SpaceSaving(SpaceSaving::with_fingerprints(
+                    cfg.capacity,
+                    fingerprints.clone(),
+                )),
                 Counter::CountMin {
                     width,
                     depth,
@@ -209,9 +215,14 @@ enum Freq {
 }
 
 impl Freq {
-    fn see(&mut self, key: &[u8]) {
+    /// Counts `key`, whose fingerprint under the tracker's [`Fingerprints`] is `fp` if the
+    /// caller has taken it.
+    fn see(&mut self, key: &[u8], fp: Option<u64>) {
         match self {
-            Freq::SpaceSaving(c) => c.see(key),
+            Freq::SpaceSaving(c) => match fp {
+                Some(fp) => c.see_fingerprint(key, fp),
+                None => c.see(key),
+            },
             Freq::CountMin(c) => {
                 c.add(key);
             }
@@ -240,11 +251,15 @@ impl Tracker {
         if groups == 0 {
             return Err(TrackerError::ZeroGroups);
         }
-        let groups = (0..groups).map(|_| Group::new(&cfg)).collect();
+        let fingerprints = Fingerprints::default();
+        let groups = (0..groups)
+            .map(|_| Group::new(&cfg, &fingerprints))
+            .collect();
         Ok(Tracker {
             segment_end: now + cfg.segment,
             rng: cfg.seed,
             groups,
+            fingerprints,
             ignored: 0,
             reports: Vec::new(),
             cfg,
@@ -254,7 +269,7 @@ impl Tracker {
     /// Makes room for `groups` groups (a backend added at run time); never removes any.
     pub fn ensure_groups(&mut self, groups: usize) {
         while self.groups.len() < groups {
-            self.groups.push(Group::new(&self.cfg));
+            self.groups.push(Group::new(&self.cfg, &self.fingerprints));
         }
     }
 
@@ -263,6 +278,23 @@ impl Tracker {
     /// [`ignored`](Tracker::ignored) and otherwise ignored. `now` should not go backwards; a
     /// `now` before the current segment's end simply counts in the current segment.
     pub fn see(&mut self, group: usize, key: &[u8], now: Instant) {
+        self.count(group, key, None, now);
+    }
+
+    /// The fingerprints the tracker's counters take keys by (see
+    /// [`Tracker::see_fingerprint`]).
+    pub(crate) fn fingerprints(&self) -> &Fingerprints {
+        &self.fingerprints
+    }
+
+    /// As [`Tracker::see`], for a key whose fingerprint under [`Tracker::fingerprints`] the
+    /// caller has already taken (to share it with a [`super::CircularLog`] made with the same
+    /// fingerprints).
+    pub(crate) fn see_fingerprint(&mut self, group: usize, key: &[u8], fp: u64, now: Instant) {
+        self.count(group, key, Some(fp), now);
+    }
+
+    fn count(&mut self, group: usize, key: &[u8], fp: Option<u64>, now: Instant) {
         self.roll_if_due(now);
         if group >= self.groups.len() {
             self.ignored += 1;
@@ -275,7 +307,7 @@ impl Tracker {
                 return;
             }
         }
-        self.groups[group].counter.see(key);
+        self.groups[group].counter.see(key, fp);
     }
 
     /// Ends the current segment if `now` has reached its end, updating every group's list,
