@@ -437,7 +437,7 @@ impl<W> Directory<W> {
     }
 
     /// A controller declared `id` failed: its copies are gone. It leaves every sharer list,
-    /// and writes that waited only for it go on.
+    /// and writes that waited only for it go on, returned in key order.
     pub fn switch_failed(&mut self, id: SwitchId, now: Instant) -> Vec<(Vec<u8>, W)> {
         let mut ready = Vec::new();
         for (key, state) in &mut self.keys {
@@ -451,6 +451,8 @@ impl<W> Directory<W> {
                 }
             }
         }
+        // The same order every run, whatever the map's.
+        ready.sort_by(|a, b| a.0.cmp(&b.0));
         for (key, _) in &ready {
             self.due.insert((now + self.reply_timeout, key.clone()));
         }
@@ -665,6 +667,31 @@ mod tests {
         assert_eq!(d.switch_failed(4, at(2)), vec![(b"k".to_vec(), "w")]);
         assert_eq!(d.done(b"k", at(3)), None);
         assert!(d.sharers(b"k").is_empty());
+    }
+
+    #[test]
+    fn writes_a_failed_switch_held_go_on_in_key_order() {
+        let mut d = Directory::new(128, 10 * MS, 100 * MS, 50 * MS, 30 * MS);
+        let keys: Vec<Vec<u8>> = (0..64u32)
+            .rev()
+            .map(|i| format!("k{i:02}").into_bytes())
+            .collect();
+        for key in &keys {
+            let s = d.read();
+            d.fill(key, s, [4], at(0));
+            assert!(matches!(
+                d.write(key, "w", at(0)),
+                WriteStep::Invalidate { .. }
+            ));
+        }
+        let released: Vec<Vec<u8>> = d
+            .switch_failed(4, at(1))
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        let mut sorted = keys.clone();
+        sorted.sort();
+        assert_eq!(released, sorted);
     }
 
     #[test]

@@ -2095,13 +2095,15 @@ impl FabricSwitch {
             tors.retain(|&(t, _)| t != id);
         }
         self.filled.retain(|_, tors| !tors.is_empty());
-        let done: Vec<Vec<u8>> = self
+        let mut done: Vec<Vec<u8>> = self
             .relaying
             .iter_mut()
             .filter_map(|(name, r)| {
                 (r.waiting.remove(&id).is_some() && r.waiting.is_empty()).then(|| name.clone())
             })
             .collect();
+        // Acknowledged in key order, the same every run.
+        done.sort();
         for at in done {
             if let Some(relay) = self.relaying.remove(&at) {
                 self.ack_relay(relay, now, emit);
