@@ -339,18 +339,10 @@ impl<'a> FrameSim<'a> {
             let table = Registration::spread(1, &root_ids, &BTreeSet::new(), REGISTRATION_BUCKETS)
                 .ok_or("no registration table")?;
             for i in 0..n {
-                let ports = if i < tors {
-                    (0..per)
-                        .map(|_| PortRole::Host)
-                        .chain((0..roots).map(|r| PortRole::Link((tors + r) as SwitchId)))
-                        .collect()
-                } else {
-                    (0..tors).map(|t| PortRole::Link(t as SwitchId)).collect()
-                };
                 let mut spec = FabricSpec::new(
                     i as SwitchId,
                     members.clone(),
-                    ports,
+                    PortRole::two_level(i, tors, roots, per),
                     racks.clone(),
                     fabric_servers.clone(),
                     table.clone(),

@@ -170,18 +170,10 @@ impl Net {
         let table = Registration::spread(1, &root_ids, &BTreeSet::new(), 64).unwrap();
         let switches = (0..n)
             .map(|i| {
-                let ports = if i < tors {
-                    (0..hosts)
-                        .map(|_| PortRole::Host)
-                        .chain((0..roots).map(|r| PortRole::Link((tors + r) as SwitchId)))
-                        .collect()
-                } else {
-                    (0..tors).map(|t| PortRole::Link(t as SwitchId)).collect()
-                };
                 let mut spec = FabricSpec::new(
                     i as SwitchId,
                     members.clone(),
-                    ports,
+                    PortRole::two_level(i, tors, roots, hosts),
                     racks.clone(),
                     servers.clone(),
                     table.clone(),

@@ -48,6 +48,22 @@ pub enum PortRole {
     Link(SwitchId),
 }
 
+impl PortRole {
+    /// The ports of switch `id` in a two-level tree whose `tors` ToRs come first and `roots`
+    /// roots after them, every ToR linked to every root: a ToR's `hosts` host ports, then a
+    /// link to each root; a root's link to each ToR.
+    pub fn two_level(id: usize, tors: usize, roots: usize, hosts: usize) -> Vec<PortRole> {
+        if id < tors {
+            (0..hosts)
+                .map(|_| PortRole::Host)
+                .chain((0..roots).map(|r| PortRole::Link((tors + r) as SwitchId)))
+                .collect()
+        } else {
+            (0..tors).map(|t| PortRole::Link(t as SwitchId)).collect()
+        }
+    }
+}
+
 /// The hosts below one ToR.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rack {
