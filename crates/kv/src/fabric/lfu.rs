@@ -204,8 +204,8 @@ impl Lfu {
                 old.uses
             }
             None => {
+                let wanted = self.frequency.estimate(key);
                 if self.items.len() >= self.capacity {
-                    let wanted = self.frequency.estimate(key);
                     let Some(first) = self.order.first() else {
                         return false;
                     };
@@ -217,7 +217,7 @@ impl Lfu {
                     self.items.remove(&first.2);
                     self.stats.evictions += 1;
                 }
-                self.frequency.estimate(key).max(1)
+                wanted.max(1)
             }
         };
         self.items.insert(
@@ -351,7 +351,7 @@ mod tests {
 
     const SEC: Duration = Duration::from_secs(1);
 
-    /// Looks `key` up `times` times at `now`, as the switch does for every read it sees.
+    /// Looks `key` up `times` times, as the switch does for every read it sees.
     fn look_up(c: &mut Lfu, key: &[u8], times: usize) {
         for _ in 0..times {
             c.get(key, Instant::ZERO);
