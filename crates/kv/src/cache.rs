@@ -359,13 +359,7 @@ impl Cache {
         cfg.validate()?;
         let tracker =
             Tracker::new(cfg.tracker.clone(), groups.max(1), now).map_err(ConfigError::Tracker)?;
-        let log = (cfg.log_size > 0).then(|| {
-            CircularLog::with_fingerprints(
-                cfg.log_size,
-                cfg.log_threshold,
-                tracker.fingerprints().clone(),
-            )
-        });
+        let log = tracker.log_beside(cfg.log_size, cfg.log_threshold);
         let buffer = RuleBuffer::new(&cfg.rules).map_err(ConfigError::Rules)?;
         let budget = RuleBudget::from_config(&cfg.rules, now).map_err(ConfigError::Rules)?;
         Ok(Cache {

@@ -63,13 +63,7 @@ impl Backend {
     /// A backend whose first report segment starts at `now`.
     pub fn new(cfg: BackendConfig, now: Instant) -> Result<Backend, TrackerError> {
         let tracker = Tracker::new(cfg.tracker.clone(), 1, now)?;
-        let log = (cfg.log_size > 0).then(|| {
-            CircularLog::with_fingerprints(
-                cfg.log_size,
-                cfg.log_threshold,
-                tracker.fingerprints().clone(),
-            )
-        });
+        let log = tracker.log_beside(cfg.log_size, cfg.log_threshold);
         Ok(Backend {
             cfg,
             tracker,

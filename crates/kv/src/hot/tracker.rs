@@ -287,6 +287,15 @@ impl Tracker {
         &self.fingerprints
     }
 
+    /// A circular log of `size` entries and `threshold` (see [`super::CircularLog::new`]) that
+    /// fingerprints keys as the tracker's counters do, so that a key is fingerprinted once for
+    /// both; `None` when `size` is 0 (no log).
+    pub(crate) fn log_beside(&self, size: usize, threshold: u32) -> Option<super::CircularLog> {
+        (size > 0).then(|| {
+            super::CircularLog::with_fingerprints(size, threshold, self.fingerprints.clone())
+        })
+    }
+
     /// As [`Tracker::see`], for a key whose fingerprint under [`Tracker::fingerprints`] the
     /// caller has already taken (to share it with a [`super::CircularLog`] made with the same
     /// fingerprints).
