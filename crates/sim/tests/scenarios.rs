@@ -63,6 +63,33 @@ fn every_shipped_scenario_parses_whole_and_short() {
 }
 
 #[test]
+fn every_shipped_scenario_gives_the_same_bytes_again_from_the_same_seed() {
+    let mut n = 0;
+    for entry in std::fs::read_dir(dir()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "toml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let file = parse_with(&text, true).unwrap();
+        // The last run: the variant and sweep value furthest from the base.
+        let run = file.runs.last().unwrap();
+        let out = |seed| {
+            let o = sim::run(run, seed, &mut |_| {}).unwrap();
+            (
+                sim::summary_json(&o.summary),
+                o.series_csv,
+                sim::backends_csv(&o.backend_loads),
+            )
+        };
+        let (a, b) = (out(11), out(11));
+        assert!(a == b, "{}: two runs from seed 11 differ", path.display());
+        n += 1;
+    }
+    assert!(n >= 10, "{n} scenarios");
+}
+
+#[test]
 fn fig9_skew_piles_load_on_a_few_backends() {
     let (runs, _) = short("switchkv-fig9");
     let (uniform, zipf) = (at(&runs, "", "0"), at(&runs, "", "0.99"));
