@@ -43,6 +43,11 @@ impl Default for BackendConfig {
     }
 }
 
+/// A key's fingerprint under one backend's detectors, from [`Backend::prepare`]; good for
+/// that backend and that key only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prepared(u64);
+
 /// A backend's hot keys and cached keys.
 #[derive(Debug)]
 pub struct Backend {
@@ -82,12 +87,56 @@ impl Backend {
     /// Counts a read of `key`. Returns true when the key has just become bursty and is not
     /// cached: its value is to be sent to the cache node at once (an instant report).
     pub fn see(&mut self, key: &[u8], now: Instant) -> bool {
+        let fp = self.tracker.fingerprints().of(key);
+        self.see_fingerprint(key, fp, now)
+    }
+
+    /// Starts the memory reads a visit begins with, without waiting for them: the backend's
+    /// own state and its detectors' headers. Changes nothing; visits in between only make
+    /// the reads less useful.
+    ///
+    /// A visit is bound by reads of memory, each waiting for the one before, once the
+    /// detectors of all backends do not fit the processor's caches (a simulation of a
+    /// thousand backends). A caller that knows its next few keys early makes their reads
+    /// overlap: it touches each key's backend, then [prepares](Backend::prepare) each key,
+    /// then [touches each key](Backend::touch_key), each step for all the keys before the
+    /// next step, so that no read waits on another for the same key.
+    pub fn touch(&self) {
+        let mut v = self.reads ^ self.rate.to_bits() ^ self.tracker.touch_group(0);
+        if let Some(log) = &self.log {
+            v ^= log.touch_header();
+        }
+        crate::hot::touch(v);
+    }
+
+    /// The fingerprint [`Backend::see_prepared`] and [`Backend::touch_key`] take `key` by.
+    pub fn prepare(&self, key: &[u8]) -> Prepared {
+        Prepared(self.tracker.fingerprints().of(key))
+    }
+
+    /// Starts the reads a visit of a [prepared](Backend::prepare) key makes after the
+    /// backend's own state: where its detectors keep that key, or where it would go (see
+    /// [`Backend::touch`]). Changes nothing.
+    pub fn touch_key(&self, key: Prepared) {
+        let mut v = self.tracker.touch(0, key.0);
+        if let Some(log) = &self.log {
+            v ^= log.touch(key.0);
+        }
+        crate::hot::touch(v);
+    }
+
+    /// [`Backend::see`] of a key this backend [prepared](Backend::prepare).
+    pub fn see_prepared(&mut self, key: &[u8], prepared: Prepared, now: Instant) -> bool {
+        debug_assert_eq!(prepared.0, self.tracker.fingerprints().of(key));
+        self.see_fingerprint(key, prepared.0, now)
+    }
+
+    fn see_fingerprint(&mut self, key: &[u8], fp: u64, now: Instant) -> bool {
         self.roll(now);
         self.reads += 1;
         // One fingerprint for the log and the tracker, which share their fingerprints. The log
         // goes first: its few memory reads are then under way while the tracker's longer chain
         // of them runs.
-        let fp = self.tracker.fingerprints().of(key);
         let burst = self.log.as_mut().is_some_and(|log| log.see_fingerprint(fp));
         self.tracker.see_fingerprint(0, key, fp, now);
         burst && self.rate >= self.cfg.load_floor && !self.is_cached(key, now)
@@ -580,6 +629,57 @@ mod tests {
         // Equation (1) with alpha 0.5 on a first segment: half the rate.
         assert!((report[0].1 - 50.0).abs() < 1e-9, "{report:?}");
         assert_eq!(b.report(t0 + Duration::from_secs(1)), None, "taken once");
+    }
+
+    #[test]
+    fn visits_prepared_and_touched_ahead_count_as_plain_ones() {
+        let t0 = Instant::from_secs(10);
+        let cfg = BackendConfig {
+            tracker: TrackerConfig {
+                capacity: 16,
+                ..TrackerConfig::default()
+            },
+            log_size: 20,
+            log_threshold: 3,
+            ..BackendConfig::default()
+        };
+        let mut plain = Backend::new(cfg.clone(), t0).unwrap();
+        let mut ahead = Backend::new(cfg, t0).unwrap();
+        // Skewed keys, the lower the likelier: counter replacements and bursts both happen.
+        let mut x = 7u64;
+        let keys: Vec<Vec<u8>> = (0..4000)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let (a, b) = ((x >> 33) % 200, (x >> 13) % 200);
+                format!("k{}", a.min(b)).into_bytes()
+            })
+            .collect();
+        let (mut bursts, mut reports) = (0, 0);
+        for (batch, chunk) in keys.chunks(8).enumerate() {
+            let now = t0 + Duration::from_millis(batch as u64 * 50);
+            // Every step for every key before the next, as a caller drawing ahead does.
+            for _ in chunk {
+                ahead.touch();
+            }
+            let prepared: Vec<Prepared> = chunk.iter().map(|k| ahead.prepare(k)).collect();
+            for &p in &prepared {
+                ahead.touch_key(p);
+            }
+            for (k, p) in chunk.iter().zip(prepared) {
+                let burst = plain.see(k, now);
+                assert_eq!(ahead.see_prepared(k, p, now), burst, "{k:?}");
+                bursts += usize::from(burst);
+            }
+            let report = plain.report(now);
+            assert_eq!(ahead.report(now), report);
+            reports += usize::from(report.is_some());
+        }
+        assert!(
+            bursts > 0 && reports > 10,
+            "{bursts} bursts, {reports} reports"
+        );
     }
 
     #[test]

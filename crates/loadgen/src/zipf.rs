@@ -223,10 +223,25 @@ impl KeyGen {
         rng: &mut R,
         ranking: Option<&Ranking>,
     ) -> u64 {
+        self.index_of_draw(self.draw(rng), ranking)
+    }
+
+    /// The random part of [`KeyGen::next_index_ranked`], which
+    /// [`KeyGen::index_of_draw`] turns into the key index: a caller that draws keys ahead of
+    /// their use can take the draws in order and apply the ranking in force when each is used.
+    pub fn draw<R: Rng + ?Sized>(&self, rng: &mut R) -> u64 {
+        match &self.popularity {
+            Popularity::Uniform => rng.gen_range(0..self.keys),
+            Popularity::Zipf(z) => z.sample(rng) - 1,
+        }
+    }
+
+    /// The key index a [`KeyGen::draw`] gives under `ranking`.
+    pub fn index_of_draw(&self, draw: u64, ranking: Option<&Ranking>) -> u64 {
         match &self.popularity {
             // Uniform needs no scrambling: every index is equally likely either way.
-            Popularity::Uniform => rng.gen_range(0..self.keys),
-            Popularity::Zipf(z) => self.index_of_rank(z.sample(rng) - 1, ranking),
+            Popularity::Uniform => draw,
+            Popularity::Zipf(_) => self.index_of_rank(draw, ranking),
         }
     }
 
@@ -642,6 +657,30 @@ mod tests {
         let mut t: Vec<u64> = v.into_iter().take(k).map(|(i, _)| i).collect();
         t.sort_unstable();
         t
+    }
+
+    #[test]
+    fn draws_taken_ahead_give_the_keys_of_draws_taken_in_turn() {
+        let n = 1_000u64;
+        let mut r = Ranking::new(n, ChangeKind::HotIn, 50, 1);
+        for (theta, scramble) in [(0.0, false), (0.99, false), (0.99, true)] {
+            let g = KeyGen::new(n, theta, scramble);
+            let mut in_turn = SmallRng::seed_from_u64(5);
+            let mut ahead = SmallRng::seed_from_u64(5);
+            let draws: Vec<u64> = (0..500).map(|_| g.draw(&mut ahead)).collect();
+            // The ranking changes half way; the draws taken before it get the new one.
+            for (i, &d) in draws.iter().enumerate() {
+                if i == 250 {
+                    r.advance_to(r.epoch() + 1);
+                }
+                let want = g.next_index_ranked(&mut in_turn, Some(&r));
+                assert_eq!(
+                    g.index_of_draw(d, Some(&r)),
+                    want,
+                    "theta {theta}, draw {i}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 use std::time::Duration;
 
-use kv::switchkv::{Backend, BackendConfig, CacheNode, CacheNodeConfig, Fetch};
+use kv::switchkv::{Backend, BackendConfig, CacheNode, CacheNodeConfig, Fetch, Prepared};
 use kv::{Instant, Ring, Server};
 use loadgen::zipf::{KeyGen, Ranking};
 use rand::rngs::SmallRng;
@@ -32,6 +32,10 @@ use crate::output::{Bin, Histogram, Summary};
 use crate::scenario::{CacheNodes, CachePath, ClientModel, Scenario};
 use crate::station::Station;
 use crate::Progress;
+
+/// Requests whose keys are drawn together, ahead of their sending (see
+/// `RequestSim::draw_ahead`).
+const AHEAD: usize = 16;
 
 /// Cache-node stations draw their service times from these sources.
 const NODE_SERVICE: u64 = 3 << 32;
@@ -65,6 +69,17 @@ struct NodeState {
     fetches: Vec<Fetch>,
 }
 
+/// A request's key, drawn ahead of its sending: the draw, and what the ranking in force
+/// makes of it (the key, its hash on the ring, its backend and its fingerprint there).
+#[derive(Default)]
+struct Ahead {
+    draw: u64,
+    key: Vec<u8>,
+    hash: u32,
+    backend: usize,
+    prepared: Option<Prepared>,
+}
+
 /// Where a request ended.
 enum Fate {
     Answered { at: Instant, hit: bool },
@@ -95,6 +110,9 @@ pub struct RequestSim<'a> {
     key_rng: SmallRng,
     op_rng: SmallRng,
     arrival_rng: SmallRng,
+    /// The next requests' keys, used from `ahead_next` on.
+    ahead: Vec<Ahead>,
+    ahead_next: usize,
     key: Vec<u8>,
     value: kv::cache::Value,
     rate: f64,
@@ -210,6 +228,8 @@ impl<'a> RequestSim<'a> {
             keys,
             ranking,
             key_rng: seeds.rng(source::KEYS),
+            ahead: Vec::new(),
+            ahead_next: 0,
             op_rng: seeds.rng(source::OPERATIONS),
             arrival_rng: seeds.rng(source::ARRIVALS),
             key: Vec::with_capacity(32),
@@ -362,6 +382,8 @@ impl<'a> RequestSim<'a> {
             Ev::Change => {
                 if let (Some(r), Some(c)) = (&mut self.ranking, &self.sc.workload.change) {
                     r.advance_to(r.epoch() + 1);
+                    // Keys drawn ahead take the new ranking.
+                    self.resolve_ahead(self.ahead_next);
                     self.ev
                         .after(Duration::from_secs_f64(c.every_s), Ev::Change);
                 }
@@ -414,15 +436,17 @@ impl<'a> RequestSim<'a> {
 
     /// One request sent at `now`: its answer's time, or `None` if it was dropped.
     fn request(&mut self, now: Instant) -> Option<Instant> {
-        let index = self
-            .keys
-            .next_index_ranked(&mut self.key_rng, self.ranking.as_ref());
+        if self.ahead_next == self.ahead.len() {
+            self.draw_ahead();
+        }
+        let a = &self.ahead[self.ahead_next];
+        self.ahead_next += 1;
+        let (hash, backend, prepared) = (a.hash, a.backend, a.prepared);
         self.key.clear();
-        self.key.extend_from_slice(b"key:");
-        push_decimal(&mut self.key, index);
+        self.key.extend_from_slice(&a.key);
         let write = self.sc.workload.write_ratio > 0.0
             && self.op_rng.gen::<f64>() < self.sc.workload.write_ratio;
-        let fate = self.route(now, write);
+        let fate = self.route(now, write, hash, backend, prepared);
         self.s.sent += 1;
         self.adjust_sent += 1;
         let measured = now >= self.warmup;
@@ -469,17 +493,71 @@ impl<'a> RequestSim<'a> {
         }
     }
 
+    /// Draws the next `AHEAD` requests' keys, in the order requests are sent, so that their
+    /// backends' detectors (which for a thousand backends are far larger than the
+    /// processor's caches) are read for all of them together: see `Backend::touch_key`.
+    /// What each request does is unchanged; the same keys come in the same order.
+    fn draw_ahead(&mut self) {
+        self.ahead.resize_with(AHEAD, Ahead::default);
+        for a in &mut self.ahead {
+            a.draw = self.keys.draw(&mut self.key_rng);
+        }
+        self.ahead_next = 0;
+        self.resolve_ahead(0);
+    }
+
+    /// Works out the keys drawn ahead from `from` on under the ranking in force, and starts
+    /// their backends' reads. Each step is taken for every key before the next step, so
+    /// that the keys' reads of memory overlap (see `Backend::touch`).
+    fn resolve_ahead(&mut self, from: usize) {
+        let ahead = &mut self.ahead[from..];
+        for a in ahead.iter_mut() {
+            let index = self.keys.index_of_draw(a.draw, self.ranking.as_ref());
+            a.key.clear();
+            a.key.extend_from_slice(b"key:");
+            push_decimal(&mut a.key, index);
+            a.hash = self.ring.key_hash(&a.key);
+        }
+        for a in ahead.iter_mut() {
+            a.backend = self.ring.locate_hash(a.hash);
+        }
+        for a in ahead.iter() {
+            let b = &self.backends[a.backend];
+            b.station.touch();
+            if let Some(kv) = &b.kv {
+                kv.touch();
+            }
+        }
+        for a in ahead.iter_mut() {
+            a.prepared = self.backends[a.backend]
+                .kv
+                .as_ref()
+                .map(|kv| kv.prepare(&a.key));
+        }
+        for a in ahead.iter() {
+            if let (Some(kv), Some(key)) = (&self.backends[a.backend].kv, a.prepared) {
+                kv.touch_key(key);
+            }
+        }
+    }
+
     fn latency_record(&mut self, sent: Instant, at: Instant, measured: bool) {
         if measured {
             self.latency.record(at.as_nanos() - sent.as_nanos());
         }
     }
 
-    /// The switch, a cache node and a backend, for the key in `self.key`.
-    fn route(&mut self, now: Instant, write: bool) -> Fate {
+    /// The switch, a cache node and a backend, for the key in `self.key`, whose hash on the
+    /// ring is `hash`, on `backend`, which `prepared` it.
+    fn route(
+        &mut self,
+        now: Instant,
+        write: bool,
+        hash: u32,
+        backend: usize,
+        prepared: Option<Prepared>,
+    ) -> Fate {
         let link = self.link;
-        let hash = self.ring.key_hash(&self.key);
-        let backend = self.ring.locate_hash(hash);
         let steered = match self.sc.cache.as_ref().map(|c| c.path) {
             _ if write => None,
             Some(CachePath::LookAside) => Some(backend % self.nodes.len()),
@@ -523,7 +601,10 @@ impl<'a> RequestSim<'a> {
                         .kv
                         .update(&self.key, Some(self.value.clone()), now);
                 }
-            } else if kv.see(&self.key, now) {
+            } else if match prepared {
+                Some(p) => kv.see_prepared(&self.key, p, now),
+                None => kv.see(&self.key, now),
+            } {
                 let load = kv.burst_load();
                 self.s.instant_reports += 1;
                 if let Some(f) = self.nodes[n].kv.hot(local, &self.key, load, now) {
@@ -737,6 +818,56 @@ fn node_config(c: &CacheNodes, seed: u64) -> CacheNodeConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_drawn_ahead_are_the_keys_drawn_in_turn_under_the_ranking_when_sent() {
+        let file = crate::scenario::parse(
+            r#"
+            name = "ahead"
+            duration_s = 1.0
+            [workload]
+            keys = 100_000
+            skew = 0.99
+            [workload.change]
+            kind = "hot-in"
+            keys = 1000
+            every_s = 1.0
+            [clients]
+            model = "open"
+            rate = 10_000
+            [backends]
+            count = 8
+            capacity = 10_000
+            [cache]
+            items = 100
+            "#,
+        )
+        .unwrap();
+        let mut sim = RequestSim::new(&file.runs[0].scenario, Seeds::new(3)).unwrap();
+        let mut in_turn = Seeds::new(3).rng(source::KEYS);
+        let mut ranking = sim.ranking.clone().unwrap();
+        let mut changed = 0;
+        for i in 0..3 * AHEAD {
+            // The popularity changes in the middle of a batch drawn ahead.
+            if i % AHEAD == 5 {
+                sim.handle(sim.start, Ev::Change);
+                ranking.advance_to(ranking.epoch() + 1);
+                changed += 1;
+            }
+            if sim.ahead_next == sim.ahead.len() {
+                sim.draw_ahead();
+            }
+            let a = &sim.ahead[sim.ahead_next];
+            sim.ahead_next += 1;
+            let index = sim.keys.next_index_ranked(&mut in_turn, Some(&ranking));
+            assert_eq!(a.key, format!("key:{index}").into_bytes(), "request {i}");
+            assert_eq!(a.backend, sim.ring.locate(&a.key));
+            let kv = sim.backends[a.backend].kv.as_ref().unwrap();
+            assert_eq!(a.prepared, Some(kv.prepare(&a.key)));
+        }
+        assert_eq!(changed, 3);
+        assert_eq!(sim.ranking.as_ref().unwrap().epoch(), ranking.epoch());
+    }
 
     #[test]
     fn decimals_are_written_as_text() {

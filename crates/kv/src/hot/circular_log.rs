@@ -117,6 +117,18 @@ impl CircularLog {
         !same && after - 1 <= self.threshold && after > self.threshold
     }
 
+    /// Reads the log's own fields, which [`CircularLog::touch`] starts from.
+    pub(crate) fn touch_header(&self) -> u64 {
+        self.oldest ^ self.pos as u64
+    }
+
+    /// Reads what a visit of the key with fingerprint `fp` will read first: its count, the
+    /// oldest entry's count and the ring where it goes (see [`super::touch`]). Changes
+    /// nothing.
+    pub(crate) fn touch(&self, fp: u64) -> u64 {
+        self.counts.touch(fp) ^ self.counts.touch(self.oldest) ^ self.log[self.pos]
+    }
+
     /// How many of the last `size` visits were for `key`.
     pub fn count(&self, key: &[u8]) -> u32 {
         self.counts.get(self.fingerprints.of(key)).unwrap_or(0)

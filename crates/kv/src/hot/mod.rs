@@ -31,6 +31,15 @@ impl Fingerprints {
     }
 }
 
+/// Starts the memory reads that `values` came from without waiting for them: the per-request
+/// paths here are bound by reads of memory that is not in the processor's caches, one after
+/// another, and a caller that knows its next keys early can have their first reads made
+/// together, ahead of time ([`crate::switchkv::Backend::touch`]). The values are of no use:
+/// `black_box` only keeps the reads from being left out.
+pub(crate) fn touch(values: u64) {
+    std::hint::black_box(values);
+}
+
 /// A map from fingerprints to `u32` values, for the per-request paths of the detectors: open
 /// addressing with linear probing in one flat table, so that a lookup usually reads a single
 /// cache line (a general hash map keeps its control bytes and its entries apart, two lines a
@@ -76,6 +85,14 @@ impl FingerprintMap {
             }
             i = (i + 1) & self.mask;
         }
+    }
+
+    /// Reads the entry where a lookup of `fp` starts and returns a value made from it, for
+    /// the caller to pass to [`std::hint::black_box`]: the entry's cache line is then on its
+    /// way to the processor before the lookup needs it (see [`touch`]).
+    pub(crate) fn touch(&self, fp: u64) -> u64 {
+        let (f, v) = self.entries[self.home(fp)];
+        f ^ u64::from(v)
     }
 
     pub(crate) fn get(&self, fp: u64) -> Option<u32> {

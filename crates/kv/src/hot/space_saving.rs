@@ -208,6 +208,27 @@ impl SpaceSaving {
         self.bump_linked(slot, self.lowest, NIL, self.victim_next);
     }
 
+    /// Reads the counter's own fields, which [`SpaceSaving::touch`] starts from.
+    pub(crate) fn touch_header(&self) -> u64 {
+        self.victim_fp ^ u64::from(self.victim) ^ u64::from(self.lowest)
+    }
+
+    /// Reads what a visit of the key with fingerprint `fp` will read first: its entry in the
+    /// index and, once the counter is full, the next replacement's slot, its successor's, its
+    /// index entry and the lowest bucket (see [`super::touch`]). Changes nothing.
+    pub(crate) fn touch(&self, fp: u64) -> u64 {
+        let mut v = self.index.touch(fp);
+        if self.victim != NIL && self.slots.len() == self.capacity {
+            v ^= self.index.touch(self.victim_fp);
+            v ^= self.slots[self.victim as usize].fp;
+            v ^= self.buckets[self.lowest as usize].count;
+            if self.victim_next != NIL {
+                v ^= self.slots[self.victim_next as usize].fp;
+            }
+        }
+        v
+    }
+
     /// The estimated count of `key`, or `None` if it is not tracked.
     pub fn count(&self, key: &[u8]) -> Option<u64> {
         let slot = self.index.get(self.fingerprints.of(key))?;

@@ -303,6 +303,26 @@ impl Tracker {
         self.count(group, key, Some(fp), now);
     }
 
+    /// Reads what counting the key with fingerprint `fp` (under [`Tracker::fingerprints`])
+    /// in `group` will read first (see [`super::touch`]); 0 for a count-min counter or a
+    /// group out of range. Changes nothing.
+    pub(crate) fn touch(&self, group: usize, fp: u64) -> u64 {
+        match self.groups.get(group).map(|g| &g.counter) {
+            Some(Freq::SpaceSaving(c)) => c.touch(fp),
+            _ => 0,
+        }
+    }
+
+    /// Reads the header of `group`'s counter, where a [`Tracker::touch`] of a key in it
+    /// starts (see [`super::touch`]). Changes nothing.
+    pub(crate) fn touch_group(&self, group: usize) -> u64 {
+        let v = self.segment_end.as_nanos() ^ u64::from(self.cfg.sample);
+        match self.groups.get(group).map(|g| &g.counter) {
+            Some(Freq::SpaceSaving(c)) => v ^ c.touch_header(),
+            _ => v,
+        }
+    }
+
     fn count(&mut self, group: usize, key: &[u8], fp: Option<u64>, now: Instant) {
         self.roll_if_due(now);
         if group >= self.groups.len() {
