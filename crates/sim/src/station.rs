@@ -57,14 +57,14 @@ impl Station {
         }
     }
 
-    /// A request arrives at `now` (never earlier than the last arrival): when it leaves, or
-    /// `None` if the queue is full and it is dropped.
     /// Reads what [`Station::arrive`] reads first, without waiting for it (as
-    /// `kv::switchkv::Backend::prepare` does for a backend's detectors). Changes nothing.
+    /// `kv::switchkv::Backend::touch` does for a backend's detectors). Changes nothing.
     pub fn touch(&self) {
         std::hint::black_box(self.leaving.back().copied());
     }
 
+    /// A request arrives at `now` (never earlier than the last arrival): when it leaves, or
+    /// `None` if the queue is full and it is dropped.
     pub fn arrive(&mut self, now: Instant) -> Option<Instant> {
         if self.free_at <= now {
             // The last request has left, so all have: the queue empties without reading it.
