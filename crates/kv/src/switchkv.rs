@@ -44,7 +44,8 @@ impl Default for BackendConfig {
 }
 
 /// A key's fingerprint under one backend's detectors, from [`Backend::prepare`]; good for
-/// that backend and that key only.
+/// that backend and that key only. A debug build checks it; a release build counts a
+/// `Prepared` of another backend or key under the wrong name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Prepared(u64);
 
@@ -91,9 +92,10 @@ impl Backend {
         self.see_fingerprint(key, fp, now)
     }
 
-    /// Starts the memory reads a visit begins with, without waiting for them: the backend's
-    /// own state and its detectors' headers. Changes nothing; visits in between only make
-    /// the reads less useful.
+    /// Reads what a visit begins with, ahead of the visit: the backend's own state and its
+    /// detectors' headers, as plain loads the processor overlaps with the work after them
+    /// (see `hot::touch`). Changes nothing; visits in between only make the reads less
+    /// useful.
     ///
     /// A visit is bound by reads of memory, each waiting for the one before, once the
     /// detectors of all backends do not fit the processor's caches (a simulation of a
@@ -114,9 +116,9 @@ impl Backend {
         Prepared(self.tracker.fingerprints().of(key))
     }
 
-    /// Starts the reads a visit of a [prepared](Backend::prepare) key makes after the
-    /// backend's own state: where its detectors keep that key, or where it would go (see
-    /// [`Backend::touch`]). Changes nothing.
+    /// Reads, ahead of the visit, what a visit of a [prepared](Backend::prepare) key reads
+    /// after the backend's own state: where its detectors keep that key, or where it would
+    /// go (see [`Backend::touch`]). Changes nothing.
     pub fn touch_key(&self, key: Prepared) {
         let mut v = self.tracker.touch(0, key.0);
         if let Some(log) = &self.log {

@@ -547,8 +547,9 @@ impl<'a> RequestSim<'a> {
         }
     }
 
-    /// The switch, a cache node and a backend, for the key in `self.key`, whose hash on the
-    /// ring is `hash`, on `backend`, which `prepared` it.
+    /// The switch, a cache node and a backend, for the key in `self.key`: `hash` is its hash
+    /// on the ring, `backend` the backend that holds it, and `prepared` its fingerprint
+    /// there.
     fn route(
         &mut self,
         now: Instant,
@@ -847,25 +848,27 @@ mod tests {
         let mut in_turn = Seeds::new(3).rng(source::KEYS);
         let mut ranking = sim.ranking.clone().unwrap();
         let mut changed = 0;
+        // Changes before the first request, in the middle of a batch, and when a batch is
+        // used up (nothing drawn is left to work out again).
+        let change_at = [0, 5, AHEAD, 2 * AHEAD + 9];
         for i in 0..3 * AHEAD {
-            // The popularity changes in the middle of a batch drawn ahead.
-            if i % AHEAD == 5 {
+            if change_at.contains(&i) {
                 sim.handle(sim.start, Ev::Change);
                 ranking.advance_to(ranking.epoch() + 1);
                 changed += 1;
             }
-            if sim.ahead_next == sim.ahead.len() {
-                sim.draw_ahead();
-            }
-            let a = &sim.ahead[sim.ahead_next];
-            sim.ahead_next += 1;
+            sim.request(sim.start);
             let index = sim.keys.next_index_ranked(&mut in_turn, Some(&ranking));
-            assert_eq!(a.key, format!("key:{index}").into_bytes(), "request {i}");
+            assert_eq!(sim.key, format!("key:{index}").into_bytes(), "request {i}");
+            let a = &sim.ahead[sim.ahead_next - 1];
+            assert_eq!(a.key, sim.key);
+            assert_eq!(a.hash, sim.ring.key_hash(&a.key));
             assert_eq!(a.backend, sim.ring.locate(&a.key));
             let kv = sim.backends[a.backend].kv.as_ref().unwrap();
             assert_eq!(a.prepared, Some(kv.prepare(&a.key)));
         }
-        assert_eq!(changed, 3);
+        assert_eq!(sim.s.sent, 3 * AHEAD as u64);
+        assert_eq!(changed, change_at.len());
         assert_eq!(sim.ranking.as_ref().unwrap().epoch(), ranking.epoch());
     }
 

@@ -57,10 +57,11 @@ impl Station {
         }
     }
 
-    /// Reads what [`Station::arrive`] reads first, without waiting for it (as
-    /// `kv::switchkv::Backend::touch` does for a backend's detectors). Changes nothing.
+    /// Reads what [`Station::arrive`] reads first, ahead of it (as
+    /// `kv::switchkv::Backend::touch` does for a backend's detectors): when the last request
+    /// leaves and the queue's head. Changes nothing.
     pub fn touch(&self) {
-        std::hint::black_box(self.leaving.back().copied());
+        std::hint::black_box((self.free_at, self.leaving.front().copied()));
     }
 
     /// A request arrives at `now` (never earlier than the last arrival): when it leaves, or

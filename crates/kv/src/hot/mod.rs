@@ -31,11 +31,13 @@ impl Fingerprints {
     }
 }
 
-/// Starts the memory reads that `values` came from without waiting for them: the per-request
-/// paths here are bound by reads of memory that is not in the processor's caches, one after
-/// another, and a caller that knows its next keys early can have their first reads made
-/// together, ahead of time ([`crate::switchkv::Backend::touch`]). The values are of no use:
-/// `black_box` only keeps the reads from being left out.
+/// Keeps the reads that `values` came from: the per-request paths here are bound by reads of
+/// memory that is not in the processor's caches, one after another, and a caller that knows
+/// its next keys early can have their first reads made together, ahead of time
+/// ([`crate::switchkv::Backend::touch`]). They are plain loads, not prefetches (this crate has
+/// no unsafe code): the processor overlaps them with each other and with the work after
+/// them, as far as its out-of-order window reaches. The values are of no use; `black_box`
+/// only keeps the reads from being left out.
 pub(crate) fn touch(values: u64) {
     std::hint::black_box(values);
 }

@@ -525,6 +525,10 @@ mod tests {
                 // Skewed: a few keys come back often, so hits, ties and replacements mix.
                 let spread = rng.gen_range(1..4 * capacity as u32 + 2);
                 let k = rng.gen_range(0..spread);
+                // Touching ahead reads, changes nothing, and must not fail at any state
+                // (empty, filling, full, capacity 1, after a clear).
+                ss.touch_header();
+                ss.touch(ss.fingerprints.of(&key(k)));
                 ss.see(&key(k));
                 if let Some(entry) = model.get_mut(&k) {
                     *entry = (entry.0 + 1, step);
@@ -552,6 +556,10 @@ mod tests {
                     assert_eq!(ss.min_count(), if full { low } else { 0 });
                 }
                 assert_eq!(ss.count(&key(k)), model.get(&k).map(|&(c, _)| c));
+                if step == 10_000 {
+                    ss.clear();
+                    model.clear();
+                }
             }
         }
     }
