@@ -200,6 +200,18 @@ fn incbricks_fig10_and_fig11_caches_cut_latency_more_with_skew() {
     // A bigger ToR cache answers more and faster.
     let (small, big) = (at(&runs, "root 512", "64"), at(&runs, "root 512", "2048"));
     assert!(big.tor_hits > small.tor_hits && big.latency_mean_us < small.latency_mean_us);
+    // So does a bigger root cache, above the smallest ToRs.
+    let big_root = at(&runs, "root 16384", "64");
+    assert!(
+        big_root.root_hits > small.root_hits && big_root.latency_mean_us < small.latency_mean_us,
+        "{big_root:?} {small:?}"
+    );
+    // What a bigger ToR answers no longer reaches a root, whose hits fall (IncBricks' reason
+    // for its roots mattering little).
+    for root in ["root 512", "root 4096", "root 16384"] {
+        let (small, big) = (at(&runs, root, "64"), at(&runs, root, "2048"));
+        assert!(big.root_hits < small.root_hits, "{root}: {big:?} {small:?}");
+    }
     for s in runs.values() {
         assert_eq!(s.violations, 0, "{s:?}");
     }
