@@ -768,7 +768,7 @@ impl<'a> FrameSim<'a> {
         {
             let key = String::from_utf8_lossy(key).into_owned();
             if !self.preloaded.contains(&key) {
-                let v = format!("{:0width$}", 0, width = self.sc.workload.value_size);
+                let v = padded(0, self.sc.workload.value_size);
                 let set = format!("set {key} 0 0 {}\r\n{v}\r\n", v.len());
                 let mut sink = Vec::new();
                 node::session::step(
@@ -840,7 +840,7 @@ impl<'a> FrameSim<'a> {
         let id = client.next_id;
         let value = ((c as u64 + 1) << 24) | u64::from(id) << 8 | client.rng.gen::<u8>() as u64;
         let (cmd, text) = if write {
-            let v = format!("{value:0width$}", width = self.sc.workload.value_size);
+            let v = padded(value, self.sc.workload.value_size);
             ("set", format!("set {key} 0 0 {}\r\n{v}\r\n", v.len()))
         } else {
             ("get", format!("get {key}\r\n"))
@@ -1050,21 +1050,110 @@ fn udp_of(frame: &[u8]) -> Option<(Addr, Addr, &[u8])> {
 /// What a reply says about the operation it answers; an answer that is not what memcached
 /// gives counts as a failed read (the checker then holds it to nothing).
 fn outcome(op: &Op, arg: u64, body: &[u8]) -> Kind {
-    let text = String::from_utf8_lossy(body);
     match op.cmd {
-        "set" if text == "STORED\r\n" => Kind::Write(Some(arg)),
+        "set" if body == b"STORED\r\n" => Kind::Write(Some(arg)),
         "set" => Kind::MaybeWrite(Some(arg)),
-        _ if text == "END\r\n" => Kind::Read(None),
-        _ => {
-            let mut lines = text.split("\r\n");
-            let head = lines.next().unwrap_or_default();
-            if !head.starts_with(&format!("VALUE {} 0 ", op.key)) {
-                return Kind::Failed;
-            }
-            match lines.next().and_then(|v| v.parse::<u64>().ok()) {
-                Some(v) if lines.next() == Some("END") => Kind::Read(Some(v)),
-                _ => Kind::Failed,
-            }
+        _ if body == b"END\r\n" => Kind::Read(None),
+        _ => read_value(&op.key, body).map_or(Kind::Failed, |v| Kind::Read(Some(v))),
+    }
+}
+
+/// The number in the answer to a `get` of `key`: `VALUE <key> 0 <bytes>`, the number in
+/// `<bytes>` digits (zero-padded), then `END`. Every answer of a run passes here, and the
+/// value runs to a kilobyte: it is taken by its length, not searched.
+fn read_value(key: &str, body: &[u8]) -> Option<u64> {
+    let (head, rest) = body.split_at(body.windows(2).position(|w| w == b"\r\n")?);
+    let bytes = head
+        .strip_prefix(b"VALUE ")?
+        .strip_prefix(key.as_bytes())?
+        .strip_prefix(b" 0 ")?;
+    if bytes.is_empty() || !bytes.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n: usize = std::str::from_utf8(bytes).ok()?.parse().ok()?;
+    let data = rest.get(2..2 + n)?;
+    if !matches!(&rest[2 + n..], b"\r\nEND\r\n" | b"\r\nEND") {
+        return None;
+    }
+    // The padding eight bytes at a time, then the digits that are left.
+    let zeros = data.chunks_exact(8).take_while(|c| c == b"00000000").count() * 8;
+    let digits = match data[zeros..].iter().position(|&b| b != b'0') {
+        Some(first) => &data[zeros + first..],
+        None if data.is_empty() => return None,
+        None => b"0",
+    };
+    if !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
+/// `value` in decimal, zero-padded to `width` digits, as `format!("{value:0width$}")` gives it
+/// (which pads a character at a time).
+fn padded(value: u64, width: usize) -> String {
+    let digits = value.to_string();
+    let mut text = "0".repeat(width.saturating_sub(digits.len()));
+    text.push_str(&digits);
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(cmd: &'static str) -> Op {
+        Op {
+            cmd,
+            key: "key:7".into(),
+            ..placeholder()
         }
+    }
+
+    #[test]
+    fn a_reply_gives_the_operation_memcached_performed_and_anything_else_fails() {
+        let read = |body: &str| outcome(&op("get"), 0, body.as_bytes());
+        let value = format!("VALUE key:7 0 1000\r\n{:01000}\r\nEND\r\n", 42);
+        assert_eq!(read(&value), Kind::Read(Some(42)));
+        assert_eq!(read("VALUE key:7 0 2\r\n42\r\nEND"), Kind::Read(Some(42)));
+        assert_eq!(
+            read("VALUE key:7 0 3\r\n000\r\nEND\r\n"),
+            Kind::Read(Some(0))
+        );
+        assert_eq!(read("END\r\n"), Kind::Read(None));
+        for bad in [
+            "",
+            "END",
+            "VALUE key:7 0 2\r\n42",
+            "VALUE key:7 0 2\r\n42\r\n",
+            "VALUE key:7 0 2\r\n42\r\nEN\r\n",
+            "VALUE key:70 0 2\r\n42\r\nEND\r\n",
+            "VALUE key:8 0 2\r\n42\r\nEND\r\n",
+            "VALUE key:7 1 2\r\n42\r\nEND\r\n",
+            "VALUE key:7 0 2\r\n4x\r\nEND\r\n",
+            "VALUE key:7 0 20\r\n99999999999999999999\r\nEND\r\n",
+            "VALUE key:7 0 3\r\n42\r\nEND\r\n",
+            "VALUE key:7 0 1\r\n42\r\nEND\r\n",
+            "VALUE key:7 0 0\r\n\r\nEND\r\n",
+            "VALUE key:7 0 \r\n42\r\nEND\r\n",
+            "VALUE key:7 0 +2\r\n42\r\nEND\r\n",
+            "VALUE key:7 0 2\r\n+4\r\nEND\r\n",
+            "VALUE key:7 0 2\r\n42\r\nEND\r\nEND\r\n",
+            "SERVER_ERROR out of memory\r\n",
+        ] {
+            assert_eq!(read(bad), Kind::Failed, "{bad:?}");
+        }
+        assert_eq!(
+            outcome(&op("get"), 0, b"VALUE key:7 0 2\r\n\xff2\r\nEND\r\n"),
+            Kind::Failed
+        );
+        for (value, width) in [(0, 1), (0, 1000), (42, 1), (42, 2), (42, 5), (u64::MAX, 3)] {
+            assert_eq!(padded(value, width), format!("{value:0width$}"));
+        }
+        let set = |body: &str| outcome(&op("set"), 9, body.as_bytes());
+        assert_eq!(set("STORED\r\n"), Kind::Write(Some(9)));
+        assert_eq!(
+            set("SERVER_ERROR fabric invalidation not acknowledged\r\n"),
+            Kind::MaybeWrite(Some(9))
+        );
     }
 }
