@@ -347,7 +347,11 @@ impl<'a> FrameSim<'a> {
                     fabric_servers.clone(),
                     table.clone(),
                 );
-                spec.cache_items = if i < tors { f.tor_items } else { f.root_items };
+                spec.cache_items = match i {
+                    _ if i >= tors => f.root_items,
+                    _ if i < server_racks => f.server_tor_items.unwrap_or(f.tor_items),
+                    _ => f.tor_items,
+                };
                 spec.lease = Duration::from_secs_f64(f.lease_ms / 1000.0);
                 switches.push(Node::Fabric(Box::new(
                     FabricSwitch::new(spec).map_err(|e| format!("switch {i}: {e}"))?,
@@ -1076,7 +1080,11 @@ fn read_value(key: &str, body: &[u8]) -> Option<u64> {
         return None;
     }
     // The padding eight bytes at a time, then the digits that are left.
-    let zeros = data.chunks_exact(8).take_while(|c| c == b"00000000").count() * 8;
+    let zeros = data
+        .chunks_exact(8)
+        .take_while(|c| c == b"00000000")
+        .count()
+        * 8;
     let digits = match data[zeros..].iter().position(|&b| b != b'0') {
         Some(first) => &data[zeros + first..],
         None if data.is_empty() => return None,

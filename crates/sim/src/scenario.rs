@@ -84,6 +84,11 @@ pub struct Fabric {
     pub tor_items: usize,
     #[serde(default)]
     pub root_items: usize,
+    /// With `cross_rack`, cached items at the ToRs of the servers' racks, `tor_items` when not
+    /// given; 0 caches only in the clients' racks and at the roots (IncBricks' designated
+    /// caching, section 4.4, for servers and clients in clusters of their own).
+    #[serde(default)]
+    pub server_tor_items: Option<usize>,
     /// Gigabits a second of a host's link and of a ToR-root link.
     #[serde(default = "default_host_gbps")]
     pub host_gbps: f64,
@@ -896,6 +901,13 @@ impl Scenario {
             }
             if f.cross_rack && tors < 2 {
                 return Err("fabric.cross_rack needs at least 2 ToRs".into());
+            }
+            if f.server_tor_items.is_some() && !f.cross_rack {
+                return Err(
+                    "fabric.server_tor_items needs cross_rack = true (otherwise clients share \
+                     the servers' racks)"
+                        .into(),
+                );
             }
             positive("fabric.host_gbps", f.host_gbps)?;
             positive("fabric.core_gbps", f.core_gbps)?;

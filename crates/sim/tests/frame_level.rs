@@ -83,6 +83,33 @@ fn caches_in_the_fabric_answer_reads_and_cut_latency() {
 }
 
 #[test]
+fn the_servers_racks_cache_only_what_server_tor_items_allows() {
+    // Servers in the first rack, clients in the other three.
+    let cross = FABRIC.replace("root_items = 2048", "root_items = 0\ncross_rack = true");
+    let hits = |text: &str| {
+        let s = run(text, 3).summary;
+        assert_eq!(s.violations, 0, "{s:?}");
+        s.tor_hits
+    };
+    let every_tor = hits(&cross);
+    let clients_only = hits(&cross.replace(
+        "cross_rack = true",
+        "cross_rack = true\nserver_tor_items = 0",
+    ));
+    let servers_only =
+        hits(&cross.replace("tor_items = 512", "tor_items = 0\nserver_tor_items = 512"));
+    // The servers' ToR sees every rack's misses: it answers some of them, and nothing when
+    // told to cache nothing.
+    assert!(servers_only > 0, "{servers_only}");
+    assert!(
+        clients_only < every_tor && every_tor < clients_only + servers_only,
+        "{clients_only} + {servers_only} against {every_tor}"
+    );
+    let none = hits(&cross.replace("tor_items = 512", "tor_items = 0\nserver_tor_items = 0"));
+    assert_eq!(none, 0);
+}
+
+#[test]
 fn a_switch_processor_of_limited_capacity_queues_its_frames_and_drops_past_its_queue() {
     let (free, limited) = (
         run(FABRIC, 3).summary,
@@ -230,6 +257,11 @@ fn frame_level_scenarios_are_checked() {
             "fabric.root_items: a single switch has no root",
         ),
         ("roots = 2", "roots = 2\nfail_root = 2", "fabric.fail_root"),
+        (
+            "roots = 2",
+            "roots = 2\nserver_tor_items = 0",
+            "server_tor_items needs cross_rack",
+        ),
         (
             "roots = 2",
             "roots = 2\ncontroller_ms = 10",
