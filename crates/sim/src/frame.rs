@@ -1075,8 +1075,9 @@ fn read_value(key: &str, body: &[u8]) -> Option<u64> {
         return None;
     }
     let n: usize = std::str::from_utf8(bytes).ok()?.parse().ok()?;
-    let data = rest.get(2..2 + n)?;
-    if !matches!(&rest[2 + n..], b"\r\nEND\r\n" | b"\r\nEND") {
+    let rest = rest.get(2..)?;
+    let data = rest.get(..n)?;
+    if !matches!(&rest[n..], b"\r\nEND\r\n" | b"\r\nEND") {
         return None;
     }
     // The padding eight bytes at a time, then the digits that are left.
@@ -1139,6 +1140,7 @@ mod tests {
             "VALUE key:7 1 2\r\n42\r\nEND\r\n",
             "VALUE key:7 0 2\r\n4x\r\nEND\r\n",
             "VALUE key:7 0 20\r\n99999999999999999999\r\nEND\r\n",
+            "VALUE key:7 0 18446744073709551615\r\n42\r\nEND\r\n",
             "VALUE key:7 0 3\r\n42\r\nEND\r\n",
             "VALUE key:7 0 1\r\n42\r\nEND\r\n",
             "VALUE key:7 0 0\r\n\r\nEND\r\n",

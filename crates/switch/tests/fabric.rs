@@ -933,6 +933,44 @@ fn a_roots_hit_fills_the_clients_tor_and_the_root_passes_invalidations_on() {
 }
 
 #[test]
+fn a_hit_of_the_homes_copy_fills_the_caches_on_its_way_back() {
+    // Three racks, one root (switch 3); the key's server in rack 1, whose ToR is its home.
+    let mut net = Net::tree(3, 1, 2, 64);
+    net.add_clients(1);
+    let key = key_in_rack(&net, 1, 0);
+    let get = format!("get {key}\r\n");
+    one(&mut net, 0, &format!("set {key} 0 0 2\r\nhi\r\n"), &key);
+    // A read from the home's own rack fills the home's copy alone.
+    let value = one(&mut net, 1, &get, &key);
+    assert!(net.switches[1].holds(key.as_bytes()), "the home's copy");
+    assert!(!net.switches[0].holds(key.as_bytes()) && !net.switches[3].holds(key.as_bytes()));
+    // Rack 0's read misses its ToR and the root, is the home's hit, and fills both on the
+    // way back: the next is rack 0's ToR's own hit.
+    assert_eq!(one(&mut net, 0, &get, &key), value);
+    assert!(
+        net.switches[0].holds(key.as_bytes()),
+        "filled at the client's ToR"
+    );
+    assert!(net.switches[3].holds(key.as_bytes()), "filled at the root");
+    let home_frames: u64 = (0..3).map(|p| net.counters_of(End::Switch(1, p))).sum();
+    assert_eq!(one(&mut net, 0, &get, &key), value);
+    let after: u64 = (0..3).map(|p| net.counters_of(End::Switch(1, p))).sum();
+    assert_eq!(home_frames, after, "the home heard nothing of rack 0's hit");
+    // The home counts both copies: a write from rack 2 takes them before it is acknowledged.
+    assert_eq!(
+        one(&mut net, 2, &format!("set {key} 0 0 3\r\nbye\r\n"), &key),
+        "STORED\r\n"
+    );
+    for s in 0..4 {
+        assert!(!net.switches[s].holds(key.as_bytes()), "switch {s} kept it");
+    }
+    assert_eq!(
+        one(&mut net, 0, &get, &key),
+        format!("VALUE {key} 0 3\r\nbye\r\nEND\r\n")
+    );
+}
+
+#[test]
 fn a_tor_a_failed_write_left_holding_its_copy_is_asked_again_by_the_next() {
     // Leases longer than the home waits for acknowledgements: a copy outlives a write that
     // gave up on it.

@@ -1424,7 +1424,12 @@ impl FabricSwitch {
                 self.answer_from_cache(h.server, h.command, key, mc.request_id, body, now)
             {
                 self.stats.hits += 1;
-                self.reply_to(h, inc::key_hash(key), &reply, None, now, emit);
+                let mut h = *h;
+                let fill = match h.command {
+                    Command::Get => self.fill_from_home_copy(&mut h, key, now),
+                    _ => None,
+                };
+                self.reply_to(&h, inc::key_hash(key), &reply, fill, now, emit);
                 return;
             }
         }
@@ -1476,6 +1481,24 @@ impl FabricSwitch {
         };
         let step = self.directory.write(&name, write, now);
         self.write_step(&name, step, now, emit);
+    }
+
+    /// The fill a hit of the home's own copy grants the caches on the reply's way, as a
+    /// server's reply would (the caches are inclusive), and the epoch it is at: the home
+    /// records them as sharers, and their copies live no longer than its own (`h`'s lease is
+    /// set to what is left of it). `None` when the directory refuses, or when a home node
+    /// keeps the key's directory.
+    fn fill_from_home_copy(&mut self, h: &mut Header, key: &[u8], now: Instant) -> Option<u32> {
+        if self.home_node(h.server.0).is_some() {
+            return None;
+        }
+        let name = item(h.server, key);
+        let (_, left) = self.cache.held(&name, now)?;
+        let stamp = self.directory.read();
+        let sharers = self.sharers_on_way(h, now);
+        let epoch = self.directory.fill(&name, stamp, sharers, now)?;
+        h.lease_ms = left.as_millis().clamp(1, u128::from(u32::MAX)) as u32;
+        Some(epoch)
     }
 
     /// Carries out a step of the directory for the write on `name` (an [`item`] name).
