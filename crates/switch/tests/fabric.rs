@@ -971,6 +971,38 @@ fn a_hit_of_the_homes_copy_fills_the_caches_on_its_way_back() {
 }
 
 #[test]
+fn a_copy_made_from_the_homes_lives_no_longer_than_the_homes() {
+    let mut net = Net::tree_with(3, 1, 2, 64, |spec| {
+        spec.lease = std::time::Duration::from_secs(1);
+    });
+    net.add_clients(1);
+    let key = key_in_rack(&net, 1, 0);
+    let get = format!("get {key}\r\n");
+    let wait = |net: &mut Net, ns: u64| {
+        let until = net.now + ns;
+        net.run(until, usize::MAX);
+    };
+    let tor_hits = |net: &Net| net.switches[0].snapshot(Instant::ZERO).stats.hits;
+    one(&mut net, 0, &format!("set {key} 0 0 2\r\nhi\r\n"), &key);
+    let value = one(&mut net, 1, &get, &key);
+    // 600 ms into the home copy's lease, rack 0's read fills its ToR from it.
+    wait(&mut net, 600_000_000);
+    assert_eq!(one(&mut net, 0, &get, &key), value);
+    assert!(net.switches[0].holds(key.as_bytes()));
+    let before = tor_hits(&net);
+    assert_eq!(one(&mut net, 0, &get, &key), value);
+    assert_eq!(tor_hits(&net), before + 1, "rack 0's ToR answers");
+    // Past the home copy's lease, rack 0's copy has run out too: its ToR answers no more.
+    wait(&mut net, 500_000_000);
+    assert_eq!(one(&mut net, 0, &get, &key), value);
+    assert_eq!(
+        tor_hits(&net),
+        before + 1,
+        "rack 0's copy outlived the home's"
+    );
+}
+
+#[test]
 fn a_tor_a_failed_write_left_holding_its_copy_is_asked_again_by_the_next() {
     // Leases longer than the home waits for acknowledgements: a copy outlives a write that
     // gave up on it.

@@ -1494,10 +1494,14 @@ impl FabricSwitch {
         }
         let name = item(h.server, key);
         let (_, left) = self.cache.held(&name, now)?;
+        let left = u32::try_from(left.as_millis()).unwrap_or(u32::MAX);
+        if left == 0 {
+            return None;
+        }
         let stamp = self.directory.read();
         let sharers = self.sharers_on_way(h, now);
         let epoch = self.directory.fill(&name, stamp, sharers, now)?;
-        h.lease_ms = left.as_millis().clamp(1, u128::from(u32::MAX)) as u32;
+        h.lease_ms = left;
         Some(epoch)
     }
 
@@ -2053,6 +2057,10 @@ impl FabricSwitch {
             return None;
         }
         let (epoch, left) = self.cache.held(&name, now)?;
+        let ms = u32::try_from(left.as_millis()).unwrap_or(u32::MAX);
+        if ms == 0 {
+            return None;
+        }
         if !self.filled.contains_key(&name) && self.filled.len() >= MAX_FILLED {
             self.filled.retain(|_, tors| {
                 tors.retain(|&(_, until)| now < until);
@@ -2070,7 +2078,6 @@ impl FabricSwitch {
             None => tors.push((tor, until)),
         }
         self.stats.root_fills += 1;
-        let ms = left.as_millis().clamp(1, u128::from(u32::MAX)) as u32;
         Some((epoch, ms))
     }
 

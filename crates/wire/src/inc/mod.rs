@@ -167,8 +167,8 @@ pub struct Header {
     pub client: (Ipv4Addr, u16),
     /// The memcached server the request is for.
     pub server: (Ipv4Addr, u16),
-    /// In a fill a root sends from its own copy, the milliseconds left of that copy's lease:
-    /// the ToR it fills keeps the value no longer than the root would. 0 otherwise.
+    /// In a fill made from a cached copy (a root's or the home's), the milliseconds left of
+    /// that copy's lease: every switch it fills keeps the value no longer. 0 otherwise.
     pub lease_ms: u32,
 }
 
