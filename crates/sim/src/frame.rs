@@ -347,10 +347,12 @@ impl<'a> FrameSim<'a> {
                     fabric_servers.clone(),
                     table.clone(),
                 );
-                spec.cache_items = match i {
-                    _ if i >= tors => f.root_items,
-                    _ if i < server_racks => f.server_tor_items.unwrap_or(f.tor_items),
-                    _ => f.tor_items,
+                spec.cache_items = if i >= tors {
+                    f.root_items
+                } else if i < server_racks {
+                    f.server_tor_items.unwrap_or(f.tor_items)
+                } else {
+                    f.tor_items
                 };
                 spec.lease = Duration::from_secs_f64(f.lease_ms / 1000.0);
                 switches.push(Node::Fabric(Box::new(
@@ -1071,7 +1073,7 @@ fn read_value(key: &str, body: &[u8]) -> Option<u64> {
         .strip_prefix(b"VALUE ")?
         .strip_prefix(key.as_bytes())?
         .strip_prefix(b" 0 ")?;
-    if bytes.is_empty() || !bytes.iter().all(u8::is_ascii_digit) {
+    if !bytes.iter().all(u8::is_ascii_digit) {
         return None;
     }
     let n: usize = std::str::from_utf8(bytes).ok()?.parse().ok()?;

@@ -512,8 +512,13 @@ impl Net {
         }
     }
 
-    fn counters_of(&self, port: End) -> u64 {
-        self.sent.get(&port).copied().unwrap_or(0)
+    /// Frames switch `s` has sent, out of all its ports.
+    fn sent_by(&self, s: usize) -> u64 {
+        self.sent
+            .iter()
+            .filter(|(end, _)| matches!(end, End::Switch(i, _) if *i == s))
+            .map(|(_, n)| n)
+            .sum()
     }
 }
 
@@ -754,6 +759,17 @@ fn key_in_rack(net: &Net, rack: usize, from: usize) -> String {
         .expect("a key of every rack within 100")
 }
 
+/// Three racks of two hosts and one root (switch 3), every switch caching 64 items with its
+/// spec changed by `edit`; a client in each rack, and a key of rack 1's server that rack 0's
+/// client has set to `hi`.
+fn three_racks(edit: impl Fn(&mut FabricSpec)) -> (Net, String) {
+    let mut net = Net::tree_with(3, 1, 2, 64, edit);
+    net.add_clients(1);
+    let key = key_in_rack(&net, 1, 0);
+    one(&mut net, 0, &format!("set {key} 0 0 2\r\nhi\r\n"), &key);
+    (net, key)
+}
+
 /// A client's own request-reply on `key`, with nothing else running.
 fn one(net: &mut Net, client: usize, text: &str, key: &str) -> String {
     exchange(net, client, text, key, None)
@@ -859,12 +875,12 @@ fn a_hit_in_a_tor_never_crosses_a_root() {
         net.switches[2].holds(key.as_bytes()),
         "and at the designated root"
     );
-    let root_frames: u64 = (0..2).map(|p| net.counters_of(End::Switch(2, p))).sum();
+    let root_frames: u64 = net.sent_by(2);
     for _ in 0..10 {
         let hit = one(&mut net, 0, &format!("get {key}\r\n"), &key);
         assert_eq!(hit, miss, "byte for byte what the server said");
     }
-    let after: u64 = (0..2).map(|p| net.counters_of(End::Switch(2, p))).sum();
+    let after: u64 = net.sent_by(2);
     assert_eq!(root_frames, after, "the root sent nothing for ten hits");
     // A write invalidates both copies before it is acknowledged.
     assert_eq!(
@@ -882,11 +898,8 @@ fn a_hit_in_a_tor_never_crosses_a_root() {
 #[test]
 fn a_roots_hit_fills_the_clients_tor_and_the_root_passes_invalidations_on() {
     // Three racks, one root (switch 3): clients 0, 1 and 2 in racks 0, 1 and 2.
-    let mut net = Net::tree(3, 1, 2, 64);
-    net.add_clients(1);
-    let key = key_in_rack(&net, 1, 0);
+    let (mut net, key) = three_racks(|_| {});
     let get = format!("get {key}\r\n");
-    one(&mut net, 0, &format!("set {key} 0 0 2\r\nhi\r\n"), &key);
     let value = one(&mut net, 0, &get, &key);
     assert!(net.switches[3].holds(key.as_bytes()), "filled at the root");
     assert!(!net.switches[2].holds(key.as_bytes()));
@@ -897,9 +910,9 @@ fn a_roots_hit_fills_the_clients_tor_and_the_root_passes_invalidations_on() {
         "filled by the root's hit"
     );
     assert_eq!(net.switches[3].snapshot(Instant::ZERO).stats.root_fills, 1);
-    let root_frames: u64 = (0..3).map(|p| net.counters_of(End::Switch(3, p))).sum();
+    let root_frames: u64 = net.sent_by(3);
     assert_eq!(one(&mut net, 2, &get, &key), value);
-    let after: u64 = (0..3).map(|p| net.counters_of(End::Switch(3, p))).sum();
+    let after: u64 = net.sent_by(3);
     assert_eq!(
         root_frames, after,
         "the next read is rack 2's ToR's own hit"
@@ -935,11 +948,8 @@ fn a_roots_hit_fills_the_clients_tor_and_the_root_passes_invalidations_on() {
 #[test]
 fn a_hit_of_the_homes_copy_fills_the_caches_on_its_way_back() {
     // Three racks, one root (switch 3); the key's server in rack 1, whose ToR is its home.
-    let mut net = Net::tree(3, 1, 2, 64);
-    net.add_clients(1);
-    let key = key_in_rack(&net, 1, 0);
+    let (mut net, key) = three_racks(|_| {});
     let get = format!("get {key}\r\n");
-    one(&mut net, 0, &format!("set {key} 0 0 2\r\nhi\r\n"), &key);
     // A read from the home's own rack fills the home's copy alone.
     let value = one(&mut net, 1, &get, &key);
     assert!(net.switches[1].holds(key.as_bytes()), "the home's copy");
@@ -952,9 +962,9 @@ fn a_hit_of_the_homes_copy_fills_the_caches_on_its_way_back() {
         "filled at the client's ToR"
     );
     assert!(net.switches[3].holds(key.as_bytes()), "filled at the root");
-    let home_frames: u64 = (0..3).map(|p| net.counters_of(End::Switch(1, p))).sum();
+    let home_frames: u64 = net.sent_by(1);
     assert_eq!(one(&mut net, 0, &get, &key), value);
-    let after: u64 = (0..3).map(|p| net.counters_of(End::Switch(1, p))).sum();
+    let after: u64 = net.sent_by(1);
     assert_eq!(home_frames, after, "the home heard nothing of rack 0's hit");
     // The home counts both copies: a write from rack 2 takes them before it is acknowledged.
     assert_eq!(
@@ -972,18 +982,15 @@ fn a_hit_of_the_homes_copy_fills_the_caches_on_its_way_back() {
 
 #[test]
 fn a_copy_made_from_the_homes_lives_no_longer_than_the_homes() {
-    let mut net = Net::tree_with(3, 1, 2, 64, |spec| {
+    let (mut net, key) = three_racks(|spec| {
         spec.lease = std::time::Duration::from_secs(1);
     });
-    net.add_clients(1);
-    let key = key_in_rack(&net, 1, 0);
     let get = format!("get {key}\r\n");
     let wait = |net: &mut Net, ns: u64| {
         let until = net.now + ns;
         net.run(until, usize::MAX);
     };
     let tor_hits = |net: &Net| net.switches[0].snapshot(Instant::ZERO).stats.hits;
-    one(&mut net, 0, &format!("set {key} 0 0 2\r\nhi\r\n"), &key);
     let value = one(&mut net, 1, &get, &key);
     // 600 ms into the home copy's lease, rack 0's read fills its ToR from it.
     wait(&mut net, 600_000_000);
@@ -1006,14 +1013,11 @@ fn a_copy_made_from_the_homes_lives_no_longer_than_the_homes() {
 fn a_tor_a_failed_write_left_holding_its_copy_is_asked_again_by_the_next() {
     // Leases longer than the home waits for acknowledgements: a copy outlives a write that
     // gave up on it.
-    let mut net = Net::tree_with(3, 1, 2, 64, |spec| {
+    let (mut net, key) = three_racks(|spec| {
         spec.lease = std::time::Duration::from_secs(10);
         spec.invalidate_give_up = std::time::Duration::from_millis(200);
     });
-    net.add_clients(1);
-    let key = key_in_rack(&net, 1, 0);
     let get = format!("get {key}\r\n");
-    one(&mut net, 0, &format!("set {key} 0 0 2\r\nhi\r\n"), &key);
     one(&mut net, 0, &get, &key);
     let old = one(&mut net, 2, &get, &key);
     assert!(

@@ -59,6 +59,11 @@ const MAX_FILLED: usize = 1 << 16;
 /// How long past a lease a home waits before it takes a failed switch's copies as gone.
 const FAILED_MARGIN: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// A lease left, in the whole milliseconds a fill's header carries.
+fn whole_ms(left: std::time::Duration) -> u32 {
+    u32::try_from(left.as_millis()).unwrap_or(u32::MAX)
+}
+
 /// Counters an operator reads.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FabricStats {
@@ -1493,16 +1498,20 @@ impl FabricSwitch {
             return None;
         }
         let name = item(h.server, key);
-        let (_, left) = self.cache.held(&name, now)?;
-        let left = u32::try_from(left.as_millis()).unwrap_or(u32::MAX);
-        if left == 0 {
-            return None;
-        }
+        let (_, left) = self.copy_to_fill_from(&name, now)?;
         let stamp = self.directory.read();
         let sharers = self.sharers_on_way(h, now);
         let epoch = self.directory.fill(&name, stamp, sharers, now)?;
-        h.lease_ms = left;
+        h.lease_ms = whole_ms(left);
         Some(epoch)
+    }
+
+    /// This switch's copy of `name`, for a fill made from it: its epoch and what is left of
+    /// its lease, which the fill may live no longer than; `None` when none is held or under a
+    /// millisecond is left (the fill's header counts whole milliseconds, see [`whole_ms`]).
+    fn copy_to_fill_from(&self, name: &[u8], now: Instant) -> Option<(u32, std::time::Duration)> {
+        let (epoch, left) = self.cache.held(name, now)?;
+        (whole_ms(left) > 0).then_some((epoch, left))
     }
 
     /// Carries out a step of the directory for the write on `name` (an [`item`] name).
@@ -2056,11 +2065,7 @@ impl FabricSwitch {
         {
             return None;
         }
-        let (epoch, left) = self.cache.held(&name, now)?;
-        let ms = u32::try_from(left.as_millis()).unwrap_or(u32::MAX);
-        if ms == 0 {
-            return None;
-        }
+        let (epoch, left) = self.copy_to_fill_from(&name, now)?;
         if !self.filled.contains_key(&name) && self.filled.len() >= MAX_FILLED {
             self.filled.retain(|_, tors| {
                 tors.retain(|&(_, until)| now < until);
@@ -2078,7 +2083,7 @@ impl FabricSwitch {
             None => tors.push((tor, until)),
         }
         self.stats.root_fills += 1;
-        Some((epoch, ms))
+        Some((epoch, whole_ms(left)))
     }
 
     /// An acknowledgement from a ToR of an invalidation this root passed on: when it is the
