@@ -112,6 +112,9 @@ pub struct SourceCheck {
     /// Per port (as numbered by `switch.ports`), the prefixes it alone may send from; a port
     /// with none learns its addresses.
     pub prefixes: Vec<Vec<Prefix>>,
+    /// The networks requests to the VIP may come from (`switch.client_networks`); empty: the
+    /// VIP's network.
+    pub client_networks: Vec<Prefix>,
 }
 
 /// The local port: a veth pair whose `port` end the switch owns like the ports it is given, and
@@ -285,6 +288,8 @@ struct RawSwitch {
     source_table_size: Option<usize>,
     #[serde(default)]
     source_prefixes: Option<std::collections::BTreeMap<String, Vec<String>>>,
+    #[serde(default)]
+    client_networks: Option<Vec<String>>,
     #[serde(default)]
     udp_reply_bytes_per_sec: Option<u64>,
     #[serde(default)]
@@ -770,6 +775,7 @@ impl Config {
                 table_size: self.source.table_size,
                 prefixes: self.source.prefixes.clone(),
             }),
+            client_networks: self.source.client_networks.clone(),
             reply_limit: (self.udp_reply_bytes_per_sec > 0).then_some(spec::ReplyLimit {
                 rate: self.udp_reply_bytes_per_sec,
                 burst: self.udp_reply_burst_bytes,
@@ -843,8 +849,16 @@ fn source_check(
             prefixes[i].push(prefix);
         }
     }
+    let mut client_networks = Vec::new();
+    for text in raw.client_networks.iter().flatten() {
+        let prefix: Prefix = text.parse().map_err(|e: switch::source::PrefixError| {
+            err("switch.client_networks", e.to_string())
+        })?;
+        client_networks.push(prefix);
+    }
     Ok(SourceCheck {
-        enabled: raw.source_check.unwrap_or(false),
+        enabled: raw.source_check.unwrap_or(true),
+        client_networks,
         age: Duration::from_secs(age_s),
         table_size,
         prefixes,
@@ -959,14 +973,23 @@ proxy_workers = 1
 # dropped (`reply_rate_limited`), so a forged source cannot aim the pool at a host. 0: no limit.
 udp_reply_bytes_per_sec = 125000000
 udp_reply_burst_bytes = 16777216
-# Anti-spoofing: accept an IPv4 source address (IPv4 or ARP) only on the port it was first
-# seen on, for as long as it keeps being seen there, or on the port configured for it below;
-# a frame from it on another port is dropped (`source_spoofed`). A host that moves to another
-# port is accepted there once it has been silent for source_age_s. The local port, where the
-# host's own stack sends from the VIP, is not checked. Off unless set.
-source_check = false
+# Host identity (port security and IP source guard), on unless turned off: an IPv4 source
+# address (IPv4 or ARP) is accepted only on the port it was first seen on, for as long as it
+# keeps being seen there, or on the port configured for it below; a frame from it on another
+# port is dropped (`source_spoofed`). A station's MAC stays on its port the same way
+# (`source_mac_moved`). A host that moves to another port is accepted there once it has been
+# silent for source_age_s. A server's MAC and address are bound to the port they are
+# configured on (a server's `mac`, and its address in source_prefixes) or first resolved on,
+# for as long as the server is in the pool, however quiet it is (`source_mac_bound`); to move
+# one, remove the server from the pool and add it again. Configure them to leave nothing to
+# whoever speaks first. The local port, where the host's own stack sends from the VIP, is not
+# checked. false: a plain learning switch that believes every frame's addresses.
+source_check = true
 source_age_s = 60
 source_table_size = 8192   # each port may learn an equal share
+# Networks requests to the VIP may come from (default: the VIP's network, vip.prefix_len); a
+# request from elsewhere is dropped (`source_off_net`), as nothing would route its answer.
+# client_networks = ["10.0.0.0/24", "10.9.0.0/16"]
 # Per port, the only sources it accepts (and no other port may use); keep this table last.
 # [switch.source_prefixes]
 # "veth-c1" = ["10.0.0.1/32"]

@@ -12,6 +12,7 @@
 mod afpacket;
 mod afxdp;
 mod batch;
+mod claim;
 pub mod clock;
 pub mod link;
 mod mem;
@@ -25,6 +26,7 @@ mod waker;
 pub use afpacket::{AfPacket, AfPacketOptions};
 pub use afxdp::AfXdp;
 pub use batch::{Batch, FRAME_CAP, MAX_BATCH};
+pub use claim::{PortClaim, CLAIM_DIR};
 pub use link::VethPair;
 pub use mem::{mem_pair, MemPort, MEM_QUEUE_LIMIT};
 pub use port::{wait_readable, Poller, Port, PortStats};

@@ -43,6 +43,8 @@ pub fn stop_requested() -> bool {
 
 pub fn run(cfg: Config) -> anyhow::Result<()> {
     install_signal_handlers();
+    // Before anything is changed: a port another switch owns is refused, not shared.
+    let _claims = claim_ports(&cfg.ports, &cfg.path)?;
     // First, so that a port that fails to open below does not leave it behind (dropping it
     // removes it).
     let local = match &cfg.local {
@@ -235,6 +237,21 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
 
 /// An AF_XDP port on `name`, with the interface's MAC read from sysfs (the daemon runs in the
 /// namespace that holds its ports).
+/// Claims every port in `names` for this process ([`kvio::PortClaim`]), held until the claims
+/// are dropped; `path` is the configuration file the ports come from, for the message.
+pub(crate) fn claim_ports(
+    names: &[String],
+    path: &std::path::Path,
+) -> anyhow::Result<Vec<kvio::PortClaim>> {
+    names
+        .iter()
+        .map(|name| {
+            kvio::PortClaim::take(name)
+                .with_context(|| format!("{}: cannot take port `{name}`", path.display()))
+        })
+        .collect()
+}
+
 fn open_af_xdp(name: &str) -> anyhow::Result<kvio::AfXdp> {
     let text = std::fs::read_to_string(format!("/sys/class/net/{name}/address"))
         .with_context(|| format!("reading the MAC of {name}"))?;

@@ -465,6 +465,8 @@ pub fn run(cfg: FabricConfig, name: &str) -> anyhow::Result<()> {
     crate::daemon::install_signal_handlers();
     let spec = cfg.spec(name)?;
     let me = cfg.switch(name).expect("checked by spec").clone();
+    let names: Vec<String> = me.ports.iter().map(|(iface, _)| iface.clone()).collect();
+    let _claims = crate::daemon::claim_ports(&names, &cfg.path)?;
     let mut ports: Vec<Box<dyn Port>> = Vec::new();
     for (iface, _) in &me.ports {
         let _ = kvio::link::set_ipv4_conf(iface, "arp_ignore", "1");

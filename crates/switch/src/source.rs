@@ -161,6 +161,21 @@ impl SourceGuard {
             .unwrap_or_else(|| self.bound.get(&ip).is_some_and(|b| b.port == port))
     }
 
+    /// The port whose configured prefixes hold `ip`, if one does.
+    pub fn configured_port(&self, ip: Ipv4Addr) -> Option<u16> {
+        let p = self
+            .prefixes
+            .iter()
+            .position(|list| list.iter().any(|x| x.contains(ip)))?;
+        u16::try_from(p).ok()
+    }
+
+    /// The ageing time: how long an address (or a station) must be silent on its port before
+    /// another port may take it.
+    pub fn age(&self) -> Duration {
+        self.age
+    }
+
     /// What the configured prefixes decide of `ip` on `port`: accepted when the port has
     /// prefixes and one holds it, refused when the port's prefixes do not hold it or another
     /// port's do; `None` when they leave it to the bindings.

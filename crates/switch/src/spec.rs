@@ -92,8 +92,13 @@ pub struct SwitchSpec {
     pub mac_table_size: usize,
     /// A station not heard from for this long is forgotten.
     pub mac_age: Duration,
-    /// `None`: sources are not checked.
+    /// `None`: sources are not checked, and stations move to whichever port last sent from
+    /// their MAC.
     pub source_check: Option<SourceCheck>,
+    /// The networks requests to the VIP may come from; empty: the VIP's own network
+    /// (`vip.prefix_len`). A request from elsewhere is dropped (`source_off_net`): its answer
+    /// would leave the server by a route nobody chose, or by none.
+    pub client_networks: Vec<Prefix>,
     /// `None`: replies are not limited.
     pub reply_limit: Option<ReplyLimit>,
     /// Whether the pipeline gets the cache's table (attach the cache with
@@ -128,6 +133,7 @@ impl SwitchSpec {
             mac_table_size: 8192,
             mac_age: Duration::from_secs(300),
             source_check: None,
+            client_networks: Vec::new(),
             reply_limit: Some(ReplyLimit {
                 rate: 125_000_000,
                 burst: 16 << 20,

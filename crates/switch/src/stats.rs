@@ -115,10 +115,21 @@ pub enum Drop {
     Label,
     /// An operator's label push would have made the frame longer than the pipeline allows.
     FrameTooLong,
+    /// With `switch.source_check`: a frame whose source MAC is a server's, on another port than
+    /// the one the server is bound to (configured, or first resolved on). A server's MAC moves
+    /// only when the operator removes the server from the pool and adds it again.
+    SourceMacBound,
+    /// With `switch.source_check`: a frame whose source MAC is a station's that was heard on
+    /// another port within `switch.source_age_s`: a host's MAC does not move while in use.
+    SourceMacMoved,
+    /// Traffic to the VIP from an address outside the networks clients may use
+    /// (`switch.client_networks`, by default the VIP's network): the server's answer would go
+    /// nowhere (memcached stops answering UDP after a reply it cannot send).
+    SourceOffNet,
 }
 
 impl Drop {
-    pub const ALL: [Drop; 47] = [
+    pub const ALL: [Drop; 50] = [
         Drop::BadEthernet,
         Drop::BadIpv4,
         Drop::BadUdp,
@@ -166,6 +177,9 @@ impl Drop {
         Drop::SwitchkvCacheOn,
         Drop::Label,
         Drop::FrameTooLong,
+        Drop::SourceMacBound,
+        Drop::SourceMacMoved,
+        Drop::SourceOffNet,
     ];
 
     /// The label used in metrics.
@@ -218,6 +232,9 @@ impl Drop {
             Drop::SwitchkvCacheOn => "switchkv_cache_on",
             Drop::Label => "label",
             Drop::FrameTooLong => "frame_too_long",
+            Drop::SourceMacBound => "source_mac_bound",
+            Drop::SourceMacMoved => "source_mac_moved",
+            Drop::SourceOffNet => "source_off_net",
         }
     }
 

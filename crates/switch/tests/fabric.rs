@@ -1433,3 +1433,118 @@ fn fragments_from_hosts_to_servers_are_refused() {
         "the write never reached the server"
     );
 }
+
+/// A client in a server's rack asks the server for a key and, before the server answers, sends
+/// a reply of its own with the server's MAC and address. The server's MAC is bound to the
+/// server's port, so the ToR (the key's home) neither caches the forged value nor moves the
+/// server's MAC to the client's port: every rack still reads the real value, and requests and
+/// writes to the server still reach the server.
+#[test]
+fn a_client_with_a_servers_mac_and_address_is_refused_and_moves_nothing() {
+    let (mut net, key) = three_racks(|_| {});
+    let server = net.server_of(&key);
+    let (server_ip, server_mac) = (net.hosts[server].ip, net.hosts[server].mac);
+    assert_eq!(net.hosts[server].tor.0, 1);
+    // Client 1 is the second host of rack 1, the server's rack.
+    let attacker = net.clients[1].host;
+    assert_eq!(net.hosts[attacker].tor.0, 1);
+    let (attacker_ip, attacker_mac) = (net.hosts[attacker].ip, net.hosts[attacker].mac);
+    let to_tor = net.wires[&End::Host(attacker)];
+    let refused = |net: &Net| {
+        net.switches[1]
+            .snapshot(Instant::ZERO)
+            .stats
+            .refused_sources
+    };
+    let before = refused(&net);
+    for round in 0..3u16 {
+        let request_id = 900 + round;
+        let mut get = vec![0u8; mcudp::LEN];
+        mcudp::Header::single(request_id).emit(&mut get);
+        get.extend_from_slice(format!("get {key}\r\n").as_bytes());
+        let mut evil = vec![0u8; mcudp::LEN];
+        mcudp::Header::single(request_id).emit(&mut evil);
+        evil.extend_from_slice(format!("VALUE {key} 0 4\r\nEVIL\r\nEND\r\n").as_bytes());
+        let ask = udp_frame(
+            attacker_mac,
+            server_mac,
+            (attacker_ip, 40_001),
+            (server_ip, MC_PORT),
+            &get,
+        );
+        let forged = udp_frame(
+            server_mac,
+            attacker_mac,
+            (server_ip, MC_PORT),
+            (attacker_ip, 40_001),
+            &evil,
+        );
+        // And one frame of another kind with the server's MAC alone.
+        let mut other = forged.clone();
+        other[12..14].copy_from_slice(&0x88b5u16.to_be_bytes());
+        let now = net.now;
+        net.push(now + LINK_NS, to_tor, ask);
+        net.push(now + LINK_NS + 1, to_tor, forged);
+        net.push(now + LINK_NS + 2, to_tor, other);
+        net.auto = false;
+        let until = net.now + 10_000_000;
+        net.run(until, usize::MAX);
+        assert_eq!(refused(&net), before + 2 * u64::from(round + 1));
+        for client in [0, 2] {
+            assert_eq!(
+                one(&mut net, client, &format!("get {key}\r\n"), &key),
+                format!("VALUE {key} 0 2\r\nhi\r\nEND\r\n"),
+                "round {round}, client {client}"
+            );
+        }
+    }
+    // The server's MAC stayed on its port: another rack's write reaches the server, not the
+    // attacker.
+    one(&mut net, 0, &format!("set {key} 0 0 2\r\nok\r\n"), &key);
+    net.to_server = Some(server);
+    assert_eq!(
+        one(&mut net, 2, &format!("get {key}\r\n"), &key),
+        format!("VALUE {key} 0 2\r\nok\r\nEND\r\n")
+    );
+}
+
+/// A host's address is bound to the MAC and port it was first seen with: another host of the
+/// rack sending from it is refused, and the replies to it still reach their owner.
+#[test]
+fn a_hosts_address_stays_with_its_mac_and_port() {
+    let (mut net, key) = three_racks(|_| {});
+    let victim = net.clients[0].host;
+    let victim_ip = net.hosts[victim].ip;
+    // The other host of rack 0 (its server) sends from the client's address.
+    let intruder = 0;
+    assert_eq!(net.hosts[intruder].tor.0, 0);
+    let to_tor = net.wires[&End::Host(intruder)];
+    let refused = |net: &Net| {
+        net.switches[0]
+            .snapshot(Instant::ZERO)
+            .stats
+            .refused_sources
+    };
+    let before = refused(&net);
+    let mut get = vec![0u8; mcudp::LEN];
+    mcudp::Header::single(5).emit(&mut get);
+    get.extend_from_slice(format!("get {key}\r\n").as_bytes());
+    let server = net.server_of(&key);
+    let forged = udp_frame(
+        net.hosts[intruder].mac,
+        net.hosts[server].mac,
+        (victim_ip, 40_000),
+        (net.hosts[server].ip, MC_PORT),
+        &get,
+    );
+    let now = net.now;
+    net.push(now + LINK_NS, to_tor, forged);
+    net.auto = false;
+    let until = net.now + 10_000_000;
+    net.run(until, usize::MAX);
+    assert_eq!(refused(&net), before + 1);
+    assert_eq!(
+        one(&mut net, 0, &format!("get {key}\r\n"), &key),
+        format!("VALUE {key} 0 2\r\nhi\r\nEND\r\n")
+    );
+}

@@ -736,23 +736,9 @@ impl FabricSwitch {
             self.stats.malformed += 1;
             return Fate::Consumed;
         };
-        if role == PortRole::Host && self.is_home_node_mac(src) {
-            // A home node stays on the port it was first heard on: another host using its
-            // MAC could otherwise draw its messages, or speak for it.
-            match self.macs.get(&src) {
-                Some(&p) if p != in_port => {
-                    self.stats.refused_sources += 1;
-                    return Fate::Consumed;
-                }
-                _ => {
-                    self.macs.insert(src, in_port);
-                }
-            }
-        } else if role == PortRole::Host
-            && src.is_unicast()
-            && (self.macs.len() < MAX_HOSTS || self.macs.contains_key(&src))
-        {
-            self.macs.insert(src, in_port);
+        if role == PortRole::Host && !self.bind_mac(src, in_port) {
+            self.stats.refused_sources += 1;
+            return Fate::Consumed;
         }
         if ethertype == EtherType::ARP && role == PortRole::Host {
             if let Some(reply) = self.arp_for_me(frame) {
@@ -789,14 +775,13 @@ impl FabricSwitch {
                 None => {}
             }
         }
+        if role == PortRole::Host && !self.bind_ip(frame, src, in_port) {
+            self.stats.refused_sources += 1;
+            return Fate::Consumed;
+        }
         let Some(udp) = parse_udp(frame) else {
             return self.route(in_port, frame, None, now, emit);
         };
-        if role == PortRole::Host
-            && (self.hosts.len() < MAX_HOSTS || self.hosts.contains_key(&udp.src_ip))
-        {
-            self.hosts.insert(udp.src_ip, (src, in_port));
-        }
         if udp.dst_port == inc::PORT && udp.dst_ip == self.me.ip {
             // Only another switch speaks to a switch, and a home node to its ToR.
             if role == PortRole::Host {
@@ -858,12 +843,51 @@ impl FabricSwitch {
         self.route(in_port, frame, Some(flow), now, emit)
     }
 
-    /// Whether `mac` is a home node's.
-    fn is_home_node_mac(&self, mac: Mac) -> bool {
-        self.spec
-            .servers
-            .iter()
-            .any(|s| s.home_node && s.mac == mac)
+    /// Binds `mac` to `port`, the host port a frame from it came in on, if it is not bound
+    /// elsewhere; `false` when it is: a host's MAC stays on the port it was first heard on,
+    /// so another host using it could neither draw its traffic nor speak for it (a server's
+    /// replies fill the caches). A server's MAC is always bound; other hosts' while the table
+    /// has room (past it their frames are still switched, flooded within the rack).
+    fn bind_mac(&mut self, mac: Mac, port: u16) -> bool {
+        if !mac.is_unicast() {
+            return true;
+        }
+        match self.macs.get(&mac) {
+            Some(&p) => p == port,
+            None => {
+                let server = self.spec.servers.iter().any(|s| s.mac == mac);
+                if server || self.macs.len() < MAX_HOSTS {
+                    self.macs.insert(mac, port);
+                }
+                true
+            }
+        }
+    }
+
+    /// Binds the IPv4 source of `frame` (already checked to be in this rack) to the MAC and
+    /// port it came from, if it is not bound to others; `false` when it is, or when it is a
+    /// server's address sent from another MAC than the server's: a host's address is its own
+    /// (the fabric sends replies to it by this binding).
+    fn bind_ip(&mut self, frame: &[u8], mac: Mac, port: u16) -> bool {
+        let Some(ip) = frame
+            .get(ethernet::HEADER_LEN..)
+            .and_then(|l3| ipv4::Packet::new_checked(l3).ok())
+            .map(|p| p.src())
+        else {
+            return true;
+        };
+        if self.spec.servers.iter().any(|s| s.ip == ip && s.mac != mac) {
+            return false;
+        }
+        match self.hosts.get(&ip) {
+            Some(&bound) => bound == (mac, port),
+            None => {
+                if self.hosts.len() < MAX_HOSTS {
+                    self.hosts.insert(ip, (mac, port));
+                }
+                true
+            }
+        }
     }
 
     /// The answer to a host's ARP request for this switch's own address (a home node sends

@@ -164,6 +164,9 @@ impl Switch {
                 && h.ip == self.spec.vip.ip
                 && self.backend_macs.contains(&Some(h.mac));
         }
+        if let Some(port) = self.server_ip_port(h.ip) {
+            return port == h.port;
+        }
         match &self.guard {
             Some(guard) if source::is_host_address(h.ip) => guard.accepts(h.port, h.ip),
             _ => true,
@@ -181,7 +184,8 @@ impl Switch {
             if let (Some(guard), true) = (&mut self.guard, source::is_host_address(h.ip)) {
                 guard.check(h.port, h.ip, now);
             }
-            self.learn(h.mac, h.port, now);
+            // Accepted above: its station is on its port already.
+            let _ = self.learn(h.mac, h.port, now);
         }
         let mut routed = 0;
         for (i, &n) in seen.server_requests.iter().enumerate() {

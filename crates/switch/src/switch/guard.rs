@@ -45,6 +45,11 @@ impl Switch {
         if self.sent_back(in_port, frame, src_mac) {
             return None;
         }
+        // A server's address belongs to its port for as long as it is in the pool, silent or
+        // not: a client cannot take it over while the server is idle.
+        if let Some(port) = self.server_ip_port(ip) {
+            return (port != in_port).then_some(Drop::SourceSpoofed);
+        }
         match self.guard.as_mut()?.check(in_port, ip, now) {
             Check::Accept => None,
             Check::Spoofed => Some(Drop::SourceSpoofed),
@@ -88,8 +93,9 @@ impl Switch {
     }
 
     /// Why traffic to the VIP (or the agent address) from `src_ip` cannot be genuine: no host
-    /// sends from these addresses or from port 0, and an answer to one would go nowhere or
-    /// everywhere (memcached stops answering UDP after a reply to port 0). `l4` is the IP
+    /// sends from these addresses or from port 0, nor from outside the networks clients may
+    /// use, and an answer to one would go nowhere or everywhere (memcached stops answering UDP
+    /// after a reply to port 0, or one it has no route for). `l4` is the IP
     /// payload; its first two bytes are the source port when `plain` says it is UDP or TCP.
     pub(super) fn bad_source_to_vip(
         &self,
@@ -114,6 +120,9 @@ impl Switch {
         }
         if plain && l4.get(0..2) == Some(&[0, 0]) {
             return Some(Drop::SourcePortZero);
+        }
+        if !self.client_networks.iter().any(|n| n.contains(src_ip)) {
+            return Some(Drop::SourceOffNet);
         }
         None
     }

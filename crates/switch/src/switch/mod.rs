@@ -185,6 +185,12 @@ pub struct Switch {
     macs: HashMap<Mac, Station>,
     backend_macs: Vec<Option<Mac>>,
     backend_by_ip: HashMap<Ipv4Addr, usize>,
+    /// Per server, whether the control plane removed it from the pool: a removed server's
+    /// MAC and address are bound to no port, and its entries are gone.
+    removed: Vec<bool>,
+    /// The networks requests to the VIP may come from (`SwitchSpec::client_networks`, or the
+    /// VIP's network).
+    client_networks: Vec<source::Prefix>,
     splitter: Splitter,
     stats: Arc<Stats>,
     last_arp: Option<Instant>,
@@ -266,6 +272,15 @@ impl Switch {
             pipeline,
             tables,
             macs: HashMap::new(),
+            removed: vec![false; backend_macs.len()],
+            client_networks: if spec.client_networks.is_empty() {
+                vec![source::Prefix {
+                    addr: spec.vip.ip,
+                    len: spec.vip.prefix_len,
+                }]
+            } else {
+                spec.client_networks.clone()
+            },
             backend_macs,
             backend_by_ip,
             splitter: Splitter::new(spec.split_timeout, first_request_id),
@@ -342,6 +357,7 @@ impl Switch {
         }
         self.view = self.pool.view(now);
         self.add_new_servers();
+        self.note_removed();
         if let Err(e) = self.install_members() {
             tracing::warn!("routing by the pool's new view failed: {e}");
         }
@@ -420,6 +436,48 @@ impl Switch {
         }
     }
 
+    /// Follows the servers the control plane removed from the pool or brought back: a removed
+    /// server's address keeps no entry (its UDP is no longer re-sourced as the VIP, its TCP no
+    /// longer reaches the proxy's address) and its MAC and address are no longer bound to its
+    /// port; one brought back gets them again.
+    fn note_removed(&mut self) {
+        let n = self.spec.servers.len();
+        self.removed.resize(n, false);
+        let mut changed = false;
+        for i in 0..n {
+            let removed = self.pool.health(i).removed;
+            if self.removed[i] != removed {
+                self.removed[i] = removed;
+                changed = true;
+                let label = self.pool.spec().servers[i].label();
+                if removed {
+                    tracing::info!(backend = %label, "server removed: its bindings and entries go");
+                } else {
+                    tracing::info!(backend = %label, "server back in the pool");
+                }
+            }
+        }
+        if !changed {
+            return;
+        }
+        // By address: two servers may share one, and an address keeps its entries while any
+        // server at it is in the pool.
+        let mut addrs: Vec<(SocketAddrV4, bool)> = Vec::with_capacity(n);
+        for (i, server) in self.spec.servers.iter().enumerate() {
+            match addrs.iter_mut().find(|(a, _)| *a == server.addr) {
+                Some((_, live)) => *live |= !self.removed[i],
+                None => addrs.push((server.addr, !self.removed[i])),
+            }
+        }
+        for (addr, live) in addrs {
+            if live {
+                tables::server_entries(&mut self.pipeline, &self.spec, &self.tables, addr);
+            } else {
+                tables::remove_server_entries(&mut self.pipeline, &self.spec, &self.tables, addr);
+            }
+        }
+    }
+
     fn install_members(&mut self) -> Result<(), SpecError> {
         let members = self
             .spec
@@ -449,6 +507,13 @@ impl Switch {
             let mut key = Vec::with_capacity(8);
             key.extend_from_slice(&(FLAG_PLAIN_UDP | FLAG_SWITCHKV).to_be_bytes());
             key.extend_from_slice(&ip.octets());
+            if self.removed.get(i).copied().unwrap_or(false) {
+                // Queries to a removed server's address are misaddressed now.
+                if let Some(id) = self.pipeline.lookup_exact(self.tables.backend, &key) {
+                    self.pipeline.remove(self.tables.backend, id)?;
+                }
+                continue;
+            }
             let actions = match self.backend_macs.get(i).copied().flatten() {
                 Some(mac) => vec![Action::SetEthDst(mac.0), Action::Goto(self.tables.l2)],
                 None => vec![Action::Drop(Drop::BackendUnresolved.code())],
@@ -506,7 +571,11 @@ impl Switch {
         }
         self.now = Some(now);
         self.refresh_pool(now);
-        self.learn(src, in_port, now);
+        if let Err(reason) = self.learn(src, in_port, now) {
+            // A MAC bound to another port: the frame speaks for another host.
+            self.stats.count_drop(reason);
+            return Fate::Consumed;
+        }
         if !self.held.is_empty() {
             self.release_held(now, emit);
         }

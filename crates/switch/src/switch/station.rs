@@ -4,20 +4,42 @@
 use super::*;
 
 impl Switch {
-    pub(super) fn learn(&mut self, src: Mac, port: u16, now: Instant) {
+    /// Learns that `src` is behind `port`. With the source check on, a MAC is bound to its
+    /// port: a server's (in the pool) to the port it is configured on (`source_prefixes`
+    /// holding its address) or first resolved on, for as long as it is in the pool; any other
+    /// station's while it is heard from (`source_age_s`). A frame from a bound MAC on another
+    /// port is refused with the reason, and teaches the switch nothing. Without the check a
+    /// station moves to whichever port last sent from it, as in a plain learning switch.
+    pub(super) fn learn(&mut self, src: Mac, port: u16, now: Instant) -> Result<(), Drop> {
         if !src.is_unicast() || src == self.spec.vip.mac {
-            return;
+            return Ok(());
+        }
+        let checked = self.guard.is_some() && Some(port) != self.local;
+        if checked {
+            if let Some(bound) = self.server_mac_port(src) {
+                if bound != port {
+                    return Err(Drop::SourceMacBound);
+                }
+            }
         }
         if let Some(station) = self.macs.get_mut(&src) {
-            station.seen = now;
             if station.port == port {
-                return;
+                station.seen = now;
+                return Ok(());
             }
+            if checked {
+                let age = self.guard.as_ref().map_or(Duration::ZERO, |g| g.age());
+                if now.saturating_duration_since(station.seen) <= age {
+                    return Err(Drop::SourceMacMoved);
+                }
+                tracing::info!(mac = %src, from = station.port, to = port, "station moved");
+            }
+            station.seen = now;
             station.port = port;
         } else {
             if self.macs.len() >= self.spec.mac_table_size {
                 self.stats.count_drop(Drop::MacTableFull);
-                return;
+                return Ok(());
             }
             self.macs.insert(src, Station { port, seen: now });
         }
@@ -34,6 +56,39 @@ impl Switch {
         if let Err(e) = result {
             tracing::warn!(mac = %src, "learning failed: {e}");
         }
+        Ok(())
+    }
+
+    /// The port a server's MAC is bound to, when `mac` is the MAC of a server in the pool and
+    /// that port is known: the port whose `source_prefixes` hold the server's address, else
+    /// the port its station was learned on.
+    pub(super) fn server_mac_port(&self, mac: Mac) -> Option<u16> {
+        let i = (0..self.backend_macs.len())
+            .find(|&i| self.backend_macs[i] == Some(mac) && !self.is_removed(i))?;
+        let configured = self
+            .guard
+            .as_ref()
+            .and_then(|g| g.configured_port(*self.spec.servers[i].addr.ip()));
+        configured.or_else(|| self.macs.get(&mac).map(|s| s.port))
+    }
+
+    /// The port the address of a server in the pool is bound to, if `ip` is one's and the
+    /// port is known: the port its `source_prefixes` name, else its MAC's station's. A
+    /// server's address never ages out of its port, however quiet the server.
+    pub(super) fn server_ip_port(&self, ip: Ipv4Addr) -> Option<u16> {
+        let i = *self.backend_by_ip.get(&ip)?;
+        if self.is_removed(i) {
+            return None;
+        }
+        if let Some(p) = self.guard.as_ref().and_then(|g| g.configured_port(ip)) {
+            return Some(p);
+        }
+        self.server_port(i)
+    }
+
+    /// Whether server `i` was removed from the pool by the control plane.
+    pub(super) fn is_removed(&self, i: usize) -> bool {
+        self.removed.get(i).copied().unwrap_or(false)
     }
 
     /// Learns a backend's MAC from its ARP: every server at that address (the pool may hold
@@ -172,10 +227,19 @@ impl Switch {
             limiter.sweep(now);
         }
         let age = self.spec.mac_age;
+        // With the source check on, a server's station stays while the server is in the pool:
+        // a quiet server's MAC must not become free for another port to take.
+        let pinned: Vec<Mac> = match self.guard {
+            Some(_) => (0..self.backend_macs.len())
+                .filter(|&i| !self.is_removed(i))
+                .filter_map(|i| self.backend_macs[i])
+                .collect(),
+            None => Vec::new(),
+        };
         let mut stale: Vec<Mac> = self
             .macs
             .iter()
-            .filter(|(_, s)| now.saturating_duration_since(s.seen) > age)
+            .filter(|(m, s)| now.saturating_duration_since(s.seen) > age && !pinned.contains(m))
             .map(|(m, _)| *m)
             .collect();
         // Removed in MAC order, not the map's: the order frees the `l2` table's slots, which

@@ -252,6 +252,33 @@ pub(super) fn build_tables(p: &mut Pipeline, spec: &SwitchSpec) -> Result<Tables
 /// through the VIP), and in l3 mode its UDP replies leave with the VIP as source. An entry
 /// that exists already (two servers may share an address) is kept.
 pub(super) fn server_entries(p: &mut Pipeline, spec: &SwitchSpec, t: &Tables, addr: SocketAddrV4) {
+    for (table, key, actions) in server_entry_defs(spec, t, addr) {
+        let _ = p.insert(table, Entry::exact(key, actions));
+    }
+}
+
+/// Removes the entries [`server_entries`] made for `addr`: a server out of the pool may no
+/// longer reach the proxy's source address, nor send UDP in the VIP's name.
+pub(super) fn remove_server_entries(
+    p: &mut Pipeline,
+    spec: &SwitchSpec,
+    t: &Tables,
+    addr: SocketAddrV4,
+) {
+    for (table, key, _) in server_entry_defs(spec, t, addr) {
+        if let Some(id) = p.lookup_exact(table, &key) {
+            let _ = p.remove(table, id);
+        }
+    }
+}
+
+/// The table, key and actions of each entry a server at `addr` needs.
+fn server_entry_defs(
+    spec: &SwitchSpec,
+    t: &Tables,
+    addr: SocketAddrV4,
+) -> Vec<(TableId, Vec<u8>, Vec<Action>)> {
+    let mut defs = Vec::with_capacity(2);
     if let Some(local) = &spec.local {
         let mut key = Vec::with_capacity(15);
         key.extend_from_slice(&FLAG_PLAIN_TCP.to_be_bytes());
@@ -259,10 +286,7 @@ pub(super) fn server_entries(p: &mut Pipeline, spec: &SwitchSpec, t: &Tables, ad
         key.extend_from_slice(&addr.ip().octets());
         key.extend_from_slice(&addr.port().to_be_bytes());
         key.extend_from_slice(&local.source.octets());
-        let _ = p.insert(
-            t.local_in,
-            Entry::exact(key, vec![Action::Output(local.port)]),
-        );
+        defs.push((t.local_in, key, vec![Action::Output(local.port)]));
     }
     if spec.mode == Mode::L3 {
         let mut key = Vec::with_capacity(11);
@@ -270,14 +294,13 @@ pub(super) fn server_entries(p: &mut Pipeline, spec: &SwitchSpec, t: &Tables, ad
         key.push(ipv4::Protocol::UDP.0);
         key.extend_from_slice(&addr.ip().octets());
         key.extend_from_slice(&addr.port().to_be_bytes());
-        let _ = p.insert(
+        defs.push((
             t.vip_reply,
-            Entry::exact(
-                key,
-                vec![Action::SetIpv4Src(spec.vip.ip.octets()), Action::Goto(t.l2)],
-            ),
-        );
+            key,
+            vec![Action::SetIpv4Src(spec.vip.ip.octets()), Action::Goto(t.l2)],
+        ));
     }
+    defs
 }
 
 /// Placeholder chooser until the ring is installed.
