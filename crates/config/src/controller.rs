@@ -181,7 +181,7 @@ struct RawSwitchRef {
 
 /// Reads a controller configuration, resolving every hostname in its pool.
 pub fn load(path: &Path) -> Result<ControllerFile, ConfigError> {
-    let text = std::fs::read_to_string(path)
+    let text = crate::read_file(path)
         .map_err(|e| ConfigError::new(path, "", format!("cannot read: {e}")))?;
     parse(&text, path)
 }

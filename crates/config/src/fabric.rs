@@ -153,7 +153,7 @@ fn parse_prefix(text: &str) -> Option<(Ipv4Addr, u8)> {
 
 impl FabricConfig {
     pub fn load(path: &Path) -> anyhow::Result<FabricConfig> {
-        let text = std::fs::read_to_string(path)
+        let text = crate::read_file(path)
             .map_err(|e| anyhow::anyhow!("{}: cannot read: {e}", path.display()))?;
         FabricConfig::parse(&text, path)
     }

@@ -11,6 +11,9 @@ pub mod fabric;
 pub mod nutcracker;
 pub(crate) mod pool_keys;
 pub mod proxy;
+mod read;
+
+pub use read::{read_file, MAX_FILE_BYTES};
 
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -351,7 +354,7 @@ pub const MIN_UDP_REPLY_BURST_BYTES: u64 = 65_536;
 impl Config {
     /// Reads and validates a configuration file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        let text = read_file(path).map_err(|e| ConfigError {
             path: path.to_owned(),
             key: String::new(),
             message: format!("cannot read: {e}"),
@@ -786,6 +789,19 @@ impl Config {
     }
 
     /// The pool the switch's UDP path and its proxy share, its servers all in the ring.
+    /// What servers added to the pool at run time must be: on the VIP's port, not at the
+    /// switch's own addresses, at an IPv4 host address not in the pool already (what
+    /// `[[pool.servers]]` takes).
+    pub fn server_rules(&self) -> switch::pool::ServerRules {
+        let mut refused = vec![std::net::IpAddr::V4(self.vip)];
+        refused.extend(self.agent_ip.map(std::net::IpAddr::V4));
+        switch::pool::ServerRules {
+            port: Some(self.vip_port),
+            refused,
+            host_addresses: true,
+        }
+    }
+
     pub fn pool(&self) -> Result<switch::pool::Pool, ConfigError> {
         switch::pool::Pool::new(self.switch_pool_spec())
             .map_err(|e| ConfigError::new(&self.path, "pool", e.to_string()))

@@ -55,7 +55,7 @@ use switch::pool::{PoolSpec, ServerSpec, DEFAULT_TIMEOUT};
 
 /// Reads every pool of a nutcracker configuration file, in file order.
 pub fn load_nutcracker(path: &Path) -> Result<Vec<PoolSpec>, ConfigError> {
-    let text = std::fs::read_to_string(path)
+    let text = crate::read_file(path)
         .map_err(|e| ConfigError::new(path, "", format!("cannot read: {e}")))?;
     parse_nutcracker(&text, path)
 }

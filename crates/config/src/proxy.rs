@@ -109,7 +109,7 @@ struct RawProxy {
 /// Reads a proxy configuration, or a switch configuration for its pool (see the module
 /// documentation), resolving every hostname in it.
 pub fn load_toml(path: &Path) -> Result<ProxyFile, ConfigError> {
-    let text = std::fs::read_to_string(path)
+    let text = crate::read_file(path)
         .map_err(|e| ConfigError::new(path, "", format!("cannot read: {e}")))?;
     parse_toml(&text, path)
 }

@@ -13,6 +13,20 @@ use std::path::{Path, PathBuf};
 /// Where the claims live.
 pub const CLAIM_DIR: &str = "/run/kvswitch/ports";
 
+/// How long a claim waits for an owner that is exiting to let go.
+const EXITING_OWNER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Whether the process `pid` (as written in a claim) is gone or a zombie: exiting.
+fn exiting(pid: &str) -> bool {
+    if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+        return false;
+    }
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X']))
+    })
+}
+
 /// An interface this process owns until the claim is dropped.
 #[derive(Debug)]
 pub struct PortClaim {
@@ -45,17 +59,28 @@ impl PortClaim {
             .create(true)
             .truncate(false)
             .open(&path)?;
-        // SAFETY: flock on a descriptor this function owns; no memory is passed.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc != 0 {
+        // An owner that is exiting (killed: its main thread a zombie while the others still
+        // close their files) lets go within moments; one that runs is refused at once.
+        let deadline = std::time::Instant::now() + EXITING_OWNER_WAIT;
+        loop {
+            // SAFETY: flock on a descriptor this function owns; no memory is passed.
+            let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+            if rc == 0 {
+                break;
+            }
             let err = io::Error::last_os_error();
             if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
                 return Err(err);
             }
             let mut owner = String::new();
+            file.rewind()?;
             let _ = file.read_to_string(&mut owner);
-            let owner = owner.trim();
-            let owner = if owner.is_empty() { "unknown" } else { owner };
+            let owner = owner.trim().to_string();
+            if exiting(&owner) && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                continue;
+            }
+            let owner = if owner.is_empty() { "unknown" } else { &owner };
             return Err(io::Error::new(
                 io::ErrorKind::AddrInUse,
                 format!(

@@ -100,6 +100,8 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         false => None,
     };
     let pool = Arc::new(cfg.pool()?);
+    // Servers added at run time must be what the configuration would take.
+    pool.set_rules(cfg.server_rules());
     let spec = cfg.switch_spec(ports.len(), seed());
     let mut switch = Switch::new(spec, pool.clone(), stats.clone())?;
     if let Some(cache) = &cache {

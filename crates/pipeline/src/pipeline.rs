@@ -399,7 +399,7 @@ impl Pipeline {
     /// miss actions are invalid (see [`Pipeline::insert`]).
     pub fn add_table(&mut self, spec: TableSpec) -> Result<TableId, Error> {
         let live = self.tables.iter().filter(|t| !t.removed).count();
-        if live >= MAX_TABLES || self.tables.len() >= MAX_TABLE_IDS {
+        if live >= MAX_TABLES {
             return Err(Error::TooManyTables);
         }
         if self
@@ -409,9 +409,24 @@ impl Pipeline {
         {
             return Err(Error::DuplicateTableName(spec.name));
         }
-        let id = table_id(self.tables.len());
+        // A removed table's id is given again only once every id has been used, so that a
+        // client holding an old id meets an error rather than another table for as long as
+        // ids last, and a switch that creates and removes tables for ever never runs out.
+        let slot = if self.tables.len() < MAX_TABLE_IDS {
+            self.tables.len()
+        } else {
+            self.tables
+                .iter()
+                .position(|t| t.removed)
+                .ok_or(Error::TooManyTables)?
+        };
+        let id = table_id(slot);
         self.check_actions(&spec.miss, ListSite::Table(id))?;
-        self.tables.push(Table::new(spec)?);
+        let table = Table::new(spec)?;
+        match self.tables.get_mut(slot) {
+            Some(old) => *old = table,
+            None => self.tables.push(table),
+        }
         Ok(id)
     }
 

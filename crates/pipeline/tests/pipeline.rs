@@ -7,7 +7,7 @@ use common::*;
 use pipeline::reason::{self, USER_BASE};
 use pipeline::{
     Action, Choose, Entry, Error, Field, Interface, MatchKind, Meta, Pipeline, TableId, TableSpec,
-    Verdict, MAX_INTERFACES, MAX_TABLES, NUM_REGS, NUM_USER_REGS,
+    Verdict, MAX_INTERFACES, MAX_TABLES, MAX_TABLE_IDS, NUM_REGS, NUM_USER_REGS,
 };
 
 const MAC_A: [u8; 6] = [0x02, 0, 0, 0, 0, 0x0a];
@@ -1300,6 +1300,33 @@ fn tables_made_and_removed_again_and_again_do_not_use_up_the_limit() {
     );
     let mut f = to_a();
     assert_eq!(p.process(&mut f, &mut meta(0, 0)), Verdict::Flood);
+}
+
+#[test]
+fn a_removed_tables_id_is_given_again_only_once_every_id_was_used() {
+    let mut p = Pipeline::new();
+    let first = p
+        .add_table(exact("first", vec![bytes(0, 1)], vec![Action::Flood]))
+        .unwrap();
+    let mut ids = std::collections::HashSet::new();
+    let mut last = first;
+    // Every id once: none is given twice while fresh ones remain.
+    for round in 1..MAX_TABLE_IDS {
+        let t = p
+            .add_table(exact("again", vec![bytes(0, 1)], vec![]))
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert!(ids.insert(t), "id {t:?} given twice in round {round}");
+        p.remove_table(t).unwrap();
+        last = t;
+    }
+    assert_eq!(usize::from(last.0), MAX_TABLE_IDS - 1);
+    // Then the removed ones, oldest first; the live one is never taken.
+    let next = p
+        .add_table(exact("later", vec![bytes(0, 1)], vec![]))
+        .unwrap();
+    assert_ne!(next, first);
+    assert_eq!(p.table_id("later"), Some(next));
+    assert_eq!(p.table_id("first"), Some(first));
 }
 
 /// A switch that routes labelled frames by their top label (popping it, as a source route

@@ -297,6 +297,8 @@ impl View {
 pub struct Pool {
     /// The current view's version, readable without a lock.
     version: AtomicU64,
+    /// What servers added or set at run time must be.
+    rules: RwLock<ServerRules>,
     state: Mutex<State>,
     view: RwLock<Arc<View>>,
 }
@@ -325,6 +327,72 @@ pub enum PoolChangeError {
     Full,
     #[error("the ring cannot be built: {0}")]
     Ring(String),
+    /// A server the pool cannot have: the message says what is wrong with it.
+    #[error("server {0:?}: {1}")]
+    BadServer(String, String),
+}
+
+/// What a pool's servers must be beyond what every pool asks (a port other than 0, an address
+/// that can be connected to, a name of 1 to 80 characters without spaces): set by the switch,
+/// whose UDP path rewrites a request's addresses but not its ports, so that a server added at
+/// run time is one its configuration would take.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServerRules {
+    /// Every server listens on this port (the VIP's).
+    pub port: Option<u16>,
+    /// Addresses no server may have (the VIP, the agent address).
+    pub refused: Vec<std::net::IpAddr>,
+    /// Only IPv4 host addresses (not loopback, broadcast, multicast or 240.0.0.0/4), one
+    /// server in the pool per address.
+    pub host_addresses: bool,
+}
+
+/// Longest explicit server name, as the configuration files allow.
+const MAX_NAME_LEN: usize = 80;
+
+impl ServerRules {
+    /// Why `server` cannot join a pool whose live servers are `live`, if it cannot.
+    fn refuse(&self, server: &ServerSpec, live: &[&ServerSpec]) -> Option<String> {
+        let ip = server.addr.ip();
+        if server.addr.port() == 0 {
+            return Some("port 0 cannot be connected to".into());
+        }
+        if ip.is_unspecified() {
+            return Some(format!("{ip} cannot be connected to"));
+        }
+        if let Some(name) = &server.name {
+            if name.is_empty() || name.len() > MAX_NAME_LEN || name.contains(char::is_whitespace) {
+                return Some(format!(
+                    "a name must be 1 to {MAX_NAME_LEN} characters without spaces"
+                ));
+            }
+        }
+        if let Some(port) = self.port.filter(|p| *p != server.addr.port()) {
+            return Some(format!(
+                "port {} differs from the VIP's port {port}; in switch mode every server \
+                 listens on the VIP's port",
+                server.addr.port()
+            ));
+        }
+        if self.refused.contains(&ip) {
+            return Some(format!("{ip} is the switch's own address"));
+        }
+        if self.host_addresses {
+            let std::net::IpAddr::V4(v4) = ip else {
+                return Some("the switch reaches servers over IPv4 only".into());
+            };
+            if !crate::source::is_host_address(v4) {
+                return Some(format!("{ip} is not a host's address"));
+            }
+            if live.iter().any(|s| {
+                s.addr.ip() == ip && s.addr != server.addr
+                    || s.addr == server.addr && s.ring_name() != server.ring_name()
+            }) {
+                return Some(format!("{ip} is in the pool already"));
+            }
+        }
+        None
+    }
 }
 
 /// What one change did.
@@ -347,6 +415,7 @@ impl Pool {
         let view = build_view(&state, 0)?;
         Ok(Pool {
             version: AtomicU64::new(0),
+            rules: RwLock::new(ServerRules::default()),
             state: Mutex::new(state),
             view: RwLock::new(Arc::new(view)),
         })
@@ -382,6 +451,27 @@ impl Pool {
         self.add_warming(server, None)
     }
 
+    /// Sets what servers added or set from now on must be (see [`ServerRules`]); the servers
+    /// the pool has are not judged again.
+    pub fn set_rules(&self, rules: ServerRules) {
+        match self.rules.write() {
+            Ok(mut r) => *r = rules,
+            Err(poisoned) => *poisoned.into_inner() = rules,
+        }
+    }
+
+    /// Why `server` may not join the pool beside `others` under its rules, if it may not.
+    fn refuse(&self, server: &ServerSpec, others: &[&ServerSpec]) -> Result<(), PoolChangeError> {
+        let rules = match self.rules.read() {
+            Ok(r) => r.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        };
+        match rules.refuse(server, others) {
+            Some(why) => Err(PoolChangeError::BadServer(server.label(), why)),
+            None => Ok(()),
+        }
+    }
+
     /// As [`Pool::add_server`]; with `warm_until`, the server warms up until then (see
     /// [`Health::warm_until`]).
     pub fn add_warming(
@@ -393,6 +483,11 @@ impl Pool {
             return Err(PoolChangeError::BadWeight(0));
         }
         self.edit(|state| {
+            let live: Vec<&ServerSpec> = (0..state.spec.servers.len())
+                .filter(|&i| !state.health[i].removed)
+                .map(|i| &state.spec.servers[i])
+                .collect();
+            self.refuse(&server, &live)?;
             let i = match place(&state.spec, &state.health, &server) {
                 Place::Live(_) => return Err(PoolChangeError::Duplicate(server.label())),
                 Place::Removed(i) => {
@@ -449,6 +544,7 @@ impl Pool {
     /// brought back), servers not listed are removed, weights follow. All or nothing; returns
     /// the new version.
     pub fn set_servers(&self, servers: &[ServerSpec]) -> Result<u64, PoolChangeError> {
+        self.refuse_all(servers)?;
         self.edit(|state| servers_into(state, servers))
             .map(|c| c.version)
     }
@@ -456,6 +552,7 @@ impl Pool {
     /// Whether [`Pool::set_servers`] would take `servers` as the pool stands now, changing
     /// nothing: for checking every pool of a file before changing any.
     pub fn check_servers(&self, servers: &[ServerSpec]) -> Result<(), PoolChangeError> {
+        self.refuse_all(servers)?;
         let state = self.lock_state();
         let mut next = State {
             spec: state.spec.clone(),
@@ -465,6 +562,20 @@ impl Pool {
         drop(state);
         servers_into(&mut next, servers)?;
         build_view(&next, 0).map_err(|e| PoolChangeError::Ring(e.to_string()))?;
+        Ok(())
+    }
+
+    /// Judges each of `servers` beside the others.
+    fn refuse_all(&self, servers: &[ServerSpec]) -> Result<(), PoolChangeError> {
+        for (i, server) in servers.iter().enumerate() {
+            let others: Vec<&ServerSpec> = servers
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, s)| s)
+                .collect();
+            self.refuse(server, &others)?;
+        }
         Ok(())
     }
 
@@ -967,6 +1078,73 @@ mod tests {
         assert_eq!(pool.view(t0).live(), &[0]);
         // Out of range: nothing changes.
         assert_eq!(pool.set_down(7, None), 4);
+    }
+
+    #[test]
+    fn servers_the_configuration_refuses_are_refused_at_run_time_too() {
+        let pool = three(false);
+        let at = |text: &str, name: Option<&str>| ServerSpec {
+            host: text.rsplit_once(':').unwrap().0.to_string(),
+            addr: text.parse().unwrap(),
+            weight: 1,
+            name: name.map(str::to_string),
+        };
+        // Every pool: no port 0, no 0.0.0.0, no name with spaces.
+        for bad in [
+            at("10.0.0.9:0", None),
+            at("0.0.0.0:11211", None),
+            at("10.0.0.9:11211", Some("a b")),
+            at("10.0.0.9:11211", Some("")),
+        ] {
+            let err = pool.add_server(bad.clone()).unwrap_err();
+            assert!(
+                matches!(err, PoolChangeError::BadServer(..)),
+                "{bad:?}: {err}"
+            );
+        }
+        // A proxy's pool may have a server on loopback or another port.
+        pool.add_server(at("127.0.0.1:11300", None)).unwrap();
+        // A switch's may not.
+        let pool = three(false);
+        pool.set_rules(ServerRules {
+            port: Some(11211),
+            refused: vec!["10.0.0.100".parse().unwrap()],
+            host_addresses: true,
+        });
+        let version = pool.version();
+        for bad in [
+            at("10.0.0.9:11212", None),
+            at("10.0.0.100:11211", None),
+            at("127.0.0.1:11211", None),
+            at("255.255.255.255:11211", None),
+            at("224.0.0.1:11211", None),
+            at("10.0.0.1:11211", Some("again")),
+        ] {
+            let err = pool.add_server(bad.clone()).unwrap_err();
+            assert!(
+                matches!(err, PoolChangeError::BadServer(..)),
+                "{bad:?}: {err}"
+            );
+            // As a whole new set, the second name at 10.0.0.1 is the only server there.
+            if bad.name.is_none() {
+                let err = pool.check_servers(&[bad.clone()]).unwrap_err();
+                assert!(
+                    matches!(err, PoolChangeError::BadServer(..)),
+                    "{bad:?}: {err}"
+                );
+            }
+        }
+        assert_eq!(pool.version(), version, "nothing changed");
+        // The same address twice in one set.
+        let twice = [at("10.0.0.1:11211", None), at("10.0.0.1:11211", Some("b"))];
+        assert!(pool.set_servers(&twice).is_err());
+        pool.add_server(at("10.0.0.9:11211", None)).unwrap();
+        assert_eq!(
+            pool.add_server(at("10.0.0.9:11211", Some("x")))
+                .unwrap_err()
+                .to_string(),
+            "server \"x\": 10.0.0.9 is in the pool already"
+        );
     }
 
     fn server(i: u8, weight: u32) -> ServerSpec {

@@ -295,10 +295,13 @@ impl Net {
         sw.api = api;
         let ports: Vec<String> = sw.ports.iter().map(|p| format!("{:?}", p.ifname)).collect();
         // The memcached program idles: a placeholder VIP and server outside every host's
-        // subnet, the server's MAC given so the switch never asks for it.
+        // subnet, the server's MAC given so the switch never asks for it. These networks
+        // carry one host's frames over several paths (BCube's servers relay, PortLand's
+        // fabric spreads flows), so an address or MAC arrives on more than one port: the
+        // switches are plain learning switches, the source check off.
         let config = format!(
             "[switch]\nports = [{}]\nmode = \"l3\"\napi = \"{api}\"\nlocal_port = \"\"\n\
-             proxy = false\ndatapath = \"af_packet\"\nbusy_poll_us = 0\nsteer_check_ms = 0\n\
+             source_check = false\nproxy = false\ndatapath = \"af_packet\"\nbusy_poll_us = 0\nsteer_check_ms = 0\n\
              udp_reply_bytes_per_sec = 0\n\n[vip]\nip = \"198.18.{s}.100\"\n\
              mac = \"02:fe:00:00:{s:02x}:64\"\n\n[pool]\n[[pool.servers]]\n\
              addr = \"198.18.{s}.1:11211\"\nmac = \"02:fe:00:00:{s:02x}:01\"\n",

@@ -1015,7 +1015,7 @@ fn pool_failure(e: PoolChangeError) -> ApiFailure {
         PoolChangeError::Duplicate(_) => ErrorKind::Conflict,
         PoolChangeError::Full => ErrorKind::Full,
         PoolChangeError::BadWeight(_) => ErrorKind::Invalid,
-        PoolChangeError::Ring(_) => ErrorKind::Invalid,
+        PoolChangeError::Ring(_) | PoolChangeError::BadServer(..) => ErrorKind::Invalid,
     };
     let field = match e {
         PoolChangeError::BadWeight(_) => "weight",

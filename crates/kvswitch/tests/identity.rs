@@ -1,0 +1,332 @@
+//! Nobody speaks for another: an attacker host on the default testbed (XDP fast path in front
+//! of the switch, the cache on) runs every identity trick in a loop while an honest client runs
+//! history-checked traffic through the VIP. No honest request may reach the attacker, and no
+//! reader may see a value nobody wrote or an older one than an acknowledged write.
+
+mod common;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::*;
+use switch::frame::{arp_frame, udp_frame, UdpEnds};
+use testbed::history_load::{self, Clock, Load, Mix, Transport};
+use wire::arp;
+use wire::ethernet::Mac;
+
+/// How long the attacker and the honest client run side by side.
+const RUN: Duration = Duration::from_secs(6);
+/// How long a UDP request waits for its reply.
+const T: Duration = Duration::from_secs(2);
+
+fn mac_of(live: &testbed::Live, host: &str) -> Mac {
+    live.host(host)
+        .expect("host")
+        .mac
+        .parse()
+        .expect("a host's MAC")
+}
+
+/// A memcached UDP datagram: frame header with `id`, then `text`.
+fn datagram(id: u16, text: &str) -> Vec<u8> {
+    let mut d = vec![0u8; 8];
+    d[0..2].copy_from_slice(&id.to_be_bytes());
+    d[5] = 1;
+    d.extend_from_slice(text.as_bytes());
+    d
+}
+
+/// Every frame of the attack, as the attacker host writes them whole.
+fn attack_frames(live: &testbed::Live, keys: &[String], round: u16) -> Vec<Vec<u8>> {
+    let vip = vip(live);
+    let SocketAddr::V4(vip) = vip else {
+        unreachable!()
+    };
+    let vip_mac: Mac = live.state.vip_mac.parse().expect("the VIP's MAC");
+    let (me, me_ip) = (mac_of(live, "c2"), ip_of(live, "c2"));
+    let (victim, victim_ip) = (mac_of(live, "c1"), ip_of(live, "c1"));
+    let key = &keys[usize::from(round) % keys.len()];
+    let evil = datagram(round, &format!("VALUE {key} 0 4\r\nEVIL\r\nEND\r\n"));
+    let get = datagram(round, &format!("get {key}\r\n"));
+    let mut frames = Vec::new();
+    for s in ["s1", "s2", "s3"] {
+        let (server, server_ip) = (mac_of(live, s), ip_of(live, s));
+        let ends = |src_mac, src_ip, src_port, dst_mac, dst_ip, dst_port| UdpEnds {
+            src_mac,
+            dst_mac,
+            src_ip,
+            dst_ip,
+            src_port,
+            dst_port,
+        };
+        // The server's MAC with the attacker's own address: to take the server's port.
+        frames.push(udp_frame(
+            &ends(server, me_ip, 40_000, vip_mac, *vip.ip(), vip.port()),
+            &[&get],
+        ));
+        // The server's MAC on a frame that is not IPv4.
+        let mut other = udp_frame(
+            &ends(server, me_ip, 40_000, Mac::BROADCAST, *vip.ip(), 9),
+            &[b"x"],
+        );
+        other[12..14].copy_from_slice(&0x88b5u16.to_be_bytes());
+        frames.push(other);
+        // ARP: the server's address is the attacker's.
+        let claim = arp::Repr {
+            operation: arp::Operation::Reply,
+            sender_mac: me,
+            sender_ip: server_ip,
+            target_mac: Mac::BROADCAST,
+            target_ip: server_ip,
+        };
+        frames.push(arp_frame(Mac::BROADCAST, &claim));
+        // A reply in the server's name, with its MAC and without, to the honest client: sent
+        // as the VIP, it would be believed.
+        for src in [server, me] {
+            for port in [40_000 + round % 64, 11211] {
+                frames.push(udp_frame(
+                    &ends(src, server_ip, 11211, victim, victim_ip, port),
+                    &[&evil],
+                ));
+            }
+        }
+    }
+    // A request in the honest client's name (its answer would go to it), and from off-net.
+    frames.push(udp_frame(
+        &UdpEnds {
+            src_mac: me,
+            dst_mac: vip_mac,
+            src_ip: victim_ip,
+            dst_ip: *vip.ip(),
+            src_port: 40_000,
+            dst_port: vip.port(),
+        },
+        &[&get],
+    ));
+    frames.push(udp_frame(
+        &UdpEnds {
+            src_mac: me,
+            dst_mac: vip_mac,
+            src_ip: Ipv4Addr::new(192, 0, 2, 77),
+            dst_ip: *vip.ip(),
+            src_port: 40_000,
+            dst_port: vip.port(),
+        },
+        &[&get],
+    ));
+    frames
+}
+
+/// Frames the attacker's interface receives that are the honest client's requests: to a
+/// server's address or MAC, or carrying the honest keys' prefix from the honest client.
+fn sniff_diverted(
+    netns_ip: Ipv4Addr,
+    servers: &[(Ipv4Addr, Mac)],
+    victim_ip: Ipv4Addr,
+    stop: &AtomicBool,
+    diverted: &AtomicU64,
+) {
+    let ifname = interface_of(netns_ip);
+    // SAFETY: a packet socket opened, bound to one interface, read into a buffer that outlives
+    // each call, and closed; the sockaddr and timeval are fully initialised.
+    unsafe {
+        let proto = (libc::ETH_P_ALL as u16).to_be();
+        let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(proto));
+        assert!(fd >= 0, "packet socket");
+        let name = std::ffi::CString::new(ifname).expect("name");
+        let index = libc::if_nametoindex(name.as_ptr());
+        let mut addr: libc::sockaddr_ll = std::mem::zeroed();
+        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_protocol = proto;
+        addr.sll_ifindex = index as i32;
+        let bound = libc::bind(
+            fd,
+            (&addr as *const libc::sockaddr_ll).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as u32,
+        );
+        assert_eq!(bound, 0, "bind the packet socket");
+        let tv = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 100_000,
+        };
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as u32,
+        );
+        let mut buf = vec![0u8; 65_536];
+        while !stop.load(Ordering::Relaxed) {
+            let n = libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0);
+            if n < 34 {
+                continue;
+            }
+            let f = &buf[..n as usize];
+            let mut dst_mac = [0u8; 6];
+            dst_mac.copy_from_slice(&f[0..6]);
+            let ipv4 = f[12..14] == [0x08, 0x00];
+            let src_ip = Ipv4Addr::new(f[26], f[27], f[28], f[29]);
+            let dst_ip = Ipv4Addr::new(f[30], f[31], f[32], f[33]);
+            let to_server = servers
+                .iter()
+                .any(|(ip, mac)| dst_mac == mac.0 || (ipv4 && dst_ip == *ip));
+            if ipv4 && src_ip == victim_ip && to_server {
+                diverted.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        libc::close(fd);
+    }
+}
+
+/// The name of the interface holding `ip` in the current namespace.
+fn interface_of(ip: Ipv4Addr) -> String {
+    let out = std::process::Command::new("ip")
+        .args(["-o", "-4", "addr", "show"])
+        .output()
+        .expect("ip addr");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find(|l| l.contains(&format!("inet {ip}/")))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .expect("the interface holding the address")
+        .to_string()
+}
+
+#[test]
+fn an_attacker_host_speaks_for_nobody_while_honest_clients_run() {
+    let live = testbed_with("kid", "l3", false, |o| {
+        o.datapath = Some("xdp".into());
+        o.extra_config = Some(
+            "[cache]\nitems = 8\nlease_ms = 300\nrule_rate = 50\nrule_delay_ms = 200\n\
+             segment_ms = 200\n"
+                .into(),
+        );
+    });
+    let keys: Vec<String> = (0..12).map(|i| format!("id:{i}")).collect();
+    let servers: Vec<(Ipv4Addr, Mac)> = ["s1", "s2", "s3"]
+        .iter()
+        .map(|s| (ip_of(&live, s), mac_of(&live, s)))
+        .collect();
+    let victim_ip = ip_of(&live, "c1");
+    let attacker_ip = ip_of(&live, "c2");
+    let before: Vec<u64> = ["source_mac_bound", "source_spoofed", "source_off_net"]
+        .iter()
+        .map(|r| drops(&live, r))
+        .collect();
+    let clients = history_clients(&live, &["c1"], &[Transport::Udp, Transport::Tcp], T);
+    let load = Load {
+        keys: keys.clone(),
+        ops_per_client: 20_000,
+        duration: RUN,
+        mix: Mix::default(),
+        seed: 34,
+    };
+    let stop = AtomicBool::new(false);
+    let diverted = AtomicU64::new(0);
+    let sent = AtomicU64::new(0);
+    let recorded = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            live.in_host("c2", || {
+                sniff_diverted(attacker_ip, &servers, victim_ip, &stop, &diverted)
+            })
+            .expect("c2")
+        });
+        scope.spawn(|| {
+            live.in_host("c2", || {
+                let sender = kvio::FrameSender::on_address(attacker_ip).expect("a frame sender");
+                let started = Instant::now();
+                let mut round = 0u16;
+                while started.elapsed() < RUN && !stop.load(Ordering::Relaxed) {
+                    for f in attack_frames(&live, &keys, round) {
+                        if sender.send(&f).is_ok() {
+                            sent.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    round = round.wrapping_add(1);
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            })
+            .expect("c2")
+        });
+        let recorded = history_load::run(&clients, &load, Clock::start()).expect("load");
+        // The sniffer reads on past the load for frames still on their way.
+        std::thread::sleep(Duration::from_millis(300));
+        stop.store(true, Ordering::Relaxed);
+        recorded
+    });
+    let after: Vec<u64> = ["source_mac_bound", "source_spoofed", "source_off_net"]
+        .iter()
+        .map(|r| drops(&live, r))
+        .collect();
+    println!(
+        "attack: {} frames sent; dropped as source_mac_bound {}, source_spoofed {}, \
+         source_off_net {}; honest requests seen by the attacker: {}",
+        sent.load(Ordering::Relaxed),
+        after[0] - before[0],
+        after[1] - before[1],
+        after[2] - before[2],
+        diverted.load(Ordering::Relaxed)
+    );
+    recorded_ok(&recorded);
+    no_stale_read(&recorded.ops);
+    assert!(recorded.ops.len() > 500, "too little honest traffic");
+    assert_eq!(
+        diverted.load(Ordering::Relaxed),
+        0,
+        "honest requests reached the attacker"
+    );
+    for (i, reason) in ["source_mac_bound", "source_spoofed", "source_off_net"]
+        .iter()
+        .enumerate()
+    {
+        assert!(after[i] > before[i], "no frame was dropped as {reason}");
+    }
+    // Every server still answers UDP, and the VIP still routes to each.
+    for s in ["s1", "s2", "s3"] {
+        let server = SocketAddr::new(ip_of(&live, s).into(), 11211);
+        assert!(
+            udp_call(&live, "c1", server, b"version\r\n", T).is_some(),
+            "{s} stopped answering UDP"
+        );
+    }
+    for key in &keys {
+        let set = format!("set {key} 0 0 4\r\ngood\r\n");
+        let r = udp_call(&live, "c1", vip(&live), set.as_bytes(), T).expect("set");
+        assert_eq!(r.body, b"STORED\r\n");
+        let r = udp_call(
+            &live,
+            "c1",
+            vip(&live),
+            format!("get {key}\r\n").as_bytes(),
+            T,
+        )
+        .expect("get");
+        assert_eq!(
+            r.body,
+            format!("VALUE {key} 0 4\r\ngood\r\nEND\r\n").as_bytes()
+        );
+    }
+    // A second switch on the same ports is refused at start, and the first goes on.
+    let second = std::process::Command::new(env!("CARGO_BIN_EXE_kvswitch"))
+        .args(["run", "--config"])
+        .arg(&live.state.config_path)
+        .output()
+        .expect("run a second kvswitch");
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        !second.status.success(),
+        "a second switch started: {stderr}"
+    );
+    assert!(stderr.contains("owned by another switch"), "{stderr}");
+    let r = udp_call(
+        &live,
+        "c1",
+        vip(&live),
+        format!("get {}\r\n", keys[0]).as_bytes(),
+        T,
+    );
+    assert!(r.is_some(), "the first switch stopped answering");
+    live.down().expect("down");
+}
