@@ -238,11 +238,17 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Demo(args) => demo::run(&args),
         Cmd::Bench { scenario } => bench::run(&scenario),
         Cmd::Node { node, steer } => {
-            let rules = match node.role {
-                node::Role::Cache => kvswitch::steer::rule_sink(&steer, node.listen, &node.hash)?,
-                _ => None,
+            let (rules, backends) = match node.role {
+                node::Role::Cache => (
+                    kvswitch::steer::rule_sink(&steer, node.listen, &node.hash)?,
+                    node.pool_config
+                        .as_deref()
+                        .map(|path| kvswitch::steer::pool_backends(path, node.backend_control_port))
+                        .transpose()?,
+                ),
+                _ => (None, None),
             };
-            node::run_with(&node, rules)
+            node::run_with(&node, rules, backends)
         }
     }
 }

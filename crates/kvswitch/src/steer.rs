@@ -43,6 +43,38 @@ pub struct SteerArgs {
     pub vip: Option<Ipv4Addr>,
 }
 
+/// A cache node's backends (`--pool-config`): the servers of the pool the kvswitch
+/// configuration at `path` describes, each at its address and `control_port`, and the pool's
+/// placement of keys with every server in, as the switch places them.
+pub fn pool_backends(
+    path: &std::path::Path,
+    control_port: u16,
+) -> anyhow::Result<node::switchkv::Backends> {
+    let cfg = config::Config::load(path)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .with_context(|| format!("--pool-config: reading {}", path.display()))?;
+    let spec = cfg.switch_pool_spec();
+    let control = spec
+        .servers
+        .iter()
+        .map(|s| SocketAddr::new(s.addr.ip(), control_port))
+        .collect();
+    // Every server in, as the pool stands before any health check: a key's backend is the
+    // server that owns it, wherever a failover sends its reads meanwhile.
+    let view = switch::pool::Pool::new(spec)
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "--pool-config {}: the pool has no ring: {e}",
+                path.display()
+            )
+        })?
+        .view(kv::Instant::ZERO);
+    Ok(node::switchkv::Backends {
+        control,
+        place: Box::new(move |key: &[u8]| view.locate(key)),
+    })
+}
+
 /// The rule sink of a cache node at `cache` (its address and memcached port), installing
 /// entries in the switch's `kv_steer` table. Makes the `acl` entry for the cache node's
 /// replies first. `Ok(None)` without `--switch-api`.

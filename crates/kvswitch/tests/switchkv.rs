@@ -13,6 +13,10 @@
 //!   keys before the backend serves anything;
 //! - the cache node dies: its entries are removed and every read is answered by the backends.
 //!
+//! With two cache nodes, each serves the keys of its own backends; an update or an instant
+//! report a client sends to a cache node's control port without the testbed's key is refused,
+//! and readers keep getting the real value.
+//!
 //! The history checker finds no read of a value older than an acknowledged write.
 //!
 //! Needs root (network namespaces).
@@ -423,6 +427,63 @@ fn each_cache_node_serves_the_keys_of_its_own_backends() {
             .count() as u64;
         assert_eq!(after[i] - before[i], theirs, "reads served by {cache}");
     }
+
+    // A client writes to a cache node's control port as if it were a backend: an update of a
+    // cached key, and an instant report of its own. Both are refused, and readers keep
+    // getting the real value from the cache node.
+    for (key, (_, to)) in keys.iter().zip(&want) {
+        let control = SocketAddr::new(to.parse().expect("an address"), 11311);
+        let forged = [
+            format!("update {key} 0 6\r\nforged\r\n"),
+            format!("hot 11311 {key} 1000000 0 6\r\nforged\r\n"),
+        ];
+        for message in forged {
+            let reply = live
+                .in_host("c1", || {
+                    let mut s = TcpStream::connect_timeout(&control, Duration::from_secs(1))?;
+                    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+                    s.write_all(message.as_bytes())?;
+                    let mut reply = String::new();
+                    s.read_to_string(&mut reply)?;
+                    Ok::<_, std::io::Error>(reply)
+                })
+                .expect("in the host")
+                .unwrap_or_else(|e| format!("no answer: {e}"));
+            assert_eq!(reply, "error refused unsigned\r\n", "{message:?}");
+        }
+    }
+    let served: Vec<u64> = CACHES
+        .iter()
+        .map(|c| stat_of(&live, c, "served").unwrap_or(0))
+        .collect();
+    for key in &keys {
+        let get = format!("get {key}\r\n");
+        let reply = udp_call(
+            &live,
+            "c2",
+            vip(&live),
+            get.as_bytes(),
+            Duration::from_secs(1),
+        )
+        .expect("a steered read is answered");
+        assert_eq!(
+            String::from_utf8_lossy(&reply.body),
+            format!("VALUE {key} 0 1\r\nv\r\nEND\r\n")
+        );
+    }
+    let mut refused = 0;
+    for (i, cache) in CACHES.iter().enumerate() {
+        let ip = ip_of(&live, cache).to_string();
+        let theirs = want.iter().filter(|(_, to)| *to == ip).count() as u64;
+        assert_eq!(
+            stat_of(&live, cache, "served").unwrap_or(0) - served[i],
+            theirs,
+            "reads served by {cache} after the forgeries"
+        );
+        assert_eq!(stat_of(&live, cache, "updates"), Some(0), "{cache}");
+        refused += stat_of(&live, cache, "refused_unsigned").unwrap_or(0);
+    }
+    assert_eq!(refused, 2 * keys.len() as u64);
     live.down().expect("down");
 }
 

@@ -12,6 +12,7 @@
 //! sequence numbers), a multi-key get included: its `VALUE` blocks and `END` travel together.
 #![forbid(unsafe_code)]
 
+pub mod auth;
 mod binary;
 mod bucket;
 pub mod home;
@@ -76,13 +77,31 @@ pub struct NodeArgs {
     /// file), on UDP port 11311 of its --listen address. `plain` (the default) does none.
     #[arg(long, value_enum, default_value = "plain")]
     pub role: Role,
-    /// The port of this node's SwitchKV control connections, on its own address (a backend
-    /// names it in its reports, and its cache node connects there).
+    /// The port of this node's SwitchKV control connections (TCP), on its own address (a
+    /// backend names it in its reports, and its cache node connects there).
     #[arg(long, default_value_t = 11311)]
     pub control_port: u16,
-    /// A backend's cache node: its address and control port.
+    /// The key SwitchKV's backends and cache nodes share (a file of at least 32 bytes, such as
+    /// 32 random bytes as 64 hex digits; trailing white space is not part of it): every
+    /// control message, request and reply, carries an HMAC-SHA256 under it and a sequence
+    /// number, and one without a good MAC, or replayed, is refused. Needed by `--role backend`
+    /// and `--role cache`; give every backend and cache node the same file.
+    #[arg(long)]
+    pub control_key_file: Option<std::path::PathBuf>,
+    /// A backend's cache node: its address and control port. The backend's control port
+    /// takes messages from that address and port alone.
     #[arg(long)]
     pub cache_node: Option<SocketAddr>,
+    /// A cache node's backends: the kvswitch configuration file of the switch whose pool
+    /// places the keys (as `kvswitch load --switchkv` reads it). Reports are taken only from
+    /// the pool's servers, from their address and `--backend-control-port`, and only about
+    /// keys the pool places on their sender; a value is fetched only from its key's server.
+    /// Needed by `--role cache`.
+    #[arg(long)]
+    pub pool_config: Option<std::path::PathBuf>,
+    /// The control port of a cache node's backends (their `--control-port`).
+    #[arg(long, default_value_t = 11311)]
+    pub backend_control_port: u16,
     /// A fabric home's ToR: its fabric address (the fabric file's `address`). The home takes
     /// messages from it alone.
     #[arg(long)]
@@ -165,7 +184,10 @@ impl Default for NodeArgs {
             memory_limit_mb: None,
             role: Role::Plain,
             control_port: 11311,
+            control_key_file: None,
             cache_node: None,
+            pool_config: None,
+            backend_control_port: 11311,
             tor: None,
             lease_ms: 2000,
             upstream: None,
@@ -244,13 +266,19 @@ pub struct Node {
 
 impl Node {
     /// Binds the sockets and starts serving in background threads. A cache node (`--role
-    /// cache`) needs [`Node::start_with`], which says where its rule changes go.
+    /// cache`) needs [`Node::start_with`], which says where its rule changes go and which its
+    /// backends are.
     pub fn start(args: &NodeArgs) -> anyhow::Result<Node> {
-        Node::start_with(args, None)
+        Node::start_with(args, None, None)
     }
 
-    /// As [`Node::start`]; a cache node hands its switch rule changes to `rules`.
-    pub fn start_with(args: &NodeArgs, rules: Option<switchkv::RuleSink>) -> anyhow::Result<Node> {
+    /// As [`Node::start`]; a cache node hands its switch rule changes to `rules` and takes
+    /// reports from `backends` alone (needed: `--pool-config` read, as `kvswitch node` does).
+    pub fn start_with(
+        args: &NodeArgs,
+        rules: Option<switchkv::RuleSink>,
+        backends: Option<switchkv::Backends>,
+    ) -> anyhow::Result<Node> {
         if args.no_tcp && args.no_udp {
             bail!("--no-tcp and --no-udp leave nothing to serve");
         }
@@ -272,6 +300,15 @@ impl Node {
             TcpListener::bind(addr).with_context(|| format!("failed to listen on control {addr}"))
         };
         let lease = std::time::Duration::from_millis(args.lease_ms.max(1));
+        let control_key = |role: &str| -> anyhow::Result<auth::Key> {
+            let Some(path) = &args.control_key_file else {
+                bail!(
+                    "--role {role} needs --control-key-file PATH (the key its backends and cache \
+                     nodes share)"
+                );
+            };
+            Ok(auth::Key::read(path)?)
+        };
         let (mut backend, mut cache, mut role_threads) = (None, None, Vec::new());
         let hooks: Option<Arc<dyn Hooks>> = match args.role {
             Role::Plain | Role::Home => None,
@@ -293,6 +330,7 @@ impl Node {
                     cfg,
                     args.reports != Reports::Instant,
                     to,
+                    control_key("backend")?,
                     control()?,
                     store.clone(),
                     roles.stop.clone(),
@@ -304,6 +342,13 @@ impl Node {
             Role::Cache => {
                 let Some(upstream) = args.upstream else {
                     bail!("--role cache needs --upstream ADDRESS:PORT (the switch's VIP)");
+                };
+                let key = control_key("cache")?;
+                let Some(backends) = backends else {
+                    bail!(
+                        "--role cache needs its backends: --pool-config FILE (the kvswitch \
+                         configuration whose pool places the keys)"
+                    );
                 };
                 let rules = rules.unwrap_or_else(|| Box::new(|_| Ok(())));
                 let mut cfg = kv::switchkv::CacheNodeConfig {
@@ -319,6 +364,8 @@ impl Node {
                 let (role, threads) = switchkv::CacheRole::start(
                     cfg,
                     control()?,
+                    backends,
+                    key,
                     upstream,
                     args.cache_path(),
                     rules,
@@ -458,12 +505,17 @@ impl Drop for Node {
 
 /// Runs `kvswitch node` in the foreground.
 pub fn run(args: &NodeArgs) -> anyhow::Result<()> {
-    run_with(args, None)
+    run_with(args, None, None)
 }
 
-/// As [`run`]; a cache node hands its switch rule changes to `rules`.
-pub fn run_with(args: &NodeArgs, rules: Option<switchkv::RuleSink>) -> anyhow::Result<()> {
-    let node = Node::start_with(args, rules)?;
+/// As [`run`]; a cache node hands its switch rule changes to `rules` and takes reports from
+/// `backends`.
+pub fn run_with(
+    args: &NodeArgs,
+    rules: Option<switchkv::RuleSink>,
+    backends: Option<switchkv::Backends>,
+) -> anyhow::Result<()> {
+    let node = Node::start_with(args, rules, backends)?;
     tracing::info!(
         tcp = ?node.tcp_addr(),
         udp = ?node.udp_addr(),

@@ -7,8 +7,9 @@
 //! messages ([`wire::switchkv`]) over TCP, one control connection each way, and hooks them into
 //! the node's request path ([`Hooks`]).
 
+use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -19,8 +20,9 @@ use kv::rules::Change;
 use kv::switchkv::{Backend, BackendConfig, CacheNode, CacheNodeConfig, Fetch};
 use wire::memcache::reply::{Framer, ReplyKind};
 use wire::memcache::{Command, Request};
-use wire::switchkv::{self as proto, Item, Message};
+use wire::switchkv::{self as proto, Item, Message, Seal};
 
+use crate::auth;
 use crate::session::{Hooks, UdpPath};
 use crate::store::Store;
 
@@ -55,54 +57,66 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// the reply owed: the next call reads it first. So the peer takes the messages of one link in
 /// the order they were sent, a late one included, and a new connection is made only when the
 /// peer is gone (nothing sent on the old one can still be taken).
+///
+/// Every request goes sealed, the next on the link's channel of this node's session
+/// ([`auth::Sender`]); a reply is taken only sealed by the peer for that request.
 #[derive(Debug)]
 struct Link {
     peer: SocketAddr,
+    sender: Arc<auth::Sender>,
+    stream: u8,
     conn: Option<TcpStream>,
+    /// The two ends' addresses, requests' way.
+    ends: Option<auth::Ends>,
     buf: Vec<u8>,
-    /// Replies to earlier calls not read yet.
-    owed: usize,
+    /// The seals of earlier calls whose replies were not read yet, oldest first.
+    owed: VecDeque<Seal>,
 }
 
 impl Link {
-    fn new(peer: SocketAddr) -> Link {
+    fn new(peer: SocketAddr, sender: Arc<auth::Sender>, stream: u8) -> Link {
         Link {
             peer,
+            sender,
+            stream,
             conn: None,
+            ends: None,
             buf: Vec::new(),
-            owed: 0,
+            owed: VecDeque::new(),
         }
     }
 
     /// Sends `message` and reads its reply, waiting at most `wait` (replies owed by earlier
-    /// calls included); the reply's bytes are returned whole (parse them with
-    /// [`proto::parse`]). When the wait runs out, the message may have been sent, and may yet
-    /// be taken.
+    /// calls included); the reply's bytes are returned whole, without their seal (parse them
+    /// with [`proto::parse`]). When the wait runs out, the message may have been sent, and may
+    /// yet be taken.
     fn call(&mut self, message: &Message<'_>, wait: Duration) -> std::io::Result<Vec<u8>> {
         let outcome = self.try_call(message, wait);
         if let Err(e) = &outcome {
             if !matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock) {
-                self.conn = None;
-                self.owed = 0;
+                self.drop_conn();
             }
         }
         outcome
     }
 
+    fn drop_conn(&mut self) {
+        self.conn = None;
+        self.ends = None;
+        self.owed.clear();
+    }
+
     /// Whether a reply is still owed (a message sent may not have been taken yet), after
     /// reading the owed replies that have come meanwhile.
     fn behind(&mut self) -> bool {
-        while self.conn.is_some() && self.owed > 0 {
+        while self.conn.is_some() && !self.owed.is_empty() {
             match self.reply(Instant::now() + Duration::from_millis(1)) {
-                Ok(_) => self.owed -= 1,
+                Ok(_) => {}
                 Err(e) if matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock) => {
                     return true
                 }
                 // The peer is gone: nothing sent to it can be taken any more.
-                Err(_) => {
-                    self.conn = None;
-                    self.owed = 0;
-                }
+                Err(_) => self.drop_conn(),
             }
         }
         false
@@ -114,35 +128,58 @@ impl Link {
         if self.conn.is_none() {
             let conn = TcpStream::connect_timeout(&self.peer, wait)?;
             conn.set_nodelay(true)?;
+            self.ends = Some(auth::Ends::new(
+                conn.local_addr()?.ip(),
+                conn.peer_addr()?.ip(),
+            ));
             self.conn = Some(conn);
             self.buf.clear();
-            self.owed = 0;
+            self.owed.clear();
         }
-        while self.owed > 0 {
+        while !self.owed.is_empty() {
             self.reply(deadline)?;
-            self.owed -= 1;
         }
-        let mut out = Vec::new();
-        proto::write(message, &mut out);
-        let Some(conn) = self.conn.as_mut() else {
+        let (Some(conn), Some(ends)) = (self.conn.as_mut(), self.ends) else {
             return Err(ErrorKind::NotConnected.into());
         };
+        let mut body = Vec::new();
+        proto::write(message, &mut body);
+        let seal = self.sender.seal(self.stream, ends, &body);
+        let mut out = Vec::with_capacity(body.len() + 128);
+        proto::write_seal(&seal, &mut out);
+        out.extend_from_slice(&body);
         conn.set_write_timeout(Some(wait))?;
         conn.write_all(&out)?;
-        self.owed = 1;
-        let reply = self.reply(deadline)?;
-        self.owed = 0;
-        Ok(reply)
+        self.owed.push_back(seal);
+        self.reply(deadline)
     }
 
-    /// Reads the next reply, waiting until `deadline`.
+    /// Reads the reply to the oldest call owed one, waiting until `deadline`; a reply not
+    /// sealed by the peer for that call is an error (the connection is then dropped).
     fn reply(&mut self, deadline: Instant) -> std::io::Result<Vec<u8>> {
         let mut chunk = [0u8; 16 * 1024];
         loop {
-            match proto::parse(&self.buf) {
-                Ok(Some((_, used))) => return Ok(self.buf.drain(..used).collect()),
-                Ok(None) => {}
-                Err(e) => return Err(std::io::Error::new(ErrorKind::InvalidData, e.to_string())),
+            if let Some((seal, at, used)) = sealed(&self.buf)? {
+                let body = &self.buf[at..at + used];
+                let Some(asked) = self.owed.front() else {
+                    return Err(invalid("a reply to no request"));
+                };
+                let ends = self.ends.ok_or(ErrorKind::NotConnected)?;
+                let back = auth::Ends::new(ends.to, ends.from);
+                let theirs = seal.is_some_and(|seal| {
+                    (seal.port, seal.epoch, seal.stream, seal.seq)
+                        == (self.peer.port(), asked.epoch, asked.stream, asked.seq)
+                        && auth::verify(self.sender.key(), auth::Kind::Reply, back, &seal, body)
+                });
+                if !theirs {
+                    let text = String::from_utf8_lossy(body).trim_end().to_owned();
+                    tracing::warn!(peer = %self.peer, "a control reply not sealed for its request: {text:?}");
+                    return Err(invalid("a control reply not sealed for its request"));
+                }
+                let body = body.to_vec();
+                self.buf.drain(..at + used);
+                self.owed.pop_front();
+                return Ok(body);
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -169,13 +206,30 @@ impl Link {
     }
 }
 
-/// Answers one control request from a peer with the reply's bytes.
+fn invalid(what: &str) -> std::io::Error {
+    std::io::Error::new(ErrorKind::InvalidData, what.to_owned())
+}
+
+/// The sealed message at the front of `buf`, once whole: its seal (if it has one), where
+/// the message starts and how long it is.
+fn sealed(buf: &[u8]) -> std::io::Result<Option<(Option<Seal>, usize, usize)>> {
+    let read = proto::parse_seal(buf).and_then(|s| match s {
+        None => Ok(None),
+        Some((seal, at)) => Ok(proto::parse(&buf[at..])?.map(|(_, used)| (seal, at, used))),
+    });
+    read.map_err(|e| invalid(&e.to_string()))
+}
+
+/// Answers one control request from a sender (its address and control port) with the reply's
+/// bytes (sealed by the server).
 type Answer = dyn Fn(SocketAddr, &Message<'_>) -> Vec<u8> + Send + Sync;
 
-/// Serves a control port: each connection's requests are answered by `answer` in order.
+/// Serves a control port: each connection's requests pass `guard` and are answered by
+/// `answer` in order.
 fn serve_control(
     listener: TcpListener,
     stop: Arc<AtomicBool>,
+    guard: Arc<auth::Guard>,
     answer: Arc<Answer>,
 ) -> thread::JoinHandle<()> {
     thread::spawn(move || {
@@ -183,8 +237,8 @@ fn serve_control(
         while !stop.load(Ordering::Relaxed) {
             match listener.accept() {
                 Ok((conn, peer)) => {
-                    let (stop, answer) = (stop.clone(), answer.clone());
-                    thread::spawn(move || control_connection(conn, peer, &stop, &*answer));
+                    let (stop, guard, answer) = (stop.clone(), guard.clone(), answer.clone());
+                    thread::spawn(move || control_connection(conn, peer, &stop, &guard, &*answer));
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => thread::sleep(TICK),
                 Err(e) => {
@@ -196,30 +250,61 @@ fn serve_control(
     })
 }
 
-fn control_connection(mut conn: TcpStream, peer: SocketAddr, stop: &AtomicBool, answer: &Answer) {
+/// Serves one control connection until it closes, the node stops, or a message is refused:
+/// that one is answered `error refused <reason>` (unsealed) and the connection closed.
+fn control_connection(
+    mut conn: TcpStream,
+    peer: SocketAddr,
+    stop: &AtomicBool,
+    guard: &auth::Guard,
+    answer: &Answer,
+) {
     let _ = conn.set_nonblocking(false);
     let _ = conn.set_nodelay(true);
     let _ = conn.set_read_timeout(Some(Duration::from_millis(100)));
+    let Ok(local) = conn.local_addr() else {
+        return;
+    };
+    let refuse = |conn: &mut TcpStream, why: auth::Refusal, detail: &str| {
+        let text = format!("refused {}", why.name());
+        let _ = conn.write_all(&reply(&Message::Error(text.as_bytes())));
+        tracing::debug!(%peer, "control message refused ({}){detail}", why.name());
+    };
     let mut buf = Vec::new();
     let mut chunk = [0u8; 16 * 1024];
     while !stop.load(Ordering::Relaxed) {
         loop {
-            match proto::parse(&buf) {
-                Ok(Some((message, used))) => {
-                    let reply = answer(peer, &message);
-                    buf.drain(..used);
-                    if conn.write_all(&reply).is_err() {
-                        return;
-                    }
-                }
+            let (seal, at, used) = match sealed(&buf) {
+                Ok(Some(found)) => found,
                 Ok(None) => break,
                 Err(e) => {
-                    let mut out = Vec::new();
-                    proto::write(&Message::Error(e.to_string().as_bytes()), &mut out);
-                    let _ = conn.write_all(&out);
-                    tracing::debug!(%peer, "control connection refused: {e}");
+                    guard.count(auth::Refusal::Malformed);
+                    refuse(&mut conn, auth::Refusal::Malformed, &format!(": {e}"));
                     return;
                 }
+            };
+            let body = &buf[at..at + used];
+            let sender = match guard.check(peer, local, seal.as_ref(), body) {
+                Ok(sender) => sender,
+                Err(why) => {
+                    refuse(&mut conn, why, "");
+                    return;
+                }
+            };
+            let Ok(Some((message, _))) = proto::parse(body) else {
+                return;
+            };
+            let answered = answer(sender, &message);
+            let Some(seal) = seal else {
+                return;
+            };
+            let back = auth::Ends::new(local.ip(), peer.ip());
+            let mut out = Vec::with_capacity(answered.len() + 128);
+            proto::write_seal(&guard.own.seal_reply(&seal, back, &answered), &mut out);
+            out.extend_from_slice(&answered);
+            buf.drain(..at + used);
+            if conn.write_all(&out).is_err() {
+                return;
             }
         }
         match conn.read(&mut chunk) {
@@ -267,6 +352,8 @@ pub struct RoleCounters {
     /// Gets a look-aside cache node answered as misses.
     pub misses: AtomicU64,
     pub rule_changes: AtomicU64,
+    /// Control messages refused, by reason (`switchkv_refused_<reason>` in `stats`).
+    pub refused: Arc<auth::Refusals>,
 }
 
 impl RoleCounters {
@@ -308,8 +395,12 @@ impl RoleCounters {
         ];
         let counted = rows
             .iter()
-            .map(|(name, c)| (*name, c.load(Ordering::Relaxed)));
-        for (name, v) in counted.chain(gauges.iter().copied()) {
+            .map(|(name, c)| (name.to_string(), c.load(Ordering::Relaxed)));
+        let refused = auth::Refusal::ALL
+            .iter()
+            .map(|&r| (format!("refused_{}", r.name()), self.refused.get(r)));
+        let gauges = gauges.iter().map(|&(name, v)| (name.to_string(), v));
+        for (name, v) in counted.chain(refused).chain(gauges) {
             out.extend_from_slice(format!("STAT switchkv_{name} {v}\r\n").as_bytes());
         }
         out.extend_from_slice(b"END\r\n");
@@ -342,17 +433,28 @@ pub struct BackendRole {
 
 impl BackendRole {
     /// A backend reporting to the cache node whose control port is `cache` (periodically too
-    /// if `periodic`), serving its own control port on `control`; `store` is the node's.
+    /// if `periodic`), serving its own control port on `control` to that cache node alone,
+    /// every message both ways sealed under `key`; `store` is the node's.
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         cfg: BackendConfig,
         periodic: bool,
         cache: SocketAddr,
+        key: auth::Key,
         control: TcpListener,
         store: Arc<Store>,
         stop: Arc<AtomicBool>,
     ) -> anyhow::Result<(Arc<BackendRole>, Vec<thread::JoinHandle<()>>)> {
         let control_port = control.local_addr()?.port();
-        announce_start(cache, control_port, cfg.lease);
+        // A session of its own each start: what an earlier run sent is not taken for this one's.
+        let sender = Arc::new(auth::Sender::new(key, control_port, rand::random()));
+        let counters = RoleCounters::default();
+        let guard = Arc::new(auth::Guard::new(
+            sender.clone(),
+            vec![cache],
+            counters.refused.clone(),
+        ));
+        announce_start(cache, &sender, cfg.lease);
         let clock = Clock(Instant::now());
         let state = Backend::new(cfg, clock.now()).map_err(|e| anyhow::anyhow!("{e}"))?;
         // Bursts beyond what the reporter keeps up with are dropped: the periodic report
@@ -362,32 +464,32 @@ impl BackendRole {
             control_port,
             clock,
             state: Mutex::new(state),
-            writes: Mutex::new(Link::new(cache)),
+            writes: Mutex::new(Link::new(cache, sender.clone(), auth::STREAM_WRITES)),
             instant: Mutex::new(tx),
             periodic,
-            counters: RoleCounters::default(),
+            counters,
         });
         let reporter = {
             let (role, stop, store) = (role.clone(), stop.clone(), store.clone());
-            thread::spawn(move || role.report_loop(cache, &rx, &store, &stop))
+            let link = Link::new(cache, sender, auth::STREAM_REPORTS);
+            thread::spawn(move || role.report_loop(link, &rx, &store, &stop))
         };
         let answer = {
             let (role, store) = (role.clone(), store.clone());
             Arc::new(move |_: SocketAddr, m: &Message<'_>| role.answer_control(m, &store))
         };
-        let server = serve_control(control, stop, answer);
+        let server = serve_control(control, stop, guard, answer);
         Ok((role, vec![reporter, server]))
     }
 
     /// Sends the periodic reports when due and the instant reports as they come.
     fn report_loop(
         &self,
-        cache: SocketAddr,
+        mut link: Link,
         instant: &Receiver<Vec<u8>>,
         store: &Store,
         stop: &AtomicBool,
     ) {
-        let mut link = Link::new(cache);
         while !stop.load(Ordering::Relaxed) {
             if let Ok(key) = instant.recv_timeout(TICK) {
                 self.send_hot(&mut link, &key, store);
@@ -568,13 +670,14 @@ impl Hooks for BackendRole {
     }
 }
 
-/// Tells the cache node at `cache` that the backend whose control port is `port` starts
-/// afresh, so that it drops every key it had from it (values a restart lost, leases nobody
+/// Tells the cache node at `cache` that the backend of `sender`'s control port starts
+/// afresh (in the session `sender` begins), so that it drops every key it had from it (values a restart lost, leases nobody
 /// keeps now). Returns once that is acknowledged, or once a whole lease has passed, when every
 /// lease an earlier run of this backend granted has ended. The backend serves nothing before.
-fn announce_start(cache: SocketAddr, port: u16, lease: Duration) {
+fn announce_start(cache: SocketAddr, sender: &Arc<auth::Sender>, lease: Duration) {
     let until = Instant::now() + lease;
-    let mut link = Link::new(cache);
+    let port = sender.port();
+    let mut link = Link::new(cache, sender.clone(), auth::STREAM_START);
     loop {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -603,11 +706,14 @@ fn announce_start(cache: SocketAddr, port: u16, lease: Duration) {
 pub struct CacheRole {
     clock: Clock,
     state: Mutex<CacheNode>,
-    /// Backends by control address (their control connections), in the order first heard
-    /// from.
-    /// Its calls to each (fetches, renewals) take the backend's own link, never this list's
-    /// lock: a control request from the backend must not wait for a call to it.
-    backends: Mutex<Vec<(SocketAddr, Arc<Mutex<Link>>)>>,
+    /// Its backends by control address (their control connections), the configured ones in
+    /// the pool's order (two servers on one control address are one backend). Its calls to
+    /// each (fetches, renewals) take the backend's own link: a control request from the
+    /// backend must not wait for a call to it.
+    backends: Vec<(SocketAddr, Arc<Mutex<Link>>)>,
+    /// Which backend holds a key: the pool's server, then its index in `backends`.
+    place: Place,
+    of_server: Vec<usize>,
     upstream: SocketAddr,
     forward: Mutex<Vec<Upstream>>,
     /// How clients reach it.
@@ -642,42 +748,105 @@ struct Upstream {
     conn: Option<TcpStream>,
 }
 
+/// Which pool server (its index in [`Backends::control`]) holds a key, as the switch's pool
+/// places it; `None` when no server does.
+pub type Place = Box<dyn Fn(&[u8]) -> Option<usize> + Send + Sync>;
+
+/// The backends a cache node takes reports from and fetches values from: the servers of the
+/// pool the switch places keys with, each at its control address, and the placement itself.
+/// A report is taken only from one of them, and only about keys the pool places on it; a
+/// value is fetched only from the server that holds its key.
+pub struct Backends {
+    /// Each server's control address (its address, the backends' control port), in the
+    /// pool's order.
+    pub control: Vec<SocketAddr>,
+    pub place: Place,
+}
+
+impl Backends {
+    /// A single backend at `control`, holding every key.
+    pub fn one(control: SocketAddr) -> Backends {
+        Backends {
+            control: vec![control],
+            place: Box::new(|_: &[u8]| Some(0)),
+        }
+    }
+}
+
+impl std::fmt::Debug for Backends {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Backends")
+            .field("control", &self.control)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Where a cache node's rule changes go: the switch that steers reads of its keys to it. An
 /// empty batch, sent every second without changes, asks it to check that the switch still
 /// holds what it was given.
 pub type RuleSink = Box<dyn FnMut(Vec<Change<Box<[u8]>>>) -> anyhow::Result<()> + Send>;
 
 impl CacheRole {
-    /// A cache node serving its control port on `control`, asking backends at their address
-    /// and `backend_control_port`, sending misses to `upstream` and rule changes to `rules`.
+    /// A cache node serving its control port on `control` to `backends` alone, every message
+    /// both ways sealed under `key`, sending misses to `upstream` and rule changes to `rules`.
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         cfg: CacheNodeConfig,
         control: TcpListener,
+        backends: Backends,
+        key: auth::Key,
         upstream: SocketAddr,
         path: CachePath,
         mut rules: RuleSink,
         stop: Arc<AtomicBool>,
     ) -> anyhow::Result<(Arc<CacheRole>, Vec<thread::JoinHandle<()>>)> {
+        if backends.control.is_empty() {
+            anyhow::bail!("a cache node needs at least one backend");
+        }
+        let control_port = control.local_addr()?.port();
+        let sender = Arc::new(auth::Sender::new(key, control_port, rand::random()));
+        let counters = RoleCounters::default();
+        let mut links: Vec<(SocketAddr, Arc<Mutex<Link>>)> = Vec::new();
+        let mut of_server = Vec::with_capacity(backends.control.len());
+        for &at in &backends.control {
+            let at = SocketAddr::new(at.ip().to_canonical(), at.port());
+            let i = match links.iter().position(|(a, _)| *a == at) {
+                Some(i) => i,
+                None => {
+                    let link = Link::new(at, sender.clone(), auth::STREAM_CACHE);
+                    links.push((at, Arc::new(Mutex::new(link))));
+                    links.len() - 1
+                }
+            };
+            of_server.push(i);
+        }
+        let guard = Arc::new(auth::Guard::new(
+            sender,
+            links.iter().map(|(a, _)| *a).collect(),
+            counters.refused.clone(),
+        ));
         let clock = Clock(Instant::now());
         let state = CacheNode::new(cfg, 1, clock.now()).map_err(|e| anyhow::anyhow!("{e}"))?;
         let role = Arc::new(CacheRole {
             clock,
             state: Mutex::new(state),
-            backends: Mutex::new(Vec::new()),
+            backends: links,
+            place: backends.place,
+            of_server,
             upstream,
             forward: Mutex::new(Vec::new()),
             path,
-            counters: RoleCounters::default(),
+            counters,
         });
-        let (fetch_tx, fetch_rx) = mpsc::channel::<(SocketAddr, Fetch)>();
+        let (fetch_tx, fetch_rx) = mpsc::channel::<Fetch>();
         let answer = {
             let role = role.clone();
             let fetch_tx = Mutex::new(fetch_tx);
-            Arc::new(move |peer: SocketAddr, m: &Message<'_>| {
-                role.answer_control(peer.ip(), m, &fetch_tx)
+            Arc::new(move |sender: SocketAddr, m: &Message<'_>| {
+                role.answer_control(sender, m, &fetch_tx)
             })
         };
-        let server = serve_control(control, stop.clone(), answer);
+        let server = serve_control(control, stop.clone(), guard, answer);
         // Rule changes go to the switch from a thread of their own, in order: a slow switch
         // API must not hold up fetches and renewals.
         let (rules_tx, rules_rx) = mpsc::channel::<Vec<Change<Box<[u8]>>>>();
@@ -717,11 +886,11 @@ impl CacheRole {
                 while !stop.load(Ordering::Relaxed) {
                     // The fetches waiting now (at most a tick's wait for the first), then the
                     // periodic work: a stream of fetches must not hold up renewals.
-                    if let Ok((backend, fetch)) = fetch_rx.recv_timeout(TICK) {
-                        role.fetch(backend, fetch);
+                    if let Ok(fetch) = fetch_rx.recv_timeout(TICK) {
+                        role.fetch(fetch);
                         let mut more = 0;
-                        while let Ok((backend, fetch)) = fetch_rx.try_recv() {
-                            role.fetch(backend, fetch);
+                        while let Ok(fetch) = fetch_rx.try_recv() {
+                            role.fetch(fetch);
                             more += 1;
                             if more >= MAX_FETCHES_A_TICK {
                                 break;
@@ -739,55 +908,91 @@ impl CacheRole {
         Ok((role, vec![server, ticker, installer]))
     }
 
-    /// The index of the backend whose control port is `at`, added when first heard from.
-    fn backend(&self, at: SocketAddr) -> usize {
-        let mut all = lock(&self.backends);
-        if let Some(i) = all.iter().position(|(a, _)| *a == at) {
-            return i;
-        }
-        all.push((at, Arc::new(Mutex::new(Link::new(at)))));
-        all.len() - 1
+    /// The backend whose control address is `at`, if it is one.
+    fn backend(&self, at: SocketAddr) -> Option<usize> {
+        self.backends.iter().position(|(a, _)| *a == at)
+    }
+
+    /// The backend that holds `key`, as the pool places it.
+    fn key_backend(&self, key: &[u8]) -> Option<usize> {
+        (self.place)(key).and_then(|server| self.of_server.get(server).copied())
     }
 
     /// The link to backend `b`.
     fn link(&self, b: usize) -> Option<Arc<Mutex<Link>>> {
-        lock(&self.backends).get(b).map(|(_, l)| l.clone())
+        self.backends.get(b).map(|(_, l)| l.clone())
     }
 
+    /// Refuses what `sender` says about a key another backend holds (counted).
+    fn refuse_key(&self, key: &[u8], b: usize) -> bool {
+        if self.key_backend(key) == Some(b) {
+            return false;
+        }
+        self.counters.refused.count(auth::Refusal::NotItsKey);
+        tracing::debug!(
+            backend = %self.backends[b].0,
+            key = %String::from_utf8_lossy(key),
+            "refused: a key the pool does not place on this backend"
+        );
+        true
+    }
+
+    /// Answers a control request from `sender` (a configured backend's control address, its
+    /// seal checked).
     fn answer_control(
         &self,
-        ip: IpAddr,
+        sender: SocketAddr,
         message: &Message<'_>,
-        fetches: &Mutex<Sender<(SocketAddr, Fetch)>>,
+        fetches: &Mutex<Sender<Fetch>>,
     ) -> Vec<u8> {
         let now = self.clock.now();
+        let Some(b) = self.backend(sender) else {
+            self.counters.refused.count(auth::Refusal::UnknownPeer);
+            return reply(&Message::Error(b"refused unknown_peer"));
+        };
+        // A message naming a control port names its sender's.
+        let named = match message {
+            Message::Report(port, _) | Message::Hot(port, ..) | Message::Reset(port) => Some(*port),
+            _ => None,
+        };
+        if named.is_some_and(|port| port != sender.port()) {
+            self.counters.refused.count(auth::Refusal::UnknownPeer);
+            return reply(&Message::Error(b"refused unknown_peer"));
+        }
         match message {
-            Message::Report(port, loads) => {
+            Message::Report(_, loads) => {
                 bump(&self.counters.reports);
-                let at = SocketAddr::new(ip, *port);
-                let b = self.backend(at);
-                let wanted = lock(&self.state).report(b, loads, now);
+                let loads: Vec<(&[u8], f64)> = loads
+                    .iter()
+                    .filter(|(key, _)| !self.refuse_key(key, b))
+                    .copied()
+                    .collect();
+                let wanted = lock(&self.state).report(b, &loads, now);
                 let tx = lock(fetches);
                 for f in wanted {
-                    let _ = tx.send((at, f));
+                    let _ = tx.send(f);
                 }
                 reply(&Message::Ok)
             }
-            Message::Hot(port, key, load, _) => {
+            Message::Hot(_, key, load, _) => {
                 // Taken: fetched like any admitted key, and served under that fetch's grant.
                 bump(&self.counters.instant_reports);
-                let at = SocketAddr::new(ip, *port);
-                let b = self.backend(at);
+                if self.refuse_key(key, b) {
+                    return reply(&Message::No);
+                }
                 let fetch = lock(&self.state).hot(b, key, *load, now);
                 match fetch {
                     Some(f) => {
-                        let _ = lock(fetches).send((at, f));
+                        let _ = lock(fetches).send(f);
                         reply(&Message::Ok)
                     }
                     None => reply(&Message::No),
                 }
             }
             Message::Update(key, item) => {
+                if self.refuse_key(key, b) {
+                    return reply(&Message::Error(b"refused not_its_key"));
+                }
                 bump(&self.counters.updates);
                 let value = kv::cache::Value {
                     flags: item.flags,
@@ -799,12 +1004,14 @@ impl CacheRole {
                 reply(&Message::Ok)
             }
             Message::Delete(key) => {
+                if self.refuse_key(key, b) {
+                    return reply(&Message::Error(b"refused not_its_key"));
+                }
                 bump(&self.counters.updates);
                 lock(&self.state).update(key, None, now);
                 reply(&Message::Ok)
             }
-            Message::Reset(port) => {
-                let b = self.backend(SocketAddr::new(ip, *port));
+            Message::Reset(_) => {
                 lock(&self.state).reset(b, now);
                 reply(&Message::Ok)
             }
@@ -814,11 +1021,13 @@ impl CacheRole {
         }
     }
 
-    /// Fetches an admitted key's value from its backend.
-    fn fetch(&self, backend: SocketAddr, fetch: Fetch) {
+    /// Fetches an admitted key's value from the backend the pool places it on, whoever
+    /// reported it.
+    fn fetch(&self, fetch: Fetch) {
         let asked = self.clock.now();
-        let b = self.backend(backend);
-        let Some(link) = self.link(b) else {
+        let Some(link) = self.key_backend(&fetch.key).and_then(|b| self.link(b)) else {
+            bump(&self.counters.fetch_misses);
+            lock(&self.state).fetched(fetch, None, asked);
             return;
         };
         let answer = {

@@ -309,8 +309,12 @@ fn build(state: &mut State, topo: &Topology, opts: &UpOptions) -> anyhow::Result
         create_host(state, &h).with_context(|| format!("creating host {:?}", h.name))?;
     }
 
-    // SwitchKV: each server is a backend of one cache node, in turn (SwitchKV section 3.4).
+    // SwitchKV: each server is a backend of one cache node, in turn (SwitchKV section 3.4),
+    // their control messages sealed under a key of this testbed's own.
     let caches: Vec<Ipv4Addr> = state.caches().map(|h| h.ip).collect();
+    if !caches.is_empty() {
+        write_control_key(state)?;
+    }
     let mut servers = Vec::new();
     for (i, host) in topo.hosts.iter().enumerate() {
         if host.role == Role::Server {
@@ -483,6 +487,8 @@ pub(crate) fn start_server(
             "backend".to_string(),
             "--cache-node".to_string(),
             format!("{cache}:{CONTROL_PORT}"),
+            "--control-key-file".to_string(),
+            control_key_file(state).display().to_string(),
         ]);
     }
     argv.extend(args.iter().cloned());
@@ -659,12 +665,37 @@ pub(crate) fn answers_version(
 
 /// A fresh API token: 128 bits from the operating system, in hex.
 fn new_token() -> anyhow::Result<String> {
+    random_hex::<16>().context("reading /dev/urandom for the API token")
+}
+
+/// `N` random bytes as hex digits.
+fn random_hex<const N: usize>() -> std::io::Result<String> {
     use std::io::Read;
-    let mut bytes = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .context("reading /dev/urandom for the API token")?;
+    let mut bytes = [0u8; N];
+    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes))?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The key the testbed's SwitchKV backends and cache nodes share (`--control-key-file`).
+pub(crate) fn control_key_file(state: &State) -> PathBuf {
+    state.work_dir.join("switchkv-control-key")
+}
+
+/// Writes a fresh random key (32 bytes, as 64 hex digits) to [`control_key_file`], readable
+/// by its owner alone.
+fn write_control_key(state: &mut State) -> anyhow::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = control_key_file(state);
+    let key = random_hex::<32>().context("reading /dev/urandom for the SwitchKV control key")?;
+    record_file(state, &path)?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, format!("{key}\n").as_bytes()))
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// A change through kvswitch's API, with the testbed's token; fails unless it succeeded.
@@ -725,6 +756,13 @@ fn start_caches(
             format!("{}:{MEMCACHED_PORT}", h.ip),
             "--upstream".to_string(),
             format!("{}:{}", state.vip, state.vip_port),
+            // Its backends: the pool's servers, on their control port, under the testbed's key.
+            "--pool-config".to_string(),
+            state.config_path.display().to_string(),
+            "--backend-control-port".to_string(),
+            CONTROL_PORT.to_string(),
+            "--control-key-file".to_string(),
+            control_key_file(state).display().to_string(),
         ];
         if steer {
             argv.extend([

@@ -26,8 +26,18 @@
 //!
 //! Either side may reply `error <text>\r\n` to a request it cannot take.
 //!
+//! Every message, request or reply, travels sealed: behind a line
+//! `auth <port> <epoch> <stream> <seq> <mac>\r\n` ([`Seal`]) that names the sender (its
+//! control port, on the address the message comes from), its session (`epoch`, 16 hex digits,
+//! chosen at random when it starts), the channel (`stream`) and the message's place on it
+//! (`seq`, from 1 up), and carries a MAC of the message under the key the nodes share (64 hex
+//! digits). A reply's seal repeats its request's epoch, stream and sequence. What the MAC
+//! covers and how it is checked is the node's (`node::auth`); this module only reads and
+//! writes the line.
+//!
 //! Pure: [`parse`] reads one message at the front of a buffer, borrowing from it, and never
-//! panics; the `write_*` functions append one message to a buffer.
+//! panics; [`write`] appends one message to a buffer; [`parse_seal`] and [`write_seal`] do the
+//! same for the seal in front of one.
 
 use std::fmt;
 
@@ -39,6 +49,94 @@ pub const MAX_VALUE: usize = 1 << 20;
 pub const MAX_KEYS: usize = 10_000;
 /// Longest line read before a message is refused.
 const MAX_LINE: usize = 512;
+
+/// Length of a seal's MAC (HMAC-SHA256).
+pub const MAC_LEN: usize = 32;
+
+/// The line in front of a sealed message: who sent it, where it stands in the sender's
+/// session, and its MAC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seal {
+    /// The sender's control port (on the address the message comes from).
+    pub port: u16,
+    /// The sender's session, chosen at random when it starts.
+    pub epoch: u64,
+    /// The sender's channel the message travels on.
+    pub stream: u8,
+    /// The message's place on its channel, from 1; a reply repeats its request's.
+    pub seq: u64,
+    pub mac: [u8; MAC_LEN],
+}
+
+/// Reads the seal at the front of `buf`: `Ok(None)` while its line is incomplete,
+/// `Ok(Some((None, 0)))` when the message there has none, else the seal and the bytes its
+/// line took (the sealed message follows).
+#[allow(clippy::type_complexity)]
+pub fn parse_seal(buf: &[u8]) -> Result<Option<(Option<Seal>, usize)>, ProtoError> {
+    // A message that cannot start with `auth` has no seal, whole line or not.
+    let head = &buf[..buf.len().min(4)];
+    if head != &b"auth"[..head.len()] {
+        return Ok(Some((None, 0)));
+    }
+    let Some((first, at)) = line(buf, 0)? else {
+        return Ok(None);
+    };
+    let mut words = first.split(|&b| b == b' ').filter(|w| !w.is_empty());
+    if words.next() != Some(&b"auth"[..]) {
+        return Ok(Some((None, 0)));
+    }
+    let mut next = |what: &'static str| words.next().ok_or(ProtoError::BadSeal(what));
+    let port = port(next("port")?).map_err(|_| ProtoError::BadSeal("port"))?;
+    let epoch = next("epoch")?;
+    let epoch = match (epoch.len(), std::str::from_utf8(epoch)) {
+        (16, Ok(hex)) if hex.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            u64::from_str_radix(hex, 16).map_err(|_| ProtoError::BadSeal("epoch"))?
+        }
+        _ => return Err(ProtoError::BadSeal("epoch")),
+    };
+    let stream = number(next("stream")?, "stream")
+        .ok()
+        .and_then(|n| u8::try_from(n).ok())
+        .ok_or(ProtoError::BadSeal("stream"))?;
+    let seq = number(next("seq")?, "seq").map_err(|_| ProtoError::BadSeal("seq"))?;
+    let mac_hex = next("mac")?;
+    if mac_hex.len() != 2 * MAC_LEN {
+        return Err(ProtoError::BadSeal("mac"));
+    }
+    let mut mac = [0u8; MAC_LEN];
+    for (byte, pair) in mac.iter_mut().zip(mac_hex.chunks(2)) {
+        let digit = |b: u8| (b as char).to_digit(16).ok_or(ProtoError::BadSeal("mac"));
+        *byte = (digit(pair[0])? * 16 + digit(pair[1])?) as u8;
+    }
+    if words.next().is_some() {
+        return Err(ProtoError::BadSeal("line"));
+    }
+    Ok(Some((
+        Some(Seal {
+            port,
+            epoch,
+            stream,
+            seq,
+            mac,
+        }),
+        at,
+    )))
+}
+
+/// Appends `seal`'s line to `out`; the message it seals goes right after it.
+pub fn write_seal(seal: &Seal, out: &mut Vec<u8>) {
+    out.extend_from_slice(
+        format!(
+            "auth {} {:016x} {} {} ",
+            seal.port, seal.epoch, seal.stream, seal.seq
+        )
+        .as_bytes(),
+    );
+    for b in seal.mac {
+        out.extend_from_slice(format!("{b:02x}").as_bytes());
+    }
+    out.extend_from_slice(b"\r\n");
+}
 
 /// One message of the protocol, borrowing its keys and value from the buffer it was read from.
 #[derive(Debug, Clone, PartialEq)]
@@ -83,6 +181,8 @@ pub enum ProtoError {
     BadBlock,
     /// A line longer than any message's.
     LineTooLong,
+    /// A seal line whose named field is missing or wrong.
+    BadSeal(&'static str),
 }
 
 impl fmt::Display for ProtoError {
@@ -97,6 +197,7 @@ impl fmt::Display for ProtoError {
             ProtoError::TooLong(what) => write!(f, "{what} is too large"),
             ProtoError::BadBlock => write!(f, "a value block must end with \\r\\n"),
             ProtoError::LineTooLong => write!(f, "a line is longer than {MAX_LINE} bytes"),
+            ProtoError::BadSeal(what) => write!(f, "the auth line's {what} is malformed"),
         }
     }
 }
@@ -115,6 +216,8 @@ pub fn parse(buf: &[u8]) -> Result<Option<(Message<'_>, usize)>, ProtoError> {
     let message = match command {
         b"ok" => Message::Ok,
         b"no" => Message::No,
+        // A seal where a message must be: one seal a message.
+        b"auth" => return Err(ProtoError::UnknownCommand("auth".into())),
         b"miss" => Message::Miss,
         b"error" => Message::Error(first.get(6..).unwrap_or_default()),
         b"delete" => Message::Delete(key(next("key")?)?),
@@ -353,6 +456,63 @@ mod tests {
         ] {
             round_trip(m);
         }
+    }
+
+    #[test]
+    fn a_seal_reads_back_from_its_literal_line() {
+        let line: &[u8] = b"auth 11311 00000000deadbeef 2 7 \
+            000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\r\nok\r\n";
+        let mut mac = [0u8; MAC_LEN];
+        for (i, b) in mac.iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        let seal = Seal {
+            port: 11311,
+            epoch: 0xdead_beef,
+            stream: 2,
+            seq: 7,
+            mac,
+        };
+        let (read, used) = parse_seal(line).unwrap().unwrap();
+        assert_eq!(read, Some(seal));
+        assert_eq!(&line[used..], b"ok\r\n");
+        let mut out = Vec::new();
+        write_seal(&seal, &mut out);
+        assert_eq!(out, &line[..used]);
+        // Incomplete until its line ends; a message without one has none.
+        for cut in 0..used {
+            assert_eq!(parse_seal(&line[..cut]), Ok(None), "cut at {cut}");
+        }
+        assert_eq!(parse_seal(b"update k 0 1\r\nx\r\n"), Ok(Some((None, 0))));
+        assert_eq!(parse_seal(b"x"), Ok(Some((None, 0))));
+        assert_eq!(parse_seal(b"au"), Ok(None), "perhaps a seal");
+        // A seal is never a message of its own.
+        assert!(parse(line).is_err());
+    }
+
+    #[test]
+    fn a_bad_seal_is_refused_never_a_panic() {
+        let mac = "00".repeat(MAC_LEN);
+        let bad = [
+            format!("auth 1 00000000000000001 1 1 {mac}\r\n"),
+            format!("auth 1 000000000000000g 1 1 {mac}\r\n"),
+            format!("auth 70000 0000000000000001 1 1 {mac}\r\n"),
+            format!("auth 1 0000000000000001 256 1 {mac}\r\n"),
+            format!("auth 1 0000000000000001 1 -1 {mac}\r\n"),
+            format!("auth 1 0000000000000001 1 1 {}\r\n", &mac[1..]),
+            format!("auth 1 0000000000000001 1 1 {}zz\r\n", &mac[2..]),
+            format!("auth 1 0000000000000001 1 1 {mac} more\r\n"),
+            "auth 1 0000000000000001 1 1\r\n".to_string(),
+            "auth\r\n".to_string(),
+        ];
+        for b in &bad {
+            assert!(
+                matches!(parse_seal(b.as_bytes()), Err(ProtoError::BadSeal(_))),
+                "{b:?}"
+            );
+        }
+        let long = [&b"auth "[..], &[b'1'; MAX_LINE + 10]].concat();
+        assert_eq!(parse_seal(&long), Err(ProtoError::LineTooLong));
     }
 
     #[test]
