@@ -23,6 +23,8 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use crate::expiry::Expiries;
+
 use crate::time::Instant;
 
 use crate::hot::{self, CircularLog, Tracker, TrackerConfig, TrackerError};
@@ -254,7 +256,11 @@ pub enum Fill {
     WriteRaced,
     /// The value is larger than `max_value` or than the byte capacity allows.
     TooLarge,
+    /// The item has expired in memcached by now, or may have (see [`Cache::note_expiry`]).
+    Expired,
 }
+
+pub use crate::expiry::{WriteExpiry, UNKNOWN_EXPIRY};
 
 /// Why a read of a cached key was not answered from the cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -346,6 +352,8 @@ pub struct Cache {
     segment_reads: u64,
     last_rate: f64,
     counters: Counters,
+    /// What writes said of their keys' expiry.
+    expiries: Expiries,
 }
 
 impl Cache {
@@ -380,7 +388,19 @@ impl Cache {
             segment_reads: 0,
             last_rate: 0.0,
             counters: Counters::default(),
+            expiries: Expiries::default(),
         })
+    }
+
+    /// Takes in what a write to `key` forwarded at `now` says of its item's expiry, so that no
+    /// value is served past the time memcached drops the item: a fill's lease ends by then
+    /// (a second early, as memcached's clock moves in seconds), and once it passed the key
+    /// fills nothing until a write says otherwise. A write whose expiry is uncertain (an
+    /// `add` that may not store) keeps the earlier of the two times for serving and the later
+    /// for refusing fills. Bounded by [`crate::expiry::MAX_EXPIRIES`]: when full, every key without a record
+    /// fills nothing until the latest expiry it could not note.
+    pub fn note_expiry(&mut self, key: &[u8], expiry: WriteExpiry, now: Instant) {
+        self.expiries.note(key, expiry, now);
     }
 
     pub fn config(&self) -> &Config {
@@ -806,6 +826,9 @@ impl Cache {
         if value.data.len() > self.cfg.max_value || size > self.cfg.bytes {
             return Fill::TooLarge;
         }
+        let Ok(cap) = self.expiries.cap(key, now) else {
+            return Fill::Expired;
+        };
         let Some(entry) = self.entries.get(key) else {
             return Fill::NotCached;
         };
@@ -831,7 +854,10 @@ impl Cache {
                 _ => return Fill::TooLarge,
             };
         }
-        let lease_end = now + self.cfg.lease;
+        let lease_end = match cap {
+            Some(cap) => cap.min(now + self.cfg.lease),
+            None => now + self.cfg.lease,
+        };
         let Some(entry) = self.entries.get_mut(key) else {
             return Fill::NotCached;
         };
@@ -1005,6 +1031,60 @@ mod tests {
         assert_eq!(c.gauges().bytes, 0);
         let n = c.counters();
         assert_eq!((n.hits, n.fills, n.lease_expiries), (1, 1, 1));
+    }
+
+    #[test]
+    fn a_value_is_never_served_past_the_expiry_its_write_gave() {
+        let now = Instant::ZERO;
+        let cfg = Config {
+            items: 10,
+            lease: Duration::from_secs(60),
+            ..Config::default()
+        };
+        let mut c = Cache::new(cfg, 1, now).unwrap();
+        assert!(c.offer(b"k", 1.0, now));
+        let fill = |c: &mut Cache, at: Instant| {
+            let token = c.fill_token(b"k").unwrap();
+            c.fill(b"k", token, value(b"v", None), at)
+        };
+        let sets = |secs: u64, definite: bool| WriteExpiry::Sets {
+            after: Some(Duration::from_secs(secs)),
+            definite,
+        };
+        // `set k 0 3`: served for two seconds at most (memcached's clock moves in seconds).
+        c.note_expiry(b"k", sets(3, true), now);
+        assert_eq!(fill(&mut c, now), Fill::Filled);
+        let (_, until) = c.peek(b"k", now).unwrap();
+        assert_eq!(until, now + Duration::from_secs(2));
+        assert!(c.lookup(b"k", false, until).is_err());
+        // Past it, nothing fills.
+        assert_eq!(fill(&mut c, until), Fill::Expired);
+        // An exptime of 1 second, or an absolute time: never served.
+        c.note_expiry(b"k", sets(1, true), until);
+        assert_eq!(fill(&mut c, until), Fill::Expired);
+        c.note_expiry(b"k", sets(UNKNOWN_EXPIRY.as_secs(), true), until);
+        assert_eq!(fill(&mut c, until), Fill::Expired);
+        // A set that never expires lifts it; the lease alone bounds the value again.
+        let t = until + Duration::from_secs(1);
+        c.note_expiry(
+            b"k",
+            WriteExpiry::Sets {
+                after: None,
+                definite: true,
+            },
+            t,
+        );
+        assert_eq!(fill(&mut c, t), Fill::Filled);
+        assert_eq!(c.peek(b"k", t).unwrap().1, t + c.config().lease);
+        // An add that may not have stored keeps the earlier time to serve by.
+        c.note_expiry(b"k", sets(10, true), t);
+        c.note_expiry(b"k", sets(100, false), t);
+        assert_eq!(fill(&mut c, t), Fill::Filled);
+        assert_eq!(c.peek(b"k", t).unwrap().1, t + Duration::from_secs(9));
+        // Writes that keep the expiry change nothing.
+        c.note_expiry(b"k", WriteExpiry::Unchanged, t);
+        assert_eq!(fill(&mut c, t), Fill::Filled);
+        assert_eq!(c.peek(b"k", t).unwrap().1, t + Duration::from_secs(9));
     }
 
     #[test]

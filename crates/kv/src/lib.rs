@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cache;
+pub mod expiry;
 pub mod fabric;
 pub mod hash;
 pub mod hot;

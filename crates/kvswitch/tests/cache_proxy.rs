@@ -417,3 +417,66 @@ fn ring_of(s: &Setup) -> kv::Ring {
         .collect();
     kv::Ring::new(kv::Distribution::Ketama, kv::HashFn::Md5, &servers).expect("ring")
 }
+
+/// A cached item keeps the expiry its write gave it: once memcached would answer `END`, so
+/// does the cache, however long its lease; and an item set to expire within a second is
+/// never served from the cache at all.
+#[test]
+fn a_cached_item_is_never_served_past_its_expiry() {
+    let s = start("[cache]\nlease_ms = 60000\n");
+    let mut conn = Conn::open(s.proxy);
+    let key = "expiring";
+    cache_cli(s.api, &["pin", key]);
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        text(&mut conn, format!("set {key} 0 3 2\r\nhi\r\n").as_bytes()),
+        b"STORED\r\n"
+    );
+    let set_at = Instant::now();
+    let get = format!("get {key}\r\n");
+    let hits = || metric(s.api, "kvswitch_cache_hits_total");
+    // Filled by the first read, served from the cache by the next.
+    assert_eq!(
+        text(&mut conn, get.as_bytes()),
+        b"VALUE expiring 0 2\r\nhi\r\nEND\r\n"
+    );
+    let before = hits();
+    assert_eq!(
+        text(&mut conn, get.as_bytes()),
+        b"VALUE expiring 0 2\r\nhi\r\nEND\r\n"
+    );
+    assert!(hits() > before, "the cache answered");
+    // memcached drops it 2 to 3 seconds after the set (its clock moves in seconds); ask
+    // until then and a little after: once it is gone, it stays gone.
+    let mut gone = false;
+    while set_at.elapsed() < Duration::from_millis(3_500) {
+        let reply = text(&mut conn, get.as_bytes());
+        if reply == b"END\r\n" {
+            gone = true;
+        } else {
+            assert!(!gone, "served again after memcached dropped it");
+            assert!(
+                set_at.elapsed() < Duration::from_secs(3),
+                "served {:?} after a 3 s expiry",
+                set_at.elapsed()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(gone, "the item never expired");
+    // With an exptime of 1 second the cache never answers it.
+    assert_eq!(
+        text(&mut conn, format!("set {key} 0 1 2\r\nho\r\n").as_bytes()),
+        b"STORED\r\n"
+    );
+    let before = hits();
+    for _ in 0..5 {
+        let reply = text(&mut conn, get.as_bytes());
+        assert!(reply == b"VALUE expiring 0 2\r\nho\r\nEND\r\n" || reply == b"END\r\n");
+    }
+    assert_eq!(
+        hits(),
+        before,
+        "an item about to expire was served from the cache"
+    );
+}

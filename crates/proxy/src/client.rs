@@ -673,7 +673,7 @@ fn from_cache(request: &Request<'_>, pool: &Rc<PoolRt>, router: &mut PoolRouter)
 /// writes for a write.
 fn cache_hook(request: &Request<'_>, pool: &Rc<PoolRt>) -> Option<CacheHook> {
     let cache = pool.cache.as_ref()?;
-    if let Some(writes) = cache.before_write(request) {
+    if let Some(writes) = cache.before_write(request, kvio::clock::now()) {
         return Some(CacheHook::Write(pool.clone(), writes));
     }
     if request.command.is_retrieval() {
@@ -696,6 +696,6 @@ fn refused_write_hook(parts: &[plan::Part], pool: &Rc<PoolRt>) -> Option<CacheHo
         return None;
     };
     cache
-        .before_write(&request)
+        .before_write(&request, kvio::clock::now())
         .map(|writes| CacheHook::Write(pool.clone(), writes))
 }

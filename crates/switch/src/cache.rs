@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use kv::Instant;
 
-use kv::cache::{Cache, FillToken, Value, ValueChange, WriteTicket};
+use kv::cache::{Cache, FillToken, Value, ValueChange, WriteExpiry, WriteTicket};
 use wire::memcache::cached::{self, CachedItem, KeyForm};
 use wire::memcache::{binary, Command, Request, MAX_KEY_LEN};
 
@@ -361,12 +361,14 @@ impl CacheService {
         // The guard hands the fills to the mirror as it is dropped.
     }
 
-    /// Opens the writes of a request that changes items, before it is forwarded: its keys'
-    /// values are dropped at once. `None` for a request that writes nothing.
-    pub fn before_write(&self, request: &Request<'_>) -> Option<Writes> {
+    /// Opens the writes of a request that changes items, before it is forwarded at `now`: its
+    /// keys' values are dropped at once, and what it says of their expiry is noted (no value
+    /// is then served past it). `None` for a request that writes nothing.
+    pub fn before_write(&self, request: &Request<'_>, now: Instant) -> Option<Writes> {
         if !writes(request) {
             return None;
         }
+        let expiry = write_expiry(request);
         let mut cache = self.lock();
         let tickets = if flushes(request) {
             vec![cache.begin_flush()]
@@ -375,6 +377,7 @@ impl CacheService {
             let mut tickets = Vec::with_capacity(1);
             for token in request.keys() {
                 if let Ok(key) = request.stored_key(token, &mut decoded) {
+                    cache.note_expiry(key, expiry, now);
                     tickets.push(cache.begin_write(key));
                 }
             }
@@ -464,3 +467,19 @@ fn key_base64(form: KeyForm) -> Option<bool> {
         KeyForm::Base64 => Some(true),
     }
 }
+
+/// What a write request says of its items' expiry, as memcached reads its exptime
+/// ([`cached::expiry`]), for the caches that keep to it.
+pub fn write_expiry(request: &Request<'_>) -> WriteExpiry {
+    match cached::expiry(request) {
+        cached::Expiry::Unchanged => WriteExpiry::Unchanged,
+        cached::Expiry::Sets { after, definite } => WriteExpiry::Sets {
+            after: after.map(|s| match s {
+                cached::UNKNOWN_EXPIRY => kv::expiry::UNKNOWN_EXPIRY,
+                s => Duration::from_secs(u64::from(s)),
+            }),
+            definite,
+        },
+    }
+}
+

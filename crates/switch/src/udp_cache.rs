@@ -96,7 +96,7 @@ impl UdpCache {
         let ticket = (client.0, client.1, request_id);
         let mut opened: Option<Writes> = None;
         for request in &requests {
-            if let Some(writes) = self.service.before_write(request) {
+            if let Some(writes) = self.service.before_write(request, now) {
                 match &mut opened {
                     Some(all) => all.extend(writes),
                     None => opened = Some(writes),

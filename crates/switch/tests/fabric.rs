@@ -1548,3 +1548,36 @@ fn a_hosts_address_stays_with_its_mac_and_port() {
         format!("VALUE {key} 0 2\r\nhi\r\nEND\r\n")
     );
 }
+
+/// An item written with an expiry is cached no longer than memcached keeps it: the home caps
+/// its own copy's lease and the lease of the copies it fills on the way (a second early, as
+/// memcached's clock moves in seconds), and an item about to expire fills nothing.
+#[test]
+fn cached_copies_live_no_longer_than_their_items_expiry() {
+    let (mut net, key) = three_racks(|spec| spec.lease = std::time::Duration::from_secs(30));
+    let hit = |net: &mut Net, key: &str| {
+        let before = hits(net);
+        let reply = one(net, 0, &format!("get {key}\r\n"), key);
+        (reply, hits(net) > before)
+    };
+    one(&mut net, 0, &format!("set {key} 0 3 2\r\nhi\r\n"), &key);
+    let set_at = net.now;
+    let value = format!("VALUE {key} 0 2\r\nhi\r\nEND\r\n");
+    // Filled by the first read; the next are hits, in rack 0's ToR.
+    assert_eq!(hit(&mut net, &key), (value.clone(), false));
+    assert_eq!(hit(&mut net, &key), (value.clone(), true));
+    // 2.1 s after the set (3 s less memcached's second): no cache has it any more.
+    net.auto = false;
+    let until = set_at + 2_100_000_000;
+    net.run(until, usize::MAX);
+    assert!(!hit(&mut net, &key).1, "served from a cache past the item's expiry");
+    // An exptime of one second: never cached.
+    one(&mut net, 0, &format!("set {key} 0 1 2\r\nho\r\n"), &key);
+    for _ in 0..3 {
+        assert!(!hit(&mut net, &key).1, "an item about to expire was cached");
+    }
+    // Set again without an expiry, it is cached for the lease as before.
+    one(&mut net, 0, &format!("set {key} 0 0 2\r\nhi\r\n"), &key);
+    hit(&mut net, &key);
+    assert_eq!(hit(&mut net, &key), (value, true));
+}

@@ -207,6 +207,9 @@ pub struct FabricSwitch {
     spec: FabricSpec,
     me: Member,
     cache: Lfu,
+    /// At a home: what writes to its servers' keys said of their expiry (by item name), which
+    /// the fills it grants keep to.
+    expiries: kv::expiry::Expiries,
     directory: Directory<Write>,
     /// Hosts' MACs on this ToR's host ports.
     macs: HashMap<Mac, u16>,
@@ -330,6 +333,7 @@ impl FabricSwitch {
             me,
             cache,
             directory,
+            expiries: kv::expiry::Expiries::default(),
             macs: HashMap::new(),
             hosts: HashMap::new(),
             heard,
@@ -1496,6 +1500,10 @@ impl FabricSwitch {
         // A write: this switch's own copy goes at once; the others are invalidated first.
         let name = item(h.server, key);
         self.cache.remove(&name);
+        if let Ok(Some(request)) = wire::memcache::parse(body) {
+            let expiry = crate::cache::write_expiry(&request);
+            self.expiries.note(&name, expiry, now);
+        }
         let write = Write {
             key: key.to_vec(),
             command: h.command,
@@ -1787,7 +1795,7 @@ impl FabricSwitch {
             return true;
         }
         let name = item(server, &pending.key);
-        let h = Header {
+        let mut h = Header {
             request_id: pending.request_id,
             command: Command::Reply,
             key_hash: inc::key_hash(&pending.key),
@@ -1809,10 +1817,24 @@ impl FabricSwitch {
                 }
             }
             Some(stamp) => {
-                if mc.total == 1 && reply_key(body) == Some(&pending.key[..]) {
+                // A value whose item expires sooner than a lease lives no longer, here or in the
+                // caches it fills (the reply's lease says so); one that may have expired fills
+                // nothing.
+                let lease = match self.expiries.cap(&name, now) {
+                    Ok(Some(cap)) => Some(cap.saturating_duration_since(now).min(self.spec.lease)),
+                    Ok(None) => Some(self.spec.lease),
+                    Err(_) => None,
+                }
+                .filter(|l| whole_ms(*l) > 0);
+                if let (true, Some(lease)) =
+                    (mc.total == 1 && reply_key(body) == Some(&pending.key[..]), lease)
+                {
                     let sharers = self.sharers_on_way(&h, now);
                     if let Some(epoch) = self.directory.fill(&name, stamp, sharers, now) {
-                        self.cache.fill(&name, body, epoch, now);
+                        self.cache.fill_for(&name, body, epoch, lease, now);
+                        if lease < self.spec.lease {
+                            h.lease_ms = whole_ms(lease);
+                        }
                         fill = Some(epoch);
                     }
                 }

@@ -349,6 +349,137 @@ impl MetaAsk {
 }
 
 /// The flag tokens of an `mg` request, after its name and key.
+/// Longest exptime memcached reads as relative seconds (30 days); a larger one is a Unix time.
+pub const MAX_RELATIVE_EXPTIME: i64 = 60 * 60 * 24 * 30;
+
+/// What a write says of its item's expiry, so that a cache never serves the item past the time
+/// memcached would drop it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expiry {
+    /// The write leaves the expiry as it was (append, prepend, incr, decr, delete, a meta
+    /// arithmetic or set in append mode without `T`).
+    Unchanged,
+    /// The item expires `after` seconds from now (`None`: never; memcached's exptime 0), or
+    /// at a time the cache cannot place (`Some(u32::MAX)`: an absolute Unix time, or a number
+    /// memcached would read otherwise). `definite`: the write sets it whenever it stores
+    /// (set, a meta set, touch, gat); otherwise it sets it only if it stores, which it may
+    /// not (add, replace, cas, a meta arithmetic's autovivify).
+    Sets { after: Option<u32>, definite: bool },
+}
+
+/// Where an item that a cache may not place in time expires: at an unknown time.
+pub const UNKNOWN_EXPIRY: u32 = u32::MAX;
+
+/// The [`Expiry`] a write request gives its item, read as memcached reads exptime (a number
+/// of seconds; negative: expired at once; above [`MAX_RELATIVE_EXPTIME`]: a Unix time).
+pub fn expiry(request: &Request<'_>) -> Expiry {
+    let line = || {
+        let bytes = request.bytes();
+        let line = bytes.split(|&b| b == b'\n').next().unwrap_or_default();
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        Tokens::new(line).map(|(_, t)| t)
+    };
+    let text = |at: usize, definite: bool| Expiry::Sets {
+        after: line().nth(at).map_or(Some(UNKNOWN_EXPIRY), read_exptime),
+        definite,
+    };
+    let meta = |letter: u8| {
+        meta_flags(request)
+            .find(|f| f.first() == Some(&letter))
+            .map(|f| read_exptime(&f[1..]))
+    };
+    match request.command {
+        Command::Set => text(3, true),
+        Command::Add | Command::Replace | Command::Cas => text(3, false),
+        Command::Touch => text(2, true),
+        Command::Gat | Command::Gats => Expiry::Sets {
+            after: request
+                .exptime_token()
+                .map_or(Some(UNKNOWN_EXPIRY), read_exptime),
+            definite: true,
+        },
+        Command::MetaSet => {
+            // A mode other than set (E, A, P, R) may store nothing or keep the expiry.
+            let mode = meta_flags(request)
+                .find(|f| f.first() == Some(&b'M'))
+                .and_then(|f| f.get(1).copied());
+            let definite = matches!(mode, None | Some(b'S' | b's'));
+            match (meta(b'T'), mode) {
+                (Some(after), _) => Expiry::Sets { after, definite },
+                (None, Some(b'A' | b'a' | b'P' | b'p')) => Expiry::Unchanged,
+                (None, _) => Expiry::Sets {
+                    after: None,
+                    definite,
+                },
+            }
+        }
+        Command::MetaGet => match meta(b'T') {
+            Some(after) => Expiry::Sets {
+                after,
+                definite: true,
+            },
+            None => Expiry::Unchanged,
+        },
+        Command::MetaArithmetic => match (meta(b'T'), meta(b'N')) {
+            (Some(after), _) => Expiry::Sets {
+                after,
+                definite: true,
+            },
+            (None, Some(after)) => Expiry::Sets {
+                after,
+                definite: false,
+            },
+            (None, None) => Expiry::Unchanged,
+        },
+        Command::Binary(op) => binary_expiry(request, op),
+        _ => Expiry::Unchanged,
+    }
+}
+
+/// The expiry of a binary write: the extras' last four bytes for the storage commands (after
+/// the flags) and the whole four for touch and the GATs.
+fn binary_expiry(request: &Request<'_>, op: u8) -> Expiry {
+    let definite = match op {
+        opcode::SET | opcode::SETQ => true,
+        opcode::ADD | opcode::ADDQ | opcode::REPLACE | opcode::REPLACEQ => false,
+        opcode::TOUCH | opcode::GAT | opcode::GATQ | opcode::GATK | opcode::GATKQ => true,
+        _ => return Expiry::Unchanged,
+    };
+    let bytes = request.bytes();
+    let extras_len = bytes.get(4).copied().map_or(0, usize::from);
+    let extras = bytes.get(24..24 + extras_len).unwrap_or_default();
+    let after = match extras.len() {
+        4 | 8 => {
+            let at = extras.len() - 4;
+            let raw =
+                u32::from_be_bytes([extras[at], extras[at + 1], extras[at + 2], extras[at + 3]]);
+            // memcached reads the field as a signed 32-bit number.
+            exptime_seconds(i64::from(raw as i32))
+        }
+        _ => Some(UNKNOWN_EXPIRY),
+    };
+    Expiry::Sets { after, definite }
+}
+
+/// A text or meta exptime token, as memcached's `strtol` reads it; one it refuses never
+/// reaches a cache (the request is refused), so an unreadable one is an unknown time.
+fn read_exptime(token: &[u8]) -> Option<u32> {
+    std::str::from_utf8(token)
+        .ok()
+        .and_then(|t| t.parse::<i64>().ok())
+        .map_or(Some(UNKNOWN_EXPIRY), exptime_seconds)
+}
+
+/// Seconds from now to the expiry exptime `n` gives (`None`: never).
+fn exptime_seconds(n: i64) -> Option<u32> {
+    match n {
+        0 => None,
+        n if n < 0 => Some(0),
+        n if n > MAX_RELATIVE_EXPTIME => Some(UNKNOWN_EXPIRY),
+        n => Some(n as u32),
+    }
+}
+
 fn meta_flags<'a>(request: &Request<'a>) -> impl Iterator<Item = &'a [u8]> {
     let bytes = request.bytes();
     let line = bytes.split(|&b| b == b'\n').next().unwrap_or_default();
@@ -539,6 +670,66 @@ mod tests {
     use super::*;
     use crate::memcache::fixtures::{BIN_GETK, GETS, MG_VA};
     use crate::memcache::parse;
+
+    #[test]
+    fn writes_tell_their_items_expiry_as_memcached_reads_it() {
+        let sets = |after: Option<u32>, definite: bool| Expiry::Sets { after, definite };
+        let mut bin_set = Vec::new();
+        binary::write_request(
+            opcode::SET,
+            b"k",
+            &[0, 0, 0, 0, 0, 0, 0, 9],
+            b"v",
+            0,
+            0,
+            &mut bin_set,
+        );
+        let mut bin_touch = Vec::new();
+        binary::write_request(
+            opcode::TOUCH,
+            b"k",
+            &[0xff, 0xff, 0xff, 0xff],
+            b"",
+            0,
+            0,
+            &mut bin_touch,
+        );
+        let table: &[(&[u8], Expiry)] = &[
+            (b"set a 0 0 1\r\nx\r\n", sets(None, true)),
+            (b"set a 0 5 1\r\nx\r\n", sets(Some(5), true)),
+            (b"set a 0 -1 1\r\nx\r\n", sets(Some(0), true)),
+            (
+                b"set a 0 2592001 1\r\nx\r\n",
+                sets(Some(UNKNOWN_EXPIRY), true),
+            ),
+            (b"add a 0 7 1\r\nx\r\n", sets(Some(7), false)),
+            (b"cas a 0 7 1 99\r\nx\r\n", sets(Some(7), false)),
+            (b"touch a 3\r\n", sets(Some(3), true)),
+            (b"gat 4 a b\r\n", sets(Some(4), true)),
+            (b"append a 0 5 1\r\nx\r\n", Expiry::Unchanged),
+            (b"incr a 1\r\n", Expiry::Unchanged),
+            (b"delete a\r\n", Expiry::Unchanged),
+            (b"ms a 1\r\nx\r\n", sets(None, true)),
+            (b"ms a 1 T6\r\nx\r\n", sets(Some(6), true)),
+            (b"ms a 1 ME T6\r\nx\r\n", sets(Some(6), false)),
+            (b"ms a 1 MA\r\nx\r\n", Expiry::Unchanged),
+            (b"mg a v T8\r\n", sets(Some(8), true)),
+            (b"mg a v\r\n", Expiry::Unchanged),
+            (b"ma a N9\r\n", sets(Some(9), false)),
+            (b"ma a\r\n", Expiry::Unchanged),
+            (&bin_set, sets(Some(9), true)),
+            (&bin_touch, sets(Some(0), true)),
+        ];
+        for (bytes, want) in table {
+            let request = parse(bytes).unwrap().unwrap();
+            assert_eq!(
+                expiry(&request),
+                *want,
+                "{}",
+                String::from_utf8_lossy(bytes)
+            );
+        }
+    }
 
     fn request(bytes: &[u8]) -> Request<'_> {
         match parse(bytes) {
