@@ -44,8 +44,7 @@ const SEED: u64 = 0x6b76_7870_6f6f_6c21;
 /// md5), built independently of kvswitch.
 fn owner(names: &[&'static str], key: &str) -> &'static str {
     let servers: Vec<kv::Server> = names.iter().map(|n| kv::Server::new(*n, 1)).collect();
-    let ring =
-        kv::Ring::new(kv::Distribution::Ketama, kv::HashFn::Md5, &servers).expect("ring");
+    let ring = kv::Ring::new(kv::Distribution::Ketama, kv::HashFn::Md5, &servers).expect("ring");
     names[ring.locate(key.as_bytes())]
 }
 
@@ -106,7 +105,11 @@ fn change_pool(live: &testbed::Live, keys: &[String], clock: Clock) -> Vec<Op> {
             .call("POST", "/api/v1/pool/servers", Some(&back))
             .unwrap_or_else(|e| panic!("add {server} back: {e:#}"));
         let place = SERVERS.iter().position(|s| *s == server);
-        assert_eq!(added["server"].as_u64().map(|i| i as usize), place, "{added}");
+        assert_eq!(
+            added["server"].as_u64().map(|i| i as usize),
+            place,
+            "{added}"
+        );
         changes.extend(moved(keys, server, start, clock.now()));
         std::thread::sleep(SETTLE);
 

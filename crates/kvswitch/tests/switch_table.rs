@@ -970,7 +970,8 @@ fn xdp_hands_reads_up_from_a_pool_change_until_its_ring_is_in_use() {
     let mut route = |rig: &mut Rig| rig.process(CLIENT.port, &mut get.clone(), &mut emit);
     assert_eq!(route(&mut rig), Fate::Out(SERVERS[1].port));
     let synced = |fp: &mut xdp::FastPath, rig: &mut Rig| {
-        rig.sw.fast_seen(&switch::fastpath::Seen::default(), rig.now);
+        rig.sw
+            .fast_seen(&switch::fastpath::Seen::default(), rig.now);
         let tables = rig.sw.fast_tables();
         fp.sync(&tables).expect("tables");
         tables
@@ -1017,8 +1018,16 @@ fn xdp_hands_reads_up_from_a_pool_change_until_its_ring_is_in_use() {
         // In step again: routed where the switch routes it.
         synced(&mut fp, &mut rig);
         let run = fp.test_run(&get, CLIENT.port).expect("test run");
-        assert_eq!(run.verdict, xdp::Verdict::Redirect, "change {n}: routed again");
-        assert_eq!(Fate::Out(run.out_port.expect("a port")), owner, "change {n}");
+        assert_eq!(
+            run.verdict,
+            xdp::Verdict::Redirect,
+            "change {n}: routed again"
+        );
+        assert_eq!(
+            Fate::Out(run.out_port.expect("a port")),
+            owner,
+            "change {n}"
+        );
     }
     assert_eq!(
         route(&mut rig),

@@ -1282,7 +1282,11 @@ mod tests {
         assert_eq!(seen[0], (1, 1, 1));
         for (n, &(told, word, view)) in seen.iter().enumerate().skip(1) {
             assert_eq!(told, 1 + n as u64, "in order, none left out: {seen:?}");
-            assert_eq!((word, view), (told - 1, told - 1), "told before readers saw it");
+            assert_eq!(
+                (word, view),
+                (told - 1, told - 1),
+                "told before readers saw it"
+            );
         }
         assert_eq!(seen.len(), 7, "{seen:?}");
         assert_eq!(seen.last().unwrap().0, pool.version());
