@@ -18,7 +18,8 @@ use switch::Switch;
 
 /// How often the maps are brought in step with the switch (and at once when the pool changes).
 const SYNC_EVERY: Duration = Duration::from_millis(50);
-/// How often the pool's version is looked at between syncs.
+/// How often the pool's version is looked at between syncs: from a pool change until the
+/// sync after it, the program hands requests to the VIP up (see `xdp::PoolFence`).
 const POOL_CHECK: Duration = Duration::from_millis(5);
 /// How often the hosts the program switched frames from are read back (their stations and
 /// source bindings refreshed); far inside any ageing time.
@@ -100,6 +101,14 @@ pub fn start(
             });
             let fp = match attached {
                 Ok((fp, modes, mirror)) => {
+                    // From here every new pool version stops the program routing reads
+                    // before any path can route by it, until its ring is in use.
+                    if !pool.set_fence(Arc::new(fp.pool_fence())) {
+                        tracing::warn!(
+                            "the pool has a fence already: reads routed in the kernel may \
+                             follow the old ring for a sync after a pool change"
+                        );
+                    }
                     let _ = ready_tx.send(Ok((modes, mirror)));
                     fp
                 }
@@ -261,6 +270,9 @@ fn keep_in_step(
         if let Err(e) = fp.sync(&tables) {
             tracing::warn!("XDP maps: {e}");
         }
+        // A switch that had not yet seen the pool's version made tables of an older ring,
+        // which the program does not route by: sync again at the next look.
+        last_version = last_version.min(tables.ring_version);
         if idle.as_deref() != tables.disabled {
             match tables.disabled {
                 None => tracing::info!("XDP fast path in step with the switch"),

@@ -955,6 +955,83 @@ fn xdp_kernel_cache_answers_as_the_switch_and_drops_a_key_before_its_write() {
     expired.drop_all();
 }
 
+/// From the moment the pool publishes a new version the program hands reads up, and routes
+/// them again only by the new version's ring: never by the old one after the switch (or the
+/// proxy) can route by the new.
+#[test]
+fn xdp_hands_reads_up_from_a_pool_change_until_its_ring_is_in_use() {
+    let mut fp = fast_path();
+    let fx = Fx::new();
+    let mut rig = Rig::new(Mode::L3);
+    rig.sw.set_fast_path(true);
+    assert!(rig.pool.set_fence(Arc::new(fp.pool_fence())));
+    let get = to_vip(format!("get {}\r\n", fx.key(1, 0)).as_bytes());
+    let mut emit = Vec::new();
+    let mut route = |rig: &mut Rig| rig.process(CLIENT.port, &mut get.clone(), &mut emit);
+    assert_eq!(route(&mut rig), Fate::Out(SERVERS[1].port));
+    let synced = |fp: &mut xdp::FastPath, rig: &mut Rig| {
+        rig.sw
+            .fast_seen(&switch::fastpath::Seen::default(), rig.now);
+        let tables = rig.sw.fast_tables();
+        fp.sync(&tables).expect("tables");
+        tables
+    };
+    let held = |fp: &xdp::FastPath| {
+        let c = fp.counters();
+        let at = xdp::PASS_REASONS
+            .iter()
+            .position(|(name, _)| *name == "pool_change")
+            .expect("the reason");
+        c.passed_by[at]
+    };
+    let old = synced(&mut fp, &mut rig);
+    let run = fp.test_run(&get, CLIENT.port).expect("test run");
+    assert_eq!(run.verdict, xdp::Verdict::Redirect, "in step: routed here");
+    assert_eq!(run.out_port, Some(SERVERS[1].port));
+
+    // The key's server leaves the pool; then it comes back.
+    let s2 = rig.pool.spec().servers[1].clone();
+    for n in 0..2 {
+        let before = held(&fp);
+        let changed = match n {
+            0 => rig.pool.remove_server(1),
+            _ => rig.pool.add_server(s2.clone()),
+        };
+        assert_eq!(changed.expect("changed").server, 1);
+        // Before any path has routed by the new view, and however late the fast path's sync.
+        let run = fp.test_run(&get, CLIENT.port).expect("test run");
+        assert_eq!(run.verdict, xdp::Verdict::Pass, "change {n}: handed up");
+        assert_eq!(run.frame, get, "change {n}: unchanged");
+        assert_eq!(held(&fp), before + 1, "change {n}: counted");
+        let owner = route(&mut rig);
+        // Tables of the old ring change nothing.
+        fp.sync(&old).expect("tables");
+        assert_eq!(
+            fp.test_run(&get, CLIENT.port).expect("run").verdict,
+            xdp::Verdict::Pass,
+            "change {n}: not by the old ring"
+        );
+        // In step again: routed where the switch routes it.
+        synced(&mut fp, &mut rig);
+        let run = fp.test_run(&get, CLIENT.port).expect("test run");
+        assert_eq!(
+            run.verdict,
+            xdp::Verdict::Redirect,
+            "change {n}: routed again"
+        );
+        assert_eq!(
+            Fate::Out(run.out_port.expect("a port")),
+            owner,
+            "change {n}"
+        );
+    }
+    assert_eq!(
+        route(&mut rig),
+        Fate::Out(SERVERS[1].port),
+        "the key is server 1's again"
+    );
+}
+
 /// A deterministic stream of numbers for the mutations below (xorshift64*).
 struct Mutator(u64);
 

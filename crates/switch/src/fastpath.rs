@@ -79,3 +79,173 @@ pub struct Seen {
 /// Hosts the switch remembers at most for a fast path; past this, new senders stay on the
 /// switch's own path (the XDP program's map holds as many).
 pub const MAX_HOSTS: usize = 16_384;
+
+/// The words by which a fast path's program decides whether it may route by its copy of the
+/// ring: it routes a read only by a ring of the newest pool version any path may route by.
+///
+/// The pool's fence ([`crate::pool::VersionFence`]) raises `gate` before the pool publishes a
+/// version, so from then on the program hands reads up to the switch, which routes them by the
+/// pool's view; the fast path then changes over ([`changeover`]) and routes again. So a read
+/// that reaches the program after a write routed by a new view (after the write's
+/// acknowledgement, say) is never routed by an older ring.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RingWords {
+    /// The newest pool version any path may route by; it never goes down.
+    pub gate: u64,
+    /// The copy of the ring in use (of two: one is written while the other is in use).
+    pub copy: u8,
+    /// The pool version whose ring the copy in use holds, as its stamp says.
+    pub version: u64,
+}
+
+impl RingWords {
+    /// The copy the program routes by, or `None` while it hands reads up.
+    pub fn routes_by(&self) -> Option<u8> {
+        (self.version == self.gate).then_some(self.copy)
+    }
+
+    /// The words after `write`.
+    pub fn apply(&mut self, write: RingWrite) {
+        match write {
+            RingWrite::Gate(v) => self.gate = self.gate.max(v),
+            RingWrite::Points(_) => {}
+            RingWrite::Select(copy) => self.copy = copy,
+            RingWrite::Stamp(v) => self.version = v,
+        }
+    }
+}
+
+/// One write of a change-over to a new ring. Each changes one word, so a frame that reads
+/// the words while one is written sees them before it or after it (a torn stamp matches no
+/// gate).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RingWrite {
+    /// The gate raised to this version, if it is not there already (the fence raises it
+    /// first; a fast path without a fence, as in tests, relies on this one).
+    Gate(u64),
+    /// The new ring's points written into this copy, the one not in use.
+    Points(u8),
+    /// The program switched to this copy, still under the old stamp, which the gate has
+    /// left behind: reads go up while it changes.
+    Select(u8),
+    /// The copy in use stamped with its version: reads are routed by it again once it is
+    /// the gate's.
+    Stamp(u64),
+}
+
+/// The writes, in order, that take a fast path whose words are `now` to the ring of pool
+/// version `version`: none for a version older than the one it holds (a newer ring is kept).
+pub fn changeover(now: &RingWords, version: u64) -> Vec<RingWrite> {
+    if version < now.version {
+        return Vec::new();
+    }
+    let copy = 1 - (now.copy & 1);
+    vec![
+        RingWrite::Gate(version),
+        RingWrite::Points(copy),
+        RingWrite::Select(copy),
+        RingWrite::Stamp(version),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The two copies' contents (the pool version each holds a ring of) with the words.
+    #[derive(Debug, Clone, Copy)]
+    struct Kernel {
+        words: RingWords,
+        copies: [Option<u64>; 2],
+    }
+
+    impl Kernel {
+        fn apply(&mut self, write: RingWrite, ring_of: u64) {
+            if let RingWrite::Points(copy) = write {
+                self.copies[usize::from(copy)] = Some(ring_of);
+            }
+            self.words.apply(write);
+        }
+
+        /// The version of the ring a read is routed by now, if it is routed.
+        fn routes(&self) -> Option<u64> {
+            let copy = self.words.routes_by()?;
+            Some(self.copies[usize::from(copy)].expect("routes by a copy that was written"))
+        }
+    }
+
+    /// A fast path in step with version 3: copy 0 holds its ring.
+    fn settled() -> Kernel {
+        Kernel {
+            words: RingWords {
+                gate: 3,
+                copy: 0,
+                version: 3,
+            },
+            copies: [Some(3), Some(2)],
+        }
+    }
+
+    #[test]
+    fn a_change_over_routes_only_by_the_gates_version_at_every_step() {
+        // The pool publishes 4 (the fence raises the gate first); the fast path changes over
+        // to 4 while, at any step or none, the pool publishes 5.
+        for publish_at in 0..=5 {
+            let mut k = settled();
+            k.apply(RingWrite::Gate(4), 0);
+            assert_eq!(k.routes(), None, "hands reads up once the fence is raised");
+            let plan = changeover(&k.words, 4);
+            assert_eq!(plan.len(), 4);
+            for (step, &write) in plan.iter().enumerate() {
+                if step == publish_at {
+                    k.apply(RingWrite::Gate(5), 0);
+                }
+                k.apply(write, 4);
+                if let Some(v) = k.routes() {
+                    assert_eq!(v, k.words.gate, "step {step}: {k:?}");
+                }
+            }
+            match publish_at {
+                // 5 came during the change: still handing reads up, until a change to 5.
+                0..=3 => {
+                    assert_eq!(k.routes(), None, "{k:?}");
+                    for write in changeover(&k.words, 5) {
+                        k.apply(write, 5);
+                        assert!(k.routes().is_none_or(|v| v == 5), "{k:?}");
+                    }
+                    assert_eq!(k.routes(), Some(5));
+                }
+                _ => assert_eq!(k.routes(), Some(4), "routes again once stamped"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_tables_of_a_switch_behind_the_pool_leave_reads_with_the_switch() {
+        // The switch had not seen version 5 when it made the tables: the ring of 4 is written
+        // and stamped, but the gate is 5, so nothing is routed by it.
+        let mut k = settled();
+        k.apply(RingWrite::Gate(5), 0);
+        for write in changeover(&k.words, 4) {
+            k.apply(write, 4);
+            assert_eq!(k.routes(), None, "{k:?}");
+        }
+        // An older ring than the one held is never written.
+        assert!(changeover(&settled().words, 2).is_empty());
+    }
+
+    #[test]
+    fn a_first_change_over_without_a_fence_routes_by_the_ring_it_wrote() {
+        // A fast path just loaded: nothing written, no fence (the gate at 0).
+        let mut k = Kernel {
+            words: RingWords::default(),
+            copies: [None, None],
+        };
+        for write in changeover(&k.words, 7) {
+            k.apply(write, 7);
+            assert!(k.routes().is_none_or(|v| v == 7), "{k:?}");
+        }
+        assert_eq!(k.routes(), Some(7));
+        assert_eq!(k.words.copy, 1);
+    }
+}

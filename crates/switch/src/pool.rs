@@ -6,7 +6,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::Duration;
 
 use kv::{Distribution, HashFn, Instant, Ring, RouteError, Server};
@@ -292,6 +292,30 @@ impl View {
     }
 }
 
+/// Told of each new version of a pool before any path can route by it: a router that keeps
+/// its own copy of the ring (the XDP fast path) stops routing by its copy here, so that no
+/// request it routes by an older ring can follow a request routed by the new one.
+pub trait VersionFence: Send + Sync {
+    /// `version` is about to be published. Called under the pool's lock, before the view and
+    /// the version are visible to any reader, once per version and in order; it must not call
+    /// back into the pool's changing methods, and should return quickly (one map write).
+    fn before_publish(&self, version: u64);
+}
+
+/// The pool's fence, if one is set (see [`Pool::set_fence`]).
+#[derive(Default)]
+struct Fence(OnceLock<Arc<dyn VersionFence>>);
+
+impl std::fmt::Debug for Fence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "Fence(set)"
+        } else {
+            "Fence(none)"
+        })
+    }
+}
+
 /// A pool and its servers' health, shared by every path that routes by it.
 #[derive(Debug)]
 pub struct Pool {
@@ -301,6 +325,7 @@ pub struct Pool {
     rules: RwLock<ServerRules>,
     state: Mutex<State>,
     view: RwLock<Arc<View>>,
+    fence: Fence,
 }
 
 /// What the pool's lock guards: its servers, their order and their health, changed together.
@@ -418,7 +443,21 @@ impl Pool {
             rules: RwLock::new(ServerRules::default()),
             state: Mutex::new(state),
             view: RwLock::new(Arc::new(view)),
+            fence: Fence::default(),
         })
+    }
+
+    /// Tells `fence` of every version from now on before it is published; it is first told
+    /// of the version in force, so that it starts from there. A pool has one fence: false,
+    /// and nothing changes, when it has one already.
+    pub fn set_fence(&self, fence: Arc<dyn VersionFence>) -> bool {
+        // Under the lock, so that no version is published between the two.
+        let _state = self.lock_state();
+        if self.fence.0.set(fence.clone()).is_err() {
+            return false;
+        }
+        fence.before_publish(self.version());
+        true
     }
 
     /// The pool's settings and every server it has had, by position (removed ones too: see
@@ -599,8 +638,13 @@ impl Pool {
         Ok(Changed { server, version })
     }
 
+    /// Makes `view` the pool's, under the state's lock: the fence first, then the view, then
+    /// its version (which readers compare with their view's before they take the new one).
     fn publish(&self, view: View) {
         let version = view.version;
+        if let Some(fence) = self.fence.0.get() {
+            fence.before_publish(version);
+        }
         match self.view.write() {
             Ok(mut v) => *v = Arc::new(view),
             Err(poisoned) => *poisoned.into_inner() = Arc::new(view),
@@ -1371,5 +1415,58 @@ mod tests {
             let hash = view.key_hash(format!("key:{k}").as_bytes());
             assert_eq!(view.read_locate_hash(hash), view.locate_hash(hash));
         }
+    }
+
+    /// A fence that notes each version it is told of with the version readers saw then.
+    #[derive(Default)]
+    struct Noting {
+        pool: OnceLock<std::sync::Weak<Pool>>,
+        seen: Mutex<Vec<(u64, u64, u64)>>,
+    }
+
+    impl VersionFence for Noting {
+        fn before_publish(&self, version: u64) {
+            let pool = self.pool.get().and_then(|p| p.upgrade()).unwrap();
+            // What a router reads at this moment: the version word and the view.
+            let visible = (pool.version(), pool.current().version());
+            self.seen
+                .lock()
+                .unwrap()
+                .push((version, visible.0, visible.1));
+        }
+    }
+
+    #[test]
+    fn the_fence_hears_of_every_version_before_any_reader_sees_it() {
+        let pool = Arc::new(three(true));
+        let t0 = Instant::ZERO;
+        pool.set_down(0, Some(t0 + Duration::from_secs(1)));
+        let fence = Arc::new(Noting::default());
+        fence.pool.set(Arc::downgrade(&pool)).unwrap();
+        assert!(pool.set_fence(fence.clone()));
+        assert!(!pool.set_fence(Arc::new(Noting::default())), "one fence");
+        // Every kind of change: the control plane's, the proxy's failures, time.
+        let s2 = pool.spec().servers[1].clone();
+        pool.remove_server(1).unwrap();
+        pool.add_server(s2).unwrap();
+        pool.set_weight(2, 3).unwrap();
+        assert!(!pool.failed(2, t0));
+        assert!(pool.failed(2, t0), "the second failure ejects");
+        let _ = pool.view(t0 + Duration::from_secs(1)); // server 0 is due back
+        pool.set_servers(&pool.spec().servers[1..]).unwrap();
+        let seen = fence.seen.lock().unwrap().clone();
+        // First the version in force (told on setting), then each new one, in order, each
+        // while readers still saw the one before.
+        assert_eq!(seen[0], (1, 1, 1));
+        for (n, &(told, word, view)) in seen.iter().enumerate().skip(1) {
+            assert_eq!(told, 1 + n as u64, "in order, none left out: {seen:?}");
+            assert_eq!(
+                (word, view),
+                (told - 1, told - 1),
+                "told before readers saw it"
+            );
+        }
+        assert_eq!(seen.len(), 7, "{seen:?}");
+        assert_eq!(seen.last().unwrap().0, pool.version());
     }
 }

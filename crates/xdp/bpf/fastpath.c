@@ -23,6 +23,16 @@ struct {
 	__type(value, struct fp_config);
 } fp_cfg SEC(".maps");
 
+/* The newest pool version any path may route by: user space (the pool's fence) raises it
+ * before the pool publishes a version, so a request to the VIP goes up from then until the
+ * ring of that version is in use (fp_config.ring_version). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} fp_gate SEC(".maps");
+
 /* Two copies of the ketama continuum, sorted by value; fp_config.ring says which is in use. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -741,11 +751,24 @@ static __always_inline int answer_cached(struct xdp_md *ctx, struct fp_config *c
 	return bpf_redirect(*ifindex, 0);
 }
 
+/* Whether the ring in use is of the newest pool version any path may route by. Read before
+ * the ring selector: user space switches copies under the old stamp and stamps after. */
+static __always_inline int ring_current(struct fp_config *cfg)
+{
+	__u32 zero = 0;
+	__u64 *gate = bpf_map_lookup_elem(&fp_gate, &zero);
+	return gate && *gate == cfg->ring_version;
+}
+
 /* A request to the VIP's memcached port: routed to its key's server, or passed up. */
 static __always_inline int route(struct xdp_md *ctx, struct fp_config *cfg, __u32 in_port,
 				 struct ethhdr *eth, struct iphdr *ip, struct udphdr *udp)
 {
 	void *end = (void *)(long)ctx->data_end;
+	/* While the pool changes, the switch routes (and answers from its cache) by its view:
+	 * nothing here may follow an older ring than a write the switch sent on. */
+	if (!ring_current(cfg))
+		return pass(FP_C_PASS_POOL_CHANGE);
 	if (!mac_eq(eth->h_dest, cfg->vip_mac) || udp->source == 0)
 		return pass(FP_C_PASS_REQUEST);
 	__u32 src = ip->saddr;

@@ -60,7 +60,8 @@
 #define FP_C_CACHE_HITS 16     /* reads answered from the kernel cache */
 #define FP_C_PASS_CACHE 17     /* with the cache on, anything but a kernel-cache hit */
 #define FP_C_PASS_NO_ROOM 18   /* a kernel-cache hit whose reply the frame has no room for */
-#define FP_NUM_COUNTERS 19
+#define FP_C_PASS_POOL_CHANGE 19 /* to the VIP while the pool changes: the ring is not the newest */
+#define FP_NUM_COUNTERS 20
 
 /* What a read is, in fp_parse's result. */
 #define FP_READ_GET 1
@@ -83,6 +84,8 @@ struct fp_config {
 	__u32 pad;        /* reply_rate is 8-byte aligned */
 	__u64 reply_rate;  /* reply bytes a second per client; 0: no limit */
 	__u64 reply_burst; /* the most reply bytes at once */
+	__u64 ring_version; /* the pool version whose ring is in use: requests to the VIP are
+			     * the program's only while it is fp_gate's */
 };
 
 struct fp_point {

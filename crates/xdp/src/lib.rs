@@ -7,10 +7,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Mutex};
 
 use kv::HashFn;
 use libbpf_rs::{MapCore, MapFlags, MapHandle, Object, ObjectBuilder, Xdp, XdpFlags};
-use switch::fastpath::{Host, Seen, Tables};
+use switch::fastpath::{changeover, Host, RingWords, RingWrite, Seen, Tables};
 use wire::ethernet::Mac;
 
 /// The limits and codes of `bpf/fastpath.h`, generated from it at build time.
@@ -103,7 +104,7 @@ pub struct TestRun {
 }
 
 /// Why the program passes frames up, by counter index (see `fastpath.h`).
-pub const PASS_REASONS: [(&str, u32); 12] = [
+pub const PASS_REASONS: [(&str, u32); 13] = [
     ("off", abi::C_PASS_OFF),
     ("not_ipv4", abi::C_PASS_NOT_IPV4),
     ("ip_header", abi::C_PASS_IP_HEADER),
@@ -116,6 +117,7 @@ pub const PASS_REASONS: [(&str, u32); 12] = [
     ("blocked", abi::C_PASS_BLOCKED),
     ("cache", abi::C_PASS_CACHE),
     ("no_room", abi::C_PASS_NO_ROOM),
+    ("pool_change", abi::C_PASS_POOL_CHANGE),
 ];
 
 /// The program's counters, summed over CPUs.
@@ -151,12 +153,58 @@ struct Maps {
     xsks: MapHandle,
 }
 
+/// `fp_gate`, the newest pool version any path may route by, with the value last written:
+/// raised by the pool's fence and by [`FastPath::sync`], under one lock, so it never goes down.
+struct Gate {
+    map: MapHandle,
+    at: Mutex<Option<u64>>,
+}
+
+impl Gate {
+    /// Raises the gate to `version`, if it is below.
+    fn raise(&self, version: u64) -> Result<(), Error> {
+        let mut at = self.at.lock().unwrap_or_else(|p| p.into_inner());
+        if at.is_some_and(|a| a >= version) {
+            return Ok(());
+        }
+        self.map
+            .update(&0u32.to_ne_bytes(), &version.to_ne_bytes(), MapFlags::ANY)
+            .map_err(map_err("fp_gate"))?;
+        *at = Some(version);
+        Ok(())
+    }
+
+    fn get(&self) -> u64 {
+        self.at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or(0)
+    }
+}
+
+/// The pool's fence ([`switch::pool::VersionFence`]) for the program: each new version raises
+/// `fp_gate` before the pool publishes it, so the program hands requests to the VIP up from
+/// then until [`FastPath::sync`] has put that version's ring in use.
+pub struct PoolFence(Arc<Gate>);
+
+impl switch::pool::VersionFence for PoolFence {
+    fn before_publish(&self, version: u64) {
+        if let Err(e) = self.0.raise(version) {
+            // An array map's write does not fail for a valid index; should it, reads may follow
+            // the old ring until the next sync, as they did before the fence.
+            tracing::error!("the XDP program may route by an old ring until its next sync: {e}");
+        }
+    }
+}
+
 /// What the maps hold now, so a sync writes only what changed.
 #[derive(Default)]
 struct Shadow {
     cfg: Vec<u8>,
     /// The ring copy in use (0 or 1), the pool version and hash it was written for, its points.
     ring_gen: u32,
+    /// The pool version the copy in use is stamped with (`fp_config.ring_version`).
+    ring_stamp: u64,
     ring_of: Option<(u64, HashFn)>,
     /// How many points the ring in use holds.
     ring_len: usize,
@@ -182,10 +230,11 @@ pub struct FastPath {
     /// One BPF link per attached interface: dropping it detaches the program.
     links: Vec<libbpf_rs::Link>,
     shadow: Shadow,
+    gate: Arc<Gate>,
 }
 
 /// Sizes of the structures of `fastpath.h`, as this loader lays them out.
-const CFG_LEN: u32 = 56;
+const CFG_LEN: u32 = 64;
 const POINT_LEN: u32 = 8;
 const SERVER_LEN: u32 = 20;
 const MAC_KEY_LEN: u32 = 8;
@@ -254,6 +303,10 @@ impl FastPath {
             cache: handle("fp_cache", 4, CACHED_LEN)?,
             xsks: handle("fp_xsks", 4, 4)?,
         };
+        let gate = Arc::new(Gate {
+            map: handle("fp_gate", 4, 8)?,
+            at: Mutex::new(None),
+        });
         Ok(FastPath {
             object,
             program,
@@ -261,6 +314,7 @@ impl FastPath {
             attached: Vec::new(),
             links: Vec::new(),
             shadow: Shadow::default(),
+            gate,
         })
     }
 
@@ -351,21 +405,36 @@ impl FastPath {
             .map_err(map_err("fp_xsks"))
     }
 
+    /// The pool's fence for this program: set it on the pool the switch routes by
+    /// ([`switch::pool::Pool::set_fence`]), so that no read is routed here by a ring older
+    /// than a request the switch or the proxy routed by the pool's newest view.
+    pub fn pool_fence(&self) -> PoolFence {
+        PoolFence(self.gate.clone())
+    }
+
     /// Brings the maps to `t`, writing only what changed. A disabled table turns the program
-    /// off (every frame passes up) and leaves the rest as it was. The ring is written into the
-    /// copy not in use and then switched to in one word, so a frame sees one ring or the other.
+    /// off (every frame passes up) and leaves the rest as it was. A new ring is written into
+    /// the copy not in use, switched to under the old ring's stamp, then stamped with its
+    /// pool version ([`changeover`]): the program routes by it once that version is the
+    /// gate's, and a frame sees one ring or the other.
     pub fn sync(&mut self, t: &Tables) -> Result<(), Error> {
         if t.disabled.is_some() || t.servers.len() > abi::MAX_SERVERS as usize {
-            return self.write_cfg(&cfg_bytes(t, false, 0));
+            let cfg = cfg_bytes(t, false, 0, self.shadow.ring_stamp);
+            return self.write_cfg(&cfg);
         }
         self.sync_servers(t)?;
         self.sync_ring(t)?;
         self.sync_own(t)?;
         self.sync_stations(t)?;
         self.sync_hosts(t)?;
+        self.write_cfg(&self.cfg_now(t))
+    }
+
+    /// `fp_config` for `t` with the ring copy and stamp in use.
+    fn cfg_now(&self, t: &Tables) -> Vec<u8> {
         let ring = (self.shadow.ring_gen * abi::RING_GEN_BIT) | self.shadow.ring_len as u32;
         let ring_ok = self.shadow.ring_len > 0 && self.shadow.ring_len <= abi::MAX_POINTS as usize;
-        self.write_cfg(&cfg_bytes(t, ring_ok, ring))
+        cfg_bytes(t, ring_ok, ring, self.shadow.ring_stamp)
     }
 
     fn write_cfg(&mut self, cfg: &[u8]) -> Result<(), Error> {
@@ -424,6 +493,8 @@ impl FastPath {
         Ok(())
     }
 
+    /// Changes over to `t`'s ring when its pool version is not the one in use, in the order
+    /// [`changeover`] gives.
     fn sync_ring(&mut self, t: &Tables) -> Result<(), Error> {
         // A pool's version names one ring.
         let of = Some((t.ring_version, t.hash));
@@ -435,8 +506,37 @@ impl FastPath {
             self.shadow.ring_len = t.ring.len();
             return Ok(()); // too long: sync leaves the program off (see ring_ok)
         }
-        let gen = 1 - self.shadow.ring_gen;
-        let base = gen * abi::MAX_POINTS;
+        let words = RingWords {
+            gate: self.gate.get(),
+            copy: self.shadow.ring_gen as u8,
+            version: self.shadow.ring_stamp,
+        };
+        let plan = changeover(&words, t.ring_version);
+        if plan.is_empty() {
+            return Ok(()); // tables older than the ring in use: it stays
+        }
+        for write in plan {
+            match write {
+                RingWrite::Gate(version) => self.gate.raise(version)?,
+                RingWrite::Points(copy) => self.write_points(t, copy)?,
+                RingWrite::Select(copy) => {
+                    self.shadow.ring_gen = u32::from(copy);
+                    self.shadow.ring_len = t.ring.len();
+                    self.write_cfg(&self.cfg_now(t))?;
+                }
+                RingWrite::Stamp(version) => {
+                    self.shadow.ring_stamp = version;
+                    self.write_cfg(&self.cfg_now(t))?;
+                }
+            }
+        }
+        self.shadow.ring_of = of;
+        Ok(())
+    }
+
+    /// `t`'s ring into copy `copy` of `fp_ring` (the one not in use).
+    fn write_points(&mut self, t: &Tables, copy: u8) -> Result<(), Error> {
+        let base = u32::from(copy & 1) * abi::MAX_POINTS;
         for (i, &(value, server)) in t.ring.iter().enumerate() {
             let mut v = [0u8; POINT_LEN as usize];
             v[..4].copy_from_slice(&value.to_ne_bytes());
@@ -446,9 +546,6 @@ impl FastPath {
                 .update(&(base + i as u32).to_ne_bytes(), &v, MapFlags::ANY)
                 .map_err(map_err("fp_ring"))?;
         }
-        self.shadow.ring_gen = gen;
-        self.shadow.ring_of = of;
-        self.shadow.ring_len = t.ring.len();
         Ok(())
     }
 
@@ -779,8 +876,8 @@ pub fn supports_hash(h: HashFn) -> bool {
     hash_code(h).is_some()
 }
 
-/// `struct fp_config`.
-fn cfg_bytes(t: &Tables, ring_ok: bool, ring: u32) -> Vec<u8> {
+/// `struct fp_config`, with the ring selector `ring` and the ring's pool version `stamp`.
+fn cfg_bytes(t: &Tables, ring_ok: bool, ring: u32, stamp: u64) -> Vec<u8> {
     let hash = hash_code(t.hash);
     let enabled = t.disabled.is_none() && ring_ok && hash.is_some();
     let mut b = Vec::with_capacity(CFG_LEN as usize);
@@ -798,6 +895,7 @@ fn cfg_bytes(t: &Tables, ring_ok: bool, ring: u32) -> Vec<u8> {
     let (rate, burst) = t.reply_limit.map_or((0, 0), |(r, b)| (r.min(1 << 34), b));
     b.extend_from_slice(&rate.to_ne_bytes());
     b.extend_from_slice(&burst.to_ne_bytes());
+    b.extend_from_slice(&stamp.to_ne_bytes());
     debug_assert_eq!(b.len(), CFG_LEN as usize);
     b
 }

@@ -175,8 +175,11 @@ impl Switch {
 
     /// Takes in what a fast path did: its senders' stations and source bindings are refreshed
     /// at `now` as if the switch had seen their frames, and its counts are added to the
-    /// switch's own.
+    /// switch's own. The switch also takes the pool's current view, as at a frame, so that
+    /// [`Switch::fast_tables`] after it are of the pool's newest version: a fast path routes
+    /// by no other (see [`crate::fastpath::RingWords`]).
     pub fn fast_seen(&mut self, seen: &Seen, now: Instant) {
+        self.refresh_pool(now);
         for h in &seen.hosts {
             if !self.fast_accepts(h) {
                 continue;
