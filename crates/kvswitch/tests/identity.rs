@@ -5,11 +5,12 @@
 
 mod common;
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
+use kvswitch::ctl::Client as Api;
 use switch::frame::{arp_frame, udp_frame, UdpEnds};
 use testbed::history_load::{self, Clock, Load, Mix, Transport};
 use wire::arp;
@@ -308,6 +309,50 @@ fn an_attacker_host_speaks_for_nobody_while_honest_clients_run() {
             format!("VALUE {key} 0 4\r\ngood\r\nEND\r\n").as_bytes()
         );
     }
+    // A server taken out of the pool speaks in its own name again: its UDP from the memcached
+    // port is no longer sent on as the VIP's, in the kernel or by the switch.
+    let api = Api {
+        api: live.api(),
+        token: None,
+    };
+    api.call("DELETE", "/api/v1/pool/servers/s3", None)
+        .expect("remove s3");
+    let listener = live
+        .in_host("c1", || {
+            UdpSocket::bind(SocketAddr::new(victim_ip.into(), 40_777)).expect("bind")
+        })
+        .expect("c1");
+    listener
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .expect("timeout");
+    let (s3, s3_mac) = (ip_of(&live, "s3"), mac_of(&live, "s3"));
+    let victim_mac = mac_of(&live, "c1");
+    let mut from_vip = 0;
+    for round in 0..20u16 {
+        let forged = udp_frame(
+            &UdpEnds {
+                src_mac: s3_mac,
+                dst_mac: victim_mac,
+                src_ip: s3,
+                dst_ip: victim_ip,
+                src_port: 11211,
+                dst_port: 40_777,
+            },
+            &[&datagram(round, "VALUE id:0 0 4\r\nEVIL\r\nEND\r\n")],
+        );
+        live.in_host("s3", || {
+            let sender = kvio::FrameSender::on_address(s3).expect("a frame sender");
+            sender.send(&forged).expect("send");
+        })
+        .expect("s3");
+        let mut buf = [0u8; 256];
+        if let Ok((_, from)) = listener.recv_from(&mut buf) {
+            if from.ip() == vip(&live).ip() {
+                from_vip += 1;
+            }
+        }
+    }
+    assert_eq!(from_vip, 0, "a removed server's datagrams arrived as the VIP's");
     // A second switch on the same ports is refused at start, and the first goes on.
     let second = std::process::Command::new(env!("CARGO_BIN_EXE_kvswitch"))
         .args(["run", "--config"])

@@ -51,6 +51,10 @@ pub struct FastServer {
     pub udp_port: u16,
     /// Its MAC and the port it is learned on, when a request to it may go straight there.
     pub to: Option<(Mac, u16)>,
+    /// Whether it is in the pool: only then are its UDP replies sent on with the VIP as their
+    /// source (a server the control plane removed speaks in its own name, as the switch's
+    /// `vip_reply` table has it).
+    pub in_pool: bool,
 }
 
 /// A sender: its MAC and IPv4 source on a port.

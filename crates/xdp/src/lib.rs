@@ -466,11 +466,13 @@ impl FastPath {
                 .map_err(map_err("fp_servers"))?;
         }
         self.shadow.servers = want;
-        // The newest server at an address is the one its replies count for, as in the switch.
+        // The newest server at an address is the one its replies count for, as in the switch;
+        // a removed server's replies are not sent as the VIP's.
         let ips: BTreeMap<Ipv4Addr, u32> = t
             .servers
             .iter()
             .enumerate()
+            .filter(|(_, s)| s.in_pool)
             .map(|(i, s)| (s.ip, i as u32))
             .collect();
         for ip in self

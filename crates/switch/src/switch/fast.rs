@@ -85,6 +85,7 @@ impl Switch {
                     (true, Some(mac), Some(port)) => Some((mac, port)),
                     _ => None,
                 },
+                in_pool: !self.is_removed(i),
             })
             .collect();
         let mut stations: Vec<(Mac, u16)> = self
