@@ -180,7 +180,7 @@ impl Guard {
                             "the Host header {:?} does not name this API: reach it by its \
                              address, as localhost:{port}, or by a name listed in api_hosts \
                              (a page whose name points here is refused: DNS rebinding)",
-                            host.unwrap_or_default()
+                            host.clone().unwrap_or_default()
                         ),
                     ),
                 ));
@@ -201,7 +201,12 @@ impl Guard {
                     ),
                 ));
             }
-            let needs_json = req.method() != Method::DELETE || has_body(headers);
+            // Taking the CPU's frames is a GET: its origin is checked, it has no body.
+            let needs_json = match *req.method() {
+                Method::POST | Method::PUT | Method::PATCH => true,
+                Method::DELETE => has_body(headers),
+                _ => false,
+            };
             if needs_json && !is_json(headers) {
                 return Err((
                     Refusal::ContentType,
@@ -275,7 +280,8 @@ impl Guard {
             }
             Ok(())
         };
-        match tokio::time::timeout(BODY_TIMEOUT, read).await {
+        let outcome = tokio::time::timeout(BODY_TIMEOUT, read).await;
+        match outcome {
             Ok(Ok(())) => Ok((Request::from_parts(parts, Body::from(bytes)), held)),
             Ok(Err(refused)) => Err(refused),
             Err(_) => Err((
