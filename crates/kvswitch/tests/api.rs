@@ -1327,7 +1327,10 @@ fn a_cross_origin_text_plain_post_is_refused_and_changes_nothing() {
             let (status, reply) = request(&rig, "POST", path, &[&host, kind], body);
             assert_eq!(status, 415, "{kind} {path}: {reply}");
             assert!(
-                reply["error"].as_str().unwrap().contains("application/json"),
+                reply["error"]
+                    .as_str()
+                    .unwrap()
+                    .contains("application/json"),
                 "{reply}"
             );
         }
@@ -1404,8 +1407,13 @@ fn a_request_by_a_rebound_name_is_refused() {
         );
         assert_eq!(status, 403, "{name}: {body}");
         assert!(body["error"].as_str().unwrap().contains("Host"), "{body}");
-        let (status, body) =
-            request(&rig, "GET", "/api/v1/status", &[&format!("Host: {name}")], "");
+        let (status, body) = request(
+            &rig,
+            "GET",
+            "/api/v1/status",
+            &[&format!("Host: {name}")],
+            "",
+        );
         assert_eq!(status, 403, "{name}: {body}");
     }
     // No Host at all (HTTP/1.0 allows it): refused too.
@@ -1524,7 +1532,9 @@ fn slow_clients_cannot_hold_the_api_and_forwarding_goes_on() {
     let slow: Vec<TcpStream> = (0..3 * cap)
         .map(|_| {
             let mut conn = TcpStream::connect(host).unwrap();
-            let _ = conn.write_all(format!("GET /api/v1/status HTTP/1.1\r\nHost: {host}\r\nX-Slow: ").as_bytes());
+            let _ = conn.write_all(
+                format!("GET /api/v1/status HTTP/1.1\r\nHost: {host}\r\nX-Slow: ").as_bytes(),
+            );
             conn
         })
         .collect();
@@ -1571,7 +1581,10 @@ fn slow_clients_cannot_hold_the_api_and_forwarding_goes_on() {
     idle.read_exact(&mut first).unwrap();
     assert_eq!(&first, b"HTTP/1.1 200");
     std::thread::sleep(timeout + Duration::from_millis(500));
-    assert!(closed(&idle), "an idle connection is closed after the timeout");
+    assert!(
+        closed(&idle),
+        "an idle connection is closed after the timeout"
+    );
 }
 
 #[test]
@@ -1717,7 +1730,10 @@ fn a_page_of_another_origin_cannot_change_the_switch_in_chromium() {
     serving.join().unwrap();
     exited.expect("chromium renders the page within a minute");
     let dom = std::fs::read_to_string(&log).unwrap_or_default();
-    assert!(dom.contains("sent fulfilled"), "the page sent nothing:\n{dom}");
+    assert!(
+        dom.contains("sent fulfilled"),
+        "the page sent nothing:\n{dom}"
+    );
     assert_eq!(acl(&rig), acl_before, "the page changed the acl");
     assert_eq!(pool_servers(&rig), pool_before, "the page changed the pool");
     assert_eq!(refused_for(&rig, "origin"), 3, "{dom}");

@@ -456,12 +456,16 @@ fn the_controller_takes_no_change_a_browser_could_send_from_another_origin() {
             415,
         ),
         (
-            format!("Host: {api}\r\nOrigin: http://evil.example\r\nContent-Type: application/json\r\n"),
+            format!(
+                "Host: {api}\r\nOrigin: http://evil.example\r\nContent-Type: application/json\r\n"
+            ),
             403,
         ),
         // DNS rebinding: the page's own name, pointed here.
         (
-            format!("Host: {rebound}\r\nOrigin: http://{rebound}\r\nContent-Type: application/json\r\n"),
+            format!(
+                "Host: {rebound}\r\nOrigin: http://{rebound}\r\nContent-Type: application/json\r\n"
+            ),
             403,
         ),
     ] {
@@ -493,8 +497,12 @@ fn the_controller_takes_no_change_a_browser_could_send_from_another_origin() {
         assert!(metrics.contains(line), "no {line} in:\n{metrics}");
     }
     // The controller's own client sends JSON, as ever.
-    ctl.call("POST", "/api/v1/pool/servers", Some(&serde_json::from_str(body).unwrap()))
-        .unwrap();
+    ctl.call(
+        "POST",
+        "/api/v1/pool/servers",
+        Some(&serde_json::from_str(body).unwrap()),
+    )
+    .unwrap();
     ctl.call("DELETE", "/api/v1/pool/servers/s9", None).unwrap();
 }
 

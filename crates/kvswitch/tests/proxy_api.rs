@@ -211,11 +211,15 @@ fn slow_and_cross_origin_clients_of_the_api_leave_the_proxy_serving() {
         )
     };
     assert_eq!(
-        post(&format!("Host: {api}\r\nOrigin: http://evil.example\r\nContent-Type: text/plain\r\n")),
+        post(&format!(
+            "Host: {api}\r\nOrigin: http://evil.example\r\nContent-Type: text/plain\r\n"
+        )),
         403
     );
     assert_eq!(
-        post(&format!("Host: {api}\r\nContent-Type: application/x-www-form-urlencoded\r\n")),
+        post(&format!(
+            "Host: {api}\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+        )),
         415
     );
     assert_eq!(
@@ -252,17 +256,26 @@ fn slow_and_cross_origin_clients_of_the_api_leave_the_proxy_serving() {
         if let Ok((200, _)) = testbed::http_get(api, "/api/v1/status") {
             break;
         }
-        assert!(started.elapsed() < bound, "the API did not answer within {bound:?}");
+        assert!(
+            started.elapsed() < bound,
+            "the API did not answer within {bound:?}"
+        );
         thread::sleep(Duration::from_millis(50));
     }
     let metrics = get(api, "/metrics");
     assert!(
-        sample(&metrics, "kvswitch_api_refused_total{reason=\"connections\"}")
-            .is_some_and(|n| n >= 36.0),
+        sample(
+            &metrics,
+            "kvswitch_api_refused_total{reason=\"connections\"}"
+        )
+        .is_some_and(|n| n >= 36.0),
         "{metrics}"
     );
     assert_eq!(
-        sample(&metrics, "kvswitch_api_refused_total{reason=\"header_timeout\"}"),
+        sample(
+            &metrics,
+            "kvswitch_api_refused_total{reason=\"header_timeout\"}"
+        ),
         Some(4.0),
         "{metrics}"
     );

@@ -256,22 +256,18 @@ impl Guard {
                     return Err(too_large());
                 }
                 let n = u32::try_from(chunk.len()).map_err(|_| too_large())?;
-                let permit = self
-                    .bodies
-                    .clone()
-                    .try_acquire_many_owned(n)
-                    .map_err(|_| {
-                        (
-                            Refusal::BodyBudget,
-                            ApiFailure::new(
-                                StatusCode::SERVICE_UNAVAILABLE,
-                                format!(
-                                    "the API holds as many request bodies as it may \
+                let permit = self.bodies.clone().try_acquire_many_owned(n).map_err(|_| {
+                    (
+                        Refusal::BodyBudget,
+                        ApiFailure::new(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!(
+                                "the API holds as many request bodies as it may \
                                      ({BODY_BUDGET} bytes in all); try again"
-                                ),
                             ),
-                        )
-                    })?;
+                        ),
+                    )
+                })?;
                 match &mut held {
                     Some(h) => h.merge(permit),
                     None => held = Some(permit),
@@ -351,11 +347,10 @@ pub(crate) async fn accept(listener: tokio::net::TcpListener, app: Router, guard
         };
         let _ = socket.set_nodelay(true);
         let app = app.clone();
-        let service =
-            hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
-                req.extensions_mut().insert(Reached(reached));
-                tower::ServiceExt::oneshot(app.clone(), req)
-            });
+        let service = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
+            req.extensions_mut().insert(Reached(reached));
+            tower::ServiceExt::oneshot(app.clone(), req)
+        });
         let connection = http.serve_connection(TokioIo::new(socket), service);
         let guard = guard.clone();
         tokio::spawn(async move {
@@ -510,9 +505,15 @@ mod tests {
     fn a_change_from_another_origin_is_named() {
         let mut h = HeaderMap::new();
         assert_eq!(foreign_origin(&h, "127.0.0.1:9110"), None);
-        h.insert(header::ORIGIN, HeaderValue::from_static("http://127.0.0.1:9110"));
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://127.0.0.1:9110"),
+        );
         assert_eq!(foreign_origin(&h, "127.0.0.1:9110"), None);
-        h.insert(header::ORIGIN, HeaderValue::from_static("http://evil.example"));
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://evil.example"),
+        );
         assert!(foreign_origin(&h, "127.0.0.1:9110").is_some());
         h.insert(header::ORIGIN, HeaderValue::from_static("null"));
         assert!(foreign_origin(&h, "127.0.0.1:9110").is_some());
