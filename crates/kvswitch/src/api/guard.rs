@@ -9,9 +9,9 @@
 //! request (a POST of `text/plain`, with no preflight), and a page whose name the attacker
 //! points at 127.0.0.1 (DNS rebinding) is, to the browser, of the same origin as the API. So:
 //!
-//! - every request's `Host` must name the API: the address its connection reached (the
-//!   listen address, or the one a client dialled when listening on all of them), `localhost`,
-//!   both with the API's port, or a name of `api_hosts`. A rebound page's requests carry the
+//! - every request's `Host` must name the API: the address its connection reached (the one
+//!   the client dialled), the listen address as written (even `0.0.0.0`), or `localhost`, all
+//!   with the API's port, or a name of `api_hosts`. A rebound page's requests carry the
 //!   attacker's name;
 //! - a change (POST, PUT, PATCH, DELETE, and taking the CPU's frames) must come from no other
 //!   origin: an `Origin` absent (not a browser) or the API's own, and a `Sec-Fetch-Site`
@@ -166,12 +166,12 @@ impl Guard {
         &self,
         req: Request,
     ) -> Result<(Request, Option<OwnedSemaphorePermit>), (Refusal, ApiFailure)> {
-        let reached = req.extensions().get::<Reached>().map(|r| r.0);
+        let reached = req.extensions().get::<Reached>().copied();
         let host = host_of(&req);
         match (&host, reached) {
             (Some(h), Some(at)) if names_the_api(h, at, &self.serving.hosts) => {}
             _ => {
-                let port = reached.map_or(0, |a| a.port());
+                let port = reached.map_or(0, |r| r.at.port());
                 return Err((
                     Refusal::Host,
                     ApiFailure::new(
@@ -291,9 +291,14 @@ impl Guard {
     }
 }
 
-/// The address a connection was accepted on, put in each of its requests by [`accept`].
+/// Where a connection was accepted, put in each of its requests by [`accept`].
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Reached(pub SocketAddr);
+pub(crate) struct Reached {
+    /// The connection's own address: the one the client dialled.
+    pub at: SocketAddr,
+    /// The listener's address (`0.0.0.0:PORT` when it listens on every address).
+    pub listen: SocketAddr,
+}
 
 /// The middleware: refuses what [`Guard`] refuses, else runs the request with its body read.
 async fn check(State(guard): State<Arc<Guard>>, req: Request, next: Next) -> Response {
@@ -342,13 +347,14 @@ pub(crate) async fn accept(listener: tokio::net::TcpListener, app: Router, guard
             drop(socket);
             continue;
         };
-        let Ok(reached) = socket.local_addr() else {
+        let (Ok(at), Ok(listen)) = (socket.local_addr(), listener.local_addr()) else {
             continue;
         };
+        let reached = Reached { at, listen };
         let _ = socket.set_nodelay(true);
         let app = app.clone();
         let service = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
-            req.extensions_mut().insert(Reached(reached));
+            req.extensions_mut().insert(reached);
             tower::ServiceExt::oneshot(app.clone(), req)
         });
         let connection = http.serve_connection(TokioIo::new(socket), service);
@@ -382,12 +388,15 @@ fn host_of(req: &Request) -> Option<String> {
         .or_else(|| req.uri().authority().map(|a| a.as_str().to_string()))
 }
 
-/// Whether `host` (a `Host` header's value) names an API whose connection was accepted on
-/// `reached`: that address, or `localhost`, with its port (80 when none is given); or one
-/// of `extra` (`name`, with the API's port or none, or `name:port` as given).
-fn names_the_api(host: &str, reached: SocketAddr, extra: &[String]) -> bool {
+/// Whether `host` (a `Host` header's value) names an API whose connection was accepted as
+/// `reached` says: the address the client dialled, the listen address (as written, even
+/// `0.0.0.0`, which clients on the host dial), or `localhost`, with the API's port (80 when
+/// none is given); or one of `extra` (`name`, with the API's port or none, or `name:port` as
+/// given). An IP address the API is not reached at, or any other name, is not the API's: a
+/// page whose name was pointed here sends its own name.
+fn names_the_api(host: &str, reached: Reached, extra: &[String]) -> bool {
     let host = host.trim().to_ascii_lowercase();
-    let port = reached.port();
+    let port = reached.at.port();
     if extra
         .iter()
         .any(|h| *h == host || format!("{h}:{port}") == host)
@@ -414,9 +423,11 @@ fn names_the_api(host: &str, reached: SocketAddr, extra: &[String]) -> bool {
         Some(Err(_)) => return false,
     };
     let own = name == "localhost"
-        || name
-            .parse::<IpAddr>()
-            .is_ok_and(|ip| ip.to_canonical() == reached.ip().to_canonical());
+        || name.parse::<IpAddr>().is_ok_and(|ip| {
+            [reached.at.ip(), reached.listen.ip()]
+                .iter()
+                .any(|own| own.to_canonical() == ip.to_canonical())
+        });
     own && given == port
 }
 
@@ -469,7 +480,11 @@ mod tests {
 
     #[test]
     fn a_host_names_the_api_by_its_address_localhost_or_a_listed_name() {
-        let at: SocketAddr = "127.0.0.1:9110".parse().unwrap();
+        let reached = |at: &str, listen: &str| Reached {
+            at: at.parse().unwrap(),
+            listen: listen.parse().unwrap(),
+        };
+        let at = reached("127.0.0.1:9110", "127.0.0.1:9110");
         let listed = ["switch1.example".to_string(), "nat.example:80".to_string()];
         for ok in [
             "127.0.0.1:9110",
@@ -493,12 +508,19 @@ mod tests {
         ] {
             assert!(!names_the_api(bad, at, &listed), "{bad}");
         }
-        let v6: SocketAddr = "[::1]:9110".parse().unwrap();
+        let v6 = reached("[::1]:9110", "[::1]:9110");
         assert!(names_the_api("[::1]:9110", v6, &[]));
         assert!(!names_the_api("[::1]", v6, &[]));
         // A listener on [::] takes IPv4 clients as mapped addresses.
-        let mapped: SocketAddr = "[::ffff:10.0.0.1]:9110".parse().unwrap();
+        let mapped = reached("[::ffff:10.0.0.1]:9110", "[::]:9110");
         assert!(names_the_api("10.0.0.1:9110", mapped, &[]));
+        // A listener on 0.0.0.0, dialled as 0.0.0.0 (the connection is 127.0.0.1's) or by
+        // another of its addresses; not by an address it was not reached at.
+        let any = reached("127.0.0.1:9110", "0.0.0.0:9110");
+        assert!(names_the_api("0.0.0.0:9110", any, &[]));
+        assert!(names_the_api("127.0.0.1:9110", any, &[]));
+        assert!(!names_the_api("10.0.0.1:9110", any, &[]));
+        assert!(!names_the_api("0.0.0.0:9111", any, &[]));
     }
 
     #[test]
