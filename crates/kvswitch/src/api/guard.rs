@@ -165,9 +165,16 @@ impl Guard {
     async fn admit(
         &self,
         req: Request,
-    ) -> Result<(Request, Option<OwnedSemaphorePermit>), (Refusal, ApiFailure)> {
+    ) -> Result<(Request, Option<OwnedSemaphorePermit>), Refused> {
+        self.check_headers(&req)?;
+        self.read_body(req).await
+    }
+
+    /// Refuses a request whose `Host` is not the API's, or a change from another origin or
+    /// not sent as JSON.
+    fn check_headers(&self, req: &Request) -> Result<(), Refused> {
         let reached = req.extensions().get::<Reached>().copied();
-        let host = host_of(&req);
+        let host = host_of(req);
         match (&host, reached) {
             (Some(h), Some(at)) if names_the_api(h, at, &self.serving.hosts) => {}
             _ => {
@@ -218,6 +225,16 @@ impl Guard {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// The request with its body read whole, within [`MAX_BODY`], [`BODY_BUDGET`] and
+    /// [`BODY_TIMEOUT`], and the part of the budget it holds.
+    async fn read_body(
+        &self,
+        req: Request,
+    ) -> Result<(Request, Option<OwnedSemaphorePermit>), Refused> {
+        let headers = req.headers();
         if !has_body(headers) {
             return Ok((req, None));
         }
@@ -290,6 +307,9 @@ impl Guard {
         }
     }
 }
+
+/// Why a request was refused, and the answer it gets.
+type Refused = (Refusal, ApiFailure);
 
 /// Where a connection was accepted, put in each of its requests by [`accept`].
 #[derive(Clone, Copy, Debug)]
