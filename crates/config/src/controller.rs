@@ -5,6 +5,9 @@
 //! ```toml
 //! [controller]
 //! api = "127.0.0.1:9200"        # the controller's own API: status, metrics, pool changes
+//! api_hosts = ["ctl.example"]   # names it is reached by besides its address and localhost
+//! api_max_connections = 256     # connections past these are closed at once
+//! api_header_timeout_ms = 10000 # a request's headers must arrive within this long
 //! probe_interval_ms = 100       # each server is asked `version` this often, over TCP
 //! probe_timeout_ms = 100        # ... and must answer within this long
 //! probe_udp = false             # also over UDP (memcached started with -U)
@@ -53,6 +56,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::api::{ApiServing, RawApiServing};
 use super::ConfigError;
 use switch::control::Value;
 use switch::pool::PoolSpec;
@@ -75,6 +79,9 @@ pub struct SwitchRef {
 pub struct ControllerFile {
     pub path: PathBuf,
     pub api: SocketAddr,
+    /// How the API bounds its clients (`[controller]`'s `api_max_connections`,
+    /// `api_header_timeout_ms`, `api_hosts`).
+    pub api_serving: ApiServing,
     pub probe_interval: Duration,
     pub probe_timeout: Duration,
     /// Probe over UDP as well as TCP: a server is up only while it answers both.
@@ -156,6 +163,9 @@ struct RawRoutes {
 #[serde(deny_unknown_fields)]
 struct RawController {
     api: Option<String>,
+    api_max_connections: Option<usize>,
+    api_header_timeout_ms: Option<u64>,
+    api_hosts: Option<Vec<String>>,
     probe_interval_ms: Option<u64>,
     probe_timeout_ms: Option<u64>,
     probe_udp: Option<bool>,
@@ -198,6 +208,12 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
             format!("`{api_text}` is not an address such as 127.0.0.1:9200"),
         )
     })?;
+    let api_serving = RawApiServing {
+        max_connections: c.api_max_connections,
+        header_timeout_ms: c.api_header_timeout_ms,
+        hosts: c.api_hosts.clone(),
+    }
+    .check(path, "controller")?;
     let ms = |key: &str, value: Option<u64>, default: u64, range: (u64, u64)| {
         let v = value.unwrap_or(default);
         match (range.0..=range.1).contains(&v) {
@@ -363,6 +379,7 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
     Ok(ControllerFile {
         path: path.to_owned(),
         api,
+        api_serving,
         probe_interval,
         probe_timeout,
         probe_udp: c.probe_udp.unwrap_or(false),

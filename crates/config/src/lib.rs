@@ -5,6 +5,7 @@
 //! (nutcracker's YAML). The `[pool]` keys all three share are checked in one place, so a
 //! value means the same and fails the same way in every file.
 
+pub mod api;
 pub mod cache;
 pub mod controller;
 pub mod fabric;
@@ -43,6 +44,9 @@ pub struct Config {
     /// `switch.api_token_file`: the file whose first line is the token changes through the
     /// API need (relative to the configuration file's directory).
     pub api_token_file: Option<PathBuf>,
+    /// How the API bounds its clients (`switch.api_max_connections`,
+    /// `switch.api_header_timeout_ms`, `switch.api_hosts`).
+    pub api_serving: api::ApiServing,
     /// After a frame, how long the run loop keeps polling the ports before it sleeps.
     pub busy_poll: std::time::Duration,
     /// `switch.datapath`: what carries frames between the ports and the switch.
@@ -264,6 +268,12 @@ struct RawSwitch {
     #[serde(default)]
     api_token_file: Option<PathBuf>,
     #[serde(default)]
+    api_max_connections: Option<usize>,
+    #[serde(default)]
+    api_header_timeout_ms: Option<u64>,
+    #[serde(default)]
+    api_hosts: Option<Vec<String>>,
+    #[serde(default)]
     busy_poll_us: Option<u64>,
     #[serde(default)]
     steer_check_ms: Option<u64>,
@@ -405,6 +415,13 @@ impl Config {
                 format!("`{api_text}` is not an address such as 127.0.0.1:9110"),
             )
         })?;
+
+        let api_serving = api::RawApiServing {
+            max_connections: raw.switch.api_max_connections,
+            header_timeout_ms: raw.switch.api_header_timeout_ms,
+            hosts: raw.switch.api_hosts.clone(),
+        }
+        .check(path, "switch")?;
 
         let datapath = match raw.switch.datapath.as_deref() {
             None => Datapath::Auto,
@@ -670,6 +687,7 @@ impl Config {
                 true => path.parent().unwrap_or(Path::new(".")).join(f),
                 false => f,
             }),
+            api_serving,
             busy_poll: std::time::Duration::from_micros(busy_poll_us),
             datapath,
             steer_check: (steer_check_ms > 0).then(|| Duration::from_millis(steer_check_ms)),
@@ -951,6 +969,12 @@ mode = "l3"
 # text). Changes through it need a token when it listens beyond this host.
 api = "127.0.0.1:9110"
 # api_token_file = "api.token"   # or the environment's KVSWITCH_API_TOKEN
+# The API answers only requests whose Host names it (its address, localhost, or these), and
+# takes changes only as JSON from no other web origin. Past api_max_connections a connection
+# is closed at once; a request's headers must arrive within api_header_timeout_ms.
+# api_hosts = ["switch1.example"]
+# api_max_connections = 256
+# api_header_timeout_ms = 10000
 # A port whose frames leave through a queue at a rate (to make congestion on a testbed):
 # [switch.egress.veth-s1]
 # rate_bps = 100000000

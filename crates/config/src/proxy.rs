@@ -32,6 +32,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use super::api::{ApiServing, RawApiServing};
 use super::cache::CacheSettings;
 use super::pool_keys::{self, PoolKeys, RawPool};
 use super::{Config, ConfigError};
@@ -58,6 +59,9 @@ pub struct ProxyFile {
     pub workers: Option<usize>,
     /// `[proxy].api`: the proxy's HTTP API; `None` when the file has none.
     pub api: Option<SocketAddr>,
+    /// How the API bounds its clients (`[proxy]`'s `api_max_connections`,
+    /// `api_header_timeout_ms`, `api_hosts`).
+    pub api_serving: ApiServing,
     /// The pool. Its `listen` is [`ProxyFile::listen`], or [`UNSET_LISTEN`] when the file has
     /// none: take the pool through [`ProxyFile::pool_with_listen`], which settles it.
     pub pool: PoolSpec,
@@ -104,6 +108,12 @@ struct RawProxy {
     workers: Option<usize>,
     #[serde(default)]
     api: Option<String>,
+    #[serde(default)]
+    api_max_connections: Option<usize>,
+    #[serde(default)]
+    api_header_timeout_ms: Option<u64>,
+    #[serde(default)]
+    api_hosts: Option<Vec<String>>,
 }
 
 /// Reads a proxy configuration, or a switch configuration for its pool (see the module
@@ -133,6 +143,7 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
             listen: None,
             workers: None,
             api: None,
+            api_serving: config.api_serving.clone(),
             pool: config.pool_spec(UNSET_LISTEN),
             from_switch: true,
             cache: config.cache,
@@ -145,7 +156,16 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
         listen: None,
         workers: None,
         api: None,
+        api_max_connections: None,
+        api_header_timeout_ms: None,
+        api_hosts: None,
     });
+    let api_serving = RawApiServing {
+        max_connections: proxy.api_max_connections,
+        header_timeout_ms: proxy.api_header_timeout_ms,
+        hosts: proxy.api_hosts.clone(),
+    }
+    .check(path, "proxy")?;
     let listen = match proxy.listen.as_deref() {
         Some(text) => {
             let (host, port) =
@@ -217,6 +237,7 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
         listen,
         workers: proxy.workers,
         api,
+        api_serving,
         pool,
         from_switch: false,
         cache: {
@@ -236,6 +257,10 @@ listen = "127.0.0.1:22121"
 # workers = 2
 # HTTP: /metrics (Prometheus text) and /api/v1/status (JSON).
 # api = "127.0.0.1:9111"
+# It answers only requests whose Host names it (its address, localhost, or api_hosts), and
+# takes changes only as JSON from no other web origin; past api_max_connections (256) a
+# connection is closed at once, and headers must arrive within api_header_timeout_ms (10000).
+# api_hosts = ["proxy1.example"]
 
 [pool]
 distribution = "ketama"   # ketama | modula | jump

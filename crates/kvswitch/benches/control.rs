@@ -128,6 +128,7 @@ fn main() {
             pools: Vec::new(),
             reload: None,
             egress: None,
+            serving: Default::default(),
         },
     )
     .unwrap();

@@ -187,6 +187,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
             pools: vec![pool.clone()],
             egress: Some(egress.clone()),
             reload: Some(reloader(&cfg, pool.clone(), shared.caches())),
+            serving: cfg.api_serving.clone(),
         },
     )?;
     // After the ports are open, so that the proxy's first frames (ARP, connections to the

@@ -10,6 +10,10 @@
 //! - `PUT /api/v1/fabric/faults` `{"drop_invalidations": N}` — drop the next N invalidations
 //!   this switch receives (to test that homes send them again);
 //! - `PUT /api/v1/fabric/cache` `{"items": N}` — how many items this switch caches (0: none).
+//!
+//! It refuses and bounds what the switch's API does (`api/guard.rs`): a `Host` that does not
+//! name it, a change from another web origin or not sent as JSON, connections past 256, slow
+//! headers and large bodies.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -17,8 +21,9 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
+use crate::api::guard::{ApiServing, Guard, MAX_BODY};
 use anyhow::Context;
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::routing::{get, put};
 use axum::{Json, Router};
@@ -459,6 +464,8 @@ struct Shared {
     stats: Arc<Stats>,
     ports: Vec<String>,
     remote: Remote<FabricSwitch>,
+    /// What the API refused and the connections it holds (the switch's API's limits).
+    guard: Arc<Guard>,
 }
 
 pub fn run(cfg: FabricConfig, name: &str) -> anyhow::Result<()> {
@@ -488,6 +495,7 @@ pub fn run(cfg: FabricConfig, name: &str) -> anyhow::Result<()> {
         stats: stats.clone(),
         ports: me.ports.iter().map(|(i, _)| i.clone()).collect(),
         remote,
+        guard: Guard::new(ApiServing::default()),
     });
     let api = match me.api {
         Some(addr) => Some(serve(addr, shared.clone())?),
@@ -515,43 +523,21 @@ pub fn run(cfg: FabricConfig, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Starts the API on a thread of its own.
+/// Starts the API on a thread of its own, behind the same guard as the switch's API (Host,
+/// Origin and JSON checks, a connection cap, a header timeout, bounded bodies).
 fn serve(addr: SocketAddr, shared: Arc<Shared>) -> anyhow::Result<SocketAddr> {
     let listener = std::net::TcpListener::bind(addr)
         .with_context(|| format!("the fabric API cannot listen on {addr}"))?;
-    listener.set_nonblocking(true)?;
-    let local = listener.local_addr()?;
+    let guard = shared.guard.clone();
     let app = Router::new()
         .route("/api/v1/fabric", get(fabric_status))
         .route("/metrics", get(metrics))
         .route("/api/v1/fabric/registration", put(registration))
         .route("/api/v1/fabric/faults", put(faults))
         .route("/api/v1/fabric/cache", put(cache_size))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(shared);
-    std::thread::Builder::new()
-        .name("fabric-api".into())
-        .spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    tracing::error!("the fabric API has no runtime: {e}");
-                    return;
-                }
-            };
-            rt.block_on(async move {
-                let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
-                    tracing::error!("the fabric API cannot take its socket");
-                    return;
-                };
-                if let Err(e) = axum::serve(listener, app).await {
-                    tracing::error!("the fabric API stopped: {e}");
-                }
-            });
-        })?;
-    Ok(local)
+    crate::api::http::spawn_server(listener, app, guard, "fabric-api", false)
 }
 
 /// A snapshot taken on the forwarding thread now; the last periodic one if that is busy.
@@ -664,6 +650,7 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> String {
             ));
         }
     }
+    shared.guard.write_metrics(&mut out);
     out
 }
 

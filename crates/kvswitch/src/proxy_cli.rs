@@ -10,6 +10,7 @@ use anyhow::Context;
 
 use crate::cache::CacheService;
 use crate::{api, daemon};
+use config::api::ApiServing;
 use config::cache::{self as cache_file, CacheSettings};
 use config::{nutcracker, proxy as proxy_file};
 use proxy::pool::{Pool, PoolSpec};
@@ -89,7 +90,13 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    let (pools, workers, api_addr, mut cache) = load(&args)?;
+    let Loaded {
+        pools,
+        workers,
+        api: api_addr,
+        serving,
+        mut cache,
+    } = load(&args)?;
     cache.enabled |= args.cache;
     if args.check {
         if cache.enabled {
@@ -161,6 +168,7 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
                 pools: pools.clone(),
                 reload: Some(reload.clone()),
                 egress: None,
+                serving,
             },
         )?;
         tracing::info!(api = %addr, "control API listening");
@@ -199,12 +207,20 @@ fn reloader(
         cache: args.cache,
     };
     Arc::new(move || {
-        let (specs, ..) = load(&args)?;
+        let specs = load(&args)?.pools;
         api::pools::apply(&pools, &specs, &caches)
     })
 }
 
-type Loaded = (Vec<PoolSpec>, usize, Option<SocketAddr>, CacheSettings);
+/// What `kvswitch proxy` runs, from its files and arguments.
+struct Loaded {
+    pools: Vec<PoolSpec>,
+    workers: usize,
+    /// Where its API listens, if it has one.
+    api: Option<SocketAddr>,
+    serving: ApiServing,
+    cache: CacheSettings,
+}
 
 fn load(args: &ProxyArgs) -> anyhow::Result<Loaded> {
     if let Some(workers) = args.workers {
@@ -225,7 +241,13 @@ fn load(args: &ProxyArgs) -> anyhow::Result<Loaded> {
             pools[0].listen = listen;
         }
         let workers = args.workers.unwrap_or_else(default_workers);
-        return Ok((pools, workers, args.api, CacheSettings::default()));
+        return Ok(Loaded {
+            pools,
+            workers,
+            api: args.api,
+            serving: ApiServing::default(),
+            cache: CacheSettings::default(),
+        });
     }
     let path = args
         .config
@@ -237,5 +259,11 @@ fn load(args: &ProxyArgs) -> anyhow::Result<Loaded> {
         .workers
         .or(file.workers)
         .unwrap_or_else(default_workers);
-    Ok((vec![pool], workers, args.api.or(file.api), file.cache))
+    Ok(Loaded {
+        pools: vec![pool],
+        workers,
+        api: args.api.or(file.api),
+        serving: file.api_serving,
+        cache: file.cache,
+    })
 }

@@ -1,9 +1,12 @@
 //! The control API over HTTP against a switch forwarding on in-memory ports: every route of
 //! the OpenAPI document answers, tables and entries change through it and frames follow at
 //! once, refusals are 4xx JSON naming the field and change nothing, changes need the token
-//! when one is set, and frames go to and come from the CPU.
+//! when one is set, and frames go to and come from the CPU. What a web browser may send from
+//! another origin (a `text/plain` POST, a foreign `Origin`, a rebound `Host`) is refused, and
+//! slow clients and large bodies cannot hold the API.
 
-use std::net::{Ipv4Addr, SocketAddrV4, TcpListener};
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -13,6 +16,7 @@ use dataplane::{Driver, RunOptions};
 use kv::rules::Change;
 use kv::{Distribution, HashFn};
 use kvio::{mem_pair, Batch, MemPort, Port};
+use kvswitch::api::guard::{ApiServing, BODY_BUDGET, MAX_BODY};
 use kvswitch::api::{self, http::ROUTES, Api, Exporter};
 use kvswitch::ctl::Client;
 use serde_json::{json, Value};
@@ -71,6 +75,11 @@ impl Drop for Rig {
 }
 
 fn rig(token: Option<&str>) -> Rig {
+    rig_with(token, ApiServing::default())
+}
+
+/// [`rig`], its API serving as `serving` says.
+fn rig_with(token: Option<&str>, serving: ApiServing) -> Rig {
     let servers = vec![spec::Server {
         addr: SocketAddrV4::new(Ipv4Addr::new(10, 0, 1, 1), 11211),
         mac: Some(Mac([2, 0, 0, 0, 1, 1])),
@@ -115,6 +124,7 @@ fn rig(token: Option<&str>) -> Rig {
             pools: vec![pool],
             reload: None,
             egress: Some(egress),
+            serving,
         },
     )
     .unwrap();
@@ -1209,4 +1219,522 @@ fn the_request_id_cache_answers_hits_itself_and_leaves_the_tables_as_it_found_th
             .collect()
     };
     assert_eq!(shape(&tables_after), shape(&tables_before));
+}
+
+/// Sends `request` to the API byte for byte; the reply's status (0 for none) and body, read
+/// until the API closes the connection or for 5 s.
+fn raw(rig: &Rig, request: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(rig.client.api).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = s.write_all(request);
+    let mut reply = Vec::new();
+    let _ = s.read_to_end(&mut reply);
+    split_reply(&reply)
+}
+
+fn split_reply(reply: &[u8]) -> (u16, String) {
+    let text = String::from_utf8_lossy(reply);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, body.to_string())
+}
+
+/// `method path` with `headers` (each `Name: value`) and `body`, as a browser or curl would
+/// send it: the status and the body (JSON when it is).
+fn request(rig: &Rig, method: &str, path: &str, headers: &[&str], body: &str) -> (u16, Value) {
+    let mut text = format!(
+        "{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for h in headers {
+        text.push_str(h);
+        text.push_str("\r\n");
+    }
+    text.push_str("\r\n");
+    text.push_str(body);
+    let (status, body) = raw(rig, text.as_bytes());
+    (
+        status,
+        serde_json::from_str(&body).unwrap_or(Value::String(body)),
+    )
+}
+
+/// The `acl` table's entries.
+fn acl(rig: &Rig) -> Value {
+    rig.client
+        .call("GET", "/api/v1/tables/acl/entries", None)
+        .unwrap()["entries"]
+        .clone()
+}
+
+/// The pool's servers.
+fn pool_servers(rig: &Rig) -> Value {
+    rig.client.call("GET", "/api/v1/pool", None).unwrap()["pools"][0]["servers"].clone()
+}
+
+/// `kvswitch_api_refused_total{reason="why"}` of the API's metrics.
+fn refused_for(rig: &Rig, why: &str) -> u64 {
+    let text = rig.client.call("GET", "/metrics", None).unwrap();
+    let series = format!("kvswitch_api_refused_total{{reason=\"{why}\"}} ");
+    text.as_str()
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(&series)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in the metrics:\n{text}"))
+}
+
+const AN_ENTRY: &str = r#"{"match": {"l4_dst": 4242}, "actions": ["flood"]}"#;
+const A_SERVER: &str = r#"{"addr": "10.0.1.9:11211"}"#;
+
+#[test]
+fn a_cross_origin_text_plain_post_is_refused_and_changes_nothing() {
+    let rig = rig(None);
+    let host = format!("Host: {}", rig.client.api);
+    let (acl_before, pool_before) = (acl(&rig), pool_servers(&rig));
+    // What a page of another origin sends with fetch(url, {method: "POST", mode: "no-cors",
+    // headers: {"Content-Type": "text/plain"}, body}): no preflight, so it reaches the API.
+    let (status, body) = request(
+        &rig,
+        "POST",
+        "/api/v1/tables/acl/entries",
+        &[
+            &host,
+            "Origin: http://evil.example:8000",
+            "Sec-Fetch-Site: cross-site",
+            "Content-Type: text/plain;charset=UTF-8",
+        ],
+        AN_ENTRY,
+    );
+    assert_eq!(status, 403, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("origin"), "{body}");
+    // Without an Origin (curl, a form, a browser that leaves it out), the type alone refuses
+    // it, as it refuses none at all and a POST without a body.
+    for kind in [
+        "Content-Type: text/plain",
+        "Content-Type: application/x-www-form-urlencoded",
+        "Content-Type: multipart/form-data; boundary=x",
+        "X-No-Type: 1",
+    ] {
+        for (path, body) in [
+            ("/api/v1/tables/acl/entries", AN_ENTRY),
+            ("/api/v1/pool/servers", A_SERVER),
+            ("/api/v1/reload", ""),
+        ] {
+            let (status, reply) = request(&rig, "POST", path, &[&host, kind], body);
+            assert_eq!(status, 415, "{kind} {path}: {reply}");
+            assert!(
+                reply["error"]
+                    .as_str()
+                    .unwrap()
+                    .contains("application/json"),
+                "{reply}"
+            );
+        }
+    }
+    assert_eq!(acl(&rig), acl_before);
+    assert_eq!(pool_servers(&rig), pool_before);
+    assert_eq!(refused_for(&rig, "origin"), 1);
+    assert_eq!(refused_for(&rig, "content_type"), 12);
+}
+
+#[test]
+fn a_json_change_from_a_foreign_origin_is_refused() {
+    let rig = rig(None);
+    let api = rig.client.api;
+    let host = format!("Host: {api}");
+    let before = acl(&rig);
+    let foreign = [
+        "Origin: http://evil.example".to_string(),
+        "Origin: null".to_string(),
+        // The API's address, another port: another origin.
+        format!("Origin: http://127.0.0.1:{}", api.port() + 1),
+        "Sec-Fetch-Site: cross-site".to_string(),
+        "Sec-Fetch-Site: same-site".to_string(),
+    ];
+    for from in &foreign {
+        let (status, body) = request(
+            &rig,
+            "POST",
+            "/api/v1/tables/acl/entries",
+            &[&host, from, "Content-Type: application/json"],
+            AN_ENTRY,
+        );
+        assert_eq!(status, 403, "{from}: {body}");
+        // Taking the CPU's frames takes them from every other reader: refused as well.
+        let (status, body) = request(&rig, "GET", "/api/v1/packets", &[&host, from], "");
+        assert_eq!(status, 403, "{from}: {body}");
+    }
+    // Reads are not changes: a link from another site still shows the status.
+    let (status, _) = request(
+        &rig,
+        "GET",
+        "/api/v1/status",
+        &[&host, "Sec-Fetch-Site: cross-site"],
+        "",
+    );
+    assert_eq!(status, 200);
+    assert_eq!(acl(&rig), before);
+    assert_eq!(refused_for(&rig, "origin"), 2 * foreign.len() as u64);
+}
+
+#[test]
+fn a_request_by_a_rebound_name_is_refused() {
+    let rig = rig(None);
+    let port = rig.client.api.port();
+    let before = acl(&rig);
+    // A page of evil.example whose name now points at 127.0.0.1 is, to the browser, of the
+    // API's origin: its Origin and Host agree, and name the attacker.
+    for name in [
+        format!("evil.example:{port}"),
+        "evil.example".to_string(),
+        format!("127.0.0.1:{}", port + 1),
+        format!("localhost.evil.example:{port}"),
+    ] {
+        let (status, body) = request(
+            &rig,
+            "POST",
+            "/api/v1/tables/acl/entries",
+            &[
+                &format!("Host: {name}"),
+                &format!("Origin: http://{name}"),
+                "Content-Type: application/json",
+            ],
+            AN_ENTRY,
+        );
+        assert_eq!(status, 403, "{name}: {body}");
+        assert!(body["error"].as_str().unwrap().contains("Host"), "{body}");
+        let (status, body) = request(
+            &rig,
+            "GET",
+            "/api/v1/status",
+            &[&format!("Host: {name}")],
+            "",
+        );
+        assert_eq!(status, 403, "{name}: {body}");
+    }
+    // No Host at all (HTTP/1.0 allows it): refused too.
+    let (status, _) = raw(&rig, b"GET /api/v1/status HTTP/1.0\r\n\r\n");
+    assert_eq!(status, 403);
+    assert_eq!(acl(&rig), before);
+    assert_eq!(refused_for(&rig, "host"), 9);
+}
+
+#[test]
+fn same_origin_and_programs_json_changes_are_taken() {
+    let rig = rig(None);
+    let api = rig.client.api;
+    let port = api.port();
+    // As a page the API serves sends it.
+    let (status, body) = request(
+        &rig,
+        "POST",
+        "/api/v1/tables/acl/entries",
+        &[
+            &format!("Host: {api}"),
+            &format!("Origin: http://{api}"),
+            "Sec-Fetch-Site: same-origin",
+            "Content-Type: application/json",
+        ],
+        AN_ENTRY,
+    );
+    assert_eq!(status, 201, "{body}");
+    let id = body["id"].as_u64().unwrap();
+    // As curl sends it, by localhost, with a charset.
+    let (status, body) = request(
+        &rig,
+        "POST",
+        "/api/v1/tables/acl/entries",
+        &[
+            &format!("Host: localhost:{port}"),
+            "Content-Type: application/json; charset=utf-8",
+        ],
+        r#"{"match": {"l4_dst": 4243}, "actions": ["flood"]}"#,
+    );
+    assert_eq!(status, 201, "{body}");
+    // A DELETE without a body needs no type.
+    let (status, body) = request(
+        &rig,
+        "DELETE",
+        &format!("/api/v1/tables/acl/entries/{id}"),
+        &[&format!("Host: {api}")],
+        "",
+    );
+    assert_eq!(status, 204, "{body}");
+    assert_eq!(acl(&rig).as_array().unwrap().len(), 1);
+    // kvswitch ctl's client, as ever (the rig has no file to reload).
+    let e = refused(&rig, "POST", "/api/v1/reload", None);
+    assert!(e.contains("404"), "{e}");
+    for why in ["host", "origin", "content_type"] {
+        assert_eq!(refused_for(&rig, why), 0, "{why}");
+    }
+
+    // A name the operator lists is the API's too, with its port or none.
+    let named = rig_with(
+        None,
+        ApiServing {
+            hosts: vec!["switch1.example".into()],
+            ..ApiServing::default()
+        },
+    );
+    let port = named.client.api.port();
+    for (l4_dst, host) in [format!("switch1.example:{port}"), "switch1.example".into()]
+        .iter()
+        .enumerate()
+    {
+        let (status, body) = request(
+            &named,
+            "POST",
+            "/api/v1/tables/acl/entries",
+            &[
+                &format!("Host: {host}"),
+                &format!("Origin: http://{host}"),
+                "Content-Type: application/json",
+            ],
+            &json!({"match": {"l4_dst": l4_dst}, "actions": ["flood"]}).to_string(),
+        );
+        assert_eq!(status, 201, "{host}: {body}");
+    }
+}
+
+/// Whether the API has closed `conn` (read to its end, or reset); what it sent is read.
+fn closed(conn: &TcpStream) -> bool {
+    conn.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        match (&*conn).read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+            Err(_) => return true,
+        }
+    }
+}
+
+#[test]
+fn slow_clients_cannot_hold_the_api_and_forwarding_goes_on() {
+    let cap = 8;
+    let timeout = Duration::from_millis(1500);
+    let mut rig = rig_with(
+        None,
+        ApiServing {
+            max_connections: cap,
+            header_timeout: timeout,
+            hosts: Vec::new(),
+        },
+    );
+    let host = rig.client.api;
+    let started = Instant::now();
+    // Slowloris: a request's line and part of its headers, and never the rest.
+    let slow: Vec<TcpStream> = (0..3 * cap)
+        .map(|_| {
+            let mut conn = TcpStream::connect(host).unwrap();
+            let _ = conn.write_all(
+                format!("GET /api/v1/status HTTP/1.1\r\nHost: {host}\r\nX-Slow: ").as_bytes(),
+            );
+            conn
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let held = slow.iter().filter(|c| !closed(c)).count();
+    assert_eq!(held, cap, "connections past the cap are closed at once");
+    // Forwarding never waits on the API.
+    assert_eq!(
+        outputs(&mut rig, &frame(Ipv4Addr::new(10, 8, 0, 1))),
+        [1, 2]
+    );
+
+    // A new client is answered once the slow ones' headers are late: within the timeout.
+    let bound = timeout + Duration::from_secs(2);
+    loop {
+        match rig
+            .client
+            .call_within("GET", "/api/v1/status", None, Duration::from_secs(1))
+        {
+            Ok(_) => break,
+            Err(e) => {
+                assert!(
+                    started.elapsed() < bound,
+                    "no answer within {bound:?} of the slow clients: {e:#}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+    assert!(
+        slow.iter().all(closed),
+        "the slow connections are closed after the header timeout"
+    );
+    assert!(started.elapsed() >= timeout - Duration::from_millis(100));
+    assert!(refused_for(&rig, "connections") >= 2 * cap as u64);
+    assert_eq!(refused_for(&rig, "header_timeout"), cap as u64);
+
+    // An idle keep-alive connection is closed after as long.
+    let mut idle = TcpStream::connect(host).unwrap();
+    idle.write_all(format!("GET /api/v1/status HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
+        .unwrap();
+    idle.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    let mut first = [0u8; 12];
+    idle.read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200");
+    std::thread::sleep(timeout + Duration::from_millis(500));
+    assert!(
+        closed(&idle),
+        "an idle connection is closed after the timeout"
+    );
+}
+
+#[test]
+fn bodies_are_bounded_while_they_are_read() {
+    let rig = rig(None);
+    let api = rig.client.api;
+    let head = |len: usize| {
+        format!(
+            "POST /api/v1/tables/acl/entries HTTP/1.1\r\nHost: {api}\r\nConnection: close\r\n\
+             Content-Type: application/json\r\nContent-Length: {len}\r\n\r\n"
+        )
+    };
+    // Declared past the limit: refused at once, before a byte of it is sent.
+    let started = Instant::now();
+    let (status, body) = raw(&rig, head(60 << 20).as_bytes());
+    assert_eq!(status, 413, "{body}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+
+    // Two bodies of the largest size, held unfinished, take the budget: a third body is
+    // refused at once rather than held.
+    let held: Vec<TcpStream> = (0..BODY_BUDGET / MAX_BODY)
+        .map(|_| {
+            let mut conn = TcpStream::connect(api).unwrap();
+            conn.write_all(head(MAX_BODY).as_bytes()).unwrap();
+            conn.write_all(&vec![b' '; MAX_BODY - 1]).unwrap();
+            conn
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let (status, body) = request(
+        &rig,
+        "POST",
+        "/api/v1/tables/acl/entries",
+        &[&format!("Host: {api}"), "Content-Type: application/json"],
+        AN_ENTRY,
+    );
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(refused_for(&rig, "body_budget"), 1);
+    // Once they go, their budget is free again.
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let (status, body) = request(
+            &rig,
+            "POST",
+            "/api/v1/tables/acl/entries",
+            &[&format!("Host: {api}"), "Content-Type: application/json"],
+            AN_ENTRY,
+        );
+        if status == 201 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{status}: {body}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(refused_for(&rig, "body_too_large"), 1);
+
+    // A batch past its most changes is refused at the first change too many.
+    let one = json!({"op": "delete", "table": "acl", "id": 0});
+    let changes = vec![one; switch::control::MAX_BATCH + 1];
+    let e = refused(
+        &rig,
+        "POST",
+        "/api/v1/batch",
+        Some(json!({ "changes": changes })),
+    );
+    assert!(e.contains("400") && e.contains("more than 10000"), "{e}");
+}
+
+/// The page a server of another origin shows: it sends the API, with `fetch` in `no-cors`
+/// mode, what a browser sends without a preflight, then says so in the page.
+fn hostile_page(api: std::net::SocketAddr) -> String {
+    format!(
+        r#"<!doctype html><html><body><p id="out">waiting</p><script>
+const api = "http://{api}";
+const post = (path, body) => fetch(api + path, {{
+  method: "POST", mode: "no-cors", headers: {{ "Content-Type": "text/plain" }}, body }});
+Promise.allSettled([
+  post("/api/v1/tables/acl/entries", '{AN_ENTRY}'),
+  post("/api/v1/pool/servers", '{A_SERVER}'),
+  fetch(api + "/api/v1/reload", {{ method: "POST", mode: "no-cors" }}),
+]).then(r => {{ document.getElementById("out").textContent = "sent " + r.map(x => x.status).join(","); }});
+</script></body></html>"#
+    )
+}
+
+#[test]
+fn a_page_of_another_origin_cannot_change_the_switch_in_chromium() {
+    let Ok(chromium) = testbed::local::require("chromium") else {
+        eprintln!("skipped: chromium is not installed (scripts/setup.sh installs it)");
+        return;
+    };
+    let rig = rig(None);
+    let (acl_before, pool_before) = (acl(&rig), pool_servers(&rig));
+    // The other origin: a server of its own on another port, serving the page to any request.
+    let site = TcpListener::bind("127.0.0.1:0").unwrap();
+    let page = hostile_page(rig.client.api);
+    let url = format!("http://{}/", site.local_addr().unwrap());
+    site.set_nonblocking(true).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let serving = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let Ok((mut conn, _)) = site.accept() else {
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                };
+                let _ = conn.set_nonblocking(false);
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+                let mut head = [0u8; 4096];
+                let _ = conn.read(&mut head);
+                let _ = conn.write_all(
+                    format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\n\
+                         Connection: close\r\n\r\n{page}",
+                        page.len()
+                    )
+                    .as_bytes(),
+                );
+            }
+        })
+    };
+    let dir = testbed::local::TempDir::new("kvswitch-api-chromium").unwrap();
+    let log = dir.path().join("chromium.log");
+    let mut browser = testbed::local::Proc::spawn_logged(
+        "chromium",
+        std::process::Command::new(chromium)
+            .args(["--headless", "--no-sandbox", "--disable-gpu"])
+            .arg(format!(
+                "--user-data-dir={}",
+                dir.path().join("profile").display()
+            ))
+            .arg("--virtual-time-budget=3000")
+            .arg("--dump-dom")
+            .arg(&url),
+        &log,
+    )
+    .unwrap();
+    let exited = browser.wait_exit(Duration::from_secs(60));
+    drop(browser);
+    stop.store(true, Ordering::Relaxed);
+    serving.join().unwrap();
+    exited.expect("chromium renders the page within a minute");
+    let dom = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        dom.contains("sent fulfilled"),
+        "the page sent nothing:\n{dom}"
+    );
+    assert_eq!(acl(&rig), acl_before, "the page changed the acl");
+    assert_eq!(pool_servers(&rig), pool_before, "the page changed the pool");
+    assert_eq!(refused_for(&rig, "origin"), 3, "{dom}");
 }

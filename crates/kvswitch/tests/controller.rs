@@ -409,6 +409,103 @@ fn changes_to_the_controller_need_its_token_when_it_has_one() {
     ctl.call("DELETE", "/api/v1/pool/servers/s9", None).unwrap();
 }
 
+/// `request` sent to `api` as it is written: the reply's status (0 for none) and body.
+fn raw(api: SocketAddr, request: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(api).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    conn.write_all(request.as_bytes()).unwrap();
+    let mut reply = String::new();
+    let _ = conn.read_to_string(&mut reply);
+    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, body.to_string())
+}
+
+#[test]
+fn the_controller_takes_no_change_a_browser_could_send_from_another_origin() {
+    let server = Memcached::start();
+    let list = [("s1", server.addr())];
+    let (_proxies, clients) = proxies(1, &list, &PoolOpts::default());
+    let (_controller, ctl) = start_controller(&[clients[0].api], &list, "");
+    let api = ctl.api;
+    let body = r#"{"addr": "127.0.0.1:1", "name": "s9"}"#;
+    let post = |headers: &str| {
+        raw(
+            api,
+            &format!(
+                "POST /api/v1/pool/servers HTTP/1.1\r\nConnection: close\r\n{headers}\
+                 Content-Length: {}\r\n\r\n{body}",
+                body.len()
+            ),
+        )
+    };
+    let rebound = format!("evil.example:{}", api.port());
+    for (headers, status) in [
+        // A page of another origin, no-cors; and curl's default type.
+        (
+            format!("Host: {api}\r\nOrigin: http://evil.example\r\nContent-Type: text/plain\r\n"),
+            403,
+        ),
+        (
+            format!("Host: {api}\r\nContent-Type: application/x-www-form-urlencoded\r\n"),
+            415,
+        ),
+        (
+            format!(
+                "Host: {api}\r\nOrigin: http://evil.example\r\nContent-Type: application/json\r\n"
+            ),
+            403,
+        ),
+        // DNS rebinding: the page's own name, pointed here.
+        (
+            format!(
+                "Host: {rebound}\r\nOrigin: http://{rebound}\r\nContent-Type: application/json\r\n"
+            ),
+            403,
+        ),
+    ] {
+        let (got, reply) = post(&headers);
+        assert_eq!(got, status, "{headers}: {reply}");
+        assert!(reply.contains("\"error\""), "{reply}");
+    }
+    let status = ctl.call("GET", "/api/v1/status", None).unwrap();
+    assert_eq!(status["servers"].as_array().unwrap().len(), 1, "{status}");
+    // The dashboard from its own origin, and not by another name.
+    let (got, page) = raw(
+        api,
+        &format!("GET / HTTP/1.1\r\nHost: {api}\r\nConnection: close\r\n\r\n"),
+    );
+    assert_eq!(got, 200);
+    assert!(page.contains("/api/v1/fleet"));
+    let (got, _) = raw(
+        api,
+        &format!("GET /api/v1/fleet HTTP/1.1\r\nHost: {rebound}\r\nConnection: close\r\n\r\n"),
+    );
+    assert_eq!(got, 403);
+    let metrics = ctl.call("GET", "/metrics", None).unwrap();
+    let metrics = metrics.as_str().unwrap();
+    for line in [
+        "kvswitch_api_refused_total{reason=\"origin\"} 2",
+        "kvswitch_api_refused_total{reason=\"content_type\"} 1",
+        "kvswitch_api_refused_total{reason=\"host\"} 2",
+    ] {
+        assert!(metrics.contains(line), "no {line} in:\n{metrics}");
+    }
+    // The controller's own client sends JSON, as ever.
+    ctl.call(
+        "POST",
+        "/api/v1/pool/servers",
+        Some(&serde_json::from_str(body).unwrap()),
+    )
+    .unwrap();
+    ctl.call("DELETE", "/api/v1/pool/servers/s9", None).unwrap();
+}
+
 #[test]
 fn a_switch_out_of_reach_does_not_hold_up_the_others() {
     let names = ["s1", "s2"];

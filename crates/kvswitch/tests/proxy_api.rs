@@ -148,3 +148,136 @@ fn metrics_and_status_follow_the_servers() {
         ]
     );
 }
+
+/// `request` sent to `api` as it is written: the reply's status (0 for none).
+fn status_of(api: SocketAddr, request: &str) -> u16 {
+    use std::io::{Read, Write};
+    let Ok(mut conn) = std::net::TcpStream::connect(api) else {
+        return 0;
+    };
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = conn.write_all(request.as_bytes());
+    let mut reply = String::new();
+    let _ = conn.read_to_string(&mut reply);
+    reply
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn slow_and_cross_origin_clients_of_the_api_leave_the_proxy_serving() {
+    let server = Memcached::start();
+    let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let dir = testbed::local::TempDir::new("kvswitch-proxy-api-guard").expect("scratch directory");
+    let config = format!(
+        "[proxy]\nworkers = 1\napi = \"{api}\"\napi_max_connections = 4\n\
+         api_header_timeout_ms = 1000\n\n[pool]\ntimeout_ms = 500\n\n\
+         [[pool.servers]]\naddr = \"{}\"\nname = \"s1\"\n",
+        server.addr()
+    );
+    let path = dir.path().join("proxy.toml");
+    std::fs::write(&path, config).expect("write the configuration");
+    let _proxy = Running(
+        Command::new(env!("CARGO_BIN_EXE_kvswitch"))
+            .args(["proxy", "--listen", &listen.to_string(), "--config"])
+            .arg(&path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the proxy"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(listening(listen) && listening(api)) {
+        assert!(Instant::now() < deadline, "the proxy never listened");
+        thread::sleep(Duration::from_millis(20));
+    }
+    // `listening` took a connection; let its place go.
+    thread::sleep(Duration::from_millis(100));
+
+    // A page of another origin, curl's default type, a rebound name: refused, nothing added.
+    let add = r#"{"addr": "127.0.0.1:1", "name": "s9"}"#;
+    let post = |headers: &str| {
+        status_of(
+            api,
+            &format!(
+                "POST /api/v1/pool/servers HTTP/1.1\r\nConnection: close\r\n{headers}\
+                 Content-Length: {}\r\n\r\n{add}",
+                add.len()
+            ),
+        )
+    };
+    assert_eq!(
+        post(&format!(
+            "Host: {api}\r\nOrigin: http://evil.example\r\nContent-Type: text/plain\r\n"
+        )),
+        403
+    );
+    assert_eq!(
+        post(&format!(
+            "Host: {api}\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+        )),
+        415
+    );
+    assert_eq!(
+        post(&format!(
+            "Host: evil.example:{0}\r\nOrigin: http://evil.example:{0}\r\nContent-Type: application/json\r\n",
+            api.port()
+        )),
+        403
+    );
+    let pool = get(api, "/api/v1/pool");
+    assert!(!pool.contains("s9"), "{pool}");
+
+    // Slow clients take the API's four places and no more; the proxy serves on.
+    let started = Instant::now();
+    let slow: Vec<std::net::TcpStream> = (0..40)
+        .filter_map(|_| {
+            let mut conn = std::net::TcpStream::connect(api).ok()?;
+            let _ = std::io::Write::write_all(&mut conn, b"GET /metrics HTTP/1.1\r\nHost: ");
+            Some(conn)
+        })
+        .collect();
+    assert_eq!(slow.len(), 40);
+    let mut conn = Conn::open(listen);
+    for i in 0..20 {
+        assert_eq!(
+            conn.call(&set_request(&format!("guard:{i}"), b"v"), |r| r
+                .ends_with(b"\r\n")),
+            b"STORED\r\n"
+        );
+    }
+    // Within the header timeout, the API answers again.
+    let bound = Duration::from_millis(1000) + Duration::from_secs(2);
+    loop {
+        if let Ok((200, _)) = testbed::http_get(api, "/api/v1/status") {
+            break;
+        }
+        assert!(
+            started.elapsed() < bound,
+            "the API did not answer within {bound:?}"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    let metrics = get(api, "/metrics");
+    assert!(
+        sample(
+            &metrics,
+            "kvswitch_api_refused_total{reason=\"connections\"}"
+        )
+        .is_some_and(|n| n >= 36.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            "kvswitch_api_refused_total{reason=\"header_timeout\"}"
+        ),
+        Some(4.0),
+        "{metrics}"
+    );
+    drop(slow);
+}

@@ -18,7 +18,8 @@ pub fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
 }
 
 /// `method path` over HTTP/1.0, with the API token as a bearer token and a JSON body when
-/// given; returns the status code and the body.
+/// given (declared JSON for any method but GET and HEAD, as kvswitch's APIs want a change);
+/// returns the status code and the body.
 pub fn http(
     addr: SocketAddr,
     method: &str,
@@ -35,7 +36,9 @@ pub fn http(
         head.push_str(&format!("Authorization: Bearer {token}\r\n"));
     }
     let body = body.unwrap_or_default();
-    if !body.is_empty() {
+    // kvswitch's APIs take a change only as JSON (a type a web page of another origin cannot
+    // send without asking first), even a change without a body.
+    if !body.is_empty() || !matches!(method, "GET" | "HEAD") {
         head.push_str(&format!(
             "Content-Type: application/json\r\nContent-Length: {}\r\n",
             body.len()

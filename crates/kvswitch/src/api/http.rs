@@ -5,7 +5,9 @@
 //! are served here; calls that read or change the switch's tables are handed to the
 //! forwarding thread as jobs ([`dataplane::Remote`]) and answered when it has run them, so the
 //! data path never waits on a client, however slow. Changes (POST, PUT, DELETE) and taking
-//! the CPU's frames need the token when one is set.
+//! the CPU's frames need the token when one is set. Before any of that, [`super::guard`]
+//! refuses what a web browser could send from another origin, bounds the connections and
+//! reads the bodies within their limits.
 
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
@@ -18,10 +20,11 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::de::DeserializeOwned;
+use serde::de::{DeserializeOwned, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::guard::{self, ApiServing, Guard, MAX_BODY};
 use super::pools::{grow_caches, Reloader};
 use super::{cache_query, Exporter, STATUS_ENTRIES};
 use crate::cache;
@@ -74,8 +77,6 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// A job not started this long before its call's timeout is not run: longer than any one
 /// job takes (batches and listings are bounded), so a call that timed out was not applied.
 const CALL_MARGIN: Duration = Duration::from_secs(2);
-/// The largest request body: a batch of many thousand entries fits.
-const MAX_BODY: usize = 64 << 20;
 /// The longest a `GET /api/v1/packets` waits for a frame.
 const MAX_WAIT: Duration = Duration::from_secs(30);
 
@@ -92,6 +93,8 @@ pub struct Api {
     pub reload: Option<Reloader>,
     /// The ports' egress rates and depths, when a switch runs.
     pub egress: Option<Arc<EgressSettings>>,
+    /// Its connection cap, header timeout and the names it is reached by.
+    pub serving: ApiServing,
 }
 
 /// An error as the API answers it: a status and `{"error": ..., "field": ...}`.
@@ -102,7 +105,7 @@ pub struct ApiFailure {
 }
 
 impl ApiFailure {
-    fn new(status: StatusCode, error: impl Into<String>) -> ApiFailure {
+    pub(crate) fn new(status: StatusCode, error: impl Into<String>) -> ApiFailure {
         ApiFailure {
             status,
             body: json!({ "error": error.into() }),
@@ -135,6 +138,8 @@ pub struct Served {
     api: Api,
     /// Packet streams open now (at most [`MAX_STREAMS`]).
     streams: std::sync::atomic::AtomicUsize,
+    /// What the server refused and the connections it holds, for `/metrics`.
+    guard: Arc<Guard>,
 }
 
 impl std::ops::Deref for Served {
@@ -176,22 +181,27 @@ fn lower_priority() {
 
 /// Binds nothing: serves `api` on `listener` on a thread of its own; returns the address.
 pub fn serve(listener: TcpListener, api: Api) -> anyhow::Result<SocketAddr> {
+    let guard = Guard::new(api.serving.clone());
     let app = router(Arc::new(Served {
         api,
         streams: Default::default(),
+        guard: guard.clone(),
     }));
-    spawn_server(listener, app, "api", true)
+    spawn_server(listener, app, guard, "api", true)
 }
 
-/// Serves `app` on `listener` from a thread named `name` with a single-threaded runtime
-/// (at [`API_NICENESS`] below the rest of the process when `lower` is set); returns the
-/// address. The switch's API and the controller's both run this way.
+/// Serves `app` behind `guard` on `listener` from a thread named `name` with a
+/// single-threaded runtime (at [`API_NICENESS`] below the rest of the process when `lower`
+/// is set); returns the address. The switch's API, the proxy's and the controller's all run
+/// this way.
 pub(crate) fn spawn_server(
     listener: TcpListener,
     app: Router,
+    guard: Arc<Guard>,
     name: &str,
     lower: bool,
 ) -> anyhow::Result<SocketAddr> {
+    let app = guard::guarded(app, &guard);
     let addr = listener.local_addr()?;
     listener.set_nonblocking(true)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -212,9 +222,7 @@ pub(crate) fn spawn_server(
                         return;
                     }
                 };
-                if let Err(e) = axum::serve(listener, app).await {
-                    tracing::error!("the {name} server stopped: {e}");
-                }
+                guard::accept(listener, app, guard).await;
             })
         })?;
     Ok(addr)
@@ -398,6 +406,7 @@ async fn index() -> Response {
 async fn metrics(State(api): State<Shared>) -> Response {
     let mut out = api.exporter.metrics();
     cache::write_metrics(&mut out, &api.exporter.caches());
+    api.guard.write_metrics(&mut out);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 
@@ -588,7 +597,37 @@ async fn delete_entry(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Batch {
+    #[serde(deserialize_with = "at_most_a_batch")]
     changes: Vec<Change>,
+}
+
+/// The changes of a batch, refused at the first past [`control::MAX_BATCH`], so that a body
+/// of many small changes is not parsed whole (and held, at several times its size) first.
+fn at_most_a_batch<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Change>, D::Error> {
+    struct Bounded;
+    impl<'de> Visitor<'de> for Bounded {
+        type Value = Vec<Change>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            write!(f, "a list of at most {} changes", control::MAX_BATCH)
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Change>, A::Error> {
+            let mut changes = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
+            while let Some(change) = seq.next_element()? {
+                if changes.len() == control::MAX_BATCH {
+                    return Err(serde::de::Error::custom(format!(
+                        "more than {} changes in one batch (max {}); send them as several",
+                        control::MAX_BATCH,
+                        control::MAX_BATCH
+                    )));
+                }
+                changes.push(change);
+            }
+            Ok(changes)
+        }
+    }
+    d.deserialize_seq(Bounded)
 }
 
 async fn batch(State(api): State<Shared>, bytes: Bytes) -> Reply {

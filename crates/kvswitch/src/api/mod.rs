@@ -2,6 +2,7 @@
 //! the ports) for the switch (with its proxy, when one runs) or for a proxy running alone, and
 //! the HTTP server ([`http`]) that serves it with the switch's tables.
 
+pub mod guard;
 pub mod http;
 pub mod pools;
 

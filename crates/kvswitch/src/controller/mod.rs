@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -34,6 +34,7 @@ use config::controller::ControllerFile;
 use serde_json::{json, Value};
 use switch::pool::ServerSpec;
 
+use crate::api::guard::{Guard, MAX_BODY};
 use crate::api::http::NewServer;
 use crate::ctl::Client;
 
@@ -224,6 +225,8 @@ struct Shared {
     switch_token: Option<String>,
     /// The versioned routes (`[routes]`, `/api/v1/routes`).
     routes: routes::Routes,
+    /// What the API refused and the connections it holds.
+    guard: Arc<Guard>,
 }
 
 impl Fleet {
@@ -510,6 +513,7 @@ pub fn start(
     store: Option<etcd::Etcd>,
 ) -> anyhow::Result<Running> {
     let servers = file.pool.servers.clone();
+    let guard = Guard::new(file.api_serving.clone());
     let keeper = match &file.fabric {
         Some(path) => {
             let cfg = config::fabric::FabricConfig::load(path)?;
@@ -553,6 +557,7 @@ pub fn start(
         me,
         switch_token: switch_token.clone(),
         routes: routes::Routes::default(),
+        guard,
     });
     let api = serve(listener, shared.clone())?;
     let mut threads = Vec::new();
@@ -1013,8 +1018,9 @@ fn serve(listener: TcpListener, shared: Arc<Shared>) -> anyhow::Result<SocketAdd
         .route("/api/v1/pool/servers", post(add_server))
         .route("/api/v1/pool/servers/{server}", delete(remove_server))
         .route("/api/v1/routes", get(routes::show).put(routes::replace))
-        .with_state(shared);
-    crate::api::http::spawn_server(listener, app, "controller-api", false)
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(shared.clone());
+    crate::api::http::spawn_server(listener, app, shared.guard.clone(), "controller-api", false)
 }
 
 type Reply = Result<Response, (StatusCode, Json<Value>)>;
@@ -1281,6 +1287,7 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     cache_nodes::metrics(&f.cache_nodes, &mut out);
     routes::metrics(&shared.routes, &mut out);
     fabric::metrics(&f.fabric, &mut out);
+    shared.guard.write_metrics(&mut out);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
 }
 
