@@ -437,9 +437,9 @@ impl Switch {
     }
 
     /// Follows the servers the control plane removed from the pool or brought back: a removed
-    /// server's address keeps no entry (its UDP is no longer re-sourced as the VIP, its TCP no
-    /// longer reaches the proxy's address) and its MAC and address are no longer bound to its
-    /// port; one brought back gets them again.
+    /// server's UDP is no longer re-sourced as the VIP (`vip_reply`), queries to it are no
+    /// longer taken (`kv_backend`), and its MAC and address are no longer bound to its port;
+    /// one brought back gets them again.
     fn note_removed(&mut self) {
         let n = self.spec.servers.len();
         self.removed.resize(n, false);

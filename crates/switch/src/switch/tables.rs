@@ -257,8 +257,11 @@ pub(super) fn server_entries(p: &mut Pipeline, spec: &SwitchSpec, t: &Tables, ad
     }
 }
 
-/// Removes the entries [`server_entries`] made for `addr`: a server out of the pool may no
-/// longer reach the proxy's source address, nor send UDP in the VIP's name.
+/// Removes the `vip_reply` entry [`server_entries`] made for `addr`: a server out of the pool
+/// may no longer send UDP in the VIP's name. Its `local_in` entry stays: the proxy closes its
+/// connections to the server once it is out, and the last segments of those closes come back
+/// to the proxy's address (they reach nothing else; the host's stack answers anything more
+/// with a reset).
 pub(super) fn remove_server_entries(
     p: &mut Pipeline,
     spec: &SwitchSpec,
@@ -266,6 +269,9 @@ pub(super) fn remove_server_entries(
     addr: SocketAddrV4,
 ) {
     for (table, key, _) in server_entry_defs(spec, t, addr) {
+        if table != t.vip_reply {
+            continue;
+        }
         if let Some(id) = p.lookup_exact(table, &key) {
             let _ = p.remove(table, id);
         }
