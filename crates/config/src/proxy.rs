@@ -7,6 +7,8 @@
 //! listen = "127.0.0.1:22121"   # optional; `--listen` on the command line wins
 //! workers = 2                  # optional
 //! api = "127.0.0.1:9111"       # optional
+//! client_connections = 10000   # optional; default from the descriptor limit
+//! reply_budget_mib = 256       # optional
 //!
 //! [pool]
 //! distribution = "ketama"
@@ -47,6 +49,9 @@ pub const UNSET_LISTEN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
 /// Most worker threads a proxy file may ask for.
 const MAX_WORKERS: usize = 256;
 
+/// Largest `[proxy].reply_budget_mib`: 1 TiB.
+const MAX_REPLY_BUDGET_MIB: u64 = 1 << 20;
+
 /// A loaded proxy configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProxyFile {
@@ -58,6 +63,12 @@ pub struct ProxyFile {
     pub workers: Option<usize>,
     /// `[proxy].api`: the proxy's HTTP API; `None` when the file has none.
     pub api: Option<SocketAddr>,
+    /// `[proxy].client_connections`: client connections held at once; `None` leaves it to
+    /// the descriptor limit.
+    pub client_connections: Option<usize>,
+    /// `[proxy].reply_budget_mib`, in bytes: unwritten reply bytes held for all clients
+    /// before the proxy stops reading requests; `None`: the proxy's default.
+    pub reply_budget: Option<usize>,
     /// The pool. Its `listen` is [`ProxyFile::listen`], or [`UNSET_LISTEN`] when the file has
     /// none: take the pool through [`ProxyFile::pool_with_listen`], which settles it.
     pub pool: PoolSpec,
@@ -104,6 +115,10 @@ struct RawProxy {
     workers: Option<usize>,
     #[serde(default)]
     api: Option<String>,
+    #[serde(default)]
+    client_connections: Option<usize>,
+    #[serde(default)]
+    reply_budget_mib: Option<u64>,
 }
 
 /// Reads a proxy configuration, or a switch configuration for its pool (see the module
@@ -133,6 +148,8 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
             listen: None,
             workers: None,
             api: None,
+            client_connections: None,
+            reply_budget: None,
             pool: config.pool_spec(UNSET_LISTEN),
             from_switch: true,
             cache: config.cache,
@@ -145,7 +162,23 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
         listen: None,
         workers: None,
         api: None,
+        client_connections: None,
+        reply_budget_mib: None,
     });
+    if proxy.client_connections == Some(0) {
+        return Err(err(
+            "proxy.client_connections",
+            "0 would refuse every client; leave it out for the default".into(),
+        ));
+    }
+    if let Some(mib) = proxy.reply_budget_mib {
+        if !(1..=MAX_REPLY_BUDGET_MIB).contains(&mib) {
+            return Err(err(
+                "proxy.reply_budget_mib",
+                format!("{mib} is out of range; use 1 to {MAX_REPLY_BUDGET_MIB}"),
+            ));
+        }
+    }
     let listen = match proxy.listen.as_deref() {
         Some(text) => {
             let (host, port) =
@@ -217,6 +250,8 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
         listen,
         workers: proxy.workers,
         api,
+        client_connections: proxy.client_connections,
+        reply_budget: proxy.reply_budget_mib.map(|mib| (mib << 20) as usize),
         pool,
         from_switch: false,
         cache: {
@@ -236,6 +271,14 @@ listen = "127.0.0.1:22121"
 # workers = 2
 # HTTP: /metrics (Prometheus text) and /api/v1/status (JSON).
 # api = "127.0.0.1:9111"
+# Client connections held at once; more are accepted and closed at once (counted in
+# kvswitch_proxy_clients_refused_total). Default: the descriptor limit (ulimit -n) less what
+# the server connections, listeners and API need.
+# client_connections = 10000
+# Reply bytes (MiB) held for all clients together, received from the servers and not yet
+# written. Past it no client's requests are read, and clients holding more than 4 MiB are
+# cut off as more of their replies arrive; a client holding 32 MiB is cut off anyway.
+# reply_budget_mib = 256
 
 [pool]
 distribution = "ketama"   # ketama | modula | jump
@@ -290,6 +333,7 @@ mod tests {
         assert_eq!(f.listen, Some("127.0.0.1:22121".parse().unwrap()));
         assert_eq!(f.workers, None);
         assert_eq!(f.api, None);
+        assert_eq!((f.client_connections, f.reply_budget), (None, None));
         let p = &f.pool;
         assert_eq!(p.name, "default");
         assert_eq!(p.listen, "127.0.0.1:22121".parse().unwrap());
@@ -312,6 +356,8 @@ mod tests {
         let text = PROXY_EXAMPLE
             .replace("# workers", "workers")
             .replace("# api", "api")
+            .replace("# client_connections", "client_connections")
+            .replace("# reply_budget_mib = 256", "reply_budget_mib = 64")
             .replace("# hash_tag", "hash_tag")
             .replace("# timeout_ms = 1000", "timeout_ms = 250")
             .replace("# auto_eject_hosts = false", "auto_eject_hosts = true")
@@ -321,6 +367,8 @@ mod tests {
         let f = parse(&text).unwrap();
         assert_eq!(f.workers, Some(2));
         assert_eq!(f.api, Some("127.0.0.1:9111".parse().unwrap()));
+        assert_eq!(f.client_connections, Some(10_000));
+        assert_eq!(f.reply_budget, Some(64 << 20));
         let p = &f.pool;
         assert_eq!(p.hash_tag, Some(*b"{}"));
         assert_eq!(p.timeout, Duration::from_millis(250));
@@ -413,6 +461,16 @@ mod tests {
                 "cannot resolve",
             ),
             ("# workers = 2", "workers = 0", "proxy.workers"),
+            (
+                "# client_connections = 10000",
+                "client_connections = 0",
+                "proxy.client_connections",
+            ),
+            (
+                "# reply_budget_mib = 256",
+                "reply_budget_mib = 0",
+                "proxy.reply_budget_mib",
+            ),
             (
                 "# api = \"127.0.0.1:9111\"",
                 "api = \"localhost\"",
