@@ -243,11 +243,11 @@ impl Spare {
         drop(file);
         // The connection is waiting (the accept that failed said so), but another worker may
         // have taken it meanwhile: then there is nothing to refuse.
-        let accepted = listener_accept_now(listener);
-        *self.0.borrow_mut() = std::fs::File::open("/dev/null").ok();
-        if let Some(stream) = accepted {
+        if let Some(stream) = listener_accept_now(listener) {
+            // Closed before the spare is taken again: it holds the descriptor the spare had.
             refuse(pool, stream, Refused::Descriptors);
         }
+        *self.0.borrow_mut() = std::fs::File::open("/dev/null").ok();
         true
     }
 }
