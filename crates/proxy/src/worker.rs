@@ -294,3 +294,23 @@ fn release_free_pages() {
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn release_free_pages() {}
+
+/// Allocations of this size or more are given their own pages (`mmap`), handed back to the
+/// system the moment they are freed.
+const OWN_PAGES: usize = 256 << 10;
+
+/// Makes every large allocation (replies of large values, buffers a burst grew) take pages of
+/// its own, returned to the system when freed. glibc's default raises that threshold to the
+/// size of the largest block freed so far (up to 32 MiB), after which 1 MB replies come from
+/// its arenas and stay resident once freed until the next trim: measured, eight clients cut
+/// off in turn then left 200-260 MB resident where 70 MB were ever held at once.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+pub fn large_allocations_own_pages() {
+    // SAFETY: mallopt only sets a tunable of the allocator; it takes no pointers.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, OWN_PAGES as libc::c_int);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+pub fn large_allocations_own_pages() {}
