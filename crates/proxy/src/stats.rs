@@ -316,7 +316,8 @@ impl ProxyStats {
                 );
             }
         }
-        let reasons: [(&str, &str, &[&str], fn(&PoolStats, usize) -> u64); 2] = [
+        type ReasonField = fn(&PoolStats, usize) -> u64;
+        let reasons: [(&str, &str, &[&str], ReasonField); 2] = [
             (
                 "kvswitch_proxy_clients_overflowed_total",
                 "Clients cut off for holding too many unwritten reply bytes (reply_limit: their \
