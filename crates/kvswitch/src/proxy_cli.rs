@@ -254,19 +254,19 @@ struct Loaded {
 /// The limits from the command line, over the file's (`client_connections`, the reply budget
 /// in bytes).
 fn limits(args: &ProxyArgs, file_cap: Option<usize>, file_budget: Option<usize>) -> Limits {
-    let mut limits = Limits::default();
-    limits.client_connections = args
-        .client_connections
-        .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
-        .or(file_cap);
-    if let Some(budget) = args
-        .reply_budget_mib
-        .map(|mib| (mib << 20) as usize)
-        .or(file_budget)
-    {
-        limits.reply_budget = budget;
+    let defaults = Limits::default();
+    Limits {
+        client_connections: args
+            .client_connections
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+            .or(file_cap),
+        reply_budget: args
+            .reply_budget_mib
+            .map(|mib| (mib << 20) as usize)
+            .or(file_budget)
+            .unwrap_or(defaults.reply_budget),
+        ..defaults
     }
-    limits
 }
 
 fn load(args: &ProxyArgs) -> anyhow::Result<Loaded> {
