@@ -36,10 +36,12 @@
 //! - `redis`: only `false`; kvswitch serves memcached. `redis_auth` is refused (nutcracker
 //!   refuses it in a memcached pool too); `redis_db` is ignored, as nutcracker ignores it in a
 //!   memcached pool.
-//! - `backlog`, `client_connections`, `preconnect`, `tcpkeepalive`: checked for type and
-//!   ignored. They tune nutcracker's own sockets (listen backlog; a client limit nutcracker
-//!   0.5 itself ignores; connecting at start; keepalive) and change neither where a key goes
-//!   nor what a client sees.
+//! - `client_connections`: the most client connections the pool holds at once (0 or absent:
+//!   no cap of the pool's own; the proxy's cap, from the descriptor limit, still holds). Read
+//!   by [`client_connections`]; past it a connection is accepted and closed at once.
+//! - `backlog`, `preconnect`, `tcpkeepalive`: checked for type and ignored. They tune
+//!   nutcracker's own sockets (listen backlog; connecting at start; keepalive) and change
+//!   neither where a key goes nor what a client sees.
 //!
 //! Any other key is refused, as nutcracker refuses it. Errors name the file, the pool and
 //! key (`alpha.servers[1]`), and the problem.
@@ -102,6 +104,26 @@ pub fn parse_nutcracker(text: &str, path: &Path) -> Result<Vec<PoolSpec>, Config
         out.push(pool);
     }
     Ok(out)
+}
+
+/// Each pool's `client_connections`, in the order of [`parse_nutcracker`]'s pools: `None` where
+/// it is absent or 0 (no cap of the pool's own, as in nutcracker). The text must be one that
+/// [`parse_nutcracker`] accepts; a value it would refuse reads as `None`.
+pub fn client_connections(text: &str) -> Vec<Option<usize>> {
+    let Ok(Value::Mapping(pools)) = serde_yaml::from_str::<Value>(text) else {
+        return Vec::new();
+    };
+    pools
+        .values()
+        .map(|body| {
+            let Value::Mapping(keys) = body else {
+                return None;
+            };
+            let value = keys.get("client_connections").and_then(scalar)?;
+            let n = number(&value).ok()?;
+            (n > 0).then(|| usize::try_from(n).unwrap_or(usize::MAX))
+        })
+        .collect()
 }
 
 /// A failing key of a pool (`""` for the pool itself, `servers[1]` for a server) and why.
@@ -272,7 +294,7 @@ fn pool_key(
         "redis_auth" => return Err(Problem::RedisAuth),
         // Ignored by nutcracker in a memcached pool.
         "redis_db" => drop(number(&text)?),
-        // nutcracker's own socket tuning; see the module documentation.
+        // nutcracker's own socket tuning, and a cap read by `client_connections`.
         "backlog" | "client_connections" => drop(number(&text)?),
         "preconnect" | "tcpkeepalive" => drop(boolean(&text)?),
         _ => return Err(Problem::UnknownKey),
@@ -420,6 +442,13 @@ gamma:
    - localhost:11214:1
    - ::1:11215:1
 ";
+
+    #[test]
+    fn client_connections_are_read_per_pool() {
+        assert_eq!(client_connections(TWO_POOLS), vec![None, Some(10)]);
+        let zero = TWO_POOLS.replace("client_connections: 10", "client_connections: 0");
+        assert_eq!(client_connections(&zero), vec![None, None]);
+    }
 
     #[test]
     fn two_pools() {

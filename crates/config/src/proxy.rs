@@ -7,6 +7,8 @@
 //! listen = "127.0.0.1:22121"   # optional; `--listen` on the command line wins
 //! workers = 2                  # optional
 //! api = "127.0.0.1:9111"       # optional
+//! client_connections = 10000   # optional; default from the descriptor limit
+//! reply_budget_mib = 256       # optional
 //!
 //! [pool]
 //! distribution = "ketama"
@@ -48,6 +50,9 @@ pub const UNSET_LISTEN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
 /// Most worker threads a proxy file may ask for.
 const MAX_WORKERS: usize = 256;
 
+/// Largest `[proxy].reply_budget_mib`: 1 TiB.
+const MAX_REPLY_BUDGET_MIB: u64 = 1 << 20;
+
 /// A loaded proxy configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProxyFile {
@@ -62,6 +67,12 @@ pub struct ProxyFile {
     /// How the API bounds its clients (`[proxy]`'s `api_max_connections`,
     /// `api_header_timeout_ms`, `api_hosts`).
     pub api_serving: ApiServing,
+    /// `[proxy].client_connections`: client connections held at once; `None` leaves it to
+    /// the descriptor limit.
+    pub client_connections: Option<usize>,
+    /// `[proxy].reply_budget_mib`, in bytes: unwritten reply bytes held for all clients
+    /// before the proxy stops reading requests; `None`: the proxy's default.
+    pub reply_budget: Option<usize>,
     /// The pool. Its `listen` is [`ProxyFile::listen`], or [`UNSET_LISTEN`] when the file has
     /// none: take the pool through [`ProxyFile::pool_with_listen`], which settles it.
     pub pool: PoolSpec,
@@ -114,6 +125,9 @@ struct RawProxy {
     api_header_timeout_ms: Option<u64>,
     #[serde(default)]
     api_hosts: Option<Vec<String>>,
+    client_connections: Option<usize>,
+    #[serde(default)]
+    reply_budget_mib: Option<u64>,
 }
 
 /// Reads a proxy configuration, or a switch configuration for its pool (see the module
@@ -144,6 +158,8 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
             workers: None,
             api: None,
             api_serving: config.api_serving.clone(),
+            client_connections: None,
+            reply_budget: None,
             pool: config.pool_spec(UNSET_LISTEN),
             from_switch: true,
             cache: config.cache,
@@ -159,6 +175,8 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
         api_max_connections: None,
         api_header_timeout_ms: None,
         api_hosts: None,
+        client_connections: None,
+        reply_budget_mib: None,
     });
     let api_serving = RawApiServing {
         max_connections: proxy.api_max_connections,
@@ -166,6 +184,20 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
         hosts: proxy.api_hosts.clone(),
     }
     .check(path, "proxy")?;
+    if proxy.client_connections == Some(0) {
+        return Err(err(
+            "proxy.client_connections",
+            "0 would refuse every client; leave it out for the default".into(),
+        ));
+    }
+    if let Some(mib) = proxy.reply_budget_mib {
+        if !(1..=MAX_REPLY_BUDGET_MIB).contains(&mib) {
+            return Err(err(
+                "proxy.reply_budget_mib",
+                format!("{mib} is out of range; use 1 to {MAX_REPLY_BUDGET_MIB}"),
+            ));
+        }
+    }
     let listen = match proxy.listen.as_deref() {
         Some(text) => {
             let (host, port) =
@@ -238,6 +270,8 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
         workers: proxy.workers,
         api,
         api_serving,
+        client_connections: proxy.client_connections,
+        reply_budget: proxy.reply_budget_mib.map(|mib| (mib << 20) as usize),
         pool,
         from_switch: false,
         cache: {
@@ -261,6 +295,14 @@ listen = "127.0.0.1:22121"
 # takes changes only as JSON from no other web origin; past api_max_connections (256) a
 # connection is closed at once, and headers must arrive within api_header_timeout_ms (10000).
 # api_hosts = ["proxy1.example"]
+# Client connections held at once; more are accepted and closed at once (counted in
+# kvswitch_proxy_clients_refused_total). Default: the descriptor limit (ulimit -n) less what
+# the server connections, listeners and API need.
+# client_connections = 10000
+# Reply bytes (MiB) held for all clients together, received from the servers and not yet
+# written. Past it no client's requests are read, and clients holding more than 4 MiB are
+# cut off as more of their replies arrive; a client holding 32 MiB is cut off anyway.
+# reply_budget_mib = 256
 
 [pool]
 distribution = "ketama"   # ketama | modula | jump
@@ -315,6 +357,7 @@ mod tests {
         assert_eq!(f.listen, Some("127.0.0.1:22121".parse().unwrap()));
         assert_eq!(f.workers, None);
         assert_eq!(f.api, None);
+        assert_eq!((f.client_connections, f.reply_budget), (None, None));
         let p = &f.pool;
         assert_eq!(p.name, "default");
         assert_eq!(p.listen, "127.0.0.1:22121".parse().unwrap());
@@ -337,6 +380,8 @@ mod tests {
         let text = PROXY_EXAMPLE
             .replace("# workers", "workers")
             .replace("# api", "api")
+            .replace("# client_connections", "client_connections")
+            .replace("# reply_budget_mib = 256", "reply_budget_mib = 64")
             .replace("# hash_tag", "hash_tag")
             .replace("# timeout_ms = 1000", "timeout_ms = 250")
             .replace("# auto_eject_hosts = false", "auto_eject_hosts = true")
@@ -346,6 +391,8 @@ mod tests {
         let f = parse(&text).unwrap();
         assert_eq!(f.workers, Some(2));
         assert_eq!(f.api, Some("127.0.0.1:9111".parse().unwrap()));
+        assert_eq!(f.client_connections, Some(10_000));
+        assert_eq!(f.reply_budget, Some(64 << 20));
         let p = &f.pool;
         assert_eq!(p.hash_tag, Some(*b"{}"));
         assert_eq!(p.timeout, Duration::from_millis(250));
@@ -438,6 +485,16 @@ mod tests {
                 "cannot resolve",
             ),
             ("# workers = 2", "workers = 0", "proxy.workers"),
+            (
+                "# client_connections = 10000",
+                "client_connections = 0",
+                "proxy.client_connections",
+            ),
+            (
+                "# reply_budget_mib = 256",
+                "reply_budget_mib = 0",
+                "proxy.reply_budget_mib",
+            ),
             (
                 "# api = \"127.0.0.1:9111\"",
                 "api = \"localhost\"",

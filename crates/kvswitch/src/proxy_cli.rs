@@ -14,7 +14,7 @@ use config::api::ApiServing;
 use config::cache::{self as cache_file, CacheSettings};
 use config::{nutcracker, proxy as proxy_file};
 use proxy::pool::{Pool, PoolSpec};
-use proxy::{default_workers, Limits, Proxy, Settings};
+use proxy::{default_client_connections, default_workers, Limits, Proxy, Settings};
 
 /// Arguments of `kvswitch proxy`.
 #[derive(Debug, clap::Args)]
@@ -29,7 +29,14 @@ use proxy::{default_workers, Limits, Proxy, Settings};
                   go to every server.\n\n\
                   Give a kvswitch TOML file (--config; see --example-config) or a twemproxy \
                   YAML file (--nutcracker-config), which then serves each of its pools on the \
-                  pool's own listen address."
+                  pool's own listen address.\n\n\
+                  Memory and descriptors are bounded: a client's reading stops while 4 MiB of \
+                  its replies are unwritten, and a client holding 32 MiB is cut off; all \
+                  clients together hold at most --reply-budget-mib (past it no requests are \
+                  read, and clients holding over 4 MiB are cut off). Client connections past \
+                  --client-connections (a pool's nutcracker client_connections, too), or \
+                  arriving while the process is out of descriptors, are accepted and closed at \
+                  once. Both are counted in /metrics."
 )]
 pub struct ProxyArgs {
     /// Address clients connect to (overrides `[proxy] listen`).
@@ -54,6 +61,16 @@ pub struct ProxyArgs {
     /// Print an example proxy configuration and exit.
     #[arg(long)]
     pub example_config: bool,
+    /// Client connections held at once, over every pool; more are accepted and closed at
+    /// once (overrides `[proxy] client_connections`; default: the descriptor limit, `ulimit
+    /// -n`, less what server connections, listeners and the API need).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub client_connections: Option<u64>,
+    /// Reply bytes held for all clients together (received, not yet written), in MiB;
+    /// past it no client's requests are read (overrides `[proxy] reply_budget_mib`; default
+    /// 256).
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub reply_budget_mib: Option<u64>,
     /// Answer hot keys from kvswitch's own coherent cache (settings: a `[cache]` table in the
     /// TOML file; defaults otherwise). Every pool gets its own cache.
     #[arg(long)]
@@ -96,6 +113,7 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         api: api_addr,
         serving,
         mut cache,
+        limits,
     } = load(&args)?;
     cache.enabled |= args.cache;
     if args.check {
@@ -123,6 +141,19 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
                 p.auto_eject_hosts
             );
         }
+        let cap = limits.client_connections.map_or_else(
+            || {
+                format!(
+                    "{} (from the descriptor limit)",
+                    default_client_connections(&pools, workers)
+                )
+            },
+            |n| n.to_string(),
+        );
+        println!(
+            "client connections: {cap}; reply budget: {} MiB",
+            limits.reply_budget >> 20
+        );
         return Ok(());
     }
     daemon::install_signal_handlers();
@@ -150,7 +181,7 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         pools: pools.clone(),
         workers,
         source: None,
-        limits: Limits::default(),
+        limits,
         caches: caches.iter().map(|(_, c)| Some(c.clone())).collect(),
     })?;
     if let Some(listener) = api_listener {
@@ -205,6 +236,8 @@ fn reloader(
         check: false,
         example_config: false,
         cache: args.cache,
+        client_connections: args.client_connections,
+        reply_budget_mib: args.reply_budget_mib,
     };
     Arc::new(move || {
         let specs = load(&args)?.pools;
@@ -220,6 +253,25 @@ struct Loaded {
     api: Option<SocketAddr>,
     serving: ApiServing,
     cache: CacheSettings,
+    limits: Limits,
+}
+
+/// The limits from the command line, over the file's (`client_connections`, the reply budget
+/// in bytes).
+fn limits(args: &ProxyArgs, file_cap: Option<usize>, file_budget: Option<usize>) -> Limits {
+    let defaults = Limits::default();
+    Limits {
+        client_connections: args
+            .client_connections
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+            .or(file_cap),
+        reply_budget: args
+            .reply_budget_mib
+            .map(|mib| (mib << 20) as usize)
+            .or(file_budget)
+            .unwrap_or(defaults.reply_budget),
+        ..defaults
+    }
 }
 
 fn load(args: &ProxyArgs) -> anyhow::Result<Loaded> {
@@ -231,6 +283,11 @@ fn load(args: &ProxyArgs) -> anyhow::Result<Loaded> {
     }
     if let Some(path) = &args.nutcracker_config {
         let mut pools = nutcracker::load_nutcracker(path)?;
+        let mut limits = limits(args, None, None);
+        // Read again for the caps alone: the load above has checked the file.
+        let text = config::read_file(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        limits.pool_client_connections = nutcracker::client_connections(&text);
         if let Some(listen) = args.listen {
             anyhow::ensure!(
                 pools.len() == 1,
@@ -247,6 +304,7 @@ fn load(args: &ProxyArgs) -> anyhow::Result<Loaded> {
             api: args.api,
             serving: ApiServing::default(),
             cache: CacheSettings::default(),
+            limits,
         });
     }
     let path = args
@@ -265,5 +323,6 @@ fn load(args: &ProxyArgs) -> anyhow::Result<Loaded> {
         api: args.api.or(file.api),
         serving: file.api_serving,
         cache: file.cache,
+        limits: limits(args, file.client_connections, file.reply_budget),
     })
 }

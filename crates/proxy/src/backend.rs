@@ -37,8 +37,10 @@ pub struct Pending {
     pub framer: Framer,
     pub sentinel: bool,
     pub deadline: Instant,
-    /// Where the reply was framed, while its batch waits for its sentinel.
-    pub reply: std::ops::Range<usize>,
+    /// The reply, once framed, while its batch waits for its sentinel: copied out of the read
+    /// buffer at once (and counted against its client), or left empty when nobody will read
+    /// it (see [`Slot::keep`]).
+    pub data: Vec<u8>,
     /// The last request of a batch: the batch sentinel with this number follows it.
     pub mark: Option<u64>,
     /// A text `stats` request: the reads the proxy's own sentinels made are taken out of it.
@@ -77,8 +79,6 @@ pub struct Conn {
     nonce: Cell<u64>,
     /// Requests at the front of `pending` whose replies are framed and held for the sentinel.
     framed: Cell<usize>,
-    /// Bytes of the unread buffer those replies (and their no-op replies) take.
-    held: Cell<usize>,
 }
 
 /// Why a request got no reply from its server: the connection it was on ended, or the server
@@ -143,7 +143,6 @@ impl Conn {
             first: Notify::new(),
             nonce: Cell::new(random_u64()),
             framed: Cell::new(0),
-            held: Cell::new(0),
         })
     }
 
@@ -216,7 +215,6 @@ impl Conn {
 
     async fn serve(&self, mut stream: TcpStream) -> Result<(), ServerError> {
         self.framed.set(0);
-        self.held.set(0);
         let (mut rd, mut wr) = stream.split();
         let writer = async {
             let mut spare = Vec::with_capacity(16 * 1024);
@@ -288,21 +286,23 @@ impl Conn {
     }
 
     /// Frames the replies at the front of `buf` and hands over each batch whose sentinel came
-    /// where it should; returns the bytes used. Replies framed but not yet confirmed stay in
-    /// `buf` (`held`), and framing resumes after them.
+    /// where it should; returns the bytes used. A reply is taken out of `buf` as soon as it is
+    /// framed, into its request's [`Pending::data`], where it waits for the sentinel; so the
+    /// buffer holds at most one reply still arriving, and a reply nobody will read is never
+    /// held at all.
     fn deliver(&self, buf: &[u8]) -> Result<usize, ServerError> {
         let mut base = 0;
         loop {
             let rest = &buf[base..];
-            let (framed, held) = (self.framed.get(), self.held.get());
+            let framed = self.framed.get();
             let mark = framed
                 .checked_sub(1)
                 .and_then(|last| self.pending.borrow().get(last).and_then(|p| p.mark));
             if let Some(nonce) = mark {
-                let Some((n, hit)) = batch_sentinel_len(self.wire, nonce, &rest[held..])? else {
+                let Some((n, hit)) = batch_sentinel_len(self.wire, nonce, rest)? else {
                     return Ok(base);
                 };
-                self.release(framed, rest);
+                self.release(framed);
                 // Counted after the batch: a `stats` in it was answered before this read.
                 if self.wire == Wire::Text {
                     let stats = &self.pool.servers[self.server];
@@ -316,30 +316,34 @@ impl Conn {
                     );
                 }
                 self.framed.set(0);
-                self.held.set(0);
-                base += held + n;
+                base += n;
                 continue;
             }
             let framing = {
                 let mut queue = self.pending.borrow_mut();
                 let Some(next) = queue.get_mut(framed) else {
                     // Bytes no request asked for.
-                    return if rest.len() > held {
-                        Err(ServerError::OutOfStep)
-                    } else {
+                    return if rest.is_empty() {
                         Ok(base)
+                    } else {
+                        Err(ServerError::OutOfStep)
                     };
                 };
-                let framing = frame(&mut next.framer, next.sentinel, self.wire, &rest[held..]);
+                let framing = frame(&mut next.framer, next.sentinel, self.wire, rest);
                 if let Ok(Some(f)) = &framing {
-                    next.reply = held..held + f.reply;
+                    let reply = &rest[..f.reply];
+                    if next.slot.keep(reply.len()) {
+                        next.data = reply.to_vec();
+                    } else {
+                        add(&self.pool.reply_bytes_discarded, reply.len() as u64);
+                    }
                 }
                 framing
             };
             match framing {
                 Ok(Some(f)) => {
                     self.framed.set(framed + 1);
-                    self.held.set(held + f.total);
+                    base += f.total;
                 }
                 Ok(None) => return Ok(base),
                 Err(_) => return Err(ServerError::OutOfStep),
@@ -347,8 +351,8 @@ impl Conn {
         }
     }
 
-    /// Hands the first `count` requests their replies, framed in `buf`.
-    fn release(&self, count: usize, buf: &[u8]) {
+    /// Hands the first `count` requests their replies.
+    fn release(&self, count: usize) {
         let stats = &self.pool.servers[self.server];
         for _ in 0..count {
             let Some(pending) = self.pending.borrow_mut().pop_front() else {
@@ -358,15 +362,14 @@ impl Conn {
             add(&stats.replies, 1);
             self.streak.set(0);
             self.pool.server_answered(self.server);
-            let bytes = buf.get(pending.reply.clone()).unwrap_or_default();
             let reply = if pending.stats {
                 wire::memcache::stats::discount_reads(
-                    bytes,
+                    &pending.data,
                     get(&stats.sentinel_hits),
                     get(&stats.sentinel_misses),
                 )
             } else {
-                bytes.to_vec()
+                pending.data
             };
             pending.slot.complete(pending.part, Ok(reply));
         }

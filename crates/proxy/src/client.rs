@@ -1,10 +1,16 @@
 //! One client connection: requests are read and sent on as they arrive (a client may pipeline
 //! as many as it likes, up to the limits), and replies are written back in request order as
 //! they complete.
+//!
+//! Every reply byte that arrives for a client is counted against it until it is written
+//! ([`crate::Limits`]): its reading stops while it holds its budget, and a client that holds
+//! far more, or more than its share while the proxy's budget is spent, is cut off; what its
+//! requests still bring is then thrown away as it arrives.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::rc::{Rc, Weak};
+use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{ReadHalf, WriteHalf};
@@ -19,7 +25,7 @@ use switch::cache::{ReadFill, Served, Writes};
 use super::backend::Pending;
 use super::combine::{combine, warm_fill, Outcome};
 use super::plan::{self, sentinel, Bytes, Combine, OnError, Plan, Router};
-use super::stats::{add, sub};
+use super::stats::{add, sub, CutOff, PoolStats, ProxyStats};
 use super::worker::{PoolRouter, PoolRt};
 use super::Limits;
 
@@ -39,6 +45,8 @@ pub struct Slot {
     /// A `get` whose owner warms up: the pool and the owner, which is given the item the
     /// server that held the key before had.
     warm: Option<(Rc<PoolRt>, usize)>,
+    /// Bytes of its parts' replies held and counted against the client, until it completes.
+    held: Cell<usize>,
 }
 
 /// A forwarded request's business with the cache.
@@ -67,6 +75,22 @@ impl CacheHook {
 }
 
 impl Slot {
+    /// Whether a part's reply of `len` bytes, just arrived, is to be kept; if so it is counted
+    /// against the client (which may cut it off). A reply nobody will read (its client is
+    /// gone, cut off, or dropped this request) is thrown away unheld, unless the cache or a
+    /// warm-up needs it (one reply at most).
+    pub fn keep(&self, len: usize) -> bool {
+        let client = self.client.upgrade();
+        match client {
+            Some(client) if !self.forgotten.get() && client.cut_off.get().is_none() => {
+                self.held.set(self.held.get() + len);
+                client.charge(len);
+                true
+            }
+            _ => self.cache.borrow().is_some() || self.warm.is_some(),
+        }
+    }
+
     /// Records the outcome of part `part`; once every part has one, builds the reply and wakes
     /// the client's writer.
     pub fn complete(&self, part: usize, outcome: Outcome) {
@@ -84,22 +108,31 @@ impl Slot {
             }
         }
         let mut reply = Vec::new();
-        combine(
-            &self.combine,
-            &self.on_error,
-            &mut self.outcomes.borrow_mut(),
-            &mut reply,
-        );
+        {
+            let mut outcomes = self.outcomes.borrow_mut();
+            match (&self.combine, &mut outcomes[..]) {
+                // The part's reply is the client's: moved, not copied (it may be 1 MiB).
+                (Combine::Single, [Ok(only)]) => reply = std::mem::take(only),
+                (how, outcomes) => combine(how, &self.on_error, outcomes, &mut reply),
+            }
+            outcomes.clear();
+        }
         if let Some(hook) = self.cache.borrow_mut().take() {
             hook.finish(&reply);
         }
+        let held = self.held.replace(0);
         let Some(client) = self.client.upgrade() else {
             return;
         };
         if self.forgotten.get() {
+            // Its bytes left the client's count when it was forgotten.
             return;
         }
-        client.add_queued(reply.len());
+        client.discharge(held);
+        if client.cut_off.get().is_some() {
+            return;
+        }
+        client.charge(reply.len());
         *self.done.borrow_mut() = Some(reply);
         client.wake.notify_one();
     }
@@ -126,6 +159,7 @@ fn store_warm(pool: Rc<PoolRt>, owner: usize, item: Vec<u8>) {
             cache: RefCell::new(None),
             forgotten: Cell::new(false),
             warm: None,
+            held: Cell::new(0),
         });
         let wire = plan::Wire::Text;
         pool.conn(owner, wire).send(
@@ -137,7 +171,7 @@ fn store_warm(pool: Rc<PoolRt>, owner: usize, item: Vec<u8>) {
                 framer: Framer::new(ReplyKind::Line),
                 sentinel: true,
                 deadline: Instant::now() + pool.stats.spec.timeout,
-                reply: 0..0,
+                data: Vec::new(),
                 mark: None,
                 stats: false,
             },
@@ -155,18 +189,22 @@ enum Entry {
 /// What the reader and the writer of one client share.
 struct Shared {
     queue: RefCell<VecDeque<Entry>>,
-    /// Bytes of completed replies not yet written.
-    queued_bytes: Cell<usize>,
-    /// The same, summed over every client of the worker and pool.
-    worker_bytes: Rc<Cell<usize>>,
-    /// The client left more unwritten replies than it may: it is disconnected.
-    overflowed: Cell<bool>,
+    /// Outstanding reply bytes: its requests' replies (or parts) received and not yet
+    /// written, whether still held by a server connection or queued here.
+    outstanding: Cell<usize>,
+    /// The pool's counters; the proxy's, for the total every client holds.
+    pool: Arc<PoolStats>,
+    proxy: Arc<ProxyStats>,
+    /// Set once the client holds more than it may: it is disconnected.
+    cut_off: Cell<Option<CutOff>>,
     /// Wakes `serve` to drop the connection at once, even while the writer waits on a client
     /// that does not read.
     kill: Notify,
-    /// [`Limits::client_reply_max`].
+    /// [`Limits::client_reply_max`], [`Limits::client_reply_bytes`], [`Limits::reply_budget`].
     max_bytes: usize,
-    /// The most bytes of replies the client ever had waiting.
+    budget_bytes: usize,
+    proxy_budget: u64,
+    /// The most outstanding bytes the client ever had.
     peak_bytes: Cell<usize>,
     /// Wakes the writer: a reply completed, or the reader stopped.
     wake: Notify,
@@ -189,19 +227,21 @@ pub const MAX_VALUE: usize = 1 << 20;
 /// Longest multi-get line read; a longer one closes the connection.
 pub const MAX_GET_LINE: usize = 1 << 20;
 
-/// Serves one client until it closes, quits or fails.
-pub async fn serve(mut stream: TcpStream, pool: Rc<PoolRt>, limits: Limits) {
+/// Serves one client until it closes, quits or fails. The caller has counted the connection
+/// in the pool's and the proxy's gauges; they are counted down here.
+pub async fn serve(mut stream: TcpStream, pool: Rc<PoolRt>, limits: Rc<Limits>) {
     let stats = pool.stats.clone();
-    add(&stats.client_connections, 1);
-    add(&stats.client_connections_total, 1);
     let _ = stream.set_nodelay(true);
     let shared = Rc::new(Shared {
         queue: RefCell::new(VecDeque::new()),
-        queued_bytes: Cell::new(0),
-        worker_bytes: pool.unwritten.clone(),
-        overflowed: Cell::new(false),
+        outstanding: Cell::new(0),
+        pool: stats.clone(),
+        proxy: pool.proxy.clone(),
+        cut_off: Cell::new(None),
         kill: Notify::new(),
         max_bytes: limits.client_reply_max,
+        budget_bytes: limits.client_reply_bytes,
+        proxy_budget: limits.reply_budget as u64,
         peak_bytes: Cell::new(0),
         wake: Notify::new(),
         room: Notify::new(),
@@ -209,7 +249,7 @@ pub async fn serve(mut stream: TcpStream, pool: Rc<PoolRt>, limits: Limits) {
         committed: Cell::new(0),
     });
     let (rd, wr) = stream.split();
-    let reader = read_loop(rd, &shared, &pool, limits);
+    let reader = read_loop(rd, &shared, &pool, &limits);
     let writer = write_loop(wr, &shared, &pool);
     tokio::pin!(reader, writer);
     tokio::select! {
@@ -224,44 +264,60 @@ pub async fn serve(mut stream: TcpStream, pool: Rc<PoolRt>, limits: Limits) {
         }
         _ = shared.kill.notified() => {}
     }
-    if shared.overflowed.get() {
-        add(&stats.clients_overflowed, 1);
-    }
-    // Whatever the client left unread goes with it; replies still on their way are dropped
-    // as they complete.
+    // Whatever the client left unread goes with it; replies still on their way are thrown
+    // away as they arrive.
     let left: Vec<Entry> = shared.queue.borrow_mut().drain(..).collect();
     drop(left);
-    shared.sub_queued(shared.queued_bytes.get());
+    shared.discharge(shared.outstanding.get());
     if shared.peak_bytes.get() > LARGE {
         super::worker::freed_memory();
     }
     sub(&stats.client_connections, 1);
+    sub(&pool.proxy.clients_open, 1);
 }
 
 impl Shared {
-    /// Counts `n` more bytes of replies waiting to be written; past the client's hard limit
-    /// the client is to be disconnected.
-    fn add_queued(&self, n: usize) {
-        self.queued_bytes.set(self.queued_bytes.get() + n);
-        self.worker_bytes.set(self.worker_bytes.get() + n);
-        self.peak_bytes
-            .set(self.peak_bytes.get().max(self.queued_bytes.get()));
-        if self.queued_bytes.get() > self.max_bytes && !self.overflowed.get() {
-            self.overflowed.set(true);
-            self.kill.notify_one();
+    /// Counts `n` more outstanding reply bytes; cuts the client off past its own limit, or
+    /// past its budget while the proxy's whole budget is spent.
+    fn charge(&self, n: usize) {
+        let mine = self.outstanding.get() + n;
+        self.outstanding.set(mine);
+        self.peak_bytes.set(self.peak_bytes.get().max(mine));
+        add(&self.pool.reply_bytes, n as u64);
+        let total = self.proxy.hold(n);
+        if mine > self.max_bytes {
+            self.cut(CutOff::ReplyLimit);
+        } else if total > self.proxy_budget && mine > self.budget_bytes {
+            self.cut(CutOff::ReplyBudget);
         }
     }
 
-    fn sub_queued(&self, n: usize) {
-        let n = n.min(self.queued_bytes.get());
-        self.queued_bytes.set(self.queued_bytes.get() - n);
-        self.worker_bytes
-            .set(self.worker_bytes.get().saturating_sub(n));
+    /// Counts `n` outstanding reply bytes as written or dropped.
+    fn discharge(&self, n: usize) {
+        let n = n.min(self.outstanding.get());
+        self.outstanding.set(self.outstanding.get() - n);
+        sub(&self.pool.reply_bytes, n as u64);
+        self.proxy.release(n);
+    }
+
+    /// Disconnects the client: `serve` drops it at once, whatever its writer waits for.
+    fn cut(&self, why: CutOff) {
+        if self.cut_off.get().is_some() {
+            return;
+        }
+        self.cut_off.set(Some(why));
+        self.pool.cut_off(why);
+        tracing::warn!(
+            pool = %self.pool.spec.name, reason = why.label(), held = self.outstanding.get(),
+            proxy_held = super::stats::get(&self.proxy.reply_bytes),
+            "client cut off: it holds too many unwritten reply bytes"
+        );
+        self.kill.notify_one();
     }
 
     fn push(&self, entry: Entry) {
         if let Entry::Ready(bytes) = &entry {
-            self.add_queued(bytes.len());
+            self.charge(bytes.len());
         }
         self.queue.borrow_mut().push_back(entry);
         self.wake.notify_one();
@@ -286,26 +342,30 @@ impl Shared {
             .iter()
             .map(|entry| match entry {
                 Entry::Ready(bytes) => bytes.len(),
-                Entry::Wait(slot) => slot.done.borrow().as_ref().map_or(0, Vec::len),
+                Entry::Wait(slot) => slot
+                    .done
+                    .borrow()
+                    .as_ref()
+                    .map_or(slot.held.get(), Vec::len),
                 Entry::Close => 0,
             })
             .sum();
         drop(queue);
-        self.sub_queued(self.queued_bytes.get().saturating_sub(bytes));
+        self.discharge(self.outstanding.get().saturating_sub(bytes));
         self.room.notify_one();
     }
 
     fn full(&self, limits: &Limits) -> bool {
         self.queue.borrow().len() >= limits.client_pending
-            || self.queued_bytes.get() >= limits.client_reply_bytes
-            || self.worker_bytes.get() >= limits.worker_reply_bytes
+            || self.outstanding.get() >= limits.client_reply_bytes
+            || super::stats::get(&self.proxy.reply_bytes) >= limits.reply_budget as u64
     }
 }
 
 async fn write_loop(mut wr: WriteHalf<'_>, shared: &Rc<Shared>, pool: &PoolRt) {
     let mut out: Vec<u8> = Vec::with_capacity(16 * 1024);
     loop {
-        if shared.overflowed.get() {
+        if shared.cut_off.get().is_some() {
             // Not reading its replies and past its limit: let it go rather than hold them.
             let _ = wr.shutdown().await;
             return;
@@ -342,7 +402,7 @@ async fn write_loop(mut wr: WriteHalf<'_>, shared: &Rc<Shared>, pool: &PoolRt) {
             shared.room.notify_one();
         }
         if !out.is_empty() {
-            shared.sub_queued(out.len());
+            shared.discharge(out.len());
             if wr.write_all(&out).await.is_err() {
                 return;
             }
@@ -359,7 +419,7 @@ async fn write_loop(mut wr: WriteHalf<'_>, shared: &Rc<Shared>, pool: &PoolRt) {
     }
 }
 
-async fn read_loop(mut rd: ReadHalf<'_>, shared: &Rc<Shared>, pool: &Rc<PoolRt>, limits: Limits) {
+async fn read_loop(mut rd: ReadHalf<'_>, shared: &Rc<Shared>, pool: &Rc<PoolRt>, limits: &Limits) {
     let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut start = 0;
     // Bytes of a refused value still to be thrown away.
@@ -367,8 +427,8 @@ async fn read_loop(mut rd: ReadHalf<'_>, shared: &Rc<Shared>, pool: &Rc<PoolRt>,
     // memcached fixes a connection's protocol at its first byte; so does the proxy.
     let mut binary = None;
     loop {
-        while shared.full(&limits) {
-            if shared.overflowed.get() {
+        while shared.full(limits) {
+            if shared.cut_off.get().is_some() {
                 return;
             }
             // Room comes from this client's writer, or, when the worker as a whole holds too
@@ -381,7 +441,7 @@ async fn read_loop(mut rd: ReadHalf<'_>, shared: &Rc<Shared>, pool: &Rc<PoolRt>,
         // Requests already read go first; more is read only once they are all under way.
         if buf.len() > start && skip == 0 {
             let binary = *binary.get_or_insert(buf[start] == binary::REQUEST_MAGIC);
-            match handle(&buf[start..], binary, shared, pool, &limits, &mut skip) {
+            match handle(&buf[start..], binary, shared, pool, limits, &mut skip) {
                 Handled::Used(used) => start += used,
                 Handled::Close => {
                     shared.push(Entry::Close);
@@ -405,7 +465,7 @@ async fn read_loop(mut rd: ReadHalf<'_>, shared: &Rc<Shared>, pool: &Rc<PoolRt>,
                 shared.push(Entry::Close);
                 return;
             }
-            if shared.full(&limits) {
+            if shared.full(limits) {
                 continue;
             }
         }
@@ -450,6 +510,7 @@ fn forward(
             (true, Some(owner)) => Some((pool.clone(), owner.server)),
             _ => None,
         },
+        held: Cell::new(0),
     });
     shared.push(Entry::Wait(slot.clone()));
     let deadline = Instant::now() + pool.stats.spec.timeout;
@@ -472,7 +533,7 @@ fn forward(
                 framer: Framer::new(part.kind),
                 sentinel: part.sentinel,
                 deadline,
-                reply: 0..0,
+                data: Vec::new(),
                 mark: None,
                 stats: part.wire == plan::Wire::Text && part.kind == ReplyKind::Stats,
             },

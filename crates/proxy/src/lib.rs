@@ -40,22 +40,40 @@ pub struct Settings {
     pub caches: Vec<Option<Arc<CacheService>>>,
 }
 
-/// Bounds on what one client connection may hold in the proxy.
-#[derive(Debug, Clone, Copy)]
+/// Bounds on what clients may hold in the proxy: replies and descriptors.
+///
+/// A client's *outstanding* reply bytes are the bytes of its replies that arrived from the
+/// servers and are not yet written to it: parts held until their batch is confirmed, replies
+/// complete and queued. What its forwarded requests will still bring is unknown, so the
+/// proxy stops forwarding a client's requests once it holds its budget, and cuts off a client
+/// that holds far more than that (its replies' later bytes are then thrown away as they
+/// arrive, never held).
+#[derive(Debug, Clone)]
 pub struct Limits {
     /// Requests read from one client and not yet answered; reading stops past it. This bounds
     /// both the replies one client can have in flight and how long another client's request
     /// can wait behind them on a shared server connection.
     pub client_pending: usize,
-    /// Reply bytes waiting to be written to one client; reading stops past it.
+    /// Outstanding reply bytes of one client past which its reading stops.
     pub client_reply_bytes: usize,
-    /// Reply bytes one client may leave unread at most, counting replies to requests already
-    /// forwarded when reading stopped; a client past it is disconnected.
+    /// Outstanding reply bytes one client may hold at most (replies to requests forwarded
+    /// before reading stopped keep coming); a client past it is cut off.
     pub client_reply_max: usize,
-    /// Reply bytes waiting to be written to all the clients of one worker (per pool); every
-    /// client's reading pauses past it.
-    pub worker_reply_bytes: usize,
+    /// Outstanding reply bytes of every client of the process together. Past it no client's
+    /// requests are read (backpressure), and a client holding more than `client_reply_bytes`
+    /// whose replies keep arriving is cut off.
+    pub reply_budget: usize,
+    /// Client connections open at once, over every pool and worker; a connection past it is
+    /// accepted and closed at once. `None`: [`default_client_connections`], from the
+    /// descriptor limit.
+    pub client_connections: Option<usize>,
+    /// Per pool, in order, the client connections it may hold at once (nutcracker's
+    /// `client_connections`); missing or `None`: only the process-wide cap.
+    pub pool_client_connections: Vec<Option<usize>>,
 }
+
+/// The default of [`Limits::reply_budget`].
+pub const DEFAULT_REPLY_BUDGET: usize = 256 << 20;
 
 impl Default for Limits {
     fn default() -> Limits {
@@ -63,9 +81,41 @@ impl Default for Limits {
             client_pending: 128,
             client_reply_bytes: 4 << 20,
             client_reply_max: 32 << 20,
-            worker_reply_bytes: 256 << 20,
+            reply_budget: DEFAULT_REPLY_BUDGET,
+            client_connections: None,
+            pool_client_connections: Vec::new(),
         }
     }
+}
+
+/// Descriptors kept back from clients besides the server connections: listeners, the API
+/// and its connections, the runtime's own (epoll, eventfds), logs and configuration reads.
+const RESERVED_DESCRIPTORS: u64 = 64;
+
+/// The client connections a proxy may hold when none is configured: the soft descriptor limit
+/// (`RLIMIT_NOFILE`) less what the server connections (`server_connections` per server, text
+/// and binary, in every worker) and [`RESERVED_DESCRIPTORS`] need, and at least 1.
+pub fn default_client_connections(pools: &[PoolSpec], workers: usize) -> usize {
+    let servers: u64 = pools
+        .iter()
+        .map(|spec| (spec.servers.len() * spec.server_connections * 2) as u64)
+        .sum();
+    let needed = servers * workers as u64 + RESERVED_DESCRIPTORS + 2 * workers as u64;
+    descriptor_limit().saturating_sub(needed).max(1) as usize
+}
+
+/// The soft `RLIMIT_NOFILE` (a large number where it cannot be read or is unlimited).
+pub fn descriptor_limit() -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given and nothing else.
+    let ok = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0;
+    if !ok || limit.rlim_cur == libc::RLIM_INFINITY {
+        return 1 << 20;
+    }
+    limit.rlim_cur
 }
 
 /// The number of workers used when none is configured: one per core.
@@ -109,12 +159,19 @@ impl Proxy {
             local_addrs.push(addr);
         }
         drop(binder);
-        let stats = Arc::new(ProxyStats::new(&settings.pools));
+        worker::large_allocations_own_pages();
+        let mut limits = settings.limits.clone();
+        let cap = limits.client_connections.unwrap_or_else(|| {
+            let specs: Vec<PoolSpec> = settings.pools.iter().map(|p| (*p.spec()).clone()).collect();
+            default_client_connections(&specs, workers)
+        });
+        limits.client_connections = Some(cap);
+        let stats = Arc::new(ProxyStats::new(&settings.pools, &limits));
         let (stop, watch) = watch::channel(false);
         let mut handles = Vec::with_capacity(workers);
         for (i, listeners) in per_worker.into_iter().enumerate() {
             let (stats, watch) = (stats.clone(), watch.clone());
-            let (source, limits) = (settings.source, settings.limits);
+            let (source, limits) = (settings.source, limits.clone());
             let caches = settings.caches.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("proxy-{i}"))
@@ -129,7 +186,7 @@ impl Proxy {
             let pool = pool.spec();
             tracing::info!(
                 pool = %pool.name, listen = %addr, servers = pool.servers.len(), workers,
-                "proxy listening"
+                client_connections = cap, reply_budget = limits.reply_budget, "proxy listening"
             );
         }
         Ok(Proxy {

@@ -28,17 +28,87 @@ pub(crate) fn sub(counter: &AtomicU64, n: u64) {
     counter.fetch_sub(n, Ordering::Relaxed);
 }
 
-/// Counters and health of every pool.
+/// Counters and health of every pool, and what the proxy as a whole holds for its clients.
 pub struct ProxyStats {
     pub pools: Vec<Arc<PoolStats>>,
+    /// Client connections open, over every pool and worker (checked against
+    /// [`Limits::client_connections`](crate::Limits::client_connections)).
+    pub clients_open: AtomicU64,
+    /// Outstanding reply bytes of every client (see [`crate::Limits`]), checked against
+    /// [`Limits::reply_budget`](crate::Limits::reply_budget).
+    pub reply_bytes: AtomicU64,
+    /// The most `reply_bytes` ever held.
+    pub reply_bytes_peak: AtomicU64,
+    /// The limits in force, for the metrics.
+    pub reply_budget: u64,
+    pub client_cap: u64,
     started: std::time::Instant,
 }
 
 impl ProxyStats {
-    pub(crate) fn new(pools: &[Arc<Pool>]) -> ProxyStats {
+    pub(crate) fn new(pools: &[Arc<Pool>], limits: &crate::Limits) -> ProxyStats {
         ProxyStats {
-            pools: pools.iter().map(|p| Arc::new(PoolStats::new(p))).collect(),
+            pools: pools
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    let cap = limits.pool_client_connections.get(i).copied().flatten();
+                    Arc::new(PoolStats::new(p, cap))
+                })
+                .collect(),
+            clients_open: AtomicU64::new(0),
+            reply_bytes: AtomicU64::new(0),
+            reply_bytes_peak: AtomicU64::new(0),
+            reply_budget: limits.reply_budget as u64,
+            client_cap: limits.client_connections.unwrap_or(usize::MAX) as u64,
             started: std::time::Instant::now(),
+        }
+    }
+
+    /// Counts `n` more outstanding reply bytes; returns the new total.
+    pub(crate) fn hold(&self, n: usize) -> u64 {
+        let total = self.reply_bytes.fetch_add(n as u64, Ordering::Relaxed) + n as u64;
+        self.reply_bytes_peak.fetch_max(total, Ordering::Relaxed);
+        total
+    }
+
+    pub(crate) fn release(&self, n: usize) {
+        self.reply_bytes.fetch_sub(n as u64, Ordering::Relaxed);
+    }
+}
+
+/// Why a client was cut off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CutOff {
+    /// It held more than [`Limits::client_reply_max`](crate::Limits::client_reply_max).
+    ReplyLimit,
+    /// The proxy as a whole held more than its budget and this client more than its share.
+    ReplyBudget,
+}
+
+impl CutOff {
+    pub fn label(self) -> &'static str {
+        match self {
+            CutOff::ReplyLimit => "reply_limit",
+            CutOff::ReplyBudget => "reply_budget",
+        }
+    }
+}
+
+/// Why a connection was accepted and closed at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// The process's or the pool's client connection cap.
+    Limit,
+    /// Out of descriptors (`EMFILE`, `ENFILE`): accepted on the reserve descriptor.
+    Descriptors,
+}
+
+impl Refused {
+    pub fn label(self) -> &'static str {
+        match self {
+            Refused::Limit => "limit",
+            Refused::Descriptors => "descriptors",
         }
     }
 }
@@ -61,15 +131,23 @@ pub struct PoolStats {
     pub warm_fills: AtomicU64,
     /// Malformed requests (answered as memcached answers them).
     pub client_errors: AtomicU64,
-    /// Clients disconnected for leaving more replies unread than `client_reply_max`.
-    pub clients_overflowed: AtomicU64,
+    /// Clients cut off for holding too many reply bytes, by [`CutOff`] reason.
+    pub clients_cut_off: [AtomicU64; 2],
+    /// Connections accepted and closed at once, by [`Refused`] reason.
+    pub clients_refused: [AtomicU64; 2],
+    /// The pool's own cap on client connections (nutcracker's `client_connections`).
+    pub client_cap: Option<usize>,
+    /// Outstanding reply bytes of the pool's clients.
+    pub reply_bytes: AtomicU64,
+    /// Reply bytes that arrived for clients already cut off or gone, thrown away unheld.
+    pub reply_bytes_discarded: AtomicU64,
     pub bytes_from_clients: AtomicU64,
     pub bytes_to_clients: AtomicU64,
     pub servers: Vec<ServerStats>,
 }
 
 impl PoolStats {
-    fn new(pool: &Arc<Pool>) -> PoolStats {
+    fn new(pool: &Arc<Pool>, client_cap: Option<usize>) -> PoolStats {
         let spec = pool.spec();
         PoolStats {
             pool: pool.clone(),
@@ -81,7 +159,11 @@ impl PoolStats {
             cache_replies: AtomicU64::new(0),
             warm_fills: AtomicU64::new(0),
             client_errors: AtomicU64::new(0),
-            clients_overflowed: AtomicU64::new(0),
+            clients_cut_off: Default::default(),
+            clients_refused: Default::default(),
+            client_cap,
+            reply_bytes: AtomicU64::new(0),
+            reply_bytes_discarded: AtomicU64::new(0),
             bytes_from_clients: AtomicU64::new(0),
             bytes_to_clients: AtomicU64::new(0),
             // Room for servers added at run time.
@@ -103,6 +185,14 @@ impl PoolStats {
                 "server ejected"
             );
         }
+    }
+
+    pub(crate) fn cut_off(&self, why: CutOff) {
+        add(&self.clients_cut_off[why as usize], 1);
+    }
+
+    pub(crate) fn refused(&self, why: Refused) {
+        add(&self.clients_refused[why as usize], 1);
     }
 
     /// Records a reply from server `i`: its failure streak ends.
@@ -147,7 +237,7 @@ impl ProxyStats {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
         };
         type PoolField = fn(&PoolStats) -> u64;
-        let pool_families: [(&str, &str, &str, PoolField); 10] = [
+        let pool_families: [(&str, &str, &str, PoolField); 11] = [
             (
                 "kvswitch_proxy_client_connections",
                 "gauge",
@@ -191,10 +281,16 @@ impl ProxyStats {
                 |p| get(&p.client_errors),
             ),
             (
-                "kvswitch_proxy_clients_overflowed_total",
+                "kvswitch_proxy_client_reply_bytes",
+                "gauge",
+                "Reply bytes received from the servers and not yet written to the pool's clients.",
+                |p| get(&p.reply_bytes),
+            ),
+            (
+                "kvswitch_proxy_reply_bytes_discarded_total",
                 "counter",
-                "Clients disconnected for leaving more replies unread than the proxy holds for one.",
-                |p| get(&p.clients_overflowed),
+                "Reply bytes thrown away as they arrived, for clients cut off or gone.",
+                |p| get(&p.reply_bytes_discarded),
             ),
             (
                 "kvswitch_proxy_client_bytes_received_total",
@@ -219,6 +315,62 @@ impl ProxyStats {
                     field(p)
                 );
             }
+        }
+        type ReasonField = fn(&PoolStats, usize) -> u64;
+        let reasons: [(&str, &str, &[&str], ReasonField); 2] = [
+            (
+                "kvswitch_proxy_clients_overflowed_total",
+                "Clients cut off for holding too many unwritten reply bytes (reply_limit: their \
+                 own limit; reply_budget: the proxy's budget was spent).",
+                &[CutOff::ReplyLimit.label(), CutOff::ReplyBudget.label()],
+                |p, i| get(&p.clients_cut_off[i]),
+            ),
+            (
+                "kvswitch_proxy_clients_refused_total",
+                "Client connections accepted and closed at once (limit: the connection cap; \
+                 descriptors: out of file descriptors).",
+                &[Refused::Limit.label(), Refused::Descriptors.label()],
+                |p, i| get(&p.clients_refused[i]),
+            ),
+        ];
+        for (name, help, labels, field) in reasons {
+            family(out, name, "counter", help);
+            for p in &self.pools {
+                for (i, reason) in labels.iter().enumerate() {
+                    let _ = writeln!(
+                        out,
+                        "{name}{{pool=\"{}\",reason=\"{reason}\"}} {}",
+                        crate::stats::escape(&p.spec.name),
+                        field(p, i)
+                    );
+                }
+            }
+        }
+        let process: [(&str, &str, u64); 4] = [
+            (
+                "kvswitch_proxy_reply_bytes",
+                "Reply bytes held for all clients: received from the servers, not yet written.",
+                get(&self.reply_bytes),
+            ),
+            (
+                "kvswitch_proxy_reply_bytes_peak",
+                "The most reply bytes ever held for all clients at once.",
+                get(&self.reply_bytes_peak),
+            ),
+            (
+                "kvswitch_proxy_reply_budget_bytes",
+                "Reply bytes the proxy holds for all clients before it stops reading requests.",
+                self.reply_budget,
+            ),
+            (
+                "kvswitch_proxy_client_connections_limit",
+                "Client connections the proxy holds at once; more are accepted and closed.",
+                self.client_cap,
+            ),
+        ];
+        for (name, help, value) in process {
+            family(out, name, "gauge", help);
+            let _ = writeln!(out, "{name} {value}");
         }
         type ServerField = fn(&ServerStats) -> u64;
         let server_families: [(&str, &str, &str, ServerField); 12] = [
@@ -400,10 +552,28 @@ impl ProxyStats {
                     "cache_replies": get(&p.cache_replies),
                     "warm_fills": get(&p.warm_fills),
                     "client_errors": get(&p.client_errors),
+                    "client_connections_limit": p.client_cap,
+                    "reply_bytes": get(&p.reply_bytes),
+                    "clients_cut_off": {
+                        "reply_limit": get(&p.clients_cut_off[CutOff::ReplyLimit as usize]),
+                        "reply_budget": get(&p.clients_cut_off[CutOff::ReplyBudget as usize]),
+                    },
+                    "clients_refused": {
+                        "limit": get(&p.clients_refused[Refused::Limit as usize]),
+                        "descriptors": get(&p.clients_refused[Refused::Descriptors as usize]),
+                    },
                     "servers": servers,
                 })
             })
             .collect();
-        json!({ "uptime_s": self.started.elapsed().as_secs_f64(), "pools": pools })
+        json!({
+            "uptime_s": self.started.elapsed().as_secs_f64(),
+            "client_connections": get(&self.clients_open),
+            "client_connections_limit": self.client_cap,
+            "reply_bytes": get(&self.reply_bytes),
+            "reply_bytes_peak": get(&self.reply_bytes_peak),
+            "reply_budget_bytes": self.reply_budget,
+            "pools": pools,
+        })
     }
 }

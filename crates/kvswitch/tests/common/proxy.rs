@@ -113,6 +113,11 @@ pub struct PoolOpts {
     /// `[proxy] workers`, for a kvswitch proxy from a TOML file: with one, every client
     /// shares the same server connections.
     pub workers: usize,
+    /// More `[proxy]` keys, one per line, for a kvswitch proxy from a TOML file.
+    pub proxy_keys: String,
+    /// The descriptor limit (`RLIMIT_NOFILE`, soft and hard) a kvswitch proxy starts with,
+    /// set by `prlimit`, which then runs the proxy in its own process.
+    pub nofile: Option<u64>,
 }
 
 impl Default for PoolOpts {
@@ -124,6 +129,8 @@ impl Default for PoolOpts {
             server_retry_timeout_ms: 30_000,
             api: None,
             workers: 2,
+            proxy_keys: String::new(),
+            nofile: None,
         }
     }
 }
@@ -145,10 +152,11 @@ pub fn toml_config(servers: &[(&str, SocketAddr)], opts: &PoolOpts) -> String {
         .map(|a| format!("api = \"{a}\"\n"))
         .unwrap_or_default();
     let mut out = format!(
-        "[proxy]\nworkers = {}\n{api}\n[pool]\ndistribution = \"ketama\"\nhash = \"md5\"\n\
+        "[proxy]\nworkers = {}\n{api}{}\n[pool]\ndistribution = \"ketama\"\nhash = \"md5\"\n\
          timeout_ms = {}\nauto_eject_hosts = {}\nserver_failure_limit = {}\n\
          server_retry_timeout_ms = {}\n",
         opts.workers,
+        opts.proxy_keys,
         opts.timeout_ms,
         opts.auto_eject_hosts,
         opts.server_failure_limit,
@@ -160,6 +168,21 @@ pub fn toml_config(servers: &[(&str, SocketAddr)], opts: &PoolOpts) -> String {
         ));
     }
     out
+}
+
+/// The kvswitch binary under test (`KVSWITCH_TEST_PROXY_BIN` names another one, for a
+/// measurement against an older build), run by `prlimit` when `opts.nofile` says so.
+fn kvswitch_command(opts: &PoolOpts) -> Command {
+    let bin = std::env::var("KVSWITCH_TEST_PROXY_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_kvswitch").to_string());
+    match opts.nofile {
+        Some(n) => {
+            let mut c = Command::new("prlimit");
+            c.arg(format!("--nofile={n}:{n}")).arg("--").arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    }
 }
 
 /// nutcracker's YAML for the same pool.
@@ -236,7 +259,7 @@ impl Proxy {
                     }
                 }
                 std::fs::write(&path, text).expect("write config");
-                let mut c = Command::new(env!("CARGO_BIN_EXE_kvswitch"));
+                let mut c = kvswitch_command(opts);
                 c.arg("proxy")
                     .arg("--listen")
                     .arg(addr.to_string())
@@ -247,7 +270,7 @@ impl Proxy {
             Front::KvswitchYaml => {
                 let path = dir.path().join("proxy.yml");
                 std::fs::write(&path, yaml_config(addr, servers, opts)).expect("write config");
-                let mut c = Command::new(env!("CARGO_BIN_EXE_kvswitch"));
+                let mut c = kvswitch_command(opts);
                 c.arg("proxy").arg("--nutcracker-config").arg(path);
                 c
             }
