@@ -136,6 +136,9 @@ mod tests {
         assert_eq!(e.cap(b"other", after), Ok(None));
         e.note(b"new", sets(5, true), after);
         assert_eq!(e.len(), 1);
-        assert_eq!(e.cap(b"new", after), Ok(Some(after + Duration::from_secs(4))));
+        assert_eq!(
+            e.cap(b"new", after),
+            Ok(Some(after + Duration::from_secs(4)))
+        );
     }
 }

@@ -285,8 +285,8 @@ fn load(args: &ProxyArgs) -> anyhow::Result<Loaded> {
         let mut pools = nutcracker::load_nutcracker(path)?;
         let mut limits = limits(args, None, None);
         // Read again for the caps alone: the load above has checked the file.
-        let text = config::read_file(path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
+        let text =
+            config::read_file(path).with_context(|| format!("cannot read {}", path.display()))?;
         limits.pool_client_connections = nutcracker::client_connections(&text);
         if let Some(listen) = args.listen {
             anyhow::ensure!(

@@ -352,7 +352,10 @@ fn an_attacker_host_speaks_for_nobody_while_honest_clients_run() {
             }
         }
     }
-    assert_eq!(from_vip, 0, "a removed server's datagrams arrived as the VIP's");
+    assert_eq!(
+        from_vip, 0,
+        "a removed server's datagrams arrived as the VIP's"
+    );
     // A second switch on the same ports is refused at start, and the first goes on.
     let second = std::process::Command::new(env!("CARGO_BIN_EXE_kvswitch"))
         .args(["run", "--config"])

@@ -482,4 +482,3 @@ pub fn write_expiry(request: &Request<'_>) -> WriteExpiry {
         },
     }
 }
-

@@ -1570,7 +1570,10 @@ fn cached_copies_live_no_longer_than_their_items_expiry() {
     net.auto = false;
     let until = set_at + 2_100_000_000;
     net.run(until, usize::MAX);
-    assert!(!hit(&mut net, &key).1, "served from a cache past the item's expiry");
+    assert!(
+        !hit(&mut net, &key).1,
+        "served from a cache past the item's expiry"
+    );
     // An exptime of one second: never cached.
     one(&mut net, 0, &format!("set {key} 0 1 2\r\nho\r\n"), &key);
     for _ in 0..3 {

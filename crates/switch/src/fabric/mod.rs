@@ -1826,9 +1826,10 @@ impl FabricSwitch {
                     Err(_) => None,
                 }
                 .filter(|l| whole_ms(*l) > 0);
-                if let (true, Some(lease)) =
-                    (mc.total == 1 && reply_key(body) == Some(&pending.key[..]), lease)
-                {
+                if let (true, Some(lease)) = (
+                    mc.total == 1 && reply_key(body) == Some(&pending.key[..]),
+                    lease,
+                ) {
                     let sharers = self.sharers_on_way(&h, now);
                     if let Some(epoch) = self.directory.fill(&name, stamp, sharers, now) {
                         self.cache.fill_for(&name, body, epoch, lease, now);
