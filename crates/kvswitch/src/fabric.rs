@@ -600,6 +600,7 @@ fn status_json(shared: &Shared, snap: Option<FabricSnapshot>) -> Value {
             "malformed": st.malformed, "unexpected": st.unexpected, "routed": st.routed,
             "detours": st.detours, "root_fills": st.root_fills,
             "invalidations_relayed": st.invalidations_relayed,
+            "refused_sources": st.refused_sources, "refused_fragments": st.refused_fragments,
         },
         "cache": {
             "items": s.cached_items, "capacity": s.cache_capacity, "hits": c.hits, "misses": c.misses, "fills": c.fills,

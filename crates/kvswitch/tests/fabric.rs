@@ -775,3 +775,121 @@ fn a_home_node_keeps_its_own_directory_and_every_copy_coherent() {
     increments_are_never_lost(&live, "s1", 200);
     live.down().unwrap();
 }
+
+/// An attacker in a server's rack (c2, beside s2) asks s2 for the honest client's keys and
+/// sends s2's replies itself, with s2's MAC and address, carrying values nobody wrote, and
+/// frames of other kinds with s2's MAC, in a loop, while the honest client in the other rack
+/// runs a checked history on those keys through the fabric. Its ToR (their home) refuses every
+/// such frame: no reader sees a forged value, and none of the honest client's requests reaches
+/// the attacker.
+#[test]
+fn an_attacker_beside_a_server_can_neither_answer_for_it_nor_draw_its_traffic() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use switch::frame::{udp_frame, UdpEnds};
+
+    let live = fabric("fabric-two-level.toml", "kfa");
+    // s2 is heard by its ToR before the attack starts.
+    assert_eq!(
+        call(&live, "c1", "s2", "version\r\n").split(' ').next(),
+        Some("VERSION")
+    );
+    let keys: Vec<String> = (0..8).map(|i| format!("atk:{i}")).collect();
+    let (s2, s2_mac) = (live.host("s2").unwrap().ip, common::mac_of(&live, "s2"));
+    let (me, me_mac) = (live.host("c2").unwrap().ip, common::mac_of(&live, "c2"));
+    let victim = live.host("c1").unwrap().ip;
+    let refused_before = n(&status(&live, "tor1"), "/stats/refused_sources");
+    let clients: Vec<history_load::Client> = clients(&live, 2, "s2")
+        .into_iter()
+        .filter(|c| c.netns.as_deref() == Some(live.host("c1").unwrap().netns.as_str()))
+        .collect();
+    let load = history_load::Load {
+        keys: keys.clone(),
+        ops_per_client: 20_000,
+        duration: Duration::from_secs(5),
+        mix: Mix::default(),
+        seed: 34,
+    };
+    let stop = AtomicBool::new(false);
+    let diverted = AtomicU64::new(0);
+    let sent = AtomicU64::new(0);
+    let recorded = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            live.in_host("c2", || {
+                common::sniff_diverted(me, &[(s2, s2_mac)], victim, &stop, &diverted)
+            })
+            .expect("c2")
+        });
+        scope.spawn(|| {
+            live.in_host("c2", || {
+                let sender = kvio::FrameSender::on_address(me).expect("a frame sender");
+                let started = Instant::now();
+                let mut round = 0u16;
+                while started.elapsed() < Duration::from_secs(5) && !stop.load(Ordering::Relaxed) {
+                    let key = &keys[usize::from(round) % keys.len()];
+                    let ends = |src_mac, src, dst_mac, dst| UdpEnds {
+                        src_mac,
+                        dst_mac,
+                        src_ip: src,
+                        dst_ip: dst,
+                        src_port: if src == s2 { 11211 } else { 40_000 },
+                        dst_port: if dst == s2 { 11211 } else { 40_000 },
+                    };
+                    let ask = common::datagram(round, &format!("get {key}\r\n"));
+                    let evil =
+                        common::datagram(round, &format!("VALUE {key} 0 4\r\nEVIL\r\nEND\r\n"));
+                    let mut other = udp_frame(&ends(s2_mac, me, s2_mac, s2), &[b"x"]);
+                    other[12..14].copy_from_slice(&0x88b5u16.to_be_bytes());
+                    let frames = [
+                        udp_frame(&ends(me_mac, me, s2_mac, s2), &[&ask]),
+                        udp_frame(&ends(s2_mac, s2, me_mac, me), &[&evil]),
+                        other,
+                    ];
+                    for f in &frames {
+                        if sender.send(f).is_ok() {
+                            sent.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    round = round.wrapping_add(1);
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            })
+            .expect("c2")
+        });
+        let recorded = history_load::run(&clients, &load, Clock::start()).expect("load");
+        std::thread::sleep(Duration::from_millis(300));
+        stop.store(true, Ordering::Relaxed);
+        recorded
+    });
+    let refused = n(&status(&live, "tor1"), "/stats/refused_sources") - refused_before;
+    println!(
+        "fabric attack: {} frames sent, {refused} refused by the home; honest requests seen by \
+         the attacker: {}; {} honest operations",
+        sent.load(Ordering::Relaxed),
+        diverted.load(Ordering::Relaxed),
+        recorded.ops.len()
+    );
+    no_stale_reads(&recorded);
+    assert!(
+        recorded.bad_replies.is_empty(),
+        "{:?}",
+        recorded.bad_replies.first()
+    );
+    assert!(recorded.ops.len() > 500, "too little honest traffic");
+    assert_eq!(
+        diverted.load(Ordering::Relaxed),
+        0,
+        "honest requests reached the attacker"
+    );
+    assert!(refused > 0, "no forged frame was refused");
+    // The real values, from every rack.
+    for key in &keys {
+        call(&live, "c1", "s2", &format!("set {key} 0 0 4\r\ngood\r\n"));
+        for host in ["c1", "c2"] {
+            assert_eq!(
+                call(&live, host, "s2", &format!("get {key}\r\n")),
+                format!("VALUE {key} 0 4\r\ngood\r\nEND\r\n")
+            );
+        }
+    }
+    live.down().unwrap();
+}

@@ -1171,7 +1171,7 @@ mod tests {
             );
             // As a whole new set, the second name at 10.0.0.1 is the only server there.
             if bad.name.is_none() {
-                let err = pool.check_servers(&[bad.clone()]).unwrap_err();
+                let err = pool.check_servers(std::slice::from_ref(&bad)).unwrap_err();
                 assert!(
                     matches!(err, PoolChangeError::BadServer(..)),
                     "{bad:?}: {err}"

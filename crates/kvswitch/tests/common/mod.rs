@@ -476,3 +476,97 @@ pub fn no_stale_read(ops: &[testbed::history::Op]) {
         report.first_violations(10)
     );
 }
+
+/// A host's MAC, as the testbed gave it.
+pub fn mac_of(live: &testbed::Live, host: &str) -> wire::ethernet::Mac {
+    live.host(host)
+        .expect("host")
+        .mac
+        .parse()
+        .expect("a host's MAC")
+}
+
+/// A memcached UDP datagram: frame header with `id`, then `text`.
+pub fn datagram(id: u16, text: &str) -> Vec<u8> {
+    let mut d = vec![0u8; 8];
+    d[0..2].copy_from_slice(&id.to_be_bytes());
+    d[5] = 1;
+    d.extend_from_slice(text.as_bytes());
+    d
+}
+
+/// Frames the attacker's interface receives that are the honest client's requests: to a
+/// server's address or MAC, or carrying the honest keys' prefix from the honest client.
+pub fn sniff_diverted(
+    netns_ip: Ipv4Addr,
+    servers: &[(Ipv4Addr, wire::ethernet::Mac)],
+    victim_ip: Ipv4Addr,
+    stop: &std::sync::atomic::AtomicBool,
+    diverted: &std::sync::atomic::AtomicU64,
+) {
+    let ifname = interface_of(netns_ip);
+    // SAFETY: a packet socket opened, bound to one interface, read into a buffer that outlives
+    // each call, and closed; the sockaddr and timeval are fully initialised.
+    unsafe {
+        let proto = (libc::ETH_P_ALL as u16).to_be();
+        let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(proto));
+        assert!(fd >= 0, "packet socket");
+        let name = std::ffi::CString::new(ifname).expect("name");
+        let index = libc::if_nametoindex(name.as_ptr());
+        let mut addr: libc::sockaddr_ll = std::mem::zeroed();
+        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_protocol = proto;
+        addr.sll_ifindex = index as i32;
+        let bound = libc::bind(
+            fd,
+            (&addr as *const libc::sockaddr_ll).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as u32,
+        );
+        assert_eq!(bound, 0, "bind the packet socket");
+        let tv = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 100_000,
+        };
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as u32,
+        );
+        let mut buf = vec![0u8; 65_536];
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let n = libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0);
+            if n < 34 {
+                continue;
+            }
+            let f = &buf[..n as usize];
+            let mut dst_mac = [0u8; 6];
+            dst_mac.copy_from_slice(&f[0..6]);
+            let ipv4 = f[12..14] == [0x08, 0x00];
+            let src_ip = Ipv4Addr::new(f[26], f[27], f[28], f[29]);
+            let dst_ip = Ipv4Addr::new(f[30], f[31], f[32], f[33]);
+            let to_server = servers
+                .iter()
+                .any(|(ip, mac)| dst_mac == mac.0 || (ipv4 && dst_ip == *ip));
+            if ipv4 && src_ip == victim_ip && to_server {
+                diverted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        libc::close(fd);
+    }
+}
+
+/// The name of the interface holding `ip` in the current namespace.
+pub fn interface_of(ip: Ipv4Addr) -> String {
+    let out = std::process::Command::new("ip")
+        .args(["-o", "-4", "addr", "show"])
+        .output()
+        .expect("ip addr");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find(|l| l.contains(&format!("inet {ip}/")))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .expect("the interface holding the address")
+        .to_string()
+}

@@ -106,7 +106,8 @@ pub struct FabricStats {
     /// Messages that left by another root than the designated one.
     pub detours: u64,
     /// Frames from a host port with a source outside the rack or a switch's address, or
-    /// to a switch's address, or a server's reply from another MAC: dropped.
+    /// to a switch's address, or a server's reply from another MAC, or from a MAC or address
+    /// bound to another host (another port, another MAC): dropped.
     pub refused_sources: u64,
     /// Writes refused as their key had too many waiting already.
     pub writes_refused: u64,
