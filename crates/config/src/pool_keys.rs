@@ -13,7 +13,7 @@ use serde::Deserialize;
 
 use switch::pool::{
     PoolSpec, DEFAULT_FAILURE_LIMIT, DEFAULT_RETRY_TIMEOUT, DEFAULT_SERVER_CONNECTIONS,
-    DEFAULT_TIMEOUT,
+    DEFAULT_TIMEOUT, MAX_NAME_LEN,
 };
 
 /// Per-request timeout, in milliseconds: up to an hour.
@@ -26,8 +26,6 @@ pub(crate) const RETRY_TIMEOUT_MS: RangeInclusive<u64> = 1..=3_600_000;
 pub(crate) const SERVER_CONNECTIONS: RangeInclusive<u64> = 1..=64;
 /// Servers each key is kept on.
 pub(crate) const REPLICAS: RangeInclusive<u64> = 1..=8;
-/// Longest explicit server name.
-const MAX_NAME_LEN: usize = 80;
 
 /// The `[pool]` table of both TOML files, before validation. The switch refuses what only the
 /// proxy can do (`hash_tag`); the proxy refuses what only the switch uses (a server's `mac`).
@@ -308,10 +306,10 @@ pub(crate) fn weight(w: u64) -> Result<u32, KeyError> {
 
 /// An explicit server name: the server's identity on the ring.
 pub(crate) fn server_name(name: &str) -> Result<(), KeyError> {
-    if name.is_empty() || name.len() > MAX_NAME_LEN || name.contains(char::is_whitespace) {
-        Err(KeyError::ServerName(name.to_owned()))
-    } else {
+    if switch::pool::valid_server_name(name) {
         Ok(())
+    } else {
+        Err(KeyError::ServerName(name.to_owned()))
     }
 }
 

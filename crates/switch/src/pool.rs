@@ -372,8 +372,14 @@ pub struct ServerRules {
     pub host_addresses: bool,
 }
 
-/// Longest explicit server name, as the configuration files allow.
-const MAX_NAME_LEN: usize = 80;
+/// Longest explicit server name (a server's identity on the ring).
+pub const MAX_NAME_LEN: usize = 80;
+
+/// Whether `name` may be a server's explicit name: 1 to [`MAX_NAME_LEN`] characters without
+/// spaces. The configuration files and the pool's changes at run time hold names to this.
+pub fn valid_server_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= MAX_NAME_LEN && !name.contains(char::is_whitespace)
+}
 
 impl ServerRules {
     /// Why `server` cannot join a pool whose live servers are `live`, if it cannot.
@@ -386,7 +392,7 @@ impl ServerRules {
             return Some(format!("{ip} cannot be connected to"));
         }
         if let Some(name) = &server.name {
-            if name.is_empty() || name.len() > MAX_NAME_LEN || name.contains(char::is_whitespace) {
+            if !valid_server_name(name) {
                 return Some(format!(
                     "a name must be 1 to {MAX_NAME_LEN} characters without spaces"
                 ));
