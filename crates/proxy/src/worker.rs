@@ -142,14 +142,14 @@ pub fn run(
         .enable_all()
         .build()?;
     let local = tokio::task::LocalSet::new();
+    hold_spare(&mut lock_spare());
     local.block_on(&runtime, async move {
         let limits = Rc::new(limits);
-        let spare = Rc::new(Spare::open());
         for (index, listener) in listeners.into_iter().enumerate() {
             let listener = TcpListener::from_std(listener)?;
             let cache = caches.get(index).cloned().flatten();
             let pool = PoolRt::new(proxy.clone(), index, source, cache);
-            tokio::task::spawn_local(accept(listener, pool, limits.clone(), spare.clone()));
+            tokio::task::spawn_local(accept(listener, pool, limits.clone()));
         }
         tokio::task::spawn_local(give_back_memory());
         while !*stop.borrow() {
@@ -165,11 +165,18 @@ pub fn run(
 /// once; so is one that arrives while the process is out of descriptors, accepted on the
 /// spare descriptor given up for it. Either way it is counted, and the listener's backlog
 /// never fills with connections no one will serve.
-async fn accept(listener: TcpListener, pool: Rc<PoolRt>, limits: Rc<Limits>, spare: Rc<Spare>) {
+async fn accept(listener: TcpListener, pool: Rc<PoolRt>, limits: Rc<Limits>) {
     let cap = limits.client_connections.unwrap_or(usize::MAX) as u64;
     let pool_cap = pool.stats.client_cap.map_or(u64::MAX, |c| c as u64);
     loop {
-        match listener.accept().await {
+        let accepted = std::future::poll_fn(|cx| {
+            // Under the spare's lock: no worker's accept takes the descriptor another has
+            // just given up to refuse a connection.
+            let _spare = lock_spare();
+            listener.poll_accept(cx)
+        })
+        .await;
+        match accepted {
             Ok((stream, _)) => {
                 let stats = &pool.stats;
                 add(&stats.client_connections_total, 1);
@@ -184,9 +191,10 @@ async fn accept(listener: TcpListener, pool: Rc<PoolRt>, limits: Rc<Limits>, spa
             }
             Err(e) if is_out_of_descriptors(&e) => {
                 add(&pool.stats.client_connections_total, 1);
-                if !spare.refuse_one(&listener, &pool) {
-                    // No spare to give up (another pool's accept took it and could not get
-                    // it back): wait for a descriptor to be freed rather than spin.
+                if !refuse_one(&listener, &pool) {
+                    // No spare to give up (something else took the descriptor it had, and
+                    // none is free to take it back): wait for one to be freed rather than
+                    // spin.
                     tracing::warn!(pool = %pool.stats.spec.name, "accept failed: {e}");
                     tokio::time::sleep(std::time::Duration::from_millis(10)).await;
                 }
@@ -225,31 +233,43 @@ fn is_out_of_descriptors(e: &std::io::Error) -> bool {
 /// One descriptor held back (`/dev/null` open) for refusing connections when the process has
 /// none left: given up, it makes room to accept the waiting connection and close it, and is
 /// taken again. Without it, a listener out of descriptors leaves its backlog to fill, and
-/// clients wait in it for a connection that never comes.
-struct Spare(RefCell<Option<std::fs::File>>);
+/// clients wait in it for a connection that never comes. One for the whole process, behind a
+/// lock every worker's accept takes: a spare per worker let one worker's accept take the
+/// descriptor another had just given up, after which neither had a spare and the backlogs
+/// filled for good.
+static SPARE: std::sync::Mutex<Option<std::fs::File>> = std::sync::Mutex::new(None);
 
-impl Spare {
-    fn open() -> Spare {
-        Spare(RefCell::new(std::fs::File::open("/dev/null").ok()))
-    }
+fn lock_spare() -> std::sync::MutexGuard<'static, Option<std::fs::File>> {
+    SPARE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
-    /// Gives up the spare, accepts one connection and closes it (counted as refused), and takes
-    /// the spare again; false when there was no spare to give up.
-    fn refuse_one(&self, listener: &TcpListener, pool: &PoolRt) -> bool {
-        let Some(file) = self.0.borrow_mut().take() else {
-            *self.0.borrow_mut() = std::fs::File::open("/dev/null").ok();
-            return false;
-        };
-        drop(file);
-        // The connection is waiting (the accept that failed said so), but another worker may
-        // have taken it meanwhile: then there is nothing to refuse.
-        if let Some(stream) = listener_accept_now(listener) {
-            // Closed before the spare is taken again: it holds the descriptor the spare had.
-            refuse(pool, stream, Refused::Descriptors);
-        }
-        *self.0.borrow_mut() = std::fs::File::open("/dev/null").ok();
-        true
+/// Takes the spare descriptor if it is not held yet (at a worker's start, and after a spare
+/// was lost).
+fn hold_spare(spare: &mut Option<std::fs::File>) {
+    if spare.is_none() {
+        *spare = std::fs::File::open("/dev/null").ok();
     }
+}
+
+/// Gives up the spare, accepts one connection and closes it (counted as refused), and takes the
+/// spare again; false when there was no spare to give up.
+fn refuse_one(listener: &TcpListener, pool: &PoolRt) -> bool {
+    let mut spare = lock_spare();
+    let Some(file) = spare.take() else {
+        hold_spare(&mut spare);
+        return false;
+    };
+    drop(file);
+    // The connection is waiting (the accept that failed said so), but another worker may have
+    // taken it meanwhile: then there is nothing to refuse.
+    if let Some(stream) = listener_accept_now(listener) {
+        // Closed before the spare is taken again: it holds the descriptor the spare had.
+        refuse(pool, stream, Refused::Descriptors);
+    }
+    hold_spare(&mut spare);
+    true
 }
 
 /// One connection from `listener` if one is waiting, without waiting.
