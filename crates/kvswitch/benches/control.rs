@@ -19,11 +19,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ::api::Client;
 use dataplane::{Driver, RunOptions};
 use kv::{Distribution, HashFn};
 use kvio::{mem_pair, Batch, MemPort, Port};
-use kvswitch::api::{self, Api, Exporter};
-use kvswitch::ctl::Client;
+use kvswitch::api::{serve, Api, Exporter};
 use serde_json::{json, Value};
 use switch::control::Change;
 use switch::frame::{udp_frame, UdpEnds};
@@ -119,7 +119,7 @@ fn main() {
             )
             .unwrap();
     });
-    let addr = api::serve(
+    let addr = serve(
         TcpListener::bind("127.0.0.1:0").unwrap(),
         Api {
             exporter: Arc::new(Quiet),

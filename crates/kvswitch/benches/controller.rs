@@ -19,9 +19,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use api::Client;
 use common::fleet::{controller_toml, pool_of, proxies as fleet};
 use common::proxy::{free_port, Memcached, PoolOpts, Proxy};
-use kvswitch::ctl::Client;
 use serde_json::json;
 use testbed::local;
 

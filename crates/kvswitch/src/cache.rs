@@ -1,5 +1,5 @@
-//! The cache at the edge: its `/metrics` families and status document, the control API's
-//! pin, unpin and evict, and `kvswitch cache`. The cache itself is [`switch::cache`].
+//! The cache at the edge: its `/metrics` families and status document, and the control
+//! API's queries of it (pin, unpin and evict). The cache itself is [`switch::cache`].
 
 use std::sync::Arc;
 
@@ -7,7 +7,6 @@ use serde_json::json;
 
 use wire::memcache::MAX_KEY_LEN;
 
-use crate::api::ApiError;
 pub use switch::cache::*;
 
 /// The cache families of `/metrics`, one series per pool.
@@ -229,101 +228,123 @@ pub fn control(
     }))
 }
 
-/// Arguments of `kvswitch cache`.
-#[derive(Debug, clap::Args)]
-#[command(
-    long_about = "Show the cache of a running switch or proxy (sizes, hit ratio, the most \
-                        loaded cached keys, the hot keys detected), or pin, unpin or evict a \
-                        key. Talks to the control API (`switch.api`, or the proxy's --api)."
-)]
-pub struct CacheArgs {
-    /// The control API of the switch or proxy.
-    #[arg(long, global = true, default_value = config::DEFAULT_API, value_name = "ADDR:PORT")]
-    pub api: std::net::SocketAddr,
-    #[command(flatten)]
-    pub cmd: CacheCmd,
-}
-
-/// What to do with the cache, for `kvswitch cache` and `kvswitch ctl cache`.
-#[derive(Debug, clap::Args)]
-pub struct CacheCmd {
-    #[command(subcommand)]
-    pub action: CacheAction,
-    /// The pool whose cache is meant, when a proxy serves several.
-    #[arg(long, global = true)]
+/// The query of a cache request: `key` (percent-encoded bytes), `pool`, `limit`.
+#[derive(Default)]
+pub(crate) struct CacheQuery {
+    pub key: Vec<u8>,
     pub pool: Option<String>,
+    pub limit: Option<usize>,
 }
 
-#[derive(Debug, clap::Subcommand)]
-pub enum CacheAction {
-    /// Print the cache's state as JSON.
-    Show {
-        /// How many of the most loaded cached keys and hot keys to list.
-        #[arg(long, default_value_t = 20)]
-        limit: usize,
-    },
-    /// Put a key in the cache and keep it there (its rule is installed within the budget).
-    Pin { key: String },
-    /// Let a pinned key be evicted again like any other.
-    Unpin { key: String },
-    /// Remove a key from the cache now.
-    Evict { key: String },
+/// Why a request to the cache's part of the API was refused. The client gets the message,
+/// with `400 Bad Request`.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// A `%` not followed by two hex digits, in this query value.
+    #[error("bad percent escape in `{0}`")]
+    BadEscape(String),
+    #[error("limit `{0}` is not a number")]
+    BadLimit(String),
+    #[error("unknown query parameter `{0}`")]
+    UnknownParameter(String),
+    #[error("the cache is off: start with --cache or a [cache] table")]
+    CacheOff,
+    /// A key that is empty or longer than memcached's longest; `len` is its length.
+    #[error("give a key of 1 to {MAX_KEY_LEN} bytes: ?key=...")]
+    KeyLength { len: usize },
+    #[error("no pool `{0}`")]
+    UnknownPool(String),
+    #[error("several pools have a cache: give &pool=NAME")]
+    PoolNeeded,
+    #[error("unknown action `{0}`")]
+    UnknownAction(String),
+    /// The cache could not pin the key.
+    #[error(transparent)]
+    Pin(#[from] kv::cache::PinError),
 }
 
-/// Runs `kvswitch cache`.
-pub fn run_cli(args: &CacheArgs) -> anyhow::Result<()> {
-    let client = crate::ctl::Client {
-        api: args.api,
-        token: crate::ctl::token(None)?,
-    };
-    let doc = call(&client, &args.cmd)?;
-    println!("{}", serde_json::to_string_pretty(&doc)?);
-    Ok(())
-}
-
-/// The API call `cmd` stands for, made with `client`.
-pub fn call(client: &crate::ctl::Client, cmd: &CacheCmd) -> anyhow::Result<serde_json::Value> {
-    let pool = cmd
-        .pool
-        .as_ref()
-        .map(|p| format!("&pool={}", percent_encode(p.as_bytes())))
-        .unwrap_or_default();
-    match &cmd.action {
-        CacheAction::Show { limit } => {
-            client.call("GET", &format!("/api/v1/cache?limit={limit}"), None)
-        }
-        CacheAction::Pin { key } | CacheAction::Unpin { key } | CacheAction::Evict { key } => {
-            let action = match &cmd.action {
-                CacheAction::Pin { .. } => "pin",
-                CacheAction::Unpin { .. } => "unpin",
-                _ => "evict",
-            };
-            let key = percent_encode(key.as_bytes());
-            client.call(
-                "POST",
-                &format!("/api/v1/cache/{action}?key={key}{pool}"),
-                None,
-            )
+pub(crate) fn cache_query(query: &str) -> Result<CacheQuery, ApiError> {
+    let mut q = CacheQuery::default();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = percent_decode(value)?;
+        match name {
+            "key" => q.key = value,
+            "pool" => q.pool = Some(String::from_utf8_lossy(&value).into_owned()),
+            "limit" => {
+                let text = String::from_utf8_lossy(&value);
+                q.limit = Some(
+                    text.parse()
+                        .map_err(|_| ApiError::BadLimit(text.into_owned()))?,
+                );
+            }
+            other => return Err(ApiError::UnknownParameter(other.to_owned())),
         }
     }
+    Ok(q)
 }
 
-/// `bytes` with everything but unreserved characters as `%XX`.
-pub fn percent_encode(bytes: &[u8]) -> String {
-    let mut s = String::with_capacity(bytes.len());
-    for &b in bytes {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            s.push(b as char);
-        } else {
-            s.push_str(&format!("%{b:02X}"));
+/// Decodes `%XX` escapes (and `+` as a space).
+fn percent_decode(text: &str) -> Result<Vec<u8>, ApiError> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = bytes
+                    .get(i + 1..i + 3)
+                    .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
+                    .and_then(|h| std::str::from_utf8(h).ok())
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                    .ok_or_else(|| ApiError::BadEscape(text.to_owned()))?;
+                out.push(hex);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
         }
     }
-    s
+    Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cache_query_decodes_its_values() {
+        let q = cache_query("key=a%20b+c&pool=p&limit=5").unwrap();
+        assert_eq!(
+            (q.key.as_slice(), q.pool.as_deref(), q.limit),
+            (&b"a b c"[..], Some("p"), Some(5))
+        );
+        assert_eq!(cache_query("key=%ff").unwrap().key, [0xff]);
+    }
+
+    #[test]
+    fn a_bad_cache_query_says_what_is_wrong() {
+        let refused = |query: &str| cache_query(query).map(drop).unwrap_err();
+        for bad in ["key=%2", "key=%zz", "key=%+1", "key=%-1"] {
+            let e = refused(bad);
+            assert!(matches!(e, ApiError::BadEscape(_)), "{bad}: {e:?}");
+        }
+        assert_eq!(
+            refused("key=a%2").to_string(),
+            "bad percent escape in `a%2`"
+        );
+        assert_eq!(refused("limit=x").to_string(), "limit `x` is not a number");
+        assert_eq!(
+            refused("colour=red").to_string(),
+            "unknown query parameter `colour`"
+        );
+    }
 
     #[test]
     fn control_refuses_with_a_reason() {

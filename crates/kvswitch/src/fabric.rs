@@ -537,7 +537,7 @@ fn serve(addr: SocketAddr, shared: Arc<Shared>) -> anyhow::Result<SocketAddr> {
         .route("/api/v1/fabric/cache", put(cache_size))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(shared);
-    crate::api::http::spawn_server(listener, app, guard, "fabric-api", false)
+    api::server::spawn_server(listener, app, guard, "fabric-api", false)
 }
 
 /// A snapshot taken on the forwarding thread now; the last periodic one if that is busy.

@@ -5,6 +5,7 @@
 
 pub mod api;
 pub mod cache;
+pub mod cache_cli;
 pub mod controller;
 pub mod ctl;
 pub mod daemon;

@@ -41,7 +41,7 @@ enum Cmd {
         cache: bool,
     },
     /// Show the cache of a running switch or proxy, or pin, unpin or evict a key.
-    Cache(kvswitch::cache::CacheArgs),
+    Cache(kvswitch::cache_cli::CacheArgs),
     /// Read and change a running switch through its control API: tables, entries, ports,
     /// counters, packets, the pool, the cache.
     Ctl(kvswitch::ctl::CtlArgs),
@@ -174,7 +174,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Proxy(args) => kvswitch::proxy_cli::run(args),
         Cmd::Sim(args) => kvswitch::sim_cli::run(&args),
         Cmd::Nf(args) => kvswitch::nf::run(&args),
-        Cmd::Cache(args) => kvswitch::cache::run_cli(&args),
+        Cmd::Cache(args) => kvswitch::cache_cli::run_cli(&args),
         Cmd::Ctl(args) => kvswitch::ctl::run(&args),
         Cmd::Fabric(args) => kvswitch::fabric::run_cli(&args),
         Cmd::Inc(args) => {

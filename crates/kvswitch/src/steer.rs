@@ -22,7 +22,8 @@ use serde_json::{json, Value};
 
 use switch::Switch;
 
-use crate::ctl::Client;
+use api::client::entries;
+use api::Client;
 
 /// Where a cache node's rules go.
 #[derive(Args, Debug, Clone)]
@@ -106,7 +107,7 @@ pub fn rule_sink(
         .map_err(|e| anyhow::anyhow!("--hash {hash}: {e}"))?;
     let client = Client {
         api,
-        token: crate::ctl::token(args.switch_token_file.as_deref())?,
+        token: api::client::token(args.switch_token_file.as_deref())?,
     };
     // Replies from the cache node's memcached port leave with the VIP as source.
     let replies = json!({
@@ -149,26 +150,6 @@ pub fn rule_sink(
         listed: None,
     };
     Ok(Some(Box::new(move |changes| steer.apply(changes))))
-}
-
-/// Every entry of `table`, page by page.
-pub(crate) fn entries(client: &Client, table: &str) -> anyhow::Result<Vec<Value>> {
-    let mut all = Vec::new();
-    let mut after = String::new();
-    loop {
-        let page = client
-            .call(
-                "GET",
-                &format!("/api/v1/tables/{table}/entries{after}"),
-                None,
-            )
-            .with_context(|| format!("listing the switch's {table} entries"))?;
-        all.extend(page["entries"].as_array().cloned().unwrap_or_default());
-        match page["next"].as_u64() {
-            Some(next) => after = format!("?after={next}"),
-            None => return Ok(all),
-        }
-    }
 }
 
 /// The cache node's entries in `kv_steer`, by key hash (keys whose hashes collide share one).
@@ -346,7 +327,7 @@ impl Steer {
         match self.client.call("DELETE", &path, None) {
             Ok(_) => Ok(()),
             Err(e)
-                if e.downcast_ref::<crate::ctl::Refused>()
+                if e.downcast_ref::<api::Refused>()
                     .is_some_and(|r| r.status == 404) =>
             {
                 Ok(())

@@ -12,13 +12,13 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use ::api::Client;
 use dataplane::{Driver, RunOptions};
 use kv::rules::Change;
 use kv::{Distribution, HashFn};
 use kvio::{mem_pair, Batch, MemPort, Port};
 use kvswitch::api::guard::{ApiServing, BODY_BUDGET, MAX_BODY};
-use kvswitch::api::{self, http::ROUTES, Api, Exporter};
-use kvswitch::ctl::Client;
+use kvswitch::api::{http::ROUTES, serve, Api, Exporter};
 use serde_json::{json, Value};
 use switch::frame::{udp_frame, UdpEnds};
 use switch::pool::Pool;
@@ -115,7 +115,7 @@ fn rig_with(token: Option<&str>, serving: ApiServing) -> Rig {
             .unwrap();
     });
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = api::serve(
+    let addr = serve(
         listener,
         Api {
             exporter: Arc::new(Counters(stats)),

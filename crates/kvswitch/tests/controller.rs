@@ -23,9 +23,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use api::Client;
 use common::fleet::{controller_toml, pool_of, proxies, servers, until_pools};
 use common::proxy::{Conn, Memcached, PoolOpts, Proxy};
-use kvswitch::ctl::Client;
 use serde_json::{json, Value};
 use testbed::local;
 

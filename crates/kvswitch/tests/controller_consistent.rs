@@ -18,9 +18,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use api::Client;
 use common::proxy::free_port;
 use common::require_root;
-use kvswitch::ctl::Client;
 use serde_json::{json, Value};
 use testbed::in_netns;
 

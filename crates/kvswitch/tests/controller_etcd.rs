@@ -14,9 +14,9 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use api::Client;
 use common::fleet::{controller_toml, etcd, proxies, servers, until_pools};
 use common::proxy::{free_port, Memcached, PoolOpts};
-use kvswitch::ctl::Client;
 use serde_json::{json, Value};
 use testbed::local::{Proc, TempDir};
 

@@ -10,9 +10,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use api::Client;
 use common::fleet::{in_pool, testbed_controller};
 use common::*;
-use kvswitch::ctl::Client;
 
 /// The testbed's prefix, with a subnet of its own.
 const PREFIX: &str = "kctl";

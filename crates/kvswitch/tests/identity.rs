@@ -9,8 +9,8 @@ use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use api::Client as Api;
 use common::*;
-use kvswitch::ctl::Client as Api;
 use switch::frame::{arp_frame, udp_frame, UdpEnds};
 use testbed::history_load::{self, Clock, Load, Mix, Transport};
 use wire::arp;

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvswitch::ctl::Client;
+use api::Client;
 use kvswitch::nf::bcube::{self, Card, Geometry, HostConfig};
 use serde_json::Value;
 use testbed::net::{Net, NetSpec};

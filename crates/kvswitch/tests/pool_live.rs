@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use api::Client;
 use common::proxy::{free_port, yaml_config, Front, Memcached, PoolOpts, Proxy};
-use kvswitch::ctl::Client;
 use serde_json::json;
 use testbed::local;
 

@@ -14,9 +14,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use api::Client as Api;
 use common::fleet::{in_pool, testbed_controller};
 use common::*;
-use kvswitch::ctl::Client as Api;
 use testbed::history::Kind;
 use testbed::history_load::{self, Clock, Load, Mix, Transport};
 

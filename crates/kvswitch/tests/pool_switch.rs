@@ -7,8 +7,8 @@
 
 mod common;
 
+use api::Client;
 use common::*;
-use kvswitch::ctl::Client;
 use serde_json::json;
 
 /// The testbed's prefix, with a subnet of its own.

@@ -18,8 +18,8 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use api::Client as Api;
 use common::*;
-use kvswitch::ctl::Client as Api;
 use serde_json::json;
 use testbed::history::{Kind, Op};
 use testbed::history_load::{self, Clock, Load, Mix, Transport};

@@ -24,17 +24,21 @@ use serde::de::{DeserializeOwned, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::guard::{self, ApiServing, Guard, MAX_BODY};
 use super::pools::{grow_caches, Reloader};
-use super::{cache_query, Exporter, STATUS_ENTRIES};
+use super::{Exporter, STATUS_ENTRIES};
 use crate::cache;
+use crate::cache::{cache_query, ApiError};
+use ::api::guard::{ApiServing, Guard, MAX_BODY};
+use ::api::pool::NewServer;
+use ::api::server::{bearer_is, spawn_server};
+use ::api::{body, ApiFailure};
 use dataplane::{EgressSettings, Remote, RemoteError};
 use kv::Instant;
 use switch::control::{
     self, ActionDef, Change, ControlError, EntryDef, ErrorKind, InterfaceDef, RegisterView,
     TableDef,
 };
-use switch::pool::{Pool, PoolChangeError, ServerSpec};
+use switch::pool::{Pool, PoolChangeError};
 use switch::{Emit, Switch};
 
 /// The OpenAPI 3 document of this API.
@@ -97,42 +101,6 @@ pub struct Api {
     pub serving: ApiServing,
 }
 
-/// An error as the API answers it: a status and `{"error": ..., "field": ...}`.
-#[derive(Debug)]
-pub struct ApiFailure {
-    status: StatusCode,
-    body: Value,
-}
-
-impl ApiFailure {
-    pub(crate) fn new(status: StatusCode, error: impl Into<String>) -> ApiFailure {
-        ApiFailure {
-            status,
-            body: json!({ "error": error.into() }),
-        }
-    }
-}
-
-impl From<ControlError> for ApiFailure {
-    fn from(e: ControlError) -> ApiFailure {
-        let status = match e.kind {
-            ErrorKind::Invalid => StatusCode::BAD_REQUEST,
-            ErrorKind::NotFound => StatusCode::NOT_FOUND,
-            ErrorKind::Conflict | ErrorKind::Full => StatusCode::CONFLICT,
-        };
-        ApiFailure {
-            status,
-            body: json!({ "error": e.to_string(), "field": e.field, "kind": e.kind }),
-        }
-    }
-}
-
-impl IntoResponse for ApiFailure {
-    fn into_response(self) -> Response {
-        (self.status, Json(self.body)).into_response()
-    }
-}
-
 /// What the handlers share: the API and what the server keeps of its own.
 pub struct Served {
     api: Api,
@@ -157,28 +125,6 @@ fn ok(v: impl serde::Serialize) -> Reply {
     Ok(Json(v).into_response())
 }
 
-/// How much lower than the rest of the process the API thread runs (a nice value).
-pub const API_NICENESS: i32 = 10;
-
-/// Lowers the calling thread's scheduling priority by [`API_NICENESS`], so that on a busy
-/// machine the forwarding thread has the cores before the control plane does; a burst of
-/// changes then slows the API, not forwarding.
-fn lower_priority() {
-    // SAFETY: gettid and setpriority take no pointers; PRIO_PROCESS with a thread id changes
-    // that thread alone on Linux.
-    let done = unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        let now = libc::getpriority(libc::PRIO_PROCESS, tid);
-        libc::setpriority(libc::PRIO_PROCESS, tid, (now + API_NICENESS).min(19))
-    };
-    if done != 0 {
-        tracing::debug!(
-            "the API thread keeps its priority: {}",
-            std::io::Error::last_os_error()
-        );
-    }
-}
-
 /// Binds nothing: serves `api` on `listener` on a thread of its own; returns the address.
 pub fn serve(listener: TcpListener, api: Api) -> anyhow::Result<SocketAddr> {
     let guard = Guard::new(api.serving.clone());
@@ -188,53 +134,6 @@ pub fn serve(listener: TcpListener, api: Api) -> anyhow::Result<SocketAddr> {
         guard: guard.clone(),
     }));
     spawn_server(listener, app, guard, "api", true)
-}
-
-/// Serves `app` behind `guard` on `listener` from a thread named `name` with a
-/// single-threaded runtime (at [`API_NICENESS`] below the rest of the process when `lower`
-/// is set); returns the address. The switch's API, the proxy's and the controller's all run
-/// this way.
-pub(crate) fn spawn_server(
-    listener: TcpListener,
-    app: Router,
-    guard: Arc<Guard>,
-    name: &str,
-    lower: bool,
-) -> anyhow::Result<SocketAddr> {
-    let app = guard::guarded(app, &guard);
-    let addr = listener.local_addr()?;
-    listener.set_nonblocking(true)?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let name = name.to_string();
-    std::thread::Builder::new()
-        .name(name.clone())
-        .spawn(move || {
-            if lower {
-                lower_priority();
-            }
-            runtime.block_on(async move {
-                let listener = match tokio::net::TcpListener::from_std(listener) {
-                    Ok(l) => l,
-                    Err(e) => {
-                        tracing::error!("the {name} server cannot listen: {e}");
-                        return;
-                    }
-                };
-                guard::accept(listener, app, guard).await;
-            })
-        })?;
-    Ok(addr)
-}
-
-/// Whether `headers` carry `Authorization: Bearer <token>`, compared in constant time.
-pub(crate) fn bearer_is(headers: &HeaderMap, token: &str) -> bool {
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|g| same(g.as_bytes(), token.as_bytes()))
 }
 
 /// The routes of [`ROUTES`] and their handlers.
@@ -318,12 +217,6 @@ async fn authorise(State(api): State<Shared>, req: Request, next: Next) -> Respo
     next.run(req).await
 }
 
-/// Compares without stopping at the first difference, so the time taken does not tell how
-/// much of a guess was right.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 async fn no_route(method: Method, uri: axum::http::Uri) -> ApiFailure {
     ApiFailure::new(
         StatusCode::NOT_FOUND,
@@ -332,23 +225,6 @@ async fn no_route(method: Method, uri: axum::http::Uri) -> ApiFailure {
             uri.path()
         ),
     )
-}
-
-/// Parses a JSON body; an error names the field that is wrong.
-fn body<T: DeserializeOwned>(bytes: &Bytes) -> Result<T, ApiFailure> {
-    let mut de = serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let field = e.path().to_string();
-        let field = if field == "." { String::new() } else { field };
-        ApiFailure {
-            status: StatusCode::BAD_REQUEST,
-            body: json!({
-                "error": format!("{}{}", if field.is_empty() { String::new() } else { format!("{field}: ") }, e.inner()),
-                "field": field,
-                "kind": ErrorKind::Invalid,
-            }),
-        }
-    })
 }
 
 /// Runs `f` on the forwarding thread and waits for its answer.
@@ -414,7 +290,7 @@ async fn metrics(State(api): State<Shared>) -> Response {
 async fn dashboard() -> Response {
     (
         [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-        crate::controller::DASHBOARD,
+        ::api::DASHBOARD,
     )
         .into_response()
 }
@@ -1063,52 +939,6 @@ fn pool_failure(e: PoolChangeError) -> ApiFailure {
     ControlError::new(kind, field, e.to_string()).into()
 }
 
-/// A server to add, as `POST /api/v1/pool/servers` takes it (the controller's too).
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct NewServer {
-    /// Where to connect: `IP:PORT`.
-    pub(crate) addr: SocketAddr,
-    /// The host as ketama hashes it (as a configuration file spells it); the address's IP
-    /// by default.
-    pub(crate) host: Option<String>,
-    #[serde(default = "one")]
-    pub(crate) weight: u32,
-    pub(crate) name: Option<String>,
-    pub(crate) pool: Option<String>,
-    /// Warm the server up for this long: a `get` through the proxy that misses on it is
-    /// also asked of the server that held the key before, whose item it is given.
-    pub(crate) warm_ms: Option<u64>,
-}
-
-/// The longest warm-up: a day.
-pub(crate) const MAX_WARM_MS: u64 = 86_400_000;
-
-impl NewServer {
-    /// The warm-up asked for, checked.
-    pub(crate) fn warm(&self) -> Result<Option<std::time::Duration>, String> {
-        match self.warm_ms {
-            None | Some(0) => Ok(None),
-            Some(ms) if ms <= MAX_WARM_MS => Ok(Some(std::time::Duration::from_millis(ms))),
-            Some(ms) => Err(format!("warm_ms: {ms} is more than a day ({MAX_WARM_MS})")),
-        }
-    }
-
-    /// The server, as a pool holds it.
-    pub(crate) fn spec(self) -> ServerSpec {
-        ServerSpec {
-            host: self.host.unwrap_or_else(|| self.addr.ip().to_string()),
-            addr: self.addr,
-            weight: self.weight,
-            name: self.name,
-        }
-    }
-}
-
-fn one() -> u32 {
-    1
-}
-
 async fn add_server(State(api): State<Shared>, bytes: Bytes) -> Reply {
     let s: NewServer = body(&bytes)?;
     let pool = pool_named(&api, s.pool.as_deref())?;
@@ -1206,7 +1036,7 @@ async fn cache_action(
         .map_err(|e| ApiFailure::new(StatusCode::BAD_REQUEST, e.to_string()))?;
     match cache::control(&api.exporter.caches(), &action, &q.pool, &q.key) {
         Ok(doc) => ok(doc),
-        Err(super::ApiError::UnknownAction(a)) => Err(ApiFailure::new(
+        Err(ApiError::UnknownAction(a)) => Err(ApiFailure::new(
             StatusCode::NOT_FOUND,
             format!("unknown cache action {a:?}: pin, unpin or evict"),
         )),
@@ -1245,12 +1075,5 @@ mod tests {
             Vec::<&(String, String)>::new(),
             "documented but not served"
         );
-    }
-
-    #[test]
-    fn tokens_compare_whole() {
-        assert!(same(b"abc", b"abc"));
-        assert!(!same(b"abc", b"abd"));
-        assert!(!same(b"abc", b"ab"));
     }
 }

@@ -2,14 +2,14 @@
 //! the ports) for the switch (with its proxy, when one runs) or for a proxy running alone, and
 //! the HTTP server ([`http`]) that serves it with the switch's tables.
 
-pub mod guard;
 pub mod http;
 pub mod pools;
 
+pub use ::api::guard;
+pub use ::api::{api_token, TOKEN_ENV};
 pub use http::{serve, Api};
 
 use std::fmt::Write as _;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -22,7 +22,6 @@ use proxy::ProxyStats;
 use switch::pool::Pool;
 use switch::stats::{get, Answer, Drop, Stats};
 use switch::Snapshot;
-use wire::memcache::MAX_KEY_LEN;
 
 /// What the API thread can see.
 pub struct Shared {
@@ -131,126 +130,8 @@ impl Exporter for ProxyStats {
     }
 }
 
-/// The environment variable that holds the API token.
-pub const TOKEN_ENV: &str = "KVSWITCH_API_TOKEN";
-
-/// The token changes through an API on `listen` need: from [`TOKEN_ENV`], else the first line
-/// of `file`. An API that listens beyond this host must have one.
-pub fn api_token(
-    file: Option<&std::path::Path>,
-    listen: SocketAddr,
-) -> anyhow::Result<Option<String>> {
-    let token = match (std::env::var(TOKEN_ENV), file) {
-        (Ok(t), _) if !t.trim().is_empty() => Some(t.trim().to_string()),
-        (_, Some(f)) => {
-            let text = std::fs::read_to_string(f).map_err(|e| {
-                anyhow::anyhow!("cannot read the API token file {}: {e}", f.display())
-            })?;
-            let line = text.lines().next().unwrap_or("").trim().to_string();
-            if line.is_empty() {
-                anyhow::bail!("the API token file {} is empty", f.display());
-            }
-            Some(line)
-        }
-        _ => None,
-    };
-    if token.is_none() && !listen.ip().is_loopback() {
-        anyhow::bail!(
-            "the API listens on {listen}, beyond this host: set a token for changes \
-             (`api_token_file` in the configuration, or {TOKEN_ENV})"
-        );
-    }
-    Ok(token)
-}
-
 /// Cached keys listed in the status document.
 pub(crate) const STATUS_ENTRIES: usize = 20;
-
-/// The query of a cache request: `key` (percent-encoded bytes), `pool`, `limit`.
-#[derive(Default)]
-pub(crate) struct CacheQuery {
-    pub key: Vec<u8>,
-    pub pool: Option<String>,
-    pub limit: Option<usize>,
-}
-
-/// Why a request to the cache's part of the API was refused. The client gets the message,
-/// with `400 Bad Request`.
-#[derive(Debug, thiserror::Error)]
-pub enum ApiError {
-    /// A `%` not followed by two hex digits, in this query value.
-    #[error("bad percent escape in `{0}`")]
-    BadEscape(String),
-    #[error("limit `{0}` is not a number")]
-    BadLimit(String),
-    #[error("unknown query parameter `{0}`")]
-    UnknownParameter(String),
-    #[error("the cache is off: start with --cache or a [cache] table")]
-    CacheOff,
-    /// A key that is empty or longer than memcached's longest; `len` is its length.
-    #[error("give a key of 1 to {MAX_KEY_LEN} bytes: ?key=...")]
-    KeyLength { len: usize },
-    #[error("no pool `{0}`")]
-    UnknownPool(String),
-    #[error("several pools have a cache: give &pool=NAME")]
-    PoolNeeded,
-    #[error("unknown action `{0}`")]
-    UnknownAction(String),
-    /// The cache could not pin the key.
-    #[error(transparent)]
-    Pin(#[from] kv::cache::PinError),
-}
-
-pub(crate) fn cache_query(query: &str) -> Result<CacheQuery, ApiError> {
-    let mut q = CacheQuery::default();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let value = percent_decode(value)?;
-        match name {
-            "key" => q.key = value,
-            "pool" => q.pool = Some(String::from_utf8_lossy(&value).into_owned()),
-            "limit" => {
-                let text = String::from_utf8_lossy(&value);
-                q.limit = Some(
-                    text.parse()
-                        .map_err(|_| ApiError::BadLimit(text.into_owned()))?,
-                );
-            }
-            other => return Err(ApiError::UnknownParameter(other.to_owned())),
-        }
-    }
-    Ok(q)
-}
-
-/// Decodes `%XX` escapes (and `+` as a space).
-fn percent_decode(text: &str) -> Result<Vec<u8>, ApiError> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = bytes
-                    .get(i + 1..i + 3)
-                    .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
-                    .and_then(|h| std::str::from_utf8(h).ok())
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or_else(|| ApiError::BadEscape(text.to_owned()))?;
-                out.push(hex);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    Ok(out)
-}
 
 /// The Prometheus text exposition.
 pub fn metrics(shared: &Shared) -> String {
@@ -631,37 +512,4 @@ pub fn status(shared: &Shared) -> serde_json::Value {
             "misses": t.misses,
         })).collect::<Vec<_>>(),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_cache_query_decodes_its_values() {
-        let q = cache_query("key=a%20b+c&pool=p&limit=5").unwrap();
-        assert_eq!(
-            (q.key.as_slice(), q.pool.as_deref(), q.limit),
-            (&b"a b c"[..], Some("p"), Some(5))
-        );
-        assert_eq!(cache_query("key=%ff").unwrap().key, [0xff]);
-    }
-
-    #[test]
-    fn a_bad_cache_query_says_what_is_wrong() {
-        let refused = |query: &str| cache_query(query).map(drop).unwrap_err();
-        for bad in ["key=%2", "key=%zz", "key=%+1", "key=%-1"] {
-            let e = refused(bad);
-            assert!(matches!(e, ApiError::BadEscape(_)), "{bad}: {e:?}");
-        }
-        assert_eq!(
-            refused("key=a%2").to_string(),
-            "bad percent escape in `a%2`"
-        );
-        assert_eq!(refused("limit=x").to_string(), "limit `x` is not a number");
-        assert_eq!(
-            refused("colour=red").to_string(),
-            "unknown query parameter `colour`"
-        );
-    }
 }

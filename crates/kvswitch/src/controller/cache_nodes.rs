@@ -18,7 +18,7 @@ use std::time::Instant;
 use serde_json::{json, Value};
 
 use super::{probe, Health, Shared, CAMPAIGN_INTERVAL};
-use crate::ctl::Client;
+use api::Client;
 
 /// What the controller knows of one cache node.
 #[derive(Debug, Clone)]
@@ -78,7 +78,7 @@ pub(super) fn watch(shared: &Shared) {
         let mut leading: BTreeMap<Ipv4Addr, Vec<(usize, u64)>> = BTreeMap::new();
         for (i, client) in clients.iter().enumerate() {
             // A switch out of reach (its syncer says so), or a proxy without tables.
-            let Ok(entries) = crate::steer::entries(client, switch::control::STEER) else {
+            let Ok(entries) = api::client::entries(client, switch::control::STEER) else {
                 continue;
             };
             for e in &entries {

@@ -12,7 +12,7 @@ use anyhow::{bail, Context};
 use serde_json::{json, Value};
 use switch::pool::ServerSpec;
 
-use crate::ctl::Client;
+use api::Client;
 
 /// How long a leader's lease lasts without a keep-alive: a standby takes over this long after
 /// the leader dies, at most (plus one campaign interval).

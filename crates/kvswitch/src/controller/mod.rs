@@ -35,8 +35,8 @@ use serde_json::{json, Value};
 use switch::pool::ServerSpec;
 
 use crate::api::guard::{Guard, MAX_BODY};
-use crate::api::http::NewServer;
-use crate::ctl::Client;
+use api::pool::NewServer;
+use api::Client;
 
 #[derive(Args, Debug)]
 #[command(
@@ -377,7 +377,7 @@ fn sync_switch(
         v["label"].as_str() == Some(s.label().as_str())
             && v["addr"].as_str() == Some(s.addr.to_string().as_str())
     };
-    let enc = |s: &str| crate::cache::percent_encode(s.as_bytes());
+    let enc = |s: &str| api::percent_encode(s.as_bytes());
     let pool_name = theirs["name"].as_str().unwrap_or_default().to_string();
     let mut changes = 0;
     let mut refused: Vec<String> = Vec::new();
@@ -1020,7 +1020,7 @@ fn serve(listener: TcpListener, shared: Arc<Shared>) -> anyhow::Result<SocketAdd
         .route("/api/v1/routes", get(routes::show).put(routes::replace))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(shared.clone());
-    crate::api::http::spawn_server(listener, app, shared.guard.clone(), "controller-api", false)
+    api::server::spawn_server(listener, app, shared.guard.clone(), "controller-api", false)
 }
 
 type Reply = Result<Response, (StatusCode, Json<Value>)>;
@@ -1033,7 +1033,7 @@ fn authorised(shared: &Shared, headers: &HeaderMap) -> Result<(), (StatusCode, J
     let Some(token) = &shared.token else {
         return Ok(());
     };
-    match crate::api::http::bearer_is(headers, token) {
+    match api::server::bearer_is(headers, token) {
         true => Ok(()),
         false => Err(refuse(
             StatusCode::UNAUTHORIZED,
@@ -1069,13 +1069,10 @@ fn stored(shared: &Shared, list: &[ServerSpec]) -> Result<(), (StatusCode, Json<
     }
 }
 
-/// The dashboard: one page that reads `/api/v1/fleet` once a second.
-pub(crate) const DASHBOARD: &str = include_str!("dashboard.html");
-
 async fn dashboard() -> Response {
     (
         [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-        DASHBOARD,
+        api::DASHBOARD,
     )
         .into_response()
 }

@@ -36,7 +36,7 @@ use serde_json::{json, Value as JsonValue};
 use switch::control::{ActionDef, Change, EntryDef, KeyField, Kind, TableDef, Value, ACL_KEY};
 
 use super::{authorised, leading, refuse, Reply, Shared, SWITCH_WAIT};
-use crate::ctl::{Client, Refused};
+use api::{Client, Refused};
 
 /// The controller's stamp table on each switch.
 pub const STAMP: &str = "ctl_stamp";

@@ -39,7 +39,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use wire::ethernet::Mac;
 
-use crate::ctl::Client;
+use api::Client;
 
 /// The IP protocol of BCube packets: 253, reserved for experimentation (RFC 3692).
 pub const PROTO: u8 = 253;

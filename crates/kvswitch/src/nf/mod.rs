@@ -13,7 +13,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
-use crate::ctl::Client;
+use api::Client;
 use reqcache::{ReqCache, Step};
 
 #[derive(Args, Debug)]
@@ -205,7 +205,7 @@ impl BcubeShape {
 pub fn run(args: &NfArgs) -> anyhow::Result<()> {
     let client = Client {
         api: args.api,
-        token: crate::ctl::token(args.token_file.as_deref())?,
+        token: api::client::token(args.token_file.as_deref())?,
     };
     match &args.function {
         NfCmd::Reqcache {

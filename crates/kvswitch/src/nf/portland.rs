@@ -489,7 +489,7 @@ struct Shared {
     announcements: u64,
 }
 
-fn run_call(clients: &[crate::ctl::Client], c: &Call) -> anyhow::Result<Value> {
+fn run_call(clients: &[api::Client], c: &Call) -> anyhow::Result<Value> {
     clients[c.switch]
         .call(c.method, &c.path, c.body.as_ref())
         .map_err(|e| e.context(format!("switch {}", c.switch)))
@@ -503,10 +503,10 @@ pub fn run(
     stop: &(dyn Fn() -> bool + Sync),
 ) -> anyhow::Result<Stats> {
     layout.check()?;
-    let clients: Vec<crate::ctl::Client> = layout
+    let clients: Vec<api::Client> = layout
         .switches
         .iter()
-        .map(|s| crate::ctl::Client {
+        .map(|s| api::Client {
             api: s.api,
             token: token.clone(),
         })
@@ -596,7 +596,7 @@ pub fn run(
 }
 
 fn serve_edge(
-    clients: &[crate::ctl::Client],
+    clients: &[api::Client],
     shared: &std::sync::Mutex<Shared>,
     edge: usize,
     stop: &(dyn Fn() -> bool + Sync),

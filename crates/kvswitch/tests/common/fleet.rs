@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use kvswitch::ctl::Client;
+use api::Client;
 use serde_json::json;
 use testbed::local::{self, Proc, TempDir};
 

@@ -38,7 +38,7 @@ use futures_util::StreamExt;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::http::ApiFailure;
+use crate::ApiFailure;
 pub use config::api::ApiServing;
 
 /// The largest request body. A batch of [`switch::control::MAX_BATCH`] changes needs about

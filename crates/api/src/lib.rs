@@ -1,0 +1,65 @@
+//! The control APIs' common ground: [`client::Client`], the blocking client every part of
+//! kvswitch and its tools speak to an API with; what serving one takes ([`server`], behind the
+//! [`guard`] that refuses what a browser of another origin could send); the error body all of
+//! them answer with ([`ApiFailure`]); the token; and the dashboard page, served by a switch
+//! for itself and by the controller for its fleet.
+
+pub mod client;
+mod error;
+pub mod guard;
+pub mod pool;
+pub mod server;
+
+pub use client::{Client, Refused};
+pub use error::{body, ApiFailure};
+
+use std::net::SocketAddr;
+
+/// The dashboard: one page that reads `/api/v1/fleet` (the controller's, or a switch's own as
+/// a fleet of one).
+pub const DASHBOARD: &str = include_str!("dashboard.html");
+
+/// The environment variable that holds the API token.
+pub const TOKEN_ENV: &str = "KVSWITCH_API_TOKEN";
+
+/// The token changes through an API on `listen` need: from [`TOKEN_ENV`], else the first line
+/// of `file`. An API that listens beyond this host must have one.
+pub fn api_token(
+    file: Option<&std::path::Path>,
+    listen: SocketAddr,
+) -> anyhow::Result<Option<String>> {
+    let token = match (std::env::var(TOKEN_ENV), file) {
+        (Ok(t), _) if !t.trim().is_empty() => Some(t.trim().to_string()),
+        (_, Some(f)) => {
+            let text = std::fs::read_to_string(f).map_err(|e| {
+                anyhow::anyhow!("cannot read the API token file {}: {e}", f.display())
+            })?;
+            let line = text.lines().next().unwrap_or("").trim().to_string();
+            if line.is_empty() {
+                anyhow::bail!("the API token file {} is empty", f.display());
+            }
+            Some(line)
+        }
+        _ => None,
+    };
+    if token.is_none() && !listen.ip().is_loopback() {
+        anyhow::bail!(
+            "the API listens on {listen}, beyond this host: set a token for changes \
+             (`api_token_file` in the configuration, or {TOKEN_ENV})"
+        );
+    }
+    Ok(token)
+}
+
+/// `bytes` with everything but unreserved characters as `%XX`.
+pub fn percent_encode(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(bytes.len());
+    for &b in bytes {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            s.push(b as char);
+        } else {
+            s.push_str(&format!("%{b:02X}"));
+        }
+    }
+    s
+}

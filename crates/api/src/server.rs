@@ -1,0 +1,98 @@
+//! Serving a control API: on a thread of its own with a single-threaded runtime, behind the
+//! [`crate::guard`], at a lower priority than the forwarding thread; and the bearer token's
+//! check.
+
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+
+use axum::http::{header, HeaderMap};
+use axum::Router;
+
+use crate::guard::{self, Guard};
+
+/// How much lower than the rest of the process the API thread runs (a nice value).
+pub const API_NICENESS: i32 = 10;
+
+/// Lowers the calling thread's scheduling priority by [`API_NICENESS`], so that on a busy
+/// machine the forwarding thread has the cores before the control plane does; a burst of
+/// changes then slows the API, not forwarding.
+fn lower_priority() {
+    // SAFETY: gettid and setpriority take no pointers; PRIO_PROCESS with a thread id changes
+    // that thread alone on Linux.
+    let done = unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        let now = libc::getpriority(libc::PRIO_PROCESS, tid);
+        libc::setpriority(libc::PRIO_PROCESS, tid, (now + API_NICENESS).min(19))
+    };
+    if done != 0 {
+        tracing::debug!(
+            "the API thread keeps its priority: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+/// Serves `app` behind `guard` on `listener` from a thread named `name` with a
+/// single-threaded runtime (at [`API_NICENESS`] below the rest of the process when `lower`
+/// is set); returns the address. The switch's API, the proxy's and the controller's all run
+/// this way.
+pub fn spawn_server(
+    listener: TcpListener,
+    app: Router,
+    guard: Arc<Guard>,
+    name: &str,
+    lower: bool,
+) -> anyhow::Result<SocketAddr> {
+    let app = guard::guarded(app, &guard);
+    let addr = listener.local_addr()?;
+    listener.set_nonblocking(true)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let name = name.to_string();
+    std::thread::Builder::new()
+        .name(name.clone())
+        .spawn(move || {
+            if lower {
+                lower_priority();
+            }
+            runtime.block_on(async move {
+                let listener = match tokio::net::TcpListener::from_std(listener) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        tracing::error!("the {name} server cannot listen: {e}");
+                        return;
+                    }
+                };
+                guard::accept(listener, app, guard).await;
+            })
+        })?;
+    Ok(addr)
+}
+
+/// Whether `headers` carry `Authorization: Bearer <token>`, compared in constant time.
+pub fn bearer_is(headers: &HeaderMap, token: &str) -> bool {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|g| same(g.as_bytes(), token.as_bytes()))
+}
+
+/// Compares without stopping at the first difference, so the time taken does not tell how
+/// much of a guess was right.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_compare_whole() {
+        assert!(same(b"abc", b"abc"));
+        assert!(!same(b"abc", b"abd"));
+        assert!(!same(b"abc", b"ab"));
+    }
+}
