@@ -19,6 +19,7 @@ mod mem;
 mod port;
 mod ring;
 mod sender;
+pub mod signal;
 mod sys;
 mod tun;
 mod waker;

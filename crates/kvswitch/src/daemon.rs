@@ -3,7 +3,6 @@
 //! the local port.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -20,29 +19,8 @@ use proxy::{self, Pool, Proxy};
 use switch::stats::Stats;
 use switch::Switch;
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::Relaxed);
-}
-
-/// Makes SIGINT and SIGTERM ask the running command to stop (see [`stop_requested`]).
-pub fn install_signal_handlers() {
-    let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGINT, handler);
-        libc::signal(libc::SIGTERM, handler);
-    }
-}
-
-/// Whether SIGINT or SIGTERM has arrived since [`install_signal_handlers`].
-pub fn stop_requested() -> bool {
-    STOP.load(Ordering::Relaxed)
-}
-
 pub fn run(cfg: Config) -> anyhow::Result<()> {
-    install_signal_handlers();
+    kvio::signal::install_stop_handlers();
     // Before anything is changed: a port another switch owns is refused, not shared.
     let _claims = claim_ports(&cfg.ports, &cfg.path)?;
     // First, so that a port that fails to open below does not leave it behind (dropping it
@@ -145,7 +123,12 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
                 every,
                 failures: cfg.steer_check_failures,
             };
-            crate::steer::watch(remote.clone(), check, shared.steer.clone(), stop_requested)?;
+            crate::steer::watch(
+                remote.clone(),
+                check,
+                shared.steer.clone(),
+                kvio::signal::stop_requested,
+            )?;
         }
         (Some(_), None) => {
             tracing::info!("no local port: the cache nodes of kv_steer entries are not probed")
@@ -174,7 +157,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         pool.clone(),
         cache.clone(),
         shared.fast.clone(),
-        stop_requested,
+        kvio::signal::stop_requested,
     )?;
     // The switch remembers the senders the program may then switch itself.
     switch.set_fast_path(fast.is_some());
@@ -214,7 +197,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
     driver.run(
         &options,
         Some(&inbox),
-        &|| STOP.load(Ordering::Relaxed),
+        &kvio::signal::stop_requested,
         &mut |switch| {
             if let Ok(mut s) = snapshot.lock() {
                 *s = switch.snapshot();
@@ -286,7 +269,7 @@ fn watch_hangups(reload: Reloader) -> anyhow::Result<()> {
     std::thread::Builder::new()
         .name("reload".into())
         .spawn(move || {
-            while !stop_requested() {
+            while !kvio::signal::stop_requested() {
                 if api::pools::reload_requested() {
                     api::pools::reload_on_hangup(&reload);
                 }

@@ -129,12 +129,12 @@ pub fn run_cli(args: &FabricArgs) -> anyhow::Result<()> {
             every_ms,
             failures,
         } => {
-            crate::daemon::install_signal_handlers();
+            kvio::signal::install_stop_handlers();
             watch(
                 &FabricConfig::load(config)?,
                 std::time::Duration::from_millis(*every_ms),
                 *failures,
-                &crate::daemon::stop_requested,
+                &kvio::signal::stop_requested,
             )
         }
         FabricCmd::Table {
@@ -469,7 +469,7 @@ struct Shared {
 }
 
 pub fn run(cfg: FabricConfig, name: &str) -> anyhow::Result<()> {
-    crate::daemon::install_signal_handlers();
+    kvio::signal::install_stop_handlers();
     let spec = cfg.spec(name)?;
     let me = cfg.switch(name).expect("checked by spec").clone();
     let names: Vec<String> = me.ports.iter().map(|(iface, _)| iface.clone()).collect();
@@ -512,7 +512,7 @@ pub fn run(cfg: FabricConfig, name: &str) -> anyhow::Result<()> {
     driver.run(
         &options,
         Some(&inbox),
-        &crate::daemon::stop_requested,
+        &kvio::signal::stop_requested,
         &mut |fabric| {
             if let Ok(mut s) = shared.snapshot.lock() {
                 *s = Some(fabric.snapshot(clock()));

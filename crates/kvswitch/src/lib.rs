@@ -14,7 +14,6 @@ pub mod fabric;
 pub mod fast;
 pub mod inc_cli;
 pub mod local;
-pub mod nf;
 pub mod proxy_cli;
 pub mod sim_cli;
 pub mod steer;

@@ -57,7 +57,7 @@ enum Cmd {
     Inc(kvswitch::inc_cli::IncArgs),
     /// Network functions other than memcached's, run on a switch through its control API:
     /// caching by request id, QCN's congestion point, reaction point and sink.
-    Nf(kvswitch::nf::NfArgs),
+    Nf(nf::NfArgs),
     /// Build or remove a test network of namespaces, memcached servers and kvswitch.
     Testbed {
         #[command(subcommand)]
@@ -173,7 +173,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
         }
         Cmd::Proxy(args) => kvswitch::proxy_cli::run(args),
         Cmd::Sim(args) => kvswitch::sim_cli::run(&args),
-        Cmd::Nf(args) => kvswitch::nf::run(&args),
+        Cmd::Nf(args) => nf::run(&args),
         Cmd::Cache(args) => kvswitch::cache_cli::run_cli(&args),
         Cmd::Ctl(args) => kvswitch::ctl::run(&args),
         Cmd::Fabric(args) => kvswitch::fabric::run_cli(&args),

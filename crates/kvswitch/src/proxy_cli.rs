@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 
 use crate::cache::CacheService;
-use crate::{api, daemon};
+use crate::api;
 use config::api::ApiServing;
 use config::cache::{self as cache_file, CacheSettings};
 use config::{nutcracker, proxy as proxy_file};
@@ -156,7 +156,7 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    daemon::install_signal_handlers();
+    kvio::signal::install_stop_handlers();
     let api_listener = match api_addr {
         Some(addr) => {
             Some(TcpListener::bind(addr).with_context(|| format!("api: cannot listen on {addr}"))?)
@@ -204,7 +204,7 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         )?;
         tracing::info!(api = %addr, "control API listening");
     }
-    while !daemon::stop_requested() {
+    while !kvio::signal::stop_requested() {
         std::thread::sleep(Duration::from_millis(10));
         // Segments roll and held-back rule removals are released even when no read comes.
         let now = kvio::clock::now();

@@ -1138,7 +1138,7 @@ fn the_request_id_cache_answers_hits_itself_and_leaves_the_tables_as_it_found_th
         let (client, stop) = (rig.client.clone(), stop.clone());
         std::thread::spawn(move || {
             let servers = [Ipv4Addr::new(10, 0, 1, 1)];
-            kvswitch::nf::run_reqcache(&client, PORT, &servers, 16, 100, None, &|| {
+            nf::run_reqcache(&client, PORT, &servers, 16, 100, None, &|| {
                 stop.load(Ordering::Relaxed)
             })
         })

@@ -1,7 +1,7 @@
 //! BCube1 of n=4 on kvswitches (ServerSwitch 5.1): 16 servers, each a host namespace behind
 //! its own kvswitch (the server's card: port 0 to the host, 1 to its level-0 switch, 2 to its
 //! level-1 switch), and 8 Linux bridges as the BCube switches. Each card is set up by its
-//! agent (`kvswitch::nf::bcube::run_card`) through its control API alone; each host runs the
+//! agent (`nf::bcube::run_card`) through its control API alone; each host runs the
 //! host side (`run_host`) on a TUN device. Packets follow, hop by hop, the path their header
 //! encodes (the route entries' counters on every card), a TCP transfer spreads over both
 //! parallel paths, bandwidth queries move traffic off a slow path, and the agents leave every
@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use api::Client;
-use kvswitch::nf::bcube::{self, Card, Geometry, HostConfig};
+use nf::bcube::{self, Card, Geometry, HostConfig};
 use serde_json::Value;
 use testbed::net::{Net, NetSpec};
 use wire::ethernet::Mac;

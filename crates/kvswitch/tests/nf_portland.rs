@@ -1,6 +1,6 @@
 //! PortLand on ten kvswitches (a fat-tree of two pods: two edge and two aggregation switches
 //! each, two cores), set up through their control APIs by the fabric manager
-//! (`kvswitch::nf::portland`): hosts in different pods reach each other by pseudo MAC, ARP is
+//! (`nf::portland`): hosts in different pods reach each other by pseudo MAC, ARP is
 //! answered by the manager with the target's PMAC, frames reach each host addressed to its real
 //! MAC, and a host that moves to another edge gets a new PMAC that the others learn. Everything
 //! the manager made is gone when it stops.
@@ -9,7 +9,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use kvswitch::nf::portland::{self, Layout, PortTo, Role, SwitchDef};
+use nf::portland::{self, Layout, PortTo, Role, SwitchDef};
 use serde_json::Value;
 use testbed::net::{Net, NetSpec, Peer};
 use wire::ethernet::Mac;

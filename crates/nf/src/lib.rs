@@ -3,6 +3,7 @@
 
 pub mod bcube;
 pub mod portland;
+pub mod qcn;
 pub mod reqcache;
 
 use std::net::SocketAddr;
@@ -69,7 +70,7 @@ pub enum NfCmd {
         #[arg(long, default_value_t = 20.0)]
         q_eq_kb: f64,
         /// The DSCP senders mark frames for sampling with.
-        #[arg(long, default_value_t = bench::qcn::MARK_DSCP)]
+        #[arg(long, default_value_t = qcn::MARK_DSCP)]
         dscp: u8,
         #[arg(long, default_value_t = 100)]
         priority: u32,
@@ -88,7 +89,7 @@ pub enum NfCmd {
         /// UDP payload bytes.
         #[arg(long, default_value_t = 1000)]
         payload: usize,
-        #[arg(long, default_value_t = bench::qcn::MARK_DSCP)]
+        #[arg(long, default_value_t = qcn::MARK_DSCP)]
         dscp: u8,
         #[arg(long, default_value_t = 10.0)]
         duration_s: f64,
@@ -235,11 +236,8 @@ pub fn run(args: &NfArgs) -> anyhow::Result<()> {
             anyhow::ensure!(*dscp < 64, "--dscp {dscp}: 0 to 63");
             anyhow::ensure!(*q_eq_kb > 0.0, "--q-eq-kb {q_eq_kb}: more than 0");
             let stop = stopper(*duration_s)?;
-            let cfg = bench::qcn::CpConfig {
-                api: bench::qcn::Api {
-                    addr: client.api,
-                    token: client.token.clone(),
-                },
+            let cfg = qcn::CpConfig {
+                api: client.clone(),
                 port: *queue_port,
                 params: switch::qcn::CpParams {
                     q_eq: (q_eq_kb * 1000.0) as u64,
@@ -248,7 +246,7 @@ pub fn run(args: &NfArgs) -> anyhow::Result<()> {
                 dscp: *dscp,
                 priority: *priority,
             };
-            let stats = bench::qcn::run_cp(&cfg, &stop)?;
+            let stats = qcn::run_cp(&cfg, &stop)?;
             println!("{}", serde_json::to_string(&stats)?);
             Ok(())
         }
@@ -272,7 +270,7 @@ pub fn run(args: &NfArgs) -> anyhow::Result<()> {
             seconds("--duration-s", *duration_s)?;
             let params = switch::qcn::RpParams::scaled(max_mbps * 1e6);
             let origin = std::time::Instant::now();
-            let sent = bench::qcn::send(*to, *payload, params, *dscp, *duration_s, *seed, origin)?;
+            let sent = qcn::send(*to, *payload, params, *dscp, *duration_s, *seed, origin)?;
             println!("t,rate_mbps,target_mbps,notifications");
             for s in &sent.series {
                 println!(
@@ -354,7 +352,7 @@ pub fn run(args: &NfArgs) -> anyhow::Result<()> {
             let (ready_tx, ready_rx) = std::sync::mpsc::channel();
             let bins = std::thread::scope(|scope| {
                 let (stop, origin) = (&stop, std::time::Instant::now());
-                let sink = scope.spawn(move || bench::qcn::sink(stop, ready_tx, origin));
+                let sink = scope.spawn(move || qcn::sink(stop, ready_tx, origin));
                 let ready = ready_rx.recv().unwrap_or(false);
                 if ready {
                     std::thread::sleep(Duration::from_secs_f64(duration_s.max(0.0)));
@@ -385,8 +383,8 @@ fn seconds(flag: &str, s: f64) -> anyhow::Result<Option<Duration>> {
 /// or `--duration-s` run out.
 fn stopper(duration_s: Option<f64>) -> anyhow::Result<impl Fn() -> bool + Sync> {
     let until = deadline(duration_s)?;
-    crate::daemon::install_signal_handlers();
-    Ok(move || crate::daemon::stop_requested() || until.is_some_and(|u| Instant::now() >= u))
+    kvio::signal::install_stop_handlers();
+    Ok(move || kvio::signal::stop_requested() || until.is_some_and(|u| Instant::now() >= u))
 }
 
 /// When `--duration-s` runs out.
