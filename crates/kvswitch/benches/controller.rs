@@ -75,7 +75,7 @@ fn main() {
         let api = listener.local_addr().unwrap();
         let apis: Vec<SocketAddr> = clients.iter().map(|c| c.api).collect();
         let cfg = config::controller::parse(&file(api, &apis, &list), Path::new("c.toml")).unwrap();
-        let _running = kvswitch::controller::start(cfg, listener, None, None, None).unwrap();
+        let _running = controller::start(cfg, listener, None, None, None).unwrap();
         let ctl = Client { api, token: None };
         until_all(&clients, |l| l.len() == 3);
         let (mut adds, mut removals) = (Vec::new(), Vec::new());
@@ -104,7 +104,7 @@ fn main() {
     let api = listener.local_addr().unwrap();
     let apis: Vec<SocketAddr> = clients.iter().map(|c| c.api).collect();
     let cfg = config::controller::parse(&file(api, &apis, &list), Path::new("c.toml")).unwrap();
-    let running = kvswitch::controller::start(cfg, listener, None, None, None).unwrap();
+    let running = controller::start(cfg, listener, None, None, None).unwrap();
     until_all(&clients, |l| l.len() == 3);
     let origin = Instant::now();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -130,7 +130,7 @@ pub fn run_cli(args: &FabricArgs) -> anyhow::Result<()> {
             failures,
         } => {
             kvio::signal::install_stop_handlers();
-            watch(
+            controller::keeper::watch(
                 &FabricConfig::load(config)?,
                 std::time::Duration::from_millis(*every_ms),
                 *failures,
@@ -143,7 +143,7 @@ pub fn run_cli(args: &FabricArgs) -> anyhow::Result<()> {
             failed,
         } => {
             let cfg = FabricConfig::load(config)?;
-            let body = json!({"version": version, "failed": failed}).to_string();
+            let body = json!({"version": version, "failed": failed});
             for_each_switch(&cfg, "PUT", "/api/v1/fabric/registration", &body)
         }
         FabricCmd::Cache {
@@ -152,7 +152,7 @@ pub fn run_cli(args: &FabricArgs) -> anyhow::Result<()> {
             items,
         } => {
             let cfg = FabricConfig::load(config)?;
-            let body = json!({ "items": items }).to_string();
+            let body = json!({ "items": items });
             let chosen: Vec<_> = cfg
                 .switches
                 .iter()
@@ -182,7 +182,7 @@ pub fn run_cli(args: &FabricArgs) -> anyhow::Result<()> {
             let api = s
                 .api
                 .with_context(|| format!("{}: switch {switch} has no `api`", config.display()))?;
-            let body = json!({ "drop_invalidations": drop_invalidations }).to_string();
+            let body = json!({ "drop_invalidations": drop_invalidations });
             call(api, "PUT", "/api/v1/fabric/faults", &body)?;
             println!("{switch}: dropping the next {drop_invalidations} invalidations");
             Ok(())
@@ -190,16 +190,22 @@ pub fn run_cli(args: &FabricArgs) -> anyhow::Result<()> {
     }
 }
 
-/// `method path` with a JSON body to one switch's API; an error unless it answers 200.
-fn call(api: SocketAddr, method: &str, path: &str, body: &str) -> anyhow::Result<String> {
-    let (code, text) = testbed::http(api, method, path, None, Some(body))?;
-    if code != 200 {
-        anyhow::bail!("{method} {path} on {api}: {code}: {}", text.trim());
-    }
-    Ok(text)
+/// How long the operator's commands wait for a switch's answer.
+const ANSWER_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `method path` with a JSON body to one switch's API; an error unless it answers 2xx.
+fn call(api: SocketAddr, method: &str, path: &str, body: &Value) -> anyhow::Result<Value> {
+    ::api::Client { api, token: None }
+        .call_within(method, path, Some(body), ANSWER_WITHIN)
+        .with_context(|| format!("switch API {api}"))
 }
 
-fn for_each_switch(cfg: &FabricConfig, method: &str, path: &str, body: &str) -> anyhow::Result<()> {
+fn for_each_switch(
+    cfg: &FabricConfig,
+    method: &str,
+    path: &str,
+    body: &Value,
+) -> anyhow::Result<()> {
     let mut failures = Vec::new();
     for s in &cfg.switches {
         let Some(api) = s.api else {
@@ -230,9 +236,9 @@ fn status(cfg: &FabricConfig) -> anyhow::Result<()> {
             println!("{:<8} (no api)", s.name);
             continue;
         };
-        match testbed::http_get(api, "/api/v1/fabric") {
-            Ok((200, body)) => {
-                let v: Value = serde_json::from_str(&body)?;
+        let client = ::api::Client { api, token: None };
+        match client.call_within("GET", "/api/v1/fabric", None, ANSWER_WITHIN) {
+            Ok(v) => {
                 let n = |p: &str| v.pointer(p).and_then(Value::as_u64).unwrap_or(0);
                 let links: Vec<String> = v["links"]
                     .as_array()
@@ -256,202 +262,11 @@ fn status(cfg: &FabricConfig) -> anyhow::Result<()> {
                     links.join(",")
                 );
             }
-            Ok((code, body)) => println!("{:<8} {code}: {}", s.name, body.trim()),
-            Err(e) => println!("{:<8} down: {e:#}", s.name),
-        }
-    }
-    Ok(())
-}
-
-/// A registration table: its version and the switches it counts out.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Table {
-    pub version: u64,
-    pub failed: BTreeSet<String>,
-}
-
-impl Table {
-    /// The body of `PUT /api/v1/fabric/registration`, and how a controller stores it.
-    pub fn to_json(&self) -> Value {
-        json!({"version": self.version, "failed": self.failed})
-    }
-
-    /// A table as [`Table::to_json`] writes it.
-    pub fn from_json(v: &Value) -> anyhow::Result<Table> {
-        let version = v["version"].as_u64().context("a table without a version")?;
-        let failed = v["failed"]
-            .as_array()
-            .context("a table without a failed list")?
-            .iter()
-            .map(|n| {
-                n.as_str()
-                    .map(String::from)
-                    .context("a failed switch not named")
-            })
-            .collect::<anyhow::Result<_>>()?;
-        Ok(Table { version, failed })
-    }
-}
-
-/// The registration table's keeper: probes every switch's API, and makes a new table (with
-/// the switches found dead failed) when the set of dead ones changes. `kvswitch fabric watch`
-/// and `kvswitch controller` (with `fabric` set) both run one.
-pub struct Keeper {
-    /// Every switch with an API: its name and address.
-    switches: Vec<(String, SocketAddr)>,
-    /// Probes failed in a row, per switch.
-    missed: Vec<u32>,
-    /// Probes failed in a row before a switch is dead.
-    failures: u32,
-    /// Per switch: whether it answered the last probe holding an older table than `table`.
-    behind: Vec<bool>,
-    /// The table installed last (version 0: none yet).
-    table: Table,
-}
-
-impl Keeper {
-    pub fn new(cfg: &FabricConfig, failures: u32) -> anyhow::Result<Keeper> {
-        let switches: Vec<(String, SocketAddr)> = cfg
-            .switches
-            .iter()
-            .filter_map(|s| Some((s.name.clone(), s.api?)))
-            .collect();
-        anyhow::ensure!(
-            !switches.is_empty(),
-            "{}: no switch has an `api` to watch",
-            cfg.path.display()
-        );
-        Ok(Keeper {
-            missed: vec![0; switches.len()],
-            behind: vec![false; switches.len()],
-            switches,
-            failures: failures.max(1),
-            table: Table {
-                version: 0,
-                failed: BTreeSet::new(),
+            Err(e) => match e.downcast_ref::<::api::Refused>() {
+                Some(r) => println!("{:<8} {}: {}", s.name, r.status, r.message),
+                None => println!("{:<8} down: {e:#}", s.name),
             },
-        })
-    }
-
-    /// Carries on from a table installed before (a controller taking over from another): its
-    /// failed switches stay failed until they answer a probe.
-    pub fn resume(&mut self, table: Table) {
-        for ((name, _), missed) in self.switches.iter().zip(&mut self.missed) {
-            if table.failed.contains(name) {
-                *missed = (*missed).max(self.failures);
-            }
         }
-        if table.version > self.table.version {
-            self.table = table;
-        }
-    }
-
-    /// The table installed last.
-    pub fn table(&self) -> &Table {
-        &self.table
-    }
-
-    /// Each switch's name, whether it is taken for alive, and its probes failed in a row.
-    pub fn switches(&self) -> impl Iterator<Item = (&str, bool, u32)> {
-        self.switches
-            .iter()
-            .zip(&self.missed)
-            .map(|((name, _), &m)| (name.as_str(), m < self.failures, m))
-    }
-
-    /// Probes every switch once; the new table to install when the set of dead switches
-    /// changed. Its version is above every version a switch reported holding.
-    pub fn probe(&mut self) -> Option<Table> {
-        let mut version = self.table.version;
-        let probed = self
-            .switches
-            .iter()
-            .zip(&mut self.missed)
-            .zip(&mut self.behind);
-        for (((_, api), missed), behind) in probed {
-            *behind = false;
-            match testbed::http_get(*api, "/api/v1/fabric") {
-                Ok((200, body)) => {
-                    *missed = 0;
-                    let held = serde_json::from_str::<Value>(&body)
-                        .ok()
-                        .and_then(|v| v["registration_version"].as_u64())
-                        .unwrap_or(0);
-                    version = version.max(held);
-                    *behind = held < self.table.version;
-                }
-                _ => *missed = missed.saturating_add(1),
-            }
-        }
-        let dead: BTreeSet<String> = self
-            .switches()
-            .filter(|(_, alive, _)| !alive)
-            .map(|(name, _, _)| name.to_string())
-            .collect();
-        (dead != self.table.failed).then(|| Table {
-            version: version + 1,
-            failed: dead,
-        })
-    }
-
-    /// Sends `table` to every switch, the ones taken for dead too (a switch that is only slow
-    /// learns that it was named failed, and forgets its copies), and keeps it as the table
-    /// installed. Returns the switches that did not take it.
-    pub fn install(&mut self, table: Table) -> Vec<String> {
-        let body = table.to_json().to_string();
-        tracing::info!(version = table.version, failed = ?table.failed, "installing a registration table");
-        let mut refused = Vec::new();
-        for (name, api) in &self.switches {
-            if let Err(e) = call(*api, "PUT", "/api/v1/fabric/registration", &body) {
-                tracing::warn!(switch = %name, "registration table not installed: {e:#}");
-                refused.push(name.clone());
-            }
-        }
-        self.table = table;
-        refused
-    }
-
-    /// Sends the table installed last again to the switches the last probe found holding an
-    /// older one (it did not reach them, or a controller stored it and lost the lead before
-    /// installing it). Returns the switches that did not take it.
-    pub fn catch_up(&mut self) -> Vec<String> {
-        let body = self.table.to_json().to_string();
-        let mut refused = Vec::new();
-        for ((name, api), behind) in self.switches.iter().zip(&mut self.behind) {
-            if !*behind {
-                continue;
-            }
-            tracing::info!(switch = %name, version = self.table.version, "installing the registration table again");
-            match call(*api, "PUT", "/api/v1/fabric/registration", &body) {
-                Ok(_) => *behind = false,
-                Err(e) => {
-                    tracing::warn!(switch = %name, "registration table not installed: {e:#}");
-                    refused.push(name.clone());
-                }
-            }
-        }
-        refused
-    }
-}
-
-/// `kvswitch fabric watch`: a [`Keeper`] probing every `every` until `stop`.
-pub fn watch(
-    cfg: &FabricConfig,
-    every: std::time::Duration,
-    failures: u32,
-    stop: &dyn Fn() -> bool,
-) -> anyhow::Result<()> {
-    let mut keeper = Keeper::new(cfg, failures)?;
-    while !stop() {
-        match keeper.probe() {
-            Some(table) => {
-                keeper.install(table);
-            }
-            None => {
-                keeper.catch_up();
-            }
-        }
-        std::thread::sleep(every);
     }
     Ok(())
 }

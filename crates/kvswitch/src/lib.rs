@@ -6,7 +6,6 @@
 pub mod api;
 pub mod cache;
 pub mod cache_cli;
-pub mod controller;
 pub mod ctl;
 pub mod daemon;
 pub mod demo;

@@ -48,7 +48,7 @@ enum Cmd {
     /// Run a fleet of switches as one: probe the pool's servers, take a dead one out of every
     /// switch's pool and put it back when it answers, add and remove servers; keep a caching
     /// fabric's registration table.
-    Controller(kvswitch::controller::ControllerArgs),
+    Controller(controller::ControllerArgs),
     /// A coherent caching fabric of several kvswitches (IncBricks): run one of its switches,
     /// show them all, install a registration table, inject faults.
     Fabric(kvswitch::fabric::FabricArgs),
@@ -183,7 +183,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Cmd::Controller(args) => kvswitch::controller::run(&args),
+        Cmd::Controller(args) => controller::run(&args),
         Cmd::Testbed { action } => match action {
             TestbedCmd::Up {
                 topology,

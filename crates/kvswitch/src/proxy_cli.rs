@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::cache::CacheService;
 use crate::api;
+use crate::cache::CacheService;
 use config::api::ApiServing;
 use config::cache::{self as cache_file, CacheSettings};
 use config::{nutcracker, proxy as proxy_file};

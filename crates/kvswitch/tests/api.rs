@@ -1018,7 +1018,7 @@ fn the_controller_removes_the_steering_entries_of_a_cache_node_that_does_not_ans
         c.api
     );
     let file = config::controller::parse(&text, std::path::Path::new("controller.toml")).unwrap();
-    let running = kvswitch::controller::start(file, listener, None, None, None).unwrap();
+    let running = controller::start(file, listener, None, None, None).unwrap();
     let ctl = Client {
         api: ctl_api,
         token: None,

@@ -63,12 +63,12 @@ fn start_controller(
     apis: &[SocketAddr],
     list: &[(&str, SocketAddr)],
     settings: &str,
-) -> (kvswitch::controller::Running, Client) {
+) -> (controller::Running, Client) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let api = listener.local_addr().unwrap();
     let text = controller_toml(api, settings, apis, list);
     let file = config::controller::parse(&text, Path::new("controller.toml")).unwrap();
-    let running = kvswitch::controller::start(file, listener, None, None, None).unwrap();
+    let running = controller::start(file, listener, None, None, None).unwrap();
     (running, Client { api, token: None })
 }
 
@@ -310,7 +310,7 @@ fn a_dead_servers_place_goes_to_a_spare_until_it_is_back() {
         Path::new("controller.toml"),
     )
     .unwrap();
-    let _controller = kvswitch::controller::start(file, listener, None, None, None).unwrap();
+    let _controller = controller::start(file, listener, None, None, None).unwrap();
     until_pools(&clients, &["s1", "s2", "s3"], Duration::from_secs(5));
 
     // Keys of s2 and of s1, by a ring built apart from kvswitch.
@@ -389,8 +389,7 @@ fn changes_to_the_controller_need_its_token_when_it_has_one() {
         Path::new("controller.toml"),
     )
     .unwrap();
-    let _controller =
-        kvswitch::controller::start(file, listener, Some("sesame".into()), None, None).unwrap();
+    let _controller = controller::start(file, listener, Some("sesame".into()), None, None).unwrap();
     let body = json!({"addr": "127.0.0.1:1", "name": "s9"});
     let mut ctl = Client { api, token: None };
     // Reads need none.
@@ -522,7 +521,7 @@ fn a_switch_out_of_reach_does_not_hold_up_the_others() {
         Path::new("controller.toml"),
     )
     .unwrap();
-    let _controller = kvswitch::controller::start(file, listener, None, None, None).unwrap();
+    let _controller = controller::start(file, listener, None, None, None).unwrap();
     until_pools(&clients, &["s1", "s2"], Duration::from_secs(5));
     servers[1].kill();
     let took = until_pools(&clients, &["s1"], Duration::from_secs(5));

@@ -218,7 +218,7 @@ impl Bed {
         bed
     }
 
-    fn controller(&self, drain_ms: u64) -> (kvswitch::controller::Running, Client) {
+    fn controller(&self, drain_ms: u64) -> (controller::Running, Client) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let api = listener.local_addr().unwrap();
         let text = format!(
@@ -235,7 +235,7 @@ impl Bed {
             target(),
         );
         let file = config::controller::parse(&text, Path::new("controller.toml")).unwrap();
-        let running = kvswitch::controller::start(file, listener, None, None, None).unwrap();
+        let running = controller::start(file, listener, None, None, None).unwrap();
         (running, Client { api, token: None })
     }
 

@@ -72,7 +72,7 @@ fn the_dashboard_shows_the_fleet_and_its_rates_rise_under_load() {
     let api = listener.local_addr().unwrap();
     let text = controller_toml(api, "", &apis, &list);
     let file = config::controller::parse(&text, Path::new("controller.toml")).unwrap();
-    let _controller = kvswitch::controller::start(file, listener, None, None, None).unwrap();
+    let _controller = controller::start(file, listener, None, None, None).unwrap();
     let url = format!("http://{api}/");
 
     // Idle: every switch and server shown, no traffic.

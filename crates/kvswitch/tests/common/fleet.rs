@@ -105,7 +105,7 @@ pub fn testbed_controller(
     live: &testbed::Live,
     names: &[&str],
     settings: &str,
-) -> (kvswitch::controller::Running, Client) {
+) -> (controller::Running, Client) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let api = listener.local_addr().unwrap();
     let switches = [live.api()];
@@ -115,7 +115,7 @@ pub fn testbed_controller(
         .collect();
     let text = controller_toml(api, settings, &switches, &servers);
     let file = config::controller::parse(&text, std::path::Path::new("controller.toml")).unwrap();
-    let running = kvswitch::controller::start(file, listener, None, None, None).unwrap();
+    let running = controller::start(file, listener, None, None, None).unwrap();
     let ctl = Client { api, token: None };
     let started = Instant::now();
     while ctl.call("GET", "/api/v1/status", None).unwrap()["switches"][0]["in_step"] != true {

@@ -13,7 +13,7 @@ use std::time::Instant;
 use serde_json::{json, Value};
 
 use super::{Shared, CAMPAIGN_INTERVAL};
-use crate::fabric::{Keeper, Table};
+use crate::keeper::{Keeper, Table};
 
 /// What the controller shows of the fabric.
 #[derive(Debug, Clone, Default)]

@@ -34,7 +34,7 @@ use config::controller::ControllerFile;
 use serde_json::{json, Value};
 use switch::pool::ServerSpec;
 
-use crate::api::guard::{Guard, MAX_BODY};
+use api::guard::{Guard, MAX_BODY};
 use api::pool::NewServer;
 use api::Client;
 
@@ -57,6 +57,7 @@ pub struct ControllerArgs {
 mod cache_nodes;
 pub mod etcd;
 mod fabric;
+pub mod keeper;
 pub mod routes;
 
 /// How often a standby tries to lead, and a leader renews its lease.
@@ -460,7 +461,7 @@ fn sync_switch(
 /// Runs the controller until the process is stopped.
 pub fn run(args: &ControllerArgs) -> anyhow::Result<()> {
     let file = config::controller::load(&args.config)?;
-    let token = crate::api::api_token(None, file.api)?;
+    let token = api::api_token(None, file.api)?;
     // The switches' token comes from the file alone: KVSWITCH_API_TOKEN is this
     // controller's own.
     let switch_token = match &file.switch_token_file {
@@ -518,7 +519,7 @@ pub fn start(
         Some(path) => {
             let cfg = config::fabric::FabricConfig::load(path)?;
             Some((
-                crate::fabric::Keeper::new(&cfg, file.down_after)?,
+                keeper::Keeper::new(&cfg, file.down_after)?,
                 path.display().to_string(),
             ))
         }
