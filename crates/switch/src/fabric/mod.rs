@@ -33,6 +33,7 @@ use std::net::Ipv4Addr;
 use kv::fabric::{
     Directory, DirectoryStats, Due, Lfu, LfuStats, ReadStamp, Registration, SwitchId, WriteStep,
 };
+use kv::hash::fnv1a_parts;
 use kv::Instant;
 use wire::ethernet::{self, EtherType, Mac};
 use wire::frame::UdpEnds;
@@ -268,15 +269,6 @@ fn parse_udp(frame: &[u8]) -> Option<Udp<'_>> {
         dst_port,
         payload: segment.get(udp::HEADER_LEN..len)?,
     })
-}
-
-fn fnv(parts: &[&[u8]]) -> u32 {
-    parts
-        .iter()
-        .flat_map(|p| p.iter())
-        .fold(0x811c_9dc5_u32, |h, &b| {
-            (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
-        })
 }
 
 /// A UDP frame from `src` to `dst` carrying `payload`; `None` when it would not fit.
@@ -839,7 +831,7 @@ impl FabricSwitch {
                 }
             }
         }
-        let flow = fnv(&[
+        let flow = fnv1a_parts(&[
             &udp.src_ip.octets(),
             &udp.dst_ip.octets(),
             &udp.src_port.to_be_bytes(),
@@ -978,7 +970,7 @@ impl FabricSwitch {
             self.stats.malformed += 1;
             return Fate::Consumed;
         };
-        let flow = flow.unwrap_or_else(|| fnv(&[&frame[26..34]]));
+        let flow = flow.unwrap_or_else(|| fnv1a_parts(&[&frame[26..34]]));
         if let Some(member) = self.member_by_ip(dst_ip) {
             if member.id == self.me.id {
                 self.stats.unexpected += 1;
@@ -2301,16 +2293,19 @@ mod tests {
     /// on its values: pinned here, on bytes above 0x7f too, which it takes as unsigned.
     #[test]
     fn the_flow_hash_is_fnv1a_32_over_its_parts_in_turn() {
-        let flow = fnv(&[
+        let flow = fnv1a_parts(&[
             &[10, 1, 0, 2],
             &[10, 2, 0, 9],
             &40000u16.to_be_bytes(),
             &11211u16.to_be_bytes(),
         ]);
         assert_eq!(flow, 0x9cd7_9ac3);
-        assert_eq!(fnv(&[&[192, 168, 200, 250], &[10, 0, 0, 255]]), 0x8550_c3b0);
-        assert_eq!(fnv(&[b"foo", b"bar"]), 0xbf9c_f968);
-        assert_eq!(fnv(&[b"foobar"]), 0xbf9c_f968);
-        assert_eq!(fnv(&[]), 0x811c_9dc5);
+        assert_eq!(
+            fnv1a_parts(&[&[192, 168, 200, 250], &[10, 0, 0, 255]]),
+            0x8550_c3b0
+        );
+        assert_eq!(fnv1a_parts(&[b"foo", b"bar"]), 0xbf9c_f968);
+        assert_eq!(fnv1a_parts(&[b"foobar"]), 0xbf9c_f968);
+        assert_eq!(fnv1a_parts(&[]), 0x811c_9dc5);
     }
 }
