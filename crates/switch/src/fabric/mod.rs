@@ -36,12 +36,12 @@ use kv::fabric::{
 use kv::hash::fnv1a_parts;
 use kv::Instant;
 use wire::ethernet::{self, EtherType, Mac};
-use wire::frame::UdpEnds;
+use wire::frame::{parse_udp, UdpEnds};
 use wire::inc::classify::{
     after_delta, cached_number, classify, cond_operand, reply_key, text_delta, text_safe, Kind,
 };
 use wire::inc::{self, flags, Command, Header, Message};
-use wire::{ipv4, mcudp, udp};
+use wire::{ipv4, mcudp};
 
 pub use spec::{FabricServer, FabricSpec, FabricSpecError, Member, PortRole, Rack, Role};
 
@@ -239,36 +239,6 @@ pub struct FabricSwitch {
     /// time: a new epoch takes over the ToRs an earlier write left unacknowledged).
     relaying: HashMap<Vec<u8>, Relay>,
     stats: FabricStats,
-}
-
-/// A parsed IPv4/UDP frame.
-struct Udp<'a> {
-    src_ip: Ipv4Addr,
-    dst_ip: Ipv4Addr,
-    src_port: u16,
-    dst_port: u16,
-    payload: &'a [u8],
-}
-
-fn parse_udp(frame: &[u8]) -> Option<Udp<'_>> {
-    let ip = ipv4::Packet::new_checked(frame.get(ethernet::HEADER_LEN..)?).ok()?;
-    if ip.is_fragment() || ip.protocol() != ipv4::Protocol::UDP {
-        return None;
-    }
-    let (src_ip, dst_ip) = (ip.src(), ip.dst());
-    let start = ethernet::HEADER_LEN + ip.header_len();
-    let end = ethernet::HEADER_LEN + usize::from(ip.total_len());
-    let segment = frame.get(start..end)?;
-    let u = udp::Packet::new_checked(segment).ok()?;
-    let (src_port, dst_port) = (u.src_port(), u.dst_port());
-    let len = usize::from(u.len());
-    Some(Udp {
-        src_ip,
-        dst_ip,
-        src_port,
-        dst_port,
-        payload: segment.get(udp::HEADER_LEN..len)?,
-    })
 }
 
 /// A UDP frame from `src` to `dst` carrying `payload`; `None` when it would not fit.
@@ -776,7 +746,7 @@ impl FabricSwitch {
             self.stats.refused_sources += 1;
             return Fate::Consumed;
         }
-        let Some(udp) = parse_udp(frame) else {
+        let Some((udp, udp_payload)) = parse_udp(frame) else {
             return self.route(in_port, frame, None, now, emit);
         };
         if udp.dst_port == inc::PORT && udp.dst_ip == self.me.ip {
@@ -784,14 +754,14 @@ impl FabricSwitch {
             if role == PortRole::Host {
                 match self.home_node(udp.src_ip).filter(|n| n.mac == src) {
                     Some(node) if udp.src_port == inc::PORT => {
-                        let payload = udp.payload.to_vec();
+                        let payload = udp_payload.to_vec();
                         self.home_node_message(&node, &payload, now, emit);
                     }
                     _ => self.stats.refused_sources += 1,
                 }
                 return Fate::Consumed;
             }
-            let (src_ip, payload) = (udp.src_ip, udp.payload.to_vec());
+            let (src_ip, payload) = (udp.src_ip, udp_payload.to_vec());
             self.message(in_port, src_ip, &payload, now, emit);
             return Fate::Consumed;
         }
@@ -807,14 +777,14 @@ impl FabricSwitch {
                 .flatten();
             if let Some(server) = native_server {
                 let client = (udp.src_ip, udp.src_port);
-                let payload = udp.payload.to_vec();
+                let payload = udp_payload.to_vec();
                 self.ingress_native(client, (server.ip, server.port), &payload, now, emit);
                 return Fate::Consumed;
             }
             if self.server(udp.dst_ip, udp.dst_port).is_some() {
                 let client = (udp.src_ip, udp.src_port);
                 let server = (udp.dst_ip, udp.dst_port);
-                let datagram = udp.payload.to_vec();
+                let datagram = udp_payload.to_vec();
                 if self.ingress(client, server, &datagram, None, now, emit) {
                     return Fate::Consumed;
                 }
@@ -825,7 +795,7 @@ impl FabricSwitch {
             {
                 let client = (udp.dst_ip, udp.dst_port);
                 let server = (udp.src_ip, udp.src_port);
-                let datagram = udp.payload.to_vec();
+                let datagram = udp_payload.to_vec();
                 if self.server_reply(client, server, &datagram, now, emit) {
                     return Fate::Consumed;
                 }
