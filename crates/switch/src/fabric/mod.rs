@@ -25,6 +25,8 @@
 //!
 //! Pure, like [`crate::Switch`]: frames, instants and the table come from the caller.
 
+mod forward;
+mod guard;
 mod send;
 mod spec;
 mod topology;
@@ -48,6 +50,7 @@ use wire::{ipv4, mcudp};
 pub use spec::{FabricServer, FabricSpec, FabricSpecError, Member, PortRole, Rack, Role};
 
 use crate::{Dest, Emit, Fate};
+use guard::Refusal;
 
 /// Reads a home remembers while their server answers; past it, replies go back as ordinary
 /// frames and fill nothing (writes are always remembered).
@@ -172,14 +175,6 @@ struct Pending {
 }
 
 type Flow = (Ipv4Addr, u16, u16);
-
-/// Why a host's frame is refused at its ToR.
-enum Refusal {
-    /// Its source or destination (`refused_sources`).
-    Source,
-    /// A fragment to a server (`refused_fragments`).
-    Fragment,
-}
 
 /// An increment this switch computed on its copy: the item, the new number, and the cached
 /// reply that holds it, kept if the home's reply agrees.
@@ -572,191 +567,6 @@ impl FabricSwitch {
             &udp.dst_port.to_be_bytes(),
         ]);
         self.route(in_port, frame, Some(flow), now, emit)
-    }
-
-    /// Binds `mac` to `port`, the host port a frame from it came in on, if it is not bound
-    /// elsewhere; `false` when it is: a host's MAC stays on the port it was first heard on,
-    /// so another host using it could neither draw its traffic nor speak for it (a server's
-    /// replies fill the caches). A server's MAC is always bound; other hosts' while the table
-    /// has room (past it their frames are still switched, flooded within the rack).
-    fn bind_mac(&mut self, mac: Mac, port: u16) -> bool {
-        if !mac.is_unicast() {
-            return true;
-        }
-        match self.macs.get(&mac) {
-            Some(&p) => p == port,
-            None => {
-                let server = self.spec.servers.iter().any(|s| s.mac == mac);
-                if server || self.macs.len() < MAX_HOSTS {
-                    self.macs.insert(mac, port);
-                }
-                true
-            }
-        }
-    }
-
-    /// Binds the IPv4 source of `frame` (already checked to be in this rack) to the MAC and
-    /// port it came from, if it is not bound to others; `false` when it is, or when it is a
-    /// server's address sent from another MAC than the server's: a host's address is its own
-    /// (the fabric sends replies to it by this binding).
-    fn bind_ip(&mut self, frame: &[u8], mac: Mac, port: u16) -> bool {
-        let Some(ip) = frame
-            .get(ethernet::HEADER_LEN..)
-            .and_then(|l3| ipv4::Packet::new_checked(l3).ok())
-            .map(|p| p.src())
-        else {
-            return true;
-        };
-        if self.spec.servers.iter().any(|s| s.ip == ip && s.mac != mac) {
-            return false;
-        }
-        match self.hosts.get(&ip) {
-            Some(&bound) => bound == (mac, port),
-            None => {
-                if self.hosts.len() < MAX_HOSTS {
-                    self.hosts.insert(ip, (mac, port));
-                }
-                true
-            }
-        }
-    }
-
-    /// The answer to a host's ARP request for this switch's own address (a home node sends
-    /// its ToR messages).
-    fn arp_for_me(&self, frame: &[u8]) -> Option<Vec<u8>> {
-        let packet = wire::arp::Packet::new_checked(frame.get(ethernet::HEADER_LEN..)?).ok()?;
-        let asked = wire::arp::Repr::parse(&packet).ok()?;
-        if asked.operation != wire::arp::Operation::Request || asked.target_ip != self.me.ip {
-            return None;
-        }
-        let reply = wire::arp::Repr {
-            operation: wire::arp::Operation::Reply,
-            sender_mac: self.me.mac,
-            sender_ip: self.me.ip,
-            target_mac: asked.sender_mac,
-            target_ip: asked.sender_ip,
-        };
-        Some(crate::frame::arp_frame(asked.sender_mac, &reply))
-    }
-
-    /// Why an IPv4 frame from a host port may not enter, if it may not: its source must be in
-    /// this ToR's rack and not a switch's address, its destination not a switch's address
-    /// (but this switch's own for a home node of the rack); and a fragment to a server of the
-    /// fabric is refused, as the fabric reads every datagram to its servers whole (a
-    /// fragmented one could carry a write past the home).
-    fn host_refusal(&self, frame: &[u8]) -> Option<Refusal> {
-        let Some(ip) = frame
-            .get(ethernet::HEADER_LEN..)
-            .and_then(|l3| ipv4::Packet::new_checked(l3).ok())
-        else {
-            return Some(Refusal::Source);
-        };
-        let (src, dst) = (ip.src(), ip.dst());
-        let source_ok = self.me.role == Role::Tor
-            && self.rack_of(src).map(|r| r.tor) == Some(self.me.id)
-            && self.member_by_ip(src).is_none()
-            && (self.member_by_ip(dst).is_none()
-                || (dst == self.me.ip && self.home_node(src).is_some()));
-        if !source_ok {
-            Some(Refusal::Source)
-        } else if ip.is_fragment() && self.spec.servers.iter().any(|s| s.ip == dst) {
-            Some(Refusal::Fragment)
-        } else {
-            None
-        }
-    }
-
-    /// Hosts' frames within the rack: by learned MAC, else out of every other host port.
-    fn switch_l2(&mut self, in_port: u16, dst: Mac, frame: &[u8], emit: &mut Vec<Emit>) -> Fate {
-        if let Some(&p) = self.macs.get(&dst) {
-            if p == in_port {
-                return Fate::Consumed;
-            }
-            self.stats.routed += 1;
-            return Fate::Out(p);
-        }
-        for p in self.host_ports() {
-            if p != in_port {
-                emit.push(Emit {
-                    dest: Dest::Port(p),
-                    frame: frame.to_vec(),
-                });
-            }
-        }
-        Fate::Consumed
-    }
-
-    /// Ordinary IPv4: within the rack by MAC, to another rack by a root (the flow's hash picks
-    /// among those up), from a root down to the rack's ToR; to a switch's address, toward it.
-    fn route(
-        &mut self,
-        in_port: u16,
-        frame: &mut [u8],
-        flow: Option<u32>,
-        now: Instant,
-        emit: &mut Vec<Emit>,
-    ) -> Fate {
-        let Some(dst_ip) = frame
-            .get(ethernet::HEADER_LEN..)
-            .and_then(|l3| ipv4::Packet::new_checked(l3).ok())
-            .map(|ip| ip.dst())
-        else {
-            self.stats.malformed += 1;
-            return Fate::Consumed;
-        };
-        let flow = flow.unwrap_or_else(|| fnv1a_parts(&[&frame[26..34]]));
-        if let Some(member) = self.member_by_ip(dst_ip) {
-            if member.id == self.me.id {
-                self.stats.unexpected += 1;
-                return Fate::Consumed;
-            }
-            return match self.toward(member.id, flow, now) {
-                Some((p, _)) if p != in_port => {
-                    self.stats.routed += 1;
-                    Fate::Out(p)
-                }
-                _ => {
-                    self.stats.no_route += 1;
-                    Fate::Consumed
-                }
-            };
-        }
-        let Some(rack) = self.rack_of(dst_ip).copied() else {
-            self.stats.no_route += 1;
-            return Fate::Consumed;
-        };
-        match self.me.role {
-            Role::Tor if rack.tor == self.me.id => {
-                let dst = ethernet::Frame::new_checked(&frame[..])
-                    .map(|e| e.dst())
-                    .unwrap_or(Mac::BROADCAST);
-                self.switch_l2(in_port, dst, frame, emit)
-            }
-            Role::Tor => {
-                if !self.is_host_port(in_port) {
-                    // A ToR never carries traffic between two other switches.
-                    self.stats.no_route += 1;
-                    return Fate::Consumed;
-                }
-                let roots = self.roots_up(now);
-                if roots.is_empty() {
-                    self.stats.no_route += 1;
-                    return Fate::Consumed;
-                }
-                self.stats.routed += 1;
-                Fate::Out(roots[flow as usize % roots.len()].1)
-            }
-            Role::Root => match self.link_to(rack.tor, now) {
-                Some(p) if p != in_port => {
-                    self.stats.routed += 1;
-                    Fate::Out(p)
-                }
-                _ => {
-                    self.stats.no_route += 1;
-                    Fate::Consumed
-                }
-            },
-        }
     }
 
     fn new_request_id(&mut self) -> u16 {
