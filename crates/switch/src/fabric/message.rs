@@ -1,6 +1,6 @@
-//! Fabric messages addressed to this switch: greetings from neighbours, acknowledgements
-//! handed to their home, and requests on their designated path (answered from the cache on the
-//! way, or sent on toward the key's home).
+//! Fabric messages addressed to this switch, by command: greetings from neighbours,
+//! invalidations and their acknowledgements, replies, and requests on their designated path
+//! (answered from a designated switch's cache on the way, or sent on toward the key's home).
 
 use super::*;
 
