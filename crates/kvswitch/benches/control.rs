@@ -20,10 +20,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ::api::Client;
+use daemon::api::{serve, Api, Exporter};
 use dataplane::{Driver, RunOptions};
 use kv::{Distribution, HashFn};
 use kvio::{mem_pair, Batch, MemPort, Port};
-use kvswitch::api::{serve, Api, Exporter};
 use serde_json::{json, Value};
 use switch::control::Change;
 use switch::frame::{udp_frame, UdpEnds};

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use kvswitch::{daemon, demo};
+use kvswitch::demo;
 
 #[derive(Parser)]
 #[command(

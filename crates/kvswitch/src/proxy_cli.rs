@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::api;
-use crate::cache::CacheService;
 use config::api::ApiServing;
 use config::cache::{self as cache_file, CacheSettings};
 use config::{nutcracker, proxy as proxy_file};
+use daemon::api;
+use daemon::cache::CacheService;
 use proxy::pool::{Pool, PoolSpec};
 use proxy::{default_client_connections, default_workers, Limits, Proxy, Settings};
 

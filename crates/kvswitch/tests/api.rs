@@ -12,13 +12,13 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use ::api::guard::{ApiServing, BODY_BUDGET, MAX_BODY};
 use ::api::Client;
+use daemon::api::{http::ROUTES, serve, Api, Exporter};
 use dataplane::{Driver, RunOptions};
 use kv::rules::Change;
 use kv::{Distribution, HashFn};
 use kvio::{mem_pair, Batch, MemPort, Port};
-use kvswitch::api::guard::{ApiServing, BODY_BUDGET, MAX_BODY};
-use kvswitch::api::{http::ROUTES, serve, Api, Exporter};
 use serde_json::{json, Value};
 use switch::frame::{udp_frame, UdpEnds};
 use switch::pool::Pool;

@@ -225,7 +225,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
 /// namespace that holds its ports).
 /// Claims every port in `names` for this process ([`kvio::PortClaim`]), held until the claims
 /// are dropped; `path` is the configuration file the ports come from, for the message.
-pub(crate) fn claim_ports(
+pub fn claim_ports(
     names: &[String],
     path: &std::path::Path,
 ) -> anyhow::Result<Vec<kvio::PortClaim>> {
