@@ -9,7 +9,9 @@
 //! [`hot`] finds hot keys as SwitchKV does (space-saving and count-min counters, the
 //! time-segmented top-k load tracker, the circular-log burst detector, the admission
 //! threshold); [`rules`] schedules switch rule updates under a rate limit with SwitchKV's rule
-//! buffer; [`cache`] joins them into the in-network cache, kept coherent with writes. Pure: no I/O, and no clock is read; time is an argument.
+//! buffer; [`cache`] joins them into the in-network cache, kept coherent with writes.
+//! [`rng`] is the named generator every seeded draw comes from. Pure: no I/O, and no clock is
+//! read; time is an argument.
 #![forbid(unsafe_code)]
 
 pub mod cache;
@@ -17,6 +19,7 @@ pub mod expiry;
 pub mod fabric;
 pub mod hash;
 pub mod hot;
+pub mod rng;
 pub mod route;
 pub mod rules;
 pub mod switchkv;
