@@ -10,7 +10,8 @@
 //! time-segmented top-k load tracker, the circular-log burst detector, the admission
 //! threshold); [`rules`] schedules switch rule updates under a rate limit with SwitchKV's rule
 //! buffer; [`cache`] joins them into the in-network cache, kept coherent with writes.
-//! [`rng`] is the named generator every seeded draw comes from. Pure: no I/O, and no clock is
+//! [`rng`] is the named generator every seeded draw comes from, and [`zipf`] the key
+//! popularity (Zipf ranks, their scrambling over the keyspace, popularity changes) drawn from it. Pure: no I/O, and no clock is
 //! read; time is an argument.
 #![forbid(unsafe_code)]
 
@@ -24,6 +25,7 @@ pub mod route;
 pub mod rules;
 pub mod switchkv;
 pub mod time;
+pub mod zipf;
 
 pub use hash::{HashFn, UnknownHash};
 pub use route::{

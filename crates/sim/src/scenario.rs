@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub use loadgen::zipf::ChangeKind;
+pub use kv::zipf::ChangeKind;
 
 use crate::station::Service;
 
