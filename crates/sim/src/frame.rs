@@ -84,7 +84,7 @@ struct Path {
 struct Host {
     ip: Ipv4Addr,
     mac: Mac,
-    server: Option<(node::Store, Station)>,
+    server: Option<(store::Store, Station)>,
 }
 
 struct Client {
@@ -262,7 +262,10 @@ impl<'a> FrameSim<'a> {
                         sc.backends.service,
                         seeds.rng(source::SERVICE + id as u64),
                     );
-                    (node::Store::new(None), st)
+                    (
+                        store::Store::new(None, Box::new(store::Frozen::default())),
+                        st,
+                    )
                 });
                 hosts.push(Host {
                     ip: Ipv4Addr::new(10, (t / 250) as u8, (t % 250) as u8, h as u8 + 2),
@@ -776,7 +779,7 @@ impl<'a> FrameSim<'a> {
                 let v = padded(0, self.sc.workload.value_size);
                 let set = format!("set {key} 0 0 {}\r\n{v}\r\n", v.len());
                 let mut sink = Vec::new();
-                node::session::step(
+                store::session::step(
                     store,
                     set.as_bytes(),
                     &mut sink,
@@ -798,7 +801,7 @@ impl<'a> FrameSim<'a> {
         let mut out = Vec::new();
         let mut at = 0;
         while at < body.len() {
-            match node::session::step(
+            match store::session::step(
                 store,
                 &body[at..],
                 &mut out,
