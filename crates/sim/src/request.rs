@@ -825,29 +825,39 @@ mod tests {
 
     #[test]
     fn keys_drawn_ahead_are_the_keys_drawn_in_turn_under_the_ranking_when_sent() {
-        let file = crate::scenario::parse(
-            r#"
-            name = "ahead"
-            duration_s = 1.0
-            [workload]
-            keys = 100_000
-            skew = 0.99
-            [workload.change]
-            kind = "hot-in"
-            keys = 1000
-            every_s = 1.0
-            [clients]
-            model = "open"
-            rate = 10_000
-            [backends]
-            count = 8
-            capacity = 10_000
-            [cache]
-            items = 100
-            "#,
-        )
-        .unwrap();
-        let mut sim = RequestSim::new(&file.runs[0].scenario, Seeds::new(3)).unwrap();
+        use crate::scenario::{Backends, Change, ChangeKind, Clients, Workload};
+        let sc = Scenario {
+            name: "ahead".into(),
+            duration_s: 1.0,
+            workload: Workload {
+                keys: 100_000,
+                skew: 0.99,
+                change: Some(Change {
+                    kind: ChangeKind::HotIn,
+                    keys: 1000,
+                    every_s: 1.0,
+                    start_s: None,
+                }),
+                ..Workload::default()
+            },
+            clients: Clients {
+                model: ClientModel::Open,
+                rate: 10_000.0,
+                ..Clients::default()
+            },
+            backends: Backends {
+                count: 8,
+                capacity: 10_000.0,
+                ..Backends::default()
+            },
+            cache: Some(CacheNodes {
+                items: 100,
+                ..CacheNodes::default()
+            }),
+            ..Scenario::default()
+        };
+        sc.validate().unwrap();
+        let mut sim = RequestSim::new(&sc, Seeds::new(3)).unwrap();
         let mut in_turn = Seeds::new(3).rng(source::KEYS);
         let mut ranking = sim.ranking.clone().unwrap();
         let mut changed = 0;

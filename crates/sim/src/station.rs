@@ -13,8 +13,9 @@ use kv::rng::{Rng, Xoshiro256StarStar};
 use kv::Instant;
 
 /// How long each request takes to serve.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
 pub enum Service {
     /// Every request takes 1 / capacity.
     Fixed,
