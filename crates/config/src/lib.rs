@@ -13,6 +13,7 @@ pub mod nutcracker;
 pub(crate) mod pool_keys;
 pub mod proxy;
 mod read;
+pub mod scenario;
 
 pub use read::{read_file, MAX_FILE_BYTES};
 

@@ -9,7 +9,10 @@
 //! [`hot`] finds hot keys as SwitchKV does (space-saving and count-min counters, the
 //! time-segmented top-k load tracker, the circular-log burst detector, the admission
 //! threshold); [`rules`] schedules switch rule updates under a rate limit with SwitchKV's rule
-//! buffer; [`cache`] joins them into the in-network cache, kept coherent with writes. Pure: no I/O, and no clock is read; time is an argument.
+//! buffer; [`cache`] joins them into the in-network cache, kept coherent with writes.
+//! [`rng`] is the named generator every seeded draw comes from, and [`zipf`] the key
+//! popularity (Zipf ranks, their scrambling over the keyspace, popularity changes) drawn from it. Pure: no I/O, and no clock is
+//! read; time is an argument.
 #![forbid(unsafe_code)]
 
 pub mod cache;
@@ -17,10 +20,12 @@ pub mod expiry;
 pub mod fabric;
 pub mod hash;
 pub mod hot;
+pub mod rng;
 pub mod route;
 pub mod rules;
 pub mod switchkv;
 pub mod time;
+pub mod zipf;
 
 pub use hash::{HashFn, UnknownHash};
 pub use route::{

@@ -41,7 +41,7 @@ pub struct SimArgs {
 pub fn run(args: &SimArgs) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&args.scenario)
         .with_context(|| format!("reading {}", args.scenario.display()))?;
-    let file = sim::parse_set(&text, args.short, &args.set)
+    let file = config::scenario::parse_set(&text, args.short, &args.set)
         .with_context(|| format!("{}", args.scenario.display()))?;
     check_plot(&file).with_context(|| format!("{}", args.scenario.display()))?;
     let out = args
@@ -88,7 +88,7 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         write(
             &dir.join("summary.json"),
-            &sim::summary_json(&outcome.summary),
+            &config::scenario::summary_json(&outcome.summary),
         )?;
         write(&dir.join("series.csv"), &outcome.series_csv)?;
         write(
@@ -187,7 +187,7 @@ fn table(outcomes: &[(sim::Run, sim::Outcome)], sweep: Option<&str>) -> String {
             let _ = write!(
                 out,
                 ",{}",
-                sim::output::figure(&o.summary, f).unwrap_or(f64::NAN)
+                config::scenario::figure(&o.summary, f).unwrap_or(f64::NAN)
             );
         }
         out.push('\n');
@@ -264,7 +264,9 @@ fn charts(file: &sim::File, outcomes: &[(sim::Run, sim::Outcome)]) -> Vec<(Strin
                         points: outcomes
                             .iter()
                             .filter(|(r, _)| r.variant == *v)
-                            .filter_map(|(r, o)| Some((r.x?, sim::output::figure(&o.summary, &y)?)))
+                            .filter_map(|(r, o)| {
+                                Some((r.x?, config::scenario::figure(&o.summary, &y)?))
+                            })
                             .collect(),
                         color: i,
                         dashed: false,
@@ -327,7 +329,7 @@ fn charts(file: &sim::File, outcomes: &[(sim::Run, sim::Outcome)]) -> Vec<(Strin
 pub fn check_plot(file: &sim::File) -> anyhow::Result<()> {
     for y in &file.base.plot.y {
         let known = if file.sweep.is_some() {
-            sim::output::figure(&sim::Summary::default(), y).is_some()
+            config::scenario::figure(&sim::Summary::default(), y).is_some()
         } else {
             sim::output::SERIES_COLUMNS.contains(&y.as_str())
         };

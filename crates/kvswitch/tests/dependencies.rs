@@ -1,5 +1,6 @@
 //! The pure crates stay pure: what the wire formats, the pipeline, the key-value algorithms,
-//! the switch application and the coherence checker build on is a short, reviewed list, and
+//! the switch application, the coherence checker, memcached's item store and the simulator
+//! build on is a short, reviewed list, and
 //! nothing on it does I/O, reads a clock or starts a runtime. A crate that gains a dependency
 //! fails here until the list below is changed on purpose.
 
@@ -14,6 +15,8 @@ const ALLOWED: &[&str] = &[
     "kvswitch-kv",
     "kvswitch-switch",
     "kvswitch-history",
+    "kvswitch-store",
+    "kvswitch-sim",
     // md5 for ketama and nutcracker's md5 hash, and what it is made of.
     "md-5",
     "digest",
@@ -45,7 +48,8 @@ const FORBIDDEN: &[&str] = &[
     "libc",
     "anyhow",
     // switch::control's types derive Serialize and Deserialize only under the switch's
-    // `serde` feature, which the API's crate turns on.
+    // `serde` feature, which the API's crate turns on; kv's popularity changes and the
+    // simulator's scenarios and summaries likewise, under features the config crate turns on.
     "serde",
     "serde_json",
     "toml",
@@ -64,6 +68,8 @@ const PURE: &[&str] = &[
     "kvswitch-kv",
     "kvswitch-switch",
     "kvswitch-history",
+    "kvswitch-store",
+    "kvswitch-sim",
 ];
 
 /// The names of every crate in `package`'s normal dependency tree (itself included).

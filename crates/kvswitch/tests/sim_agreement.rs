@@ -105,7 +105,7 @@ remove = ["cache"]
         burst = settings["burst"],
         top_k = (5 * 128u64).div_ceil(servers),
     );
-    let file = sim::parse(&scenario).expect("scenario");
+    let file = config::scenario::parse(&scenario).expect("scenario");
     for run in &file.runs {
         let simulated = sim::run(run, 1, &mut |_| {})
             .expect("simulation")
@@ -195,7 +195,7 @@ set = {{ "workload.change.kind" = "random" }}
         top_k = (5 * 128u64).div_ceil(servers),
         rules = settings["rule_updates_per_s"],
     );
-    let file = sim::parse(&scenario).expect("scenario");
+    let file = config::scenario::parse(&scenario).expect("scenario");
     let (mut real_all, mut simulated_all) = (0.0, 0.0);
     for run in &file.runs {
         let simulated = sim::run(run, 1, &mut |_| {})

@@ -3,8 +3,7 @@
 
 use std::time::Duration;
 
-use rand::rngs::SmallRng;
-use rand::Rng;
+use kv::rng::{Rng, Xoshiro256StarStar};
 
 /// Longest gap ever returned (about 136 years): far beyond any run, and small enough that adding
 /// it to an instant cannot overflow.
@@ -14,7 +13,7 @@ pub const MAX_GAP: Duration = Duration::from_secs(1 << 32);
 #[derive(Clone, Debug)]
 pub struct Arrivals {
     mean_gap_s: f64,
-    rng: SmallRng,
+    rng: Xoshiro256StarStar,
 }
 
 impl Arrivals {
@@ -22,7 +21,7 @@ impl Arrivals {
     ///
     /// # Panics
     /// If `rate` is not a positive finite number; callers validate user input first.
-    pub fn new(rate: f64, rng: SmallRng) -> Arrivals {
+    pub fn new(rate: f64, rng: Xoshiro256StarStar) -> Arrivals {
         assert!(rate.is_finite() && rate > 0.0, "arrival rate must be > 0");
         Arrivals {
             mean_gap_s: 1.0 / rate,
@@ -32,7 +31,7 @@ impl Arrivals {
 
     /// The gap to the next arrival, by inversion: `-ln(U) / rate` with `U` in `(0, 1]`.
     pub fn next_gap(&mut self) -> Duration {
-        let u: f64 = 1.0 - self.rng.gen::<f64>();
+        let u: f64 = 1.0 - self.rng.f64();
         // Rates are validated, but a gap too long to represent must still not panic.
         Duration::try_from_secs_f64(-u.ln() * self.mean_gap_s)
             .map_or(MAX_GAP, |gap| gap.min(MAX_GAP))
@@ -42,13 +41,12 @@ impl Arrivals {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::SeedableRng;
 
     #[test]
     fn gaps_are_exponential() {
         const N: usize = 200_000;
         let rate = 2_000.0;
-        let mut a = Arrivals::new(rate, SmallRng::seed_from_u64(3));
+        let mut a = Arrivals::new(rate, Xoshiro256StarStar::seed_from_u64(3));
         let gaps: Vec<f64> = (0..N).map(|_| a.next_gap().as_secs_f64()).collect();
         let mean = gaps.iter().sum::<f64>() / N as f64;
         let var = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / (N - 1) as f64;
@@ -63,12 +61,12 @@ mod tests {
     #[test]
     fn tiny_rates_give_long_gaps_without_panicking() {
         for rate in [1e-300, f64::MIN_POSITIVE, 1e-12] {
-            let mut a = Arrivals::new(rate, SmallRng::seed_from_u64(5));
+            let mut a = Arrivals::new(rate, Xoshiro256StarStar::seed_from_u64(5));
             for _ in 0..1_000 {
                 assert!(a.next_gap() <= MAX_GAP);
             }
         }
-        let mut a = Arrivals::new(1e-300, SmallRng::seed_from_u64(5));
+        let mut a = Arrivals::new(1e-300, Xoshiro256StarStar::seed_from_u64(5));
         assert_eq!(a.next_gap(), MAX_GAP);
     }
 
@@ -80,7 +78,7 @@ mod tests {
         let horizon = 10.0;
         let mut total = 0u64;
         for i in 0..4 {
-            let mut a = Arrivals::new(rate / 4.0, SmallRng::seed_from_u64(i));
+            let mut a = Arrivals::new(rate / 4.0, Xoshiro256StarStar::seed_from_u64(i));
             let mut t = 0.0;
             loop {
                 t += a.next_gap().as_secs_f64();

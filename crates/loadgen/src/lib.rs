@@ -16,8 +16,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use rand::rngs::SmallRng;
-use rand::SeedableRng;
+use kv::rng::Xoshiro256StarStar;
 use serde::{Deserialize, Serialize};
 
 pub mod arrival;
@@ -29,11 +28,28 @@ mod preload;
 pub mod report;
 pub mod text;
 mod worker;
-pub mod zipf;
+
+/// Key popularity, from the pure `kv` crate where the simulator draws it too.
+pub use kv::zipf;
 
 pub use preload::preload;
 pub use report::{Latency, Report, Sample};
 pub use zipf::ChangeKind;
+
+/// `--change`'s parser: the names of [`ChangeKind`], listed with their meaning in `--help`.
+fn change_parser() -> impl clap::builder::TypedValueParser<Value = ChangeKind> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new([
+        PossibleValue::new(ChangeKind::HotIn.name())
+            .help("The N coldest keys become the N hottest; every other key moves N ranks down"),
+        PossibleValue::new(ChangeKind::HotOut.name())
+            .help("The N hottest keys become the N coldest; every other key moves N ranks up"),
+        PossibleValue::new(ChangeKind::Random.name()).help(
+            "N random keys of the hot set (the 10·N hottest) swap places with N random cold keys",
+        ),
+    ])
+    .try_map(|name| name.parse::<ChangeKind>())
+}
 
 /// Smallest accepted `--rate`, in requests per second: one request every 1,000 s.
 pub const MIN_RATE: f64 = 0.001;
@@ -211,7 +227,7 @@ pub struct LoadArgs {
     /// Change key popularity every --change-every seconds: hot-in moves the N coldest keys to
     /// the top, hot-out the N hottest to the bottom, random swaps N keys among the 10·N hottest
     /// with N cold ones. Needs --dist zipf.
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = change_parser())]
     #[serde(default)]
     pub change: Option<ChangeKind>,
     /// N, the number of keys each popularity change moves.
@@ -467,13 +483,13 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<Report> {
         // Distinct, reproducible streams per requester.
         let seed = args.seed ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let arrivals = args.rate.map(|rate| {
-            let rng = SmallRng::seed_from_u64(seed ^ 0x6a09_e667_f3bc_c908);
+            let rng = Xoshiro256StarStar::seed_from_u64(seed ^ 0x6a09_e667_f3bc_c908);
             arrival::Arrivals::new(rate / args.concurrency as f64, rng)
         });
         let mut r = worker::Requester::connect(
             args.proto,
             target,
-            SmallRng::seed_from_u64(seed),
+            Xoshiro256StarStar::seed_from_u64(seed),
             arrivals,
         )?;
         if let Some(cache) = aside {

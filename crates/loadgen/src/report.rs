@@ -393,8 +393,7 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::rngs::SmallRng;
-    use rand::{Rng, SeedableRng};
+    use kv::rng::{Rng, Xoshiro256StarStar};
 
     /// Nearest-rank percentile of sorted data.
     fn exact(sorted: &[u64], q: f64) -> u64 {
@@ -405,10 +404,10 @@ mod tests {
     #[test]
     fn hdr_percentiles_match_exact_ones() {
         // A long-tailed latency-like sample: mostly tens of µs, some ms.
-        let mut rng = SmallRng::seed_from_u64(5);
+        let mut rng = Xoshiro256StarStar::seed_from_u64(5);
         let mut sample: Vec<u64> = (0..200_000)
             .map(|_| {
-                let u: f64 = rng.gen_range(0.0..1.0);
+                let u = rng.f64();
                 (20.0 * (-(1.0 - u).ln() * 1.5).exp()) as u64 + 1
             })
             .collect();

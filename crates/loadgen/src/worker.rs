@@ -19,8 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use hdrhistogram::Histogram;
-use rand::rngs::SmallRng;
-use rand::Rng;
+use kv::rng::{Rng, Xoshiro256StarStar};
 
 use crate::arrival::Arrivals;
 use crate::encoded::{Encoder, Placement};
@@ -109,7 +108,7 @@ struct Pending {
 /// One client: a closed loop, or an open loop when it has an arrival process.
 pub struct Requester {
     conn: Conn,
-    rng: SmallRng,
+    rng: Xoshiro256StarStar,
     arrivals: Option<Arrivals>,
     /// Open loop: when the next request is due.
     next_send: Instant,
@@ -152,7 +151,7 @@ impl Requester {
     pub fn connect(
         proto: Proto,
         target: SocketAddr,
-        mut rng: SmallRng,
+        mut rng: Xoshiro256StarStar,
         arrivals: Option<Arrivals>,
     ) -> anyhow::Result<Requester> {
         let conn = match proto {
@@ -160,7 +159,7 @@ impl Requester {
                 sock: nonblocking_udp(target)?,
                 // A random first id makes replies meant for an earlier run's socket on the
                 // same port unlikely to match.
-                next_id: rng.gen(),
+                next_id: rng.next_u64() as u16,
                 encoder: None,
             },
             Proto::Tcp => Conn::Tcp {
@@ -184,7 +183,7 @@ impl Requester {
     pub fn look_aside(mut self, cache: SocketAddr) -> anyhow::Result<Requester> {
         self.aside = Some(Lane {
             sock: nonblocking_udp(cache)?,
-            next_id: self.rng.gen(),
+            next_id: self.rng.next_u64() as u16,
             pending: VecDeque::new(),
             buf: Vec::with_capacity(256),
         });
@@ -553,7 +552,7 @@ impl<'a> Worker<'a> {
             return;
         }
         let measured = origin >= plan.measure_start;
-        let op = if r.rng.gen::<f64>() < plan.get_ratio {
+        let op = if r.rng.f64() < plan.get_ratio {
             Op::Get
         } else {
             Op::Set
@@ -968,7 +967,6 @@ pub fn check_reply(protocol: Protocol, op: Op, buf: &[u8]) -> Option<(Outcome, u
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::SeedableRng;
 
     fn plan(target: SocketAddr, get_ratio: f64, value_size: usize) -> Plan {
         let now = Instant::now();
@@ -1000,8 +998,13 @@ mod tests {
         let (tx, _rx) = std::sync::mpsc::channel();
         let mut g = Worker::new(&gets, 0, tx.clone());
         let mut s = Worker::new(&sets, 0, tx);
-        let mut r =
-            Requester::connect(Proto::Udp, target, SmallRng::seed_from_u64(1), None).expect("udp");
+        let mut r = Requester::connect(
+            Proto::Udp,
+            target,
+            Xoshiro256StarStar::seed_from_u64(1),
+            None,
+        )
+        .expect("udp");
         let now = Instant::now();
         g.issue(&mut r, now);
         s.issue(&mut r, now);
@@ -1071,7 +1074,7 @@ mod tests {
         let mut r = Requester::connect(
             Proto::Udp,
             target.local_addr().unwrap(),
-            SmallRng::seed_from_u64(1),
+            Xoshiro256StarStar::seed_from_u64(1),
             None,
         )
         .expect("udp")

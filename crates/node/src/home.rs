@@ -33,8 +33,8 @@ use wire::inc::classify::{cached_number, classify, cond_operand, reply_key, Kind
 use wire::inc::{self, flags, Command, Header, Message};
 use wire::mcudp;
 
-use crate::store::bump;
 use crate::Shared;
+use store::bump;
 
 /// The home's settings (the defaults are a fabric file's).
 #[derive(Debug, Clone, Copy)]
@@ -172,7 +172,7 @@ impl<'a> Home<'a> {
         self.now() >= self.ready_at
     }
 
-    fn counters(&self) -> &crate::store::Counters {
+    fn counters(&self) -> &store::Counters {
         &self.shared.store.counters
     }
 
@@ -422,7 +422,7 @@ mod tests {
     use std::sync::atomic::AtomicBool;
 
     use super::*;
-    use crate::store::{read, Store};
+    use store::{read, Store};
 
     /// A home on loopback, and the socket that plays its ToR.
     struct Bed {
@@ -448,7 +448,7 @@ mod tests {
     /// A home whose ToR is the bed's socket, with a lease of 100 ms (`change` may set more).
     fn bed(change: impl FnOnce(&mut HomeConfig)) -> Bed {
         let shared = Arc::new(Shared {
-            store: Arc::new(Store::new(None)),
+            store: Arc::new(Store::new(None, Box::new(crate::SystemHost::start()))),
             bucket: None,
             stop: AtomicBool::new(false),
             hooks: None,

@@ -13,15 +13,12 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
-mod binary;
 mod bucket;
 pub mod home;
+mod host;
 mod relay;
-pub mod session;
-mod store;
 pub mod switchkv;
 mod tcp;
-mod text;
 mod udp;
 
 use std::net::{SocketAddr, TcpListener, UdpSocket};
@@ -33,12 +30,13 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 
 pub use bucket::Bucket;
-pub use session::Hooks;
-pub use store::{Counters, Store};
-pub use tcp::MAX_CONNECTIONS;
-
+pub use host::SystemHost;
+/// One request at a time, from the pure `store` crate the simulator runs too.
+pub use store::session;
 /// The version the node reports to `version` and in `stats`.
-pub const VERSION: &str = concat!("kvswitch-node-", env!("CARGO_PKG_VERSION"));
+pub use store::VERSION;
+pub use store::{Counters, Hooks, Store};
+pub use tcp::MAX_CONNECTIONS;
 
 /// Command-line arguments of `kvswitch node`.
 #[derive(Debug, Clone, clap::Args)]
@@ -293,7 +291,7 @@ impl Node {
         let limit = args
             .memory_limit_mb
             .map(|mb| mb.saturating_mul(1024 * 1024));
-        let store = Arc::new(Store::new(limit));
+        let store = Arc::new(Store::new(limit, Box::new(SystemHost::start())));
         let roles = switchkv::Roles::default();
         let control = || {
             let addr = SocketAddr::new(args.listen.ip(), args.control_port);

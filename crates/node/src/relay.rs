@@ -21,9 +21,9 @@ use wire::frame::{UdpEnds, PAYLOAD_OFFSET};
 use wire::keymac;
 use wire::mcudp::{self, Header};
 
-use crate::session::UdpPath;
-use crate::store::bump;
 use crate::Shared;
+use store::bump;
+use store::session::UdpPath;
 
 /// How long a relayed request waits for its reply before it is forgotten.
 pub const WAIT: Duration = Duration::from_secs(1);

@@ -23,8 +23,8 @@ use wire::memcache::{Command, Request};
 use wire::switchkv::{self as proto, Item, Message, Seal};
 
 use crate::auth;
-use crate::session::{Hooks, UdpPath};
-use crate::store::Store;
+use store::session::{Hooks, UdpPath};
+use store::Store;
 
 /// How long a control call may take before its connection is dropped.
 const CALL_WAIT: Duration = Duration::from_secs(1);
@@ -376,7 +376,7 @@ impl RoleCounters {
         if !plain {
             return false;
         }
-        crate::text::stats(store, out);
+        store::text::stats(store, out);
         if out.ends_with(b"END\r\n") {
             out.truncate(out.len() - 5);
         }

@@ -13,10 +13,10 @@ use anyhow::Context;
 use wire::memcache::binary::REQUEST_MAGIC;
 use wire::memcache::MAX_LINE_LEN;
 
-use crate::session::{step, Step, SPILL_AT};
-use crate::store::{bump, read, ITEM_SIZE_MAX};
-use crate::text::After;
 use crate::Shared;
+use store::session::{step, Step, SPILL_AT};
+use store::text::After;
+use store::{bump, read, ITEM_SIZE_MAX};
 
 /// How often blocked threads look at the stop flag.
 const POLL: Duration = Duration::from_millis(50);

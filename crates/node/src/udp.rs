@@ -11,10 +11,10 @@ use anyhow::Context;
 use wire::mcudp::{self, Header};
 
 use crate::relay::{Offer, Onward};
-use crate::session::{step, Step};
-use crate::store::bump;
-use crate::text::{After, NO_MEMORY_GET};
 use crate::Shared;
+use store::bump;
+use store::session::{step, Step};
+use store::text::{After, NO_MEMORY_GET};
 
 /// How often blocked workers look at the stop flag.
 const POLL: Duration = Duration::from_millis(50);
@@ -144,12 +144,12 @@ mod tests {
     use std::time::Instant;
 
     use super::*;
-    use crate::store::{read, Mode, Store};
     use crate::Bucket;
+    use store::{read, Mode, Store};
 
     fn shared(bucket: Option<Bucket>) -> Shared {
         Shared {
-            store: Arc::new(Store::new(None)),
+            store: Arc::new(Store::new(None, Box::new(crate::SystemHost::start()))),
             bucket: bucket.map(Mutex::new),
             stop: AtomicBool::new(false),
             hooks: None,

@@ -8,9 +8,8 @@ use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
 use std::time::Duration;
 
+use kv::rng::Xoshiro256StarStar;
 use kv::Instant;
-use rand::rngs::SmallRng;
-use rand::SeedableRng;
 
 /// Events waiting for their time. Two events at the same instant come out in the order they
 /// were scheduled.
@@ -154,8 +153,8 @@ impl Seeds {
     }
 
     /// The generator of `source`.
-    pub fn rng(&self, source: u64) -> SmallRng {
-        SmallRng::seed_from_u64(mix(self.seed ^ mix(source.wrapping_add(0x5157_4b56))))
+    pub fn rng(&self, source: u64) -> Xoshiro256StarStar {
+        Xoshiro256StarStar::seed_from_u64(mix(self.seed ^ mix(source.wrapping_add(0x5157_4b56))))
     }
 }
 
@@ -206,7 +205,11 @@ pub fn exponential(mean: Duration, u: f64) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::Rng;
+    use kv::rng::Rng;
+
+    fn words(mut r: Xoshiro256StarStar) -> Vec<u64> {
+        (0..4).map(|_| r.next_u64()).collect()
+    }
 
     #[test]
     fn events_come_out_by_time_then_by_schedule_order() {
@@ -226,26 +229,10 @@ mod tests {
 
     #[test]
     fn sources_draw_apart_and_repeat_with_the_seed() {
-        let a: Vec<u64> = Seeds::new(7)
-            .rng(source::KEYS)
-            .sample_iter(rand::distributions::Standard)
-            .take(4)
-            .collect();
-        let b: Vec<u64> = Seeds::new(7)
-            .rng(source::KEYS)
-            .sample_iter(rand::distributions::Standard)
-            .take(4)
-            .collect();
-        let c: Vec<u64> = Seeds::new(7)
-            .rng(source::ARRIVALS)
-            .sample_iter(rand::distributions::Standard)
-            .take(4)
-            .collect();
-        let d: Vec<u64> = Seeds::new(8)
-            .rng(source::KEYS)
-            .sample_iter(rand::distributions::Standard)
-            .take(4)
-            .collect();
+        let a = words(Seeds::new(7).rng(source::KEYS));
+        let b = words(Seeds::new(7).rng(source::KEYS));
+        let c = words(Seeds::new(7).rng(source::ARRIVALS));
+        let d = words(Seeds::new(8).rng(source::KEYS));
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert_ne!(a, d);
@@ -257,7 +244,7 @@ mod tests {
         let n = 200_000;
         let mean = Duration::from_micros(10);
         let total: f64 = (0..n)
-            .map(|_| exponential(mean, 1.0 - rng.gen::<f64>()).as_secs_f64())
+            .map(|_| exponential(mean, 1.0 - rng.f64()).as_secs_f64())
             .sum();
         let got = total / n as f64;
         assert!((got / mean.as_secs_f64() - 1.0).abs() < 0.01, "mean {got}");

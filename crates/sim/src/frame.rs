@@ -13,10 +13,9 @@ use std::time::Duration;
 
 use history::{Kind, Op};
 use kv::fabric::{Registration, SwitchId};
+use kv::rng::{Rng, Xoshiro256StarStar};
+use kv::zipf::KeyGen;
 use kv::{Instant, Ring, Server};
-use loadgen::zipf::KeyGen;
-use rand::rngs::SmallRng;
-use rand::Rng;
 use switch::cache::{CacheService, CacheSettings};
 use switch::fabric::{FabricServer, FabricSpec, FabricSwitch, Member, PortRole, Rack, Role};
 use switch::pool::Pool;
@@ -85,7 +84,7 @@ struct Path {
 struct Host {
     ip: Ipv4Addr,
     mac: Mac,
-    server: Option<(node::Store, Station)>,
+    server: Option<(store::Store, Station)>,
 }
 
 struct Client {
@@ -93,7 +92,7 @@ struct Client {
     port: u16,
     next_id: u16,
     waiting: Option<(u16, Op, u64)>,
-    rng: SmallRng,
+    rng: Xoshiro256StarStar,
 }
 
 pub struct FrameSim<'a> {
@@ -126,7 +125,7 @@ pub struct FrameSim<'a> {
     ring: Ring,
     clients: Vec<Client>,
     keys: KeyGen,
-    key_rng: SmallRng,
+    key_rng: Xoshiro256StarStar,
     history: Vec<Op>,
     bins: Vec<Bin>,
     latency: Histogram,
@@ -263,7 +262,10 @@ impl<'a> FrameSim<'a> {
                         sc.backends.service,
                         seeds.rng(source::SERVICE + id as u64),
                     );
-                    (node::Store::new(None), st)
+                    (
+                        store::Store::new(None, Box::new(store::Frozen::default())),
+                        st,
+                    )
                 });
                 hosts.push(Host {
                     ip: Ipv4Addr::new(10, (t / 250) as u8, (t % 250) as u8, h as u8 + 2),
@@ -445,7 +447,7 @@ impl<'a> FrameSim<'a> {
             preloaded: std::collections::HashSet::new(),
         };
         for c in 0..sim.clients.len() {
-            let start = Duration::from_nanos(sim.clients[c].rng.gen_range(0..1_000_000));
+            let start = Duration::from_nanos(sim.clients[c].rng.below(1_000_000));
             sim.ev.at(Instant::ZERO + start, Ev::Send(c));
         }
         for s in 0..sim.switches.len() {
@@ -777,7 +779,7 @@ impl<'a> FrameSim<'a> {
                 let v = padded(0, self.sc.workload.value_size);
                 let set = format!("set {key} 0 0 {}\r\n{v}\r\n", v.len());
                 let mut sink = Vec::new();
-                node::session::step(
+                store::session::step(
                     store,
                     set.as_bytes(),
                     &mut sink,
@@ -799,7 +801,7 @@ impl<'a> FrameSim<'a> {
         let mut out = Vec::new();
         let mut at = 0;
         while at < body.len() {
-            match node::session::step(
+            match store::session::step(
                 store,
                 &body[at..],
                 &mut out,
@@ -840,11 +842,11 @@ impl<'a> FrameSim<'a> {
             (self.hosts[server].ip, self.hosts[server].mac)
         };
         let client = &mut self.clients[c];
-        let write = self.sc.workload.write_ratio > 0.0
-            && client.rng.gen::<f64>() < self.sc.workload.write_ratio;
+        let write =
+            self.sc.workload.write_ratio > 0.0 && client.rng.f64() < self.sc.workload.write_ratio;
         client.next_id = client.next_id.wrapping_add(1);
         let id = client.next_id;
-        let value = ((c as u64 + 1) << 24) | u64::from(id) << 8 | client.rng.gen::<u8>() as u64;
+        let value = ((c as u64 + 1) << 24) | u64::from(id) << 8 | client.rng.next_u64() & 0xff;
         let (cmd, text) = if write {
             let v = padded(value, self.sc.workload.value_size);
             ("set", format!("set {key} 0 0 {}\r\n{v}\r\n", v.len()))
@@ -966,7 +968,7 @@ fn single_switch(
         })
         .collect();
     let mut spec = SwitchSpec::new(hosts.len(), VIP, backends);
-    spec.seed = seeds.rng(source::SINGLE_SWITCH).gen();
+    spec.seed = seeds.rng(source::SINGLE_SWITCH).next_u64();
     let items = sc.fabric.as_ref().map_or(0, |f| f.tor_items);
     spec.cache = items > 0;
     let dist: kv::Distribution = sc

@@ -4,13 +4,16 @@
 //! - [`core`]: the event queue (time, then schedule order) and one seeded generator per
 //!   source of randomness.
 //! - [`station`]: a server's queue and service.
-//! - [`scenario`]: the scenario file, its variants and sweep.
+//! - [`scenario`]: what to simulate, checked before anything runs; a file's variants and
+//!   sweep expanded into runs (the TOML is read by `config::scenario`).
 //! - [`request`]: the request level, SwitchKV's system through the `kv` crate's objects.
 //! - [`frame`]: the frame level, IncBricks' fabric through the fabric's switches.
 //! - [`output`]: the summary and time series, written the same way every time.
 //!
-//! Nothing here reads a clock, the operating system's randomness or a file: the same
-//! scenario and seed give the same bytes.
+//! Nothing here reads a clock, the operating system's randomness or a file, and no file format
+//! is known here: with the `serde` feature the scenario derives Deserialize and the summary
+//! Serialize, for `config::scenario` to read and write them. The same scenario and seed give
+//! the same bytes.
 
 pub mod core;
 pub mod frame;
@@ -22,7 +25,7 @@ pub mod station;
 use std::time::Duration;
 
 pub use output::{Bin, Summary};
-pub use scenario::{parse, parse_set, parse_with, File, Run, Scenario, ScenarioError};
+pub use scenario::{File, Run, Scenario};
 
 /// How far a run has got, for a progress line.
 #[derive(Clone, Copy, Debug)]
@@ -67,12 +70,5 @@ pub fn backends_csv(loads: &[f64]) -> String {
     for (i, l) in loads.iter().enumerate() {
         out.push_str(&format!("{i},{l:.1}\n"));
     }
-    out
-}
-
-/// The summary as JSON, fields in a fixed order.
-pub fn summary_json(s: &Summary) -> String {
-    let mut out = serde_json::to_string_pretty(s).unwrap_or_default();
-    out.push('\n');
     out
 }

@@ -2,10 +2,9 @@
 //! the same way every time (fixed column order, fixed number formats), so the same seed and
 //! scenario give the same bytes.
 
-use serde::Serialize;
-
 /// A run's figures over its measured window (after the warm-up), and its totals.
-#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Summary {
     pub scenario: String,
     pub variant: String,
@@ -181,12 +180,6 @@ pub fn series_mean(csv: &str, column: &str, from: f64, to: f64) -> Option<f64> {
         .map(|(_, y)| y)
         .collect();
     (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
-}
-
-/// A summary figure by name, for plots and sweeps' tables.
-pub fn figure(s: &Summary, name: &str) -> Option<f64> {
-    let v = serde_json::to_value(s).ok()?;
-    v.get(name)?.as_f64()
 }
 
 /// Latencies in buckets of a sixteenth of an octave: percentiles within 4.4%.

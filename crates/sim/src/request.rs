@@ -21,11 +21,10 @@ use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 use std::time::Duration;
 
+use kv::rng::{Rng, Xoshiro256StarStar};
 use kv::switchkv::{Backend, BackendConfig, CacheNode, CacheNodeConfig, Fetch, Prepared};
+use kv::zipf::{KeyGen, Ranking};
 use kv::{Instant, Ring, Server};
-use loadgen::zipf::{KeyGen, Ranking};
-use rand::rngs::SmallRng;
-use rand::Rng;
 
 use crate::core::{exponential, source, Events, MixHasher, Seeds};
 use crate::output::{Bin, Histogram, Summary};
@@ -107,9 +106,9 @@ pub struct RequestSim<'a> {
     rules: HashMap<u32, (usize, u32), BuildHasherDefault<MixHasher>>,
     keys: KeyGen,
     ranking: Option<Ranking>,
-    key_rng: SmallRng,
-    op_rng: SmallRng,
-    arrival_rng: SmallRng,
+    key_rng: Xoshiro256StarStar,
+    op_rng: Xoshiro256StarStar,
+    arrival_rng: Xoshiro256StarStar,
     /// The next requests' keys, used from `ahead_next` on.
     ahead: Vec<Ahead>,
     ahead_next: usize,
@@ -185,10 +184,14 @@ impl<'a> RequestSim<'a> {
             }
         }
         let w = &sc.workload;
-        let ranking = w
-            .change
-            .as_ref()
-            .map(|c| Ranking::new(w.keys, c.kind, c.keys, seeds.rng(source::CHANGES).gen()));
+        let ranking = w.change.as_ref().map(|c| {
+            Ranking::new(
+                w.keys,
+                c.kind,
+                c.keys,
+                seeds.rng(source::CHANGES).next_u64(),
+            )
+        });
         let keys = KeyGen::new(w.keys, w.skew, true);
         let (start, prefill) = match &sc.cache {
             Some(c) if c.prefill > 0 => {
@@ -292,7 +295,7 @@ impl<'a> RequestSim<'a> {
             for i in 0..cl.count {
                 // Clients start spread over a millisecond, each from its own generator.
                 let mut rng = seeds.rng(source::CLIENT + i as u64);
-                let start = Duration::from_nanos(rng.gen_range(0..1_000_000));
+                let start = Duration::from_nanos(rng.below(1_000_000));
                 self.ev.at(now + start, Ev::Send(i));
             }
         }
@@ -348,7 +351,7 @@ impl<'a> RequestSim<'a> {
     fn next_arrival(&mut self, now: Instant) -> Instant {
         now + exponential(
             Duration::from_secs_f64(1.0 / self.rate),
-            1.0 - self.arrival_rng.gen::<f64>(),
+            1.0 - self.arrival_rng.f64(),
         )
     }
 
@@ -444,8 +447,8 @@ impl<'a> RequestSim<'a> {
         let (hash, backend, prepared) = (a.hash, a.backend, a.prepared);
         self.key.clear();
         self.key.extend_from_slice(&a.key);
-        let write = self.sc.workload.write_ratio > 0.0
-            && self.op_rng.gen::<f64>() < self.sc.workload.write_ratio;
+        let write =
+            self.sc.workload.write_ratio > 0.0 && self.op_rng.f64() < self.sc.workload.write_ratio;
         let fate = self.route(now, write, hash, backend, prepared);
         self.s.sent += 1;
         self.adjust_sent += 1;
@@ -822,29 +825,39 @@ mod tests {
 
     #[test]
     fn keys_drawn_ahead_are_the_keys_drawn_in_turn_under_the_ranking_when_sent() {
-        let file = crate::scenario::parse(
-            r#"
-            name = "ahead"
-            duration_s = 1.0
-            [workload]
-            keys = 100_000
-            skew = 0.99
-            [workload.change]
-            kind = "hot-in"
-            keys = 1000
-            every_s = 1.0
-            [clients]
-            model = "open"
-            rate = 10_000
-            [backends]
-            count = 8
-            capacity = 10_000
-            [cache]
-            items = 100
-            "#,
-        )
-        .unwrap();
-        let mut sim = RequestSim::new(&file.runs[0].scenario, Seeds::new(3)).unwrap();
+        use crate::scenario::{Backends, Change, ChangeKind, Clients, Workload};
+        let sc = Scenario {
+            name: "ahead".into(),
+            duration_s: 1.0,
+            workload: Workload {
+                keys: 100_000,
+                skew: 0.99,
+                change: Some(Change {
+                    kind: ChangeKind::HotIn,
+                    keys: 1000,
+                    every_s: 1.0,
+                    start_s: None,
+                }),
+                ..Workload::default()
+            },
+            clients: Clients {
+                model: ClientModel::Open,
+                rate: 10_000.0,
+                ..Clients::default()
+            },
+            backends: Backends {
+                count: 8,
+                capacity: 10_000.0,
+                ..Backends::default()
+            },
+            cache: Some(CacheNodes {
+                items: 100,
+                ..CacheNodes::default()
+            }),
+            ..Scenario::default()
+        };
+        sc.validate().unwrap();
+        let mut sim = RequestSim::new(&sc, Seeds::new(3)).unwrap();
         let mut in_turn = Seeds::new(3).rng(source::KEYS);
         let mut ranking = sim.ranking.clone().unwrap();
         let mut changed = 0;

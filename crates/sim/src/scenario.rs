@@ -1,55 +1,77 @@
-//! A scenario file: what to simulate, in TOML. Every field is checked before anything runs;
-//! an error names the field and what is wrong with it.
+//! A scenario: what to simulate. Every field is checked before anything runs
+//! ([`Scenario::validate`]); an error names the field and what is wrong with it.
 //!
-//! A scenario may hold variants (`[[variant]]`: the same run with some fields set otherwise,
-//! such as the cache taken away) and a sweep (`[sweep]`: one field over a list of values); the
-//! run is then every variant at every point.
+//! A scenario file (read by `config::scenario`) may hold variants (`[[variant]]`: the same run
+//! with some fields set otherwise, such as the cache taken away) and a sweep (`[sweep]`: one
+//! field over a list of values); the run is then every variant at every point ([`File`]).
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
-pub use loadgen::zipf::ChangeKind;
+pub use kv::zipf::ChangeKind;
 
 use crate::station::Service;
 
 /// One run's settings, after variants and sweeps are applied.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
 pub struct Scenario {
     pub name: String,
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub description: String,
     /// Simulated seconds.
     pub duration_s: f64,
     /// Seconds at the start left out of the summary (the cache warms up).
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub warmup_s: f64,
     /// Length of one time-series bin, in milliseconds.
-    #[serde(default = "default_bin_ms")]
+    #[cfg_attr(feature = "serde", serde(default = "default_bin_ms"))]
     pub bin_ms: u64,
     pub workload: Workload,
     pub clients: Clients,
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub network: Network,
     pub backends: Backends,
     /// SwitchKV's cache nodes and the switch rules that steer reads to them; none without.
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub cache: Option<CacheNodes>,
     /// The level of detail: `request` (the `kv` crate's objects per request) or `frame`
     /// (frames through the fabric's switches, `[fabric]`).
-    #[serde(default = "default_level")]
+    #[cfg_attr(feature = "serde", serde(default = "default_level"))]
     pub level: Level,
     /// The caching fabric of the frame level.
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub fabric: Option<Fabric>,
     /// What to plot of this scenario's variants and sweep points.
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub plot: Plot,
 }
 
-#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "kebab-case")]
+/// The values a file may leave out; the fields a file must give are zero, empty or the first
+/// choice, for a caller to set.
+impl Default for Scenario {
+    fn default() -> Scenario {
+        Scenario {
+            name: Default::default(),
+            description: Default::default(),
+            duration_s: Default::default(),
+            warmup_s: Default::default(),
+            bin_ms: default_bin_ms(),
+            workload: Default::default(),
+            clients: Default::default(),
+            network: Default::default(),
+            backends: Default::default(),
+            cache: Default::default(),
+            level: default_level(),
+            fabric: Default::default(),
+            plot: Default::default(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
 pub enum Level {
     Request,
     Frame,
@@ -62,19 +84,20 @@ fn default_level() -> Level {
 /// IncBricks' multi-rooted tree (every ToR linked to every root) or a k-ary fat-tree, a rack
 /// of hosts under each ToR, servers on the first hosts of the racks in turn, closed-loop
 /// clients on the others.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
 pub struct Fabric {
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub topology: Topology,
     /// The tree's ToRs and roots (a fat-tree's follow from `k`).
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub tors: usize,
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub roots: usize,
     /// A fat-tree's arity: `k` pods of `k / 2` ToRs and `k / 2` aggregation switches, and
     /// `(k / 2)^2` core switches, each linked to one aggregation switch of every pod.
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub k: usize,
     /// Hosts under each ToR.
     pub hosts_per_rack: usize,
@@ -82,52 +105,81 @@ pub struct Fabric {
     pub servers: usize,
     /// Cached items at each ToR and each root (0: no cache there).
     pub tor_items: usize,
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub root_items: usize,
     /// With `cross_rack`, cached items at the ToRs of the servers' racks, `tor_items` when not
     /// given; 0 caches only in the clients' racks and at the roots (IncBricks' designated
     /// caching, section 4.4, for servers and clients in clusters of their own).
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub server_tor_items: Option<usize>,
     /// Gigabits a second of a host's link and of a ToR-root link.
-    #[serde(default = "default_host_gbps")]
+    #[cfg_attr(feature = "serde", serde(default = "default_host_gbps"))]
     pub host_gbps: f64,
-    #[serde(default = "default_core_gbps")]
+    #[cfg_attr(feature = "serde", serde(default = "default_core_gbps"))]
     pub core_gbps: f64,
     /// Frames a link's queue holds; more are dropped.
-    #[serde(default = "default_link_queue")]
+    #[cfg_attr(feature = "serde", serde(default = "default_link_queue"))]
     pub link_queue: usize,
     /// Microseconds a switch takes over each frame it handles.
-    #[serde(default = "default_switch_us")]
+    #[cfg_attr(feature = "serde", serde(default = "default_switch_us"))]
     pub switch_us: f64,
     /// Frames a second each switch's cache processor handles (IncBricks' network
     /// accelerator, which sees every fabric frame: a request, the reply that fills it, an
     /// invalidation), one at a time in arrival order; 0: as many as arrive, each after
     /// `switch_us` only.
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub switch_capacity: f64,
     /// Frames waiting for a switch's processor, the one in hand included; more are dropped.
-    #[serde(default = "default_link_queue")]
+    #[cfg_attr(feature = "serde", serde(default = "default_link_queue"))]
     pub switch_queue: usize,
     /// Servers packed into the first racks and clients only in the others (IncBricks'
     /// cross-cluster runs); otherwise servers are spread over the racks and clients share
     /// them.
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub cross_rack: bool,
     /// A root (a fat-tree's core; numbered from 0) that fails at `fail_at_s`: it takes no
     /// frame and sends none from then on, and the others find out as its greetings stop.
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub fail_root: Option<usize>,
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub fail_at_s: f64,
     /// How long after the failure the controller installs a registration table naming the
     /// failed root (the fabric's own `Registration::spread`): its keys move to the others,
     /// and the writes that waited for it go on a lease later. Never, when not given.
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub controller_ms: Option<f64>,
     /// How long a cached item is served after its fill (the fabric's `lease_ms`).
-    #[serde(default = "default_fabric_lease_ms")]
+    #[cfg_attr(feature = "serde", serde(default = "default_fabric_lease_ms"))]
     pub lease_ms: f64,
+}
+
+/// The values a file may leave out; the fields a file must give are zero, empty or the first
+/// choice, for a caller to set.
+impl Default for Fabric {
+    fn default() -> Fabric {
+        Fabric {
+            topology: Default::default(),
+            tors: Default::default(),
+            roots: Default::default(),
+            k: Default::default(),
+            hosts_per_rack: Default::default(),
+            servers: Default::default(),
+            tor_items: Default::default(),
+            root_items: Default::default(),
+            server_tor_items: Default::default(),
+            host_gbps: default_host_gbps(),
+            core_gbps: default_core_gbps(),
+            link_queue: default_link_queue(),
+            switch_us: default_switch_us(),
+            switch_capacity: Default::default(),
+            switch_queue: default_link_queue(),
+            cross_rack: Default::default(),
+            fail_root: Default::default(),
+            fail_at_s: Default::default(),
+            controller_ms: Default::default(),
+            lease_ms: default_fabric_lease_ms(),
+        }
+    }
 }
 
 fn default_fabric_lease_ms() -> f64 {
@@ -135,8 +187,9 @@ fn default_fabric_lease_ms() -> f64 {
 }
 
 /// How the fabric's switches are linked.
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
 pub enum Topology {
     /// Two levels: every ToR linked straight to every root.
     #[default]
@@ -186,31 +239,47 @@ fn default_bin_ms() -> u64 {
     100
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
 pub struct Workload {
     /// Keys in the keyspace (up to 10^10 and beyond: nothing is kept per key).
     pub keys: u64,
     /// Zipf exponent; 0 is uniform.
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub skew: f64,
     /// Share of requests that are writes, 0 to 1.
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub write_ratio: f64,
     /// Bytes of each value.
-    #[serde(default = "default_value_size")]
+    #[cfg_attr(feature = "serde", serde(default = "default_value_size"))]
     pub value_size: usize,
     /// Popularity changes, SwitchKV's hot-in, hot-out and random; none without.
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub change: Option<Change>,
+}
+
+/// The values a file may leave out; the fields a file must give are zero, empty or the first
+/// choice, for a caller to set.
+impl Default for Workload {
+    fn default() -> Workload {
+        Workload {
+            keys: Default::default(),
+            skew: Default::default(),
+            write_ratio: Default::default(),
+            value_size: default_value_size(),
+            change: Default::default(),
+        }
+    }
 }
 
 fn default_value_size() -> usize {
     128
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
 pub struct Change {
     pub kind: ChangeKind,
     /// Keys moved by each change.
@@ -218,13 +287,15 @@ pub struct Change {
     /// Seconds between changes.
     pub every_s: f64,
     /// First change at this many seconds [default: every_s].
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub start_s: Option<f64>,
 }
 
-#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
 pub enum ClientModel {
+    #[default]
     /// Poisson arrivals at `rate`.
     Open,
     /// `count` clients, each waiting for its answer (or `timeout_ms`) before the next.
@@ -234,33 +305,52 @@ pub enum ClientModel {
     RateControl,
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
 pub struct Clients {
     pub model: ClientModel,
     /// Requests a second (open loop; rate control: where it starts).
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub rate: f64,
     /// Closed-loop clients.
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub count: usize,
     /// Closed loop: microseconds between an answer and the next request.
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub think_us: f64,
     /// Closed loop: milliseconds after which a request without an answer counts as lost and
     /// the next goes.
-    #[serde(default = "default_timeout_ms")]
+    #[cfg_attr(feature = "serde", serde(default = "default_timeout_ms"))]
     pub timeout_ms: f64,
-    #[serde(default = "default_adjust_ms")]
+    #[cfg_attr(feature = "serde", serde(default = "default_adjust_ms"))]
     pub adjust_ms: f64,
-    #[serde(default = "default_loss_low")]
+    #[cfg_attr(feature = "serde", serde(default = "default_loss_low"))]
     pub loss_low: f64,
-    #[serde(default = "default_loss_high")]
+    #[cfg_attr(feature = "serde", serde(default = "default_loss_high"))]
     pub loss_high: f64,
     /// Rate control: the rate is multiplied by 1 + step below `loss_low` and by 1 − step
     /// above `loss_high`.
-    #[serde(default = "default_step")]
+    #[cfg_attr(feature = "serde", serde(default = "default_step"))]
     pub step: f64,
+}
+
+/// The values a file may leave out; the fields a file must give are zero, empty or the first
+/// choice, for a caller to set.
+impl Default for Clients {
+    fn default() -> Clients {
+        Clients {
+            model: Default::default(),
+            rate: Default::default(),
+            count: Default::default(),
+            think_us: Default::default(),
+            timeout_ms: default_timeout_ms(),
+            adjust_ms: default_adjust_ms(),
+            loss_low: default_loss_low(),
+            loss_high: default_loss_high(),
+            step: default_step(),
+        }
+    }
 }
 
 fn default_timeout_ms() -> f64 {
@@ -279,12 +369,13 @@ fn default_step() -> f64 {
     0.02
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
 pub struct Network {
     /// One-way propagation and switching delay of each link a request or reply crosses, in
     /// microseconds (a request to a backend and its reply cross four).
-    #[serde(default = "default_link_us")]
+    #[cfg_attr(feature = "serde", serde(default = "default_link_us"))]
     pub link_us: f64,
 }
 
@@ -300,23 +391,39 @@ impl Default for Network {
     }
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
 pub struct Backends {
     pub count: usize,
     /// Requests a second each serves.
     pub capacity: f64,
     /// Requests each holds, the one in service included; more are dropped.
-    #[serde(default = "default_queue")]
+    #[cfg_attr(feature = "serde", serde(default = "default_queue"))]
     pub queue: usize,
-    #[serde(default = "default_service")]
+    #[cfg_attr(feature = "serde", serde(default = "default_service"))]
     pub service: Service,
     /// How the switch places keys on backends: ketama (as nutcracker) or modula.
-    #[serde(default = "default_distribution")]
+    #[cfg_attr(feature = "serde", serde(default = "default_distribution"))]
     pub distribution: String,
     /// nutcracker's hash function name.
-    #[serde(default = "default_hash")]
+    #[cfg_attr(feature = "serde", serde(default = "default_hash"))]
     pub hash: String,
+}
+
+/// The values a file may leave out; the fields a file must give are zero, empty or the first
+/// choice, for a caller to set.
+impl Default for Backends {
+    fn default() -> Backends {
+        Backends {
+            count: Default::default(),
+            capacity: Default::default(),
+            queue: default_queue(),
+            service: default_service(),
+            distribution: default_distribution(),
+            hash: default_hash(),
+        }
+    }
 }
 
 fn default_queue() -> usize {
@@ -332,75 +439,106 @@ fn default_hash() -> String {
     "fnv1a_64".into()
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
 pub struct CacheNodes {
     /// Cache nodes; backend `b` reports to node `b mod nodes`.
-    #[serde(default = "default_nodes")]
+    #[cfg_attr(feature = "serde", serde(default = "default_nodes"))]
     pub nodes: usize,
     /// Keys each cache node holds (SwitchKV: 10,000 in all).
     pub items: usize,
     /// Requests a second each cache node serves; 0: as many as come.
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub capacity: f64,
-    #[serde(default = "default_node_queue")]
+    #[cfg_attr(feature = "serde", serde(default = "default_node_queue"))]
     pub queue: usize,
     /// Exact-match rules the switch holds; past it an install is refused and counted.
-    #[serde(default = "default_rule_table")]
+    #[cfg_attr(feature = "serde", serde(default = "default_rule_table"))]
     pub rule_table: usize,
     /// Rule updates a second the switch accepts (SwitchKV: 400); 0: unlimited.
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub rule_rate: u32,
     /// Periodic report: segment length in milliseconds and keys reported per segment.
-    #[serde(default = "default_report_ms")]
+    #[cfg_attr(feature = "serde", serde(default = "default_report_ms"))]
     pub report_ms: u64,
-    #[serde(default = "default_top_k")]
+    #[cfg_attr(feature = "serde", serde(default = "default_top_k"))]
     pub top_k: usize,
     /// EWMA weight of the segment just ended.
-    #[serde(default = "default_alpha")]
+    #[cfg_attr(feature = "serde", serde(default = "default_alpha"))]
     pub alpha: f64,
     /// Keys each backend's counter tracks.
-    #[serde(default = "default_counter")]
+    #[cfg_attr(feature = "serde", serde(default = "default_counter"))]
     pub counter_capacity: usize,
     /// Count one request in `sample` at the backends (1: every one).
-    #[serde(default = "default_sample")]
+    #[cfg_attr(feature = "serde", serde(default = "default_sample"))]
     pub sample: u32,
     /// Instant reports: a key read more than `log_threshold` times in the last `log_size`;
     /// `log_size` 0 turns them off.
-    #[serde(default = "default_log_size")]
+    #[cfg_attr(feature = "serde", serde(default = "default_log_size"))]
     pub log_size: usize,
-    #[serde(default = "default_log_threshold")]
+    #[cfg_attr(feature = "serde", serde(default = "default_log_threshold"))]
     pub log_threshold: u32,
     /// Instant reports only from a backend serving at least this many reads a second.
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub load_floor: f64,
     /// Admission threshold percentile among cached loads.
-    #[serde(default = "default_admit")]
+    #[cfg_attr(feature = "serde", serde(default = "default_admit"))]
     pub admit_percentile: f64,
     /// Lease a backend grants, in milliseconds.
-    #[serde(default = "default_lease_ms")]
+    #[cfg_attr(feature = "serde", serde(default = "default_lease_ms"))]
     pub lease_ms: u64,
     /// How often a cache node fetches, releases rule changes and renews, in milliseconds
     /// (the node's tick).
-    #[serde(default = "default_tick_ms")]
+    #[cfg_attr(feature = "serde", serde(default = "default_tick_ms"))]
     pub tick_ms: u64,
     /// How reads reach a cache node: `steered` (SwitchKV: the switch's rules send reads of
     /// cached keys to it) or `look-aside` (every read asks its backend's cache node first,
     /// and its backend on a miss).
-    #[serde(default = "default_path")]
+    #[cfg_attr(feature = "serde", serde(default = "default_path"))]
     pub path: CachePath,
     /// Periodic reports on (off: only instant reports admit keys).
-    #[serde(default = "yes")]
+    #[cfg_attr(feature = "serde", serde(default = "yes"))]
     pub periodic: bool,
     /// The hottest keys the cache nodes hold before requests start, as SwitchKV's
     /// experiments start: reported by their backends with their loads, fetched, and their
     /// rules installed at the rule rate during a quiet lead-in the results leave out.
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub prefill: u64,
 }
 
-#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "kebab-case")]
+/// The values a file may leave out; the fields a file must give are zero, empty or the first
+/// choice, for a caller to set.
+impl Default for CacheNodes {
+    fn default() -> CacheNodes {
+        CacheNodes {
+            nodes: default_nodes(),
+            items: Default::default(),
+            capacity: Default::default(),
+            queue: default_node_queue(),
+            rule_table: default_rule_table(),
+            rule_rate: Default::default(),
+            report_ms: default_report_ms(),
+            top_k: default_top_k(),
+            alpha: default_alpha(),
+            counter_capacity: default_counter(),
+            sample: default_sample(),
+            log_size: default_log_size(),
+            log_threshold: default_log_threshold(),
+            load_floor: Default::default(),
+            admit_percentile: default_admit(),
+            lease_ms: default_lease_ms(),
+            tick_ms: default_tick_ms(),
+            path: default_path(),
+            periodic: yes(),
+            prefill: Default::default(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
 pub enum CachePath {
     Steered,
     LookAside,
@@ -454,24 +592,25 @@ fn default_tick_ms() -> u64 {
 }
 
 /// What the plots of a scenario show.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Debug, Default, PartialEq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
 pub struct Plot {
     /// Summary figures drawn against the sweep's values (one line per variant), or, with no
     /// sweep, time-series columns drawn over time. Default: throughput.
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub y: Vec<String>,
     /// Draw the sweep's axis on a log scale.
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub x_log: bool,
     /// Also draw each run's per-backend loads, busiest first (SwitchKV's Figure 9).
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub backends: bool,
     /// A title for the plots; the scenario's name without.
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub title: String,
     /// The axis label of the sweep; its key without.
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub x_label: String,
 }
 
@@ -490,256 +629,6 @@ pub struct Run {
     pub variant: String,
     pub x: Option<f64>,
     pub scenario: Scenario,
-}
-
-/// What is wrong with a scenario file.
-#[derive(Debug, thiserror::Error)]
-pub enum ScenarioError {
-    #[error("not TOML: {0}")]
-    Toml(String),
-    #[error("{0}")]
-    Field(String),
-}
-
-fn field(msg: impl Into<String>) -> ScenarioError {
-    ScenarioError::Field(msg.into())
-}
-
-/// Reads a scenario file's text: the base, `[[variant]]` tables (`name`, `set`: dotted keys to
-/// values, `remove`: dotted keys to take away) and `[sweep]` (`key`, `values`).
-pub fn parse(text: &str) -> Result<File, ScenarioError> {
-    parse_with(text, false)
-}
-
-/// As [`parse`]; with `short`, the file's `[short]` table is applied first: its `set` (dotted
-/// keys to values) and `values` (the sweep's values), a small version of the scenario for the
-/// test suite and a quick look.
-pub fn parse_with(text: &str, short: bool) -> Result<File, ScenarioError> {
-    parse_set(text, short, &[])
-}
-
-/// As [`parse_with`], with `KEY=VALUE` settings (a dotted key, a TOML value) applied to the
-/// base after `[short]`: `duration_s=15`, `cache.items=1000`.
-pub fn parse_set(text: &str, short: bool, set: &[String]) -> Result<File, ScenarioError> {
-    let mut root: toml::Table = text
-        .parse()
-        .map_err(|e: toml::de::Error| ScenarioError::Toml(e.to_string()))?;
-    let variants = root.remove("variant");
-    let mut sweep = root.remove("sweep");
-    let small = root.remove("short");
-    if let (true, Some(small)) = (short, small) {
-        let toml::Value::Table(mut small) = small else {
-            return Err(field("short: must be a table"));
-        };
-        if let Some(set) = small.remove("set") {
-            let toml::Value::Table(set) = set else {
-                return Err(field("short.set: must be a table of dotted keys"));
-            };
-            for (k, value) in set {
-                set_path(&mut root, &k, Some(value))
-                    .map_err(|e| field(format!("short.set.\"{k}\": {e}")))?;
-            }
-        }
-        if let Some(values) = small.remove("values") {
-            match &mut sweep {
-                Some(toml::Value::Table(s)) => {
-                    s.insert("values".into(), values);
-                }
-                _ => return Err(field("short.values: the scenario has no sweep")),
-            }
-        }
-        if let Some((k, _)) = small.iter().next() {
-            return Err(field(format!(
-                "short.{k}: unknown (short has set and values)"
-            )));
-        }
-    }
-    for kv in set {
-        let Some((k, v)) = kv.split_once('=') else {
-            return Err(field(format!("--set {kv}: expected KEY=VALUE")));
-        };
-        let value: toml::Table = format!("v = {v}").parse().map_err(|_| {
-            field(format!(
-                "--set {kv}: {v} is not a TOML value (quote strings)"
-            ))
-        })?;
-        let value = value
-            .get("v")
-            .cloned()
-            .unwrap_or(toml::Value::Boolean(false));
-        set_path(&mut root, k.trim(), Some(value))
-            .map_err(|e| field(format!("--set {kv}: {e}")))?;
-    }
-    let base = to_scenario(&root, "the scenario")?;
-    let mut variants_list: Vec<(String, toml::Table)> = Vec::new();
-    match variants {
-        None => variants_list.push((String::new(), root.clone())),
-        Some(toml::Value::Array(all)) => {
-            for (i, v) in all.into_iter().enumerate() {
-                let at = format!("variant[{i}]");
-                let toml::Value::Table(mut v) = v else {
-                    return Err(field(format!("{at}: must be a table")));
-                };
-                let name = match v.remove("name") {
-                    Some(toml::Value::String(s)) if !s.is_empty() => s,
-                    _ => return Err(field(format!("{at}.name: a non-empty string is required"))),
-                };
-                let mut table = root.clone();
-                if let Some(set) = v.remove("set") {
-                    let toml::Value::Table(set) = set else {
-                        return Err(field(format!("{at}.set: must be a table of dotted keys")));
-                    };
-                    for (k, value) in set {
-                        set_path(&mut table, &k, Some(value))
-                            .map_err(|e| field(format!("{at}.set.\"{k}\": {e}")))?;
-                    }
-                }
-                if let Some(remove) = v.remove("remove") {
-                    let toml::Value::Array(keys) = remove else {
-                        return Err(field(format!("{at}.remove: must be a list of dotted keys")));
-                    };
-                    for k in keys {
-                        let toml::Value::String(k) = k else {
-                            return Err(field(format!("{at}.remove: must be a list of strings")));
-                        };
-                        set_path(&mut table, &k, None)
-                            .map_err(|e| field(format!("{at}.remove \"{k}\": {e}")))?;
-                    }
-                }
-                if let Some((k, _)) = v.iter().next() {
-                    return Err(field(format!(
-                        "{at}.{k}: unknown (a variant has name, set and remove)"
-                    )));
-                }
-                if variants_list.iter().any(|(n, _)| *n == name) {
-                    return Err(field(format!("{at}.name: \"{name}\" is used twice")));
-                }
-                variants_list.push((name, table));
-            }
-            if variants_list.is_empty() {
-                return Err(field("variant: an empty list; leave it out for one run"));
-            }
-        }
-        Some(_) => return Err(field("variant: must be an array of tables ([[variant]])")),
-    }
-    let (sweep_key, values) = match sweep {
-        None => (None, vec![None]),
-        Some(toml::Value::Table(mut s)) => {
-            let key: Vec<String> = match s.remove("key") {
-                Some(toml::Value::String(k)) => vec![k],
-                Some(toml::Value::Array(ks)) if !ks.is_empty() => ks
-                    .into_iter()
-                    .map(|k| match k {
-                        toml::Value::String(k) => Ok(k),
-                        _ => Err(field("sweep.key: a list of dotted keys must hold strings")),
-                    })
-                    .collect::<Result<_, _>>()?,
-                _ => return Err(field("sweep.key: a dotted key such as \"workload.skew\" (or a list of them) is required")),
-            };
-            let values = match s.remove("values") {
-                Some(toml::Value::Array(v)) if !v.is_empty() => v,
-                _ => return Err(field("sweep.values: a non-empty list is required")),
-            };
-            if let Some((k, _)) = s.iter().next() {
-                return Err(field(format!(
-                    "sweep.{k}: unknown (a sweep has key and values)"
-                )));
-            }
-            (Some(key), values.into_iter().map(Some).collect())
-        }
-        Some(_) => return Err(field("sweep: must be a table")),
-    };
-    let mut runs = Vec::new();
-    for (name, table) in &variants_list {
-        for value in &values {
-            let mut t = table.clone();
-            let mut x = None;
-            let mut at = if name.is_empty() {
-                "the scenario".to_string()
-            } else {
-                format!("variant \"{name}\"")
-            };
-            if let (Some(key), Some(value)) = (&sweep_key, value) {
-                x = Some(match value {
-                    toml::Value::Integer(i) => *i as f64,
-                    toml::Value::Float(f) => *f,
-                    _ => return Err(field(format!("sweep.values: {value} is not a number"))),
-                });
-                for k in key {
-                    // A variant that took away the table a swept key is in (the cache) takes
-                    // no part in the sweep: its line stays flat.
-                    if !has_parent(&t, k) {
-                        continue;
-                    }
-                    set_path(&mut t, k, Some(value.clone()))
-                        .map_err(|e| field(format!("sweep.key \"{k}\": {e}")))?;
-                }
-                at = format!("{at} at {} = {value}", key[0]);
-            }
-            let scenario = to_scenario(&t, &at)?;
-            runs.push(Run {
-                variant: name.clone(),
-                x,
-                scenario,
-            });
-        }
-    }
-    Ok(File {
-        runs,
-        sweep: sweep_key.map(|k| k[0].clone()),
-        base,
-    })
-}
-
-fn to_scenario(table: &toml::Table, at: &str) -> Result<Scenario, ScenarioError> {
-    let s: Scenario = toml::Value::Table(table.clone())
-        .try_into()
-        .map_err(|e: toml::de::Error| field(format!("{at}: {}", e.to_string().trim())))?;
-    s.validate().map_err(|e| field(format!("{at}: {e}")))?;
-    Ok(s)
-}
-
-/// Whether the table holding a dotted key's last part is there.
-fn has_parent(table: &toml::Table, key: &str) -> bool {
-    let parts: Vec<&str> = key.split('.').collect();
-    let mut t = table;
-    for p in &parts[..parts.len().saturating_sub(1)] {
-        match t.get(*p) {
-            Some(toml::Value::Table(inner)) => t = inner,
-            _ => return false,
-        }
-    }
-    true
-}
-
-/// Sets (or with `None` removes) the value at a dotted key, making tables on the way.
-fn set_path(table: &mut toml::Table, key: &str, value: Option<toml::Value>) -> Result<(), String> {
-    let parts: Vec<&str> = key.split('.').collect();
-    if parts.iter().any(|p| p.is_empty()) {
-        return Err("not a dotted key".into());
-    }
-    let mut t = table;
-    for p in &parts[..parts.len() - 1] {
-        let next = t
-            .entry(p.to_string())
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        t = match next {
-            toml::Value::Table(inner) => inner,
-            _ => return Err(format!("{p} is not a table")),
-        };
-    }
-    let last = parts[parts.len() - 1];
-    match value {
-        Some(v) => {
-            t.insert(last.to_string(), v);
-        }
-        None => {
-            if t.remove(last).is_none() {
-                return Err("not in the scenario".into());
-            }
-        }
-    }
-    Ok(())
 }
 
 /// `v` within `[low, high]`: bounds that keep every time a field gives at least a

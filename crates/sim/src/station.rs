@@ -8,14 +8,14 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use rand::rngs::SmallRng;
-use rand::Rng;
+use kv::rng::{Rng, Xoshiro256StarStar};
 
 use kv::Instant;
 
 /// How long each request takes to serve.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
 pub enum Service {
     /// Every request takes 1 / capacity.
     Fixed,
@@ -29,7 +29,7 @@ pub struct Station {
     mean: Duration,
     service: Service,
     depth: usize,
-    rng: SmallRng,
+    rng: Xoshiro256StarStar,
     /// When each request in the station leaves, in order.
     leaving: VecDeque<Instant>,
     /// When the last request accepted leaves.
@@ -42,7 +42,7 @@ pub struct Station {
 
 impl Station {
     /// A station serving `capacity` requests a second (> 0) with room for `depth` (≥ 1).
-    pub fn new(capacity: f64, depth: usize, service: Service, rng: SmallRng) -> Station {
+    pub fn new(capacity: f64, depth: usize, service: Service, rng: Xoshiro256StarStar) -> Station {
         assert!(capacity > 0.0 && depth >= 1);
         Station {
             mean: Duration::from_secs_f64(1.0 / capacity),
@@ -80,9 +80,7 @@ impl Station {
         }
         let serve = match self.service {
             Service::Fixed => self.mean,
-            Service::Exponential => {
-                crate::core::exponential(self.mean, 1.0 - self.rng.gen::<f64>())
-            }
+            Service::Exponential => crate::core::exponential(self.mean, 1.0 - self.rng.f64()),
         };
         let leaves = self.free_at.max(now) + serve;
         self.free_at = leaves;

@@ -1,7 +1,7 @@
 //! The simulator at frame level: IncBricks' fabric through the fabric's own switches,
 //! repeatable, every request accounted for, and coherent by the history checker.
 
-use sim::parse;
+use config::scenario::parse;
 
 const FABRIC: &str = r#"
 name = "fabric"
@@ -60,9 +60,15 @@ fn the_same_seed_gives_the_same_bytes_at_frame_level() {
     let a = run(FABRIC, 4);
     let b = run(FABRIC, 4);
     let c = run(FABRIC, 5);
-    assert_eq!(sim::summary_json(&a.summary), sim::summary_json(&b.summary));
+    assert_eq!(
+        config::scenario::summary_json(&a.summary),
+        config::scenario::summary_json(&b.summary)
+    );
     assert_eq!(a.series_csv, b.series_csv);
-    assert_ne!(sim::summary_json(&a.summary), sim::summary_json(&c.summary));
+    assert_ne!(
+        config::scenario::summary_json(&a.summary),
+        config::scenario::summary_json(&c.summary)
+    );
 }
 
 #[test]
@@ -184,7 +190,10 @@ fn a_fat_tree_spreads_keys_over_its_cores_and_pays_for_its_extra_level() {
         flat.latency_mean_us
     );
     let again = run(&fat_tree(FABRIC), 6).summary;
-    assert_eq!(sim::summary_json(&fat), sim::summary_json(&again));
+    assert_eq!(
+        config::scenario::summary_json(&fat),
+        config::scenario::summary_json(&again)
+    );
 }
 
 #[test]

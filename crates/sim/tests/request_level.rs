@@ -1,7 +1,8 @@
 //! The simulator at request level: repeatable, every request accounted for, queueing as
 //! theory has it, and SwitchKV's qualitative results on small systems.
 
-use sim::{parse, Outcome};
+use config::scenario::parse;
+use sim::Outcome;
 
 fn run_one(text: &str, seed: u64) -> Outcome {
     let file = parse(text).expect("scenario");
@@ -50,14 +51,20 @@ fn the_same_seed_gives_the_same_bytes_and_another_seed_other_bytes() {
     let b = run_one(SMALL, 7);
     let c = run_one(SMALL, 8);
     assert!(a.summary.sent > 100_000, "{}", a.summary.sent);
-    assert_eq!(sim::summary_json(&a.summary), sim::summary_json(&b.summary));
+    assert_eq!(
+        config::scenario::summary_json(&a.summary),
+        config::scenario::summary_json(&b.summary)
+    );
     assert_eq!(a.series_csv, b.series_csv);
     assert_eq!(
         sim::backends_csv(&a.backend_loads),
         sim::backends_csv(&b.backend_loads)
     );
     assert_ne!(a.series_csv, c.series_csv);
-    assert_ne!(sim::summary_json(&a.summary), sim::summary_json(&c.summary));
+    assert_ne!(
+        config::scenario::summary_json(&a.summary),
+        config::scenario::summary_json(&c.summary)
+    );
 }
 
 #[test]

@@ -4,7 +4,8 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use sim::{parse, parse_with, Summary};
+use config::scenario::{parse, parse_with};
+use sim::Summary;
 
 fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scenarios")
@@ -77,7 +78,7 @@ fn every_shipped_scenario_gives_the_same_bytes_again_from_the_same_seed() {
         let out = |seed| {
             let o = sim::run(run, seed, &mut |_| {}).unwrap();
             (
-                sim::summary_json(&o.summary),
+                config::scenario::summary_json(&o.summary),
                 o.series_csv,
                 sim::backends_csv(&o.backend_loads),
             )

@@ -144,7 +144,7 @@ impl Net {
                     ip: Ipv4Addr::new(10, t as u8 + 1, 0, h as u8 + 2),
                     mac: Mac([0x02, 0, 0, t as u8, h as u8, 1]),
                     tor: (t, h as u16),
-                    store: (h == 0).then(|| Store::new(None)),
+                    store: (h == 0).then(|| Store::new(None, Box::new(node::SystemHost::start()))),
                 });
                 wires.insert(End::Switch(t, h as u16), End::Host(id));
                 wires.insert(End::Host(id), End::Switch(t, h as u16));

@@ -4,7 +4,7 @@
 use wire::memcache::binary::{self, opcode, status, Header, HEADER_LEN, RESPONSE_MAGIC};
 use wire::memcache::Request;
 
-use crate::store::{bump, DeleteOutcome, Delta, Mode, Store, StoreOutcome};
+use crate::items::{bump, DeleteOutcome, Delta, Mode, Store, StoreOutcome};
 use crate::text::After;
 use crate::VERSION;
 

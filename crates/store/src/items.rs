@@ -2,14 +2,15 @@
 //! maps, shared by the text, meta and binary front ends.
 //!
 //! It never does I/O and never evicts: when a memory limit is set, a store that would exceed it
-//! is refused (memcached's `-M` behaviour, `SERVER_ERROR out of memory storing object`).
+//! is refused (memcached's `-M` behaviour, `SERVER_ERROR out of memory storing object`). It
+//! reads no clock either: the time comes from the [`Host`] it is given.
 
 use std::collections::hash_map::{DefaultHasher, Entry};
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 /// Independent locks, so that worker threads rarely contend.
 const SHARDS: usize = 32;
@@ -26,6 +27,44 @@ pub const ITEM_SIZE_MAX: usize = 1024 * 1024;
 /// The clock value of a fresh start; `1` then always lies in the past, which is how an already
 /// expired exptime is stored (memcached's `current_time` starts above 1 for the same reason).
 const CLOCK_BASE: u64 = 2;
+
+/// What a store learns from the world it runs in: how long it has run, the time, the process.
+/// A server gives its own clock and process; a simulator or a test gives [`Frozen`].
+pub trait Host: Send + Sync + std::fmt::Debug {
+    /// Time since the store was created.
+    fn elapsed(&self) -> Duration;
+    /// Unix time, in seconds, when the store was created: the origin of absolute exptimes.
+    fn started_unix(&self) -> i64;
+    /// Unix time now, in seconds (`stats` `time`).
+    fn unix_now(&self) -> u64;
+    /// The process id `stats` reports.
+    fn pid(&self) -> u32;
+}
+
+/// A host whose time stands still at unix time `unix`, in process 0: relative exptimes and
+/// delays never come, and every run is the same.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Frozen {
+    pub unix: i64,
+}
+
+impl Host for Frozen {
+    fn elapsed(&self) -> Duration {
+        Duration::ZERO
+    }
+
+    fn started_unix(&self) -> i64 {
+        self.unix
+    }
+
+    fn unix_now(&self) -> u64 {
+        self.unix.max(0) as u64
+    }
+
+    fn pid(&self) -> u32 {
+        0
+    }
+}
 
 /// One stored item.
 #[derive(Debug, Clone)]
@@ -160,7 +199,7 @@ pub struct Store {
     shards: Vec<Mutex<Shard>>,
     /// The last CAS value handed out; memcached's global `cas_id`.
     cas: AtomicU64,
-    started: Instant,
+    host: Box<dyn Host>,
     started_unix: i64,
     used: AtomicU64,
     limit: Option<u64>,
@@ -170,15 +209,14 @@ pub struct Store {
 }
 
 impl Store {
-    /// A store holding at most `limit` bytes of items (keys, values and overhead), or unbounded.
-    pub fn new(limit: Option<u64>) -> Store {
-        let started_unix = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() as i64);
+    /// A store holding at most `limit` bytes of items (keys, values and overhead), or unbounded,
+    /// on `host`'s clock.
+    pub fn new(limit: Option<u64>, host: Box<dyn Host>) -> Store {
+        let started_unix = host.started_unix();
         Store {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             cas: AtomicU64::new(0),
-            started: Instant::now(),
+            host,
             started_unix,
             used: AtomicU64::new(0),
             limit,
@@ -189,16 +227,21 @@ impl Store {
 
     /// The server clock in seconds, memcached's `current_time`.
     pub fn now(&self) -> u64 {
-        self.started.elapsed().as_secs() + CLOCK_BASE
+        self.host.elapsed().as_secs() + CLOCK_BASE
     }
 
     fn now_ms(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64 + CLOCK_BASE * 1000
+        self.host.elapsed().as_millis() as u64 + CLOCK_BASE * 1000
     }
 
     /// Seconds since the store was created.
     pub fn uptime(&self) -> u64 {
-        self.started.elapsed().as_secs()
+        self.host.elapsed().as_secs()
+    }
+
+    /// The host the store runs on.
+    pub fn host(&self) -> &dyn Host {
+        &*self.host
     }
 
     /// Converts a protocol exptime to a clock second as memcached's `realtime()` does: 0 is
@@ -481,9 +524,20 @@ pub fn parse_counter(value: &[u8]) -> Option<u64> {
 mod tests {
     use super::*;
 
+    /// A store whose clock stands at a recent unix time, so that an absolute exptime can lie
+    /// in the past.
+    fn test_store(limit: Option<u64>) -> Store {
+        Store::new(
+            limit,
+            Box::new(Frozen {
+                unix: 1_700_000_000,
+            }),
+        )
+    }
+
     #[test]
     fn cas_is_global_and_increasing() {
-        let store = Store::new(None);
+        let store = test_store(None);
         assert_eq!(
             store.store(Mode::Set, b"a", b"1", 0, 0, 0),
             StoreOutcome::Stored(1)
@@ -508,7 +562,7 @@ mod tests {
 
     #[test]
     fn decrement_pads_in_place() {
-        let store = Store::new(None);
+        let store = test_store(None);
         store.store(Mode::Set, b"n", b"100", 0, 0, 0);
         assert!(matches!(
             store.delta(b"n", false, 95, 0),
@@ -526,7 +580,7 @@ mod tests {
 
     #[test]
     fn expired_items_are_gone() {
-        let store = Store::new(None);
+        let store = test_store(None);
         store.store(Mode::Set, b"a", b"1", 0, -1, 0);
         assert!(store.get(b"a", None).is_none());
         assert_eq!(store.bytes(), 0);
@@ -534,7 +588,7 @@ mod tests {
 
     #[test]
     fn memory_limit_refuses() {
-        let store = Store::new(Some(200));
+        let store = test_store(Some(200));
         assert!(matches!(
             store.store(Mode::Set, b"a", &[b'x'; 100], 0, 0, 0),
             StoreOutcome::Stored(_)
@@ -554,7 +608,7 @@ mod tests {
 
     #[test]
     fn append_checks_the_joined_size() {
-        let store = Store::new(None);
+        let store = test_store(None);
         let half = vec![b'x'; ITEM_SIZE_MAX / 2];
         assert!(matches!(
             store.store(Mode::Set, b"k", &half, 0, 0, 0),
@@ -577,7 +631,7 @@ mod tests {
 
     #[test]
     fn flush_delays_do_not_overflow() {
-        let store = Store::new(None);
+        let store = test_store(None);
         store.store(Mode::Set, b"a", b"1", 0, 0, 0);
         // A unix time far in the future: nothing is flushed yet.
         store.flush(i64::MAX);

@@ -7,8 +7,8 @@
 use wire::memcache::meta::decode_base64_key;
 use wire::memcache::{Command, Request, MAX_KEY_LEN};
 
+use crate::items::{bump, read, DeleteOutcome, Delta, Item, Mode, Store, StoreOutcome};
 use crate::session::SPILL_AT;
-use crate::store::{bump, read, DeleteOutcome, Delta, Item, Mode, Store, StoreOutcome};
 use crate::VERSION;
 
 /// What the connection does after a request.
@@ -241,13 +241,13 @@ fn storage(store: &Store, request: &Request<'_>, tokens: &[&[u8]], out: &mut Vec
     reply_unless(request.noreply(), reply, out);
 }
 
-pub(crate) fn stats(store: &Store, out: &mut Vec<u8>) {
+/// Appends `stats`' rows (without the closing `END`), the process and the time as the
+/// store's host gives them.
+pub fn stats(store: &Store, out: &mut Vec<u8>) {
     let c = &store.counters;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
+    let now = store.host().unix_now();
     let rows: [(&str, String); 42] = [
-        ("pid", std::process::id().to_string()),
+        ("pid", store.host().pid().to_string()),
         ("uptime", store.uptime().to_string()),
         ("time", now.to_string()),
         ("version", VERSION.to_string()),

@@ -1,5 +1,6 @@
 //! Key popularity: a Zipf sampler that needs no per-key table, and the mapping from popularity
-//! rank to key index. Pure arithmetic; never touches the network.
+//! rank to key index. Pure arithmetic on draws from a caller's [`Rng`]; never touches the
+//! network.
 //!
 //! The sampler is rejection-inversion (W. Hörmann, G. Derflinger, "Rejection-inversion to
 //! generate variates from monotone discrete distributions", ACM TOMACS 6(3), 1996), the same
@@ -8,9 +9,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
-use serde::{Deserialize, Serialize};
+use crate::rng::{Rng, Xoshiro256StarStar};
 
 /// Draws ranks `1..=n` with `P(k) ∝ k^-theta`, `theta > 0`.
 #[derive(Clone, Debug)]
@@ -53,7 +52,7 @@ impl Zipf {
     /// One rank in `1..=n`; rank 1 is the most popular.
     pub fn sample<R: Rng + ?Sized>(&self, rng: &mut R) -> u64 {
         loop {
-            let u: f64 = rng.gen();
+            let u = rng.f64();
             let u = self.h_integral_n + u * (self.h_integral_x1 - self.h_integral_n);
             let x = self.h_integral_inverse(u);
             // Round to the nearest rank and clamp: x can land a hair outside [0.5, n + 0.5].
@@ -231,7 +230,7 @@ impl KeyGen {
     /// their use can take the draws in order and apply the ranking in force when each is used.
     pub fn draw<R: Rng + ?Sized>(&self, rng: &mut R) -> u64 {
         match &self.popularity {
-            Popularity::Uniform => rng.gen_range(0..self.keys),
+            Popularity::Uniform => rng.below(self.keys),
             Popularity::Zipf(z) => z.sample(rng) - 1,
         }
     }
@@ -269,8 +268,9 @@ impl KeyGen {
 }
 
 /// How key popularity changes over time (the workloads of SwitchKV, Li et al., NSDI 2016).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "kebab-case"))]
 pub enum ChangeKind {
     /// The N coldest keys become the N hottest; every other key moves N ranks down.
     HotIn,
@@ -278,6 +278,36 @@ pub enum ChangeKind {
     HotOut,
     /// N random keys of the hot set (the 10·N hottest) swap places with N random cold keys.
     Random,
+}
+
+impl ChangeKind {
+    /// Every kind, in the order a command line lists them.
+    pub const ALL: [ChangeKind; 3] = [ChangeKind::HotIn, ChangeKind::HotOut, ChangeKind::Random];
+
+    /// The kind's name in command lines and files: `hot-in`, `hot-out`, `random`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ChangeKind::HotIn => "hot-in",
+            ChangeKind::HotOut => "hot-out",
+            ChangeKind::Random => "random",
+        }
+    }
+}
+
+/// A name that is not one of [`ChangeKind::ALL`]'s.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown popularity change {0:?}: expected hot-in, hot-out or random")]
+pub struct UnknownChange(pub String);
+
+impl std::str::FromStr for ChangeKind {
+    type Err = UnknownChange;
+
+    fn from_str(s: &str) -> Result<ChangeKind, UnknownChange> {
+        ChangeKind::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| UnknownChange(s.to_owned()))
+    }
 }
 
 /// Size of the hot set for [`ChangeKind::Random`], in multiples of N: the swapped hot keys are
@@ -359,16 +389,17 @@ impl Ranking {
     }
 
     fn swap_random(&mut self) {
-        let mut rng =
-            SmallRng::seed_from_u64(self.seed ^ self.epoch.wrapping_mul(0xd1b5_4a32_d192_ed03));
+        let mut rng = Xoshiro256StarStar::seed_from_u64(
+            self.seed ^ self.epoch.wrapping_mul(0xd1b5_4a32_d192_ed03),
+        );
         let hot = (self.keys * RANDOM_HOT_FACTOR).min(self.n - self.keys);
         let mut hot_ranks = HashSet::new();
         while (hot_ranks.len() as u64) < self.keys {
-            hot_ranks.insert(rng.gen_range(0..hot));
+            hot_ranks.insert(rng.below(hot));
         }
         let mut cold_ranks = HashSet::new();
         while (cold_ranks.len() as u64) < self.keys {
-            cold_ranks.insert(rng.gen_range(hot..self.n));
+            cold_ranks.insert(rng.range(hot, self.n));
         }
         let mut hot_ranks: Vec<u64> = hot_ranks.into_iter().collect();
         let mut cold_ranks: Vec<u64> = cold_ranks.into_iter().collect();
@@ -401,7 +432,7 @@ mod tests {
         let z = Zipf::new(1_000_000, 0.99);
         let total: f64 = (1..=1_000_000u64).map(|k| z.share(k)).sum();
         assert!((total - 1.0).abs() < 1e-6, "{total}");
-        let mut rng = SmallRng::seed_from_u64(3);
+        let mut rng = Xoshiro256StarStar::seed_from_u64(3);
         let n = 400_000;
         let ones = (0..n).filter(|_| z.sample(&mut rng) == 1).count();
         let got = ones as f64 / n as f64;
@@ -411,8 +442,6 @@ mod tests {
             z.share(1)
         );
     }
-    use rand::rngs::SmallRng;
-    use rand::SeedableRng;
 
     /// Generalised harmonic number `sum_{k=1}^{n} k^-s`: exact up to 10^5 terms, then the
     /// Euler–Maclaurin tail (error far below the test tolerance).
@@ -439,7 +468,7 @@ mod tests {
     fn check(n: u64, theta: f64, tops: &[u64]) {
         const SAMPLES: usize = 1_000_000;
         let z = Zipf::new(n, theta);
-        let mut rng = SmallRng::seed_from_u64(7);
+        let mut rng = Xoshiro256StarStar::seed_from_u64(7);
         let mut counts = vec![0u64; tops.len()];
         for _ in 0..SAMPLES {
             let r = z.sample(&mut rng);
@@ -524,7 +553,7 @@ mod tests {
             prev.1 += last.1;
         }
         let g = KeyGen::new(n, theta, false);
-        let mut rng = SmallRng::seed_from_u64(0x5eed ^ n ^ theta.to_bits());
+        let mut rng = Xoshiro256StarStar::seed_from_u64(0x5eed ^ n ^ theta.to_bits());
         let mut counts = vec![0u64; bins.len()];
         for _ in 0..SAMPLES {
             let rank = g.next_index(&mut rng) + 1;
@@ -580,7 +609,7 @@ mod tests {
     fn zipf_rank_one_frequency_matches() {
         // The headline number: share of the single hottest key.
         let z = Zipf::new(1_000, 0.99);
-        let mut rng = SmallRng::seed_from_u64(11);
+        let mut rng = Xoshiro256StarStar::seed_from_u64(11);
         let hits = (0..200_000).filter(|_| z.sample(&mut rng) == 1).count();
         let expected = 1.0 / harmonic(1_000, 0.99);
         let observed = hits as f64 / 200_000.0;
@@ -593,7 +622,7 @@ mod tests {
     #[test]
     fn single_key() {
         let z = Zipf::new(1, 0.99);
-        let mut rng = SmallRng::seed_from_u64(1);
+        let mut rng = Xoshiro256StarStar::seed_from_u64(1);
         assert!((0..100).all(|_| z.sample(&mut rng) == 1));
     }
 
@@ -624,7 +653,7 @@ mod tests {
     #[test]
     fn keygen_without_scramble_keeps_rank_order() {
         let g = KeyGen::new(1_000, 1.2, false);
-        let mut rng = SmallRng::seed_from_u64(3);
+        let mut rng = Xoshiro256StarStar::seed_from_u64(3);
         // P(rank 1) is about 0.2 for theta 1.2 over 1000 keys.
         let zeros = (0..10_000).filter(|_| g.next_index(&mut rng) == 0).count();
         assert!(zeros > 10_000 / 8, "rank 1 should be index 0, got {zeros}");
@@ -642,7 +671,7 @@ mod tests {
     }
 
     fn counts(g: &KeyGen, ranking: Option<&Ranking>, samples: usize) -> HashMap<u64, usize> {
-        let mut rng = SmallRng::seed_from_u64(21);
+        let mut rng = Xoshiro256StarStar::seed_from_u64(21);
         let mut c = HashMap::new();
         for _ in 0..samples {
             *c.entry(g.next_index_ranked(&mut rng, ranking)).or_insert(0) += 1;
@@ -665,8 +694,8 @@ mod tests {
         let mut r = Ranking::new(n, ChangeKind::HotIn, 50, 1);
         for (theta, scramble) in [(0.0, false), (0.99, false), (0.99, true)] {
             let g = KeyGen::new(n, theta, scramble);
-            let mut in_turn = SmallRng::seed_from_u64(5);
-            let mut ahead = SmallRng::seed_from_u64(5);
+            let mut in_turn = Xoshiro256StarStar::seed_from_u64(5);
+            let mut ahead = Xoshiro256StarStar::seed_from_u64(5);
             let draws: Vec<u64> = (0..500).map(|_| g.draw(&mut ahead)).collect();
             // The ranking changes half way; the draws taken before it get the new one.
             for (i, &d) in draws.iter().enumerate() {
@@ -717,7 +746,7 @@ mod tests {
         let g = KeyGen::new(10_000_000_000, 0.99, true);
         let mut big = Ranking::new(10_000_000_000, ChangeKind::HotOut, 1_000, 1);
         big.advance_to(3);
-        let mut rng = SmallRng::seed_from_u64(2);
+        let mut rng = Xoshiro256StarStar::seed_from_u64(2);
         assert!(g.next_index_ranked(&mut rng, Some(&big)) < 10_000_000_000);
     }
 

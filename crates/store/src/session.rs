@@ -4,7 +4,7 @@
 
 use wire::memcache::{self, Protocol};
 
-use crate::store::{bump, Store};
+use crate::items::{bump, Store};
 use crate::text::After;
 use crate::{binary, text};
 
@@ -120,6 +120,7 @@ pub fn step(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::items::Frozen;
 
     fn run(store: &Store, input: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
@@ -142,7 +143,7 @@ mod tests {
 
     #[test]
     fn text_round_trip() {
-        let store = Store::new(None);
+        let store = Store::new(None, Box::new(Frozen::default()));
         let out = run(
             &store,
             b"set a 5 0 2\r\nhi\r\nget a b\r\ndelete a\r\nget a\r\n",
@@ -155,7 +156,7 @@ mod tests {
 
     #[test]
     fn errors_resynchronise() {
-        let store = Store::new(None);
+        let store = Store::new(None, Box::new(Frozen::default()));
         let out = run(&store, b"bogus\r\nset a 0 0 2\r\nhiX\r\nmn\r\n");
         // As in memcached, the bytes after the announced block are read as the next line.
         assert_eq!(
@@ -166,7 +167,7 @@ mod tests {
 
     #[test]
     fn incomplete_waits() {
-        let store = Store::new(None);
+        let store = Store::new(None, Box::new(Frozen::default()));
         let mut out = Vec::new();
         assert_eq!(
             step(
@@ -195,10 +196,10 @@ mod tests {
 
     #[test]
     fn long_retrievals_spill() {
-        let store = Store::new(None);
+        let store = Store::new(None, Box::new(Frozen::default()));
         let value = vec![b'x'; 600_000];
         for key in [b"a", b"b", b"c"] {
-            store.store(crate::store::Mode::Set, key, &value, 0, 0, 0);
+            store.store(crate::Mode::Set, key, &value, 0, 0, 0);
         }
         let mut out = Vec::new();
         let mut sent = Vec::new();
@@ -235,9 +236,9 @@ mod tests {
 
     #[test]
     fn a_refused_spill_ends_the_retrieval() {
-        let store = Store::new(None);
+        let store = Store::new(None, Box::new(Frozen::default()));
         let value = vec![b'x'; 600_000];
-        store.store(crate::store::Mode::Set, b"a", &value, 0, 0, 0);
+        store.store(crate::Mode::Set, b"a", &value, 0, 0, 0);
         let mut out = b"MN\r\n".to_vec();
         let done = step(
             &store,
