@@ -133,3 +133,88 @@ fn the_check_sees_edge_dependencies() {
         );
     }
 }
+
+/// The crates that run in production: none of them may reach into the testbed or the bench,
+/// which set up namespaces and measure, at run time.
+const EDGE: &[&str] = &[
+    "kvswitch-api",
+    "kvswitch-daemon",
+    "kvswitch-controller",
+    "kvswitch-nf",
+    "kvswitch-proxy",
+    "kvswitch-dataplane",
+    "kvswitch-io",
+    "kvswitch-node",
+    "kvswitch-config",
+];
+
+#[test]
+fn edge_crates_do_not_reach_into_the_testbed_or_the_bench() {
+    for &package in EDGE {
+        let names = tree(package);
+        assert!(
+            names.contains(package),
+            "{package} is not in its own tree: {names:?}"
+        );
+        for tool in ["kvswitch-testbed", "kvswitch-bench", "kvswitch-loadgen"] {
+            assert!(
+                !names.contains(tool),
+                "{package} depends on {tool}: the testbed, the bench and the load generator \
+                 are tools around kvswitch, not parts of it"
+            );
+        }
+    }
+}
+
+/// The modules `crates/kvswitch/src` may hold: the command line, one file per subcommand's
+/// arguments and glue. Anything else has a crate of its own (the switch as a program in
+/// `daemon`, the controller, the network functions, the API client and server helpers), so a
+/// new file here fails this test until it is added on purpose.
+const COMMAND_LINE: &[&str] = &[
+    "main.rs",
+    "lib.rs",
+    "cache_cli.rs",
+    "ctl.rs",
+    "demo.rs",
+    "fabric.rs",
+    "inc_cli.rs",
+    "proxy_cli.rs",
+    "sim_cli.rs",
+    "steer.rs",
+];
+
+/// The most lines a file of the command line may have: past it, logic is growing there that
+/// belongs in a crate of its own.
+const COMMAND_FILE_LINES: usize = 1_200;
+
+#[test]
+fn the_command_crate_holds_only_the_command_line() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut seen = Vec::new();
+    for entry in std::fs::read_dir(&src).expect("src is readable") {
+        let entry = entry.expect("a directory entry");
+        let name = entry.file_name().to_string_lossy().into_owned();
+        assert!(
+            entry.file_type().expect("a file type").is_file(),
+            "crates/kvswitch/src/{name} is a directory: a module of several files is a crate \
+             of its own, not part of the command line"
+        );
+        assert!(
+            COMMAND_LINE.contains(&name.as_str()),
+            "crates/kvswitch/src/{name} is not one of the command line's files {COMMAND_LINE:?}"
+        );
+        let lines = std::fs::read_to_string(entry.path())
+            .expect("a source file")
+            .lines()
+            .count();
+        assert!(
+            lines <= COMMAND_FILE_LINES,
+            "crates/kvswitch/src/{name} has {lines} lines, more than {COMMAND_FILE_LINES}"
+        );
+        seen.push(name);
+    }
+    assert!(
+        seen.iter().any(|n| n == "main.rs"),
+        "no main.rs among {seen:?}"
+    );
+}
