@@ -11,6 +11,29 @@ use serde_json::Value;
 
 use crate::TOKEN_ENV;
 
+/// Where a command finds a switch's control API and its token: `--api` and `--token-file`,
+/// the same for every command that speaks to a switch.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ApiArgs {
+    /// The switch's control API (`switch.api` in its configuration).
+    #[arg(long, default_value = config::DEFAULT_API, global = true, value_name = "ADDR:PORT")]
+    pub api: SocketAddr,
+    /// A file whose first line is the API token (changes need it when the switch has one);
+    /// KVSWITCH_API_TOKEN works too.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub token_file: Option<std::path::PathBuf>,
+}
+
+impl ApiArgs {
+    /// The client these arguments name, its token read.
+    pub fn client(&self) -> anyhow::Result<Client> {
+        Ok(Client {
+            api: self.api,
+            token: token(self.token_file.as_deref())?,
+        })
+    }
+}
+
 /// A blocking client of the control API: one connection per request.
 #[derive(Clone, Debug)]
 pub struct Client {

@@ -10,7 +10,7 @@ pub mod guard;
 pub mod pool;
 pub mod server;
 
-pub use client::{Client, Refused};
+pub use client::{ApiArgs, Client, Refused};
 pub use error::{body, ApiFailure};
 
 use std::net::SocketAddr;

@@ -49,7 +49,7 @@
 use std::net::SocketAddr;
 use std::path::Path;
 
-use serde_yaml::Value;
+use serde_norway::Value;
 
 use super::pool_keys::{self, KeyError, PoolKeys, ResolveError, ServersError};
 use super::ConfigError;
@@ -64,7 +64,7 @@ pub fn load_nutcracker(path: &Path) -> Result<Vec<PoolSpec>, ConfigError> {
 
 /// Parses nutcracker YAML as [`load_nutcracker`] does; `path` is used in messages.
 pub fn parse_nutcracker(text: &str, path: &Path) -> Result<Vec<PoolSpec>, ConfigError> {
-    let doc: Value = serde_yaml::from_str(text)
+    let doc: Value = serde_norway::from_str(text)
         .map_err(|e| ConfigError::new(path, "", format!("not valid YAML: {e}")))?;
     let pools = match doc {
         Value::Mapping(m) if !m.is_empty() => m,
@@ -110,7 +110,7 @@ pub fn parse_nutcracker(text: &str, path: &Path) -> Result<Vec<PoolSpec>, Config
 /// it is absent or 0 (no cap of the pool's own, as in nutcracker). The text must be one that
 /// [`parse_nutcracker`] accepts; a value it would refuse reads as `None`.
 pub fn client_connections(text: &str) -> Vec<Option<usize>> {
-    let Ok(Value::Mapping(pools)) = serde_yaml::from_str::<Value>(text) else {
+    let Ok(Value::Mapping(pools)) = serde_norway::from_str::<Value>(text) else {
         return Vec::new();
     };
     pools

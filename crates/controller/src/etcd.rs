@@ -54,7 +54,8 @@ impl Etcd {
         self.client.call_within("POST", path, Some(body), ETCD_WAIT)
     }
 
-    /// Lets go of the lead (after a failure part way through taking it).
+    /// Lets go of the lead: after a failure part way through taking it, and when the
+    /// controller stops.
     pub fn forget(&mut self) {
         if let Some(lease) = self.lease.take() {
             let _ = self.post("/v3/lease/revoke", &json!({ "ID": lease }));

@@ -478,11 +478,15 @@ pub fn run(args: &ControllerArgs) -> anyhow::Result<()> {
         Some(url) => Some(etcd::Etcd::new(url, &file.pool.name)?),
         None => None,
     };
-    let shared = start(file, listener, token, switch_token, store)?;
-    tracing::info!(api = %shared.api, "controller running");
-    loop {
-        std::thread::park();
+    kvio::signal::install_stop_handlers();
+    let running = start(file, listener, token, switch_token, store)?;
+    tracing::info!(api = %running.api, "controller running");
+    while !kvio::signal::stop_requested() {
+        std::thread::sleep(Duration::from_millis(100));
     }
+    tracing::info!("stopping");
+    running.resign();
+    Ok(())
 }
 
 /// A running controller, for tests and the command.
@@ -492,8 +496,22 @@ pub struct Running {
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
-impl Drop for Running {
-    fn drop(&mut self) {
+impl Running {
+    /// Stops, and gives up the lead at once: the lease is revoked, so that a standby takes
+    /// over now rather than when the lease would have run out (what `kvswitch controller`
+    /// does on SIGINT or SIGTERM; a controller that dies keeps the lease until it runs out).
+    pub fn resign(mut self) {
+        self.halt();
+        if let Some(mut e) = self.shared.store() {
+            if e.leads() {
+                tracing::info!("giving up the lead");
+            }
+            e.forget();
+        }
+    }
+
+    /// Stops every thread and waits for them.
+    fn halt(&mut self) {
         self.shared.stop.store(true, Ordering::Relaxed);
         // Under the lock, so that the syncer cannot miss it between its check and its wait.
         let f = self.shared.fleet();
@@ -502,6 +520,12 @@ impl Drop for Running {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.halt();
     }
 }
 

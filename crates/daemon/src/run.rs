@@ -265,12 +265,12 @@ fn reloader(cfg: &Config, pool: Arc<Pool>, caches: Vec<(String, Arc<CacheService
 /// Handles SIGHUP on a thread of its own until the switch stops: a reload reads a file, which
 /// the forwarding thread must not wait for.
 fn watch_hangups(reload: Reloader) -> anyhow::Result<()> {
-    api::pools::install_hangup_handler();
+    kvio::signal::install_reload_handler();
     std::thread::Builder::new()
         .name("reload".into())
         .spawn(move || {
             while !kvio::signal::stop_requested() {
-                if api::pools::reload_requested() {
+                if kvio::signal::reload_requested() {
                     api::pools::reload_on_hangup(&reload);
                 }
                 std::thread::sleep(std::time::Duration::from_millis(100));

@@ -9,9 +9,8 @@
                         key. Talks to the control API (`switch.api`, or the proxy's --api)."
 )]
 pub struct CacheArgs {
-    /// The control API of the switch or proxy.
-    #[arg(long, global = true, default_value = config::DEFAULT_API, value_name = "ADDR:PORT")]
-    pub api: std::net::SocketAddr,
+    #[command(flatten)]
+    pub switch: api::ApiArgs,
     #[command(flatten)]
     pub cmd: CacheCmd,
 }
@@ -44,10 +43,7 @@ pub enum CacheAction {
 
 /// Runs `kvswitch cache`.
 pub fn run_cli(args: &CacheArgs) -> anyhow::Result<()> {
-    let client = api::Client {
-        api: args.api,
-        token: api::client::token(None)?,
-    };
+    let client = args.switch.client()?;
     let doc = call(&client, &args.cmd)?;
     println!("{}", serde_json::to_string_pretty(&doc)?);
     Ok(())

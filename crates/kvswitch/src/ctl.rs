@@ -9,18 +9,11 @@ use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
-use api::client::{token, Client};
-
 #[derive(Args, Debug)]
 #[command(about = "Read and change a running kvswitch through its control API")]
 pub struct CtlArgs {
-    /// The switch's (or proxy's) API address.
-    #[arg(long, default_value = "127.0.0.1:9110", global = true)]
-    pub api: SocketAddr,
-    /// A file whose first line is the API token (changes need it when the switch has one);
-    /// KVSWITCH_API_TOKEN works too.
-    #[arg(long, global = true)]
-    pub token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub switch: api::ApiArgs,
     /// Print the API's JSON instead of tables.
     #[arg(long, global = true)]
     pub json: bool,
@@ -329,10 +322,7 @@ fn key_field(text: &str) -> anyhow::Result<Value> {
 
 /// Runs `kvswitch ctl`.
 pub fn run(args: &CtlArgs) -> anyhow::Result<()> {
-    let client = Client {
-        api: args.api,
-        token: token(args.token_file.as_deref())?,
-    };
+    let client = args.switch.client()?;
     let enc = |s: &str| api::percent_encode(s.as_bytes());
     let (doc, show): (Value, fn(&Value) -> String) = match &args.command {
         CtlCmd::Status => (client.call("GET", "/api/v1/status", None)?, pretty),

@@ -176,7 +176,7 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         .map(|p| Pool::new(p).map(Arc::new))
         .collect::<Result<Vec<_>, _>>()?;
     let reload = reloader(&args, pools.clone(), caches.clone());
-    api::pools::install_hangup_handler();
+    kvio::signal::install_reload_handler();
     let proxy = Proxy::start(Settings {
         pools: pools.clone(),
         workers,
@@ -211,7 +211,7 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         for cache in &ticker {
             cache.tick(now);
         }
-        if api::pools::reload_requested() {
+        if kvio::signal::reload_requested() {
             api::pools::reload_on_hangup(&reload);
         }
     }

@@ -4,7 +4,8 @@
 //! - exactly one leads; the other stands by and refuses changes, naming the leader;
 //! - a change made through the leader is stored, and survives the leader's death;
 //! - the leader killed (SIGKILL), the standby takes over within a few seconds, and a later
-//!   server death is still taken out of both proxies' pools.
+//!   server death is still taken out of both proxies' pools;
+//! - a leader stopped with SIGTERM exits cleanly and gives up its lease as it goes.
 //!
 //! Requires memcached and etcd.
 
@@ -50,16 +51,14 @@ fn one_leader(controllers: &[Option<Client>], limit: Duration) -> usize {
     }
 }
 
-#[test]
-fn a_standby_controller_takes_over_from_a_dead_leader_with_the_pool_it_stored() {
-    let dir = TempDir::new("kvswitch-controller-etcd").unwrap();
-    let (_etcd, etcd_addr) = etcd(&dir);
-    let names = ["s1", "s2", "s3"];
-    let (mut servers, list) = servers(&names);
-    let (_proxies, clients) = proxies(2, &list, &PoolOpts::default());
-    let apis: Vec<SocketAddr> = clients.iter().map(|c| c.api).collect();
-
-    // Two controllers of the same file but for their own API address.
+/// Two `kvswitch controller` processes of the same file (but for their own API address),
+/// keeping their pool in the etcd at `etcd_addr`.
+fn two_controllers(
+    dir: &TempDir,
+    etcd_addr: SocketAddr,
+    apis: &[SocketAddr],
+    list: &[(&str, SocketAddr)],
+) -> (Vec<Option<Proc>>, Vec<Option<Client>>) {
     let mut procs: Vec<Option<Proc>> = Vec::new();
     let mut controllers: Vec<Option<Client>> = Vec::new();
     for i in 0..2 {
@@ -67,8 +66,8 @@ fn a_standby_controller_takes_over_from_a_dead_leader_with_the_pool_it_stored() 
         let text = controller_toml(
             api,
             "probe_interval_ms = 50\ndown_after = 3\nsync_interval_ms = 300",
-            &apis,
-            &list,
+            apis,
+            list,
         );
         let path = dir.path().join(format!("controller{i}.toml"));
         std::fs::write(&path, text).unwrap();
@@ -86,6 +85,85 @@ fn a_standby_controller_takes_over_from_a_dead_leader_with_the_pool_it_stored() 
         procs.push(Some(proc));
         controllers.push(Some(Client { api, token: None }));
     }
+    (procs, controllers)
+}
+
+/// The values of every etcd key that ends in `/leader`.
+fn leader_keys(etcd_addr: SocketAddr) -> Vec<String> {
+    let etcd = Client {
+        api: etcd_addr,
+        token: None,
+    };
+    // From the key "\0" with range_end "\0": every key.
+    let all = etcd
+        .call(
+            "POST",
+            "/v3/kv/range",
+            Some(&json!({"key": "AA==", "range_end": "AA=="})),
+        )
+        .expect("etcd answers");
+    all["kvs"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|kv| {
+            let key = controller::etcd::decode(kv["key"].as_str()?)?;
+            let value = controller::etcd::decode(kv["value"].as_str().unwrap_or(""))?;
+            key.ends_with(b"/leader")
+                .then(|| String::from_utf8_lossy(&value).into_owned())
+        })
+        .collect()
+}
+
+/// A leader stopped with SIGTERM exits cleanly and gives its lease up on the way out: by the
+/// time it has exited, etcd no longer names it leader (a leader that dies holds the lead until
+/// its lease runs out).
+#[test]
+fn a_leader_stopped_with_sigterm_gives_up_the_lead_as_it_exits() {
+    let dir = TempDir::new("kvswitch-controller-resign").unwrap();
+    let (_etcd, etcd_addr) = etcd(&dir);
+    let (_servers, list) = servers(&["r1", "r2"]);
+    let (_proxies, clients) = proxies(1, &list, &PoolOpts::default());
+    let apis: Vec<SocketAddr> = clients.iter().map(|c| c.api).collect();
+    let (mut procs, controllers) = two_controllers(&dir, etcd_addr, &apis, &list);
+    let leader = one_leader(&controllers, Duration::from_secs(20));
+    let leader_api = controllers[leader].as_ref().unwrap().api.to_string();
+    assert_eq!(leader_keys(etcd_addr), std::slice::from_ref(&leader_api));
+
+    let proc = procs[leader].as_mut().unwrap();
+    // SAFETY: kill takes no pointers; the PID is our own child's, which has not been reaped.
+    let sent = unsafe { libc::kill(proc.pid() as libc::pid_t, libc::SIGTERM) };
+    assert_eq!(sent, 0, "SIGTERM not sent");
+    let status = proc
+        .wait_exit(Duration::from_secs(10))
+        .expect("the leader exits");
+    assert!(
+        status.success(),
+        "the leader did not stop cleanly: {status}"
+    );
+    let named = leader_keys(etcd_addr);
+    assert!(
+        !named.contains(&leader_api),
+        "etcd still names the stopped leader {leader_api}: {named:?}"
+    );
+    assert_eq!(
+        one_leader(&controllers, Duration::from_secs(15)),
+        1 - leader
+    );
+}
+
+#[test]
+fn a_standby_controller_takes_over_from_a_dead_leader_with_the_pool_it_stored() {
+    let dir = TempDir::new("kvswitch-controller-etcd").unwrap();
+    let (_etcd, etcd_addr) = etcd(&dir);
+    let names = ["s1", "s2", "s3"];
+    let (mut servers, list) = servers(&names);
+    let (_proxies, clients) = proxies(2, &list, &PoolOpts::default());
+    let apis: Vec<SocketAddr> = clients.iter().map(|c| c.api).collect();
+
+    // Two controllers of the same file but for their own API address.
+    let (mut procs, mut controllers) = two_controllers(&dir, etcd_addr, &apis, &list);
     let leader = one_leader(&controllers, Duration::from_secs(20));
     let standby = 1 - leader;
     // The standby knows who leads once it has campaigned.

@@ -54,6 +54,7 @@ const FORBIDDEN: &[&str] = &[
     "serde_json",
     "toml",
     "serde_yaml",
+    "serde_norway",
     "plotters",
     "getrandom",
     "rand",

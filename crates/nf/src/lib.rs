@@ -6,7 +6,6 @@ pub mod portland;
 pub mod qcn;
 pub mod reqcache;
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -20,12 +19,8 @@ use reqcache::{ReqCache, Step};
 #[derive(Args, Debug)]
 #[command(about = "Network functions on a running kvswitch, through its control API")]
 pub struct NfArgs {
-    /// The switch's API address.
-    #[arg(long, default_value = "127.0.0.1:9110", global = true)]
-    pub api: SocketAddr,
-    /// A file whose first line is the API token; KVSWITCH_API_TOKEN works too.
-    #[arg(long, global = true)]
-    pub token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub switch: api::ApiArgs,
     #[command(subcommand)]
     pub function: NfCmd,
 }
@@ -204,10 +199,7 @@ impl BcubeShape {
 }
 
 pub fn run(args: &NfArgs) -> anyhow::Result<()> {
-    let client = Client {
-        api: args.api,
-        token: api::client::token(args.token_file.as_deref())?,
-    };
+    let client = args.switch.client()?;
     match &args.function {
         NfCmd::Reqcache {
             port,

@@ -32,7 +32,7 @@ pub enum Error {
     #[error("table key has no fields")]
     EmptyKey,
     /// A table key is longer than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes.
-    #[error("table key is {0} bytes (max {})", crate::MAX_KEY_LEN)]
+    #[error("table key is {0} bytes (max {max})", max = crate::MAX_KEY_LEN)]
     KeyTooLong(usize),
     /// A field is malformed.
     #[error("bad key field: {0}")]
@@ -62,12 +62,12 @@ pub enum Error {
     #[error("selector members may not select")]
     NestedSelect,
     /// A `SetReg` names a register out of range.
-    #[error("register {0} out of range (have {})", crate::NUM_REGS)]
+    #[error("register {0} out of range (have {have})", have = crate::NUM_REGS)]
     BadRegister(u8),
     /// A `Drop` uses a code reserved for the pipeline.
     #[error(
-        "drop reason {0} is reserved for the pipeline (use {} and up)",
-        crate::reason::USER_BASE
+        "drop reason {0} is reserved for the pipeline (use {base} and up)",
+        base = crate::reason::USER_BASE
     )]
     ReservedReason(u16),
     /// The table holds as many entries as its limit allows.
@@ -80,19 +80,19 @@ pub enum Error {
     #[error("DSCP {0} out of range (0 to 63)")]
     BadDscp(u8),
     /// A `PushLabel` or `SwapLabel` label does not fit an MPLS label's 20 bits.
-    #[error("MPLS label {0} out of range (0 to {})", crate::MAX_LABEL)]
+    #[error("MPLS label {0} out of range (0 to {max})", max = crate::MAX_LABEL)]
     BadLabel(u32),
     /// A `LoadReg` or `AddReg` names a user register out of range.
-    #[error("user register {0} out of range (have {})", crate::NUM_USER_REGS)]
+    #[error("user register {0} out of range (have {have})", have = crate::NUM_USER_REGS)]
     BadUserRegister(u8),
     /// No interface table entry with this id.
-    #[error("no interface {0} (ids are 0 to {})", crate::MAX_INTERFACES - 1)]
+    #[error("no interface {0} (ids are 0 to {max})", max = crate::MAX_INTERFACES - 1)]
     UnknownInterface(u16),
     /// An interface table entry cannot be removed while an action list refers to it.
     #[error("interface {interface} is used by an action in {by}")]
     InterfaceInUse { interface: u16, by: String },
     /// An action list is longer than [`MAX_ACTIONS`](crate::MAX_ACTIONS).
-    #[error("{0} actions in one list (max {})", crate::MAX_ACTIONS)]
+    #[error("{0} actions in one list (max {max})", max = crate::MAX_ACTIONS)]
     TooManyActions(usize),
 }
 
@@ -103,6 +103,6 @@ pub enum FieldError {
     #[error("empty byte range at {offset}")]
     EmptyBytes { offset: u16 },
     /// A metadata register index of [`NUM_REGS`](crate::NUM_REGS) or more.
-    #[error("register {0} out of range (have {})", crate::NUM_REGS)]
+    #[error("register {0} out of range (have {have})", have = crate::NUM_REGS)]
     Register(u8),
 }

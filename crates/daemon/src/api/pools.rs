@@ -2,7 +2,6 @@
 //! the configuration file read again (SIGHUP, `kvswitch ctl reload`). Both paths route by the
 //! one [`Pool`], so the UDP path and the proxy change over together.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use serde_json::{json, Value};
@@ -12,26 +11,6 @@ use switch::pool::{Pool, PoolSpec};
 
 /// Reads the configuration again and applies it; what it changed, or why it refused.
 pub type Reloader = Arc<dyn Fn() -> anyhow::Result<Value> + Send + Sync>;
-
-static RELOAD: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_hangup(_: libc::c_int) {
-    RELOAD.store(true, Ordering::Relaxed);
-}
-
-/// Makes SIGHUP ask for a reload (see [`reload_requested`]).
-pub fn install_hangup_handler() {
-    let handler = on_hangup as extern "C" fn(libc::c_int) as libc::sighandler_t;
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGHUP, handler);
-    }
-}
-
-/// Whether SIGHUP has come since the last call.
-pub fn reload_requested() -> bool {
-    RELOAD.swap(false, Ordering::Relaxed)
-}
 
 /// Runs `reload` for a SIGHUP, logging what came of it.
 pub fn reload_on_hangup(reload: &Reloader) {
