@@ -123,6 +123,13 @@ fn an_attacker_host_speaks_for_nobody_while_honest_clients_run() {
         .iter()
         .map(|r| drops(&live, r))
         .collect();
+    // The honest client is on the network before the attack starts, as a client in use is: an
+    // address nobody has used yet goes to the first port it is heard on (unless
+    // `source_prefixes` binds it), and the attacker claims c1's from its first round.
+    assert!(
+        udp_call(&live, "c1", vip(&live), b"get id:0\r\n", T).is_some(),
+        "c1 reaches the VIP before the attack"
+    );
     let clients = history_clients(&live, &["c1"], &[Transport::Udp, Transport::Tcp], T);
     let load = Load {
         keys: keys.clone(),
