@@ -22,7 +22,6 @@
 //!   origin without asking); a DELETE needs it only with a body, since a browser asks before
 //!   any DELETE.
 
-use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -138,26 +137,25 @@ impl Guard {
     }
 
     /// The refusals and the open connections, in Prometheus text.
-    pub fn write_metrics(&self, out: &mut String) {
-        let _ = writeln!(
-            out,
-            "# HELP kvswitch_api_refused_total Requests and connections the control API refused \
-             before any handler, by reason.\n# TYPE kvswitch_api_refused_total counter"
+    pub fn write_metrics(&self, m: &mut crate::metrics::Exposition) {
+        use crate::metrics::Kind;
+        m.family(
+            "kvswitch_api_refused_total",
+            Kind::Counter,
+            "Requests and connections the control API refused before any handler, by reason.",
         );
         for why in Refusal::ALL {
-            let _ = writeln!(
-                out,
-                "kvswitch_api_refused_total{{reason=\"{}\"}} {}",
-                why.name(),
-                self.refused(why)
+            m.sample(
+                "kvswitch_api_refused_total",
+                &[("reason", why.name())],
+                self.refused(why),
             );
         }
-        let _ = writeln!(
-            out,
-            "# HELP kvswitch_api_connections Connections the control API holds open (at most \
-             its api_max_connections).\n# TYPE kvswitch_api_connections gauge\n\
-             kvswitch_api_connections {}",
-            self.open()
+        m.single(
+            "kvswitch_api_connections",
+            Kind::Gauge,
+            "Connections the control API holds open (at most its api_max_connections).",
+            self.open(),
         );
     }
 

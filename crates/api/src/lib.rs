@@ -7,6 +7,7 @@
 pub mod client;
 mod error;
 pub mod guard;
+pub mod metrics;
 pub mod pool;
 pub mod server;
 

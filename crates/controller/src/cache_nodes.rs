@@ -9,8 +9,8 @@
 //! controller's check covers every switch of the fleet from one place, and switches without a
 //! local port, which cannot probe.
 
+use api::metrics::{Exposition, Kind};
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -175,37 +175,32 @@ pub(super) fn status(nodes: &BTreeMap<Ipv4Addr, CacheNode>) -> Value {
 }
 
 /// The cache nodes' metric families.
-pub(super) fn metrics(nodes: &BTreeMap<Ipv4Addr, CacheNode>, out: &mut String) {
-    type Figure = (
-        &'static str,
-        &'static str,
-        &'static str,
-        fn(&CacheNode) -> u64,
-    );
+pub(super) fn metrics(nodes: &BTreeMap<Ipv4Addr, CacheNode>, m: &mut Exposition) {
+    type Figure = (&'static str, &'static str, Kind, fn(&CacheNode) -> u64);
     const FIGURES: [Figure; 3] = [
         (
             "kvswitch_controller_cache_node_up",
             "1 while the cache node answers its probes.",
-            "gauge",
+            Kind::Gauge,
             |n| u64::from(n.health.up),
         ),
         (
             "kvswitch_controller_cache_node_entries",
             "Steering entries leading to the cache node, over every switch.",
-            "gauge",
+            Kind::Gauge,
             |n| n.entries as u64,
         ),
         (
             "kvswitch_controller_steer_removed_total",
             "Steering entries removed because the cache node they led to did not answer.",
-            "counter",
+            Kind::Counter,
             |n| n.removed,
         ),
     ];
     for (name, help, kind, pick) in FIGURES {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        m.family(name, kind, help);
         for (ip, n) in nodes {
-            let _ = writeln!(out, "{name}{{cache_node=\"{ip}\"}} {}", pick(n));
+            m.sample(name, &[("cache_node", &ip.to_string())], pick(n));
         }
     }
 }

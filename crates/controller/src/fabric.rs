@@ -6,7 +6,7 @@
 //! etcd before it is installed, and a controller that takes the lead carries on from the
 //! stored one: its failed switches stay failed until they answer, and versions only grow.
 
-use std::fmt::Write as _;
+use api::metrics::{Exposition, Kind};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -125,34 +125,32 @@ pub(super) fn status(s: &Option<FabricStatus>) -> Value {
 }
 
 /// The fabric's metrics.
-pub(super) fn metrics(s: &Option<FabricStatus>, out: &mut String) {
+pub(super) fn metrics(s: &Option<FabricStatus>, m: &mut Exposition) {
     let Some(s) = s else {
         return;
     };
-    let _ = writeln!(
-        out,
-        "# HELP kvswitch_controller_fabric_registration_version The registration table's \
-         version installed last.\n# TYPE kvswitch_controller_fabric_registration_version \
-         gauge\nkvswitch_controller_fabric_registration_version {}",
-        s.version
+    m.single(
+        "kvswitch_controller_fabric_registration_version",
+        Kind::Gauge,
+        "The registration table's version installed last.",
+        s.version,
     );
-    let _ = writeln!(
-        out,
-        "# HELP kvswitch_controller_fabric_tables_total Registration tables installed.\n\
-         # TYPE kvswitch_controller_fabric_tables_total counter\n\
-         kvswitch_controller_fabric_tables_total {}",
-        s.tables
+    m.single(
+        "kvswitch_controller_fabric_tables_total",
+        Kind::Counter,
+        "Registration tables installed.",
+        s.tables,
     );
-    let _ = writeln!(
-        out,
-        "# HELP kvswitch_controller_fabric_switch_up 1 while the fabric switch answers its \
-         probes.\n# TYPE kvswitch_controller_fabric_switch_up gauge"
+    m.family(
+        "kvswitch_controller_fabric_switch_up",
+        Kind::Gauge,
+        "1 while the fabric switch answers its probes.",
     );
     for (name, alive, _) in &s.switches {
-        let _ = writeln!(
-            out,
-            "kvswitch_controller_fabric_switch_up{{switch=\"{name}\"}} {}",
-            u8::from(*alive)
+        m.sample(
+            "kvswitch_controller_fabric_switch_up",
+            &[("switch", name)],
+            u8::from(*alive),
         );
     }
 }

@@ -14,8 +14,8 @@
 //! which also serves the dashboard (`dashboard.html`, reading `/api/v1/fleet` once a second);
 //! with a store, a fourth, the elector (see [`etcd`]).
 
+use api::metrics::{Exposition, Kind, CONTENT_TYPE};
 use std::collections::{BTreeMap, HashMap};
-use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -1221,96 +1221,79 @@ async fn status(State(shared): State<Arc<Shared>>) -> Json<Value> {
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     let f = shared.fleet();
-    let mut out = String::new();
-    let mut family = |name: &str, help: &str, kind: &str, rows: Vec<(String, u64)>| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (labels, v) in rows {
-            let _ = writeln!(out, "{name}{{{labels}}} {v}");
-        }
-    };
-    type ServerFigure = (&'static str, &'static str, &'static str, fn(&Health) -> u64);
+    let mut m = Exposition::new();
+    type ServerFigure = (&'static str, &'static str, Kind, fn(&Health) -> u64);
     const SERVERS: [ServerFigure; 5] = [
         (
             "kvswitch_controller_server_up",
             "1 while the server is in the pool.",
-            "gauge",
+            Kind::Gauge,
             |h| u64::from(h.up),
         ),
         (
             "kvswitch_controller_probes_total",
             "Probes sent.",
-            "counter",
+            Kind::Counter,
             |h| h.probes,
         ),
         (
             "kvswitch_controller_probe_failures_total",
             "Probes that failed.",
-            "counter",
+            Kind::Counter,
             |h| h.failures,
         ),
         (
             "kvswitch_controller_server_downs_total",
             "Times the server was marked down.",
-            "counter",
+            Kind::Counter,
             |h| h.downs,
         ),
         (
             "kvswitch_controller_server_tkos_total",
             "Times the switches' reports of failed requests marked the server down (TKO).",
-            "counter",
+            Kind::Counter,
             |h| h.tkos,
         ),
     ];
     for (name, help, kind, pick) in SERVERS {
-        let rows = f
-            .servers
-            .iter()
-            .zip(&f.health)
-            .map(|(s, h)| (format!("server=\"{}\"", s.label()), pick(h)))
-            .collect();
-        family(name, help, kind, rows);
+        m.family(name, kind, help);
+        for (s, h) in f.servers.iter().zip(&f.health) {
+            m.sample(name, &[("server", &s.label())], pick(h));
+        }
     }
-    type SwitchFigure = (
-        &'static str,
-        &'static str,
-        &'static str,
-        fn(&SwitchState) -> u64,
-    );
+    type SwitchFigure = (&'static str, &'static str, Kind, fn(&SwitchState) -> u64);
     const SWITCHES: [SwitchFigure; 3] = [
         (
             "kvswitch_controller_switch_in_step",
             "1 while the switch's pool matched at the last sync.",
-            "gauge",
+            Kind::Gauge,
             |s| u64::from(s.in_step),
         ),
         (
             "kvswitch_controller_switch_changes_total",
             "Servers added, removed or reweighted on the switch.",
-            "counter",
+            Kind::Counter,
             |s| s.changes,
         ),
         (
             "kvswitch_controller_switch_errors_total",
             "Syncs that failed.",
-            "counter",
+            Kind::Counter,
             |s| s.errors,
         ),
     ];
     for (name, help, kind, pick) in SWITCHES {
-        let rows = f
-            .file
-            .switches
-            .iter()
-            .zip(&f.switches)
-            .map(|(sw, st)| (format!("switch=\"{}\"", sw.name), pick(st)))
-            .collect();
-        family(name, help, kind, rows);
+        m.family(name, kind, help);
+        for (sw, st) in f.file.switches.iter().zip(&f.switches) {
+            m.sample(name, &[("switch", &sw.name)], pick(st));
+        }
     }
-    cache_nodes::metrics(&f.cache_nodes, &mut out);
-    routes::metrics(&shared.routes, &mut out);
-    fabric::metrics(&f.fabric, &mut out);
-    shared.guard.write_metrics(&mut out);
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+    cache_nodes::metrics(&f.cache_nodes, &mut m);
+    routes::metrics(&shared.routes, &mut m);
+    fabric::metrics(&f.fabric, &mut m);
+    shared.guard.write_metrics(&mut m);
+    m.standard("controller");
+    ([(header::CONTENT_TYPE, CONTENT_TYPE)], m.finish()).into_response()
 }
 
 async fn add_server(State(shared): State<Arc<Shared>>, headers: HeaderMap, bytes: Bytes) -> Reply {

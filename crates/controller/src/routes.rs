@@ -20,8 +20,8 @@
 //! before the flip stops the update: what was added is taken out again, and the old version
 //! stays in force everywhere.
 
+use api::metrics::{self, Exposition};
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -890,36 +890,38 @@ pub(super) fn status(routes: &Routes) -> JsonValue {
     })
 }
 
-/// The routes' metrics, appended to `out`.
-pub(super) fn metrics(routes: &Routes, out: &mut String) {
+/// The routes' metrics.
+pub(super) fn metrics(routes: &Routes, m: &mut Exposition) {
     let st = routes.state();
-    let _ = writeln!(
-        out,
-        "# HELP kvswitch_controller_routes_version The routes' version every edge port stamps (0: none yet).\n\
-         # TYPE kvswitch_controller_routes_version gauge\n\
-         kvswitch_controller_routes_version {}",
-        st.current.unwrap_or(0)
+    m.single(
+        "kvswitch_controller_routes_version",
+        metrics::Kind::Gauge,
+        "The routes' version every edge port stamps (0: none yet).",
+        st.current.unwrap_or(0),
     );
-    let _ = writeln!(
-        out,
-        "# HELP kvswitch_controller_routes_updates_total Updates of the routes, by outcome.\n\
-         # TYPE kvswitch_controller_routes_updates_total counter\n\
-         kvswitch_controller_routes_updates_total{{outcome=\"ok\"}} {}\n\
-         kvswitch_controller_routes_updates_total{{outcome=\"failed\"}} {}",
-        st.updates - st.failed,
-        st.failed
+    m.family(
+        "kvswitch_controller_routes_updates_total",
+        metrics::Kind::Counter,
+        "Updates of the routes, by outcome.",
     );
+    for (outcome, n) in [("ok", st.updates - st.failed), ("failed", st.failed)] {
+        m.sample(
+            "kvswitch_controller_routes_updates_total",
+            &[("outcome", outcome)],
+            n,
+        );
+    }
     if let Some(last) = &st.last {
-        let _ = writeln!(
-            out,
-            "# HELP kvswitch_controller_routes_phase_seconds How long each phase of the last update took.\n\
-             # TYPE kvswitch_controller_routes_phase_seconds gauge"
+        m.family(
+            "kvswitch_controller_routes_phase_seconds",
+            metrics::Kind::Gauge,
+            "How long each phase of the last update took.",
         );
         for (phase, d) in &last.phases {
-            let _ = writeln!(
-                out,
-                "kvswitch_controller_routes_phase_seconds{{phase=\"{phase}\"}} {}",
-                d.as_secs_f64()
+            m.sample(
+                "kvswitch_controller_routes_phase_seconds",
+                &[("phase", phase)],
+                d.as_secs_f64(),
             );
         }
     }

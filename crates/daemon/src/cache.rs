@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use api::metrics::{Exposition, Kind};
 use serde_json::json;
 
 use wire::memcache::MAX_KEY_LEN;
@@ -10,7 +11,7 @@ use wire::memcache::MAX_KEY_LEN;
 pub use switch::cache::*;
 
 /// The cache families of `/metrics`, one series per pool.
-pub fn write_metrics(out: &mut String, caches: &[(String, Arc<CacheService>)]) {
+pub fn write_metrics(m: &mut Exposition, caches: &[(String, Arc<CacheService>)]) {
     if caches.is_empty() {
         return;
     }
@@ -73,7 +74,7 @@ pub fn write_metrics(out: &mut String, caches: &[(String, Arc<CacheService>)]) {
     for (name, help, read) in counters {
         let name = format!("kvswitch_cache_{name}_total");
         let samples = snapshots.iter().map(|(pool, c, _)| (*pool, read(c) as f64));
-        write_family(out, &name, "counter", help, samples);
+        write_family(m, &name, Kind::Counter, help, samples);
     }
     type Gauge = fn(&kv::cache::Gauges) -> f64;
     let gauges: [(&str, &str, Gauge); 7] = [
@@ -104,22 +105,21 @@ pub fn write_metrics(out: &mut String, caches: &[(String, Arc<CacheService>)]) {
     for (name, help, read) in gauges {
         let name = format!("kvswitch_cache_{name}");
         let samples = snapshots.iter().map(|(pool, _, g)| (*pool, read(g)));
-        write_family(out, &name, "gauge", help, samples);
+        write_family(m, &name, Kind::Gauge, help, samples);
     }
 }
 
 /// One metric family: its help and type, then one sample per pool.
 fn write_family<'p>(
-    out: &mut String,
+    m: &mut Exposition,
     name: &str,
-    kind: &str,
+    kind: Kind,
     help: &str,
     samples: impl Iterator<Item = (&'p str, f64)>,
 ) {
-    use std::fmt::Write as _;
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    m.family(name, kind, help);
     for (pool, value) in samples {
-        let _ = writeln!(out, "{name}{{pool=\"{pool}\"}} {value}");
+        m.sample(name, &[("pool", pool)], value);
     }
 }
 

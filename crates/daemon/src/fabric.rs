@@ -23,7 +23,8 @@ use std::sync::{Arc, Mutex};
 use anyhow::Context;
 use api::guard::{ApiServing, Guard, MAX_BODY};
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use axum::{Json, Router};
 use config::fabric::FabricConfig;
@@ -204,34 +205,46 @@ async fn fabric_status(State(shared): State<Arc<Shared>>) -> Json<Value> {
     Json(status_json(&shared, snap))
 }
 
-/// Every number of the status as a Prometheus gauge or counter.
-async fn metrics(State(shared): State<Arc<Shared>>) -> String {
+/// Every number of the status as a Prometheus counter (`kvswitch_fabric_{group}_{name}_total`)
+/// or, for the cache's items and capacity and each link, a gauge.
+async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    use api::metrics::{Exposition, Kind, CONTENT_TYPE};
     let snap = fresh(&shared).await;
     let v = status_json(&shared, snap);
-    let mut out = String::new();
-    let switch = &shared.name;
+    let mut m = Exposition::new();
+    let switch = shared.name.as_str();
     for group in ["stats", "cache", "directory"] {
-        if let Some(map) = v[group].as_object() {
-            for (k, n) in map {
-                if let Some(n) = n.as_u64() {
-                    out.push_str(&format!(
-                        "kvswitch_fabric_{group}_{k}{{switch=\"{switch}\"}} {n}\n"
-                    ));
+        let Some(map) = v[group].as_object() else {
+            continue;
+        };
+        for (k, n) in map {
+            let Some(n) = n.as_u64() else { continue };
+            let (name, kind) = match (group, k.as_str()) {
+                ("cache", "items" | "capacity") => {
+                    (format!("kvswitch_fabric_cache_{k}"), Kind::Gauge)
                 }
-            }
+                _ => (format!("kvswitch_fabric_{group}_{k}_total"), Kind::Counter),
+            };
+            let help = format!("The fabric switch's {group} figure `{k}` (see its status).");
+            m.family(&name, kind, &help);
+            m.sample(&name, &[("switch", switch)], n);
         }
     }
-    if let Some(links) = v["links"].as_array() {
-        for l in links {
-            out.push_str(&format!(
-                "kvswitch_fabric_link_up{{switch=\"{switch}\",to=\"{}\"}} {}\n",
-                l["to"].as_str().unwrap_or("?"),
-                u8::from(l["up"] == true)
-            ));
-        }
+    m.family(
+        "kvswitch_fabric_link_up",
+        Kind::Gauge,
+        "1 while the link to the switch `to` answers.",
+    );
+    for l in v["links"].as_array().into_iter().flatten() {
+        m.sample(
+            "kvswitch_fabric_link_up",
+            &[("switch", switch), ("to", l["to"].as_str().unwrap_or("?"))],
+            u8::from(l["up"] == true),
+        );
     }
-    shared.guard.write_metrics(&mut out);
-    out
+    shared.guard.write_metrics(&mut m);
+    m.standard("fabric");
+    ([(header::CONTENT_TYPE, CONTENT_TYPE)], m.finish()).into_response()
 }
 
 #[derive(Deserialize)]

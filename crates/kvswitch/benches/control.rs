@@ -41,9 +41,7 @@ const WINDOWS: usize = 10;
 struct Quiet;
 
 impl Exporter for Quiet {
-    fn metrics(&self) -> String {
-        String::new()
-    }
+    fn metrics(&self, _: &mut api::metrics::Exposition) {}
 
     fn status(&self) -> Value {
         json!({})

@@ -84,8 +84,8 @@ struct ProxyExporter {
 }
 
 impl api::Exporter for ProxyExporter {
-    fn metrics(&self) -> String {
-        api::Exporter::metrics(self.stats.as_ref())
+    fn metrics(&self, m: &mut ::api::metrics::Exposition) {
+        self.stats.write_metrics(m);
     }
 
     fn status(&self) -> serde_json::Value {

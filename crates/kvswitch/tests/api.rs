@@ -32,8 +32,13 @@ const PORTS: usize = 3;
 struct Counters(Arc<Stats>);
 
 impl Exporter for Counters {
-    fn metrics(&self) -> String {
-        "# a switch under test\n".into()
+    fn metrics(&self, m: &mut api::metrics::Exposition) {
+        m.single(
+            "kvswitch_test_rig",
+            api::metrics::Kind::Gauge,
+            "A switch under test.",
+            1,
+        );
     }
 
     fn status(&self) -> Value {

@@ -233,6 +233,7 @@ fn a_fleet_follows_its_servers_health_and_the_controllers_changes() {
 
     let metrics = ctl.call("GET", "/metrics", None).unwrap();
     let text = metrics.as_str().unwrap_or_default().to_string();
+    api::metrics::lint(&text).unwrap_or_else(|e| panic!("the controller's /metrics: {e}"));
     // Killed and stopped: down twice at least (a loaded machine may see more).
     let downs: u64 = text
         .lines()

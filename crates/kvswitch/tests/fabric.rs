@@ -861,6 +861,19 @@ fn an_attacker_beside_a_server_can_neither_answer_for_it_nor_draw_its_traffic() 
         recorded
     });
     let refused = n(&status(&live, "tor1"), "/stats/refused_sources") - refused_before;
+    // The refusals show on the ToR's /metrics too, as a counter.
+    let api = live.switch_api("tor1").expect("tor1");
+    let (code, text) = testbed::http_get(api, "/metrics").expect("tor1's metrics");
+    assert_eq!(code, 200);
+    api::metrics::lint(&text).unwrap_or_else(|e| panic!("the fabric switch's /metrics: {e}"));
+    let counted: u64 = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("kvswitch_fabric_stats_refused_sources_total{switch=\"tor1\"} ")
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no refused sources in {text}"));
+    assert!(counted >= refused_before + refused, "{counted}");
     println!(
         "fabric attack: {} frames sent, {refused} refused by the home; honest requests seen by \
          the attacker: {}; {} honest operations",

@@ -80,12 +80,33 @@ fn metrics_and_status_follow_the_servers() {
         }
     }
     let metrics = get(api, "/metrics");
+    api::metrics::lint(&metrics).unwrap_or_else(|e| panic!("the proxy's /metrics: {e}"));
     for name in names {
         let labels = format!("{{pool=\"default\",server=\"{name}\"}}");
         for family in ["requests_total", "replies_total"] {
             let series = format!("kvswitch_proxy_server_{family}{labels}");
             assert_eq!(sample(&metrics, &series), Some(5.0), "{series}\n{metrics}");
         }
+        // Each reply's time is in the server's histogram: all five under its +Inf bucket and
+        // its count, none in a bucket beyond a timeout, a time spent.
+        let time = "kvswitch_proxy_server_request_seconds";
+        let inf = format!("{time}_bucket{{pool=\"default\",server=\"{name}\",le=\"+Inf\"}}");
+        assert_eq!(sample(&metrics, &inf), Some(5.0), "{metrics}");
+        assert_eq!(
+            sample(&metrics, &format!("{time}_count{labels}")),
+            Some(5.0)
+        );
+        let sum = sample(&metrics, &format!("{time}_sum{labels}")).expect("the sum");
+        assert!(sum > 0.0 && sum < 5.0, "{sum}");
+        // The buckets are cumulative: never fewer under a larger bound.
+        let prefix = format!("{time}_bucket{{pool=\"default\",server=\"{name}\",le=");
+        let counts: Vec<f64> = metrics
+            .lines()
+            .filter_map(|l| l.strip_prefix(&prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+            .collect();
+        assert!(counts.len() > 10, "{metrics}");
+        assert!(counts.windows(2).all(|w| w[0] <= w[1]), "{counts:?}");
         let up = format!("kvswitch_proxy_server_up{labels}");
         assert_eq!(sample(&metrics, &up), Some(1.0), "{metrics}");
     }

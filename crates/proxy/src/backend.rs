@@ -354,12 +354,20 @@ impl Conn {
     /// Hands the first `count` requests their replies.
     fn release(&self, count: usize) {
         let stats = &self.pool.servers[self.server];
+        let now = Instant::now();
         for _ in 0..count {
             let Some(pending) = self.pending.borrow_mut().pop_front() else {
                 return;
             };
             sub(&stats.in_flight, 1);
             add(&stats.replies, 1);
+            // Every request's deadline is its queueing time plus the pool's timeout.
+            let queued = pending.deadline.checked_sub(self.pool.spec.timeout);
+            if let Some(queued) = queued {
+                stats
+                    .request_time
+                    .observe(now.saturating_duration_since(queued));
+            }
             self.streak.set(0);
             self.pool.server_answered(self.server);
             let reply = if pending.stats {

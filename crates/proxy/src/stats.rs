@@ -4,17 +4,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use api::metrics::{Exposition, Kind};
 use kv::Instant;
 
 use super::pool::{Pool, PoolSpec};
-
-/// A Prometheus label value: backslash, double quote and newline escaped.
-pub fn escape(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
 
 pub(crate) fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
@@ -227,93 +220,130 @@ pub struct ServerStats {
     pub in_flight: AtomicU64,
     pub bytes_sent: AtomicU64,
     pub bytes_received: AtomicU64,
+    /// Time from queueing to reply of each request answered.
+    pub request_time: RequestTime,
+}
+
+/// The upper bounds of [`RequestTime`]'s buckets, in microseconds.
+pub const REQUEST_TIME_BOUNDS_US: [u64; 15] = [
+    25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000,
+];
+
+/// A histogram of request times, written to by every worker at once.
+#[derive(Default)]
+pub struct RequestTime {
+    /// Observations per bucket (not cumulative); the last holds those above every bound.
+    buckets: [AtomicU64; REQUEST_TIME_BOUNDS_US.len() + 1],
+    sum_ns: AtomicU64,
+    count: AtomicU64,
+}
+
+impl RequestTime {
+    pub fn observe(&self, took: std::time::Duration) {
+        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        let i = REQUEST_TIME_BOUNDS_US.partition_point(|&bound| bound < us);
+        add(&self.buckets[i], 1);
+        add(
+            &self.sum_ns,
+            u64::try_from(took.as_nanos()).unwrap_or(u64::MAX),
+        );
+        add(&self.count, 1);
+    }
+
+    /// The cumulative buckets (bound in seconds, observations at most that), the sum in
+    /// seconds and the count.
+    pub fn snapshot(&self) -> (Vec<(f64, u64)>, f64, u64) {
+        let mut total = 0;
+        let buckets = REQUEST_TIME_BOUNDS_US
+            .iter()
+            .zip(&self.buckets)
+            .map(|(&bound, n)| {
+                total += get(n);
+                (bound as f64 / 1e6, total)
+            })
+            .collect();
+        let count = get(&self.count);
+        (buckets, get(&self.sum_ns) as f64 / 1e9, count)
+    }
 }
 
 impl ProxyStats {
     /// Appends the proxy's families to a Prometheus text exposition.
-    pub fn write_metrics(&self, out: &mut String) {
-        use std::fmt::Write as _;
-        let family = |out: &mut String, name: &str, kind: &str, help: &str| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        };
+    pub fn write_metrics(&self, m: &mut Exposition) {
         type PoolField = fn(&PoolStats) -> u64;
-        let pool_families: [(&str, &str, &str, PoolField); 11] = [
+        let pool_families: [(&str, Kind, &str, PoolField); 11] = [
             (
                 "kvswitch_proxy_client_connections",
-                "gauge",
+                Kind::Gauge,
                 "Client connections open.",
                 |p| get(&p.client_connections),
             ),
             (
                 "kvswitch_proxy_client_connections_total",
-                "counter",
+                Kind::Counter,
                 "Client connections accepted.",
                 |p| get(&p.client_connections_total),
             ),
             (
                 "kvswitch_proxy_requests_total",
-                "counter",
+                Kind::Counter,
                 "Requests read from clients.",
                 |p| get(&p.requests),
             ),
             (
                 "kvswitch_proxy_local_replies_total",
-                "counter",
+                Kind::Counter,
                 "Requests the proxy answered itself (no-ops, errors).",
                 |p| get(&p.local_replies),
             ),
             (
                 "kvswitch_proxy_cache_replies_total",
-                "counter",
+                Kind::Counter,
                 "Reads answered from the cache.",
                 |p| get(&p.cache_replies),
             ),
             (
                 "kvswitch_proxy_warm_fills_total",
-                "counter",
+                Kind::Counter,
                 "Items a server warming up was given from the server that held their keys before.",
                 |p| get(&p.warm_fills),
             ),
             (
                 "kvswitch_proxy_client_errors_total",
-                "counter",
+                Kind::Counter,
                 "Malformed or refused client requests.",
                 |p| get(&p.client_errors),
             ),
             (
                 "kvswitch_proxy_client_reply_bytes",
-                "gauge",
+                Kind::Gauge,
                 "Reply bytes received from the servers and not yet written to the pool's clients.",
                 |p| get(&p.reply_bytes),
             ),
             (
                 "kvswitch_proxy_reply_bytes_discarded_total",
-                "counter",
+                Kind::Counter,
                 "Reply bytes thrown away as they arrived, for clients cut off or gone.",
                 |p| get(&p.reply_bytes_discarded),
             ),
             (
                 "kvswitch_proxy_client_bytes_received_total",
-                "counter",
+                Kind::Counter,
                 "Bytes read from clients.",
                 |p| get(&p.bytes_from_clients),
             ),
             (
                 "kvswitch_proxy_client_bytes_sent_total",
-                "counter",
+                Kind::Counter,
                 "Bytes written to clients.",
                 |p| get(&p.bytes_to_clients),
             ),
         ];
         for (name, kind, help, field) in pool_families {
-            family(out, name, kind, help);
+            m.family(name, kind, help);
             for p in &self.pools {
-                let _ = writeln!(
-                    out,
-                    "{name}{{pool=\"{}\"}} {}",
-                    crate::stats::escape(&p.spec.name),
-                    field(p)
-                );
+                m.sample(name, &[("pool", &p.spec.name)], field(p));
             }
         }
         type ReasonField = fn(&PoolStats, usize) -> u64;
@@ -334,14 +364,13 @@ impl ProxyStats {
             ),
         ];
         for (name, help, labels, field) in reasons {
-            family(out, name, "counter", help);
+            m.family(name, Kind::Counter, help);
             for p in &self.pools {
                 for (i, reason) in labels.iter().enumerate() {
-                    let _ = writeln!(
-                        out,
-                        "{name}{{pool=\"{}\",reason=\"{reason}\"}} {}",
-                        crate::stats::escape(&p.spec.name),
-                        field(p, i)
+                    m.sample(
+                        name,
+                        &[("pool", &p.spec.name), ("reason", reason)],
+                        field(p, i),
                     );
                 }
             }
@@ -369,122 +398,132 @@ impl ProxyStats {
             ),
         ];
         for (name, help, value) in process {
-            family(out, name, "gauge", help);
-            let _ = writeln!(out, "{name} {value}");
+            m.single(name, Kind::Gauge, help, value);
         }
         type ServerField = fn(&ServerStats) -> u64;
-        let server_families: [(&str, &str, &str, ServerField); 12] = [
+        let server_families: [(&str, Kind, &str, ServerField); 12] = [
             (
                 "kvswitch_proxy_server_requests_total",
-                "counter",
+                Kind::Counter,
                 "Requests sent to the server.",
                 |s| get(&s.requests),
             ),
             (
                 "kvswitch_proxy_server_replies_total",
-                "counter",
+                Kind::Counter,
                 "Replies read from the server.",
                 |s| get(&s.replies),
             ),
             (
                 "kvswitch_proxy_server_errors_total",
-                "counter",
+                Kind::Counter,
                 "Requests failed with a proxy error because of the server.",
                 |s| get(&s.errors),
             ),
             (
                 "kvswitch_proxy_server_timeouts_total",
-                "counter",
+                Kind::Counter,
                 "Requests that timed out.",
                 |s| get(&s.timeouts),
             ),
             (
                 "kvswitch_proxy_server_out_of_step_total",
-                "counter",
+                Kind::Counter,
                 "Connections dropped because the replies no longer lined up with the requests.",
                 |s| get(&s.out_of_step),
             ),
             (
                 "kvswitch_proxy_server_failures_total",
-                "counter",
+                Kind::Counter,
                 "Failed connects, lost connections and timeouts.",
                 |s| get(&s.failures),
             ),
             (
                 "kvswitch_proxy_server_ejections_total",
-                "counter",
+                Kind::Counter,
                 "Times the server was taken out of the ring.",
                 |s| get(&s.ejections),
             ),
             (
                 "kvswitch_proxy_server_connections",
-                "gauge",
+                Kind::Gauge,
                 "Connections open to the server.",
                 |s| get(&s.connections),
             ),
             (
                 "kvswitch_proxy_server_connects_total",
-                "counter",
+                Kind::Counter,
                 "Connections made to the server.",
                 |s| get(&s.connects),
             ),
             (
                 "kvswitch_proxy_server_in_flight",
-                "gauge",
+                Kind::Gauge,
                 "Requests sent and not yet answered.",
                 |s| get(&s.in_flight),
             ),
             (
                 "kvswitch_proxy_server_bytes_sent_total",
-                "counter",
+                Kind::Counter,
                 "Bytes written to the server.",
                 |s| get(&s.bytes_sent),
             ),
             (
                 "kvswitch_proxy_server_bytes_received_total",
-                "counter",
+                Kind::Counter,
                 "Bytes read from the server.",
                 |s| get(&s.bytes_received),
             ),
         ];
+        // The pools' servers, those removed left out.
+        let servers: Vec<(&PoolStats, usize, String, &ServerStats)> = self
+            .pools
+            .iter()
+            .flat_map(|p| {
+                let spec = p.pool.spec();
+                spec.servers
+                    .iter()
+                    .zip(&p.servers)
+                    .enumerate()
+                    .filter(|(i, _)| !p.pool.health(*i).removed)
+                    .map(|(i, (server, s))| (p.as_ref(), i, server.label(), s))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
         for (name, kind, help, field) in server_families {
-            family(out, name, kind, help);
-            for p in &self.pools {
-                let servers = p.pool.spec();
-                for (i, (spec, s)) in servers.servers.iter().zip(&p.servers).enumerate() {
-                    if p.pool.health(i).removed {
-                        continue;
-                    }
-                    let _ = writeln!(
-                        out,
-                        "{name}{{pool=\"{}\",server=\"{}\"}} {}",
-                        crate::stats::escape(&p.spec.name),
-                        crate::stats::escape(&spec.label()),
-                        field(s)
-                    );
-                }
+            m.family(name, kind, help);
+            for (p, _, label, s) in &servers {
+                m.sample(name, &[("pool", &p.spec.name), ("server", label)], field(s));
             }
         }
         let now = kvio::clock::now();
-        family(
-            out,
+        m.family(
             "kvswitch_proxy_server_up",
-            "gauge",
+            Kind::Gauge,
             "1 while the server is in the ring, 0 while ejected.",
         );
-        for p in &self.pools {
-            for (i, spec) in p.pool.spec().servers.iter().enumerate() {
-                if p.pool.health(i).removed {
-                    continue;
-                }
-                let _ = writeln!(
-                    out,
-                    "kvswitch_proxy_server_up{{pool=\"{}\",server=\"{}\"}} {}",
-                    crate::stats::escape(&p.spec.name),
-                    crate::stats::escape(&spec.label()),
-                    u8::from(!p.pool.is_down(i, now))
-                );
-            }
+        for (p, i, label, _) in &servers {
+            m.sample(
+                "kvswitch_proxy_server_up",
+                &[("pool", &p.spec.name), ("server", label)],
+                u8::from(!p.pool.is_down(*i, now)),
+            );
+        }
+        m.family(
+            "kvswitch_proxy_server_request_seconds",
+            Kind::Histogram,
+            "Time from a request's queueing for the server to its reply, in seconds (requests \
+             that failed or timed out are not counted).",
+        );
+        for (p, _, label, s) in &servers {
+            let (buckets, sum, count) = s.request_time.snapshot();
+            m.histogram(
+                "kvswitch_proxy_server_request_seconds",
+                &[("pool", &p.spec.name), ("server", label)],
+                &buckets,
+                sum,
+                count,
+            );
         }
     }
 

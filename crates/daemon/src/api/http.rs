@@ -280,10 +280,20 @@ async fn index() -> Response {
 }
 
 async fn metrics(State(api): State<Shared>) -> Response {
-    let mut out = api.exporter.metrics();
-    cache::write_metrics(&mut out, &api.exporter.caches());
-    api.guard.write_metrics(&mut out);
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out).into_response()
+    let mut m = ::api::metrics::Exposition::new();
+    api.exporter.metrics(&mut m);
+    cache::write_metrics(&mut m, &api.exporter.caches());
+    api.guard.write_metrics(&mut m);
+    m.standard(if api.switch.is_some() {
+        "switch"
+    } else {
+        "proxy"
+    });
+    (
+        [(header::CONTENT_TYPE, ::api::metrics::CONTENT_TYPE)],
+        m.finish(),
+    )
+        .into_response()
 }
 
 /// The controller's dashboard, for this switch (or proxy) alone.

@@ -9,15 +9,14 @@ pub use ::api::guard;
 pub use ::api::{api_token, TOKEN_ENV};
 pub use http::{serve, Api};
 
-use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use serde_json::json;
 
 use crate::cache::CacheService;
+use ::api::metrics::{Exposition, Kind};
 use config::{Config, Mode};
-use proxy::stats::escape;
 use proxy::ProxyStats;
 use switch::pool::Pool;
 use switch::stats::{get, Answer, Drop, Stats};
@@ -45,8 +44,8 @@ pub struct Shared {
 
 /// What an API server shows.
 pub trait Exporter: Send + Sync + 'static {
-    /// The Prometheus text exposition.
-    fn metrics(&self) -> String;
+    /// Its families of the Prometheus text exposition.
+    fn metrics(&self, m: &mut Exposition);
     /// The status document.
     fn status(&self) -> serde_json::Value;
     /// Its ports and their counters (none by default).
@@ -60,24 +59,28 @@ pub trait Exporter: Send + Sync + 'static {
 }
 
 impl Exporter for Shared {
-    fn metrics(&self) -> String {
-        let mut out = metrics(self);
+    fn metrics(&self, m: &mut Exposition) {
+        metrics(self, m);
         let removed = self
             .steer
             .removed
             .load(std::sync::atomic::Ordering::Relaxed);
         let down = self.steer.down.lock().map_or(0, |d| d.len());
-        let _ = writeln!(
-            out,
-            "# HELP kvswitch_steer_removed_total kv_steer entries removed because the cache node they led to stopped answering.\n\
-             # TYPE kvswitch_steer_removed_total counter\nkvswitch_steer_removed_total {removed}\n\
-             # HELP kvswitch_steer_nodes_down Cache nodes whose steering entries were removed and that have not answered since.\n\
-             # TYPE kvswitch_steer_nodes_down gauge\nkvswitch_steer_nodes_down {down}"
+        m.single(
+            "kvswitch_steer_removed_total",
+            Kind::Counter,
+            "kv_steer entries removed because the cache node they led to stopped answering.",
+            removed,
+        );
+        m.single(
+            "kvswitch_steer_nodes_down",
+            Kind::Gauge,
+            "Cache nodes whose steering entries were removed and that have not answered since.",
+            down,
         );
         if let Some(proxy) = self.proxy.get() {
-            proxy.write_metrics(&mut out);
+            proxy.write_metrics(m);
         }
-        out
     }
 
     fn status(&self) -> serde_json::Value {
@@ -116,10 +119,8 @@ impl Exporter for Shared {
 }
 
 impl Exporter for ProxyStats {
-    fn metrics(&self) -> String {
-        let mut out = String::with_capacity(4096);
-        self.write_metrics(&mut out);
-        out
+    fn metrics(&self, m: &mut Exposition) {
+        self.write_metrics(m);
     }
 
     fn status(&self) -> serde_json::Value {
@@ -133,37 +134,28 @@ impl Exporter for ProxyStats {
 /// Cached keys listed in the status document.
 pub(crate) const STATUS_ENTRIES: usize = 20;
 
-/// The Prometheus text exposition.
-pub fn metrics(shared: &Shared) -> String {
+/// The switch's families of the Prometheus text exposition.
+pub fn metrics(shared: &Shared, m: &mut Exposition) {
     let s = &shared.stats;
-    let mut out = String::with_capacity(4096);
-    let family = |out: &mut String, name: &str, kind: &str, help: &str| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-    };
-    family(
-        &mut out,
+    let port_names = &shared.port_names;
+    m.family(
         "kvswitch_port_packets_total",
-        "counter",
+        Kind::Counter,
         "Frames per port and direction.",
     );
-    for (i, p) in s.ports.iter().enumerate() {
-        let name = escape(&shared.port_names[i]);
-        let _ = writeln!(
-            out,
-            "kvswitch_port_packets_total{{port=\"{name}\",dir=\"rx\"}} {}",
-            get(&p.rx_packets)
-        );
-        let _ = writeln!(
-            out,
-            "kvswitch_port_packets_total{{port=\"{name}\",dir=\"tx\"}} {}",
-            get(&p.tx_packets)
-        );
+    for (name, p) in port_names.iter().zip(&s.ports) {
+        for (dir, n) in [("rx", &p.rx_packets), ("tx", &p.tx_packets)] {
+            m.sample(
+                "kvswitch_port_packets_total",
+                &[("port", name), ("dir", dir)],
+                get(n),
+            );
+        }
     }
     let fast = shared.fast.get();
-    family(
-        &mut out,
+    m.family(
         "kvswitch_xdp_frames_total",
-        "counter",
+        Kind::Counter,
         "Frames the XDP fast path handled, by outcome (passed: handed to the switch, whose own \
          counters then count them).",
     );
@@ -176,154 +168,126 @@ pub fn metrics(shared: &Shared) -> String {
         ("reply_limited", c.reply_limited),
         ("passed", c.passed),
     ] {
-        let _ = writeln!(
-            out,
-            "kvswitch_xdp_frames_total{{outcome=\"{outcome}\"}} {n}"
-        );
+        m.sample("kvswitch_xdp_frames_total", &[("outcome", outcome)], n);
     }
-    family(
-        &mut out,
+    m.family(
         "kvswitch_xdp_passed_total",
-        "counter",
+        Kind::Counter,
         "Frames the XDP fast path handed to the switch, by why.",
     );
     for ((reason, _), n) in xdp::PASS_REASONS.iter().zip(c.passed_by) {
-        let _ = writeln!(out, "kvswitch_xdp_passed_total{{reason=\"{reason}\"}} {n}");
+        m.sample("kvswitch_xdp_passed_total", &[("reason", reason)], n);
     }
-    family(
-        &mut out,
+    m.family(
         "kvswitch_port_xdp",
-        "gauge",
+        Kind::Gauge,
         "1 when the XDP fast path runs on the port.",
     );
-    for (i, name) in shared.port_names.iter().enumerate() {
+    for (i, name) in port_names.iter().enumerate() {
         let on = fast.ports.get(i).is_some_and(|p| p.starts_with("xdp"));
-        let _ = writeln!(
-            out,
-            "kvswitch_port_xdp{{port=\"{}\"}} {}",
-            escape(name),
-            u8::from(on)
-        );
+        m.sample("kvswitch_port_xdp", &[("port", name)], u8::from(on));
     }
-    family(
-        &mut out,
+    m.family(
         "kvswitch_port_bytes_total",
-        "counter",
+        Kind::Counter,
         "Bytes per port and direction.",
     );
-    for (i, p) in s.ports.iter().enumerate() {
-        let name = escape(&shared.port_names[i]);
-        let _ = writeln!(
-            out,
-            "kvswitch_port_bytes_total{{port=\"{name}\",dir=\"rx\"}} {}",
-            get(&p.rx_bytes)
-        );
-        let _ = writeln!(
-            out,
-            "kvswitch_port_bytes_total{{port=\"{name}\",dir=\"tx\"}} {}",
-            get(&p.tx_bytes)
-        );
+    for (name, p) in port_names.iter().zip(&s.ports) {
+        for (dir, n) in [("rx", &p.rx_bytes), ("tx", &p.tx_bytes)] {
+            m.sample(
+                "kvswitch_port_bytes_total",
+                &[("port", name), ("dir", dir)],
+                get(n),
+            );
+        }
     }
-    family(
-        &mut out,
+    let servers = shared.pool.spec();
+    // The pool's servers (those removed left out) with their labels and counters.
+    let in_pool: Vec<(usize, String, &switch::stats::BackendCounters)> = servers
+        .servers
+        .iter()
+        .zip(&s.backends)
+        .enumerate()
+        .filter(|(i, _)| !shared.pool.health(*i).removed)
+        .map(|(i, (server, b))| (i, server.label(), b))
+        .collect();
+    m.family(
         "kvswitch_backend_requests_total",
-        "counter",
+        Kind::Counter,
         "memcached requests sent to each server (a read steered to a cache node is none).",
     );
-    let servers = shared.pool.spec();
-    for (i, (server, b)) in servers.servers.iter().zip(&s.backends).enumerate() {
-        if shared.pool.health(i).removed {
-            continue;
-        }
-        let label = escape(&server.label());
-        let _ = writeln!(
-            out,
-            "kvswitch_backend_requests_total{{backend=\"{label}\"}} {}",
-            get(&b.requests)
+    for (_, label, b) in &in_pool {
+        m.sample(
+            "kvswitch_backend_requests_total",
+            &[("backend", label)],
+            get(&b.requests),
         );
     }
     let now = kvio::clock::now();
-    family(
-        &mut out,
+    m.family(
         "kvswitch_backend_in_ring",
-        "gauge",
-        "1 while the server is in the pool's ring (both the UDP path and the proxy route to it), 0 while it is out.",
+        Kind::Gauge,
+        "1 while the server is in the pool's ring (both the UDP path and the proxy route to \
+         it), 0 while it is out.",
     );
-    for (i, server) in servers.servers.iter().enumerate() {
-        if shared.pool.health(i).removed {
-            continue;
-        }
-        let label = escape(&server.label());
-        let _ = writeln!(
-            out,
-            "kvswitch_backend_in_ring{{backend=\"{label}\"}} {}",
-            u8::from(!shared.pool.is_down(i, now))
+    for (i, label, _) in &in_pool {
+        m.sample(
+            "kvswitch_backend_in_ring",
+            &[("backend", label)],
+            u8::from(!shared.pool.is_down(*i, now)),
         );
     }
-    family(
-        &mut out,
+    m.single(
         "kvswitch_pool_version",
-        "gauge",
-        "Changes of the pool's ring since start (a server taken out or put back).",
+        Kind::Gauge,
+        "The pool's version: changes of its ring since start (a server taken out or put back, \
+         added, removed or reweighted). A gauge, not a counter: it names the ring in force, and \
+         a restart starts it again.",
+        shared.pool.version(),
     );
-    let _ = writeln!(out, "kvswitch_pool_version {}", shared.pool.version());
-    family(
-        &mut out,
+    m.family(
         "kvswitch_backend_replies_total",
-        "counter",
+        Kind::Counter,
         "UDP replies from each server's memcached port that crossed the switch.",
     );
-    for (i, (server, b)) in servers.servers.iter().zip(&s.backends).enumerate() {
-        if shared.pool.health(i).removed {
-            continue;
-        }
-        let label = escape(&server.label());
-        let _ = writeln!(
-            out,
-            "kvswitch_backend_replies_total{{backend=\"{label}\"}} {}",
-            get(&b.replies)
+    for (_, label, b) in &in_pool {
+        m.sample(
+            "kvswitch_backend_replies_total",
+            &[("backend", label)],
+            get(&b.replies),
         );
     }
-    family(
-        &mut out,
+    m.family(
         "kvswitch_drops_total",
-        "counter",
+        Kind::Counter,
         "Frames dropped, by reason.",
     );
     for d in Drop::ALL {
-        let _ = writeln!(
-            out,
-            "kvswitch_drops_total{{reason=\"{}\"}} {}",
-            d.name(),
-            get(&s.drops[d as usize])
+        m.sample(
+            "kvswitch_drops_total",
+            &[("reason", d.name())],
+            get(&s.drops[d as usize]),
         );
     }
-    family(
-        &mut out,
+    m.family(
         "kvswitch_answers_total",
-        "counter",
+        Kind::Counter,
         "Requests the switch answered itself, by kind.",
     );
     for a in Answer::ALL {
-        let _ = writeln!(
-            out,
-            "kvswitch_answers_total{{kind=\"{}\"}} {}",
-            a.name(),
-            get(&s.answers[a as usize])
+        m.sample(
+            "kvswitch_answers_total",
+            &[("kind", a.name())],
+            get(&s.answers[a as usize]),
         );
     }
-    family(
-        &mut out,
+    m.family(
         "kvswitch_switchkv_queries_total",
-        "counter",
+        Kind::Counter,
         "Queries a SwitchKV client encoded (key hash in the destination MAC), by prefix.",
     );
     for (kind, n) in [("get", &s.switchkv_gets), ("other", &s.switchkv_others)] {
-        let _ = writeln!(
-            out,
-            "kvswitch_switchkv_queries_total{{kind=\"{kind}\"}} {}",
-            get(n)
-        );
+        m.sample("kvswitch_switchkv_queries_total", &[("kind", kind)], get(n));
     }
     let singles: [(&str, &str, u64); 11] = [
         (
@@ -380,14 +344,12 @@ pub fn metrics(shared: &Shared) -> String {
     ];
     for (name, help, value) in singles {
         let kind = if name.ends_with("_total") {
-            "counter"
+            Kind::Counter
         } else {
-            "gauge"
+            Kind::Gauge
         };
-        family(&mut out, name, kind, help);
-        let _ = writeln!(out, "{name} {value}");
+        m.single(name, kind, help, value);
     }
-    out
 }
 
 /// Each port with its counters.

@@ -356,9 +356,13 @@ pub fn check_fast_path(live: &testbed::Live) {
 /// How long a call of [`check_fast_path`] waits for its reply.
 const T_FAST: Duration = Duration::from_secs(2);
 
+/// The switch's `/metrics`, checked against the exposition's conventions.
 pub fn metrics(live: &testbed::Live) -> String {
     let (code, body) = testbed::http_get(live.api(), "/metrics").expect("metrics");
     assert_eq!(code, 200);
+    if let Err(e) = api::metrics::lint(&body) {
+        panic!("the switch's /metrics: {e}");
+    }
     body
 }
 
