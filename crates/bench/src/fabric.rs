@@ -409,7 +409,7 @@ fn run_compute(
     let server = f.ip(if op == "increment" { HOME_NODE } else { "s1" });
     // Every key starts at 0.
     f.live.in_host("c1", move || -> anyhow::Result<()> {
-        let mut c = inc::Client::connect(server, Duration::from_secs(1))?;
+        let mut c = client::fabric::Client::connect(server, Duration::from_secs(1))?;
         for k in 0..COMPUTE_KEYS {
             c.set(&format!("cp:{k}"), b"0")?;
         }
@@ -508,7 +508,7 @@ fn requester(
         rng
     };
     let timeout = Duration::from_millis(500);
-    let mut client = inc::Client::connect(server, timeout)?;
+    let mut client = client::fabric::Client::connect(server, timeout)?;
     let plain = UdpSocket::bind("0.0.0.0:0")?;
     plain.set_read_timeout(Some(timeout))?;
     let target = SocketAddr::from((server, 11211));

@@ -15,9 +15,9 @@
 //! with a store, a fourth, the elector (see [`etcd`]).
 
 use api::metrics::{Exposition, Kind, CONTENT_TYPE};
+use client::memcached;
 use std::collections::{BTreeMap, HashMap};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -251,103 +251,26 @@ impl Shared {
 
 /// Asks `addr` for memcached's `version` over TCP, within `timeout`.
 pub fn probe(addr: SocketAddr, timeout: Duration) -> Result<(), String> {
-    ask(addr, timeout, false)
+    memcached::version(addr, timeout)
+        .map(drop)
+        .map_err(|e| e.to_string())
 }
 
 /// Empties the server at `addr` (`flush_all`), then asks it `version`, within `timeout`: the
 /// probe of a server that is out of the pool, so that it comes back without the items it
 /// held while writes to its keys went to other servers.
 pub fn probe_and_flush(addr: SocketAddr, timeout: Duration) -> Result<(), String> {
-    ask(addr, timeout, true)
+    memcached::flush_then_version(addr, timeout)
+        .map(drop)
+        .map_err(|e| e.to_string())
 }
 
-fn ask(addr: SocketAddr, timeout: Duration, flush: bool) -> Result<(), String> {
-    let (request, lines, expect): (&[u8], usize, &[u8]) = match flush {
-        true => (b"flush_all\r\nversion\r\n", 2, b"OK\r\nVERSION "),
-        false => (b"version\r\n", 1, b"VERSION "),
-    };
-    let started = Instant::now();
-    let mut conn = TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
-    let left = timeout
-        .saturating_sub(started.elapsed())
-        .max(Duration::from_millis(1));
-    conn.set_read_timeout(Some(left))
-        .map_err(|e| e.to_string())?;
-    conn.set_write_timeout(Some(left))
-        .map_err(|e| e.to_string())?;
-    conn.write_all(request).map_err(|e| e.to_string())?;
-    let mut reply = Vec::with_capacity(64);
-    let mut buf = [0u8; 64];
-    let whole =
-        |r: &[u8]| r.ends_with(b"\r\n") && r.windows(2).filter(|w| w == b"\r\n").count() >= lines;
-    while !whole(&reply) && reply.len() < 256 {
-        let n = conn.read(&mut buf).map_err(|e| match e.kind() {
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-                format!("no answer within {timeout:?}")
-            }
-            _ => e.to_string(),
-        })?;
-        if n == 0 {
-            return Err("closed the connection".into());
-        }
-        reply.extend_from_slice(&buf[..n]);
-    }
-    match reply.starts_with(expect) {
-        true => Ok(()),
-        false => Err(format!(
-            "answered {:?}",
-            String::from_utf8_lossy(&reply).trim_end()
-        )),
-    }
-}
-
-/// Asks `addr` for memcached's `version` over UDP (one datagram with the 8-byte frame
-/// header), within `timeout`. The reply is matched by its request id, not its source: a
-/// switch in `l3` mode sends servers' replies from the VIP.
+/// Asks `addr` for memcached's `version` over UDP, within `timeout` (matched by request id,
+/// not source: a switch in `l3` mode sends servers' replies from the VIP).
 pub fn probe_udp(addr: SocketAddr, timeout: Duration) -> Result<(), String> {
-    let local: SocketAddr = match addr {
-        SocketAddr::V4(_) => ([0, 0, 0, 0], 0).into(),
-        SocketAddr::V6(_) => ([0u16; 8], 0).into(),
-    };
-    let sock = std::net::UdpSocket::bind(local).map_err(|e| e.to_string())?;
-    let started = Instant::now();
-    // A request id of its own, so that a late reply to an earlier probe is not taken.
-    let id = (started.elapsed().as_nanos() as u16) ^ (std::process::id() as u16) ^ 0x4b56;
-    let mut request = vec![(id >> 8) as u8, id as u8, 0, 0, 0, 1, 0, 0];
-    request.extend_from_slice(b"version\r\n");
-    sock.send_to(&request, addr)
-        .map_err(|e| format!("udp: {e}"))?;
-    let mut reply = [0u8; 512];
-    loop {
-        let left = timeout.saturating_sub(started.elapsed());
-        if left.is_zero() {
-            return Err(format!("udp: no answer within {timeout:?}"));
-        }
-        sock.set_read_timeout(Some(left))
-            .map_err(|e| e.to_string())?;
-        let n = match sock.recv_from(&mut reply) {
-            Ok((n, _)) => n,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Err(format!("udp: no answer within {timeout:?}"));
-            }
-            Err(e) => return Err(format!("udp: {e}")),
-        };
-        if n < 8 || reply[..2] != request[..2] {
-            continue;
-        }
-        return match reply[8..n].starts_with(b"VERSION ") {
-            true => Ok(()),
-            false => Err(format!(
-                "udp: answered {:?}",
-                String::from_utf8_lossy(&reply[8..n]).trim_end()
-            )),
-        };
-    }
+    memcached::version_udp(addr, timeout)
+        .map(drop)
+        .map_err(|e| format!("udp: {e}"))
 }
 
 /// How long one call to a switch may take before the switch counts as out of reach.
@@ -1492,7 +1415,7 @@ mod tests {
         let addr = l.local_addr().unwrap();
         let t = std::thread::spawn(move || {
             if let Ok((mut c, _)) = l.accept() {
-                let _ = c.write_all(b"HELLO\r\n");
+                let _ = std::io::Write::write_all(&mut c, b"HELLO\r\n");
             }
         });
         let e = probe(addr, Duration::from_millis(500)).unwrap_err();

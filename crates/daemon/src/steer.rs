@@ -4,8 +4,7 @@
 //! installed by the cache nodes, through the control API.
 
 use std::collections::{BTreeSet, HashMap};
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -186,21 +185,5 @@ fn remove_target(sw: &mut Switch, ip: Ipv4Addr) -> u64 {
 /// Whether a memcached at `addr` answers `version` within `wait` (at most a second).
 fn answers(addr: SocketAddr, wait: Duration) -> bool {
     let wait = wait.clamp(Duration::from_millis(10), Duration::from_secs(1));
-    let attempt = || -> std::io::Result<bool> {
-        let mut s = TcpStream::connect_timeout(&addr, wait)?;
-        s.set_read_timeout(Some(wait))?;
-        s.set_write_timeout(Some(wait))?;
-        s.write_all(b"version\r\n")?;
-        let mut reply = Vec::new();
-        let mut chunk = [0u8; 128];
-        while !reply.ends_with(b"\r\n") && reply.len() < 1024 {
-            let n = s.read(&mut chunk)?;
-            if n == 0 {
-                break;
-            }
-            reply.extend_from_slice(&chunk[..n]);
-        }
-        Ok(reply.starts_with(b"VERSION "))
-    };
-    attempt().unwrap_or(false)
+    client::memcached::version(addr, wait).is_ok()
 }

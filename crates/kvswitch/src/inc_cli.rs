@@ -34,7 +34,8 @@ pub enum IncOp {
 
 /// Runs the operation; `Ok(false)` when it found nothing to do (exit status 1).
 pub fn run(args: &IncArgs) -> anyhow::Result<bool> {
-    let mut c = inc::Client::connect(args.server, Duration::from_millis(args.timeout_ms))?;
+    let mut c =
+        client::fabric::Client::connect(args.server, Duration::from_millis(args.timeout_ms))?;
     Ok(match &args.op {
         IncOp::Get { key } => match c.get(key)? {
             Some(v) => {

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
@@ -102,55 +102,15 @@ pub fn stat_u64(
 
 /// Sends `version\r\n` to a memcached (or nutcracker) at `addr` and returns the reply line.
 pub fn memcached_version(addr: SocketAddr) -> anyhow::Result<String> {
-    let mut s = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
-        .with_context(|| format!("connecting to {addr}"))?;
-    s.set_read_timeout(Some(IO_TIMEOUT))?;
-    s.set_write_timeout(Some(IO_TIMEOUT))?;
-    s.write_all(b"version\r\n")?;
-    let mut reply = Vec::new();
-    let mut buf = [0u8; 256];
-    while !reply.ends_with(b"\r\n") {
-        let n = s.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        reply.extend_from_slice(&buf[..n]);
-    }
-    let line = String::from_utf8_lossy(&reply).trim_end().to_string();
-    if !line.starts_with("VERSION ") {
-        bail!("unexpected reply to `version` from {addr}: {line:?}");
-    }
-    Ok(line)
+    client::memcached::version(addr, IO_TIMEOUT)
+        .with_context(|| format!("asking {addr} for `version`"))
 }
 
 /// Sends `version\r\n` in one memcached UDP datagram to `addr` and returns the reply line. A
 /// memcached that listens on TCP may not have bound its UDP port yet: it binds TCP first.
 pub fn memcached_udp_version(addr: SocketAddr) -> anyhow::Result<String> {
-    let unspecified: SocketAddr = if addr.is_ipv4() {
-        ([0, 0, 0, 0], 0).into()
-    } else {
-        ([0u16; 8], 0).into()
-    };
-    let s = UdpSocket::bind(unspecified).context("binding a UDP socket")?;
-    s.connect(addr)
-        .with_context(|| format!("connecting to {addr}"))?;
-    s.set_read_timeout(Some(CONNECT_TIMEOUT))?;
-    let mut request = [0u8; wire::mcudp::LEN + 9];
-    wire::mcudp::Header::single(1).emit(&mut request);
-    request[wire::mcudp::LEN..].copy_from_slice(b"version\r\n");
-    s.send(&request)
-        .with_context(|| format!("sending `version` to {addr} over UDP"))?;
-    let mut buf = [0u8; 256];
-    let n = s
-        .recv(&mut buf)
-        .with_context(|| format!("awaiting the UDP reply to `version` from {addr}"))?;
-    let (_, body) = wire::mcudp::Header::parse(&buf[..n])
-        .map_err(|e| anyhow!("bad UDP reply to `version` from {addr}: {e}"))?;
-    let line = String::from_utf8_lossy(body).trim_end().to_string();
-    if !line.starts_with("VERSION ") {
-        bail!("unexpected UDP reply to `version` from {addr}: {line:?}");
-    }
-    Ok(line)
+    client::memcached::version_udp(addr, IO_TIMEOUT)
+        .with_context(|| format!("asking {addr} for `version` over UDP"))
 }
 
 /// Retries `probe` every 50 ms until it succeeds, `give_up` says stop, or `limit` passes; the

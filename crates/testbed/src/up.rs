@@ -333,6 +333,18 @@ fn build(state: &mut State, topo: &Topology, opts: &UpOptions) -> anyhow::Result
     };
     for (i, child) in servers {
         answers_version(state, i, child, ready, server_name(&opts.servers))?;
+        // memcached binds its TCP port before its UDP port: a test's first datagram must not
+        // come before the second.
+        if matches!(opts.servers, ServerProgram::Memcached) {
+            let h = &state.hosts[i];
+            let addr = SocketAddr::V4(SocketAddrV4::new(h.ip, MEMCACHED_PORT));
+            probe::wait_for(
+                ready,
+                || None,
+                || in_netns(&h.netns, || probe::memcached_udp_version(addr))?,
+            )
+            .with_context(|| format!("memcached on {:?} did not answer over UDP", h.name))?;
+        }
     }
 
     if opts.start_nutcracker {

@@ -1,4 +1,4 @@
-//! The client library of kvswitch's caching fabric (IncBricks' client API, section 4.7):
+//! The client of kvswitch's caching fabric (IncBricks' client API, section 4.7):
 //! `get`, `set`, `del`, `increment` and `cond_put` of one key, each a request in the fabric's
 //! own message format ([`wire::inc`]) sent over UDP to a memcached server's address on
 //! [`wire::inc::PORT`]. The ToR next to the client takes it into the fabric; the answer comes
@@ -6,14 +6,12 @@
 //! timeout), so it returns only once the fabric has made the operation coherent.
 //!
 //! ```no_run
-//! let mut c = inc::Client::connect("10.78.0.35".parse().unwrap(), std::time::Duration::from_secs(1))?;
+//! let mut c = client::fabric::Client::connect("10.78.0.35".parse().unwrap(), std::time::Duration::from_secs(1))?;
 //! c.set("visits", b"1")?;
 //! assert_eq!(c.increment("visits", 2)?, Some(3));
 //! assert!(!c.cond_put("visits", 2)?); // 3 is not smaller than 2
-//! # Ok::<(), inc::Error>(())
+//! # Ok::<(), client::fabric::Error>(())
 //! ```
-#![forbid(unsafe_code)]
-
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 

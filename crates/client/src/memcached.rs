@@ -1,0 +1,203 @@
+//! memcached's `version` asked as a probe: over TCP ([`version`], [`flush_then_version`]) or in
+//! one UDP datagram ([`version_udp`]), each within a time limit, each giving the `VERSION`
+//! line or why there was none. The controller's health checks, the switch's check of the
+//! cache nodes it steers to and the testbed's readiness checks all ask with these.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::time::{Duration, Instant};
+
+use wire::mcudp;
+
+/// Why a probe got no `VERSION`.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("no answer within {0:?}")]
+    NoAnswer(Duration),
+    #[error("closed the connection")]
+    Closed,
+    /// Something other than `VERSION ...`, as text.
+    #[error("answered {0:?}")]
+    Answered(String),
+}
+
+/// Longest reply a probe reads.
+const MAX_REPLY: usize = 1024;
+
+/// Asks `addr` for `version` over TCP, within `timeout` (connecting included); the `VERSION`
+/// line, without its line end.
+pub fn version(addr: SocketAddr, timeout: Duration) -> Result<String, ProbeError> {
+    ask(addr, timeout, false)
+}
+
+/// Empties the server at `addr` (`flush_all`), then asks it `version`, within `timeout`: the
+/// probe of a server that is out of a pool, so that it comes back without the items it held
+/// while writes to its keys went elsewhere.
+pub fn flush_then_version(addr: SocketAddr, timeout: Duration) -> Result<String, ProbeError> {
+    ask(addr, timeout, true)
+}
+
+fn ask(addr: SocketAddr, timeout: Duration, flush: bool) -> Result<String, ProbeError> {
+    let (request, lines, before): (&[u8], usize, &[u8]) = match flush {
+        true => (b"flush_all\r\nversion\r\n", 2, b"OK\r\n"),
+        false => (b"version\r\n", 1, b""),
+    };
+    let started = Instant::now();
+    let mut conn = TcpStream::connect_timeout(&addr, timeout)?;
+    let left = timeout
+        .saturating_sub(started.elapsed())
+        .max(Duration::from_millis(1));
+    conn.set_read_timeout(Some(left))?;
+    conn.set_write_timeout(Some(left))?;
+    conn.write_all(request)?;
+    let mut reply = Vec::with_capacity(64);
+    let mut buf = [0u8; 128];
+    let whole =
+        |r: &[u8]| r.ends_with(b"\r\n") && r.windows(2).filter(|w| w == b"\r\n").count() >= lines;
+    while !whole(&reply) && reply.len() < MAX_REPLY {
+        let n = conn.read(&mut buf).map_err(|e| timed_out(e, timeout))?;
+        if n == 0 {
+            return Err(ProbeError::Closed);
+        }
+        reply.extend_from_slice(&buf[..n]);
+    }
+    match reply.strip_prefix(before) {
+        Some(line) if line.starts_with(b"VERSION ") => Ok(text(line)),
+        _ => Err(ProbeError::Answered(text(&reply))),
+    }
+}
+
+/// Asks `addr` for `version` in one UDP datagram (with memcached's 8-byte frame header),
+/// within `timeout`. The reply is matched by its request id, not by its source: a switch in
+/// `l3` mode sends servers' replies from the VIP.
+pub fn version_udp(addr: SocketAddr, timeout: Duration) -> Result<String, ProbeError> {
+    let local: SocketAddr = match addr {
+        SocketAddr::V4(_) => ([0, 0, 0, 0], 0).into(),
+        SocketAddr::V6(_) => ([0u16; 8], 0).into(),
+    };
+    let sock = UdpSocket::bind(local)?;
+    let started = Instant::now();
+    // A request id of its own, so that a late reply to an earlier probe is not taken.
+    let id = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos()) as u16)
+        ^ (std::process::id() as u16)
+        ^ 0x4b56;
+    let mut request = [0u8; mcudp::LEN + 9];
+    mcudp::Header::single(id).emit(&mut request);
+    request[mcudp::LEN..].copy_from_slice(b"version\r\n");
+    sock.send_to(&request, addr)?;
+    let mut reply = [0u8; 512];
+    loop {
+        let left = timeout.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            return Err(ProbeError::NoAnswer(timeout));
+        }
+        sock.set_read_timeout(Some(left))?;
+        let n = match sock.recv_from(&mut reply) {
+            Ok((n, _)) => n,
+            Err(e) => return Err(timed_out(e, timeout)),
+        };
+        let Ok((header, body)) = mcudp::Header::parse(&reply[..n]) else {
+            continue;
+        };
+        if header.request_id != id {
+            continue;
+        }
+        return match body.starts_with(b"VERSION ") {
+            true => Ok(text(body)),
+            false => Err(ProbeError::Answered(text(body))),
+        };
+    }
+}
+
+fn timed_out(e: std::io::Error, timeout: Duration) -> ProbeError {
+    match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            ProbeError::NoAnswer(timeout)
+        }
+        _ => ProbeError::Io(e),
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).trim_end().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    /// A TCP server on loopback that answers its first connection with `reply` once it has
+    /// read `want` line ends.
+    fn server(reply: &'static [u8], want: usize) -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (mut c, _) = l.accept().unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 64];
+            while got.windows(2).filter(|w| w == b"\r\n").count() < want {
+                let n = c.read(&mut buf).unwrap();
+                if n == 0 {
+                    return;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+            c.write_all(reply).unwrap();
+        });
+        addr
+    }
+
+    const T: Duration = Duration::from_secs(2);
+
+    #[test]
+    fn a_version_line_is_the_answer_and_anything_else_an_error() {
+        let ok = version(server(b"VERSION 1.6.21\r\n", 1), T).unwrap();
+        assert_eq!(ok, "VERSION 1.6.21");
+        let e = version(server(b"ERROR\r\n", 1), T).unwrap_err();
+        assert_eq!(e.to_string(), "answered \"ERROR\"");
+        let e = version(server(b"", 1), T).unwrap_err();
+        assert!(matches!(e, ProbeError::Closed), "{e}");
+        let flushed = flush_then_version(server(b"OK\r\nVERSION 1.6.21\r\n", 2), T).unwrap();
+        assert_eq!(flushed, "VERSION 1.6.21");
+        let e = flush_then_version(server(b"VERSION 1\r\nOK\r\n", 2), T).unwrap_err();
+        assert!(matches!(e, ProbeError::Answered(_)), "{e}");
+    }
+
+    #[test]
+    fn a_silent_server_is_no_answer_within_the_limit() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let started = Instant::now();
+        let e = version(l.local_addr().unwrap(), Duration::from_millis(200)).unwrap_err();
+        assert!(matches!(e, ProbeError::NoAnswer(_)), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(2));
+        let u = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let e = version_udp(u.local_addr().unwrap(), Duration::from_millis(200)).unwrap_err();
+        assert!(matches!(e, ProbeError::NoAnswer(_)), "{e}");
+    }
+
+    #[test]
+    fn a_udp_reply_is_taken_by_its_request_id_only() {
+        let u = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = u.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 64];
+            let (n, from) = u.recv_from(&mut buf).unwrap();
+            let (h, _) = mcudp::Header::parse(&buf[..n]).unwrap();
+            // One reply with another id first: not taken.
+            let mut stale = [0u8; mcudp::LEN + 13];
+            mcudp::Header::single(h.request_id.wrapping_add(1)).emit(&mut stale);
+            stale[mcudp::LEN..].copy_from_slice(b"VERSION old\r\n");
+            u.send_to(&stale, from).unwrap();
+            let mut good = [0u8; mcudp::LEN + 15];
+            mcudp::Header::single(h.request_id).emit(&mut good);
+            good[mcudp::LEN..].copy_from_slice(b"VERSION 1.6.9\r\n");
+            u.send_to(&good, from).unwrap();
+        });
+        assert_eq!(version_udp(addr, T).unwrap(), "VERSION 1.6.9");
+    }
+}
