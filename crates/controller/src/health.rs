@@ -1,0 +1,428 @@
+//! Whether each server answers: its probes (memcached's `version`, through
+//! [`client::memcached`]), the switches' reports of requests that failed, and the one rule that
+//! marks a server down after `down_after` failures in a row (or at once on a report of failed
+//! requests, a TKO) and up again after `up_after` answers in a row.
+
+use super::*;
+
+/// What a server's probes say of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Health {
+    /// Whether a probe has answered or failed yet: until then the server counts as up, but
+    /// the switches are not changed on its account.
+    pub known: bool,
+    pub up: bool,
+    /// Probes in a row that failed, or that answered.
+    pub failed_in_row: u32,
+    pub answered_in_row: u32,
+    pub probes: u64,
+    pub failures: u64,
+    /// Times it was marked down.
+    pub downs: u64,
+    /// Times the switches' reports of its failed requests marked it down (TKO).
+    pub tkos: u64,
+    pub last_error: Option<String>,
+}
+
+impl Default for Health {
+    /// A server starts up: it is in the pool until probes say otherwise.
+    fn default() -> Health {
+        Health {
+            known: false,
+            up: true,
+            failed_in_row: 0,
+            answered_in_row: 0,
+            probes: 0,
+            failures: 0,
+            downs: 0,
+            tkos: 0,
+            last_error: None,
+        }
+    }
+}
+
+impl Health {
+    /// Takes in one probe's outcome; returns whether the server changed between up and down.
+    pub fn record(&mut self, outcome: Result<(), String>, down_after: u32, up_after: u32) -> bool {
+        self.probes += 1;
+        // The first probe says where the server stands, without a run of them: a controller
+        // that has just started, or just taken the lead, puts no dead server back.
+        if !self.known {
+            self.known = true;
+            let was = self.up;
+            self.up = outcome.is_ok();
+            if let Err(e) = outcome {
+                self.failures += 1;
+                self.failed_in_row = 1;
+                self.last_error = Some(e);
+                self.downs += 1;
+            } else {
+                self.answered_in_row = 1;
+            }
+            return was != self.up;
+        }
+        match outcome {
+            Ok(()) => {
+                self.failed_in_row = 0;
+                self.answered_in_row = self.answered_in_row.saturating_add(1);
+                if !self.up && self.answered_in_row >= up_after {
+                    self.up = true;
+                    return true;
+                }
+            }
+            Err(e) => {
+                self.failures += 1;
+                self.answered_in_row = 0;
+                self.failed_in_row = self.failed_in_row.saturating_add(1);
+                self.last_error = Some(e);
+                if self.up && self.failed_in_row >= down_after {
+                    self.up = false;
+                    self.downs += 1;
+                    return true;
+                }
+            }
+        }
+        false
+    }
+}
+
+impl Health {
+    /// The switches report `failed` requests to the server within one probe interval, at
+    /// least the TKO threshold: it is marked down now, and up again only after its probes
+    /// answer. Returns whether it changed.
+    pub fn tko(&mut self, failed: u64) -> bool {
+        if !self.known || !self.up {
+            return false;
+        }
+        self.up = false;
+        self.answered_in_row = 0;
+        self.downs += 1;
+        self.tkos += 1;
+        self.last_error = Some(format!("{failed} failed requests reported by the switches"));
+        true
+    }
+}
+
+/// Asks `addr` for memcached's `version` over TCP, within `timeout`.
+pub fn probe(addr: SocketAddr, timeout: Duration) -> Result<(), String> {
+    memcached::version(addr, timeout)
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+/// Empties the server at `addr` (`flush_all`), then asks it `version`, within `timeout`: the
+/// probe of a server that is out of the pool, so that it comes back without the items it
+/// held while writes to its keys went to other servers.
+pub fn probe_and_flush(addr: SocketAddr, timeout: Duration) -> Result<(), String> {
+    memcached::flush_then_version(addr, timeout)
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+/// Asks `addr` for memcached's `version` over UDP, within `timeout` (matched by request id,
+/// not source: a switch in `l3` mode sends servers' replies from the VIP).
+pub fn probe_udp(addr: SocketAddr, timeout: Duration) -> Result<(), String> {
+    memcached::version_udp(addr, timeout)
+        .map(drop)
+        .map_err(|e| format!("udp: {e}"))
+}
+
+/// Probes every server each interval, all at once, and marks them up or down.
+pub(crate) fn prober(shared: &Shared) {
+    while !shared.stop.load(Ordering::Relaxed) {
+        let began = Instant::now();
+        if !shared.fleet().acting() {
+            std::thread::sleep(CAMPAIGN_INTERVAL);
+            continue;
+        }
+        let (servers, flush, interval, timeout, udp, switches, tko_after, pool) = {
+            let f = shared.fleet();
+            // The servers, then the failover spares.
+            let addrs: Vec<SocketAddr> = f
+                .servers
+                .iter()
+                .map(|s| s.addr)
+                .chain(f.file.failover.iter().copied())
+                .collect();
+            // A server out of the pool is emptied as it is probed, so that it comes back
+            // without items that writes made meanwhile, elsewhere, have replaced. Not while
+            // every server is down: the switches then keep them all (see `desired`).
+            let kept_all =
+                f.health.iter().all(|h| !h.up) && f.standing_in.iter().all(Option::is_none);
+            let flush: Vec<bool> = f
+                .health
+                .iter()
+                .map(|h| f.file.flush_on_return && !kept_all && h.known && !h.up)
+                .collect();
+            (
+                addrs,
+                flush,
+                f.file.probe_interval,
+                f.file.probe_timeout,
+                f.file.probe_udp,
+                f.file.switches.clone(),
+                f.file.tko_after,
+                f.file.pool.name.clone(),
+            )
+        };
+        let (outcomes, reports) = std::thread::scope(|s| {
+            let reports: Vec<_> = switches
+                .iter()
+                .filter(|_| tko_after > 0)
+                .map(|sw| {
+                    let client = Client {
+                        api: sw.api,
+                        token: shared.switch_token.clone(),
+                    };
+                    let pool = &pool;
+                    s.spawn(move || failures_reported(&client, pool, timeout.max(REPORT_WAIT)))
+                })
+                .collect();
+            let probes: Vec<_> = servers
+                .iter()
+                .enumerate()
+                .map(|(i, &addr)| {
+                    let flush = flush.get(i).copied().unwrap_or(false);
+                    s.spawn(move || {
+                        match flush {
+                            true => probe_and_flush(addr, timeout)?,
+                            false => probe(addr, timeout)?,
+                        }
+                        match udp {
+                            true => probe_udp(addr, timeout),
+                            false => Ok(()),
+                        }
+                    })
+                })
+                .collect();
+            let outcomes: Vec<Result<(), String>> = probes
+                .into_iter()
+                .map(|p| p.join().unwrap_or_else(|_| Err("the probe failed".into())))
+                .collect();
+            let reports: Vec<Option<Vec<(String, u64)>>> = reports
+                .into_iter()
+                .map(|r| r.join().ok().flatten())
+                .collect();
+            (outcomes, reports)
+        });
+        {
+            let mut f = shared.fleet();
+            let (down_after, up_after) = (f.file.down_after, f.file.up_after);
+            let mut changed = false;
+            let spares_at = servers.len() - f.file.failover.len();
+            let mut outcomes = outcomes.into_iter();
+            let mine: Vec<_> = outcomes.by_ref().take(spares_at).collect();
+            for (k, outcome) in outcomes.enumerate() {
+                if let Some(h) = f.spare_health.get_mut(k) {
+                    // A spare's change matters only to a server it stands in for, or could.
+                    changed |= h.record(outcome, down_after, up_after);
+                }
+            }
+            let failed = new_failures(&mut f.reported, &reports);
+            let mut returned = Vec::new();
+            for (i, (addr, outcome)) in servers.iter().zip(mine).enumerate() {
+                // The list may have changed while the probes ran.
+                let Some(s) = f.servers.get(i).filter(|s| s.addr == *addr) else {
+                    continue;
+                };
+                let label = s.label();
+                let reported = failed.get(&addr.to_string()).copied().unwrap_or(0);
+                let h = &mut f.health[i];
+                if tko_after > 0 && reported >= u64::from(tko_after) && h.tko(reported) {
+                    changed = true;
+                    tracing::warn!(
+                        server = %label,
+                        failed = reported,
+                        "server down: the switches report its requests failing (TKO)"
+                    );
+                    continue;
+                }
+                if h.record(outcome, down_after, up_after) {
+                    changed = true;
+                    if h.up {
+                        returned.push(label.clone());
+                    }
+                    match h.up {
+                        true => tracing::info!(server = %label, "server up: back in the pool"),
+                        false => tracing::warn!(
+                            server = %label,
+                            error = h.last_error.as_deref().unwrap_or(""),
+                            "server down: taken out of the pool"
+                        ),
+                    }
+                }
+            }
+            // Back from being down, it warms up from where its keys were meanwhile.
+            if let Some(warm) = f.file.return_warm.filter(|_| !returned.is_empty()) {
+                let until = Instant::now() + warm;
+                for label in returned {
+                    f.warm_until.insert(label, until);
+                }
+            }
+            if changed {
+                shared.bump(&mut f);
+            }
+        }
+        std::thread::sleep(interval.saturating_sub(began.elapsed()));
+    }
+}
+
+/// How long the prober waits at least for a switch's report of failed requests.
+pub(crate) const REPORT_WAIT: Duration = Duration::from_millis(200);
+
+/// Each server's failed requests as one switch counts them (`GET /api/v1/pool`), by address;
+/// `None` if the switch did not answer.
+pub(crate) fn failures_reported(
+    client: &Client,
+    pool: &str,
+    wait: Duration,
+) -> Option<Vec<(String, u64)>> {
+    let doc = client.call_within("GET", "/api/v1/pool", None, wait).ok()?;
+    let pools = doc["pools"].as_array()?;
+    // The controller's pool, or the only one (as the syncer picks it).
+    let theirs = match pools.iter().find(|p| p["name"] == pool) {
+        Some(p) => p,
+        None if pools.len() == 1 => &pools[0],
+        None => return None,
+    };
+    let servers = theirs["servers"].as_array().into_iter().flatten();
+    Some(
+        servers
+            .filter_map(|v| Some((v["addr"].as_str()?.to_string(), v["failures"].as_u64()?)))
+            .collect(),
+    )
+}
+
+/// The failed requests each server's address gained, summed over the switches, since their
+/// last reports (`last`, by switch and address, is brought up to date). A switch's first
+/// report of a server, or a count that went down (the switch restarted), only sets where
+/// counting starts; a server a switch no longer lists is forgotten, so that failures counted
+/// while it was out (requests sent before it left) do not count when it is back.
+pub(crate) fn new_failures(
+    last: &mut HashMap<(usize, String), u64>,
+    reports: &[Option<Vec<(String, u64)>>],
+) -> HashMap<String, u64> {
+    let mut gained: HashMap<String, u64> = HashMap::new();
+    for (switch, report) in reports.iter().enumerate() {
+        if let Some(listed) = report {
+            last.retain(|(s, addr), _| *s != switch || listed.iter().any(|(a, _)| a == addr));
+        }
+        for (addr, failures) in report.iter().flatten() {
+            let before = last.insert((switch, addr.clone()), *failures);
+            if let Some(before) = before.filter(|b| b <= failures) {
+                *gained.entry(addr.clone()).or_default() += failures - before;
+            }
+        }
+    }
+    gained
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_goes_down_after_its_failures_and_up_after_its_answers() {
+        let fail = || Err("refused".to_string());
+        // The first probe says where it stands at once.
+        let mut dead = Health::default();
+        assert!(dead.record(fail(), 3, 2));
+        assert!(!dead.up && dead.known);
+        let mut h = Health::default();
+        assert!(!h.record(Ok(()), 3, 2));
+        assert!(h.up && h.known);
+        assert!(!h.record(fail(), 3, 2));
+        assert!(!h.record(fail(), 3, 2));
+        assert!(!h.record(Ok(()), 3, 2), "an answer starts the count again");
+        assert!(!h.record(fail(), 3, 2));
+        assert!(!h.record(fail(), 3, 2));
+        assert!(h.record(fail(), 3, 2));
+        assert!(!h.up);
+        assert!(!h.record(fail(), 3, 2), "down once");
+        assert!(!h.record(Ok(()), 3, 2));
+        assert!(h.record(Ok(()), 3, 2));
+        assert!(h.up);
+        assert_eq!((h.probes, h.failures, h.downs), (10, 6, 1));
+    }
+
+    #[test]
+    fn failed_requests_the_switches_report_mark_a_server_down_until_it_answers() {
+        let mut h = Health::default();
+        assert!(!h.tko(5), "not before its first probe");
+        assert!(!h.record(Ok(()), 3, 2));
+        assert!(h.tko(5));
+        assert!(!h.up && h.tkos == 1 && h.downs == 1);
+        assert!(!h.tko(5), "down once");
+        assert!(!h.record(Ok(()), 3, 2));
+        assert!(h.record(Ok(()), 3, 2), "up after its answers");
+
+        // Counts are per switch and address; the first report only sets where they start, and
+        // a count that fell (a restarted switch) starts again.
+        let mut last = HashMap::new();
+        let report = |n: u64, m: u64| Some(vec![("a:1".to_string(), n), ("b:1".to_string(), m)]);
+        assert!(new_failures(&mut last, &[report(7, 1), report(2, 0)])
+            .values()
+            .all(|&n| n == 0));
+        let gained = new_failures(&mut last, &[report(9, 1), report(3, 0)]);
+        assert_eq!(gained.get("a:1"), Some(&3));
+        assert_eq!(gained.get("b:1"), Some(&0));
+        let gained = new_failures(&mut last, &[report(1, 1), None]);
+        assert_eq!(
+            gained.get("a:1"),
+            None,
+            "a restarted switch's counts start again"
+        );
+        let gained = new_failures(&mut last, &[report(2, 1), report(3, 0)]);
+        assert_eq!(gained.get("a:1"), Some(&1));
+        // Out of a switch's pool, then back with failures counted meanwhile: they do not
+        // count.
+        let without = Some(vec![("b:1".to_string(), 0)]);
+        new_failures(&mut last, &[without, report(3, 0)]);
+        let gained = new_failures(&mut last, &[report(9, 0), report(3, 0)]);
+        assert_eq!(gained.get("a:1").copied().unwrap_or(0), 0);
+    }
+
+    #[test]
+    fn a_probe_of_nothing_says_why() {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap();
+        // Nothing listens there any more.
+        let e = probe(port, Duration::from_millis(200)).unwrap_err();
+        assert!(!e.is_empty());
+        // Something that is not memcached.
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let t = std::thread::spawn(move || {
+            if let Ok((mut c, _)) = l.accept() {
+                let _ = std::io::Write::write_all(&mut c, b"HELLO\r\n");
+            }
+        });
+        let e = probe(addr, Duration::from_millis(500)).unwrap_err();
+        assert!(e.contains("HELLO"), "{e}");
+        let _ = t.join();
+    }
+
+    #[test]
+    fn a_udp_probe_reads_the_frame_header() {
+        let server = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = server.local_addr().unwrap();
+        let t = std::thread::spawn(move || {
+            let mut buf = [0u8; 64];
+            for reply in [&b"VERSION 1.6\r\n"[..], b"ERROR\r\n"] {
+                if let Ok((n, from)) = server.recv_from(&mut buf) {
+                    assert!(buf[8..n].starts_with(b"version"));
+                    let mut out = buf[..8].to_vec();
+                    out.extend_from_slice(reply);
+                    let _ = server.send_to(&out, from);
+                }
+            }
+        });
+        assert_eq!(probe_udp(addr, Duration::from_secs(2)), Ok(()));
+        let e = probe_udp(addr, Duration::from_secs(2)).unwrap_err();
+        assert!(e.contains("ERROR"), "{e}");
+        let _ = t.join();
+        let e = probe_udp(addr, Duration::from_millis(50)).unwrap_err();
+        assert!(e.contains("udp"), "{e}");
+    }
+}
