@@ -36,10 +36,7 @@ impl Default for CacheNode {
     /// decides, which does not suit a node that has just shown it runs).
     fn default() -> CacheNode {
         CacheNode {
-            health: Health {
-                known: true,
-                ..Health::default()
-            },
+            health: Health::up_at_start(),
             entries: 0,
             removed: 0,
         }
@@ -117,11 +114,11 @@ pub(super) fn watch(shared: &Shared) {
                 let entries = leading.remove(&ip).unwrap_or_default();
                 node.entries = entries.len();
                 let failed = outcome.is_err();
-                if node.health.record(outcome, down_after, up_after) && node.health.up {
+                if node.health.record(outcome, down_after, up_after) && node.health.up() {
                     tracing::info!(cache_node = %ip, "cache node answers again");
                 }
                 // Not once it answers again: what it installs on its way back up stays.
-                if !node.health.up && failed {
+                if !node.health.up() && failed {
                     remove.push((ip, entries));
                 }
             }
@@ -165,7 +162,7 @@ pub(super) fn status(nodes: &BTreeMap<Ipv4Addr, CacheNode>) -> Value {
         .iter()
         .map(|(ip, n)| {
             json!({
-                "addr": ip.to_string(), "up": n.health.up, "entries": n.entries,
+                "addr": ip.to_string(), "up": n.health.up(), "entries": n.entries,
                 "probes": n.health.probes, "failures": n.health.failures,
                 "downs": n.health.downs, "removed_entries": n.removed,
                 "last_error": n.health.last_error,
@@ -182,7 +179,7 @@ pub(super) fn metrics(nodes: &BTreeMap<Ipv4Addr, CacheNode>, m: &mut Exposition)
             "kvswitch_controller_cache_node_up",
             "1 while the cache node answers its probes.",
             Kind::Gauge,
-            |n| u64::from(n.health.up),
+            |n| u64::from(n.health.up()),
         ),
         (
             "kvswitch_controller_cache_node_entries",

@@ -132,7 +132,7 @@ pub(crate) fn status_doc(shared: &Shared) -> Value {
         .map(|((s, h), k)| {
             json!({
                 "label": s.label(), "addr": s.addr.to_string(), "weight": s.weight,
-                "up": h.up, "probes": h.probes, "failures": h.failures, "downs": h.downs,
+                "up": h.up(), "probes": h.probes, "failures": h.failures, "downs": h.downs,
                 "tkos": h.tkos, "last_error": h.last_error, "spare": spare(*k),
             })
         })
@@ -149,7 +149,7 @@ pub(crate) fn status_doc(shared: &Shared) -> Value {
                 .iter()
                 .position(|&s| s == Some(k))
                 .map(|i| f.servers[i].label());
-            json!({ "addr": a.to_string(), "up": h.up, "standing_in_for": for_server })
+            json!({ "addr": a.to_string(), "up": h.up(), "standing_in_for": for_server })
         })
         .collect();
     let switches: Vec<Value> = f
@@ -203,7 +203,7 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
             "kvswitch_controller_server_up",
             "1 while the server is in the pool.",
             Kind::Gauge,
-            |h| u64::from(h.up),
+            |h| u64::from(h.up()),
         ),
         (
             "kvswitch_controller_probes_total",

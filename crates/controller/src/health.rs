@@ -4,17 +4,13 @@
 //! requests, a TKO) and up again after `up_after` answers in a row.
 
 use super::*;
+use kv::health::{Change, Detector, Thresholds};
 
-/// What a server's probes say of it.
+/// What a server's probes say of it: whether it is up ([`kv::health::Detector`], the one
+/// failure detector, whose first outcome decides), and the counts the status shows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Health {
-    /// Whether a probe has answered or failed yet: until then the server counts as up, but
-    /// the switches are not changed on its account.
-    pub known: bool,
-    pub up: bool,
-    /// Probes in a row that failed, or that answered.
-    pub failed_in_row: u32,
-    pub answered_in_row: u32,
+    detector: Detector,
     pub probes: u64,
     pub failures: u64,
     /// Times it was marked down.
@@ -28,10 +24,7 @@ impl Default for Health {
     /// A server starts up: it is in the pool until probes say otherwise.
     fn default() -> Health {
         Health {
-            known: false,
-            up: true,
-            failed_in_row: 0,
-            answered_in_row: 0,
+            detector: Detector::unknown(),
             probes: 0,
             failures: 0,
             downs: 0,
@@ -42,60 +35,54 @@ impl Default for Health {
 }
 
 impl Health {
+    /// A target taken for up from the start, that only `down_after` failures in a row take
+    /// down (its first probe alone does not decide).
+    pub fn up_at_start() -> Health {
+        Health {
+            detector: Detector::up(),
+            ..Health::default()
+        }
+    }
+
+    /// Whether the server is taken for up (it is, until a probe has said otherwise).
+    pub fn up(&self) -> bool {
+        self.detector.is_up()
+    }
+
+    /// Whether a probe has answered or failed yet: until then the server counts as up, but
+    /// the switches are not changed on its account.
+    pub fn known(&self) -> bool {
+        self.detector.is_known()
+    }
+
     /// Takes in one probe's outcome; returns whether the server changed between up and down.
+    /// The first probe says where the server stands, without a run of them: a controller that
+    /// has just started, or just taken the lead, puts no dead server back.
     pub fn record(&mut self, outcome: Result<(), String>, down_after: u32, up_after: u32) -> bool {
         self.probes += 1;
-        // The first probe says where the server stands, without a run of them: a controller
-        // that has just started, or just taken the lead, puts no dead server back.
-        if !self.known {
-            self.known = true;
-            let was = self.up;
-            self.up = outcome.is_ok();
-            if let Err(e) = outcome {
-                self.failures += 1;
-                self.failed_in_row = 1;
-                self.last_error = Some(e);
-                self.downs += 1;
-            } else {
-                self.answered_in_row = 1;
-            }
-            return was != self.up;
+        let answered = outcome.is_ok();
+        if let Err(e) = outcome {
+            self.failures += 1;
+            self.last_error = Some(e);
         }
-        match outcome {
-            Ok(()) => {
-                self.failed_in_row = 0;
-                self.answered_in_row = self.answered_in_row.saturating_add(1);
-                if !self.up && self.answered_in_row >= up_after {
-                    self.up = true;
-                    return true;
-                }
-            }
-            Err(e) => {
-                self.failures += 1;
-                self.answered_in_row = 0;
-                self.failed_in_row = self.failed_in_row.saturating_add(1);
-                self.last_error = Some(e);
-                if self.up && self.failed_in_row >= down_after {
-                    self.up = false;
-                    self.downs += 1;
-                    return true;
-                }
-            }
+        let t = Thresholds {
+            down_after,
+            up_after,
+        };
+        let change = self.detector.record(answered, t);
+        if change == Some(Change::Down) {
+            self.downs += 1;
         }
-        false
+        change.is_some()
     }
-}
 
-impl Health {
     /// The switches report `failed` requests to the server within one probe interval, at
     /// least the TKO threshold: it is marked down now, and up again only after its probes
     /// answer. Returns whether it changed.
     pub fn tko(&mut self, failed: u64) -> bool {
-        if !self.known || !self.up {
+        if self.detector.take_down().is_none() {
             return false;
         }
-        self.up = false;
-        self.answered_in_row = 0;
         self.downs += 1;
         self.tkos += 1;
         self.last_error = Some(format!("{failed} failed requests reported by the switches"));
@@ -148,11 +135,11 @@ pub(crate) fn prober(shared: &Shared) {
             // without items that writes made meanwhile, elsewhere, have replaced. Not while
             // every server is down: the switches then keep them all (see `desired`).
             let kept_all =
-                f.health.iter().all(|h| !h.up) && f.standing_in.iter().all(Option::is_none);
+                f.health.iter().all(|h| !h.up()) && f.standing_in.iter().all(Option::is_none);
             let flush: Vec<bool> = f
                 .health
                 .iter()
-                .map(|h| f.file.flush_on_return && !kept_all && h.known && !h.up)
+                .map(|h| f.file.flush_on_return && !kept_all && h.known() && !h.up())
                 .collect();
             (
                 addrs,
@@ -239,10 +226,10 @@ pub(crate) fn prober(shared: &Shared) {
                 }
                 if h.record(outcome, down_after, up_after) {
                     changed = true;
-                    if h.up {
+                    if h.up() {
                         returned.push(label.clone());
                     }
-                    match h.up {
+                    match h.up() {
                         true => tracing::info!(server = %label, "server up: back in the pool"),
                         false => tracing::warn!(
                             server = %label,
@@ -327,21 +314,21 @@ mod tests {
         // The first probe says where it stands at once.
         let mut dead = Health::default();
         assert!(dead.record(fail(), 3, 2));
-        assert!(!dead.up && dead.known);
+        assert!(!dead.up() && dead.known());
         let mut h = Health::default();
         assert!(!h.record(Ok(()), 3, 2));
-        assert!(h.up && h.known);
+        assert!(h.up() && h.known());
         assert!(!h.record(fail(), 3, 2));
         assert!(!h.record(fail(), 3, 2));
         assert!(!h.record(Ok(()), 3, 2), "an answer starts the count again");
         assert!(!h.record(fail(), 3, 2));
         assert!(!h.record(fail(), 3, 2));
         assert!(h.record(fail(), 3, 2));
-        assert!(!h.up);
+        assert!(!h.up());
         assert!(!h.record(fail(), 3, 2), "down once");
         assert!(!h.record(Ok(()), 3, 2));
         assert!(h.record(Ok(()), 3, 2));
-        assert!(h.up);
+        assert!(h.up());
         assert_eq!((h.probes, h.failures, h.downs), (10, 6, 1));
     }
 
@@ -351,7 +338,7 @@ mod tests {
         assert!(!h.tko(5), "not before its first probe");
         assert!(!h.record(Ok(()), 3, 2));
         assert!(h.tko(5));
-        assert!(!h.up && h.tkos == 1 && h.downs == 1);
+        assert!(!h.up() && h.tkos == 1 && h.downs == 1);
         assert!(!h.tko(5), "down once");
         assert!(!h.record(Ok(()), 3, 2));
         assert!(h.record(Ok(()), 3, 2), "up after its answers");

@@ -3,6 +3,7 @@
 //! failed. `kvswitch fabric watch` runs one alone; `kvswitch controller` with `fabric` set runs
 //! one as the leader.
 
+use kv::health::{Detector, Thresholds};
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -67,10 +68,10 @@ impl Table {
 pub struct Keeper {
     /// Every switch with an API: its name and address.
     switches: Vec<(String, SocketAddr)>,
-    /// Probes failed in a row, per switch.
-    missed: Vec<u32>,
-    /// Probes failed in a row before a switch is dead.
-    failures: u32,
+    /// Whether each switch is taken for alive (the one failure detector: dead after
+    /// `failures` probes failed in a row, alive again at its first answer).
+    alive: Vec<Detector>,
+    thresholds: Thresholds,
     /// Per switch: whether it answered the last probe holding an older table than `table`.
     behind: Vec<bool>,
     /// The table installed last (version 0: none yet).
@@ -90,10 +91,13 @@ impl Keeper {
             cfg.path.display()
         );
         Ok(Keeper {
-            missed: vec![0; switches.len()],
+            alive: vec![Detector::up(); switches.len()],
             behind: vec![false; switches.len()],
             switches,
-            failures: failures.max(1),
+            thresholds: Thresholds {
+                down_after: failures.max(1),
+                up_after: 1,
+            },
             table: Table {
                 version: 0,
                 failed: BTreeSet::new(),
@@ -104,9 +108,9 @@ impl Keeper {
     /// Carries on from a table installed before (a controller taking over from another): its
     /// failed switches stay failed until they answer a probe.
     pub fn resume(&mut self, table: Table) {
-        for ((name, _), missed) in self.switches.iter().zip(&mut self.missed) {
+        for ((name, _), alive) in self.switches.iter().zip(&mut self.alive) {
             if table.failed.contains(name) {
-                *missed = (*missed).max(self.failures);
+                *alive = Detector::down();
             }
         }
         if table.version > self.table.version {
@@ -123,8 +127,8 @@ impl Keeper {
     pub fn switches(&self) -> impl Iterator<Item = (&str, bool, u32)> {
         self.switches
             .iter()
-            .zip(&self.missed)
-            .map(|((name, _), &m)| (name.as_str(), m < self.failures, m))
+            .zip(&self.alive)
+            .map(|((name, _), d)| (name.as_str(), d.is_up(), d.failed_in_row()))
     }
 
     /// Probes every switch once; the new table to install when the set of dead switches
@@ -134,18 +138,21 @@ impl Keeper {
         let probed = self
             .switches
             .iter()
-            .zip(&mut self.missed)
+            .zip(&mut self.alive)
             .zip(&mut self.behind);
-        for (((_, api), missed), behind) in probed {
+        let t = self.thresholds;
+        for (((_, api), alive), behind) in probed {
             *behind = false;
             match switch_api(*api).call_within("GET", "/api/v1/fabric", None, PROBE_WITHIN) {
                 Ok(doc) => {
-                    *missed = 0;
+                    alive.record(true, t);
                     let held = doc["registration_version"].as_u64().unwrap_or(0);
                     version = version.max(held);
                     *behind = held < self.table.version;
                 }
-                _ => *missed = missed.saturating_add(1),
+                _ => {
+                    alive.record(false, t);
+                }
             }
         }
         let dead: BTreeSet<String> = self

@@ -118,7 +118,7 @@ pub(crate) fn sync_switch(
 pub(crate) fn live_servers(f: &mut Fleet) -> Vec<ServerSpec> {
     for i in 0..f.servers.len() {
         if let Some(k) = f.standing_in[i] {
-            if f.health[i].up || !f.spare_health[k].up {
+            if f.health[i].up() || !f.spare_health[k].up() {
                 f.standing_in[i] = None;
             }
         }
@@ -126,14 +126,14 @@ pub(crate) fn live_servers(f: &mut Fleet) -> Vec<ServerSpec> {
     let mut live = Vec::with_capacity(f.servers.len());
     for i in 0..f.servers.len() {
         let s = &f.servers[i];
-        if f.health[i].up {
+        if f.health[i].up() {
             live.push(s.clone());
             continue;
         }
         if f.standing_in[i].is_none() {
             f.standing_in[i] = (0..f.file.failover.len()).find(|&k| {
                 let spare = f.file.failover[k];
-                f.spare_health[k].up
+                f.spare_health[k].up()
                     && !f.standing_in.contains(&Some(k))
                     && (s.name.is_some() || spare.port() == s.addr.port())
             });
@@ -157,7 +157,7 @@ pub(crate) fn syncer(shared: &Shared, i: usize, token: Option<String>) {
         {
             let f = shared.fleet();
             // Not while standing by, nor before every server has been probed once.
-            let probed = f.health.iter().chain(&f.spare_health).all(|h| h.known);
+            let probed = f.health.iter().chain(&f.spare_health).all(|h| h.known());
             if !f.acting() || !probed {
                 drop(f);
                 std::thread::sleep(Duration::from_millis(20));

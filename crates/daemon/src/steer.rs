@@ -3,6 +3,7 @@
 //! reads of its keys go to their servers again ([`watch`]). The entries themselves are
 //! installed by the cache nodes, through the control API.
 
+use kv::health::{Detector, Thresholds};
 use std::collections::{BTreeSet, HashMap};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -48,27 +49,32 @@ pub fn watch(
     std::thread::Builder::new()
         .name("steer-check".into())
         .spawn(move || {
-            let mut failed: HashMap<Ipv4Addr, u32> = HashMap::new();
+            // The one failure detector: down after `check.failures` failed probes in a row,
+            // up at the first answer.
+            let t = Thresholds {
+                down_after: check.failures,
+                up_after: 1,
+            };
+            let mut nodes: HashMap<Ipv4Addr, Detector> = HashMap::new();
             while !stop() {
                 let started = Instant::now();
                 if let Some(targets) = on_switch(&remote, targets) {
-                    failed.retain(|ip, _| targets.contains(ip));
+                    nodes.retain(|ip, _| targets.contains(ip));
                     for ip in targets {
-                        if !failed.contains_key(&ip) {
+                        if !nodes.contains_key(&ip) {
                             on_switch(&remote, move |sw| let_replies_in(sw, ip, check));
                         }
                         let answered = answers(SocketAddr::from((ip, check.port)), check.every);
-                        let n = failed.entry(ip).or_default();
+                        let node = nodes.entry(ip).or_insert_with(Detector::up);
+                        node.record(answered, t);
                         if answered {
-                            *n = 0;
                             lock(&health.down).remove(&ip);
                             continue;
                         }
-                        *n += 1;
-                        if *n < check.failures {
+                        if node.is_up() {
                             continue;
                         }
-                        *n = 0;
+                        // Down: its entries go (again, if it put some back while down).
                         let removed = on_switch(&remote, move |sw| remove_target(sw, ip));
                         if let Some(removed) = removed.filter(|&r| r > 0) {
                             health.removed.fetch_add(removed, Ordering::Relaxed);

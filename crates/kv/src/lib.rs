@@ -19,6 +19,7 @@ pub mod cache;
 pub mod expiry;
 pub mod fabric;
 pub mod hash;
+pub mod health;
 pub mod hot;
 pub mod rng;
 pub mod route;

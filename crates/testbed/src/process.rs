@@ -161,16 +161,21 @@ pub fn stop_all(pids: &[u32]) -> Vec<u32> {
     left
 }
 
-/// Kills `pid` with SIGKILL, as a crash would, if it still runs `argv`, and waits up to a
-/// second for it to be gone (reaped, if it is our child). Fails if it was not running `argv`
-/// or is still there.
+/// How long a killed process may take to be gone.
+const KILL_WAIT: Duration = Duration::from_secs(5);
+
+/// Kills `pid` with SIGKILL, as a crash would, if it still runs `argv`, and waits up to
+/// [`KILL_WAIT`] for it to be gone (reaped, if it is our child). Fails if it was not running
+/// `argv` or is still there.
 pub fn kill(pid: u32, argv: &[String]) -> anyhow::Result<()> {
     if pid <= 1 || !runs(pid, argv) {
         anyhow::bail!("pid {pid} does not run `{}`", argv.join(" "));
     }
     signal(pid, libc::SIGKILL);
-    if !wait_gone(&[pid], Duration::from_secs(1)).is_empty() {
-        anyhow::bail!("pid {pid} is still alive after SIGKILL");
+    // A killed process with many threads and mapped rings can take more than a second to be
+    // gone on a loaded machine.
+    if !wait_gone(&[pid], KILL_WAIT).is_empty() {
+        anyhow::bail!("pid {pid} is still alive {KILL_WAIT:?} after SIGKILL");
     }
     Ok(())
 }
