@@ -106,7 +106,7 @@ impl Client {
                 self.api
             )
         } else {
-            anyhow::anyhow!("{method} {path} at the control API at {}: {e}", self.api)
+            anyhow::anyhow!("{method} {path} to the control API at {}: {e}", self.api)
         }
     }
 
