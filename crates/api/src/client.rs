@@ -1,15 +1,23 @@
-//! [`Client`], the small blocking HTTP client every part of kvswitch speaks to a control
-//! API with (the switch's, the proxy's, the controller's): one connection per request, the
-//! token sent as a bearer, a refusal told apart from a switch out of reach ([`Refused`]).
+//! [`Client`], the blocking client every part of kvswitch speaks to a control API with (the
+//! switch's, the proxy's, the controller's), on `ureq`: one connection per request, the token
+//! sent as a bearer, a refusal told apart from a switch out of reach ([`Refused`]).
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use serde_json::Value;
+use ureq::http;
 
 use crate::TOKEN_ENV;
+
+/// The longest a connection may take to open: a switch that is up answers at once.
+const CONNECT_LIMIT: Duration = Duration::from_secs(5);
+
+/// How long a call waits on the reply unless told otherwise, and how long a write may stall
+/// on a stream, which waits on its reply for as long as it is open.
+const CALL_LIMIT: Duration = Duration::from_secs(30);
 
 /// Where a command finds a switch's control API and its token: `--api` and `--token-file`,
 /// the same for every command that speaks to a switch.
@@ -42,17 +50,64 @@ pub struct Client {
 }
 
 impl Client {
-    fn connect(&self, timeout: Option<Duration>) -> anyhow::Result<TcpStream> {
-        let connect = timeout.map_or(Duration::from_secs(5), |t| t.min(Duration::from_secs(5)));
-        let conn = TcpStream::connect_timeout(&self.api, connect).map_err(|e| {
+    /// An agent for one request: `limit` bounds each read and write (no read bound when
+    /// `None`, for a stream), the connection opens within [`CONNECT_LIMIT`], and every status
+    /// comes back as a reply for the caller to read.
+    fn agent(&self, limit: Option<Duration>) -> ureq::Agent {
+        ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .max_redirects(0)
+            .timeout_connect(Some(limit.map_or(CONNECT_LIMIT, |t| t.min(CONNECT_LIMIT))))
+            .timeout_per_read(limit)
+            .timeout_per_write(Some(limit.unwrap_or(CALL_LIMIT)))
+            .build()
+            .new_agent()
+    }
+
+    /// `method path` with `body` (declared JSON, which the API's guard wants of a change),
+    /// the token as a bearer, on a connection of its own.
+    fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: &[u8],
+        limit: Option<Duration>,
+    ) -> anyhow::Result<http::Response<ureq::Body>> {
+        let mut request = http::Request::builder()
+            .method(method)
+            .uri(format!("http://{}{path}", self.api))
+            .header(http::header::CONNECTION, "close")
+            .header(http::header::CONTENT_TYPE, "application/json");
+        if let Some(t) = &self.token {
+            request = request.header(http::header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        let request = request
+            .body(body)
+            .with_context(|| format!("{method} {path}: not a request this client can send"))?;
+        self.agent(limit)
+            .run(request)
+            .map_err(|e| self.failed(method, path, e))
+    }
+
+    /// The error of a request that got no reply, naming the API and what failed.
+    fn failed(&self, method: &str, path: &str, e: ureq::Error) -> anyhow::Error {
+        use std::io::ErrorKind::*;
+        let unreached = match &e {
+            ureq::Error::Timeout(ureq::Timeout::Connect) | ureq::Error::ConnectionFailed => true,
+            ureq::Error::Io(io) => matches!(
+                io.kind(),
+                ConnectionRefused | AddrNotAvailable | HostUnreachable | NetworkUnreachable
+            ),
+            _ => false,
+        };
+        if unreached {
             anyhow::anyhow!(
                 "cannot reach the control API at {} ({e}); is kvswitch running there?",
                 self.api
             )
-        })?;
-        conn.set_read_timeout(timeout)?;
-        conn.set_write_timeout(Some(timeout.unwrap_or(Duration::from_secs(30))))?;
-        Ok(conn)
+        } else {
+            anyhow::anyhow!("{method} {path} to the control API at {}: {e}", self.api)
+        }
     }
 
     /// `GET path` of a streaming route: calls `each` with every JSON line as it arrives,
@@ -69,95 +124,51 @@ impl Client {
 
     /// `GET path` of a streaming route, answered: the stream is open once this returns.
     pub fn open(&self, path: &str) -> anyhow::Result<Stream> {
-        let mut conn = self.connect(None)?;
-        let mut head = format!(
-            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n",
-            self.api
-        );
-        if let Some(t) = &self.token {
-            head.push_str(&format!("Authorization: Bearer {t}\r\n"));
-        }
-        head.push_str("\r\n");
-        conn.write_all(head.as_bytes())?;
-        let mut reader = BufReader::new(conn);
-        let mut status = String::new();
-        reader.read_line(&mut status)?;
-        let code: u16 = status
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        let mut chunked = false;
-        loop {
-            let mut line = String::new();
-            if reader.read_line(&mut line)? == 0 || line.trim().is_empty() {
-                break;
-            }
-            chunked |= line
-                .to_ascii_lowercase()
-                .starts_with("transfer-encoding: chunked");
-        }
+        let reply = self.send("GET", path, &[], None)?;
+        let code = reply.status().as_u16();
+        let body = reply.into_body();
         if code != 200 {
-            let mut rest = String::new();
-            let _ = reader.read_to_string(&mut rest);
-            let body = if chunked { dechunk(&rest) } else { rest };
-            let doc: Value = serde_json::from_str(body.trim()).unwrap_or(Value::Null);
-            let message = doc["error"].as_str().unwrap_or(body.trim()).to_string();
-            bail!("GET {path}: {code}: {message}");
+            let text = read_body(body, "GET", path)?;
+            let doc: Value = serde_json::from_str(text.trim()).unwrap_or(Value::Null);
+            let message = doc["error"].as_str().unwrap_or(text.trim()).to_string();
+            anyhow::bail!("GET {path}: {code}: {message}");
         }
         Ok(Stream {
             path: path.to_string(),
-            reader,
-            chunked,
-            pending: Vec::new(),
-            ended: false,
+            reader: BufReader::new(body.into_reader()),
         })
     }
+}
+
+/// A reply's whole body, as text.
+fn read_body(body: ureq::Body, method: &str, path: &str) -> anyhow::Result<String> {
+    let mut raw = Vec::new();
+    std::io::Read::read_to_end(&mut body.into_reader(), &mut raw)
+        .with_context(|| format!("reading the reply to {method} {path}"))?;
+    Ok(String::from_utf8_lossy(&raw).into_owned())
 }
 
 /// An open stream of JSON lines (see [`Client::open`]).
 pub struct Stream {
     path: String,
-    reader: BufReader<TcpStream>,
-    chunked: bool,
-    /// Bytes read past the last whole line.
-    pending: Vec<u8>,
-    ended: bool,
+    reader: BufReader<ureq::BodyReader<'static>>,
 }
 
 impl Stream {
-    /// The next line, waiting for it; `None` once the stream has ended.
+    /// The next line, waiting for it; `None` once the stream has ended (a last line cut off
+    /// by the end is dropped).
     pub fn next_line(&mut self) -> anyhow::Result<Option<Value>> {
         let path = &self.path;
-        loop {
-            if let Some(at) = self.pending.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = self.pending.drain(..=at).collect();
-                let doc = serde_json::from_slice(&line)
-                    .with_context(|| format!("GET {path}: a line that is not JSON"))?;
-                return Ok(Some(doc));
-            }
-            if self.ended {
-                return Ok(None);
-            }
-            let mut piece = Vec::new();
-            if self.chunked {
-                let mut size = String::new();
-                self.reader.read_line(&mut size)?;
-                let n = usize::from_str_radix(size.trim(), 16)
-                    .with_context(|| format!("GET {path}: a bad chunk size {size:?}"))?;
-                if n == 0 {
-                    self.ended = true;
-                    continue;
-                }
-                piece.resize(n + 2, 0);
-                self.reader.read_exact(&mut piece)?;
-                piece.truncate(n);
-            } else if self.reader.read_until(b'\n', &mut piece)? == 0 {
-                self.ended = true;
-                continue;
-            }
-            self.pending.extend_from_slice(&piece);
+        let mut line = Vec::new();
+        self.reader
+            .read_until(b'\n', &mut line)
+            .with_context(|| format!("GET {path}: reading the stream"))?;
+        if !line.ends_with(b"\n") {
+            return Ok(None);
         }
+        let doc = serde_json::from_slice(&line)
+            .with_context(|| format!("GET {path}: a line that is not JSON"))?;
+        Ok(Some(doc))
     }
 }
 
@@ -165,7 +176,7 @@ impl Client {
     /// `method path` with an optional JSON body; the reply's body as JSON (or text wrapped in
     /// a JSON string), or an error carrying the API's message.
     pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> anyhow::Result<Value> {
-        self.call_within(method, path, body, Duration::from_secs(30))
+        self.call_within(method, path, body, CALL_LIMIT)
     }
 
     /// [`Client::call`], giving up on the reply after `limit`.
@@ -176,40 +187,10 @@ impl Client {
         body: Option<&Value>,
         limit: Duration,
     ) -> anyhow::Result<Value> {
-        let mut conn = self.connect(Some(limit))?;
         let body = body.map(|b| b.to_string()).unwrap_or_default();
-        let mut head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: \
-             application/json\r\nContent-Length: {}\r\n",
-            self.api,
-            body.len()
-        );
-        if let Some(t) = &self.token {
-            head.push_str(&format!("Authorization: Bearer {t}\r\n"));
-        }
-        head.push_str("\r\n");
-        conn.write_all(head.as_bytes())?;
-        conn.write_all(body.as_bytes())?;
-        let mut raw = Vec::new();
-        conn.read_to_end(&mut raw)
-            .with_context(|| format!("reading the reply to {method} {path}"))?;
-        let text = String::from_utf8_lossy(&raw);
-        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-        let status: u16 = head
-            .lines()
-            .next()
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        let chunked = head.lines().any(|l| {
-            l.to_ascii_lowercase()
-                .starts_with("transfer-encoding: chunked")
-        });
-        let body = if chunked {
-            dechunk(body)
-        } else {
-            body.to_string()
-        };
+        let reply = self.send(method, path, body.as_bytes(), Some(limit))?;
+        let status = reply.status().as_u16();
+        let body = read_body(reply.into_body(), method, path)?;
         let doc: Value = match body.trim() {
             "" => Value::Null,
             b => serde_json::from_str(b).unwrap_or_else(|_| Value::String(b.to_string())),
@@ -250,22 +231,6 @@ impl std::fmt::Display for Refused {
 
 impl std::error::Error for Refused {}
 
-/// The body of a chunked reply.
-fn dechunk(mut text: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = text.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
-            break;
-        };
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        text = rest[n..].strip_prefix("\r\n").unwrap_or(&rest[n..]);
-    }
-    out
-}
-
 /// The token from the environment or `file`, if any.
 pub fn token(file: Option<&std::path::Path>) -> anyhow::Result<Option<String>> {
     if let Ok(t) = std::env::var(TOKEN_ENV) {
@@ -300,15 +265,5 @@ pub fn entries(client: &Client, table: &str) -> anyhow::Result<Vec<Value>> {
             Some(next) => after = format!("?after={next}"),
             None => return Ok(all),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn chunked_bodies_are_joined() {
-        assert_eq!(dechunk("3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"), "abcde");
     }
 }

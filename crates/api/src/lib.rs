@@ -52,15 +52,26 @@ pub fn api_token(
     Ok(token)
 }
 
+/// What [`percent_encode`] leaves as it is: RFC 3986's unreserved characters.
+const UNRESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
 /// `bytes` with everything but unreserved characters as `%XX`.
 pub fn percent_encode(bytes: &[u8]) -> String {
-    let mut s = String::with_capacity(bytes.len());
-    for &b in bytes {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            s.push(b as char);
-        } else {
-            s.push_str(&format!("%{b:02X}"));
-        }
+    percent_encoding::percent_encode(bytes, UNRESERVED).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn percent_encode_keeps_only_unreserved_characters() {
+        assert_eq!(super::percent_encode(b"aZ9-_.~"), "aZ9-_.~");
+        assert_eq!(
+            super::percent_encode(b"a b/c?d=e&f+%\xff"),
+            "a%20b%2Fc%3Fd%3De%26f%2B%25%FF"
+        );
     }
-    s
 }

@@ -4,7 +4,6 @@
 //! Text is set in DejaVu Sans, read at run time from Debian's fonts-dejavu-core package, so the
 //! binary carries no font and the PNG needs no system font library. Draws only what it is given.
 
-use std::io::Write;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -105,7 +104,7 @@ pub fn write(chart: &Chart, stem: &Path) -> anyhow::Result<[PathBuf; 2]> {
         root.present()
             .map_err(|e| anyhow!("drawing the PNG: {e}"))?;
     }
-    let png = encode_png(SIZE.0, SIZE.1, &rgb);
+    let png = encode_png(SIZE.0, SIZE.1, &rgb).context("encoding the PNG")?;
     std::fs::write(&png_path, png).with_context(|| format!("writing {}", png_path.display()))?;
     Ok([svg_path, png_path])
 }
@@ -435,40 +434,16 @@ fn number(v: f64) -> String {
     }
 }
 
-/// A PNG of 8-bit RGB pixels, row by row: signature, IHDR, one zlib IDAT, IEND.
-pub fn encode_png(width: u32, height: u32, rgb: &[u8]) -> Vec<u8> {
-    let row = width as usize * 3;
-    let mut raw = Vec::with_capacity((row + 1) * height as usize);
-    for line in rgb.chunks(row) {
-        raw.push(0); // filter: none
-        raw.extend_from_slice(line);
-    }
-    let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
-    // Writing into a Vec cannot fail.
-    let _ = z.write_all(&raw);
-    let idat = z.finish().unwrap_or_default();
-    let mut ihdr = Vec::with_capacity(13);
-    ihdr.extend_from_slice(&width.to_be_bytes());
-    ihdr.extend_from_slice(&height.to_be_bytes());
-    ihdr.extend_from_slice(&[8, 2, 0, 0, 0]); // 8 bits, truecolour, deflate, no filter, no interlace
-    let mut out = PNG_SIGNATURE.to_vec();
-    chunk(&mut out, b"IHDR", &ihdr);
-    chunk(&mut out, b"IDAT", &idat);
-    chunk(&mut out, b"IEND", &[]);
-    out
-}
-
-/// The eight bytes every PNG file starts with.
-pub const PNG_SIGNATURE: [u8; 8] = [0x89, b'P', b'N', b'G', b'\r', b'\n', 0x1a, b'\n'];
-
-fn chunk(out: &mut Vec<u8>, kind: &[u8; 4], data: &[u8]) {
-    out.extend_from_slice(&(data.len() as u32).to_be_bytes());
-    out.extend_from_slice(kind);
-    out.extend_from_slice(data);
-    let mut crc = crc32fast::Hasher::new();
-    crc.update(kind);
-    crc.update(data);
-    out.extend_from_slice(&crc.finalize().to_be_bytes());
+/// A PNG of 8-bit RGB pixels, row by row.
+pub fn encode_png(width: u32, height: u32, rgb: &[u8]) -> Result<Vec<u8>, png::EncodingError> {
+    let mut out = Vec::new();
+    let mut encoder = png::Encoder::new(&mut out, width, height);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    let mut writer = encoder.write_header()?;
+    writer.write_image_data(rgb)?;
+    writer.finish()?;
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -500,8 +475,9 @@ mod tests {
 
     #[test]
     fn png_chunks_are_well_formed() {
-        let png = encode_png(2, 1, &[255, 0, 0, 0, 0, 255]);
-        assert_eq!(&png[..8], &PNG_SIGNATURE);
+        let png = encode_png(2, 1, &[255, 0, 0, 0, 0, 255]).unwrap();
+        // The eight bytes every PNG file starts with.
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
         assert_eq!(&png[12..16], b"IHDR");
         assert_eq!(&png[png.len() - 8..png.len() - 4], b"IEND");
         // IEND's CRC is a constant of the format.

@@ -284,34 +284,20 @@ pub(crate) fn cache_query(query: &str) -> Result<CacheQuery, ApiError> {
     Ok(q)
 }
 
-/// Decodes `%XX` escapes (and `+` as a space).
+/// Decodes `%XX` escapes (and `+` as a space). A `%` not followed by two hex digits is
+/// refused: `percent_encoding` would pass it through as it is.
 fn percent_decode(text: &str) -> Result<Vec<u8>, ApiError> {
     let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = bytes
-                    .get(i + 1..i + 3)
-                    .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
-                    .and_then(|h| std::str::from_utf8(h).ok())
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or_else(|| ApiError::BadEscape(text.to_owned()))?;
-                out.push(hex);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
+    let escapes_are_whole = bytes.iter().enumerate().all(|(i, &b)| {
+        b != b'%'
+            || bytes
+                .get(i + 1..i + 3)
+                .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
+    });
+    if !escapes_are_whole {
+        return Err(ApiError::BadEscape(text.to_owned()));
     }
-    Ok(out)
+    Ok(percent_encoding::percent_decode_str(&text.replace('+', " ")).collect())
 }
 
 #[cfg(test)]

@@ -13,6 +13,8 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+use base64::Engine;
+
 use crate::replies::{normalise_binary, normalise_text, packets};
 
 /// One stream of requests.
@@ -204,23 +206,9 @@ const ODD_NUMBERS: &[&str] = &[
 /// Bytes a mutation writes into a request.
 const ODD_BYTES: &[u8] = b" \t\r\n0x-9qb\x80\x00=";
 
+/// Standard base64 with padding, as memcached's meta commands take a key.
 fn b64(data: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in data.chunks(3) {
-        let bits = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |acc, (i, &b)| acc | u32::from(b) << (16 - 8 * i));
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ALPHABET[(bits >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
+    base64::engine::general_purpose::STANDARD.encode(data)
 }
 
 /// The stream of case `index` of the run seeded `seed`.

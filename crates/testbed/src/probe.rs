@@ -1,4 +1,4 @@
-//! Readiness probes: a minimal HTTP/1.0 GET for kvswitch's API and a memcached `version`
+//! Readiness probes: an HTTP request to kvswitch's API (on `ureq`) and a memcached `version`
 //! exchange, both with short timeouts so a dead daemon costs milliseconds, not minutes; and a
 //! memcached's `stats`.
 
@@ -12,14 +12,14 @@ use anyhow::{anyhow, bail, Context};
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(300);
 const IO_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// `GET path` over HTTP/1.0; returns the status code and the body.
+/// `GET path`; returns the status code and the body.
 pub fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
     http(addr, "GET", path, None, None)
 }
 
-/// `method path` over HTTP/1.0, with the API token as a bearer token and a JSON body when
-/// given (declared JSON for any method but GET and HEAD, as kvswitch's APIs want a change);
-/// returns the status code and the body.
+/// `method path`, with the API token as a bearer token and a JSON body when given (declared
+/// JSON for any method but GET and HEAD, as kvswitch's APIs want a change); returns the
+/// status code, whatever it is, and the body.
 pub fn http(
     addr: SocketAddr,
     method: &str,
@@ -27,39 +27,47 @@ pub fn http(
     token: Option<&str>,
     body: Option<&str>,
 ) -> anyhow::Result<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
-        .with_context(|| format!("connecting to {addr}"))?;
-    s.set_read_timeout(Some(IO_TIMEOUT))?;
-    s.set_write_timeout(Some(IO_TIMEOUT))?;
-    let mut head = format!("{method} {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n");
-    if let Some(token) = token {
-        head.push_str(&format!("Authorization: Bearer {token}\r\n"));
-    }
     let body = body.unwrap_or_default();
+    let mut request = ureq::http::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"))
+        .header(ureq::http::header::CONNECTION, "close");
+    if let Some(token) = token {
+        request = request.header(ureq::http::header::AUTHORIZATION, format!("Bearer {token}"));
+    }
     // kvswitch's APIs take a change only as JSON (a type a web page of another origin cannot
     // send without asking first), even a change without a body.
     if !body.is_empty() || !matches!(method, "GET" | "HEAD") {
-        head.push_str(&format!(
-            "Content-Type: application/json\r\nContent-Length: {}\r\n",
-            body.len()
-        ));
+        request = request.header(ureq::http::header::CONTENT_TYPE, "application/json");
     }
-    head.push_str("\r\n");
-    head.push_str(body);
-    s.write_all(head.as_bytes())?;
+    let request = request
+        .body(body.as_bytes())
+        .with_context(|| format!("{method} {path} to {addr}: not a request to send"))?;
+    let agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .timeout_connect(Some(CONNECT_TIMEOUT))
+        .timeout_per_read(Some(IO_TIMEOUT))
+        .timeout_per_write(Some(IO_TIMEOUT))
+        .build()
+        .new_agent();
+    let reply = agent.run(request).map_err(|e| match e {
+        ureq::Error::Timeout(ureq::Timeout::Connect) | ureq::Error::ConnectionFailed => {
+            anyhow!("connecting to {addr}: {e}")
+        }
+        ureq::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
+            anyhow!("connecting to {addr}: {io}")
+        }
+        e => anyhow!("{method} {path} to {addr}: {e}"),
+    })?;
+    let code = reply.status().as_u16();
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw)
+    reply
+        .into_body()
+        .into_reader()
+        .read_to_end(&mut raw)
         .with_context(|| format!("reading HTTP response from {addr}"))?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status_line = head.lines().next().unwrap_or("");
-    let mut parts = status_line.split_whitespace();
-    let version = parts.next().unwrap_or("");
-    let code = parts.next().and_then(|c| c.parse::<u16>().ok());
-    match code {
-        Some(code) if version.starts_with("HTTP/") => Ok((code, body.to_string())),
-        _ => bail!("bad HTTP status line from {addr}: {status_line:?}"),
-    }
+    Ok((code, String::from_utf8_lossy(&raw).into_owned()))
 }
 
 /// How long reading a memcached's `stats` may take to connect, and then to read.
