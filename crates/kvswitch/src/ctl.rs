@@ -258,6 +258,33 @@ pub fn action(text: &str) -> anyhow::Result<Value> {
         ("set_dscp", Some(n)) => {
             json!({ "set_dscp": n.parse::<u8>().with_context(|| format!("{text}: a DSCP, 0 to 63"))? })
         }
+        ("impair", Some(a)) => {
+            let mut def = serde_json::Map::new();
+            for part in a.split(',') {
+                let (k, v) = part
+                    .split_once('=')
+                    .with_context(|| format!("{text}: write impair:drop_ppm=N,delay_us=N,..."))?;
+                if ![
+                    "drop_ppm",
+                    "duplicate_ppm",
+                    "reorder_ppm",
+                    "delay_us",
+                    "reorder_us",
+                ]
+                .contains(&k)
+                {
+                    bail!(
+                        "{text}: {k:?} is not drop_ppm, duplicate_ppm, reorder_ppm, delay_us \
+                         or reorder_us"
+                    );
+                }
+                let n: u32 = v
+                    .parse()
+                    .with_context(|| format!("{text}: {v:?} is not a number"))?;
+                def.insert(k.to_string(), json!(n));
+            }
+            json!({ "impair": def })
+        }
         ("set_reg" | "load_reg" | "add_register", Some(a)) => {
             let (left, right) = a
                 .split_once('=')
@@ -277,7 +304,8 @@ pub fn action(text: &str) -> anyhow::Result<Value> {
             "{text:?} is not an action: output:PORT, flood, drop, to_cpu, mirror, count:NAME, \
              goto:TABLE, set_eth_dst:MAC, set_eth_src:MAC, set_ipv4_dst:IP, set_ipv4_src:IP, \
              set_dscp:N, dec_ttl, interface:ID, set_reg:REG=VALUE, load_reg:REG=REGISTER, \
-             add_register:REGISTER=VALUE, push_label:LABEL, pop_label, swap_label:LABEL"
+             add_register:REGISTER=VALUE, push_label:LABEL, pop_label, swap_label:LABEL, \
+             impair:drop_ppm=N,duplicate_ppm=N,reorder_ppm=N,delay_us=N,reorder_us=N"
         ),
     })
 }
@@ -805,6 +833,12 @@ mod tests {
         assert!(action("output:x").is_err());
         assert!(action("teleport").is_err());
         assert_eq!(action("interface:4").unwrap(), json!({"interface": 4}));
+        assert_eq!(
+            action("impair:drop_ppm=10000,delay_us=500").unwrap(),
+            json!({"impair": {"drop_ppm": 10000, "delay_us": 500}})
+        );
+        assert!(action("impair:loss=1").is_err());
+        assert!(action("impair:drop_ppm=-1").is_err());
         assert_eq!(
             action("load_reg:3=7").unwrap(),
             json!({"load_reg": {"reg": 3, "register": 7}})

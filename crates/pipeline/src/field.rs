@@ -116,7 +116,7 @@ mod tests {
             in_port: 0x0102,
             key_hash: 0xaabbccdd,
             flags: 7,
-            regs: [0, 0, 0x11223344, 0, 0, 0, 0, 0],
+            regs: [0, 0, 0x11223344, 0, 0, 0, 0, 0, 0],
         };
         let fields = [
             Field::Bytes { offset: 4, len: 2 },
@@ -174,7 +174,7 @@ mod tests {
             Field::Bytes { offset: 3, len: 0 }.validate(),
             Err(FieldError::EmptyBytes { offset: 3 })
         );
-        assert_eq!(Field::Reg(8).validate(), Err(FieldError::Register(8)));
+        assert_eq!(Field::Reg(9).validate(), Err(FieldError::Register(9)));
         assert!(Field::Reg(7).validate().is_ok());
     }
 }

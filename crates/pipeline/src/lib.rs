@@ -69,7 +69,7 @@ pub const MAX_TABLE_IDS: usize = u16::MAX as usize;
 pub const MAX_ACTIONS: usize = 64;
 
 /// Number of metadata registers in [`Meta::regs`].
-pub const NUM_REGS: usize = 8;
+pub const NUM_REGS: usize = 9;
 
 /// Number of user registers: state that outlives a frame, read and written by the control
 /// plane and by [`Action::LoadReg`] and [`Action::AddReg`].

@@ -302,9 +302,37 @@ pub enum ActionDef {
     /// Replace the top MPLS label's label and decrement its TTL (one that runs out drops the
     /// frame).
     SwapLabel(u32),
+    /// Impair the frames the entry matches as a faulty link would, for tests of what runs
+    /// over it: see [`ImpairDef`].
+    Impair(ImpairDef),
     /// An action of the memcached program that only it writes, described.
     Program(String),
 }
+
+/// A faulty link, as the `impair` action writes it. Of the frames that would leave, a share
+/// `drop_ppm` (parts per million) is dropped (`impaired`), a share `duplicate_ppm` sent twice,
+/// a share `reorder_ppm` held back `reorder_us` more than the rest so that later frames pass
+/// it, and every frame kept waits `delay_us` first. Each frame draws from the switch's own
+/// seeded generator, so a run is replayed by its seed. The shares add up to at most a million;
+/// a delay is at most a second. Held frames are bounded ([`MAX_IMPAIRED_HELD`]); past that a
+/// frame asked to wait is dropped as `impaired`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
+pub struct ImpairDef {
+    pub drop_ppm: u32,
+    pub duplicate_ppm: u32,
+    pub reorder_ppm: u32,
+    pub delay_us: u32,
+    pub reorder_us: u32,
+}
+
+/// The most frames the `impair` actions hold at once.
+pub const MAX_IMPAIRED_HELD: usize = 4096;
+/// The most different `impair` actions a switch holds.
+pub const MAX_IMPAIRMENTS: usize = 256;
+/// The longest an `impair` action delays a frame, in microseconds.
+pub const MAX_IMPAIR_DELAY_US: u32 = 1_000_000;
 
 /// An entry of the interface table as the API writes it.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -126,10 +126,13 @@ pub enum Drop {
     /// (`switch.client_networks`, by default the VIP's network): the server's answer would go
     /// nowhere (memcached stops answering UDP after a reply it cannot send).
     SourceOffNet,
+    /// An operator's `impair` action dropped it (its `drop_ppm`), or held frames were already
+    /// at the limit when it asked for a delay.
+    Impaired,
 }
 
 impl Drop {
-    pub const ALL: [Drop; 50] = [
+    pub const ALL: [Drop; 51] = [
         Drop::BadEthernet,
         Drop::BadIpv4,
         Drop::BadUdp,
@@ -180,6 +183,7 @@ impl Drop {
         Drop::SourceMacBound,
         Drop::SourceMacMoved,
         Drop::SourceOffNet,
+        Drop::Impaired,
     ];
 
     /// The label used in metrics.
@@ -235,6 +239,7 @@ impl Drop {
             Drop::SourceMacBound => "source_mac_bound",
             Drop::SourceMacMoved => "source_mac_moved",
             Drop::SourceOffNet => "source_off_net",
+            Drop::Impaired => "impaired",
         }
     }
 
@@ -336,6 +341,10 @@ pub struct Stats {
     pub switched: AtomicU64,
     pub mac_learned: AtomicU64,
     pub splits_in_flight: AtomicU64,
+    /// Frames an `impair` action holds back now.
+    pub impaired_held: AtomicU64,
+    /// Frames an `impair` action sent twice.
+    pub impaired_duplicated: AtomicU64,
 }
 
 impl Stats {
@@ -361,6 +370,8 @@ impl Stats {
             switched: AtomicU64::new(0),
             mac_learned: AtomicU64::new(0),
             splits_in_flight: AtomicU64::new(0),
+            impaired_held: AtomicU64::new(0),
+            impaired_duplicated: AtomicU64::new(0),
         }
     }
 

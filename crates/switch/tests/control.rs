@@ -1099,3 +1099,103 @@ fn a_counter_is_deleted_once_nothing_feeds_it_and_comes_back_from_zero() {
     sw.apply(vec![add("t", entry)]).unwrap();
     assert_eq!(counted(&sw), [("seen".to_string(), 0)]);
 }
+
+/// `n` gets of distinct keys from the client through the switch at `now`, with the frames the
+/// switch sent (the frames it forwards in place are copied out, in order).
+fn gets_through(sw: &mut Switch, n: usize, now: Instant) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let mut frame = get(&format!("k:{i}"));
+        let mut emit = Vec::new();
+        if let Fate::Out(_) = sw.process(0, &mut frame, true, now, &mut emit) {
+            out.push(frame);
+        }
+        out.extend(emit.into_iter().map(|e| e.frame));
+    }
+    out
+}
+
+#[test]
+fn an_impair_action_drops_duplicates_and_delays_as_its_seed_draws() {
+    let impaired = |actions: Value| {
+        let (mut sw, stats) = rig();
+        sw.apply(vec![add(
+            "acl",
+            json!({"match": {"ip_dst": "10.0.0.100", "l4_dst": 11211}, "actions": actions}),
+        )])
+        .unwrap();
+        (sw, stats)
+    };
+    // A third dropped, a tenth sent twice, of 3,000 reads.
+    let (mut sw, stats) = impaired(json!([
+        {"impair": {"drop_ppm": 333_333, "duplicate_ppm": 100_000}}, {"output": 3}
+    ]));
+    let sent = gets_through(&mut sw, 3000, NOW);
+    let dropped = stats::get(&stats.drops[Drop::Impaired as usize]);
+    let twice = stats::get(&stats.impaired_duplicated);
+    assert!((850..1150).contains(&dropped), "{dropped} dropped");
+    assert!((200..400).contains(&twice), "{twice} twice");
+    assert_eq!(sent.len() as u64, 3000 - dropped + twice);
+    // The same seed draws the same again.
+    let (mut again, stats_again) = impaired(json!([
+        {"impair": {"drop_ppm": 333_333, "duplicate_ppm": 100_000}}, {"output": 3}
+    ]));
+    assert_eq!(gets_through(&mut again, 3000, NOW), sent);
+    assert_eq!(
+        stats::get(&stats_again.drops[Drop::Impaired as usize]),
+        dropped
+    );
+
+    // Delayed: nothing leaves until the delay has passed, then everything in its order; a
+    // share reordered leaves later than the frames behind it.
+    let (mut sw, stats) = impaired(json!([
+        {"impair": {"delay_us": 500, "reorder_ppm": 200_000, "reorder_us": 1000}},
+        {"output": 3}
+    ]));
+    assert!(gets_through(&mut sw, 100, NOW).is_empty());
+    assert_eq!(stats::get(&stats.impaired_held), 100);
+    let mut emit = Vec::new();
+    sw.tick(NOW + std::time::Duration::from_micros(500), &mut emit);
+    let first = emit.len();
+    assert!((65..95).contains(&first), "{first} on time");
+    sw.tick(NOW + std::time::Duration::from_micros(1500), &mut emit);
+    assert_eq!(emit.len(), 100);
+    assert_eq!(stats::get(&stats.impaired_held), 0);
+    // The held-back frames are of keys sent before some that left at once.
+    let key_of = |f: &[u8]| -> usize {
+        let text = String::from_utf8_lossy(f);
+        let at = text.rfind("k:").expect("a key");
+        text[at + 2..].trim_end().parse().expect("the key's number")
+    };
+    let on_time: Vec<usize> = emit[..first].iter().map(|e| key_of(&e.frame)).collect();
+    let late: Vec<usize> = emit[first..].iter().map(|e| key_of(&e.frame)).collect();
+    assert!(on_time.windows(2).all(|w| w[0] < w[1]), "{on_time:?}");
+    assert!(late.windows(2).all(|w| w[0] < w[1]), "{late:?}");
+    assert!(late.iter().any(|k| k < on_time.last().unwrap()), "{late:?}");
+    let mut all: Vec<usize> = on_time.iter().chain(&late).copied().collect();
+    all.sort_unstable();
+    assert_eq!(all, (0..100).collect::<Vec<_>>(), "every frame once");
+
+    // The entry reads back as written, and a bad one is refused with its reason.
+    let entries = serde_json::to_value(sw.entries("acl").unwrap()).unwrap();
+    assert!(
+        entries.to_string().contains("\"reorder_us\":1000"),
+        "{entries}"
+    );
+    for (bad, says) in [
+        (
+            json!({"drop_ppm": 600_000, "duplicate_ppm": 500_000}),
+            "a million",
+        ),
+        (json!({"delay_us": 2_000_000}), "a second"),
+        (json!({"reorder_ppm": 10}), "reorder_us"),
+    ] {
+        let e = sw
+            .apply(vec![add(
+                "acl",
+                json!({"match": {"l4_dst": 9}, "actions": [{"impair": bad}, "flood"]}),
+            )])
+            .unwrap_err();
+        assert!(e.to_string().contains(says), "{e}");
+    }
+}

@@ -289,7 +289,7 @@ pub fn metrics(shared: &Shared, m: &mut Exposition) {
     for (kind, n) in [("get", &s.switchkv_gets), ("other", &s.switchkv_others)] {
         m.sample("kvswitch_switchkv_queries_total", &[("kind", kind)], get(n));
     }
-    let singles: [(&str, &str, u64); 11] = [
+    let singles: [(&str, &str, u64); 13] = [
         (
             "kvswitch_kv_requests_total",
             "memcached datagrams to the VIP.",
@@ -340,6 +340,16 @@ pub fn metrics(shared: &Shared, m: &mut Exposition) {
             "kvswitch_splits_in_flight",
             "Split multi-key gets awaiting parts.",
             get(&s.splits_in_flight),
+        ),
+        (
+            "kvswitch_impaired_held",
+            "Frames an operator's impair action holds back now.",
+            get(&s.impaired_held),
+        ),
+        (
+            "kvswitch_impaired_duplicated_total",
+            "Frames an operator's impair action sent twice.",
+            get(&s.impaired_duplicated),
         ),
     ];
     for (name, help, value) in singles {

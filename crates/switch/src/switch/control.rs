@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use pipeline::{CounterId, EntryId, Taken};
 
+use super::impair::REG_IMPAIR;
 use super::*;
 use crate::control::{
     check_name, describe_field, describe_match, field_name, resolve_field, user_register_name,
@@ -455,6 +456,10 @@ impl Switch {
                 ActionDef::Flood => Action::Flood,
                 ActionDef::ToCpu => Action::ToCpu(CPU_OPERATOR),
                 ActionDef::Mirror => Action::SetReg(REG_MIRROR as u8, 1),
+                ActionDef::Impair(def) => {
+                    let n = self.impair.number(def).map_err(bad)?;
+                    Action::SetReg(REG_IMPAIR as u8, n)
+                }
                 ActionDef::Drop => Action::Drop(Drop::Operator.code()),
                 ActionDef::Count(name) => {
                     check_name(name).map_err(bad)?;
@@ -526,12 +531,12 @@ impl Switch {
                     Action::Interface(*n)
                 }
                 ActionDef::SetReg { reg, .. } | ActionDef::LoadReg { reg, .. }
-                    if !(FIRST_OPERATOR_REG..pipeline::NUM_REGS as u8).contains(reg) =>
+                    if !(FIRST_OPERATOR_REG..REG_IMPAIR as u8).contains(reg) =>
                 {
                     return Err(bad(format!(
                         "reg{reg}: operators write metadata registers {FIRST_OPERATOR_REG} to {} \
-                         (those below belong to the memcached program)",
-                        pipeline::NUM_REGS - 1
+                         (the others belong to the memcached program and to `impair`)",
+                        REG_IMPAIR - 1
                     )));
                 }
                 ActionDef::LoadReg { register, .. } | ActionDef::AddRegister { register, .. }
@@ -572,6 +577,10 @@ impl Switch {
             Action::Flood => ActionDef::Flood,
             Action::ToCpu(CPU_OPERATOR) => ActionDef::ToCpu,
             Action::SetReg(r, 1) if usize::from(r) == REG_MIRROR => ActionDef::Mirror,
+            Action::SetReg(r, n) if usize::from(r) == REG_IMPAIR => match self.impair.def(n) {
+                Some(def) => ActionDef::Impair(def),
+                None => ActionDef::Program(format!("impair {n}")),
+            },
             Action::Drop(c) if c == Drop::Operator.code() => ActionDef::Drop,
             Action::Count(id) => match self.operator.counters.iter().find(|(_, &c)| c == id) {
                 Some((name, _)) => ActionDef::Count(name.clone()),

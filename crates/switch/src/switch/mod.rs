@@ -39,6 +39,7 @@ mod control;
 mod cpu;
 mod fast;
 mod guard;
+mod impair;
 mod parse;
 mod station;
 mod tables;
@@ -218,6 +219,8 @@ pub struct Switch {
     vip_broadcast: Option<Ipv4Addr>,
     /// What the control plane added: its tables, counters and the CPU queue.
     operator: control::Operator,
+    /// The `impair` actions' profiles, their generator and the frames they hold back.
+    impair: impair::Impairments,
     /// The interface-table entries `kv_steer` entries send reads through (the SwitchKV cache
     /// nodes' next hops), kept as `kv_steer` changes: only these may send a read back in its
     /// client's name past the source check.
@@ -310,6 +313,7 @@ impl Switch {
                 Ipv4Addr::from(u32::from(spec.vip.ip) | (u32::MAX >> spec.vip.prefix_len))
             }),
             operator: control::Operator::default(),
+            impair: impair::Impairments::new(spec.seed),
             steer_hops: Vec::new(),
             fast_hosts: None,
             fast_ring: None,
@@ -401,6 +405,7 @@ impl Switch {
             self.splitter.next_deadline(),
             self.view.next_return(),
             cache,
+            self.impair.next_due(),
         ]
         .into_iter()
         .flatten()
@@ -658,6 +663,40 @@ impl Switch {
         self.finish(verdict, in_port, frame, meta, emit)
     }
 
+    /// Sends a frame an `impair` action matched as its profile `n` draws: dropped, sent
+    /// once or twice, now or held back, out of each port `fate` names.
+    fn impaired(&mut self, n: u32, fate: Fate, in_port: u16, bytes: Vec<u8>, emit: &mut Vec<Emit>) {
+        let ports: Vec<u16> = match fate {
+            Fate::Out(p) => vec![p],
+            _ => (0..self.ports as u16)
+                .filter(|&p| p != in_port && Some(p) != self.local)
+                .collect(),
+        };
+        let now = self.now.unwrap_or(Instant::ZERO);
+        for p in ports {
+            match self.impair.decide(n) {
+                impair::Effect::Drop => self.stats.count_drop(Drop::Impaired),
+                impair::Effect::Send { copies, wait } => {
+                    if copies > 1 {
+                        stats::inc(&self.stats.impaired_duplicated);
+                    }
+                    for _ in 0..copies {
+                        let out = Emit {
+                            dest: Dest::Port(p),
+                            frame: bytes.clone(),
+                        };
+                        if wait.is_zero() {
+                            emit.push(out);
+                        } else if !self.impair.hold(now + wait, out) {
+                            self.stats.count_drop(Drop::Impaired);
+                        }
+                    }
+                }
+            }
+        }
+        self.count_impaired();
+    }
+
     fn finish(
         &mut self,
         verdict: Verdict,
@@ -695,6 +734,12 @@ impl Switch {
                 self.stats.backend_request(server);
             }
             stats::inc(&self.stats.kv_forwarded);
+        }
+        let impair = meta.regs[impair::REG_IMPAIR];
+        if impair != 0 && matches!(fate, Fate::Out(_) | Fate::Flood) {
+            let bytes = frame.to_vec();
+            self.impaired(impair, fate, in_port, bytes, emit);
+            return Fate::Consumed;
         }
         match (moved, fate) {
             (Some(bytes), Fate::Out(p)) => {
@@ -815,6 +860,8 @@ impl Switch {
         if !self.held.is_empty() {
             self.release_held(now, emit);
         }
+        self.impair.release(now, emit);
+        self.count_impaired();
         if let Some(cache) = &mut self.cache {
             let view = &self.view;
             cache.tick(now, &mut self.pipeline, &|key| view.key_hash(key));
@@ -849,6 +896,14 @@ impl Switch {
                 });
             }
         }
+    }
+
+    /// Publishes how many frames the `impair` actions hold.
+    fn count_impaired(&self) {
+        self.stats.impaired_held.store(
+            self.impair.held() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 
     /// Publishes how many split gets are in flight; called wherever that changes, so that the
