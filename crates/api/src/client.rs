@@ -55,6 +55,9 @@ impl Client {
     /// comes back as a reply for the caller to read.
     fn agent(&self, limit: Option<Duration>) -> ureq::Agent {
         ureq::Agent::config_builder()
+            // Straight to the API: a proxy from the environment (HTTP_PROXY, ALL_PROXY) would take
+            // loopback and namespace addresses it cannot reach, and see the token.
+            .proxy(None)
             .http_status_as_error(false)
             .max_redirects(0)
             .timeout_connect(Some(limit.map_or(CONNECT_LIMIT, |t| t.min(CONNECT_LIMIT))))

@@ -264,8 +264,10 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         }
     }
     cache_nodes::metrics(&f.cache_nodes, &mut m);
-    routes::metrics(&shared.routes, &mut m);
     fabric::metrics(&f.fabric, &mut m);
+    // The fleet is let go before the rest, which reads files.
+    drop(f);
+    routes::metrics(&shared.routes, &mut m);
     shared.guard.write_metrics(&mut m);
     m.standard("controller");
     ([(header::CONTENT_TYPE, CONTENT_TYPE)], m.finish()).into_response()

@@ -126,8 +126,9 @@ fn an_attacker_host_speaks_for_nobody_while_honest_clients_run() {
     // The honest client is on the network before the attack starts, as a client in use is: an
     // address nobody has used yet goes to the first port it is heard on (unless
     // `source_prefixes` binds it), and the attacker claims c1's from its first round.
+    // (A datagram may be lost on a loaded machine: a few tries.)
     assert!(
-        udp_call(&live, "c1", vip(&live), b"get id:0\r\n", T).is_some(),
+        (0..3).any(|_| udp_call(&live, "c1", vip(&live), b"get id:0\r\n", T).is_some()),
         "c1 reaches the VIP before the attack"
     );
     let clients = history_clients(&live, &["c1"], &[Transport::Udp, Transport::Tcp], T);

@@ -236,7 +236,6 @@ pub struct RequestTime {
     /// Observations per bucket (not cumulative); the last holds those above every bound.
     buckets: [AtomicU64; REQUEST_TIME_BOUNDS_US.len() + 1],
     sum_ns: AtomicU64,
-    count: AtomicU64,
 }
 
 impl RequestTime {
@@ -248,11 +247,11 @@ impl RequestTime {
             &self.sum_ns,
             u64::try_from(took.as_nanos()).unwrap_or(u64::MAX),
         );
-        add(&self.count, 1);
     }
 
     /// The cumulative buckets (bound in seconds, observations at most that), the sum in
-    /// seconds and the count.
+    /// seconds and the count. The count is the buckets' own total, so that a scrape taken
+    /// while workers observe never shows a bucket above it.
     pub fn snapshot(&self) -> (Vec<(f64, u64)>, f64, u64) {
         let mut total = 0;
         let buckets = REQUEST_TIME_BOUNDS_US
@@ -263,7 +262,7 @@ impl RequestTime {
                 (bound as f64 / 1e6, total)
             })
             .collect();
-        let count = get(&self.count);
+        let count = total + get(&self.buckets[REQUEST_TIME_BOUNDS_US.len()]);
         (buckets, get(&self.sum_ns) as f64 / 1e9, count)
     }
 }

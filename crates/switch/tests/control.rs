@@ -1198,4 +1198,30 @@ fn an_impair_action_drops_duplicates_and_delays_as_its_seed_draws() {
             .unwrap_err();
         assert!(e.to_string().contains(says), "{e}");
     }
+
+    // Profiles are bounded while entries name them, and freed once none does.
+    let (mut sw, _) = rig();
+    let entry = |delay: u32| {
+        add(
+            "acl",
+            json!({"match": {"l4_dst": 9}, "priority": delay,
+                   "actions": [{"impair": {"delay_us": delay}}, "flood"]}),
+        )
+    };
+    let ids: Vec<u64> = (1..=256)
+        .map(|d| sw.apply(vec![entry(d)]).unwrap()[0])
+        .collect();
+    let e = sw.apply(vec![entry(999)]).unwrap_err();
+    assert!(e.to_string().contains("256"), "{e}");
+    sw.apply(
+        ids.iter()
+            .map(|&id| Change::Delete {
+                table: "acl".into(),
+                id,
+            })
+            .collect(),
+    )
+    .unwrap();
+    sw.apply(vec![entry(999)])
+        .expect("a profile once the others are gone");
 }

@@ -44,6 +44,8 @@ pub fn http(
         .body(body.as_bytes())
         .with_context(|| format!("{method} {path} to {addr}: not a request to send"))?;
     let agent = ureq::Agent::config_builder()
+        // Straight to the address: never through a proxy from the environment.
+        .proxy(None)
         .http_status_as_error(false)
         .max_redirects(0)
         .timeout_connect(Some(CONNECT_TIMEOUT))
@@ -117,7 +119,8 @@ pub fn memcached_version(addr: SocketAddr) -> anyhow::Result<String> {
 /// Sends `version\r\n` in one memcached UDP datagram to `addr` and returns the reply line. A
 /// memcached that listens on TCP may not have bound its UDP port yet: it binds TCP first.
 pub fn memcached_udp_version(addr: SocketAddr) -> anyhow::Result<String> {
-    client::memcached::version_udp(addr, IO_TIMEOUT)
+    // A datagram lost, or a port not yet bound, costs one short wait: the caller retries.
+    client::memcached::version_udp(addr, CONNECT_TIMEOUT)
         .with_context(|| format!("asking {addr} for `version` over UDP"))
 }
 

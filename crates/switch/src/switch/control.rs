@@ -318,6 +318,12 @@ impl Switch {
     /// (the new entry's for an add).
     pub fn apply(&mut self, changes: Vec<Change>) -> Result<Vec<u64>, ControlError> {
         self.operator.made.clear();
+        // The `impair` numbers no entry holds any more are freed between batches, never
+        // within one (whose undo may put an entry back with its number).
+        if self.impair.is_full() {
+            let live = self.impairments_named();
+            self.impair.keep_only(&live);
+        }
         let steers = changes.iter().any(|c| c.table() == crate::control::STEER);
         let done = self.apply_now(changes);
         self.settle_counters(done.is_ok());
@@ -564,6 +570,31 @@ impl Switch {
             out.push(Action::Goto(self.tables.program));
         }
         Ok(out)
+    }
+
+    /// The `impair` profiles the operator's tables name, in entries and misses.
+    fn impairments_named(&self) -> BTreeSet<u32> {
+        let mut live = BTreeSet::new();
+        let mut note = |actions: &[Action]| {
+            for a in actions {
+                if let Action::SetReg(r, n) = *a {
+                    if usize::from(r) == REG_IMPAIR {
+                        live.insert(n);
+                    }
+                }
+            }
+        };
+        for &t in &self.operator.tables {
+            if let Ok(entries) = self.pipeline.entries(t) {
+                for e in entries {
+                    note(&e.entry.actions);
+                }
+            }
+            if let Some(snapshot) = self.pipeline.table_snapshot(t) {
+                note(&snapshot.miss);
+            }
+        }
+        live
     }
 
     fn describe_action(&self, a: &Action) -> ActionDef {

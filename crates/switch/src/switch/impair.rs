@@ -30,7 +30,8 @@ pub(super) enum Effect {
 
 /// The profiles in use, their generator, and the frames held back.
 pub(super) struct Impairments {
-    defs: Vec<ImpairDef>,
+    /// By number less one; a slot no entry names any more is freed for the next profile.
+    defs: Vec<Option<ImpairDef>>,
     rng: Xoshiro256StarStar,
     /// Held frames by release time, then arrival.
     held: BTreeMap<(Instant, u64), Emit>,
@@ -71,21 +72,39 @@ impl Impairments {
                     .into(),
             );
         }
-        if let Some(i) = self.defs.iter().position(|d| d == def) {
+        if let Some(i) = self.defs.iter().position(|d| d.as_ref() == Some(def)) {
+            return Ok(i as u32 + 1);
+        }
+        if let Some(i) = self.defs.iter().position(Option::is_none) {
+            self.defs[i] = Some(*def);
             return Ok(i as u32 + 1);
         }
         if self.defs.len() >= MAX_IMPAIRMENTS {
             return Err(format!(
-                "the switch holds {MAX_IMPAIRMENTS} different impairments at most"
+                "the switch's tables name {MAX_IMPAIRMENTS} different impairments at most"
             ));
         }
-        self.defs.push(*def);
+        self.defs.push(Some(*def));
         Ok(self.defs.len() as u32)
+    }
+
+    /// Whether every number is taken.
+    pub(super) fn is_full(&self) -> bool {
+        self.defs.len() >= MAX_IMPAIRMENTS && self.defs.iter().all(Option::is_some)
+    }
+
+    /// Frees every number but those in `live` (the numbers the tables' actions still hold).
+    pub(super) fn keep_only(&mut self, live: &std::collections::BTreeSet<u32>) {
+        for (i, d) in self.defs.iter_mut().enumerate() {
+            if !live.contains(&(i as u32 + 1)) {
+                *d = None;
+            }
+        }
     }
 
     /// The profile `REG_IMPAIR`'s value `n` names.
     pub(super) fn def(&self, n: u32) -> Option<ImpairDef> {
-        self.defs.get((n as usize).checked_sub(1)?).copied()
+        *self.defs.get((n as usize).checked_sub(1)?)?
     }
 
     /// What happens to one frame of profile `n`.
@@ -215,5 +234,29 @@ mod tests {
         };
         let n = im.number(&everything).unwrap();
         assert!((0..100).all(|_| im.decide(n) == Effect::Drop));
+        // Numbers no entry holds any more are given to new profiles; the others keep theirs.
+        im.keep_only(&[2].into_iter().collect());
+        assert_eq!((im.def(1), im.def(2), im.def(3)), (None, Some(b), None));
+        assert_eq!(im.number(&everything), Ok(1));
+        let mut full = Impairments::new(1);
+        for d in 0..MAX_IMPAIRMENTS as u32 {
+            let def = ImpairDef {
+                delay_us: d,
+                ..ImpairDef::default()
+            };
+            assert!(!full.is_full());
+            full.number(&def).unwrap();
+        }
+        let one_more = ImpairDef {
+            delay_us: 99_999,
+            ..ImpairDef::default()
+        };
+        assert!(full.is_full());
+        assert!(full.number(&one_more).is_err());
+        assert_eq!(
+            full.number(&ImpairDef::default()),
+            Ok(1),
+            "a profile it has"
+        );
     }
 }
