@@ -11,22 +11,17 @@
 
 use switch::{Dest, Fate};
 
-/// Calls `out` with every port a frame received on `in_port` leaves by, in port order.
-/// `ports` is the number of ports, `local` the local port if there is one.
+/// Calls `out` with every port a frame received on `in_port` leaves by, in port order
+/// ([`Fate::each_port`], the rule the switch follows itself). `ports` is the number of ports,
+/// `local` the local port if there is one.
 pub fn fate_ports(
     fate: Fate,
     in_port: usize,
     ports: usize,
     local: Option<usize>,
-    mut out: impl FnMut(usize),
+    out: impl FnMut(usize),
 ) {
-    match fate {
-        Fate::Out(p) if usize::from(p) < ports => out(usize::from(p)),
-        Fate::Out(_) | Fate::Consumed => {}
-        Fate::Flood => (0..ports)
-            .filter(|&p| p != in_port && Some(p) != local)
-            .for_each(out),
-    }
+    fate.each_port(in_port, ports, local, out);
 }
 
 /// Whether a frame the application originates for `dest` leaves by `port`.

@@ -60,6 +60,28 @@ pub enum Fate {
     Consumed,
 }
 
+impl Fate {
+    /// Calls `out` with every port a frame received on `in_port` leaves by with this fate, in
+    /// port order: `Out(p)` by `p` (the in-port included; a port past `ports` gets nothing), a
+    /// flood by every port but the in-port and the `local` port. The one rule the switch and
+    /// every driver follow.
+    pub fn each_port(
+        self,
+        in_port: usize,
+        ports: usize,
+        local: Option<usize>,
+        mut out: impl FnMut(usize),
+    ) {
+        match self {
+            Fate::Out(p) if usize::from(p) < ports => out(usize::from(p)),
+            Fate::Out(_) | Fate::Consumed => {}
+            Fate::Flood => (0..ports)
+                .filter(|&p| p != in_port && Some(p) != local)
+                .for_each(out),
+        }
+    }
+}
+
 /// Where a frame the switch originates goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dest {
@@ -666,12 +688,13 @@ impl Switch {
     /// Sends a frame an `impair` action matched as its profile `n` draws: dropped, sent
     /// once or twice, now or held back, out of each port `fate` names.
     fn impaired(&mut self, n: u32, fate: Fate, in_port: u16, bytes: Vec<u8>, emit: &mut Vec<Emit>) {
-        let ports: Vec<u16> = match fate {
-            Fate::Out(p) => vec![p],
-            _ => (0..self.ports as u16)
-                .filter(|&p| p != in_port && Some(p) != self.local)
-                .collect(),
-        };
+        let mut ports = Vec::new();
+        fate.each_port(
+            in_port.into(),
+            self.ports,
+            self.local.map(usize::from),
+            |p| ports.push(p as u16),
+        );
         let now = self.now.unwrap_or(Instant::ZERO);
         for p in ports {
             match self.impair.decide(n) {
@@ -750,14 +773,13 @@ impl Switch {
                 Fate::Consumed
             }
             (Some(bytes), Fate::Flood) => {
-                let ports =
-                    (0..self.ports as u16).filter(|&p| p != in_port && Some(p) != self.local);
-                for p in ports {
+                let local = self.local.map(usize::from);
+                Fate::Flood.each_port(in_port.into(), self.ports, local, |p| {
                     emit.push(Emit {
-                        dest: Dest::Port(p),
+                        dest: Dest::Port(p as u16),
                         frame: bytes.clone(),
-                    });
-                }
+                    })
+                });
                 Fate::Consumed
             }
             (_, fate) => fate,
