@@ -22,6 +22,11 @@ impl ApiFailure {
             body: json!({ "error": error.into() }),
         }
     }
+
+    /// A refusal whose body says more than its `error` (what a partial update did).
+    pub fn with_body(status: StatusCode, body: Value) -> ApiFailure {
+        ApiFailure { status, body }
+    }
 }
 
 impl From<ControlError> for ApiFailure {

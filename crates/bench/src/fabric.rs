@@ -201,14 +201,20 @@ impl Fabric {
     /// Sets every ToR's and every root's cache size (emptying them when 0).
     fn caches(&self, tor: usize, root: usize) -> anyhow::Result<()> {
         let fabric = self.live.state.fabric.as_ref().expect("a fabric testbed");
+        let token = self.live.state.api_token()?;
         for s in &fabric.switches {
             let items = match s.role {
                 testbed::SwitchRole::Tor => tor,
                 testbed::SwitchRole::Root => root,
             };
             let body = format!("{{\"items\": {items}}}");
-            let (code, text) =
-                testbed::http(s.api, "PUT", "/api/v1/fabric/cache", None, Some(&body))?;
+            let (code, text) = testbed::http(
+                s.api,
+                "PUT",
+                "/api/v1/fabric/cache",
+                token.as_deref(),
+                Some(&body),
+            )?;
             anyhow::ensure!(code == 200, "{}: {code} {text}", s.name);
         }
         Ok(())

@@ -7,6 +7,8 @@
 //! buckets = 64                       # registration table buckets
 //! lease_ms = 2000                    # how long a cached item is served after its fill
 //! busy_poll_us = 0                   # polling after a frame before sleeping
+//! api_token_file = "fabric.token"    # the switches' API token (optional; relative to this
+//!                                    # file; KVSWITCH_API_TOKEN overrides it)
 //!
 //! [[switch]]
 //! name = "tor0"
@@ -60,6 +62,8 @@ struct RawFabric {
     lease_ms: Option<u64>,
     #[serde(default)]
     busy_poll_us: Option<u64>,
+    #[serde(default)]
+    api_token_file: Option<PathBuf>,
     #[serde(default, rename = "switch")]
     switches: Vec<RawSwitch>,
     #[serde(default, rename = "server")]
@@ -133,6 +137,10 @@ pub struct FabricConfig {
     /// always sleeps; several switches of a fabric sharing a host's cores would spin
     /// against each other).
     pub busy_poll: Duration,
+    /// The file whose first line is the token every switch's API wants for a change (relative
+    /// paths resolved against the fabric file's directory). An API that listens beyond its
+    /// host must have one.
+    pub api_token_file: Option<PathBuf>,
     invalidate_retry: Option<Duration>,
     invalidate_give_up: Option<Duration>,
     hello: Option<Duration>,
@@ -274,6 +282,10 @@ impl FabricConfig {
             switches,
             servers,
             busy_poll: Duration::from_micros(raw.busy_poll_us.unwrap_or(0)),
+            api_token_file: raw.api_token_file.map(|f| match f.is_relative() {
+                true => path.parent().unwrap_or(Path::new("")).join(f),
+                false => f,
+            }),
             invalidate_retry: ms(raw.invalidate_retry_ms),
             invalidate_give_up: ms(raw.invalidate_give_up_ms),
             hello: ms(raw.hello_ms),

@@ -17,16 +17,13 @@ pub(crate) fn serve(listener: TcpListener, shared: Arc<Shared>) -> anyhow::Resul
     api::server::spawn_server(listener, app, shared.guard.clone(), "controller-api", false)
 }
 
-pub(crate) type Reply = Result<Response, (StatusCode, Json<Value>)>;
+pub(crate) type Reply = Result<Response, ApiFailure>;
 
-pub(crate) fn refuse(status: StatusCode, error: impl Into<String>) -> (StatusCode, Json<Value>) {
-    (status, Json(json!({ "error": error.into() })))
+pub(crate) fn refuse(status: StatusCode, error: impl Into<String>) -> ApiFailure {
+    ApiFailure::new(status, error)
 }
 
-pub(crate) fn authorised(
-    shared: &Shared,
-    headers: &HeaderMap,
-) -> Result<(), (StatusCode, Json<Value>)> {
+pub(crate) fn authorised(shared: &Shared, headers: &HeaderMap) -> Result<(), ApiFailure> {
     let Some(token) = &shared.token else {
         return Ok(());
     };
@@ -40,7 +37,7 @@ pub(crate) fn authorised(
 }
 
 /// Refuses a change on a controller that does not lead, naming the one that does.
-pub(crate) fn leading(f: &Fleet) -> Result<(), (StatusCode, Json<Value>)> {
+pub(crate) fn leading(f: &Fleet) -> Result<(), ApiFailure> {
     match f.acting() {
         true => Ok(()),
         false => Err(refuse(
@@ -54,10 +51,7 @@ pub(crate) fn leading(f: &Fleet) -> Result<(), (StatusCode, Json<Value>)> {
 }
 
 /// Stores the pool's new servers before the change is taken, when there is a store.
-pub(crate) fn stored(
-    shared: &Shared,
-    list: &[ServerSpec],
-) -> Result<(), (StatusCode, Json<Value>)> {
+pub(crate) fn stored(shared: &Shared, list: &[ServerSpec]) -> Result<(), ApiFailure> {
     match shared.store() {
         Some(e) => e.store_servers(list).map_err(|e| {
             refuse(
@@ -279,8 +273,7 @@ pub(crate) async fn add_server(
     bytes: Bytes,
 ) -> Reply {
     authorised(&shared, &headers)?;
-    let s: NewServer = serde_json::from_slice(&bytes)
-        .map_err(|e| refuse(StatusCode::BAD_REQUEST, format!("body: {e}")))?;
+    let s: NewServer = api::body(&bytes)?;
     if s.weight == 0 {
         return Err(refuse(StatusCode::BAD_REQUEST, "weight: use 1 or more"));
     }

@@ -5,7 +5,6 @@
 
 use kv::health::{Detector, Thresholds};
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -17,14 +16,9 @@ use serde_json::{json, Value};
 /// as good as dead to the fabric.
 const PROBE_WITHIN: Duration = Duration::from_secs(1);
 
-/// A fabric switch's API (which takes no token).
-fn switch_api(api: SocketAddr) -> Client {
-    Client { api, token: None }
-}
-
 /// `PUT /api/v1/fabric/registration` of `table` to one switch.
-fn install(api: SocketAddr, table: &Value) -> anyhow::Result<Value> {
-    switch_api(api).call_within(
+fn install(api: &Client, table: &Value) -> anyhow::Result<Value> {
+    api.call_within(
         "PUT",
         "/api/v1/fabric/registration",
         Some(table),
@@ -66,8 +60,8 @@ impl Table {
 /// the switches found dead failed) when the set of dead ones changes. `kvswitch fabric watch`
 /// and `kvswitch controller` (with `fabric` set) both run one.
 pub struct Keeper {
-    /// Every switch with an API: its name and address.
-    switches: Vec<(String, SocketAddr)>,
+    /// Every switch with an API: its name and a client of its API (with the fabric's token).
+    switches: Vec<(String, Client)>,
     /// Whether each switch is taken for alive (the one failure detector: dead after
     /// `failures` probes failed in a row, alive again at its first answer).
     alive: Vec<Detector>,
@@ -80,10 +74,17 @@ pub struct Keeper {
 
 impl Keeper {
     pub fn new(cfg: &FabricConfig, failures: u32) -> anyhow::Result<Keeper> {
-        let switches: Vec<(String, SocketAddr)> = cfg
+        let token = api::client::token(cfg.api_token_file.as_deref())?;
+        let switches: Vec<(String, Client)> = cfg
             .switches
             .iter()
-            .filter_map(|s| Some((s.name.clone(), s.api?)))
+            .filter_map(|s| {
+                let api = Client {
+                    api: s.api?,
+                    token: token.clone(),
+                };
+                Some((s.name.clone(), api))
+            })
             .collect();
         anyhow::ensure!(
             !switches.is_empty(),
@@ -143,7 +144,7 @@ impl Keeper {
         let t = self.thresholds;
         for (((_, api), alive), behind) in probed {
             *behind = false;
-            match switch_api(*api).call_within("GET", "/api/v1/fabric", None, PROBE_WITHIN) {
+            match api.call_within("GET", "/api/v1/fabric", None, PROBE_WITHIN) {
                 Ok(doc) => {
                     alive.record(true, t);
                     let held = doc["registration_version"].as_u64().unwrap_or(0);
@@ -174,7 +175,7 @@ impl Keeper {
         tracing::info!(version = table.version, failed = ?table.failed, "installing a registration table");
         let mut refused = Vec::new();
         for (name, api) in &self.switches {
-            if let Err(e) = install(*api, &body) {
+            if let Err(e) = install(api, &body) {
                 tracing::warn!(switch = %name, "registration table not installed: {e:#}");
                 refused.push(name.clone());
             }
@@ -194,7 +195,7 @@ impl Keeper {
                 continue;
             }
             tracing::info!(switch = %name, version = self.table.version, "installing the registration table again");
-            match install(*api, &body) {
+            match install(api, &body) {
                 Ok(_) => *behind = false,
                 Err(e) => {
                     tracing::warn!(switch = %name, "registration table not installed: {e:#}");

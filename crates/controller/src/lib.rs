@@ -36,7 +36,7 @@ use switch::pool::ServerSpec;
 
 use api::guard::{Guard, MAX_BODY};
 use api::pool::NewServer;
-use api::Client;
+use api::{ApiFailure, Client};
 
 #[derive(Args, Debug)]
 #[command(

@@ -796,8 +796,7 @@ pub(super) async fn replace(
     bytes: Bytes,
 ) -> Reply {
     authorised(&shared, &headers)?;
-    let body: NewRoutes = serde_json::from_slice(&bytes)
-        .map_err(|e| refuse(StatusCode::BAD_REQUEST, format!("body: {e}")))?;
+    let body: NewRoutes = api::body(&bytes)?;
     {
         let f = shared.fleet();
         leading(&f)?;
@@ -837,7 +836,7 @@ pub(super) async fn replace(
     let worker = shared.clone();
     match tokio::task::spawn_blocking(move || update(&worker, body.switches)).await {
         Ok(Ok(doc)) => Ok(Json(doc).into_response()),
-        Ok(Err((status, doc))) => Err((status, Json(doc))),
+        Ok(Err((status, doc))) => Err(api::ApiFailure::with_body(status, doc)),
         Err(e) => Err(refuse(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("the update failed: {e}"),

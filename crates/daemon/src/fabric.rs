@@ -46,6 +46,8 @@ struct Shared {
     remote: Remote<FabricSwitch>,
     /// What the API refused and the connections it holds (the switch's API's limits).
     guard: Arc<Guard>,
+    /// The token a change needs, when the fabric has one.
+    token: Option<String>,
 }
 
 pub fn run(cfg: FabricConfig, name: &str) -> anyhow::Result<()> {
@@ -65,6 +67,11 @@ pub fn run(cfg: FabricConfig, name: &str) -> anyhow::Result<()> {
         })?;
         ports.push(Box::new(port));
     }
+    let token = match me.api {
+        Some(listen) => api::api_token(cfg.api_token_file.as_deref(), listen)
+            .with_context(|| format!("{}: switch {name}", cfg.path.display()))?,
+        None => None,
+    };
     let stats = Arc::new(Stats::new(ports.len(), 0));
     let fabric = FabricSwitch::new(spec)?;
     let (remote, inbox) = dataplane::remote::<FabricSwitch>()?;
@@ -76,6 +83,7 @@ pub fn run(cfg: FabricConfig, name: &str) -> anyhow::Result<()> {
         ports: me.ports.iter().map(|(i, _)| i.clone()).collect(),
         remote,
         guard: Guard::new(ApiServing::default()),
+        token,
     });
     let api = match me.api {
         Some(addr) => Some(serve(addr, shared.clone())?),
@@ -115,9 +123,36 @@ fn serve(addr: SocketAddr, shared: Arc<Shared>) -> anyhow::Result<SocketAddr> {
         .route("/api/v1/fabric/registration", put(registration))
         .route("/api/v1/fabric/faults", put(faults))
         .route("/api/v1/fabric/cache", put(cache_size))
+        .layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            authorise,
+        ))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(shared);
     api::server::spawn_server(listener, app, guard, "fabric-api", false)
+}
+
+/// Refuses a change without the fabric's token, when it has one.
+async fn authorise(
+    State(shared): State<Arc<Shared>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let change = !matches!(
+        *req.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD
+    );
+    if let (true, Some(token)) = (change, &shared.token) {
+        if !api::server::bearer_is(req.headers(), token) {
+            return refused(
+                StatusCode::UNAUTHORIZED,
+                "changes need the fabric's API token: send `Authorization: Bearer <token>` \
+                 (`api_token_file` of the fabric file, or KVSWITCH_API_TOKEN)",
+            )
+            .into_response();
+        }
+    }
+    next.run(req).await
 }
 
 /// A snapshot taken on the forwarding thread now; the last periodic one if that is busy.

@@ -3,7 +3,7 @@
 //! Each function reproduces what nutcracker computes for the same key bytes, including its
 //! quirks (a 32-bit accumulator in `fnv1a_64`, a 15-bit result from `crc32`, a crc16 that is
 //! never truncated to 16 bits), so that key placement matches a running twemproxy fleet.
-//! Beside them, [`fnv1a_parts`]: plain FNV-1a for hashes of kvswitch's own, quirk-free.
+//! Plain FNV-1a, for hashes of kvswitch's own, is `wire::fnv`.
 //! Nothing here allocates or does I/O.
 
 use core::ffi::c_char;
@@ -247,19 +247,6 @@ fn fnv1a_32(key: &[u8]) -> u32 {
     })
 }
 
-/// 32-bit FNV-1a over `parts` in turn (the same as over their concatenation), each byte taken
-/// as unsigned: the textbook hash, the same on every platform. Not nutcracker's
-/// [`HashFn::Fnv1a32`], which widens bytes above 0x7f as C chars; this one is for hashes of
-/// kvswitch's own (a fabric's flows), never for key placement.
-pub fn fnv1a_parts(parts: &[&[u8]]) -> u32 {
-    parts
-        .iter()
-        .flat_map(|p| p.iter())
-        .fold(FNV_32_INIT, |h, &b| {
-            (h ^ u32::from(b)).wrapping_mul(FNV_32_PRIME)
-        })
-}
-
 fn one_at_a_time(key: &[u8]) -> u32 {
     let mut h = key.iter().fold(0u32, |mut h, &b| {
         h = h.wrapping_add(widen(b));
@@ -460,24 +447,6 @@ mod tests {
         assert_eq!(HashFn::Fnv1_32.hash(b"foobar"), 0x31f0_b262);
         // 64-bit FNV-1("a") = 0xaf63bd4c8601b7be; nutcracker keeps the low 32 bits.
         assert_eq!(HashFn::Fnv1_64.hash(b"a"), 0x8601_b7be);
-    }
-
-    #[test]
-    fn fnv1a_parts_is_textbook_fnv1a_32_over_the_parts_in_turn() {
-        // Noll's reference vectors, whole and in parts.
-        assert_eq!(fnv1a_parts(&[]), 0x811c_9dc5);
-        assert_eq!(fnv1a_parts(&[b"a"]), 0xe40c_292c);
-        assert_eq!(fnv1a_parts(&[b"foobar"]), 0xbf9c_f968);
-        assert_eq!(fnv1a_parts(&[b"foo", b"", b"bar"]), 0xbf9c_f968);
-        // Bytes above 0x7f count unsigned, on every platform.
-        assert_eq!(
-            fnv1a_parts(&[&[192, 168, 200, 250], &[10, 0, 0, 255]]),
-            0x8550_c3b0
-        );
-        // ASCII keys hash as nutcracker's fnv1a_32 hashes them.
-        for key in [&b"foo"[..], b"key:1234", b""] {
-            assert_eq!(fnv1a_parts(&[key]), HashFn::Fnv1a32.hash(key));
-        }
     }
 
     #[test]

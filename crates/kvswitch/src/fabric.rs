@@ -139,7 +139,7 @@ pub fn run_cli(args: &FabricArgs) -> anyhow::Result<()> {
                 let api = s
                     .api
                     .with_context(|| format!("switch {} has no `api`", s.name))?;
-                call(api, "PUT", "/api/v1/fabric/cache", &body)?;
+                call(&cfg, api, "PUT", "/api/v1/fabric/cache", &body)?;
                 println!("{}: {items} items", s.name);
             }
             Ok(())
@@ -157,7 +157,7 @@ pub fn run_cli(args: &FabricArgs) -> anyhow::Result<()> {
                 .api
                 .with_context(|| format!("{}: switch {switch} has no `api`", config.display()))?;
             let body = json!({ "drop_invalidations": drop_invalidations });
-            call(api, "PUT", "/api/v1/fabric/faults", &body)?;
+            call(&cfg, api, "PUT", "/api/v1/fabric/faults", &body)?;
             println!("{switch}: dropping the next {drop_invalidations} invalidations");
             Ok(())
         }
@@ -167,9 +167,23 @@ pub fn run_cli(args: &FabricArgs) -> anyhow::Result<()> {
 /// How long the operator's commands wait for a switch's answer.
 const ANSWER_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// A client of one switch's API, with the fabric's token.
+fn client(cfg: &FabricConfig, api: SocketAddr) -> anyhow::Result<::api::Client> {
+    Ok(::api::Client {
+        api,
+        token: ::api::client::token(cfg.api_token_file.as_deref())?,
+    })
+}
+
 /// `method path` with a JSON body to one switch's API; an error unless it answers 2xx.
-fn call(api: SocketAddr, method: &str, path: &str, body: &Value) -> anyhow::Result<Value> {
-    ::api::Client { api, token: None }
+fn call(
+    cfg: &FabricConfig,
+    api: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &Value,
+) -> anyhow::Result<Value> {
+    client(cfg, api)?
         .call_within(method, path, Some(body), ANSWER_WITHIN)
         .with_context(|| format!("switch API {api}"))
 }
@@ -185,7 +199,7 @@ fn for_each_switch(
         let Some(api) = s.api else {
             continue;
         };
-        match call(api, method, path, body) {
+        match call(cfg, api, method, path, body) {
             Ok(_) => println!("{}: done", s.name),
             Err(e) => {
                 println!("{}: {e:#}", s.name);
@@ -210,8 +224,7 @@ fn status(cfg: &FabricConfig) -> anyhow::Result<()> {
             println!("{:<8} (no api)", s.name);
             continue;
         };
-        let client = ::api::Client { api, token: None };
-        match client.call_within("GET", "/api/v1/fabric", None, ANSWER_WITHIN) {
+        match client(cfg, api)?.call_within("GET", "/api/v1/fabric", None, ANSWER_WITHIN) {
             Ok(v) => {
                 let n = |p: &str| v.pointer(p).and_then(Value::as_u64).unwrap_or(0);
                 let links: Vec<String> = v["links"]

@@ -69,7 +69,22 @@ fn call(live: &testbed::Live, host: &str, server: &str, request: &str) -> String
 }
 
 /// `kvswitch fabric fault`: switch `switch` drops the next `n` invalidations it receives.
+/// The command reads the fabric's token from its file; a change without it is refused.
 fn drop_invalidations(live: &testbed::Live, switch: &str, n: u32) {
+    let api = live.switch_api(switch).expect("a switch of the fabric");
+    let body = format!("{{\"drop_invalidations\": {n}}}");
+    let (code, text) =
+        testbed::http(api, "PUT", "/api/v1/fabric/faults", None, Some(&body)).unwrap();
+    assert_eq!(code, 401, "a change without the fabric's token: {text}");
+    let (code, text) = testbed::http(
+        api,
+        "PUT",
+        "/api/v1/fabric/faults",
+        Some("not-the-token"),
+        Some(&body),
+    )
+    .unwrap();
+    assert_eq!(code, 401, "a change with another token: {text}");
     let cfg = live.state.fabric.as_ref().unwrap().config.clone();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvswitch"))
         .args(["fabric", "fault", "--config"])

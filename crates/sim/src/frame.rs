@@ -23,7 +23,7 @@ use switch::stats::Stats;
 use switch::{Dest, Emit, Fate, Switch, SwitchSpec};
 use wire::ethernet::{self, Mac};
 use wire::frame::UdpEnds;
-use wire::{ipv4, mcudp, udp};
+use wire::mcudp;
 
 use crate::core::{source, Events, Seeds};
 use crate::output::{Bin, Histogram, Summary};
@@ -684,9 +684,10 @@ impl<'a> FrameSim<'a> {
             self.transmit(End::Host(h), reply, now);
             return;
         }
-        let Some((src, dst, payload)) = udp_of(frame) else {
+        let Some((ends, payload)) = wire::frame::parse_udp(frame) else {
             return;
         };
+        let (src, dst) = ((ends.src_ip, ends.src_port), (ends.dst_ip, ends.dst_port));
         if dst.0 != self.hosts[h].ip {
             return;
         }
@@ -1043,16 +1044,6 @@ fn arp_reply(frame: &[u8], ip: Ipv4Addr, mac: Mac) -> Option<Vec<u8>> {
         target_ip: asked.sender_ip,
     };
     Some(switch::frame::arp_frame(asked.sender_mac, &reply))
-}
-
-fn udp_of(frame: &[u8]) -> Option<(Addr, Addr, &[u8])> {
-    let ip = ipv4::Packet::new_checked(frame.get(ethernet::HEADER_LEN..)?).ok()?;
-    let (s, d) = (ip.src(), ip.dst());
-    let start = ethernet::HEADER_LEN + ip.header_len();
-    let u = udp::Packet::new_checked(frame.get(start..)?).ok()?;
-    let len = usize::from(u.len());
-    let payload = frame.get(start + udp::HEADER_LEN..start + len)?;
-    Some(((s, u.src_port()), (d, u.dst_port()), payload))
 }
 
 /// What a reply says about the operation it answers; an answer that is not what memcached

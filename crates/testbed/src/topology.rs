@@ -163,11 +163,7 @@ impl Subnet {
     /// and a route to the subnet. Two prefixes may still hash to one subnet; `up` refuses a
     /// subnet the root namespace already reaches.
     pub fn for_prefix(prefix: &str) -> Subnet {
-        let mut h: u32 = 0x811c_9dc5;
-        for b in prefix.bytes() {
-            h ^= u32::from(b);
-            h = h.wrapping_mul(0x0100_0193);
-        }
+        let h = wire::fnv::fnv1a(prefix.as_bytes());
         Subnet {
             base: Ipv4Addr::new(10, 128 + (h % 64) as u8, (h >> 8) as u8, 0),
             len: 24,

@@ -213,11 +213,7 @@ pub(crate) fn mac(prefix: &str, nn: u8) -> String {
 
 /// FNV-1a of the prefix folded to one byte.
 pub(crate) fn prefix_byte(prefix: &str) -> u8 {
-    let mut h: u32 = 0x811c_9dc5;
-    for b in prefix.bytes() {
-        h ^= u32::from(b);
-        h = h.wrapping_mul(0x0100_0193);
-    }
+    let h = wire::fnv::fnv1a(prefix.as_bytes());
     (h ^ (h >> 8) ^ (h >> 16) ^ (h >> 24)) as u8
 }
 
@@ -287,7 +283,9 @@ pub(crate) fn plan(
         hash: topo.hash.clone(),
         api,
         state_path,
-        api_token_file: topo.caches().next().map(|_| work_dir.join("api-token")),
+        // Cache nodes install their rules with it; a fabric's switches want it for a change.
+        api_token_file: (topo.caches().next().is_some() || topo.fabric.is_some())
+            .then(|| work_dir.join("api-token")),
         config_path: work_dir.join("kvswitch.toml"),
         kvswitch_log: work_dir.join("kvswitch.log"),
         work_dir,
@@ -676,7 +674,7 @@ pub(crate) fn answers_version(
 }
 
 /// A fresh API token: 128 bits from the operating system, in hex.
-fn new_token() -> anyhow::Result<String> {
+pub(crate) fn new_token() -> anyhow::Result<String> {
     random_hex::<16>().context("reading /dev/urandom for the API token")
 }
 

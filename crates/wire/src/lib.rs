@@ -8,6 +8,7 @@
 pub mod arp;
 pub mod checksum;
 pub mod ethernet;
+pub mod fnv;
 pub mod frame;
 pub mod inc;
 pub mod ipv4;

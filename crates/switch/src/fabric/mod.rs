@@ -57,9 +57,9 @@ use std::net::Ipv4Addr;
 use kv::fabric::{
     Directory, DirectoryStats, Due, Lfu, LfuStats, ReadStamp, Registration, SwitchId, WriteStep,
 };
-use kv::hash::fnv1a_parts;
 use kv::Instant;
 use wire::ethernet::{self, EtherType, Mac};
+use wire::fnv::fnv1a_parts;
 use wire::frame::{parse_udp, UdpEnds};
 use wire::inc::classify::{
     after_delta, cached_number, classify, cond_operand, reply_key, text_delta, text_safe, Kind,

@@ -273,9 +273,7 @@ impl Header {
 
 /// The key hash of the header and of the registration table: 32-bit FNV-1a.
 pub fn key_hash(key: &[u8]) -> u32 {
-    key.iter().fold(0x811c_9dc5_u32, |h, &b| {
-        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
-    })
+    crate::fnv::fnv1a(key)
 }
 
 #[cfg(test)]
