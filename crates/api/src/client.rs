@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use serde_json::Value;
+use switch::control::{ControlError, ErrorKind};
 use ureq::http;
 
 use crate::TOKEN_ENV;
@@ -208,6 +209,14 @@ impl Client {
                 what: format!("{method} {path}"),
                 status,
                 message,
+                kind: doc
+                    .get("kind")
+                    .and_then(|k| serde_json::from_value(k.clone()).ok()),
+                field: doc
+                    .get("field")
+                    .and_then(Value::as_str)
+                    .filter(|f| !f.is_empty())
+                    .map(str::to_string),
             }
             .into());
         }
@@ -224,6 +233,29 @@ pub struct Refused {
     pub status: u16,
     /// The API's `error`, or its body.
     pub message: String,
+    /// What kind of refusal the switch's control API said it was (the error body's `kind`).
+    pub kind: Option<ErrorKind>,
+    /// The field of the request it named, if any (`match.ip_dst`, `actions[1].output`).
+    pub field: Option<String>,
+}
+
+impl Refused {
+    /// Whether what the call named is not there (404).
+    pub fn not_found(&self) -> bool {
+        self.status == 404 || self.kind == Some(ErrorKind::NotFound)
+    }
+
+    /// The refusal as the switch's own error, when the API said which kind it was.
+    pub fn control_error(&self) -> Option<ControlError> {
+        let kind = self.kind?;
+        let field = self.field.clone().unwrap_or_default();
+        // The body's `error` is the error as displayed: its field, then what is wrong.
+        let error = self
+            .message
+            .strip_prefix(&format!("{field}: "))
+            .unwrap_or(&self.message);
+        Some(ControlError::new(kind, field, error))
+    }
 }
 
 impl std::fmt::Display for Refused {

@@ -11,4 +11,3 @@ pub mod fabric;
 pub mod inc_cli;
 pub mod proxy_cli;
 pub mod sim_cli;
-pub mod steer;

@@ -84,7 +84,7 @@ enum Cmd {
         #[command(flatten)]
         node: node::NodeArgs,
         #[command(flatten)]
-        steer: kvswitch::steer::SteerArgs,
+        steer: node::steer::SteerArgs,
     },
 }
 
@@ -240,10 +240,10 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Node { node, steer } => {
             let (rules, backends) = match node.role {
                 node::Role::Cache => (
-                    kvswitch::steer::rule_sink(&steer, node.listen, &node.hash)?,
+                    node::steer::rule_sink(&steer, node.listen, &node.hash)?,
                     node.pool_config
                         .as_deref()
-                        .map(|path| kvswitch::steer::pool_backends(path, node.backend_control_port))
+                        .map(|path| node::steer::pool_backends(path, node.backend_control_port))
                         .transpose()?,
                 ),
                 _ => (None, None),

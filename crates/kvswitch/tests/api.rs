@@ -838,6 +838,83 @@ fn a_large_table_is_listed_a_page_at_a_time() {
     assert!(e.contains("400"), "{e}");
 }
 
+/// The typed client: a table made, entries added alone and in a batch, listed back as they
+/// were defined, removed; a refusal decoded into the switch's own error, naming its field.
+#[test]
+fn the_typed_client_speaks_the_switchs_tables_and_decodes_its_refusals() {
+    use switch::control::{
+        ActionDef, Change, ControlError, EntryDef, ErrorKind, KeyField, Kind, TableDef,
+        Value as V,
+    };
+    let rig = rig(None);
+    let c = &rig.client;
+    c.add_table(&TableDef {
+        name: "typed".into(),
+        kind: Kind::Exact,
+        key: vec![KeyField::Named("l4_dst".into())],
+        miss: Vec::new(),
+        size: Some(4),
+    })
+    .unwrap();
+    assert!(c.tables().unwrap().iter().any(|t| t.name == "typed"));
+    let entry = |port: u64| EntryDef {
+        fields: [("l4_dst".to_string(), V::Number(port))].into(),
+        priority: 0,
+        prefix_len: None,
+        actions: vec![ActionDef::Output(1)],
+    };
+    let first = c.add_entry("typed", &entry(1)).unwrap();
+    let ids = c
+        .batch(&[
+            Change::Add {
+                table: "typed".into(),
+                entry: entry(2),
+            },
+            Change::Add {
+                table: "typed".into(),
+                entry: entry(3),
+            },
+        ])
+        .unwrap();
+    assert_eq!(ids.len(), 2);
+    let listed = c.table_entries("typed").unwrap();
+    let mut ports: Vec<_> = listed.iter().map(|e| e.fields["l4_dst"].clone()).collect();
+    ports.sort_by_key(|v| format!("{v:?}"));
+    assert_eq!(ports, [V::Number(1), V::Number(2), V::Number(3)]);
+    assert!(listed.iter().all(|e| e.actions == [ActionDef::Output(1)]));
+    // A batch is all or nothing: the second change is refused, so the first is not made.
+    let e = c
+        .batch(&[
+            Change::Add {
+                table: "typed".into(),
+                entry: entry(4),
+            },
+            Change::Add {
+                table: "typed".into(),
+                entry: entry(1),
+            },
+        ])
+        .unwrap_err();
+    let refused = e.downcast_ref::<api::Refused>().expect("a refusal");
+    assert_eq!(refused.status, 409, "{refused}");
+    assert_eq!(refused.kind, Some(ErrorKind::Conflict), "{refused}");
+    assert_eq!(c.table_entries("typed").unwrap().len(), 3);
+    // A bad value names its field; the client gives back the switch's own error.
+    let mut bad = entry(5);
+    bad.fields.insert("l4_dst".into(), V::Text("not a port".into()));
+    let e = c.add_entry("typed", &bad).unwrap_err();
+    let refused = e.downcast_ref::<api::Refused>().expect("a refusal");
+    let error: ControlError = refused.control_error().expect("a kind of refusal");
+    assert_eq!(error.kind, ErrorKind::Invalid, "{refused}");
+    assert_eq!(error.field, "match.l4_dst", "{refused}");
+    assert_eq!(error.to_string(), refused.message, "decoded, it displays as sent");
+    // Removed once; the second time it is not there, which is not an error.
+    assert!(c.remove_entry("typed", first).unwrap());
+    assert!(!c.remove_entry("typed", first).unwrap());
+    c.remove_table("typed").unwrap();
+    assert!(!c.tables().unwrap().iter().any(|t| t.name == "typed"));
+}
+
 #[test]
 fn a_dscp_is_written_with_its_checksum_and_one_out_of_range_is_refused() {
     let mut rig = rig(None);
@@ -885,13 +962,13 @@ fn a_cache_nodes_rules_steer_reads_of_its_keys_through_the_api() {
     let rig = rig(None);
     let c = rig.client.clone();
     cache_node_interface(&c);
-    let steer = kvswitch::steer::SteerArgs {
+    let steer = node::steer::SteerArgs {
         switch_api: Some(c.api),
         switch_token_file: None,
         steer_interface: Some(6),
         vip: Some(Ipv4Addr::new(10, 0, 0, 100)),
     };
-    let mut sink = kvswitch::steer::rule_sink(&steer, "10.0.1.9:11211".parse().unwrap(), "md5")
+    let mut sink = node::steer::rule_sink(&steer, "10.0.1.9:11211".parse().unwrap(), "md5")
         .unwrap()
         .expect("a sink when a switch is named");
     // The cache node's replies leave with the VIP as source.
@@ -947,27 +1024,26 @@ fn a_cache_nodes_rules_steer_reads_of_its_keys_through_the_api() {
     // Started again: its reply entry is kept, not added twice, and its old steering entries
     // (to a node that holds nothing now) are gone.
     drop(sink);
-    let again =
-        kvswitch::steer::rule_sink(&steer, "10.0.1.9:11211".parse().unwrap(), "md5").unwrap();
+    let again = node::steer::rule_sink(&steer, "10.0.1.9:11211".parse().unwrap(), "md5").unwrap();
     assert!(again.is_some());
     let acl = c.call("GET", "/api/v1/tables/acl/entries", None).unwrap();
     assert_eq!(acl["entries"].as_array().unwrap().len(), 1, "{acl}");
     assert_eq!(entries(&c)["entries"].as_array().unwrap().len(), 0);
     // Without a switch, no sink; with one but no interface, a clear refusal.
-    let none = kvswitch::steer::SteerArgs {
+    let none = node::steer::SteerArgs {
         switch_api: None,
         ..steer.clone()
     };
     assert!(
-        kvswitch::steer::rule_sink(&none, "10.0.1.9:11211".parse().unwrap(), "md5")
+        node::steer::rule_sink(&none, "10.0.1.9:11211".parse().unwrap(), "md5")
             .unwrap()
             .is_none()
     );
-    let lost = kvswitch::steer::SteerArgs {
+    let lost = node::steer::SteerArgs {
         steer_interface: None,
         ..steer
     };
-    let e = kvswitch::steer::rule_sink(&lost, "10.0.1.9:11211".parse().unwrap(), "md5")
+    let e = node::steer::rule_sink(&lost, "10.0.1.9:11211".parse().unwrap(), "md5")
         .err()
         .unwrap()
         .to_string();
@@ -1075,13 +1151,13 @@ fn the_controller_removes_the_steering_entries_of_a_cache_node_that_does_not_ans
 #[test]
 fn a_cache_node_on_no_one_address_is_refused_its_steering() {
     let rig = rig(None);
-    let steer = kvswitch::steer::SteerArgs {
+    let steer = node::steer::SteerArgs {
         switch_api: Some(rig.client.api),
         switch_token_file: None,
         steer_interface: Some(6),
         vip: Some(Ipv4Addr::new(10, 0, 0, 100)),
     };
-    let e = kvswitch::steer::rule_sink(&steer, "0.0.0.0:11211".parse().unwrap(), "md5")
+    let e = node::steer::rule_sink(&steer, "0.0.0.0:11211".parse().unwrap(), "md5")
         .err()
         .expect("refused");
     assert!(e.to_string().contains("--listen"), "{e}");

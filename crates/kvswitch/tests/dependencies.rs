@@ -181,7 +181,6 @@ const COMMAND_LINE: &[&str] = &[
     "inc_cli.rs",
     "proxy_cli.rs",
     "sim_cli.rs",
-    "steer.rs",
 ];
 
 /// The most lines a file of the command line may have: past it, logic is growing there that

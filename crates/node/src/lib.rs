@@ -17,6 +17,7 @@ mod bucket;
 pub mod home;
 mod host;
 mod relay;
+pub mod steer;
 pub mod switchkv;
 mod tcp;
 mod udp;

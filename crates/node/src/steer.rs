@@ -12,12 +12,11 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use api::client::entries;
 use api::Client;
 use clap::Args;
 use kv::rules::Change;
 use kv::HashFn;
-use serde_json::{json, Value};
+use switch::control::{self, ActionDef, EntryDef, EntryView, STEER};
 
 /// Where a cache node's rules go.
 #[derive(Args, Debug, Clone)]
@@ -44,7 +43,7 @@ pub struct SteerArgs {
 pub fn pool_backends(
     path: &std::path::Path,
     control_port: u16,
-) -> anyhow::Result<node::switchkv::Backends> {
+) -> anyhow::Result<crate::switchkv::Backends> {
     let cfg = config::Config::load(path)
         .map_err(|e| anyhow::anyhow!("{e}"))
         .with_context(|| format!("--pool-config: reading {}", path.display()))?;
@@ -64,7 +63,7 @@ pub fn pool_backends(
             )
         })?
         .view(kv::Instant::ZERO);
-    Ok(node::switchkv::Backends {
+    Ok(crate::switchkv::Backends {
         control,
         place: Box::new(move |key: &[u8]| view.locate(key)),
     })
@@ -77,7 +76,7 @@ pub fn rule_sink(
     args: &SteerArgs,
     cache: SocketAddr,
     hash: &str,
-) -> anyhow::Result<Option<node::switchkv::RuleSink>> {
+) -> anyhow::Result<Option<crate::switchkv::RuleSink>> {
     let Some(api) = args.switch_api else {
         return Ok(None);
     };
@@ -104,33 +103,34 @@ pub fn rule_sink(
         token: api::client::token(args.switch_token_file.as_deref())?,
     };
     // Replies from the cache node's memcached port leave with the VIP as source.
-    let replies = json!({
-        "match": {
-            "ip_src": cache.ip().to_string(),
-            "ip_proto": 17,
-            "l4_src": cache.port(),
-        },
-        "priority": 1000,
-        "actions": [{ "set_ipv4_src": vip.to_string() }],
-    });
+    let replies = EntryDef {
+        fields: [
+            ("ip_src", control::Value::Text(cache.ip().to_string())),
+            ("ip_proto", control::Value::Number(17)),
+            ("l4_src", control::Value::Number(u64::from(cache.port()))),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect(),
+        priority: 1000,
+        prefix_len: None,
+        actions: vec![ActionDef::SetIpv4Src(vip)],
+    };
     // A cache node that starts again finds its reply entry there, and its old steering
     // entries, which lead to a node that holds nothing now: those go.
-    let acl = entries(&client, "acl")?;
     // (Listed with the switch's own goto on to the program after its action.)
     let ours =
-        |e: &Value| e["match"] == replies["match"] && e["actions"][0] == replies["actions"][0];
-    if !acl.iter().any(ours) {
+        |e: &EntryView| e.fields == replies.fields && e.actions.first() == replies.actions.first();
+    if !client.table_entries(control::ACL)?.iter().any(ours) {
         client
-            .call("POST", "/api/v1/tables/acl/entries", Some(&replies))
+            .add_entry(control::ACL, &replies)
             .context("adding the acl entry for the cache node's replies")?;
     }
-    let mine = json!({ "set_ipv4_dst": cache.ip().to_string() });
-    for old in entries(&client, switch::control::STEER)? {
-        if old["actions"][0] == mine {
-            let id = old["id"].as_u64().unwrap_or_default();
-            let path = format!("/api/v1/tables/{}/entries/{id}", switch::control::STEER);
+    let mine = ActionDef::SetIpv4Dst(*cache.ip());
+    for old in client.table_entries(STEER)? {
+        if old.actions.first() == Some(&mine) {
             client
-                .call("DELETE", &path, None)
+                .remove_entry(STEER, old.id)
                 .context("removing a steering entry left from before")?;
         }
     }
@@ -255,34 +255,23 @@ impl Steer {
     /// Adds (true) and removes (false) the entries of key hashes in one batch, all or
     /// nothing; the entries added are recorded with one key each.
     fn apply_batch(&mut self, ops: &[(u32, bool)]) -> anyhow::Result<()> {
-        let table = switch::control::STEER;
-        for chunk in ops.chunks(switch::control::MAX_BATCH) {
-            let mut changes = Vec::with_capacity(chunk.len());
-            for &(h, add) in chunk {
-                changes.push(match add {
-                    true => json!({ "op": "add", "table": table, "entry": self.entry(h) }),
-                    false => {
-                        let id = self.entries.get(&h).map(|e| e.0).unwrap_or_default();
-                        json!({ "op": "delete", "table": table, "id": id })
-                    }
-                });
-            }
-            let done = self.client.call(
-                "POST",
-                "/api/v1/batch",
-                Some(&json!({ "changes": changes })),
-            )?;
-            let ids = done["ids"].as_array().cloned().unwrap_or_default();
-            if ids.len() != chunk.len() {
-                anyhow::bail!(
-                    "the switch gave {} ids for {} changes",
-                    ids.len(),
-                    chunk.len()
-                );
-            }
-            for (&(h, add), id) in chunk.iter().zip(&ids) {
+        for chunk in ops.chunks(control::MAX_BATCH) {
+            let changes: Vec<control::Change> = chunk
+                .iter()
+                .map(|&(h, add)| match add {
+                    true => control::Change::Add {
+                        table: STEER.into(),
+                        entry: self.entry(h),
+                    },
+                    false => control::Change::Delete {
+                        table: STEER.into(),
+                        id: self.entries.get(&h).map(|e| e.0).unwrap_or_default(),
+                    },
+                })
+                .collect();
+            let ids = self.client.batch(&changes)?;
+            for (&(h, add), id) in chunk.iter().zip(ids) {
                 if add {
-                    let id = id.as_u64().context("the switch gave no entry id")?;
                     self.entries.insert(h, (id, 1));
                 }
             }
@@ -291,43 +280,33 @@ impl Steer {
     }
 
     /// The entry steering reads of key hash `h` here.
-    fn entry(&self, h: u32) -> Value {
-        json!({
-            "match": { "one_read": 1, "key_hash": h },
-            "actions": [
-                { "set_ipv4_dst": self.cache.to_string() },
-                { "interface": self.interface },
+    fn entry(&self, h: u32) -> EntryDef {
+        EntryDef {
+            fields: [
+                ("one_read".to_string(), control::Value::Number(1)),
+                ("key_hash".to_string(), control::Value::Number(u64::from(h))),
+            ]
+            .into_iter()
+            .collect(),
+            priority: 0,
+            prefix_len: None,
+            actions: vec![
+                ActionDef::SetIpv4Dst(self.cache),
+                ActionDef::Interface(self.interface),
             ],
-        })
+        }
     }
 
     /// Adds the entry steering reads of key hash `h` here; returns its id.
     fn install(&self, h: u32) -> anyhow::Result<u64> {
-        let entry = self.entry(h);
-        let made: Value = self
-            .client
-            .call(
-                "POST",
-                &format!("/api/v1/tables/{}/entries", switch::control::STEER),
-                Some(&entry),
-            )
-            .with_context(|| format!("steering key hash {h}"))?;
-        made["id"].as_u64().context("the switch gave no entry id")
+        self.client
+            .add_entry(STEER, &self.entry(h))
+            .with_context(|| format!("steering key hash {h}"))
     }
 
     /// Removes entry `id`; one already gone (the switch removed it) is not an error.
     fn remove(&self, id: u64) -> anyhow::Result<()> {
-        let path = format!("/api/v1/tables/{}/entries/{id}", switch::control::STEER);
-        match self.client.call("DELETE", &path, None) {
-            Ok(_) => Ok(()),
-            Err(e)
-                if e.downcast_ref::<api::Refused>()
-                    .is_some_and(|r| r.status == 404) =>
-            {
-                Ok(())
-            }
-            Err(e) => Err(e),
-        }
+        self.client.remove_entry(STEER, id).map(|_| ())
     }
 
     /// Makes the switch's entries leading here those of the node's keys: an entry the
@@ -342,11 +321,13 @@ impl Steer {
         if removed.is_some() && removed == self.removed_seen && !due {
             return Ok(());
         }
-        let mine = json!({ "set_ipv4_dst": self.cache.to_string() });
-        let there: std::collections::HashSet<u64> = entries(&self.client, switch::control::STEER)?
+        let mine = ActionDef::SetIpv4Dst(self.cache);
+        let there: std::collections::HashSet<u64> = self
+            .client
+            .table_entries(STEER)?
             .iter()
-            .filter(|e| e["actions"][0] == mine)
-            .filter_map(|e| e["id"].as_u64())
+            .filter(|e| e.actions.first() == Some(&mine))
+            .map(|e| e.id)
             .collect();
         let hashes: Vec<u32> = self.entries.keys().copied().collect();
         for h in hashes {
@@ -369,5 +350,3 @@ impl Steer {
         Ok(())
     }
 }
-
-// ---- the switch's side: cache nodes that stop answering lose their entries -------------------
