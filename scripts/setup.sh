@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what kvswitch needs on a fresh Debian machine: memcached and nutcracker (the peers it
 # is measured against and tested with), iproute2 and ethtool (the testbed's hosts and links,
-# the switch's local port), and libmemcached's command-line clients (the ordinary TCP client
-# the tests talk to the VIP with, and memcslap, the second client of `kvswitch bench proxy`),
+# and the tests' checks of the interfaces kvswitch sets up), and libmemcached's command-line
+# clients (the ordinary TCP client the tests talk to the VIP with, and memcslap, the second
+# client of `kvswitch bench proxy`),
 # the DejaVu fonts the bench's plots are lettered in, etcd (where several controllers keep
 # their pool and elect a leader), Chromium (the dashboard's tests load it headless), and clang,
 # libbpf, libelf, zlib and bpftool (the XDP fast path is compiled, linked and inspected with

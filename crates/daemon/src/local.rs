@@ -31,8 +31,7 @@ impl LocalPort {
     /// behind is removed first.
     ///
     /// Fails, removing whatever it made, if an interface of that name exists that kvswitch did
-    /// not make or that a running kvswitch owns, or if a step fails (`ip` and `ethtool` must
-    /// be installed; it needs CAP_NET_ADMIN).
+    /// not make or that a running kvswitch owns, or if a step fails (it needs CAP_NET_ADMIN).
     pub fn create(cfg: &Config, local: &LocalPortConfig) -> anyhow::Result<LocalPort> {
         let what = |key: &str| format!("{}: `switch.{key}`", cfg.path.display());
         clear_stale(&local.port).with_context(|| what("local_port"))?;
