@@ -843,8 +843,7 @@ fn a_large_table_is_listed_a_page_at_a_time() {
 #[test]
 fn the_typed_client_speaks_the_switchs_tables_and_decodes_its_refusals() {
     use switch::control::{
-        ActionDef, Change, ControlError, EntryDef, ErrorKind, KeyField, Kind, TableDef,
-        Value as V,
+        ActionDef, Change, ControlError, EntryDef, ErrorKind, KeyField, Kind, TableDef, Value as V,
     };
     let rig = rig(None);
     let c = &rig.client;
@@ -901,13 +900,18 @@ fn the_typed_client_speaks_the_switchs_tables_and_decodes_its_refusals() {
     assert_eq!(c.table_entries("typed").unwrap().len(), 3);
     // A bad value names its field; the client gives back the switch's own error.
     let mut bad = entry(5);
-    bad.fields.insert("l4_dst".into(), V::Text("not a port".into()));
+    bad.fields
+        .insert("l4_dst".into(), V::Text("not a port".into()));
     let e = c.add_entry("typed", &bad).unwrap_err();
     let refused = e.downcast_ref::<api::Refused>().expect("a refusal");
     let error: ControlError = refused.control_error().expect("a kind of refusal");
     assert_eq!(error.kind, ErrorKind::Invalid, "{refused}");
     assert_eq!(error.field, "match.l4_dst", "{refused}");
-    assert_eq!(error.to_string(), refused.message, "decoded, it displays as sent");
+    assert_eq!(
+        error.to_string(),
+        refused.message,
+        "decoded, it displays as sent"
+    );
     // Removed once; the second time it is not there, which is not an error.
     assert!(c.remove_entry("typed", first).unwrap());
     assert!(!c.remove_entry("typed", first).unwrap());
