@@ -19,8 +19,8 @@ use switch::pool::Pool;
 use switch::spec;
 use switch::stats::Stats;
 use switch::{Emit, Fate, Switch, SwitchSpec};
-use wire::ethernet::{self, EtherType, Mac};
-use wire::{ipv4, mcudp, udp};
+use wire::ethernet::Mac;
+use wire::mcudp;
 
 const ITERS: u64 = 200_000;
 const RUNS: usize = 5;
@@ -64,33 +64,10 @@ fn udp_frame(
     dst: (Ipv4Addr, u16),
     payload: &[u8],
 ) -> Vec<u8> {
-    let udp_at = ethernet::HEADER_LEN + ipv4::HEADER_LEN;
-    let mut buf = vec![0u8; udp_at + udp::HEADER_LEN + payload.len()];
-    ethernet::Repr {
-        src: src_mac,
-        dst: dst_mac,
-        ethertype: EtherType::IPV4,
-    }
-    .emit(&mut buf);
-    ipv4::Repr {
-        src: src.0,
-        dst: dst.0,
-        protocol: ipv4::Protocol::UDP,
-        payload_len: (udp::HEADER_LEN + payload.len()) as u16,
-        ttl: 64,
-    }
-    .emit(&mut buf[ethernet::HEADER_LEN..]);
-    udp::Repr {
-        src_port: src.1,
-        dst_port: dst.1,
-        payload_len: payload.len() as u16,
-    }
-    .emit(&mut buf[udp_at..]);
-    buf[udp_at + udp::HEADER_LEN..].copy_from_slice(payload);
-    udp::Packet::new_checked(&mut buf[udp_at..])
-        .expect("datagram just built")
-        .fill_checksum(src.0, dst.0);
-    buf
+    switch::frame::udp_frame(
+        &wire::frame::UdpEnds::between((src_mac, src.0, src.1), (dst_mac, dst.0, dst.1)),
+        &[payload],
+    )
 }
 
 /// A single-datagram memcached request from the client to the VIP.

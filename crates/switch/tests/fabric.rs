@@ -13,7 +13,7 @@ use node::Store;
 use switch::fabric::{FabricServer, FabricSpec, FabricSwitch, Member, PortRole, Rack, Role};
 use switch::{Dest, Emit, Fate};
 use wire::ethernet::{self, Mac};
-use wire::frame::{emit_udp_headers, UdpEnds, PAYLOAD_OFFSET};
+use wire::frame::UdpEnds;
 use wire::{ipv4, mcudp, udp};
 
 /// One hop's delay.
@@ -529,20 +529,10 @@ fn udp_frame(
     dst: (Ipv4Addr, u16),
     payload: &[u8],
 ) -> Vec<u8> {
-    let mut frame = vec![0u8; PAYLOAD_OFFSET];
-    frame.extend_from_slice(payload);
-    assert!(emit_udp_headers(
-        &mut frame,
-        &UdpEnds {
-            src_mac,
-            dst_mac,
-            src_ip: src.0,
-            dst_ip: dst.0,
-            src_port: src.1,
-            dst_port: dst.1,
-        }
-    ));
-    frame
+    switch::frame::udp_frame(
+        &UdpEnds::between((src_mac, src.0, src.1), (dst_mac, dst.0, dst.1)),
+        &[payload],
+    )
 }
 
 fn udp_of(frame: &[u8]) -> Option<(Addr, Addr, &[u8])> {

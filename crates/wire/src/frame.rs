@@ -63,6 +63,18 @@ pub fn emit_udp_headers(frame: &mut [u8], ends: &UdpEnds) -> bool {
 }
 
 impl UdpEnds {
+    /// The ends of a frame from `src` (MAC, address and port) to `dst`.
+    pub fn between(src: (Mac, Ipv4Addr, u16), dst: (Mac, Ipv4Addr, u16)) -> UdpEnds {
+        UdpEnds {
+            src_mac: src.0,
+            dst_mac: dst.0,
+            src_ip: src.1,
+            dst_ip: dst.1,
+            src_port: src.2,
+            dst_port: dst.2,
+        }
+    }
+
     /// The same exchange seen from the other end: the addresses of a reply.
     pub fn reversed(&self) -> UdpEnds {
         UdpEnds {

@@ -217,32 +217,10 @@ pub fn udp_frame(
     dst: (Ipv4Addr, u16),
     payload: &[u8],
 ) -> Vec<u8> {
-    let mut buf = vec![0u8; PAYLOAD_AT + payload.len()];
-    ethernet::Repr {
-        src: src_mac,
-        dst: dst_mac,
-        ethertype: EtherType::IPV4,
-    }
-    .emit(&mut buf);
-    ipv4::Repr {
-        src: src.0,
-        dst: dst.0,
-        protocol: ipv4::Protocol::UDP,
-        payload_len: (udp::HEADER_LEN + payload.len()) as u16,
-        ttl: 64,
-    }
-    .emit(&mut buf[IP_AT..]);
-    udp::Repr {
-        src_port: src.1,
-        dst_port: dst.1,
-        payload_len: payload.len() as u16,
-    }
-    .emit(&mut buf[UDP_AT..]);
-    buf[PAYLOAD_AT..].copy_from_slice(payload);
-    udp::Packet::new_checked(&mut buf[UDP_AT..])
-        .expect("datagram just built")
-        .fill_checksum(src.0, dst.0);
-    buf
+    switch::frame::udp_frame(
+        &wire::frame::UdpEnds::between((src_mac, src.0, src.1), (dst_mac, dst.0, dst.1)),
+        &[payload],
+    )
 }
 
 /// A memcached UDP frame header followed by `body`.
