@@ -20,6 +20,28 @@ pub struct CounterId(pub u32);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SelectorId(pub u32);
 
+/// Names an entry within its table. Ids of removed entries are never valid again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct EntryId {
+    pub(crate) index: u32,
+    pub(crate) generation: u32,
+}
+
+impl EntryId {
+    /// The id as one number (generation in the high half), for an API or a log.
+    pub fn to_u64(self) -> u64 {
+        (u64::from(self.generation) << 32) | u64::from(self.index)
+    }
+
+    /// The id [`EntryId::to_u64`] gave; any other number names no live entry.
+    pub fn from_u64(n: u64) -> EntryId {
+        EntryId {
+            index: n as u32,
+            generation: (n >> 32) as u32,
+        }
+    }
+}
+
 impl fmt::Display for TableId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "table {}", self.0)

@@ -3,8 +3,7 @@
 //! The data plane ([`Pipeline::process`](crate::Pipeline::process)) never fails; it reports
 //! trouble through [`Verdict::Drop`](crate::Verdict::Drop) reasons and statistics instead.
 
-use crate::action::{CounterId, SelectorId, TableId};
-use crate::table::EntryId;
+use crate::action::{CounterId, EntryId, SelectorId, TableId};
 
 /// Why a control-plane call was refused. Nothing is changed when an error is returned.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

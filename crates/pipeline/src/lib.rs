@@ -39,14 +39,14 @@ pub mod reason;
 mod rewrite;
 mod table;
 
-pub use action::{Action, CounterId, SelectorId, TableId, Verdict};
+pub use action::{Action, CounterId, EntryId, SelectorId, TableId, Verdict};
 pub use error::{Error, FieldError};
 pub use field::{Field, Meta};
 pub use pipeline::{
     Choose, CounterSnapshot, EntryView, Interface, Pipeline, PipelineStats, SelectorSnapshot,
     Snapshot, TableSnapshot, Taken,
 };
-pub use table::{Entry, EntryId, MatchKind, TableSpec};
+pub use table::{Entry, MatchKind, TableSpec};
 
 /// Longest lookup key a table may build, in bytes.
 ///

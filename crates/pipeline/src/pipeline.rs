@@ -3,13 +3,14 @@
 //! Control-plane calls (`add_*`, `insert`, `remove`, ...) validate everything they are given so
 //! that [`Pipeline::process`] can run without failing, panicking or allocating.
 
+use crate::action::EntryId;
 use crate::action::{Action, CounterId, SelectorId, TableId, Verdict};
 use crate::error::Error;
 use crate::field::{extract, Field, Meta};
 use crate::label;
 use crate::reason;
 use crate::rewrite::{self, Addr, Ttl};
-use crate::table::{table_id, Entry, EntryId, MatchKind, Stored, Table, TableSpec};
+use crate::table::{table_id, Entry, MatchKind, Stored, Table, TableSpec};
 use crate::{
     MAX_ACTIONS, MAX_INTERFACES, MAX_KEY_LEN, MAX_TABLES, MAX_TABLE_IDS, NUM_REGS, NUM_USER_REGS,
 };

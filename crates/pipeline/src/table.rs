@@ -4,7 +4,7 @@
 //! longest first; ternary tables keep entries sorted by priority and test each mask in turn.
 //! Nothing here looks at frames or runs actions.
 
-use crate::action::{Action, TableId};
+use crate::action::{Action, EntryId, TableId};
 use crate::error::Error;
 use crate::field::Field;
 use crate::MAX_KEY_LEN;
@@ -79,28 +79,6 @@ impl Entry {
             mask: Some(mask.into()),
             priority,
             ..Entry::exact(key, actions)
-        }
-    }
-}
-
-/// Names an entry within its table. Ids of removed entries are never valid again.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct EntryId {
-    index: u32,
-    generation: u32,
-}
-
-impl EntryId {
-    /// The id as one number (generation in the high half), for an API or a log.
-    pub fn to_u64(self) -> u64 {
-        (u64::from(self.generation) << 32) | u64::from(self.index)
-    }
-
-    /// The id [`EntryId::to_u64`] gave; any other number names no live entry.
-    pub fn from_u64(n: u64) -> EntryId {
-        EntryId {
-            index: n as u32,
-            generation: (n >> 32) as u32,
         }
     }
 }

@@ -25,13 +25,22 @@ use tokio::time::{sleep_until, timeout, Instant};
 use wire::memcache::binary::{opcode, Header, HEADER_LEN};
 use wire::memcache::reply::{Framer, ReplyError};
 
-use super::client::Slot;
 use super::plan::Wire;
 use super::stats::{add, get, sub, PoolStats};
 
+/// Where a request's reply goes: the client's reply in the making, which may be waiting on
+/// the replies of several servers.
+pub trait Awaiting {
+    /// Whether a reply of `len` bytes, just framed, is to be kept (and counted against its
+    /// client); one nobody will read is thrown away unheld.
+    fn keep(&self, len: usize) -> bool;
+    /// The outcome of part `part` of the request.
+    fn complete(&self, part: usize, outcome: Result<Vec<u8>, ServerError>);
+}
+
 /// One request waiting for its reply.
 pub struct Pending {
-    pub slot: Rc<Slot>,
+    pub slot: Rc<dyn Awaiting>,
     pub part: usize,
     /// Finds where the reply ends, resuming where it stopped as bytes arrive.
     pub framer: Framer,
@@ -39,7 +48,7 @@ pub struct Pending {
     pub deadline: Instant,
     /// The reply, once framed, while its batch waits for its sentinel: copied out of the read
     /// buffer at once (and counted against its client), or left empty when nobody will read
-    /// it (see [`Slot::keep`]).
+    /// it (see [`Awaiting::keep`]).
     pub data: Vec<u8>,
     /// The last request of a batch: the batch sentinel with this number follows it.
     pub mark: Option<u64>,
@@ -248,9 +257,9 @@ impl Conn {
                     buf.clear();
                     start = 0;
                     // A burst of large replies grew the buffer: give it back once drained.
-                    if buf.capacity() > super::client::LARGE {
+                    if buf.capacity() > super::memory::LARGE {
                         buf = Vec::with_capacity(64 * 1024);
-                        super::worker::freed_memory();
+                        super::memory::freed_memory();
                     }
                 } else if start > buf.capacity() / 2 {
                     buf.drain(..start);

@@ -22,11 +22,12 @@ use wire::memcache::{binary, parse_text, recover_binary, recover_text, Command, 
 
 use switch::cache::{ReadFill, Served, Writes};
 
-use super::backend::Pending;
+use super::backend::{Awaiting, Pending, ServerError};
 use super::combine::{combine, warm_fill, Outcome};
+use super::memory;
 use super::plan::{self, sentinel, Bytes, Combine, OnError, Plan, Router};
+use super::pool::{PoolRouter, PoolRt};
 use super::stats::{add, sub, CutOff, PoolStats, ProxyStats};
-use super::worker::{PoolRouter, PoolRt};
 use super::Limits;
 
 /// A reply in the making: filled by the servers' replies, read by the client's writer.
@@ -71,6 +72,16 @@ impl CacheHook {
                 }
             }
         }
+    }
+}
+
+impl Awaiting for Slot {
+    fn keep(&self, len: usize) -> bool {
+        Slot::keep(self, len)
+    }
+
+    fn complete(&self, part: usize, outcome: Result<Vec<u8>, ServerError>) {
+        Slot::complete(self, part, outcome)
     }
 }
 
@@ -218,9 +229,6 @@ struct Shared {
     committed: Cell<usize>,
 }
 
-/// Buffers larger than this are given back once empty, rather than kept for the next burst.
-pub const LARGE: usize = 1 << 20;
-
 /// Largest value a storage request may carry: memcached's default item size. Larger ones are
 /// refused as memcached refuses them, without being buffered.
 pub const MAX_VALUE: usize = 1 << 20;
@@ -269,8 +277,8 @@ pub async fn serve(mut stream: TcpStream, pool: Rc<PoolRt>, limits: Rc<Limits>) 
     let left: Vec<Entry> = shared.queue.borrow_mut().drain(..).collect();
     drop(left);
     shared.discharge(shared.outstanding.get());
-    if shared.peak_bytes.get() > LARGE {
-        super::worker::freed_memory();
+    if shared.peak_bytes.get() > memory::LARGE {
+        super::memory::freed_memory();
     }
     sub(&stats.client_connections, 1);
     sub(&pool.proxy.clients_open, 1);
@@ -451,9 +459,9 @@ async fn read_loop(mut rd: ReadHalf<'_>, shared: &Rc<Shared>, pool: &Rc<PoolRt>,
             if start == buf.len() {
                 buf.clear();
                 start = 0;
-                if buf.capacity() > LARGE {
+                if buf.capacity() > memory::LARGE {
                     buf = Vec::with_capacity(16 * 1024);
-                    super::worker::freed_memory();
+                    super::memory::freed_memory();
                 }
             } else if start > 0 && (start > buf.len() / 2 || buf.capacity() - buf.len() < 8192) {
                 buf.drain(..start);

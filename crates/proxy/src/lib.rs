@@ -7,6 +7,7 @@
 mod backend;
 mod client;
 mod combine;
+mod memory;
 pub mod plan;
 pub mod pool;
 pub mod stats;
@@ -159,7 +160,7 @@ impl Proxy {
             local_addrs.push(addr);
         }
         drop(binder);
-        worker::large_allocations_own_pages();
+        memory::large_allocations_own_pages();
         let mut limits = settings.limits.clone();
         let cap = limits.client_connections.unwrap_or_else(|| {
             let specs: Vec<PoolSpec> = settings.pools.iter().map(|p| (*p.spec()).clone()).collect();

@@ -1,9 +1,118 @@
 //! The pools the proxy serves: each a listening address and its servers, with nutcracker's
 //! failure-handling options, and the servers' health. The pool itself, shared with the
 //! switch's UDP path when the proxy runs inside the switch, is [`switch::pool`]; the files it
-//! is read from are the `config` crate's.
+//! is read from are the `config` crate's. [`PoolRt`] is a pool as one worker sees it: its
+//! connections to the servers and the view it routes by.
+
+use std::cell::RefCell;
+use std::net::IpAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use switch::cache::CacheService;
+
+use super::backend::Conn;
+use super::plan::{Router, Wire};
+use super::stats::{PoolStats, ProxyStats};
 
 pub use switch::pool::{
     Pool, PoolSpec, ServerSpec, View, DEFAULT_FAILURE_LIMIT, DEFAULT_RETRY_TIMEOUT,
     DEFAULT_SERVER_CONNECTIONS, DEFAULT_TIMEOUT,
 };
+
+/// One pool as one worker sees it.
+pub(crate) struct PoolRt {
+    pub stats: Arc<PoolStats>,
+    /// The whole proxy's counters: client connections and reply bytes over every pool.
+    pub proxy: Arc<ProxyStats>,
+    /// Per server, its text and binary connections, made when first needed.
+    conns: Vec<RefCell<[Vec<Rc<Conn>>; 2]>>,
+    source: Option<IpAddr>,
+    /// The pool as this worker routes by it now.
+    view: RefCell<Arc<View>>,
+    /// The cache that answers this pool's hot keys.
+    pub cache: Option<Arc<CacheService>>,
+}
+
+impl PoolRt {
+    pub fn new(
+        proxy: Arc<ProxyStats>,
+        index: usize,
+        source: Option<IpAddr>,
+        cache: Option<Arc<CacheService>>,
+    ) -> Rc<PoolRt> {
+        let stats = proxy.pools[index].clone();
+        let view = stats.pool.view(kvio::clock::now());
+        // Room for servers added at run time.
+        let conns = (0..stats.spec.servers.len().max(switch::pool::MAX_SERVERS))
+            .map(|_| RefCell::new([Vec::new(), Vec::new()]))
+            .collect();
+        Rc::new(PoolRt {
+            stats,
+            proxy,
+            conns,
+            source,
+            view: RefCell::new(view),
+            cache,
+        })
+    }
+
+    /// The least loaded connection to `server` for `wire`, made if there are fewer than the
+    /// pool's `server_connections`.
+    pub fn conn(&self, server: usize, wire: Wire) -> Rc<Conn> {
+        let mut conns = self.conns[server].borrow_mut();
+        let list = &mut conns[wire as usize];
+        let idle = list.iter().min_by_key(|c| c.load()).cloned();
+        match idle {
+            Some(c) if c.load() == 0 || list.len() >= self.stats.spec.server_connections => c,
+            _ => {
+                let c = Conn::new(self.stats.clone(), server, wire, self.source);
+                list.push(c.clone());
+                c
+            }
+        }
+    }
+
+    pub fn router(self: &Rc<Self>) -> PoolRouter {
+        self.refresh();
+        PoolRouter { pool: self.clone() }
+    }
+
+    /// Takes the pool's view again when it changed (a server ejected here, in another
+    /// worker or by the control plane) or a server is due back.
+    fn refresh(&self) {
+        let now = kvio::clock::now();
+        let mut view = self.view.borrow_mut();
+        let due = view.next_return().is_some_and(|t| t <= now);
+        if view.version() != self.stats.pool.version() || due {
+            *view = self.stats.pool.view(now);
+        }
+    }
+}
+
+/// Places keys for one batch of requests.
+pub(crate) struct PoolRouter {
+    pool: Rc<PoolRt>,
+}
+
+impl Router for PoolRouter {
+    fn locate(&mut self, key: &[u8]) -> Option<usize> {
+        // Used for reads (writes go to `replicas`): a replicated pool reads a warming owner's
+        // keys from another replica, except the one-key gets that warm it.
+        self.pool.view.borrow().read_locate(key)
+    }
+
+    fn live(&self) -> Vec<usize> {
+        self.pool.view.borrow().live().to_vec()
+    }
+
+    fn replicas(&mut self, key: &[u8], out: &mut Vec<usize>) {
+        let view = self.pool.view.borrow();
+        view.replicas_hash(view.key_hash(key), out);
+    }
+
+    fn warm_source(&mut self, key: &[u8]) -> Option<(usize, usize)> {
+        let view = self.pool.view.borrow();
+        view.warm_source(view.key_hash(key))
+    }
+}

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use api::metrics::{Exposition, Kind};
 use kv::Instant;
 
-use super::pool::{Pool, PoolSpec};
+use switch::pool::{Pool, PoolSpec};
 
 pub(crate) fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);

@@ -2,7 +2,6 @@
 //! (the kernel spreads connections over the workers, `SO_REUSEPORT`) and keeps its own
 //! connections to the servers, so workers share nothing but counters.
 
-use std::cell::RefCell;
 use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
@@ -11,11 +10,9 @@ use std::sync::Arc;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 
-use super::backend::Conn;
 use super::client;
-use super::plan::{Router, Wire};
-use super::pool::View;
-use super::stats::{add, get, PoolStats, ProxyStats, Refused};
+use super::pool::PoolRt;
+use super::stats::{add, get, ProxyStats, Refused};
 use super::Limits;
 use switch::cache::CacheService;
 
@@ -30,103 +27,6 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.set_reuseport(true)?;
     socket.bind(addr)?;
     socket.listen(1024)
-}
-
-/// One pool as one worker sees it.
-pub struct PoolRt {
-    pub stats: Arc<PoolStats>,
-    /// The whole proxy's counters: client connections and reply bytes over every pool.
-    pub proxy: Arc<ProxyStats>,
-    /// Per server, its text and binary connections, made when first needed.
-    conns: Vec<RefCell<[Vec<Rc<Conn>>; 2]>>,
-    source: Option<IpAddr>,
-    /// The pool as this worker routes by it now.
-    view: RefCell<Arc<View>>,
-    /// The cache that answers this pool's hot keys.
-    pub cache: Option<Arc<CacheService>>,
-}
-
-impl PoolRt {
-    pub fn new(
-        proxy: Arc<ProxyStats>,
-        index: usize,
-        source: Option<IpAddr>,
-        cache: Option<Arc<CacheService>>,
-    ) -> Rc<PoolRt> {
-        let stats = proxy.pools[index].clone();
-        let view = stats.pool.view(kvio::clock::now());
-        // Room for servers added at run time.
-        let conns = (0..stats.spec.servers.len().max(switch::pool::MAX_SERVERS))
-            .map(|_| RefCell::new([Vec::new(), Vec::new()]))
-            .collect();
-        Rc::new(PoolRt {
-            stats,
-            proxy,
-            conns,
-            source,
-            view: RefCell::new(view),
-            cache,
-        })
-    }
-
-    /// The least loaded connection to `server` for `wire`, made if there are fewer than the
-    /// pool's `server_connections`.
-    pub fn conn(&self, server: usize, wire: Wire) -> Rc<Conn> {
-        let mut conns = self.conns[server].borrow_mut();
-        let list = &mut conns[wire as usize];
-        let idle = list.iter().min_by_key(|c| c.load()).cloned();
-        match idle {
-            Some(c) if c.load() == 0 || list.len() >= self.stats.spec.server_connections => c,
-            _ => {
-                let c = Conn::new(self.stats.clone(), server, wire, self.source);
-                list.push(c.clone());
-                c
-            }
-        }
-    }
-
-    pub fn router(self: &Rc<Self>) -> PoolRouter {
-        self.refresh();
-        PoolRouter { pool: self.clone() }
-    }
-
-    /// Takes the pool's view again when it changed (a server ejected here, in another
-    /// worker or by the control plane) or a server is due back.
-    fn refresh(&self) {
-        let now = kvio::clock::now();
-        let mut view = self.view.borrow_mut();
-        let due = view.next_return().is_some_and(|t| t <= now);
-        if view.version() != self.stats.pool.version() || due {
-            *view = self.stats.pool.view(now);
-        }
-    }
-}
-
-/// Places keys for one batch of requests.
-pub struct PoolRouter {
-    pool: Rc<PoolRt>,
-}
-
-impl Router for PoolRouter {
-    fn locate(&mut self, key: &[u8]) -> Option<usize> {
-        // Used for reads (writes go to `replicas`): a replicated pool reads a warming owner's
-        // keys from another replica, except the one-key gets that warm it.
-        self.pool.view.borrow().read_locate(key)
-    }
-
-    fn live(&self) -> Vec<usize> {
-        self.pool.view.borrow().live().to_vec()
-    }
-
-    fn replicas(&mut self, key: &[u8], out: &mut Vec<usize>) {
-        let view = self.pool.view.borrow();
-        view.replicas_hash(view.key_hash(key), out);
-    }
-
-    fn warm_source(&mut self, key: &[u8]) -> Option<(usize, usize)> {
-        let view = self.pool.view.borrow();
-        view.warm_source(view.key_hash(key))
-    }
 }
 
 /// Runs one worker until `stop` turns true.
@@ -151,7 +51,7 @@ pub fn run(
             let pool = PoolRt::new(proxy.clone(), index, source, cache);
             tokio::task::spawn_local(accept(listener, pool, limits.clone()));
         }
-        tokio::task::spawn_local(give_back_memory());
+        tokio::task::spawn_local(super::memory::give_back_memory());
         while !*stop.borrow() {
             if stop.changed().await.is_err() {
                 break;
@@ -280,57 +180,3 @@ fn listener_accept_now(listener: &TcpListener) -> Option<tokio::net::TcpStream> 
         _ => None,
     }
 }
-
-thread_local! {
-    /// Set when this worker freed a large amount of memory (a client that held many replies
-    /// went, a connection's buffer shrank after a burst).
-    static FREED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Asks the worker to hand memory it freed back to the system at its next pass.
-pub fn freed_memory() {
-    FREED.with(|f| f.set(true));
-}
-
-/// Twice a second, after large frees, hands the allocator's free pages back to the system:
-/// glibc's allocator keeps freed memory in its per-thread arenas otherwise, and a proxy that
-/// once buffered a gigabyte for clients that never read would keep it for good.
-async fn give_back_memory() {
-    loop {
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-        if FREED.with(|f| f.replace(false)) {
-            release_free_pages();
-        }
-    }
-}
-
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn release_free_pages() {
-    // SAFETY: malloc_trim only walks the allocator's own free lists; it takes no pointers.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn release_free_pages() {}
-
-/// Allocations of this size or more are given their own pages (`mmap`), handed back to the
-/// system the moment they are freed.
-const OWN_PAGES: usize = 256 << 10;
-
-/// Makes every large allocation (replies of large values, buffers a burst grew) take pages of
-/// its own, returned to the system when freed. glibc's default raises that threshold to the
-/// size of the largest block freed so far (up to 32 MiB), after which 1 MB replies come from
-/// its arenas and stay resident once freed until the next trim: measured, eight clients cut
-/// off in turn then left 200-260 MB resident where 70 MB were ever held at once.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-pub fn large_allocations_own_pages() {
-    // SAFETY: mallopt only sets a tunable of the allocator; it takes no pointers.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, OWN_PAGES as libc::c_int);
-    }
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-pub fn large_allocations_own_pages() {}

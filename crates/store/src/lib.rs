@@ -16,8 +16,9 @@ pub use items::{
     bump, parse_counter, read, Counters, DeleteOutcome, Delta, Frozen, Host, Item, Mode, Store,
     StoreOutcome, ITEM_SIZE_MAX,
 };
-pub use session::{step, Hooks, Step, UdpPath, SPILL_AT};
+pub use session::{step, Hooks, Step, UdpPath};
 pub use text::After;
+pub use text::SPILL_AT;
 
 /// The name and version `version` and `stats` report.
 pub const VERSION: &str = concat!("kvswitch-node-", env!("CARGO_PKG_VERSION"));

@@ -49,9 +49,6 @@ pub enum UdpPath {
     SendOn,
 }
 
-/// Size past which a reply in the making is handed to the `spill` callback of [`step`].
-pub const SPILL_AT: usize = 1024 * 1024;
-
 /// Executes the request at the front of `buf`, appending the reply to `out`. `None` means the
 /// request is incomplete: call again with more bytes.
 ///
@@ -60,7 +57,7 @@ pub const SPILL_AT: usize = 1024 * 1024;
 /// skipped without a reply.
 ///
 /// `spill` is called with the replies so far whenever a multi-key retrieval has made them
-/// longer than [`SPILL_AT`]; it may send and clear them. If it returns false the retrieval is
+/// longer than [`crate::SPILL_AT`]; it may send and clear them. If it returns false the retrieval is
 /// abandoned: its partial reply is replaced with memcached's out-of-memory error and the step
 /// asks for the connection to stop ([`After::Close`]).
 pub fn step(
@@ -220,7 +217,7 @@ mod tests {
         .unwrap();
         assert_eq!(done.after, After::Continue);
         assert!(
-            largest <= SPILL_AT + value.len() + 64,
+            largest <= crate::SPILL_AT + value.len() + 64,
             "held {largest} bytes"
         );
         sent.extend_from_slice(&out);

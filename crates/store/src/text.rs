@@ -8,8 +8,11 @@ use wire::memcache::meta::decode_base64_key;
 use wire::memcache::{Command, Request, MAX_KEY_LEN};
 
 use crate::items::{bump, read, DeleteOutcome, Delta, Item, Mode, Store, StoreOutcome};
-use crate::session::SPILL_AT;
 use crate::VERSION;
+
+/// Size past which a reply in the making is handed to the `spill` callback of
+/// [`crate::session::step`].
+pub const SPILL_AT: usize = 1024 * 1024;
 
 /// What the connection does after a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,20 +12,19 @@ use std::net::{Ipv4Addr, SocketAddr};
 
 use anyhow::{bail, Context};
 
+use crate::host::{
+    answers_version, create_host, exited, free_port, prefix_byte, record_file, record_proc,
+    start_memcached, start_server, write_file, DAEMON_READY,
+};
 use crate::netns::{self, ip, ns_run, sysctl};
 use crate::probe;
 use crate::process;
 use crate::state::{FabricState, FabricSwitchState, State};
 use crate::topology::{Role, SwitchRole, Topology, MEMCACHED_PORT};
-use crate::up::{
-    answers_version, create_host, exited, free_port, prefix_byte, record_file, record_proc,
-    start_memcached, start_server, write_file,
-};
 use crate::{ServerProgram, UpOptions};
 
 /// A fabric switch's API must answer within this long after start.
 const SWITCH_READY: std::time::Duration = std::time::Duration::from_secs(10);
-const DAEMON_READY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The tag of a switch in interface names: `t0`, `r1`.
 fn tag(topo: &Topology, name: &str) -> String {
@@ -286,7 +285,7 @@ pub(crate) fn build(state: &mut State, topo: &Topology, opts: &UpOptions) -> any
         answers_version(state, i, child, DAEMON_READY, what)?;
     }
     if let Some(path) = state.api_token_file.clone() {
-        let token = crate::up::new_token()?;
+        let token = crate::host::new_token()?;
         write_file(state, &path, &format!("{token}\n"))?;
     }
     let text = fabric_file(state, topo);

@@ -17,6 +17,7 @@ pub mod differential;
 mod down;
 mod fabric;
 pub mod history_load;
+mod host;
 pub mod local;
 pub mod net;
 mod netns;
@@ -24,6 +25,7 @@ mod probe;
 pub mod process;
 pub mod replies;
 mod state;
+mod sweep;
 mod topology;
 mod up;
 
@@ -35,13 +37,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::Context;
 
 pub use config::{kvswitch_config, nutcracker_config};
-pub use down::{down, down_prefix, sweep};
+pub use down::{down, down_prefix};
 pub use history;
 pub use netns::in_netns;
 pub use probe::{
     http, http_get, memcached_stats, memcached_udp_version, memcached_version, stat_u64, wait_for,
 };
 pub use state::{FabricState, FabricSwitchState, HostState, NutcrackerState, ProcRecord, State};
+pub use sweep::sweep;
 pub use topology::{
     check_prefix, FabricLayout, Host, Mode, Role, Subnet, SwitchDef, SwitchRole, Topology,
     MAX_HOST_NAME, MAX_PREFIX, MEMCACHED_PORT, RESERVED_HOST_NAMES,

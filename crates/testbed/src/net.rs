@@ -190,7 +190,7 @@ impl Net {
             self.save()?;
             let ns = h.netns.as_str();
             let cidr = format!("{}/{}", h.ip, subnet.len);
-            crate::up::host_link(ns, &ifname, &h.mac, &cidr)?;
+            crate::host::host_link(ns, &ifname, &h.mac, &cidr)?;
             ip(&["-n", ns, "link", "set", "dev", "eth0", "up"])?;
         }
         for h in self.hosts.iter().filter(|_| spec.static_neighbours) {
@@ -290,7 +290,7 @@ impl Net {
     }
 
     fn start_switch(&mut self, s: usize, bin: &Path) -> anyhow::Result<()> {
-        let api = crate::up::free_port()?;
+        let api = crate::host::free_port()?;
         let sw = &mut self.switches[s];
         sw.api = api;
         let ports: Vec<String> = sw.ports.iter().map(|p| format!("{:?}", p.ifname)).collect();
@@ -537,7 +537,7 @@ pub fn take_down_prefix(prefix: &str) -> anyhow::Result<()> {
         Ok(net) => net,
         Err(e) => {
             // Not ours to read: its namespaces and links still carry the prefix.
-            crate::down::sweep(prefix)?;
+            crate::sweep::sweep(prefix)?;
             let _ = std::fs::remove_file(&path);
             return Err(anyhow::anyhow!(
                 "the state file {} did not read ({e}); its namespaces and links were removed, \
