@@ -14,7 +14,8 @@ use wire::memcache::binary::REQUEST_MAGIC;
 use wire::memcache::MAX_LINE_LEN;
 
 use crate::Shared;
-use store::session::{step, Step, SPILL_AT};
+use store::session::{step, Step};
+use store::SPILL_AT;
 use store::text::After;
 use store::{bump, read, ITEM_SIZE_MAX};
 
