@@ -36,10 +36,7 @@ pub struct ApiArgs {
 impl ApiArgs {
     /// The client these arguments name, its token read.
     pub fn client(&self) -> anyhow::Result<Client> {
-        Ok(Client {
-            api: self.api,
-            token: token(self.token_file.as_deref())?,
-        })
+        Ok(Client::new(self.api, token(self.token_file.as_deref())?))
     }
 }
 
@@ -48,9 +45,26 @@ impl ApiArgs {
 pub struct Client {
     pub api: SocketAddr,
     pub token: Option<String>,
+    /// How long each call waits on its reply: [`CALL_LIMIT`] unless [`Client::with_limit`]
+    /// says otherwise.
+    limit: Duration,
 }
 
 impl Client {
+    /// A client of the API at `api`, sending `token` (if any) as a bearer.
+    pub fn new(api: SocketAddr, token: Option<String>) -> Client {
+        Client {
+            api,
+            token,
+            limit: CALL_LIMIT,
+        }
+    }
+
+    /// The same client, each of its calls (typed or not) giving up on the reply after `limit`.
+    pub fn with_limit(self, limit: Duration) -> Client {
+        Client { limit, ..self }
+    }
+
     /// An agent for one request: `limit` bounds each read and write (no read bound when
     /// `None`, for a stream), the connection opens within [`CONNECT_LIMIT`], and every status
     /// comes back as a reply for the caller to read.
@@ -177,10 +191,11 @@ impl Stream {
 }
 
 impl Client {
-    /// `method path` with an optional JSON body; the reply's body as JSON (or text wrapped in
-    /// a JSON string), or an error carrying the API's message.
+    /// `method path` with an optional JSON body, waiting on the reply for the client's limit;
+    /// the reply's body as JSON (or text wrapped in a JSON string), or an error carrying the
+    /// API's message.
     pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> anyhow::Result<Value> {
-        self.call_within(method, path, body, CALL_LIMIT)
+        self.call_within(method, path, body, self.limit)
     }
 
     /// [`Client::call`], giving up on the reply after `limit`.
@@ -280,25 +295,5 @@ pub fn token(file: Option<&std::path::Path>) -> anyhow::Result<Option<String>> {
             Ok(Some(text.lines().next().unwrap_or("").trim().to_string()))
         }
         None => Ok(None),
-    }
-}
-
-/// Every entry of `table`, page by page.
-pub fn entries(client: &Client, table: &str) -> anyhow::Result<Vec<Value>> {
-    let mut all = Vec::new();
-    let mut after = String::new();
-    loop {
-        let page = client
-            .call(
-                "GET",
-                &format!("/api/v1/tables/{table}/entries{after}"),
-                None,
-            )
-            .with_context(|| format!("listing the switch's {table} entries"))?;
-        all.extend(page["entries"].as_array().cloned().unwrap_or_default());
-        match page["next"].as_u64() {
-            Some(next) => after = format!("?after={next}"),
-            None => return Ok(all),
-        }
     }
 }

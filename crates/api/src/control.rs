@@ -1,11 +1,17 @@
-//! The switch's control API, typed: what kvswitch's own parts ask of a switch's tables, as the
+//! The switch's control API, typed: what kvswitch's own parts ask of a switch (its tables,
+//! interfaces, counters, registers, ports and the frames its entries send to the CPU), as the
 //! definitions of `switch::control` over [`Client`]. A refusal comes back as a [`Refused`]
-//! carrying the switch's [`ErrorKind`] and the field it named.
+//! carrying the switch's [`ErrorKind`](switch::control::ErrorKind) and the field it named.
+
+use std::time::Duration;
 
 use anyhow::Context;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
-use switch::control::{Change, EntryDef, EntryView, TableDef, TableView, MAX_BATCH};
+use switch::control::{
+    Change, CounterView, CpuFrame, EntryDef, EntryView, InterfaceDef, InterfaceView, PortView,
+    RegisterView, TableDef, TableView, MAX_BATCH,
+};
 
 use crate::{Client, Refused};
 
@@ -91,6 +97,105 @@ impl Client {
             ids.extend(got);
         }
         Ok(ids)
+    }
+}
+
+impl Client {
+    /// The interface table.
+    pub fn interfaces(&self) -> anyhow::Result<Vec<InterfaceView>> {
+        let mut doc = self.call("GET", "/api/v1/interfaces", None)?;
+        typed(doc["interfaces"].take(), "the interfaces")
+    }
+
+    /// Makes or replaces entry `id` of the interface table: every action naming it sends
+    /// through `def` from the next frame on.
+    pub fn set_interface(&self, id: u16, def: &InterfaceDef) -> anyhow::Result<InterfaceView> {
+        let path = format!("/api/v1/interfaces/{id}");
+        let set = self
+            .call("PUT", &path, Some(&json!(def)))
+            .with_context(|| format!("setting interface {id}"))?;
+        typed(set, "an interface")
+    }
+
+    /// Removes entry `id` of the interface table; refused while an action names it.
+    pub fn remove_interface(&self, id: u16) -> anyhow::Result<()> {
+        self.call("DELETE", &format!("/api/v1/interfaces/{id}"), None)
+            .with_context(|| format!("removing interface {id}"))?;
+        Ok(())
+    }
+
+    /// The counters operators' `count` actions feed.
+    pub fn counters(&self) -> anyhow::Result<Vec<CounterView>> {
+        let mut doc = self.call("GET", "/api/v1/counters", None)?;
+        typed(doc["counters"].take(), "the counters")
+    }
+
+    /// Removes counter `name`; refused while a `count` action feeds it.
+    pub fn remove_counter(&self, name: &str) -> anyhow::Result<()> {
+        self.call("DELETE", &format!("/api/v1/counters/{name}"), None)
+            .with_context(|| format!("removing counter {name}"))?;
+        Ok(())
+    }
+
+    /// Register `name`: a user register (`user<N>`) or a port's figure (`port<N>.<figure>`).
+    pub fn register(&self, name: &str) -> anyhow::Result<RegisterView> {
+        let doc = self.call("GET", &format!("/api/v1/registers/{name}"), None)?;
+        typed(doc, "a register")
+    }
+
+    /// Every port with its counters.
+    pub fn ports(&self) -> anyhow::Result<Vec<PortView>> {
+        let mut doc = self.call("GET", "/api/v1/ports", None)?;
+        typed(doc["ports"].take(), "the ports")
+    }
+
+    /// Gives `port` an egress queue sending `rate_bps` (0: at once again) and holding
+    /// `depth_bytes` (the switch's default if `None`); the depth it holds.
+    pub fn set_egress(
+        &self,
+        port: u16,
+        rate_bps: u64,
+        depth_bytes: Option<u64>,
+    ) -> anyhow::Result<u64> {
+        let body = json!({ "rate_bps": rate_bps, "depth_bytes": depth_bytes });
+        let set = self
+            .call("PUT", &format!("/api/v1/ports/{port}/egress"), Some(&body))
+            .with_context(|| format!("setting port {port}'s egress rate"))?;
+        set["depth_bytes"]
+            .as_u64()
+            .context("the switch gave no queue depth")
+    }
+
+    /// Sends `frame` out of `port` as the switch's own.
+    pub fn send_frame(&self, port: u16, frame: &[u8]) -> anyhow::Result<()> {
+        let body = json!({ "port": port, "frame": switch::control::hex(frame) });
+        self.call("POST", "/api/v1/packets", Some(&body))?;
+        Ok(())
+    }
+
+    /// Takes at most `max` of the frames entries sent to the CPU, waiting up to `wait_ms` for
+    /// a first one when none is queued; none when none came.
+    pub fn take_packets(&self, max: usize, wait_ms: u64) -> anyhow::Result<Vec<CpuFrame>> {
+        let path = format!("/api/v1/packets?max={max}&wait_ms={wait_ms}");
+        let mut doc = self.call("GET", &path, None)?;
+        typed(doc["frames"].take(), "the frames sent to the CPU")
+    }
+
+    /// The frames entries send to the CPU as they come, for `within` at most: calls `each`
+    /// with every one until then, or until `each` returns false. Each frame goes to one
+    /// reader: this and [`Client::take_packets`] share the switch's queue.
+    pub fn watch_packets(
+        &self,
+        within: Duration,
+        mut each: impl FnMut(CpuFrame) -> bool,
+    ) -> anyhow::Result<()> {
+        let mut stream = self.open(&format!("/api/v1/packets/stream?ms={}", within.as_millis()))?;
+        while let Some(line) = stream.next_line()? {
+            if !each(typed(line, "a frame sent to the CPU")?) {
+                break;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -1,8 +1,9 @@
 //! The control APIs' common ground: [`client::Client`], the blocking client every part of
-//! kvswitch and its tools speak to an API with, typed for a switch's tables and batches; what serving one takes ([`server`], behind the
-//! [`guard`] that refuses what a browser of another origin could send); the error body all of
-//! them answer with ([`ApiFailure`]); the token; and the dashboard page, served by a switch
-//! for itself and by the controller for its fleet.
+//! kvswitch and its tools speak to an API with, typed for a switch's tables, batches,
+//! interfaces, counters, registers, ports and CPU path; what serving one takes ([`server`],
+//! behind the [`guard`] that refuses what a browser of another origin could send); the error
+//! body all of them answer with ([`ApiFailure`]); the token; and the dashboard page, served by
+//! a switch for itself and by the controller for its fleet.
 
 pub mod client;
 mod control;

@@ -37,10 +37,7 @@ fn a_proxy_in_the_environment_is_not_used() {
         .unwrap();
         request_line
     });
-    let client = api::Client {
-        api: addr,
-        token: Some("secret".into()),
-    };
+    let client = api::Client::new(addr, Some("secret".into()));
     let reply = client
         .call("GET", "/api/v1/status", None)
         .expect("a direct call");

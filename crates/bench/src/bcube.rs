@@ -244,10 +244,9 @@ fn measure(
     let started = Instant::now();
     loop {
         let filled = (0..SERVERS).all(|id| {
-            net.api(&card(id), "GET", "/api/v1/interfaces", None)
-                .ok()
-                .and_then(|l| l["interfaces"].as_array().map(Vec::len))
-                == Some(2 * (N - 1))
+            net.client(&card(id))
+                .interfaces()
+                .is_ok_and(|l| l.len() == 2 * (N - 1))
         });
         if filled {
             break;

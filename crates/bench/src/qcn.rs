@@ -186,24 +186,12 @@ fn measure(bed: &Bed, args: &Args, step_s: f64) -> anyhow::Result<Results> {
         .iter()
         .position(|h| h.name == server.name)
         .context("the server's port")? as u16;
-    let api = api::Client {
-        api: state.api,
-        token: match &state.api_token_file {
-            Some(f) => Some(std::fs::read_to_string(f)?.trim().to_string()),
-            None => None,
-        },
-    };
+    let api = api::Client::new(state.api, state.api_token()?);
     let q_eq = (args.q_eq_kb * 1000.0) as u64;
     // Deep enough that QCN, not the queue's limit, keeps it short: a second at the lowest rate.
     let depth = ((args.steps_mbps.iter().cloned().fold(f64::MAX, f64::min) * 1e6 / 8.0) as u64)
         .max(20 * q_eq);
-    let set_rate = |mbps: f64| {
-        api.call(
-            "PUT",
-            &format!("/api/v1/ports/{port}/egress"),
-            Some(&json!({"rate_bps": (mbps * 1e6) as u64, "depth_bytes": depth})),
-        )
-    };
+    let set_rate = |mbps: f64| api.set_egress(port, (mbps * 1e6) as u64, Some(depth));
     let lead_s = step_s.min(2.0);
     // The schedule: the line rate, each step, the line rate again.
     let mut schedule = vec![(0.0, args.max_mbps * 1.5)];
@@ -214,10 +202,8 @@ fn measure(bed: &Bed, args: &Args, step_s: f64) -> anyhow::Result<Results> {
     schedule.push((total - step_s, args.max_mbps * 1.5));
     set_rate(schedule[0].1)?;
     let tx_dropped = || -> anyhow::Result<u64> {
-        let ports = api.call("GET", "/api/v1/ports", None)?;
-        Ok(ports["ports"][usize::from(port)]["tx_dropped"]
-            .as_u64()
-            .unwrap_or(0))
+        let ports = api.ports()?;
+        Ok(ports.get(usize::from(port)).map_or(0, |p| p.tx_dropped))
     };
     let dropped_before = tx_dropped()?;
     let to = SocketAddrV4::new(server.ip, DATA_PORT);

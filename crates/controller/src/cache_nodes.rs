@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 
 use super::{probe, Health, Shared, CAMPAIGN_INTERVAL};
 use api::Client;
+use switch::control::{ActionDef, EntryView, STEER};
 
 /// What the controller knows of one cache node.
 #[derive(Debug, Clone)]
@@ -66,21 +67,18 @@ pub(super) fn watch(shared: &Shared) {
         };
         let clients: Vec<Client> = switches
             .iter()
-            .map(|sw| Client {
-                api: sw.api,
-                token: shared.switch_token.clone(),
-            })
+            .map(|sw| Client::new(sw.api, shared.switch_token.clone()))
             .collect();
         // Each switch's steering entries, by the address they lead to: (switch, entry id).
         let mut leading: BTreeMap<Ipv4Addr, Vec<(usize, u64)>> = BTreeMap::new();
         for (i, client) in clients.iter().enumerate() {
             // A switch out of reach (its syncer says so), or a proxy without tables.
-            let Ok(entries) = api::client::entries(client, switch::control::STEER) else {
+            let Ok(entries) = client.table_entries(STEER) else {
                 continue;
             };
             for e in &entries {
-                if let (Some(ip), Some(id)) = (target(e), e["id"].as_u64()) {
-                    leading.entry(ip).or_default().push((i, id));
+                if let Some(ip) = target(e) {
+                    leading.entry(ip).or_default().push((i, e.id));
                 }
             }
         }
@@ -126,9 +124,8 @@ pub(super) fn watch(shared: &Shared) {
         for (ip, entries) in remove {
             let mut gone = 0u64;
             for (i, id) in entries {
-                let path = format!("/api/v1/tables/{}/entries/{id}", switch::control::STEER);
                 // An entry the switch removed meanwhile (its own check) is not counted.
-                if clients[i].call("DELETE", &path, None).is_ok() {
+                if let Ok(true) = clients[i].remove_entry(STEER, id) {
                     gone += 1;
                 }
             }
@@ -148,12 +145,12 @@ pub(super) fn watch(shared: &Shared) {
     }
 }
 
-/// The address a steering entry (as the API lists it) sends reads to.
-fn target(entry: &Value) -> Option<Ipv4Addr> {
-    entry["actions"]
-        .as_array()?
-        .iter()
-        .find_map(|a| a["set_ipv4_dst"].as_str()?.parse().ok())
+/// The address a steering entry sends reads to.
+fn target(entry: &EntryView) -> Option<Ipv4Addr> {
+    entry.actions.iter().find_map(|a| match a {
+        ActionDef::SetIpv4Dst(ip) => Some(*ip),
+        _ => None,
+    })
 }
 
 /// The cache nodes for the status document.
@@ -208,13 +205,18 @@ mod tests {
 
     #[test]
     fn an_entry_leads_to_the_address_of_its_ip_rewrite() {
-        let entry = json!({"id": 3, "actions": [{"set_ipv4_dst": "10.0.0.9"}, {"interface": 2}]});
-        assert_eq!(target(&entry), Some(Ipv4Addr::new(10, 0, 0, 9)));
-        assert_eq!(target(&json!({"actions": [{"interface": 2}]})), None);
-        assert_eq!(
-            target(&json!({"actions": [{"set_ipv4_dst": "nonsense"}]})),
-            None
-        );
-        assert_eq!(target(&json!({})), None);
+        let entry = |actions| EntryView {
+            id: 3,
+            fields: BTreeMap::new(),
+            priority: 0,
+            prefix_len: None,
+            actions,
+            hits: 0,
+        };
+        let node = Ipv4Addr::new(10, 0, 0, 9);
+        let steer = entry(vec![ActionDef::SetIpv4Dst(node), ActionDef::Interface(2)]);
+        assert_eq!(target(&steer), Some(node));
+        assert_eq!(target(&entry(vec![ActionDef::Interface(2)])), None);
+        assert_eq!(target(&entry(Vec::new())), None);
     }
 }

@@ -44,7 +44,7 @@ impl Etcd {
             format!("{url:?}: {addr:?} is not an address such as 127.0.0.1:2379")
         })?;
         Ok(Etcd {
-            client: Client { api, token: None },
+            client: Client::new(api, None),
             prefix: format!("/kvswitch/controller/{pool}/"),
             lease: None,
         })

@@ -85,10 +85,7 @@ pub(crate) async fn fleet(State(shared): State<Arc<Shared>>) -> Json<Value> {
             let jobs: Vec<_> = switches
                 .iter()
                 .map(|sw| {
-                    let client = Client {
-                        api: sw.api,
-                        token: token.clone(),
-                    };
+                    let client = Client::new(sw.api, token.clone());
                     s.spawn(move || client.call_within("GET", "/api/v1/status", None, FLEET_WAIT))
                 })
                 .collect();

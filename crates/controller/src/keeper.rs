@@ -79,10 +79,7 @@ impl Keeper {
             .switches
             .iter()
             .filter_map(|s| {
-                let api = Client {
-                    api: s.api?,
-                    token: token.clone(),
-                };
+                let api = Client::new(s.api?, token.clone());
                 Some((s.name.clone(), api))
             })
             .collect();

@@ -33,7 +33,9 @@ use axum::Json;
 use config::controller::RoutesSpec;
 use serde::Deserialize;
 use serde_json::{json, Value as JsonValue};
-use switch::control::{ActionDef, Change, EntryDef, KeyField, Kind, TableDef, Value, ACL_KEY};
+use switch::control::{
+    ActionDef, Change, EntryDef, EntryView, KeyField, Kind, TableDef, Value, ACL, ACL_KEY,
+};
 
 use super::{authorised, leading, refuse, Reply, Shared, SWITCH_WAIT};
 use api::{Client, Refused};
@@ -70,8 +72,13 @@ pub fn dscp_match(v: u8) -> Value {
 }
 
 /// The version an entry of [`ROUTES`] belongs to, from its match as the switch lists it.
-pub fn version_of(listed_match: &JsonValue) -> Option<u8> {
-    let v = listed_match[DSCP_FIELD]["value"].as_u64()?;
+pub fn version_of(listed_match: &BTreeMap<String, Value>) -> Option<u8> {
+    let Some(Value::Masked { value, .. }) = listed_match.get(DSCP_FIELD) else {
+        return None;
+    };
+    let &Value::Number(v) = value.as_ref() else {
+        return None;
+    };
     u8::try_from(v >> 2)
         .ok()
         .filter(|v| (1..=MAX_VERSION).contains(v))
@@ -205,71 +212,36 @@ impl std::fmt::Display for Failure {
 
 /// Calls to one switch, each given [`SWITCH_WAIT`], each only while this controller leads.
 struct Calls<'a> {
+    /// The switch's client, its calls limited to [`SWITCH_WAIT`].
     client: Client,
     leads: &'a (dyn Fn() -> bool + Sync),
 }
 
 impl Calls<'_> {
-    fn call(
-        &self,
-        method: &str,
-        path: &str,
-        body: Option<&JsonValue>,
-    ) -> Result<JsonValue, Failure> {
+    /// `call` on the switch's client, if this controller still leads; its error as a
+    /// [`Failure`].
+    fn call<T>(&self, call: impl FnOnce(&Client) -> anyhow::Result<T>) -> Result<T, Failure> {
         if !(self.leads)() {
             return Err(Failure::NotLeading);
         }
-        self.client
-            .call_within(method, path, body, SWITCH_WAIT)
-            .map_err(|e| match e.downcast_ref::<Refused>() {
-                Some(r) if (400..500).contains(&r.status) => Failure::Refused(r.to_string()),
-                _ => Failure::OutOfReach(format!("{e:#}")),
-            })
+        call(&self.client).map_err(|e| match e.downcast_ref::<Refused>() {
+            Some(r) if (400..500).contains(&r.status) => Failure::Refused(r.to_string()),
+            _ => Failure::OutOfReach(format!("{e:#}")),
+        })
     }
 
     /// Applies `changes` as batches of at most [`switch::control::MAX_BATCH`]; the ids, one
-    /// per change.
+    /// per change. No changes make no call, so they need no leader either.
     fn batch(&self, changes: &[Change]) -> Result<Vec<u64>, Failure> {
-        let mut ids = Vec::with_capacity(changes.len());
-        for chunk in changes.chunks(switch::control::MAX_BATCH) {
-            let body = json!({ "changes": chunk });
-            let reply = self.call("POST", "/api/v1/batch", Some(&body))?;
-            let got: Vec<u64> = reply["ids"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(JsonValue::as_u64)
-                .collect();
-            if got.len() != chunk.len() {
-                return Err(Failure::OutOfReach(format!(
-                    "a batch of {} changes answered with {} ids",
-                    chunk.len(),
-                    got.len()
-                )));
-            }
-            ids.extend(got);
+        if changes.is_empty() {
+            return Ok(Vec::new());
         }
-        Ok(ids)
+        self.call(|c| c.batch(changes))
     }
 
     /// Every entry of `table`, a page at a time.
-    fn entries(&self, table: &str) -> Result<Vec<JsonValue>, Failure> {
-        let mut out = Vec::new();
-        let mut after: Option<u64> = None;
-        // A table holds at most 2^20 entries: 105 pages of 10,000.
-        for _ in 0..128 {
-            let path = match after {
-                Some(a) => format!("/api/v1/tables/{table}/entries?after={a}"),
-                None => format!("/api/v1/tables/{table}/entries"),
-            };
-            let page = self.call("GET", &path, None)?;
-            out.extend(page["entries"].as_array().cloned().unwrap_or_default());
-            match page["next"].as_u64() {
-                Some(n) => after = Some(n),
-                None => return Ok(out),
-            }
-        }
-        Ok(out)
+    fn entries(&self, table: &str) -> Result<Vec<EntryView>, Failure> {
+        self.call(|c| c.table_entries(table))
     }
 }
 
@@ -311,29 +283,24 @@ fn routes_table() -> TableDef {
 /// [`ROUTES`]. Versions installed before (by this controller before a restart, or another
 /// that led) are found by their `dscp`.
 fn ready(c: &Calls, spec: &RoutesSpec) -> Result<OnSwitch, Failure> {
-    let tables = c.call("GET", "/api/v1/tables", None)?;
-    let names: Vec<&str> = tables["tables"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|t| t["name"].as_str())
-        .collect();
-    let (has_stamp, has_routes) = (names.contains(&STAMP), names.contains(&ROUTES));
+    let tables = c.call(Client::tables)?;
+    let has = |name: &str| tables.iter().any(|t| t.name == name);
+    let (has_stamp, has_routes) = (has(STAMP), has(ROUTES));
     if has_routes && !has_stamp {
         // Left alone by hand: made again in order.
-        c.call("DELETE", &format!("/api/v1/tables/{ROUTES}"), None)?;
+        c.call(|c| c.remove_table(ROUTES))?;
     }
     if !has_stamp {
-        c.call("POST", "/api/v1/tables", Some(&json!(stamp_table())))?;
+        c.call(|c| c.add_table(&stamp_table()))?;
     }
     if !(has_stamp && has_routes) {
-        c.call("POST", "/api/v1/tables", Some(&json!(routes_table())))?;
+        c.call(|c| c.add_table(&routes_table()))?;
     }
     let mut adds = Vec::new();
-    let to_stamp = json!([{ "goto": STAMP }]);
-    if !c.entries("acl")?.iter().any(|e| e["actions"] == to_stamp) {
+    let to_stamp = [ActionDef::Goto(STAMP.into())];
+    if !c.entries(ACL)?.iter().any(|e| e.actions == to_stamp) {
         adds.push(Change::Add {
-            table: "acl".into(),
+            table: ACL.into(),
             entry: EntryDef {
                 fields: spec.traffic.clone(),
                 priority: spec.priority,
@@ -348,16 +315,17 @@ fn ready(c: &Calls, spec: &RoutesSpec) -> Result<OnSwitch, Failure> {
     };
     let mut catch_all = false;
     for e in c.entries(STAMP)? {
-        let Some(id) = e["id"].as_u64() else { continue };
-        let port = e["match"]["in_port"]
-            .as_u64()
-            .and_then(|p| u16::try_from(p).ok());
-        let stamp = e["actions"][0]["set_dscp"]
-            .as_u64()
-            .and_then(|v| u8::try_from(v).ok());
+        let port = match e.fields.get("in_port") {
+            Some(&Value::Number(p)) => u16::try_from(p).ok(),
+            _ => None,
+        };
+        let stamp = match e.actions.first() {
+            Some(&ActionDef::SetDscp(v)) => Some(v),
+            _ => None,
+        };
         match (port, stamp) {
             (Some(p), Some(v)) => {
-                on.stamps.insert(p, (id, v));
+                on.stamps.insert(p, (e.id, v));
             }
             (None, None) => catch_all = true,
             _ => {}
@@ -376,8 +344,8 @@ fn ready(c: &Calls, spec: &RoutesSpec) -> Result<OnSwitch, Failure> {
     }
     c.batch(&adds)?;
     for e in c.entries(ROUTES)? {
-        if let (Some(id), Some(v)) = (e["id"].as_u64(), version_of(&e["match"])) {
-            on.installed.entry(v).or_default().push(id);
+        if let Some(v) = version_of(&e.fields) {
+            on.installed.entry(v).or_default().push(e.id);
         }
     }
     Ok(on)
@@ -505,10 +473,7 @@ fn update(shared: &Shared, want: BTreeMap<String, Vec<EntryDef>>) -> Result<Json
     let calls: Vec<Calls> = switches
         .iter()
         .map(|s| Calls {
-            client: Client {
-                api: s.api,
-                token: shared.switch_token.clone(),
-            },
+            client: Client::new(s.api, shared.switch_token.clone()).with_limit(SWITCH_WAIT),
             leads: &leads,
         })
         .collect();
@@ -959,13 +924,13 @@ mod tests {
         assert_eq!(entry.fields[DSCP_FIELD], dscp_match(7));
         assert_eq!(entry.priority, 3);
         // As the switch lists it.
-        let listed = json!({ "ip_dst": "10.9.0.1", "dscp": { "value": 28, "mask": "0xfc" } });
-        assert_eq!(version_of(&listed), Some(7));
-        assert_eq!(
-            version_of(&json!({ "dscp": { "value": 0, "mask": "0xfc" } })),
-            None
-        );
-        assert_eq!(version_of(&json!({})), None);
+        let listed = |doc: JsonValue| serde_json::from_value(doc).unwrap();
+        let seven =
+            listed(json!({ "ip_dst": "10.9.0.1", "dscp": { "value": 28, "mask": "0xfc" } }));
+        assert_eq!(version_of(&seven), Some(7));
+        let zero = listed(json!({ "dscp": { "value": 0, "mask": "0xfc" } }));
+        assert_eq!(version_of(&zero), None);
+        assert_eq!(version_of(&BTreeMap::new()), None);
     }
 
     #[test]

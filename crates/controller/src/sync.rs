@@ -177,10 +177,7 @@ pub(crate) fn syncer(shared: &Shared, i: usize, token: Option<String>) {
                 f.warm_until.clone(),
             )
         };
-        let client = Client {
-            api: switch.api,
-            token: token.clone(),
-        };
+        let client = Client::new(switch.api, token.clone());
         let outcome = sync_switch(&client, &pool, &live, &warm, &|| shared.fleet().acting());
         let mut f = shared.fleet();
         let st = &mut f.switches[i];

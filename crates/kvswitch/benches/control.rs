@@ -130,10 +130,7 @@ fn main() {
         },
     )
     .unwrap();
-    let client = Client {
-        api: addr,
-        token: None,
-    };
+    let client = Client::new(addr, None);
 
     // Installs.
     let table = |name: &str| {
@@ -238,10 +235,7 @@ fn main() {
         let (stop, storming, storm_rate) = (stop.clone(), storming.clone(), storm_rate.clone());
         let applied = applied.clone();
         std::thread::spawn(move || {
-            let client = Client {
-                api: addr,
-                token: None,
-            };
+            let client = Client::new(addr, None);
             // The storm's client stands for a controller on another machine: it runs below
             // the forwarding thread, as the API thread does.
             // SAFETY: no pointers; PRIO_PROCESS with a thread id changes this thread alone.

@@ -76,7 +76,7 @@ fn main() {
         let apis: Vec<SocketAddr> = clients.iter().map(|c| c.api).collect();
         let cfg = config::controller::parse(&file(api, &apis, &list), Path::new("c.toml")).unwrap();
         let _running = controller::start(cfg, listener, None, None, None).unwrap();
-        let ctl = Client { api, token: None };
+        let ctl = Client::new(api, None);
         until_all(&clients, |l| l.len() == 3);
         let (mut adds, mut removals) = (Vec::new(), Vec::new());
         for _ in 0..ROUNDS {

@@ -169,10 +169,10 @@ const ANSWER_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A client of one switch's API, with the fabric's token.
 fn client(cfg: &FabricConfig, api: SocketAddr) -> anyhow::Result<::api::Client> {
-    Ok(::api::Client {
+    Ok(::api::Client::new(
         api,
-        token: ::api::client::token(cfg.api_token_file.as_deref())?,
-    })
+        ::api::client::token(cfg.api_token_file.as_deref())?,
+    ))
 }
 
 /// `method path` with a JSON body to one switch's API; an error unless it answers 2xx.

@@ -46,15 +46,26 @@ impl Exporter for Counters {
     }
 
     fn ports(&self) -> Value {
+        use switch::stats::get;
         self.0
             .ports
             .iter()
             .enumerate()
             .map(|(i, p)| {
-                json!({
-                    "port": i,
-                    "rx_packets": switch::stats::get(&p.rx_packets),
-                    "tx_dropped": switch::stats::get(&p.tx_dropped),
+                json!(switch::control::PortView {
+                    port: i as u16,
+                    name: Some(format!("mem{i}")),
+                    mac: None,
+                    datapath: "memory".into(),
+                    rx_packets: get(&p.rx_packets),
+                    rx_bytes: get(&p.rx_bytes),
+                    tx_packets: get(&p.tx_packets),
+                    tx_bytes: get(&p.tx_bytes),
+                    tx_dropped: get(&p.tx_dropped),
+                    queue_bytes: get(&p.queue_bytes),
+                    queue_packets: get(&p.queue_packets),
+                    egress_rate_bps: None,
+                    egress_depth_bytes: None,
                 })
             })
             .collect()
@@ -134,10 +145,7 @@ fn rig_with(token: Option<&str>, serving: ApiServing) -> Rig {
     )
     .unwrap();
     Rig {
-        client: Client {
-            api: addr,
-            token: token.map(str::to_string),
-        },
+        client: Client::new(addr, token.map(str::to_string)),
         hosts,
         stop,
         thread: Some(thread),
@@ -919,6 +927,180 @@ fn the_typed_client_speaks_the_switchs_tables_and_decodes_its_refusals() {
     assert!(!c.tables().unwrap().iter().any(|t| t.name == "typed"));
 }
 
+/// The typed client on the interface table, the counters and the registers: an interface set,
+/// named by an entry, its use counted, refused removal while named; a counter fed and read;
+/// a user register and a port's figure read.
+#[test]
+fn the_typed_client_speaks_the_interface_table_counters_and_registers() {
+    use switch::control::{ActionDef, EntryDef, ErrorKind, InterfaceDef, InterfaceView, Value};
+    let mut rig = rig(None);
+    let c = rig.client.clone();
+    let def = InterfaceDef {
+        eth_dst: "02:00:00:00:07:07".into(),
+        eth_src: "02:00:00:00:00:fe".into(),
+        port: 1,
+    };
+    let view = |used_by| InterfaceView {
+        id: 4,
+        eth_dst: def.eth_dst.clone(),
+        eth_src: def.eth_src.clone(),
+        port: 1,
+        used_by,
+    };
+    assert_eq!(c.set_interface(4, &def).unwrap(), view(0));
+    let entry = EntryDef {
+        fields: [("ip_dst".to_string(), Value::Text("10.7.0.1".into()))].into(),
+        priority: 0,
+        prefix_len: None,
+        actions: vec![ActionDef::Count("typed".into()), ActionDef::Interface(4)],
+    };
+    let id = c.add_entry(switch::control::ACL, &entry).unwrap();
+    assert_eq!(c.interfaces().unwrap(), [view(1)]);
+    let f = frame(Ipv4Addr::new(10, 7, 0, 1));
+    let out = received(&mut rig, 1, &f).expect("sent through interface 4");
+    assert_eq!(&out[0..12], &[2, 0, 0, 0, 7, 7, 2, 0, 0, 0, 0, 0xfe]);
+    let counters = c.counters().unwrap();
+    assert_eq!(counters.len(), 1, "{counters:?}");
+    assert_eq!(
+        (
+            counters[0].name.as_str(),
+            counters[0].packets,
+            counters[0].bytes
+        ),
+        ("typed", 1, f.len() as u64)
+    );
+    // Neither goes while the entry names it: the switch's own refusal, decoded.
+    let kind = |e: anyhow::Error| e.downcast_ref::<api::Refused>().and_then(|r| r.kind);
+    assert_eq!(
+        kind(c.remove_interface(4).unwrap_err()),
+        Some(ErrorKind::Conflict)
+    );
+    assert_eq!(
+        kind(c.remove_counter("typed").unwrap_err()),
+        Some(ErrorKind::Conflict)
+    );
+    // A port's figure and a user register.
+    let rx = c.register("port0.rx_packets").unwrap();
+    assert!(rx.value >= 1 && !rx.writable, "{rx:?}");
+    let user = c.register("user5").unwrap();
+    assert_eq!((user.value, user.writable), (0, true));
+    assert_eq!(
+        kind(c.register("user64").unwrap_err()),
+        Some(ErrorKind::NotFound)
+    );
+    // Once the entry is gone, both go; a second time, neither is there.
+    assert!(c.remove_entry(switch::control::ACL, id).unwrap());
+    c.remove_interface(4).unwrap();
+    c.remove_counter("typed").unwrap();
+    assert!(c.interfaces().unwrap().is_empty());
+    assert!(c.counters().unwrap().is_empty());
+    assert_eq!(
+        kind(c.remove_interface(4).unwrap_err()),
+        Some(ErrorKind::NotFound)
+    );
+    assert_eq!(
+        kind(c.remove_counter("typed").unwrap_err()),
+        Some(ErrorKind::NotFound)
+    );
+}
+
+/// The typed client on the CPU path and the ports: a frame sent out of a port, frames sent to
+/// the CPU taken and watched as they come, a port's egress rate set and its counters listed.
+#[test]
+fn the_typed_client_sends_and_takes_the_cpus_frames_and_reads_the_ports() {
+    use switch::control::{ActionDef, CpuFrame, EntryDef, Value};
+    let mut rig = rig(None);
+    let c = rig.client.clone();
+    let f = frame(Ipv4Addr::new(10, 9, 9, 9));
+    c.send_frame(2, &f).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    // The switch's own ARP requests may go out too.
+    'sent: loop {
+        let mut got = Batch::new(8);
+        let n = rig.hosts[2].recv(&mut got).unwrap();
+        for j in 0..n {
+            if got.frame(j) == &f[..] {
+                break 'sent;
+            }
+        }
+        assert!(Instant::now() < deadline, "the frame never left port 2");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    let to_cpu = EntryDef {
+        fields: [("l4_dst".to_string(), Value::Number(7))].into(),
+        priority: 0,
+        prefix_len: None,
+        actions: vec![ActionDef::ToCpu],
+    };
+    c.add_entry(switch::control::ACL, &to_cpu).unwrap();
+    assert!(c.take_packets(10, 0).unwrap().is_empty(), "none queued yet");
+    rig.hosts[0].send(&[&f[..]]).unwrap();
+    let taken = c.take_packets(10, 2000).unwrap();
+    let from = |in_port| CpuFrame {
+        in_port,
+        reason: "to_cpu".into(),
+        frame: switch::control::hex(&f),
+    };
+    assert_eq!(taken, [from(0)]);
+
+    // Watched as they come, until the watcher has what it wants.
+    let watcher = std::thread::spawn(move || {
+        let mut got = Vec::new();
+        c.watch_packets(Duration::from_secs(5), |frame| {
+            got.push(frame);
+            got.len() < 2
+        })
+        .map(|()| got)
+    });
+    for port in [1usize, 0] {
+        std::thread::sleep(Duration::from_millis(50));
+        rig.hosts[port].send(&[&f[..]]).unwrap();
+    }
+    assert_eq!(watcher.join().unwrap().unwrap(), [from(1), from(0)]);
+
+    // A port's egress queue: the depth asked for, or the switch's default.
+    let c = &rig.client;
+    assert_eq!(c.set_egress(1, 1_000_000, Some(4000)).unwrap(), 4000);
+    let ports = c.ports().unwrap();
+    assert_eq!(ports.len(), PORTS);
+    assert_eq!(ports[1].port, 1);
+    assert_eq!(ports[1].name.as_deref(), Some("mem1"));
+    assert_eq!(
+        (ports[1].egress_rate_bps, ports[1].egress_depth_bytes),
+        (Some(1_000_000), Some(4000))
+    );
+    assert_eq!(ports[2].egress_rate_bps, Some(0));
+    assert!(ports[0].rx_packets >= 2, "{:?}", ports[0]);
+    assert_eq!(c.set_egress(1, 0, None).unwrap(), dataplane::DEFAULT_DEPTH);
+    let e = c.set_egress(1, 10, None).unwrap_err();
+    let refused = e.downcast_ref::<api::Refused>().expect("a refusal");
+    assert_eq!(refused.field.as_deref(), Some("rate_bps"), "{refused}");
+}
+
+/// A client given a limit gives up on a reply that takes longer, typed calls included; one
+/// without waits as long as the switch does.
+#[test]
+fn a_client_with_a_limit_gives_up_on_a_slow_reply() {
+    let rig = rig(None);
+    let hasty = rig.client.clone().with_limit(Duration::from_millis(200));
+    let started = Instant::now();
+    let e = hasty.take_packets(1, 3000).unwrap_err();
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(1500),
+        "gave up after {took:?}: {e:#}"
+    );
+    assert!(e.downcast_ref::<api::Refused>().is_none(), "{e:#}");
+    let started = Instant::now();
+    assert!(rig.client.take_packets(1, 500).unwrap().is_empty());
+    assert!(started.elapsed() >= Duration::from_millis(450));
+    assert!(
+        hasty.tables().is_ok(),
+        "a quick reply comes within the limit"
+    );
+}
+
 #[test]
 fn a_dscp_is_written_with_its_checksum_and_one_out_of_range_is_refused() {
     let mut rig = rig(None);
@@ -1104,10 +1286,7 @@ fn the_controller_removes_the_steering_entries_of_a_cache_node_that_does_not_ans
     );
     let file = config::controller::parse(&text, std::path::Path::new("controller.toml")).unwrap();
     let running = controller::start(file, listener, None, None, None).unwrap();
-    let ctl = Client {
-        api: ctl_api,
-        token: None,
-    };
+    let ctl = Client::new(ctl_api, None);
     let within = |what: &str, done: &dyn Fn() -> bool| {
         let started = Instant::now();
         while !done() {

@@ -69,7 +69,7 @@ fn start_controller(
     let text = controller_toml(api, settings, apis, list);
     let file = config::controller::parse(&text, Path::new("controller.toml")).unwrap();
     let running = controller::start(file, listener, None, None, None).unwrap();
-    (running, Client { api, token: None })
+    (running, Client::new(api, None))
 }
 
 /// What the controller's status says of the server `label`.
@@ -369,10 +369,7 @@ fn a_dead_servers_place_goes_to_a_spare_until_it_is_back() {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    let ctl = Client {
-        api: ctl_api,
-        token: None,
-    };
+    let ctl = Client::new(ctl_api, None);
     let status = ctl.call("GET", "/api/v1/status", None).unwrap();
     assert!(status["spares"][0]["standing_in_for"].is_null(), "{status}");
     assert_eq!(status["spares"][0]["up"], true, "{status}");
@@ -392,7 +389,7 @@ fn changes_to_the_controller_need_its_token_when_it_has_one() {
     .unwrap();
     let _controller = controller::start(file, listener, Some("sesame".into()), None, None).unwrap();
     let body = json!({"addr": "127.0.0.1:1", "name": "s9"});
-    let mut ctl = Client { api, token: None };
+    let mut ctl = Client::new(api, None);
     // Reads need none.
     ctl.call("GET", "/api/v1/status", None).unwrap();
     for token in [None, Some("sesame-not".to_string())] {
@@ -529,7 +526,7 @@ fn a_switch_out_of_reach_does_not_hold_up_the_others() {
     // Detection takes about three probe intervals; waiting on the hung switch would add
     // its 2-second call timeout.
     assert!(took < Duration::from_millis(1500), "{took:?}");
-    let ctl = Client { api, token: None };
+    let ctl = Client::new(api, None);
     let status = ctl.call("GET", "/api/v1/status", None).unwrap();
     assert_eq!(status["switches"][0]["in_step"], false, "{status}");
     assert_eq!(status["switches"][1]["in_step"], true, "{status}");

@@ -236,14 +236,11 @@ impl Bed {
         );
         let file = config::controller::parse(&text, Path::new("controller.toml")).unwrap();
         let running = controller::start(file, listener, None, None, None).unwrap();
-        (running, Client { api, token: None })
+        (running, Client::new(api, None))
     }
 
     fn switch(&self, i: usize) -> Client {
-        Client {
-            api: self.apis[i],
-            token: None,
-        }
+        Client::new(self.apis[i], None)
     }
 }
 

@@ -83,17 +83,14 @@ fn two_controllers(
         )
         .unwrap();
         procs.push(Some(proc));
-        controllers.push(Some(Client { api, token: None }));
+        controllers.push(Some(Client::new(api, None)));
     }
     (procs, controllers)
 }
 
 /// The values of every etcd key that ends in `/leader`.
 fn leader_keys(etcd_addr: SocketAddr) -> Vec<String> {
-    let etcd = Client {
-        api: etcd_addr,
-        token: None,
-    };
+    let etcd = Client::new(etcd_addr, None);
     // From the key "\0" with range_end "\0": every key.
     let all = etcd
         .call(

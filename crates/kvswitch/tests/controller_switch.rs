@@ -22,10 +22,7 @@ const VICTIM: &str = "s2";
 fn a_dead_server_leaves_the_switchs_udp_path_and_proxy_through_the_controller() {
     require_root();
     let live = testbed(PREFIX, "l3", false);
-    let switch_api = Client {
-        api: live.api(),
-        token: None,
-    };
+    let switch_api = Client::new(live.api(), None);
     let names = ["s1", "s2", "s3"];
     let (_controller, _ctl) = testbed_controller(&live, &names, "");
 

@@ -226,10 +226,7 @@ fn an_attacker_host_speaks_for_nobody_while_honest_clients_run() {
     }
     // A server taken out of the pool speaks in its own name again: its UDP from the memcached
     // port is no longer sent on as the VIP's, in the kernel or by the switch.
-    let api = Api {
-        api: live.api(),
-        token: None,
-    };
+    let api = Api::new(live.api(), None);
     api.call("DELETE", "/api/v1/pool/servers/s3", None)
         .expect("remove s3");
     let listener = live

@@ -171,10 +171,7 @@ fn packets_follow_their_bcube_header_and_tcp_spreads_over_parallel_paths() {
             interface_base: 64,
             priority: 100,
         };
-        let client = Client {
-            api: net.switch(&card(id)).api,
-            token: None,
-        };
+        let client = Client::new(net.switch(&card(id)).api, None);
         let stop = stop.clone();
         agents.push(std::thread::spawn(move || {
             bcube::run_card(&client, &c, &|| stop.load(Ordering::Relaxed))

@@ -183,7 +183,7 @@ fn servers_change_through_the_api_as_nutcracker_would_place_them() {
         ..PoolOpts::default()
     };
     let proxy = Proxy::start(Front::Kvswitch, &first, &opts);
-    let client = Client { api, token: None };
+    let client = Client::new(api, None);
     let stop = Arc::new(AtomicBool::new(false));
     let changing = Arc::new(AtomicU64::new(0));
     let load = reader_of_own_writes(proxy.addr, stop.clone(), changing.clone());
@@ -355,7 +355,7 @@ fn a_broken_toml_file_is_refused_through_the_api_naming_file_key_and_problem() {
         ..PoolOpts::default()
     };
     let proxy = Proxy::start(Front::Kvswitch, &list, &opts);
-    let client = Client { api, token: None };
+    let client = Client::new(api, None);
     let path = proxy.config_path();
     let good = std::fs::read_to_string(&path).unwrap();
     let served = AtomicU64::new(0);

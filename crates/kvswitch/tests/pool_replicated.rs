@@ -124,10 +124,7 @@ fn a_dead_replica_loses_nothing() {
     let mut live = testbed_of(PREFIX, "l3", false, &SERVERS, |o| {
         o.pool_config = Some(format!("replicas = {REPLICAS}\n"));
     });
-    let switch_api = Api {
-        api: live.api(),
-        token: None,
-    };
+    let switch_api = Api::new(live.api(), None);
     let (_controller, _ctl) = testbed_controller(
         &live,
         &SERVERS,

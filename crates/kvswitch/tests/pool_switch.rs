@@ -82,10 +82,7 @@ fn placed_by(live: &testbed::Live, step: &str, ring: &kv::Ring, names: &[&str], 
 fn servers_added_removed_and_reweighted_while_both_paths_route() {
     require_root();
     let live = testbed(PREFIX, "l3", false);
-    let api = Client {
-        api: live.api(),
-        token: None,
-    };
+    let api = Client::new(live.api(), None);
     placed_by(
         &live,
         "start",

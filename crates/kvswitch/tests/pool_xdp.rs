@@ -85,10 +85,7 @@ fn moved(keys: &[String], server: &str, start: u64, end: u64) -> Vec<Op> {
 /// the copies of its keys the other servers took meanwhile. Returns the pool changes as
 /// history operations.
 fn change_pool(live: &testbed::Live, keys: &[String], clock: Clock) -> Vec<Op> {
-    let api = Api {
-        api: live.api(),
-        token: None,
-    };
+    let api = Api::new(live.api(), None);
     let mut changes = Vec::new();
     std::thread::sleep(WARM_UP);
     for server in CYCLES {

@@ -553,10 +553,7 @@ fn switchkv_clients_queries_reach_the_cache_node_or_their_backend_by_their_mac()
         .expect("the steering entries");
     let listed: serde_json::Value = serde_json::from_str(&listed).expect("JSON");
     let to_cache = listed["entries"][0]["actions"].clone();
-    let client = api::Client {
-        api: live.api(),
-        token: live.state.api_token().expect("token"),
-    };
+    let client = api::Client::new(live.api(), live.state.api_token().expect("token"));
     let entry = serde_json::json!({
         "match": {"one_read": 1, "key_hash": kv::HashFn::Md5.hash(key.as_bytes())},
         "actions": to_cache,

@@ -18,10 +18,7 @@ fn tcp_through_the_vip_survives_loss_duplication_and_reordering() {
     let live = testbed_with("ktf", "l3", false, |o| {
         o.extra_config = Some("[cache]\nlease_ms = 2000\n".into());
     });
-    let api = Api {
-        api: live.api(),
-        token: None,
-    };
+    let api = Api::new(live.api(), None);
     // Every TCP segment to or from a memcached port, in both directions: client to VIP,
     // proxy to server, and the replies.
     let impair = json!({"impair": {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use serde_json::{json, Value};
+use switch::control::{ActionDef, EntryDef, ErrorKind, Value, ACL};
 
 use api::Client;
 use reqcache::{ReqCache, Step};
@@ -387,38 +387,36 @@ fn deadline(duration_s: Option<f64>) -> anyhow::Result<Option<Instant>> {
     })
 }
 
-/// Adds `entry` to `table` and returns its id.
-fn add_entry(client: &Client, table: &str, entry: &Value) -> anyhow::Result<u64> {
-    let made = client.call(
-        "POST",
-        &format!("/api/v1/tables/{table}/entries"),
-        Some(entry),
-    )?;
-    made["id"]
-        .as_u64()
-        .with_context(|| format!("the switch answered {made} for a new entry"))
+/// An entry matching `fields` (name and value; ternary tables match the rest as anything) at
+/// `priority`, doing `actions`.
+fn entry<const N: usize>(
+    fields: [(&str, Value); N],
+    priority: u32,
+    actions: Vec<ActionDef>,
+) -> EntryDef {
+    EntryDef {
+        fields: fields
+            .into_iter()
+            .map(|(f, v)| (f.to_string(), v))
+            .collect(),
+        priority,
+        prefix_len: None,
+        actions,
+    }
 }
 
-fn add_acl(client: &Client, entry: &Value) -> anyhow::Result<u64> {
-    add_entry(client, "acl", entry)
+/// A number to match, big-endian in the field's width.
+fn number(n: impl Into<u64>) -> Value {
+    Value::Number(n.into())
 }
 
-/// Sends `frame` out of the switch's `port`, as the switch's own.
-fn send_frame(client: &Client, port: u16, frame: &[u8]) -> anyhow::Result<()> {
-    client
-        .call(
-            "POST",
-            "/api/v1/packets",
-            Some(&json!({"port": port, "frame": switch::control::hex(frame)})),
-        )
-        .map(drop)
+/// An address or `0x` and hex digits to match.
+fn text(t: impl ToString) -> Value {
+    Value::Text(t.to_string())
 }
 
-fn delete_acl(client: &Client, id: u64) -> anyhow::Result<()> {
-    client
-        .call("DELETE", &format!("/api/v1/tables/acl/entries/{id}"), None)
-        .map(|_| ())
-}
+/// IPv4's ethertype, as an entry matches it.
+const IPV4: &str = "0x0800";
 
 /// Runs the request-id cache until `stop`, then removes every entry it made (also after an
 /// error). Returns its counters.
@@ -438,13 +436,17 @@ pub fn run_reqcache(
     let mut mirrors = Vec::new();
     let mut made = Ok(());
     for server in servers {
-        let entry = json!({
-            "match": {"ethertype": "0x0800", "ip_proto": 17, "ip_src": server.to_string(),
-                      "l4_src": port},
-            "priority": priority,
-            "actions": ["mirror"],
-        });
-        match add_acl(client, &entry) {
+        let mirror = entry(
+            [
+                ("ethertype", text(IPV4)),
+                ("ip_proto", number(17u8)),
+                ("ip_src", text(server)),
+                ("l4_src", number(port)),
+            ],
+            priority,
+            vec![ActionDef::Mirror],
+        );
+        match client.add_entry(ACL, &mirror) {
             Ok(id) => mirrors.push(id),
             Err(e) => {
                 made = Err(e.context("installing the entry that copies replies to the CPU"));
@@ -455,11 +457,11 @@ pub fn run_reqcache(
     let mut cache = ReqCache::new(port, capacity, servers);
     let served = made.and_then(|()| serve(client, &mut cache, port, priority, report, stop));
     let mut cleanup = Ok(());
-    for id in mirrors {
-        cleanup = cleanup.and(delete_acl(client, id));
-    }
-    for id in cache.entries().collect::<Vec<_>>() {
-        cleanup = cleanup.and(delete_acl(client, id));
+    for id in mirrors
+        .into_iter()
+        .chain(cache.entries().collect::<Vec<_>>())
+    {
+        cleanup = cleanup.and(client.remove_entry(ACL, id).map(drop));
     }
     served?;
     cleanup.context("removing the request-id cache's entries")?;
@@ -477,15 +479,11 @@ fn serve(
     let mut next_report = report.map(|r| Instant::now() + r);
     while !stop() {
         let mut failed = None;
-        client.stream("/api/v1/packets/stream?ms=250", |doc| {
-            let (Some(in_port), Some(hex)) = (doc["in_port"].as_u64(), doc["frame"].as_str())
-            else {
+        client.watch_packets(Duration::from_millis(250), |f| {
+            let Ok(frame) = switch::control::unhex(&f.frame) else {
                 return true;
             };
-            let Ok(frame) = switch::control::unhex(hex) else {
-                return true;
-            };
-            if let Err(e) = act(client, cache, port, priority, in_port as u16, &frame) {
+            if let Err(e) = act(client, cache, port, priority, f.in_port, &frame) {
                 failed = Some(e);
                 return false;
             }
@@ -523,32 +521,38 @@ fn act(
     match cache.take(in_port, frame) {
         Step::Keep { id, evict } => {
             if let Some(old) = evict {
-                if let Err(e) = delete_acl(client, old) {
+                if let Err(e) = client.remove_entry(ACL, old) {
                     cache.orphaned(old);
                     return Err(e);
                 }
             }
-            let entry = json!({
-                "match": {
-                    "ethertype": "0x0800", "ip_proto": 17, "l4_dst": port,
-                    "l4_payload": switch::control::hex(&id),
-                },
-                "priority": priority + 1,
-                "actions": ["to_cpu"],
-            });
-            match add_acl(client, &entry) {
+            let answer = entry(
+                [
+                    ("ethertype", text(IPV4)),
+                    ("ip_proto", number(17u8)),
+                    ("l4_dst", number(port)),
+                    ("l4_payload", text(switch::control::hex(&id))),
+                ],
+                priority + 1,
+                vec![ActionDef::ToCpu],
+            );
+            match client.add_entry(ACL, &answer) {
                 Ok(made) => {
                     cache.installed(id, made);
                 }
                 // A full acl: the reply is not kept, the function goes on.
-                Err(e) if e.to_string().contains("409") && e.to_string().contains("full") => {
-                    cache.forget(id)
-                }
+                Err(e) if full(&e) => cache.forget(id),
                 Err(e) => return Err(e),
             }
         }
-        Step::Send { port, frame } => send_frame(client, port, &frame)?,
+        Step::Send { port, frame } => client.send_frame(port, &frame)?,
         Step::Ignore(_) => {}
     }
     Ok(())
+}
+
+/// Whether the switch refused a change because the table is full.
+fn full(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<api::Refused>()
+        .is_some_and(|r| r.kind == Some(ErrorKind::Full))
 }

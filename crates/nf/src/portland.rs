@@ -16,13 +16,15 @@
 //! - Frames from other switches go to `pmac` only, whose misses are dropped, so the tree's
 //!   loops carry nothing the tables do not send.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv4Addr, SocketAddr};
 
 use serde::Deserialize;
-use serde_json::{json, Value};
+use switch::control::{ActionDef, EntryDef, InterfaceDef, KeyField, Kind, TableDef, Value, ACL};
 use wire::arp::{self, Operation};
 use wire::ethernet::{self, EtherType, Mac};
+
+use crate::{entry, number, text};
 
 /// What a switch is in the tree.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -60,22 +62,27 @@ pub struct Layout {
     pub switches: Vec<SwitchDef>,
 }
 
+/// The table of every switch that routes by PMAC.
+pub const PMAC: &str = "pmac";
+/// ARP's ethertype, as an entry matches it.
+const ARP: &str = "0x0806";
+
 /// One call on a switch's API.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Call {
     pub switch: usize,
-    pub method: &'static str,
-    pub path: String,
-    pub body: Option<Value>,
+    pub ask: Ask,
 }
 
-fn call(switch: usize, method: &'static str, path: String, body: Option<Value>) -> Call {
-    Call {
-        switch,
-        method,
-        path,
-        body,
-    }
+/// What a call asks of a switch.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Ask {
+    /// Make a table.
+    Table(TableDef),
+    /// Add an entry to a table (`pmac` or `acl`).
+    Entry(&'static str, EntryDef),
+    /// Set an entry of the interface table.
+    Interface(u16, InterfaceDef),
 }
 
 /// A PMAC.
@@ -85,25 +92,30 @@ pub fn pmac(pod: u16, position: u8, port: u8, vmid: u16) -> Mac {
     Mac([p0, p1, position, port, v0, v1])
 }
 
-fn route(switch: usize, prefix: Mac, bits: u16, actions: Value) -> Call {
-    call(
+/// The `pmac` entry of `switch` sending the first `bits` of `prefix` by `action`.
+fn route(switch: usize, prefix: Mac, bits: u16, action: ActionDef) -> Call {
+    let entry = EntryDef {
+        fields: BTreeMap::from([("eth_dst".to_string(), text(prefix))]),
+        priority: 0,
+        prefix_len: Some(bits),
+        actions: vec![action],
+    };
+    Call {
         switch,
-        "POST",
-        "/api/v1/tables/pmac/entries".into(),
-        Some(
-            json!({"match": {"eth_dst": prefix.to_string()}, "prefix_len": bits,
-                    "actions": actions}),
-        ),
-    )
+        ask: Ask::Entry(PMAC, entry),
+    }
 }
 
-fn acl(switch: usize, fields: Value, priority: u32, actions: Value) -> Call {
-    call(
+fn acl<const N: usize>(
+    switch: usize,
+    fields: [(&str, Value); N],
+    priority: u32,
+    actions: Vec<ActionDef>,
+) -> Call {
+    Call {
         switch,
-        "POST",
-        "/api/v1/tables/acl/entries".into(),
-        Some(json!({"match": fields, "priority": priority, "actions": actions})),
-    )
+        ask: Ask::Entry(ACL, entry(fields, priority, actions)),
+    }
 }
 
 impl Layout {
@@ -158,12 +170,16 @@ impl Layout {
     pub fn setup(&self) -> Vec<Call> {
         let mut calls = Vec::new();
         for (s, sw) in self.switches.iter().enumerate() {
-            calls.push(call(
-                s,
-                "POST",
-                "/api/v1/tables".into(),
-                Some(json!({"name": "pmac", "kind": "lpm", "key": ["eth_dst"], "miss": ["drop"]})),
-            ));
+            calls.push(Call {
+                switch: s,
+                ask: Ask::Table(TableDef {
+                    name: PMAC.into(),
+                    kind: Kind::Lpm,
+                    key: vec![KeyField::Named("eth_dst".into())],
+                    miss: vec![ActionDef::Drop],
+                    size: None,
+                }),
+            });
             let pods: Vec<u16> = {
                 let mut p: Vec<u16> = self
                     .switches
@@ -187,7 +203,7 @@ impl Layout {
                             )
                             .first()
                         {
-                            calls.push(route(s, pmac(pod, 0, 0, 0), 16, json!([{"output": port}])));
+                            calls.push(route(s, pmac(pod, 0, 0, 0), 16, ActionDef::Output(port)));
                         }
                     }
                 }
@@ -207,7 +223,7 @@ impl Layout {
                                     s,
                                     pmac(pod, position, 0, 0),
                                     24,
-                                    json!([{"output": port}]),
+                                    ActionDef::Output(port as u16),
                                 ));
                             }
                         }
@@ -216,12 +232,7 @@ impl Layout {
                     for &other in pods.iter().filter(|&&q| q != pod) {
                         if !up.is_empty() {
                             let port = up[usize::from(other) % up.len()];
-                            calls.push(route(
-                                s,
-                                pmac(other, 0, 0, 0),
-                                16,
-                                json!([{"output": port}]),
-                            ));
+                            calls.push(route(s, pmac(other, 0, 0, 0), 16, ActionDef::Output(port)));
                         }
                     }
                 }
@@ -230,12 +241,7 @@ impl Layout {
                     if !up.is_empty() {
                         for &other in pods.iter().filter(|&&q| q != pod) {
                             let port = up[usize::from(other) % up.len()];
-                            calls.push(route(
-                                s,
-                                pmac(other, 0, 0, 0),
-                                16,
-                                json!([{"output": port}]),
-                            ));
+                            calls.push(route(s, pmac(other, 0, 0, 0), 16, ActionDef::Output(port)));
                         }
                         for e in self.switches.iter() {
                             if let Role::Edge {
@@ -249,7 +255,7 @@ impl Layout {
                                         s,
                                         pmac(pod, p, 0, 0),
                                         24,
-                                        json!([{"output": port}]),
+                                        ActionDef::Output(port),
                                     ));
                                 }
                             }
@@ -258,20 +264,24 @@ impl Layout {
                 }
             }
             for (p, to) in sw.ports.iter().enumerate() {
+                let in_port = number(p as u64);
                 calls.push(match to {
-                    PortTo::Switch(_) => {
-                        acl(s, json!({"in_port": p}), 10, json!([{"goto": "pmac"}]))
-                    }
+                    PortTo::Switch(_) => acl(
+                        s,
+                        [("in_port", in_port.clone())],
+                        10,
+                        vec![ActionDef::Goto(PMAC.into())],
+                    ),
                     PortTo::Host => acl(
                         s,
-                        json!({"in_port": p, "ethertype": "0x0806"}),
+                        [("in_port", in_port.clone()), ("ethertype", text(ARP))],
                         30,
-                        json!(["to_cpu"]),
+                        vec![ActionDef::ToCpu],
                     ),
                 });
                 if *to == PortTo::Host {
                     // From a host not given a PMAC yet: nothing (its ARP comes first).
-                    calls.push(acl(s, json!({"in_port": p}), 5, json!(["drop"])));
+                    calls.push(acl(s, [("in_port", in_port)], 5, vec![ActionDef::Drop]));
                 }
             }
         }
@@ -444,19 +454,26 @@ impl Manager {
         let edge_mac = self.layout.switches[host.switch].mac.clone();
         let s = host.switch;
         let calls = vec![
-            call(
-                s,
-                "PUT",
-                format!("/api/v1/interfaces/{interface}"),
-                Some(json!({"eth_dst": host.mac.to_string(), "eth_src": edge_mac,
-                            "port": host.port})),
-            ),
-            route(s, host.pmac, 48, json!([{"interface": interface}])),
+            Call {
+                switch: s,
+                ask: Ask::Interface(
+                    interface,
+                    InterfaceDef {
+                        eth_dst: host.mac.to_string(),
+                        eth_src: edge_mac,
+                        port: host.port,
+                    },
+                ),
+            },
+            route(s, host.pmac, 48, ActionDef::Interface(interface)),
             acl(
                 s,
-                json!({"in_port": host.port, "eth_src": host.mac.to_string()}),
+                [("in_port", number(host.port)), ("eth_src", text(host.mac))],
                 20,
-                json!([{"set_eth_src": host.pmac.to_string()}, {"goto": "pmac"}]),
+                vec![
+                    ActionDef::SetEthSrc(host.pmac.to_string()),
+                    ActionDef::Goto(PMAC.into()),
+                ],
             ),
         ];
         (interface, calls)
@@ -489,10 +506,15 @@ struct Shared {
     announcements: u64,
 }
 
-fn run_call(clients: &[api::Client], c: &Call) -> anyhow::Result<Value> {
-    clients[c.switch]
-        .call(c.method, &c.path, c.body.as_ref())
-        .map_err(|e| e.context(format!("switch {}", c.switch)))
+/// Makes `c` on its switch; the id of the entry it added, if it added one.
+fn run_call(clients: &[api::Client], c: &Call) -> anyhow::Result<Option<u64>> {
+    let client = &clients[c.switch];
+    let made = match &c.ask {
+        Ask::Table(def) => client.add_table(def).map(|()| None),
+        Ask::Entry(table, entry) => client.add_entry(table, entry).map(Some),
+        Ask::Interface(id, def) => client.set_interface(*id, def).map(|_| None),
+    };
+    made.map_err(|e| e.context(format!("switch {}", c.switch)))
 }
 
 /// Runs the fabric manager over `layout` until `stop`: sets every switch up, answers ARP and
@@ -506,10 +528,7 @@ pub fn run(
     let clients: Vec<api::Client> = layout
         .switches
         .iter()
-        .map(|s| api::Client {
-            api: s.api,
-            token: token.clone(),
-        })
+        .map(|s| api::Client::new(s.api, token.clone()))
         .collect();
     let edges: Vec<usize> = (0..layout.switches.len())
         .filter(|&s| matches!(layout.switches[s].role, Role::Edge { .. }))
@@ -528,11 +547,9 @@ pub fn run(
     let mut result = Ok(());
     for c in &setup {
         match run_call(&clients, c) {
-            Ok(v) => {
-                if c.path == "/api/v1/tables/acl/entries" {
-                    if let (Some(id), Ok(mut g)) = (v["id"].as_u64(), shared.lock()) {
-                        g.setup_acl.push((c.switch, id));
-                    }
+            Ok(made) => {
+                if let (Ask::Entry(ACL, _), Some(id), Ok(mut g)) = (&c.ask, made, shared.lock()) {
+                    g.setup_acl.push((c.switch, id));
                 }
             }
             Err(e) => {
@@ -566,24 +583,24 @@ pub fn run(
         .into_inner()
         .map_err(|_| anyhow::anyhow!("poisoned"))?;
     let mut cleanup: anyhow::Result<()> = Ok(());
-    let mut keep = |r: anyhow::Result<Value>| {
+    let mut keep = |r: anyhow::Result<()>| {
         if let (Ok(()), Err(e)) = (&cleanup, r) {
             cleanup = Err(e);
         }
     };
     for &(s, id) in &g.setup_acl {
-        keep(clients[s].call("DELETE", &format!("/api/v1/tables/acl/entries/{id}"), None));
+        keep(clients[s].remove_entry(ACL, id).map(drop));
     }
     for &(s, acl_id, _, _) in g.manager.installed.values() {
         if let Some(id) = acl_id {
-            keep(clients[s].call("DELETE", &format!("/api/v1/tables/acl/entries/{id}"), None));
+            keep(clients[s].remove_entry(ACL, id).map(drop));
         }
     }
     for c in &clients {
-        keep(c.call("DELETE", "/api/v1/tables/pmac", None));
+        keep(c.remove_table(PMAC));
     }
     for &(s, _, _, interface) in g.manager.installed.values() {
-        keep(clients[s].call("DELETE", &format!("/api/v1/interfaces/{interface}"), None));
+        keep(clients[s].remove_interface(interface));
     }
     result?;
     cleanup.map_err(|e| e.context("removing the fabric manager's entries"))?;
@@ -602,16 +619,12 @@ fn serve_edge(
     stop: &(dyn Fn() -> bool + Sync),
 ) -> anyhow::Result<()> {
     while !stop() {
-        let got = clients[edge].call("GET", "/api/v1/packets?max=64&wait_ms=100", None)?;
-        for f in got["frames"].as_array().into_iter().flatten() {
-            let (Some(port), Some(hex)) = (f["in_port"].as_u64(), f["frame"].as_str()) else {
-                continue;
-            };
-            let Ok(frame) = ::switch::control::unhex(hex) else {
+        for f in clients[edge].take_packets(64, 100)? {
+            let Ok(frame) = ::switch::control::unhex(&f.frame) else {
                 continue;
             };
             let mut g = shared.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
-            let Some((learned, frames)) = g.manager.arp(edge, port as u16, &frame) else {
+            let Some((learned, frames)) = g.manager.arp(edge, f.in_port, &frame) else {
                 continue;
             };
             if let Learned::Placed { host, old } = learned {
@@ -620,24 +633,12 @@ fn serve_edge(
                         g.manager.installed.remove(&old.pmac)
                     {
                         if let Some(id) = acl_id {
-                            clients[s].call(
-                                "DELETE",
-                                &format!("/api/v1/tables/acl/entries/{id}"),
-                                None,
-                            )?;
+                            clients[s].remove_entry(ACL, id)?;
                         }
                         if let Some(id) = pmac_id {
-                            clients[s].call(
-                                "DELETE",
-                                &format!("/api/v1/tables/pmac/entries/{id}"),
-                                None,
-                            )?;
+                            clients[s].remove_entry(PMAC, id)?;
                         }
-                        clients[s].call(
-                            "DELETE",
-                            &format!("/api/v1/interfaces/{interface}"),
-                            None,
-                        )?;
+                        clients[s].remove_interface(interface)?;
                     }
                 }
                 let (interface, calls) = g.manager.install(&host);
@@ -646,23 +647,23 @@ fn serve_edge(
                     .insert(host.pmac, (host.switch, None, None, interface));
                 let mut ids = [None, None];
                 for c in &calls {
-                    let v = run_call(clients, c)?;
-                    if c.path.ends_with("/pmac/entries") {
-                        ids[0] = v["id"].as_u64();
-                    } else if c.path.ends_with("/acl/entries") {
-                        ids[1] = v["id"].as_u64();
+                    let made = run_call(clients, c)?;
+                    match c.ask {
+                        Ask::Entry(PMAC, _) => ids[0] = made,
+                        Ask::Entry(ACL, _) => ids[1] = made,
+                        _ => {}
                     }
                 }
                 g.manager
                     .installed
                     .insert(host.pmac, (host.switch, ids[1], ids[0], interface));
                 for (s, p, frame) in g.manager.announce(&host) {
-                    super::send_frame(&clients[s], p, &frame)?;
+                    clients[s].send_frame(p, &frame)?;
                     g.announcements += 1;
                 }
             }
             for (s, p, frame) in frames {
-                super::send_frame(&clients[s], p, &frame)?;
+                clients[s].send_frame(p, &frame)?;
             }
         }
     }
@@ -718,18 +719,22 @@ mac = "02:fe:00:00:00:05"
 ports = [{ switch = "a0" }, { switch = "a1" }]
 "#;
 
-    fn routes(calls: &[Call], switch: usize) -> Vec<(String, u64, Value)> {
+    /// The entries `calls` add to `switch`'s `table`.
+    fn entries<'a>(calls: &'a [Call], switch: usize, table: &str) -> Vec<&'a EntryDef> {
         calls
             .iter()
-            .filter(|c| c.switch == switch && c.path.ends_with("/pmac/entries"))
-            .map(|c| {
-                let b = c.body.as_ref().unwrap();
-                (
-                    b["match"]["eth_dst"].as_str().unwrap().to_string(),
-                    b["prefix_len"].as_u64().unwrap(),
-                    b["actions"].clone(),
-                )
+            .filter(|c| c.switch == switch)
+            .filter_map(|c| match &c.ask {
+                Ask::Entry(t, e) if *t == table => Some(e),
+                _ => None,
             })
+            .collect()
+    }
+
+    fn routes(calls: &[Call], switch: usize) -> Vec<(Value, Option<u16>, Vec<ActionDef>)> {
+        entries(calls, switch, PMAC)
+            .into_iter()
+            .map(|e| (e.fields["eth_dst"].clone(), e.prefix_len, e.actions.clone()))
             .collect()
     }
 
@@ -738,36 +743,29 @@ ports = [{ switch = "a0" }, { switch = "a1" }]
         let layout: Layout = toml::from_str(LAYOUT).unwrap();
         layout.check().unwrap();
         let calls = layout.setup();
-        let pod = |p: u16| pmac(p, 0, 0, 0).to_string();
+        let pod = |p: u16| text(pmac(p, 0, 0, 0));
+        let out = |port: u16| vec![ActionDef::Output(port)];
         // The core sends each pod down; an aggregation switch its edge down and the other pod
         // up; an edge the other pod up.
         assert_eq!(
             routes(&calls, 4),
-            [
-                (pod(0), 16, json!([{"output": 0}])),
-                (pod(1), 16, json!([{"output": 1}]))
-            ]
+            [(pod(0), Some(16), out(0)), (pod(1), Some(16), out(1))]
         );
         assert_eq!(
             routes(&calls, 1),
-            [
-                (pod(0), 24, json!([{"output": 0}])),
-                (pod(1), 16, json!([{"output": 1}]))
-            ]
+            [(pod(0), Some(24), out(0)), (pod(1), Some(16), out(1))]
         );
-        assert_eq!(routes(&calls, 0), [(pod(1), 16, json!([{"output": 1}]))]);
+        assert_eq!(routes(&calls, 0), [(pod(1), Some(16), out(1))]);
         // ARP from the host port goes to the CPU; what comes from a switch goes to pmac.
-        let acl: Vec<&Value> = calls
-            .iter()
-            .filter(|c| c.switch == 0 && c.path.ends_with("/acl/entries"))
-            .map(|c| c.body.as_ref().unwrap())
-            .collect();
+        let acl = entries(&calls, 0, ACL);
         assert!(acl
             .iter()
-            .any(|b| b["match"]["ethertype"] == "0x0806" && b["actions"] == json!(["to_cpu"])));
+            .any(|e| e.fields.get("ethertype") == Some(&text(ARP))
+                && e.actions == [ActionDef::ToCpu]));
         assert!(acl
             .iter()
-            .any(|b| b["match"]["in_port"] == 1 && b["actions"] == json!([{"goto": "pmac"}])));
+            .any(|e| e.fields.get("in_port") == Some(&number(1u8))
+                && e.actions == [ActionDef::Goto(PMAC.into())]));
     }
 
     #[test]

@@ -18,9 +18,11 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use api::Client;
 use serde::Serialize;
-use serde_json::json;
+use switch::control::{ActionDef, Value, ACL};
 use switch::qcn::{Cp, CpParams, Notification, Rp, RpParams};
 use wire::frame::{emit_udp_headers, parse_udp, PAYLOAD_OFFSET};
+
+use crate::{entry, number, text, IPV4};
 
 /// The UDP port the sender's traffic goes to.
 pub const DATA_PORT: u16 = 9200;
@@ -33,14 +35,7 @@ pub const MARK_DSCP: u8 = 46;
 
 /// The bytes waiting in `port`'s egress queue, read from a switch's register.
 pub fn queue_bytes(api: &Client, port: u16) -> anyhow::Result<u64> {
-    let r = api.call(
-        "GET",
-        &format!("/api/v1/registers/port{port}.queue_bytes"),
-        None,
-    )?;
-    r["value"]
-        .as_u64()
-        .with_context(|| format!("register answer {r}"))
+    Ok(api.register(&format!("port{port}.queue_bytes"))?.value)
 }
 
 /// The congestion point's settings.
@@ -68,23 +63,30 @@ pub struct CpStats {
 /// Runs the congestion point until `stop`, then removes its entries (also after an error).
 pub fn run_cp(cfg: &CpConfig, stop: &dyn Fn() -> bool) -> anyhow::Result<CpStats> {
     let mut made = Vec::new();
+    let marked = Value::Masked {
+        value: Box::new(number(u32::from(cfg.dscp) << 2)),
+        mask: Box::new(text("0xfc")),
+    };
     let entries = [
-        json!({
-            "match": {"ethertype": "0x0800",
-                      "ip_tos": {"value": u32::from(cfg.dscp) << 2, "mask": "0xfc"}},
-            "priority": cfg.priority,
-            "actions": ["mirror"],
-        }),
-        json!({
-            "match": {"ethertype": "0x0800", "ip_proto": 17, "l4_dst": QUERY_PORT},
-            "priority": cfg.priority + 1,
-            "actions": ["to_cpu"],
-        }),
+        entry(
+            [("ethertype", text(IPV4)), ("ip_tos", marked)],
+            cfg.priority,
+            vec![ActionDef::Mirror],
+        ),
+        entry(
+            [
+                ("ethertype", text(IPV4)),
+                ("ip_proto", number(17u8)),
+                ("l4_dst", number(QUERY_PORT)),
+            ],
+            cfg.priority + 1,
+            vec![ActionDef::ToCpu],
+        ),
     ];
     let mut result = Ok(CpStats::default());
     for e in &entries {
-        match cfg.api.call("POST", "/api/v1/tables/acl/entries", Some(e)) {
-            Ok(v) => made.extend(v["id"].as_u64()),
+        match cfg.api.add_entry(ACL, e) {
+            Ok(id) => made.push(id),
             Err(e) => {
                 result = Err(e.context("installing the congestion point's acl entries"));
                 break;
@@ -95,9 +97,7 @@ pub fn run_cp(cfg: &CpConfig, stop: &dyn Fn() -> bool) -> anyhow::Result<CpStats
         result = serve_cp(cfg, stop);
     }
     for id in made {
-        let removed = cfg
-            .api
-            .call("DELETE", &format!("/api/v1/tables/acl/entries/{id}"), None);
+        let removed = cfg.api.remove_entry(ACL, id);
         if let (Ok(_), Err(e)) = (&result, removed) {
             result = Err(e.context("removing the congestion point's acl entries"));
         }
@@ -109,18 +109,13 @@ fn serve_cp(cfg: &CpConfig, stop: &dyn Fn() -> bool) -> anyhow::Result<CpStats> 
     let mut cp = Cp::new(cfg.params);
     let mut stats = CpStats::default();
     while !stop() {
-        let got = cfg
-            .api
-            .call("GET", "/api/v1/packets?max=256&wait_ms=50", None)?;
+        let got = cfg.api.take_packets(256, 50)?;
         // Every query is answered; of the frames sampled, only each source's newest in the
         // batch: older ones waited behind it, and a notification from a stale reading would
         // cut the rate again for congestion already answered.
         let mut todo: Vec<(u16, wire::frame::UdpEnds, bool)> = Vec::new();
-        for f in got["frames"].as_array().into_iter().flatten() {
-            let (Some(in_port), Some(hex)) = (f["in_port"].as_u64(), f["frame"].as_str()) else {
-                continue;
-            };
-            let Some(ends) = switch::control::unhex(hex)
+        for f in got {
+            let Some(ends) = switch::control::unhex(&f.frame)
                 .ok()
                 .and_then(|b| parse_udp(&b).map(|(e, _)| e))
             else {
@@ -135,7 +130,7 @@ fn serve_cp(cfg: &CpConfig, stop: &dyn Fn() -> bool) -> anyhow::Result<CpStats> 
                 let source = (ends.src_ip, ends.src_port);
                 todo.retain(|(_, e, q)| *q || (e.src_ip, e.src_port) != source);
             }
-            todo.push((in_port as u16, ends, query));
+            todo.push((f.in_port, ends, query));
         }
         for (in_port, ends, query) in todo {
             // Read when the frame is taken, as ServerSwitch's CPU reads the chip's register.
@@ -159,11 +154,7 @@ fn serve_cp(cfg: &CpConfig, stop: &dyn Fn() -> bool) -> anyhow::Result<CpStats> 
                 stats.ignored += 1;
                 continue;
             }
-            cfg.api.call(
-                "POST",
-                "/api/v1/packets",
-                Some(&json!({"port": in_port, "frame": switch::control::hex(&reply)})),
-            )?;
+            cfg.api.send_frame(in_port, &reply)?;
             if fb > 0 {
                 stats.notifications += 1;
             }

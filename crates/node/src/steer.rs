@@ -98,10 +98,7 @@ pub fn rule_sink(
     let hash: HashFn = hash
         .parse()
         .map_err(|e| anyhow::anyhow!("--hash {hash}: {e}"))?;
-    let client = Client {
-        api,
-        token: api::client::token(args.switch_token_file.as_deref())?,
-    };
+    let client = Client::new(api, api::client::token(args.switch_token_file.as_deref())?);
     // Replies from the cache node's memcached port leave with the VIP as source.
     let replies = EntryDef {
         fields: [

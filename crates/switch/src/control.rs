@@ -489,6 +489,39 @@ pub struct CounterView {
     pub bytes: u64,
 }
 
+/// A port and its counters as the API lists them. Every figure but `port` is also a
+/// read-only register `port<N>.<figure>`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct PortView {
+    pub port: u16,
+    /// The interface it runs on, when the switch knows it.
+    pub name: Option<String>,
+    pub mac: Option<String>,
+    /// `af_packet`, or the XDP mode the port runs in.
+    pub datapath: String,
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    /// Frames its egress queue had no room for.
+    pub tx_dropped: u64,
+    /// What waits in its egress queue.
+    pub queue_bytes: u64,
+    pub queue_packets: u64,
+    /// Its egress queue's rate (0: it sends at once), where the switch has egress queues.
+    #[cfg_attr(
+        feature = "serde",
+        serde(default, skip_serializing_if = "Option::is_none")
+    )]
+    pub egress_rate_bps: Option<u64>,
+    #[cfg_attr(
+        feature = "serde",
+        serde(default, skip_serializing_if = "Option::is_none")
+    )]
+    pub egress_depth_bytes: Option<u64>,
+}
+
 /// A frame an entry handed to the CPU.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]

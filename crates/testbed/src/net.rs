@@ -10,12 +10,14 @@
 //! process and link, so a network whose owner died is taken down by [`Net::up`] with the same
 //! prefix, or by `kvswitch testbed down --prefix`.
 
+use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
+use switch::control::{ActionDef, EntryDef, Value, ACL};
 
 use crate::netns::{self, ip, sysctl};
 use crate::process;
@@ -280,9 +282,15 @@ impl Net {
             let name = self.switches[s].name.clone();
             for p in 0..self.switches[s].ports.len() {
                 if !matches!(self.switches[s].ports[p].peer, Peer::Host(_)) {
-                    let guard = serde_json::json!({"match": {"in_port": p}, "priority": 0,
-                                                   "actions": ["drop"]});
-                    self.api(&name, "POST", "/api/v1/tables/acl/entries", Some(&guard))?;
+                    let guard = EntryDef {
+                        fields: BTreeMap::from([("in_port".to_string(), Value::Number(p as u64))]),
+                        priority: 0,
+                        prefix_len: None,
+                        actions: vec![ActionDef::Drop],
+                    };
+                    self.client(&name)
+                        .add_entry(ACL, &guard)
+                        .with_context(|| format!("{name}: the entry guarding port {p}"))?;
                 }
             }
         }
@@ -377,6 +385,11 @@ impl Net {
             .map(|p| p as u16)
     }
 
+    /// The client of switch `name`'s API.
+    pub fn client(&self, name: &str) -> api::Client {
+        api::Client::new(self.switch(name).api, None)
+    }
+
     /// A call to switch `name`'s API; an answer other than 2xx is an error.
     pub fn api(
         &self,
@@ -400,49 +413,40 @@ impl Net {
     /// table and the counters' names. A function that cleans up after itself leaves this as
     /// it found it.
     pub fn programmed(&self, name: &str) -> anyhow::Result<serde_json::Value> {
-        let tables = self.api(name, "GET", "/api/v1/tables", None)?;
-        let tables: Vec<serde_json::Value> = tables["tables"]
-            .as_array()
-            .context("tables")?
+        let client = self.client(name);
+        let read = || format!("reading what switch {name} is programmed with");
+        let tables: Vec<serde_json::Value> = client
+            .tables()
+            .with_context(read)?
             .iter()
             .map(|t| {
                 // The learning table's entries come and go with traffic.
-                let entries = match t["name"] == "l2" {
-                    true => serde_json::Value::Null,
-                    false => t["entries"].clone(),
-                };
-                serde_json::json!([t["name"], t["kind"], t["key"], t["miss"], entries, t["owner"]])
+                let entries = (t.name != "l2").then_some(t.entries);
+                serde_json::json!([t.name, t.kind, t.key, t.miss, entries, t.owner])
             })
             .collect();
-        let acl = self.api(name, "GET", "/api/v1/tables/acl/entries", None)?;
-        let acl: Vec<serde_json::Value> = acl["entries"]
-            .as_array()
-            .context("acl entries")?
+        let acl: Vec<serde_json::Value> = client
+            .table_entries(ACL)
+            .with_context(read)?
             .iter()
-            .map(|e| serde_json::json!([e["match"], e["priority"], e["actions"]]))
+            .map(|e| serde_json::json!([e.fields, e.priority, e.actions]))
             .collect();
-        let interfaces = self.api(name, "GET", "/api/v1/interfaces", None)?;
+        let interfaces = client.interfaces().with_context(read)?;
         // Counters by name: their counts come and go with traffic.
-        let counters = self.api(name, "GET", "/api/v1/counters", None)?;
-        let counters: Vec<serde_json::Value> = counters["counters"]
-            .as_array()
-            .context("counters")?
-            .iter()
-            .map(|c| c["name"].clone())
+        let counters: Vec<String> = client
+            .counters()
+            .with_context(read)?
+            .into_iter()
+            .map(|c| c.name)
             .collect();
         Ok(serde_json::json!({"tables": tables, "acl": acl,
-                              "interfaces": interfaces["interfaces"], "counters": counters}))
+                              "interfaces": interfaces, "counters": counters}))
     }
 
     /// Packets each port of switch `name` received so far.
     pub fn rx_packets(&self, name: &str) -> anyhow::Result<Vec<u64>> {
-        let ports = self.api(name, "GET", "/api/v1/ports", None)?;
-        Ok(ports["ports"]
-            .as_array()
-            .context("ports")?
-            .iter()
-            .map(|p| p["rx_packets"].as_u64().unwrap_or(0))
-            .collect())
+        let ports = self.client(name).ports()?;
+        Ok(ports.iter().map(|p| p.rx_packets).collect())
     }
 
     /// Takes the network down now (dropping it does the same).

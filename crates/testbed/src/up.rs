@@ -1,11 +1,13 @@
 //! Building a testbed: namespaces, veth pairs, memcached, nutcracker and kvswitch, recording each
 //! piece in the state file before it exists so a crash half-way can be undone by `down`.
 
+use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
+use switch::control::{ActionDef, EntryDef, InterfaceDef, Value, ACL};
 
 use crate::config;
 use crate::down;
@@ -488,15 +490,6 @@ fn write_control_key(state: &mut State) -> anyhow::Result<()> {
         .with_context(|| format!("writing {}", path.display()))
 }
 
-/// A change through kvswitch's API, with the testbed's token; fails unless it succeeded.
-fn api_change(state: &State, method: &str, path: &str, body: &str) -> anyhow::Result<()> {
-    let token = state.api_token()?;
-    match probe::http(state.api, method, path, token.as_deref(), Some(body))? {
-        (200..=299, _) => Ok(()),
-        (code, answer) => bail!("{method} {path} answered {code}: {}", answer.trim()),
-    }
-}
-
 /// SwitchKV's cache nodes: the API opened to the hosts on the VIP (an `acl` entry sends TCP
 /// to its port out of the local port), an interface-table entry per cache node (the steering
 /// rules' way there, numbered from 1 in host order), and `kvswitch node --role cache` on each,
@@ -508,12 +501,19 @@ fn start_caches(
     steer: bool,
 ) -> anyhow::Result<()> {
     let local_port = state.hosts.len();
-    let acl = format!(
-        r#"{{"match": {{"ip_dst": "{}", "ip_proto": 6, "l4_dst": {}}}, "priority": 1000, "actions": [{{"output": {local_port}}}]}}"#,
-        state.vip,
-        state.api.port()
-    );
-    api_change(state, "POST", "/api/v1/tables/acl/entries", &acl)
+    let switch = api::Client::new(state.api, state.api_token()?);
+    let to_api = EntryDef {
+        fields: BTreeMap::from([
+            ("ip_dst".to_string(), Value::Text(state.vip.to_string())),
+            ("ip_proto".to_string(), Value::Number(6)),
+            ("l4_dst".to_string(), Value::Number(state.api.port().into())),
+        ]),
+        priority: 1000,
+        prefix_len: None,
+        actions: vec![ActionDef::Output(local_port as u16)],
+    };
+    switch
+        .add_entry(ACL, &to_api)
         .context("opening kvswitch's API to the cache nodes")?;
     let token = state
         .api_token_file
@@ -525,18 +525,15 @@ fn start_caches(
     let mut started = Vec::new();
     for (k, &i) in caches.iter().enumerate() {
         let h = state.hosts[i].clone();
-        let interface = k + 1;
-        let entry = format!(
-            r#"{{"eth_dst": "{}", "eth_src": "{}", "port": {i}}}"#,
-            h.mac, state.vip_mac
-        );
-        api_change(
-            state,
-            "PUT",
-            &format!("/api/v1/interfaces/{interface}"),
-            &entry,
-        )
-        .with_context(|| format!("the interface entry to cache node {:?}", h.name))?;
+        let interface = k as u16 + 1;
+        let entry = InterfaceDef {
+            eth_dst: h.mac.clone(),
+            eth_src: state.vip_mac.clone(),
+            port: i as u16,
+        };
+        switch
+            .set_interface(interface, &entry)
+            .with_context(|| format!("the interface entry to cache node {:?}", h.name))?;
         let mut argv = vec![
             bin.display().to_string(),
             "node".to_string(),

@@ -18,6 +18,7 @@ use crate::cache::CacheService;
 use ::api::metrics::{Exposition, Kind};
 use config::{Config, Mode};
 use proxy::ProxyStats;
+use switch::control::PortView;
 use switch::pool::Pool;
 use switch::stats::{get, Answer, Drop, Stats};
 use switch::Snapshot;
@@ -371,16 +372,20 @@ pub fn ports(shared: &Shared) -> serde_json::Value {
         .iter()
         .enumerate()
         .map(|(i, p)| {
-            json!({
-                "port": i,
-                "name": shared.port_names.get(i),
-                "mac": shared.port_macs.get(i),
-                "datapath": fast.ports.get(i).map_or("af_packet", String::as_str),
-                "rx_packets": get(&p.rx_packets), "rx_bytes": get(&p.rx_bytes),
-                "tx_packets": get(&p.tx_packets), "tx_bytes": get(&p.tx_bytes),
-                "tx_dropped": get(&p.tx_dropped),
-                "queue_bytes": get(&p.queue_bytes),
-                "queue_packets": get(&p.queue_packets),
+            json!(PortView {
+                port: i as u16,
+                name: shared.port_names.get(i).cloned(),
+                mac: shared.port_macs.get(i).cloned(),
+                datapath: fast.ports.get(i).map_or("af_packet", String::as_str).into(),
+                rx_packets: get(&p.rx_packets),
+                rx_bytes: get(&p.rx_bytes),
+                tx_packets: get(&p.tx_packets),
+                tx_bytes: get(&p.tx_bytes),
+                tx_dropped: get(&p.tx_dropped),
+                queue_bytes: get(&p.queue_bytes),
+                queue_packets: get(&p.queue_packets),
+                egress_rate_bps: None,
+                egress_depth_bytes: None,
             })
         })
         .collect()

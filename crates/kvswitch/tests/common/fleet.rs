@@ -37,7 +37,7 @@ pub fn proxies(
             };
             (
                 Proxy::start(Front::Kvswitch, servers, &opts),
-                Client { api, token: None },
+                Client::new(api, None),
             )
         })
         .unzip()
@@ -116,7 +116,7 @@ pub fn testbed_controller(
     let text = controller_toml(api, settings, &switches, &servers);
     let file = config::controller::parse(&text, std::path::Path::new("controller.toml")).unwrap();
     let running = controller::start(file, listener, None, None, None).unwrap();
-    let ctl = Client { api, token: None };
+    let ctl = Client::new(api, None);
     let started = Instant::now();
     while ctl.call("GET", "/api/v1/status", None).unwrap()["switches"][0]["in_step"] != true {
         assert!(
@@ -154,10 +154,7 @@ pub fn etcd(dir: &TempDir) -> (Proc, SocketAddr) {
         &dir.path().join("etcd.log"),
     )
     .expect("etcd starts");
-    let api = Client {
-        api: client,
-        token: None,
-    };
+    let api = Client::new(client, None);
     let started = Instant::now();
     while api
         .call("POST", "/v3/kv/range", Some(&json!({"key": "eA=="})))

@@ -38,20 +38,14 @@ pub(super) const NHA_COUNTER: &str = "bcube_nha";
 
 /// Deletes the counters the card's entries fed, once the entries are gone.
 pub(super) fn delete_counters(client: &Client) -> anyhow::Result<()> {
-    let listed = client.call("GET", "/api/v1/counters", None)?;
-    let ours = listed["counters"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c["name"].as_str())
-        .filter(|name| {
-            *name == LOCAL_COUNTER
-                || name
-                    .strip_prefix(NHA_COUNTER)
-                    .is_some_and(|nha| nha.parse::<u8>().is_ok())
-        });
-    for name in ours {
-        client.call("DELETE", &format!("/api/v1/counters/{name}"), None)?;
+    let ours = client.counters()?.into_iter().filter(|c| {
+        c.name == LOCAL_COUNTER
+            || c.name
+                .strip_prefix(NHA_COUNTER)
+                .is_some_and(|nha| nha.parse::<u8>().is_ok())
+    });
+    for counter in ours {
+        client.remove_counter(&counter.name)?;
     }
     Ok(())
 }
@@ -64,14 +58,13 @@ pub fn run_card(
     stop: &dyn Fn() -> bool,
 ) -> anyhow::Result<CardStats> {
     card.check()?;
-    let ports = client.call("GET", "/api/v1/ports", None)?;
-    let macs: Vec<Mac> = ports["ports"]
-        .as_array()
-        .context("the switch listed no ports")?
+    let macs: Vec<Mac> = client
+        .ports()
+        .context("listing the switch's ports")?
         .iter()
         .map(|p| {
-            p["mac"]
-                .as_str()
+            p.mac
+                .as_deref()
                 .and_then(|m| m.parse().ok())
                 .unwrap_or(Mac([0; 6]))
         })
@@ -97,25 +90,13 @@ pub fn run_card(
     let served = made.and_then(|()| agent.serve(stop));
     let mut cleanup: anyhow::Result<()> = Ok(());
     for id in acl_ids {
-        cleanup = cleanup.and(crate::delete_acl(client, id));
+        cleanup = cleanup.and(client.remove_entry(ACL, id).map(drop));
     }
     if made_table {
-        cleanup = cleanup.and(
-            client
-                .call("DELETE", &format!("/api/v1/tables/{TABLE}"), None)
-                .map(drop),
-        );
+        cleanup = cleanup.and(client.remove_table(TABLE));
     }
     for nha in agent.neighbours.keys() {
-        cleanup = cleanup.and(
-            client
-                .call(
-                    "DELETE",
-                    &format!("/api/v1/interfaces/{}", card.interface(*nha)),
-                    None,
-                )
-                .map(drop),
-        );
+        cleanup = cleanup.and(client.remove_interface(card.interface(*nha)));
     }
     if made_table {
         cleanup = cleanup.and(delete_counters(client));
@@ -132,14 +113,14 @@ impl Agent<'_> {
         made_table: &mut bool,
     ) -> anyhow::Result<()> {
         let c = self.client;
-        c.call("POST", "/api/v1/tables", Some(&self.card.table()))
+        c.add_table(&self.card.table())
             .context("creating the bcube table (is another BCube agent running here?)")?;
         *made_table = true;
         for f in self.card.filters() {
-            crate::add_entry(c, TABLE, &f)?;
+            c.add_entry(TABLE, &f)?;
         }
         for a in self.card.acl() {
-            acl_ids.push(crate::add_acl(c, &a)?);
+            acl_ids.push(c.add_entry(ACL, &a)?);
         }
         Ok(())
     }
@@ -158,17 +139,11 @@ impl Agent<'_> {
                 self.read_rates(now)?;
                 next_read = now + Duration::from_secs(1);
             }
-            let got = self
-                .client
-                .call("GET", "/api/v1/packets?max=64&wait_ms=100", None)?;
-            for f in got["frames"].as_array().into_iter().flatten() {
-                let (Some(port), Some(hex)) = (f["in_port"].as_u64(), f["frame"].as_str()) else {
+            for f in self.client.take_packets(64, 100)? {
+                let Ok(frame) = ::switch::control::unhex(&f.frame) else {
                     continue;
                 };
-                let Ok(frame) = ::switch::control::unhex(hex) else {
-                    continue;
-                };
-                self.take(port as u16, &frame)?;
+                self.take(f.in_port, &frame)?;
             }
         }
         Ok(())
@@ -179,7 +154,7 @@ impl Agent<'_> {
             let frame = self
                 .card
                 .announcement(level as u8, self.macs[port as usize]);
-            crate::send_frame(self.client, port, &frame)?;
+            self.client.send_frame(port, &frame)?;
             self.stats.announcements_sent += 1;
         }
         Ok(())
@@ -211,11 +186,11 @@ impl Agent<'_> {
         );
         match step {
             QueryStep::Forward { port, frame } => {
-                crate::send_frame(self.client, port, &frame)?;
+                self.client.send_frame(port, &frame)?;
                 self.stats.queries_forwarded += 1;
             }
             QueryStep::Answer { port, frame } => {
-                crate::send_frame(self.client, port, &frame)?;
+                self.client.send_frame(port, &frame)?;
                 self.stats.queries_answered += 1;
             }
             QueryStep::Drop(_) => self.stats.queries_dropped += 1,
@@ -231,13 +206,13 @@ impl Agent<'_> {
                 return Ok(());
             }
         }
-        let iface = json!({"eth_dst": n.mac.to_string(),
-                           "eth_src": self.macs[n.port as usize].to_string(), "port": n.port});
-        self.client.call(
-            "PUT",
-            &format!("/api/v1/interfaces/{}", self.card.interface(n.nha)),
-            Some(&iface),
-        )?;
+        let iface = InterfaceDef {
+            eth_dst: n.mac.to_string(),
+            eth_src: self.macs[n.port as usize].to_string(),
+            port: n.port,
+        };
+        self.client
+            .set_interface(self.card.interface(n.nha), &iface)?;
         match self.neighbours.get_mut(&n.nha) {
             // Moved to another MAC or port: the interface entry now says so.
             Some(known) => known.0 = n,
@@ -245,7 +220,7 @@ impl Agent<'_> {
                 self.neighbours.insert(n.nha, (n, now, Vec::new()));
                 self.stats.neighbours += 1;
                 for r in self.card.routes(n.nha) {
-                    let id = crate::add_entry(self.client, TABLE, &r)?;
+                    let id = self.client.add_entry(TABLE, &r)?;
                     if let Some(known) = self.neighbours.get_mut(&n.nha) {
                         known.2.push(id);
                     }
@@ -268,18 +243,12 @@ impl Agent<'_> {
             // Forgotten only once its entries are gone: a failed call leaves it for the next
             // round (or the cleanup at the end).
             while let Some(&id) = self.neighbours.get(&nha).and_then(|n| n.2.last()) {
-                self.client.call(
-                    "DELETE",
-                    &format!("/api/v1/tables/{TABLE}/entries/{id}"),
-                    None,
-                )?;
+                self.client.remove_entry(TABLE, id)?;
                 if let Some(n) = self.neighbours.get_mut(&nha) {
                     n.2.pop();
                 }
             }
-            let iface = self.card.interface(nha);
-            self.client
-                .call("DELETE", &format!("/api/v1/interfaces/{iface}"), None)?;
+            self.client.remove_interface(self.card.interface(nha))?;
             self.neighbours.remove(&nha);
             self.stats.neighbours = self.stats.neighbours.saturating_sub(1);
             self.stats.neighbours_lost += 1;
@@ -289,13 +258,12 @@ impl Agent<'_> {
 
     /// Reads every port's bytes sent and its capacity (its egress rate, or the link's).
     pub(super) fn read_rates(&mut self, now: Instant) -> anyhow::Result<()> {
-        let ports = self.client.call("GET", "/api/v1/ports", None)?;
+        let ports = self.client.ports()?;
         let link = self.card.link_kbps();
-        let list = ports["ports"].as_array().cloned().unwrap_or_default();
-        let mut next = Vec::with_capacity(list.len());
-        for (i, p) in list.iter().enumerate() {
-            let bytes = p["tx_bytes"].as_u64().unwrap_or(0);
-            let cap = match p["egress_rate_bps"].as_u64() {
+        let mut next = Vec::with_capacity(ports.len());
+        for (i, p) in ports.iter().enumerate() {
+            let bytes = p.tx_bytes;
+            let cap = match p.egress_rate_bps {
                 Some(bps) if bps > 0 => (bps / 1000) as u32,
                 _ => link,
             };

@@ -98,43 +98,72 @@ impl Card {
 
     /// The `bcube` table: the in-port, IP destination, TTL (the index), the eight NHAs and the
     /// kind; a miss drops.
-    pub fn table(&self) -> Value {
-        let mut key = vec![json!("in_port"), json!("ip_dst")];
-        key.push(json!({"name": "ttl", "offset": 22, "len": 1}));
+    pub fn table(&self) -> TableDef {
+        let byte = |name: String, offset: usize| KeyField::Bytes {
+            name,
+            offset: offset as u16,
+            len: 1,
+            padded: false,
+        };
+        let mut key = vec![
+            KeyField::Named("in_port".into()),
+            KeyField::Named("ip_dst".into()),
+            byte("ttl".into(), 22),
+        ];
         for slot in 0..MAX_HOPS {
-            key.push(json!({"name": format!("nha{}", slot + 1), "offset": AT + slot, "len": 1}));
+            key.push(byte(format!("nha{}", slot + 1), AT + slot));
         }
-        key.push(json!({"name": "bcube_kind", "offset": AT + 8, "len": 1}));
-        json!({"name": TABLE, "kind": "ternary", "key": key, "miss": ["drop"]})
+        key.push(byte("bcube_kind".into(), AT + 8));
+        TableDef {
+            name: TABLE.into(),
+            kind: Kind::Ternary,
+            key,
+            miss: vec![ActionDef::Drop],
+            size: None,
+        }
     }
 
     /// The filters: packets to this server from a level port go to the host; discovery from
     /// a level port and queries from any port go to the CPU.
-    pub fn filters(&self) -> Vec<Value> {
+    pub fn filters(&self) -> Vec<EntryDef> {
         let mut out = Vec::new();
         for &p in &self.level_ports {
-            out.push(
-                json!({"match": {"in_port": p, "ip_dst": self.ip().to_string()},
-                            "priority": PRIO_LOCAL,
-                            "actions": [{"count": LOCAL_COUNTER},
-                                        {"set_eth_dst": self.host_mac.to_string()},
-                                        {"output": self.host_port}]}),
-            );
-            out.push(json!({"match": {"in_port": p, "bcube_kind": kind::ND},
-                            "priority": PRIO_CONTROL, "actions": ["to_cpu"]}));
+            out.push(entry(
+                [("in_port", number(p)), ("ip_dst", text(self.ip()))],
+                PRIO_LOCAL,
+                vec![
+                    ActionDef::Count(LOCAL_COUNTER.into()),
+                    ActionDef::SetEthDst(self.host_mac.to_string()),
+                    ActionDef::Output(self.host_port),
+                ],
+            ));
+            out.push(entry(
+                [("in_port", number(p)), ("bcube_kind", number(kind::ND))],
+                PRIO_CONTROL,
+                vec![ActionDef::ToCpu],
+            ));
         }
-        out.push(json!({"match": {"bcube_kind": kind::ABQ},
-                        "priority": PRIO_CONTROL, "actions": ["to_cpu"]}));
+        out.push(entry(
+            [("bcube_kind", number(kind::ABQ))],
+            PRIO_CONTROL,
+            vec![ActionDef::ToCpu],
+        ));
         out
     }
 
     /// The `acl` entries: BCube packets to `bcube`, anything else from the host dropped.
-    pub fn acl(&self) -> Vec<Value> {
+    pub fn acl(&self) -> Vec<EntryDef> {
         vec![
-            json!({"match": {"ethertype": "0x0800", "ip_proto": PROTO},
-                   "priority": self.priority, "actions": [{"goto": TABLE}]}),
-            json!({"match": {"in_port": self.host_port},
-                   "priority": self.priority.saturating_sub(1), "actions": ["drop"]}),
+            entry(
+                [("ethertype", text(IPV4)), ("ip_proto", number(PROTO))],
+                self.priority,
+                vec![ActionDef::Goto(TABLE.into())],
+            ),
+            entry(
+                [("in_port", number(self.host_port))],
+                self.priority.saturating_sub(1),
+                vec![ActionDef::Drop],
+            ),
         ]
     }
 
@@ -145,13 +174,19 @@ impl Card {
     /// A neighbour's route entries (ServerSwitch Figure 6, lines 9-17): at index `i` (TTL
     /// `i + 2`) with NHA slot `i + 1` holding its NHA, decrement the TTL and send through its
     /// interface entry.
-    pub fn routes(&self, nha: u8) -> Vec<Value> {
+    pub fn routes(&self, nha: u8) -> Vec<EntryDef> {
         (0..MAX_HOPS)
             .map(|i| {
-                json!({"match": {"ttl": i + 2, format!("nha{}", i + 1): nha},
-                       "priority": PRIO_ROUTE,
-                       "actions": [{"count": format!("{NHA_COUNTER}{nha}")}, "dec_ttl",
-                                   {"interface": self.interface(nha)}]})
+                let slot = format!("nha{}", i + 1);
+                entry(
+                    [("ttl", number(i as u64 + 2)), (slot.as_str(), number(nha))],
+                    PRIO_ROUTE,
+                    vec![
+                        ActionDef::Count(format!("{NHA_COUNTER}{nha}")),
+                        ActionDef::DecTtl,
+                        ActionDef::Interface(self.interface(nha)),
+                    ],
+                )
             })
             .collect()
     }

@@ -36,9 +36,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde::Serialize;
-use serde_json::{json, Value};
+use switch::control::{ActionDef, EntryDef, InterfaceDef, KeyField, Kind, TableDef, ACL};
 use wire::ethernet::Mac;
 
+use crate::{entry, number, text, IPV4};
 use api::Client;
 
 /// The IP protocol of BCube packets: 253, reserved for experimentation (RFC 3692).
@@ -314,21 +315,24 @@ mod tests {
         let routes = c.routes(7);
         assert_eq!(routes.len(), MAX_HOPS);
         for (i, r) in routes.iter().enumerate() {
-            assert_eq!(r["match"]["ttl"], json!(i + 2));
-            assert_eq!(r["match"][format!("nha{}", i + 1)], json!(7));
-            assert_eq!(r["match"].as_object().unwrap().len(), 2);
-            assert_eq!(r["actions"][2], json!({"interface": 71}));
+            assert_eq!(r.fields["ttl"], number(i as u64 + 2));
+            assert_eq!(r.fields[&format!("nha{}", i + 1)], number(7u8));
+            assert_eq!(r.fields.len(), 2);
+            assert_eq!(r.actions[2], ActionDef::Interface(71));
         }
         let table = c.table();
-        assert_eq!(table["key"].as_array().unwrap().len(), 12);
+        assert_eq!(table.key.len(), 12);
         assert_eq!(
-            table["key"][3],
-            json!({"name": "nha1", "offset": 34, "len": 1})
+            table.key[3],
+            KeyField::Bytes {
+                name: "nha1".into(),
+                offset: 34,
+                len: 1,
+                padded: false
+            }
         );
         let filters = c.filters();
-        assert!(filters
-            .iter()
-            .all(|f| f["priority"].as_u64() > Some(u64::from(PRIO_ROUTE))));
+        assert!(filters.iter().all(|f| f.priority > PRIO_ROUTE));
         let mut bad = card(0);
         bad.level_ports = vec![1, 0];
         assert!(bad.check().is_err(), "host port reused");
