@@ -373,17 +373,6 @@ pub fn by_setup(systems: &[System]) -> Vec<(Setup, Vec<System>)> {
     .collect()
 }
 
-/// The systems of run `run`, each first in turn, so that drift over a scenario (a neighbour's
-/// load) falls on all of them alike.
-pub fn rotated(systems: &[System], run: u32) -> Vec<System> {
-    let mut v = systems.to_vec();
-    if !v.is_empty() {
-        let n = run as usize % v.len();
-        v.rotate_left(n);
-    }
-    v
-}
-
 /// The servers of a testbed.
 #[derive(Clone, Debug)]
 pub enum Servers {
@@ -414,6 +403,10 @@ pub struct BedSpec {
     /// kvswitch's `switch.datapath`; None: unset (XDP wherever it attaches).
     pub datapath: Option<&'static str>,
 }
+
+/// Servers on the peers' testbed, where memcached direct, nutcracker and kvswitch are measured
+/// side by side.
+pub const PEERS: usize = 3;
 
 /// memcached's memory on the peers' testbed, in MiB: the first server holds every key of the
 /// direct runs, values up to 11 KB included.

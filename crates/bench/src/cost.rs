@@ -6,15 +6,14 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::bed::{by_setup, rotated, Bed, BedSpec, CacheSetup, Servers, Setup, System};
-use super::latency::per_s;
-use super::output::{fmt, ratio, times, Machine, Output};
+use super::bed::{by_setup, System, PEERS};
+use super::output::{fmt, ratio, times};
 use super::plot::{BarChart, Chart};
+use super::runner::{Figures, Keys, Record, Runner, Runs, Stage};
 use super::Common;
-use crate::measure::{median, median_of_some};
+use crate::measure::per_s;
 
 pub const NAME: &str = "cost";
-const SERVERS: usize = 3;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct Args {
@@ -50,6 +49,21 @@ impl Args {
         self.duration
             .unwrap_or(if self.common.short { 0.5 } else { 3.0 })
     }
+
+    /// The closed loop at full speed: every requester reads the preloaded keys uniformly.
+    pub(crate) fn load(&self, run: u32) -> loadgen::LoadArgs {
+        let duration = self.duration();
+        loadgen::LoadArgs {
+            keys: self.keys,
+            value_size: self.value_size as usize,
+            get_ratio: 1.0,
+            concurrency: self.concurrency as usize,
+            duration,
+            warmup: (duration / 4.0).min(0.5),
+            seed: u64::from(run) + 1,
+            ..loadgen::LoadArgs::new("")
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -62,6 +76,35 @@ pub struct Point {
     /// Both together: every middle box on the system's path.
     pub middle_us: Option<f64>,
     pub run: u32,
+}
+
+impl Figures for Point {
+    type At = System;
+
+    fn at(&self) -> System {
+        self.system
+    }
+
+    fn median(runs: &Runs<'_, Point>) -> Point {
+        Point {
+            system: runs.first().system,
+            get_rps: runs.median(|p| p.get_rps),
+            kvswitch_us: runs.median_of_some(|p| p.kvswitch_us),
+            nutcracker_us: runs.median_of_some(|p| p.nutcracker_us),
+            middle_us: runs.median_of_some(|p| p.middle_us),
+            run: runs.count(),
+        }
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "{:<24} {:>8.0} GET/s  kvswitch {} µs/req  nutcracker {} µs/req",
+            self.system,
+            self.get_rps,
+            fmt(self.kvswitch_us, 2),
+            fmt(self.nutcracker_us, 2)
+        )
+    }
 }
 
 /// A closed-loop scenario's settings as its results record them (`cost`, `fastpath`).
@@ -77,120 +120,62 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
-    pub(crate) fn of(args: &Args, duration_s: f64, runs: u32, servers: usize) -> Settings {
+    pub(crate) fn of(args: &Args, runs: u32) -> Settings {
         Settings {
             concurrency: args.concurrency,
-            duration_s,
+            duration_s: args.duration(),
             runs,
             keys: args.keys,
             value_size: args.value_size,
-            servers,
+            servers: PEERS,
             short: args.common.short,
         }
     }
 }
 
-#[derive(Serialize)]
-struct Results {
-    scenario: &'static str,
-    settings: Settings,
-    machine: Machine,
-    systems: Vec<System>,
-    runs: Vec<Point>,
-    medians: Vec<Point>,
-}
-
 pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     let duration = args.duration();
     super::check_duration(duration)?;
-    let runs = args.common.runs();
-    let machine = Machine::describe();
-    let out = Output::create(&super::bed::out_dir(args.common.out.as_ref(), NAME))?;
+    let runner = Runner::start(NAME, &args.common)?;
+    let runs = runner.runs();
     let systems = System::compared();
-    let mut points = Vec::new();
-    for (setup, group) in by_setup(&systems) {
-        let cached = setup == Setup::Cache;
-        let with = if cached { " with its cache" } else { "" };
-        eprintln!(
-            "{NAME}: building the testbed (1 client, {SERVERS} memcached, \
-             kvswitch{with}, nutcracker)..."
-        );
-        // With the cache, it may hold every key read.
-        let bed = Bed::up(&BedSpec {
-            prefix: args.common.prefix.clone(),
-            servers: Servers::Memcached { n: SERVERS },
-            cache: cached.then(|| CacheSetup::whole_keyspace(args.keys)),
-            switchkv: None,
-            nutcracker: true,
-            datapath: None,
-        })?;
-        bed.preload(args.keys, "key:", args.value_size as usize)?;
-        for run in 0..runs {
-            for system in rotated(&group, run) {
-                let load = loadgen::LoadArgs {
-                    keys: args.keys,
-                    value_size: args.value_size as usize,
-                    get_ratio: 1.0,
-                    concurrency: args.concurrency as usize,
-                    duration,
-                    warmup: (duration / 4.0).min(0.5),
-                    seed: u64::from(run) + 1,
-                    ..loadgen::LoadArgs::new("")
-                };
-                let m = bed.load(system, &load)?;
-                let r = &m.report;
-                // CPU was read over warm-up and window alike: per request of both.
-                let total = r.duration_s + load.warmup;
-                let requests = per_s(r.requests, r.duration_s) * total;
-                let per =
-                    |cpu: Option<f64>| cpu.filter(|_| requests > 0.0).map(|s| s * 1e6 / requests);
-                let kvswitch_us = per(m.kvswitch_cpu_s);
-                let nutcracker_us = per(m.nutcracker_cpu_s);
-                let p = Point {
-                    system,
-                    get_rps: per_s(r.gets, r.duration_s),
-                    kvswitch_us,
-                    nutcracker_us,
-                    middle_us: middle(system, kvswitch_us, nutcracker_us),
-                    run,
-                };
-                eprintln!(
-                "  run {}/{runs}  {system:<24} {:>8.0} GET/s  kvswitch {} µs/req  nutcracker {} µs/req",
-                run + 1,
-                p.get_rps,
-                fmt(p.kvswitch_us, 2),
-                fmt(p.nutcracker_us, 2)
-            );
-                points.push(p);
-            }
-        }
-        bed.down()?;
-    }
-    let medians: Vec<Point> = systems
-        .iter()
-        .map(|&s| {
-            let of: Vec<&Point> = points.iter().filter(|p| p.system == s).collect();
-            Point {
-                system: s,
-                get_rps: median(of.iter().map(|p| p.get_rps).collect()),
-                kvswitch_us: median_of_some(of.iter().map(|p| p.kvswitch_us)),
-                nutcracker_us: median_of_some(of.iter().map(|p| p.nutcracker_us)),
-                middle_us: median_of_some(of.iter().map(|p| p.middle_us)),
-                run: of.len() as u32,
-            }
+    // With the cache, it may hold every key read.
+    let stages = by_setup(&systems).into_iter().map(|(setup, group)| Stage {
+        preload: vec![Keys::new(args.keys, "key:", args.value_size as usize)],
+        points: vec![()],
+        ..Stage::peers(&args.common, setup, group, args.keys)
+    });
+    let points = runner.measure(stages, |bed, system, (), run| {
+        let load = args.load(run);
+        let m = bed.load(system, &load)?;
+        let r = &m.report;
+        // CPU was read over warm-up and window alike: per request of both.
+        let total = r.duration_s + load.warmup;
+        let requests = per_s(r.requests, r.duration_s) * total;
+        let per = |cpu: Option<f64>| cpu.filter(|_| requests > 0.0).map(|s| s * 1e6 / requests);
+        let kvswitch_us = per(m.kvswitch_cpu_s);
+        let nutcracker_us = per(m.nutcracker_cpu_s);
+        Ok(Point {
+            system,
+            get_rps: per_s(r.gets, r.duration_s),
+            kvswitch_us,
+            nutcracker_us,
+            middle_us: middle(system, kvswitch_us, nutcracker_us),
+            run,
         })
-        .collect();
-    out.json(&Results {
-        scenario: NAME,
-        settings: Settings::of(args, duration, runs, SERVERS),
-        machine: machine.clone(),
-        systems: systems.clone(),
-        runs: points,
-        medians: medians.clone(),
     })?;
-    let mut out = out;
-    out.plot("cpu-per-request", &Chart::Bars(chart(&medians)))?;
-    out.summary(&summary(args, &medians, runs, duration), &machine)?;
+    let medians = super::runner::medians(&points);
+    runner.finish(
+        Record {
+            settings: Settings::of(args, runs),
+            systems: Some(&systems),
+            runs: &points,
+            medians: &medians,
+            more: (),
+        },
+        vec![("cpu-per-request".into(), Chart::Bars(chart(&medians)))],
+        &summary(args, &medians, runs, duration),
+    )?;
     Ok(medians)
 }
 
@@ -254,7 +239,7 @@ fn summary(args: &Args, medians: &[Point], runs: u32, duration: f64) -> String {
          s per system, medians of {runs} run(s) with the systems in rotating order. CPU is user \
          + system time from /proc/PID/stat of the kvswitch process (its switch loop and, for \
          TCP to the VIP, its proxy) and of nutcracker, over the run, per request. On this \
-         testbed ({SERVERS} memcached in `l2` mode) kvswitch is also the network: every \
+         testbed ({PEERS} memcached in `l2` mode) kvswitch is also the network: every \
          system's packets cross it, so its CPU under memcached direct is the cost of switching \
          alone. kvswitch busy-polls (200 µs after each frame by default), which it pays for in \
          CPU whatever the load.\n",

@@ -8,14 +8,13 @@ use std::fmt::Write as _;
 use anyhow::Context;
 use serde::Serialize;
 
-use super::bed::{Bed, BedSpec, CacheSetup, Servers, System};
-use super::latency::per_s;
-use super::output::{fmt, ratio, times, Machine, Output};
+use super::bed::{Bed, BedSpec, CacheSetup, Servers, System, PEERS};
+use super::output::{fmt, ratio, times};
 use super::plot::{BarChart, Chart};
-use crate::measure::{median, median_of_some};
+use super::runner::{Figures, Keys, Record, Runner, Runs, Stage};
+use crate::measure::per_s;
 
 pub const NAME: &str = "fastpath";
-const SERVERS: usize = 3;
 /// The datapaths compared, as `switch.datapath` names them.
 const DATAPATHS: [&str; 2] = ["xdp", "af_packet"];
 
@@ -45,13 +44,44 @@ pub struct Point {
     pub run: u32,
 }
 
-#[derive(Serialize)]
-struct Results {
-    scenario: &'static str,
-    settings: super::cost::Settings,
-    machine: Machine,
-    runs: Vec<Point>,
-    medians: Vec<Point>,
+impl Figures for Point {
+    type At = (&'static str, System);
+
+    fn at(&self) -> Self::At {
+        (self.datapath, self.system)
+    }
+
+    fn median(runs: &Runs<'_, Point>) -> Point {
+        Point {
+            datapath: runs.first().datapath,
+            system: runs.first().system,
+            get_rps: runs.median(|p| p.get_rps),
+            p50_us: runs.median(|p| p.p50_us),
+            p99_us: runs.median(|p| p.p99_us),
+            light_p50_us: runs.median(|p| p.light_p50_us),
+            kvswitch_us: runs.median_of_some(|p| p.kvswitch_us),
+            nutcracker_us: runs.median_of_some(|p| p.nutcracker_us),
+            machine_us: runs.median_of_some(|p| p.machine_us),
+            xdp_ns: runs.median_of_some(|p| p.xdp_ns),
+            run: runs.count(),
+        }
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "{:<9} {:<24} {:>8.0} GET/s  p50 {:>4.0} µs (alone {:>3.0} µs)  kvswitch {} µs/GET  \
+             nutcracker {} µs/GET  machine {} µs/GET  XDP program {} ns/GET",
+            self.datapath,
+            self.system,
+            self.get_rps,
+            self.p50_us,
+            self.light_p50_us,
+            fmt(self.kvswitch_us, 2),
+            fmt(self.nutcracker_us, 2),
+            fmt(self.machine_us, 2),
+            fmt(self.xdp_ns, 0),
+        )
+    }
 }
 
 /// The systems measured on each datapath: the VIP, memcached direct (whose packets the switch
@@ -68,81 +98,53 @@ const SYSTEMS: [System; 4] = [
 pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     let duration = args.duration();
     super::check_duration(duration)?;
-    let runs = args.common.runs();
-    let machine = Machine::describe();
-    let out = Output::create(&super::bed::out_dir(args.common.out.as_ref(), NAME))?;
+    let runner = Runner::start(NAME, &args.common)?;
+    let runs = runner.runs();
     let stats = BpfStats::enable()?;
-    let mut points = Vec::new();
-    for datapath in DATAPATHS {
-        for cached in [false, true] {
-            let group: Vec<System> = SYSTEMS
-                .iter()
-                .copied()
-                .filter(|s| s.cached() == cached)
-                .collect();
+    let stages = DATAPATHS.into_iter().flat_map(|datapath| {
+        [false, true].map(|cached| {
             let with = if cached {
                 ", its cache holding every key"
             } else {
-                ""
+                ", nutcracker"
             };
-            eprintln!(
-                "{NAME}: building the testbed (1 client, {SERVERS} memcached, kvswitch with \
-                 datapath = {datapath:?}{with}{})...",
-                if cached { "" } else { ", nutcracker" }
-            );
-            let bed = Bed::up(&BedSpec {
-                prefix: args.common.prefix.clone(),
-                servers: Servers::Memcached { n: SERVERS },
-                cache: cached.then(|| CacheSetup::whole_keyspace(args.keys)),
-                switchkv: None,
-                nutcracker: !cached,
-                datapath: Some(datapath),
-            })?;
-            bed.preload(args.keys, "key:", args.value_size as usize)?;
-            for run in 0..runs {
-                for system in super::bed::rotated(&group, run) {
-                    points.push(measure(
-                        &bed, &stats, args, datapath, system, run, duration,
-                    )?);
-                }
-            }
-            bed.down()?;
-        }
-    }
-    drop(stats);
-    let medians: Vec<Point> = DATAPATHS
-        .iter()
-        .flat_map(|&d| SYSTEMS.iter().map(move |&s| (d, s)))
-        .map(|(datapath, system)| {
-            let of: Vec<&Point> = points
-                .iter()
-                .filter(|p| p.datapath == datapath && p.system == system)
-                .collect();
-            Point {
-                datapath,
-                system,
-                get_rps: median(of.iter().map(|p| p.get_rps).collect()),
-                p50_us: median(of.iter().map(|p| p.p50_us).collect()),
-                p99_us: median(of.iter().map(|p| p.p99_us).collect()),
-                light_p50_us: median(of.iter().map(|p| p.light_p50_us).collect()),
-                kvswitch_us: median_of_some(of.iter().map(|p| p.kvswitch_us)),
-                nutcracker_us: median_of_some(of.iter().map(|p| p.nutcracker_us)),
-                machine_us: median_of_some(of.iter().map(|p| p.machine_us)),
-                xdp_ns: median_of_some(of.iter().map(|p| p.xdp_ns)),
-                run: of.len() as u32,
+            Stage {
+                testbed: format!(
+                    "1 client, {PEERS} memcached, kvswitch with datapath = {datapath:?}{with}"
+                ),
+                spec: BedSpec {
+                    prefix: args.common.prefix.clone(),
+                    servers: Servers::Memcached { n: PEERS },
+                    cache: cached.then(|| CacheSetup::whole_keyspace(args.keys)),
+                    switchkv: None,
+                    nutcracker: !cached,
+                    datapath: Some(datapath),
+                },
+                preload: vec![Keys::new(args.keys, "key:", args.value_size as usize)],
+                systems: SYSTEMS
+                    .into_iter()
+                    .filter(|s| s.cached() == cached)
+                    .collect(),
+                points: vec![datapath],
             }
         })
-        .collect();
-    out.json(&Results {
-        scenario: NAME,
-        settings: super::cost::Settings::of(args, duration, runs, SERVERS),
-        machine: machine.clone(),
-        runs: points,
-        medians: medians.clone(),
+    });
+    let points = runner.measure(stages, |bed, system, &datapath, run| {
+        measure(bed, &stats, args, datapath, system, run)
     })?;
-    let mut out = out;
-    out.plot("cpu-per-get", &Chart::Bars(chart(&medians)))?;
-    out.summary(&summary(args, &medians, runs, duration), &machine)?;
+    drop(stats);
+    let medians = super::runner::medians(&points);
+    runner.finish(
+        Record {
+            settings: super::cost::Settings::of(args, runs),
+            systems: None,
+            runs: &points,
+            medians: &medians,
+            more: (),
+        },
+        vec![("cpu-per-get".into(), Chart::Bars(chart(&medians)))],
+        &summary(args, &medians, runs, duration),
+    )?;
     Ok(medians)
 }
 
@@ -154,18 +156,9 @@ fn measure(
     datapath: &'static str,
     system: System,
     run: u32,
-    duration: f64,
 ) -> anyhow::Result<Point> {
-    let load = loadgen::LoadArgs {
-        keys: args.keys,
-        value_size: args.value_size as usize,
-        get_ratio: 1.0,
-        concurrency: args.concurrency as usize,
-        duration,
-        warmup: (duration / 4.0).min(0.5),
-        seed: u64::from(run) + 1,
-        ..loadgen::LoadArgs::new("")
-    };
+    let load = args.load(run);
+    let duration = load.duration;
     let machine_before = machine_ticks()?;
     let port = &bed.live.state.hosts[0].switch_if;
     let xdp_before = stats.program_ns(port)?;
@@ -198,7 +191,7 @@ fn measure(
             lr.gets, lr.timeouts, lr.errors
         );
     }
-    let p = Point {
+    Ok(Point {
         datapath,
         system,
         get_rps: per_s(r.gets, r.duration_s),
@@ -210,20 +203,7 @@ fn measure(
         machine_us: per(Some(machine_s)),
         xdp_ns,
         run,
-    };
-    eprintln!(
-        "  run {}  {datapath:<9} {system:<24} {:>8.0} GET/s  p50 {:>4.0} µs (alone {:>3.0} µs)  \
-         kvswitch {} µs/GET  nutcracker {} µs/GET  machine {} µs/GET  XDP program {} ns/GET",
-        run + 1,
-        p.get_rps,
-        p.p50_us,
-        p.light_p50_us,
-        fmt(p.kvswitch_us, 2),
-        fmt(p.nutcracker_us, 2),
-        fmt(p.machine_us, 2),
-        fmt(p.xdp_ns, 0),
-    );
-    Ok(p)
+    })
 }
 
 /// Total CPU ticks of every core (user, nice, system, irq, softirq) from /proc/stat.
@@ -347,7 +327,7 @@ fn summary(args: &Args, medians: &[Point], runs: u32, duration: f64) -> String {
     let _ = writeln!(
         t,
         "{} closed-loop requesters read {} keys of {} bytes over UDP as fast as each system \
-         answers, {duration} s per system, medians of {runs} run(s). The same testbed ({SERVERS} \
+         answers, {duration} s per system, medians of {runs} run(s). The same testbed ({PEERS} \
          memcached in `l2` mode, 1 client) is built once with `switch.datapath = \"xdp\"` and \
          once with `\"af_packet\"`; \"VIP\" reads are routed by key, \"direct\" reads go to a \
          server's own address and are switched by MAC, \"nutcracker\" reads go over TCP to a \

@@ -11,10 +11,10 @@ use anyhow::Context;
 use serde::Serialize;
 
 use super::bed::{Bed, BedSpec, Servers};
-use super::output::{fmt, ratio, times, Machine, Output};
+use super::output::{fmt, ratio, times};
 use super::plot::{BarChart, Chart};
+use super::runner::{progress, Figures, Record, Runner, Runs};
 use super::Common;
-use crate::measure::median;
 
 pub const NAME: &str = "forwarding";
 /// The port frames are sent to: the receiver binds it and never reads, so nothing answers.
@@ -87,13 +87,37 @@ pub struct Point {
     pub run: u32,
 }
 
-#[derive(Serialize)]
-struct Results {
-    scenario: &'static str,
-    settings: serde_json::Value,
-    machine: Machine,
-    runs: Vec<Point>,
-    medians: Vec<Point>,
+impl Figures for Point {
+    type At = (&'static str, usize);
+
+    fn at(&self) -> Self::At {
+        (self.system, self.size)
+    }
+
+    fn median(runs: &Runs<'_, Point>) -> Point {
+        Point {
+            system: runs.first().system,
+            size: runs.first().size,
+            offered_fps: runs.median(|p| p.offered_fps),
+            forwarded_fps: runs.median(|p| p.forwarded_fps),
+            machine_ns: runs.median_of_some(|p| p.machine_ns),
+            rtt_us: runs.median_of_some(|p| p.rtt_us),
+            run: runs.count(),
+        }
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "{:<22} {:>5} B  offered {:>9.0}/s  forwarded {:>9.0}/s  machine {} ns/frame  \
+             ping {} µs",
+            self.system,
+            self.size,
+            self.offered_fps,
+            self.forwarded_fps,
+            fmt(self.machine_ns, 0),
+            fmt(self.rtt_us, 0)
+        )
+    }
 }
 
 const XDP: &str = "kvswitch (XDP)";
@@ -104,20 +128,21 @@ const SYSTEMS: [&str; 3] = [XDP, AF_PACKET, BRIDGE];
 pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     let duration = args.duration();
     super::check_duration(duration)?;
-    let runs = args.common.runs();
-    let machine = Machine::describe();
-    let out = Output::create(&super::bed::out_dir(args.common.out.as_ref(), NAME))?;
+    let runner = Runner::start(NAME, &args.common)?;
+    let runs = runner.runs();
     let mut points = Vec::new();
     for datapath in ["xdp", "af_packet"] {
-        eprintln!("{NAME}: building the testbed (1 client, 1 server, datapath = {datapath:?})...");
-        let bed = Bed::up(&BedSpec {
-            prefix: args.common.prefix.clone(),
-            servers: Servers::Memcached { n: 1 },
-            cache: None,
-            switchkv: None,
-            nutcracker: false,
-            datapath: Some(datapath),
-        })?;
+        let bed = runner.up(
+            &format!("1 client, 1 server, datapath = {datapath:?}"),
+            &BedSpec {
+                prefix: args.common.prefix.clone(),
+                servers: Servers::Memcached { n: 1 },
+                cache: None,
+                switchkv: None,
+                nutcracker: false,
+                datapath: Some(datapath),
+            },
+        )?;
         let system = if datapath == "xdp" { XDP } else { AF_PACKET };
         points.extend(measure(&bed, system, args, runs, duration)?);
         if datapath == "af_packet" {
@@ -130,39 +155,27 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
         }
         bed.down()?;
     }
-    let medians: Vec<Point> = SYSTEMS
-        .iter()
-        .flat_map(|&s| args.sizes.iter().map(move |&z| (s, z)))
-        .map(|(system, size)| {
-            let of: Vec<&Point> = points
-                .iter()
-                .filter(|p| p.system == system && p.size == size)
-                .collect();
-            Point {
-                system,
-                size,
-                offered_fps: median(of.iter().map(|p| p.offered_fps).collect()),
-                forwarded_fps: median(of.iter().map(|p| p.forwarded_fps).collect()),
-                machine_ns: crate::measure::median_of_some(of.iter().map(|p| p.machine_ns)),
-                rtt_us: crate::measure::median_of_some(of.iter().map(|p| p.rtt_us)),
-                run: of.len() as u32,
-            }
-        })
-        .collect();
-    out.json(&Results {
-        scenario: NAME,
-        settings: serde_json::json!({
-            "sizes": args.sizes, "duration_s": duration, "pings": args.pings(), "runs": runs,
-            "short": args.common.short,
-        }),
-        machine: machine.clone(),
-        runs: points,
-        medians: medians.clone(),
-    })?;
-    let mut out = out;
-    out.plot("forwarding-rate", &Chart::Bars(rate_chart(args, &medians)))?;
-    out.plot("round-trip", &Chart::Bars(rtt_chart(args, &medians)))?;
-    out.summary(&summary(args, &medians, runs, duration), &machine)?;
+    let medians = super::runner::medians(&points);
+    runner.finish(
+        Record {
+            settings: serde_json::json!({
+                "sizes": args.sizes, "duration_s": duration, "pings": args.pings(), "runs": runs,
+                "short": args.common.short,
+            }),
+            systems: None,
+            runs: &points,
+            medians: &medians,
+            more: (),
+        },
+        vec![
+            (
+                "forwarding-rate".into(),
+                Chart::Bars(rate_chart(args, &medians)),
+            ),
+            ("round-trip".into(), Chart::Bars(rtt_chart(args, &medians))),
+        ],
+        &summary(args, &medians, runs, duration),
+    )?;
     Ok(medians)
 }
 
@@ -228,15 +241,7 @@ fn measure(
                     rtt_us,
                     run,
                 };
-                eprintln!(
-                    "  run {}/{runs}  {system:<22} {size:>5} B  offered {:>9.0}/s  forwarded \
-                     {:>9.0}/s  machine {} ns/frame  ping {} µs",
-                    run + 1,
-                    p.offered_fps,
-                    p.forwarded_fps,
-                    fmt(p.machine_ns, 0),
-                    fmt(p.rtt_us, 0)
-                );
+                progress(run, runs, &p);
                 points.push(p);
             }
         }

@@ -8,11 +8,12 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::bed::{by_setup, rotated, Bed, BedSpec, CacheSetup, Servers, Setup, System};
-use super::output::{fmt, ratio, times, Machine, Output};
+use super::bed::{by_setup, System, PEERS};
+use super::output::{fmt, ratio, times};
 use super::plot::{Chart, LineChart, Series};
+use super::runner::{Figures, Keys, Record, Runner, Runs, Stage};
 use super::Common;
-use crate::measure::median;
+use crate::measure::{loss, per_s};
 
 pub const NAME: &str = "latency-throughput";
 /// A point is sustained when at least this share of the offered rate was answered ...
@@ -72,6 +73,10 @@ impl Args {
         self.duration
             .unwrap_or(if self.common.short { 0.5 } else { 1.5 })
     }
+
+    fn warmup(&self) -> f64 {
+        (self.duration() / 4.0).min(0.5)
+    }
 }
 
 /// One system at one rate in one run.
@@ -88,6 +93,46 @@ pub struct Point {
     pub run: u32,
 }
 
+impl Figures for Point {
+    type At = (System, f64);
+
+    fn at(&self) -> (System, f64) {
+        (self.system, self.offered_rps)
+    }
+
+    fn median(runs: &Runs<'_, Point>) -> Point {
+        Point {
+            system: runs.first().system,
+            offered_rps: runs.first().offered_rps,
+            get_rps: runs.median(|p| p.get_rps),
+            p50_us: runs.median(|p| p.p50_us),
+            p99_us: runs.median(|p| p.p99_us),
+            loss: runs.median(|p| p.loss),
+            run: runs.count(),
+        }
+    }
+
+    fn line(&self) -> String {
+        let at = if self.offered_rps == LIGHT {
+            "light     ".to_string()
+        } else {
+            format!("{:>8.0}/s", self.offered_rps)
+        };
+        format!(
+            "{at}  {:<24} {:>8.0} GET/s  p50 {:>6.0} µs  p99 {:>7.0} µs{}",
+            self.system,
+            self.get_rps,
+            self.p50_us,
+            self.p99_us,
+            if self.loss > 0.0 && self.offered_rps != LIGHT {
+                format!("  lost {:.1}%", self.loss * 100.0)
+            } else {
+                String::new()
+            }
+        )
+    }
+}
+
 #[derive(Serialize)]
 struct Settings {
     rates: Vec<f64>,
@@ -101,154 +146,83 @@ struct Settings {
     short: bool,
 }
 
+/// The light-load figures, recorded beside the others.
 #[derive(Serialize)]
-struct Results {
-    scenario: &'static str,
-    settings: Settings,
-    machine: Machine,
-    systems: Vec<System>,
-    runs: Vec<Point>,
-    medians: Vec<Point>,
+struct Light<'a> {
     /// One closed-loop requester (light load): each run, and the medians.
-    light_runs: Vec<Point>,
-    light_medians: Vec<Point>,
+    light_runs: &'a [Point],
+    light_medians: &'a [Point],
 }
-
-/// Servers on the testbed.
-const SERVERS: usize = 3;
 
 pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     let rates = args.rates();
     let duration = args.duration();
     check_rates(&rates)?;
     super::check_duration(duration)?;
-    let runs = args.common.runs();
-    let warmup = (duration / 4.0).min(0.5);
-    let machine = Machine::describe();
-    let out = Output::create(&super::bed::out_dir(args.common.out.as_ref(), NAME))?;
+    let runner = Runner::start(NAME, &args.common)?;
+    let runs = runner.runs();
     let systems = System::compared();
-
-    let mut points = Vec::new();
-    let mut light = Vec::new();
-    for (setup, group) in by_setup(&systems) {
-        let cached = setup == Setup::Cache;
-        let with = if cached { " with its cache" } else { "" };
-        eprintln!(
-            "{NAME}: building the testbed (1 client, {SERVERS} memcached, \
-             kvswitch{with}, nutcracker)..."
-        );
-        // With the cache, it may hold every key read.
-        let bed = Bed::up(&BedSpec {
-            prefix: args.common.prefix.clone(),
-            servers: Servers::Memcached { n: SERVERS },
-            cache: cached.then(|| CacheSetup::whole_keyspace(args.keys)),
-            switchkv: None,
-            nutcracker: true,
-            datapath: None,
-        })?;
-        bed.preload(args.keys, "key:", args.value_size as usize)?;
-        for run in 0..runs {
-            // Light load first: one request at a time, what a lone client waits.
-            for system in rotated(&group, run) {
-                let load = loadgen::LoadArgs {
-                    keys: args.keys,
-                    value_size: args.value_size as usize,
-                    get_ratio: 1.0,
-                    concurrency: 1,
-                    duration,
-                    warmup,
-                    seed: u64::from(run) + 1,
-                    ..loadgen::LoadArgs::new("")
-                };
-                let r = bed.load(system, &load)?.report;
-                let p = Point {
-                    system,
-                    offered_rps: LIGHT,
-                    get_rps: per_s(r.gets, r.duration_s),
-                    p50_us: r.latency_us.p50 as f64,
-                    p99_us: r.latency_us.p99 as f64,
-                    loss: loss(&r),
-                    run,
-                };
-                eprintln!(
-                    "  run {}/{runs}  light       {system:<24} {:>8.0} GET/s  p50 {:>6.0} µs  \
-                     p99 {:>7.0} µs",
-                    run + 1,
-                    p.get_rps,
-                    p.p50_us,
-                    p.p99_us
-                );
-                light.push(p);
-            }
-            for &rate in &rates {
-                for system in rotated(&group, run) {
-                    let load = loadgen::LoadArgs {
-                        keys: args.keys,
-                        value_size: args.value_size as usize,
-                        get_ratio: 1.0,
-                        concurrency: args.concurrency as usize,
-                        rate: Some(rate),
-                        duration,
-                        warmup,
-                        seed: u64::from(run) + 1,
-                        ..loadgen::LoadArgs::new("")
-                    };
-                    let m = bed.load(system, &load)?;
-                    let r = &m.report;
-                    let p = Point {
-                        system,
-                        offered_rps: rate,
-                        get_rps: per_s(r.gets, r.duration_s),
-                        p50_us: r.latency_us.p50 as f64,
-                        p99_us: r.latency_us.p99 as f64,
-                        loss: loss(r),
-                        run,
-                    };
-                    eprintln!(
-                    "  run {}/{runs}  {rate:>8.0}/s  {system:<24} {:>8.0} GET/s  p50 {:>6.0} µs  \
-                     p99 {:>7.0} µs{}",
-                    run + 1,
-                    p.get_rps,
-                    p.p50_us,
-                    p.p99_us,
-                    if p.loss > 0.0 {
-                        format!("  lost {:.1}%", p.loss * 100.0)
-                    } else {
-                        String::new()
-                    }
-                );
-                    points.push(p);
-                }
-            }
-        }
-        bed.down()?;
-    }
-
-    let medians = medians(&systems, &rates, &points);
-    let light_medians = self::medians(&systems, &[LIGHT], &light);
-    out.json(&Results {
-        scenario: NAME,
-        settings: Settings {
-            rates: rates.clone(),
-            duration_s: duration,
-            warmup_s: warmup,
-            runs,
-            concurrency: args.concurrency,
+    // Light load first: one request at a time, what a lone client waits.
+    let at: Vec<f64> = [LIGHT].into_iter().chain(rates.iter().copied()).collect();
+    // With the cache, it may hold every key read.
+    let stages = by_setup(&systems).into_iter().map(|(setup, group)| Stage {
+        preload: vec![Keys::new(args.keys, "key:", args.value_size as usize)],
+        points: at.clone(),
+        ..Stage::peers(&args.common, setup, group, args.keys)
+    });
+    let all = runner.measure(stages, |bed, system, &rate, run| {
+        let load = loadgen::LoadArgs {
             keys: args.keys,
-            value_size: args.value_size,
-            servers: SERVERS,
-            short: args.common.short,
-        },
-        machine: machine.clone(),
-        systems: systems.clone(),
-        runs: points,
-        medians: medians.clone(),
-        light_runs: light,
-        light_medians: light_medians.clone(),
+            value_size: args.value_size as usize,
+            get_ratio: 1.0,
+            concurrency: if rate == LIGHT {
+                1
+            } else {
+                args.concurrency as usize
+            },
+            rate: (rate != LIGHT).then_some(rate),
+            duration,
+            warmup: args.warmup(),
+            seed: u64::from(run) + 1,
+            ..loadgen::LoadArgs::new("")
+        };
+        let r = bed.load(system, &load)?.report;
+        Ok(Point {
+            system,
+            offered_rps: rate,
+            get_rps: per_s(r.gets, r.duration_s),
+            p50_us: r.latency_us.p50 as f64,
+            p99_us: r.latency_us.p99 as f64,
+            loss: loss(&r),
+            run,
+        })
     })?;
-    let mut out = out;
-    out.plot("latency", &Chart::Line(chart(&systems, &medians)))?;
-    out.summary(
+    let (light, points): (Vec<Point>, Vec<Point>) =
+        all.into_iter().partition(|p| p.offered_rps == LIGHT);
+    let medians = medians(&systems, &points);
+    let light_medians = self::medians(&systems, &light);
+    runner.finish(
+        Record {
+            settings: Settings {
+                rates: rates.clone(),
+                duration_s: duration,
+                warmup_s: args.warmup(),
+                runs,
+                concurrency: args.concurrency,
+                keys: args.keys,
+                value_size: args.value_size,
+                servers: PEERS,
+                short: args.common.short,
+            },
+            systems: Some(&systems),
+            runs: &points,
+            medians: &medians,
+            more: Light {
+                light_runs: &light,
+                light_medians: &light_medians,
+            },
+        },
+        vec![("latency".into(), Chart::Line(chart(&systems, &medians)))],
         &summary(
             args,
             &systems,
@@ -258,7 +232,6 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
             runs,
             duration,
         ),
-        &machine,
     )?;
     Ok(medians)
 }
@@ -272,48 +245,11 @@ fn check_rates(rates: &[f64]) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn per_s(n: u64, secs: f64) -> f64 {
-    if secs > 0.0 {
-        n as f64 / secs
-    } else {
-        0.0
-    }
-}
-
-/// Failed and timed-out requests as a share of all.
-pub fn loss(r: &loadgen::Report) -> f64 {
-    if r.requests == 0 {
-        1.0
-    } else {
-        (r.errors + r.timeouts) as f64 / r.requests as f64
-    }
-}
-
-/// The median of each figure per system and rate.
-fn medians(systems: &[System], rates: &[f64], points: &[Point]) -> Vec<Point> {
-    let mut out = Vec::new();
-    for &system in systems {
-        for &rate in rates {
-            let of: Vec<&Point> = points
-                .iter()
-                .filter(|p| p.system == system && p.offered_rps == rate)
-                .collect();
-            if of.is_empty() {
-                continue;
-            }
-            let m = |f: fn(&Point) -> f64| median(of.iter().map(|p| f(p)).collect());
-            out.push(Point {
-                system,
-                offered_rps: rate,
-                get_rps: m(|p| p.get_rps),
-                p50_us: m(|p| p.p50_us),
-                p99_us: m(|p| p.p99_us),
-                loss: m(|p| p.loss),
-                run: of.len() as u32,
-            });
-        }
-    }
-    out
+/// The median of each figure per system and rate, in the order of `systems`.
+fn medians(systems: &[System], points: &[Point]) -> Vec<Point> {
+    let mut medians = super::runner::medians(points);
+    medians.sort_by_key(|p| systems.iter().position(|&s| s == p.system));
+    medians
 }
 
 fn sustained(p: &Point) -> bool {
@@ -399,7 +335,7 @@ fn summary(
         t,
         "Open-loop GETs with Poisson arrivals from {} requesters in one client namespace, {} \
          keys of {} bytes read uniformly, {} s per point after a short warm-up, medians of {} \
-         run(s) with the systems in rotating order. One testbed: {SERVERS} memcached servers \
+         run(s) with the systems in rotating order. One testbed: {PEERS} memcached servers \
          and the client joined by kvswitch in `l2` mode, so that every system's packets cross \
          the same switch: memcached direct talks to the first server (which holds every key) \
          at its own address, nutcracker runs in the client's namespace, kvswitch switch mode \

@@ -18,6 +18,7 @@ pub mod plot;
 pub mod popularity;
 pub mod proxy;
 pub mod qcn;
+pub mod runner;
 pub mod skew;
 pub mod value_size;
 

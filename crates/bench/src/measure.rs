@@ -17,6 +17,24 @@ pub fn median_of_some(v: impl IntoIterator<Item = Option<f64>>) -> Option<f64> {
     (!present.is_empty()).then(|| median(present))
 }
 
+/// `n` a second over `secs`; 0 over no time.
+pub fn per_s(n: u64, secs: f64) -> f64 {
+    if secs > 0.0 {
+        n as f64 / secs
+    } else {
+        0.0
+    }
+}
+
+/// Failed and timed-out requests as a share of all; 1 when none was made.
+pub fn loss(r: &loadgen::Report) -> f64 {
+    if r.requests == 0 {
+        1.0
+    } else {
+        (r.errors + r.timeouts) as f64 / r.requests as f64
+    }
+}
+
 /// utime + stime of a process (all its threads), in clock ticks; `None` when it is gone.
 pub fn cpu_ticks(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -14,12 +14,13 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::bed::{
-    by_setup, rotated, Bed, BedSpec, CacheSetup, Reports, Servers, Setup, SwitchKvSetup, System,
+    by_setup, Bed, BedSpec, CacheSetup, Reports, Servers, Setup, SwitchKvSetup, System,
 };
-use super::output::{fmt, Machine, Output};
+use super::output::fmt;
 use super::plot::{Chart, LineChart, Series};
+use super::runner::{Figures, Keys, Record, Runner, Runs, Stage};
 use super::Common;
-use crate::measure::median;
+use crate::measure::per_s;
 
 pub const NAME: &str = "popularity-change";
 
@@ -214,6 +215,18 @@ impl Variant {
 const RATE_KINDS: [loadgen::ChangeKind; 2] =
     [loadgen::ChangeKind::HotIn, loadgen::ChangeKind::Random];
 
+/// The caches of the change-rate sweep.
+const RATED: [System; 2] = [System::KvswitchCacheUdp, System::SwitchKvUdp];
+
+/// What a run measures: a kind of change (none: the steady workload) every so many seconds,
+/// on SwitchKV run as `variant` says.
+#[derive(Clone, Copy, Debug)]
+struct Change {
+    variant: Option<Variant>,
+    kind: Option<loadgen::ChangeKind>,
+    every: f64,
+}
+
 /// One system under one kind of change in one run: the answered rate every interval.
 #[derive(Clone, Debug, Serialize)]
 pub struct Run {
@@ -249,24 +262,13 @@ struct Settings {
     short: bool,
 }
 
-#[derive(Serialize)]
-struct Results {
-    scenario: &'static str,
-    settings: Settings,
-    machine: Machine,
-    systems: Vec<System>,
-    runs: Vec<Run>,
-    medians: Vec<Run>,
-}
-
 const INTERVAL_MS: u64 = 100;
 
 pub fn run(args: &Args) -> anyhow::Result<Vec<Run>> {
     args.check()?;
-    let runs = args.common.runs();
+    let runner = Runner::start(NAME, &args.common)?;
+    let runs = runner.runs();
     let duration = args.duration();
-    let machine = Machine::describe();
-    let out = Output::create(&super::bed::out_dir(args.common.out.as_ref(), NAME))?;
     // SwitchKV's own clients reach the same cache node as the others: their keys' popularity
     // changes the same way, and the skew scenario compares the two encodings.
     let switched: Vec<System> = System::switched()
@@ -274,86 +276,48 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Run>> {
         .filter(|s| *s != System::SwitchKvEncodedUdp)
         .collect();
     let systems = super::bed::pick(&switched, &args.systems)?;
-    let mut all = Vec::new();
-    for (setup, group) in by_setup(&systems) {
-        let bed = up(args, setup, None)?;
-        let every = args.change_every();
-        for run in 0..runs {
-            for kind in KINDS {
-                for system in rotated(&group, run) {
-                    all.push(measure(&bed, args, system, None, kind, every, run)?);
+    let every = args.change_every();
+    let change = |variant, kind, every| Change {
+        variant,
+        kind,
+        every,
+    };
+    let mut stages: Vec<Stage<Change>> = by_setup(&systems)
+        .into_iter()
+        .map(|(setup, group)| {
+            let mut points: Vec<Change> = KINDS.map(|kind| change(None, kind, every)).to_vec();
+            // Both caches against how often the hot keys change: each is the only system of
+            // its testbed.
+            if group.iter().all(|s| RATED.contains(s)) {
+                for every in args.change_rates() {
+                    points.extend(RATE_KINDS.map(|kind| change(None, Some(kind), every)));
                 }
             }
-            // Both caches against how often the hot keys change.
-            let rated: Vec<System> = rotated(&group, run)
-                .into_iter()
-                .filter(|s| matches!(s, System::KvswitchCacheUdp | System::SwitchKvUdp))
-                .collect();
-            for every in args.change_rates() {
-                for kind in RATE_KINDS {
-                    for &system in &rated {
-                        all.push(measure(&bed, args, system, None, Some(kind), every, run)?);
-                    }
-                }
-            }
-        }
-        bed.down()?;
-    }
+            stage(args, setup, None, group, points)
+        })
+        .collect();
     if systems.contains(&System::SwitchKvUdp) {
         for variant in Variant::ALL {
-            let bed = up(args, Setup::SwitchKv, Some(variant))?;
-            for run in 0..runs {
-                for kind in variant.kinds() {
-                    let system = System::SwitchKvUdp;
-                    let every = args.change_every();
-                    all.push(measure(
-                        &bed,
-                        args,
-                        system,
-                        Some(variant),
-                        kind,
-                        every,
-                        run,
-                    )?);
-                }
-            }
-            bed.down()?;
+            let points = variant
+                .kinds()
+                .into_iter()
+                .map(|kind| change(Some(variant), kind, every))
+                .collect();
+            let systems = vec![System::SwitchKvUdp];
+            stages.push(stage(args, Setup::SwitchKv, Some(variant), systems, points));
         }
     }
-    let medians = medians(&all);
-    out.json(&Results {
-        scenario: NAME,
-        settings: Settings {
-            servers: args.servers,
-            capacity_rps: args.capacity,
-            offered_rps: args.offered(),
-            load: args.load,
-            keys: args.keys,
-            skew: args.skew,
-            change_keys: args.change_keys,
-            change_every_s: args.change_every(),
-            change_rates_s: args.change_rates(),
-            duration_s: duration,
-            interval_ms: INTERVAL_MS,
-            runs,
-            rule_updates_per_s: systems
-                .iter()
-                .any(|s| s.caches())
-                .then_some(args.rule_updates),
-            short: args.common.short,
-        },
-        machine: machine.clone(),
-        systems: systems.clone(),
-        runs: all,
-        medians: medians.clone(),
+    let all = runner.measure(stages, |bed, system, change, run| {
+        measure(bed, args, system, change, run)
     })?;
-    let mut out = out;
+    let medians = super::runner::medians(&all);
+    let mut plots = Vec::new();
     for &s in &systems {
         let runs = as_deployed(args, &medians, s);
-        out.plot(
-            &format!("throughput-over-time-{}", s.slug()),
-            &Chart::Line(chart(args, &s.to_string(), &runs)),
-        )?;
+        plots.push((
+            format!("throughput-over-time-{}", s.slug()),
+            Chart::Line(chart(args, &s.to_string(), &runs)),
+        ));
     }
     for variant in Variant::ALL {
         let runs: Vec<&Run> = medians
@@ -362,69 +326,105 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Run>> {
             .collect();
         if !runs.is_empty() {
             let name = format!("SwitchKV, {}", variant.name());
-            out.plot(
-                &format!(
+            plots.push((
+                format!(
                     "throughput-over-time-{}-{}",
                     System::SwitchKvUdp.slug(),
                     variant.slug()
                 ),
-                &Chart::Line(chart(args, &name, &runs)),
-            )?;
+                Chart::Line(chart(args, &name, &runs)),
+            ));
         }
     }
     if medians.iter().any(|r| rated(args, r)) {
-        out.plot(
-            "throughput-change-rate",
-            &Chart::Line(rate_chart(args, &medians)),
-        )?;
+        plots.push((
+            "throughput-change-rate".to_string(),
+            Chart::Line(rate_chart(args, &medians)),
+        ));
     }
-    out.summary(&summary(args, &systems, &medians, runs), &machine)?;
+    runner.finish(
+        Record {
+            settings: Settings {
+                servers: args.servers,
+                capacity_rps: args.capacity,
+                offered_rps: args.offered(),
+                load: args.load,
+                keys: args.keys,
+                skew: args.skew,
+                change_keys: args.change_keys,
+                change_every_s: args.change_every(),
+                change_rates_s: args.change_rates(),
+                duration_s: duration,
+                interval_ms: INTERVAL_MS,
+                runs,
+                rule_updates_per_s: systems
+                    .iter()
+                    .any(|s| s.caches())
+                    .then_some(args.rule_updates),
+                short: args.common.short,
+            },
+            systems: Some(&systems),
+            runs: &all,
+            medians: &medians,
+            more: (),
+        },
+        plots,
+        &summary(args, &systems, &medians, runs),
+    )?;
     Ok(medians)
 }
 
-/// The testbed of `setup`, SwitchKV's run as `variant` says, its keys preloaded.
-fn up(args: &Args, setup: Setup, variant: Option<Variant>) -> anyhow::Result<Bed> {
-    eprintln!(
-        "{NAME}: building the testbed (1 client, {} kvswitch nodes of {} requests/s, kvswitch{}{})...",
-        args.servers,
-        args.capacity,
-        match setup {
-            Setup::Plain => "",
-            Setup::Cache => " with its cache",
-            Setup::SwitchKv => " steering to a SwitchKV cache node",
-            Setup::LookThrough => " and a look-through cache node",
-            Setup::LookAside => " and a look-aside cache node",
-        },
-        variant.map_or_else(String::new, |v| format!(", {}", v.name())),
-    );
+/// The testbed of `setup` for `systems`, SwitchKV's run as `variant` says, measured at `points`.
+fn stage(
+    args: &Args,
+    setup: Setup,
+    variant: Option<Variant>,
+    systems: Vec<System>,
+    points: Vec<Change>,
+) -> Stage<Change> {
     let entries = args.keys / 10;
     let rules = Some(args.rule_updates);
     let switchkv = SwitchKvSetup::of(setup, entries, rules, args.servers);
-    let bed = Bed::up(&BedSpec {
-        prefix: args.common.prefix.clone(),
-        servers: Servers::Nodes {
-            n: args.servers as usize,
-            capacity: args.capacity,
+    Stage {
+        testbed: format!(
+            "1 client, {} kvswitch nodes of {} requests/s, kvswitch{}{}",
+            args.servers,
+            args.capacity,
+            match setup {
+                Setup::Plain => "",
+                Setup::Cache => " with its cache",
+                Setup::SwitchKv => " steering to a SwitchKV cache node",
+                Setup::LookThrough => " and a look-through cache node",
+                Setup::LookAside => " and a look-aside cache node",
+            },
+            variant.map_or_else(String::new, |v| format!(", {}", v.name())),
+        ),
+        spec: BedSpec {
+            prefix: args.common.prefix.clone(),
+            servers: Servers::Nodes {
+                n: args.servers as usize,
+                capacity: args.capacity,
+            },
+            cache: (setup == Setup::Cache)
+                .then(|| CacheSetup::hot_keys(entries, rules, args.servers)),
+            switchkv: match variant {
+                Some(v) => switchkv.map(|k| v.setup(k)),
+                None => switchkv,
+            },
+            nutcracker: false,
+            datapath: None,
         },
-        cache: (setup == Setup::Cache).then(|| CacheSetup::hot_keys(entries, rules, args.servers)),
-        switchkv: match variant {
-            Some(v) => switchkv.map(|k| v.setup(k)),
-            None => switchkv,
-        },
-        nutcracker: false,
-        datapath: None,
-    })?;
-    bed.preload(args.keys, "key:", 32)?;
-    Ok(bed)
+        preload: vec![Keys::new(args.keys, "key:", 32)],
+        systems,
+        points,
+    }
 }
 
 fn measure(
     bed: &Bed,
     args: &Args,
     system: System,
-    variant: Option<Variant>,
-    kind: Option<loadgen::ChangeKind>,
-    every: f64,
+    change: &Change,
     run: u32,
 ) -> anyhow::Result<Run> {
     let load = loadgen::LoadArgs {
@@ -442,68 +442,62 @@ fn measure(
             0.5_f64.min(args.duration() / 4.0)
         },
         timeout_ms: 100,
-        change: kind,
+        change: change.kind,
         change_keys: args.change_keys,
-        change_every: every,
+        change_every: change.every,
         interval_ms: INTERVAL_MS,
         seed: u64::from(run) + 1,
         ..loadgen::LoadArgs::new("")
     };
     let m = bed.load(system, &load)?;
     let r = &m.report;
-    let series: Vec<(f64, f64)> = r.series.iter().map(|s| (s.t_s, s.replies_rps)).collect();
-    let get_rps = super::latency::per_s(r.gets, r.duration_s);
-    eprintln!(
-        "  run {}  {:<9} every {every} s  {system:<24}{} {get_rps:>8.0} GET/s",
-        run + 1,
-        kind_name(kind),
-        variant.map_or_else(String::new, |v| format!(" ({})", v.name())),
-    );
     Ok(Run {
         system,
-        variant,
-        change: kind_name(kind),
-        change_every_s: every,
+        variant: change.variant,
+        change: kind_name(change.kind),
+        change_every_s: change.every,
         run,
-        series,
-        get_rps,
+        series: r.series.iter().map(|s| (s.t_s, s.replies_rps)).collect(),
+        get_rps: per_s(r.gets, r.duration_s),
     })
 }
 
-/// Per system, variant, kind and change rate, the median of each interval over the runs.
-fn medians(all: &[Run]) -> Vec<Run> {
-    let same = |a: &Run, b: &Run| {
-        a.system == b.system
-            && a.variant == b.variant
-            && a.change == b.change
-            && a.change_every_s == b.change_every_s
-    };
-    let mut out = Vec::new();
-    for r0 in all {
-        if out.iter().any(|m: &Run| same(m, r0)) {
-            continue;
-        }
-        let of: Vec<&Run> = all.iter().filter(|r| same(r, r0)).collect();
-        let n = of.iter().map(|r| r.series.len()).min().unwrap_or(0);
-        let series = (0..n)
-            .map(|i| {
-                (
-                    of[0].series[i].0,
-                    median(of.iter().map(|r| r.series[i].1).collect()),
-                )
-            })
-            .collect();
-        out.push(Run {
-            system: r0.system,
-            variant: r0.variant,
-            change: r0.change,
-            change_every_s: r0.change_every_s,
-            run: of.len() as u32,
-            series,
-            get_rps: median(of.iter().map(|r| r.get_rps).collect()),
-        });
+impl Figures for Run {
+    type At = (System, Option<Variant>, &'static str, f64);
+
+    fn at(&self) -> Self::At {
+        (self.system, self.variant, self.change, self.change_every_s)
     }
-    out
+
+    /// The median of each interval over the runs.
+    fn median(runs: &Runs<'_, Run>) -> Run {
+        let first = runs.first();
+        let n = runs.iter().map(|r| r.series.len()).min().unwrap_or(0);
+        let series = (0..n)
+            .map(|i| (first.series[i].0, runs.median(|r| r.series[i].1)))
+            .collect();
+        Run {
+            system: first.system,
+            variant: first.variant,
+            change: first.change,
+            change_every_s: first.change_every_s,
+            run: runs.count(),
+            series,
+            get_rps: runs.median(|r| r.get_rps),
+        }
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "{:<9} every {} s  {:<24}{} {:>8.0} GET/s",
+            self.change,
+            self.change_every_s,
+            self.system,
+            self.variant
+                .map_or_else(String::new, |v| format!(" ({})", v.name())),
+            self.get_rps
+        )
+    }
 }
 
 /// The runs of `system` as deployed, at the scenario's own change rate.
@@ -521,13 +515,13 @@ fn rated(args: &Args, r: &Run) -> bool {
     r.variant.is_none()
         && args.change_rates().contains(&r.change_every_s)
         && RATE_KINDS.iter().any(|&k| kind_name(Some(k)) == r.change)
-        && matches!(r.system, System::KvswitchCacheUdp | System::SwitchKvUdp)
+        && RATED.contains(&r.system)
 }
 
 /// GETs answered against keys changed a second, a series per cache and kind of change.
 fn rate_chart(args: &Args, medians: &[Run]) -> LineChart {
     let mut series = Vec::new();
-    for system in [System::KvswitchCacheUdp, System::SwitchKvUdp] {
+    for system in RATED {
         for (i, kind) in RATE_KINDS.into_iter().enumerate() {
             let mut points: Vec<(f64, f64)> = medians
                 .iter()

@@ -15,8 +15,10 @@ use anyhow::{bail, Context};
 use serde::Serialize;
 use testbed::local::{self, Ports, Proc, TempDir};
 
+use super::output::loadavg;
+use super::runner::{self, progress, rotated, Runs};
 use super::{last_lines, memcslap, version_line};
-use crate::measure::{median, median_of_some, CpuMeter};
+use crate::measure::{per_s, CpuMeter};
 
 /// The proxy's targets, from the issue that asked for it: at least 1.5x nutcracker's GET
 /// throughput, a p99 GET latency within 1.3x of memcached direct's, and at most a third of
@@ -80,14 +82,6 @@ enum System {
 
 impl System {
     const ALL: [System; 3] = [System::Direct, System::Nutcracker, System::Kvswitch];
-
-    /// Run `run`'s order: each system goes first in turn, so that drift over the benchmark
-    /// (a neighbour's load, memcached's growing memory) falls on all of them alike.
-    fn order(run: u32) -> [System; 3] {
-        let mut order = System::ALL;
-        order.rotate_left(run as usize % 3);
-        order
-    }
 }
 
 impl fmt::Display for System {
@@ -148,10 +142,50 @@ struct Sample {
     errors: u64,
 }
 
+impl runner::Figures for Sample {
+    type At = (System, Client);
+
+    fn at(&self) -> (System, Client) {
+        (self.system, self.client)
+    }
+
+    /// The median of each figure over the runs of one system and client; counts are summed.
+    fn median(runs: &Runs<'_, Sample>) -> Sample {
+        let sum = |f: fn(&Sample) -> u64| runs.iter().map(f).sum();
+        Sample {
+            system: runs.first().system,
+            client: runs.first().client,
+            get_rps: runs.median(|s| s.get_rps),
+            p50_us: runs.median_of_some(|s| s.p50_us),
+            p99_us: runs.median_of_some(|s| s.p99_us),
+            cpu_us_per_request: runs.median_of_some(|s| s.cpu_us_per_request),
+            wall_s: runs.median(|s| s.wall_s),
+            set_s: runs.median_of_some(|s| s.set_s),
+            requests: sum(|s| s.requests),
+            gets: sum(|s| s.gets),
+            hits: sum(|s| s.hits),
+            errors: sum(|s| s.errors),
+        }
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "{:<16}  {:<13}  {:>9.0} GET/s{}",
+            self.system,
+            self.client,
+            self.get_rps,
+            self.p99_us
+                .map(|p| format!("  p99 {p:.0} µs"))
+                .unwrap_or_default()
+        )
+    }
+}
+
 #[derive(Serialize)]
 struct RunFigures {
     run: u32,
-    order: [System; 3],
+    /// The systems in the order measured.
+    order: Vec<System>,
     samples: Vec<Sample>,
 }
 
@@ -353,7 +387,8 @@ pub fn run(args: &ProxyBenchArgs) -> anyhow::Result<()> {
         args.runs, args.duration
     );
     let runs = measure_runs(&rig, args, memcslap_keys)?;
-    let medians = medians(&runs);
+    let samples: Vec<Sample> = runs.iter().flat_map(|r| r.samples.clone()).collect();
+    let medians = runner::medians(&samples);
     let targets = targets(&medians);
     let settings = Settings {
         runs: args.runs,
@@ -418,22 +453,12 @@ fn measure_runs(
 ) -> anyhow::Result<Vec<RunFigures>> {
     let mut runs = Vec::new();
     for run in 0..args.runs {
-        let order = System::order(run);
+        let order = rotated(&System::ALL, run);
         let mut samples = Vec::new();
         for client in Client::ALL {
-            for system in order {
+            for &system in &order {
                 let s = measure(rig, system, client, args, memcslap_keys)?;
-                eprintln!(
-                    "  run {}/{}  {:<16}  {:<13}  {:>9.0} GET/s{}",
-                    run + 1,
-                    args.runs,
-                    system,
-                    client,
-                    s.get_rps,
-                    s.p99_us
-                        .map(|p| format!("  p99 {p:.0} µs"))
-                        .unwrap_or_default()
-                );
+                progress(run, args.runs, &s);
                 samples.push(s);
             }
         }
@@ -445,22 +470,6 @@ fn measure_runs(
     }
 
     Ok(runs)
-}
-
-/// One median sample per client and system, in table order.
-fn medians(runs: &[RunFigures]) -> Vec<Sample> {
-    Client::ALL
-        .iter()
-        .flat_map(|&c| System::ALL.iter().map(move |&s| (s, c)))
-        .map(|(s, c)| {
-            let of: Vec<&Sample> = runs
-                .iter()
-                .flat_map(|r| &r.samples)
-                .filter(|x| x.system == s && x.client == c)
-                .collect();
-            median_sample(s, c, &of)
-        })
-        .collect()
 }
 
 /// memcslap's keys per measured run, so that one run against memcached direct (its sets, then
@@ -529,7 +538,7 @@ fn measure(
             Sample {
                 system,
                 client,
-                get_rps: per_second(r.gets, r.duration_s),
+                get_rps: per_s(r.gets, r.duration_s),
                 p50_us: Some(r.latency_us.p50 as f64),
                 p99_us: Some(r.latency_us.p99 as f64),
                 cpu_us_per_request: cpu.and_then(|m| m.per_request(r.requests)),
@@ -558,7 +567,7 @@ fn measure(
             Sample {
                 system,
                 client,
-                get_rps: per_second(gets, m.get_s),
+                get_rps: per_s(gets, m.get_s),
                 p50_us: None,
                 p99_us: None,
                 cpu_us_per_request: cpu.and_then(|c| c.per_request(requests)),
@@ -572,41 +581,6 @@ fn measure(
         }
     };
     Ok(sample)
-}
-
-/// The load averages of /proc/loadavg.
-fn loadavg() -> Option<[f64; 3]> {
-    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
-    let mut it = text.split_whitespace().map(|w| w.parse::<f64>().ok());
-    Some([it.next()??, it.next()??, it.next()??])
-}
-
-fn per_second(count: u64, secs: f64) -> f64 {
-    if secs > 0.0 {
-        count as f64 / secs
-    } else {
-        0.0
-    }
-}
-
-/// The median of each figure over the runs of one system and client; counts are summed.
-fn median_sample(system: System, client: Client, runs: &[&Sample]) -> Sample {
-    let m = |f: fn(&Sample) -> f64| median(runs.iter().map(|s| f(s)).collect());
-    let some = |f: fn(&Sample) -> Option<f64>| median_of_some(runs.iter().map(|s| f(s)));
-    Sample {
-        system,
-        client,
-        get_rps: m(|s| s.get_rps),
-        p50_us: some(|s| s.p50_us),
-        p99_us: some(|s| s.p99_us),
-        cpu_us_per_request: some(|s| s.cpu_us_per_request),
-        wall_s: m(|s| s.wall_s),
-        set_s: some(|s| s.set_s),
-        requests: runs.iter().map(|s| s.requests).sum(),
-        gets: runs.iter().map(|s| s.gets).sum(),
-        hits: runs.iter().map(|s| s.hits).sum(),
-        errors: runs.iter().map(|s| s.errors).sum(),
-    }
 }
 
 /// The targets, on the medians, for every client that measures the figure.
@@ -802,13 +776,6 @@ mod tests {
     }
 
     #[test]
-    fn every_system_goes_first_once_in_three_runs() {
-        let firsts: Vec<System> = (0..3).map(|r| System::order(r)[0]).collect();
-        assert_eq!(firsts, System::ALL.to_vec());
-        assert_eq!(System::order(3), System::order(0));
-    }
-
-    #[test]
     fn medians_per_figure_and_summed_counts() {
         let a = sample(
             System::Kvswitch,
@@ -825,7 +792,7 @@ mod tests {
             Some(20.0),
             Some(4.0),
         );
-        let m = median_sample(System::Kvswitch, Client::Loadgen, &[&a, &b, &c]);
+        let m = &runner::medians(&[a, b, c])[0];
         assert_eq!(m.get_rps, 200.0);
         assert_eq!(m.p99_us, Some(20.0));
         assert_eq!(m.cpu_us_per_request, Some(3.0));

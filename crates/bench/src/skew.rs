@@ -13,13 +13,13 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::bed::{
-    by_setup, rotated, Bed, BedSpec, CachePath, CacheSetup, Servers, Setup, SwitchKvSetup, System,
+    by_setup, Bed, BedSpec, CachePath, CacheSetup, Servers, Setup, SwitchKvSetup, System,
 };
-use super::latency::{loss, per_s};
-use super::output::{fmt, ratio, times, Machine, Output};
+use super::output::{fmt, ratio, times};
 use super::plot::{BarChart, Chart, LineChart, Series};
+use super::runner::{Figures, Keys, Record, Runner, Runs, Stage};
 use super::Common;
-use crate::measure::median;
+use crate::measure::{loss, per_s};
 
 pub const NAME: &str = "skew";
 
@@ -185,7 +185,7 @@ pub enum Sweep {
 pub struct At {
     pub sweep: Sweep,
     pub skew: f64,
-    /// Entries of the cache; none without one.
+    /// Entries of the testbed's cache (kvswitch's or SwitchKV's); none without one.
     pub cache_entries: Option<u64>,
     /// Share of the requests that are sets.
     pub write_ratio: f64,
@@ -232,123 +232,95 @@ struct Settings {
     short: bool,
 }
 
-#[derive(Serialize)]
-struct Results {
-    scenario: &'static str,
-    settings: Settings,
-    machine: Machine,
-    systems: Vec<System>,
-    runs: Vec<Point>,
-    medians: Vec<Point>,
-}
-
 pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     args.check()?;
     let skews = args.skews();
     let duration = args.duration();
-    let runs = args.common.runs();
-    let machine = Machine::describe();
-    let out = Output::create(&super::bed::out_dir(args.common.out.as_ref(), NAME))?;
+    let runner = Runner::start(NAME, &args.common)?;
+    let runs = runner.runs();
     let systems = super::bed::pick(&System::switched(), &args.systems)?;
     let cache_sizes = (!sized(&systems).is_empty()).then(|| args.cache_sizes());
-    let servers = Servers::Nodes {
-        n: args.servers as usize,
-        capacity: args.capacity,
-    };
 
-    let mut points = Vec::new();
-    // One testbed per kvswitch configuration: without the cache, then with it.
-    for (setup, group) in by_setup(&systems) {
-        let entries = default_cache_entries(args);
-        let cache =
-            (setup == Setup::Cache).then(|| CacheSetup::hot_keys(entries, None, args.servers));
-        let switchkv = SwitchKvSetup::of(setup, entries, None, args.servers);
-        let bed = up(args, &servers, cache, switchkv)?;
-        for run in 0..runs {
-            for at in on_one_bed(args, &skews) {
-                for system in rotated(&group, run) {
-                    let at = At {
-                        cache_entries: system.caches().then_some(entries),
-                        ..at
-                    };
-                    points.push(measure(&bed, args, system, &at, run)?);
-                }
-            }
-        }
-        bed.down()?;
-    }
-    if let Some(sizes) = &cache_sizes {
-        for &system in &sized(&systems) {
-            for &entries in sizes {
-                let setup = system.setup();
-                let cache = (setup == Setup::Cache)
-                    .then(|| CacheSetup::hot_keys(entries, None, args.servers));
-                let switchkv = SwitchKvSetup::of(setup, entries, None, args.servers);
-                let bed = up(args, &servers, cache, switchkv)?;
-                let at = At {
-                    sweep: Sweep::CacheSize,
-                    skew: args.cache_skew,
-                    cache_entries: Some(entries),
-                    write_ratio: 0.0,
-                    load: args.load,
-                };
-                for run in 0..runs {
-                    points.push(measure(&bed, args, system, &at, run)?);
-                }
-                bed.down()?;
-            }
+    // One testbed per kvswitch configuration for every sweep but the cache size's ...
+    let entries = default_cache_entries(args);
+    let mut stages: Vec<Stage<At>> = by_setup(&systems)
+        .into_iter()
+        .map(|(setup, group)| {
+            stage(
+                args,
+                setup,
+                group,
+                entries,
+                on_one_bed(args, &skews, entries),
+            )
+        })
+        .collect();
+    // ... then one per cache size of each system whose cache is sized.
+    for &system in &sized(&systems) {
+        for &entries in cache_sizes.iter().flatten() {
+            let at = At {
+                sweep: Sweep::CacheSize,
+                skew: args.cache_skew,
+                cache_entries: Some(entries),
+                write_ratio: 0.0,
+                load: args.load,
+            };
+            stages.push(stage(args, system.setup(), vec![system], entries, vec![at]));
         }
     }
-
-    let medians = medians(&points);
-    out.json(&Results {
-        scenario: NAME,
-        settings: Settings {
-            skews: skews.clone(),
-            servers: args.servers,
-            capacity_rps: args.capacity,
-            burst: super::bed::node_burst(args.capacity),
-            offered_rps: args.offered(),
-            keys: args.keys,
-            duration_s: duration,
-            runs,
-            cache_sizes: cache_sizes.clone(),
-            cache_skew: args.cache_skew,
-            write_ratios: args.write_ratios(),
-            latency_loads: args.latency_loads(),
-            short: args.common.short,
-        },
-        machine: machine.clone(),
-        systems: systems.clone(),
-        runs: points,
-        medians: medians.clone(),
+    let points = runner.measure(stages, |bed, system, at, run| {
+        measure(bed, args, system, at, run)
     })?;
-    let mut out = out;
-    out.plot(
-        "throughput-skew",
-        &Chart::Line(skew_chart(args, &systems, &medians)),
-    )?;
-    out.plot(
-        "load-per-backend",
-        &Chart::Bars(backend_chart(args, &skews, &medians)),
-    )?;
+
+    let medians = super::runner::medians(&points);
+    let mut plots = vec![
+        (
+            "throughput-skew".to_string(),
+            Chart::Line(skew_chart(args, &systems, &medians)),
+        ),
+        (
+            "load-per-backend".to_string(),
+            Chart::Bars(backend_chart(args, &skews, &medians)),
+        ),
+    ];
     if cache_sizes.is_some() {
-        out.plot(
-            "throughput-cache-size",
-            &Chart::Line(cache_chart(args, &systems, &medians)),
-        )?;
+        plots.push((
+            "throughput-cache-size".to_string(),
+            Chart::Line(cache_chart(args, &systems, &medians)),
+        ));
     }
-    out.plot(
-        "throughput-write-ratio",
-        &Chart::Line(write_chart(args, &systems, &medians)),
-    )?;
-    out.plot(
-        "latency-load",
-        &Chart::Line(latency_chart(args, &systems, &medians)),
-    )?;
-    out.summary(
+    plots.push((
+        "throughput-write-ratio".to_string(),
+        Chart::Line(write_chart(args, &systems, &medians)),
+    ));
+    plots.push((
+        "latency-load".to_string(),
+        Chart::Line(latency_chart(args, &systems, &medians)),
+    ));
+    runner.finish(
+        Record {
+            settings: Settings {
+                skews: skews.clone(),
+                servers: args.servers,
+                capacity_rps: args.capacity,
+                burst: super::bed::node_burst(args.capacity),
+                offered_rps: args.offered(),
+                keys: args.keys,
+                duration_s: duration,
+                runs,
+                cache_sizes: cache_sizes.clone(),
+                cache_skew: args.cache_skew,
+                write_ratios: args.write_ratios(),
+                latency_loads: args.latency_loads(),
+                short: args.common.short,
+            },
+            systems: Some(&systems),
+            runs: &points,
+            medians: &medians,
+            more: (),
+        },
+        plots,
         &summary(args, &systems, &skews, &medians, runs, duration),
-        &machine,
     )?;
     Ok(medians)
 }
@@ -358,12 +330,17 @@ fn default_cache_entries(args: &Args) -> u64 {
     args.cache_sizes().into_iter().max().unwrap_or(1000)
 }
 
-fn up(
+/// The testbed of `setup` for `systems`, with a cache (kvswitch's or SwitchKV's) of `entries`
+/// where `setup` has one, measured at `points`.
+fn stage(
     args: &Args,
-    servers: &Servers,
-    cache: Option<CacheSetup>,
-    switchkv: Option<SwitchKvSetup>,
-) -> anyhow::Result<Bed> {
+    setup: Setup,
+    systems: Vec<System>,
+    entries: u64,
+    points: Vec<At>,
+) -> Stage<At> {
+    let cache = (setup == Setup::Cache).then(|| CacheSetup::hot_keys(entries, None, args.servers));
+    let switchkv = SwitchKvSetup::of(setup, entries, None, args.servers);
     let with = match (cache, switchkv) {
         (Some(c), _) => format!(" with a cache of {} entries", c.items),
         (_, Some(k)) if k.path == CachePath::LookThrough => {
@@ -375,29 +352,35 @@ fn up(
         (_, Some(k)) => format!(" steering to a SwitchKV cache node of {} entries", k.items),
         _ => String::new(),
     };
-    eprintln!(
-        "{NAME}: building the testbed (1 client, {} kvswitch nodes of {} requests/s, kvswitch{with})...",
-        args.servers, args.capacity,
-    );
-    let bed = Bed::up(&BedSpec {
-        prefix: args.common.prefix.clone(),
-        servers: servers.clone(),
-        cache,
-        switchkv,
-        nutcracker: false,
-        datapath: None,
-    })?;
-    bed.preload(args.keys, "key:", 32)?;
-    Ok(bed)
+    Stage {
+        testbed: format!(
+            "1 client, {} kvswitch nodes of {} requests/s, kvswitch{with}",
+            args.servers, args.capacity
+        ),
+        spec: BedSpec {
+            prefix: args.common.prefix.clone(),
+            servers: Servers::Nodes {
+                n: args.servers as usize,
+                capacity: args.capacity,
+            },
+            cache,
+            switchkv,
+            nutcracker: false,
+            datapath: None,
+        },
+        preload: vec![Keys::new(args.keys, "key:", 32)],
+        systems,
+        points,
+    }
 }
 
-/// The points measured on each system's own testbed, in order: the skews, then the write
-/// ratios and the loads at the cache-size sweep's skew.
-fn on_one_bed(args: &Args, skews: &[f64]) -> Vec<At> {
+/// The points measured on each system's own testbed, with a cache of `entries` where it has
+/// one, in order: the skews, then the write ratios and the loads at the cache-size sweep's skew.
+fn on_one_bed(args: &Args, skews: &[f64], entries: u64) -> Vec<At> {
     let at = |sweep, skew, write_ratio, load| At {
         sweep,
         skew,
-        cache_entries: None,
+        cache_entries: Some(entries),
         write_ratio,
         load,
     };
@@ -414,7 +397,8 @@ fn on_one_bed(args: &Args, skews: &[f64]) -> Vec<At> {
 }
 
 fn measure(bed: &Bed, args: &Args, system: System, at: &At, run: u32) -> anyhow::Result<Point> {
-    let (skew, cache_entries) = (at.skew, at.cache_entries);
+    let skew = at.skew;
+    let cache_entries = at.cache_entries.filter(|_| system.caches());
     let duration = args.duration();
     let load = loadgen::LoadArgs {
         keys: args.keys,
@@ -446,7 +430,7 @@ fn measure(bed: &Bed, args: &Args, system: System, at: &At, run: u32) -> anyhow:
         .zip(&after)
         .map(|(b, a)| a.saturating_sub(*b) as f64 / window)
         .collect();
-    let p = Point {
+    Ok(Point {
         system,
         sweep: at.sweep,
         skew,
@@ -460,64 +444,56 @@ fn measure(bed: &Bed, args: &Args, system: System, at: &At, run: u32) -> anyhow:
         loss: loss(r),
         backend_rps,
         run,
-    };
-    eprintln!(
-        "  run {}  zipf {skew:<4}  {system:<24}{}{} {:>8.0} requests/s of {:.0} offered, p50 {:.0} us",
-        run + 1,
-        cache_entries.map_or_else(String::new, |e| format!(" cache {e:>6}")),
-        match at.write_ratio {
-            0.0 => String::new(),
-            w => format!(" writes {w}"),
-        },
-        p.rps,
-        p.offered_rps,
-        p.p50_us
-    );
-    Ok(p)
+    })
 }
 
-/// Medians per system and point of a sweep, backend loads per backend.
-fn medians(points: &[Point]) -> Vec<Point> {
-    let key = |p: &Point| {
+impl Figures for Point {
+    type At = (System, Sweep, f64, Option<u64>, f64, f64);
+
+    fn at(&self) -> Self::At {
         (
-            p.system,
-            p.sweep,
-            p.skew,
-            p.cache_entries,
-            p.write_ratio,
-            p.offered_rps,
+            self.system,
+            self.sweep,
+            self.skew,
+            self.cache_entries,
+            self.write_ratio,
+            self.offered_rps,
         )
-    };
-    let mut keys = Vec::new();
-    for p in points {
-        if !keys.contains(&key(p)) {
-            keys.push(key(p));
+    }
+
+    /// Medians per system and point of a sweep, backend loads per backend.
+    fn median(runs: &Runs<'_, Point>) -> Point {
+        let first = runs.first();
+        Point {
+            get_rps: runs.median(|p| p.get_rps),
+            rps: runs.median(|p| p.rps),
+            p50_us: runs.median(|p| p.p50_us),
+            p99_us: runs.median(|p| p.p99_us),
+            loss: runs.median(|p| p.loss),
+            backend_rps: (0..first.backend_rps.len())
+                .map(|i| runs.median(|p| p.backend_rps.get(i).copied().unwrap_or(0.0)))
+                .collect(),
+            run: runs.count(),
+            ..first.clone()
         }
     }
-    keys.into_iter()
-        .map(|k| {
-            let of: Vec<&Point> = points.iter().filter(|p| key(p) == k).collect();
-            let m = |f: &dyn Fn(&Point) -> f64| median(of.iter().map(|p| f(p)).collect());
-            let n = of[0].backend_rps.len();
-            Point {
-                system: of[0].system,
-                sweep: of[0].sweep,
-                skew: of[0].skew,
-                cache_entries: of[0].cache_entries,
-                write_ratio: of[0].write_ratio,
-                offered_rps: of[0].offered_rps,
-                get_rps: m(&|p| p.get_rps),
-                rps: m(&|p| p.rps),
-                p50_us: m(&|p| p.p50_us),
-                p99_us: m(&|p| p.p99_us),
-                loss: m(&|p| p.loss),
-                backend_rps: (0..n)
-                    .map(|i| m(&|p| p.backend_rps.get(i).copied().unwrap_or(0.0)))
-                    .collect(),
-                run: of.len() as u32,
-            }
-        })
-        .collect()
+
+    fn line(&self) -> String {
+        format!(
+            "zipf {:<4}  {:<24}{}{} {:>8.0} requests/s of {:.0} offered, p50 {:.0} us",
+            self.skew,
+            self.system,
+            self.cache_entries
+                .map_or_else(String::new, |e| format!(" cache {e:>6}")),
+            match self.write_ratio {
+                0.0 => String::new(),
+                w => format!(" writes {w}"),
+            },
+            self.rps,
+            self.offered_rps,
+            self.p50_us
+        )
+    }
 }
 
 /// The points of `system` in `kind`'s sweep.

@@ -6,16 +6,14 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::bed::{by_setup, rotated, Bed, BedSpec, CacheSetup, Servers, Setup, System};
-use super::latency::loss;
-use super::output::{fmt, ratio, times, Machine, Output};
+use super::bed::{by_setup, System, PEERS};
+use super::output::{fmt, ratio, times};
 use super::plot::{Chart, LineChart, Series};
+use super::runner::{Figures, Keys, Record, Runner, Runs, Stage};
 use super::Common;
-use crate::measure::median;
+use crate::measure::{loss, per_s};
 
 pub const NAME: &str = "value-size";
-/// Servers on the testbed.
-const SERVERS: usize = 3;
 /// Largest value: a GET reply then spans 8 UDP datagrams.
 const MAX_SIZE: u32 = 11_000;
 
@@ -73,6 +71,33 @@ pub struct Point {
     pub run: u32,
 }
 
+impl Figures for Point {
+    type At = (System, u32);
+
+    fn at(&self) -> (System, u32) {
+        (self.system, self.value_size)
+    }
+
+    fn median(runs: &Runs<'_, Point>) -> Point {
+        Point {
+            system: runs.first().system,
+            value_size: runs.first().value_size,
+            p50_us: runs.median(|p| p.p50_us),
+            p99_us: runs.median(|p| p.p99_us),
+            get_rps: runs.median(|p| p.get_rps),
+            loss: runs.median(|p| p.loss),
+            run: runs.count(),
+        }
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "{:>6} B  {:<24} p50 {:>6.0} µs  p99 {:>6.0} µs",
+            self.value_size, self.system, self.p50_us, self.p99_us
+        )
+    }
+}
+
 #[derive(Serialize)]
 struct Settings {
     sizes: Vec<u32>,
@@ -83,16 +108,6 @@ struct Settings {
     short: bool,
 }
 
-#[derive(Serialize)]
-struct Results {
-    scenario: &'static str,
-    settings: Settings,
-    machine: Machine,
-    systems: Vec<System>,
-    runs: Vec<Point>,
-    medians: Vec<Point>,
-}
-
 pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     let sizes = args.sizes();
     if let Some(bad) = sizes.iter().find(|&&s| s == 0 || s > MAX_SIZE) {
@@ -100,97 +115,69 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     }
     let duration = args.duration();
     super::check_duration(duration)?;
-    let runs = args.common.runs();
-    let machine = Machine::describe();
-    let out = Output::create(&super::bed::out_dir(args.common.out.as_ref(), NAME))?;
+    let runner = Runner::start(NAME, &args.common)?;
+    let runs = runner.runs();
     let systems = System::compared();
-
-    let mut points = Vec::new();
-    for (setup, group) in by_setup(&systems) {
-        let cached = setup == Setup::Cache;
-        let with = if cached { " with its cache" } else { "" };
-        eprintln!(
-            "{NAME}: building the testbed (1 client, {SERVERS} memcached, \
-             kvswitch{with}, nutcracker)..."
-        );
-        // With the cache, it may hold every key read.
-        let bed = Bed::up(&BedSpec {
-            prefix: args.common.prefix.clone(),
-            servers: Servers::Memcached { n: SERVERS },
-            cache: cached.then(|| CacheSetup::whole_keyspace(args.keys * sizes.len() as u64)),
-            switchkv: None,
-            nutcracker: true,
-            datapath: None,
-        })?;
-        for &size in &sizes {
-            bed.preload(args.keys, &key_prefix(size), size as usize)?;
+    // With the cache, it may hold every key read.
+    let cache_keys = args.keys * sizes.len() as u64;
+    let stages = by_setup(&systems).into_iter().map(|(setup, group)| Stage {
+        preload: sizes
+            .iter()
+            .map(|&size| Keys::new(args.keys, &key_prefix(size), size as usize))
+            .collect(),
+        points: sizes.clone(),
+        ..Stage::peers(&args.common, setup, group, cache_keys)
+    });
+    let points = runner.measure(stages, |bed, system, &size, run| {
+        let load = loadgen::LoadArgs {
+            keys: args.keys,
+            key_prefix: key_prefix(size),
+            value_size: size as usize,
+            get_ratio: 1.0,
+            concurrency: 1,
+            duration,
+            warmup: 0.1,
+            seed: u64::from(run) + 1,
+            ..loadgen::LoadArgs::new("")
+        };
+        let m = bed.load(system, &load)?;
+        let r = &m.report;
+        if r.gets > 0 && r.hits < r.gets {
+            anyhow::bail!(
+                "{system}: {} of {} gets of {size}-byte values missed a preloaded key",
+                r.gets - r.hits,
+                r.gets
+            );
         }
-        for run in 0..runs {
-            for &size in &sizes {
-                for system in rotated(&group, run) {
-                    let load = loadgen::LoadArgs {
-                        keys: args.keys,
-                        key_prefix: key_prefix(size),
-                        value_size: size as usize,
-                        get_ratio: 1.0,
-                        concurrency: 1,
-                        duration,
-                        warmup: 0.1,
-                        seed: u64::from(run) + 1,
-                        ..loadgen::LoadArgs::new("")
-                    };
-                    let m = bed.load(system, &load)?;
-                    let r = &m.report;
-                    if r.gets > 0 && r.hits < r.gets {
-                        anyhow::bail!(
-                            "{system}: {} of {} gets of {size}-byte values missed a preloaded key",
-                            r.gets - r.hits,
-                            r.gets
-                        );
-                    }
-                    let p = Point {
-                        system,
-                        value_size: size,
-                        p50_us: r.latency_us.p50 as f64,
-                        p99_us: r.latency_us.p99 as f64,
-                        get_rps: super::latency::per_s(r.gets, r.duration_s),
-                        loss: loss(r),
-                        run,
-                    };
-                    eprintln!(
-                        "  run {}/{runs}  {size:>6} B  {system:<24} p50 {:>6.0} µs  p99 {:>6.0} µs",
-                        run + 1,
-                        p.p50_us,
-                        p.p99_us
-                    );
-                    points.push(p);
-                }
-            }
-        }
-        bed.down()?;
-    }
-
-    let medians = medians(&systems, &sizes, &points);
-    out.json(&Results {
-        scenario: NAME,
-        settings: Settings {
-            sizes: sizes.clone(),
-            duration_s: duration,
-            runs,
-            keys_per_size: args.keys,
-            servers: SERVERS,
-            short: args.common.short,
-        },
-        machine: machine.clone(),
-        systems: systems.clone(),
-        runs: points,
-        medians: medians.clone(),
+        Ok(Point {
+            system,
+            value_size: size,
+            p50_us: r.latency_us.p50 as f64,
+            p99_us: r.latency_us.p99 as f64,
+            get_rps: per_s(r.gets, r.duration_s),
+            loss: loss(r),
+            run,
+        })
     })?;
-    let mut out = out;
-    out.plot("value-size", &Chart::Line(chart(&systems, &medians)))?;
-    out.summary(
+    let mut medians = super::runner::medians(&points);
+    medians.sort_by_key(|p| systems.iter().position(|&s| s == p.system));
+    runner.finish(
+        Record {
+            settings: Settings {
+                sizes: sizes.clone(),
+                duration_s: duration,
+                runs,
+                keys_per_size: args.keys,
+                servers: PEERS,
+                short: args.common.short,
+            },
+            systems: Some(&systems),
+            runs: &points,
+            medians: &medians,
+            more: (),
+        },
+        vec![("value-size".into(), Chart::Line(chart(&systems, &medians)))],
         &summary(&systems, &sizes, &medians, runs, duration),
-        &machine,
     )?;
     Ok(medians)
 }
@@ -198,32 +185,6 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
 /// Each size has its own keys, so one preload serves every run.
 fn key_prefix(size: u32) -> String {
     format!("v{size}:")
-}
-
-fn medians(systems: &[System], sizes: &[u32], points: &[Point]) -> Vec<Point> {
-    let mut out = Vec::new();
-    for &system in systems {
-        for &size in sizes {
-            let of: Vec<&Point> = points
-                .iter()
-                .filter(|p| p.system == system && p.value_size == size)
-                .collect();
-            if of.is_empty() {
-                continue;
-            }
-            let m = |f: fn(&Point) -> f64| median(of.iter().map(|p| f(p)).collect());
-            out.push(Point {
-                system,
-                value_size: size,
-                p50_us: m(|p| p.p50_us),
-                p99_us: m(|p| p.p99_us),
-                get_rps: m(|p| p.get_rps),
-                loss: m(|p| p.loss),
-                run: of.len() as u32,
-            });
-        }
-    }
-    out
 }
 
 fn chart(systems: &[System], medians: &[Point]) -> LineChart {
@@ -264,7 +225,7 @@ fn summary(
         t,
         "One GET at a time (a closed loop of one requester), {duration} s per size and system, \
          medians of {runs} run(s) with the systems in rotating order; the testbed of the \
-         latency comparison ({SERVERS} memcached in `l2` mode behind kvswitch). Over UDP a \
+         latency comparison ({PEERS} memcached in `l2` mode behind kvswitch). Over UDP a \
          reply of more than about 1,400 bytes travels as several datagrams. Median (p99) in \
          µs:\n"
     );
