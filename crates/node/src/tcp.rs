@@ -15,8 +15,8 @@ use wire::memcache::MAX_LINE_LEN;
 
 use crate::Shared;
 use store::session::{step, Step};
-use store::SPILL_AT;
 use store::text::After;
+use store::SPILL_AT;
 use store::{bump, read, ITEM_SIZE_MAX};
 
 /// How often blocked threads look at the stop flag.
