@@ -260,6 +260,11 @@ impl Refused {
         self.status == 404 || self.kind == Some(ErrorKind::NotFound)
     }
 
+    /// Whether the switch said the entry named is not there (not the table, nor the route).
+    pub fn entry_gone(&self) -> bool {
+        self.kind == Some(ErrorKind::NotFound) && self.field.as_deref() != Some("table")
+    }
+
     /// The refusal as the switch's own error, when the API said which kind it was.
     pub fn control_error(&self) -> Option<ControlError> {
         let kind = self.kind?;
@@ -288,12 +293,15 @@ pub fn token(file: Option<&std::path::Path>) -> anyhow::Result<Option<String>> {
             return Ok(Some(t.trim().to_string()));
         }
     }
-    match file {
-        Some(f) => {
-            let text = std::fs::read_to_string(f)
-                .with_context(|| format!("reading the token file {}", f.display()))?;
-            Ok(Some(text.lines().next().unwrap_or("").trim().to_string()))
-        }
-        None => Ok(None),
-    }
+    file.map(file_token).transpose()
+}
+
+/// The token in the first line of `file`, whatever the environment says; an empty one is an
+/// error.
+pub fn file_token(file: &std::path::Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("reading the token file {}", file.display()))?;
+    let token = text.lines().next().unwrap_or("").trim();
+    anyhow::ensure!(!token.is_empty(), "the token file {} is empty", file.display());
+    Ok(token.to_string())
 }

@@ -76,7 +76,7 @@ impl Client {
             None,
         ) {
             Ok(_) => Ok(true),
-            Err(e) if e.downcast_ref::<Refused>().is_some_and(Refused::not_found) => Ok(false),
+            Err(e) if e.downcast_ref::<Refused>().is_some_and(Refused::entry_gone) => Ok(false),
             Err(e) => Err(e),
         }
     }

@@ -52,16 +52,50 @@ impl IntoResponse for ApiFailure {
 /// Parses a JSON body; an error names the field that is wrong.
 pub fn body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiFailure> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let field = e.path().to_string();
-        let field = if field == "." { String::new() } else { field };
-        ApiFailure {
-            status: StatusCode::BAD_REQUEST,
-            body: json!({
-                "error": format!("{}{}", if field.is_empty() { String::new() } else { format!("{field}: ") }, e.inner()),
-                "field": field,
-                "kind": ErrorKind::Invalid,
-            }),
+        invalid(if field == "." { "" } else { &field }, e.inner())
+    })?;
+    // Nothing but whitespace may follow the document.
+    de.end().map_err(|e| invalid("", &e))?;
+    Ok(value)
+}
+
+/// A 400 naming `field` (empty: the body as a whole).
+fn invalid(field: &str, error: &dyn std::fmt::Display) -> ApiFailure {
+    let error = match field {
+        "" => error.to_string(),
+        f => format!("{f}: {error}"),
+    };
+    ApiFailure {
+        status: StatusCode::BAD_REQUEST,
+        body: json!({ "error": error, "field": field, "kind": ErrorKind::Invalid }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_body_is_one_json_document_and_nothing_after_it() {
+        assert!(body::<Value>(b"{\"a\": 1}  \n").is_ok());
+        for bad in [&b"{} x"[..], b"{}{}", b"", b"{"] {
+            let e = body::<Value>(bad).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{bad:?}");
+            assert_eq!(e.body["kind"], "invalid", "{bad:?}");
         }
-    })
+    }
+
+    #[test]
+    fn a_refusal_names_the_field_that_is_wrong() {
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct T {
+            n: u8,
+        }
+        let e = body::<T>(b"{\"n\": 300}").unwrap_err();
+        assert_eq!(e.body["field"], "n");
+        assert!(e.body["error"].as_str().unwrap().starts_with("n: "), "{}", e.body);
+    }
 }

@@ -16,6 +16,15 @@ use serde_json::{json, Value};
 /// as good as dead to the fabric.
 const PROBE_WITHIN: Duration = Duration::from_secs(1);
 
+/// The fabric's token as a controller sends it: from the fabric file's `api_token_file`
+/// alone, never from the environment, where a controller's own token lives.
+pub fn fabric_token(cfg: &FabricConfig) -> anyhow::Result<Option<String>> {
+    cfg.api_token_file
+        .as_deref()
+        .map(api::client::file_token)
+        .transpose()
+}
+
 /// `PUT /api/v1/fabric/registration` of `table` to one switch.
 fn install(api: &Client, table: &Value) -> anyhow::Result<Value> {
     api.call_within(
@@ -73,8 +82,9 @@ pub struct Keeper {
 }
 
 impl Keeper {
-    pub fn new(cfg: &FabricConfig, failures: u32) -> anyhow::Result<Keeper> {
-        let token = api::client::token(cfg.api_token_file.as_deref())?;
+    /// A keeper of the switches of `cfg`, speaking to their APIs with `token` (the fabric's:
+    /// see [`fabric_token`]).
+    pub fn new(cfg: &FabricConfig, failures: u32, token: Option<String>) -> anyhow::Result<Keeper> {
         let switches: Vec<(String, Client)> = cfg
             .switches
             .iter()
@@ -211,7 +221,8 @@ pub fn watch(
     failures: u32,
     stop: &dyn Fn() -> bool,
 ) -> anyhow::Result<()> {
-    let mut keeper = Keeper::new(cfg, failures)?;
+    let token = api::client::token(cfg.api_token_file.as_deref())?;
+    let mut keeper = Keeper::new(cfg, failures, token)?;
     while !stop() {
         match keeper.probe() {
             Some(table) => {

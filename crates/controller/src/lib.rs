@@ -246,7 +246,7 @@ pub fn start(
         Some(path) => {
             let cfg = config::fabric::FabricConfig::load(path)?;
             Some((
-                keeper::Keeper::new(&cfg, file.down_after)?,
+                keeper::Keeper::new(&cfg, file.down_after, keeper::fabric_token(&cfg)?)?,
                 path.display().to_string(),
             ))
         }

@@ -233,10 +233,13 @@ impl Calls<'_> {
     /// Applies `changes` as batches of at most [`switch::control::MAX_BATCH`]; the ids, one
     /// per change. No changes make no call, so they need no leader either.
     fn batch(&self, changes: &[Change]) -> Result<Vec<u64>, Failure> {
-        if changes.is_empty() {
-            return Ok(Vec::new());
+        // Leadership is checked again before each chunk: a controller that loses the lead in
+        // the middle of a long update stops there.
+        let mut ids = Vec::with_capacity(changes.len());
+        for chunk in changes.chunks(switch::control::MAX_BATCH) {
+            ids.extend(self.call(|c| c.batch(chunk))?);
         }
-        self.call(|c| c.batch(changes))
+        Ok(ids)
     }
 
     /// Every entry of `table`, a page at a time.

@@ -34,7 +34,7 @@ pub fn valid_ifname(name: &str) -> bool {
         && name.len() <= MAX_IFNAME
         && name != "."
         && name != ".."
-        && !name.contains(['/', ':'])
+        && !name.contains(['/', ':', '\0'])
         && !name.contains(char::is_whitespace)
 }
 
@@ -366,6 +366,7 @@ mod tests {
         assert!(!valid_ifname("a b"));
         assert!(!valid_ifname("eth0:1"));
         assert!(!valid_ifname(".."));
+        assert!(!valid_ifname("eth0\0x"), "the kernel would cut it at the NUL");
         assert!(!exists("no/such"));
         assert_eq!(alias("no such"), None);
     }

@@ -923,6 +923,8 @@ fn the_typed_client_speaks_the_switchs_tables_and_decodes_its_refusals() {
     // Removed once; the second time it is not there, which is not an error.
     assert!(c.remove_entry("typed", first).unwrap());
     assert!(!c.remove_entry("typed", first).unwrap());
+    // A table that is not there is an error, not an entry already gone.
+    assert!(c.remove_entry("nope", 1).is_err());
     c.remove_table("typed").unwrap();
     assert!(!c.tables().unwrap().iter().any(|t| t.name == "typed"));
 }

@@ -535,7 +535,10 @@ fn fabric_survives_a_root_killed_mid_run_and_caches_again_with_a_new_table() {
                     .args(["controller", "--config"])
                     .arg(&file)
                     .arg("--store")
-                    .arg(format!("etcd://{etcd_addr}")),
+                    .arg(format!("etcd://{etcd_addr}"))
+                    // The controller's own token: the fabric's switches get theirs, from the
+                    // fabric file, not this one.
+                    .env("KVSWITCH_API_TOKEN", "the-controllers-own-token"),
                 &dir.path().join(format!("controller{i}.log")),
             )
             .unwrap();

@@ -286,7 +286,7 @@ pub(crate) fn build(state: &mut State, topo: &Topology, opts: &UpOptions) -> any
     }
     if let Some(path) = state.api_token_file.clone() {
         let token = crate::host::new_token()?;
-        write_file(state, &path, &format!("{token}\n"))?;
+        crate::host::write_secret(state, &path, &format!("{token}\n"))?;
     }
     let text = fabric_file(state, topo);
     write_file(state, &state.config_path.clone(), &text)?;

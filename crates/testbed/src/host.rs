@@ -277,3 +277,17 @@ pub(crate) fn write_file(state: &mut State, path: &Path, text: &str) -> anyhow::
     record_file(state, path)?;
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
+
+/// Writes a secret (`text`) to `path`, readable by its owner alone, recorded in the state.
+pub(crate) fn write_secret(state: &mut State, path: &Path, text: &str) -> anyhow::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    record_file(state, path)?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))
+        .with_context(|| format!("writing {}", path.display()))
+}

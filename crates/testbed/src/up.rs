@@ -13,7 +13,7 @@ use crate::config;
 use crate::down;
 use crate::host::{
     answers_version, control_key_file, create_host, exited, free_port, new_token, prefix_byte,
-    random_hex, record_file, record_proc, server_name, start_server, write_file, CONTROL_PORT,
+    random_hex, record_file, record_proc, server_name, start_server, write_file, write_secret, CONTROL_PORT,
     DAEMON_READY, LOG_TAIL,
 };
 use crate::netns::{in_netns, ip};
@@ -341,7 +341,7 @@ fn build(state: &mut State, topo: &Topology, opts: &UpOptions) -> anyhow::Result
     }
 
     if let Some(path) = state.api_token_file.clone() {
-        write_file(state, &path, &format!("{}\n", new_token()?))?;
+        write_secret(state, &path, &format!("{}\n", new_token()?))?;
     }
     // The API's port was free when it was picked; another socket may take it before kvswitch
     // listens there. Then kvswitch exits at once, and a port picked again is tried (a port
@@ -476,18 +476,9 @@ fn start_kvswitch(state: &mut State, bin: &Path) -> anyhow::Result<()> {
 /// Writes a fresh random key (32 bytes, as 64 hex digits) to [`control_key_file`], readable
 /// by its owner alone.
 fn write_control_key(state: &mut State) -> anyhow::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
     let path = control_key_file(state);
     let key = random_hex::<32>().context("reading /dev/urandom for the SwitchKV control key")?;
-    record_file(state, &path)?;
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&path)
-        .and_then(|mut f| std::io::Write::write_all(&mut f, format!("{key}\n").as_bytes()))
-        .with_context(|| format!("writing {}", path.display()))
+    write_secret(state, &path, &format!("{key}\n"))
 }
 
 /// SwitchKV's cache nodes: the API opened to the hosts on the VIP (an `acl` entry sends TCP
