@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
-cargo test --workspace --release 2>&1 | tee target/test.log
+# Every test binary runs, whatever an earlier one did, so one run shows every failure.
+status=0
+cargo test --workspace --release --no-fail-fast 2>&1 | tee target/test.log || status=$?
 # One summary line for the whole run.
 awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "%d passed, %d failed, %d skipped\n", p, f, i }' target/test.log
+exit "$status"

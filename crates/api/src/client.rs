@@ -302,6 +302,10 @@ pub fn file_token(file: &std::path::Path) -> anyhow::Result<String> {
     let text = std::fs::read_to_string(file)
         .with_context(|| format!("reading the token file {}", file.display()))?;
     let token = text.lines().next().unwrap_or("").trim();
-    anyhow::ensure!(!token.is_empty(), "the token file {} is empty", file.display());
+    anyhow::ensure!(
+        !token.is_empty(),
+        "the token file {} is empty",
+        file.display()
+    );
     Ok(token.to_string())
 }

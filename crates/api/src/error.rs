@@ -96,6 +96,10 @@ mod tests {
         }
         let e = body::<T>(b"{\"n\": 300}").unwrap_err();
         assert_eq!(e.body["field"], "n");
-        assert!(e.body["error"].as_str().unwrap().starts_with("n: "), "{}", e.body);
+        assert!(
+            e.body["error"].as_str().unwrap().starts_with("n: "),
+            "{}",
+            e.body
+        );
     }
 }

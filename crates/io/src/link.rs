@@ -366,7 +366,10 @@ mod tests {
         assert!(!valid_ifname("a b"));
         assert!(!valid_ifname("eth0:1"));
         assert!(!valid_ifname(".."));
-        assert!(!valid_ifname("eth0\0x"), "the kernel would cut it at the NUL");
+        assert!(
+            !valid_ifname("eth0\0x"),
+            "the kernel would cut it at the NUL"
+        );
         assert!(!exists("no/such"));
         assert_eq!(alias("no such"), None);
     }

@@ -13,8 +13,8 @@ use crate::config;
 use crate::down;
 use crate::host::{
     answers_version, control_key_file, create_host, exited, free_port, new_token, prefix_byte,
-    random_hex, record_file, record_proc, server_name, start_server, write_file, write_secret, CONTROL_PORT,
-    DAEMON_READY, LOG_TAIL,
+    random_hex, record_file, record_proc, server_name, start_server, write_file, write_secret,
+    CONTROL_PORT, DAEMON_READY, LOG_TAIL,
 };
 use crate::netns::{in_netns, ip};
 use crate::probe;
