@@ -255,11 +255,6 @@ pub struct Refused {
 }
 
 impl Refused {
-    /// Whether what the call named is not there (404).
-    pub fn not_found(&self) -> bool {
-        self.status == 404 || self.kind == Some(ErrorKind::NotFound)
-    }
-
     /// Whether the switch said the entry named is not there (not the table, nor the route).
     pub fn entry_gone(&self) -> bool {
         self.kind == Some(ErrorKind::NotFound) && self.field.as_deref() != Some("table")
