@@ -3,7 +3,8 @@
 # is measured against and tested with), iproute2 and ethtool (the testbed's hosts and links,
 # and the tests' checks of the interfaces kvswitch sets up), and libmemcached's command-line
 # clients (the ordinary TCP client the tests talk to the VIP with, and memcslap, the second
-# client of `kvswitch bench proxy`),
+# client of `kvswitch bench proxy`), pymemcache and pylibmc (Python's memcached clients, which
+# the TCP splice's tests run through the VIP),
 # the DejaVu fonts the bench's plots are lettered in, etcd (where several controllers keep
 # their pool and elect a leader), Chromium (the dashboard's tests load it headless), and clang,
 # libbpf, libelf, zlib and bpftool (the XDP fast path is compiled, linked and inspected with
@@ -21,6 +22,9 @@ for cmd in memcached nutcracker ethtool ip python3 ps ping memccp memcslap etcd 
     bpftool pkg-config; do
     command -v "$cmd" >/dev/null 2>&1 || need+=("$cmd")
 done
+for module in pymemcache pylibmc; do
+    python3 -c "import $module" >/dev/null 2>&1 || need+=("python3-$module")
+done
 if [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
     need+=("DejaVuSans.ttf")
 fi
@@ -30,13 +34,14 @@ done
 if [ "${#need[@]}" -gt 0 ]; then
     echo "setup: installing memcached, nutcracker, iproute2, ethtool, python3, procps," \
         "iputils-ping, libmemcached-tools, fonts-dejavu-core, etcd-server, chromium, clang," \
-        "libbpf-dev, libelf-dev, zlib1g-dev, bpftool, pkg-config"
+        "libbpf-dev, libelf-dev, zlib1g-dev, bpftool, pkg-config, python3-pymemcache, python3-pylibmc"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends \
         memcached nutcracker iproute2 ethtool python3 procps iputils-ping \
         libmemcached-tools fonts-dejavu-core etcd-server chromium clang libbpf-dev \
-        libelf-dev zlib1g-dev bpftool pkg-config linux-libc-dev >/dev/null
+        libelf-dev zlib1g-dev bpftool pkg-config linux-libc-dev python3-pymemcache \
+        python3-pylibmc >/dev/null
 fi
 # Debian starts memcached as a service on install; the testbed runs its own.
 if command -v systemctl >/dev/null 2>&1; then

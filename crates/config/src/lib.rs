@@ -71,6 +71,10 @@ pub struct Config {
     pub proxy: bool,
     /// Worker threads of the built-in proxy.
     pub proxy_workers: usize,
+    /// How TCP to the VIP's memcached port is carried (`switch.tcp`).
+    pub tcp: TcpPath,
+    /// Most TCP connections the splice holds at once (`switch.tcp_max_flows`).
+    pub tcp_max_flows: usize,
     pub vip: Ipv4Addr,
     /// Length of the VIP's network, where the clients and servers are: the host's end of the
     /// local port gets the proxy's source address with this prefix.
@@ -295,6 +299,10 @@ struct RawSwitch {
     #[serde(default)]
     proxy_workers: Option<usize>,
     #[serde(default)]
+    tcp: Option<String>,
+    #[serde(default)]
+    tcp_max_flows: Option<usize>,
+    #[serde(default)]
     source_check: Option<bool>,
     #[serde(default)]
     source_age_s: Option<u64>,
@@ -347,6 +355,29 @@ pub const DEFAULT_LOCAL_PORT: &str = "kvs-local";
 pub const LOCAL_PEER_SUFFIX: &str = "-h";
 /// Default prefix length of the VIP's network.
 pub const DEFAULT_VIP_PREFIX_LEN: u8 = 24;
+/// How TCP to the VIP's memcached port is carried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TcpPath {
+    /// The switch answers the handshake, routes each connection to its first request's server
+    /// and rewrites its segments; a connection whose requests leave that server is handed to
+    /// the local port's proxy.
+    Splice,
+    /// Every connection goes through the local port to the proxy.
+    Proxy,
+}
+
+impl TcpPath {
+    pub fn name(self) -> &'static str {
+        match self {
+            TcpPath::Splice => "splice",
+            TcpPath::Proxy => "proxy",
+        }
+    }
+}
+
+/// Default of `switch.tcp_max_flows`.
+pub const DEFAULT_TCP_MAX_FLOWS: usize = 65_536;
+
 /// Default number of proxy workers: the switch loop already holds one core.
 pub const DEFAULT_PROXY_WORKERS: usize = 1;
 /// Default ageing time of a learned source address, in seconds: how long a host that moved
@@ -555,6 +586,23 @@ impl Config {
                 format!("{proxy_workers} is out of range; use 1 to 64"),
             ));
         }
+        let tcp = match raw.switch.tcp.as_deref() {
+            None | Some("splice") => TcpPath::Splice,
+            Some("proxy") => TcpPath::Proxy,
+            Some(other) => {
+                return Err(err(
+                    "switch.tcp",
+                    format!("\"{other}\" is not a TCP path; use \"splice\" or \"proxy\""),
+                ))
+            }
+        };
+        let tcp_max_flows = raw.switch.tcp_max_flows.unwrap_or(DEFAULT_TCP_MAX_FLOWS);
+        if !(1..=1 << 22).contains(&tcp_max_flows) {
+            return Err(err(
+                "switch.tcp_max_flows",
+                format!("{tcp_max_flows} is out of range; use 1 to 4194304"),
+            ));
+        }
         let source = source_check(&raw.switch, &err)?;
         let udp_reply_bytes_per_sec = raw
             .switch
@@ -699,6 +747,8 @@ impl Config {
             local,
             proxy,
             proxy_workers,
+            tcp,
+            tcp_max_flows,
             vip,
             vip_prefix_len,
             vip_mac,
@@ -803,7 +853,27 @@ impl Config {
                 burst: self.udp_reply_burst_bytes,
             }),
             cache: self.cache.enabled,
+            tcp_splice: self.tcp_splice().then_some(spec::TcpSplice {
+                max_flows: self.tcp_max_flows,
+            }),
             seed,
+        }
+    }
+
+    /// Whether the switch splices TCP to the VIP: `switch.tcp = "splice"` and a local port,
+    /// where the connections it cannot carry alone go.
+    pub fn tcp_splice(&self) -> bool {
+        self.tcp_path().0 == TcpPath::Splice
+    }
+
+    /// The TCP path the switch takes, and why it is not the one configured when it is not.
+    pub fn tcp_path(&self) -> (TcpPath, Option<&'static str>) {
+        match (self.tcp, &self.local) {
+            (TcpPath::Splice, None) => (
+                TcpPath::Proxy,
+                Some("switch.tcp = \"splice\" needs the local port, where connections the switch cannot carry alone go"),
+            ),
+            (path, _) => (path, None),
         }
     }
 
@@ -1009,6 +1079,13 @@ local_port = "kvs-local"
 # false: run no proxy and leave the VIP's port on this host to another program.
 proxy = true
 proxy_workers = 1
+# TCP to the VIP's port: "splice" (the switch answers the handshake and carries a connection
+# whose requests stay on one server itself, handing it to the proxy at the first request that
+# does not) or "proxy" (every connection through the local port to the proxy). Splicing needs
+# the local port; without it TCP takes the proxy's path.
+tcp = "splice"
+# Most connections spliced at once; a new one past them is reset.
+tcp_max_flows = 65536
 # Replies over UDP (from the servers' memcached ports, and the switch's own answers) to one
 # client address: at most this many bytes a second, this many at once; further datagrams are
 # dropped (`reply_rate_limited`), so a forged source cannot aim the pool at a host. 0: no limit.

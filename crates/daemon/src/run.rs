@@ -184,9 +184,12 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
     tracing::info!(
         ports = ?cfg.ports, local_port = ?local.as_ref().map(|l| l.port()),
         proxy = proxy.is_some(), cache = cache.is_some(), vip = %cfg.vip, mode = ?cfg.mode,
-        servers = cfg.servers.len(), api = %api_addr,
+        servers = cfg.servers.len(), api = %api_addr, tcp = cfg.tcp_path().0.name(),
         datapath = if fast.is_some() { "xdp" } else { "af_packet" }, "kvswitch running"
     );
+    if let (path, Some(why)) = cfg.tcp_path() {
+        tracing::warn!(tcp = path.name(), "TCP to the VIP is not spliced: {why}");
+    }
 
     let options = RunOptions {
         busy_poll: cfg.busy_poll,

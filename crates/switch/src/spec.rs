@@ -104,9 +104,19 @@ pub struct SwitchSpec {
     /// Whether the pipeline gets the cache's table (attach the cache with
     /// [`crate::Switch::set_cache`]).
     pub cache: bool,
+    /// `Some`: TCP to the VIP's memcached port is spliced by the switch (it needs a local port,
+    /// where the connections it hands over go); `None`: it all goes to the local port.
+    pub tcp_splice: Option<TcpSplice>,
     /// Every choice the switch makes that must not be guessable (the first id of split
     /// sub-requests) comes from this. The same seed, frames and instants give the same run.
     pub seed: u64,
+}
+
+/// The TCP splice's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpSplice {
+    /// Most connections spliced at once; a client past them is reset.
+    pub max_flows: usize,
 }
 
 impl SwitchSpec {
@@ -139,6 +149,7 @@ impl SwitchSpec {
                 burst: 16 << 20,
             }),
             cache: false,
+            tcp_splice: None,
             seed: 0,
         }
     }

@@ -129,10 +129,33 @@ pub enum Drop {
     /// An operator's `impair` action dropped it (its `drop_ppm`), or held frames were already
     /// at the limit when it asked for a delay.
     Impaired,
+    /// A TCP segment to the VIP's memcached port (or from a spliced connection's target) with a wrong checksum.
+    BadTcpChecksum,
+    /// A TCP segment the splice has no use for: a SYN with other flags, a SYN-ACK that answers no SYN of the switch's.
+    TcpUnexpected,
+    /// A TCP segment to the VIP's memcached port that belongs to no connection and carries no valid SYN cookie (the client is reset).
+    TcpBadCookie,
+    /// A connection the splice could not take: it holds `switch.tcp_max_flows` already (the client is reset).
+    TcpFlowsFull,
+    /// A TCP segment of a spliced connection from an end it no longer uses (a target it handed over from), or from another port or MAC than its client's.
+    TcpStale,
+    /// A client's TCP segment past a gap in its byte stream: the splice reads requests in order, and the client sends it again.
+    TcpOutOfOrder,
+    /// The end of a client's TCP segment that cuts a request line: it is not forwarded until all of the line has come.
+    TcpLineCut,
+    /// Client bytes a connection being handed over had no room for (the client sends them again).
+    TcpHeldFull,
+    /// A hand-over whose old server or client acknowledged nothing for 10 s: the connection is reset.
+    TcpHandOverTimeout,
+    /// A spliced connection whose target refused it or cannot be reached: the connection is reset.
+    TcpNoTarget,
+    /// A spliced connection whose server's bytes did not read as the replies it owed, when it
+    /// had to be handed over: the connection is reset.
+    TcpRepliesLost,
 }
 
 impl Drop {
-    pub const ALL: [Drop; 51] = [
+    pub const ALL: [Drop; 62] = [
         Drop::BadEthernet,
         Drop::BadIpv4,
         Drop::BadUdp,
@@ -184,6 +207,17 @@ impl Drop {
         Drop::SourceMacMoved,
         Drop::SourceOffNet,
         Drop::Impaired,
+        Drop::BadTcpChecksum,
+        Drop::TcpUnexpected,
+        Drop::TcpBadCookie,
+        Drop::TcpFlowsFull,
+        Drop::TcpStale,
+        Drop::TcpOutOfOrder,
+        Drop::TcpLineCut,
+        Drop::TcpHeldFull,
+        Drop::TcpHandOverTimeout,
+        Drop::TcpNoTarget,
+        Drop::TcpRepliesLost,
     ];
 
     /// The label used in metrics.
@@ -240,6 +274,17 @@ impl Drop {
             Drop::SourceMacMoved => "source_mac_moved",
             Drop::SourceOffNet => "source_off_net",
             Drop::Impaired => "impaired",
+            Drop::BadTcpChecksum => "bad_tcp_checksum",
+            Drop::TcpUnexpected => "tcp_unexpected",
+            Drop::TcpBadCookie => "tcp_bad_cookie",
+            Drop::TcpFlowsFull => "tcp_flows_full",
+            Drop::TcpStale => "tcp_stale",
+            Drop::TcpOutOfOrder => "tcp_out_of_order",
+            Drop::TcpLineCut => "tcp_line_cut",
+            Drop::TcpHeldFull => "tcp_held_full",
+            Drop::TcpHandOverTimeout => "tcp_hand_over_timeout",
+            Drop::TcpNoTarget => "tcp_no_target",
+            Drop::TcpRepliesLost => "tcp_replies_lost",
         }
     }
 
@@ -345,6 +390,15 @@ pub struct Stats {
     pub impaired_held: AtomicU64,
     /// Frames an `impair` action sent twice.
     pub impaired_duplicated: AtomicU64,
+    /// The TCP splice: SYNs answered with a cookie; connections whose first request went to a
+    /// server (spliced), or to the host's stack (proxied); spliced connections later handed
+    /// over to the host's stack; requests it sent to a server; connections it holds now.
+    pub tcp_syn_cookies: AtomicU64,
+    pub tcp_spliced: AtomicU64,
+    pub tcp_proxied: AtomicU64,
+    pub tcp_handed_over: AtomicU64,
+    pub tcp_requests: AtomicU64,
+    pub tcp_flows: AtomicU64,
 }
 
 impl Stats {
@@ -372,6 +426,12 @@ impl Stats {
             splits_in_flight: AtomicU64::new(0),
             impaired_held: AtomicU64::new(0),
             impaired_duplicated: AtomicU64::new(0),
+            tcp_syn_cookies: AtomicU64::new(0),
+            tcp_spliced: AtomicU64::new(0),
+            tcp_proxied: AtomicU64::new(0),
+            tcp_handed_over: AtomicU64::new(0),
+            tcp_requests: AtomicU64::new(0),
+            tcp_flows: AtomicU64::new(0),
         }
     }
 

@@ -15,7 +15,9 @@ pub mod ipv4;
 pub mod keymac;
 pub mod mcudp;
 pub mod memcache;
+pub mod siphash;
 pub mod switchkv;
+pub mod tcp;
 pub mod udp;
 
 mod error;

@@ -290,7 +290,31 @@ pub fn metrics(shared: &Shared, m: &mut Exposition) {
     for (kind, n) in [("get", &s.switchkv_gets), ("other", &s.switchkv_others)] {
         m.sample("kvswitch_switchkv_queries_total", &[("kind", kind)], get(n));
     }
-    let singles: [(&str, &str, u64); 13] = [
+    m.family(
+        "kvswitch_tcp_connections_total",
+        Kind::Counter,
+        "TCP connections to the VIP the switch answered, by path: spliced to their first \
+         request's server, handed over from a splice to the proxy, or proxied from the start.",
+    );
+    for (path, n) in tcp_paths(s) {
+        m.sample("kvswitch_tcp_connections_total", &[("path", path)], n);
+    }
+    let singles: [(&str, &str, u64); 16] = [
+        (
+            "kvswitch_tcp_flows",
+            "TCP connections the splice holds now (sequence offsets live).",
+            get(&s.tcp_flows),
+        ),
+        (
+            "kvswitch_tcp_syn_cookies_total",
+            "SYNs to the VIP's memcached port answered with a SYN cookie.",
+            get(&s.tcp_syn_cookies),
+        ),
+        (
+            "kvswitch_tcp_requests_total",
+            "Requests the TCP splice sent to a server itself.",
+            get(&s.tcp_requests),
+        ),
         (
             "kvswitch_kv_requests_total",
             "memcached datagrams to the VIP.",
@@ -361,6 +385,15 @@ pub fn metrics(shared: &Shared, m: &mut Exposition) {
         };
         m.single(name, kind, help, value);
     }
+}
+
+/// The TCP splice's connections by path.
+fn tcp_paths(s: &Stats) -> [(&'static str, u64); 3] {
+    [
+        ("spliced", get(&s.tcp_spliced)),
+        ("handed_over", get(&s.tcp_handed_over)),
+        ("proxied", get(&s.tcp_proxied)),
+    ]
 }
 
 /// Each port with its counters.
@@ -481,6 +514,14 @@ pub fn status(shared: &Shared) -> serde_json::Value {
             "flooded": get(&s.flooded),
             "drops": drops,
             "answers": answers,
+        },
+        "tcp": {
+            "path": cfg.tcp_path().0.name(),
+            "why": cfg.tcp_path().1,
+            "connections": tcp_paths(s).into_iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
+            "flows": get(&s.tcp_flows),
+            "syn_cookies": get(&s.tcp_syn_cookies),
+            "requests": get(&s.tcp_requests),
         },
         "mac_table": snap.mac_table,
         "splits_in_flight": snap.splits_in_flight,

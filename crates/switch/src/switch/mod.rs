@@ -8,7 +8,7 @@
 //! construction and the walk of one frame through the stages; each stage has a file of its
 //! own: `guard` (sources and the reply limit), `station` (learning, ARP, held requests),
 //! `parse` (the parser stage), `tables` (the pipeline's tables), `cpu` (the switch's own
-//! answers and split gets).
+//! answers and split gets), `splice` (TCP to the VIP routed by key, when `tcp_splice` is on).
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -41,6 +41,7 @@ mod fast;
 mod guard;
 mod impair;
 mod parse;
+mod splice;
 mod station;
 mod tables;
 
@@ -252,6 +253,8 @@ pub struct Switch {
     fast_hosts: Option<std::collections::BTreeSet<crate::fastpath::Host>>,
     /// The pool version and ring last worked out for the fast path ([`Switch::fast_tables`]).
     fast_ring: Option<(u64, Arc<fast::FastRing>)>,
+    /// TCP to the VIP's memcached port, routed by key (`SwitchSpec::tcp_splice`).
+    splice: Option<splice::Splice>,
 }
 
 impl Switch {
@@ -339,6 +342,10 @@ impl Switch {
             steer_hops: Vec::new(),
             fast_hosts: None,
             fast_ring: None,
+            splice: spec
+                .tcp_splice
+                .filter(|_| local.is_some())
+                .map(|t| splice::Splice::new(spec.seed, t.max_flows)),
             spec,
         };
         sw.operator.tables.insert(sw.tables.acl);
@@ -731,12 +738,24 @@ impl Switch {
         // A label pushed or popped changed the frame's length: it leaves as a frame of the
         // switch's own, from the pipeline's buffer.
         let moved = self.pipeline.resized().map(<[u8]>::to_vec);
+        // A TCP segment the pipeline sends on, to the VIP's memcached port or from a spliced
+        // connection's target: the splice rewrites it and says where it goes (the operator's
+        // `acl` entries, drops and impairments included, apply to it as to any frame).
+        let spliced = match (&self.splice, &moved, verdict) {
+            (Some(_), None, Verdict::Output(_)) if meta.flags & FLAG_PLAIN_TCP != 0 => {
+                self.splice_segment(in_port, frame, emit)
+            }
+            _ => None,
+        };
         let frame: &[u8] = moved.as_deref().unwrap_or(frame);
         let routed = meta.regs[REG_ROUTED] != 0;
         if meta.regs[REG_MIRROR] != 0 {
             self.queue_for_cpu(in_port, "mirror", frame);
         }
-        let fate = self.resolve(verdict, in_port, routed, frame, emit);
+        let fate = match spliced {
+            Some(fate) => fate,
+            None => self.resolve(verdict, in_port, routed, frame, emit),
+        };
         if routed && fate != Fate::Consumed {
             // Counted once the pipeline has sent it on, not when it was parsed, for the server
             // it leaves for (with that server's MAC): the key's owner on the ring, or the
@@ -889,6 +908,7 @@ impl Switch {
             cache.tick(now, &mut self.pipeline, &|key| view.key_hash(key));
         }
         self.age_macs(now);
+        self.age_splice(now, emit);
         for _ in 0..self.splitter.expire(now) {
             self.stats.count_drop(Drop::SplitTimeout);
         }

@@ -593,7 +593,7 @@ pub fn parse(buf: &[u8]) -> Result<Option<Request<'_>>, Error> {
     match buf.first() {
         None => Ok(None),
         Some(&binary::REQUEST_MAGIC) => binary::parse_request(buf),
-        Some(_) => parse_line(buf),
+        Some(_) => parse_line(buf, false),
     }
 }
 
@@ -604,7 +604,19 @@ pub fn parse_text(buf: &[u8]) -> Result<Option<Request<'_>>, Error> {
     if buf.is_empty() {
         return Ok(None);
     }
-    parse_line(buf)
+    parse_line(buf, false)
+}
+
+/// Reads the command line of a text or meta request at the front of `buf`, as [`parse_text`]
+/// does, without waiting for its data block: `Ok(None)` only until the line has arrived. The
+/// request's `len` counts its data block (and the block's `\r\n`) whether or not it is in
+/// `buf`; [`Request::bytes`] is the line alone, and the data block is neither read nor
+/// checked. For a router that must place a request by its key before all of it has come.
+pub fn parse_text_head(buf: &[u8]) -> Result<Option<Request<'_>>, Error> {
+    if buf.is_empty() {
+        return Ok(None);
+    }
+    parse_line(buf, true)
 }
 
 /// Length of the first line of `buf`, terminator included; `None` if no `\n` has arrived.
@@ -620,7 +632,7 @@ pub fn line_content(line: &[u8]) -> &[u8] {
     &line[..line.iter().position(|&b| b == 0).unwrap_or(line.len())]
 }
 
-fn parse_line(buf: &[u8]) -> Result<Option<Request<'_>>, Error> {
+fn parse_line(buf: &[u8], head: bool) -> Result<Option<Request<'_>>, Error> {
     let Some(line) = line::Line::find(buf)? else {
         return Ok(None);
     };
@@ -634,6 +646,7 @@ fn parse_line(buf: &[u8]) -> Result<Option<Request<'_>>, Error> {
         line,
         tokens,
         name_end: name_at + name.len(),
+        head,
     };
     match command.protocol() {
         Protocol::Meta => meta::parse(command, args),
@@ -648,6 +661,8 @@ struct Args<'a> {
     tokens: line::Tokens<'a>,
     /// Offset just past the command name, where the arguments start.
     name_end: usize,
+    /// Only the line is read: a data block is counted in the request's length, not awaited.
+    head: bool,
 }
 
 impl<'a> Args<'a> {
@@ -681,6 +696,11 @@ impl<'a> Args<'a> {
         let Some(total) = end.checked_add(2) else {
             return Err(Error::BadFormat);
         };
+        if self.head {
+            let mut request = self.line_only(command);
+            request.len = total;
+            return Ok(Some(request));
+        }
         let Some(bytes) = self.buf.get(..total) else {
             return Ok(None);
         };

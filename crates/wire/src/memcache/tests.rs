@@ -1006,3 +1006,26 @@ fn replicas_agree_or_a_failure_or_the_owner_answers() {
     assert_eq!(replicas_reply(&[&ok, &exists]), ok);
     assert_eq!(replicas_reply(&[]), b"");
 }
+
+#[test]
+fn a_head_is_read_from_the_line_before_the_data_block_arrives() {
+    let r = parse_text_head(b"set k 0 0 5\r\nhel").unwrap().unwrap();
+    assert_eq!(
+        (r.command, r.len, r.key()),
+        (Command::Set, 20, Some(&b"k"[..]))
+    );
+    assert_eq!(r.bytes(), b"set k 0 0 5\r\n");
+    let r = parse_text_head(b"ms k 3 T0\r\n").unwrap().unwrap();
+    assert_eq!((r.command, r.len), (Command::MetaSet, 16));
+    let r = parse_text_head(b"get a b\r\nget c\r\n").unwrap().unwrap();
+    assert_eq!((r.len, r.key_count()), (9, 2));
+    assert_eq!(parse_text_head(b"get a").unwrap(), None);
+    assert_eq!(parse_text_head(b"").unwrap(), None);
+    assert!(parse_text_head(b"bogus\r\n").is_err());
+    // The same lengths as a whole parse once everything is there.
+    let whole = b"cas k 1 2 3 4 noreply\r\nabc\r\n";
+    assert_eq!(
+        parse_text_head(whole).unwrap().unwrap().len,
+        parse_text(whole).unwrap().unwrap().len
+    );
+}

@@ -1,0 +1,425 @@
+//! TCP to the VIP on the switch's splice (`switch.tcp = "splice"`, the default): the switch
+//! answers the handshake with a SYN cookie, carries a connection whose requests stay on one
+//! server itself, and hands a connection to the proxy at its first request for another server.
+//! Every reply is checked against what one memcached holding every key would send, and the
+//! switch's counters say which path each connection took.
+//!
+//! The clients are the tests' own sockets and memcached clients kvswitch did not write:
+//! pymemcache, pylibmc (text and binary), memcslap and memccapable, run in a client namespace.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn tcp(live: &testbed::Live) -> serde_json::Value {
+    status(live)["tcp"].clone()
+}
+
+fn count(live: &testbed::Live, path: &str) -> u64 {
+    tcp(live)["connections"][path].as_u64().unwrap_or(0)
+}
+
+/// A connection to the VIP opened inside `host`, used from the test's thread.
+fn connect(live: &testbed::Live, host: &str) -> TcpStream {
+    let vip = vip(live);
+    let s = live
+        .in_host(host, move || {
+            TcpStream::connect_timeout(&vip, Duration::from_secs(3))
+        })
+        .expect("namespace")
+        .expect("connecting to the VIP");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.set_nodelay(true).unwrap();
+    s
+}
+
+/// Sends `request` and reads until `want` has come, which it must be, byte for byte.
+fn call(s: &mut TcpStream, request: &[u8], want: &[u8]) {
+    s.write_all(request).expect("writing to the VIP");
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    while got.len() < want.len() {
+        let n = s.read(&mut buf).unwrap_or_else(|e| {
+            panic!(
+                "reading after {:?}: {e}; so far {:?}",
+                String::from_utf8_lossy(&request[..request.len().min(60)]),
+                String::from_utf8_lossy(&got[..got.len().min(200)])
+            )
+        });
+        assert!(n > 0, "the VIP closed the connection");
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(
+        got == want,
+        "after {:?}: got {:?}, want {:?}",
+        String::from_utf8_lossy(&request[..request.len().min(60)]),
+        String::from_utf8_lossy(&got[..got.len().min(200)]),
+        String::from_utf8_lossy(&want[..want.len().min(200)])
+    );
+}
+
+fn set(key: &str, value: &[u8]) -> Vec<u8> {
+    let mut r = format!("set {key} 0 0 {}\r\n", value.len()).into_bytes();
+    r.extend_from_slice(value);
+    r.extend_from_slice(b"\r\n");
+    r
+}
+
+fn hit(key: &str, value: &[u8]) -> Vec<u8> {
+    let mut r = format!("VALUE {key} 0 {}\r\n", value.len()).into_bytes();
+    r.extend_from_slice(value);
+    r.extend_from_slice(b"\r\nEND\r\n");
+    r
+}
+
+fn value(key: &str, i: usize, len: usize) -> Vec<u8> {
+    let seed = format!("{key}:{i}:");
+    seed.bytes().cycle().take(len).collect()
+}
+
+/// Waits until the switch holds no spliced connection any more (closed ones linger 5 s).
+fn wait_for_no_flows(live: &testbed::Live) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let flows = tcp(live)["flows"].as_u64().expect("tcp.flows");
+        if flows == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{flows} spliced connections kept after their clients left: {}",
+            tcp(live)
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn splice_then_hand_over(prefix: &str, mode: &str) {
+    let live = testbed(prefix, mode, false);
+    assert_eq!(tcp(&live)["path"], "splice", "{}", tcp(&live));
+    let ring = default_ring();
+    let keys = keys_spanning_servers(&ring, &format!("{prefix}-"), 1);
+    let (a, b) = (&keys[0], &keys[1]);
+    assert_ne!(ring.locate(a.as_bytes()), ring.locate(b.as_bytes()));
+
+    // One connection whose requests all go to a's server: spliced, never handed over.
+    let mut s = connect(&live, "c1");
+    for i in 0..50 {
+        let v = value(a, i, 10 + i * 7);
+        call(&mut s, &set(a, &v), b"STORED\r\n");
+        call(&mut s, format!("get {a}\r\n").as_bytes(), &hit(a, &v));
+    }
+    // A value over many segments each way.
+    let big = value(a, 999, 300_000);
+    call(&mut s, &set(a, &big), b"STORED\r\n");
+    call(&mut s, format!("get {a}\r\n").as_bytes(), &hit(a, &big));
+    let t = tcp(&live);
+    assert_eq!(count(&live, "spliced"), 1, "{t}");
+    assert_eq!(count(&live, "handed_over"), 0, "{t}");
+    assert!(t["requests"].as_u64().unwrap() >= 102, "{t}");
+    assert_eq!(
+        server_value(&live, ["s1", "s2", "s3"][ring.locate(a.as_bytes())], a),
+        Some(big.clone()),
+        "the spliced set reached the key's server"
+    );
+
+    // Then a request for b's server: the connection is handed over, in order, nothing lost.
+    let vb = value(b, 0, 5000);
+    call(&mut s, &set(b, &vb), b"STORED\r\n");
+    for i in 0..20 {
+        call(&mut s, format!("get {a}\r\n").as_bytes(), &hit(a, &big));
+        let v = value(b, i + 1, 100 + i);
+        call(&mut s, &set(b, &v), b"STORED\r\n");
+        call(&mut s, format!("get {b}\r\n").as_bytes(), &hit(b, &v));
+    }
+    assert_eq!(count(&live, "handed_over"), 1, "{}", tcp(&live));
+
+    // Pipelined on a fresh connection: the hand-over happens in the middle of one write.
+    let mut p = connect(&live, "c2");
+    let va = value(a, 7, 3000);
+    let vb = value(b, 7, 40);
+    let mut request = set(a, &va);
+    request.extend_from_slice(format!("get {a}\r\nget {b} {a}\r\n").as_bytes());
+    request.extend_from_slice(&set(b, &vb));
+    request.extend_from_slice(format!("get {b}\r\nget {a}\r\n").as_bytes());
+    let mut want = b"STORED\r\n".to_vec();
+    want.extend_from_slice(&hit(a, &va));
+    let mut both = format!("VALUE {b} 0 {}\r\n", 119).into_bytes();
+    both.extend_from_slice(&value(b, 20, 119));
+    both.extend_from_slice(format!("\r\nVALUE {a} 0 {}\r\n", va.len()).as_bytes());
+    both.extend_from_slice(&va);
+    both.extend_from_slice(b"\r\nEND\r\n");
+    want.extend_from_slice(&both);
+    want.extend_from_slice(b"STORED\r\n");
+    want.extend_from_slice(&hit(b, &vb));
+    want.extend_from_slice(&hit(a, &va));
+    call(&mut p, &request, &want);
+    assert_eq!(count(&live, "handed_over"), 2, "{}", tcp(&live));
+
+    // A first request that no one server can answer goes to the proxy from the start.
+    let mut q = connect(&live, "c1");
+    q.write_all(b"version\r\n").unwrap();
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while !line.ends_with(b"\r\n") && q.read(&mut byte).expect("version's reply") == 1 {
+        line.push(byte[0]);
+    }
+    assert!(
+        line.starts_with(b"VERSION "),
+        "{:?}",
+        String::from_utf8_lossy(&line)
+    );
+    assert_eq!(count(&live, "proxied"), 1, "{}", tcp(&live));
+
+    drop((s, p, q));
+    wait_for_no_flows(&live);
+    let text = metrics(&live);
+    assert!(
+        text.contains("kvswitch_tcp_connections_total{path=\"spliced\"}"),
+        "no TCP path counters in /metrics"
+    );
+    live.down().expect("down");
+}
+
+#[test]
+fn a_connection_is_spliced_and_handed_over_in_order_l3() {
+    splice_then_hand_over("ktsp", "l3");
+}
+
+#[test]
+fn a_connection_is_spliced_and_handed_over_in_order_l2() {
+    splice_then_hand_over("ktsq", "l2");
+}
+
+/// A SYN flood at the VIP: every SYN is answered with a cookie and nothing is kept for it; the
+/// honest client next to it still gets through.
+#[test]
+fn a_syn_flood_allocates_nothing() {
+    let live = testbed("ktsf", "l3", false);
+    let vip = vip(&live);
+    let c1 = ip_of(&live, "c1");
+    let before = tcp(&live)["syn_cookies"].as_u64().unwrap();
+    const SYNS: u16 = 2000;
+    let sent = live
+        .in_host("c1", move || -> std::io::Result<u16> {
+            // SAFETY: plain socket calls on a descriptor this closure owns and closes.
+            unsafe {
+                let fd = libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let SocketAddr::V4(v) = vip else {
+                    unreachable!()
+                };
+                let addr = libc::sockaddr_in {
+                    sin_family: libc::AF_INET as u16,
+                    sin_port: 0,
+                    sin_addr: libc::in_addr {
+                        s_addr: u32::from(*v.ip()).to_be(),
+                    },
+                    sin_zero: [0; 8],
+                };
+                let mut sent = 0;
+                for i in 0..SYNS {
+                    let syn = wire::tcp::Repr {
+                        src_port: 20000 + i,
+                        dst_port: v.port(),
+                        seq: u32::from(i).wrapping_mul(2_654_435_761),
+                        ack: 0,
+                        flags: wire::tcp::flag::SYN,
+                        window: 64240,
+                        mss: Some(1460),
+                        wscale: Some(7),
+                    };
+                    let ends = wire::tcp::Ends {
+                        src_mac: wire::ethernet::Mac([0; 6]),
+                        dst_mac: wire::ethernet::Mac([0; 6]),
+                        src_ip: c1,
+                        dst_ip: *v.ip(),
+                    };
+                    let frame = syn.frame(&ends, &[]);
+                    let packet = &frame[wire::ethernet::HEADER_LEN..];
+                    let n = libc::sendto(
+                        fd,
+                        packet.as_ptr().cast(),
+                        packet.len(),
+                        0,
+                        (&addr as *const libc::sockaddr_in).cast(),
+                        std::mem::size_of::<libc::sockaddr_in>() as u32,
+                    );
+                    if n == packet.len() as isize {
+                        sent += 1;
+                    }
+                }
+                libc::close(fd);
+                Ok(sent)
+            }
+        })
+        .expect("namespace")
+        .expect("raw socket");
+    assert_eq!(sent, SYNS);
+    // The honest client meanwhile.
+    let mut s = connect(&live, "c2");
+    call(&mut s, &set("flood-key", b"v"), b"STORED\r\n");
+    call(&mut s, b"get flood-key\r\n", &hit("flood-key", b"v"));
+    drop(s);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tcp(&live)["syn_cookies"].as_u64().unwrap() < before + u64::from(SYNS) {
+        assert!(
+            Instant::now() < deadline,
+            "SYNs not all answered: {}",
+            tcp(&live)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // c1's own stack answers each SYN-ACK it never asked for with a reset; nothing is kept.
+    let t = tcp(&live);
+    assert!(t["flows"].as_u64().unwrap() <= 1, "{t}");
+    wait_for_no_flows(&live);
+    live.down().expect("down");
+}
+
+/// Debian's Python, where python3-pymemcache and python3-pylibmc install.
+const PYTHON: &str = "/usr/bin/python3";
+
+/// Runs a Python memcached client script in `host`; it prints "ok" when every check held.
+fn python(live: &testbed::Live, host: &str, script: &str) {
+    let out = live
+        .exec(host, "timeout")
+        .args(["60", PYTHON, "-c", script])
+        .stdin(Stdio::null())
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success()
+            && String::from_utf8_lossy(&out.stdout)
+                .trim_end()
+                .ends_with("ok"),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+const PYMEMCACHE: &str = r#"
+import sys
+from pymemcache.client.base import Client
+vip = (sys.argv[1] if len(sys.argv) > 1 else "VIP", 11211)
+c = Client(vip, connect_timeout=3, timeout=5, default_noreply=False)
+for i in range(300):
+    k = "pym-%d" % i
+    v = ("v%d-" % i).encode() * (1 + i % 50)
+    assert c.set(k, v), k
+    assert c.get(k) == v, k
+got = c.get_many(["pym-%d" % i for i in range(0, 300, 7)])
+assert len(got) == len(range(0, 300, 7)), len(got)
+for i in range(0, 300, 7):
+    assert got["pym-%d" % i] == ("v%d-" % i).encode() * (1 + i % 50)
+assert c.add("pym-0", b"x") is False
+assert c.delete("pym-1")
+assert c.get("pym-1") is None
+c.set("pym-n", b"10")
+assert c.incr("pym-n", 5) == 15
+assert c.decr("pym-n", 3) == 12
+v, cas = c.gets("pym-2")
+assert c.cas("pym-2", b"new", cas)
+assert c.get("pym-2") == b"new"
+assert c.append("pym-2", b"+") and c.get("pym-2") == b"new+"
+print("ok")
+"#;
+
+const PYLIBMC: &str = r#"
+import pylibmc
+for binary in (False, True):
+    c = pylibmc.Client(["VIP:11211"], binary=binary)
+    tag = "b" if binary else "t"
+    for i in range(300):
+        k = "plm-%s-%d" % (tag, i)
+        v = ("w%d-" % i).encode() * (1 + i % 40)
+        assert c.set(k, v), k
+        assert c.get(k) == v, k
+    keys = ["plm-%s-%d" % (tag, i) for i in range(0, 300, 5)]
+    got = c.get_multi(keys)
+    assert len(got) == len(keys), (binary, len(got))
+    assert c.delete("plm-%s-3" % tag)
+    assert c.get("plm-%s-3" % tag) is None
+    c.set("plm-%s-n" % tag, "7")
+    assert c.incr("plm-%s-n" % tag, 2) == 9
+print("ok")
+"#;
+
+/// pymemcache and pylibmc, text and binary, over TCP to the VIP.
+#[test]
+fn python_memcached_clients_through_the_splice() {
+    let live = testbed("ktpy", "l3", false);
+    let vip = vip(&live).ip().to_string();
+    python(
+        &live,
+        "c1",
+        &PYMEMCACHE.replace("\"VIP\"", &format!("\"{vip}\"")),
+    );
+    python(&live, "c2", &PYLIBMC.replace("VIP", &vip));
+    let t = tcp(&live);
+    assert!(
+        count(&live, "spliced") + count(&live, "proxied") >= 3,
+        "{t}"
+    );
+    assert!(t["requests"].as_u64().unwrap() > 0, "{t}");
+    wait_for_no_flows(&live);
+    live.down().expect("down");
+}
+
+/// libmemcached's memccapable and memcslap, over TCP to the VIP.
+#[test]
+fn libmemcached_tools_through_the_splice() {
+    let live = testbed("ktlm", "l3", false);
+    let vip = vip(&live);
+    let out = live
+        .exec("c1", "timeout")
+        .args([
+            "120",
+            "memccapable",
+            "-h",
+            &vip.ip().to_string(),
+            "-p",
+            "11211",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("memccapable");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let failed: Vec<&str> = text.lines().filter(|l| l.contains("[FAIL]")).collect();
+    assert!(
+        out.status.success() && failed.is_empty(),
+        "memccapable through the VIP: {failed:?}\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let passed = text.lines().filter(|l| l.contains("[pass]")).count();
+    assert!(passed >= 40, "{passed} memccapable tests passed\n{text}");
+    let out = live
+        .exec("c2", "timeout")
+        .args([
+            "120",
+            "memcslap",
+            &format!("--servers={vip}"),
+            "--concurrency=4",
+            "--execute-number=2000",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("memcslap");
+    assert!(
+        out.status.success(),
+        "memcslap through the VIP: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("memccapable: {passed} passed; tcp: {}", tcp(&live));
+    wait_for_no_flows(&live);
+    live.down().expect("down");
+}
