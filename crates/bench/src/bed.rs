@@ -170,8 +170,11 @@ pub enum System {
     Nutcracker,
     /// UDP to the VIP: kvswitch routes each request by key (switch mode).
     KvswitchUdp,
-    /// TCP to the VIP: kvswitch's built-in proxy behind its local port.
+    /// TCP to the VIP on kvswitch's splice (`switch.tcp = "splice"`, the default).
     KvswitchTcp,
+    /// TCP to the VIP on the proxy's path (`switch.tcp = "proxy"`): the built-in proxy behind
+    /// the local port.
+    KvswitchTcpProxy,
     /// UDP to the VIP with kvswitch's cache on.
     KvswitchCacheUdp,
     /// TCP to the VIP with kvswitch's cache on.
@@ -220,6 +223,8 @@ pub enum Setup {
     Plain,
     /// kvswitch with its own cache.
     Cache,
+    /// kvswitch without a cache, TCP to the VIP on the proxy's path.
+    TcpProxy,
     /// kvswitch without a cache, steering to a SwitchKV cache node.
     SwitchKv,
     /// kvswitch without a cache, and a cache node the clients send every request to.
@@ -237,6 +242,7 @@ impl System {
             System::Nutcracker,
             System::KvswitchUdp,
             System::KvswitchTcp,
+            System::KvswitchTcpProxy,
             System::KvswitchCacheUdp,
             System::KvswitchCacheTcp,
         ]
@@ -288,6 +294,7 @@ impl System {
             System::SwitchKvUdp | System::SwitchKvEncodedUdp => Setup::SwitchKv,
             System::LookThroughUdp => Setup::LookThrough,
             System::LookAsideUdp => Setup::LookAside,
+            System::KvswitchTcpProxy => Setup::TcpProxy,
             s if s.cached() => Setup::Cache,
             _ => Setup::Plain,
         }
@@ -301,6 +308,7 @@ impl System {
             System::Nutcracker => "nutcracker",
             System::KvswitchUdp => "kvswitch_udp",
             System::KvswitchTcp => "kvswitch_tcp",
+            System::KvswitchTcpProxy => "kvswitch_tcp_proxy",
             System::KvswitchCacheUdp => "kvswitch_cache_udp",
             System::KvswitchCacheTcp => "kvswitch_cache_tcp",
             System::SwitchKvUdp => "switchkv_udp",
@@ -318,6 +326,8 @@ impl System {
             System::Nutcracker => 1,
             System::KvswitchUdp => 0,
             System::KvswitchTcp => 2,
+            // SwitchKvUdp's, which never runs beside it.
+            System::KvswitchTcpProxy => 7,
             System::KvswitchCacheUdp => 3,
             System::KvswitchCacheTcp => 4,
             System::SwitchKvUdp => 7,
@@ -338,7 +348,8 @@ impl fmt::Display for System {
             System::DirectTcp => "memcached direct (TCP)",
             System::Nutcracker => "nutcracker (TCP)",
             System::KvswitchUdp => "kvswitch switch (UDP)",
-            System::KvswitchTcp => "kvswitch proxy (TCP)",
+            System::KvswitchTcp => "kvswitch splice (TCP)",
+            System::KvswitchTcpProxy => "kvswitch proxy path (TCP)",
             System::KvswitchCacheUdp => "kvswitch + cache (UDP)",
             System::KvswitchCacheTcp => "kvswitch + cache (TCP)",
             System::SwitchKvUdp => "SwitchKV cache node (UDP)",
@@ -356,6 +367,7 @@ pub fn by_setup(systems: &[System]) -> Vec<(Setup, Vec<System>)> {
     [
         Setup::Plain,
         Setup::Cache,
+        Setup::TcpProxy,
         Setup::SwitchKv,
         Setup::LookThrough,
         Setup::LookAside,
@@ -402,6 +414,8 @@ pub struct BedSpec {
     pub nutcracker: bool,
     /// kvswitch's `switch.datapath`; None: unset (XDP wherever it attaches).
     pub datapath: Option<&'static str>,
+    /// kvswitch's `switch.tcp`; None: unset (the splice).
+    pub tcp: Option<&'static str>,
 }
 
 /// Servers on the peers' testbed, where memcached direct, nutcracker and kvswitch are measured
@@ -486,6 +500,7 @@ impl Bed {
             start_nutcracker: spec.nutcracker,
             extra_config: spec.cache.as_ref().map(cache_section),
             datapath: spec.datapath.map(str::to_string),
+            tcp: spec.tcp.map(str::to_string),
             servers: program,
             cache_args: spec
                 .switchkv
@@ -536,6 +551,12 @@ impl Bed {
             }
             System::Nutcracker => self.nutcracker.context("this testbed runs no nutcracker"),
             System::KvswitchUdp | System::KvswitchTcp => Ok(self.vip),
+            System::KvswitchTcpProxy => {
+                if self.spec.tcp != Some("proxy") {
+                    bail!("{system} needs a testbed with switch.tcp = \"proxy\"");
+                }
+                Ok(self.vip)
+            }
             System::KvswitchCacheUdp | System::KvswitchCacheTcp => {
                 if self.spec.cache.is_none() {
                     bail!("{system} needs a testbed with kvswitch's cache");

@@ -119,6 +119,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
                     switchkv: None,
                     nutcracker: !cached,
                     datapath: Some(datapath),
+                    tcp: None,
                 },
                 preload: vec![Keys::new(args.keys, "key:", args.value_size as usize)],
                 systems: SYSTEMS

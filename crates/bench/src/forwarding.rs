@@ -141,6 +141,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
                 switchkv: None,
                 nutcracker: false,
                 datapath: Some(datapath),
+                tcp: None,
             },
         )?;
         let system = if datapath == "xdp" { XDP } else { AF_PACKET };

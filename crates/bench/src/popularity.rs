@@ -392,6 +392,7 @@ fn stage(
             args.capacity,
             match setup {
                 Setup::Plain => "",
+                Setup::TcpProxy => " with TCP on the proxy's path",
                 Setup::Cache => " with its cache",
                 Setup::SwitchKv => " steering to a SwitchKV cache node",
                 Setup::LookThrough => " and a look-through cache node",
@@ -413,6 +414,7 @@ fn stage(
             },
             nutcracker: false,
             datapath: None,
+            tcp: None,
         },
         preload: vec![Keys::new(args.keys, "key:", 32)],
         systems,

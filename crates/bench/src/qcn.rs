@@ -163,6 +163,7 @@ pub fn run(args: &Args) -> anyhow::Result<Results> {
         switchkv: None,
         nutcracker: false,
         datapath: Some("af_packet"),
+        tcp: None,
     })?;
     let measured = measure(&bed, args, step_s);
     bed.down()?;

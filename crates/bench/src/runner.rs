@@ -57,7 +57,11 @@ impl<A> Stage<A> {
     /// every one of `cache_keys` keys once read. No keys preloaded and no points yet.
     pub fn peers(common: &Common, setup: Setup, systems: Vec<System>, cache_keys: u64) -> Self {
         let cached = setup == Setup::Cache;
-        let with = if cached { " with its cache" } else { "" };
+        let with = match setup {
+            Setup::Cache => " with its cache",
+            Setup::TcpProxy => " with TCP on the proxy's path",
+            _ => "",
+        };
         Stage {
             testbed: format!("1 client, {PEERS} memcached, kvswitch{with}, nutcracker"),
             spec: BedSpec {
@@ -67,6 +71,7 @@ impl<A> Stage<A> {
                 switchkv: None,
                 nutcracker: true,
                 datapath: None,
+                tcp: (setup == Setup::TcpProxy).then_some("proxy"),
             },
             preload: Vec::new(),
             systems,

@@ -367,6 +367,7 @@ fn stage(
             switchkv,
             nutcracker: false,
             datapath: None,
+            tcp: None,
         },
         preload: vec![Keys::new(args.keys, "key:", 32)],
         systems,

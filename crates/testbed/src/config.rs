@@ -15,6 +15,7 @@ pub fn kvswitch_config(
     state: &State,
     pool: Option<&str>,
     datapath: Option<&str>,
+    tcp: Option<&str>,
     extra: Option<&str>,
 ) -> String {
     let mut out = String::new();
@@ -41,6 +42,9 @@ pub fn kvswitch_config(
     let _ = writeln!(out, "source_check = true");
     if let Some(datapath) = datapath {
         let _ = writeln!(out, "datapath = {datapath:?}");
+    }
+    if let Some(tcp) = tcp {
+        let _ = writeln!(out, "tcp = {tcp:?}");
     }
     match (&state.local_port, &state.local_peer) {
         (Some(port), Some(peer)) => {

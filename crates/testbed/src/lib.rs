@@ -88,6 +88,8 @@ pub struct UpOptions {
     /// kvswitch's `switch.datapath` (`"xdp"`, `"af_xdp"` or `"af_packet"`); None leaves it
     /// unset: XDP wherever it attaches.
     pub datapath: Option<String>,
+    /// kvswitch's `switch.tcp` (`"splice"` or `"proxy"`); None leaves it unset: the splice.
+    pub tcp: Option<String>,
     /// Give kvswitch a local port into the root namespace (`<prefix>-local`), through which TCP
     /// to the VIP reaches the host's stack. Default true. The root namespace then holds the
     /// VIP and a route to the subnet, so testbeds running side by side need distinct subnets
@@ -131,6 +133,7 @@ impl Default for UpOptions {
             pool_config: None,
             extra_config: None,
             datapath: None,
+            tcp: None,
             local_port: true,
             proxy: true,
             servers: ServerProgram::Memcached,

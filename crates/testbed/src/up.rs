@@ -352,6 +352,7 @@ fn build(state: &mut State, topo: &Topology, opts: &UpOptions) -> anyhow::Result
             state,
             opts.pool_config.as_deref(),
             opts.datapath.as_deref(),
+            opts.tcp.as_deref(),
             opts.extra_config.as_deref(),
         );
         write_file(state, &state.config_path.clone(), &text)?;
@@ -608,9 +609,11 @@ mod tests {
             &s,
             Some("auto_eject_hosts = true"),
             Some("af_packet"),
+            Some("proxy"),
             Some("[extra]\nx = 1"),
         );
         let parsed: toml::Value = toml::from_str(&conf).unwrap();
+        assert_eq!(parsed["switch"]["tcp"].as_str(), Some("proxy"));
         assert_eq!(parsed["switch"]["ports"].as_array().unwrap().len(), 5);
         assert_eq!(
             parsed["pool"]["servers"][0]["addr"].as_str(),
@@ -637,7 +640,7 @@ mod tests {
         };
         let s = plan(&l2, &opts, "/run/kvswitch/kvs-testbed.json".into(), api).unwrap();
         let parsed: toml::Value =
-            toml::from_str(&config::kvswitch_config(&s, None, None, None)).unwrap();
+            toml::from_str(&config::kvswitch_config(&s, None, None, None, None)).unwrap();
         assert_eq!(parsed["vip"]["agent_ip"].as_str(), Some("10.77.0.254"));
         assert_eq!(parsed["switch"]["local_port"].as_str(), Some(""));
         assert!(parsed["switch"].get("local_peer").is_none());
