@@ -397,6 +397,8 @@ pub struct Stats {
     pub tcp_spliced: AtomicU64,
     pub tcp_proxied: AtomicU64,
     pub tcp_handed_over: AtomicU64,
+    /// Spliced connections' legs to a server opened after their first.
+    pub tcp_legs: AtomicU64,
     pub tcp_requests: AtomicU64,
     pub tcp_flows: AtomicU64,
 }
@@ -430,6 +432,7 @@ impl Stats {
             tcp_spliced: AtomicU64::new(0),
             tcp_proxied: AtomicU64::new(0),
             tcp_handed_over: AtomicU64::new(0),
+            tcp_legs: AtomicU64::new(0),
             tcp_requests: AtomicU64::new(0),
             tcp_flows: AtomicU64::new(0),
         }

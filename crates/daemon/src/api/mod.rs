@@ -299,7 +299,12 @@ pub fn metrics(shared: &Shared, m: &mut Exposition) {
     for (path, n) in tcp_paths(s) {
         m.sample("kvswitch_tcp_connections_total", &[("path", path)], n);
     }
-    let singles: [(&str, &str, u64); 16] = [
+    let singles: [(&str, &str, u64); 17] = [
+        (
+            "kvswitch_tcp_legs_total",
+            "Connections to a server a spliced connection opened after its first.",
+            get(&s.tcp_legs),
+        ),
         (
             "kvswitch_tcp_flows",
             "TCP connections the splice holds now (sequence offsets live).",
@@ -522,6 +527,7 @@ pub fn status(shared: &Shared) -> serde_json::Value {
             "flows": get(&s.tcp_flows),
             "syn_cookies": get(&s.tcp_syn_cookies),
             "requests": get(&s.tcp_requests),
+            "legs": get(&s.tcp_legs),
         },
         "mac_table": snap.mac_table,
         "splits_in_flight": snap.splits_in_flight,

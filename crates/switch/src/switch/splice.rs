@@ -1,33 +1,36 @@
 //! The TCP splice: a connection to the VIP's memcached port routed by key in the switch, with no
-//! trip through the host's stack while its requests stay on one server (docs/tcp.md).
+//! trip through the host's stack (docs/tcp.md).
 //!
 //! The switch answers the client's SYN itself with a SYN cookie (nothing is kept per SYN). The
-//! cookie's ACK, or the first request that carries it, opens a flow. The first request's key
-//! chooses the server, and the switch opens a connection to it in the client's name, with the
-//! client's sequence numbers, the MSS the cookie granted and the client's window scale. From
-//! then on every segment is rewritten in place: the server's sequence numbers moved into the
-//! cookie's space, the client's acknowledgements moved back, windows rescaled when the two
-//! ends' scales differ. The switch reads the client's byte stream request by request. When a
-//! request belongs elsewhere (another server, several, none, a write the cache must see), the
-//! flow is handed over at that request's first byte: once the server has acknowledged every
-//! byte before it and the client every reply, the switch resets its connection to the server
-//! and opens one in the client's name to the host's stack on the local port, where the proxy
-//! serves the rest of the connection as it serves any other. The client stays the only sender
-//! of its bytes: the switch acknowledges nothing in its name, so every loss is repaired by the
-//! client's own retransmission.
+//! cookie's ACK, or the first request that carries it, opens a flow. The switch reads the
+//! client's byte stream request by request and gives each request to a *leg*: a connection of
+//! its own, opened in the client's name, to the request's server (or to the host's stack on
+//! the local port, where the proxy answers what no one server can). One leg is *active* at a
+//! time: a request for another leg waits until every reply the active one owes has come, so
+//! the replies reach the client in request order, one leg's run after another's. The switch
+//! keeps the runs it placed in both directions: which client bytes went to which leg at which
+//! of its sequence numbers, and where each run of a leg's reply bytes lies in the client's
+//! stream. With them it moves every sequence and acknowledgement number between the client's
+//! space and each leg's, so the client sees one connection and each server a client of its
+//! own. The switch acknowledges nothing that has not been acknowledged to it: the client's
+//! bytes are acknowledged once their legs have them, a leg's replies once the client has them,
+//! and every loss is repaired by the sender's own retransmission. A request whose reply has no
+//! end the switch can find (a quiet or `noreply` one, binary, anything malformed) makes the
+//! host's leg active for the rest of the connection.
 
-use super::*;
 use std::collections::VecDeque;
 
 use wire::memcache::reply::ReplyKind;
 use wire::tcp::{self, flag, Segment};
+
+use super::*;
 
 /// The window scale the switch announces to clients that offer one.
 const OUR_WSCALE: u8 = 7;
 /// The MSS the switch announces to clients: what the servers and the host take on a
 /// 1500-byte network.
 const OUR_MSS: u16 = 1460;
-/// The MSS values a cookie can carry, smallest first (RFC 4987's idea, Linux's table).
+/// The MSS values a cookie can carry, smallest first.
 const MSS_TABLE: [u16; 4] = [536, 1220, 1440, 1460];
 /// A cookie's life: it carries the 64-second period it was made in, and the one before still
 /// counts.
@@ -36,16 +39,18 @@ const COOKIE_PERIOD_NS: u64 = 64_000_000_000;
 const IDLE_OPEN: Duration = Duration::from_secs(120);
 /// A flow is kept this long after both FINs (or a reset), for retransmissions.
 const LINGER: Duration = Duration::from_secs(5);
-/// Client bytes a flow holds while its next connection is opened; more are dropped (the client
-/// sends them again).
+/// Client bytes a flow holds before they go to a leg (a request waiting for the active leg's
+/// replies, or for its own leg to open); more are dropped, and the client sends them again.
 const HELD_MAX: usize = 64 * 1024;
-/// The longest a hand-over waits for the server's and the client's acknowledgements before it
-/// gives up on order and resets the client.
-const SWITCH_WAIT: Duration = Duration::from_secs(10);
-/// How often a SYN to a target that has not answered is sent again while the client retransmits.
+/// The longest a request waits for a leg: the active one's replies, or its own handshake.
+const HOLD_WAIT: Duration = Duration::from_secs(10);
+/// How often a SYN to a leg that has not answered is sent again (while the client retransmits
+/// or the switch ticks).
 const SYN_RETRY: Duration = Duration::from_millis(200);
+/// Legs one flow may have: one per server and the host's.
+const MAX_LEGS: usize = 64;
 
-/// Where a flow's bytes go.
+/// Where a request goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Target {
     Server(usize),
@@ -53,7 +58,7 @@ pub(super) enum Target {
     Host,
 }
 
-/// The switch's connection to a flow's target, made in the client's name.
+/// The switch's connection to one target, made in the client's name.
 #[derive(Debug)]
 struct Leg {
     target: Target,
@@ -62,26 +67,38 @@ struct Leg {
     port: u16,
     /// The switch port the target is on.
     out: u16,
-    /// The client's sequence number of the first byte this leg carries (its SYN has the one
-    /// before).
-    start: u32,
-    /// The client-side sequence number of the target's first byte (the cookie's space).
-    base: u32,
-    /// `None` until the target's SYN-ACK: then its initial sequence number.
-    isn: Option<u32>,
+    /// The switch's initial sequence number on this leg (the client's side of it).
+    isn: u32,
+    /// The target's, once its SYN-ACK came.
+    their_isn: Option<u32>,
     syn_at: Instant,
-    /// The shift of the target's windows as the client reads them moved to ours.
+    /// The MSS the target takes.
+    mss: u16,
+    /// The shift of the target's windows, and the one it expects on ours when it did not take
+    /// the client's window scale.
     target_shift: u8,
-    /// The shift the target expects on the client's windows it does not get (0 when the target
-    /// took the client's window scale).
     client_shift: u8,
-    /// The highest acknowledgement the target sent (client sequence space).
+    /// The leg's sequence number for the next client byte it gets.
+    next: u32,
+    /// The highest acknowledgement the target sent (the leg's client-side space).
     acked: u32,
-    /// The end of the highest byte the target sent, in the client's view.
-    sent: u32,
-    /// The replies the target owes, read from its bytes in order up to `read` (client view).
-    replies: Replies,
+    /// The next target byte to read (the target's space): replies are read in order.
     read: u32,
+    replies: Replies,
+    /// The highest acknowledgement the switch sent the target.
+    acked_to: u32,
+    /// The target closed its side.
+    fin: bool,
+}
+
+/// A run of bytes one leg carried: `len` bytes from `client` in the client's stream, from `leg`
+/// in the leg's. Requests: the client's bytes to a leg; replies: a leg's bytes to the client.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    leg: usize,
+    client: u32,
+    leg_seq: u32,
+    len: u32,
 }
 
 /// Where a target's replies end: the kinds of the replies it owes, in order, and how far into
@@ -157,6 +174,8 @@ impl Replies {
                     }
                     None => self.lost = true,
                 },
+                // Lines up to `END`.
+                (ReplyKind::Stats, b"STAT" | b"ITEM" | b"PREFIX") => {}
                 // `END`, an error line, or a reply of one line.
                 _ => {
                     self.owed.pop_front();
@@ -170,42 +189,78 @@ fn number(token: &[u8]) -> Option<usize> {
     std::str::from_utf8(token).ok()?.parse().ok()
 }
 
-impl Leg {
-    /// The offset that moves a target sequence number into the client's view.
-    fn delta(&self) -> u32 {
-        self.base
-            .wrapping_sub(self.isn.unwrap_or(0).wrapping_add(1))
-    }
-}
 
 #[derive(Debug)]
 struct Flow {
     mac: Mac,
     /// The switch port the client is on.
     port: u16,
-    /// Our cookie: the switch's initial sequence number towards the client.
-    cookie: u32,
     mss: u16,
     /// The client's window scale, when it offered one (the switch then announced its own).
     wscale: Option<u8>,
-    leg: Option<Leg>,
+    legs: Vec<Leg>,
+    /// The leg requests go to now; every leg but it owes no reply.
+    active: Option<usize>,
+    /// The host's leg takes every request from now on.
+    sticky: bool,
     /// The client's sequence number of the first byte not yet given to a leg.
     edge: u32,
-    /// Bytes of a routed request's data block still to come at `edge`.
+    /// Bytes of a request's data block still to come, for the active leg.
     data_left: usize,
-    /// Where the bytes from `edge` on go, when not to the open leg: a leg still opening, or
-    /// a hand-over waiting for acknowledgements.
-    next: Option<Target>,
-    /// Client bytes from `edge` on, held for the next leg; with a FIN after them.
+    /// Client bytes from `edge` on, not yet given to a leg; a FIN after them.
     held: Vec<u8>,
     held_fin: bool,
+    /// When the bytes at the front of `held` started to wait.
     since: Instant,
-    /// The client's highest acknowledgement (its view) and last window.
+    /// Requests and replies placed, oldest first, kept until acknowledged.
+    requests: VecDeque<Run>,
+    replies: VecDeque<Run>,
+    /// The client-side sequence number of the next reply byte: where the active leg's run
+    /// goes on.
+    out: u32,
+    /// The highest byte (and FIN) sent to the client, plus one.
+    sent: u32,
+    /// The client's highest acknowledgement and last window.
     client_acked: u32,
     client_window: u16,
+    /// The window the client was last told, and the acknowledgement.
+    window: u16,
+    last_ack: u32,
     seen: Instant,
     closed: Option<Instant>,
+    /// Bit 1: the client's FIN went to the legs; bit 2: a FIN went to the client.
     fins: u8,
+}
+
+impl Flow {
+    /// The client's bytes every leg has acknowledged: where the oldest request run not yet
+    /// acknowledged whole stops being so, or the edge.
+    fn acked_for_client(&mut self) -> u32 {
+        while let Some(run) = self.requests.front() {
+            let leg = &self.legs[run.leg];
+            let end = run.leg_seq.wrapping_add(run.len);
+            if tcp::before(leg.acked, end) {
+                let done = leg.acked.wrapping_sub(run.leg_seq);
+                let done = if tcp::before(leg.acked, run.leg_seq) { 0 } else { done };
+                return run.client.wrapping_add(done);
+            }
+            self.requests.pop_front();
+        }
+        self.edge
+    }
+
+    /// What the client's acknowledgement `ack` acknowledges of leg `i`'s bytes.
+    fn ack_for_leg(&self, i: usize, ack: u32) -> Option<u32> {
+        let mut best = None;
+        for run in self.replies.iter().filter(|r| r.leg == i) {
+            if tcp::before(ack, run.client) {
+                break;
+            }
+            let got = ack.wrapping_sub(run.client).min(run.len);
+            best = Some(run.leg_seq.wrapping_add(got));
+        }
+        best
+    }
 }
 
 /// The splice's flows and the key its cookies are made with.
@@ -285,10 +340,11 @@ impl Splice {
     }
 }
 
+
 impl Switch {
     /// Handles a TCP segment the pipeline sends on, when it goes to the VIP's memcached port
-    /// or comes from a flow's target to its client (the parser stage has checked the sources
-    /// of frames to the VIP). `None`: not the splice's; the pipeline's verdict stands.
+    /// or comes from a flow's leg to its client (the parser stage has checked the sources of
+    /// frames to the VIP). `None`: not the splice's; the pipeline's verdict stands.
     pub(super) fn splice_segment(
         &mut self,
         in_port: u16,
@@ -304,49 +360,39 @@ impl Switch {
                 self.stats.count_drop(Drop::BadTcpChecksum);
                 return Some(Fate::Consumed);
             }
-            return Some(self.on_client(in_port, frame, now, emit));
+            self.on_client(in_port, &seg, now, emit);
+            return Some(Fate::Consumed);
         }
         let client = (seg.dst_ip(), seg.dst_port());
         let flow = self.splice.as_ref()?.flows.get(&client)?;
-        let leg = flow.leg.as_ref()?;
-        let from_leg = (seg.src_ip(), seg.src_port()) == (leg.ip, leg.port)
-            && (Some(in_port) == self.local) == (leg.target == Target::Host)
-            && (leg.target == Target::Host || seg.src_mac() == leg.mac);
-        if !from_leg {
-            // An earlier leg's target (its answer to the reset), or a stranger: not the client's.
-            let old = (seg.src_ip(), seg.src_port()) == vip
-                || self.backend_by_ip.contains_key(&seg.src_ip());
-            if old {
-                self.stats.count_drop(Drop::TcpStale);
-                return Some(Fate::Consumed);
-            }
-            return None;
-        }
+        let from_local = Some(in_port) == self.local;
+        // The newest leg of that address: an older one to the same server is closed.
+        let leg = flow.legs.iter().rposition(|l| {
+            (seg.src_ip(), seg.src_port()) == (l.ip, l.port)
+                && from_local == (l.target == Target::Host)
+                && (l.target == Target::Host || seg.src_mac() == l.mac)
+        })?;
         if !seg.verify_checksum() {
             self.stats.count_drop(Drop::BadTcpChecksum);
             return Some(Fate::Consumed);
         }
-        Some(self.on_target(client, frame, now, emit))
+        if let Some(mut flow) = self.splice.as_mut().and_then(|s| s.flows.remove(&client)) {
+            flow.seen = now;
+            self.leg_segment(client, &mut flow, leg, &seg, now, emit);
+            self.splice_put(client, flow);
+        }
+        Some(Fate::Consumed)
     }
 
-    fn on_client(
-        &mut self,
-        in_port: u16,
-        frame: &mut [u8],
-        now: Instant,
-        emit: &mut Vec<Emit>,
-    ) -> Fate {
-        let Ok(seg) = Segment::parse(frame) else {
-            return Fate::Consumed;
-        };
+    fn on_client(&mut self, in_port: u16, seg: &Segment<'_>, now: Instant, emit: &mut Vec<Emit>) {
         let client = (seg.src_ip(), seg.src_port());
         let Some(splice) = self.splice.as_mut() else {
-            return Fate::Consumed;
+            return;
         };
         if seg.has(flag::SYN) {
             if seg.has(flag::ACK) || seg.has(flag::RST) {
                 self.stats.count_drop(Drop::TcpUnexpected);
-                return Fate::Consumed;
+                return;
             }
             // Answered from the cookie alone, even for a flow the switch holds: a client that
             // lost our SYN-ACK, or one that reuses its port, starts again the same way.
@@ -374,12 +420,11 @@ impl Switch {
                 dest: Dest::Port(in_port),
                 frame: syn_ack.frame(&ends, &[]),
             });
-            return Fate::Consumed;
+            return;
         }
-        let known = splice.flows.contains_key(&client);
-        if !known {
+        if !splice.flows.contains_key(&client) {
             if seg.has(flag::RST) {
-                return Fate::Consumed;
+                return;
             }
             let isn = seg.seq().wrapping_sub(1);
             let cookie = seg.ack().wrapping_sub(1);
@@ -389,31 +434,37 @@ impl Switch {
                 .flatten()
             else {
                 self.stats.count_drop(Drop::TcpBadCookie);
-                self.reset_client(in_port, &seg, emit);
-                return Fate::Consumed;
+                self.reset_client(in_port, seg, emit);
+                return;
             };
             if splice.flows.len() >= splice.max_flows {
                 self.stats.count_drop(Drop::TcpFlowsFull);
-                self.reset_client(in_port, &seg, emit);
-                return Fate::Consumed;
+                self.reset_client(in_port, seg, emit);
+                return;
             }
             splice.flows.insert(
                 client,
                 Flow {
                     mac: seg.src_mac(),
                     port: in_port,
-                    cookie,
                     mss,
                     wscale,
-                    leg: None,
+                    legs: Vec::new(),
+                    active: None,
+                    sticky: false,
                     edge: isn.wrapping_add(1),
                     data_left: 0,
-                    next: None,
                     held: Vec::new(),
                     held_fin: false,
                     since: now,
+                    requests: VecDeque::new(),
+                    replies: VecDeque::new(),
+                    out: cookie.wrapping_add(1),
+                    sent: cookie.wrapping_add(1),
                     client_acked: cookie.wrapping_add(1),
                     client_window: seg.window(),
+                    window: u16::MAX,
+                    last_ack: isn.wrapping_add(1),
                     seen: now,
                     closed: None,
                     fins: 0,
@@ -422,18 +473,17 @@ impl Switch {
             self.count_flows();
         }
         let Some(mut flow) = self.splice.as_mut().and_then(|s| s.flows.remove(&client)) else {
-            return Fate::Consumed;
+            return;
         };
         if flow.port != in_port || flow.mac != seg.src_mac() {
             // Another host in the client's name: the source check, when on, stopped it before.
             self.splice_put(client, flow);
             self.stats.count_drop(Drop::TcpStale);
-            return Fate::Consumed;
+            return;
         }
         flow.seen = now;
-        let fate = self.client_segment(client, &mut flow, frame, now, emit);
+        self.client_segment(client, &mut flow, seg, now, emit);
         self.splice_put(client, flow);
-        fate
     }
 
     fn splice_put(&mut self, client: (Ipv4Addr, u16), flow: Flow) {
@@ -447,168 +497,678 @@ impl Switch {
         &mut self,
         client: (Ipv4Addr, u16),
         flow: &mut Flow,
-        frame: &mut [u8],
+        seg: &Segment<'_>,
         now: Instant,
         emit: &mut Vec<Emit>,
-    ) -> Fate {
-        let Ok(seg) = Segment::parse(frame) else {
-            return Fate::Consumed;
-        };
-        if seg.has(flag::ACK) && !tcp::before(seg.ack(), flow.client_acked) {
+    ) {
+        if seg.has(flag::RST) {
+            self.end_flow(client, flow, now, emit, false);
+            return;
+        }
+        if seg.has(flag::ACK) && tcp::before(flow.client_acked, seg.ack()) && !tcp::before(flow.sent, seg.ack()) {
             flow.client_acked = seg.ack();
+            // Runs the client has whole are forgotten; the last one may still grow.
+            while flow.replies.len() > 1
+                && flow.replies.front().is_some_and(|r| {
+                    !tcp::before(seg.ack(), r.client.wrapping_add(r.len))
+                })
+            {
+                flow.replies.pop_front();
+            }
         }
         flow.client_window = seg.window();
-        let open = flow.leg.as_ref().filter(|l| l.isn.is_some()).is_some();
-        if seg.has(flag::RST) {
-            flow.closed = Some(now);
-            flow.next = None;
-            return match (&flow.leg, open) {
-                (Some(leg), true) => self.to_target(flow, leg, frame),
-                _ => Fate::Consumed,
-            };
-        }
         let payload = seg.payload();
         let (seq, fin) = (seg.seq(), seg.has(flag::FIN));
-        let holding = flow.next.is_some() || flow.leg.is_none();
-        // The first byte the switch has not taken: past the edge, the bytes it holds.
-        let expected = match holding {
-            true => flow.edge.wrapping_add(flow.held.len() as u32),
-            false => flow.edge,
-        };
-        if (!payload.is_empty() || fin) && tcp::before(expected, seq) {
+        // The client's bytes the switch has: given to legs up to the edge, then held.
+        let have = flow.edge.wrapping_add(flow.held.len() as u32);
+        if !payload.is_empty() && tcp::before(seq, flow.edge) {
+            // Bytes given to legs already: one of them may not have them.
+            let old = (flow.edge.wrapping_sub(seq) as usize).min(payload.len());
+            self.give_again(client, flow, seq, &payload[..old], emit);
+        }
+        if (!payload.is_empty() || fin) && tcp::before(have, seq) {
             // Past a gap: the switch reads the stream in order, so the client sends it again.
             self.stats.count_drop(Drop::TcpOutOfOrder);
-            return Fate::Consumed;
-        }
-        // Bytes before `new_at` were given to a leg already; the rest are new.
-        let new_at = (flow.edge.wrapping_sub(seq) as usize).min(payload.len());
-        let new = &payload[new_at..];
-        let brings_fin = fin && !tcp::before(seq.wrapping_add(payload.len() as u32), flow.edge);
-        if holding {
-            // Everything from the edge on waits for the next leg.
-            let at = flow.edge.wrapping_add(flow.held.len() as u32);
-            let skip = at.wrapping_sub(seq) as usize;
-            if !tcp::before(at, seq) && skip <= payload.len() {
-                let more = &payload[skip..];
+        } else if !payload.is_empty() || fin {
+            let skip = have.wrapping_sub(seq) as usize;
+            if let Some(more) = payload.get(skip..) {
+                if flow.held.is_empty() {
+                    flow.since = now;
+                }
                 if flow.held.len() + more.len() <= HELD_MAX {
                     flow.held.extend_from_slice(more);
-                    flow.held_fin |= brings_fin;
+                    flow.held_fin |= fin && flow.fins & 1 == 0;
                 } else {
                     self.stats.count_drop(Drop::TcpHeldFull);
                 }
+            } else if flow.fins & 1 == 0 || !fin {
+                // Bytes the legs had already: the client did not hear our acknowledgement.
+                self.ack_client(client, flow, emit);
             }
-            if flow.leg.is_none() && flow.next.is_none() && !flow.held.is_empty() {
-                flow.next = Some(self.route_first(&flow.held));
-            }
-            // What the open leg may still take: bytes it lacks, the client's acknowledgements.
-            let out = match (&flow.leg, open) {
-                (Some(leg), true) => self.cut_to_target(flow, leg, frame, new_at, emit),
-                _ => Fate::Consumed,
-            };
-            self.advance(client, flow, now, emit);
-            return out;
         }
-        let Some(mut leg) = flow.leg.take() else {
-            return Fate::Consumed;
-        };
-        let new = new.to_vec();
-        let (end, switch) = self.scan(flow, &mut leg, &new);
-        flow.leg = Some(leg);
-        flow.edge = flow.edge.wrapping_add(end as u32);
-        let keep = new_at + end;
-        let whole = keep == payload.len();
-        if let Some(to) = switch {
-            flow.next = Some(to);
-            flow.since = now;
-            flow.held = new[end..].to_vec();
-            flow.held_fin = brings_fin;
-        } else if !whole {
-            // A line cut by the segment's end: none of it leaves until all of it is here.
-            self.stats.count_drop(Drop::TcpLineCut);
-        }
-        let out = match &flow.leg {
-            Some(leg) => self.cut_to_target(flow, leg, frame, keep, emit),
-            None => Fate::Consumed,
-        };
-        if whole && brings_fin && switch.is_none() {
-            self.note_fin(flow, 1, now);
-        }
-        if switch.is_some() {
-            self.advance(client, flow, now, emit);
-        }
-        out
+        self.pump(client, flow, now, emit);
+        self.ack_legs(client, flow, emit);
     }
 
-    /// Sends the first `keep` payload bytes of a client's segment to its leg: in place when
-    /// that is all of them, else as a copy cut short, without its FIN.
-    fn cut_to_target(
-        &self,
-        flow: &Flow,
-        leg: &Leg,
-        frame: &mut [u8],
-        keep: usize,
+    /// Gives held client bytes to legs, request by request, as far as order allows.
+    fn pump(&mut self, client: (Ipv4Addr, u16), flow: &mut Flow, now: Instant, emit: &mut Vec<Emit>) {
+        if flow.closed.is_some() {
+            return;
+        }
+        let mut given = 0;
+        loop {
+            let remaining = flow.held.len() - given;
+            if remaining == 0 {
+                break;
+            }
+            if flow.data_left > 0 {
+                // The rest of a data block goes where its command went.
+                let Some(active) = flow.active else { break };
+                if !self.leg_open(flow, active) {
+                    break;
+                }
+                let n = flow.data_left.min(remaining);
+                let bytes = flow.held[given..given + n].to_vec();
+                self.give(client, flow, active, &bytes, emit);
+                flow.data_left -= n;
+                given += n;
+                continue;
+            }
+            let rest = &flow.held[given..];
+            let (len, target, kind) = if flow.sticky {
+                (rest.len(), Target::Host, None)
+            } else if rest.first() == Some(&b'q') && is_quit(rest) {
+                // `quit` goes to the active leg, which closes; the host's when there is none.
+                let len = rest.iter().position(|&b| b == b'\n').map_or(rest.len(), |i| i + 1);
+                let target = flow.active.map_or(Target::Host, |a| flow.legs[a].target);
+                (len, target, None)
+            } else {
+                match self.request_target(rest) {
+                    Some(x) => x,
+                    None => {
+                        // A line cut short: the rest of it comes later.
+                        break;
+                    }
+                }
+            };
+            let Some(leg) = self.leg_for(client, flow, target, now, emit) else {
+                self.stats.count_drop(Drop::TcpNoTarget);
+                self.end_flow(client, flow, now, emit, true);
+                return;
+            };
+            if flow.active != Some(leg) {
+                let settled = flow.active.is_none_or(|a| flow.legs[a].replies.settled());
+                if !settled {
+                    if flow.active.is_some_and(|a| flow.legs[a].replies.lost) {
+                        self.stats.count_drop(Drop::TcpRepliesLost);
+                        self.end_flow(client, flow, now, emit, true);
+                        return;
+                    }
+                    break;
+                }
+                if !self.leg_open(flow, leg) {
+                    break;
+                }
+                flow.active = Some(leg);
+                let read = flow.legs[leg].read;
+                flow.replies.push_back(Run {
+                    leg,
+                    client: flow.out,
+                    leg_seq: read,
+                    len: 0,
+                });
+            } else if !self.leg_open(flow, leg) {
+                break;
+            }
+            match kind {
+                Some(kind) => flow.legs[leg].replies.expect(kind),
+                None if target == Target::Host => flow.sticky = true,
+                None => {}
+            }
+            if let Target::Server(i) = target {
+                self.stats.backend_request(i);
+                stats::inc(&self.stats.tcp_requests);
+            }
+            let n = len.min(remaining);
+            flow.data_left = len - n;
+            let bytes = flow.held[given..given + n].to_vec();
+            self.give(client, flow, leg, &bytes, emit);
+            given += n;
+        }
+        flow.held.drain(..given);
+        if given > 0 {
+            flow.since = now;
+        }
+        if flow.held.is_empty() && flow.held_fin && flow.fins & 1 == 0 {
+            // The client is done sending: every leg hears so after its last request.
+            flow.held_fin = false;
+            flow.fins |= 1;
+            flow.edge = flow.edge.wrapping_add(1);
+            for i in 0..flow.legs.len() {
+                if flow.legs[i].their_isn.is_some() {
+                    self.leg_send(client, flow, i, &[], flag::FIN, emit);
+                }
+            }
+        }
+        if !flow.held.is_empty() && now.saturating_duration_since(flow.since) > HOLD_WAIT {
+            self.stats.count_drop(Drop::TcpHandOverTimeout);
+            self.end_flow(client, flow, now, emit, true);
+        }
+    }
+
+    /// Whether leg `i` has finished its handshake; a SYN is sent again when one is due.
+    fn leg_open(&self, flow: &Flow, i: usize) -> bool {
+        flow.legs[i].their_isn.is_some()
+    }
+
+    /// The leg for `target`, opened (its SYN sent) when the flow has none yet.
+    fn leg_for(
+        &mut self,
+        client: (Ipv4Addr, u16),
+        flow: &mut Flow,
+        target: Target,
+        now: Instant,
         emit: &mut Vec<Emit>,
-    ) -> Fate {
-        let whole = Segment::parse(frame).is_ok_and(|s| s.payload().len() <= keep);
-        if whole {
-            return self.to_target(flow, leg, frame);
+    ) -> Option<usize> {
+        if let Some(i) = flow.legs.iter().position(|l| l.target == target && !l.fin) {
+            let leg = &mut flow.legs[i];
+            if leg.their_isn.is_none() && now.saturating_duration_since(leg.syn_at) >= SYN_RETRY {
+                leg.syn_at = now;
+                emit.push(self.leg_syn(client, flow, i));
+            }
+            return Some(i);
         }
-        let mut cut = frame.to_vec();
-        if let Some(mut r) = tcp::Rewrite::new(&mut cut) {
-            let len = r.cut_payload(keep);
-            r.clear_flags(flag::FIN);
-            cut.truncate(len);
+        if flow.legs.len() >= MAX_LEGS {
+            return None;
         }
-        if let Fate::Out(p) = self.to_target(flow, leg, &mut cut) {
+        let target = match self.target_address(target) {
+            Some(_) => target,
+            // Its server's port is not known yet: the proxy serves this request.
+            None => Target::Host,
+        };
+        if target == Target::Host {
+            if let Some(i) = flow.legs.iter().position(|l| l.target == target && !l.fin) {
+                return Some(i);
+            }
+        }
+        let (mac, ip, port, out) = self.target_address(target)?;
+        let isn = flow.edge.wrapping_sub(1);
+        flow.legs.push(Leg {
+            target,
+            mac,
+            ip,
+            port,
+            out,
+            isn,
+            their_isn: None,
+            syn_at: now,
+            mss: flow.mss,
+            target_shift: 0,
+            client_shift: 0,
+            next: isn.wrapping_add(1),
+            acked: isn.wrapping_add(1),
+            read: 0,
+            replies: Replies::default(),
+            acked_to: 0,
+            fin: false,
+        });
+        let i = flow.legs.len() - 1;
+        match (target, flow.legs.len()) {
+            (Target::Server(_), 1) => stats::inc(&self.stats.tcp_spliced),
+            (Target::Host, 1) => stats::inc(&self.stats.tcp_proxied),
+            (Target::Host, _) => stats::inc(&self.stats.tcp_handed_over),
+            (Target::Server(_), _) => stats::inc(&self.stats.tcp_legs),
+        }
+        emit.push(self.leg_syn(client, flow, i));
+        Some(i)
+    }
+
+    /// The SYN of leg `i`, in the client's name, with the client's MSS and window scale.
+    fn leg_syn(&self, client: (Ipv4Addr, u16), flow: &Flow, i: usize) -> Emit {
+        let leg = &flow.legs[i];
+        let syn = tcp::Repr {
+            src_port: client.1,
+            dst_port: leg.port,
+            seq: leg.isn,
+            ack: 0,
+            flags: flag::SYN,
+            window: flow.client_window,
+            mss: Some(flow.mss),
+            wscale: flow.wscale,
+        };
+        Emit {
+            dest: Dest::Port(leg.out),
+            frame: syn.frame(&leg_ends(client, flow, leg), &[]),
+        }
+    }
+
+    /// Sends client bytes to leg `i`, in segments of its MSS, as a request run.
+    fn give(&mut self, client: (Ipv4Addr, u16), flow: &mut Flow, i: usize, bytes: &[u8], emit: &mut Vec<Emit>) {
+        if bytes.is_empty() {
+            return;
+        }
+        let leg_seq = flow.legs[i].next;
+        match flow.requests.back_mut() {
+            Some(run)
+                if run.leg == i
+                    && run.client.wrapping_add(run.len) == flow.edge
+                    && run.leg_seq.wrapping_add(run.len) == leg_seq =>
+            {
+                run.len = run.len.wrapping_add(bytes.len() as u32);
+            }
+            _ => flow.requests.push_back(Run {
+                leg: i,
+                client: flow.edge,
+                leg_seq,
+                len: bytes.len() as u32,
+            }),
+        }
+        flow.edge = flow.edge.wrapping_add(bytes.len() as u32);
+        let mss = usize::from(flow.legs[i].mss.max(1));
+        let chunks: Vec<&[u8]> = bytes.chunks(mss).collect();
+        let last = chunks.len().saturating_sub(1);
+        for (n, chunk) in chunks.into_iter().enumerate() {
+            let psh = if n == last { flag::PSH } else { 0 };
+            self.leg_send(client, flow, i, chunk, psh, emit);
+        }
+    }
+
+    /// Client bytes from `seq` that were given to legs before, given again where their runs
+    /// put them (the legs drop what they have).
+    fn give_again(&mut self, client: (Ipv4Addr, u16), flow: &mut Flow, seq: u32, bytes: &[u8], emit: &mut Vec<Emit>) {
+        let mut at = 0;
+        while at < bytes.len() {
+            let s = seq.wrapping_add(at as u32);
+            let Some(run) = flow.requests.iter().copied().find(|r| {
+                !tcp::before(s, r.client) && tcp::before(s, r.client.wrapping_add(r.len))
+            }) else {
+                // Acknowledged by its leg already, or before the oldest run kept.
+                at += 1;
+                continue;
+            };
+            let n = (run.client.wrapping_add(run.len).wrapping_sub(s) as usize).min(bytes.len() - at);
+            let leg_seq = run.leg_seq.wrapping_add(s.wrapping_sub(run.client));
+            let next = flow.legs[run.leg].next;
+            flow.legs[run.leg].next = leg_seq;
+            self.leg_send(client, flow, run.leg, &bytes[at..at + n], flag::PSH, emit);
+            flow.legs[run.leg].next = next;
+            at += n;
+        }
+    }
+
+    /// One segment to leg `i` in the client's name: `payload` at the leg's next sequence
+    /// number, the client's acknowledgement of the leg's bytes, the client's window.
+    fn leg_send(&mut self, client: (Ipv4Addr, u16), flow: &mut Flow, i: usize, payload: &[u8], flags: u8, emit: &mut Vec<Emit>) {
+        let ack = flow.ack_for_leg(i, flow.client_acked);
+        let leg = &mut flow.legs[i];
+        let Some(their) = leg.their_isn else {
+            return;
+        };
+        let ack = ack.unwrap_or(their.wrapping_add(1));
+        let ack = if tcp::before(ack, leg.acked_to) { leg.acked_to } else { ack };
+        leg.acked_to = ack;
+        let window = rescale(flow.client_window, 0, leg.client_shift);
+        let seg = tcp::Repr {
+            src_port: client.1,
+            dst_port: leg.port,
+            seq: leg.next,
+            ack,
+            flags: flag::ACK | flags,
+            window,
+            mss: None,
+            wscale: None,
+        };
+        leg.next = leg.next.wrapping_add(payload.len() as u32 + u32::from(flags & flag::FIN != 0));
+        emit.push(Emit {
+            dest: Dest::Port(leg.out),
+            frame: seg.frame(&leg_ends(client, flow, &flow.legs[i]), payload),
+        });
+    }
+
+    /// Tells every open leg what the client has acknowledged of its bytes, when that moved.
+    fn ack_legs(&mut self, client: (Ipv4Addr, u16), flow: &mut Flow, emit: &mut Vec<Emit>) {
+        for i in 0..flow.legs.len() {
+            let leg = &flow.legs[i];
+            if leg.their_isn.is_none() {
+                continue;
+            }
+            let Some(ack) = flow.ack_for_leg(i, flow.client_acked) else {
+                continue;
+            };
+            if tcp::before(leg.acked_to, ack) {
+                self.leg_send(client, flow, i, &[], 0, emit);
+            }
+        }
+    }
+
+    /// A pure acknowledgement to the client of what the legs have of its bytes.
+    fn ack_client(&mut self, client: (Ipv4Addr, u16), flow: &mut Flow, emit: &mut Vec<Emit>) {
+        let ack = flow.acked_for_client();
+        flow.last_ack = ack;
+        let seg = tcp::Repr {
+            src_port: self.spec.vip.port,
+            dst_port: client.1,
+            seq: flow.sent,
+            ack,
+            flags: flag::ACK,
+            window: flow.window,
+            mss: None,
+            wscale: None,
+        };
+        emit.push(Emit {
+            dest: Dest::Port(flow.port),
+            frame: seg.frame(&self.client_ends(client, flow), &[]),
+        });
+    }
+
+    fn client_ends(&self, client: (Ipv4Addr, u16), flow: &Flow) -> tcp::Ends {
+        tcp::Ends {
+            src_mac: self.spec.vip.mac,
+            dst_mac: flow.mac,
+            src_ip: self.spec.vip.ip,
+            dst_ip: client.0,
+        }
+    }
+
+    /// A segment from leg `i`'s target.
+    fn leg_segment(
+        &mut self,
+        client: (Ipv4Addr, u16),
+        flow: &mut Flow,
+        i: usize,
+        seg: &Segment<'_>,
+        now: Instant,
+        emit: &mut Vec<Emit>,
+    ) {
+        if seg.has(flag::RST) {
+            let owes = flow.active == Some(i) || flow.replies.iter().any(|r| r.leg == i);
+            if owes || flow.legs[i].their_isn.is_none() {
+                self.stats.count_drop(Drop::TcpNoTarget);
+                self.end_flow(client, flow, now, emit, true);
+            } else {
+                flow.legs[i].fin = true;
+            }
+            return;
+        }
+        if seg.has(flag::SYN) {
+            let leg = &mut flow.legs[i];
+            let answers = seg.has(flag::ACK) && seg.ack() == leg.isn.wrapping_add(1);
+            if !answers || leg.their_isn.is_some_and(|t| t != seg.seq()) {
+                self.stats.count_drop(Drop::TcpUnexpected);
+                return;
+            }
+            let first = leg.their_isn.is_none();
+            leg.their_isn = Some(seg.seq());
+            let o = seg.options();
+            leg.mss = o.mss.unwrap_or(536).min(flow.mss).max(64);
+            (leg.target_shift, leg.client_shift) = match (flow.wscale, o.wscale) {
+                (Some(_), Some(t)) => (t, 0),
+                (Some(c), None) => (0, c),
+                (None, _) => (0, 0),
+            };
+            if first {
+                leg.read = seg.seq().wrapping_add(1);
+                leg.acked_to = leg.read;
+                leg.acked = leg.isn.wrapping_add(1);
+            }
+            // The handshake's last ACK, in the client's name.
+            let ack = tcp::Repr {
+                src_port: client.1,
+                dst_port: leg.port,
+                seq: leg.isn.wrapping_add(1),
+                ack: seg.seq().wrapping_add(1),
+                flags: flag::ACK,
+                window: rescale(flow.client_window, 0, leg.client_shift),
+                mss: None,
+                wscale: None,
+            };
             emit.push(Emit {
-                dest: Dest::Port(p),
-                frame: cut,
+                dest: Dest::Port(leg.out),
+                frame: ack.frame(&leg_ends(client, flow, &flow.legs[i]), &[]),
+            });
+            if first {
+                self.pump(client, flow, now, emit);
+            }
+            return;
+        }
+        let Some(_) = flow.legs[i].their_isn else {
+            return;
+        };
+        if seg.has(flag::ACK) && tcp::before(flow.legs[i].acked, seg.ack()) && !tcp::before(flow.legs[i].next, seg.ack()) {
+            flow.legs[i].acked = seg.ack();
+        }
+        let our_shift = flow.wscale.map_or(0, |_| OUR_WSCALE);
+        flow.window = rescale(seg.window(), flow.legs[i].target_shift, our_shift);
+        let payload = seg.payload();
+        let seq = seg.seq();
+        let mut pieces: Vec<(u32, &[u8])> = Vec::new();
+        if !payload.is_empty() {
+            let leg = &mut flow.legs[i];
+            if tcp::before(leg.read, seq) {
+                // Past a gap in the replies: they are read in order, and the target sends these
+                // again.
+                self.stats.count_drop(Drop::TcpOutOfOrder);
+                return;
+            }
+            let end = seq.wrapping_add(payload.len() as u32);
+            let fresh = if tcp::before(leg.read, end) {
+                let skip = leg.read.wrapping_sub(seq) as usize;
+                let new = &payload[skip..];
+                if flow.active != Some(i) {
+                    // Bytes nobody asked for: this leg owes no reply.
+                    leg.replies.lost = true;
+                    self.stats.count_drop(Drop::TcpRepliesLost);
+                    self.end_flow(client, flow, now, emit, true);
+                    return;
+                }
+                leg.replies.feed(new);
+                leg.read = end;
+                if let Some(run) = flow.replies.back_mut() {
+                    run.len = run.len.wrapping_add(new.len() as u32);
+                }
+                flow.out = flow.out.wrapping_add(new.len() as u32);
+                skip
+            } else {
+                payload.len()
+            };
+            // Bytes sent before (retransmitted): where each run put them.
+            let mut at = 0;
+            while at < fresh {
+                let s = seq.wrapping_add(at as u32);
+                let Some(run) = flow.replies.iter().find(|r| {
+                    r.leg == i && !tcp::before(s, r.leg_seq) && tcp::before(s, r.leg_seq.wrapping_add(r.len))
+                }) else {
+                    break;
+                };
+                let n = (run.leg_seq.wrapping_add(run.len).wrapping_sub(s) as usize).min(fresh - at);
+                pieces.push((run.client.wrapping_add(s.wrapping_sub(run.leg_seq)), &payload[at..at + n]));
+                at += n;
+            }
+            if fresh < payload.len() {
+                let run = flow.replies.back().copied();
+                if let Some(run) = run {
+                    let s = seq.wrapping_add(fresh as u32);
+                    pieces.push((run.client.wrapping_add(s.wrapping_sub(run.leg_seq)), &payload[fresh..]));
+                }
+            }
+        }
+        let fin = seg.has(flag::FIN);
+        let leg_fin = fin && !flow.legs[i].fin;
+        if leg_fin {
+            flow.legs[i].fin = true;
+        }
+        // The leg's end is the client's only when it is the active leg with nothing owed and
+        // nothing waiting (a `quit`, or the server closing on the client's FIN).
+        let to_client_fin = leg_fin
+            && flow.active == Some(i)
+            && flow.legs[i].replies.owed.is_empty()
+            && flow.held.is_empty();
+        let ack = flow.acked_for_client();
+        let push = seg.has(flag::PSH);
+        for (k, (at, bytes)) in pieces.iter().enumerate() {
+            let last = k + 1 == pieces.len();
+            let mut flags = flag::ACK;
+            if last && push {
+                flags |= flag::PSH;
+            }
+            self.client_send(client, flow, *at, ack, bytes, flags, emit);
+        }
+        if to_client_fin {
+            let at = flow.out;
+            self.client_send(client, flow, at, ack, &[], flag::ACK | flag::FIN, emit);
+            flow.fins |= 2;
+            if flow.fins & 1 == 0 {
+                // A server that closed by itself (`quit`): the client's own FIN is still to
+                // come, the other legs are done with.
+                self.reset_legs(client, flow, Some(i), emit);
+            }
+        } else if pieces.is_empty() && tcp::before(flow.last_ack, ack) {
+            // The client's bytes moved on at the legs: tell it.
+            self.ack_client(client, flow, emit);
+        }
+        if !payload.is_empty() && pieces.is_empty() {
+            // All of it had reached the client: the leg did not hear our acknowledgement.
+            let acked_to = flow.legs[i].acked_to;
+            flow.legs[i].acked_to = acked_to.wrapping_sub(1);
+        }
+        if leg_fin && flow.active != Some(i) {
+            // An idle leg whose server closed: it is let go, and opened again when needed.
+            self.reset_leg(client, flow, i, emit);
+        }
+        if flow.fins == 3 && flow.closed.is_none() {
+            // Both ends are done: the legs are let go.
+            self.end_flow(client, flow, now, emit, false);
+            return;
+        }
+        if flow.legs[i].replies.settled() && !flow.held.is_empty() {
+            self.pump(client, flow, now, emit);
+        }
+        self.ack_legs(client, flow, emit);
+    }
+
+    /// One segment to the client: `payload` at client sequence number `seq`.
+    #[allow(clippy::too_many_arguments)]
+    fn client_send(&mut self, client: (Ipv4Addr, u16), flow: &mut Flow, seq: u32, ack: u32, payload: &[u8], flags: u8, emit: &mut Vec<Emit>) {
+        let seg = tcp::Repr {
+            src_port: self.spec.vip.port,
+            dst_port: client.1,
+            seq,
+            ack,
+            flags,
+            window: flow.window,
+            mss: None,
+            wscale: None,
+        };
+        let end = seq.wrapping_add(payload.len() as u32 + u32::from(flags & flag::FIN != 0));
+        if tcp::before(flow.sent, end) {
+            flow.sent = end;
+        }
+        flow.last_ack = ack;
+        emit.push(Emit {
+            dest: Dest::Port(flow.port),
+            frame: seg.frame(&self.client_ends(client, flow), payload),
+        });
+    }
+
+    /// Resets every open leg but `keep`.
+    fn reset_legs(&mut self, client: (Ipv4Addr, u16), flow: &mut Flow, keep: Option<usize>, emit: &mut Vec<Emit>) {
+        for i in 0..flow.legs.len() {
+            if Some(i) != keep && !flow.legs[i].fin {
+                self.reset_leg(client, flow, i, emit);
+            }
+        }
+    }
+
+    /// Resets leg `i` and lets it go.
+    fn reset_leg(&mut self, client: (Ipv4Addr, u16), flow: &mut Flow, i: usize, emit: &mut Vec<Emit>) {
+        let leg = &mut flow.legs[i];
+        leg.fin = true;
+        if leg.their_isn.is_none() {
+            return;
+        }
+        let rst = tcp::Repr {
+            src_port: client.1,
+            dst_port: leg.port,
+            seq: leg.next,
+            ack: 0,
+            flags: flag::RST,
+            window: 0,
+            mss: None,
+            wscale: None,
+        };
+        emit.push(Emit {
+            dest: Dest::Port(leg.out),
+            frame: rst.frame(&leg_ends(client, flow, &flow.legs[i]), &[]),
+        });
+    }
+
+    /// Ends a flow: resets to every leg, and to the client when `reset_client`; the flow is
+    /// forgotten after its linger.
+    fn end_flow(&mut self, client: (Ipv4Addr, u16), flow: &mut Flow, now: Instant, emit: &mut Vec<Emit>, reset_client: bool) {
+        for i in 0..flow.legs.len() {
+            let leg = &flow.legs[i];
+            if leg.their_isn.is_none() && !reset_client {
+                continue;
+            }
+            let rst = tcp::Repr {
+                src_port: client.1,
+                dst_port: leg.port,
+                seq: leg.next,
+                ack: 0,
+                flags: flag::RST,
+                window: 0,
+                mss: None,
+                wscale: None,
+            };
+            emit.push(Emit {
+                dest: Dest::Port(leg.out),
+                frame: rst.frame(&leg_ends(client, flow, leg), &[]),
             });
         }
-        Fate::Consumed
-    }
-
-    /// Records a FIN from the client (bit 1) or the target (bit 2).
-    fn note_fin(&self, flow: &mut Flow, side: u8, now: Instant) {
-        flow.fins |= side;
-        if flow.fins == 3 && flow.closed.is_none() {
-            flow.closed = Some(now);
+        if reset_client {
+            let rst = tcp::Repr {
+                src_port: self.spec.vip.port,
+                dst_port: client.1,
+                seq: flow.sent,
+                ack: 0,
+                flags: flag::RST,
+                window: 0,
+                mss: None,
+                wscale: None,
+            };
+            emit.push(Emit {
+                dest: Dest::Port(flow.port),
+                frame: rst.frame(&self.client_ends(client, flow), &[]),
+            });
         }
-    }
-
-    /// Where a flow's first request goes (the host when its line is not all here yet: the
-    /// proxy reads it as it comes).
-    fn route_first(&self, bytes: &[u8]) -> Target {
-        self.request_target(bytes)
-            .map_or(Target::Host, |(_, t, _)| t)
+        flow.held.clear();
+        flow.closed = Some(now);
     }
 
     /// The request at the front of `bytes`: its length, data block included, where it goes,
-    /// and the kind of its reply. `None` while its line has not all arrived.
-    fn request_target(&self, bytes: &[u8]) -> Option<(usize, Target, ReplyKind)> {
-        let host = |len| Some((len, Target::Host, ReplyKind::Line));
+    /// and the kind of its reply (`None`: a reply whose end cannot be found, or none). `None`
+    /// while its line has not all arrived.
+    fn request_target(&self, bytes: &[u8]) -> Option<(usize, Target, Option<ReplyKind>)> {
+        let sticky = |len| Some((len, Target::Host, None));
         if bytes.first() == Some(&memcache::binary::REQUEST_MAGIC) {
-            return host(bytes.len());
+            return sticky(bytes.len());
         }
         let request = match memcache::parse_text_head(bytes) {
             Ok(Some(r)) => r,
             Ok(None) => return None,
             // memcached's exact answer, and what follows it, are the proxy's.
-            Err(_) => return host(bytes.len()),
+            Err(_) => return sticky(bytes.len()),
         };
         let command = request.command;
-        let kind = ReplyKind::of(&request);
-        // One key, and a reply that always comes (quiet and noreply requests are answered only
-        // when they fail, so where their replies end cannot be known).
-        let spliceable = request.key_count() == 1
-            && command.has_key()
-            && !request.noreply()
-            && matches!(
-                kind,
-                ReplyKind::Retrieval | ReplyKind::Line | ReplyKind::Meta
-            );
+        // Quiet and noreply requests are answered only when they fail: where their replies end
+        // cannot be known.
+        let kind = Some(ReplyKind::of(&request)).filter(|_| !request.noreply());
+        let framed = matches!(
+            kind,
+            Some(ReplyKind::Retrieval | ReplyKind::Line | ReplyKind::Meta)
+        );
         let to = match request.key() {
-            Some(key) if spliceable => {
+            Some(key) if request.key_count() == 1 && command.has_key() && framed => {
                 let write = command.is_write();
                 let hash = self.view.key_hash(key);
                 let server = if write {
@@ -626,185 +1186,15 @@ impl Switch {
             }
             _ => Target::Host,
         };
+        // What the proxy answers itself or merges, with replies whose end is known: several
+        // keys, keyless commands with a reply of lines.
+        let known_end = match command {
+            Command::Version | Command::Stats | Command::FlushAll | Command::Verbosity => true,
+            Command::MetaNoop => true,
+            c => c.has_key() && !matches!(c, Command::Binary(_)),
+        };
+        let kind = kind.filter(|k| *k != ReplyKind::Binary && *k != ReplyKind::BinaryStats && known_end);
         Some((request.len, to, kind))
-    }
-
-    /// Reads client bytes that follow a flow's edge, for its leg to `target`: how many go
-    /// there, and where the request after them goes when not there. Fewer than all and no
-    /// other target: a line cut by the end of `bytes`.
-    fn scan(&self, flow: &mut Flow, leg: &mut Leg, bytes: &[u8]) -> (usize, Option<Target>) {
-        let target = leg.target;
-        let mut at = 0;
-        while at < bytes.len() {
-            if flow.data_left > 0 {
-                let take = flow.data_left.min(bytes.len() - at);
-                flow.data_left -= take;
-                at += take;
-                continue;
-            }
-            if target == Target::Host {
-                return (bytes.len(), None);
-            }
-            let rest = &bytes[at..];
-            if rest.first() == Some(&b'q') {
-                // `quit` goes to whoever holds the connection, which closes it unanswered.
-                if let Ok(Some(r)) = memcache::parse_text_head(rest) {
-                    if r.command == Command::Quit {
-                        at += r.len.min(rest.len());
-                        continue;
-                    }
-                }
-            }
-            match self.request_target(rest) {
-                Some((len, to, kind)) if to == target => {
-                    if let Target::Server(i) = target {
-                        self.stats.backend_request(i);
-                        stats::inc(&self.stats.tcp_requests);
-                    }
-                    leg.replies.expect(kind);
-                    let take = len.min(rest.len());
-                    flow.data_left = len - take;
-                    at += take;
-                }
-                // Another server's, several, or none: the rest of the connection is the
-                // proxy's (a connection that moved once is likely to move again).
-                Some(_) => return (at, Some(Target::Host)),
-                None => return (at, None),
-            }
-        }
-        (at, None)
-    }
-
-    /// Moves a flow on: opens its next leg once the last one is done with, sends the held bytes
-    /// once the new leg is open.
-    fn advance(
-        &mut self,
-        client: (Ipv4Addr, u16),
-        flow: &mut Flow,
-        now: Instant,
-        emit: &mut Vec<Emit>,
-    ) {
-        let Some(to) = flow.next else {
-            return;
-        };
-        if let Some(leg) = flow
-            .leg
-            .as_mut()
-            .filter(|l| l.target == to && l.isn.is_none())
-        {
-            if now.saturating_duration_since(leg.syn_at) >= SYN_RETRY {
-                leg.syn_at = now;
-                if let Some(syn) = self.leg_syn(client, flow) {
-                    emit.push(syn);
-                }
-            }
-            return;
-        }
-        if let Some(leg) = &flow.leg {
-            // Handing over: the old target must have every byte before the edge, and the client
-            // every reply.
-            let done = leg.replies.settled()
-                && !tcp::before(leg.acked, flow.edge)
-                && !tcp::before(flow.client_acked, leg.sent);
-            if leg.replies.lost {
-                self.stats.count_drop(Drop::TcpRepliesLost);
-                self.abort_flow(client, flow, now, emit);
-                return;
-            }
-            if !done {
-                if now.saturating_duration_since(flow.since) > SWITCH_WAIT {
-                    self.stats.count_drop(Drop::TcpHandOverTimeout);
-                    self.abort_flow(client, flow, now, emit);
-                }
-                return;
-            }
-            // The old connection ends with a reset in the client's name.
-            let rst = tcp::Repr {
-                src_port: client.1,
-                dst_port: leg.port,
-                seq: flow.edge,
-                ack: 0,
-                flags: flag::RST,
-                window: 0,
-                mss: None,
-                wscale: None,
-            };
-            let ends = tcp::Ends {
-                src_mac: flow.mac,
-                dst_mac: leg.mac,
-                src_ip: client.0,
-                dst_ip: leg.ip,
-            };
-            emit.push(Emit {
-                dest: Dest::Port(leg.out),
-                frame: rst.frame(&ends, &[]),
-            });
-            stats::inc(&self.stats.tcp_handed_over);
-        } else {
-            match to {
-                Target::Server(_) => stats::inc(&self.stats.tcp_spliced),
-                Target::Host => stats::inc(&self.stats.tcp_proxied),
-            }
-        }
-        let base = match &flow.leg {
-            Some(leg) => leg.sent,
-            None => flow.cookie.wrapping_add(1),
-        };
-        let Some((mac, ip, port, out)) = self.target_address(to) else {
-            if to != Target::Host {
-                // Its server's port is not known yet: the proxy serves this one.
-                flow.next = Some(Target::Host);
-                return self.advance(client, flow, now, emit);
-            }
-            self.stats.count_drop(Drop::TcpNoTarget);
-            self.abort_flow(client, flow, now, emit);
-            return;
-        };
-        flow.leg = Some(Leg {
-            target: to,
-            mac,
-            ip,
-            port,
-            out,
-            start: flow.edge,
-            base,
-            isn: None,
-            syn_at: now,
-            target_shift: 0,
-            client_shift: 0,
-            acked: flow.edge,
-            sent: base,
-            replies: Replies::default(),
-            read: base,
-        });
-        if let Some(syn) = self.leg_syn(client, flow) {
-            emit.push(syn);
-        }
-    }
-
-    /// The SYN of a flow's leg, in the client's name.
-    fn leg_syn(&self, client: (Ipv4Addr, u16), flow: &Flow) -> Option<Emit> {
-        let leg = flow.leg.as_ref()?;
-        let syn = tcp::Repr {
-            src_port: client.1,
-            dst_port: leg.port,
-            seq: leg.start.wrapping_sub(1),
-            ack: 0,
-            flags: flag::SYN,
-            window: flow.client_window,
-            mss: Some(flow.mss),
-            wscale: flow.wscale,
-        };
-        let ends = tcp::Ends {
-            src_mac: flow.mac,
-            dst_mac: leg.mac,
-            src_ip: client.0,
-            dst_ip: leg.ip,
-        };
-        Some(Emit {
-            dest: Dest::Port(leg.out),
-            frame: syn.frame(&ends, &[]),
-        })
     }
 
     /// The MAC, address, port and switch port a target is reached at.
@@ -825,313 +1215,6 @@ impl Switch {
                 Some((mac, ip, tcp_port, port))
             }
         }
-    }
-
-    /// Rewrites a client's segment for its leg; the frame leaves from the returned port.
-    fn to_target(&self, flow: &Flow, leg: &Leg, frame: &mut [u8]) -> Fate {
-        let Ok(seg) = Segment::parse(frame) else {
-            return Fate::Consumed;
-        };
-        let window = if leg.client_shift > 0 {
-            (u32::from(seg.window()) << leg.client_shift).min(u32::from(u16::MAX)) as u16
-        } else {
-            seg.window()
-        };
-        let ack = seg.ack().wrapping_sub(leg.delta());
-        let has_ack = seg.has(flag::ACK);
-        let Some(mut r) = tcp::Rewrite::new(frame) else {
-            return Fate::Consumed;
-        };
-        r.macs(flow.mac, leg.mac)
-            .dst(leg.ip, leg.port)
-            .window(window);
-        if has_ack {
-            r.ack(ack);
-        }
-        r.finish();
-        Fate::Out(leg.out)
-    }
-
-    /// A segment from a flow's target to its client.
-    fn on_target(
-        &mut self,
-        client: (Ipv4Addr, u16),
-        frame: &mut [u8],
-        now: Instant,
-        emit: &mut Vec<Emit>,
-    ) -> Fate {
-        let Some(mut flow) = self.splice.as_mut().and_then(|s| s.flows.remove(&client)) else {
-            return Fate::Consumed;
-        };
-        let fate = self.target_segment(client, &mut flow, frame, now, emit);
-        self.splice_put(client, flow);
-        fate
-    }
-
-    fn target_segment(
-        &mut self,
-        client: (Ipv4Addr, u16),
-        flow: &mut Flow,
-        frame: &mut [u8],
-        now: Instant,
-        emit: &mut Vec<Emit>,
-    ) -> Fate {
-        let Ok(seg) = Segment::parse(frame) else {
-            return Fate::Consumed;
-        };
-        let Some(mut leg) = flow.leg.take() else {
-            return Fate::Consumed;
-        };
-        flow.seen = now;
-        if seg.has(flag::SYN) {
-            let answers = seg.has(flag::ACK) && seg.ack() == leg.start && !seg.has(flag::RST);
-            if !answers || leg.isn.is_some_and(|i| i != seg.seq()) {
-                flow.leg = Some(leg);
-                self.stats.count_drop(Drop::TcpUnexpected);
-                return Fate::Consumed;
-            }
-            let first = leg.isn.is_none();
-            leg.isn = Some(seg.seq());
-            let o = seg.options();
-            match (flow.wscale, o.wscale) {
-                (Some(_), Some(t)) => {
-                    leg.target_shift = t;
-                    leg.client_shift = 0;
-                }
-                (Some(c), None) => {
-                    leg.target_shift = 0;
-                    leg.client_shift = c;
-                }
-                (None, _) => {
-                    leg.target_shift = 0;
-                    leg.client_shift = 0;
-                }
-            }
-            leg.acked = leg.start;
-            // The handshake's last ACK, in the client's name.
-            let ack = tcp::Repr {
-                src_port: client.1,
-                dst_port: leg.port,
-                seq: leg.start,
-                ack: seg.seq().wrapping_add(1),
-                flags: flag::ACK,
-                window: flow.client_window,
-                mss: None,
-                wscale: None,
-            };
-            let ends = tcp::Ends {
-                src_mac: flow.mac,
-                dst_mac: leg.mac,
-                src_ip: client.0,
-                dst_ip: leg.ip,
-            };
-            emit.push(Emit {
-                dest: Dest::Port(leg.out),
-                frame: ack.frame(&ends, &[]),
-            });
-            if first {
-                flow.leg = Some(leg);
-                flow.next = None;
-                self.send_held(client, flow, now, emit);
-            } else {
-                flow.leg = Some(leg);
-            }
-            return Fate::Consumed;
-        }
-        if leg.isn.is_none() {
-            flow.leg = Some(leg);
-            if seg.has(flag::RST) {
-                // The target refused: the client learns it as the proxy would tell it.
-                self.stats.count_drop(Drop::TcpNoTarget);
-                self.abort_flow(client, flow, now, emit);
-            }
-            return Fate::Consumed;
-        }
-        let delta = leg.delta();
-        let seq = seg.seq().wrapping_add(delta);
-        let end = seq.wrapping_add(seg.seq_len());
-        let payload = seg.payload();
-        if !payload.is_empty() {
-            if tcp::before(leg.read, seq) {
-                // Past a gap in the replies: they are read in order, and the target sends
-                // these again.
-                flow.leg = Some(leg);
-                self.stats.count_drop(Drop::TcpOutOfOrder);
-                return Fate::Consumed;
-            }
-            let skip = leg.read.wrapping_sub(seq) as usize;
-            if let Some(new) = payload.get(skip..).filter(|n| !n.is_empty()) {
-                leg.replies.feed(new);
-                leg.read = leg.read.wrapping_add(new.len() as u32);
-            }
-        }
-        if tcp::before(leg.sent, end) {
-            leg.sent = end;
-        }
-        if seg.has(flag::ACK) && tcp::before(leg.acked, seg.ack()) {
-            leg.acked = seg.ack();
-        }
-        let our_shift = flow.wscale.map_or(0, |_| OUR_WSCALE);
-        let real = u32::from(seg.window()) << leg.target_shift;
-        let window = (real >> our_shift).min(u32::from(u16::MAX)) as u16;
-        let (rst, fin) = (seg.has(flag::RST), seg.has(flag::FIN));
-        let Some(mut r) = tcp::Rewrite::new(frame) else {
-            flow.leg = Some(leg);
-            return Fate::Consumed;
-        };
-        r.macs(self.spec.vip.mac, flow.mac)
-            .src(self.spec.vip.ip, self.spec.vip.port)
-            .seq(seq)
-            .window(window);
-        r.finish();
-        flow.leg = Some(leg);
-        if rst {
-            flow.closed = Some(now);
-        } else if fin && flow.fins & 2 == 0 {
-            flow.fins |= 2;
-            if flow.fins == 3 {
-                flow.closed = Some(now);
-            }
-        }
-        if flow.next.is_some() {
-            // A hand-over may be waiting for this acknowledgement; the reply goes first.
-            let out = Emit {
-                dest: Dest::Port(flow.port),
-                frame: frame.to_vec(),
-            };
-            emit.push(out);
-            self.advance(client, flow, now, emit);
-            return Fate::Consumed;
-        }
-        Fate::Out(flow.port)
-    }
-
-    /// Sends the bytes a flow held to its new leg, in segments of the client's MSS, read as
-    /// they would have been had they come now.
-    fn send_held(
-        &mut self,
-        client: (Ipv4Addr, u16),
-        flow: &mut Flow,
-        now: Instant,
-        emit: &mut Vec<Emit>,
-    ) {
-        let held = std::mem::take(&mut flow.held);
-        let fin = std::mem::replace(&mut flow.held_fin, false);
-        let Some(mut leg) = flow.leg.take() else {
-            return;
-        };
-        let (fits, switch) = self.scan(flow, &mut leg, &held);
-        let mss = usize::from(flow.mss).max(1);
-        let ends = tcp::Ends {
-            src_mac: flow.mac,
-            dst_mac: leg.mac,
-            src_ip: client.0,
-            dst_ip: leg.ip,
-        };
-        let ack = flow.client_acked.wrapping_sub(leg.delta());
-        let mut at = 0;
-        loop {
-            let end = (at + mss).min(fits);
-            let last = end == fits;
-            let with_fin = last && fin && switch.is_none() && fits == held.len();
-            if end == at && !with_fin {
-                break;
-            }
-            let flags =
-                flag::ACK | if last { flag::PSH } else { 0 } | if with_fin { flag::FIN } else { 0 };
-            let seg = tcp::Repr {
-                src_port: client.1,
-                dst_port: leg.port,
-                seq: flow.edge.wrapping_add(at as u32),
-                ack,
-                flags,
-                window: flow.client_window,
-                mss: None,
-                wscale: None,
-            };
-            emit.push(Emit {
-                dest: Dest::Port(leg.out),
-                frame: seg.frame(&ends, &held[at..end]),
-            });
-            if with_fin {
-                self.note_fin(flow, 1, now);
-            }
-            at = end;
-            if last {
-                break;
-            }
-        }
-        flow.edge = flow.edge.wrapping_add(fits as u32);
-        flow.leg = Some(leg);
-        match switch {
-            Some(to) => {
-                flow.next = Some(to);
-                flow.since = now;
-                flow.held = held[fits..].to_vec();
-                flow.held_fin = fin;
-                self.advance(client, flow, now, emit);
-            }
-            None if fits < held.len() => {
-                // A line the client has not finished: it sends it again, whole.
-                self.stats.count_drop(Drop::TcpLineCut);
-            }
-            None => {}
-        }
-    }
-
-    /// Ends a flow the switch cannot carry on: the client gets a reset (it reconnects), the
-    /// target one too.
-    fn abort_flow(
-        &mut self,
-        client: (Ipv4Addr, u16),
-        flow: &mut Flow,
-        now: Instant,
-        emit: &mut Vec<Emit>,
-    ) {
-        let seq = flow
-            .leg
-            .as_ref()
-            .map_or(flow.cookie.wrapping_add(1), |l| l.sent);
-        let rst = tcp::Repr {
-            src_port: self.spec.vip.port,
-            dst_port: client.1,
-            seq,
-            ack: 0,
-            flags: flag::RST,
-            window: 0,
-            mss: None,
-            wscale: None,
-        };
-        let ends = tcp::Ends {
-            src_mac: self.spec.vip.mac,
-            dst_mac: flow.mac,
-            src_ip: self.spec.vip.ip,
-            dst_ip: client.0,
-        };
-        emit.push(Emit {
-            dest: Dest::Port(flow.port),
-            frame: rst.frame(&ends, &[]),
-        });
-        if let Some(leg) = &flow.leg {
-            let rst = tcp::Repr {
-                src_port: client.1,
-                dst_port: leg.port,
-                seq: flow.edge,
-                ..rst
-            };
-            let ends = tcp::Ends {
-                src_mac: flow.mac,
-                dst_mac: leg.mac,
-                src_ip: client.0,
-                dst_ip: leg.ip,
-            };
-            emit.push(Emit {
-                dest: Dest::Port(leg.out),
-                frame: rst.frame(&ends, &[]),
-            });
-        }
-        flow.next = None;
-        flow.closed = Some(now);
     }
 
     /// A reset for a segment to the VIP's port that belongs to no connection (RFC 9293: its
@@ -1168,29 +1251,26 @@ impl Switch {
         });
     }
 
-    /// Forgets closed flows after their linger, flows that never carried a request after
-    /// [`IDLE_OPEN`], and moves waiting hand-overs on.
+
+    /// Forgets closed flows after their linger and flows that never carried a request after
+    /// [`IDLE_OPEN`]; moves on flows whose requests wait (a SYN sent again, a wait given up).
     pub(super) fn age_splice(&mut self, now: Instant, emit: &mut Vec<Emit>) {
         let Some(splice) = self.splice.as_mut() else {
             return;
         };
+        splice.flows.retain(|_, f| match f.closed {
+            Some(at) => now.saturating_duration_since(at) < LINGER,
+            None => !f.legs.is_empty() || now.saturating_duration_since(f.seen) < IDLE_OPEN,
+        });
         let waiting: Vec<(Ipv4Addr, u16)> = splice
             .flows
             .iter()
-            .filter(|(_, f)| f.next.is_some() && f.closed.is_none())
+            .filter(|(_, f)| !f.held.is_empty() && f.closed.is_none())
             .map(|(c, _)| *c)
             .collect();
-        splice.flows.retain(|_, f| match f.closed {
-            Some(at) => now.saturating_duration_since(at) < LINGER,
-            None => {
-                f.leg.is_some()
-                    || f.next.is_some()
-                    || now.saturating_duration_since(f.seen) < IDLE_OPEN
-            }
-        });
         for client in waiting {
             if let Some(mut flow) = self.splice.as_mut().and_then(|s| s.flows.remove(&client)) {
-                self.advance(client, &mut flow, now, emit);
+                self.pump(client, &mut flow, now, emit);
                 self.splice_put(client, flow);
             }
         }
@@ -1204,4 +1284,27 @@ impl Switch {
                 .store(s.flows() as u64, std::sync::atomic::Ordering::Relaxed);
         }
     }
+}
+
+/// The ends of a segment to a leg, in the client's name.
+fn leg_ends(client: (Ipv4Addr, u16), flow: &Flow, leg: &Leg) -> tcp::Ends {
+    tcp::Ends {
+        src_mac: flow.mac,
+        dst_mac: leg.mac,
+        src_ip: client.0,
+        dst_ip: leg.ip,
+    }
+}
+
+/// A window advertised with shift `from`, advertised again with shift `to`.
+fn rescale(window: u16, from: u8, to: u8) -> u16 {
+    ((u32::from(window) << from) >> to).min(u32::from(u16::MAX)) as u16
+}
+
+/// Whether `bytes` starts with a `quit` line.
+fn is_quit(bytes: &[u8]) -> bool {
+    matches!(
+        memcache::parse_text_head(bytes),
+        Ok(Some(r)) if r.command == Command::Quit
+    )
 }
