@@ -49,6 +49,10 @@ const HOLD_WAIT: Duration = Duration::from_secs(10);
 const SYN_RETRY: Duration = Duration::from_millis(200);
 /// Legs one flow may have: one per server and the host's.
 const MAX_LEGS: usize = 64;
+/// How long a leg's SYN may go unanswered before its server counts as failed for the flow,
+/// whose requests for it then go to the proxy (which answers as the pool's failure settings
+/// say, and ejects the server).
+const LEG_OPEN_WAIT: Duration = Duration::from_secs(1);
 
 /// Where a request goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +75,8 @@ struct Leg {
     isn: u32,
     /// The target's, once its SYN-ACK came.
     their_isn: Option<u32>,
+    /// When the leg was opened, and its SYN last sent.
+    born: Instant,
     syn_at: Instant,
     /// The MSS the target takes.
     mss: u16,
@@ -189,7 +195,6 @@ fn number(token: &[u8]) -> Option<usize> {
     std::str::from_utf8(token).ok()?.parse().ok()
 }
 
-
 #[derive(Debug)]
 struct Flow {
     mac: Mac,
@@ -203,6 +208,8 @@ struct Flow {
     active: Option<usize>,
     /// The host's leg takes every request from now on.
     sticky: bool,
+    /// Servers whose leg failed to open: their requests go to the host's leg.
+    avoid: Vec<usize>,
     /// The client's sequence number of the first byte not yet given to a leg.
     edge: u32,
     /// Bytes of a request's data block still to come, for the active leg.
@@ -241,7 +248,11 @@ impl Flow {
             let end = run.leg_seq.wrapping_add(run.len);
             if tcp::before(leg.acked, end) {
                 let done = leg.acked.wrapping_sub(run.leg_seq);
-                let done = if tcp::before(leg.acked, run.leg_seq) { 0 } else { done };
+                let done = if tcp::before(leg.acked, run.leg_seq) {
+                    0
+                } else {
+                    done
+                };
                 return run.client.wrapping_add(done);
             }
             self.requests.pop_front();
@@ -339,7 +350,6 @@ impl Splice {
         })
     }
 }
-
 
 impl Switch {
     /// Handles a TCP segment the pipeline sends on, when it goes to the VIP's memcached port
@@ -452,6 +462,7 @@ impl Switch {
                     legs: Vec::new(),
                     active: None,
                     sticky: false,
+                    avoid: Vec::new(),
                     edge: isn.wrapping_add(1),
                     data_left: 0,
                     held: Vec::new(),
@@ -505,13 +516,17 @@ impl Switch {
             self.end_flow(client, flow, now, emit, false);
             return;
         }
-        if seg.has(flag::ACK) && tcp::before(flow.client_acked, seg.ack()) && !tcp::before(flow.sent, seg.ack()) {
+        if seg.has(flag::ACK)
+            && tcp::before(flow.client_acked, seg.ack())
+            && !tcp::before(flow.sent, seg.ack())
+        {
             flow.client_acked = seg.ack();
             // Runs the client has whole are forgotten; the last one may still grow.
             while flow.replies.len() > 1
-                && flow.replies.front().is_some_and(|r| {
-                    !tcp::before(seg.ack(), r.client.wrapping_add(r.len))
-                })
+                && flow
+                    .replies
+                    .front()
+                    .is_some_and(|r| !tcp::before(seg.ack(), r.client.wrapping_add(r.len)))
             {
                 flow.replies.pop_front();
             }
@@ -551,7 +566,13 @@ impl Switch {
     }
 
     /// Gives held client bytes to legs, request by request, as far as order allows.
-    fn pump(&mut self, client: (Ipv4Addr, u16), flow: &mut Flow, now: Instant, emit: &mut Vec<Emit>) {
+    fn pump(
+        &mut self,
+        client: (Ipv4Addr, u16),
+        flow: &mut Flow,
+        now: Instant,
+        emit: &mut Vec<Emit>,
+    ) {
         if flow.closed.is_some() {
             return;
         }
@@ -579,7 +600,10 @@ impl Switch {
                 (rest.len(), Target::Host, None)
             } else if rest.first() == Some(&b'q') && is_quit(rest) {
                 // `quit` goes to the active leg, which closes; the host's when there is none.
-                let len = rest.iter().position(|&b| b == b'\n').map_or(rest.len(), |i| i + 1);
+                let len = rest
+                    .iter()
+                    .position(|&b| b == b'\n')
+                    .map_or(rest.len(), |i| i + 1);
                 let target = flow.active.map_or(Target::Host, |a| flow.legs[a].target);
                 (len, target, None)
             } else {
@@ -590,6 +614,10 @@ impl Switch {
                         break;
                     }
                 }
+            };
+            let target = match target {
+                Target::Server(i) if flow.avoid.contains(&i) => Target::Host,
+                t => t,
             };
             let Some(leg) = self.leg_for(client, flow, target, now, emit) else {
                 self.stats.count_drop(Drop::TcpNoTarget);
@@ -672,9 +700,18 @@ impl Switch {
     ) -> Option<usize> {
         if let Some(i) = flow.legs.iter().position(|l| l.target == target && !l.fin) {
             let leg = &mut flow.legs[i];
-            if leg.their_isn.is_none() && now.saturating_duration_since(leg.syn_at) >= SYN_RETRY {
-                leg.syn_at = now;
-                emit.push(self.leg_syn(client, flow, i));
+            let waited = now.saturating_duration_since(leg.born);
+            match (leg.their_isn, target) {
+                (None, Target::Server(s)) if waited >= LEG_OPEN_WAIT => {
+                    // Its server does not answer: the proxy serves its requests.
+                    self.fail_leg(client, flow, i, s, emit);
+                    return self.leg_for(client, flow, Target::Host, now, emit);
+                }
+                (None, _) if now.saturating_duration_since(leg.syn_at) >= SYN_RETRY => {
+                    leg.syn_at = now;
+                    emit.push(self.leg_syn(client, flow, i));
+                }
+                _ => {}
             }
             return Some(i);
         }
@@ -701,6 +738,7 @@ impl Switch {
             out,
             isn,
             their_isn: None,
+            born: now,
             syn_at: now,
             mss: flow.mss,
             target_shift: 0,
@@ -723,6 +761,23 @@ impl Switch {
         Some(i)
     }
 
+    /// Leg `i` to server `server` did not open: it is let go, and the flow's requests for that
+    /// server go to the host's leg.
+    fn fail_leg(
+        &mut self,
+        client: (Ipv4Addr, u16),
+        flow: &mut Flow,
+        i: usize,
+        server: usize,
+        emit: &mut Vec<Emit>,
+    ) {
+        self.stats.count_drop(Drop::TcpNoTarget);
+        self.reset_leg(client, flow, i, emit);
+        if !flow.avoid.contains(&server) {
+            flow.avoid.push(server);
+        }
+    }
+
     /// The SYN of leg `i`, in the client's name, with the client's MSS and window scale.
     fn leg_syn(&self, client: (Ipv4Addr, u16), flow: &Flow, i: usize) -> Emit {
         let leg = &flow.legs[i];
@@ -743,7 +798,14 @@ impl Switch {
     }
 
     /// Sends client bytes to leg `i`, in segments of its MSS, as a request run.
-    fn give(&mut self, client: (Ipv4Addr, u16), flow: &mut Flow, i: usize, bytes: &[u8], emit: &mut Vec<Emit>) {
+    fn give(
+        &mut self,
+        client: (Ipv4Addr, u16),
+        flow: &mut Flow,
+        i: usize,
+        bytes: &[u8],
+        emit: &mut Vec<Emit>,
+    ) {
         if bytes.is_empty() {
             return;
         }
@@ -775,7 +837,14 @@ impl Switch {
 
     /// Client bytes from `seq` that were given to legs before, given again where their runs
     /// put them (the legs drop what they have).
-    fn give_again(&mut self, client: (Ipv4Addr, u16), flow: &mut Flow, seq: u32, bytes: &[u8], emit: &mut Vec<Emit>) {
+    fn give_again(
+        &mut self,
+        client: (Ipv4Addr, u16),
+        flow: &mut Flow,
+        seq: u32,
+        bytes: &[u8],
+        emit: &mut Vec<Emit>,
+    ) {
         let mut at = 0;
         while at < bytes.len() {
             let s = seq.wrapping_add(at as u32);
@@ -786,7 +855,8 @@ impl Switch {
                 at += 1;
                 continue;
             };
-            let n = (run.client.wrapping_add(run.len).wrapping_sub(s) as usize).min(bytes.len() - at);
+            let n =
+                (run.client.wrapping_add(run.len).wrapping_sub(s) as usize).min(bytes.len() - at);
             let leg_seq = run.leg_seq.wrapping_add(s.wrapping_sub(run.client));
             let next = flow.legs[run.leg].next;
             flow.legs[run.leg].next = leg_seq;
@@ -798,14 +868,26 @@ impl Switch {
 
     /// One segment to leg `i` in the client's name: `payload` at the leg's next sequence
     /// number, the client's acknowledgement of the leg's bytes, the client's window.
-    fn leg_send(&mut self, client: (Ipv4Addr, u16), flow: &mut Flow, i: usize, payload: &[u8], flags: u8, emit: &mut Vec<Emit>) {
+    fn leg_send(
+        &mut self,
+        client: (Ipv4Addr, u16),
+        flow: &mut Flow,
+        i: usize,
+        payload: &[u8],
+        flags: u8,
+        emit: &mut Vec<Emit>,
+    ) {
         let ack = flow.ack_for_leg(i, flow.client_acked);
         let leg = &mut flow.legs[i];
         let Some(their) = leg.their_isn else {
             return;
         };
         let ack = ack.unwrap_or(their.wrapping_add(1));
-        let ack = if tcp::before(ack, leg.acked_to) { leg.acked_to } else { ack };
+        let ack = if tcp::before(ack, leg.acked_to) {
+            leg.acked_to
+        } else {
+            ack
+        };
         leg.acked_to = ack;
         let window = rescale(flow.client_window, 0, leg.client_shift);
         let seg = tcp::Repr {
@@ -818,7 +900,9 @@ impl Switch {
             mss: None,
             wscale: None,
         };
-        leg.next = leg.next.wrapping_add(payload.len() as u32 + u32::from(flags & flag::FIN != 0));
+        leg.next = leg
+            .next
+            .wrapping_add(payload.len() as u32 + u32::from(flags & flag::FIN != 0));
         emit.push(Emit {
             dest: Dest::Port(leg.out),
             frame: seg.frame(&leg_ends(client, flow, &flow.legs[i]), payload),
@@ -881,12 +965,19 @@ impl Switch {
         emit: &mut Vec<Emit>,
     ) {
         if seg.has(flag::RST) {
-            let owes = flow.active == Some(i) || flow.replies.iter().any(|r| r.leg == i);
-            if owes || flow.legs[i].their_isn.is_none() {
-                self.stats.count_drop(Drop::TcpNoTarget);
-                self.end_flow(client, flow, now, emit, true);
-            } else {
-                flow.legs[i].fin = true;
+            match (flow.legs[i].their_isn, flow.legs[i].target) {
+                // Refused: the proxy serves this server's requests for the flow.
+                (None, Target::Server(s)) => {
+                    flow.legs[i].fin = true;
+                    self.fail_leg(client, flow, i, s, emit);
+                    self.pump(client, flow, now, emit);
+                }
+                _ if self.owes(flow, i) => {
+                    // Gone mid-request: what the client was promised cannot come.
+                    self.stats.count_drop(Drop::TcpNoTarget);
+                    self.end_flow(client, flow, now, emit, true);
+                }
+                _ => flow.legs[i].fin = true,
             }
             return;
         }
@@ -934,7 +1025,10 @@ impl Switch {
         let Some(_) = flow.legs[i].their_isn else {
             return;
         };
-        if seg.has(flag::ACK) && tcp::before(flow.legs[i].acked, seg.ack()) && !tcp::before(flow.legs[i].next, seg.ack()) {
+        if seg.has(flag::ACK)
+            && tcp::before(flow.legs[i].acked, seg.ack())
+            && !tcp::before(flow.legs[i].next, seg.ack())
+        {
             flow.legs[i].acked = seg.ack();
         }
         let our_shift = flow.wscale.map_or(0, |_| OUR_WSCALE);
@@ -961,7 +1055,9 @@ impl Switch {
                     self.end_flow(client, flow, now, emit, true);
                     return;
                 }
-                leg.replies.feed(new);
+                if !flow.sticky {
+                    leg.replies.feed(new);
+                }
                 leg.read = end;
                 if let Some(run) = flow.replies.back_mut() {
                     run.len = run.len.wrapping_add(new.len() as u32);
@@ -976,19 +1072,28 @@ impl Switch {
             while at < fresh {
                 let s = seq.wrapping_add(at as u32);
                 let Some(run) = flow.replies.iter().find(|r| {
-                    r.leg == i && !tcp::before(s, r.leg_seq) && tcp::before(s, r.leg_seq.wrapping_add(r.len))
+                    r.leg == i
+                        && !tcp::before(s, r.leg_seq)
+                        && tcp::before(s, r.leg_seq.wrapping_add(r.len))
                 }) else {
                     break;
                 };
-                let n = (run.leg_seq.wrapping_add(run.len).wrapping_sub(s) as usize).min(fresh - at);
-                pieces.push((run.client.wrapping_add(s.wrapping_sub(run.leg_seq)), &payload[at..at + n]));
+                let n =
+                    (run.leg_seq.wrapping_add(run.len).wrapping_sub(s) as usize).min(fresh - at);
+                pieces.push((
+                    run.client.wrapping_add(s.wrapping_sub(run.leg_seq)),
+                    &payload[at..at + n],
+                ));
                 at += n;
             }
             if fresh < payload.len() {
                 let run = flow.replies.back().copied();
                 if let Some(run) = run {
                     let s = seq.wrapping_add(fresh as u32);
-                    pieces.push((run.client.wrapping_add(s.wrapping_sub(run.leg_seq)), &payload[fresh..]));
+                    pieces.push((
+                        run.client.wrapping_add(s.wrapping_sub(run.leg_seq)),
+                        &payload[fresh..],
+                    ));
                 }
             }
         }
@@ -996,6 +1101,16 @@ impl Switch {
         let leg_fin = fin && !flow.legs[i].fin;
         if leg_fin {
             flow.legs[i].fin = true;
+            if self.owes(flow, i) && flow.fins & 1 == 0 {
+                // The server closed with replies owed: the client cannot get them.
+                self.stats.count_drop(Drop::TcpNoTarget);
+                let ack = flow.acked_for_client();
+                for (at, bytes) in &pieces {
+                    self.client_send(client, flow, *at, ack, bytes, flag::ACK, emit);
+                }
+                self.end_flow(client, flow, now, emit, true);
+                return;
+            }
         }
         // The leg's end is the client's only when it is the active leg with nothing owed and
         // nothing waiting (a `quit`, or the server closing on the client's FIN).
@@ -1046,9 +1161,28 @@ impl Switch {
         self.ack_legs(client, flow, emit);
     }
 
+    /// Whether leg `i` owes the client something: replies, or requests not yet acknowledged.
+    fn owes(&self, flow: &Flow, i: usize) -> bool {
+        let leg = &flow.legs[i];
+        if flow.sticky && flow.active == Some(i) {
+            // The proxy holds the rest of the connection: its end is the client's.
+            return false;
+        }
+        !leg.replies.owed.is_empty() || !leg.replies.settled() || tcp::before(leg.acked, leg.next)
+    }
+
     /// One segment to the client: `payload` at client sequence number `seq`.
     #[allow(clippy::too_many_arguments)]
-    fn client_send(&mut self, client: (Ipv4Addr, u16), flow: &mut Flow, seq: u32, ack: u32, payload: &[u8], flags: u8, emit: &mut Vec<Emit>) {
+    fn client_send(
+        &mut self,
+        client: (Ipv4Addr, u16),
+        flow: &mut Flow,
+        seq: u32,
+        ack: u32,
+        payload: &[u8],
+        flags: u8,
+        emit: &mut Vec<Emit>,
+    ) {
         let seg = tcp::Repr {
             src_port: self.spec.vip.port,
             dst_port: client.1,
@@ -1071,7 +1205,13 @@ impl Switch {
     }
 
     /// Resets every open leg but `keep`.
-    fn reset_legs(&mut self, client: (Ipv4Addr, u16), flow: &mut Flow, keep: Option<usize>, emit: &mut Vec<Emit>) {
+    fn reset_legs(
+        &mut self,
+        client: (Ipv4Addr, u16),
+        flow: &mut Flow,
+        keep: Option<usize>,
+        emit: &mut Vec<Emit>,
+    ) {
         for i in 0..flow.legs.len() {
             if Some(i) != keep && !flow.legs[i].fin {
                 self.reset_leg(client, flow, i, emit);
@@ -1080,7 +1220,13 @@ impl Switch {
     }
 
     /// Resets leg `i` and lets it go.
-    fn reset_leg(&mut self, client: (Ipv4Addr, u16), flow: &mut Flow, i: usize, emit: &mut Vec<Emit>) {
+    fn reset_leg(
+        &mut self,
+        client: (Ipv4Addr, u16),
+        flow: &mut Flow,
+        i: usize,
+        emit: &mut Vec<Emit>,
+    ) {
         let leg = &mut flow.legs[i];
         leg.fin = true;
         if leg.their_isn.is_none() {
@@ -1104,7 +1250,14 @@ impl Switch {
 
     /// Ends a flow: resets to every leg, and to the client when `reset_client`; the flow is
     /// forgotten after its linger.
-    fn end_flow(&mut self, client: (Ipv4Addr, u16), flow: &mut Flow, now: Instant, emit: &mut Vec<Emit>, reset_client: bool) {
+    fn end_flow(
+        &mut self,
+        client: (Ipv4Addr, u16),
+        flow: &mut Flow,
+        now: Instant,
+        emit: &mut Vec<Emit>,
+        reset_client: bool,
+    ) {
         for i in 0..flow.legs.len() {
             let leg = &flow.legs[i];
             if leg.their_isn.is_none() && !reset_client {
@@ -1193,7 +1346,8 @@ impl Switch {
             Command::MetaNoop => true,
             c => c.has_key() && !matches!(c, Command::Binary(_)),
         };
-        let kind = kind.filter(|k| *k != ReplyKind::Binary && *k != ReplyKind::BinaryStats && known_end);
+        let kind =
+            kind.filter(|k| *k != ReplyKind::Binary && *k != ReplyKind::BinaryStats && known_end);
         Some((request.len, to, kind))
     }
 
@@ -1251,7 +1405,6 @@ impl Switch {
         });
     }
 
-
     /// Forgets closed flows after their linger and flows that never carried a request after
     /// [`IDLE_OPEN`]; moves on flows whose requests wait (a SYN sent again, a wait given up).
     pub(super) fn age_splice(&mut self, now: Instant, emit: &mut Vec<Emit>) {
@@ -1265,7 +1418,11 @@ impl Switch {
         let waiting: Vec<(Ipv4Addr, u16)> = splice
             .flows
             .iter()
-            .filter(|(_, f)| !f.held.is_empty() && f.closed.is_none())
+            .filter(|(_, f)| {
+                f.closed.is_none()
+                    && (!f.held.is_empty()
+                        || f.legs.iter().any(|l| l.their_isn.is_none() && !l.fin))
+            })
             .map(|(c, _)| *c)
             .collect();
         for client in waiting {
@@ -1307,4 +1464,354 @@ fn is_quit(bytes: &[u8]) -> bool {
         memcache::parse_text_head(bytes),
         Ok(Some(r)) if r.command == Command::Quit
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::udp_frame;
+    use crate::spec::{Local, Server, TcpSplice};
+
+    const CLIENT_MAC: Mac = Mac([2, 0, 0, 0, 0, 1]);
+    const CLIENT: (Ipv4Addr, u16) = (Ipv4Addr::new(10, 0, 0, 1), 40_000);
+    const VIP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 100);
+
+    fn server(i: u8) -> (Ipv4Addr, Mac) {
+        (
+            Ipv4Addr::new(10, 0, 0, 11 + i),
+            Mac([2, 0, 0, 0, 0, 0x0b + i]),
+        )
+    }
+
+    struct Bed {
+        sw: Switch,
+        stats: Arc<Stats>,
+        view: Arc<View>,
+        now: Instant,
+        emit: Vec<Emit>,
+    }
+
+    impl Bed {
+        /// Two servers on ports 1 and 2, the client on port 0, the local port 3.
+        fn new() -> Bed {
+            let servers = (0..2)
+                .map(|i| Server {
+                    addr: SocketAddrV4::new(server(i).0, 11211),
+                    mac: Some(server(i).1),
+                })
+                .collect();
+            let mut spec = SwitchSpec::new(4, VIP, servers);
+            spec.local = Some(Local {
+                port: 3,
+                addrs: vec![VIP],
+                source: VIP,
+            });
+            spec.tcp_splice = Some(TcpSplice { max_flows: 4 });
+            spec.seed = 7;
+            let pool = spec.pool_spec(kv::Distribution::Ketama, kv::HashFn::Md5);
+            let pool = Arc::new(Pool::new(pool).unwrap());
+            let stats = Arc::new(Stats::new(4, 2));
+            let now = Instant::from_secs(1_000);
+            let sw = Switch::new(spec, pool.clone(), stats.clone()).unwrap();
+            let mut bed = Bed {
+                sw,
+                stats,
+                view: pool.view(now),
+                now,
+                emit: Vec::new(),
+            };
+            for i in 0..2 {
+                let (ip, mac) = server(i);
+                let ends = UdpEnds::between((mac, ip, 9), (Mac::BROADCAST, Ipv4Addr::BROADCAST, 9));
+                bed.process(u16::from(i) + 1, udp_frame(&ends, &[b"hello"]));
+            }
+            bed.emit.clear();
+            bed
+        }
+
+        fn process(&mut self, port: u16, mut frame: Vec<u8>) -> Fate {
+            self.sw
+                .process(port, &mut frame, true, self.now, &mut self.emit)
+        }
+
+        fn key_on(&self, i: usize) -> String {
+            (0..)
+                .map(|n| format!("key{n}"))
+                .find(|k| self.view.locate(k.as_bytes()) == Some(i))
+                .unwrap()
+        }
+
+        /// A segment from the client to the VIP's memcached port.
+        fn from_client(&mut self, seq: u32, ack: u32, flags: u8, payload: &[u8]) {
+            let seg = tcp::Repr {
+                src_port: CLIENT.1,
+                dst_port: 11211,
+                seq,
+                ack,
+                flags,
+                window: 1000,
+                mss: (flags & flag::SYN != 0).then_some(1460),
+                wscale: (flags & flag::SYN != 0).then_some(7),
+            };
+            let ends = tcp::Ends {
+                src_mac: CLIENT_MAC,
+                dst_mac: Mac([2, 0, 0, 0, 0, 0x64]),
+                src_ip: CLIENT.0,
+                dst_ip: VIP,
+            };
+            assert_eq!(self.process(0, seg.frame(&ends, payload)), Fate::Consumed);
+        }
+
+        /// A segment from server `i` to the client.
+        fn from_server(&mut self, i: u8, seq: u32, ack: u32, flags: u8, payload: &[u8]) {
+            let (ip, mac) = server(i);
+            let seg = tcp::Repr {
+                src_port: 11211,
+                dst_port: CLIENT.1,
+                seq,
+                ack,
+                flags,
+                window: 500,
+                mss: (flags & flag::SYN != 0).then_some(1460),
+                wscale: (flags & flag::SYN != 0).then_some(7),
+            };
+            let ends = tcp::Ends {
+                src_mac: mac,
+                dst_mac: CLIENT_MAC,
+                src_ip: ip,
+                dst_ip: CLIENT.0,
+            };
+            assert_eq!(
+                self.process(u16::from(i) + 1, seg.frame(&ends, payload)),
+                Fate::Consumed
+            );
+        }
+
+        /// The frames emitted since the last call, as (port, segment's copy).
+        fn sent(&mut self) -> Vec<(u16, Vec<u8>)> {
+            self.emit
+                .drain(..)
+                .map(|e| match e.dest {
+                    Dest::Port(p) => (p, e.frame),
+                    Dest::Flood => (u16::MAX, e.frame),
+                })
+                .collect()
+        }
+
+        fn flows(&self) -> usize {
+            self.sw.splice.as_ref().map_or(0, Splice::flows)
+        }
+    }
+
+    fn seg(frame: &[u8]) -> Segment<'_> {
+        Segment::parse(frame).unwrap()
+    }
+
+    /// The handshake with the client: its cookie.
+    fn handshake(bed: &mut Bed) -> u32 {
+        bed.from_client(1000, 0, flag::SYN, b"");
+        let sent = bed.sent();
+        assert_eq!(sent.len(), 1);
+        let syn_ack = seg(&sent[0].1);
+        assert_eq!(sent[0].0, 0);
+        assert!(syn_ack.has(flag::SYN) && syn_ack.has(flag::ACK));
+        assert_eq!(syn_ack.ack(), 1001);
+        assert_eq!(syn_ack.options().mss, Some(OUR_MSS));
+        assert_eq!(syn_ack.options().wscale, Some(OUR_WSCALE));
+        assert!(syn_ack.verify_checksum());
+        let cookie = syn_ack.seq();
+        bed.from_client(1001, cookie.wrapping_add(1), flag::ACK, b"");
+        cookie
+    }
+
+    #[test]
+    fn syns_are_answered_from_the_cookie_alone() {
+        let mut bed = Bed::new();
+        for port in 0..200u16 {
+            let seg = tcp::Repr {
+                src_port: 20_000 + port,
+                dst_port: 11211,
+                seq: u32::from(port) * 7919,
+                ack: 0,
+                flags: flag::SYN,
+                window: 1000,
+                mss: Some(1400),
+                wscale: None,
+            };
+            let ends = tcp::Ends {
+                src_mac: CLIENT_MAC,
+                dst_mac: Mac([2, 0, 0, 0, 0, 0x64]),
+                src_ip: CLIENT.0,
+                dst_ip: VIP,
+            };
+            bed.process(0, seg.frame(&ends, b""));
+        }
+        assert_eq!(bed.sent().len(), 200);
+        assert_eq!(bed.flows(), 0, "nothing is kept for a SYN");
+        assert_eq!(stats::get(&bed.stats.tcp_syn_cookies), 200);
+        // An ACK whose cookie is wrong opens nothing and is answered with a reset.
+        bed.from_client(1001, 12345, flag::ACK, b"get a\r\n");
+        let sent = bed.sent();
+        assert_eq!(sent.len(), 1);
+        assert!(seg(&sent[0].1).has(flag::RST));
+        assert_eq!(bed.flows(), 0);
+        assert_eq!(stats::get(&bed.stats.drops[Drop::TcpBadCookie as usize]), 1);
+        // The right one opens a flow.
+        handshake(&mut bed);
+        assert_eq!(bed.flows(), 1);
+    }
+
+    #[test]
+    fn requests_go_to_their_servers_on_legs_and_replies_come_back_in_the_clients_space() {
+        let mut bed = Bed::new();
+        let cookie = handshake(&mut bed);
+        let (k0, k1) = (bed.key_on(0), bed.key_on(1));
+        let first = format!("get {k0}\r\n");
+        bed.from_client(
+            1001,
+            cookie.wrapping_add(1),
+            flag::ACK | flag::PSH,
+            first.as_bytes(),
+        );
+        // The switch opens a connection to k0's server in the client's name.
+        let sent = bed.sent();
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        let syn = seg(&sent[0].1);
+        assert_eq!(sent[0].0, 1);
+        assert!(syn.has(flag::SYN) && !syn.has(flag::ACK));
+        assert_eq!((syn.src_ip(), syn.src_port()), CLIENT);
+        assert_eq!((syn.dst_ip(), syn.dst_port()), (server(0).0, 11211));
+        assert_eq!(syn.options().wscale, Some(7));
+        let leg_isn = syn.seq();
+        // Its SYN-ACK: the handshake ends and the request goes on.
+        bed.from_server(
+            0,
+            50_000,
+            leg_isn.wrapping_add(1),
+            flag::SYN | flag::ACK,
+            b"",
+        );
+        let sent = bed.sent();
+        assert_eq!(sent.len(), 2, "{sent:?}");
+        assert_eq!(seg(&sent[0].1).payload(), b"");
+        let data = seg(&sent[1].1);
+        assert_eq!(data.payload(), first.as_bytes());
+        assert_eq!(data.seq(), leg_isn.wrapping_add(1));
+        assert_eq!(data.ack(), 50_001);
+        assert!(data.verify_checksum());
+        // The reply reaches the client at the cookie's next sequence number, from the VIP.
+        let ack = leg_isn.wrapping_add(1 + first.len() as u32);
+        bed.from_server(0, 50_001, ack, flag::ACK | flag::PSH, b"END\r\n");
+        let sent = bed.sent();
+        let reply = sent
+            .iter()
+            .find(|(p, _)| *p == 0)
+            .expect("a reply to the client");
+        let reply = seg(&reply.1);
+        assert_eq!((reply.src_ip(), reply.src_port()), (VIP, 11211));
+        assert_eq!(reply.seq(), cookie.wrapping_add(1));
+        assert_eq!(reply.ack(), 1001 + first.len() as u32);
+        assert_eq!(reply.payload(), b"END\r\n");
+        assert!(reply.verify_checksum());
+
+        // A request for the other server: a second leg, and its reply after the first's.
+        let second = format!("get {k1}\r\n");
+        let at = 1001 + first.len() as u32;
+        bed.from_client(
+            at,
+            cookie.wrapping_add(6),
+            flag::ACK | flag::PSH,
+            second.as_bytes(),
+        );
+        let sent = bed.sent();
+        let syn = sent
+            .iter()
+            .find(|(p, f)| *p == 2 && seg(f).has(flag::SYN))
+            .expect("a SYN to server 1");
+        let leg1 = seg(&syn.1).seq();
+        bed.from_server(1, 90_000, leg1.wrapping_add(1), flag::SYN | flag::ACK, b"");
+        let sent = bed.sent();
+        let data = sent
+            .iter()
+            .find(|(p, f)| *p == 2 && !seg(f).payload().is_empty())
+            .expect("the request");
+        assert_eq!(seg(&data.1).payload(), second.as_bytes());
+        bed.from_server(
+            1,
+            90_001,
+            leg1.wrapping_add(1 + second.len() as u32),
+            flag::ACK,
+            b"END\r\n",
+        );
+        let sent = bed.sent();
+        let reply = sent
+            .iter()
+            .find(|(p, _)| *p == 0)
+            .expect("the second reply");
+        let reply = seg(&reply.1);
+        assert_eq!(reply.seq(), cookie.wrapping_add(6));
+        assert_eq!(reply.ack(), at + second.len() as u32);
+        assert_eq!(stats::get(&bed.stats.tcp_spliced), 1);
+        assert_eq!(stats::get(&bed.stats.tcp_legs), 1);
+        assert_eq!(stats::get(&bed.stats.tcp_requests), 2);
+
+        // Bytes the first server sends unasked: the flow cannot be trusted and is reset.
+        bed.from_server(0, 50_006, ack, flag::ACK, b"EXTRA\r\n");
+        let sent = bed.sent();
+        assert!(
+            sent.iter().any(|(p, f)| *p == 0 && seg(f).has(flag::RST)),
+            "{sent:?}"
+        );
+        assert_eq!(
+            stats::get(&bed.stats.drops[Drop::TcpRepliesLost as usize]),
+            1
+        );
+    }
+
+    #[test]
+    fn a_request_waits_for_the_other_legs_replies() {
+        let mut bed = Bed::new();
+        let cookie = handshake(&mut bed);
+        let (k0, k1) = (bed.key_on(0), bed.key_on(1));
+        // Two requests in one segment, for two servers.
+        let both = format!("get {k0}\r\nget {k1}\r\n");
+        bed.from_client(1001, cookie.wrapping_add(1), flag::ACK, both.as_bytes());
+        let syn = bed.sent().remove(0);
+        let leg0 = seg(&syn.1).seq();
+        bed.from_server(0, 7, leg0.wrapping_add(1), flag::SYN | flag::ACK, b"");
+        let sent = bed.sent();
+        // Only the first request went; the second waits for its reply (its leg may open).
+        let to0: Vec<_> = sent
+            .iter()
+            .filter(|(p, f)| *p == 1 && !seg(f).payload().is_empty())
+            .collect();
+        assert_eq!(to0.len(), 1);
+        assert_eq!(seg(&to0[0].1).payload(), format!("get {k0}\r\n").as_bytes());
+        assert!(sent
+            .iter()
+            .all(|(p, f)| *p != 2 || seg(f).payload().is_empty()));
+        let syn1 = sent
+            .iter()
+            .find(|(p, f)| *p == 2 && seg(f).has(flag::SYN))
+            .expect("leg 1 opens early");
+        let leg1 = seg(&syn1.1).seq();
+        bed.from_server(1, 70, leg1.wrapping_add(1), flag::SYN | flag::ACK, b"");
+        assert!(bed.sent().iter().all(|(_, f)| seg(f).payload().is_empty()));
+        // Half of the first reply: still waiting.
+        bed.from_server(0, 8, leg0.wrapping_add(1), flag::ACK, b"VALUE ");
+        assert!(bed.sent().iter().all(|(p, _)| *p != 2));
+        bed.from_server(
+            0,
+            14,
+            leg0.wrapping_add(1),
+            flag::ACK,
+            format!("{k0} 0 1\r\nx\r\nEND\r\n").as_bytes(),
+        );
+        let sent = bed.sent();
+        let to1 = sent
+            .iter()
+            .find(|(p, f)| *p == 2 && !seg(f).payload().is_empty())
+            .expect("the second request");
+        assert_eq!(seg(&to1.1).payload(), format!("get {k1}\r\n").as_bytes());
+    }
 }
