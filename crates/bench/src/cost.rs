@@ -268,7 +268,11 @@ fn summary(args: &Args, medians: &[Point], runs: u32, duration: f64) -> String {
     let find = |s: System| medians.iter().find(|p| p.system == s);
     let nc = find(System::Nutcracker);
     let _ = writeln!(t);
-    for s in [System::KvswitchUdp, System::KvswitchTcp] {
+    for s in [
+        System::KvswitchUdp,
+        System::KvswitchTcp,
+        System::KvswitchTcpProxy,
+    ] {
         let Some(p) = find(s) else { continue };
         let _ = writeln!(
             t,

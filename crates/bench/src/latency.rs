@@ -314,6 +314,9 @@ fn summary(
     }
     let of = |s: System| light.iter().find(|p| p.system == s);
     let pairs = [
+        (System::KvswitchTcp, System::DirectTcp),
+        (System::KvswitchTcp, System::KvswitchTcpProxy),
+        (System::KvswitchTcpProxy, System::DirectTcp),
         (System::KvswitchCacheUdp, System::DirectUdp),
         (System::KvswitchCacheUdp, System::KvswitchUdp),
         (System::KvswitchCacheTcp, System::DirectTcp),
@@ -339,7 +342,9 @@ fn summary(
          and the client joined by kvswitch in `l2` mode, so that every system's packets cross \
          the same switch: memcached direct talks to the first server (which holds every key) \
          at its own address, nutcracker runs in the client's namespace, kvswitch switch mode \
-         is UDP to the VIP and kvswitch proxy is TCP to the VIP. A point is *sustained* when \
+         is UDP to the VIP, kvswitch splice is TCP to the VIP routed by the switch, and \
+         kvswitch proxy path is TCP to the VIP on a testbed of its own whose kvswitch sends it \
+         to its proxy (`switch.tcp = \"proxy\"`). A point is *sustained* when \
          at least {:.0}% of the offered rate was answered, at most {:.0}% of requests were \
          lost and the median stayed below {:.0} ms.\n",
         args.concurrency,
@@ -413,6 +418,8 @@ fn summary(
         (System::KvswitchUdp, System::DirectUdp),
         (System::KvswitchTcp, System::DirectTcp),
         (System::KvswitchTcp, System::Nutcracker),
+        (System::KvswitchTcp, System::KvswitchTcpProxy),
+        (System::KvswitchTcpProxy, System::Nutcracker),
         (System::KvswitchUdp, System::Nutcracker),
     ];
     let _ = writeln!(

@@ -29,9 +29,9 @@ pub struct Tables {
     /// The cache is on: the fast path answers reads its copy of the cache holds
     /// ([`crate::cache::CacheMirror`]) and hands everything else to the switch.
     pub cache_only: bool,
-    /// The switch splices TCP to the VIP: every TCP segment from a server's address (from the
-    /// VIP in `l2` mode) goes to it, to be rewritten for its client.
-    pub tcp_splice: bool,
+    /// The switch splices TCP to the VIP: a TCP segment from a server's address (from the VIP
+    /// in `l2` mode) to this port or above goes to it, to be rewritten for its client.
+    pub tcp_splice: Option<u16>,
     /// The key hash and the ketama continuum: (point, server's position in the pool), the
     /// same allocation for as long as the pool's version stands.
     pub hash: HashFn,

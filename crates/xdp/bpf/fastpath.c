@@ -862,9 +862,15 @@ static __always_inline int decide(struct xdp_md *ctx, __u32 in_port)
 	if (bpf_map_lookup_elem(&fp_own, &dst) || mac_eq(eth->h_dest, cfg->vip_mac))
 		return pass(FP_C_PASS_TO_SWITCH);
 	/* A spliced connection's segments from its server are rewritten by the switch. */
-	if (cfg->tcp_splice && ip->protocol == IPPROTO_TCP &&
-	    (bpf_map_lookup_elem(&fp_server_ips, &ip->saddr) || (!cfg->l3 && ip->saddr == cfg->vip)))
-		return pass(FP_C_PASS_TO_SWITCH);
+	if (cfg->tcp_splice && ip->protocol == IPPROTO_TCP) {
+		/* The ports are the first four bytes of TCP's header as of UDP's. */
+		if ((void *)(udp + 1) > end)
+			return pass(FP_C_PASS_IP_HEADER);
+		if (bpf_ntohs(udp->dest) >= cfg->tcp_splice &&
+		    (bpf_map_lookup_elem(&fp_server_ips, &ip->saddr) ||
+		     (!cfg->l3 && ip->saddr == cfg->vip)))
+			return pass(FP_C_PASS_TO_SWITCH);
+	}
 	/* With the cache on, the switch must see every server's reply (fills, writes' ends). */
 	if (cfg->cache_only)
 		return pass(FP_C_PASS_CACHE);

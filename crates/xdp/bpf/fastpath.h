@@ -81,8 +81,8 @@ struct fp_config {
 	__u32 hash;       /* FP_HASH_* */
 	__u32 ring;       /* FP_RING_GEN_BIT | number of points */
 	__u32 cache_only; /* 1: the cache is on: answer kernel-cache hits, pass everything else */
-	__u32 tcp_splice; /* 1: TCP from a server (from the VIP in l2 mode) goes to user space,
-			   * which rewrites spliced connections' segments */
+	__u32 tcp_splice; /* not 0: TCP from a server (from the VIP in l2 mode) to this port or
+			   * above goes to user space, which rewrites spliced connections' legs */
 	__u64 reply_rate;  /* reply bytes a second per client; 0: no limit */
 	__u64 reply_burst; /* the most reply bytes at once */
 	__u64 ring_version; /* the pool version whose ring is in use: requests to the VIP are

@@ -892,7 +892,7 @@ fn cfg_bytes(t: &Tables, ring_ok: bool, ring: u32, stamp: u64) -> Vec<u8> {
     b.extend_from_slice(&hash.unwrap_or(0).to_ne_bytes());
     b.extend_from_slice(&ring.to_ne_bytes());
     b.extend_from_slice(&u32::from(t.cache_only).to_ne_bytes());
-    b.extend_from_slice(&u32::from(t.tcp_splice).to_ne_bytes());
+    b.extend_from_slice(&u32::from(t.tcp_splice.unwrap_or(0)).to_ne_bytes());
     // The program's refill multiplies by the rate: keep it under 2^34 bytes a second.
     let (rate, burst) = t.reply_limit.map_or((0, 0), |(r, b)| (r.min(1 << 34), b));
     b.extend_from_slice(&rate.to_ne_bytes());

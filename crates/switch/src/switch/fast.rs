@@ -119,7 +119,7 @@ impl Switch {
             l3: self.spec.mode == Mode::L3,
             own,
             cache_only: self.cache.is_some(),
-            tcp_splice: self.splice.is_some(),
+            tcp_splice: self.splice.as_ref().map(|_| splice::FIRST_LEG_PORT),
             reply_limit: self
                 .spec
                 .reply_limit

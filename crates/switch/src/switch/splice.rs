@@ -49,6 +49,10 @@ const HOLD_WAIT: Duration = Duration::from_secs(10);
 const SYN_RETRY: Duration = Duration::from_millis(200);
 /// Legs one flow may have: one per server and the host's.
 const MAX_LEGS: usize = 64;
+/// The ports legs are opened from, with the client's address: outside Linux's ephemeral range,
+/// so that a fast path can tell a leg's segments (to these ports) from a client's own
+/// connections to a server, which it switches itself.
+pub(crate) const FIRST_LEG_PORT: u16 = 61_000;
 /// How long a leg's SYN may go unanswered before its server counts as failed for the flow,
 /// whose requests for it then go to the proxy (which answers as the pool's failure settings
 /// say, and ejects the server).
@@ -66,6 +70,8 @@ pub(super) enum Target {
 #[derive(Debug)]
 struct Leg {
     target: Target,
+    /// The port the leg is opened from, with the client's address.
+    sport: u16,
     mac: Mac,
     ip: Ipv4Addr,
     port: u16,
@@ -278,6 +284,10 @@ impl Flow {
 pub(crate) struct Splice {
     key: (u64, u64),
     flows: HashMap<(Ipv4Addr, u16), Flow>,
+    /// Each leg's client address and port: its flow's client and its place among the legs.
+    legs: HashMap<(Ipv4Addr, u16), ((Ipv4Addr, u16), usize)>,
+    /// Where the search for a free leg port starts.
+    next_port: u16,
     max_flows: usize,
 }
 
@@ -287,12 +297,32 @@ impl Splice {
         Splice {
             key: (splitmix64(&mut s), splitmix64(&mut s)),
             flows: HashMap::new(),
+            legs: HashMap::new(),
+            next_port: FIRST_LEG_PORT,
             max_flows,
         }
     }
 
     pub(crate) fn flows(&self) -> usize {
         self.flows.len()
+    }
+
+    /// A port no leg of `ip` uses, recorded for leg `i` of `client`'s flow.
+    fn leg_port(&mut self, ip: Ipv4Addr, client: (Ipv4Addr, u16), i: usize) -> Option<u16> {
+        let span = u32::from(u16::MAX - FIRST_LEG_PORT) + 1;
+        for _ in 0..span {
+            let port = self.next_port;
+            self.next_port = if port == u16::MAX {
+                FIRST_LEG_PORT
+            } else {
+                port + 1
+            };
+            if let std::collections::hash_map::Entry::Vacant(e) = self.legs.entry((ip, port)) {
+                e.insert((client, i));
+                return Some(port);
+            }
+        }
+        None
     }
 
     fn cookie(&self, client: (Ipv4Addr, u16), isn: u32, period: u64, low: u8) -> u32 {
@@ -373,15 +403,17 @@ impl Switch {
             self.on_client(in_port, &seg, now, emit);
             return Some(Fate::Consumed);
         }
-        let client = (seg.dst_ip(), seg.dst_port());
-        let flow = self.splice.as_ref()?.flows.get(&client)?;
+        let splice = self.splice.as_ref()?;
+        let (client, leg) = *splice.legs.get(&(seg.dst_ip(), seg.dst_port()))?;
+        let flow = splice.flows.get(&client)?;
         let from_local = Some(in_port) == self.local;
-        // The newest leg of that address: an older one to the same server is closed.
-        let leg = flow.legs.iter().rposition(|l| {
-            (seg.src_ip(), seg.src_port()) == (l.ip, l.port)
-                && from_local == (l.target == Target::Host)
-                && (l.target == Target::Host || seg.src_mac() == l.mac)
-        })?;
+        let l = flow.legs.get(leg)?;
+        let from_leg = (seg.src_ip(), seg.src_port()) == (l.ip, l.port)
+            && from_local == (l.target == Target::Host)
+            && (l.target == Target::Host || seg.src_mac() == l.mac);
+        if !from_leg {
+            return None;
+        }
         if !seg.verify_checksum() {
             self.stats.count_drop(Drop::BadTcpChecksum);
             return Some(Fate::Consumed);
@@ -730,8 +762,13 @@ impl Switch {
         }
         let (mac, ip, port, out) = self.target_address(target)?;
         let isn = flow.edge.wrapping_sub(1);
+        let sport = self
+            .splice
+            .as_mut()?
+            .leg_port(client.0, client, flow.legs.len())?;
         flow.legs.push(Leg {
             target,
+            sport,
             mac,
             ip,
             port,
@@ -782,7 +819,7 @@ impl Switch {
     fn leg_syn(&self, client: (Ipv4Addr, u16), flow: &Flow, i: usize) -> Emit {
         let leg = &flow.legs[i];
         let syn = tcp::Repr {
-            src_port: client.1,
+            src_port: leg.sport,
             dst_port: leg.port,
             seq: leg.isn,
             ack: 0,
@@ -891,7 +928,7 @@ impl Switch {
         leg.acked_to = ack;
         let window = rescale(flow.client_window, 0, leg.client_shift);
         let seg = tcp::Repr {
-            src_port: client.1,
+            src_port: leg.sport,
             dst_port: leg.port,
             seq: leg.next,
             ack,
@@ -1004,7 +1041,7 @@ impl Switch {
             }
             // The handshake's last ACK, in the client's name.
             let ack = tcp::Repr {
-                src_port: client.1,
+                src_port: leg.sport,
                 dst_port: leg.port,
                 seq: leg.isn.wrapping_add(1),
                 ack: seg.seq().wrapping_add(1),
@@ -1233,7 +1270,7 @@ impl Switch {
             return;
         }
         let rst = tcp::Repr {
-            src_port: client.1,
+            src_port: leg.sport,
             dst_port: leg.port,
             seq: leg.next,
             ack: 0,
@@ -1264,7 +1301,7 @@ impl Switch {
                 continue;
             }
             let rst = tcp::Repr {
-                src_port: client.1,
+                src_port: leg.sport,
                 dst_port: leg.port,
                 seq: leg.next,
                 ack: 0,
@@ -1411,9 +1448,18 @@ impl Switch {
         let Some(splice) = self.splice.as_mut() else {
             return;
         };
-        splice.flows.retain(|_, f| match f.closed {
-            Some(at) => now.saturating_duration_since(at) < LINGER,
-            None => !f.legs.is_empty() || now.saturating_duration_since(f.seen) < IDLE_OPEN,
+        let legs = &mut splice.legs;
+        splice.flows.retain(|client, f| {
+            let keep = match f.closed {
+                Some(at) => now.saturating_duration_since(at) < LINGER,
+                None => !f.legs.is_empty() || now.saturating_duration_since(f.seen) < IDLE_OPEN,
+            };
+            if !keep {
+                for leg in &f.legs {
+                    legs.remove(&(client.0, leg.sport));
+                }
+            }
+            keep
         });
         let waiting: Vec<(Ipv4Addr, u16)> = splice
             .flows
@@ -1542,7 +1588,7 @@ mod tests {
         }
 
         /// A segment from the client to the VIP's memcached port.
-        fn from_client(&mut self, seq: u32, ack: u32, flags: u8, payload: &[u8]) {
+        fn client_sends(&mut self, seq: u32, ack: u32, flags: u8, payload: &[u8]) {
             let seg = tcp::Repr {
                 src_port: CLIENT.1,
                 dst_port: 11211,
@@ -1563,11 +1609,19 @@ mod tests {
         }
 
         /// A segment from server `i` to the client.
-        fn from_server(&mut self, i: u8, seq: u32, ack: u32, flags: u8, payload: &[u8]) {
+        fn server_sends(
+            &mut self,
+            i: u8,
+            to_port: u16,
+            seq: u32,
+            ack: u32,
+            flags: u8,
+            payload: &[u8],
+        ) {
             let (ip, mac) = server(i);
             let seg = tcp::Repr {
                 src_port: 11211,
-                dst_port: CLIENT.1,
+                dst_port: to_port,
                 seq,
                 ack,
                 flags,
@@ -1609,7 +1663,7 @@ mod tests {
 
     /// The handshake with the client: its cookie.
     fn handshake(bed: &mut Bed) -> u32 {
-        bed.from_client(1000, 0, flag::SYN, b"");
+        bed.client_sends(1000, 0, flag::SYN, b"");
         let sent = bed.sent();
         assert_eq!(sent.len(), 1);
         let syn_ack = seg(&sent[0].1);
@@ -1620,7 +1674,7 @@ mod tests {
         assert_eq!(syn_ack.options().wscale, Some(OUR_WSCALE));
         assert!(syn_ack.verify_checksum());
         let cookie = syn_ack.seq();
-        bed.from_client(1001, cookie.wrapping_add(1), flag::ACK, b"");
+        bed.client_sends(1001, cookie.wrapping_add(1), flag::ACK, b"");
         cookie
     }
 
@@ -1650,7 +1704,7 @@ mod tests {
         assert_eq!(bed.flows(), 0, "nothing is kept for a SYN");
         assert_eq!(stats::get(&bed.stats.tcp_syn_cookies), 200);
         // An ACK whose cookie is wrong opens nothing and is answered with a reset.
-        bed.from_client(1001, 12345, flag::ACK, b"get a\r\n");
+        bed.client_sends(1001, 12345, flag::ACK, b"get a\r\n");
         let sent = bed.sent();
         assert_eq!(sent.len(), 1);
         assert!(seg(&sent[0].1).has(flag::RST));
@@ -1667,7 +1721,7 @@ mod tests {
         let cookie = handshake(&mut bed);
         let (k0, k1) = (bed.key_on(0), bed.key_on(1));
         let first = format!("get {k0}\r\n");
-        bed.from_client(
+        bed.client_sends(
             1001,
             cookie.wrapping_add(1),
             flag::ACK | flag::PSH,
@@ -1679,13 +1733,17 @@ mod tests {
         let syn = seg(&sent[0].1);
         assert_eq!(sent[0].0, 1);
         assert!(syn.has(flag::SYN) && !syn.has(flag::ACK));
-        assert_eq!((syn.src_ip(), syn.src_port()), CLIENT);
+        // From the client's address and a leg port of the switch's.
+        assert_eq!(syn.src_ip(), CLIENT.0);
+        assert!(syn.src_port() >= FIRST_LEG_PORT);
         assert_eq!((syn.dst_ip(), syn.dst_port()), (server(0).0, 11211));
         assert_eq!(syn.options().wscale, Some(7));
         let leg_isn = syn.seq();
+        let p0 = syn.src_port();
         // Its SYN-ACK: the handshake ends and the request goes on.
-        bed.from_server(
+        bed.server_sends(
             0,
+            p0,
             50_000,
             leg_isn.wrapping_add(1),
             flag::SYN | flag::ACK,
@@ -1701,7 +1759,7 @@ mod tests {
         assert!(data.verify_checksum());
         // The reply reaches the client at the cookie's next sequence number, from the VIP.
         let ack = leg_isn.wrapping_add(1 + first.len() as u32);
-        bed.from_server(0, 50_001, ack, flag::ACK | flag::PSH, b"END\r\n");
+        bed.server_sends(0, p0, 50_001, ack, flag::ACK | flag::PSH, b"END\r\n");
         let sent = bed.sent();
         let reply = sent
             .iter()
@@ -1717,7 +1775,7 @@ mod tests {
         // A request for the other server: a second leg, and its reply after the first's.
         let second = format!("get {k1}\r\n");
         let at = 1001 + first.len() as u32;
-        bed.from_client(
+        bed.client_sends(
             at,
             cookie.wrapping_add(6),
             flag::ACK | flag::PSH,
@@ -1729,15 +1787,24 @@ mod tests {
             .find(|(p, f)| *p == 2 && seg(f).has(flag::SYN))
             .expect("a SYN to server 1");
         let leg1 = seg(&syn.1).seq();
-        bed.from_server(1, 90_000, leg1.wrapping_add(1), flag::SYN | flag::ACK, b"");
+        let p1 = seg(&syn.1).src_port();
+        bed.server_sends(
+            1,
+            p1,
+            90_000,
+            leg1.wrapping_add(1),
+            flag::SYN | flag::ACK,
+            b"",
+        );
         let sent = bed.sent();
         let data = sent
             .iter()
             .find(|(p, f)| *p == 2 && !seg(f).payload().is_empty())
             .expect("the request");
         assert_eq!(seg(&data.1).payload(), second.as_bytes());
-        bed.from_server(
+        bed.server_sends(
             1,
+            p1,
             90_001,
             leg1.wrapping_add(1 + second.len() as u32),
             flag::ACK,
@@ -1756,7 +1823,7 @@ mod tests {
         assert_eq!(stats::get(&bed.stats.tcp_requests), 2);
 
         // Bytes the first server sends unasked: the flow cannot be trusted and is reset.
-        bed.from_server(0, 50_006, ack, flag::ACK, b"EXTRA\r\n");
+        bed.server_sends(0, p0, 50_006, ack, flag::ACK, b"EXTRA\r\n");
         let sent = bed.sent();
         assert!(
             sent.iter().any(|(p, f)| *p == 0 && seg(f).has(flag::RST)),
@@ -1775,10 +1842,11 @@ mod tests {
         let (k0, k1) = (bed.key_on(0), bed.key_on(1));
         // Two requests in one segment, for two servers.
         let both = format!("get {k0}\r\nget {k1}\r\n");
-        bed.from_client(1001, cookie.wrapping_add(1), flag::ACK, both.as_bytes());
+        bed.client_sends(1001, cookie.wrapping_add(1), flag::ACK, both.as_bytes());
         let syn = bed.sent().remove(0);
         let leg0 = seg(&syn.1).seq();
-        bed.from_server(0, 7, leg0.wrapping_add(1), flag::SYN | flag::ACK, b"");
+        let p0 = seg(&syn.1).src_port();
+        bed.server_sends(0, p0, 7, leg0.wrapping_add(1), flag::SYN | flag::ACK, b"");
         let sent = bed.sent();
         // Only the first request went; the second waits for its reply (its leg may open).
         let to0: Vec<_> = sent
@@ -1795,13 +1863,15 @@ mod tests {
             .find(|(p, f)| *p == 2 && seg(f).has(flag::SYN))
             .expect("leg 1 opens early");
         let leg1 = seg(&syn1.1).seq();
-        bed.from_server(1, 70, leg1.wrapping_add(1), flag::SYN | flag::ACK, b"");
+        let p1 = seg(&syn1.1).src_port();
+        bed.server_sends(1, p1, 70, leg1.wrapping_add(1), flag::SYN | flag::ACK, b"");
         assert!(bed.sent().iter().all(|(_, f)| seg(f).payload().is_empty()));
         // Half of the first reply: still waiting.
-        bed.from_server(0, 8, leg0.wrapping_add(1), flag::ACK, b"VALUE ");
+        bed.server_sends(0, p0, 8, leg0.wrapping_add(1), flag::ACK, b"VALUE ");
         assert!(bed.sent().iter().all(|(p, _)| *p != 2));
-        bed.from_server(
+        bed.server_sends(
             0,
+            p0,
             14,
             leg0.wrapping_add(1),
             flag::ACK,
