@@ -426,3 +426,176 @@ fn libmemcached_tools_through_the_splice() {
     wait_for_no_flows(&live);
     live.down().expect("down");
 }
+
+/// The proxy's differential check through the VIP on the splice: seeded streams of valid and
+/// mutated requests (text, meta, binary; pipelined, quiet, cut short) go on a fresh connection
+/// to one memcached and through the VIP to three, and the answers must be the same bytes
+/// (masked as `testbed::differential` says) with the connection closed alike.
+#[test]
+fn the_vip_answers_every_stream_as_one_memcached_does() {
+    use testbed::differential::{case, exchange};
+    let live = testbed("ktdf", "l3", false);
+    // The reference: one memcached on the client's own loopback.
+    let reference: SocketAddr = "127.0.0.1:11299".parse().unwrap();
+    let mut memcached = live
+        .exec("c1", "memcached")
+        .args([
+            "-p",
+            "11299",
+            "-U",
+            "0",
+            "-l",
+            "127.0.0.1",
+            "-t",
+            "1",
+            "-m",
+            "64",
+            "-u",
+            "root",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("memcached in c1");
+    let vip = vip(&live);
+    let seed = 0x7c95;
+    let cases: u64 = 240;
+    let failures = live
+        .in_host("c1", move || {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while TcpStream::connect(reference).is_err() {
+                assert!(
+                    Instant::now() < deadline,
+                    "the reference memcached did not start"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let workers: Vec<_> = (0..4u64)
+                .map(|w| {
+                    std::thread::spawn(move || {
+                        let mut failures = Vec::new();
+                        for i in (w..cases).step_by(4) {
+                            let c = case(seed, i);
+                            let want = exchange(reference, &c).expect("memcached answers");
+                            let got = exchange(vip, &c).expect("the VIP answers");
+                            if !got.matches(&want) {
+                                failures.push(format!(
+                                    "case {i}: {:?}\n  memcached: {want:?}\n  VIP:       {got:?}",
+                                    String::from_utf8_lossy(&c.bytes)
+                                ));
+                            }
+                        }
+                        failures
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|w| w.join().expect("worker"))
+                .collect::<Vec<_>>()
+        })
+        .expect("namespace");
+    memcached.kill().expect("stopping the reference memcached");
+    let _ = memcached.wait();
+    let t = tcp(&live);
+    println!("differential through the VIP: {cases} streams; tcp: {t}");
+    assert!(
+        failures.is_empty(),
+        "{} of {cases} streams differ:\n{}",
+        failures.len(),
+        failures
+            .iter()
+            .take(8)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(count(&live, "spliced") > 0, "{t}");
+    live.down().expect("down");
+}
+
+/// Ends that TCP allows and a splice must carry: a client that half-closes after its request
+/// gets the whole reply and then the end; a client that resets in the middle of a request
+/// leaves nothing behind; a server killed while it sends a reply that fills the client's
+/// window gives the client a prefix of the right bytes and an end, never a wrong byte or a
+/// wedged connection, and its keys are answered by the proxy on the next connection.
+#[test]
+fn half_closes_resets_and_a_killed_server_wedge_nothing() {
+    let live = testbed("ktse", "l3", false);
+    let ring = default_ring();
+    let keys = keys_spanning_servers(&ring, "ktse-", 1);
+    let servers = ["s1", "s2", "s3"];
+
+    // A half-close after the request.
+    let mut s = connect(&live, "c1");
+    let v = value(&keys[0], 0, 3000);
+    call(&mut s, &set(&keys[0], &v), b"STORED\r\n");
+    s.write_all(format!("get {}\r\n", keys[0]).as_bytes())
+        .unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).expect("the reply, then the end");
+    assert_eq!(got, hit(&keys[0], &v));
+
+    // A reset in the middle of a request's data block.
+    let mut r = connect(&live, "c2");
+    r.write_all(format!("set {} 0 0 1000\r\n", keys[1]).as_bytes())
+        .unwrap();
+    r.write_all(&[b'x'; 400]).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    socket2::SockRef::from(&r)
+        .set_linger(Some(Duration::ZERO))
+        .unwrap();
+    drop(r);
+    assert_eq!(
+        server_value(&live, servers[ring.locate(keys[1].as_bytes())], &keys[1]),
+        None,
+        "half a set is not a set"
+    );
+
+    // A server killed while its reply waits on the client's window.
+    let victim = ring.locate(keys[2].as_bytes());
+    let big = value(&keys[2], 0, 600_000);
+    let mut w = connect(&live, "c1");
+    call(&mut w, &set(&keys[2], &big), b"STORED\r\n");
+    socket2::SockRef::from(&w)
+        .set_recv_buffer_size(4096)
+        .unwrap();
+    w.write_all(format!("get {}\r\n", keys[2]).as_bytes())
+        .unwrap();
+    let want = hit(&keys[2], &big);
+    let mut got = vec![0u8; 1000];
+    w.read_exact(&mut got).expect("the reply's start");
+    live.kill_server(servers[victim]).expect("kill the server");
+    w.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match w.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+        assert!(got.len() <= want.len(), "more bytes than the reply");
+    }
+    assert_eq!(
+        got,
+        want[..got.len()],
+        "a wrong byte after the server was killed"
+    );
+    // The victim's keys now go to the proxy, which answers for them.
+    let reply = tcp_call(
+        &live,
+        "c2",
+        vip(&live),
+        format!("get {}\r\n", keys[2]).as_bytes(),
+        ends_with_line,
+    );
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(
+        reply.starts_with("SERVER_ERROR") || reply == "END\r\n",
+        "{reply:?}"
+    );
+    drop((s, w));
+    wait_for_no_flows(&live);
+    live.down().expect("down");
+}
