@@ -1202,6 +1202,34 @@ mod tests {
     }
 
     #[test]
+    fn tcp_is_spliced_by_default_and_falls_back_without_a_local_port() {
+        let c = parse(EXAMPLE).unwrap();
+        assert_eq!((c.tcp, c.tcp_max_flows), (TcpPath::Splice, 65_536));
+        assert_eq!(c.tcp_path(), (TcpPath::Splice, None));
+        assert!(c.switch_spec(5, 0).tcp_splice.is_some());
+        let proxy = parse(&EXAMPLE.replace("tcp = \"splice\"", "tcp = \"proxy\"")).unwrap();
+        assert_eq!(proxy.tcp_path(), (TcpPath::Proxy, None));
+        assert!(proxy.switch_spec(5, 0).tcp_splice.is_none());
+        let no_local =
+            parse(&EXAMPLE.replace("local_port = \"kvs-local\"", "local_port = \"\"")).unwrap();
+        let (path, why) = no_local.tcp_path();
+        assert_eq!(path, TcpPath::Proxy);
+        assert!(why.is_some_and(|w| w.contains("local port")), "{why:?}");
+        assert!(no_local.switch_spec(4, 0).tcp_splice.is_none());
+        for (from, to, key) in [
+            ("tcp = \"splice\"", "tcp = \"udp\"", "switch.tcp"),
+            (
+                "tcp_max_flows = 65536",
+                "tcp_max_flows = 0",
+                "switch.tcp_max_flows",
+            ),
+        ] {
+            let e = parse(&EXAMPLE.replace(from, to)).unwrap_err().to_string();
+            assert!(e.contains(key), "{e}");
+        }
+    }
+
+    #[test]
     fn errors_name_file_and_key() {
         let bad = EXAMPLE.replace("mode = \"l3\"", "mode = \"l4\"");
         let e = parse(&bad).unwrap_err().to_string();

@@ -127,7 +127,8 @@ fn system_names(json: &serde_json::Value) -> Vec<String> {
         ("direct_tcp", "memcached direct (TCP)"),
         ("nutcracker", "nutcracker (TCP)"),
         ("kvswitch_udp", "kvswitch switch (UDP)"),
-        ("kvswitch_tcp", "kvswitch proxy (TCP)"),
+        ("kvswitch_tcp", "kvswitch splice (TCP)"),
+        ("kvswitch_tcp_proxy", "kvswitch proxy path (TCP)"),
         ("kvswitch_cache_udp", "kvswitch + cache (UDP)"),
         ("kvswitch_cache_tcp", "kvswitch + cache (TCP)"),
         ("switchkv_udp", "SwitchKV cache node (UDP)"),
@@ -158,8 +159,9 @@ fn medians(json: &serde_json::Value) -> &Vec<serde_json::Value> {
 fn latency_throughput_short() {
     let (dir, json) = run("latency-throughput", "kvbl");
     let systems = system_names(&json);
-    // The peers, kvswitch's two ways in, and the same two with its cache.
-    assert_eq!(systems.len(), 7);
+    // The peers, kvswitch's three ways in (UDP, TCP spliced, TCP on the proxy's path), and
+    // UDP and TCP with its cache.
+    assert_eq!(systems.len(), 8);
     let rates = json["settings"]["rates"].as_array().expect("rates").len();
     assert_eq!(medians(&json).len(), systems.len() * rates);
     for p in medians(&json) {
@@ -385,7 +387,9 @@ fn cost_short() {
                 assert!(p["nutcracker_us"].as_f64().unwrap() > 0.0, "{p}");
                 assert!(middle > 0.0, "{p}");
             }
-            Some("kvswitch_tcp" | "kvswitch_cache_tcp") => assert!(middle > 0.0, "{p}"),
+            Some("kvswitch_tcp" | "kvswitch_tcp_proxy" | "kvswitch_cache_tcp") => {
+                assert!(middle > 0.0, "{p}")
+            }
             _ => {}
         }
     }

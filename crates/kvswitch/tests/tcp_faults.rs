@@ -1,6 +1,6 @@
 //! TCP to the VIP over a faulty link made by the switch's own `impair` action (this kernel has
-//! no netem): segments both ways between the clients and the proxy, and between the proxy
-//! and the servers, are dropped, duplicated, reordered and delayed, seeded. Clients over TCP
+//! no netem): segments both ways between the clients and the switch's splice (and the proxy,
+//! for what it answers) are dropped, duplicated, reordered and delayed, seeded. Clients over TCP
 //! and UDP run a history-checked load with the cache on meanwhile: every reply is one
 //! memcached would give, no read is stale, and the load goes on.
 
@@ -74,6 +74,13 @@ fn tcp_through_the_vip_survives_loss_duplication_and_reordering() {
         recorded.ops_over(Transport::Tcp) > 200,
         "too little TCP traffic went through"
     );
+    // The TCP clients were spliced: the switch carried their connections itself.
+    let tcp = status(&live)["tcp"].clone();
+    assert!(
+        tcp["connections"]["spliced"].as_u64().unwrap_or(0) > 0,
+        "{tcp}"
+    );
+    assert!(tcp["requests"].as_u64().unwrap_or(0) > 100, "{tcp}");
     // Once the entries go, nothing is impaired any more.
     let doc = api
         .call("GET", "/api/v1/tables/acl/entries", None)

@@ -599,3 +599,64 @@ fn half_closes_resets_and_a_killed_server_wedge_nothing() {
     wait_for_no_flows(&live);
     live.down().expect("down");
 }
+
+/// memtier_benchmark over TCP to the VIP, text and binary, where it is installed. It is not a
+/// Debian package: without it the test says so and checks nothing.
+#[test]
+fn memtier_benchmark_through_the_splice_where_installed() {
+    let found = std::process::Command::new("sh")
+        .args(["-c", "command -v memtier_benchmark"])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        println!(
+            "skipped: memtier_benchmark is not installed (not a Debian package; build it from \
+             its source to run this test)"
+        );
+        return;
+    }
+    let live = testbed("ktmt", "l3", false);
+    let vip = vip(&live);
+    for protocol in ["memcache_text", "memcache_binary"] {
+        let out = live
+            .exec("c1", "timeout")
+            .args([
+                "120",
+                "memtier_benchmark",
+                "-s",
+                &vip.ip().to_string(),
+                "-p",
+                "11211",
+            ])
+            .args([
+                "-P",
+                protocol,
+                "--threads",
+                "1",
+                "--clients",
+                "8",
+                "--requests",
+                "2000",
+            ])
+            .args([
+                "--ratio",
+                "1:4",
+                "--key-maximum",
+                "5000",
+                "--hide-histogram",
+            ])
+            .stdin(Stdio::null())
+            .output()
+            .expect("memtier_benchmark");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("Totals"),
+            "memtier_benchmark {protocol} through the VIP: {text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(count(&live, "spliced") + count(&live, "proxied") >= 16);
+    wait_for_no_flows(&live);
+    live.down().expect("down");
+}

@@ -129,33 +129,42 @@ pub enum Drop {
     /// An operator's `impair` action dropped it (its `drop_ppm`), or held frames were already
     /// at the limit when it asked for a delay.
     Impaired,
-    /// A TCP segment to the VIP's memcached port (or from a spliced connection's target) with a wrong checksum.
+    /// A TCP segment to the VIP's memcached port, or from a spliced connection's server, with a
+    /// wrong checksum.
     BadTcpChecksum,
-    /// A TCP segment the splice has no use for: a SYN with other flags, a SYN-ACK that answers no SYN of the switch's.
+    /// A TCP segment the splice has no use for: a SYN with other flags, a SYN-ACK that answers
+    /// no SYN of the switch's.
     TcpUnexpected,
-    /// A TCP segment to the VIP's memcached port that belongs to no connection and carries no valid SYN cookie (the client is reset).
+    /// A TCP segment to the VIP's memcached port that belongs to no connection and carries no
+    /// valid SYN cookie (the client is reset).
     TcpBadCookie,
-    /// A connection the splice could not take: it holds `switch.tcp_max_flows` already (the client is reset).
+    /// A connection the splice could not take: it holds `switch.tcp_max_flows` already (the
+    /// client is reset).
     TcpFlowsFull,
-    /// A TCP segment of a spliced connection from an end it no longer uses (a target it handed over from), or from another port or MAC than its client's.
+    /// A segment to the VIP's memcached port in a spliced connection's name from another port
+    /// or MAC than its client's.
     TcpStale,
-    /// A client's TCP segment past a gap in its byte stream: the splice reads requests in order, and the client sends it again.
+    /// A spliced connection's segment past a gap in its sender's byte stream: the splice reads
+    /// both streams in order, and the sender sends it again.
     TcpOutOfOrder,
-    /// The end of a client's TCP segment that cuts a request line: it is not forwarded until all of the line has come.
-    TcpLineCut,
-    /// Client bytes a connection being handed over had no room for (the client sends them again).
+    /// Client bytes waiting for their server's connection had no room (64 kB): the client sends
+    /// them again.
     TcpHeldFull,
-    /// A hand-over whose old server or client acknowledged nothing for 10 s: the connection is reset.
-    TcpHandOverTimeout,
-    /// A spliced connection whose target refused it or cannot be reached: the connection is reset.
+    /// A spliced connection's request that waited 10 s for its server's connection (the
+    /// active one's replies, or its own handshake): the connection is reset.
+    TcpHoldTimeout,
+    /// A spliced connection's server refused it, did not answer, or closed or reset it with
+    /// replies owed, or no connection to it could be made (no leg port left for the client's
+    /// address). The client is reset when replies were owed or nothing could be made;
+    /// otherwise the proxy serves that server's requests.
     TcpNoTarget,
-    /// A spliced connection whose server's bytes did not read as the replies it owed, when it
-    /// had to be handed over: the connection is reset.
+    /// A spliced connection's server sent bytes that did not read as the replies it owed: the
+    /// connection is reset.
     TcpRepliesLost,
 }
 
 impl Drop {
-    pub const ALL: [Drop; 62] = [
+    pub const ALL: [Drop; 61] = [
         Drop::BadEthernet,
         Drop::BadIpv4,
         Drop::BadUdp,
@@ -213,9 +222,8 @@ impl Drop {
         Drop::TcpFlowsFull,
         Drop::TcpStale,
         Drop::TcpOutOfOrder,
-        Drop::TcpLineCut,
         Drop::TcpHeldFull,
-        Drop::TcpHandOverTimeout,
+        Drop::TcpHoldTimeout,
         Drop::TcpNoTarget,
         Drop::TcpRepliesLost,
     ];
@@ -280,9 +288,8 @@ impl Drop {
             Drop::TcpFlowsFull => "tcp_flows_full",
             Drop::TcpStale => "tcp_stale",
             Drop::TcpOutOfOrder => "tcp_out_of_order",
-            Drop::TcpLineCut => "tcp_line_cut",
             Drop::TcpHeldFull => "tcp_held_full",
-            Drop::TcpHandOverTimeout => "tcp_hand_over_timeout",
+            Drop::TcpHoldTimeout => "tcp_hold_timeout",
             Drop::TcpNoTarget => "tcp_no_target",
             Drop::TcpRepliesLost => "tcp_replies_lost",
         }

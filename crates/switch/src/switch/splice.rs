@@ -711,7 +711,7 @@ impl Switch {
             }
         }
         if !flow.held.is_empty() && now.saturating_duration_since(flow.since) > HOLD_WAIT {
-            self.stats.count_drop(Drop::TcpHandOverTimeout);
+            self.stats.count_drop(Drop::TcpHoldTimeout);
             self.end_flow(client, flow, now, emit, true);
         }
     }
@@ -1361,10 +1361,16 @@ impl Switch {
             Some(key) if request.key_count() == 1 && command.has_key() && framed => {
                 let write = command.is_write();
                 let hash = self.view.key_hash(key);
-                let server = if write {
-                    self.view.locate_hash(hash)
-                } else {
-                    self.view.read_locate_hash(hash)
+                let owner = self.view.locate_hash(hash);
+                // A key whose owner warms up is the proxy's: it reads it where it was and
+                // gives the owner what it finds.
+                let warming = self.view.is_warming()
+                    && (self.view.read_locate_hash(hash) != owner
+                        || self.view.warm_source(hash).is_some());
+                let server = match (write, warming) {
+                    (_, true) => None,
+                    (true, false) => owner,
+                    (false, false) => self.view.read_locate_hash(hash),
                 };
                 // A replicated write goes to every replica, and the cache must see every
                 // write before it leaves: both are the proxy's.

@@ -465,7 +465,7 @@ pub fn checked_local(mode: Mode) -> Rig {
     Rig::with(
         config_text(
             mode,
-            "local_port = \"lp\"\nsource_check = true\nsource_age_s = 5",
+            "local_port = \"lp\"\ntcp = \"proxy\"\nsource_check = true\nsource_age_s = 5",
             &agent,
         ),
         PORTS + 1,

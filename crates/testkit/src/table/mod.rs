@@ -82,13 +82,14 @@ pub fn config(mode: Mode) -> Config {
     config_text(mode, "local_port = \"\"", "")
 }
 
-/// The switch with a local port `lp` (port 3); in l2 mode with the agent address.
+/// The switch with a local port `lp` (port 3) and TCP to the VIP on the proxy's path (the
+/// splice has tests of its own); in l2 mode with the agent address.
 pub fn config_local(mode: Mode) -> Config {
     let agent = match mode {
         Mode::L3 => String::new(),
         Mode::L2 => format!("agent_ip = \"{AGENT}\"\n"),
     };
-    config_text(mode, "local_port = \"lp\"", &agent)
+    config_text(mode, "local_port = \"lp\"\ntcp = \"proxy\"", &agent)
 }
 
 pub fn config_text(mode: Mode, switch_extra: &str, vip_extra: &str) -> Config {
