@@ -36,20 +36,13 @@ pub fn emit_udp_headers(frame: &mut [u8], ends: &UdpEnds) -> bool {
     if payload_len > MAX_PAYLOAD {
         return false;
     }
-    ethernet::Repr {
-        src: ends.src_mac,
-        dst: ends.dst_mac,
-        ethertype: EtherType::IPV4,
-    }
-    .emit(&mut frame[..]);
-    ipv4::Repr {
-        src: ends.src_ip,
-        dst: ends.dst_ip,
-        protocol: ipv4::Protocol::UDP,
-        payload_len: (udp::HEADER_LEN + payload_len) as u16,
-        ttl: 64,
-    }
-    .emit(&mut frame[ethernet::HEADER_LEN..]);
+    emit_ipv4_headers(
+        frame,
+        (ends.src_mac, ends.dst_mac),
+        (ends.src_ip, ends.dst_ip),
+        ipv4::Protocol::UDP,
+        (udp::HEADER_LEN + payload_len) as u16,
+    );
     udp::Repr {
         src_port: ends.src_port,
         dst_port: ends.dst_port,
@@ -60,6 +53,32 @@ pub fn emit_udp_headers(frame: &mut [u8], ends: &UdpEnds) -> bool {
         u.fill_checksum(ends.src_ip, ends.dst_ip);
     }
     true
+}
+
+/// Writes the Ethernet header and a 20-byte IPv4 header (TTL 64, checksum filled) at the front
+/// of `frame`, for an IP payload of `l4_len` bytes of `protocol`. `frame` must hold both
+/// headers.
+pub(crate) fn emit_ipv4_headers(
+    frame: &mut [u8],
+    (src_mac, dst_mac): (Mac, Mac),
+    (src_ip, dst_ip): (Ipv4Addr, Ipv4Addr),
+    protocol: ipv4::Protocol,
+    l4_len: u16,
+) {
+    ethernet::Repr {
+        src: src_mac,
+        dst: dst_mac,
+        ethertype: EtherType::IPV4,
+    }
+    .emit(&mut frame[..]);
+    ipv4::Repr {
+        src: src_ip,
+        dst: dst_ip,
+        protocol,
+        payload_len: l4_len,
+        ttl: ipv4::DEFAULT_TTL,
+    }
+    .emit(&mut frame[ethernet::HEADER_LEN..]);
 }
 
 impl UdpEnds {

@@ -314,6 +314,20 @@ pub struct Ends {
 }
 
 impl Repr {
+    /// A segment without options (anything but a SYN).
+    pub fn plain(src_port: u16, dst_port: u16, seq: u32, ack: u32, flags: u8, window: u16) -> Repr {
+        Repr {
+            src_port,
+            dst_port,
+            seq,
+            ack,
+            flags,
+            window,
+            mss: None,
+            wscale: None,
+        }
+    }
+
     /// A whole frame of this segment carrying `payload`, checksums filled. The payload must
     /// leave room for the headers in an IPv4 packet (at most 65,495 bytes); longer ones are cut.
     pub fn frame(&self, ends: &Ends, payload: &[u8]) -> Vec<u8> {
@@ -330,20 +344,13 @@ impl Repr {
             .len()
             .min(usize::from(u16::MAX) - ipv4::HEADER_LEN - header)];
         let mut frame = vec![0u8; OFFSET + header + payload.len()];
-        ethernet::Repr {
-            src: ends.src_mac,
-            dst: ends.dst_mac,
-            ethertype: EtherType::IPV4,
-        }
-        .emit(&mut frame[..]);
-        ipv4::Repr {
-            src: ends.src_ip,
-            dst: ends.dst_ip,
-            protocol: ipv4::Protocol::TCP,
-            payload_len: (header + payload.len()) as u16,
-            ttl: ipv4::DEFAULT_TTL,
-        }
-        .emit(&mut frame[ethernet::HEADER_LEN..]);
+        crate::frame::emit_ipv4_headers(
+            &mut frame,
+            (ends.src_mac, ends.dst_mac),
+            (ends.src_ip, ends.dst_ip),
+            ipv4::Protocol::TCP,
+            (header + payload.len()) as u16,
+        );
         frame[field::SRC_PORT].copy_from_slice(&self.src_port.to_be_bytes());
         frame[field::DST_PORT].copy_from_slice(&self.dst_port.to_be_bytes());
         frame[field::SEQ].copy_from_slice(&self.seq.to_be_bytes());

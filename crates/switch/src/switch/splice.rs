@@ -927,23 +927,18 @@ impl Switch {
         };
         leg.acked_to = ack;
         let window = rescale(flow.client_window, 0, leg.client_shift);
-        let seg = tcp::Repr {
-            src_port: leg.sport,
-            dst_port: leg.port,
-            seq: leg.next,
+        let seg = tcp::Repr::plain(
+            leg.sport,
+            leg.port,
+            leg.next,
             ack,
-            flags: flag::ACK | flags,
+            flag::ACK | flags,
             window,
-            mss: None,
-            wscale: None,
-        };
+        );
         leg.next = leg
             .next
             .wrapping_add(payload.len() as u32 + u32::from(flags & flag::FIN != 0));
-        emit.push(Emit {
-            dest: Dest::Port(leg.out),
-            frame: seg.frame(&leg_ends(client, flow, &flow.legs[i]), payload),
-        });
+        emit.push(leg_emit(client, flow, i, &seg, payload));
     }
 
     /// Tells every open leg what the client has acknowledged of its bytes, when that moved.
@@ -966,20 +961,23 @@ impl Switch {
     fn ack_client(&mut self, client: (Ipv4Addr, u16), flow: &mut Flow, emit: &mut Vec<Emit>) {
         let ack = flow.acked_for_client();
         flow.last_ack = ack;
-        let seg = tcp::Repr {
-            src_port: self.spec.vip.port,
-            dst_port: client.1,
-            seq: flow.sent,
-            ack,
-            flags: flag::ACK,
-            window: flow.window,
-            mss: None,
-            wscale: None,
-        };
-        emit.push(Emit {
+        let port = self.spec.vip.port;
+        let seg = tcp::Repr::plain(port, client.1, flow.sent, ack, flag::ACK, flow.window);
+        emit.push(self.client_emit(client, flow, &seg, &[]));
+    }
+
+    /// Segment `seg` to the client, from the VIP.
+    fn client_emit(
+        &self,
+        client: (Ipv4Addr, u16),
+        flow: &Flow,
+        seg: &tcp::Repr,
+        payload: &[u8],
+    ) -> Emit {
+        Emit {
             dest: Dest::Port(flow.port),
-            frame: seg.frame(&self.client_ends(client, flow), &[]),
-        });
+            frame: seg.frame(&self.client_ends(client, flow), payload),
+        }
     }
 
     fn client_ends(&self, client: (Ipv4Addr, u16), flow: &Flow) -> tcp::Ends {
@@ -1040,20 +1038,15 @@ impl Switch {
                 leg.acked = leg.isn.wrapping_add(1);
             }
             // The handshake's last ACK, in the client's name.
-            let ack = tcp::Repr {
-                src_port: leg.sport,
-                dst_port: leg.port,
-                seq: leg.isn.wrapping_add(1),
-                ack: seg.seq().wrapping_add(1),
-                flags: flag::ACK,
-                window: rescale(flow.client_window, 0, leg.client_shift),
-                mss: None,
-                wscale: None,
-            };
-            emit.push(Emit {
-                dest: Dest::Port(leg.out),
-                frame: ack.frame(&leg_ends(client, flow, &flow.legs[i]), &[]),
-            });
+            let ack = tcp::Repr::plain(
+                leg.sport,
+                leg.port,
+                leg.isn.wrapping_add(1),
+                seg.seq().wrapping_add(1),
+                flag::ACK,
+                rescale(flow.client_window, 0, leg.client_shift),
+            );
+            emit.push(leg_emit(client, flow, i, &ack, &[]));
             if first {
                 self.pump(client, flow, now, emit);
             }
@@ -1220,25 +1213,13 @@ impl Switch {
         flags: u8,
         emit: &mut Vec<Emit>,
     ) {
-        let seg = tcp::Repr {
-            src_port: self.spec.vip.port,
-            dst_port: client.1,
-            seq,
-            ack,
-            flags,
-            window: flow.window,
-            mss: None,
-            wscale: None,
-        };
+        let seg = tcp::Repr::plain(self.spec.vip.port, client.1, seq, ack, flags, flow.window);
         let end = seq.wrapping_add(payload.len() as u32 + u32::from(flags & flag::FIN != 0));
         if tcp::before(flow.sent, end) {
             flow.sent = end;
         }
         flow.last_ack = ack;
-        emit.push(Emit {
-            dest: Dest::Port(flow.port),
-            frame: seg.frame(&self.client_ends(client, flow), payload),
-        });
+        emit.push(self.client_emit(client, flow, &seg, payload));
     }
 
     /// Resets every open leg but `keep`.
@@ -1269,20 +1250,7 @@ impl Switch {
         if leg.their_isn.is_none() {
             return;
         }
-        let rst = tcp::Repr {
-            src_port: leg.sport,
-            dst_port: leg.port,
-            seq: leg.next,
-            ack: 0,
-            flags: flag::RST,
-            window: 0,
-            mss: None,
-            wscale: None,
-        };
-        emit.push(Emit {
-            dest: Dest::Port(leg.out),
-            frame: rst.frame(&leg_ends(client, flow, &flow.legs[i]), &[]),
-        });
+        emit.push(leg_reset(client, flow, i));
     }
 
     /// Ends a flow: resets to every leg, and to the client when `reset_client`; the flow is
@@ -1300,36 +1268,11 @@ impl Switch {
             if leg.their_isn.is_none() && !reset_client {
                 continue;
             }
-            let rst = tcp::Repr {
-                src_port: leg.sport,
-                dst_port: leg.port,
-                seq: leg.next,
-                ack: 0,
-                flags: flag::RST,
-                window: 0,
-                mss: None,
-                wscale: None,
-            };
-            emit.push(Emit {
-                dest: Dest::Port(leg.out),
-                frame: rst.frame(&leg_ends(client, flow, leg), &[]),
-            });
+            emit.push(leg_reset(client, flow, i));
         }
         if reset_client {
-            let rst = tcp::Repr {
-                src_port: self.spec.vip.port,
-                dst_port: client.1,
-                seq: flow.sent,
-                ack: 0,
-                flags: flag::RST,
-                window: 0,
-                mss: None,
-                wscale: None,
-            };
-            emit.push(Emit {
-                dest: Dest::Port(flow.port),
-                frame: rst.frame(&self.client_ends(client, flow), &[]),
-            });
+            let rst = tcp::Repr::plain(self.spec.vip.port, client.1, flow.sent, 0, flag::RST, 0);
+            emit.push(self.client_emit(client, flow, &rst, &[]));
         }
         flow.held.clear();
         flow.closed = Some(now);
@@ -1426,16 +1369,7 @@ impl Switch {
                 flag::RST | flag::ACK,
             )
         };
-        let rst = tcp::Repr {
-            src_port: self.spec.vip.port,
-            dst_port: seg.src_port(),
-            seq,
-            ack,
-            flags,
-            window: 0,
-            mss: None,
-            wscale: None,
-        };
+        let rst = tcp::Repr::plain(self.spec.vip.port, seg.src_port(), seq, ack, flags, 0);
         let ends = tcp::Ends {
             src_mac: self.spec.vip.mac,
             dst_mac: seg.src_mac(),
@@ -1503,6 +1437,28 @@ fn leg_ends(client: (Ipv4Addr, u16), flow: &Flow, leg: &Leg) -> tcp::Ends {
         src_ip: client.0,
         dst_ip: leg.ip,
     }
+}
+
+/// Segment `seg` to leg `i`, in the client's name.
+fn leg_emit(
+    client: (Ipv4Addr, u16),
+    flow: &Flow,
+    i: usize,
+    seg: &tcp::Repr,
+    payload: &[u8],
+) -> Emit {
+    let leg = &flow.legs[i];
+    Emit {
+        dest: Dest::Port(leg.out),
+        frame: seg.frame(&leg_ends(client, flow, leg), payload),
+    }
+}
+
+/// A reset to leg `i`, at the next sequence number it expects.
+fn leg_reset(client: (Ipv4Addr, u16), flow: &Flow, i: usize) -> Emit {
+    let leg = &flow.legs[i];
+    let rst = tcp::Repr::plain(leg.sport, leg.port, leg.next, 0, flag::RST, 0);
+    leg_emit(client, flow, i, &rst, &[])
 }
 
 /// A window advertised with shift `from`, advertised again with shift `to`.
