@@ -1,6 +1,6 @@
 //! TCP segments (RFC 9293) in plain frames: untagged Ethernet, IPv4 with a 20-byte header, TCP.
-//! A checked view, the options a handshake carries, in-place rewrites of a frame's addresses,
-//! sequence numbers and window, a payload cut short, and whole segments built from nothing.
+//! A checked view, the options a handshake carries, and whole segments built with both
+//! checksums filled.
 //!
 //! The view checks every length once; nothing here panics on any input.
 
@@ -26,7 +26,6 @@ pub mod flag {
 mod field {
     use core::ops::Range;
 
-    pub const IP_LENGTH: Range<usize> = 16..18;
     pub const IP_CHECKSUM: Range<usize> = 24..26;
     pub const IP_SRC: Range<usize> = 26..30;
     pub const IP_DST: Range<usize> = 30..34;
@@ -177,11 +176,6 @@ impl<'a> Segment<'a> {
         &self.frame[self.data..self.end]
     }
 
-    /// Where the payload starts in the frame.
-    pub fn payload_offset(&self) -> usize {
-        self.data
-    }
-
     /// The sequence space the segment takes: its payload, and one each for SYN and FIN.
     pub fn seq_len(&self) -> u32 {
         (self.end - self.data) as u32
@@ -202,80 +196,9 @@ impl<'a> Segment<'a> {
     }
 }
 
-/// In-place changes to a plain frame that [`Segment::parse`] accepted. Call
-/// [`Rewrite::finish`] after the last change: it fills both checksums.
-pub struct Rewrite<'a> {
-    frame: &'a mut [u8],
-}
-
-impl<'a> Rewrite<'a> {
-    /// `None` unless `frame` holds a segment [`Segment::parse`] accepts.
-    pub fn new(frame: &'a mut [u8]) -> Option<Rewrite<'a>> {
-        Segment::parse(frame).ok()?;
-        Some(Rewrite { frame })
-    }
-
-    pub fn macs(&mut self, src: Mac, dst: Mac) -> &mut Self {
-        self.frame[0..6].copy_from_slice(&dst.0);
-        self.frame[6..12].copy_from_slice(&src.0);
-        self
-    }
-
-    pub fn src(&mut self, ip: Ipv4Addr, port: u16) -> &mut Self {
-        self.frame[field::IP_SRC].copy_from_slice(&ip.octets());
-        self.frame[field::SRC_PORT].copy_from_slice(&port.to_be_bytes());
-        self
-    }
-
-    pub fn dst(&mut self, ip: Ipv4Addr, port: u16) -> &mut Self {
-        self.frame[field::IP_DST].copy_from_slice(&ip.octets());
-        self.frame[field::DST_PORT].copy_from_slice(&port.to_be_bytes());
-        self
-    }
-
-    pub fn seq(&mut self, v: u32) -> &mut Self {
-        self.frame[field::SEQ].copy_from_slice(&v.to_be_bytes());
-        self
-    }
-
-    pub fn ack(&mut self, v: u32) -> &mut Self {
-        self.frame[field::ACK].copy_from_slice(&v.to_be_bytes());
-        self
-    }
-
-    pub fn window(&mut self, v: u16) -> &mut Self {
-        self.frame[field::WINDOW].copy_from_slice(&v.to_be_bytes());
-        self
-    }
-
-    /// Clears control bits (a FIN on a payload cut short no longer ends the data).
-    pub fn clear_flags(&mut self, bits: u8) -> &mut Self {
-        self.frame[field::FLAGS] &= !bits;
-        self
-    }
-
-    /// Keeps only the first `keep` bytes of the payload (no more than it has): the IP total
-    /// length shrinks, and the frame's bytes past the new end are no longer part of it. Returns
-    /// the frame's new length.
-    pub fn cut_payload(&mut self, keep: usize) -> usize {
-        let Ok(seg) = Segment::parse(self.frame) else {
-            return self.frame.len();
-        };
-        let end = (seg.data + keep).min(seg.end);
-        let total = (end - ethernet::HEADER_LEN) as u16;
-        self.frame[field::IP_LENGTH].copy_from_slice(&total.to_be_bytes());
-        end
-    }
-
-    /// Fills the IPv4 header checksum and the TCP checksum.
-    pub fn finish(&mut self) {
-        fill_checksums(self.frame);
-    }
-}
-
 /// Fills the IPv4 header checksum and the TCP checksum of a plain frame; nothing when the frame
 /// is not one.
-pub fn fill_checksums(frame: &mut [u8]) {
+fn fill_checksums(frame: &mut [u8]) {
     let Ok(seg) = Segment::parse(frame) else {
         return;
     };
@@ -412,32 +335,6 @@ mod tests {
         assert!(s.verify_checksum());
         let ip = ipv4::Packet::new_checked(&frame[ethernet::HEADER_LEN..]).unwrap();
         assert!(ip.verify_checksum());
-    }
-
-    #[test]
-    fn rewrites_and_a_cut_keep_the_checksums_right() {
-        let data = Repr {
-            flags: flag::ACK | flag::PSH | flag::FIN,
-            mss: None,
-            wscale: None,
-            ..syn()
-        };
-        let mut frame = data.frame(&ends(), b"get a\r\nget b\r\n");
-        let mut r = Rewrite::new(&mut frame).unwrap();
-        r.dst(Ipv4Addr::new(10, 0, 0, 9), 11000)
-            .seq(5)
-            .ack(7)
-            .window(3)
-            .clear_flags(flag::FIN);
-        let len = r.cut_payload(7);
-        r.finish();
-        frame.truncate(len);
-        let s = Segment::parse(&frame).unwrap();
-        assert_eq!(s.payload(), b"get a\r\n");
-        assert_eq!((s.seq(), s.ack(), s.window()), (5, 7, 3));
-        assert_eq!(s.dst_ip(), Ipv4Addr::new(10, 0, 0, 9));
-        assert!(!s.has(flag::FIN));
-        assert!(s.verify_checksum());
     }
 
     #[test]

@@ -617,7 +617,7 @@ impl Switch {
             if flow.data_left > 0 {
                 // The rest of a data block goes where its command went.
                 let Some(active) = flow.active else { break };
-                if !self.leg_open(flow, active) {
+                if flow.legs[active].their_isn.is_none() {
                     break;
                 }
                 let n = flow.data_left.min(remaining);
@@ -666,7 +666,7 @@ impl Switch {
                     }
                     break;
                 }
-                if !self.leg_open(flow, leg) {
+                if flow.legs[leg].their_isn.is_none() {
                     break;
                 }
                 flow.active = Some(leg);
@@ -677,7 +677,7 @@ impl Switch {
                     leg_seq: read,
                     len: 0,
                 });
-            } else if !self.leg_open(flow, leg) {
+            } else if flow.legs[leg].their_isn.is_none() {
                 break;
             }
             match kind {
@@ -714,11 +714,6 @@ impl Switch {
             self.stats.count_drop(Drop::TcpHoldTimeout);
             self.end_flow(client, flow, now, emit, true);
         }
-    }
-
-    /// Whether leg `i` has finished its handshake; a SYN is sent again when one is due.
-    fn leg_open(&self, flow: &Flow, i: usize) -> bool {
-        flow.legs[i].their_isn.is_some()
     }
 
     /// The leg for `target`, opened (its SYN sent) when the flow has none yet.
