@@ -512,7 +512,53 @@ fn the_vip_answers_every_stream_as_one_memcached_does() {
             .join("\n")
     );
     assert!(count(&live, "spliced") > 0, "{t}");
+    // Every connection ended at both ends: the switch forgets its flows, and the host's stack
+    // (the proxy's side of the host's legs) is left with none still closing.
+    wait_for_no_flows(&live);
+    wait_for_no_closing_legs(vip);
     live.down().expect("down");
+}
+
+/// Waits until the host's stack holds no connection on `vip` that is still closing (waiting
+/// for an acknowledgement of its FIN): a leg whose end the switch never acknowledged nor reset
+/// would stay so for minutes, and a new leg on its ports would not open.
+fn wait_for_no_closing_legs(vip: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let closing = closing_on(vip);
+        if closing.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the host's stack still closes {} legs: {closing:?}",
+            closing.len()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// The host's connections on `vip` in FIN-WAIT-1, CLOSING or LAST-ACK, as /proc/net/tcp
+/// lists them (addresses in the host's byte order).
+fn closing_on(vip: SocketAddr) -> Vec<String> {
+    let SocketAddr::V4(vip) = vip else {
+        return Vec::new();
+    };
+    let local = format!(
+        "{:08X}:{:04X}",
+        u32::from_ne_bytes(vip.ip().octets()),
+        vip.port()
+    );
+    std::fs::read_to_string("/proc/net/tcp")
+        .expect("/proc/net/tcp")
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let closing = matches!(f.get(3), Some(&("04" | "0B" | "09")));
+            (f.get(1) == Some(&local.as_str()) && closing).then(|| l.trim().to_string())
+        })
+        .collect()
 }
 
 /// Ends that TCP allows and a splice must carry: a client that half-closes after its request

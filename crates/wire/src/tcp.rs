@@ -132,6 +132,12 @@ impl<'a> Segment<'a> {
         Mac(m)
     }
 
+    pub fn dst_mac(&self) -> Mac {
+        let mut m = [0u8; 6];
+        m.copy_from_slice(&self.frame[0..6]);
+        Mac(m)
+    }
+
     pub fn src_ip(&self) -> Ipv4Addr {
         Ipv4Addr::from(self.u32_at(field::IP_SRC))
     }

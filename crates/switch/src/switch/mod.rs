@@ -435,6 +435,7 @@ impl Switch {
             self.view.next_return(),
             cache,
             self.impair.next_due(),
+            self.splice.as_ref().and_then(splice::Splice::poll_at),
         ]
         .into_iter()
         .flatten()

@@ -47,6 +47,8 @@ const HOLD_WAIT: Duration = Duration::from_secs(10);
 /// How often a SYN to a leg that has not answered is sent again (while the client retransmits
 /// or the switch ticks).
 const SYN_RETRY: Duration = Duration::from_millis(200);
+/// How often flows are aged while there are any: a fraction of [`SYN_RETRY`].
+const AGE_EVERY: Duration = Duration::from_millis(100);
 /// Legs one flow may have: one per server and the host's.
 const MAX_LEGS: usize = 64;
 /// The ports legs are opened from, with the client's address: outside Linux's ephemeral range,
@@ -101,6 +103,9 @@ struct Leg {
     acked_to: u32,
     /// The target closed its side.
     fin: bool,
+    /// The switch reset the leg and let it go: whatever its target still sends is answered
+    /// with a reset.
+    gone: bool,
 }
 
 /// A run of bytes one leg carried: `len` bytes from `client` in the client's stream, from `leg`
@@ -289,22 +294,38 @@ pub(crate) struct Splice {
     /// Where the search for a free leg port starts.
     next_port: u16,
     max_flows: usize,
+    /// When the flows were last aged (and their waits moved on).
+    aged: Option<Instant>,
 }
 
 impl Splice {
     pub(crate) fn new(seed: u64, max_flows: usize) -> Splice {
         let mut s = seed ^ 0x7463_705f_636f_6f6b;
+        let key = (splitmix64(&mut s), splitmix64(&mut s));
+        // Where the first leg port lies depends on the seed: a switch started again does not
+        // open its legs on the ports its last run used first.
+        let span = u64::from(u16::MAX - FIRST_LEG_PORT) + 1;
         Splice {
-            key: (splitmix64(&mut s), splitmix64(&mut s)),
+            key,
             flows: HashMap::new(),
             legs: HashMap::new(),
-            next_port: FIRST_LEG_PORT,
+            next_port: FIRST_LEG_PORT + (splitmix64(&mut s) % span) as u16,
             max_flows,
+            aged: None,
         }
     }
 
     pub(crate) fn flows(&self) -> usize {
         self.flows.len()
+    }
+
+    /// When the flows want ageing next: every [`AGE_EVERY`] while there are any (a SYN to a
+    /// leg sent again, a wait given up, a flow forgotten after its linger).
+    pub(crate) fn poll_at(&self) -> Option<Instant> {
+        if self.flows.is_empty() {
+            return None;
+        }
+        Some(self.aged.map_or(Instant::ZERO, |t| t + AGE_EVERY))
     }
 
     /// A port no leg of `ip` uses, recorded for leg `i` of `client`'s flow.
@@ -404,15 +425,31 @@ impl Switch {
             return Some(Fate::Consumed);
         }
         let splice = self.splice.as_ref()?;
-        let (client, leg) = *splice.legs.get(&(seg.dst_ip(), seg.dst_port()))?;
-        let flow = splice.flows.get(&client)?;
         let from_local = Some(in_port) == self.local;
+        let found = splice
+            .legs
+            .get(&(seg.dst_ip(), seg.dst_port()))
+            .and_then(|&(client, leg)| Some((client, leg, splice.flows.get(&client)?)));
+        let Some((client, leg, flow)) = found else {
+            // The host's end of a leg the switch no longer holds (a flow forgotten, a switch
+            // started again): the host's stack answers only legs, from the VIP's port to the
+            // leg ports, and hears a reset so that the port can open a leg again.
+            if from_local && (seg.src_ip(), seg.src_port()) == vip && is_leg_port(seg.dst_port()) {
+                self.stale_leg_segment(in_port, &seg, emit);
+                return Some(Fate::Consumed);
+            }
+            return None;
+        };
         let l = flow.legs.get(leg)?;
         let from_leg = (seg.src_ip(), seg.src_port()) == (l.ip, l.port)
             && from_local == (l.target == Target::Host)
             && (l.target == Target::Host || seg.src_mac() == l.mac);
         if !from_leg {
             return None;
+        }
+        if flow.closed.is_some() || l.gone {
+            self.stale_leg_segment(in_port, &seg, emit);
+            return Some(Fate::Consumed);
         }
         if !seg.verify_checksum() {
             self.stats.count_drop(Drop::BadTcpChecksum);
@@ -594,6 +631,14 @@ impl Switch {
             }
         }
         self.pump(client, flow, now, emit);
+        if flow.fins == 3 && flow.closed.is_none() {
+            // The client's FIN after the end a leg gave it (the proxy closed first): it is
+            // acknowledged, and the flow is done.
+            let (sent, edge) = (flow.sent, flow.edge);
+            self.client_send(client, flow, sent, edge, &[], flag::ACK, emit);
+            self.end_flow(client, flow, now, emit, false);
+            return;
+        }
         self.ack_legs(client, flow, emit);
     }
 
@@ -781,6 +826,7 @@ impl Switch {
             replies: Replies::default(),
             acked_to: 0,
             fin: false,
+            gone: false,
         });
         let i = flow.legs.len() - 1;
         match (target, flow.legs.len()) {
@@ -1047,9 +1093,18 @@ impl Switch {
             }
             return;
         }
-        let Some(_) = flow.legs[i].their_isn else {
+        if flow.legs[i].their_isn.is_none() {
+            if seg.has(flag::ACK) {
+                // The target holds an older connection on this leg's ports (one it still
+                // closes, or in TIME-WAIT) and acknowledged that one: a reset at its
+                // acknowledgement ends it, and the next SYN opens the leg.
+                self.stats.count_drop(Drop::TcpStale);
+                emit.push(reset_reply(flow.legs[i].out, seg, seg.dst_mac()));
+                flow.legs[i].syn_at = now;
+                emit.push(self.leg_syn(client, flow, i));
+            }
             return;
-        };
+        }
         if seg.has(flag::ACK)
             && tcp::before(flow.legs[i].acked, seg.ack())
             && !tcp::before(flow.legs[i].next, seg.ack())
@@ -1126,7 +1181,7 @@ impl Switch {
         let leg_fin = fin && !flow.legs[i].fin;
         if leg_fin {
             flow.legs[i].fin = true;
-            if self.owes(flow, i) && flow.fins & 1 == 0 {
+            if self.owes(flow, i) {
                 // The server closed with replies owed: the client cannot get them.
                 self.stats.count_drop(Drop::TcpNoTarget);
                 let ack = flow.acked_for_client();
@@ -1137,12 +1192,10 @@ impl Switch {
                 return;
             }
         }
-        // The leg's end is the client's only when it is the active leg with nothing owed and
-        // nothing waiting (a `quit`, or the server closing on the client's FIN).
-        let to_client_fin = leg_fin
-            && flow.active == Some(i)
-            && flow.legs[i].replies.owed.is_empty()
-            && flow.held.is_empty();
+        // The leg's end is the client's only when it is the active leg (which owes nothing,
+        // or it was reset above) and nothing waits: a `quit`, the server closing on the
+        // client's FIN, or the proxy, which holds the rest of the connection, closing it.
+        let to_client_fin = leg_fin && flow.active == Some(i) && flow.held.is_empty();
         let ack = flow.acked_for_client();
         let push = seg.has(flag::PSH);
         for (k, (at, bytes)) in pieces.iter().enumerate() {
@@ -1242,6 +1295,7 @@ impl Switch {
     ) {
         let leg = &mut flow.legs[i];
         leg.fin = true;
+        leg.gone = true;
         if leg.their_isn.is_none() {
             return;
         }
@@ -1259,8 +1313,8 @@ impl Switch {
         reset_client: bool,
     ) {
         for i in 0..flow.legs.len() {
-            let leg = &flow.legs[i];
-            if leg.their_isn.is_none() && !reset_client {
+            flow.legs[i].gone = true;
+            if flow.legs[i].their_isn.is_none() && !reset_client {
                 continue;
             }
             emit.push(leg_reset(client, flow, i));
@@ -1355,26 +1409,16 @@ impl Switch {
     /// A reset for a segment to the VIP's port that belongs to no connection (RFC 9293: its
     /// sequence number is the segment's acknowledgement).
     fn reset_client(&self, in_port: u16, seg: &Segment<'_>, emit: &mut Vec<Emit>) {
-        let (seq, ack, flags) = if seg.has(flag::ACK) {
-            (seg.ack(), 0, flag::RST)
-        } else {
-            (
-                0,
-                seg.seq().wrapping_add(seg.seq_len()),
-                flag::RST | flag::ACK,
-            )
-        };
-        let rst = tcp::Repr::plain(self.spec.vip.port, seg.src_port(), seq, ack, flags, 0);
-        let ends = tcp::Ends {
-            src_mac: self.spec.vip.mac,
-            dst_mac: seg.src_mac(),
-            src_ip: self.spec.vip.ip,
-            dst_ip: seg.src_ip(),
-        };
-        emit.push(Emit {
-            dest: Dest::Port(in_port),
-            frame: rst.frame(&ends, &[]),
-        });
+        emit.push(reset_reply(in_port, seg, self.spec.vip.mac));
+    }
+
+    /// A segment from the target of a leg the switch has let go, or no longer holds: counted,
+    /// and answered with a reset it takes (at its acknowledgement) unless it is one.
+    fn stale_leg_segment(&self, in_port: u16, seg: &Segment<'_>, emit: &mut Vec<Emit>) {
+        self.stats.count_drop(Drop::TcpStale);
+        if !seg.has(flag::RST) {
+            emit.push(reset_reply(in_port, seg, seg.dst_mac()));
+        }
     }
 
     /// Forgets closed flows after their linger and flows that never carried a request after
@@ -1384,6 +1428,7 @@ impl Switch {
             return;
         };
         let legs = &mut splice.legs;
+        splice.aged = Some(now);
         splice.flows.retain(|client, f| {
             let keep = match f.closed {
                 Some(at) => now.saturating_duration_since(at) < LINGER,
@@ -1454,6 +1499,37 @@ fn leg_reset(client: (Ipv4Addr, u16), flow: &Flow, i: usize) -> Emit {
     let leg = &flow.legs[i];
     let rst = tcp::Repr::plain(leg.sport, leg.port, leg.next, 0, flag::RST, 0);
     leg_emit(client, flow, i, &rst, &[])
+}
+
+/// The reset that answers `seg` on the port it came in on, from the address it was sent to
+/// (with `src_mac` as the frame's source): at its acknowledgement when it carries one (the
+/// sequence number its sender expects next), else acknowledging it.
+fn reset_reply(in_port: u16, seg: &Segment<'_>, src_mac: Mac) -> Emit {
+    let (seq, ack, flags) = if seg.has(flag::ACK) {
+        (seg.ack(), 0, flag::RST)
+    } else {
+        (
+            0,
+            seg.seq().wrapping_add(seg.seq_len()),
+            flag::RST | flag::ACK,
+        )
+    };
+    let rst = tcp::Repr::plain(seg.dst_port(), seg.src_port(), seq, ack, flags, 0);
+    let ends = tcp::Ends {
+        src_mac,
+        dst_mac: seg.src_mac(),
+        src_ip: seg.dst_ip(),
+        dst_ip: seg.src_ip(),
+    };
+    Emit {
+        dest: Dest::Port(in_port),
+        frame: rst.frame(&ends, &[]),
+    }
+}
+
+/// Whether `port` is one legs are opened from.
+fn is_leg_port(port: u16) -> bool {
+    port >= FIRST_LEG_PORT
 }
 
 /// A window advertised with shift `from`, advertised again with shift `to`.
@@ -1596,6 +1672,27 @@ mod tests {
                 self.process(u16::from(i) + 1, seg.frame(&ends, payload)),
                 Fate::Consumed
             );
+        }
+
+        /// A segment from the host's stack (the proxy) on the local port, to a leg port.
+        fn host_sends(&mut self, to_port: u16, seq: u32, ack: u32, flags: u8, payload: &[u8]) {
+            let seg = tcp::Repr {
+                src_port: 11211,
+                dst_port: to_port,
+                seq,
+                ack,
+                flags,
+                window: 500,
+                mss: (flags & flag::SYN != 0).then_some(1460),
+                wscale: (flags & flag::SYN != 0).then_some(7),
+            };
+            let ends = tcp::Ends {
+                src_mac: Mac([2, 0, 0, 0, 0, 0x64]),
+                dst_mac: CLIENT_MAC,
+                src_ip: VIP,
+                dst_ip: CLIENT.0,
+            };
+            assert_eq!(self.process(3, seg.frame(&ends, payload)), Fate::Consumed);
         }
 
         /// The frames emitted since the last call, as (port, segment's copy).
@@ -1840,5 +1937,104 @@ mod tests {
             .find(|(p, f)| *p == 2 && !seg(f).payload().is_empty())
             .expect("the second request");
         assert_eq!(seg(&to1.1).payload(), format!("get {k1}\r\n").as_bytes());
+    }
+
+    /// The host's end of a leg is closed whichever side closes first, and never left waiting:
+    /// an old connection the host still holds on the leg's ports is reset when it answers the
+    /// SYN; the proxy closing before the client ends the flow on the client's FIN, which is
+    /// acknowledged; what the host sends after the flow is forgotten is reset at its
+    /// acknowledgement (the sequence number it expects).
+    #[test]
+    fn the_hosts_end_of_a_leg_is_closed_whichever_side_closes_first() {
+        let mut bed = Bed::new();
+        let cookie = handshake(&mut bed);
+        let request = b"version\r\n";
+        bed.client_sends(1001, cookie.wrapping_add(1), flag::ACK, request);
+        let sent = bed.sent();
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        assert_eq!(sent[0].0, 3, "a keyless request goes to the host's leg");
+        let leg_isn = seg(&sent[0].1).seq();
+        let port = seg(&sent[0].1).src_port();
+
+        // The host answers the SYN for a connection it still holds on these ports.
+        bed.host_sends(port, 777, 12_345, flag::ACK, b"");
+        let sent = bed.sent();
+        assert_eq!(sent.len(), 2, "{sent:?}");
+        let rst = seg(&sent[0].1);
+        assert_eq!(sent[0].0, 3);
+        assert!(rst.has(flag::RST));
+        assert_eq!(
+            rst.seq(),
+            12_345,
+            "a reset the host takes: at its acknowledgement"
+        );
+        assert_eq!((rst.src_ip(), rst.src_port()), (CLIENT.0, port));
+        assert!(rst.verify_checksum());
+        let syn = seg(&sent[1].1);
+        assert!(
+            syn.has(flag::SYN) && syn.seq() == leg_isn,
+            "and the SYN goes again"
+        );
+        assert_eq!(stats::get(&bed.stats.drops[Drop::TcpStale as usize]), 1);
+
+        bed.host_sends(
+            port,
+            5000,
+            leg_isn.wrapping_add(1),
+            flag::SYN | flag::ACK,
+            b"",
+        );
+        let sent = bed.sent();
+        assert_eq!(seg(&sent[1].1).payload(), request);
+        // The proxy answers and closes at once.
+        let reply = b"VERSION 1\r\n";
+        let acked = leg_isn.wrapping_add(1 + request.len() as u32);
+        bed.host_sends(port, 5001, acked, flag::ACK | flag::FIN, reply);
+        let sent = bed.sent();
+        let to_client: Vec<_> = sent.iter().filter(|(p, _)| *p == 0).collect();
+        assert!(to_client.iter().any(|(_, f)| seg(f).payload() == reply));
+        let fin = to_client
+            .iter()
+            .map(|(_, f)| seg(f))
+            .find(|s| s.has(flag::FIN))
+            .expect("the proxy's end reaches the client");
+        assert_eq!(fin.seq(), cookie.wrapping_add(1 + reply.len() as u32));
+
+        // The client's own FIN then ends the flow, and is acknowledged.
+        let at = 1001 + request.len() as u32;
+        let their_end = fin.seq().wrapping_add(1);
+        bed.client_sends(at, their_end, flag::ACK | flag::FIN, b"");
+        let sent = bed.sent();
+        assert!(
+            sent.iter()
+                .any(|(p, f)| *p == 0 && seg(f).has(flag::ACK) && seg(f).ack() == at + 1),
+            "{sent:?}"
+        );
+        assert!(sent.iter().any(|(p, f)| *p == 3 && seg(f).has(flag::RST)));
+        bed.now += LINGER + Duration::from_secs(1);
+        let now = bed.now;
+        bed.sw.tick(now, &mut bed.emit);
+        assert_eq!(
+            bed.flows(),
+            0,
+            "a closed flow is forgotten after its linger"
+        );
+        assert_eq!(bed.sw.poll_at().map(|t| t > now), Some(true));
+
+        // The host sends its FIN again: the flow is gone, and the reset ends its side.
+        bed.sent();
+        bed.host_sends(
+            port,
+            5001 + reply.len() as u32,
+            acked + 1,
+            flag::ACK | flag::FIN,
+            b"",
+        );
+        let sent = bed.sent();
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        let rst = seg(&sent[0].1);
+        assert!(rst.has(flag::RST));
+        assert_eq!((sent[0].0, rst.seq()), (3, acked + 1));
+        assert_eq!(stats::get(&bed.stats.drops[Drop::TcpStale as usize]), 2);
     }
 }
