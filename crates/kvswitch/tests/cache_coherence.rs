@@ -5,8 +5,9 @@
 //!
 //! Two paths: the standalone proxy in front of three memcached servers on loopback, with TCP
 //! clients; and switch mode on the testbed, with clients in both client namespaces sending UDP
-//! (routed by the switch) and TCP (through the local port to the built-in proxy) to the VIP at
-//! the same time, on the same keys. Both run with the configuration [`cache_config`] gives.
+//! (routed by the switch) and TCP (spliced by the switch: reads to their servers, writes to the
+//! built-in proxy, which invalidates first) to the VIP at the same time, on the same keys.
+//! Both run with the configuration [`cache_config`] gives.
 
 mod common;
 
@@ -212,9 +213,9 @@ fn two_unsynchronised_servers_are_caught() {
 }
 
 /// (b) Switch mode: in each client namespace three UDP clients (to the VIP, routed by key by
-/// the switch) and three TCP clients (to the VIP, through the local port to the built-in
-/// proxy), all on the same keys at once. Reads over one transport must see writes made over
-/// the other.
+/// the switch) and three TCP clients (to the VIP, on the switch's splice: reads go to their
+/// servers on legs, writes to the host's leg, where the proxy invalidates before it forwards),
+/// all on the same keys at once. Reads over one transport must see writes made over the other.
 #[test]
 fn switch_udp_and_tcp_keep_reads_coherent() {
     let live = testbed_with("kcoh", "l3", false, |o| o.extra_config = cache_config());
@@ -280,5 +281,14 @@ fn switch_udp_and_tcp_keep_reads_coherent() {
     println!("switch: {hits} reads answered from the kernel cache");
     assert!(hits > 0, "no read was answered from the kernel cache");
     assert_eq!(drops(&live, "vip_unhandled"), 0);
+    // The TCP clients were on the splice: requests went to servers on legs, and the writes
+    // to the host's leg.
+    let tcp = &status(&live)["tcp"];
+    println!("switch: tcp {tcp}");
+    assert_eq!(tcp["path"], "splice", "{tcp}");
+    assert!(tcp["requests"].as_u64().unwrap_or(0) > 0, "{tcp}");
+    let handed = tcp["connections"]["handed_over"].as_u64().unwrap_or(0)
+        + tcp["connections"]["proxied"].as_u64().unwrap_or(0);
+    assert!(handed > 0, "no write reached the host's leg: {tcp}");
     live.down().expect("down");
 }

@@ -138,11 +138,12 @@ pub enum Drop {
     /// A TCP segment to the VIP's memcached port that belongs to no connection and carries no
     /// valid SYN cookie (the client is reset).
     TcpBadCookie,
-    /// A connection the splice could not take: it holds `switch.tcp_max_flows` already (the
-    /// client is reset).
+    /// A connection the splice could not take: it holds `switch.tcp_max_flows` already, or a
+    /// quarter of them for the client's address (the client is reset).
     TcpFlowsFull,
     /// A segment to the VIP's memcached port in a spliced connection's name from another port
-    /// or MAC than its client's.
+    /// or MAC than its client's; or one from a leg's target after the switch let the leg go
+    /// (or no longer knows it), which is answered with a reset.
     TcpStale,
     /// A spliced connection's segment past a gap in its sender's byte stream: the splice reads
     /// both streams in order, and the sender sends it again.

@@ -47,6 +47,9 @@ const HOLD_WAIT: Duration = Duration::from_secs(10);
 /// How often a SYN to a leg that has not answered is sent again (while the client retransmits
 /// or the switch ticks).
 const SYN_RETRY: Duration = Duration::from_millis(200);
+/// One client address may hold at most this share of `switch.tcp_max_flows` (a quarter): a
+/// host that opens connections without end keeps others out of only part of the table.
+const PER_ADDRESS_SHARE: usize = 4;
 /// How often flows are aged while there are any: a fraction of [`SYN_RETRY`].
 const AGE_EVERY: Duration = Duration::from_millis(100);
 /// Legs one flow may have: one per server and the host's.
@@ -294,6 +297,8 @@ pub(crate) struct Splice {
     /// Where the search for a free leg port starts.
     next_port: u16,
     max_flows: usize,
+    /// The flows of each client address: one address may hold a share of them only.
+    per_address: HashMap<Ipv4Addr, usize>,
     /// When the flows were last aged (and their waits moved on).
     aged: Option<Instant>,
 }
@@ -311,6 +316,7 @@ impl Splice {
             legs: HashMap::new(),
             next_port: FIRST_LEG_PORT + (splitmix64(&mut s) % span) as u16,
             max_flows,
+            per_address: HashMap::new(),
             aged: None,
         }
     }
@@ -516,11 +522,15 @@ impl Switch {
                 self.reset_client(in_port, seg, emit);
                 return;
             };
-            if splice.flows.len() >= splice.max_flows {
+            let of_address = splice.per_address.get(&client.0).copied().unwrap_or(0);
+            if splice.flows.len() >= splice.max_flows
+                || of_address >= splice.max_flows.div_ceil(PER_ADDRESS_SHARE)
+            {
                 self.stats.count_drop(Drop::TcpFlowsFull);
                 self.reset_client(in_port, seg, emit);
                 return;
             }
+            *splice.per_address.entry(client.0).or_default() += 1;
             splice.flows.insert(
                 client,
                 Flow {
@@ -1415,6 +1425,11 @@ impl Switch {
     /// A segment from the target of a leg the switch has let go, or no longer holds: counted,
     /// and answered with a reset it takes (at its acknowledgement) unless it is one.
     fn stale_leg_segment(&self, in_port: u16, seg: &Segment<'_>, emit: &mut Vec<Emit>) {
+        if !seg.verify_checksum() {
+            // Not a segment the target sent: nothing to answer.
+            self.stats.count_drop(Drop::BadTcpChecksum);
+            return;
+        }
         self.stats.count_drop(Drop::TcpStale);
         if !seg.has(flag::RST) {
             emit.push(reset_reply(in_port, seg, seg.dst_mac()));
@@ -1428,6 +1443,7 @@ impl Switch {
             return;
         };
         let legs = &mut splice.legs;
+        let per_address = &mut splice.per_address;
         splice.aged = Some(now);
         splice.flows.retain(|client, f| {
             let keep = match f.closed {
@@ -1437,6 +1453,12 @@ impl Switch {
             if !keep {
                 for leg in &f.legs {
                     legs.remove(&(client.0, leg.sport));
+                }
+                if let Some(n) = per_address.get_mut(&client.0) {
+                    *n -= 1;
+                    if *n == 0 {
+                        per_address.remove(&client.0);
+                    }
                 }
             }
             keep
@@ -1622,8 +1644,20 @@ mod tests {
 
         /// A segment from the client to the VIP's memcached port.
         fn client_sends(&mut self, seq: u32, ack: u32, flags: u8, payload: &[u8]) {
+            self.sends_from(CLIENT, seq, ack, flags, payload);
+        }
+
+        /// A segment from `from` (on the client's port and MAC) to the VIP's memcached port.
+        fn sends_from(
+            &mut self,
+            from: (Ipv4Addr, u16),
+            seq: u32,
+            ack: u32,
+            flags: u8,
+            payload: &[u8],
+        ) {
             let seg = tcp::Repr {
-                src_port: CLIENT.1,
+                src_port: from.1,
                 dst_port: 11211,
                 seq,
                 ack,
@@ -1635,7 +1669,7 @@ mod tests {
             let ends = tcp::Ends {
                 src_mac: CLIENT_MAC,
                 dst_mac: Mac([2, 0, 0, 0, 0, 0x64]),
-                src_ip: CLIENT.0,
+                src_ip: from.0,
                 dst_ip: VIP,
             };
             assert_eq!(self.process(0, seg.frame(&ends, payload)), Fate::Consumed);
@@ -2036,5 +2070,30 @@ mod tests {
         assert!(rst.has(flag::RST));
         assert_eq!((sent[0].0, rst.seq()), (3, acked + 1));
         assert_eq!(stats::get(&bed.stats.drops[Drop::TcpStale as usize]), 2);
+    }
+
+    /// One client address holds at most a quarter of `tcp_max_flows`: past it, its new
+    /// connections are reset while another address's are still taken.
+    #[test]
+    fn one_address_holds_a_share_of_the_flows_only() {
+        // The bed's table holds 4 flows: one per address.
+        let mut bed = Bed::new();
+        handshake(&mut bed);
+        let open = |bed: &mut Bed, from: (Ipv4Addr, u16)| {
+            bed.sends_from(from, 5000, 0, flag::SYN, b"");
+            let cookie = seg(&bed.sent()[0].1).seq();
+            bed.sends_from(from, 5001, cookie.wrapping_add(1), flag::ACK, b"");
+            bed.sent()
+        };
+        let sent = open(&mut bed, (CLIENT.0, CLIENT.1 + 1));
+        assert!(
+            sent.len() == 1 && seg(&sent[0].1).has(flag::RST),
+            "{sent:?}"
+        );
+        assert_eq!(bed.flows(), 1);
+        assert_eq!(stats::get(&bed.stats.drops[Drop::TcpFlowsFull as usize]), 1);
+        let sent = open(&mut bed, (Ipv4Addr::new(10, 0, 0, 2), CLIENT.1));
+        assert!(sent.is_empty(), "{sent:?}");
+        assert_eq!(bed.flows(), 2);
     }
 }
