@@ -179,6 +179,18 @@ pub fn tcp_call(
     request: &[u8],
     done: fn(&[u8]) -> bool,
 ) -> Vec<u8> {
+    try_tcp_call(live, host, target, request, done).expect("tcp call")
+}
+
+/// [`tcp_call`], with the connection's error (a reset, a timeout) returned.
+#[allow(dead_code)]
+pub fn try_tcp_call(
+    live: &testbed::Live,
+    host: &str,
+    target: SocketAddr,
+    request: &[u8],
+    done: fn(&[u8]) -> bool,
+) -> std::io::Result<Vec<u8>> {
     let request = request.to_vec();
     live.in_host(host, move || -> std::io::Result<Vec<u8>> {
         let mut s = TcpStream::connect_timeout(&target, Duration::from_secs(2))?;
@@ -196,7 +208,6 @@ pub fn tcp_call(
         Ok(out)
     })
     .expect("namespace")
-    .expect("tcp call")
 }
 
 pub fn ends_with_end(b: &[u8]) -> bool {

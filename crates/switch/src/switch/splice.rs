@@ -1656,23 +1656,14 @@ mod tests {
             flags: u8,
             payload: &[u8],
         ) {
-            let seg = tcp::Repr {
-                src_port: from.1,
-                dst_port: 11211,
-                seq,
-                ack,
-                flags,
-                window: 1000,
-                mss: (flags & flag::SYN != 0).then_some(1460),
-                wscale: (flags & flag::SYN != 0).then_some(7),
-            };
             let ends = tcp::Ends {
                 src_mac: CLIENT_MAC,
                 dst_mac: Mac([2, 0, 0, 0, 0, 0x64]),
                 src_ip: from.0,
                 dst_ip: VIP,
             };
-            assert_eq!(self.process(0, seg.frame(&ends, payload)), Fate::Consumed);
+            let frame = segment((from.1, 11211), (seq, ack, flags, 1000), &ends, payload);
+            assert_eq!(self.process(0, frame), Fate::Consumed);
         }
 
         /// A segment from server `i` to the client.
@@ -1686,47 +1677,26 @@ mod tests {
             payload: &[u8],
         ) {
             let (ip, mac) = server(i);
-            let seg = tcp::Repr {
-                src_port: 11211,
-                dst_port: to_port,
-                seq,
-                ack,
-                flags,
-                window: 500,
-                mss: (flags & flag::SYN != 0).then_some(1460),
-                wscale: (flags & flag::SYN != 0).then_some(7),
-            };
             let ends = tcp::Ends {
                 src_mac: mac,
                 dst_mac: CLIENT_MAC,
                 src_ip: ip,
                 dst_ip: CLIENT.0,
             };
-            assert_eq!(
-                self.process(u16::from(i) + 1, seg.frame(&ends, payload)),
-                Fate::Consumed
-            );
+            let frame = segment((11211, to_port), (seq, ack, flags, 500), &ends, payload);
+            assert_eq!(self.process(u16::from(i) + 1, frame), Fate::Consumed);
         }
 
         /// A segment from the host's stack (the proxy) on the local port, to a leg port.
         fn host_sends(&mut self, to_port: u16, seq: u32, ack: u32, flags: u8, payload: &[u8]) {
-            let seg = tcp::Repr {
-                src_port: 11211,
-                dst_port: to_port,
-                seq,
-                ack,
-                flags,
-                window: 500,
-                mss: (flags & flag::SYN != 0).then_some(1460),
-                wscale: (flags & flag::SYN != 0).then_some(7),
-            };
             let ends = tcp::Ends {
                 src_mac: Mac([2, 0, 0, 0, 0, 0x64]),
                 dst_mac: CLIENT_MAC,
                 src_ip: VIP,
                 dst_ip: CLIENT.0,
             };
-            assert_eq!(self.process(3, seg.frame(&ends, payload)), Fate::Consumed);
+            let frame = segment((11211, to_port), (seq, ack, flags, 500), &ends, payload);
+            assert_eq!(self.process(3, frame), Fate::Consumed);
         }
 
         /// The frames emitted since the last call, as (port, segment's copy).
@@ -1743,6 +1713,28 @@ mod tests {
         fn flows(&self) -> usize {
             self.sw.splice.as_ref().map_or(0, Splice::flows)
         }
+    }
+
+    /// A segment's frame: `ports` (source, destination), `(seq, ack, flags, window)`, and a
+    /// SYN's MSS and window scale.
+    fn segment(
+        ports: (u16, u16),
+        (seq, ack, flags, window): (u32, u32, u8, u16),
+        ends: &tcp::Ends,
+        payload: &[u8],
+    ) -> Vec<u8> {
+        let syn = flags & flag::SYN != 0;
+        tcp::Repr {
+            src_port: ports.0,
+            dst_port: ports.1,
+            seq,
+            ack,
+            flags,
+            window,
+            mss: syn.then_some(1460),
+            wscale: syn.then_some(7),
+        }
+        .frame(ends, payload)
     }
 
     fn seg(frame: &[u8]) -> Segment<'_> {
