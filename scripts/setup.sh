@@ -5,6 +5,8 @@
 # clients (the ordinary TCP client the tests talk to the VIP with, and memcslap, the second
 # client of `kvswitch bench proxy`), pymemcache and pylibmc (Python's memcached clients, which
 # the TCP splice's tests run through the VIP),
+# redis-server, redis-tools and redis-py (the Redis pools' servers, their reference in the
+# differential tests, and the clients the tests run through the proxy),
 # the DejaVu fonts the bench's plots are lettered in, etcd (where several controllers keep
 # their pool and elect a leader), Chromium (the dashboard's tests load it headless), and clang,
 # libbpf, libelf, zlib and bpftool (the XDP fast path is compiled, linked and inspected with
@@ -19,11 +21,11 @@ fi
 
 need=()
 for cmd in memcached nutcracker ethtool ip python3 ps ping memccp memcslap etcd chromium clang \
-    bpftool pkg-config; do
+    bpftool pkg-config redis-server redis-cli redis-benchmark; do
     command -v "$cmd" >/dev/null 2>&1 || need+=("$cmd")
 done
-for module in pymemcache pylibmc; do
-    python3 -c "import $module" >/dev/null 2>&1 || need+=("python3-$module")
+for module in pymemcache pylibmc redis; do
+    /usr/bin/python3 -c "import $module" >/dev/null 2>&1 || need+=("python3-$module")
 done
 if [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
     need+=("DejaVuSans.ttf")
@@ -34,19 +36,21 @@ done
 if [ "${#need[@]}" -gt 0 ]; then
     echo "setup: installing memcached, nutcracker, iproute2, ethtool, python3, procps," \
         "iputils-ping, libmemcached-tools, fonts-dejavu-core, etcd-server, chromium, clang," \
-        "libbpf-dev, libelf-dev, zlib1g-dev, bpftool, pkg-config, python3-pymemcache, python3-pylibmc"
+        "libbpf-dev, libelf-dev, zlib1g-dev, bpftool, pkg-config, python3-pymemcache, python3-pylibmc," \
+        "redis-server, redis-tools, python3-redis"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends \
         memcached nutcracker iproute2 ethtool python3 procps iputils-ping \
         libmemcached-tools fonts-dejavu-core etcd-server chromium clang libbpf-dev \
         libelf-dev zlib1g-dev bpftool pkg-config linux-libc-dev python3-pymemcache \
-        python3-pylibmc >/dev/null
+        python3-pylibmc redis-server redis-tools python3-redis >/dev/null
 fi
 # Debian starts memcached as a service on install; the testbed runs its own.
 if command -v systemctl >/dev/null 2>&1; then
     systemctl disable --now memcached >/dev/null 2>&1 || true
     systemctl disable --now etcd >/dev/null 2>&1 || true
+    systemctl disable --now redis-server >/dev/null 2>&1 || true
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then

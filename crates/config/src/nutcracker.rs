@@ -33,9 +33,10 @@
 //!   and `127.0.0.1:11212:1` place keys differently, as in nutcracker. Hosts are resolved at
 //!   load time (nutcracker resolves at each connect), so a name that does not resolve fails
 //!   the load. Unix socket servers are refused.
-//! - `redis`: only `false`; kvswitch serves memcached. `redis_auth` is refused (nutcracker
-//!   refuses it in a memcached pool too); `redis_db` is ignored, as nutcracker ignores it in a
-//!   memcached pool.
+//! - `redis`: `true` makes a Redis pool, whose servers speak RESP; `redis_auth` (the password
+//!   the servers want, which clients must give the proxy too) and `redis_db` (the database
+//!   selected on every server connection) are its own. In a memcached pool `redis_auth` is
+//!   refused, as nutcracker refuses it, and `redis_db` is ignored, as nutcracker ignores it.
 //! - `client_connections`: the most client connections the pool holds at once (0 or absent:
 //!   no cap of the pool's own; the proxy's cap, from the descriptor limit, still holds). Read
 //!   by [`client_connections`]; past it a connection is accepted and closed at once.
@@ -53,7 +54,7 @@ use serde_norway::Value;
 
 use super::pool_keys::{self, KeyError, PoolKeys, ResolveError, ServersError};
 use super::ConfigError;
-use switch::pool::{PoolSpec, ServerSpec, DEFAULT_TIMEOUT};
+use switch::pool::{PoolSpec, RedisSpec, ServerSpec, DEFAULT_TIMEOUT};
 
 /// Reads every pool of a nutcracker configuration file, in file order.
 pub fn load_nutcracker(path: &Path) -> Result<Vec<PoolSpec>, ConfigError> {
@@ -149,10 +150,10 @@ enum Problem {
     HashTagUnquoted,
     #[error("must be a single value")]
     NotScalar,
-    #[error("kvswitch serves memcached pools only; redis: true is not supported")]
-    Redis,
-    #[error("only valid in a redis pool, which kvswitch does not serve")]
+    #[error("only valid in a redis pool (redis: true)")]
     RedisAuth,
+    #[error("must not be empty")]
+    EmptyAuth,
     #[error(
         "unknown key (nutcracker refuses it too); a pool has listen, hash, hash_tag, \
          distribution, timeout, auto_eject_hosts, server_retry_timeout, \
@@ -224,6 +225,7 @@ fn parse_pool(name: &str, body: &Value) -> Result<PoolSpec, PoolError> {
     let mut keys = PoolKeys::default();
     let mut listen = None;
     let mut servers = None;
+    let mut redis = RedisKeys::default();
     for (key, value) in map {
         let Some(key) = scalar(key) else {
             return Err((String::new(), Problem::KeyNotName));
@@ -232,7 +234,7 @@ fn parse_pool(name: &str, body: &Value) -> Result<PoolSpec, PoolError> {
             servers = Some(parse_servers(value)?);
             continue;
         }
-        pool_key(&mut keys, &mut listen, &key, value).map_err(|p| (key, p))?;
+        pool_key(&mut keys, &mut redis, &mut listen, &key, value).map_err(|p| (key, p))?;
     }
     let Some(listen) = listen else {
         return Err(("listen".into(), Problem::NoListen));
@@ -242,6 +244,14 @@ fn parse_pool(name: &str, body: &Value) -> Result<PoolSpec, PoolError> {
     };
     let mut pool = PoolSpec::new(name, listen, keys.distribution, keys.hash, servers);
     keys.apply(&mut pool);
+    if redis.is_redis {
+        pool.redis = Some(RedisSpec {
+            auth: redis.auth,
+            db: redis.db,
+        });
+    } else if redis.auth.is_some() {
+        return Err(("redis_auth".into(), Problem::RedisAuth));
+    }
     pool_keys::check_servers(&pool).map_err(|e| match e.server() {
         Some(i) => (format!("servers[{i}]"), e.into()),
         None => ("servers".into(), e.into()),
@@ -249,9 +259,19 @@ fn parse_pool(name: &str, body: &Value) -> Result<PoolSpec, PoolError> {
     Ok(pool)
 }
 
-/// Reads the pool key `key` (any but `servers`) into `keys`, or `listen` into `listen`.
+/// A pool's Redis keys, read before it is known whether the pool is one.
+#[derive(Default)]
+struct RedisKeys {
+    is_redis: bool,
+    auth: Option<String>,
+    db: u32,
+}
+
+/// Reads the pool key `key` (any but `servers`) into `keys` or `redis`, or `listen` into
+/// `listen`.
 fn pool_key(
     keys: &mut PoolKeys,
+    redis: &mut RedisKeys,
     listen: &mut Option<SocketAddr>,
     key: &str,
     value: &Value,
@@ -286,14 +306,12 @@ fn pool_key(
         "server_connections" => {
             keys.server_connections = pool_keys::server_connections(number(&text)?)?
         }
-        "redis" => {
-            if boolean(&text)? {
-                return Err(Problem::Redis);
-            }
+        "redis" => redis.is_redis = boolean(&text)?,
+        "redis_auth" if text.is_empty() => return Err(Problem::EmptyAuth),
+        "redis_auth" => redis.auth = Some(text),
+        "redis_db" => {
+            redis.db = u32::try_from(number(&text)?).map_err(|_| Problem::TooLarge(text))?
         }
-        "redis_auth" => return Err(Problem::RedisAuth),
-        // Ignored by nutcracker in a memcached pool.
-        "redis_db" => drop(number(&text)?),
         // nutcracker's own socket tuning, and a cap read by `client_connections`.
         "backlog" | "client_connections" => drop(number(&text)?),
         "preconnect" | "tcpkeepalive" => drop(boolean(&text)?),
@@ -552,9 +570,35 @@ gamma:
     }
 
     #[test]
+    fn a_redis_pool_keeps_its_password_and_database() {
+        let pools = parse(TWO_POOLS).unwrap();
+        assert_eq!(pools[0].redis, None);
+        let redis = TWO_POOLS.replace(
+            "redis: false",
+            "redis: true\n  redis_auth: s3cret\n  redis_db: 2",
+        );
+        let pools = parse(&redis).unwrap();
+        let want = RedisSpec {
+            auth: Some("s3cret".into()),
+            db: 2,
+        };
+        assert_eq!(pools[0].redis, Some(want));
+        assert_eq!(pools[1].redis, None);
+        let plain = TWO_POOLS.replace("redis: false", "redis: true");
+        assert_eq!(parse(&plain).unwrap()[0].redis, Some(RedisSpec::default()));
+        let empty = TWO_POOLS.replace("redis: false", "redis: true\n  redis_auth: \"\"");
+        assert!(
+            error(&empty).contains("alpha.redis_auth"),
+            "{}",
+            error(&empty)
+        );
+    }
+
+    #[test]
     fn errors_name_file_pool_and_key() {
         let cases: &[(&str, &str, &str)] = &[
-            ("redis: false", "redis: true", "alpha.redis"),
+            ("redis: false", "redis: 1", "alpha.redis"),
+            ("redis: false", "redis_db: -1", "alpha.redis_db"),
             ("redis: false", "redis_auth: secret", "alpha.redis_auth"),
             ("redis: false", "redis: yes", "not true or false"),
             ("redis: false", "bogus: 1", "alpha.bogus"),

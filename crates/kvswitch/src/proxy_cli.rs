@@ -19,14 +19,21 @@ use proxy::{default_client_connections, default_workers, Limits, Proxy, Settings
 /// Arguments of `kvswitch proxy`.
 #[derive(Debug, clap::Args)]
 #[command(
-    about = "Run the memcached proxy alone (no root, no switch): a drop-in replacement for \
-             twemproxy",
-    long_about = "Run the memcached proxy alone (no root, no switch needed).\n\n\
+    about = "Run the memcached and Redis proxy alone (no root, no switch): a drop-in \
+             replacement for twemproxy",
+    long_about = "Run the memcached and Redis proxy alone (no root, no switch needed).\n\n\
                   Clients speak the text, meta or binary memcached protocol over TCP; every \
                   request is routed by key (ketama, placed as twemproxy places it) over a few \
                   persistent pipelined connections per server. Multi-key gets are split per \
                   server and merged in the client's key order; stats, flush_all and verbosity \
                   go to every server.\n\n\
+                  A pool with `redis: true` in a twemproxy file serves Redis (RESP2, inline \
+                  commands, pipelining) with the same placement: MGET, MSET, DEL, UNLINK, \
+                  EXISTS and TOUCH are split per server; other commands with several keys are \
+                  served when their keys share a server (a hash tag keeps them together); \
+                  transactions, blocking, pub/sub and keyless commands are refused with an \
+                  error. redis_auth is asked of clients and given to the servers, as is \
+                  redis_db.\n\n\
                   Give a kvswitch TOML file (--config; see --example-config) or a twemproxy \
                   YAML file (--nutcracker-config), which then serves each of its pools on the \
                   pool's own listen address.\n\n\
@@ -116,6 +123,17 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         limits,
     } = load(&args)?;
     cache.enabled |= args.cache;
+    if let Some(redis) = pools
+        .iter()
+        .find(|p| p.redis.is_some())
+        .filter(|_| cache.enabled)
+    {
+        anyhow::bail!(
+            "--cache: pool `{}` is a Redis pool, and the cache serves memcached pools only; \
+             run its pools without --cache",
+            redis.name
+        );
+    }
     if args.check {
         if cache.enabled {
             let c = &cache.cache;
@@ -131,8 +149,14 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         }
         for p in &pools {
             println!(
-                "pool `{}`: listen {}, {} servers, {} / {}, timeout {} ms, auto_eject_hosts {}",
+                "pool `{}`: {}, listen {}, {} servers, {} / {}, timeout {} ms, \
+                 auto_eject_hosts {}",
                 p.name,
+                if p.redis.is_some() {
+                    "redis"
+                } else {
+                    "memcached"
+                },
                 p.listen,
                 p.servers.len(),
                 p.distribution,

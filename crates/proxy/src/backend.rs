@@ -10,6 +10,11 @@
 //! otherwise than the proxy did (a data block taken for commands, a command taken for data),
 //! the sentinel is missing or misplaced, and every request on the connection fails with the
 //! proxy's `SERVER_ERROR` instead: the connection is dropped and made again.
+//!
+//! Redis connections ([`Wire::Resp`]) carry no sentinel: the proxy writes every command as a
+//! multibulk it built itself, which a server cannot read otherwise, so each reply is handed
+//! over as soon as it is framed. A Redis pool's password and database are given to the server
+//! (`AUTH`, `SELECT`) when the connection is made, before any client's command.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -43,7 +48,7 @@ pub struct Pending {
     pub slot: Rc<dyn Awaiting>,
     pub part: usize,
     /// Finds where the reply ends, resuming where it stopped as bytes arrive.
-    pub framer: Framer,
+    pub framer: Framing,
     pub sentinel: bool,
     pub deadline: Instant,
     /// The reply, once framed, while its batch waits for its sentinel: copied out of the read
@@ -54,6 +59,12 @@ pub struct Pending {
     pub mark: Option<u64>,
     /// A text `stats` request: the reads the proxy's own sentinels made are taken out of it.
     pub stats: bool,
+}
+
+/// The framer of a reply, by the server's protocol.
+pub enum Framing {
+    Memcache(Framer),
+    Resp(wire::resp::ReplyFramer),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,6 +119,9 @@ pub enum ServerError {
     /// client's request may be what caused it.
     #[error("reply out of step with requests")]
     OutOfStep,
+    /// A Redis server refused what the proxy says before any command (`AUTH`, `SELECT`).
+    #[error("server refused {0}")]
+    Refused(Arc<str>),
 }
 
 impl From<std::io::Error> for ServerError {
@@ -208,6 +222,10 @@ impl Conn {
             Err(_) => return self.lost(ServerError::Timeout),
         };
         add(&stats.connects, 1);
+        let mut stream = stream;
+        if let Err(e) = self.introduce(&mut stream).await {
+            return self.lost(e);
+        }
         add(&stats.connections, 1);
         let result = self.serve(stream).await;
         sub(&stats.connections, 1);
@@ -219,6 +237,59 @@ impl Conn {
             Err(ServerError::OutOfStep) => self.out_of_step(),
             Err(lost) => self.lost(lost),
             Ok(()) => self.state.set(State::Idle),
+        }
+    }
+
+    /// Gives a Redis server the pool's password and database, and reads that it took them.
+    async fn introduce(&self, stream: &mut TcpStream) -> Result<(), ServerError> {
+        let Some(redis) = self
+            .pool
+            .spec
+            .redis
+            .as_ref()
+            .filter(|_| self.wire == Wire::Resp)
+        else {
+            return Ok(());
+        };
+        let mut hello = Vec::new();
+        let mut expected = Vec::new();
+        if let Some(password) = &redis.auth {
+            wire::resp::encode_command(&[b"AUTH".as_slice(), password.as_bytes()], &mut hello);
+            expected.push("AUTH");
+        }
+        if redis.db != 0 {
+            let db = redis.db.to_string();
+            wire::resp::encode_command(&[b"SELECT".as_slice(), db.as_bytes()], &mut hello);
+            expected.push("SELECT");
+        }
+        if hello.is_empty() {
+            return Ok(());
+        }
+        let exchange = async {
+            stream.write_all(&hello).await?;
+            let mut buf = Vec::with_capacity(256);
+            for command in expected {
+                let mut framer = wire::resp::ReplyFramer::default();
+                let len = loop {
+                    if let Some(len) = framer.reply_len(&buf).map_err(|_| ServerError::OutOfStep)? {
+                        break len;
+                    }
+                    if stream.read_buf(&mut buf).await? == 0 {
+                        return Err(ServerError::Closed);
+                    }
+                };
+                if !buf.starts_with(b"+OK\r\n") {
+                    let reply = String::from_utf8_lossy(&buf[..len]);
+                    let reply = reply.trim_start_matches('-').trim_end();
+                    return Err(ServerError::Refused(format!("{command}: {reply}").into()));
+                }
+                buf.drain(..len);
+            }
+            Ok(())
+        };
+        match timeout(self.pool.spec.timeout, exchange).await {
+            Ok(result) => result,
+            Err(_) => Err(ServerError::Timeout),
         }
     }
 
@@ -234,12 +305,14 @@ impl Conn {
                     continue;
                 }
                 // Every request now in `spare` is in `pending`, the last one at its back.
-                let nonce = self.nonce.get();
-                self.nonce.set(nonce.wrapping_add(1));
-                if let Some(last) = self.pending.borrow_mut().back_mut() {
-                    last.mark = Some(nonce);
+                if self.wire != Wire::Resp {
+                    let nonce = self.nonce.get();
+                    self.nonce.set(nonce.wrapping_add(1));
+                    if let Some(last) = self.pending.borrow_mut().back_mut() {
+                        last.mark = Some(nonce);
+                    }
+                    write_batch_sentinel(self.wire, nonce, &mut spare);
                 }
-                write_batch_sentinel(self.wire, nonce, &mut spare);
                 wr.write_all(&spare).await.map_err(ServerError::from)?;
                 add(
                     &self.pool.servers[self.server].bytes_sent,
@@ -350,6 +423,10 @@ impl Conn {
                 framing
             };
             match framing {
+                Ok(Some(f)) if self.wire == Wire::Resp => {
+                    self.release(1);
+                    base += f.total;
+                }
                 Ok(Some(f)) => {
                     self.framed.set(framed + 1);
                     base += f.total;
@@ -457,6 +534,7 @@ fn write_batch_sentinel(wire: Wire, nonce: u64, out: &mut Vec<u8>) {
             out.extend_from_slice(&hex16(nonce));
             out.extend_from_slice(b"\r\n");
         }
+        Wire::Resp => {}
         Wire::Binary => {
             wire::memcache::binary::write_request(
                 opcode::NOOP,
@@ -481,6 +559,7 @@ fn batch_sentinel_len(
 ) -> Result<Option<(usize, bool)>, ServerError> {
     match wire {
         Wire::Text => text_sentinel_len(nonce, buf),
+        Wire::Resp => Err(ServerError::OutOfStep),
         Wire::Binary => {
             let mut reply = [0u8; HEADER_LEN];
             reply[0] = wire::memcache::binary::RESPONSE_MAGIC;
@@ -583,11 +662,20 @@ struct Framed {
 }
 
 fn frame(
-    framer: &mut Framer,
+    framer: &mut Framing,
     sentinel: bool,
     wire: Wire,
     buf: &[u8],
 ) -> Result<Option<Framed>, ReplyError> {
+    let framer = match framer {
+        Framing::Memcache(framer) => framer,
+        Framing::Resp(framer) => {
+            return Ok(framer
+                .reply_len(buf)
+                .map_err(|_| ReplyError::Malformed)?
+                .map(|n| Framed { reply: n, total: n }))
+        }
+    };
     if !sentinel {
         return Ok(framer
             .reply_len(buf)?
@@ -610,6 +698,7 @@ fn frame(
                     Err(ReplyError::Malformed)
                 }
             }
+            Wire::Resp => Err(ReplyError::Malformed),
             Wire::Binary => match Header::decode(rest) {
                 None => Ok(None),
                 Some(h) if h.opcode == opcode::NOOP => {

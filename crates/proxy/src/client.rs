@@ -22,10 +22,10 @@ use wire::memcache::{binary, parse_text, recover_binary, recover_text, Command, 
 
 use switch::cache::{ReadFill, Served, Writes};
 
-use super::backend::{Awaiting, Pending, ServerError};
+use super::backend::{Awaiting, Framing, Pending, ServerError};
 use super::combine::{combine, warm_fill, Outcome};
 use super::memory;
-use super::plan::{self, sentinel, Bytes, Combine, OnError, Plan, Router};
+use super::plan::{self, sentinel, Bytes, Combine, OnError, Plan, RedisMerge, Router};
 use super::pool::{PoolRouter, PoolRt};
 use super::stats::{add, sub, CutOff, PoolStats, ProxyStats};
 use super::Limits;
@@ -123,7 +123,9 @@ impl Slot {
             let mut outcomes = self.outcomes.borrow_mut();
             match (&self.combine, &mut outcomes[..]) {
                 // The part's reply is the client's: moved, not copied (it may be 1 MiB).
-                (Combine::Single, [Ok(only)]) => reply = std::mem::take(only),
+                (Combine::Single | Combine::Redis(RedisMerge::Single), [Ok(only)]) => {
+                    reply = std::mem::take(only)
+                }
                 (how, outcomes) => combine(how, &self.on_error, outcomes, &mut reply),
             }
             outcomes.clear();
@@ -179,7 +181,7 @@ fn store_warm(pool: Rc<PoolRt>, owner: usize, item: Vec<u8>) {
             Pending {
                 slot,
                 part: 0,
-                framer: Framer::new(ReplyKind::Line),
+                framer: Framing::Memcache(Framer::new(ReplyKind::Line)),
                 sentinel: true,
                 deadline: Instant::now() + pool.stats.spec.timeout,
                 data: Vec::new(),
@@ -190,7 +192,7 @@ fn store_warm(pool: Rc<PoolRt>, owner: usize, item: Vec<u8>) {
     });
 }
 
-enum Entry {
+pub(crate) enum Entry {
     Ready(Vec<u8>),
     Wait(Rc<Slot>),
     /// Close the connection once everything before has been written.
@@ -198,7 +200,7 @@ enum Entry {
 }
 
 /// What the reader and the writer of one client share.
-struct Shared {
+pub(crate) struct Shared {
     queue: RefCell<VecDeque<Entry>>,
     /// Outstanding reply bytes: its requests' replies (or parts) received and not yet
     /// written, whether still held by a server connection or queued here.
@@ -235,9 +237,27 @@ pub const MAX_VALUE: usize = 1 << 20;
 /// Longest multi-get line read; a longer one closes the connection.
 pub const MAX_GET_LINE: usize = 1 << 20;
 
-/// Serves one client until it closes, quits or fails. The caller has counted the connection
-/// in the pool's and the proxy's gauges; they are counted down here.
-pub async fn serve(mut stream: TcpStream, pool: Rc<PoolRt>, limits: Rc<Limits>) {
+/// Reads the requests of a protocol other than memcached's (Redis's) from the front of a
+/// client's unread bytes, and forwards or answers them as the client's reply order says.
+pub(crate) trait Requests {
+    fn handle(
+        &mut self,
+        buf: &[u8],
+        shared: &Rc<Shared>,
+        pool: &Rc<PoolRt>,
+        limits: &Limits,
+    ) -> Handled;
+}
+
+/// Serves one client until it closes, quits or fails: a memcached client, or, with
+/// `requests`, one of another protocol. The caller has counted the connection in the pool's
+/// and the proxy's gauges; they are counted down here.
+pub(crate) async fn serve(
+    mut stream: TcpStream,
+    pool: Rc<PoolRt>,
+    limits: Rc<Limits>,
+    requests: Option<Box<dyn Requests>>,
+) {
     let stats = pool.stats.clone();
     let _ = stream.set_nodelay(true);
     let shared = Rc::new(Shared {
@@ -257,7 +277,7 @@ pub async fn serve(mut stream: TcpStream, pool: Rc<PoolRt>, limits: Rc<Limits>) 
         committed: Cell::new(0),
     });
     let (rd, wr) = stream.split();
-    let reader = read_loop(rd, &shared, &pool, &limits);
+    let reader = read_loop(rd, &shared, &pool, &limits, requests);
     let writer = write_loop(wr, &shared, &pool);
     tokio::pin!(reader, writer);
     tokio::select! {
@@ -323,7 +343,7 @@ impl Shared {
         self.kill.notify_one();
     }
 
-    fn push(&self, entry: Entry) {
+    pub fn push(&self, entry: Entry) {
         if let Entry::Ready(bytes) = &entry {
             self.charge(bytes.len());
         }
@@ -363,7 +383,7 @@ impl Shared {
         self.room.notify_one();
     }
 
-    fn full(&self, limits: &Limits) -> bool {
+    pub fn full(&self, limits: &Limits) -> bool {
         self.queue.borrow().len() >= limits.client_pending
             || self.outstanding.get() >= limits.client_reply_bytes
             || super::stats::get(&self.proxy.reply_bytes) >= limits.reply_budget as u64
@@ -427,7 +447,13 @@ async fn write_loop(mut wr: WriteHalf<'_>, shared: &Rc<Shared>, pool: &PoolRt) {
     }
 }
 
-async fn read_loop(mut rd: ReadHalf<'_>, shared: &Rc<Shared>, pool: &Rc<PoolRt>, limits: &Limits) {
+async fn read_loop(
+    mut rd: ReadHalf<'_>,
+    shared: &Rc<Shared>,
+    pool: &Rc<PoolRt>,
+    limits: &Limits,
+    mut requests: Option<Box<dyn Requests>>,
+) {
     let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut start = 0;
     // Bytes of a refused value still to be thrown away.
@@ -448,8 +474,14 @@ async fn read_loop(mut rd: ReadHalf<'_>, shared: &Rc<Shared>, pool: &Rc<PoolRt>,
         }
         // Requests already read go first; more is read only once they are all under way.
         if buf.len() > start && skip == 0 {
-            let binary = *binary.get_or_insert(buf[start] == binary::REQUEST_MAGIC);
-            match handle(&buf[start..], binary, shared, pool, limits, &mut skip) {
+            let handled = match requests.as_mut() {
+                Some(requests) => requests.handle(&buf[start..], shared, pool, limits),
+                None => {
+                    let binary = *binary.get_or_insert(buf[start] == binary::REQUEST_MAGIC);
+                    handle(&buf[start..], binary, shared, pool, limits, &mut skip)
+                }
+            };
+            match handled {
                 Handled::Used(used) => start += used,
                 Handled::Close => {
                     shared.push(Entry::Close);
@@ -467,7 +499,7 @@ async fn read_loop(mut rd: ReadHalf<'_>, shared: &Rc<Shared>, pool: &Rc<PoolRt>,
                 buf.drain(..start);
                 start = 0;
             }
-            if buf.len() - start > MAX_GET_LINE + MAX_VALUE {
+            if requests.is_none() && buf.len() - start > MAX_GET_LINE + MAX_VALUE {
                 // Only a get line could have grown this far without completing.
                 shared.push(Entry::Ready(b"CLIENT_ERROR line too long\r\n".to_vec()));
                 shared.push(Entry::Close);
@@ -495,7 +527,7 @@ async fn read_loop(mut rd: ReadHalf<'_>, shared: &Rc<Shared>, pool: &Rc<PoolRt>,
 
 /// Sends the parts of a request to their servers, with a slot in the client's reply order
 /// that their replies will fill.
-fn forward(
+pub(crate) fn forward(
     parts: &[plan::Part],
     combine: Combine,
     on_error: OnError,
@@ -538,7 +570,10 @@ fn forward(
             Pending {
                 slot: slot.clone(),
                 part: i,
-                framer: Framer::new(part.kind),
+                framer: match part.wire {
+                    plan::Wire::Resp => Framing::Resp(Default::default()),
+                    _ => Framing::Memcache(Framer::new(part.kind)),
+                },
                 sentinel: part.sentinel,
                 deadline,
                 data: Vec::new(),
@@ -549,7 +584,7 @@ fn forward(
     }
 }
 
-enum Handled {
+pub(crate) enum Handled {
     Used(usize),
     Close,
 }

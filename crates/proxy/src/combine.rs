@@ -4,7 +4,8 @@ use wire::memcache::reply::{parse_retrieval_reply, replicas_reply, ReplyError};
 use wire::memcache::stats;
 
 use super::backend::ServerError;
-use super::plan::{error_reply, Combine, MergeKeys, OnError, CACHE_PART};
+use super::plan::{error_reply, Combine, MergeKeys, OnError, RedisMerge, CACHE_PART};
+use wire::resp;
 
 /// One part's outcome: the server's reply, or why there is none.
 pub type Outcome = Result<Vec<u8>, ServerError>;
@@ -13,6 +14,10 @@ pub type Outcome = Result<Vec<u8>, ServerError>;
 pub fn combine(how: &Combine, on_error: &OnError, outcomes: &mut [Outcome], out: &mut Vec<u8>) {
     if let Combine::Fixed(bytes) = how {
         out.extend_from_slice(bytes);
+        return;
+    }
+    if let Combine::Redis(merge) = how {
+        redis(merge, outcomes, out);
         return;
     }
     let outcomes = match how {
@@ -56,7 +61,60 @@ pub fn combine(how: &Combine, on_error: &OnError, outcomes: &mut [Outcome], out:
         Combine::MergeCached { keys, cached } => merge(keys, &replies, Some(cached), on_error, out),
         Combine::StatsText => stats::merge_text(&replies, out),
         Combine::StatsBinary { opaque } => stats::merge_binary(&replies, *opaque, out),
-        Combine::Fixed(_) | Combine::WarmUp { .. } => {}
+        Combine::Fixed(_) | Combine::WarmUp { .. } | Combine::Redis(_) => {}
+    }
+}
+
+/// A Redis command's reply from its parts' (see [`RedisMerge`]).
+fn redis(merge: &RedisMerge, outcomes: &[Outcome], out: &mut Vec<u8>) {
+    let mut replies = Vec::with_capacity(outcomes.len());
+    for outcome in outcomes {
+        match outcome {
+            Ok(reply) => replies.push(reply.as_slice()),
+            Err(why) => {
+                out.extend_from_slice(&resp::error(format!("ERR {why}").as_bytes()));
+                return;
+            }
+        }
+    }
+    match merge {
+        RedisMerge::Single => out.extend_from_slice(replies[0]),
+        RedisMerge::Sum => {
+            let mut total: i64 = 0;
+            for reply in &replies {
+                match resp::integer(reply) {
+                    Some(n) => total = total.saturating_add(n),
+                    None => return out.extend_from_slice(reply),
+                }
+            }
+            out.extend_from_slice(format!(":{total}\r\n").as_bytes());
+        }
+        RedisMerge::AllOk => {
+            let other = replies.iter().find(|r| **r != b"+OK\r\n");
+            out.extend_from_slice(other.copied().unwrap_or(b"+OK\r\n"));
+        }
+        RedisMerge::Array(order) => {
+            let mut parts = Vec::with_capacity(replies.len());
+            for (i, reply) in replies.iter().enumerate() {
+                let asked = order.iter().filter(|&&p| p as usize == i).count();
+                match resp::array_elements(reply) {
+                    Some(values) if values.len() == asked => parts.push(values.into_iter()),
+                    Some(_) => {
+                        let why = ServerError::OutOfStep;
+                        return out
+                            .extend_from_slice(&resp::error(format!("ERR {why}").as_bytes()));
+                    }
+                    // An error, say: the client's reply.
+                    None => return out.extend_from_slice(reply),
+                }
+            }
+            out.extend_from_slice(format!("*{}\r\n", order.len()).as_bytes());
+            for &part in order {
+                if let Some(value) = parts[part as usize].next() {
+                    out.extend_from_slice(value);
+                }
+            }
+        }
     }
 }
 

@@ -10,6 +10,7 @@ mod combine;
 mod memory;
 pub mod plan;
 pub mod pool;
+mod redis;
 pub mod stats;
 mod worker;
 

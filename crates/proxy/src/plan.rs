@@ -15,6 +15,8 @@ use wire::memcache::{Command, Protocol, Request, MAX_KEY_LEN, MAX_LINE_LEN};
 pub enum Wire {
     Text,
     Binary,
+    /// Redis's protocol, on a Redis pool's connections.
+    Resp,
 }
 
 /// The bytes of one part.
@@ -68,6 +70,23 @@ pub enum Combine {
     StatsBinary { opaque: u32 },
     /// These bytes, whatever the servers said or whether they answered.
     Fixed(Vec<u8>),
+    /// A Redis command's parts.
+    Redis(RedisMerge),
+}
+
+/// How the replies of a Redis command's parts become its client's reply. A part that failed
+/// makes the reply `-ERR` and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisMerge {
+    /// One part: its reply as it is.
+    Single,
+    /// A split `MGET`: per client key, in order, the part that asked for it; each part's
+    /// array gives its keys' values in the order it asked for them.
+    Array(Vec<u16>),
+    /// A split `DEL` and kin: the counts added up.
+    Sum,
+    /// A split `MSET`: `OK` once every part has said it, else the first other reply.
+    AllOk,
 }
 
 /// The client's keys of a split multi-get, in order, each with the part that asked for it.
@@ -667,6 +686,7 @@ pub fn sentinel(wire: Wire) -> &'static [u8] {
     match wire {
         Wire::Text => b"mn\r\n",
         Wire::Binary => &BINARY_NOOP,
+        Wire::Resp => b"",
     }
 }
 

@@ -12,6 +12,7 @@ use tokio::sync::watch;
 
 use super::client;
 use super::pool::PoolRt;
+use super::redis;
 use super::stats::{add, get, ProxyStats, Refused};
 use super::Limits;
 use switch::cache::CacheService;
@@ -87,7 +88,12 @@ async fn accept(listener: TcpListener, pool: Rc<PoolRt>, limits: Rc<Limits>) {
                     continue;
                 }
                 add(&stats.client_connections, 1);
-                tokio::task::spawn_local(client::serve(stream, pool.clone(), limits.clone()));
+                let requests: Option<Box<dyn client::Requests>> = match pool.stats.spec.redis {
+                    Some(_) => Some(Box::new(redis::Session::new())),
+                    None => None,
+                };
+                let serve = client::serve(stream, pool.clone(), limits.clone(), requests);
+                tokio::task::spawn_local(serve);
             }
             Err(e) if is_out_of_descriptors(&e) => {
                 add(&pool.stats.client_connections_total, 1);

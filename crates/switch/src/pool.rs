@@ -53,6 +53,18 @@ pub struct PoolSpec {
     /// Servers each key is kept on (1: no replication). A write goes to every replica of its
     /// key and is answered once all have answered; a read goes to the first live one.
     pub replicas: usize,
+    /// A Redis pool (nutcracker's `redis: true`): its servers speak RESP. `None`: memcached.
+    pub redis: Option<RedisSpec>,
+}
+
+/// What a Redis pool's proxy says to its servers before any client's command: nutcracker's
+/// `redis_auth` and `redis_db`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RedisSpec {
+    /// The password the servers want (`AUTH`), which the pool's clients must give too.
+    pub auth: Option<String>,
+    /// The database every command is run in (`SELECT`).
+    pub db: u32,
 }
 
 /// One memcached server of a pool.
@@ -102,6 +114,7 @@ impl PoolSpec {
             server_retry_timeout: DEFAULT_RETRY_TIMEOUT,
             server_connections: DEFAULT_SERVER_CONNECTIONS,
             replicas: 1,
+            redis: None,
         }
     }
 

@@ -178,7 +178,7 @@ impl Rng {
         (self.next_u64() % n.max(1) as u64) as usize
     }
 
-    fn chance(&mut self, percent: usize) -> bool {
+    pub fn chance(&mut self, percent: usize) -> bool {
         self.below(100) < percent
     }
 

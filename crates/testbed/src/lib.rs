@@ -24,6 +24,7 @@ mod netns;
 mod probe;
 pub mod process;
 pub mod replies;
+pub mod resp_differential;
 mod state;
 mod sweep;
 mod topology;

@@ -209,6 +209,23 @@ pub fn memcached(bin: &Path, addr: SocketAddr) -> anyhow::Result<Proc> {
     Ok(p)
 }
 
+/// redis-server `bin` on `addr`, in memory only (no snapshots, no append-only file), with
+/// `extra` settings (`--requirepass secret`, ...).
+pub fn redis_server(bin: &Path, addr: SocketAddr, extra: &[&str]) -> anyhow::Result<Proc> {
+    let mut cmd = Command::new(bin);
+    cmd.args([
+        "--port",
+        &addr.port().to_string(),
+        "--bind",
+        &addr.ip().to_string(),
+    ])
+    .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+    .args(extra);
+    let mut p = Proc::spawn("redis-server", &mut cmd)?;
+    p.wait_listening(addr, None)?;
+    Ok(p)
+}
+
 /// Has the kernel SIGKILL the child `cmd` starts when the thread that starts it exits, so a
 /// caller killed without running its destructors leaves no process behind. Only for callers
 /// whose starting thread outlives the child's use (a command's main thread, not a test's).

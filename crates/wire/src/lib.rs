@@ -15,6 +15,7 @@ pub mod ipv4;
 pub mod keymac;
 pub mod mcudp;
 pub mod memcache;
+pub mod resp;
 pub mod siphash;
 pub mod switchkv;
 pub mod tcp;

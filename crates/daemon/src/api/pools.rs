@@ -102,5 +102,14 @@ fn settings_changed(a: &PoolSpec, b: &PoolSpec) -> Vec<&'static str> {
         a.server_connections == b.server_connections,
         "server_connections",
     );
+    check(a.redis.is_some() == b.redis.is_some(), "redis");
+    check(
+        a.redis.as_ref().map(|r| &r.auth) == b.redis.as_ref().map(|r| &r.auth),
+        "redis_auth",
+    );
+    check(
+        a.redis.as_ref().map(|r| r.db) == b.redis.as_ref().map(|r| r.db),
+        "redis_db",
+    );
     out
 }

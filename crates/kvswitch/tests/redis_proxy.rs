@@ -1,0 +1,523 @@
+//! The proxy in front of Redis (`redis: true` in a nutcracker file): answers as one
+//! redis-server holding every key answers, byte for byte; puts every key where nutcracker puts
+//! it; serves redis-cli, redis-benchmark and redis-py; gives the pool's password and database
+//! to its servers; refuses what it cannot serve by key with an error and keeps the connection.
+//! Every redis-server here is Debian's, started on loopback and killed by PID.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::proxy::{free_port, listening};
+use testbed::local::{self, Proc, TempDir};
+use testbed::resp_differential::{case, exchange};
+use wire::resp::{encode_command, ReplyFramer};
+
+/// The proxy's refusal of keys on several servers.
+const CROSS_SERVER: &str = "the keys of this command lie on different servers";
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A redis-server on a free loopback port; killed by PID when dropped.
+struct Redis {
+    addr: SocketAddr,
+    proc: Option<Proc>,
+}
+
+impl Redis {
+    fn start(extra: &[&str]) -> Redis {
+        let bin = local::require("redis-server").expect("redis-server (scripts/setup.sh)");
+        let mut last = None;
+        for _ in 0..5 {
+            let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+            match local::redis_server(&bin, addr, extra) {
+                Ok(proc) => {
+                    return Redis {
+                        addr,
+                        proc: Some(proc),
+                    }
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        panic!("redis-server did not start: {last:?}");
+    }
+
+    fn kill(&mut self) {
+        self.proc = None;
+    }
+}
+
+/// `kvswitch proxy --nutcracker-config` (or nutcracker itself) on a Redis pool of `servers`.
+struct Front {
+    addr: SocketAddr,
+    _proc: Proc,
+    dir: TempDir,
+}
+
+/// The pool's YAML: `extra` adds pool keys (`redis_auth: x`), one per line.
+fn yaml(listen: SocketAddr, servers: &[&Redis], extra: &str) -> String {
+    let mut out = format!(
+        "alpha:\n  listen: {listen}\n  hash: fnv1a_64\n  hash_tag: \"{{}}\"\n  \
+         distribution: ketama\n  redis: true\n  timeout: 2000\n{extra}  servers:\n"
+    );
+    for (i, s) in servers.iter().enumerate() {
+        out.push_str(&format!("   - {}:1 r{i}\n", s.addr));
+    }
+    out
+}
+
+impl Front {
+    fn kvswitch(servers: &[&Redis], extra: &str) -> Front {
+        Front::start(servers, extra, |conf, _| {
+            let mut c = Command::new(env!("CARGO_BIN_EXE_kvswitch"));
+            c.arg("proxy")
+                .arg("--nutcracker-config")
+                .arg(conf)
+                .args(["--workers", "2"])
+                .env("RUST_LOG", "warn");
+            c
+        })
+    }
+
+    fn nutcracker(servers: &[&Redis]) -> Front {
+        Front::start(servers, "", |conf, dir| {
+            let bin = local::require("nutcracker").expect("nutcracker");
+            local::nutcracker_command(&bin, conf, dir, free_port())
+        })
+    }
+
+    fn start(servers: &[&Redis], extra: &str, command: impl Fn(&Path, &Path) -> Command) -> Front {
+        let dir = TempDir::new("kvswitch-redis-test").expect("a scratch directory");
+        for _ in 0..3 {
+            let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+            let conf = dir.path().join("pool.yml");
+            std::fs::write(&conf, yaml(addr, servers, extra)).expect("write the pool");
+            let log = dir.path().join("front.log");
+            let proc = Proc::spawn_logged("front", &mut command(&conf, dir.path()), &log)
+                .expect("start the front");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !listening(addr) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if listening(addr) {
+                return Front {
+                    addr,
+                    _proc: proc,
+                    dir,
+                };
+            }
+        }
+        panic!("the front did not start");
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("front.log")).unwrap_or_default()
+    }
+}
+
+/// A client connection speaking RESP, every read bounded in time.
+struct Conn(TcpStream);
+
+impl Conn {
+    fn open(addr: SocketAddr) -> Conn {
+        let s = TcpStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.set_nodelay(true).unwrap();
+        Conn(s)
+    }
+
+    /// Sends one command and reads its reply.
+    fn call(&mut self, args: &[&str]) -> String {
+        let mut out = Vec::new();
+        encode_command(args, &mut out);
+        self.0.write_all(&out).expect("send");
+        self.reply()
+    }
+
+    fn reply(&mut self) -> String {
+        let mut buf = Vec::new();
+        let mut framer = ReplyFramer::default();
+        let mut chunk = [0u8; 4096];
+        loop {
+            if let Some(n) = framer.reply_len(&buf).expect("a RESP reply") {
+                assert_eq!(n, buf.len(), "one reply at a time");
+                return String::from_utf8_lossy(&buf).into_owned();
+            }
+            let n = self.0.read(&mut chunk).expect("a reply in time");
+            assert!(n > 0, "closed after {:?}", String::from_utf8_lossy(&buf));
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+fn fleet(n: usize, extra: &[&str]) -> Vec<Redis> {
+    (0..n).map(|_| Redis::start(extra)).collect()
+}
+
+#[test]
+fn the_proxy_answers_every_stream_as_one_redis_server_does() {
+    let seed = env_u64("KVSWITCH_DIFF_SEED", 0x7ed15);
+    let cases = env_u64("KVSWITCH_DIFF_CASES", 400);
+    let reference = Redis::start(&[]);
+    let servers = fleet(3, &[]);
+    let front = Front::kvswitch(&servers.iter().collect::<Vec<_>>(), "");
+    let (proxy, direct) = (front.addr, reference.addr);
+    let next = Arc::new(AtomicU64::new(0));
+    let refused = Arc::new(AtomicU64::new(0));
+    let failures = Arc::new(Mutex::new(Vec::new()));
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let (next, failures, refused) = (next.clone(), failures.clone(), refused.clone());
+            std::thread::spawn(move || loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= cases {
+                    return;
+                }
+                let c = case(seed, i);
+                let want = exchange(direct, &c).expect("redis-server answers");
+                let got = exchange(proxy, &c).expect("the proxy answers");
+                // A mutation can make a command name keys on several servers, which one
+                // server serves and the proxy refuses: the one difference allowed.
+                if !got.matches(&want) && got.reply.contains(CROSS_SERVER) {
+                    refused.fetch_add(1, Ordering::Relaxed);
+                } else if !got.matches(&want) {
+                    failures.lock().unwrap().push(format!(
+                        "case {i} (seed {seed:#x}): {}\n  redis: {want:?}\n  proxy: {got:?}",
+                        c.bytes.escape_ascii()
+                    ));
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().expect("worker");
+    }
+    let failures = failures.lock().unwrap();
+    assert!(
+        failures.is_empty(),
+        "{} of {cases} streams differ:\n{}\n{}",
+        failures.len(),
+        failures
+            .iter()
+            .take(8)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n"),
+        front.log()
+    );
+    let refused = refused.load(Ordering::Relaxed);
+    assert!(
+        refused <= cases / 20,
+        "{refused} of {cases} streams refused as cross-server"
+    );
+    // The keys went to every server, not to one.
+    for s in &servers {
+        let mut c = Conn::open(s.addr);
+        assert_ne!(
+            c.call(&["DBSIZE"]),
+            ":0\r\n",
+            "server {} holds no key",
+            s.addr
+        );
+    }
+}
+
+/// Which server holds each key, asked of the servers themselves.
+fn placement(servers: &[Redis]) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for (i, s) in servers.iter().enumerate() {
+        let mut c = Conn::open(s.addr);
+        let keys = c.call(&["KEYS", "*"]);
+        for line in keys.split("\r\n").filter(|l| !l.starts_with(['*', '$'])) {
+            if !line.is_empty() {
+                out.insert(line.to_string(), i);
+            }
+        }
+        assert_eq!(c.call(&["FLUSHALL"]), "+OK\r\n");
+    }
+    out
+}
+
+#[test]
+fn every_key_lands_where_nutcracker_puts_it() {
+    let servers = fleet(3, &[]);
+    let refs: Vec<&Redis> = servers.iter().collect();
+    let keys: Vec<String> = (0..300)
+        .map(|i| match i % 3 {
+            0 => format!("user:{i}"),
+            1 => format!("{{tag{}}}:item:{i}", i % 7),
+            _ => format!("k{i}"),
+        })
+        .collect();
+    let mut placements = Vec::new();
+    for front in [Front::nutcracker(&refs), Front::kvswitch(&refs, "")] {
+        let mut c = Conn::open(front.addr);
+        for key in &keys {
+            assert_eq!(c.call(&["SET", key, "v"]), "+OK\r\n", "{}", front.log());
+        }
+        placements.push(placement(&servers));
+    }
+    assert_eq!(placements[0].len(), keys.len());
+    assert_eq!(
+        placements[0], placements[1],
+        "kvswitch places keys otherwise"
+    );
+    let used: std::collections::BTreeSet<_> = placements[0].values().collect();
+    assert_eq!(used.len(), 3, "the keys spread over every server");
+}
+
+#[test]
+fn refused_commands_say_why_and_leave_the_connection_usable() {
+    let servers = fleet(3, &[]);
+    let front = Front::kvswitch(&servers.iter().collect::<Vec<_>>(), "");
+    let mut c = Conn::open(front.addr);
+    assert_eq!(c.call(&["SET", "{t}a", "1"]), "+OK\r\n");
+    for (command, says) in [
+        (&["MULTI"][..], "MULTI is not served through kvswitch"),
+        (&["BLPOP", "a", "0"], "blocking"),
+        (&["SUBSCRIBE", "ch"], "pub/sub"),
+        (&["KEYS", "*"], "names no key"),
+        (&["FLUSHALL"], "names no key"),
+        (&["CLIENT", "LIST"], "server connection"),
+        (&["SELECT", "4"], "database 0"),
+        (&["HELLO", "3"], "NOPROTO"),
+    ] {
+        let reply = c.call(command);
+        assert!(
+            reply.starts_with('-') && reply.contains(says),
+            "{command:?}: {reply}"
+        );
+    }
+    // Keys on different servers, for a command that cannot be split.
+    let (a, b) = keys_on_two_servers(&servers, &front);
+    let reply = c.call(&["SUNION", &a, &b]);
+    assert!(reply.contains("different servers"), "{reply}");
+    // Keys on one server by their tag are served.
+    assert_eq!(c.call(&["SUNIONSTORE", "{t}b", "{t}c"]), ":0\r\n");
+    assert_eq!(c.call(&["GET", "{t}a"]), "$1\r\n1\r\n");
+    assert_eq!(c.call(&["PING"]), "+PONG\r\n");
+}
+
+/// Two keys the pool puts on different servers.
+fn keys_on_two_servers(servers: &[Redis], front: &Front) -> (String, String) {
+    let mut c = Conn::open(front.addr);
+    let mut first: Option<(String, usize)> = None;
+    for i in 0..200 {
+        let key = format!("spread:{i}");
+        assert_eq!(c.call(&["SET", &key, "x"]), "+OK\r\n");
+        let at = servers
+            .iter()
+            .position(|s| Conn::open(s.addr).call(&["EXISTS", &key]) == ":1\r\n")
+            .expect("the key is on a server");
+        match &first {
+            None => first = Some((key, at)),
+            Some((k, s)) if *s != at => return (k.clone(), key),
+            Some(_) => {}
+        }
+    }
+    panic!("200 keys on one server");
+}
+
+#[test]
+fn the_pools_password_and_database_reach_the_servers() {
+    let servers = fleet(2, &["--requirepass", "s3cret"]);
+    let front = Front::kvswitch(
+        &servers.iter().collect::<Vec<_>>(),
+        "  redis_auth: s3cret\n  redis_db: 3\n",
+    );
+    let mut c = Conn::open(front.addr);
+    assert_eq!(
+        c.call(&["GET", "a"]),
+        "-NOAUTH Authentication required.\r\n"
+    );
+    assert!(c.call(&["AUTH", "wrong"]).starts_with("-WRONGPASS"));
+    assert_eq!(c.call(&["AUTH", "s3cret"]), "+OK\r\n");
+    assert_eq!(c.call(&["SELECT", "3"]), "+OK\r\n");
+    let mut keys = Vec::new();
+    for i in 0..40 {
+        let key = format!("auth:{i}");
+        assert_eq!(
+            c.call(&["SET", &key, &i.to_string()]),
+            "+OK\r\n",
+            "{}",
+            front.log()
+        );
+        keys.push(key);
+    }
+    let mut args = vec!["MGET"];
+    args.extend(keys.iter().map(String::as_str));
+    let values = c.call(&args);
+    assert!(
+        values.starts_with("*40\r\n") && values.contains("$2\r\n39\r\n"),
+        "{values}"
+    );
+    // Every key is in database 3 of its server, none in database 0.
+    let mut held = 0;
+    for s in &servers {
+        let mut direct = Conn::open(s.addr);
+        assert_eq!(direct.call(&["AUTH", "s3cret"]), "+OK\r\n");
+        assert_eq!(direct.call(&["DBSIZE"]), ":0\r\n");
+        assert_eq!(direct.call(&["SELECT", "3"]), "+OK\r\n");
+        let size = direct.call(&["DBSIZE"]);
+        held += size
+            .trim_start_matches(':')
+            .trim()
+            .parse::<usize>()
+            .unwrap();
+    }
+    assert_eq!(held, 40);
+}
+
+#[test]
+fn a_wrong_password_in_the_file_is_an_error_on_every_command_not_a_hang() {
+    let servers = fleet(1, &["--requirepass", "right"]);
+    let front = Front::kvswitch(&servers.iter().collect::<Vec<_>>(), "  redis_auth: wrong\n");
+    let mut c = Conn::open(front.addr);
+    assert_eq!(c.call(&["AUTH", "wrong"]), "+OK\r\n");
+    let reply = c.call(&["GET", "a"]);
+    assert!(
+        reply.starts_with("-ERR server refused AUTH: WRONGPASS"),
+        "{reply}"
+    );
+}
+
+#[test]
+fn a_dead_server_fails_its_keys_and_no_others() {
+    let mut servers = fleet(3, &[]);
+    let front = Front::kvswitch(&servers.iter().collect::<Vec<_>>(), "");
+    let (a, b) = keys_on_two_servers(&servers, &front);
+    let victim = servers
+        .iter()
+        .position(|s| Conn::open(s.addr).call(&["EXISTS", &a]) == ":1\r\n")
+        .unwrap();
+    servers[victim].kill();
+    let mut c = Conn::open(front.addr);
+    let started = Instant::now();
+    let reply = c.call(&["GET", &a]);
+    assert!(reply.starts_with("-ERR "), "{reply}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(c.call(&["GET", &b]), "$1\r\nx\r\n");
+    // A split command with a key on the dead server fails as a whole.
+    let reply = c.call(&["MGET", &b, &a]);
+    assert!(reply.starts_with("-ERR "), "{reply}");
+}
+
+fn run(program: &str, args: &[&str]) -> String {
+    let bin = local::require(program).unwrap_or_else(|e| panic!("{e}"));
+    let out = Command::new(bin).args(args).output().expect("run");
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn redis_cli_redis_benchmark_and_redis_py_work_through_the_proxy() {
+    let servers = fleet(3, &[]);
+    let front = Front::kvswitch(&servers.iter().collect::<Vec<_>>(), "");
+    let port = front.addr.port().to_string();
+    let cli = |args: &[&str]| {
+        let mut all = vec!["-h", "127.0.0.1", "-p", &port];
+        all.extend_from_slice(args);
+        run("redis-cli", &all).trim().to_string()
+    };
+    assert_eq!(cli(&["SET", "cli:a", "hello"]), "OK");
+    assert_eq!(
+        cli(&["MSET", "cli:b", "2", "cli:c", "3", "cli:d", "4"]),
+        "OK"
+    );
+    assert_eq!(
+        cli(&["MGET", "cli:a", "cli:b", "cli:x", "cli:d"]),
+        "hello\n2\n\n4"
+    );
+    assert_eq!(cli(&["DEL", "cli:a", "cli:b", "cli:x"]), "2");
+    assert_eq!(cli(&["INCRBY", "cli:c", "5"]), "8");
+
+    let out = run(
+        "redis-benchmark",
+        &[
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-t",
+            "set,get,mset,incr",
+            "-n",
+            "3000",
+            "-c",
+            "8",
+            "-P",
+            "8",
+            "-r",
+            "1000",
+            "-q",
+        ],
+    );
+    for test in ["SET", "GET", "MSET (10 keys)", "INCR"] {
+        assert!(
+            out.contains(&format!("{test}: ")) && !out.contains("error"),
+            "{test}: {out}"
+        );
+    }
+    // The benchmark's keys were spread over the servers.
+    for s in &servers {
+        assert_ne!(Conn::open(s.addr).call(&["DBSIZE"]), ":0\r\n");
+    }
+
+    let script = format!(
+        r#"
+import redis
+r = redis.Redis(host="127.0.0.1", port={port})
+assert r.ping()
+for i in range(200):
+    r.set(f"py:{{i}}", i)
+keys = [f"py:{{i}}" for i in range(200)]
+assert r.mget(keys) == [str(i).encode() for i in range(200)]
+p = r.pipeline(transaction=False)
+for i in range(200):
+    p.incr(f"py:{{i}}")
+assert p.execute() == [i + 1 for i in range(200)]
+assert r.delete(*keys[:50]) == 50
+assert r.exists(*keys) == 150
+r.hset("py:h", mapping={{"a": 1, "b": 2}})
+assert r.hgetall("py:h") == {{b"a": b"1", b"b": b"2"}}
+try:
+    r.keys("*")
+    raise SystemExit("KEYS was served")
+except redis.ResponseError as e:
+    assert "names no key" in str(e), e
+assert r.get("py:199") == b"200"
+print("redis-py ok")
+"#
+    );
+    let out = Command::new("/usr/bin/python3")
+        .args(["-c", &script])
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("redis-py ok"),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -1,0 +1,520 @@
+//! Redis pools: a client's commands read as redis-server reads them, routed by key with the
+//! pool's placement (nutcracker's hashes, distributions and hash tags), split per server when
+//! they name keys on several, and answered as one redis-server holding every key answers.
+//!
+//! - A command with one key, or several that lie on one server, goes to that server as it is.
+//!   Keys on several servers are refused, unless the command is one that splits: `MGET`
+//!   (the values put back in the client's key order), `DEL`, `UNLINK`, `EXISTS`, `TOUCH`
+//!   (the counts added up) and `MSET` (`OK` once every server has said it).
+//! - `PING`, `ECHO`, `QUIT`, `AUTH`, `SELECT` and `HELLO` are answered by the proxy; the
+//!   pool's password (`redis_auth`) is asked of clients as a server asks it.
+//! - What cannot be served by key (transactions, blocking and pub/sub commands, commands on
+//!   the connection or the whole server) is refused with an error that says why, and the
+//!   connection stays usable. A command the server does not know gets the server's own
+//!   `unknown command` reply.
+
+mod commands;
+
+use std::rc::Rc;
+
+use wire::resp::{self, RequestParser, Step};
+
+use super::client::{forward, Entry, Handled, Requests, Shared};
+use super::plan::{Bytes, Combine, OnError, Part, RedisMerge, Router, Wire};
+use super::pool::{PoolRouter, PoolRt};
+use super::stats::add;
+use super::Limits;
+use commands::COMMANDS;
+
+/// How the proxy serves a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// Keys at `first`, `first + step`, ... up to `last` (negative: counted from the end);
+    /// all on one server.
+    Keys {
+        first: usize,
+        last: i32,
+        step: usize,
+    },
+    /// As many keys as the number at `count` says, right after it; with `dest`, the argument
+    /// before the number is a key too (`ZUNIONSTORE dest 2 a b`).
+    NumKeys {
+        count: usize,
+        dest: bool,
+    },
+    /// The key follows a subcommand (`OBJECT ENCODING key`).
+    SubcommandKey,
+    /// Keys on several servers are sent to each in a command of its own.
+    Split(Split),
+    /// Answered by the proxy.
+    Local,
+    Refused(Why),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Split {
+    /// `MGET`: arrays merged in key order.
+    Array,
+    /// `DEL` and kin: counts added up.
+    Sum,
+    /// `MSET`: key-value pairs; `OK` from all.
+    Pairs,
+}
+
+/// Why a command known to Redis is not served through the proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Why {
+    Transaction,
+    Blocking,
+    PubSub,
+    Connection,
+    Keyless,
+}
+
+impl Why {
+    fn reason(self) -> &'static str {
+        match self {
+            Why::Transaction => "a transaction's keys may lie on several servers",
+            Why::Blocking => "a blocking command would hold a server connection clients share",
+            Why::PubSub => "pub/sub needs a server connection of its own",
+            Why::Connection => "it acts on the server connection, which clients share",
+            Why::Keyless => "it names no key, and the pool's keys lie on several servers",
+        }
+    }
+}
+
+/// One client's Redis session: its parser's state and whether it has authenticated.
+pub(crate) struct Session {
+    parser: RequestParser,
+    authenticated: bool,
+    /// Bytes of the command being read, for [`MAX_COMMAND`].
+    reading: usize,
+}
+
+/// The most bytes one command may take: the server's query buffer limit. A client past it is
+/// disconnected without a reply, as the server disconnects it.
+pub const MAX_COMMAND: usize = 1 << 30;
+
+impl Session {
+    pub fn new() -> Session {
+        Session {
+            parser: RequestParser::default(),
+            authenticated: false,
+            reading: 0,
+        }
+    }
+
+    fn auth_required(&self, pool: &PoolRt) -> bool {
+        !self.authenticated && password(pool).is_some()
+    }
+}
+
+fn password(pool: &PoolRt) -> Option<&str> {
+    pool.stats.spec.redis.as_ref()?.auth.as_deref()
+}
+
+impl Requests for Session {
+    fn handle(
+        &mut self,
+        buf: &[u8],
+        shared: &Rc<Shared>,
+        pool: &Rc<PoolRt>,
+        limits: &Limits,
+    ) -> Handled {
+        let stats = &pool.stats;
+        let mut used = 0;
+        let mut router = pool.router();
+        while !shared.full(limits) {
+            let step = self.parser.step(&buf[used..], self.auth_required(pool));
+            let (n, args) = match step {
+                Err(e) => {
+                    add(&stats.client_errors, 1);
+                    shared.push(Entry::Ready(e.reply()));
+                    return Handled::Close;
+                }
+                Ok((n, Step::More)) => {
+                    used += n;
+                    self.reading += n;
+                    if self.reading + (buf.len() - used) > MAX_COMMAND {
+                        add(&stats.client_errors, 1);
+                        return Handled::Close;
+                    }
+                    break;
+                }
+                Ok((n, Step::Command(args))) => (n, args),
+            };
+            used += n;
+            self.reading = 0;
+            if args.is_empty() {
+                continue;
+            }
+            add(&stats.requests, 1);
+            match self.command(&args, pool, &mut router) {
+                Action::Reply(reply) => shared.push(Entry::Ready(reply)),
+                Action::Close(reply) => {
+                    shared.push(Entry::Ready(reply));
+                    return Handled::Close;
+                }
+                Action::Forward(parts, merge) => {
+                    let on_error = OnError {
+                        protocol: wire::memcache::Protocol::Text,
+                        opcode: 0,
+                        opaque: 0,
+                        silent: false,
+                    };
+                    forward(
+                        &parts,
+                        Combine::Redis(merge),
+                        on_error,
+                        &[],
+                        None,
+                        shared,
+                        pool,
+                    );
+                }
+            }
+        }
+        Handled::Used(used)
+    }
+}
+
+/// What to do with one command.
+enum Action {
+    Reply(Vec<u8>),
+    /// Reply, then close the connection.
+    Close(Vec<u8>),
+    Forward(Vec<Part>, RedisMerge),
+}
+
+fn lookup(name: &[u8]) -> Option<(i32, Class)> {
+    let name = name.to_ascii_lowercase();
+    COMMANDS
+        .binary_search_by(|(n, _, _)| n.as_bytes().cmp(&name))
+        .ok()
+        .map(|i| (COMMANDS[i].1, COMMANDS[i].2))
+}
+
+fn arity_fits(arity: i32, argc: usize) -> bool {
+    if arity >= 0 {
+        argc == arity as usize
+    } else {
+        argc >= arity.unsigned_abs() as usize
+    }
+}
+
+fn wrong_arity(name: &[u8]) -> Vec<u8> {
+    let mut message = b"ERR wrong number of arguments for '".to_vec();
+    message.extend_from_slice(&name.to_ascii_lowercase());
+    message.extend_from_slice(b"' command");
+    resp::error(&message)
+}
+
+fn refused(name: &[u8], why: &str) -> Vec<u8> {
+    let mut message = b"ERR ".to_vec();
+    message.extend_from_slice(&name.to_ascii_uppercase());
+    message.extend_from_slice(b" is not served through kvswitch: ");
+    message.extend_from_slice(why.as_bytes());
+    resp::error(&message)
+}
+
+const NO_SERVER: &[u8] = b"-ERR no server of the pool is available\r\n";
+const CROSS_SERVER: &[u8] =
+    b"-ERR the keys of this command lie on different servers; a hash tag keeps them on one\r\n";
+
+impl Session {
+    fn command(&mut self, args: &[Vec<u8>], pool: &PoolRt, router: &mut PoolRouter) -> Action {
+        let name = &args[0];
+        let Some((arity, class)) = lookup(name) else {
+            return Action::Reply(resp::unknown_command(args));
+        };
+        if !arity_fits(arity, args.len()) {
+            return Action::Reply(wrong_arity(name));
+        }
+        let lower = name.to_ascii_lowercase();
+        let no_auth = matches!(lower.as_slice(), b"auth" | b"hello" | b"quit");
+        if self.auth_required(pool) && !no_auth {
+            return Action::Reply(b"-NOAUTH Authentication required.\r\n".to_vec());
+        }
+        match class {
+            Class::Local => self.local(&lower, args, pool),
+            Class::Refused(why) => Action::Reply(refused(name, why.reason())),
+            Class::Keys { first, last, step } => {
+                let last = if last < 0 {
+                    args.len().saturating_sub(last.unsigned_abs() as usize)
+                } else {
+                    last as usize
+                };
+                let keys = (first..=last.min(args.len() - 1)).step_by(step.max(1));
+                one_server(args, keys, router)
+            }
+            Class::NumKeys { count, dest } => {
+                let numkeys = resp::string2ll(&args[count])
+                    .filter(|&n| n > 0 && (n as usize) < args.len() - count);
+                match numkeys {
+                    Some(n) => {
+                        let from = if dest { count - 1 } else { count + 1 };
+                        let keys = (from..=count + n as usize).filter(|&i| i != count);
+                        one_server(args, keys, router)
+                    }
+                    // No key, or a count the server refuses: any server says the same.
+                    None => any_server(args, router),
+                }
+            }
+            Class::SubcommandKey if args.len() >= 3 => one_server(args, 2..=2, router),
+            Class::SubcommandKey => any_server(args, router),
+            Class::Split(split) => self.split(split, args, router),
+        }
+    }
+
+    /// `MGET`, `DEL` and kin, `MSET`: one command per server, with its share of the keys.
+    fn split(&self, split: Split, args: &[Vec<u8>], router: &mut PoolRouter) -> Action {
+        let width = if split == Split::Pairs { 2 } else { 1 };
+        if !(args.len() - 1).is_multiple_of(width) {
+            return Action::Reply(wrong_arity(&args[0]));
+        }
+        // Per server in first-use order: its part's arguments; per key, its part.
+        let mut parts: Vec<(usize, Vec<&[u8]>)> = Vec::new();
+        let mut order: Vec<u16> = Vec::with_capacity(args.len() / width);
+        for group in args[1..].chunks(width) {
+            let Some(server) = router.locate(&group[0]) else {
+                return Action::Reply(NO_SERVER.to_vec());
+            };
+            let part = match parts.iter().position(|(s, _)| *s == server) {
+                Some(p) => p,
+                None => {
+                    parts.push((server, vec![args[0].as_slice()]));
+                    parts.len() - 1
+                }
+            };
+            parts[part].1.extend(group.iter().map(Vec::as_slice));
+            order.push(part as u16);
+        }
+        if parts.len() == 1 {
+            return to_server(parts[0].0, args);
+        }
+        let merge = match split {
+            Split::Array => RedisMerge::Array(order),
+            Split::Sum => RedisMerge::Sum,
+            Split::Pairs => RedisMerge::AllOk,
+        };
+        let parts = parts
+            .into_iter()
+            .map(|(server, words)| {
+                let mut bytes = Vec::new();
+                resp::encode_command(&words, &mut bytes);
+                part(server, bytes)
+            })
+            .collect();
+        Action::Forward(parts, merge)
+    }
+
+    fn local(&mut self, name: &[u8], args: &[Vec<u8>], pool: &PoolRt) -> Action {
+        match name {
+            b"ping" => match args.get(1) {
+                _ if args.len() > 2 => Action::Reply(wrong_arity(name)),
+                Some(message) => Action::Reply(bulk(message)),
+                None => Action::Reply(b"+PONG\r\n".to_vec()),
+            },
+            b"echo" => Action::Reply(bulk(&args[1])),
+            b"quit" => Action::Close(b"+OK\r\n".to_vec()),
+            b"auth" => match args.len() {
+                2 => Action::Reply(self.auth(pool, None, &args[1])),
+                3 => Action::Reply(self.auth(pool, Some(&args[1]), &args[2])),
+                _ => Action::Reply(b"-ERR syntax error\r\n".to_vec()),
+            },
+            b"select" => {
+                let db = pool.stats.spec.redis.as_ref().map_or(0, |r| r.db);
+                match resp::string2ll(&args[1]) {
+                    None => {
+                        Action::Reply(b"-ERR value is not an integer or out of range\r\n".to_vec())
+                    }
+                    Some(n) if n == i64::from(db) => Action::Reply(b"+OK\r\n".to_vec()),
+                    Some(_) => Action::Reply(resp::error(
+                        format!(
+                            "ERR SELECT is not served through kvswitch: the pool's servers use \
+                             database {db}"
+                        )
+                        .as_bytes(),
+                    )),
+                }
+            }
+            _ => Action::Reply(self.hello(args, pool)),
+        }
+    }
+
+    /// `AUTH [user] password`: only the default user, with the pool's password; with no
+    /// password set, the default user passes with any.
+    fn auth(&mut self, pool: &PoolRt, user: Option<&[u8]>, given: &[u8]) -> Vec<u8> {
+        let default = user.is_none_or(|u| u == b"default");
+        match password(pool) {
+            None if user.is_none() => b"-ERR AUTH <password> called without any password \
+                configured for the default user. Are you sure your configuration is \
+                correct?\r\n"
+                .to_vec(),
+            None if default => b"+OK\r\n".to_vec(),
+            Some(want) if default && given == want.as_bytes() => {
+                self.authenticated = true;
+                b"+OK\r\n".to_vec()
+            }
+            _ => b"-WRONGPASS invalid username-password pair or user is disabled.\r\n".to_vec(),
+        }
+    }
+
+    /// `HELLO [2 [AUTH user password] [SETNAME name]]`: RESP2 only.
+    fn hello(&mut self, args: &[Vec<u8>], pool: &PoolRt) -> Vec<u8> {
+        if let Some(version) = args.get(1) {
+            match resp::string2ll(version) {
+                None => {
+                    return b"-ERR Protocol version is not an integer or out of range\r\n".to_vec()
+                }
+                Some(2) => {}
+                Some(_) => return b"-NOPROTO unsupported protocol version\r\n".to_vec(),
+            }
+        }
+        let mut i = 2;
+        while i < args.len() {
+            let option = args[i].to_ascii_lowercase();
+            if option == b"auth" && i + 2 < args.len() {
+                let reply = self.auth(pool, Some(&args[i + 1]), &args[i + 2]);
+                if reply != b"+OK\r\n" {
+                    return reply;
+                }
+                i += 3;
+            } else if option == b"setname" && i + 1 < args.len() {
+                i += 2;
+            } else {
+                let mut message = b"ERR Syntax error in HELLO option '".to_vec();
+                message.extend_from_slice(&args[i]);
+                message.push(b'\'');
+                return resp::error(&message);
+            }
+        }
+        if self.auth_required(pool) {
+            return b"-NOAUTH HELLO must be called with the client already authenticated, \
+                otherwise the HELLO <proto> AUTH <user> <pass> option can be used to \
+                authenticate the client and select the RESP protocol version at the same \
+                time\r\n"
+                .to_vec();
+        }
+        let mut out = b"*14\r\n".to_vec();
+        for (field, value) in [
+            ("server", "kvswitch"),
+            ("version", env!("CARGO_PKG_VERSION")),
+        ] {
+            resp::bulk(field.as_bytes(), &mut out);
+            resp::bulk(value.as_bytes(), &mut out);
+        }
+        resp::bulk(b"proto", &mut out);
+        out.extend_from_slice(b":2\r\n");
+        resp::bulk(b"id", &mut out);
+        out.extend_from_slice(b":0\r\n");
+        for (field, value) in [("mode", "standalone"), ("role", "master")] {
+            resp::bulk(field.as_bytes(), &mut out);
+            resp::bulk(value.as_bytes(), &mut out);
+        }
+        resp::bulk(b"modules", &mut out);
+        out.extend_from_slice(b"*0\r\n");
+        out
+    }
+}
+
+fn bulk(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len() + 16);
+    resp::bulk(data, &mut out);
+    out
+}
+
+fn part(server: usize, bytes: Vec<u8>) -> Part {
+    Part {
+        server,
+        wire: Wire::Resp,
+        bytes: Bytes::Owned(bytes),
+        kind: wire::memcache::reply::ReplyKind::Line,
+        sentinel: false,
+    }
+}
+
+fn to_server(server: usize, args: &[Vec<u8>]) -> Action {
+    let mut bytes = Vec::new();
+    resp::encode_command(args, &mut bytes);
+    Action::Forward(vec![part(server, bytes)], RedisMerge::Single)
+}
+
+/// To the server of the keys at `positions`, which must all be on one.
+fn one_server(
+    args: &[Vec<u8>],
+    positions: impl Iterator<Item = usize>,
+    router: &mut PoolRouter,
+) -> Action {
+    let mut server = None;
+    for i in positions {
+        let Some(s) = router.locate(&args[i]) else {
+            return Action::Reply(NO_SERVER.to_vec());
+        };
+        match server {
+            Some(first) if first != s => return Action::Reply(CROSS_SERVER.to_vec()),
+            _ => server = Some(s),
+        }
+    }
+    match server {
+        Some(s) => to_server(s, args),
+        None => any_server(args, router),
+    }
+}
+
+/// To the first live server: for commands whose reply does not depend on where keys lie.
+fn any_server(args: &[Vec<u8>], router: &mut PoolRouter) -> Action {
+    match router.live().first() {
+        Some(&s) => to_server(s, args),
+        None => Action::Reply(NO_SERVER.to_vec()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_table_is_in_byte_order_and_complete() {
+        assert!(COMMANDS.windows(2).all(|w| w[0].0 < w[1].0));
+        assert_eq!(
+            lookup(b"GeT"),
+            Some((
+                2,
+                Class::Keys {
+                    first: 1,
+                    last: 1,
+                    step: 1
+                }
+            ))
+        );
+        assert_eq!(lookup(b"mget"), Some((-2, Class::Split(Split::Array))));
+        assert_eq!(lookup(b"nosuch"), None);
+        assert!(matches!(
+            lookup(b"multi"),
+            Some((_, Class::Refused(Why::Transaction)))
+        ));
+        assert!(matches!(
+            lookup(b"blpop"),
+            Some((_, Class::Refused(Why::Blocking)))
+        ));
+        assert!(matches!(
+            lookup(b"subscribe"),
+            Some((_, Class::Refused(Why::PubSub)))
+        ));
+        assert!(matches!(
+            lookup(b"keys"),
+            Some((_, Class::Refused(Why::Keyless)))
+        ));
+    }
+
+    #[test]
+    fn arity_errors_read_as_the_servers() {
+        assert!(arity_fits(2, 2) && !arity_fits(2, 3));
+        assert!(arity_fits(-2, 5) && !arity_fits(-2, 1));
+        assert_eq!(
+            wrong_arity(b"MGET"),
+            b"-ERR wrong number of arguments for 'mget' command\r\n"
+        );
+    }
+}
