@@ -18,6 +18,7 @@ pub mod plot;
 pub mod popularity;
 pub mod proxy;
 pub mod qcn;
+pub mod redis;
 pub mod runner;
 pub mod skew;
 pub mod value_size;
@@ -31,6 +32,10 @@ pub enum Scenario {
     /// load from two clients (kvswitch load and memcslap): GET throughput, p50/p99 latency and
     /// each proxy's CPU time per request, checked against the proxy's targets.
     Proxy(proxy::ProxyBenchArgs),
+    /// redis-server direct, twemproxy and kvswitch proxy on one Redis pool, side by side on
+    /// loopback: redis-benchmark's GET and SET rates, unpipelined and pipelined, and each
+    /// proxy's CPU time per request, checked against the Redis proxy's targets.
+    Redis(redis::RedisBenchArgs),
     /// GET latency (median and p99) against offered rate (open loop, Poisson arrivals) for
     /// memcached direct, nutcracker, kvswitch switch mode and kvswitch proxy, each of kvswitch's
     /// with and without its cache, on a testbed.
@@ -128,6 +133,7 @@ pub struct AllArgs {
 pub fn run(scenario: &Scenario) -> anyhow::Result<()> {
     match scenario {
         Scenario::Proxy(args) => proxy::run(args),
+        Scenario::Redis(args) => redis::run(args),
         Scenario::LatencyThroughput(args) => latency::run(args).map(drop),
         Scenario::ValueSize(args) => value_size::run(args).map(drop),
         Scenario::Skew(args) => skew::run(args).map(drop),

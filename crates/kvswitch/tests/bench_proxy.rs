@@ -94,3 +94,65 @@ fn short_run_measures_every_system_with_every_client() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+/// `kvswitch bench redis` in its shortest form: every system measured at each depth, the
+/// figures and plots written, nothing left running.
+#[test]
+fn short_redis_run_measures_every_system_at_every_depth() {
+    let dir = testbed::local::TempDir::new("kvswitch-bench-redis-test").expect("a directory");
+    let out = Command::new(env!("CARGO_BIN_EXE_kvswitch"))
+        .args([
+            "bench",
+            "redis",
+            "--runs",
+            "1",
+            "--requests",
+            "2000",
+            "--clients",
+            "2",
+        ])
+        .args(["--pipeline", "1,4", "--out"])
+        .arg(dir.path())
+        .output()
+        .expect("run kvswitch bench redis");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let figures: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("redis.json")).expect("the JSON was written"),
+    )
+    .expect("well-formed JSON");
+    let medians = figures["medians"].as_array().expect("medians");
+    assert_eq!(medians.len(), 3 * 2 * 2, "{figures}");
+    for system in ["direct", "twemproxy", "kvswitch"] {
+        for test in ["GET", "SET"] {
+            for depth in [1, 4] {
+                let m = medians
+                    .iter()
+                    .find(|m| m["system"] == system && m["test"] == test && m["pipeline"] == depth)
+                    .unwrap_or_else(|| panic!("no {system} {test} -P {depth}"));
+                assert!(num(m, "rps") > 0.0, "{m}");
+                assert_eq!(
+                    m["cpu_us_per_request"].is_number(),
+                    system != "direct",
+                    "{m}"
+                );
+            }
+        }
+    }
+    assert_eq!(figures["targets"].as_array().map(Vec::len), Some(8));
+    for plot in ["redis-rate.png", "redis-cpu.svg"] {
+        assert!(dir.path().join(plot).is_file(), "{plot} missing: {stdout}");
+    }
+    let leftovers: Vec<String> = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|e| e.ok())
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains("kvswitch-bench-redis-"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}

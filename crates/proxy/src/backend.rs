@@ -12,8 +12,8 @@
 //! proxy's `SERVER_ERROR` instead: the connection is dropped and made again.
 //!
 //! Redis connections ([`Wire::Resp`]) carry no sentinel: the proxy writes every command as a
-//! multibulk it built itself, which a server cannot read otherwise, so each reply is handed
-//! over as soon as it is framed. A Redis pool's password and database are given to the server
+//! multibulk it built itself, which a server cannot read otherwise, so the replies framed from
+//! one read are handed over at once. A Redis pool's password and database are given to the server
 //! (`AUTH`, `SELECT`) when the connection is made, before any client's command.
 
 use std::cell::{Cell, RefCell};
@@ -373,6 +373,17 @@ impl Conn {
     /// buffer holds at most one reply still arriving, and a reply nobody will read is never
     /// held at all.
     fn deliver(&self, buf: &[u8]) -> Result<usize, ServerError> {
+        let delivered = self.frame_replies(buf);
+        if self.wire == Wire::Resp {
+            // No sentinel: what is framed is handed over, all of it at once.
+            self.release(self.framed.replace(0));
+        }
+        delivered
+    }
+
+    /// [`deliver`](Self::deliver)'s framing: replies framed and held, batches released at
+    /// their sentinels.
+    fn frame_replies(&self, buf: &[u8]) -> Result<usize, ServerError> {
         let mut base = 0;
         loop {
             let rest = &buf[base..];
@@ -423,10 +434,6 @@ impl Conn {
                 framing
             };
             match framing {
-                Ok(Some(f)) if self.wire == Wire::Resp => {
-                    self.release(1);
-                    base += f.total;
-                }
                 Ok(Some(f)) => {
                     self.framed.set(framed + 1);
                     base += f.total;

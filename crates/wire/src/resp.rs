@@ -89,7 +89,61 @@ pub enum Step {
     More,
     /// A whole command; empty for an empty line or a multibulk of 0 or fewer elements, which a
     /// server skips without a reply.
-    Command(Vec<Vec<u8>>),
+    Command(Command),
+}
+
+/// One command's words, kept in one buffer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Command {
+    data: Vec<u8>,
+    /// Where each word ends in `data`.
+    ends: Vec<usize>,
+}
+
+impl Command {
+    pub fn from_words<W: AsRef<[u8]>>(words: &[W]) -> Command {
+        let mut command = Command::default();
+        for w in words {
+            command.push(w.as_ref());
+        }
+        command
+    }
+
+    pub fn push(&mut self, word: &[u8]) {
+        self.data.extend_from_slice(word);
+        self.ends.push(self.data.len());
+    }
+
+    /// Words, the name included.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// Word `i` (0: the name); empty past the last.
+    pub fn word(&self, i: usize) -> &[u8] {
+        let Some(&end) = self.ends.get(i) else {
+            return &[];
+        };
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        &self.data[start..end]
+    }
+
+    pub fn words(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        (0..self.len()).map(|i| self.word(i))
+    }
+
+    /// Appends the command as a multibulk request.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.reserve(self.data.len() + 16 * self.len() + 16);
+        header(b'*', self.len(), out);
+        for word in self.words() {
+            bulk(word, out);
+        }
+    }
 }
 
 /// Reads requests from a client's byte stream, keeping a multibulk's elements read so far.
@@ -99,7 +153,7 @@ pub struct RequestParser {
     left: usize,
     /// The length of the bulk whose header is read and whose bytes are not.
     bulk: Option<usize>,
-    args: Vec<Vec<u8>>,
+    args: Command,
 }
 
 impl RequestParser {
@@ -131,10 +185,13 @@ impl RequestParser {
                 return Err(ProtocolError::UnauthenticatedCount);
             }
             if count <= 0 {
-                return Ok((end + 2, Step::Command(Vec::new())));
+                return Ok((end + 2, Step::Command(Command::default())));
             }
             self.left = count as usize;
-            self.args = Vec::with_capacity(self.left.min(1024));
+            self.args = Command {
+                data: Vec::new(),
+                ends: Vec::with_capacity(self.left.min(1024)),
+            };
             let (used, step) = self.elements(&buf[end + 2..], auth_required)?;
             return Ok((end + 2 + used, step));
         }
@@ -177,7 +234,10 @@ impl RequestParser {
             if rest.len() < len + 2 {
                 return Ok((pos, Step::More));
             }
-            self.args.push(rest[..len].to_vec());
+            if self.args.data.capacity() == 0 {
+                self.args.data.reserve(len + 64);
+            }
+            self.args.push(&rest[..len]);
             pos += len + 2;
             self.bulk = None;
             self.left -= 1;
@@ -214,7 +274,7 @@ fn inline(buf: &[u8]) -> Result<(usize, Step), ProtocolError> {
         None => &buf[..nl],
     };
     let args = split_args(line).ok_or(ProtocolError::UnbalancedQuotes)?;
-    Ok((nl + 1, Step::Command(args)))
+    Ok((nl + 1, Step::Command(Command::from_words(&args))))
 }
 
 /// Splits an inline line as the server does: blanks separate arguments; `"..."` holds
@@ -333,9 +393,7 @@ pub fn string2ll(text: &[u8]) -> Option<i64> {
 
 /// Appends `args` as a multibulk request.
 pub fn encode_command<A: AsRef<[u8]>>(args: &[A], out: &mut Vec<u8>) {
-    out.push(b'*');
-    out.extend_from_slice(args.len().to_string().as_bytes());
-    out.extend_from_slice(b"\r\n");
+    header(b'*', args.len(), out);
     for arg in args {
         bulk(arg.as_ref(), out);
     }
@@ -343,10 +401,26 @@ pub fn encode_command<A: AsRef<[u8]>>(args: &[A], out: &mut Vec<u8>) {
 
 /// Appends a bulk string.
 pub fn bulk(data: &[u8], out: &mut Vec<u8>) {
-    out.push(b'$');
-    out.extend_from_slice(data.len().to_string().as_bytes());
-    out.extend_from_slice(b"\r\n");
+    header(b'$', data.len(), out);
     out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends `kind`, `n` in decimal and a line end.
+pub fn header(kind: u8, n: usize, out: &mut Vec<u8>) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut n = n;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.push(kind);
+    out.extend_from_slice(&digits[at..]);
     out.extend_from_slice(b"\r\n");
 }
 
@@ -365,17 +439,17 @@ pub fn error(message: &[u8]) -> Vec<u8> {
 
 /// The server's reply to a command it does not know: its name and the start of its
 /// arguments, each cut at a NUL as the server's C strings are, and at 128 bytes.
-pub fn unknown_command(args: &[Vec<u8>]) -> Vec<u8> {
+pub fn unknown_command(args: &Command) -> Vec<u8> {
     let c_str = |a: &[u8]| -> Vec<u8> {
         let end = a.iter().position(|&b| b == 0).unwrap_or(a.len());
         a[..end].to_vec()
     };
     let mut message = b"ERR unknown command '".to_vec();
-    let name = c_str(args.first().map_or(&[][..], |a| a));
+    let name = c_str(args.word(0));
     message.extend_from_slice(&name[..name.len().min(128)]);
     message.extend_from_slice(b"', with args beginning with: ");
     let mut listed: Vec<u8> = Vec::new();
-    for arg in args.iter().skip(1) {
+    for arg in args.words().skip(1) {
         if listed.len() >= 128 {
             break;
         }
@@ -515,7 +589,7 @@ pub fn integer(reply: &[u8]) -> Option<i64> {
 mod tests {
     use super::*;
 
-    fn parse_all(stream: &[u8]) -> (Vec<Vec<Vec<u8>>>, Option<ProtocolError>) {
+    fn parse_all(stream: &[u8]) -> (Vec<Command>, Option<ProtocolError>) {
         let mut parser = RequestParser::default();
         let mut commands = Vec::new();
         let mut pos = 0;
@@ -531,8 +605,8 @@ mod tests {
         }
     }
 
-    fn args(list: &[&str]) -> Vec<Vec<u8>> {
-        list.iter().map(|a| a.as_bytes().to_vec()).collect()
+    fn args(list: &[&str]) -> Command {
+        Command::from_words(list)
     }
 
     #[test]
@@ -545,8 +619,8 @@ mod tests {
             vec![
                 args(&["GET", "k"]),
                 args(&["SET", "a", "b cA"]),
-                vec![],
-                vec![],
+                Command::default(),
+                Command::default(),
                 args(&["PING"])
             ]
         );

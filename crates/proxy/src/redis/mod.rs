@@ -17,7 +17,7 @@ mod commands;
 
 use std::rc::Rc;
 
-use wire::resp::{self, RequestParser, Step};
+use wire::resp::{self, Command, RequestParser, Step};
 
 use super::client::{forward, Entry, Handled, Requests, Shared};
 use super::plan::{Bytes, Combine, OnError, Part, RedisMerge, Router, Wire};
@@ -186,10 +186,22 @@ enum Action {
     Forward(Vec<Part>, RedisMerge),
 }
 
+/// The longest command name Redis knows, with room to spare.
+const MAX_NAME: usize = 32;
+
+/// A command name in lower case, without allocating; `None` if longer than any command's.
+fn lower(name: &[u8]) -> Option<([u8; MAX_NAME], usize)> {
+    let mut out = [0u8; MAX_NAME];
+    out.get_mut(..name.len())?.copy_from_slice(name);
+    out.make_ascii_lowercase();
+    Some((out, name.len()))
+}
+
 fn lookup(name: &[u8]) -> Option<(i32, Class)> {
-    let name = name.to_ascii_lowercase();
+    let (buf, len) = lower(name)?;
+    let name = &buf[..len];
     COMMANDS
-        .binary_search_by(|(n, _, _)| n.as_bytes().cmp(&name))
+        .binary_search_by(|(n, _, _)| n.as_bytes().cmp(name))
         .ok()
         .map(|i| (COMMANDS[i].1, COMMANDS[i].2))
 }
@@ -222,21 +234,24 @@ const CROSS_SERVER: &[u8] =
     b"-ERR the keys of this command lie on different servers; a hash tag keeps them on one\r\n";
 
 impl Session {
-    fn command(&mut self, args: &[Vec<u8>], pool: &PoolRt, router: &mut PoolRouter) -> Action {
-        let name = &args[0];
+    fn command(&mut self, args: &Command, pool: &PoolRt, router: &mut PoolRouter) -> Action {
+        let name = args.word(0);
         let Some((arity, class)) = lookup(name) else {
             return Action::Reply(resp::unknown_command(args));
         };
         if !arity_fits(arity, args.len()) {
             return Action::Reply(wrong_arity(name));
         }
-        let lower = name.to_ascii_lowercase();
-        let no_auth = matches!(lower.as_slice(), b"auth" | b"hello" | b"quit");
+        let Some((buf, len)) = lower(name) else {
+            return Action::Reply(resp::unknown_command(args));
+        };
+        let lower = &buf[..len];
+        let no_auth = matches!(lower, b"auth" | b"hello" | b"quit");
         if self.auth_required(pool) && !no_auth {
             return Action::Reply(b"-NOAUTH Authentication required.\r\n".to_vec());
         }
         match class {
-            Class::Local => self.local(&lower, args, pool),
+            Class::Local => self.local(lower, args, pool),
             Class::Refused(why) => Action::Reply(refused(name, why.reason())),
             Class::Keys { first, last, step } => {
                 let last = if last < 0 {
@@ -248,7 +263,7 @@ impl Session {
                 one_server(args, keys, router)
             }
             Class::NumKeys { count, dest } => {
-                let numkeys = resp::string2ll(&args[count])
+                let numkeys = resp::string2ll(args.word(count))
                     .filter(|&n| n > 0 && (n as usize) < args.len() - count);
                 match numkeys {
                     Some(n) => {
@@ -267,26 +282,28 @@ impl Session {
     }
 
     /// `MGET`, `DEL` and kin, `MSET`: one command per server, with its share of the keys.
-    fn split(&self, split: Split, args: &[Vec<u8>], router: &mut PoolRouter) -> Action {
+    fn split(&self, split: Split, args: &Command, router: &mut PoolRouter) -> Action {
         let width = if split == Split::Pairs { 2 } else { 1 };
         if !(args.len() - 1).is_multiple_of(width) {
-            return Action::Reply(wrong_arity(&args[0]));
+            return Action::Reply(wrong_arity(args.word(0)));
         }
         // Per server in first-use order: its part's arguments; per key, its part.
         let mut parts: Vec<(usize, Vec<&[u8]>)> = Vec::new();
         let mut order: Vec<u16> = Vec::with_capacity(args.len() / width);
-        for group in args[1..].chunks(width) {
-            let Some(server) = router.locate(&group[0]) else {
+        for first in (1..args.len()).step_by(width) {
+            let Some(server) = router.locate(args.word(first)) else {
                 return Action::Reply(NO_SERVER.to_vec());
             };
             let part = match parts.iter().position(|(s, _)| *s == server) {
                 Some(p) => p,
                 None => {
-                    parts.push((server, vec![args[0].as_slice()]));
+                    parts.push((server, vec![args.word(0)]));
                     parts.len() - 1
                 }
             };
-            parts[part].1.extend(group.iter().map(Vec::as_slice));
+            parts[part]
+                .1
+                .extend((first..first + width).map(|i| args.word(i)));
             order.push(part as u16);
         }
         if parts.len() == 1 {
@@ -308,23 +325,23 @@ impl Session {
         Action::Forward(parts, merge)
     }
 
-    fn local(&mut self, name: &[u8], args: &[Vec<u8>], pool: &PoolRt) -> Action {
+    fn local(&mut self, name: &[u8], args: &Command, pool: &PoolRt) -> Action {
         match name {
-            b"ping" => match args.get(1) {
-                _ if args.len() > 2 => Action::Reply(wrong_arity(name)),
-                Some(message) => Action::Reply(bulk(message)),
-                None => Action::Reply(b"+PONG\r\n".to_vec()),
+            b"ping" => match args.len() {
+                1 => Action::Reply(b"+PONG\r\n".to_vec()),
+                2 => Action::Reply(bulk(args.word(1))),
+                _ => Action::Reply(wrong_arity(name)),
             },
-            b"echo" => Action::Reply(bulk(&args[1])),
+            b"echo" => Action::Reply(bulk(args.word(1))),
             b"quit" => Action::Close(b"+OK\r\n".to_vec()),
             b"auth" => match args.len() {
-                2 => Action::Reply(self.auth(pool, None, &args[1])),
-                3 => Action::Reply(self.auth(pool, Some(&args[1]), &args[2])),
+                2 => Action::Reply(self.auth(pool, None, args.word(1))),
+                3 => Action::Reply(self.auth(pool, Some(args.word(1)), args.word(2))),
                 _ => Action::Reply(b"-ERR syntax error\r\n".to_vec()),
             },
             b"select" => {
                 let db = pool.stats.spec.redis.as_ref().map_or(0, |r| r.db);
-                match resp::string2ll(&args[1]) {
+                match resp::string2ll(args.word(1)) {
                     None => {
                         Action::Reply(b"-ERR value is not an integer or out of range\r\n".to_vec())
                     }
@@ -361,9 +378,9 @@ impl Session {
     }
 
     /// `HELLO [2 [AUTH user password] [SETNAME name]]`: RESP2 only.
-    fn hello(&mut self, args: &[Vec<u8>], pool: &PoolRt) -> Vec<u8> {
-        if let Some(version) = args.get(1) {
-            match resp::string2ll(version) {
+    fn hello(&mut self, args: &Command, pool: &PoolRt) -> Vec<u8> {
+        if args.len() > 1 {
+            match resp::string2ll(args.word(1)) {
                 None => {
                     return b"-ERR Protocol version is not an integer or out of range\r\n".to_vec()
                 }
@@ -373,9 +390,9 @@ impl Session {
         }
         let mut i = 2;
         while i < args.len() {
-            let option = args[i].to_ascii_lowercase();
+            let option = args.word(i).to_ascii_lowercase();
             if option == b"auth" && i + 2 < args.len() {
-                let reply = self.auth(pool, Some(&args[i + 1]), &args[i + 2]);
+                let reply = self.auth(pool, Some(args.word(i + 1)), args.word(i + 2));
                 if reply != b"+OK\r\n" {
                     return reply;
                 }
@@ -384,7 +401,7 @@ impl Session {
                 i += 2;
             } else {
                 let mut message = b"ERR Syntax error in HELLO option '".to_vec();
-                message.extend_from_slice(&args[i]);
+                message.extend_from_slice(args.word(i));
                 message.push(b'\'');
                 return resp::error(&message);
             }
@@ -434,21 +451,21 @@ fn part(server: usize, bytes: Vec<u8>) -> Part {
     }
 }
 
-fn to_server(server: usize, args: &[Vec<u8>]) -> Action {
+fn to_server(server: usize, args: &Command) -> Action {
     let mut bytes = Vec::new();
-    resp::encode_command(args, &mut bytes);
+    args.encode(&mut bytes);
     Action::Forward(vec![part(server, bytes)], RedisMerge::Single)
 }
 
 /// To the server of the keys at `positions`, which must all be on one.
 fn one_server(
-    args: &[Vec<u8>],
+    args: &Command,
     positions: impl Iterator<Item = usize>,
     router: &mut PoolRouter,
 ) -> Action {
     let mut server = None;
     for i in positions {
-        let Some(s) = router.locate(&args[i]) else {
+        let Some(s) = router.locate(args.word(i)) else {
             return Action::Reply(NO_SERVER.to_vec());
         };
         match server {
@@ -463,7 +480,7 @@ fn one_server(
 }
 
 /// To the first live server: for commands whose reply does not depend on where keys lie.
-fn any_server(args: &[Vec<u8>], router: &mut PoolRouter) -> Action {
+fn any_server(args: &Command, router: &mut PoolRouter) -> Action {
     match router.live().first() {
         Some(&s) => to_server(s, args),
         None => Action::Reply(NO_SERVER.to_vec()),
