@@ -27,8 +27,8 @@ use proxy::{default_client_connections, default_workers, Limits, Proxy, Settings
                   persistent pipelined connections per server. Multi-key gets are split per \
                   server and merged in the client's key order; stats, flush_all and verbosity \
                   go to every server.\n\n\
-                  A pool with `redis: true` in a twemproxy file serves Redis (RESP2, inline \
-                  commands, pipelining) with the same placement: MGET, MSET, DEL, UNLINK, \
+                  A pool with `redis: true` in a twemproxy file serves Redis (RESP2 and RESP3, \
+                  inline commands, pipelining) with the same placement: MGET, MSET, DEL, UNLINK, \
                   EXISTS and TOUCH are split per server; other commands with several keys are \
                   served when their keys share a server (a hash tag keeps them together); \
                   transactions, blocking, pub/sub and keyless commands are refused with an \

@@ -293,7 +293,7 @@ fn refused_commands_say_why_and_leave_the_connection_usable() {
         (&["FLUSHALL"], "names no key"),
         (&["CLIENT", "LIST"], "server connection"),
         (&["SELECT", "4"], "database 0"),
-        (&["HELLO", "3"], "NOPROTO"),
+        (&["HELLO", "4"], "NOPROTO"),
     ] {
         let reply = c.call(command);
         assert!(
@@ -309,6 +309,53 @@ fn refused_commands_say_why_and_leave_the_connection_usable() {
     assert_eq!(c.call(&["SUNIONSTORE", "{t}b", "{t}c"]), ":0\r\n");
     assert_eq!(c.call(&["GET", "{t}a"]), "$1\r\n1\r\n");
     assert_eq!(c.call(&["PING"]), "+PONG\r\n");
+}
+
+#[test]
+fn a_resp3_client_gets_what_one_redis_server_sends_it() {
+    let reference = Redis::start(&[]);
+    let servers = fleet(3, &[]);
+    let front = Front::kvswitch(&servers.iter().collect::<Vec<_>>(), "");
+    let script: &[&[&str]] = &[
+        &["SET", "key:1", "1"],
+        &["GET", "r3:missing"],
+        &["HSET", "r3:h", "f", "v", "g", "w"],
+        &["HGETALL", "r3:h"],
+        &["SADD", "r3:s", "x"],
+        &["SMEMBERS", "r3:s"],
+        &["ZADD", "r3:z", "1.5", "m"],
+        &["ZSCORE", "r3:z", "m"],
+        &["MSET", "key:2", "2", "key:3", "3", "key:4", "4"],
+        &["MGET", "key:1", "r3:missing", "key:2", "key:3", "key:4"],
+        &["EXISTS", "key:1", "key:2", "key:5"],
+        &["HELLO", "2"],
+        &["GET", "r3:missing"],
+        &["HGETALL", "r3:h"],
+    ];
+    let mut replies = Vec::new();
+    for addr in [reference.addr, front.addr] {
+        let mut c = Conn::open(addr);
+        let hello = c.call(&["HELLO", "3"]);
+        assert!(
+            hello.starts_with("%7\r\n") && hello.contains(":3\r\n"),
+            "{hello}"
+        );
+        replies.push(script.iter().map(|cmd| c.call(cmd)).collect::<Vec<_>>());
+    }
+    assert_eq!(replies[0][1], "_\r\n", "RESP3's null");
+    assert!(replies[0][3].starts_with("%2"), "a map: {}", replies[0][3]);
+    // The keys were spread: the MGET was split and merged.
+    let holding = servers
+        .iter()
+        .filter(|s| Conn::open(s.addr).call(&["DBSIZE"]) != ":0\r\n")
+        .count();
+    assert!(holding > 1, "every key on one server");
+    for (i, cmd) in script.iter().enumerate() {
+        if cmd[0] == "HELLO" {
+            continue;
+        }
+        assert_eq!(replies[1][i], replies[0][i], "{cmd:?}");
+    }
 }
 
 /// Two keys the pool puts on different servers.

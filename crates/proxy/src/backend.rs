@@ -11,10 +11,11 @@
 //! the sentinel is missing or misplaced, and every request on the connection fails with the
 //! proxy's `SERVER_ERROR` instead: the connection is dropped and made again.
 //!
-//! Redis connections ([`Wire::Resp`]) carry no sentinel: the proxy writes every command as a
+//! Redis connections ([`Wire::Resp`], [`Wire::Resp3`]) carry no sentinel: the proxy writes every command as a
 //! multibulk it built itself, which a server cannot read otherwise, so the replies framed from
 //! one read are handed over at once. A Redis pool's password and database are given to the server
-//! (`AUTH`, `SELECT`) when the connection is made, before any client's command.
+//! (`AUTH`, `SELECT`) when the connection is made, before any client's command; a RESP3
+//! connection says `HELLO 3` first, so that its replies are RESP3's.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -247,13 +248,20 @@ impl Conn {
             .spec
             .redis
             .as_ref()
-            .filter(|_| self.wire == Wire::Resp)
+            .filter(|_| self.wire.is_resp())
         else {
             return Ok(());
         };
         let mut hello = Vec::new();
         let mut expected = Vec::new();
-        if let Some(password) = &redis.auth {
+        if self.wire == Wire::Resp3 {
+            let mut words = vec![&b"HELLO"[..], b"3"];
+            if let Some(password) = &redis.auth {
+                words.extend([&b"AUTH"[..], b"default", password.as_bytes()]);
+            }
+            wire::resp::encode_command(&words, &mut hello);
+            expected.push("HELLO");
+        } else if let Some(password) = &redis.auth {
             wire::resp::encode_command(&[b"AUTH".as_slice(), password.as_bytes()], &mut hello);
             expected.push("AUTH");
         }
@@ -278,7 +286,13 @@ impl Conn {
                         return Err(ServerError::Closed);
                     }
                 };
-                if !buf.starts_with(b"+OK\r\n") {
+                // HELLO is answered with the server's description, the others with OK.
+                let taken = if command == "HELLO" {
+                    !buf.starts_with(b"-")
+                } else {
+                    buf.starts_with(b"+OK\r\n")
+                };
+                if !taken {
                     let reply = String::from_utf8_lossy(&buf[..len]);
                     let reply = reply.trim_start_matches('-').trim_end();
                     return Err(ServerError::Refused(format!("{command}: {reply}").into()));
@@ -305,7 +319,7 @@ impl Conn {
                     continue;
                 }
                 // Every request now in `spare` is in `pending`, the last one at its back.
-                if self.wire != Wire::Resp {
+                if !self.wire.is_resp() {
                     let nonce = self.nonce.get();
                     self.nonce.set(nonce.wrapping_add(1));
                     if let Some(last) = self.pending.borrow_mut().back_mut() {
@@ -374,7 +388,7 @@ impl Conn {
     /// held at all.
     fn deliver(&self, buf: &[u8]) -> Result<usize, ServerError> {
         let delivered = self.frame_replies(buf);
-        if self.wire == Wire::Resp {
+        if self.wire.is_resp() {
             // No sentinel: what is framed is handed over, all of it at once.
             self.release(self.framed.replace(0));
         }
@@ -541,7 +555,7 @@ fn write_batch_sentinel(wire: Wire, nonce: u64, out: &mut Vec<u8>) {
             out.extend_from_slice(&hex16(nonce));
             out.extend_from_slice(b"\r\n");
         }
-        Wire::Resp => {}
+        Wire::Resp | Wire::Resp3 => {}
         Wire::Binary => {
             wire::memcache::binary::write_request(
                 opcode::NOOP,
@@ -566,7 +580,7 @@ fn batch_sentinel_len(
 ) -> Result<Option<(usize, bool)>, ServerError> {
     match wire {
         Wire::Text => text_sentinel_len(nonce, buf),
-        Wire::Resp => Err(ServerError::OutOfStep),
+        Wire::Resp | Wire::Resp3 => Err(ServerError::OutOfStep),
         Wire::Binary => {
             let mut reply = [0u8; HEADER_LEN];
             reply[0] = wire::memcache::binary::RESPONSE_MAGIC;
@@ -705,7 +719,7 @@ fn frame(
                     Err(ReplyError::Malformed)
                 }
             }
-            Wire::Resp => Err(ReplyError::Malformed),
+            Wire::Resp | Wire::Resp3 => Err(ReplyError::Malformed),
             Wire::Binary => match Header::decode(rest) {
                 None => Ok(None),
                 Some(h) if h.opcode == opcode::NOOP => {

@@ -571,7 +571,7 @@ pub(crate) fn forward(
                 slot: slot.clone(),
                 part: i,
                 framer: match part.wire {
-                    plan::Wire::Resp => Framing::Resp(Default::default()),
+                    plan::Wire::Resp | plan::Wire::Resp3 => Framing::Resp(Default::default()),
                     _ => Framing::Memcache(Framer::new(part.kind)),
                 },
                 sentinel: part.sentinel,

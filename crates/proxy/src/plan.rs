@@ -15,8 +15,16 @@ use wire::memcache::{Command, Protocol, Request, MAX_KEY_LEN, MAX_LINE_LEN};
 pub enum Wire {
     Text,
     Binary,
-    /// Redis's protocol, on a Redis pool's connections.
+    /// Redis's protocol, on a Redis pool's connections: RESP2, and RESP3 for clients that
+    /// asked for it (`HELLO 3`), whose replies differ.
     Resp,
+    Resp3,
+}
+
+impl Wire {
+    pub fn is_resp(self) -> bool {
+        matches!(self, Wire::Resp | Wire::Resp3)
+    }
 }
 
 /// The bytes of one part.
@@ -686,7 +694,7 @@ pub fn sentinel(wire: Wire) -> &'static [u8] {
     match wire {
         Wire::Text => b"mn\r\n",
         Wire::Binary => &BINARY_NOOP,
-        Wire::Resp => b"",
+        Wire::Resp | Wire::Resp3 => b"",
     }
 }
 

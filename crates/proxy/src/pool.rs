@@ -25,8 +25,9 @@ pub(crate) struct PoolRt {
     pub stats: Arc<PoolStats>,
     /// The whole proxy's counters: client connections and reply bytes over every pool.
     pub proxy: Arc<ProxyStats>,
-    /// Per server, its connections by [`Wire`] (text, binary, RESP), made when first needed.
-    conns: Vec<RefCell<[Vec<Rc<Conn>>; 3]>>,
+    /// Per server, its connections by [`Wire`] (text, binary, RESP2, RESP3), made when first
+    /// needed.
+    conns: Vec<RefCell<[Vec<Rc<Conn>>; 4]>>,
     source: Option<IpAddr>,
     /// The pool as this worker routes by it now.
     view: RefCell<Arc<View>>,
@@ -45,7 +46,7 @@ impl PoolRt {
         let view = stats.pool.view(kvio::clock::now());
         // Room for servers added at run time.
         let conns = (0..stats.spec.servers.len().max(switch::pool::MAX_SERVERS))
-            .map(|_| RefCell::new([Vec::new(), Vec::new(), Vec::new()]))
+            .map(|_| RefCell::new(Default::default()))
             .collect();
         Rc::new(PoolRt {
             stats,

@@ -87,6 +87,8 @@ impl Why {
 pub(crate) struct Session {
     parser: RequestParser,
     authenticated: bool,
+    /// The client asked for RESP3 (`HELLO 3`): its commands go on RESP3 connections.
+    resp3: bool,
     /// Bytes of the command being read, for [`MAX_COMMAND`].
     reading: usize,
 }
@@ -100,6 +102,7 @@ impl Session {
         Session {
             parser: RequestParser::default(),
             authenticated: false,
+            resp3: false,
             reading: 0,
         }
     }
@@ -155,7 +158,11 @@ impl Requests for Session {
                     shared.push(Entry::Ready(reply));
                     return Handled::Close;
                 }
-                Action::Forward(parts, merge) => {
+                Action::Forward(mut parts, merge) => {
+                    let wire = if self.resp3 { Wire::Resp3 } else { Wire::Resp };
+                    for part in &mut parts {
+                        part.wire = wire;
+                    }
                     let on_error = OnError {
                         protocol: wire::memcache::Protocol::Text,
                         opcode: 0,
@@ -377,14 +384,17 @@ impl Session {
         }
     }
 
-    /// `HELLO [2 [AUTH user password] [SETNAME name]]`: RESP2 only.
+    /// `HELLO [2|3 [AUTH user password] [SETNAME name]]`: the protocol chosen for the
+    /// connection's later replies, and the proxy's description in it.
     fn hello(&mut self, args: &Command, pool: &PoolRt) -> Vec<u8> {
+        let mut resp3 = self.resp3;
         if args.len() > 1 {
             match resp::string2ll(args.word(1)) {
                 None => {
                     return b"-ERR Protocol version is not an integer or out of range\r\n".to_vec()
                 }
-                Some(2) => {}
+                Some(2) => resp3 = false,
+                Some(3) => resp3 = true,
                 Some(_) => return b"-NOPROTO unsupported protocol version\r\n".to_vec(),
             }
         }
@@ -413,7 +423,12 @@ impl Session {
                 time\r\n"
                 .to_vec();
         }
-        let mut out = b"*14\r\n".to_vec();
+        self.resp3 = resp3;
+        let mut out = if resp3 {
+            b"%7\r\n".to_vec()
+        } else {
+            b"*14\r\n".to_vec()
+        };
         for (field, value) in [
             ("server", "kvswitch"),
             ("version", env!("CARGO_PKG_VERSION")),
@@ -422,7 +437,7 @@ impl Session {
             resp::bulk(value.as_bytes(), &mut out);
         }
         resp::bulk(b"proto", &mut out);
-        out.extend_from_slice(b":2\r\n");
+        out.extend_from_slice(if resp3 { b":3\r\n" } else { b":2\r\n" });
         resp::bulk(b"id", &mut out);
         out.extend_from_slice(b":0\r\n");
         for (field, value) in [("mode", "standalone"), ("role", "master")] {
