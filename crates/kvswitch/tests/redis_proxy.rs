@@ -358,6 +358,75 @@ fn a_resp3_client_gets_what_one_redis_server_sends_it() {
     }
 }
 
+#[test]
+fn concurrent_clients_read_nothing_stale_while_a_server_dies() {
+    use testbed::history_load::{self, Client, Clock, Load, Mix, Transport};
+    let mut servers = fleet(3, &[]);
+    let front = Front::kvswitch(
+        &servers.iter().collect::<Vec<_>>(),
+        "  auto_eject_hosts: true\n  server_failure_limit: 1\n  server_retry_timeout: 60000\n",
+    );
+    // Hot keys on every server: where each lies, asked of the servers.
+    let keys: Vec<String> = (0..24).map(|i| format!("user:{i}")).collect();
+    let mut c = Conn::open(front.addr);
+    for key in &keys {
+        assert_eq!(c.call(&["SET", key, "0"]), "+OK\r\n");
+    }
+    let home = placement(&servers);
+    let victim = home[&keys[0]];
+    let lost: Vec<&String> = keys.iter().filter(|k| home[*k] == victim).collect();
+    assert!(!lost.is_empty() && lost.len() < keys.len(), "{home:?}");
+    let clients: Vec<Client> = (1..=6)
+        .map(|id| Client {
+            id,
+            transport: Transport::Redis,
+            target: front.addr,
+            timeout: Duration::from_secs(3),
+            netns: None,
+        })
+        .collect();
+    let load = Load {
+        keys: keys.clone(),
+        // More than a client does in the time: the run lasts its duration, the kill inside it.
+        ops_per_client: 50_000,
+        duration: Duration::from_secs(4),
+        mix: Mix::default(),
+        seed: 0x4ed15,
+    };
+    let recorded = std::thread::scope(|scope| {
+        let run = scope.spawn(|| history_load::run(&clients, &load, Clock::start()));
+        std::thread::sleep(Duration::from_millis(1500));
+        servers[victim].kill();
+        run.join().expect("the load").expect("the clients ran")
+    });
+    common::recorded_ok(&recorded);
+    assert!(recorded.ops.len() > 1000, "{} ops", recorded.ops.len());
+    assert!(
+        recorded.server_errors() > 0,
+        "the dead server was never seen"
+    );
+    // The dead server's keys lost what it held; every other key must read as one server.
+    let survivors: Vec<_> = recorded
+        .ops
+        .iter()
+        .filter(|op| !lost.contains(&&op.key))
+        .cloned()
+        .collect();
+    common::no_stale_read(&survivors);
+    // Once ejected, the dead server's keys were served by the others.
+    let late = recorded
+        .ops
+        .iter()
+        .rev()
+        .take(200)
+        .filter(|op| lost.contains(&&op.key));
+    assert!(
+        late.clone()
+            .any(|op| !matches!(op.kind, testbed::history::Kind::Failed)),
+        "the dead server's keys were never served again"
+    );
+}
+
 /// Two keys the pool puts on different servers.
 fn keys_on_two_servers(servers: &[Redis], front: &Front) -> (String, String) {
     let mut c = Conn::open(front.addr);

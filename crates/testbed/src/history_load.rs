@@ -7,6 +7,10 @@
 //! datagram with memcached's 8-byte frame header and a request id of its own; datagrams with
 //! another id (late replies) are skipped. A write without an answer is recorded as uncertain.
 //!
+//! Over Redis (RESP on one connection, as over TCP) `get`, `set` and `delete` are Redis's own
+//! commands; `incr` is a script that increments only a key that exists, as memcached's does;
+//! `gets` and `cas` are not made (a mix's `gets_cas` weight is taken as `get`'s).
+//!
 //! Values are decimal numbers unique per write, `client * 10^12 + seq * 10^6`, so that `incr`
 //! (by 1 to 9) applies to any of them and its results do not run into another write's values.
 
@@ -54,6 +58,8 @@ pub enum Transport {
     Tcp,
     /// One request per datagram, with memcached's frame header.
     Udp,
+    /// Redis's protocol on one persistent connection.
+    Redis,
 }
 
 /// One client: an id unique in the run (it is part of every value the client writes), where it
@@ -113,7 +119,7 @@ pub struct ClientStats {
     pub ops: usize,
     /// Operations without a reply in time (or whose connection failed).
     pub timeouts: usize,
-    /// `SERVER_ERROR` replies.
+    /// `SERVER_ERROR` replies (error replies over Redis).
     pub server_errors: usize,
     /// Connections opened after the first (TCP).
     pub reconnects: usize,
@@ -229,6 +235,11 @@ impl Rng {
     }
 }
 
+/// memcached's `incr` in Redis: the key incremented only if it exists, else nil.
+const INCR_EXISTING: &str =
+    "if redis.call('EXISTS', KEYS[1]) == 1 then return redis.call('INCRBY', KEYS[1], ARGV[1]) \
+     else return false end";
+
 /// A reply as the driver reads it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Reply {
@@ -320,6 +331,8 @@ enum Channel {
         conn: Option<TcpStream>,
         buf: Vec<u8>,
         opened: usize,
+        /// RESP rather than memcached's text protocol.
+        redis: bool,
     },
     Udp {
         target: SocketAddr,
@@ -331,11 +344,12 @@ enum Channel {
 impl Channel {
     fn open(client: &Client) -> anyhow::Result<Channel> {
         Ok(match client.transport {
-            Transport::Tcp => Channel::Tcp {
+            Transport::Tcp | Transport::Redis => Channel::Tcp {
                 target: client.target,
                 conn: None,
                 buf: Vec::new(),
                 opened: 0,
+                redis: client.transport == Transport::Redis,
             },
             Transport::Udp => Channel::Udp {
                 target: client.target,
@@ -345,8 +359,14 @@ impl Channel {
         })
     }
 
-    /// Sends `request` and waits up to `timeout` for the reply to an operation on `key`.
-    fn call(&mut self, request: &[u8], key: &str, timeout: Duration) -> Result<Reply, NoReply> {
+    /// Sends `request` and waits up to `timeout` for the reply to operation `cmd` on `key`.
+    fn call(
+        &mut self,
+        request: &[u8],
+        cmd: &str,
+        key: &str,
+        timeout: Duration,
+    ) -> Result<Reply, NoReply> {
         let deadline = Instant::now() + timeout;
         match self {
             Channel::Tcp {
@@ -354,6 +374,7 @@ impl Channel {
                 conn,
                 buf,
                 opened,
+                redis,
             } => {
                 if conn.is_none() {
                     let stream =
@@ -364,11 +385,15 @@ impl Channel {
                     *opened += 1;
                     buf.clear();
                 }
+                let parse = |buf: &[u8]| match redis {
+                    true => parse_resp(buf, cmd),
+                    false => parse_reply(buf, key),
+                };
                 let result = tcp_exchange(
                     conn.as_mut().expect("just opened"),
                     buf,
                     request,
-                    key,
+                    parse,
                     deadline,
                 );
                 if matches!(result, Err(_) | Ok(Reply::Other(_))) {
@@ -424,17 +449,57 @@ impl Channel {
     }
 }
 
+/// The RESP reply at the front of `buf` to operation `cmd`, read as its memcached
+/// counterpart: `None` while incomplete, else the reply and its length.
+fn parse_resp(buf: &[u8], cmd: &str) -> Option<(Reply, usize)> {
+    let len = match wire::resp::ReplyFramer::default().reply_len(buf) {
+        Ok(Some(len)) => len,
+        Ok(None) => return None,
+        // A reply that cannot be framed will not become one.
+        Err(_) => {
+            let text = String::from_utf8_lossy(buf).into_owned();
+            return Some((Reply::Other(text), buf.len()));
+        }
+    };
+    let reply = &buf[..len];
+    let text = String::from_utf8_lossy(reply);
+    let number = |body: &[u8]| std::str::from_utf8(body).ok()?.parse::<u64>().ok();
+    let parsed = match (cmd, reply) {
+        (_, r) if r.starts_with(b"-") => Reply::ServerError,
+        ("get" | "incr", b"$-1\r\n" | b"_\r\n") => match cmd {
+            "get" => Reply::Miss,
+            _ => Reply::NotFound,
+        },
+        ("get", r) if r.starts_with(b"$") => {
+            let body = r.splitn(2, |&b| b == b'\n').nth(1).unwrap_or_default();
+            match number(body.strip_suffix(b"\r\n").unwrap_or(body)) {
+                Some(value) => Reply::Value { value, cas: None },
+                None => Reply::Other(text.into_owned()),
+            }
+        }
+        ("set", b"+OK\r\n") => Reply::Stored,
+        ("delete", b":1\r\n") => Reply::Deleted,
+        ("delete", b":0\r\n") => Reply::NotFound,
+        ("incr", r) => match wire::resp::integer(r) {
+            Some(n) if n >= 0 => Reply::Number(n as u64),
+            _ => Reply::Other(text.into_owned()),
+        },
+        _ => Reply::Other(text.into_owned()),
+    };
+    Some((parsed, len))
+}
+
 fn tcp_exchange(
     conn: &mut TcpStream,
     buf: &mut Vec<u8>,
     request: &[u8],
-    key: &str,
+    parse: impl Fn(&[u8]) -> Option<(Reply, usize)>,
     deadline: Instant,
 ) -> Result<Reply, NoReply> {
     conn.write_all(request).map_err(|_| NoReply::Lost)?;
     let mut chunk = [0u8; 4096];
     loop {
-        if let Some((reply, len)) = parse_reply(buf, key) {
+        if let Some((reply, len)) = parse(buf) {
             buf.drain(..len);
             if !buf.is_empty() {
                 let extra = String::from_utf8_lossy(buf).into_owned();
@@ -493,6 +558,9 @@ fn run_client(
             0 => {
                 s.get("get", key);
             }
+            1 if client.transport == Transport::Redis => {
+                s.get("get", key);
+            }
             1 => {
                 if let Some(unique) = s.get("gets", key) {
                     writes += 1;
@@ -542,7 +610,7 @@ impl Session<'_> {
         judge: impl FnOnce(&Reply) -> Option<Kind>,
     ) -> Option<Reply> {
         let start = self.clock.now();
-        let reply = self.channel.call(request, key, self.timeout);
+        let reply = self.channel.call(request, cmd, key, self.timeout);
         let end = self.clock.now();
         let (kind, reply) = match reply {
             Ok(Reply::ServerError) => {
@@ -579,22 +647,29 @@ impl Session<'_> {
         reply
     }
 
+    /// The request for a command, in the client's protocol: memcached's text, or `redis`'s
+    /// words as a RESP multibulk.
+    fn request(&self, memcached: String, redis: &[&str]) -> Vec<u8> {
+        if self.client.transport == Transport::Redis {
+            let mut out = Vec::new();
+            wire::resp::encode_command(redis, &mut out);
+            out
+        } else {
+            memcached.into_bytes()
+        }
+    }
+
     /// A `get` or `gets`; returns the CAS unique of a `gets` hit.
     fn get(&mut self, cmd: &'static str, key: &str) -> Option<u64> {
         let with_cas = cmd == "gets";
-        let reply = self.exchange(
-            cmd,
-            key,
-            format!("{cmd} {key}\r\n").as_bytes(),
-            Kind::Failed,
-            |r| match r {
-                Reply::Miss => Some(Kind::Read(None)),
-                Reply::Value { value, cas } if cas.is_some() == with_cas => {
-                    Some(Kind::Read(Some(*value)))
-                }
-                _ => None,
-            },
-        );
+        let request = self.request(format!("{cmd} {key}\r\n"), &["GET", key]);
+        let reply = self.exchange(cmd, key, &request, Kind::Failed, |r| match r {
+            Reply::Miss => Some(Kind::Read(None)),
+            Reply::Value { value, cas } if cas.is_some() == with_cas => {
+                Some(Kind::Read(Some(*value)))
+            }
+            _ => None,
+        });
         match reply {
             Some(Reply::Value { cas, .. }) => cas,
             _ => None,
@@ -603,15 +678,14 @@ impl Session<'_> {
 
     fn set(&mut self, key: &str, value: u64) {
         let v = value.to_string();
-        let request = format!("set {key} 0 0 {}\r\n{v}\r\n", v.len());
-        let wrote = Kind::Write(Some(value));
-        self.exchange(
-            "set",
-            key,
-            request.as_bytes(),
-            Kind::MaybeWrite(Some(value)),
-            |r| (*r == Reply::Stored).then_some(wrote),
+        let request = self.request(
+            format!("set {key} 0 0 {}\r\n{v}\r\n", v.len()),
+            &["SET", key, &v],
         );
+        let wrote = Kind::Write(Some(value));
+        self.exchange("set", key, &request, Kind::MaybeWrite(Some(value)), |r| {
+            (*r == Reply::Stored).then_some(wrote)
+        });
     }
 
     fn cas(&mut self, key: &str, unique: u64, value: u64) {
@@ -631,11 +705,11 @@ impl Session<'_> {
     }
 
     fn delete(&mut self, key: &str) {
-        let request = format!("delete {key}\r\n");
+        let request = self.request(format!("delete {key}\r\n"), &["DEL", key]);
         self.exchange(
             "delete",
             key,
-            request.as_bytes(),
+            &request,
             Kind::MaybeWrite(None),
             |r| match r {
                 Reply::Deleted => Some(Kind::Write(None)),
@@ -646,24 +720,44 @@ impl Session<'_> {
     }
 
     fn incr(&mut self, key: &str, delta: u64) {
-        let request = format!("incr {key} {delta}\r\n");
-        self.exchange(
-            "incr",
-            key,
-            request.as_bytes(),
-            Kind::MaybeIncr(delta),
-            |r| match r {
-                Reply::Number(n) => Some(Kind::Write(Some(*n))),
-                Reply::NotFound => Some(Kind::Failed),
-                _ => None,
-            },
+        let d = delta.to_string();
+        let request = self.request(
+            format!("incr {key} {delta}\r\n"),
+            &["EVAL", INCR_EXISTING, "1", key, &d],
         );
+        self.exchange("incr", key, &request, Kind::MaybeIncr(delta), |r| match r {
+            Reply::Number(n) => Some(Kind::Write(Some(*n))),
+            Reply::NotFound => Some(Kind::Failed),
+            _ => None,
+        });
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn redis_replies_read_as_their_memcached_counterparts() {
+        let read = |b: &[u8], cmd| parse_resp(b, cmd).map(|r| r.0);
+        assert_eq!(read(b"$-1\r\n", "get"), Some(Reply::Miss));
+        assert_eq!(
+            read(b"$4\r\n1234\r\n", "get"),
+            Some(Reply::Value {
+                value: 1234,
+                cas: None
+            })
+        );
+        assert_eq!(parse_resp(b"$4\r\n12", "get"), None);
+        assert_eq!(read(b"+OK\r\n", "set"), Some(Reply::Stored));
+        assert_eq!(read(b":1\r\n", "delete"), Some(Reply::Deleted));
+        assert_eq!(read(b":0\r\n", "delete"), Some(Reply::NotFound));
+        assert_eq!(read(b":17\r\n", "incr"), Some(Reply::Number(17)));
+        assert_eq!(read(b"$-1\r\n", "incr"), Some(Reply::NotFound));
+        assert_eq!(read(b"-ERR down\r\n", "get"), Some(Reply::ServerError));
+        assert!(matches!(read(b":1\r\n", "get"), Some(Reply::Other(_))));
+        assert!(matches!(read(b"?\r\n", "get"), Some(Reply::Other(_))));
+    }
 
     #[test]
     fn replies_are_framed_and_read() {

@@ -445,7 +445,7 @@ pub fn history_clients(
         for &transport in per_host {
             let timeout = match transport {
                 Transport::Udp => udp_timeout,
-                Transport::Tcp => Duration::from_secs(3),
+                Transport::Tcp | Transport::Redis => Duration::from_secs(3),
             };
             clients.push(Client {
                 id: clients.len() as u32 + 1,
@@ -463,11 +463,13 @@ pub fn history_clients(
 pub fn recorded_ok(recorded: &testbed::history_load::Recorded) {
     use testbed::history_load::Transport;
     println!(
-        "history: {} ops in {:.1?} ({} over UDP, {} over TCP), {} unanswered, {} SERVER_ERROR",
+        "history: {} ops in {:.1?} ({} over UDP, {} over TCP, {} over Redis), {} unanswered, \
+         {} errors",
         recorded.ops.len(),
         recorded.elapsed,
         recorded.ops_over(Transport::Udp),
         recorded.ops_over(Transport::Tcp),
+        recorded.ops_over(Transport::Redis),
         recorded.timeouts(),
         recorded.server_errors()
     );
