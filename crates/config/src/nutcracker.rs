@@ -37,6 +37,10 @@
 //!   the servers want, which clients must give the proxy too) and `redis_db` (the database
 //!   selected on every server connection) are its own. In a memcached pool `redis_auth` is
 //!   refused, as nutcracker refuses it, and `redis_db` is ignored, as nutcracker ignores it.
+//! - `redis_cluster` (kvswitch's own; nutcracker has no such key): `true` makes a Redis pool's
+//!   servers the nodes of one Redis Cluster, asked for its slots; keys go where the cluster
+//!   keeps them, and `hash`, `distribution` and `hash_tag` do not place them. Only database 0
+//!   exists in a cluster, so `redis_db` must be 0.
 //! - `client_connections`: the most client connections the pool holds at once (0 or absent:
 //!   no cap of the pool's own; the proxy's cap, from the descriptor limit, still holds). Read
 //!   by [`client_connections`]; past it a connection is accepted and closed at once.
@@ -154,6 +158,10 @@ enum Problem {
     RedisAuth,
     #[error("must not be empty")]
     EmptyAuth,
+    #[error("only valid in a redis pool (redis: true)")]
+    ClusterNotRedis,
+    #[error("a Redis Cluster has database 0 only")]
+    ClusterDb,
     #[error(
         "unknown key (nutcracker refuses it too); a pool has listen, hash, hash_tag, \
          distribution, timeout, auto_eject_hosts, server_retry_timeout, \
@@ -245,12 +253,18 @@ fn parse_pool(name: &str, body: &Value) -> Result<PoolSpec, PoolError> {
     let mut pool = PoolSpec::new(name, listen, keys.distribution, keys.hash, servers);
     keys.apply(&mut pool);
     if redis.is_redis {
+        if redis.cluster && redis.db != 0 {
+            return Err(("redis_db".into(), Problem::ClusterDb));
+        }
         pool.redis = Some(RedisSpec {
             auth: redis.auth,
             db: redis.db,
+            cluster: redis.cluster,
         });
     } else if redis.auth.is_some() {
         return Err(("redis_auth".into(), Problem::RedisAuth));
+    } else if redis.cluster {
+        return Err(("redis_cluster".into(), Problem::ClusterNotRedis));
     }
     pool_keys::check_servers(&pool).map_err(|e| match e.server() {
         Some(i) => (format!("servers[{i}]"), e.into()),
@@ -265,6 +279,7 @@ struct RedisKeys {
     is_redis: bool,
     auth: Option<String>,
     db: u32,
+    cluster: bool,
 }
 
 /// Reads the pool key `key` (any but `servers`) into `keys` or `redis`, or `listen` into
@@ -307,6 +322,7 @@ fn pool_key(
             keys.server_connections = pool_keys::server_connections(number(&text)?)?
         }
         "redis" => redis.is_redis = boolean(&text)?,
+        "redis_cluster" => redis.cluster = boolean(&text)?,
         "redis_auth" if text.is_empty() => return Err(Problem::EmptyAuth),
         "redis_auth" => redis.auth = Some(text),
         "redis_db" => {
@@ -581,11 +597,24 @@ gamma:
         let want = RedisSpec {
             auth: Some("s3cret".into()),
             db: 2,
+            cluster: false,
         };
         assert_eq!(pools[0].redis, Some(want));
         assert_eq!(pools[1].redis, None);
         let plain = TWO_POOLS.replace("redis: false", "redis: true");
         assert_eq!(parse(&plain).unwrap()[0].redis, Some(RedisSpec::default()));
+        let cluster = TWO_POOLS.replace("redis: false", "redis: true\n  redis_cluster: true");
+        assert!(parse(&cluster).unwrap()[0].redis.as_ref().unwrap().cluster);
+        for (bad, key) in [
+            ("redis: false\n  redis_cluster: true", "alpha.redis_cluster"),
+            (
+                "redis: true\n  redis_cluster: true\n  redis_db: 1",
+                "alpha.redis_db",
+            ),
+        ] {
+            let e = error(&TWO_POOLS.replace("redis: false", bad));
+            assert!(e.contains(key), "{e}");
+        }
         let empty = TWO_POOLS.replace("redis: false", "redis: true\n  redis_auth: \"\"");
         assert!(
             error(&empty).contains("alpha.redis_auth"),

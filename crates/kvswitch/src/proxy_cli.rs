@@ -33,7 +33,9 @@ use proxy::{default_client_connections, default_workers, Limits, Proxy, Settings
                   served when their keys share a server (a hash tag keeps them together); \
                   transactions, blocking, pub/sub and keyless commands are refused with an \
                   error. redis_auth is asked of clients and given to the servers, as is \
-                  redis_db.\n\n\
+                  redis_db. With redis_cluster: true (kvswitch's own key) the servers are \
+                  nodes of one Redis Cluster: keys go by its slots, and MOVED and ASK are \
+                  followed for the client.\n\n\
                   Give a kvswitch TOML file (--config; see --example-config) or a twemproxy \
                   YAML file (--nutcracker-config), which then serves each of its pools on the \
                   pool's own listen address.\n\n\
@@ -152,10 +154,10 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
                 "pool `{}`: {}, listen {}, {} servers, {} / {}, timeout {} ms, \
                  auto_eject_hosts {}",
                 p.name,
-                if p.redis.is_some() {
-                    "redis"
-                } else {
-                    "memcached"
+                match &p.redis {
+                    Some(r) if r.cluster => "redis cluster",
+                    Some(_) => "redis",
+                    None => "memcached",
                 },
                 p.listen,
                 p.servers.len(),

@@ -81,12 +81,18 @@ fn yaml(listen: SocketAddr, servers: &[&Redis], extra: &str) -> String {
 
 impl Front {
     fn kvswitch(servers: &[&Redis], extra: &str) -> Front {
+        Front::kvswitch_with(servers, extra, &[])
+    }
+
+    /// `kvswitch proxy` with more arguments (`--api ADDR`).
+    fn kvswitch_with(servers: &[&Redis], extra: &str, args: &[String]) -> Front {
         Front::start(servers, extra, |conf, _| {
             let mut c = Command::new(env!("CARGO_BIN_EXE_kvswitch"));
             c.arg("proxy")
                 .arg("--nutcracker-config")
                 .arg(conf)
                 .args(["--workers", "2"])
+                .args(args)
                 .env("RUST_LOG", "warn");
             c
         })
@@ -425,6 +431,225 @@ fn concurrent_clients_read_nothing_stale_while_a_server_dies() {
             .any(|op| !matches!(op.kind, testbed::history::Kind::Failed)),
         "the dead server's keys were never served again"
     );
+}
+
+/// Three masters of one Redis Cluster on loopback, the slots spread over them by redis-cli.
+struct Cluster {
+    nodes: Vec<Redis>,
+    _dir: TempDir,
+}
+
+fn redis_cluster() -> Cluster {
+    let dir = TempDir::new("kvswitch-redis-cluster").expect("a scratch directory");
+    let nodes: Vec<Redis> = (0..3)
+        .map(|i| {
+            let conf = dir.path().join(format!("nodes-{i}.conf"));
+            let (conf, path) = (conf.to_string_lossy(), dir.path().to_string_lossy());
+            // A node's bus port is its port + 10000: Redis::start tries other ports when that
+            // does not fit.
+            Redis::start(&[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                &conf,
+                "--cluster-node-timeout",
+                "5000",
+                "--dir",
+                &path,
+            ])
+        })
+        .collect();
+    let mut args = vec!["--cluster".to_string(), "create".into()];
+    args.extend(nodes.iter().map(|n| n.addr.to_string()));
+    args.extend(["--cluster-replicas", "0", "--cluster-yes"].map(String::from));
+    run(
+        "redis-cli",
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for n in &nodes {
+        while !Conn::open(n.addr)
+            .call(&["CLUSTER", "INFO"])
+            .contains("cluster_state:ok")
+        {
+            assert!(Instant::now() < deadline, "the cluster did not come up");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    Cluster { nodes, _dir: dir }
+}
+
+/// The value of a bulk string reply.
+fn bulk_value(reply: &str) -> &str {
+    reply
+        .split_once("\r\n")
+        .map_or("", |(_, value)| value.trim_end_matches("\r\n"))
+}
+
+#[test]
+fn a_redis_cluster_serves_clients_that_know_nothing_of_it_while_slots_move() {
+    let cluster = redis_cluster();
+    // Only the first node is named: the proxy learns the others from it.
+    let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let front = Front::kvswitch_with(
+        &[&cluster.nodes[0]],
+        "  redis_cluster: true\n",
+        &["--api".into(), api.to_string()],
+    );
+    let mut c = Conn::open(front.addr);
+    let keys: Vec<String> = (0..300).map(|i| format!("cluster:{i}")).collect();
+    for (i, key) in keys.iter().enumerate() {
+        assert_eq!(
+            c.call(&["SET", key, &i.to_string()]),
+            "+OK\r\n",
+            "{}",
+            front.log()
+        );
+    }
+    let mut args = vec!["MGET"];
+    args.extend(keys.iter().take(60).map(String::as_str));
+    let values = c.call(&args);
+    assert!(
+        values.starts_with("*60\r\n") && values.contains("$2\r\n59\r\n"),
+        "{values}"
+    );
+    assert_eq!(
+        c.call(&["SUNION", "cluster:1", "cluster:2"])
+            .split(' ')
+            .next(),
+        Some("-CROSSSLOT")
+    );
+    assert_eq!(
+        c.call(&["EXISTS", "{t}a", "{t}b", "cluster:7", "cluster:8"]),
+        ":2\r\n"
+    );
+    // Every key is on the node that holds its slot: the nodes hold all of them, each some.
+    let sizes: Vec<usize> = cluster
+        .nodes
+        .iter()
+        .map(|n| {
+            let size = Conn::open(n.addr).call(&["DBSIZE"]);
+            size.trim_start_matches(':')
+                .trim()
+                .parse::<usize>()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(sizes.iter().sum::<usize>(), keys.len(), "{sizes:?}");
+    assert!(sizes.iter().all(|&n| n > 0), "{sizes:?}");
+
+    // Clients write and read their own keys while 2000 slots move from the first node to
+    // the second.
+    let ids: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|n| bulk_value(&Conn::open(n.addr).call(&["CLUSTER", "MYID"])).to_string())
+        .collect();
+    let moving = std::sync::atomic::AtomicBool::new(true);
+    let errors = Mutex::new(Vec::new());
+    let done = AtomicU64::new(0);
+    std::thread::scope(|scope| {
+        for client in 0..4 {
+            let (moving, errors, done, addr) = (&moving, &errors, &done, front.addr);
+            scope.spawn(move || {
+                let mut c = Conn::open(addr);
+                let started = Instant::now();
+                let mut round = 0u64;
+                while moving.load(Ordering::Relaxed) && started.elapsed() < Duration::from_secs(60)
+                {
+                    for k in 0..50 {
+                        let key = format!("moving:{client}:{k}");
+                        let value = format!("{round}");
+                        let set = c.call(&["SET", &key, &value]);
+                        let got = c.call(&["GET", &key]);
+                        if set != "+OK\r\n" || bulk_value(&got) != value {
+                            errors
+                                .lock()
+                                .unwrap()
+                                .push(format!("{key}: {set:?} then {got:?}"));
+                        }
+                        done.fetch_add(2, Ordering::Relaxed);
+                    }
+                    round += 1;
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        run(
+            "redis-cli",
+            &[
+                "--cluster",
+                "reshard",
+                &cluster.nodes[0].addr.to_string(),
+                "--cluster-from",
+                &ids[0],
+                "--cluster-to",
+                &ids[1],
+                "--cluster-slots",
+                "2000",
+                "--cluster-yes",
+            ],
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        moving.store(false, Ordering::Relaxed);
+    });
+    let errors = errors.into_inner().unwrap();
+    assert!(
+        errors.is_empty(),
+        "{} errors, first: {:?}",
+        errors.len(),
+        &errors[..errors.len().min(5)]
+    );
+    assert!(done.load(Ordering::Relaxed) > 400, "the clients hardly ran");
+    // The keys written before the move read back through the proxy.
+    for (i, key) in keys.iter().enumerate() {
+        assert_eq!(bulk_value(&c.call(&["GET", key])), i.to_string(), "{key}");
+    }
+    // One slot moved step by step under a client: a key written while its slot is migrating
+    // goes where the cluster asks (ASK), a key already moved is read there, and once the slot
+    // is the other node's, the next command learns it (MOVED).
+    let tag = "{step}";
+    let slot = wire::resp::key_slot(b"step").to_string();
+    let (old, new) = (format!("{tag}:old"), format!("{tag}:new"));
+    assert_eq!(c.call(&["SET", &old, "before"]), "+OK\r\n");
+    let from = (0..3)
+        .find(|&i| Conn::open(cluster.nodes[i].addr).call(&["EXISTS", &old]) == ":1\r\n")
+        .expect("a node holds the key");
+    let to = (from + 1) % 3;
+    let (source, target) = (&cluster.nodes[from], &cluster.nodes[to]);
+    let mut at_source = Conn::open(source.addr);
+    let mut at_target = Conn::open(target.addr);
+    assert_eq!(
+        at_target.call(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &ids[from]]),
+        "+OK\r\n"
+    );
+    assert_eq!(
+        at_source.call(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &ids[to]]),
+        "+OK\r\n"
+    );
+    assert_eq!(c.call(&["SET", &new, "during"]), "+OK\r\n");
+    assert_eq!(bulk_value(&c.call(&["GET", &old])), "before");
+    let (host, port) = (target.addr.ip().to_string(), target.addr.port().to_string());
+    let migrated = at_source.call(&["MIGRATE", &host, &port, &old, "0", "5000"]);
+    assert_eq!(migrated, "+OK\r\n");
+    assert_eq!(bulk_value(&c.call(&["GET", &old])), "before");
+    for n in &cluster.nodes {
+        let reply = Conn::open(n.addr).call(&["CLUSTER", "SETSLOT", &slot, "NODE", &ids[to]]);
+        assert_eq!(reply, "+OK\r\n");
+    }
+    assert_eq!(bulk_value(&c.call(&["GET", &new])), "during");
+    assert_eq!(bulk_value(&c.call(&["GET", &old])), "before");
+    // Redirections were followed, both kinds.
+    let (status, metrics) = testbed::http_get(api, "/metrics").expect("the API answers");
+    assert_eq!(status, 200);
+    for kind in ["moved", "asks"] {
+        let series = format!("kvswitch_proxy_redis_{kind}_total{{pool=\"alpha\"}}");
+        let n: f64 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(series.as_str())?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{metrics}"));
+        assert!(n > 0.0, "{series} {n}");
+    }
 }
 
 /// Two keys the pool puts on different servers.

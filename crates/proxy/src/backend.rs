@@ -660,7 +660,10 @@ fn random_u64() -> u64 {
         .finish()
 }
 
-async fn connect(addr: SocketAddr, source: Option<IpAddr>) -> std::io::Result<TcpStream> {
+pub(crate) async fn connect(
+    addr: SocketAddr,
+    source: Option<IpAddr>,
+) -> std::io::Result<TcpStream> {
     let socket = if addr.is_ipv4() {
         TcpSocket::new_v4()?
     } else {

@@ -48,6 +48,80 @@ pub struct Slot {
     warm: Option<(Rc<PoolRt>, usize)>,
     /// Bytes of its parts' replies held and counted against the client, until it completes.
     held: Cell<usize>,
+    /// A Redis Cluster command: its parts follow the cluster's redirections.
+    redirect: Option<Redirect>,
+}
+
+/// What a Redis Cluster command's slot needs to follow a redirection: a part answered with
+/// `-MOVED slot node` is sent again to that node (and the worker's slot map learns it), one
+/// answered with `-ASK slot node` is sent there after `ASKING`; at most [`MAX_HOPS`] times.
+pub struct Redirect {
+    /// The slot itself, to be handed to the next server.
+    me: Weak<Slot>,
+    pool: Rc<PoolRt>,
+    /// Per part, its request and the wire it went on.
+    requests: Vec<(Vec<u8>, plan::Wire)>,
+    hops: Cell<u32>,
+}
+
+const MAX_HOPS: u32 = 5;
+
+impl Redirect {
+    /// Sends part `part` where `reply` redirects it; false if `reply` is no redirection, or
+    /// one that cannot be followed (too many hops, a full pool, a client gone).
+    fn follow(&self, part: usize, reply: &[u8]) -> bool {
+        let Some(to) = wire::resp::redirection(reply) else {
+            return false;
+        };
+        let (Some(me), Some((request, wire))) = (self.me.upgrade(), self.requests.get(part)) else {
+            return false;
+        };
+        if self.hops.get() >= MAX_HOPS {
+            return false;
+        }
+        self.hops.set(self.hops.get() + 1);
+        let Some(server) = self.pool.server_at(to.to) else {
+            return false;
+        };
+        let stats = &self.pool.stats;
+        if to.ask {
+            add(&stats.redis_asks, 1);
+        } else {
+            add(&stats.redis_moved, 1);
+            self.pool.learn_slots(to.slot..=to.slot, server);
+            if let Some(cluster) = self.pool.cluster() {
+                cluster.wanted.notify_one();
+            }
+        }
+        let conn = self.pool.conn(server, *wire);
+        let deadline = Instant::now() + stats.spec.timeout;
+        let pending = |slot: Rc<dyn Awaiting>, part| Pending {
+            slot,
+            part,
+            framer: Framing::Resp(Default::default()),
+            sentinel: false,
+            deadline,
+            data: Vec::new(),
+            mark: None,
+            stats: false,
+        };
+        if to.ask {
+            conn.send(b"*1\r\n$6\r\nASKING\r\n", b"", pending(Rc::new(Ignored), 0));
+        }
+        conn.send(request, b"", pending(me, part));
+        true
+    }
+}
+
+/// The reply to a request the proxy makes for itself (`ASKING`): read and dropped.
+struct Ignored;
+
+impl Awaiting for Ignored {
+    fn keep(&self, _len: usize) -> bool {
+        false
+    }
+
+    fn complete(&self, _part: usize, _outcome: Result<Vec<u8>, ServerError>) {}
 }
 
 /// A forwarded request's business with the cache.
@@ -105,6 +179,11 @@ impl Slot {
     /// Records the outcome of part `part`; once every part has one, builds the reply and wakes
     /// the client's writer.
     pub fn complete(&self, part: usize, outcome: Outcome) {
+        if let (Some(redirect), Ok(reply)) = (&self.redirect, &outcome) {
+            if reply.starts_with(b"-") && redirect.follow(part, reply) {
+                return;
+            }
+        }
         if let Some(o) = self.outcomes.borrow_mut().get_mut(part) {
             *o = outcome;
         }
@@ -173,6 +252,7 @@ fn store_warm(pool: Rc<PoolRt>, owner: usize, item: Vec<u8>) {
             forgotten: Cell::new(false),
             warm: None,
             held: Cell::new(0),
+            redirect: None,
         });
         let wire = plan::Wire::Text;
         pool.conn(owner, wire).send(
@@ -537,7 +617,7 @@ pub(crate) fn forward(
     pool: &Rc<PoolRt>,
 ) {
     let combine_is_warm = matches!(combine, Combine::WarmUp { .. });
-    let slot = Rc::new(Slot {
+    let slot = Rc::new_cyclic(|me| Slot {
         client: Rc::downgrade(shared),
         combine,
         on_error,
@@ -551,6 +631,18 @@ pub(crate) fn forward(
             _ => None,
         },
         held: Cell::new(0),
+        redirect: pool.cluster().map(|_| Redirect {
+            me: me.clone(),
+            pool: pool.clone(),
+            requests: parts
+                .iter()
+                .map(|p| match &p.bytes {
+                    Bytes::Request => (request.to_vec(), p.wire),
+                    Bytes::Owned(bytes) => (bytes.clone(), p.wire),
+                })
+                .collect(),
+            hops: Cell::new(0),
+        }),
     });
     shared.push(Entry::Wait(slot.clone()));
     let deadline = Instant::now() + pool.stats.spec.timeout;

@@ -33,7 +33,21 @@ pub(crate) struct PoolRt {
     view: RefCell<Arc<View>>,
     /// The cache that answers this pool's hot keys.
     pub cache: Option<Arc<CacheService>>,
+    /// A Redis Cluster pool's slots, as this worker knows them.
+    cluster: Option<Cluster>,
 }
+
+/// A Redis Cluster's slots as one worker knows them: learned from the cluster (`CLUSTER
+/// SLOTS`, asked by `redis::cluster`) and from its redirections. A slot not known yet goes to
+/// the first live server, whose `MOVED` then says where it lives.
+pub(crate) struct Cluster {
+    /// Per slot, the pool's server that holds it, or [`UNKNOWN`].
+    owner: RefCell<Vec<u16>>,
+    /// Wakes the task that asks the cluster for its slots.
+    pub wanted: tokio::sync::Notify,
+}
+
+const UNKNOWN: u16 = u16::MAX;
 
 impl PoolRt {
     pub fn new(
@@ -48,6 +62,15 @@ impl PoolRt {
         let conns = (0..stats.spec.servers.len().max(switch::pool::MAX_SERVERS))
             .map(|_| RefCell::new(Default::default()))
             .collect();
+        let cluster = stats
+            .spec
+            .redis
+            .as_ref()
+            .filter(|r| r.cluster)
+            .map(|_| Cluster {
+                owner: RefCell::new(vec![UNKNOWN; wire::resp::SLOTS]),
+                wanted: tokio::sync::Notify::new(),
+            });
         Rc::new(PoolRt {
             stats,
             proxy,
@@ -55,7 +78,55 @@ impl PoolRt {
             source,
             view: RefCell::new(view),
             cache,
+            cluster,
         })
+    }
+
+    pub fn cluster(&self) -> Option<&Cluster> {
+        self.cluster.as_ref()
+    }
+
+    pub fn source(&self) -> Option<IpAddr> {
+        self.source
+    }
+
+    /// The server that holds cluster slot `slot`, if known.
+    pub fn slot_owner(&self, slot: u16) -> Option<usize> {
+        let owner = *self.cluster.as_ref()?.owner.borrow().get(slot as usize)?;
+        (owner != UNKNOWN).then_some(owner as usize)
+    }
+
+    /// Slots `slots` live on `server` now.
+    pub fn learn_slots(&self, slots: std::ops::RangeInclusive<u16>, server: usize) {
+        if let Some(cluster) = &self.cluster {
+            let mut owner = cluster.owner.borrow_mut();
+            for slot in slots {
+                if let Some(o) = owner.get_mut(slot as usize) {
+                    *o = server as u16;
+                }
+            }
+        }
+    }
+
+    /// The pool's server at `addr`: a cluster node the pool has not seen is added to it (as a
+    /// server of its own, for its connections and counters). `None` when the pool is full.
+    pub fn server_at(&self, addr: std::net::SocketAddr) -> Option<usize> {
+        let pool = &self.stats.pool;
+        let find = || pool.spec().servers.iter().position(|s| s.addr == addr);
+        if let Some(i) = find() {
+            return Some(i);
+        }
+        let mut servers = pool.spec().servers.clone();
+        servers.push(switch::pool::ServerSpec {
+            host: addr.ip().to_string(),
+            addr,
+            weight: 1,
+            name: None,
+        });
+        if let Err(e) = pool.set_servers(&servers) {
+            tracing::warn!(pool = %self.stats.spec.name, node = %addr, "cluster node not added: {e}");
+        }
+        find()
     }
 
     /// The least loaded connection to `server` for `wire`, made if there are fewer than the

@@ -122,6 +122,10 @@ pub struct PoolStats {
     pub cache_replies: AtomicU64,
     /// Items a server warming up was given from where their keys were before.
     pub warm_fills: AtomicU64,
+    /// Redis Cluster redirections followed: `MOVED` (a slot moved for good) and `ASK` (a
+    /// slot moving).
+    pub redis_moved: AtomicU64,
+    pub redis_asks: AtomicU64,
     /// Malformed requests (answered as memcached answers them).
     pub client_errors: AtomicU64,
     /// Clients cut off for holding too many reply bytes, by [`CutOff`] reason.
@@ -151,6 +155,8 @@ impl PoolStats {
             local_replies: AtomicU64::new(0),
             cache_replies: AtomicU64::new(0),
             warm_fills: AtomicU64::new(0),
+            redis_moved: AtomicU64::new(0),
+            redis_asks: AtomicU64::new(0),
             client_errors: AtomicU64::new(0),
             clients_cut_off: Default::default(),
             clients_refused: Default::default(),
@@ -271,7 +277,7 @@ impl ProxyStats {
     /// Appends the proxy's families to a Prometheus text exposition.
     pub fn write_metrics(&self, m: &mut Exposition) {
         type PoolField = fn(&PoolStats) -> u64;
-        let pool_families: [(&str, Kind, &str, PoolField); 11] = [
+        let pool_families: [(&str, Kind, &str, PoolField); 13] = [
             (
                 "kvswitch_proxy_client_connections",
                 Kind::Gauge,
@@ -307,6 +313,18 @@ impl ProxyStats {
                 Kind::Counter,
                 "Items a server warming up was given from the server that held their keys before.",
                 |p| get(&p.warm_fills),
+            ),
+            (
+                "kvswitch_proxy_redis_moved_total",
+                Kind::Counter,
+                "Redis Cluster MOVED redirections followed (a slot found on another node).",
+                |p| get(&p.redis_moved),
+            ),
+            (
+                "kvswitch_proxy_redis_asks_total",
+                Kind::Counter,
+                "Redis Cluster ASK redirections followed (a request to a slot being migrated).",
+                |p| get(&p.redis_asks),
             ),
             (
                 "kvswitch_proxy_client_errors_total",
@@ -589,6 +607,8 @@ impl ProxyStats {
                     "local_replies": get(&p.local_replies),
                     "cache_replies": get(&p.cache_replies),
                     "warm_fills": get(&p.warm_fills),
+                    "redis_moved": get(&p.redis_moved),
+                    "redis_asks": get(&p.redis_asks),
                     "client_errors": get(&p.client_errors),
                     "client_connections_limit": p.client_cap,
                     "reply_bytes": get(&p.reply_bytes),

@@ -50,6 +50,9 @@ pub fn run(
             let listener = TcpListener::from_std(listener)?;
             let cache = caches.get(index).cloned().flatten();
             let pool = PoolRt::new(proxy.clone(), index, source, cache);
+            if pool.cluster().is_some() {
+                tokio::task::spawn_local(redis::cluster::keep_slots(pool.clone()));
+            }
             tokio::task::spawn_local(accept(listener, pool, limits.clone()));
         }
         tokio::task::spawn_local(super::memory::give_back_memory());

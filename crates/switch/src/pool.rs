@@ -65,6 +65,10 @@ pub struct RedisSpec {
     pub auth: Option<String>,
     /// The database every command is run in (`SELECT`).
     pub db: u32,
+    /// The servers are nodes of one Redis Cluster: keys are placed by the cluster's slots,
+    /// learned from the nodes, not by the pool's hash; the servers listed are where the proxy
+    /// first asks.
+    pub cluster: bool,
 }
 
 /// One memcached server of a pool.

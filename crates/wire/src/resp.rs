@@ -579,6 +579,69 @@ pub fn array_elements(reply: &[u8]) -> Option<Vec<&[u8]>> {
     (pos == reply.len()).then_some(elements)
 }
 
+/// Slots of a Redis Cluster.
+pub const SLOTS: usize = 16384;
+
+/// The cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the bytes between its first `{`
+/// and the first `}` after it, when there is at least one) or of the whole key, mod 16384.
+pub fn key_slot(key: &[u8]) -> u16 {
+    let hashed = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            let close = rest.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(key);
+    (crc16_xmodem(hashed) as usize % SLOTS) as u16
+}
+
+fn crc16_xmodem(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in data {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+/// A cluster's redirection: `-MOVED slot host:port` (the slot lives there now) or `-ASK slot
+/// host:port` (this one request goes there, after `ASKING`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Redirection {
+    pub ask: bool,
+    pub slot: u16,
+    pub to: std::net::SocketAddr,
+}
+
+/// The redirection `reply` is, if it is one.
+pub fn redirection(reply: &[u8]) -> Option<Redirection> {
+    let line = reply.strip_suffix(b"\r\n")?;
+    let (ask, rest) = match line {
+        [b'-', b'M', b'O', b'V', b'E', b'D', b' ', rest @ ..] => (false, rest),
+        [b'-', b'A', b'S', b'K', b' ', rest @ ..] => (true, rest),
+        _ => return None,
+    };
+    let text = std::str::from_utf8(rest).ok()?;
+    let (slot, to) = text.split_once(' ')?;
+    let slot: u16 = slot.parse().ok().filter(|&s| (s as usize) < SLOTS)?;
+    // An IPv6 host is written bare (`::1:7000`): the port follows the last colon.
+    let (host, port) = to.rsplit_once(':')?;
+    let ip: std::net::IpAddr = host.trim_matches(['[', ']']).parse().ok()?;
+    Some(Redirection {
+        ask,
+        slot,
+        to: std::net::SocketAddr::new(ip, port.parse().ok()?),
+    })
+}
+
 /// The value of an integer reply (`:n`).
 pub fn integer(reply: &[u8]) -> Option<i64> {
     let body = reply.strip_prefix(b":")?.strip_suffix(b"\r\n")?;
@@ -764,6 +827,30 @@ mod tests {
         for bad in [&b"?x\r\n"[..], b"$3\r\nabcde\r\n", b"*x\r\n"] {
             assert_eq!(ReplyFramer::default().reply_len(bad), Err(ReplyError));
         }
+    }
+
+    #[test]
+    fn keys_find_their_cluster_slots_and_redirections_are_read() {
+        assert_eq!(crc16_xmodem(b"123456789"), 0x31c3);
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+        assert_eq!(key_slot(b"{}x"), key_slot(b"{}x"));
+        assert_ne!(
+            key_slot(b"{}a"),
+            key_slot(b"{}b"),
+            "an empty tag hashes the whole key"
+        );
+        assert_eq!(
+            redirection(b"-MOVED 3999 127.0.0.1:6381\r\n"),
+            Some(Redirection {
+                ask: false,
+                slot: 3999,
+                to: "127.0.0.1:6381".parse().unwrap()
+            })
+        );
+        assert!(redirection(b"-ASK 1 ::1:7000\r\n").is_some_and(|r| r.ask && r.to.port() == 7000));
+        assert_eq!(redirection(b"-MOVED 16384 127.0.0.1:1\r\n"), None);
+        assert_eq!(redirection(b"-ERR MOVED\r\n"), None);
     }
 
     #[test]

@@ -111,5 +111,9 @@ fn settings_changed(a: &PoolSpec, b: &PoolSpec) -> Vec<&'static str> {
         a.redis.as_ref().map(|r| r.db) == b.redis.as_ref().map(|r| r.db),
         "redis_db",
     );
+    check(
+        a.redis.as_ref().map(|r| r.cluster) == b.redis.as_ref().map(|r| r.cluster),
+        "redis_cluster",
+    );
     out
 }

@@ -13,6 +13,7 @@
 //!   connection stays usable. A command the server does not know gets the server's own
 //!   `unknown command` reply.
 
+pub(crate) mod cluster;
 mod commands;
 
 use std::rc::Rc;
@@ -127,6 +128,10 @@ impl Requests for Session {
         let stats = &pool.stats;
         let mut used = 0;
         let mut router = pool.router();
+        let mut place = Place {
+            pool,
+            router: &mut router,
+        };
         while !shared.full(limits) {
             let step = self.parser.step(&buf[used..], self.auth_required(pool));
             let (n, args) = match step {
@@ -152,7 +157,7 @@ impl Requests for Session {
                 continue;
             }
             add(&stats.requests, 1);
-            match self.command(&args, pool, &mut router) {
+            match self.command(&args, pool, &mut place) {
                 Action::Reply(reply) => shared.push(Entry::Ready(reply)),
                 Action::Close(reply) => {
                     shared.push(Entry::Ready(reply));
@@ -241,7 +246,7 @@ const CROSS_SERVER: &[u8] =
     b"-ERR the keys of this command lie on different servers; a hash tag keeps them on one\r\n";
 
 impl Session {
-    fn command(&mut self, args: &Command, pool: &PoolRt, router: &mut PoolRouter) -> Action {
+    fn command(&mut self, args: &Command, pool: &PoolRt, place: &mut Place<'_>) -> Action {
         let name = args.word(0);
         let Some((arity, class)) = lookup(name) else {
             return Action::Reply(resp::unknown_command(args));
@@ -267,7 +272,7 @@ impl Session {
                     last as usize
                 };
                 let keys = (first..=last.min(args.len() - 1)).step_by(step.max(1));
-                one_server(args, keys, router)
+                one_server(args, keys, place)
             }
             Class::NumKeys { count, dest } => {
                 let numkeys = resp::string2ll(args.word(count))
@@ -276,45 +281,46 @@ impl Session {
                     Some(n) => {
                         let from = if dest { count - 1 } else { count + 1 };
                         let keys = (from..=count + n as usize).filter(|&i| i != count);
-                        one_server(args, keys, router)
+                        one_server(args, keys, place)
                     }
                     // No key, or a count the server refuses: any server says the same.
-                    None => any_server(args, router),
+                    None => any_server(args, place),
                 }
             }
-            Class::SubcommandKey if args.len() >= 3 => one_server(args, 2..=2, router),
-            Class::SubcommandKey => any_server(args, router),
-            Class::Split(split) => self.split(split, args, router),
+            Class::SubcommandKey if args.len() >= 3 => one_server(args, 2..=2, place),
+            Class::SubcommandKey => any_server(args, place),
+            Class::Split(split) => self.split(split, args, place),
         }
     }
 
     /// `MGET`, `DEL` and kin, `MSET`: one command per server, with its share of the keys.
-    fn split(&self, split: Split, args: &Command, router: &mut PoolRouter) -> Action {
+    fn split(&self, split: Split, args: &Command, place: &mut Place<'_>) -> Action {
         let width = if split == Split::Pairs { 2 } else { 1 };
         if !(args.len() - 1).is_multiple_of(width) {
             return Action::Reply(wrong_arity(args.word(0)));
         }
-        // Per server in first-use order: its part's arguments; per key, its part.
-        let mut parts: Vec<(usize, Vec<&[u8]>)> = Vec::new();
+        // Per group (a server; a slot in a cluster) in first-use order: its server and its
+        // part's arguments; per key, its part.
+        let mut parts: Vec<(u32, usize, Vec<&[u8]>)> = Vec::new();
         let mut order: Vec<u16> = Vec::with_capacity(args.len() / width);
         for first in (1..args.len()).step_by(width) {
-            let Some(server) = router.locate(args.word(first)) else {
+            let Some((server, group)) = place.key(args.word(first)) else {
                 return Action::Reply(NO_SERVER.to_vec());
             };
-            let part = match parts.iter().position(|(s, _)| *s == server) {
+            let part = match parts.iter().position(|(g, _, _)| *g == group) {
                 Some(p) => p,
                 None => {
-                    parts.push((server, vec![args.word(0)]));
+                    parts.push((group, server, vec![args.word(0)]));
                     parts.len() - 1
                 }
             };
             parts[part]
-                .1
+                .2
                 .extend((first..first + width).map(|i| args.word(i)));
             order.push(part as u16);
         }
         if parts.len() == 1 {
-            return to_server(parts[0].0, args);
+            return to_server(parts[0].1, args);
         }
         let merge = match split {
             Split::Array => RedisMerge::Array(order),
@@ -323,7 +329,7 @@ impl Session {
         };
         let parts = parts
             .into_iter()
-            .map(|(server, words)| {
+            .map(|(_, server, words)| {
                 let mut bytes = Vec::new();
                 resp::encode_command(&words, &mut bytes);
                 part(server, bytes)
@@ -476,29 +482,64 @@ fn to_server(server: usize, args: &Command) -> Action {
 fn one_server(
     args: &Command,
     positions: impl Iterator<Item = usize>,
-    router: &mut PoolRouter,
+    place: &mut Place<'_>,
 ) -> Action {
-    let mut server = None;
+    let mut first: Option<(usize, u32)> = None;
     for i in positions {
-        let Some(s) = router.locate(args.word(i)) else {
+        let Some((server, group)) = place.key(args.word(i)) else {
             return Action::Reply(NO_SERVER.to_vec());
         };
-        match server {
-            Some(first) if first != s => return Action::Reply(CROSS_SERVER.to_vec()),
-            _ => server = Some(s),
+        match first {
+            Some((_, g)) if g != group => return Action::Reply(place.cross().to_vec()),
+            None => first = Some((server, group)),
+            Some(_) => {}
         }
     }
-    match server {
-        Some(s) => to_server(s, args),
-        None => any_server(args, router),
+    match first {
+        Some((server, _)) => to_server(server, args),
+        None => any_server(args, place),
     }
 }
 
 /// To the first live server: for commands whose reply does not depend on where keys lie.
-fn any_server(args: &Command, router: &mut PoolRouter) -> Action {
-    match router.live().first() {
-        Some(&s) => to_server(s, args),
+fn any_server(args: &Command, place: &mut Place<'_>) -> Action {
+    match place.any() {
+        Some(s) => to_server(s, args),
         None => Action::Reply(NO_SERVER.to_vec()),
+    }
+}
+
+/// Where keys go: by the pool's ring, or by a cluster's slots.
+struct Place<'a> {
+    pool: &'a PoolRt,
+    router: &'a mut PoolRouter,
+}
+
+impl Place<'_> {
+    /// The server of `key`, and its group: keys of one group may be served by one command (a
+    /// server's keys; in a cluster, one slot's, as the cluster refuses others).
+    fn key(&mut self, key: &[u8]) -> Option<(usize, u32)> {
+        if self.pool.cluster().is_none() {
+            return self.router.locate(key).map(|s| (s, s as u32));
+        }
+        let slot = resp::key_slot(key);
+        // A slot not learned yet: any node's MOVED will say where it lives.
+        let server = self.pool.slot_owner(slot).or_else(|| self.any())?;
+        Some((server, u32::from(slot)))
+    }
+
+    /// The first live server.
+    fn any(&self) -> Option<usize> {
+        self.router.live().first().copied()
+    }
+
+    /// The refusal of keys in several groups.
+    fn cross(&self) -> &'static [u8] {
+        if self.pool.cluster().is_some() {
+            b"-CROSSSLOT Keys in request don't hash to the same slot\r\n"
+        } else {
+            CROSS_SERVER
+        }
     }
 }
 
