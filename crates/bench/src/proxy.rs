@@ -281,27 +281,15 @@ impl Rig {
             servers.push((addr, p));
         }
 
-        let conf = dir.path().join("pool.yml");
-        std::fs::write(&conf, pool_yaml(nutcracker_addr, &server_addrs))
-            .with_context(|| format!("writing {}", conf.display()))?;
-        let mut cmd =
-            local::nutcracker_command(&nutcracker_bin, &conf, dir.path(), nutcracker_stats);
-        local::die_with_parent(&mut cmd);
-        let mut nutcracker = Proc::spawn("nutcracker", &mut cmd)?;
-        nutcracker.wait_listening(nutcracker_addr, Some(&dir.path().join("nutcracker.log")))?;
-
-        // The same file, another address: `--listen` replaces the pool's.
-        let log = dir.path().join("kvswitch.log");
-        let mut cmd = Command::new(std::env::current_exe().context("finding kvswitch itself")?);
-        cmd.arg("proxy")
-            .arg("--nutcracker-config")
-            .arg(&conf)
-            .args(["--listen", &kvswitch_addr.to_string()])
-            .args(["--workers", &workers.to_string()])
-            .env("RUST_LOG", "warn");
-        local::die_with_parent(&mut cmd);
-        let mut kvswitch = Proc::spawn_logged("kvswitch proxy", &mut cmd, &log)?;
-        kvswitch.wait_listening(kvswitch_addr, Some(&log))?;
+        let text = pool_yaml(nutcracker_addr, &server_addrs);
+        let (nutcracker, kvswitch) = start_proxies(
+            &nutcracker_bin,
+            &text,
+            dir.path(),
+            (nutcracker_addr, nutcracker_stats),
+            kvswitch_addr,
+            workers,
+        )?;
 
         Ok(Rig {
             servers,
@@ -343,6 +331,38 @@ impl Rig {
         let text = std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default();
         last_lines(&text, 5)
     }
+}
+
+/// nutcracker (its stats on `stats_port`) and `kvswitch proxy` (with `workers`) on one
+/// nutcracker file, `pool`, written into `dir` (with their logs): nutcracker at the file's own
+/// address, `nutcracker.0`, and kvswitch at `kvswitch` (`--listen` replaces the pool's). Both
+/// are children that die with this process; waited for until they accept connections.
+pub(crate) fn start_proxies(
+    nutcracker_bin: &std::path::Path,
+    pool: &str,
+    dir: &std::path::Path,
+    (nutcracker, stats_port): (SocketAddr, u16),
+    kvswitch: SocketAddr,
+    workers: u32,
+) -> anyhow::Result<(Proc, Proc)> {
+    let conf = dir.join("pool.yml");
+    std::fs::write(&conf, pool).with_context(|| format!("writing {}", conf.display()))?;
+    let mut cmd = local::nutcracker_command(nutcracker_bin, &conf, dir, stats_port);
+    local::die_with_parent(&mut cmd);
+    let mut twemproxy = Proc::spawn("nutcracker", &mut cmd)?;
+    twemproxy.wait_listening(nutcracker, Some(&dir.join("nutcracker.log")))?;
+    let log = dir.join("kvswitch.log");
+    let mut cmd = Command::new(std::env::current_exe().context("finding kvswitch itself")?);
+    cmd.arg("proxy")
+        .arg("--nutcracker-config")
+        .arg(&conf)
+        .args(["--listen", &kvswitch.to_string()])
+        .args(["--workers", &workers.to_string()])
+        .env("RUST_LOG", "warn");
+    local::die_with_parent(&mut cmd);
+    let mut proxy = Proc::spawn_logged("kvswitch proxy", &mut cmd, &log)?;
+    proxy.wait_listening(kvswitch, Some(&log))?;
+    Ok((twemproxy, proxy))
 }
 
 /// nutcracker's pool over `servers`, named s1, s2, s3 on the ring: the file both proxies read.

@@ -184,24 +184,14 @@ impl Rig {
             p.wait_listening(addr, None)?;
             servers.push((addr, p));
         }
-        let conf = dir.path().join("pool.yml");
-        std::fs::write(&conf, pool_yaml(twemproxy_addr, &server_addrs))
-            .with_context(|| format!("writing {}", conf.display()))?;
-        let mut cmd = local::nutcracker_command(&nutcracker_bin, &conf, dir.path(), stats_port);
-        local::die_with_parent(&mut cmd);
-        let mut twemproxy = Proc::spawn("nutcracker", &mut cmd)?;
-        twemproxy.wait_listening(twemproxy_addr, Some(&dir.path().join("nutcracker.log")))?;
-        let log = dir.path().join("kvswitch.log");
-        let mut cmd = Command::new(std::env::current_exe().context("finding kvswitch itself")?);
-        cmd.arg("proxy")
-            .arg("--nutcracker-config")
-            .arg(&conf)
-            .args(["--listen", &kvswitch_addr.to_string()])
-            .args(["--workers", &workers.to_string()])
-            .env("RUST_LOG", "warn");
-        local::die_with_parent(&mut cmd);
-        let mut kvswitch = Proc::spawn_logged("kvswitch proxy", &mut cmd, &log)?;
-        kvswitch.wait_listening(kvswitch_addr, Some(&log))?;
+        let (twemproxy, kvswitch) = super::proxy::start_proxies(
+            &nutcracker_bin,
+            &pool_yaml(twemproxy_addr, &server_addrs),
+            dir.path(),
+            (twemproxy_addr, stats_port),
+            kvswitch_addr,
+            workers,
+        )?;
         Ok(Rig {
             servers,
             twemproxy: (twemproxy_addr, twemproxy),

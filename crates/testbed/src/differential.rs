@@ -103,21 +103,55 @@ pub fn exchange_with(
     quiet: Duration,
     resends_allowed: usize,
 ) -> std::io::Result<Outcome> {
+    let end = marker(case.binary);
+    let (reply, closed) = converse(
+        addr,
+        &case.bytes,
+        &end,
+        |reply| ended(case.binary, reply),
+        quiet,
+        resends_allowed,
+    )?;
+    let ended = ended(case.binary, &reply);
+    let shown = if case.binary {
+        normalise_binary(&reply)
+            .iter()
+            .map(|p| p.iter().map(|b| format!("{b:02x}")).collect::<String>() + " ")
+            .collect()
+    } else {
+        normalise_text(&String::from_utf8_lossy(&reply))
+    };
+    Ok(Outcome {
+        reply: shown,
+        closed,
+        ended,
+    })
+}
+
+/// Sends `request`, then `end` (a request whose reply only `ended` recognises), on a new
+/// connection to `addr`, and reads until `ended` says the reply is whole, the connection
+/// closes, or `resends_allowed` silences of `quiet` pass (after each, `end` goes again: it may
+/// have been read as part of a request still waiting for bytes). The bytes read, and whether
+/// the connection closed.
+pub fn converse(
+    addr: SocketAddr,
+    request: &[u8],
+    end: &[u8],
+    ended: impl Fn(&[u8]) -> bool,
+    quiet: Duration,
+    resends_allowed: usize,
+) -> std::io::Result<(Vec<u8>, bool)> {
     let mut stream = TcpStream::connect(addr)?;
     stream.set_nodelay(true)?;
     stream.set_write_timeout(Some(Duration::from_secs(5)))?;
-    let end = marker(case.binary);
-    let mut request = case.bytes.clone();
-    request.extend_from_slice(&end);
+    let mut bytes = request.to_vec();
+    bytes.extend_from_slice(end);
     let mut reply = Vec::new();
-    let mut closed = false;
-    if stream.write_all(&request).is_err() {
-        closed = true;
-    }
+    let mut closed = stream.write_all(&bytes).is_err();
     let mut resends = 0;
     let mut chunk = vec![0u8; 64 * 1024];
     let mut last = Instant::now();
-    while !closed && !ended(case.binary, &reply) {
+    while !closed && !ended(&reply) {
         stream.set_read_timeout(Some(Duration::from_millis(50)))?;
         match stream.read(&mut chunk) {
             Ok(0) => closed = true,
@@ -134,29 +168,14 @@ pub fn exchange_with(
                 }
                 resends += 1;
                 last = Instant::now();
-                if stream.write_all(&end).is_err() {
-                    closed = true;
-                }
+                closed = stream.write_all(end).is_err();
             }
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             // A reset is a close that left bytes unread.
             Err(_) => closed = true,
         }
     }
-    let ended = ended(case.binary, &reply);
-    let shown = if case.binary {
-        normalise_binary(&reply)
-            .iter()
-            .map(|p| p.iter().map(|b| format!("{b:02x}")).collect::<String>() + " ")
-            .collect()
-    } else {
-        normalise_text(&String::from_utf8_lossy(&reply))
-    };
-    Ok(Outcome {
-        reply: shown,
-        closed,
-        ended,
-    })
+    Ok((reply, closed))
 }
 
 /// A small deterministic generator (xorshift64*).

@@ -8,11 +8,10 @@
 //! to keys of its own (a prefix per case), so cases may run at once. [`exchange`] sends a
 //! stream and reads up to an end marker only the marker's reply carries.
 
-use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::time::{Duration, Instant};
+use std::net::SocketAddr;
+use std::time::Duration;
 
-use crate::differential::{Outcome, Rng};
+use crate::differential::{converse, Outcome, Rng};
 
 /// One stream of commands.
 #[derive(Debug, Clone)]
@@ -32,41 +31,10 @@ const RESENDS: usize = 3;
 /// Sends `case` and the end marker on a new connection to `addr`, and reads until the marker's
 /// reply, a close, or [`RESENDS`] silences of [`QUIET`].
 pub fn exchange(addr: SocketAddr, case: &Case) -> std::io::Result<Outcome> {
-    let mut stream = TcpStream::connect(addr)?;
-    stream.set_nodelay(true)?;
-    stream.set_write_timeout(Some(Duration::from_secs(5)))?;
-    let mut request = case.bytes.clone();
-    request.extend_from_slice(MARKER);
-    let mut reply = Vec::new();
-    let mut closed = stream.write_all(&request).is_err();
-    let mut resends = 0;
-    let mut chunk = vec![0u8; 64 * 1024];
-    let mut last = Instant::now();
-    while !closed && !reply.ends_with(MARKER_REPLY) {
-        stream.set_read_timeout(Some(Duration::from_millis(50)))?;
-        match stream.read(&mut chunk) {
-            Ok(0) => closed = true,
-            Ok(n) => {
-                reply.extend_from_slice(&chunk[..n]);
-                last = Instant::now();
-            }
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                if last.elapsed() < QUIET {
-                    continue;
-                }
-                if resends == RESENDS {
-                    break;
-                }
-                resends += 1;
-                last = Instant::now();
-                closed = stream.write_all(MARKER).is_err();
-            }
-            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-            Err(_) => closed = true,
-        }
-    }
+    let ended = |reply: &[u8]| reply.ends_with(MARKER_REPLY);
+    let (reply, closed) = converse(addr, &case.bytes, MARKER, ended, QUIET, RESENDS)?;
     Ok(Outcome {
-        ended: reply.ends_with(MARKER_REPLY),
+        ended: ended(&reply),
         reply: reply.escape_ascii().to_string(),
         closed,
     })

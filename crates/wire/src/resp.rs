@@ -292,18 +292,21 @@ pub fn split_args(line: &[u8]) -> Option<Vec<Vec<u8>>> {
             return Some(args);
         }
         let mut current = Vec::new();
-        let (mut double, mut single) = (false, false);
+        // The quote the argument is in, if any.
+        let mut quote: Option<u8> = None;
         loop {
             let c = at(p);
-            if double {
-                if c == b'\\'
-                    && at(p + 1) == b'x'
-                    && hex(at(p + 2)).is_some()
-                    && hex(at(p + 3)).is_some()
+            let escape = c == b'\\' && at(p + 1) != 0;
+            match quote {
+                Some(b'"')
+                    if escape
+                        && at(p + 1) == b'x'
+                        && hex(at(p + 2)).zip(hex(at(p + 3))).is_some() =>
                 {
                     current.push(hex(at(p + 2))? * 16 + hex(at(p + 3))?);
                     p += 3;
-                } else if c == b'\\' && at(p + 1) != 0 {
+                }
+                Some(b'"') if escape => {
                     p += 1;
                     current.push(match at(p) {
                         b'n' => b'\n',
@@ -313,42 +316,29 @@ pub fn split_args(line: &[u8]) -> Option<Vec<Vec<u8>>> {
                         b'a' => 7,
                         other => other,
                     });
-                } else if c == b'"' {
-                    if at(p + 1) != 0 && !is_space(at(p + 1)) {
-                        return None;
-                    }
-                    p += 1;
-                    break;
-                } else if c == 0 {
-                    return None;
-                } else {
-                    current.push(c);
                 }
-            } else if single {
-                if c == b'\\' && at(p + 1) == b'\'' {
+                Some(b'\'') if escape && at(p + 1) == b'\'' => {
                     p += 1;
                     current.push(b'\'');
-                } else if c == b'\'' {
+                }
+                // A closing quote must end its argument.
+                Some(q) if c == q => {
                     if at(p + 1) != 0 && !is_space(at(p + 1)) {
                         return None;
                     }
                     p += 1;
                     break;
-                } else if c == 0 {
-                    return None;
-                } else {
-                    current.push(c);
                 }
-            } else {
-                match c {
+                Some(_) if c == 0 => return None,
+                Some(_) => current.push(c),
+                None => match c {
                     b' ' | b'\n' | b'\r' | b'\t' | 0 => {
                         p += 1;
                         break;
                     }
-                    b'"' => double = true,
-                    b'\'' => single = true,
+                    b'"' | b'\'' => quote = Some(c),
                     _ => current.push(c),
-                }
+                },
             }
             p += 1;
         }
@@ -687,6 +677,17 @@ mod tests {
                 args(&["PING"])
             ]
         );
+        assert_eq!(
+            split_args(b"a 'it\\'s' \"q\\\"\\n\\x4\" b\\c"),
+            Some(vec![
+                b"a".to_vec(),
+                b"it's".to_vec(),
+                // An escape that is not one keeps its letter, as the server's does.
+                b"q\"\nx4".to_vec(),
+                b"b\\c".to_vec()
+            ])
+        );
+        assert_eq!(split_args(b"'a'b"), None);
         // The two bytes after a bulk's data are skipped unread.
         let (commands, _) = parse_all(b"*1\r\n$4\r\nPINGxx");
         assert_eq!(commands, vec![args(&["PING"])]);
