@@ -311,6 +311,20 @@ fn refused_commands_say_why_and_leave_the_connection_usable() {
     let (a, b) = keys_on_two_servers(&servers, &front);
     let reply = c.call(&["SUNION", &a, &b]);
     assert!(reply.contains("different servers"), "{reply}");
+    // Options that name other keys cannot be routed by the first.
+    for command in [
+        &["SORT", "{t}l", "STORE", "elsewhere"][..],
+        &["SORT", "{t}l", "BY", "weight_*"],
+        &["GEORADIUS", "{t}g", "0", "0", "1", "km", "STORE", "elsewhere"],
+    ] {
+        let reply = c.call(command);
+        assert!(reply.contains("STORE, BY or GET"), "{command:?}: {reply}");
+    }
+    assert_eq!(c.call(&["SORT", "{t}l", "BY", "nosort"]), "*0\r\n");
+    assert_eq!(
+        c.call(&["MSETNX", "{t}x", "1", "other"]),
+        "-ERR wrong number of arguments for 'msetnx' command\r\n"
+    );
     // Keys on one server by their tag are served.
     assert_eq!(c.call(&["SUNIONSTORE", "{t}b", "{t}c"]), ":0\r\n");
     assert_eq!(c.call(&["GET", "{t}a"]), "$1\r\n1\r\n");
@@ -670,6 +684,33 @@ fn keys_on_two_servers(servers: &[Redis], front: &Front) -> (String, String) {
         }
     }
     panic!("200 keys on one server");
+}
+
+#[test]
+fn an_argument_past_the_proxys_limit_is_refused_as_a_server_refuses_one() {
+    let servers = fleet(1, &[]);
+    let front = Front::kvswitch(&servers.iter().collect::<Vec<_>>(), "");
+    let mut c = Conn::open(front.addr);
+    assert_eq!(c.call(&["SET", "big", "x"]), "+OK\r\n");
+    // 70 MB announced: a server takes it (up to 512 MB), the proxy refuses it at once.
+    c.0.write_all(b"*3\r\n$3\r\nSET\r\n$3\r\nbig\r\n$70000000\r\n").unwrap();
+    assert_eq!(c.reply(), "-ERR Protocol error: invalid bulk length\r\n");
+    let mut rest = Vec::new();
+    assert_eq!(c.0.read_to_end(&mut rest).map(|_| rest.len()).ok(), Some(0), "closed");
+    assert_eq!(Conn::open(front.addr).call(&["GET", "big"]), "$1\r\nx\r\n");
+}
+
+#[test]
+fn hello_reads_every_option_before_it_authenticates() {
+    let servers = fleet(1, &["--requirepass", "pw"]);
+    let front = Front::kvswitch(&servers.iter().collect::<Vec<_>>(), "  redis_auth: pw\n");
+    let mut c = Conn::open(front.addr);
+    let reply = c.call(&["HELLO", "3", "AUTH", "default", "pw", "SETNAME"]);
+    assert_eq!(reply, "-ERR Syntax error in HELLO option 'SETNAME'\r\n");
+    assert_eq!(c.call(&["GET", "k"]), "-NOAUTH Authentication required.\r\n");
+    let reply = c.call(&["HELLO", "2", "AUTH", "default", "no", "AUTH", "default", "pw"]);
+    assert!(reply.starts_with("*14\r\n"), "the last AUTH counts: {reply}");
+    assert_eq!(c.call(&["GET", "k"]), "$-1\r\n");
 }
 
 #[test]

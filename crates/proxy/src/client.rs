@@ -54,14 +54,15 @@ pub struct Slot {
 
 /// What a Redis Cluster command's slot needs to follow a redirection: a part answered with
 /// `-MOVED slot node` is sent again to that node (and the worker's slot map learns it), one
-/// answered with `-ASK slot node` is sent there after `ASKING`; at most [`MAX_HOPS`] times.
+/// answered with `-ASK slot node` is sent there after `ASKING`; each part at most
+/// [`MAX_HOPS`] times. A part that fails makes the worker ask the cluster for its slots
+/// again (a node may be gone).
 pub struct Redirect {
     /// The slot itself, to be handed to the next server.
     me: Weak<Slot>,
     pool: Rc<PoolRt>,
-    /// Per part, its request and the wire it went on.
-    requests: Vec<(Vec<u8>, plan::Wire)>,
-    hops: Cell<u32>,
+    /// Per part, its request, the wire it went on, and the redirections it followed.
+    requests: Vec<(Vec<u8>, plan::Wire, Cell<u32>)>,
 }
 
 const MAX_HOPS: u32 = 5;
@@ -73,13 +74,14 @@ impl Redirect {
         let Some(to) = wire::resp::redirection(reply) else {
             return false;
         };
-        let (Some(me), Some((request, wire))) = (self.me.upgrade(), self.requests.get(part)) else {
+        let (Some(me), Some((request, wire, hops))) = (self.me.upgrade(), self.requests.get(part))
+        else {
             return false;
         };
-        if self.hops.get() >= MAX_HOPS {
+        if hops.get() >= MAX_HOPS {
             return false;
         }
-        self.hops.set(self.hops.get() + 1);
+        hops.set(hops.get() + 1);
         let Some(server) = self.pool.server_at(to.to) else {
             return false;
         };
@@ -89,9 +91,7 @@ impl Redirect {
         } else {
             add(&stats.redis_moved, 1);
             self.pool.learn_slots(to.slot..=to.slot, server);
-            if let Some(cluster) = self.pool.cluster() {
-                cluster.wanted.notify_one();
-            }
+            self.slots_wanted();
         }
         let conn = self.pool.conn(server, *wire);
         let deadline = Instant::now() + stats.spec.timeout;
@@ -110,6 +110,15 @@ impl Redirect {
         }
         conn.send(request, b"", pending(me, part));
         true
+    }
+}
+
+impl Redirect {
+    /// Wakes the worker's task that asks the cluster for its slots.
+    fn slots_wanted(&self) {
+        if let Some(cluster) = self.pool.cluster() {
+            cluster.wanted.notify_one();
+        }
     }
 }
 
@@ -179,9 +188,11 @@ impl Slot {
     /// Records the outcome of part `part`; once every part has one, builds the reply and wakes
     /// the client's writer.
     pub fn complete(&self, part: usize, outcome: Outcome) {
-        if let (Some(redirect), Ok(reply)) = (&self.redirect, &outcome) {
-            if reply.starts_with(b"-") && redirect.follow(part, reply) {
-                return;
+        if let Some(redirect) = &self.redirect {
+            match &outcome {
+                Ok(reply) if reply.starts_with(b"-") && redirect.follow(part, reply) => return,
+                Ok(_) => {}
+                Err(_) => redirect.slots_wanted(),
             }
         }
         if let Some(o) = self.outcomes.borrow_mut().get_mut(part) {
@@ -563,6 +574,18 @@ async fn read_loop(
             };
             match handled {
                 Handled::Used(used) => start += used,
+                Handled::Drain(used) => {
+                    start += used;
+                    while !shared.queue.borrow().is_empty() {
+                        if shared.cut_off.get().is_some() {
+                            return;
+                        }
+                        tokio::select! {
+                            _ = shared.room.notified() => {}
+                            _ = tokio::time::sleep(std::time::Duration::from_millis(10)) => {}
+                        }
+                    }
+                }
                 Handled::Close => {
                     shared.push(Entry::Close);
                     return;
@@ -637,11 +660,10 @@ pub(crate) fn forward(
             requests: parts
                 .iter()
                 .map(|p| match &p.bytes {
-                    Bytes::Request => (request.to_vec(), p.wire),
-                    Bytes::Owned(bytes) => (bytes.clone(), p.wire),
+                    Bytes::Request => (request.to_vec(), p.wire, Cell::new(0)),
+                    Bytes::Owned(bytes) => (bytes.clone(), p.wire, Cell::new(0)),
                 })
                 .collect(),
-            hops: Cell::new(0),
         }),
     });
     shared.push(Entry::Wait(slot.clone()));
@@ -678,6 +700,10 @@ pub(crate) fn forward(
 
 pub(crate) enum Handled {
     Used(usize),
+    /// These bytes were used; the rest waits until every reply queued so far is written (a
+    /// Redis client that changed protocol: its next commands go on other connections, and
+    /// must not overtake those before).
+    Drain(usize),
     Close,
 }
 

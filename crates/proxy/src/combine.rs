@@ -94,11 +94,16 @@ fn redis(merge: &RedisMerge, outcomes: &[Outcome], out: &mut Vec<u8>) {
             out.extend_from_slice(other.copied().unwrap_or(b"+OK\r\n"));
         }
         RedisMerge::Array(order) => {
+            let mut asked = vec![0usize; replies.len()];
+            for &p in order {
+                if let Some(n) = asked.get_mut(p as usize) {
+                    *n += 1;
+                }
+            }
             let mut parts = Vec::with_capacity(replies.len());
             for (i, reply) in replies.iter().enumerate() {
-                let asked = order.iter().filter(|&&p| p as usize == i).count();
                 match resp::array_elements(reply) {
-                    Some(values) if values.len() == asked => parts.push(values.into_iter()),
+                    Some(values) if values.len() == asked[i] => parts.push(values.into_iter()),
                     Some(_) => {
                         let why = ServerError::OutOfStep;
                         return out
@@ -110,7 +115,7 @@ fn redis(merge: &RedisMerge, outcomes: &[Outcome], out: &mut Vec<u8>) {
             }
             out.extend_from_slice(format!("*{}\r\n", order.len()).as_bytes());
             for &part in order {
-                if let Some(value) = parts[part as usize].next() {
+                if let Some(value) = parts.get_mut(part as usize).and_then(Iterator::next) {
                     out.extend_from_slice(value);
                 }
             }

@@ -116,14 +116,13 @@ impl PoolRt {
         if let Some(i) = find() {
             return Some(i);
         }
-        let mut servers = pool.spec().servers.clone();
-        servers.push(switch::pool::ServerSpec {
+        let node = switch::pool::ServerSpec {
             host: addr.ip().to_string(),
             addr,
             weight: 1,
             name: None,
-        });
-        if let Err(e) = pool.set_servers(&servers) {
+        };
+        if let Err(e) = pool.add_server(node) {
             tracing::warn!(pool = %self.stats.spec.name, node = %addr, "cluster node not added: {e}");
         }
         find()

@@ -154,9 +154,20 @@ pub struct RequestParser {
     /// The length of the bulk whose header is read and whose bytes are not.
     bulk: Option<usize>,
     args: Command,
+    /// The largest bulk taken (`None`: [`MAX_BULK`], the server's).
+    max_bulk: Option<u64>,
 }
 
 impl RequestParser {
+    /// A parser that refuses bulks over `max` bytes (at most [`MAX_BULK`]) as the server
+    /// refuses those over its own limit.
+    pub fn with_max_bulk(max: u64) -> RequestParser {
+        RequestParser {
+            max_bulk: Some(max.min(MAX_BULK)),
+            ..RequestParser::default()
+        }
+    }
+
     /// Reads from `buf`, the bytes not yet consumed; returns how many it consumed and what it
     /// found. `auth_required`: the client has not authenticated, so long requests are refused
     /// before they are read. After an error the stream is not to be read further.
@@ -219,7 +230,7 @@ impl RequestParser {
                         return Err(ProtocolError::ExpectedDollar(rest[0]));
                     }
                     let len = string2ll(&rest[1..end])
-                        .filter(|&n| n >= 0 && n as u64 <= MAX_BULK)
+                        .filter(|&n| n >= 0 && n as u64 <= self.max_bulk.unwrap_or(MAX_BULK))
                         .ok_or(ProtocolError::InvalidBulk)?;
                     if len > UNAUTH_BULK && auth_required {
                         return Err(ProtocolError::UnauthenticatedBulk);
@@ -477,12 +488,18 @@ pub struct ReplyFramer {
 /// The longest reply line (a status, an error, a number): past it without an end, the stream
 /// is taken as broken.
 const MAX_LINE: usize = 1 << 20;
+/// The longest reply: one held whole while it arrives, so a server cannot make it grow for
+/// ever.
+pub const MAX_REPLY: usize = 512 << 20;
 
 impl ReplyFramer {
     /// The reply's length once `buf` (the reply from its first byte) holds all of it.
     pub fn reply_len(&mut self, buf: &[u8]) -> Result<Option<usize>, ReplyError> {
         loop {
-            let rest = &buf[self.pos..];
+            // Given less than before: not the stream it was framing.
+            let Some(rest) = buf.get(self.pos..) else {
+                return Err(ReplyError);
+            };
             let Some(&kind) = rest.first() else {
                 return Ok(None);
             };
@@ -493,6 +510,10 @@ impl ReplyFramer {
                     Ok(None)
                 };
             };
+            // A line end where the type byte should be.
+            if end == 0 {
+                return Err(ReplyError);
+            }
             let line = &rest[1..end];
             let number = || string2ll(line).ok_or(ReplyError);
             // How many elements the value opens, and how many bytes follow its line.
@@ -519,6 +540,9 @@ impl ReplyFramer {
                 _ => return Err(ReplyError),
             };
             let size = end + 2 + body;
+            if self.pos + size > MAX_REPLY {
+                return Err(ReplyError);
+            }
             if rest.len() < size {
                 return Ok(None);
             }
@@ -825,7 +849,13 @@ mod tests {
                 .unwrap();
             assert_eq!(whole, reply.len(), "{}", reply.escape_ascii());
         }
-        for bad in [&b"?x\r\n"[..], b"$3\r\nabcde\r\n", b"*x\r\n"] {
+        for bad in [
+            &b"?x\r\n"[..],
+            b"$3\r\nabcde\r\n",
+            b"*x\r\n",
+            b"\r\n+OK\r\n",
+            b"*1\r\n\r\n",
+        ] {
             assert_eq!(ReplyFramer::default().reply_len(bad), Err(ReplyError));
         }
     }

@@ -94,14 +94,17 @@ pub(crate) struct Session {
     reading: usize,
 }
 
-/// The most bytes one command may take: the server's query buffer limit. A client past it is
-/// disconnected without a reply, as the server disconnects it.
-pub const MAX_COMMAND: usize = 1 << 30;
+/// The most bytes one command may take, so that the commands many clients hold at once stay
+/// bounded (a server takes up to 512 MiB in one argument): a larger argument is refused as
+/// a server refuses one over its limit (`-ERR Protocol error: invalid bulk length`, then
+/// close), and a client whose command grows past it otherwise (many arguments) is
+/// disconnected.
+pub const MAX_COMMAND: usize = 64 << 20;
 
 impl Session {
     pub fn new() -> Session {
         Session {
-            parser: RequestParser::default(),
+            parser: RequestParser::with_max_bulk(MAX_COMMAND as u64),
             authenticated: false,
             resp3: false,
             reading: 0,
@@ -157,6 +160,7 @@ impl Requests for Session {
                 continue;
             }
             add(&stats.requests, 1);
+            let resp3 = self.resp3;
             match self.command(&args, pool, &mut place) {
                 Action::Reply(reply) => shared.push(Entry::Ready(reply)),
                 Action::Close(reply) => {
@@ -184,6 +188,11 @@ impl Requests for Session {
                         pool,
                     );
                 }
+            }
+            // A new protocol's commands go on other connections: they wait for the replies
+            // to those before, which they must not overtake.
+            if self.resp3 != resp3 {
+                return Handled::Drain(used);
             }
         }
         Handled::Used(used)
@@ -271,6 +280,16 @@ impl Session {
                 } else {
                     last as usize
                 };
+                // Key-value pairs (MSETNX): a key without its value is the server's arity
+                // error, whichever servers the keys are on.
+                if step == 2 && !(args.len() - first).is_multiple_of(2) {
+                    return Action::Reply(wrong_arity(name));
+                }
+                if names_other_keys(lower, args) {
+                    let why =
+                        "its STORE, BY or GET options name keys that may lie on other servers";
+                    return Action::Reply(refused(name, why));
+                }
                 let keys = (first..=last.min(args.len() - 1)).step_by(step.max(1));
                 one_server(args, keys, place)
             }
@@ -302,18 +321,16 @@ impl Session {
         // Per group (a server; a slot in a cluster) in first-use order: its server and its
         // part's arguments; per key, its part.
         let mut parts: Vec<(u32, usize, Vec<&[u8]>)> = Vec::new();
+        let mut part_of: std::collections::HashMap<u32, usize> = Default::default();
         let mut order: Vec<u16> = Vec::with_capacity(args.len() / width);
         for first in (1..args.len()).step_by(width) {
             let Some((server, group)) = place.key(args.word(first)) else {
                 return Action::Reply(NO_SERVER.to_vec());
             };
-            let part = match parts.iter().position(|(g, _, _)| *g == group) {
-                Some(p) => p,
-                None => {
-                    parts.push((group, server, vec![args.word(0)]));
-                    parts.len() - 1
-                }
-            };
+            let part = *part_of.entry(group).or_insert_with(|| {
+                parts.push((group, server, vec![args.word(0)]));
+                parts.len() - 1
+            });
             parts[part]
                 .2
                 .extend((first..first + width).map(|i| args.word(i)));
@@ -404,22 +421,36 @@ impl Session {
                 Some(_) => return b"-NOPROTO unsupported protocol version\r\n".to_vec(),
             }
         }
+        // Every option is read before any is acted on; the last AUTH is the one tried.
+        let mut auth = None;
         let mut i = 2;
         while i < args.len() {
             let option = args.word(i).to_ascii_lowercase();
             if option == b"auth" && i + 2 < args.len() {
-                let reply = self.auth(pool, Some(args.word(i + 1)), args.word(i + 2));
-                if reply != b"+OK\r\n" {
-                    return reply;
-                }
+                auth = Some((args.word(i + 1), args.word(i + 2)));
                 i += 3;
             } else if option == b"setname" && i + 1 < args.len() {
+                if args
+                    .word(i + 1)
+                    .iter()
+                    .any(|&b| !(b'!'..=b'~').contains(&b))
+                {
+                    return b"-ERR Client names cannot contain spaces, newlines or special \
+                        characters.\r\n"
+                        .to_vec();
+                }
                 i += 2;
             } else {
                 let mut message = b"ERR Syntax error in HELLO option '".to_vec();
                 message.extend_from_slice(args.word(i));
                 message.push(b'\'');
                 return resp::error(&message);
+            }
+        }
+        if let Some((user, password)) = auth {
+            let reply = self.auth(pool, Some(user), password);
+            if reply != b"+OK\r\n" {
+                return reply;
             }
         }
         if self.auth_required(pool) {
@@ -499,6 +530,33 @@ fn one_server(
         Some((server, _)) => to_server(server, args),
         None => any_server(args, place),
     }
+}
+
+/// Whether a command routed by its first key names others in its options (`SORT ... STORE
+/// dst`, `SORT ... BY weight_*`, `GEORADIUS ... STORE dst`), which may lie on other servers.
+/// Every word is looked at, so a value that reads as an option refuses too.
+fn names_other_keys(name: &[u8], args: &Command) -> bool {
+    if !matches!(
+        name,
+        b"sort" | b"sort_ro" | b"georadius" | b"georadiusbymember"
+    ) {
+        return false;
+    }
+    let words: Vec<Vec<u8>> = args
+        .words()
+        .skip(2)
+        .map(|w| w.to_ascii_lowercase())
+        .collect();
+    words.iter().enumerate().any(|(i, word)| {
+        let next = words.get(i + 1).map_or(&b""[..], |w| w);
+        match word.as_slice() {
+            b"store" | b"storedist" => true,
+            // `BY nosort` and `GET #` read no other key.
+            b"by" => next != b"nosort",
+            b"get" => next != b"#",
+            _ => false,
+        }
+    })
 }
 
 /// To the first live server: for commands whose reply does not depend on where keys lie.
