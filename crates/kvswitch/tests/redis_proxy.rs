@@ -315,7 +315,16 @@ fn refused_commands_say_why_and_leave_the_connection_usable() {
     for command in [
         &["SORT", "{t}l", "STORE", "elsewhere"][..],
         &["SORT", "{t}l", "BY", "weight_*"],
-        &["GEORADIUS", "{t}g", "0", "0", "1", "km", "STORE", "elsewhere"],
+        &[
+            "GEORADIUS",
+            "{t}g",
+            "0",
+            "0",
+            "1",
+            "km",
+            "STORE",
+            "elsewhere",
+        ],
     ] {
         let reply = c.call(command);
         assert!(reply.contains("STORE, BY or GET"), "{command:?}: {reply}");
@@ -693,10 +702,15 @@ fn an_argument_past_the_proxys_limit_is_refused_as_a_server_refuses_one() {
     let mut c = Conn::open(front.addr);
     assert_eq!(c.call(&["SET", "big", "x"]), "+OK\r\n");
     // 70 MB announced: a server takes it (up to 512 MB), the proxy refuses it at once.
-    c.0.write_all(b"*3\r\n$3\r\nSET\r\n$3\r\nbig\r\n$70000000\r\n").unwrap();
+    c.0.write_all(b"*3\r\n$3\r\nSET\r\n$3\r\nbig\r\n$70000000\r\n")
+        .unwrap();
     assert_eq!(c.reply(), "-ERR Protocol error: invalid bulk length\r\n");
     let mut rest = Vec::new();
-    assert_eq!(c.0.read_to_end(&mut rest).map(|_| rest.len()).ok(), Some(0), "closed");
+    assert_eq!(
+        c.0.read_to_end(&mut rest).map(|_| rest.len()).ok(),
+        Some(0),
+        "closed"
+    );
     assert_eq!(Conn::open(front.addr).call(&["GET", "big"]), "$1\r\nx\r\n");
 }
 
@@ -707,9 +721,17 @@ fn hello_reads_every_option_before_it_authenticates() {
     let mut c = Conn::open(front.addr);
     let reply = c.call(&["HELLO", "3", "AUTH", "default", "pw", "SETNAME"]);
     assert_eq!(reply, "-ERR Syntax error in HELLO option 'SETNAME'\r\n");
-    assert_eq!(c.call(&["GET", "k"]), "-NOAUTH Authentication required.\r\n");
-    let reply = c.call(&["HELLO", "2", "AUTH", "default", "no", "AUTH", "default", "pw"]);
-    assert!(reply.starts_with("*14\r\n"), "the last AUTH counts: {reply}");
+    assert_eq!(
+        c.call(&["GET", "k"]),
+        "-NOAUTH Authentication required.\r\n"
+    );
+    let reply = c.call(&[
+        "HELLO", "2", "AUTH", "default", "no", "AUTH", "default", "pw",
+    ]);
+    assert!(
+        reply.starts_with("*14\r\n"),
+        "the last AUTH counts: {reply}"
+    );
     assert_eq!(c.call(&["GET", "k"]), "$-1\r\n");
 }
 
