@@ -135,14 +135,14 @@ impl Front {
 }
 
 /// A client connection speaking RESP, every read bounded in time.
-struct Conn(TcpStream);
+struct Conn(TcpStream, Vec<u8>);
 
 impl Conn {
     fn open(addr: SocketAddr) -> Conn {
         let s = TcpStream::connect(addr).expect("connect");
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         s.set_nodelay(true).unwrap();
-        Conn(s)
+        Conn(s, Vec::new())
     }
 
     /// Sends one command and reads its reply.
@@ -150,21 +150,23 @@ impl Conn {
         let mut out = Vec::new();
         encode_command(args, &mut out);
         self.0.write_all(&out).expect("send");
-        self.reply()
+        let reply = self.reply();
+        assert!(self.1.is_empty(), "more than one reply: {:?}", self.1);
+        reply
     }
 
+    /// The next reply (of several pipelined, those after it kept for the next call).
     fn reply(&mut self) -> String {
-        let mut buf = Vec::new();
         let mut framer = ReplyFramer::default();
         let mut chunk = [0u8; 4096];
         loop {
-            if let Some(n) = framer.reply_len(&buf).expect("a RESP reply") {
-                assert_eq!(n, buf.len(), "one reply at a time");
-                return String::from_utf8_lossy(&buf).into_owned();
+            if let Some(n) = framer.reply_len(&self.1).expect("a RESP reply") {
+                let reply: Vec<u8> = self.1.drain(..n).collect();
+                return String::from_utf8_lossy(&reply).into_owned();
             }
             let n = self.0.read(&mut chunk).expect("a reply in time");
-            assert!(n > 0, "closed after {:?}", String::from_utf8_lossy(&buf));
-            buf.extend_from_slice(&chunk[..n]);
+            assert!(n > 0, "closed after {:?}", String::from_utf8_lossy(&self.1));
+            self.1.extend_from_slice(&chunk[..n]);
         }
     }
 }
@@ -712,6 +714,37 @@ fn an_argument_past_the_proxys_limit_is_refused_as_a_server_refuses_one() {
         "closed"
     );
     assert_eq!(Conn::open(front.addr).call(&["GET", "big"]), "$1\r\nx\r\n");
+}
+
+#[test]
+fn a_clients_pipeline_stays_in_order_over_several_server_connections() {
+    let servers = fleet(2, &[]);
+    let front = Front::kvswitch(
+        &servers.iter().collect::<Vec<_>>(),
+        "  server_connections: 4\n",
+    );
+    // Several clients at once, each writing then reading its own keys in one pipeline: a
+    // read that overtook its write would see the value before.
+    std::thread::scope(|scope| {
+        for client in 0..4 {
+            let addr = front.addr;
+            scope.spawn(move || {
+                let mut c = Conn::open(addr);
+                let mut pipeline = Vec::new();
+                for i in 0..300 {
+                    let key = format!("order:{client}:{}", i % 7);
+                    encode_command(&["SET", &key, &i.to_string()], &mut pipeline);
+                    encode_command(&["GET", &key], &mut pipeline);
+                }
+                c.0.write_all(&pipeline).unwrap();
+                for i in 0..300 {
+                    assert_eq!(c.reply(), "+OK\r\n");
+                    let value = i.to_string();
+                    assert_eq!(c.reply(), format!("${}\r\n{value}\r\n", value.len()));
+                }
+            });
+        }
+    });
 }
 
 #[test]

@@ -170,11 +170,6 @@ impl Conn {
         })
     }
 
-    /// Requests queued or written and not yet answered.
-    pub fn load(&self) -> usize {
-        self.pending.borrow().len()
-    }
-
     /// Queues `bytes` (and the sentinel after it, if any) for the server. Fails the request at
     /// once, through its slot, while the server is known to be down.
     pub fn send(self: &Rc<Self>, bytes: &[u8], sentinel: &[u8], pending: Pending) {

@@ -63,6 +63,8 @@ pub struct Redirect {
     pool: Rc<PoolRt>,
     /// Per part, its request, the wire it went on, and the redirections it followed.
     requests: Vec<(Vec<u8>, plan::Wire, Cell<u32>)>,
+    /// The client's connection affinity.
+    affinity: usize,
 }
 
 const MAX_HOPS: u32 = 5;
@@ -93,7 +95,7 @@ impl Redirect {
             self.pool.learn_slots(to.slot..=to.slot, server);
             self.slots_wanted();
         }
-        let conn = self.pool.conn(server, *wire);
+        let conn = self.pool.conn(server, *wire, self.affinity);
         let deadline = Instant::now() + stats.spec.timeout;
         let pending = |slot: Rc<dyn Awaiting>, part| Pending {
             slot,
@@ -266,7 +268,7 @@ fn store_warm(pool: Rc<PoolRt>, owner: usize, item: Vec<u8>) {
             redirect: None,
         });
         let wire = plan::Wire::Text;
-        pool.conn(owner, wire).send(
+        pool.conn(owner, wire, 0).send(
             &item,
             sentinel(wire),
             Pending {
@@ -320,6 +322,9 @@ pub(crate) struct Shared {
     /// and every 20 requests. Those after them are the ones it drops when a multi-get fails
     /// (see [`Shared::forget`]).
     committed: Cell<usize>,
+    /// Which of a server's connections this client's requests take (see [`PoolRt::conn`]):
+    /// always the same, so that its requests to one server stay in order.
+    affinity: usize,
 }
 
 /// Largest value a storage request may carry: memcached's default item size. Larger ones are
@@ -352,6 +357,7 @@ pub(crate) async fn serve(
     let stats = pool.stats.clone();
     let _ = stream.set_nodelay(true);
     let shared = Rc::new(Shared {
+        affinity: pool.next_affinity(),
         queue: RefCell::new(VecDeque::new()),
         outstanding: Cell::new(0),
         pool: stats.clone(),
@@ -664,6 +670,7 @@ pub(crate) fn forward(
                     Bytes::Owned(bytes) => (bytes.clone(), p.wire, Cell::new(0)),
                 })
                 .collect(),
+            affinity: shared.affinity,
         }),
     });
     shared.push(Entry::Wait(slot.clone()));
@@ -678,7 +685,7 @@ pub(crate) fn forward(
         } else {
             b""
         };
-        pool.conn(part.server, part.wire).send(
+        pool.conn(part.server, part.wire, shared.affinity).send(
             bytes,
             tail,
             Pending {

@@ -4,7 +4,7 @@
 //! is read from are the `config` crate's. [`PoolRt`] is a pool as one worker sees it: its
 //! connections to the servers and the view it routes by.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::net::IpAddr;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -35,6 +35,8 @@ pub(crate) struct PoolRt {
     pub cache: Option<Arc<CacheService>>,
     /// A Redis Cluster pool's slots, as this worker knows them.
     cluster: Option<Cluster>,
+    /// Clients served so far, for their connection affinity.
+    clients: Cell<usize>,
 }
 
 /// A Redis Cluster's slots as one worker knows them: learned from the cluster (`CLUSTER
@@ -79,6 +81,7 @@ impl PoolRt {
             view: RefCell::new(view),
             cache,
             cluster,
+            clients: Cell::new(0),
         })
     }
 
@@ -128,20 +131,26 @@ impl PoolRt {
         find()
     }
 
-    /// The least loaded connection to `server` for `wire`, made if there are fewer than the
-    /// pool's `server_connections`.
-    pub fn conn(&self, server: usize, wire: Wire) -> Rc<Conn> {
+    /// The connection to `server` for `wire` that a client of `affinity` uses: one of the
+    /// pool's `server_connections`, by the client, made when first needed. A client's
+    /// requests to one server all take one connection, so they reach the server in the
+    /// order the client sent them (a set, then a get of the same key, must not be
+    /// overtaken); the clients are spread over the connections.
+    pub fn conn(&self, server: usize, wire: Wire, affinity: usize) -> Rc<Conn> {
         let mut conns = self.conns[server].borrow_mut();
         let list = &mut conns[wire as usize];
-        let idle = list.iter().min_by_key(|c| c.load()).cloned();
-        match idle {
-            Some(c) if c.load() == 0 || list.len() >= self.stats.spec.server_connections => c,
-            _ => {
-                let c = Conn::new(self.stats.clone(), server, wire, self.source);
-                list.push(c.clone());
-                c
-            }
+        let index = affinity % self.stats.spec.server_connections.max(1);
+        while list.len() <= index {
+            list.push(Conn::new(self.stats.clone(), server, wire, self.source));
         }
+        list[index].clone()
+    }
+
+    /// A number for a new client: its connection affinity.
+    pub fn next_affinity(&self) -> usize {
+        let n = self.clients.get();
+        self.clients.set(n.wrapping_add(1));
+        n
     }
 
     pub fn router(self: &Rc<Self>) -> PoolRouter {
