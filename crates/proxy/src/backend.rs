@@ -272,27 +272,18 @@ impl Conn {
             stream.write_all(&hello).await?;
             let mut buf = Vec::with_capacity(256);
             for command in expected {
-                let mut framer = wire::resp::ReplyFramer::default();
-                let len = loop {
-                    if let Some(len) = framer.reply_len(&buf).map_err(|_| ServerError::OutOfStep)? {
-                        break len;
-                    }
-                    if stream.read_buf(&mut buf).await? == 0 {
-                        return Err(ServerError::Closed);
-                    }
-                };
+                let reply = read_reply(stream, &mut buf).await?;
                 // HELLO is answered with the server's description, the others with OK.
                 let taken = if command == "HELLO" {
-                    !buf.starts_with(b"-")
+                    !reply.starts_with(b"-")
                 } else {
-                    buf.starts_with(b"+OK\r\n")
+                    reply == b"+OK\r\n"
                 };
                 if !taken {
-                    let reply = String::from_utf8_lossy(&buf[..len]);
+                    let reply = String::from_utf8_lossy(&reply);
                     let reply = reply.trim_start_matches('-').trim_end();
                     return Err(ServerError::Refused(format!("{command}: {reply}").into()));
                 }
-                buf.drain(..len);
             }
             Ok(())
         };
@@ -653,6 +644,23 @@ fn random_u64() -> u64 {
     std::collections::hash_map::RandomState::new()
         .build_hasher()
         .finish()
+}
+
+/// The next whole RESP reply from `stream`, taken off the front of `buf` (bytes read and not
+/// yet used), for the proxy's own exchanges with a Redis server.
+pub(crate) async fn read_reply(
+    stream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+) -> Result<Vec<u8>, ServerError> {
+    let mut framer = wire::resp::ReplyFramer::default();
+    loop {
+        if let Some(len) = framer.reply_len(buf).map_err(|_| ServerError::OutOfStep)? {
+            return Ok(buf.drain(..len).collect());
+        }
+        if stream.read_buf(buf).await? == 0 {
+            return Err(ServerError::Closed);
+        }
+    }
 }
 
 pub(crate) async fn connect(

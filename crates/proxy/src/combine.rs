@@ -71,10 +71,7 @@ fn redis(merge: &RedisMerge, outcomes: &[Outcome], out: &mut Vec<u8>) {
     for outcome in outcomes {
         match outcome {
             Ok(reply) => replies.push(reply.as_slice()),
-            Err(why) => {
-                out.extend_from_slice(&resp::error(format!("ERR {why}").as_bytes()));
-                return;
-            }
+            Err(why) => return out.extend_from_slice(&redis_error(why)),
         }
     }
     match merge {
@@ -104,11 +101,7 @@ fn redis(merge: &RedisMerge, outcomes: &[Outcome], out: &mut Vec<u8>) {
             for (i, reply) in replies.iter().enumerate() {
                 match resp::array_elements(reply) {
                     Some(values) if values.len() == asked[i] => parts.push(values.into_iter()),
-                    Some(_) => {
-                        let why = ServerError::OutOfStep;
-                        return out
-                            .extend_from_slice(&resp::error(format!("ERR {why}").as_bytes()));
-                    }
+                    Some(_) => return out.extend_from_slice(&redis_error(&ServerError::OutOfStep)),
                     // An error, say: the client's reply.
                     None => return out.extend_from_slice(reply),
                 }
@@ -121,6 +114,11 @@ fn redis(merge: &RedisMerge, outcomes: &[Outcome], out: &mut Vec<u8>) {
             }
         }
     }
+}
+
+/// A Redis client's error for a part with no reply.
+fn redis_error(why: &ServerError) -> Vec<u8> {
+    resp::error(format!("ERR {why}").as_bytes())
 }
 
 /// The reply to a `get` whose owner warms up (see [`Combine::WarmUp`]).

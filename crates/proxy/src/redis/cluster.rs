@@ -8,9 +8,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::time::{sleep, timeout};
-use wire::resp::{self, ReplyFramer};
+use wire::resp;
 
 use crate::pool::PoolRt;
 
@@ -82,21 +82,11 @@ async fn ask(
     resp::encode_command(&[&b"CLUSTER"[..], b"SLOTS"], &mut request);
     stream.write_all(&request).await?;
     let mut buf = Vec::with_capacity(4096);
-    let mut replies = Vec::new();
-    while replies.len() < 1 + usize::from(auth.is_some()) {
-        let mut framer = ReplyFramer::default();
-        let len = loop {
-            if let Some(len) = framer
-                .reply_len(&buf)
-                .map_err(|_| anyhow::anyhow!("not RESP"))?
-            {
-                break len;
-            }
-            anyhow::ensure!(stream.read_buf(&mut buf).await? > 0, "closed");
-        };
-        replies.push(buf.drain(..len).collect::<Vec<u8>>());
+    if auth.is_some() {
+        // An AUTH refused shows in the answer to CLUSTER SLOTS (NOAUTH).
+        crate::backend::read_reply(&mut stream, &mut buf).await?;
     }
-    let slots = replies.last().expect("read above");
+    let slots = &crate::backend::read_reply(&mut stream, &mut buf).await?;
     anyhow::ensure!(
         !slots.starts_with(b"-"),
         "{}",

@@ -218,9 +218,8 @@ fn lower(name: &[u8]) -> Option<([u8; MAX_NAME], usize)> {
     Some((out, name.len()))
 }
 
+/// The arity and class of the command named `name`, in lower case.
 fn lookup(name: &[u8]) -> Option<(i32, Class)> {
-    let (buf, len) = lower(name)?;
-    let name = &buf[..len];
     COMMANDS
         .binary_search_by(|(n, _, _)| n.as_bytes().cmp(name))
         .ok()
@@ -257,16 +256,16 @@ const CROSS_SERVER: &[u8] =
 impl Session {
     fn command(&mut self, args: &Command, pool: &PoolRt, place: &mut Place<'_>) -> Action {
         let name = args.word(0);
-        let Some((arity, class)) = lookup(name) else {
+        let Some((buf, len)) = lower(name) else {
+            return Action::Reply(resp::unknown_command(args));
+        };
+        let lower = &buf[..len];
+        let Some((arity, class)) = lookup(lower) else {
             return Action::Reply(resp::unknown_command(args));
         };
         if !arity_fits(arity, args.len()) {
             return Action::Reply(wrong_arity(name));
         }
-        let Some((buf, len)) = lower(name) else {
-            return Action::Reply(resp::unknown_command(args));
-        };
-        let lower = &buf[..len];
         let no_auth = matches!(lower, b"auth" | b"hello" | b"quit");
         if self.auth_required(pool) && !no_auth {
             return Action::Reply(b"-NOAUTH Authentication required.\r\n".to_vec());
@@ -608,8 +607,9 @@ mod tests {
     #[test]
     fn the_command_table_is_in_byte_order_and_complete() {
         assert!(COMMANDS.windows(2).all(|w| w[0].0 < w[1].0));
+        let (name, len) = lower(b"GeT").unwrap();
         assert_eq!(
-            lookup(b"GeT"),
+            lookup(&name[..len]),
             Some((
                 2,
                 Class::Keys {
