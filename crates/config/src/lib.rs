@@ -85,6 +85,8 @@ pub struct Config {
     pub agent_ip: Option<Ipv4Addr>,
     /// UDP port the split sub-requests are sent from.
     pub agent_port: u16,
+    /// `vip.keyed_ports`: UDP ports of the VIP routed by the key-location header.
+    pub keyed_ports: Vec<u16>,
     /// How long a split multi-key get waits for all its parts.
     pub split_timeout_ms: u64,
     pub distribution: Distribution,
@@ -333,8 +335,12 @@ struct RawVip {
     agent_port: Option<u16>,
     #[serde(default)]
     split_timeout_ms: Option<u64>,
+    #[serde(default)]
+    keyed_ports: Vec<u16>,
 }
 
+/// The most keyed ports the VIP serves (`vip.keyed_ports`).
+pub const MAX_KEYED_PORTS: usize = 16;
 /// Default HTTP address of the metrics and status API.
 pub const DEFAULT_API: &str = "127.0.0.1:9110";
 /// Default busy-poll window after a frame, in microseconds.
@@ -568,6 +574,29 @@ impl Config {
                 format!("{agent_port} cannot be used: it must differ from the VIP's port"),
             ));
         }
+        let keyed_ports = raw.vip.keyed_ports.clone();
+        for (i, &port) in keyed_ports.iter().enumerate() {
+            let why = if port == 0 {
+                Some("port 0 is no port")
+            } else if port == vip_port {
+                Some("it is the VIP's memcached port")
+            } else if agent_ip == Some(vip) && port == agent_port {
+                Some("it is the agent port")
+            } else if keyed_ports[..i].contains(&port) {
+                Some("it is listed twice")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(err("vip.keyed_ports", format!("{port} cannot be used: {why}")));
+            }
+        }
+        if keyed_ports.len() > MAX_KEYED_PORTS {
+            return Err(err(
+                "vip.keyed_ports",
+                format!("{} ports; at most {MAX_KEYED_PORTS}", keyed_ports.len()),
+            ));
+        }
         let local = local_port(&raw.switch, &err)?;
         if local.is_some() && mode == Mode::L2 && agent_ip.is_none() {
             return Err(err(
@@ -755,6 +784,7 @@ impl Config {
             vip_port,
             agent_ip,
             agent_port,
+            keyed_ports,
             split_timeout_ms,
             distribution: keys.distribution,
             hash: keys.hash,
@@ -856,6 +886,7 @@ impl Config {
             tcp_splice: self.tcp_splice().then_some(spec::TcpSplice {
                 max_flows: self.tcp_max_flows,
             }),
+            keyed_ports: self.keyed_ports.clone(),
             seed,
         }
     }
@@ -1124,6 +1155,11 @@ prefix_len = 24
 # agent_ip = "10.0.0.101"
 # agent_port = 11311
 # split_timeout_ms = 1000
+# UDP ports of the VIP whose datagrams carry kvswitch's key-location header (docs/keyloc.md):
+# each is routed by the key the header points at, with the pool's hash and ring, to the key's
+# server at the same port, the header removed on the way. Any UDP service sharded by key can
+# sit behind them, unchanged. At most 16.
+# keyed_ports = [5300]
 
 [pool]
 distribution = "ketama"   # ketama | modula | jump
@@ -1198,6 +1234,26 @@ mod tests {
         ] {
             let e = parse(&EXAMPLE.replace(from, to)).unwrap_err().to_string();
             assert!(e.contains(key), "{e}");
+        }
+    }
+
+    #[test]
+    fn keyed_ports_reach_the_switch_and_bad_ones_are_refused() {
+        assert!(parse(EXAMPLE).unwrap().keyed_ports.is_empty());
+        let with = |ports: &str| {
+            parse(&EXAMPLE.replace("# keyed_ports = [5300]", &format!("keyed_ports = {ports}")))
+        };
+        let c = with("[5300, 5353]").unwrap();
+        assert_eq!(c.switch_spec(5, 0).keyed_ports, vec![5300, 5353]);
+        for (ports, why) in [
+            ("[0]", "no port"),
+            ("[11211]", "memcached port"),
+            ("[11311]", "agent port"),
+            ("[5300, 5300]", "twice"),
+            ("[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]", "at most 16"),
+        ] {
+            let e = with(ports).unwrap_err().to_string();
+            assert!(e.contains("vip.keyed_ports") && e.contains(why), "{ports}: {e}");
         }
     }
 

@@ -245,6 +245,9 @@ pub fn action(text: &str) -> anyhow::Result<Value> {
         ("push_label" | "swap_label", Some(l)) => {
             json!({ name: l.parse::<u32>().with_context(|| format!("{text}: an MPLS label, 0 to 1048575"))? })
         }
+        ("strip_udp_payload", Some(n)) => {
+            json!({ name: n.parse::<u16>().with_context(|| format!("{text}: a number of bytes, even, 2 to 256"))? })
+        }
         ("output", Some(p)) => {
             json!({ "output": p.parse::<u16>().with_context(|| format!("{text}: a port number"))? })
         }
@@ -305,7 +308,7 @@ pub fn action(text: &str) -> anyhow::Result<Value> {
              goto:TABLE, set_eth_dst:MAC, set_eth_src:MAC, set_ipv4_dst:IP, set_ipv4_src:IP, \
              set_dscp:N, dec_ttl, interface:ID, set_reg:REG=VALUE, load_reg:REG=REGISTER, \
              add_register:REGISTER=VALUE, push_label:LABEL, pop_label, swap_label:LABEL, \
-             impair:drop_ppm=N,duplicate_ppm=N,reorder_ppm=N,delay_us=N,reorder_us=N"
+             strip_udp_payload:BYTES, impair:drop_ppm=N,duplicate_ppm=N,reorder_ppm=N,delay_us=N,reorder_us=N"
         ),
     })
 }

@@ -1160,3 +1160,22 @@ fn udp_reply_bytes_are_limited_per_client() {
         );
     }
 }
+
+#[test]
+fn keyed_ports_route_by_the_key_location_header_and_drop_bad_headers() {
+    run_on(Mode::L3, Rig::keyed, &keyed_cases(Mode::L3));
+    run_on(Mode::L2, Rig::keyed, &keyed_cases(Mode::L2));
+    // Without keyed ports, the same datagrams are no business of the key router's.
+    let fx = Fx::new();
+    let mut rig = Rig::new(Mode::L3);
+    let mut frame = lookup(fx.key(1, 0));
+    let before = snapshot(&rig.stats);
+    let fate = rig.process(CLIENT.port, &mut frame, &mut Vec::new());
+    assert_eq!(fate, Fate::Consumed);
+    assert_counts(
+        "a keyed datagram to a port that is not keyed",
+        &rig.stats,
+        &before,
+        &[Count::Drop(Drop::VipUnhandled)],
+    );
+}

@@ -126,6 +126,15 @@ pub enum Action {
     /// [`reason::NO_LABEL`](crate::reason::NO_LABEL), one whose label TTL is 0 or 1 with
     /// [`reason::TTL_EXPIRED`](crate::reason::TTL_EXPIRED).
     SwapLabel(u32),
+    /// Remove the first `n` bytes (an even number, at most
+    /// [`MAX_STRIP`](crate::MAX_STRIP)) of an IPv4 UDP datagram's payload: a shim header the
+    /// sender put in front of the application's own, such as kvswitch's key-location header.
+    /// The IPv4 total length and the UDP length shrink by `n`, and both checksums are updated
+    /// incrementally (RFC 1624), so a checksum that was wrong stays wrong and an absent UDP
+    /// checksum stays absent. A frame without such a datagram, or with fewer payload bytes, is
+    /// dropped with [`reason::NO_UDP_PAYLOAD`](crate::reason::NO_UDP_PAYLOAD). The frame
+    /// shrinks by `n` bytes (see [`Pipeline::resized`](crate::Pipeline::resized)).
+    StripUdpPayload(u16),
 }
 
 impl Action {

@@ -81,6 +81,9 @@ pub enum Error {
     /// A `PushLabel` or `SwapLabel` label does not fit an MPLS label's 20 bits.
     #[error("MPLS label {0} out of range (0 to {max})", max = crate::MAX_LABEL)]
     BadLabel(u32),
+    /// A `StripUdpPayload` length is odd, 0 or past [`MAX_STRIP`](crate::MAX_STRIP).
+    #[error("a UDP strip of {0} bytes; use an even number from 2 to {max}", max = crate::MAX_STRIP)]
+    BadStrip(u16),
     /// A `LoadReg` or `AddReg` names a user register out of range.
     #[error("user register {0} out of range (have {have})", have = crate::NUM_USER_REGS)]
     BadUserRegister(u8),

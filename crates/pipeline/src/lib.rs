@@ -85,3 +85,5 @@ pub const MAX_LABEL: u32 = (1 << 20) - 1;
 /// The longest frame [`Action::PushLabel`] makes; a push past it drops the frame with
 /// [`reason::FRAME_TOO_LONG`].
 pub const MAX_FRAME_LEN: usize = 16_384;
+/// The most bytes [`Action::StripUdpPayload`] removes from a datagram.
+pub const MAX_STRIP: u16 = 256;

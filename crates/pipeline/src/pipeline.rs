@@ -329,6 +329,12 @@ impl Exec<'_> {
                     return Flow::Stop(code);
                 }
             }
+            Action::StripUdpPayload(n) => match rewrite::strip_udp_payload(self.frame.bytes_mut(), n) {
+                None => return Flow::Stop(reason::NO_UDP_PAYLOAD),
+                Some(at) => {
+                    self.frame.splice(at, usize::from(n), &[]);
+                }
+            },
             Action::Goto(t) => return Flow::Goto(t),
             // Selector members cannot select (checked at insertion); treat as a no-op.
             Action::Select(_) => {}
@@ -839,8 +845,9 @@ impl Pipeline {
     /// gives the verdict; if none ran, the verdict is `Drop(`[`reason::NO_VERDICT`]`)`. The
     /// pipeline's own drops (see [`crate::reason`]) end processing at once.
     ///
-    /// An action that changes the frame's length (`PushLabel`, `PopLabel`) moves it to a
-    /// buffer of the pipeline's, where later actions work on it: the caller then sends
+    /// An action that changes the frame's length (`PushLabel`, `PopLabel`, `StripUdpPayload`)
+    /// moves it to a buffer of the pipeline's, where later actions work on it: the caller then
+    /// sends
     /// [`Pipeline::resized`] instead of `frame`.
     ///
     /// Never panics on any frame contents. It allocates only when a frame first needs a longer
@@ -994,6 +1001,9 @@ impl Pipeline {
                 Action::SetDscp(d) if d > crate::MAX_DSCP => return Err(Error::BadDscp(d)),
                 Action::PushLabel(l) | Action::SwapLabel(l) if l > crate::MAX_LABEL => {
                     return Err(Error::BadLabel(l));
+                }
+                Action::StripUdpPayload(n) if n == 0 || n % 2 == 1 || n > crate::MAX_STRIP => {
+                    return Err(Error::BadStrip(n));
                 }
                 _ => {}
             }

@@ -33,9 +33,12 @@ pub const NO_LABEL: u16 = 8;
 pub const LABEL_PAYLOAD_UNKNOWN: u16 = 9;
 /// `PushLabel` would make the frame longer than [`MAX_FRAME_LEN`](crate::MAX_FRAME_LEN).
 pub const FRAME_TOO_LONG: u16 = 10;
+/// `StripUdpPayload` found no UDP datagram it could take the bytes from: not IPv4 with a UDP
+/// header, a fragment, lengths that disagree, or a payload shorter than the bytes to remove.
+pub const NO_UDP_PAYLOAD: u16 = 11;
 
 /// Every pipeline reason code, in order, with its name.
-pub const ALL: [(u16, &str); 10] = [
+pub const ALL: [(u16, &str); 11] = [
     (NO_VERDICT, "no_verdict"),
     (NO_TABLES, "no_tables"),
     (NO_SELECTOR_MEMBER, "no_selector_member"),
@@ -46,6 +49,7 @@ pub const ALL: [(u16, &str); 10] = [
     (NO_LABEL, "no_label"),
     (LABEL_PAYLOAD_UNKNOWN, "label_payload_unknown"),
     (FRAME_TOO_LONG, "frame_too_long"),
+    (NO_UDP_PAYLOAD, "no_udp_payload"),
 ];
 
 /// The name of a pipeline reason code, or `None` for an unknown or caller-defined code.

@@ -164,6 +164,51 @@ fn fix_l4(frame: &mut [u8], ihl: usize, old: [u8; 4], new: [u8; 4]) {
     }
 }
 
+/// Prepares the removal of the first `n` bytes (even) of an IPv4 UDP datagram's payload: the
+/// IPv4 total length and UDP length shrink by `n` and both checksums are updated
+/// incrementally (RFC 1624: a removed word is a word changed to 0; the UDP length counts
+/// twice, in the header and the pseudo header). Returns where the bytes to remove start, or
+/// `None`, changing nothing, when the frame has no such datagram: not IPv4 with a whole UDP
+/// header, a fragment, lengths that disagree with each other or the frame, or fewer than `n`
+/// payload bytes.
+pub(crate) fn strip_udp_payload(frame: &mut [u8], n: u16) -> Option<usize> {
+    let ihl = ipv4_header_len(frame)?;
+    let h = ETH_LEN;
+    if frame[h + ip::PROTO] != PROTO_UDP || read16(frame, h + ip::FRAG)? & 0x3fff != 0 {
+        return None;
+    }
+    let total = read16(frame, h + 2)?;
+    let l4 = h + ihl;
+    let udp_len = read16(frame, l4 + 4)?;
+    if usize::from(total) != ihl + usize::from(udp_len)
+        || h + usize::from(total) > frame.len()
+        || udp_len < 8 + n
+        || n % 2 == 1
+    {
+        return None;
+    }
+    let at = l4 + 8;
+    let new_total = total - n;
+    let new_udp_len = udp_len - n;
+    let hc = read16(frame, h + ip::CHECKSUM)?;
+    write16(frame, h + 2, new_total);
+    let ip_sum = u32::from(!hc) + u32::from(!total) + u32::from(new_total);
+    write16(frame, h + ip::CHECKSUM, !(fold(ip_sum) as u16));
+    write16(frame, l4 + 4, new_udp_len);
+    let csum = read16(frame, l4 + 6)?;
+    if csum != 0 {
+        let mut sum = u32::from(!csum);
+        sum += 2 * (u32::from(!udp_len) + u32::from(new_udp_len));
+        for w in frame[at..at + usize::from(n)].chunks_exact(2) {
+            sum += u32::from(!u16::from_be_bytes([w[0], w[1]]));
+            sum = fold(sum);
+        }
+        let fixed = !(fold(sum) as u16);
+        write16(frame, l4 + 6, if fixed == 0 { 0xffff } else { fixed });
+    }
+    Some(at)
+}
+
 /// The UDP checksum of the `udp_len`-byte datagram at `l4`, computed from scratch. The caller
 /// guarantees the datagram and an IPv4 header lie within `frame`.
 #[cfg(test)]
@@ -250,6 +295,55 @@ mod tests {
         fill_ipv4_checksum(&mut f, 20);
         assert_eq!(&f[24..26], &[0xb8, 0x61]);
         assert!(verify_ip(&f));
+    }
+
+    #[test]
+    fn a_stripped_datagram_has_the_checksums_of_one_sent_without_the_bytes() {
+        for payload in [&b"kvlHEADERxyzping"[..], b"kvlHEADERxyzpin", b"kvlHEADERxyz"] {
+            let mut udp = vec![0x30, 0x39, 0x2b, 0xcb, 0, 0, 0, 0];
+            udp.extend_from_slice(payload);
+            let len = udp.len();
+            udp[4..6].copy_from_slice(&(len as u16).to_be_bytes());
+            let mut f = frame(PROTO_UDP, 0, &udp);
+            let c = udp_checksum(&mut f, 34, len);
+            write16(&mut f, 40, c);
+            let mut want_udp = udp[..8].to_vec();
+            want_udp.extend_from_slice(&payload[12..]);
+            want_udp[4..6].copy_from_slice(&((len - 12) as u16).to_be_bytes());
+            let mut want = frame(PROTO_UDP, 0, &want_udp);
+            let c = udp_checksum(&mut want, 34, len - 12);
+            write16(&mut want, 40, if c == 0 { 0xffff } else { c });
+            let at = strip_udp_payload(&mut f, 12).expect("a datagram to strip");
+            assert_eq!(at, 42);
+            f.drain(at..at + 12);
+            assert_eq!(f, want, "{payload:?}");
+            // Without a checksum, none is made up.
+            let mut f = frame(PROTO_UDP, 0, &udp);
+            assert!(strip_udp_payload(&mut f, 12).is_some());
+            assert_eq!(read16(&f, 40), Some(0));
+            assert!(verify_ip(&f));
+        }
+        // A checksum that was wrong stays wrong.
+        let mut udp = vec![0x30, 0x39, 0x2b, 0xcb, 0, 24, 0, 0];
+        udp.extend_from_slice(b"kvlHEADERxyzping");
+        let mut bad = frame(PROTO_UDP, 0, &udp);
+        let c = udp_checksum(&mut bad, 34, 24);
+        write16(&mut bad, 40, c ^ 0x0100);
+        let at = strip_udp_payload(&mut bad, 12).unwrap();
+        bad.drain(at..at + 12);
+        let stored = read16(&bad, 40).unwrap();
+        assert_ne!(stored, udp_checksum(&mut bad.clone(), 34, 12));
+        // What has no such datagram is left alone.
+        for (mut f, n) in [
+            (frame(PROTO_TCP, 0, &udp), 12),
+            (frame(PROTO_UDP, 0x2000, &udp), 12),
+            (frame(PROTO_UDP, 0, &udp), 18),
+            (frame(PROTO_UDP, 0, &udp[..6]), 2),
+        ] {
+            let before = f.clone();
+            assert_eq!(strip_udp_payload(&mut f, n), None);
+            assert_eq!(f, before);
+        }
     }
 
     #[test]

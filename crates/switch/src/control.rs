@@ -302,6 +302,10 @@ pub enum ActionDef {
     /// Replace the top MPLS label's label and decrement its TTL (one that runs out drops the
     /// frame).
     SwapLabel(u32),
+    /// Remove the first N bytes (even, 2 to 256) of a UDP datagram's payload, such as a shim
+    /// header in front of the application's own, with the IPv4 and UDP lengths and checksums
+    /// updated. A frame without a UDP payload that long is dropped (`no_udp_payload`).
+    StripUdpPayload(u16),
     /// Impair the frames the entry matches as a faulty link would, for tests of what runs
     /// over it: see [`ImpairDef`].
     Impair(ImpairDef),

@@ -107,6 +107,10 @@ pub struct SwitchSpec {
     /// `Some`: TCP to the VIP's memcached port is spliced by the switch (it needs a local port,
     /// where the connections it hands over go); `None`: it all goes to the local port.
     pub tcp_splice: Option<TcpSplice>,
+    /// UDP ports of the VIP whose datagrams carry the key-location header ([`keyloc`]): each
+    /// is routed by its key, with the pool's hash and ring, to its server at the same port,
+    /// the header removed on the way; replies from those ports are the VIP's, as memcached's.
+    pub keyed_ports: Vec<u16>,
     /// Every choice the switch makes that must not be guessable (the first id of split
     /// sub-requests) comes from this. The same seed, frames and instants give the same run.
     pub seed: u64,
@@ -150,6 +154,7 @@ impl SwitchSpec {
             }),
             cache: false,
             tcp_splice: None,
+            keyed_ports: Vec::new(),
             seed: 0,
         }
     }

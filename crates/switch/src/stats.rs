@@ -162,10 +162,16 @@ pub enum Drop {
     /// A spliced connection's server sent bytes that did not read as the replies it owed: the
     /// connection is reset.
     TcpRepliesLost,
+    /// A datagram to a keyed port of the VIP (`switch.keyed_ports`) whose key-location header
+    /// is missing or wrong: no preamble, offsets out of range, an empty key or one past 250
+    /// bytes. It is never forwarded.
+    BadKeyHeader,
+    /// An operator's `strip_udp_payload` found no UDP payload that long.
+    UdpStrip,
 }
 
 impl Drop {
-    pub const ALL: [Drop; 61] = [
+    pub const ALL: [Drop; 63] = [
         Drop::BadEthernet,
         Drop::BadIpv4,
         Drop::BadUdp,
@@ -227,6 +233,8 @@ impl Drop {
         Drop::TcpHoldTimeout,
         Drop::TcpNoTarget,
         Drop::TcpRepliesLost,
+        Drop::BadKeyHeader,
+        Drop::UdpStrip,
     ];
 
     /// The label used in metrics.
@@ -293,6 +301,8 @@ impl Drop {
             Drop::TcpHoldTimeout => "tcp_hold_timeout",
             Drop::TcpNoTarget => "tcp_no_target",
             Drop::TcpRepliesLost => "tcp_replies_lost",
+            Drop::BadKeyHeader => "bad_key_header",
+            Drop::UdpStrip => "udp_strip",
         }
     }
 
@@ -376,6 +386,8 @@ pub struct Stats {
     pub answers: [AtomicU64; Answer::ALL.len()],
     /// memcached requests to the VIP seen (valid or not).
     pub kv_requests: AtomicU64,
+    /// Datagrams to the VIP's keyed ports seen (valid header or not).
+    pub keyed_requests: AtomicU64,
     /// Queries a SwitchKV client encoded (key hash in the destination MAC, backend in the
     /// destination IP): reads, and everything else.
     pub switchkv_gets: AtomicU64,
@@ -422,6 +434,7 @@ impl Stats {
             drops: std::array::from_fn(|_| AtomicU64::new(0)),
             answers: std::array::from_fn(|_| AtomicU64::new(0)),
             kv_requests: AtomicU64::new(0),
+            keyed_requests: AtomicU64::new(0),
             switchkv_gets: AtomicU64::new(0),
             switchkv_others: AtomicU64::new(0),
             kv_forwarded: AtomicU64::new(0),

@@ -326,6 +326,11 @@ pub fn metrics(shared: &Shared, m: &mut Exposition) {
             get(&s.kv_requests),
         ),
         (
+            "kvswitch_keyed_requests_total",
+            "Datagrams to the VIP's keyed ports (vip.keyed_ports), valid header or not.",
+            get(&s.keyed_requests),
+        ),
+        (
             "kvswitch_kv_forwarded_total",
             "Datagrams forwarded whole to one server.",
             get(&s.kv_forwarded),
@@ -508,6 +513,7 @@ pub fn status(shared: &Shared) -> serde_json::Value {
         "datapath": datapath_status(shared),
         "counters": {
             "kv_requests": get(&s.kv_requests),
+            "keyed_requests": get(&s.keyed_requests),
             "switchkv_gets": get(&s.switchkv_gets),
             "switchkv_others": get(&s.switchkv_others),
             "kv_forwarded": get(&s.kv_forwarded),

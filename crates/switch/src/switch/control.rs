@@ -516,6 +516,15 @@ impl Switch {
                 ActionDef::PushLabel(l) => Action::PushLabel(*l),
                 ActionDef::PopLabel => Action::PopLabel,
                 ActionDef::SwapLabel(l) => Action::SwapLabel(*l),
+                ActionDef::StripUdpPayload(n)
+                    if *n == 0 || n % 2 == 1 || *n > pipeline::MAX_STRIP =>
+                {
+                    return Err(bad(format!(
+                        "strip_udp_payload {n}: an even number of bytes from 2 to {}",
+                        pipeline::MAX_STRIP
+                    )));
+                }
+                ActionDef::StripUdpPayload(n) => Action::StripUdpPayload(*n),
                 ActionDef::Goto(name) => {
                     let to = self
                         .pipeline
@@ -642,6 +651,7 @@ impl Switch {
             Action::PushLabel(l) => ActionDef::PushLabel(l),
             Action::PopLabel => ActionDef::PopLabel,
             Action::SwapLabel(l) => ActionDef::SwapLabel(l),
+            Action::StripUdpPayload(n) => ActionDef::StripUdpPayload(n),
         }
     }
 

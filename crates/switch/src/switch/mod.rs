@@ -251,6 +251,9 @@ pub struct Switch {
     /// With a fast path in front of the switch: the senders whose frames the switch sent on,
     /// which the fast path may then switch itself ([`Switch::set_fast_path`]).
     fast_hosts: Option<std::collections::BTreeSet<crate::fastpath::Host>>,
+    /// Whether the frame being processed left changed in length, as a frame of the switch's
+    /// own (one of its senders is then the fast path's as much as one sent on unchanged).
+    sent_resized: bool,
     /// The pool version and ring last worked out for the fast path ([`Switch::fast_tables`]).
     fast_ring: Option<(u64, Arc<fast::FastRing>)>,
     /// TCP to the VIP's memcached port, routed by key (`SwitchSpec::tcp_splice`).
@@ -341,6 +344,7 @@ impl Switch {
             impair: impair::Impairments::new(spec.seed),
             steer_hops: Vec::new(),
             fast_hosts: None,
+            sent_resized: false,
             fast_ring: None,
             splice: spec
                 .tcp_splice
@@ -577,9 +581,13 @@ impl Switch {
         emit: &mut Vec<Emit>,
     ) -> Fate {
         let sender = self.fast_sender(in_port, frame);
+        self.sent_resized = false;
         let fate = self.process_frame(in_port, frame, csum_ready, now, emit);
-        if let (Some(host), Fate::Out(_)) = (sender, fate) {
-            self.fast_note(host);
+        if let Some(host) = sender {
+            // Sent on as it came, or changed in length (a keyed request without its header).
+            if matches!(fate, Fate::Out(_)) || self.sent_resized {
+                self.fast_note(host);
+            }
         }
         fate
     }
@@ -786,6 +794,7 @@ impl Switch {
         }
         match (moved, fate) {
             (Some(bytes), Fate::Out(p)) => {
+                self.sent_resized = true;
                 emit.push(Emit {
                     dest: Dest::Port(p),
                     frame: bytes,
@@ -884,6 +893,7 @@ impl Switch {
                         Drop::Label
                     }
                     pipeline::reason::FRAME_TOO_LONG => Drop::FrameTooLong,
+                    pipeline::reason::NO_UDP_PAYLOAD => Drop::UdpStrip,
                     code => Drop::from_code(code).unwrap_or(Drop::NoAction),
                 };
                 self.stats.count_drop(reason);

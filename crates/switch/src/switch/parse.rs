@@ -44,19 +44,23 @@ impl Switch {
         if plain_udp {
             let mut reply = false;
             if let Some(&i) = self.backend_by_ip.get(&src_ip) {
-                let from_memcached = udp::Packet::new_checked(ip.payload())
-                    .is_ok_and(|u| u.src_port() == self.spec.servers[i].addr.port());
-                if from_memcached {
+                let src_port = udp::Packet::new_checked(ip.payload()).map(|u| u.src_port());
+                if src_port == Ok(self.spec.servers[i].addr.port()) {
                     stats::inc(&self.stats.backends[i].replies);
                     self.reply_passes(ip.payload(), dst_ip, now);
+                    reply = true;
+                } else if src_port.is_ok_and(|p| self.spec.keyed_ports.contains(&p)) {
+                    // A keyed service's answer: the VIP's too, and limited as memcached's.
+                    stats::inc(&self.stats.backends[i].replies);
                     reply = true;
                 }
             } else if src_ip == self.spec.vip.ip && self.spec.mode == Mode::L2 {
                 // In l2 mode the servers answer from the VIP, which they own on loopback.
-                let from_memcached = udp::Packet::new_checked(ip.payload())
-                    .is_ok_and(|u| u.src_port() == self.spec.vip.port);
-                if from_memcached {
+                let src_port = udp::Packet::new_checked(ip.payload()).map(|u| u.src_port());
+                if src_port == Ok(self.spec.vip.port) {
                     self.reply_passes(ip.payload(), dst_ip, now);
+                    reply = true;
+                } else if src_port.is_ok_and(|p| self.spec.keyed_ports.contains(&p)) {
                     reply = true;
                 }
             }
@@ -107,6 +111,9 @@ impl Switch {
         if for_agent && dst_port == self.spec.agent_port {
             self.split_reply((src_ip, src_port), u.payload(), now, emit);
             return Stage::Done(Fate::Consumed);
+        }
+        if for_vip && self.spec.keyed_ports.contains(&dst_port) {
+            return self.route_keyed(u.payload());
         }
         if !for_vip || dst_port != self.spec.vip.port {
             return Stage::Continue {
@@ -451,6 +458,32 @@ impl Switch {
 
     /// The key hash and server of one key of `req`, placed as memcached stores it: a base64
     /// meta key by its decoded bytes.
+    /// A datagram to a keyed port of the VIP: placed by the key its key-location header
+    /// points at, with the pool's hash and ring; `kv_route` removes the header and sends it to
+    /// the key's server. A bad header, or no server in the ring, drops it.
+    fn route_keyed(&mut self, datagram: &[u8]) -> Stage {
+        stats::inc(&self.stats.keyed_requests);
+        let located = match keyloc::parse(datagram) {
+            Ok(located) => located,
+            Err(_) => {
+                self.stats.count_drop(Drop::BadKeyHeader);
+                return Stage::Done(Fate::Consumed);
+            }
+        };
+        let key_hash = self.view.key_hash(located.key_bytes());
+        if self.view.read_locate_hash(key_hash).is_none() {
+            self.stats.count_drop(Drop::NoBackend);
+            return Stage::Done(Fate::Consumed);
+        }
+        Stage::Continue {
+            flags: FLAG_PLAIN_UDP,
+            key_hash,
+            routed: true,
+            read: None,
+            one_read: false,
+        }
+    }
+
     pub(super) fn place(
         &self,
         req: &memcache::Request<'_>,

@@ -22,11 +22,13 @@ pub(super) fn bytes_field(offset: u16, len: u8) -> Field {
 /// `kv_backend` (a SwitchKV client's queries to the backend at their destination IP):
 /// 0 `arp_vip`: ARP requests for the VIP (or agent address) go to the CPU; ARP replies to the
 ///   addresses of the host's end of the local port go out of the local port;
-/// 1 `kv_route`: UDP to the VIP's memcached port is hashed by key onto the ring; TCP to it goes
-///   out of the local port, to the proxy;
+/// 1 `kv_route`: UDP to the VIP's memcached port is hashed by key onto the ring, and so is UDP
+///   to its keyed ports (by the key its key-location header points at, which is removed); TCP
+///   to the memcached port goes out of the local port, to the proxy;
 /// 2 `local_in`: TCP from a server's memcached port to the proxy's source address (the servers'
 ///   side of the proxy's connections) goes out of the local port;
-/// 3 `vip_reply` (l3): replies from a backend's memcached port leave with the VIP as source;
+/// 3 `vip_reply` (l3): replies from a backend's memcached port (or a keyed port) leave with the
+///   VIP as source;
 /// 4 `l2`: learned destination MAC → port, otherwise flood.
 pub(super) fn build_tables(p: &mut Pipeline, spec: &SwitchSpec) -> Result<Tables, pipeline::Error> {
     let local = spec.local.as_ref().map(|l| l.port);
@@ -185,22 +187,36 @@ pub(super) fn build_tables(p: &mut Pipeline, spec: &SwitchSpec) -> Result<Tables
 
     let ring = p.add_selector(vec![], Box::new(NoChoice)).map_err(e)?;
     // Flags, IP protocol, destination address and port, as `kv_route` matches them.
-    let to_vip_port = |flags: u32, proto: ipv4::Protocol| {
+    let to_vip_port = |flags: u32, proto: ipv4::Protocol, port: u16| {
         let mut key = Vec::with_capacity(11);
         key.extend_from_slice(&flags.to_be_bytes());
         key.push(proto.0);
         key.extend_from_slice(&spec.vip.ip.octets());
-        key.extend_from_slice(&spec.vip.port.to_be_bytes());
+        key.extend_from_slice(&port.to_be_bytes());
         key
     };
     p.insert(
         route_t,
         Entry::exact(
-            to_vip_port(FLAG_PLAIN_UDP, ipv4::Protocol::UDP),
+            to_vip_port(FLAG_PLAIN_UDP, ipv4::Protocol::UDP, spec.vip.port),
             vec![Action::Select(ring)],
         ),
     )
     .map_err(e)?;
+    // The keyed ports: the parser stage placed the key its header points at; the header goes.
+    for &port in &spec.keyed_ports {
+        p.insert(
+            route_t,
+            Entry::exact(
+                to_vip_port(FLAG_PLAIN_UDP, ipv4::Protocol::UDP, port),
+                vec![
+                    Action::StripUdpPayload(keyloc::LEN as u16),
+                    Action::Select(ring),
+                ],
+            ),
+        )
+        .map_err(e)?;
+    }
 
     if let Some(local) = local {
         // The host's end has the VIP's MAC: frames sent there need no rewrite. Its own ARP
@@ -215,7 +231,7 @@ pub(super) fn build_tables(p: &mut Pipeline, spec: &SwitchSpec) -> Result<Tables
         p.insert(
             route_t,
             Entry::exact(
-                to_vip_port(FLAG_PLAIN_TCP, ipv4::Protocol::TCP),
+                to_vip_port(FLAG_PLAIN_TCP, ipv4::Protocol::TCP, spec.vip.port),
                 vec![Action::Output(local)],
             ),
         )
@@ -295,16 +311,19 @@ fn server_entry_defs(
         defs.push((t.local_in, key, vec![Action::Output(local.port)]));
     }
     if spec.mode == Mode::L3 {
-        let mut key = Vec::with_capacity(11);
-        key.extend_from_slice(&FLAG_PLAIN_UDP.to_be_bytes());
-        key.push(ipv4::Protocol::UDP.0);
-        key.extend_from_slice(&addr.ip().octets());
-        key.extend_from_slice(&addr.port().to_be_bytes());
-        defs.push((
-            t.vip_reply,
-            key,
-            vec![Action::SetIpv4Src(spec.vip.ip.octets()), Action::Goto(t.l2)],
-        ));
+        // Its memcached port, and the keyed ports its services answer from.
+        for port in std::iter::once(addr.port()).chain(spec.keyed_ports.iter().copied()) {
+            let mut key = Vec::with_capacity(11);
+            key.extend_from_slice(&FLAG_PLAIN_UDP.to_be_bytes());
+            key.push(ipv4::Protocol::UDP.0);
+            key.extend_from_slice(&addr.ip().octets());
+            key.extend_from_slice(&port.to_be_bytes());
+            defs.push((
+                t.vip_reply,
+                key,
+                vec![Action::SetIpv4Src(spec.vip.ip.octets()), Action::Goto(t.l2)],
+            ));
+        }
     }
     defs
 }

@@ -639,6 +639,8 @@ pub fn run_on(mode: Mode, rig: fn(Mode) -> Rig, cases: &[Case]) {
 
 mod cases;
 mod flows;
+mod keyed;
 
 pub use cases::*;
 pub use flows::*;
+pub use keyed::*;
