@@ -299,7 +299,7 @@ pub fn metrics(shared: &Shared, m: &mut Exposition) {
     for (path, n) in tcp_paths(s) {
         m.sample("kvswitch_tcp_connections_total", &[("path", path)], n);
     }
-    let singles: [(&str, &str, u64); 17] = [
+    let singles: [(&str, &str, u64); 18] = [
         (
             "kvswitch_tcp_legs_total",
             "Connections to a server a spliced connection opened after its first.",
