@@ -588,7 +588,10 @@ impl Config {
                 None
             };
             if let Some(why) = why {
-                return Err(err("vip.keyed_ports", format!("{port} cannot be used: {why}")));
+                return Err(err(
+                    "vip.keyed_ports",
+                    format!("{port} cannot be used: {why}"),
+                ));
             }
         }
         if keyed_ports.len() > MAX_KEYED_PORTS {
@@ -1253,7 +1256,10 @@ mod tests {
             ("[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]", "at most 16"),
         ] {
             let e = with(ports).unwrap_err().to_string();
-            assert!(e.contains("vip.keyed_ports") && e.contains(why), "{ports}: {e}");
+            assert!(
+                e.contains("vip.keyed_ports") && e.contains(why),
+                "{ports}: {e}"
+            );
         }
     }
 

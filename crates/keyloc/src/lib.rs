@@ -139,8 +139,8 @@ impl KeyedSocket {
 
     /// Sends `payload`, whose key lies at `key`.
     pub fn send(&self, payload: &[u8], key: Range<usize>) -> io::Result<usize> {
-        let datagram = attach(payload, key)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let datagram =
+            attach(payload, key).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         self.socket.send(&datagram).map(|n| n.saturating_sub(LEN))
     }
 

@@ -329,12 +329,14 @@ impl Exec<'_> {
                     return Flow::Stop(code);
                 }
             }
-            Action::StripUdpPayload(n) => match rewrite::strip_udp_payload(self.frame.bytes_mut(), n) {
-                None => return Flow::Stop(reason::NO_UDP_PAYLOAD),
-                Some(at) => {
-                    self.frame.splice(at, usize::from(n), &[]);
+            Action::StripUdpPayload(n) => {
+                match rewrite::strip_udp_payload(self.frame.bytes_mut(), n) {
+                    None => return Flow::Stop(reason::NO_UDP_PAYLOAD),
+                    Some(at) => {
+                        self.frame.splice(at, usize::from(n), &[]);
+                    }
                 }
-            },
+            }
             Action::Goto(t) => return Flow::Goto(t),
             // Selector members cannot select (checked at insertion); treat as a no-op.
             Action::Select(_) => {}

@@ -299,7 +299,11 @@ mod tests {
 
     #[test]
     fn a_stripped_datagram_has_the_checksums_of_one_sent_without_the_bytes() {
-        for payload in [&b"kvlHEADERxyzping"[..], b"kvlHEADERxyzpin", b"kvlHEADERxyz"] {
+        for payload in [
+            &b"kvlHEADERxyzping"[..],
+            b"kvlHEADERxyzpin",
+            b"kvlHEADERxyz",
+        ] {
             let mut udp = vec![0x30, 0x39, 0x2b, 0xcb, 0, 0, 0, 0];
             udp.extend_from_slice(payload);
             let len = udp.len();

@@ -32,6 +32,8 @@ pub struct Tables {
     /// The switch splices TCP to the VIP: a TCP segment from a server's address (from the VIP
     /// in `l2` mode) to this port or above goes to it, to be rewritten for its client.
     pub tcp_splice: Option<u16>,
+    /// The VIP's keyed ports: datagrams to them are routed by their key-location header.
+    pub keyed_ports: Vec<u16>,
     /// The key hash and the ketama continuum: (point, server's position in the pool), the
     /// same allocation for as long as the pool's version stands.
     pub hash: HashFn,
@@ -81,6 +83,8 @@ pub struct Seen {
     pub reply_limited: u64,
     /// Reads answered from the fast path's copy of the cache.
     pub cache_hits: u64,
+    /// Of the requests routed, those to a keyed port.
+    pub keyed: u64,
 }
 
 /// Hosts the switch remembers at most for a fast path; past this, new senders stay on the

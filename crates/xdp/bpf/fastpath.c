@@ -153,6 +153,14 @@ struct {
 	__type(value, struct fp_scratch);
 } fp_scratch SEC(".maps");
 
+/* The VIP's keyed ports (network order): datagrams to them carry the key-location header. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, FP_MAX_KEYED_PORTS);
+	__type(key, __u32);
+	__type(value, __u32);
+} fp_keyed SEC(".maps");
+
 /* The switch port the last frame sent on left by: how tests see where a frame went. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -223,25 +231,29 @@ static __always_inline __u16 ip_checksum(struct iphdr *ip)
 	return ~fold(sum);
 }
 
-/* The UDP checksum of a datagram of `len` bytes (at most FP_SCRATCH + UDP_LEN + MC_LEN + 64),
- * checked as the user-space switch checks it: 0 means none. */
+/* The UDP checksum of a datagram of `len` bytes (at most FP_MAX_CHECKED; a longer one is not
+ * right), checked as the user-space switch checks it: 0 means none. */
 static __always_inline int udp_ok(struct iphdr *ip, struct udphdr *udp, __u32 len, void *end)
 {
 	if (!udp->check)
 		return 1;
+	if (len > FP_MAX_CHECKED)
+		return 0;
 	__u32 sum = (ip->saddr & 0xffff) + (ip->saddr >> 16) + (ip->daddr & 0xffff) +
 		    (ip->daddr >> 16) + bpf_htons(IPPROTO_UDP) + bpf_htons(len);
 	__u8 *p = (__u8 *)udp;
-	for (__u32 i = 0; i < (FP_SCRATCH + 80) / 2; i++) {
+	for (__u32 i = 0; i < FP_MAX_CHECKED / 2; i++) {
 		if (2 * i + 1 >= len)
 			break;
 		if (p + 2 * i + 2 > (__u8 *)end)
 			return 0;
 		sum += *(__u16 *)(p + 2 * i);
+		if (!(i & 0xff))
+			sum = fold(sum); /* no carry lost, however long the datagram */
 	}
 	if (len & 1) {
 		__u32 last = len - 1;
-		if (last > FP_SCRATCH + 80)
+		if (last > FP_MAX_CHECKED)
 			return 0;
 		if (p + last + 1 > (__u8 *)end)
 			return 0;
@@ -760,6 +772,19 @@ static __always_inline int ring_current(struct fp_config *cfg)
 	return gate && *gate == cfg->ring_version;
 }
 
+/* Whether a request to the VIP has a sender the parser stage refuses (or is not to the VIP's
+ * MAC): the switch counts and drops those. */
+static __always_inline int refused_sender(struct fp_config *cfg, struct ethhdr *eth,
+					  struct iphdr *ip, struct udphdr *udp)
+{
+	if (!mac_eq(eth->h_dest, cfg->vip_mac) || udp->source == 0)
+		return 1;
+	__u32 src = ip->saddr;
+	__u8 first = src & 0xff;
+	return src == 0 || src == 0xffffffff || src == cfg->vip_bcast || first == 127 ||
+	       (first & 0xf0) == 0xe0 || bpf_map_lookup_elem(&fp_own, &src);
+}
+
 /* A request to the VIP's memcached port: routed to its key's server, or passed up. */
 static __always_inline int route(struct xdp_md *ctx, struct fp_config *cfg, __u32 in_port,
 				 struct ethhdr *eth, struct iphdr *ip, struct udphdr *udp)
@@ -769,12 +794,7 @@ static __always_inline int route(struct xdp_md *ctx, struct fp_config *cfg, __u3
 	 * nothing here may follow an older ring than a write the switch sent on. */
 	if (!ring_current(cfg))
 		return pass(FP_C_PASS_POOL_CHANGE);
-	if (!mac_eq(eth->h_dest, cfg->vip_mac) || udp->source == 0)
-		return pass(FP_C_PASS_REQUEST);
-	__u32 src = ip->saddr;
-	__u8 first = src & 0xff;
-	if (src == 0 || src == 0xffffffff || src == cfg->vip_bcast || first == 127 ||
-	    (first & 0xf0) == 0xe0 || bpf_map_lookup_elem(&fp_own, &src))
+	if (refused_sender(cfg, eth, ip, udp))
 		return pass(FP_C_PASS_REQUEST);
 	__u32 ulen = bpf_ntohs(udp->len);
 	__u8 *mc = (__u8 *)(udp + 1);
@@ -811,6 +831,128 @@ static __always_inline int route(struct xdp_md *ctx, struct fp_config *cfg, __u3
 	if (st)
 		st->requests += 1;
 	count(FP_C_ROUTED);
+	return verdict;
+}
+
+/* Where a keyed datagram's payload starts: Ethernet, IPv4, UDP, the key-location header. */
+#define KEYED_OFF (ETH_LEN + IP_LEN + UDP_LEN + FP_KEYLOC_LEN)
+/* The headers a keyed datagram keeps: Ethernet, IPv4, UDP. */
+#define KEPT_LEN (ETH_LEN + IP_LEN + UDP_LEN)
+
+/* The `len`-byte key at `at` in a keyed datagram's payload, copied to the scratch buffer;
+ * returns `len`, or 0 when the frame does not hold it. Global, as the others. */
+__noinline __u32 fp_keyed_key(struct xdp_md *ctx, __u32 at, __u32 len)
+{
+	void *end = (void *)(long)ctx->data_end;
+	__u8 *p = (__u8 *)(long)ctx->data + KEYED_OFF;
+	__u32 zero = 0;
+	struct fp_scratch *s = bpf_map_lookup_elem(&fp_scratch, &zero);
+	if (!s || len == 0 || len > FP_MAX_KEY || at > FP_MAX_KEY_START)
+		return 0;
+	barrier_var(at); /* so the mask below stays: it bounds the offset for the verifier */
+	__u8 *q = p + (at & FP_MAX_KEY_START);
+	for (__u32 i = 0; i < FP_MAX_KEY; i++, q++) {
+		if (i >= len)
+			break;
+		barrier_var(q);
+		if (q + 1 > (__u8 *)end)
+			return 0;
+		s->buf[i] = *q;
+	}
+	return len;
+}
+
+static __always_inline int keyed_port(__u16 port)
+{
+	__u32 k = port;
+	return bpf_map_lookup_elem(&fp_keyed, &k) != 0;
+}
+
+/* A datagram to one of the VIP's keyed ports: routed to the server of the key its
+ * key-location header points at, the header removed (lengths and checksums updated
+ * incrementally, as the switch's strip_udp_payload does), or passed up unchanged. */
+static __always_inline int route_keyed(struct xdp_md *ctx, struct fp_config *cfg, __u32 in_port)
+{
+	if (!ring_current(cfg))
+		return pass(FP_C_PASS_POOL_CHANGE);
+	if (cfg->cache_only)
+		return pass(FP_C_PASS_CACHE);
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = (void *)(eth + 1);
+	struct udphdr *udp = (void *)(ip + 1);
+	__u8 *h = (__u8 *)(udp + 1);
+	if (h + FP_KEYLOC_LEN > (__u8 *)end)
+		return pass(FP_C_PASS_KEYED);
+	if (refused_sender(cfg, eth, ip, udp))
+		return pass(FP_C_PASS_REQUEST);
+	__u32 ulen = bpf_ntohs(udp->len);
+	if (ulen < UDP_LEN + FP_KEYLOC_LEN || h[0] != 'k' || h[1] != 'v' || h[2] != 'l' || h[3] != 1)
+		return pass(FP_C_PASS_KEYED);
+	__u32 start = (__u32)h[4] << 24 | (__u32)h[5] << 16 | (__u32)h[6] << 8 | h[7];
+	__u32 kend = (__u32)h[8] << 24 | (__u32)h[9] << 16 | (__u32)h[10] << 8 | h[11];
+	__u32 plen = ulen - UDP_LEN - FP_KEYLOC_LEN;
+	if (start >= kend || kend > plen || kend - start > FP_MAX_KEY || start > FP_MAX_KEY_START)
+		return pass(FP_C_PASS_KEYED);
+	if (!fp_udp_ok(ctx, ulen))
+		return pass(FP_C_PASS_CHECKSUM);
+	__u32 klen = fp_keyed_key(ctx, start, kend - start);
+	if (!klen)
+		return pass(FP_C_PASS_KEYED);
+	__u32 hash = fp_key_hash(klen, cfg->hash);
+	__u32 server;
+	if (!locate(cfg, hash, &server))
+		return pass(FP_C_PASS_NO_SERVER);
+	struct fp_server *srv = bpf_map_lookup_elem(&fp_servers, &server);
+	if (!srv || !srv->valid)
+		return pass(FP_C_PASS_NO_SERVER);
+	if (!sendable(srv->port))
+		return pass(FP_C_PASS_BLOCKED);
+	/* The kept headers, with the lengths and checksums they leave with. */
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	if (data + KEPT_LEN + FP_KEYLOC_LEN > end)
+		return pass(FP_C_PASS_KEYED);
+	__u8 kept[KEPT_LEN];
+	__builtin_memcpy(kept, data, KEPT_LEN);
+	h = (__u8 *)data + KEPT_LEN;
+	struct iphdr *kip = (void *)(kept + ETH_LEN);
+	struct udphdr *kudp = (void *)(kept + ETH_LEN + IP_LEN);
+	__u16 tot = bpf_ntohs(kip->tot_len), ntot = tot - FP_KEYLOC_LEN;
+	__u32 sum = (__u16)~bpf_ntohs(kip->check) + (__u16)~tot + ntot;
+	kip->tot_len = bpf_htons(ntot);
+	kip->check = bpf_htons((__u16)~fold(sum));
+	__u16 nulen = ulen - FP_KEYLOC_LEN;
+	kudp->len = bpf_htons(nulen);
+	if (kudp->check) {
+		sum = (__u16)~bpf_ntohs(kudp->check) + 2 * ((__u16)~(__u16)ulen + (__u32)nulen);
+#pragma unroll
+		for (int i = 0; i < FP_KEYLOC_LEN; i += 2)
+			sum += (__u16)~(__u16)((__u32)h[i] << 8 | h[i + 1]);
+		__u16 c = (__u16)~fold(sum);
+		kudp->check = bpf_htons(c ? c : 0xffff);
+	}
+	if (bpf_xdp_adjust_head(ctx, FP_KEYLOC_LEN))
+		return pass(FP_C_PASS_KEYED);
+	/* From here the frame is the request without its header: it leaves or is dropped. */
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	if (data + KEPT_LEN > end)
+		return XDP_DROP;
+	__builtin_memcpy(data, kept, KEPT_LEN);
+	eth = data;
+	ip = (void *)(eth + 1);
+	udp = (void *)(ip + 1);
+	__builtin_memcpy(eth->h_dest, srv->mac, 6);
+	if (cfg->l3)
+		set_ip(ip, udp, &ip->daddr, srv->ip);
+	int verdict = send(ctx, in_port, srv->port);
+	struct fp_server_stats *st = bpf_map_lookup_elem(&fp_server_stats, &server);
+	if (st)
+		st->requests += 1;
+	count(FP_C_ROUTED);
+	count(FP_C_KEYED);
 	return verdict;
 }
 
@@ -857,6 +999,8 @@ static __always_inline int decide(struct xdp_md *ctx, __u32 in_port)
 			return pass(FP_C_PASS_TO_SWITCH);
 		if (is_udp && udp->dest == cfg->vip_port)
 			return route(ctx, cfg, in_port, eth, ip, udp);
+		if (is_udp && keyed_port(udp->dest))
+			return route_keyed(ctx, cfg, in_port);
 		return pass(FP_C_PASS_TO_SWITCH);
 	}
 	if (bpf_map_lookup_elem(&fp_own, &dst) || mac_eq(eth->h_dest, cfg->vip_mac))
@@ -888,9 +1032,10 @@ static __always_inline int decide(struct xdp_md *ctx, __u32 in_port)
 		__u32 src = ip->saddr;
 		__u32 *idx = bpf_map_lookup_elem(&fp_server_ips, &src);
 		struct fp_server *srv = idx ? bpf_map_lookup_elem(&fp_servers, idx) : 0;
-		int reply = srv && udp->source == srv->udp_port;
+		/* From its memcached port, or a keyed port (a keyed service's answer). */
+		int reply = srv && (udp->source == srv->udp_port || keyed_port(udp->source));
 		if (!reply && src == cfg->vip && !cfg->l3)
-			reply = udp->source == cfg->vip_port;
+			reply = udp->source == cfg->vip_port || keyed_port(udp->source);
 		if (reply) {
 			if (!reply_allowed(cfg, ip->daddr, (__u64)(end - data))) {
 				count(FP_C_REPLY_LIMITED);

@@ -25,6 +25,15 @@
 #define FP_MAX_REPLY 1400
 /* Keys the kernel cache holds at most (when full, further keys are answered by the switch). */
 #define FP_MAX_CACHED 16384
+/* The longest UDP datagram whose checksum the program checks (a 1500-byte MTU's); a longer
+ * request goes up. */
+#define FP_MAX_CHECKED 1480
+/* The VIP's keyed ports (vip.keyed_ports), routed by the key-location header. */
+#define FP_MAX_KEYED_PORTS 16
+/* The key-location header's length, and the furthest start of a key in its payload that the
+ * program reads (further ones go up). */
+#define FP_KEYLOC_LEN 12
+#define FP_MAX_KEY_START 2047
 /* Meta flags after an mg key that the fast path takes: each at most once. */
 #define FP_MAX_META_FLAGS 8
 
@@ -61,7 +70,9 @@
 #define FP_C_PASS_CACHE 17     /* with the cache on, anything but a kernel-cache hit */
 #define FP_C_PASS_NO_ROOM 18   /* a kernel-cache hit whose reply the frame has no room for */
 #define FP_C_PASS_POOL_CHANGE 19 /* to the VIP while the pool changes: the ring is not the newest */
-#define FP_NUM_COUNTERS 20
+#define FP_C_KEYED 20          /* requests to a keyed port routed (each also counts in FP_C_ROUTED) */
+#define FP_C_PASS_KEYED 21     /* to a keyed port, but a header the program does not take */
+#define FP_NUM_COUNTERS 22
 
 /* What a read is, in fp_parse's result. */
 #define FP_READ_GET 1

@@ -104,7 +104,7 @@ pub struct TestRun {
 }
 
 /// Why the program passes frames up, by counter index (see `fastpath.h`).
-pub const PASS_REASONS: [(&str, u32); 13] = [
+pub const PASS_REASONS: [(&str, u32); 14] = [
     ("off", abi::C_PASS_OFF),
     ("not_ipv4", abi::C_PASS_NOT_IPV4),
     ("ip_header", abi::C_PASS_IP_HEADER),
@@ -118,6 +118,7 @@ pub const PASS_REASONS: [(&str, u32); 13] = [
     ("cache", abi::C_PASS_CACHE),
     ("no_room", abi::C_PASS_NO_ROOM),
     ("pool_change", abi::C_PASS_POOL_CHANGE),
+    ("keyed", abi::C_PASS_KEYED),
 ];
 
 /// The program's counters, summed over CPUs.
@@ -131,6 +132,8 @@ pub struct Counters {
     pub reply_limited: u64,
     /// Reads answered from the kernel cache.
     pub cache_hits: u64,
+    /// Requests to a keyed port routed (also in `routed`).
+    pub keyed: u64,
     /// Frames passed up, per reason of [`PASS_REASONS`] (in its order).
     pub passed_by: [u64; PASS_REASONS.len()],
 }
@@ -151,6 +154,7 @@ struct Maps {
     last_port: MapHandle,
     cache: MapHandle,
     xsks: MapHandle,
+    keyed: MapHandle,
 }
 
 /// `fp_gate`, the newest pool version any path may route by, with the value last written:
@@ -213,11 +217,13 @@ struct Shadow {
     stations: BTreeMap<Mac, u16>,
     hosts: BTreeSet<Host>,
     own: BTreeSet<Ipv4Addr>,
+    keyed_ports: BTreeSet<u16>,
     /// Per-server totals last read, for deltas.
     requests: Vec<u64>,
     replies: Vec<u64>,
     reply_limited: u64,
     cache_hits: u64,
+    keyed: u64,
 }
 
 /// The loaded program and its maps. Dropping it (or the process ending) detaches the program
@@ -302,6 +308,7 @@ impl FastPath {
             last_port: handle("fp_last_port", 4, 4)?,
             cache: handle("fp_cache", 4, CACHED_LEN)?,
             xsks: handle("fp_xsks", 4, 4)?,
+            keyed: handle("fp_keyed", 4, 4)?,
         };
         let gate = Arc::new(Gate {
             map: handle("fp_gate", 4, 8)?,
@@ -425,6 +432,7 @@ impl FastPath {
         self.sync_servers(t)?;
         self.sync_ring(t)?;
         self.sync_own(t)?;
+        self.sync_keyed(t)?;
         self.sync_stations(t)?;
         self.sync_hosts(t)?;
         self.write_cfg(&self.cfg_now(t))
@@ -566,6 +574,23 @@ impl FastPath {
         Ok(())
     }
 
+    fn sync_keyed(&mut self, t: &Tables) -> Result<(), Error> {
+        // The program reads the port as it lies in the frame, widened to 32 bits.
+        let key = |port: u16| u32::from(u16::from_ne_bytes(port.to_be_bytes())).to_ne_bytes();
+        let want: BTreeSet<u16> = t.keyed_ports.iter().copied().collect();
+        for &port in self.shadow.keyed_ports.difference(&want) {
+            let _ = self.maps.keyed.delete(&key(port));
+        }
+        for &port in want.difference(&self.shadow.keyed_ports) {
+            self.maps
+                .keyed
+                .update(&key(port), &1u32.to_ne_bytes(), MapFlags::ANY)
+                .map_err(map_err("fp_keyed"))?;
+        }
+        self.shadow.keyed_ports = want;
+        Ok(())
+    }
+
     fn sync_stations(&mut self, t: &Tables) -> Result<(), Error> {
         let want: BTreeMap<Mac, u16> = t.stations.iter().copied().collect();
         for mac in self
@@ -645,7 +670,9 @@ impl FastPath {
             server_replies: vec![0; n],
             reply_limited: 0,
             cache_hits: 0,
+            keyed: counters.keyed.saturating_sub(self.shadow.keyed),
         };
+        self.shadow.keyed = counters.keyed;
         seen.reply_limited = counters
             .reply_limited
             .saturating_sub(self.shadow.reply_limited);
@@ -710,6 +737,7 @@ impl FastPath {
             passed: read(abi::C_PASSED),
             reply_limited: read(abi::C_REPLY_LIMITED),
             cache_hits: read(abi::C_CACHE_HITS),
+            keyed: read(abi::C_KEYED),
             passed_by: PASS_REASONS.map(|(_, i)| read(i)),
         }
     }

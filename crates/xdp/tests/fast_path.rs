@@ -569,3 +569,78 @@ fn xdp_fast_path_forwards_nothing_malformed_the_switch_would_not() {
     );
     assert!(passed > 1000, "the program passed up only {passed} frames");
 }
+
+/// Runs the keyed cases through a switch with a keyed port and the fast path: a frame the
+/// program sends on must be the one the switch sends (as a frame of its own, shorter by the
+/// header), to the same port. Returns the names of the cases the program handled itself.
+fn run_xdp_keyed(fp: &mut xdp::FastPath, mode: Mode) -> Vec<&'static str> {
+    let fx = Fx::new();
+    let mut acted = Vec::new();
+    fp.set_ports(&stand_in_ports()).expect("ports");
+    for case in keyed_cases(mode) {
+        let what = format!("{mode:?} through XDP: {}", case.name);
+        let mut rig = Rig::keyed(mode);
+        rig.sw.set_fast_path(true);
+        let input = (case.input)(&fx);
+        rig.process(case.in_port, &mut input.clone(), &mut Vec::new());
+        fp.sync(&rig.sw.fast_tables()).expect("tables");
+        let run = fp.test_run(&input, case.in_port).expect("test run");
+        let mut frame = input.clone();
+        let mut emit = Vec::new();
+        let fate = rig.process(case.in_port, &mut frame, &mut emit);
+        match run.verdict {
+            xdp::Verdict::Pass => {
+                assert_eq!(run.frame, input, "{what}: a passed frame is unchanged")
+            }
+            xdp::Verdict::Redirect => {
+                let port = run.out_port.expect("a sent frame names its port");
+                let sent = match fate {
+                    Fate::Out(p) => (p, frame.clone()),
+                    Fate::Consumed => match &emit[..] {
+                        [Emit {
+                            dest: Dest::Port(p),
+                            frame,
+                        }] => (*p, frame.clone()),
+                        _ => panic!("{what}: the program sent it; the switch emitted {emit:?}"),
+                    },
+                    Fate::Flood => panic!("{what}: the switch floods it"),
+                };
+                assert_eq!(port, sent.0, "{what}: the switch sends it there too");
+                assert_bytes(&format!("{what}: output"), &run.frame, &sent.1);
+                acted.push(case.name);
+            }
+            other => panic!("{what}: the program returned {other:?}"),
+        }
+    }
+    acted
+}
+
+#[test]
+fn xdp_routes_keyed_datagrams_as_the_switch_and_forwards_no_bad_header() {
+    let mut fp = fast_path();
+    let mut acted = run_xdp_keyed(&mut fp, Mode::L3);
+    acted.extend(run_xdp_keyed(&mut fp, Mode::L2));
+    for name in [
+        "keyed request goes to its key's server without its header",
+        "keyed request for another server goes there",
+        "keyed request with a 250-byte key is routed",
+        "keyed request without a UDP checksum keeps none",
+        "keyed request whose key is the whole payload is routed",
+        "reply from a server's keyed port leaves with the VIP as source",
+        "keyed request in l2 mode: only the MAC changes, and the header goes",
+        "reply from the VIP's keyed port in l2 mode leaves unchanged",
+    ] {
+        assert!(
+            acted.contains(&name),
+            "the fast path passed up {name:?}; it handled {acted:#?}"
+        );
+    }
+    // Every bad header went up, to be counted and dropped there.
+    for case in bad_keyed_cases() {
+        assert!(
+            !acted.contains(&case.name),
+            "{}: sent on by the program",
+            case.name
+        );
+    }
+}

@@ -120,6 +120,7 @@ impl Switch {
             own,
             cache_only: self.cache.is_some(),
             tcp_splice: self.splice.as_ref().map(|_| splice::FIRST_LEG_PORT),
+            keyed_ports: self.spec.keyed_ports.clone(),
             reply_limit: self
                 .spec
                 .reply_limit
@@ -215,7 +216,9 @@ impl Switch {
             &self.stats.drops[Drop::ReplyRateLimited as usize],
             seen.reply_limited,
         );
-        stats::add(&self.stats.kv_requests, routed);
+        let keyed = seen.keyed.min(routed);
+        stats::add(&self.stats.kv_requests, routed - keyed);
+        stats::add(&self.stats.keyed_requests, keyed);
         stats::add(&self.stats.kv_forwarded, routed);
     }
 }
