@@ -6,7 +6,8 @@
 # client of `kvswitch bench proxy`), pymemcache and pylibmc (Python's memcached clients, which
 # the TCP splice's tests run through the VIP),
 # redis-server, redis-tools and redis-py (the Redis pools' servers, their reference in the
-# differential tests, and the clients the tests run through the proxy),
+# differential tests, and the clients the tests run through the proxy), dnsmasq and dig (the
+# unchanged DNS service and client the keyed ports' test shards by name),
 # the DejaVu fonts the bench's plots are lettered in, etcd (where several controllers keep
 # their pool and elect a leader), Chromium (the dashboard's tests load it headless), and clang,
 # libbpf, libelf, zlib and bpftool (the XDP fast path is compiled, linked and inspected with
@@ -21,7 +22,7 @@ fi
 
 need=()
 for cmd in memcached nutcracker ethtool ip python3 ps ping memccp memcslap etcd chromium clang \
-    bpftool pkg-config redis-server redis-cli redis-benchmark; do
+    bpftool pkg-config redis-server redis-cli redis-benchmark dnsmasq dig; do
     command -v "$cmd" >/dev/null 2>&1 || need+=("$cmd")
 done
 for module in pymemcache pylibmc redis; do
@@ -37,14 +38,15 @@ if [ "${#need[@]}" -gt 0 ]; then
     echo "setup: installing memcached, nutcracker, iproute2, ethtool, python3, procps," \
         "iputils-ping, libmemcached-tools, fonts-dejavu-core, etcd-server, chromium, clang," \
         "libbpf-dev, libelf-dev, zlib1g-dev, bpftool, pkg-config, python3-pymemcache, python3-pylibmc," \
-        "redis-server, redis-tools, python3-redis"
+        "redis-server, redis-tools, python3-redis, dnsmasq-base, bind9-dnsutils"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends \
         memcached nutcracker iproute2 ethtool python3 procps iputils-ping \
         libmemcached-tools fonts-dejavu-core etcd-server chromium clang libbpf-dev \
         libelf-dev zlib1g-dev bpftool pkg-config linux-libc-dev python3-pymemcache \
-        python3-pylibmc redis-server redis-tools python3-redis >/dev/null
+        python3-pylibmc redis-server redis-tools python3-redis dnsmasq-base bind9-dnsutils \
+        >/dev/null
 fi
 # Debian starts memcached as a service on install; the testbed runs its own.
 if command -v systemctl >/dev/null 2>&1; then

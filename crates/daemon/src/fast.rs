@@ -325,4 +325,5 @@ fn merge(into: &mut Seen, more: Seen) {
     }
     into.reply_limited += more.reply_limited;
     into.cache_hits += more.cache_hits;
+    into.keyed += more.keyed;
 }

@@ -8,11 +8,12 @@ use std::fmt::Write;
 use crate::state::State;
 use crate::topology::MEMCACHED_PORT;
 
-/// The kvswitch daemon config, with `pool` added verbatim to its `[pool]` table (before the
-/// servers, which TOML would otherwise take it to belong to), `datapath` as
-/// `switch.datapath`, and `extra` appended verbatim.
+/// The kvswitch daemon config, with `vip` added verbatim to its `[vip]` table and `pool` to its
+/// `[pool]` table (before the servers, which TOML would otherwise take it to belong to),
+/// `datapath` as `switch.datapath`, and `extra` appended verbatim.
 pub fn kvswitch_config(
     state: &State,
+    vip: Option<&str>,
     pool: Option<&str>,
     datapath: Option<&str>,
     tcp: Option<&str>,
@@ -66,6 +67,12 @@ pub fn kvswitch_config(
     }
     if let Some(agent) = state.agent_ip {
         let _ = writeln!(out, "agent_ip = \"{agent}\"");
+    }
+    if let Some(vip) = vip {
+        out.push_str(vip);
+        if !vip.ends_with('\n') {
+            out.push('\n');
+        }
     }
     let _ = writeln!(out);
     let _ = writeln!(out, "[pool]");

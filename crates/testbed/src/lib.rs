@@ -81,6 +81,9 @@ pub struct UpOptions {
     pub api: Option<SocketAddr>,
     /// Run nutcracker on the first client. Default true.
     pub start_nutcracker: bool,
+    /// Lines added verbatim to the generated kvswitch config's `[vip]` table, such as its
+    /// `keyed_ports`.
+    pub vip_config: Option<String>,
     /// Lines added verbatim to the generated kvswitch config's `[pool]` table, such as its
     /// failure handling (`auto_eject_hosts`, `server_failure_limit`, ...).
     pub pool_config: Option<String>,
@@ -131,6 +134,7 @@ impl Default for UpOptions {
             state_path: None,
             api: None,
             start_nutcracker: true,
+            vip_config: None,
             pool_config: None,
             extra_config: None,
             datapath: None,

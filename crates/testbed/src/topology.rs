@@ -784,7 +784,7 @@ mod tests {
             "kvs", "kvd", "ku2", "ku3", "kp2", "kp3", "kt2", "kt3", "tb1", "tb2", "tb3", "tb4",
             "tb5", "tb6", "kpf", "kpl", "kctl", "kcoh", "kcsw", "kcs2", "krep", "kver", "kskv",
             "kskw", "kskn", "kvtdn", "kux", "kfa", "kfb", "kfc", "kfd", "kfe", "kvsa", "kvbq",
-            "kvtg",
+            "kvtg", "kkey",
         ];
         let subnets: Vec<Subnet> = prefixes.iter().map(|p| Subnet::for_prefix(p)).collect();
         for (i, s) in subnets.iter().enumerate() {

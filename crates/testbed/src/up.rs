@@ -350,6 +350,7 @@ fn build(state: &mut State, topo: &Topology, opts: &UpOptions) -> anyhow::Result
     loop {
         let text = config::kvswitch_config(
             state,
+            opts.vip_config.as_deref(),
             opts.pool_config.as_deref(),
             opts.datapath.as_deref(),
             opts.tcp.as_deref(),
@@ -607,6 +608,7 @@ mod tests {
         assert_eq!(s.work_dir, Path::new("/run/kvswitch/kvs-testbed.d"));
         let conf = config::kvswitch_config(
             &s,
+            Some("keyed_ports = [5300]"),
             Some("auto_eject_hosts = true"),
             Some("af_packet"),
             Some("proxy"),
@@ -614,6 +616,7 @@ mod tests {
         );
         let parsed: toml::Value = toml::from_str(&conf).unwrap();
         assert_eq!(parsed["switch"]["tcp"].as_str(), Some("proxy"));
+        assert_eq!(parsed["vip"]["keyed_ports"][0].as_integer(), Some(5300));
         assert_eq!(parsed["switch"]["ports"].as_array().unwrap().len(), 5);
         assert_eq!(
             parsed["pool"]["servers"][0]["addr"].as_str(),
@@ -640,7 +643,7 @@ mod tests {
         };
         let s = plan(&l2, &opts, "/run/kvswitch/kvs-testbed.json".into(), api).unwrap();
         let parsed: toml::Value =
-            toml::from_str(&config::kvswitch_config(&s, None, None, None, None)).unwrap();
+            toml::from_str(&config::kvswitch_config(&s, None, None, None, None, None)).unwrap();
         assert_eq!(parsed["vip"]["agent_ip"].as_str(), Some("10.77.0.254"));
         assert_eq!(parsed["switch"]["local_port"].as_str(), Some(""));
         assert!(parsed["switch"].get("local_peer").is_none());
