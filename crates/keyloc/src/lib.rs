@@ -176,7 +176,9 @@ mod tests {
         wrong[3] = 2;
         assert_eq!(parse(&wrong), Err(Error::Preamble));
         assert_eq!(attach(b"abc", 2..4), Err(Error::OutOfRange));
-        assert_eq!(attach(b"abc", 3..2), Err(Error::OutOfRange));
+        #[allow(clippy::reversed_empty_ranges)]
+        let backwards = 3..2;
+        assert_eq!(attach(b"abc", backwards), Err(Error::OutOfRange));
         assert_eq!(attach(b"abc", 1..1), Err(Error::EmptyKey));
         let long = vec![b'x'; 300];
         assert_eq!(attach(&long, 0..251), Err(Error::KeyTooLong));

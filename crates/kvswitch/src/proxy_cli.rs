@@ -125,17 +125,6 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         limits,
     } = load(&args)?;
     cache.enabled |= args.cache;
-    if let Some(redis) = pools
-        .iter()
-        .find(|p| p.redis.is_some())
-        .filter(|_| cache.enabled)
-    {
-        anyhow::bail!(
-            "--cache: pool `{}` is a Redis pool, and the cache serves memcached pools only; \
-             run its pools without --cache",
-            redis.name
-        );
-    }
     if args.check {
         if cache.enabled {
             let c = &cache.cache;

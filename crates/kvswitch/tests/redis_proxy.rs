@@ -391,17 +391,38 @@ fn a_resp3_client_gets_what_one_redis_server_sends_it() {
 
 #[test]
 fn concurrent_clients_read_nothing_stale_while_a_server_dies() {
+    history_with_a_server_killed(false);
+}
+
+#[test]
+fn with_the_cache_on_concurrent_clients_read_nothing_stale_while_a_server_dies() {
+    history_with_a_server_killed(true);
+}
+
+/// Six clients record a history on 24 hot keys through the proxy (with its cache, every key
+/// pinned in it, when `cache`) while one of three servers is killed: no read may return a
+/// value older than an acknowledged write, on the keys of the servers that stayed.
+fn history_with_a_server_killed(cache: bool) {
     use testbed::history_load::{self, Client, Clock, Load, Mix, Transport};
     let mut servers = fleet(3, &[]);
-    let front = Front::kvswitch(
+    let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let args = match cache {
+        true => vec!["--cache".to_string(), "--api".to_string(), api.to_string()],
+        false => Vec::new(),
+    };
+    let front = Front::kvswitch_with(
         &servers.iter().collect::<Vec<_>>(),
         "  auto_eject_hosts: true\n  server_failure_limit: 1\n  server_retry_timeout: 60000\n",
+        &args,
     );
     // Hot keys on every server: where each lies, asked of the servers.
     let keys: Vec<String> = (0..24).map(|i| format!("user:{i}")).collect();
     let mut c = Conn::open(front.addr);
     for key in &keys {
         assert_eq!(c.call(&["SET", key, "0"]), "+OK\r\n");
+        if cache {
+            cache_cli(api, &["pin", key]);
+        }
     }
     let home = placement(&servers);
     let victim = home[&keys[0]];
@@ -436,6 +457,10 @@ fn concurrent_clients_read_nothing_stale_while_a_server_dies() {
         recorded.server_errors() > 0,
         "the dead server was never seen"
     );
+    if cache {
+        let answered = proxy_metric(api, "kvswitch_proxy_cache_replies_total");
+        assert!(answered > 0, "the cache answered no read: {}", front.log());
+    }
     // The dead server's keys lost what it held; every other key must read as one server.
     let survivors: Vec<_> = recorded
         .ops
@@ -456,6 +481,118 @@ fn concurrent_clients_read_nothing_stale_while_a_server_dies() {
             .any(|op| !matches!(op.kind, testbed::history::Kind::Failed)),
         "the dead server's keys were never served again"
     );
+}
+
+/// Runs `kvswitch cache ARGS --api API` and returns its output.
+fn cache_cli(api: SocketAddr, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvswitch"))
+        .arg("cache")
+        .args(args)
+        .args(["--api", &api.to_string()])
+        .output()
+        .expect("run kvswitch cache");
+    assert!(
+        out.status.success(),
+        "kvswitch cache {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A counter of the proxy's pool `alpha`, from its `/metrics`.
+fn proxy_metric(api: SocketAddr, name: &str) -> u64 {
+    let (status, body) = testbed::http_get(api, "/metrics").expect("metrics");
+    assert_eq!(status, 200);
+    let series = format!("{name}{{pool=\"alpha\"}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&series)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {series} in\n{body}"))
+}
+
+/// One command straight to a server, bypassing the proxy.
+fn direct(server: &Redis, args: &[&str]) -> String {
+    Conn::open(server.addr).call(args)
+}
+
+#[test]
+fn the_cache_answers_hot_gets_and_every_write_through_the_proxy_drops_the_value() {
+    let servers = fleet(3, &[]);
+    let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let args = ["--cache".to_string(), "--api".to_string(), api.to_string()];
+    let front = Front::kvswitch_with(&servers.iter().collect::<Vec<_>>(), "", &args);
+    let mut c = Conn::open(front.addr);
+    assert_eq!(c.call(&["SET", "k", "one"]), "+OK\r\n");
+    // Where `k` lies (the servers are emptied by the asking).
+    let home = placement(&servers);
+    assert_eq!(c.call(&["SET", "k", "one"]), "+OK\r\n");
+    let answered = || proxy_metric(api, "kvswitch_proxy_cache_replies_total");
+    // `key` cached: the next GET fills it from its server, the one after is the cache's. The
+    // server is then changed behind the proxy's back: the cache still answers the old value,
+    // which shows that it answers.
+    let cached = |c: &mut Conn, key: &str, want: &str| {
+        cache_cli(api, &["pin", key]);
+        assert_eq!(c.call(&["GET", key]), want, "{key}: the fill");
+        let before = answered();
+        assert_eq!(c.call(&["GET", key]), want, "{key}: from the cache");
+        assert_eq!(answered(), before + 1, "{key}: answered by the cache");
+        let server = &servers[home[key]];
+        assert_eq!(direct(server, &["SET", key, "behind"]), "+OK\r\n");
+        assert_eq!(c.call(&["GET", key]), want, "{key}: the cache's copy");
+    };
+    let bulk = |v: &str| format!("${}\r\n{v}\r\n", v.len());
+    // Each write through the proxy drops the cached value: the next GET reads what the server
+    // holds (the value written behind the proxy's back, where the write failed on it).
+    let writes: &[&[&str]] = &[
+        &["SET", "k", "two"],
+        &["APPEND", "k", "+"],
+        &["SETRANGE", "k", "0", "B"],
+        &["GETSET", "k", "three"],
+        &["MSET", "k", "four", "other", "x"],
+        &["SET", "k", "5"],
+        &["INCR", "k"],
+        &[
+            "EVAL",
+            "return redis.call('SET', KEYS[1], 'scripted')",
+            "1",
+            "k",
+        ],
+        &["SETBIT", "k", "1", "0"],
+    ];
+    let mut value = "one".to_string();
+    for command in writes {
+        cached(&mut c, "k", &bulk(&value));
+        c.call(command);
+        // What the server holds now, asked of it: the proxy must answer the same.
+        let now = direct(&servers[home["k"]], &["GET", "k"]);
+        assert_eq!(c.call(&["GET", "k"]), now, "GET after {command:?}");
+        assert_ne!(now, bulk(&value), "{command:?} changed nothing");
+        value = bulk_value(&now).to_string();
+    }
+    // Deleted, renamed over, expired: gone at once, or when the server says.
+    for (command, then) in [
+        (&["DEL", "k"][..], "$-1\r\n".to_string()),
+        (&["UNLINK", "k"], "$-1\r\n".to_string()),
+        (&["GETDEL", "k"], "$-1\r\n".to_string()),
+        (&["RENAME", "{k}src", "k"], bulk("renamed")),
+    ] {
+        assert_eq!(c.call(&["SET", "k", &value]), "+OK\r\n");
+        assert_eq!(c.call(&["SET", "{k}src", "renamed"]), "+OK\r\n");
+        cached(&mut c, "k", &bulk(&value));
+        c.call(command);
+        assert_eq!(c.call(&["GET", "k"]), then, "GET after {command:?}");
+    }
+    assert_eq!(c.call(&["SET", "k", "brief", "PX", "300"]), "+OK\r\n");
+    cache_cli(api, &["pin", "k"]);
+    assert_eq!(c.call(&["GET", "k"]), bulk("brief"));
+    assert_eq!(c.call(&["GET", "k"]), bulk("brief"));
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(c.call(&["GET", "k"]), "$-1\r\n", "served past its expiry");
+    // A value of another type is never cached, and its error reaches the client.
+    assert_eq!(c.call(&["RPUSH", "list", "a"]), ":1\r\n");
+    cache_cli(api, &["pin", "list"]);
+    for _ in 0..2 {
+        assert!(c.call(&["GET", "list"]).starts_with("-WRONGTYPE"));
+    }
 }
 
 /// Three masters of one Redis Cluster on loopback, the slots spread over them by redis-cli.

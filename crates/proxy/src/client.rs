@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use wire::memcache::reply::{Framer, ReplyKind};
 use wire::memcache::{binary, parse_text, recover_binary, recover_text, Command, Request};
 
-use switch::cache::{ReadFill, Served, Writes};
+use switch::cache::{KeyFill, ReadFill, Served, Writes};
 
 use super::backend::{Awaiting, Framing, Pending, ServerError};
 use super::combine::{combine, warm_fill, Outcome};
@@ -141,6 +141,8 @@ pub enum CacheHook {
     Read(Rc<PoolRt>, ReadFill),
     /// A write: closed once its reply is in (or it failed).
     Write(Rc<PoolRt>, Writes),
+    /// A Redis `GET` of a cached key: a bulk string in its reply fills it.
+    RedisRead(Rc<PoolRt>, KeyFill),
 }
 
 impl CacheHook {
@@ -154,6 +156,12 @@ impl CacheHook {
             CacheHook::Write(pool, writes) => {
                 if let Some(cache) = &pool.cache {
                     cache.after_write(writes);
+                }
+            }
+            CacheHook::RedisRead(pool, fill) => {
+                let value = super::redis::get_value(reply);
+                if let (Some(cache), Some(value)) = (&pool.cache, value) {
+                    cache.after_read_key(fill, value, kvio::clock::now());
                 }
             }
         }

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use kv::Instant;
 
-use kv::cache::{Cache, FillToken, Value, ValueChange, WriteExpiry, WriteTicket};
+pub use kv::cache::WriteExpiry;
+use kv::cache::{Cache, FillToken, Value, ValueChange, WriteTicket};
 use wire::memcache::cached::{self, CachedItem, KeyForm};
 use wire::memcache::{binary, Command, Request, MAX_KEY_LEN};
 
@@ -115,6 +116,14 @@ pub struct ReadFill {
     /// The request, kept to read its reply.
     request: Vec<u8>,
     tokens: Vec<(Box<[u8]>, FillToken)>,
+}
+
+/// A fill token for one key, taken when a read of it was forwarded (a protocol whose replies
+/// the caller reads itself: Redis's `GET`).
+#[derive(Debug)]
+pub struct KeyFill {
+    key: Box<[u8]>,
+    token: FillToken,
 }
 
 /// The writes a forwarded request opened; close them once its reply has passed.
@@ -394,6 +403,69 @@ impl CacheService {
         let mut cache = self.lock();
         for ticket in writes.tickets {
             cache.end_write(ticket);
+        }
+    }
+
+    // ---- by key, for protocols other than memcached (Redis) ---------------------------------
+
+    /// Shows a read of `key` to hot-key detection; `group` is its server.
+    pub fn see_key(&self, group: usize, key: &[u8], now: Instant) {
+        self.lock().see(group, key, now);
+    }
+
+    /// The value of `key` if it may be served now (a hit or a miss is counted).
+    pub fn serve_key(&self, key: &[u8], now: Instant) -> Option<Vec<u8>> {
+        self.lock()
+            .lookup(key, false, now)
+            .ok()
+            .map(|v| v.data.to_vec())
+    }
+
+    /// A fill token for `key`, read now from its server; `None` when it is not cached.
+    pub fn before_read_key(&self, key: &[u8]) -> Option<KeyFill> {
+        let token = self.lock().fill_token(key)?;
+        Some(KeyFill {
+            key: key.into(),
+            token,
+        })
+    }
+
+    /// Fills `fill`'s key with `data`, the value its server answered.
+    pub fn after_read_key(&self, fill: KeyFill, data: &[u8], now: Instant) {
+        let value = Value {
+            flags: 0,
+            cas: None,
+            data: data.into(),
+            key_base64: None,
+        };
+        self.lock().fill(&fill.key, fill.token, value, now);
+    }
+
+    /// Opens writes to `keys` before a command that changes them is forwarded at `now`, with
+    /// what it says of their expiry; their values are dropped at once.
+    pub fn before_write_keys<'k>(
+        &self,
+        keys: impl IntoIterator<Item = &'k [u8]>,
+        expiry: WriteExpiry,
+        now: Instant,
+    ) -> Writes {
+        let mut cache = self.lock();
+        let tickets = keys
+            .into_iter()
+            .map(|key| {
+                cache.note_expiry(key, expiry, now);
+                cache.begin_write(key)
+            })
+            .collect();
+        drop(cache);
+        Writes { tickets }
+    }
+
+    /// Opens a write to every key (a command whose keys the caller cannot name).
+    pub fn before_flush(&self) -> Writes {
+        let ticket = self.lock().begin_flush();
+        Writes {
+            tickets: vec![ticket],
         }
     }
 

@@ -13,7 +13,9 @@
 //!   connection stays usable. A command the server does not know gets the server's own
 //!   `unknown command` reply.
 
+mod cache;
 pub(crate) mod cluster;
+pub(crate) use cache::get_value;
 mod commands;
 
 use std::rc::Rc;
@@ -167,7 +169,7 @@ impl Requests for Session {
                     shared.push(Entry::Ready(reply));
                     return Handled::Close;
                 }
-                Action::Forward(mut parts, merge) => {
+                Action::Forward(mut parts, merge, hook) => {
                     let wire = if self.resp3 { Wire::Resp3 } else { Wire::Resp };
                     for part in &mut parts {
                         part.wire = wire;
@@ -183,7 +185,7 @@ impl Requests for Session {
                         Combine::Redis(merge),
                         on_error,
                         &[],
-                        None,
+                        hook,
                         shared,
                         pool,
                     );
@@ -204,7 +206,8 @@ enum Action {
     Reply(Vec<u8>),
     /// Reply, then close the connection.
     Close(Vec<u8>),
-    Forward(Vec<Part>, RedisMerge),
+    /// Forward the parts, merging their replies; the cache's business with it, if any.
+    Forward(Vec<Part>, RedisMerge, Option<super::client::CacheHook>),
 }
 
 /// The longest command name Redis knows, with room to spare.
@@ -254,7 +257,7 @@ const CROSS_SERVER: &[u8] =
     b"-ERR the keys of this command lie on different servers; a hash tag keeps them on one\r\n";
 
 impl Session {
-    fn command(&mut self, args: &Command, pool: &PoolRt, place: &mut Place<'_>) -> Action {
+    fn command(&mut self, args: &Command, pool: &Rc<PoolRt>, place: &mut Place<'_>) -> Action {
         let name = args.word(0);
         let Some((buf, len)) = lower(name) else {
             return Action::Reply(resp::unknown_command(args));
@@ -270,6 +273,35 @@ impl Session {
         if self.auth_required(pool) && !no_auth {
             return Action::Reply(b"-NOAUTH Authentication required.\r\n".to_vec());
         }
+        if pool.cache.is_some() && lower == b"get" {
+            let key = args.word(1);
+            if let Some(reply) = place
+                .key(key)
+                .and_then(|(server, _)| cache::serve_get(pool, server, key))
+            {
+                add(&pool.stats.cache_replies, 1);
+                return Action::Reply(reply);
+            }
+        }
+        let action = self.route(lower, class, args, pool, place);
+        match action {
+            Action::Forward(parts, merge, None) if pool.cache.is_some() => {
+                Action::Forward(parts, merge, cache::hook(lower, args, pool))
+            }
+            action => action,
+        }
+    }
+
+    /// Where a command known to Redis goes, by its class.
+    fn route(
+        &mut self,
+        lower: &[u8],
+        class: Class,
+        args: &Command,
+        pool: &PoolRt,
+        place: &mut Place<'_>,
+    ) -> Action {
+        let name = args.word(0);
         match class {
             Class::Local => self.local(lower, args, pool),
             Class::Refused(why) => Action::Reply(refused(name, why.reason())),
@@ -351,7 +383,7 @@ impl Session {
                 part(server, bytes)
             })
             .collect();
-        Action::Forward(parts, merge)
+        Action::Forward(parts, merge, None)
     }
 
     fn local(&mut self, name: &[u8], args: &Command, pool: &PoolRt) -> Action {
@@ -505,7 +537,7 @@ fn part(server: usize, bytes: Vec<u8>) -> Part {
 fn to_server(server: usize, args: &Command) -> Action {
     let mut bytes = Vec::new();
     args.encode(&mut bytes);
-    Action::Forward(vec![part(server, bytes)], RedisMerge::Single)
+    Action::Forward(vec![part(server, bytes)], RedisMerge::Single, None)
 }
 
 /// To the server of the keys at `positions`, which must all be on one.

@@ -218,7 +218,13 @@ pub fn bad_keyed_cases() -> Vec<Case> {
         Case {
             name: "keyed datagram whose key starts past its end is dropped",
             in_port: CLIENT.port,
-            input: |_| to_keyed(b"LOOKUP abc", 9..8),
+            input: |_| {
+                let mut d = keyloc::header(0..1).to_vec();
+                d[4..8].copy_from_slice(&9u32.to_be_bytes());
+                d[8..12].copy_from_slice(&8u32.to_be_bytes());
+                d.extend_from_slice(b"LOOKUP abc");
+                to_keyed_raw(&d)
+            },
             fate: Fate::Consumed,
             output: None,
             emits: nothing,
