@@ -19,6 +19,7 @@ pub mod popularity;
 pub mod proxy;
 pub mod qcn;
 pub mod redis;
+mod redis_hot;
 pub mod runner;
 pub mod skew;
 pub mod value_size;

@@ -50,6 +50,17 @@ pub struct RedisBenchArgs {
     /// Where the JSON figures and the PNG and SVG plots go [default: results/redis].
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// Also measure hot-key GETs of `--keys` keys at the Zipf skew `--zipf` through kvswitch
+    /// proxy without its cache and with it (`--clients` closed-loop clients, one GET
+    /// outstanding each, for `--hot-seconds` a run).
+    #[arg(long)]
+    pub hot: bool,
+    /// The Zipf skew of `--hot`'s keys.
+    #[arg(long, default_value_t = 0.99)]
+    pub zipf: f64,
+    /// How long each `--hot` run lasts, in seconds.
+    #[arg(long, default_value_t = 5.0)]
+    pub hot_seconds: f64,
 }
 
 /// What serves the clients.
@@ -139,6 +150,8 @@ struct Figures<'a> {
     runs: &'a [Sample],
     medians: &'a [Sample],
     targets: &'a [Target],
+    /// `--hot`: every run, without the cache and with it.
+    hot: &'a [super::redis_hot::HotSample],
 }
 
 #[derive(Serialize)]
@@ -234,6 +247,9 @@ pub fn run(args: &RedisBenchArgs) -> anyhow::Result<()> {
     if args.pipeline.is_empty() || args.pipeline.iter().any(|&p| p == 0 || p > 1024) {
         bail!("--pipeline: give depths from 1 to 1024");
     }
+    if !(0.0..=2.0).contains(&args.zipf) || !(0.5..=600.0).contains(&args.hot_seconds) {
+        bail!("--zipf is 0 to 2 and --hot-seconds 0.5 to 600");
+    }
     let workers = args
         .workers
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()) as u32);
@@ -266,8 +282,14 @@ pub fn run(args: &RedisBenchArgs) -> anyhow::Result<()> {
     }
     let medians = runner::medians(&samples);
     let targets = targets(&medians);
+    let hot = if args.hot {
+        hot_runs(&rig, args, workers)?
+    } else {
+        Vec::new()
+    };
     let mut out = std::io::stdout().lock();
     report(&mut out, &medians, &targets)?;
+    report_hot(&mut out, &hot)?;
     let dir = super::bed::out_dir(args.out.as_ref(), "redis");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let view = RedisBenchArgsView {
@@ -296,6 +318,7 @@ pub fn run(args: &RedisBenchArgs) -> anyhow::Result<()> {
         runs: &samples,
         medians: &medians,
         targets: &targets,
+        hot: &hot,
     };
     let json = dir.join("redis.json");
     std::fs::write(&json, serde_json::to_string_pretty(&figures)? + "\n")
@@ -351,6 +374,103 @@ fn measure(
         p99_ms,
         cpu_us_per_request: cpu.and_then(|m| m.per_request(args.requests)),
     })
+}
+
+/// `--hot`: the keys written, the cache warmed (hot-key detection works on 1 s segments),
+/// then each run measures kvswitch proxy without its cache and with it, in turn.
+fn hot_runs(
+    rig: &Rig,
+    args: &RedisBenchArgs,
+    workers: u32,
+) -> anyhow::Result<Vec<super::redis_hot::HotSample>> {
+    use super::redis_hot;
+    let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let ports = Ports::default();
+    let (listen, api) = (
+        SocketAddr::new(lo, ports.pick(lo)?),
+        SocketAddr::new(lo, ports.pick(lo)?),
+    );
+    ports.release();
+    let conf = rig.dir.path().join("pool.yml");
+    let cached = redis_hot::start_cached(&conf, rig.dir.path(), listen, api, workers)?;
+    eprintln!("--hot: writing {} keys...", args.keys);
+    redis_hot::preload(rig.kvswitch.0, args.keys)?;
+    let servers: Vec<SocketAddr> = rig.servers.iter().map(|(a, _)| *a).collect();
+    let hits = || cache_replies(api).unwrap_or(0);
+    let load = (args.clients, args.keys, args.zipf, args.hot_seconds);
+    eprintln!("--hot: warming the cache for 3 s...");
+    redis_hot::measure(
+        listen,
+        cached.pid(),
+        &servers,
+        hits,
+        (args.clients, args.keys, args.zipf, 3.0),
+        true,
+    )?;
+    let mut samples = Vec::new();
+    for run in 0..args.runs {
+        for cache in rotated(&[false, true], run) {
+            let (addr, pid) = match cache {
+                true => (listen, cached.pid()),
+                false => (rig.kvswitch.0, rig.kvswitch.1.pid()),
+            };
+            let s = redis_hot::measure(addr, pid, &servers, hits, load, cache)
+                .with_context(|| format!("hot GETs, cache {cache}"))?;
+            eprintln!(
+                "  hot run {}/{}  cache {:<5} {:>9.0} req/s  cpu {}  busiest server {:.0}%  \
+                 from the cache {:.0}%",
+                run + 1,
+                args.runs,
+                cache,
+                s.rps,
+                s.cpu_us_per_request
+                    .map_or("-".into(), |c| format!("{c:.2} µs/req")),
+                100.0 * s.hottest_server_share,
+                100.0 * s.cache_share
+            );
+            samples.push(s);
+        }
+    }
+    drop(cached);
+    Ok(samples)
+}
+
+/// The cached proxy's `kvswitch_proxy_cache_replies_total`.
+fn cache_replies(api: SocketAddr) -> Option<u64> {
+    let (_, body) = testbed::http_get(api, "/metrics").ok()?;
+    body.lines()
+        .find_map(|l| l.strip_prefix("kvswitch_proxy_cache_replies_total{pool=\"bench\"} "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+fn report_hot(out: &mut impl Write, hot: &[super::redis_hot::HotSample]) -> std::io::Result<()> {
+    if hot.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "\nhot GETs (medians)    requests/s  CPU µs/request  busiest server  from the cache"
+    )?;
+    for cache in [false, true] {
+        let of = |f: fn(&super::redis_hot::HotSample) -> f64| {
+            crate::measure::median(hot.iter().filter(|s| s.cache == cache).map(f).collect())
+        };
+        let cpu = crate::measure::median_of_some(
+            hot.iter()
+                .filter(|s| s.cache == cache)
+                .map(|s| s.cpu_us_per_request),
+        );
+        writeln!(
+            out,
+            "kvswitch, cache {:<5} {:>11.0} {:>15} {:>14.0}% {:>14.0}%",
+            cache,
+            of(|s| s.rps),
+            cpu.map_or("-".into(), |c| format!("{c:.2}")),
+            100.0 * of(|s| s.hottest_server_share),
+            100.0 * of(|s| s.cache_share)
+        )?;
+    }
+    Ok(())
 }
 
 fn log_tail(path: &Path) -> String {
