@@ -13,7 +13,10 @@
  * key cannot be found (too short, empty, past 250 bytes) is sent without a header, and the
  * switch drops and counts it (bad_key_header). send, sendto, sendmsg, sendmmsg and write on
  * IPv4 UDP sockets are wrapped, and so is sendmmsg made through syscall(2), as libuv makes it
- * (dig, for one); everything else passes through untouched.
+ * (dig, for one); everything else passes through untouched. A datagram sent in pieces
+ * (MSG_MORE) passes untouched too; one the kernel segments itself (UDP_SEGMENT) or a corked
+ * socket (UDP_CORK) would get one header for several datagrams, or several for one: programs
+ * that use them are not served.
  *
  * Build: clang -O2 -shared -fPIC -o libkvswitch_keyloc.so keyloc_preload.c -ldl
  * (scripts/keyloc-shim.sh does it). The format is described in docs/keyloc.md. */
@@ -22,6 +25,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -56,26 +60,29 @@ static int (*real_sendmmsg)(int, struct mmsghdr *, unsigned int, int);
 static ssize_t (*real_write)(int, const void *, size_t);
 static long (*real_syscall)(long, ...);
 
-/* Reads KVSWITCH_KEYLOC once; a rule that does not parse is skipped. */
-static void load(void)
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+/* Finds the wrapped functions and reads KVSWITCH_KEYLOC, once, whichever thread comes first; a
+ * rule that does not parse is skipped. */
+static void init(void)
 {
-	if (nrules >= 0)
-		return;
 	real_send = dlsym(RTLD_NEXT, "send");
 	real_sendto = dlsym(RTLD_NEXT, "sendto");
 	real_sendmsg = dlsym(RTLD_NEXT, "sendmsg");
 	real_sendmmsg = dlsym(RTLD_NEXT, "sendmmsg");
 	real_write = dlsym(RTLD_NEXT, "write");
 	real_syscall = dlsym(RTLD_NEXT, "syscall");
-	nrules = 0;
 	const char *env = getenv("KVSWITCH_KEYLOC");
-	if (!env)
+	if (!env) {
+		nrules = 0;
 		return;
+	}
 	char buf[512];
 	strncpy(buf, env, sizeof buf - 1);
 	buf[sizeof buf - 1] = 0;
 	char *save = NULL;
-	for (char *r = strtok_r(buf, ",", &save); r && nrules < MAX_RULES;
+	int n = 0;
+	for (char *r = strtok_r(buf, ",", &save); r && n < MAX_RULES;
 	     r = strtok_r(NULL, ",", &save)) {
 		char *end;
 		unsigned long port = strtoul(r, &end, 10);
@@ -103,34 +110,59 @@ static void load(void)
 		} else {
 			continue;
 		}
-		rules[nrules++] = rule;
+		rules[n++] = rule;
 	}
+	nrules = n;
 }
 
-/* The rule for an IPv4 UDP socket sending to `to` (or, with no address, its peer). */
-static const struct rule *rule_for(int fd, const struct sockaddr *to)
+static void load(void)
+{
+	int saved = errno;
+	pthread_once(&once, init);
+	errno = saved;
+}
+
+__attribute__((constructor)) static void load_early(void)
 {
 	load();
-	if (nrules == 0)
+}
+
+/* The rule for an IPv4 UDP socket sending to `to` (`tolen` bytes), or with no address to its
+ * peer; errno is left as it was. */
+static const struct rule *rule_lookup(int fd, const struct sockaddr *to, socklen_t tolen)
+{
+	if (nrules <= 0)
+		return NULL;
+	int type;
+	socklen_t len = sizeof type;
+	if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) || type != SOCK_DGRAM)
 		return NULL;
 	struct sockaddr_in peer;
 	if (!to) {
-		int type;
-		socklen_t len = sizeof type;
-		if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) || type != SOCK_DGRAM)
-			return NULL;
 		len = sizeof peer;
-		if (getpeername(fd, (struct sockaddr *)&peer, &len) || peer.sin_family != AF_INET)
+		if (getpeername(fd, (struct sockaddr *)&peer, &len))
 			return NULL;
 		to = (const struct sockaddr *)&peer;
+		tolen = len;
 	}
-	if (to->sa_family != AF_INET)
+	if (tolen < (socklen_t)sizeof(struct sockaddr_in) || to->sa_family != AF_INET)
 		return NULL;
 	uint16_t port = ntohs(((const struct sockaddr_in *)to)->sin_port);
 	for (int i = 0; i < nrules; i++)
 		if (rules[i].port == port)
 			return &rules[i];
 	return NULL;
+}
+
+static const struct rule *rule_for(int fd, const struct sockaddr *to, socklen_t tolen, int flags)
+{
+	load();
+	if (flags & MSG_MORE)
+		return NULL;
+	int saved = errno;
+	const struct rule *r = rule_lookup(fd, to, tolen);
+	errno = saved;
+	return r;
 }
 
 /* Writes header + payload into `out` (room for HEADER_LEN + len); 0 when the key is not found. */
@@ -165,10 +197,13 @@ static int attach(const struct rule *r, const uint8_t *payload, size_t len, uint
 static uint8_t *keyed(const struct rule *r, const struct iovec *iov, size_t n, size_t *out_len)
 {
 	size_t len = 0;
-	for (size_t i = 0; i < n; i++)
+	for (size_t i = 0; i < n; i++) {
+		if (iov[i].iov_len > MAX_DATAGRAM)
+			return NULL; /* the kernel refuses it; so no sum can wrap */
 		len += iov[i].iov_len;
-	if (len > MAX_DATAGRAM - HEADER_LEN)
-		return NULL;
+		if (len > MAX_DATAGRAM - HEADER_LEN)
+			return NULL;
+	}
 	uint8_t *flat = malloc(len ? len : 1), *out = malloc(HEADER_LEN + len);
 	if (!flat || !out) {
 		free(flat);
@@ -200,7 +235,7 @@ ssize_t sendto(int fd, const void *buf, size_t len, int flags, const struct sock
 	       socklen_t tolen)
 {
 	load();
-	const struct rule *r = rule_for(fd, to);
+	const struct rule *r = rule_for(fd, to, tolen, flags);
 	struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
 	size_t klen;
 	uint8_t *k = r ? keyed(r, &iov, 1, &klen) : NULL;
@@ -216,7 +251,7 @@ ssize_t sendto(int fd, const void *buf, size_t len, int flags, const struct sock
 ssize_t send(int fd, const void *buf, size_t len, int flags)
 {
 	load();
-	const struct rule *r = rule_for(fd, NULL);
+	const struct rule *r = rule_for(fd, NULL, 0, flags);
 	struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
 	size_t klen;
 	uint8_t *k = r ? keyed(r, &iov, 1, &klen) : NULL;
@@ -232,7 +267,7 @@ ssize_t send(int fd, const void *buf, size_t len, int flags)
 ssize_t write(int fd, const void *buf, size_t len)
 {
 	load();
-	const struct rule *r = rule_for(fd, NULL);
+	const struct rule *r = rule_for(fd, NULL, 0, 0);
 	struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
 	size_t klen;
 	uint8_t *k = r ? keyed(r, &iov, 1, &klen) : NULL;
@@ -248,7 +283,7 @@ ssize_t write(int fd, const void *buf, size_t len)
 ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 {
 	load();
-	const struct rule *r = rule_for(fd, msg->msg_name);
+	const struct rule *r = rule_for(fd, msg->msg_name, msg->msg_namelen, flags);
 	size_t klen;
 	uint8_t *k = r ? keyed(r, msg->msg_iov, msg->msg_iovlen, &klen) : NULL;
 	if (!k)
@@ -267,6 +302,8 @@ ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 int sendmmsg(int fd, struct mmsghdr *msgs, unsigned int vlen, int flags)
 {
 	load();
+	if (vlen == 0 || !rule_for(fd, msgs[0].msg_hdr.msg_name, msgs[0].msg_hdr.msg_namelen, flags))
+		return real_sendmmsg(fd, msgs, vlen, flags);
 	/* One at a time through sendmsg above, so each datagram gets its own header. */
 	unsigned int i;
 	for (i = 0; i < vlen; i++) {
@@ -288,7 +325,9 @@ long syscall(long number, ...)
 	for (int i = 0; i < 6; i++)
 		a[i] = va_arg(ap, long);
 	va_end(ap);
-	if (number == SYS_sendmmsg)
-		return sendmmsg((int)a[0], (struct mmsghdr *)a[1], (unsigned int)a[2], (int)a[3]);
+	struct mmsghdr *msgs = (struct mmsghdr *)a[1];
+	if (number == SYS_sendmmsg && a[2] > 0 &&
+	    rule_for((int)a[0], msgs[0].msg_hdr.msg_name, msgs[0].msg_hdr.msg_namelen, (int)a[3]))
+		return sendmmsg((int)a[0], msgs, (unsigned int)a[2], (int)a[3]);
 	return real_syscall(number, a[0], a[1], a[2], a[3], a[4], a[5]);
 }

@@ -279,9 +279,10 @@ fn out_of_descriptors_connections_are_refused_not_left_waiting() {
     let mut more: Vec<TcpStream> = (0..150)
         .map(|_| TcpStream::connect(cluster.addr()).expect("connect"))
         .collect();
-    // The process has fewer than 64 descriptors for clients: at least 86 are refused.
+    // The process has fewer than 64 descriptors for clients: at least 87 are refused (waiting
+    // for 86 only could stop one short of what the check below needs).
     let t = Instant::now();
-    let (closed, open) = closed_and_open(&mut more, 86, Duration::from_secs(3));
+    let (closed, open) = closed_and_open(&mut more, 87, Duration::from_secs(3));
     assert!(
         closed >= 86 && open < 64,
         "closed {closed}, open {open} after {:?}",

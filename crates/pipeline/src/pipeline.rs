@@ -329,14 +329,15 @@ impl Exec<'_> {
                     return Flow::Stop(code);
                 }
             }
-            Action::StripUdpPayload(n) => {
-                match rewrite::strip_udp_payload(self.frame.bytes_mut(), n) {
-                    None => return Flow::Stop(reason::NO_UDP_PAYLOAD),
-                    Some(at) => {
-                        self.frame.splice(at, usize::from(n), &[]);
-                    }
+            Action::StripUdpPayload(n) => match rewrite::udp_strip_at(self.frame.bytes(), n) {
+                None => return Flow::Stop(reason::NO_UDP_PAYLOAD),
+                Some((at, removed)) => {
+                    // Removed first, so the frame the caller gave stays as it came (it may be
+                    // run through the tables again).
+                    self.frame.splice(at, usize::from(n), &[]);
+                    rewrite::stripped_udp_headers(self.frame.bytes_mut(), n, removed);
                 }
-            }
+            },
             Action::Goto(t) => return Flow::Goto(t),
             // Selector members cannot select (checked at insertion); treat as a no-op.
             Action::Select(_) => {}

@@ -164,48 +164,71 @@ fn fix_l4(frame: &mut [u8], ihl: usize, old: [u8; 4], new: [u8; 4]) {
     }
 }
 
-/// Prepares the removal of the first `n` bytes (even) of an IPv4 UDP datagram's payload: the
-/// IPv4 total length and UDP length shrink by `n` and both checksums are updated
-/// incrementally (RFC 1624: a removed word is a word changed to 0; the UDP length counts
-/// twice, in the header and the pseudo header). Returns where the bytes to remove start, or
-/// `None`, changing nothing, when the frame has no such datagram: not IPv4 with a whole UDP
-/// header, a fragment, lengths that disagree with each other or the frame, or fewer than `n`
-/// payload bytes.
-pub(crate) fn strip_udp_payload(frame: &mut [u8], n: u16) -> Option<usize> {
+/// Where the first `n` bytes (even) of an IPv4 UDP datagram's payload start, and the sum of
+/// their 16-bit words complemented (what removing them takes out of the UDP checksum); `None`
+/// when the frame has no such datagram: not IPv4 with a whole UDP header, a fragment, lengths
+/// that disagree with each other or the frame, or fewer than `n` payload bytes. Reads only:
+/// the caller removes the bytes, then calls [`stripped_udp_headers`].
+pub(crate) fn udp_strip_at(frame: &[u8], n: u16) -> Option<(usize, u32)> {
     let ihl = ipv4_header_len(frame)?;
     let h = ETH_LEN;
     if frame[h + ip::PROTO] != PROTO_UDP || read16(frame, h + ip::FRAG)? & 0x3fff != 0 {
         return None;
     }
-    let total = read16(frame, h + 2)?;
+    let total = usize::from(read16(frame, h + 2)?);
     let l4 = h + ihl;
-    let udp_len = read16(frame, l4 + 4)?;
-    if usize::from(total) != ihl + usize::from(udp_len)
-        || h + usize::from(total) > frame.len()
-        || udp_len < 8 + n
-        || n % 2 == 1
-    {
+    let udp_len = usize::from(read16(frame, l4 + 4)?);
+    let n = usize::from(n);
+    if total != ihl + udp_len || h + total > frame.len() || udp_len < 8 + n || n % 2 == 1 {
         return None;
     }
     let at = l4 + 8;
-    let new_total = total - n;
-    let new_udp_len = udp_len - n;
-    let hc = read16(frame, h + ip::CHECKSUM)?;
+    let mut removed = 0u32;
+    for w in frame[at..at + n].chunks_exact(2) {
+        removed = fold(removed + u32::from(!u16::from_be_bytes([w[0], w[1]])));
+    }
+    Some((at, removed))
+}
+
+/// After `n` bytes whose complemented word sum is `removed` ([`udp_strip_at`]) were taken
+/// from the front of the UDP payload: the IPv4 total length and UDP length shrink by `n` and
+/// both checksums are updated incrementally (RFC 1624: a removed word is a word changed to 0;
+/// the UDP length counts twice, in the header and the pseudo header), so a checksum that was
+/// wrong stays wrong and an absent one stays absent.
+pub(crate) fn stripped_udp_headers(frame: &mut [u8], n: u16, removed: u32) {
+    let Some(ihl) = ipv4_header_len(frame) else {
+        return;
+    };
+    let h = ETH_LEN;
+    let l4 = h + ihl;
+    let (Some(total), Some(hc), Some(udp_len), Some(csum)) = (
+        read16(frame, h + 2),
+        read16(frame, h + ip::CHECKSUM),
+        read16(frame, l4 + 4),
+        read16(frame, l4 + 6),
+    ) else {
+        return;
+    };
+    let (new_total, new_udp_len) = (total.wrapping_sub(n), udp_len.wrapping_sub(n));
     write16(frame, h + 2, new_total);
     let ip_sum = u32::from(!hc) + u32::from(!total) + u32::from(new_total);
     write16(frame, h + ip::CHECKSUM, !(fold(ip_sum) as u16));
     write16(frame, l4 + 4, new_udp_len);
-    let csum = read16(frame, l4 + 6)?;
     if csum != 0 {
-        let mut sum = u32::from(!csum);
+        let mut sum = u32::from(!csum) + removed;
         sum += 2 * (u32::from(!udp_len) + u32::from(new_udp_len));
-        for w in frame[at..at + usize::from(n)].chunks_exact(2) {
-            sum += u32::from(!u16::from_be_bytes([w[0], w[1]]));
-            sum = fold(sum);
-        }
         let fixed = !(fold(sum) as u16);
         write16(frame, l4 + 6, if fixed == 0 { 0xffff } else { fixed });
     }
+}
+
+/// [`udp_strip_at`], the bytes removed, then [`stripped_udp_headers`], on a frame of the
+/// tests' own.
+#[cfg(test)]
+fn strip_udp_payload(frame: &mut Vec<u8>, n: u16) -> Option<usize> {
+    let (at, removed) = udp_strip_at(frame, n)?;
+    frame.drain(at..at + usize::from(n));
+    stripped_udp_headers(frame, n, removed);
     Some(at)
 }
 
@@ -319,7 +342,6 @@ mod tests {
             write16(&mut want, 40, if c == 0 { 0xffff } else { c });
             let at = strip_udp_payload(&mut f, 12).expect("a datagram to strip");
             assert_eq!(at, 42);
-            f.drain(at..at + 12);
             assert_eq!(f, want, "{payload:?}");
             // Without a checksum, none is made up.
             let mut f = frame(PROTO_UDP, 0, &udp);
@@ -333,8 +355,7 @@ mod tests {
         let mut bad = frame(PROTO_UDP, 0, &udp);
         let c = udp_checksum(&mut bad, 34, 24);
         write16(&mut bad, 40, c ^ 0x0100);
-        let at = strip_udp_payload(&mut bad, 12).unwrap();
-        bad.drain(at..at + 12);
+        strip_udp_payload(&mut bad, 12).unwrap();
         let stored = read16(&bad, 40).unwrap();
         assert_ne!(stored, udp_checksum(&mut bad.clone(), 34, 12));
         // What has no such datagram is left alone.

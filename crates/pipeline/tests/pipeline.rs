@@ -1545,3 +1545,63 @@ fn label_actions_on_frames_without_labels_are_counted_drops() {
         Err(Error::BadLabel(1 << 20))
     );
 }
+
+/// `strip_udp_payload` on a frame run through the tables twice (as the switch runs a read
+/// the cache could not answer): each run gives the same shorter frame, with the lengths and
+/// checksums of one sent without the stripped bytes, and the caller's frame stays as it came.
+#[test]
+fn a_strip_leaves_the_callers_frame_and_gives_the_frame_sent_without_the_bytes() {
+    let mut p = Pipeline::new();
+    let t = p
+        .add_table(TableSpec {
+            name: "strip".into(),
+            kind: MatchKind::Exact,
+            key: vec![Field::InPort],
+            miss: vec![Action::Drop(NO_ROUTE)],
+        })
+        .unwrap();
+    p.insert(
+        t,
+        Entry::exact(
+            0u16.to_be_bytes(),
+            vec![Action::StripUdpPayload(8), Action::Output(1)],
+        ),
+    )
+    .unwrap();
+    let input = client().build();
+    let want = Ipv4Frame {
+        payload: &MC_GET[8..],
+        ..client()
+    }
+    .build();
+    let mut frame = input.clone();
+    for run in 0..2 {
+        let mut meta = Meta::default();
+        assert_eq!(
+            p.process(&mut frame, &mut meta),
+            Verdict::Output(1),
+            "run {run}"
+        );
+        assert_eq!(p.resized(), Some(&want[..]), "run {run}");
+        assert!(checksums_ok(p.resized().unwrap()));
+        assert_eq!(frame, input, "run {run}: the caller's frame");
+    }
+    // Refused where it does not apply: an odd length at insertion, a short payload at run.
+    assert!(matches!(
+        p.insert(
+            t,
+            Entry::exact(1u16.to_be_bytes(), vec![Action::StripUdpPayload(3)])
+        ),
+        Err(Error::BadStrip(3))
+    ));
+    let mut short = Ipv4Frame {
+        payload: b"abcd",
+        ..client()
+    }
+    .build();
+    let mut meta = Meta::default();
+    assert_eq!(
+        p.process(&mut short, &mut meta),
+        Verdict::Drop(reason::NO_UDP_PAYLOAD)
+    );
+}

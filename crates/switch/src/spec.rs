@@ -107,7 +107,7 @@ pub struct SwitchSpec {
     /// `Some`: TCP to the VIP's memcached port is spliced by the switch (it needs a local port,
     /// where the connections it hands over go); `None`: it all goes to the local port.
     pub tcp_splice: Option<TcpSplice>,
-    /// UDP ports of the VIP whose datagrams carry the key-location header ([`keyloc`]): each
+    /// UDP ports of the VIP whose datagrams carry the key-location header ([`wire::keyloc`]): each
     /// is routed by its key, with the pool's hash and ring, to its server at the same port,
     /// the header removed on the way; replies from those ports are the VIP's, as memcached's.
     pub keyed_ports: Vec<u16>,

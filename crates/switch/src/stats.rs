@@ -162,7 +162,7 @@ pub enum Drop {
     /// A spliced connection's server sent bytes that did not read as the replies it owed: the
     /// connection is reset.
     TcpRepliesLost,
-    /// A datagram to a keyed port of the VIP (`switch.keyed_ports`) whose key-location header
+    /// A datagram to a keyed port of the VIP (`vip.keyed_ports`) whose key-location header
     /// is missing or wrong: no preamble, offsets out of range, an empty key or one past 250
     /// bytes. It is never forwarded.
     BadKeyHeader,

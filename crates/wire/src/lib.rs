@@ -12,6 +12,7 @@ pub mod fnv;
 pub mod frame;
 pub mod inc;
 pub mod ipv4;
+pub mod keyloc;
 pub mod keymac;
 pub mod mcudp;
 pub mod memcache;

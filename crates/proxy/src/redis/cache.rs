@@ -5,8 +5,9 @@
 //! A command is either a read that changes nothing (a list of them, below), `GET` (answered
 //! or filled), or a write. A write opens writes to every key it names, with what it says of
 //! their expiry (`SET ... EX`, `EXPIRE`, ...). A script or function is taken to write the keys
-//! it declares, as the proxy's routing and Redis Cluster take it; one that declares none
-//! drops every value. Anything not known to be a read is a write.
+//! it declares (with an expiry the cache cannot place), as the proxy's routing and Redis
+//! Cluster take it; one that declares none drops every value. Anything not known to be a read
+//! is a write.
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -18,7 +19,8 @@ use super::super::client::CacheHook;
 use super::super::pool::PoolRt;
 use super::{lookup, Class, Split};
 
-/// Commands that change no key's value, existence or expiry, in byte order.
+/// Commands that change no key's value, existence or expiry, as the proxy forwards them, in
+/// byte order.
 const READS: &[&str] = &[
     "bitcount",
     "bitfield_ro",
@@ -32,7 +34,10 @@ const READS: &[&str] = &[
     "geodist",
     "geohash",
     "geopos",
+    // Forwarded only without STORE (refused: those keys may lie on other servers).
+    "georadius",
     "georadius_ro",
+    "georadiusbymember",
     "georadiusbymember_ro",
     "geosearch",
     "get",
@@ -64,6 +69,7 @@ const READS: &[&str] = &[
     "sismember",
     "smembers",
     "smismember",
+    "sort",
     "sort_ro",
     "srandmember",
     "sscan",
@@ -196,7 +202,9 @@ fn expiry(lower: &[u8], args: &Command) -> WriteExpiry {
                     b"nx" | b"xx" => definite = false,
                     b"get" => {}
                     b"keepttl" => return WriteExpiry::Unchanged,
-                    b"ex" | b"px" => {
+                    // A second expiry option is the server's syntax error: nothing changes,
+                    // which the cache cannot tell from a change it cannot place.
+                    b"ex" | b"px" if after.is_none() => {
                         let unit = if word == b"ex" { 1000 } else { 1 };
                         match seconds(i + 1, unit) {
                             Some(d) => after = Some(d),
@@ -231,9 +239,11 @@ fn expiry(lower: &[u8], args: &Command) -> WriteExpiry {
         },
         b"mset" | b"getset" => sets(None, true),
         b"msetnx" | b"setnx" => sets(None, false),
-        // A value whose expiry comes from elsewhere (another key, a dump) or an absolute time.
-        b"expireat" | b"pexpireat" | b"rename" | b"renamenx" | b"copy" | b"move" | b"restore"
-        | b"smove" | b"lmove" | b"rpoplpush" | b"sort" => unknown,
+        // A value whose expiry comes from elsewhere (another key, a dump, a script) or is an
+        // absolute time.
+        b"expireat" | b"pexpireat" | b"rename" | b"renamenx" | b"copy" | b"restore"
+        | b"restore-asking" | b"smove" | b"lmove" | b"rpoplpush" | b"eval" | b"evalsha"
+        | b"fcall" => unknown,
         // The rest keep a key's expiry, or delete the key.
         _ => WriteExpiry::Unchanged,
     }
@@ -319,6 +329,8 @@ mod tests {
             (&["set", "k", "v", "KEEPTTL"], WriteExpiry::Unchanged),
             (&["set", "k", "v", "exat", "1900000000"], unknown),
             (&["set", "k", "v", "ex", "-1"], unknown),
+            (&["set", "k", "v", "ex", "100", "px", "5000"], unknown),
+            (&["eval", "return 1", "1", "k"], unknown),
             (
                 &["setex", "k", "5", "v"],
                 WriteExpiry::Sets {

@@ -508,11 +508,25 @@ impl Switch {
                 None => addrs.push((server.addr, !self.removed[i])),
             }
         }
+        // A keyed port's reply entry is by address alone: it stays while any server at the
+        // address is in the pool.
+        let live_ips: Vec<Ipv4Addr> = addrs
+            .iter()
+            .filter(|(_, live)| *live)
+            .map(|(a, _)| *a.ip())
+            .collect();
         for (addr, live) in addrs {
             if live {
                 tables::server_entries(&mut self.pipeline, &self.spec, &self.tables, addr);
             } else {
-                tables::remove_server_entries(&mut self.pipeline, &self.spec, &self.tables, addr);
+                let keep_keyed = live_ips.contains(addr.ip());
+                tables::remove_server_entries(
+                    &mut self.pipeline,
+                    &self.spec,
+                    &self.tables,
+                    addr,
+                    keep_keyed,
+                );
             }
         }
     }

@@ -113,6 +113,11 @@ impl Switch {
             return Stage::Done(Fate::Consumed);
         }
         if for_vip && self.spec.keyed_ports.contains(&dst_port) {
+            // The header is removed by the UDP length, which must be the IP payload's.
+            if usize::from(u.len()) != ip.payload().len() {
+                self.stats.count_drop(Drop::BadUdp);
+                return Stage::Done(Fate::Consumed);
+            }
             return self.route_keyed(u.payload());
         }
         if !for_vip || dst_port != self.spec.vip.port {
@@ -456,14 +461,12 @@ impl Switch {
         self.send_subs(agent_ip, subs, emit);
     }
 
-    /// The key hash and server of one key of `req`, placed as memcached stores it: a base64
-    /// meta key by its decoded bytes.
     /// A datagram to a keyed port of the VIP: placed by the key its key-location header
     /// points at, with the pool's hash and ring; `kv_route` removes the header and sends it to
     /// the key's server. A bad header, or no server in the ring, drops it.
     fn route_keyed(&mut self, datagram: &[u8]) -> Stage {
         stats::inc(&self.stats.keyed_requests);
-        let located = match keyloc::parse(datagram) {
+        let located = match wire::keyloc::parse(datagram) {
             Ok(located) => located,
             Err(_) => {
                 self.stats.count_drop(Drop::BadKeyHeader);
@@ -484,6 +487,8 @@ impl Switch {
         }
     }
 
+    /// The key hash and server of one key of `req`, placed as memcached stores it: a base64
+    /// meta key by its decoded bytes.
     pub(super) fn place(
         &self,
         req: &memcache::Request<'_>,

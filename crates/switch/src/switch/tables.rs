@@ -210,7 +210,7 @@ pub(super) fn build_tables(p: &mut Pipeline, spec: &SwitchSpec) -> Result<Tables
             Entry::exact(
                 to_vip_port(FLAG_PLAIN_UDP, ipv4::Protocol::UDP, port),
                 vec![
-                    Action::StripUdpPayload(keyloc::LEN as u16),
+                    Action::StripUdpPayload(wire::keyloc::LEN as u16),
                     Action::Select(ring),
                 ],
             ),
@@ -273,19 +273,25 @@ pub(super) fn server_entries(p: &mut Pipeline, spec: &SwitchSpec, t: &Tables, ad
     }
 }
 
-/// Removes the `vip_reply` entry [`server_entries`] made for `addr`: a server out of the pool
-/// may no longer send UDP in the VIP's name. Its `local_in` entry stays: the proxy closes its
-/// connections to the server once it is out, and the last segments of those closes come back
-/// to the proxy's address (they reach nothing else; the host's stack answers anything more
-/// with a reset).
+/// Removes the `vip_reply` entries [`server_entries`] made for `addr`: a server out of the
+/// pool may no longer send UDP in the VIP's name. Those of the keyed ports, which are by
+/// address alone, stay with `keep_keyed` (another server at the address is in the pool). Its
+/// `local_in` entry stays: the proxy closes its connections to the server once it is out, and
+/// the last segments of those closes come back to the proxy's address (they reach nothing
+/// else; the host's stack answers anything more with a reset).
 pub(super) fn remove_server_entries(
     p: &mut Pipeline,
     spec: &SwitchSpec,
     t: &Tables,
     addr: SocketAddrV4,
+    keep_keyed: bool,
 ) {
     for (table, key, _) in server_entry_defs(spec, t, addr) {
         if table != t.vip_reply {
+            continue;
+        }
+        let port = u16::from_be_bytes([key[key.len() - 2], key[key.len() - 1]]);
+        if keep_keyed && port != addr.port() {
             continue;
         }
         if let Some(id) = p.lookup_exact(table, &key) {

@@ -35,7 +35,7 @@ pub fn to_keyed_raw(datagram: &[u8]) -> Vec<u8> {
 
 /// A client's request to the keyed port: `payload` with the header for `key` attached.
 pub fn to_keyed(payload: &[u8], key: std::ops::Range<usize>) -> Vec<u8> {
-    let mut datagram = keyloc::header(key).to_vec();
+    let mut datagram = wire::keyloc::header(key).to_vec();
     datagram.extend_from_slice(payload);
     to_keyed_raw(&datagram)
 }
@@ -56,7 +56,7 @@ pub fn keyed_routed(input: &[u8], mode: Mode, server: usize) -> Vec<u8> {
         VIP_MAC,
         (CLIENT.ip, CLIENT_UDP_PORT),
         (VIP, KEYED_PORT),
-        &datagram[keyloc::LEN..],
+        &datagram[wire::keyloc::LEN..],
     );
     if udp.checksum() == 0 {
         plain[UDP_AT + 6..UDP_AT + 8].copy_from_slice(&[0, 0]);
@@ -219,7 +219,7 @@ pub fn bad_keyed_cases() -> Vec<Case> {
             name: "keyed datagram whose key starts past its end is dropped",
             in_port: CLIENT.port,
             input: |_| {
-                let mut d = keyloc::header(0..1).to_vec();
+                let mut d = wire::keyloc::header(0..1).to_vec();
                 d[4..8].copy_from_slice(&9u32.to_be_bytes());
                 d[8..12].copy_from_slice(&8u32.to_be_bytes());
                 d.extend_from_slice(b"LOOKUP abc");
@@ -251,7 +251,7 @@ pub fn bad_keyed_cases() -> Vec<Case> {
         Case {
             name: "keyed datagram shorter than the header is dropped",
             in_port: CLIENT.port,
-            input: |_| to_keyed_raw(&keyloc::PREAMBLE),
+            input: |_| to_keyed_raw(&wire::keyloc::PREAMBLE),
             fate: Fate::Consumed,
             output: None,
             emits: nothing,
@@ -261,7 +261,7 @@ pub fn bad_keyed_cases() -> Vec<Case> {
             name: "keyed datagram with offsets past 32 bits' worth is dropped",
             in_port: CLIENT.port,
             input: |_| {
-                let mut d = keyloc::header(0..1).to_vec();
+                let mut d = wire::keyloc::header(0..1).to_vec();
                 d[4..8].copy_from_slice(&u32::MAX.to_be_bytes());
                 d[8..12].copy_from_slice(&u32::MAX.to_be_bytes());
                 d.extend_from_slice(b"payload");
