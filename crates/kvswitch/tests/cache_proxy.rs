@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::proxy::{free_port, keys_on, listening, Conn, Memcached};
+use common::proxy::{cache_cli, free_port, keys_on, listening, Conn, Memcached};
 use testbed::replies::{ends_with_sentinel, SENTINEL};
 
 /// The proxy process, killed by PID when dropped.
@@ -72,22 +72,6 @@ fn start(cache_table: &str) -> Setup {
         _running: running,
         _dir: dir,
     }
-}
-
-/// Runs `kvswitch cache ARGS --api API` and returns its output.
-fn cache_cli(api: SocketAddr, args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvswitch"))
-        .arg("cache")
-        .args(args)
-        .args(["--api", &api.to_string()])
-        .output()
-        .expect("run kvswitch cache");
-    assert!(
-        out.status.success(),
-        "kvswitch cache {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn metric(api: SocketAddr, name: &str) -> u64 {

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::proxy::{free_port, listening};
+use common::proxy::{cache_cli, free_port, listening};
 use testbed::local::{self, Proc, TempDir};
 use testbed::resp_differential::{case, exchange};
 use wire::resp::{encode_command, ReplyFramer};
@@ -481,22 +481,6 @@ fn history_with_a_server_killed(cache: bool) {
             .any(|op| !matches!(op.kind, testbed::history::Kind::Failed)),
         "the dead server's keys were never served again"
     );
-}
-
-/// Runs `kvswitch cache ARGS --api API` and returns its output.
-fn cache_cli(api: SocketAddr, args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvswitch"))
-        .arg("cache")
-        .args(args)
-        .args(["--api", &api.to_string()])
-        .output()
-        .expect("run kvswitch cache");
-    assert!(
-        out.status.success(),
-        "kvswitch cache {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// A counter of the proxy's pool `alpha`, from its `/metrics`.

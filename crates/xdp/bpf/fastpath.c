@@ -482,15 +482,40 @@ __noinline __u32 fp_text_tail(struct xdp_md *ctx, __u32 at, __u32 meta)
 	return 0;
 }
 
+/* The furthest a key may start from the frame's start, as a mask (a key-location header's
+ * key starts at most FP_MAX_KEY_START into its payload). */
+#define KEY_OFF_MASK 4095
+
+/* Copies the `len`-byte key at `off` from the frame's start to the scratch buffer; returns
+ * `len`, or 0 when the frame does not hold it. Global, as the others. */
+__noinline __u32 fp_copy_key(struct xdp_md *ctx, __u32 off, __u32 len)
+{
+	void *end = (void *)(long)ctx->data_end;
+	__u8 *data = (__u8 *)(long)ctx->data;
+	__u32 zero = 0;
+	struct fp_scratch *s = bpf_map_lookup_elem(&fp_scratch, &zero);
+	if (!s || len == 0 || len > FP_MAX_KEY || off > KEY_OFF_MASK)
+		return 0;
+	barrier_var(off); /* so the mask below stays: it bounds the offset for the verifier */
+	__u8 *q = data + (off & KEY_OFF_MASK);
+	for (__u32 i = 0; i < FP_MAX_KEY; i++, q++) {
+		if (i >= len)
+			break;
+		barrier_var(q);
+		if (q + 1 > (__u8 *)end)
+			return 0;
+		s->buf[i] = *q;
+	}
+	return len;
+}
+
 /* The key of a binary GET, GETQ, GETK or GETKQ: no extras, a body that is exactly the key, no
  * cas. Copied to the scratch buffer; returns its length, or 0. */
 __noinline __u32 fp_binary_key(struct xdp_md *ctx)
 {
 	void *end = (void *)(long)ctx->data_end;
 	__u8 *body = (__u8 *)(long)ctx->data + BODY_OFF;
-	__u32 zero = 0;
-	struct fp_scratch *s = bpf_map_lookup_elem(&fp_scratch, &zero);
-	if (!s || body + 24 > (__u8 *)end)
+	if (body + 24 > (__u8 *)end)
 		return 0;
 	__u8 op = body[1];
 	if (body[0] != 0x80 || (op != 0x00 && op != 0x09 && op != 0x0c && op != 0x0d))
@@ -504,16 +529,7 @@ __noinline __u32 fp_binary_key(struct xdp_md *ctx)
 	for (int i = 16; i < 24; i++)
 		if (body[i])
 			return 0;
-	__u8 *q = body + 24;
-	for (__u32 i = 0; i < FP_MAX_KEY; i++, q++) {
-		if (i >= klen)
-			break;
-		barrier_var(q);
-		if (q + 1 > (__u8 *)end)
-			return 0;
-		s->buf[i] = *q;
-	}
-	return klen;
+	return fp_copy_key(ctx, BODY_OFF + 24, klen);
 }
 
 /* The request after the memcached frame header when it is one single-key read the user-space
@@ -839,29 +855,6 @@ static __always_inline int route(struct xdp_md *ctx, struct fp_config *cfg, __u3
 /* The headers a keyed datagram keeps: Ethernet, IPv4, UDP. */
 #define KEPT_LEN (ETH_LEN + IP_LEN + UDP_LEN)
 
-/* The `len`-byte key at `at` in a keyed datagram's payload, copied to the scratch buffer;
- * returns `len`, or 0 when the frame does not hold it. Global, as the others. */
-__noinline __u32 fp_keyed_key(struct xdp_md *ctx, __u32 at, __u32 len)
-{
-	void *end = (void *)(long)ctx->data_end;
-	__u8 *p = (__u8 *)(long)ctx->data + KEYED_OFF;
-	__u32 zero = 0;
-	struct fp_scratch *s = bpf_map_lookup_elem(&fp_scratch, &zero);
-	if (!s || len == 0 || len > FP_MAX_KEY || at > FP_MAX_KEY_START)
-		return 0;
-	barrier_var(at); /* so the mask below stays: it bounds the offset for the verifier */
-	__u8 *q = p + (at & FP_MAX_KEY_START);
-	for (__u32 i = 0; i < FP_MAX_KEY; i++, q++) {
-		if (i >= len)
-			break;
-		barrier_var(q);
-		if (q + 1 > (__u8 *)end)
-			return 0;
-		s->buf[i] = *q;
-	}
-	return len;
-}
-
 static __always_inline int keyed_port(__u16 port)
 {
 	__u32 k = port;
@@ -897,7 +890,7 @@ static __always_inline int route_keyed(struct xdp_md *ctx, struct fp_config *cfg
 		return pass(FP_C_PASS_KEYED);
 	if (!fp_udp_ok(ctx, ulen))
 		return pass(FP_C_PASS_CHECKSUM);
-	__u32 klen = fp_keyed_key(ctx, start, kend - start);
+	__u32 klen = fp_copy_key(ctx, KEYED_OFF + start, kend - start);
 	if (!klen)
 		return pass(FP_C_PASS_KEYED);
 	__u32 hash = fp_key_hash(klen, cfg->hash);

@@ -666,3 +666,19 @@ pub fn values_reply(items: &[(&str, &[u8])]) -> Vec<u8> {
     r.extend_from_slice(b"END\r\n");
     r
 }
+
+/// Runs `kvswitch cache ARGS --api API` and returns its output.
+pub fn cache_cli(api: SocketAddr, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvswitch"))
+        .arg("cache")
+        .args(args)
+        .args(["--api", &api.to_string()])
+        .output()
+        .expect("run kvswitch cache");
+    assert!(
+        out.status.success(),
+        "kvswitch cache {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
