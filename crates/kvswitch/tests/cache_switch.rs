@@ -6,7 +6,6 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::process::Command;
 use std::time::Duration;
 
 use common::*;
@@ -37,18 +36,7 @@ fn hits(live: &testbed::Live) -> u64 {
 }
 
 fn cache_cli(live: &testbed::Live, args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvswitch"))
-        .arg("cache")
-        .args(args)
-        .args(["--api", &live.api().to_string()])
-        .output()
-        .expect("run kvswitch cache");
-    assert!(
-        out.status.success(),
-        "kvswitch cache {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    common::proxy::cache_cli(live.api(), args)
 }
 
 fn binary_get(op: u8, key: &[u8], opaque: u32) -> Vec<u8> {

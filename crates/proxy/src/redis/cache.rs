@@ -12,12 +12,12 @@
 use std::rc::Rc;
 use std::time::Duration;
 
-use switch::cache::{CacheService, WriteExpiry};
+use switch::cache::WriteExpiry;
 use wire::resp::{self, Command};
 
 use super::super::client::CacheHook;
 use super::super::pool::PoolRt;
-use super::{lookup, Class, Split};
+use super::{key_positions, Class};
 
 /// Commands that change no key's value, existence or expiry, as the proxy forwards them, in
 /// byte order.
@@ -116,8 +116,13 @@ pub(super) fn serve_get(pool: &PoolRt, server: usize, key: &[u8]) -> Option<Vec<
 }
 
 /// What the cache must hear of a command about to be forwarded (`lower`: its name in lower
-/// case): a fill token for `GET`, the writes it opens, or nothing.
-pub(super) fn hook(lower: &[u8], args: &Command, pool: &Rc<PoolRt>) -> Option<CacheHook> {
+/// case, `class` its class): a fill token for `GET`, the writes it opens, or nothing.
+pub(super) fn hook(
+    lower: &[u8],
+    class: Class,
+    args: &Command,
+    pool: &Rc<PoolRt>,
+) -> Option<CacheHook> {
     let cache = pool.cache.as_ref()?;
     if lower == b"get" {
         let fill = cache.before_read_key(args.word(1))?;
@@ -127,55 +132,14 @@ pub(super) fn hook(lower: &[u8], args: &Command, pool: &Rc<PoolRt>) -> Option<Ca
     if READS.binary_search(&name).is_ok() {
         return None;
     }
-    let keys = match lookup(lower) {
-        Some((_, class)) => key_positions(class, args),
-        None => Vec::new(),
-    };
-    let writes = if keys.is_empty() {
+    let mut keys = key_positions(class, args).peekable();
+    let writes = if keys.peek().is_none() {
         cache.before_flush()
     } else {
-        let expiry = expiry(lower, args);
-        write_keys(cache, keys.iter().map(|&i| args.word(i)), expiry)
+        let keys = keys.map(|i| args.word(i));
+        cache.before_write_keys(keys, expiry(lower, args), kvio::clock::now())
     };
     Some(CacheHook::Write(pool.clone(), writes))
-}
-
-fn write_keys<'k>(
-    cache: &CacheService,
-    keys: impl IntoIterator<Item = &'k [u8]>,
-    expiry: WriteExpiry,
-) -> switch::cache::Writes {
-    cache.before_write_keys(keys, expiry, kvio::clock::now())
-}
-
-/// Where a command's keys are, by its class; empty for one whose keys cannot be told.
-fn key_positions(class: Class, args: &Command) -> Vec<usize> {
-    let n = args.len();
-    match class {
-        Class::Keys { first, last, step } => {
-            let last = if last < 0 {
-                n.saturating_sub(last.unsigned_abs() as usize)
-            } else {
-                last as usize
-            };
-            (first..=last.min(n - 1)).step_by(step.max(1)).collect()
-        }
-        Class::NumKeys { count, dest } => {
-            match resp::string2ll(args.word(count)).filter(|&k| k > 0 && (k as usize) < n - count) {
-                Some(k) => {
-                    let from = if dest { count - 1 } else { count + 1 };
-                    (from..=count + k as usize)
-                        .filter(|&i| i != count)
-                        .collect()
-                }
-                None => Vec::new(),
-            }
-        }
-        Class::SubcommandKey if n >= 3 => vec![2],
-        Class::Split(Split::Pairs) => (1..n).step_by(2).collect(),
-        Class::Split(_) => (1..n).collect(),
-        _ => Vec::new(),
-    }
 }
 
 /// What a write says of its keys' expiry: set to a time from now, removed, left as it was,
@@ -261,6 +225,7 @@ pub(crate) fn get_value(reply: &[u8]) -> Option<&[u8]> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::lookup;
     use super::*;
 
     fn command(words: &[&str]) -> Command {
@@ -374,7 +339,7 @@ mod tests {
     fn a_writes_keys_are_found_by_its_class() {
         let at = |words: &[&str]| {
             let (_, class) = lookup(words[0].as_bytes()).expect("a command");
-            key_positions(class, &command(words))
+            key_positions(class, &command(words)).collect::<Vec<_>>()
         };
         assert_eq!(at(&["set", "k", "v"]), vec![1]);
         assert_eq!(at(&["rename", "a", "b"]), vec![1, 2]);

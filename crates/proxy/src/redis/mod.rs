@@ -286,7 +286,7 @@ impl Session {
         let action = self.route(lower, class, args, pool, place);
         match action {
             Action::Forward(parts, merge, None) if pool.cache.is_some() => {
-                Action::Forward(parts, merge, cache::hook(lower, args, pool))
+                Action::Forward(parts, merge, cache::hook(lower, class, args, pool))
             }
             action => action,
         }
@@ -305,12 +305,7 @@ impl Session {
         match class {
             Class::Local => self.local(lower, args, pool),
             Class::Refused(why) => Action::Reply(refused(name, why.reason())),
-            Class::Keys { first, last, step } => {
-                let last = if last < 0 {
-                    args.len().saturating_sub(last.unsigned_abs() as usize)
-                } else {
-                    last as usize
-                };
+            Class::Keys { first, step, .. } => {
                 // Key-value pairs (MSETNX): a key without its value is the server's arity
                 // error, whichever servers the keys are on.
                 if step == 2 && !(args.len() - first).is_multiple_of(2) {
@@ -321,24 +316,13 @@ impl Session {
                         "its STORE, BY or GET options name keys that may lie on other servers";
                     return Action::Reply(refused(name, why));
                 }
-                let keys = (first..=last.min(args.len() - 1)).step_by(step.max(1));
-                one_server(args, keys, place)
+                one_server(args, key_positions(class, args), place)
             }
-            Class::NumKeys { count, dest } => {
-                let numkeys = resp::string2ll(args.word(count))
-                    .filter(|&n| n > 0 && (n as usize) < args.len() - count);
-                match numkeys {
-                    Some(n) => {
-                        let from = if dest { count - 1 } else { count + 1 };
-                        let keys = (from..=count + n as usize).filter(|&i| i != count);
-                        one_server(args, keys, place)
-                    }
-                    // No key, or a count the server refuses: any server says the same.
-                    None => any_server(args, place),
-                }
+            // No key (a count the server refuses, a subcommand without its key): any server
+            // says the same.
+            Class::NumKeys { .. } | Class::SubcommandKey => {
+                one_server(args, key_positions(class, args), place)
             }
-            Class::SubcommandKey if args.len() >= 3 => one_server(args, 2..=2, place),
-            Class::SubcommandKey => any_server(args, place),
             Class::Split(split) => self.split(split, args, place),
         }
     }
@@ -541,6 +525,38 @@ fn to_server(server: usize, args: &Command) -> Action {
 }
 
 /// To the server of the keys at `positions`, which must all be on one.
+/// Where a command's keys are, by its class: the server's key positions (`COMMAND INFO`);
+/// none for a command whose keys cannot be told (a count the server refuses, a subcommand
+/// without its key) or that names none.
+fn key_positions(class: Class, args: &Command) -> impl Iterator<Item = usize> {
+    let n = args.len();
+    let none = (1, 0, 1, None);
+    let (from, to, step, skip) = match class {
+        Class::Keys { first, last, step } => {
+            let last = if last < 0 {
+                n.saturating_sub(last.unsigned_abs() as usize)
+            } else {
+                last as usize
+            };
+            (first, last.min(n - 1), step.max(1), None)
+        }
+        Class::NumKeys { count, dest } => {
+            match resp::string2ll(args.word(count)).filter(|&k| k > 0 && (k as usize) < n - count) {
+                Some(k) => {
+                    let from = if dest { count - 1 } else { count + 1 };
+                    (from, count + k as usize, 1, Some(count))
+                }
+                None => none,
+            }
+        }
+        Class::SubcommandKey if n >= 3 => (2, 2, 1, None),
+        Class::Split(Split::Pairs) => (1, n - 1, 2, None),
+        Class::Split(_) => (1, n - 1, 1, None),
+        Class::SubcommandKey | Class::Local | Class::Refused(_) => none,
+    };
+    (from..=to).step_by(step).filter(move |&i| Some(i) != skip)
+}
+
 fn one_server(
     args: &Command,
     positions: impl Iterator<Item = usize>,
