@@ -104,6 +104,8 @@ pub struct Config {
     pub server_connections: usize,
     /// Servers each key is kept on (`pool.replicas`).
     pub replicas: usize,
+    /// A Redis pool (`pool.redis = true`): the VIP's port speaks Redis over TCP.
+    pub redis: Option<switch::pool::RedisSpec>,
     /// The in-network cache (`[cache]`), shared by the UDP path and the proxy.
     pub cache: cache::CacheSettings,
     /// The source-address check of the ports (`switch.source_check` and its keys).
@@ -548,7 +550,13 @@ impl Config {
         if !vip_mac.is_unicast() {
             return Err(err("vip.mac", format!("`{vip_mac}` is not a unicast MAC")));
         }
-        let vip_port = raw.vip.port.unwrap_or(11211);
+        let redis = pool_keys::redis_toml(&raw.pool)
+            .map_err(|(k, e)| err(&format!("pool.{k}"), e.to_string()))?;
+        // Redis's port for a Redis pool, memcached's otherwise.
+        let vip_port = raw
+            .vip
+            .port
+            .unwrap_or(if redis.is_some() { 6379 } else { 11211 });
         if vip_port == 0 {
             return Err(err("vip.port", "port 0 is not allowed".into()));
         }
@@ -798,6 +806,7 @@ impl Config {
             server_retry_timeout: keys.server_retry_timeout,
             server_connections: keys.server_connections,
             replicas: keys.replicas,
+            redis,
             cache: {
                 let present = raw.cache.is_some();
                 raw.cache.unwrap_or_default().settings(present, path)?
@@ -838,6 +847,7 @@ impl Config {
         pool.server_retry_timeout = self.server_retry_timeout;
         pool.server_connections = self.server_connections;
         pool.replicas = self.replicas;
+        pool.redis = self.redis.clone();
         pool
     }
 }
@@ -890,6 +900,7 @@ impl Config {
                 max_flows: self.tcp_max_flows,
             }),
             keyed_ports: self.keyed_ports.clone(),
+            redis: self.redis.is_some(),
             seed,
         }
     }
@@ -1520,6 +1531,22 @@ mod tests {
                 "hash = \"md5\"\nhash_tag = \"{}\"",
                 "pool.hash_tag",
             ),
+            // A Redis pool's keys in a memcached pool, and what a Redis pool cannot do.
+            (
+                "hash = \"md5\"",
+                "hash = \"md5\"\nredis_db = 1",
+                "pool.redis_db",
+            ),
+            (
+                "hash = \"md5\"",
+                "hash = \"md5\"\nredis = true\nredis_auth = \"\"",
+                "pool.redis_auth",
+            ),
+            (
+                "hash = \"md5\"",
+                "hash = \"md5\"\nredis = true\nreplicas = 2",
+                "pool.replicas",
+            ),
         ] {
             let e = parse(&EXAMPLE.replace(from, to)).unwrap_err().to_string();
             assert!(e.contains("test.toml") && e.contains(key), "{to}: {e}");
@@ -1530,5 +1557,18 @@ mod tests {
     fn unnamed_server_on_default_port_hashes_by_host() {
         let c = parse(&EXAMPLE.replace("name = \"s2\"", "")).unwrap();
         assert_eq!(c.servers[1].ring_name(), "10.0.0.12");
+    }
+
+    #[test]
+    fn a_redis_pool_listens_on_redis_port_and_the_switch_speaks_redis() {
+        let c = parse(&EXAMPLE.replace("hash = \"md5\"", "hash = \"md5\"\nredis = true"))
+            .expect("a Redis pool");
+        let redis = c.redis.clone().expect("redis");
+        assert_eq!((redis.auth, redis.db), (None, 0));
+        let spec = c.switch_spec(c.ports.len() + 1, 0);
+        assert!(spec.redis);
+        assert!(c.switch_pool_spec().redis.is_some());
+        let c = parse(EXAMPLE).expect("the example");
+        assert!(c.redis.is_none() && !c.switch_spec(c.ports.len() + 1, 0).redis);
     }
 }

@@ -12,7 +12,7 @@ use kv::{Distribution, HashFn, RouteError};
 use serde::Deserialize;
 
 use switch::pool::{
-    PoolSpec, DEFAULT_FAILURE_LIMIT, DEFAULT_RETRY_TIMEOUT, DEFAULT_SERVER_CONNECTIONS,
+    PoolSpec, RedisSpec, DEFAULT_FAILURE_LIMIT, DEFAULT_RETRY_TIMEOUT, DEFAULT_SERVER_CONNECTIONS,
     DEFAULT_TIMEOUT, MAX_NAME_LEN,
 };
 
@@ -50,6 +50,13 @@ pub(crate) struct RawPool {
     pub server_connections: Option<u64>,
     #[serde(default)]
     pub replicas: Option<u64>,
+    /// A Redis pool (nutcracker's `redis`, `redis_auth` and `redis_db`).
+    #[serde(default)]
+    pub redis: Option<bool>,
+    #[serde(default)]
+    pub redis_auth: Option<String>,
+    #[serde(default)]
+    pub redis_db: Option<u64>,
     pub servers: Vec<RawServer>,
 }
 
@@ -180,6 +187,14 @@ pub(crate) enum KeyError {
     HashTag(String),
     #[error("weight must be at least 1")]
     ZeroWeight,
+    /// A Redis pool's key in a memcached pool.
+    #[error("only valid in a Redis pool (redis = true)")]
+    RedisOnly,
+    #[error("an empty password; remove the key for none")]
+    EmptyAuth,
+    /// Replication asked of a Redis pool, whose proxy sends each key to one server.
+    #[error("a Redis pool keeps each key on one server; use replicas = 1")]
+    RedisReplicas,
     /// Replication over a distribution that moves every key when a server leaves.
     #[error(
         "{0} replicas over distribution {1}: a replicated pool needs distribution = \"ketama\", \
@@ -374,6 +389,33 @@ pub(crate) fn check_servers(pool: &PoolSpec) -> Result<(), ServersError> {
         }
     }
     pool.ring().map(drop).map_err(ServersError::Ring)
+}
+
+/// A TOML `[pool]`'s Redis settings: `None` for a memcached pool. The error is the failing key
+/// (without the `pool.` prefix) and what is wrong with its value.
+pub(crate) fn redis_toml(raw: &RawPool) -> Result<Option<RedisSpec>, (&'static str, KeyError)> {
+    if raw.redis != Some(true) {
+        return match (&raw.redis_auth, raw.redis_db) {
+            (Some(_), _) => Err(("redis_auth", KeyError::RedisOnly)),
+            (_, Some(_)) => Err(("redis_db", KeyError::RedisOnly)),
+            _ => Ok(None),
+        };
+    }
+    if raw.replicas.is_some_and(|n| n > 1) {
+        return Err(("replicas", KeyError::RedisReplicas));
+    }
+    if raw.redis_auth.as_deref() == Some("") {
+        return Err(("redis_auth", KeyError::EmptyAuth));
+    }
+    let db = match raw.redis_db {
+        Some(n) => in_range(n, &(0..=u64::from(u32::MAX)), "").map_err(|e| ("redis_db", e))? as u32,
+        None => 0,
+    };
+    Ok(Some(RedisSpec {
+        auth: raw.redis_auth.clone(),
+        db,
+        cluster: false,
+    }))
 }
 
 #[cfg(test)]

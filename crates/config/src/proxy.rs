@@ -260,6 +260,8 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
         servers,
     );
     keys.apply(&mut pool);
+    pool.redis = pool_keys::redis_toml(&raw.pool)
+        .map_err(|(k, e)| err(&format!("pool.{k}"), e.to_string()))?;
     pool_keys::check_servers(&pool).map_err(|e| match e.server() {
         Some(i) => err(&format!("pool.servers[{i}]"), e.to_string()),
         None => err("pool.servers", e.to_string()),

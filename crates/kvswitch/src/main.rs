@@ -103,6 +103,10 @@ enum TestbedCmd {
         /// Do not start nutcracker on the first client.
         #[arg(long)]
         no_nutcracker: bool,
+        /// The servers run redis-server on port 6379 instead of memcached, and the pool (the
+        /// switch's, nutcracker's) is a Redis pool on the VIP's port 6379.
+        #[arg(long)]
+        redis: bool,
         /// kvswitch's datapath: "xdp" (the fast path, an error if it cannot attach), "af_xdp"
         /// (the fast path, and AF_XDP sockets to the switch) or "af_packet" (none) [default:
         /// XDP wherever it attaches].
@@ -190,6 +194,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
                 prefix,
                 state,
                 no_nutcracker,
+                redis,
                 datapath,
             } => {
                 let topo = match &topology {
@@ -203,6 +208,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
                         bin: bin.clone(),
                         args: Vec::new(),
                     },
+                    None if redis => testbed::ServerProgram::Redis,
                     None => testbed::ServerProgram::Memcached,
                 };
                 let opts = testbed::UpOptions {

@@ -17,6 +17,7 @@ pub struct Tables {
     pub disabled: Option<&'static str>,
     pub vip: Ipv4Addr,
     pub vip_mac: Mac,
+    /// memcached's UDP port on the VIP; 0 for a Redis pool, whose port speaks TCP only.
     pub vip_port: u16,
     /// The VIP network's broadcast address, when it has one.
     pub vip_broadcast: Option<Ipv4Addr>,

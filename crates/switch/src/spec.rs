@@ -111,6 +111,9 @@ pub struct SwitchSpec {
     /// is routed by its key, with the pool's hash and ring, to its server at the same port,
     /// the header removed on the way; replies from those ports are the VIP's, as memcached's.
     pub keyed_ports: Vec<u16>,
+    /// The pool is a Redis pool: the VIP's port speaks RESP over TCP, spliced command by
+    /// command; UDP to it is dropped (`udp_to_redis`). Must match the pool's kind.
+    pub redis: bool,
     /// Every choice the switch makes that must not be guessable (the first id of split
     /// sub-requests) comes from this. The same seed, frames and instants give the same run.
     pub seed: u64,
@@ -155,12 +158,13 @@ impl SwitchSpec {
             cache: false,
             tcp_splice: None,
             keyed_ports: Vec::new(),
+            redis: false,
             seed: 0,
         }
     }
 
-    /// The pool of this switch's servers, in its order, as the proxy serves it on the VIP:
-    /// each server's ring name is its address (name them in the result to place keys as a
+    /// The pool of this switch's servers, in its order, as the proxy serves it on the VIP (a
+    /// Redis pool when the switch speaks Redis): each server's ring name is its address (name them in the result to place keys as a
     /// nutcracker pool with names does).
     pub fn pool_spec(&self, distribution: Distribution, hash: HashFn) -> PoolSpec {
         let servers = self
@@ -174,7 +178,11 @@ impl SwitchSpec {
             })
             .collect();
         let listen = std::net::SocketAddr::from((self.vip.ip, self.vip.port));
-        PoolSpec::new("default", listen, distribution, hash, servers)
+        let mut pool = PoolSpec::new("default", listen, distribution, hash, servers);
+        if self.redis {
+            pool.redis = Some(crate::pool::RedisSpec::default());
+        }
+        pool
     }
 
     /// The VIP, the agent address, or an address of the host's end of the local port.
@@ -193,6 +201,11 @@ pub enum SpecError {
     LocalPort { needed: u16, ports: usize },
     #[error("the switch has {servers} servers but its pool {pool}")]
     PoolMismatch { servers: usize, pool: usize },
+    #[error("the switch speaks {switch} on the VIP's port but its pool is a {pool} pool")]
+    PoolKind {
+        switch: &'static str,
+        pool: &'static str,
+    },
     #[error("the pipeline refused the switch's tables: {0}")]
     Pipeline(pipeline::Error),
     #[error("the cache is off in the spec; turn it on to attach one")]

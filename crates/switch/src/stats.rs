@@ -168,10 +168,12 @@ pub enum Drop {
     BadKeyHeader,
     /// An operator's `strip_udp_payload` found no UDP payload that long.
     UdpStrip,
+    /// A UDP datagram to the VIP's port of a Redis pool, which speaks TCP only.
+    UdpToRedis,
 }
 
 impl Drop {
-    pub const ALL: [Drop; 63] = [
+    pub const ALL: [Drop; 64] = [
         Drop::BadEthernet,
         Drop::BadIpv4,
         Drop::BadUdp,
@@ -235,6 +237,7 @@ impl Drop {
         Drop::TcpRepliesLost,
         Drop::BadKeyHeader,
         Drop::UdpStrip,
+        Drop::UdpToRedis,
     ];
 
     /// The label used in metrics.
@@ -303,6 +306,7 @@ impl Drop {
             Drop::TcpRepliesLost => "tcp_replies_lost",
             Drop::BadKeyHeader => "bad_key_header",
             Drop::UdpStrip => "udp_strip",
+            Drop::UdpToRedis => "udp_to_redis",
         }
     }
 

@@ -6,7 +6,6 @@
 use std::fmt::Write;
 
 use crate::state::State;
-use crate::topology::MEMCACHED_PORT;
 
 /// The kvswitch daemon config, with `vip` added verbatim to its `[vip]` table and `pool` to its
 /// `[pool]` table (before the servers, which TOML would otherwise take it to belong to),
@@ -78,6 +77,9 @@ pub fn kvswitch_config(
     let _ = writeln!(out, "[pool]");
     let _ = writeln!(out, "distribution = {:?}", state.distribution);
     let _ = writeln!(out, "hash = {:?}", state.hash);
+    if state.redis {
+        let _ = writeln!(out, "redis = true");
+    }
     if let Some(pool) = pool {
         out.push_str(pool);
         if !pool.ends_with('\n') {
@@ -87,7 +89,7 @@ pub fn kvswitch_config(
     for s in state.servers() {
         let _ = writeln!(out);
         let _ = writeln!(out, "[[pool.servers]]");
-        let _ = writeln!(out, "addr = \"{}:{MEMCACHED_PORT}\"", s.ip);
+        let _ = writeln!(out, "addr = \"{}:{}\"", s.ip, state.vip_port);
         let _ = writeln!(out, "mac = {:?}", s.mac);
         let _ = writeln!(out, "weight = {}", s.weight);
         let _ = writeln!(out, "name = {:?}", s.name);
@@ -113,12 +115,15 @@ pub fn nutcracker_config(state: &State, listen: std::net::SocketAddr) -> String 
     let _ = writeln!(out, "  distribution: {}", state.distribution);
     let _ = writeln!(out, "  timeout: 1000");
     let _ = writeln!(out, "  auto_eject_hosts: false");
+    if state.redis {
+        let _ = writeln!(out, "  redis: true");
+    }
     let _ = writeln!(out, "  servers:");
     for s in state.servers() {
         let _ = writeln!(
             out,
-            "   - {}:{MEMCACHED_PORT}:{} {}",
-            s.ip, s.weight, s.name
+            "   - {}:{}:{} {}",
+            s.ip, state.vip_port, s.weight, s.name
         );
     }
     out

@@ -12,7 +12,7 @@ use crate::netns::{self, in_netns, ip, ns_run, sysctl};
 use crate::probe;
 use crate::process;
 use crate::state::{HostState, ProcRecord, State};
-use crate::topology::{Mode, Role, MEMCACHED_PORT};
+use crate::topology::{Mode, Role, MEMCACHED_PORT, REDIS_PORT};
 use crate::ServerProgram;
 
 /// memcached and nutcracker start in milliseconds; this only bounds a broken start.
@@ -115,6 +115,7 @@ pub(crate) fn server_name(program: &ServerProgram) -> &'static str {
     match program {
         ServerProgram::Memcached => "memcached",
         ServerProgram::Node { .. } => "kvswitch node",
+        ServerProgram::Redis => "redis-server",
     }
 }
 
@@ -126,8 +127,10 @@ pub(crate) fn start_server(
     program: &ServerProgram,
     cache: Option<Ipv4Addr>,
 ) -> anyhow::Result<Child> {
-    let ServerProgram::Node { bin, args } = program else {
-        return start_memcached(state, i, memcached_args);
+    let (bin, args) = match program {
+        ServerProgram::Memcached => return start_memcached(state, i, memcached_args),
+        ServerProgram::Redis => return start_redis(state, i),
+        ServerProgram::Node { bin, args } => (bin, args),
     };
     let h = state.hosts[i].clone();
     let mut argv = vec![
@@ -152,6 +155,49 @@ pub(crate) fn start_server(
     state.hosts[i].log = Some(log.clone());
     let child = process::spawn(Some(&h.netns), &argv, &log)?;
     record_proc(state, &child, "kvswitch node", Some(&h.netns), argv)?;
+    state.hosts[i].pids.push(child.id());
+    state.save()?;
+    Ok(child)
+}
+
+/// redis-server on host `i`, port 6379, keeping nothing on disk.
+fn start_redis(state: &mut State, i: usize) -> anyhow::Result<Child> {
+    let h = state.hosts[i].clone();
+    let bind = match state.mode {
+        Mode::L3 => h.ip.to_string(),
+        // In l2 mode requests arrive for the VIP, which the host owns on lo.
+        Mode::L2 => format!("{} {}", h.ip, state.vip),
+    };
+    let argv: Vec<String> = [
+        "redis-server",
+        "--bind",
+        &bind,
+        "--port",
+        &REDIS_PORT.to_string(),
+        "--protected-mode",
+        "no",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--daemonize",
+        "no",
+        // Its command line stays as started: processes are signalled only while it matches.
+        "--set-proc-title",
+        "no",
+        "--dir",
+        &state.work_dir.display().to_string(),
+        "--dbfilename",
+        &format!("redis-{}.rdb", h.name),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let log = state.work_dir.join(format!("redis-{}.log", h.name));
+    record_file(state, &log)?;
+    state.hosts[i].log = Some(log.clone());
+    let child = process::spawn(Some(&h.netns), &argv, &log)?;
+    record_proc(state, &child, "redis-server", Some(&h.netns), argv)?;
     state.hosts[i].pids.push(child.id());
     state.save()?;
     Ok(child)
@@ -210,17 +256,23 @@ pub(crate) fn answers_version(
     what: &str,
 ) -> anyhow::Result<()> {
     let h = &state.hosts[i];
-    let addr = SocketAddr::V4(SocketAddrV4::new(h.ip, MEMCACHED_PORT));
+    let redis = what == server_name(&ServerProgram::Redis);
+    let port = if redis { REDIS_PORT } else { MEMCACHED_PORT };
+    let addr = SocketAddr::V4(SocketAddrV4::new(h.ip, port));
     let log = h.log.clone().unwrap_or_default();
     probe::wait_for(
         limit,
         || exited(&mut child),
-        || in_netns(&h.netns, || probe::memcached_version(addr))?,
+        || match redis {
+            true => in_netns(&h.netns, || probe::redis_ping(addr))?,
+            false => in_netns(&h.netns, || probe::memcached_version(addr))?.map(drop),
+        },
     )
     .with_context(|| {
         format!(
-            "{what} on {:?} did not answer `version` on {addr}; log:\n{}",
+            "{what} on {:?} did not answer `{}` on {addr}; log:\n{}",
             h.name,
+            if redis { "PING" } else { "version" },
             process::tail(&log, LOG_TAIL)
         )
     })?;

@@ -114,7 +114,7 @@ pub struct UpOptions {
     pub steer_to_caches: bool,
 }
 
-/// The program every server host runs on port 11211 (TCP and UDP).
+/// The program every server host runs: on port 11211 (TCP and UDP), or Redis's 6379.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum ServerProgram {
     /// memcached, with the topology's `memcached_args`.
@@ -124,6 +124,9 @@ pub enum ServerProgram {
     /// server, e.g. with `--capacity` to stand in for a loaded server. Needs `l3` mode: it
     /// listens on one address, and in `l2` mode requests arrive for the VIP.
     Node { bin: PathBuf, args: Vec<String> },
+    /// redis-server on port 6379 (TCP), without persistence: kvswitch's pool is then a Redis
+    /// pool (`pool.redis = true`) on the VIP's port 6379, and nutcracker's too.
+    Redis,
 }
 
 impl Default for UpOptions {

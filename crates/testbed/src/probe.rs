@@ -116,6 +116,26 @@ pub fn memcached_version(addr: SocketAddr) -> anyhow::Result<String> {
         .with_context(|| format!("asking {addr} for `version`"))
 }
 
+/// Sends `PING` to a redis-server at `addr` and checks it says `+PONG`.
+pub fn redis_ping(addr: SocketAddr) -> anyhow::Result<()> {
+    let ping = || -> std::io::Result<Vec<u8>> {
+        let mut s = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)?;
+        s.set_read_timeout(Some(IO_TIMEOUT))?;
+        s.write_all(b"PING\r\n")?;
+        let mut reply = [0u8; 64];
+        let n = s.read(&mut reply)?;
+        Ok(reply[..n].to_vec())
+    };
+    let reply = ping().with_context(|| format!("asking {addr} for `PING`"))?;
+    if reply != b"+PONG\r\n" {
+        bail!(
+            "{addr} answered PING with {:?}",
+            String::from_utf8_lossy(&reply)
+        );
+    }
+    Ok(())
+}
+
 /// Sends `version\r\n` in one memcached UDP datagram to `addr` and returns the reply line. A
 /// memcached that listens on TCP may not have bound its UDP port yet: it binds TCP first.
 pub fn memcached_udp_version(addr: SocketAddr) -> anyhow::Result<String> {

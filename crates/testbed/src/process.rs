@@ -69,9 +69,13 @@ fn start(cmd: &mut Command, argv: &[String]) -> anyhow::Result<Child> {
 /// The command line of `pid`, or None when it is gone.
 fn cmdline(pid: u32) -> Option<Vec<String>> {
     let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    // Each argument ends with a NUL; an empty one (`--save ""`) is an argument too.
+    let raw = raw.strip_suffix(&[0]).unwrap_or(&raw);
+    if raw.is_empty() {
+        return Some(Vec::new());
+    }
     Some(
         raw.split(|&b| b == 0)
-            .filter(|s| !s.is_empty())
             .map(|s| String::from_utf8_lossy(s).into_owned())
             .collect(),
     )

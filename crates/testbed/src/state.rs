@@ -19,8 +19,12 @@ pub struct State {
     pub mode: Mode,
     pub subnet: String,
     pub vip: Ipv4Addr,
+    /// The VIP's port, which is every server's too.
     pub vip_port: u16,
     pub vip_mac: String,
+    /// The servers run redis-server, and the pool is a Redis pool.
+    #[serde(default)]
+    pub redis: bool,
     /// Where the switch (split gets) and the proxy (connections to the servers) speak from
     /// when it is not the VIP: set in l2 mode, where the servers own the VIP.
     #[serde(default)]

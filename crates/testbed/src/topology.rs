@@ -20,6 +20,8 @@ pub const MAX_HOST_NAME: usize = MAX_IFNAME - MAX_PREFIX - 1;
 pub const MAX_HOSTS: usize = 99;
 /// Port memcached listens on (TCP and UDP) on every server, and the VIP port.
 pub const MEMCACHED_PORT: u16 = 11211;
+/// The port the servers listen on when they run redis-server, and the VIP's then.
+pub const REDIS_PORT: u16 = 6379;
 /// Host names the testbed keeps for itself: `<prefix>-local` and `<prefix>-local-h` are the two
 /// ends of kvswitch's local port.
 pub const RESERVED_HOST_NAMES: &[&str] = &["local", "local-h"];

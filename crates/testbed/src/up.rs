@@ -20,7 +20,9 @@ use crate::netns::{in_netns, ip};
 use crate::probe;
 use crate::process;
 use crate::state::{HostState, NutcrackerState, State};
-use crate::topology::{check_prefix, Mode, Role, Subnet, Topology, MAX_IFNAME, MEMCACHED_PORT};
+use crate::topology::{
+    check_prefix, Mode, Role, Subnet, Topology, MAX_IFNAME, MEMCACHED_PORT, REDIS_PORT,
+};
 use crate::{default_state_path, pointer_path, ServerProgram, UpOptions};
 
 /// nutcracker's listen port inside the first client's namespace.
@@ -75,6 +77,11 @@ pub(crate) fn up(topo: &Topology, opts: &UpOptions) -> anyhow::Result<State> {
              another testbed uses this prefix or a previous one was not torn down",
             opts.prefix,
             leftovers.join(", ")
+        );
+    }
+    if opts.servers == ServerProgram::Redis && topo.caches().next().is_some() {
+        bail!(
+            "cache hosts (SwitchKV's cache nodes) serve memcached: they cannot front redis-server"
         );
     }
     if matches!(opts.servers, ServerProgram::Node { .. }) && topo.mode != Mode::L3 {
@@ -262,7 +269,11 @@ pub(crate) fn plan(
         mode: topo.mode,
         subnet: topo.subnet.to_string(),
         vip: topo.vip,
-        vip_port: MEMCACHED_PORT,
+        vip_port: match opts.servers {
+            ServerProgram::Redis => REDIS_PORT,
+            _ => MEMCACHED_PORT,
+        },
+        redis: opts.servers == ServerProgram::Redis,
         vip_mac: mac(&opts.prefix, VIP_MAC_BYTE),
         agent_ip,
         local_port: local("local"),

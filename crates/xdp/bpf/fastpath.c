@@ -990,7 +990,7 @@ static __always_inline int decide(struct xdp_md *ctx, __u32 in_port)
 	if (dst == cfg->vip) {
 		if ((void *)(udp + 1) > end)
 			return pass(FP_C_PASS_TO_SWITCH);
-		if (is_udp && udp->dest == cfg->vip_port)
+		if (is_udp && cfg->vip_port && udp->dest == cfg->vip_port)
 			return route(ctx, cfg, in_port, eth, ip, udp);
 		if (is_udp && keyed_port(udp->dest))
 			return route_keyed(ctx, cfg, in_port);
@@ -1026,9 +1026,11 @@ static __always_inline int decide(struct xdp_md *ctx, __u32 in_port)
 		__u32 *idx = bpf_map_lookup_elem(&fp_server_ips, &src);
 		struct fp_server *srv = idx ? bpf_map_lookup_elem(&fp_servers, idx) : 0;
 		/* From its memcached port, or a keyed port (a keyed service's answer). */
-		int reply = srv && (udp->source == srv->udp_port || keyed_port(udp->source));
+		int reply = srv && ((srv->udp_port && udp->source == srv->udp_port) ||
+				    keyed_port(udp->source));
 		if (!reply && src == cfg->vip && !cfg->l3)
-			reply = udp->source == cfg->vip_port || keyed_port(udp->source);
+			reply = (cfg->vip_port && udp->source == cfg->vip_port) ||
+				keyed_port(udp->source);
 		if (reply) {
 			if (!reply_allowed(cfg, ip->daddr, (__u64)(end - data))) {
 				count(FP_C_REPLY_LIMITED);

@@ -87,7 +87,7 @@ struct fp_config {
 	__u32 vip;        /* network order */
 	__u32 vip_bcast;  /* the VIP network's broadcast address, network order; 0: none */
 	__u8 vip_mac[6];
-	__u16 vip_port;   /* network order */
+	__u16 vip_port;   /* network order; 0: no UDP key-value port (a Redis pool) */
 	__u32 l3;         /* 1: l3 mode (the server's address written in, the VIP on replies) */
 	__u32 hash;       /* FP_HASH_* */
 	__u32 ring;       /* FP_RING_GEN_BIT | number of points */
@@ -108,7 +108,7 @@ struct fp_point {
 struct fp_server {
 	__u32 ip;       /* network order */
 	__u8 mac[6];
-	__u16 udp_port; /* network order: its memcached port */
+	__u16 udp_port; /* network order: its memcached port; 0: none (a Redis server) */
 	__u32 port;     /* the switch port it is learned on */
 	__u32 valid;    /* 0: its MAC or port is unknown, or it is out: requests go up */
 };

@@ -393,7 +393,7 @@ pub fn default_ring() -> kv::Ring {
 }
 
 pub fn vip(live: &testbed::Live) -> SocketAddr {
-    SocketAddr::new(live.state.vip.into(), 11211)
+    SocketAddr::new(live.state.vip.into(), live.state.vip_port)
 }
 
 pub fn ip_of(live: &testbed::Live, host: &str) -> Ipv4Addr {

@@ -16,7 +16,6 @@
 mod cache;
 pub(crate) mod cluster;
 pub(crate) use cache::get_value;
-mod commands;
 
 use std::rc::Rc;
 
@@ -27,64 +26,9 @@ use super::plan::{Bytes, Combine, OnError, Part, RedisMerge, Router, Wire};
 use super::pool::{PoolRouter, PoolRt};
 use super::stats::add;
 use super::Limits;
-use commands::COMMANDS;
-
-/// How the proxy serves a command.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Class {
-    /// Keys at `first`, `first + step`, ... up to `last` (negative: counted from the end);
-    /// all on one server.
-    Keys {
-        first: usize,
-        last: i32,
-        step: usize,
-    },
-    /// As many keys as the number at `count` says, right after it; with `dest`, the argument
-    /// before the number is a key too (`ZUNIONSTORE dest 2 a b`).
-    NumKeys {
-        count: usize,
-        dest: bool,
-    },
-    /// The key follows a subcommand (`OBJECT ENCODING key`).
-    SubcommandKey,
-    /// Keys on several servers are sent to each in a command of its own.
-    Split(Split),
-    /// Answered by the proxy.
-    Local,
-    Refused(Why),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Split {
-    /// `MGET`: arrays merged in key order.
-    Array,
-    /// `DEL` and kin: counts added up.
-    Sum,
-    /// `MSET`: key-value pairs; `OK` from all.
-    Pairs,
-}
-
-/// Why a command known to Redis is not served through the proxy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Why {
-    Transaction,
-    Blocking,
-    PubSub,
-    Connection,
-    Keyless,
-}
-
-impl Why {
-    fn reason(self) -> &'static str {
-        match self {
-            Why::Transaction => "a transaction's keys may lie on several servers",
-            Why::Blocking => "a blocking command would hold a server connection clients share",
-            Why::PubSub => "pub/sub needs a server connection of its own",
-            Why::Connection => "it acts on the server connection, which clients share",
-            Why::Keyless => "it names no key, and the pool's keys lie on several servers",
-        }
-    }
-}
+use wire::resp::commands::{
+    arity_fits, key_positions, lookup, lower, names_other_keys, Class, Split,
+};
 
 /// One client's Redis session: its parser's state and whether it has authenticated.
 pub(crate) struct Session {
@@ -208,33 +152,6 @@ enum Action {
     Close(Vec<u8>),
     /// Forward the parts, merging their replies; the cache's business with it, if any.
     Forward(Vec<Part>, RedisMerge, Option<super::client::CacheHook>),
-}
-
-/// The longest command name Redis knows, with room to spare.
-const MAX_NAME: usize = 32;
-
-/// A command name in lower case, without allocating; `None` if longer than any command's.
-fn lower(name: &[u8]) -> Option<([u8; MAX_NAME], usize)> {
-    let mut out = [0u8; MAX_NAME];
-    out.get_mut(..name.len())?.copy_from_slice(name);
-    out.make_ascii_lowercase();
-    Some((out, name.len()))
-}
-
-/// The arity and class of the command named `name`, in lower case.
-fn lookup(name: &[u8]) -> Option<(i32, Class)> {
-    COMMANDS
-        .binary_search_by(|(n, _, _)| n.as_bytes().cmp(name))
-        .ok()
-        .map(|i| (COMMANDS[i].1, COMMANDS[i].2))
-}
-
-fn arity_fits(arity: i32, argc: usize) -> bool {
-    if arity >= 0 {
-        argc == arity as usize
-    } else {
-        argc >= arity.unsigned_abs() as usize
-    }
 }
 
 fn wrong_arity(name: &[u8]) -> Vec<u8> {
@@ -528,35 +445,6 @@ fn to_server(server: usize, args: &Command) -> Action {
 /// Where a command's keys are, by its class: the server's key positions (`COMMAND INFO`);
 /// none for a command whose keys cannot be told (a count the server refuses, a subcommand
 /// without its key) or that names none.
-fn key_positions(class: Class, args: &Command) -> impl Iterator<Item = usize> {
-    let n = args.len();
-    let none = (1, 0, 1, None);
-    let (from, to, step, skip) = match class {
-        Class::Keys { first, last, step } => {
-            let last = if last < 0 {
-                n.saturating_sub(last.unsigned_abs() as usize)
-            } else {
-                last as usize
-            };
-            (first, last.min(n - 1), step.max(1), None)
-        }
-        Class::NumKeys { count, dest } => {
-            match resp::string2ll(args.word(count)).filter(|&k| k > 0 && (k as usize) < n - count) {
-                Some(k) => {
-                    let from = if dest { count - 1 } else { count + 1 };
-                    (from, count + k as usize, 1, Some(count))
-                }
-                None => none,
-            }
-        }
-        Class::SubcommandKey if n >= 3 => (2, 2, 1, None),
-        Class::Split(Split::Pairs) => (1, n - 1, 2, None),
-        Class::Split(_) => (1, n - 1, 1, None),
-        Class::SubcommandKey | Class::Local | Class::Refused(_) => none,
-    };
-    (from..=to).step_by(step).filter(move |&i| Some(i) != skip)
-}
-
 fn one_server(
     args: &Command,
     positions: impl Iterator<Item = usize>,
@@ -577,33 +465,6 @@ fn one_server(
         Some((server, _)) => to_server(server, args),
         None => any_server(args, place),
     }
-}
-
-/// Whether a command routed by its first key names others in its options (`SORT ... STORE
-/// dst`, `SORT ... BY weight_*`, `GEORADIUS ... STORE dst`), which may lie on other servers.
-/// Every word is looked at, so a value that reads as an option refuses too.
-fn names_other_keys(name: &[u8], args: &Command) -> bool {
-    if !matches!(
-        name,
-        b"sort" | b"sort_ro" | b"georadius" | b"georadiusbymember"
-    ) {
-        return false;
-    }
-    let words: Vec<Vec<u8>> = args
-        .words()
-        .skip(2)
-        .map(|w| w.to_ascii_lowercase())
-        .collect();
-    words.iter().enumerate().any(|(i, word)| {
-        let next = words.get(i + 1).map_or(&b""[..], |w| w);
-        match word.as_slice() {
-            b"store" | b"storedist" => true,
-            // `BY nosort` and `GET #` read no other key.
-            b"by" => next != b"nosort",
-            b"get" => next != b"#",
-            _ => false,
-        }
-    })
 }
 
 /// To the first live server: for commands whose reply does not depend on where keys lie.
@@ -653,44 +514,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_command_table_is_in_byte_order_and_complete() {
-        assert!(COMMANDS.windows(2).all(|w| w[0].0 < w[1].0));
-        let (name, len) = lower(b"GeT").unwrap();
-        assert_eq!(
-            lookup(&name[..len]),
-            Some((
-                2,
-                Class::Keys {
-                    first: 1,
-                    last: 1,
-                    step: 1
-                }
-            ))
-        );
-        assert_eq!(lookup(b"mget"), Some((-2, Class::Split(Split::Array))));
-        assert_eq!(lookup(b"nosuch"), None);
-        assert!(matches!(
-            lookup(b"multi"),
-            Some((_, Class::Refused(Why::Transaction)))
-        ));
-        assert!(matches!(
-            lookup(b"blpop"),
-            Some((_, Class::Refused(Why::Blocking)))
-        ));
-        assert!(matches!(
-            lookup(b"subscribe"),
-            Some((_, Class::Refused(Why::PubSub)))
-        ));
-        assert!(matches!(
-            lookup(b"keys"),
-            Some((_, Class::Refused(Why::Keyless)))
-        ));
-    }
-
-    #[test]
     fn arity_errors_read_as_the_servers() {
-        assert!(arity_fits(2, 2) && !arity_fits(2, 3));
-        assert!(arity_fits(-2, 5) && !arity_fits(-2, 1));
         assert_eq!(
             wrong_arity(b"MGET"),
             b"-ERR wrong number of arguments for 'mget' command\r\n"

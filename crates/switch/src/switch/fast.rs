@@ -80,7 +80,8 @@ impl Switch {
             .enumerate()
             .map(|(i, s)| FastServer {
                 ip: *s.addr.ip(),
-                udp_port: s.addr.port(),
+                // A Redis server has no UDP port of the VIP's: 0 matches none.
+                udp_port: if self.spec.redis { 0 } else { s.addr.port() },
                 to: match (live.contains(&i), self.backend_macs[i], self.server_port(i)) {
                     (true, Some(mac), Some(port)) => Some((mac, port)),
                     _ => None,
@@ -114,7 +115,12 @@ impl Switch {
             disabled,
             vip: self.spec.vip.ip,
             vip_mac: self.spec.vip.mac,
-            vip_port: self.spec.vip.port,
+            // UDP to a Redis pool's port is the switch's to drop: 0 routes none.
+            vip_port: if self.spec.redis {
+                0
+            } else {
+                self.spec.vip.port
+            },
             vip_broadcast: self.vip_broadcast,
             l3: self.spec.mode == Mode::L3,
             own,

@@ -47,6 +47,7 @@ mod tables;
 
 pub(crate) use parse::complete_l4_checksum;
 use parse::{Read, Stage};
+use splice::speaks;
 use tables::{build_tables, RingChooser};
 
 /// What the run loop does with a received frame after processing.
@@ -278,6 +279,14 @@ impl Switch {
                 pool: pool.spec().servers.len(),
             });
         }
+        let kind = |redis: bool| if redis { "Redis" } else { "memcached" };
+        if spec.redis != pool.spec().redis.is_some() {
+            return Err(SpecError::PoolKind {
+                switch: kind(spec.redis),
+                pool: kind(pool.spec().redis.is_some()),
+            });
+        }
+        let speaks = speaks(&pool);
         let local = spec.local.as_ref().map(|l| l.port);
         let local_ips: Vec<Ipv4Addr> = spec
             .local
@@ -349,7 +358,7 @@ impl Switch {
             splice: spec
                 .tcp_splice
                 .filter(|_| local.is_some())
-                .map(|t| splice::Splice::new(spec.seed, t.max_flows)),
+                .map(|t| splice::Splice::new(spec.seed, t.max_flows, speaks)),
             spec,
         };
         sw.operator.tables.insert(sw.tables.acl);

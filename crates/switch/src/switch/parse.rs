@@ -45,7 +45,7 @@ impl Switch {
             let mut reply = false;
             if let Some(&i) = self.backend_by_ip.get(&src_ip) {
                 let src_port = udp::Packet::new_checked(ip.payload()).map(|u| u.src_port());
-                if src_port == Ok(self.spec.servers[i].addr.port()) {
+                if src_port == Ok(self.spec.servers[i].addr.port()) && !self.spec.redis {
                     stats::inc(&self.stats.backends[i].replies);
                     self.reply_passes(ip.payload(), dst_ip, now);
                     reply = true;
@@ -57,7 +57,7 @@ impl Switch {
             } else if src_ip == self.spec.vip.ip && self.spec.mode == Mode::L2 {
                 // In l2 mode the servers answer from the VIP, which they own on loopback.
                 let src_port = udp::Packet::new_checked(ip.payload()).map(|u| u.src_port());
-                if src_port == Ok(self.spec.vip.port) {
+                if src_port == Ok(self.spec.vip.port) && !self.spec.redis {
                     self.reply_passes(ip.payload(), dst_ip, now);
                     reply = true;
                 } else if src_port.is_ok_and(|p| self.spec.keyed_ports.contains(&p)) {
@@ -128,6 +128,10 @@ impl Switch {
                 read: None,
                 one_read: false,
             };
+        }
+        if self.spec.redis {
+            self.stats.count_drop(Drop::UdpToRedis);
+            return Stage::Done(Fate::Consumed);
         }
         stats::inc(&self.stats.kv_requests);
         let client = UdpEnds {

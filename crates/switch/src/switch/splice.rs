@@ -17,10 +17,16 @@
 //! and every loss is repaired by the sender's own retransmission. A request whose reply has no
 //! end the switch can find (a quiet or `noreply` one, binary, anything malformed) makes the
 //! host's leg active for the rest of the connection.
+//!
+//! A Redis pool's VIP port is spliced the same way, command by command: a command whose keys
+//! all lie on one server goes to that server, everything else to the proxy, and each reply is
+//! one RESP value, framed as it streams by.
 
 use std::collections::VecDeque;
 
 use wire::memcache::reply::ReplyKind;
+use wire::resp::commands::{self as redis, Class};
+use wire::resp::{self, RequestParser, Step};
 use wire::tcp::{self, flag, Segment};
 
 use super::*;
@@ -62,6 +68,46 @@ pub(crate) const FIRST_LEG_PORT: u16 = 61_000;
 /// whose requests for it then go to the proxy (which answers as the pool's failure settings
 /// say, and ejects the server).
 const LEG_OPEN_WAIT: Duration = Duration::from_secs(1);
+
+/// The longest RESP reply line read (a simple string or an error).
+const RESP_LINE_MAX: usize = 64 * 1024;
+/// The deepest nesting of RESP arrays read.
+const RESP_DEPTH_MAX: usize = 32;
+/// A Redis command is routed once it is all held; one still incomplete past this many bytes
+/// (a large value) makes the host's leg take the rest of the connection, since the switch
+/// holds at most [`HELD_MAX`] bytes of a client's.
+const RESP_WHOLE_MAX: usize = 16 * 1024;
+
+/// What the VIP's TCP port speaks: the pool's protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Speaks {
+    Memcached,
+    /// `host_only`: the pool has a password or a database other than 0, which the proxy gives
+    /// the servers and asks of clients: every connection is the proxy's.
+    Redis {
+        host_only: bool,
+    },
+}
+
+/// What a pool's servers speak.
+pub(super) fn speaks(pool: &Pool) -> Speaks {
+    match &pool.spec().redis {
+        None => Speaks::Memcached,
+        Some(r) => Speaks::Redis {
+            host_only: r.auth.is_some() || r.db != 0 || r.cluster,
+        },
+    }
+}
+
+/// The reply a request is owed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Owes {
+    Memcache(ReplyKind),
+    /// One RESP value.
+    Resp,
+    /// No reply at all (an empty Redis command).
+    Nothing,
+}
 
 /// Where a request goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,10 +169,14 @@ struct Run {
 
 /// Where a target's replies end: the kinds of the replies it owes, in order, and how far into
 /// the current one its bytes have come. Only the kinds a spliced request gets are read: a
-/// retrieval of one key, one line, a meta reply.
+/// retrieval of one key, one line, a meta reply; or, from a Redis server, RESP2 values.
 #[derive(Debug, Default)]
 struct Replies {
     owed: VecDeque<ReplyKind>,
+    /// RESP values owed (a Redis pool's legs).
+    owed_resp: usize,
+    /// Elements still to come of each RESP array the current value is inside, outermost first.
+    arrays: Vec<usize>,
     /// The current reply line so far.
     line: Vec<u8>,
     /// Bytes of a data block (with its `\r\n`) still to come.
@@ -141,16 +191,99 @@ struct Replies {
 const REPLY_LINE_MAX: usize = 1024;
 
 impl Replies {
-    fn expect(&mut self, kind: ReplyKind) {
-        self.owed.push_back(kind);
+    fn expect(&mut self, owes: Owes) {
+        match owes {
+            Owes::Memcache(kind) => self.owed.push_back(kind),
+            Owes::Resp => self.owed_resp += 1,
+            Owes::Nothing => {}
+        }
     }
 
     /// Whether every reply owed has come whole.
     fn settled(&self) -> bool {
-        self.owed.is_empty() && self.line.is_empty() && self.data == 0 && !self.lost
+        self.owed.is_empty()
+            && self.owed_resp == 0
+            && self.line.is_empty()
+            && self.data == 0
+            && !self.lost
     }
 
-    fn feed(&mut self, mut bytes: &[u8]) {
+    fn feed(&mut self, bytes: &[u8]) {
+        if self.owed_resp > 0 || !self.arrays.is_empty() {
+            self.feed_resp(bytes);
+        } else {
+            self.feed_memcache(bytes);
+        }
+    }
+
+    /// Reads RESP2 values: simple strings, errors and integers are a line, a bulk string a
+    /// line and its data, an array a line and its elements.
+    fn feed_resp(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() && !self.lost {
+            if self.data > 0 {
+                let take = self.data.min(bytes.len());
+                self.data -= take;
+                bytes = &bytes[take..];
+                if self.data == 0 {
+                    self.resp_value_ends();
+                }
+                continue;
+            }
+            if self.owed_resp == 0 {
+                self.lost = true;
+                return;
+            }
+            let nl = bytes.iter().position(|&b| b == b'\n');
+            let take = nl.map_or(bytes.len(), |i| i + 1);
+            self.line.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            if self.line.len() > RESP_LINE_MAX {
+                self.lost = true;
+                return;
+            }
+            if nl.is_none() {
+                return;
+            }
+            let line = std::mem::take(&mut self.line);
+            let Some(body) = line.strip_suffix(b"\r\n") else {
+                self.lost = true;
+                return;
+            };
+            let number = || resp::string2ll(&body[1..]);
+            match body.first() {
+                Some(b'+' | b'-' | b':') => self.resp_value_ends(),
+                Some(b'$') => match number() {
+                    Some(-1) => self.resp_value_ends(),
+                    Some(n) if n >= 0 => self.data = n as usize + 2,
+                    _ => self.lost = true,
+                },
+                Some(b'*') => match number() {
+                    Some(-1 | 0) => self.resp_value_ends(),
+                    Some(n) if n > 0 && self.arrays.len() < RESP_DEPTH_MAX => {
+                        self.arrays.push(n as usize)
+                    }
+                    _ => self.lost = true,
+                },
+                // RESP3 types never come on a leg: `HELLO` makes the proxy's leg take the
+                // connection.
+                _ => self.lost = true,
+            }
+        }
+    }
+
+    /// A RESP value ended: an element of the array it is in, or a reply.
+    fn resp_value_ends(&mut self) {
+        while let Some(left) = self.arrays.last_mut() {
+            *left -= 1;
+            if *left > 0 {
+                return;
+            }
+            self.arrays.pop();
+        }
+        self.owed_resp = self.owed_resp.saturating_sub(1);
+    }
+
+    fn feed_memcache(&mut self, mut bytes: &[u8]) {
         while !bytes.is_empty() && !self.lost {
             if self.data > 0 {
                 let take = self.data.min(bytes.len());
@@ -228,6 +361,9 @@ struct Flow {
     edge: u32,
     /// Bytes of a request's data block still to come, for the active leg.
     data_left: usize,
+    /// Bulk arguments of a Redis command still to come, for the active leg (streamed as
+    /// they arrive, as a data block is).
+    resp_left: usize,
     /// Client bytes from `edge` on, not yet given to a leg; a FIN after them.
     held: Vec<u8>,
     held_fin: bool,
@@ -301,10 +437,11 @@ pub(crate) struct Splice {
     per_address: HashMap<Ipv4Addr, usize>,
     /// When the flows were last aged (and their waits moved on).
     aged: Option<Instant>,
+    speaks: Speaks,
 }
 
 impl Splice {
-    pub(crate) fn new(seed: u64, max_flows: usize) -> Splice {
+    pub(crate) fn new(seed: u64, max_flows: usize, speaks: Speaks) -> Splice {
         let mut s = seed ^ 0x7463_705f_636f_6f6b;
         let key = (splitmix64(&mut s), splitmix64(&mut s));
         // Where the first leg port lies depends on the seed: a switch started again does not
@@ -318,6 +455,7 @@ impl Splice {
             max_flows,
             per_address: HashMap::new(),
             aged: None,
+            speaks,
         }
     }
 
@@ -544,6 +682,7 @@ impl Switch {
                     avoid: Vec::new(),
                     edge: isn.wrapping_add(1),
                     data_left: 0,
+                    resp_left: 0,
                     held: Vec::new(),
                     held_fin: false,
                     since: now,
@@ -682,20 +821,55 @@ impl Switch {
                 given += n;
                 continue;
             }
+            if flow.resp_left > 0 {
+                // The next bulk argument of a command already routed: its header, then its
+                // bytes as a data block.
+                let Some(active) = flow.active else { break };
+                if flow.legs[active].their_isn.is_none() {
+                    break;
+                }
+                let rest = &flow.held[given..];
+                let take = match bulk_header(rest) {
+                    Some(Ok((len, data))) => {
+                        flow.resp_left -= 1;
+                        flow.data_left = data;
+                        len
+                    }
+                    // The rest of the line comes later.
+                    None => break,
+                    // What the server refuses and closes on: it gets the rest of the stream.
+                    Some(Err(())) => {
+                        flow.resp_left = 0;
+                        flow.data_left = usize::MAX;
+                        0
+                    }
+                };
+                let bytes = flow.held[given..given + take].to_vec();
+                self.give(client, flow, active, &bytes, emit);
+                given += take;
+                continue;
+            }
             let rest = &flow.held[given..];
-            let (len, target, kind) = if flow.sticky {
-                (rest.len(), Target::Host, None)
+            let speaks = self.splice.as_ref().map_or(Speaks::Memcached, |s| s.speaks);
+            let active = flow.active.map(|a| flow.legs[a].target);
+            let (len, target, kind, left) = if flow.sticky {
+                (rest.len(), Target::Host, None, 0)
+            } else if let Speaks::Redis { host_only } = speaks {
+                match self.resp_target(rest, host_only, active) {
+                    Some(x) => x,
+                    // A command cut short: the rest of it comes later.
+                    None => break,
+                }
             } else if rest.first() == Some(&b'q') && is_quit(rest) {
                 // `quit` goes to the active leg, which closes; the host's when there is none.
                 let len = rest
                     .iter()
                     .position(|&b| b == b'\n')
                     .map_or(rest.len(), |i| i + 1);
-                let target = flow.active.map_or(Target::Host, |a| flow.legs[a].target);
-                (len, target, None)
+                (len, active.unwrap_or(Target::Host), None, 0)
             } else {
                 match self.request_target(rest) {
-                    Some(x) => x,
+                    Some((len, target, kind)) => (len, target, kind, 0),
                     None => {
                         // A line cut short: the rest of it comes later.
                         break;
@@ -736,7 +910,7 @@ impl Switch {
                 break;
             }
             match kind {
-                Some(kind) => flow.legs[leg].replies.expect(kind),
+                Some(owes) => flow.legs[leg].replies.expect(owes),
                 None if target == Target::Host => flow.sticky = true,
                 None => {}
             }
@@ -746,6 +920,7 @@ impl Switch {
             }
             let n = len.min(remaining);
             flow.data_left = len - n;
+            flow.resp_left = left;
             let bytes = flow.held[given..given + n].to_vec();
             self.give(client, flow, leg, &bytes, emit);
             given += n;
@@ -1340,7 +1515,7 @@ impl Switch {
     /// The request at the front of `bytes`: its length, data block included, where it goes,
     /// and the kind of its reply (`None`: a reply whose end cannot be found, or none). `None`
     /// while its line has not all arrived.
-    fn request_target(&self, bytes: &[u8]) -> Option<(usize, Target, Option<ReplyKind>)> {
+    fn request_target(&self, bytes: &[u8]) -> Option<(usize, Target, Option<Owes>)> {
         let sticky = |len| Some((len, Target::Host, None));
         if bytes.first() == Some(&memcache::binary::REQUEST_MAGIC) {
             return sticky(bytes.len());
@@ -1362,18 +1537,7 @@ impl Switch {
         let to = match request.key() {
             Some(key) if request.key_count() == 1 && command.has_key() && framed => {
                 let write = command.is_write();
-                let hash = self.view.key_hash(key);
-                let owner = self.view.locate_hash(hash);
-                // A key whose owner warms up is the proxy's: it reads it where it was and
-                // gives the owner what it finds.
-                let warming = self.view.is_warming()
-                    && (self.view.read_locate_hash(hash) != owner
-                        || self.view.warm_source(hash).is_some());
-                let server = match (write, warming) {
-                    (_, true) => None,
-                    (true, false) => owner,
-                    (false, false) => self.view.read_locate_hash(hash),
-                };
+                let server = self.key_server(key, write);
                 // A replicated write goes to every replica, and the cache must see every
                 // write before it leaves: both are the proxy's.
                 let proxy_writes = self.view.replicas() > 1 || self.cache.is_some();
@@ -1393,7 +1557,159 @@ impl Switch {
         };
         let kind =
             kind.filter(|k| *k != ReplyKind::Binary && *k != ReplyKind::BinaryStats && known_end);
-        Some((request.len, to, kind))
+        Some((request.len, to, kind.map(Owes::Memcache)))
+    }
+
+    /// The Redis command at the front of `bytes`: its length, where it goes and what it is
+    /// owed (`None`: the host's leg takes the rest of the connection). `None` while it has not
+    /// all arrived. `active`: the target of the active leg, which a command any server answers
+    /// alike (`PING`, `ECHO`, `QUIT`, an empty one) goes to.
+    fn resp_target(
+        &self,
+        bytes: &[u8],
+        host_only: bool,
+        active: Option<Target>,
+    ) -> Option<(usize, Target, Option<Owes>, usize)> {
+        let sticky = Some((bytes.len(), Target::Host, None, 0));
+        if host_only {
+            return sticky;
+        }
+        let (len, command) = match RequestParser::default().step(bytes, false) {
+            Ok((len, Step::Command(command))) => (len, command),
+            Ok((_, Step::More)) => {
+                // A command of one key goes once its name and key are in; its other
+                // arguments follow it as they come.
+                if let Some(head) = self.resp_head(bytes) {
+                    return Some(head);
+                }
+                return match bytes.len() <= RESP_WHOLE_MAX {
+                    true => None,
+                    false => sticky,
+                };
+            }
+            // A stream the server would refuse and close: the proxy reads it as the server
+            // does.
+            Err(_) => return sticky,
+        };
+        self.resp_command(len, &command, active)
+            .map(|(len, to, owes)| (len, to, owes, 0))
+    }
+
+    /// The start of a multibulk command of one key whose name and key have arrived (and
+    /// not the rest): its length so far, its server, and the arguments still to come. `None`
+    /// for anything else, which is routed whole.
+    fn resp_head(&self, bytes: &[u8]) -> Option<(usize, Target, Option<Owes>, usize)> {
+        let (count, mut at) = resp_line(bytes, b'*')?;
+        let count = usize::try_from(count).ok().filter(|&n| n > 2)?;
+        let mut words: [&[u8]; 2] = [&[], &[]];
+        for word in &mut words {
+            let (len, header) = resp_line(&bytes[at..], b'$')?;
+            let len = usize::try_from(len).ok()?;
+            let start = at + header;
+            *word = bytes.get(start..start + len)?;
+            if bytes.get(start + len..start + len + 2)? != b"\r\n" {
+                return None;
+            }
+            at = start + len + 2;
+        }
+        let (buf, n) = redis::lower(words[0])?;
+        let name = &buf[..n];
+        let (arity, class) = redis::lookup(name)?;
+        let one_key = Class::Keys {
+            first: 1,
+            last: 1,
+            step: 1,
+        };
+        if class != one_key || !redis::arity_fits(arity, count) {
+            return None;
+        }
+        if matches!(
+            name,
+            b"sort" | b"sort_ro" | b"georadius" | b"georadiusbymember"
+        ) {
+            return None;
+        }
+        let write = !redis::is_read(name);
+        if write && (self.view.replicas() > 1 || self.cache.is_some()) {
+            return None;
+        }
+        let server = self.key_server(words[1], write)?;
+        Some((at, Target::Server(server), Some(Owes::Resp), count - 2))
+    }
+
+    /// Where a whole Redis command goes, and what it is owed.
+    fn resp_command(
+        &self,
+        len: usize,
+        command: &resp::Command,
+        active: Option<Target>,
+    ) -> Option<(usize, Target, Option<Owes>)> {
+        let sticky = Some((len, Target::Host, None));
+        let here = active.unwrap_or(Target::Host);
+        if command.is_empty() {
+            return Some((len, here, Some(Owes::Nothing)));
+        }
+        // What the proxy answers: an unknown command or a wrong arity (the server's words),
+        // a refusal, several servers' keys.
+        let host = Some((len, Target::Host, Some(Owes::Resp)));
+        let Some((buf, n)) = redis::lower(command.word(0)) else {
+            return host;
+        };
+        let name = &buf[..n];
+        let Some((arity, class)) = redis::lookup(name) else {
+            return host;
+        };
+        if !redis::arity_fits(arity, command.len()) {
+            return host;
+        }
+        match class {
+            Class::Local => {
+                return match name {
+                    b"ping" | b"echo" | b"quit" => Some((len, here, Some(Owes::Resp))),
+                    // AUTH, SELECT, HELLO: the connection's state is the proxy's from now on.
+                    _ => sticky,
+                };
+            }
+            Class::Refused(_) => return host,
+            _ => {}
+        }
+        if redis::names_other_keys(name, command) {
+            return host;
+        }
+        let write = !redis::is_read(name);
+        // A replicated write goes to every replica, and the cache must see every write
+        // before it leaves: both are the proxy's.
+        if write && (self.view.replicas() > 1 || self.cache.is_some()) {
+            return host;
+        }
+        let mut server = None;
+        for i in redis::key_positions(class, command) {
+            let at = self.key_server(command.word(i), write);
+            match (server, at) {
+                (_, None) => return host,
+                (Some(a), Some(b)) if a != b => return host,
+                _ => server = at,
+            }
+        }
+        match server {
+            Some(i) => Some((len, Target::Server(i), Some(Owes::Resp))),
+            None => host,
+        }
+    }
+
+    /// The server a request for `key` goes to on a leg of its own, `None` when the proxy must
+    /// take it: no server, or a key whose owner warms up (the proxy reads it where it was and
+    /// gives the owner what it finds).
+    fn key_server(&self, key: &[u8], write: bool) -> Option<usize> {
+        let hash = self.view.key_hash(key);
+        let owner = self.view.locate_hash(hash);
+        let warming = self.view.is_warming()
+            && (self.view.read_locate_hash(hash) != owner || self.view.warm_source(hash).is_some());
+        match (write, warming) {
+            (_, true) => None,
+            (true, false) => owner,
+            (false, false) => self.view.read_locate_hash(hash),
+        }
     }
 
     /// The MAC, address, port and switch port a target is reached at.
@@ -1555,6 +1871,37 @@ fn is_leg_port(port: u16) -> bool {
 }
 
 /// A window advertised with shift `from`, advertised again with shift `to`.
+/// A RESP line `<kind><number>\r\n` at the front of `bytes`: the number and the line's length.
+/// `None` while incomplete, or if it is not one.
+fn resp_line(bytes: &[u8], kind: u8) -> Option<(i64, usize)> {
+    if bytes.first() != Some(&kind) {
+        return None;
+    }
+    let cr = bytes.iter().take(24).position(|&b| b == b'\r')?;
+    if bytes.get(cr + 1) != Some(&b'\n') {
+        return None;
+    }
+    Some((resp::string2ll(&bytes[1..cr])?, cr + 2))
+}
+
+/// A bulk argument's header at the front of `bytes`: its length and the bytes of data (with
+/// the two that end them) that follow. `None` while incomplete; an error for what a server
+/// refuses.
+fn bulk_header(bytes: &[u8]) -> Option<Result<(usize, usize), ()>> {
+    if bytes.first().is_some_and(|&b| b != b'$') {
+        return Some(Err(()));
+    }
+    let Some(cr) = bytes.iter().position(|&b| b == b'\r') else {
+        return (bytes.len() > 24).then_some(Err(()));
+    };
+    if cr + 1 >= bytes.len() {
+        return None;
+    }
+    let len = resp::string2ll(&bytes[1..cr])
+        .filter(|&n| n >= 0 && n as u64 <= resp::MAX_BULK && bytes[cr + 1] == b'\n');
+    Some(len.map(|n| (cr + 2, n as usize + 2)).ok_or(()))
+}
+
 fn rescale(window: u16, from: u8, to: u8) -> u16 {
     ((u32::from(window) << from) >> to).min(u32::from(u16::MAX)) as u16
 }
@@ -2087,5 +2434,41 @@ mod tests {
         let sent = open(&mut bed, (Ipv4Addr::new(10, 0, 0, 2), CLIENT.1));
         assert!(sent.is_empty(), "{sent:?}");
         assert_eq!(bed.flows(), 2);
+    }
+
+    #[test]
+    fn resp_replies_are_framed_as_they_stream_in() {
+        let mut r = Replies::default();
+        for _ in 0..4 {
+            r.expect(Owes::Resp);
+        }
+        let replies: &[u8] =
+            b"+OK\r\n$5\r\nhello\r\n*3\r\n:1\r\n*2\r\n$-1\r\n+a\r\n$0\r\n\r\n-ERR x\r\n";
+        // One byte at a time: every split of a line, a length and a value.
+        for b in replies.chunks(1) {
+            assert!(!r.settled());
+            r.feed(b);
+        }
+        assert!(r.settled(), "{r:?}");
+        // A reply nobody asked for, or a RESP3 type, cannot be placed.
+        r.feed(b"+late\r\n");
+        assert!(r.lost);
+        let mut r = Replies::default();
+        r.expect(Owes::Resp);
+        r.feed(b"%1\r\n");
+        assert!(r.lost);
+    }
+
+    #[test]
+    fn a_bulk_header_is_read_whole_or_refused() {
+        assert_eq!(bulk_header(b"$3\r\nabc\r\n"), Some(Ok((4, 5))));
+        assert_eq!(bulk_header(b"$12"), None);
+        assert_eq!(bulk_header(b"$12\r"), None);
+        assert_eq!(bulk_header(b"*1\r\n"), Some(Err(())));
+        assert_eq!(bulk_header(b"$-1\r\n"), Some(Err(())));
+        assert_eq!(bulk_header(b"$1x\r\n"), Some(Err(())));
+        assert_eq!(bulk_header(&[b'$'; 30]), Some(Err(())));
+        assert_eq!(resp_line(b"*3\r\n$3", b'*'), Some((3, 4)));
+        assert_eq!(resp_line(b"*3\r", b'*'), None);
     }
 }

@@ -195,14 +195,17 @@ pub(super) fn build_tables(p: &mut Pipeline, spec: &SwitchSpec) -> Result<Tables
         key.extend_from_slice(&port.to_be_bytes());
         key
     };
-    p.insert(
-        route_t,
-        Entry::exact(
-            to_vip_port(FLAG_PLAIN_UDP, ipv4::Protocol::UDP, spec.vip.port),
-            vec![Action::Select(ring)],
-        ),
-    )
-    .map_err(e)?;
+    // memcached over UDP; a Redis pool's port speaks TCP only (the parser stage drops UDP to it).
+    if !spec.redis {
+        p.insert(
+            route_t,
+            Entry::exact(
+                to_vip_port(FLAG_PLAIN_UDP, ipv4::Protocol::UDP, spec.vip.port),
+                vec![Action::Select(ring)],
+            ),
+        )
+        .map_err(e)?;
+    }
     // The keyed ports: the parser stage placed the key its header points at; the header goes.
     for &port in &spec.keyed_ports {
         p.insert(
@@ -318,7 +321,11 @@ fn server_entry_defs(
     }
     if spec.mode == Mode::L3 {
         // Its memcached port, and the keyed ports its services answer from.
-        for port in std::iter::once(addr.port()).chain(spec.keyed_ports.iter().copied()) {
+        let memcached = (!spec.redis).then_some(addr.port());
+        for port in memcached
+            .into_iter()
+            .chain(spec.keyed_ports.iter().copied())
+        {
             let mut key = Vec::with_capacity(11);
             key.extend_from_slice(&FLAG_PLAIN_UDP.to_be_bytes());
             key.push(ipv4::Protocol::UDP.0);

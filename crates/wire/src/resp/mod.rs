@@ -11,6 +11,8 @@
 //! Replies are framed by [`ReplyFramer`], which knows RESP2 and RESP3's types and resumes
 //! where it stopped.
 
+pub mod commands;
+
 use std::fmt;
 
 /// The largest bulk argument a server accepts (`proto-max-bulk-len`).

@@ -1,13 +1,167 @@
-//! Every command redis-server 7.0 knows, with its arity and how the proxy treats it; the
-//! keys' positions are the server's own (`COMMAND INFO`: first key, last key, step).
+//! Every command redis-server 7.0 knows: its arity, how a key router treats it, where its keys
+//! are (the server's own `COMMAND INFO`: first key, last key, step), and whether it only reads.
+//! The proxy routes and refuses by this table, the cache in front of a Redis pool tells reads
+//! from writes by it, and the switch's TCP splice picks the server of a command with it.
 
-use super::Class::{self, *};
-use super::{Split, Why};
+use super::Command;
+use Class::*;
+
+/// How a command is served through kvswitch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// Keys at `first`, `first + step`, ... up to `last` (negative: counted from the end);
+    /// all on one server.
+    Keys {
+        first: usize,
+        last: i32,
+        step: usize,
+    },
+    /// As many keys as the number at `count` says, right after it; with `dest`, the argument
+    /// before the number is a key too (`ZUNIONSTORE dest 2 a b`).
+    NumKeys {
+        count: usize,
+        dest: bool,
+    },
+    /// The key follows a subcommand (`OBJECT ENCODING key`).
+    SubcommandKey,
+    /// Keys on several servers are sent to each in a command of its own.
+    Split(Split),
+    /// Answered by the proxy.
+    Local,
+    Refused(Why),
+}
+
+/// How a command whose keys lie on several servers is put back together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    /// `MGET`: arrays merged in key order.
+    Array,
+    /// `DEL` and kin: counts added up.
+    Sum,
+    /// `MSET`: key-value pairs; `OK` from all.
+    Pairs,
+}
+
+/// Why a command known to Redis is not served through kvswitch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    Transaction,
+    Blocking,
+    PubSub,
+    Connection,
+    Keyless,
+}
+
+impl Why {
+    pub fn reason(self) -> &'static str {
+        match self {
+            Why::Transaction => "a transaction's keys may lie on several servers",
+            Why::Blocking => "a blocking command would hold a server connection clients share",
+            Why::PubSub => "pub/sub needs a server connection of its own",
+            Why::Connection => "it acts on the server connection, which clients share",
+            Why::Keyless => "it names no key, and the pool's keys lie on several servers",
+        }
+    }
+}
+
+/// The longest command name, with room to spare.
+pub const MAX_NAME: usize = 32;
+
+/// A command name in lower case, without allocating; `None` if longer than any command's.
+pub fn lower(name: &[u8]) -> Option<([u8; MAX_NAME], usize)> {
+    let mut out = [0u8; MAX_NAME];
+    out.get_mut(..name.len())?.copy_from_slice(name);
+    out.make_ascii_lowercase();
+    Some((out, name.len()))
+}
+
+/// The arity and class of the command named `name`, in lower case.
+pub fn lookup(name: &[u8]) -> Option<(i32, Class)> {
+    COMMANDS
+        .binary_search_by(|(n, _, _)| n.as_bytes().cmp(name))
+        .ok()
+        .map(|i| (COMMANDS[i].1, COMMANDS[i].2))
+}
+
+/// Whether `argc` words (the name included) fit the arity `arity`.
+pub fn arity_fits(arity: i32, argc: usize) -> bool {
+    if arity >= 0 {
+        argc == arity as usize
+    } else {
+        argc >= arity.unsigned_abs() as usize
+    }
+}
+
+/// Whether the command named `name` (in lower case) only reads.
+pub fn is_read(name: &[u8]) -> bool {
+    READS.binary_search_by(|r| r.as_bytes().cmp(name)).is_ok()
+}
+
+/// The positions of a command's keys among its words, by its class. A command with no key,
+/// or a count of keys the server refuses, has none.
+pub fn key_positions(class: Class, args: &Command) -> impl Iterator<Item = usize> {
+    let n = args.len();
+    let none = (1, 0, 1, None);
+    let (from, to, step, skip) = match class {
+        Class::Keys { first, last, step } => {
+            let last = if last < 0 {
+                n.saturating_sub(last.unsigned_abs() as usize)
+            } else {
+                last as usize
+            };
+            (first, last.min(n.saturating_sub(1)), step.max(1), None)
+        }
+        Class::NumKeys { count, dest } => {
+            match super::string2ll(args.word(count))
+                .filter(|&k| k > 0 && (k as usize) < n.saturating_sub(count))
+            {
+                Some(k) => {
+                    let from = if dest { count - 1 } else { count + 1 };
+                    (from, count + k as usize, 1, Some(count))
+                }
+                None => none,
+            }
+        }
+        Class::SubcommandKey if n >= 3 => (2, 2, 1, None),
+        Class::Split(Split::Pairs) => (1, n.saturating_sub(1), 2, None),
+        Class::Split(_) => (1, n.saturating_sub(1), 1, None),
+        Class::SubcommandKey | Class::Local | Class::Refused(_) => none,
+    };
+    (from..=to).step_by(step).filter(move |&i| Some(i) != skip)
+}
+
+/// Whether a command routed by its first key names others in its options (`SORT ... STORE
+/// dst`, `SORT ... BY weight_*`, `GEORADIUS ... STORE dst`), which may lie on other servers.
+/// `name` is in lower case. Every word is looked at, so a value that reads as an option
+/// counts too.
+pub fn names_other_keys(name: &[u8], args: &Command) -> bool {
+    if !matches!(
+        name,
+        b"sort" | b"sort_ro" | b"georadius" | b"georadiusbymember"
+    ) {
+        return false;
+    }
+    let words: Vec<Vec<u8>> = args
+        .words()
+        .skip(2)
+        .map(|w| w.to_ascii_lowercase())
+        .collect();
+    words.iter().enumerate().any(|(i, word)| {
+        let next = words.get(i + 1).map_or(&b""[..], |w| w);
+        match word.as_slice() {
+            b"store" | b"storedist" => true,
+            // `BY nosort` and `GET #` read no other key.
+            b"by" => next != b"nosort",
+            b"get" => next != b"#",
+            _ => false,
+        }
+    })
+}
 
 /// By name, in byte order: `(name, arity, class)`. An arity of `n` means exactly `n` words,
 /// the name included; `-n` at least `n`.
 #[rustfmt::skip]
-pub(super) const COMMANDS: &[(&str, i32, Class)] = &[
+pub const COMMANDS: &[(&str, i32, Class)] = &[
     ("acl", -2, Refused(Why::Keyless)),
     ("append", 3, Keys { first: 1, last: 1, step: 1 }),
     ("asking", 1, Refused(Why::Connection)),
@@ -249,3 +403,176 @@ pub(super) const COMMANDS: &[(&str, i32, Class)] = &[
     ("zunion", -3, NumKeys { count: 1, dest: false }),
     ("zunionstore", -4, NumKeys { count: 2, dest: true }),
 ];
+
+/// Commands that change no key's value, existence or expiry, as the proxy forwards them, in
+/// byte order.
+pub const READS: &[&str] = &[
+    "bitcount",
+    "bitfield_ro",
+    "bitpos",
+    "dump",
+    "eval_ro",
+    "evalsha_ro",
+    "exists",
+    "expiretime",
+    "fcall_ro",
+    "geodist",
+    "geohash",
+    "geopos",
+    // Forwarded only without STORE (refused: those keys may lie on other servers).
+    "georadius",
+    "georadius_ro",
+    "georadiusbymember",
+    "georadiusbymember_ro",
+    "geosearch",
+    "get",
+    "getbit",
+    "getrange",
+    "hexists",
+    "hget",
+    "hgetall",
+    "hkeys",
+    "hlen",
+    "hmget",
+    "hrandfield",
+    "hscan",
+    "hstrlen",
+    "hvals",
+    "lcs",
+    "lindex",
+    "llen",
+    "lpos",
+    "lrange",
+    "mget",
+    "object",
+    "pexpiretime",
+    "pttl",
+    "scard",
+    "sdiff",
+    "sinter",
+    "sintercard",
+    "sismember",
+    "smembers",
+    "smismember",
+    "sort",
+    "sort_ro",
+    "srandmember",
+    "sscan",
+    "strlen",
+    "substr",
+    "sunion",
+    "touch",
+    "ttl",
+    "type",
+    "xinfo",
+    "xlen",
+    "xpending",
+    "xrange",
+    "xrevrange",
+    "zcard",
+    "zcount",
+    "zdiff",
+    "zinter",
+    "zintercard",
+    "zlexcount",
+    "zmscore",
+    "zrandmember",
+    "zrange",
+    "zrangebylex",
+    "zrangebyscore",
+    "zrank",
+    "zrevrange",
+    "zrevrangebylex",
+    "zrevrangebyscore",
+    "zrevrank",
+    "zscan",
+    "zscore",
+    "zunion",
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn command(words: &[&str]) -> Command {
+        Command::from_words(words)
+    }
+
+    #[test]
+    fn the_command_table_is_in_byte_order_and_complete() {
+        assert!(COMMANDS.windows(2).all(|w| w[0].0 < w[1].0));
+        let (name, len) = lower(b"GeT").unwrap();
+        assert_eq!(
+            lookup(&name[..len]),
+            Some((
+                2,
+                Class::Keys {
+                    first: 1,
+                    last: 1,
+                    step: 1
+                }
+            ))
+        );
+        assert_eq!(lookup(b"mget"), Some((-2, Class::Split(Split::Array))));
+        assert_eq!(lookup(b"nosuch"), None);
+        assert!(matches!(
+            lookup(b"multi"),
+            Some((_, Class::Refused(Why::Transaction)))
+        ));
+        assert!(matches!(
+            lookup(b"blpop"),
+            Some((_, Class::Refused(Why::Blocking)))
+        ));
+        assert!(matches!(
+            lookup(b"subscribe"),
+            Some((_, Class::Refused(Why::PubSub)))
+        ));
+        assert!(matches!(
+            lookup(b"keys"),
+            Some((_, Class::Refused(Why::Keyless)))
+        ));
+        assert!(lower(&[b'a'; MAX_NAME + 1]).is_none());
+    }
+
+    #[test]
+    fn arities_fit_as_the_servers() {
+        assert!(arity_fits(2, 2) && !arity_fits(2, 3));
+        assert!(arity_fits(-2, 5) && !arity_fits(-2, 1));
+    }
+
+    #[test]
+    fn the_reads_are_in_byte_order_and_known_to_the_command_table() {
+        assert!(READS.windows(2).all(|w| w[0] < w[1]));
+        for name in READS {
+            assert!(lookup(name.as_bytes()).is_some(), "{name}");
+        }
+        assert!(is_read(b"get") && is_read(b"zscore"));
+        assert!(!is_read(b"set") && !is_read(b"eval") && !is_read(b"nosuch"));
+    }
+
+    #[test]
+    fn keys_are_found_by_the_class() {
+        let at = |words: &[&str]| {
+            let (_, class) = lookup(words[0].as_bytes()).expect("a command");
+            key_positions(class, &command(words)).collect::<Vec<_>>()
+        };
+        assert_eq!(at(&["set", "k", "v"]), vec![1]);
+        assert_eq!(at(&["rename", "a", "b"]), vec![1, 2]);
+        assert_eq!(at(&["mset", "a", "1", "b", "2"]), vec![1, 3]);
+        assert_eq!(at(&["del", "a", "b", "c"]), vec![1, 2, 3]);
+        assert_eq!(at(&["zunionstore", "d", "2", "a", "b"]), vec![1, 3, 4]);
+        assert_eq!(at(&["bitop", "and", "d", "a", "b"]), vec![2, 3, 4]);
+        assert_eq!(at(&["eval", "return 1", "1", "k", "arg"]), vec![3]);
+        assert!(at(&["eval", "return 1", "0"]).is_empty());
+        assert!(at(&["ping"]).is_empty());
+    }
+
+    #[test]
+    fn sort_and_georadius_options_that_name_keys_are_seen() {
+        let other = |words: &[&str]| names_other_keys(words[0].as_bytes(), &command(words));
+        assert!(other(&["sort", "k", "STORE", "d"]));
+        assert!(other(&["sort", "k", "by", "w_*"]));
+        assert!(!other(&["sort", "k", "by", "nosort", "get", "#"]));
+        assert!(!other(&["get", "k"]));
+    }
+}
