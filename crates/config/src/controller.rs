@@ -8,7 +8,8 @@
 //! api_hosts = ["ctl.example"]   # names it is reached by besides its address and localhost
 //! api_max_connections = 256     # connections past these are closed at once
 //! api_header_timeout_ms = 10000 # a request's headers must arrive within this long
-//! probe_interval_ms = 100       # each server is asked `version` this often, over TCP
+//! probe_interval_ms = 100       # each server is asked `version` (`PING` in a Redis pool)
+//!                               # this often, over TCP
 //! probe_timeout_ms = 100        # ... and must answer within this long
 //! probe_udp = false             # also over UDP (memcached started with -U)
 //! failover = ["10.0.0.19:11211"]  # spares that take a dead server's keys, in its place
@@ -358,6 +359,12 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
         return Err(err(
             "pool.servers",
             "no servers: add [[pool.servers]] with the addr of each".into(),
+        ));
+    }
+    if pool.redis.is_some() && c.probe_udp == Some(true) {
+        return Err(err(
+            "controller.probe_udp",
+            "a Redis pool's servers speak TCP only: remove it".into(),
         ));
     }
     if let Some(i) = failover

@@ -1187,6 +1187,13 @@ hash = "md5"              # nutcracker's hash names: md5, fnv1a_64, crc32, ...
 # server_retry_timeout_ms = 30000  # ... for this long
 # server_connections = 1           # connections to each server, per proxy worker
 # replicas = 1                     # servers each key is kept on (writes to all, reads to one)
+# A pool of redis-servers (the VIP's port is then 6379 unless vip.port says otherwise): the
+# switch splices Redis over TCP by key, its proxy answers the rest. redis_auth (the password
+# the servers want, asked of clients too) and redis_db (selected on every server connection)
+# make every connection the proxy's.
+# redis = true
+# redis_auth = "secret"
+# redis_db = 0
 
 [[pool.servers]]
 addr = "10.0.0.11:11211"

@@ -277,13 +277,17 @@ pub(crate) async fn add_server(
     let warm = s.warm().map_err(|e| refuse(StatusCode::BAD_REQUEST, e))?;
     // Probed now, so the switches need not wait for the next round to take it (or to know to
     // leave it out).
-    let (timeout, udp) = {
+    let (timeout, udp, redis) = {
         let f = shared.fleet();
-        (f.file.probe_timeout, f.file.probe_udp)
+        (
+            f.file.probe_timeout,
+            f.file.probe_udp,
+            f.file.pool.redis.is_some(),
+        )
     };
     let addr = s.addr;
     let first = tokio::task::spawn_blocking(move || {
-        probe(addr, timeout)?;
+        probe_server(addr, timeout, redis, false)?;
         match udp {
             true => probe_udp(addr, timeout),
             false => Ok(()),

@@ -1,5 +1,5 @@
 //! Whether each server answers: its probes (memcached's `version`, through
-//! [`client::memcached`]), the switches' reports of requests that failed, and the one rule that
+//! [`client::memcached`]; Redis's `PING` in a Redis pool), the switches' reports of requests that failed, and the one rule that
 //! marks a server down after `down_after` failures in a row (or at once on a report of failed
 //! requests, a TKO) and up again after `up_after` answers in a row.
 
@@ -106,6 +106,60 @@ pub fn probe_and_flush(addr: SocketAddr, timeout: Duration) -> Result<(), String
         .map_err(|e| e.to_string())
 }
 
+/// Asks the Redis server at `addr` for `PING` over TCP, within `timeout`; with `flush`, empties
+/// it first (`FLUSHALL`), as [`probe_and_flush`] does a memcached.
+pub fn probe_redis(addr: SocketAddr, timeout: Duration, flush: bool) -> Result<(), String> {
+    use std::io::{Read, Write};
+    let deadline = Instant::now() + timeout;
+    let (request, want): (&[u8], &[u8]) = match flush {
+        true => (b"FLUSHALL\r\nPING\r\n", b"+OK\r\n+PONG\r\n"),
+        false => (b"PING\r\n", b"+PONG\r\n"),
+    };
+    let mut s = std::net::TcpStream::connect_timeout(&addr, timeout)
+        .map_err(|e| format!("connecting: {e}"))?;
+    let _ = s.set_nodelay(true);
+    s.set_write_timeout(Some(timeout))
+        .and_then(|_| s.write_all(request))
+        .map_err(|e| format!("sending PING: {e}"))?;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    while got.len() < want.len() && !got.contains(&b'-') {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err("no answer to PING in time".into());
+        }
+        let n = s
+            .set_read_timeout(Some(left))
+            .and_then(|_| s.read(&mut buf))
+            .map_err(|e| format!("reading the answer to PING: {e}"))?;
+        if n == 0 {
+            return Err("closed before answering PING".into());
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    match got == want {
+        true => Ok(()),
+        false => Err(format!(
+            "answered PING with {:?}",
+            String::from_utf8_lossy(&got).trim_end()
+        )),
+    }
+}
+
+/// Probes the server at `addr` as its pool speaks (`redis`), emptying it first with `flush`.
+pub(crate) fn probe_server(
+    addr: SocketAddr,
+    timeout: Duration,
+    redis: bool,
+    flush: bool,
+) -> Result<(), String> {
+    match (redis, flush) {
+        (true, flush) => probe_redis(addr, timeout, flush),
+        (false, true) => probe_and_flush(addr, timeout),
+        (false, false) => probe(addr, timeout),
+    }
+}
+
 /// Asks `addr` for memcached's `version` over UDP, within `timeout` (matched by request id,
 /// not source: a switch in `l3` mode sends servers' replies from the VIP).
 pub fn probe_udp(addr: SocketAddr, timeout: Duration) -> Result<(), String> {
@@ -122,7 +176,7 @@ pub(crate) fn prober(shared: &Shared) {
             std::thread::sleep(CAMPAIGN_INTERVAL);
             continue;
         }
-        let (servers, flush, interval, timeout, udp, switches, tko_after, pool) = {
+        let (servers, flush, interval, timeout, udp, switches, tko_after, pool, redis) = {
             let f = shared.fleet();
             // The servers, then the failover spares.
             let addrs: Vec<SocketAddr> = f
@@ -150,6 +204,7 @@ pub(crate) fn prober(shared: &Shared) {
                 f.file.switches.clone(),
                 f.file.tko_after,
                 f.file.pool.name.clone(),
+                f.file.pool.redis.is_some(),
             )
         };
         let (outcomes, reports) = std::thread::scope(|s| {
@@ -168,10 +223,7 @@ pub(crate) fn prober(shared: &Shared) {
                 .map(|(i, &addr)| {
                     let flush = flush.get(i).copied().unwrap_or(false);
                     s.spawn(move || {
-                        match flush {
-                            true => probe_and_flush(addr, timeout)?,
-                            false => probe(addr, timeout)?,
-                        }
+                        probe_server(addr, timeout, redis, flush)?;
                         match udp {
                             true => probe_udp(addr, timeout),
                             false => Ok(()),
@@ -384,6 +436,34 @@ mod tests {
         });
         let e = probe(addr, Duration::from_millis(500)).unwrap_err();
         assert!(e.contains("HELLO"), "{e}");
+        let _ = t.join();
+    }
+
+    #[test]
+    fn a_redis_probe_wants_pong_and_says_what_came_instead() {
+        let serve = |replies: Vec<&'static [u8]>| {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap();
+            let t = std::thread::spawn(move || {
+                for reply in replies {
+                    if let Ok((mut c, _)) = l.accept() {
+                        let mut buf = [0u8; 64];
+                        let _ = std::io::Read::read(&mut c, &mut buf);
+                        let _ = std::io::Write::write_all(&mut c, reply);
+                    }
+                }
+            });
+            (addr, t)
+        };
+        let (addr, t) = serve(vec![b"+PONG\r\n", b"-NOAUTH Authentication required.\r\n"]);
+        assert_eq!(probe_redis(addr, Duration::from_secs(2), false), Ok(()));
+        let e = probe_redis(addr, Duration::from_secs(2), false).unwrap_err();
+        assert!(e.contains("NOAUTH"), "{e}");
+        let _ = t.join();
+        // A memcached answers `version`, not `PING`: the probe must not take it for a server.
+        let (addr, t) = serve(vec![b"ERROR\r\n"]);
+        let e = probe_server(addr, Duration::from_secs(2), true, false).unwrap_err();
+        assert!(e.contains("ERROR"), "{e}");
         let _ = t.join();
     }
 

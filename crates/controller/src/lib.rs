@@ -67,7 +67,7 @@ mod sync;
 use election::*;
 use handlers::*;
 use health::*;
-pub use health::{probe, probe_and_flush, probe_udp, Health};
+pub use health::{probe, probe_and_flush, probe_redis, probe_udp, Health};
 use sync::*;
 
 /// How often a standby tries to lead, and a leader renews its lease.

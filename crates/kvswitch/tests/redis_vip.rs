@@ -239,6 +239,40 @@ print("ok")
         "redis-py through the VIP: {out:?}"
     );
 
+    // QUIT ends the connection where one server would: nothing sent after it is answered,
+    // whichever servers its keys lie on.
+    let after_quit = live
+        .in_host("c1", || {
+            use std::io::{Read, Write};
+            let mut c = std::net::TcpStream::connect(vip).expect("connect");
+            c.set_read_timeout(Some(Duration::from_secs(5)))
+                .expect("timeout");
+            let mut out = b"SET quit:0 x\r\nQUIT\r\n".to_vec();
+            for i in 0..8 {
+                out.extend_from_slice(format!("GET quit:{i}\r\n").as_bytes());
+            }
+            c.write_all(&out).expect("write");
+            let mut got = Vec::new();
+            let mut buf = [0u8; 256];
+            // The close may come as a reset (the GETs were never read), which can take
+            // the last bytes with it: what did come must be the two `+OK`s' start.
+            let closed = loop {
+                match c.read(&mut buf) {
+                    Ok(0) => break true,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                    Err(e) => break e.kind() == std::io::ErrorKind::ConnectionReset,
+                }
+            };
+            (got, closed)
+        })
+        .expect("c1");
+    let text = String::from_utf8_lossy(&after_quit.0).to_string();
+    assert!(
+        after_quit.1 && "+OK\r\n+OK\r\n".starts_with(&text),
+        "after QUIT: {text:?}, closed: {}",
+        after_quit.1
+    );
+
     // The splice carried commands itself, and nothing it read was lost.
     assert!(metric(&live, "kvswitch_tcp_requests_total") > 3000);
     assert_eq!(drops(&live, "tcp_replies_lost"), 0);

@@ -234,9 +234,11 @@ fn reads_steered_to_a_cache_node_stay_coherent_through_a_hang_a_backend_crash_an
         live.restart_server(VICTIM).expect("restart the backend");
         let addr = SocketAddr::from((ip_of(&live, VICTIM), 11211));
         let back = Instant::now();
+        // A restart on a loaded two-core machine (the whole suite beside it) can take seconds
+        // before the backend answers; the bound only catches one that never does.
         while !tcp_to(&live, VICTIM, addr, b"version\r\n").starts_with("VERSION") {
             assert!(
-                back.elapsed() < Duration::from_secs(10),
+                back.elapsed() < Duration::from_secs(30),
                 "{VICTIM} not back"
             );
             std::thread::sleep(Duration::from_millis(20));

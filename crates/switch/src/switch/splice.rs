@@ -1665,7 +1665,10 @@ impl Switch {
         match class {
             Class::Local => {
                 return match name {
-                    b"ping" | b"echo" | b"quit" => Some((len, here, Some(Owes::Resp))),
+                    b"ping" | b"echo" => Some((len, here, Some(Owes::Resp))),
+                    // The server closes after its `+OK`: whatever the client sent after it
+                    // goes to the same leg, unanswered, as it would on one connection.
+                    b"quit" => Some((usize::MAX, here, Some(Owes::Resp))),
                     // AUTH, SELECT, HELLO: the connection's state is the proxy's from now on.
                     _ => sticky,
                 };
