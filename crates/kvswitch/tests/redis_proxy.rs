@@ -12,12 +12,12 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::proxy::{cache_cli, free_port, listening};
 use testbed::local::{self, Proc, TempDir};
-use testbed::resp_differential::{case, exchange};
+use testbed::resp_differential::{compare, exchange};
 use wire::resp::{encode_command, ReplyFramer};
 
 /// The proxy's refusal of keys on several servers.
@@ -183,37 +183,10 @@ fn the_proxy_answers_every_stream_as_one_redis_server_does() {
     let servers = fleet(3, &[]);
     let front = Front::kvswitch(&servers.iter().collect::<Vec<_>>(), "");
     let (proxy, direct) = (front.addr, reference.addr);
-    let next = Arc::new(AtomicU64::new(0));
-    let refused = Arc::new(AtomicU64::new(0));
-    let failures = Arc::new(Mutex::new(Vec::new()));
-    let workers: Vec<_> = (0..4)
-        .map(|_| {
-            let (next, failures, refused) = (next.clone(), failures.clone(), refused.clone());
-            std::thread::spawn(move || loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= cases {
-                    return;
-                }
-                let c = case(seed, i);
-                let want = exchange(direct, &c).expect("redis-server answers");
-                let got = exchange(proxy, &c).expect("the proxy answers");
-                // A mutation can make a command name keys on several servers, which one
-                // server serves and the proxy refuses: the one difference allowed.
-                if !got.matches(&want) && got.reply.contains(CROSS_SERVER) {
-                    refused.fetch_add(1, Ordering::Relaxed);
-                } else if !got.matches(&want) {
-                    failures.lock().unwrap().push(format!(
-                        "case {i} (seed {seed:#x}): {}\n  redis: {want:?}\n  proxy: {got:?}",
-                        c.bytes.escape_ascii()
-                    ));
-                }
-            })
-        })
-        .collect();
-    for w in workers {
-        w.join().expect("worker");
-    }
-    let failures = failures.lock().unwrap();
+    let found = compare(seed, 0..cases, 4, direct, CROSS_SERVER, |c| {
+        exchange(proxy, c)
+    });
+    let failures = &found.failures;
     assert!(
         failures.is_empty(),
         "{} of {cases} streams differ:\n{}\n{}",
@@ -226,7 +199,7 @@ fn the_proxy_answers_every_stream_as_one_redis_server_does() {
             .join("\n"),
         front.log()
     );
-    let refused = refused.load(Ordering::Relaxed);
+    let refused = found.refused;
     assert!(
         refused <= cases / 20,
         "{refused} of {cases} streams refused as cross-server"

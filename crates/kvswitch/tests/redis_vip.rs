@@ -6,14 +6,12 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::proxy::free_port;
 use common::*;
 use testbed::local::{self, Proc};
-use testbed::resp_differential::{case, exchange};
+use testbed::resp_differential::{compare, exchange};
 
 const CROSS_SERVER: &str = "the keys of this command lie on different servers";
 
@@ -72,7 +70,7 @@ fn every_stream_through_the_vip_reads_as_one_redis_server() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(200u64);
     let seed = 0x7ed15;
-    let live = Arc::new(redis_testbed("krv1", false, ""));
+    let live = redis_testbed("krv1", false, "");
     let (direct, _reference) = reference();
     let vip = vip(&live);
     let spliced_before = metric(&live, "kvswitch_tcp_requests_total");
@@ -81,39 +79,10 @@ fn every_stream_through_the_vip_reads_as_one_redis_server() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0u64);
-    let next = Arc::new(AtomicU64::new(first));
-    let refused = Arc::new(AtomicU64::new(0));
-    let failures = Arc::new(Mutex::new(Vec::new()));
-    let workers: Vec<_> = (0..3)
-        .map(|_| {
-            let (live, next) = (live.clone(), next.clone());
-            let (failures, refused) = (failures.clone(), refused.clone());
-            std::thread::spawn(move || loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= first + cases {
-                    return;
-                }
-                let c = case(seed, i);
-                let want = exchange(direct, &c).expect("redis-server answers");
-                let got = live
-                    .in_host("c1", || exchange(vip, &c))
-                    .expect("c1")
-                    .expect("the VIP answers");
-                if !got.matches(&want) && got.reply.contains(CROSS_SERVER) {
-                    refused.fetch_add(1, Ordering::Relaxed);
-                } else if !got.matches(&want) {
-                    failures.lock().unwrap().push(format!(
-                        "case {i} (seed {seed:#x}): {}\n  redis: {want:?}\n  vip:   {got:?}",
-                        c.bytes.escape_ascii()
-                    ));
-                }
-            })
-        })
-        .collect();
-    for w in workers {
-        w.join().expect("worker");
-    }
-    let failures = failures.lock().unwrap();
+    let found = compare(seed, first..first + cases, 3, direct, CROSS_SERVER, |c| {
+        live.in_host("c1", || exchange(vip, c)).expect("c1")
+    });
+    let failures = &found.failures;
     assert!(
         failures.is_empty(),
         "{} of {cases} streams differ:\n{}\n{}",
@@ -128,7 +97,7 @@ fn every_stream_through_the_vip_reads_as_one_redis_server() {
     );
     // The switch hashes whole keys (no hash tag), so the cases' tagged pairs of keys, which one
     // server serves together, lie on two servers about as often as any two keys.
-    let refused = refused.load(Ordering::Relaxed);
+    let refused = found.refused;
     assert!(
         refused <= cases / 4,
         "{refused} of {cases} refused as cross-server"

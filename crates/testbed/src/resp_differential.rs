@@ -49,6 +49,55 @@ pub fn exchange(addr: SocketAddr, case: &Case) -> std::io::Result<Outcome> {
     })
 }
 
+/// What [`compare`] found: each stream whose answers differed, described, and how many the
+/// front refused as naming keys on several servers.
+#[derive(Debug, Default)]
+pub struct Compared {
+    pub failures: Vec<String>,
+    pub refused: u64,
+}
+
+/// Sends the streams `cases` (of `seed`) on `workers` threads, each to the redis-server at
+/// `reference` and through `front` (an exchange with the front under test). A front's answer
+/// that holds `cross` (its refusal of keys on several servers, which one server serves) is
+/// counted, not a difference.
+pub fn compare(
+    seed: u64,
+    cases: std::ops::Range<u64>,
+    workers: usize,
+    reference: SocketAddr,
+    cross: &str,
+    front: impl Fn(&Case) -> std::io::Result<Outcome> + Sync,
+) -> Compared {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Mutex;
+    let next = AtomicU64::new(cases.start);
+    let found = Mutex::new(Compared::default());
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= cases.end {
+                    return;
+                }
+                let c = case(seed, i);
+                let want = exchange(reference, &c).expect("redis-server answers");
+                let got = front(&c).expect("the front answers");
+                let mut found = found.lock().unwrap_or_else(|e| e.into_inner());
+                if !got.matches(&want) && got.reply.contains(cross) {
+                    found.refused += 1;
+                } else if !got.matches(&want) {
+                    found.failures.push(format!(
+                        "case {i} (seed {seed:#x}): {}\n  redis: {want:?}\n  front: {got:?}",
+                        c.bytes.escape_ascii()
+                    ));
+                }
+            });
+        }
+    });
+    found.into_inner().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The seeded stream number `index`.
 pub fn case(seed: u64, index: u64) -> Case {
     let mut rng = Rng::new(seed ^ index.wrapping_mul(0x0100_0000_01b3));

@@ -233,18 +233,9 @@ impl Replies {
                 self.lost = true;
                 return;
             }
-            let nl = bytes.iter().position(|&b| b == b'\n');
-            let take = nl.map_or(bytes.len(), |i| i + 1);
-            self.line.extend_from_slice(&bytes[..take]);
-            bytes = &bytes[take..];
-            if self.line.len() > RESP_LINE_MAX {
-                self.lost = true;
+            let Some(line) = self.take_line(&mut bytes, RESP_LINE_MAX) else {
                 return;
-            }
-            if nl.is_none() {
-                return;
-            }
-            let line = std::mem::take(&mut self.line);
+            };
             let Some(body) = line.strip_suffix(b"\r\n") else {
                 self.lost = true;
                 return;
@@ -269,6 +260,20 @@ impl Replies {
                 _ => self.lost = true,
             }
         }
+    }
+
+    /// The line under way, once its `\n` is in `bytes` (taken from them); `None` while it is
+    /// not, or once it is longer than `max` (then the replies are lost).
+    fn take_line(&mut self, bytes: &mut &[u8], max: usize) -> Option<Vec<u8>> {
+        let nl = bytes.iter().position(|&b| b == b'\n');
+        let take = nl.map_or(bytes.len(), |i| i + 1);
+        self.line.extend_from_slice(&bytes[..take]);
+        *bytes = &bytes[take..];
+        if self.line.len() > max {
+            self.lost = true;
+            return None;
+        }
+        nl.map(|_| std::mem::take(&mut self.line))
     }
 
     /// A RESP value ended: an element of the array it is in, or a reply.
@@ -299,18 +304,9 @@ impl Replies {
                 self.lost = true;
                 return;
             };
-            let nl = bytes.iter().position(|&b| b == b'\n');
-            let take = nl.map_or(bytes.len(), |i| i + 1);
-            self.line.extend_from_slice(&bytes[..take]);
-            bytes = &bytes[take..];
-            if self.line.len() > REPLY_LINE_MAX {
-                self.lost = true;
+            let Some(line) = self.take_line(&mut bytes, REPLY_LINE_MAX) else {
                 return;
-            }
-            if nl.is_none() {
-                return;
-            }
-            let line = std::mem::take(&mut self.line);
+            };
             let mut tokens = line
                 .split(|&b| b == b' ' || b == b'\r' || b == b'\n')
                 .filter(|t| !t.is_empty());
