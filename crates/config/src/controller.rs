@@ -17,7 +17,8 @@
 //! tko_after = 3                 # ... or failed requests the switches report in one interval
 //!                               #     (0: their reports are not read)
 //! up_after = 2                  # answered probes in a row before it is up again
-//! flush_on_return = true        # a server out of the pool is emptied (flush_all) as it is
+//! flush_on_return = true        # a server out of the pool is emptied (flush_all; in a Redis
+//!                               # pool FLUSHDB of its database, after AUTH) as it is
 //!                               # probed, so it comes back without items replaced meanwhile
 //! return_warm_ms = 0            # a server back from being down warms up this long (0: not)
 //! sync_interval_ms = 1000       # every switch's pool is checked this often anyway

@@ -586,6 +586,8 @@ impl Config {
         for (i, &port) in keyed_ports.iter().enumerate() {
             let why = if port == 0 {
                 Some("port 0 is no port")
+            } else if port == vip_port && redis.is_some() {
+                Some("it is the VIP's Redis port")
             } else if port == vip_port {
                 Some("it is the VIP's memcached port")
             } else if agent_ip == Some(vip) && port == agent_port {
@@ -619,6 +621,16 @@ impl Config {
             ));
         }
         let proxy = raw.switch.proxy.unwrap_or(true);
+        if redis.is_some() && local.is_some() && !proxy {
+            // The splice hands a Redis connection to the proxy for much of what clients send
+            // first (`HELLO`, `AUTH`, `CLIENT SETINFO`): without it those connections fail.
+            return Err(err(
+                "switch.proxy",
+                "a Redis pool needs the proxy behind the local port, which answers what no one \
+                 server does; remove switch.proxy = false"
+                    .into(),
+            ));
+        }
         let proxy_workers = raw.switch.proxy_workers.unwrap_or(DEFAULT_PROXY_WORKERS);
         if !(1..=64).contains(&proxy_workers) {
             return Err(err(
@@ -1564,6 +1576,15 @@ mod tests {
     fn unnamed_server_on_default_port_hashes_by_host() {
         let c = parse(&EXAMPLE.replace("name = \"s2\"", "")).unwrap();
         assert_eq!(c.servers[1].ring_name(), "10.0.0.12");
+    }
+
+    #[test]
+    fn a_redis_pool_needs_its_proxy() {
+        let text = EXAMPLE
+            .replace("hash = \"md5\"", "hash = \"md5\"\nredis = true")
+            .replace("\nproxy = true", "\nproxy = false");
+        let e = parse(&text).unwrap_err().to_string();
+        assert!(e.contains("switch.proxy") && e.contains("Redis"), "{e}");
     }
 
     #[test]

@@ -282,12 +282,12 @@ pub(crate) async fn add_server(
         (
             f.file.probe_timeout,
             f.file.probe_udp,
-            f.file.pool.redis.is_some(),
+            f.file.pool.redis.clone(),
         )
     };
     let addr = s.addr;
     let first = tokio::task::spawn_blocking(move || {
-        probe_server(addr, timeout, redis, false)?;
+        probe_server(addr, timeout, redis.as_ref(), false)?;
         match udp {
             true => probe_udp(addr, timeout),
             false => Ok(()),

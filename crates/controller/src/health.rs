@@ -5,6 +5,7 @@
 
 use super::*;
 use kv::health::{Change, Detector, Thresholds};
+use switch::pool::RedisSpec;
 
 /// What a server's probes say of it: whether it is up ([`kv::health::Detector`], the one
 /// failure detector, whose first outcome decides), and the counts the status shows.
@@ -106,15 +107,32 @@ pub fn probe_and_flush(addr: SocketAddr, timeout: Duration) -> Result<(), String
         .map_err(|e| e.to_string())
 }
 
-/// Asks the Redis server at `addr` for `PING` over TCP, within `timeout`; with `flush`, empties
-/// it first (`FLUSHALL`), as [`probe_and_flush`] does a memcached.
-pub fn probe_redis(addr: SocketAddr, timeout: Duration, flush: bool) -> Result<(), String> {
+/// Asks the Redis server at `addr` for `PING` over TCP, within `timeout`, after the pool's
+/// password (`AUTH`) when it has one; with `flush`, first empties the pool's database
+/// (`SELECT`, `FLUSHDB`), as [`probe_and_flush`] does a memcached.
+pub fn probe_redis(
+    addr: SocketAddr,
+    timeout: Duration,
+    redis: &RedisSpec,
+    flush: bool,
+) -> Result<(), String> {
     use std::io::{Read, Write};
     let deadline = Instant::now() + timeout;
-    let (request, want): (&[u8], &[u8]) = match flush {
-        true => (b"FLUSHALL\r\nPING\r\n", b"+OK\r\n+PONG\r\n"),
-        false => (b"PING\r\n", b"+PONG\r\n"),
-    };
+    let mut request = Vec::new();
+    let mut want = Vec::new();
+    if let Some(password) = &redis.auth {
+        wire::resp::encode_command(&["AUTH", password.as_str()], &mut request);
+        want.extend_from_slice(b"+OK\r\n");
+    }
+    if flush {
+        let db = redis.db.to_string();
+        wire::resp::encode_command(&["SELECT", db.as_str()], &mut request);
+        wire::resp::encode_command(&["FLUSHDB"], &mut request);
+        want.extend_from_slice(b"+OK\r\n+OK\r\n");
+    }
+    request.extend_from_slice(b"PING\r\n");
+    want.extend_from_slice(b"+PONG\r\n");
+    let (request, want) = (&request[..], &want[..]);
     let mut s = std::net::TcpStream::connect_timeout(&addr, timeout)
         .map_err(|e| format!("connecting: {e}"))?;
     let _ = s.set_nodelay(true);
@@ -146,17 +164,18 @@ pub fn probe_redis(addr: SocketAddr, timeout: Duration, flush: bool) -> Result<(
     }
 }
 
-/// Probes the server at `addr` as its pool speaks (`redis`), emptying it first with `flush`.
+/// Probes the server at `addr` as its pool speaks (`redis`: a Redis pool's settings), emptying
+/// it first with `flush`.
 pub(crate) fn probe_server(
     addr: SocketAddr,
     timeout: Duration,
-    redis: bool,
+    redis: Option<&RedisSpec>,
     flush: bool,
 ) -> Result<(), String> {
     match (redis, flush) {
-        (true, flush) => probe_redis(addr, timeout, flush),
-        (false, true) => probe_and_flush(addr, timeout),
-        (false, false) => probe(addr, timeout),
+        (Some(redis), flush) => probe_redis(addr, timeout, redis, flush),
+        (None, true) => probe_and_flush(addr, timeout),
+        (None, false) => probe(addr, timeout),
     }
 }
 
@@ -204,7 +223,7 @@ pub(crate) fn prober(shared: &Shared) {
                 f.file.switches.clone(),
                 f.file.tko_after,
                 f.file.pool.name.clone(),
-                f.file.pool.redis.is_some(),
+                f.file.pool.redis.clone(),
             )
         };
         let (outcomes, reports) = std::thread::scope(|s| {
@@ -222,6 +241,7 @@ pub(crate) fn prober(shared: &Shared) {
                 .enumerate()
                 .map(|(i, &addr)| {
                     let flush = flush.get(i).copied().unwrap_or(false);
+                    let redis = redis.as_ref();
                     s.spawn(move || {
                         probe_server(addr, timeout, redis, flush)?;
                         match udp {
@@ -455,14 +475,26 @@ mod tests {
             });
             (addr, t)
         };
+        let plain = RedisSpec::default();
+        let second = Duration::from_secs(2);
         let (addr, t) = serve(vec![b"+PONG\r\n", b"-NOAUTH Authentication required.\r\n"]);
-        assert_eq!(probe_redis(addr, Duration::from_secs(2), false), Ok(()));
-        let e = probe_redis(addr, Duration::from_secs(2), false).unwrap_err();
+        assert_eq!(probe_redis(addr, second, &plain, false), Ok(()));
+        let e = probe_redis(addr, second, &plain, false).unwrap_err();
         assert!(e.contains("NOAUTH"), "{e}");
+        let _ = t.join();
+        // The pool's password first; its database emptied, not the others.
+        let guarded = RedisSpec {
+            auth: Some("s3cret".into()),
+            db: 2,
+            cluster: false,
+        };
+        let (addr, t) = serve(vec![b"+OK\r\n+PONG\r\n", b"+OK\r\n+OK\r\n+OK\r\n+PONG\r\n"]);
+        assert_eq!(probe_redis(addr, second, &guarded, false), Ok(()));
+        assert_eq!(probe_redis(addr, second, &guarded, true), Ok(()));
         let _ = t.join();
         // A memcached answers `version`, not `PING`: the probe must not take it for a server.
         let (addr, t) = serve(vec![b"ERROR\r\n"]);
-        let e = probe_server(addr, Duration::from_secs(2), true, false).unwrap_err();
+        let e = probe_server(addr, second, Some(&plain), false).unwrap_err();
         assert!(e.contains("ERROR"), "{e}");
         let _ = t.join();
     }

@@ -346,3 +346,54 @@ fn history_through_the_vip_reads_nothing_stale_while_a_server_dies() {
     );
     assert!(metric(&live, "kvswitch_tcp_requests_total") > 100);
 }
+
+/// memtier_benchmark `--protocol=redis` through the VIP (from c1, the splice) and to the proxy
+/// alone (from the root namespace, where the VIP is the proxy's address behind the local port),
+/// where it is installed. It is not a Debian package: without it the test says so and checks
+/// nothing.
+#[test]
+fn memtier_benchmark_over_redis_through_the_vip_and_the_proxy_where_installed() {
+    let found = std::process::Command::new("sh")
+        .args(["-c", "command -v memtier_benchmark"])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        println!(
+            "skipped: memtier_benchmark is not installed (not a Debian package; build it from \
+             its source to run this test)"
+        );
+        return;
+    }
+    let live = redis_testbed("krv4", false, "");
+    let vip = vip(&live);
+    let args = |cmd: &mut std::process::Command| {
+        cmd.args(["120", "memtier_benchmark", "--protocol=redis", "-s"])
+            .arg(vip.ip().to_string())
+            .args(["-p", "6379", "--threads", "1", "--clients", "8"])
+            .args([
+                "--requests",
+                "2000",
+                "--ratio",
+                "1:4",
+                "--key-maximum",
+                "5000",
+            ])
+            .arg("--hide-histogram")
+            .stdin(std::process::Stdio::null());
+    };
+    let mut through_vip = live.exec("c1", "timeout");
+    args(&mut through_vip);
+    let mut to_proxy = std::process::Command::new("timeout");
+    args(&mut to_proxy);
+    for (what, mut cmd) in [("the VIP", through_vip), ("the proxy", to_proxy)] {
+        let out = cmd.output().expect("memtier_benchmark");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("Totals"),
+            "memtier_benchmark through {what}: {text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(metric(&live, "kvswitch_tcp_requests_total") > 1000);
+}

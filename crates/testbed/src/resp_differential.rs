@@ -32,14 +32,17 @@ const RESENDS: usize = 3;
 /// reply, a close, or [`RESENDS`] silences of [`QUIET`].
 pub fn exchange(addr: SocketAddr, case: &Case) -> std::io::Result<Outcome> {
     let ended = |reply: &[u8]| reply.ends_with(MARKER_REPLY);
-    let (mut reply, closed) = converse(addr, &case.bytes, MARKER, ended, QUIET, RESENDS)?;
+    let (mut reply, closed, resent) = converse(addr, &case.bytes, MARKER, ended, QUIET, RESENDS)?;
     // A marker sent again while the first one's answer was slow (a loaded machine) is
     // answered twice: one answer is the end, on either side.
     let once = MARKER_REPLY.len();
-    while reply.len() >= 2 * once
-        && reply[..reply.len() - once].ends_with(MARKER_REPLY)
-        && ended(&reply)
-    {
+    for _ in 0..resent {
+        if reply.len() < 2 * once
+            || !reply[..reply.len() - once].ends_with(MARKER_REPLY)
+            || !ended(&reply)
+        {
+            break;
+        }
         reply.truncate(reply.len() - once);
     }
     Ok(Outcome {

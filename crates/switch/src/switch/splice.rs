@@ -69,10 +69,11 @@ pub(crate) const FIRST_LEG_PORT: u16 = 61_000;
 /// say, and ejects the server).
 const LEG_OPEN_WAIT: Duration = Duration::from_secs(1);
 
-/// The longest RESP reply line read (a simple string or an error).
-const RESP_LINE_MAX: usize = 64 * 1024;
-/// The deepest nesting of RESP arrays read.
-const RESP_DEPTH_MAX: usize = 32;
+/// The longest RESP reply line read (a simple string or an error: a script's error can be
+/// long); past it the replies cannot be placed, and the flow is reset at its next leg change.
+const RESP_LINE_MAX: usize = 1 << 20;
+/// The deepest nesting of RESP arrays read (a script's reply may nest as deep as Lua lets it).
+const RESP_DEPTH_MAX: usize = 1024;
 /// A Redis command is routed once it is all held; one still incomplete past this many bytes
 /// (a large value) makes the host's leg take the rest of the connection, since the switch
 /// holds at most [`HELD_MAX`] bytes of a client's.
@@ -1697,8 +1698,8 @@ impl Switch {
     }
 
     /// The server a request for `key` goes to on a leg of its own, `None` when the proxy must
-    /// take it: no server, or a key whose owner warms up (the proxy reads it where it was and
-    /// gives the owner what it finds).
+    /// take it: no server, or a key whose owner warms up (the memcached proxy reads it where it
+    /// was and gives the owner what it finds; the Redis proxy sends it to its owner).
     fn key_server(&self, key: &[u8], write: bool) -> Option<usize> {
         let hash = self.view.key_hash(key);
         let owner = self.view.locate_hash(hash);
@@ -1941,6 +1942,15 @@ mod tests {
     impl Bed {
         /// Two servers on ports 1 and 2, the client on port 0, the local port 3.
         fn new() -> Bed {
+            Bed::speaking(false)
+        }
+
+        /// A bed whose pool is a Redis pool.
+        fn redis() -> Bed {
+            Bed::speaking(true)
+        }
+
+        fn speaking(redis: bool) -> Bed {
             let servers = (0..2)
                 .map(|i| Server {
                     addr: SocketAddrV4::new(server(i).0, 11211),
@@ -1955,6 +1965,7 @@ mod tests {
             });
             spec.tcp_splice = Some(TcpSplice { max_flows: 4 });
             spec.seed = 7;
+            spec.redis = redis;
             let pool = spec.pool_spec(kv::Distribution::Ketama, kv::HashFn::Md5);
             let pool = Arc::new(Pool::new(pool).unwrap());
             let stats = Arc::new(Stats::new(4, 2));
@@ -2469,5 +2480,108 @@ mod tests {
         assert_eq!(bulk_header(&[b'$'; 30]), Some(Err(())));
         assert_eq!(resp_line(b"*3\r\n$3", b'*'), Some((3, 4)));
         assert_eq!(resp_line(b"*3\r", b'*'), None);
+    }
+
+    /// The payloads sent out of `port`, joined.
+    fn payload_to(sent: &[(u16, Vec<u8>)], port: u16) -> Vec<u8> {
+        sent.iter()
+            .filter(|(p, _)| *p == port)
+            .flat_map(|(_, f)| seg(f).payload().to_vec())
+            .collect()
+    }
+
+    #[test]
+    fn a_redis_command_of_one_key_goes_before_its_value_is_in_and_the_next_waits_for_its_reply() {
+        let mut bed = Bed::redis();
+        let cookie = handshake(&mut bed);
+        let (k0, k1) = (bed.key_on(0), bed.key_on(1));
+        // A SET whose value is still coming: its name and key are enough to pick the server.
+        let head = format!("*3\r\n$3\r\nSET\r\n${}\r\n{k0}\r\n$10\r\n0123", k0.len());
+        bed.client_sends(
+            1001,
+            cookie.wrapping_add(1),
+            flag::ACK | flag::PSH,
+            head.as_bytes(),
+        );
+        let sent = bed.sent();
+        let syn = sent
+            .iter()
+            .find(|(p, f)| *p == 1 && seg(f).has(flag::SYN))
+            .expect("a SYN to server 0");
+        let leg = seg(&syn.1).seq();
+        let port = seg(&syn.1).src_port();
+        bed.server_sends(
+            0,
+            port,
+            70_000,
+            leg.wrapping_add(1),
+            flag::SYN | flag::ACK,
+            b"",
+        );
+        assert_eq!(payload_to(&bed.sent(), 1), head.as_bytes());
+        // The rest of the value, its header split from it, then a GET of the other server's key
+        // in the same segment: the value goes on to server 0, the GET waits for its reply.
+        let mut rest = b"456789\r\n".to_vec();
+        let get = format!("*2\r\n$3\r\nGET\r\n${}\r\n{k1}\r\n", k1.len());
+        rest.extend_from_slice(get.as_bytes());
+        let at = 1001 + head.len() as u32;
+        bed.client_sends(at, cookie.wrapping_add(1), flag::ACK | flag::PSH, &rest);
+        let sent = bed.sent();
+        assert_eq!(payload_to(&sent, 1), b"456789\r\n");
+        // Server 1's leg opens, but the GET waits for server 0's reply.
+        let syn = sent
+            .iter()
+            .find(|(p, f)| *p == 2 && seg(f).has(flag::SYN))
+            .expect("a SYN to server 1");
+        let (leg1, port1) = (seg(&syn.1).seq(), seg(&syn.1).src_port());
+        bed.server_sends(
+            1,
+            port1,
+            90_000,
+            leg1.wrapping_add(1),
+            flag::SYN | flag::ACK,
+            b"",
+        );
+        assert_eq!(payload_to(&bed.sent(), 2), b"");
+        // Server 0's `+OK`, in two pieces: the GET goes once it is whole.
+        let acked = leg.wrapping_add(1 + head.len() as u32 + 8);
+        bed.server_sends(0, port, 70_001, acked, flag::ACK | flag::PSH, b"+O");
+        let sent = bed.sent();
+        assert_eq!(payload_to(&sent, 0), b"+O");
+        assert_eq!(payload_to(&sent, 2), b"");
+        bed.server_sends(0, port, 70_003, acked, flag::ACK | flag::PSH, b"K\r\n");
+        let sent = bed.sent();
+        assert_eq!(payload_to(&sent, 0), b"K\r\n");
+        assert_eq!(payload_to(&sent, 2), get.as_bytes());
+        assert_eq!(stats::get(&bed.stats.tcp_requests), 2);
+        assert_eq!(
+            stats::get(&bed.stats.drops[Drop::TcpRepliesLost as usize]),
+            0
+        );
+    }
+
+    #[test]
+    fn a_redis_command_no_one_server_answers_goes_to_the_host_and_hello_keeps_it_there() {
+        let mut bed = Bed::redis();
+        let cookie = handshake(&mut bed);
+        let (k0, k1) = (bed.key_on(0), bed.key_on(1));
+        // Keys on both servers: the proxy's (port 3, the local port).
+        let mget = format!("MGET {k0} {k1}\r\nHELLO 3\r\nGET {k0}\r\n");
+        bed.client_sends(
+            1001,
+            cookie.wrapping_add(1),
+            flag::ACK | flag::PSH,
+            mget.as_bytes(),
+        );
+        let sent = bed.sent();
+        assert!(sent.iter().any(|(p, f)| *p == 3 && seg(f).has(flag::SYN)));
+        assert!(sent.iter().all(|(p, _)| *p != 1 && *p != 2), "{sent:?}");
+        // UDP to the port is nobody's.
+        let ends = UdpEnds::between(
+            (CLIENT_MAC, CLIENT.0, 5000),
+            (bed.sw.spec.vip.mac, VIP, bed.sw.spec.vip.port),
+        );
+        bed.process(0, udp_frame(&ends, &[b"\0\0\0\0\0\x01\0\0get a\r\n"]));
+        assert_eq!(stats::get(&bed.stats.drops[Drop::UdpToRedis as usize]), 1);
     }
 }
