@@ -353,12 +353,7 @@ fn history_through_the_vip_reads_nothing_stale_while_a_server_dies() {
 /// nothing.
 #[test]
 fn memtier_benchmark_over_redis_through_the_vip_and_the_proxy_where_installed() {
-    let found = std::process::Command::new("sh")
-        .args(["-c", "command -v memtier_benchmark"])
-        .stdout(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
+    if !installed("memtier_benchmark") {
         println!(
             "skipped: memtier_benchmark is not installed (not a Debian package; build it from \
              its source to run this test)"

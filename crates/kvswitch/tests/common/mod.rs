@@ -9,6 +9,15 @@ use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
+/// Whether `program` is on the PATH.
+pub fn installed(program: &str) -> bool {
+    std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 pub fn require_root() {
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };

@@ -1620,10 +1620,7 @@ impl Switch {
         if class != one_key || !redis::arity_fits(arity, count) {
             return None;
         }
-        if matches!(
-            name,
-            b"sort" | b"sort_ro" | b"georadius" | b"georadiusbymember"
-        ) {
+        if redis::options_may_name_keys(name) {
             return None;
         }
         let write = !redis::is_read(name);

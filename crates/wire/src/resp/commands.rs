@@ -130,15 +130,21 @@ pub fn key_positions(class: Class, args: &Command) -> impl Iterator<Item = usize
     (from..=to).step_by(step).filter(move |&i| Some(i) != skip)
 }
 
+/// Whether the command named `name` (in lower case) has options that may name other keys:
+/// only its whole words tell ([`names_other_keys`]).
+pub fn options_may_name_keys(name: &[u8]) -> bool {
+    matches!(
+        name,
+        b"sort" | b"sort_ro" | b"georadius" | b"georadiusbymember"
+    )
+}
+
 /// Whether a command routed by its first key names others in its options (`SORT ... STORE
 /// dst`, `SORT ... BY weight_*`, `GEORADIUS ... STORE dst`), which may lie on other servers.
 /// `name` is in lower case. Every word is looked at, so a value that reads as an option
 /// counts too.
 pub fn names_other_keys(name: &[u8], args: &Command) -> bool {
-    if !matches!(
-        name,
-        b"sort" | b"sort_ro" | b"georadius" | b"georadiusbymember"
-    ) {
+    if !options_may_name_keys(name) {
         return false;
     }
     let words: Vec<Vec<u8>> = args
