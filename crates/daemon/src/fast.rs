@@ -54,6 +54,13 @@ impl FastStatus {
     }
 }
 
+/// The program attached: the thread that keeps its maps in step, and its spliced legs for the
+/// switch to hand replies to (when the switch splices TCP).
+pub struct Attached {
+    pub thread: JoinHandle<()>,
+    pub legs: Option<xdp::LegMap>,
+}
+
 /// The ports the program runs on: each port's number, name and interface index.
 pub struct FastPorts {
     pub ports: Vec<(u16, String, u32)>,
@@ -77,7 +84,7 @@ pub fn start(
     cache: Option<Arc<switch::cache::CacheService>>,
     status: Arc<FastStatus>,
     stop: fn() -> bool,
-) -> anyhow::Result<Option<JoinHandle<()>>> {
+) -> anyhow::Result<Option<Attached>> {
     let af_packet = vec!["af_packet".to_string(); ports.count];
     status.update(|s| s.ports = af_packet.clone());
     if cfg.datapath == Datapath::AfPacket {
@@ -86,6 +93,7 @@ pub fn start(
     let (ready_tx, ready_rx) = mpsc::channel();
     let status_thread = status.clone();
     let (hash, with_cache) = (cfg.hash, cache.is_some());
+    let splice = cfg.tcp_splice();
     let thread = std::thread::Builder::new()
         .name("xdp-sync".into())
         .spawn(move || {
@@ -97,10 +105,20 @@ pub fn start(
                     true => Some(fp.cache_mirror(hash, Box::new(to_ktime()))?),
                     false => None,
                 };
-                Ok((fp, modes, mirror))
+                let legs = match splice {
+                    true => match fp.leg_map() {
+                        Ok(legs) => Some(legs),
+                        Err(e) => {
+                            tracing::warn!("spliced replies go through the switch: {e}");
+                            None
+                        }
+                    },
+                    false => None,
+                };
+                Ok((fp, modes, mirror, legs))
             });
             let fp = match attached {
-                Ok((fp, modes, mirror)) => {
+                Ok((fp, modes, mirror, legs)) => {
                     // From here every new pool version stops the program routing reads
                     // before any path can route by it, until its ring is in use.
                     if !pool.set_fence(Arc::new(fp.pool_fence())) {
@@ -109,7 +127,7 @@ pub fn start(
                              follow the old ring for a sync after a pool change"
                         );
                     }
-                    let _ = ready_tx.send(Ok((modes, mirror)));
+                    let _ = ready_tx.send(Ok((modes, mirror, legs)));
                     fp
                 }
                 Err(e) => {
@@ -123,7 +141,7 @@ pub fn start(
         .recv()
         .context("the XDP thread ended before attaching")?
     {
-        Ok((modes, mirror)) => {
+        Ok((modes, mirror, legs)) => {
             // Reads of one key the cache holds are answered in the kernel from here on.
             if let (Some(cache), Some(mirror)) = (&cache, mirror) {
                 if !cache.set_mirror(Arc::new(mirror)) {
@@ -142,7 +160,7 @@ pub fn start(
                 }
             });
             tracing::info!(ports = ?modes, "XDP fast path attached");
-            Ok(Some(thread))
+            Ok(Some(Attached { thread, legs }))
         }
         Err(e) if matches!(cfg.datapath, Datapath::Xdp | Datapath::AfXdp) => {
             let _ = thread.join();

@@ -149,7 +149,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         count: port_count,
         xsks,
     };
-    let fast = crate::fast::start(
+    let mut fast = crate::fast::start(
         &cfg,
         fast_ports,
         remote.clone(),
@@ -161,6 +161,10 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
     )?;
     // The switch remembers the senders the program may then switch itself.
     switch.set_fast_path(fast.is_some());
+    // Replies on spliced legs are sent on by the program where the splice hands them over.
+    if let Some(legs) = fast.as_mut().and_then(|f| f.legs.take()) {
+        switch.set_leg_offload(Box::new(legs));
+    }
     let api_addr = api::serve(
         listener,
         api::Api {
@@ -214,9 +218,9 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         p.stop();
     }
     drop(driver);
-    if let Some(thread) = fast {
+    if let Some(attached) = fast {
         // It sees the stop too, and detaches the program as it ends.
-        let _ = thread.join();
+        let _ = attached.thread.join();
     }
     if let Some(l) = local {
         l.remove()?;

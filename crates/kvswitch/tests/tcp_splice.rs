@@ -99,6 +99,45 @@ fn wait_for_no_flows(live: &testbed::Live) {
     }
 }
 
+/// The XDP program's count of spliced reply segments it sent on (its counters reach the
+/// status API at its next sync with the switch).
+fn tcp_replies_in_xdp(live: &testbed::Live) -> u64 {
+    let datapath = status(live)["datapath"].clone();
+    assert_eq!(
+        datapath["xdp"], true,
+        "the XDP program is in use: {datapath}"
+    );
+    datapath["xdp_frames"]["tcp_replies"].as_u64().unwrap_or(0)
+}
+
+/// Repeats `get <key>` (answered `want`) on `s` until the XDP program sends replies on: the
+/// switch tells it of the server as a sender at its next sync.
+fn until_replies_in_xdp(live: &testbed::Live, s: &mut TcpStream, key: &str, want: &[u8]) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tcp_replies_in_xdp(live) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no spliced reply rewritten in XDP: {}",
+            status(live)["datapath"]
+        );
+        call(s, format!("get {key}\r\n").as_bytes(), want);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until the XDP program's count of spliced replies reaches `n`.
+fn wait_for_tcp_replies_in_xdp(live: &testbed::Live, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tcp_replies_in_xdp(live) < n {
+        assert!(
+            Instant::now() < deadline,
+            "fewer than {n} spliced replies rewritten in XDP: {}",
+            status(live)["datapath"]
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn splice_then_hand_over(prefix: &str, mode: &str) {
     let live = testbed(prefix, mode, false);
     assert_eq!(tcp(&live)["path"], "splice", "{}", tcp(&live));
@@ -114,14 +153,20 @@ fn splice_then_hand_over(prefix: &str, mode: &str) {
         call(&mut s, &set(a, &v), b"STORED\r\n");
         call(&mut s, format!("get {a}\r\n").as_bytes(), &hit(a, &v));
     }
-    // A value over many segments each way.
+    // Once the switch has told the XDP program of the server, the program sends its
+    // replies on, the switch handing it the leg between requests: a value over many
+    // segments each way.
+    let last = value(a, 49, 10 + 49 * 7);
+    until_replies_in_xdp(&live, &mut s, a, &hit(a, &last));
     let big = value(a, 999, 300_000);
     call(&mut s, &set(a, &big), b"STORED\r\n");
+    let before = tcp_replies_in_xdp(&live);
     call(&mut s, format!("get {a}\r\n").as_bytes(), &hit(a, &big));
+    wait_for_tcp_replies_in_xdp(&live, before + 100);
     let t = tcp(&live);
     assert_eq!(count(&live, "spliced"), 1, "{t}");
     assert_eq!(count(&live, "handed_over"), 0, "{t}");
-    assert!(t["requests"].as_u64().unwrap() >= 102, "{t}");
+    assert!(t["requests"].as_u64().unwrap() >= 103, "{t}");
     assert_eq!(
         server_value(&live, ["s1", "s2", "s3"][ring.locate(a.as_bytes())], a),
         Some(big.clone()),

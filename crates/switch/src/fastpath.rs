@@ -261,3 +261,70 @@ mod tests {
         assert_eq!(k.words.copy, 1);
     }
 }
+
+/// A spliced leg as its target's segments name it: the target's address and port, and the
+/// leg's (the client's address and a leg port).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LegKey {
+    pub target: (Ipv4Addr, u16),
+    pub leg: (Ipv4Addr, u16),
+}
+
+/// What a fast path needs to send a spliced leg's replies on to its client as the switch
+/// would: where they come from and go, and how each number maps into the client's
+/// connection. It may forward only segments that carry the ACK flag (and PSH) and nothing
+/// else, whose acknowledgement lies in `ack_from..=ack_to` and whose bytes are either the
+/// next ones (`seq_from` on) and frame whole as replies to single-key retrievals, at most
+/// `owed` of them, or bytes it sent before; every other segment goes to the switch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LegHandOver {
+    pub target_mac: Mac,
+    /// The switch port the target is on.
+    pub target_port: u16,
+    pub client_mac: Mac,
+    pub client_port: u16,
+    /// The switch port the client is on.
+    pub client_at: u16,
+    /// The source the client sees: the VIP and its port.
+    pub vip: (Ipv4Addr, u16),
+    /// The window shift of the target's segments, and the one the client was told.
+    pub target_shift: u8,
+    pub client_shift: u8,
+    /// The target's byte `s` (from `seq_from` on) is the client's `s + seq_off`.
+    pub seq_from: u32,
+    pub seq_off: u32,
+    /// The target's acknowledgement `a` is the client's `a + ack_off`.
+    pub ack_from: u32,
+    pub ack_to: u32,
+    pub ack_off: u32,
+    /// Retrieval replies owed, and bytes of the current one's data block still to come.
+    pub owed: u32,
+    pub data: u32,
+}
+
+/// What a fast path did with a leg while it held it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LegSent {
+    /// The target's next byte to frame, and the replies framed whole since the hand-over
+    /// (with the data block bytes still to come of the current one).
+    pub read: u32,
+    pub answered: u32,
+    pub data: u32,
+    /// The highest acknowledgement of the target's it carried.
+    pub acked: u32,
+    /// The client's acknowledgement and window it last sent, when it sent anything.
+    pub last: Option<(u32, u16)>,
+}
+
+/// A fast path that rewrites spliced legs' replies in the switch's place (the XDP program's
+/// `fp_legs`). The splice hands it a leg when the leg's replies need no decision of the
+/// switch's, and takes it back before it looks at the leg or its flow again.
+pub trait LegOffload: Send {
+    /// Hands leg `key` over; false when it cannot take it (full), and the switch keeps it.
+    fn hand_over(&mut self, key: LegKey, leg: &LegHandOver) -> bool;
+    /// Takes leg `key` back: once this returns, the fast path sends none of its segments on.
+    /// `None` when it did not hold the leg.
+    fn take_back(&mut self, key: LegKey) -> Option<LegSent>;
+    /// Forgets leg `key` for good (taking it back first, if needed).
+    fn forget(&mut self, key: LegKey);
+}

@@ -8,6 +8,7 @@
 #include <linux/if_ether.h>
 #include <linux/in.h>
 #include <linux/ip.h>
+#include <linux/tcp.h>
 #include <linux/udp.h>
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
@@ -168,6 +169,24 @@ struct {
 	__type(key, __u32);
 	__type(value, __u32);
 } fp_last_port SEC(".maps");
+
+/* Spliced legs by the addresses and ports their targets' segments carry: the leg's slot in
+ * fp_legs. Written by user space when it first hands a leg over, removed when it lets it go. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, FP_MAX_LEGS);
+	__type(key, struct fp_leg_key);
+	__type(value, __u32);
+} fp_leg_slots SEC(".maps");
+
+/* The legs themselves, shared with user space through a memory mapping (struct fp_leg). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, FP_MAX_LEGS);
+	__type(key, __u32);
+	__type(value, struct fp_leg);
+} fp_legs SEC(".maps");
 
 #define ETH_LEN 14
 #define IP_LEN 20
@@ -949,6 +968,286 @@ static __always_inline int route_keyed(struct xdp_md *ctx, struct fp_config *cfg
 	return verdict;
 }
 
+#define TCP_LEN 20
+/* Where a TCP segment's payload starts when its header has no options. */
+#define TCP_BODY_OFF (ETH_LEN + IP_LEN + TCP_LEN)
+#define TCP_FIN 0x01
+#define TCP_SYN 0x02
+#define TCP_RST 0x04
+#define TCP_PSH 0x08
+#define TCP_ACK 0x10
+
+/* Whether the TCP segment after the 20-byte IPv4 header, `len` bytes of it (at most
+ * FP_MAX_CHECKED), has a right checksum. */
+__noinline int fp_tcp_ok(struct xdp_md *ctx, __u32 len)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct iphdr *ip = data + ETH_LEN;
+	__u8 *p = (__u8 *)(ip + 1);
+	if (p + TCP_LEN > (__u8 *)end || len > FP_MAX_CHECKED || len < TCP_LEN)
+		return 0;
+	__u32 sum = (ip->saddr & 0xffff) + (ip->saddr >> 16) + (ip->daddr & 0xffff) +
+		    (ip->daddr >> 16) + bpf_htons(IPPROTO_TCP) + bpf_htons(len);
+	for (__u32 i = 0; i < FP_MAX_CHECKED / 2; i++) {
+		if (2 * i + 1 >= len)
+			break;
+		if (p + 2 * i + 2 > (__u8 *)end)
+			return 0;
+		sum += *(__u16 *)(p + 2 * i);
+		if (!(i & 0xff))
+			sum = fold(sum);
+	}
+	if (len & 1) {
+		__u32 last = len - 1;
+		/* Kept from the compiler, which knows the bound; the verifier needs to see it. */
+		asm volatile("" : "+r"(last));
+		if (last > FP_MAX_CHECKED)
+			return 0;
+		if (p + last + 1 > (__u8 *)end)
+			return 0;
+		sum += p[last];
+	}
+	return fold(sum) == 0xffff;
+}
+
+/* How far fp_value_line has read a `VALUE` line: kept between the steps of bpf_loop. */
+struct value_scan {
+	__u32 n;      /* bytes of the line loaded into the scratch buffer */
+	__u32 field;  /* the line's field under way after `VALUE ` (key, flags, bytes, cas) */
+	__u32 digits; /* digits of the bytes field so far */
+	__u32 prev;   /* the byte before */
+	__u64 bytes;  /* the data block's length so far */
+	__u64 result; /* set once the line ends: see fp_value_line */
+};
+
+/* One byte of a `VALUE` line (bpf_loop's step): 1 stops the scan. */
+static long value_step(__u32 i, struct value_scan *v)
+{
+	__u32 zero = 0;
+	struct fp_scratch *s = bpf_map_lookup_elem(&fp_scratch, &zero);
+	__u32 at = i + 6;
+	if (!s || at >= v->n)
+		return 1;
+	asm volatile("" : "+r"(at));
+	if (at >= FP_SCRATCH)
+		return 1;
+	__u8 c = s->buf[at];
+	if (c == '\n') {
+		if (v->prev == '\r' && v->field >= 2 && v->field <= 3 && v->digits)
+			v->result = (__u64)(at + 1) << 32 | (v->bytes + 2);
+		return 1;
+	}
+	if (v->prev == '\r')
+		return 1;
+	if (c == ' ') {
+		if (v->prev == ' ')
+			return 1;
+		v->field += 1;
+	} else if (c != '\r' && v->field == 2) {
+		if (c < '0' || c > '9' || v->digits >= 9)
+			return 1;
+		v->digits += 1;
+		v->bytes = v->bytes * 10 + (c - '0');
+	}
+	v->prev = c;
+	return 0;
+}
+
+/* The `VALUE <key> <flags> <bytes>[ <cas>]\r\n` line at payload offset `off`, whole within
+ * the segment's `plen` bytes: its length in the high half, its data block's (with the \r\n
+ * after it) in the low half; 0 for anything else, or a line the segment cuts. */
+__noinline __u64 fp_value_line(struct xdp_md *ctx, __u32 off, __u32 plen)
+{
+	__u32 zero = 0;
+	struct fp_scratch *s = bpf_map_lookup_elem(&fp_scratch, &zero);
+	if (!s || off >= plen || plen > 0xffff)
+		return 0;
+	__u64 n = plen - off;
+	if (n > FP_LINE_MAX)
+		n = FP_LINE_MAX;
+	asm volatile("" : "+r"(n));
+	if (n < 8 || n > FP_LINE_MAX || bpf_xdp_load_bytes(ctx, TCP_BODY_OFF + off, s->buf, n))
+		return 0;
+	if (s->buf[0] != 'V' || s->buf[1] != 'A' || s->buf[2] != 'L' || s->buf[3] != 'U' ||
+	    s->buf[4] != 'E' || s->buf[5] != ' ')
+		return 0;
+	struct value_scan v = {.n = n, .prev = ' '};
+	bpf_loop(FP_LINE_MAX - 6, value_step, &v, 0);
+	return v.result;
+}
+
+/* Where a leg's replies stand: replies owed and framed, and a data block's bytes to come. */
+struct reply_frame {
+	__u32 owed;
+	__u32 answered;
+	__u32 data;
+};
+
+/* Reads a segment's `plen` reply bytes on from `f`, as the switch's framer reads replies to
+ * single-key retrievals (`VALUE` lines, their data blocks, `END`): 0 when they are anything
+ * else, or run past a line the segment cuts or past FP_FRAME_STEPS, or past what is owed. */
+static __noinline int frame_replies(struct xdp_md *ctx, __u32 plen, struct reply_frame *f)
+{
+	__u32 p = 0;
+	for (int step = 0; step < FP_FRAME_STEPS; step++) {
+		if (p >= plen)
+			return 1;
+		__u32 rest = plen - p;
+		if (f->data) {
+			__u32 take = rest < f->data ? rest : f->data;
+			f->data -= take;
+			p += take;
+			continue;
+		}
+		if (f->answered >= f->owed || rest < 5)
+			return 0;
+		__u8 end[5];
+		if (bpf_xdp_load_bytes(ctx, TCP_BODY_OFF + p, end, 5))
+			return 0;
+		if (end[0] == 'E' && end[1] == 'N' && end[2] == 'D' && end[3] == '\r' && end[4] == '\n') {
+			f->answered += 1;
+			p += 5;
+			continue;
+		}
+		__u64 line = fp_value_line(ctx, p, plen);
+		if (!line)
+			return 0;
+		p += line >> 32;
+		f->data = line & 0xffffffff;
+	}
+	return p >= plen;
+}
+
+/* Adds the change of one 16-bit word (as stored) to a checksum's complemented sum. */
+static __always_inline __u32 sum_change(__u32 sum, __u16 from, __u16 to)
+{
+	return sum + (__u16)~from + to;
+}
+
+/* A reply segment from the target of a leg user space handed over: framed, rewritten into
+ * the client's connection (addresses, ports, sequence and acknowledgement numbers, window,
+ * MACs) and sent to the client, or passed up unchanged. */
+static __always_inline int leg_reply(struct xdp_md *ctx, struct fp_config *cfg, __u32 in_port,
+				     struct fp_leg *leg)
+{
+	if (!*(volatile __u32 *)&leg->armed)
+		return pass(FP_C_PASS_LEG);
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = (void *)(eth + 1);
+	struct tcphdr *tcp = (void *)(ip + 1);
+	if ((void *)(tcp + 1) > end)
+		return pass(FP_C_PASS_LEG);
+	__u8 flags = ((__u8 *)tcp)[13];
+	/* The slot may have been given to another leg since it was looked up. */
+	if (leg->key.src_ip != ip->saddr || leg->key.dst_ip != ip->daddr ||
+	    leg->key.src_port != tcp->source || leg->key.dst_port != tcp->dest)
+		return pass(FP_C_PASS_LEG);
+	if (in_port != leg->in_port || !mac_eq(eth->h_source, leg->server_mac) || tcp->doff != 5 ||
+	    !(flags & TCP_ACK) || (flags & ~(TCP_ACK | TCP_PSH)))
+		return pass(FP_C_PASS_LEG);
+	__u32 tot = bpf_ntohs(ip->tot_len);
+	if (tot <= IP_LEN + TCP_LEN || tot - IP_LEN > FP_MAX_CHECKED)
+		return pass(FP_C_PASS_LEG);
+	__u32 plen = tot - IP_LEN - TCP_LEN;
+	__u32 seq = bpf_ntohl(tcp->seq), ack = bpf_ntohl(tcp->ack_seq);
+	if ((__s32)(ack - leg->ack_from) < 0 || (__s32)(leg->ack_to - ack) < 0)
+		return pass(FP_C_PASS_LEG);
+	__u32 out = leg->out_port;
+	if (!sendable(out))
+		return pass(FP_C_PASS_BLOCKED);
+	if (!fp_tcp_ok(ctx, tot - IP_LEN))
+		return pass(FP_C_PASS_CHECKSUM);
+	int fresh = seq == leg->read;
+	struct reply_frame f = {.owed = leg->owed, .answered = leg->answered, .data = leg->data};
+	if (fresh) {
+		if (!frame_replies(ctx, plen, &f))
+			return pass(FP_C_PASS_LEG);
+	} else if ((__s32)(seq - leg->seq_from) < 0 || (__s32)(leg->read - (seq + plen)) < 0) {
+		/* Neither the next bytes nor bytes sent since armed: the switch places them. */
+		return pass(FP_C_PASS_LEG);
+	}
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	eth = data;
+	ip = (void *)(eth + 1);
+	tcp = (void *)(ip + 1);
+	if ((void *)(tcp + 1) > end)
+		return pass(FP_C_PASS_LEG);
+	__u32 window = ((__u32)bpf_ntohs(tcp->window) << (leg->target_shift & 15)) >>
+		       (leg->client_shift & 15);
+	if (window > 0xffff)
+		window = 0xffff;
+	__u32 to_seq = bpf_htonl(seq + leg->seq_off);
+	__u32 client_ack = ack + leg->ack_off;
+	__u32 to_ack = bpf_htonl(client_ack);
+	__u16 to_window = bpf_htons(window);
+	__u32 sum = (__u16)~tcp->check;
+	if (ip->saddr != leg->vip) {
+		sum = sum_change(sum, ip->saddr & 0xffff, leg->vip & 0xffff);
+		sum = sum_change(sum, ip->saddr >> 16, leg->vip >> 16);
+		ip->check = csum_replace(ip->check, ip->saddr, leg->vip);
+		ip->saddr = leg->vip;
+	}
+	sum = sum_change(sum, tcp->source, leg->vip_port);
+	sum = sum_change(sum, tcp->dest, leg->client_port);
+	sum = sum_change(sum, tcp->seq & 0xffff, to_seq & 0xffff);
+	sum = sum_change(sum, tcp->seq >> 16, to_seq >> 16);
+	sum = sum_change(sum, tcp->ack_seq & 0xffff, to_ack & 0xffff);
+	sum = sum_change(sum, tcp->ack_seq >> 16, to_ack >> 16);
+	sum = sum_change(sum, tcp->window, to_window);
+	tcp->check = ~fold(sum);
+	tcp->source = leg->vip_port;
+	tcp->dest = leg->client_port;
+	tcp->seq = to_seq;
+	tcp->ack_seq = to_ack;
+	tcp->window = to_window;
+	__builtin_memcpy(eth->h_dest, leg->client_mac, 6);
+	__builtin_memcpy(eth->h_source, cfg->vip_mac, 6);
+	if (fresh) {
+		leg->read = seq + plen;
+		leg->answered = f.answered;
+		leg->data = f.data;
+	}
+	if ((__s32)(ack - leg->acked) > 0)
+		leg->acked = ack;
+	leg->last_ack = client_ack;
+	leg->window = window;
+	leg->sent += 1;
+	count(FP_C_TCP_REPLIES);
+	return send(ctx, in_port, out);
+}
+
+/* A TCP segment from a server to a leg port: a spliced leg's reply the program rewrites when
+ * user space handed the leg over, else passed up for the switch to rewrite. */
+static __always_inline int splice_reply(struct xdp_md *ctx, struct fp_config *cfg, __u32 in_port)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct iphdr *ip = data + ETH_LEN;
+	struct tcphdr *tcp = (void *)(ip + 1);
+	if ((void *)(tcp + 1) > end)
+		return pass(FP_C_PASS_IP_HEADER);
+	struct fp_leg_key key = {
+		.src_ip = ip->saddr,
+		.dst_ip = ip->daddr,
+		.src_port = tcp->source,
+		.dst_port = tcp->dest,
+	};
+	__u32 *slot = bpf_map_lookup_elem(&fp_leg_slots, &key);
+	struct fp_leg *leg = slot ? bpf_map_lookup_elem(&fp_legs, slot) : 0;
+	if (!leg)
+		return pass(FP_C_PASS_TO_SWITCH);
+	/* Counted in and out, so that user space taking the leg back knows when no pass is
+	 * under way (the atomic adds order the reads and writes between them). */
+	__sync_fetch_and_add(&leg->busy, 1);
+	int verdict = leg_reply(ctx, cfg, in_port, leg);
+	__sync_fetch_and_add(&leg->done, 1);
+	return verdict;
+}
+
 /* What the program does with a frame that arrived on switch port `in_port`: XDP_PASS hands
  * it, unchanged, to the switch. */
 static __always_inline int decide(struct xdp_md *ctx, __u32 in_port)
@@ -1006,7 +1305,7 @@ static __always_inline int decide(struct xdp_md *ctx, __u32 in_port)
 		if (bpf_ntohs(udp->dest) >= cfg->tcp_splice &&
 		    (bpf_map_lookup_elem(&fp_server_ips, &ip->saddr) ||
 		     (!cfg->l3 && ip->saddr == cfg->vip)))
-			return pass(FP_C_PASS_TO_SWITCH);
+			return splice_reply(ctx, cfg, in_port);
 	}
 	/* With the cache on, the switch must see every server's reply (fills, writes' ends). */
 	if (cfg->cache_only)

@@ -37,6 +37,13 @@
 /* Meta flags after an mg key that the fast path takes: each at most once. */
 #define FP_MAX_META_FLAGS 8
 
+/* Spliced TCP legs whose replies the program may rewrite for their clients (fp_legs). */
+#define FP_MAX_LEGS 65536
+/* Reply lines and data blocks framed in one segment at most; a segment with more goes up. */
+#define FP_FRAME_STEPS 48
+/* The longest `VALUE` line the program reads (a 250-byte key fits; at most FP_SCRATCH). */
+#define FP_LINE_MAX 300
+
 /* Key hash functions (nutcracker's names). */
 #define FP_HASH_MD5 1
 #define FP_HASH_FNV1A_64 2
@@ -72,7 +79,9 @@
 #define FP_C_PASS_POOL_CHANGE 19 /* to the VIP while the pool changes: the ring is not the newest */
 #define FP_C_KEYED 20          /* requests to a keyed port routed (each also counts in FP_C_ROUTED) */
 #define FP_C_PASS_KEYED 21     /* to a keyed port, but a header the program does not take */
-#define FP_NUM_COUNTERS 22
+#define FP_C_TCP_REPLIES 22     /* spliced TCP reply segments rewritten for their clients */
+#define FP_C_PASS_LEG 23       /* from a spliced leg the switch holds, or one the program does not take */
+#define FP_NUM_COUNTERS 24
 
 /* What a read is, in fp_parse's result. */
 #define FP_READ_GET 1
@@ -147,6 +156,52 @@ struct fp_cached {
 	__u32 pad;
 	__u8 key[256];
 	__u8 reply[FP_MAX_REPLY]; /* the whole text reply to `get KEY` */
+};
+
+/* A spliced leg as its target's segments name it: the target's address and port, then the
+ * leg's (the client's address, a leg port); network order. */
+struct fp_leg_key {
+	__u32 src_ip;
+	__u32 dst_ip;
+	__u16 src_port;
+	__u16 dst_port;
+};
+
+/* One spliced leg in fp_legs, a memory-mapped array user space reads and writes in place.
+ * User space fills the first part while `armed` is 0 and then sets it; the program fills the
+ * second while it is set. To take a leg back, user space clears `armed` and waits until
+ * `busy` equals `done`: from then the program passes every segment of the leg up, and its
+ * part says what it sent. Sequence numbers are in host order. */
+struct fp_leg {
+	__u32 armed;      /* not 0: the program rewrites the target's reply segments */
+	__u32 busy;       /* the program's passes over the leg begun ... */
+	__u32 done;       /* ... and ended */
+	__u32 in_port;    /* the switch port the target is on */
+	struct fp_leg_key key; /* the leg the slot holds now */
+	__u8 server_mac[6];
+	__u8 client_mac[6];
+	__u16 client_port; /* network order */
+	__u16 vip_port;    /* network order: the port the client spoke to */
+	__u8 target_shift; /* the target's window shift, and the one the client was told */
+	__u8 client_shift;
+	__u16 pad;
+	__u32 vip;        /* network order: the client-facing source address */
+	__u32 out_port;   /* the switch port the client is on */
+	__u32 seq_from;   /* the first target byte the program may rewrite */
+	__u32 seq_off;    /* the target's byte s is the client's s + seq_off */
+	__u32 ack_from;   /* the target's acknowledgements carried: ack_from to ack_to */
+	__u32 ack_to;
+	__u32 ack_off;    /* the target's acknowledgement a is the client's a + ack_off */
+	__u32 owed;       /* replies to single-key retrievals owed when armed */
+	/* Written by the program. */
+	__u32 read;       /* the next target byte to frame (user space starts it at seq_from) */
+	__u32 answered;   /* replies framed whole since armed */
+	__u32 data;       /* bytes of a data block still to come, its \r\n included */
+	__u32 acked;      /* the highest acknowledgement carried */
+	__u32 last_ack;   /* the client's acknowledgement last sent, in its space */
+	__u32 window;     /* the window last sent */
+	__u32 sent;       /* segments sent since armed */
+	__u32 pad2;
 };
 
 struct fp_scratch {

@@ -104,7 +104,7 @@ pub struct TestRun {
 }
 
 /// Why the program passes frames up, by counter index (see `fastpath.h`).
-pub const PASS_REASONS: [(&str, u32); 14] = [
+pub const PASS_REASONS: [(&str, u32); 15] = [
     ("off", abi::C_PASS_OFF),
     ("not_ipv4", abi::C_PASS_NOT_IPV4),
     ("ip_header", abi::C_PASS_IP_HEADER),
@@ -119,6 +119,7 @@ pub const PASS_REASONS: [(&str, u32); 14] = [
     ("no_room", abi::C_PASS_NO_ROOM),
     ("pool_change", abi::C_PASS_POOL_CHANGE),
     ("keyed", abi::C_PASS_KEYED),
+    ("leg", abi::C_PASS_LEG),
 ];
 
 /// The program's counters, summed over CPUs.
@@ -134,6 +135,8 @@ pub struct Counters {
     pub cache_hits: u64,
     /// Requests to a keyed port routed (also in `routed`).
     pub keyed: u64,
+    /// Spliced TCP reply segments rewritten for their clients.
+    pub tcp_replies: u64,
     /// Frames passed up, per reason of [`PASS_REASONS`] (in its order).
     pub passed_by: [u64; PASS_REASONS.len()],
 }
@@ -155,6 +158,8 @@ struct Maps {
     cache: MapHandle,
     xsks: MapHandle,
     keyed: MapHandle,
+    leg_slots: MapHandle,
+    legs: MapHandle,
 }
 
 /// `fp_gate`, the newest pool version any path may route by, with the value last written:
@@ -248,6 +253,8 @@ const HOST_KEY_LEN: u32 = 12;
 const HOST_SEEN_LEN: u32 = 8;
 const SERVER_STATS_LEN: u32 = 16;
 const CACHED_LEN: u32 = 24 + 256 + abi::MAX_REPLY;
+const LEG_KEY_LEN: u32 = 12;
+const LEG_LEN: u32 = 112;
 
 fn map_err(map: &'static str) -> impl Fn(libbpf_rs::Error) -> Error {
     move |e| Error::Map {
@@ -309,6 +316,8 @@ impl FastPath {
             cache: handle("fp_cache", 4, CACHED_LEN)?,
             xsks: handle("fp_xsks", 4, 4)?,
             keyed: handle("fp_keyed", 4, 4)?,
+            leg_slots: handle("fp_leg_slots", LEG_KEY_LEN, 4)?,
+            legs: handle("fp_legs", 4, LEG_LEN)?,
         };
         let gate = Arc::new(Gate {
             map: handle("fp_gate", 4, 8)?,
@@ -658,6 +667,13 @@ impl FastPath {
         })
     }
 
+    /// The program's spliced legs as the splice's [`switch::fastpath::LegOffload`]: a handle
+    /// on `fp_leg_slots` and a memory mapping of `fp_legs`, which the switch's thread then
+    /// reads and writes without a system call per request.
+    pub fn leg_map(&self) -> Result<LegMap, Error> {
+        LegMap::new(&self.maps.leg_slots, &self.maps.legs)
+    }
+
     /// What the program did since the last call, from `counters` (just read with
     /// [`FastPath::counters`]) and its per-server counts and, with `hosts`, the hosts it
     /// switched frames from (their marks cleared, so the next call names only those seen
@@ -738,6 +754,7 @@ impl FastPath {
             reply_limited: read(abi::C_REPLY_LIMITED),
             cache_hits: read(abi::C_CACHE_HITS),
             keyed: read(abi::C_KEYED),
+            tcp_replies: read(abi::C_TCP_REPLIES),
             passed_by: PASS_REASONS.map(|(_, i)| read(i)),
         }
     }
@@ -970,4 +987,250 @@ fn read_u32(v: &[u8], at: usize) -> u32 {
     v.get(at..at + 4)
         .and_then(|b| <[u8; 4]>::try_from(b).ok())
         .map_or(0, u32::from_ne_bytes)
+}
+
+/// The program's spliced legs (`fp_legs`, `fp_leg_slots`): a slot per leg handed over, filled
+/// in place through a shared mapping. Handing a leg over writes its slot and then `armed`;
+/// taking it back clears `armed` and waits out any pass of the program already under way
+/// (`busy` against `done`), after which the slot's second half is what the program sent.
+pub struct LegMap {
+    slots: MapHandle,
+    base: std::ptr::NonNull<u8>,
+    len: usize,
+    free: Vec<u32>,
+    held: std::collections::HashMap<switch::fastpath::LegKey, u32>,
+}
+
+// SAFETY: the mapping is owned by the LegMap and lives until it is dropped; the program's
+// side of each slot is reached through atomics and volatile reads only.
+unsafe impl Send for LegMap {}
+
+/// Where each field of `struct fp_leg` lies.
+mod leg_at {
+    pub const ARMED: usize = 0;
+    pub const BUSY: usize = 4;
+    pub const DONE: usize = 8;
+    pub const IN_PORT: usize = 12;
+    pub const KEY: usize = 16;
+    pub const SERVER_MAC: usize = 28;
+    pub const CLIENT_MAC: usize = 34;
+    pub const CLIENT_PORT: usize = 40;
+    pub const VIP_PORT: usize = 42;
+    pub const TARGET_SHIFT: usize = 44;
+    pub const VIP: usize = 48;
+    pub const OUT_PORT: usize = 52;
+    pub const SEQ_FROM: usize = 56;
+    pub const SEQ_OFF: usize = 60;
+    pub const ACK_FROM: usize = 64;
+    pub const ACK_TO: usize = 68;
+    pub const ACK_OFF: usize = 72;
+    pub const OWED: usize = 76;
+    pub const READ: usize = 80;
+    pub const ANSWERED: usize = 84;
+    pub const DATA: usize = 88;
+    pub const ACKED: usize = 92;
+    pub const LAST_ACK: usize = 96;
+    pub const WINDOW: usize = 100;
+    pub const SENT: usize = 104;
+}
+
+fn leg_key_bytes(key: &switch::fastpath::LegKey) -> [u8; LEG_KEY_LEN as usize] {
+    let mut k = [0u8; LEG_KEY_LEN as usize];
+    k[0..4].copy_from_slice(&key.target.0.octets());
+    k[4..8].copy_from_slice(&key.leg.0.octets());
+    k[8..10].copy_from_slice(&key.target.1.to_be_bytes());
+    k[10..12].copy_from_slice(&key.leg.1.to_be_bytes());
+    k
+}
+
+impl LegMap {
+    fn new(slots: &MapHandle, legs: &MapHandle) -> Result<LegMap, Error> {
+        let slots = MapHandle::try_from(slots).map_err(map_err("fp_leg_slots"))?;
+        let len = abi::MAX_LEGS as usize * LEG_LEN as usize;
+        use std::os::fd::AsRawFd;
+        // SAFETY: a shared mapping of the array map's memory (BPF_F_MMAPABLE), of its size;
+        // the kernel keeps the map alive while it is mapped.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                legs.as_fd().as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(Error::Map {
+                map: "fp_legs",
+                reason: format!("mmap: {}", std::io::Error::last_os_error()),
+            });
+        }
+        let base = std::ptr::NonNull::new(base.cast::<u8>()).ok_or_else(|| Error::Map {
+            map: "fp_legs",
+            reason: "mmap returned null".into(),
+        })?;
+        Ok(LegMap {
+            slots,
+            base,
+            len,
+            free: (0..abi::MAX_LEGS).rev().collect(),
+            held: std::collections::HashMap::new(),
+        })
+    }
+
+    fn field(&self, slot: u32, at: usize) -> *mut u8 {
+        let off = slot as usize * LEG_LEN as usize + at;
+        assert!(off + 4 <= self.len, "slot {slot} out of the mapping");
+        // SAFETY: in bounds of the mapping, checked above.
+        unsafe { self.base.as_ptr().add(off) }
+    }
+
+    fn atomic(&self, slot: u32, at: usize) -> &std::sync::atomic::AtomicU32 {
+        // SAFETY: 4-aligned (the mapping is page-aligned, slots and fields 4-aligned) and in
+        // bounds; the program touches these words only atomically or by aligned loads.
+        unsafe { &*(self.field(slot, at) as *const std::sync::atomic::AtomicU32) }
+    }
+
+    fn put(&self, slot: u32, at: usize, bytes: &[u8]) {
+        for (i, b) in bytes.iter().enumerate() {
+            // SAFETY: in bounds (field() checks the word; fields end inside their slot).
+            unsafe { std::ptr::write_volatile(self.field(slot, at).add(i), *b) };
+        }
+    }
+
+    fn get(&self, slot: u32, at: usize) -> u32 {
+        // SAFETY: an aligned word in bounds.
+        unsafe { std::ptr::read_volatile(self.field(slot, at) as *const u32) }
+    }
+
+    fn disarm(&self, slot: u32) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.atomic(slot, leg_at::ARMED).swap(0, SeqCst) == 0 {
+            return false;
+        }
+        // A pass of the program takes microseconds at most, with preemption off.
+        let started = std::time::Instant::now();
+        while self.atomic(slot, leg_at::BUSY).load(SeqCst)
+            != self.atomic(slot, leg_at::DONE).load(SeqCst)
+        {
+            if started.elapsed() > std::time::Duration::from_millis(100) {
+                tracing::error!("an XDP pass over a spliced leg did not end in 100 ms");
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        true
+    }
+}
+
+impl switch::fastpath::LegOffload for LegMap {
+    fn hand_over(
+        &mut self,
+        key: switch::fastpath::LegKey,
+        leg: &switch::fastpath::LegHandOver,
+    ) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        let slot = match self.held.get(&key) {
+            Some(&slot) => {
+                self.disarm(slot);
+                slot
+            }
+            None => {
+                let Some(slot) = self.free.pop() else {
+                    return false;
+                };
+                if let Err(e) =
+                    self.slots
+                        .update(&leg_key_bytes(&key), &slot.to_ne_bytes(), MapFlags::ANY)
+                {
+                    tracing::debug!("fp_leg_slots did not take a leg: {e}");
+                    self.free.push(slot);
+                    return false;
+                }
+                self.held.insert(key, slot);
+                slot
+            }
+        };
+        self.put(
+            slot,
+            leg_at::IN_PORT,
+            &u32::from(leg.target_port).to_ne_bytes(),
+        );
+        self.put(slot, leg_at::KEY, &leg_key_bytes(&key));
+        self.put(slot, leg_at::SERVER_MAC, &leg.target_mac.0);
+        self.put(slot, leg_at::CLIENT_MAC, &leg.client_mac.0);
+        self.put(slot, leg_at::CLIENT_PORT, &leg.client_port.to_be_bytes());
+        self.put(slot, leg_at::VIP_PORT, &leg.vip.1.to_be_bytes());
+        // The target's shift, then the client's.
+        self.put(
+            slot,
+            leg_at::TARGET_SHIFT,
+            &[leg.target_shift, leg.client_shift],
+        );
+        self.put(slot, leg_at::VIP, &leg.vip.0.octets());
+        for (at, v) in [
+            (leg_at::OUT_PORT, u32::from(leg.client_at)),
+            (leg_at::SEQ_FROM, leg.seq_from),
+            (leg_at::SEQ_OFF, leg.seq_off),
+            (leg_at::ACK_FROM, leg.ack_from),
+            (leg_at::ACK_TO, leg.ack_to),
+            (leg_at::ACK_OFF, leg.ack_off),
+            (leg_at::OWED, leg.owed),
+            (leg_at::READ, leg.seq_from),
+            (leg_at::ANSWERED, 0),
+            (leg_at::DATA, leg.data),
+            (leg_at::ACKED, leg.ack_from),
+            (leg_at::LAST_ACK, 0),
+            (leg_at::WINDOW, 0),
+            (leg_at::SENT, 0),
+        ] {
+            self.put(slot, at, &v.to_ne_bytes());
+        }
+        self.atomic(slot, leg_at::ARMED).store(1, SeqCst);
+        true
+    }
+
+    fn take_back(&mut self, key: switch::fastpath::LegKey) -> Option<switch::fastpath::LegSent> {
+        let slot = *self.held.get(&key)?;
+        if !self.disarm(slot) {
+            return None;
+        }
+        let sent = self.get(slot, leg_at::SENT);
+        Some(switch::fastpath::LegSent {
+            read: self.get(slot, leg_at::READ),
+            answered: self.get(slot, leg_at::ANSWERED),
+            data: self.get(slot, leg_at::DATA),
+            acked: self.get(slot, leg_at::ACKED),
+            last: (sent > 0).then(|| {
+                (
+                    self.get(slot, leg_at::LAST_ACK),
+                    self.get(slot, leg_at::WINDOW) as u16,
+                )
+            }),
+        })
+    }
+
+    fn forget(&mut self, key: switch::fastpath::LegKey) {
+        let Some(slot) = self.held.remove(&key) else {
+            return;
+        };
+        self.disarm(slot);
+        if let Err(e) = self.slots.delete(&leg_key_bytes(&key)) {
+            if e.kind() != libbpf_rs::ErrorKind::NotFound {
+                // The slot stays out of use: the program still finds it by the key, and passes
+                // its segments up for as long as it is disarmed.
+                tracing::error!("fp_leg_slots kept a leg it was told to forget: {e}");
+                return;
+            }
+        }
+        self.free.push(slot);
+    }
+}
+
+impl Drop for LegMap {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in new(), of that length, unmapped once.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+    }
 }

@@ -166,6 +166,7 @@ pub fn metrics(shared: &Shared, m: &mut Exposition) {
         ("routed", c.routed),
         ("switched", c.switched),
         ("replies", c.replies),
+        ("tcp_replies", c.tcp_replies),
         ("reply_limited", c.reply_limited),
         ("passed", c.passed),
     ] {
@@ -447,7 +448,7 @@ fn datapath_status(shared: &Shared) -> serde_json::Value {
         "xdp_frames": {
             "seen": c.frames, "routed": c.routed, "switched": c.switched,
             "replies": c.replies, "passed": c.passed, "reply_limited": c.reply_limited,
-            "cache_hits": c.cache_hits,
+            "cache_hits": c.cache_hits, "tcp_replies": c.tcp_replies,
         },
         "xdp_passed": xdp::PASS_REASONS
             .iter()

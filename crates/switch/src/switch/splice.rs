@@ -30,6 +30,7 @@ use wire::resp::{self, RequestParser, Step};
 use wire::tcp::{self, flag, Segment};
 
 use super::*;
+use crate::fastpath::{LegHandOver, LegKey, LegOffload, LegSent};
 
 /// The window scale the switch announces to clients that offer one.
 const OUR_WSCALE: u8 = 7;
@@ -156,6 +157,9 @@ struct Leg {
     /// The switch reset the leg and let it go: whatever its target still sends is answered
     /// with a reset.
     gone: bool,
+    /// A fast path holds the leg: it sends the target's replies on to the client itself
+    /// until the switch takes the leg back ([`LegOffload`]).
+    handed: bool,
 }
 
 /// A run of bytes one leg carried: `len` bytes from `client` in the client's stream, from `leg`
@@ -435,6 +439,8 @@ pub(crate) struct Splice {
     /// When the flows were last aged (and their waits moved on).
     aged: Option<Instant>,
     speaks: Speaks,
+    /// A fast path that sends legs' replies on in the switch's place.
+    offload: Option<Box<dyn LegOffload>>,
 }
 
 impl Splice {
@@ -453,6 +459,7 @@ impl Splice {
             per_address: HashMap::new(),
             aged: None,
             speaks,
+            offload: None,
         }
     }
 
@@ -596,7 +603,8 @@ impl Switch {
             self.stats.count_drop(Drop::BadTcpChecksum);
             return Some(Fate::Consumed);
         }
-        if let Some(mut flow) = self.splice.as_mut().and_then(|s| s.flows.remove(&client)) {
+        self.spliced_from_server = !from_local;
+        if let Some(mut flow) = self.flow_take(client) {
             flow.seen = now;
             self.leg_segment(client, &mut flow, leg, &seg, now, emit);
             self.splice_put(client, flow);
@@ -698,7 +706,7 @@ impl Switch {
             );
             self.count_flows();
         }
-        let Some(mut flow) = self.splice.as_mut().and_then(|s| s.flows.remove(&client)) else {
+        let Some(mut flow) = self.flow_take(client) else {
             return;
         };
         if flow.port != in_port || flow.mac != seg.src_mac() {
@@ -712,10 +720,54 @@ impl Switch {
         self.splice_put(client, flow);
     }
 
-    fn splice_put(&mut self, client: (Ipv4Addr, u16), flow: Flow) {
-        if let Some(s) = self.splice.as_mut() {
-            s.flows.insert(client, flow);
+    /// Hands the splice a fast path that sends legs' replies on in its place (the XDP
+    /// program's); false when it has one already, or does not splice.
+    pub fn set_leg_offload(&mut self, offload: Box<dyn LegOffload>) -> bool {
+        match self.splice.as_mut() {
+            Some(s) if s.offload.is_none() => {
+                s.offload = Some(offload);
+                true
+            }
+            _ => false,
         }
+    }
+
+    /// Takes `client`'s flow out of the table to work on it, its legs taken back from the
+    /// fast path and what it sent on them booked.
+    fn flow_take(&mut self, client: (Ipv4Addr, u16)) -> Option<Flow> {
+        let splice = self.splice.as_mut()?;
+        let mut flow = splice.flows.remove(&client)?;
+        if let Some(offload) = splice.offload.as_mut() {
+            for i in 0..flow.legs.len() {
+                if !flow.legs[i].handed {
+                    continue;
+                }
+                flow.legs[i].handed = false;
+                if let Some(sent) = offload.take_back(leg_key(client, &flow.legs[i])) {
+                    book_sent(&mut flow, i, &sent);
+                }
+            }
+        }
+        Some(flow)
+    }
+
+    /// Puts `client`'s flow back, handing its active leg to the fast path when what that leg
+    /// sends next needs no decision of the switch's; legs let go are forgotten there.
+    fn splice_put(&mut self, client: (Ipv4Addr, u16), mut flow: Flow) {
+        let vip = (self.spec.vip.ip, self.spec.vip.port);
+        let Some(s) = self.splice.as_mut() else {
+            return;
+        };
+        if let Some(offload) = s.offload.as_mut() {
+            for leg in flow.legs.iter().filter(|l| l.gone || flow.closed.is_some()) {
+                offload.forget(leg_key(client, leg));
+            }
+            if let (Speaks::Memcached, Some((i, h))) = (s.speaks, hand_over(client, &mut flow, vip))
+            {
+                flow.legs[i].handed = offload.hand_over(leg_key(client, &flow.legs[i]), &h);
+            }
+        }
+        s.flows.insert(client, flow);
     }
 
     /// A segment from the client of a known flow.
@@ -1009,6 +1061,7 @@ impl Switch {
             acked_to: 0,
             fin: false,
             gone: false,
+            handed: false,
         });
         let i = flow.legs.len() - 1;
         match (target, flow.legs.len()) {
@@ -1757,6 +1810,7 @@ impl Switch {
         };
         let legs = &mut splice.legs;
         let per_address = &mut splice.per_address;
+        let offload = &mut splice.offload;
         splice.aged = Some(now);
         splice.flows.retain(|client, f| {
             let keep = match f.closed {
@@ -1766,6 +1820,9 @@ impl Switch {
             if !keep {
                 for leg in &f.legs {
                     legs.remove(&(client.0, leg.sport));
+                    if let Some(o) = offload.as_mut() {
+                        o.forget(leg_key(*client, leg));
+                    }
                 }
                 if let Some(n) = per_address.get_mut(&client.0) {
                     *n -= 1;
@@ -1787,7 +1844,7 @@ impl Switch {
             .map(|(c, _)| *c)
             .collect();
         for client in waiting {
-            if let Some(mut flow) = self.splice.as_mut().and_then(|s| s.flows.remove(&client)) {
+            if let Some(mut flow) = self.flow_take(client) {
                 self.pump(client, &mut flow, now, emit);
                 self.splice_put(client, flow);
             }
@@ -1802,6 +1859,125 @@ impl Switch {
                 .store(s.flows() as u64, std::sync::atomic::Ordering::Relaxed);
         }
     }
+}
+
+/// Leg `leg` of `client`'s flow as its target's segments name it.
+fn leg_key(client: (Ipv4Addr, u16), leg: &Leg) -> LegKey {
+    LegKey {
+        target: (leg.ip, leg.port),
+        leg: (client.0, leg.sport),
+    }
+}
+
+/// What the fast path sent on leg `i` while it held it, booked as if the switch had: the
+/// reply run grows, the replies framed whole are no longer owed.
+fn book_sent(flow: &mut Flow, i: usize, sent: &LegSent) {
+    let leg = &mut flow.legs[i];
+    if tcp::before(leg.read, sent.read) {
+        let new = sent.read.wrapping_sub(leg.read);
+        leg.read = sent.read;
+        if let Some(run) = flow.replies.back_mut() {
+            run.len = run.len.wrapping_add(new);
+        }
+        flow.out = flow.out.wrapping_add(new);
+        if tcp::before(flow.sent, flow.out) {
+            flow.sent = flow.out;
+        }
+    }
+    let answered = (sent.answered as usize).min(leg.replies.owed.len());
+    leg.replies.owed.drain(..answered);
+    leg.replies.data = sent.data as usize;
+    if tcp::before(leg.acked, sent.acked) && !tcp::before(leg.next, sent.acked) {
+        leg.acked = sent.acked;
+    }
+    if let Some((ack, window)) = sent.last {
+        flow.last_ack = ack;
+        flow.window = window;
+    }
+}
+
+/// The active leg of `flow` and how a fast path may send its replies on, when what it sends
+/// next needs no decision of the switch's: a server's leg owing replies to single-key
+/// retrievals only, their framing at a line's start, nothing waiting for another leg, no
+/// other leg owing anything, and the client's bytes it has not acknowledged all at one offset
+/// from its own (so that its acknowledgements are the client's by one addition).
+fn hand_over(
+    client: (Ipv4Addr, u16),
+    flow: &mut Flow,
+    vip: (Ipv4Addr, u16),
+) -> Option<(usize, LegHandOver)> {
+    if flow.closed.is_some()
+        || flow.sticky
+        || !flow.held.is_empty()
+        || flow.held_fin
+        || flow.fins != 0
+    {
+        return None;
+    }
+    let i = flow.active?;
+    let idle = |l: &Leg| l.replies.settled() && !tcp::before(l.acked, l.next);
+    if flow
+        .legs
+        .iter()
+        .enumerate()
+        .any(|(j, l)| j != i && !l.fin && !idle(l))
+    {
+        return None;
+    }
+    let leg = &flow.legs[i];
+    let r = &leg.replies;
+    if !matches!(leg.target, Target::Server(_))
+        || leg.their_isn.is_none()
+        || leg.fin
+        || leg.gone
+        || r.owed.is_empty()
+        || r.owed.iter().any(|k| *k != ReplyKind::Retrieval)
+        || !r.line.is_empty()
+        || r.lost
+        || r.ends_with_data
+        || r.owed_resp != 0
+        || !r.arrays.is_empty()
+    {
+        return None;
+    }
+    let run = flow.replies.back()?;
+    if run.leg != i
+        || run.client.wrapping_add(run.len) != flow.out
+        || run.leg_seq.wrapping_add(run.len) != leg.read
+    {
+        return None;
+    }
+    let ack_off = flow.edge.wrapping_sub(leg.next);
+    let (next, acked) = (leg.next, leg.acked);
+    flow.acked_for_client();
+    if flow
+        .requests
+        .iter()
+        .any(|r| r.leg != i || r.client.wrapping_sub(r.leg_seq) != ack_off)
+    {
+        return None;
+    }
+    let leg = &flow.legs[i];
+    Some((
+        i,
+        LegHandOver {
+            target_mac: leg.mac,
+            target_port: leg.out,
+            client_mac: flow.mac,
+            client_port: client.1,
+            client_at: flow.port,
+            vip,
+            target_shift: leg.target_shift,
+            client_shift: flow.wscale.map_or(0, |_| OUR_WSCALE),
+            seq_from: leg.read,
+            seq_off: flow.out.wrapping_sub(leg.read),
+            ack_from: acked,
+            ack_to: next,
+            ack_off,
+            owed: u32::try_from(leg.replies.owed.len()).ok()?,
+            data: u32::try_from(leg.replies.data).ok()?,
+        },
+    ))
 }
 
 /// The ends of a segment to a leg, in the client's name.
