@@ -84,13 +84,16 @@ impl Figures for Point {
     }
 }
 
-/// The systems measured on each datapath: the VIP, memcached direct (whose packets the switch
-/// forwards by MAC), nutcracker over TCP (the proxy a fleet runs today; the switch carries its
-/// frames), and the VIP with the cache on (every key cached once read: on XDP the kernel
+/// The systems measured on each datapath: the VIP over UDP and over TCP (the splice; on XDP
+/// the program sends the servers' replies on), memcached direct over both (the switch forwards
+/// its packets by MAC), nutcracker over TCP (the proxy a fleet runs today; the switch carries
+/// its frames), and the VIP with the cache on (every key cached once read: on XDP the kernel
 /// answers them) on a testbed of its own.
-const SYSTEMS: [System; 4] = [
+const SYSTEMS: [System; 6] = [
     System::KvswitchUdp,
     System::DirectUdp,
+    System::KvswitchTcp,
+    System::DirectTcp,
     System::Nutcracker,
     System::KvswitchCacheUdp,
 ];
@@ -278,6 +281,8 @@ impl Drop for BpfStats {
 fn target(system: System) -> &'static str {
     match system {
         System::DirectUdp => "direct",
+        System::DirectTcp => "direct (TCP)",
+        System::KvswitchTcp => "VIP (TCP)",
         System::KvswitchCacheUdp => "VIP, cache on",
         System::Nutcracker => "nutcracker (TCP)",
         _ => "VIP",
@@ -327,12 +332,13 @@ fn summary(args: &Args, medians: &[Point], runs: u32, duration: f64) -> String {
     let _ = writeln!(t, "# The XDP fast path against AF_PACKET\n");
     let _ = writeln!(
         t,
-        "{} closed-loop requesters read {} keys of {} bytes over UDP as fast as each system \
-         answers, {duration} s per system, medians of {runs} run(s). The same testbed ({PEERS} \
+        "{} closed-loop requesters read {} keys of {} bytes (over UDP, or TCP where named) as \
+         fast as each system answers, {duration} s per system, medians of {runs} run(s). The same testbed ({PEERS} \
          memcached in `l2` mode, 1 client) is built once with `switch.datapath = \"xdp\"` and \
          once with `\"af_packet\"`; \"VIP\" reads are routed by key, \"direct\" reads go to a \
          server's own address and are switched by MAC, \"nutcracker\" reads go over TCP to a \
          nutcracker in front of the same servers (its frames cross the switch too), and \
+         \"(TCP)\" reads go over TCP, to the VIP's splice or to a server, and \
          \"VIP, cache on\" reads go to a \
          testbed of their own whose kvswitch caches every key once read (on XDP the kernel \
          answers them from its copy of the cache). p50 alone is one requester's median round \
@@ -406,6 +412,32 @@ fn summary(args: &Args, medians: &[Point], runs: u32, duration: f64) -> String {
                 v.kvswitch_us.zip(v.xdp_ns).map(|(k, x)| k + x / 1000.0),
                 n.nutcracker_us
             )),
+        );
+    }
+    if let (Some(x), Some(a), Some(d), Some(n)) = (
+        find("xdp", System::KvswitchTcp),
+        find("af_packet", System::KvswitchTcp),
+        find("xdp", System::DirectTcp),
+        find("xdp", System::Nutcracker),
+    ) {
+        let middle = |p: &Point| p.kvswitch_us.map(|k| k + p.xdp_ns.unwrap_or(0.0) / 1000.0);
+        let _ = writeln!(
+            t,
+            "- TCP to the VIP, XDP / AF_PACKET: GET/s {}, p50 alone {}, kvswitch CPU per GET \
+             (process, and program on XDP) {}.",
+            times(ratio(Some(x.get_rps), Some(a.get_rps))),
+            times(ratio(Some(x.light_p50_us), Some(a.light_p50_us))),
+            times(ratio(middle(x), middle(a))),
+        );
+        let _ = writeln!(
+            t,
+            "- On XDP, TCP to the VIP / TCP direct: GET/s {}, p50 alone {}, p99 {}; against \
+             nutcracker: GET/s {}, CPU per GET of the middle box {}.",
+            times(ratio(Some(x.get_rps), Some(d.get_rps))),
+            times(ratio(Some(x.light_p50_us), Some(d.light_p50_us))),
+            times(ratio(Some(x.p99_us), Some(d.p99_us))),
+            times(ratio(Some(x.get_rps), Some(n.get_rps))),
+            times(ratio(middle(x), n.nutcracker_us)),
         );
     }
     if let (Some(v), Some(d)) = (

@@ -403,8 +403,9 @@ fn fastpath_short() {
     let medians = medians(&json);
     assert_eq!(
         medians.len(),
-        8,
-        "two datapaths, four targets each (the VIP, direct, nutcracker, the VIP with the cache)"
+        12,
+        "two datapaths, six targets each (the VIP and direct over UDP and TCP, nutcracker, the \
+         VIP with the cache)"
     );
     for p in medians {
         assert!(p["get_rps"].as_f64().unwrap() > 0.0, "{p}");
