@@ -99,22 +99,27 @@ fn wait_for_no_flows(live: &testbed::Live) {
     }
 }
 
-/// The XDP program's count of spliced reply segments it sent on (its counters reach the
-/// status API at its next sync with the switch).
-fn tcp_replies_in_xdp(live: &testbed::Live) -> u64 {
+/// The XDP program's count of spliced segments it sent on, `tcp_replies` or `tcp_requests`
+/// (its counters reach the status API at its next sync with the switch).
+fn in_xdp(live: &testbed::Live, what: &str) -> u64 {
     let datapath = status(live)["datapath"].clone();
     assert_eq!(
         datapath["xdp"], true,
         "the XDP program is in use: {datapath}"
     );
-    datapath["xdp_frames"]["tcp_replies"].as_u64().unwrap_or(0)
+    datapath["xdp_frames"][what].as_u64().unwrap_or(0)
 }
 
-/// Repeats `get <key>` (answered `want`) on `s` until the XDP program sends replies on: the
-/// switch tells it of the server as a sender at its next sync.
+fn tcp_replies_in_xdp(live: &testbed::Live) -> u64 {
+    in_xdp(live, "tcp_replies")
+}
+
+/// Repeats `get <key>` (answered `want`) on `s` until the XDP program sends the requests and
+/// the replies on: the switch tells it of the client and the server as senders at its next
+/// sync.
 fn until_replies_in_xdp(live: &testbed::Live, s: &mut TcpStream, key: &str, want: &[u8]) {
     let deadline = Instant::now() + Duration::from_secs(20);
-    while tcp_replies_in_xdp(live) == 0 {
+    while tcp_replies_in_xdp(live) == 0 || in_xdp(live, "tcp_requests") == 0 {
         assert!(
             Instant::now() < deadline,
             "no spliced reply rewritten in XDP: {}",

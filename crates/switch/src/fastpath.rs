@@ -300,6 +300,24 @@ pub struct LegHandOver {
     /// Retrieval replies owed, and bytes of the current one's data block still to come.
     pub owed: u32,
     pub data: u32,
+    /// The leg's server, by position in the pool.
+    pub server: usize,
+    /// When the client's segments may go on too: a `get` of one key of this server, whole in
+    /// the segment and next in the client's stream, or an acknowledgement that moves the leg
+    /// on (within the leg's run of replies).
+    pub requests: Option<ClientSide>,
+}
+
+/// Where the client's side of a handed-over leg stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientSide {
+    /// The client's next byte, its highest acknowledgement and last window.
+    pub next_in: u32,
+    pub acked: u32,
+    pub window: u16,
+    /// The highest acknowledgement the target was sent, and the shift it expects on windows.
+    pub acked_to: u32,
+    pub leg_shift: u8,
 }
 
 /// What a fast path did with a leg while it held it.
@@ -314,6 +332,10 @@ pub struct LegSent {
     pub acked: u32,
     /// The client's acknowledgement and window it last sent, when it sent anything.
     pub last: Option<(u32, u16)>,
+    /// The client's side after what it sent on to the target: `gets` sent (each owes a
+    /// retrieval reply), and where the client's stream stands.
+    pub requests: u32,
+    pub client: Option<ClientSide>,
 }
 
 /// A fast path that rewrites spliced legs' replies in the switch's place (the XDP program's

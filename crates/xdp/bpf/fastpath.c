@@ -179,6 +179,15 @@ struct {
 	__type(value, __u32);
 } fp_leg_slots SEC(".maps");
 
+/* Spliced connections by their client's address and port (network order, as struct
+ * fp_leg_key's source half): the slot of the leg user space handed over last. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, FP_MAX_LEGS);
+	__type(key, __u64);
+	__type(value, __u32);
+} fp_leg_clients SEC(".maps");
+
 /* The legs themselves, shared with user space through a memory mapping (struct fp_leg). */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -1161,7 +1170,9 @@ static __always_inline int leg_reply(struct xdp_md *ctx, struct fp_config *cfg, 
 	if (!fp_tcp_ok(ctx, tot - IP_LEN))
 		return pass(FP_C_PASS_CHECKSUM);
 	int fresh = seq == leg->read;
-	struct reply_frame f = {.owed = leg->owed, .answered = leg->answered, .data = leg->data};
+	/* Owed: what was owed when armed, and the requests sent on since. */
+	struct reply_frame f = {
+		.owed = leg->owed + leg->requests, .answered = leg->answered, .data = leg->data};
 	if (fresh) {
 		if (!frame_replies(ctx, plen, &f))
 			return pass(FP_C_PASS_LEG);
@@ -1248,6 +1259,151 @@ static __always_inline int splice_reply(struct xdp_md *ctx, struct fp_config *cf
 	return verdict;
 }
 
+/* A client's segment on a flow whose leg user space handed over with its requests: a `get` or
+ * `gets` of one key of that leg's server, whole in the segment, or an acknowledgement that
+ * moves the leg on; rewritten into the leg (addresses, ports, numbers, window, MACs) and sent
+ * to the server, or passed up unchanged. */
+static __always_inline int leg_request(struct xdp_md *ctx, struct fp_config *cfg, __u32 in_port,
+				       struct fp_leg *leg)
+{
+	if (!*(volatile __u32 *)&leg->armed || !leg->requests_ok)
+		return pass(FP_C_PASS_TO_SWITCH);
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = (void *)(eth + 1);
+	struct tcphdr *tcp = (void *)(ip + 1);
+	if ((void *)(tcp + 1) > end)
+		return pass(FP_C_PASS_TO_SWITCH);
+	if (leg->key.dst_ip != ip->saddr || leg->client_port != tcp->source ||
+	    leg->vip_port != tcp->dest || leg->vip != ip->daddr)
+		return pass(FP_C_PASS_TO_SWITCH);
+	__u8 flags = ((__u8 *)tcp)[13];
+	if (in_port != leg->out_port || !mac_eq(eth->h_source, leg->client_mac) || tcp->doff != 5 ||
+	    !(flags & TCP_ACK) || (flags & ~(TCP_ACK | TCP_PSH)))
+		return pass(FP_C_PASS_TO_SWITCH);
+	__u32 tot = bpf_ntohs(ip->tot_len);
+	if (tot < IP_LEN + TCP_LEN || tot - IP_LEN > FP_MAX_CHECKED)
+		return pass(FP_C_PASS_TO_SWITCH);
+	__u32 plen = tot - IP_LEN - TCP_LEN;
+	__u32 seq = bpf_ntohl(tcp->seq), ack = bpf_ntohl(tcp->ack_seq);
+	/* The acknowledgement must fall in the leg's run of replies: the target's by one offset. */
+	__u32 run_start = leg->seq_from + leg->seq_off, sent = leg->read + leg->seq_off;
+	if ((__s32)(ack - run_start) < 0 || (__s32)(sent - ack) < 0)
+		return pass(FP_C_PASS_TO_SWITCH);
+	__u32 to_ack = ack - leg->seq_off;
+	if ((__s32)(to_ack - leg->acked_to) < 0)
+		to_ack = leg->acked_to;
+	if (plen == 0) {
+		/* An acknowledgement alone goes on only when it moves the leg on. */
+		if (to_ack == leg->acked_to)
+			return pass(FP_C_PASS_TO_SWITCH);
+	} else {
+		if (seq != leg->next_in || plen > 5 + FP_MAX_KEY + 2)
+			return pass(FP_C_PASS_TO_SWITCH);
+		/* `get <key>\r\n` or `gets <key>\r\n`, exactly the segment. The text helpers count
+		 * from a UDP request's body, 4 bytes before a TCP payload. */
+		__u8 head[5];
+		if (bpf_xdp_load_bytes(ctx, TCP_BODY_OFF, head, 5))
+			return pass(FP_C_PASS_TO_SWITCH);
+		__u32 at;
+		if (head[0] == 'g' && head[1] == 'e' && head[2] == 't' && head[3] == ' ')
+			at = 4 + 4;
+		else if (head[0] == 'g' && head[1] == 'e' && head[2] == 't' && head[3] == 's' &&
+			 head[4] == ' ')
+			at = 5 + 4;
+		else
+			return pass(FP_C_PASS_TO_SWITCH);
+		__u32 key = fp_text_key(ctx, at);
+		__u32 klen = key & 0xffff;
+		if (!klen || klen > FP_MAX_KEY || (key >> 16))
+			return pass(FP_C_PASS_TO_SWITCH);
+		__u32 used = fp_text_tail(ctx, at + klen, 0);
+		if (used != plen + 4)
+			return pass(FP_C_PASS_TO_SWITCH);
+		if (!ring_current(cfg))
+			return pass(FP_C_PASS_POOL_CHANGE);
+		__u32 hash = fp_key_hash(klen, cfg->hash);
+		__u32 server;
+		if (!locate(cfg, hash, &server) || server != leg->server)
+			return pass(FP_C_PASS_TO_SWITCH);
+	}
+	if (!sendable(leg->in_port))
+		return pass(FP_C_PASS_BLOCKED);
+	if (!fp_tcp_ok(ctx, tot - IP_LEN))
+		return pass(FP_C_PASS_CHECKSUM);
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	eth = data;
+	ip = (void *)(eth + 1);
+	tcp = (void *)(ip + 1);
+	if ((void *)(tcp + 1) > end)
+		return pass(FP_C_PASS_TO_SWITCH);
+	__u16 raw_window = bpf_ntohs(tcp->window);
+	__u32 window = (__u32)raw_window >> (leg->leg_shift & 15);
+	__u32 to_seq = bpf_htonl(seq - leg->ack_off);
+	__u32 to_ack_n = bpf_htonl(to_ack);
+	__u16 to_window = bpf_htons(window);
+	__u32 sum = (__u16)~tcp->check;
+	__u32 target = leg->key.src_ip;
+	if (ip->daddr != target) {
+		sum = sum_change(sum, ip->daddr & 0xffff, target & 0xffff);
+		sum = sum_change(sum, ip->daddr >> 16, target >> 16);
+		ip->check = csum_replace(ip->check, ip->daddr, target);
+		ip->daddr = target;
+	}
+	sum = sum_change(sum, tcp->source, leg->key.dst_port);
+	sum = sum_change(sum, tcp->dest, leg->key.src_port);
+	sum = sum_change(sum, tcp->seq & 0xffff, to_seq & 0xffff);
+	sum = sum_change(sum, tcp->seq >> 16, to_seq >> 16);
+	sum = sum_change(sum, tcp->ack_seq & 0xffff, to_ack_n & 0xffff);
+	sum = sum_change(sum, tcp->ack_seq >> 16, to_ack_n >> 16);
+	sum = sum_change(sum, tcp->window, to_window);
+	tcp->check = ~fold(sum);
+	tcp->source = leg->key.dst_port;
+	tcp->dest = leg->key.src_port;
+	tcp->seq = to_seq;
+	tcp->ack_seq = to_ack_n;
+	tcp->window = to_window;
+	__builtin_memcpy(eth->h_dest, leg->server_mac, 6);
+	if (plen) {
+		leg->next_in = seq + plen;
+		leg->ack_to += plen;
+		leg->requests += 1;
+		__u32 idx = leg->server;
+		struct fp_server_stats *st = bpf_map_lookup_elem(&fp_server_stats, &idx);
+		if (st)
+			st->requests += 1;
+	}
+	if ((__s32)(ack - leg->client_acked) > 0)
+		leg->client_acked = ack;
+	leg->client_window = raw_window;
+	leg->acked_to = to_ack;
+	count(FP_C_TCP_REQUESTS);
+	return send(ctx, in_port, leg->in_port);
+}
+
+/* A TCP segment to the VIP's memcached port: a spliced client's, sent on to its leg when user
+ * space handed the leg over with its requests, else passed up to the switch. */
+static __always_inline int splice_request(struct xdp_md *ctx, struct fp_config *cfg, __u32 in_port)
+{
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct iphdr *ip = data + ETH_LEN;
+	struct tcphdr *tcp = (void *)(ip + 1);
+	if ((void *)(tcp + 1) > end)
+		return pass(FP_C_PASS_TO_SWITCH);
+	__u64 client = (__u64)ip->saddr | (__u64)tcp->source << 32;
+	__u32 *slot = bpf_map_lookup_elem(&fp_leg_clients, &client);
+	struct fp_leg *leg = slot ? bpf_map_lookup_elem(&fp_legs, slot) : 0;
+	if (!leg)
+		return pass(FP_C_PASS_TO_SWITCH);
+	__sync_fetch_and_add(&leg->busy, 1);
+	int verdict = leg_request(ctx, cfg, in_port, leg);
+	__sync_fetch_and_add(&leg->done, 1);
+	return verdict;
+}
+
 /* What the program does with a frame that arrived on switch port `in_port`: XDP_PASS hands
  * it, unchanged, to the switch. */
 static __always_inline int decide(struct xdp_md *ctx, __u32 in_port)
@@ -1293,6 +1449,8 @@ static __always_inline int decide(struct xdp_md *ctx, __u32 in_port)
 			return route(ctx, cfg, in_port, eth, ip, udp);
 		if (is_udp && keyed_port(udp->dest))
 			return route_keyed(ctx, cfg, in_port);
+		if (ip->protocol == IPPROTO_TCP && cfg->tcp_splice && !cfg->cache_only)
+			return splice_request(ctx, cfg, in_port);
 		return pass(FP_C_PASS_TO_SWITCH);
 	}
 	if (bpf_map_lookup_elem(&fp_own, &dst) || mac_eq(eth->h_dest, cfg->vip_mac))

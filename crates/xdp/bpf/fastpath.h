@@ -81,7 +81,8 @@
 #define FP_C_PASS_KEYED 21     /* to a keyed port, but a header the program does not take */
 #define FP_C_TCP_REPLIES 22     /* spliced TCP reply segments rewritten for their clients */
 #define FP_C_PASS_LEG 23       /* from a spliced leg the switch holds, or one the program does not take */
-#define FP_NUM_COUNTERS 24
+#define FP_C_TCP_REQUESTS 24   /* spliced clients' segments (a `get` or an acknowledgement) sent on to their leg */
+#define FP_NUM_COUNTERS 25
 
 /* What a read is, in fp_parse's result. */
 #define FP_READ_GET 1
@@ -201,6 +202,16 @@ struct fp_leg {
 	__u32 last_ack;   /* the client's acknowledgement last sent, in its space */
 	__u32 window;     /* the window last sent */
 	__u32 sent;       /* segments sent since armed */
+	/* The client's side: set by user space when it hands the leg over; the program moves
+	 * next_in to pad and its counts when it sends a client's segment on. */
+	__u32 server;       /* the leg's server, by index into fp_servers */
+	__u32 next_in;      /* the client's next byte (host order) */
+	__u32 requests;     /* `get`s of one key sent on since armed */
+	__u32 client_acked; /* the client's highest acknowledgement (its space) */
+	__u32 acked_to;     /* the highest acknowledgement the target was sent (its space) */
+	__u16 client_window; /* the client's last window, as it sent it */
+	__u8 leg_shift;     /* the shift the target expects on windows sent to it */
+	__u8 requests_ok;   /* 1: the client's segments may be sent on too */
 	__u32 pad2;
 };
 

@@ -137,6 +137,8 @@ pub struct Counters {
     pub keyed: u64,
     /// Spliced TCP reply segments rewritten for their clients.
     pub tcp_replies: u64,
+    /// Spliced clients' segments (a `get`, an acknowledgement) sent on to their legs.
+    pub tcp_requests: u64,
     /// Frames passed up, per reason of [`PASS_REASONS`] (in its order).
     pub passed_by: [u64; PASS_REASONS.len()],
 }
@@ -159,6 +161,7 @@ struct Maps {
     xsks: MapHandle,
     keyed: MapHandle,
     leg_slots: MapHandle,
+    leg_clients: MapHandle,
     legs: MapHandle,
 }
 
@@ -254,7 +257,7 @@ const HOST_SEEN_LEN: u32 = 8;
 const SERVER_STATS_LEN: u32 = 16;
 const CACHED_LEN: u32 = 24 + 256 + abi::MAX_REPLY;
 const LEG_KEY_LEN: u32 = 12;
-const LEG_LEN: u32 = 112;
+const LEG_LEN: u32 = 136;
 
 fn map_err(map: &'static str) -> impl Fn(libbpf_rs::Error) -> Error {
     move |e| Error::Map {
@@ -317,6 +320,7 @@ impl FastPath {
             xsks: handle("fp_xsks", 4, 4)?,
             keyed: handle("fp_keyed", 4, 4)?,
             leg_slots: handle("fp_leg_slots", LEG_KEY_LEN, 4)?,
+            leg_clients: handle("fp_leg_clients", 8, 4)?,
             legs: handle("fp_legs", 4, LEG_LEN)?,
         };
         let gate = Arc::new(Gate {
@@ -671,7 +675,11 @@ impl FastPath {
     /// on `fp_leg_slots` and a memory mapping of `fp_legs`, which the switch's thread then
     /// reads and writes without a system call per request.
     pub fn leg_map(&self) -> Result<LegMap, Error> {
-        LegMap::new(&self.maps.leg_slots, &self.maps.legs)
+        LegMap::new(
+            &self.maps.leg_slots,
+            &self.maps.leg_clients,
+            &self.maps.legs,
+        )
     }
 
     /// What the program did since the last call, from `counters` (just read with
@@ -755,6 +763,7 @@ impl FastPath {
             cache_hits: read(abi::C_CACHE_HITS),
             keyed: read(abi::C_KEYED),
             tcp_replies: read(abi::C_TCP_REPLIES),
+            tcp_requests: read(abi::C_TCP_REQUESTS),
             passed_by: PASS_REASONS.map(|(_, i)| read(i)),
         }
     }
@@ -995,6 +1004,9 @@ fn read_u32(v: &[u8], at: usize) -> u32 {
 /// (`busy` against `done`), after which the slot's second half is what the program sent.
 pub struct LegMap {
     slots: MapHandle,
+    /// `fp_leg_clients`, and what it holds: each client's slot.
+    clients: MapHandle,
+    client_slot: std::collections::HashMap<[u8; 8], u32>,
     base: std::ptr::NonNull<u8>,
     len: usize,
     free: Vec<u32>,
@@ -1032,6 +1044,22 @@ mod leg_at {
     pub const LAST_ACK: usize = 96;
     pub const WINDOW: usize = 100;
     pub const SENT: usize = 104;
+    pub const SERVER: usize = 108;
+    pub const NEXT_IN: usize = 112;
+    pub const REQUESTS: usize = 116;
+    pub const CLIENT_ACKED: usize = 120;
+    pub const ACKED_TO: usize = 124;
+    pub const CLIENT_WINDOW: usize = 128;
+    pub const LEG_SHIFT: usize = 130;
+    pub const REQUESTS_OK: usize = 131;
+}
+
+/// A client as `fp_leg_clients` keys it: its address and port as a segment carries them.
+fn client_key(ip: Ipv4Addr, port: u16) -> [u8; 8] {
+    let mut k = [0u8; 8];
+    k[0..4].copy_from_slice(&ip.octets());
+    k[4..6].copy_from_slice(&port.to_be_bytes());
+    k
 }
 
 fn leg_key_bytes(key: &switch::fastpath::LegKey) -> [u8; LEG_KEY_LEN as usize] {
@@ -1044,8 +1072,9 @@ fn leg_key_bytes(key: &switch::fastpath::LegKey) -> [u8; LEG_KEY_LEN as usize] {
 }
 
 impl LegMap {
-    fn new(slots: &MapHandle, legs: &MapHandle) -> Result<LegMap, Error> {
+    fn new(slots: &MapHandle, clients: &MapHandle, legs: &MapHandle) -> Result<LegMap, Error> {
         let slots = MapHandle::try_from(slots).map_err(map_err("fp_leg_slots"))?;
+        let clients = MapHandle::try_from(clients).map_err(map_err("fp_leg_clients"))?;
         let len = abi::MAX_LEGS as usize * LEG_LEN as usize;
         use std::os::fd::AsRawFd;
         // SAFETY: a shared mapping of the array map's memory (BPF_F_MMAPABLE), of its size;
@@ -1072,6 +1101,8 @@ impl LegMap {
         })?;
         Ok(LegMap {
             slots,
+            clients,
+            client_slot: std::collections::HashMap::new(),
             base,
             len,
             free: (0..abi::MAX_LEGS).rev().collect(),
@@ -1102,6 +1133,31 @@ impl LegMap {
     fn get(&self, slot: u32, at: usize) -> u32 {
         // SAFETY: an aligned word in bounds.
         unsafe { std::ptr::read_volatile(self.field(slot, at) as *const u32) }
+    }
+
+    fn byte(&self, slot: u32, at: usize) -> u8 {
+        // SAFETY: in bounds (field() checks the word the byte is in).
+        unsafe { std::ptr::read_volatile(self.field(slot, at & !3).add(at & 3)) }
+    }
+
+    /// Makes `client`'s segments find `slot`: one map write when it changes.
+    fn point_client(&mut self, client: [u8; 8], slot: u32) -> bool {
+        if self.client_slot.get(&client) == Some(&slot) {
+            return true;
+        }
+        match self
+            .clients
+            .update(&client, &slot.to_ne_bytes(), MapFlags::ANY)
+        {
+            Ok(()) => {
+                self.client_slot.insert(client, slot);
+                true
+            }
+            Err(e) => {
+                tracing::debug!("fp_leg_clients did not take a client: {e}");
+                false
+            }
+        }
     }
 
     fn disarm(&self, slot: u32) -> bool {
@@ -1184,9 +1240,25 @@ impl switch::fastpath::LegOffload for LegMap {
             (leg_at::LAST_ACK, 0),
             (leg_at::WINDOW, 0),
             (leg_at::SENT, 0),
+            (leg_at::SERVER, leg.server as u32),
+            (leg_at::REQUESTS, 0),
         ] {
             self.put(slot, at, &v.to_ne_bytes());
         }
+        let client = client_key(key.leg.0, leg.client_port);
+        let side = leg.requests.filter(|_| self.point_client(client, slot));
+        if let Some(c) = side {
+            for (at, v) in [
+                (leg_at::NEXT_IN, c.next_in),
+                (leg_at::CLIENT_ACKED, c.acked),
+                (leg_at::ACKED_TO, c.acked_to),
+            ] {
+                self.put(slot, at, &v.to_ne_bytes());
+            }
+            self.put(slot, leg_at::CLIENT_WINDOW, &c.window.to_ne_bytes());
+            self.put(slot, leg_at::LEG_SHIFT, &[c.leg_shift]);
+        }
+        self.put(slot, leg_at::REQUESTS_OK, &[u8::from(side.is_some())]);
         self.atomic(slot, leg_at::ARMED).store(1, SeqCst);
         true
     }
@@ -1208,6 +1280,16 @@ impl switch::fastpath::LegOffload for LegMap {
                     self.get(slot, leg_at::WINDOW) as u16,
                 )
             }),
+            requests: self.get(slot, leg_at::REQUESTS),
+            client: (self.byte(slot, leg_at::REQUESTS_OK) == 1).then(|| {
+                switch::fastpath::ClientSide {
+                    next_in: self.get(slot, leg_at::NEXT_IN),
+                    acked: self.get(slot, leg_at::CLIENT_ACKED),
+                    window: (self.get(slot, leg_at::CLIENT_WINDOW) & 0xffff) as u16,
+                    acked_to: self.get(slot, leg_at::ACKED_TO),
+                    leg_shift: self.byte(slot, leg_at::LEG_SHIFT),
+                }
+            }),
         })
     }
 
@@ -1216,6 +1298,19 @@ impl switch::fastpath::LegOffload for LegMap {
             return;
         };
         self.disarm(slot);
+        let client = self
+            .client_slot
+            .iter()
+            .find(|(_, &s)| s == slot)
+            .map(|(c, _)| *c);
+        if let Some(client) = client {
+            self.client_slot.remove(&client);
+            if let Err(e) = self.clients.delete(&client) {
+                if e.kind() != libbpf_rs::ErrorKind::NotFound {
+                    tracing::error!("fp_leg_clients kept a client it was told to forget: {e}");
+                }
+            }
+        }
         if let Err(e) = self.slots.delete(&leg_key_bytes(&key)) {
             if e.kind() != libbpf_rs::ErrorKind::NotFound {
                 // The slot stays out of use: the program still finds it by the key, and passes

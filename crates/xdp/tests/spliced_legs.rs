@@ -215,6 +215,44 @@ fn sent_on(pair: &mut Pair, seq: u32, payload: &[u8], what: &str) {
     );
 }
 
+/// A client's segment the program must send on to the leg as the other switch does.
+fn request_sent_on(pair: &mut Pair, frame: &[u8], what: &str) {
+    let run = pair.fp.test_run(frame, CLIENT.port).expect("test run");
+    assert_eq!(
+        run.verdict,
+        xdp::Verdict::Redirect,
+        "{what}: sent on by XDP"
+    );
+    let port = SERVERS[pair.server].port;
+    assert_eq!(run.out_port, Some(port), "{what}: to the server's port");
+    let mut b = Vec::new();
+    pair.kept.process(CLIENT.port, &mut frame.to_vec(), &mut b);
+    assert_eq!(b.len(), 1, "{what}: the switch sends one segment");
+    assert_eq!(
+        b[0].dest,
+        Dest::Port(port),
+        "{what}: the switch sends it there too"
+    );
+    let got = Segment::parse(&run.frame).expect("a segment");
+    let want = Segment::parse(&b[0].frame).expect("a segment");
+    assert!(got.verify_checksum(), "{what}: the checksum holds");
+    assert_eq!(
+        (got.src_mac(), got.dst_mac(), got.src_ip(), got.dst_ip()),
+        (want.src_mac(), want.dst_mac(), want.src_ip(), want.dst_ip()),
+        "{what}: addresses"
+    );
+    assert_eq!(
+        (got.src_port(), got.dst_port(), got.seq(), got.ack()),
+        (want.src_port(), want.dst_port(), want.seq(), want.ack()),
+        "{what}: ports, sequence and acknowledgement"
+    );
+    assert_eq!(
+        (got.flags(), got.window(), got.payload()),
+        (want.flags(), want.window(), want.payload()),
+        "{what}: flags, window, payload"
+    );
+}
+
 /// A reply segment the program must pass up unchanged; both switches then handle it alike.
 fn passed_up(pair: &mut Pair, seq: u32, payload: &[u8], what: &str) {
     let frame = from_server(pair, seq, payload);
@@ -251,23 +289,35 @@ fn xdp_sends_a_legs_replies_on_as_the_switch_does() {
     pair.server_next = s2.wrapping_add(three.len() as u32);
     assert_eq!(pair.fp.counters().tcp_replies - counted, 2);
 
-    // The client acknowledges the reply and asks for another key of that server: both
-    // switches send the same request, with the same numbers, to the leg.
+    // The client acknowledges the reply and asks for another key of that server: the program
+    // sends the request on to the leg as the other switch does, and its miss back.
     pair.ack = pair.ack.wrapping_add(reply.len() as u32);
-    let request = format!("get {key2}\r\n");
-    let next = from_client(&pair, flag::ACK | flag::PSH, request.as_bytes());
-    let sent = both(&mut pair, CLIENT.port, &next, "the second request");
-    assert!(sent
-        .iter()
-        .any(|e| Segment::parse(&e.frame).unwrap().payload() == request.as_bytes()));
-    pair.seq += request.len() as u32;
-    pair.leg_next = pair.leg_next.wrapping_add(request.len() as u32);
-
-    // A miss, then a pipelined pair of gets answered in one segment: sent on by the program.
-    let sn = pair.server_next;
-    sent_on(&mut pair, sn, b"END\r\n", "a miss");
-    pair.server_next = sn.wrapping_add(5);
-    pair.ack = pair.ack.wrapping_add(5);
+    let counted_in = pair.fp.counters().tcp_requests;
+    for n in 0..3 {
+        let request = format!("get {key2}\r\n");
+        let next = from_client(&pair, flag::ACK | flag::PSH, request.as_bytes());
+        request_sent_on(&mut pair, &next, &format!("request {n}"));
+        pair.seq += request.len() as u32;
+        pair.leg_next = pair.leg_next.wrapping_add(request.len() as u32);
+        let sn = pair.server_next;
+        sent_on(&mut pair, sn, b"END\r\n", &format!("miss {n}"));
+        pair.server_next = sn.wrapping_add(5);
+        pair.ack = pair.ack.wrapping_add(5);
+    }
+    // The client's acknowledgement of the last miss alone moves the leg on.
+    let ack = from_client(&pair, flag::ACK, &[]);
+    request_sent_on(&mut pair, &ack, "an acknowledgement");
+    assert_eq!(pair.fp.counters().tcp_requests - counted_in, 4);
+    // A key of another server is the switch's to place: passed up unchanged.
+    let other = format!("get {}\r\n", fx.key(1, 0));
+    let frame = from_client(&pair, flag::ACK | flag::PSH, other.as_bytes());
+    let run = pair.fp.test_run(&frame, CLIENT.port).expect("test run");
+    assert_eq!(
+        run.verdict,
+        xdp::Verdict::Pass,
+        "another server's key goes up"
+    );
+    assert_eq!(run.frame, frame);
     let two_gets = format!("get {key}\r\nget {key2}\r\n");
     let next = from_client(&pair, flag::ACK | flag::PSH, two_gets.as_bytes());
     both(&mut pair, CLIENT.port, &next, "two requests in one segment");
@@ -284,7 +334,7 @@ fn xdp_sends_a_legs_replies_on_as_the_switch_does() {
     let sn = pair.server_next;
     passed_up(&mut pair, sn, b"END\r\n", "a reply nobody asked for");
 
-    assert_eq!(pair.fp.counters().tcp_replies - counted, 4);
+    assert_eq!(pair.fp.counters().tcp_replies - counted, 6);
 
     // And the flows' ends agree: the client's reset is handled alike.
     pair.ack = pair.ack.wrapping_add(answers.len() as u32);

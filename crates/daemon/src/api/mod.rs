@@ -167,6 +167,7 @@ pub fn metrics(shared: &Shared, m: &mut Exposition) {
         ("switched", c.switched),
         ("replies", c.replies),
         ("tcp_replies", c.tcp_replies),
+        ("tcp_requests", c.tcp_requests),
         ("reply_limited", c.reply_limited),
         ("passed", c.passed),
     ] {
@@ -449,6 +450,7 @@ fn datapath_status(shared: &Shared) -> serde_json::Value {
             "seen": c.frames, "routed": c.routed, "switched": c.switched,
             "replies": c.replies, "passed": c.passed, "reply_limited": c.reply_limited,
             "cache_hits": c.cache_hits, "tcp_replies": c.tcp_replies,
+            "tcp_requests": c.tcp_requests,
         },
         "xdp_passed": xdp::PASS_REASONS
             .iter()

@@ -255,9 +255,9 @@ pub struct Switch {
     /// Whether the frame being processed left changed in length, as a frame of the switch's
     /// own (one of its senders is then the fast path's as much as one sent on unchanged).
     sent_resized: bool,
-    /// The frame was a spliced leg's segment from its server, taken as from that leg: its
-    /// sender is one a fast path may rewrite the leg's replies from.
-    spliced_from_server: bool,
+    /// The frame was a spliced connection's segment taken as its client's, or a leg's from its
+    /// server: its sender is one a fast path may send the connection's segments on from.
+    spliced_sender: bool,
     /// The pool version and ring last worked out for the fast path ([`Switch::fast_tables`]).
     fast_ring: Option<(u64, Arc<fast::FastRing>)>,
     /// TCP to the VIP's memcached port, routed by key (`SwitchSpec::tcp_splice`).
@@ -357,7 +357,7 @@ impl Switch {
             steer_hops: Vec::new(),
             fast_hosts: None,
             sent_resized: false,
-            spliced_from_server: false,
+            spliced_sender: false,
             fast_ring: None,
             splice: spec
                 .tcp_splice
@@ -609,12 +609,12 @@ impl Switch {
     ) -> Fate {
         let sender = self.fast_sender(in_port, frame);
         self.sent_resized = false;
-        self.spliced_from_server = false;
+        self.spliced_sender = false;
         let fate = self.process_frame(in_port, frame, csum_ready, now, emit);
         if let Some(host) = sender {
             // Sent on as it came, or changed in length (a keyed request without its header),
-            // or a server's segment on a spliced leg.
-            if matches!(fate, Fate::Out(_)) || self.sent_resized || self.spliced_from_server {
+            // or a spliced connection's segment from its client or a leg's server.
+            if matches!(fate, Fate::Out(_)) || self.sent_resized || self.spliced_sender {
                 self.fast_note(host);
             }
         }

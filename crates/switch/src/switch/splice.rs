@@ -30,7 +30,7 @@ use wire::resp::{self, RequestParser, Step};
 use wire::tcp::{self, flag, Segment};
 
 use super::*;
-use crate::fastpath::{LegHandOver, LegKey, LegOffload, LegSent};
+use crate::fastpath::{ClientSide, LegHandOver, LegKey, LegOffload, LegSent};
 
 /// The window scale the switch announces to clients that offer one.
 const OUR_WSCALE: u8 = 7;
@@ -603,7 +603,7 @@ impl Switch {
             self.stats.count_drop(Drop::BadTcpChecksum);
             return Some(Fate::Consumed);
         }
-        self.spliced_from_server = !from_local;
+        self.spliced_sender = !from_local;
         if let Some(mut flow) = self.flow_take(client) {
             flow.seen = now;
             self.leg_segment(client, &mut flow, leg, &seg, now, emit);
@@ -716,6 +716,7 @@ impl Switch {
             return;
         }
         flow.seen = now;
+        self.spliced_sender = true;
         self.client_segment(client, &mut flow, seg, now, emit);
         self.splice_put(client, flow);
     }
@@ -745,6 +746,10 @@ impl Switch {
                 flow.legs[i].handed = false;
                 if let Some(sent) = offload.take_back(leg_key(client, &flow.legs[i])) {
                     book_sent(&mut flow, i, &sent);
+                    let requests = u64::from(sent.requests);
+                    self.stats
+                        .tcp_requests
+                        .fetch_add(requests, std::sync::atomic::Ordering::Relaxed);
                 }
             }
         }
@@ -1872,6 +1877,42 @@ fn leg_key(client: (Ipv4Addr, u16), leg: &Leg) -> LegKey {
 /// What the fast path sent on leg `i` while it held it, booked as if the switch had: the
 /// reply run grows, the replies framed whole are no longer owed.
 fn book_sent(flow: &mut Flow, i: usize, sent: &LegSent) {
+    if let Some(c) = sent.client {
+        // The client's bytes it gave the leg: one run at the leg's offset.
+        if tcp::before(flow.edge, c.next_in) {
+            let grown = c.next_in.wrapping_sub(flow.edge);
+            let leg_seq = flow.legs[i].next;
+            match flow.requests.back_mut() {
+                Some(run)
+                    if run.leg == i
+                        && run.client.wrapping_add(run.len) == flow.edge
+                        && run.leg_seq.wrapping_add(run.len) == leg_seq =>
+                {
+                    run.len = run.len.wrapping_add(grown);
+                }
+                _ => flow.requests.push_back(Run {
+                    leg: i,
+                    client: flow.edge,
+                    leg_seq,
+                    len: grown,
+                }),
+            }
+            flow.edge = c.next_in;
+            flow.legs[i].next = leg_seq.wrapping_add(grown);
+        }
+        for _ in 0..sent.requests {
+            flow.legs[i]
+                .replies
+                .expect(Owes::Memcache(ReplyKind::Retrieval));
+        }
+        if tcp::before(flow.client_acked, c.acked) {
+            flow.client_acked = c.acked;
+        }
+        flow.client_window = c.window;
+        if tcp::before(flow.legs[i].acked_to, c.acked_to) {
+            flow.legs[i].acked_to = c.acked_to;
+        }
+    }
     let leg = &mut flow.legs[i];
     if tcp::before(leg.read, sent.read) {
         let new = sent.read.wrapping_sub(leg.read);
@@ -1900,7 +1941,9 @@ fn book_sent(flow: &mut Flow, i: usize, sent: &LegSent) {
 /// next needs no decision of the switch's: a server's leg owing replies to single-key
 /// retrievals only, their framing at a line's start, nothing waiting for another leg, no
 /// other leg owing anything, and the client's bytes it has not acknowledged all at one offset
-/// from its own (so that its acknowledgements are the client's by one addition).
+/// from its own (so that its acknowledgements are the client's by one addition). The client's
+/// segments may go on too (`get`s of this server's keys, acknowledgements) when no request's
+/// data block streams and every other leg has been told the client has all its replies.
 fn hand_over(
     client: (Ipv4Addr, u16),
     flow: &mut Flow,
@@ -1930,7 +1973,6 @@ fn hand_over(
         || leg.their_isn.is_none()
         || leg.fin
         || leg.gone
-        || r.owed.is_empty()
         || r.owed.iter().any(|k| *k != ReplyKind::Retrieval)
         || !r.line.is_empty()
         || r.lost
@@ -1958,6 +2000,27 @@ fn hand_over(
         return None;
     }
     let leg = &flow.legs[i];
+    let Target::Server(server) = leg.target else {
+        return None;
+    };
+    // The client's segments too, when nothing but this leg has to hear of its bytes: no
+    // request streams, and every other leg has been told of all its replies' receipt.
+    let others_told =
+        flow.legs.iter().enumerate().all(|(j, l)| {
+            j == i || l.fin || l.their_isn.is_none() || !tcp::before(l.acked_to, l.read)
+        });
+    let requests =
+        (flow.data_left == 0 && flow.resp_left == 0 && others_told).then_some(ClientSide {
+            next_in: flow.edge,
+            acked: flow.client_acked,
+            window: flow.client_window,
+            acked_to: leg.acked_to,
+            leg_shift: leg.client_shift,
+        });
+    if leg.replies.owed.is_empty() && requests.is_none() {
+        // Nothing the program could send on.
+        return None;
+    }
     Some((
         i,
         LegHandOver {
@@ -1976,6 +2039,8 @@ fn hand_over(
             ack_off,
             owed: u32::try_from(leg.replies.owed.len()).ok()?,
             data: u32::try_from(leg.replies.data).ok()?,
+            server,
+            requests,
         },
     ))
 }
