@@ -25,6 +25,16 @@ fn main() {
             panic!("cannot run {clang} to build the XDP program ({e}); run scripts/setup.sh, which installs clang and libbpf-dev")
         });
     assert!(status.success(), "{clang} failed to build bpf/fastpath.c");
+    println!("cargo:rerun-if-changed=bpf/impair.c");
+    let status = Command::new(&clang)
+        .args(["-O2", "-g", "-target", "bpf", "-Wall", "-Werror"])
+        .arg("-I/usr/include/x86_64-linux-gnu")
+        .arg("-I/usr/include/aarch64-linux-gnu")
+        .args(["-c", "bpf/impair.c", "-o"])
+        .arg(out.join("impair.o"))
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run {clang} to build bpf/impair.c ({e})"));
+    assert!(status.success(), "{clang} failed to build bpf/impair.c");
 
     let header = fs::read_to_string("bpf/fastpath.h").expect("bpf/fastpath.h");
     let mut consts = String::from("// Generated from bpf/fastpath.h by build.rs.\n");

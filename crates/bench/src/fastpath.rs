@@ -295,7 +295,7 @@ fn label(p: &Point) -> String {
 
 fn chart(medians: &[Point]) -> BarChart {
     BarChart {
-        title: "CPU per GET over UDP: XDP fast path against AF_PACKET".into(),
+        title: "CPU per GET: XDP fast path against AF_PACKET".into(),
         x_label: "datapath and target".into(),
         y_label: "µs of CPU per GET".into(),
         categories: medians.iter().map(label).collect(),

@@ -3,6 +3,10 @@
 //! for what it answers) are dropped, duplicated, reordered and delayed, seeded. Clients over TCP
 //! and UDP run a history-checked load with the cache on meanwhile: every reply is one
 //! memcached would give, no read is stale, and the load goes on.
+//!
+//! An operator's entry turns the XDP fast path off, so the same is done to the path the XDP
+//! program carries (spliced replies and `get`s sent on without the user-space switch) with
+//! loss made at the hosts' own interfaces (`xdp::Impair`).
 
 mod common;
 
@@ -104,5 +108,73 @@ fn tcp_through_the_vip_survives_loss_duplication_and_reordering() {
         assert_eq!(reply, b"STORED\r\n");
     }
     assert_eq!(drops(&live, "impaired"), still);
+    live.down().expect("down");
+}
+
+#[test]
+fn tcp_on_the_xdp_path_survives_loss_at_every_host() {
+    let live = testbed("ktfx", "l3", false);
+    // 2% of the TCP segments arriving at each client and server are lost: requests to the
+    // servers, the servers' acknowledgements and replies on their way to the clients.
+    let hosts = ["c1", "c2", "s1", "s2", "s3"];
+    let impaired: Vec<xdp::Impair> = hosts
+        .iter()
+        .enumerate()
+        .map(|(i, host)| {
+            live.in_host(host, move || {
+                // SAFETY: a NUL-terminated name, read by the call only.
+                let ifindex = unsafe { libc::if_nametoindex(c"eth0".as_ptr()) };
+                assert!(ifindex > 0, "the host has an eth0");
+                xdp::Impair::attach(ifindex, 20, 0x7cf + i as u64)
+            })
+            .expect("namespace")
+            .expect("the impairment attaches")
+        })
+        .collect();
+    let clients = history_clients(
+        &live,
+        &["c1", "c2"],
+        &[Transport::Tcp, Transport::Tcp, Transport::Tcp],
+        Duration::from_secs(2),
+    );
+    let load = Load {
+        keys: (0..16).map(|i| format!("tfx:{i}")).collect(),
+        ops_per_client: 20_000,
+        duration: Duration::from_secs(5),
+        mix: Mix::default(),
+        seed: 36,
+    };
+    let recorded = history_load::run(&clients, &load, Clock::start()).expect("load");
+    recorded_ok(&recorded);
+    no_stale_read(&recorded.ops);
+    let (seen, dropped): (u64, u64) = impaired
+        .iter()
+        .map(|i| i.counts())
+        .fold((0, 0), |(a, b), (c, d)| (a + c, b + d));
+    let frames = status(&live)["datapath"]["xdp_frames"].clone();
+    println!("xdp path under loss: {dropped} of {seen} segments lost at the hosts; {frames}");
+    assert!(dropped > 20, "{dropped} of {seen} dropped");
+    assert!(
+        recorded.ops_over(Transport::Tcp) > 500,
+        "too little TCP traffic went through"
+    );
+    // The program carried part of it: replies and requests sent on in the kernel.
+    for what in ["tcp_replies", "tcp_requests"] {
+        assert!(frames[what].as_u64().unwrap_or(0) > 100, "{what}: {frames}");
+    }
+    // Nothing is kept once the clients have gone, loss or not.
+    drop(impaired);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let tcp = status(&live)["tcp"].clone();
+        if tcp["flows"].as_u64() == Some(0) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "spliced connections kept after their clients left: {tcp}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
     live.down().expect("down");
 }

@@ -14,6 +14,9 @@ use libbpf_rs::{MapCore, MapFlags, MapHandle, Object, ObjectBuilder, Xdp, XdpFla
 use switch::fastpath::{changeover, Host, RingWords, RingWrite, Seen, Tables};
 use wire::ethernet::Mac;
 
+pub mod impair;
+pub use impair::Impair;
+
 /// The limits and codes of `bpf/fastpath.h`, generated from it at build time.
 pub mod abi {
     include!(concat!(env!("OUT_DIR"), "/abi.rs"));

@@ -162,6 +162,13 @@ struct Leg {
     handed: bool,
 }
 
+impl Leg {
+    /// Whether the leg was sent the client's FIN and has not acknowledged it yet.
+    fn owes_fin(&self) -> bool {
+        self.their_isn.is_some() && !self.gone && tcp::before(self.acked, self.next)
+    }
+}
+
 /// A run of bytes one leg carried: `len` bytes from `client` in the client's stream, from `leg`
 /// in the leg's. Requests: the client's bytes to a leg; replies: a leg's bytes to the client.
 #[derive(Debug, Clone, Copy)]
@@ -407,6 +414,10 @@ impl Flow {
                 return run.client.wrapping_add(done);
             }
             self.requests.pop_front();
+        }
+        if self.fins & 1 != 0 && self.legs.iter().any(Leg::owes_fin) {
+            // The client's FIN went to the legs: it is acknowledged once each has it.
+            return self.edge.wrapping_sub(1);
         }
         self.edge
     }
@@ -831,6 +842,9 @@ impl Switch {
             } else if flow.fins & 1 == 0 || !fin {
                 // Bytes the legs had already: the client did not hear our acknowledgement.
                 self.ack_client(client, flow, emit);
+            } else {
+                // The client's FIN again: a leg that has not acknowledged it lost it.
+                self.fin_again(client, flow, emit);
             }
         }
         self.pump(client, flow, now, emit);
@@ -1181,6 +1195,23 @@ impl Switch {
             self.leg_send(client, flow, run.leg, &bytes[at..at + n], flag::PSH, emit);
             flow.legs[run.leg].next = next;
             at += n;
+        }
+    }
+
+    /// The client's FIN, sent again to each leg that has not acknowledged it (at the sequence
+    /// number it had); a leg that has it gets the acknowledgement it may have lost.
+    fn fin_again(&mut self, client: (Ipv4Addr, u16), flow: &mut Flow, emit: &mut Vec<Emit>) {
+        for i in 0..flow.legs.len() {
+            if !flow.legs[i].owes_fin() {
+                continue;
+            }
+            let next = flow.legs[i].next;
+            flow.legs[i].next = next.wrapping_sub(1);
+            self.leg_send(client, flow, i, &[], flag::FIN, emit);
+            flow.legs[i].next = next;
+        }
+        if !flow.legs.iter().any(Leg::owes_fin) {
+            self.ack_client(client, flow, emit);
         }
     }
 
@@ -2661,6 +2692,69 @@ mod tests {
 
     /// One client address holds at most a quarter of `tcp_max_flows`: past it, its new
     /// connections are reset while another address's are still taken.
+    #[test]
+    fn the_clients_fin_is_acknowledged_once_its_leg_has_it_and_sent_again_if_lost() {
+        let mut bed = Bed::new();
+        let cookie = handshake(&mut bed);
+        let k0 = bed.key_on(0);
+        let get = format!("get {k0}\r\n");
+        bed.client_sends(1001, cookie.wrapping_add(1), flag::ACK, get.as_bytes());
+        let syn = seg(&bed.sent()[0].1).seq();
+        let p0 = {
+            let sent = bed.sw.splice.as_ref().unwrap();
+            sent.flows.values().next().unwrap().legs[0].sport
+        };
+        bed.server_sends(
+            0,
+            p0,
+            50_000,
+            syn.wrapping_add(1),
+            flag::SYN | flag::ACK,
+            b"",
+        );
+        let got = syn.wrapping_add(1 + get.len() as u32);
+        bed.server_sends(0, p0, 50_001, got, flag::ACK, b"END\r\n");
+        bed.sent();
+        // The client has its reply and closes.
+        let fin_at = 1001 + get.len() as u32;
+        let their = cookie.wrapping_add(1 + 5);
+        bed.client_sends(fin_at, their, flag::ACK | flag::FIN, b"");
+        let sent = bed.sent();
+        let to_leg: Vec<_> = sent.iter().filter(|(p, _)| *p == 1).collect();
+        assert!(
+            to_leg
+                .iter()
+                .any(|(_, f)| seg(f).has(flag::FIN) && seg(f).seq() == got),
+            "{sent:?}"
+        );
+        // The server's segment that does not acknowledge the FIN (a window update): the
+        // client hears nothing of its FIN yet.
+        bed.server_sends(0, p0, 50_006, got, flag::ACK, b"");
+        let sent = [sent, bed.sent()].concat();
+        assert!(
+            !sent
+                .iter()
+                .any(|(p, f)| *p == 0 && tcp::before(fin_at, seg(f).ack())),
+            "the FIN is not acknowledged before its leg has it: {sent:?}"
+        );
+        // The leg's copy was lost: the client sends its FIN again, and so does the switch.
+        bed.client_sends(fin_at, their, flag::ACK | flag::FIN, b"");
+        let sent = bed.sent();
+        assert!(
+            sent.iter()
+                .any(|(p, f)| *p == 1 && seg(f).has(flag::FIN) && seg(f).seq() == got),
+            "the FIN goes again to the leg: {sent:?}"
+        );
+        // The server takes it: the client's FIN is acknowledged.
+        bed.server_sends(0, p0, 50_006, got.wrapping_add(1), flag::ACK, b"");
+        let sent = bed.sent();
+        assert!(
+            sent.iter()
+                .any(|(p, f)| *p == 0 && seg(f).ack() == fin_at.wrapping_add(1)),
+            "{sent:?}"
+        );
+    }
+
     #[test]
     fn one_address_holds_a_share_of_the_flows_only() {
         // The bed's table holds 4 flows: one per address.
