@@ -261,15 +261,15 @@ static __always_inline __u16 ip_checksum(struct iphdr *ip)
 
 /* The UDP checksum of a datagram of `len` bytes (at most FP_MAX_CHECKED; a longer one is not
  * right), checked as the user-space switch checks it: 0 means none. */
-static __always_inline int udp_ok(struct iphdr *ip, struct udphdr *udp, __u32 len, void *end)
+/* Whether the `len` bytes of a UDP or TCP (`proto`) header and payload at `p`, after the
+ * 20-byte IPv4 header `ip`, sum right with the pseudo-header (at most FP_MAX_CHECKED bytes;
+ * a longer one is not right). */
+static __always_inline int l4_sum_ok(struct iphdr *ip, __u8 *p, __u32 len, void *end, __u8 proto)
 {
-	if (!udp->check)
-		return 1;
 	if (len > FP_MAX_CHECKED)
 		return 0;
 	__u32 sum = (ip->saddr & 0xffff) + (ip->saddr >> 16) + (ip->daddr & 0xffff) +
-		    (ip->daddr >> 16) + bpf_htons(IPPROTO_UDP) + bpf_htons(len);
-	__u8 *p = (__u8 *)udp;
+		    (ip->daddr >> 16) + bpf_htons(proto) + bpf_htons(len);
 	for (__u32 i = 0; i < FP_MAX_CHECKED / 2; i++) {
 		if (2 * i + 1 >= len)
 			break;
@@ -281,6 +281,8 @@ static __always_inline int udp_ok(struct iphdr *ip, struct udphdr *udp, __u32 le
 	}
 	if (len & 1) {
 		__u32 last = len - 1;
+		/* Kept from the compiler, which may know the bound; the verifier needs to see it. */
+		asm volatile("" : "+r"(last));
 		if (last > FP_MAX_CHECKED)
 			return 0;
 		if (p + last + 1 > (__u8 *)end)
@@ -288,6 +290,15 @@ static __always_inline int udp_ok(struct iphdr *ip, struct udphdr *udp, __u32 le
 		sum += p[last]; /* the odd byte, padded with zero, little-endian */
 	}
 	return fold(sum) == 0xffff;
+}
+
+/* The UDP checksum of a datagram of `len` bytes, checked as the user-space switch checks it:
+ * 0 means none. */
+static __always_inline int udp_ok(struct iphdr *ip, struct udphdr *udp, __u32 len, void *end)
+{
+	if (!udp->check)
+		return 1;
+	return l4_sum_ok(ip, (__u8 *)udp, len, end, IPPROTO_UDP);
 }
 
 /* --- Key hashes, byte for byte nutcracker's (kv::HashFn). Bytes widen as x86's signed char. */
@@ -994,30 +1005,9 @@ __noinline int fp_tcp_ok(struct xdp_md *ctx, __u32 len)
 	void *end = (void *)(long)ctx->data_end;
 	struct iphdr *ip = data + ETH_LEN;
 	__u8 *p = (__u8 *)(ip + 1);
-	if (p + TCP_LEN > (__u8 *)end || len > FP_MAX_CHECKED || len < TCP_LEN)
+	if (p + TCP_LEN > (__u8 *)end || len < TCP_LEN)
 		return 0;
-	__u32 sum = (ip->saddr & 0xffff) + (ip->saddr >> 16) + (ip->daddr & 0xffff) +
-		    (ip->daddr >> 16) + bpf_htons(IPPROTO_TCP) + bpf_htons(len);
-	for (__u32 i = 0; i < FP_MAX_CHECKED / 2; i++) {
-		if (2 * i + 1 >= len)
-			break;
-		if (p + 2 * i + 2 > (__u8 *)end)
-			return 0;
-		sum += *(__u16 *)(p + 2 * i);
-		if (!(i & 0xff))
-			sum = fold(sum);
-	}
-	if (len & 1) {
-		__u32 last = len - 1;
-		/* Kept from the compiler, which knows the bound; the verifier needs to see it. */
-		asm volatile("" : "+r"(last));
-		if (last > FP_MAX_CHECKED)
-			return 0;
-		if (p + last + 1 > (__u8 *)end)
-			return 0;
-		sum += p[last];
-	}
-	return fold(sum) == 0xffff;
+	return l4_sum_ok(ip, p, len, end, IPPROTO_TCP);
 }
 
 /* How far fp_value_line has read a `VALUE` line: kept between the steps of bpf_loop. */
@@ -1134,6 +1124,43 @@ static __always_inline __u32 sum_change(__u32 sum, __u16 from, __u16 to)
 	return sum + (__u16)~from + to;
 }
 
+/* A TCP segment's new numbers, all in network order: `*addr` (its IP source or destination)
+ * becomes `to_addr`, then the ports, sequence and acknowledgement numbers and window; both
+ * checksums updated for what changed (RFC 1624). */
+struct tcp_rewrite {
+	__u32 addr;
+	__u16 source;
+	__u16 dest;
+	__u32 seq;
+	__u32 ack;
+	__u16 window;
+};
+
+static __always_inline void rewrite_tcp(struct iphdr *ip, struct tcphdr *tcp, __u32 *addr,
+					 const struct tcp_rewrite *to)
+{
+	__u32 sum = (__u16)~tcp->check;
+	if (*addr != to->addr) {
+		sum = sum_change(sum, *addr & 0xffff, to->addr & 0xffff);
+		sum = sum_change(sum, *addr >> 16, to->addr >> 16);
+		ip->check = csum_replace(ip->check, *addr, to->addr);
+		*addr = to->addr;
+	}
+	sum = sum_change(sum, tcp->source, to->source);
+	sum = sum_change(sum, tcp->dest, to->dest);
+	sum = sum_change(sum, tcp->seq & 0xffff, to->seq & 0xffff);
+	sum = sum_change(sum, tcp->seq >> 16, to->seq >> 16);
+	sum = sum_change(sum, tcp->ack_seq & 0xffff, to->ack & 0xffff);
+	sum = sum_change(sum, tcp->ack_seq >> 16, to->ack >> 16);
+	sum = sum_change(sum, tcp->window, to->window);
+	tcp->check = ~fold(sum);
+	tcp->source = to->source;
+	tcp->dest = to->dest;
+	tcp->seq = to->seq;
+	tcp->ack_seq = to->ack;
+	tcp->window = to->window;
+}
+
 /* A reply segment from the target of a leg user space handed over: framed, rewritten into
  * the client's connection (addresses, ports, sequence and acknowledgement numbers, window,
  * MACs) and sent to the client, or passed up unchanged. */
@@ -1191,30 +1218,16 @@ static __always_inline int leg_reply(struct xdp_md *ctx, struct fp_config *cfg, 
 		       (leg->client_shift & 15);
 	if (window > 0xffff)
 		window = 0xffff;
-	__u32 to_seq = bpf_htonl(seq + leg->seq_off);
 	__u32 client_ack = ack + leg->ack_off;
-	__u32 to_ack = bpf_htonl(client_ack);
-	__u16 to_window = bpf_htons(window);
-	__u32 sum = (__u16)~tcp->check;
-	if (ip->saddr != leg->vip) {
-		sum = sum_change(sum, ip->saddr & 0xffff, leg->vip & 0xffff);
-		sum = sum_change(sum, ip->saddr >> 16, leg->vip >> 16);
-		ip->check = csum_replace(ip->check, ip->saddr, leg->vip);
-		ip->saddr = leg->vip;
-	}
-	sum = sum_change(sum, tcp->source, leg->vip_port);
-	sum = sum_change(sum, tcp->dest, leg->client_port);
-	sum = sum_change(sum, tcp->seq & 0xffff, to_seq & 0xffff);
-	sum = sum_change(sum, tcp->seq >> 16, to_seq >> 16);
-	sum = sum_change(sum, tcp->ack_seq & 0xffff, to_ack & 0xffff);
-	sum = sum_change(sum, tcp->ack_seq >> 16, to_ack >> 16);
-	sum = sum_change(sum, tcp->window, to_window);
-	tcp->check = ~fold(sum);
-	tcp->source = leg->vip_port;
-	tcp->dest = leg->client_port;
-	tcp->seq = to_seq;
-	tcp->ack_seq = to_ack;
-	tcp->window = to_window;
+	struct tcp_rewrite to = {
+		.addr = leg->vip,
+		.source = leg->vip_port,
+		.dest = leg->client_port,
+		.seq = bpf_htonl(seq + leg->seq_off),
+		.ack = bpf_htonl(client_ack),
+		.window = bpf_htons(window),
+	};
+	rewrite_tcp(ip, tcp, &ip->saddr, &to);
 	__builtin_memcpy(eth->h_dest, leg->client_mac, 6);
 	__builtin_memcpy(eth->h_source, cfg->vip_mac, 6);
 	if (fresh) {
@@ -1341,30 +1354,15 @@ static __always_inline int leg_request(struct xdp_md *ctx, struct fp_config *cfg
 		return pass(FP_C_PASS_TO_SWITCH);
 	__u16 raw_window = bpf_ntohs(tcp->window);
 	__u32 window = (__u32)raw_window >> (leg->leg_shift & 15);
-	__u32 to_seq = bpf_htonl(seq - leg->ack_off);
-	__u32 to_ack_n = bpf_htonl(to_ack);
-	__u16 to_window = bpf_htons(window);
-	__u32 sum = (__u16)~tcp->check;
-	__u32 target = leg->key.src_ip;
-	if (ip->daddr != target) {
-		sum = sum_change(sum, ip->daddr & 0xffff, target & 0xffff);
-		sum = sum_change(sum, ip->daddr >> 16, target >> 16);
-		ip->check = csum_replace(ip->check, ip->daddr, target);
-		ip->daddr = target;
-	}
-	sum = sum_change(sum, tcp->source, leg->key.dst_port);
-	sum = sum_change(sum, tcp->dest, leg->key.src_port);
-	sum = sum_change(sum, tcp->seq & 0xffff, to_seq & 0xffff);
-	sum = sum_change(sum, tcp->seq >> 16, to_seq >> 16);
-	sum = sum_change(sum, tcp->ack_seq & 0xffff, to_ack_n & 0xffff);
-	sum = sum_change(sum, tcp->ack_seq >> 16, to_ack_n >> 16);
-	sum = sum_change(sum, tcp->window, to_window);
-	tcp->check = ~fold(sum);
-	tcp->source = leg->key.dst_port;
-	tcp->dest = leg->key.src_port;
-	tcp->seq = to_seq;
-	tcp->ack_seq = to_ack_n;
-	tcp->window = to_window;
+	struct tcp_rewrite to = {
+		.addr = leg->key.src_ip,
+		.source = leg->key.dst_port,
+		.dest = leg->key.src_port,
+		.seq = bpf_htonl(seq - leg->ack_off),
+		.ack = bpf_htonl(to_ack),
+		.window = bpf_htons(window),
+	};
+	rewrite_tcp(ip, tcp, &ip->daddr, &to);
 	__builtin_memcpy(eth->h_dest, leg->server_mac, 6);
 	if (plen) {
 		leg->next_in = seq + plen;

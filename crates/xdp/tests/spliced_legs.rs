@@ -177,6 +177,29 @@ fn open(key: &str, server: usize) -> Pair {
     pair
 }
 
+/// The program's frame `got` is the segment `want` the switch sends: the same ends, numbers,
+/// flags, window and payload, with a right checksum (the IP headers' other fields are each
+/// sender's own).
+fn same_segment(got: &[u8], want: &Segment<'_>, what: &str) {
+    let got = Segment::parse(got).expect("a segment");
+    assert!(got.verify_checksum(), "{what}: the checksum holds");
+    assert_eq!(
+        (got.src_mac(), got.dst_mac(), got.src_ip(), got.dst_ip()),
+        (want.src_mac(), want.dst_mac(), want.src_ip(), want.dst_ip()),
+        "{what}: addresses"
+    );
+    assert_eq!(
+        (got.src_port(), got.dst_port(), got.seq(), got.ack()),
+        (want.src_port(), want.dst_port(), want.seq(), want.ack()),
+        "{what}: ports, sequence and acknowledgement"
+    );
+    assert_eq!(
+        (got.flags(), got.window(), got.payload()),
+        (want.flags(), want.window(), want.payload()),
+        "{what}: flags, window, payload"
+    );
+}
+
 /// A reply segment the program must send on as the other switch does.
 fn sent_on(pair: &mut Pair, seq: u32, payload: &[u8], what: &str) {
     let frame = from_server(pair, seq, payload);
@@ -196,23 +219,7 @@ fn sent_on(pair: &mut Pair, seq: u32, payload: &[u8], what: &str) {
     pair.kept.process(port, &mut frame.clone(), &mut b);
     let want = to_client(&b);
     assert_eq!(want.len(), 1, "{what}: the switch sends one segment");
-    let (got, want) = (Segment::parse(&run.frame).expect("a segment"), &want[0]);
-    assert!(got.verify_checksum(), "{what}: the checksum holds");
-    assert_eq!(
-        (got.src_mac(), got.dst_mac(), got.src_ip(), got.dst_ip()),
-        (want.src_mac(), want.dst_mac(), want.src_ip(), want.dst_ip()),
-        "{what}: addresses"
-    );
-    assert_eq!(
-        (got.src_port(), got.dst_port(), got.seq(), got.ack()),
-        (want.src_port(), want.dst_port(), want.seq(), want.ack()),
-        "{what}: ports, sequence and acknowledgement"
-    );
-    assert_eq!(
-        (got.flags(), got.window(), got.payload()),
-        (want.flags(), want.window(), want.payload()),
-        "{what}: flags, window, payload"
-    );
+    same_segment(&run.frame, &want[0], what);
 }
 
 /// A client's segment the program must send on to the leg as the other switch does.
@@ -233,23 +240,10 @@ fn request_sent_on(pair: &mut Pair, frame: &[u8], what: &str) {
         Dest::Port(port),
         "{what}: the switch sends it there too"
     );
-    let got = Segment::parse(&run.frame).expect("a segment");
-    let want = Segment::parse(&b[0].frame).expect("a segment");
-    assert!(got.verify_checksum(), "{what}: the checksum holds");
-    assert_eq!(
-        (got.src_mac(), got.dst_mac(), got.src_ip(), got.dst_ip()),
-        (want.src_mac(), want.dst_mac(), want.src_ip(), want.dst_ip()),
-        "{what}: addresses"
-    );
-    assert_eq!(
-        (got.src_port(), got.dst_port(), got.seq(), got.ack()),
-        (want.src_port(), want.dst_port(), want.seq(), want.ack()),
-        "{what}: ports, sequence and acknowledgement"
-    );
-    assert_eq!(
-        (got.flags(), got.window(), got.payload()),
-        (want.flags(), want.window(), want.payload()),
-        "{what}: flags, window, payload"
+    same_segment(
+        &run.frame,
+        &Segment::parse(&b[0].frame).expect("a segment"),
+        what,
     );
 }
 

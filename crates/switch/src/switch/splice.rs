@@ -398,6 +398,28 @@ struct Flow {
 }
 
 impl Flow {
+    /// Records that the client's next `len` bytes (from the edge) go to leg `i` at its next
+    /// sequence number: the last request run grows when it is that leg's and both ends meet.
+    fn place_request(&mut self, i: usize, len: u32) {
+        let leg_seq = self.legs[i].next;
+        match self.requests.back_mut() {
+            Some(run)
+                if run.leg == i
+                    && run.client.wrapping_add(run.len) == self.edge
+                    && run.leg_seq.wrapping_add(run.len) == leg_seq =>
+            {
+                run.len = run.len.wrapping_add(len);
+            }
+            _ => self.requests.push_back(Run {
+                leg: i,
+                client: self.edge,
+                leg_seq,
+                len,
+            }),
+        }
+        self.edge = self.edge.wrapping_add(len);
+    }
+
     /// The client's bytes every leg has acknowledged: where the oldest request run not yet
     /// acknowledged whole stops being so, or the edge.
     fn acked_for_client(&mut self) -> u32 {
@@ -1141,23 +1163,7 @@ impl Switch {
         if bytes.is_empty() {
             return;
         }
-        let leg_seq = flow.legs[i].next;
-        match flow.requests.back_mut() {
-            Some(run)
-                if run.leg == i
-                    && run.client.wrapping_add(run.len) == flow.edge
-                    && run.leg_seq.wrapping_add(run.len) == leg_seq =>
-            {
-                run.len = run.len.wrapping_add(bytes.len() as u32);
-            }
-            _ => flow.requests.push_back(Run {
-                leg: i,
-                client: flow.edge,
-                leg_seq,
-                len: bytes.len() as u32,
-            }),
-        }
-        flow.edge = flow.edge.wrapping_add(bytes.len() as u32);
+        flow.place_request(i, bytes.len() as u32);
         let mss = usize::from(flow.legs[i].mss.max(1));
         let chunks: Vec<&[u8]> = bytes.chunks(mss).collect();
         let last = chunks.len().saturating_sub(1);
@@ -1912,24 +1918,8 @@ fn book_sent(flow: &mut Flow, i: usize, sent: &LegSent) {
         // The client's bytes it gave the leg: one run at the leg's offset.
         if tcp::before(flow.edge, c.next_in) {
             let grown = c.next_in.wrapping_sub(flow.edge);
-            let leg_seq = flow.legs[i].next;
-            match flow.requests.back_mut() {
-                Some(run)
-                    if run.leg == i
-                        && run.client.wrapping_add(run.len) == flow.edge
-                        && run.leg_seq.wrapping_add(run.len) == leg_seq =>
-                {
-                    run.len = run.len.wrapping_add(grown);
-                }
-                _ => flow.requests.push_back(Run {
-                    leg: i,
-                    client: flow.edge,
-                    leg_seq,
-                    len: grown,
-                }),
-            }
-            flow.edge = c.next_in;
-            flow.legs[i].next = leg_seq.wrapping_add(grown);
+            flow.place_request(i, grown);
+            flow.legs[i].next = flow.legs[i].next.wrapping_add(grown);
         }
         for _ in 0..sent.requests {
             flow.legs[i]
