@@ -1265,7 +1265,9 @@ static __always_inline int splice_reply(struct xdp_md *ctx, struct fp_config *cf
 	if (!leg)
 		return pass(FP_C_PASS_TO_SWITCH);
 	/* Counted in and out, so that user space taking the leg back knows when no pass is
-	 * under way (the atomic adds order the reads and writes between them). */
+	 * under way. The atomic adds order the reads and writes between them on x86, where they
+	 * are locked instructions; a leg's segments are taken on one receive queue, one at a
+	 * time (the switch's veths have one). */
 	__sync_fetch_and_add(&leg->busy, 1);
 	int verdict = leg_reply(ctx, cfg, in_port, leg);
 	__sync_fetch_and_add(&leg->done, 1);
@@ -1307,12 +1309,14 @@ static __always_inline int leg_request(struct xdp_md *ctx, struct fp_config *cfg
 	__u32 to_ack = ack - leg->seq_off;
 	if ((__s32)(to_ack - leg->acked_to) < 0)
 		to_ack = leg->acked_to;
+	if (seq != leg->next_in)
+		return pass(FP_C_PASS_TO_SWITCH);
 	if (plen == 0) {
 		/* An acknowledgement alone goes on only when it moves the leg on. */
 		if (to_ack == leg->acked_to)
 			return pass(FP_C_PASS_TO_SWITCH);
 	} else {
-		if (seq != leg->next_in || plen > 5 + FP_MAX_KEY + 2)
+		if (plen > 5 + FP_MAX_KEY + 2)
 			return pass(FP_C_PASS_TO_SWITCH);
 		/* `get <key>\r\n` or `gets <key>\r\n`, exactly the segment. The text helpers count
 		 * from a UDP request's body, 4 bytes before a TCP payload. */
@@ -1353,7 +1357,10 @@ static __always_inline int leg_request(struct xdp_md *ctx, struct fp_config *cfg
 	if ((void *)(tcp + 1) > end)
 		return pass(FP_C_PASS_TO_SWITCH);
 	__u16 raw_window = bpf_ntohs(tcp->window);
-	__u32 window = (__u32)raw_window >> (leg->leg_shift & 15);
+	/* A target that did not take the client's window scale reads windows unscaled. */
+	__u32 window = (__u32)raw_window << (leg->leg_shift & 15);
+	if (window > 0xffff)
+		window = 0xffff;
 	struct tcp_rewrite to = {
 		.addr = leg->key.src_ip,
 		.source = leg->key.dst_port,

@@ -1010,6 +1010,8 @@ pub struct LegMap {
     /// `fp_leg_clients`, and what it holds: each client's slot.
     clients: MapHandle,
     client_slot: std::collections::HashMap<[u8; 8], u32>,
+    /// The client each slot's entry names, for forgetting it with the slot.
+    slot_client: std::collections::HashMap<u32, [u8; 8]>,
     base: std::ptr::NonNull<u8>,
     len: usize,
     free: Vec<u32>,
@@ -1106,6 +1108,7 @@ impl LegMap {
             slots,
             clients,
             client_slot: std::collections::HashMap::new(),
+            slot_client: std::collections::HashMap::new(),
             base,
             len,
             free: (0..abi::MAX_LEGS).rev().collect(),
@@ -1153,7 +1156,10 @@ impl LegMap {
             .update(&client, &slot.to_ne_bytes(), MapFlags::ANY)
         {
             Ok(()) => {
-                self.client_slot.insert(client, slot);
+                if let Some(old) = self.client_slot.insert(client, slot) {
+                    self.slot_client.remove(&old);
+                }
+                self.slot_client.insert(slot, client);
                 true
             }
             Err(e) => {
@@ -1301,12 +1307,7 @@ impl switch::fastpath::LegOffload for LegMap {
             return;
         };
         self.disarm(slot);
-        let client = self
-            .client_slot
-            .iter()
-            .find(|(_, &s)| s == slot)
-            .map(|(c, _)| *c);
-        if let Some(client) = client {
+        if let Some(client) = self.slot_client.remove(&slot) {
             self.client_slot.remove(&client);
             if let Err(e) = self.clients.delete(&client) {
                 if e.kind() != libbpf_rs::ErrorKind::NotFound {

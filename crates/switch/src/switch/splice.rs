@@ -139,8 +139,9 @@ struct Leg {
     syn_at: Instant,
     /// The MSS the target takes.
     mss: u16,
-    /// The shift of the target's windows, and the one it expects on ours when it did not take
-    /// the client's window scale.
+    /// The shift of the target's windows, and, when it did not take the client's window scale,
+    /// the client's: its windows are shifted back by it before they go to the target, which
+    /// reads them unscaled.
     target_shift: u8,
     client_shift: u8,
     /// The leg's sequence number for the next client byte it gets.
@@ -163,9 +164,10 @@ struct Leg {
 }
 
 impl Leg {
-    /// Whether the leg was sent the client's FIN and has not acknowledged it yet.
+    /// Whether the leg was sent the client's FIN and has not acknowledged it yet; a leg its
+    /// target closed or reset is not waited for.
     fn owes_fin(&self) -> bool {
-        self.their_isn.is_some() && !self.gone && tcp::before(self.acked, self.next)
+        self.their_isn.is_some() && !self.gone && !self.fin && tcp::before(self.acked, self.next)
     }
 }
 
@@ -1244,7 +1246,7 @@ impl Switch {
             ack
         };
         leg.acked_to = ack;
-        let window = rescale(flow.client_window, 0, leg.client_shift);
+        let window = rescale(flow.client_window, leg.client_shift, 0);
         let seg = tcp::Repr::plain(
             leg.sport,
             leg.port,
@@ -1362,7 +1364,7 @@ impl Switch {
                 leg.isn.wrapping_add(1),
                 seg.seq().wrapping_add(1),
                 flag::ACK,
-                rescale(flow.client_window, 0, leg.client_shift),
+                rescale(flow.client_window, leg.client_shift, 0),
             );
             emit.push(leg_emit(client, flow, i, &ack, &[]));
             if first {
@@ -2680,8 +2682,8 @@ mod tests {
         assert_eq!(stats::get(&bed.stats.drops[Drop::TcpStale as usize]), 2);
     }
 
-    /// One client address holds at most a quarter of `tcp_max_flows`: past it, its new
-    /// connections are reset while another address's are still taken.
+    /// The client's FIN is acknowledged once the leg has acknowledged it, not before; sent
+    /// again by the client, it goes again to the leg.
     #[test]
     fn the_clients_fin_is_acknowledged_once_its_leg_has_it_and_sent_again_if_lost() {
         let mut bed = Bed::new();
@@ -2745,6 +2747,49 @@ mod tests {
         );
     }
 
+    /// A server that does not take the client's window scale reads the client's windows
+    /// unscaled: they reach it shifted up by the client's scale (at most 65,535).
+    #[test]
+    fn a_server_without_window_scaling_gets_the_clients_window_unscaled() {
+        let mut bed = Bed::new();
+        let cookie = handshake(&mut bed);
+        let k0 = bed.key_on(0);
+        let get = format!("get {k0}\r\n");
+        // The client's window is 1,000 in units of 2^7.
+        bed.client_sends(1001, cookie.wrapping_add(1), flag::ACK, get.as_bytes());
+        let sent = bed.sent();
+        let syn = seg(&sent[0].1);
+        let (ip, mac) = server(0);
+        let ends = tcp::Ends {
+            src_mac: mac,
+            dst_mac: CLIENT_MAC,
+            src_ip: ip,
+            dst_ip: CLIENT.0,
+        };
+        let syn_ack = tcp::Repr {
+            mss: Some(1460),
+            wscale: None,
+            ..tcp::Repr::plain(
+                11211,
+                syn.src_port(),
+                50_000,
+                syn.seq().wrapping_add(1),
+                flag::SYN | flag::ACK,
+                500,
+            )
+        }
+        .frame(&ends, &[]);
+        assert_eq!(bed.process(1, syn_ack), Fate::Consumed);
+        let sent = bed.sent();
+        assert!(!sent.is_empty());
+        for (port, frame) in &sent {
+            assert_eq!(*port, 1);
+            assert_eq!(seg(frame).window(), u16::MAX, "1,000 << 7, at most 65,535");
+        }
+    }
+
+    /// One client address holds at most a quarter of `tcp_max_flows`: past it, its new
+    /// connections are reset while another address's are still taken.
     #[test]
     fn one_address_holds_a_share_of_the_flows_only() {
         // The bed's table holds 4 flows: one per address.
