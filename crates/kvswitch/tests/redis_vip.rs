@@ -353,11 +353,7 @@ fn history_through_the_vip_reads_nothing_stale_while_a_server_dies() {
 /// nothing.
 #[test]
 fn memtier_benchmark_over_redis_through_the_vip_and_the_proxy_where_installed() {
-    if !installed("memtier_benchmark") {
-        println!(
-            "skipped: memtier_benchmark is not installed (not a Debian package; build it from \
-             its source to run this test)"
-        );
+    if !memtier_installed() {
         return;
     }
     let live = redis_testbed("krv4", false, "");

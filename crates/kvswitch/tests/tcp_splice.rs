@@ -700,11 +700,7 @@ fn half_closes_resets_and_a_killed_server_wedge_nothing() {
 /// Debian package: without it the test says so and checks nothing.
 #[test]
 fn memtier_benchmark_through_the_splice_where_installed() {
-    if !installed("memtier_benchmark") {
-        println!(
-            "skipped: memtier_benchmark is not installed (not a Debian package; build it from \
-             its source to run this test)"
-        );
+    if !memtier_installed() {
         return;
     }
     let live = testbed("ktmt", "l3", false);

@@ -1244,36 +1244,6 @@ static __always_inline int leg_reply(struct xdp_md *ctx, struct fp_config *cfg, 
 	return send(ctx, in_port, out);
 }
 
-/* A TCP segment from a server to a leg port: a spliced leg's reply the program rewrites when
- * user space handed the leg over, else passed up for the switch to rewrite. */
-static __always_inline int splice_reply(struct xdp_md *ctx, struct fp_config *cfg, __u32 in_port)
-{
-	void *data = (void *)(long)ctx->data;
-	void *end = (void *)(long)ctx->data_end;
-	struct iphdr *ip = data + ETH_LEN;
-	struct tcphdr *tcp = (void *)(ip + 1);
-	if ((void *)(tcp + 1) > end)
-		return pass(FP_C_PASS_IP_HEADER);
-	struct fp_leg_key key = {
-		.src_ip = ip->saddr,
-		.dst_ip = ip->daddr,
-		.src_port = tcp->source,
-		.dst_port = tcp->dest,
-	};
-	__u32 *slot = bpf_map_lookup_elem(&fp_leg_slots, &key);
-	struct fp_leg *leg = slot ? bpf_map_lookup_elem(&fp_legs, slot) : 0;
-	if (!leg)
-		return pass(FP_C_PASS_TO_SWITCH);
-	/* Counted in and out, so that user space taking the leg back knows when no pass is
-	 * under way. The atomic adds order the reads and writes between them on x86, where they
-	 * are locked instructions; a leg's segments are taken on one receive queue, one at a
-	 * time (the switch's veths have one). */
-	__sync_fetch_and_add(&leg->busy, 1);
-	int verdict = leg_reply(ctx, cfg, in_port, leg);
-	__sync_fetch_and_add(&leg->done, 1);
-	return verdict;
-}
-
 /* A client's segment on a flow whose leg user space handed over with its requests: a `get` or
  * `gets` of one key of that leg's server, whole in the segment, or an acknowledgement that
  * moves the leg on; rewritten into the leg (addresses, ports, numbers, window, MACs) and sent
@@ -1388,23 +1358,42 @@ static __always_inline int leg_request(struct xdp_md *ctx, struct fp_config *cfg
 	return send(ctx, in_port, leg->in_port);
 }
 
-/* A TCP segment to the VIP's memcached port: a spliced client's, sent on to its leg when user
- * space handed the leg over with its requests, else passed up to the switch. */
-static __always_inline int splice_request(struct xdp_md *ctx, struct fp_config *cfg, __u32 in_port)
+/* A spliced connection's TCP segment, sent on by the program when user space handed it the
+ * leg, else passed up unchanged: from a server to a leg port (a reply, found in fp_leg_slots
+ * by its addresses and ports), or from a client to the VIP (`from_client`: found in
+ * fp_leg_clients by the client's address and port). */
+static __always_inline int spliced(struct xdp_md *ctx, struct fp_config *cfg, __u32 in_port,
+				   int from_client)
 {
 	void *data = (void *)(long)ctx->data;
 	void *end = (void *)(long)ctx->data_end;
 	struct iphdr *ip = data + ETH_LEN;
 	struct tcphdr *tcp = (void *)(ip + 1);
 	if ((void *)(tcp + 1) > end)
-		return pass(FP_C_PASS_TO_SWITCH);
-	__u64 client = (__u64)ip->saddr | (__u64)tcp->source << 32;
-	__u32 *slot = bpf_map_lookup_elem(&fp_leg_clients, &client);
+		return pass(from_client ? FP_C_PASS_TO_SWITCH : FP_C_PASS_IP_HEADER);
+	__u32 *slot;
+	if (from_client) {
+		__u64 client = (__u64)ip->saddr | (__u64)tcp->source << 32;
+		slot = bpf_map_lookup_elem(&fp_leg_clients, &client);
+	} else {
+		struct fp_leg_key key = {
+			.src_ip = ip->saddr,
+			.dst_ip = ip->daddr,
+			.src_port = tcp->source,
+			.dst_port = tcp->dest,
+		};
+		slot = bpf_map_lookup_elem(&fp_leg_slots, &key);
+	}
 	struct fp_leg *leg = slot ? bpf_map_lookup_elem(&fp_legs, slot) : 0;
 	if (!leg)
 		return pass(FP_C_PASS_TO_SWITCH);
+	/* Counted in and out, so that user space taking the leg back knows when no pass is
+	 * under way. The atomic adds order the reads and writes between them on x86, where they
+	 * are locked instructions; a leg's segments are taken on one receive queue, one at a
+	 * time (the switch's veths have one). */
 	__sync_fetch_and_add(&leg->busy, 1);
-	int verdict = leg_request(ctx, cfg, in_port, leg);
+	int verdict = from_client ? leg_request(ctx, cfg, in_port, leg)
+				  : leg_reply(ctx, cfg, in_port, leg);
 	__sync_fetch_and_add(&leg->done, 1);
 	return verdict;
 }
@@ -1455,7 +1444,7 @@ static __always_inline int decide(struct xdp_md *ctx, __u32 in_port)
 		if (is_udp && keyed_port(udp->dest))
 			return route_keyed(ctx, cfg, in_port);
 		if (ip->protocol == IPPROTO_TCP && cfg->tcp_splice && !cfg->cache_only)
-			return splice_request(ctx, cfg, in_port);
+			return spliced(ctx, cfg, in_port, 1);
 		return pass(FP_C_PASS_TO_SWITCH);
 	}
 	if (bpf_map_lookup_elem(&fp_own, &dst) || mac_eq(eth->h_dest, cfg->vip_mac))
@@ -1468,7 +1457,7 @@ static __always_inline int decide(struct xdp_md *ctx, __u32 in_port)
 		if (bpf_ntohs(udp->dest) >= cfg->tcp_splice &&
 		    (bpf_map_lookup_elem(&fp_server_ips, &ip->saddr) ||
 		     (!cfg->l3 && ip->saddr == cfg->vip)))
-			return splice_reply(ctx, cfg, in_port);
+			return spliced(ctx, cfg, in_port, 0);
 	}
 	/* With the cache on, the switch must see every server's reply (fills, writes' ends). */
 	if (cfg->cache_only)

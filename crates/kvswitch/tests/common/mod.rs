@@ -18,6 +18,19 @@ pub fn installed(program: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// Whether memtier_benchmark is on the PATH; when it is not, says that the calling test is
+/// skipped and why (it is not a Debian package).
+pub fn memtier_installed() -> bool {
+    let here = installed("memtier_benchmark");
+    if !here {
+        println!(
+            "skipped: memtier_benchmark is not installed (not a Debian package; build it from \
+             its source to run this test)"
+        );
+    }
+    here
+}
+
 pub fn require_root() {
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };

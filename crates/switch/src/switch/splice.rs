@@ -781,10 +781,7 @@ impl Switch {
                 flow.legs[i].handed = false;
                 if let Some(sent) = offload.take_back(leg_key(client, &flow.legs[i])) {
                     book_sent(&mut flow, i, &sent);
-                    let requests = u64::from(sent.requests);
-                    self.stats
-                        .tcp_requests
-                        .fetch_add(requests, std::sync::atomic::Ordering::Relaxed);
+                    stats::add(&self.stats.tcp_requests, u64::from(sent.requests));
                 }
             }
         }
@@ -2317,6 +2314,22 @@ mod tests {
             assert_eq!(self.process(3, frame), Fate::Consumed);
         }
 
+        /// Answers the SYN among `sent` to server `i`'s port with the server's SYN-ACK, its
+        /// initial sequence number `isn`: the leg's port and the switch's initial sequence
+        /// number on it.
+        fn accept_leg(&mut self, sent: &[(u16, Vec<u8>)], i: u8, isn: u32) -> (u16, u32) {
+            let syn = sent
+                .iter()
+                .map(|(p, f)| (*p, seg(f)))
+                .find(|(p, f)| *p == u16::from(i) + 1 && f.has(flag::SYN))
+                .unwrap_or_else(|| panic!("a SYN to server {i}: {sent:?}"))
+                .1;
+            let (port, leg_isn) = (syn.src_port(), syn.seq());
+            let ack = leg_isn.wrapping_add(1);
+            self.server_sends(i, port, isn, ack, flag::SYN | flag::ACK, b"");
+            (port, leg_isn)
+        }
+
         /// The frames emitted since the last call, as (port, segment's copy).
         fn sent(&mut self) -> Vec<(u16, Vec<u8>)> {
             self.emit
@@ -2480,20 +2493,7 @@ mod tests {
             second.as_bytes(),
         );
         let sent = bed.sent();
-        let syn = sent
-            .iter()
-            .find(|(p, f)| *p == 2 && seg(f).has(flag::SYN))
-            .expect("a SYN to server 1");
-        let leg1 = seg(&syn.1).seq();
-        let p1 = seg(&syn.1).src_port();
-        bed.server_sends(
-            1,
-            p1,
-            90_000,
-            leg1.wrapping_add(1),
-            flag::SYN | flag::ACK,
-            b"",
-        );
+        let (p1, leg1) = bed.accept_leg(&sent, 1, 90_000);
         let sent = bed.sent();
         let data = sent
             .iter()
@@ -2556,13 +2556,8 @@ mod tests {
         assert!(sent
             .iter()
             .all(|(p, f)| *p != 2 || seg(f).payload().is_empty()));
-        let syn1 = sent
-            .iter()
-            .find(|(p, f)| *p == 2 && seg(f).has(flag::SYN))
-            .expect("leg 1 opens early");
-        let leg1 = seg(&syn1.1).seq();
-        let p1 = seg(&syn1.1).src_port();
-        bed.server_sends(1, p1, 70, leg1.wrapping_add(1), flag::SYN | flag::ACK, b"");
+        // Leg 1 opens early.
+        bed.accept_leg(&sent, 1, 70);
         assert!(bed.sent().iter().all(|(_, f)| seg(f).payload().is_empty()));
         // Half of the first reply: still waiting.
         bed.server_sends(0, p0, 8, leg0.wrapping_add(1), flag::ACK, b"VALUE ");
@@ -2691,19 +2686,8 @@ mod tests {
         let k0 = bed.key_on(0);
         let get = format!("get {k0}\r\n");
         bed.client_sends(1001, cookie.wrapping_add(1), flag::ACK, get.as_bytes());
-        let syn = seg(&bed.sent()[0].1).seq();
-        let p0 = {
-            let sent = bed.sw.splice.as_ref().unwrap();
-            sent.flows.values().next().unwrap().legs[0].sport
-        };
-        bed.server_sends(
-            0,
-            p0,
-            50_000,
-            syn.wrapping_add(1),
-            flag::SYN | flag::ACK,
-            b"",
-        );
+        let sent = bed.sent();
+        let (p0, syn) = bed.accept_leg(&sent, 0, 50_000);
         let got = syn.wrapping_add(1 + get.len() as u32);
         bed.server_sends(0, p0, 50_001, got, flag::ACK, b"END\r\n");
         bed.sent();
@@ -2871,20 +2855,7 @@ mod tests {
             head.as_bytes(),
         );
         let sent = bed.sent();
-        let syn = sent
-            .iter()
-            .find(|(p, f)| *p == 1 && seg(f).has(flag::SYN))
-            .expect("a SYN to server 0");
-        let leg = seg(&syn.1).seq();
-        let port = seg(&syn.1).src_port();
-        bed.server_sends(
-            0,
-            port,
-            70_000,
-            leg.wrapping_add(1),
-            flag::SYN | flag::ACK,
-            b"",
-        );
+        let (port, leg) = bed.accept_leg(&sent, 0, 70_000);
         assert_eq!(payload_to(&bed.sent(), 1), head.as_bytes());
         // The rest of the value, its header split from it, then a GET of the other server's key
         // in the same segment: the value goes on to server 0, the GET waits for its reply.
@@ -2896,19 +2867,7 @@ mod tests {
         let sent = bed.sent();
         assert_eq!(payload_to(&sent, 1), b"456789\r\n");
         // Server 1's leg opens, but the GET waits for server 0's reply.
-        let syn = sent
-            .iter()
-            .find(|(p, f)| *p == 2 && seg(f).has(flag::SYN))
-            .expect("a SYN to server 1");
-        let (leg1, port1) = (seg(&syn.1).seq(), seg(&syn.1).src_port());
-        bed.server_sends(
-            1,
-            port1,
-            90_000,
-            leg1.wrapping_add(1),
-            flag::SYN | flag::ACK,
-            b"",
-        );
+        bed.accept_leg(&sent, 1, 90_000);
         assert_eq!(payload_to(&bed.sent(), 2), b"");
         // Server 0's `+OK`, in two pieces: the GET goes once it is whole.
         let acked = leg.wrapping_add(1 + head.len() as u32 + 8);
