@@ -371,6 +371,33 @@ fn xdp_passes_up_what_a_leg_handed_over_does_not_frame() {
     forged[6..12].copy_from_slice(&STRANGER.0);
     let run = pair.fp.test_run(&forged, SERVERS[1].port).unwrap();
     assert_eq!(run.verdict, xdp::Verdict::Pass, "another sender goes up");
+    // The server's own reply arriving on another port goes up too.
+    let right = from_server(&pair, sn, b"END\r\n");
+    let run = pair.fp.test_run(&right, CLIENT.port).unwrap();
+    assert_eq!(
+        run.verdict,
+        xdp::Verdict::Pass,
+        "a server's reply on another port"
+    );
+    // Hosts that lie in the client's name: its address and port, the next sequence number,
+    // a `get` of the leg's server, but another MAC, or the client's MAC on another port.
+    let get = format!("get {key}\r\n");
+    let mut lying = from_client(&pair, flag::ACK | flag::PSH, get.as_bytes());
+    lying[6..12].copy_from_slice(&STRANGER.0);
+    let run = pair.fp.test_run(&lying, CLIENT.port).unwrap();
+    assert_eq!(
+        run.verdict,
+        xdp::Verdict::Pass,
+        "another MAC in the client's name"
+    );
+    assert_eq!(run.frame, lying);
+    let elsewhere = from_client(&pair, flag::ACK | flag::PSH, get.as_bytes());
+    let run = pair.fp.test_run(&elsewhere, SERVERS[1].port).unwrap();
+    assert_eq!(
+        run.verdict,
+        xdp::Verdict::Pass,
+        "the client's MAC on another port"
+    );
     // The right reply is still sent on: nothing above moved the leg.
     sent_on(&mut pair, sn, b"END\r\n", "the miss after them");
 }
