@@ -75,6 +75,9 @@ pub struct Config {
     pub tcp: TcpPath,
     /// Most TCP connections the splice holds at once (`switch.tcp_max_flows`).
     pub tcp_max_flows: usize,
+    /// A spliced client silent this long is probed, and forgotten if it does not answer
+    /// (`switch.tcp_idle_s`).
+    pub tcp_idle: std::time::Duration,
     pub vip: Ipv4Addr,
     /// Length of the VIP's network, where the clients and servers are: the host's end of the
     /// local port gets the proxy's source address with this prefix.
@@ -306,6 +309,8 @@ struct RawSwitch {
     tcp: Option<String>,
     #[serde(default)]
     tcp_max_flows: Option<usize>,
+    #[serde(default)]
+    tcp_idle_s: Option<u64>,
     #[serde(default)]
     source_check: Option<bool>,
     #[serde(default)]
@@ -655,6 +660,16 @@ impl Config {
                 format!("{tcp_max_flows} is out of range; use 1 to 4194304"),
             ));
         }
+        let tcp_idle_s = raw
+            .switch
+            .tcp_idle_s
+            .unwrap_or(switch::spec::TcpSplice::DEFAULT_IDLE.as_secs());
+        if !(1..=604_800).contains(&tcp_idle_s) {
+            return Err(err(
+                "switch.tcp_idle_s",
+                format!("{tcp_idle_s} is out of range; use 1 to 604800 (a week)"),
+            ));
+        }
         let source = source_check(&raw.switch, &err)?;
         let udp_reply_bytes_per_sec = raw
             .switch
@@ -801,6 +816,7 @@ impl Config {
             proxy_workers,
             tcp,
             tcp_max_flows,
+            tcp_idle: std::time::Duration::from_secs(tcp_idle_s),
             vip,
             vip_prefix_len,
             vip_mac,
@@ -910,6 +926,7 @@ impl Config {
             cache: self.cache.enabled,
             tcp_splice: self.tcp_splice().then_some(spec::TcpSplice {
                 max_flows: self.tcp_max_flows,
+                idle: self.tcp_idle,
             }),
             keyed_ports: self.keyed_ports.clone(),
             redis: self.redis.is_some(),
@@ -1136,13 +1153,16 @@ local_port = "kvs-local"
 # false: run no proxy and leave the VIP's port on this host to another program.
 proxy = true
 proxy_workers = 1
-# TCP to the VIP's port: "splice" (the switch answers the handshake and carries a connection
-# whose requests stay on one server itself, handing it to the proxy at the first request that
-# does not) or "proxy" (every connection through the local port to the proxy). Splicing needs
-# the local port; without it TCP takes the proxy's path.
+# TCP to the VIP's port: "splice" (the switch answers the handshake and carries each request
+# to its key's server on a connection of its own in the client's name, and what it cannot
+# route to the proxy) or "proxy" (every connection through the local port to the proxy).
+# Splicing needs the local port; without it TCP takes the proxy's path.
 tcp = "splice"
 # Most connections spliced at once; a new one past them is reset.
 tcp_max_flows = 65536
+# Seconds a spliced client may stay silent before the switch sends it keepalive probes; one
+# that answers none of three is reset, and its connection forgotten.
+tcp_idle_s = 300
 # Replies over UDP (from the servers' memcached ports, and the switch's own answers) to one
 # client address: at most this many bytes a second, this many at once; further datagrams are
 # dropped (`reply_rate_limited`), so a forged source cannot aim the pool at a host. 0: no limit.
@@ -1297,6 +1317,10 @@ mod tests {
     fn tcp_is_spliced_by_default_and_falls_back_without_a_local_port() {
         let c = parse(EXAMPLE).unwrap();
         assert_eq!((c.tcp, c.tcp_max_flows), (TcpPath::Splice, 65_536));
+        assert_eq!(c.tcp_idle, std::time::Duration::from_secs(300));
+        let quick = parse(&EXAMPLE.replace("tcp_idle_s = 300", "tcp_idle_s = 2")).unwrap();
+        let idle = quick.switch_spec(5, 0).tcp_splice.map(|t| t.idle);
+        assert_eq!(idle, Some(std::time::Duration::from_secs(2)));
         assert_eq!(c.tcp_path(), (TcpPath::Splice, None));
         assert!(c.switch_spec(5, 0).tcp_splice.is_some());
         let proxy = parse(&EXAMPLE.replace("tcp = \"splice\"", "tcp = \"proxy\"")).unwrap();
@@ -1315,6 +1339,8 @@ mod tests {
                 "tcp_max_flows = 0",
                 "switch.tcp_max_flows",
             ),
+            ("tcp_idle_s = 300", "tcp_idle_s = 0", "switch.tcp_idle_s"),
+            ("tcp_idle_s = 300", "tcp_idle_s = 604801", "switch.tcp_idle_s"),
         ] {
             let e = parse(&EXAMPLE.replace(from, to)).unwrap_err().to_string();
             assert!(e.contains(key), "{e}");

@@ -178,3 +178,90 @@ fn tcp_on_the_xdp_path_survives_loss_at_every_host() {
     }
     live.down().expect("down");
 }
+
+/// A client that goes without a word (its host unplugged: here every segment to it is lost at
+/// its own interface) gives its spliced connection back: silent past `switch.tcp_idle_s`, it
+/// is sent keepalive probes, and once it has answered none the connection is reset on both
+/// sides and forgotten. A client that is silent but there answers the probes and keeps its
+/// connection.
+#[test]
+fn a_client_that_vanishes_gives_its_spliced_connection_back() {
+    use std::io::{Read, Write};
+    let live = testbed_with("ktfi", "l3", false, |o| {
+        o.switch_config = Some("tcp_idle_s = 1\n".into());
+    });
+    let target = vip(&live);
+    // One connection from each client (the first stores the key), each after a get left
+    // silent.
+    let open = |host: &str, set: bool| {
+        live.in_host(host, move || {
+            let mut s = std::net::TcpStream::connect_timeout(&target, Duration::from_secs(2))?;
+            s.set_read_timeout(Some(Duration::from_secs(3)))?;
+            if set {
+                s.write_all(b"set ktfi:k 0 0 4\r\nheld\r\n")?;
+                let mut stored = [0u8; 8];
+                s.read_exact(&mut stored)?;
+                assert_eq!(&stored, b"STORED\r\n");
+            }
+            get_on(&mut s)?;
+            std::io::Result::Ok(s)
+        })
+        .expect("namespace")
+        .expect("a get on a new connection")
+    };
+    fn get_on(s: &mut std::net::TcpStream) -> std::io::Result<()> {
+        s.write_all(b"get ktfi:k\r\n")?;
+        let mut out = Vec::new();
+        let mut buf = [0u8; 512];
+        while !ends_with_end(&out) {
+            match s.read(&mut buf)? {
+                0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                n => out.extend_from_slice(&buf[..n]),
+            }
+        }
+        assert_eq!(out, b"VALUE ktfi:k 0 4\r\nheld\r\nEND\r\n");
+        Ok(())
+    }
+    let gone = open("c1", true);
+    let mut there = open("c2", false);
+    assert_eq!(status(&live)["tcp"]["flows"].as_u64(), Some(2));
+    // c1 hears nothing more.
+    let deaf = live
+        .in_host("c1", || {
+            // SAFETY: a NUL-terminated name, read by the call only.
+            let ifindex = unsafe { libc::if_nametoindex(c"eth0".as_ptr()) };
+            assert!(ifindex > 0, "the host has an eth0");
+            xdp::Impair::attach(ifindex, 1000, 0x1d1e)
+        })
+        .expect("namespace")
+        .expect("the impairment attaches");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let tcp = loop {
+        let tcp = status(&live)["tcp"].clone();
+        if tcp["idle_resets"].as_u64() == Some(1) && tcp["flows"].as_u64() == Some(1) {
+            break tcp;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the silent client's connection is kept: {tcp}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let (_, lost) = deaf.counts();
+    assert!(lost >= 3, "the probes reached c1's interface: {lost} lost");
+    // Three probes to c1, and at least one to c2 that it answered.
+    assert!(tcp["keepalive_probes"].as_u64().unwrap_or(0) >= 4, "{tcp}");
+    assert!(metrics(&live).contains("kvswitch_tcp_idle_resets_total 1"));
+    // c2 kept its connection through its silence.
+    live.in_host("c2", move || get_on(&mut there))
+        .expect("namespace")
+        .expect("the connection that answered the probes still works");
+    // c1, back on the wire, finds its connection gone: a reset, not a reply.
+    drop(deaf);
+    let mut gone = gone;
+    let after = live
+        .in_host("c1", move || get_on(&mut gone))
+        .expect("namespace");
+    assert!(after.is_err(), "a forgotten connection answered: {after:?}");
+    live.down().expect("down");
+}

@@ -124,6 +124,23 @@ pub struct SwitchSpec {
 pub struct TcpSplice {
     /// Most connections spliced at once; a client past them is reset.
     pub max_flows: usize,
+    /// How long a connection may go without a segment from its client before the switch asks
+    /// whether the client is still there (keepalive probes); one that does not answer them
+    /// is reset on both sides and forgotten.
+    pub idle: std::time::Duration,
+}
+
+impl TcpSplice {
+    /// `max_flows` connections, probed after `DEFAULT_IDLE` without a client segment.
+    pub fn new(max_flows: usize) -> TcpSplice {
+        TcpSplice {
+            max_flows,
+            idle: TcpSplice::DEFAULT_IDLE,
+        }
+    }
+
+    /// The default of `idle` (`switch.tcp_idle_s`): five minutes.
+    pub const DEFAULT_IDLE: std::time::Duration = std::time::Duration::from_secs(300);
 }
 
 impl SwitchSpec {

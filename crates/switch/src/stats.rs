@@ -425,6 +425,10 @@ pub struct Stats {
     pub tcp_legs: AtomicU64,
     pub tcp_requests: AtomicU64,
     pub tcp_flows: AtomicU64,
+    /// Keepalive probes sent to clients silent for `switch.tcp_idle_s`, and their connections
+    /// reset because they answered none.
+    pub tcp_keepalive_probes: AtomicU64,
+    pub tcp_idle_resets: AtomicU64,
 }
 
 impl Stats {
@@ -460,6 +464,8 @@ impl Stats {
             tcp_legs: AtomicU64::new(0),
             tcp_requests: AtomicU64::new(0),
             tcp_flows: AtomicU64::new(0),
+            tcp_keepalive_probes: AtomicU64::new(0),
+            tcp_idle_resets: AtomicU64::new(0),
         }
     }
 

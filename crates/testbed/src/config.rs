@@ -7,15 +7,16 @@ use std::fmt::Write;
 
 use crate::state::State;
 
-/// The kvswitch daemon config, with `vip` added verbatim to its `[vip]` table and `pool` to its
-/// `[pool]` table (before the servers, which TOML would otherwise take it to belong to),
-/// `datapath` as `switch.datapath`, and `extra` appended verbatim.
+/// The kvswitch daemon config, with `vip` added verbatim to its `[vip]` table, `pool` to its
+/// `[pool]` table (before the servers, which TOML would otherwise take it to belong to) and
+/// `switch` to its `[switch]` table, `datapath` as `switch.datapath`, and `extra` appended
+/// verbatim.
 pub fn kvswitch_config(
     state: &State,
     vip: Option<&str>,
     pool: Option<&str>,
     datapath: Option<&str>,
-    tcp: Option<&str>,
+    switch: Option<&str>,
     extra: Option<&str>,
 ) -> String {
     let mut out = String::new();
@@ -43,8 +44,11 @@ pub fn kvswitch_config(
     if let Some(datapath) = datapath {
         let _ = writeln!(out, "datapath = {datapath:?}");
     }
-    if let Some(tcp) = tcp {
-        let _ = writeln!(out, "tcp = {tcp:?}");
+    if let Some(switch) = switch {
+        out.push_str(switch);
+        if !switch.ends_with('\n') {
+            out.push('\n');
+        }
     }
     match (&state.local_port, &state.local_peer) {
         (Some(port), Some(peer)) => {

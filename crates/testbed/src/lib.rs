@@ -87,6 +87,9 @@ pub struct UpOptions {
     /// Lines added verbatim to the generated kvswitch config's `[pool]` table, such as its
     /// failure handling (`auto_eject_hosts`, `server_failure_limit`, ...).
     pub pool_config: Option<String>,
+    /// Lines added verbatim to the generated kvswitch config's `[switch]` table, such as its
+    /// `tcp_idle_s`.
+    pub switch_config: Option<String>,
     /// Appended verbatim to the generated kvswitch config.
     pub extra_config: Option<String>,
     /// kvswitch's `switch.datapath` (`"xdp"`, `"af_xdp"` or `"af_packet"`); None leaves it
@@ -139,6 +142,7 @@ impl Default for UpOptions {
             start_nutcracker: true,
             vip_config: None,
             pool_config: None,
+            switch_config: None,
             extra_config: None,
             datapath: None,
             tcp: None,

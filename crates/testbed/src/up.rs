@@ -359,12 +359,18 @@ fn build(state: &mut State, topo: &Topology, opts: &UpOptions) -> anyhow::Result
     // the caller gave is not changed).
     let mut attempts = 0;
     loop {
+        let switch: String = opts
+            .tcp
+            .iter()
+            .map(|tcp| format!("tcp = {tcp:?}\n"))
+            .chain(opts.switch_config.clone())
+            .collect();
         let text = config::kvswitch_config(
             state,
             opts.vip_config.as_deref(),
             opts.pool_config.as_deref(),
             opts.datapath.as_deref(),
-            opts.tcp.as_deref(),
+            Some(&switch).filter(|s| !s.is_empty()).map(String::as_str),
             opts.extra_config.as_deref(),
         );
         write_file(state, &state.config_path.clone(), &text)?;
@@ -622,11 +628,12 @@ mod tests {
             Some("keyed_ports = [5300]"),
             Some("auto_eject_hosts = true"),
             Some("af_packet"),
-            Some("proxy"),
+            Some("tcp = \"proxy\"\ntcp_idle_s = 5"),
             Some("[extra]\nx = 1"),
         );
         let parsed: toml::Value = toml::from_str(&conf).unwrap();
         assert_eq!(parsed["switch"]["tcp"].as_str(), Some("proxy"));
+        assert_eq!(parsed["switch"]["tcp_idle_s"].as_integer(), Some(5));
         assert_eq!(parsed["vip"]["keyed_ports"][0].as_integer(), Some(5300));
         assert_eq!(parsed["switch"]["ports"].as_array().unwrap().len(), 5);
         assert_eq!(

@@ -301,7 +301,7 @@ pub fn metrics(shared: &Shared, m: &mut Exposition) {
     for (path, n) in tcp_paths(s) {
         m.sample("kvswitch_tcp_connections_total", &[("path", path)], n);
     }
-    let singles: [(&str, &str, u64); 18] = [
+    let singles: [(&str, &str, u64); 20] = [
         (
             "kvswitch_tcp_legs_total",
             "Connections to a server a spliced connection opened after its first.",
@@ -321,6 +321,16 @@ pub fn metrics(shared: &Shared, m: &mut Exposition) {
             "kvswitch_tcp_requests_total",
             "Requests the TCP splice sent to a server itself.",
             get(&s.tcp_requests),
+        ),
+        (
+            "kvswitch_tcp_keepalive_probes_total",
+            "Keepalive probes sent to spliced clients silent for switch.tcp_idle_s.",
+            get(&s.tcp_keepalive_probes),
+        ),
+        (
+            "kvswitch_tcp_idle_resets_total",
+            "Spliced connections reset because their client answered no keepalive probe.",
+            get(&s.tcp_idle_resets),
         ),
         (
             "kvswitch_kv_requests_total",
@@ -537,6 +547,8 @@ pub fn status(shared: &Shared) -> serde_json::Value {
             "syn_cookies": get(&s.tcp_syn_cookies),
             "requests": get(&s.tcp_requests),
             "legs": get(&s.tcp_legs),
+            "keepalive_probes": get(&s.tcp_keepalive_probes),
+            "idle_resets": get(&s.tcp_idle_resets),
         },
         "mac_table": snap.mac_table,
         "splits_in_flight": snap.splits_in_flight,

@@ -362,7 +362,7 @@ impl Switch {
             splice: spec
                 .tcp_splice
                 .filter(|_| local.is_some())
-                .map(|t| splice::Splice::new(spec.seed, t.max_flows, speaks)),
+                .map(|t| splice::Splice::new(spec.seed, t, speaks)),
             spec,
         };
         sw.operator.tables.insert(sw.tables.acl);

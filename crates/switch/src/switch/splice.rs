@@ -59,6 +59,10 @@ const SYN_RETRY: Duration = Duration::from_millis(200);
 const PER_ADDRESS_SHARE: usize = 4;
 /// How often flows are aged while there are any: a fraction of [`SYN_RETRY`].
 const AGE_EVERY: Duration = Duration::from_millis(100);
+/// Keepalive probes a silent client is sent before its connection is reset and forgotten.
+const PROBES: u8 = 3;
+/// The longest wait between two keepalive probes; a quarter of the idle time when shorter.
+const PROBE_EVERY_MAX: Duration = Duration::from_secs(30);
 /// Legs one flow may have: one per server and the host's.
 const MAX_LEGS: usize = 64;
 /// The ports legs are opened from, with the client's address: outside Linux's ephemeral range,
@@ -393,7 +397,12 @@ struct Flow {
     /// The window the client was last told, and the acknowledgement.
     window: u16,
     last_ack: u32,
+    /// The last segment from the client, or the last time the fast path had carried some
+    /// of its connection when the flow was taken back.
     seen: Instant,
+    /// Keepalive probes sent since `seen`, and when the last went.
+    probes: u8,
+    probed: Instant,
     closed: Option<Instant>,
     /// Bit 1: the client's FIN went to the legs; bit 2: a FIN went to the client.
     fins: u8,
@@ -469,6 +478,8 @@ pub(crate) struct Splice {
     /// Where the search for a free leg port starts.
     next_port: u16,
     max_flows: usize,
+    /// A client silent this long is probed (`TcpSplice::idle`).
+    idle: Duration,
     /// The flows of each client address: one address may hold a share of them only.
     per_address: HashMap<Ipv4Addr, usize>,
     /// When the flows were last aged (and their waits moved on).
@@ -479,7 +490,7 @@ pub(crate) struct Splice {
 }
 
 impl Splice {
-    pub(crate) fn new(seed: u64, max_flows: usize, speaks: Speaks) -> Splice {
+    pub(crate) fn new(seed: u64, settings: crate::spec::TcpSplice, speaks: Speaks) -> Splice {
         let mut s = seed ^ 0x7463_705f_636f_6f6b;
         let key = (splitmix64(&mut s), splitmix64(&mut s));
         // Where the first leg port lies depends on the seed: a switch started again does not
@@ -490,7 +501,8 @@ impl Splice {
             flows: HashMap::new(),
             legs: HashMap::new(),
             next_port: FIRST_LEG_PORT + (splitmix64(&mut s) % span) as u16,
-            max_flows,
+            max_flows: settings.max_flows,
+            idle: settings.idle,
             per_address: HashMap::new(),
             aged: None,
             speaks,
@@ -640,7 +652,6 @@ impl Switch {
         }
         self.spliced_sender = !from_local;
         if let Some(mut flow) = self.flow_take(client) {
-            flow.seen = now;
             self.leg_segment(client, &mut flow, leg, &seg, now, emit);
             self.splice_put(client, flow);
         }
@@ -735,6 +746,8 @@ impl Switch {
                     window: u16::MAX,
                     last_ack: isn.wrapping_add(1),
                     seen: now,
+                    probes: 0,
+                    probed: now,
                     closed: None,
                     fins: 0,
                 },
@@ -751,6 +764,7 @@ impl Switch {
             return;
         }
         flow.seen = now;
+        flow.probes = 0;
         self.spliced_sender = true;
         self.client_segment(client, &mut flow, seg, now, emit);
         self.splice_put(client, flow);
@@ -771,6 +785,7 @@ impl Switch {
     /// Takes `client`'s flow out of the table to work on it, its legs taken back from the
     /// fast path and what it sent on them booked.
     fn flow_take(&mut self, client: (Ipv4Addr, u16)) -> Option<Flow> {
+        let now = self.now.unwrap_or(Instant::ZERO);
         let splice = self.splice.as_mut()?;
         let mut flow = splice.flows.remove(&client)?;
         if let Some(offload) = splice.offload.as_mut() {
@@ -780,7 +795,13 @@ impl Switch {
                 }
                 flow.legs[i].handed = false;
                 if let Some(sent) = offload.take_back(leg_key(client, &flow.legs[i])) {
+                    let before = (flow.edge, flow.client_acked);
                     book_sent(&mut flow, i, &sent);
+                    if (flow.edge, flow.client_acked) != before {
+                        // The client's requests or acknowledgements went by the fast path.
+                        flow.seen = now;
+                        flow.probes = 0;
+                    }
                     stats::add(&self.stats.tcp_requests, u64::from(sent.requests));
                 }
             }
@@ -1890,7 +1911,53 @@ impl Switch {
                 self.splice_put(client, flow);
             }
         }
+        self.probe_silent(now, emit);
         self.count_flows();
+    }
+
+    /// Asks clients silent for the idle time whether they are still there: a keepalive probe
+    /// (an acknowledgement of a byte they had already, which their stack answers), again
+    /// every quarter of the idle time (at most [`PROBE_EVERY_MAX`]); after [`PROBES`]
+    /// unanswered, the connection is reset towards the client and every leg, and forgotten
+    /// after its linger. A client that went without a word (its host gone, or one that
+    /// holds connections open to fill the table) so gives its flow back.
+    fn probe_silent(&mut self, now: Instant, emit: &mut Vec<Emit>) {
+        let Some(splice) = self.splice.as_ref() else {
+            return;
+        };
+        let idle = splice.idle;
+        let every = (idle / 4).clamp(AGE_EVERY, PROBE_EVERY_MAX);
+        let due = |f: &Flow| {
+            f.closed.is_none()
+                && !f.legs.is_empty()
+                && now.saturating_duration_since(f.seen) >= idle
+                && (f.probes == 0 || now.saturating_duration_since(f.probed) >= every)
+        };
+        let silent: Vec<(Ipv4Addr, u16)> = splice
+            .flows
+            .iter()
+            .filter(|(_, f)| due(f))
+            .map(|(c, _)| *c)
+            .collect();
+        for client in silent {
+            // Taking it back books what the fast path carried, which may show the client.
+            let Some(mut flow) = self.flow_take(client) else {
+                continue;
+            };
+            if due(&flow) {
+                if flow.probes >= PROBES {
+                    stats::inc(&self.stats.tcp_idle_resets);
+                    self.end_flow(client, &mut flow, now, emit, true);
+                } else {
+                    let (seq, ack) = (flow.sent.wrapping_sub(1), flow.last_ack);
+                    self.client_send(client, &mut flow, seq, ack, &[], flag::ACK, emit);
+                    stats::inc(&self.stats.tcp_keepalive_probes);
+                    flow.probes += 1;
+                    flow.probed = now;
+                }
+            }
+            self.splice_put(client, flow);
+        }
     }
 
     fn count_flows(&self) {
@@ -1974,7 +2041,9 @@ fn hand_over(
         || !flow.held.is_empty()
         || flow.held_fin
         || flow.fins != 0
+        || flow.probes != 0
     {
+        // (A probed client's answer must reach the switch, not the fast path.)
         return None;
     }
     let i = flow.active?;
@@ -2221,7 +2290,7 @@ mod tests {
                 addrs: vec![VIP],
                 source: VIP,
             });
-            spec.tcp_splice = Some(TcpSplice { max_flows: 4 });
+            spec.tcp_splice = Some(TcpSplice::new(4));
             spec.seed = 7;
             spec.redis = redis;
             let pool = spec.pool_spec(kv::Distribution::Ketama, kv::HashFn::Md5);
@@ -2729,6 +2798,87 @@ mod tests {
                 .any(|(p, f)| *p == 0 && seg(f).ack() == fin_at.wrapping_add(1)),
             "{sent:?}"
         );
+    }
+
+    /// A client silent for the idle time is sent keepalive probes; one that answers keeps its
+    /// connection, one that answers none of them has it reset on both sides and forgotten,
+    /// and a server's segments meanwhile do not count as the client's.
+    #[test]
+    fn a_silent_client_is_probed_and_its_connection_forgotten_when_it_never_answers() {
+        let mut bed = Bed::new();
+        let idle = TcpSplice::DEFAULT_IDLE;
+        let every = idle / 4;
+        let cookie = handshake(&mut bed);
+        let k0 = bed.key_on(0);
+        let get = format!("get {k0}\r\n");
+        bed.client_sends(1001, cookie.wrapping_add(1), flag::ACK, get.as_bytes());
+        let sent = bed.sent();
+        let (p0, syn) = bed.accept_leg(&sent, 0, 50_000);
+        let got = syn.wrapping_add(1 + get.len() as u32);
+        bed.server_sends(0, p0, 50_001, got, flag::ACK, b"END\r\n");
+        bed.sent();
+        let at = 1001 + get.len() as u32;
+        bed.client_sends(at, cookie.wrapping_add(6), flag::ACK, b"");
+        bed.sent();
+        let tick = |bed: &mut Bed, by: Duration| {
+            bed.now += by;
+            let now = bed.now;
+            bed.sw.tick(now, &mut bed.emit);
+            bed.sent()
+        };
+        let probe_of = |sent: &[(u16, Vec<u8>)]| {
+            sent.iter()
+                .filter(|(p, _)| *p == 0)
+                .map(|(_, f)| seg(f))
+                .find(|s| s.flags() == flag::ACK && s.payload().is_empty())
+                .map(|s| (s.seq(), s.ack()))
+        };
+
+        // Not yet silent for long enough: nothing.
+        assert_eq!(
+            probe_of(&tick(&mut bed, idle - Duration::from_secs(1))),
+            None
+        );
+        // A probe: an acknowledgement of the last byte the client has.
+        let sent = tick(&mut bed, Duration::from_secs(1));
+        assert_eq!(
+            probe_of(&sent),
+            Some((cookie.wrapping_add(5), at)),
+            "{sent:?}"
+        );
+        assert_eq!(stats::get(&bed.stats.tcp_keepalive_probes), 1);
+        // The client's stack answers: no more probes until it is silent again.
+        bed.client_sends(at, cookie.wrapping_add(6), flag::ACK, b"");
+        bed.sent();
+        assert_eq!(probe_of(&tick(&mut bed, every)), None);
+
+        // Now it never answers. A server's retransmission is not the client's word.
+        let sent = tick(&mut bed, idle - every);
+        assert!(probe_of(&sent).is_some(), "{sent:?}");
+        bed.server_sends(0, p0, 50_001, got, flag::ACK, b"END\r\n");
+        bed.sent();
+        for n in 2..=PROBES {
+            let sent = tick(&mut bed, every);
+            assert!(probe_of(&sent).is_some(), "probe {n}: {sent:?}");
+        }
+        assert_eq!(
+            stats::get(&bed.stats.tcp_keepalive_probes),
+            1 + u64::from(PROBES)
+        );
+        // After the last probe's wait the connection is reset towards the client and the leg.
+        let sent = tick(&mut bed, every);
+        assert!(
+            sent.iter().any(|(p, f)| *p == 0 && seg(f).has(flag::RST)),
+            "{sent:?}"
+        );
+        assert!(
+            sent.iter()
+                .any(|(p, f)| *p == 1 && seg(f).has(flag::RST) && seg(f).src_port() == p0),
+            "{sent:?}"
+        );
+        assert_eq!(stats::get(&bed.stats.tcp_idle_resets), 1);
+        tick(&mut bed, LINGER + Duration::from_secs(1));
+        assert_eq!(bed.flows(), 0, "the flow is forgotten after its linger");
     }
 
     /// A server that does not take the client's window scale reads the client's windows
