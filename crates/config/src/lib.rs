@@ -1340,7 +1340,11 @@ mod tests {
                 "switch.tcp_max_flows",
             ),
             ("tcp_idle_s = 300", "tcp_idle_s = 0", "switch.tcp_idle_s"),
-            ("tcp_idle_s = 300", "tcp_idle_s = 604801", "switch.tcp_idle_s"),
+            (
+                "tcp_idle_s = 300",
+                "tcp_idle_s = 604801",
+                "switch.tcp_idle_s",
+            ),
         ] {
             let e = parse(&EXAMPLE.replace(from, to)).unwrap_err().to_string();
             assert!(e.contains(key), "{e}");

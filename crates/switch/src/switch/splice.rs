@@ -2441,6 +2441,22 @@ mod tests {
         Segment::parse(frame).unwrap()
     }
 
+    /// A flow whose first request, a `get` of a key on server 0, is answered `END` on a new
+    /// leg: the client's cookie, the leg's port, the leg's next sequence number and the
+    /// client's.
+    fn one_get_answered(bed: &mut Bed) -> (u32, u16, u32, u32) {
+        let cookie = handshake(bed);
+        let k0 = bed.key_on(0);
+        let get = format!("get {k0}\r\n");
+        bed.client_sends(1001, cookie.wrapping_add(1), flag::ACK, get.as_bytes());
+        let sent = bed.sent();
+        let (p0, syn) = bed.accept_leg(&sent, 0, 50_000);
+        let got = syn.wrapping_add(1 + get.len() as u32);
+        bed.server_sends(0, p0, 50_001, got, flag::ACK, b"END\r\n");
+        bed.sent();
+        (cookie, p0, got, 1001 + get.len() as u32)
+    }
+
     /// The handshake with the client: its cookie.
     fn handshake(bed: &mut Bed) -> u32 {
         bed.client_sends(1000, 0, flag::SYN, b"");
@@ -2751,17 +2767,8 @@ mod tests {
     #[test]
     fn the_clients_fin_is_acknowledged_once_its_leg_has_it_and_sent_again_if_lost() {
         let mut bed = Bed::new();
-        let cookie = handshake(&mut bed);
-        let k0 = bed.key_on(0);
-        let get = format!("get {k0}\r\n");
-        bed.client_sends(1001, cookie.wrapping_add(1), flag::ACK, get.as_bytes());
-        let sent = bed.sent();
-        let (p0, syn) = bed.accept_leg(&sent, 0, 50_000);
-        let got = syn.wrapping_add(1 + get.len() as u32);
-        bed.server_sends(0, p0, 50_001, got, flag::ACK, b"END\r\n");
-        bed.sent();
+        let (cookie, p0, got, fin_at) = one_get_answered(&mut bed);
         // The client has its reply and closes.
-        let fin_at = 1001 + get.len() as u32;
         let their = cookie.wrapping_add(1 + 5);
         bed.client_sends(fin_at, their, flag::ACK | flag::FIN, b"");
         let sent = bed.sent();
@@ -2808,16 +2815,7 @@ mod tests {
         let mut bed = Bed::new();
         let idle = TcpSplice::DEFAULT_IDLE;
         let every = idle / 4;
-        let cookie = handshake(&mut bed);
-        let k0 = bed.key_on(0);
-        let get = format!("get {k0}\r\n");
-        bed.client_sends(1001, cookie.wrapping_add(1), flag::ACK, get.as_bytes());
-        let sent = bed.sent();
-        let (p0, syn) = bed.accept_leg(&sent, 0, 50_000);
-        let got = syn.wrapping_add(1 + get.len() as u32);
-        bed.server_sends(0, p0, 50_001, got, flag::ACK, b"END\r\n");
-        bed.sent();
-        let at = 1001 + get.len() as u32;
+        let (cookie, p0, got, at) = one_get_answered(&mut bed);
         bed.client_sends(at, cookie.wrapping_add(6), flag::ACK, b"");
         bed.sent();
         let tick = |bed: &mut Bed, by: Duration| {
