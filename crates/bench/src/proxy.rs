@@ -62,9 +62,11 @@ pub struct ProxyBenchArgs {
     #[arg(long, default_value_t = 100,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub value_size: u32,
-    /// Worker threads of kvswitch proxy (default: its own default, one per core).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
-    pub workers: Option<u32>,
+    /// Worker threads of kvswitch proxy. One by default, as nutcracker is one thread: the
+    /// servers and the clients share the machine's cores with the proxies, and a second
+    /// worker takes them from the clients and halves each worker's batches to the servers.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub workers: u32,
     /// Also write every run's figures, the medians and the targets as JSON here.
     #[arg(long, value_name = "PATH")]
     pub json: Option<PathBuf>,
@@ -384,9 +386,7 @@ pub fn run(args: &ProxyBenchArgs) -> anyhow::Result<()> {
             args.duration
         );
     }
-    let workers = args
-        .workers
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()) as u32);
+    let workers = args.workers;
     eprintln!(
         "starting 3 memcached, nutcracker and kvswitch proxy ({workers} workers) on loopback..."
     );
