@@ -348,6 +348,9 @@ impl<D: Datapath> Driver<D> {
             }
             let wall = std::time::Instant::now();
             let now = kvio::clock::at(wall);
+            if let Some(inbox) = inbox.filter(|_| ready.contains(&self.ports.len())) {
+                inbox.settle();
+            }
             for &i in &ready {
                 // Only frames count as work: a port that cannot tell answers `rx_ready` with
                 // `true` even when idle.

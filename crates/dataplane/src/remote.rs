@@ -5,6 +5,7 @@
 //! between batches of frames, and goes on forwarding. A caller never blocks the loop: a full
 //! queue refuses the job at once, and the job itself says how its answer gets back.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 
@@ -34,6 +35,7 @@ pub enum RemoteError {
 pub struct Remote<D> {
     tx: SyncSender<Job<D>>,
     waker: Arc<Waker>,
+    queued: Arc<AtomicUsize>,
 }
 
 impl<D> Clone for Remote<D> {
@@ -41,6 +43,7 @@ impl<D> Clone for Remote<D> {
         Remote {
             tx: self.tx.clone(),
             waker: self.waker.clone(),
+            queued: self.queued.clone(),
         }
     }
 }
@@ -49,32 +52,43 @@ impl<D> Clone for Remote<D> {
 pub struct Inbox<D> {
     rx: Receiver<Job<D>>,
     waker: Arc<Waker>,
+    /// Jobs submitted and not yet run (counted before they are queued, so never fewer than
+    /// the queue holds): a loop that busy-polls looks here, not at the eventfd, each round.
+    queued: Arc<AtomicUsize>,
 }
 
 /// A connected pair. Fails only if an eventfd cannot be created.
 pub fn remote<D>() -> std::io::Result<(Remote<D>, Inbox<D>)> {
     let (tx, rx) = mpsc::sync_channel(QUEUE);
     let waker = Arc::new(Waker::new()?);
+    let queued = Arc::new(AtomicUsize::new(0));
     Ok((
         Remote {
             tx,
             waker: waker.clone(),
+            queued: queued.clone(),
         },
-        Inbox { rx, waker },
+        Inbox { rx, waker, queued },
     ))
 }
 
 impl<D> Remote<D> {
     /// Queues `job` and wakes the loop.
     pub fn submit(&self, job: Job<D>) -> Result<(), RemoteError> {
+        self.queued.fetch_add(1, Ordering::AcqRel);
         match self.tx.try_send(job) {
             Ok(()) => {
                 // A failed wake only delays the job to the loop's next timeout.
                 let _ = self.waker.wake();
                 Ok(())
             }
-            Err(TrySendError::Full(_)) => Err(RemoteError::Busy),
-            Err(TrySendError::Disconnected(_)) => Err(RemoteError::Stopped),
+            Err(e) => {
+                self.queued.fetch_sub(1, Ordering::AcqRel);
+                match e {
+                    TrySendError::Full(_) => Err(RemoteError::Busy),
+                    TrySendError::Disconnected(_) => Err(RemoteError::Stopped),
+                }
+            }
         }
     }
 }
@@ -86,7 +100,11 @@ impl<D> Inbox<D> {
 
     /// Runs up to `max` waiting jobs; returns how many ran. Leaves the waker set while jobs
     /// remain, so the loop comes back for them without sleeping.
+    /// With nothing queued it returns at once, with no system call.
     pub fn run(&self, app: &mut D, now: Instant, emit: &mut Vec<Emit>, max: usize) -> usize {
+        if self.queued.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
         let _ = self.waker.reset();
         let mut ran = 0;
         while ran < max {
@@ -95,11 +113,20 @@ impl<D> Inbox<D> {
                     job(app, now, emit);
                     ran += 1;
                 }
-                Err(_) => return ran,
+                Err(_) => break,
             }
         }
-        let _ = self.waker.wake();
+        // Jobs left, or one counted that is not in the queue yet: come back without sleeping.
+        if self.queued.fetch_sub(ran, Ordering::AcqRel) > ran {
+            let _ = self.waker.wake();
+        }
         ran
+    }
+
+    /// Makes the eventfd stop polling readable: for a loop that woke on it. A wake whose job
+    /// an earlier round already ran would otherwise keep it from sleeping.
+    pub(crate) fn settle(&self) {
+        let _ = self.waker.reset();
     }
 }
 
@@ -120,6 +147,14 @@ mod tests {
         assert_eq!(inbox.run(&mut app, Instant::ZERO, &mut emit, 4), 4);
         assert_eq!(inbox.run(&mut app, Instant::ZERO, &mut emit, 4), 2);
         assert_eq!(app, [0, 1, 2, 3, 4, 5]);
+        assert_eq!(inbox.queued.load(Ordering::Acquire), 0);
+        assert_eq!(inbox.run(&mut app, Instant::ZERO, &mut emit, 4), 0);
+        // A job queued after the count was read is run next round.
+        remote
+            .submit(Box::new(|v: &mut Vec<u32>, _, _| v.push(6)))
+            .unwrap();
+        assert_eq!(inbox.run(&mut app, Instant::ZERO, &mut emit, 4), 1);
+        assert_eq!(app.last(), Some(&6));
     }
 
     #[test]
@@ -132,6 +167,8 @@ mod tests {
             remote.submit(Box::new(|_, _, _| {})),
             Err(RemoteError::Busy)
         );
+        // A refused job is not counted.
+        assert_eq!(inbox.queued.load(Ordering::Acquire), QUEUE);
         drop(inbox);
         assert_eq!(
             remote.submit(Box::new(|_, _, _| {})),

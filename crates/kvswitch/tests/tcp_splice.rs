@@ -130,13 +130,28 @@ fn until_replies_in_xdp(live: &testbed::Live, s: &mut TcpStream, key: &str, want
     }
 }
 
-/// Waits until the XDP program's count of spliced replies reaches `n`.
-fn wait_for_tcp_replies_in_xdp(live: &testbed::Live, n: u64) {
+/// The XDP program's count `what` once it has stopped moving: it reaches the status API at
+/// the program's syncs with the switch, a while after the segments it counts.
+fn settled_in_xdp(live: &testbed::Live, what: &str) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(20);
-    while tcp_replies_in_xdp(live) < n {
+    let mut last = in_xdp(live, what);
+    loop {
+        std::thread::sleep(Duration::from_millis(600));
+        let now = in_xdp(live, what);
+        if now == last || Instant::now() > deadline {
+            return now;
+        }
+        last = now;
+    }
+}
+
+/// Waits until the XDP program's count of spliced segments `what` reaches `n`.
+fn wait_for_in_xdp(live: &testbed::Live, what: &str, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while in_xdp(live, what) < n {
         assert!(
             Instant::now() < deadline,
-            "fewer than {n} spliced replies rewritten in XDP: {}",
+            "fewer than {n} spliced {what} sent on in XDP: {}",
             status(live)["datapath"]
         );
         std::thread::sleep(Duration::from_millis(100));
@@ -167,7 +182,7 @@ fn splice_then_hand_over(prefix: &str, mode: &str) {
     call(&mut s, &set(a, &big), b"STORED\r\n");
     let before = tcp_replies_in_xdp(&live);
     call(&mut s, format!("get {a}\r\n").as_bytes(), &hit(a, &big));
-    wait_for_tcp_replies_in_xdp(&live, before + 100);
+    wait_for_in_xdp(&live, "tcp_replies", before + 100);
     let t = tcp(&live);
     assert_eq!(count(&live, "spliced"), 1, "{t}");
     assert_eq!(count(&live, "handed_over"), 0, "{t}");
@@ -180,16 +195,25 @@ fn splice_then_hand_over(prefix: &str, mode: &str) {
 
     // Then requests for b's server too: the connection gets a leg to it, and the replies
     // of both come back in order, nothing lost, with no proxy in the way.
+    // (A small value of a's from here, so that the client's acknowledgements of a large
+    // reply do not fill the program's count of what it sent on.)
     let vb = value(b, 0, 5000);
     call(&mut s, &set(b, &vb), b"STORED\r\n");
+    let small = value(a, 500, 60);
+    call(&mut s, &set(a, &small), b"STORED\r\n");
+    let requests = settled_in_xdp(&live, "tcp_requests");
     for i in 0..20 {
-        call(&mut s, format!("get {a}\r\n").as_bytes(), &hit(a, &big));
+        call(&mut s, format!("get {a}\r\n").as_bytes(), &hit(a, &small));
         let v = value(b, i + 1, 100 + i);
         call(&mut s, &set(b, &v), b"STORED\r\n");
         call(&mut s, format!("get {b}\r\n").as_bytes(), &hit(b, &v));
     }
     assert_eq!(count(&live, "handed_over"), 0, "{}", tcp(&live));
     assert_eq!(tcp(&live)["legs"], 1, "{}", tcp(&live));
+    // Each get of b after its set went on in the program: the switch moved the client's side
+    // from the connection's first leg to b's (a store into the first leg's slot, which the
+    // program finds the client by).
+    wait_for_in_xdp(&live, "tcp_requests", requests + 15);
 
     // Pipelined on a fresh connection: requests for both servers in one write, and a
     // multi-key get, which the proxy answers on a leg of its own.

@@ -180,7 +180,8 @@ struct {
 } fp_leg_slots SEC(".maps");
 
 /* Spliced connections by their client's address and port (network order, as struct
- * fp_leg_key's source half): the slot of the leg user space handed over last. */
+ * fp_leg_key's source half): the client's home slot, whose client_slot names the slot of the
+ * leg that holds the client's side. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, FP_MAX_LEGS);
@@ -1372,9 +1373,16 @@ static __always_inline int spliced(struct xdp_md *ctx, struct fp_config *cfg, __
 	if ((void *)(tcp + 1) > end)
 		return pass(from_client ? FP_C_PASS_TO_SWITCH : FP_C_PASS_IP_HEADER);
 	__u32 *slot;
+	__u32 held;
 	if (from_client) {
 		__u64 client = (__u64)ip->saddr | (__u64)tcp->source << 32;
-		slot = bpf_map_lookup_elem(&fp_leg_clients, &client);
+		__u32 *home = bpf_map_lookup_elem(&fp_leg_clients, &client);
+		struct fp_leg *h = home ? bpf_map_lookup_elem(&fp_legs, home) : 0;
+		if (!h)
+			return pass(FP_C_PASS_TO_SWITCH);
+		/* The leg is checked against the segment's ends before it is used. */
+		held = *(volatile __u32 *)&h->client_slot;
+		slot = &held;
 	} else {
 		struct fp_leg_key key = {
 			.src_ip = ip->saddr,

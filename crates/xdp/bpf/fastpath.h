@@ -212,7 +212,9 @@ struct fp_leg {
 	__u16 client_window; /* the client's last window, as it sent it */
 	__u8 leg_shift;     /* the shift the target expects on windows sent to it */
 	__u8 requests_ok;   /* 1: the client's segments may be sent on too */
-	__u32 pad2;
+	/* In the slot fp_leg_clients names for a client (its home): the slot that holds the
+	 * client's side now. Moving a client to another leg is then a store, not a map write. */
+	__u32 client_slot;
 };
 
 struct fp_scratch {

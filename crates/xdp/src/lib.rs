@@ -1007,11 +1007,13 @@ fn read_u32(v: &[u8], at: usize) -> u32 {
 /// (`busy` against `done`), after which the slot's second half is what the program sent.
 pub struct LegMap {
     slots: MapHandle,
-    /// `fp_leg_clients`, and what it holds: each client's slot.
+    /// `fp_leg_clients`, and what it holds: each client's home slot, whose `client_slot` names
+    /// the slot that holds the client's side; the client of each home; the client each slot
+    /// is pointed at by.
     clients: MapHandle,
-    client_slot: std::collections::HashMap<[u8; 8], u32>,
-    /// The client each slot's entry names, for forgetting it with the slot.
-    slot_client: std::collections::HashMap<u32, [u8; 8]>,
+    client_home: std::collections::HashMap<[u8; 8], u32>,
+    home_client: std::collections::HashMap<u32, [u8; 8]>,
+    pointed_by: std::collections::HashMap<u32, [u8; 8]>,
     base: std::ptr::NonNull<u8>,
     len: usize,
     free: Vec<u32>,
@@ -1057,6 +1059,7 @@ mod leg_at {
     pub const CLIENT_WINDOW: usize = 128;
     pub const LEG_SHIFT: usize = 130;
     pub const REQUESTS_OK: usize = 131;
+    pub const CLIENT_SLOT: usize = 132;
 }
 
 /// A client as `fp_leg_clients` keys it: its address and port as a segment carries them.
@@ -1107,8 +1110,9 @@ impl LegMap {
         Ok(LegMap {
             slots,
             clients,
-            client_slot: std::collections::HashMap::new(),
-            slot_client: std::collections::HashMap::new(),
+            client_home: std::collections::HashMap::new(),
+            home_client: std::collections::HashMap::new(),
+            pointed_by: std::collections::HashMap::new(),
             base,
             len,
             free: (0..abi::MAX_LEGS).rev().collect(),
@@ -1146,20 +1150,29 @@ impl LegMap {
         unsafe { std::ptr::read_volatile(self.field(slot, at & !3).add(at & 3)) }
     }
 
-    /// Makes `client`'s segments find `slot`: one map write when it changes.
+    /// Makes `client`'s segments find `slot`: a store into the client's home slot, and a map
+    /// write only when the client has no home yet (its first leg handed over with its side,
+    /// or its home forgotten).
     fn point_client(&mut self, client: [u8; 8], slot: u32) -> bool {
-        if self.client_slot.get(&client) == Some(&slot) {
+        if let Some(&home) = self.client_home.get(&client) {
+            let old = self.get(home, leg_at::CLIENT_SLOT);
+            if old != slot {
+                self.pointed_by.remove(&old);
+                self.put(home, leg_at::CLIENT_SLOT, &slot.to_ne_bytes());
+            }
+            self.pointed_by.insert(slot, client);
             return true;
         }
+        // The home's pointer is set before the program can find the home.
+        self.put(slot, leg_at::CLIENT_SLOT, &slot.to_ne_bytes());
         match self
             .clients
             .update(&client, &slot.to_ne_bytes(), MapFlags::ANY)
         {
             Ok(()) => {
-                if let Some(old) = self.client_slot.insert(client, slot) {
-                    self.slot_client.remove(&old);
-                }
-                self.slot_client.insert(slot, client);
+                self.client_home.insert(client, slot);
+                self.home_client.insert(slot, client);
+                self.pointed_by.insert(slot, client);
                 true
             }
             Err(e) => {
@@ -1307,12 +1320,25 @@ impl switch::fastpath::LegOffload for LegMap {
             return;
         };
         self.disarm(slot);
-        if let Some(client) = self.slot_client.remove(&slot) {
-            self.client_slot.remove(&client);
+        if let Some(client) = self.home_client.remove(&slot) {
+            // A client whose home goes is found no more; its next leg handed over with its
+            // side becomes its home.
+            self.client_home.remove(&client);
+            let pointed = self.get(slot, leg_at::CLIENT_SLOT);
+            if self.pointed_by.get(&pointed) == Some(&client) {
+                self.pointed_by.remove(&pointed);
+            }
             if let Err(e) = self.clients.delete(&client) {
                 if e.kind() != libbpf_rs::ErrorKind::NotFound {
                     tracing::error!("fp_leg_clients kept a client it was told to forget: {e}");
                 }
+            }
+        }
+        if let Some(client) = self.pointed_by.remove(&slot) {
+            // The slot may go to another leg: the client's home points nowhere until its next
+            // hand-over.
+            if let Some(&home) = self.client_home.get(&client) {
+                self.put(home, leg_at::CLIENT_SLOT, &u32::MAX.to_ne_bytes());
             }
         }
         if let Err(e) = self.slots.delete(&leg_key_bytes(&key)) {
