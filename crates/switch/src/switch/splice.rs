@@ -157,6 +157,9 @@ struct Leg {
     replies: Replies,
     /// The highest acknowledgement the switch sent the target.
     acked_to: u32,
+    /// An acknowledgement the switch owes the target and holds back (`Switch::ack_legs`):
+    /// sent with the leg's next segment or at the next ageing.
+    ack_due: Option<u32>,
     /// The target closed its side.
     fin: bool,
     /// The switch reset the leg and let it go: whatever its target still sends is answered
@@ -1120,6 +1123,7 @@ impl Switch {
             read: 0,
             replies: Replies::default(),
             acked_to: 0,
+            ack_due: None,
             fin: false,
             gone: false,
             handed: false,
@@ -1257,12 +1261,15 @@ impl Switch {
         let Some(their) = leg.their_isn else {
             return;
         };
-        let ack = ack.unwrap_or(their.wrapping_add(1));
-        let ack = if tcp::before(ack, leg.acked_to) {
-            leg.acked_to
-        } else {
-            ack
-        };
+        let mut ack = ack.unwrap_or(their.wrapping_add(1));
+        for held in [Some(leg.acked_to), leg.ack_due.take()]
+            .into_iter()
+            .flatten()
+        {
+            if tcp::before(ack, held) {
+                ack = held;
+            }
+        }
         leg.acked_to = ack;
         let window = rescale(flow.client_window, leg.client_shift, 0);
         let seg = tcp::Repr::plain(
@@ -1280,6 +1287,11 @@ impl Switch {
     }
 
     /// Tells every open leg what the client has acknowledged of its bytes, when that moved.
+    /// A leg the client left for another, that owes it nothing more and whose replies the
+    /// client has whole, hears it later ([`may_wait`]): from its next request, which
+    /// carries it, or from the next ageing, within [`AGE_EVERY`] and so before its server's
+    /// first retransmission (200 ms at the least). A change of server then sends one segment,
+    /// the request, where it sent two.
     fn ack_legs(&mut self, client: (Ipv4Addr, u16), flow: &mut Flow, emit: &mut Vec<Emit>) {
         for i in 0..flow.legs.len() {
             let leg = &flow.legs[i];
@@ -1289,9 +1301,38 @@ impl Switch {
             let Some(ack) = flow.ack_for_leg(i, flow.client_acked) else {
                 continue;
             };
-            if tcp::before(leg.acked_to, ack) {
+            if !tcp::before(leg.acked_to, ack) {
+                continue;
+            }
+            if may_wait(flow, i, ack) {
+                flow.legs[i].ack_due = Some(ack);
+            } else {
                 self.leg_send(client, flow, i, &[], 0, emit);
             }
+        }
+    }
+
+    /// Sends the acknowledgements [`ack_legs`] held back, at the ageing.
+    fn send_deferred_acks(&mut self, emit: &mut Vec<Emit>) {
+        let Some(splice) = self.splice.as_ref() else {
+            return;
+        };
+        let owed: Vec<(Ipv4Addr, u16)> = splice
+            .flows
+            .iter()
+            .filter(|(_, f)| (0..f.legs.len()).any(|i| ack_owed(f, i)))
+            .map(|(c, _)| *c)
+            .collect();
+        for client in owed {
+            let Some(mut flow) = self.flow_take(client) else {
+                continue;
+            };
+            for i in 0..flow.legs.len() {
+                if ack_owed(&flow, i) {
+                    self.leg_send(client, &mut flow, i, &[], 0, emit);
+                }
+            }
+            self.splice_put(client, flow);
         }
     }
 
@@ -1911,6 +1952,7 @@ impl Switch {
                 self.splice_put(client, flow);
             }
         }
+        self.send_deferred_acks(emit);
         self.probe_silent(now, emit);
         self.count_flows();
     }
@@ -1967,6 +2009,32 @@ impl Switch {
                 .store(s.flows() as u64, std::sync::atomic::Ordering::Relaxed);
         }
     }
+}
+
+/// Whether leg `i`'s acknowledgement `ack` may wait (see `Switch::ack_legs`): not the active
+/// leg, open, owing the client nothing, on a flow that is not closing, and `ack` says the
+/// client has all its replies.
+fn may_wait(flow: &Flow, i: usize, ack: u32) -> bool {
+    let leg = &flow.legs[i];
+    flow.active != Some(i)
+        && flow.closed.is_none()
+        && flow.fins == 0
+        && !leg.fin
+        && !leg.gone
+        && leg.replies.settled()
+        && ack == leg.read
+}
+
+/// Whether leg `i` waits for an acknowledgement [`may_wait`] let the switch hold back.
+fn ack_owed(flow: &Flow, i: usize) -> bool {
+    let leg = &flow.legs[i];
+    leg.their_isn.is_some()
+        && !leg.fin
+        && !leg.gone
+        && flow.closed.is_none()
+        && leg
+            .ack_due
+            .is_some_and(|due| tcp::before(leg.acked_to, due))
 }
 
 /// Leg `leg` of `client`'s flow as its target's segments name it.
@@ -2094,10 +2162,15 @@ fn hand_over(
     };
     // The client's segments too, when nothing but this leg has to hear of its bytes: no
     // request streams, and every other leg has been told of all its replies' receipt.
-    let others_told =
-        flow.legs.iter().enumerate().all(|(j, l)| {
-            j == i || l.fin || l.their_isn.is_none() || !tcp::before(l.acked_to, l.read)
-        });
+    // (A leg whose acknowledgement the switch holds back is told from what the switch knows
+    // already: the client had all its replies.)
+    let others_told = flow.legs.iter().enumerate().all(|(j, l)| {
+        j == i
+            || l.fin
+            || l.their_isn.is_none()
+            || !tcp::before(l.acked_to, l.read)
+            || l.ack_due == Some(l.read)
+    });
     let requests =
         (flow.data_left == 0 && flow.resp_left == 0 && others_told).then_some(ClientSide {
             next_in: flow.edge,
@@ -2805,6 +2878,86 @@ mod tests {
                 .any(|(p, f)| *p == 0 && seg(f).ack() == fin_at.wrapping_add(1)),
             "{sent:?}"
         );
+    }
+
+    /// A leg the client left for another hears that the client has its replies from its next
+    /// request, or at the next ageing: not in a segment of its own at the change of server.
+    #[test]
+    fn a_leg_left_for_another_hears_its_acknowledgement_later() {
+        let mut bed = Bed::new();
+        let (cookie, p0, got0, mut at) = one_get_answered(&mut bed);
+        // The pure acknowledgements each server (server 0 on port 1, server 1 on 2) hears.
+        let acks_to = |sent: &[(u16, Vec<u8>)], port: u16| -> Vec<u32> {
+            sent.iter()
+                .filter(|(p, f)| *p == port && seg(f).payload().is_empty())
+                .map(|(_, f)| seg(f).ack())
+                .collect()
+        };
+        let (k0, k1) = (bed.key_on(0), bed.key_on(1));
+        let (get0, get1) = (format!("get {k0}\r\n"), format!("get {k1}\r\n"));
+        let step = get0.len() as u32;
+        assert_eq!(step, get1.len() as u32);
+        // Server 1's leg opens at the first request for it, and answers.
+        bed.client_sends(at, cookie.wrapping_add(6), flag::ACK, get1.as_bytes());
+        let opened = bed.sent();
+        let (p1, syn1) = bed.accept_leg(&opened, 1, 70_000);
+        let mut next1 = syn1.wrapping_add(1 + step);
+        bed.server_sends(1, p1, 70_001, next1, flag::ACK, b"END\r\n");
+        bed.sent();
+        at += step;
+        let mut next0 = got0;
+
+        // Back to server 0: its request goes; server 1, left, hears nothing yet...
+        bed.client_sends(at, cookie.wrapping_add(11), flag::ACK, get0.as_bytes());
+        let sent = bed.sent();
+        assert!(
+            sent.iter()
+                .any(|(p, f)| *p == 1 && seg(f).payload() == get0.as_bytes()),
+            "{sent:?}"
+        );
+        assert_eq!(acks_to(&sent, 2), Vec::<u32>::new(), "{sent:?}");
+        next0 = next0.wrapping_add(step);
+        bed.server_sends(0, p0, 50_006, next0, flag::ACK, b"END\r\n");
+        bed.sent();
+        at += step;
+        // (The client's acknowledgement of that reply: the switch forgets the reply runs the
+        // client has whole, server 1's among them, and still knows what server 1 is owed.)
+        bed.client_sends(at, cookie.wrapping_add(16), flag::ACK, b"");
+        assert_eq!(acks_to(&bed.sent(), 2), Vec::<u32>::new());
+        // ... until the next ageing, once.
+        bed.now += AGE_EVERY;
+        let now = bed.now;
+        bed.sw.tick(now, &mut bed.emit);
+        let sent = bed.sent();
+        assert_eq!(acks_to(&sent, 2), vec![70_006], "{sent:?}");
+        assert_eq!(acks_to(&sent, 1), Vec::<u32>::new(), "{sent:?}");
+        bed.now += AGE_EVERY;
+        let now = bed.now;
+        bed.sw.tick(now, &mut bed.emit);
+        assert_eq!(acks_to(&bed.sent(), 2), Vec::<u32>::new(), "told once");
+
+        // To server 1 and straight back to server 0: server 0's next request carries what it
+        // was owed, and the ageing tells server 1 alone.
+        bed.client_sends(at, cookie.wrapping_add(16), flag::ACK, get1.as_bytes());
+        assert_eq!(acks_to(&bed.sent(), 1), Vec::<u32>::new());
+        next1 = next1.wrapping_add(step);
+        bed.server_sends(1, p1, 70_006, next1, flag::ACK, b"END\r\n");
+        bed.sent();
+        at += step;
+        bed.client_sends(at, cookie.wrapping_add(21), flag::ACK, get0.as_bytes());
+        let sent = bed.sent();
+        let request = sent
+            .iter()
+            .map(|(p, f)| (*p, seg(f)))
+            .find(|(p, f)| *p == 1 && f.payload() == get0.as_bytes())
+            .expect("the request to server 0");
+        assert_eq!(request.1.ack(), 50_011);
+        bed.now += AGE_EVERY;
+        let now = bed.now;
+        bed.sw.tick(now, &mut bed.emit);
+        let sent = bed.sent();
+        assert_eq!(acks_to(&sent, 1), Vec::<u32>::new(), "{sent:?}");
+        assert_eq!(acks_to(&sent, 2), vec![70_011], "{sent:?}");
     }
 
     /// A client silent for the idle time is sent keepalive probes; one that answers keeps its
