@@ -262,6 +262,10 @@ fn a_client_that_vanishes_gives_its_spliced_connection_back() {
     let after = live
         .in_host("c1", move || get_on(&mut gone))
         .expect("namespace");
-    assert!(after.is_err(), "a forgotten connection answered: {after:?}");
+    assert_eq!(
+        after.as_ref().map_err(std::io::Error::kind).err(),
+        Some(std::io::ErrorKind::ConnectionReset),
+        "a forgotten connection answered: {after:?}"
+    );
     live.down().expect("down");
 }

@@ -1158,13 +1158,13 @@ impl LegMap {
             let old = self.get(home, leg_at::CLIENT_SLOT);
             if old != slot {
                 self.pointed_by.remove(&old);
-                self.put(home, leg_at::CLIENT_SLOT, &slot.to_ne_bytes());
+                self.set_client_slot(home, slot);
             }
             self.pointed_by.insert(slot, client);
             return true;
         }
         // The home's pointer is set before the program can find the home.
-        self.put(slot, leg_at::CLIENT_SLOT, &slot.to_ne_bytes());
+        self.set_client_slot(slot, slot);
         match self
             .clients
             .update(&client, &slot.to_ne_bytes(), MapFlags::ANY)
@@ -1180,6 +1180,13 @@ impl LegMap {
                 false
             }
         }
+    }
+
+    /// Points home slot `home` at `slot`, in one store: the program reads the word while it
+    /// runs.
+    fn set_client_slot(&self, home: u32, slot: u32) {
+        self.atomic(home, leg_at::CLIENT_SLOT)
+            .store(slot, std::sync::atomic::Ordering::SeqCst);
     }
 
     fn disarm(&self, slot: u32) -> bool {
@@ -1338,7 +1345,7 @@ impl switch::fastpath::LegOffload for LegMap {
             // The slot may go to another leg: the client's home points nowhere until its next
             // hand-over.
             if let Some(&home) = self.client_home.get(&client) {
-                self.put(home, leg_at::CLIENT_SLOT, &u32::MAX.to_ne_bytes());
+                self.set_client_slot(home, u32::MAX);
             }
         }
         if let Err(e) = self.slots.delete(&leg_key_bytes(&key)) {

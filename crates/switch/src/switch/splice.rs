@@ -61,8 +61,14 @@ const PER_ADDRESS_SHARE: usize = 4;
 const AGE_EVERY: Duration = Duration::from_millis(100);
 /// Keepalive probes a silent client is sent before its connection is reset and forgotten.
 const PROBES: u8 = 3;
-/// The longest wait between two keepalive probes; a quarter of the idle time when shorter.
+/// The wait between two keepalive probes: a quarter of the idle time, within these bounds (a
+/// Linux client answers a probe below its window at most every 500 ms).
+const PROBE_EVERY_MIN: Duration = Duration::from_secs(1);
 const PROBE_EVERY_MAX: Duration = Duration::from_secs(30);
+/// The longest a leg the client left waits for the acknowledgement the switch holds back
+/// (`Switch::ack_legs`): well within a server's first retransmission, even one whose
+/// minimum timeout was lowered.
+const ACK_HOLD: Duration = Duration::from_millis(5);
 /// Legs one flow may have: one per server and the host's.
 const MAX_LEGS: usize = 64;
 /// The ports legs are opened from, with the client's address: outside Linux's ephemeral range,
@@ -487,6 +493,9 @@ pub(crate) struct Splice {
     per_address: HashMap<Ipv4Addr, usize>,
     /// When the flows were last aged (and their waits moved on).
     aged: Option<Instant>,
+    /// Flows with an acknowledgement held back for a leg, and when the first of them is due.
+    acks_held: std::collections::HashSet<(Ipv4Addr, u16)>,
+    acks_at: Option<Instant>,
     speaks: Speaks,
     /// A fast path that sends legs' replies on in the switch's place.
     offload: Option<Box<dyn LegOffload>>,
@@ -508,6 +517,8 @@ impl Splice {
             idle: settings.idle,
             per_address: HashMap::new(),
             aged: None,
+            acks_held: std::collections::HashSet::new(),
+            acks_at: None,
             speaks,
             offload: None,
         }
@@ -523,7 +534,8 @@ impl Splice {
         if self.flows.is_empty() {
             return None;
         }
-        Some(self.aged.map_or(Instant::ZERO, |t| t + AGE_EVERY))
+        let aged = self.aged.map_or(Instant::ZERO, |t| t + AGE_EVERY);
+        Some(self.acks_at.map_or(aged, |t| t.min(aged)))
     }
 
     /// A port no leg of `ip` uses, recorded for leg `i` of `client`'s flow.
@@ -1288,10 +1300,10 @@ impl Switch {
 
     /// Tells every open leg what the client has acknowledged of its bytes, when that moved.
     /// A leg the client left for another, that owes it nothing more and whose replies the
-    /// client has whole, hears it later ([`may_wait`]): from its next request, which
-    /// carries it, or from the next ageing, within [`AGE_EVERY`] and so before its server's
-    /// first retransmission (200 ms at the least). A change of server then sends one segment,
-    /// the request, where it sent two.
+    /// client has whole, hears it a little later ([`may_wait`]): from its next request, which
+    /// carries it, or at the tick [`ACK_HOLD`] after the first acknowledgement held. Under
+    /// load the client is back at that leg's server first, and a change of server sends one
+    /// segment, the request, where it sent two.
     fn ack_legs(&mut self, client: (Ipv4Addr, u16), flow: &mut Flow, emit: &mut Vec<Emit>) {
         for i in 0..flow.legs.len() {
             let leg = &flow.legs[i];
@@ -1306,24 +1318,37 @@ impl Switch {
             }
             if may_wait(flow, i, ack) {
                 flow.legs[i].ack_due = Some(ack);
+                let now = self.now.unwrap_or(Instant::ZERO);
+                if let Some(s) = self.splice.as_mut() {
+                    s.acks_held.insert(client);
+                    s.acks_at.get_or_insert(now + ACK_HOLD);
+                }
             } else {
                 self.leg_send(client, flow, i, &[], 0, emit);
             }
         }
     }
 
-    /// Sends the acknowledgements [`ack_legs`] held back, at the ageing.
-    fn send_deferred_acks(&mut self, emit: &mut Vec<Emit>) {
-        let Some(splice) = self.splice.as_ref() else {
+    /// Sends the acknowledgements [`ack_legs`] held back, once they are due.
+    fn send_deferred_acks(&mut self, now: Instant, emit: &mut Vec<Emit>) {
+        let Some(splice) = self.splice.as_mut() else {
             return;
         };
-        let owed: Vec<(Ipv4Addr, u16)> = splice
-            .flows
-            .iter()
-            .filter(|(_, f)| (0..f.legs.len()).any(|i| ack_owed(f, i)))
-            .map(|(c, _)| *c)
-            .collect();
-        for client in owed {
+        if splice.acks_at.is_none_or(|t| now < t) {
+            return;
+        }
+        splice.acks_at = None;
+        let held: Vec<(Ipv4Addr, u16)> = splice.acks_held.drain().collect();
+        for client in held {
+            let owed = self
+                .splice
+                .as_ref()
+                .and_then(|s| s.flows.get(&client))
+                .is_some_and(|f| (0..f.legs.len()).any(|i| ack_owed(f, i)));
+            if !owed {
+                // Carried by a request since, or the flow is gone.
+                continue;
+            }
             let Some(mut flow) = self.flow_take(client) else {
                 continue;
             };
@@ -1558,9 +1583,13 @@ impl Switch {
             self.ack_client(client, flow, emit);
         }
         if !payload.is_empty() && pieces.is_empty() {
-            // All of it had reached the client: the leg did not hear our acknowledgement.
-            let acked_to = flow.legs[i].acked_to;
-            flow.legs[i].acked_to = acked_to.wrapping_sub(1);
+            // All of it had reached the client: the leg did not hear our acknowledgement,
+            // which goes again now. Its reply runs may be forgotten already (the client had
+            // them whole): it is then owed all it sent.
+            if flow.ack_for_leg(i, flow.client_acked).is_none() && flow.legs[i].replies.settled() {
+                flow.legs[i].ack_due = Some(flow.legs[i].read);
+            }
+            self.leg_send(client, flow, i, &[], 0, emit);
         }
         if leg_fin && flow.active != Some(i) {
             // An idle leg whose server closed: it is let go, and opened again when needed.
@@ -1908,9 +1937,14 @@ impl Switch {
     /// Forgets closed flows after their linger and flows that never carried a request after
     /// [`IDLE_OPEN`]; moves on flows whose requests wait (a SYN sent again, a wait given up).
     pub(super) fn age_splice(&mut self, now: Instant, emit: &mut Vec<Emit>) {
+        self.send_deferred_acks(now, emit);
         let Some(splice) = self.splice.as_mut() else {
             return;
         };
+        if splice.aged.is_some_and(|t| now < t + AGE_EVERY) {
+            // Ticked for something else (a held acknowledgement, another stage's deadline).
+            return;
+        }
         let legs = &mut splice.legs;
         let per_address = &mut splice.per_address;
         let offload = &mut splice.offload;
@@ -1952,15 +1986,15 @@ impl Switch {
                 self.splice_put(client, flow);
             }
         }
-        self.send_deferred_acks(emit);
         self.probe_silent(now, emit);
         self.count_flows();
     }
 
     /// Asks clients silent for the idle time whether they are still there: a keepalive probe
     /// (an acknowledgement of a byte they had already, which their stack answers), again
-    /// every quarter of the idle time (at most [`PROBE_EVERY_MAX`]); after [`PROBES`]
-    /// unanswered, the connection is reset towards the client and every leg, and forgotten
+    /// every quarter of the idle time (at least [`PROBE_EVERY_MIN`], at most
+    /// [`PROBE_EVERY_MAX`]); after [`PROBES`] unanswered, the connection is reset towards
+    /// the client and every leg, and forgotten
     /// after its linger. A client that went without a word (its host gone, or one that
     /// holds connections open to fill the table) so gives its flow back.
     fn probe_silent(&mut self, now: Instant, emit: &mut Vec<Emit>) {
@@ -1968,7 +2002,7 @@ impl Switch {
             return;
         };
         let idle = splice.idle;
-        let every = (idle / 4).clamp(AGE_EVERY, PROBE_EVERY_MAX);
+        let every = (idle / 4).clamp(PROBE_EVERY_MIN, PROBE_EVERY_MAX);
         let due = |f: &Flow| {
             f.closed.is_none()
                 && !f.legs.is_empty()
@@ -1991,7 +2025,9 @@ impl Switch {
                     stats::inc(&self.stats.tcp_idle_resets);
                     self.end_flow(client, &mut flow, now, emit, true);
                 } else {
-                    let (seq, ack) = (flow.sent.wrapping_sub(1), flow.last_ack);
+                    // Below what the client has acknowledged: never in its window, always
+                    // answered.
+                    let (seq, ack) = (flow.client_acked.wrapping_sub(1), flow.last_ack);
                     self.client_send(client, &mut flow, seq, ack, &[], flag::ACK, emit);
                     stats::inc(&self.stats.tcp_keepalive_probes);
                     flow.probes += 1;
@@ -2935,6 +2971,15 @@ mod tests {
         let now = bed.now;
         bed.sw.tick(now, &mut bed.emit);
         assert_eq!(acks_to(&bed.sent(), 2), Vec::<u32>::new(), "told once");
+        // Server 1 did not hear it and sends its reply again: it is acknowledged again at
+        // once, though the switch has forgotten where that reply lay in the client's stream.
+        bed.server_sends(1, p1, 70_001, next1, flag::ACK, b"END\r\n");
+        let sent = bed.sent();
+        assert_eq!(acks_to(&sent, 2), vec![70_006], "{sent:?}");
+        assert!(
+            sent.iter().all(|(p, _)| *p != 0),
+            "nothing again to the client"
+        );
 
         // To server 1 and straight back to server 0: server 0's next request carries what it
         // was owed, and the ageing tells server 1 alone.
