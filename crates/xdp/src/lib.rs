@@ -1008,12 +1008,10 @@ fn read_u32(v: &[u8], at: usize) -> u32 {
 pub struct LegMap {
     slots: MapHandle,
     /// `fp_leg_clients`, and what it holds: each client's home slot, whose `client_slot` names
-    /// the slot that holds the client's side; the client of each home; the client each slot
-    /// is pointed at by.
+    /// the slot that holds the client's side. (A slot's client is in the slot itself:
+    /// [`LegMap::client_of`].)
     clients: MapHandle,
     client_home: std::collections::HashMap<[u8; 8], u32>,
-    home_client: std::collections::HashMap<u32, [u8; 8]>,
-    pointed_by: std::collections::HashMap<u32, [u8; 8]>,
     base: std::ptr::NonNull<u8>,
     len: usize,
     free: Vec<u32>,
@@ -1111,8 +1109,6 @@ impl LegMap {
             slots,
             clients,
             client_home: std::collections::HashMap::new(),
-            home_client: std::collections::HashMap::new(),
-            pointed_by: std::collections::HashMap::new(),
             base,
             len,
             free: (0..abi::MAX_LEGS).rev().collect(),
@@ -1155,12 +1151,7 @@ impl LegMap {
     /// or its home forgotten).
     fn point_client(&mut self, client: [u8; 8], slot: u32) -> bool {
         if let Some(&home) = self.client_home.get(&client) {
-            let old = self.get(home, leg_at::CLIENT_SLOT);
-            if old != slot {
-                self.pointed_by.remove(&old);
-                self.set_client_slot(home, slot);
-            }
-            self.pointed_by.insert(slot, client);
+            self.set_client_slot(home, slot);
             return true;
         }
         // The home's pointer is set before the program can find the home.
@@ -1171,8 +1162,6 @@ impl LegMap {
         {
             Ok(()) => {
                 self.client_home.insert(client, slot);
-                self.home_client.insert(slot, client);
-                self.pointed_by.insert(slot, client);
                 true
             }
             Err(e) => {
@@ -1180,6 +1169,13 @@ impl LegMap {
                 false
             }
         }
+    }
+
+    /// The client of the leg in `slot` (`key`'s), as `fp_leg_clients` keys it: its address
+    /// from the key, its port from the slot, where every hand-over writes it.
+    fn client_of(&self, key: &switch::fastpath::LegKey, slot: u32) -> [u8; 8] {
+        let port = [leg_at::CLIENT_PORT, leg_at::CLIENT_PORT + 1].map(|at| self.byte(slot, at));
+        client_key(key.leg.0, u16::from_be_bytes(port))
     }
 
     /// Points home slot `home` at `slot`, in one store: the program reads the word while it
@@ -1327,26 +1323,24 @@ impl switch::fastpath::LegOffload for LegMap {
             return;
         };
         self.disarm(slot);
-        if let Some(client) = self.home_client.remove(&slot) {
-            // A client whose home goes is found no more; its next leg handed over with its
-            // side becomes its home.
-            self.client_home.remove(&client);
-            let pointed = self.get(slot, leg_at::CLIENT_SLOT);
-            if self.pointed_by.get(&pointed) == Some(&client) {
-                self.pointed_by.remove(&pointed);
-            }
-            if let Err(e) = self.clients.delete(&client) {
-                if e.kind() != libbpf_rs::ErrorKind::NotFound {
-                    tracing::error!("fp_leg_clients kept a client it was told to forget: {e}");
+        let client = self.client_of(&key, slot);
+        match self.client_home.get(&client).copied() {
+            Some(home) if home == slot => {
+                // A client whose home goes is found no more; its next leg handed over with
+                // its side becomes its home.
+                self.client_home.remove(&client);
+                if let Err(e) = self.clients.delete(&client) {
+                    if e.kind() != libbpf_rs::ErrorKind::NotFound {
+                        tracing::error!("fp_leg_clients kept a client it was told to forget: {e}");
+                    }
                 }
             }
-        }
-        if let Some(client) = self.pointed_by.remove(&slot) {
-            // The slot may go to another leg: the client's home points nowhere until its next
-            // hand-over.
-            if let Some(&home) = self.client_home.get(&client) {
+            Some(home) if self.get(home, leg_at::CLIENT_SLOT) == slot => {
+                // The slot may go to another leg: the client's home points nowhere until its
+                // next hand-over.
                 self.set_client_slot(home, u32::MAX);
             }
+            _ => {}
         }
         if let Err(e) = self.slots.delete(&leg_key_bytes(&key)) {
             if e.kind() != libbpf_rs::ErrorKind::NotFound {
