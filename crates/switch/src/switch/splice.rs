@@ -164,7 +164,7 @@ struct Leg {
     /// The highest acknowledgement the switch sent the target.
     acked_to: u32,
     /// An acknowledgement the switch owes the target and holds back (`Switch::ack_legs`):
-    /// sent with the leg's next segment or at the next ageing.
+    /// sent with the leg's next segment, or [`ACK_HOLD`] after the first one held.
     ack_due: Option<u32>,
     /// The target closed its side.
     fin: bool,
@@ -1994,9 +1994,9 @@ impl Switch {
     /// (an acknowledgement of a byte they had already, which their stack answers), again
     /// every quarter of the idle time (at least [`PROBE_EVERY_MIN`], at most
     /// [`PROBE_EVERY_MAX`]); after [`PROBES`] unanswered, the connection is reset towards
-    /// the client and every leg, and forgotten
-    /// after its linger. A client that went without a word (its host gone, or one that
-    /// holds connections open to fill the table) so gives its flow back.
+    /// the client and every leg, and forgotten after its linger. A client that went without a
+    /// word (its host gone, or one that holds connections open to fill the table) so gives
+    /// its flow back.
     fn probe_silent(&mut self, now: Instant, emit: &mut Vec<Emit>) {
         let Some(splice) = self.splice.as_ref() else {
             return;
@@ -2917,7 +2917,8 @@ mod tests {
     }
 
     /// A leg the client left for another hears that the client has its replies from its next
-    /// request, or at the next ageing: not in a segment of its own at the change of server.
+    /// request, or at a tick shortly after: not in a segment of its own at the change of
+    /// server.
     #[test]
     fn a_leg_left_for_another_hears_its_acknowledgement_later() {
         let mut bed = Bed::new();
@@ -2960,7 +2961,7 @@ mod tests {
         // client has whole, server 1's among them, and still knows what server 1 is owed.)
         bed.client_sends(at, cookie.wrapping_add(16), flag::ACK, b"");
         assert_eq!(acks_to(&bed.sent(), 2), Vec::<u32>::new());
-        // ... until the next ageing, once.
+        // ... until a tick, once.
         bed.now += AGE_EVERY;
         let now = bed.now;
         bed.sw.tick(now, &mut bed.emit);
