@@ -147,12 +147,12 @@ fn proxy_alone_keeps_reads_coherent() {
         .map(|(n, m)| (*n, m.addr()))
         .collect();
     let cache = cache_config().unwrap_or_default();
-    let api = SocketAddr::from(([127, 0, 0, 1], common::proxy::free_port()));
     let opts = PoolOpts {
-        api: Some(api),
+        api: true,
         ..PoolOpts::default()
     };
     let proxy = Proxy::start_with(Front::Kvswitch, &pool, &opts, &cache);
+    let api = proxy.api();
 
     let clients: Vec<Client> = (1..=12)
         .map(|id| Client {

@@ -172,17 +172,17 @@ fn servers_change_through_the_api_as_nutcracker_would_place_them() {
     let names = ["s1", "s2", "s3", "s4"];
     let servers: Vec<Memcached> = names.iter().map(|_| Memcached::start()).collect();
     let refs: Vec<Memcached> = names.iter().map(|_| Memcached::start()).collect();
-    let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let first: Vec<(&str, SocketAddr)> = names[..3]
         .iter()
         .zip(&servers)
         .map(|(n, m)| (*n, m.addr()))
         .collect();
     let opts = PoolOpts {
-        api: Some(api),
+        api: true,
         ..PoolOpts::default()
     };
     let proxy = Proxy::start(Front::Kvswitch, &first, &opts);
+    let api = proxy.api();
     let client = Client::new(api, None);
     let stop = Arc::new(AtomicBool::new(false));
     let changing = Arc::new(AtomicU64::new(0));
@@ -348,13 +348,13 @@ fn a_yaml_file_is_reloaded_on_sighup_and_a_broken_one_is_refused() {
 #[test]
 fn a_broken_toml_file_is_refused_through_the_api_naming_file_key_and_problem() {
     let servers: Vec<Memcached> = (0..2).map(|_| Memcached::start()).collect();
-    let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let list: Vec<(&str, SocketAddr)> = vec![("s1", servers[0].addr()), ("s2", servers[1].addr())];
     let opts = PoolOpts {
-        api: Some(api),
+        api: true,
         ..PoolOpts::default()
     };
     let proxy = Proxy::start(Front::Kvswitch, &list, &opts);
+    let api = proxy.api();
     let client = Client::new(api, None);
     let path = proxy.config_path();
     let good = std::fs::read_to_string(&path).unwrap();

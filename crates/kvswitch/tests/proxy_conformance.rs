@@ -715,7 +715,7 @@ fn harness_configs_parse_with_kvswitchs_loaders() {
         ..PoolOpts::default()
     };
     let listen: std::net::SocketAddr = ([127, 0, 0, 1], 22122).into();
-    let file = parse_toml(&toml_config(&servers, &opts), "t.toml".as_ref()).expect("TOML");
+    let file = parse_toml(&toml_config(&servers, &opts, None), "t.toml".as_ref()).expect("TOML");
     let toml_pool = file.pool_with_listen(Some(listen)).expect("listen");
     let yaml_pools =
         parse_nutcracker(&yaml_config(listen, &servers, &opts), "t.yml".as_ref()).expect("YAML");

@@ -13,9 +13,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::proxy::{
-    free_port, set_request, show, Cluster, Conn, Front, PoolOpts, Proxy, REPLY_LIMIT,
-};
+use common::proxy::{set_request, show, Cluster, Conn, Front, PoolOpts, Proxy, REPLY_LIMIT};
 use testbed::differential::case;
 
 /// The sum of a Prometheus family's samples on the proxy's API.
@@ -28,14 +26,12 @@ fn metric(api: SocketAddr, family: &str) -> u64 {
         .sum::<f64>() as u64
 }
 
-fn api_opts(workers: usize) -> (PoolOpts, SocketAddr) {
-    let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let opts = PoolOpts {
-        api: Some(api),
+fn api_opts(workers: usize) -> PoolOpts {
+    PoolOpts {
+        api: true,
         workers,
         ..PoolOpts::default()
-    };
-    (opts, api)
+    }
 }
 
 /// What one connection gets for `bytes`, read until `done` holds.
@@ -57,8 +53,9 @@ type Done = fn(&[u8]) -> bool;
 /// reply of some bytes would make.
 #[test]
 fn bursts_of_noreply_and_quiet_requests_never_stall_a_connection() {
-    let (opts, api) = api_opts(1);
+    let opts = api_opts(1);
     let cluster = Cluster::start(Front::Kvswitch, &opts);
+    let api = cluster.proxy.api();
     for n in [127usize, 128, 200, 1000] {
         let text: Vec<u8> = (0..n)
             .flat_map(|i| format!("set burst:{n}:{i} 0 0 1 noreply\r\nx\r\n").into_bytes())
@@ -124,7 +121,7 @@ fn bursts_of_noreply_and_quiet_requests_never_stall_a_connection() {
 /// own, byte for byte, and the victim's item must survive.
 #[test]
 fn data_blocks_never_run_as_commands() {
-    let (opts, _) = api_opts(1);
+    let opts = api_opts(1);
     let cluster = Cluster::start(Front::Kvswitch, &opts);
     let flags = ["T1"; 30].join(" ");
     let cases: Vec<Vec<u8>> = vec![
@@ -249,8 +246,9 @@ fn serve_out_of_step(mut stream: TcpStream, stop: &AtomicBool) {
 fn a_server_out_of_step_never_hands_a_reply_to_the_wrong_client() {
     let stop = Arc::new(AtomicBool::new(false));
     let (server, handle) = out_of_step_server(stop.clone());
-    let (opts, api) = api_opts(1);
+    let opts = api_opts(1);
     let proxy = Proxy::start(Front::Kvswitch, &[("s1", server)], &opts);
+    let api = proxy.api();
     let addr = proxy.addr;
     let poisoner_stop = stop.clone();
     let poisoner = thread::spawn(move || {
@@ -327,8 +325,9 @@ fn a_server_out_of_step_never_hands_a_reply_to_the_wrong_client() {
 /// connection goes out of step.
 #[test]
 fn an_honest_client_only_ever_sees_its_own_replies() {
-    let (opts, api) = api_opts(1);
+    let opts = api_opts(1);
     let cluster = Cluster::start(Front::Kvswitch, &opts);
+    let api = cluster.proxy.api();
     let addr = cluster.addr();
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicU64::new(0));
@@ -456,8 +455,9 @@ fn clients_that_leave_without_reading_give_their_memory_back() {
 /// is freed.
 #[test]
 fn a_client_past_its_limit_that_does_not_read_is_let_go() {
-    let (opts, api) = api_opts(1);
+    let opts = api_opts(1);
     let cluster = Cluster::start(Front::Kvswitch, &opts);
+    let api = cluster.proxy.api();
     let value = vec![b'm'; 1_000_000];
     let mut setup = Conn::open(cluster.addr());
     let request = set_request("huge", &value);

@@ -12,9 +12,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::proxy::{
-    free_port, set_request, show, values_reply, Cluster, Conn, Front, PoolOpts, Proxy,
-};
+use common::proxy::{set_request, show, values_reply, Cluster, Conn, Front, PoolOpts, Proxy};
 
 /// The sum of a Prometheus family's samples on the proxy's API, with `label` in them if given.
 fn metric(api: SocketAddr, family: &str, label: &str) -> u64 {
@@ -27,14 +25,12 @@ fn metric(api: SocketAddr, family: &str, label: &str) -> u64 {
         .sum::<f64>() as u64
 }
 
-fn api_opts(proxy_keys: &str) -> (PoolOpts, SocketAddr) {
-    let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let opts = PoolOpts {
-        api: Some(api),
+fn api_opts(proxy_keys: &str) -> PoolOpts {
+    PoolOpts {
+        api: true,
         proxy_keys: proxy_keys.to_string(),
         ..PoolOpts::default()
-    };
-    (opts, api)
+    }
 }
 
 /// One set and get of `key` on `conn`, checked byte for byte.
@@ -142,8 +138,9 @@ const HOGS_GROWTH_LIMIT_MIB: u64 = 400;
 
 #[test]
 fn eight_clients_that_never_read_a_megabyte_value_leave_the_proxy_bounded() {
-    let (opts, api) = api_opts("");
+    let opts = api_opts("");
     let cluster = Cluster::start(Front::Kvswitch, &opts);
+    let api = cluster.proxy.api();
     let h = hogs(
         &cluster.proxy,
         8,
@@ -178,8 +175,9 @@ fn eight_clients_that_never_read_a_megabyte_value_leave_the_proxy_bounded() {
 /// A client that pipelines the same 128 gets and reads its replies is served whole.
 #[test]
 fn a_client_that_pipelines_large_gets_and_reads_is_served() {
-    let (opts, api) = api_opts("");
+    let opts = api_opts("");
     let cluster = Cluster::start(Front::Kvswitch, &opts);
+    let api = cluster.proxy.api();
     let value = vec![b'r'; 200_000];
     let mut conn = Conn::open(cluster.addr());
     assert_eq!(
@@ -231,8 +229,9 @@ fn closed_and_open(conns: &mut [TcpStream], want_closed: usize, limit: Duration)
 /// served again.
 #[test]
 fn connections_past_the_client_cap_are_closed_at_once() {
-    let (opts, api) = api_opts("client_connections = 50\n");
+    let opts = api_opts("client_connections = 50\n");
     let cluster = Cluster::start(Front::Kvswitch, &opts);
+    let api = cluster.proxy.api();
     let mut existing = Conn::open(cluster.addr());
     set_and_get(&mut existing, "k", "before");
     // A connection made before (the start's readiness check) holds a place until the proxy
@@ -282,9 +281,10 @@ fn connections_past_the_client_cap_are_closed_at_once() {
 /// in the listen backlog; the client already connected is served throughout.
 #[test]
 fn out_of_descriptors_connections_are_refused_not_left_waiting() {
-    let (mut opts, api) = api_opts("client_connections = 100000\n");
+    let mut opts = api_opts("client_connections = 100000\n");
     opts.nofile = Some(64);
     let cluster = Cluster::start(Front::Kvswitch, &opts);
+    let api = cluster.proxy.api();
     let mut existing = Conn::open(cluster.addr());
     set_and_get(&mut existing, "k", "before");
     let mut more: Vec<TcpStream> = (0..150)
@@ -321,9 +321,10 @@ fn out_of_descriptors_connections_are_refused_not_left_waiting() {
 /// limit refuses connections before the process runs out (reason `limit`).
 #[test]
 fn the_default_cap_follows_the_descriptor_limit() {
-    let (mut opts, api) = api_opts("");
+    let mut opts = api_opts("");
     opts.nofile = Some(128);
     let cluster = Cluster::start(Front::Kvswitch, &opts);
+    let api = cluster.proxy.api();
     let cap = metric(api, "kvswitch_proxy_client_connections_limit", "");
     assert!((1..128).contains(&cap), "cap {cap}");
     let mut existing = Conn::open(cluster.addr());

@@ -30,15 +30,13 @@ pub fn proxies(
 ) -> (Vec<Proxy>, Vec<Client>) {
     (0..n)
         .map(|_| {
-            let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
             let opts = PoolOpts {
-                api: Some(api),
+                api: true,
                 ..opts.clone()
             };
-            (
-                Proxy::start(Front::Kvswitch, servers, &opts),
-                Client::new(api, None),
-            )
+            let proxy = Proxy::start(Front::Kvswitch, servers, &opts);
+            let client = Client::new(proxy.api(), None);
+            (proxy, client)
         })
         .unzip()
 }

@@ -108,8 +108,9 @@ pub struct PoolOpts {
     pub auto_eject_hosts: bool,
     pub server_failure_limit: u32,
     pub server_retry_timeout_ms: u64,
-    /// The proxy's control API (`[proxy] api`), for a kvswitch proxy from a TOML file.
-    pub api: Option<SocketAddr>,
+    /// Whether a kvswitch proxy from a TOML file serves its control API (`[proxy] api`), on
+    /// a port picked at each start; [`Proxy::api`] names it.
+    pub api: bool,
     /// `[proxy] workers`, for a kvswitch proxy from a TOML file: with one, every client
     /// shares the same server connections.
     pub workers: usize,
@@ -127,7 +128,7 @@ impl Default for PoolOpts {
             auto_eject_hosts: false,
             server_failure_limit: 2,
             server_retry_timeout_ms: 30_000,
-            api: None,
+            api: false,
             workers: 2,
             proxy_keys: String::new(),
             nofile: None,
@@ -141,16 +142,18 @@ pub struct Proxy {
     pub addr: SocketAddr,
     child: Option<Child>,
     direct: Option<Memcached>,
+    api: Option<SocketAddr>,
     // Dropped after the child is killed (fields drop in order after `Drop::drop`).
     dir: TempDir,
 }
 
 /// The proxy's TOML for `servers` (name, address), listening where `--listen` says.
-pub fn toml_config(servers: &[(&str, SocketAddr)], opts: &PoolOpts) -> String {
-    let api = opts
-        .api
-        .map(|a| format!("api = \"{a}\"\n"))
-        .unwrap_or_default();
+pub fn toml_config(
+    servers: &[(&str, SocketAddr)],
+    opts: &PoolOpts,
+    api: Option<SocketAddr>,
+) -> String {
+    let api = api.map(|a| format!("api = \"{a}\"\n")).unwrap_or_default();
     let mut out = format!(
         "[proxy]\nworkers = {}\n{api}{}\n[pool]\ndistribution = \"ketama\"\nhash = \"md5\"\n\
          timeout_ms = {}\nauto_eject_hosts = {}\nserver_failure_limit = {}\n\
@@ -241,16 +244,21 @@ impl Proxy {
                 addr: m.addr(),
                 child: None,
                 direct: Some(m),
+                api: None,
                 dir,
             });
         }
         let port = free_port();
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        // Picked at each attempt: a port taken by another test between the pick and the
+        // proxy's bind fails this attempt only.
+        let api = (opts.api && front == Front::Kvswitch)
+            .then(|| SocketAddr::from(([127, 0, 0, 1], free_port())));
         let log = std::fs::File::create(dir.path().join("log")).expect("create the proxy log");
         let mut cmd = match front {
             Front::Kvswitch => {
                 let path = dir.path().join("proxy.toml");
-                let mut text = toml_config(servers, opts);
+                let mut text = toml_config(servers, opts, api);
                 if !extra.is_empty() {
                     text.push('\n');
                     text.push_str(extra);
@@ -298,10 +306,11 @@ impl Proxy {
             addr,
             child: Some(child),
             direct: None,
+            api,
             dir,
         };
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !listening(addr) {
+        while !(listening(addr) && api.is_none_or(listening)) {
             if !proxy.alive() {
                 return Err(proxy.log_tail());
             }
@@ -311,6 +320,11 @@ impl Proxy {
             std::thread::sleep(Duration::from_millis(20));
         }
         Ok(proxy)
+    }
+
+    /// The control API of a kvswitch proxy started with [`PoolOpts::api`].
+    pub fn api(&self) -> SocketAddr {
+        self.api.expect("a proxy started with PoolOpts::api")
     }
 
     /// The configuration file a kvswitch front was started with.
