@@ -9,8 +9,8 @@ use anyhow::Context;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use switch::control::{
-    Change, CounterView, CpuFrame, EntryDef, EntryView, InterfaceDef, InterfaceView, PortView,
-    RegisterView, TableDef, TableView, MAX_BATCH,
+    Change, CounterView, CpuFrame, EntryDef, EntryView, GroupDef, GroupView, InterfaceDef,
+    InterfaceView, PortView, RegisterView, TableDef, TableView, MAX_BATCH,
 };
 
 use crate::{Client, Refused};
@@ -121,6 +121,28 @@ impl Client {
     pub fn remove_interface(&self, id: u16) -> anyhow::Result<()> {
         self.call("DELETE", &format!("/api/v1/interfaces/{id}"), None)
             .with_context(|| format!("removing interface {id}"))?;
+        Ok(())
+    }
+
+    /// The multicast group table.
+    pub fn groups(&self) -> anyhow::Result<Vec<GroupView>> {
+        let mut doc = self.call("GET", "/api/v1/groups", None)?;
+        typed(doc["groups"].take(), "the multicast groups")
+    }
+
+    /// Makes or replaces entry `id` of the multicast group table: every action naming it
+    /// copies to `def`'s members from the next frame on.
+    pub fn set_group(&self, id: u16, def: &GroupDef) -> anyhow::Result<GroupView> {
+        let set = self
+            .call("PUT", &format!("/api/v1/groups/{id}"), Some(&json!(def)))
+            .with_context(|| format!("setting multicast group {id}"))?;
+        typed(set, "a multicast group")
+    }
+
+    /// Removes entry `id` of the multicast group table; refused while an action names it.
+    pub fn remove_group(&self, id: u16) -> anyhow::Result<()> {
+        self.call("DELETE", &format!("/api/v1/groups/{id}"), None)
+            .with_context(|| format!("removing multicast group {id}"))?;
         Ok(())
     }
 

@@ -68,6 +68,14 @@ pub enum CtlCmd {
         #[command(subcommand)]
         action: InterfaceCmd,
     },
+    /// The multicast group table: the ports and interfaces a `multicast:N` action copies a
+    /// frame to.
+    Groups,
+    /// Set or delete one entry of the multicast group table.
+    Group {
+        #[command(subcommand)]
+        action: GroupCmd,
+    },
     /// The user registers (user0 to user63) and the ports' figures (port<N>.<figure>).
     Registers,
     /// Read or write one register.
@@ -127,8 +135,8 @@ pub enum EntryCmd {
     /// Add an entry: --match FIELD=VALUE (a number, an address, 0xHEX, text:TEXT, or
     /// VALUE/MASK) and --action ACTION (output:PORT, flood, drop, to_cpu, mirror,
     /// count:NAME, goto:TABLE, set_eth_dst:MAC, set_eth_src:MAC, set_ipv4_dst:IP,
-    /// set_ipv4_src:IP, set_dscp:N, dec_ttl, interface:ID, set_reg:REG=VALUE, load_reg:REG=REGISTER,
-    /// add_register:REGISTER=VALUE).
+    /// set_ipv4_src:IP, set_dscp:N, dec_ttl, interface:ID, multicast:GROUP, set_reg:REG=VALUE,
+    /// load_reg:REG=REGISTER, add_register:REGISTER=VALUE).
     Add {
         table: String,
         #[arg(long = "match")]
@@ -190,6 +198,20 @@ pub enum InterfaceCmd {
         port: u16,
     },
     /// Delete interface ID (refused while an action names it).
+    Delete { id: u16 },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum GroupCmd {
+    /// Add or replace group ID: a copy of each frame for every MEMBER, in order (port:N out
+    /// of port N as the frame is, interface:N through interface N); every action naming the
+    /// group follows at once. A member on the port a frame came in by gets no copy.
+    Set {
+        id: u16,
+        #[arg(required = true, value_name = "MEMBER")]
+        members: Vec<String>,
+    },
+    /// Delete group ID (refused while an action names it).
     Delete { id: u16 },
 }
 
@@ -258,6 +280,9 @@ pub fn action(text: &str) -> anyhow::Result<Value> {
         ("interface", Some(n)) => {
             json!({ "interface": n.parse::<u16>().with_context(|| format!("{text}: an interface id"))? })
         }
+        ("multicast", Some(n)) => {
+            json!({ "multicast": n.parse::<u16>().with_context(|| format!("{text}: a multicast group id"))? })
+        }
         ("set_dscp", Some(n)) => {
             json!({ "set_dscp": n.parse::<u8>().with_context(|| format!("{text}: a DSCP, 0 to 63"))? })
         }
@@ -306,8 +331,8 @@ pub fn action(text: &str) -> anyhow::Result<Value> {
         _ => bail!(
             "{text:?} is not an action: output:PORT, flood, drop, to_cpu, mirror, count:NAME, \
              goto:TABLE, set_eth_dst:MAC, set_eth_src:MAC, set_ipv4_dst:IP, set_ipv4_src:IP, \
-             set_dscp:N, dec_ttl, interface:ID, set_reg:REG=VALUE, load_reg:REG=REGISTER, \
-             add_register:REGISTER=VALUE, push_label:LABEL, pop_label, swap_label:LABEL, \
+             set_dscp:N, dec_ttl, interface:ID, multicast:GROUP, set_reg:REG=VALUE, \
+             load_reg:REG=REGISTER, add_register:REGISTER=VALUE, push_label:LABEL, pop_label, swap_label:LABEL, \
              strip_udp_payload:BYTES, impair:drop_ppm=N,duplicate_ppm=N,reorder_ppm=N,delay_us=N,reorder_us=N"
         ),
     })
@@ -526,6 +551,38 @@ pub fn run(args: &CtlArgs) -> anyhow::Result<()> {
                 |_| "deleted\n".to_string(),
             ),
         },
+        CtlCmd::Groups => (client.call("GET", "/api/v1/groups", None)?, |d| {
+            rows(
+                &["id", "members", "used_by"],
+                d["groups"].as_array().into_iter().flatten().map(|g| {
+                    vec![
+                        cell(&g["id"]),
+                        members_text(&g["members"]),
+                        cell(&g["used_by"]),
+                    ]
+                }),
+            )
+        }),
+        CtlCmd::Group { action: cmd } => match cmd {
+            GroupCmd::Set { id, members } => {
+                let members = members
+                    .iter()
+                    .map(|m| member(m))
+                    .collect::<anyhow::Result<Vec<Value>>>()?;
+                (
+                    client.call(
+                        "PUT",
+                        &format!("/api/v1/groups/{id}"),
+                        Some(&json!({ "members": members })),
+                    )?,
+                    |g| format!("group {}: {}\n", g["id"], members_text(&g["members"])),
+                )
+            }
+            GroupCmd::Delete { id } => (
+                client.call("DELETE", &format!("/api/v1/groups/{id}"), None)?,
+                |_| "deleted\n".to_string(),
+            ),
+        },
         CtlCmd::Registers => (client.call("GET", "/api/v1/registers", None)?, |d| {
             listing(&d["registers"], &["name", "value", "writable"])
         }),
@@ -654,6 +711,33 @@ fn pretty(doc: &Value) -> String {
 }
 
 /// A JSON value as a table cell: strings bare, the rest as JSON.
+/// One `port:N` or `interface:N` member of a multicast group, as the API's JSON.
+fn member(text: &str) -> anyhow::Result<Value> {
+    let parsed = text.split_once(':').and_then(|(kind, n)| {
+        let n = n.parse::<u16>().ok()?;
+        ["port", "interface"]
+            .contains(&kind)
+            .then(|| json!({ kind: n }))
+    });
+    parsed.with_context(|| format!("{text:?} is not a member: write port:N or interface:N"))
+}
+
+/// A group's members as `ctl group set` takes them: `port:1 interface:3`.
+fn members_text(members: &Value) -> String {
+    let text: Vec<String> = members
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| {
+            m.as_object()?
+                .iter()
+                .next()
+                .map(|(k, v)| format!("{k}:{v}"))
+        })
+        .collect();
+    text.join(" ")
+}
+
 fn cell(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
@@ -836,6 +920,16 @@ mod tests {
         assert!(action("output:x").is_err());
         assert!(action("teleport").is_err());
         assert_eq!(action("interface:4").unwrap(), json!({"interface": 4}));
+        assert_eq!(action("multicast:9").unwrap(), json!({"multicast": 9}));
+        assert_eq!(member("port:2").unwrap(), json!({"port": 2}));
+        assert_eq!(member("interface:7").unwrap(), json!({"interface": 7}));
+        for bad in ["port", "port:x", "vlan:3", "interface:-1"] {
+            assert!(member(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            members_text(&json!([{"port": 2}, {"interface": 7}])),
+            "port:2 interface:7"
+        );
         assert_eq!(
             action("impair:drop_ppm=10000,delay_us=500").unwrap(),
             json!({"impair": {"drop_ppm": 10000, "delay_us": 500}})

@@ -50,7 +50,8 @@ impl fmt::Display for TableId {
 
 /// One step of an action list.
 ///
-/// Actions run in order. Terminal actions (`Output`, `Flood`, `ToCpu`, `Drop`, `Interface`) record the
+/// Actions run in order. Terminal actions (`Output`, `Flood`, `ToCpu`, `Drop`, `Interface`,
+/// `Multicast`) record the
 /// verdict and processing goes on; the last one recorded wins. Processing ends when a list ends
 /// without a `Goto`, or when the pipeline itself drops the frame (see [`crate::reason`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -135,6 +136,11 @@ pub enum Action {
     /// dropped with [`reason::NO_UDP_PAYLOAD`](crate::reason::NO_UDP_PAYLOAD). The frame
     /// shrinks by `n` bytes (see [`Pipeline::resized`](crate::Pipeline::resized)).
     StripUdpPayload(u16),
+    /// Send a copy of the frame to every member of entry `n` of the multicast group table
+    /// ([`Pipeline::set_group`](crate::Pipeline::set_group)): out of a port as it is, or
+    /// through an interface entry with that entry's Ethernet addresses. The group is read
+    /// when the frame runs, so changing it changes every list that names it.
+    Multicast(u16),
 }
 
 impl Action {
@@ -147,6 +153,7 @@ impl Action {
                 | Action::ToCpu(_)
                 | Action::Drop(_)
                 | Action::Interface(_)
+                | Action::Multicast(_)
         )
     }
 }
@@ -162,4 +169,7 @@ pub enum Verdict {
     ToCpu(u16),
     /// Drop; codes below [`reason::USER_BASE`](crate::reason::USER_BASE) come from the pipeline.
     Drop(u16),
+    /// Send a copy to each member of this multicast group
+    /// ([`Pipeline::group`](crate::Pipeline::group)); the caller makes the copies.
+    Multicast(u16),
 }

@@ -93,6 +93,16 @@ pub enum Error {
     /// An interface table entry cannot be removed while an action list refers to it.
     #[error("interface {interface} is used by an action in {by}")]
     InterfaceInUse { interface: u16, by: String },
+    /// No multicast group with this id (or an id past the table).
+    #[error("no multicast group {0} (ids are 0 to {max})", max = crate::MAX_GROUPS - 1)]
+    UnknownGroup(u16),
+    /// A multicast group cannot be removed while an action list refers to it.
+    #[error("multicast group {group} is used by an action in {by}")]
+    GroupInUse { group: u16, by: String },
+    /// A multicast group with no members, or with more than
+    /// [`MAX_GROUP_MEMBERS`](crate::MAX_GROUP_MEMBERS).
+    #[error("a multicast group of {0} members; use 1 to {max}", max = crate::MAX_GROUP_MEMBERS)]
+    BadGroupSize(usize),
     /// An action list is longer than [`MAX_ACTIONS`](crate::MAX_ACTIONS).
     #[error("{0} actions in one list (max {max})", max = crate::MAX_ACTIONS)]
     TooManyActions(usize),

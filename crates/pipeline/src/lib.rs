@@ -43,8 +43,8 @@ pub use action::{Action, CounterId, EntryId, SelectorId, TableId, Verdict};
 pub use error::{Error, FieldError};
 pub use field::{Field, Meta};
 pub use pipeline::{
-    Choose, CounterSnapshot, EntryView, Interface, Pipeline, PipelineStats, SelectorSnapshot,
-    Snapshot, TableSnapshot, Taken,
+    Choose, CounterSnapshot, EntryView, Interface, Member, Pipeline, PipelineStats,
+    SelectorSnapshot, Snapshot, TableSnapshot, Taken,
 };
 pub use table::{Entry, MatchKind, TableSpec};
 
@@ -77,6 +77,14 @@ pub const NUM_USER_REGS: usize = 64;
 
 /// Most entries in the interface table; interface ids are `0..MAX_INTERFACES`.
 pub const MAX_INTERFACES: usize = 256;
+
+/// Most entries in the multicast group table ([`Action::Multicast`]); group ids are
+/// `0..MAX_GROUPS`.
+pub const MAX_GROUPS: usize = 256;
+
+/// Most members of one multicast group: the copies one frame makes.
+pub const MAX_GROUP_MEMBERS: usize = 64;
+
 /// The largest value [`Action::SetDscp`] writes: the DSCP is the top 6 bits of the IPv4 ToS
 /// byte.
 pub const MAX_DSCP: u8 = 63;

@@ -12,7 +12,8 @@ use crate::reason;
 use crate::rewrite::{self, Addr, Ttl};
 use crate::table::{table_id, Entry, MatchKind, Stored, Table, TableSpec};
 use crate::{
-    MAX_ACTIONS, MAX_INTERFACES, MAX_KEY_LEN, MAX_TABLES, MAX_TABLE_IDS, NUM_REGS, NUM_USER_REGS,
+    MAX_ACTIONS, MAX_GROUPS, MAX_GROUP_MEMBERS, MAX_INTERFACES, MAX_KEY_LEN, MAX_TABLES,
+    MAX_TABLE_IDS, NUM_REGS, NUM_USER_REGS,
 };
 
 /// Picks a selector member for a key hash — for example a ketama ring over backends.
@@ -46,6 +47,15 @@ pub struct Interface {
     pub eth_dst: [u8; 6],
     pub eth_src: [u8; 6],
     pub port: u16,
+}
+
+/// Where [`Action::Multicast`] sends one copy of a frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Member {
+    /// Out of this port, as the frame is.
+    Port(u16),
+    /// Through this entry of the interface table: its Ethernet addresses, its port.
+    Interface(u16),
 }
 
 /// Pipeline-wide statistics.
@@ -153,6 +163,8 @@ pub struct Pipeline {
     counters: Vec<Counter>,
     /// The interface table, by id.
     interfaces: Vec<Option<Interface>>,
+    /// The multicast group table, by id.
+    groups: Vec<Option<Vec<Member>>>,
     /// User registers.
     registers: Vec<u64>,
     stats: PipelineStats,
@@ -246,6 +258,7 @@ impl Exec<'_> {
             Action::Flood => self.verdict = Some(Verdict::Flood),
             Action::ToCpu(r) => self.verdict = Some(Verdict::ToCpu(r)),
             Action::Drop(r) => self.verdict = Some(Verdict::Drop(r)),
+            Action::Multicast(g) => self.verdict = Some(Verdict::Multicast(g)),
             Action::Count(id) => {
                 if let Some(c) = self.counters.get_mut(id.0 as usize) {
                     c.packets += 1;
@@ -394,6 +407,7 @@ impl Pipeline {
             selectors: Vec::new(),
             counters: Vec::new(),
             interfaces: vec![None; MAX_INTERFACES],
+            groups: vec![None; MAX_GROUPS],
             registers: vec![0; NUM_USER_REGS],
             stats: PipelineStats::default(),
             key: Vec::with_capacity(MAX_KEY_LEN),
@@ -709,7 +723,12 @@ impl Pipeline {
 
     /// How many entries, miss lists and selector members name interface `i`.
     pub fn interface_uses(&self, i: u16) -> usize {
-        let names = |list: &[Action]| list.contains(&Action::Interface(i));
+        self.uses(&Action::Interface(i))
+    }
+
+    /// How many entries, miss lists and selector members hold `action`.
+    fn uses(&self, action: &Action) -> usize {
+        let names = |list: &[Action]| list.contains(action);
         let tables: usize = self
             .tables
             .iter()
@@ -745,8 +764,68 @@ impl Pipeline {
         if let Some(by) = self.used_by(&Action::Interface(i)) {
             return Err(Error::InterfaceInUse { interface: i, by });
         }
+        if let Some((g, _)) = self
+            .groups()
+            .find(|(_, members)| members.contains(&Member::Interface(i)))
+        {
+            return Err(Error::InterfaceInUse {
+                interface: i,
+                by: format!("multicast group {g}"),
+            });
+        }
         self.interfaces[usize::from(i)] = None;
         Ok(it)
+    }
+
+    /// Entry `g` of the multicast group table: its members, in the order copies are made.
+    pub fn group(&self, g: u16) -> Option<&[Member]> {
+        self.groups.get(usize::from(g))?.as_deref()
+    }
+
+    /// The multicast group table's entries, by id.
+    pub fn groups(&self) -> impl Iterator<Item = (u16, &[Member])> + '_ {
+        self.groups
+            .iter()
+            .enumerate()
+            .filter_map(|(g, members)| Some((g as u16, members.as_deref()?)))
+    }
+
+    /// How many entries, miss lists and selector members name multicast group `g`.
+    pub fn group_uses(&self, g: u16) -> usize {
+        self.uses(&Action::Multicast(g))
+    }
+
+    /// Sets entry `g` of the multicast group table, adding it or replacing it; frames that
+    /// name it are copied to the new members from the next frame on. A group has 1 to
+    /// [`MAX_GROUP_MEMBERS`] members, and the interface entries it names must exist.
+    pub fn set_group(&mut self, g: u16, members: Vec<Member>) -> Result<(), Error> {
+        if usize::from(g) >= MAX_GROUPS {
+            return Err(Error::UnknownGroup(g));
+        }
+        if members.is_empty() || members.len() > MAX_GROUP_MEMBERS {
+            return Err(Error::BadGroupSize(members.len()));
+        }
+        for m in &members {
+            if let Member::Interface(i) = *m {
+                if self.interface(i).is_none() {
+                    return Err(Error::UnknownInterface(i));
+                }
+            }
+        }
+        self.groups[usize::from(g)] = Some(members);
+        Ok(())
+    }
+
+    /// Removes entry `g` of the multicast group table. Refused with [`Error::GroupInUse`]
+    /// while an entry, a miss list or a selector member names it.
+    pub fn remove_group(&mut self, g: u16) -> Result<Vec<Member>, Error> {
+        if self.group(g).is_none() {
+            return Err(Error::UnknownGroup(g));
+        }
+        if let Some(by) = self.used_by(&Action::Multicast(g)) {
+            return Err(Error::GroupInUse { group: g, by });
+        }
+        Ok(self.groups[usize::from(g)].take().unwrap_or_default())
     }
 
     /// The first table (its id) or selector (`selector N`) with an action list, an entry's, a
@@ -882,6 +961,7 @@ impl Pipeline {
             selectors,
             counters,
             interfaces,
+            groups: _,
             registers,
             stats,
             key,
@@ -997,6 +1077,9 @@ impl Pipeline {
                 }
                 Action::Interface(i) if self.interface(i).is_none() => {
                     return Err(Error::UnknownInterface(i));
+                }
+                Action::Multicast(g) if self.group(g).is_none() => {
+                    return Err(Error::UnknownGroup(g));
                 }
                 Action::Drop(code) if code < reason::USER_BASE => {
                     return Err(Error::ReservedReason(code));

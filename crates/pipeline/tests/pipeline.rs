@@ -6,8 +6,9 @@ mod common;
 use common::*;
 use pipeline::reason::{self, USER_BASE};
 use pipeline::{
-    Action, Choose, Entry, Error, Field, Interface, MatchKind, Meta, Pipeline, TableId, TableSpec,
-    Verdict, MAX_INTERFACES, MAX_TABLES, MAX_TABLE_IDS, NUM_REGS, NUM_USER_REGS,
+    Action, Choose, Entry, Error, Field, Interface, MatchKind, Member, Meta, Pipeline, TableId,
+    TableSpec, Verdict, MAX_GROUPS, MAX_GROUP_MEMBERS, MAX_INTERFACES, MAX_TABLES, MAX_TABLE_IDS,
+    NUM_REGS, NUM_USER_REGS,
 };
 
 const MAC_A: [u8; 6] = [0x02, 0, 0, 0, 0, 0x0a];
@@ -1226,6 +1227,81 @@ fn an_interface_rewrites_and_outputs_and_a_change_to_it_applies_to_every_entry_n
     assert_eq!(p.remove_interface(3).map(|it| it.port), Ok(5));
     assert_eq!(p.interface(3), None);
     assert_eq!(p.remove_interface(3), Err(Error::UnknownInterface(3)));
+}
+
+#[test]
+fn a_multicast_group_is_checked_named_by_entries_and_kept_while_named() {
+    let mut p = Pipeline::new();
+    let t = p
+        .add_table(exact("by_ip", vec![bytes(30, 4)], vec![Action::Flood]))
+        .unwrap();
+    // An entry may not name a group that is not there.
+    assert_eq!(
+        p.insert(t, Entry::exact([10, 0, 0, 1], vec![Action::Multicast(7)])),
+        Err(Error::UnknownGroup(7))
+    );
+    // A group's id, size and interfaces are checked.
+    assert_eq!(
+        p.set_group(MAX_GROUPS as u16, vec![Member::Port(1)]),
+        Err(Error::UnknownGroup(MAX_GROUPS as u16))
+    );
+    assert_eq!(p.set_group(7, vec![]), Err(Error::BadGroupSize(0)));
+    assert_eq!(
+        p.set_group(7, vec![Member::Port(1); MAX_GROUP_MEMBERS + 1]),
+        Err(Error::BadGroupSize(MAX_GROUP_MEMBERS + 1))
+    );
+    assert_eq!(
+        p.set_group(7, vec![Member::Port(1), Member::Interface(2)]),
+        Err(Error::UnknownInterface(2))
+    );
+    let it = Interface {
+        eth_dst: MAC_B,
+        eth_src: VIP_MAC,
+        port: 4,
+    };
+    p.set_interface(2, it).unwrap();
+    p.set_group(7, vec![Member::Port(1), Member::Interface(2)])
+        .unwrap();
+    assert_eq!(
+        p.group(7),
+        Some(&[Member::Port(1), Member::Interface(2)][..])
+    );
+    // The verdict names the group, and the last terminal action still wins.
+    p.insert(t, Entry::exact([10, 0, 0, 1], vec![Action::Multicast(7)]))
+        .unwrap();
+    p.insert(
+        t,
+        Entry::exact([10, 0, 0, 2], vec![Action::Multicast(7), Action::Output(3)]),
+    )
+    .unwrap();
+    let mut f = to_ip([10, 0, 0, 1]);
+    let before = f.clone();
+    assert_eq!(p.process(&mut f, &mut meta(0, 0)), Verdict::Multicast(7));
+    assert_eq!(f, before, "the pipeline leaves the copies to the caller");
+    let mut f = to_ip([10, 0, 0, 2]);
+    assert_eq!(p.process(&mut f, &mut meta(0, 0)), Verdict::Output(3));
+    assert_eq!(p.group_uses(7), 2);
+    // Neither the group nor an interface it names goes while named.
+    assert!(matches!(
+        p.remove_group(7),
+        Err(Error::GroupInUse { group: 7, .. })
+    ));
+    assert!(matches!(
+        p.remove_interface(2),
+        Err(Error::InterfaceInUse { interface: 2, by }) if by == "multicast group 7"
+    ));
+    let ids: Vec<_> = p.entries(t).unwrap().map(|e| e.id).collect();
+    for id in ids {
+        p.remove(t, id).unwrap();
+    }
+    assert_eq!(
+        p.remove_group(7),
+        Ok(vec![Member::Port(1), Member::Interface(2)])
+    );
+    assert_eq!(p.group(7), None);
+    assert_eq!(p.groups().count(), 0);
+    assert_eq!(p.remove_group(7), Err(Error::UnknownGroup(7)));
+    assert_eq!(p.remove_interface(2).map(|it| it.port), Ok(4));
 }
 
 #[test]

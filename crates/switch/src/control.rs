@@ -12,7 +12,9 @@ use std::fmt;
 use std::net::Ipv4Addr;
 
 use pipeline::{Action, Entry, Field, MatchKind};
-pub use pipeline::{MAX_DSCP, MAX_INTERFACES, NUM_REGS, NUM_USER_REGS};
+pub use pipeline::{
+    MAX_DSCP, MAX_GROUPS, MAX_GROUP_MEMBERS, MAX_INTERFACES, NUM_REGS, NUM_USER_REGS,
+};
 use wire::ethernet::Mac;
 
 /// The table in front of the memcached program that takes an operator's entries.
@@ -277,6 +279,8 @@ pub enum ActionDef {
     Goto(String),
     /// Send through this entry of the interface table (its MACs, its port).
     Interface(u16),
+    /// Send a copy to each member of this entry of the multicast group table.
+    Multicast(u16),
     /// Set a metadata register (3 to 7) for a later table's key.
     SetReg {
         reg: u8,
@@ -356,6 +360,36 @@ pub struct InterfaceView {
     pub eth_dst: String,
     pub eth_src: String,
     pub port: u16,
+    /// Entries, miss lists and selector members whose actions name it.
+    pub used_by: usize,
+}
+
+/// A member of a multicast group: where one copy goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+pub enum MemberDef {
+    /// Out of this port, as the frame is.
+    Port(u16),
+    /// Through this entry of the interface table (its MACs, its port).
+    Interface(u16),
+}
+
+/// An entry of the multicast group table as the API writes it: 1 to 64 members, a copy of
+/// the frame for each, in order. A member on the port the frame came in by gets no copy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(deny_unknown_fields))]
+pub struct GroupDef {
+    pub members: Vec<MemberDef>,
+}
+
+/// An entry of the multicast group table as the API shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct GroupView {
+    pub id: u16,
+    pub members: Vec<MemberDef>,
     /// Entries, miss lists and selector members whose actions name it.
     pub used_by: usize,
 }

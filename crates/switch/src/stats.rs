@@ -407,6 +407,10 @@ pub struct Stats {
     pub arp_replies: AtomicU64,
     pub arp_requests_sent: AtomicU64,
     pub flooded: AtomicU64,
+    /// Frames a `multicast` action copied to a group's members ...
+    pub multicast: AtomicU64,
+    /// ... and the copies sent.
+    pub multicast_copies: AtomicU64,
     pub switched: AtomicU64,
     pub mac_learned: AtomicU64,
     pub splits_in_flight: AtomicU64,
@@ -452,6 +456,8 @@ impl Stats {
             arp_replies: AtomicU64::new(0),
             arp_requests_sent: AtomicU64::new(0),
             flooded: AtomicU64::new(0),
+            multicast: AtomicU64::new(0),
+            multicast_copies: AtomicU64::new(0),
             switched: AtomicU64::new(0),
             mac_learned: AtomicU64::new(0),
             splits_in_flight: AtomicU64::new(0),

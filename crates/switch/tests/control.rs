@@ -1225,3 +1225,95 @@ fn an_impair_action_drops_duplicates_and_delays_as_its_seed_draws() {
     sw.apply(vec![entry(999)])
         .expect("a profile once the others are gone");
 }
+
+#[test]
+fn a_multicast_entry_sends_a_copy_to_each_member_and_follows_its_group() {
+    let (mut sw, stats) = rig();
+    interface(&mut sw, 4, Mac([2, 0, 0, 0, 7, 7]), 2);
+    let group = |members: Value| serde_json::from_value(json!({ "members": members })).unwrap();
+    // An entry may not name a group that is not there, nor a group a port or an
+    // interface that is not.
+    refused(
+        &mut sw,
+        ErrorKind::Invalid,
+        "changes[0].entry.actions[0]",
+        |sw| {
+            sw.apply(vec![add(
+                "acl",
+                json!({"match": {"ip_dst": "10.9.9.9"}, "actions": [{"multicast": 1}]}),
+            )])
+            .map(drop)
+        },
+    );
+    for (members, why) in [
+        (json!([]), "1 to 64 members"),
+        (json!([{"port": 4}]), "port 4 does not exist"),
+        (json!([{"interface": 5}]), "no interface 5"),
+    ] {
+        let err = sw.set_group(1, group(members)).expect_err(why);
+        assert_eq!(err.kind, ErrorKind::Invalid, "{err}");
+        assert!(err.to_string().contains(why), "{err}");
+    }
+    assert!(sw.groups().is_empty());
+    // Ports 0 (the ingress: no copy), 1 and 3 as the frame is; interface 4 with its MACs.
+    sw.set_group(
+        1,
+        group(json!([{"port": 0}, {"port": 1}, {"interface": 4}, {"port": 3}])),
+    )
+    .unwrap();
+    sw.apply(vec![add(
+        "acl",
+        json!({"match": {"ip_dst": "10.9.9.9"}, "actions": [{"multicast": 1}]}),
+    )])
+    .unwrap();
+    assert_eq!(sw.groups()[0].used_by, 1);
+    let frame = plain(Ipv4Addr::new(10, 9, 9, 9));
+    let mut emit: Vec<Emit> = Vec::new();
+    let fate = sw.process(0, &mut frame.clone(), true, NOW, &mut emit);
+    assert_eq!(fate, Fate::Consumed);
+    let sent: Vec<(switch::Dest, Vec<u8>)> = emit.into_iter().map(|e| (e.dest, e.frame)).collect();
+    let mut through_interface = frame.clone();
+    through_interface[..6].copy_from_slice(&[2, 0, 0, 0, 7, 7]);
+    through_interface[6..12].copy_from_slice(&[2, 0, 0, 0, 0, 0x64]);
+    assert_eq!(
+        sent,
+        vec![
+            (switch::Dest::Port(1), frame.clone()),
+            (switch::Dest::Port(2), through_interface),
+            (switch::Dest::Port(3), frame.clone()),
+        ]
+    );
+    assert_eq!(stats::get(&stats.multicast), 1);
+    assert_eq!(stats::get(&stats.multicast_copies), 3);
+    // A change of the group changes what the entry does from the next frame on.
+    sw.set_group(1, group(json!([{"port": 2}]))).unwrap();
+    let mut emit: Vec<Emit> = Vec::new();
+    sw.process(0, &mut frame.clone(), true, NOW, &mut emit);
+    let ports: Vec<switch::Dest> = emit.iter().map(|e| e.dest).collect();
+    assert_eq!(ports, vec![switch::Dest::Port(2)]);
+    // Neither the group nor the interface it named goes while named.
+    sw.set_group(1, group(json!([{"interface": 4}]))).unwrap();
+    let err = sw.delete_group(1).expect_err("named by the entry");
+    assert_eq!(err.kind, ErrorKind::Conflict, "{err}");
+    let err = sw.delete_interface(4).expect_err("named by the group");
+    assert_eq!(err.kind, ErrorKind::Conflict, "{err}");
+    assert!(err.to_string().contains("multicast group 1"), "{err}");
+    // The entry is described as it was written.
+    let entries = serde_json::to_value(sw.entries("acl").unwrap()).unwrap();
+    assert!(
+        entries.to_string().contains(r#"{"multicast":1}"#),
+        "{entries}"
+    );
+    let id = sw.entries("acl").unwrap()[0].id;
+    sw.apply(vec![Change::Delete {
+        table: "acl".into(),
+        id,
+    }])
+    .unwrap();
+    sw.delete_group(1).unwrap();
+    assert_eq!(
+        sw.delete_group(1).expect_err("gone").kind,
+        ErrorKind::NotFound
+    );
+    sw.delete_interface(4).unwrap();
+}

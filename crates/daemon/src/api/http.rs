@@ -35,8 +35,8 @@ use ::api::{body, ApiFailure};
 use dataplane::{EgressSettings, Remote, RemoteError};
 use kv::Instant;
 use switch::control::{
-    self, ActionDef, Change, ControlError, EntryDef, ErrorKind, InterfaceDef, RegisterView,
-    TableDef,
+    self, ActionDef, Change, ControlError, EntryDef, ErrorKind, GroupDef, InterfaceDef,
+    RegisterView, TableDef,
 };
 use switch::pool::{Pool, PoolChangeError};
 use switch::{Emit, Switch};
@@ -64,6 +64,8 @@ pub const ROUTES: &[(&str, &[&str])] = &[
     ("/api/v1/counters/{name}", &["delete"]),
     ("/api/v1/interfaces", &["get"]),
     ("/api/v1/interfaces/{id}", &["get", "put", "delete"]),
+    ("/api/v1/groups", &["get"]),
+    ("/api/v1/groups/{id}", &["get", "put", "delete"]),
     ("/api/v1/registers", &["get"]),
     ("/api/v1/registers/{name}", &["get", "put"]),
     ("/api/v1/packets", &["get", "post"]),
@@ -176,6 +178,11 @@ pub fn router(api: Shared) -> Router {
             get(show_interface)
                 .put(set_interface)
                 .delete(delete_interface),
+        )
+        .route("/api/v1/groups", get(groups))
+        .route(
+            "/api/v1/groups/{id}",
+            get(show_group).put(set_group).delete(delete_group),
         )
         .route("/api/v1/registers", get(registers))
         .route(
@@ -642,6 +649,48 @@ async fn set_interface(State(api): State<Shared>, Path(id): Path<String>, bytes:
 async fn delete_interface(State(api): State<Shared>, Path(id): Path<String>) -> Reply {
     let id = interface_id(&id)?;
     call(&api, move |sw, _, _| sw.delete_interface(id)).await??;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn groups(State(api): State<Shared>) -> Reply {
+    ok(json!({ "groups": call(&api, |sw, _, _| sw.groups()).await? }))
+}
+
+fn group_id(id: &str) -> Result<u16, ApiFailure> {
+    id.parse().map_err(|_| {
+        ApiFailure::from(ControlError::new(
+            ErrorKind::Invalid,
+            "id",
+            format!(
+                "{id:?} is not a multicast group id (0 to {})",
+                control::MAX_GROUPS - 1
+            ),
+        ))
+    })
+}
+
+async fn show_group(State(api): State<Shared>, Path(id): Path<String>) -> Reply {
+    let id = group_id(&id)?;
+    let all = call(&api, |sw, _, _| sw.groups()).await?;
+    match all.into_iter().find(|g| g.id == id) {
+        Some(g) => ok(g),
+        None => Err(ApiFailure::from(ControlError::new(
+            ErrorKind::NotFound,
+            "id",
+            format!("no multicast group {id}"),
+        ))),
+    }
+}
+
+async fn set_group(State(api): State<Shared>, Path(id): Path<String>, bytes: Bytes) -> Reply {
+    let id = group_id(&id)?;
+    let def: GroupDef = body(&bytes)?;
+    ok(call(&api, move |sw, _, _| sw.set_group(id, def)).await??)
+}
+
+async fn delete_group(State(api): State<Shared>, Path(id): Path<String>) -> Reply {
+    let id = group_id(&id)?;
+    call(&api, move |sw, _, _| sw.delete_group(id)).await??;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

@@ -301,7 +301,7 @@ pub fn metrics(shared: &Shared, m: &mut Exposition) {
     for (path, n) in tcp_paths(s) {
         m.sample("kvswitch_tcp_connections_total", &[("path", path)], n);
     }
-    let singles: [(&str, &str, u64); 20] = [
+    let singles: [(&str, &str, u64); 22] = [
         (
             "kvswitch_tcp_legs_total",
             "Connections to a server a spliced connection opened after its first.",
@@ -378,6 +378,16 @@ pub fn metrics(shared: &Shared, m: &mut Exposition) {
             get(&s.switched),
         ),
         ("kvswitch_flooded_total", "Frames flooded.", get(&s.flooded)),
+        (
+            "kvswitch_multicast_total",
+            "Frames a multicast action copied to a group's members.",
+            get(&s.multicast),
+        ),
+        (
+            "kvswitch_multicast_copies_total",
+            "Copies multicast actions sent.",
+            get(&s.multicast_copies),
+        ),
         (
             "kvswitch_mac_learned_total",
             "MAC table updates.",
@@ -536,6 +546,8 @@ pub fn status(shared: &Shared) -> serde_json::Value {
             "arp_replies": get(&s.arp_replies),
             "switched": get(&s.switched),
             "flooded": get(&s.flooded),
+            "multicast": get(&s.multicast),
+            "multicast_copies": get(&s.multicast_copies),
             "drops": drops,
             "answers": answers,
         },

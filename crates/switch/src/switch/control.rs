@@ -10,9 +10,9 @@ use super::*;
 use crate::control::{
     check_name, describe_field, describe_match, field_name, resolve_field, user_register_name,
     ActionDef, Change, ControlError, CounterView, CpuPacket, EntryDef, EntryView, ErrorKind,
-    InterfaceDef, InterfaceView, KeyField, RegisterView, TableDef, TableView, CPU_QUEUE,
-    DEFAULT_TABLE_SIZE, FIRST_OPERATOR_REG, MAX_BATCH, MAX_DSCP, MAX_TABLE_SIZE,
-    TERNARY_TABLE_SIZE,
+    GroupDef, GroupView, InterfaceDef, InterfaceView, KeyField, MemberDef, RegisterView, TableDef,
+    TableView, CPU_QUEUE, DEFAULT_TABLE_SIZE, FIRST_OPERATOR_REG, MAX_BATCH, MAX_DSCP,
+    MAX_TABLE_SIZE, TERNARY_TABLE_SIZE,
 };
 
 /// The control plane's additions to the switch.
@@ -38,11 +38,19 @@ enum Undo {
     Deleted(TableId, EntryId, Taken),
 }
 
+fn member_def(m: Member) -> MemberDef {
+    match m {
+        Member::Port(p) => MemberDef::Port(p),
+        Member::Interface(i) => MemberDef::Interface(i),
+    }
+}
+
 fn pipeline_error(e: pipeline::Error) -> ControlError {
     let kind = match e {
         pipeline::Error::DuplicateKey(_)
         | pipeline::Error::TableInUse { .. }
-        | pipeline::Error::InterfaceInUse { .. } => ErrorKind::Conflict,
+        | pipeline::Error::InterfaceInUse { .. }
+        | pipeline::Error::GroupInUse { .. } => ErrorKind::Conflict,
         pipeline::Error::TableFull { .. } | pipeline::Error::TooManyTables => ErrorKind::Full,
         pipeline::Error::UnknownEntry(..) => ErrorKind::NotFound,
         _ => ErrorKind::Invalid,
@@ -545,6 +553,14 @@ impl Switch {
                     }
                     Action::Interface(*n)
                 }
+                ActionDef::Multicast(n) => {
+                    if self.pipeline.group(*n).is_none() {
+                        return Err(bad(format!(
+                            "no multicast group {n}; add it with PUT /api/v1/groups/{n} first"
+                        )));
+                    }
+                    Action::Multicast(*n)
+                }
                 ActionDef::SetReg { reg, .. } | ActionDef::LoadReg { reg, .. }
                     if !(FIRST_OPERATOR_REG..REG_IMPAIR as u8).contains(reg) =>
                 {
@@ -648,6 +664,7 @@ impl Switch {
             Action::LoadReg(reg, register) => ActionDef::LoadReg { reg, register },
             Action::AddReg(register, value) => ActionDef::AddRegister { register, value },
             Action::Interface(n) => ActionDef::Interface(n),
+            Action::Multicast(n) => ActionDef::Multicast(n),
             Action::PushLabel(l) => ActionDef::PushLabel(l),
             Action::PopLabel => ActionDef::PopLabel,
             Action::SwapLabel(l) => ActionDef::SwapLabel(l),
@@ -723,6 +740,85 @@ impl Switch {
                 ErrorKind::NotFound,
                 "id",
                 format!("no interface {id}"),
+            )),
+            Err(e) => Err(pipeline_error(e).within("id")),
+        }
+    }
+
+    /// The multicast group table.
+    pub fn groups(&self) -> Vec<GroupView> {
+        self.pipeline
+            .groups()
+            .map(|(id, members)| GroupView {
+                id,
+                members: members.iter().map(|&m| member_def(m)).collect(),
+                used_by: self.pipeline.group_uses(id),
+            })
+            .collect()
+    }
+
+    /// Adds or replaces entry `id` of the multicast group table; every action naming it
+    /// copies to the new members from the next frame on.
+    pub fn set_group(&mut self, id: u16, def: GroupDef) -> Result<GroupView, ControlError> {
+        if usize::from(id) >= pipeline::MAX_GROUPS {
+            return Err(ControlError::invalid(
+                "id",
+                format!(
+                    "multicast group ids are 0 to {}, not {id}",
+                    pipeline::MAX_GROUPS - 1
+                ),
+            ));
+        }
+        if def.members.is_empty() || def.members.len() > pipeline::MAX_GROUP_MEMBERS {
+            return Err(ControlError::invalid(
+                "members",
+                format!(
+                    "a multicast group has 1 to {} members, not {}",
+                    pipeline::MAX_GROUP_MEMBERS,
+                    def.members.len()
+                ),
+            ));
+        }
+        let mut members = Vec::with_capacity(def.members.len());
+        for m in &def.members {
+            members.push(match *m {
+                MemberDef::Port(p) if usize::from(p) >= self.ports => {
+                    return Err(ControlError::invalid(
+                        "members",
+                        format!(
+                            "port {p} does not exist (the switch has ports 0 to {})",
+                            self.ports.saturating_sub(1)
+                        ),
+                    ));
+                }
+                MemberDef::Port(p) => Member::Port(p),
+                MemberDef::Interface(i) if self.pipeline.interface(i).is_none() => {
+                    return Err(ControlError::invalid(
+                        "members",
+                        format!("no interface {i}; add it with PUT /api/v1/interfaces/{i} first"),
+                    ));
+                }
+                MemberDef::Interface(i) => Member::Interface(i),
+            });
+        }
+        self.pipeline
+            .set_group(id, members)
+            .map_err(pipeline_error)?;
+        Ok(GroupView {
+            id,
+            members: def.members,
+            used_by: self.pipeline.group_uses(id),
+        })
+    }
+
+    /// Removes entry `id` of the multicast group table; refused while an action names it.
+    pub fn delete_group(&mut self, id: u16) -> Result<(), ControlError> {
+        match self.pipeline.remove_group(id) {
+            Ok(_) => Ok(()),
+            Err(pipeline::Error::UnknownGroup(_)) => Err(ControlError::new(
+                ErrorKind::NotFound,
+                "id",
+                format!("no multicast group {id}"),
             )),
             Err(e) => Err(pipeline_error(e).within("id")),
         }

@@ -18,8 +18,8 @@ use std::time::Duration;
 use kv::Instant;
 
 use pipeline::{
-    Action, Choose, Entry, Field, MatchKind, Meta, Pipeline, SelectorId, TableId, TableSpec,
-    Verdict,
+    Action, Choose, Entry, Field, MatchKind, Member, Meta, Pipeline, SelectorId, TableId,
+    TableSpec, Verdict,
 };
 use wire::ethernet::{self, EtherType, Mac};
 use wire::memcache::{self, Command, Protocol};
@@ -902,6 +902,10 @@ impl Switch {
                 stats::inc(&self.stats.flooded);
                 Fate::Flood
             }
+            Verdict::Multicast(g) => {
+                self.multicast(g, in_port, frame, emit);
+                Fate::Consumed
+            }
             Verdict::ToCpu(CPU_ARP) => {
                 self.answer_arp(in_port, frame, emit);
                 Fate::Consumed
@@ -929,6 +933,45 @@ impl Switch {
                 Fate::Consumed
             }
         }
+    }
+
+    /// Sends a copy of `frame` to each member of multicast group `g`, in the group's order:
+    /// out of a port as it is, through an interface entry with its addresses. A member on the
+    /// port the frame came in by gets no copy (as flooding sends none back), nor does one on a
+    /// port past the switch's.
+    fn multicast(&mut self, g: u16, in_port: u16, frame: &[u8], emit: &mut Vec<Emit>) {
+        let Some(members) = self.pipeline.group(g) else {
+            // Removal is refused while an action names the group.
+            self.stats.count_drop(Drop::NoAction);
+            return;
+        };
+        let mut copies = 0u64;
+        for m in members {
+            let (port, macs) = match *m {
+                Member::Port(p) => (p, None),
+                Member::Interface(i) => match self.pipeline.interface(i) {
+                    Some(it) => (it.port, Some((it.eth_dst, it.eth_src))),
+                    None => continue,
+                },
+            };
+            if port == in_port || usize::from(port) >= self.ports {
+                continue;
+            }
+            let mut copy = frame.to_vec();
+            if let (Some((dst, src)), Some(head)) = (macs, copy.get_mut(..12)) {
+                head[..6].copy_from_slice(&dst);
+                head[6..].copy_from_slice(&src);
+            }
+            emit.push(Emit {
+                dest: Dest::Port(port),
+                frame: copy,
+            });
+            copies += 1;
+        }
+        stats::inc(&self.stats.multicast);
+        self.stats
+            .multicast_copies
+            .fetch_add(copies, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Periodic work: expire split gets, ask servers whose MAC or port is unknown (out of
