@@ -22,7 +22,7 @@ use kvio::{mem_pair, Batch, MemPort, Port};
 use serde_json::{json, Value};
 use switch::frame::{udp_frame, UdpEnds};
 use switch::pool::Pool;
-use switch::stats::Stats;
+use switch::stats::{self, Stats};
 use switch::{spec, Switch, SwitchSpec};
 use wire::ethernet::Mac;
 
@@ -77,6 +77,8 @@ struct Rig {
     client: Client,
     /// The far ends of the switch's ports.
     hosts: Vec<MemPort>,
+    /// The switch's counters.
+    stats: Arc<Stats>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -134,7 +136,7 @@ fn rig_with(token: Option<&str>, serving: ApiServing) -> Rig {
     let addr = serve(
         listener,
         Api {
-            exporter: Arc::new(Counters(stats)),
+            exporter: Arc::new(Counters(stats.clone())),
             switch: Some(remote),
             token: token.map(str::to_string),
             pools: vec![pool],
@@ -147,6 +149,7 @@ fn rig_with(token: Option<&str>, serving: ApiServing) -> Rig {
     Rig {
         client: Client::new(addr, token.map(str::to_string)),
         hosts,
+        stats,
         stop,
         thread: Some(thread),
     }
@@ -722,6 +725,113 @@ fn an_interface_entry_sends_every_route_naming_it_and_one_change_moves_them_all(
     c.call("DELETE", "/api/v1/interfaces/4", None).unwrap();
     let e = refused(&rig, "GET", "/api/v1/interfaces/4", None);
     assert!(e.contains("404"), "{e}");
+}
+
+/// Runs `kvswitch ctl --api API ARGS` and returns its output, or its error.
+fn ctl(rig: &Rig, args: &[&str]) -> Result<String, String> {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvswitch"))
+        .args(["ctl", "--api", &rig.client.api.to_string()])
+        .args(args)
+        .output()
+        .expect("run kvswitch ctl");
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    match out.status.success() {
+        true => Ok(text(&out.stdout)),
+        false => Err(text(&out.stderr)),
+    }
+}
+
+#[test]
+fn a_multicast_group_copies_a_frame_out_of_each_member_and_is_kept_while_named() {
+    let mut rig = rig(None);
+    let c = rig.client.clone();
+    // An action may not name a group that is not there; a group may not name a port or an
+    // interface that is not there, nor be empty.
+    let e = refused(
+        &rig,
+        "POST",
+        "/api/v1/tables/acl/entries",
+        Some(json!({"match": {"ip_dst": "10.7.0.9"}, "actions": [{"multicast": 3}]})),
+    );
+    assert!(
+        e.contains("400") && e.contains("no multicast group 3"),
+        "{e}"
+    );
+    for (members, why) in [
+        (json!([{"port": 9}]), "port 9 does not exist"),
+        (json!([{"interface": 5}]), "no interface 5"),
+        (json!([]), "1 to 64 members"),
+        (json!([{"vlan": 1}]), "400"),
+    ] {
+        let e = refused(
+            &rig,
+            "PUT",
+            "/api/v1/groups/3",
+            Some(json!({ "members": members })),
+        );
+        assert!(e.contains(why), "{e}");
+    }
+    let e = ctl(&rig, &["group", "set", "3", "port:1", "vlan:2"]).expect_err("a bad member");
+    assert!(e.contains("write port:N or interface:N"), "{e}");
+    // Through ctl: port 0 (where the frame comes in: no copy), port 1 as the frame is, and
+    // interface 5, which rewrites the MACs, on port 2.
+    c.call(
+        "PUT",
+        "/api/v1/interfaces/5",
+        Some(&json!({"eth_dst": "02:00:00:00:07:07", "eth_src": "02:00:00:00:00:fe", "port": 2})),
+    )
+    .unwrap();
+    let set = ctl(
+        &rig,
+        &["group", "set", "3", "port:0", "port:1", "interface:5"],
+    )
+    .unwrap();
+    assert_eq!(set, "group 3: port:0 port:1 interface:5\n");
+    ctl(
+        &rig,
+        &[
+            "entry",
+            "add",
+            "acl",
+            "--match",
+            "ip_dst=10.7.0.9",
+            "--action",
+            "multicast:3",
+        ],
+    )
+    .unwrap();
+    let listed = ctl(&rig, &["groups"]).unwrap();
+    assert!(listed.contains("port:0 port:1 interface:5"), "{listed}");
+    assert_eq!(c.groups().unwrap()[0].used_by, 1);
+    let f = frame(Ipv4Addr::new(10, 7, 0, 9));
+    let as_is = received(&mut rig, 1, &f).expect("a copy on port 1");
+    assert_eq!(as_is, f);
+    let through = received(&mut rig, 2, &f).expect("a copy on port 2");
+    assert_eq!(&through[0..6], &[2, 0, 0, 0, 7, 7]);
+    assert_eq!(&through[6..12], &[2, 0, 0, 0, 0, 0xfe]);
+    assert_eq!(&through[12..], &f[12..]);
+    // Two frames, two copies each.
+    assert_eq!(stats::get(&rig.stats.multicast), 2);
+    assert_eq!(stats::get(&rig.stats.multicast_copies), 4);
+    // Neither the group nor its interface goes while named.
+    let e = refused(&rig, "DELETE", "/api/v1/groups/3", None);
+    assert!(e.contains("409"), "{e}");
+    let e = refused(&rig, "DELETE", "/api/v1/interfaces/5", None);
+    assert!(e.contains("409") && e.contains("multicast group 3"), "{e}");
+    let entries = c.call("GET", "/api/v1/tables/acl/entries", None).unwrap();
+    let id = entries["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["actions"][0]["multicast"] == 3)
+        .map(|e| e["id"].clone())
+        .expect("the entry, described as written");
+    c.call("DELETE", &format!("/api/v1/tables/acl/entries/{id}"), None)
+        .unwrap();
+    assert_eq!(ctl(&rig, &["group", "delete", "3"]).unwrap(), "deleted\n");
+    let e = refused(&rig, "GET", "/api/v1/groups/3", None);
+    assert!(e.contains("404"), "{e}");
+    c.remove_interface(5).unwrap();
 }
 
 #[test]
