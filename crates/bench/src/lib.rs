@@ -4,6 +4,7 @@
 //! run, tear it down, and write JSON, PNG and SVG plots and a markdown summary into a results
 //! folder.
 
+pub mod appswitch;
 pub mod bcube;
 pub mod bed;
 pub mod cost;
@@ -69,6 +70,10 @@ pub enum Scenario {
     /// no cache, in front of capacity-limited backends: the skew and popularity-change
     /// scenarios, into <out>/skew and <out>/popularity-change.
     Switchkv(SwitchkvArgs),
+    /// AppSwitch's Table 1: half SETs and half GETs to one memcached through nutcracker (the
+    /// paper's McRouter) or routed by kvswitch (UDP and TCP), beside memcached direct:
+    /// requests per second and the mean, p95 and p99 latency.
+    Appswitch(appswitch::Args),
     /// The caching fabric of several kvswitches (IncBricks): latency against throughput with
     /// and without its caches, within a rack and across racks; against cache sizes and skew;
     /// conditional puts computed by the client, at the home and in the network.
@@ -145,6 +150,7 @@ pub fn run(scenario: &Scenario) -> anyhow::Result<()> {
         Scenario::Qcn(args) => qcn::run(args).map(drop),
         Scenario::Bcube(args) => bcube::run(args).map(drop),
         Scenario::Fabric(args) => fabric::run(args),
+        Scenario::Appswitch(args) => appswitch::run(args).map(drop),
         Scenario::Switchkv(args) => run_switchkv(args),
         Scenario::All(args) => run_all(&args.common),
     }
@@ -179,6 +185,7 @@ fn run_all(common: &Common) -> anyhow::Result<()> {
     qcn::run(&qcn::Args::with(sub(qcn::NAME)))?;
     bcube::run(&bcube::Args::with(sub(bcube::NAME)))?;
     fabric::run(&fabric::Args::with(sub(fabric::NAME)))?;
+    appswitch::run(&appswitch::Args::with(sub(appswitch::NAME)))?;
     Ok(())
 }
 

@@ -69,7 +69,12 @@ fn send(net: &Net) -> [u64; 3] {
                 std::mem::size_of::<libc::in_addr>() as libc::socklen_t,
             )
         };
-        assert_eq!(rc, 0, "IP_MULTICAST_IF: {}", std::io::Error::last_os_error());
+        assert_eq!(
+            rc,
+            0,
+            "IP_MULTICAST_IF: {}",
+            std::io::Error::last_os_error()
+        );
         for _ in 0..SENT {
             sock.send_to(b"to the group", SocketAddrV4::new(GROUP, PORT))
                 .unwrap();
@@ -120,8 +125,10 @@ fn a_multicast_group_delivers_to_its_members_only() {
             "s0",
             "POST",
             "/api/v1/tables/acl/entries",
-            Some(&json!({"match": {"ethertype": "0x0800", "ip_dst": GROUP.to_string()},
-                         "priority": 10, "actions": [{"multicast": 1}]})),
+            Some(
+                &json!({"match": {"ethertype": "0x0800", "ip_dst": GROUP.to_string()},
+                         "priority": 10, "actions": [{"multicast": 1}]}),
+            ),
         )
         .unwrap();
     assert_eq!(send(&net), [SENT, 0, SENT], "h1 and h3 only");

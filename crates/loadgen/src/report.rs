@@ -106,6 +106,9 @@ pub struct Latency {
     pub mean: f64,
     pub p50: u64,
     pub p90: u64,
+    /// Absent from reports written before it was kept.
+    #[serde(default)]
+    pub p95: u64,
     pub p99: u64,
     pub p999: u64,
     pub max: u64,
@@ -121,6 +124,7 @@ impl Latency {
             mean: h.mean(),
             p50: h.value_at_quantile(0.50),
             p90: h.value_at_quantile(0.90),
+            p95: h.value_at_quantile(0.95),
             p99: h.value_at_quantile(0.99),
             p999: h.value_at_quantile(0.999),
             max: h.max(),
@@ -384,8 +388,8 @@ impl Report {
         let l = &self.latency_us;
         writeln!(
             w,
-            "latency µs  min {}  mean {:.1}  p50 {}  p90 {}  p99 {}  p99.9 {}  max {}",
-            l.min, l.mean, l.p50, l.p90, l.p99, l.p999, l.max
+            "latency µs  min {}  mean {:.1}  p50 {}  p90 {}  p95 {}  p99 {}  p99.9 {}  max {}",
+            l.min, l.mean, l.p50, l.p90, l.p95, l.p99, l.p999, l.max
         )
     }
 }
@@ -417,7 +421,13 @@ mod tests {
         }
         sample.sort_unstable();
         let l = Latency::from_histogram(&stats.latency);
-        for (q, got) in [(0.5, l.p50), (0.9, l.p90), (0.99, l.p99), (0.999, l.p999)] {
+        for (q, got) in [
+            (0.5, l.p50),
+            (0.9, l.p90),
+            (0.95, l.p95),
+            (0.99, l.p99),
+            (0.999, l.p999),
+        ] {
             let want = exact(&sample, q);
             let err = (got as f64 - want as f64).abs() / want as f64;
             assert!(err <= 0.001, "q={q}: hdr {got}, exact {want}");
