@@ -143,7 +143,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     let stages = by_setup(&systems).into_iter().map(|(setup, group)| Stage {
         preload: vec![Keys::new(args.keys, "key:", args.value_size as usize)],
         points: vec![()],
-        ..Stage::peers(&args.common, setup, group, args.keys)
+        ..Stage::peers(&args.common, setup, group, args.keys, PEERS)
     });
     let points = runner.measure(stages, |bed, system, (), run| {
         let load = args.load(run);

@@ -44,6 +44,10 @@ pub struct Args {
     /// Value size of the keys, in bytes.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub value_size: u32,
+    /// memcached servers behind nutcracker and kvswitch (MemSwitch's Figure 3 runs one and
+    /// two); memcached direct talks to the first, which holds every key.
+    #[arg(long, default_value_t = PEERS as u32, value_parser = clap::value_parser!(u32).range(1..=8))]
+    pub servers: u32,
 }
 
 impl Args {
@@ -56,6 +60,7 @@ impl Args {
             concurrency: 16,
             keys: 10_000,
             value_size: 100,
+            servers: PEERS as u32,
         }
     }
 
@@ -168,7 +173,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     let stages = by_setup(&systems).into_iter().map(|(setup, group)| Stage {
         preload: vec![Keys::new(args.keys, "key:", args.value_size as usize)],
         points: at.clone(),
-        ..Stage::peers(&args.common, setup, group, args.keys)
+        ..Stage::peers(&args.common, setup, group, args.keys, args.servers as usize)
     });
     let all = runner.measure(stages, |bed, system, &rate, run| {
         let load = loadgen::LoadArgs {
@@ -211,7 +216,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
                 concurrency: args.concurrency,
                 keys: args.keys,
                 value_size: args.value_size,
-                servers: PEERS,
+                servers: args.servers as usize,
                 short: args.common.short,
             },
             systems: Some(&systems),
@@ -338,7 +343,7 @@ fn summary(
         t,
         "Open-loop GETs with Poisson arrivals from {} requesters in one client namespace, {} \
          keys of {} bytes read uniformly, {} s per point after a short warm-up, medians of {} \
-         run(s) with the systems in rotating order. One testbed: {PEERS} memcached servers \
+         run(s) with the systems in rotating order. One testbed: {} memcached servers \
          and the client joined by kvswitch in `l2` mode, so that every system's packets cross \
          the same switch: memcached direct talks to the first server (which holds every key) \
          at its own address, nutcracker runs in the client's namespace, kvswitch switch mode \
@@ -352,6 +357,7 @@ fn summary(
         args.value_size,
         duration,
         runs,
+        args.servers,
         SUSTAINED * 100.0,
         MAX_LOSS * 100.0,
         MAX_P50_US / 1000.0

@@ -6,7 +6,7 @@
 
 use serde::Serialize;
 
-use super::bed::{Bed, BedSpec, CacheSetup, Servers, Setup, System, PEERS};
+use super::bed::{Bed, BedSpec, CacheSetup, Servers, Setup, System};
 use super::output::{Machine, Output};
 use super::plot::Chart;
 use super::Common;
@@ -52,10 +52,16 @@ impl Keys {
 }
 
 impl<A> Stage<A> {
-    /// The peers' testbed for `systems`, which share `setup`: [`PEERS`] memcached in `l2` mode,
+    /// The peers' testbed for `systems`, which share `setup`: `servers` memcached in `l2` mode,
     /// kvswitch and nutcracker; with kvswitch's cache for [`Setup::Cache`], one that may hold
     /// every one of `cache_keys` keys once read. No keys preloaded and no points yet.
-    pub fn peers(common: &Common, setup: Setup, systems: Vec<System>, cache_keys: u64) -> Self {
+    pub fn peers(
+        common: &Common,
+        setup: Setup,
+        systems: Vec<System>,
+        cache_keys: u64,
+        servers: usize,
+    ) -> Self {
         let cached = setup == Setup::Cache;
         let with = match setup {
             Setup::Cache => " with its cache",
@@ -63,10 +69,10 @@ impl<A> Stage<A> {
             _ => "",
         };
         Stage {
-            testbed: format!("1 client, {PEERS} memcached, kvswitch{with}, nutcracker"),
+            testbed: format!("1 client, {servers} memcached, kvswitch{with}, nutcracker"),
             spec: BedSpec {
                 prefix: common.prefix.clone(),
-                servers: Servers::Memcached { n: PEERS },
+                servers: Servers::Memcached { n: servers },
                 cache: cached.then(|| CacheSetup::whole_keyspace(cache_keys)),
                 switchkv: None,
                 nutcracker: true,

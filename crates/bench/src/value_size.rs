@@ -126,7 +126,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
             .map(|&size| Keys::new(args.keys, &key_prefix(size), size as usize))
             .collect(),
         points: sizes.clone(),
-        ..Stage::peers(&args.common, setup, group, cache_keys)
+        ..Stage::peers(&args.common, setup, group, cache_keys, PEERS)
     });
     let points = runner.measure(stages, |bed, system, &size, run| {
         let load = loadgen::LoadArgs {

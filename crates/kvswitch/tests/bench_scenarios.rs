@@ -155,9 +155,14 @@ fn medians(json: &serde_json::Value) -> &Vec<serde_json::Value> {
     json["medians"].as_array().expect("medians")
 }
 
+/// Run with two servers, as MemSwitch's Figure 3 runs one and two. Its result (the switch's
+/// highest rate doubles with a second server, the proxy's does not) is not asserted: the short
+/// run's rates are sustained by every system, and on 2 cores the client and the middle boxes
+/// saturate before one memcached does (see docs/results.md).
 #[test]
 fn latency_throughput_short() {
-    let (dir, json) = run("latency-throughput", "kvbl");
+    let (dir, json) = run_with("latency-throughput", "kvbl", &["--servers", "2"]);
+    assert_eq!(json["settings"]["servers"], 2);
     let systems = system_names(&json);
     // The peers, kvswitch's three ways in (UDP, TCP spliced, TCP on the proxy's path), and
     // UDP and TCP with its cache.
