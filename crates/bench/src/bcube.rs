@@ -1,5 +1,5 @@
 //! `kvswitch bench bcube`: the CPU each server of a BCube1 (n = 4) spends while a TCP
-//! transfer crosses it (ServerSwitch Figure 10's point: forwarding in the card's pipeline
+//! transfer crosses it (ServerSwitch's section 6.2: forwarding in the card's pipeline
 //! costs the server's host nothing).
 //!
 //! Each of the 16 servers is a host namespace behind its own kvswitch (its card), with a card
