@@ -124,6 +124,11 @@ pub struct Results {
     /// receiving host; the difference is what the CPU path adds.
     pub query_rtt_us: Option<f64>,
     pub echo_rtt_us: Option<f64>,
+    /// Register reads (the congested port's queue length, as the agent reads it) and writes
+    /// (a user register) through the control API, one at a time: each call's time in µs,
+    /// as (mean, median, p99).
+    pub register_read_us: (f64, f64, f64),
+    pub register_write_us: (f64, f64, f64),
     pub queue: Vec<QueueSample>,
     pub sender: Vec<SendSample>,
     pub received: Vec<(f64, f64)>,
@@ -283,6 +288,25 @@ fn measure(bed: &Bed, args: &Args, step_s: f64) -> anyhow::Result<Results> {
         let echo = live.in_host(&client, || {
             probe(SocketAddrV4::new(server.ip, ECHO_PORT), n)
         })??;
+        // ServerSwitch's register test: one read or write at a time, as an agent makes them.
+        let timed = |call: &dyn Fn(u32) -> anyhow::Result<()>| -> anyhow::Result<(f64, f64, f64)> {
+            let mut us = Vec::with_capacity(n as usize);
+            for i in 0..n {
+                let t = Instant::now();
+                call(i)?;
+                us.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+            Ok(spread(us))
+        };
+        let register_read_us = timed(&|_| queue_bytes(&api, port).map(drop))?;
+        let register_write_us = timed(&|i| {
+            api.call(
+                "PUT",
+                "/api/v1/registers/user0",
+                Some(&json!({ "value": i })),
+            )
+            .map(drop)
+        })?;
         finish(stop);
         let received = sink
             .join()
@@ -345,11 +369,24 @@ fn measure(bed: &Bed, args: &Args, step_s: f64) -> anyhow::Result<Results> {
             notifications_received: sent.notifications,
             query_rtt_us: (!query.is_empty()).then(|| median(query)),
             echo_rtt_us: (!echo.is_empty()).then(|| median(echo)),
+            register_read_us,
+            register_write_us,
             queue,
             sender: sent.series,
             received,
         })
     })
+}
+
+/// The mean, median and 99th percentile of `v`.
+fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let mean = v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let p99 = v
+        .get((v.len() * 99 / 100).min(v.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or(f64::NAN);
+    (mean, median(v), p99)
 }
 
 fn queue_chart(args: &Args, r: &Results) -> LineChart {
@@ -454,6 +491,22 @@ fn summary(args: &Args, r: &Results) -> String {
         fmt(r.query_rtt_us, 0),
         fmt(r.echo_rtt_us, 0),
         fmt(r.query_rtt_us.zip(r.echo_rtt_us).map(|(a, b)| a - b), 0)
+    );
+    let (rm, r50, r99) = r.register_read_us;
+    let (wm, w50, w99) = r.register_write_us;
+    let _ = writeln!(
+        s,
+        "\nRegisters through the control API (HTTP), one call at a time, {} each: a read of the \
+         port's queue length takes {} µs on average (median {}, p99 {}), a write of a user \
+         register {} µs (median {}, p99 {}); ServerSwitch reads its chip's registers in 6.94 µs \
+         and writes them in 4.61 µs on average.",
+        r.settings["probes"],
+        fmt(Some(rm), 0),
+        fmt(Some(r50), 0),
+        fmt(Some(r99), 0),
+        fmt(Some(wm), 0),
+        fmt(Some(w50), 0),
+        fmt(Some(w99), 0)
     );
     s
 }

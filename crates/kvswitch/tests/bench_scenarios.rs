@@ -576,6 +576,15 @@ fn qcn_short() {
     );
     assert!(json["query_rtt_us"].as_f64().unwrap() > 0.0);
     assert!(json["echo_rtt_us"].as_f64().unwrap() > 0.0);
+    // ServerSwitch's register test, through the API: (mean, median, p99) of each call.
+    for what in ["register_read_us", "register_write_us"] {
+        let f = |i: usize| json[what][i].as_f64().unwrap_or(f64::NAN);
+        assert!(
+            f(0) > 0.0 && f(1) > 0.0 && f(1) <= f(2),
+            "{what}: {}",
+            json[what]
+        );
+    }
     check_plot(&dir, "queue", &["set point".to_string()]);
     check_plot(
         &dir,
