@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::bed::{BedSpec, Servers, System};
+use super::cost::Cpu;
 use super::output::{fmt, ratio, times};
 use super::plot::{BarChart, Chart};
 use super::runner::{Figures, Keys, Record, Runner, Runs, Stage};
@@ -200,16 +201,8 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     let points = runner.measure([stage], |bed, system, (), run| {
         let load = args.load(run);
         let m = bed.load(system, &load)?;
+        let middle_us = Cpu::per_request(system, &m, load.warmup).middle_us;
         let r = &m.report;
-        // CPU was read over warm-up and window alike: per request of both.
-        let total = r.duration_s + load.warmup;
-        let requests = per_s(r.requests, r.duration_s) * total;
-        let per = |cpu: Option<f64>| cpu.filter(|_| requests > 0.0).map(|s| s * 1e6 / requests);
-        let middle_us = match system {
-            System::Nutcracker => per(m.kvswitch_cpu_s).zip(per(m.nutcracker_cpu_s)),
-            _ => per(m.kvswitch_cpu_s).map(|k| (k, 0.0)),
-        }
-        .map(|(k, n)| k + n);
         Ok(Point {
             system,
             qps: per_s(r.gets + r.sets, r.duration_s),

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::bed::{by_setup, System, PEERS};
+use super::bed::{by_setup, Measured, System, PEERS};
 use super::output::{fmt, ratio, times};
 use super::plot::{BarChart, Chart};
 use super::runner::{Figures, Keys, Record, Runner, Runs, Stage};
@@ -148,19 +148,13 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     let points = runner.measure(stages, |bed, system, (), run| {
         let load = args.load(run);
         let m = bed.load(system, &load)?;
-        let r = &m.report;
-        // CPU was read over warm-up and window alike: per request of both.
-        let total = r.duration_s + load.warmup;
-        let requests = per_s(r.requests, r.duration_s) * total;
-        let per = |cpu: Option<f64>| cpu.filter(|_| requests > 0.0).map(|s| s * 1e6 / requests);
-        let kvswitch_us = per(m.kvswitch_cpu_s);
-        let nutcracker_us = per(m.nutcracker_cpu_s);
+        let cpu = Cpu::per_request(system, &m, load.warmup);
         Ok(Point {
             system,
-            get_rps: per_s(r.gets, r.duration_s),
-            kvswitch_us,
-            nutcracker_us,
-            middle_us: middle(system, kvswitch_us, nutcracker_us),
+            get_rps: per_s(m.report.gets, m.report.duration_s),
+            kvswitch_us: cpu.kvswitch_us,
+            nutcracker_us: cpu.nutcracker_us,
+            middle_us: cpu.middle_us,
             run,
         })
     })?;
@@ -179,12 +173,32 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     Ok(medians)
 }
 
-/// The CPU of the middle boxes on `system`'s path: kvswitch always (it is the network here),
-/// nutcracker only for nutcracker.
-fn middle(system: System, kvswitch: Option<f64>, nutcracker: Option<f64>) -> Option<f64> {
-    match system {
-        System::Nutcracker => Some(kvswitch? + nutcracker?),
-        _ => kvswitch,
+/// CPU µs per request of the processes on the testbed over one load.
+pub(crate) struct Cpu {
+    pub kvswitch_us: Option<f64>,
+    pub nutcracker_us: Option<f64>,
+    /// The middle boxes on the system's path: kvswitch always (it is the network here),
+    /// nutcracker only for nutcracker.
+    pub middle_us: Option<f64>,
+}
+
+impl Cpu {
+    /// From `m`, whose CPU was read over its `warmup` seconds and its window alike: per
+    /// request of both.
+    pub(crate) fn per_request(system: System, m: &Measured, warmup: f64) -> Cpu {
+        let r = &m.report;
+        let requests = per_s(r.requests, r.duration_s) * (r.duration_s + warmup);
+        let per = |cpu: Option<f64>| cpu.filter(|_| requests > 0.0).map(|s| s * 1e6 / requests);
+        let (kvswitch_us, nutcracker_us) = (per(m.kvswitch_cpu_s), per(m.nutcracker_cpu_s));
+        let middle_us = match system {
+            System::Nutcracker => kvswitch_us.zip(nutcracker_us).map(|(k, n)| k + n),
+            _ => kvswitch_us,
+        };
+        Cpu {
+            kvswitch_us,
+            nutcracker_us,
+            middle_us,
+        }
     }
 }
 
