@@ -21,6 +21,7 @@ pub mod proxy;
 pub mod qcn;
 pub mod redis;
 mod redis_hot;
+pub mod reqcache;
 pub mod runner;
 pub mod skew;
 pub mod value_size;
@@ -70,6 +71,10 @@ pub enum Scenario {
     /// no cache, in front of capacity-limited backends: the skew and popularity-change
     /// scenarios, into <out>/skew and <out>/popularity-change.
     Switchkv(SwitchkvArgs),
+    /// Caching by request id (ServerSwitch's Figure 10): the CPU the switch and its agent
+    /// spend, and the bandwidth the server's link still carries, against the share of
+    /// requests the agent answers.
+    Reqcache(reqcache::Args),
     /// AppSwitch's Table 1: half SETs and half GETs to one memcached through nutcracker (the
     /// paper's McRouter) or routed by kvswitch (UDP and TCP), beside memcached direct:
     /// requests per second and the mean, p95 and p99 latency.
@@ -151,6 +156,7 @@ pub fn run(scenario: &Scenario) -> anyhow::Result<()> {
         Scenario::Bcube(args) => bcube::run(args).map(drop),
         Scenario::Fabric(args) => fabric::run(args),
         Scenario::Appswitch(args) => appswitch::run(args).map(drop),
+        Scenario::Reqcache(args) => reqcache::run(args).map(drop),
         Scenario::Switchkv(args) => run_switchkv(args),
         Scenario::All(args) => run_all(&args.common),
     }
@@ -186,6 +192,7 @@ fn run_all(common: &Common) -> anyhow::Result<()> {
     bcube::run(&bcube::Args::with(sub(bcube::NAME)))?;
     fabric::run(&fabric::Args::with(sub(fabric::NAME)))?;
     appswitch::run(&appswitch::Args::with(sub(appswitch::NAME)))?;
+    reqcache::run(&reqcache::Args::with(sub(reqcache::NAME)))?;
     Ok(())
 }
 

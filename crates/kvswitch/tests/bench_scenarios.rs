@@ -402,6 +402,39 @@ fn cost_short() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// ServerSwitch's Figure 10 in short: at no hits the server answers every request; at all
+/// hits it answers none, the agent answering them all from the CPU path at more CPU.
+#[test]
+fn reqcache_short() {
+    let (dir, json) = run("reqcache", "kvbr");
+    let points = json["points"].as_array().expect("points");
+    assert_eq!(points.len(), 2, "no hits and all hits");
+    let at = |ratio: f64| {
+        points
+            .iter()
+            .find(|p| p["hit_ratio"].as_f64() == Some(ratio))
+            .unwrap_or_else(|| panic!("hit ratio {ratio}: {points:?}"))
+    };
+    let n = |p: &serde_json::Value, f: &str| p[f].as_f64().unwrap_or(f64::NAN);
+    for p in points {
+        assert!(n(p, "sent") > 0.0, "{p}");
+        assert!(n(p, "answered") >= 0.9 * n(p, "sent"), "{p}");
+    }
+    let (none, all) = (at(0.0), at(1.0));
+    assert!(n(none, "server_replies") >= 0.9 * n(none, "sent"), "{none}");
+    assert_eq!(
+        n(all, "server_replies"),
+        0.0,
+        "every hit is answered by the agent: {all}"
+    );
+    assert!(
+        n(all, "agent_cpu_pct") > n(none, "agent_cpu_pct"),
+        "answering costs the agent more than examining: {points:?}"
+    );
+    check_plot(&dir, "cpu", &["agent (nf reqcache)".to_string()]);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// AppSwitch's Table 1 in short: the switch routing each request by key beats the proxy hop
 /// (nutcracker, the paper's McRouter) in requests per second and in the middle boxes' CPU per
 /// request. Five short runs here gave the VIP over UDP 1.23x to 1.59x nutcracker's rate and
@@ -638,6 +671,7 @@ fn bad_arguments_are_refused_with_a_reason() {
         "forwarding",
         "qcn",
         "appswitch",
+        "reqcache",
         "all",
     ] {
         assert!(text.contains(s), "bench --help does not list {s}:\n{text}");
