@@ -710,7 +710,6 @@ fn pretty(doc: &Value) -> String {
     serde_json::to_string_pretty(doc).unwrap_or_default() + "\n"
 }
 
-/// A JSON value as a table cell: strings bare, the rest as JSON.
 /// One `port:N` or `interface:N` member of a multicast group, as the API's JSON.
 fn member(text: &str) -> anyhow::Result<Value> {
     let parsed = text.split_once(':').and_then(|(kind, n)| {
@@ -738,6 +737,7 @@ fn members_text(members: &Value) -> String {
     text.join(" ")
 }
 
+/// A JSON value as a table cell: strings bare, the rest as JSON.
 fn cell(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),

@@ -721,9 +721,14 @@ impl Pipeline {
             .filter_map(|(i, it)| Some((i as u16, (*it)?)))
     }
 
-    /// How many entries, miss lists and selector members name interface `i`.
+    /// How many entries, miss lists, selector members and multicast groups name interface
+    /// `i`.
     pub fn interface_uses(&self, i: u16) -> usize {
-        self.uses(&Action::Interface(i))
+        let groups = self
+            .groups()
+            .filter(|(_, members)| members.contains(&Member::Interface(i)))
+            .count();
+        self.uses(&Action::Interface(i)) + groups
     }
 
     /// How many entries, miss lists and selector members hold `action`.

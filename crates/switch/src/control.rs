@@ -360,7 +360,8 @@ pub struct InterfaceView {
     pub eth_dst: String,
     pub eth_src: String,
     pub port: u16,
-    /// Entries, miss lists and selector members whose actions name it.
+    /// Entries, miss lists and selector members whose actions name it, and multicast groups
+    /// it is a member of.
     pub used_by: usize,
 }
 

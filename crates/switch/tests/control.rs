@@ -1285,12 +1285,70 @@ fn a_multicast_entry_sends_a_copy_to_each_member_and_follows_its_group() {
     );
     assert_eq!(stats::get(&stats.multicast), 1);
     assert_eq!(stats::get(&stats.multicast_copies), 3);
+    // Each member once.
+    let err = sw
+        .set_group(2, group(json!([{"port": 1}, {"port": 1}])))
+        .expect_err("a member twice");
+    assert!(err.to_string().contains("port 1 is named twice"), "{err}");
+    // The interface counts the group among its users.
+    let it = sw.interfaces().into_iter().find(|i| i.id == 4).unwrap();
+    assert_eq!(it.used_by, 1);
     // A change of the group changes what the entry does from the next frame on.
     sw.set_group(1, group(json!([{"port": 2}]))).unwrap();
     let mut emit: Vec<Emit> = Vec::new();
     sw.process(0, &mut frame.clone(), true, NOW, &mut emit);
     let ports: Vec<switch::Dest> = emit.iter().map(|e| e.dest).collect();
     assert_eq!(ports, vec![switch::Dest::Port(2)]);
+    // A group whose only member is the ingress port makes no copy: dropped, counted.
+    sw.set_group(1, group(json!([{"port": 0}]))).unwrap();
+    let same_port = stats::get(&stats.drops[Drop::SamePort as usize]);
+    let mut emit: Vec<Emit> = Vec::new();
+    sw.process(0, &mut frame.clone(), true, NOW, &mut emit);
+    assert!(emit.is_empty());
+    assert_eq!(
+        stats::get(&stats.drops[Drop::SamePort as usize]),
+        same_port + 1
+    );
+    assert_eq!(stats::get(&stats.multicast), 2, "not counted as copied");
+    // An impairment in the entry's actions acts on each copy: dropping all, none leaves.
+    sw.set_group(1, group(json!([{"port": 1}, {"port": 2}])))
+        .unwrap();
+    let impaired = sw
+        .apply(vec![add(
+            "acl",
+            json!({"match": {"ip_dst": "10.9.9.9"}, "priority": 5,
+                   "actions": [{"impair": {"drop_ppm": 1_000_000}}, {"multicast": 1}]}),
+        )])
+        .unwrap();
+    let mut emit: Vec<Emit> = Vec::new();
+    sw.process(0, &mut frame.clone(), true, NOW, &mut emit);
+    assert!(emit.is_empty(), "every copy dropped: {:?}", emit.len());
+    assert_eq!(stats::get(&stats.drops[Drop::Impaired as usize]), 2);
+    sw.apply(vec![Change::Delete {
+        table: "acl".into(),
+        id: impaired[0],
+    }])
+    .unwrap();
+    // A frame that grew (an MPLS label pushed) is copied as it leaves the pipeline.
+    let pushed = sw
+        .apply(vec![add(
+            "acl",
+            json!({"match": {"ip_dst": "10.9.9.9"}, "priority": 5,
+                   "actions": [{"push_label": 7}, {"multicast": 1}]}),
+        )])
+        .unwrap();
+    let mut emit: Vec<Emit> = Vec::new();
+    sw.process(0, &mut frame.clone(), true, NOW, &mut emit);
+    assert_eq!(emit.len(), 2);
+    for e in &emit {
+        assert_eq!(e.frame.len(), frame.len() + 4, "the label's 4 bytes");
+        assert_eq!(&e.frame[12..14], &[0x88, 0x47]);
+    }
+    sw.apply(vec![Change::Delete {
+        table: "acl".into(),
+        id: pushed[0],
+    }])
+    .unwrap();
     // Neither the group nor the interface it named goes while named.
     sw.set_group(1, group(json!([{"interface": 4}]))).unwrap();
     let err = sw.delete_group(1).expect_err("named by the entry");

@@ -410,7 +410,7 @@ impl Net {
     /// What network functions write on switch `name`, without the hit counts traffic moves:
     /// every table (name, kind, key, miss actions, owner, and entry count but for the
     /// learning table `l2`'s), the `acl` entries (match, priority, actions), the interface
-    /// table and the counters' names. A function that cleans up after itself leaves this as
+    /// and multicast group tables and the counters' names. A function that cleans up after itself leaves this as
     /// it found it.
     pub fn programmed(&self, name: &str) -> anyhow::Result<serde_json::Value> {
         let client = self.client(name);
@@ -432,6 +432,7 @@ impl Net {
             .map(|e| serde_json::json!([e.fields, e.priority, e.actions]))
             .collect();
         let interfaces = client.interfaces().with_context(read)?;
+        let groups = client.groups().with_context(read)?;
         // Counters by name: their counts come and go with traffic.
         let counters: Vec<String> = client
             .counters()
@@ -439,8 +440,10 @@ impl Net {
             .into_iter()
             .map(|c| c.name)
             .collect();
-        Ok(serde_json::json!({"tables": tables, "acl": acl,
-                              "interfaces": interfaces, "counters": counters}))
+        Ok(
+            serde_json::json!({"tables": tables, "acl": acl, "interfaces": interfaces,
+                              "groups": groups, "counters": counters}),
+        )
     }
 
     /// Packets each port of switch `name` received so far.

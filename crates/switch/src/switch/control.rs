@@ -780,7 +780,19 @@ impl Switch {
             ));
         }
         let mut members = Vec::with_capacity(def.members.len());
-        for m in &def.members {
+        for (i, m) in def.members.iter().enumerate() {
+            if def.members[..i].contains(m) {
+                return Err(ControlError::invalid(
+                    "members",
+                    format!(
+                        "{} is named twice: each member gets one copy",
+                        match m {
+                            MemberDef::Port(p) => format!("port {p}"),
+                            MemberDef::Interface(i) => format!("interface {i}"),
+                        }
+                    ),
+                ));
+            }
             members.push(match *m {
                 MemberDef::Port(p) if usize::from(p) >= self.ports => {
                     return Err(ControlError::invalid(

@@ -790,9 +790,10 @@ impl Switch {
         if meta.regs[REG_MIRROR] != 0 {
             self.queue_for_cpu(in_port, "mirror", frame);
         }
+        let impair = meta.regs[impair::REG_IMPAIR];
         let fate = match spliced {
             Some(fate) => fate,
-            None => self.resolve(verdict, in_port, routed, frame, emit),
+            None => self.resolve(verdict, in_port, routed, frame, impair, emit),
         };
         if routed && fate != Fate::Consumed {
             // Counted once the pipeline has sent it on, not when it was parsed, for the server
@@ -815,7 +816,6 @@ impl Switch {
             }
             stats::inc(&self.stats.kv_forwarded);
         }
-        let impair = meta.regs[impair::REG_IMPAIR];
         if impair != 0 && matches!(fate, Fate::Out(_) | Fate::Flood) {
             let bytes = frame.to_vec();
             self.impaired(impair, fate, in_port, bytes, emit);
@@ -844,13 +844,15 @@ impl Switch {
         }
     }
 
-    /// Turns the pipeline's verdict into a fate.
+    /// Turns the pipeline's verdict into a fate (a multicast's copies, impaired as `impair`
+    /// says, sent at once).
     fn resolve(
         &mut self,
         verdict: Verdict,
         in_port: u16,
         routed: bool,
         frame: &[u8],
+        impair: u32,
         emit: &mut Vec<Emit>,
     ) -> Fate {
         match verdict {
@@ -903,7 +905,7 @@ impl Switch {
                 Fate::Flood
             }
             Verdict::Multicast(g) => {
-                self.multicast(g, in_port, frame, emit);
+                self.multicast(g, in_port, frame, impair, emit);
                 Fate::Consumed
             }
             Verdict::ToCpu(CPU_ARP) => {
@@ -936,16 +938,17 @@ impl Switch {
     }
 
     /// Sends a copy of `frame` to each member of multicast group `g`, in the group's order:
-    /// out of a port as it is, through an interface entry with its addresses. A member on the
-    /// port the frame came in by gets no copy (as flooding sends none back), nor does one on a
-    /// port past the switch's.
-    fn multicast(&mut self, g: u16, in_port: u16, frame: &[u8], emit: &mut Vec<Emit>) {
+    /// out of a port as it is, through an interface entry with its addresses; each copy
+    /// impaired as profile `impair` says (0: none). A member on the port the frame came in by
+    /// gets no copy (as flooding sends none back), nor does one on a port past the switch's; a
+    /// frame left with no copy at all is dropped as `same_port`.
+    fn multicast(&mut self, g: u16, in_port: u16, frame: &[u8], impair: u32, emit: &mut Vec<Emit>) {
         let Some(members) = self.pipeline.group(g) else {
             // Removal is refused while an action names the group.
             self.stats.count_drop(Drop::NoAction);
             return;
         };
-        let mut copies = 0u64;
+        let mut copies = Vec::with_capacity(members.len());
         for m in members {
             let (port, macs) = match *m {
                 Member::Port(p) => (p, None),
@@ -962,16 +965,25 @@ impl Switch {
                 head[..6].copy_from_slice(&dst);
                 head[6..].copy_from_slice(&src);
             }
-            emit.push(Emit {
-                dest: Dest::Port(port),
-                frame: copy,
-            });
-            copies += 1;
+            copies.push((port, copy));
+        }
+        if copies.is_empty() {
+            self.stats.count_drop(Drop::SamePort);
+            return;
         }
         stats::inc(&self.stats.multicast);
         self.stats
             .multicast_copies
-            .fetch_add(copies, std::sync::atomic::Ordering::Relaxed);
+            .fetch_add(copies.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        for (port, copy) in copies {
+            match impair {
+                0 => emit.push(Emit {
+                    dest: Dest::Port(port),
+                    frame: copy,
+                }),
+                n => self.impaired(n, Fate::Out(port), in_port, copy, emit),
+            }
+        }
     }
 
     /// Periodic work: expire split gets, ask servers whose MAC or port is unknown (out of
