@@ -174,8 +174,11 @@ pub enum Sweep {
     Skew,
     /// Gets only, against the cache's size.
     CacheSize,
-    /// Gets and sets, against the share of sets.
+    /// Gets and sets, against the share of sets, the sets drawn by the same Zipf as the gets.
     WriteRatio,
+    /// The same with the sets drawn uniformly over every key (SwitchKV's other write
+    /// workload in Figure 12).
+    UniformWrites,
     /// Gets only, against the offered load: latency.
     Load,
 }
@@ -386,10 +389,13 @@ fn on_one_bed(args: &Args, skews: &[f64], entries: u64) -> Vec<At> {
         load,
     };
     let skewed = skews.iter().map(|&s| at(Sweep::Skew, s, 0.0, args.load));
-    let writes = args
-        .write_ratios()
+    let writes = [Sweep::WriteRatio, Sweep::UniformWrites]
         .into_iter()
-        .map(|w| at(Sweep::WriteRatio, args.cache_skew, w, args.load));
+        .flat_map(|sweep| {
+            args.write_ratios()
+                .into_iter()
+                .map(move |w| at(sweep, args.cache_skew, w, args.load))
+        });
     let loads = args
         .latency_loads()
         .into_iter()
@@ -405,6 +411,7 @@ fn measure(bed: &Bed, args: &Args, system: System, at: &At, run: u32) -> anyhow:
         keys: args.keys,
         value_size: 32,
         dist: loadgen::Dist::Zipf(skew),
+        write_dist: (at.sweep == Sweep::UniformWrites).then_some(loadgen::Dist::Uniform),
         get_ratio: 1.0 - at.write_ratio,
         concurrency: 16,
         rate: Some(args.offered_at(at.load)),
@@ -618,22 +625,29 @@ fn cache_chart(args: &Args, systems: &[System], medians: &[Point]) -> LineChart 
     }
 }
 
+/// Zipf writes solid, uniform writes dashed.
 fn write_chart(args: &Args, systems: &[System], medians: &[Point]) -> LineChart {
     let series = systems
         .iter()
-        .map(|&system| Series {
-            name: system.to_string(),
-            points: sweep(medians, system, Sweep::WriteRatio)
-                .iter()
-                .map(|p| (p.write_ratio, p.rps))
-                .collect(),
-            color: system.color(),
-            dashed: false,
+        .flat_map(|&system| {
+            [
+                (Sweep::WriteRatio, ""),
+                (Sweep::UniformWrites, ", uniform writes"),
+            ]
+            .map(|(which, label)| Series {
+                name: format!("{system}{label}"),
+                points: sweep(medians, system, which)
+                    .iter()
+                    .map(|p| (p.write_ratio, p.rps))
+                    .collect(),
+                color: system.color(),
+                dashed: which == Sweep::UniformWrites,
+            })
         })
         .collect();
     LineChart {
         title: format!(
-            "Throughput against the share of writes (zipf {})",
+            "Throughput against the share of writes (zipf {} reads; writes zipf or uniform)",
             args.cache_skew
         ),
         x_label: "share of requests that are sets".into(),
@@ -783,8 +797,9 @@ fn summary(
     }
     let _ = writeln!(
         t,
-        "\nWith writes (sets of 32 bytes to the keys the same Zipf {} draws, sent to the VIP, or to \
-         the cache node on the path of every request), requests answered per second:\n",
+        "\nWith writes (sets of 32 bytes to the keys the same Zipf {} draws / to keys drawn \
+         uniformly, sent to the VIP, or to the cache node on the path of every request), \
+         requests answered per second:\n",
         args.cache_skew
     );
     let _ = write!(t, "| share of sets |");
@@ -795,10 +810,18 @@ fn summary(
     for w in args.write_ratios() {
         let _ = write!(t, "| {w} |");
         for &s in systems {
-            let p = sweep(medians, s, Sweep::WriteRatio)
-                .into_iter()
-                .find(|p| p.write_ratio == w);
-            let _ = write!(t, " {} |", fmt(p.map(|p| p.rps), 0));
+            let rps = |which| {
+                sweep(medians, s, which)
+                    .into_iter()
+                    .find(|p| p.write_ratio == w)
+                    .map(|p| p.rps)
+            };
+            let _ = write!(
+                t,
+                " {} / {} |",
+                fmt(rps(Sweep::WriteRatio), 0),
+                fmt(rps(Sweep::UniformWrites), 0)
+            );
         }
         let _ = writeln!(t);
     }

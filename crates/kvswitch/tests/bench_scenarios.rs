@@ -226,9 +226,14 @@ fn skew_short() {
         ],
     );
     assert!(dir.join("throughput-cache-size.png").exists());
-    // Every system at every point of the write-ratio and latency sweeps.
+    // Every system at every point of the write-ratio sweeps (Zipf and uniform writes) and
+    // the latency sweep.
     let systems = json["systems"].as_array().expect("systems").len();
-    for (sweep, settings) in [("write_ratio", "write_ratios"), ("load", "latency_loads")] {
+    for (sweep, settings) in [
+        ("write_ratio", "write_ratios"),
+        ("uniform_writes", "write_ratios"),
+        ("load", "latency_loads"),
+    ] {
         let points: Vec<&serde_json::Value> = medians(&json)
             .iter()
             .filter(|p| p["sweep"] == sweep)
@@ -246,7 +251,10 @@ fn skew_short() {
     check_plot(
         &dir,
         "throughput-write-ratio",
-        &["look-aside cache node (UDP)".to_string()],
+        &[
+            "look-aside cache node (UDP)".to_string(),
+            "look-aside cache node (UDP), uniform writes".to_string(),
+        ],
     );
     check_plot(
         &dir,

@@ -203,6 +203,11 @@ pub struct LoadArgs {
     /// Keep Zipf ranks in key order (rank 1 is index 0) instead of spreading them.
     #[arg(long)]
     pub no_scramble: bool,
+    /// Key popularity of the sets alone: uniform or zipf:THETA [default: --dist's]. SwitchKV's
+    /// Figure 12 writes uniformly while it reads by Zipf.
+    #[arg(long, value_name = "DIST")]
+    #[serde(default)]
+    pub write_dist: Option<Dist>,
     /// Fraction of requests that are gets; the rest are sets.
     #[arg(long, default_value_t = 0.9)]
     pub get_ratio: f64,
@@ -284,6 +289,7 @@ impl LoadArgs {
             key_prefix: "key:".into(),
             dist: Dist::Uniform,
             no_scramble: false,
+            write_dist: None,
             get_ratio: 0.9,
             value_size: 32,
             concurrency: 4,
@@ -519,6 +525,9 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<Report> {
         protocol: args.protocol,
         key_prefix: args.key_prefix.clone(),
         keygen: zipf::KeyGen::new(args.keys, args.dist.theta(), !args.no_scramble),
+        write_keygen: args
+            .write_dist
+            .map(|d| zipf::KeyGen::new(args.keys, d.theta(), !args.no_scramble)),
         ranking,
         interval,
         get_ratio: args.get_ratio,
