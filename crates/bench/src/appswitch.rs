@@ -282,8 +282,10 @@ fn summary(args: &Args, medians: &[Point], runs: u32, duration: f64) -> String {
         "{} closed-loop requesters send {:.0}% GETs and {:.0}% SETs of {} keys of {} bytes to one \
          memcached, {} s per system, medians of {runs} run(s) with the systems in rotating \
          order. nutcracker stands for the paper's McRouter (a proxy on the path), kvswitch's VIP \
-         for AppSwitch (the switch routes by the request's key). Middle boxes' CPU: kvswitch \
-         (the network for every system here) and, for nutcracker, nutcracker.\n",
+         for AppSwitch (the switch routes by the request's key). Middle boxes' CPU: the process \
+         time (user + system, from /proc) of kvswitch (the network for every system here) \
+         and, for nutcracker, of nutcracker; the XDP program's and the kernel's softirq time \
+         count for whichever task they ran in.\n",
         args.concurrency,
         args.get_ratio * 100.0,
         (1.0 - args.get_ratio) * 100.0,

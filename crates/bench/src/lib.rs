@@ -73,7 +73,7 @@ pub enum Scenario {
     Switchkv(SwitchkvArgs),
     /// Caching by request id (ServerSwitch's Figure 10): the CPU the switch and its agent
     /// spend, and the bandwidth the server's link still carries, against the share of
-    /// requests the agent answers.
+    /// requests the agent answers (one pass: --runs does not apply).
     Reqcache(reqcache::Args),
     /// AppSwitch's Table 1: half SETs and half GETs to one memcached through nutcracker (the
     /// paper's McRouter) or routed by kvswitch (UDP and TCP), beside memcached direct:

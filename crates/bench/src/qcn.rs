@@ -288,7 +288,15 @@ fn measure(bed: &Bed, args: &Args, step_s: f64) -> anyhow::Result<Results> {
         let echo = live.in_host(&client, || {
             probe(SocketAddrV4::new(server.ip, ECHO_PORT), n)
         })??;
-        // ServerSwitch's register test: one read or write at a time, as an agent makes them.
+        finish(stop);
+        let received = sink
+            .join()
+            .map_err(|_| anyhow::anyhow!("the receiver panicked"))??;
+        let cp_stats = cp
+            .join()
+            .map_err(|_| anyhow::anyhow!("the congestion point panicked"))??;
+        // ServerSwitch's register test: one read or write at a time, as an agent makes them,
+        // once the congestion point has stopped calling the API.
         let timed = |call: &dyn Fn(u32) -> anyhow::Result<()>| -> anyhow::Result<(f64, f64, f64)> {
             let mut us = Vec::with_capacity(n as usize);
             for i in 0..n {
@@ -307,13 +315,6 @@ fn measure(bed: &Bed, args: &Args, step_s: f64) -> anyhow::Result<Results> {
             )
             .map(drop)
         })?;
-        finish(stop);
-        let received = sink
-            .join()
-            .map_err(|_| anyhow::anyhow!("the receiver panicked"))??;
-        let cp_stats = cp
-            .join()
-            .map_err(|_| anyhow::anyhow!("the congestion point panicked"))??;
         let steps = args
             .steps_mbps
             .iter()

@@ -33,6 +33,7 @@ const REPLY_LEN: usize = 1514 - 42;
 /// hot ids out of the cache.
 const MISS_REPLY_ID: &[u8; 8] = b"miss----";
 
+/// One pass over the hit ratios: `--runs` does not apply.
 #[derive(clap::Args, Clone, Debug)]
 pub struct Args {
     #[command(flatten)]
@@ -117,7 +118,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     let results = Results {
         scenario: NAME,
         settings: serde_json::json!({
-            "rate": args.rate, "duration_s": duration, "hot": args.hot,
+            "rate": args.rate, "duration_s": duration, "hot": args.hot, "runs": 1,
             "request_frame": REQUEST_LEN + 42, "reply_frame": REPLY_LEN + 42,
             "short": args.common.short,
         }),
@@ -168,7 +169,8 @@ fn measure(bed: &Bed, args: &Args, duration: f64) -> anyhow::Result<Vec<Point>> 
         .args(["--capacity", "4000", "--report-s", "0"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        // Its errors, and its counters when it stops, beside the scenario's own lines.
+        .stderr(Stdio::inherit());
     if let Some(token) = state.api_token()? {
         agent.env(api::TOKEN_ENV, token);
     }
@@ -338,6 +340,14 @@ fn send(
     recv.set_read_timeout(Some(Duration::from_millis(300)))?;
     let done = AtomicBool::new(false);
     let mut rng = kv::rng::Xoshiro256StarStar::seed_from_u64(seed + 1);
+    /// Stops the counting thread however the sending ends, so an error cannot leave the
+    /// scope waiting for it.
+    struct Done<'a>(&'a AtomicBool);
+    impl Drop for Done<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
     std::thread::scope(|scope| -> anyhow::Result<(u64, u64)> {
         let done = &done;
         let counting = scope.spawn(move || {
@@ -351,6 +361,7 @@ fn send(
                 }
             }
         });
+        let stopping = Done(done);
         let start = Instant::now();
         let total = (f64::from(rate) * duration) as u64;
         let mut sent = 0u64;
@@ -374,7 +385,7 @@ fn send(
         }
         // The last replies, then the counter stops at its next timeout.
         std::thread::sleep(Duration::from_millis(200));
-        done.store(true, Ordering::Relaxed);
+        drop(stopping);
         let got = counting
             .join()
             .map_err(|_| anyhow::anyhow!("the receiver panicked"))?;
@@ -416,7 +427,8 @@ fn summary(args: &Args, points: &[Point]) -> String {
          ask for ids never asked before, whose replies the agent examines but keeps once (they \
          all carry one id). CPU in % of one core from /proc. ServerSwitch (Figure 10): the \
          bandwidth the server's link carries falls by the hit ratio, the switch's CPU rises \
-         with it, from 14% at no hits (its caching of every reply).\n",
+         with it, from 14% at no hits (its caching of every reply). One pass (`--runs` does \
+         not apply).\n",
         args.rate,
         args.hot,
         args.duration()

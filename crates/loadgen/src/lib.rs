@@ -203,8 +203,9 @@ pub struct LoadArgs {
     /// Keep Zipf ranks in key order (rank 1 is index 0) instead of spreading them.
     #[arg(long)]
     pub no_scramble: bool,
-    /// Key popularity of the sets alone: uniform or zipf:THETA [default: --dist's]. SwitchKV's
-    /// Figure 12 writes uniformly while it reads by Zipf.
+    /// Key popularity of the sets alone: uniform or zipf:THETA [default: the gets', --dist].
+    /// SwitchKV's Figure 12 writes uniformly while it reads by Zipf. Popularity changes
+    /// (--change) move the gets' keys alone when it is given.
     #[arg(long, value_name = "DIST")]
     #[serde(default)]
     pub write_dist: Option<Dist>,
