@@ -418,6 +418,22 @@ pub struct BedSpec {
     pub tcp: Option<&'static str>,
 }
 
+impl BedSpec {
+    /// One client and one memcached server joined by kvswitch over AF_PACKET, with nothing
+    /// else: the testbed of the scenarios whose agents run on the switch's CPU path.
+    pub fn one_server(prefix: &str) -> BedSpec {
+        BedSpec {
+            prefix: prefix.to_string(),
+            servers: Servers::Memcached { n: 1 },
+            cache: None,
+            switchkv: None,
+            nutcracker: false,
+            datapath: Some("af_packet"),
+            tcp: None,
+        }
+    }
+}
+
 /// Servers on the peers' testbed, where memcached direct, nutcracker and kvswitch are measured
 /// side by side.
 pub const PEERS: usize = 3;

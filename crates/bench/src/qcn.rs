@@ -28,7 +28,7 @@ use nf::qcn::{
     ECHO_PORT, MARK_DSCP, QUERY_PORT,
 };
 
-use super::bed::{Bed, BedSpec, Servers};
+use super::bed::{Bed, BedSpec};
 use super::output::{fmt, Machine, Output};
 use super::plot::{Chart, LineChart, Series};
 use super::Common;
@@ -161,15 +161,7 @@ pub fn run(args: &Args) -> anyhow::Result<Results> {
     let machine = Machine::describe();
     let out = Output::create(&super::bed::out_dir(args.common.out.as_ref(), NAME))?;
     eprintln!("{NAME}: building the testbed (1 client, 1 server, datapath = \"af_packet\")...");
-    let bed = Bed::up(&BedSpec {
-        prefix: args.common.prefix.clone(),
-        servers: Servers::Memcached { n: 1 },
-        cache: None,
-        switchkv: None,
-        nutcracker: false,
-        datapath: Some("af_packet"),
-        tcp: None,
-    })?;
+    let bed = Bed::up(&BedSpec::one_server(&args.common.prefix))?;
     let measured = measure(&bed, args, step_s);
     bed.down()?;
     let results = Results {

@@ -15,7 +15,7 @@ use anyhow::Context;
 use kv::rng::Rng as _;
 use serde::Serialize;
 
-use super::bed::{Bed, BedSpec, Servers};
+use super::bed::{Bed, BedSpec};
 use super::output::{fmt, Machine, Output};
 use super::plot::{Chart, LineChart, Series};
 use super::Common;
@@ -103,15 +103,7 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     let machine = Machine::describe();
     let out = Output::create(&super::bed::out_dir(args.common.out.as_ref(), NAME))?;
     eprintln!("{NAME}: building the testbed (1 client, 1 server, kvswitch, the agent)...");
-    let bed = Bed::up(&BedSpec {
-        prefix: args.common.prefix.clone(),
-        servers: Servers::Memcached { n: 1 },
-        cache: None,
-        switchkv: None,
-        nutcracker: false,
-        datapath: Some("af_packet"),
-        tcp: None,
-    })?;
+    let bed = Bed::up(&BedSpec::one_server(&args.common.prefix))?;
     let measured = measure(&bed, args, duration);
     bed.down()?;
     let points = measured?;

@@ -99,6 +99,9 @@ pub enum Error {
     /// A multicast group cannot be removed while an action list refers to it.
     #[error("multicast group {group} is used by an action in {by}")]
     GroupInUse { group: u16, by: String },
+    /// A multicast group that names one member twice.
+    #[error("{0} is named twice: each member of a multicast group gets one copy")]
+    DuplicateMember(crate::Member),
     /// A multicast group with no members, or with more than
     /// [`MAX_GROUP_MEMBERS`](crate::MAX_GROUP_MEMBERS).
     #[error("a multicast group of {0} members; use 1 to {max}", max = crate::MAX_GROUP_MEMBERS)]

@@ -58,6 +58,15 @@ pub enum Member {
     Interface(u16),
 }
 
+impl core::fmt::Display for Member {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Member::Port(p) => write!(f, "port {p}"),
+            Member::Interface(i) => write!(f, "interface {i}"),
+        }
+    }
+}
+
 /// Pipeline-wide statistics.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PipelineStats {
@@ -724,11 +733,14 @@ impl Pipeline {
     /// How many entries, miss lists, selector members and multicast groups name interface
     /// `i`.
     pub fn interface_uses(&self, i: u16) -> usize {
-        let groups = self
-            .groups()
-            .filter(|(_, members)| members.contains(&Member::Interface(i)))
-            .count();
-        self.uses(&Action::Interface(i)) + groups
+        self.uses(&Action::Interface(i)) + self.groups_naming(i).count()
+    }
+
+    /// The multicast groups that have interface `i` among their members.
+    fn groups_naming(&self, i: u16) -> impl Iterator<Item = u16> + '_ {
+        self.groups()
+            .filter(move |(_, members)| members.contains(&Member::Interface(i)))
+            .map(|(g, _)| g)
     }
 
     /// How many entries, miss lists and selector members hold `action`.
@@ -769,10 +781,7 @@ impl Pipeline {
         if let Some(by) = self.used_by(&Action::Interface(i)) {
             return Err(Error::InterfaceInUse { interface: i, by });
         }
-        if let Some((g, _)) = self
-            .groups()
-            .find(|(_, members)| members.contains(&Member::Interface(i)))
-        {
+        if let Some(g) = self.groups_naming(i).next() {
             return Err(Error::InterfaceInUse {
                 interface: i,
                 by: format!("multicast group {g}"),
@@ -802,7 +811,8 @@ impl Pipeline {
 
     /// Sets entry `g` of the multicast group table, adding it or replacing it; frames that
     /// name it are copied to the new members from the next frame on. A group has 1 to
-    /// [`MAX_GROUP_MEMBERS`] members, and the interface entries it names must exist.
+    /// [`MAX_GROUP_MEMBERS`] members, each once, and the interface entries it names must
+    /// exist.
     pub fn set_group(&mut self, g: u16, members: Vec<Member>) -> Result<(), Error> {
         if usize::from(g) >= MAX_GROUPS {
             return Err(Error::UnknownGroup(g));
@@ -810,7 +820,10 @@ impl Pipeline {
         if members.is_empty() || members.len() > MAX_GROUP_MEMBERS {
             return Err(Error::BadGroupSize(members.len()));
         }
-        for m in &members {
+        for (n, m) in members.iter().enumerate() {
+            if members[..n].contains(m) {
+                return Err(Error::DuplicateMember(*m));
+            }
             if let Member::Interface(i) = *m {
                 if self.interface(i).is_none() {
                     return Err(Error::UnknownInterface(i));
@@ -819,6 +832,39 @@ impl Pipeline {
         }
         self.groups[usize::from(g)] = Some(members);
         Ok(())
+    }
+
+    /// The copies of `frame` that multicast group `g` makes for the ports `to` accepts, in its
+    /// members' order, each with the port it leaves by: the frame as it is for a port, with
+    /// the entry's Ethernet addresses for an interface (as [`Action::Interface`] rewrites
+    /// them). `None` for a group that is not there.
+    pub fn copies(
+        &self,
+        g: u16,
+        frame: &[u8],
+        to: impl Fn(u16) -> bool,
+    ) -> Option<Vec<(u16, Vec<u8>)>> {
+        let mut out = Vec::new();
+        for m in self.group(g)? {
+            let (port, macs) = match *m {
+                Member::Port(p) => (p, None),
+                // Removal is refused while a group names the entry.
+                Member::Interface(i) => match self.interface(i) {
+                    Some(it) => (it.port, Some((it.eth_dst, it.eth_src))),
+                    None => continue,
+                },
+            };
+            if !to(port) {
+                continue;
+            }
+            let mut copy = frame.to_vec();
+            if let Some((dst, src)) = macs {
+                rewrite::set_mac(&mut copy, 0, dst);
+                rewrite::set_mac(&mut copy, 6, src);
+            }
+            out.push((port, copy));
+        }
+        Some(out)
     }
 
     /// Removes entry `g` of the multicast group table. Refused with [`Error::GroupInUse`]

@@ -1254,6 +1254,10 @@ fn a_multicast_group_is_checked_named_by_entries_and_kept_while_named() {
         p.set_group(7, vec![Member::Port(1), Member::Interface(2)]),
         Err(Error::UnknownInterface(2))
     );
+    assert_eq!(
+        p.set_group(7, vec![Member::Port(1), Member::Port(3), Member::Port(1)]),
+        Err(Error::DuplicateMember(Member::Port(1)))
+    );
     let it = Interface {
         eth_dst: MAC_B,
         eth_src: VIP_MAC,

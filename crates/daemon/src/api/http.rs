@@ -614,17 +614,19 @@ async fn interfaces(State(api): State<Shared>) -> Reply {
     ok(json!({ "interfaces": call(&api, |sw, _, _| sw.interfaces()).await? }))
 }
 
-fn interface_id(id: &str) -> Result<u16, ApiFailure> {
+/// A table id from a route's path: `what` ids are 0 to `max`.
+fn path_id(id: &str, what: &str, max: usize) -> Result<u16, ApiFailure> {
     id.parse().map_err(|_| {
         ApiFailure::from(ControlError::new(
             ErrorKind::Invalid,
             "id",
-            format!(
-                "{id:?} is not an interface id (0 to {})",
-                control::MAX_INTERFACES - 1
-            ),
+            format!("{id:?} is not {what} id (0 to {max})"),
         ))
     })
+}
+
+fn interface_id(id: &str) -> Result<u16, ApiFailure> {
+    path_id(id, "an interface", control::MAX_INTERFACES - 1)
 }
 
 async fn show_interface(State(api): State<Shared>, Path(id): Path<String>) -> Reply {
@@ -657,16 +659,7 @@ async fn groups(State(api): State<Shared>) -> Reply {
 }
 
 fn group_id(id: &str) -> Result<u16, ApiFailure> {
-    id.parse().map_err(|_| {
-        ApiFailure::from(ControlError::new(
-            ErrorKind::Invalid,
-            "id",
-            format!(
-                "{id:?} is not a multicast group id (0 to {})",
-                control::MAX_GROUPS - 1
-            ),
-        ))
-    })
+    path_id(id, "a multicast group", control::MAX_GROUPS - 1)
 }
 
 async fn show_group(State(api): State<Shared>, Path(id): Path<String>) -> Reply {

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use pipeline::{CounterId, EntryId, Taken};
+use pipeline::{CounterId, EntryId, Member, Taken};
 
 use super::impair::REG_IMPAIR;
 use super::*;
@@ -780,19 +780,7 @@ impl Switch {
             ));
         }
         let mut members = Vec::with_capacity(def.members.len());
-        for (i, m) in def.members.iter().enumerate() {
-            if def.members[..i].contains(m) {
-                return Err(ControlError::invalid(
-                    "members",
-                    format!(
-                        "{} is named twice: each member gets one copy",
-                        match m {
-                            MemberDef::Port(p) => format!("port {p}"),
-                            MemberDef::Interface(i) => format!("interface {i}"),
-                        }
-                    ),
-                ));
-            }
+        for m in &def.members {
             members.push(match *m {
                 MemberDef::Port(p) if usize::from(p) >= self.ports => {
                     return Err(ControlError::invalid(
@@ -815,7 +803,7 @@ impl Switch {
         }
         self.pipeline
             .set_group(id, members)
-            .map_err(pipeline_error)?;
+            .map_err(|e| pipeline_error(e).within("members"))?;
         Ok(GroupView {
             id,
             members: def.members,

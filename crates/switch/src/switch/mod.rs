@@ -18,8 +18,8 @@ use std::time::Duration;
 use kv::Instant;
 
 use pipeline::{
-    Action, Choose, Entry, Field, MatchKind, Member, Meta, Pipeline, SelectorId, TableId,
-    TableSpec, Verdict,
+    Action, Choose, Entry, Field, MatchKind, Meta, Pipeline, SelectorId, TableId, TableSpec,
+    Verdict,
 };
 use wire::ethernet::{self, EtherType, Mac};
 use wire::memcache::{self, Command, Protocol};
@@ -943,30 +943,13 @@ impl Switch {
     /// gets no copy (as flooding sends none back), nor does one on a port past the switch's; a
     /// frame left with no copy at all is dropped as `same_port`.
     fn multicast(&mut self, g: u16, in_port: u16, frame: &[u8], impair: u32, emit: &mut Vec<Emit>) {
-        let Some(members) = self.pipeline.group(g) else {
+        let ports = self.ports;
+        let to = |port: u16| port != in_port && usize::from(port) < ports;
+        let Some(copies) = self.pipeline.copies(g, frame, to) else {
             // Removal is refused while an action names the group.
             self.stats.count_drop(Drop::NoAction);
             return;
         };
-        let mut copies = Vec::with_capacity(members.len());
-        for m in members {
-            let (port, macs) = match *m {
-                Member::Port(p) => (p, None),
-                Member::Interface(i) => match self.pipeline.interface(i) {
-                    Some(it) => (it.port, Some((it.eth_dst, it.eth_src))),
-                    None => continue,
-                },
-            };
-            if port == in_port || usize::from(port) >= self.ports {
-                continue;
-            }
-            let mut copy = frame.to_vec();
-            if let (Some((dst, src)), Some(head)) = (macs, copy.get_mut(..12)) {
-                head[..6].copy_from_slice(&dst);
-                head[6..].copy_from_slice(&src);
-            }
-            copies.push((port, copy));
-        }
         if copies.is_empty() {
             self.stats.count_drop(Drop::SamePort);
             return;

@@ -2053,10 +2053,8 @@ impl Switch {
 fn may_wait(flow: &Flow, i: usize, ack: u32) -> bool {
     let leg = &flow.legs[i];
     flow.active != Some(i)
-        && flow.closed.is_none()
         && flow.fins == 0
-        && !leg.fin
-        && !leg.gone
+        && still_open(flow, i)
         && leg.replies.settled()
         && ack == leg.read
 }
@@ -2065,12 +2063,17 @@ fn may_wait(flow: &Flow, i: usize, ack: u32) -> bool {
 fn ack_owed(flow: &Flow, i: usize) -> bool {
     let leg = &flow.legs[i];
     leg.their_isn.is_some()
-        && !leg.fin
-        && !leg.gone
-        && flow.closed.is_none()
+        && still_open(flow, i)
         && leg
             .ack_due
             .is_some_and(|due| tcp::before(leg.acked_to, due))
+}
+
+/// Whether leg `i` and its flow are open on every side: an acknowledgement held for it is
+/// still worth sending.
+fn still_open(flow: &Flow, i: usize) -> bool {
+    let leg = &flow.legs[i];
+    flow.closed.is_none() && !leg.fin && !leg.gone
 }
 
 /// Leg `leg` of `client`'s flow as its target's segments name it.
