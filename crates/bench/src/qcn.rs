@@ -23,6 +23,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use switch::qcn::{CpParams, RpParams};
 
+use nf::cpu::{Cpu, CpuMode};
 use nf::qcn::{
     probe, queue_bytes, round3, run_cp, send, sink, CpConfig, CpStats, SendSample, DATA_PORT,
     ECHO_PORT, MARK_DSCP, QUERY_PORT,
@@ -56,10 +57,14 @@ pub struct Args {
     /// UDP payload bytes of the sender's datagrams.
     #[arg(long, default_value_t = 1000)]
     pub payload: usize,
-    /// Queue queries (and echoes) timed for the notification's delay [default: 2000; 200 with
-    /// --short].
+    /// Queue queries (and echoes) timed for the notification's delay, and register reads and
+    /// writes timed, over each way to the CPU path [default: 2000; 200 with --short].
     #[arg(long)]
     pub probes: Option<u32>,
+    /// How the congestion point's agent reaches the CPU path during the run (the delay and
+    /// the registers are timed over both ways after it).
+    #[arg(long, value_enum, default_value_t = CpuMode::Auto)]
+    pub cpu: CpuMode,
 }
 
 impl Args {
@@ -72,6 +77,7 @@ impl Args {
             q_eq_kb: 20.0,
             payload: 1000,
             probes: None,
+            cpu: CpuMode::Auto,
         }
     }
 
@@ -120,18 +126,30 @@ pub struct Results {
     pub sent: u64,
     pub marked: u64,
     pub notifications_received: u64,
-    /// Medians of the probes: queue queries answered by the agent, and echoes from the
-    /// receiving host; the difference is what the CPU path adds.
-    pub query_rtt_us: Option<f64>,
+    /// Whether the run's agent took its frames over the CPU channel (else HTTP).
+    pub over_channel: bool,
+    /// The median of the echoes from the receiving host: the round trip without the CPU.
     pub echo_rtt_us: Option<f64>,
-    /// Register reads (the congested port's queue length, as the agent reads it) and writes
-    /// (a user register) through the control API, one at a time: each call's time in µs,
-    /// as (mean, median, p99).
-    pub register_read_us: (f64, f64, f64),
-    pub register_write_us: (f64, f64, f64),
+    /// The CPU path's figures over HTTP and over the CPU channel.
+    pub ways: Vec<WayFigures>,
     pub queue: Vec<QueueSample>,
     pub sender: Vec<SendSample>,
     pub received: Vec<(f64, f64)>,
+}
+
+/// The CPU path's figures over one way to it.
+#[derive(Clone, Debug, Serialize)]
+pub struct WayFigures {
+    /// `http` or `channel`.
+    pub way: &'static str,
+    /// The median round trip of a queue query answered by the agent; less the echo's, it is
+    /// what the CPU path adds to a notification.
+    pub query_rtt_us: Option<f64>,
+    pub notification_delay_us: Option<f64>,
+    /// Register reads (the congested port's queue length, as the agent reads it) and writes
+    /// (a user register), one at a time: each call's time in µs, as (mean, median, p99).
+    pub register_read_us: (f64, f64, f64),
+    pub register_write_us: (f64, f64, f64),
 }
 
 pub fn run(args: &Args) -> anyhow::Result<Results> {
@@ -210,6 +228,7 @@ fn measure(bed: &Bed, args: &Args, step_s: f64) -> anyhow::Result<Results> {
     let client = bed.client.clone();
     let cp_cfg = CpConfig {
         api: api.clone(),
+        cpu: args.cpu,
         port,
         params: CpParams { q_eq, w: 2.0 },
         dscp: MARK_DSCP,
@@ -232,6 +251,7 @@ fn measure(bed: &Bed, args: &Args, step_s: f64) -> anyhow::Result<Results> {
         let origin = Instant::now() + Duration::from_millis(500);
         let sink = scope.spawn(move || live.in_host(&server_ns, || sink(stop, ready_tx, origin)));
         let cp = scope.spawn(|| run_cp(&cp_cfg, &|| stop.load(Ordering::Relaxed)));
+        let mut register = Cpu::open(&api, args.cpu, false)?;
         let ready = ready_rx
             .recv_timeout(Duration::from_secs(5))
             .unwrap_or(false);
@@ -263,7 +283,7 @@ fn measure(bed: &Bed, args: &Args, step_s: f64) -> anyhow::Result<Results> {
             }
             queue.push(QueueSample {
                 t: round3(t),
-                queue_bytes: queue_bytes(&api, port)?,
+                queue_bytes: queue_bytes(&mut register, port)?,
                 port_mbps,
             });
             std::thread::sleep(Duration::from_millis(10));
@@ -274,9 +294,6 @@ fn measure(bed: &Bed, args: &Args, step_s: f64) -> anyhow::Result<Results> {
         std::thread::sleep(Duration::from_millis(200));
         let drops = tx_dropped()? - dropped_before;
         let n = args.probes();
-        let query = live.in_host(&client, || {
-            probe(SocketAddrV4::new(server.ip, QUERY_PORT), n)
-        })??;
         let echo = live.in_host(&client, || {
             probe(SocketAddrV4::new(server.ip, ECHO_PORT), n)
         })??;
@@ -287,26 +304,25 @@ fn measure(bed: &Bed, args: &Args, step_s: f64) -> anyhow::Result<Results> {
         let cp_stats = cp
             .join()
             .map_err(|_| anyhow::anyhow!("the congestion point panicked"))??;
-        // ServerSwitch's register test: one read or write at a time, as an agent makes them,
-        // once the congestion point has stopped calling the API.
-        let timed = |call: &dyn Fn(u32) -> anyhow::Result<()>| -> anyhow::Result<(f64, f64, f64)> {
-            let mut us = Vec::with_capacity(n as usize);
-            for i in 0..n {
-                let t = Instant::now();
-                call(i)?;
-                us.push(t.elapsed().as_secs_f64() * 1e6);
-            }
-            Ok(spread(us))
-        };
-        let register_read_us = timed(&|_| queue_bytes(&api, port).map(drop))?;
-        let register_write_us = timed(&|i| {
-            api.call(
-                "PUT",
-                "/api/v1/registers/user0",
-                Some(&json!({ "value": i })),
-            )
-            .map(drop)
-        })?;
+        let echo_rtt_us = (!echo.is_empty()).then(|| median(echo));
+        let mut ways = Vec::new();
+        for (way, mode) in [("http", CpuMode::Http), ("channel", CpuMode::Channel)] {
+            eprintln!("{NAME}: timing the CPU path over {way} ({n} queries, reads, writes)...");
+            let query = timed_queries(live, &client, &cp_cfg, mode, server.ip, n)?;
+            // ServerSwitch's register test: one read or write at a time, as an agent makes
+            // them, with no agent running.
+            let mut cpu = Cpu::open(&api, mode, false)?;
+            let register_read_us = timed(n, &mut |_| queue_bytes(&mut cpu, port).map(drop))?;
+            let register_write_us = timed(n, &mut |i| cpu.write("user0", u64::from(i)))?;
+            let query_rtt_us = (!query.is_empty()).then(|| median(query));
+            ways.push(WayFigures {
+                way,
+                query_rtt_us,
+                notification_delay_us: query_rtt_us.zip(echo_rtt_us).map(|(q, e)| q - e),
+                register_read_us,
+                register_write_us,
+            });
+        }
         let steps = args
             .steps_mbps
             .iter()
@@ -360,14 +376,65 @@ fn measure(bed: &Bed, args: &Args, step_s: f64) -> anyhow::Result<Results> {
             sent: sent.datagrams,
             marked: sent.marked,
             notifications_received: sent.notifications,
-            query_rtt_us: (!query.is_empty()).then(|| median(query)),
-            echo_rtt_us: (!echo.is_empty()).then(|| median(echo)),
-            register_read_us,
-            register_write_us,
+            over_channel: register.over_channel(),
+            echo_rtt_us,
+            ways,
             queue,
             sender: sent.series,
             received,
         })
+    })
+}
+
+/// Each of `n` calls' time in µs, one at a time: (mean, median, p99).
+fn timed(
+    n: u32,
+    call: &mut dyn FnMut(u32) -> anyhow::Result<()>,
+) -> anyhow::Result<(f64, f64, f64)> {
+    let mut us = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let t = Instant::now();
+        call(i)?;
+        us.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok(spread(us))
+}
+
+/// Round trips of `n` queue queries from the client, answered by a congestion point's agent
+/// run for them alone over `mode`.
+fn timed_queries(
+    live: &testbed::Live,
+    client: &str,
+    cfg: &CpConfig,
+    mode: CpuMode,
+    server: std::net::Ipv4Addr,
+    n: u32,
+) -> anyhow::Result<Vec<f64>> {
+    let stop = AtomicBool::new(false);
+    let cfg = CpConfig {
+        cpu: mode,
+        ..cfg.clone()
+    };
+    let to = SocketAddrV4::new(server, QUERY_PORT);
+    std::thread::scope(|scope| {
+        let cp = scope.spawn(|| run_cp(&cfg, &|| stop.load(Ordering::Relaxed)));
+        let rtts = (|| {
+            // The agent answers once its entries are in: a query at a time until one is.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while live.in_host(client, || probe(to, 1))??.is_empty() {
+                anyhow::ensure!(
+                    Instant::now() < deadline && !cp.is_finished(),
+                    "the congestion point answered no query over {mode:?}"
+                );
+            }
+            live.in_host(client, || probe(to, n))?
+        })();
+        stop.store(true, Ordering::Relaxed);
+        let cp = cp
+            .join()
+            .map_err(|_| anyhow::anyhow!("the congestion point panicked"))?;
+        cp?;
+        rtts
     })
 }
 
@@ -478,28 +545,31 @@ fn summary(args: &Args, r: &Results) -> String {
     );
     let _ = writeln!(
         s,
-        "Notification delay: a queue query answered on the CPU path takes {} µs round trip \
-         (median), an echo from the receiving host {} µs; the difference, {} µs, is what the \
-         CPU path adds (ServerSwitch: 41 and 18 µs, 23 µs).",
-        fmt(r.query_rtt_us, 0),
-        fmt(r.echo_rtt_us, 0),
-        fmt(r.query_rtt_us.zip(r.echo_rtt_us).map(|(a, b)| a - b), 0)
-    );
-    let (rm, r50, r99) = r.register_read_us;
-    let (wm, w50, w99) = r.register_write_us;
-    let _ = writeln!(
-        s,
-        "\nRegisters through the control API (HTTP), one call at a time, {} each: a read of the \
-         port's queue length takes {} µs on average (median {}, p99 {}), a write of a user \
-         register {} µs (median {}, p99 {}); ServerSwitch reads its chip's registers in 6.94 µs \
-         and writes them in 4.61 µs on average.",
+        "The CPU path, timed over HTTP and over the CPU channel after the run ({} of each, one \
+         at a time, with no other agent running). A queue query answered on the CPU path, less \
+         an echo from the receiving host ({} µs median round trip), is what the CPU path adds \
+         to a notification (ServerSwitch: 41 less 18, 23 µs). ServerSwitch reads its chip's \
+         registers in 6.94 µs and writes them in 4.61 µs on average.\n\n\
+         | way | query µs (median) | notification delay µs | register read µs (mean / median / p99) | register write µs (mean / median / p99) |\n|---|---|---|---|---|",
         r.settings["probes"],
-        fmt(Some(rm), 0),
-        fmt(Some(r50), 0),
-        fmt(Some(r99), 0),
-        fmt(Some(wm), 0),
-        fmt(Some(w50), 0),
-        fmt(Some(w99), 0)
+        fmt(r.echo_rtt_us, 0),
     );
+    for w in &r.ways {
+        let (rm, r50, r99) = w.register_read_us;
+        let (wm, w50, w99) = w.register_write_us;
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} / {} / {} | {} / {} / {} |",
+            w.way,
+            fmt(w.query_rtt_us, 0),
+            fmt(w.notification_delay_us, 0),
+            fmt(Some(rm), 1),
+            fmt(Some(r50), 1),
+            fmt(Some(r99), 1),
+            fmt(Some(wm), 1),
+            fmt(Some(w50), 1),
+            fmt(Some(w99), 1)
+        );
+    }
     s
 }

@@ -36,6 +36,17 @@ use switch::source::Prefix;
 pub use switch::Mode;
 
 /// The validated configuration.
+/// Where a switch's CPU channel listens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CpuSocket {
+    /// `/run/kvswitch/cpu-<pid>.sock`, or in the temporary directory when `/run/kvswitch`
+    /// cannot be made.
+    Default,
+    /// No channel: agents use the API.
+    Off,
+    At(PathBuf),
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub path: PathBuf,
@@ -50,6 +61,8 @@ pub struct Config {
     pub api_serving: api::ApiServing,
     /// After a frame, how long the run loop keeps polling the ports before it sleeps.
     pub busy_poll: std::time::Duration,
+    /// `switch.cpu_socket`: where the CPU channel listens for agents.
+    pub cpu_socket: CpuSocket,
     /// `switch.datapath`: what carries frames between the ports and the switch.
     pub datapath: Datapath,
     /// How often the cache nodes that `kv_steer` entries lead to are probed (a TCP connection
@@ -287,6 +300,8 @@ struct RawSwitch {
     api_hosts: Option<Vec<String>>,
     #[serde(default)]
     busy_poll_us: Option<u64>,
+    #[serde(default)]
+    cpu_socket: Option<PathBuf>,
     #[serde(default)]
     steer_check_ms: Option<u64>,
     #[serde(default)]
@@ -805,6 +820,14 @@ impl Config {
             }),
             api_serving,
             busy_poll: std::time::Duration::from_micros(busy_poll_us),
+            cpu_socket: match raw.switch.cpu_socket {
+                None => CpuSocket::Default,
+                Some(f) if f.as_os_str() == "off" => CpuSocket::Off,
+                Some(f) if f.is_relative() => {
+                    CpuSocket::At(path.parent().unwrap_or(Path::new(".")).join(f))
+                }
+                Some(f) => CpuSocket::At(f),
+            },
             datapath,
             steer_check: (steer_check_ms > 0).then(|| Duration::from_millis(steer_check_ms)),
             steer_check_failures,
@@ -1124,6 +1147,10 @@ api = "127.0.0.1:9110"
 # [switch.egress.veth-s1]
 # rate_bps = 100000000
 # depth_bytes = 96896
+# Agents on the CPU path (kvswitch nf ...) take frames and read registers over a local
+# socket: by default /run/kvswitch/cpu-<pid>.sock (the status's cpu_channel.path says
+# which), or this path, or "off" (agents then use the API's HTTP routes).
+# cpu_socket = "/run/kvswitch/switch1.cpu"
 # After a frame, keep polling the ports this long before sleeping (0: always sleep).
 # Longer windows cut latency and CPU per frame under load, at the price of a busy core.
 busy_poll_us = 200

@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod cache;
+pub mod cpu;
 pub mod fabric;
 pub mod fast;
 pub mod local;

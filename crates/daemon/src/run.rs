@@ -101,6 +101,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         pool: pool.clone(),
         steer: Arc::default(),
         fast: Arc::default(),
+        cpu: Arc::default(),
     });
     watch_hangups(reloader(&cfg, pool.clone(), shared.caches()))?;
     let token = api::api_token(cfg.api_token_file.as_deref(), cfg.api)
@@ -165,6 +166,14 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
     if let Some(legs) = fast.as_mut().and_then(|f| f.legs.take()) {
         switch.set_leg_offload(Box::new(legs));
     }
+    // Before the API, so that its status names the channel from its first answer.
+    let mut channel = match &cfg.cpu_socket {
+        config::CpuSocket::Off => None,
+        config::CpuSocket::Default => Some(crate::cpu::default_path()),
+        config::CpuSocket::At(p) => Some(p.clone()),
+    }
+    .map(|path| crate::cpu::Channel::bind(&path, token.clone(), shared.cpu.clone()))
+    .transpose()?;
     let api_addr = api::serve(
         listener,
         api::Api {
@@ -189,6 +198,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         ports = ?cfg.ports, local_port = ?local.as_ref().map(|l| l.port()),
         proxy = proxy.is_some(), cache = cache.is_some(), vip = %cfg.vip, mode = ?cfg.mode,
         servers = cfg.servers.len(), api = %api_addr, tcp = cfg.tcp_path().0.name(),
+        cpu_channel = ?channel.as_ref().map(|c| c.path()),
         datapath = if fast.is_some() { "xdp" } else { "af_packet" }, "kvswitch running"
     );
     if let (path, Some(why)) = cfg.tcp_path() {
@@ -201,9 +211,12 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
     };
     let mut driver = Driver::new(ports, switch, local_index, stats.clone()).with_egress(egress);
     let snapshot = &shared.snapshot;
-    driver.run(
+    driver.run_with(
         &options,
         Some(&inbox),
+        channel
+            .as_mut()
+            .map(|c| c as &mut dyn dataplane::Side<Switch>),
         &kvio::signal::stop_requested,
         &mut |switch| {
             if let Ok(mut s) = snapshot.lock() {

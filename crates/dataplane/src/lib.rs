@@ -72,6 +72,24 @@ macro_rules! datapath {
 datapath!(Switch);
 datapath!(switch::fabric::FabricSwitch);
 
+/// Work the loop serves beside the ports, on the forwarding thread with the application:
+/// the CPU channel's agents.
+pub trait Side<D> {
+    /// Appends the descriptors the loop also waits on.
+    fn fds(&self, out: &mut Vec<std::os::fd::RawFd>);
+    /// Changes whenever [`Side::fds`] would answer differently.
+    fn generation(&self) -> u64;
+    /// Serves what waits on its descriptors and what the application holds for it; called
+    /// every round. Returns whether it did any work.
+    fn serve(&mut self, app: &mut D, now: Instant, emit: &mut Vec<Emit>) -> bool;
+    /// Whether work is left that no descriptor will announce (a reader whose queue was full):
+    /// the loop then sleeps at most [`SIDE_RETRY`].
+    fn pending(&self) -> bool;
+}
+
+/// How long the loop sleeps at most while a [`Side`] has work pending.
+pub const SIDE_RETRY: Duration = Duration::from_millis(1);
+
 /// Frames received from one port per call.
 pub const BATCH: usize = 64;
 /// Batches taken from one port before the others get their turn.
@@ -316,16 +334,38 @@ impl<D: Datapath> Driver<D> {
         stop: &dyn Fn() -> bool,
         periodic: &mut dyn FnMut(&D),
     ) -> Result<(), RunError> {
-        let mut poller = {
-            let mut fds: Vec<std::os::fd::RawFd> = self.ports.iter().map(|p| p.fd()).collect();
-            // Polled after the ports: its index is the port count.
-            fds.extend(inbox.map(Inbox::fd));
-            Poller::new(&fds)
-        };
+        self.run_with(opts, inbox, None, stop, periodic)
+    }
+
+    /// [`Driver::run`], serving `side` each round as well: its descriptors wake the loop,
+    /// and it runs after the ports, so what they handed it goes out in the same round.
+    pub fn run_with(
+        &mut self,
+        opts: &RunOptions,
+        inbox: Option<&Inbox<D>>,
+        mut side: Option<&mut dyn Side<D>>,
+        stop: &dyn Fn() -> bool,
+        periodic: &mut dyn FnMut(&D),
+    ) -> Result<(), RunError> {
+        let mut fds: Vec<std::os::fd::RawFd> = Vec::new();
+        let mut side_generation = None;
+        let mut poller = Poller::new(&[]);
         let mut ready: Vec<usize> = Vec::with_capacity(self.ports.len());
         let mut last_work = std::time::Instant::now();
         let mut last_periodic = std::time::Instant::now();
         while !stop() {
+            let generation = side.as_ref().map(|s| s.generation());
+            if fds.is_empty() || generation != side_generation {
+                side_generation = generation;
+                fds.clear();
+                fds.extend(self.ports.iter().map(|p| p.fd()));
+                // Polled after the ports: its index is the port count.
+                fds.extend(inbox.map(Inbox::fd));
+                if let Some(s) = &side {
+                    s.fds(&mut fds);
+                }
+                poller = Poller::new(&fds);
+            }
             self.egress.sync(&mut self.ports, &self.stats);
             let wall = std::time::Instant::now();
             if wall.duration_since(last_work) < opts.busy_poll {
@@ -341,7 +381,10 @@ impl<D: Datapath> Driver<D> {
                 let until_periodic = opts
                     .every
                     .saturating_sub(wall.duration_since(last_periodic));
-                let timeout = self.sleep_for(kvio::clock::at(wall), opts.max_sleep);
+                let mut timeout = self.sleep_for(kvio::clock::at(wall), opts.max_sleep);
+                if side.as_ref().is_some_and(|s| s.pending()) {
+                    timeout = timeout.min(SIDE_RETRY);
+                }
                 poller
                     .wait(timeout.min(until_periodic), &mut ready)
                     .map_err(RunError::Wait)?;
@@ -362,6 +405,12 @@ impl<D: Datapath> Driver<D> {
                 if self.run_jobs(inbox, now) > 0 {
                     last_work = wall;
                 }
+            }
+            if let Some(s) = side.as_mut() {
+                if s.serve(&mut self.app, now, &mut self.emit) {
+                    last_work = wall;
+                }
+                self.flush_emits();
             }
             self.tick_if_due(now);
             self.run_egress(now);

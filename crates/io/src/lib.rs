@@ -3,7 +3,8 @@
 //! [`Port`] is the contract the switch loop is written against; [`AfPacket`] implements it on a
 //! Linux interface and [`MemPort`] in memory for tests; [`link`] creates the interfaces a port
 //! may need, such as the veth pair of a local port into the host's own stack; [`Tun`] is a TUN
-//! device, for programs that stand in a host's IP path. This crate moves frames and counts
+//! device, for programs that stand in a host's IP path; [`seqpacket`] is the local channel
+//! between a switch and the agents on its CPU path. This crate moves frames and counts
 //! them; it never parses or rewrites them. It is the only kvswitch crate with `unsafe` code,
 //! each block confined to one system call or C structure.
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -19,6 +20,7 @@ mod mem;
 mod port;
 mod ring;
 mod sender;
+pub mod seqpacket;
 pub mod signal;
 mod sys;
 mod tun;

@@ -1514,9 +1514,16 @@ fn the_request_id_cache_answers_hits_itself_and_leaves_the_tables_as_it_found_th
         let (client, stop) = (rig.client.clone(), stop.clone());
         std::thread::spawn(move || {
             let servers = [Ipv4Addr::new(10, 0, 1, 1)];
-            nf::run_reqcache(&client, PORT, &servers, 16, 100, None, &|| {
-                stop.load(Ordering::Relaxed)
-            })
+            // The rig has no CPU channel: the agent's frames go through HTTP.
+            let spec = nf::ReqcacheSpec {
+                port: PORT,
+                servers: &servers,
+                capacity: 16,
+                priority: 100,
+                report: None,
+                cpu: nf::cpu::CpuMode::Http,
+            };
+            nf::run_reqcache(&client, &spec, &|| stop.load(Ordering::Relaxed))
         })
     };
     let acl_len = |rig: &Rig| {

@@ -613,12 +613,20 @@ fn qcn_short() {
         received > 0 && received <= sent,
         "{sent} sent, {received} received"
     );
-    assert!(json["query_rtt_us"].as_f64().unwrap() > 0.0);
+    // The run's agent took its frames over the CPU channel.
+    assert_eq!(json["over_channel"], true);
     assert!(json["echo_rtt_us"].as_f64().unwrap() > 0.0);
-    // ServerSwitch's register test, through the API: (mean, median, p99) of each call.
-    for what in ["register_read_us", "register_write_us"] {
-        let f = |i: usize| json[what][i].as_f64().unwrap_or(f64::NAN);
-        assert!(f(0) > 0.0 && f(1) > 0.0, "{what}: {}", json[what]);
+    // The delay and ServerSwitch's register test over each way: (mean, median, p99) of
+    // each call.
+    let ways = json["ways"].as_array().unwrap();
+    let names: Vec<_> = ways.iter().map(|w| w["way"].as_str().unwrap()).collect();
+    assert_eq!(names, ["http", "channel"]);
+    for w in ways {
+        assert!(w["query_rtt_us"].as_f64().unwrap() > 0.0, "{w}");
+        for what in ["register_read_us", "register_write_us"] {
+            let f = |i: usize| w[what][i].as_f64().unwrap_or(f64::NAN);
+            assert!(f(0) > 0.0 && f(1) > 0.0, "{what}: {w}");
+        }
     }
     check_plot(&dir, "queue", &["set point".to_string()]);
     check_plot(

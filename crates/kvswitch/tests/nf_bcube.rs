@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use api::Client;
 use nf::bcube::{self, Card, Geometry, HostConfig};
+use nf::cpu::CpuMode;
 use serde_json::Value;
 use testbed::net::{Net, NetSpec};
 use wire::ethernet::Mac;
@@ -174,7 +175,10 @@ fn packets_follow_their_bcube_header_and_tcp_spreads_over_parallel_paths() {
         let client = Client::new(net.switch(&card(id)).api, None);
         let stop = stop.clone();
         agents.push(std::thread::spawn(move || {
-            bcube::run_card(&client, &c, &|| stop.load(Ordering::Relaxed))
+            // Over the CPU channel of the card's switch: an error if it cannot be opened.
+            bcube::run_card(&client, &c, CpuMode::Channel, &|| {
+                stop.load(Ordering::Relaxed)
+            })
         }));
     }
     let mut hosts = Vec::new();

@@ -9,6 +9,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use nf::cpu::CpuMode;
 use nf::portland::{self, Layout, PortTo, Role, SwitchDef};
 use serde_json::Value;
 use testbed::net::{Net, NetSpec, Peer};
@@ -169,7 +170,12 @@ fn hosts_reach_each_other_by_pseudo_mac_and_a_moved_host_gets_a_new_one() {
         }
     }
     std::thread::scope(|scope| {
-        let manager = scope.spawn(|| portland::run(lay, None, &|| stop.load(Ordering::Relaxed)));
+        // Over each switch's CPU channel: an error if one cannot be opened.
+        let manager = scope.spawn(|| {
+            portland::run(lay, None, CpuMode::Channel, &|| {
+                stop.load(Ordering::Relaxed)
+            })
+        });
         let _stop = StopOnDrop(&stop);
         let deadline = Instant::now() + Duration::from_secs(20);
         while names

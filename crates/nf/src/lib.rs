@@ -2,6 +2,7 @@
 //! API alone, with an agent on the CPU path where the function needs one.
 
 pub mod bcube;
+pub mod cpu;
 pub mod portland;
 pub mod qcn;
 pub mod reqcache;
@@ -21,6 +22,8 @@ use reqcache::{ReqCache, Step};
 pub struct NfArgs {
     #[command(flatten)]
     pub switch: api::ApiArgs,
+    #[command(flatten)]
+    pub cpu: cpu::CpuArgs,
     #[command(subcommand)]
     pub function: NfCmd,
 }
@@ -214,7 +217,15 @@ pub fn run(args: &NfArgs) -> anyhow::Result<()> {
             }
             let stop = stopper(*duration_s)?;
             let report = seconds("--report-s", *report_s)?.filter(|d| !d.is_zero());
-            let stats = run_reqcache(&client, *port, servers, *capacity, *priority, report, &stop)?;
+            let spec = ReqcacheSpec {
+                port: *port,
+                servers,
+                capacity: *capacity,
+                priority: *priority,
+                report,
+                cpu: args.cpu.mode,
+            };
+            let stats = run_reqcache(&client, &spec, &stop)?;
             println!("{}", serde_json::to_string(&stats)?);
             Ok(())
         }
@@ -230,6 +241,7 @@ pub fn run(args: &NfArgs) -> anyhow::Result<()> {
             let stop = stopper(*duration_s)?;
             let cfg = qcn::CpConfig {
                 api: client.clone(),
+                cpu: args.cpu.mode,
                 port: *queue_port,
                 params: switch::qcn::CpParams {
                     q_eq: (q_eq_kb * 1000.0) as u64,
@@ -285,7 +297,7 @@ pub fn run(args: &NfArgs) -> anyhow::Result<()> {
                 .check()
                 .with_context(|| format!("{}", layout.display()))?;
             let stop = stopper(*duration_s)?;
-            let stats = portland::run(parsed, client.token.clone(), &stop)?;
+            let stats = portland::run(parsed, client.token.clone(), args.cpu.mode, &stop)?;
             println!("{}", serde_json::to_string(&stats)?);
             Ok(())
         }
@@ -312,7 +324,7 @@ pub fn run(args: &NfArgs) -> anyhow::Result<()> {
             };
             card.check()?;
             let stop = stopper(*duration_s)?;
-            let stats = bcube::run_card(&client, &card, &stop)?;
+            let stats = bcube::run_card(&client, &card, args.cpu.mode, &stop)?;
             println!("{}", serde_json::to_string(&stats)?);
             Ok(())
         }
@@ -418,17 +430,37 @@ fn text(t: impl ToString) -> Value {
 /// IPv4's ethertype, as an entry matches it.
 const IPV4: &str = "0x0800";
 
+/// What a request-id cache serves, and how.
+#[derive(Clone, Debug)]
+pub struct ReqcacheSpec<'a> {
+    /// The UDP port of the requests and the server's replies.
+    pub port: u16,
+    /// The servers whose replies are kept.
+    pub servers: &'a [std::net::Ipv4Addr],
+    /// Most replies kept.
+    pub capacity: usize,
+    /// The priority of its `acl` entries.
+    pub priority: u32,
+    /// How often a line of counters is printed.
+    pub report: Option<Duration>,
+    pub cpu: cpu::CpuMode,
+}
+
 /// Runs the request-id cache until `stop`, then removes every entry it made (also after an
 /// error). Returns its counters.
 pub fn run_reqcache(
     client: &Client,
-    port: u16,
-    servers: &[std::net::Ipv4Addr],
-    capacity: usize,
-    priority: u32,
-    report: Option<Duration>,
+    spec: &ReqcacheSpec,
     stop: &dyn Fn() -> bool,
 ) -> anyhow::Result<reqcache::Stats> {
+    let ReqcacheSpec {
+        port,
+        servers,
+        capacity,
+        priority,
+        report,
+        cpu,
+    } = spec.clone();
     anyhow::ensure!(
         !servers.is_empty(),
         "a request-id cache needs at least one server"
@@ -455,7 +487,9 @@ pub fn run_reqcache(
         }
     }
     let mut cache = ReqCache::new(port, capacity, servers);
-    let served = made.and_then(|()| serve(client, &mut cache, port, priority, report, stop));
+    let served = made
+        .and_then(|()| cpu::Cpu::open(client, cpu, true))
+        .and_then(|mut cpu| serve(client, &mut cpu, &mut cache, (port, priority), report, stop));
     let mut cleanup = Ok(());
     for id in mirrors
         .into_iter()
@@ -470,27 +504,19 @@ pub fn run_reqcache(
 
 fn serve(
     client: &Client,
+    cpu: &mut cpu::Cpu,
     cache: &mut ReqCache,
-    port: u16,
-    priority: u32,
+    (port, priority): (u16, u32),
     report: Option<Duration>,
     stop: &dyn Fn() -> bool,
 ) -> anyhow::Result<()> {
     let mut next_report = report.map(|r| Instant::now() + r);
     while !stop() {
-        let mut failed = None;
-        client.watch_packets(Duration::from_millis(250), |f| {
-            let Ok(frame) = switch::control::unhex(&f.frame) else {
-                return true;
-            };
-            if let Err(e) = act(client, cache, port, priority, f.in_port, &frame) {
-                failed = Some(e);
-                return false;
+        for f in cpu.frames(256, Duration::from_millis(250))? {
+            act(client, cpu, cache, port, priority, f.in_port, &f.frame)?;
+            if stop() {
+                break;
             }
-            !stop()
-        })?;
-        if let Some(e) = failed {
-            return Err(e);
         }
         if let (Some(at), Some(every)) = (next_report, report) {
             if Instant::now() >= at {
@@ -512,6 +538,7 @@ fn serve(
 
 fn act(
     client: &Client,
+    cpu: &mut cpu::Cpu,
     cache: &mut ReqCache,
     port: u16,
     priority: u32,
@@ -545,7 +572,7 @@ fn act(
                 Err(e) => return Err(e),
             }
         }
-        Step::Send { port, frame } => client.send_frame(port, &frame)?,
+        Step::Send { port, frame } => cpu.send(port, &frame)?,
         Step::Ignore(_) => {}
     }
     Ok(())

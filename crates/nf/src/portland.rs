@@ -24,6 +24,7 @@ use switch::control::{ActionDef, EntryDef, InterfaceDef, KeyField, Kind, TableDe
 use wire::arp::{self, Operation};
 use wire::ethernet::{self, EtherType, Mac};
 
+use crate::cpu::{Cpu, CpuMode};
 use crate::{entry, number, text};
 
 /// What a switch is in the tree.
@@ -522,6 +523,7 @@ fn run_call(clients: &[api::Client], c: &Call) -> anyhow::Result<Option<u64>> {
 pub fn run(
     layout: Layout,
     token: Option<String>,
+    cpu: CpuMode,
     stop: &(dyn Fn() -> bool + Sync),
 ) -> anyhow::Result<Stats> {
     layout.check()?;
@@ -558,13 +560,30 @@ pub fn run(
             }
         }
     }
+    // Frames out of any switch go through these; each edge's worker takes its switch's frames
+    // on a connection of its own.
+    let senders = clients
+        .iter()
+        .map(|c| Cpu::open(c, cpu, false).map(std::sync::Mutex::new))
+        .collect::<anyhow::Result<Vec<_>>>();
+    let senders = match (senders, &result) {
+        (Ok(s), Ok(())) => s,
+        (Err(e), Ok(())) => {
+            result = Err(e.context("opening the switches' CPU paths"));
+            Vec::new()
+        }
+        (_, Err(_)) => Vec::new(),
+    };
     if result.is_ok() {
         result = std::thread::scope(|scope| {
             let workers: Vec<_> = edges
                 .iter()
                 .map(|&edge| {
-                    let (clients, shared) = (&clients, &shared);
-                    scope.spawn(move || serve_edge(clients, shared, edge, stop))
+                    let (clients, shared, senders) = (&clients, &shared, &senders);
+                    scope.spawn(move || {
+                        let taker = Cpu::open(&clients[edge], cpu, true)?;
+                        serve_edge(clients, senders, taker, shared, edge, stop)
+                    })
                 })
                 .collect();
             let mut r = Ok(());
@@ -614,15 +633,21 @@ pub fn run(
 
 fn serve_edge(
     clients: &[api::Client],
+    senders: &[std::sync::Mutex<Cpu>],
+    mut taker: Cpu,
     shared: &std::sync::Mutex<Shared>,
     edge: usize,
     stop: &(dyn Fn() -> bool + Sync),
 ) -> anyhow::Result<()> {
+    let send = |s: usize, p: u16, frame: &[u8]| -> anyhow::Result<()> {
+        senders[s]
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned"))?
+            .send(p, frame)
+    };
     while !stop() {
-        for f in clients[edge].take_packets(64, 100)? {
-            let Ok(frame) = ::switch::control::unhex(&f.frame) else {
-                continue;
-            };
+        for f in taker.frames(64, std::time::Duration::from_millis(100))? {
+            let frame = f.frame;
             let mut g = shared.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
             let Some((learned, frames)) = g.manager.arp(edge, f.in_port, &frame) else {
                 continue;
@@ -658,12 +683,12 @@ fn serve_edge(
                     .installed
                     .insert(host.pmac, (host.switch, ids[1], ids[0], interface));
                 for (s, p, frame) in g.manager.announce(&host) {
-                    clients[s].send_frame(p, &frame)?;
+                    send(s, p, &frame)?;
                     g.announcements += 1;
                 }
             }
             for (s, p, frame) in frames {
-                clients[s].send_frame(p, &frame)?;
+                send(s, p, &frame)?;
             }
         }
     }

@@ -22,6 +22,7 @@ use switch::control::{ActionDef, Value, ACL};
 use switch::qcn::{Cp, CpParams, Notification, Rp, RpParams};
 use wire::frame::{emit_udp_headers, parse_udp, PAYLOAD_OFFSET};
 
+use crate::cpu::{Cpu, CpuMode};
 use crate::{entry, number, text, IPV4};
 
 /// The UDP port the sender's traffic goes to.
@@ -34,14 +35,16 @@ pub const ECHO_PORT: u16 = 9202;
 pub const MARK_DSCP: u8 = 46;
 
 /// The bytes waiting in `port`'s egress queue, read from a switch's register.
-pub fn queue_bytes(api: &Client, port: u16) -> anyhow::Result<u64> {
-    Ok(api.register(&format!("port{port}.queue_bytes"))?.value)
+pub fn queue_bytes(cpu: &mut Cpu, port: u16) -> anyhow::Result<u64> {
+    cpu.read(&format!("port{port}.queue_bytes"))
 }
 
 /// The congestion point's settings.
 #[derive(Clone, Debug)]
 pub struct CpConfig {
     pub api: Client,
+    /// How the agent reaches the CPU path (frames and the queue's register).
+    pub cpu: CpuMode,
     /// The port whose egress queue is watched.
     pub port: u16,
     pub params: CpParams,
@@ -94,7 +97,8 @@ pub fn run_cp(cfg: &CpConfig, stop: &dyn Fn() -> bool) -> anyhow::Result<CpStats
         }
     }
     if result.is_ok() {
-        result = serve_cp(cfg, stop);
+        result =
+            Cpu::open(&cfg.api, cfg.cpu, true).and_then(|mut cpu| serve_cp(cfg, &mut cpu, stop));
     }
     for id in made {
         let removed = cfg.api.remove_entry(ACL, id);
@@ -105,20 +109,17 @@ pub fn run_cp(cfg: &CpConfig, stop: &dyn Fn() -> bool) -> anyhow::Result<CpStats
     result
 }
 
-fn serve_cp(cfg: &CpConfig, stop: &dyn Fn() -> bool) -> anyhow::Result<CpStats> {
+fn serve_cp(cfg: &CpConfig, cpu: &mut Cpu, stop: &dyn Fn() -> bool) -> anyhow::Result<CpStats> {
     let mut cp = Cp::new(cfg.params);
     let mut stats = CpStats::default();
     while !stop() {
-        let got = cfg.api.take_packets(256, 50)?;
+        let got = cpu.frames(256, Duration::from_millis(50))?;
         // Every query is answered; of the frames sampled, only each source's newest in the
         // batch: older ones waited behind it, and a notification from a stale reading would
         // cut the rate again for congestion already answered.
         let mut todo: Vec<(u16, wire::frame::UdpEnds, bool)> = Vec::new();
         for f in got {
-            let Some(ends) = switch::control::unhex(&f.frame)
-                .ok()
-                .and_then(|b| parse_udp(&b).map(|(e, _)| e))
-            else {
+            let Some((ends, _)) = parse_udp(&f.frame) else {
                 stats.ignored += 1;
                 continue;
             };
@@ -134,7 +135,7 @@ fn serve_cp(cfg: &CpConfig, stop: &dyn Fn() -> bool) -> anyhow::Result<CpStats> 
         }
         for (in_port, ends, query) in todo {
             // Read when the frame is taken, as ServerSwitch's CPU reads the chip's register.
-            let queue = queue_bytes(&cfg.api, cfg.port)?;
+            let queue = queue_bytes(cpu, cfg.port)?;
             let fb = if query {
                 0
             } else {
@@ -154,7 +155,7 @@ fn serve_cp(cfg: &CpConfig, stop: &dyn Fn() -> bool) -> anyhow::Result<CpStats> 
                 stats.ignored += 1;
                 continue;
             }
-            cfg.api.send_frame(in_port, &reply)?;
+            cpu.send(in_port, &reply)?;
             if fb > 0 {
                 stats.notifications += 1;
             }

@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cache;
+pub mod channel;
 pub mod control;
 pub mod fabric;
 pub mod fastpath;

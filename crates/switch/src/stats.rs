@@ -374,6 +374,34 @@ pub struct PortCounters {
     pub queue_packets: AtomicU64,
 }
 
+impl PortCounters {
+    /// The figures a port shows as read-only registers `port<N>.<figure>`.
+    pub const FIGURES: [&'static str; 7] = [
+        "rx_packets",
+        "rx_bytes",
+        "tx_packets",
+        "tx_bytes",
+        "tx_dropped",
+        "queue_bytes",
+        "queue_packets",
+    ];
+
+    /// One of [`PortCounters::FIGURES`] by name.
+    pub fn figure(&self, name: &str) -> Option<u64> {
+        let c = match name {
+            "rx_packets" => &self.rx_packets,
+            "rx_bytes" => &self.rx_bytes,
+            "tx_packets" => &self.tx_packets,
+            "tx_bytes" => &self.tx_bytes,
+            "tx_dropped" => &self.tx_dropped,
+            "queue_bytes" => &self.queue_bytes,
+            "queue_packets" => &self.queue_packets,
+            _ => return None,
+        };
+        Some(get(c))
+    }
+}
+
 #[derive(Default)]
 pub struct BackendCounters {
     /// Requests routed to this server (a split multi-key get counts once per part).

@@ -41,6 +41,8 @@ pub struct Shared {
     pub steer: Arc<crate::steer::SteerHealth>,
     /// The datapath of each port and the XDP program's counters.
     pub fast: Arc<crate::fast::FastStatus>,
+    /// The CPU channel's place and counters.
+    pub cpu: Arc<crate::cpu::ChannelStatus>,
 }
 
 /// What an API server shows.
@@ -79,6 +81,7 @@ impl Exporter for Shared {
             "Cache nodes whose steering entries were removed and that have not answered since.",
             down,
         );
+        self.cpu.metrics(m);
         if let Some(proxy) = self.proxy.get() {
             proxy.write_metrics(m);
         }
@@ -103,6 +106,7 @@ impl Exporter for Shared {
                     "nodes_down": down,
                 }),
             );
+            map.insert("cpu_channel".into(), self.cpu.json());
         }
         doc
     }

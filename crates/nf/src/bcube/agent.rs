@@ -2,6 +2,7 @@
 //! ports' load, and the answers to available-bandwidth queries.
 
 use super::*;
+use crate::cpu::{Cpu, CpuMode};
 
 /// What a card's agent counted.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
@@ -21,6 +22,8 @@ pub const ANNOUNCE_EVERY: Duration = Duration::from_millis(500);
 
 pub(super) struct Agent<'a> {
     client: &'a Client,
+    /// Frames in and out: the switch's CPU path.
+    cpu: Cpu,
     card: &'a Card,
     macs: Vec<Mac>,
     /// By NHA: the neighbour, when it was last heard, its route entries' ids.
@@ -55,9 +58,11 @@ pub(super) fn delete_counters(client: &Client) -> anyhow::Result<()> {
 pub fn run_card(
     client: &Client,
     card: &Card,
+    cpu: CpuMode,
     stop: &dyn Fn() -> bool,
 ) -> anyhow::Result<CardStats> {
     card.check()?;
+    let cpu = Cpu::open(client, cpu, true)?;
     let macs: Vec<Mac> = client
         .ports()
         .context("listing the switch's ports")?
@@ -78,6 +83,7 @@ pub fn run_card(
     );
     let mut agent = Agent {
         client,
+        cpu,
         card,
         macs,
         neighbours: HashMap::new(),
@@ -139,11 +145,8 @@ impl Agent<'_> {
                 self.read_rates(now)?;
                 next_read = now + Duration::from_secs(1);
             }
-            for f in self.client.take_packets(64, 100)? {
-                let Ok(frame) = ::switch::control::unhex(&f.frame) else {
-                    continue;
-                };
-                self.take(f.in_port, &frame)?;
+            for f in self.cpu.frames(64, Duration::from_millis(100))? {
+                self.take(f.in_port, &f.frame)?;
             }
         }
         Ok(())
@@ -154,7 +157,7 @@ impl Agent<'_> {
             let frame = self
                 .card
                 .announcement(level as u8, self.macs[port as usize]);
-            self.client.send_frame(port, &frame)?;
+            self.cpu.send(port, &frame)?;
             self.stats.announcements_sent += 1;
         }
         Ok(())
@@ -186,11 +189,11 @@ impl Agent<'_> {
         );
         match step {
             QueryStep::Forward { port, frame } => {
-                self.client.send_frame(port, &frame)?;
+                self.cpu.send(port, &frame)?;
                 self.stats.queries_forwarded += 1;
             }
             QueryStep::Answer { port, frame } => {
-                self.client.send_frame(port, &frame)?;
+                self.cpu.send(port, &frame)?;
                 self.stats.queries_answered += 1;
             }
             QueryStep::Drop(_) => self.stats.queries_dropped += 1,

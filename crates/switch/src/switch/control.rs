@@ -845,6 +845,35 @@ impl Switch {
             .map_err(|e| ControlError::new(ErrorKind::NotFound, "register", e.to_string()))
     }
 
+    /// A register by name: a user register `user<N>`, or a port's figure
+    /// `port<N>.<figure>` ([`PortCounters::FIGURES`](crate::stats::PortCounters::FIGURES)).
+    pub fn read_register(&self, name: &str) -> Result<u64, ControlError> {
+        if let Some(n) = crate::control::user_register(name) {
+            return Ok(self.pipeline.register(n).unwrap_or(0));
+        }
+        self.port_figure(name).ok_or_else(|| no_register(name))
+    }
+
+    /// Writes the user register `name`; a port's figure is read-only.
+    pub fn write_register(&mut self, name: &str, value: u64) -> Result<(), ControlError> {
+        match crate::control::user_register(name) {
+            Some(n) => self.set_register(n, value),
+            None if self.port_figure(name).is_some() => Err(ControlError::new(
+                ErrorKind::Conflict,
+                "name",
+                format!("{name} is a port's figure and is read-only"),
+            )),
+            None => Err(no_register(name)),
+        }
+    }
+
+    fn port_figure(&self, name: &str) -> Option<u64> {
+        let (port, figure) = name.strip_prefix("port")?.split_once('.')?;
+        let p: usize = port.parse().ok()?;
+        (port == p.to_string()).then_some(())?;
+        self.stats.ports.get(p)?.figure(figure)
+    }
+
     /// Removes the counter `name`, which no action may still feed; a `count` action naming it
     /// later makes a new one, from zero.
     pub fn delete_counter(&mut self, name: &str) -> Result<(), ControlError> {
@@ -922,6 +951,25 @@ impl Switch {
         self.operator.cpu.drain(..n).collect()
     }
 
+    /// Whether frames wait for the CPU.
+    pub fn cpu_waiting(&self) -> bool {
+        !self.operator.cpu.is_empty()
+    }
+
+    /// Hands the frames waiting for the CPU, oldest first, to `deliver` until it says it took
+    /// none more (`false`); the ones it took leave the queue. Returns how many it took.
+    pub fn deliver_cpu(&mut self, mut deliver: impl FnMut(&CpuPacket) -> bool) -> usize {
+        let mut n = 0;
+        while let Some(p) = self.operator.cpu.front() {
+            if !deliver(p) {
+                break;
+            }
+            self.operator.cpu.pop_front();
+            n += 1;
+        }
+        n
+    }
+
     /// Queues a frame for the control plane, or counts it dropped when the queue is full.
     pub(super) fn queue_for_cpu(&mut self, in_port: u16, reason: &'static str, frame: &[u8]) {
         if self.operator.cpu.len() >= CPU_QUEUE {
@@ -934,6 +982,18 @@ impl Switch {
             frame: frame.to_vec(),
         });
     }
+}
+
+fn no_register(name: &str) -> ControlError {
+    ControlError::new(
+        ErrorKind::NotFound,
+        "name",
+        format!(
+            "no register {name:?}: user registers are user0 to user{}, port figures \
+             port<N>.<figure> (GET /api/v1/registers lists them)",
+            pipeline::NUM_USER_REGS - 1
+        ),
+    )
 }
 
 fn not_found(name: &str) -> ControlError {

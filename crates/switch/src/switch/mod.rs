@@ -391,6 +391,11 @@ impl Switch {
         Ok(())
     }
 
+    /// How many ports the switch has.
+    pub fn port_count(&self) -> usize {
+        self.ports
+    }
+
     /// The local port's number, if there is one. Floods ([`Fate::Flood`], [`Dest::Flood`])
     /// never go out of it.
     pub fn local_port(&self) -> Option<u16> {

@@ -1,0 +1,450 @@
+//! The CPU channel: agents on the switch's CPU path (the network functions) take the frames
+//! entries send to the CPU, send frames out of ports and read and write registers over a
+//! local sequenced-packet socket, served on the forwarding thread itself (a
+//! [`dataplane::Side`]). HTTP stays for control: tables, entries, groups.
+//!
+//! Who may connect: the socket is a file only its owner may open (mode 0600); a peer must run
+//! as the switch's user or root (the kernel's credentials), and its first message must carry
+//! the API's token when the switch has one. At most [`MAX_AGENTS`] are attached; one of them
+//! may take the frames ([`ToSwitch::Hello`]`{frames: true}`), which then stop going to the
+//! API's `GET /api/v1/packets`.
+//!
+//! What is lost: nothing below the capacity. A frame waits in the switch's CPU queue
+//! ([`switch::control::CPU_QUEUE`] frames) until the agent's socket takes it, so an agent may
+//! fall that many frames behind (more, by what its socket holds) and still get every one in
+//! order; past it frames are counted as `cpu_queue_full` drops. An agent that sends faster
+//! than the switch answers is slowed by its socket, and the switch reads no more of its
+//! requests while [`REPLIES_HELD`] of its answers wait to be taken.
+
+use std::collections::VecDeque;
+use std::os::fd::RawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use dataplane::Side;
+use kv::Instant;
+use kvio::seqpacket::{effective_uid, SeqConn, SeqListener, MAX_MESSAGE};
+use switch::channel::{FromSwitch, ToSwitch};
+use switch::{Emit, Switch};
+
+/// Agents attached at most; one more is closed as soon as it connects.
+pub const MAX_AGENTS: usize = 8;
+/// Requests read from one agent per round, so that one cannot hold the loop.
+const REQUESTS_PER_ROUND: usize = 64;
+/// Answers waiting for an agent to take them, past which its requests are not read.
+pub const REPLIES_HELD: usize = 256;
+/// Bytes the kernel holds for an agent (frames and answers): about 200 full-sized frames.
+const AGENT_BUFFER: usize = 1 << 20;
+
+/// What the channel has done, for the status and `/metrics`.
+#[derive(Debug, Default)]
+pub struct ChannelStatus {
+    /// Where it listens, once it does.
+    pub path: OnceLock<PathBuf>,
+    pub agents: AtomicU64,
+    /// Frames handed to the agent that takes them.
+    pub frames_to_agents: AtomicU64,
+    /// Frames agents sent out of ports.
+    pub frames_from_agents: AtomicU64,
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    /// Requests answered with a refusal (an unknown register, a port that does not exist).
+    pub failed: AtomicU64,
+    /// Connections refused (a stranger, a wrong token, too many agents) and messages that
+    /// were not messages of the channel (the agent is then closed).
+    pub refused: AtomicU64,
+}
+
+impl ChannelStatus {
+    /// Its families of the Prometheus text exposition.
+    pub fn metrics(&self, m: &mut api::metrics::Exposition) {
+        use api::metrics::Kind;
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        m.single(
+            "kvswitch_cpu_channel_agents",
+            Kind::Gauge,
+            "Agents attached to the CPU channel.",
+            get(&self.agents),
+        );
+        for (name, help, c) in [
+            (
+                "kvswitch_cpu_channel_frames_to_agents_total",
+                "Frames for the CPU handed to an agent over the CPU channel.",
+                &self.frames_to_agents,
+            ),
+            (
+                "kvswitch_cpu_channel_frames_from_agents_total",
+                "Frames agents sent out of ports over the CPU channel.",
+                &self.frames_from_agents,
+            ),
+            (
+                "kvswitch_cpu_channel_reads_total",
+                "Register reads over the CPU channel.",
+                &self.reads,
+            ),
+            (
+                "kvswitch_cpu_channel_writes_total",
+                "Register writes over the CPU channel.",
+                &self.writes,
+            ),
+            (
+                "kvswitch_cpu_channel_failed_total",
+                "CPU channel requests the switch refused (an unknown register or port).",
+                &self.failed,
+            ),
+            (
+                "kvswitch_cpu_channel_refused_total",
+                "CPU channel connections refused and agents closed for a bad message.",
+                &self.refused,
+            ),
+        ] {
+            m.single(name, Kind::Counter, help, get(c));
+        }
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        serde_json::json!({
+            "path": self.path.get(),
+            "agents": get(&self.agents),
+            "frames_to_agents": get(&self.frames_to_agents),
+            "frames_from_agents": get(&self.frames_from_agents),
+            "reads": get(&self.reads),
+            "writes": get(&self.writes),
+            "failed": get(&self.failed),
+            "refused": get(&self.refused),
+        })
+    }
+}
+
+struct Agent {
+    conn: SeqConn,
+    /// Past its hello.
+    welcomed: bool,
+    /// Takes the frames for the CPU.
+    frames: bool,
+    /// Answers its socket had no room for yet.
+    replies: VecDeque<Vec<u8>>,
+}
+
+/// The listening socket and its agents, served by the forwarding loop.
+pub struct Channel {
+    listener: SeqListener,
+    path: PathBuf,
+    token: Option<String>,
+    agents: Vec<Agent>,
+    status: Arc<ChannelStatus>,
+    generation: u64,
+    /// Frames or answers wait on an agent's full socket.
+    pending: bool,
+    buf: Vec<u8>,
+    out: Vec<u8>,
+}
+
+/// The default place: `/run/kvswitch/cpu-<pid>.sock`, or the temporary directory's
+/// `kvswitch-cpu-<pid>.sock` when `/run/kvswitch` cannot be made.
+pub fn default_path() -> PathBuf {
+    let pid = std::process::id();
+    let run = Path::new("/run/kvswitch");
+    match std::fs::create_dir_all(run) {
+        Ok(()) => run.join(format!("cpu-{pid}.sock")),
+        Err(_) => std::env::temp_dir().join(format!("kvswitch-cpu-{pid}.sock")),
+    }
+}
+
+impl Channel {
+    /// Listens at `path`. A socket file left there by a switch that is gone (nobody accepts
+    /// on it) is replaced; one that still answers is an error.
+    pub fn bind(
+        path: &Path,
+        token: Option<String>,
+        status: Arc<ChannelStatus>,
+    ) -> anyhow::Result<Channel> {
+        use anyhow::Context;
+        if path.exists() {
+            if SeqConn::connect(path).is_ok() {
+                anyhow::bail!(
+                    "{}: another switch's CPU channel listens there (set switch.cpu_socket)",
+                    path.display()
+                );
+            }
+            std::fs::remove_file(path)
+                .with_context(|| format!("removing the stale socket {}", path.display()))?;
+        }
+        let listener = SeqListener::bind(path)
+            .with_context(|| format!("CPU channel: listening at {}", path.display()))?;
+        let _ = status.path.set(path.to_path_buf());
+        Ok(Channel {
+            listener,
+            path: path.to_path_buf(),
+            token,
+            agents: Vec::new(),
+            status,
+            generation: 0,
+            pending: false,
+            buf: vec![0; MAX_MESSAGE],
+            out: Vec::with_capacity(MAX_MESSAGE),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn accept(&mut self) {
+        loop {
+            let conn = match self.listener.accept() {
+                Ok(Some(c)) => c,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::warn!("CPU channel: accept failed: {e}");
+                    return;
+                }
+            };
+            let uid = conn.peer_uid().ok();
+            let me = effective_uid();
+            if self.agents.len() >= MAX_AGENTS || !uid.is_some_and(|u| u == me || u == 0) {
+                tracing::warn!(
+                    ?uid,
+                    agents = self.agents.len(),
+                    "CPU channel: connection refused (a stranger, or {MAX_AGENTS} agents)"
+                );
+                self.status.refused.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            let _ = conn.set_send_buffer(AGENT_BUFFER);
+            self.agents.push(Agent {
+                conn,
+                welcomed: false,
+                frames: false,
+                replies: VecDeque::new(),
+            });
+            self.changed();
+        }
+    }
+
+    fn changed(&mut self) {
+        self.generation += 1;
+        self.status
+            .agents
+            .store(self.agents.len() as u64, Ordering::Relaxed);
+    }
+
+    /// Reads agent `i`'s requests; returns whether it stays attached, and how many it read.
+    fn read_agent(&mut self, i: usize, sw: &mut Switch, emit: &mut Vec<Emit>) -> (bool, usize) {
+        let mut read = 0;
+        while read < REQUESTS_PER_ROUND && self.agents[i].replies.len() < REPLIES_HELD {
+            let n = match self.agents[i].conn.recv(&mut self.buf) {
+                Ok(0) => return (false, read),
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    tracing::warn!("CPU channel: an agent's message: {e}");
+                    self.status.refused.fetch_add(1, Ordering::Relaxed);
+                    return (false, read);
+                }
+            };
+            read += 1;
+            let msg = match ToSwitch::decode(&self.buf[..n]) {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!("CPU channel: an agent sent a bad message ({e}); closed");
+                    self.status.refused.fetch_add(1, Ordering::Relaxed);
+                    return (false, read);
+                }
+            };
+            let agent = &mut self.agents[i];
+            let reply = match (agent.welcomed, msg) {
+                (false, ToSwitch::Hello { token, frames }) => {
+                    let refusal = if !self
+                        .token
+                        .as_ref()
+                        .is_none_or(|t| api::server::same(t.as_bytes(), token))
+                    {
+                        Some("the token is wrong".to_string())
+                    } else if frames && self_takes_frames(&self.agents) {
+                        Some("another agent takes the frames for the CPU".to_string())
+                    } else {
+                        None
+                    };
+                    if let Some(why) = refusal {
+                        self.status.refused.fetch_add(1, Ordering::Relaxed);
+                        FromSwitch::Failed {
+                            id: 0,
+                            message: &why,
+                        }
+                        .encode(&mut self.out);
+                        // The agent is closed at once; the refusal is its last message.
+                        let _ = self.agents[i].conn.send(&self.out);
+                        return (false, read);
+                    }
+                    let agent = &mut self.agents[i];
+                    agent.welcomed = true;
+                    agent.frames = frames;
+                    FromSwitch::Welcome {
+                        ports: sw.port_count() as u16,
+                    }
+                    .encode(&mut self.out);
+                    Some(())
+                }
+                (false, _) | (true, ToSwitch::Hello { .. }) => {
+                    tracing::warn!("CPU channel: an agent spoke out of turn; closed");
+                    self.status.refused.fetch_add(1, Ordering::Relaxed);
+                    return (false, read);
+                }
+                (true, ToSwitch::Send { port, frame }) => {
+                    match sw.send_frame(port, frame.to_vec(), emit) {
+                        Ok(()) => {
+                            self.status
+                                .frames_from_agents
+                                .fetch_add(1, Ordering::Relaxed);
+                            None
+                        }
+                        Err(e) => {
+                            self.status.failed.fetch_add(1, Ordering::Relaxed);
+                            FromSwitch::Failed {
+                                id: 0,
+                                message: &e.to_string(),
+                            }
+                            .encode(&mut self.out);
+                            Some(())
+                        }
+                    }
+                }
+                (true, ToSwitch::Read { id, name }) => {
+                    self.status.reads.fetch_add(1, Ordering::Relaxed);
+                    answer(id, sw.read_register(name), &self.status, &mut self.out);
+                    Some(())
+                }
+                (true, ToSwitch::Write { id, name, value }) => {
+                    self.status.writes.fetch_add(1, Ordering::Relaxed);
+                    let done = sw.write_register(name, value).map(|()| value);
+                    answer(id, done, &self.status, &mut self.out);
+                    Some(())
+                }
+            };
+            if reply.is_some() {
+                self.agents[i].replies.push_back(self.out.clone());
+            }
+        }
+        (true, read)
+    }
+
+    /// Sends agent `i` the answers it waits for; false when it is gone.
+    fn flush_replies(&mut self, i: usize) -> bool {
+        let agent = &mut self.agents[i];
+        while let Some(r) = agent.replies.front() {
+            match agent.conn.send(r) {
+                Ok(()) => {
+                    agent.replies.pop_front();
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    self.pending = true;
+                    break;
+                }
+                Err(_) => return false,
+            }
+        }
+        true
+    }
+
+    /// Hands the frames waiting for the CPU to the agent that takes them; false when it is
+    /// gone.
+    fn deliver(&mut self, i: usize, sw: &mut Switch) -> bool {
+        let agent = &self.agents[i];
+        if !agent.frames || !agent.replies.is_empty() {
+            return true;
+        }
+        let mut gone = false;
+        let mut full = false;
+        let out = &mut self.out;
+        let sent = sw.deliver_cpu(|p| {
+            FromSwitch::Frame {
+                in_port: p.in_port,
+                reason: p.reason,
+                frame: &p.frame,
+            }
+            .encode(out);
+            match agent.conn.send(out) {
+                Ok(()) => true,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    full = true;
+                    false
+                }
+                Err(_) => {
+                    gone = true;
+                    false
+                }
+            }
+        });
+        self.status
+            .frames_to_agents
+            .fetch_add(sent as u64, Ordering::Relaxed);
+        self.pending |= full;
+        !gone
+    }
+}
+
+fn self_takes_frames(agents: &[Agent]) -> bool {
+    agents.iter().any(|a| a.welcomed && a.frames)
+}
+
+fn answer(
+    id: u32,
+    result: Result<u64, switch::control::ControlError>,
+    status: &ChannelStatus,
+    out: &mut Vec<u8>,
+) {
+    match result {
+        Ok(value) => FromSwitch::Value { id, value }.encode(out),
+        Err(e) => {
+            status.failed.fetch_add(1, Ordering::Relaxed);
+            FromSwitch::Failed {
+                id,
+                message: &e.to_string(),
+            }
+            .encode(out)
+        }
+    }
+}
+
+impl Side<Switch> for Channel {
+    fn fds(&self, out: &mut Vec<RawFd>) {
+        out.push(self.listener.fd());
+        out.extend(self.agents.iter().map(|a| a.conn.fd()));
+    }
+
+    fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    fn serve(&mut self, sw: &mut Switch, _now: Instant, emit: &mut Vec<Emit>) -> bool {
+        self.accept();
+        self.pending = false;
+        let mut worked = false;
+        let mut i = 0;
+        while i < self.agents.len() {
+            let (open, read) = self.read_agent(i, sw, emit);
+            worked |= read > 0;
+            let open = open && self.flush_replies(i) && self.deliver(i, sw);
+            if open {
+                i += 1;
+            } else {
+                self.agents.swap_remove(i);
+                self.changed();
+            }
+        }
+        worked
+    }
+
+    fn pending(&self) -> bool {
+        self.pending
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
