@@ -126,7 +126,7 @@ pub struct Results {
     pub sent: u64,
     pub marked: u64,
     pub notifications_received: u64,
-    /// Whether the run's agent took its frames over the CPU channel (else HTTP).
+    /// Whether the run's congestion point took its frames over the CPU channel (else HTTP).
     pub over_channel: bool,
     /// The median of the echoes from the receiving host: the round trip without the CPU.
     pub echo_rtt_us: Option<f64>,
@@ -376,7 +376,7 @@ fn measure(bed: &Bed, args: &Args, step_s: f64) -> anyhow::Result<Results> {
             sent: sent.datagrams,
             marked: sent.marked,
             notifications_received: sent.notifications,
-            over_channel: register.over_channel(),
+            over_channel: cp_stats.over_channel,
             echo_rtt_us,
             ways,
             queue,

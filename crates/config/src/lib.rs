@@ -35,18 +35,17 @@ use switch::source::Prefix;
 /// servers own the VIP on their loopback).
 pub use switch::Mode;
 
-/// The validated configuration.
 /// Where a switch's CPU channel listens.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CpuSocket {
-    /// `/run/kvswitch/cpu-<pid>.sock`, or in the temporary directory when `/run/kvswitch`
-    /// cannot be made.
+    /// `/run/kvswitch/cpu-<pid>.sock`; none when the switch cannot listen there.
     Default,
     /// No channel: agents use the API.
     Off,
     At(PathBuf),
 }
 
+/// The validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
     pub path: PathBuf,
@@ -1149,7 +1148,8 @@ api = "127.0.0.1:9110"
 # depth_bytes = 96896
 # Agents on the CPU path (kvswitch nf ...) take frames and read registers over a local
 # socket: by default /run/kvswitch/cpu-<pid>.sock (the status's cpu_channel.path says
-# which), or this path, or "off" (agents then use the API's HTTP routes).
+# which; where the switch cannot listen there it runs without one), or this path, or "off"
+# (agents then use the API's HTTP routes).
 # cpu_socket = "/run/kvswitch/switch1.cpu"
 # After a frame, keep polling the ports this long before sleeping (0: always sleep).
 # Longer windows cut latency and CPU per frame under load, at the price of a busy core.

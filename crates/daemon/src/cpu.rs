@@ -6,15 +6,15 @@
 //! Who may connect: the socket is a file only its owner may open (mode 0600); a peer must run
 //! as the switch's user or root (the kernel's credentials), and its first message must carry
 //! the API's token when the switch has one. At most [`MAX_AGENTS`] are attached; one of them
-//! may take the frames ([`ToSwitch::Hello`]`{frames: true}`), which then stop going to the
-//! API's `GET /api/v1/packets`.
+//! may take the frames ([`ToSwitch::Hello`]`{frames: true}`); while it does, the API's
+//! `GET /api/v1/packets` and its stream are refused (409), so the agent gets every frame.
 //!
 //! What is lost: nothing below the capacity. A frame waits in the switch's CPU queue
 //! ([`switch::control::CPU_QUEUE`] frames) until the agent's socket takes it, so an agent may
 //! fall that many frames behind (more, by what its socket holds) and still get every one in
 //! order; past it frames are counted as `cpu_queue_full` drops. An agent that sends faster
-//! than the switch answers is slowed by its socket, and the switch reads no more of its
-//! requests while [`REPLIES_HELD`] of its answers wait to be taken.
+//! than the switch answers is slowed by its socket: while [`REPLIES_HELD`] of its answers
+//! wait to be taken the switch neither reads nor polls its requests.
 
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
@@ -34,7 +34,8 @@ pub const MAX_AGENTS: usize = 8;
 const REQUESTS_PER_ROUND: usize = 64;
 /// Answers waiting for an agent to take them, past which its requests are not read.
 pub const REPLIES_HELD: usize = 256;
-/// Bytes the kernel holds for an agent (frames and answers): about 200 full-sized frames.
+/// Bytes asked of the kernel for what waits for an agent (frames and answers); the kernel
+/// gives at most `net.core.wmem_max` (about 200 KiB by default).
 const AGENT_BUFFER: usize = 1 << 20;
 
 /// What the channel has done, for the status and `/metrics`.
@@ -126,12 +127,16 @@ struct Agent {
     frames: bool,
     /// Answers its socket had no room for yet.
     replies: VecDeque<Vec<u8>>,
+    /// [`REPLIES_HELD`] answers wait: its requests are neither read nor polled.
+    held: bool,
 }
 
 /// The listening socket and its agents, served by the forwarding loop.
 pub struct Channel {
     listener: SeqListener,
     path: PathBuf,
+    /// The socket file's device and inode, so that only this switch's file is removed.
+    file: (u64, u64),
     token: Option<String>,
     agents: Vec<Agent>,
     status: Arc<ChannelStatus>,
@@ -142,42 +147,55 @@ pub struct Channel {
     out: Vec<u8>,
 }
 
-/// The default place: `/run/kvswitch/cpu-<pid>.sock`, or the temporary directory's
-/// `kvswitch-cpu-<pid>.sock` when `/run/kvswitch` cannot be made.
+/// The default place: `/run/kvswitch/cpu-<pid>.sock`.
 pub fn default_path() -> PathBuf {
-    let pid = std::process::id();
-    let run = Path::new("/run/kvswitch");
-    match std::fs::create_dir_all(run) {
-        Ok(()) => run.join(format!("cpu-{pid}.sock")),
-        Err(_) => std::env::temp_dir().join(format!("kvswitch-cpu-{pid}.sock")),
-    }
+    Path::new("/run/kvswitch").join(format!("cpu-{}.sock", std::process::id()))
 }
 
 impl Channel {
-    /// Listens at `path`. A socket file left there by a switch that is gone (nobody accepts
-    /// on it) is replaced; one that still answers is an error.
+    /// Listens at `path` (made absolute, as agents find it in the status). A socket file left
+    /// there by a switch that is gone (nobody listens on it) is replaced; anything else at the
+    /// path, or a socket another switch listens on, is an error.
     pub fn bind(
         path: &Path,
         token: Option<String>,
         status: Arc<ChannelStatus>,
     ) -> anyhow::Result<Channel> {
         use anyhow::Context;
-        if path.exists() {
-            if SeqConn::connect(path).is_ok() {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let path = std::path::absolute(path)
+            .with_context(|| format!("CPU channel: the path {}", path.display()))?;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("CPU channel: creating {}", dir.display()))?;
+        }
+        if let Ok(meta) = std::fs::symlink_metadata(&path) {
+            if !meta.file_type().is_socket() {
                 anyhow::bail!(
-                    "{}: another switch's CPU channel listens there (set switch.cpu_socket)",
+                    "CPU channel: {} exists and is not a socket (set switch.cpu_socket)",
                     path.display()
                 );
             }
-            std::fs::remove_file(path)
-                .with_context(|| format!("removing the stale socket {}", path.display()))?;
+            match SeqConn::connect(&path) {
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    std::fs::remove_file(&path)
+                        .with_context(|| format!("removing the stale socket {}", path.display()))?;
+                }
+                _ => anyhow::bail!(
+                    "CPU channel: another switch's channel listens at {} (set \
+                     switch.cpu_socket)",
+                    path.display()
+                ),
+            }
         }
-        let listener = SeqListener::bind(path)
+        let listener = SeqListener::bind(&path)
             .with_context(|| format!("CPU channel: listening at {}", path.display()))?;
-        let _ = status.path.set(path.to_path_buf());
+        let meta = std::fs::symlink_metadata(&path)?;
+        let _ = status.path.set(path.clone());
         Ok(Channel {
             listener,
-            path: path.to_path_buf(),
+            path,
+            file: (meta.dev(), meta.ino()),
             token,
             agents: Vec::new(),
             status,
@@ -219,6 +237,7 @@ impl Channel {
                 welcomed: false,
                 frames: false,
                 replies: VecDeque::new(),
+                held: false,
             });
             self.changed();
         }
@@ -282,6 +301,9 @@ impl Channel {
                     let agent = &mut self.agents[i];
                     agent.welcomed = true;
                     agent.frames = frames;
+                    if frames {
+                        sw.set_channel_takes(true);
+                    }
                     FromSwitch::Welcome {
                         ports: sw.port_count() as u16,
                     }
@@ -412,7 +434,7 @@ fn answer(
 impl Side<Switch> for Channel {
     fn fds(&self, out: &mut Vec<RawFd>) {
         out.push(self.listener.fd());
-        out.extend(self.agents.iter().map(|a| a.conn.fd()));
+        out.extend(self.agents.iter().filter(|a| !a.held).map(|a| a.conn.fd()));
     }
 
     fn generation(&self) -> u64 {
@@ -420,21 +442,31 @@ impl Side<Switch> for Channel {
     }
 
     fn serve(&mut self, sw: &mut Switch, _now: Instant, emit: &mut Vec<Emit>) -> bool {
-        self.accept();
         self.pending = false;
         let mut worked = false;
         let mut i = 0;
+        // The attached agents first, so that the places of those gone are free for the
+        // connections accepted after.
         while i < self.agents.len() {
             let (open, read) = self.read_agent(i, sw, emit);
             worked |= read > 0;
             let open = open && self.flush_replies(i) && self.deliver(i, sw);
-            if open {
-                i += 1;
-            } else {
-                self.agents.swap_remove(i);
+            if !open {
+                let gone = self.agents.swap_remove(i);
+                if gone.welcomed && gone.frames {
+                    sw.set_channel_takes(false);
+                }
                 self.changed();
+                continue;
             }
+            let held = self.agents[i].replies.len() >= REPLIES_HELD;
+            if held != self.agents[i].held {
+                self.agents[i].held = held;
+                self.generation += 1;
+            }
+            i += 1;
         }
+        self.accept();
         worked
     }
 
@@ -444,7 +476,11 @@ impl Side<Switch> for Channel {
 }
 
 impl Drop for Channel {
+    /// Removes the socket file, if it is still this switch's.
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        use std::os::unix::fs::MetadataExt;
+        if std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.file) {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }

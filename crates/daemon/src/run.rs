@@ -169,11 +169,26 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
     // Before the API, so that its status names the channel from its first answer.
     let mut channel = match &cfg.cpu_socket {
         config::CpuSocket::Off => None,
-        config::CpuSocket::Default => Some(crate::cpu::default_path()),
-        config::CpuSocket::At(p) => Some(p.clone()),
-    }
-    .map(|path| crate::cpu::Channel::bind(&path, token.clone(), shared.cpu.clone()))
-    .transpose()?;
+        config::CpuSocket::At(path) => Some(
+            crate::cpu::Channel::bind(path, token.clone(), shared.cpu.clone())
+                .with_context(|| format!("{}: `switch.cpu_socket`", cfg.path.display()))?,
+        ),
+        // Where none is configured, a switch that cannot listen at the default place runs
+        // without one: its agents use the API.
+        config::CpuSocket::Default => {
+            match crate::cpu::Channel::bind(
+                &crate::cpu::default_path(),
+                token.clone(),
+                shared.cpu.clone(),
+            ) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::warn!("no CPU channel: {e:#}; set switch.cpu_socket");
+                    None
+                }
+            }
+        }
+    };
     let api_addr = api::serve(
         listener,
         api::Api {

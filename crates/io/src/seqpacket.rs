@@ -85,8 +85,8 @@ impl SeqListener {
             )
         };
         match cvt(ret) {
-            // SAFETY: `fd` was just returned by accept4 and is owned by nobody else.
             Ok(fd) => Ok(Some(SeqConn {
+                // SAFETY: `fd` was just returned by accept4 and is owned by nobody else.
                 fd: unsafe { OwnedFd::from_raw_fd(fd) },
             })),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
@@ -179,22 +179,22 @@ impl SeqConn {
     /// Waits at most `timeout` for a message before [`SeqConn::recv`] gives up with
     /// `WouldBlock` (none: wait for ever).
     pub fn set_read_timeout(&self, timeout: Option<std::time::Duration>) -> io::Result<()> {
-        let tv = match timeout {
-            Some(t) => libc::timeval {
-                tv_sec: t.as_secs().min(i32::MAX as u64) as libc::time_t,
-                // At least a microsecond: zero would mean for ever.
-                tv_usec: (t.subsec_micros().max(u32::from(t.is_zero()))) as libc::suseconds_t,
-            },
-            None => libc::timeval {
-                tv_sec: 0,
-                tv_usec: 0,
-            },
-        };
         setsockopt(
             self.fd.as_raw_fd(),
             libc::SOL_SOCKET,
             libc::SO_RCVTIMEO,
-            &tv,
+            &timeval(timeout),
+        )
+    }
+
+    /// Waits at most `timeout` for room before [`SeqConn::send`] on a blocking end gives up
+    /// with `WouldBlock` (none: wait for ever).
+    pub fn set_write_timeout(&self, timeout: Option<std::time::Duration>) -> io::Result<()> {
+        setsockopt(
+            self.fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDTIMEO,
+            &timeval(timeout),
         )
     }
 
@@ -206,19 +206,34 @@ impl SeqConn {
 
     /// The user id of the process at the other end, as the kernel saw it connect.
     pub fn peer_uid(&self) -> io::Result<u32> {
-        // SAFETY: ucred is a plain C struct for which all zero bytes are valid.
-        let mut cred: libc::ucred = unsafe { zeroed() };
-        getsockopt(
+        let mut cred = libc::ucred {
+            pid: 0,
+            uid: u32::MAX,
+            gid: u32::MAX,
+        };
+        let len = getsockopt(
             self.fd.as_raw_fd(),
             libc::SOL_SOCKET,
             libc::SO_PEERCRED,
             &mut cred,
         )?;
+        if len != size_of::<libc::ucred>() {
+            return Err(io::Error::other("the peer's credentials were cut short"));
+        }
         Ok(cred.uid)
     }
 
     pub fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+}
+
+/// A socket timeout: at least a microsecond when given, since zero means for ever.
+fn timeval(timeout: Option<std::time::Duration>) -> libc::timeval {
+    let micros = timeout.map_or(0, |t| t.as_micros().max(1));
+    libc::timeval {
+        tv_sec: (micros / 1_000_000).min(i32::MAX as u128) as libc::time_t,
+        tv_usec: (micros % 1_000_000) as libc::suseconds_t,
     }
 }
 

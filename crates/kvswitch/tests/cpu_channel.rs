@@ -5,6 +5,7 @@
 //! switch's status, and falls back to HTTP (or fails, when told to use the channel) without it.
 
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener};
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -192,15 +193,28 @@ fn send_numbered(rig: &mut Rig, first: u32, n: u32) {
     );
 }
 
-/// Every frame the agent can take until none comes for 200 ms.
-fn take_all(cpu: &mut Cpu) -> Vec<u32> {
+/// The frames the agent takes until they and the switch's `cpu_queue_full` drops since
+/// `dropped_before` account for `expected` frames (10 s at most), and then 100 ms more.
+fn take_all(rig: &Rig, cpu: &mut Cpu, expected: u64, dropped_before: u64) -> Vec<u32> {
     let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut settled = false;
     loop {
-        let frames = cpu.frames(256, Duration::from_millis(200)).unwrap();
-        if frames.is_empty() {
-            return got;
-        }
-        for f in frames {
+        let accounted = got.len() as u64 + cpu_queue_full(rig) - dropped_before;
+        assert!(accounted <= expected, "{accounted} frames of {expected}");
+        let wait = match (accounted == expected, settled) {
+            (true, true) => return got,
+            (true, false) => {
+                settled = true;
+                Duration::from_millis(100)
+            }
+            _ => Duration::from_millis(50),
+        };
+        assert!(
+            Instant::now() < deadline,
+            "{accounted} frames of {expected} in 10 s"
+        );
+        for f in cpu.frames(256, wait).unwrap() {
             assert_eq!((f.in_port, f.reason), (0, "to_cpu"));
             got.push(seq_of(&f.frame));
         }
@@ -216,26 +230,44 @@ fn frames_arrive_in_order_none_lost_below_capacity_and_the_rest_counted() {
     let mut rig = rig("order", None, true);
     let mut cpu = Cpu::open(&rig.client, CpuMode::Channel, true).unwrap();
     assert!(cpu.over_channel());
-    // The agent reads nothing while the whole capacity arrives.
+    // The agent reads nothing while the whole capacity arrives; the API may not take the
+    // frames meanwhile.
     let n = CPU_QUEUE as u32;
     send_numbered(&mut rig, 0, n);
-    assert_eq!(take_all(&mut cpu), (0..n).collect::<Vec<_>>());
+    let e = rig.client.take_packets(10, 0).unwrap_err().to_string();
+    assert!(e.contains("CPU channel takes the frames"), "{e}");
+    assert!(rig
+        .client
+        .watch_packets(Duration::from_millis(100), |_| true)
+        .is_err());
+    assert_eq!(
+        take_all(&rig, &mut cpu, u64::from(n), 0),
+        (0..n).collect::<Vec<_>>()
+    );
     assert_eq!(cpu_queue_full(&rig), 0);
     assert_eq!(
         rig.cpu.frames_to_agents.load(Ordering::Relaxed),
         u64::from(n)
     );
-    // Far past it: the frames taken are in order, and each one not taken is a counted drop.
-    let m = 4 * CPU_QUEUE as u32;
+    // Far past it (the queue and what the socket holds, at most 1 MiB): the frames taken
+    // are in order, and each one not taken is a counted drop.
+    let m = 8 * CPU_QUEUE as u32;
     send_numbered(&mut rig, n, m);
-    let got = take_all(&mut cpu);
+    let got = take_all(&rig, &mut cpu, u64::from(m), 0);
     assert!(got.windows(2).all(|w| w[0] < w[1]), "out of order");
     assert!(got.len() >= CPU_QUEUE, "{} frames taken", got.len());
     assert_eq!(got.first(), Some(&n), "the oldest are kept");
-    assert_eq!(got.len() as u64 + cpu_queue_full(&rig), u64::from(m));
     assert!(cpu_queue_full(&rig) > 0);
-    // Nothing went the HTTP way meanwhile.
-    assert!(rig.client.take_packets(10, 0).unwrap().is_empty());
+    // Once the agent has gone, the API hands the frames out again.
+    drop(cpu);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while rig.client.take_packets(10, 0).is_err() {
+        assert!(Instant::now() < deadline, "the API still refuses");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    send_numbered(&mut rig, 0, 3);
+    let frames = rig.client.take_packets(10, 1000).unwrap();
+    assert_eq!(frames.len(), 3);
 }
 
 #[test]
@@ -292,6 +324,23 @@ fn registers_and_frames_out_of_ports() {
 #[test]
 fn strangers_wrong_tokens_a_second_taker_and_bad_messages_are_refused() {
     let rig = rig("refused", Some("s3cret"), true);
+    // The socket is its owner's alone: another user cannot even connect.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&rig.path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let stranger = std::process::Command::new("/usr/bin/python3")
+        .args([
+            "-c",
+            "import socket, sys\n\
+             s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n\
+             try:\n    s.connect(sys.argv[1])\nexcept PermissionError:\n    sys.exit(3)\n",
+        ])
+        .arg(&rig.path)
+        .uid(65534)
+        .gid(65534)
+        .status()
+        .unwrap();
+    assert_eq!(stranger.code(), Some(3), "user nobody connected");
     let wrong = Client::new(rig.client.api, Some("guess".into()));
     let e = Cpu::open(&wrong, CpuMode::Channel, true)
         .err()
@@ -306,6 +355,8 @@ fn strangers_wrong_tokens_a_second_taker_and_bad_messages_are_refused() {
             .expect("a second taker is refused")
     );
     assert!(e.contains("another agent takes the frames"), "{e}");
+    // Refused is refused: `auto` does not fall back to HTTP, where it would split the frames.
+    assert!(Cpu::open(&rig.client, CpuMode::Auto, true).is_err());
     // Garbage instead of a hello: closed.
     let conn = SeqConn::connect(&rig.path).unwrap();
     conn.send(&[0xee, 1, 2, 3]).unwrap();
@@ -337,7 +388,7 @@ fn without_a_channel_an_agent_uses_http_or_fails_when_told_to_use_the_channel() 
     let mut cpu = Cpu::open(&rig.client, CpuMode::Auto, true).unwrap();
     assert!(!cpu.over_channel());
     send_numbered(&mut rig, 0, 20);
-    assert_eq!(take_all(&mut cpu), (0..20).collect::<Vec<_>>());
+    assert_eq!(take_all(&rig, &mut cpu, 20, 0), (0..20).collect::<Vec<_>>());
     cpu.write("user1", 5).unwrap();
     assert_eq!(cpu.read("user1").unwrap(), 5);
 }

@@ -6,11 +6,13 @@
 //!
 //! [`Cpu::open`] finds the channel in the switch's status (`cpu_channel.path`). With
 //! [`CpuMode::Auto`] an agent that cannot reach it (another machine, a switch with the channel
-//! off) falls back to HTTP and says so; [`CpuMode::Channel`] makes that an error.
+//! off) falls back to HTTP and says so; [`CpuMode::Channel`] makes that an error. A switch
+//! that refuses the agent (a wrong token, another agent taking the frames) is an error
+//! either way. The agent checks that the socket's other end runs as its own user or root.
 //!
 //! Over the channel a send is not answered unless the switch refuses it (a port that does
-//! not exist); the refusal arrives behind the send and is returned by the first call made
-//! after it arrived.
+//! not exist); the refusal arrives behind the send, and each call first takes in what has
+//! arrived, so it is returned by the first call made once it is there.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -61,9 +63,26 @@ struct Channel {
     /// A send the switch refused, told at the next call.
     refused: Option<String>,
     next_id: u32,
+    /// Messages taken from the switch.
+    received: u64,
     buf: Vec<u8>,
     out: Vec<u8>,
 }
+
+/// The switch refused the agent's hello.
+#[derive(Debug)]
+struct Refused(String);
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the switch refused: {}", self.0)
+    }
+}
+
+impl std::error::Error for Refused {}
+
+/// How long a send may wait for room before the agent gives up on the switch.
+const SEND_LIMIT: Duration = Duration::from_secs(5);
 
 /// Where the switch behind `api` listens for agents, if it does.
 pub fn channel_path(api: &Client) -> anyhow::Result<Option<PathBuf>> {
@@ -90,6 +109,7 @@ impl Cpu {
                 way: Way::Channel(c),
             }),
             (Err(e), CpuMode::Channel) => Err(e),
+            (Err(e), _) if e.downcast_ref::<Refused>().is_some() => Err(e),
             (Err(e), _) => {
                 eprintln!("{e:#}; using the API's HTTP routes");
                 Ok(Cpu {
@@ -135,7 +155,7 @@ impl Cpu {
         match &mut self.way {
             Way::Http(api) => api.send_frame(port, frame),
             Way::Channel(c) => {
-                c.told()?;
+                c.catch_up()?;
                 c.send(&ToSwitch::Send { port, frame })
             }
         }
@@ -146,7 +166,7 @@ impl Cpu {
         match &mut self.way {
             Way::Http(api) => Ok(api.register(name)?.value),
             Way::Channel(c) => {
-                c.told()?;
+                c.catch_up()?;
                 let id = c.id();
                 c.send(&ToSwitch::Read { id, name })?;
                 c.answer(id)
@@ -163,7 +183,7 @@ impl Cpu {
                     .map(drop)
             }
             Way::Channel(c) => {
-                c.told()?;
+                c.catch_up()?;
                 let id = c.id();
                 c.send(&ToSwitch::Write { id, name, value })?;
                 c.answer(id).map(drop)
@@ -175,11 +195,17 @@ impl Cpu {
 impl Channel {
     fn open(path: &std::path::Path, token: Option<&str>, frames: bool) -> anyhow::Result<Channel> {
         let conn = SeqConn::connect(path)?;
+        let uid = conn.peer_uid()?;
+        if uid != 0 && uid != kvio::seqpacket::effective_uid() {
+            bail!("the socket's owner is user {uid}, neither root nor this agent's user");
+        }
+        conn.set_write_timeout(Some(SEND_LIMIT))?;
         let mut c = Channel {
             conn,
             frames: VecDeque::new(),
             refused: None,
             next_id: 1,
+            received: 0,
             buf: vec![0; MAX_MESSAGE],
             out: Vec::with_capacity(MAX_MESSAGE),
         };
@@ -194,7 +220,7 @@ impl Channel {
             .context("waiting for the switch's welcome")?;
         match FromSwitch::decode(&c.buf[..n]) {
             Ok(FromSwitch::Welcome { .. }) => Ok(c),
-            Ok(FromSwitch::Failed { message, .. }) => bail!("the switch refused: {message}"),
+            Ok(FromSwitch::Failed { message, .. }) => Err(Refused(message.to_string()).into()),
             Ok(other) => bail!("the switch answered the hello with {other:?}"),
             Err(e) => bail!("the switch's answer: {e}"),
         }
@@ -209,6 +235,20 @@ impl Channel {
     fn send(&mut self, msg: &ToSwitch) -> anyhow::Result<()> {
         msg.encode(&mut self.out);
         self.conn.send(&self.out).context("the CPU channel")
+    }
+
+    /// Takes in, without waiting, what the switch has sent (frames, a refused send), then
+    /// returns a refusal of an earlier send as an error: a connection that only sends must
+    /// still read, or the switch's answers would fill its socket.
+    fn catch_up(&mut self) -> anyhow::Result<()> {
+        for _ in 0..CATCH_UP {
+            let before = self.received;
+            self.take(None)?;
+            if self.received == before {
+                break;
+            }
+        }
+        self.told()
     }
 
     /// A refusal of an earlier send, as an error.
@@ -242,6 +282,7 @@ impl Channel {
             }
             Err(e) => return Err(e).context("the CPU channel"),
         };
+        self.received += 1;
         match FromSwitch::decode(&self.buf[..n]).context("a message from the switch")? {
             FromSwitch::Frame {
                 in_port,
@@ -284,7 +325,7 @@ impl Channel {
     }
 
     fn frames(&mut self, max: usize, wait: Duration) -> anyhow::Result<Vec<CpuPacket>> {
-        self.told()?;
+        self.catch_up()?;
         if self.frames.is_empty() {
             let deadline = Instant::now() + wait;
             while self.frames.is_empty() {
@@ -296,15 +337,20 @@ impl Channel {
             }
         }
         // Whatever else is there already, without waiting.
-        let mut idle = false;
-        while self.frames.len() < max && !idle {
-            let before = self.frames.len();
-            idle = self.take(None)?.is_none() && self.frames.len() == before;
+        while self.frames.len() < max {
+            let before = self.received;
+            self.take(None)?;
+            if self.received == before {
+                break;
+            }
         }
         let n = max.min(self.frames.len());
         Ok(self.frames.drain(..n).collect())
     }
 }
+
+/// Messages taken in at most by one call before it goes on.
+const CATCH_UP: usize = 1024;
 
 /// An answer's id and its value or refusal.
 type Answer = (u32, Result<u64, String>);

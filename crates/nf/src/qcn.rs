@@ -61,6 +61,8 @@ pub struct CpStats {
     pub queries: u64,
     /// Frames the CPU path handed over that were not IPv4 UDP.
     pub ignored: u64,
+    /// Whether the agent took its frames over the CPU channel (else HTTP).
+    pub over_channel: bool,
 }
 
 /// Runs the congestion point until `stop`, then removes its entries (also after an error).
@@ -111,7 +113,10 @@ pub fn run_cp(cfg: &CpConfig, stop: &dyn Fn() -> bool) -> anyhow::Result<CpStats
 
 fn serve_cp(cfg: &CpConfig, cpu: &mut Cpu, stop: &dyn Fn() -> bool) -> anyhow::Result<CpStats> {
     let mut cp = Cp::new(cfg.params);
-    let mut stats = CpStats::default();
+    let mut stats = CpStats {
+        over_channel: cpu.over_channel(),
+        ..CpStats::default()
+    };
     while !stop() {
         let got = cpu.frames(256, Duration::from_millis(50))?;
         // Every query is answered; of the frames sampled, only each source's newest in the
@@ -286,29 +291,40 @@ pub fn sink(
         let _ = ready.send(false);
         return Vec::new();
     };
-    let ok = data.set_nonblocking(true).is_ok() && echo.set_nonblocking(true).is_ok();
+    let ok = data.set_nonblocking(true).is_ok()
+        && echo
+            .set_read_timeout(Some(Duration::from_millis(20)))
+            .is_ok();
     let _ = ready.send(ok);
     let mut bins: Vec<(f64, f64)> = Vec::new();
-    let mut buf = vec![0u8; 65_536];
-    while !stop.load(Ordering::Relaxed) {
-        let mut idle = true;
-        while let Ok((n, _)) = data.recv_from(&mut buf) {
-            idle = false;
-            let since = Instant::now().saturating_duration_since(origin);
-            let bin = (since.as_millis() / 100) as usize;
-            while bins.len() <= bin {
-                bins.push(((bins.len() + 1) as f64 * 0.1, 0.0));
+    std::thread::scope(|scope| {
+        // Echoes on a thread of their own that waits in the kernel for each: their round
+        // trip is the baseline of the notification's delay, so it must not include a poll.
+        scope.spawn(|| {
+            let mut buf = [0u8; 2048];
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok((n, from)) = echo.recv_from(&mut buf) {
+                    let _ = echo.send_to(&buf[..n], from);
+                }
             }
-            bins[bin].1 += (n + PAYLOAD_OFFSET + 4) as f64 * 8.0 / 0.1 / 1e6;
+        });
+        let mut buf = vec![0u8; 65_536];
+        while !stop.load(Ordering::Relaxed) {
+            let mut idle = true;
+            while let Ok((n, _)) = data.recv_from(&mut buf) {
+                idle = false;
+                let since = Instant::now().saturating_duration_since(origin);
+                let bin = (since.as_millis() / 100) as usize;
+                while bins.len() <= bin {
+                    bins.push(((bins.len() + 1) as f64 * 0.1, 0.0));
+                }
+                bins[bin].1 += (n + PAYLOAD_OFFSET + 4) as f64 * 8.0 / 0.1 / 1e6;
+            }
+            if idle {
+                std::thread::sleep(Duration::from_micros(100));
+            }
         }
-        while let Ok((n, from)) = echo.recv_from(&mut buf) {
-            idle = false;
-            let _ = echo.send_to(&buf[..n], from);
-        }
-        if idle {
-            std::thread::sleep(Duration::from_micros(100));
-        }
-    }
+    });
     bins.into_iter()
         .map(|(t, m)| (round3(t), round3(m)))
         .collect()

@@ -410,6 +410,19 @@ pub fn user_register_name(n: usize) -> String {
     format!("user{n}")
 }
 
+/// The refusal of a register name that names none.
+pub fn no_register(name: &str) -> ControlError {
+    ControlError::new(
+        ErrorKind::NotFound,
+        "name",
+        format!(
+            "no register {name:?}: user registers are user0 to user{}, port figures \
+             port<N>.<figure> (GET /api/v1/registers lists them)",
+            pipeline::NUM_USER_REGS - 1
+        ),
+    )
+}
+
 /// The user register a name denotes: `user<N>` with N below `NUM_USER_REGS`.
 pub fn user_register(name: &str) -> Option<u8> {
     let n: usize = name.strip_prefix("user")?.parse().ok()?;

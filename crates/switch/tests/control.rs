@@ -525,7 +525,7 @@ fn an_operator_entry_ahead_of_the_program_works_at_once_and_goes_when_deleted() 
     )])
     .unwrap();
     assert_eq!(send(&mut sw, get("user:1")), Fate::Out(server_port));
-    let copies = sw.take_cpu(10);
+    let copies = sw.take_cpu(10).unwrap();
     assert_eq!(copies.len(), 1);
     assert_eq!((copies[0].in_port, copies[0].reason), (0, "mirror"));
     let copy = &copies[0].frame;

@@ -721,15 +721,7 @@ async fn registers(State(api): State<Shared>) -> Reply {
 }
 
 fn no_register(name: &str) -> ApiFailure {
-    ApiFailure::from(ControlError::new(
-        ErrorKind::NotFound,
-        "name",
-        format!(
-            "no register {name:?}: user registers are user0 to user{}, port figures \
-             port<N>.<figure> (GET /api/v1/registers lists them)",
-            control::NUM_USER_REGS - 1
-        ),
-    ))
+    ApiFailure::from(control::no_register(name))
 }
 
 async fn show_register(State(api): State<Shared>, Path(name): Path<String>) -> Reply {
@@ -798,7 +790,7 @@ async fn take_packets(State(api): State<Shared>, RawQuery(query): RawQuery) -> R
         + Duration::from_millis(take.wait_ms.unwrap_or(0)).min(MAX_WAIT);
     loop {
         let frames: Vec<_> = call(&api, move |sw, _, _| sw.take_cpu(max))
-            .await?
+            .await??
             .iter()
             .map(|p| p.view())
             .collect();
@@ -843,8 +835,9 @@ const STREAM_POLL: Duration = Duration::from_millis(10);
 /// and `GET /api/v1/packets` share the queue.
 async fn stream_packets(State(api): State<Shared>, RawQuery(query): RawQuery) -> Reply {
     let watch: Watch = query_args(query.as_deref().unwrap_or(""))?;
-    // Refuse at once, before the 200, when there is no switch or too many streams are open.
-    call(&api, |_, _, _| ()).await?;
+    // Refuse at once, before the 200, when there is no switch, an agent on the CPU channel
+    // takes the frames, or too many streams are open.
+    call(&api, |sw, _, _| sw.take_cpu(0).map(drop)).await??;
     let open = api
         .streams
         .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
@@ -870,7 +863,9 @@ async fn stream_packets(State(api): State<Shared>, RawQuery(query): RawQuery) ->
         let mut refused = 0;
         loop {
             let frames = match call(&place.0, move |sw, _, _| sw.take_cpu(max)).await {
-                Ok(frames) => frames,
+                Ok(Ok(frames)) => frames,
+                // An agent on the CPU channel took the frames over: the stream ends.
+                Ok(Err(_)) => return None,
                 Err(_) if refused < STREAM_PATIENCE => {
                     refused += 1;
                     tokio::time::sleep(STREAM_POLL).await;

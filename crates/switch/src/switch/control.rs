@@ -29,6 +29,8 @@ pub(super) struct Operator {
     /// Counters of refused calls, reused before the pipeline makes new ones.
     spare: Vec<CounterId>,
     cpu: VecDeque<CpuPacket>,
+    /// An agent on the CPU channel takes the frames for the CPU: the API's readers may not.
+    channel_takes: bool,
 }
 
 /// How to take back one applied change.
@@ -851,7 +853,8 @@ impl Switch {
         if let Some(n) = crate::control::user_register(name) {
             return Ok(self.pipeline.register(n).unwrap_or(0));
         }
-        self.port_figure(name).ok_or_else(|| no_register(name))
+        self.port_figure(name)
+            .ok_or_else(|| crate::control::no_register(name))
     }
 
     /// Writes the user register `name`; a port's figure is read-only.
@@ -863,7 +866,7 @@ impl Switch {
                 "name",
                 format!("{name} is a port's figure and is read-only"),
             )),
-            None => Err(no_register(name)),
+            None => Err(crate::control::no_register(name)),
         }
     }
 
@@ -945,10 +948,25 @@ impl Switch {
         Ok(())
     }
 
-    /// Takes up to `max` of the frames entries handed to the CPU, oldest first.
-    pub fn take_cpu(&mut self, max: usize) -> Vec<CpuPacket> {
+    /// Takes up to `max` of the frames entries handed to the CPU, oldest first; refused
+    /// while an agent on the CPU channel takes them ([`Switch::set_channel_takes`]), so that
+    /// it gets every one.
+    pub fn take_cpu(&mut self, max: usize) -> Result<Vec<CpuPacket>, ControlError> {
+        if self.operator.channel_takes {
+            return Err(ControlError::new(
+                ErrorKind::Conflict,
+                "",
+                "an agent on the CPU channel takes the frames for the CPU",
+            ));
+        }
         let n = max.min(self.operator.cpu.len());
-        self.operator.cpu.drain(..n).collect()
+        Ok(self.operator.cpu.drain(..n).collect())
+    }
+
+    /// Whether an agent on the CPU channel takes the frames for the CPU (the API then
+    /// refuses to hand them out).
+    pub fn set_channel_takes(&mut self, takes: bool) {
+        self.operator.channel_takes = takes;
     }
 
     /// Whether frames wait for the CPU.
@@ -982,18 +1000,6 @@ impl Switch {
             frame: frame.to_vec(),
         });
     }
-}
-
-fn no_register(name: &str) -> ControlError {
-    ControlError::new(
-        ErrorKind::NotFound,
-        "name",
-        format!(
-            "no register {name:?}: user registers are user0 to user{}, port figures \
-             port<N>.<figure> (GET /api/v1/registers lists them)",
-            pipeline::NUM_USER_REGS - 1
-        ),
-    )
 }
 
 fn not_found(name: &str) -> ControlError {
