@@ -5,7 +5,8 @@
 //!
 //! Who may connect: the socket is a file only its owner may open (mode 0600); a peer must run
 //! as the switch's user or root (the kernel's credentials), and its first message must carry
-//! the API's token when the switch has one. At most [`MAX_AGENTS`] are attached; one of them
+//! the API's token when the switch has one. At most [`MAX_AGENTS`] are attached (a connection
+//! that says no hello within [`HELLO_LIMIT`] is closed); one of them
 //! may take the frames ([`ToSwitch::Hello`]`{frames: true}`); while it does, the API's
 //! `GET /api/v1/packets` and its stream are refused (409), so the agent gets every frame.
 //!
@@ -32,6 +33,9 @@ use switch::{Emit, Switch};
 pub const MAX_AGENTS: usize = 8;
 /// Requests read from one agent per round, so that one cannot hold the loop.
 const REQUESTS_PER_ROUND: usize = 64;
+/// How long a connection may take to say hello before it is closed, so that connections that
+/// never do cannot hold the agents' places.
+pub const HELLO_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// Answers waiting for an agent to take them, past which its requests are not read.
 pub const REPLIES_HELD: usize = 256;
 /// Bytes asked of the kernel for what waits for an agent (frames and answers); the kernel
@@ -43,6 +47,9 @@ const AGENT_BUFFER: usize = 1 << 20;
 pub struct ChannelStatus {
     /// Where it listens, once it does.
     pub path: OnceLock<PathBuf>,
+    /// This switch's channel, told in the welcome, so that an agent can check that the
+    /// socket it opened is the one the switch's status names.
+    pub instance: OnceLock<u64>,
     pub agents: AtomicU64,
     /// Frames handed to the agent that takes them.
     pub frames_to_agents: AtomicU64,
@@ -108,6 +115,7 @@ impl ChannelStatus {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         serde_json::json!({
             "path": self.path.get(),
+            "instance": self.instance.get().map(|i| format!("{i:016x}")),
             "agents": get(&self.agents),
             "frames_to_agents": get(&self.frames_to_agents),
             "frames_from_agents": get(&self.frames_from_agents),
@@ -121,6 +129,8 @@ impl ChannelStatus {
 
 struct Agent {
     conn: SeqConn,
+    /// When it connected.
+    since: Instant,
     /// Past its hello.
     welcomed: bool,
     /// Takes the frames for the CPU.
@@ -141,6 +151,8 @@ pub struct Channel {
     agents: Vec<Agent>,
     status: Arc<ChannelStatus>,
     generation: u64,
+    /// Told in the welcome and the status.
+    instance: u64,
     /// Frames or answers wait on an agent's full socket.
     pending: bool,
     buf: Vec<u8>,
@@ -191,7 +203,9 @@ impl Channel {
         let listener = SeqListener::bind(&path)
             .with_context(|| format!("CPU channel: listening at {}", path.display()))?;
         let meta = std::fs::symlink_metadata(&path)?;
+        let instance = instance_id();
         let _ = status.path.set(path.clone());
+        let _ = status.instance.set(instance);
         Ok(Channel {
             listener,
             path,
@@ -200,6 +214,7 @@ impl Channel {
             agents: Vec::new(),
             status,
             generation: 0,
+            instance,
             pending: false,
             buf: vec![0; MAX_MESSAGE],
             out: Vec::with_capacity(MAX_MESSAGE),
@@ -210,7 +225,7 @@ impl Channel {
         &self.path
     }
 
-    fn accept(&mut self) {
+    fn accept(&mut self, now: Instant) {
         loop {
             let conn = match self.listener.accept() {
                 Ok(Some(c)) => c,
@@ -234,6 +249,7 @@ impl Channel {
             let _ = conn.set_send_buffer(AGENT_BUFFER);
             self.agents.push(Agent {
                 conn,
+                since: now,
                 welcomed: false,
                 frames: false,
                 replies: VecDeque::new(),
@@ -306,6 +322,7 @@ impl Channel {
                     }
                     FromSwitch::Welcome {
                         ports: sw.port_count() as u16,
+                        instance: self.instance,
                     }
                     .encode(&mut self.out);
                     Some(())
@@ -408,6 +425,20 @@ impl Channel {
     }
 }
 
+/// A number no other switch's channel is likely to have: the process, the time and the
+/// standard library's per-process random keys, hashed.
+fn instance_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
 fn self_takes_frames(agents: &[Agent]) -> bool {
     agents.iter().any(|a| a.welcomed && a.frames)
 }
@@ -441,7 +472,7 @@ impl Side<Switch> for Channel {
         self.generation
     }
 
-    fn serve(&mut self, sw: &mut Switch, _now: Instant, emit: &mut Vec<Emit>) -> bool {
+    fn serve(&mut self, sw: &mut Switch, now: Instant, emit: &mut Vec<Emit>) -> bool {
         self.pending = false;
         let mut worked = false;
         let mut i = 0;
@@ -450,7 +481,15 @@ impl Side<Switch> for Channel {
         while i < self.agents.len() {
             let (open, read) = self.read_agent(i, sw, emit);
             worked |= read > 0;
-            let open = open && self.flush_replies(i) && self.deliver(i, sw);
+            let silent = !self.agents[i].welcomed
+                && now.saturating_duration_since(self.agents[i].since) > HELLO_LIMIT;
+            if silent {
+                tracing::warn!(
+                    "CPU channel: a connection said no hello in {HELLO_LIMIT:?}; closed"
+                );
+                self.status.refused.fetch_add(1, Ordering::Relaxed);
+            }
+            let open = open && !silent && self.flush_replies(i) && self.deliver(i, sw);
             if !open {
                 let gone = self.agents.swap_remove(i);
                 if gone.welcomed && gone.frames {
@@ -466,7 +505,7 @@ impl Side<Switch> for Channel {
             }
             i += 1;
         }
-        self.accept();
+        self.accept(now);
         worked
     }
 

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use ::api::guard::ApiServing;
 use ::api::Client;
 use daemon::api::{serve, Api, Exporter};
-use daemon::cpu::{Channel, ChannelStatus, MAX_AGENTS};
+use daemon::cpu::{Channel, ChannelStatus, HELLO_LIMIT, MAX_AGENTS};
 use dataplane::{Driver, RunOptions, Side};
 use kv::{Distribution, HashFn};
 use kvio::seqpacket::SeqConn;
@@ -35,7 +35,16 @@ const TO_CPU_PORT: u16 = 9999;
 
 struct Status {
     cpu: Arc<ChannelStatus>,
-    offer: bool,
+    offer: Offer,
+}
+
+/// What the switch's status says of its channel.
+#[derive(Clone, Copy, PartialEq)]
+enum Offer {
+    Nothing,
+    Channel,
+    /// The path, with an instance that is not the channel's.
+    WrongInstance,
 }
 
 impl Exporter for Status {
@@ -44,9 +53,14 @@ impl Exporter for Status {
     }
 
     fn status(&self) -> Value {
+        let mut channel = self.cpu.json();
         match self.offer {
-            true => json!({ "cpu_channel": self.cpu.json() }),
-            false => json!({}),
+            Offer::Channel => json!({ "cpu_channel": channel }),
+            Offer::WrongInstance => {
+                channel["instance"] = json!("00000000000000ff");
+                json!({ "cpu_channel": channel })
+            }
+            Offer::Nothing => json!({}),
         }
     }
 }
@@ -71,7 +85,8 @@ impl Drop for Rig {
     }
 }
 
-fn rig(name: &str, token: Option<&str>, channel: bool) -> Rig {
+fn rig(name: &str, token: Option<&str>, offer: Offer) -> Rig {
+    let channel = offer != Offer::Nothing;
     let servers = vec![spec::Server {
         addr: SocketAddrV4::new(Ipv4Addr::new(10, 0, 1, 1), 11211),
         mac: Some(Mac([2, 0, 0, 0, 1, 1])),
@@ -120,7 +135,7 @@ fn rig(name: &str, token: Option<&str>, channel: bool) -> Rig {
         Api {
             exporter: Arc::new(Status {
                 cpu: cpu.clone(),
-                offer: channel,
+                offer,
             }),
             switch: Some(remote),
             token: token.map(str::to_string),
@@ -227,7 +242,7 @@ fn cpu_queue_full(rig: &Rig) -> u64 {
 
 #[test]
 fn frames_arrive_in_order_none_lost_below_capacity_and_the_rest_counted() {
-    let mut rig = rig("order", None, true);
+    let mut rig = rig("order", None, Offer::Channel);
     let mut cpu = Cpu::open(&rig.client, CpuMode::Channel, true).unwrap();
     assert!(cpu.over_channel());
     // The agent reads nothing while the whole capacity arrives; the API may not take the
@@ -272,7 +287,7 @@ fn frames_arrive_in_order_none_lost_below_capacity_and_the_rest_counted() {
 
 #[test]
 fn registers_and_frames_out_of_ports() {
-    let mut rig = rig("registers", Some("s3cret"), true);
+    let mut rig = rig("registers", Some("s3cret"), Offer::Channel);
     let mut cpu = Cpu::open(&rig.client, CpuMode::Auto, false).unwrap();
     assert!(cpu.over_channel());
     cpu.write("user3", 77).unwrap();
@@ -323,7 +338,7 @@ fn registers_and_frames_out_of_ports() {
 
 #[test]
 fn strangers_wrong_tokens_a_second_taker_and_bad_messages_are_refused() {
-    let rig = rig("refused", Some("s3cret"), true);
+    let rig = rig("refused", Some("s3cret"), Offer::Channel);
     // The socket is its owner's alone: another user cannot even connect.
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&rig.path).unwrap().permissions().mode();
@@ -379,11 +394,29 @@ fn strangers_wrong_tokens_a_second_taker_and_bad_messages_are_refused() {
         assert!(Instant::now() < deadline, "no place came back");
         std::thread::sleep(Duration::from_millis(20));
     }
+    // Connections that never say hello hold the places only until the hello's time is up.
+    let silent: Vec<SeqConn> = (1..MAX_AGENTS)
+        .map(|_| SeqConn::connect(&rig.path).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(Cpu::open(&rig.client, CpuMode::Channel, false).is_err());
+    let deadline = Instant::now() + HELLO_LIMIT + Duration::from_secs(5);
+    while Cpu::open(&rig.client, CpuMode::Channel, false).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the silent connections kept their places"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for c in &silent {
+        c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        assert_eq!(c.recv(&mut buf).unwrap(), 0, "closed by the switch");
+    }
 }
 
 #[test]
 fn without_a_channel_an_agent_uses_http_or_fails_when_told_to_use_the_channel() {
-    let mut rig = rig("absent", None, false);
+    let mut rig = rig("absent", None, Offer::Nothing);
     assert!(Cpu::open(&rig.client, CpuMode::Channel, true).is_err());
     let mut cpu = Cpu::open(&rig.client, CpuMode::Auto, true).unwrap();
     assert!(!cpu.over_channel());
@@ -391,4 +424,19 @@ fn without_a_channel_an_agent_uses_http_or_fails_when_told_to_use_the_channel() 
     assert_eq!(take_all(&rig, &mut cpu, 20, 0), (0..20).collect::<Vec<_>>());
     cpu.write("user1", 5).unwrap();
     assert_eq!(cpu.read("user1").unwrap(), 5);
+}
+
+#[test]
+fn an_agent_refuses_a_socket_that_is_not_the_switch_s() {
+    let rig = rig("instance", None, Offer::WrongInstance);
+    let e = format!(
+        "{:#}",
+        Cpu::open(&rig.client, CpuMode::Channel, true)
+            .err()
+            .expect("another switch's socket is refused")
+    );
+    assert!(e.contains("another switch's"), "{e}");
+    // `auto` falls back to HTTP: the switch behind the API is still reached, by its API.
+    let cpu = Cpu::open(&rig.client, CpuMode::Auto, true).unwrap();
+    assert!(!cpu.over_channel());
 }

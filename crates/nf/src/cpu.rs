@@ -84,10 +84,16 @@ impl std::error::Error for Refused {}
 /// How long a send may wait for room before the agent gives up on the switch.
 const SEND_LIMIT: Duration = Duration::from_secs(5);
 
-/// Where the switch behind `api` listens for agents, if it does.
-pub fn channel_path(api: &Client) -> anyhow::Result<Option<PathBuf>> {
+/// Where the switch behind `api` listens for agents, if it does, and its channel's instance.
+pub fn channel_path(api: &Client) -> anyhow::Result<Option<(PathBuf, Option<u64>)>> {
     let status = api.call("GET", "/api/v1/status", None)?;
-    Ok(status["cpu_channel"]["path"].as_str().map(PathBuf::from))
+    let channel = &status["cpu_channel"];
+    let instance = channel["instance"]
+        .as_str()
+        .and_then(|i| u64::from_str_radix(i, 16).ok());
+    Ok(channel["path"]
+        .as_str()
+        .map(|p| (PathBuf::from(p), instance)))
 }
 
 impl Cpu {
@@ -100,7 +106,7 @@ impl Cpu {
             });
         }
         let opened = channel_path(api).and_then(|path| match path {
-            Some(path) => Channel::open(&path, api.token.as_deref(), frames)
+            Some((path, instance)) => Channel::open(&path, api.token.as_deref(), frames, instance)
                 .with_context(|| format!("the CPU channel at {}", path.display())),
             None => bail!("the switch at {} has no CPU channel", api.api),
         });
@@ -193,7 +199,14 @@ impl Cpu {
 }
 
 impl Channel {
-    fn open(path: &std::path::Path, token: Option<&str>, frames: bool) -> anyhow::Result<Channel> {
+    /// Opens the channel at `path`; `instance`, when the status gave one, must be the one
+    /// the switch welcomes the agent with (else the socket is another switch's).
+    fn open(
+        path: &std::path::Path,
+        token: Option<&str>,
+        frames: bool,
+        instance: Option<u64>,
+    ) -> anyhow::Result<Channel> {
         let conn = SeqConn::connect(path)?;
         let uid = conn.peer_uid()?;
         if uid != 0 && uid != kvio::seqpacket::effective_uid() {
@@ -219,7 +232,13 @@ impl Channel {
             .recv(&mut c.buf)
             .context("waiting for the switch's welcome")?;
         match FromSwitch::decode(&c.buf[..n]) {
-            Ok(FromSwitch::Welcome { .. }) => Ok(c),
+            Ok(FromSwitch::Welcome { instance: got, .. }) => match instance {
+                Some(want) if want != got => bail!(
+                    "the socket is another switch's (its channel is {got:016x}, the status \
+                     names {want:016x})"
+                ),
+                _ => Ok(c),
+            },
             Ok(FromSwitch::Failed { message, .. }) => Err(Refused(message.to_string()).into()),
             Ok(other) => bail!("the switch answered the hello with {other:?}"),
             Err(e) => bail!("the switch's answer: {e}"),

@@ -28,8 +28,9 @@ pub enum ToSwitch<'a> {
 /// What the switch says.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FromSwitch<'a> {
-    /// The hello was accepted; the switch has `ports` ports.
-    Welcome { ports: u16 },
+    /// The hello was accepted; the switch has `ports` ports, and its channel is `instance`
+    /// (as its status says).
+    Welcome { ports: u16, instance: u64 },
     /// A frame an entry sent to the CPU (`to_cpu`) or copied to it (`mirror`).
     Frame {
         in_port: u16,
@@ -214,9 +215,10 @@ impl<'a> FromSwitch<'a> {
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.clear();
         match *self {
-            FromSwitch::Welcome { ports } => {
+            FromSwitch::Welcome { ports, instance } => {
                 out.push(WELCOME);
                 out.extend_from_slice(&ports.to_le_bytes());
+                out.extend_from_slice(&instance.to_le_bytes());
             }
             FromSwitch::Frame {
                 in_port,
@@ -246,7 +248,8 @@ impl<'a> FromSwitch<'a> {
         match f.kind {
             WELCOME => {
                 let ports = f.u16()?;
-                f.end(FromSwitch::Welcome { ports })
+                let instance = f.u64()?;
+                f.end(FromSwitch::Welcome { ports, instance })
             }
             FRAME => {
                 let in_port = f.u16()?;
@@ -310,7 +313,10 @@ mod tests {
             assert_eq!(&ToSwitch::decode(&buf).unwrap(), m);
         }
         let from = [
-            FromSwitch::Welcome { ports: 4 },
+            FromSwitch::Welcome {
+                ports: 4,
+                instance: 0x0123_4567_89ab_cdef,
+            },
             FromSwitch::Frame {
                 in_port: 2,
                 reason: "mirror",
