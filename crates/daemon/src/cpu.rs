@@ -225,7 +225,7 @@ impl Channel {
         &self.path
     }
 
-    fn accept(&mut self, now: Instant) {
+    fn accept(&mut self, now: Instant, ports: usize) {
         loop {
             let conn = match self.listener.accept() {
                 Ok(Some(c)) => c,
@@ -247,6 +247,16 @@ impl Channel {
                 continue;
             }
             let _ = conn.set_send_buffer(AGENT_BUFFER);
+            // The switch speaks first, so that the agent can check the instance before it
+            // sends the token. A new socket has room for it.
+            FromSwitch::Welcome {
+                ports: ports.min(usize::from(u16::MAX)) as u16,
+                instance: self.instance,
+            }
+            .encode(&mut self.out);
+            if conn.send(&self.out).is_err() {
+                continue;
+            }
             self.agents.push(Agent {
                 conn,
                 since: now,
@@ -320,11 +330,7 @@ impl Channel {
                     if frames {
                         sw.set_channel_takes(true);
                     }
-                    FromSwitch::Welcome {
-                        ports: sw.port_count() as u16,
-                        instance: self.instance,
-                    }
-                    .encode(&mut self.out);
+                    FromSwitch::Accepted.encode(&mut self.out);
                     Some(())
                 }
                 (false, _) | (true, ToSwitch::Hello { .. }) => {
@@ -505,7 +511,7 @@ impl Side<Switch> for Channel {
             }
             i += 1;
         }
-        self.accept(now);
+        self.accept(now, sw.port_count());
         worked
     }
 

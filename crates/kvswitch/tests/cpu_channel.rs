@@ -372,11 +372,20 @@ fn strangers_wrong_tokens_a_second_taker_and_bad_messages_are_refused() {
     assert!(e.contains("another agent takes the frames"), "{e}");
     // Refused is refused: `auto` does not fall back to HTTP, where it would split the frames.
     assert!(Cpu::open(&rig.client, CpuMode::Auto, true).is_err());
-    // Garbage instead of a hello: closed.
+    // The switch speaks first, naming its instance; garbage instead of a hello is closed.
     let conn = SeqConn::connect(&rig.path).unwrap();
-    conn.send(&[0xee, 1, 2, 3]).unwrap();
     conn.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
     let mut buf = [0u8; 64];
+    let n = conn.recv(&mut buf).unwrap();
+    let instance = rig.cpu.instance.get().copied().unwrap();
+    assert_eq!(
+        switch::channel::FromSwitch::decode(&buf[..n]),
+        Ok(switch::channel::FromSwitch::Welcome {
+            ports: PORTS as u16,
+            instance
+        })
+    );
+    conn.send(&[0xee, 1, 2, 3]).unwrap();
     assert_eq!(conn.recv(&mut buf).unwrap(), 0, "the switch closes it");
     // More agents than it takes: the one past them is closed at once.
     let mut open = Vec::new();
@@ -410,6 +419,7 @@ fn strangers_wrong_tokens_a_second_taker_and_bad_messages_are_refused() {
     }
     for c in &silent {
         c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        assert!(c.recv(&mut buf).unwrap() > 0, "the welcome");
         assert_eq!(c.recv(&mut buf).unwrap(), 0, "closed by the switch");
     }
 }

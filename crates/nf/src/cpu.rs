@@ -222,25 +222,38 @@ impl Channel {
             buf: vec![0; MAX_MESSAGE],
             out: Vec::with_capacity(MAX_MESSAGE),
         };
-        c.send(&ToSwitch::Hello {
-            token: token.unwrap_or("").as_bytes(),
-            frames,
-        })?;
+        // The switch speaks first; the token goes only to the switch the status names.
         c.conn.set_read_timeout(Some(Duration::from_secs(5)))?;
         let n = c
             .conn
             .recv(&mut c.buf)
             .context("waiting for the switch's welcome")?;
         match FromSwitch::decode(&c.buf[..n]) {
-            Ok(FromSwitch::Welcome { instance: got, .. }) => match instance {
-                Some(want) if want != got => bail!(
-                    "the socket is another switch's (its channel is {got:016x}, the status \
-                     names {want:016x})"
-                ),
-                _ => Ok(c),
-            },
+            Ok(FromSwitch::Welcome { instance: got, .. }) => {
+                if let Some(want) = instance.filter(|&want| want != got) {
+                    bail!(
+                        "the socket is another switch's (its channel is {got:016x}, the \
+                         status names {want:016x})"
+                    );
+                }
+            }
+            Ok(other) => bail!("the switch opened with {other:?}, not a welcome"),
+            Err(_) if n == 0 => bail!("the switch closed the connection (too many agents?)"),
+            Err(e) => bail!("the switch's welcome: {e}"),
+        }
+        c.send(&ToSwitch::Hello {
+            token: token.unwrap_or("").as_bytes(),
+            frames,
+        })?;
+        let n = c
+            .conn
+            .recv(&mut c.buf)
+            .context("waiting for the switch's answer to the hello")?;
+        match FromSwitch::decode(&c.buf[..n]) {
+            Ok(FromSwitch::Accepted) => Ok(c),
             Ok(FromSwitch::Failed { message, .. }) => Err(Refused(message.to_string()).into()),
             Ok(other) => bail!("the switch answered the hello with {other:?}"),
+            Err(_) if n == 0 => bail!("the switch closed the connection"),
             Err(e) => bail!("the switch's answer: {e}"),
         }
     }
@@ -321,7 +334,9 @@ impl Channel {
                 Ok(None)
             }
             FromSwitch::Failed { id, message } => Ok(Some((id, Err(message.to_string())))),
-            FromSwitch::Welcome { .. } => bail!("the switch said welcome twice"),
+            FromSwitch::Welcome { .. } | FromSwitch::Accepted => {
+                bail!("the switch said welcome twice")
+            }
         }
     }
 

@@ -1,8 +1,10 @@
 //! The CPU channel's messages: what an agent on a switch's CPU path and the switch say to each
 //! other over a local sequenced-packet socket, one message each, little-endian, as bytes.
 //!
-//! An agent opens with [`ToSwitch::Hello`] (the API's token, and whether it takes the frames
-//! the switch's entries send to the CPU) and the switch answers [`FromSwitch::Welcome`] or
+//! The switch speaks first: [`FromSwitch::Welcome`] names its channel's instance, which the
+//! agent checks against the switch's status before it gives anything away. The agent then
+//! says [`ToSwitch::Hello`] (the API's token, and whether it takes the frames the switch's
+//! entries send to the CPU) and the switch answers [`FromSwitch::Accepted`], or
 //! [`FromSwitch::Failed`] and closes. Then the agent sends frames out of ports
 //! ([`ToSwitch::Send`], answered only when refused) and reads and writes registers
 //! ([`ToSwitch::Read`], [`ToSwitch::Write`], each answered with its `id`); the switch sends
@@ -28,9 +30,11 @@ pub enum ToSwitch<'a> {
 /// What the switch says.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FromSwitch<'a> {
-    /// The hello was accepted; the switch has `ports` ports, and its channel is `instance`
-    /// (as its status says).
+    /// The first message, sent as the agent connects: the switch has `ports` ports, and its
+    /// channel is `instance` (as its status says).
     Welcome { ports: u16, instance: u64 },
+    /// The hello was accepted.
+    Accepted,
     /// A frame an entry sent to the CPU (`to_cpu`) or copied to it (`mirror`).
     Frame {
         in_port: u16,
@@ -68,6 +72,7 @@ const WELCOME: u8 = 16;
 const FRAME: u8 = 17;
 const VALUE: u8 = 18;
 const FAILED: u8 = 19;
+const ACCEPTED: u8 = 20;
 
 const REASONS: [&str; 2] = ["to_cpu", "mirror"];
 
@@ -235,6 +240,7 @@ impl<'a> FromSwitch<'a> {
                 out.extend_from_slice(&id.to_le_bytes());
                 out.extend_from_slice(&value.to_le_bytes());
             }
+            FromSwitch::Accepted => out.push(ACCEPTED),
             FromSwitch::Failed { id, message } => {
                 out.push(FAILED);
                 out.extend_from_slice(&id.to_le_bytes());
@@ -272,6 +278,7 @@ impl<'a> FromSwitch<'a> {
                 let message = f.text()?;
                 f.end(FromSwitch::Failed { id, message })
             }
+            ACCEPTED => f.end(FromSwitch::Accepted),
             k => Err(DecodeError::Kind(k)),
         }
     }
@@ -328,6 +335,7 @@ mod tests {
                 frame: &[],
             },
             FromSwitch::Value { id: 9, value: 1234 },
+            FromSwitch::Accepted,
             FromSwitch::Failed {
                 id: 0,
                 message: "port 9 does not exist",
