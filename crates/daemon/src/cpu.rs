@@ -159,9 +159,45 @@ pub struct Channel {
     out: Vec<u8>,
 }
 
+/// Where the default places are.
+pub const DEFAULT_DIR: &str = "/run/kvswitch";
+
 /// The default place: `/run/kvswitch/cpu-<pid>.sock`.
 pub fn default_path() -> PathBuf {
-    Path::new("/run/kvswitch").join(format!("cpu-{}.sock", std::process::id()))
+    Path::new(DEFAULT_DIR).join(format!("cpu-{}.sock", std::process::id()))
+}
+
+/// Removes from `dir` the default-place sockets of switches that are gone, which a switch
+/// killed outright could not remove itself: each `cpu-<pid>.sock` whose process does not run
+/// and on which nobody listens. Returns how many it removed.
+pub fn sweep_stale(dir: &Path) -> usize {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("cpu-"))
+            .and_then(|n| n.strip_suffix(".sock"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if Path::new("/proc").join(pid.to_string()).exists() {
+            continue;
+        }
+        let path = entry.path();
+        let socket = std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket());
+        let nobody = matches!(SeqConn::connect(&path),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused);
+        if socket && nobody && std::fs::remove_file(&path).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
 }
 
 impl Channel {
@@ -527,5 +563,36 @@ impl Drop for Channel {
         if std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.file) {
             let _ = std::fs::remove_file(&self.path);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_sockets_of_switches_that_are_gone_are_swept() {
+        let dir = std::env::temp_dir().join(format!("kvswitch-sweep-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // Past the largest PID Linux gives: no process runs it.
+        let gone = dir.join("cpu-4194305.sock");
+        drop(SeqListener::bind(&gone).unwrap());
+        let alive = dir.join(format!("cpu-{}.sock", std::process::id()));
+        let _listening = SeqListener::bind(&alive).unwrap();
+        // Gone, but someone listens on it (a switch in another PID namespace).
+        let elsewhere = dir.join("cpu-4194306.sock");
+        let _elsewhere = SeqListener::bind(&elsewhere).unwrap();
+        let not_a_socket = dir.join("cpu-4194307.sock");
+        std::fs::write(&not_a_socket, b"x").unwrap();
+        let other = dir.join("switch.toml");
+        std::fs::write(&other, b"x").unwrap();
+        assert_eq!(sweep_stale(&dir), 1);
+        assert!(!gone.exists());
+        for kept in [&alive, &elsewhere, &not_a_socket, &other] {
+            assert!(kept.exists(), "{}", kept.display());
+        }
+        assert_eq!(sweep_stale(&dir.join("none")), 0);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

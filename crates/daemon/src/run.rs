@@ -176,6 +176,13 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         // Where none is configured, a switch that cannot listen at the default place runs
         // without one: its agents use the API.
         config::CpuSocket::Default => {
+            let swept = crate::cpu::sweep_stale(std::path::Path::new(crate::cpu::DEFAULT_DIR));
+            if swept > 0 {
+                tracing::info!(
+                    swept,
+                    "removed the CPU channel sockets of switches that are gone"
+                );
+            }
             match crate::cpu::Channel::bind(
                 &crate::cpu::default_path(),
                 token.clone(),
