@@ -165,6 +165,16 @@ impl Client {
         typed(doc, "a register")
     }
 
+    /// Writes the user register `name`.
+    pub fn set_register(&self, name: &str, value: u64) -> anyhow::Result<RegisterView> {
+        let path = format!(
+            "/api/v1/registers/{}",
+            crate::percent_encode(name.as_bytes())
+        );
+        let doc = self.call("PUT", &path, Some(&serde_json::json!({ "value": value })))?;
+        typed(doc, "a register")
+    }
+
     /// Every port with its counters.
     pub fn ports(&self) -> anyhow::Result<Vec<PortView>> {
         let mut doc = self.call("GET", "/api/v1/ports", None)?;

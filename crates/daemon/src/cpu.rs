@@ -133,7 +133,7 @@ struct Agent {
     since: Instant,
     /// Past its hello.
     welcomed: bool,
-    /// Takes the frames for the CPU.
+    /// Takes the frames for the CPU (set only once it is past its hello).
     frames: bool,
     /// Answers its socket had no room for yet.
     replies: VecDeque<Vec<u8>>,
@@ -191,13 +191,17 @@ pub fn sweep_stale(dir: &Path) -> usize {
         }
         let path = entry.path();
         let socket = std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket());
-        let nobody = matches!(SeqConn::connect(&path),
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused);
-        if socket && nobody && std::fs::remove_file(&path).is_ok() {
+        if socket && nobody_listens(&path) && std::fs::remove_file(&path).is_ok() {
             removed += 1;
         }
     }
     removed
+}
+
+/// Whether nobody listens on the socket at `path`: its switch is gone.
+fn nobody_listens(path: &Path) -> bool {
+    matches!(SeqConn::connect(path),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused)
 }
 
 impl Channel {
@@ -224,17 +228,15 @@ impl Channel {
                     path.display()
                 );
             }
-            match SeqConn::connect(&path) {
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                    std::fs::remove_file(&path)
-                        .with_context(|| format!("removing the stale socket {}", path.display()))?;
-                }
-                _ => anyhow::bail!(
+            if !nobody_listens(&path) {
+                anyhow::bail!(
                     "CPU channel: another switch's channel listens at {} (set \
                      switch.cpu_socket)",
                     path.display()
-                ),
+                );
             }
+            std::fs::remove_file(&path)
+                .with_context(|| format!("removing the stale socket {}", path.display()))?;
         }
         let listener = SeqListener::bind(&path)
             .with_context(|| format!("CPU channel: listening at {}", path.display()))?;
@@ -335,8 +337,7 @@ impl Channel {
                     return (false, read);
                 }
             };
-            let agent = &mut self.agents[i];
-            let reply = match (agent.welcomed, msg) {
+            let reply = match (self.agents[i].welcomed, msg) {
                 (false, ToSwitch::Hello { token, frames }) => {
                     let refusal = if !self
                         .token
@@ -482,7 +483,7 @@ fn instance_id() -> u64 {
 }
 
 fn self_takes_frames(agents: &[Agent]) -> bool {
-    agents.iter().any(|a| a.welcomed && a.frames)
+    agents.iter().any(|a| a.frames)
 }
 
 fn answer(
@@ -534,7 +535,7 @@ impl Side<Switch> for Channel {
             let open = open && !silent && self.flush_replies(i) && self.deliver(i, sw);
             if !open {
                 let gone = self.agents.swap_remove(i);
-                if gone.welcomed && gone.frames {
+                if gone.frames {
                     sw.set_channel_takes(false);
                 }
                 self.changed();

@@ -171,29 +171,15 @@ impl Cpu {
     pub fn read(&mut self, name: &str) -> anyhow::Result<u64> {
         match &mut self.way {
             Way::Http(api) => Ok(api.register(name)?.value),
-            Way::Channel(c) => {
-                c.catch_up()?;
-                let id = c.id();
-                c.send(&ToSwitch::Read { id, name })?;
-                c.answer(id)
-            }
+            Way::Channel(c) => c.ask(|id| ToSwitch::Read { id, name }),
         }
     }
 
     /// Writes a user register.
     pub fn write(&mut self, name: &str, value: u64) -> anyhow::Result<()> {
         match &mut self.way {
-            Way::Http(api) => {
-                let path = format!("/api/v1/registers/{}", api::percent_encode(name.as_bytes()));
-                api.call("PUT", &path, Some(&serde_json::json!({ "value": value })))
-                    .map(drop)
-            }
-            Way::Channel(c) => {
-                c.catch_up()?;
-                let id = c.id();
-                c.send(&ToSwitch::Write { id, name, value })?;
-                c.answer(id).map(drop)
-            }
+            Way::Http(api) => api.set_register(name, value).map(drop),
+            Way::Channel(c) => c.ask(|id| ToSwitch::Write { id, name, value }).map(drop),
         }
     }
 }
@@ -258,10 +244,13 @@ impl Channel {
         }
     }
 
-    fn id(&mut self) -> u32 {
+    /// Sends the request `msg` makes with a fresh id, and waits for its answer.
+    fn ask<'a>(&mut self, msg: impl FnOnce(u32) -> ToSwitch<'a>) -> anyhow::Result<u64> {
+        self.catch_up()?;
         let id = self.next_id;
         self.next_id = self.next_id.checked_add(1).unwrap_or(1);
-        id
+        self.send(&msg(id))?;
+        self.answer(id)
     }
 
     fn send(&mut self, msg: &ToSwitch) -> anyhow::Result<()> {

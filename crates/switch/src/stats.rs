@@ -375,18 +375,7 @@ pub struct PortCounters {
 }
 
 impl PortCounters {
-    /// The figures a port shows as read-only registers `port<N>.<figure>`.
-    pub const FIGURES: [&'static str; 7] = [
-        "rx_packets",
-        "rx_bytes",
-        "tx_packets",
-        "tx_bytes",
-        "tx_dropped",
-        "queue_bytes",
-        "queue_packets",
-    ];
-
-    /// One of [`PortCounters::FIGURES`] by name.
+    /// A figure the port shows as a read-only register `port<N>.<figure>`, by name.
     pub fn figure(&self, name: &str) -> Option<u64> {
         let c = match name {
             "rx_packets" => &self.rx_packets,

@@ -848,7 +848,7 @@ impl Switch {
     }
 
     /// A register by name: a user register `user<N>`, or a port's figure
-    /// `port<N>.<figure>` ([`PortCounters::FIGURES`](crate::stats::PortCounters::FIGURES)).
+    /// `port<N>.<figure>` ([`PortCounters::figure`](crate::stats::PortCounters::figure)).
     pub fn read_register(&self, name: &str) -> Result<u64, ControlError> {
         if let Some(n) = crate::control::user_register(name) {
             return Ok(self.pipeline.register(n).unwrap_or(0));
