@@ -117,6 +117,11 @@ fn metrics_and_status_follow_the_servers() {
         ),
         Some(1.0)
     );
+    // The fifteen sets are timed as `set`; no other command has a series yet.
+    let by_command = "kvswitch_proxy_command_request_seconds";
+    let sets = format!("{by_command}_count{{pool=\"default\",command=\"set\"}}");
+    assert_eq!(sample(&metrics, &sets), Some(15.0), "{metrics}");
+    assert!(!metrics.contains("command=\"get\""), "{metrics}");
 
     // s2 dies: the next request for one of its keys fails and ejects it.
     servers[1].kill();
@@ -146,6 +151,9 @@ fn metrics_and_status_follow_the_servers() {
         sample(&metrics, &format!("kvswitch_proxy_server_errors_total{s2}")),
         Some(1.0)
     );
+    // The failed get is timed too, as `get`: its reply, an error, was the client's.
+    let gets = format!("{by_command}_count{{pool=\"default\",command=\"get\"}}");
+    assert_eq!(sample(&metrics, &gets), Some(1.0), "{metrics}");
 
     let status: serde_json::Value =
         serde_json::from_str(&get(api, "/api/v1/status")).expect("status is JSON");

@@ -27,7 +27,7 @@ use super::combine::{combine, warm_fill, Outcome};
 use super::memory;
 use super::plan::{self, sentinel, Bytes, Combine, OnError, Plan, RedisMerge, Router};
 use super::pool::{PoolRouter, PoolRt};
-use super::stats::{add, sub, CutOff, PoolStats, ProxyStats};
+use super::stats::{add, memcache_command_index, sub, CutOff, PoolStats, ProxyStats};
 use super::Limits;
 
 /// A reply in the making: filled by the servers' replies, read by the client's writer.
@@ -50,6 +50,9 @@ pub struct Slot {
     held: Cell<usize>,
     /// A Redis Cluster command: its parts follow the cluster's redirections.
     redirect: Option<Redirect>,
+    /// Where its time goes when it completes: the pool's counters, the command's index in
+    /// [`stats::COMMANDS`](super::stats::COMMANDS), and when it arrived.
+    timed: Option<(Arc<PoolStats>, usize, Instant)>,
 }
 
 /// What a Redis Cluster command's slot needs to follow a redirection: a part answered with
@@ -233,6 +236,9 @@ impl Slot {
         if let Some(hook) = self.cache.borrow_mut().take() {
             hook.finish(&reply);
         }
+        if let Some((stats, command, arrived)) = &self.timed {
+            stats.commands[*command].observe(arrived.elapsed());
+        }
         let held = self.held.replace(0);
         let Some(client) = self.client.upgrade() else {
             return;
@@ -274,6 +280,7 @@ fn store_warm(pool: Rc<PoolRt>, owner: usize, item: Vec<u8>) {
             warm: None,
             held: Cell::new(0),
             redirect: None,
+            timed: None,
         });
         let wire = plan::Wire::Text;
         pool.conn(owner, wire, 0).send(
@@ -643,8 +650,11 @@ async fn read_loop(
 }
 
 /// Sends the parts of a request to their servers, with a slot in the client's reply order
-/// that their replies will fill.
+/// that their replies will fill. `command` is the request's index in
+/// [`stats::COMMANDS`](super::stats::COMMANDS), when its time is to be counted.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn forward(
+    command: Option<usize>,
     parts: &[plan::Part],
     combine: Combine,
     on_error: OnError,
@@ -680,6 +690,7 @@ pub(crate) fn forward(
                 .collect(),
             affinity: shared.affinity,
         }),
+        timed: command.map(|c| (pool.stats.clone(), c, Instant::now())),
     });
     shared.push(Entry::Wait(slot.clone()));
     let deadline = Instant::now() + pool.stats.spec.timeout;
@@ -808,7 +819,17 @@ fn handle(
                             plan::Compact::TooLong => return Handled::Close,
                         };
                         let hook = hook.or_else(|| cache_hook(&request, pool));
-                        forward(&parts, combine, on_error, bytes, hook, shared, pool)
+                        let command = memcache_command_index(request.command);
+                        forward(
+                            Some(command),
+                            &parts,
+                            combine,
+                            on_error,
+                            bytes,
+                            hook,
+                            shared,
+                            pool,
+                        )
                     }
                 }
                 // memcached writes its replies out after every text retrieval.
@@ -831,7 +852,7 @@ fn handle(
                         } => {
                             // The refused value's old item is deleted: a write like any other.
                             let hook = refused_write_hook(&parts, pool);
-                            forward(&parts, combine, on_error, b"", hook, shared, pool)
+                            forward(None, &parts, combine, on_error, b"", hook, shared, pool)
                         }
                         Plan::Local(reply) | Plan::Close(reply) => {
                             if !reply.is_empty() {

@@ -141,6 +141,50 @@ pub struct PoolStats {
     pub bytes_from_clients: AtomicU64,
     pub bytes_to_clients: AtomicU64,
     pub servers: Vec<ServerStats>,
+    /// Time from a forwarded request's arrival to its reply being ready, by command (the
+    /// index into [`COMMANDS`]).
+    pub commands: [RequestTime; COMMANDS.len()],
+}
+
+/// The commands the proxy times apart (memcached's, text and binary under one name, and
+/// Redis's most used); any other is timed as `other`, so the label's values stay few.
+pub const COMMANDS: [&str; 26] = [
+    "get", "gets", "gat", "gats", "set", "add", "replace", "append", "prepend", "cas", "delete",
+    "incr", "decr", "touch", "mg", "ms", "md", "ma", "del", "mget", "mset", "exists", "expire",
+    "hget", "hset", "other",
+];
+
+/// The index in [`COMMANDS`] of a command's lowercase name; `other` when it is not listed.
+pub fn command_index(name: &[u8]) -> usize {
+    COMMANDS
+        .iter()
+        .position(|c| c.as_bytes() == name)
+        .unwrap_or(COMMANDS.len() - 1)
+}
+
+/// The index in [`COMMANDS`] of a memcached command: a binary opcode under its text name,
+/// its quiet and key-returning forms included.
+pub fn memcache_command_index(command: wire::memcache::Command) -> usize {
+    use wire::memcache::binary::opcode as op;
+    use wire::memcache::Command;
+    let name = match command {
+        Command::Binary(code) => match code {
+            op::GET | op::GETQ | op::GETK | op::GETKQ => "get",
+            op::SET | op::SETQ => "set",
+            op::ADD | op::ADDQ => "add",
+            op::REPLACE | op::REPLACEQ => "replace",
+            op::DELETE | op::DELETEQ => "delete",
+            op::INCREMENT | op::INCREMENTQ => "incr",
+            op::DECREMENT | op::DECREMENTQ => "decr",
+            op::APPEND | op::APPENDQ => "append",
+            op::PREPEND | op::PREPENDQ => "prepend",
+            op::TOUCH => "touch",
+            op::GAT | op::GATQ | op::GATK | op::GATKQ => "gat",
+            _ => "other",
+        },
+        other => other.name().unwrap_or("other"),
+    };
+    command_index(name.as_bytes())
 }
 
 impl PoolStats {
@@ -165,6 +209,7 @@ impl PoolStats {
             reply_bytes_discarded: AtomicU64::new(0),
             bytes_from_clients: AtomicU64::new(0),
             bytes_to_clients: AtomicU64::new(0),
+            commands: Default::default(),
             // Room for servers added at run time.
             servers: (0..spec.servers.len().max(switch::pool::MAX_SERVERS))
                 .map(|_| ServerStats::default())
@@ -542,6 +587,27 @@ impl ProxyStats {
                 count,
             );
         }
+        m.family(
+            "kvswitch_proxy_command_request_seconds",
+            Kind::Histogram,
+            "Time from a forwarded request's arrival at the proxy to its reply being ready for \
+             the client, by command (requests answered by the proxy or its cache are not \
+             counted; commands not listed apart are `other`).",
+        );
+        for p in &self.pools {
+            for (command, time) in COMMANDS.iter().zip(&p.commands) {
+                let (buckets, sum, count) = time.snapshot();
+                if count > 0 {
+                    m.histogram(
+                        "kvswitch_proxy_command_request_seconds",
+                        &[("pool", &p.spec.name), ("command", command)],
+                        &buckets,
+                        sum,
+                        count,
+                    );
+                }
+            }
+        }
     }
 
     /// The proxy's part of the status document: pools, their settings and each server's
@@ -633,5 +699,30 @@ impl ProxyStats {
             "reply_budget_bytes": self.reply_budget,
             "pools": pools,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wire::memcache::binary::opcode;
+    use wire::memcache::Command;
+
+    #[test]
+    fn a_command_is_timed_under_one_name_whatever_its_protocol() {
+        let name = |c| COMMANDS[memcache_command_index(c)];
+        assert_eq!(name(Command::Get), "get");
+        assert_eq!(name(Command::Binary(opcode::GETKQ)), "get");
+        assert_eq!(name(Command::Binary(opcode::SETQ)), "set");
+        assert_eq!(name(Command::MetaGet), "mg");
+        assert_eq!(name(Command::Binary(opcode::NOOP)), "other");
+        assert_eq!(name(Command::Misc), "other");
+        assert_eq!(COMMANDS[command_index(b"hset")], "hset");
+        assert_eq!(COMMANDS[command_index(b"zadd")], "other");
+        // Every name is listed once.
+        let mut names = COMMANDS.to_vec();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), COMMANDS.len());
     }
 }

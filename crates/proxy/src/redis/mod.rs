@@ -24,7 +24,7 @@ use wire::resp::{self, Command, RequestParser, Step};
 use super::client::{forward, Entry, Handled, Requests, Shared};
 use super::plan::{Bytes, Combine, OnError, Part, RedisMerge, Router, Wire};
 use super::pool::{PoolRouter, PoolRt};
-use super::stats::add;
+use super::stats::{add, command_index, COMMANDS};
 use super::Limits;
 use wire::resp::commands::{
     arity_fits, key_positions, lookup, lower, names_other_keys, Class, Split,
@@ -125,6 +125,11 @@ impl Requests for Session {
                         silent: false,
                     };
                     forward(
+                        Some(
+                            lower(args.word(0)).map_or(COMMANDS.len() - 1, |(name, len)| {
+                                command_index(&name[..len])
+                            }),
+                        ),
                         &parts,
                         Combine::Redis(merge),
                         on_error,
