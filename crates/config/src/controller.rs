@@ -191,6 +191,50 @@ struct RawSwitchRef {
     api: String,
 }
 
+/// A controller file with every key it takes, as `kvswitch controller --example-config`
+/// prints it and the README shows it.
+pub const EXAMPLE: &str = r#"# controller.toml: a fleet of two switches serving one pool (`kvswitch controller --config`).
+[controller]
+api = "127.0.0.1:9200"        # its own API: status, metrics, pool changes
+probe_interval_ms = 100       # each server is asked `version` (`PING` in a Redis pool) over TCP this often ...
+probe_timeout_ms = 100        # ... and must answer within this long
+probe_udp = false             # also over UDP, for servers reached without an l3 switch
+                              # in between (through one, their UDP replies come from the VIP)
+failover = ["10.0.0.19:11211"]  # optional spares: a dead server's place goes to one of them
+down_after = 3                # failed probes in a row: out of every switch's pool
+tko_after = 3                 # or this many failed requests the switches report in one
+                              # probe interval (TKO); 0 reads no reports
+up_after = 2                  # answered probes in a row: back in
+flush_on_return = true        # empty a server that is out as it is probed (below)
+return_warm_ms = 0            # a server back from being down warms up this long (0: off)
+sync_interval_ms = 1000       # every switch is checked this often anyway
+# switch_token_file = "token" # optional: the file of the token the switches' APIs want
+                              # (the controller's own API takes KVSWITCH_API_TOKEN)
+cache_node_port = 11211       # optional: SwitchKV cache nodes are probed on this port
+
+[[switches]]
+name = "sw1"
+api = "10.0.0.1:9110"
+
+[[switches]]
+name = "sw2"
+api = "10.0.0.2:9110"
+
+[pool]                        # the same keys as a switch's or proxy's [pool]
+distribution = "ketama"
+hash = "md5"
+[[pool.servers]]
+addr = "10.0.0.11:11211"
+name = "s1"
+
+[routes]                      # optional: routes kept on the switches, updated consistently
+match = { ethertype = "0x0800", ip_dst = { value = "10.9.0.0", mask = "255.255.255.0" } }
+priority = 1000               # of the acl entry that sends those frames to the routes
+drain_ms = 100                # the old version stays this long after the new one stamps
+[routes.edge_ports]           # per switch: ports where frames enter the fabric
+sw1 = [0, 1]
+"#;
+
 /// Reads a controller configuration, resolving every hostname in its pool.
 pub fn load(path: &Path) -> Result<ControllerFile, ConfigError> {
     let text = crate::read_file(path)
@@ -454,6 +498,15 @@ fn routes(r: RawRoutes, switches: &[SwitchRef], path: &Path) -> Result<RoutesSpe
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_example_is_a_working_file() {
+        let c = parse(EXAMPLE, Path::new("controller.toml")).expect("the example parses");
+        assert_eq!(c.switches.len(), 2);
+        assert_eq!(c.pool.servers.len(), 1);
+        assert!(c.routes.is_some());
+        assert_eq!(c.cache_node_port, Some(11211));
+    }
 
     const GOOD: &str = r#"
 [controller]

@@ -44,9 +44,15 @@ use api::{ApiFailure, Client};
                    out of every switch and put it back when it answers, add and remove servers"
 )]
 pub struct ControllerArgs {
-    /// The controller's file: [controller], [[switches]] and [pool] (see the README).
+    /// The controller's file: [controller], [[switches]] and [pool] (see --example-config).
+    #[arg(long, required_unless_present = "example_config")]
+    pub config: Option<std::path::PathBuf>,
+    /// Print an example file, every key explained, and exit.
     #[arg(long)]
-    pub config: std::path::PathBuf,
+    pub example_config: bool,
+    /// Check the file and exit without starting.
+    #[arg(long)]
+    pub check: bool,
     /// Keep the pool in etcd (etcd://HOST:PORT) and run as one of several controllers, of
     /// which one leads and the others stand by; without it the file is the only state and
     /// this controller leads alone.
@@ -163,7 +169,35 @@ impl Shared {
 
 /// Runs the controller until the process is stopped.
 pub fn run(args: &ControllerArgs) -> anyhow::Result<()> {
-    let file = config::controller::load(&args.config)?;
+    if args.example_config {
+        print!("{}", config::controller::EXAMPLE);
+        return Ok(());
+    }
+    let path = args
+        .config
+        .as_deref()
+        .ok_or_else(|| anyhow::anyhow!("--config is required"))?;
+    let file = config::controller::load(path)?;
+    if args.check {
+        println!(
+            "{}: ok ({} switches, {} servers, api {}{}{})",
+            path.display(),
+            file.switches.len(),
+            file.pool.servers.len(),
+            file.api,
+            if file.routes.is_some() {
+                ", routes"
+            } else {
+                ""
+            },
+            if file.fabric.is_some() {
+                ", fabric"
+            } else {
+                ""
+            },
+        );
+        return Ok(());
+    }
     let token = api::api_token(None, file.api)?;
     // The switches' token comes from the file alone: KVSWITCH_API_TOKEN is this
     // controller's own.

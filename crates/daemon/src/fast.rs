@@ -3,9 +3,11 @@
 //! switch's tables are taken, and what the program saw handed back, through the run loop's
 //! job queue, so the forwarding thread never waits for a map write.
 
+#[cfg(feature = "xdp")]
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+#[cfg(feature = "xdp")]
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -13,16 +15,20 @@ use config::{Config, Datapath};
 use dataplane::remote::Remote;
 use dataplane::EgressSettings;
 use proxy::Pool;
+#[cfg(feature = "xdp")]
 use switch::fastpath::Seen;
 use switch::Switch;
 
 /// How often the maps are brought in step with the switch (and at once when the pool changes).
+#[cfg(feature = "xdp")]
 const SYNC_EVERY: Duration = Duration::from_millis(50);
 /// How often the pool's version is looked at between syncs: from a pool change until the
 /// sync after it, the program hands requests to the VIP up (see `xdp::PoolFence`).
+#[cfg(feature = "xdp")]
 const POOL_CHECK: Duration = Duration::from_millis(5);
 /// How often the hosts the program switched frames from are read back (their stations and
 /// source bindings refreshed); far inside any ageing time.
+#[cfg(feature = "xdp")]
 const HOSTS_EVERY: Duration = Duration::from_secs(1);
 
 /// What the status API and `/metrics` show of the datapath.
@@ -58,7 +64,7 @@ impl FastStatus {
 /// switch to hand replies to (when the switch splices TCP).
 pub struct Attached {
     pub thread: JoinHandle<()>,
-    pub legs: Option<xdp::LegMap>,
+    pub legs: Option<Box<dyn switch::fastpath::LegOffload>>,
 }
 
 /// The ports the program runs on: each port's number, name and interface index.
@@ -90,6 +96,53 @@ pub fn start(
     if cfg.datapath == Datapath::AfPacket {
         return Ok(None);
     }
+    #[cfg(not(feature = "xdp"))]
+    {
+        let _ = (ports, remote, egress, pool, cache, stop);
+        let e = xdp::available().expect_err("a build without the `xdp` feature has no program");
+        fall_back(cfg, &status, e.into())
+    }
+    #[cfg(feature = "xdp")]
+    attach_and_keep(cfg, ports, remote, egress, pool, cache, status, stop)
+}
+
+/// What an unset datapath does when XDP cannot run: AF_PACKET, with the reason in the status;
+/// an explicit "xdp" or "af_xdp" is an error instead.
+fn fall_back(
+    cfg: &Config,
+    status: &FastStatus,
+    e: anyhow::Error,
+) -> anyhow::Result<Option<Attached>> {
+    if matches!(cfg.datapath, Datapath::Xdp | Datapath::AfXdp) {
+        return Err(e).with_context(|| {
+            format!(
+                "{}: `switch.datapath = {:?}`: the XDP program did not attach \
+                 (\"af_packet\" runs without it)",
+                cfg.path.display(),
+                cfg.datapath.as_str()
+            )
+        });
+    }
+    let reason = format!("{e:#}");
+    tracing::warn!("XDP fast path not in use, every frame goes through AF_PACKET: {reason}");
+    status.update(|s| s.fallback = Some(reason));
+    Ok(None)
+}
+
+/// Loads and attaches the program, and starts the thread that keeps its maps in step.
+#[cfg(feature = "xdp")]
+#[allow(clippy::too_many_arguments)]
+fn attach_and_keep(
+    cfg: &Config,
+    ports: FastPorts,
+    remote: Remote<Switch>,
+    egress: Arc<EgressSettings>,
+    pool: Arc<Pool>,
+    cache: Option<Arc<switch::cache::CacheService>>,
+    status: Arc<FastStatus>,
+    stop: fn() -> bool,
+) -> anyhow::Result<Option<Attached>> {
+    let af_packet = vec!["af_packet".to_string(); ports.count];
     let (ready_tx, ready_rx) = mpsc::channel();
     let status_thread = status.clone();
     let (hash, with_cache) = (cfg.hash, cache.is_some());
@@ -160,33 +213,19 @@ pub fn start(
                 }
             });
             tracing::info!(ports = ?modes, "XDP fast path attached");
+            let legs = legs.map(|l| Box::new(l) as Box<dyn switch::fastpath::LegOffload>);
             Ok(Some(Attached { thread, legs }))
-        }
-        Err(e) if matches!(cfg.datapath, Datapath::Xdp | Datapath::AfXdp) => {
-            let _ = thread.join();
-            Err(e).with_context(|| {
-                format!(
-                    "{}: `switch.datapath = {:?}`: the XDP program did not attach \
-                     (\"af_packet\" runs without it)",
-                    cfg.path.display(),
-                    cfg.datapath.as_str()
-                )
-            })
         }
         Err(e) => {
             let _ = thread.join();
-            let reason = format!("{e:#}");
-            tracing::warn!(
-                "XDP fast path not in use, every frame goes through AF_PACKET: {reason}"
-            );
-            status.update(|s| s.fallback = Some(reason));
-            Ok(None)
+            fall_back(cfg, &status, e)
         }
     }
 }
 
 /// Loads the program and attaches it to every port (natively where the driver can, else
 /// generically); all or nothing (what attached is detached again on failure).
+#[cfg(feature = "xdp")]
 fn attach(ports: &FastPorts) -> anyhow::Result<(xdp::FastPath, Vec<(u16, xdp::Mode)>)> {
     let mut fp = xdp::FastPath::load()?;
     let mut modes = Vec::new();
@@ -201,6 +240,7 @@ fn attach(ports: &FastPorts) -> anyhow::Result<(xdp::FastPath, Vec<(u16, xdp::Mo
 
 /// Turns the process's instants ([`kvio::clock`], on the monotonic clock) into the kernel's
 /// `bpf_ktime_get_ns`, which counts the same clock from boot.
+#[cfg(feature = "xdp")]
 fn to_ktime() -> impl Fn(kv::Instant) -> u64 + Send + Sync {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -216,6 +256,7 @@ fn to_ktime() -> impl Fn(kv::Instant) -> u64 + Send + Sync {
 /// Each port with whether the program may send out of it: not a port with an egress rate
 /// (whose queue is the driver's), nor one that cannot take frames from XDP (a veth whose peer
 /// has neither GRO nor a program of its own; frames to it then go through the switch).
+#[cfg(feature = "xdp")]
 fn port_table(
     fp: &xdp::FastPath,
     ports: &FastPorts,
@@ -233,6 +274,7 @@ fn port_table(
         .collect()
 }
 
+#[cfg(feature = "xdp")]
 fn keep_in_step(
     mut fp: xdp::FastPath,
     ports: &FastPorts,
@@ -307,6 +349,7 @@ fn keep_in_step(
 }
 
 /// Says in the status which ports the program cannot send to, and logs it once per change.
+#[cfg(feature = "xdp")]
 fn report_ports(table: &[(u16, u32, bool)], ports: &FastPorts, status: &FastStatus) {
     let blocked: Vec<&str> = table
         .iter()
@@ -326,6 +369,7 @@ fn report_ports(table: &[(u16, u32, bool)], ports: &FastPorts, status: &FastStat
     });
 }
 
+#[cfg(feature = "xdp")]
 fn merge(into: &mut Seen, more: Seen) {
     into.hosts.extend(more.hosts);
     into.hosts.sort();

@@ -164,7 +164,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
     switch.set_fast_path(fast.is_some());
     // Replies on spliced legs are sent on by the program where the splice hands them over.
     if let Some(legs) = fast.as_mut().and_then(|f| f.legs.take()) {
-        switch.set_leg_offload(Box::new(legs));
+        switch.set_leg_offload(legs);
     }
     // Before the API, so that its status names the channel from its first answer.
     let mut channel = match &cfg.cpu_socket {

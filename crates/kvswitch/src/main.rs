@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 
 use kvswitch::demo;
 
@@ -18,8 +18,18 @@ use kvswitch::demo;
                   back to the client."
 )]
 struct Cli {
+    /// How log lines are written to standard error: "text" for people, "json" (one object a
+    /// line) for a log collector. The level is set with RUST_LOG (default: info).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Cmd,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -55,8 +65,9 @@ enum Cmd {
     /// One operation of the fabric's client library (get, set, del, incr, cond-put) on a
     /// memcached server behind a kvswitch fabric.
     Inc(kvswitch::inc_cli::IncArgs),
-    /// Network functions other than memcached's, run on a switch through its control API:
-    /// caching by request id, QCN's congestion point, reaction point and sink.
+    /// Network functions other than memcached's, run on a switch through its control API and
+    /// its CPU channel: caching by request id, QCN's congestion point, reaction point and sink,
+    /// PortLand's fabric manager, a BCube server's card and host side.
     Nf(nf::NfArgs),
     /// Build or remove a test network of namespaces, memcached servers and kvswitch.
     Testbed {
@@ -85,6 +96,20 @@ enum Cmd {
         node: node::NodeArgs,
         #[command(flatten)]
         steer: node::steer::SteerArgs,
+    },
+    /// Print a shell's completion script for kvswitch (for bash: `kvswitch completions bash >
+    /// /etc/bash_completion.d/kvswitch`).
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print kvswitch's manual page (roff), or write a page for it and each of its commands
+    /// into a directory (`man -l kvswitch.1` reads one).
+    Man {
+        /// Write kvswitch.1 and kvswitch-<command>.1 here instead of printing kvswitch.1.
+        #[arg(long, value_name = "DIR")]
+        out_dir: Option<PathBuf>,
     },
 }
 
@@ -126,14 +151,17 @@ enum TestbedCmd {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
+    let cli = Cli::parse();
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-        .with_writer(std::io::stderr)
-        .init();
-    let cli = Cli::parse();
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().flatten_event(true).init(),
+    }
     match dispatch(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -145,6 +173,16 @@ fn main() -> ExitCode {
 
 fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
+        Cmd::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "kvswitch",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
+        Cmd::Man { out_dir } => man(out_dir.as_deref()),
         Cmd::Run {
             config,
             example_config,
@@ -257,4 +295,28 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             node::run_with(&node, rules, backends)
         }
     }
+}
+
+/// The manual page of kvswitch to standard output, or one page for it and each of its commands
+/// into `dir`.
+fn man(dir: Option<&std::path::Path>) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let cli = Cli::command();
+    let Some(dir) = dir else {
+        return Ok(clap_mangen::Man::new(cli).render(&mut std::io::stdout())?);
+    };
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut pages = vec![("kvswitch".to_owned(), cli.clone())];
+    for sub in cli.get_subcommands() {
+        let name = format!("kvswitch-{}", sub.get_name());
+        pages.push((name.clone(), sub.clone().name(name)));
+    }
+    for (name, command) in pages {
+        let path = dir.join(format!("{name}.1"));
+        let mut page = Vec::new();
+        clap_mangen::Man::new(command).render(&mut page)?;
+        std::fs::write(&path, page).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    println!("{}", dir.display());
+    Ok(())
 }

@@ -104,10 +104,16 @@ pub enum NfCmd {
         /// The fat-tree: `[[switches]]` with name, api, role ("edge", "aggregation" with pod
         /// and position, or "core"), mac, and ports (in the switch's order: "host" or
         /// {switch = NAME}).
-        #[arg(long)]
-        layout: PathBuf,
+        #[arg(long, required_unless_present = "example_layout")]
+        layout: Option<PathBuf>,
         #[arg(long)]
         duration_s: Option<f64>,
+        /// Print an example layout, every field explained, and exit.
+        #[arg(long)]
+        example_layout: bool,
+        /// Check the layout and exit without touching a switch.
+        #[arg(long)]
+        check: bool,
     },
     /// A BCube server's card (ServerSwitch 5.1): sets this switch up as the card of server
     /// --id (a `bcube` table routing by the index in the IP TTL and the next hops in the
@@ -288,7 +294,19 @@ pub fn run(args: &NfArgs) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        NfCmd::Portland { layout, duration_s } => {
+        NfCmd::Portland {
+            layout,
+            duration_s,
+            example_layout,
+            check,
+        } => {
+            if *example_layout {
+                print!("{}", portland::EXAMPLE_LAYOUT);
+                return Ok(());
+            }
+            let layout = layout
+                .as_deref()
+                .ok_or_else(|| anyhow::anyhow!("--layout is required"))?;
             let text = std::fs::read_to_string(layout)
                 .with_context(|| format!("reading {}", layout.display()))?;
             let parsed: portland::Layout = toml::from_str(&text)
@@ -296,6 +314,14 @@ pub fn run(args: &NfArgs) -> anyhow::Result<()> {
             parsed
                 .check()
                 .with_context(|| format!("{}", layout.display()))?;
+            if *check {
+                println!(
+                    "{}: ok ({} switches)",
+                    layout.display(),
+                    parsed.switches.len()
+                );
+                return Ok(());
+            }
             let stop = stopper(*duration_s)?;
             let stats = portland::run(parsed, client.token.clone(), args.cpu.mode, &stop)?;
             println!("{}", serde_json::to_string(&stats)?);

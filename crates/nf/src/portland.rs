@@ -63,6 +63,58 @@ pub struct Layout {
     pub switches: Vec<SwitchDef>,
 }
 
+/// A small fat-tree layout, every field explained, as `kvswitch nf portland --example-layout`
+/// prints it.
+pub const EXAMPLE_LAYOUT: &str = r#"# A PortLand fat-tree (`kvswitch nf portland --layout`): two pods of one edge and one
+# aggregation switch each, under one core. Every switch is a running kvswitch, named by its
+# control API. Each lists its ports in the switch's own order: "host" (an edge switch's ports
+# to hosts) or { switch = NAME } (a link to that switch). An edge or aggregation switch gives
+# its pod and its position in the pod; mac is the switch's own, the source of the frames it
+# delivers to hosts.
+[[switches]]
+name = "e0"
+api = "127.0.0.1:9001"
+role = "edge"
+pod = 0
+position = 0
+mac = "02:fe:00:00:00:01"
+ports = ["host", { switch = "a0" }]
+
+[[switches]]
+name = "a0"
+api = "127.0.0.1:9002"
+role = "aggregation"
+pod = 0
+position = 0
+mac = "02:fe:00:00:00:02"
+ports = [{ switch = "e0" }, { switch = "c0" }]
+
+[[switches]]
+name = "e1"
+api = "127.0.0.1:9003"
+role = "edge"
+pod = 1
+position = 0
+mac = "02:fe:00:00:00:03"
+ports = ["host", { switch = "a1" }]
+
+[[switches]]
+name = "a1"
+api = "127.0.0.1:9004"
+role = "aggregation"
+pod = 1
+position = 0
+mac = "02:fe:00:00:00:04"
+ports = [{ switch = "e1" }, { switch = "c0" }]
+
+[[switches]]
+name = "c0"
+api = "127.0.0.1:9005"
+role = "core"
+mac = "02:fe:00:00:00:05"
+ports = [{ switch = "a0" }, { switch = "a1" }]
+"#;
+
 /// The table of every switch that routes by PMAC.
 pub const PMAC: &str = "pmac";
 /// ARP's ethertype, as an entry matches it.
@@ -699,50 +751,7 @@ fn serve_edge(
 mod tests {
     use super::*;
 
-    const LAYOUT: &str = r#"
-[[switches]]
-name = "e0"
-api = "127.0.0.1:9001"
-role = "edge"
-pod = 0
-position = 0
-mac = "02:fe:00:00:00:01"
-ports = ["host", { switch = "a0" }]
-
-[[switches]]
-name = "a0"
-api = "127.0.0.1:9002"
-role = "aggregation"
-pod = 0
-position = 0
-mac = "02:fe:00:00:00:02"
-ports = [{ switch = "e0" }, { switch = "c0" }]
-
-[[switches]]
-name = "e1"
-api = "127.0.0.1:9003"
-role = "edge"
-pod = 1
-position = 0
-mac = "02:fe:00:00:00:03"
-ports = ["host", { switch = "a1" }]
-
-[[switches]]
-name = "a1"
-api = "127.0.0.1:9004"
-role = "aggregation"
-pod = 1
-position = 0
-mac = "02:fe:00:00:00:04"
-ports = [{ switch = "e1" }, { switch = "c0" }]
-
-[[switches]]
-name = "c0"
-api = "127.0.0.1:9005"
-role = "core"
-mac = "02:fe:00:00:00:05"
-ports = [{ switch = "a0" }, { switch = "a1" }]
-"#;
+    const LAYOUT: &str = EXAMPLE_LAYOUT;
 
     /// The entries `calls` add to `switch`'s `table`.
     fn entries<'a>(calls: &'a [Call], switch: usize, table: &str) -> Vec<&'a EntryDef> {

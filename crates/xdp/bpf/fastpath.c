@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause */
 /* kvswitch's fast path: an XDP program on the switch's ports that routes single-key memcached
  * reads to the VIP by key and switches unicast IPv4 frames between stations the user-space
  * switch already knows, exactly as it would. Every frame it is not sure of (ARP, writes, split
@@ -1529,4 +1530,4 @@ int kvswitch_fastpath(struct xdp_md *ctx)
 	return verdict;
 }
 
-char LICENSE[] SEC("license") = "GPL";
+char LICENSE[] SEC("license") = "Dual BSD/GPL";

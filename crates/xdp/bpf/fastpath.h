@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause */
 /* The fast path's ABI: limits, map layouts and codes shared by fastpath.c and the Rust loader
  * (crates/xdp/src/abi.rs), which checks every number and size here against its own at build
  * time (build.rs) and every map's sizes when it loads the object. */

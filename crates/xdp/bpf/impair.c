@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause */
 /* Loss for tests of TCP through the switch: an XDP program for a host's own interface that
  * drops a seeded share of the TCP segments arriving there, SYNs excepted (a lost SYN costs a
  * second's retransmission and proves nothing more). The n-th TCP segment the program sees is
@@ -67,4 +68,4 @@ int kvswitch_impair(struct xdp_md *ctx)
 	return XDP_PASS;
 }
 
-char LICENSE[] SEC("license") = "GPL";
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
