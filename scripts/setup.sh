@@ -14,6 +14,8 @@
 # them).
 # Needs root. Rust (cargo) must already be installed.
 set -euo pipefail
+# shellcheck source=scripts/cargo-path.sh
+. "$(dirname "$0")/cargo-path.sh"
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "setup: run as root (the testbed creates network namespaces)" >&2
@@ -56,7 +58,8 @@ if command -v systemctl >/dev/null 2>&1; then
 fi
 
 if ! command -v cargo >/dev/null 2>&1; then
-    echo "setup: cargo not found; install Rust (stable) first" >&2
+    echo "setup: cargo not found (on PATH, in ~/.cargo/bin or the sudo user's); install Rust" \
+        "(stable, https://rustup.rs) first" >&2
     exit 1
 fi
 echo "setup: memcached $(memcached -V | awk '{print $2}'), $(nutcracker -V 2>&1 | head -1), $(cargo --version)"

@@ -110,6 +110,54 @@ fn memcached_port() -> u16 {
     11211
 }
 
+/// A fabric file of two racks under one root, every key explained, as `kvswitch fabric run
+/// --example-config` prints it.
+pub const EXAMPLE: &str = r#"# fabric.toml: one file for every switch of a caching fabric (`kvswitch fabric run
+# --config fabric.toml --switch NAME` on each). `kvswitch testbed up topologies/...` writes one
+# for its test networks.
+name = "two-level"
+# buckets = 64                # of the registration table (which root is home of which keys)
+# busy_poll_us = 0            # polling after a frame before sleeping (0: always sleep)
+# The file whose first line is the token every switch's API wants for a change, and the
+# controller sends; an API that listens beyond its host must have one, as these do. Make it
+# with `head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' > fabric.token`.
+api_token_file = "fabric.token"
+
+# Each switch: a ToR (`role = "tor"`, with its rack's prefix) or a root. `address` and `mac`
+# are its own on the fabric; each port is an interface, with `link` naming the switch at the
+# other end (none: hosts). `api` (its control API) and `cache_items` are optional.
+[[switch]]
+name = "tor0"
+role = "tor"
+address = "10.91.0.225"
+api = "10.91.0.225:9110"
+mac = "02:91:00:00:00:e1"
+rack = "10.91.0.0/27"
+ports = [{ interface = "f-c0" }, { interface = "f-t0r0", link = "root0" }]
+
+[[switch]]
+name = "tor1"
+role = "tor"
+address = "10.91.0.226"
+api = "10.91.0.226:9110"
+mac = "02:91:00:00:00:e2"
+rack = "10.91.0.32/27"
+ports = [{ interface = "f-s0" }, { interface = "f-t1r0", link = "root0" }]
+
+[[switch]]
+name = "root0"
+role = "root"
+address = "10.91.0.227"
+api = "10.91.0.227:9110"
+mac = "02:91:00:00:00:e3"
+ports = [{ interface = "f-r0t0", link = "tor0" }, { interface = "f-r0t1", link = "tor1" }]
+
+# The memcached servers, each in a rack; `port` defaults to 11211.
+[[server]]
+address = "10.91.0.34"
+mac = "02:91:00:00:00:22"
+"#;
+
 /// One switch as the file describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FabricSwitchConfig {
@@ -442,6 +490,15 @@ ports = [{ interface = "f-r0t0", link = "tor0" }, { interface = "f-r0t1", link =
 address = "10.91.0.34"
 mac = "02:91:00:00:00:22"
 "#;
+
+    #[test]
+    fn the_example_is_a_working_file() {
+        let c = FabricConfig::parse(EXAMPLE, Path::new("fabric.toml")).unwrap();
+        assert_eq!(c.switches.len(), 3);
+        for name in ["tor0", "tor1", "root0"] {
+            c.spec(name).unwrap();
+        }
+    }
 
     #[test]
     fn a_file_gives_each_switch_its_spec() {

@@ -878,12 +878,12 @@ pub(super) fn metrics(routes: &Routes, m: &mut Exposition) {
             n,
         );
     }
+    m.family(
+        "kvswitch_controller_routes_phase_seconds",
+        metrics::Kind::Gauge,
+        "How long each phase of the last update took (none before the first).",
+    );
     if let Some(last) = &st.last {
-        m.family(
-            "kvswitch_controller_routes_phase_seconds",
-            metrics::Kind::Gauge,
-            "How long each phase of the last update took.",
-        );
         for (phase, d) in &last.phases {
             m.sample(
                 "kvswitch_controller_routes_phase_seconds",

@@ -21,15 +21,18 @@ pub struct FabricArgs {
 pub enum FabricCmd {
     /// Run one switch of the fabric on its ports (needs root).
     Run {
-        /// The fabric file (TOML).
-        #[arg(long, short)]
-        config: PathBuf,
+        /// The fabric file (TOML; see --example-config).
+        #[arg(long, short, required_unless_present = "example_config")]
+        config: Option<PathBuf>,
         /// Which switch of the file this is.
-        #[arg(long)]
-        switch: String,
+        #[arg(long, required_unless_present = "example_config")]
+        switch: Option<String>,
         /// Check the file and exit without opening ports.
         #[arg(long)]
         check: bool,
+        /// Print an example fabric file, every key explained, and exit.
+        #[arg(long)]
+        example_config: bool,
     },
     /// Show every switch's counters, cache and links.
     Status {
@@ -88,7 +91,15 @@ pub fn run_cli(args: &FabricArgs) -> anyhow::Result<()> {
             config,
             switch,
             check,
+            example_config,
         } => {
+            if *example_config {
+                print!("{}", config::fabric::EXAMPLE);
+                return Ok(());
+            }
+            let (Some(config), Some(switch)) = (config, switch) else {
+                anyhow::bail!("--config and --switch are required");
+            };
             let cfg = FabricConfig::load(config)?;
             cfg.spec(switch)?;
             if *check {
