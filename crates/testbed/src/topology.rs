@@ -315,12 +315,13 @@ impl Topology {
     }
 
     /// A topology shipped in the repository's `topologies/` folder, by file stem:
-    /// `fabric-two-level`, `fabric-multi-root` or `fabric-home-node`.
+    /// `fabric-two-level`, `fabric-multi-root`, `fabric-home-node` or `switchkv`.
     pub fn shipped(name: &str) -> Option<Topology> {
         let text = match name {
             "fabric-two-level" => include_str!("../../../topologies/fabric-two-level.toml"),
             "fabric-home-node" => include_str!("../../../topologies/fabric-home-node.toml"),
             "fabric-multi-root" => include_str!("../../../topologies/fabric-multi-root.toml"),
+            "switchkv" => include_str!("../../../topologies/switchkv.toml"),
             _ => return None,
         };
         Some(
@@ -683,6 +684,9 @@ mod tests {
             .fabric
             .is_some());
         assert!(Topology::shipped("nothing").is_none());
+        let switchkv = Topology::shipped("switchkv").unwrap();
+        assert_eq!(switchkv.caches().count(), 1);
+        assert!(switchkv.fabric.is_none());
         let home = Topology::shipped("fabric-home-node").unwrap();
         let homes = &home.fabric.as_ref().unwrap().home_node;
         let s1 = home.hosts.iter().position(|h| h.name == "s1").unwrap();
