@@ -81,6 +81,50 @@ pub struct ProxyFile {
     pub from_switch: bool,
     /// The `[cache]` table (off when there is none; `--cache` turns it on).
     pub cache: CacheSettings,
+    /// `[proxy]`'s `tls_cert`, `tls_key` and `tls_client_ca`: clients speak TLS.
+    pub tls: Option<TlsFiles>,
+}
+
+/// Where a TLS listener finds its certificate chain, its key and, to ask clients for
+/// certificates, the authorities it takes them from (PEM files, read again on SIGHUP).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: Option<PathBuf>,
+}
+
+impl TlsFiles {
+    /// The files of `cert`, `key` and `client_ca` given together: both of the first two, or
+    /// none of the three. `key_of` names a setting in a refusal.
+    pub fn from_parts(
+        cert: Option<PathBuf>,
+        key: Option<PathBuf>,
+        client_ca: Option<PathBuf>,
+        key_of: impl Fn(&str) -> String,
+    ) -> Result<Option<TlsFiles>, (String, String)> {
+        match (cert, key) {
+            (Some(cert), Some(key)) => Ok(Some(TlsFiles {
+                cert,
+                key,
+                client_ca,
+            })),
+            (None, None) if client_ca.is_none() => Ok(None),
+            (None, None) => Err((
+                key_of("tls_client_ca"),
+                "asks clients for certificates, which needs TLS: give tls_cert and tls_key too"
+                    .into(),
+            )),
+            (Some(_), None) => Err((
+                key_of("tls_key"),
+                "missing: tls_cert needs the key of its certificate".into(),
+            )),
+            (None, Some(_)) => Err((
+                key_of("tls_cert"),
+                "missing: tls_key needs its certificate chain".into(),
+            )),
+        }
+    }
 }
 
 impl ProxyFile {
@@ -128,6 +172,12 @@ struct RawProxy {
     client_connections: Option<usize>,
     #[serde(default)]
     reply_budget_mib: Option<u64>,
+    #[serde(default)]
+    tls_cert: Option<PathBuf>,
+    #[serde(default)]
+    tls_key: Option<PathBuf>,
+    #[serde(default)]
+    tls_client_ca: Option<PathBuf>,
 }
 
 /// Reads a proxy configuration, or a switch configuration for its pool (see the module
@@ -163,6 +213,7 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
             pool: config.pool_spec(UNSET_LISTEN),
             from_switch: true,
             cache: config.cache,
+            tls: None,
         });
     }
     let raw: RawProxyFile = toml::from_str(text).map_err(|e| ConfigError::toml(path, text, &e))?;
@@ -177,7 +228,19 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
         api_hosts: None,
         client_connections: None,
         reply_budget_mib: None,
+        tls_cert: None,
+        tls_key: None,
+        tls_client_ca: None,
     });
+    // Relative to the file's directory, as every other file a configuration names.
+    let beside = |f: Option<PathBuf>| f.map(|f| path.parent().unwrap_or(Path::new("")).join(f));
+    let tls = TlsFiles::from_parts(
+        beside(proxy.tls_cert.clone()),
+        beside(proxy.tls_key.clone()),
+        beside(proxy.tls_client_ca.clone()),
+        |k| format!("proxy.{k}"),
+    )
+    .map_err(|(k, e)| err(&k, e))?;
     let api_serving = RawApiServing {
         max_connections: proxy.api_max_connections,
         header_timeout_ms: proxy.api_header_timeout_ms,
@@ -276,6 +339,7 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
         reply_budget: proxy.reply_budget_mib.map(|mib| (mib << 20) as usize),
         pool,
         from_switch: false,
+        tls,
         cache: {
             let present = raw.cache.is_some();
             raw.cache.unwrap_or_default().settings(present, path)?
@@ -305,6 +369,12 @@ listen = "127.0.0.1:22121"
 # written. Past it no client's requests are read, and clients holding more than 4 MiB are
 # cut off as more of their replies arrive; a client holding 32 MiB is cut off anyway.
 # reply_budget_mib = 256
+# TLS for clients (memcached's own, as `memcached -Z` serves it): the certificate chain and
+# its key (PEM; paths relative to this file), read again on SIGHUP without dropping a
+# connection. With tls_client_ca, a client must show a certificate that authority signed.
+# tls_cert = "proxy.crt"
+# tls_key = "proxy.key"
+# tls_client_ca = "clients-ca.crt"
 
 [pool]
 distribution = "ketama"   # ketama | modula | jump
@@ -351,6 +421,27 @@ mod tests {
     }
 
     const MINIMAL: &str = "[pool]\n[[pool.servers]]\naddr = \"127.0.0.1:11211\"\n";
+
+    #[test]
+    fn tls_files_come_together_and_beside_the_file() {
+        let with = |lines: &str| format!("[proxy]\n{lines}\n{MINIMAL}");
+        let f = parse_toml(
+            &with("tls_cert = \"a.crt\"\ntls_key = \"/etc/k.key\""),
+            Path::new("/srv/kv/proxy.toml"),
+        )
+        .unwrap();
+        let tls = f.tls.expect("tls");
+        assert_eq!(tls.cert, Path::new("/srv/kv/a.crt"));
+        assert_eq!(tls.key, Path::new("/etc/k.key"));
+        assert_eq!(tls.client_ca, None);
+        assert_eq!(parse(MINIMAL).unwrap().tls, None);
+        let e = error(&with("tls_cert = \"a.crt\""));
+        assert!(e.contains("proxy.tls_key") && e.contains("missing"), "{e}");
+        let e = error(&with("tls_key = \"a.key\""));
+        assert!(e.contains("proxy.tls_cert"), "{e}");
+        let e = error(&with("tls_client_ca = \"ca.crt\""));
+        assert!(e.contains("proxy.tls_client_ca"), "{e}");
+    }
 
     #[test]
     fn example_parses() {

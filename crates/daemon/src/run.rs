@@ -364,6 +364,7 @@ fn start_proxy(
         limits: proxy::Limits::default(),
         // One cache for both paths: a write on either invalidates what the other serves.
         caches: vec![cache],
+        tls: None,
     };
     let proxy = Proxy::start(settings).with_context(|| {
         format!(

@@ -14,6 +14,7 @@ use config::{nutcracker, proxy as proxy_file};
 use daemon::api;
 use daemon::cache::CacheService;
 use proxy::pool::{Pool, PoolSpec};
+use proxy::tls::ClientTls;
 use proxy::{default_client_connections, default_workers, Limits, Proxy, Settings};
 
 /// Arguments of `kvswitch proxy`.
@@ -84,17 +85,31 @@ pub struct ProxyArgs {
     /// TOML file; defaults otherwise). Every pool gets its own cache.
     #[arg(long)]
     pub cache: bool,
+    /// Clients speak TLS: the certificate chain (PEM) every pool's address shows them, read
+    /// again on SIGHUP (overrides `[proxy] tls_cert`; with --tls-key).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Clients must show a certificate signed by one of these authorities (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
 }
 
 /// What the standalone proxy's API shows: the proxy's counters and its pools' caches.
 struct ProxyExporter {
     stats: Arc<proxy::ProxyStats>,
     caches: Vec<(String, Arc<CacheService>)>,
+    tls: Option<Arc<ClientTls>>,
 }
 
 impl api::Exporter for ProxyExporter {
     fn metrics(&self, m: &mut ::api::metrics::Exposition) {
         self.stats.write_metrics(m);
+        if let Some(tls) = &self.tls {
+            tls.write_metrics(m);
+        }
     }
 
     fn status(&self) -> serde_json::Value {
@@ -123,7 +138,9 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         serving,
         mut cache,
         limits,
+        tls,
     } = load(&args)?;
+    let tls = client_tls(&tls)?;
     cache.enabled |= args.cache;
     if args.check {
         if cache.enabled {
@@ -169,6 +186,9 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
             "client connections: {cap}; reply budget: {} MiB",
             limits.reply_budget >> 20
         );
+        if let Some(tls) = &tls {
+            println!("clients: TLS ({tls:?})");
+        }
         return Ok(());
     }
     kvio::signal::install_stop_handlers();
@@ -198,11 +218,13 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         source: None,
         limits,
         caches: caches.iter().map(|(_, c)| Some(c.clone())).collect(),
+        tls: tls.clone(),
     })?;
     if let Some(listener) = api_listener {
         let stats: Arc<dyn api::Exporter> = Arc::new(ProxyExporter {
             stats: proxy.stats(),
             caches: caches.clone(),
+            tls: tls.clone(),
         });
         let token = api::api_token(None, listener.local_addr()?)?;
         let addr = api::serve(
@@ -228,6 +250,12 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         }
         if kvio::signal::reload_requested() {
             api::pools::reload_on_hangup(&reload);
+            if let Some(tls) = &tls {
+                match tls.reload() {
+                    Ok(()) => tracing::info!("TLS certificate files read again"),
+                    Err(e) => tracing::error!("TLS certificate files kept as they were: {e:#}"),
+                }
+            }
         }
     }
     tracing::info!("stopping");
@@ -253,6 +281,9 @@ fn reloader(
         cache: args.cache,
         client_connections: args.client_connections,
         reply_budget_mib: args.reply_budget_mib,
+        tls_cert: args.tls_cert.clone(),
+        tls_key: args.tls_key.clone(),
+        tls_client_ca: args.tls_client_ca.clone(),
     };
     Arc::new(move || {
         let specs = load(&args)?.pools;
@@ -269,6 +300,8 @@ struct Loaded {
     serving: ApiServing,
     cache: CacheSettings,
     limits: Limits,
+    /// Clients speak TLS.
+    tls: Option<proxy_file::TlsFiles>,
 }
 
 /// The limits from the command line, over the file's (`client_connections`, the reply budget
@@ -320,6 +353,7 @@ fn load(args: &ProxyArgs) -> anyhow::Result<Loaded> {
             serving: ApiServing::default(),
             cache: CacheSettings::default(),
             limits,
+            tls: tls_of(args, None)?,
         });
     }
     let path = args
@@ -339,5 +373,29 @@ fn load(args: &ProxyArgs) -> anyhow::Result<Loaded> {
         serving: file.api_serving,
         cache: file.cache,
         limits: limits(args, file.client_connections, file.reply_budget),
+        tls: tls_of(args, file.tls)?,
     })
+}
+
+/// The clients' TLS files: the command line's, else the file's.
+fn tls_of(
+    args: &ProxyArgs,
+    file: Option<proxy_file::TlsFiles>,
+) -> anyhow::Result<Option<proxy_file::TlsFiles>> {
+    let given = proxy_file::TlsFiles::from_parts(
+        args.tls_cert.clone(),
+        args.tls_key.clone(),
+        args.tls_client_ca.clone(),
+        |k| format!("--{}", k.replace('_', "-")),
+    )
+    .map_err(|(k, e)| anyhow::anyhow!("{k}: {e}"))?;
+    Ok(given.or(file))
+}
+
+/// The clients' TLS, its files loaded.
+fn client_tls(files: &Option<proxy_file::TlsFiles>) -> anyhow::Result<Option<Arc<ClientTls>>> {
+    files
+        .as_ref()
+        .map(|f| ClientTls::load(f.cert.clone(), f.key.clone(), f.client_ca.clone()).map(Arc::new))
+        .transpose()
 }

@@ -12,11 +12,11 @@ use std::collections::VecDeque;
 use std::rc::{Rc, Weak};
 use std::sync::Arc;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{ReadHalf, WriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::time::Instant;
+use tokio_rustls::server::TlsStream;
 use wire::memcache::reply::{Framer, ReplyKind};
 use wire::memcache::{binary, parse_text, recover_binary, recover_text, Command, Request};
 
@@ -369,8 +369,37 @@ pub(crate) async fn serve(
     limits: Rc<Limits>,
     requests: Option<Box<dyn Requests>>,
 ) {
-    let stats = pool.stats.clone();
     let _ = stream.set_nodelay(true);
+    let (rd, wr) = stream.split();
+    serve_halves(rd, wr, pool, limits, requests).await;
+}
+
+/// [`serve`] for a client that has finished its TLS handshake.
+pub(crate) async fn serve_tls(
+    stream: TlsStream<TcpStream>,
+    pool: Rc<PoolRt>,
+    limits: Rc<Limits>,
+    requests: Option<Box<dyn Requests>>,
+) {
+    let (rd, wr) = tokio::io::split(stream);
+    serve_halves(rd, wr, pool, limits, requests).await;
+}
+
+/// A client let go before it was served (its TLS handshake failed): the counts [`serve`]
+/// would have taken down.
+pub(crate) fn gone(pool: &PoolRt) {
+    sub(&pool.stats.client_connections, 1);
+    sub(&pool.proxy.clients_open, 1);
+}
+
+async fn serve_halves(
+    rd: impl AsyncRead + Unpin,
+    wr: impl AsyncWrite + Unpin,
+    pool: Rc<PoolRt>,
+    limits: Rc<Limits>,
+    requests: Option<Box<dyn Requests>>,
+) {
+    let stats = pool.stats.clone();
     let shared = Rc::new(Shared {
         affinity: pool.next_affinity(),
         queue: RefCell::new(VecDeque::new()),
@@ -388,7 +417,6 @@ pub(crate) async fn serve(
         reader_done: Cell::new(false),
         committed: Cell::new(0),
     });
-    let (rd, wr) = stream.split();
     let reader = read_loop(rd, &shared, &pool, &limits, requests);
     let writer = write_loop(wr, &shared, &pool);
     tokio::pin!(reader, writer);
@@ -412,8 +440,8 @@ pub(crate) async fn serve(
     if shared.peak_bytes.get() > memory::LARGE {
         super::memory::freed_memory();
     }
-    sub(&stats.client_connections, 1);
-    sub(&pool.proxy.clients_open, 1);
+    drop(stats);
+    gone(&pool);
 }
 
 impl Shared {
@@ -502,7 +530,7 @@ impl Shared {
     }
 }
 
-async fn write_loop(mut wr: WriteHalf<'_>, shared: &Rc<Shared>, pool: &PoolRt) {
+async fn write_loop(mut wr: impl AsyncWrite + Unpin, shared: &Rc<Shared>, pool: &PoolRt) {
     let mut out: Vec<u8> = Vec::with_capacity(16 * 1024);
     loop {
         if shared.cut_off.get().is_some() {
@@ -560,7 +588,7 @@ async fn write_loop(mut wr: WriteHalf<'_>, shared: &Rc<Shared>, pool: &PoolRt) {
 }
 
 async fn read_loop(
-    mut rd: ReadHalf<'_>,
+    mut rd: impl AsyncRead + Unpin,
     shared: &Rc<Shared>,
     pool: &Rc<PoolRt>,
     limits: &Limits,

@@ -12,6 +12,7 @@ pub mod plan;
 pub mod pool;
 mod redis;
 pub mod stats;
+pub mod tls;
 mod worker;
 
 use std::net::{IpAddr, SocketAddr};
@@ -40,6 +41,8 @@ pub struct Settings {
     /// Per pool, in order, the cache that answers its hot keys (`None`: no cache). Missing
     /// entries mean no cache.
     pub caches: Vec<Option<Arc<CacheService>>>,
+    /// Clients speak TLS on every pool's address (`None`: plain TCP).
+    pub tls: Option<Arc<tls::ClientTls>>,
 }
 
 /// Bounds on what clients may hold in the proxy: replies and descriptors.
@@ -175,10 +178,13 @@ impl Proxy {
             let (stats, watch) = (stats.clone(), watch.clone());
             let (source, limits) = (settings.source, limits.clone());
             let caches = settings.caches.clone();
+            let tls = settings.tls.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("proxy-{i}"))
                 .spawn(move || {
-                    if let Err(e) = worker::run(stats, listeners, source, limits, caches, watch) {
+                    if let Err(e) =
+                        worker::run(stats, listeners, source, limits, caches, tls, watch)
+                    {
                         tracing::error!("proxy worker {i} failed: {e}");
                     }
                 })?;

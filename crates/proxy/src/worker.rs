@@ -14,6 +14,7 @@ use super::client;
 use super::pool::PoolRt;
 use super::redis;
 use super::stats::{add, get, ProxyStats, Refused};
+use super::tls::{ClientTls, Handshake, HANDSHAKE_LIMIT};
 use super::Limits;
 use switch::cache::CacheService;
 
@@ -37,6 +38,7 @@ pub fn run(
     source: Option<IpAddr>,
     limits: Limits,
     caches: Vec<Option<Arc<CacheService>>>,
+    tls: Option<Arc<ClientTls>>,
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -53,7 +55,7 @@ pub fn run(
             if pool.cluster().is_some() {
                 tokio::task::spawn_local(redis::cluster::keep_slots(pool.clone()));
             }
-            tokio::task::spawn_local(accept(listener, pool, limits.clone()));
+            tokio::task::spawn_local(accept(listener, pool, limits.clone(), tls.clone()));
         }
         tokio::task::spawn_local(super::memory::give_back_memory());
         while !*stop.borrow() {
@@ -69,7 +71,12 @@ pub fn run(
 /// once; so is one that arrives while the process is out of descriptors, accepted on the
 /// spare descriptor given up for it. Either way it is counted, and the listener's backlog
 /// never fills with connections no one will serve.
-async fn accept(listener: TcpListener, pool: Rc<PoolRt>, limits: Rc<Limits>) {
+async fn accept(
+    listener: TcpListener,
+    pool: Rc<PoolRt>,
+    limits: Rc<Limits>,
+    tls: Option<Arc<ClientTls>>,
+) {
     let cap = limits.client_connections.unwrap_or(usize::MAX) as u64;
     let pool_cap = pool.stats.client_cap.map_or(u64::MAX, |c| c as u64);
     loop {
@@ -95,8 +102,17 @@ async fn accept(listener: TcpListener, pool: Rc<PoolRt>, limits: Rc<Limits>) {
                     Some(_) => Some(Box::new(redis::Session::new())),
                     None => None,
                 };
-                let serve = client::serve(stream, pool.clone(), limits.clone(), requests);
-                tokio::task::spawn_local(serve);
+                match &tls {
+                    None => {
+                        let serve = client::serve(stream, pool.clone(), limits.clone(), requests);
+                        tokio::task::spawn_local(serve);
+                    }
+                    Some(tls) => {
+                        let serve =
+                            handshake(stream, tls.clone(), pool.clone(), limits.clone(), requests);
+                        tokio::task::spawn_local(serve);
+                    }
+                }
             }
             Err(e) if is_out_of_descriptors(&e) => {
                 add(&pool.stats.client_connections_total, 1);
@@ -114,6 +130,38 @@ async fn accept(listener: TcpListener, pool: Rc<PoolRt>, limits: Rc<Limits>) {
             }
         }
     }
+}
+
+/// The client's TLS handshake, bounded in time, then the client served; a client whose
+/// handshake fails is counted and let go.
+async fn handshake(
+    stream: tokio::net::TcpStream,
+    tls: Arc<ClientTls>,
+    pool: Rc<PoolRt>,
+    limits: Rc<Limits>,
+    requests: Option<Box<dyn client::Requests>>,
+) {
+    let _ = stream.set_nodelay(true);
+    let accepted = tokio::time::timeout(HANDSHAKE_LIMIT, tls.acceptor().accept(stream)).await;
+    let why = match accepted {
+        Ok(Ok(stream)) => {
+            tls.count(Handshake::Done);
+            client::serve_tls(stream, pool, limits, requests).await;
+            return;
+        }
+        Ok(Err(e)) => (Handshake::Failed, e.to_string()),
+        Err(_) => (Handshake::TimedOut, "not done in time".to_string()),
+    };
+    tls.count(why.0);
+    let n = tls.handshakes(why.0);
+    // One line per power of two, so that a flood does not flood the log too.
+    if n.is_power_of_two() {
+        tracing::warn!(
+            pool = %pool.stats.spec.name, handshakes = n,
+            "a client's TLS handshake failed: {}", why.1
+        );
+    }
+    client::gone(&pool);
 }
 
 /// Closes a connection accepted only to be refused: with a reset (linger 0), so that neither

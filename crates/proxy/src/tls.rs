@@ -1,0 +1,202 @@
+//! TLS for the proxy's clients, as `memcached -Z` serves it: each connection's handshake is
+//! done on the worker that accepted it, bounded in time, and then the connection is served as
+//! any other. The certificate, key and client authorities are PEM files, read again on
+//! [`ClientTls::reload`] (SIGHUP): connections open keep the session they made, new ones get
+//! the new files; files that do not load leave the old ones in use.
+
+use std::fs::File;
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use anyhow::Context;
+use api::metrics::{Exposition, Kind};
+use rustls::server::WebPkiClientVerifier;
+use rustls::ServerConfig;
+use tokio_rustls::TlsAcceptor;
+
+use super::stats::{add, get};
+
+/// How long a client has to finish its handshake.
+pub const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("cert", &self.cert)
+            .field("key", &self.key)
+            .field("client_ca", &self.client_ca)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a handshake ended, for the counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Handshake {
+    Done,
+    Failed,
+    TimedOut,
+}
+
+const HANDSHAKES: [(Handshake, &str); 3] = [
+    (Handshake::Done, "done"),
+    (Handshake::Failed, "failed"),
+    (Handshake::TimedOut, "timed_out"),
+];
+
+/// The clients' TLS: the files, the configuration made from them, and what came of it.
+pub struct ClientTls {
+    cert: PathBuf,
+    key: PathBuf,
+    client_ca: Option<PathBuf>,
+    config: RwLock<Arc<ServerConfig>>,
+    handshakes: [AtomicU64; 3],
+    /// Reloads that took, and those refused (the old files kept).
+    reloads: [AtomicU64; 2],
+}
+
+impl ClientTls {
+    /// Loads the certificate chain `cert`, its key `key` and, when clients must show a
+    /// certificate, the authorities `client_ca`; an error names the file and what is wrong.
+    pub fn load(cert: PathBuf, key: PathBuf, client_ca: Option<PathBuf>) -> anyhow::Result<Self> {
+        let config = server_config(&cert, &key, client_ca.as_deref())?;
+        Ok(ClientTls {
+            cert,
+            key,
+            client_ca,
+            config: RwLock::new(Arc::new(config)),
+            handshakes: Default::default(),
+            reloads: Default::default(),
+        })
+    }
+
+    /// Reads the files again; new connections use them from here on. On an error the files
+    /// in use stay, and the error says why.
+    pub fn reload(&self) -> anyhow::Result<()> {
+        match server_config(&self.cert, &self.key, self.client_ca.as_deref()) {
+            Ok(config) => {
+                *self.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
+                add(&self.reloads[0], 1);
+                Ok(())
+            }
+            Err(e) => {
+                add(&self.reloads[1], 1);
+                Err(e)
+            }
+        }
+    }
+
+    /// An acceptor on the configuration in use now.
+    pub fn acceptor(&self) -> TlsAcceptor {
+        TlsAcceptor::from(
+            self.config
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        )
+    }
+
+    pub(crate) fn count(&self, how: Handshake) {
+        if let Some(i) = HANDSHAKES.iter().position(|(h, _)| *h == how) {
+            add(&self.handshakes[i], 1);
+        }
+    }
+
+    /// Handshakes that ended `how`.
+    pub fn handshakes(&self, how: Handshake) -> u64 {
+        HANDSHAKES
+            .iter()
+            .position(|(h, _)| *h == how)
+            .map_or(0, |i| get(&self.handshakes[i]))
+    }
+
+    /// The TLS families of `/metrics`.
+    pub fn write_metrics(&self, m: &mut Exposition) {
+        m.family(
+            "kvswitch_proxy_tls_handshakes_total",
+            Kind::Counter,
+            "Clients' TLS handshakes, by how they ended (failed: refused by either side, such \
+             as a client that does not trust the certificate; timed_out: not done in 10 s).",
+        );
+        for ((_, outcome), n) in HANDSHAKES.iter().zip(&self.handshakes) {
+            m.sample(
+                "kvswitch_proxy_tls_handshakes_total",
+                &[("outcome", outcome)],
+                get(n),
+            );
+        }
+        m.family(
+            "kvswitch_proxy_tls_reloads_total",
+            Kind::Counter,
+            "Times the certificate files were read again (SIGHUP), by outcome (refused: the \
+             files in use were kept).",
+        );
+        for (outcome, n) in ["done", "refused"].iter().zip(&self.reloads) {
+            m.sample(
+                "kvswitch_proxy_tls_reloads_total",
+                &[("outcome", outcome)],
+                get(n),
+            );
+        }
+    }
+}
+
+fn open(path: &Path, what: &str) -> anyhow::Result<BufReader<File>> {
+    File::open(path)
+        .map(BufReader::new)
+        .with_context(|| format!("{what} {}: cannot read", path.display()))
+}
+
+/// The rustls configuration of the files.
+fn server_config(
+    cert: &Path,
+    key: &Path,
+    client_ca: Option<&Path>,
+) -> anyhow::Result<ServerConfig> {
+    let chain = rustls_pemfile::certs(&mut open(cert, "TLS certificate")?)
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("TLS certificate {}: not PEM", cert.display()))?;
+    anyhow::ensure!(
+        !chain.is_empty(),
+        "TLS certificate {}: no certificate in it",
+        cert.display()
+    );
+    let private = rustls_pemfile::private_key(&mut open(key, "TLS key")?)
+        .with_context(|| format!("TLS key {}: not PEM", key.display()))?
+        .with_context(|| format!("TLS key {}: no private key in it", key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .context("TLS: no protocol version to offer")?;
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in rustls_pemfile::certs(&mut open(ca, "TLS client authority")?) {
+                let c =
+                    c.with_context(|| format!("TLS client authority {}: not PEM", ca.display()))?;
+                roots
+                    .add(c)
+                    .with_context(|| format!("TLS client authority {}", ca.display()))?;
+            }
+            anyhow::ensure!(
+                !roots.is_empty(),
+                "TLS client authority {}: no certificate in it",
+                ca.display()
+            );
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .with_context(|| format!("TLS client authority {}", ca.display()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    builder.with_single_cert(chain, private).with_context(|| {
+        format!(
+            "TLS key {} does not go with the certificate {}",
+            key.display(),
+            cert.display()
+        )
+    })
+}
