@@ -207,6 +207,34 @@ fn tls_clients_are_served_and_a_client_that_does_not_trust_the_proxy_refused() {
     let ca = dir.join("ca.crt").display().to_string();
     let out = python(CLIENT, &[port.clone(), ca, "200".into()]);
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok 200");
+    // kvswitch's own load generator over TLS: preloaded, then 1 s of pipelined gets and sets.
+    let load = Command::new(BIN)
+        .args(["load", "--proto", "tcp", "--tls-ca", "ca.crt", "--target"])
+        .arg(listen.to_string())
+        .args([
+            "--preload",
+            "--keys",
+            "100",
+            "--concurrency",
+            "4",
+            "--duration",
+            "1",
+        ])
+        .args(["--get-ratio", "0.8", "--json", "load.json"])
+        .current_dir(dir)
+        .output()
+        .expect("kvswitch load runs");
+    assert!(
+        load.status.success(),
+        "{}",
+        String::from_utf8_lossy(&load.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("load.json")).unwrap()).unwrap();
+    assert_eq!(report["errors"], 0, "{report}");
+    assert_eq!(report["timeouts"], 0, "{report}");
+    assert!(report["gets"].as_u64().unwrap() > 100, "{report}");
+    assert_eq!(report["misses"], 0, "every key was preloaded: {report}");
     // The values are on the server, in clear: the proxy's own connection is plain.
     let mut plain = common::proxy::Conn::open(server.addr());
     let got = plain.call(b"get tls:7\r\n", common::ends_with_end);
@@ -230,8 +258,9 @@ fn tls_clients_are_served_and_a_client_that_does_not_trust_the_proxy_refused() {
 
     let text = metrics(api);
     api::metrics::lint(&text).unwrap_or_else(|e| panic!("/metrics: {e}"));
+    // pymemcache's one connection, the load's preload and its four.
     let done = "kvswitch_proxy_tls_handshakes_total{outcome=\"done\"}";
-    assert_eq!(sample(&text, done), Some(1.0), "{text}");
+    assert_eq!(sample(&text, done), Some(6.0), "{text}");
     assert_eq!(sample(&text, failed), Some(before + 2.0), "{text}");
     // Both refused clients are gone from the gauges.
     let deadline = Instant::now() + Duration::from_secs(5);

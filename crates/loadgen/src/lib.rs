@@ -177,6 +177,11 @@ pub struct LoadArgs {
     /// Transport.
     #[arg(long, value_enum, default_value_t = Proto::Udp)]
     pub proto: Proto,
+    /// TCP over TLS, trusting the certificates of this PEM file (an authority, or the
+    /// server's own); the name checked is the target's address.
+    #[arg(long, value_name = "FILE")]
+    #[serde(default)]
+    pub tls_ca: Option<std::path::PathBuf>,
     /// Look-aside clients (SwitchKV's Table 1): every get asks this cache node first, ADDR:PORT,
     /// and on a miss the target; its latency runs over both. Sets go to the target. UDP only.
     #[arg(long, value_name = "ADDR:PORT")]
@@ -284,6 +289,7 @@ impl LoadArgs {
         LoadArgs {
             target: target.into(),
             proto: Proto::Udp,
+            tls_ca: None,
             look_aside: None,
             switchkv: None,
             keys: 10_000,
@@ -324,6 +330,9 @@ impl LoadArgs {
         }
         if self.concurrency == 0 {
             bail!("--concurrency must be at least 1");
+        }
+        if self.tls_ca.is_some() && self.proto != Proto::Tcp {
+            bail!("--tls-ca speaks TLS over TCP: use --proto tcp");
         }
         if self.threads == Some(0) {
             bail!("--threads must be at least 1");
@@ -473,10 +482,12 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<Report> {
         .map(encoded::Placement::from_config)
         .transpose()?
         .map(Arc::new);
+    let tls = args.tls_ca.as_deref().map(worker::tls_client).transpose()?;
     if args.preload {
-        preload(
+        preload::preload_with(
             target,
             args.proto,
+            tls.as_ref(),
             args.keys,
             &args.key_prefix,
             args.value_size,
@@ -496,6 +507,7 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<Report> {
         let mut r = worker::Requester::connect(
             args.proto,
             target,
+            tls.as_ref(),
             Xoshiro256StarStar::seed_from_u64(seed),
             arrivals,
         )?;
@@ -523,6 +535,7 @@ pub fn run(args: &LoadArgs) -> anyhow::Result<Report> {
     let interval = Duration::from_millis(args.interval_ms);
     let plan = Arc::new(worker::Plan {
         target,
+        tls,
         protocol: args.protocol,
         key_prefix: args.key_prefix.clone(),
         keygen: zipf::KeyGen::new(args.keys, args.dist.theta(), !args.no_scramble),

@@ -33,16 +33,34 @@ pub fn preload(
     key_prefix: &str,
     value_size: usize,
 ) -> anyhow::Result<u64> {
+    preload_with(target, proto, None, keys, key_prefix, value_size)
+}
+
+/// [`preload`], over TLS with `tls` (TCP).
+pub fn preload_with(
+    target: SocketAddr,
+    proto: Proto,
+    tls: Option<&std::sync::Arc<rustls::ClientConfig>>,
+    keys: u64,
+    key_prefix: &str,
+    value_size: usize,
+) -> anyhow::Result<u64> {
     check_keys(proto, Protocol::Text, keys, key_prefix, value_size)?;
     let value = text::value(value_size);
     match proto {
-        Proto::Tcp => preload_tcp(target, keys, key_prefix, &value),
+        Proto::Tcp => preload_tcp(target, tls, keys, key_prefix, &value),
         Proto::Udp => preload_udp(target, keys, key_prefix, &value),
     }
 }
 
-fn preload_tcp(target: SocketAddr, keys: u64, prefix: &str, value: &[u8]) -> anyhow::Result<u64> {
-    let mut s = tcp_connect(target)?;
+fn preload_tcp(
+    target: SocketAddr,
+    tls: Option<&std::sync::Arc<rustls::ClientConfig>>,
+    keys: u64,
+    prefix: &str,
+    value: &[u8],
+) -> anyhow::Result<u64> {
+    let mut s = tcp_connect(target, tls)?;
     s.set_write_timeout(Some(TCP_REPLY_TIMEOUT))
         .context("failed to set write timeout")?;
     let mut req = Vec::with_capacity(BATCH_BYTES + value.len() + 300);
@@ -59,6 +77,8 @@ fn preload_tcp(target: SocketAddr, keys: u64, prefix: &str, value: &[u8]) -> any
         }
         s.write_all(&req)
             .with_context(|| format!("failed to send sets to {target}"))?;
+        // TLS holds what it has not sent yet until flushed.
+        s.flush().context("preload write")?;
         let mut pending = next - first;
         let deadline = Instant::now() + TCP_REPLY_TIMEOUT;
         while pending > 0 {

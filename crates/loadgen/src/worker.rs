@@ -72,6 +72,8 @@ pub struct Plan {
     pub issued: AtomicU64,
     /// Replies and timeouts so far, warm-up included; read by the progress line.
     pub completed: AtomicU64,
+    /// TCP over TLS, with these settings.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 enum Conn {
@@ -82,9 +84,90 @@ enum Conn {
         encoder: Option<Encoder>,
     },
     Tcp {
-        stream: Option<TcpStream>,
+        stream: Option<Stream>,
         rbuf: Vec<u8>,
     },
+}
+
+/// A TCP connection, in clear or over TLS (`--tls-ca`).
+pub enum Stream {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+}
+
+impl Stream {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Stream::Plain(s) => s,
+            Stream::Tls(s) => &s.sock,
+        }
+    }
+
+    pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        self.tcp().set_write_timeout(t)
+    }
+
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.tcp().as_raw_fd()
+    }
+
+    /// Whether decrypted bytes wait in the TLS session: they are read without the socket
+    /// becoming readable again.
+    fn buffered(&mut self) -> bool {
+        match self {
+            Stream::Plain(_) => false,
+            Stream::Tls(s) => s
+                .conn
+                .process_new_packets()
+                .is_ok_and(|state| state.plaintext_bytes_to_read() > 0),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Plain(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Plain(s) => s.flush(),
+            Stream::Tls(s) => s.flush(),
+        }
+    }
+}
+
+/// The TLS settings of a client that trusts the authorities (or self-signed certificate) of
+/// the PEM file `ca`.
+pub fn tls_client(ca: &std::path::Path) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+    let file = std::fs::File::open(ca).with_context(|| format!("{}: cannot read", ca.display()))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut io::BufReader::new(file)) {
+        let cert = cert.with_context(|| format!("{}: not PEM", ca.display()))?;
+        roots
+            .add(cert)
+            .with_context(|| format!("{}: not a certificate to trust", ca.display()))?;
+    }
+    anyhow::ensure!(!roots.is_empty(), "{}: no certificate in it", ca.display());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("TLS: no protocol version")?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
 }
 
 /// A request that was sent and has not been answered or given up on.
@@ -154,6 +237,7 @@ impl Requester {
     pub fn connect(
         proto: Proto,
         target: SocketAddr,
+        tls: Option<&Arc<rustls::ClientConfig>>,
         mut rng: Xoshiro256StarStar,
         arrivals: Option<Arrivals>,
     ) -> anyhow::Result<Requester> {
@@ -166,7 +250,7 @@ impl Requester {
                 encoder: None,
             },
             Proto::Tcp => Conn::Tcp {
-                stream: Some(tcp_connect(target)?),
+                stream: Some(tcp_connect(target, tls)?),
                 rbuf: Vec::new(),
             },
         };
@@ -262,13 +346,21 @@ pub fn udp_socket(target: SocketAddr) -> anyhow::Result<UdpSocket> {
 
 /// A blocking TCP connection with `TCP_NODELAY`. Reads are only issued after `poll` reports
 /// the socket readable; the timeouts are a safety net.
-pub fn tcp_connect(target: SocketAddr) -> anyhow::Result<TcpStream> {
-    tcp_connect_within(target, CONNECT_TIMEOUT)
+pub fn tcp_connect(
+    target: SocketAddr,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+) -> anyhow::Result<Stream> {
+    tcp_connect_within(target, CONNECT_TIMEOUT, tls)
 }
 
 /// [`tcp_connect`] giving up after `timeout` (at most [`CONNECT_TIMEOUT`]); the write timeout
 /// is no longer than `timeout` either.
-fn tcp_connect_within(target: SocketAddr, timeout: Duration) -> anyhow::Result<TcpStream> {
+fn tcp_connect_within(
+    target: SocketAddr,
+    timeout: Duration,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+) -> anyhow::Result<Stream> {
+    let deadline = Instant::now() + timeout.min(CONNECT_TIMEOUT);
     let timeout = timeout.min(CONNECT_TIMEOUT);
     if timeout.is_zero() {
         anyhow::bail!("no time left to connect to {target} over TCP");
@@ -280,12 +372,32 @@ fn tcp_connect_within(target: SocketAddr, timeout: Duration) -> anyhow::Result<T
         .context("failed to set read timeout")?;
     s.set_write_timeout(Some(timeout.min(WRITE_TIMEOUT)))
         .context("failed to set write timeout")?;
-    Ok(s)
+    let Some(tls) = tls else {
+        return Ok(Stream::Plain(s));
+    };
+    let name = rustls::pki_types::ServerName::IpAddress(target.ip().into());
+    let mut conn = rustls::ClientConnection::new(tls.clone(), name)
+        .with_context(|| format!("TLS to {target}"))?;
+    let mut sock = s;
+    while conn.is_handshaking() {
+        match conn.complete_io(&mut sock) {
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) && Instant::now() < deadline => {}
+            Err(e) => return Err(e).with_context(|| format!("TLS handshake with {target}")),
+        }
+    }
+    Ok(Stream::Tls(Box::new(rustls::StreamOwned::new(conn, sock))))
 }
 
 /// Writes all of `buf`, giving up with `TimedOut` at `deadline`: each blocking write is bounded
 /// by the time left, so the whole call never outlasts `deadline` by more than a syscall.
-fn write_all_by(s: &mut TcpStream, mut buf: &[u8], deadline: Instant) -> io::Result<()> {
+fn write_all_by(s: &mut Stream, mut buf: &[u8], deadline: Instant) -> io::Result<()> {
     while !buf.is_empty() {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -302,7 +414,8 @@ fn write_all_by(s: &mut TcpStream, mut buf: &[u8], deadline: Instant) -> io::Res
             Err(e) => return Err(e),
         }
     }
-    Ok(())
+    // TLS holds what it has not sent yet until flushed.
+    s.flush()
 }
 
 /// Rounds up to whole microseconds, so any real reply records at least 1 µs.
@@ -791,7 +904,16 @@ impl<'a> Worker<'a> {
         match s.read(&mut self.scratch) {
             // The server closed the connection.
             Ok(0) => return self.fail_tcp(r, Instant::now()),
-            Ok(n) => rbuf.extend_from_slice(&self.scratch[..n]),
+            Ok(n) => {
+                rbuf.extend_from_slice(&self.scratch[..n]);
+                // What TLS has decrypted already will not make the socket readable again.
+                while s.buffered() {
+                    match s.read(&mut self.scratch) {
+                        Ok(n) if n > 0 => rbuf.extend_from_slice(&self.scratch[..n]),
+                        _ => break,
+                    }
+                }
+            }
             Err(e)
                 if matches!(
                     e.kind(),
@@ -878,7 +1000,7 @@ impl<'a> Worker<'a> {
         if let Conn::Tcp { stream, rbuf } = &mut r.conn {
             rbuf.clear();
             let left = self.plan.end.saturating_duration_since(Instant::now());
-            match tcp_connect_within(self.plan.target, left) {
+            match tcp_connect_within(self.plan.target, left, self.plan.tls.as_ref()) {
                 Ok(s) => {
                     *stream = Some(s);
                     r.down = None;
@@ -975,6 +1097,7 @@ mod tests {
     fn plan(target: SocketAddr, get_ratio: f64, value_size: usize) -> Plan {
         let now = Instant::now();
         Plan {
+            tls: None,
             target,
             protocol: Protocol::Text,
             key_prefix: "k".into(),
@@ -1006,6 +1129,7 @@ mod tests {
         let mut r = Requester::connect(
             Proto::Udp,
             target,
+            None,
             Xoshiro256StarStar::seed_from_u64(1),
             None,
         )
@@ -1065,6 +1189,7 @@ mod tests {
         let mut r = Requester::connect(
             Proto::Udp,
             server.local_addr().unwrap(),
+            None,
             Xoshiro256StarStar::seed_from_u64(7),
             None,
         )
@@ -1119,6 +1244,7 @@ mod tests {
         let mut r = Requester::connect(
             Proto::Udp,
             target.local_addr().unwrap(),
+            None,
             Xoshiro256StarStar::seed_from_u64(1),
             None,
         )
