@@ -83,6 +83,53 @@ pub struct ProxyFile {
     pub cache: CacheSettings,
     /// `[proxy]`'s `tls_cert`, `tls_key` and `tls_client_ca`: clients speak TLS.
     pub tls: Option<TlsFiles>,
+    /// `[proxy]`'s `server_tls_ca`, `server_tls_cert` and `server_tls_key`: the proxy speaks
+    /// TLS to the servers.
+    pub server_tls: Option<ServerTlsFiles>,
+}
+
+/// What the proxy trusts in the servers' certificates, and the certificate and key it shows
+/// servers that ask for one (PEM files).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerTlsFiles {
+    pub ca: PathBuf,
+    pub own: Option<(PathBuf, PathBuf)>,
+}
+
+impl ServerTlsFiles {
+    /// `ca`, `cert` and `key` given as they must be: the authority alone, or with both of the
+    /// others; none at all is no TLS. `key_of` names a setting in a refusal.
+    pub fn from_parts(
+        ca: Option<PathBuf>,
+        cert: Option<PathBuf>,
+        key: Option<PathBuf>,
+        key_of: impl Fn(&str) -> String,
+    ) -> Result<Option<ServerTlsFiles>, (String, String)> {
+        let own = match (cert, key) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err((
+                    key_of("server_tls_key"),
+                    "missing: server_tls_cert needs its key".into(),
+                ))
+            }
+            (None, Some(_)) => {
+                return Err((
+                    key_of("server_tls_cert"),
+                    "missing: server_tls_key needs its certificate".into(),
+                ))
+            }
+        };
+        match (ca, own) {
+            (Some(ca), own) => Ok(Some(ServerTlsFiles { ca, own })),
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err((
+                key_of("server_tls_ca"),
+                "missing: a certificate for the servers needs the authority their certificates are checked against".into(),
+            )),
+        }
+    }
 }
 
 /// Where a TLS listener finds its certificate chain, its key and, to ask clients for
@@ -178,6 +225,12 @@ struct RawProxy {
     tls_key: Option<PathBuf>,
     #[serde(default)]
     tls_client_ca: Option<PathBuf>,
+    #[serde(default)]
+    server_tls_ca: Option<PathBuf>,
+    #[serde(default)]
+    server_tls_cert: Option<PathBuf>,
+    #[serde(default)]
+    server_tls_key: Option<PathBuf>,
 }
 
 /// Reads a proxy configuration, or a switch configuration for its pool (see the module
@@ -214,6 +267,7 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
             from_switch: true,
             cache: config.cache,
             tls: None,
+            server_tls: None,
         });
     }
     let raw: RawProxyFile = toml::from_str(text).map_err(|e| ConfigError::toml(path, text, &e))?;
@@ -231,6 +285,9 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
         tls_cert: None,
         tls_key: None,
         tls_client_ca: None,
+        server_tls_ca: None,
+        server_tls_cert: None,
+        server_tls_key: None,
     });
     // Relative to the file's directory, as every other file a configuration names.
     let beside = |f: Option<PathBuf>| f.map(|f| path.parent().unwrap_or(Path::new("")).join(f));
@@ -238,6 +295,13 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
         beside(proxy.tls_cert.clone()),
         beside(proxy.tls_key.clone()),
         beside(proxy.tls_client_ca.clone()),
+        |k| format!("proxy.{k}"),
+    )
+    .map_err(|(k, e)| err(&k, e))?;
+    let server_tls = ServerTlsFiles::from_parts(
+        beside(proxy.server_tls_ca.clone()),
+        beside(proxy.server_tls_cert.clone()),
+        beside(proxy.server_tls_key.clone()),
         |k| format!("proxy.{k}"),
     )
     .map_err(|(k, e)| err(&k, e))?;
@@ -340,6 +404,7 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
         pool,
         from_switch: false,
         tls,
+        server_tls,
         cache: {
             let present = raw.cache.is_some();
             raw.cache.unwrap_or_default().settings(present, path)?
@@ -375,6 +440,12 @@ listen = "127.0.0.1:22121"
 # tls_cert = "proxy.crt"
 # tls_key = "proxy.key"
 # tls_client_ca = "clients-ca.crt"
+# TLS to the servers (`memcached -Z`): their certificates are checked against this authority
+# and the host each server line names; the proxy shows its own certificate to servers that
+# ask for one (server_tls_cert and server_tls_key).
+# server_tls_ca = "servers-ca.crt"
+# server_tls_cert = "proxy-client.crt"
+# server_tls_key = "proxy-client.key"
 
 [pool]
 distribution = "ketama"   # ketama | modula | jump
@@ -441,6 +512,23 @@ mod tests {
         assert!(e.contains("proxy.tls_cert"), "{e}");
         let e = error(&with("tls_client_ca = \"ca.crt\""));
         assert!(e.contains("proxy.tls_client_ca"), "{e}");
+        // Towards the servers: the authority alone, or with a certificate and its key.
+        let f = parse_toml(
+            &with("server_tls_ca = \"ca.crt\""),
+            Path::new("/srv/kv/proxy.toml"),
+        )
+        .unwrap();
+        let servers = f.server_tls.expect("server tls");
+        assert_eq!(servers.ca, Path::new("/srv/kv/ca.crt"));
+        assert_eq!(servers.own, None);
+        let e = error(&with(
+            "server_tls_cert = \"c.crt\"\nserver_tls_key = \"c.key\"",
+        ));
+        assert!(e.contains("proxy.server_tls_ca"), "{e}");
+        let e = error(&with(
+            "server_tls_ca = \"ca.crt\"\nserver_tls_cert = \"c.crt\"",
+        ));
+        assert!(e.contains("proxy.server_tls_key"), "{e}");
     }
 
     #[test]

@@ -365,6 +365,7 @@ fn start_proxy(
         // One cache for both paths: a write on either invalidates what the other serves.
         caches: vec![cache],
         tls: None,
+        server_tls: None,
     };
     let proxy = Proxy::start(settings).with_context(|| {
         format!(

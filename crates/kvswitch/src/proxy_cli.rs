@@ -14,7 +14,7 @@ use config::{nutcracker, proxy as proxy_file};
 use daemon::api;
 use daemon::cache::CacheService;
 use proxy::pool::{Pool, PoolSpec};
-use proxy::tls::ClientTls;
+use proxy::tls::{ClientTls, ServerTls};
 use proxy::{default_client_connections, default_workers, Limits, Proxy, Settings};
 
 /// Arguments of `kvswitch proxy`.
@@ -95,6 +95,17 @@ pub struct ProxyArgs {
     /// Clients must show a certificate signed by one of these authorities (PEM).
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
+    /// Speak TLS to the servers (`memcached -Z`), checking their certificates against these
+    /// authorities (PEM) and the host each server line names (overrides `[proxy]
+    /// server_tls_ca`).
+    #[arg(long, value_name = "FILE")]
+    pub server_tls_ca: Option<PathBuf>,
+    /// The certificate chain (PEM) the proxy shows servers that ask for one.
+    #[arg(long, value_name = "FILE", requires_all = ["server_tls_key", "server_tls_ca"])]
+    pub server_tls_cert: Option<PathBuf>,
+    /// The private key of --server-tls-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "server_tls_cert")]
+    pub server_tls_key: Option<PathBuf>,
 }
 
 /// What the standalone proxy's API shows: the proxy's counters and its pools' caches.
@@ -102,12 +113,16 @@ struct ProxyExporter {
     stats: Arc<proxy::ProxyStats>,
     caches: Vec<(String, Arc<CacheService>)>,
     tls: Option<Arc<ClientTls>>,
+    server_tls: Option<Arc<ServerTls>>,
 }
 
 impl api::Exporter for ProxyExporter {
     fn metrics(&self, m: &mut ::api::metrics::Exposition) {
         self.stats.write_metrics(m);
         if let Some(tls) = &self.tls {
+            tls.write_metrics(m);
+        }
+        if let Some(tls) = &self.server_tls {
             tls.write_metrics(m);
         }
     }
@@ -139,8 +154,16 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         mut cache,
         limits,
         tls,
+        server_tls,
     } = load(&args)?;
     let tls = client_tls(&tls)?;
+    let server_tls = server_tls
+        .as_ref()
+        .map(|f| {
+            let own = f.own.as_ref().map(|(c, k)| (c.as_path(), k.as_path()));
+            ServerTls::load(&f.ca, own).map(Arc::new)
+        })
+        .transpose()?;
     cache.enabled |= args.cache;
     if args.check {
         if cache.enabled {
@@ -189,6 +212,9 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         if let Some(tls) = &tls {
             println!("clients: TLS ({tls:?})");
         }
+        if server_tls.is_some() {
+            println!("servers: TLS");
+        }
         return Ok(());
     }
     kvio::signal::install_stop_handlers();
@@ -219,12 +245,14 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         limits,
         caches: caches.iter().map(|(_, c)| Some(c.clone())).collect(),
         tls: tls.clone(),
+        server_tls: server_tls.clone(),
     })?;
     if let Some(listener) = api_listener {
         let stats: Arc<dyn api::Exporter> = Arc::new(ProxyExporter {
             stats: proxy.stats(),
             caches: caches.clone(),
             tls: tls.clone(),
+            server_tls: server_tls.clone(),
         });
         let token = api::api_token(None, listener.local_addr()?)?;
         let addr = api::serve(
@@ -284,6 +312,9 @@ fn reloader(
         tls_cert: args.tls_cert.clone(),
         tls_key: args.tls_key.clone(),
         tls_client_ca: args.tls_client_ca.clone(),
+        server_tls_ca: args.server_tls_ca.clone(),
+        server_tls_cert: args.server_tls_cert.clone(),
+        server_tls_key: args.server_tls_key.clone(),
     };
     Arc::new(move || {
         let specs = load(&args)?.pools;
@@ -302,6 +333,8 @@ struct Loaded {
     limits: Limits,
     /// Clients speak TLS.
     tls: Option<proxy_file::TlsFiles>,
+    /// The servers are spoken to over TLS.
+    server_tls: Option<proxy_file::ServerTlsFiles>,
 }
 
 /// The limits from the command line, over the file's (`client_connections`, the reply budget
@@ -354,6 +387,7 @@ fn load(args: &ProxyArgs) -> anyhow::Result<Loaded> {
             cache: CacheSettings::default(),
             limits,
             tls: tls_of(args, None)?,
+            server_tls: server_tls_of(args, None)?,
         });
     }
     let path = args
@@ -374,7 +408,23 @@ fn load(args: &ProxyArgs) -> anyhow::Result<Loaded> {
         cache: file.cache,
         limits: limits(args, file.client_connections, file.reply_budget),
         tls: tls_of(args, file.tls)?,
+        server_tls: server_tls_of(args, file.server_tls)?,
     })
+}
+
+/// The servers' TLS files: the command line's, else the file's.
+fn server_tls_of(
+    args: &ProxyArgs,
+    file: Option<proxy_file::ServerTlsFiles>,
+) -> anyhow::Result<Option<proxy_file::ServerTlsFiles>> {
+    let given = proxy_file::ServerTlsFiles::from_parts(
+        args.server_tls_ca.clone(),
+        args.server_tls_cert.clone(),
+        args.server_tls_key.clone(),
+        |k| format!("--{}", k.replace('_', "-")),
+    )
+    .map_err(|(k, e)| anyhow::anyhow!("{k}: {e}"))?;
+    Ok(given.or(file))
 }
 
 /// The clients' TLS files: the command line's, else the file's.

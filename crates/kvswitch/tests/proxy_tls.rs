@@ -520,3 +520,81 @@ fn tls_files_that_do_not_load_are_refused_by_name() {
     let (code, said) = check("one.crt", "one.key");
     assert_eq!(code, Some(0), "{said}");
 }
+
+/// memcached serving TLS only (`memcached -Z`) on a free port of 127.0.0.1, its certificate
+/// `name`.crt/.key in `dir`.
+fn memcached_tls(dir: &Path, name: &str) -> (Running, SocketAddr) {
+    let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let mut command = Command::new("memcached");
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        command.args(["-u", "root"]);
+    }
+    let server = Running(
+        command
+            .args(["-U", "0", "-t", "1", "-Z", "-o"])
+            .arg(format!(
+                "ssl_chain_cert={},ssl_key={}",
+                dir.join(format!("{name}.crt")).display(),
+                dir.join(format!("{name}.key")).display()
+            ))
+            .arg("-l")
+            .arg(addr.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("memcached runs"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !listening(addr) {
+        assert!(Instant::now() < deadline, "memcached -Z never listened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (server, addr)
+}
+
+/// With `server_tls_ca`, the proxy's connections to a `memcached -Z` server are TLS, its
+/// certificate checked: clients in clear are served; a proxy that trusts another authority
+/// fails their requests with SERVER_ERROR and counts the refused handshakes.
+#[test]
+fn the_proxy_speaks_tls_to_memcached_z_servers() {
+    let scratch = testbed::local::TempDir::new("kvswitch-proxy-tls-servers").expect("scratch");
+    let dir = scratch.path();
+    authority(dir, "ca");
+    authority(dir, "other-ca");
+    certificate(dir, "ca", "server", "serverAuth");
+    let (_server, server) = memcached_tls(dir, "server");
+    let (_proxy, listen, api) = start_proxy(dir, server, "server_tls_ca = \"ca.crt\"");
+    let mut conn = common::proxy::Conn::open(listen);
+    for i in 0..50 {
+        let set = format!("set st:{i} 0 0 5\r\nv{i:04}\r\n");
+        assert_eq!(
+            conn.call(set.as_bytes(), |r| r.ends_with(b"\r\n")),
+            b"STORED\r\n"
+        );
+    }
+    let got = conn.call(b"get st:0 st:7 st:49\r\n", common::ends_with_end);
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        "VALUE st:0 0 5\r\nv0000\r\nVALUE st:7 0 5\r\nv0007\r\nVALUE st:49 0 5\r\nv0049\r\nEND\r\n"
+    );
+    let text = metrics(api);
+    let done = "kvswitch_proxy_server_tls_handshakes_total{outcome=\"done\"}";
+    assert!(sample(&text, done).is_some_and(|n| n >= 1.0), "{text}");
+
+    // Trusting another authority: no request reaches the server.
+    let other = testbed::local::TempDir::new("kvswitch-proxy-tls-servers-2").expect("scratch");
+    std::fs::copy(dir.join("other-ca.crt"), other.path().join("ca.crt")).unwrap();
+    let (_wary, listen, api) = start_proxy(other.path(), server, "server_tls_ca = \"ca.crt\"");
+    let mut conn = common::proxy::Conn::open(listen);
+    let got = conn.call(b"get st:0\r\n", |r| r.ends_with(b"\r\n"));
+    assert!(
+        got.starts_with(b"SERVER_ERROR"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    let text = metrics(api);
+    let failed = "kvswitch_proxy_server_tls_handshakes_total{outcome=\"failed\"}";
+    assert!(sample(&text, failed).is_some_and(|n| n >= 1.0), "{text}");
+}

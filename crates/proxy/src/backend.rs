@@ -24,7 +24,10 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::Notify;
 use tokio::time::{sleep_until, timeout, Instant};
@@ -33,6 +36,7 @@ use wire::memcache::reply::{Framer, ReplyError};
 
 use super::plan::Wire;
 use super::stats::{add, get, sub, PoolStats};
+use super::tls::ServerTls;
 
 /// Where a request's reply goes: the client's reply in the making, which may be waiting on
 /// the replies of several servers.
@@ -85,6 +89,8 @@ pub struct Conn {
     wire: Wire,
     addr: SocketAddr,
     source: Option<IpAddr>,
+    /// TLS towards the server, when the proxy speaks it to servers.
+    tls: Option<Arc<ServerTls>>,
     state: Cell<State>,
     /// Consecutive failures, for the reconnect backoff.
     streak: Cell<u32>,
@@ -151,6 +157,7 @@ impl Conn {
         server: usize,
         wire: Wire,
         source: Option<IpAddr>,
+        tls: Option<Arc<ServerTls>>,
     ) -> Rc<Conn> {
         let addr = pool.pool.spec().servers[server].addr;
         Rc::new(Conn {
@@ -159,6 +166,7 @@ impl Conn {
             wire,
             addr,
             source,
+            tls,
             state: Cell::new(State::Idle),
             streak: Cell::new(0),
             out: RefCell::new(Vec::with_capacity(16 * 1024)),
@@ -211,7 +219,18 @@ impl Conn {
     async fn run(self: Rc<Self>) {
         let spec = &self.pool.spec;
         let stats = &self.pool.servers[self.server];
-        let connected = timeout(spec.timeout, connect(self.addr, self.source)).await;
+        let connected = timeout(spec.timeout, async {
+            let stream = connect(self.addr, self.source).await?;
+            match &self.tls {
+                None => Ok::<_, std::io::Error>(ServerStream::Plain(stream)),
+                Some(tls) => {
+                    let host = self.pool.pool.spec().servers[self.server].host.clone();
+                    let stream = tls.connect(&host, stream).await?;
+                    Ok(ServerStream::Tls(Box::new(stream)))
+                }
+            }
+        })
+        .await;
         let stream = match connected {
             Ok(Ok(stream)) => stream,
             Ok(Err(e)) => return self.lost(ServerError::from(e)),
@@ -237,7 +256,7 @@ impl Conn {
     }
 
     /// Gives a Redis server the pool's password and database, and reads that it took them.
-    async fn introduce(&self, stream: &mut TcpStream) -> Result<(), ServerError> {
+    async fn introduce(&self, stream: &mut ServerStream) -> Result<(), ServerError> {
         let Some(redis) = self
             .pool
             .spec
@@ -293,9 +312,25 @@ impl Conn {
         }
     }
 
-    async fn serve(&self, mut stream: TcpStream) -> Result<(), ServerError> {
+    async fn serve(&self, stream: ServerStream) -> Result<(), ServerError> {
+        match stream {
+            ServerStream::Plain(mut stream) => {
+                let (rd, wr) = stream.split();
+                self.serve_halves(rd, wr).await
+            }
+            ServerStream::Tls(stream) => {
+                let (rd, wr) = tokio::io::split(stream);
+                self.serve_halves(rd, wr).await
+            }
+        }
+    }
+
+    async fn serve_halves(
+        &self,
+        mut rd: impl AsyncRead + Unpin,
+        mut wr: impl AsyncWrite + Unpin,
+    ) -> Result<(), ServerError> {
         self.framed.set(0);
-        let (mut rd, mut wr) = stream.split();
         let writer = async {
             let mut spare = Vec::with_capacity(16 * 1024);
             loop {
@@ -314,6 +349,8 @@ impl Conn {
                     write_batch_sentinel(self.wire, nonce, &mut spare);
                 }
                 wr.write_all(&spare).await.map_err(ServerError::from)?;
+                // TLS holds the end of what was written until flushed; TCP has sent it.
+                wr.flush().await.map_err(ServerError::from)?;
                 add(
                     &self.pool.servers[self.server].bytes_sent,
                     spare.len() as u64,
@@ -649,7 +686,7 @@ fn random_u64() -> u64 {
 /// The next whole RESP reply from `stream`, taken off the front of `buf` (bytes read and not
 /// yet used), for the proxy's own exchanges with a Redis server.
 pub(crate) async fn read_reply(
-    stream: &mut TcpStream,
+    stream: &mut (impl AsyncRead + Unpin),
     buf: &mut Vec<u8>,
 ) -> Result<Vec<u8>, ServerError> {
     let mut framer = wire::resp::ReplyFramer::default();
@@ -678,6 +715,52 @@ pub(crate) async fn connect(
     let stream = socket.connect(addr).await?;
     stream.set_nodelay(true)?;
     Ok(stream)
+}
+
+/// A connection to a server, in clear or over TLS.
+pub(crate) enum ServerStream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for ServerStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ServerStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            ServerStream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for ServerStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            ServerStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            ServerStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ServerStream::Plain(s) => Pin::new(s).poll_flush(cx),
+            ServerStream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ServerStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            ServerStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
 }
 
 /// Where one request's reply ends in a server's byte stream.

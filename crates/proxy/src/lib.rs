@@ -43,6 +43,8 @@ pub struct Settings {
     pub caches: Vec<Option<Arc<CacheService>>>,
     /// Clients speak TLS on every pool's address (`None`: plain TCP).
     pub tls: Option<Arc<tls::ClientTls>>,
+    /// Connections to the servers are made over TLS (`None`: plain TCP).
+    pub server_tls: Option<Arc<tls::ServerTls>>,
 }
 
 /// Bounds on what clients may hold in the proxy: replies and descriptors.
@@ -176,15 +178,14 @@ impl Proxy {
         let mut handles = Vec::with_capacity(workers);
         for (i, listeners) in per_worker.into_iter().enumerate() {
             let (stats, watch) = (stats.clone(), watch.clone());
-            let (source, limits) = (settings.source, limits.clone());
-            let caches = settings.caches.clone();
-            let tls = settings.tls.clone();
+            let settings = Settings {
+                limits: limits.clone(),
+                ..settings.clone()
+            };
             let handle = std::thread::Builder::new()
                 .name(format!("proxy-{i}"))
                 .spawn(move || {
-                    if let Err(e) =
-                        worker::run(stats, listeners, source, limits, caches, tls, watch)
-                    {
+                    if let Err(e) = worker::run(stats, listeners, settings, watch) {
                         tracing::error!("proxy worker {i} failed: {e}");
                     }
                 })?;

@@ -14,6 +14,7 @@ use switch::cache::CacheService;
 use super::backend::Conn;
 use super::plan::{Router, Wire};
 use super::stats::{PoolStats, ProxyStats};
+use super::tls::ServerTls;
 
 pub use switch::pool::{
     Pool, PoolSpec, ServerSpec, View, DEFAULT_FAILURE_LIMIT, DEFAULT_RETRY_TIMEOUT,
@@ -29,6 +30,8 @@ pub(crate) struct PoolRt {
     /// needed.
     conns: Vec<RefCell<[Vec<Rc<Conn>>; 4]>>,
     source: Option<IpAddr>,
+    /// TLS towards the servers.
+    server_tls: Option<Arc<ServerTls>>,
     /// The pool as this worker routes by it now.
     view: RefCell<Arc<View>>,
     /// The cache that answers this pool's hot keys.
@@ -56,6 +59,7 @@ impl PoolRt {
         proxy: Arc<ProxyStats>,
         index: usize,
         source: Option<IpAddr>,
+        server_tls: Option<Arc<ServerTls>>,
         cache: Option<Arc<CacheService>>,
     ) -> Rc<PoolRt> {
         let stats = proxy.pools[index].clone();
@@ -78,6 +82,7 @@ impl PoolRt {
             proxy,
             conns,
             source,
+            server_tls,
             view: RefCell::new(view),
             cache,
             cluster,
@@ -91,6 +96,10 @@ impl PoolRt {
 
     pub fn source(&self) -> Option<IpAddr> {
         self.source
+    }
+
+    pub fn server_tls(&self) -> Option<&Arc<ServerTls>> {
+        self.server_tls.as_ref()
     }
 
     /// The server that holds cluster slot `slot`, if known.
@@ -141,7 +150,13 @@ impl PoolRt {
         let list = &mut conns[wire as usize];
         let index = affinity % self.stats.spec.server_connections.max(1);
         while list.len() <= index {
-            list.push(Conn::new(self.stats.clone(), server, wire, self.source));
+            list.push(Conn::new(
+                self.stats.clone(),
+                server,
+                wire,
+                self.source,
+                self.server_tls.clone(),
+            ));
         }
         list[index].clone()
     }

@@ -1,4 +1,5 @@
-//! TLS for the proxy's clients, as `memcached -Z` serves it: each connection's handshake is
+//! TLS for the proxy's clients, as `memcached -Z` serves it, and towards servers that serve
+//! it ([`ServerTls`]). For clients: each connection's handshake is
 //! done on the worker that accepted it, bounded in time, and then the connection is served as
 //! any other. The certificate, key and client authorities are PEM files, read again on
 //! [`ClientTls::reload`] (SIGHUP): connections open keep the session they made, new ones get
@@ -155,17 +156,7 @@ fn server_config(
     key: &Path,
     client_ca: Option<&Path>,
 ) -> anyhow::Result<ServerConfig> {
-    let chain = rustls_pemfile::certs(&mut open(cert, "TLS certificate")?)
-        .collect::<Result<Vec<_>, _>>()
-        .with_context(|| format!("TLS certificate {}: not PEM", cert.display()))?;
-    anyhow::ensure!(
-        !chain.is_empty(),
-        "TLS certificate {}: no certificate in it",
-        cert.display()
-    );
-    let private = rustls_pemfile::private_key(&mut open(key, "TLS key")?)
-        .with_context(|| format!("TLS key {}: not PEM", key.display()))?
-        .with_context(|| format!("TLS key {}: no private key in it", key.display()))?;
+    let (chain, private) = chain_and_key(cert, key)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -199,4 +190,125 @@ fn server_config(
             cert.display()
         )
     })
+}
+
+/// TLS towards the servers (`memcached -Z`): every connection to a server of the proxy's
+/// pools is made over TLS, the server's certificate checked against the authorities of a PEM
+/// file and the server's host as the pool names it; with a certificate and key of its own,
+/// the proxy shows them to servers that ask.
+pub struct ServerTls {
+    config: Arc<rustls::ClientConfig>,
+    handshakes: [AtomicU64; 3],
+}
+
+impl std::fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerTls").finish_non_exhaustive()
+    }
+}
+
+impl ServerTls {
+    /// Trusts the certificates of `ca`; shows `cert` and `key` when both are given.
+    pub fn load(ca: &Path, own: Option<(&Path, &Path)>) -> anyhow::Result<ServerTls> {
+        let mut roots = rustls::RootCertStore::empty();
+        for c in rustls_pemfile::certs(&mut open(ca, "TLS server authority")?) {
+            let c = c.with_context(|| format!("TLS server authority {}: not PEM", ca.display()))?;
+            roots
+                .add(c)
+                .with_context(|| format!("TLS server authority {}", ca.display()))?;
+        }
+        anyhow::ensure!(
+            !roots.is_empty(),
+            "TLS server authority {}: no certificate in it",
+            ca.display()
+        );
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .context("TLS: no protocol version to offer")?
+            .with_root_certificates(roots);
+        let config = match own {
+            None => builder.with_no_client_auth(),
+            Some((cert, key)) => {
+                let (chain, private) = chain_and_key(cert, key)?;
+                builder
+                    .with_client_auth_cert(chain, private)
+                    .with_context(|| {
+                        format!(
+                            "TLS key {} does not go with the certificate {}",
+                            key.display(),
+                            cert.display()
+                        )
+                    })?
+            }
+        };
+        Ok(ServerTls {
+            config: Arc::new(config),
+            handshakes: Default::default(),
+        })
+    }
+
+    /// A TLS connection over `stream` to the server named `host` (a hostname or an address,
+    /// as the pool writes it), its certificate checked.
+    pub(crate) async fn connect(
+        &self,
+        host: &str,
+        stream: tokio::net::TcpStream,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+        let name = rustls::pki_types::ServerName::try_from(host.to_string()).map_err(|e| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{host}: not a name for TLS: {e}"),
+            )
+        })?;
+        let connector = tokio_rustls::TlsConnector::from(self.config.clone());
+        let result = connector.connect(name, stream).await;
+        let how = match &result {
+            Ok(_) => Handshake::Done,
+            Err(_) => Handshake::Failed,
+        };
+        if let Some(i) = HANDSHAKES.iter().position(|(h, _)| *h == how) {
+            add(&self.handshakes[i], 1);
+        }
+        result
+    }
+
+    /// The TLS families of `/metrics` for the servers' side.
+    pub fn write_metrics(&self, m: &mut Exposition) {
+        m.family(
+            "kvswitch_proxy_server_tls_handshakes_total",
+            Kind::Counter,
+            "TLS handshakes with the servers, by how they ended (failed: such as a server whose \
+             certificate is not trusted or names another host).",
+        );
+        for ((_, outcome), n) in HANDSHAKES.iter().zip(&self.handshakes) {
+            m.sample(
+                "kvswitch_proxy_server_tls_handshakes_total",
+                &[("outcome", outcome)],
+                get(n),
+            );
+        }
+    }
+}
+
+/// The certificate chain of `cert` and the private key of `key`.
+fn chain_and_key(
+    cert: &Path,
+    key: &Path,
+) -> anyhow::Result<(
+    Vec<rustls::pki_types::CertificateDer<'static>>,
+    rustls::pki_types::PrivateKeyDer<'static>,
+)> {
+    let chain = rustls_pemfile::certs(&mut open(cert, "TLS certificate")?)
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("TLS certificate {}: not PEM", cert.display()))?;
+    anyhow::ensure!(
+        !chain.is_empty(),
+        "TLS certificate {}: no certificate in it",
+        cert.display()
+    );
+    let private = rustls_pemfile::private_key(&mut open(key, "TLS key")?)
+        .with_context(|| format!("TLS key {}: not PEM", key.display()))?
+        .with_context(|| format!("TLS key {}: no private key in it", key.display()))?;
+    Ok((chain, private))
 }

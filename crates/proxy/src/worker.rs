@@ -2,7 +2,7 @@
 //! (the kernel spreads connections over the workers, `SO_REUSEPORT`) and keeps its own
 //! connections to the servers, so workers share nothing but counters.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -15,8 +15,7 @@ use super::pool::PoolRt;
 use super::redis;
 use super::stats::{add, get, ProxyStats, Refused};
 use super::tls::{ClientTls, Handshake, HANDSHAKE_LIMIT};
-use super::Limits;
-use switch::cache::CacheService;
+use super::{Limits, Settings};
 
 /// Binds `addr` so that every worker can bind it too.
 pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
@@ -31,16 +30,22 @@ pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.listen(1024)
 }
 
-/// Runs one worker until `stop` turns true.
+/// Runs one worker until `stop` turns true, on `settings` (its limits with the client
+/// connection cap settled).
 pub fn run(
     proxy: Arc<ProxyStats>,
     listeners: Vec<std::net::TcpListener>,
-    source: Option<IpAddr>,
-    limits: Limits,
-    caches: Vec<Option<Arc<CacheService>>>,
-    tls: Option<Arc<ClientTls>>,
+    settings: Settings,
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
+    let Settings {
+        source,
+        limits,
+        caches,
+        tls,
+        server_tls,
+        ..
+    } = settings;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -51,7 +56,7 @@ pub fn run(
         for (index, listener) in listeners.into_iter().enumerate() {
             let listener = TcpListener::from_std(listener)?;
             let cache = caches.get(index).cloned().flatten();
-            let pool = PoolRt::new(proxy.clone(), index, source, cache);
+            let pool = PoolRt::new(proxy.clone(), index, source, server_tls.clone(), cache);
             if pool.cluster().is_some() {
                 tokio::task::spawn_local(redis::cluster::keep_slots(pool.clone()));
             }

@@ -4,6 +4,7 @@
 //! [`Cluster`](crate::pool::Cluster) map; a redirection (`MOVED`, `ASK`) is followed by the
 //! client's slot in the meantime, so no error reaches a client while a slot moves.
 
+use crate::backend::ServerStream;
 use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
 use std::time::Duration;
@@ -68,7 +69,14 @@ async fn ask(
     pool: &PoolRt,
     addr: SocketAddr,
 ) -> anyhow::Result<Vec<(std::ops::RangeInclusive<u16>, SocketAddr)>> {
-    let mut stream = crate::backend::connect(addr, pool.source()).await?;
+    let stream = crate::backend::connect(addr, pool.source()).await?;
+    let mut stream = match pool.server_tls() {
+        None => ServerStream::Plain(stream),
+        Some(tls) => {
+            let host = addr.ip().to_string();
+            ServerStream::Tls(Box::new(tls.connect(&host, stream).await?))
+        }
+    };
     let mut request = Vec::new();
     let auth = pool
         .stats
