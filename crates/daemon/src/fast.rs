@@ -99,8 +99,8 @@ pub fn start(
     #[cfg(not(feature = "xdp"))]
     {
         let _ = (ports, remote, egress, pool, cache, stop);
-        let e = xdp::available().expect_err("a build without the `xdp` feature has no program");
-        fall_back(cfg, &status, e.into())
+        let why = "kvswitch was built without the XDP fast path (cargo feature `xdp`)";
+        fall_back(cfg, &status, anyhow::anyhow!(why))
     }
     #[cfg(feature = "xdp")]
     attach_and_keep(cfg, ports, remote, egress, pool, cache, status, stop)

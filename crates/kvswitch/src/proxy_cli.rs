@@ -92,8 +92,9 @@ pub struct ProxyArgs {
     /// The private key of --tls-cert (PEM).
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
-    /// Clients must show a certificate signed by one of these authorities (PEM).
-    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    /// Clients must show a certificate signed by one of these authorities (PEM; overrides
+    /// `[proxy] tls_client_ca`).
+    #[arg(long, value_name = "FILE")]
     pub tls_client_ca: Option<PathBuf>,
     /// Speak TLS to the servers (`memcached -Z`), checking their certificates against these
     /// authorities (PEM) and the host each server line names (overrides `[proxy]
@@ -101,7 +102,7 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "FILE")]
     pub server_tls_ca: Option<PathBuf>,
     /// The certificate chain (PEM) the proxy shows servers that ask for one.
-    #[arg(long, value_name = "FILE", requires_all = ["server_tls_key", "server_tls_ca"])]
+    #[arg(long, value_name = "FILE", requires = "server_tls_key")]
     pub server_tls_cert: Option<PathBuf>,
     /// The private key of --server-tls-cert (PEM).
     #[arg(long, value_name = "FILE", requires = "server_tls_cert")]
@@ -156,13 +157,12 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         tls,
         server_tls,
     } = load(&args)?;
-    let tls = client_tls(&tls)?;
-    let server_tls = server_tls
+    let tls_files = (tls, server_tls);
+    let tls = client_tls(&tls_files.0)?;
+    let server_tls = tls_files
+        .1
         .as_ref()
-        .map(|f| {
-            let own = f.own.as_ref().map(|(c, k)| (c.as_path(), k.as_path()));
-            ServerTls::load(&f.ca, own).map(Arc::new)
-        })
+        .map(|f| ServerTls::load(f.ca.clone(), f.own.clone()).map(Arc::new))
         .transpose()?;
     cache.enabled |= args.cache;
     if args.check {
@@ -278,17 +278,45 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         }
         if kvio::signal::reload_requested() {
             api::pools::reload_on_hangup(&reload);
-            if let Some(tls) = &tls {
-                match tls.reload() {
-                    Ok(()) => tracing::info!("TLS certificate files read again"),
-                    Err(e) => tracing::error!("TLS certificate files kept as they were: {e:#}"),
-                }
-            }
+            reload_tls(&args, &tls_files, tls.as_deref(), server_tls.as_deref());
         }
     }
     tracing::info!("stopping");
     proxy.stop();
     Ok(())
+}
+
+/// On SIGHUP: the TLS files in use read again, clients' and servers'. Settings that name
+/// other files (or add or remove TLS) take a restart: they are refused, and said so.
+fn reload_tls(
+    args: &ProxyArgs,
+    running: &(
+        Option<proxy_file::TlsFiles>,
+        Option<proxy_file::ServerTlsFiles>,
+    ),
+    tls: Option<&ClientTls>,
+    server_tls: Option<&ServerTls>,
+) {
+    if let Ok(now) = load(args) {
+        if (&now.tls, &now.server_tls) != (&running.0, &running.1) {
+            tracing::error!(
+                "the TLS settings changed: restart the proxy to use them; the running ones are \
+                 kept, their files read again"
+            );
+        }
+    }
+    if let Some(tls) = tls {
+        match tls.reload() {
+            Ok(()) => tracing::info!("clients' TLS files read again"),
+            Err(e) => tracing::error!("clients' TLS files kept as they were: {e:#}"),
+        }
+    }
+    if let Some(tls) = server_tls {
+        match tls.reload() {
+            Ok(()) => tracing::info!("servers' TLS files read again"),
+            Err(e) => tracing::error!("servers' TLS files kept as they were: {e:#}"),
+        }
+    }
 }
 
 /// Reads the proxy's configuration file (TOML or nutcracker YAML) again and changes the
@@ -412,34 +440,41 @@ fn load(args: &ProxyArgs) -> anyhow::Result<Loaded> {
     })
 }
 
-/// The servers' TLS files: the command line's, else the file's.
-fn server_tls_of(
-    args: &ProxyArgs,
-    file: Option<proxy_file::ServerTlsFiles>,
-) -> anyhow::Result<Option<proxy_file::ServerTlsFiles>> {
-    let given = proxy_file::ServerTlsFiles::from_parts(
-        args.server_tls_ca.clone(),
-        args.server_tls_cert.clone(),
-        args.server_tls_key.clone(),
-        |k| format!("--{}", k.replace('_', "-")),
-    )
-    .map_err(|(k, e)| anyhow::anyhow!("{k}: {e}"))?;
-    Ok(given.or(file))
-}
-
-/// The clients' TLS files: the command line's, else the file's.
+/// The clients' TLS files: the file's, each of them replaced by the command line's where it
+/// gives one (a certificate and its key go together).
 fn tls_of(
     args: &ProxyArgs,
     file: Option<proxy_file::TlsFiles>,
 ) -> anyhow::Result<Option<proxy_file::TlsFiles>> {
-    let given = proxy_file::TlsFiles::from_parts(
-        args.tls_cert.clone(),
-        args.tls_key.clone(),
-        args.tls_client_ca.clone(),
-        |k| format!("--{}", k.replace('_', "-")),
-    )
-    .map_err(|(k, e)| anyhow::anyhow!("{k}: {e}"))?;
-    Ok(given.or(file))
+    let (cert, key) = match (&args.tls_cert, &args.tls_key, &file) {
+        (Some(cert), Some(key), _) => (Some(cert.clone()), Some(key.clone())),
+        (_, _, Some(f)) => (Some(f.cert.clone()), Some(f.key.clone())),
+        _ => (None, None),
+    };
+    let client_ca = (args.tls_client_ca.clone()).or(file.and_then(|f| f.client_ca));
+    proxy_file::TlsFiles::from_parts(cert, key, client_ca, setting)
+        .map_err(|(k, e)| anyhow::anyhow!("{k}: {e}"))
+}
+
+/// The servers' TLS files: the file's, each replaced by the command line's where it gives one.
+fn server_tls_of(
+    args: &ProxyArgs,
+    file: Option<proxy_file::ServerTlsFiles>,
+) -> anyhow::Result<Option<proxy_file::ServerTlsFiles>> {
+    let (file_ca, file_own) = file.map_or((None, None), |f| (Some(f.ca), f.own));
+    let (cert, key) = match (&args.server_tls_cert, &args.server_tls_key, file_own) {
+        (Some(cert), Some(key), _) => (Some(cert.clone()), Some(key.clone())),
+        (_, _, Some((cert, key))) => (Some(cert), Some(key)),
+        _ => (None, None),
+    };
+    let ca = args.server_tls_ca.clone().or(file_ca);
+    proxy_file::ServerTlsFiles::from_parts(ca, cert, key, setting)
+        .map_err(|(k, e)| anyhow::anyhow!("{k}: {e}"))
+}
+
+/// A TLS setting's names, on the command line and in the file.
+fn setting(key: &str) -> String {
+    format!("--{} ([proxy] {key})", key.replace('_', "-"))
 }
 
 /// The clients' TLS, its files loaded.

@@ -403,6 +403,16 @@ fn strangers_wrong_tokens_a_second_taker_and_bad_messages_are_refused() {
         assert!(Instant::now() < deadline, "no place came back");
         std::thread::sleep(Duration::from_millis(20));
     }
+    // Every agent but the taker gone: the switch sees a departure on its next round, and a
+    // place still held by one that left would close a silent connection below unwelcomed.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while rig.cpu.agents.load(Ordering::Relaxed) != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the agents that left still hold their places"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     // Connections that never say hello hold the places only until the hello's time is up.
     // Each is welcomed (accepted); one more is closed unwelcomed while they hold the places.
     // Checked on the socket alone, not through the API, whose thread runs below the others

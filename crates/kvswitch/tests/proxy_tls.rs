@@ -256,12 +256,11 @@ fn tls_clients_are_served_and_a_client_that_does_not_trust_the_proxy_refused() {
     let _ = clear.read_to_end(&mut reply);
     assert!(!reply.starts_with(b"VERSION"), "{reply:?}");
 
-    let text = metrics(api);
+    let text = until_sample(api, failed, before + 2.0);
     api::metrics::lint(&text).unwrap_or_else(|e| panic!("/metrics: {e}"));
     // pymemcache's one connection, the load's preload and its four.
     let done = "kvswitch_proxy_tls_handshakes_total{outcome=\"done\"}";
     assert_eq!(sample(&text, done), Some(6.0), "{text}");
-    assert_eq!(sample(&text, failed), Some(before + 2.0), "{text}");
     // Both refused clients are gone from the gauges.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
@@ -306,11 +305,17 @@ port, ca, seconds = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
 ctx = ssl.create_default_context(cafile=ca)
 ok, errors = [0], []
 def run(t):
-    c = Client(("127.0.0.1", port), tls_context=ctx, connect_timeout=5, timeout=5)
     end = time.monotonic() + seconds
     i = 0
+    c = None
     while time.monotonic() < end:
         try:
+            # A new connection, so a new handshake, every 25 requests: handshakes go on
+            # before, across and after the reload.
+            if i % 25 == 0:
+                if c is not None:
+                    c.close()
+                c = Client(("127.0.0.1", port), tls_context=ctx, connect_timeout=5, timeout=5)
             c.set("rot:%d:%d" % (t, i % 100), "x" * 20)
             ok[0] += 1
         except Exception as e:
@@ -352,7 +357,9 @@ print(ok[0], len(errors), errors[:3])
         .and_then(|w| w.parse().ok())
         .unwrap_or(u64::MAX);
     assert_eq!(failed, 0, "{said}");
-    assert!(ok > 1000, "only {ok} requests in 3 s: {said}");
+    // At most about 2,600 in 3 s (four clients pausing 4 ms between requests); a loaded
+    // machine gives fewer, but far more than the 100 that span the reload.
+    assert!(ok > 300, "only {ok} requests in 3 s: {said}");
 
     // A new connection is shown the second certificate.
     const PEER: &str = r#"
@@ -404,7 +411,7 @@ print(hashlib.sha256(ssl.PEM_cert_to_DER_cert(open(sys.argv[3]).read())).hexdige
     assert!(peer("second.crt"));
     let log = std::fs::read_to_string(dir.join("proxy.log")).unwrap();
     assert!(
-        log.contains("TLS certificate files kept as they were") && log.contains("proxy.crt"),
+        log.contains("clients' TLS files kept as they were") && log.contains("proxy.crt"),
         "{log}"
     );
 }
@@ -445,15 +452,28 @@ fn a_client_certificate_is_asked_for_with_tls_client_ca() {
         with(Some("mallory")).starts_with("error"),
         "another authority's"
     );
-    let text = metrics(api);
-    assert_eq!(
-        sample(
-            &text,
-            "kvswitch_proxy_tls_handshakes_total{outcome=\"failed\"}"
-        ),
-        Some(before + 2.0),
-        "{text}"
+    until_sample(
+        api,
+        "kvswitch_proxy_tls_handshakes_total{outcome=\"failed\"}",
+        before + 2.0,
     );
+}
+
+/// The metrics once `series` reads `value`, within 5 s (a refused handshake is counted just
+/// after its connection closes); fails naming what it read.
+fn until_sample(api: SocketAddr, series: &str, value: f64) -> String {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = metrics(api);
+        if sample(&text, series) == Some(value) {
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{series} is not {value}:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Handshakes failed so far, once the count has settled (the probe that saw the proxy listen
@@ -579,6 +599,33 @@ fn the_proxy_speaks_tls_to_memcached_z_servers() {
         String::from_utf8_lossy(&got),
         "VALUE st:0 0 5\r\nv0000\r\nVALUE st:7 0 5\r\nv0007\r\nVALUE st:49 0 5\r\nv0049\r\nEND\r\n"
     );
+    // Pipelined: eight clients' requests share the proxy's TLS connection to the server.
+    let load = Command::new(BIN)
+        .args(["load", "--proto", "tcp", "--target"])
+        .arg(listen.to_string())
+        .args([
+            "--preload",
+            "--keys",
+            "500",
+            "--concurrency",
+            "8",
+            "--duration",
+            "1",
+        ])
+        .args(["--get-ratio", "0.8", "--json", "load.json"])
+        .current_dir(dir)
+        .output()
+        .expect("kvswitch load runs");
+    assert!(
+        load.status.success(),
+        "{}",
+        String::from_utf8_lossy(&load.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("load.json")).unwrap()).unwrap();
+    assert_eq!(report["errors"], 0, "{report}");
+    assert_eq!(report["timeouts"], 0, "{report}");
+    assert_eq!(report["misses"], 0, "{report}");
     let text = metrics(api);
     let done = "kvswitch_proxy_server_tls_handshakes_total{outcome=\"done\"}";
     assert!(sample(&text, done).is_some_and(|n| n >= 1.0), "{text}");

@@ -571,7 +571,8 @@ async fn write_loop(mut wr: impl AsyncWrite + Unpin, shared: &Rc<Shared>, pool: 
         }
         if !out.is_empty() {
             shared.discharge(out.len());
-            if wr.write_all(&out).await.is_err() {
+            // TLS may keep the end of what it took until flushed; TCP has sent it all.
+            if wr.write_all(&out).await.is_err() || wr.flush().await.is_err() {
                 return;
             }
             add(&pool.stats.bytes_to_clients, out.len() as u64);

@@ -141,7 +141,7 @@ pub struct PoolStats {
     pub bytes_from_clients: AtomicU64,
     pub bytes_to_clients: AtomicU64,
     pub servers: Vec<ServerStats>,
-    /// Time from a forwarded request's arrival to its reply being ready, by command (the
+    /// Time from a forwarded request's parsing to its reply being ready, by command (the
     /// index into [`COMMANDS`]).
     pub commands: [RequestTime; COMMANDS.len()],
 }
@@ -590,8 +590,8 @@ impl ProxyStats {
         m.family(
             "kvswitch_proxy_command_request_seconds",
             Kind::Histogram,
-            "Time from a forwarded request's arrival at the proxy to its reply being ready for \
-             the client, by command (requests answered by the proxy or its cache are not \
+            "Time from a forwarded request's parsing to its reply being ready for the client, \
+             by command (requests answered by the proxy or its cache are not \
              counted; commands not listed apart are `other`).",
         );
         for p in &self.pools {

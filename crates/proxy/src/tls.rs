@@ -164,19 +164,7 @@ fn server_config(
     let builder = match client_ca {
         None => builder.with_no_client_auth(),
         Some(ca) => {
-            let mut roots = rustls::RootCertStore::empty();
-            for c in rustls_pemfile::certs(&mut open(ca, "TLS client authority")?) {
-                let c =
-                    c.with_context(|| format!("TLS client authority {}: not PEM", ca.display()))?;
-                roots
-                    .add(c)
-                    .with_context(|| format!("TLS client authority {}", ca.display()))?;
-            }
-            anyhow::ensure!(
-                !roots.is_empty(),
-                "TLS client authority {}: no certificate in it",
-                ca.display()
-            );
+            let roots = roots(ca, "TLS client authority")?;
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                 .build()
                 .with_context(|| format!("TLS client authority {}", ca.display()))?;
@@ -197,55 +185,49 @@ fn server_config(
 /// file and the server's host as the pool names it; with a certificate and key of its own,
 /// the proxy shows them to servers that ask.
 pub struct ServerTls {
-    config: Arc<rustls::ClientConfig>,
+    ca: PathBuf,
+    own: Option<(PathBuf, PathBuf)>,
+    config: RwLock<Arc<rustls::ClientConfig>>,
     handshakes: [AtomicU64; 3],
+    reloads: [AtomicU64; 2],
 }
 
 impl std::fmt::Debug for ServerTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServerTls").finish_non_exhaustive()
+        f.debug_struct("ServerTls")
+            .field("ca", &self.ca)
+            .field("own", &self.own)
+            .finish_non_exhaustive()
     }
 }
 
 impl ServerTls {
-    /// Trusts the certificates of `ca`; shows `cert` and `key` when both are given.
-    pub fn load(ca: &Path, own: Option<(&Path, &Path)>) -> anyhow::Result<ServerTls> {
-        let mut roots = rustls::RootCertStore::empty();
-        for c in rustls_pemfile::certs(&mut open(ca, "TLS server authority")?) {
-            let c = c.with_context(|| format!("TLS server authority {}: not PEM", ca.display()))?;
-            roots
-                .add(c)
-                .with_context(|| format!("TLS server authority {}", ca.display()))?;
-        }
-        anyhow::ensure!(
-            !roots.is_empty(),
-            "TLS server authority {}: no certificate in it",
-            ca.display()
-        );
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .context("TLS: no protocol version to offer")?
-            .with_root_certificates(roots);
-        let config = match own {
-            None => builder.with_no_client_auth(),
-            Some((cert, key)) => {
-                let (chain, private) = chain_and_key(cert, key)?;
-                builder
-                    .with_client_auth_cert(chain, private)
-                    .with_context(|| {
-                        format!(
-                            "TLS key {} does not go with the certificate {}",
-                            key.display(),
-                            cert.display()
-                        )
-                    })?
-            }
-        };
+    /// Trusts the certificates of `ca`; shows the certificate and key of `own` when given.
+    pub fn load(ca: PathBuf, own: Option<(PathBuf, PathBuf)>) -> anyhow::Result<ServerTls> {
+        let config = client_config(&ca, own.as_ref())?;
         Ok(ServerTls {
-            config: Arc::new(config),
+            ca,
+            own,
+            config: RwLock::new(Arc::new(config)),
             handshakes: Default::default(),
+            reloads: Default::default(),
         })
+    }
+
+    /// Reads the files again; connections made from here on use them. On an error the files
+    /// in use stay, and the error says why.
+    pub fn reload(&self) -> anyhow::Result<()> {
+        match client_config(&self.ca, self.own.as_ref()) {
+            Ok(config) => {
+                *self.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
+                add(&self.reloads[0], 1);
+                Ok(())
+            }
+            Err(e) => {
+                add(&self.reloads[1], 1);
+                Err(e)
+            }
+        }
     }
 
     /// A TLS connection over `stream` to the server named `host` (a hostname or an address,
@@ -261,7 +243,12 @@ impl ServerTls {
                 format!("{host}: not a name for TLS: {e}"),
             )
         })?;
-        let connector = tokio_rustls::TlsConnector::from(self.config.clone());
+        let config = self
+            .config
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let connector = tokio_rustls::TlsConnector::from(config);
         let result = connector.connect(name, stream).await;
         let how = match &result {
             Ok(_) => Handshake::Done,
@@ -288,7 +275,67 @@ impl ServerTls {
                 get(n),
             );
         }
+        m.family(
+            "kvswitch_proxy_server_tls_reloads_total",
+            Kind::Counter,
+            "Times the servers' TLS files were read again (SIGHUP), by outcome (refused: the \
+             files in use were kept).",
+        );
+        for (outcome, n) in ["done", "refused"].iter().zip(&self.reloads) {
+            m.sample(
+                "kvswitch_proxy_server_tls_reloads_total",
+                &[("outcome", outcome)],
+                get(n),
+            );
+        }
     }
+}
+
+/// The rustls configuration towards servers: their certificates checked against `ca`, and
+/// `own` shown to those that ask.
+fn client_config(
+    ca: &Path,
+    own: Option<&(PathBuf, PathBuf)>,
+) -> anyhow::Result<rustls::ClientConfig> {
+    let roots = roots(ca, "TLS server authority")?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("TLS: no protocol version to offer")?
+        .with_root_certificates(roots);
+    Ok(match own {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => {
+            let (chain, private) = chain_and_key(cert, key)?;
+            builder
+                .with_client_auth_cert(chain, private)
+                .with_context(|| {
+                    format!(
+                        "TLS key {} does not go with the certificate {}",
+                        key.display(),
+                        cert.display()
+                    )
+                })?
+        }
+    })
+}
+
+/// The certificates of the PEM file `path` as authorities to trust; `what` names the file in
+/// an error.
+fn roots(path: &Path, what: &str) -> anyhow::Result<rustls::RootCertStore> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_pemfile::certs(&mut open(path, what)?) {
+        let c = c.with_context(|| format!("{what} {}: not PEM", path.display()))?;
+        roots
+            .add(c)
+            .with_context(|| format!("{what} {}", path.display()))?;
+    }
+    anyhow::ensure!(
+        !roots.is_empty(),
+        "{what} {}: no certificate in it",
+        path.display()
+    );
+    Ok(roots)
 }
 
 /// The certificate chain of `cert` and the private key of `key`.

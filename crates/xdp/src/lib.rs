@@ -7,7 +7,7 @@
 //!
 //! The program and its loader need clang and libbpf to build: they are the `bpf` feature (on by
 //! default). Without it the crate keeps only what the switch's status and metrics name (the
-//! counters, the reasons, the modes), and [`available`] says why there is no fast path.
+//! counters, the reasons, the modes).
 
 #[cfg(feature = "bpf")]
 mod loader;
@@ -18,17 +18,6 @@ pub use loader::*;
 pub mod impair;
 #[cfg(feature = "bpf")]
 pub use impair::Impair;
-
-/// Whether this build has the XDP program; `Err` says why not.
-pub fn available() -> Result<(), Error> {
-    if cfg!(feature = "bpf") {
-        Ok(())
-    } else {
-        Err(Error::Load(
-            "kvswitch was built without the XDP fast path (cargo feature `xdp`)".into(),
-        ))
-    }
-}
 
 /// The limits and codes of `bpf/fastpath.h`, generated from it at build time.
 pub mod abi {

@@ -3,6 +3,7 @@
 //! change, and mutated frames. After the switch has seen a case's frame once and published its
 //! tables, the program must either pass the frame up unchanged or do exactly what the switch
 //! does with it the second time — the same port, the same bytes.
+#![cfg(feature = "bpf")]
 
 use testkit::table::*;
 

@@ -4,6 +4,7 @@
 //! the program sends on must be the segment the other switch sends the client; every segment
 //! it passes up must be unchanged; and once the first switch takes its leg back, both must
 //! go on exactly alike, byte for byte, so nothing the program sent was booked wrong.
+#![cfg(feature = "bpf")]
 
 use testkit::table::*;
 use wire::tcp::{flag, Ends, Repr, Segment};
