@@ -111,15 +111,43 @@ impl Stream {
         self.tcp().as_raw_fd()
     }
 
-    /// Whether decrypted bytes wait in the TLS session: they are read without the socket
-    /// becoming readable again.
-    fn buffered(&mut self) -> bool {
-        match self {
-            Stream::Plain(_) => false,
-            Stream::Tls(s) => s
-                .conn
-                .process_new_packets()
-                .is_ok_and(|state| state.plaintext_bytes_to_read() > 0),
+    /// Reads what a readable socket holds into `out`: one read of the socket, and over TLS
+    /// every byte that read let the session decrypt (a record that has not arrived whole
+    /// waits for the next; the read never waits for it). Returns the bytes added, 0 when the
+    /// server closed the connection; `WouldBlock` when TLS has no whole record yet.
+    fn read_ready(&mut self, scratch: &mut [u8], out: &mut Vec<u8>) -> io::Result<usize> {
+        let s = match self {
+            Stream::Plain(s) => {
+                let n = s.read(scratch)?;
+                out.extend_from_slice(&scratch[..n]);
+                return Ok(n);
+            }
+            Stream::Tls(s) => s,
+        };
+        if s.conn.read_tls(&mut s.sock)? == 0 {
+            return Ok(0);
+        }
+        s.conn
+            .process_new_packets()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        // The session may have something to say back (a key update).
+        while s.conn.wants_write() {
+            s.conn.write_tls(&mut s.sock)?;
+        }
+        let before = out.len();
+        loop {
+            match s.conn.reader().read(scratch) {
+                // The server's close_notify: the connection is over.
+                Ok(0) if out.len() == before => return Ok(0),
+                Ok(0) => break,
+                Ok(n) => out.extend_from_slice(&scratch[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+        match out.len() - before {
+            0 => Err(io::ErrorKind::WouldBlock.into()),
+            n => Ok(n),
         }
     }
 }
@@ -901,19 +929,10 @@ impl<'a> Worker<'a> {
         else {
             return;
         };
-        match s.read(&mut self.scratch) {
+        match s.read_ready(&mut self.scratch, rbuf) {
             // The server closed the connection.
             Ok(0) => return self.fail_tcp(r, Instant::now()),
-            Ok(n) => {
-                rbuf.extend_from_slice(&self.scratch[..n]);
-                // What TLS has decrypted already will not make the socket readable again.
-                while s.buffered() {
-                    match s.read(&mut self.scratch) {
-                        Ok(n) if n > 0 => rbuf.extend_from_slice(&self.scratch[..n]),
-                        _ => break,
-                    }
-                }
-            }
+            Ok(_) => {}
             Err(e)
                 if matches!(
                     e.kind(),
