@@ -52,31 +52,39 @@ pub struct ClientTls {
     cert: PathBuf,
     key: PathBuf,
     client_ca: Option<PathBuf>,
-    config: RwLock<Arc<ServerConfig>>,
+    kept: Kept<ServerConfig>,
+}
+
+/// A TLS configuration in use, swapped whole when its files are read again, and what came of
+/// its handshakes and reloads: what the clients' side and the servers' side share.
+struct Kept<C> {
+    config: RwLock<Arc<C>>,
     handshakes: [AtomicU64; 3],
     /// Reloads that took, and those refused (the old files kept).
     reloads: [AtomicU64; 2],
 }
 
-impl ClientTls {
-    /// Loads the certificate chain `cert`, its key `key` and, when clients must show a
-    /// certificate, the authorities `client_ca`; an error names the file and what is wrong.
-    pub fn load(cert: PathBuf, key: PathBuf, client_ca: Option<PathBuf>) -> anyhow::Result<Self> {
-        let config = server_config(&cert, &key, client_ca.as_deref())?;
-        Ok(ClientTls {
-            cert,
-            key,
-            client_ca,
+impl<C> Kept<C> {
+    fn new(config: C) -> Kept<C> {
+        Kept {
             config: RwLock::new(Arc::new(config)),
             handshakes: Default::default(),
             reloads: Default::default(),
-        })
+        }
     }
 
-    /// Reads the files again; new connections use them from here on. On an error the files
-    /// in use stay, and the error says why.
-    pub fn reload(&self) -> anyhow::Result<()> {
-        match server_config(&self.cert, &self.key, self.client_ca.as_deref()) {
+    /// The configuration in use now.
+    fn current(&self) -> Arc<C> {
+        self.config
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Puts a reloaded configuration in use, or keeps the one in use when it did not load;
+    /// either way counted.
+    fn reload(&self, loaded: anyhow::Result<C>) -> anyhow::Result<()> {
+        match loaded {
             Ok(config) => {
                 *self.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
                 add(&self.reloads[0], 1);
@@ -89,58 +97,78 @@ impl ClientTls {
         }
     }
 
-    /// An acceptor on the configuration in use now.
-    pub fn acceptor(&self) -> TlsAcceptor {
-        TlsAcceptor::from(
-            self.config
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
-        )
-    }
-
-    pub(crate) fn count(&self, how: Handshake) {
+    fn count(&self, how: Handshake) {
         if let Some(i) = HANDSHAKES.iter().position(|(h, _)| *h == how) {
             add(&self.handshakes[i], 1);
         }
     }
 
-    /// Handshakes that ended `how`.
-    pub fn handshakes(&self, how: Handshake) -> u64 {
+    fn handshakes(&self, how: Handshake) -> u64 {
         HANDSHAKES
             .iter()
             .position(|(h, _)| *h == how)
             .map_or(0, |i| get(&self.handshakes[i]))
     }
 
+    /// The families `<side>_handshakes_total` and `<side>_reloads_total`, with their helps.
+    fn write_metrics(&self, m: &mut Exposition, side: &str, handshakes: &str, reloads: &str) {
+        let name = format!("{side}_handshakes_total");
+        m.family(&name, Kind::Counter, handshakes);
+        for ((_, outcome), n) in HANDSHAKES.iter().zip(&self.handshakes) {
+            m.sample(&name, &[("outcome", outcome)], get(n));
+        }
+        let name = format!("{side}_reloads_total");
+        m.family(&name, Kind::Counter, reloads);
+        for (outcome, n) in ["done", "refused"].iter().zip(&self.reloads) {
+            m.sample(&name, &[("outcome", outcome)], get(n));
+        }
+    }
+}
+
+impl ClientTls {
+    /// Loads the certificate chain `cert`, its key `key` and, when clients must show a
+    /// certificate, the authorities `client_ca`; an error names the file and what is wrong.
+    pub fn load(cert: PathBuf, key: PathBuf, client_ca: Option<PathBuf>) -> anyhow::Result<Self> {
+        let config = server_config(&cert, &key, client_ca.as_deref())?;
+        Ok(ClientTls {
+            cert,
+            key,
+            client_ca,
+            kept: Kept::new(config),
+        })
+    }
+
+    /// Reads the files again; new connections use them from here on. On an error the files
+    /// in use stay, and the error says why.
+    pub fn reload(&self) -> anyhow::Result<()> {
+        let loaded = server_config(&self.cert, &self.key, self.client_ca.as_deref());
+        self.kept.reload(loaded)
+    }
+
+    /// An acceptor on the configuration in use now.
+    pub fn acceptor(&self) -> TlsAcceptor {
+        TlsAcceptor::from(self.kept.current())
+    }
+
+    pub(crate) fn count(&self, how: Handshake) {
+        self.kept.count(how);
+    }
+
+    /// Handshakes that ended `how`.
+    pub fn handshakes(&self, how: Handshake) -> u64 {
+        self.kept.handshakes(how)
+    }
+
     /// The TLS families of `/metrics`.
     pub fn write_metrics(&self, m: &mut Exposition) {
-        m.family(
-            "kvswitch_proxy_tls_handshakes_total",
-            Kind::Counter,
+        self.kept.write_metrics(
+            m,
+            "kvswitch_proxy_tls",
             "Clients' TLS handshakes, by how they ended (failed: refused by either side, such \
              as a client that does not trust the certificate; timed_out: not done in 10 s).",
-        );
-        for ((_, outcome), n) in HANDSHAKES.iter().zip(&self.handshakes) {
-            m.sample(
-                "kvswitch_proxy_tls_handshakes_total",
-                &[("outcome", outcome)],
-                get(n),
-            );
-        }
-        m.family(
-            "kvswitch_proxy_tls_reloads_total",
-            Kind::Counter,
             "Times the certificate files were read again (SIGHUP), by outcome (refused: the \
              files in use were kept).",
         );
-        for (outcome, n) in ["done", "refused"].iter().zip(&self.reloads) {
-            m.sample(
-                "kvswitch_proxy_tls_reloads_total",
-                &[("outcome", outcome)],
-                get(n),
-            );
-        }
     }
 }
 
@@ -187,9 +215,7 @@ fn server_config(
 pub struct ServerTls {
     ca: PathBuf,
     own: Option<(PathBuf, PathBuf)>,
-    config: RwLock<Arc<rustls::ClientConfig>>,
-    handshakes: [AtomicU64; 3],
-    reloads: [AtomicU64; 2],
+    kept: Kept<rustls::ClientConfig>,
 }
 
 impl std::fmt::Debug for ServerTls {
@@ -208,26 +234,14 @@ impl ServerTls {
         Ok(ServerTls {
             ca,
             own,
-            config: RwLock::new(Arc::new(config)),
-            handshakes: Default::default(),
-            reloads: Default::default(),
+            kept: Kept::new(config),
         })
     }
 
     /// Reads the files again; connections made from here on use them. On an error the files
     /// in use stay, and the error says why.
     pub fn reload(&self) -> anyhow::Result<()> {
-        match client_config(&self.ca, self.own.as_ref()) {
-            Ok(config) => {
-                *self.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
-                add(&self.reloads[0], 1);
-                Ok(())
-            }
-            Err(e) => {
-                add(&self.reloads[1], 1);
-                Err(e)
-            }
-        }
+        self.kept.reload(client_config(&self.ca, self.own.as_ref()))
     }
 
     /// A TLS connection over `stream` to the server named `host` (a hostname or an address,
@@ -243,51 +257,25 @@ impl ServerTls {
                 format!("{host}: not a name for TLS: {e}"),
             )
         })?;
-        let config = self
-            .config
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        let connector = tokio_rustls::TlsConnector::from(config);
+        let connector = tokio_rustls::TlsConnector::from(self.kept.current());
         let result = connector.connect(name, stream).await;
-        let how = match &result {
+        self.kept.count(match &result {
             Ok(_) => Handshake::Done,
             Err(_) => Handshake::Failed,
-        };
-        if let Some(i) = HANDSHAKES.iter().position(|(h, _)| *h == how) {
-            add(&self.handshakes[i], 1);
-        }
+        });
         result
     }
 
     /// The TLS families of `/metrics` for the servers' side.
     pub fn write_metrics(&self, m: &mut Exposition) {
-        m.family(
-            "kvswitch_proxy_server_tls_handshakes_total",
-            Kind::Counter,
+        self.kept.write_metrics(
+            m,
+            "kvswitch_proxy_server_tls",
             "TLS handshakes with the servers, by how they ended (failed: such as a server whose \
              certificate is not trusted or names another host).",
-        );
-        for ((_, outcome), n) in HANDSHAKES.iter().zip(&self.handshakes) {
-            m.sample(
-                "kvswitch_proxy_server_tls_handshakes_total",
-                &[("outcome", outcome)],
-                get(n),
-            );
-        }
-        m.family(
-            "kvswitch_proxy_server_tls_reloads_total",
-            Kind::Counter,
             "Times the servers' TLS files were read again (SIGHUP), by outcome (refused: the \
              files in use were kept).",
         );
-        for (outcome, n) in ["done", "refused"].iter().zip(&self.reloads) {
-            m.sample(
-                "kvswitch_proxy_server_tls_reloads_total",
-                &[("outcome", outcome)],
-                get(n),
-            );
-        }
     }
 }
 
