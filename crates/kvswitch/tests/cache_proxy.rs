@@ -4,22 +4,13 @@
 
 mod common;
 
+use common::Running;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::proxy::{cache_cli, free_port, keys_on, listening, Conn, Memcached};
 use testbed::replies::{ends_with_sentinel, SENTINEL};
-
-/// The proxy process, killed by PID when dropped.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 struct Setup {
     servers: Vec<Memcached>,

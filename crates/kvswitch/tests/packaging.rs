@@ -3,11 +3,12 @@
 
 mod common;
 
+use common::Running;
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::proxy::{free_port, listening};
@@ -25,16 +26,6 @@ fn kvswitch(args: &[&str]) -> Output {
         .current_dir(root())
         .output()
         .expect("kvswitch runs")
-}
-
-/// A process killed by PID when dropped.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn until_listening(addr: SocketAddr) {

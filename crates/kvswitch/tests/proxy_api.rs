@@ -3,22 +3,13 @@
 
 mod common;
 
+use common::Running;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::proxy::{free_port, keys_on, listening, ring, set_request, Conn, Memcached};
-
-/// The proxy process, killed by PID when dropped.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn get(api: SocketAddr, path: &str) -> String {
     let (status, body) = testbed::http_get(api, path).expect("the API answers");

@@ -5,24 +5,15 @@
 
 mod common;
 
+use common::Running;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::proxy::{free_port, listening, Memcached};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kvswitch");
-
-/// A process killed by PID when dropped.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn run(program: &str, args: &[&str], dir: &Path) -> Output {
     let out = Command::new(program)

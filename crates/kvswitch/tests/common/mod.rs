@@ -9,6 +9,16 @@ use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
+/// A process the test started, killed by PID when dropped.
+pub struct Running(pub std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Whether `program` is on the PATH.
 pub fn installed(program: &str) -> bool {
     std::process::Command::new("sh")
