@@ -8,7 +8,8 @@
 # redis-server, redis-tools and redis-py (the Redis pools' servers, their reference in the
 # differential tests, and the clients the tests run through the proxy), dnsmasq and dig (the
 # unchanged DNS service and client the keyed ports' test shards by name),
-# the DejaVu fonts the bench's plots are lettered in, etcd (where several controllers keep
+# the DejaVu fonts the bench's plots are lettered in, openssl, curl and saslpasswd2 (the TLS
+# tests' certificates, their HTTPS client, and the SASL test's password database), etcd (where several controllers keep
 # their pool and elect a leader), Chromium (the dashboard's tests load it headless), and clang,
 # libbpf, libelf, zlib and bpftool (the XDP fast path is compiled, linked and inspected with
 # them).
@@ -24,7 +25,7 @@ fi
 
 need=()
 for cmd in memcached nutcracker ethtool ip python3 ps ping memccp memcslap etcd chromium clang \
-    bpftool pkg-config redis-server redis-cli redis-benchmark dnsmasq dig; do
+    bpftool pkg-config redis-server redis-cli redis-benchmark dnsmasq dig openssl curl saslpasswd2; do
     command -v "$cmd" >/dev/null 2>&1 || need+=("$cmd")
 done
 for module in pymemcache pylibmc redis; do
@@ -40,7 +41,8 @@ if [ "${#need[@]}" -gt 0 ]; then
     echo "setup: installing memcached, nutcracker, iproute2, ethtool, python3, procps," \
         "iputils-ping, libmemcached-tools, fonts-dejavu-core, etcd-server, chromium, clang," \
         "libbpf-dev, libelf-dev, zlib1g-dev, bpftool, pkg-config, python3-pymemcache, python3-pylibmc," \
-        "redis-server, redis-tools, python3-redis, dnsmasq-base, bind9-dnsutils"
+        "redis-server, redis-tools, python3-redis, dnsmasq-base, bind9-dnsutils, openssl, curl," \
+        "sasl2-bin"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends \
@@ -48,7 +50,7 @@ if [ "${#need[@]}" -gt 0 ]; then
         libmemcached-tools fonts-dejavu-core etcd-server chromium clang libbpf-dev \
         libelf-dev zlib1g-dev bpftool pkg-config linux-libc-dev python3-pymemcache \
         python3-pylibmc redis-server redis-tools python3-redis dnsmasq-base bind9-dnsutils \
-        >/dev/null
+        openssl curl sasl2-bin >/dev/null
 fi
 # Debian starts memcached as a service on install; the testbed runs its own.
 if command -v systemctl >/dev/null 2>&1; then

@@ -86,6 +86,47 @@ pub struct ProxyFile {
     /// `[proxy]`'s `server_tls_ca`, `server_tls_cert` and `server_tls_key`: the proxy speaks
     /// TLS to the servers.
     pub server_tls: Option<ServerTlsFiles>,
+    /// `[proxy]`'s `server_sasl_user` and `server_sasl_password_file`: the proxy
+    /// authenticates its connections to the servers with SASL.
+    pub server_sasl: Option<SaslFiles>,
+}
+
+/// The user the proxy authenticates to the servers as, and the file whose first line is its
+/// password.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SaslFiles {
+    pub user: String,
+    pub password_file: PathBuf,
+}
+
+impl SaslFiles {
+    /// `user` and `password_file` given together, or neither (no SASL). `key_of` names a
+    /// setting in a refusal.
+    pub fn from_parts(
+        user: Option<String>,
+        password_file: Option<PathBuf>,
+        key_of: impl Fn(&str) -> String,
+    ) -> Result<Option<SaslFiles>, (String, String)> {
+        match (user, password_file) {
+            (Some(user), _) if user.is_empty() => Err((
+                key_of("server_sasl_user"),
+                "empty: give the user the servers know".into(),
+            )),
+            (Some(user), Some(password_file)) => Ok(Some(SaslFiles {
+                user,
+                password_file,
+            })),
+            (None, None) => Ok(None),
+            (Some(_), None) => Err((
+                key_of("server_sasl_password_file"),
+                "missing: server_sasl_user needs the file holding its password".into(),
+            )),
+            (None, Some(_)) => Err((
+                key_of("server_sasl_user"),
+                "missing: server_sasl_password_file needs the user it is the password of".into(),
+            )),
+        }
+    }
 }
 
 /// What the proxy trusts in the servers' certificates, and the certificate and key it shows
@@ -231,6 +272,10 @@ struct RawProxy {
     server_tls_cert: Option<PathBuf>,
     #[serde(default)]
     server_tls_key: Option<PathBuf>,
+    #[serde(default)]
+    server_sasl_user: Option<String>,
+    #[serde(default)]
+    server_sasl_password_file: Option<PathBuf>,
 }
 
 /// Reads a proxy configuration, or a switch configuration for its pool (see the module
@@ -268,6 +313,7 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
             cache: config.cache,
             tls: None,
             server_tls: None,
+            server_sasl: None,
         });
     }
     let raw: RawProxyFile = toml::from_str(text).map_err(|e| ConfigError::toml(path, text, &e))?;
@@ -288,6 +334,8 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
         server_tls_ca: None,
         server_tls_cert: None,
         server_tls_key: None,
+        server_sasl_user: None,
+        server_sasl_password_file: None,
     });
     // Relative to the file's directory, as every other file a configuration names.
     let beside = |f: Option<PathBuf>| f.map(|f| path.parent().unwrap_or(Path::new("")).join(f));
@@ -302,6 +350,12 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
         beside(proxy.server_tls_ca.clone()),
         beside(proxy.server_tls_cert.clone()),
         beside(proxy.server_tls_key.clone()),
+        |k| format!("proxy.{k}"),
+    )
+    .map_err(|(k, e)| err(&k, e))?;
+    let server_sasl = SaslFiles::from_parts(
+        proxy.server_sasl_user.clone(),
+        beside(proxy.server_sasl_password_file.clone()),
         |k| format!("proxy.{k}"),
     )
     .map_err(|(k, e)| err(&k, e))?;
@@ -405,6 +459,7 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
         from_switch: false,
         tls,
         server_tls,
+        server_sasl,
         cache: {
             let present = raw.cache.is_some();
             raw.cache.unwrap_or_default().settings(present, path)?
@@ -446,6 +501,12 @@ listen = "127.0.0.1:22121"
 # server_tls_ca = "servers-ca.crt"
 # server_tls_cert = "proxy-client.crt"
 # server_tls_key = "proxy-client.key"
+# SASL to the servers (`memcached -S`): every connection to a server authenticates with
+# PLAIN as this user, the password being the first line of the file (read again on SIGHUP).
+# memcached takes SASL over its binary protocol only, so such a pool serves binary clients;
+# their own SASL requests are answered by the proxy against the same user and password.
+# server_sasl_user = "proxy"
+# server_sasl_password_file = "servers.password"
 
 [pool]
 distribution = "ketama"   # ketama | modula | jump
@@ -529,6 +590,28 @@ mod tests {
             "server_tls_ca = \"ca.crt\"\nserver_tls_cert = \"c.crt\"",
         ));
         assert!(e.contains("proxy.server_tls_key"), "{e}");
+    }
+
+    #[test]
+    fn sasl_user_and_password_file_come_together() {
+        let with = |lines: &str| format!("[proxy]\n{lines}\n{MINIMAL}");
+        let f = parse_toml(
+            &with("server_sasl_user = \"proxy\"\nserver_sasl_password_file = \"pw\""),
+            Path::new("/srv/kv/proxy.toml"),
+        )
+        .unwrap();
+        let sasl = f.server_sasl.expect("sasl");
+        assert_eq!(sasl.user, "proxy");
+        assert_eq!(sasl.password_file, Path::new("/srv/kv/pw"));
+        assert_eq!(parse(MINIMAL).unwrap().server_sasl, None);
+        let e = error(&with("server_sasl_user = \"proxy\""));
+        assert!(e.contains("proxy.server_sasl_password_file"), "{e}");
+        let e = error(&with("server_sasl_password_file = \"pw\""));
+        assert!(e.contains("proxy.server_sasl_user"), "{e}");
+        let e = error(&with(
+            "server_sasl_user = \"\"\nserver_sasl_password_file = \"pw\"",
+        ));
+        assert!(e.contains("empty"), "{e}");
     }
 
     #[test]

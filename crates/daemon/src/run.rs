@@ -366,6 +366,7 @@ fn start_proxy(
         caches: vec![cache],
         tls: None,
         server_tls: None,
+        server_sasl: None,
     };
     let proxy = Proxy::start(settings).with_context(|| {
         format!(

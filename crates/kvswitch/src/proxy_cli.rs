@@ -14,11 +14,12 @@ use config::{nutcracker, proxy as proxy_file};
 use daemon::api;
 use daemon::cache::CacheService;
 use proxy::pool::{Pool, PoolSpec};
+use proxy::sasl::Sasl;
 use proxy::tls::{ClientTls, ServerTls};
 use proxy::{default_client_connections, default_workers, Limits, Proxy, Settings};
 
 /// Arguments of `kvswitch proxy`.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 #[command(
     about = "Run the memcached and Redis proxy alone (no root, no switch): a drop-in \
              replacement for twemproxy",
@@ -107,6 +108,14 @@ pub struct ProxyArgs {
     /// The private key of --server-tls-cert (PEM).
     #[arg(long, value_name = "FILE", requires = "server_tls_cert")]
     pub server_tls_key: Option<PathBuf>,
+    /// Authenticate every connection to the servers with SASL PLAIN as this user
+    /// (`memcached -S`; binary clients only; overrides `[proxy] server_sasl_user`).
+    #[arg(long, value_name = "USER")]
+    pub server_sasl_user: Option<String>,
+    /// The file whose first line is the SASL user's password, read again on SIGHUP
+    /// (overrides `[proxy] server_sasl_password_file`).
+    #[arg(long, value_name = "FILE")]
+    pub server_sasl_password_file: Option<PathBuf>,
 }
 
 /// What the standalone proxy's API shows: the proxy's counters and its pools' caches.
@@ -115,6 +124,7 @@ struct ProxyExporter {
     caches: Vec<(String, Arc<CacheService>)>,
     tls: Option<Arc<ClientTls>>,
     server_tls: Option<Arc<ServerTls>>,
+    sasl: Option<Arc<Sasl>>,
 }
 
 impl api::Exporter for ProxyExporter {
@@ -125,6 +135,9 @@ impl api::Exporter for ProxyExporter {
         }
         if let Some(tls) = &self.server_tls {
             tls.write_metrics(m);
+        }
+        if let Some(sasl) = &self.sasl {
+            sasl.write_metrics(m);
         }
     }
 
@@ -156,7 +169,12 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         limits,
         tls,
         server_tls,
+        server_sasl,
     } = load(&args)?;
+    let sasl = server_sasl
+        .as_ref()
+        .map(|f| Sasl::load(f.user.clone(), f.password_file.clone()).map(Arc::new))
+        .transpose()?;
     let tls_files = (tls, server_tls);
     let tls = client_tls(&tls_files.0)?;
     let server_tls = tls_files
@@ -215,6 +233,12 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         if server_tls.is_some() {
             println!("servers: TLS");
         }
+        if let Some(sasl) = &sasl {
+            println!(
+                "servers: SASL PLAIN as {:?} (binary clients only)",
+                sasl.user()
+            );
+        }
         return Ok(());
     }
     kvio::signal::install_stop_handlers();
@@ -246,6 +270,7 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         caches: caches.iter().map(|(_, c)| Some(c.clone())).collect(),
         tls: tls.clone(),
         server_tls: server_tls.clone(),
+        server_sasl: sasl.clone(),
     })?;
     if let Some(listener) = api_listener {
         let stats: Arc<dyn api::Exporter> = Arc::new(ProxyExporter {
@@ -253,6 +278,7 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
             caches: caches.clone(),
             tls: tls.clone(),
             server_tls: server_tls.clone(),
+            sasl: sasl.clone(),
         });
         let token = api::api_token(None, listener.local_addr()?)?;
         let addr = api::serve(
@@ -279,6 +305,12 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         if kvio::signal::reload_requested() {
             api::pools::reload_on_hangup(&reload);
             reload_tls(&args, &tls_files, tls.as_deref(), server_tls.as_deref());
+            if let Some(sasl) = &sasl {
+                match sasl.reload() {
+                    Ok(()) => tracing::info!("the servers' SASL password read again"),
+                    Err(e) => tracing::error!("the servers' SASL password kept as it was: {e:#}"),
+                }
+            }
         }
     }
     tracing::info!("stopping");
@@ -327,22 +359,9 @@ fn reloader(
     caches: Vec<(String, Arc<CacheService>)>,
 ) -> api::pools::Reloader {
     let args = ProxyArgs {
-        listen: args.listen,
-        config: args.config.clone(),
-        nutcracker_config: args.nutcracker_config.clone(),
-        workers: args.workers,
-        api: args.api,
         check: false,
         example_config: false,
-        cache: args.cache,
-        client_connections: args.client_connections,
-        reply_budget_mib: args.reply_budget_mib,
-        tls_cert: args.tls_cert.clone(),
-        tls_key: args.tls_key.clone(),
-        tls_client_ca: args.tls_client_ca.clone(),
-        server_tls_ca: args.server_tls_ca.clone(),
-        server_tls_cert: args.server_tls_cert.clone(),
-        server_tls_key: args.server_tls_key.clone(),
+        ..args.clone()
     };
     Arc::new(move || {
         let specs = load(&args)?.pools;
@@ -363,6 +382,8 @@ struct Loaded {
     tls: Option<proxy_file::TlsFiles>,
     /// The servers are spoken to over TLS.
     server_tls: Option<proxy_file::ServerTlsFiles>,
+    /// Connections to the servers authenticate with SASL.
+    server_sasl: Option<proxy_file::SaslFiles>,
 }
 
 /// The limits from the command line, over the file's (`client_connections`, the reply budget
@@ -416,6 +437,7 @@ fn load(args: &ProxyArgs) -> anyhow::Result<Loaded> {
             limits,
             tls: tls_of(args, None)?,
             server_tls: server_tls_of(args, None)?,
+            server_sasl: sasl_of(args, None)?,
         });
     }
     let path = args
@@ -437,7 +459,24 @@ fn load(args: &ProxyArgs) -> anyhow::Result<Loaded> {
         limits: limits(args, file.client_connections, file.reply_budget),
         tls: tls_of(args, file.tls)?,
         server_tls: server_tls_of(args, file.server_tls)?,
+        server_sasl: sasl_of(args, file.server_sasl)?,
     })
+}
+
+/// The servers' SASL user and password file: the file's, each replaced by the command
+/// line's where it gives one.
+fn sasl_of(
+    args: &ProxyArgs,
+    file: Option<proxy_file::SaslFiles>,
+) -> anyhow::Result<Option<proxy_file::SaslFiles>> {
+    let (user, password_file) =
+        file.map_or((None, None), |f| (Some(f.user), Some(f.password_file)));
+    proxy_file::SaslFiles::from_parts(
+        args.server_sasl_user.clone().or(user),
+        args.server_sasl_password_file.clone().or(password_file),
+        setting,
+    )
+    .map_err(|(k, e)| anyhow::anyhow!("{k}: {e}"))
 }
 
 /// The clients' TLS files: the file's, each of them replaced by the command line's where it

@@ -12,129 +12,9 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::proxy::{free_port, listening, Memcached};
+use common::tls::{authority, certificate, metrics, sample, start_proxy};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kvswitch");
-
-fn run(program: &str, args: &[&str], dir: &Path) -> Output {
-    let out = Command::new(program)
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap_or_else(|e| panic!("{program}: {e}"));
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-/// A certificate authority `name`.crt/.key in `dir`.
-fn authority(dir: &Path, name: &str) {
-    run(
-        "openssl",
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            &format!("/CN={name}"),
-            "-keyout",
-            &format!("{name}.key"),
-            "-out",
-            &format!("{name}.crt"),
-        ],
-        dir,
-    );
-}
-
-/// A certificate `name`.crt/.key in `dir` signed by the authority `ca`, for a server at
-/// 127.0.0.1 (`usage` "serverAuth") or a client ("clientAuth").
-fn certificate(dir: &Path, ca: &str, name: &str, usage: &str) {
-    std::fs::write(
-        dir.join(format!("{name}.ext")),
-        format!("subjectAltName=IP:127.0.0.1\nextendedKeyUsage={usage}\n"),
-    )
-    .unwrap();
-    run(
-        "openssl",
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-subj",
-            &format!("/CN={name}"),
-            "-keyout",
-            &format!("{name}.key"),
-            "-out",
-            &format!("{name}.csr"),
-        ],
-        dir,
-    );
-    run(
-        "openssl",
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &format!("{name}.csr"),
-            "-CA",
-            &format!("{ca}.crt"),
-            "-CAkey",
-            &format!("{ca}.key"),
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            &format!("{name}.ext"),
-            "-out",
-            &format!("{name}.crt"),
-        ],
-        dir,
-    );
-}
-
-/// The proxy with `extra` lines in `[proxy]`, in `dir`, in front of `server`; its client
-/// address and API.
-fn start_proxy(dir: &Path, server: SocketAddr, extra: &str) -> (Running, SocketAddr, SocketAddr) {
-    let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let config = dir.join("proxy.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[proxy]\nlisten = \"{listen}\"\napi = \"{api}\"\nworkers = 1\n{extra}\n\n\
-             [pool]\n[[pool.servers]]\naddr = \"{server}\"\n"
-        ),
-    )
-    .unwrap();
-    let log = std::fs::File::create(dir.join("proxy.log")).unwrap();
-    let proxy = Running(
-        Command::new(BIN)
-            .args(["proxy", "--config"])
-            .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start the proxy"),
-    );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !(listening(listen) && listening(api)) {
-        assert!(Instant::now() < deadline, "the proxy never listened");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (proxy, listen, api)
-}
 
 /// Runs a Python program with `args`; its standard output.
 fn python(program: &str, args: &[String]) -> Output {
@@ -167,16 +47,6 @@ try:
 except Exception as e:
     print("error", type(e).__name__, e)
 "#;
-
-fn metrics(api: SocketAddr) -> String {
-    testbed::http_get(api, "/metrics").expect("metrics").1
-}
-
-fn sample(metrics: &str, series: &str) -> Option<f64> {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-}
 
 #[test]
 fn tls_clients_are_served_and_a_client_that_does_not_trust_the_proxy_refused() {

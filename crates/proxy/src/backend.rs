@@ -35,6 +35,7 @@ use wire::memcache::binary::{opcode, Header, HEADER_LEN};
 use wire::memcache::reply::{Framer, ReplyError};
 
 use super::plan::Wire;
+use super::sasl::Sasl;
 use super::stats::{add, get, sub, PoolStats};
 use super::tls::ServerTls;
 
@@ -91,6 +92,8 @@ pub struct Conn {
     source: Option<IpAddr>,
     /// TLS towards the server, when the proxy speaks it to servers.
     tls: Option<Arc<ServerTls>>,
+    /// SASL towards the server, when it requires it: binary connections only.
+    sasl: Option<Arc<Sasl>>,
     state: Cell<State>,
     /// Consecutive failures, for the reconnect backoff.
     streak: Cell<u32>,
@@ -126,9 +129,14 @@ pub enum ServerError {
     /// client's request may be what caused it.
     #[error("reply out of step with requests")]
     OutOfStep,
-    /// A Redis server refused what the proxy says before any command (`AUTH`, `SELECT`).
+    /// A server refused what the proxy says before any command (Redis's `AUTH` and `SELECT`,
+    /// memcached's SASL).
     #[error("server refused {0}")]
     Refused(Arc<str>),
+    /// A text request to servers that require SASL, which memcached takes over its binary
+    /// protocol only (and then serves no text request).
+    #[error("the servers require SASL, which memcached speaks in its binary protocol only")]
+    TextWithSasl,
 }
 
 impl From<std::io::Error> for ServerError {
@@ -158,6 +166,7 @@ impl Conn {
         wire: Wire,
         source: Option<IpAddr>,
         tls: Option<Arc<ServerTls>>,
+        sasl: Option<Arc<Sasl>>,
     ) -> Rc<Conn> {
         let addr = pool.pool.spec().servers[server].addr;
         Rc::new(Conn {
@@ -167,6 +176,7 @@ impl Conn {
             addr,
             source,
             tls,
+            sasl,
             state: Cell::new(State::Idle),
             streak: Cell::new(0),
             out: RefCell::new(Vec::with_capacity(16 * 1024)),
@@ -182,6 +192,13 @@ impl Conn {
     /// once, through its slot, while the server is known to be down.
     pub fn send(self: &Rc<Self>, bytes: &[u8], sentinel: &[u8], pending: Pending) {
         let stats = &self.pool.servers[self.server];
+        if self.wire == Wire::Text && self.sasl.is_some() {
+            add(&stats.errors, 1);
+            pending
+                .slot
+                .complete(pending.part, Err(ServerError::TextWithSasl));
+            return;
+        }
         if let State::Down(until) = self.state.get() {
             if Instant::now() < until {
                 add(&stats.errors, 1);
@@ -255,8 +272,12 @@ impl Conn {
         }
     }
 
-    /// Gives a Redis server the pool's password and database, and reads that it took them.
+    /// Authenticates a binary connection with SASL, when the servers require it; gives a
+    /// Redis server the pool's password and database. Reads that the server took them.
     async fn introduce(&self, stream: &mut ServerStream) -> Result<(), ServerError> {
+        if let Some(sasl) = self.sasl.as_ref().filter(|_| self.wire == Wire::Binary) {
+            return self.authenticate(sasl, stream).await;
+        }
         let Some(redis) = self
             .pool
             .spec
@@ -305,6 +326,38 @@ impl Conn {
                 }
             }
             Ok(())
+        };
+        match timeout(self.pool.spec.timeout, exchange).await {
+            Ok(result) => result,
+            Err(_) => Err(ServerError::Timeout),
+        }
+    }
+
+    /// SASL PLAIN on a new binary connection, within the pool's timeout.
+    async fn authenticate(
+        &self,
+        sasl: &Sasl,
+        stream: &mut ServerStream,
+    ) -> Result<(), ServerError> {
+        let exchange = async {
+            stream.write_all(&sasl.auth_request()).await?;
+            stream.flush().await?;
+            let mut buf = Vec::with_capacity(64);
+            loop {
+                if let Some((_, outcome)) = sasl.auth_reply(&buf) {
+                    return outcome.map_err(|said| {
+                        ServerError::Refused(
+                            format!("SASL authentication as {:?}: {said}", sasl.user()).into(),
+                        )
+                    });
+                }
+                if buf.len() > 4096 {
+                    return Err(ServerError::OutOfStep);
+                }
+                if stream.read_buf(&mut buf).await? == 0 {
+                    return Err(ServerError::Closed);
+                }
+            }
         };
         match timeout(self.pool.spec.timeout, exchange).await {
             Ok(result) => result,
@@ -546,10 +599,16 @@ impl Conn {
         if matches!(why, ServerError::Timeout) {
             add(&self.pool.servers[self.server].timeouts, 1);
         }
-        tracing::debug!(
-            pool = %self.pool.spec.name, server = %self.pool.pool.spec().servers[self.server].label(),
-            waiting = self.pending.borrow().len(), "server connection lost: {why}"
-        );
+        let server = self.pool.pool.spec().servers[self.server].label();
+        // A refusal is the operator's to mend (a password, a database): said once a streak.
+        if matches!(why, ServerError::Refused(_)) && self.streak.get() == 0 {
+            tracing::warn!(pool = %self.pool.spec.name, %server, "{why}; the server counts as failed");
+        } else {
+            tracing::debug!(
+                pool = %self.pool.spec.name, %server,
+                waiting = self.pending.borrow().len(), "server connection lost: {why}"
+            );
+        }
         self.pool.server_failed(self.server, kvio::clock::now());
         let streak = self.streak.get().saturating_add(1);
         self.streak.set(streak);

@@ -762,6 +762,15 @@ pub(crate) enum Handled {
     Close,
 }
 
+/// The proxy's own answer to a client's SASL request when it authenticates to the servers
+/// itself: passed on, the request would authenticate a connection every client shares.
+fn sasl_answer(request: &wire::memcache::Request<'_>, pool: &PoolRt) -> Option<Vec<u8>> {
+    if !matches!(request.command, Command::Binary(_)) {
+        return None;
+    }
+    pool.sasl()?.answer_client(request.bytes())
+}
+
 /// Acts on every complete request at the front of `buf`.
 fn handle(
     buf: &[u8],
@@ -791,6 +800,12 @@ fn handle(
         match parsed {
             Ok(Some(request)) => {
                 add(&stats.requests, 1);
+                if let Some(reply) = sasl_answer(&request, pool) {
+                    add(&stats.local_replies, 1);
+                    shared.push(Entry::Ready(reply));
+                    used += request.len;
+                    continue;
+                }
                 let (plan, hook) = match from_cache(&request, pool, &mut router) {
                     Served::All(reply) => {
                         add(&stats.cache_replies, 1);

@@ -11,6 +11,7 @@ mod memory;
 pub mod plan;
 pub mod pool;
 mod redis;
+pub mod sasl;
 pub mod stats;
 pub mod tls;
 mod worker;
@@ -45,6 +46,8 @@ pub struct Settings {
     pub tls: Option<Arc<tls::ClientTls>>,
     /// Connections to the servers are made over TLS (`None`: plain TCP).
     pub server_tls: Option<Arc<tls::ServerTls>>,
+    /// Connections to the servers authenticate with SASL first (`None`: they do not).
+    pub server_sasl: Option<Arc<sasl::Sasl>>,
 }
 
 /// Bounds on what clients may hold in the proxy: replies and descriptors.

@@ -13,6 +13,7 @@ use switch::cache::CacheService;
 
 use super::backend::Conn;
 use super::plan::{Router, Wire};
+use super::sasl::Sasl;
 use super::stats::{PoolStats, ProxyStats};
 use super::tls::ServerTls;
 
@@ -32,6 +33,8 @@ pub(crate) struct PoolRt {
     source: Option<IpAddr>,
     /// TLS towards the servers.
     server_tls: Option<Arc<ServerTls>>,
+    /// SASL towards the servers.
+    sasl: Option<Arc<Sasl>>,
     /// The pool as this worker routes by it now.
     view: RefCell<Arc<View>>,
     /// The cache that answers this pool's hot keys.
@@ -59,7 +62,7 @@ impl PoolRt {
         proxy: Arc<ProxyStats>,
         index: usize,
         source: Option<IpAddr>,
-        server_tls: Option<Arc<ServerTls>>,
+        (server_tls, sasl): (Option<Arc<ServerTls>>, Option<Arc<Sasl>>),
         cache: Option<Arc<CacheService>>,
     ) -> Rc<PoolRt> {
         let stats = proxy.pools[index].clone();
@@ -83,6 +86,7 @@ impl PoolRt {
             conns,
             source,
             server_tls,
+            sasl,
             view: RefCell::new(view),
             cache,
             cluster,
@@ -100,6 +104,11 @@ impl PoolRt {
 
     pub fn server_tls(&self) -> Option<&Arc<ServerTls>> {
         self.server_tls.as_ref()
+    }
+
+    /// SASL towards the servers, which also answers the clients' SASL requests.
+    pub fn sasl(&self) -> Option<&Arc<Sasl>> {
+        self.sasl.as_ref()
     }
 
     /// The server that holds cluster slot `slot`, if known.
@@ -156,6 +165,7 @@ impl PoolRt {
                 wire,
                 self.source,
                 self.server_tls.clone(),
+                self.sasl.clone(),
             ));
         }
         list[index].clone()

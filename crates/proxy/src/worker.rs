@@ -44,6 +44,7 @@ pub fn run(
         caches,
         tls,
         server_tls,
+        server_sasl,
         ..
     } = settings;
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -56,7 +57,13 @@ pub fn run(
         for (index, listener) in listeners.into_iter().enumerate() {
             let listener = TcpListener::from_std(listener)?;
             let cache = caches.get(index).cloned().flatten();
-            let pool = PoolRt::new(proxy.clone(), index, source, server_tls.clone(), cache);
+            let pool = PoolRt::new(
+                proxy.clone(),
+                index,
+                source,
+                (server_tls.clone(), server_sasl.clone()),
+                cache,
+            );
             if pool.cluster().is_some() {
                 tokio::task::spawn_local(redis::cluster::keep_slots(pool.clone()));
             }

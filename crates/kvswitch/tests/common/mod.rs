@@ -4,6 +4,7 @@
 
 pub mod fleet;
 pub mod proxy;
+pub mod tls;
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket};

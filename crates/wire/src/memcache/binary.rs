@@ -164,6 +164,8 @@ pub mod status {
     pub const INVALID_ARGUMENTS: u16 = 0x0004;
     pub const ITEM_NOT_STORED: u16 = 0x0005;
     pub const NON_NUMERIC_VALUE: u16 = 0x0006;
+    /// SASL refused the credentials (or authentication is required first).
+    pub const AUTH_ERROR: u16 = 0x0020;
     pub const UNKNOWN_COMMAND: u16 = 0x0081;
     pub const OUT_OF_MEMORY: u16 = 0x0082;
 }
@@ -178,6 +180,7 @@ pub fn status_text(status: u16) -> &'static [u8] {
         status::INVALID_ARGUMENTS => b"Invalid arguments",
         status::ITEM_NOT_STORED => b"Not stored.",
         status::NON_NUMERIC_VALUE => b"Non-numeric server-side value for incr or decr",
+        status::AUTH_ERROR => b"Auth failure.",
         status::OUT_OF_MEMORY => b"Out of memory",
         _ => b"Unknown command",
     }
