@@ -76,6 +76,21 @@ impl Exposition {
         let _ = writeln!(self.out, " {value}");
     }
 
+    /// The families `<side>_handshakes_total` and `<side>_reloads_total` of a TLS
+    /// configuration in use, by outcome, with their helps.
+    pub fn tls(&mut self, side: &str, helps: [&str; 2], counts: &tls::Counts) {
+        let name = format!("{side}_handshakes_total");
+        self.family(&name, Kind::Counter, helps[0]);
+        for (outcome, n) in counts.handshakes {
+            self.sample(&name, &[("outcome", outcome)], n);
+        }
+        let name = format!("{side}_reloads_total");
+        self.family(&name, Kind::Counter, helps[1]);
+        for (outcome, n) in counts.reloads {
+            self.sample(&name, &[("outcome", outcome)], n);
+        }
+    }
+
     /// A family of one sample with no labels.
     pub fn single(&mut self, name: &str, kind: Kind, help: &str, value: impl Display) {
         self.family(name, kind, help);

@@ -130,12 +130,7 @@ struct ProxyExporter {
 impl api::Exporter for ProxyExporter {
     fn metrics(&self, m: &mut ::api::metrics::Exposition) {
         self.stats.write_metrics(m);
-        if let Some(tls) = &self.tls {
-            tls.write_metrics(m);
-        }
-        if let Some(tls) = &self.server_tls {
-            tls.write_metrics(m);
-        }
+        proxy::write_tls_metrics(m, self.tls.as_deref(), self.server_tls.as_deref());
         if let Some(sasl) = &self.sasl {
             sasl.write_metrics(m);
         }

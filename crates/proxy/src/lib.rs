@@ -13,7 +13,7 @@ pub mod pool;
 mod redis;
 pub mod sasl;
 pub mod stats;
-pub mod tls;
+pub use ::tls;
 mod worker;
 
 use std::net::{IpAddr, SocketAddr};
@@ -27,6 +27,39 @@ use tokio::sync::watch;
 
 pub use pool::{Pool, PoolSpec, ServerSpec};
 pub use stats::ProxyStats;
+
+/// The proxy's TLS families of `/metrics`: the clients' side and the servers'.
+pub fn write_tls_metrics(
+    m: &mut api::metrics::Exposition,
+    clients: Option<&tls::ClientTls>,
+    servers: Option<&tls::ServerTls>,
+) {
+    if let Some(tls) = clients {
+        m.tls(
+            "kvswitch_proxy_tls",
+            [
+                "Clients' TLS handshakes, by how they ended (failed: refused by either side, \
+                 such as a client that does not trust the certificate; timed_out: not done in \
+                 10 s).",
+                "Times the certificate files were read again (SIGHUP), by outcome (refused: the \
+                 files in use were kept).",
+            ],
+            &tls.counts(),
+        );
+    }
+    if let Some(tls) = servers {
+        m.tls(
+            "kvswitch_proxy_server_tls",
+            [
+                "TLS handshakes with the servers, by how they ended (failed: such as a server \
+                 whose certificate is not trusted or names another host).",
+                "Times the servers' TLS files were read again (SIGHUP), by outcome (refused: \
+                 the files in use were kept).",
+            ],
+            &tls.counts(),
+        );
+    }
+}
 
 /// How the proxy runs.
 #[derive(Debug, Clone)]

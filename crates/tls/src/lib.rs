@@ -1,24 +1,38 @@
-//! TLS for the proxy's clients, as `memcached -Z` serves it, and towards servers that serve
-//! it ([`ServerTls`]). For clients: each connection's handshake is
-//! done on the worker that accepted it, bounded in time, and then the connection is served as
-//! any other. The certificate, key and client authorities are PEM files, read again on
-//! [`ClientTls::reload`] (SIGHUP): connections open keep the session they made, new ones get
-//! the new files; files that do not load leave the old ones in use.
+//! TLS for kvswitch's listeners and for the connections it makes, with rustls on ring and PEM
+//! files: [`ClientTls`] for a listener (the proxy's clients as `memcached -Z` serves them, the
+//! control APIs' HTTPS), [`ServerTls`] for connections out (the proxy to `memcached -Z`
+//! servers). The files are read again on `reload` (SIGHUP): connections open keep the session
+//! they made, new ones get the new files; files that do not load leave the old ones in use.
+//! Handshakes and reloads are counted ([`Counts`]) for the caller's `/metrics`.
 
 use std::fs::File;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use anyhow::Context;
-use api::metrics::{Exposition, Kind};
 use rustls::server::WebPkiClientVerifier;
 use rustls::ServerConfig;
 use tokio_rustls::TlsAcceptor;
 
-use super::stats::{add, get};
+fn add(n: &AtomicU64, by: u64) {
+    n.fetch_add(by, Ordering::Relaxed);
+}
+
+fn get(n: &AtomicU64) -> u64 {
+    n.load(Ordering::Relaxed)
+}
+
+/// What came of a configuration's handshakes and reloads, labelled as `/metrics` shows them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Counts {
+    /// By outcome: `done`, `failed`, `timed_out`.
+    pub handshakes: [(&'static str, u64); 3],
+    /// By outcome: `done`, `refused` (the files in use kept).
+    pub reloads: [(&'static str, u64); 2],
+}
 
 /// How long a client has to finish its handshake.
 pub const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
@@ -110,17 +124,13 @@ impl<C> Kept<C> {
             .map_or(0, |i| get(&self.handshakes[i]))
     }
 
-    /// The families `<side>_handshakes_total` and `<side>_reloads_total`, with their helps.
-    fn write_metrics(&self, m: &mut Exposition, side: &str, handshakes: &str, reloads: &str) {
-        let name = format!("{side}_handshakes_total");
-        m.family(&name, Kind::Counter, handshakes);
-        for ((_, outcome), n) in HANDSHAKES.iter().zip(&self.handshakes) {
-            m.sample(&name, &[("outcome", outcome)], get(n));
-        }
-        let name = format!("{side}_reloads_total");
-        m.family(&name, Kind::Counter, reloads);
-        for (outcome, n) in ["done", "refused"].iter().zip(&self.reloads) {
-            m.sample(&name, &[("outcome", outcome)], get(n));
+    fn counts(&self) -> Counts {
+        Counts {
+            handshakes: std::array::from_fn(|i| (HANDSHAKES[i].1, get(&self.handshakes[i]))),
+            reloads: [
+                ("done", get(&self.reloads[0])),
+                ("refused", get(&self.reloads[1])),
+            ],
         }
     }
 }
@@ -150,7 +160,7 @@ impl ClientTls {
         TlsAcceptor::from(self.kept.current())
     }
 
-    pub(crate) fn count(&self, how: Handshake) {
+    pub fn count(&self, how: Handshake) {
         self.kept.count(how);
     }
 
@@ -159,16 +169,9 @@ impl ClientTls {
         self.kept.handshakes(how)
     }
 
-    /// The TLS families of `/metrics`.
-    pub fn write_metrics(&self, m: &mut Exposition) {
-        self.kept.write_metrics(
-            m,
-            "kvswitch_proxy_tls",
-            "Clients' TLS handshakes, by how they ended (failed: refused by either side, such \
-             as a client that does not trust the certificate; timed_out: not done in 10 s).",
-            "Times the certificate files were read again (SIGHUP), by outcome (refused: the \
-             files in use were kept).",
-        );
+    /// What came of the handshakes and reloads.
+    pub fn counts(&self) -> Counts {
+        self.kept.counts()
     }
 }
 
@@ -246,7 +249,7 @@ impl ServerTls {
 
     /// A TLS connection over `stream` to the server named `host` (a hostname or an address,
     /// as the pool writes it), its certificate checked.
-    pub(crate) async fn connect(
+    pub async fn connect(
         &self,
         host: &str,
         stream: tokio::net::TcpStream,
@@ -266,16 +269,9 @@ impl ServerTls {
         result
     }
 
-    /// The TLS families of `/metrics` for the servers' side.
-    pub fn write_metrics(&self, m: &mut Exposition) {
-        self.kept.write_metrics(
-            m,
-            "kvswitch_proxy_server_tls",
-            "TLS handshakes with the servers, by how they ended (failed: such as a server whose \
-             certificate is not trusted or names another host).",
-            "Times the servers' TLS files were read again (SIGHUP), by outcome (refused: the \
-             files in use were kept).",
-        );
+    /// What came of the handshakes and reloads.
+    pub fn counts(&self) -> Counts {
+        self.kept.counts()
     }
 }
 
