@@ -21,7 +21,8 @@ const CONNECT_LIMIT: Duration = Duration::from_secs(5);
 const CALL_LIMIT: Duration = Duration::from_secs(30);
 
 /// Where a command finds a switch's control API and its token: `--api` and `--token-file`,
-/// the same for every command that speaks to a switch.
+/// and for an API that speaks HTTPS, `--api-ca` (with `--api-cert` and `--api-key` when it
+/// asks for a client certificate); the same for every command that speaks to a switch.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ApiArgs {
     /// The switch's control API (`switch.api` in its configuration).
@@ -31,12 +32,96 @@ pub struct ApiArgs {
     /// KVSWITCH_API_TOKEN works too.
     #[arg(long, global = true, value_name = "FILE")]
     pub token_file: Option<std::path::PathBuf>,
+    /// Speak HTTPS to the API, trusting the authorities of this PEM file (the API's
+    /// certificate must name the address given with --api).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub api_ca: Option<std::path::PathBuf>,
+    /// The certificate chain (PEM) to show an API that asks for one (`api_tls_client_ca`);
+    /// with --api-key and --api-ca.
+    #[arg(long, global = true, value_name = "FILE", requires_all = ["api_key", "api_ca"])]
+    pub api_cert: Option<std::path::PathBuf>,
+    /// The private key of --api-cert (PEM).
+    #[arg(long, global = true, value_name = "FILE", requires = "api_cert")]
+    pub api_key: Option<std::path::PathBuf>,
 }
 
 impl ApiArgs {
-    /// The client these arguments name, its token read.
+    /// The client these arguments name, its token and TLS files read.
     pub fn client(&self) -> anyhow::Result<Client> {
-        Ok(Client::new(self.api, token(self.token_file.as_deref())?))
+        let client = Client::new(self.api, token(self.token_file.as_deref())?);
+        Ok(match &self.api_ca {
+            None => client,
+            Some(ca) => {
+                let own = self.api_cert.as_deref().zip(self.api_key.as_deref());
+                client.with_https(Https::load(ca, own)?)
+            }
+        })
+    }
+}
+
+/// HTTPS towards an API: the authorities its certificate is checked against, and the
+/// certificate the client shows when asked for one.
+#[derive(Clone, Debug)]
+pub struct Https {
+    config: ureq::tls::TlsConfig,
+}
+
+impl Https {
+    /// Trusts the certificates of the PEM file `ca`; shows the chain and key of `own` (PEM
+    /// files) when given. An error names the file and what is wrong with it.
+    pub fn load(
+        ca: &std::path::Path,
+        own: Option<(&std::path::Path, &std::path::Path)>,
+    ) -> anyhow::Result<Https> {
+        use ureq::tls::{ClientCert, PemItem, RootCerts, TlsConfig, TlsProvider};
+        let pem = |path: &std::path::Path, what: &str| -> anyhow::Result<Vec<PemItem<'static>>> {
+            let bytes = std::fs::read(path)
+                .with_context(|| format!("{what} {}: cannot read", path.display()))?;
+            ureq::tls::parse_pem(&bytes)
+                .collect::<Result<Vec<_>, _>>()
+                .with_context(|| format!("{what} {}: not PEM", path.display()))
+        };
+        let certs = |items: Vec<PemItem<'static>>| {
+            items
+                .into_iter()
+                .filter_map(|i| match i {
+                    PemItem::Certificate(c) => Some(c),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        };
+        let roots = certs(pem(ca, "TLS authority")?);
+        anyhow::ensure!(
+            !roots.is_empty(),
+            "TLS authority {}: no certificate in it",
+            ca.display()
+        );
+        let client_cert = match own {
+            None => None,
+            Some((cert, key)) => {
+                let chain = certs(pem(cert, "TLS certificate")?);
+                anyhow::ensure!(
+                    !chain.is_empty(),
+                    "TLS certificate {}: no certificate in it",
+                    cert.display()
+                );
+                let private = pem(key, "TLS key")?
+                    .into_iter()
+                    .find_map(|i| match i {
+                        PemItem::PrivateKey(k) => Some(k),
+                        _ => None,
+                    })
+                    .with_context(|| format!("TLS key {}: no private key in it", key.display()))?;
+                Some(ClientCert::new_with_certs(&chain, private))
+            }
+        };
+        let config = TlsConfig::builder()
+            .provider(TlsProvider::Rustls)
+            .unversioned_rustls_crypto_provider(tls::provider())
+            .root_certs(RootCerts::new_with_certs(&roots))
+            .client_cert(client_cert)
+            .build();
+        Ok(Https { config })
     }
 }
 
@@ -48,6 +133,11 @@ pub struct Client {
     /// How long each call waits on its reply: [`CALL_LIMIT`] unless [`Client::with_limit`]
     /// says otherwise.
     limit: Duration,
+    /// HTTPS, when the API speaks it.
+    https: Option<Https>,
+    /// An `Authorization` header sent as it is, in place of the token as a bearer (etcd's
+    /// gateway wants its own tokens so).
+    authorization: Option<String>,
 }
 
 impl Client {
@@ -57,6 +147,33 @@ impl Client {
             api,
             token,
             limit: CALL_LIMIT,
+            https: None,
+            authorization: None,
+        }
+    }
+
+    /// The same client, sending `value` as its `Authorization` header, as it is.
+    pub fn with_authorization(self, value: String) -> Client {
+        Client {
+            authorization: Some(value),
+            ..self
+        }
+    }
+
+    /// The same client, speaking HTTPS (`None`: HTTP).
+    pub fn with_https(self, https: impl Into<Option<Https>>) -> Client {
+        Client {
+            https: https.into(),
+            ..self
+        }
+    }
+
+    /// `http` or `https`, as this client speaks to its API.
+    pub fn scheme(&self) -> &'static str {
+        if self.https.is_some() {
+            "https"
+        } else {
+            "http"
         }
     }
 
@@ -69,7 +186,11 @@ impl Client {
     /// `None`, for a stream), the connection opens within [`CONNECT_LIMIT`], and every status
     /// comes back as a reply for the caller to read.
     fn agent(&self, limit: Option<Duration>) -> ureq::Agent {
-        ureq::Agent::config_builder()
+        let mut config = ureq::Agent::config_builder();
+        if let Some(https) = &self.https {
+            config = config.tls_config(https.config.clone());
+        }
+        config
             // Straight to the API: a proxy from the environment (HTTP_PROXY, ALL_PROXY) would take
             // loopback and namespace addresses it cannot reach, and see the token.
             .proxy(None)
@@ -93,10 +214,12 @@ impl Client {
     ) -> anyhow::Result<http::Response<ureq::Body>> {
         let mut request = http::Request::builder()
             .method(method)
-            .uri(format!("http://{}{path}", self.api))
+            .uri(format!("{}://{}{path}", self.scheme(), self.api))
             .header(http::header::CONNECTION, "close")
             .header(http::header::CONTENT_TYPE, "application/json");
-        if let Some(t) = &self.token {
+        if let Some(value) = &self.authorization {
+            request = request.header(http::header::AUTHORIZATION, value);
+        } else if let Some(t) = &self.token {
             request = request.header(http::header::AUTHORIZATION, format!("Bearer {t}"));
         }
         let request = request

@@ -100,9 +100,10 @@ impl Refusal {
     }
 }
 
-/// One API server's limits and counters.
+/// One API server's limits and counters, and its TLS when it speaks HTTPS.
 pub struct Guard {
     serving: ApiServing,
+    tls: Option<tls::ClientTls>,
     refused: [AtomicU64; Refusal::ALL.len()],
     /// A permit per open connection.
     connections: Arc<Semaphore>,
@@ -111,13 +112,38 @@ pub struct Guard {
 }
 
 impl Guard {
-    pub fn new(serving: ApiServing) -> Arc<Guard> {
-        Arc::new(Guard {
+    /// The guard of `serving`, its TLS files loaded when it has them; an error names the file
+    /// that does not load.
+    pub fn new(serving: ApiServing) -> anyhow::Result<Arc<Guard>> {
+        let tls = serving
+            .tls
+            .as_ref()
+            .map(|f| tls::ClientTls::load(f.cert.clone(), f.key.clone(), f.client_ca.clone()))
+            .transpose()
+            .map_err(|e| e.context("the API's HTTPS"))?;
+        Ok(Arc::new(Guard {
             connections: Arc::new(Semaphore::new(serving.max_connections)),
             bodies: Arc::new(Semaphore::new(BODY_BUDGET)),
             refused: Default::default(),
             serving,
-        })
+            tls,
+        }))
+    }
+
+    /// Whether the API speaks HTTPS.
+    pub fn https(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// Reads the API's TLS files again (SIGHUP), logging what came of it: new connections
+    /// use them, open ones keep theirs; files that do not load leave the old ones in use.
+    pub fn reload_tls(&self) {
+        if let Some(tls) = &self.tls {
+            match tls.reload() {
+                Ok(()) => tracing::info!("the API's TLS files read again"),
+                Err(e) => tracing::error!("the API's TLS files kept as they were: {e:#}"),
+            }
+        }
     }
 
     /// Requests or connections refused for `why` since start.
@@ -157,6 +183,19 @@ impl Guard {
             "Connections the control API holds open (at most its api_max_connections).",
             self.open(),
         );
+        if let Some(tls) = &self.tls {
+            m.tls(
+                "kvswitch_api_tls",
+                [
+                    "The control API's TLS handshakes, by how they ended (failed: refused by \
+                     either side, such as a client that does not trust the certificate or shows \
+                     none when one is asked for; timed_out: not done in 10 s).",
+                    "Times the API's certificate files were read again (SIGHUP), by outcome \
+                     (refused: the files in use were kept).",
+                ],
+                &tls.counts(),
+            );
+        }
     }
 
     /// The request if it may go on, with its body read whole and the budget it holds.
@@ -375,10 +414,32 @@ pub(crate) async fn accept(listener: tokio::net::TcpListener, app: Router, guard
             req.extensions_mut().insert(reached);
             tower::ServiceExt::oneshot(app.clone(), req)
         });
-        let connection = http.serve_connection(TokioIo::new(socket), service);
+        let http = http.clone();
         let guard = guard.clone();
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
+            let served = match &guard.tls {
+                None => http.serve_connection(TokioIo::new(socket), service).await,
+                Some(tls) => {
+                    let shaken =
+                        tokio::time::timeout(tls::HANDSHAKE_LIMIT, tls.acceptor().accept(socket))
+                            .await;
+                    let stream = match shaken {
+                        Ok(Ok(stream)) => stream,
+                        Ok(Err(e)) => {
+                            tls.count(tls::Handshake::Failed);
+                            tracing::debug!("an API client's TLS handshake failed: {e}");
+                            return;
+                        }
+                        Err(_) => {
+                            tls.count(tls::Handshake::TimedOut);
+                            return;
+                        }
+                    };
+                    tls.count(tls::Handshake::Done);
+                    http.serve_connection(TokioIo::new(stream), service).await
+                }
+            };
+            if let Err(e) = served {
                 if e.is_timeout() {
                     guard.count(Refusal::HeaderTimeout);
                 }

@@ -3,7 +3,7 @@
 //! check.
 
 use std::net::{SocketAddr, TcpListener};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 use axum::http::{header, HeaderMap};
 use axum::Router;
@@ -32,6 +32,20 @@ fn lower_priority() {
     }
 }
 
+/// The guards of the APIs this process serves over HTTPS, for [`reload_tls`].
+static HTTPS: Mutex<Vec<Weak<Guard>>> = Mutex::new(Vec::new());
+
+/// Reads the TLS files of every API this process serves over HTTPS again: what SIGHUP does.
+/// Connections open keep their session; files that do not load leave the old ones in use,
+/// and the log says why.
+pub fn reload_tls() {
+    let mut guards = HTTPS.lock().unwrap_or_else(|p| p.into_inner());
+    guards.retain(|g| g.strong_count() > 0);
+    for guard in guards.iter().filter_map(Weak::upgrade) {
+        guard.reload_tls();
+    }
+}
+
 /// Serves `app` behind `guard` on `listener` from a thread named `name` with a
 /// single-threaded runtime (at [`API_NICENESS`] below the rest of the process when `lower`
 /// is set); returns the address. The switch's API, the proxy's and the controller's all run
@@ -43,6 +57,12 @@ pub fn spawn_server(
     name: &str,
     lower: bool,
 ) -> anyhow::Result<SocketAddr> {
+    if guard.https() {
+        HTTPS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Arc::downgrade(&guard));
+    }
     let app = guard::guarded(app, &guard);
     let addr = listener.local_addr()?;
     listener.set_nonblocking(true)?;

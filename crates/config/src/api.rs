@@ -1,10 +1,12 @@
-//! How an HTTP control API bounds its clients: the same three keys in `[switch]`, `[proxy]`
-//! and `[controller]` (`api_max_connections`, `api_header_timeout_ms`, `api_hosts`), checked
-//! here once so that they mean the same and fail the same way in every file.
+//! How an HTTP control API bounds its clients and whether it speaks HTTPS: the same keys in
+//! `[switch]`, `[proxy]` and `[controller]` (`api_max_connections`, `api_header_timeout_ms`,
+//! `api_hosts`, `api_tls_cert`, `api_tls_key`, `api_tls_client_ca`), checked here once so that
+//! they mean the same and fail the same way in every file.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::proxy::TlsFiles;
 use crate::ConfigError;
 
 /// Connections an API holds open at once by default; past them a new one is closed at once.
@@ -29,6 +31,9 @@ pub struct ApiServing {
     /// (`api_hosts`: `name` or `name:port`, lowercase), as a request's `Host` header gives
     /// them: those of a reverse proxy, a port mapping or a DNS name of the host.
     pub hosts: Vec<String>,
+    /// HTTPS: the certificate chain, its key and, to ask clients for certificates, their
+    /// authorities (`api_tls_cert`, `api_tls_key`, `api_tls_client_ca`; relative to the file).
+    pub tls: Option<TlsFiles>,
 }
 
 impl Default for ApiServing {
@@ -37,6 +42,7 @@ impl Default for ApiServing {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             hosts: Vec::new(),
+            tls: None,
         }
     }
 }
@@ -47,6 +53,9 @@ pub(crate) struct RawApiServing {
     pub max_connections: Option<usize>,
     pub header_timeout_ms: Option<u64>,
     pub hosts: Option<Vec<String>>,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub tls_client_ca: Option<PathBuf>,
 }
 
 impl RawApiServing {
@@ -88,10 +97,19 @@ impl RawApiServing {
             }
             hosts.push(host);
         }
+        let beside = |f: Option<PathBuf>| f.map(|f| path.parent().unwrap_or(Path::new("")).join(f));
+        let tls = TlsFiles::from_parts(
+            beside(self.tls_cert),
+            beside(self.tls_key),
+            beside(self.tls_client_ca),
+            |k| format!("{section}.api_{k}"),
+        )
+        .map_err(|(k, e)| ConfigError::new(path, &k, e))?;
         Ok(ApiServing {
             max_connections,
             header_timeout: Duration::from_millis(ms),
             hosts,
+            tls,
         })
     }
 }
@@ -111,6 +129,7 @@ mod tests {
             max_connections: Some(8),
             header_timeout_ms: Some(250),
             hosts: Some(vec!["Switch1.Example:9110".into()]),
+            ..RawApiServing::default()
         }
         .check(path, "proxy")
         .unwrap();
@@ -131,5 +150,22 @@ mod tests {
         .check(path, "controller")
         .unwrap_err();
         assert_eq!(e.key, "controller.api_hosts[0]");
+        let https = RawApiServing {
+            tls_cert: Some("api.crt".into()),
+            tls_key: Some("/etc/kvswitch/api.key".into()),
+            ..RawApiServing::default()
+        }
+        .check(Path::new("/srv/switch.toml"), "switch")
+        .unwrap();
+        let tls = https.tls.expect("https");
+        assert_eq!(tls.cert, Path::new("/srv/api.crt"));
+        assert_eq!(tls.key, Path::new("/etc/kvswitch/api.key"));
+        let e = RawApiServing {
+            tls_cert: Some("api.crt".into()),
+            ..RawApiServing::default()
+        }
+        .check(path, "proxy")
+        .unwrap_err();
+        assert_eq!(e.key, "proxy.api_tls_key");
     }
 }

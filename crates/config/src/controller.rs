@@ -111,6 +111,9 @@ pub struct ControllerFile {
     /// The file whose first line is the switches' API token (relative to this file's
     /// directory).
     pub switch_token_file: Option<PathBuf>,
+    /// HTTPS to the switches' APIs (`switch_tls_ca`; `switch_tls_cert` and `switch_tls_key`
+    /// for switches that ask for a client certificate).
+    pub switch_tls: Option<crate::proxy::ServerTlsFiles>,
     /// The fabric file (`kvswitch fabric`) of a caching fabric whose registration table this
     /// controller keeps: its switches are probed, and a new table installed on them all when
     /// one fails or comes back.
@@ -168,6 +171,9 @@ struct RawController {
     api_max_connections: Option<usize>,
     api_header_timeout_ms: Option<u64>,
     api_hosts: Option<Vec<String>>,
+    api_tls_cert: Option<PathBuf>,
+    api_tls_key: Option<PathBuf>,
+    api_tls_client_ca: Option<PathBuf>,
     probe_interval_ms: Option<u64>,
     probe_timeout_ms: Option<u64>,
     probe_udp: Option<bool>,
@@ -180,6 +186,9 @@ struct RawController {
     return_warm_ms: Option<u64>,
     sync_interval_ms: Option<u64>,
     switch_token_file: Option<String>,
+    switch_tls_ca: Option<PathBuf>,
+    switch_tls_cert: Option<PathBuf>,
+    switch_tls_key: Option<PathBuf>,
     cache_node_port: Option<u16>,
     fabric: Option<String>,
 }
@@ -210,6 +219,11 @@ return_warm_ms = 0            # a server back from being down warms up this long
 sync_interval_ms = 1000       # every switch is checked this often anyway
 # switch_token_file = "token" # optional: the file of the token the switches' APIs want
                               # (the controller's own API takes KVSWITCH_API_TOKEN)
+# switch_tls_ca = "ca.crt"    # optional: speak HTTPS to the switches' APIs, trusting this
+                              # authority (switch_tls_cert and switch_tls_key: a client
+                              # certificate for switches that ask for one)
+# api_tls_cert = "controller.crt"  # optional: the controller's own API over HTTPS
+# api_tls_key = "controller.key"   # (api_tls_client_ca: clients must show a certificate)
 cache_node_port = 11211       # optional: SwitchKV cache nodes are probed on this port
 
 [[switches]]
@@ -258,6 +272,9 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
         max_connections: c.api_max_connections,
         header_timeout_ms: c.api_header_timeout_ms,
         hosts: c.api_hosts.clone(),
+        tls_cert: c.api_tls_cert.clone(),
+        tls_key: c.api_tls_key.clone(),
+        tls_client_ca: c.api_tls_client_ca.clone(),
     }
     .check(path, "controller")?;
     let ms = |key: &str, value: Option<u64>, default: u64, range: (u64, u64)| {
@@ -300,6 +317,13 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
     };
     let base = path.parent().unwrap_or(Path::new("."));
     let switch_token_file = c.switch_token_file.map(|f| base.join(f));
+    let switch_tls = crate::proxy::ServerTlsFiles::from_parts(
+        c.switch_tls_ca.map(|f| base.join(f)),
+        c.switch_tls_cert.map(|f| base.join(f)),
+        c.switch_tls_key.map(|f| base.join(f)),
+        |k| format!("controller.{}", k.replacen("server", "switch", 1)),
+    )
+    .map_err(|(k, e)| err(&k, e.replace("server_tls", "switch_tls")))?;
     let fabric = c.fabric.map(|f| base.join(f));
 
     if c.failover.len() > MAX_SPARES {
@@ -444,6 +468,7 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
         sync_interval,
         cache_node_port: c.cache_node_port.filter(|&p| p != 0),
         switch_token_file,
+        switch_tls,
         fabric,
         switches,
         pool,

@@ -298,6 +298,12 @@ struct RawSwitch {
     #[serde(default)]
     api_hosts: Option<Vec<String>>,
     #[serde(default)]
+    api_tls_cert: Option<PathBuf>,
+    #[serde(default)]
+    api_tls_key: Option<PathBuf>,
+    #[serde(default)]
+    api_tls_client_ca: Option<PathBuf>,
+    #[serde(default)]
     busy_poll_us: Option<u64>,
     #[serde(default)]
     cpu_socket: Option<PathBuf>,
@@ -479,6 +485,9 @@ impl Config {
             max_connections: raw.switch.api_max_connections,
             header_timeout_ms: raw.switch.api_header_timeout_ms,
             hosts: raw.switch.api_hosts.clone(),
+            tls_cert: raw.switch.api_tls_cert.clone(),
+            tls_key: raw.switch.api_tls_key.clone(),
+            tls_client_ca: raw.switch.api_tls_client_ca.clone(),
         }
         .check(path, "switch")?;
 
@@ -1142,6 +1151,12 @@ api = "127.0.0.1:9110"
 # api_hosts = ["switch1.example"]
 # api_max_connections = 256
 # api_header_timeout_ms = 10000
+# HTTPS for the API: the certificate chain and its key (PEM, relative to this file; read
+# again on SIGHUP). With api_tls_client_ca, clients must show a certificate it signed.
+# Clients give the authority with --api-ca (kvswitch ctl) or switch_tls_ca (the controller).
+# api_tls_cert = "api.crt"
+# api_tls_key = "api.key"
+# api_tls_client_ca = "operators-ca.crt"
 # A port whose frames leave through a queue at a rate (to make congestion on a testbed):
 # [switch.egress.veth-s1]
 # rate_bps = 100000000

@@ -257,6 +257,12 @@ struct RawProxy {
     api_header_timeout_ms: Option<u64>,
     #[serde(default)]
     api_hosts: Option<Vec<String>>,
+    #[serde(default)]
+    api_tls_cert: Option<PathBuf>,
+    #[serde(default)]
+    api_tls_key: Option<PathBuf>,
+    #[serde(default)]
+    api_tls_client_ca: Option<PathBuf>,
     client_connections: Option<usize>,
     #[serde(default)]
     reply_budget_mib: Option<u64>,
@@ -326,6 +332,9 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
         api_max_connections: None,
         api_header_timeout_ms: None,
         api_hosts: None,
+        api_tls_cert: None,
+        api_tls_key: None,
+        api_tls_client_ca: None,
         client_connections: None,
         reply_budget_mib: None,
         tls_cert: None,
@@ -363,6 +372,9 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
         max_connections: proxy.api_max_connections,
         header_timeout_ms: proxy.api_header_timeout_ms,
         hosts: proxy.api_hosts.clone(),
+        tls_cert: proxy.api_tls_cert.clone(),
+        tls_key: proxy.api_tls_key.clone(),
+        tls_client_ca: proxy.api_tls_client_ca.clone(),
     }
     .check(path, "proxy")?;
     if proxy.client_connections == Some(0) {
@@ -481,6 +493,10 @@ listen = "127.0.0.1:22121"
 # takes changes only as JSON from no other web origin; past api_max_connections (256) a
 # connection is closed at once, and headers must arrive within api_header_timeout_ms (10000).
 # api_hosts = ["proxy1.example"]
+# HTTPS for the API (api_tls_cert, api_tls_key; api_tls_client_ca to ask for client
+# certificates), read again on SIGHUP.
+# api_tls_cert = "api.crt"
+# api_tls_key = "api.key"
 # Client connections held at once; more are accepted and closed at once (counted in
 # kvswitch_proxy_clients_refused_total). Default: the descriptor limit (ulimit -n) less what
 # the server connections, listeners and API need.

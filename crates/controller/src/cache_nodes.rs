@@ -67,7 +67,7 @@ pub(super) fn watch(shared: &Shared) {
         };
         let clients: Vec<Client> = switches
             .iter()
-            .map(|sw| Client::new(sw.api, shared.switch_token.clone()))
+            .map(|sw| shared.switch_client(sw.api))
             .collect();
         // Each switch's steering entries, by the address they lead to: (switch, entry id).
         let mut leading: BTreeMap<Ipv4Addr, Vec<(usize, u64)>> = BTreeMap::new();

@@ -4,8 +4,14 @@
 //! The leader holds the key `<prefix>leader` under a lease it keeps alive; a standby tries to
 //! create the key (a transaction that succeeds only while no one holds it) and leads once the
 //! old leader's lease has run out. The pool's servers live under `<prefix>servers`.
+//!
+//! etcd may be reached over TLS (`https://`, with the authorities to trust and optionally a
+//! client certificate) and with etcd's own users: the controller authenticates with a user and
+//! password, sends the token etcd gives, and authenticates again when etcd no longer takes it.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -32,27 +38,121 @@ pub struct Etcd {
     prefix: String,
     /// The lease this controller leads under, while it leads.
     lease: Option<String>,
+    /// etcd's user this controller authenticates as, when etcd has authentication on.
+    user: Option<User>,
+}
+
+/// How the controller reaches etcd beyond its address: TLS, and one of etcd's users.
+#[derive(Default)]
+pub struct Access {
+    /// HTTPS, needed for an `https://` URL.
+    pub https: Option<api::client::Https>,
+    /// The user, and the file whose first line is its password.
+    pub user: Option<(String, PathBuf)>,
+}
+
+/// One of etcd's users, and the token etcd gave it last.
+struct User {
+    name: String,
+    password_file: PathBuf,
+    token: Mutex<Option<String>>,
 }
 
 impl Etcd {
-    /// `url` is `etcd://HOST:PORT`; the keys go under `/kvswitch/controller/<pool>/`.
-    pub fn new(url: &str, pool: &str) -> anyhow::Result<Etcd> {
-        let addr = url
-            .strip_prefix("etcd://")
-            .with_context(|| format!("{url:?}: write etcd://HOST:PORT"))?;
-        let api: SocketAddr = addr.parse().with_context(|| {
+    /// `url` is `etcd://HOST:PORT` (or `http://HOST:PORT`), or `https://HOST:PORT` with
+    /// `access.https`; the keys go under `/kvswitch/controller/<pool>/`.
+    pub fn new(url: &str, pool: &str, access: Access) -> anyhow::Result<Etcd> {
+        let (addr, tls) = match url.split_once("://") {
+            Some(("etcd" | "http", addr)) => (addr, false),
+            Some(("https", addr)) => (addr, true),
+            _ => anyhow::bail!("{url:?}: write etcd://HOST:PORT, or https://HOST:PORT for TLS"),
+        };
+        let api: SocketAddr = addr.trim_end_matches('/').parse().with_context(|| {
             format!("{url:?}: {addr:?} is not an address such as 127.0.0.1:2379")
         })?;
-        Ok(Etcd {
-            client: Client::new(api, None),
+        let client = match (tls, access.https) {
+            (true, Some(https)) => Client::new(api, None).with_https(https),
+            (true, None) => anyhow::bail!(
+                "{url:?}: etcd over TLS needs the authority its certificate is checked against \
+                 (--store-ca)"
+            ),
+            (false, Some(_)) => {
+                anyhow::bail!("{url:?}: TLS files are given for etcd, but the URL is not https://")
+            }
+            (false, None) => Client::new(api, None),
+        };
+        let user = access.user.map(|(name, password_file)| User {
+            name,
+            password_file,
+            token: Mutex::new(None),
+        });
+        let etcd = Etcd {
+            client,
             prefix: format!("/kvswitch/controller/{pool}/"),
             lease: None,
-        })
+            user,
+        };
+        // A wrong password or file is said at start, not at the first election.
+        if let Some(user) = &etcd.user {
+            etcd.authenticate(user)?;
+        }
+        Ok(etcd)
     }
 
-    /// One call to etcd's gateway, given at most [`ETCD_WAIT`].
+    /// Asks etcd for a token for `user`, and keeps it.
+    fn authenticate(&self, user: &User) -> anyhow::Result<String> {
+        let password = std::fs::read_to_string(&user.password_file)
+            .with_context(|| {
+                format!(
+                    "etcd password file {}: cannot read",
+                    user.password_file.display()
+                )
+            })?
+            .lines()
+            .next()
+            .unwrap_or("")
+            .to_string();
+        let doc = self
+            .client
+            .call_within(
+                "POST",
+                "/v3/auth/authenticate",
+                Some(&json!({ "name": user.name, "password": password })),
+                ETCD_WAIT,
+            )
+            .with_context(|| format!("etcd did not authenticate the user {:?}", user.name))?;
+        let token = doc["token"]
+            .as_str()
+            .context("etcd authenticated without giving a token")?
+            .to_string();
+        *user.token.lock().unwrap_or_else(|p| p.into_inner()) = Some(token.clone());
+        Ok(token)
+    }
+
+    /// One call to etcd's gateway, given at most [`ETCD_WAIT`]; with a user, its token sent,
+    /// and asked for again once if etcd no longer takes it (tokens expire).
     fn post(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
-        self.client.call_within("POST", path, Some(body), ETCD_WAIT)
+        let Some(user) = &self.user else {
+            return self.client.call_within("POST", path, Some(body), ETCD_WAIT);
+        };
+        let mut fresh = false;
+        loop {
+            let kept = user.token.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let token = match kept {
+                Some(token) => token,
+                None => {
+                    fresh = true;
+                    self.authenticate(user)?
+                }
+            };
+            let client = self.client.clone().with_authorization(token);
+            match client.call_within("POST", path, Some(body), ETCD_WAIT) {
+                Err(e) if !fresh && token_refused(&e) => {
+                    *user.token.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                }
+                done => return done,
+            }
+        }
     }
 
     /// Lets go of the lead: after a failure part way through taking it, and when the
@@ -211,6 +311,12 @@ impl Etcd {
         }
         Ok(())
     }
+}
+
+/// Whether etcd refused a call for its token: expired, or revoked.
+fn token_refused(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<api::Refused>()
+        .is_some_and(|r| r.status == 401 || r.message.contains("auth token"))
 }
 
 /// etcd's gateway writes bytes as standard base64 with padding; a value without its padding

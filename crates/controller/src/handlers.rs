@@ -79,13 +79,15 @@ pub(crate) const FLEET_WAIT: Duration = Duration::from_millis(500);
 pub(crate) async fn fleet(State(shared): State<Arc<Shared>>) -> Json<Value> {
     let doc = status_doc(&shared);
     let switches = shared.fleet().file.switches.clone();
-    let token = shared.switch_token.clone();
+    let clients: Vec<Client> = switches
+        .iter()
+        .map(|sw| shared.switch_client(sw.api))
+        .collect();
     let statuses = tokio::task::spawn_blocking(move || {
         std::thread::scope(|s| {
-            let jobs: Vec<_> = switches
-                .iter()
-                .map(|sw| {
-                    let client = Client::new(sw.api, token.clone());
+            let jobs: Vec<_> = clients
+                .into_iter()
+                .map(|client| {
                     s.spawn(move || client.call_within("GET", "/api/v1/status", None, FLEET_WAIT))
                 })
                 .collect();

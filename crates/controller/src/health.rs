@@ -231,7 +231,7 @@ pub(crate) fn prober(shared: &Shared) {
                 .iter()
                 .filter(|_| tko_after > 0)
                 .map(|sw| {
-                    let client = Client::new(sw.api, shared.switch_token.clone());
+                    let client = shared.switch_client(sw.api);
                     let pool = &pool;
                     s.spawn(move || failures_reported(&client, pool, timeout.max(REPORT_WAIT)))
                 })

@@ -56,8 +56,25 @@ pub struct ControllerArgs {
     /// Keep the pool in etcd (etcd://HOST:PORT) and run as one of several controllers, of
     /// which one leads and the others stand by; without it the file is the only state and
     /// this controller leads alone.
-    #[arg(long)]
+    #[arg(long, value_name = "URL")]
     pub store: Option<String>,
+    /// etcd speaks TLS (an https:// URL): the authorities its certificate is checked against
+    /// (PEM).
+    #[arg(long, value_name = "FILE", requires = "store")]
+    pub store_ca: Option<std::path::PathBuf>,
+    /// The certificate chain (PEM) to show etcd when it asks for one (--client-cert-auth);
+    /// with --store-key.
+    #[arg(long, value_name = "FILE", requires_all = ["store_key", "store_ca"])]
+    pub store_cert: Option<std::path::PathBuf>,
+    /// The private key of --store-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "store_cert")]
+    pub store_key: Option<std::path::PathBuf>,
+    /// etcd has authentication on: authenticate as this user (with --store-password-file).
+    #[arg(long, value_name = "USER", requires_all = ["store", "store_password_file"])]
+    pub store_user: Option<String>,
+    /// The file whose first line is --store-user's password.
+    #[arg(long, value_name = "FILE", requires = "store_user")]
+    pub store_password_file: Option<std::path::PathBuf>,
 }
 
 mod cache_nodes;
@@ -142,6 +159,8 @@ struct Shared {
     me: String,
     /// The token the switches' APIs want, for reading their status.
     switch_token: Option<String>,
+    /// HTTPS to the switches' APIs, when they speak it.
+    switch_https: Option<api::client::Https>,
     /// The versioned routes (`[routes]`, `/api/v1/routes`).
     routes: routes::Routes,
     /// What the API refused and the connections it holds.
@@ -159,6 +178,12 @@ impl Fleet {
 impl Shared {
     fn fleet(&self) -> MutexGuard<'_, Fleet> {
         self.fleet.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A client of the switch API at `api`, with the switches' token, over HTTPS when they
+    /// speak it.
+    pub(crate) fn switch_client(&self, api: SocketAddr) -> Client {
+        Client::new(api, self.switch_token.clone()).with_https(self.switch_https.clone())
     }
 
     fn bump(&self, fleet: &mut Fleet) {
@@ -212,14 +237,39 @@ pub fn run(args: &ControllerArgs) -> anyhow::Result<()> {
     let listener = TcpListener::bind(file.api)
         .with_context(|| format!("the controller's API cannot listen on {}", file.api))?;
     let store = match &args.store {
-        Some(url) => Some(etcd::Etcd::new(url, &file.pool.name)?),
+        Some(url) => {
+            let https = match &args.store_ca {
+                Some(ca) => Some(
+                    api::client::Https::load(
+                        ca,
+                        args.store_cert.as_deref().zip(args.store_key.as_deref()),
+                    )
+                    .context("TLS to etcd")?,
+                ),
+                None => None,
+            };
+            let user = args
+                .store_user
+                .clone()
+                .zip(args.store_password_file.clone());
+            Some(etcd::Etcd::new(
+                url,
+                &file.pool.name,
+                etcd::Access { https, user },
+            )?)
+        }
         None => None,
     };
     kvio::signal::install_stop_handlers();
+    kvio::signal::install_reload_handler();
     let running = start(file, listener, token, switch_token, store)?;
     tracing::info!(api = %running.api, "controller running");
     while !kvio::signal::stop_requested() {
         std::thread::sleep(Duration::from_millis(100));
+        if kvio::signal::reload_requested() {
+            // The API's certificate files; the configuration itself takes a restart.
+            api::server::reload_tls();
+        }
     }
     tracing::info!("stopping");
     running.resign();
@@ -275,7 +325,7 @@ pub fn start(
     store: Option<etcd::Etcd>,
 ) -> anyhow::Result<Running> {
     let servers = file.pool.servers.clone();
-    let guard = Guard::new(file.api_serving.clone());
+    let guard = Guard::new(file.api_serving.clone())?;
     let keeper = match &file.fabric {
         Some(path) => {
             let cfg = config::fabric::FabricConfig::load(path)?;
@@ -307,6 +357,16 @@ pub fn start(
             ..Default::default()
         }),
     };
+    let switch_https = match &fleet.file.switch_tls {
+        Some(f) => Some(
+            api::client::Https::load(
+                &f.ca,
+                f.own.as_ref().map(|(c, k)| (c.as_path(), k.as_path())),
+            )
+            .context("HTTPS to the switches")?,
+        ),
+        None => None,
+    };
     let me = listener.local_addr()?.to_string();
     let elects = store.is_some();
     let shared = Arc::new(Shared {
@@ -317,7 +377,8 @@ pub fn start(
         started: Instant::now(),
         store: store.map(Mutex::new),
         me,
-        switch_token: switch_token.clone(),
+        switch_token,
+        switch_https,
         routes: routes::Routes::default(),
         guard,
     });
@@ -356,11 +417,11 @@ pub fn start(
     // One syncer per switch: a switch out of reach holds up only its own.
     let switches = shared.fleet().file.switches.len();
     for i in 0..switches {
-        let (shared, token) = (shared.clone(), switch_token.clone());
+        let shared = shared.clone();
         threads.push(
             std::thread::Builder::new()
                 .name(format!("syncer-{i}"))
-                .spawn(move || syncer(&shared, i, token))?,
+                .spawn(move || syncer(&shared, i))?,
         );
     }
     Ok(Running {

@@ -476,7 +476,7 @@ fn update(shared: &Shared, want: BTreeMap<String, Vec<EntryDef>>) -> Result<Json
     let calls: Vec<Calls> = switches
         .iter()
         .map(|s| Calls {
-            client: Client::new(s.api, shared.switch_token.clone()).with_limit(SWITCH_WAIT),
+            client: shared.switch_client(s.api).with_limit(SWITCH_WAIT),
             leads: &leads,
         })
         .collect();

@@ -151,7 +151,7 @@ pub(crate) fn live_servers(f: &mut Fleet) -> Vec<ServerSpec> {
 }
 
 /// Brings every switch to the live servers on each change, and every interval.
-pub(crate) fn syncer(shared: &Shared, i: usize, token: Option<String>) {
+pub(crate) fn syncer(shared: &Shared, i: usize) {
     let mut done = 0u64;
     while !shared.stop.load(Ordering::Relaxed) {
         {
@@ -177,7 +177,7 @@ pub(crate) fn syncer(shared: &Shared, i: usize, token: Option<String>) {
                 f.warm_until.clone(),
             )
         };
-        let client = Client::new(switch.api, token.clone());
+        let client = shared.switch_client(switch.api);
         let outcome = sync_switch(&client, &pool, &live, &warm, &|| shared.fleet().acting());
         let mut f = shared.fleet();
         let st = &mut f.switches[i];

@@ -82,7 +82,7 @@ pub fn run(cfg: FabricConfig, name: &str) -> anyhow::Result<()> {
         stats: stats.clone(),
         ports: me.ports.iter().map(|(i, _)| i.clone()).collect(),
         remote,
-        guard: Guard::new(ApiServing::default()),
+        guard: Guard::new(ApiServing::default())?,
         token,
     });
     let api = match me.api {

@@ -314,6 +314,7 @@ fn watch_hangups(reload: Reloader) -> anyhow::Result<()> {
             while !kvio::signal::stop_requested() {
                 if kvio::signal::reload_requested() {
                     api::pools::reload_on_hangup(&reload);
+                    ::api::server::reload_tls();
                 }
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }

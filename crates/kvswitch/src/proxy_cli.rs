@@ -299,6 +299,7 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         }
         if kvio::signal::reload_requested() {
             api::pools::reload_on_hangup(&reload);
+            ::api::server::reload_tls();
             reload_tls(&args, &tls_files, tls.as_deref(), server_tls.as_deref());
             if let Some(sasl) = &sasl {
                 match sasl.reload() {

@@ -1906,7 +1906,7 @@ fn slow_clients_cannot_hold_the_api_and_forwarding_goes_on() {
         ApiServing {
             max_connections: cap,
             header_timeout: timeout,
-            hosts: Vec::new(),
+            ..ApiServing::default()
         },
     );
     let host = rig.client.api;

@@ -17,6 +17,11 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::ServerConfig;
 use tokio_rustls::TlsAcceptor;
 
+/// The cryptography every TLS configuration of kvswitch uses: rustls's ring provider.
+pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
 fn add(n: &AtomicU64, by: u64) {
     n.fetch_add(by, Ordering::Relaxed);
 }

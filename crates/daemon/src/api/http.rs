@@ -129,7 +129,7 @@ fn ok(v: impl serde::Serialize) -> Reply {
 
 /// Binds nothing: serves `api` on `listener` on a thread of its own; returns the address.
 pub fn serve(listener: TcpListener, api: Api) -> anyhow::Result<SocketAddr> {
-    let guard = Guard::new(api.serving.clone());
+    let guard = Guard::new(api.serving.clone())?;
     let app = router(Arc::new(Served {
         api,
         streams: Default::default(),

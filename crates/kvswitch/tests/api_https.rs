@@ -1,0 +1,426 @@
+//! The control APIs over HTTPS: curl and `kvswitch ctl` against a proxy's API (a client that
+//! trusts another authority, or speaks plain HTTP, refused with a clear error; a certificate
+//! rotated by SIGHUP); client certificates asked for, and a controller that speaks HTTPS to
+//! its switches and serves HTTPS itself; the controller's store in an etcd that speaks TLS and
+//! has authentication on.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use api::client::Https;
+use api::Client;
+use common::fleet::{controller_toml, proxies, servers, until_pools};
+use common::proxy::{free_port, listening, Memcached, PoolOpts};
+use common::tls::{authority, certificate, start_proxy};
+use common::{installed, Running};
+use serde_json::json;
+
+const BIN: &str = env!("CARGO_BIN_EXE_kvswitch");
+
+fn skip_without(tools: &[&str]) -> bool {
+    for tool in tools {
+        if !installed(tool) {
+            eprintln!("skipped: {tool} is not installed (scripts/setup.sh installs it)");
+            return true;
+        }
+    }
+    false
+}
+
+/// curl with `args`, its output; never retries, never waits more than 10 s.
+fn curl(args: &[&str]) -> Output {
+    Command::new("curl")
+        .args(["-sS", "--max-time", "10"])
+        .args(args)
+        .output()
+        .expect("curl runs")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn kvswitch(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("kvswitch runs")
+}
+
+/// `path` as a string, for command lines.
+fn arg(path: &Path) -> String {
+    path.display().to_string()
+}
+
+#[test]
+fn the_proxy_api_over_https_with_curl_and_ctl_and_a_certificate_rotated() {
+    if skip_without(&["openssl", "curl", "memcached"]) {
+        return;
+    }
+    let scratch = testbed::local::TempDir::new("kvswitch-api-https").expect("scratch");
+    let dir = scratch.path();
+    authority(dir, "ca");
+    authority(dir, "other-ca");
+    authority(dir, "next-ca");
+    certificate(dir, "ca", "api", "serverAuth");
+    certificate(dir, "next-ca", "next", "serverAuth");
+    let server = Memcached::start();
+    let (proxy, _listen, api) = start_proxy(
+        dir,
+        server.addr(),
+        "api_tls_cert = \"api.crt\"\napi_tls_key = \"api.key\"",
+    );
+    let url = format!("https://{api}/metrics");
+    let ca = arg(&dir.join("ca.crt"));
+    let out = curl(&["--cacert", &ca, &url]);
+    assert!(out.status.success(), "{}", text(&out));
+    let metrics = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        metrics.contains("kvswitch_api_tls_handshakes_total{outcome=\"done\"}"),
+        "{metrics}"
+    );
+    // In clear, or trusting no authority of the API's: refused.
+    let out = curl(&[&format!("http://{api}/metrics")]);
+    assert!(!out.status.success(), "served in clear: {}", text(&out));
+    let out = curl(&["--cacert", &arg(&dir.join("other-ca.crt")), &url]);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("certificate"), "{}", text(&out));
+
+    // kvswitch ctl, as an operator runs it.
+    let api_arg = api.to_string();
+    let out = kvswitch(&["ctl", "--api", &api_arg, "--api-ca", &ca, "pool"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains(&server.addr().to_string()),
+        "{}",
+        text(&out)
+    );
+    let other = arg(&dir.join("other-ca.crt"));
+    let out = kvswitch(&["ctl", "--api", &api_arg, "--api-ca", &other, "pool"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        said.starts_with("kvswitch: ") && said.contains("certificate"),
+        "{said}"
+    );
+    let out = kvswitch(&["ctl", "--api", &api_arg, "pool"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "plain HTTP answered: {}",
+        text(&out)
+    );
+
+    // A new certificate, from another authority, put in place and SIGHUP sent: new
+    // connections get it; the old authority no longer checks.
+    std::fs::copy(dir.join("next.crt"), dir.join("api.crt")).unwrap();
+    std::fs::copy(dir.join("next.key"), dir.join("api.key")).unwrap();
+    // SAFETY: kill sends a signal to the proxy this test started.
+    assert_eq!(unsafe { libc::kill(proxy.0.id() as i32, libc::SIGHUP) }, 0);
+    let next = arg(&dir.join("next-ca.crt"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = curl(&["--cacert", &next, &url]);
+        if out.status.success() {
+            let metrics = String::from_utf8_lossy(&out.stdout).into_owned();
+            assert!(
+                metrics.contains("kvswitch_api_tls_reloads_total{outcome=\"done\"} 1"),
+                "{metrics}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never served the new certificate"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!curl(&["--cacert", &ca, &url]).status.success());
+}
+
+/// A proxy whose API wants HTTPS with a client certificate, in front of `servers`: the
+/// process, and its API's address.
+fn strict_proxy(dir: &Path, name: &str, servers: &[(&str, SocketAddr)]) -> (Running, SocketAddr) {
+    let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let mut config = format!(
+        "[proxy]\nlisten = \"{listen}\"\napi = \"{api}\"\nworkers = 1\n\
+         api_tls_cert = \"api.crt\"\napi_tls_key = \"api.key\"\napi_tls_client_ca = \"ca.crt\"\n\
+         [pool]\n"
+    );
+    for (n, addr) in servers {
+        config.push_str(&format!(
+            "[[pool.servers]]\naddr = \"{addr}\"\nname = \"{n}\"\n"
+        ));
+    }
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, config).unwrap();
+    let proxy = Running(
+        Command::new(BIN)
+            .args(["proxy", "--config"])
+            .arg(&path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join(format!("{name}.log"))).unwrap())
+            .spawn()
+            .expect("start the proxy"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(listening(listen) && listening(api)) {
+        assert!(Instant::now() < deadline, "the proxy never listened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (proxy, api)
+}
+
+#[test]
+fn client_certificates_and_a_controller_speaking_https_both_ways() {
+    if skip_without(&["openssl", "curl", "memcached"]) {
+        return;
+    }
+    let scratch = testbed::local::TempDir::new("kvswitch-api-mtls").expect("scratch");
+    let dir = scratch.path();
+    authority(dir, "ca");
+    certificate(dir, "ca", "api", "serverAuth");
+    certificate(dir, "ca", "ops", "clientAuth");
+    let (_servers, list) = servers(&["s1", "s2"]);
+    let (_p0, api0) = strict_proxy(dir, "p0", &list);
+    let (_p1, api1) = strict_proxy(dir, "p1", &list);
+    let ca = arg(&dir.join("ca.crt"));
+    let (cert, key) = (arg(&dir.join("ops.crt")), arg(&dir.join("ops.key")));
+    // Without a certificate the handshake is refused; with one, served.
+    let url = format!("https://{api0}/api/v1/pool");
+    let out = curl(&["--cacert", &ca, &url]);
+    assert!(!out.status.success(), "served without a client certificate");
+    let out = curl(&["--cacert", &ca, "--cert", &cert, "--key", &key, &url]);
+    assert!(out.status.success(), "{}", text(&out));
+
+    // The controller: HTTPS to its switches with the same client certificate, and its own
+    // API over HTTPS asking for one.
+    let ctl_api = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let settings = "probe_interval_ms = 50\nsync_interval_ms = 300\n\
+                    switch_tls_ca = \"ca.crt\"\nswitch_tls_cert = \"ops.crt\"\n\
+                    switch_tls_key = \"ops.key\"\napi_tls_cert = \"api.crt\"\n\
+                    api_tls_key = \"api.key\"\napi_tls_client_ca = \"ca.crt\"";
+    let path = dir.join("controller.toml");
+    std::fs::write(
+        &path,
+        controller_toml(ctl_api, settings, &[api0, api1], &list),
+    )
+    .unwrap();
+    let out = kvswitch(&["controller", "--config", &arg(&path), "--check"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let _controller = Running(
+        Command::new(BIN)
+            .args(["controller", "--config"])
+            .arg(&path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("controller.log")).unwrap())
+            .spawn()
+            .expect("start the controller"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !listening(ctl_api) {
+        assert!(Instant::now() < deadline, "the controller never listened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let https = Https::load(
+        &dir.join("ca.crt"),
+        Some((&dir.join("ops.crt"), &dir.join("ops.key"))),
+    )
+    .unwrap();
+    let ctl = Client::new(ctl_api, None).with_https(https.clone());
+    let proxies = [api0, api1].map(|a| Client::new(a, None).with_https(https.clone()));
+    // A server added through the controller's API reaches both proxies over HTTPS.
+    let s3 = Memcached::start();
+    let body = json!({"addr": s3.addr().to_string(), "name": "s3"});
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while let Err(e) = ctl.call("POST", "/api/v1/pool/servers", Some(&body)) {
+        // A standalone controller takes changes once every server has been probed.
+        assert!(Instant::now() < deadline, "the controller refused: {e:#}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    until_pools(&proxies, &["s1", "s2", "s3"], Duration::from_secs(10));
+    let status = ctl.call("GET", "/api/v1/status", None).unwrap();
+    assert_eq!(
+        status["servers"].as_array().map(Vec::len),
+        Some(3),
+        "{status}"
+    );
+    let in_step = |s: &serde_json::Value| s["in_step"] == json!(true);
+    let switches = status["switches"].as_array().cloned().unwrap_or_default();
+    assert!(
+        switches.len() == 2 && switches.iter().all(in_step),
+        "{status}"
+    );
+    // Without a client certificate, the controller's API refuses too.
+    let bare =
+        Client::new(ctl_api, None).with_https(Https::load(&dir.join("ca.crt"), None).unwrap());
+    assert!(bare.call("GET", "/api/v1/status", None).is_err());
+}
+
+/// etcd on loopback serving its clients over TLS with the certificate `etcd` of `dir`.
+fn etcd_tls(dir: &Path) -> (Running, SocketAddr) {
+    let client = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let peer = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let etcd = Running(
+        Command::new("etcd")
+            .args(["--name", "kvswitch-tls", "--data-dir"])
+            .arg(dir.join("etcd"))
+            .arg("--listen-client-urls")
+            .arg(format!("https://{client}"))
+            .arg("--advertise-client-urls")
+            .arg(format!("https://{client}"))
+            .arg("--listen-peer-urls")
+            .arg(format!("http://{peer}"))
+            .arg("--initial-advertise-peer-urls")
+            .arg(format!("http://{peer}"))
+            .arg("--initial-cluster")
+            .arg(format!("kvswitch-tls=http://{peer}"))
+            .arg("--cert-file")
+            .arg(dir.join("etcd.crt"))
+            .arg("--key-file")
+            .arg(dir.join("etcd.key"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("etcd.log")).unwrap())
+            .spawn()
+            .expect("etcd runs"),
+    );
+    (etcd, client)
+}
+
+#[test]
+fn the_controller_keeps_its_pool_in_an_etcd_with_tls_and_users() {
+    if skip_without(&["openssl", "etcd", "memcached"]) {
+        return;
+    }
+    let scratch = testbed::local::TempDir::new("kvswitch-etcd-tls").expect("scratch");
+    let dir = scratch.path();
+    authority(dir, "ca");
+    certificate(dir, "ca", "etcd", "serverAuth");
+    let (_etcd, etcd) = etcd_tls(dir);
+    let https = Https::load(&dir.join("ca.crt"), None).unwrap();
+    let admin = Client::new(etcd, None).with_https(https);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while admin
+        .call("POST", "/v3/kv/range", Some(&json!({"key": "eA=="})))
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "etcd never answered over TLS");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // etcd's users: root, then authentication on.
+    for (path, body) in [
+        ("/v3/auth/role/add", json!({"name": "root"})),
+        (
+            "/v3/auth/user/add",
+            json!({"name": "root", "password": "s3cret"}),
+        ),
+        (
+            "/v3/auth/user/grant",
+            json!({"user": "root", "role": "root"}),
+        ),
+        ("/v3/auth/enable", json!({})),
+    ] {
+        admin
+            .call("POST", path, Some(&body))
+            .unwrap_or_else(|e| panic!("{path}: {e:#}"));
+    }
+    std::fs::write(dir.join("etcd.password"), "s3cret\n").unwrap();
+    std::fs::write(dir.join("wrong.password"), "guess\n").unwrap();
+    let (_servers, list) = servers(&["s1"]);
+    let (proxies, _) = proxies(1, &list, &PoolOpts::default());
+    let ctl_api = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let path = dir.join("controller.toml");
+    let file = controller_toml(
+        ctl_api,
+        "probe_interval_ms = 50",
+        &[proxies[0].api()],
+        &list,
+    );
+    std::fs::write(&path, file).unwrap();
+    let url = format!("https://{etcd}");
+    let ca = arg(&dir.join("ca.crt"));
+    let config = arg(&path);
+    let base = [
+        "controller",
+        "--config",
+        &config,
+        "--store",
+        &url,
+        "--store-ca",
+        &ca,
+    ];
+
+    // A wrong password, or no TLS files for an https:// store, stops the controller at once.
+    let wrong = arg(&dir.join("wrong.password"));
+    let mut args = base.to_vec();
+    args.extend(["--store-user", "root", "--store-password-file", &wrong]);
+    let out = kvswitch(&args);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("did not authenticate the user \"root\""),
+        "{}",
+        text(&out)
+    );
+    let out = kvswitch(&["controller", "--config", &config, "--store", &url]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("--store-ca"), "{}", text(&out));
+
+    let password = arg(&dir.join("etcd.password"));
+    let mut args = base.to_vec();
+    args.extend(["--store-user", "root", "--store-password-file", &password]);
+    let _controller = Running(
+        Command::new(BIN)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("controller.log")).unwrap())
+            .spawn()
+            .expect("start the controller"),
+    );
+    let ctl = Client::new(ctl_api, None);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let status = ctl.call("GET", "/api/v1/status", None).unwrap_or_default();
+        if status["role"] == json!("leader") {
+            break;
+        }
+        let log = std::fs::read_to_string(dir.join("controller.log")).unwrap_or_default();
+        assert!(Instant::now() < deadline, "never led: {status}\n{log}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Its leader key is in etcd, read as root.
+    let token = admin
+        .call(
+            "POST",
+            "/v3/auth/authenticate",
+            Some(&json!({"name": "root", "password": "s3cret"})),
+        )
+        .unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let leader = controller::etcd::encode(b"/kvswitch/controller/default/leader");
+    let doc = admin
+        .clone()
+        .with_authorization(token)
+        .call("POST", "/v3/kv/range", Some(&json!({"key": leader})))
+        .unwrap();
+    let value = controller::etcd::decode(doc["kvs"][0]["value"].as_str().unwrap_or("")).unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&value),
+        ctl_api.to_string(),
+        "{doc}"
+    );
+}
