@@ -122,18 +122,11 @@ pub struct ProxyArgs {
 struct ProxyExporter {
     stats: Arc<proxy::ProxyStats>,
     caches: Vec<(String, Arc<CacheService>)>,
-    tls: Option<Arc<ClientTls>>,
-    server_tls: Option<Arc<ServerTls>>,
-    sasl: Option<Arc<Sasl>>,
 }
 
 impl api::Exporter for ProxyExporter {
     fn metrics(&self, m: &mut ::api::metrics::Exposition) {
         self.stats.write_metrics(m);
-        proxy::write_tls_metrics(m, self.tls.as_deref(), self.server_tls.as_deref());
-        if let Some(sasl) = &self.sasl {
-            sasl.write_metrics(m);
-        }
     }
 
     fn status(&self) -> serde_json::Value {
@@ -271,9 +264,6 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         let stats: Arc<dyn api::Exporter> = Arc::new(ProxyExporter {
             stats: proxy.stats(),
             caches: caches.clone(),
-            tls: tls.clone(),
-            server_tls: server_tls.clone(),
-            sasl: sasl.clone(),
         });
         let token = api::api_token(None, listener.local_addr()?)?;
         let addr = api::serve(
@@ -300,13 +290,8 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         if kvio::signal::reload_requested() {
             api::pools::reload_on_hangup(&reload);
             ::api::server::reload_tls();
-            reload_tls(&args, &tls_files, tls.as_deref(), server_tls.as_deref());
-            if let Some(sasl) = &sasl {
-                match sasl.reload() {
-                    Ok(()) => tracing::info!("the servers' SASL password read again"),
-                    Err(e) => tracing::error!("the servers' SASL password kept as it was: {e:#}"),
-                }
-            }
+            secrets_changed(&args, &tls_files, &server_sasl);
+            proxy.stats().reload_secrets();
         }
     }
     tracing::info!("stopping");
@@ -314,35 +299,22 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// On SIGHUP: the TLS files in use read again, clients' and servers'. Settings that name
-/// other files (or add or remove TLS) take a restart: they are refused, and said so.
-fn reload_tls(
+/// On SIGHUP: whether the TLS or SASL settings name other files, or add or remove TLS or
+/// SASL, which takes a restart; said in the log (the files in use are read again anyway).
+fn secrets_changed(
     args: &ProxyArgs,
     running: &(
         Option<proxy_file::TlsFiles>,
         Option<proxy_file::ServerTlsFiles>,
     ),
-    tls: Option<&ClientTls>,
-    server_tls: Option<&ServerTls>,
+    sasl: &Option<proxy_file::SaslFiles>,
 ) {
     if let Ok(now) = load(args) {
-        if (&now.tls, &now.server_tls) != (&running.0, &running.1) {
+        if (&now.tls, &now.server_tls, &now.server_sasl) != (&running.0, &running.1, sasl) {
             tracing::error!(
-                "the TLS settings changed: restart the proxy to use them; the running ones are \
-                 kept, their files read again"
+                "the TLS or SASL settings changed: restart the proxy to use them; the running \
+                 ones are kept, their files read again"
             );
-        }
-    }
-    if let Some(tls) = tls {
-        match tls.reload() {
-            Ok(()) => tracing::info!("clients' TLS files read again"),
-            Err(e) => tracing::error!("clients' TLS files kept as they were: {e:#}"),
-        }
-    }
-    if let Some(tls) = server_tls {
-        match tls.reload() {
-            Ok(()) => tracing::info!("servers' TLS files read again"),
-            Err(e) => tracing::error!("servers' TLS files kept as they were: {e:#}"),
         }
     }
 }

@@ -28,39 +28,6 @@ use tokio::sync::watch;
 pub use pool::{Pool, PoolSpec, ServerSpec};
 pub use stats::ProxyStats;
 
-/// The proxy's TLS families of `/metrics`: the clients' side and the servers'.
-pub fn write_tls_metrics(
-    m: &mut api::metrics::Exposition,
-    clients: Option<&tls::ClientTls>,
-    servers: Option<&tls::ServerTls>,
-) {
-    if let Some(tls) = clients {
-        m.tls(
-            "kvswitch_proxy_tls",
-            [
-                "Clients' TLS handshakes, by how they ended (failed: refused by either side, \
-                 such as a client that does not trust the certificate; timed_out: not done in \
-                 10 s).",
-                "Times the certificate files were read again (SIGHUP), by outcome (refused: the \
-                 files in use were kept).",
-            ],
-            &tls.counts(),
-        );
-    }
-    if let Some(tls) = servers {
-        m.tls(
-            "kvswitch_proxy_server_tls",
-            [
-                "TLS handshakes with the servers, by how they ended (failed: such as a server \
-                 whose certificate is not trusted or names another host).",
-                "Times the servers' TLS files were read again (SIGHUP), by outcome (refused: \
-                 the files in use were kept).",
-            ],
-            &tls.counts(),
-        );
-    }
-}
-
 /// How the proxy runs.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -209,7 +176,12 @@ impl Proxy {
             default_client_connections(&specs, workers)
         });
         limits.client_connections = Some(cap);
-        let stats = Arc::new(ProxyStats::new(&settings.pools, &limits));
+        let secrets = stats::Secrets {
+            tls: settings.tls.clone(),
+            server_tls: settings.server_tls.clone(),
+            sasl: settings.server_sasl.clone(),
+        };
+        let stats = Arc::new(ProxyStats::new(&settings.pools, &limits, secrets));
         let (stop, watch) = watch::channel(false);
         let mut handles = Vec::with_capacity(workers);
         for (i, listeners) in per_worker.into_iter().enumerate() {

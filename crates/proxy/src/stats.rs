@@ -36,10 +36,21 @@ pub struct ProxyStats {
     pub reply_budget: u64,
     pub client_cap: u64,
     started: std::time::Instant,
+    /// TLS towards clients and servers, and SASL towards servers: counted in the metrics,
+    /// their files read again by [`ProxyStats::reload_secrets`].
+    secrets: Secrets,
+}
+
+/// The proxy's TLS configurations and SASL credentials in use.
+#[derive(Clone, Default)]
+pub(crate) struct Secrets {
+    pub tls: Option<Arc<crate::tls::ClientTls>>,
+    pub server_tls: Option<Arc<crate::tls::ServerTls>>,
+    pub sasl: Option<Arc<crate::sasl::Sasl>>,
 }
 
 impl ProxyStats {
-    pub(crate) fn new(pools: &[Arc<Pool>], limits: &crate::Limits) -> ProxyStats {
+    pub(crate) fn new(pools: &[Arc<Pool>], limits: &crate::Limits, secrets: Secrets) -> ProxyStats {
         ProxyStats {
             pools: pools
                 .iter()
@@ -55,6 +66,33 @@ impl ProxyStats {
             reply_budget: limits.reply_budget as u64,
             client_cap: limits.client_connections.unwrap_or(usize::MAX) as u64,
             started: std::time::Instant::now(),
+            secrets,
+        }
+    }
+
+    /// Reads the TLS files and the SASL password file in use again (SIGHUP): new connections
+    /// use them, open ones keep theirs; a file that does not load leaves the old one in use.
+    /// The log says what came of each.
+    pub fn reload_secrets(&self) {
+        let Secrets {
+            tls,
+            server_tls,
+            sasl,
+        } = &self.secrets;
+        let outcomes = [
+            ("clients' TLS files", tls.as_ref().map(|t| t.reload())),
+            (
+                "servers' TLS files",
+                server_tls.as_ref().map(|t| t.reload()),
+            ),
+            ("servers' SASL password", sasl.as_ref().map(|s| s.reload())),
+        ];
+        for (what, outcome) in outcomes {
+            match outcome {
+                None => {}
+                Some(Ok(())) => tracing::info!("the {what} read again"),
+                Some(Err(e)) => tracing::error!("the {what} kept as they were: {e:#}"),
+            }
         }
     }
 
@@ -608,6 +646,14 @@ impl ProxyStats {
                 }
             }
         }
+        write_tls_metrics(
+            m,
+            self.secrets.tls.as_deref(),
+            self.secrets.server_tls.as_deref(),
+        );
+        if let Some(sasl) = &self.secrets.sasl {
+            sasl.write_metrics(m);
+        }
     }
 
     /// The proxy's part of the status document: pools, their settings and each server's
@@ -699,6 +745,39 @@ impl ProxyStats {
             "reply_budget_bytes": self.reply_budget,
             "pools": pools,
         })
+    }
+}
+
+/// The proxy's TLS families of `/metrics`: the clients' side and the servers'.
+fn write_tls_metrics(
+    m: &mut Exposition,
+    clients: Option<&crate::tls::ClientTls>,
+    servers: Option<&crate::tls::ServerTls>,
+) {
+    if let Some(tls) = clients {
+        m.tls(
+            "kvswitch_proxy_tls",
+            [
+                "Clients' TLS handshakes, by how they ended (failed: refused by either side, \
+                 such as a client that does not trust the certificate; timed_out: not done in \
+                 10 s).",
+                "Times the certificate files were read again (SIGHUP), by outcome (refused: the \
+                 files in use were kept).",
+            ],
+            &tls.counts(),
+        );
+    }
+    if let Some(tls) = servers {
+        m.tls(
+            "kvswitch_proxy_server_tls",
+            [
+                "TLS handshakes with the servers, by how they ended (failed: such as a server \
+                 whose certificate is not trusted or names another host).",
+                "Times the servers' TLS files were read again (SIGHUP), by outcome (refused: \
+                 the files in use were kept).",
+            ],
+            &tls.counts(),
+        );
     }
 }
 
