@@ -90,6 +90,13 @@ pub struct Config {
     /// A spliced client silent this long is probed, and forgotten if it does not answer
     /// (`switch.tcp_idle_s`).
     pub tcp_idle: std::time::Duration,
+    /// TLS for TCP clients of the VIP, terminated by the switch's proxy (`switch.tls_cert`,
+    /// `tls_key`, `tls_client_ca`; with `tcp = "proxy"`).
+    pub tls: Option<proxy::TlsFiles>,
+    /// TLS from the switch's proxy to the servers (`switch.server_tls_*`).
+    pub server_tls: Option<proxy::ServerTlsFiles>,
+    /// SASL from the switch's proxy to the servers (`switch.server_sasl_*`).
+    pub server_sasl: Option<proxy::SaslFiles>,
     pub vip: Ipv4Addr,
     /// Length of the VIP's network, where the clients and servers are: the host's end of the
     /// local port gets the proxy's source address with this prefix.
@@ -328,6 +335,22 @@ struct RawSwitch {
     #[serde(default)]
     tcp: Option<String>,
     #[serde(default)]
+    tls_cert: Option<PathBuf>,
+    #[serde(default)]
+    tls_key: Option<PathBuf>,
+    #[serde(default)]
+    tls_client_ca: Option<PathBuf>,
+    #[serde(default)]
+    server_tls_ca: Option<PathBuf>,
+    #[serde(default)]
+    server_tls_cert: Option<PathBuf>,
+    #[serde(default)]
+    server_tls_key: Option<PathBuf>,
+    #[serde(default)]
+    server_sasl_user: Option<String>,
+    #[serde(default)]
+    server_sasl_password_file: Option<PathBuf>,
+    #[serde(default)]
     tcp_max_flows: Option<usize>,
     #[serde(default)]
     tcp_idle_s: Option<u64>,
@@ -425,6 +448,49 @@ pub const DEFAULT_UDP_REPLY_BYTES_PER_SEC: u64 = 125_000_000;
 pub const DEFAULT_UDP_REPLY_BURST_BYTES: u64 = 16 << 20;
 /// The burst must hold the largest IPv4 datagram, or such a reply could never pass.
 pub const MIN_UDP_REPLY_BURST_BYTES: u64 = 65_536;
+
+/// The switch's TLS and SASL settings, their files relative to the configuration's
+/// directory.
+#[allow(clippy::type_complexity)]
+fn secrets(
+    raw: &RawSwitch,
+    path: &Path,
+) -> Result<
+    (
+        Option<proxy::TlsFiles>,
+        Option<proxy::ServerTlsFiles>,
+        Option<proxy::SaslFiles>,
+    ),
+    ConfigError,
+> {
+    let beside = |f: &Option<PathBuf>| {
+        f.as_ref()
+            .map(|f| path.parent().unwrap_or(Path::new("")).join(f))
+    };
+    let key_of = |k: &str| format!("switch.{k}");
+    let fail = |(k, e): (String, String)| ConfigError::new(path, &k, e);
+    let tls = proxy::TlsFiles::from_parts(
+        beside(&raw.tls_cert),
+        beside(&raw.tls_key),
+        beside(&raw.tls_client_ca),
+        key_of,
+    )
+    .map_err(fail)?;
+    let server_tls = proxy::ServerTlsFiles::from_parts(
+        beside(&raw.server_tls_ca),
+        beside(&raw.server_tls_cert),
+        beside(&raw.server_tls_key),
+        key_of,
+    )
+    .map_err(fail)?;
+    let sasl = proxy::SaslFiles::from_parts(
+        raw.server_sasl_user.clone(),
+        beside(&raw.server_sasl_password_file),
+        key_of,
+    )
+    .map_err(fail)?;
+    Ok((tls, server_tls, sasl))
+}
 
 impl Config {
     /// Reads and validates a configuration file.
@@ -676,6 +742,31 @@ impl Config {
                 ))
             }
         };
+        let (tls, server_tls, server_sasl) = secrets(&raw.switch, path)?;
+        if tls.is_some() || server_tls.is_some() || server_sasl.is_some() {
+            let key = match (&tls, &server_tls) {
+                (Some(_), _) => "switch.tls_cert",
+                (None, Some(_)) => "switch.server_tls_ca",
+                (None, None) => "switch.server_sasl_user",
+            };
+            if raw.switch.local_port.as_deref() == Some("") || !proxy {
+                return Err(err(
+                    key,
+                    "TLS and SASL are the switch's proxy's: it needs the local port and \
+                     switch.proxy"
+                        .into(),
+                ));
+            }
+            if tcp != TcpPath::Proxy {
+                return Err(err(
+                    key,
+                    "the splice carries TCP to the servers in clear, with no credentials: set \
+                     switch.tcp = \"proxy\" so that the switch's proxy carries it (UDP stays \
+                     in clear)"
+                        .into(),
+                ));
+            }
+        }
         let tcp_max_flows = raw.switch.tcp_max_flows.unwrap_or(DEFAULT_TCP_MAX_FLOWS);
         if !(1..=1 << 22).contains(&tcp_max_flows) {
             return Err(err(
@@ -848,6 +939,9 @@ impl Config {
             tcp,
             tcp_max_flows,
             tcp_idle: std::time::Duration::from_secs(tcp_idle_s),
+            tls,
+            server_tls,
+            server_sasl,
             vip,
             vip_prefix_len,
             vip_mac,
@@ -1200,6 +1294,17 @@ proxy_workers = 1
 # route to the proxy) or "proxy" (every connection through the local port to the proxy).
 # Splicing needs the local port; without it TCP takes the proxy's path.
 tcp = "splice"
+# TLS on the VIP's TCP port, terminated by the switch's proxy (memcached's TLS, as
+# `memcached -Z` serves it), with tcp = "proxy"; files relative to this file, read again on
+# SIGHUP. tls_client_ca asks clients for certificates. The proxy speaks TLS to `memcached -Z`
+# servers with server_tls_ca (server_tls_cert and server_tls_key: its own certificate), and
+# authenticates to `memcached -S` servers with SASL (binary clients only). UDP stays in clear.
+# tls_cert = "vip.crt"
+# tls_key = "vip.key"
+# tls_client_ca = "clients-ca.crt"
+# server_tls_ca = "servers-ca.crt"
+# server_sasl_user = "kvswitch"
+# server_sasl_password_file = "servers.password"
 # Most connections spliced at once; a new one past them is reset.
 tcp_max_flows = 65536
 # Seconds a spliced client may stay silent before the switch sends it keepalive probes; one
@@ -1353,6 +1458,34 @@ mod tests {
                 "{ports}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn tls_and_sasl_on_the_vip_take_the_proxy_path() {
+        let c = parse(EXAMPLE).unwrap();
+        assert_eq!((c.tls, c.server_tls, c.server_sasl), (None, None, None));
+        let tls = "tls_cert = \"vip.crt\"\ntls_key = \"vip.key\"";
+        let spliced = EXAMPLE.replace("# tls_cert = \"vip.crt\"", tls);
+        let e = parse(&spliced).unwrap_err();
+        assert_eq!(e.key, "switch.tls_cert");
+        assert!(e.to_string().contains("switch.tcp = \"proxy\""), "{e}");
+        let proxied = spliced.replace("tcp = \"splice\"", "tcp = \"proxy\"");
+        let c = Config::parse(&proxied, Path::new("/etc/kvswitch/switch.toml")).unwrap();
+        let files = c.tls.expect("tls");
+        assert_eq!(files.cert, Path::new("/etc/kvswitch/vip.crt"));
+        let sasl = EXAMPLE
+            .replace("tcp = \"splice\"", "tcp = \"proxy\"")
+            .replace(
+                "# server_sasl_user = \"kvswitch\"",
+                "server_sasl_user = \"kvswitch\"",
+            );
+        let e = parse(&sasl).unwrap_err();
+        assert_eq!(e.key, "switch.server_sasl_password_file");
+        let no_proxy = proxied.replace("proxy = true", "proxy = false");
+        assert!(parse(&no_proxy)
+            .unwrap_err()
+            .to_string()
+            .contains("switch.proxy"));
     }
 
     #[test]

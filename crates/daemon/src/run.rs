@@ -103,7 +103,10 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         fast: Arc::default(),
         cpu: Arc::default(),
     });
-    watch_hangups(reloader(&cfg, pool.clone(), shared.caches()))?;
+    watch_hangups(
+        reloader(&cfg, pool.clone(), shared.caches()),
+        shared.clone(),
+    )?;
     let token = api::api_token(cfg.api_token_file.as_deref(), cfg.api)
         .with_context(|| format!("{}: `switch.api`", cfg.path.display()))?;
     let listener = std::net::TcpListener::bind(cfg.api).with_context(|| {
@@ -306,7 +309,7 @@ fn reloader(cfg: &Config, pool: Arc<Pool>, caches: Vec<(String, Arc<CacheService
 
 /// Handles SIGHUP on a thread of its own until the switch stops: a reload reads a file, which
 /// the forwarding thread must not wait for.
-fn watch_hangups(reload: Reloader) -> anyhow::Result<()> {
+fn watch_hangups(reload: Reloader, shared: Arc<api::Shared>) -> anyhow::Result<()> {
     kvio::signal::install_reload_handler();
     std::thread::Builder::new()
         .name("reload".into())
@@ -315,6 +318,9 @@ fn watch_hangups(reload: Reloader) -> anyhow::Result<()> {
                 if kvio::signal::reload_requested() {
                     api::pools::reload_on_hangup(&reload);
                     ::api::server::reload_tls();
+                    if let Some(proxy) = shared.proxy.get() {
+                        proxy.reload_secrets();
+                    }
                 }
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }
@@ -365,9 +371,26 @@ fn start_proxy(
         limits: proxy::Limits::default(),
         // One cache for both paths: a write on either invalidates what the other serves.
         caches: vec![cache],
-        tls: None,
-        server_tls: None,
-        server_sasl: None,
+        tls: cfg
+            .tls
+            .as_ref()
+            .map(|f| {
+                proxy::tls::ClientTls::load(f.cert.clone(), f.key.clone(), f.client_ca.clone())
+            })
+            .transpose()?
+            .map(Arc::new),
+        server_tls: cfg
+            .server_tls
+            .as_ref()
+            .map(|f| proxy::tls::ServerTls::load(f.ca.clone(), f.own.clone()))
+            .transpose()?
+            .map(Arc::new),
+        server_sasl: cfg
+            .server_sasl
+            .as_ref()
+            .map(|f| proxy::sasl::Sasl::load(f.user.clone(), f.password_file.clone()))
+            .transpose()?
+            .map(Arc::new),
     };
     let proxy = Proxy::start(settings).with_context(|| {
         format!(
