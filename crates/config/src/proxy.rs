@@ -97,6 +97,9 @@ pub struct ProxyFile {
 pub struct SaslFiles {
     pub user: String,
     pub password_file: PathBuf,
+    /// Clients must authenticate (with the same user and password) before any other request
+    /// (`client_sasl`).
+    pub clients: bool,
 }
 
 impl SaslFiles {
@@ -115,6 +118,7 @@ impl SaslFiles {
             (Some(user), Some(password_file)) => Ok(Some(SaslFiles {
                 user,
                 password_file,
+                clients: false,
             })),
             (None, None) => Ok(None),
             (Some(_), None) => Err((
@@ -282,6 +286,8 @@ struct RawProxy {
     server_sasl_user: Option<String>,
     #[serde(default)]
     server_sasl_password_file: Option<PathBuf>,
+    #[serde(default)]
+    client_sasl: Option<bool>,
 }
 
 /// Reads a proxy configuration, or a switch configuration for its pool (see the module
@@ -345,6 +351,7 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
         server_tls_key: None,
         server_sasl_user: None,
         server_sasl_password_file: None,
+        client_sasl: None,
     });
     // Relative to the file's directory, as every other file a configuration names.
     let beside = |f: Option<PathBuf>| f.map(|f| path.parent().unwrap_or(Path::new("")).join(f));
@@ -368,6 +375,18 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
         |k| format!("proxy.{k}"),
     )
     .map_err(|(k, e)| err(&k, e))?;
+    let server_sasl = match (server_sasl, proxy.client_sasl) {
+        (Some(s), Some(clients)) => Some(SaslFiles { clients, ..s }),
+        (None, Some(true)) => {
+            return Err(err(
+                "proxy.client_sasl",
+                "clients authenticate with the servers' user and password: give \
+                 server_sasl_user and server_sasl_password_file too"
+                    .into(),
+            ))
+        }
+        (s, _) => s,
+    };
     let api_serving = RawApiServing {
         max_connections: proxy.api_max_connections,
         header_timeout_ms: proxy.api_header_timeout_ms,
@@ -523,6 +542,9 @@ listen = "127.0.0.1:22121"
 # their own SASL requests are answered by the proxy against the same user and password.
 # server_sasl_user = "proxy"
 # server_sasl_password_file = "servers.password"
+# true: a client must authenticate (SASL PLAIN, the same user and password) before any other
+# request, as memcached -S wants; one that has not is refused and disconnected.
+# client_sasl = false
 
 [pool]
 distribution = "ketama"   # ketama | modula | jump
@@ -628,6 +650,13 @@ mod tests {
             "server_sasl_user = \"\"\nserver_sasl_password_file = \"pw\"",
         ));
         assert!(e.contains("empty"), "{e}");
+        let e = error(&with("client_sasl = true"));
+        assert!(e.contains("proxy.client_sasl"), "{e}");
+        let f = parse(&with(
+            "server_sasl_user = \"p\"\nserver_sasl_password_file = \"pw\"\nclient_sasl = true",
+        ))
+        .unwrap();
+        assert!(f.server_sasl.expect("sasl").clients);
     }
 
     #[test]

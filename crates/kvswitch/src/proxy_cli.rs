@@ -116,6 +116,10 @@ pub struct ProxyArgs {
     /// (overrides `[proxy] server_sasl_password_file`).
     #[arg(long, value_name = "FILE")]
     pub server_sasl_password_file: Option<PathBuf>,
+    /// Clients must authenticate with SASL (the same user and password) before any other
+    /// request, as `memcached -S` wants (overrides `[proxy] client_sasl`).
+    #[arg(long)]
+    pub client_sasl: bool,
 }
 
 /// What the standalone proxy's API shows: the proxy's counters and its pools' caches.
@@ -161,7 +165,14 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
     } = load(&args)?;
     let sasl = server_sasl
         .as_ref()
-        .map(|f| Sasl::load(f.user.clone(), f.password_file.clone()).map(Arc::new))
+        .map(|f| {
+            let sasl = Sasl::load(f.user.clone(), f.password_file.clone())?;
+            anyhow::Ok(Arc::new(if f.clients {
+                sasl.requiring_clients()
+            } else {
+                sasl
+            }))
+        })
         .transpose()?;
     let tls_files = (tls, server_tls);
     let tls = client_tls(&tls_files.0)?;
@@ -431,20 +442,30 @@ fn load(args: &ProxyArgs) -> anyhow::Result<Loaded> {
     })
 }
 
-/// The servers' SASL user and password file: the file's, each replaced by the command
-/// line's where it gives one.
+/// The servers' SASL user and password file, and whether clients must authenticate: the
+/// file's, each replaced by the command line's where it gives one.
 fn sasl_of(
     args: &ProxyArgs,
     file: Option<proxy_file::SaslFiles>,
 ) -> anyhow::Result<Option<proxy_file::SaslFiles>> {
-    let (user, password_file) =
-        file.map_or((None, None), |f| (Some(f.user), Some(f.password_file)));
-    proxy_file::SaslFiles::from_parts(
+    let (user, password_file, clients) = file.map_or((None, None, false), |f| {
+        (Some(f.user), Some(f.password_file), f.clients)
+    });
+    let sasl = proxy_file::SaslFiles::from_parts(
         args.server_sasl_user.clone().or(user),
         args.server_sasl_password_file.clone().or(password_file),
         setting,
     )
-    .map_err(|(k, e)| anyhow::anyhow!("{k}: {e}"))
+    .map_err(|(k, e)| anyhow::anyhow!("{k}: {e}"))?;
+    let clients = clients || args.client_sasl;
+    match sasl {
+        Some(s) => Ok(Some(proxy_file::SaslFiles { clients, ..s })),
+        None if clients => anyhow::bail!(
+            "--client-sasl ([proxy] client_sasl): clients authenticate with the servers' user \
+             and password; give --server-sasl-user and --server-sasl-password-file too"
+        ),
+        None => Ok(None),
+    }
 }
 
 /// The clients' TLS files: the file's, each of them replaced by the command line's where it

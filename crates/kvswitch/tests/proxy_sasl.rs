@@ -235,3 +235,39 @@ fn a_wrong_password_fails_the_server_with_a_clear_log_line() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+#[test]
+fn with_client_sasl_a_client_must_authenticate_first() {
+    if skip_without_tools() {
+        return;
+    }
+    let scratch = testbed::local::TempDir::new("kvswitch-proxy-sasl-clients").expect("scratch");
+    let dir = scratch.path();
+    let (_server, server) = memcached_sasl(dir, "kv", "s3cret");
+    std::fs::write(dir.join("servers.password"), "s3cret\n").unwrap();
+    let (_proxy, listen, api) = start_proxy(
+        dir,
+        server,
+        "server_sasl_user = \"kv\"\nserver_sasl_password_file = \"servers.password\"\n\
+         client_sasl = true",
+    );
+    // Not authenticated: refused as memcached -S refuses it, and the connection closed.
+    let mut stranger = Binary::connect(listen);
+    assert_eq!(stranger.call(opcode::GET, b"k", b"", b"").0, 0x20);
+    let mut rest = Vec::new();
+    assert_eq!(
+        stranger.0.read_to_end(&mut rest).unwrap_or(0),
+        0,
+        "{rest:?}"
+    );
+    // A wrong password does not let it in either; the right one does.
+    let mut client = Binary::connect(listen);
+    assert_eq!(client.auth("kv", "guess"), 0x20);
+    assert_eq!(client.call(opcode::GET, b"k", b"", b"").0, 0x20);
+    let mut client = Binary::connect(listen);
+    assert_eq!(client.auth("kv", "s3cret"), 0);
+    assert_eq!(client.call(opcode::SET, b"k", &[0; 8], b"v").0, 0);
+    assert_eq!(client.call(opcode::GET, b"k", b"", b""), (0, b"v".to_vec()));
+    let refused = "kvswitch_proxy_client_sasl_auths_total{outcome=\"refused\"}";
+    assert_eq!(sample(&metrics(api), refused), Some(3.0));
+}

@@ -340,6 +340,8 @@ pub(crate) struct Shared {
     /// Which of a server's connections this client's requests take (see [`PoolRt::conn`]):
     /// always the same, so that its requests to one server stay in order.
     affinity: usize,
+    /// The client authenticated with SASL (see [`crate::sasl`]).
+    authenticated: Cell<bool>,
 }
 
 /// Largest value a storage request may carry: memcached's default item size. Larger ones are
@@ -402,6 +404,7 @@ async fn serve_halves(
     let stats = pool.stats.clone();
     let shared = Rc::new(Shared {
         affinity: pool.next_affinity(),
+        authenticated: Cell::new(false),
         queue: RefCell::new(VecDeque::new()),
         outstanding: Cell::new(0),
         pool: stats.clone(),
@@ -762,13 +765,26 @@ pub(crate) enum Handled {
     Close,
 }
 
-/// The proxy's own answer to a client's SASL request when it authenticates to the servers
-/// itself: passed on, the request would authenticate a connection every client shares.
-fn sasl_answer(request: &wire::memcache::Request<'_>, pool: &PoolRt) -> Option<Vec<u8>> {
+/// When the proxy authenticates to the servers itself: its own answer to a client's SASL
+/// request (passed on, it would authenticate a connection every client shares), and, when
+/// clients must authenticate, the refusal of any other request before they have.
+fn sasl_plan(
+    request: &wire::memcache::Request<'_>,
+    pool: &PoolRt,
+    shared: &Shared,
+) -> Option<Plan> {
     if !matches!(request.command, Command::Binary(_)) {
         return None;
     }
-    pool.sasl()?.answer_client(request.bytes())
+    let sasl = pool.sasl()?;
+    if let Some((reply, taken)) = sasl.answer_client(request.bytes()) {
+        if taken {
+            shared.authenticated.set(true);
+        }
+        return Some(Plan::Local(reply));
+    }
+    (sasl.required_of_clients() && !shared.authenticated.get())
+        .then(|| Plan::Close(sasl.unauthenticated(request.bytes())))
 }
 
 /// Acts on every complete request at the front of `buf`.
@@ -800,31 +816,29 @@ fn handle(
         match parsed {
             Ok(Some(request)) => {
                 add(&stats.requests, 1);
-                if let Some(reply) = sasl_answer(&request, pool) {
-                    add(&stats.local_replies, 1);
-                    shared.push(Entry::Ready(reply));
-                    used += request.len;
-                    continue;
-                }
-                let (plan, hook) = match from_cache(&request, pool, &mut router) {
-                    Served::All(reply) => {
-                        add(&stats.cache_replies, 1);
-                        shared.push(Entry::Ready(reply));
-                        if request.protocol == wire::memcache::Protocol::Text {
-                            shared.commit();
+                let (plan, hook) = match sasl_plan(&request, pool, shared) {
+                    Some(plan) => (plan, None),
+                    None => match from_cache(&request, pool, &mut router) {
+                        Served::All(reply) => {
+                            add(&stats.cache_replies, 1);
+                            shared.push(Entry::Ready(reply));
+                            if request.protocol == wire::memcache::Protocol::Text {
+                                shared.commit();
+                            }
+                            used += request.len;
+                            continue;
                         }
-                        used += request.len;
-                        continue;
-                    }
-                    Served::Some { hits, cached } => {
-                        let plan = plan::plan_multiget_cached(&request, &hits, cached, &mut router);
-                        let hook = pool.cache.as_ref().and_then(|c| {
-                            c.before_read_except(&request, &hits)
-                                .map(|fill| CacheHook::Read(pool.clone(), fill))
-                        });
-                        (plan, hook)
-                    }
-                    Served::None => (plan::plan(&request, &mut router), None),
+                        Served::Some { hits, cached } => {
+                            let plan =
+                                plan::plan_multiget_cached(&request, &hits, cached, &mut router);
+                            let hook = pool.cache.as_ref().and_then(|c| {
+                                c.before_read_except(&request, &hits)
+                                    .map(|fill| CacheHook::Read(pool.clone(), fill))
+                            });
+                            (plan, hook)
+                        }
+                        Served::None => (plan::plan(&request, &mut router), None),
+                    },
                 };
                 match plan {
                     Plan::Local(reply) => {

@@ -6,6 +6,8 @@
 //! Clients of such servers authenticate too, since the servers would refuse them otherwise:
 //! the proxy answers their SASL requests itself, against the same user and password, and
 //! never passes them on, where they would authenticate a connection shared by every client.
+//! With [`Sasl::requiring_clients`], a client must have authenticated before any other
+//! request, as `memcached -S` wants: one that has not is refused and its connection closed.
 //! The password is a file's first line, read again on [`Sasl::reload`] (SIGHUP): connections
 //! open stay authenticated, new ones use the new password.
 
@@ -32,6 +34,8 @@ pub struct Sasl {
     auths: [AtomicU64; 2],
     /// Clients' SASL requests answered, accepted and refused.
     clients: [AtomicU64; 2],
+    /// Clients must authenticate before any other request.
+    required_of_clients: bool,
 }
 
 impl std::fmt::Debug for Sasl {
@@ -70,7 +74,38 @@ impl Sasl {
             password: RwLock::new(password),
             auths: Default::default(),
             clients: Default::default(),
+            required_of_clients: false,
         })
+    }
+
+    /// The same, refusing a client's requests until it has authenticated.
+    pub fn requiring_clients(self) -> Sasl {
+        Sasl {
+            required_of_clients: true,
+            ..self
+        }
+    }
+
+    /// Whether a client must authenticate before any other request.
+    pub fn required_of_clients(&self) -> bool {
+        self.required_of_clients
+    }
+
+    /// What memcached answers a request made before authenticating: `AUTH_ERROR` (after
+    /// which it closes the connection). Counted as a refused client.
+    pub fn unauthenticated(&self, request: &[u8]) -> Vec<u8> {
+        add(&self.clients[1], 1);
+        let (op, opaque) = Header::decode(request).map_or((0, 0), |h| (h.opcode, h.opaque));
+        let mut out = Vec::new();
+        write_response(
+            op,
+            status::AUTH_ERROR,
+            opaque,
+            b"",
+            b"Auth failure.",
+            &mut out,
+        );
+        out
     }
 
     pub fn user(&self) -> &str {
@@ -144,9 +179,10 @@ impl Sasl {
     }
 
     /// The proxy's own answer to a client's binary request `request` (whole) when it is a
-    /// SASL request, `None` otherwise. PLAIN with this proxy's user and password is accepted;
-    /// anything else is refused as memcached refuses it.
-    pub fn answer_client(&self, request: &[u8]) -> Option<Vec<u8>> {
+    /// SASL request, with whether the client is now authenticated; `None` for any other
+    /// request. PLAIN with this proxy's user and password is accepted; anything else is
+    /// refused as memcached refuses it.
+    pub fn answer_client(&self, request: &[u8]) -> Option<(Vec<u8>, bool)> {
         let header = Header::decode(request)?;
         let op = header.opcode;
         if !matches!(
@@ -162,12 +198,13 @@ impl Sasl {
         let value = request.get(key_end..end).unwrap_or_default();
         let opaque = header.opaque;
         let mut out = Vec::new();
+        let mut taken = false;
         match op {
             opcode::SASL_LIST_MECHS => {
                 write_response(op, status::NO_ERROR, opaque, b"", MECHANISM, &mut out)
             }
             opcode::SASL_AUTH | opcode::SASL_STEP => {
-                let taken = op == opcode::SASL_AUTH
+                taken = op == opcode::SASL_AUTH
                     && key == MECHANISM
                     && api::server::same(value, &self.plain());
                 add(&self.clients[usize::from(!taken)], 1);
@@ -193,7 +230,7 @@ impl Sasl {
             }
             _ => return None,
         }
-        Some(out)
+        Some((out, taken))
     }
 
     /// Authentications made with the servers, that took (`true`) or were refused.
@@ -299,13 +336,15 @@ mod tests {
     fn clients_are_answered_against_the_same_password() {
         let dir = Dir::new("clients");
         let s = sasl(&dir, "secret");
-        let status_of = |reply: Vec<u8>| Header::decode(&reply).unwrap().vbucket_or_status;
+        let status_of =
+            |reply: (Vec<u8>, bool)| Header::decode(&reply.0).unwrap().vbucket_or_status;
         let request = |op: u8, key: &[u8], value: &[u8]| {
             let mut out = Vec::new();
             wire::memcache::binary::write_request(op, key, b"", value, 7, 0, &mut out);
             out
         };
         let ok = s.answer_client(&request(opcode::SASL_AUTH, b"PLAIN", b"\0alice\0secret"));
+        assert!(ok.as_ref().is_some_and(|(_, taken)| *taken));
         assert_eq!(status_of(ok.unwrap()), status::NO_ERROR);
         let bad = s.answer_client(&request(opcode::SASL_AUTH, b"PLAIN", b"\0alice\0wrong"));
         assert_eq!(status_of(bad.unwrap()), status::AUTH_ERROR);
@@ -314,7 +353,7 @@ mod tests {
         let list = s
             .answer_client(&request(opcode::SASL_LIST_MECHS, b"", b""))
             .unwrap();
-        assert!(list.ends_with(b"PLAIN"));
+        assert!(list.0.ends_with(b"PLAIN") && !list.1);
         assert_eq!(s.answer_client(&request(opcode::GET, b"k", b"")), None);
         // A new password takes on reload; a file that cannot be read keeps the old one.
         std::fs::write(dir.path().join("pw"), "changed\n").unwrap();
