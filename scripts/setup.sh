@@ -37,12 +37,14 @@ fi
 for header in /usr/include/bpf/bpf_helpers.h /usr/include/libelf.h /usr/include/zlib.h; do
     [ -f "$header" ] || need+=("$header")
 done
+# SASL's PLAIN mechanism, which memcached -S offers (libsasl2-modules).
+compgen -G "/usr/lib/*/sasl2/libplain.so*" >/dev/null || need+=("libplain.so")
 if [ "${#need[@]}" -gt 0 ]; then
     echo "setup: installing memcached, nutcracker, iproute2, ethtool, python3, procps," \
         "iputils-ping, libmemcached-tools, fonts-dejavu-core, etcd-server, chromium, clang," \
         "libbpf-dev, libelf-dev, zlib1g-dev, bpftool, pkg-config, python3-pymemcache, python3-pylibmc," \
         "redis-server, redis-tools, python3-redis, dnsmasq-base, bind9-dnsutils, openssl, curl," \
-        "sasl2-bin"
+        "sasl2-bin, libsasl2-modules"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends \
@@ -50,7 +52,7 @@ if [ "${#need[@]}" -gt 0 ]; then
         libmemcached-tools fonts-dejavu-core etcd-server chromium clang libbpf-dev \
         libelf-dev zlib1g-dev bpftool pkg-config linux-libc-dev python3-pymemcache \
         python3-pylibmc redis-server redis-tools python3-redis dnsmasq-base bind9-dnsutils \
-        openssl curl sasl2-bin >/dev/null
+        openssl curl sasl2-bin libsasl2-modules >/dev/null
 fi
 # Debian starts memcached as a service on install; the testbed runs its own.
 if command -v systemctl >/dev/null 2>&1; then

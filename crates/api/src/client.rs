@@ -126,7 +126,7 @@ impl Https {
 }
 
 /// A blocking client of the control API: one connection per request.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Client {
     pub api: SocketAddr,
     pub token: Option<String>,
@@ -138,6 +138,18 @@ pub struct Client {
     /// An `Authorization` header sent as it is, in place of the token as a bearer (etcd's
     /// gateway wants its own tokens so).
     authorization: Option<String>,
+}
+
+impl std::fmt::Debug for Client {
+    /// Without the token or the authorization, which logs must not show.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("api", &self.api)
+            .field("token", &self.token.as_ref().map(|_| "<set>"))
+            .field("limit", &self.limit)
+            .field("https", &self.https.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Client {
@@ -157,6 +169,14 @@ impl Client {
         Client {
             authorization: Some(value),
             ..self
+        }
+    }
+
+    /// The same client (token, HTTPS, limit) for the API at `api`: another switch of a fleet.
+    pub fn at(&self, api: SocketAddr) -> Client {
+        Client {
+            api,
+            ..self.clone()
         }
     }
 

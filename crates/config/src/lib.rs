@@ -351,6 +351,8 @@ struct RawSwitch {
     #[serde(default)]
     server_sasl_password_file: Option<PathBuf>,
     #[serde(default)]
+    client_sasl: Option<bool>,
+    #[serde(default)]
     tcp_max_flows: Option<usize>,
     #[serde(default)]
     tcp_idle_s: Option<u64>,
@@ -489,6 +491,18 @@ fn secrets(
         key_of,
     )
     .map_err(fail)?;
+    let sasl = match (sasl, raw.client_sasl) {
+        (Some(s), Some(clients)) => Some(proxy::SaslFiles { clients, ..s }),
+        (None, Some(true)) => {
+            return Err(ConfigError::new(
+                path,
+                "switch.client_sasl",
+                "clients authenticate with the servers' user and password: give \
+                 server_sasl_user and server_sasl_password_file too",
+            ))
+        }
+        (s, _) => s,
+    };
     Ok((tls, server_tls, sasl))
 }
 
@@ -1305,6 +1319,7 @@ tcp = "splice"
 # server_tls_ca = "servers-ca.crt"
 # server_sasl_user = "kvswitch"
 # server_sasl_password_file = "servers.password"
+# client_sasl = false    # true: TCP clients must authenticate first, as memcached -S wants
 # Most connections spliced at once; a new one past them is reset.
 tcp_max_flows = 65536
 # Seconds a spliced client may stay silent before the switch sends it keepalive probes; one

@@ -322,10 +322,10 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
             reply_budget: None,
             pool: config.pool_spec(UNSET_LISTEN),
             from_switch: true,
+            tls: config.tls.clone(),
+            server_tls: config.server_tls.clone(),
+            server_sasl: config.server_sasl.clone(),
             cache: config.cache,
-            tls: None,
-            server_tls: None,
-            server_sasl: None,
         });
     }
     let raw: RawProxyFile = toml::from_str(text).map_err(|e| ConfigError::toml(path, text, &e))?;

@@ -92,9 +92,18 @@ impl Etcd {
             lease: None,
             user,
         };
-        // A wrong password or file is said at start, not at the first election.
+        // A wrong password or file is said at start, not at the first election; etcd out of
+        // reach is not an error yet (the controller stands by until it answers).
         if let Some(user) = &etcd.user {
-            etcd.authenticate(user)?;
+            if let Err(e) = etcd.authenticate(user) {
+                let refused = e
+                    .chain()
+                    .any(|c| c.downcast_ref::<api::Refused>().is_some());
+                if refused || e.to_string().contains("password file") {
+                    return Err(e);
+                }
+                tracing::warn!("etcd: {e:#}; trying again as the controller campaigns");
+            }
         }
         Ok(etcd)
     }
@@ -112,6 +121,11 @@ impl Etcd {
             .next()
             .unwrap_or("")
             .to_string();
+        anyhow::ensure!(
+            !password.is_empty(),
+            "etcd password file {}: the first line is empty",
+            user.password_file.display()
+        );
         let doc = self
             .client
             .call_within(

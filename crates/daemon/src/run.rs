@@ -362,6 +362,12 @@ fn start_proxy(
         return Ok(None);
     }
     let listen = SocketAddr::new(cfg.vip.into(), cfg.vip_port);
+    let secrets = proxy::Secrets::load(
+        cfg.tls.as_ref(),
+        cfg.server_tls.as_ref(),
+        cfg.server_sasl.as_ref(),
+    )
+    .with_context(|| format!("{}: TLS and SASL", cfg.path.display()))?;
     let settings = proxy::Settings {
         pools: vec![pool],
         workers: cfg.proxy_workers,
@@ -371,26 +377,9 @@ fn start_proxy(
         limits: proxy::Limits::default(),
         // One cache for both paths: a write on either invalidates what the other serves.
         caches: vec![cache],
-        tls: cfg
-            .tls
-            .as_ref()
-            .map(|f| {
-                proxy::tls::ClientTls::load(f.cert.clone(), f.key.clone(), f.client_ca.clone())
-            })
-            .transpose()?
-            .map(Arc::new),
-        server_tls: cfg
-            .server_tls
-            .as_ref()
-            .map(|f| proxy::tls::ServerTls::load(f.ca.clone(), f.own.clone()))
-            .transpose()?
-            .map(Arc::new),
-        server_sasl: cfg
-            .server_sasl
-            .as_ref()
-            .map(|f| proxy::sasl::Sasl::load(f.user.clone(), f.password_file.clone()))
-            .transpose()?
-            .map(Arc::new),
+        tls: secrets.tls,
+        server_tls: secrets.server_tls,
+        server_sasl: secrets.sasl,
     };
     let proxy = Proxy::start(settings).with_context(|| {
         format!(

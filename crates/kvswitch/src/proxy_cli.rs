@@ -14,8 +14,6 @@ use config::{nutcracker, proxy as proxy_file};
 use daemon::api;
 use daemon::cache::CacheService;
 use proxy::pool::{Pool, PoolSpec};
-use proxy::sasl::Sasl;
-use proxy::tls::{ClientTls, ServerTls};
 use proxy::{default_client_connections, default_workers, Limits, Proxy, Settings};
 
 /// Arguments of `kvswitch proxy`.
@@ -163,24 +161,13 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         server_tls,
         server_sasl,
     } = load(&args)?;
-    let sasl = server_sasl
-        .as_ref()
-        .map(|f| {
-            let sasl = Sasl::load(f.user.clone(), f.password_file.clone())?;
-            anyhow::Ok(Arc::new(if f.clients {
-                sasl.requiring_clients()
-            } else {
-                sasl
-            }))
-        })
-        .transpose()?;
+    let proxy::Secrets {
+        tls: client_tls,
+        server_tls: servers_tls,
+        sasl,
+    } = proxy::Secrets::load(tls.as_ref(), server_tls.as_ref(), server_sasl.as_ref())?;
     let tls_files = (tls, server_tls);
-    let tls = client_tls(&tls_files.0)?;
-    let server_tls = tls_files
-        .1
-        .as_ref()
-        .map(|f| ServerTls::load(f.ca.clone(), f.own.clone()).map(Arc::new))
-        .transpose()?;
+    let (tls, server_tls) = (client_tls, servers_tls);
     cache.enabled |= args.cache;
     if args.check {
         if cache.enabled {
@@ -503,12 +490,4 @@ fn server_tls_of(
 /// A TLS setting's names, on the command line and in the file.
 fn setting(key: &str) -> String {
     format!("--{} ([proxy] {key})", key.replace('_', "-"))
-}
-
-/// The clients' TLS, its files loaded.
-fn client_tls(files: &Option<proxy_file::TlsFiles>) -> anyhow::Result<Option<Arc<ClientTls>>> {
-    files
-        .as_ref()
-        .map(|f| ClientTls::load(f.cert.clone(), f.key.clone(), f.client_ca.clone()).map(Arc::new))
-        .transpose()
 }

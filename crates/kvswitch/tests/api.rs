@@ -1263,6 +1263,7 @@ fn a_cache_nodes_rules_steer_reads_of_its_keys_through_the_api() {
     let steer = node::steer::SteerArgs {
         switch_api: Some(c.api),
         switch_token_file: None,
+        switch_api_ca: None,
         steer_interface: Some(6),
         vip: Some(Ipv4Addr::new(10, 0, 0, 100)),
     };
@@ -1449,6 +1450,7 @@ fn a_cache_node_on_no_one_address_is_refused_its_steering() {
     let steer = node::steer::SteerArgs {
         switch_api: Some(rig.client.api),
         switch_token_file: None,
+        switch_api_ca: None,
         steer_interface: Some(6),
         vip: Some(Ipv4Addr::new(10, 0, 0, 100)),
     };

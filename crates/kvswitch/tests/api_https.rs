@@ -48,11 +48,25 @@ fn text(out: &Output) -> String {
     )
 }
 
+/// `kvswitch args`, killed after 30 s should it run on (a command expected to stop at once
+/// that a regression lets start).
 fn kvswitch(args: &[&str]) -> Output {
-    Command::new(BIN)
+    Command::new("timeout")
+        .args(["30", BIN])
         .args(args)
         .output()
         .expect("kvswitch runs")
+}
+
+/// The handshakes an API counted as failed, read over HTTPS by a client it trusts.
+fn failed_handshakes(client: &Client) -> f64 {
+    let text = client.call("GET", "/metrics", None).unwrap_or_default();
+    text.as_str()
+        .unwrap_or("")
+        .lines()
+        .find_map(|l| l.strip_prefix("kvswitch_api_tls_handshakes_total{outcome=\"failed\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
 }
 
 /// `path` as a string, for command lines.
@@ -88,10 +102,16 @@ fn the_proxy_api_over_https_with_curl_and_ctl_and_a_certificate_rotated() {
         "{metrics}"
     );
     // In clear, or trusting no authority of the API's: refused.
+    // A request in clear is no handshake: refused and counted. curl exits with 60 for a
+    // certificate no authority it was given vouches for.
+    let trusting =
+        Client::new(api, None).with_https(Https::load(&dir.join("ca.crt"), None).unwrap());
+    let before = failed_handshakes(&trusting);
     let out = curl(&[&format!("http://{api}/metrics")]);
     assert!(!out.status.success(), "served in clear: {}", text(&out));
+    assert!(failed_handshakes(&trusting) > before);
     let out = curl(&["--cacert", &arg(&dir.join("other-ca.crt")), &url]);
-    assert!(!out.status.success(), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(60), "{}", text(&out));
     assert!(text(&out).contains("certificate"), "{}", text(&out));
 
     // kvswitch ctl, as an operator runs it.
@@ -143,7 +163,7 @@ fn the_proxy_api_over_https_with_curl_and_ctl_and_a_certificate_rotated() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(!curl(&["--cacert", &ca, &url]).status.success());
+    assert_eq!(curl(&["--cacert", &ca, &url]).status.code(), Some(60));
 }
 
 /// A proxy whose API wants HTTPS with a client certificate, in front of `servers`: the
@@ -198,8 +218,19 @@ fn client_certificates_and_a_controller_speaking_https_both_ways() {
     let (cert, key) = (arg(&dir.join("ops.crt")), arg(&dir.join("ops.key")));
     // Without a certificate the handshake is refused; with one, served.
     let url = format!("https://{api0}/api/v1/pool");
+    let https = Https::load(
+        &dir.join("ca.crt"),
+        Some((&dir.join("ops.crt"), &dir.join("ops.key"))),
+    )
+    .unwrap();
+    let p0 = Client::new(api0, None).with_https(https.clone());
+    let before = failed_handshakes(&p0);
     let out = curl(&["--cacert", &ca, &url]);
     assert!(!out.status.success(), "served without a client certificate");
+    assert!(
+        failed_handshakes(&p0) > before,
+        "the refusal is not the handshake's"
+    );
     let out = curl(&["--cacert", &ca, "--cert", &cert, "--key", &key, &url]);
     assert!(out.status.success(), "{}", text(&out));
 
@@ -233,11 +264,6 @@ fn client_certificates_and_a_controller_speaking_https_both_ways() {
         assert!(Instant::now() < deadline, "the controller never listened");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let https = Https::load(
-        &dir.join("ca.crt"),
-        Some((&dir.join("ops.crt"), &dir.join("ops.key"))),
-    )
-    .unwrap();
     let ctl = Client::new(ctl_api, None).with_https(https.clone());
     let proxies = [api0, api1].map(|a| Client::new(a, None).with_https(https.clone()));
     // A server added through the controller's API reaches both proxies over HTTPS.
@@ -250,22 +276,26 @@ fn client_certificates_and_a_controller_speaking_https_both_ways() {
         std::thread::sleep(Duration::from_millis(50));
     }
     until_pools(&proxies, &["s1", "s2", "s3"], Duration::from_secs(10));
-    let status = ctl.call("GET", "/api/v1/status", None).unwrap();
-    assert_eq!(
-        status["servers"].as_array().map(Vec::len),
-        Some(3),
-        "{status}"
-    );
+    // The controller sees both switches in step (its syncers say so once their push is
+    // answered).
     let in_step = |s: &serde_json::Value| s["in_step"] == json!(true);
-    let switches = status["switches"].as_array().cloned().unwrap_or_default();
-    assert!(
-        switches.len() == 2 && switches.iter().all(in_step),
-        "{status}"
-    );
-    // Without a client certificate, the controller's API refuses too.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = ctl.call("GET", "/api/v1/status", None).unwrap();
+        let switches = status["switches"].as_array().cloned().unwrap_or_default();
+        let servers = status["servers"].as_array().map(Vec::len);
+        if servers == Some(3) && switches.len() == 2 && switches.iter().all(in_step) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{status}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Without a client certificate, the controller's API refuses too, at the handshake.
+    let before = failed_handshakes(&ctl);
     let bare =
         Client::new(ctl_api, None).with_https(Https::load(&dir.join("ca.crt"), None).unwrap());
     assert!(bare.call("GET", "/api/v1/status", None).is_err());
+    assert!(failed_handshakes(&ctl) > before);
 }
 
 /// etcd on loopback serving its clients over TLS with the certificate `etcd` of `dir`.

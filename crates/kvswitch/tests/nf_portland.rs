@@ -172,7 +172,8 @@ fn hosts_reach_each_other_by_pseudo_mac_and_a_moved_host_gets_a_new_one() {
     std::thread::scope(|scope| {
         // Over each switch's CPU channel: an error if one cannot be opened.
         let manager = scope.spawn(|| {
-            portland::run(lay, None, CpuMode::Channel, &|| {
+            let reach = api::Client::new(lay.switches[0].api, None);
+            portland::run(lay, &reach, CpuMode::Channel, &|| {
                 stop.load(Ordering::Relaxed)
             })
         });

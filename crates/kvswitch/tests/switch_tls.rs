@@ -34,6 +34,13 @@ fn memcached_tls_clients_through_the_switch() {
             return;
         }
     }
+    let pymemcache = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", "import pymemcache"])
+        .status();
+    if !pymemcache.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: python3-pymemcache is not installed (scripts/setup.sh installs it)");
+        return;
+    }
     let scratch = testbed::local::TempDir::new("kvswitch-switch-tls").expect("scratch");
     let dir = scratch.path();
     authority(dir, "ca");

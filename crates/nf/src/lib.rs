@@ -323,7 +323,7 @@ pub fn run(args: &NfArgs) -> anyhow::Result<()> {
                 return Ok(());
             }
             let stop = stopper(*duration_s)?;
-            let stats = portland::run(parsed, client.token.clone(), args.cpu.mode, &stop)?;
+            let stats = portland::run(parsed, &client, args.cpu.mode, &stop)?;
             println!("{}", serde_json::to_string(&stats)?);
             Ok(())
         }

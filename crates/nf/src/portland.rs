@@ -571,19 +571,16 @@ fn run_call(clients: &[api::Client], c: &Call) -> anyhow::Result<Option<u64>> {
 }
 
 /// Runs the fabric manager over `layout` until `stop`: sets every switch up, answers ARP and
-/// places hosts, then removes everything it made (also after an error).
+/// places hosts, then removes everything it made (also after an error). Each switch's API is
+/// reached as `reach` reaches its own (token, HTTPS), at the address the layout gives.
 pub fn run(
     layout: Layout,
-    token: Option<String>,
+    reach: &api::Client,
     cpu: CpuMode,
     stop: &(dyn Fn() -> bool + Sync),
 ) -> anyhow::Result<Stats> {
     layout.check()?;
-    let clients: Vec<api::Client> = layout
-        .switches
-        .iter()
-        .map(|s| api::Client::new(s.api, token.clone()))
-        .collect();
+    let clients: Vec<api::Client> = layout.switches.iter().map(|s| reach.at(s.api)).collect();
     let edges: Vec<usize> = (0..layout.switches.len())
         .filter(|&s| matches!(layout.switches[s].role, Role::Edge { .. }))
         .collect();

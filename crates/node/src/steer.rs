@@ -28,6 +28,10 @@ pub struct SteerArgs {
     /// A file whose first line is the switch API's token (or KVSWITCH_API_TOKEN).
     #[arg(long)]
     pub switch_token_file: Option<PathBuf>,
+    /// The switch's API speaks HTTPS: the authorities its certificate is checked against
+    /// (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub switch_api_ca: Option<PathBuf>,
     /// The switch's interface-table entry that leads to this cache node (its MAC, the VIP's
     /// MAC as source, its port): `kvswitch ctl interface set N ...`.
     #[arg(long)]
@@ -99,6 +103,10 @@ pub fn rule_sink(
         .parse()
         .map_err(|e| anyhow::anyhow!("--hash {hash}: {e}"))?;
     let client = Client::new(api, api::client::token(args.switch_token_file.as_deref())?);
+    let client = match &args.switch_api_ca {
+        Some(ca) => client.with_https(api::client::Https::load(ca, None)?),
+        None => client,
+    };
     // Replies from the cache node's memcached port leave with the VIP as source.
     let replies = EntryDef {
         fields: [

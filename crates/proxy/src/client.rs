@@ -261,6 +261,11 @@ impl Slot {
 /// up. Sent from a task of its own: the reply that completed the get may be on the very
 /// connection `add` goes out on. No one waits for its answer.
 fn store_warm(pool: Rc<PoolRt>, owner: usize, item: Vec<u8>) {
+    if pool.sasl().is_some() {
+        // The item is a text `add`, which servers that require SASL do not serve: the warm
+        // server fills from its own misses instead.
+        return;
+    }
     add(&pool.stats.warm_fills, 1);
     tokio::task::spawn_local(async move {
         let slot = Rc::new(Slot {
@@ -773,17 +778,24 @@ fn sasl_plan(
     pool: &PoolRt,
     shared: &Shared,
 ) -> Option<Plan> {
-    if !matches!(request.command, Command::Binary(_)) {
-        return None;
-    }
     let sasl = pool.sasl()?;
+    let Command::Binary(op) = request.command else {
+        // Servers that require SASL serve no text request: nor does the cache in front of
+        // them, which would otherwise answer clients that never authenticated.
+        let mut out = Vec::new();
+        let message = super::backend::ServerError::TextWithSasl;
+        plan::error_reply(&plan::on_error(request), message, &mut out);
+        return Some(Plan::Local(out));
+    };
     if let Some((reply, taken)) = sasl.answer_client(request.bytes()) {
         if taken {
             shared.authenticated.set(true);
         }
         return Some(Plan::Local(reply));
     }
-    (sasl.required_of_clients() && !shared.authenticated.get())
+    // memcached -S answers VERSION before authentication too (health checks use it).
+    let open = op == binary::opcode::VERSION;
+    (sasl.required_of_clients() && !shared.authenticated.get() && !open)
         .then(|| Plan::Close(sasl.unauthenticated(request.bytes())))
 }
 

@@ -26,7 +26,7 @@ use switch::cache::CacheService;
 use tokio::sync::watch;
 
 pub use pool::{Pool, PoolSpec, ServerSpec};
-pub use stats::ProxyStats;
+pub use stats::{ProxyStats, Secrets};
 
 /// How the proxy runs.
 #[derive(Debug, Clone)]

@@ -185,7 +185,7 @@ pub fn plan(request: &Request<'_>, router: &mut dyn Router) -> Plan {
     }
 }
 
-fn on_error(request: &Request<'_>) -> OnError {
+pub(crate) fn on_error(request: &Request<'_>) -> OnError {
     let (opcode, opaque) = match request.command {
         Command::Binary(op) => (op, request.opaque().unwrap_or(0)),
         _ => (0, 0),
@@ -538,7 +538,15 @@ fn plan_binary(request: &Request<'_>, router: &mut dyn Router) -> Plan {
             Some(key) => keyed(request, key, router, Wire::Binary, kind),
             None => no_server(request),
         },
-        // VERSION and the SASL opcodes: the first server answers.
+        // A client's SASL would authenticate a server connection every client shares: the
+        // proxy answers as memcached without SASL does (with SASL towards the servers,
+        // `crate::sasl` answers before this).
+        opcode::SASL_LIST_MECHS | opcode::SASL_AUTH | opcode::SASL_STEP => {
+            let mut out = Vec::with_capacity(HEADER_LEN);
+            write_error(op, status::UNKNOWN_COMMAND, opaque, &mut out);
+            Plan::Local(out)
+        }
+        // VERSION: the first server answers.
         _ => match router.live().first() {
             Some(&server) => single(request, server, Wire::Binary, kind),
             None => no_server(request),
@@ -1157,6 +1165,22 @@ mod tests {
         };
         assert_eq!(&reply[..2], &[0x81, opcode::NOOP]);
         assert_eq!(&reply[12..16], &[1, 2, 3, 4]);
+        // A client's SASL never reaches the connections every client shares.
+        let mut auth = Vec::new();
+        wire::memcache::binary::write_request(
+            opcode::SASL_AUTH,
+            b"PLAIN",
+            b"",
+            b"\0u\0p",
+            7,
+            0,
+            &mut auth,
+        );
+        let Plan::Local(reply) = plan_of(&auth) else {
+            panic!()
+        };
+        let header = wire::memcache::binary::Header::decode(&reply).unwrap();
+        assert_eq!(header.vbucket_or_status, status::UNKNOWN_COMMAND);
     }
 
     #[test]

@@ -43,10 +43,48 @@ pub struct ProxyStats {
 
 /// The proxy's TLS configurations and SASL credentials in use.
 #[derive(Clone, Default)]
-pub(crate) struct Secrets {
+pub struct Secrets {
     pub tls: Option<Arc<crate::tls::ClientTls>>,
     pub server_tls: Option<Arc<crate::tls::ServerTls>>,
     pub sasl: Option<Arc<crate::sasl::Sasl>>,
+}
+
+impl Secrets {
+    /// Loads what a configuration names: the clients' TLS files, the servers' TLS files, the
+    /// servers' SASL user and password (and whether clients must authenticate). An error
+    /// names the file that does not load.
+    pub fn load(
+        tls: Option<&config::proxy::TlsFiles>,
+        server_tls: Option<&config::proxy::ServerTlsFiles>,
+        sasl: Option<&config::proxy::SaslFiles>,
+    ) -> anyhow::Result<Secrets> {
+        let tls = tls
+            .map(|f| {
+                crate::tls::ClientTls::load(f.cert.clone(), f.key.clone(), f.client_ca.clone())
+            })
+            .transpose()?
+            .map(Arc::new);
+        let server_tls = server_tls
+            .map(|f| crate::tls::ServerTls::load(f.ca.clone(), f.own.clone()))
+            .transpose()?
+            .map(Arc::new);
+        let sasl = match sasl {
+            None => None,
+            Some(f) => {
+                let sasl = crate::sasl::Sasl::load(f.user.clone(), f.password_file.clone())?;
+                Some(Arc::new(if f.clients {
+                    sasl.requiring_clients()
+                } else {
+                    sasl
+                }))
+            }
+        };
+        Ok(Secrets {
+            tls,
+            server_tls,
+            sasl,
+        })
+    }
 }
 
 impl ProxyStats {

@@ -193,7 +193,7 @@ fn server_config(
     client_ca: Option<&Path>,
 ) -> anyhow::Result<ServerConfig> {
     let (chain, private) = chain_and_key(cert, key)?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = provider();
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .context("TLS: no protocol version to offer")?;
@@ -287,7 +287,7 @@ fn client_config(
     own: Option<&(PathBuf, PathBuf)>,
 ) -> anyhow::Result<rustls::ClientConfig> {
     let roots = roots(ca, "TLS server authority")?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = provider();
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .context("TLS: no protocol version to offer")?
