@@ -99,10 +99,14 @@ pub fn bearer_is(headers: &HeaderMap, token: &str) -> bool {
         .is_some_and(|g| same(g.as_bytes(), token.as_bytes()))
 }
 
-/// Compares without stopping at the first difference, so the time taken does not tell how
-/// much of a guess was right.
-pub fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Whether `given` is `secret`, compared without stopping at the first difference and in a
+/// time that depends on the length of `given` alone, so that neither how much of a guess was
+/// right nor the secret's length shows in it.
+pub fn same(given: &[u8], secret: &[u8]) -> bool {
+    let differs = given.iter().enumerate().fold(0u8, |acc, (i, x)| {
+        acc | (x ^ secret.get(i).copied().unwrap_or(!x))
+    });
+    (differs | u8::from(given.len() != secret.len())) == 0
 }
 
 #[cfg(test)]
@@ -114,5 +118,8 @@ mod tests {
         assert!(same(b"abc", b"abc"));
         assert!(!same(b"abc", b"abd"));
         assert!(!same(b"abc", b"ab"));
+        assert!(!same(b"ab", b"abc"));
+        assert!(same(b"", b""));
+        assert!(!same(b"", b"a"));
     }
 }

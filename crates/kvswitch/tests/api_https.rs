@@ -431,26 +431,53 @@ fn the_controller_keeps_its_pool_in_an_etcd_with_tls_and_users() {
         std::thread::sleep(Duration::from_millis(100));
     }
     // Its leader key is in etcd, read as root.
-    let token = admin
-        .call(
-            "POST",
-            "/v3/auth/authenticate",
-            Some(&json!({"name": "root", "password": "s3cret"})),
-        )
-        .unwrap()["token"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let as_root = || {
+        let token = admin
+            .call(
+                "POST",
+                "/v3/auth/authenticate",
+                Some(&json!({"name": "root", "password": "s3cret"})),
+            )
+            .unwrap()["token"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        admin.clone().with_authorization(token)
+    };
     let leader = controller::etcd::encode(b"/kvswitch/controller/default/leader");
-    let doc = admin
-        .clone()
-        .with_authorization(token)
-        .call("POST", "/v3/kv/range", Some(&json!({"key": leader})))
+    let leader_key = || {
+        let doc = as_root()
+            .call("POST", "/v3/kv/range", Some(&json!({"key": leader})))
+            .unwrap();
+        let value = doc["kvs"][0]["value"].as_str().unwrap_or("");
+        let value = controller::etcd::decode(value).unwrap();
+        let lease = doc["kvs"][0]["lease"].as_str().unwrap_or("").to_string();
+        (String::from_utf8_lossy(&value).into_owned(), lease)
+    };
+    let (holder, lease) = leader_key();
+    assert_eq!(holder, ctl_api.to_string());
+    assert!(!lease.is_empty());
+
+    // Authentication turned off and on again: every token etcd gave is void. The controller
+    // asks for a new one: it never stops leading, and a pool change it makes is stored.
+    as_root()
+        .call("POST", "/v3/auth/disable", Some(&json!({})))
         .unwrap();
-    let value = controller::etcd::decode(doc["kvs"][0]["value"].as_str().unwrap_or("")).unwrap();
-    assert_eq!(
-        String::from_utf8_lossy(&value),
-        ctl_api.to_string(),
-        "{doc}"
-    );
+    admin
+        .call("POST", "/v3/auth/enable", Some(&json!({})))
+        .unwrap();
+    let s2 = Memcached::start();
+    let body = json!({"addr": s2.addr().to_string(), "name": "s2"});
+    ctl.call("POST", "/api/v1/pool/servers", Some(&body))
+        .unwrap_or_else(|e| panic!("the change was refused: {e:#}"));
+    let stored = controller::etcd::encode(b"/kvswitch/controller/default/servers");
+    let doc = as_root()
+        .call("POST", "/v3/kv/range", Some(&json!({"key": stored})))
+        .unwrap();
+    let servers = controller::etcd::decode(doc["kvs"][0]["value"].as_str().unwrap_or("")).unwrap();
+    let servers = String::from_utf8_lossy(&servers).into_owned();
+    assert!(servers.contains(&s2.addr().to_string()), "{servers}");
+    let status = ctl.call("GET", "/api/v1/status", None).unwrap();
+    assert_eq!(status["role"], json!("leader"), "{status}");
+    assert_eq!(leader_key(), (ctl_api.to_string(), lease));
 }
