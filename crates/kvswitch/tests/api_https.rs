@@ -15,7 +15,7 @@ use api::client::Https;
 use api::Client;
 use common::fleet::{controller_toml, proxies, servers, until_pools};
 use common::proxy::{free_port, listening, Memcached, PoolOpts};
-use common::tls::{authority, certificate, start_proxy};
+use common::tls::{authority, certificate, start_proxy, start_proxy_named};
 use common::{installed, Running};
 use serde_json::json;
 
@@ -169,35 +169,9 @@ fn the_proxy_api_over_https_with_curl_and_ctl_and_a_certificate_rotated() {
 /// A proxy whose API wants HTTPS with a client certificate, in front of `servers`: the
 /// process, and its API's address.
 fn strict_proxy(dir: &Path, name: &str, servers: &[(&str, SocketAddr)]) -> (Running, SocketAddr) {
-    let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let mut config = format!(
-        "[proxy]\nlisten = \"{listen}\"\napi = \"{api}\"\nworkers = 1\n\
-         api_tls_cert = \"api.crt\"\napi_tls_key = \"api.key\"\napi_tls_client_ca = \"ca.crt\"\n\
-         [pool]\n"
-    );
-    for (n, addr) in servers {
-        config.push_str(&format!(
-            "[[pool.servers]]\naddr = \"{addr}\"\nname = \"{n}\"\n"
-        ));
-    }
-    let path = dir.join(format!("{name}.toml"));
-    std::fs::write(&path, config).unwrap();
-    let proxy = Running(
-        Command::new(BIN)
-            .args(["proxy", "--config"])
-            .arg(&path)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join(format!("{name}.log"))).unwrap())
-            .spawn()
-            .expect("start the proxy"),
-    );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !(listening(listen) && listening(api)) {
-        assert!(Instant::now() < deadline, "the proxy never listened");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let extra =
+        "api_tls_cert = \"api.crt\"\napi_tls_key = \"api.key\"\napi_tls_client_ca = \"ca.crt\"";
+    let (proxy, _, api) = start_proxy_named(dir, name, servers, extra);
     (proxy, api)
 }
 

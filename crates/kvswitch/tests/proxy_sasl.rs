@@ -11,8 +11,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::proxy::{free_port, listening};
-use common::tls::{metrics, sample, start_proxy};
+use common::tls::{memcached_with, metrics, sample, start_proxy};
 use common::{installed, Running};
 use wire::memcache::binary::{opcode, write_request, Header, HEADER_LEN};
 
@@ -37,29 +36,9 @@ fn memcached_sasl(dir: &Path, user: &str, password: &str) -> (Running, SocketAdd
         format!("mech_list: plain\nsasldb_path: {}\n", db.display()),
     )
     .unwrap();
-    let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let mut command = Command::new("memcached");
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        command.args(["-u", "root"]);
-    }
-    let server = Running(
-        command
-            .args(["-U", "0", "-t", "1", "-S", "-l"])
-            .arg(addr.to_string())
-            .env("SASL_CONF_PATH", dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("memcached runs"),
-    );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !listening(addr) {
-        assert!(Instant::now() < deadline, "memcached -S never listened");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (server, addr)
+    memcached_with(|command| {
+        command.arg("-S").env("SASL_CONF_PATH", dir);
+    })
 }
 
 /// A binary-protocol connection.

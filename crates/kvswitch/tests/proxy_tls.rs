@@ -11,8 +11,8 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::proxy::{free_port, listening, Memcached};
-use common::tls::{authority, certificate, metrics, sample, start_proxy};
+use common::proxy::Memcached;
+use common::tls::{authority, certificate, memcached_with, metrics, sample, start_proxy};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kvswitch");
 
@@ -405,34 +405,13 @@ fn tls_files_that_do_not_load_are_refused_by_name() {
 /// memcached serving TLS only (`memcached -Z`) on a free port of 127.0.0.1, its certificate
 /// `name`.crt/.key in `dir`.
 fn memcached_tls(dir: &Path, name: &str) -> (Running, SocketAddr) {
-    let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let mut command = Command::new("memcached");
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        command.args(["-u", "root"]);
-    }
-    let server = Running(
-        command
-            .args(["-U", "0", "-t", "1", "-Z", "-o"])
-            .arg(format!(
-                "ssl_chain_cert={},ssl_key={}",
-                dir.join(format!("{name}.crt")).display(),
-                dir.join(format!("{name}.key")).display()
-            ))
-            .arg("-l")
-            .arg(addr.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("memcached runs"),
-    );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !listening(addr) {
-        assert!(Instant::now() < deadline, "memcached -Z never listened");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    (server, addr)
+    memcached_with(|command| {
+        command.args(["-Z", "-o"]).arg(format!(
+            "ssl_chain_cert={},ssl_key={}",
+            dir.join(format!("{name}.crt")).display(),
+            dir.join(format!("{name}.key")).display()
+        ));
+    })
 }
 
 /// With `server_tls_ca`, the proxy's connections to a `memcached -Z` server are TLS, its

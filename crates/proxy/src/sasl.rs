@@ -97,14 +97,7 @@ impl Sasl {
         add(&self.clients[1], 1);
         let (op, opaque) = Header::decode(request).map_or((0, 0), |h| (h.opcode, h.opaque));
         let mut out = Vec::new();
-        write_response(
-            op,
-            status::AUTH_ERROR,
-            opaque,
-            b"",
-            b"Auth failure.",
-            &mut out,
-        );
+        wire::memcache::binary::write_error(op, status::AUTH_ERROR, opaque, &mut out);
         out
     }
 
@@ -208,25 +201,11 @@ impl Sasl {
                     && key == MECHANISM
                     && api::server::same(value, &self.plain());
                 add(&self.clients[usize::from(!taken)], 1);
-                if taken {
-                    write_response(
-                        op,
-                        status::NO_ERROR,
-                        opaque,
-                        b"",
-                        b"Authenticated",
-                        &mut out,
-                    )
-                } else {
-                    write_response(
-                        op,
-                        status::AUTH_ERROR,
-                        opaque,
-                        b"",
-                        b"Auth failure.",
-                        &mut out,
-                    )
-                }
+                let (status, said): (u16, &[u8]) = match taken {
+                    true => (status::NO_ERROR, b"Authenticated"),
+                    false => (status::AUTH_ERROR, b"Auth failure."),
+                };
+                write_response(op, status, opaque, b"", said, &mut out)
             }
             _ => return None,
         }

@@ -106,18 +106,30 @@ pub fn start_proxy(
     server: SocketAddr,
     extra: &str,
 ) -> (Running, SocketAddr, SocketAddr) {
+    start_proxy_named(dir, "proxy", &[("s1", server)], extra)
+}
+
+/// The same, its file `name.toml` and log `name.log` in `dir`, in front of the named
+/// `servers`.
+pub fn start_proxy_named(
+    dir: &Path,
+    name: &str,
+    servers: &[(&str, SocketAddr)],
+    extra: &str,
+) -> (Running, SocketAddr, SocketAddr) {
     let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let config = dir.join("proxy.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[proxy]\nlisten = \"{listen}\"\napi = \"{api}\"\nworkers = 1\n{extra}\n\n\
-             [pool]\n[[pool.servers]]\naddr = \"{server}\"\n"
-        ),
-    )
-    .unwrap();
-    let log = std::fs::File::create(dir.join("proxy.log")).unwrap();
+    let config = dir.join(format!("{name}.toml"));
+    let mut text = format!(
+        "[proxy]\nlisten = \"{listen}\"\napi = \"{api}\"\nworkers = 1\n{extra}\n\n[pool]\n"
+    );
+    for (n, addr) in servers {
+        text.push_str(&format!(
+            "[[pool.servers]]\naddr = \"{addr}\"\nname = \"{n}\"\n"
+        ));
+    }
+    std::fs::write(&config, text).unwrap();
+    let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
     let proxy = Running(
         Command::new(BIN)
             .args(["proxy", "--config"])
@@ -144,4 +156,36 @@ pub fn sample(metrics: &str, series: &str) -> Option<f64> {
     metrics
         .lines()
         .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
+
+/// A memcached on a free loopback port (one thread, UDP off) with what `configure` adds to
+/// its command line and environment, such as `-Z` or `-S`; killed by PID when dropped.
+pub fn memcached_with(configure: impl FnOnce(&mut Command)) -> (Running, SocketAddr) {
+    let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let mut command = Command::new("memcached");
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        command.args(["-u", "root"]);
+    }
+    command
+        .args(["-U", "0", "-t", "1", "-l"])
+        .arg(addr.to_string());
+    configure(&mut command);
+    let server = Running(
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("memcached runs"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !listening(addr) {
+        assert!(
+            Instant::now() < deadline,
+            "memcached never listened on {addr}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (server, addr)
 }
