@@ -1,6 +1,7 @@
-//! memcached's `version` asked as a probe: over TCP ([`version`], [`flush_then_version`]) or in
-//! one UDP datagram ([`version_udp`]), each within a time limit, each giving the `VERSION`
-//! line or why there was none. The controller's health checks, the switch's check of the
+//! memcached's `version` asked as a probe: over TCP ([`version`], [`flush_then_version`]), in
+//! one UDP datagram ([`version_udp`]), or in the binary protocol after SASL for servers that
+//! require it ([`version_sasl`]), each within a time limit, each giving the version or why
+//! there was none. The controller's health checks, the switch's check of the
 //! cache nodes it steers to and the testbed's readiness checks all ask with these.
 
 use std::io::{Read, Write};
@@ -111,6 +112,88 @@ pub fn version_udp(addr: SocketAddr, timeout: Duration) -> Result<String, ProbeE
             false => Err(ProbeError::Answered(text(body))),
         };
     }
+}
+
+/// Asks a server that requires SASL (`memcached -S`, binary protocol only) for its version
+/// after authenticating as `user` with `password` (PLAIN), emptying it first with `flush`,
+/// all within `timeout`; the version.
+pub fn version_sasl(
+    addr: SocketAddr,
+    timeout: Duration,
+    (user, password): (&str, &str),
+    flush: bool,
+) -> Result<String, ProbeError> {
+    use wire::memcache::binary::{opcode, write_request, Header, HEADER_LEN};
+    let plain = format!("\0{user}\0{password}");
+    let mut request = Vec::new();
+    write_request(
+        opcode::SASL_AUTH,
+        b"PLAIN",
+        b"",
+        plain.as_bytes(),
+        1,
+        0,
+        &mut request,
+    );
+    let mut ops = vec![opcode::SASL_AUTH];
+    if flush {
+        write_request(opcode::FLUSH, b"", b"", b"", 2, 0, &mut request);
+        ops.push(opcode::FLUSH);
+    }
+    write_request(opcode::VERSION, b"", b"", b"", 3, 0, &mut request);
+    ops.push(opcode::VERSION);
+    let started = Instant::now();
+    let mut conn = TcpStream::connect_timeout(&addr, timeout)?;
+    let left = timeout
+        .saturating_sub(started.elapsed())
+        .max(Duration::from_millis(1));
+    conn.set_read_timeout(Some(left))?;
+    conn.set_write_timeout(Some(left))?;
+    conn.write_all(&request)?;
+    let mut reply = Vec::with_capacity(128);
+    let mut buf = [0u8; 256];
+    let mut version = String::new();
+    for op in ops {
+        // One whole response at the front of `reply`, read as it arrives.
+        let (header, len) = loop {
+            if let Some(h) = Header::decode(&reply) {
+                let len = HEADER_LEN + h.body_len as usize;
+                if len > MAX_REPLY {
+                    return Err(ProbeError::Answered(format!("a reply of {len} bytes")));
+                }
+                if reply.len() >= len {
+                    break (h, len);
+                }
+            }
+            let n = conn.read(&mut buf).map_err(|e| timed_out(e, timeout))?;
+            if n == 0 {
+                return Err(ProbeError::Closed);
+            }
+            reply.extend_from_slice(&buf[..n]);
+        };
+        let body = text(
+            &reply[HEADER_LEN + usize::from(header.extras_len) + usize::from(header.key_len)..len],
+        );
+        if header.magic != wire::memcache::binary::RESPONSE_MAGIC || header.opcode != op {
+            return Err(ProbeError::Answered(text(&reply[..len])));
+        }
+        if header.vbucket_or_status != 0 {
+            let what = if op == opcode::SASL_AUTH {
+                "SASL"
+            } else {
+                "binary request"
+            };
+            return Err(ProbeError::Answered(format!(
+                "{what}: status {:#06x}, {body:?}",
+                header.vbucket_or_status
+            )));
+        }
+        if op == opcode::VERSION {
+            version = body;
+        }
+        reply.drain(..len);
+    }
+    Ok(version)
 }
 
 fn timed_out(e: std::io::Error, timeout: Duration) -> ProbeError {

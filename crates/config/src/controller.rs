@@ -114,6 +114,9 @@ pub struct ControllerFile {
     /// HTTPS to the switches' APIs (`switch_tls_ca`; `switch_tls_cert` and `switch_tls_key`
     /// for switches that ask for a client certificate).
     pub switch_tls: Option<crate::proxy::ServerTlsFiles>,
+    /// The servers require SASL (`memcached -S`): they are probed in the binary protocol,
+    /// authenticated as this user (`server_sasl_user`, `server_sasl_password_file`).
+    pub server_sasl: Option<crate::proxy::SaslFiles>,
     /// The fabric file (`kvswitch fabric`) of a caching fabric whose registration table this
     /// controller keeps: its switches are probed, and a new table installed on them all when
     /// one fails or comes back.
@@ -189,6 +192,8 @@ struct RawController {
     switch_tls_ca: Option<PathBuf>,
     switch_tls_cert: Option<PathBuf>,
     switch_tls_key: Option<PathBuf>,
+    server_sasl_user: Option<String>,
+    server_sasl_password_file: Option<PathBuf>,
     cache_node_port: Option<u16>,
     fabric: Option<String>,
 }
@@ -222,6 +227,8 @@ sync_interval_ms = 1000       # every switch is checked this often anyway
 # switch_tls_ca = "ca.crt"    # optional: speak HTTPS to the switches' APIs, trusting this
                               # authority (switch_tls_cert and switch_tls_key: a client
                               # certificate for switches that ask for one)
+# server_sasl_user = "kvswitch"   # optional: the servers require SASL (memcached -S): they
+# server_sasl_password_file = "servers.password"  # are probed in the binary protocol as this user
 # api_tls_cert = "controller.crt"  # optional: the controller's own API over HTTPS
 # api_tls_key = "controller.key"   # (api_tls_client_ca: clients must show a certificate)
 cache_node_port = 11211       # optional: SwitchKV cache nodes are probed on this port
@@ -324,6 +331,12 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
         |k| format!("controller.{}", k.replacen("server", "switch", 1)),
     )
     .map_err(|(k, e)| err(&k, e.replace("server_tls", "switch_tls")))?;
+    let server_sasl = crate::proxy::SaslFiles::from_parts(
+        c.server_sasl_user.clone(),
+        c.server_sasl_password_file.map(|f| base.join(f)),
+        |k| format!("controller.{k}"),
+    )
+    .map_err(|(k, e)| err(&k, e))?;
     let fabric = c.fabric.map(|f| base.join(f));
 
     if c.failover.len() > MAX_SPARES {
@@ -469,6 +482,7 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
         cache_node_port: c.cache_node_port.filter(|&p| p != 0),
         switch_token_file,
         switch_tls,
+        server_sasl,
         fabric,
         switches,
         pool,

@@ -288,8 +288,10 @@ pub(crate) async fn add_server(
         )
     };
     let addr = s.addr;
+    let sasl = shared.server_sasl.clone();
     let first = tokio::task::spawn_blocking(move || {
-        probe_server(addr, timeout, redis.as_ref(), false)?;
+        let login = sasl.as_ref().map(|(u, p)| (u.as_str(), p.as_str()));
+        probe_server(addr, timeout, redis.as_ref(), login, false)?;
         match udp {
             true => probe_udp(addr, timeout),
             false => Ok(()),

@@ -164,18 +164,23 @@ pub fn probe_redis(
     }
 }
 
-/// Probes the server at `addr` as its pool speaks (`redis`: a Redis pool's settings), emptying
-/// it first with `flush`.
+/// Probes the server at `addr` as its pool speaks (`redis`: a Redis pool's settings; `sasl`:
+/// the user and password of memcached servers that require SASL), emptying it first with
+/// `flush`.
 pub(crate) fn probe_server(
     addr: SocketAddr,
     timeout: Duration,
     redis: Option<&RedisSpec>,
+    sasl: Option<(&str, &str)>,
     flush: bool,
 ) -> Result<(), String> {
-    match (redis, flush) {
-        (Some(redis), flush) => probe_redis(addr, timeout, redis, flush),
-        (None, true) => probe_and_flush(addr, timeout),
-        (None, false) => probe(addr, timeout),
+    match (redis, sasl, flush) {
+        (Some(redis), _, flush) => probe_redis(addr, timeout, redis, flush),
+        (None, Some(login), flush) => memcached::version_sasl(addr, timeout, login, flush)
+            .map(drop)
+            .map_err(|e| e.to_string()),
+        (None, None, true) => probe_and_flush(addr, timeout),
+        (None, None, false) => probe(addr, timeout),
     }
 }
 
@@ -242,8 +247,12 @@ pub(crate) fn prober(shared: &Shared) {
                 .map(|(i, &addr)| {
                     let flush = flush.get(i).copied().unwrap_or(false);
                     let redis = redis.as_ref();
+                    let sasl = shared
+                        .server_sasl
+                        .as_ref()
+                        .map(|(u, p)| (u.as_str(), p.as_str()));
                     s.spawn(move || {
-                        probe_server(addr, timeout, redis, flush)?;
+                        probe_server(addr, timeout, redis, sasl, flush)?;
                         match udp {
                             true => probe_udp(addr, timeout),
                             false => Ok(()),
@@ -494,7 +503,7 @@ mod tests {
         let _ = t.join();
         // A memcached answers `version`, not `PING`: the probe must not take it for a server.
         let (addr, t) = serve(vec![b"ERROR\r\n"]);
-        let e = probe_server(addr, second, Some(&plain), false).unwrap_err();
+        let e = probe_server(addr, second, Some(&plain), None, false).unwrap_err();
         assert!(e.contains("ERROR"), "{e}");
         let _ = t.join();
     }

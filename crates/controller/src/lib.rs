@@ -161,6 +161,8 @@ struct Shared {
     switch_token: Option<String>,
     /// HTTPS to the switches' APIs, when they speak it.
     switch_https: Option<api::client::Https>,
+    /// The user and password the servers want (SASL), when they want one.
+    server_sasl: Option<(String, String)>,
     /// The versioned routes (`[routes]`, `/api/v1/routes`).
     routes: routes::Routes,
     /// What the API refused and the connections it holds.
@@ -367,6 +369,24 @@ pub fn start(
         ),
         None => None,
     };
+    let server_sasl = match &fleet.file.server_sasl {
+        Some(f) => {
+            let text = std::fs::read_to_string(&f.password_file).with_context(|| {
+                format!(
+                    "SASL password file {}: cannot read",
+                    f.password_file.display()
+                )
+            })?;
+            let password = text.lines().next().unwrap_or("").to_string();
+            anyhow::ensure!(
+                !password.is_empty(),
+                "SASL password file {}: the first line is empty",
+                f.password_file.display()
+            );
+            Some((f.user.clone(), password))
+        }
+        None => None,
+    };
     let me = listener.local_addr()?.to_string();
     let elects = store.is_some();
     let shared = Arc::new(Shared {
@@ -379,6 +399,7 @@ pub fn start(
         me,
         switch_token,
         switch_https,
+        server_sasl,
         routes: routes::Routes::default(),
         guard,
     });

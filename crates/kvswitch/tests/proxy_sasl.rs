@@ -250,3 +250,56 @@ fn with_client_sasl_a_client_must_authenticate_first() {
     let refused = "kvswitch_proxy_client_sasl_auths_total{outcome=\"refused\"}";
     assert_eq!(sample(&metrics(api), refused), Some(3.0));
 }
+
+/// The status of the pool's first server as a controller with `settings` over `switch` sees
+/// it once it has probed it, within 10 s.
+fn first_server_seen(
+    dir: &std::path::Path,
+    settings: &str,
+    switch: SocketAddr,
+    server: SocketAddr,
+) -> (controller::Running, serde_json::Value) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let api = listener.local_addr().unwrap();
+    let text = common::fleet::controller_toml(api, settings, &[switch], &[("s1", server)]);
+    let file = config::controller::parse(&text, &dir.join("controller.toml")).unwrap();
+    let running = controller::start(file, listener, None, None, None).unwrap();
+    let ctl = api::Client::new(api, None);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = ctl.call("GET", "/api/v1/status", None).unwrap();
+        let s1 = status["servers"][0].clone();
+        if s1["probes"].as_u64().unwrap_or(0) + s1["failures"].as_u64().unwrap_or(0) >= 3 {
+            return (running, s1);
+        }
+        assert!(Instant::now() < deadline, "never probed: {status}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_controller_probes_memcached_s_servers_with_the_pools_credentials() {
+    if skip_without_tools() {
+        return;
+    }
+    let scratch = testbed::local::TempDir::new("kvswitch-sasl-controller").expect("scratch");
+    let dir = scratch.path();
+    let (_server, server) = memcached_sasl(dir, "kv", "s3cret");
+    std::fs::write(dir.join("servers.password"), "s3cret\n").unwrap();
+    let (_proxy, _listen, proxy_api) = start_proxy(
+        dir,
+        server,
+        "server_sasl_user = \"kv\"\nserver_sasl_password_file = \"servers.password\"",
+    );
+    let base = "probe_interval_ms = 50\ndown_after = 2\nup_after = 1";
+    // With the credentials: the server answers its binary probes and is up.
+    let sasl = format!(
+        "{base}\nserver_sasl_user = \"kv\"\nserver_sasl_password_file = \"servers.password\""
+    );
+    let (_with, s1) = first_server_seen(dir, &sasl, proxy_api, server);
+    assert_eq!(s1["up"], serde_json::json!(true), "{s1}");
+    // Without them: text `version` gets no answer from such a server, which counts as down.
+    let (_without, s1) = first_server_seen(dir, base, proxy_api, server);
+    assert_eq!(s1["up"], serde_json::json!(false), "{s1}");
+    assert!(s1["last_error"].is_string(), "{s1}");
+}
