@@ -485,3 +485,36 @@ fn the_proxy_speaks_tls_to_memcached_z_servers() {
     let failed = "kvswitch_proxy_server_tls_handshakes_total{outcome=\"failed\"}";
     assert!(sample(&text, failed).is_some_and(|n| n >= 1.0), "{text}");
 }
+
+/// A server that takes connections and never says a word: the proxy's handshake with it runs
+/// out of the pool's timeout (1 s), the request fails with SERVER_ERROR, and the handshake is
+/// counted as timed out.
+#[test]
+fn a_server_silent_in_the_handshake_is_counted_as_timed_out() {
+    let scratch = testbed::local::TempDir::new("kvswitch-proxy-tls-silent").expect("scratch");
+    let dir = scratch.path();
+    authority(dir, "ca");
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let server = silent.local_addr().unwrap();
+    // Holds what it accepts until the test ends (the listener is dropped with it).
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in silent.incoming().take(16) {
+            match conn {
+                Ok(c) => held.push(c),
+                Err(_) => break,
+            }
+        }
+    });
+    let (_proxy, listen, api) = start_proxy(dir, server, "server_tls_ca = \"ca.crt\"");
+    let mut conn = common::proxy::Conn::open(listen);
+    let got = conn.call(b"get silent\r\n", |r| r.ends_with(b"\r\n"));
+    assert!(
+        got.starts_with(b"SERVER_ERROR"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    let text = metrics(api);
+    let timed_out = "kvswitch_proxy_server_tls_handshakes_total{outcome=\"timed_out\"}";
+    assert!(sample(&text, timed_out).is_some_and(|n| n >= 1.0), "{text}");
+}

@@ -236,18 +236,25 @@ impl Conn {
     async fn run(self: Rc<Self>) {
         let spec = &self.pool.spec;
         let stats = &self.pool.servers[self.server];
-        let connected = timeout(spec.timeout, async {
-            let stream = connect(self.addr, self.source).await?;
-            match &self.tls {
-                None => Ok::<_, std::io::Error>(ServerStream::Plain(stream)),
+        let started = Instant::now();
+        let connected = match timeout(spec.timeout, connect(self.addr, self.source)).await {
+            Ok(Ok(stream)) => match &self.tls {
+                None => Ok(Ok(ServerStream::Plain(stream))),
                 Some(tls) => {
+                    // The handshake has what is left of the timeout; running out of it is
+                    // counted as the handshake's.
                     let host = self.pool.pool.spec().servers[self.server].host.clone();
-                    let stream = tls.connect(&host, stream).await?;
-                    Ok(ServerStream::Tls(Box::new(stream)))
+                    let left = spec.timeout.saturating_sub(started.elapsed());
+                    let shaken = timeout(left, tls.connect(&host, stream)).await;
+                    if shaken.is_err() {
+                        tls.count(crate::tls::Handshake::TimedOut);
+                    }
+                    shaken.map(|s| s.map(|s| ServerStream::Tls(Box::new(s))))
                 }
-            }
-        })
-        .await;
+            },
+            Ok(Err(e)) => Ok(Err(e)),
+            Err(elapsed) => Err(elapsed),
+        };
         let stream = match connected {
             Ok(Ok(stream)) => stream,
             Ok(Err(e)) => return self.lost(ServerError::from(e)),

@@ -810,7 +810,8 @@ fn write_tls_metrics(
             "kvswitch_proxy_server_tls",
             [
                 "TLS handshakes with the servers, by how they ended (failed: such as a server \
-                 whose certificate is not trusted or names another host).",
+                 whose certificate is not trusted or names another host; timed_out: not done \
+                 within the pool's timeout).",
                 "Times the servers' TLS files were read again (SIGHUP), by outcome (refused: \
                  the files in use were kept).",
             ],

@@ -274,6 +274,12 @@ impl ServerTls {
         result
     }
 
+    /// Counts a handshake that ended `how` outside [`ServerTls::connect`], such as one the
+    /// caller's time limit cut short.
+    pub fn count(&self, how: Handshake) {
+        self.kept.count(how);
+    }
+
     /// What came of the handshakes and reloads.
     pub fn counts(&self) -> Counts {
         self.kept.counts()
