@@ -37,17 +37,17 @@ pub(crate) async fn keep_slots(pool: Rc<PoolRt>) {
 /// Asks the pool's servers in turn for the cluster's slots until one answers, and learns
 /// them.
 async fn refresh(pool: &PoolRt) -> anyhow::Result<()> {
-    let servers: Vec<SocketAddr> = pool
+    let servers: Vec<(SocketAddr, String)> = pool
         .stats
         .pool
         .spec()
         .servers
         .iter()
-        .map(|s| s.addr)
+        .map(|s| (s.addr, s.host.clone()))
         .collect();
     let mut last = anyhow::anyhow!("the pool has no server");
-    for addr in servers {
-        let asked = timeout(pool.stats.spec.timeout, ask(pool, addr)).await;
+    for (addr, host) in servers {
+        let asked = timeout(pool.stats.spec.timeout, ask(pool, addr, &host)).await;
         match asked {
             Ok(Ok(ranges)) => {
                 for (slots, node) in ranges {
@@ -64,18 +64,17 @@ async fn refresh(pool: &PoolRt) -> anyhow::Result<()> {
     Err(last)
 }
 
-/// One node's `CLUSTER SLOTS`: each range of slots and the address of its master.
+/// One node's `CLUSTER SLOTS`, asked of the pool's server at `addr` (its certificate checked
+/// against `host`, as the pool names it): each range of slots and the address of its master.
 async fn ask(
     pool: &PoolRt,
     addr: SocketAddr,
+    host: &str,
 ) -> anyhow::Result<Vec<(std::ops::RangeInclusive<u16>, SocketAddr)>> {
     let stream = crate::backend::connect(addr, pool.source()).await?;
     let mut stream = match pool.server_tls() {
         None => ServerStream::Plain(stream),
-        Some(tls) => {
-            let host = addr.ip().to_string();
-            ServerStream::Tls(Box::new(tls.connect(&host, stream).await?))
-        }
+        Some(tls) => ServerStream::Tls(Box::new(tls.connect(host, stream).await?)),
     };
     let mut request = Vec::new();
     let auth = pool
