@@ -194,6 +194,26 @@ impl Shared {
     }
 }
 
+/// The user and password the pool's servers want (SASL), read from the file `file` names.
+fn server_login(file: &ControllerFile) -> anyhow::Result<Option<(String, String)>> {
+    let Some(f) = &file.server_sasl else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(&f.password_file).with_context(|| {
+        format!(
+            "SASL password file {}: cannot read",
+            f.password_file.display()
+        )
+    })?;
+    let password = text.lines().next().unwrap_or("").to_string();
+    anyhow::ensure!(
+        !password.is_empty(),
+        "SASL password file {}: the first line is empty",
+        f.password_file.display()
+    );
+    Ok(Some((f.user.clone(), password)))
+}
+
 /// Runs the controller until the process is stopped.
 pub fn run(args: &ControllerArgs) -> anyhow::Result<()> {
     if args.example_config {
@@ -206,6 +226,14 @@ pub fn run(args: &ControllerArgs) -> anyhow::Result<()> {
         .ok_or_else(|| anyhow::anyhow!("--config is required"))?;
     let file = config::controller::load(path)?;
     if args.check {
+        // The files it names load (TLS for its API and towards the switches, the servers'
+        // SASL password): a mistake is named here, not at start.
+        Guard::new(file.api_serving.clone())?;
+        if let Some(f) = &file.switch_tls {
+            let own = f.own.as_ref().map(|(c, k)| (c.as_path(), k.as_path()));
+            api::client::Https::load(&f.ca, own).context("HTTPS to the switches")?;
+        }
+        server_login(&file)?;
         println!(
             "{}: ok ({} switches, {} servers, api {}{}{})",
             path.display(),
@@ -369,24 +397,7 @@ pub fn start(
         ),
         None => None,
     };
-    let server_sasl = match &fleet.file.server_sasl {
-        Some(f) => {
-            let text = std::fs::read_to_string(&f.password_file).with_context(|| {
-                format!(
-                    "SASL password file {}: cannot read",
-                    f.password_file.display()
-                )
-            })?;
-            let password = text.lines().next().unwrap_or("").to_string();
-            anyhow::ensure!(
-                !password.is_empty(),
-                "SASL password file {}: the first line is empty",
-                f.password_file.display()
-            );
-            Some((f.user.clone(), password))
-        }
-        None => None,
-    };
+    let server_sasl = server_login(&fleet.file)?;
     let me = listener.local_addr()?.to_string();
     let elects = store.is_some();
     let shared = Arc::new(Shared {

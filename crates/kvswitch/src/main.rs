@@ -197,6 +197,13 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<()> {
             let mut cfg = config::Config::load(&path)?;
             cfg.cache.enabled |= cache;
             if check {
+                // The TLS and SASL files it names load: a mistake is named here, not at start.
+                api::guard::Guard::new(cfg.api_serving.clone())?;
+                proxy::Secrets::load(
+                    cfg.tls.as_ref(),
+                    cfg.server_tls.as_ref(),
+                    cfg.server_sasl.as_ref(),
+                )?;
                 println!(
                     "{}: ok ({} ports, {} servers, {} mode, cache {})",
                     path.display(),
