@@ -171,9 +171,9 @@ pub fn version_sasl(
             }
             reply.extend_from_slice(&buf[..n]);
         };
-        let body = text(
-            &reply[HEADER_LEN + usize::from(header.extras_len) + usize::from(header.key_len)..len],
-        );
+        // The value after extras and key; a header whose lengths do not add up gives none.
+        let value_at = HEADER_LEN + usize::from(header.extras_len) + usize::from(header.key_len);
+        let body = text(reply.get(value_at..len).unwrap_or_default());
         if header.magic != wire::memcache::binary::RESPONSE_MAGIC || header.opcode != op {
             return Err(ProbeError::Answered(text(&reply[..len])));
         }
@@ -236,6 +236,58 @@ mod tests {
     }
 
     const T: Duration = Duration::from_secs(2);
+
+    /// A TCP server on loopback that answers its first connection's first bytes with `reply`,
+    /// then closes it.
+    fn binary_server(reply: Vec<u8>) -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (mut c, _) = l.accept().unwrap();
+            let mut buf = [0u8; 256];
+            if c.read(&mut buf).unwrap_or(0) > 0 {
+                let _ = c.write_all(&reply);
+            }
+        });
+        addr
+    }
+
+    fn response(op: u8, status: u16, extras: u8, key: u16, body: &[u8]) -> Vec<u8> {
+        let mut out = vec![0x81, op];
+        out.extend_from_slice(&key.to_be_bytes());
+        out.extend_from_slice(&[extras, 0]);
+        out.extend_from_slice(&status.to_be_bytes());
+        out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        out.extend_from_slice(&[0; 12]);
+        out.extend_from_slice(body);
+        out
+    }
+
+    #[test]
+    fn a_sasl_probe_authenticates_then_reads_the_version() {
+        use wire::memcache::binary::opcode;
+        let login = ("kv", "pw");
+        let mut ok = response(opcode::SASL_AUTH, 0, 0, 0, b"Authenticated");
+        ok.extend(response(opcode::VERSION, 0, 0, 0, b"1.6.21"));
+        assert_eq!(
+            version_sasl(binary_server(ok), T, login, false).unwrap(),
+            "1.6.21"
+        );
+        let refused = response(opcode::SASL_AUTH, 0x20, 0, 0, b"Auth failure.");
+        let e = version_sasl(binary_server(refused), T, login, false).unwrap_err();
+        assert!(
+            e.to_string().contains("SASL") && e.to_string().contains("0x0020"),
+            "{e}"
+        );
+        // Lengths that do not add up (extras and key longer than the body): an error, no panic.
+        let mut odd = response(opcode::SASL_AUTH, 0, 0, 0, b"ab");
+        odd[2..4].copy_from_slice(&10u16.to_be_bytes());
+        odd[4] = 10;
+        assert!(version_sasl(binary_server(odd), T, login, false).is_err());
+        // Text in place of a binary reply.
+        let text = b"ERROR\r\nERROR\r\nERROR\r\nERROR\r\nERROR\r\n".to_vec();
+        assert!(version_sasl(binary_server(text), T, login, false).is_err());
+    }
 
     #[test]
     fn a_version_line_is_the_answer_and_anything_else_an_error() {
