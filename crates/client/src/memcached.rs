@@ -157,7 +157,7 @@ pub fn version_sasl(
         // One whole response at the front of `reply`, read as it arrives.
         let (header, len) = loop {
             if let Some(h) = Header::decode(&reply) {
-                let len = HEADER_LEN + h.body_len as usize;
+                let len = HEADER_LEN.saturating_add(h.body_len as usize);
                 if len > MAX_REPLY {
                     return Err(ProbeError::Answered(format!("a reply of {len} bytes")));
                 }
@@ -171,12 +171,20 @@ pub fn version_sasl(
             }
             reply.extend_from_slice(&buf[..n]);
         };
-        // The value after extras and key; a header whose lengths do not add up gives none.
-        let value_at = HEADER_LEN + usize::from(header.extras_len) + usize::from(header.key_len);
-        let body = text(reply.get(value_at..len).unwrap_or_default());
         if header.magic != wire::memcache::binary::RESPONSE_MAGIC || header.opcode != op {
-            return Err(ProbeError::Answered(text(&reply[..len])));
+            return Err(ProbeError::Answered(format!(
+                "not the binary reply to opcode {op:#04x}: magic {:#04x}, opcode {:#04x}",
+                header.magic, header.opcode
+            )));
         }
+        // The value after extras and key.
+        let value_at = HEADER_LEN + usize::from(header.extras_len) + usize::from(header.key_len);
+        let Some(value) = reply.get(value_at..len) else {
+            return Err(ProbeError::Answered(
+                "a binary reply whose extras and key are longer than its body".into(),
+            ));
+        };
+        let body = text(value);
         if header.vbucket_or_status != 0 {
             let what = if op == opcode::SASL_AUTH {
                 "SASL"
@@ -279,11 +287,15 @@ mod tests {
             e.to_string().contains("SASL") && e.to_string().contains("0x0020"),
             "{e}"
         );
-        // Lengths that do not add up (extras and key longer than the body): an error, no panic.
-        let mut odd = response(opcode::SASL_AUTH, 0, 0, 0, b"ab");
-        odd[2..4].copy_from_slice(&10u16.to_be_bytes());
-        odd[4] = 10;
-        assert!(version_sasl(binary_server(odd), T, login, false).is_err());
+        // Lengths that do not add up (extras and key longer than the body): an error, no panic,
+        // even after an authentication that took.
+        let mut odd = response(opcode::SASL_AUTH, 0, 0, 0, b"Authenticated");
+        let mut version = response(opcode::VERSION, 0, 0, 0, b"ab");
+        version[2..4].copy_from_slice(&10u16.to_be_bytes());
+        version[4] = 10;
+        odd.extend(version);
+        let e = version_sasl(binary_server(odd), T, login, false).unwrap_err();
+        assert!(e.to_string().contains("longer than its body"), "{e}");
         // Text in place of a binary reply.
         let text = b"ERROR\r\nERROR\r\nERROR\r\nERROR\r\nERROR\r\n".to_vec();
         assert!(version_sasl(binary_server(text), T, login, false).is_err());

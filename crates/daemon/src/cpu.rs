@@ -342,7 +342,7 @@ impl Channel {
                     let refusal = if !self
                         .token
                         .as_ref()
-                        .is_none_or(|t| api::server::same(t.as_bytes(), token))
+                        .is_none_or(|t| api::server::same(token, t.as_bytes()))
                     {
                         Some("the token is wrong".to_string())
                     } else if frames && self_takes_frames(&self.agents) {

@@ -455,3 +455,35 @@ fn the_controller_keeps_its_pool_in_an_etcd_with_tls_and_users() {
     assert_eq!(status["role"], json!("leader"), "{status}");
     assert_eq!(leader_key(), (ctl_api.to_string(), lease));
 }
+
+/// `kvswitch controller --check` loads the TLS and SASL files its file names: a missing one is
+/// named, with exit code 1, before the controller starts.
+#[test]
+fn controller_check_names_a_file_that_does_not_load() {
+    let scratch = testbed::local::TempDir::new("kvswitch-controller-check").expect("scratch");
+    let dir = scratch.path();
+    let server = SocketAddr::from(([127, 0, 0, 1], 11211));
+    let switch = SocketAddr::from(([127, 0, 0, 1], 9110));
+    let api = SocketAddr::from(([127, 0, 0, 1], 9200));
+    for (settings, named) in [
+        (
+            "api_tls_cert = \"gone.crt\"\napi_tls_key = \"gone.key\"",
+            "gone.crt",
+        ),
+        ("switch_tls_ca = \"gone-ca.crt\"", "gone-ca.crt"),
+        (
+            "server_sasl_user = \"kv\"\nserver_sasl_password_file = \"gone.password\"",
+            "gone.password",
+        ),
+    ] {
+        let path = dir.join("controller.toml");
+        std::fs::write(
+            &path,
+            controller_toml(api, settings, &[switch], &[("s1", server)]),
+        )
+        .unwrap();
+        let out = kvswitch(&["controller", "--check", "--config", &arg(&path)]);
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+        assert!(text(&out).contains(named), "{}", text(&out));
+    }
+}

@@ -50,23 +50,6 @@ fn memcached_tls_clients_through_the_switch() {
         dir.join("vip.crt").display(),
         dir.join("vip.key").display()
     );
-    // `--check` loads the files: one that is not there is named before anything starts.
-    let example = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/switch.toml"),
-    )
-    .unwrap()
-    .replace("tcp = \"splice\"", "tcp = \"proxy\"")
-    .replace("# tls_cert = \"vip.crt\"", "tls_cert = \"missing.crt\"")
-    .replace("# tls_key = \"vip.key\"", "tls_key = \"vip.key\"");
-    std::fs::write(dir.join("switch.toml"), example).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvswitch"))
-        .args(["run", "--check", "--config"])
-        .arg(dir.join("switch.toml"))
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{said}");
-    assert!(said.contains("missing.crt: cannot read"), "{said}");
     let live = testbed_with("kstl", "l3", false, |o| {
         o.tcp = Some("proxy".into());
         o.switch_config = Some(lines);
@@ -116,4 +99,28 @@ fn memcached_tls_clients_through_the_switch() {
         .and_then(|v| v.trim().parse::<f64>().ok());
     assert!(failed.is_some_and(|n| n >= 1.0), "{text}");
     live.down().expect("down");
+}
+
+/// `kvswitch run --check` loads the TLS files the configuration names: one that is not there
+/// is named before anything starts (no root, no testbed needed).
+#[test]
+fn run_check_names_a_tls_file_that_does_not_load() {
+    let example = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/switch.toml"),
+    )
+    .unwrap()
+    .replace("tcp = \"splice\"", "tcp = \"proxy\"")
+    .replace("# tls_cert = \"vip.crt\"", "tls_cert = \"missing.crt\"")
+    .replace("# tls_key = \"vip.key\"", "tls_key = \"vip.key\"");
+    let scratch = testbed::local::TempDir::new("kvswitch-switch-check").expect("scratch");
+    let dir = scratch.path();
+    std::fs::write(dir.join("switch.toml"), example).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvswitch"))
+        .args(["run", "--check", "--config"])
+        .arg(dir.join("switch.toml"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("missing.crt: cannot read"), "{said}");
 }

@@ -811,7 +811,7 @@ fn write_tls_metrics(
             [
                 "TLS handshakes with the servers, by how they ended (failed: such as a server \
                  whose certificate is not trusted or names another host; timed_out: not done \
-                 within the pool's timeout).",
+                 within the pool's timeout, on a connection that carries requests).",
                 "Times the servers' TLS files were read again (SIGHUP), by outcome (refused: \
                  the files in use were kept).",
             ],
