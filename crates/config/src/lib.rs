@@ -15,7 +15,7 @@ pub mod proxy;
 mod read;
 pub mod scenario;
 
-pub use read::{read_file, MAX_FILE_BYTES};
+pub use read::{read_file, secret_line, MAX_FILE_BYTES};
 
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};

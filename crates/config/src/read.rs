@@ -32,9 +32,40 @@ pub fn read_file(path: &Path) -> io::Result<String> {
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "not UTF-8 text"))
 }
 
+/// The first line of the file `path`, without its line end: a password or a token, read
+/// with [`read_file`]'s bounds. `what` names the file in an error ("SASL password file"),
+/// as does an empty first line.
+pub fn secret_line(path: &Path, what: &str) -> Result<String, String> {
+    let text =
+        read_file(path).map_err(|e| format!("{what} {}: cannot read: {e}", path.display()))?;
+    let line = text.lines().next().unwrap_or("");
+    if line.is_empty() {
+        return Err(format!(
+            "{what} {}: the first line is empty",
+            path.display()
+        ));
+    }
+    Ok(line.to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_secret_is_the_first_line_and_never_empty() {
+        let dir = std::env::temp_dir().join(format!("kvswitch-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("pw");
+        std::fs::write(&file, "s3cret\nignored\n").unwrap();
+        assert_eq!(secret_line(&file, "password file"), Ok("s3cret".into()));
+        std::fs::write(&file, "\nlater\n").unwrap();
+        let e = secret_line(&file, "password file").unwrap_err();
+        assert!(e.contains("password file") && e.contains("empty"), "{e}");
+        let e = secret_line(&dir.join("none"), "password file").unwrap_err();
+        assert!(e.contains("cannot read"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn only_regular_files_of_bounded_size_are_read() {

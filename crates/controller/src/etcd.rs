@@ -110,22 +110,8 @@ impl Etcd {
 
     /// Asks etcd for a token for `user`, and keeps it.
     fn authenticate(&self, user: &User) -> anyhow::Result<String> {
-        let password = std::fs::read_to_string(&user.password_file)
-            .with_context(|| {
-                format!(
-                    "etcd password file {}: cannot read",
-                    user.password_file.display()
-                )
-            })?
-            .lines()
-            .next()
-            .unwrap_or("")
-            .to_string();
-        anyhow::ensure!(
-            !password.is_empty(),
-            "etcd password file {}: the first line is empty",
-            user.password_file.display()
-        );
+        let password = config::secret_line(&user.password_file, "etcd password file")
+            .map_err(anyhow::Error::msg)?;
         let doc = self
             .client
             .call_within(

@@ -199,18 +199,8 @@ fn server_login(file: &ControllerFile) -> anyhow::Result<Option<(String, String)
     let Some(f) = &file.server_sasl else {
         return Ok(None);
     };
-    let text = std::fs::read_to_string(&f.password_file).with_context(|| {
-        format!(
-            "SASL password file {}: cannot read",
-            f.password_file.display()
-        )
-    })?;
-    let password = text.lines().next().unwrap_or("").to_string();
-    anyhow::ensure!(
-        !password.is_empty(),
-        "SASL password file {}: the first line is empty",
-        f.password_file.display()
-    );
+    let password =
+        config::secret_line(&f.password_file, "SASL password file").map_err(anyhow::Error::msg)?;
     Ok(Some((f.user.clone(), password)))
 }
 

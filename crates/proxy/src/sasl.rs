@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::RwLock;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use api::metrics::{Exposition, Kind};
 use wire::memcache::binary::{opcode, status, write_response, Header, HEADER_LEN};
 
@@ -49,16 +49,7 @@ impl std::fmt::Debug for Sasl {
 
 /// A password file's first line, without its line end; an error names the file.
 fn read_password(file: &Path) -> anyhow::Result<String> {
-    let text = std::fs::read_to_string(file)
-        .with_context(|| format!("SASL password file {}: cannot read", file.display()))?;
-    let line = text.lines().next().unwrap_or("");
-    if line.is_empty() {
-        bail!(
-            "SASL password file {}: the first line is empty",
-            file.display()
-        );
-    }
-    Ok(line.to_owned())
+    config::secret_line(file, "SASL password file").map_err(anyhow::Error::msg)
 }
 
 impl Sasl {
