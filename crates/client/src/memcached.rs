@@ -45,13 +45,7 @@ fn ask(addr: SocketAddr, timeout: Duration, flush: bool) -> Result<String, Probe
         true => (b"flush_all\r\nversion\r\n", 2, b"OK\r\n"),
         false => (b"version\r\n", 1, b""),
     };
-    let started = Instant::now();
-    let mut conn = TcpStream::connect_timeout(&addr, timeout)?;
-    let left = timeout
-        .saturating_sub(started.elapsed())
-        .max(Duration::from_millis(1));
-    conn.set_read_timeout(Some(left))?;
-    conn.set_write_timeout(Some(left))?;
+    let mut conn = connect_within(addr, timeout)?;
     conn.write_all(request)?;
     let mut reply = Vec::with_capacity(64);
     let mut buf = [0u8; 128];
@@ -142,13 +136,7 @@ pub fn version_sasl(
     }
     write_request(opcode::VERSION, b"", b"", b"", 3, 0, &mut request);
     ops.push(opcode::VERSION);
-    let started = Instant::now();
-    let mut conn = TcpStream::connect_timeout(&addr, timeout)?;
-    let left = timeout
-        .saturating_sub(started.elapsed())
-        .max(Duration::from_millis(1));
-    conn.set_read_timeout(Some(left))?;
-    conn.set_write_timeout(Some(left))?;
+    let mut conn = connect_within(addr, timeout)?;
     conn.write_all(&request)?;
     let mut reply = Vec::with_capacity(128);
     let mut buf = [0u8; 256];
@@ -202,6 +190,19 @@ pub fn version_sasl(
         reply.drain(..len);
     }
     Ok(version)
+}
+
+/// A connection to `addr` made within `timeout`, its reads and writes bounded by what is left
+/// of it.
+fn connect_within(addr: SocketAddr, timeout: Duration) -> Result<TcpStream, ProbeError> {
+    let started = Instant::now();
+    let conn = TcpStream::connect_timeout(&addr, timeout)?;
+    let left = timeout
+        .saturating_sub(started.elapsed())
+        .max(Duration::from_millis(1));
+    conn.set_read_timeout(Some(left))?;
+    conn.set_write_timeout(Some(left))?;
+    Ok(conn)
 }
 
 fn timed_out(e: std::io::Error, timeout: Duration) -> ProbeError {
