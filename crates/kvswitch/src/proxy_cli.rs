@@ -118,6 +118,17 @@ pub struct ProxyArgs {
     /// request, as `memcached -S` wants (overrides `[proxy] client_sasl`).
     #[arg(long)]
     pub client_sasl: bool,
+    /// Serve the API over HTTPS with this certificate chain (PEM; overrides `[proxy]
+    /// api_tls_cert`; with --api-tls-key). The way to HTTPS for a nutcracker file's API.
+    #[arg(long, value_name = "FILE", requires = "api_tls_key")]
+    pub api_tls_cert: Option<PathBuf>,
+    /// The private key of --api-tls-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "api_tls_cert")]
+    pub api_tls_key: Option<PathBuf>,
+    /// The API takes only clients showing a certificate these authorities signed (PEM;
+    /// overrides `[proxy] api_tls_client_ca`).
+    #[arg(long, value_name = "FILE")]
+    pub api_tls_client_ca: Option<PathBuf>,
 }
 
 /// What the standalone proxy's API shows: the proxy's counters and its pools' caches.
@@ -398,7 +409,7 @@ fn load(args: &ProxyArgs) -> anyhow::Result<Loaded> {
             pools,
             workers,
             api: args.api,
-            serving: ApiServing::default(),
+            serving: api_serving_of(args, ApiServing::default())?,
             cache: CacheSettings::default(),
             limits,
             tls: tls_of(args, None)?,
@@ -420,13 +431,29 @@ fn load(args: &ProxyArgs) -> anyhow::Result<Loaded> {
         pools: vec![pool],
         workers,
         api: args.api.or(file.api),
-        serving: file.api_serving,
+        serving: api_serving_of(args, file.api_serving)?,
         cache: file.cache,
         limits: limits(args, file.client_connections, file.reply_budget),
         tls: tls_of(args, file.tls)?,
         server_tls: server_tls_of(args, file.server_tls)?,
         server_sasl: sasl_of(args, file.server_sasl)?,
     })
+}
+
+/// How the API serves: the file's settings, its TLS files each replaced by the command
+/// line's where it gives one.
+fn api_serving_of(args: &ProxyArgs, file: ApiServing) -> anyhow::Result<ApiServing> {
+    let (cert, key) = match (&args.api_tls_cert, &args.api_tls_key, &file.tls) {
+        (Some(cert), Some(key), _) => (Some(cert.clone()), Some(key.clone())),
+        (_, _, Some(f)) => (Some(f.cert.clone()), Some(f.key.clone())),
+        _ => (None, None),
+    };
+    let client_ca =
+        (args.api_tls_client_ca.clone()).or(file.tls.as_ref().and_then(|f| f.client_ca.clone()));
+    let tls =
+        proxy_file::TlsFiles::from_parts(cert, key, client_ca, |k| setting(&format!("api_{k}")))
+            .map_err(|(k, e)| anyhow::anyhow!("{k}: {e}"))?;
+    Ok(ApiServing { tls, ..file })
 }
 
 /// The servers' SASL user and password file, and whether clients must authenticate: the

@@ -487,3 +487,55 @@ fn controller_check_names_a_file_that_does_not_load() {
         assert!(text(&out).contains(named), "{}", text(&out));
     }
 }
+
+/// A proxy run from a nutcracker file alone serves its API over HTTPS with the command line's
+/// `--api-tls-cert` and `--api-tls-key`.
+#[test]
+fn a_nutcracker_files_proxy_serves_its_api_over_https_from_the_command_line() {
+    if skip_without(&["openssl", "curl", "memcached"]) {
+        return;
+    }
+    let scratch = testbed::local::TempDir::new("kvswitch-api-https-yaml").expect("scratch");
+    let dir = scratch.path();
+    authority(dir, "ca");
+    certificate(dir, "ca", "api", "serverAuth");
+    let server = Memcached::start();
+    let listen = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let yaml = dir.join("nutcracker.yml");
+    let text_of =
+        common::proxy::yaml_config(listen, &[("s1", server.addr())], &PoolOpts::default());
+    std::fs::write(&yaml, text_of).unwrap();
+    let _proxy = Running(
+        Command::new(BIN)
+            .args([
+                "proxy",
+                "--nutcracker-config",
+                &arg(&yaml),
+                "--api",
+                &api.to_string(),
+            ])
+            .args(["--api-tls-cert", &arg(&dir.join("api.crt"))])
+            .args(["--api-tls-key", &arg(&dir.join("api.key"))])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("proxy.log")).unwrap())
+            .spawn()
+            .expect("start the proxy"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(listening(listen) && listening(api)) {
+        assert!(Instant::now() < deadline, "the proxy never listened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let url = format!("https://{api}/api/v1/pool");
+    let out = curl(&["--cacert", &arg(&dir.join("ca.crt")), &url]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains(&server.addr().to_string()),
+        "{}",
+        text(&out)
+    );
+    let out = curl(&[&format!("http://{api}/api/v1/pool")]);
+    assert!(!out.status.success(), "served in clear: {}", text(&out));
+}
