@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use api::client::Https;
 use api::Client;
 use common::fleet::{controller_toml, proxies, servers, until_pools};
-use common::proxy::{free_port, listening, Memcached, PoolOpts};
+use common::proxy::{free_port, until_listening, Memcached, PoolOpts};
 use common::tls::{authority, certificate, start_proxy, start_proxy_named};
 use common::{installed, Running};
 use serde_json::json;
@@ -233,11 +233,7 @@ fn client_certificates_and_a_controller_speaking_https_both_ways() {
             .spawn()
             .expect("start the controller"),
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !listening(ctl_api) {
-        assert!(Instant::now() < deadline, "the controller never listened");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until_listening(&[ctl_api], "controller");
     let ctl = Client::new(ctl_api, None).with_https(https.clone());
     let proxies = [api0, api1].map(|a| Client::new(a, None).with_https(https.clone()));
     // A server added through the controller's API reaches both proxies over HTTPS.
@@ -523,11 +519,7 @@ fn a_nutcracker_files_proxy_serves_its_api_over_https_from_the_command_line() {
             .spawn()
             .expect("start the proxy"),
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !(listening(listen) && listening(api)) {
-        assert!(Instant::now() < deadline, "the proxy never listened");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until_listening(&[listen, api], "proxy");
     let url = format!("https://{api}/api/v1/pool");
     let out = curl(&["--cacert", &arg(&dir.join("ca.crt")), &url]);
     assert!(out.status.success(), "{}", text(&out));

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::proxy::{cache_cli, free_port, keys_on, listening, Conn, Memcached};
+use common::proxy::{cache_cli, free_port, keys_on, until_listening, Conn, Memcached};
 use testbed::replies::{ends_with_sentinel, SENTINEL};
 
 struct Setup {
@@ -51,11 +51,7 @@ fn start(cache_table: &str) -> Setup {
             .spawn()
             .expect("start the proxy"),
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !(listening(proxy) && listening(api)) {
-        assert!(Instant::now() < deadline, "the proxy did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until_listening(&[proxy, api], "proxy");
     Setup {
         servers,
         proxy,

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::proxy::{free_port, listening};
+use common::proxy::{free_port, until_listening};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kvswitch");
 
@@ -26,14 +26,6 @@ fn kvswitch(args: &[&str]) -> Output {
         .current_dir(root())
         .output()
         .expect("kvswitch runs")
-}
-
-fn until_listening(addr: SocketAddr) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !listening(addr) {
-        assert!(Instant::now() < deadline, "nothing listened on {addr}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Every file of examples/: what its command prints as its example (so the two never drift
@@ -238,7 +230,7 @@ fn json_logs_are_one_object_a_line() {
         .expect("start the proxy");
     let stderr = child.stderr.take().expect("stderr");
     let proxy = Running(child);
-    until_listening(listen);
+    until_listening(&[listen], "proxy");
     let first = BufReader::new(stderr)
         .lines()
         .next()
@@ -332,8 +324,7 @@ fn the_dashboard_names_only_metrics_kvswitch_exports() {
             .spawn()
             .expect("start the proxy"),
     );
-    until_listening(listen);
-    until_listening(api);
+    until_listening(&[listen, api], "proxy");
     let (_, text) = testbed::http_get(api, "/metrics").expect("the proxy's metrics");
     exported.extend(families(&text));
     drop(proxy);
@@ -363,7 +354,7 @@ fn the_dashboard_names_only_metrics_kvswitch_exports() {
             .spawn()
             .expect("start the controller"),
     );
-    until_listening(ctl_api);
+    until_listening(&[ctl_api], "controller");
     // The fabric's families appear once its switches have been probed.
     let deadline = Instant::now() + Duration::from_secs(10);
     let text = loop {

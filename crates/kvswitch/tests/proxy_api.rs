@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::proxy::{free_port, keys_on, listening, ring, set_request, Conn, Memcached};
+use common::proxy::{free_port, keys_on, ring, set_request, until_listening, Conn, Memcached};
 
 fn get(api: SocketAddr, path: &str) -> String {
     let (status, body) = testbed::http_get(api, path).expect("the API answers");
@@ -53,11 +53,7 @@ fn metrics_and_status_follow_the_servers() {
             .spawn()
             .expect("start the proxy"),
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !(listening(listen) && listening(api)) {
-        assert!(Instant::now() < deadline, "the proxy never listened");
-        thread::sleep(Duration::from_millis(20));
-    }
+    until_listening(&[listen, api], "proxy");
 
     // Five sets on each server: each server's request and reply counters say five.
     let ring = ring();
@@ -210,11 +206,7 @@ fn slow_and_cross_origin_clients_of_the_api_leave_the_proxy_serving() {
             .spawn()
             .expect("start the proxy"),
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !(listening(listen) && listening(api)) {
-        assert!(Instant::now() < deadline, "the proxy never listened");
-        thread::sleep(Duration::from_millis(20));
-    }
+    until_listening(&[listen, api], "proxy");
     // `listening` took a connection; let its place go.
     thread::sleep(Duration::from_millis(100));
 

@@ -38,6 +38,19 @@ pub fn listening(addr: SocketAddr) -> bool {
     TcpStream::connect(addr).is_ok_and(|s| s.local_addr().ok() != s.peer_addr().ok())
 }
 
+/// Waits, at most 10 s, until something listens on every one of `addrs`; `what` (the process
+/// started) names it in the failure.
+pub fn until_listening(addrs: &[SocketAddr], what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !addrs.iter().all(|&a| listening(a)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} never listened on {addrs:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// A memcached on a loopback port of its own that a test can kill and start again on the
 /// same port; killed by PID when dropped.
 pub struct Memcached {

@@ -4,9 +4,8 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
 
-use super::proxy::{free_port, listening};
+use super::proxy::{free_port, until_listening};
 use super::Running;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kvswitch");
@@ -140,11 +139,7 @@ pub fn start_proxy_named(
             .spawn()
             .expect("start the proxy"),
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !(listening(listen) && listening(api)) {
-        assert!(Instant::now() < deadline, "the proxy never listened");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until_listening(&[listen, api], "proxy");
     (proxy, listen, api)
 }
 
@@ -179,13 +174,6 @@ pub fn memcached_with(configure: impl FnOnce(&mut Command)) -> (Running, SocketA
             .spawn()
             .expect("memcached runs"),
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !listening(addr) {
-        assert!(
-            Instant::now() < deadline,
-            "memcached never listened on {addr}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until_listening(&[addr], "memcached");
     (server, addr)
 }
