@@ -16,6 +16,33 @@ use common::tls::{authority, certificate, memcached_with, metrics, sample, start
 
 const BIN: &str = env!("CARGO_BIN_EXE_kvswitch");
 
+/// `kvswitch load` in `dir` against `listen` with `extra` arguments: `keys` keys preloaded,
+/// then 1 s of pipelined gets and sets (80% gets) by `concurrency` connections; its report.
+fn load(
+    dir: &Path,
+    listen: SocketAddr,
+    extra: &[&str],
+    keys: u32,
+    concurrency: u32,
+) -> serde_json::Value {
+    let out = Command::new(BIN)
+        .args(["load", "--proto", "tcp", "--target"])
+        .arg(listen.to_string())
+        .args(extra)
+        .args(["--preload", "--keys", &keys.to_string()])
+        .args(["--concurrency", &concurrency.to_string(), "--duration", "1"])
+        .args(["--get-ratio", "0.8", "--json", "load.json"])
+        .current_dir(dir)
+        .output()
+        .expect("kvswitch load runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&std::fs::read_to_string(dir.join("load.json")).unwrap()).unwrap()
+}
+
 /// Runs a Python program with `args`; its standard output.
 fn python(program: &str, args: &[String]) -> Output {
     Command::new("/usr/bin/python3")
@@ -69,29 +96,7 @@ fn tls_clients_are_served_and_a_client_that_does_not_trust_the_proxy_refused() {
     let out = python(CLIENT, &[port.clone(), ca, "200".into()]);
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok 200");
     // kvswitch's own load generator over TLS: preloaded, then 1 s of pipelined gets and sets.
-    let load = Command::new(BIN)
-        .args(["load", "--proto", "tcp", "--tls-ca", "ca.crt", "--target"])
-        .arg(listen.to_string())
-        .args([
-            "--preload",
-            "--keys",
-            "100",
-            "--concurrency",
-            "4",
-            "--duration",
-            "1",
-        ])
-        .args(["--get-ratio", "0.8", "--json", "load.json"])
-        .current_dir(dir)
-        .output()
-        .expect("kvswitch load runs");
-    assert!(
-        load.status.success(),
-        "{}",
-        String::from_utf8_lossy(&load.stderr)
-    );
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("load.json")).unwrap()).unwrap();
+    let report = load(dir, listen, &["--tls-ca", "ca.crt"], 100, 4);
     assert_eq!(report["errors"], 0, "{report}");
     assert_eq!(report["timeouts"], 0, "{report}");
     assert!(report["gets"].as_u64().unwrap() > 100, "{report}");
@@ -440,29 +445,7 @@ fn the_proxy_speaks_tls_to_memcached_z_servers() {
         "VALUE st:0 0 5\r\nv0000\r\nVALUE st:7 0 5\r\nv0007\r\nVALUE st:49 0 5\r\nv0049\r\nEND\r\n"
     );
     // Pipelined: eight clients' requests share the proxy's TLS connection to the server.
-    let load = Command::new(BIN)
-        .args(["load", "--proto", "tcp", "--target"])
-        .arg(listen.to_string())
-        .args([
-            "--preload",
-            "--keys",
-            "500",
-            "--concurrency",
-            "8",
-            "--duration",
-            "1",
-        ])
-        .args(["--get-ratio", "0.8", "--json", "load.json"])
-        .current_dir(dir)
-        .output()
-        .expect("kvswitch load runs");
-    assert!(
-        load.status.success(),
-        "{}",
-        String::from_utf8_lossy(&load.stderr)
-    );
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("load.json")).unwrap()).unwrap();
+    let report = load(dir, listen, &[], 500, 8);
     assert_eq!(report["errors"], 0, "{report}");
     assert_eq!(report["timeouts"], 0, "{report}");
     assert_eq!(report["misses"], 0, "{report}");
