@@ -453,57 +453,19 @@ pub const MIN_UDP_REPLY_BURST_BYTES: u64 = 65_536;
 
 /// The switch's TLS and SASL settings, their files relative to the configuration's
 /// directory.
-#[allow(clippy::type_complexity)]
-fn secrets(
-    raw: &RawSwitch,
-    path: &Path,
-) -> Result<
-    (
-        Option<proxy::TlsFiles>,
-        Option<proxy::ServerTlsFiles>,
-        Option<proxy::SaslFiles>,
-    ),
-    ConfigError,
-> {
-    let beside = |f: &Option<PathBuf>| {
-        f.as_ref()
-            .map(|f| path.parent().unwrap_or(Path::new("")).join(f))
-    };
-    let key_of = |k: &str| format!("switch.{k}");
-    let fail = |(k, e): (String, String)| ConfigError::new(path, &k, e);
-    let tls = proxy::TlsFiles::from_parts(
-        beside(&raw.tls_cert),
-        beside(&raw.tls_key),
-        beside(&raw.tls_client_ca),
-        key_of,
-    )
-    .map_err(fail)?;
-    let server_tls = proxy::ServerTlsFiles::from_parts(
-        beside(&raw.server_tls_ca),
-        beside(&raw.server_tls_cert),
-        beside(&raw.server_tls_key),
-        key_of,
-    )
-    .map_err(fail)?;
-    let sasl = proxy::SaslFiles::from_parts(
-        raw.server_sasl_user.clone(),
-        beside(&raw.server_sasl_password_file),
-        key_of,
-    )
-    .map_err(fail)?;
-    let sasl = match (sasl, raw.client_sasl) {
-        (Some(s), Some(clients)) => Some(proxy::SaslFiles { clients, ..s }),
-        (None, Some(true)) => {
-            return Err(ConfigError::new(
-                path,
-                "switch.client_sasl",
-                "clients authenticate with the servers' user and password: give \
-                 server_sasl_user and server_sasl_password_file too",
-            ))
-        }
-        (s, _) => s,
-    };
-    Ok((tls, server_tls, sasl))
+fn secrets(raw: &RawSwitch, path: &Path) -> Result<proxy::SecretFiles, ConfigError> {
+    proxy::RawSecrets {
+        tls_cert: raw.tls_cert.clone(),
+        tls_key: raw.tls_key.clone(),
+        tls_client_ca: raw.tls_client_ca.clone(),
+        server_tls_ca: raw.server_tls_ca.clone(),
+        server_tls_cert: raw.server_tls_cert.clone(),
+        server_tls_key: raw.server_tls_key.clone(),
+        server_sasl_user: raw.server_sasl_user.clone(),
+        server_sasl_password_file: raw.server_sasl_password_file.clone(),
+        client_sasl: raw.client_sasl,
+    }
+    .check(path, "switch")
 }
 
 impl Config {

@@ -177,6 +177,65 @@ impl ServerTlsFiles {
     }
 }
 
+/// The TLS and SASL keys a `[proxy]` or a `[switch]` table takes, as written.
+pub(crate) struct RawSecrets {
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    pub tls_client_ca: Option<PathBuf>,
+    pub server_tls_ca: Option<PathBuf>,
+    pub server_tls_cert: Option<PathBuf>,
+    pub server_tls_key: Option<PathBuf>,
+    pub server_sasl_user: Option<String>,
+    pub server_sasl_password_file: Option<PathBuf>,
+    pub client_sasl: Option<bool>,
+}
+
+/// What [`RawSecrets::check`] gives: the clients' TLS, the servers' TLS, the servers' SASL.
+pub(crate) type SecretFiles = (Option<TlsFiles>, Option<ServerTlsFiles>, Option<SaslFiles>);
+
+impl RawSecrets {
+    /// Checks the keys of `[section]` in the file `path`, their files relative to its
+    /// directory; an error names `section.key`.
+    pub(crate) fn check(self, path: &Path, section: &str) -> Result<SecretFiles, ConfigError> {
+        let beside = |f: Option<PathBuf>| f.map(|f| path.parent().unwrap_or(Path::new("")).join(f));
+        let key_of = |k: &str| format!("{section}.{k}");
+        let fail = |(k, e): (String, String)| ConfigError::new(path, &k, e);
+        let tls = TlsFiles::from_parts(
+            beside(self.tls_cert),
+            beside(self.tls_key),
+            beside(self.tls_client_ca),
+            key_of,
+        )
+        .map_err(fail)?;
+        let server_tls = ServerTlsFiles::from_parts(
+            beside(self.server_tls_ca),
+            beside(self.server_tls_cert),
+            beside(self.server_tls_key),
+            key_of,
+        )
+        .map_err(fail)?;
+        let sasl = SaslFiles::from_parts(
+            self.server_sasl_user,
+            beside(self.server_sasl_password_file),
+            key_of,
+        )
+        .map_err(fail)?;
+        let sasl = match (sasl, self.client_sasl) {
+            (Some(s), Some(clients)) => Some(SaslFiles { clients, ..s }),
+            (None, Some(true)) => {
+                return Err(ConfigError::new(
+                    path,
+                    &key_of("client_sasl"),
+                    "clients authenticate with the servers' user and password: give \
+                     server_sasl_user and server_sasl_password_file too",
+                ))
+            }
+            (s, _) => s,
+        };
+        Ok((tls, server_tls, sasl))
+    }
+}
+
 /// Where a TLS listener finds its certificate chain, its key and, to ask clients for
 /// certificates, the authorities it takes them from (PEM files, read again on SIGHUP).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -353,40 +412,20 @@ pub fn parse_toml(text: &str, path: &Path) -> Result<ProxyFile, ConfigError> {
         server_sasl_password_file: None,
         client_sasl: None,
     });
-    // Relative to the file's directory, as every other file a configuration names.
-    let beside = |f: Option<PathBuf>| f.map(|f| path.parent().unwrap_or(Path::new("")).join(f));
-    let tls = TlsFiles::from_parts(
-        beside(proxy.tls_cert.clone()),
-        beside(proxy.tls_key.clone()),
-        beside(proxy.tls_client_ca.clone()),
-        |k| format!("proxy.{k}"),
-    )
-    .map_err(|(k, e)| err(&k, e))?;
-    let server_tls = ServerTlsFiles::from_parts(
-        beside(proxy.server_tls_ca.clone()),
-        beside(proxy.server_tls_cert.clone()),
-        beside(proxy.server_tls_key.clone()),
-        |k| format!("proxy.{k}"),
-    )
-    .map_err(|(k, e)| err(&k, e))?;
-    let server_sasl = SaslFiles::from_parts(
-        proxy.server_sasl_user.clone(),
-        beside(proxy.server_sasl_password_file.clone()),
-        |k| format!("proxy.{k}"),
-    )
-    .map_err(|(k, e)| err(&k, e))?;
-    let server_sasl = match (server_sasl, proxy.client_sasl) {
-        (Some(s), Some(clients)) => Some(SaslFiles { clients, ..s }),
-        (None, Some(true)) => {
-            return Err(err(
-                "proxy.client_sasl",
-                "clients authenticate with the servers' user and password: give \
-                 server_sasl_user and server_sasl_password_file too"
-                    .into(),
-            ))
-        }
-        (s, _) => s,
-    };
+    // Their files relative to the file's directory, as every other file a configuration
+    // names.
+    let (tls, server_tls, server_sasl) = RawSecrets {
+        tls_cert: proxy.tls_cert.clone(),
+        tls_key: proxy.tls_key.clone(),
+        tls_client_ca: proxy.tls_client_ca.clone(),
+        server_tls_ca: proxy.server_tls_ca.clone(),
+        server_tls_cert: proxy.server_tls_cert.clone(),
+        server_tls_key: proxy.server_tls_key.clone(),
+        server_sasl_user: proxy.server_sasl_user.clone(),
+        server_sasl_password_file: proxy.server_sasl_password_file.clone(),
+        client_sasl: proxy.client_sasl,
+    }
+    .check(path, "proxy")?;
     let api_serving = RawApiServing {
         max_connections: proxy.api_max_connections,
         header_timeout_ms: proxy.api_header_timeout_ms,
