@@ -84,6 +84,12 @@ struct RawSwitch {
     #[serde(default)]
     cache_items: Option<usize>,
     #[serde(default)]
+    processors: Option<usize>,
+    #[serde(default)]
+    hit_check: Option<bool>,
+    #[serde(default)]
+    fdb_entries: Option<usize>,
+    #[serde(default)]
     ports: Vec<RawPort>,
 }
 
@@ -125,7 +131,11 @@ api_token_file = "fabric.token"
 
 # Each switch: a ToR (`role = "tor"`, with its rack's prefix) or a root. `address` and `mac`
 # are its own on the fabric; each port is an interface, with `link` naming the switch at the
-# other end (none: hosts). `api` (its control API) and `cache_items` are optional.
+# other end (none: hosts). `api` (its control API) and `cache_items` are optional, and so
+# is the cache's split (IncBricks' IncBox): `processors` (1 to 16, 1 by default), the caches a
+# key's hash chooses among, and `hit_check` (false by default), a switch stage that sends a
+# read to a processor only when its table marks the key as held there (`fdb_entries` marks at
+# most, 16384 by default).
 [[switch]]
 name = "tor0"
 role = "tor"
@@ -169,6 +179,10 @@ pub struct FabricSwitchConfig {
     pub rack: Option<(Ipv4Addr, u8)>,
     pub api: Option<SocketAddr>,
     pub cache_items: Option<usize>,
+    /// The cache's split into a switch stage and processors, where the file sets it.
+    pub processors: Option<usize>,
+    pub hit_check: Option<bool>,
+    pub fdb_entries: Option<usize>,
     /// Interface names, and the switch behind each link.
     pub ports: Vec<(String, Option<SwitchId>)>,
 }
@@ -281,6 +295,9 @@ impl FabricConfig {
                 rack,
                 api: s.api,
                 cache_items: s.cache_items,
+                processors: s.processors,
+                hit_check: s.hit_check,
+                fdb_entries: s.fdb_entries,
                 ports,
             });
         }
@@ -439,6 +456,15 @@ impl FabricConfig {
         if let Some(n) = me.cache_items {
             spec.cache_items = n;
         }
+        if let Some(n) = me.processors {
+            spec.incbox.processors = n;
+        }
+        if let Some(on) = me.hit_check {
+            spec.incbox.hit_check = on;
+        }
+        if let Some(n) = me.fdb_entries {
+            spec.incbox.fdb_entries = n;
+        }
         if let Some(d) = self.invalidate_retry {
             spec.invalidate_retry = d;
         }
@@ -511,6 +537,37 @@ mac = "02:91:00:00:00:22"
         assert_eq!(root.registration.buckets().len(), DEFAULT_BUCKETS);
         assert_eq!(c.servers[0].port, 11211);
         assert!(c.spec("nobody").is_err());
+    }
+
+    #[test]
+    fn a_switch_may_split_its_cache_as_an_incbox() {
+        let split = FILE.replace(
+            "name = \"tor1\"\n",
+            "name = \"tor1\"\nprocessors = 4\nhit_check = true\nfdb_entries = 1024\n",
+        );
+        let c = FabricConfig::parse(&split, Path::new("f.toml")).unwrap();
+        let tor = c.spec("tor1").unwrap();
+        assert_eq!(
+            (
+                tor.incbox.processors,
+                tor.incbox.hit_check,
+                tor.incbox.fdb_entries
+            ),
+            (4, true, 1024)
+        );
+        let other = c.spec("tor0").unwrap();
+        assert_eq!(other.incbox, switch::fabric::IncBoxSpec::default());
+        for bad in ["processors = 0", "processors = 17", "fdb_entries = 0"] {
+            let text = FILE.replace("name = \"tor1\"\n", &format!("name = \"tor1\"\n{bad}\n"));
+            let e = format!(
+                "{:#}",
+                FabricConfig::parse(&text, Path::new("f.toml")).unwrap_err()
+            );
+            assert!(
+                e.contains("f.toml") && e.contains("switch[tor1]"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -199,6 +199,7 @@ fn status_json(shared: &Shared, snap: Option<FabricSnapshot>) -> Value {
     let st = s.stats;
     let c = s.cache;
     let d = s.directory;
+    let b = &s.incbox;
     json!({
         "switch": shared.name,
         "role": s.role.name(),
@@ -222,6 +223,12 @@ fn status_json(shared: &Shared, snap: Option<FabricSnapshot>) -> Value {
             "fills_stale": c.fills_stale, "fills_refused": c.fills_refused,
             "evictions": c.evictions,
             "invalidations": c.invalidations,
+        },
+        "incbox": {
+            "processors": b.processors, "hit_check": b.hit_check, "marks": b.marks,
+            "fdb_entries": b.fdb_entries, "steered": b.steered, "bypassed": b.bypassed,
+            "processor_misses": b.processor_misses, "fills_unmarked": b.fills_unmarked,
+            "processor_reads": b.reads, "processor_items": b.items,
         },
         "directory": {
             "fills_allowed": d.fills_allowed, "fills_refused_write": d.fills_refused_write,
@@ -248,21 +255,53 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     let v = status_json(&shared, snap);
     let mut m = Exposition::new();
     let switch = shared.name.as_str();
-    for group in ["stats", "cache", "directory"] {
+    for group in ["stats", "cache", "incbox", "directory"] {
         let Some(map) = v[group].as_object() else {
             continue;
         };
         for (k, n) in map {
             let Some(n) = n.as_u64() else { continue };
             let (name, kind) = match (group, k.as_str()) {
-                ("cache", "items" | "capacity") => {
-                    (format!("kvswitch_fabric_cache_{k}"), Kind::Gauge)
+                ("cache", "items" | "capacity")
+                | ("incbox", "processors" | "marks" | "fdb_entries") => {
+                    (format!("kvswitch_fabric_{group}_{k}"), Kind::Gauge)
                 }
                 _ => (format!("kvswitch_fabric_{group}_{k}_total"), Kind::Counter),
             };
             let help = format!("The fabric switch's {group} figure `{k}` (see its status).");
             m.family(&name, kind, &help);
             m.sample(&name, &[("switch", switch)], n);
+        }
+    }
+    for (figure, kind, help) in [
+        (
+            "processor_reads",
+            Kind::Counter,
+            "Reads the switch stage gave the cache processor.",
+        ),
+        (
+            "processor_items",
+            Kind::Gauge,
+            "Items the cache processor holds.",
+        ),
+    ] {
+        let name = match kind {
+            Kind::Counter => format!("kvswitch_fabric_{figure}_total"),
+            _ => format!("kvswitch_fabric_{figure}"),
+        };
+        m.family(&name, kind, help);
+        for (p, n) in v["incbox"][figure]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let p = p.to_string();
+            m.sample(
+                &name,
+                &[("switch", switch), ("processor", &p)],
+                n.as_u64().unwrap_or(0),
+            );
         }
     }
     m.family(
@@ -293,7 +332,14 @@ struct TableRequest {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CacheRequest {
-    items: usize,
+    #[serde(default)]
+    items: Option<usize>,
+    #[serde(default)]
+    processors: Option<usize>,
+    #[serde(default)]
+    hit_check: Option<bool>,
+    #[serde(default)]
+    fdb_entries: Option<usize>,
 }
 
 /// Most items a switch may be told to cache.
@@ -304,15 +350,44 @@ async fn cache_size(State(shared): State<Arc<Shared>>, body: axum::body::Bytes) 
         Ok(r) => r,
         Err(e) => return refused(StatusCode::BAD_REQUEST, e),
     };
-    if req.items > MAX_CACHE_ITEMS {
+    if let Some(items) = req.items.filter(|&n| n > MAX_CACHE_ITEMS) {
         return refused(
             StatusCode::BAD_REQUEST,
-            format!("{} items: at most {MAX_CACHE_ITEMS}", req.items),
+            format!("{items} items: at most {MAX_CACHE_ITEMS}"),
         );
     }
-    let items = req.items;
-    match on_switch(&shared, move |f, _, _| f.set_cache_items(items)).await {
-        Ok(()) => (StatusCode::OK, Json(json!({ "items": items }))),
+    let layout = req.processors.is_some() || req.hit_check.is_some() || req.fdb_entries.is_some();
+    if req.items.is_none() && !layout {
+        return refused(
+            StatusCode::BAD_REQUEST,
+            "name `items`, `processors`, `hit_check` or `fdb_entries`",
+        );
+    }
+    let done = on_switch(&shared, move |f, now, _| {
+        if layout {
+            let mut spec = f.incbox();
+            spec.processors = req.processors.unwrap_or(spec.processors);
+            spec.hit_check = req.hit_check.unwrap_or(spec.hit_check);
+            spec.fdb_entries = req.fdb_entries.unwrap_or(spec.fdb_entries);
+            f.set_incbox(spec)?;
+        }
+        if let Some(items) = req.items {
+            f.set_cache_items(items);
+        }
+        Ok::<_, String>(f.snapshot(now))
+    })
+    .await;
+    match done {
+        Ok(Ok(s)) => (
+            StatusCode::OK,
+            Json(json!({
+                "items": s.cache_capacity,
+                "processors": s.incbox.processors,
+                "hit_check": s.incbox.hit_check,
+                "fdb_entries": s.incbox.fdb_entries,
+            })),
+        ),
+        Ok(Err(why)) => refused(StatusCode::BAD_REQUEST, why),
         Err(reply) => reply,
     }
 }

@@ -64,15 +64,28 @@ pub enum FabricCmd {
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
         failures: u32,
     },
-    /// Set how many items switches cache (0: none): one switch, or every ToR or root.
+    /// Set how many items switches cache (0: none), and how each splits its cache into a
+    /// switch stage and processors (IncBricks' IncBox; a new split drops the copies held):
+    /// one switch, or every ToR or root.
     Cache {
         #[arg(long, short)]
         config: PathBuf,
         /// A switch's name, `tor` (every ToR) or `root` (every root).
         #[arg(long)]
         switch: String,
+        /// Items the switch caches, shared among its processors.
+        #[arg(long, required_unless_present_any = ["processors", "hit_check", "fdb_entries"])]
+        items: Option<usize>,
+        /// Cache processors (1 to 16): a key's hash picks its processor.
         #[arg(long)]
-        items: usize,
+        processors: Option<usize>,
+        /// Whether the switch stage sends a read to a processor only when its table marks
+        /// the key as held there (otherwise every read reaches its processor).
+        #[arg(long, value_parser = clap::builder::BoolishValueParser::new())]
+        hit_check: Option<bool>,
+        /// The switch stage's table size, in marks.
+        #[arg(long)]
+        fdb_entries: Option<usize>,
     },
     /// Make a switch drop the next N invalidations it receives.
     Fault {
@@ -135,9 +148,23 @@ pub fn run_cli(args: &FabricArgs) -> anyhow::Result<()> {
             config,
             switch,
             items,
+            processors,
+            hit_check,
+            fdb_entries,
         } => {
             let cfg = FabricConfig::load(config)?;
-            let body = json!({ "items": items });
+            let mut body = serde_json::Map::new();
+            for (key, value) in [
+                ("items", items.map(|n| json!(n))),
+                ("processors", processors.map(|n| json!(n))),
+                ("hit_check", hit_check.map(|b| json!(b))),
+                ("fdb_entries", fdb_entries.map(|n| json!(n))),
+            ] {
+                if let Some(v) = value {
+                    body.insert(key.into(), v);
+                }
+            }
+            let body = serde_json::Value::Object(body);
             let chosen: Vec<_> = cfg
                 .switches
                 .iter()
@@ -150,8 +177,18 @@ pub fn run_cli(args: &FabricArgs) -> anyhow::Result<()> {
                 let api = s
                     .api
                     .with_context(|| format!("switch {} has no `api`", s.name))?;
-                call(&cfg, api, "PUT", "/api/v1/fabric/cache", &body)?;
-                println!("{}: {items} items", s.name);
+                let done = call(&cfg, api, "PUT", "/api/v1/fabric/cache", &body)?;
+                println!(
+                    "{}: {} items, {} processor(s), hit check {}",
+                    s.name,
+                    done["items"],
+                    done["processors"],
+                    if done["hit_check"] == true {
+                        "on"
+                    } else {
+                        "off"
+                    }
+                );
             }
             Ok(())
         }

@@ -10,7 +10,9 @@ use history::{Kind, Op};
 use kv::fabric::{Registration, SwitchId};
 use kv::Instant;
 use node::Store;
-use switch::fabric::{FabricServer, FabricSpec, FabricSwitch, Member, PortRole, Rack, Role};
+use switch::fabric::{
+    FabricServer, FabricSpec, FabricSwitch, IncBoxSpec, Member, PortRole, Rack, Role,
+};
 use switch::{Dest, Emit, Fate};
 use wire::ethernet::{self, Mac};
 use wire::frame::UdpEnds;
@@ -1573,4 +1575,120 @@ fn cached_copies_live_no_longer_than_their_items_expiry() {
     one(&mut net, 0, &format!("set {key} 0 0 2\r\nhi\r\n"), &key);
     hit(&mut net, &key);
     assert_eq!(hit(&mut net, &key), (value, true));
+}
+
+/// Every switch's cache split as an IncBox: `processors` processors behind a switch stage
+/// that checks its table for a hit.
+fn incbox(processors: usize) -> impl Fn(&mut FabricSpec) {
+    move |spec| {
+        spec.incbox = IncBoxSpec {
+            processors,
+            hit_check: true,
+            ..IncBoxSpec::default()
+        }
+    }
+}
+
+#[test]
+fn an_incbox_split_steers_by_hash_passes_misses_by_and_stays_coherent() {
+    let mut net = Net::tree_with(4, 2, 3, 4096, incbox(3));
+    net.jitter_ns = 40_000;
+    with_keys(&mut net, 4, 24);
+    net.add_clients(11);
+    net.run(100_000_000_000, 40_000);
+    check(&net);
+    assert!(net.history.len() >= 40_000);
+    let reads = net.history.iter().filter(|o| o.cmd == "get").count();
+    assert!(
+        hits(&net) as usize > reads / 10,
+        "hits {} of {reads} reads",
+        hits(&net)
+    );
+    for t in 0..4 {
+        let s = net.switches[t].snapshot(Instant::ZERO);
+        let b = &s.incbox;
+        assert!(
+            b.bypassed > 0,
+            "ToR {t}: no miss passed the processors by: {b:?}"
+        );
+        assert!(
+            b.reads.iter().all(|&n| n > 0),
+            "ToR {t}: a processor took no read: {b:?}"
+        );
+        // Every read that reached a processor was for a key the table marked, so the
+        // processors' own misses are only copies whose lease ended or shared hashes.
+        assert!(b.processor_misses * 10 <= b.steered, "ToR {t}: {b:?}");
+        assert_eq!(
+            b.marks, s.cached_items,
+            "ToR {t}: one mark per item (no shared hash)"
+        );
+    }
+}
+
+#[test]
+fn a_key_held_in_an_incbox_is_read_without_the_server_and_evicted_is_passed_by() {
+    let mut net = Net::tree_with(2, 1, 2, 64, incbox(2));
+    net.add_clients(1);
+    let key = key_in_rack(&net, 1, 0);
+    assert_eq!(
+        one(&mut net, 0, &format!("set {key} 0 0 2\r\nhi\r\n"), &key),
+        "STORED\r\n"
+    );
+    let miss = one(&mut net, 0, &format!("get {key}\r\n"), &key);
+    assert_eq!(miss, format!("VALUE {key} 0 2\r\nhi\r\nEND\r\n"));
+    let hash = wire::inc::key_hash(key.as_bytes());
+    let mac = switch::fabric::incbox::hash_mac(hash);
+    assert!(
+        net.switches[0].holds(key.as_bytes()),
+        "filled at the client's ToR"
+    );
+    let tor = net.switches[0].snapshot(Instant::ZERO).incbox;
+    assert_eq!(tor.marks, 1, "{tor:?} marked under {mac:02x?}");
+    let to_server = net.switches[1].snapshot(Instant::ZERO).stats.to_server;
+    for _ in 0..10 {
+        assert_eq!(one(&mut net, 0, &format!("get {key}\r\n"), &key), miss);
+    }
+    let after = net.switches[0].snapshot(Instant::ZERO).incbox;
+    assert_eq!(
+        after.steered - tor.steered,
+        10,
+        "ten hits steered to the processor"
+    );
+    assert_eq!(
+        after.reads[hash as usize % 2] - tor.reads[hash as usize % 2],
+        10,
+        "all at the key's processor"
+    );
+    assert_eq!(
+        net.switches[1].snapshot(Instant::ZERO).stats.to_server,
+        to_server,
+        "no read reached the server"
+    );
+    // Evicted at the processor: the mark goes with the copy, and the next read passes every
+    // processor by on its way to the server.
+    net.switches[0].set_cache_items(0);
+    let evicted = net.switches[0].snapshot(Instant::ZERO).incbox;
+    let root = net.switches[2].snapshot(Instant::ZERO).cache.hits;
+    assert_eq!(evicted.marks, 0);
+    assert_eq!(one(&mut net, 0, &format!("get {key}\r\n"), &key), miss);
+    let last = net.switches[0].snapshot(Instant::ZERO).incbox;
+    assert_eq!(
+        last.steered, evicted.steered,
+        "the evicted key was not steered"
+    );
+    assert_eq!(last.bypassed, evicted.bypassed + 1);
+    assert_eq!(last.processor_misses, 0);
+    assert_eq!(
+        net.switches[2].snapshot(Instant::ZERO).cache.hits,
+        root + 1,
+        "the read went on to the designated root, which answered it"
+    );
+    // A write takes the root's copy and its mark away before it is acknowledged.
+    assert!(net.switches[2].snapshot(Instant::ZERO).incbox.marks > 0);
+    assert_eq!(
+        one(&mut net, 0, &format!("set {key} 0 0 3\r\nbye\r\n"), &key),
+        "STORED\r\n"
+    );
+    assert_eq!(net.switches[2].snapshot(Instant::ZERO).incbox.marks, 0);
+    assert!(!net.switches[2].holds(key.as_bytes()));
 }

@@ -64,6 +64,9 @@ pub struct Lfu {
     frequency: CountMin,
     /// Lookups counted since the sketch was last halved.
     counted: u64,
+    /// With [`Lfu::track_gone`]: the keys of items that left the cache since the last
+    /// [`Lfu::take_gone`], in the order they left.
+    gone: Option<Vec<Vec<u8>>>,
     stats: LfuStats,
 }
 
@@ -95,8 +98,33 @@ impl Lfu {
             lease,
             frequency: sketch(capacity),
             counted: 0,
+            gone: None,
             stats: LfuStats::default(),
         }
+    }
+
+    /// From now on, notes the key of every item that leaves the cache (evicted, expired,
+    /// invalidated, removed, cleared) for [`Lfu::take_gone`]: for whoever marks what the
+    /// cache holds elsewhere (an IncBox's switch stage).
+    pub fn track_gone(&mut self) {
+        self.gone.get_or_insert_with(Vec::new);
+    }
+
+    /// The keys of the items that left since the last call, oldest first.
+    pub fn take_gone(&mut self) -> Vec<Vec<u8>> {
+        self.gone.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn left(&mut self, key: Vec<u8>) {
+        if let Some(gone) = &mut self.gone {
+            gone.push(key);
+        }
+    }
+
+    /// Counts a lookup of `key` that did not reach the cache (a read the switch stage sent
+    /// past it), so that its frequency still counts when its reply comes to fill it.
+    pub fn note(&mut self, key: &[u8]) {
+        self.count(key);
     }
 
     pub fn stats(&self) -> LfuStats {
@@ -129,6 +157,7 @@ impl Lfu {
             };
             self.items.remove(&first.2);
             self.stats.evictions += 1;
+            self.left(first.2);
         }
     }
 
@@ -155,6 +184,12 @@ impl Lfu {
         item.seq = self.seq;
         self.order.insert((item.uses, item.seq, key.to_vec()));
         Some((&item.value, item.epoch))
+    }
+
+    /// The value of `key` and its fill epoch, without counting a use or minding its lease
+    /// (for a caller that has just had it from [`Lfu::get`]).
+    pub fn peek(&self, key: &[u8]) -> Option<(&[u8], u32)> {
+        self.items.get(key).map(|i| (i.value.as_slice(), i.epoch))
     }
 
     /// The epoch `key`'s copy was filled at and how long it has left of its lease, without
@@ -216,6 +251,7 @@ impl Lfu {
                     let first = self.order.pop_first().expect("first exists");
                     self.items.remove(&first.2);
                     self.stats.evictions += 1;
+                    self.left(first.2);
                 }
                 wanted.max(1)
             }
@@ -271,6 +307,7 @@ impl Lfu {
         match self.items.remove(key) {
             Some(item) => {
                 self.order.remove(&(item.uses, item.seq, key.to_vec()));
+                self.left(key.to_vec());
                 true
             }
             None => false,
@@ -279,6 +316,12 @@ impl Lfu {
 
     /// Drops every item (the switch's copies are no longer trusted).
     pub fn clear(&mut self) {
+        if self.gone.is_some() {
+            let keys: Vec<Vec<u8>> = self.items.keys().cloned().collect();
+            for key in keys {
+                self.left(key);
+            }
+        }
         self.items.clear();
         self.order.clear();
     }

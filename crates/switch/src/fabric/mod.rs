@@ -41,6 +41,7 @@ mod failed;
 mod forward;
 mod guard;
 mod home;
+pub mod incbox;
 mod ingress;
 mod message;
 mod node;
@@ -55,7 +56,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::Ipv4Addr;
 
 use kv::fabric::{
-    Directory, DirectoryStats, Due, Lfu, LfuStats, ReadStamp, Registration, SwitchId, WriteStep,
+    Directory, DirectoryStats, Due, LfuStats, ReadStamp, Registration, SwitchId, WriteStep,
 };
 use kv::Instant;
 use wire::ethernet::{self, EtherType, Mac};
@@ -71,6 +72,7 @@ pub use spec::{FabricServer, FabricSpec, FabricSpecError, Member, PortRole, Rack
 
 use crate::{Dest, Emit, Fate};
 use guard::Refusal;
+pub use incbox::{IncBox, IncBoxSpec, IncBoxStats};
 
 /// Reads a home remembers while their server answers; past it, replies go back as ordinary
 /// frames and fill nothing (writes are always remembered).
@@ -152,6 +154,8 @@ pub struct FabricSnapshot {
     pub role: Role,
     pub stats: FabricStats,
     pub cache: LfuStats,
+    /// The switch stage's and the processors' counters.
+    pub incbox: IncBoxStats,
     pub cached_items: usize,
     /// Items it may hold.
     pub cache_capacity: usize,
@@ -225,7 +229,8 @@ struct Relay {
 pub struct FabricSwitch {
     spec: FabricSpec,
     me: Member,
-    cache: Lfu,
+    /// The cache: its switch stage and processors.
+    cache: IncBox,
     /// At a home: what writes to its servers' keys said of their expiry (by item name), which
     /// the fills it grants keep to.
     expiries: kv::expiry::Expiries,
@@ -279,7 +284,12 @@ impl FabricSwitch {
     pub fn new(spec: FabricSpec) -> Result<FabricSwitch, FabricSpecError> {
         spec.validate()?;
         let me = *spec.member(spec.id).expect("validated");
-        let cache = Lfu::new(spec.cache_items, spec.tombstone_for, spec.lease);
+        let cache = IncBox::new(
+            spec.incbox,
+            spec.cache_items,
+            spec.tombstone_for,
+            spec.lease,
+        );
         let directory = Directory::new(
             spec.directory_keys,
             spec.invalidate_retry,
@@ -325,7 +335,8 @@ impl FabricSwitch {
             id: self.me.id,
             role: self.me.role,
             stats: self.stats,
-            cache: self.cache.stats(),
+            cache: self.cache.cache_stats(),
+            incbox: self.cache.stats(),
             cached_items: self.cache.len(),
             cache_capacity: self.cache.capacity(),
             directory: self.directory.stats(),
@@ -344,6 +355,20 @@ impl FabricSwitch {
     pub fn set_cache_items(&mut self, items: usize) {
         self.spec.cache_items = items;
         self.cache.set_capacity(items);
+    }
+
+    /// How the cache is laid out.
+    pub fn incbox(&self) -> IncBoxSpec {
+        self.spec.incbox
+    }
+
+    /// Lays the cache out anew: its processors and whether the switch stage checks for hits.
+    /// The copies held are dropped (the homes' invalidations of them are still acknowledged).
+    pub fn set_incbox(&mut self, incbox: IncBoxSpec) -> Result<(), String> {
+        incbox.validate()?;
+        self.spec.incbox = incbox;
+        self.cache.reshape(incbox);
+        Ok(())
     }
 
     /// The operator's fault: drop the next `n` invalidations this switch receives (unacknowledged,

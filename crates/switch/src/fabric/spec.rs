@@ -106,6 +106,9 @@ pub struct FabricSpec {
     pub registration: Registration,
     /// Items this switch caches (IncBricks used 4,096 at a ToR and 16,384 at a root).
     pub cache_items: usize,
+    /// How the cache is split between a switch stage and its processors (one processor and
+    /// no hit check by default: one program per switch).
+    pub incbox: super::IncBoxSpec,
     /// Keys a home's directory remembers sharers for.
     pub directory_keys: usize,
     /// How long an invalidation waits for its ACK before it is sent again.
@@ -146,6 +149,8 @@ pub enum FabricSpecError {
     TooManyPorts(usize),
     /// A time that must not be zero is.
     ZeroTime(&'static str),
+    /// The cache's processors or forwarding table are out of bounds.
+    BadIncBox(String),
 }
 
 impl fmt::Display for FabricSpecError {
@@ -174,6 +179,7 @@ impl fmt::Display for FabricSpecError {
             }
             FabricSpecError::TooManyPorts(n) => write!(f, "{n} ports: at most 256"),
             FabricSpecError::ZeroTime(what) => write!(f, "{what} must be more than zero"),
+            FabricSpecError::BadIncBox(why) => f.write_str(why),
         }
     }
 }
@@ -199,6 +205,7 @@ impl FabricSpec {
             servers,
             registration,
             cache_items: if root { 16_384 } else { 4_096 },
+            incbox: super::IncBoxSpec::default(),
             directory_keys: 1 << 20,
             invalidate_retry: Duration::from_millis(20),
             invalidate_give_up: Duration::from_secs(2),
@@ -266,6 +273,7 @@ impl FabricSpec {
                 return Err(FabricSpecError::ZeroTime(what));
             }
         }
+        self.incbox.validate().map_err(FabricSpecError::BadIncBox)?;
         Ok(())
     }
 }
