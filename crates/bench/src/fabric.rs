@@ -143,6 +143,31 @@ pub struct ComputePoint {
     pub run: u32,
 }
 
+/// One closed-loop run across racks with the switches' caches laid out one way.
+#[derive(Clone, Debug, Serialize)]
+pub struct IncBoxPoint {
+    /// "one program" or "IncBox".
+    pub layout: &'static str,
+    pub processors: usize,
+    pub hit_check: bool,
+    pub theta: f64,
+    pub throughput_rps: f64,
+    pub mean_us: f64,
+    pub p50_us: f64,
+    /// Every fabric switch's process CPU per request.
+    pub switch_cpu_us: f64,
+    /// Reads that reached a processor, and those the switch stage passed by, over every
+    /// switch.
+    pub steered: u64,
+    pub bypassed: u64,
+    /// Steered reads a processor could not answer.
+    pub processor_misses: u64,
+    pub run: u32,
+}
+
+/// The layouts compared: one program per switch, and IncBricks' split.
+const LAYOUTS: [(&str, usize, bool); 2] = [("one program", 1, false), ("IncBox", 4, true)];
+
 #[derive(Serialize)]
 struct Results {
     scenario: &'static str,
@@ -152,6 +177,7 @@ struct Results {
     cache_size: Vec<SizePoint>,
     skew: Vec<SkewPoint>,
     compute: Vec<ComputePoint>,
+    incbox: Vec<IncBoxPoint>,
 }
 
 /// The fabric testbed and what the scenario does on it.
@@ -220,6 +246,55 @@ impl Fabric {
         Ok(())
     }
 
+    /// Lays every switch's cache out as `processors` processors, with or without the switch
+    /// stage's hit check (the copies held are dropped).
+    fn layout(&self, processors: usize, hit_check: bool) -> anyhow::Result<()> {
+        let fabric = self.live.state.fabric.as_ref().expect("a fabric testbed");
+        let token = self.live.state.api_token()?;
+        let body = format!("{{\"processors\": {processors}, \"hit_check\": {hit_check}}}");
+        for s in &fabric.switches {
+            let (code, text) = testbed::http(
+                s.api,
+                "PUT",
+                "/api/v1/fabric/cache",
+                token.as_deref(),
+                Some(&body),
+            )?;
+            anyhow::ensure!(code == 200, "{}: {code} {text}", s.name);
+        }
+        Ok(())
+    }
+
+    /// The switch stage's counters summed over every switch: steered, bypassed, processor
+    /// misses.
+    fn incbox_counts(&self) -> anyhow::Result<[u64; 3]> {
+        let fabric = self.live.state.fabric.as_ref().expect("a fabric testbed");
+        let mut sum = [0; 3];
+        for s in &fabric.switches {
+            let (code, text) = testbed::http_get(s.api, "/api/v1/fabric")?;
+            anyhow::ensure!(code == 200, "{}: {code} {text}", s.name);
+            let v: serde_json::Value = serde_json::from_str(&text)?;
+            for (i, k) in ["steered", "bypassed", "processor_misses"]
+                .iter()
+                .enumerate()
+            {
+                sum[i] += v["incbox"][k].as_u64().unwrap_or(0);
+            }
+        }
+        Ok(sum)
+    }
+
+    /// Every fabric switch's process CPU so far, in seconds.
+    fn switch_cpu(&self) -> f64 {
+        let fabric = self.live.state.fabric.as_ref().expect("a fabric testbed");
+        let ticks: u64 = fabric
+            .switches
+            .iter()
+            .filter_map(|s| s.pid.and_then(crate::measure::cpu_ticks))
+            .sum();
+        ticks as f64 / crate::measure::clock_ticks()
+    }
+
     fn load(&self, client: &str, args: loadgen::LoadArgs) -> anyhow::Result<loadgen::Report> {
         self.live
             .in_host(client, move || loadgen::run(&args))?
@@ -262,6 +337,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let mut cache_size = Vec::new();
     let mut skew = Vec::new();
     let mut compute = Vec::new();
+    let mut incbox = Vec::new();
     for run in 0..runs {
         for caches in [true, false] {
             for (deployment, client) in [("within", "c1"), ("across", "c0")] {
@@ -369,6 +445,49 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         }
         compute.extend(run_compute(&f, "cond-put", duration, run)?);
         compute.extend(run_compute(&f, "increment", duration, run)?);
+        for theta in [0.99, 0.5] {
+            for (layout, processors, hit_check) in LAYOUTS {
+                f.caches(TOR_ITEMS, ROOT_ITEMS)?;
+                f.layout(processors, hit_check)?;
+                let a = loadgen::LoadArgs {
+                    dist: loadgen::Dist::Zipf(theta),
+                    concurrency: 8,
+                    seed: u64::from(run) + 21,
+                    ..base.clone()
+                };
+                let warmup = a.warmup;
+                let before = (f.incbox_counts()?, f.switch_cpu());
+                let rep = f.load("c0", a)?;
+                let after = (f.incbox_counts()?, f.switch_cpu());
+                // The switches' CPU covers the warm-up too, at about the measured rate.
+                let requests = rep.throughput_rps * (duration + warmup);
+                let p = IncBoxPoint {
+                    layout,
+                    processors,
+                    hit_check,
+                    theta,
+                    throughput_rps: rep.throughput_rps,
+                    mean_us: rep.latency_us.mean,
+                    p50_us: rep.latency_us.p50 as f64,
+                    switch_cpu_us: (after.1 - before.1) * 1e6 / requests.max(1.0),
+                    steered: after.0[0] - before.0[0],
+                    bypassed: after.0[1] - before.0[1],
+                    processor_misses: after.0[2] - before.0[2],
+                    run,
+                };
+                eprintln!(
+                    "  run {}/{runs} zipf {theta:<4} {layout:<11}: {:>7.0} req/s, mean {:>5.0} µs, switches {:>5.1} µs/req, {} steered, {} passed by",
+                    run + 1,
+                    p.throughput_rps,
+                    p.mean_us,
+                    p.switch_cpu_us,
+                    p.steered,
+                    p.bypassed
+                );
+                incbox.push(p);
+            }
+        }
+        f.layout(1, false)?;
     }
     f.caches(TOR_ITEMS, ROOT_ITEMS)?;
     f.live.down()?;
@@ -386,6 +505,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         cache_size: cache_size.clone(),
         skew: skew.clone(),
         compute: compute.clone(),
+        incbox: incbox.clone(),
     })?;
     for deployment in ["within", "across"] {
         out.plot(
@@ -397,7 +517,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     out.plot("skew", &Chart::Line(skew_chart(&skew)))?;
     out.plot("compute", &Chart::Bars(compute_chart(&compute)))?;
     out.summary(
-        &summary(args, &curves, &cache_size, &skew, &compute, runs),
+        &summary(args, &curves, &cache_size, &skew, &compute, &incbox, runs),
         &machine,
     )?;
     Ok(())
@@ -765,6 +885,7 @@ fn summary(
     sizes: &[SizePoint],
     skews: &[SkewPoint],
     compute: &[ComputePoint],
+    incbox: &[IncBoxPoint],
     runs: u32,
 ) -> String {
     let mut t = String::new();
@@ -876,6 +997,44 @@ fn summary(
             times(ratio(Some(n.1), Some(s.1))),
             times(ratio(Some(n.2), Some(s.2)))
         );
+    }
+    let _ = writeln!(
+        t,
+        "\n## The IncBox split (section 4.5)\n\nAcross racks (c0 to s1), caches on, a closed \
+         loop of 8. \"one program\": each switch's cache one processor that every read \
+         reaches; \"IncBox\": four processors chosen by key hash behind a switch stage that \
+         sends a read to one only when its table marks the key as held. \"reached a \
+         processor\": of the reads every switch looked up, the share a processor took (a miss \
+         passed by takes none). Switch CPU: all six fabric switches' process CPU per request.\n"
+    );
+    let _ = writeln!(
+        t,
+        "| Zipf | layout | req/s | mean µs | p50 µs | switch CPU µs/req | reached a processor | processor misses |"
+    );
+    let _ = writeln!(t, "|--:|--|--:|--:|--:|--:|--:|--:|");
+    for theta in [0.99, 0.5] {
+        for (layout, _, _) in LAYOUTS {
+            let points: Vec<&IncBoxPoint> = incbox
+                .iter()
+                .filter(|p| p.layout == layout && p.theta == theta)
+                .collect();
+            if points.is_empty() {
+                continue;
+            }
+            let med = |f: fn(&IncBoxPoint) -> f64| median(points.iter().map(|p| f(p)).collect());
+            let share = med(|p| p.steered as f64 / (p.steered + p.bypassed).max(1) as f64);
+            let misses = med(|p| p.processor_misses as f64 / p.steered.max(1) as f64);
+            let _ = writeln!(
+                t,
+                "| {theta} | {layout} | {:.0} | {:.0} | {:.0} | {:.1} | {:.0}% | {:.1}% |",
+                med(|p| p.throughput_rps),
+                med(|p| p.mean_us),
+                med(|p| p.p50_us),
+                med(|p| p.switch_cpu_us),
+                share * 100.0,
+                misses * 100.0
+            );
+        }
     }
     t
 }

@@ -710,6 +710,23 @@ fn fabric_short() {
     for p in compute {
         assert!(p["ops_per_s"].as_f64().unwrap() > 0.0, "{p}");
     }
+    // The IncBox split against one program per switch, at two skews: the split's switch
+    // stage passes misses by, so fewer reads reach a processor; one program's reach it all.
+    let incbox = json["incbox"].as_array().unwrap();
+    assert_eq!(incbox.len(), 4, "{json}");
+    for p in incbox {
+        assert!(p["throughput_rps"].as_f64().unwrap() > 0.0, "{p}");
+        let (steered, bypassed) = (
+            p["steered"].as_u64().unwrap(),
+            p["bypassed"].as_u64().unwrap(),
+        );
+        assert!(steered > 0, "{p}");
+        if p["hit_check"] == true {
+            assert!(bypassed > 0, "no miss passed the processors by: {p}");
+        } else {
+            assert_eq!(bypassed, 0, "{p}");
+        }
+    }
     let on_off = ["with the fabric's caches", "caches off (plain network)"].map(String::from);
     check_plot(&dir, "latency-throughput-within", &on_off);
     check_plot(&dir, "latency-throughput-across", &on_off);

@@ -103,8 +103,8 @@ pub struct IncBoxStats {
     pub steered: u64,
     /// Reads the hit check sent past every processor.
     pub bypassed: u64,
-    /// Steered reads the processor could not answer (a key sharing a hash with a held one,
-    /// a lease run out).
+    /// Steered reads the processor could not answer: every miss without the hit check; with
+    /// it, a key sharing a hash with a held one, or a lease run out.
     pub processor_misses: u64,
     /// Fills not taken as the table had no room for their mark.
     pub fills_unmarked: u64,
@@ -290,7 +290,7 @@ impl IncBox {
         let found = self.processors[p].get(name, now).is_some();
         self.settle(p);
         if !found {
-            self.stats.processor_misses += u64::from(self.stage.is_some());
+            self.stats.processor_misses += 1;
             return None;
         }
         self.processors[p].peek(name)
@@ -592,6 +592,10 @@ mod tests {
         assert!(b.get(&name(1, "b"), t).is_none());
         let s = b.stats();
         assert_eq!((s.steered, s.bypassed, s.marks), (2, 0, 0));
+        assert_eq!(
+            s.processor_misses, 1,
+            "the miss cost its processor a lookup"
+        );
         assert_eq!(b.cache_stats().misses, 1);
         assert_eq!(b.capacity(), 30);
         assert_eq!(s.items.len(), 3);
