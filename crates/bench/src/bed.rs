@@ -91,6 +91,8 @@ pub enum Reports {
     Complete,
     PeriodicOnly,
     InstantOnly,
+    /// Every key read reported at once (the traditional update of SwitchKV's Figure 15).
+    EveryRead,
 }
 
 /// How clients reach a SwitchKV cache node (SwitchKV's Table 1).
@@ -739,6 +741,7 @@ fn switchkv_args(setup: &SwitchKvSetup, cache_node: bool) -> Vec<String> {
     match (cache_node, setup.reports) {
         (false, Reports::PeriodicOnly) => args.extend(["--reports".into(), "periodic".into()]),
         (false, Reports::InstantOnly) => args.extend(["--reports".into(), "instant".into()]),
+        (false, Reports::EveryRead) => args.extend(["--reports".into(), "every".into()]),
         _ => {}
     }
     if cache_node && !setup.rule_buffer {

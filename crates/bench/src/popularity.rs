@@ -160,13 +160,17 @@ pub enum Variant {
     InstantOnly,
     /// Its cache node sends rule removals first (no rule buffer).
     NoRuleBuffer,
+    /// Its backends report every key read at once, and its cache node takes each: the
+    /// traditional cache update of its Figure 15.
+    Traditional,
 }
 
 impl Variant {
-    const ALL: [Variant; 3] = [
+    const ALL: [Variant; 4] = [
         Variant::PeriodicOnly,
         Variant::InstantOnly,
         Variant::NoRuleBuffer,
+        Variant::Traditional,
     ];
 
     fn name(self) -> &'static str {
@@ -174,6 +178,7 @@ impl Variant {
             Variant::PeriodicOnly => "periodic reports only",
             Variant::InstantOnly => "instant reports only",
             Variant::NoRuleBuffer => "no rule buffer",
+            Variant::Traditional => "traditional update (every key read)",
         }
     }
 
@@ -182,6 +187,7 @@ impl Variant {
             Variant::PeriodicOnly => "periodic-only",
             Variant::InstantOnly => "instant-only",
             Variant::NoRuleBuffer => "no-rule-buffer",
+            Variant::Traditional => "traditional",
         }
     }
 
@@ -199,13 +205,20 @@ impl Variant {
                 rule_buffer: false,
                 ..complete
             },
+            Variant::Traditional => SwitchKvSetup {
+                reports: Reports::EveryRead,
+                ..complete
+            },
         }
     }
 
-    /// The changes it is measured under: the rule buffer matters to hot-in.
+    /// The changes it is measured under: the rule buffer matters to hot-in, and Figure 15
+    /// shows the traditional update under hot-in.
     fn kinds(self) -> Vec<Option<loadgen::ChangeKind>> {
         match self {
-            Variant::NoRuleBuffer => vec![None, Some(loadgen::ChangeKind::HotIn)],
+            Variant::NoRuleBuffer | Variant::Traditional => {
+                vec![None, Some(loadgen::ChangeKind::HotIn)]
+            }
             _ => KINDS.to_vec(),
         }
     }

@@ -543,7 +543,7 @@ mac = "02:91:00:00:00:22"
     fn a_switch_may_split_its_cache_as_an_incbox() {
         let split = FILE.replace(
             "name = \"tor1\"\n",
-            "name = \"tor1\"\nprocessors = 4\nhit_check = true\nfdb_entries = 1024\n",
+            "name = \"tor1\"\nprocessors = 4\nhit_check = true\nfdb_entries = 1024\ncache_items = 1024\n",
         );
         let c = FabricConfig::parse(&split, Path::new("f.toml")).unwrap();
         let tor = c.spec("tor1").unwrap();
@@ -557,7 +557,12 @@ mac = "02:91:00:00:00:22"
         );
         let other = c.spec("tor0").unwrap();
         assert_eq!(other.incbox, switch::fabric::IncBoxSpec::default());
-        for bad in ["processors = 0", "processors = 17", "fdb_entries = 0"] {
+        for bad in [
+            "processors = 0",
+            "processors = 17",
+            "fdb_entries = 0",
+            "hit_check = true\nfdb_entries = 100",
+        ] {
             let text = FILE.replace("name = \"tor1\"\n", &format!("name = \"tor1\"\n{bad}\n"));
             let e = format!(
                 "{:#}",

@@ -273,23 +273,31 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
             m.sample(&name, &[("switch", switch)], n);
         }
     }
-    for (figure, kind, help) in [
+    m.family(
+        "kvswitch_fabric_incbox_hit_check",
+        Kind::Gauge,
+        "1 while the switch stage sends a read to a cache processor only for a marked key.",
+    );
+    m.sample(
+        "kvswitch_fabric_incbox_hit_check",
+        &[("switch", switch)],
+        u8::from(v["incbox"]["hit_check"] == true),
+    );
+    for (figure, name, kind, help) in [
         (
             "processor_reads",
+            "kvswitch_fabric_incbox_processor_reads_total",
             Kind::Counter,
-            "Reads the switch stage gave the cache processor.",
+            "Reads the switch stage gave the cache processor (since the cache was last laid out).",
         ),
         (
             "processor_items",
+            "kvswitch_fabric_incbox_processor_items",
             Kind::Gauge,
             "Items the cache processor holds.",
         ),
     ] {
-        let name = match kind {
-            Kind::Counter => format!("kvswitch_fabric_{figure}_total"),
-            _ => format!("kvswitch_fabric_{figure}"),
-        };
-        m.family(&name, kind, help);
+        m.family(name, kind, help);
         for (p, n) in v["incbox"][figure]
             .as_array()
             .into_iter()
@@ -298,7 +306,7 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         {
             let p = p.to_string();
             m.sample(
-                &name,
+                name,
                 &[("switch", switch), ("processor", &p)],
                 n.as_u64().unwrap_or(0),
             );
@@ -364,16 +372,31 @@ async fn cache_size(State(shared): State<Arc<Shared>>, body: axum::body::Bytes) 
         );
     }
     let done = on_switch(&shared, move |f, now, _| {
+        let mut spec = f.incbox();
+        spec.processors = req.processors.unwrap_or(spec.processors);
+        spec.hit_check = req.hit_check.unwrap_or(spec.hit_check);
+        spec.fdb_entries = req.fdb_entries.unwrap_or(spec.fdb_entries);
+        spec.validate()?;
+        // Checked against the items the switch will have, in an order that never leaves a
+        // table smaller than the cache: a smaller cache first, a larger one last.
+        let items = req.items.unwrap_or(f.snapshot(now).cache_capacity);
+        if spec.hit_check && spec.fdb_entries < items {
+            return Err(format!(
+                "the switch stage's table of {} entries cannot mark {items} cached items: \
+                 give `fdb_entries` at least the items",
+                spec.fdb_entries
+            ));
+        }
+        if req
+            .items
+            .is_some_and(|n| n < f.snapshot(now).cache_capacity)
+        {
+            f.set_cache_items(items)?;
+        }
         if layout {
-            let mut spec = f.incbox();
-            spec.processors = req.processors.unwrap_or(spec.processors);
-            spec.hit_check = req.hit_check.unwrap_or(spec.hit_check);
-            spec.fdb_entries = req.fdb_entries.unwrap_or(spec.fdb_entries);
             f.set_incbox(spec)?;
         }
-        if let Some(items) = req.items {
-            f.set_cache_items(items);
-        }
+        f.set_cache_items(items)?;
         Ok::<_, String>(f.snapshot(now))
     })
     .await;

@@ -328,11 +328,13 @@ fn popularity_change_short() {
             "{system}"
         );
     }
-    // SwitchKV with periodic or instant reports only, and without its rule buffer.
+    // SwitchKV with periodic or instant reports only, without its rule buffer, and with the
+    // traditional update.
     for (variant, changes) in [
         ("periodic_only", &kinds[..]),
         ("instant_only", &kinds[..]),
         ("no_rule_buffer", &kinds[..2]),
+        ("traditional", &kinds[..2]),
     ] {
         let variant = serde_json::Value::from(variant);
         assert_eq!(of("switchkv_udp", &variant, every), changes, "{variant}");

@@ -144,7 +144,7 @@ pub struct NodeArgs {
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub top_k: u32,
     /// Which hot-key reports a backend sends: both (SwitchKV's complete updates), periodic
-    /// only or instant only.
+    /// only, instant only, or every key read (the traditional update SwitchKV compares with).
     #[arg(long, value_enum, default_value_t = Reports::Both)]
     pub reports: Reports,
 }
@@ -159,6 +159,9 @@ pub enum Reports {
     Periodic,
     /// The instant reports only.
     Instant,
+    /// An instant report of every key read that is not cached, and no periodic reports: the
+    /// traditional cache update, which tries to add every key read (SwitchKV, Figure 15).
+    Every,
 }
 
 /// What a node does besides serving memcached.
@@ -322,12 +325,19 @@ impl Node {
                 cfg.tracker.top_k = args.top_k as usize;
                 // The tracker must count at least as many keys as it reports.
                 cfg.tracker.capacity = cfg.tracker.capacity.max(4 * cfg.tracker.top_k);
-                if args.reports == Reports::Periodic {
-                    cfg.log_size = 0;
+                match args.reports {
+                    Reports::Periodic => cfg.log_size = 0,
+                    // A log of one read and no threshold: every key read (not the one read
+                    // just before) is bursty.
+                    Reports::Every => {
+                        cfg.log_size = 1;
+                        cfg.log_threshold = 0;
+                    }
+                    Reports::Both | Reports::Instant => {}
                 }
                 let (role, threads) = switchkv::BackendRole::start(
                     cfg,
-                    args.reports != Reports::Instant,
+                    matches!(args.reports, Reports::Both | Reports::Periodic),
                     to,
                     control_key("backend")?,
                     control()?,

@@ -1591,7 +1591,7 @@ fn incbox(processors: usize) -> impl Fn(&mut FabricSpec) {
 
 #[test]
 fn an_incbox_split_steers_by_hash_passes_misses_by_and_stays_coherent() {
-    let mut net = Net::tree_with(4, 2, 3, 4096, incbox(3));
+    let mut net = Net::tree_with(4, 2, 3, 4096, incbox(4));
     net.jitter_ns = 40_000;
     with_keys(&mut net, 4, 24);
     net.add_clients(11);
@@ -1638,6 +1638,7 @@ fn a_key_held_in_an_incbox_is_read_without_the_server_and_evicted_is_passed_by()
     assert_eq!(miss, format!("VALUE {key} 0 2\r\nhi\r\nEND\r\n"));
     let hash = wire::inc::key_hash(key.as_bytes());
     let mac = switch::fabric::incbox::hash_mac(hash);
+    let processor = switch::fabric::incbox::processor;
     assert!(
         net.switches[0].holds(key.as_bytes()),
         "filled at the client's ToR"
@@ -1655,7 +1656,7 @@ fn a_key_held_in_an_incbox_is_read_without_the_server_and_evicted_is_passed_by()
         "ten hits steered to the processor"
     );
     assert_eq!(
-        after.reads[hash as usize % 2] - tor.reads[hash as usize % 2],
+        after.reads[processor(hash, 2)] - tor.reads[processor(hash, 2)],
         10,
         "all at the key's processor"
     );
@@ -1666,7 +1667,7 @@ fn a_key_held_in_an_incbox_is_read_without_the_server_and_evicted_is_passed_by()
     );
     // Evicted at the processor: the mark goes with the copy, and the next read passes every
     // processor by on its way to the server.
-    net.switches[0].set_cache_items(0);
+    net.switches[0].set_cache_items(0).unwrap();
     let evicted = net.switches[0].snapshot(Instant::ZERO).incbox;
     let root = net.switches[2].snapshot(Instant::ZERO).cache.hits;
     assert_eq!(evicted.marks, 0);

@@ -121,6 +121,27 @@ impl Lfu {
         }
     }
 
+    /// Every tombstone held, as (key, the invalidation's epoch, until when), soonest to end
+    /// first: for a cache that takes this one's place (see [`Lfu::keep_tombstone`]).
+    pub fn tombstones(&self) -> Vec<(Vec<u8>, u32, Instant)> {
+        let mut all: Vec<(Vec<u8>, u32, Instant)> = self
+            .tombstones
+            .iter()
+            .map(|(k, &(epoch, until))| (k.clone(), epoch, until))
+            .collect();
+        all.sort_by(|a, b| (a.2, &a.0).cmp(&(b.2, &b.0)));
+        all
+    }
+
+    /// Takes over another cache's tombstone of `key`: fills from before `epoch` are refused
+    /// until `until`. Given in the order [`Lfu::tombstones`] lists them. (All are kept, even
+    /// past the bound on tombstones: dropping one could let a stale fill in; they end within
+    /// the tombstone time.)
+    pub fn keep_tombstone(&mut self, key: &[u8], epoch: u32, until: Instant) {
+        self.tombstones.insert(key.to_vec(), (epoch, until));
+        self.tomb_order.push_back((until, key.to_vec()));
+    }
+
     /// Counts a lookup of `key` that did not reach the cache (a read the switch stage sent
     /// past it), so that its frequency still counts when its reply comes to fill it.
     pub fn note(&mut self, key: &[u8]) {

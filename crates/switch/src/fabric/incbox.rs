@@ -2,8 +2,8 @@
 //! stage in front of one or more cache processors.
 //!
 //! - **Processors.** The cache is cut into `processors` caches of their own (each an
-//!   [`Lfu`] of its share of the items). A key's processor is its key hash modulo their
-//!   number, so one key always meets one processor, and its reads and writes stay in order.
+//!   [`Lfu`] of its share of the items). A key's hash picks its processor ([`processor`]), so
+//!   one key always meets one processor, and its reads and writes stay in order.
 //! - **The hit check** (`hit_check`). The switch stage keeps a forwarding table on
 //!   kvswitch's pipeline, matched exactly on a destination MAC. A processor that holds a key
 //!   has an entry there under the key's *hash MAC* (a locally administered prefix and the
@@ -17,9 +17,10 @@
 //!   one program per switch, as before, when there is one processor.
 //!
 //! A read the stage passes by is not counted by the processor's frequency sketch; its fill
-//! is, when the reply reaches the processor (the processor sees the replies it may cache).
-//! The table holds at most `fdb_entries` marks; a fill whose hash would need one more is not
-//! taken (`fills_unmarked`), since no read would ever reach it.
+//! is, when the reply reaches the processor (the processor sees the replies it may cache), so
+//! a miss is counted once (a read that reached the processor and missed there, twice).
+//! The table holds `fdb_entries` marks, at least the items the cache may hold (the switch
+//! refuses less), and a mark stands for at least one item held: it never runs out.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -96,7 +97,7 @@ impl IncBoxSpec {
 pub struct IncBoxStats {
     pub processors: usize,
     pub hit_check: bool,
-    /// Marks in the table now, and its size.
+    /// Marks in the table now, and its size (in force with the hit check).
     pub marks: usize,
     pub fdb_entries: usize,
     /// Reads sent to a processor (every read, without the hit check).
@@ -106,7 +107,8 @@ pub struct IncBoxStats {
     /// Steered reads the processor could not answer: every miss without the hit check; with
     /// it, a key sharing a hash with a held one, or a lease run out.
     pub processor_misses: u64,
-    /// Fills not taken as the table had no room for their mark.
+    /// Fills not taken as the table had no room for their mark (none while the table holds
+    /// at least the cache's items, as the switch sees to).
     pub fills_unmarked: u64,
     /// Per processor: reads it was given, and items it holds.
     pub reads: Vec<u64>,
@@ -122,6 +124,8 @@ pub struct IncBox {
     tombstone_for: Duration,
     lease: Duration,
     capacity: usize,
+    /// The processors' counters of the layouts before this one.
+    earlier: LfuStats,
     stats: IncBoxStats,
 }
 
@@ -177,10 +181,6 @@ impl Stage {
         }
     }
 
-    fn has_room(&self, key_hash: u32, entries: usize) -> bool {
-        self.marks.contains_key(&key_hash) || self.marks.len() < entries
-    }
-
     fn mark(&mut self, key_hash: u32, processor: usize) -> bool {
         if let Some((_, count)) = self.marks.get_mut(&key_hash) {
             *count += 1;
@@ -214,18 +214,37 @@ fn name_hash(name: &[u8]) -> u32 {
     wire::inc::key_hash(name.get(6..).unwrap_or_default())
 }
 
+/// The processor of `key_hash` among `processors`: the high bits of the hash times the
+/// golden ratio (Fibonacci hashing), in which every bit of the hash counts. Not the hash
+/// modulo their number: the registration table picks a key's root by its low bits (`hash %
+/// 64` buckets, spread over the roots in turn), so a root's keys would meet only some of its
+/// processors; and not the hash's own high bits, which FNV-1a leaves alike for keys that
+/// differ in their last byte.
+pub fn processor(key_hash: u32, processors: usize) -> usize {
+    let mixed = key_hash.wrapping_mul(0x9e37_79b9);
+    ((u64::from(mixed) * processors as u64) >> 32) as usize
+}
+
 /// `total` items shared out: the first processors take one more when it does not divide.
 fn share(total: usize, processors: usize, p: usize) -> usize {
     total / processors + usize::from(p < total % processors)
 }
 
 impl IncBox {
+    /// A cache of `capacity` items laid out as `spec` says (a spec that fails
+    /// [`IncBoxSpec::validate`] is taken with its numbers brought within bounds; the switch
+    /// checks them first).
     pub fn new(
         spec: IncBoxSpec,
         capacity: usize,
         tombstone_for: Duration,
         lease: Duration,
     ) -> IncBox {
+        let spec = IncBoxSpec {
+            processors: spec.processors.clamp(1, MAX_PROCESSORS),
+            fdb_entries: spec.fdb_entries.clamp(1, MAX_FDB_ENTRIES),
+            ..spec
+        };
         let processors = (0..spec.processors)
             .map(|p| {
                 let mut c = Lfu::new(share(capacity, spec.processors, p), tombstone_for, lease);
@@ -242,6 +261,7 @@ impl IncBox {
             tombstone_for,
             lease,
             capacity,
+            earlier: LfuStats::default(),
             stats: IncBoxStats {
                 reads: vec![0; spec.processors],
                 ..IncBoxStats::default()
@@ -253,13 +273,47 @@ impl IncBox {
         self.spec
     }
 
-    /// Lays the cache out anew (its copies are dropped: a switch may always forget a copy).
+    /// Lays the cache out as `spec` says. Nothing changes when it is the layout in place; a
+    /// new table size alone resizes the table. Otherwise the copies held are dropped (a
+    /// switch may always forget a copy), while the invalidations' tombstones move to the new
+    /// processors, so that no reply older than an invalidation taken fills after the change,
+    /// and the counters carry on.
     pub fn reshape(&mut self, spec: IncBoxSpec) {
-        *self = IncBox::new(spec, self.capacity, self.tombstone_for, self.lease);
+        if spec == self.spec {
+            return;
+        }
+        let same_but_table = IncBoxSpec {
+            fdb_entries: self.spec.fdb_entries,
+            ..spec
+        } == self.spec;
+        if same_but_table {
+            self.spec.fdb_entries = spec.fdb_entries;
+            if let Some(stage) = &mut self.stage {
+                let _ = stage
+                    .pipeline
+                    .set_limit(stage.table, Some(spec.fdb_entries));
+            }
+            return;
+        }
+        let mut next = IncBox::new(spec, self.capacity, self.tombstone_for, self.lease);
+        next.earlier = self.cache_stats();
+        // The totals carry on; the per-processor reads start again with the new processors.
+        next.stats = IncBoxStats {
+            reads: vec![0; next.processors.len()],
+            ..std::mem::take(&mut self.stats)
+        };
+        let mut tombstones: Vec<(Vec<u8>, u32, Instant)> =
+            self.processors.iter().flat_map(Lfu::tombstones).collect();
+        tombstones.sort_by(|a, b| (a.2, &a.0).cmp(&(b.2, &b.0)));
+        for (name, epoch, until) in tombstones {
+            let p = next.processor_of(name_hash(&name));
+            next.processors[p].keep_tombstone(&name, epoch, until);
+        }
+        *self = next;
     }
 
     fn processor_of(&self, key_hash: u32) -> usize {
-        key_hash as usize % self.processors.len()
+        processor(key_hash, self.processors.len())
     }
 
     /// Takes the marks off for the items `p` let go, in the step that let them go.
@@ -321,22 +375,18 @@ impl IncBox {
     ) -> bool {
         let hash = name_hash(name);
         let p = self.processor_of(hash);
-        if let Some(stage) = &self.stage {
-            if !stage.has_room(hash, self.spec.fdb_entries) {
-                self.stats.fills_unmarked += 1;
-                return false;
-            }
+        let new = !self.processors[p].contains(name);
+        if self.stage.is_some() && new {
             // The read that missed passed the processor by; its reply counts it.
             self.processors[p].note(name);
         }
-        let new = !self.processors[p].contains(name);
         let taken = self.processors[p].fill_for(name, value, epoch, lease, now);
         self.settle(p);
         if taken && new {
             if let Some(stage) = &mut self.stage {
                 if !stage.mark(hash, p) {
-                    // Checked for room above; a table that refuses anyway gets no copy it
-                    // could never steer to.
+                    // Only a table smaller than the cache runs out, which the switch refuses;
+                    // a copy no read could be sent to is not kept.
                     self.processors[p].remove(name);
                     let _ = self.processors[p].take_gone();
                     self.stats.fills_unmarked += 1;
@@ -391,9 +441,9 @@ impl IncBox {
         self.capacity
     }
 
-    /// The processors' counters, summed.
+    /// The processors' counters, summed, with those of the layouts before.
     pub fn cache_stats(&self) -> LfuStats {
-        let mut sum = LfuStats::default();
+        let mut sum = self.earlier;
         for s in self.processors.iter().map(Lfu::stats) {
             sum.hits += s.hits;
             sum.misses += s.misses;
@@ -412,11 +462,7 @@ impl IncBox {
             processors: self.spec.processors,
             hit_check: self.spec.hit_check,
             marks: self.stage.as_ref().map_or(0, |s| s.marks.len()),
-            fdb_entries: if self.spec.hit_check {
-                self.spec.fdb_entries
-            } else {
-                0
-            },
+            fdb_entries: self.spec.fdb_entries,
             items: self.processors.iter().map(Lfu::len).collect(),
             ..self.stats.clone()
         }
@@ -469,7 +515,7 @@ mod tests {
                 b.get(&name(1, k), t).map(|(v, _)| v.to_vec()),
                 Some(k.as_bytes().to_vec())
             );
-            expected[hash(k) as usize % 4] += 1;
+            expected[processor(hash(k), 4)] += 1;
         }
         for i in 0..100 {
             assert!(b.get(&name(1, &format!("cold{i}")), t).is_none());
@@ -599,6 +645,118 @@ mod tests {
         assert_eq!(b.cache_stats().misses, 1);
         assert_eq!(b.capacity(), 30);
         assert_eq!(s.items.len(), 3);
+    }
+
+    /// Every mark stands for the items of its hash held at its processor, counted, after
+    /// any mix of fills, reads, invalidations, evictions, lease ends and resizes.
+    #[test]
+    fn marks_follow_the_items_held_through_any_mix_of_operations() {
+        let mut b = split(3, 24);
+        // Keys of two servers: each key's hash is held by up to two items.
+        let names: Vec<Vec<u8>> = (0..40)
+            .flat_map(|k| [name(1, &format!("k{k}")), name(2, &format!("k{k}"))])
+            .collect();
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let mut t = Instant::ZERO;
+        for step in 0..20_000u32 {
+            let n = &names[next(names.len() as u64) as usize];
+            match next(10) {
+                0..=3 => {
+                    b.get(n, t);
+                }
+                4..=6 => {
+                    b.fill(n, b"v", step, t);
+                }
+                7 => {
+                    b.invalidate(n, step, t);
+                }
+                8 => t += Duration::from_millis(next(400)),
+                _ => b.set_capacity([6, 24, 12][next(3) as usize]),
+            }
+            let stage = b.stage.as_ref().unwrap();
+            let mut held: HashMap<u32, u32> = HashMap::new();
+            for n in names.iter().filter(|n| b.contains(n)) {
+                *held.entry(name_hash(n)).or_default() += 1;
+            }
+            let marks: HashMap<u32, u32> = stage.marks.iter().map(|(&h, &(_, c))| (h, c)).collect();
+            assert_eq!(marks, held, "step {step}");
+            for (&h, &(id, _)) in &stage.marks {
+                let entry = stage.pipeline.entry(stage.table, id).expect("its entry");
+                assert_eq!(
+                    entry.entry.actions,
+                    vec![Action::Output(processor(h, 3) as u16)]
+                );
+            }
+        }
+        assert!(b.stats().steered > 0 && b.stats().bypassed > 0);
+    }
+
+    #[test]
+    fn a_new_layout_keeps_the_tombstones_and_the_counters() {
+        let mut b = split(2, 16);
+        let t = Instant::ZERO;
+        assert!(b.fill(&name(1, "k"), b"old", 1, t));
+        assert!(b.get(&name(1, "k"), t).is_some());
+        assert!(b.invalidate(&name(1, "k"), 5, t));
+        b.reshape(IncBoxSpec {
+            processors: 3,
+            ..b.spec()
+        });
+        assert!(
+            !b.fill(&name(1, "k"), b"old", 4, t),
+            "a reply older than the invalidation fills nothing after the change"
+        );
+        assert!(b.fill(&name(1, "k"), b"new", 6, t));
+        let s = b.stats();
+        assert_eq!((s.processors, s.steered, s.reads.len()), (3, 1, 3));
+        assert_eq!(
+            b.cache_stats().hits,
+            1,
+            "the earlier layout's hit still counted"
+        );
+        // The same layout changes nothing; a new table size alone keeps the copies.
+        b.reshape(b.spec());
+        b.reshape(IncBoxSpec {
+            fdb_entries: 64,
+            ..b.spec()
+        });
+        assert_eq!((b.len(), b.stats().fdb_entries), (1, 64));
+        assert!(b.get(&name(1, "k"), t).is_some());
+    }
+
+    #[test]
+    fn keys_spread_over_every_processor_whatever_their_root() {
+        // The keys one root of two holds (even buckets of the registration table), and keys
+        // that differ in their last byte alone, spread over every processor.
+        for (keys, what) in [
+            (
+                (0..4000)
+                    .map(|i| format!("key:{i}"))
+                    .filter(|k| (hash(k) % 64).is_multiple_of(2))
+                    .collect::<Vec<_>>(),
+                "one root's keys",
+            ),
+            (
+                (0..16).map(|i| format!("k{i:x}")).collect(),
+                "keys one byte apart",
+            ),
+        ] {
+            let mut seen = [0usize; 4];
+            for k in &keys {
+                seen[processor(hash(k), 4)] += 1;
+            }
+            let least = keys.len() / 4 / 3;
+            assert!(seen.iter().all(|&n| n >= least.max(1)), "{what}: {seen:?}");
+        }
+        assert!((0..=u32::MAX)
+            .step_by(65_537)
+            .all(|h| processor(h, 16) < 16));
     }
 
     #[test]

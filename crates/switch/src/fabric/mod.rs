@@ -263,6 +263,19 @@ pub struct FabricSwitch {
     stats: FabricStats,
 }
 
+/// With the hit check, the switch stage's table must have a mark for every item the cache
+/// may hold, so that a fill never finds it full.
+fn check_table(incbox: IncBoxSpec, items: usize) -> Result<(), String> {
+    if incbox.hit_check && incbox.fdb_entries < items {
+        return Err(format!(
+            "the switch stage's table of {} entries cannot mark {items} cached items: give \
+             `fdb_entries` at least the items",
+            incbox.fdb_entries
+        ));
+    }
+    Ok(())
+}
+
 /// The cache's and the directory's name for `key` of `server`: the server's address and port,
 /// then the key (two servers' items of one name are two items).
 fn item(server: (Ipv4Addr, u16), key: &[u8]) -> Vec<u8> {
@@ -351,10 +364,14 @@ impl FabricSwitch {
     }
 
     /// Changes how many items this switch caches (0: none), evicting the least frequently
-    /// used past it.
-    pub fn set_cache_items(&mut self, items: usize) {
+    /// used past it. Refused when the switch stage's table (with the hit check) would hold
+    /// fewer marks than the items.
+    pub fn set_cache_items(&mut self, items: usize) -> Result<(), String> {
+        let incbox = self.spec.incbox;
+        check_table(incbox, items)?;
         self.spec.cache_items = items;
         self.cache.set_capacity(items);
+        Ok(())
     }
 
     /// How the cache is laid out.
@@ -363,9 +380,11 @@ impl FabricSwitch {
     }
 
     /// Lays the cache out anew: its processors and whether the switch stage checks for hits.
-    /// The copies held are dropped (the homes' invalidations of them are still acknowledged).
+    /// Unless only the table's size changed, the copies held are dropped (the homes'
+    /// invalidations of them are still acknowledged, and the tombstones kept).
     pub fn set_incbox(&mut self, incbox: IncBoxSpec) -> Result<(), String> {
         incbox.validate()?;
+        check_table(incbox, self.spec.cache_items)?;
         self.spec.incbox = incbox;
         self.cache.reshape(incbox);
         Ok(())

@@ -274,6 +274,7 @@ impl FabricSpec {
             }
         }
         self.incbox.validate().map_err(FabricSpecError::BadIncBox)?;
+        super::check_table(self.incbox, self.cache_items).map_err(FabricSpecError::BadIncBox)?;
         Ok(())
     }
 }
