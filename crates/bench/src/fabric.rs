@@ -143,6 +143,28 @@ pub struct ComputePoint {
     pub run: u32,
 }
 
+/// Where a SET's time goes (IncBricks' Figure 9): one client's closed loop of a get (which
+/// fills the caches on the way when they are on) and a timed set of the same key.
+#[derive(Clone, Debug, Serialize)]
+pub struct SetPoint {
+    /// "within" or "across", as the curves.
+    pub deployment: &'static str,
+    pub caches: bool,
+    /// Sets answered, and their mean latency at the client.
+    pub sets: u64,
+    pub mean_us: f64,
+    /// Per write, at its home: held for its invalidations' acknowledgements, and from
+    /// sending it to its server to the server's reply.
+    pub held_us: f64,
+    pub server_us: f64,
+    /// Sets not answered `STORED` in time.
+    pub failed: u64,
+    pub run: u32,
+}
+
+/// Keys the SET breakdown cycles through.
+const SET_KEYS: u64 = 64;
+
 /// One closed-loop run across racks with the switches' caches laid out one way.
 #[derive(Clone, Debug, Serialize)]
 pub struct IncBoxPoint {
@@ -178,6 +200,7 @@ struct Results {
     skew: Vec<SkewPoint>,
     compute: Vec<ComputePoint>,
     incbox: Vec<IncBoxPoint>,
+    set_breakdown: Vec<SetPoint>,
 }
 
 /// The fabric testbed and what the scenario does on it.
@@ -284,6 +307,28 @@ impl Fabric {
         Ok(sum)
     }
 
+    /// The homes' write counters summed over every switch: writes forwarded, µs held,
+    /// writes answered, µs at the server.
+    fn write_counts(&self) -> anyhow::Result<[u64; 4]> {
+        let fabric = self.live.state.fabric.as_ref().expect("a fabric testbed");
+        let mut sum = [0; 4];
+        for s in &fabric.switches {
+            let (code, text) = testbed::http_get(s.api, "/api/v1/fabric")?;
+            anyhow::ensure!(code == 200, "{}: {code} {text}", s.name);
+            let v: serde_json::Value = serde_json::from_str(&text)?;
+            let keys = [
+                "writes_forwarded",
+                "writes_held_us",
+                "writes_answered",
+                "writes_server_us",
+            ];
+            for (i, k) in keys.iter().enumerate() {
+                sum[i] += v["stats"][k].as_u64().unwrap_or(0);
+            }
+        }
+        Ok(sum)
+    }
+
     /// Every fabric switch's process CPU so far, in seconds.
     fn switch_cpu(&self) -> f64 {
         let fabric = self.live.state.fabric.as_ref().expect("a fabric testbed");
@@ -338,6 +383,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let mut skew = Vec::new();
     let mut compute = Vec::new();
     let mut incbox = Vec::new();
+    let mut set_breakdown = Vec::new();
     for run in 0..runs {
         for caches in [true, false] {
             for (deployment, client) in [("within", "c1"), ("across", "c0")] {
@@ -488,6 +534,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             }
         }
         f.layout(1, false)?;
+        set_breakdown.extend(run_set_breakdown(&f, duration, run)?);
     }
     f.caches(TOR_ITEMS, ROOT_ITEMS)?;
     f.live.down()?;
@@ -506,6 +553,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         skew: skew.clone(),
         compute: compute.clone(),
         incbox: incbox.clone(),
+        set_breakdown: set_breakdown.clone(),
     })?;
     for deployment in ["within", "across"] {
         out.plot(
@@ -517,7 +565,16 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     out.plot("skew", &Chart::Line(skew_chart(&skew)))?;
     out.plot("compute", &Chart::Bars(compute_chart(&compute)))?;
     out.summary(
-        &summary(args, &curves, &cache_size, &skew, &compute, &incbox, runs),
+        &summary(
+            args,
+            &curves,
+            &cache_size,
+            &skew,
+            &compute,
+            &incbox,
+            &set_breakdown,
+            runs,
+        ),
         &machine,
     )?;
     Ok(())
@@ -612,6 +669,80 @@ fn run_compute(
             p.mean_us
         );
         points.push(p);
+    }
+    f.caches(TOR_ITEMS, ROOT_ITEMS)?;
+    Ok(points)
+}
+
+/// Figure 9: where one client's SETs spend their time, within a rack and across racks, with
+/// the caches on (each set invalidates the copies the get before it filled) and off.
+fn run_set_breakdown(f: &Fabric, duration: f64, run: u32) -> anyhow::Result<Vec<SetPoint>> {
+    let server = SocketAddr::from((f.ip("s1"), 11211));
+    let mut points = Vec::new();
+    for caches in [true, false] {
+        for (deployment, client) in [("within", "c1"), ("across", "c0")] {
+            f.caches(0, 0)?;
+            if caches {
+                f.caches(TOR_ITEMS, ROOT_ITEMS)?;
+            }
+            let before = f.write_counts()?;
+            let until = Instant::now() + Duration::from_secs_f64(duration);
+            let (sets, failed, total_us) = f.live.in_host(client, move || {
+                let sock = UdpSocket::bind("0.0.0.0:0")?;
+                sock.set_read_timeout(Some(Duration::from_millis(500)))?;
+                let (mut sets, mut failed, mut total_us) = (0u64, 0u64, 0.0);
+                let mut i = 0u64;
+                while Instant::now() < until {
+                    let key = format!("bd:{}", i % SET_KEYS);
+                    let id = (i % 30_000) as u16 * 2;
+                    plain_call(&sock, server, id, &format!("get {key}\r\n"));
+                    let start = Instant::now();
+                    let reply = plain_call(
+                        &sock,
+                        server,
+                        id + 1,
+                        &format!("set {key} 0 0 4\r\nvvvv\r\n"),
+                    );
+                    if reply.as_deref() == Some("STORED\r\n") {
+                        sets += 1;
+                        total_us += start.elapsed().as_secs_f64() * 1e6;
+                    } else {
+                        failed += 1;
+                    }
+                    i += 1;
+                }
+                anyhow::Ok((sets, failed, total_us))
+            })??;
+            let after = f.write_counts()?;
+            let per = |us: usize, n: usize| {
+                let n = after[n] - before[n];
+                (n > 0).then(|| (after[us] - before[us]) as f64 / n as f64)
+            };
+            let p = SetPoint {
+                deployment,
+                caches,
+                sets,
+                mean_us: if sets > 0 {
+                    total_us / sets as f64
+                } else {
+                    f64::NAN
+                },
+                held_us: per(1, 0).unwrap_or(f64::NAN),
+                server_us: per(3, 2).unwrap_or(f64::NAN),
+                failed,
+                run,
+            };
+            eprintln!(
+                "  run {} set {deployment:<6} caches {:<3}: mean {:>5.0} µs, held {:>5.0} µs, server {:>5.0} µs ({} sets)",
+                run + 1,
+                if caches { "on" } else { "off" },
+                p.mean_us,
+                p.held_us,
+                p.server_us,
+                p.sets
+            );
+            points.push(p);
+        }
     }
     f.caches(TOR_ITEMS, ROOT_ITEMS)?;
     Ok(points)
@@ -886,6 +1017,7 @@ fn summary(
     skews: &[SkewPoint],
     compute: &[ComputePoint],
     incbox: &[IncBoxPoint],
+    sets: &[SetPoint],
     runs: u32,
 ) -> String {
     let mut t = String::new();
@@ -997,6 +1129,44 @@ fn summary(
             times(ratio(Some(n.1), Some(s.1))),
             times(ratio(Some(n.2), Some(s.2)))
         );
+    }
+    let _ = writeln!(
+        t,
+        "\n## Where a SET's time goes (Figure 9)\n\nOne client's closed loop of `get KEY` then a \
+         timed `set KEY` over memcached UDP, on {SET_KEYS} keys of s1: within its rack (c1) and \
+         across racks (c0). With the caches on, each set finds the copies the get before it \
+         filled (the client's ToR and, across racks, the key's root) and waits at the home for \
+         their invalidations. \"held\": per write, at the home, from its arrival to its \
+         sending on (its invalidations acknowledged, and any earlier write to the key done); \
+         \"server\": from the home to the server's reply back at the home (the server's host \
+         and its link); \"the rest\": the client's host, the links and the switches on the way \
+         there and back. With the caches off (0 items) the homes still invalidate: a home \
+         records the switches a reply may fill, and does not know they cache nothing.\n"
+    );
+    let _ = writeln!(
+        t,
+        "| deployment | caches | set mean µs | held for invalidations µs | server µs | the rest µs |"
+    );
+    let _ = writeln!(t, "|--|--|--:|--:|--:|--:|");
+    for deployment in ["within", "across"] {
+        for caches in [true, false] {
+            let points: Vec<&SetPoint> = sets
+                .iter()
+                .filter(|p| p.deployment == deployment && p.caches == caches)
+                .collect();
+            if points.is_empty() {
+                continue;
+            }
+            let med = |f: fn(&SetPoint) -> f64| median(points.iter().map(|p| f(p)).collect());
+            let (mean, held, server) =
+                (med(|p| p.mean_us), med(|p| p.held_us), med(|p| p.server_us));
+            let _ = writeln!(
+                t,
+                "| {deployment} | {} | {mean:.0} | {held:.0} | {server:.0} | {:.0} |",
+                if caches { "on" } else { "off" },
+                mean - held - server
+            );
+        }
     }
     let _ = writeln!(
         t,

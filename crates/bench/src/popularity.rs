@@ -663,8 +663,10 @@ fn summary(args: &Args, systems: &[System], medians: &[Run], runs: u32) -> Strin
          answers at least 90% of the system's rate without changes (\"never\": not before the \
          next change). SwitchKV's variants: its backends sending *periodic reports only* (top \
          k a second) or *instant reports only* (a key read more than 8 times in the last 200), \
-         and its cache node with *no rule buffer* (a removal goes before the additions it \
-         waits behind, instead of up to 2 s after).",
+         its cache node with *no rule buffer* (a removal goes before the additions it \
+         waits behind, instead of up to 2 s after), and the *traditional update* (Figure 15: \
+         its backends report every key read that is not cached, at once, and no top k; the \
+         cache node takes each, the least loaded out).",
         args.rule_updates
     );
     let rated: Vec<&Run> = medians.iter().filter(|r| rated(args, r)).collect();

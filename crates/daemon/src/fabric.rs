@@ -217,6 +217,8 @@ fn status_json(shared: &Shared, snap: Option<FabricSnapshot>) -> Value {
             "detours": st.detours, "root_fills": st.root_fills,
             "invalidations_relayed": st.invalidations_relayed,
             "refused_sources": st.refused_sources, "refused_fragments": st.refused_fragments,
+            "writes_forwarded": st.writes_forwarded, "writes_held_us": st.writes_held_us,
+            "writes_answered": st.writes_answered, "writes_server_us": st.writes_server_us,
         },
         "cache": {
             "items": s.cached_items, "capacity": s.cache_capacity, "hits": c.hits, "misses": c.misses, "fills": c.fills,

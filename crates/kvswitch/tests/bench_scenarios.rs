@@ -729,6 +729,28 @@ fn fabric_short() {
             assert_eq!(bypassed, 0, "{p}");
         }
     }
+    // IncBricks' Figure 9: every SET answered; across racks the home holds each for the
+    // invalidation of the copies its get filled (the client's ToR and a root), where within
+    // the server's rack the only copy is the home's own, dropped at once.
+    let sets = json["set_breakdown"].as_array().unwrap();
+    assert_eq!(sets.len(), 4, "{json}");
+    let at = |deployment: &str, caches: bool| {
+        sets.iter()
+            .find(|p| p["deployment"] == deployment && p["caches"] == caches)
+            .unwrap_or_else(|| panic!("{deployment} {caches}: {json}"))
+    };
+    for p in sets {
+        assert!(p["sets"].as_u64().unwrap() > 10, "{p}");
+        assert!(p["server_us"].as_f64().unwrap() > 0.0, "{p}");
+    }
+    let (across, within) = (
+        at("across", true)["held_us"].as_f64().unwrap(),
+        at("within", true)["held_us"].as_f64().unwrap(),
+    );
+    assert!(
+        across > within,
+        "invalidations held the sets across racks: {across} µs against {within} µs within"
+    );
     let on_off = ["with the fabric's caches", "caches off (plain network)"].map(String::from);
     check_plot(&dir, "latency-throughput-within", &on_off);
     check_plot(&dir, "latency-throughput-across", &on_off);

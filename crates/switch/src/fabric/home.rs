@@ -85,6 +85,7 @@ impl FabricSwitch {
             server: h.server,
             datagram: datagram.to_vec(),
             quiet,
+            arrived: now,
         };
         let step = self.directory.write(&name, write, now);
         self.write_step(&name, step, now, emit);

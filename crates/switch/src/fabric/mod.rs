@@ -87,6 +87,11 @@ const MAX_FILLED: usize = 1 << 16;
 /// How long past a lease a home waits before it takes a failed switch's copies as gone.
 const FAILED_MARGIN: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// A time in whole microseconds, for the counters.
+fn micros(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
 /// A lease left, in the whole milliseconds a fill's header carries.
 fn whole_ms(left: std::time::Duration) -> u32 {
     u32::try_from(left.as_millis()).unwrap_or(u32::MAX)
@@ -139,6 +144,14 @@ pub struct FabricStats {
     pub refused_sources: u64,
     /// Writes refused as their key had too many waiting already.
     pub writes_refused: u64,
+    /// At a home, where its writes' time went (IncBricks' Figure 9): writes sent on to their
+    /// server and their time held here first, for their invalidations' acknowledgements and
+    /// behind earlier writes to their key, in µs; writes their server answered and the time
+    /// from sending each to its reply, in µs.
+    pub writes_forwarded: u64,
+    pub writes_held_us: u64,
+    pub writes_answered: u64,
+    pub writes_server_us: u64,
     /// IPv4 fragments from hosts to a server of the fabric: dropped.
     pub refused_fragments: u64,
     /// A root's hits that filled the client's ToR from the root's copy.
@@ -180,6 +193,8 @@ struct Write {
     datagram: Vec<u8>,
     /// Its server will not answer it (`noreply`, meta `q`, quiet binary opcodes).
     quiet: bool,
+    /// When the home took it.
+    arrived: Instant,
 }
 
 /// A request a home sent on to its server, by (client address, client port, memcached

@@ -48,6 +48,8 @@ impl FabricSwitch {
         let mut fill = None;
         match pending.stamp {
             None => {
+                self.stats.writes_answered += 1;
+                self.stats.writes_server_us += micros(now.saturating_duration_since(pending.since));
                 if let Some(step) = self.directory.done(&name, now) {
                     self.write_step(&name, step, now, emit);
                 }

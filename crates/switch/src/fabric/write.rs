@@ -95,6 +95,8 @@ impl FabricSwitch {
             self.stats.malformed += 1;
             return;
         };
+        self.stats.writes_forwarded += 1;
+        self.stats.writes_held_us += micros(now.saturating_duration_since(write.arrived));
         if write.command == Command::CondPut {
             // Executed here on the server's value: read it first, under the key's write.
             // An id this client has no request waiting under.
