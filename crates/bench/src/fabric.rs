@@ -544,39 +544,28 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         "tor_items": TOR_ITEMS, "root_items": ROOT_ITEMS,
         "compute_keys": COMPUTE_KEYS,
     });
-    out.json(&Results {
+    let results = Results {
         scenario: NAME,
         settings,
         machine: machine.clone(),
-        curves: curves.clone(),
-        cache_size: cache_size.clone(),
-        skew: skew.clone(),
-        compute: compute.clone(),
-        incbox: incbox.clone(),
-        set_breakdown: set_breakdown.clone(),
-    })?;
+        curves,
+        cache_size,
+        skew,
+        compute,
+        incbox,
+        set_breakdown,
+    };
+    out.json(&results)?;
     for deployment in ["within", "across"] {
         out.plot(
             &format!("latency-throughput-{deployment}"),
-            &Chart::Line(curve_chart(&curves, deployment)),
+            &Chart::Line(curve_chart(&results.curves, deployment)),
         )?;
     }
-    out.plot("cache-size", &Chart::Line(size_chart(&cache_size)))?;
-    out.plot("skew", &Chart::Line(skew_chart(&skew)))?;
-    out.plot("compute", &Chart::Bars(compute_chart(&compute)))?;
-    out.summary(
-        &summary(
-            args,
-            &curves,
-            &cache_size,
-            &skew,
-            &compute,
-            &incbox,
-            &set_breakdown,
-            runs,
-        ),
-        &machine,
-    )?;
+    out.plot("cache-size", &Chart::Line(size_chart(&results.cache_size)))?;
+    out.plot("skew", &Chart::Line(skew_chart(&results.skew)))?;
+    out.plot("compute", &Chart::Bars(compute_chart(&results.compute)))?;
+    out.summary(&summary(args, &results, runs), &machine)?;
     Ok(())
 }
 
@@ -1012,14 +1001,11 @@ fn compute_chart(compute: &[ComputePoint]) -> BarChart {
 
 fn summary(
     args: &Args,
-    curves: &[CurvePoint],
-    sizes: &[SizePoint],
-    skews: &[SkewPoint],
-    compute: &[ComputePoint],
-    incbox: &[IncBoxPoint],
-    sets: &[SetPoint],
+    results: &Results,
     runs: u32,
 ) -> String {
+    let (curves, sizes, skews) = (&results.curves, &results.cache_size, &results.skew);
+    let (compute, incbox, sets) = (&results.compute, &results.incbox, &results.set_breakdown);
     let mut t = String::new();
     let _ = writeln!(t, "# The caching fabric (IncBricks' evaluation)\n");
     let _ = writeln!(
