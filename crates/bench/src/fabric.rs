@@ -999,11 +999,7 @@ fn compute_chart(compute: &[ComputePoint]) -> BarChart {
     }
 }
 
-fn summary(
-    args: &Args,
-    results: &Results,
-    runs: u32,
-) -> String {
+fn summary(args: &Args, results: &Results, runs: u32) -> String {
     let (curves, sizes, skews) = (&results.curves, &results.cache_size, &results.skew);
     let (compute, incbox, sets) = (&results.compute, &results.incbox, &results.set_breakdown);
     let mut t = String::new();

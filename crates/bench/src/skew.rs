@@ -181,7 +181,17 @@ pub enum Sweep {
     UniformWrites,
     /// Gets only, against the offered load: latency.
     Load,
+    /// The same, reading only keys every cache holds (SwitchKV's Figure 13a): the
+    /// [`HIT_KEYS`] first keys, uniformly, which the caches take in during the warm-up.
+    Hits,
+    /// The same, reading keys no earlier point read (prefix `miss:`), uniformly: misses,
+    /// but for the few a cache admits during the point (SwitchKV's Figure 13b, whose cache
+    /// was empty).
+    Misses,
 }
+
+/// Keys the hits-only latency sweep reads: few enough for every cache to hold.
+pub const HIT_KEYS: u64 = 100;
 
 /// Where a point is measured.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -296,10 +306,16 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
         "throughput-write-ratio".to_string(),
         Chart::Line(write_chart(args, &systems, &medians)),
     ));
-    plots.push((
-        "latency-load".to_string(),
-        Chart::Line(latency_chart(args, &systems, &medians)),
-    ));
+    for (name, which) in [
+        ("latency-load", Sweep::Load),
+        ("latency-load-hits", Sweep::Hits),
+        ("latency-load-misses", Sweep::Misses),
+    ] {
+        plots.push((
+            name.to_string(),
+            Chart::Line(latency_chart(args, &systems, &medians, which)),
+        ));
+    }
     runner.finish(
         Record {
             settings: Settings {
@@ -372,7 +388,10 @@ fn stage(
             datapath: None,
             tcp: None,
         },
-        preload: vec![Keys::new(args.keys, "key:", 32)],
+        preload: vec![
+            Keys::new(args.keys, "key:", 32),
+            Keys::new(args.keys, "miss:", 32),
+        ],
         systems,
         points,
     }
@@ -396,10 +415,18 @@ fn on_one_bed(args: &Args, skews: &[f64], entries: u64) -> Vec<At> {
                 .into_iter()
                 .map(move |w| at(sweep, args.cache_skew, w, args.load))
         });
-    let loads = args
-        .latency_loads()
+    let loads = [Sweep::Load, Sweep::Hits, Sweep::Misses]
         .into_iter()
-        .map(|l| at(Sweep::Load, args.cache_skew, 0.0, l));
+        .flat_map(|sweep| {
+            args.latency_loads().into_iter().map(move |l| {
+                let skew = if sweep == Sweep::Load {
+                    args.cache_skew
+                } else {
+                    0.0
+                };
+                at(sweep, skew, 0.0, l)
+            })
+        });
     skewed.chain(writes).chain(loads).collect()
 }
 
@@ -407,10 +434,16 @@ fn measure(bed: &Bed, args: &Args, system: System, at: &At, run: u32) -> anyhow:
     let skew = at.skew;
     let cache_entries = at.cache_entries.filter(|_| system.caches());
     let duration = args.duration();
+    let (keys, key_prefix, dist) = match at.sweep {
+        Sweep::Hits => (HIT_KEYS.min(args.keys), "key:", loadgen::Dist::Uniform),
+        Sweep::Misses => (args.keys, "miss:", loadgen::Dist::Uniform),
+        _ => (args.keys, "key:", loadgen::Dist::Zipf(skew)),
+    };
     let load = loadgen::LoadArgs {
-        keys: args.keys,
+        keys,
+        key_prefix: key_prefix.into(),
         value_size: 32,
-        dist: loadgen::Dist::Zipf(skew),
+        dist,
         write_dist: (at.sweep == Sweep::UniformWrites).then_some(loadgen::Dist::Uniform),
         get_ratio: 1.0 - at.write_ratio,
         concurrency: 16,
@@ -660,10 +693,10 @@ fn write_chart(args: &Args, systems: &[System], medians: &[Point]) -> LineChart 
 }
 
 /// Median (solid) and 99th-percentile (dashed) latency against the offered load.
-fn latency_chart(args: &Args, systems: &[System], medians: &[Point]) -> LineChart {
+fn latency_chart(args: &Args, systems: &[System], medians: &[Point], which: Sweep) -> LineChart {
     let mut series = Vec::new();
     for &system in systems {
-        let pts = sweep(medians, system, Sweep::Load);
+        let pts = sweep(medians, system, which);
         for (what, dashed) in [("p50", false), ("p99", true)] {
             series.push(Series {
                 name: format!("{system} {what}"),
@@ -677,7 +710,11 @@ fn latency_chart(args: &Args, systems: &[System], medians: &[Point]) -> LineChar
         }
     }
     LineChart {
-        title: format!("Latency against offered load (zipf {})", args.cache_skew),
+        title: match which {
+            Sweep::Hits => format!("Latency against offered load, hits only ({HIT_KEYS} keys)"),
+            Sweep::Misses => "Latency against offered load, misses (keys not read before)".into(),
+            _ => format!("Latency against offered load (zipf {})", args.cache_skew),
+        },
         x_label: "GETs offered per second (log scale)".into(),
         y_label: "latency of answered GETs (µs, log scale)".into(),
         x_log: true,
@@ -825,31 +862,52 @@ fn summary(
         }
         let _ = writeln!(t);
     }
-    let _ = writeln!(
-        t,
-        "\nLatency of answered GETs (median / 99th percentile, µs) and GETs answered per second, \
-         at loads offered as a multiple of the backends' total capacity ({:.0}/s), zipf {}:\n",
-        total, args.cache_skew
-    );
-    let _ = write!(t, "| offered |");
-    for s in systems {
-        let _ = write!(t, " {s} |");
-    }
-    let _ = writeln!(t, "\n|--:|{}", "--:|".repeat(systems.len()));
-    for load in args.latency_loads() {
-        let offered = args.offered_at(load);
-        let _ = write!(t, "| {offered:.0} ({load}x) |");
-        for &s in systems {
-            let p = sweep(medians, s, Sweep::Load)
-                .into_iter()
-                .find(|p| p.offered_rps == offered);
-            let cell = p.map_or_else(
-                || "-".to_string(),
-                |p| format!("{:.0} / {:.0} µs, {:.0}/s", p.p50_us, p.p99_us, p.get_rps),
-            );
-            let _ = write!(t, " {cell} |");
+    for (which, what) in [
+        (
+            Sweep::Load,
+            format!("zipf {} (Figure 13c)", args.cache_skew),
+        ),
+        (
+            Sweep::Hits,
+            format!(
+                "only the {HIT_KEYS} first keys, uniformly, which every cache holds after the \
+                 warm-up (Figure 13a)"
+            ),
+        ),
+        (
+            Sweep::Misses,
+            "keys no other point read, uniformly: misses but for the few keys a cache admits \
+             during the point (Figure 13b)"
+                .to_string(),
+        ),
+    ] {
+        let _ = writeln!(
+            t,
+            "\nLatency of answered GETs (median / 99th percentile, µs) and GETs answered per \
+             second, at loads offered as a multiple of the backends' total capacity ({:.0}/s), \
+             {what}:\n",
+            total
+        );
+        let _ = write!(t, "| offered |");
+        for s in systems {
+            let _ = write!(t, " {s} |");
         }
-        let _ = writeln!(t);
+        let _ = writeln!(t, "\n|--:|{}", "--:|".repeat(systems.len()));
+        for load in args.latency_loads() {
+            let offered = args.offered_at(load);
+            let _ = write!(t, "| {offered:.0} ({load}x) |");
+            for &s in systems {
+                let p = sweep(medians, s, which)
+                    .into_iter()
+                    .find(|p| p.offered_rps == offered);
+                let cell = p.map_or_else(
+                    || "-".to_string(),
+                    |p| format!("{:.0} / {:.0} µs, {:.0}/s", p.p50_us, p.p99_us, p.get_rps),
+                );
+                let _ = write!(t, " {cell} |");
+            }
+            let _ = writeln!(t);
+        }
     }
     t
 }
