@@ -21,6 +21,7 @@ pub mod fabric;
 pub mod hash;
 pub mod health;
 pub mod hot;
+pub mod rate;
 pub mod rng;
 pub mod route;
 pub mod rules;

@@ -12,6 +12,8 @@ pub const MAX_GAP: Duration = Duration::from_secs(1 << 32);
 /// Exponential inter-arrival gaps for a Poisson process of a fixed rate.
 #[derive(Clone, Debug)]
 pub struct Arrivals {
+    /// The mean gap at the rate it was made with, and the gap now (see [`Arrivals::set_scale`]).
+    base_gap_s: f64,
     mean_gap_s: f64,
     rng: Xoshiro256StarStar,
 }
@@ -24,8 +26,17 @@ impl Arrivals {
     pub fn new(rate: f64, rng: Xoshiro256StarStar) -> Arrivals {
         assert!(rate.is_finite() && rate > 0.0, "arrival rate must be > 0");
         Arrivals {
+            base_gap_s: 1.0 / rate,
             mean_gap_s: 1.0 / rate,
             rng,
+        }
+    }
+
+    /// Runs at `factor` times the rate it was made with (a positive finite factor; others
+    /// are ignored).
+    pub fn set_scale(&mut self, factor: f64) {
+        if factor.is_finite() && factor > 0.0 {
+            self.mean_gap_s = self.base_gap_s / factor;
         }
     }
 

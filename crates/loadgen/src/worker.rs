@@ -66,6 +66,9 @@ pub struct Plan {
     pub end: Instant,
     /// Cap on measured requests.
     pub cap: Option<u64>,
+    /// Open loop: each worker adjusts its requesters' rates to the loss it sees
+    /// ([`kv::rate::LossControl`], SwitchKV's clients).
+    pub rate_control: bool,
     /// Length of one interval of the time series.
     pub interval: Duration,
     /// Measured requests issued so far, across all workers.
@@ -489,6 +492,9 @@ pub fn run(
             if r.arrivals.is_some() && !w.capped {
                 next = next.min(r.next_send);
             }
+            if let Some(c) = &w.control {
+                next = next.min(c.next);
+            }
             if let Some(at) = r.down {
                 next = next.min(at);
             }
@@ -539,6 +545,7 @@ pub fn run(
         for r in requesters.iter_mut() {
             w.check_timeouts(r, now);
         }
+        w.control(&mut requesters, now);
         if w.done > 0 {
             plan.completed.fetch_add(w.done, Ordering::Relaxed);
             w.done = 0;
@@ -564,7 +571,25 @@ struct Worker<'a> {
     slice_latency: Histogram<u64>,
     /// Replies completed by the last read, reused.
     finished: Vec<Finished>,
+    /// With rate control: the factor on the requesters' rates, the next adjustment, and the
+    /// requests sent and replies read since the last.
+    control: Option<Control>,
 }
+
+/// A worker's rate control: SwitchKV's clients count what they sent and what came back each
+/// period, so a loss shows within the period rather than a timeout later.
+struct Control {
+    factor: kv::rate::LossControl,
+    next: Instant,
+    sent: u64,
+    replied: u64,
+}
+
+/// How often rate control adjusts (SwitchKV's clients: every 10 ms), at the soonest.
+const CONTROL_EVERY: Duration = Duration::from_millis(10);
+/// Requests a period of rate control holds, unless [`CONTROL_WAIT`] more has passed.
+const CONTROL_SENT: u64 = 100;
+const CONTROL_WAIT: Duration = Duration::from_secs(1);
 
 /// What ended a measured request, for the counters.
 enum End {
@@ -588,6 +613,34 @@ impl<'a> Worker<'a> {
             slice_requests: 0,
             slice_latency: new_series_histogram(),
             finished: Vec::new(),
+            control: plan.rate_control.then(|| Control {
+                factor: kv::rate::LossControl::switchkv(1.0, 0.01, 100.0),
+                next: Instant::now() + CONTROL_EVERY,
+                sent: 0,
+                replied: 0,
+            }),
+        }
+    }
+
+    /// Every [`CONTROL_EVERY`], scales the requesters' rates by the loss seen since the last
+    /// time: the requests sent that no reply answered in the period.
+    fn control(&mut self, requesters: &mut [Requester], now: Instant) {
+        let Some(c) = &mut self.control else {
+            return;
+        };
+        // A period holds at least CONTROL_SENT requests, so that its loss can be read to a
+        // percent (SwitchKV's clients sent millions a second: theirs always did).
+        if now < c.next || (c.sent < CONTROL_SENT && now < c.next + CONTROL_WAIT) {
+            return;
+        }
+        let factor = c.factor.adjust(c.sent, c.sent.saturating_sub(c.replied));
+        c.sent = 0;
+        c.replied = 0;
+        c.next = now + CONTROL_EVERY;
+        for r in requesters.iter_mut() {
+            if let Some(a) = &mut r.arrivals {
+                a.set_scale(factor);
+            }
         }
     }
 
@@ -628,6 +681,9 @@ impl<'a> Worker<'a> {
     /// Counts the end of a request; only measured requests reach the counters.
     fn count(&mut self, measured: bool, end: End) {
         self.done += 1;
+        if let Some(c) = &mut self.control {
+            c.replied += u64::from(matches!(end, End::Reply(..)));
+        }
         if !measured {
             return;
         }
@@ -676,6 +732,9 @@ impl<'a> Worker<'a> {
     fn admit(&mut self, origin: Instant) -> bool {
         let plan = self.plan;
         if origin < plan.measure_start {
+            if let Some(c) = &mut self.control {
+                c.sent += 1;
+            }
             return true;
         }
         if let Some(cap) = plan.cap {
@@ -685,6 +744,9 @@ impl<'a> Worker<'a> {
             }
         }
         self.stats.sent += 1;
+        if let Some(c) = &mut self.control {
+            c.sent += 1;
+        }
         true
     }
 

@@ -21,6 +21,7 @@ use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 use std::time::Duration;
 
+use kv::rate::LossControl;
 use kv::rng::{Rng, Xoshiro256StarStar};
 use kv::switchkv::{Backend, BackendConfig, CacheNode, CacheNodeConfig, Fetch, Prepared};
 use kv::zipf::{KeyGen, Ranking};
@@ -362,16 +363,12 @@ impl<'a> RequestSim<'a> {
             Ev::Adjust => {
                 let c = &self.sc.clients;
                 if self.adjust_sent > 0 {
-                    let loss = self.adjust_dropped as f64 / self.adjust_sent as f64;
-                    if loss > c.loss_high {
-                        self.rate *= 1.0 - c.step;
-                    } else if loss < c.loss_low {
-                        self.rate *= 1.0 + c.step;
-                    }
                     // Never past a hundred times where it started: a system that drops
                     // nothing (a very deep queue) would have it grow without end.
                     let cap = (c.rate * 100.0).min(crate::scenario::MAX_RATE);
-                    self.rate = self.rate.clamp(1.0, cap);
+                    let mut control =
+                        LossControl::new(self.rate, c.loss_low, c.loss_high, c.step, 1.0, cap);
+                    self.rate = control.adjust(self.adjust_sent, self.adjust_dropped);
                 }
                 self.adjust_sent = 0;
                 self.adjust_dropped = 0;
