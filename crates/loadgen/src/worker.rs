@@ -1191,6 +1191,7 @@ mod tests {
             measure_start: now,
             end: now + Duration::from_secs(60),
             cap: None,
+            rate_control: false,
             interval: Duration::from_secs(1),
             issued: AtomicU64::new(0),
             completed: AtomicU64::new(0),
