@@ -704,8 +704,8 @@ fn run_set_breakdown(f: &Fabric, duration: f64, run: u32) -> anyhow::Result<Vec<
             })??;
             let after = f.write_counts()?;
             let per = |us: usize, n: usize| {
-                let n = after[n] - before[n];
-                (n > 0).then(|| (after[us] - before[us]) as f64 / n as f64)
+                let n = after[n].saturating_sub(before[n]);
+                (n > 0).then(|| after[us].saturating_sub(before[us]) as f64 / n as f64)
             };
             let p = SetPoint {
                 deployment,

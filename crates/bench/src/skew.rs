@@ -391,17 +391,15 @@ fn stage(
             datapath: None,
             tcp: None,
         },
-        preload: vec![
-            Keys::new(args.keys, "key:", 32),
-            Keys::new(args.keys, "miss:", 32),
-        ],
+        preload: vec![Keys::new(args.keys, "key:", 32)],
         systems,
         points,
     }
 }
 
 /// The points measured on each system's own testbed, with a cache of `entries` where it has
-/// one, in order: the skews, then the write ratios and the loads at the cache-size sweep's skew.
+/// one, in order: the skews, then the write ratios and the Zipf loads at the cache-size sweep's
+/// skew, then the loads of hits only and of misses (uniform).
 fn on_one_bed(args: &Args, skews: &[f64], entries: u64) -> Vec<At> {
     let at = |sweep, skew, write_ratio, load| At {
         sweep,
@@ -523,9 +521,13 @@ impl Figures for Point {
     }
 
     fn line(&self) -> String {
+        let keys = match self.sweep {
+            Sweep::Hits => "hits    ".to_string(),
+            Sweep::Misses => "misses  ".to_string(),
+            _ => format!("zipf {:<4}", self.skew),
+        };
         format!(
-            "zipf {:<4}  {:<24}{}{} {:>8.0} requests/s of {:.0} offered, p50 {:.0} us",
-            self.skew,
+            "{keys}  {:<24}{}{} {:>8.0} requests/s of {:.0} offered, p50 {:.0} us",
             self.system,
             self.cache_entries
                 .map_or_else(String::new, |e| format!(" cache {e:>6}")),
@@ -714,7 +716,10 @@ fn latency_chart(args: &Args, systems: &[System], medians: &[Point], which: Swee
     }
     LineChart {
         title: match which {
-            Sweep::Hits => format!("Latency against offered load, hits only ({HIT_KEYS} keys)"),
+            Sweep::Hits => format!(
+                "Latency against offered load, hits only ({} keys)",
+                HIT_KEYS.min(args.keys)
+            ),
             Sweep::Misses => "Latency against offered load, misses (keys no server holds)".into(),
             _ => format!("Latency against offered load (zipf {})", args.cache_skew),
         },
@@ -873,8 +878,9 @@ fn summary(
         (
             Sweep::Hits,
             format!(
-                "only the {HIT_KEYS} first keys, uniformly, which every cache holds after the \
-                 warm-up (Figure 13a)"
+                "only the {} first keys, uniformly, which the caches take in during the warm-up \
+                 (Figure 13a)",
+                HIT_KEYS.min(args.keys)
             ),
         ),
         (

@@ -65,7 +65,7 @@ fn load(node: &Node, rate: f64, rate_control: bool) -> Report {
         rate: Some(rate),
         rate_control,
         // One worker: its periods of 100 requests last 50 ms at the capacity, so from half of
-        // it the rate needs 35 periods, under 2.5 s, to get there.
+        // it the rate needs 35 periods, about 2.5 s, to get there.
         threads: Some(1),
         warmup: 4.0,
         duration: 2.0,

@@ -361,11 +361,19 @@ impl Report {
             self.requests, self.throughput_rps
         )?;
         if let Some(rate) = self.offered_rps {
-            writeln!(
-                w,
-                "open loop   {:.0} req/s offered, {:.0} req/s sent",
-                rate, self.achieved_rps
-            )?;
+            if self.args.rate_control {
+                writeln!(
+                    w,
+                    "open loop   rate control from {:.0} req/s: {:.0} req/s sent on average",
+                    rate, self.achieved_rps
+                )?;
+            } else {
+                writeln!(
+                    w,
+                    "open loop   {:.0} req/s offered, {:.0} req/s sent",
+                    rate, self.achieved_rps
+                )?;
+            }
         }
         writeln!(
             w,

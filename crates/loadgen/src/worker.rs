@@ -493,7 +493,14 @@ pub fn run(
                 next = next.min(r.next_send);
             }
             if let Some(c) = &w.control {
-                next = next.min(c.next);
+                // Short of its requests a period waits for a send (which wakes the loop
+                // anyway) or its longest wait, not spinning on a time already past.
+                let due = if c.sent >= CONTROL_SENT {
+                    c.next
+                } else {
+                    c.next + CONTROL_WAIT
+                };
+                next = next.min(due);
             }
             if let Some(at) = r.down {
                 next = next.min(at);

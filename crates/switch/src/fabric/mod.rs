@@ -147,7 +147,9 @@ pub struct FabricStats {
     /// At a home, where its writes' time went (IncBricks' Figure 9): writes sent on to their
     /// server and their time held here first, for their invalidations' acknowledgements and
     /// behind earlier writes to their key, in µs; writes their server answered and the time
-    /// from sending each to its reply, in µs.
+    /// from sending each to its reply, in µs. Writes that failed or were refused are in
+    /// neither; a conditional put's read of the server's value is in neither, and one that
+    /// stored nothing is forwarded but not answered.
     pub writes_forwarded: u64,
     pub writes_held_us: u64,
     pub writes_answered: u64,
