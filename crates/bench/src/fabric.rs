@@ -288,45 +288,36 @@ impl Fabric {
         Ok(())
     }
 
-    /// The switch stage's counters summed over every switch: steered, bypassed, processor
-    /// misses.
-    fn incbox_counts(&self) -> anyhow::Result<[u64; 3]> {
+    /// Figures of every switch's status summed: `group`'s `keys`, in order.
+    fn summed<const N: usize>(&self, group: &str, keys: [&str; N]) -> anyhow::Result<[u64; N]> {
         let fabric = self.live.state.fabric.as_ref().expect("a fabric testbed");
-        let mut sum = [0; 3];
+        let mut sum = [0; N];
         for s in &fabric.switches {
             let (code, text) = testbed::http_get(s.api, "/api/v1/fabric")?;
             anyhow::ensure!(code == 200, "{}: {code} {text}", s.name);
             let v: serde_json::Value = serde_json::from_str(&text)?;
-            for (i, k) in ["steered", "bypassed", "processor_misses"]
-                .iter()
-                .enumerate()
-            {
-                sum[i] += v["incbox"][k].as_u64().unwrap_or(0);
+            for (i, k) in keys.iter().enumerate() {
+                sum[i] += v[group][k].as_u64().unwrap_or(0);
             }
         }
         Ok(sum)
     }
 
-    /// The homes' write counters summed over every switch: writes forwarded, µs held,
-    /// writes answered, µs at the server.
+    /// The switch stage's counters: steered, bypassed, processor misses.
+    fn incbox_counts(&self) -> anyhow::Result<[u64; 3]> {
+        self.summed("incbox", ["steered", "bypassed", "processor_misses"])
+    }
+
+    /// The homes' write counters: writes forwarded, µs held, writes answered, µs at the
+    /// server.
     fn write_counts(&self) -> anyhow::Result<[u64; 4]> {
-        let fabric = self.live.state.fabric.as_ref().expect("a fabric testbed");
-        let mut sum = [0; 4];
-        for s in &fabric.switches {
-            let (code, text) = testbed::http_get(s.api, "/api/v1/fabric")?;
-            anyhow::ensure!(code == 200, "{}: {code} {text}", s.name);
-            let v: serde_json::Value = serde_json::from_str(&text)?;
-            let keys = [
-                "writes_forwarded",
-                "writes_held_us",
-                "writes_answered",
-                "writes_server_us",
-            ];
-            for (i, k) in keys.iter().enumerate() {
-                sum[i] += v["stats"][k].as_u64().unwrap_or(0);
-            }
-        }
-        Ok(sum)
+        let keys = [
+            "writes_forwarded",
+            "writes_held_us",
+            "writes_answered",
+            "writes_server_us",
+        ];
+        self.summed("stats", keys)
     }
 
     /// Every fabric switch's process CPU so far, in seconds.
