@@ -249,39 +249,32 @@ impl Fabric {
 
     /// Sets every ToR's and every root's cache size (emptying them when 0).
     fn caches(&self, tor: usize, root: usize) -> anyhow::Result<()> {
-        let fabric = self.live.state.fabric.as_ref().expect("a fabric testbed");
-        let token = self.live.state.api_token()?;
-        for s in &fabric.switches {
-            let items = match s.role {
+        self.put_cache(|role| {
+            let items = match role {
                 testbed::SwitchRole::Tor => tor,
                 testbed::SwitchRole::Root => root,
             };
-            let body = format!("{{\"items\": {items}}}");
-            let (code, text) = testbed::http(
-                s.api,
-                "PUT",
-                "/api/v1/fabric/cache",
-                token.as_deref(),
-                Some(&body),
-            )?;
-            anyhow::ensure!(code == 200, "{}: {code} {text}", s.name);
-        }
-        Ok(())
+            format!("{{\"items\": {items}}}")
+        })
     }
 
     /// Lays every switch's cache out as `processors` processors, with or without the switch
     /// stage's hit check (the copies held are dropped).
     fn layout(&self, processors: usize, hit_check: bool) -> anyhow::Result<()> {
+        self.put_cache(|_| format!("{{\"processors\": {processors}, \"hit_check\": {hit_check}}}"))
+    }
+
+    /// Sends every switch the cache settings `body` gives for its role.
+    fn put_cache(&self, body: impl Fn(testbed::SwitchRole) -> String) -> anyhow::Result<()> {
         let fabric = self.live.state.fabric.as_ref().expect("a fabric testbed");
         let token = self.live.state.api_token()?;
-        let body = format!("{{\"processors\": {processors}, \"hit_check\": {hit_check}}}");
         for s in &fabric.switches {
             let (code, text) = testbed::http(
                 s.api,
                 "PUT",
                 "/api/v1/fabric/cache",
                 token.as_deref(),
-                Some(&body),
+                Some(&body(s.role)),
             )?;
             anyhow::ensure!(code == 200, "{}: {code} {text}", s.name);
         }

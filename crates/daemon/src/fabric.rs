@@ -366,8 +366,10 @@ async fn cache_size(State(shared): State<Arc<Shared>>, body: axum::body::Bytes) 
             format!("{items} items: at most {MAX_CACHE_ITEMS}"),
         );
     }
-    let layout = req.processors.is_some() || req.hit_check.is_some() || req.fdb_entries.is_some();
-    if req.items.is_none() && !layout {
+    let named = [req.items, req.processors, req.fdb_entries]
+        .iter()
+        .any(Option::is_some);
+    if !named && req.hit_check.is_none() {
         return refused(
             StatusCode::BAD_REQUEST,
             "name `items`, `processors`, `hit_check` or `fdb_entries`",
@@ -378,27 +380,7 @@ async fn cache_size(State(shared): State<Arc<Shared>>, body: axum::body::Bytes) 
         spec.processors = req.processors.unwrap_or(spec.processors);
         spec.hit_check = req.hit_check.unwrap_or(spec.hit_check);
         spec.fdb_entries = req.fdb_entries.unwrap_or(spec.fdb_entries);
-        spec.validate()?;
-        // Checked against the items the switch will have, in an order that never leaves a
-        // table smaller than the cache: a smaller cache first, a larger one last.
-        let items = req.items.unwrap_or(f.snapshot(now).cache_capacity);
-        if spec.hit_check && spec.fdb_entries < items {
-            return Err(format!(
-                "the switch stage's table of {} entries cannot mark {items} cached items: \
-                 give `fdb_entries` at least the items",
-                spec.fdb_entries
-            ));
-        }
-        if req
-            .items
-            .is_some_and(|n| n < f.snapshot(now).cache_capacity)
-        {
-            f.set_cache_items(items)?;
-        }
-        if layout {
-            f.set_incbox(spec)?;
-        }
-        f.set_cache_items(items)?;
+        f.set_cache(req.items.unwrap_or(f.cache_items()), spec)?;
         Ok::<_, String>(f.snapshot(now))
     })
     .await;

@@ -46,6 +46,20 @@ pub struct LfuStats {
     pub expired: u64,
 }
 
+impl std::ops::AddAssign for LfuStats {
+    /// Several caches' counters summed (an IncBox's processors).
+    fn add_assign(&mut self, o: LfuStats) {
+        self.hits += o.hits;
+        self.misses += o.misses;
+        self.fills += o.fills;
+        self.fills_stale += o.fills_stale;
+        self.evictions += o.evictions;
+        self.fills_refused += o.fills_refused;
+        self.invalidations += o.invalidations;
+        self.expired += o.expired;
+    }
+}
+
 /// A fixed-size cache of values by key, least frequently used out first.
 #[derive(Debug)]
 pub struct Lfu {

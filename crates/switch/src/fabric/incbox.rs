@@ -445,14 +445,7 @@ impl IncBox {
     pub fn cache_stats(&self) -> LfuStats {
         let mut sum = self.earlier;
         for s in self.processors.iter().map(Lfu::stats) {
-            sum.hits += s.hits;
-            sum.misses += s.misses;
-            sum.fills += s.fills;
-            sum.fills_stale += s.fills_stale;
-            sum.evictions += s.evictions;
-            sum.fills_refused += s.fills_refused;
-            sum.invalidations += s.invalidations;
-            sum.expired += s.expired;
+            sum += s;
         }
         sum
     }

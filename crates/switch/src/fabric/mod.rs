@@ -384,11 +384,12 @@ impl FabricSwitch {
     /// used past it. Refused when the switch stage's table (with the hit check) would hold
     /// fewer marks than the items.
     pub fn set_cache_items(&mut self, items: usize) -> Result<(), String> {
-        let incbox = self.spec.incbox;
-        check_table(incbox, items)?;
-        self.spec.cache_items = items;
-        self.cache.set_capacity(items);
-        Ok(())
+        self.set_cache(items, self.spec.incbox)
+    }
+
+    /// Items this switch may cache.
+    pub fn cache_items(&self) -> usize {
+        self.spec.cache_items
     }
 
     /// How the cache is laid out.
@@ -400,10 +401,19 @@ impl FabricSwitch {
     /// Unless only the table's size changed, the copies held are dropped (the homes'
     /// invalidations of them are still acknowledged, and the tombstones kept).
     pub fn set_incbox(&mut self, incbox: IncBoxSpec) -> Result<(), String> {
+        self.set_cache(self.spec.cache_items, incbox)
+    }
+
+    /// The cache's size and layout together, checked as a pair (with the hit check, a table
+    /// with a mark for every item), so that no order of changes can leave a table smaller
+    /// than the cache. Nothing changes when refused.
+    pub fn set_cache(&mut self, items: usize, incbox: IncBoxSpec) -> Result<(), String> {
         incbox.validate()?;
-        check_table(incbox, self.spec.cache_items)?;
+        check_table(incbox, items)?;
+        self.spec.cache_items = items;
         self.spec.incbox = incbox;
         self.cache.reshape(incbox);
+        self.cache.set_capacity(items);
         Ok(())
     }
 
