@@ -187,6 +187,27 @@ pub struct IncBoxPoint {
     pub run: u32,
 }
 
+/// One closed-loop run across racks with the homes under one coherence protocol.
+#[derive(Clone, Debug, Serialize)]
+pub struct CoherencePoint {
+    /// "invalidate" or "update".
+    pub protocol: &'static str,
+    pub get_ratio: f64,
+    pub throughput_rps: f64,
+    pub mean_us: f64,
+    pub p50_us: f64,
+    /// Requests the homes sent on to their servers, per request answered (warm-up counted
+    /// in both).
+    pub to_server_per_request: f64,
+    /// Copies of stored values the homes sent (write-update only).
+    pub updates_sent: u64,
+    pub run: u32,
+}
+
+/// The share of GETs in the coherence protocols' workload: writes often enough that what
+/// happens to the copies they leave shows.
+const COHERENCE_GET_RATIO: f64 = 0.8;
+
 /// The layouts compared: one program per switch, and IncBricks' split.
 const LAYOUTS: [(&str, usize, bool); 2] = [("one program", 1, false), ("IncBox", 4, true)];
 
@@ -201,6 +222,7 @@ struct Results {
     compute: Vec<ComputePoint>,
     incbox: Vec<IncBoxPoint>,
     set_breakdown: Vec<SetPoint>,
+    coherence: Vec<CoherencePoint>,
 }
 
 /// The fabric testbed and what the scenario does on it.
@@ -262,6 +284,24 @@ impl Fabric {
     /// stage's hit check (the copies held are dropped).
     fn layout(&self, processors: usize, hit_check: bool) -> anyhow::Result<()> {
         self.put_cache(|_| format!("{{\"processors\": {processors}, \"hit_check\": {hit_check}}}"))
+    }
+
+    /// Chooses every switch's coherence protocol.
+    fn coherence(&self, protocol: &str) -> anyhow::Result<()> {
+        let fabric = self.live.state.fabric.as_ref().expect("a fabric testbed");
+        let token = self.live.state.api_token()?;
+        let body = serde_json::json!({ "protocol": protocol }).to_string();
+        for s in &fabric.switches {
+            let (code, text) = testbed::http(
+                s.api,
+                "PUT",
+                "/api/v1/fabric/coherence",
+                token.as_deref(),
+                Some(&body),
+            )?;
+            anyhow::ensure!(code == 200, "{}: {code} {text}", s.name);
+        }
+        Ok(())
     }
 
     /// Sends every switch the cache settings `body` gives for its role.
@@ -368,6 +408,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let mut compute = Vec::new();
     let mut incbox = Vec::new();
     let mut set_breakdown = Vec::new();
+    let mut coherence = Vec::new();
     for run in 0..runs {
         for caches in [true, false] {
             for (deployment, client) in [("within", "c1"), ("across", "c0")] {
@@ -519,6 +560,42 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         }
         f.layout(1, false)?;
         set_breakdown.extend(run_set_breakdown(&f, duration, run)?);
+        for protocol in ["invalidate", "update"] {
+            f.caches(0, 0)?;
+            f.caches(TOR_ITEMS, ROOT_ITEMS)?;
+            f.coherence(protocol)?;
+            let a = loadgen::LoadArgs {
+                get_ratio: COHERENCE_GET_RATIO,
+                concurrency: 8,
+                seed: u64::from(run) + 31,
+                ..base.clone()
+            };
+            let warmup = a.warmup;
+            let before = f.summed("stats", ["to_server", "updates_sent"])?;
+            let rep = f.load("c0", a)?;
+            let after = f.summed("stats", ["to_server", "updates_sent"])?;
+            let requests = rep.throughput_rps * (duration + warmup);
+            let p = CoherencePoint {
+                protocol,
+                get_ratio: COHERENCE_GET_RATIO,
+                throughput_rps: rep.throughput_rps,
+                mean_us: rep.latency_us.mean,
+                p50_us: rep.latency_us.p50 as f64,
+                to_server_per_request: (after[0] - before[0]) as f64 / requests.max(1.0),
+                updates_sent: after[1] - before[1],
+                run,
+            };
+            eprintln!(
+                "  run {}/{runs} coherence {protocol:<10}: {:>7.0} req/s, mean {:>5.0} µs, {:.2} to a server a request, {} updates",
+                run + 1,
+                p.throughput_rps,
+                p.mean_us,
+                p.to_server_per_request,
+                p.updates_sent
+            );
+            coherence.push(p);
+        }
+        f.coherence("invalidate")?;
     }
     f.caches(TOR_ITEMS, ROOT_ITEMS)?;
     f.live.down()?;
@@ -538,6 +615,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         compute,
         incbox,
         set_breakdown,
+        coherence,
     };
     out.json(&results)?;
     for deployment in ["within", "across"] {
@@ -1171,6 +1249,41 @@ fn summary(args: &Args, results: &Results, runs: u32) -> String {
                 misses * 100.0
             );
         }
+    }
+    let _ = writeln!(
+        t,
+        "\n## Coherence protocols (`inc_init`'s choice)\n\nAcross racks (c0 to s1), caches on, \
+         a closed loop of 8 at {:.0}% GETs (Zipf 0.99). \"invalidate\": a write takes every copy \
+         of its key away and the next reads refill them from the server; \"update\": once the \
+         server has stored a `set`, the home sends its value to the switches the write \
+         invalidated. \"to a server\": requests the homes sent on to a server, per request \
+         answered.\n",
+        COHERENCE_GET_RATIO * 100.0
+    );
+    let _ = writeln!(
+        t,
+        "| protocol | req/s | mean µs | p50 µs | to a server per request | updates sent |"
+    );
+    let _ = writeln!(t, "|--|--:|--:|--:|--:|--:|");
+    for protocol in ["invalidate", "update"] {
+        let points: Vec<&CoherencePoint> = results
+            .coherence
+            .iter()
+            .filter(|p| p.protocol == protocol)
+            .collect();
+        if points.is_empty() {
+            continue;
+        }
+        let med = |f: fn(&CoherencePoint) -> f64| median(points.iter().map(|p| f(p)).collect());
+        let _ = writeln!(
+            t,
+            "| {protocol} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} |",
+            med(|p| p.throughput_rps),
+            med(|p| p.mean_us),
+            med(|p| p.p50_us),
+            med(|p| p.to_server_per_request),
+            med(|p| p.updates_sent as f64)
+        );
     }
     t
 }

@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use kv::fabric::{Registration, SwitchId};
 use serde::Deserialize;
-use switch::fabric::{FabricServer, FabricSpec, Member, PortRole, Rack, Role};
+use switch::fabric::{Coherence, FabricServer, FabricSpec, Member, PortRole, Rack, Role};
 use wire::ethernet::Mac;
 
 /// Registration table buckets unless the file says.
@@ -62,6 +62,8 @@ struct RawFabric {
     lease_ms: Option<u64>,
     #[serde(default)]
     busy_poll_us: Option<u64>,
+    #[serde(default)]
+    coherence: Option<String>,
     #[serde(default)]
     api_token_file: Option<PathBuf>,
     #[serde(default, rename = "switch")]
@@ -124,6 +126,11 @@ pub const EXAMPLE: &str = r#"# fabric.toml: one file for every switch of a cachi
 name = "two-level"
 # buckets = 64                # of the registration table (which root is home of which keys)
 # busy_poll_us = 0            # polling after a frame before sleeping (0: always sleep)
+# What a write does to the copies of its key (IncBricks' `inc_init` choice): "invalidate"
+# takes them away and the next reads refill them; "update" also sends the value a `set`
+# stored to the switches that held the key, so their next reads hit. Homes that are
+# servers (`home = "node"`) always invalidate.
+# coherence = "invalidate"
 # The file whose first line is the token every switch's API wants for a change, and the
 # controller sends; an API that listens beyond its host must have one, as these do. Make it
 # with `head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' > fabric.token`.
@@ -203,6 +210,8 @@ pub struct FabricConfig {
     /// paths resolved against the fabric file's directory). An API that listens beyond its
     /// host must have one.
     pub api_token_file: Option<PathBuf>,
+    /// What the ToR homes do for the copies a write leaves behind.
+    pub coherence: Coherence,
     invalidate_retry: Option<Duration>,
     invalidate_give_up: Option<Duration>,
     hello: Option<Duration>,
@@ -339,8 +348,19 @@ impl FabricConfig {
                 home_node,
             });
         }
+        let coherence = match raw.coherence.as_deref() {
+            None => Coherence::default(),
+            Some(name) => Coherence::parse(name).ok_or_else(|| {
+                err(
+                    path,
+                    "coherence",
+                    format!("\"{name}\": the protocols are \"invalidate\" and \"update\""),
+                )
+            })?,
+        };
         let ms = |v: Option<u64>| v.map(Duration::from_millis);
         let config = FabricConfig {
+            coherence,
             path: path.to_path_buf(),
             name: raw.name,
             buckets: raw.buckets.unwrap_or(DEFAULT_BUCKETS),
@@ -480,6 +500,7 @@ impl FabricConfig {
         if let Some(d) = self.lease {
             spec.lease = d;
         }
+        spec.coherence = self.coherence;
         spec.validate()
             .map_err(|e| err(&self.path, &format!("switch[{name}]"), e))?;
         Ok(spec)
@@ -576,6 +597,17 @@ mac = "02:91:00:00:00:22"
     }
 
     #[test]
+    fn the_coherence_protocol_is_the_files_for_every_switch() {
+        let c = FabricConfig::parse(FILE, Path::new("f.toml")).unwrap();
+        assert_eq!(c.spec("tor0").unwrap().coherence, Coherence::Invalidate);
+        let text = format!("coherence = \"update\"\n{FILE}");
+        let c = FabricConfig::parse(&text, Path::new("f.toml")).unwrap();
+        for name in ["tor0", "tor1", "root0"] {
+            assert_eq!(c.spec(name).unwrap().coherence, Coherence::Update);
+        }
+    }
+
+    #[test]
     fn mistakes_name_the_file_and_key() {
         let cases = [
             (FILE.replace("role = \"root\"", "role = \"spine\""), "role"),
@@ -590,6 +622,10 @@ mac = "02:91:00:00:00:22"
                 "server[0].mac",
             ),
             (format!("bogus = 1\n{FILE}"), "bogus"),
+            (
+                format!("coherence = \"snoop\"\n{FILE}"),
+                "`coherence`: \"snoop\"",
+            ),
             (
                 FILE.replace(
                     "role = \"tor\"\naddress = \"10.91.0.226\"",

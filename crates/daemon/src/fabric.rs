@@ -9,7 +9,9 @@
 //!   does when a switch fails or comes back);
 //! - `PUT /api/v1/fabric/faults` `{"drop_invalidations": N}` — drop the next N invalidations
 //!   this switch receives (to test that homes send them again);
-//! - `PUT /api/v1/fabric/cache` `{"items": N}` — how many items this switch caches (0: none).
+//! - `PUT /api/v1/fabric/cache` `{"items": N}` — how many items this switch caches (0: none);
+//! - `PUT /api/v1/fabric/coherence` `{"protocol": "update"}` — what a write does to the copies
+//!   of its key at this home: `invalidate` them, or `update` them once it is stored.
 //!
 //! It refuses and bounds what the switch's API does ([`api::guard`]): a `Host` that does not
 //! name it, a change from another web origin or not sent as JSON, connections past 256, slow
@@ -123,6 +125,7 @@ fn serve(addr: SocketAddr, shared: Arc<Shared>) -> anyhow::Result<SocketAddr> {
         .route("/api/v1/fabric/registration", put(registration))
         .route("/api/v1/fabric/faults", put(faults))
         .route("/api/v1/fabric/cache", put(cache_size))
+        .route("/api/v1/fabric/coherence", put(coherence))
         .layer(axum::middleware::from_fn_with_state(
             shared.clone(),
             authorise,
@@ -203,6 +206,7 @@ fn status_json(shared: &Shared, snap: Option<FabricSnapshot>) -> Value {
     json!({
         "switch": shared.name,
         "role": s.role.name(),
+        "coherence": s.coherence.name(),
         "registration_version": s.registration_version,
         "stats": {
             "requests_in": st.requests_in, "hits": st.hits, "refused": st.refused,
@@ -219,6 +223,7 @@ fn status_json(shared: &Shared, snap: Option<FabricSnapshot>) -> Value {
             "refused_sources": st.refused_sources, "refused_fragments": st.refused_fragments,
             "writes_forwarded": st.writes_forwarded, "writes_held_us": st.writes_held_us,
             "writes_answered": st.writes_answered, "writes_server_us": st.writes_server_us,
+            "updates_sent": st.updates_sent,
         },
         "cache": {
             "items": s.cached_items, "capacity": s.cache_capacity, "hits": c.hits, "misses": c.misses, "fills": c.fills,
@@ -275,6 +280,16 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
             m.sample(&name, &[("switch", switch)], n);
         }
     }
+    m.family(
+        "kvswitch_fabric_write_update",
+        Kind::Gauge,
+        "1 while the switch, as a home, sends a stored write's value to the switches it invalidated (coherence \"update\").",
+    );
+    m.sample(
+        "kvswitch_fabric_write_update",
+        &[("switch", switch)],
+        u8::from(v["coherence"] == "update"),
+    );
     m.family(
         "kvswitch_fabric_incbox_hit_check",
         Kind::Gauge,
@@ -395,6 +410,31 @@ async fn cache_size(State(shared): State<Arc<Shared>>, body: axum::body::Bytes) 
             })),
         ),
         Ok(Err(why)) => refused(StatusCode::BAD_REQUEST, why),
+        Err(reply) => reply,
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CoherenceRequest {
+    protocol: String,
+}
+
+/// Chooses the switch's coherence protocol as a home: `{"protocol": "invalidate"}` or
+/// `"update"`.
+async fn coherence(State(shared): State<Arc<Shared>>, body: axum::body::Bytes) -> Reply {
+    let req: CoherenceRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return refused(StatusCode::BAD_REQUEST, e),
+    };
+    let Some(protocol) = switch::fabric::Coherence::parse(&req.protocol) else {
+        return refused(
+            StatusCode::BAD_REQUEST,
+            format!("protocol {:?}: \"invalidate\" or \"update\"", req.protocol),
+        );
+    };
+    match on_switch(&shared, move |f, _, _| f.set_coherence(protocol)).await {
+        Ok(()) => (StatusCode::OK, Json(json!({ "protocol": protocol.name() }))),
         Err(reply) => reply,
     }
 }

@@ -1,5 +1,5 @@
 //! `kvswitch fabric`: one switch of a coherent caching fabric (`run`), and the operator's
-//! view of a running fabric (`status`, `table`, `fault`), all read from one fabric file.
+//! view of a running fabric (`status`, `table`, `cache`, `coherence`, `fault`), all read from one fabric file.
 //!
 //! The switch itself runs from [`daemon::fabric`].
 
@@ -86,6 +86,16 @@ pub enum FabricCmd {
         /// The switch stage's table size, in marks.
         #[arg(long)]
         fdb_entries: Option<usize>,
+    },
+    /// Choose what a write does to the copies of its key (IncBricks' `inc_init` choice), on
+    /// every switch: `invalidate` takes them away, `update` also sends the value a `set`
+    /// stored to the switches that held the key. The file's `coherence` is the choice at
+    /// start.
+    Coherence {
+        #[arg(long, short)]
+        config: PathBuf,
+        #[arg(value_parser = ["invalidate", "update"])]
+        protocol: String,
     },
     /// Make a switch drop the next N invalidations it receives.
     Fault {
@@ -191,6 +201,11 @@ pub fn run_cli(args: &FabricArgs) -> anyhow::Result<()> {
                 );
             }
             Ok(())
+        }
+        FabricCmd::Coherence { config, protocol } => {
+            let cfg = FabricConfig::load(config)?;
+            let body = json!({ "protocol": protocol });
+            for_each_switch(&cfg, "PUT", "/api/v1/fabric/coherence", &body)
         }
         FabricCmd::Fault {
             config,

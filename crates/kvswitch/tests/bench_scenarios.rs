@@ -775,6 +775,25 @@ fn fabric_short() {
         across > within,
         "invalidations held the sets across racks: {across} µs against {within} µs within"
     );
+    // Coherence protocols: under write-update the homes send stored values to the copies'
+    // switches, whose next reads hit, so fewer requests reach a server than when the writes
+    // only invalidate.
+    let protocols = json["coherence"].as_array().unwrap();
+    assert_eq!(protocols.len(), 2, "{json}");
+    let by = |protocol: &str| {
+        protocols
+            .iter()
+            .find(|p| p["protocol"] == protocol)
+            .unwrap_or_else(|| panic!("{protocol}: {json}"))
+    };
+    let (invalidate, update) = (by("invalidate"), by("update"));
+    assert_eq!(invalidate["updates_sent"], 0, "{invalidate}");
+    assert!(update["updates_sent"].as_u64().unwrap() > 0, "{update}");
+    let share = |p: &serde_json::Value| p["to_server_per_request"].as_f64().unwrap();
+    assert!(
+        share(update) < share(invalidate),
+        "to a server per request: update {update}, invalidate {invalidate}"
+    );
     let on_off = ["with the fabric's caches", "caches off (plain network)"].map(String::from);
     check_plot(&dir, "latency-throughput-within", &on_off);
     check_plot(&dir, "latency-throughput-across", &on_off);

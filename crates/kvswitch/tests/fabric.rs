@@ -499,6 +499,32 @@ fn fabric_multi_rooted_tree_stays_coherent_across_every_rack() {
         after.1 >= before.1 + 8,
         "root1 routed {before:?} then {after:?}"
     );
+
+    // Write-update, chosen on every switch by the operator's command: the homes send stored
+    // values to the copies' switches, and the histories stay coherent.
+    let cfg = live.state.fabric.as_ref().unwrap().config.clone();
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_kvswitch"))
+        .args(["fabric", "coherence", "--config"])
+        .arg(&cfg)
+        .arg("snoop")
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvswitch"))
+        .args(["fabric", "coherence", "--config"])
+        .arg(&cfg)
+        .arg("update")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(status(&live, "tor2")["coherence"], "update");
+    shared_history(&live, "s2", "updated", 30_000, 15);
+    let home = status(&live, "tor2");
+    assert!(n(&home, "/stats/updates_sent") > 0, "{home}");
     live.down().unwrap();
 }
 

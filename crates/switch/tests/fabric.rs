@@ -11,7 +11,7 @@ use kv::fabric::{Registration, SwitchId};
 use kv::Instant;
 use node::Store;
 use switch::fabric::{
-    FabricServer, FabricSpec, FabricSwitch, IncBoxSpec, Member, PortRole, Rack, Role,
+    Coherence, FabricServer, FabricSpec, FabricSwitch, IncBoxSpec, Member, PortRole, Rack, Role,
 };
 use switch::{Dest, Emit, Fate};
 use wire::ethernet::{self, Mac};
@@ -1692,4 +1692,79 @@ fn a_key_held_in_an_incbox_is_read_without_the_server_and_evicted_is_passed_by()
     );
     assert_eq!(net.switches[2].snapshot(Instant::ZERO).incbox.marks, 0);
     assert!(!net.switches[2].holds(key.as_bytes()));
+}
+
+#[test]
+fn write_update_gives_a_stored_value_to_the_switches_a_write_invalidated() {
+    for protocol in [Coherence::Invalidate, Coherence::Update] {
+        // Three racks under one root (switch 3); the key's home is rack 1's ToR.
+        let (mut net, key) = three_racks(|s| s.coherence = protocol);
+        let get = format!("get {key}\r\n");
+        one(&mut net, 0, &get, &key);
+        assert!(net.switches[0].holds(key.as_bytes()));
+        assert!(net.switches[3].holds(key.as_bytes()));
+        // Rack 2's client writes: both copies go before the write is acknowledged.
+        let stored = one(&mut net, 2, &format!("set {key} 5 0 3\r\nbye\r\n"), &key);
+        assert_eq!(stored, "STORED\r\n");
+        let update = protocol == Coherence::Update;
+        for s in [0, 1, 3] {
+            assert_eq!(
+                net.switches[s].holds(key.as_bytes()),
+                update,
+                "{protocol:?}: switch {s}"
+            );
+        }
+        assert!(
+            !net.switches[2].holds(key.as_bytes()),
+            "the writer's ToR held none"
+        );
+        let home = |net: &Net| net.switches[1].snapshot(Instant::ZERO).stats;
+        assert_eq!(home(&net).updates_sent, u64::from(update));
+        // Rack 0 reads the new value: from its own ToR under write-update, from the server
+        // otherwise.
+        let asked = home(&net).to_server;
+        let new = format!("VALUE {key} 5 3\r\nbye\r\nEND\r\n");
+        assert_eq!(one(&mut net, 0, &get, &key), new);
+        assert_eq!(
+            home(&net).to_server - asked,
+            u64::from(!update),
+            "{protocol:?}"
+        );
+        // The updated copies are sharers: the next write takes them away again.
+        one(&mut net, 2, &format!("set {key} 0 0 2\r\nok\r\n"), &key);
+        let newer = format!("VALUE {key} 0 2\r\nok\r\nEND\r\n");
+        for client in [0, 1, 2] {
+            assert_eq!(one(&mut net, client, &get, &key), newer, "{protocol:?}");
+        }
+        // Writes that store nothing, or are not a value, update nothing.
+        let sent = home(&net).updates_sent;
+        assert_eq!(
+            one(&mut net, 2, &format!("add {key} 0 0 1\r\nx\r\n"), &key),
+            "NOT_STORED\r\n"
+        );
+        assert_eq!(
+            one(&mut net, 2, &format!("append {key} 0 0 1\r\nx\r\n"), &key),
+            "STORED\r\n"
+        );
+        assert_eq!(home(&net).updates_sent, sent);
+        assert_eq!(
+            one(&mut net, 0, &get, &key),
+            format!("VALUE {key} 0 3\r\nokx\r\nEND\r\n")
+        );
+    }
+}
+
+#[test]
+fn a_multi_rooted_tree_under_write_update_stays_coherent() {
+    let mut net = Net::tree_with(4, 2, 3, 4096, |s| s.coherence = Coherence::Update);
+    net.jitter_ns = 40_000;
+    with_keys(&mut net, 4, 24);
+    net.add_clients(11);
+    net.run(100_000_000_000, 50_000);
+    check(&net);
+    assert!(net.history.len() >= 50_000);
+    let updates: u64 = (0..4)
+        .map(|t| net.switches[t].snapshot(Instant::ZERO).stats.updates_sent)
+        .sum();
+    assert!(updates > 100, "updates {updates}");
 }

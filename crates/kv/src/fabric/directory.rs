@@ -75,6 +75,8 @@ struct Open<W> {
     epoch: u32,
     /// Sharers yet to acknowledge, with when to ask again.
     waiting: BTreeMap<SwitchId, Instant>,
+    /// Every sharer the write's invalidations went to.
+    invalidated: Vec<SwitchId>,
     opened: Instant,
     /// The write, until it is sent on; then when it was.
     write: Option<W>,
@@ -181,6 +183,16 @@ impl<W> Directory<W> {
             .unwrap_or_default()
     }
 
+    /// The switches the open write on `key` invalidated (none when no write is open): under
+    /// write-update, once the write is done, its home sends them the new value.
+    pub fn invalidated(&self, key: &[u8]) -> Vec<SwitchId> {
+        self.keys
+            .get(key)
+            .and_then(|k| k.open.as_ref())
+            .map(|o| o.invalidated.clone())
+            .unwrap_or_default()
+    }
+
     /// Whether a write to `key` is in progress.
     pub fn write_open(&self, key: &[u8]) -> bool {
         self.keys.get(key).is_some_and(|k| k.open.is_some())
@@ -275,6 +287,7 @@ impl<W> Directory<W> {
             state.open = Some(Open {
                 epoch,
                 waiting: BTreeMap::new(),
+                invalidated: Vec::new(),
                 opened: now,
                 write: None,
                 sent: Some(now),
@@ -286,6 +299,7 @@ impl<W> Directory<W> {
         state.open = Some(Open {
             epoch,
             waiting: targets.iter().map(|&t| (t, retry_at)).collect(),
+            invalidated: targets.clone(),
             opened: now,
             write: Some(write),
             sent: None,
@@ -491,6 +505,38 @@ mod tests {
         assert!(d.write_open(b"k"));
         assert_eq!(d.done(b"k", at(3)), None);
         assert!(d.is_empty(), "nothing left to remember");
+    }
+
+    #[test]
+    fn the_switches_a_write_invalidated_may_take_its_value_once_it_is_done_and_not_before() {
+        let mut d = dir();
+        let stamp = d.read();
+        assert_eq!(d.fill(b"k", stamp, [1, 5], at(0)), Some(stamp.0));
+        let WriteStep::Invalidate { epoch, .. } = d.write(b"k", "w1", at(0)) else {
+            panic!("sharers to invalidate")
+        };
+        assert_eq!(d.invalidated(b"k"), vec![1, 5]);
+        // While the write is open, nothing fills, whatever it is stamped.
+        assert_eq!(d.fill(b"k", d.read(), [1], at(1)), None);
+        d.ack(b"k", epoch, 1, at(1));
+        assert_eq!(d.ack(b"k", epoch, 5, at(1)), Some("w1"));
+        assert_eq!(
+            d.invalidated(b"k"),
+            vec![1, 5],
+            "kept until the write is done"
+        );
+        assert_eq!(d.done(b"k", at(2)), None);
+        assert!(d.invalidated(b"k").is_empty());
+        // Done: a fill stamped after the close is allowed, and the sharers are back, so the
+        // next write invalidates them again; a fill stamped before the write is refused.
+        assert_eq!(d.fill(b"k", stamp, [1], at(3)), None);
+        let after = d.read();
+        assert_eq!(d.fill(b"k", after, [1, 5], at(3)), Some(after.0));
+        assert_eq!(d.sharers(b"k"), vec![1, 5]);
+        let WriteStep::Invalidate { targets, .. } = d.write(b"k", "w2", at(4)) else {
+            panic!("the refilled sharers to invalidate")
+        };
+        assert_eq!(targets, vec![1, 5]);
     }
 
     #[test]

@@ -62,6 +62,7 @@ impl FabricSwitch {
                     native: h.has(flags::NATIVE),
                     request_id: h.request_id,
                     since: now,
+                    update: None,
                 },
             );
             self.send_to_server(h.client, h.server, datagram, emit);

@@ -31,7 +31,7 @@
 //! `answer` (what a switch answers a client itself), `message` (fabric messages to a switch,
 //! requests on their path), `compute` (increments on a cached copy), `home` (a request at its
 //! home), `write` (writes and their invalidations), `reply` (replies on their way back),
-//! `node` (home nodes' messages), `relay` (invalidations received, a root's relays), `failed`
+//! `update` (write-update's copies of a stored value), `node` (home nodes' messages), `relay` (invalidations received, a root's relays), `failed`
 //! (switches a table names failed); beneath them `topology` (ports, neighbours, racks,
 //! servers) and `send` (the frames a switch sends).
 
@@ -50,6 +50,7 @@ mod reply;
 mod send;
 mod spec;
 mod topology;
+mod update;
 mod write;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -68,7 +69,9 @@ use wire::inc::classify::{
 use wire::inc::{self, flags, Command, Header, Message};
 use wire::{ipv4, mcudp};
 
-pub use spec::{FabricServer, FabricSpec, FabricSpecError, Member, PortRole, Rack, Role};
+pub use spec::{
+    Coherence, FabricServer, FabricSpec, FabricSpecError, Member, PortRole, Rack, Role,
+};
 
 use crate::{Dest, Emit, Fate};
 use guard::Refusal;
@@ -154,6 +157,9 @@ pub struct FabricStats {
     pub writes_held_us: u64,
     pub writes_answered: u64,
     pub writes_server_us: u64,
+    /// Under write-update, at a home: the copies of a stored write's value it sent to the
+    /// switches the write invalidated (each also fills the designated root on its way).
+    pub updates_sent: u64,
     /// IPv4 fragments from hosts to a server of the fabric: dropped.
     pub refused_fragments: u64,
     /// A root's hits that filled the client's ToR from the root's copy.
@@ -176,6 +182,8 @@ pub struct FabricSnapshot {
     pub cache_capacity: usize,
     pub directory: DirectoryStats,
     pub registration_version: u64,
+    /// The coherence protocol this switch runs as a home.
+    pub coherence: Coherence,
     /// Per port: whether the neighbour behind it is up (`None` for host ports).
     pub links_up: Vec<Option<bool>>,
 }
@@ -213,6 +221,9 @@ struct Pending {
     native: bool,
     request_id: u16,
     since: Instant,
+    /// Under write-update, for a write: the reply a read of its key gives once the server
+    /// has stored it (`VALUE ... END`), sent to the switches the write invalidated.
+    update: Option<Vec<u8>>,
 }
 
 type Flow = (Ipv4Addr, u16, u16);
@@ -371,6 +382,7 @@ impl FabricSwitch {
             cache_capacity: self.cache.capacity(),
             directory: self.directory.stats(),
             registration_version: self.spec.registration.version(),
+            coherence: self.spec.coherence,
             links_up: (0..self.spec.ports.len())
                 .map(|p| match self.spec.ports[p] {
                     PortRole::Host => None,
@@ -390,6 +402,12 @@ impl FabricSwitch {
     /// Items this switch may cache.
     pub fn cache_items(&self) -> usize {
         self.spec.cache_items
+    }
+
+    /// Chooses the coherence protocol this switch runs as a home, from its next write's
+    /// reply on (a write under way when it changes updates, or not, as it began).
+    pub fn set_coherence(&mut self, coherence: Coherence) {
+        self.spec.coherence = coherence;
     }
 
     /// How the cache is laid out.

@@ -50,8 +50,17 @@ impl FabricSwitch {
             None => {
                 self.stats.writes_answered += 1;
                 self.stats.writes_server_us += micros(now.saturating_duration_since(pending.since));
-                if let Some(step) = self.directory.done(&name, now) {
-                    self.write_step(&name, step, now, emit);
+                let update = pending.update.as_ref().filter(|_| body == b"STORED\r\n");
+                let invalidated = match update {
+                    Some(_) => self.directory.invalidated(&name),
+                    None => Vec::new(),
+                };
+                match (self.directory.done(&name, now), update) {
+                    (Some(step), _) => self.write_step(&name, step, now, emit),
+                    (None, Some(value)) => {
+                        self.update_copies(&h, &name, value, &invalidated, now, emit)
+                    }
+                    (None, None) => {}
                 }
             }
             Some(stamp) => {

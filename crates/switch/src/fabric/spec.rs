@@ -126,6 +126,39 @@ pub struct FabricSpec {
     pub hello_every: Duration,
     /// A neighbour not heard from for this long is down.
     pub dead_after: Duration,
+    /// What this switch, as a home, does for the copies a write leaves behind: invalidate
+    /// them (IncBricks' protocol, the default) or update them once the write is applied.
+    pub coherence: Coherence,
+}
+
+/// The coherence protocol a home runs (what IncBricks' `inc_init` chooses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Coherence {
+    /// A write takes every copy away before it is applied; the next read refills.
+    #[default]
+    Invalidate,
+    /// As `Invalidate`, and once the server has stored a `set` (or `add`, `replace`, `cas`)
+    /// the home sends its value to every switch the write invalidated, stamped after the
+    /// write: their next reads hit. Writes of several datagrams, quiet writes and the
+    /// other commands update nothing.
+    Update,
+}
+
+impl Coherence {
+    pub fn name(self) -> &'static str {
+        match self {
+            Coherence::Invalidate => "invalidate",
+            Coherence::Update => "update",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Coherence> {
+        match name {
+            "invalidate" => Some(Coherence::Invalidate),
+            "update" => Some(Coherence::Update),
+            _ => None,
+        }
+    }
 }
 
 /// Why a spec cannot build a switch.
@@ -214,6 +247,7 @@ impl FabricSpec {
             lease: Duration::from_secs(2),
             hello_every: Duration::from_millis(50),
             dead_after: Duration::from_millis(200),
+            coherence: Coherence::Invalidate,
         }
     }
 

@@ -127,6 +127,7 @@ impl FabricSwitch {
                     request_id: write.request_id,
                     since: now,
                     cond: Some(write),
+                    update: None,
                 },
             );
             self.send_to_server(client, server, &get, emit);
@@ -143,6 +144,10 @@ impl FabricSwitch {
         now: Instant,
         emit: &mut Vec<Emit>,
     ) {
+        let update = match mcudp::Header::parse(&write.datagram) {
+            Ok((_, body)) if !write.quiet => self.value_after_write(&write.key, body),
+            _ => None,
+        };
         self.remember(
             (write.client.0, write.client.1, request_id),
             Pending {
@@ -154,6 +159,7 @@ impl FabricSwitch {
                 native: write.native,
                 request_id: write.request_id,
                 since: now,
+                update,
             },
         );
         self.send_to_server(write.client, write.server, &write.datagram, emit);
