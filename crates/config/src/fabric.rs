@@ -128,8 +128,8 @@ name = "two-level"
 # busy_poll_us = 0            # polling after a frame before sleeping (0: always sleep)
 # What a write does to the copies of its key (IncBricks' `inc_init` choice): "invalidate"
 # takes them away and the next reads refill them; "update" also sends the value a `set`
-# stored to the switches that held the key, so their next reads hit. Homes that are
-# servers (`home = "node"`) always invalidate.
+# stored to the switches that held the key, so their next reads hit. A server that is
+# its own home (`home = "node"`) follows `kvswitch node --coherence` instead.
 # coherence = "invalidate"
 # The file whose first line is the token every switch's API wants for a change, and the
 # controller sends; an API that listens beyond its host must have one, as these do. Make it

@@ -14,6 +14,10 @@
 //!   invalidation for each sharer (`via`), again every retry interval until acknowledged,
 //!   and applies the write to its store and answers the client only after every
 //!   acknowledgement; a write not acknowledged within the give-up time fails unapplied;
+//! - under write-update (`--coherence update`), once a `set`, `add`, `replace` or `cas` is
+//!   stored and no other write to its key waits, sends the value as read from its store to
+//!   every ToR the write invalidated, by fill-only replies (flag [`flags::FILL_ONLY`]) that
+//!   fill the designated root on their way, each recorded as a sharer first;
 //! - takes an acknowledgement flagged [`flags::FAILED`] as "switch `via` is counted out":
 //!   the writes that waited for it go on.
 //!
@@ -50,6 +54,9 @@ pub struct HomeConfig {
     pub lease: Duration,
     /// Most keys with sharers; past it, replies do not fill.
     pub keys: usize,
+    /// Write-update: once a `set`, `add`, `replace` or `cas` is stored, the switches its
+    /// invalidations went to are sent the value (each recorded as a sharer first).
+    pub update: bool,
 }
 
 impl HomeConfig {
@@ -61,6 +68,7 @@ impl HomeConfig {
             give_up: Duration::from_millis(1000),
             lease: Duration::from_secs(2),
             keys: 1 << 20,
+            update: false,
         }
     }
 }
@@ -75,6 +83,17 @@ struct Write {
     /// An increment a designated switch computed on a copy of a value nothing has changed
     /// since: its result may fill the sharers on the reply's way (the switch keeps it).
     fresh: bool,
+}
+
+/// Whether `body`, a write the server stored, leaves the value a `set` gives `key`: a text
+/// `set`, `add`, `replace` or `cas` of it (what write-update sends on).
+fn updates_value(body: &[u8], key: &[u8]) -> bool {
+    use wire::memcache::Command as C;
+    matches!(
+        wire::memcache::parse(body),
+        Ok(Some(r)) if matches!(r.command, C::Set | C::Add | C::Replace | C::Cas)
+            && r.key() == Some(key)
+    )
 }
 
 /// Writes held while the home starts, at most; more are refused.
@@ -115,6 +134,8 @@ struct Home<'a> {
     server: Option<(std::net::Ipv4Addr, u16)>,
     started: std::time::Instant,
     next_id: u16,
+    /// Write-update (see [`HomeConfig::update`]).
+    update: bool,
 }
 
 impl<'a> Home<'a> {
@@ -130,6 +151,7 @@ impl<'a> Home<'a> {
             server: None,
             started: std::time::Instant::now(),
             next_id: 0,
+            update: cfg.update,
         }
     }
 
@@ -329,6 +351,11 @@ impl<'a> Home<'a> {
             crate::udp::execute(self.shared, body, &mut out);
         }
         let now = self.now();
+        let stored = out == b"STORED\r\n" && self.update && updates_value(body, &write.key);
+        let invalidated = match stored {
+            true => self.directory.invalidated(&write.key),
+            false => Vec::new(),
+        };
         let next = self.directory.done(&write.key, now);
         // A computed increment's result fills the switches on the reply's way: the one that
         // computed it keeps its new value if the number agrees.
@@ -352,8 +379,44 @@ impl<'a> Home<'a> {
         if !out.is_empty() {
             self.reply(&write.header, mc.request_id, &out, fill);
         }
-        if let Some(step) = next {
-            self.step(&write.key, step);
+        match next {
+            Some(step) => self.step(&write.key, step),
+            None if stored => self.update_copies(&write, &invalidated),
+            None => {}
+        }
+    }
+
+    /// Write-update: the value `write` stored, as a read gives it, goes to every ToR in
+    /// `invalidated` by a fill-only reply, filling the root the write came by on its way
+    /// (the designated root of the key, the one its sharers' copies were recorded with).
+    fn update_copies(&mut self, write: &Write, invalidated: &[SwitchId]) {
+        let mut get = b"get ".to_vec();
+        get.extend_from_slice(&write.key);
+        get.extend_from_slice(b"\r\n");
+        let mut value = Vec::new();
+        crate::udp::execute(self.shared, &get, &mut value);
+        if value.len() > mcudp::MAX_PAYLOAD || reply_key(&value) != Some(&write.key[..]) {
+            return;
+        }
+        let h = write.header;
+        let root = (h.has(flags::VIA) && !h.has(flags::DETOUR)).then_some(h.via);
+        let now = self.now();
+        let stamp = self.directory.read();
+        for &tor in invalidated {
+            if Some(tor) == root {
+                continue;
+            }
+            let sharers: Vec<SwitchId> = std::iter::once(tor).chain(root).collect();
+            let Some(fill) = self.directory.fill(&write.key, stamp, sharers, now) else {
+                continue;
+            };
+            let to = Header {
+                origin: tor,
+                flags: (h.flags & (flags::DETOUR | flags::VIA)) | flags::FILL_ONLY,
+                ..h
+            };
+            bump(&self.counters().home_updates);
+            self.send_reply(&to, 0, &value, Some(fill));
         }
     }
 
@@ -385,6 +448,15 @@ impl<'a> Home<'a> {
     /// Sends the client of `h` the reply `message` (one memcached message, split into
     /// datagrams), by the ToR; the first datagram is a fill at `fill` when it is the only one.
     fn reply(&mut self, h: &Header, request_id: u16, message: &[u8], fill: Option<u32>) {
+        let h = Header {
+            flags: h.flags & !flags::FILL_ONLY,
+            ..*h
+        };
+        self.send_reply(&h, request_id, message, fill);
+    }
+
+    /// As [`Home::reply`], keeping `h`'s [`flags::FILL_ONLY`]: a reply that only fills.
+    fn send_reply(&mut self, h: &Header, request_id: u16, message: &[u8], fill: Option<u32>) {
         let tor = self.tor;
         let Some(pieces) = mcudp::pieces(request_id, message) else {
             return;
@@ -396,7 +468,7 @@ impl<'a> Home<'a> {
             let header = Header {
                 command: Command::Reply,
                 flags: flags::EXPANDED
-                    | (h.flags & (flags::DETOUR | flags::NATIVE | flags::VIA))
+                    | (h.flags & (flags::DETOUR | flags::NATIVE | flags::VIA | flags::FILL_ONLY))
                     | if single && fill.is_some() {
                         flags::FILL
                     } else {
@@ -584,6 +656,97 @@ mod tests {
         assert_eq!(body, b"STORED\r\n");
         assert_eq!(read(&b.shared.store.counters.cmd_set), 2);
         assert!(read(&b.shared.store.counters.home_acks) >= 2);
+    }
+
+    #[test]
+    fn under_write_update_a_stored_value_goes_to_every_tor_the_write_invalidated() {
+        let b = bed(|c| c.update = true);
+        b.request(
+            header(Command::Set, b"k", 1, None),
+            b"set k 3 0 2\r\nv1\r\n",
+        );
+        assert_eq!(b.reply_body().1, b"STORED\r\n");
+        b.request(header(Command::Get, b"k", 1, Some(3)), b"get k\r\n");
+        let fill = b.reply_body().0;
+        assert!(fill.has(flags::FILL));
+        // Acknowledges the invalidations of the write after `epoch` (those of an earlier
+        // one, sent again, are skipped) until both sharers have; their names and the epoch.
+        let acks_after = |epoch: u32| {
+            let (mut seen, mut at) = (Vec::new(), epoch);
+            while seen.len() < 2 {
+                let (h, _) = b.next();
+                if h.command != Command::Invalidate || !epoch_after(h.epoch, epoch) {
+                    continue;
+                }
+                at = h.epoch;
+                let ack = Header {
+                    command: Command::InvalidateAck,
+                    flags: flags::VIA,
+                    via: h.via,
+                    epoch: h.epoch,
+                    ..header(Command::InvalidateAck, b"k", 1, None)
+                };
+                b.send(ack, b"k");
+                if !seen.contains(&h.via) {
+                    seen.push(h.via);
+                }
+            }
+            seen.sort();
+            (seen, at)
+        };
+        // The writer's reply and, under write-update, ToR 1's fill-only copy by root 3.
+        let replies = |update: bool| {
+            let (mut stored, mut copy) = (None, None);
+            while stored.is_none() || (update && copy.is_none()) {
+                let (h, p) = b.next();
+                if h.command != Command::Reply {
+                    continue;
+                }
+                let body = mcudp::Header::parse(&p).unwrap().1.to_vec();
+                match h.origin {
+                    2 => stored = Some((h, body)),
+                    _ => copy = Some((h, body)),
+                }
+            }
+            (stored.unwrap(), copy)
+        };
+        // ToR 2's write by root 3: ToR 1 and root 3 are invalidated and acknowledge; the
+        // writer hears STORED and ToR 1 gets the new value.
+        b.request(
+            header(Command::Set, b"k", 2, Some(3)),
+            b"set k 3 0 2\r\nv2\r\n",
+        );
+        let (sharers, epoch) = acks_after(fill.epoch);
+        assert_eq!(sharers, vec![1, 3]);
+        let (stored, copy) = replies(true);
+        assert_eq!(stored.1, b"STORED\r\n");
+        assert!(!stored.0.has(flags::FILL_ONLY), "{:?}", stored.0);
+        let (h, body) = copy.unwrap();
+        assert_eq!(body, b"VALUE k 3 2\r\nv2\r\nEND\r\n");
+        assert_eq!(h.origin, 1);
+        assert!(h.has(flags::FILL) && h.has(flags::FILL_ONLY), "{h:?}");
+        assert!(h.has(flags::VIA) && h.via == 3, "{h:?}");
+        assert!(epoch_after(h.epoch, epoch), "stamped after the write");
+        assert_eq!(read(&b.shared.store.counters.home_updates), 1);
+        // Both are sharers again: the next write invalidates them before it is applied.
+        b.request(
+            header(Command::Set, b"k", 2, Some(3)),
+            b"set k 0 0 2\r\nv3\r\n",
+        );
+        let (sharers, epoch) = acks_after(h.epoch);
+        assert_eq!(sharers, vec![1, 3]);
+        let (_, copy) = replies(true);
+        let (h, body) = copy.unwrap();
+        assert_eq!(body, b"VALUE k 0 2\r\nv3\r\nEND\r\n");
+        assert_eq!(read(&b.shared.store.counters.home_updates), 2);
+        // A delete updates nothing.
+        b.request(header(Command::Del, b"k", 2, Some(3)), b"delete k\r\n");
+        let (sharers, _) = acks_after(epoch.max(h.epoch));
+        assert_eq!(sharers, vec![1, 3]);
+        let (deleted, _) = replies(false);
+        assert_eq!(deleted.1, b"DELETED\r\n");
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(read(&b.shared.store.counters.home_updates), 2);
     }
 
     fn epoch_after(a: u32, b: u32) -> bool {

@@ -109,6 +109,11 @@ pub struct NodeArgs {
     /// for a fabric home, the caches' lease (the fabric file's `lease_ms`).
     #[arg(long, default_value_t = 2000)]
     pub lease_ms: u64,
+    /// A fabric home's coherence protocol (the fabric file's `coherence`): `invalidate`, or
+    /// `update`: once a `set`, `add`, `replace` or `cas` is stored, the switches the write
+    /// invalidated get the value.
+    #[arg(long, default_value = "invalidate", value_parser = ["invalidate", "update"])]
+    pub coherence: String,
     /// A cache node's upstream: where a read it cannot answer goes (the switch's VIP and
     /// memcached port; its proxy, or with --look-through its key routing over UDP, takes it to
     /// the key's backend).
@@ -192,6 +197,7 @@ impl Default for NodeArgs {
             backend_control_port: 11311,
             tor: None,
             lease_ms: 2000,
+            coherence: "invalidate".into(),
             upstream: None,
             hash: "md5".into(),
             cache_items: 10_000,
@@ -412,6 +418,7 @@ impl Node {
             };
             let cfg = home::HomeConfig {
                 lease: std::time::Duration::from_millis(args.lease_ms.max(1)),
+                update: args.coherence == "update",
                 ..home::HomeConfig::new(SocketAddr::new(tor, wire::inc::PORT))
             };
             node.threads

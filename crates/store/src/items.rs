@@ -179,6 +179,9 @@ pub struct Counters {
     pub home_malformed: AtomicU64,
     /// Datagrams to its fabric port from anyone but its ToR: dropped.
     pub home_refused: AtomicU64,
+    /// Under write-update, copies of stored values it sent to the switches a write
+    /// invalidated.
+    pub home_updates: AtomicU64,
 }
 
 /// Adds one to a counter.

@@ -249,7 +249,7 @@ fn storage(store: &Store, request: &Request<'_>, tokens: &[&[u8]], out: &mut Vec
 pub fn stats(store: &Store, out: &mut Vec<u8>) {
     let c = &store.counters;
     let now = store.host().unix_now();
-    let rows: [(&str, String); 42] = [
+    let rows: [(&str, String); 43] = [
         ("pid", store.host().pid().to_string()),
         ("uptime", store.uptime().to_string()),
         ("time", now.to_string()),
@@ -298,6 +298,7 @@ pub fn stats(store: &Store, out: &mut Vec<u8>) {
         ),
         ("home_malformed", read(&c.home_malformed).to_string()),
         ("home_refused", read(&c.home_refused).to_string()),
+        ("home_updates", read(&c.home_updates).to_string()),
     ];
     for (name, value) in rows {
         out.extend_from_slice(format!("STAT {name} {value}\r\n").as_bytes());
