@@ -85,18 +85,27 @@ fn drop_invalidations(live: &testbed::Live, switch: &str, n: u32) {
     )
     .unwrap();
     assert_eq!(code, 401, "a change with another token: {text}");
-    let cfg = live.state.fabric.as_ref().unwrap().config.clone();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvswitch"))
-        .args(["fabric", "fault", "--config"])
-        .arg(&cfg)
-        .args(["--switch", switch, "--drop-invalidations", &n.to_string()])
-        .output()
-        .unwrap();
+    let out = fabric_command(
+        live,
+        "fault",
+        &["--switch", switch, "--drop-invalidations", &n.to_string()],
+    );
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// `kvswitch fabric ACTION --config FILE ARGS` on the testbed's fabric file.
+fn fabric_command(live: &testbed::Live, action: &str, args: &[&str]) -> std::process::Output {
+    let cfg = live.state.fabric.as_ref().unwrap().config.clone();
+    std::process::Command::new(env!("CARGO_BIN_EXE_kvswitch"))
+        .args(["fabric", action, "--config"])
+        .arg(&cfg)
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 /// `kvswitch inc --server SERVER ARGS` on `host`: its exit code and what it printed.
@@ -313,15 +322,7 @@ fn fabric_two_level_tree_answers_unmodified_clients_as_memcached_and_keeps_hits_
     assert!(n(&status(&live, "tor0"), "/cache/hits") > hits_before + 100);
 
     // A new registration table reaches every switch; an older one is refused.
-    let cfg = live.state.fabric.as_ref().unwrap().config.clone();
-    let table = |version: &str| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_kvswitch"))
-            .args(["fabric", "table", "--config"])
-            .arg(&cfg)
-            .args(["--version", version])
-            .output()
-            .unwrap()
-    };
+    let table = |version: &str| fabric_command(&live, "table", &["--version", version]);
     let out = table("5");
     assert!(
         out.status.success(),
@@ -502,20 +503,10 @@ fn fabric_multi_rooted_tree_stays_coherent_across_every_rack() {
 
     // Write-update, chosen on every switch by the operator's command: the homes send stored
     // values to the copies' switches, and the histories stay coherent.
-    let cfg = live.state.fabric.as_ref().unwrap().config.clone();
-    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_kvswitch"))
-        .args(["fabric", "coherence", "--config"])
-        .arg(&cfg)
-        .arg("snoop")
-        .output()
-        .unwrap();
-    assert!(!bad.status.success());
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvswitch"))
-        .args(["fabric", "coherence", "--config"])
-        .arg(&cfg)
-        .arg("update")
-        .output()
-        .unwrap();
+    assert!(!fabric_command(&live, "coherence", &["snoop"])
+        .status
+        .success());
+    let out = fabric_command(&live, "coherence", &["update"]);
     assert!(
         out.status.success(),
         "{}",

@@ -136,6 +136,9 @@ struct Home<'a> {
     next_id: u16,
     /// Write-update (see [`HomeConfig::update`]).
     update: bool,
+    /// The ToR's own switch id, from a request of its rack (one that came by no root and
+    /// not off its path): where write-update sends a copy with no root to fill on the way.
+    own_tor: Option<SwitchId>,
 }
 
 impl<'a> Home<'a> {
@@ -152,6 +155,7 @@ impl<'a> Home<'a> {
             started: std::time::Instant::now(),
             next_id: 0,
             update: cfg.update,
+            own_tor: None,
         }
     }
 
@@ -248,6 +252,9 @@ impl<'a> Home<'a> {
         };
         bump(&self.counters().home_requests);
         self.server = Some(h.server);
+        if !h.has(flags::VIA) && !h.has(flags::DETOUR) {
+            self.own_tor = Some(h.origin);
+        }
         let key = match (h.command, classify(body)) {
             (Command::Get, Kind::Get(key)) if inc::key_hash(&key) == h.key_hash => {
                 return self.read(h, mc.request_id, &key, body);
@@ -387,8 +394,10 @@ impl<'a> Home<'a> {
     }
 
     /// Write-update: the value `write` stored, as a read gives it, goes to every ToR in
-    /// `invalidated` by a fill-only reply, filling the root the write came by on its way
-    /// (the designated root of the key, the one its sharers' copies were recorded with).
+    /// `invalidated` by a fill-only reply: the ToR's own with no root, the others by the
+    /// root the write came by (the key's designated root), which fills on the way. A write
+    /// from this rack names no root: then only the ToR's own copy is made. The relaying ToR
+    /// fills only by the root the reply names, so every copy made is one recorded here.
     fn update_copies(&mut self, write: &Write, invalidated: &[SwitchId]) {
         let mut get = b"get ".to_vec();
         get.extend_from_slice(&write.key);
@@ -403,16 +412,21 @@ impl<'a> Home<'a> {
         let now = self.now();
         let stamp = self.directory.read();
         for &tor in invalidated {
-            if Some(tor) == root {
-                continue;
-            }
-            let sharers: Vec<SwitchId> = std::iter::once(tor).chain(root).collect();
+            let by = match (Some(tor) == self.own_tor, root) {
+                (true, _) => None,
+                (false, Some(root)) if root != tor => Some(root),
+                _ => continue,
+            };
+            let sharers: Vec<SwitchId> = std::iter::once(tor).chain(by).collect();
             let Some(fill) = self.directory.fill(&write.key, stamp, sharers, now) else {
                 continue;
             };
             let to = Header {
                 origin: tor,
-                flags: (h.flags & (flags::DETOUR | flags::VIA)) | flags::FILL_ONLY,
+                flags: flags::EXPANDED
+                    | flags::FILL_ONLY
+                    | if by.is_some() { flags::VIA } else { 0 },
+                via: by.unwrap_or(0),
                 ..h
             };
             bump(&self.counters().home_updates);
@@ -662,7 +676,7 @@ mod tests {
     fn under_write_update_a_stored_value_goes_to_every_tor_the_write_invalidated() {
         let b = bed(|c| c.update = true);
         b.request(
-            header(Command::Set, b"k", 1, None),
+            header(Command::Set, b"k", 2, Some(3)),
             b"set k 3 0 2\r\nv1\r\n",
         );
         assert_eq!(b.reply_body().1, b"STORED\r\n");
@@ -671,9 +685,9 @@ mod tests {
         assert!(fill.has(flags::FILL));
         // Acknowledges the invalidations of the write after `epoch` (those of an earlier
         // one, sent again, are skipped) until both sharers have; their names and the epoch.
-        let acks_after = |epoch: u32| {
+        let acks_after = |epoch: u32, sharers: usize| {
             let (mut seen, mut at) = (Vec::new(), epoch);
-            while seen.len() < 2 {
+            while seen.len() < sharers {
                 let (h, _) = b.next();
                 if h.command != Command::Invalidate || !epoch_after(h.epoch, epoch) {
                     continue;
@@ -716,7 +730,7 @@ mod tests {
             header(Command::Set, b"k", 2, Some(3)),
             b"set k 3 0 2\r\nv2\r\n",
         );
-        let (sharers, epoch) = acks_after(fill.epoch);
+        let (sharers, epoch) = acks_after(fill.epoch, 2);
         assert_eq!(sharers, vec![1, 3]);
         let (stored, copy) = replies(true);
         assert_eq!(stored.1, b"STORED\r\n");
@@ -733,7 +747,7 @@ mod tests {
             header(Command::Set, b"k", 2, Some(3)),
             b"set k 0 0 2\r\nv3\r\n",
         );
-        let (sharers, epoch) = acks_after(h.epoch);
+        let (sharers, epoch) = acks_after(h.epoch, 2);
         assert_eq!(sharers, vec![1, 3]);
         let (_, copy) = replies(true);
         let (h, body) = copy.unwrap();
@@ -741,12 +755,34 @@ mod tests {
         assert_eq!(read(&b.shared.store.counters.home_updates), 2);
         // A delete updates nothing.
         b.request(header(Command::Del, b"k", 2, Some(3)), b"delete k\r\n");
-        let (sharers, _) = acks_after(epoch.max(h.epoch));
+        let (sharers, _) = acks_after(epoch.max(h.epoch), 2);
         assert_eq!(sharers, vec![1, 3]);
         let (deleted, _) = replies(false);
         assert_eq!(deleted.1, b"DELETED\r\n");
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(read(&b.shared.store.counters.home_updates), 2);
+        // A read of this rack (by no root) makes ToR 4 a sharer and names the ToR's own id:
+        // its copy after a write comes with no root to fill on the way.
+        b.request(
+            header(Command::Set, b"k", 2, Some(3)),
+            b"set k 0 0 1\r\nx\r\n",
+        );
+        let (stored, _) = replies(false);
+        assert_eq!(stored.1, b"STORED\r\n");
+        b.request(header(Command::Get, b"k", 4, None), b"get k\r\n");
+        let fill = b.reply_body().0;
+        assert!(fill.has(flags::FILL) && !fill.has(flags::VIA), "{fill:?}");
+        b.request(
+            header(Command::Set, b"k", 2, Some(3)),
+            b"set k 0 0 1\r\ny\r\n",
+        );
+        let (sharers, _) = acks_after(fill.epoch, 1);
+        assert_eq!(sharers, vec![4]);
+        let (_, copy) = replies(true);
+        let (h, body) = copy.unwrap();
+        assert_eq!(body, b"VALUE k 0 1\r\ny\r\nEND\r\n");
+        assert_eq!(h.origin, 4);
+        assert!(h.has(flags::FILL_ONLY) && !h.has(flags::VIA), "{h:?}");
     }
 
     fn epoch_after(a: u32, b: u32) -> bool {

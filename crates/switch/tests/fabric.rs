@@ -787,6 +787,20 @@ fn exchange(
     native: Option<wire::inc::Command>,
 ) -> String {
     let request_id = 7000 + net.history.len() as u16;
+    push_request(net, client, request_id, text, key, native);
+    await_reply(net, client, request_id, key)
+}
+
+/// Sends `text` from `client` to `key`'s server (as a fabric message with `native`) under
+/// memcached request id `request_id`, without waiting for its reply.
+fn push_request(
+    net: &mut Net,
+    client: usize,
+    request_id: u16,
+    text: &str,
+    key: &str,
+    native: Option<wire::inc::Command>,
+) {
     let mut datagram = vec![0u8; mcudp::LEN];
     mcudp::Header::single(request_id).emit(&mut datagram);
     datagram.extend_from_slice(text.as_bytes());
@@ -825,6 +839,12 @@ fn exchange(
         &datagram,
     );
     let to = net.wires[&End::Host(c.host)];
+    let now = net.now;
+    net.push(now + LINK_NS, to, frame);
+}
+
+/// Runs the network for a second with `client` waiting for the reply to `request_id`.
+fn await_reply(net: &mut Net, client: usize, request_id: u16, key: &str) -> String {
     net.clients[client].waiting = Some(Waiting {
         request_id,
         op: Op {
@@ -838,8 +858,6 @@ fn exchange(
         arg: 0,
         deadline: u64::MAX,
     });
-    let now = net.now;
-    net.push(now + LINK_NS, to, frame);
     net.auto = false;
     let until = net.now + 1_000_000_000;
     net.run(until, usize::MAX);
@@ -1703,8 +1721,9 @@ fn write_update_gives_a_stored_value_to_the_switches_a_write_invalidated() {
         one(&mut net, 0, &get, &key);
         assert!(net.switches[0].holds(key.as_bytes()));
         assert!(net.switches[3].holds(key.as_bytes()));
-        // Rack 2's client writes: both copies go before the write is acknowledged.
-        let stored = one(&mut net, 2, &format!("set {key} 5 0 3\r\nbye\r\n"), &key);
+        // Rack 2's client writes (flags as memcached reads them: `005` is 5): both copies
+        // go before the write is acknowledged.
+        let stored = one(&mut net, 2, &format!("set {key} 005 0 3\r\nbye\r\n"), &key);
         assert_eq!(stored, "STORED\r\n");
         let update = protocol == Coherence::Update;
         for s in [0, 1, 3] {
@@ -1767,4 +1786,54 @@ fn a_multi_rooted_tree_under_write_update_stays_coherent() {
         .map(|t| net.switches[t].snapshot(Instant::ZERO).stats.updates_sent)
         .sum();
     assert!(updates > 100, "updates {updates}");
+}
+
+#[test]
+fn writes_under_one_request_id_update_no_copy() {
+    // Two keys of one server in rack 1, both cached at rack 0's ToR and the root.
+    let (mut net, key) = three_racks(|s| s.coherence = Coherence::Update);
+    let other = (1..200)
+        .map(|i| key_in_rack(&net, 1, i))
+        .find(|k| *k != key && net.server_of(k) == net.server_of(&key))
+        .expect("another key of the same server");
+    one(
+        &mut net,
+        0,
+        &format!("set {other} 0 0 3\r\nold\r\n"),
+        &other,
+    );
+    let old = one(&mut net, 0, &format!("get {other}\r\n"), &other);
+    assert_eq!(old, format!("VALUE {other} 0 3\r\nold\r\nEND\r\n"));
+    one(&mut net, 0, &format!("get {key}\r\n"), &key);
+    assert!(net.switches[0].holds(other.as_bytes()));
+    // One client, one request id: a set that is stored and an add that is not. A reply is
+    // matched by the client and the id alone, so the set's STORED could pass for the add's.
+    let id = 4242;
+    push_request(
+        &mut net,
+        0,
+        id,
+        &format!("set {key} 0 0 1\r\nx\r\n"),
+        &key,
+        None,
+    );
+    push_request(
+        &mut net,
+        0,
+        id,
+        &format!("add {other} 0 0 4\r\nevil\r\n"),
+        &other,
+        None,
+    );
+    await_reply(&mut net, 0, id, &key);
+    let until = net.now + 1_000_000_000;
+    net.run(until, usize::MAX);
+    // Nothing updated a copy with the value the server refused.
+    for client in [0, 2] {
+        assert_eq!(
+            one(&mut net, client, &format!("get {other}\r\n"), &other),
+            old,
+            "client {client}"
+        );
+    }
 }

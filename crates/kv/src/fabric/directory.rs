@@ -457,6 +457,8 @@ impl<W> Directory<W> {
         for (key, state) in &mut self.keys {
             state.sharers.remove(&id);
             if let Some(open) = &mut state.open {
+                // Counted out: no longer one of the write's to update either.
+                open.invalidated.retain(|&s| s != id);
                 if open.waiting.remove(&id).is_some() && open.waiting.is_empty() {
                     if let Some(w) = open.write.take() {
                         open.sent = Some(now);
@@ -533,10 +535,14 @@ mod tests {
         let after = d.read();
         assert_eq!(d.fill(b"k", after, [1, 5], at(3)), Some(after.0));
         assert_eq!(d.sharers(b"k"), vec![1, 5]);
-        let WriteStep::Invalidate { targets, .. } = d.write(b"k", "w2", at(4)) else {
+        let WriteStep::Invalidate { epoch, targets } = d.write(b"k", "w2", at(4)) else {
             panic!("the refilled sharers to invalidate")
         };
         assert_eq!(targets, vec![1, 5]);
+        // A switch counted out while the write waits for it is no longer one to update.
+        d.ack(b"k", epoch, 1, at(5));
+        assert_eq!(d.switch_failed(5, at(6)), vec![(b"k".to_vec(), "w2")]);
+        assert_eq!(d.invalidated(b"k"), vec![1]);
     }
 
     #[test]

@@ -24,19 +24,19 @@ impl FabricSwitch {
             return None;
         }
         let data = request.data()?;
-        // `<command> <key> <flags> ...`: the flags are the third word of the line.
+        // `<command> <key> <flags> ...`: the flags are the third word of the line, a 32-bit
+        // number memcached gives back in its own form (`007` is read back as `7`).
         let line = body.split(|&b| b == b'\n').next()?;
         let flags = line.split(|&b| b == b' ').nth(2)?;
         let flags = flags.strip_suffix(b"\r").unwrap_or(flags);
         if flags.is_empty() || !flags.iter().all(u8::is_ascii_digit) {
             return None;
         }
+        let flags: u32 = std::str::from_utf8(flags).ok()?.parse().ok()?;
         let mut value = Vec::with_capacity(key.len() + data.len() + 32);
         value.extend_from_slice(b"VALUE ");
         value.extend_from_slice(key);
-        value.push(b' ');
-        value.extend_from_slice(flags);
-        value.extend_from_slice(format!(" {}\r\n", data.len()).as_bytes());
+        value.extend_from_slice(format!(" {flags} {}\r\n", data.len()).as_bytes());
         value.extend_from_slice(data);
         value.extend_from_slice(b"\r\nEND\r\n");
         (value.len() <= mcudp::MAX_PAYLOAD).then_some(value)
@@ -75,8 +75,9 @@ impl FabricSwitch {
         datagram.extend_from_slice(value);
         for &tor in invalidated {
             let is_tor = self.spec.member(tor).is_some_and(|m| m.role == Role::Tor);
-            if tor == self.me.id || !is_tor {
-                // A root takes its copy on the way to a ToR it serves.
+            if tor == self.me.id || !is_tor || self.spec.registration.is_failed(tor) {
+                // A root takes its copy on the way to a ToR it serves; a switch the table
+                // names failed holds nothing and takes nothing.
                 continue;
             }
             let to = Header {

@@ -144,8 +144,19 @@ impl FabricSwitch {
         now: Instant,
         emit: &mut Vec<Emit>,
     ) {
+        // A reply is matched to its request by the client's address, port and request id
+        // alone: when another request of the client's under the same id is in flight, either
+        // reply may be taken for either, so neither may update copies.
+        let flow = (write.client.0, write.client.1, request_id);
+        let shared_id = match self.pending.get_mut(&flow) {
+            Some(other) => {
+                other.update = None;
+                true
+            }
+            None => false,
+        };
         let update = match mcudp::Header::parse(&write.datagram) {
-            Ok((_, body)) if !write.quiet => self.value_after_write(&write.key, body),
+            Ok((_, body)) if !write.quiet && !shared_id => self.value_after_write(&write.key, body),
             _ => None,
         };
         self.remember(
