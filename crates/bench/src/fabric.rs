@@ -288,34 +288,26 @@ impl Fabric {
 
     /// Chooses every switch's coherence protocol.
     fn coherence(&self, protocol: &str) -> anyhow::Result<()> {
-        let fabric = self.live.state.fabric.as_ref().expect("a fabric testbed");
-        let token = self.live.state.api_token()?;
         let body = serde_json::json!({ "protocol": protocol }).to_string();
-        for s in &fabric.switches {
-            let (code, text) = testbed::http(
-                s.api,
-                "PUT",
-                "/api/v1/fabric/coherence",
-                token.as_deref(),
-                Some(&body),
-            )?;
-            anyhow::ensure!(code == 200, "{}: {code} {text}", s.name);
-        }
-        Ok(())
+        self.put_each("/api/v1/fabric/coherence", |_| body.clone())
     }
 
     /// Sends every switch the cache settings `body` gives for its role.
     fn put_cache(&self, body: impl Fn(testbed::SwitchRole) -> String) -> anyhow::Result<()> {
+        self.put_each("/api/v1/fabric/cache", body)
+    }
+
+    /// `PUT path` on every switch's API, with the body `body` gives for its role.
+    fn put_each(
+        &self,
+        path: &str,
+        body: impl Fn(testbed::SwitchRole) -> String,
+    ) -> anyhow::Result<()> {
         let fabric = self.live.state.fabric.as_ref().expect("a fabric testbed");
         let token = self.live.state.api_token()?;
         for s in &fabric.switches {
-            let (code, text) = testbed::http(
-                s.api,
-                "PUT",
-                "/api/v1/fabric/cache",
-                token.as_deref(),
-                Some(&body(s.role)),
-            )?;
+            let (code, text) =
+                testbed::http(s.api, "PUT", path, token.as_deref(), Some(&body(s.role)))?;
             anyhow::ensure!(code == 200, "{}: {code} {text}", s.name);
         }
         Ok(())

@@ -339,11 +339,7 @@ impl<'a> Home<'a> {
         let mut out = Vec::new();
         if write.header.command == Command::CondPut {
             // Stored only when the value held is smaller or unset.
-            let mut get = b"get ".to_vec();
-            get.extend_from_slice(&write.key);
-            get.extend_from_slice(b"\r\n");
-            let mut current = Vec::new();
-            crate::udp::execute(self.shared, &get, &mut current);
+            let current = self.held_value(&write.key);
             let store = match (current.as_slice(), cond_operand(body)) {
                 (b"END\r\n", Some(_)) => true,
                 (held, Some(operand)) => cached_number(held).is_some_and(|v| v < operand),
@@ -393,17 +389,23 @@ impl<'a> Home<'a> {
         }
     }
 
+    /// What a `get` of `key` answers from the store now (`END` alone when it holds none).
+    fn held_value(&self, key: &[u8]) -> Vec<u8> {
+        let mut get = b"get ".to_vec();
+        get.extend_from_slice(key);
+        get.extend_from_slice(b"\r\n");
+        let mut out = Vec::new();
+        crate::udp::execute(self.shared, &get, &mut out);
+        out
+    }
+
     /// Write-update: the value `write` stored, as a read gives it, goes to every ToR in
     /// `invalidated` by a fill-only reply: the ToR's own with no root, the others by the
     /// root the write came by (the key's designated root), which fills on the way. A write
     /// from this rack names no root: then only the ToR's own copy is made. The relaying ToR
     /// fills only by the root the reply names, so every copy made is one recorded here.
     fn update_copies(&mut self, write: &Write, invalidated: &[SwitchId]) {
-        let mut get = b"get ".to_vec();
-        get.extend_from_slice(&write.key);
-        get.extend_from_slice(b"\r\n");
-        let mut value = Vec::new();
-        crate::udp::execute(self.shared, &get, &mut value);
+        let value = self.held_value(&write.key);
         if value.len() > mcudp::MAX_PAYLOAD || reply_key(&value) != Some(&write.key[..]) {
             return;
         }

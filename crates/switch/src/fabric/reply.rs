@@ -64,15 +64,7 @@ impl FabricSwitch {
                 }
             }
             Some(stamp) => {
-                // A value whose item expires sooner than a lease lives no longer, here or in the
-                // caches it fills (the reply's lease says so); one that may have expired fills
-                // nothing.
-                let lease = match self.expiries.cap(&name, now) {
-                    Ok(Some(cap)) => Some(cap.saturating_duration_since(now).min(self.spec.lease)),
-                    Ok(None) => Some(self.spec.lease),
-                    Err(_) => None,
-                }
-                .filter(|l| whole_ms(*l) > 0);
+                let lease = self.fill_lease(&name, now);
                 if let (true, Some(lease)) = (
                     mc.total == 1 && reply_key(body) == Some(&pending.key[..]),
                     lease,
@@ -90,6 +82,18 @@ impl FabricSwitch {
         }
         self.reply_to(&h, inc::key_hash(&pending.key), datagram, fill, now, emit);
         true
+    }
+
+    /// How long a copy of `name`'s value filled now may live: a value whose item expires
+    /// sooner than a lease lives no longer, here or in the caches it fills (the reply's lease
+    /// says so); one that may have expired, or has under a millisecond left, fills nothing.
+    pub(super) fn fill_lease(&self, name: &[u8], now: Instant) -> Option<std::time::Duration> {
+        match self.expiries.cap(name, now) {
+            Ok(Some(cap)) => Some(cap.saturating_duration_since(now).min(self.spec.lease)),
+            Ok(None) => Some(self.spec.lease),
+            Err(_) => None,
+        }
+        .filter(|l| whole_ms(*l) > 0)
     }
 
     /// The switches a reply from this home to `h.origin` would leave cached copies at: the

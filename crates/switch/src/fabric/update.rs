@@ -56,14 +56,9 @@ impl FabricSwitch {
         emit: &mut Vec<Emit>,
     ) {
         // As for a read's reply: a value whose item expires sooner lives no longer.
-        let lease = match self.expiries.cap(name, now) {
-            Ok(Some(cap)) => cap.saturating_duration_since(now).min(self.spec.lease),
-            Ok(None) => self.spec.lease,
-            Err(_) => return,
-        };
-        if whole_ms(lease) == 0 {
+        let Some(lease) = self.fill_lease(name, now) else {
             return;
-        }
+        };
         let stamp = self.directory.read();
         let Some(epoch) = self.directory.fill(name, stamp, [], now) else {
             // Another write opened, or the key is quarantined: nothing is updated.
