@@ -501,6 +501,21 @@ fn fabric_multi_rooted_tree_stays_coherent_across_every_rack() {
         "root1 routed {before:?} then {after:?}"
     );
 
+    // The protocol is a change like any other: a host without the fabric's token, or with
+    // another, is refused and changes nothing; a protocol the switch does not know is refused.
+    let api = live.switch_api("tor2").expect("a switch of the fabric");
+    let path = "/api/v1/fabric/coherence";
+    let update = Some(r#"{"protocol": "update"}"#);
+    for token in [None, Some("not-the-token")] {
+        let (code, text) = testbed::http(api, "PUT", path, token, update).unwrap();
+        assert_eq!(code, 401, "{token:?}: {text}");
+    }
+    let token = live.state.api_token().unwrap();
+    let snoop = Some(r#"{"protocol": "snoop"}"#);
+    let (code, text) = testbed::http(api, "PUT", path, token.as_deref(), snoop).unwrap();
+    assert_eq!(code, 400, "{text}");
+    assert_eq!(status(&live, "tor2")["coherence"], "invalidate");
+
     // Write-update, chosen on every switch by the operator's command: the homes send stored
     // values to the copies' switches, and the histories stay coherent.
     assert!(!fabric_command(&live, "coherence", &["snoop"])
