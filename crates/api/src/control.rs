@@ -165,6 +165,12 @@ impl Client {
         typed(doc, "a register")
     }
 
+    /// Every register: the user registers and the ports' figures.
+    pub fn registers(&self) -> anyhow::Result<Vec<RegisterView>> {
+        let mut doc = self.call("GET", "/api/v1/registers", None)?;
+        typed(doc["registers"].take(), "the registers")
+    }
+
     /// Writes the user register `name`.
     pub fn set_register(&self, name: &str, value: u64) -> anyhow::Result<RegisterView> {
         let path = format!(

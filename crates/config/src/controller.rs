@@ -29,6 +29,12 @@
 //! fabric = "fabric.toml"        # optional: keep this caching fabric's registration table
 //!                               # (relative to this file); [[switches]] and [pool] may then
 //!                               # be left out
+//! keep_switch_state = true      # copy each switch's tables, entries, interfaces, groups,
+//!                               # registers and egress rates, and put them back on a switch
+//!                               # that restarts
+//! state_file = "state.json"     # optional: keep those copies and the routes in this file
+//!                               # (relative to this file), so that they outlive the
+//!                               # controller too; with --store they are kept in etcd
 //!
 //! [[switches]]
 //! name = "sw1"
@@ -121,6 +127,12 @@ pub struct ControllerFile {
     /// controller keeps: its switches are probed, and a new table installed on them all when
     /// one fails or comes back.
     pub fabric: Option<PathBuf>,
+    /// Copy what an operator put on each switch (tables, entries, interfaces, groups,
+    /// registers, egress rates) and put it back on a switch that restarts.
+    pub keep_switch_state: bool,
+    /// Where those copies and the routes are kept without a store (relative to this file's
+    /// directory); `None`: in memory only.
+    pub state_file: Option<PathBuf>,
     pub switches: Vec<SwitchRef>,
     /// The pool every switch serves; its `listen` is unused.
     pub pool: PoolSpec,
@@ -196,6 +208,8 @@ struct RawController {
     server_sasl_password_file: Option<PathBuf>,
     cache_node_port: Option<u16>,
     fabric: Option<String>,
+    keep_switch_state: Option<bool>,
+    state_file: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -232,6 +246,10 @@ sync_interval_ms = 1000       # every switch is checked this often anyway
 # api_tls_cert = "controller.crt"  # optional: the controller's own API over HTTPS
 # api_tls_key = "controller.key"   # (api_tls_client_ca: clients must show a certificate)
 cache_node_port = 11211       # optional: SwitchKV cache nodes are probed on this port
+keep_switch_state = true      # copy each switch's tables, entries, interfaces, groups,
+                              # registers and egress rates; put them back when it restarts
+# state_file = "state.json"   # optional: keep the copies and the routes in this file (with
+                              # --store: in etcd), so that they outlive the controller
 
 [[switches]]
 name = "sw1"
@@ -338,6 +356,16 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
     )
     .map_err(|(k, e)| err(&k, e))?;
     let fabric = c.fabric.map(|f| base.join(f));
+    let state_file = match c.state_file {
+        Some(f) if f.trim().is_empty() => {
+            return Err(err(
+                "controller.state_file",
+                "an empty path: leave the key out".into(),
+            ))
+        }
+        Some(f) => Some(base.join(f)),
+        None => None,
+    };
 
     if c.failover.len() > MAX_SPARES {
         return Err(err(
@@ -484,6 +512,8 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
         switch_tls,
         server_sasl,
         fabric,
+        keep_switch_state: c.keep_switch_state.unwrap_or(true),
+        state_file,
         switches,
         pool,
         routes,

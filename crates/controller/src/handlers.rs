@@ -150,12 +150,14 @@ pub(crate) fn status_doc(shared: &Shared) -> Value {
         .switches
         .iter()
         .zip(&f.switches)
-        .map(|(sw, st)| {
+        .zip(&f.kept)
+        .map(|((sw, st), kept)| {
             json!({
                 "name": sw.name, "api": sw.api.to_string(), "in_step": st.in_step,
                 "syncs": st.syncs, "changes": st.changes, "errors": st.errors,
                 "last_error": st.last_error,
                 "in_step_ms_ago": st.last_in_step.map(|t| t.elapsed().as_millis() as u64),
+                "kept": kept.doc(),
             })
         })
         .collect();
@@ -256,6 +258,7 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
             m.sample(name, &[("switch", &sw.name)], pick(st));
         }
     }
+    crate::restore::metrics(&f.file.switches, &f.kept, &mut m);
     cache_nodes::metrics(&f.cache_nodes, &mut m);
     fabric::metrics(&f.fabric, &mut m);
     // The fleet is let go before the rest, which reads files.

@@ -84,7 +84,9 @@ mod fabric;
 mod handlers;
 mod health;
 pub mod keeper;
+pub mod restore;
 pub mod routes;
+mod state_file;
 mod sync;
 
 use election::*;
@@ -143,6 +145,8 @@ struct Fleet {
     cache_nodes: BTreeMap<std::net::Ipv4Addr, cache_nodes::CacheNode>,
     /// The caching fabric whose registration table this controller keeps, if any.
     fabric: Option<fabric::FabricStatus>,
+    /// What is kept of each switch (`keep_switch_state`), by position in the file.
+    kept: Vec<restore::Kept>,
 }
 
 /// What the threads share.
@@ -155,6 +159,8 @@ struct Shared {
     started: Instant,
     /// The pool's state in etcd and the election, when there is a store.
     store: Option<Mutex<etcd::Etcd>>,
+    /// Without a store: the file the switches' copies and the routes are kept in, if any.
+    state_file: Option<state_file::StateFile>,
     /// This controller's API address, as it is named in the election.
     me: String,
     /// The token the switches' APIs want, for reading their status.
@@ -361,6 +367,7 @@ pub fn start(
         spare_health: vec![Health::default(); file.failover.len()],
         standing_in: vec![None; servers.len()],
         switches: vec![SwitchState::default(); file.switches.len()],
+        kept: vec![restore::Kept::default(); file.switches.len()],
         servers,
         file,
         generation: 1,
@@ -388,6 +395,11 @@ pub fn start(
         None => None,
     };
     let server_sasl = server_login(&fleet.file)?;
+    // With etcd the state is kept there; the file is for a controller that runs alone.
+    let state_file = match (&fleet.file.state_file, &store) {
+        (Some(path), None) => Some(state_file::StateFile::open(path)?),
+        _ => None,
+    };
     let me = listener.local_addr()?.to_string();
     let elects = store.is_some();
     let shared = Arc::new(Shared {
@@ -397,6 +409,7 @@ pub fn start(
         token,
         started: Instant::now(),
         store: store.map(Mutex::new),
+        state_file,
         me,
         switch_token,
         switch_https,
@@ -436,6 +449,18 @@ pub fn start(
                 .spawn(move || fabric::keep(&shared, keeper))?,
         );
     }
+    let (keeps, routed) = {
+        let f = shared.fleet();
+        (f.file.keep_switch_state, f.file.routes.is_some())
+    };
+    if keeps || routed {
+        let shared = shared.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("restore".into())
+                .spawn(move || restore::keep(&shared))?,
+        );
+    }
     // One syncer per switch: a switch out of reach holds up only its own.
     let switches = shared.fleet().file.switches.len();
     for i in 0..switches {
@@ -458,6 +483,26 @@ impl Shared {
         self.store
             .as_ref()
             .map(|m| m.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Keeps `value` (JSON) under `key`: in etcd with a store (only while this controller
+    /// leads), else in the state file, else nowhere but in memory.
+    fn save(&self, key: &str, value: &[u8]) -> anyhow::Result<()> {
+        if let Some(e) = self.store() {
+            return e.put_while_leading(key, value);
+        }
+        match &self.state_file {
+            Some(f) => f.put(key, value),
+            None => Ok(()),
+        }
+    }
+
+    /// The value [`Shared::save`] kept under `key`, if any.
+    fn load(&self, key: &str) -> anyhow::Result<Option<Vec<u8>>> {
+        if let Some(e) = self.store() {
+            return e.get(key);
+        }
+        Ok(self.state_file.as_ref().and_then(|f| f.get(key)))
     }
 }
 

@@ -516,6 +516,7 @@ fn update(shared: &Shared, want: BTreeMap<String, Vec<EntryDef>>) -> Result<Json
                 out.phase = "done";
                 st.current = current;
                 st.entries = want.clone();
+                save(shared, current, &want);
                 let doc = out.doc();
                 Ok(doc)
             }
@@ -746,6 +747,117 @@ fn update(shared: &Shared, want: BTreeMap<String, Vec<EntryDef>>) -> Result<Json
     lap(&mut out, "cleanup");
     tracing::info!(version = v, took = ?started.elapsed(), "routes updated");
     finish(on, out, Some(v), None)
+}
+
+/// The routes in force as the state store keeps them.
+#[derive(serde::Serialize, Deserialize)]
+struct Kept {
+    current: Option<u8>,
+    entries: BTreeMap<String, Vec<EntryDef>>,
+}
+
+/// The state store's key of the routes in force.
+const STORE_KEY: &str = "routes";
+
+/// Stores the routes in force, so that a controller that restarts or takes the lead can put
+/// them back on a switch that restarts.
+fn save(shared: &Shared, current: Option<u8>, entries: &BTreeMap<String, Vec<EntryDef>>) {
+    let kept = Kept {
+        current,
+        entries: entries.clone(),
+    };
+    let saved = serde_json::to_vec(&kept)
+        .map_err(anyhow::Error::from)
+        .and_then(|bytes| shared.save(STORE_KEY, &bytes));
+    if let Err(e) = saved {
+        tracing::warn!("the routes in force are not stored: {e:#}");
+    }
+}
+
+/// Takes the stored routes in force, unless this controller has routes of its own already.
+pub(super) fn load(shared: &Shared) -> anyhow::Result<()> {
+    let Some(bytes) = shared.load(STORE_KEY)? else {
+        return Ok(());
+    };
+    let kept: Kept = serde_json::from_slice(&bytes)
+        .map_err(|e| anyhow::anyhow!("the stored routes are not readable: {e}"))?;
+    let mut st = shared.routes.state();
+    if st.current.is_none() {
+        st.current = kept.current;
+        st.entries = kept.entries;
+    }
+    Ok(())
+}
+
+/// Puts the routes in force back on switch `i`, which restarted and lost them: the tables,
+/// the version in force with its entries, and its edge ports' stamps. No other switch
+/// changes: each already stamps that version, so frames meet one version as before. Waits
+/// for an update under way.
+pub(super) fn restore(shared: &Shared, i: usize) -> Result<(), Failure> {
+    let routes = &shared.routes;
+    let (spec, sw) = {
+        let f = shared.fleet();
+        (f.file.routes.clone(), f.file.switches[i].clone())
+    };
+    let Some(spec) = spec else {
+        return Ok(());
+    };
+    let _busy = routes.busy.lock().unwrap_or_else(|p| p.into_inner());
+    let (current, entries) = {
+        let st = routes.state();
+        (
+            st.current,
+            st.entries.get(&sw.name).cloned().unwrap_or_default(),
+        )
+    };
+    let leads = || shared.fleet().acting();
+    let c = Calls {
+        client: shared.switch_client(sw.api).with_limit(SWITCH_WAIT),
+        leads: &leads,
+    };
+    let forget = |routes: &Routes| {
+        let mut st = routes.state();
+        if let Some(on) = st.switches.get_mut(i) {
+            on.known = false;
+        }
+    };
+    let Some(v) = current else {
+        // No routes in force: the switch is read afresh at the next update.
+        forget(routes);
+        return Ok(());
+    };
+    let done = (|| {
+        let mut on = ready(&c, &spec)?;
+        if let std::collections::btree_map::Entry::Vacant(slot) = on.installed.entry(v) {
+            slot.insert(c.batch(&versioned(&entries, v))?);
+        }
+        let want: BTreeMap<u16, u8> = spec
+            .edge_ports
+            .get(&sw.name)
+            .into_iter()
+            .flatten()
+            .map(|&p| (p, v))
+            .collect();
+        let plan = stamp_changes(&on, &want);
+        let changes: Vec<Change> = plan.iter().map(|(c, _)| c.clone()).collect();
+        let ids = c.batch(&changes)?;
+        after_stamps(&mut on, &plan, &ids);
+        Ok(on)
+    })();
+    match done {
+        Ok(on) => {
+            let mut st = routes.state();
+            let n = st.switches.len().max(i + 1);
+            st.switches.resize(n, OnSwitch::default());
+            st.switches[i] = on;
+            tracing::info!(switch = %sw.name, version = v, "routes put back");
+            Ok(())
+        }
+        Err(f) => {
+            forget(routes);
+            Err(f)
+        }
+    }
 }
 
 fn deletes(ids: &[u64]) -> Vec<Change> {

@@ -90,6 +90,14 @@ fn two_controllers(
 
 /// The values of every etcd key that ends in `/leader`.
 fn leader_keys(etcd_addr: SocketAddr) -> Vec<String> {
+    values_of(etcd_addr, "/leader")
+        .into_iter()
+        .map(|v| String::from_utf8_lossy(&v).into_owned())
+        .collect()
+}
+
+/// The values of every etcd key that ends in `suffix`.
+fn values_of(etcd_addr: SocketAddr, suffix: &str) -> Vec<Vec<u8>> {
     let etcd = Client::new(etcd_addr, None);
     // From the key "\0" with range_end "\0": every key.
     let all = etcd
@@ -107,8 +115,7 @@ fn leader_keys(etcd_addr: SocketAddr) -> Vec<String> {
         .filter_map(|kv| {
             let key = controller::etcd::decode(kv["key"].as_str()?)?;
             let value = controller::etcd::decode(kv["value"].as_str().unwrap_or(""))?;
-            key.ends_with(b"/leader")
-                .then(|| String::from_utf8_lossy(&value).into_owned())
+            key.ends_with(suffix.as_bytes()).then_some(value)
         })
         .collect()
 }
@@ -127,6 +134,23 @@ fn a_leader_stopped_with_sigterm_gives_up_the_lead_as_it_exits() {
     let leader = one_leader(&controllers, Duration::from_secs(20));
     let leader_api = controllers[leader].as_ref().unwrap().api.to_string();
     assert_eq!(leader_keys(etcd_addr), std::slice::from_ref(&leader_api));
+    // The leader keeps its copy of the switch in etcd, taken from the switch's current run.
+    let instance = clients[0].call("GET", "/api/v1/status", None).unwrap()["instance"].clone();
+    let started = Instant::now();
+    loop {
+        let copies: Vec<Value> = values_of(etcd_addr, "/copy")
+            .iter()
+            .filter_map(|v| serde_json::from_slice(v).ok())
+            .collect();
+        if copies.iter().any(|c| c["instance"] == instance) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no copy of the switch's run {instance} in etcd: {copies:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 
     let proc = procs[leader].as_mut().unwrap();
     // SAFETY: kill takes no pointers; the PID is our own child's, which has not been reaped.

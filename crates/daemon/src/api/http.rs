@@ -110,6 +110,34 @@ pub struct Served {
     streams: std::sync::atomic::AtomicUsize,
     /// What the server refused and the connections it holds, for `/metrics`.
     guard: Arc<Guard>,
+    /// Names this run of the switch: a new one after every start, so that a controller can
+    /// tell a switch that restarted (and forgot what was put on it) from one that did not.
+    instance: String,
+    /// Changes of what an operator puts on the switch (tables, entries, interfaces, groups,
+    /// registers, egress) applied through this API: a controller that keeps a copy reads the
+    /// switch again only when this moves.
+    control_changes: std::sync::atomic::AtomicU64,
+}
+
+/// The paths whose changes [`Served::control_changes`] counts.
+const OPERATOR_STATE: [&str; 6] = [
+    "/api/v1/tables",
+    "/api/v1/batch",
+    "/api/v1/interfaces",
+    "/api/v1/groups",
+    "/api/v1/registers",
+    "/api/v1/ports",
+];
+
+/// A name for this run: the process, the time it started and the system's random hash keys.
+fn new_instance() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        h.write_u128(t.as_nanos());
+    }
+    format!("{:016x}", h.finish())
 }
 
 impl std::ops::Deref for Served {
@@ -134,6 +162,8 @@ pub fn serve(listener: TcpListener, api: Api) -> anyhow::Result<SocketAddr> {
         api,
         streams: Default::default(),
         guard: guard.clone(),
+        instance: new_instance(),
+        control_changes: Default::default(),
     }));
     spawn_server(listener, app, guard, "api", true)
 }
@@ -221,7 +251,17 @@ async fn authorise(State(api): State<Shared>, req: Request, next: Next) -> Respo
             .into_response();
         }
     }
-    next.run(req).await
+    let counted = change
+        && *req.method() != Method::GET
+        && OPERATOR_STATE
+            .iter()
+            .any(|p| req.uri().path().starts_with(p));
+    let response = next.run(req).await;
+    if counted && response.status().is_success() {
+        api.control_changes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    response
 }
 
 async fn no_route(method: Method, uri: axum::http::Uri) -> ApiFailure {
@@ -360,8 +400,17 @@ async fn openapi() -> Response {
 async fn status(State(api): State<Shared>) -> Reply {
     let mut doc = api.exporter.status();
     let caches = api.exporter.caches();
-    if let (false, Some(map)) = (caches.is_empty(), doc.as_object_mut()) {
-        map.insert("cache".into(), cache::status(&caches, STATUS_ENTRIES));
+    if let Some(map) = doc.as_object_mut() {
+        if !caches.is_empty() {
+            map.insert("cache".into(), cache::status(&caches, STATUS_ENTRIES));
+        }
+        map.insert("instance".into(), json!(api.instance));
+        map.insert(
+            "control_changes".into(),
+            json!(api
+                .control_changes
+                .load(std::sync::atomic::Ordering::Relaxed)),
+        );
     }
     ok(doc)
 }

@@ -1,0 +1,490 @@
+//! What operators put on each switch, kept by the controller and put back on a switch that
+//! restarts (`keep_switch_state`, on by default).
+//!
+//! A switch forgets at a restart everything its API was given: operators' tables and their
+//! entries, interfaces, multicast groups, user registers and egress rates. The controller
+//! reads each switch's status every sync interval. Its `instance` names the switch's run and
+//! `control_changes` counts the changes its API applied; while the instance is the one the
+//! copy was taken from and the count has not moved, nothing more is read. When the count
+//! moves the switch is read again into a new [`Copy`], kept in the state store (etcd with
+//! `--store`, else `state_file`, else memory). When the instance is another, the switch
+//! restarted (or the controller did, and finds the switch restarted meanwhile): what the copy
+//! holds and the switch lacks is put back, in the order actions need it (interfaces, groups,
+//! tables, entries, registers, egress), then the versioned routes (`routes::restore`), and
+//! only once all of that is in is a new copy taken. A switch that refuses a step keeps the
+//! old copy, and the next round tries again.
+//!
+//! Left to their own keepers: the controller's route tables (`ctl_*`, and `acl`'s entry into
+//! them), put back by the routes; `kv_steer`, whose SwitchKV cache nodes install their rules
+//! again; the pool, which the syncers bring back; and a fabric's registration table, which its
+//! keeper sends again to a switch that holds an older one.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use switch::control::{
+    ActionDef, Change, EntryDef, EntryView, GroupDef, InterfaceDef, TableDef, TableView, ACL,
+    MAX_BATCH, STEER,
+};
+
+use super::{Shared, CAMPAIGN_INTERVAL, SWITCH_WAIT};
+use api::Client;
+
+/// The tables the controller's routes keep; their entries are the routes' to put back.
+fn routes_own(table: &str) -> bool {
+    table == super::routes::STAMP || table == super::routes::ROUTES
+}
+
+/// A copy of what an operator put on one switch, and the run of the switch it was read from.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Copy {
+    /// The switch's `instance` when it was read.
+    pub instance: String,
+    /// Its `control_changes` then.
+    pub changes: u64,
+    /// The operators' tables, in the switch's order.
+    pub tables: Vec<TableDef>,
+    /// The entries of every writable table, in the switch's order, by table.
+    pub entries: BTreeMap<String, Vec<EntryDef>>,
+    pub interfaces: BTreeMap<u16, InterfaceDef>,
+    pub groups: BTreeMap<u16, GroupDef>,
+    /// Writable registers that are not 0.
+    pub registers: BTreeMap<String, u64>,
+    /// Ports with an egress rate: (rate in bits/s, queue depth in bytes).
+    pub egress: BTreeMap<u16, (u64, Option<u64>)>,
+}
+
+/// The entry as the API takes it, from how it lists it.
+pub fn entry_def(e: &EntryView) -> EntryDef {
+    EntryDef {
+        fields: e.fields.clone(),
+        priority: e.priority,
+        prefix_len: e.prefix_len,
+        actions: e.actions.clone(),
+    }
+}
+
+/// The table as the API takes it, from how it lists it.
+pub fn table_def(t: &TableView) -> TableDef {
+    TableDef {
+        name: t.name.clone(),
+        kind: t.kind,
+        key: t.key.clone(),
+        miss: t.miss.clone(),
+        size: t.size,
+    }
+}
+
+/// The entries of `want` that `have` lacks, in `want`'s order: each entry of `have` stands
+/// for one equal entry of `want`.
+pub fn missing(want: &[EntryDef], have: &[EntryDef]) -> Vec<EntryDef> {
+    let mut unused: Vec<Option<&EntryDef>> = have.iter().map(Some).collect();
+    want.iter()
+        .filter(
+            |w| match unused.iter_mut().find(|h| h.is_some_and(|h| h == *w)) {
+                Some(slot) => {
+                    *slot = None;
+                    false
+                }
+                None => true,
+            },
+        )
+        .cloned()
+        .collect()
+}
+
+/// Whether an entry of `table` is kept in the copy: not one another keeper puts back.
+fn kept(table: &str, entry: &EntryDef, routed: bool) -> bool {
+    if routes_own(table) || table == STEER {
+        return false;
+    }
+    // The routes' own way in from `acl`.
+    let into_routes = [ActionDef::Goto(super::routes::STAMP.into())];
+    !(routed && table == ACL && entry.actions == into_routes)
+}
+
+/// The switch's `instance` and `control_changes`.
+fn run_of(c: &Client) -> anyhow::Result<(String, u64)> {
+    let status = c.call_within("GET", "/api/v1/status", None, SWITCH_WAIT)?;
+    let instance = status["instance"]
+        .as_str()
+        .context("the switch's status names no instance (a kvswitch older than the controller?)")?;
+    Ok((
+        instance.to_string(),
+        status["control_changes"].as_u64().unwrap_or(0),
+    ))
+}
+
+/// Reads what operators put on the switch (with `full`; else only which run it is). A
+/// proxy, which has no tables, gives an empty copy.
+fn read(c: &Client, routed: bool, full: bool) -> anyhow::Result<Copy> {
+    let (instance, changes) = run_of(c)?;
+    if !full {
+        return Ok(Copy {
+            instance,
+            changes,
+            ..Copy::default()
+        });
+    }
+    let tables = match c.tables() {
+        Ok(t) => t,
+        Err(e)
+            if e.downcast_ref::<api::Refused>()
+                .is_some_and(|r| r.status == 404) =>
+        {
+            // A proxy: nothing of this kind to keep.
+            return Ok(Copy {
+                instance,
+                changes,
+                ..Copy::default()
+            });
+        }
+        Err(e) => return Err(e),
+    };
+    let mut copy = Copy {
+        instance: instance.clone(),
+        changes,
+        ..Copy::default()
+    };
+    for t in &tables {
+        if !t.writable || routes_own(&t.name) || t.name == STEER {
+            continue;
+        }
+        if t.owner == "operator" && !matches!(t.name.as_str(), ACL) {
+            copy.tables.push(table_def(t));
+        }
+        let entries: Vec<EntryDef> = c
+            .table_entries(&t.name)?
+            .iter()
+            .map(entry_def)
+            .filter(|e| kept(&t.name, e, routed))
+            .collect();
+        if !entries.is_empty() {
+            copy.entries.insert(t.name.clone(), entries);
+        }
+    }
+    for i in c.interfaces()? {
+        let def = InterfaceDef {
+            eth_dst: i.eth_dst,
+            eth_src: i.eth_src,
+            port: i.port,
+        };
+        copy.interfaces.insert(i.id, def);
+    }
+    for g in c.groups()? {
+        copy.groups.insert(g.id, GroupDef { members: g.members });
+    }
+    for r in c.registers()? {
+        if r.writable && r.value != 0 {
+            copy.registers.insert(r.name, r.value);
+        }
+    }
+    for p in c.ports()? {
+        if let Some(rate) = p.egress_rate_bps.filter(|&r| r > 0) {
+            copy.egress.insert(p.port, (rate, p.egress_depth_bytes));
+        }
+    }
+    // A switch that restarted while it was read gave a mix of two runs.
+    let (after, _) = run_of(c)?;
+    anyhow::ensure!(after == instance, "the switch restarted while it was read");
+    Ok(copy)
+}
+
+/// Whether the switch has a table of this name (its program's own, made at start, or one put
+/// back already).
+fn has_table(tables: &[TableView], name: &str) -> bool {
+    tables.iter().any(|t| t.name == name)
+}
+
+/// Puts back on the switch what `copy` holds and it lacks; returns how many things it put.
+fn put_back(c: &Client, copy: &Copy) -> anyhow::Result<usize> {
+    let mut put = 0;
+    let interfaces: BTreeMap<u16, InterfaceDef> = c
+        .interfaces()?
+        .into_iter()
+        .map(|i| {
+            (
+                i.id,
+                InterfaceDef {
+                    eth_dst: i.eth_dst,
+                    eth_src: i.eth_src,
+                    port: i.port,
+                },
+            )
+        })
+        .collect();
+    for (&id, def) in &copy.interfaces {
+        if interfaces.get(&id) != Some(def) {
+            c.set_interface(id, def)?;
+            put += 1;
+        }
+    }
+    let groups: BTreeMap<u16, Vec<_>> =
+        c.groups()?.into_iter().map(|g| (g.id, g.members)).collect();
+    for (&id, def) in &copy.groups {
+        if groups.get(&id) != Some(&def.members) {
+            c.set_group(id, def)?;
+            put += 1;
+        }
+    }
+    let tables = c.tables()?;
+    for t in &copy.tables {
+        if !has_table(&tables, &t.name) {
+            c.add_table(t)?;
+            put += 1;
+        }
+    }
+    for (table, want) in &copy.entries {
+        let have: Vec<EntryDef> = c.table_entries(table)?.iter().map(entry_def).collect();
+        let adds: Vec<Change> = missing(want, &have)
+            .into_iter()
+            .map(|entry| Change::Add {
+                table: table.clone(),
+                entry,
+            })
+            .collect();
+        for chunk in adds.chunks(MAX_BATCH) {
+            c.batch(chunk)
+                .with_context(|| format!("putting back {table}'s entries"))?;
+        }
+        put += adds.len();
+    }
+    for (name, &value) in &copy.registers {
+        if c.register(name)?.value != value {
+            c.set_register(name, value)?;
+            put += 1;
+        }
+    }
+    let ports = c.ports()?;
+    for (&port, &(rate, depth)) in &copy.egress {
+        let now = ports.iter().find(|p| p.port == port);
+        if now.and_then(|p| p.egress_rate_bps) != Some(rate) {
+            c.set_egress(port, rate, depth)?;
+            put += 1;
+        }
+    }
+    Ok(put)
+}
+
+/// The keeper's view of one switch, for the status.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Kept {
+    /// The copy, once one was read or loaded.
+    pub copy: Option<Copy>,
+    /// When the copy was last read or confirmed.
+    pub checked: Option<Instant>,
+    /// Restarts put right, and what was put back at the last one.
+    pub restores: u64,
+    pub last_put: usize,
+    pub last_error: Option<String>,
+}
+
+impl Kept {
+    pub(super) fn doc(&self) -> Value {
+        let copy = self.copy.as_ref();
+        json!({
+            "instance": copy.map(|c| c.instance.clone()),
+            "changes": copy.map(|c| c.changes),
+            "tables": copy.map_or(0, |c| c.tables.len()),
+            "entries": copy.map_or(0, |c| c.entries.values().map(Vec::len).sum::<usize>()),
+            "interfaces": copy.map_or(0, |c| c.interfaces.len()),
+            "groups": copy.map_or(0, |c| c.groups.len()),
+            "registers": copy.map_or(0, |c| c.registers.len()),
+            "restores": self.restores,
+            "last_restore_put": self.last_put,
+            "last_error": self.last_error,
+        })
+    }
+}
+
+/// The key a switch's copy is stored under.
+fn store_key(name: &str) -> String {
+    format!("switches/{name}/copy")
+}
+
+/// One round for switch `i`: nothing, a new copy, or a restore.
+fn round(
+    shared: &Shared,
+    i: usize,
+    name: &str,
+    c: &Client,
+    (routed, full): (bool, bool),
+) -> anyhow::Result<()> {
+    let (instance, changes) = run_of(c)?;
+    let held = shared.fleet().kept[i].copy.clone();
+    match held {
+        Some(copy) if copy.instance == instance && copy.changes == changes => {
+            shared.fleet().kept[i].checked = Some(Instant::now());
+            return Ok(());
+        }
+        Some(copy) if copy.instance != instance => {
+            tracing::info!(switch = %name, "the switch restarted: putting back what it held");
+            let put = put_back(c, &copy)?;
+            super::routes::restore(shared, i).map_err(|e| anyhow::anyhow!("the routes: {e}"))?;
+            let mut f = shared.fleet();
+            f.kept[i].restores += 1;
+            f.kept[i].last_put = put;
+            drop(f);
+            tracing::info!(switch = %name, put, "the switch has what it held again");
+        }
+        _ => {}
+    }
+    if !shared.fleet().acting() {
+        return Ok(());
+    }
+    let copy = read(c, routed, full)?;
+    let text = serde_json::to_vec(&copy)?;
+    shared.save(&store_key(name), &text)?;
+    let mut f = shared.fleet();
+    f.kept[i].copy = Some(copy);
+    f.kept[i].checked = Some(Instant::now());
+    Ok(())
+}
+
+/// Keeps every switch's copy while this controller acts; runs until the controller stops.
+pub(super) fn keep(shared: &Shared) {
+    let mut loaded = false;
+    while !shared.stop.load(Ordering::Relaxed) {
+        let began = Instant::now();
+        let (acting, interval, switches, what) = {
+            let f = shared.fleet();
+            (
+                f.acting(),
+                f.file.sync_interval,
+                f.file.switches.clone(),
+                (f.file.routes.is_some(), f.file.keep_switch_state),
+            )
+        };
+        if !acting {
+            loaded = false;
+            std::thread::sleep(CAMPAIGN_INTERVAL);
+            continue;
+        }
+        if !loaded {
+            // A controller that starts or takes the lead carries on from the stored copies.
+            let mut failed = super::routes::load(shared).err();
+            for (i, s) in switches.iter().enumerate() {
+                match shared.load(&store_key(&s.name)) {
+                    Ok(Some(bytes)) => match serde_json::from_slice::<Copy>(&bytes) {
+                        Ok(copy) => shared.fleet().kept[i].copy = Some(copy),
+                        Err(e) => {
+                            tracing::warn!(switch = %s.name, "the stored copy is not one: {e}")
+                        }
+                    },
+                    Ok(None) => {}
+                    Err(e) => failed = Some(e),
+                }
+            }
+            if let Some(e) = failed {
+                tracing::warn!("reading the switches' stored copies: {e:#}");
+                std::thread::sleep(CAMPAIGN_INTERVAL);
+                continue;
+            }
+            loaded = true;
+        }
+        std::thread::scope(|s| {
+            for (i, sw) in switches.iter().enumerate() {
+                s.spawn(move || {
+                    let c = shared.switch_client(sw.api).with_limit(SWITCH_WAIT);
+                    let outcome = round(shared, i, &sw.name, &c, what);
+                    let mut f = shared.fleet();
+                    match outcome {
+                        Ok(()) => f.kept[i].last_error = None,
+                        Err(e) => {
+                            let e = format!("{e:#}");
+                            if f.kept[i].last_error.as_ref() != Some(&e) {
+                                tracing::warn!(switch = %sw.name, "keeping its state: {e}");
+                            }
+                            f.kept[i].last_error = Some(e);
+                        }
+                    }
+                });
+            }
+        });
+        std::thread::sleep(
+            interval
+                .saturating_sub(began.elapsed())
+                .max(Duration::from_millis(10)),
+        );
+    }
+}
+
+/// The keeper's metrics.
+pub(super) fn metrics(
+    switches: &[config::controller::SwitchRef],
+    kept: &[Kept],
+    m: &mut api::metrics::Exposition,
+) {
+    use api::metrics::Kind;
+    let name = "kvswitch_controller_switch_restores_total";
+    m.family(
+        name,
+        Kind::Counter,
+        "Restarts of the switch after which the controller put back what it held.",
+    );
+    for (sw, k) in switches.iter().zip(kept) {
+        m.sample(name, &[("switch", &sw.name)], k.restores);
+    }
+    let name = "kvswitch_controller_switch_kept_entries";
+    m.family(
+        name,
+        Kind::Gauge,
+        "Entries of the switch's copy the controller keeps.",
+    );
+    for (sw, k) in switches.iter().zip(kept) {
+        let n = k
+            .copy
+            .as_ref()
+            .map_or(0, |c| c.entries.values().map(Vec::len).sum::<usize>());
+        m.sample(name, &[("switch", &sw.name)], n as u64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switch::control::Value as Field;
+
+    fn entry(port: u64, priority: u32) -> EntryDef {
+        EntryDef {
+            fields: BTreeMap::from([("l4_dst".to_string(), Field::Number(port))]),
+            priority,
+            prefix_len: None,
+            actions: vec![ActionDef::Output(1)],
+        }
+    }
+
+    #[test]
+    fn only_what_the_switch_lacks_is_put_back_counting_equal_entries_one_by_one() {
+        let want = [entry(7, 0), entry(9, 0), entry(7, 0), entry(11, 2)];
+        // The switch's program made one (7, 0) again at start.
+        let have = [entry(7, 0), entry(5, 0)];
+        assert_eq!(
+            missing(&want, &have),
+            [entry(9, 0), entry(7, 0), entry(11, 2)]
+        );
+        assert!(missing(&want, &want).is_empty());
+        assert_eq!(missing(&want, &[]), want);
+    }
+
+    #[test]
+    fn the_routes_and_the_cache_nodes_entries_are_left_to_their_own_keepers() {
+        let e = entry(7, 0);
+        assert!(kept("krst_ops", &e, true));
+        assert!(kept(ACL, &e, true));
+        assert!(!kept(STEER, &e, false));
+        assert!(!kept(super::super::routes::ROUTES, &e, true));
+        assert!(!kept(super::super::routes::STAMP, &e, true));
+        let into_routes = EntryDef {
+            actions: vec![ActionDef::Goto(super::super::routes::STAMP.into())],
+            ..e
+        };
+        assert!(!kept(ACL, &into_routes, true));
+        // Without [routes] such an entry is an operator's own.
+        assert!(kept(ACL, &into_routes, false));
+    }
+}
