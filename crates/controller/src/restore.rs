@@ -12,7 +12,8 @@
 //! holds and the switch lacks is put back, in the order actions need it (interfaces, groups,
 //! tables, entries, registers, egress), then the versioned routes (`routes::restore`), and
 //! only once all of that is in is a new copy taken. A switch that refuses a step keeps the
-//! old copy, and the next round tries again.
+//! old copy, and the next round tries again. Each round also finishes or undoes an update of
+//! the routes that a controller left half done (`routes::resume`).
 //!
 //! Left to their own keepers: the controller's route tables (`ctl_*`, and `acl`'s entry into
 //! them), put back by the routes; `kv_steer`, whose SwitchKV cache nodes install their rules
@@ -385,6 +386,9 @@ pub(super) fn keep(shared: &Shared) {
                 continue;
             }
             loaded = true;
+        }
+        if let Err(e) = super::routes::resume(shared) {
+            tracing::warn!("routes: an update left half done waits: {e}");
         }
         std::thread::scope(|s| {
             for (i, sw) in switches.iter().enumerate() {

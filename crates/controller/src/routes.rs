@@ -415,11 +415,18 @@ pub struct RouteState {
     pub current: Option<u8>,
     /// The entries of `current`, by switch.
     pub entries: BTreeMap<String, Vec<EntryDef>>,
+    /// An update that has begun and not ended, as stored before its first change: one whose
+    /// controller died (or lost the lead, or could not put the stamps back) is finished or
+    /// undone by [`resume`] before anything else.
+    pub pending: Option<Pending>,
     /// By the switch's position in the file.
     pub switches: Vec<OnSwitch>,
     pub last: Option<Outcome>,
     pub updates: u64,
     pub failed: u64,
+    /// Updates left half done that were finished (forward) or undone (back) by [`resume`].
+    pub resumed_forward: u64,
+    pub resumed_back: u64,
 }
 
 /// Shared by the API's handlers: one update at a time.
@@ -480,6 +487,19 @@ fn update(shared: &Shared, want: BTreeMap<String, Vec<EntryDef>>) -> Result<Json
             leads: &leads,
         })
         .collect();
+    // An update the last leader (or this controller) left half done is finished or undone
+    // before another begins.
+    let pending = routes.state().pending.clone();
+    if let Some(p) = pending {
+        if let Err((i, f)) = resolve(shared, &calls, &spec, &switches, &p) {
+            let error = format!(
+                "version {} of an update left half done is neither finished nor undone: switch \
+                 {}: {f}",
+                p.version, switches[i].name
+            );
+            return Err((f.status(), json!({ "error": error })));
+        }
+    }
     let (mut on, current) = {
         let st = routes.state();
         let mut on = st.switches.clone();
@@ -505,7 +525,8 @@ fn update(shared: &Shared, want: BTreeMap<String, Vec<EntryDef>>) -> Result<Json
     let finish = |on: Vec<OnSwitch>,
                   mut out: Outcome,
                   current: Option<u8>,
-                  failure: Option<(usize, Failure)>| {
+                  failure: Option<(usize, Failure)>,
+                  split: bool| {
         out.total = started.elapsed();
         let mut st = routes.state();
         st.switches = on;
@@ -516,12 +537,19 @@ fn update(shared: &Shared, want: BTreeMap<String, Vec<EntryDef>>) -> Result<Json
                 out.phase = "done";
                 st.current = current;
                 st.entries = want.clone();
-                save(shared, current, &want);
+                st.pending = None;
+                let _ = save(shared, &st);
                 let doc = out.doc();
                 Ok(doc)
             }
             Some((i, f)) => {
                 st.failed += 1;
+                // Undone everywhere it went in, unless some switch may still stamp it: then
+                // it stays pending, for `resume` to finish or undo.
+                if !split {
+                    st.pending = None;
+                }
+                let _ = save(shared, &st);
                 out.switch = Some(switches[i].name.clone());
                 out.error = Some(f.to_string());
                 tracing::warn!(switch = %switches[i].name, phase = out.phase, "routes not updated: {f}");
@@ -566,7 +594,7 @@ fn update(shared: &Shared, want: BTreeMap<String, Vec<EntryDef>>) -> Result<Json
     }
     lap(&mut out, "ready");
     if let Some(f) = first_failure(&fails) {
-        return finish(on, out, current, Some(f));
+        return finish(on, out, current, Some(f), false);
     }
     let taken: BTreeSet<u8> = on
         .iter()
@@ -579,9 +607,24 @@ fn update(shared: &Shared, want: BTreeMap<String, Vec<EntryDef>>) -> Result<Json
         .collect();
     let Some(v) = next_version(current, &taken) else {
         let f = Failure::Refused(format!("every version 1 to {MAX_VERSION} is installed"));
-        return finish(on, out, current, Some((0, f)));
+        return finish(on, out, current, Some((0, f)), false);
     };
     out.version = Some(v);
+    // Stored before the first change: a controller that dies from here on leaves the update
+    // to the next leader, which finishes or undoes it.
+    {
+        let mut st = routes.state();
+        st.pending = Some(Pending {
+            version: v,
+            entries: want.clone(),
+        });
+        if let Err(e) = save(shared, &st) {
+            st.pending = None;
+            drop(st);
+            let f = Failure::OutOfReach(format!("the update could not be stored: {e:#}"));
+            return finish(on, out, current, Some((0, f)), false);
+        }
+    }
 
     // Prepare: v's entries on every switch, acknowledged by all before any stamps v.
     out.phase = "prepare";
@@ -614,7 +657,7 @@ fn update(shared: &Shared, want: BTreeMap<String, Vec<EntryDef>>) -> Result<Json
             }
         }
         lap(&mut out, "prepare");
-        return finish(on, out, current, f);
+        return finish(on, out, current, f, false);
     }
     for (i, ids) in added.into_iter().enumerate() {
         on[i].installed.insert(v, ids.unwrap_or_default());
@@ -699,7 +742,7 @@ fn update(shared: &Shared, want: BTreeMap<String, Vec<EntryDef>>) -> Result<Json
             }
         }
         lap(&mut out, "flip");
-        return finish(on, out, current, f);
+        return finish(on, out, current, f, !clean);
     }
     lap(&mut out, "flip");
     {
@@ -746,14 +789,23 @@ fn update(shared: &Shared, want: BTreeMap<String, Vec<EntryDef>>) -> Result<Json
     }
     lap(&mut out, "cleanup");
     tracing::info!(version = v, took = ?started.elapsed(), "routes updated");
-    finish(on, out, Some(v), None)
+    finish(on, out, Some(v), None, false)
 }
 
-/// The routes in force as the state store keeps them.
+/// An update under way: its version and each switch's entries.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, Deserialize)]
+pub struct Pending {
+    pub version: u8,
+    pub entries: BTreeMap<String, Vec<EntryDef>>,
+}
+
+/// The routes in force as the state store keeps them, and an update under way.
 #[derive(serde::Serialize, Deserialize)]
 struct Kept {
     current: Option<u8>,
     entries: BTreeMap<String, Vec<EntryDef>>,
+    #[serde(default)]
+    pending: Option<Pending>,
 }
 
 /// The state store's key of the routes in force.
@@ -761,17 +813,19 @@ const STORE_KEY: &str = "routes";
 
 /// Stores the routes in force, so that a controller that restarts or takes the lead can put
 /// them back on a switch that restarts.
-fn save(shared: &Shared, current: Option<u8>, entries: &BTreeMap<String, Vec<EntryDef>>) {
+fn save(shared: &Shared, st: &RouteState) -> anyhow::Result<()> {
     let kept = Kept {
-        current,
-        entries: entries.clone(),
+        current: st.current,
+        entries: st.entries.clone(),
+        pending: st.pending.clone(),
     };
     let saved = serde_json::to_vec(&kept)
         .map_err(anyhow::Error::from)
         .and_then(|bytes| shared.save(STORE_KEY, &bytes));
-    if let Err(e) = saved {
-        tracing::warn!("the routes in force are not stored: {e:#}");
+    if let Err(e) = &saved {
+        tracing::warn!("the routes are not stored: {e:#}");
     }
+    saved
 }
 
 /// Takes the stored routes in force, unless this controller has routes of its own already.
@@ -782,9 +836,10 @@ pub(super) fn load(shared: &Shared) -> anyhow::Result<()> {
     let kept: Kept = serde_json::from_slice(&bytes)
         .map_err(|e| anyhow::anyhow!("the stored routes are not readable: {e}"))?;
     let mut st = shared.routes.state();
-    if st.current.is_none() {
+    if st.current.is_none() && st.pending.is_none() {
         st.current = kept.current;
         st.entries = kept.entries;
+        st.pending = kept.pending;
     }
     Ok(())
 }
@@ -858,6 +913,170 @@ pub(super) fn restore(shared: &Shared, i: usize) -> Result<(), Failure> {
             Err(f)
         }
     }
+}
+
+/// Finishes or undoes `pending`, an update that began and did not end (its controller died
+/// or lost the lead, or could not put every stamp back). If any edge port stamps its version,
+/// frames may carry it, so it goes forward: its entries are added where missing, every edge
+/// port stamps it, and after a drain every other version goes. Otherwise it goes back: after
+/// a drain (a stamp put back may have left frames carrying it) its entries go wherever they
+/// went in. Either way one version is left installed and stamped. Every switch must answer;
+/// else nothing is decided and the update stays pending.
+fn resolve(
+    shared: &Shared,
+    calls: &[Calls],
+    spec: &RoutesSpec,
+    switches: &[config::controller::SwitchRef],
+    pending: &Pending,
+) -> Result<(), (usize, Failure)> {
+    let v = pending.version;
+    let first_err = |results: Vec<Result<(), Failure>>| {
+        results
+            .into_iter()
+            .enumerate()
+            .find_map(|(i, r)| r.err().map(|f| (i, f)))
+    };
+    let mut on = Vec::with_capacity(calls.len());
+    for (i, r) in each(calls.len(), |i| ready(&calls[i], spec))
+        .into_iter()
+        .enumerate()
+    {
+        on.push(r.map_err(|f| (i, f))?);
+    }
+    let forward = on.iter().any(|o| o.stamps.values().any(|&(_, s)| s == v));
+    tracing::info!(
+        version = v,
+        forward,
+        "an update left half done: {}",
+        if forward {
+            "finishing it"
+        } else {
+            "undoing it"
+        }
+    );
+    let none = Vec::new();
+    if forward {
+        let added = each(calls.len(), |i| match on[i].installed.contains_key(&v) {
+            true => Ok(None),
+            false => {
+                let entries = pending.entries.get(&switches[i].name).unwrap_or(&none);
+                calls[i].batch(&versioned(entries, v)).map(Some)
+            }
+        });
+        let mut results = Vec::new();
+        for (i, r) in added.into_iter().enumerate() {
+            results.push(r.map(|ids| {
+                if let Some(ids) = ids {
+                    on[i].installed.insert(v, ids);
+                }
+            }));
+        }
+        if let Some(e) = first_err(results) {
+            return Err(e);
+        }
+        let plans: Vec<Vec<(Change, StampEffect)>> = switches
+            .iter()
+            .zip(&on)
+            .map(|(s, o)| {
+                let want: BTreeMap<u16, u8> = spec
+                    .edge_ports
+                    .get(&s.name)
+                    .into_iter()
+                    .flatten()
+                    .map(|&p| (p, v))
+                    .collect();
+                stamp_changes(o, &want)
+            })
+            .collect();
+        let flipped = each(calls.len(), |i| {
+            let changes: Vec<Change> = plans[i].iter().map(|(c, _)| c.clone()).collect();
+            calls[i].batch(&changes)
+        });
+        let mut results = Vec::new();
+        for (i, r) in flipped.into_iter().enumerate() {
+            results.push(r.map(|ids| after_stamps(&mut on[i], &plans[i], &ids)));
+        }
+        if let Some(e) = first_err(results) {
+            return Err(e);
+        }
+    }
+    std::thread::sleep(spec.drain);
+    let gone = |o: &OnSwitch| -> Vec<u8> {
+        o.installed
+            .keys()
+            .copied()
+            .filter(|&u| if forward { u != v } else { u == v })
+            .collect()
+    };
+    let removed = each(calls.len(), |i| {
+        let ids: Vec<u64> = gone(&on[i])
+            .iter()
+            .flat_map(|u| on[i].installed[u].clone())
+            .collect();
+        calls[i].batch(&deletes(&ids))
+    });
+    let mut results = Vec::new();
+    for (i, r) in removed.into_iter().enumerate() {
+        let versions = gone(&on[i]);
+        results.push(r.map(|_| {
+            for u in versions {
+                on[i].installed.remove(&u);
+            }
+        }));
+    }
+    if let Some(e) = first_err(results) {
+        return Err(e);
+    }
+    let mut st = shared.routes.state();
+    if forward {
+        st.current = Some(v);
+        st.entries = pending.entries.clone();
+        st.resumed_forward += 1;
+    } else {
+        st.resumed_back += 1;
+    }
+    st.pending = None;
+    st.switches = on;
+    let _ = save(shared, &st);
+    Ok(())
+}
+
+/// Finishes or undoes an update left half done, if there is one and no update is under way
+/// (which would do it first); called by a controller that leads, each round. Returns whether
+/// one is still pending.
+pub(super) fn resume(shared: &Shared) -> Result<bool, String> {
+    let routes = &shared.routes;
+    if routes.state().pending.is_none() {
+        return Ok(false);
+    }
+    let Ok(_busy) = routes.busy.try_lock() else {
+        return Ok(true);
+    };
+    let Some(pending) = routes.state().pending.clone() else {
+        return Ok(false);
+    };
+    let (spec, switches, led_since) = {
+        let f = shared.fleet();
+        (f.file.routes.clone(), f.file.switches.clone(), f.led_since)
+    };
+    let Some(spec) = spec else {
+        return Ok(false);
+    };
+    // As for an update: the last leader's calls land first.
+    if let Some(wait) = led_since.map(|t| SWITCH_WAIT.saturating_sub(t.elapsed())) {
+        std::thread::sleep(wait);
+    }
+    let leads = || shared.fleet().acting();
+    let calls: Vec<Calls> = switches
+        .iter()
+        .map(|s| Calls {
+            client: shared.switch_client(s.api).with_limit(SWITCH_WAIT),
+            leads: &leads,
+        })
+        .collect();
+    resolve(shared, &calls, &spec, &switches, &pending)
+        .map(|()| false)
+        .map_err(|(i, f)| format!("switch {}: {f}", switches[i].name))
 }
 
 fn deletes(ids: &[u64]) -> Vec<Change> {
@@ -966,6 +1185,8 @@ pub(super) fn status(routes: &Routes) -> JsonValue {
     json!({
         "version": st.current, "updates": st.updates, "failed": st.failed,
         "last_update": st.last.as_ref().map(Outcome::doc),
+        "pending": st.pending.as_ref().map(|p| p.version),
+        "resumed": { "forward": st.resumed_forward, "back": st.resumed_back },
     })
 }
 
@@ -983,7 +1204,12 @@ pub(super) fn metrics(routes: &Routes, m: &mut Exposition) {
         metrics::Kind::Counter,
         "Updates of the routes, by outcome.",
     );
-    for (outcome, n) in [("ok", st.updates - st.failed), ("failed", st.failed)] {
+    for (outcome, n) in [
+        ("ok", st.updates - st.failed),
+        ("failed", st.failed),
+        ("resumed_forward", st.resumed_forward),
+        ("resumed_back", st.resumed_back),
+    ] {
         m.sample(
             "kvswitch_controller_routes_updates_total",
             &[("outcome", outcome)],

@@ -221,7 +221,15 @@ impl Bed {
     fn controller(&self, drain_ms: u64) -> (controller::Running, Client) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let api = listener.local_addr().unwrap();
-        let text = format!(
+        let text = self.controller_file(api, drain_ms);
+        let file = config::controller::parse(&text, Path::new("controller.toml")).unwrap();
+        let running = controller::start(file, listener, None, None, None).unwrap();
+        (running, Client::new(api, None))
+    }
+
+    /// The file of a controller of both switches whose API is `api`.
+    fn controller_file(&self, api: SocketAddr, drain_ms: u64) -> String {
+        format!(
             "[controller]\napi = \"{api}\"\n\
              [[switches]]\nname = \"sw_a\"\napi = \"{}\"\n\
              [[switches]]\nname = \"sw_b\"\napi = \"{}\"\n\
@@ -233,10 +241,7 @@ impl Bed {
             self.apis[1],
             host(11),
             target(),
-        );
-        let file = config::controller::parse(&text, Path::new("controller.toml")).unwrap();
-        let running = controller::start(file, listener, None, None, None).unwrap();
-        (running, Client::new(api, None))
+        )
     }
 
     fn switch(&self, i: usize) -> Client {
@@ -472,4 +477,135 @@ fn a_failed_update_leaves_the_old_version_on_every_switch() {
         status["routes"]["last_update"]["switch"], "sw_b",
         "{status}"
     );
+}
+
+/// The role each controller's status gives (`None` for one that does not answer).
+fn roles(ctls: &[Client]) -> Vec<Option<String>> {
+    ctls.iter()
+        .map(|c| {
+            c.call("GET", "/api/v1/status", None)
+                .ok()
+                .and_then(|s| s["role"].as_str().map(str::to_string))
+        })
+        .collect()
+}
+
+/// The one leader among `ctls` (skipping `not`), within `limit`.
+fn leader(ctls: &[Client], not: Option<usize>, limit: Duration) -> usize {
+    let started = Instant::now();
+    loop {
+        let r = roles(ctls);
+        let leading: Vec<usize> = (0..ctls.len())
+            .filter(|&i| Some(i) != not && r[i].as_deref() == Some("leader"))
+            .collect();
+        if let [one] = leading[..] {
+            return one;
+        }
+        assert!(started.elapsed() < limit, "no single leader: {r:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_leader_killed_in_the_middle_of_an_update_leaves_it_to_the_next_to_finish() {
+    let _one = BED.lock().unwrap_or_else(|p| p.into_inner());
+    let bed = Bed::up();
+    let dir = testbed::local::TempDir::new("kver-etcd").unwrap();
+    let (_etcd, etcd_addr) = common::fleet::etcd(&dir);
+    // A long drain: the leader is killed while it waits there, after every switch holds both
+    // versions and every edge port stamps the new one.
+    const DRAIN_MS: u64 = 3000;
+    let mut procs = Vec::new();
+    let mut ctls = Vec::new();
+    for i in 0..2 {
+        let api = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let path = dir.path().join(format!("controller{i}.toml"));
+        std::fs::write(&path, bed.controller_file(api, DRAIN_MS)).unwrap();
+        let proc = testbed::local::Proc::spawn_logged(
+            "kvswitch controller",
+            Command::new(env!("CARGO_BIN_EXE_kvswitch"))
+                .arg("controller")
+                .arg("--config")
+                .arg(&path)
+                .arg("--store")
+                .arg(format!("etcd://{etcd_addr}")),
+            &dir.path().join(format!("controller{i}.log")),
+        )
+        .unwrap();
+        procs.push(Some(proc));
+        ctls.push(Client::new(api, None));
+    }
+    let first = leader(&ctls, None, Duration::from_secs(20));
+    let old = put(&ctls[first], &routes(1)).expect("the first version")["version"]
+        .as_u64()
+        .unwrap() as u8;
+
+    // The next update, killed in its drain.
+    let updating = {
+        let ctl = ctls[first].clone();
+        std::thread::spawn(move || put(&ctl, &routes(2)))
+    };
+    let started = Instant::now();
+    let new = loop {
+        let stamps = stamped(&bed.switch(0));
+        if let [v] = stamps[..] {
+            if v != u64::from(old) {
+                break v as u8;
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "the update never flipped: {stamps:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    procs[first] = None;
+    let killed = Instant::now();
+    assert!(
+        updating.join().unwrap().is_err(),
+        "the killed leader answered"
+    );
+    for i in 0..2 {
+        let mut both = installed(&bed.switch(i));
+        both.sort();
+        assert_eq!(
+            both,
+            [old, new],
+            "switch {i} holds both versions mid-update"
+        );
+    }
+
+    // The standby leads, finds the update half done, and finishes it: the new version
+    // alone, stamped, and its entries known.
+    let next = leader(&ctls, Some(first), Duration::from_secs(20));
+    loop {
+        let a = installed(&bed.switch(0));
+        let b = installed(&bed.switch(1));
+        if a == [new] && b == [new] {
+            break;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(30),
+            "the update was not finished: A holds {a:?}, B {b:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let finished = killed.elapsed();
+    assert_eq!(stamped(&bed.switch(0)), [u64::from(new)]);
+    let shown = ctls[next]
+        .call("GET", "/api/v1/routes", None)
+        .expect("the routes");
+    assert_eq!(shown["version"], new, "{shown}");
+    assert_eq!(
+        shown["switches"]["sw_a"]["entries"][0]["actions"],
+        routes(2)["switches"]["sw_a"][0]["actions"],
+        "{shown}"
+    );
+    let status = ctls[next].call("GET", "/api/v1/status", None).unwrap();
+    assert_eq!(status["routes"]["resumed"]["forward"], 1, "{status}");
+    assert_eq!(status["routes"]["pending"], Value::Null, "{status}");
+    // And the next update goes on from there.
+    let after = put(&ctls[next], &routes(3)).expect("an update after the takeover");
+    assert_eq!(after["ok"], true, "{after}");
+    eprintln!("the update left half done was finished {finished:?} after the leader's death");
 }
