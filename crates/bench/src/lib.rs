@@ -10,6 +10,7 @@ pub mod bed;
 pub mod cost;
 pub mod fabric;
 pub mod fastpath;
+pub mod fleet;
 pub mod forwarding;
 pub mod latency;
 pub mod measure;
@@ -83,6 +84,10 @@ pub enum Scenario {
     /// and without its caches, within a rack and across racks; against cache sizes and skew;
     /// conditional puts computed by the client, at the home and in the network.
     Fabric(fabric::Args),
+    /// A pool change made through `kvswitch controller`: how long it takes to reach every
+    /// switch of a fleet of 2, 8 and 100 (`kvswitch proxy` processes with their APIs, on
+    /// loopback; no root needed).
+    Fleet(fleet::Args),
     /// Every testbed scenario in turn (not `proxy`), each into its own folder under --out.
     All(AllArgs),
 }
@@ -155,6 +160,7 @@ pub fn run(scenario: &Scenario) -> anyhow::Result<()> {
         Scenario::Qcn(args) => qcn::run(args).map(drop),
         Scenario::Bcube(args) => bcube::run(args).map(drop),
         Scenario::Fabric(args) => fabric::run(args),
+        Scenario::Fleet(args) => fleet::run(args).map(drop),
         Scenario::Appswitch(args) => appswitch::run(args).map(drop),
         Scenario::Reqcache(args) => reqcache::run(args).map(drop),
         Scenario::Switchkv(args) => run_switchkv(args),
@@ -193,6 +199,7 @@ fn run_all(common: &Common) -> anyhow::Result<()> {
     fabric::run(&fabric::Args::with(sub(fabric::NAME)))?;
     appswitch::run(&appswitch::Args::with(sub(appswitch::NAME)))?;
     reqcache::run(&reqcache::Args::with(sub(reqcache::NAME)))?;
+    fleet::run(&fleet::Args::with(sub(fleet::NAME)))?;
     Ok(())
 }
 

@@ -176,6 +176,12 @@ pub(crate) fn status_doc(shared: &Shared) -> Value {
             (true, false) => f.leader.clone(),
         },
         "generation": f.generation,
+        "last_change": f.spread.map(|c| json!({
+            "generation": c.generation,
+            "ms_ago": c.at.elapsed().as_secs_f64() * 1e3,
+            "reached_every_switch_ms": c.reached.map(|d| d.as_secs_f64() * 1e3),
+            "switches_reached": f.switches.iter().filter(|s| s.generation >= c.generation).count(),
+        })),
         "servers": servers,
         "spares": spares,
         "switches": switches,
@@ -257,6 +263,14 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         for (sw, st) in f.file.switches.iter().zip(&f.switches) {
             m.sample(name, &[("switch", &sw.name)], pick(st));
         }
+    }
+    if let Some(reached) = f.last_spread.and_then(|c| c.reached) {
+        m.single(
+            "kvswitch_controller_change_spread_seconds",
+            Kind::Gauge,
+            "How long the last change that reached every switch took to reach the last one.",
+            reached.as_secs_f64(),
+        );
     }
     crate::restore::metrics(&f.file.switches, &f.kept, &mut m);
     cache_nodes::metrics(&f.cache_nodes, &mut m);

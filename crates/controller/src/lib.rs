@@ -110,6 +110,17 @@ struct SwitchState {
     last_error: Option<String>,
     /// When it was last found in step, for the status.
     last_in_step: Option<Instant>,
+    /// The fleet's generation it was last brought in step with.
+    generation: u64,
+}
+
+/// The last change the switches had to follow, and how long it took to reach every one.
+#[derive(Debug, Clone, Copy)]
+struct Spread {
+    generation: u64,
+    at: Instant,
+    /// Once every switch is in step with it (or a later generation).
+    reached: Option<std::time::Duration>,
 }
 
 /// The fleet: the desired pool, the servers' health and the switches' states.
@@ -147,6 +158,10 @@ struct Fleet {
     fabric: Option<fabric::FabricStatus>,
     /// What is kept of each switch (`keep_switch_state`), by position in the file.
     kept: Vec<restore::Kept>,
+    /// The last change and how long it took to reach every switch.
+    spread: Option<Spread>,
+    /// The same for the last change that did reach every switch.
+    last_spread: Option<Spread>,
 }
 
 /// What the threads share.
@@ -196,6 +211,11 @@ impl Shared {
 
     fn bump(&self, fleet: &mut Fleet) {
         fleet.generation += 1;
+        fleet.spread = Some(Spread {
+            generation: fleet.generation,
+            at: Instant::now(),
+            reached: None,
+        });
         self.changed.notify_all();
     }
 }
@@ -368,6 +388,8 @@ pub fn start(
         standing_in: vec![None; servers.len()],
         switches: vec![SwitchState::default(); file.switches.len()],
         kept: vec![restore::Kept::default(); file.switches.len()],
+        spread: None,
+        last_spread: None,
         servers,
         file,
         generation: 1,

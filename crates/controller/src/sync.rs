@@ -192,7 +192,9 @@ pub(crate) fn syncer(shared: &Shared, i: usize) {
                 st.in_step = true;
                 st.last_in_step = Some(Instant::now());
                 st.last_error = None;
+                st.generation = generation;
                 done = generation;
+                note_reached(&mut f);
             }
             Err(e) => {
                 if st.last_error.is_none() {
@@ -218,6 +220,18 @@ pub(crate) fn syncer(shared: &Shared, i: usize) {
             drop(g);
         }
     }
+}
+
+/// Records when the last change has reached every switch.
+fn note_reached(f: &mut Fleet) {
+    let Some(spread) = &mut f.spread else {
+        return;
+    };
+    if spread.reached.is_some() || f.switches.iter().any(|s| s.generation < spread.generation) {
+        return;
+    }
+    spread.reached = Some(spread.at.elapsed());
+    f.last_spread = f.spread;
 }
 
 /// The servers every switch should have now ([`live_servers`]), but never none: when every

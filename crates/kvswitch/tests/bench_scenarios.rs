@@ -692,6 +692,7 @@ fn bad_arguments_are_refused_with_a_reason() {
             &["popularity-change", "--change-keys", "0"][..],
             "--change-keys",
         ),
+        (&["fleet", "--switches", "0"][..], "--switches"),
     ] {
         let out = bench(args);
         let err = String::from_utf8_lossy(&out.stderr);
@@ -712,9 +713,31 @@ fn bad_arguments_are_refused_with_a_reason() {
         "qcn",
         "appswitch",
         "reqcache",
+        "fleet",
         "all",
     ] {
         assert!(text.contains(s), "bench --help does not list {s}:\n{text}");
+    }
+}
+
+#[test]
+fn fleet_short() {
+    let (_, json) = run("fleet", "kflt");
+    let points = json["points"].as_array().expect("points");
+    let sizes: Vec<u64> = points
+        .iter()
+        .map(|p| p["switches"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, [2, 8], "{json}");
+    for p in points {
+        // Every change, added and removed, reached every switch, and took some time to.
+        let times = p["reached_ms"].as_array().expect("times");
+        assert_eq!(times.len(), 4, "{p}");
+        for t in times {
+            let ms = t.as_f64().expect("a time");
+            assert!(ms > 0.0 && ms < 30_000.0, "{p}");
+        }
+        assert!(p["median_ms"].as_f64().unwrap() > 0.0, "{p}");
     }
 }
 

@@ -169,12 +169,38 @@ fn a_fleet_follows_its_servers_health_and_the_controllers_changes() {
     // Scaling through the controller's API.
     let s5 = Memcached::start();
     let body = json!({"addr": s5.addr().to_string(), "name": "s5"});
-    ctl.call("POST", "/api/v1/pool/servers", Some(&body))
+    let added = ctl
+        .call("POST", "/api/v1/pool/servers", Some(&body))
         .unwrap();
     until_pools(
         &clients,
         &["s1", "s2", "s3", "s4", "s5"],
         Duration::from_secs(5),
+    );
+    // The status says when the change reached the last switch (both are in step with it by
+    // now, or a later one).
+    let started = Instant::now();
+    let change = loop {
+        let status = ctl.call("GET", "/api/v1/status", None).unwrap();
+        let change = status["last_change"].clone();
+        if change["reached_every_switch_ms"].is_number() {
+            break change;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "{status}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        change["generation"].as_u64() >= added["generation"].as_u64(),
+        "{change} {added}"
+    );
+    assert_eq!(change["switches_reached"], 2, "{change}");
+    let metrics = ctl.call("GET", "/metrics", None).unwrap();
+    assert!(
+        metrics
+            .as_str()
+            .unwrap_or_default()
+            .contains("kvswitch_controller_change_spread_seconds "),
+        "{metrics}"
     );
     let e = ctl
         .call("POST", "/api/v1/pool/servers", Some(&body))
