@@ -4,7 +4,8 @@
 //! API, and `kvswitch controller` driving them; a spare server is added through the
 //! controller's API and removed again, and after each change the controller's status says
 //! when the last switch was brought in step with it (`last_change.reached_every_switch_ms`).
-//! Medians over the changes, for each fleet size.
+//! Each fleet size runs with each way of changing (`pool_changes`: `each`, `together`, with
+//! the skew between the switches' taking a change); medians over the changes.
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -60,10 +61,14 @@ impl Args {
     }
 }
 
-/// One fleet size's figures.
+/// One fleet size's figures, one way of changing.
 #[derive(Clone, Debug, Serialize)]
 pub struct Point {
     pub switches: u32,
+    /// `each` or `together`.
+    pub mode: &'static str,
+    /// Together: between the first switch and the last to take each change, median.
+    pub skew_ms: Option<f64>,
     /// Each change's time to reach every switch, in order (adds and removes alternate).
     pub reached_ms: Vec<f64>,
     pub median_ms: f64,
@@ -102,9 +107,35 @@ fn free(ports: &local::Ports) -> anyhow::Result<SocketAddr> {
 struct Fleet {
     _servers: Vec<Proc>,
     _proxies: Vec<Proc>,
-    _controller: Proc,
-    controller: api::Client,
     spare: SocketAddr,
+    /// The controller's file, but for `pool_changes`.
+    controller_file: String,
+    controller_api: SocketAddr,
+}
+
+/// How the controller changes the switches' pools: `each` or `together`.
+pub const MODES: [&str; 2] = ["each", "together"];
+
+/// The controller of `fleet`, changing pools `mode`'s way; killed on drop.
+fn controller(dir: &TempDir, fleet: &Fleet, mode: &str) -> anyhow::Result<(Proc, api::Client)> {
+    let path = dir.path().join(format!("controller-{mode}.toml"));
+    let text = fleet.controller_file.replacen(
+        "[controller]\n",
+        &format!("[controller]\npool_changes = \"{mode}\"\n"),
+        1,
+    );
+    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    let log = dir.path().join(format!("controller-{mode}.log"));
+    let exe = std::env::current_exe().context("finding kvswitch itself")?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("controller")
+        .arg("--config")
+        .arg(&path)
+        .env("RUST_LOG", "warn");
+    local::die_with_parent(&mut cmd);
+    let mut proc = Proc::spawn_logged("kvswitch controller", &mut cmd, &log)?;
+    proc.wait_listening(fleet.controller_api, Some(&log))?;
+    Ok((proc, api::Client::new(fleet.controller_api, None)))
 }
 
 fn start(dir: &TempDir, n: u32) -> anyhow::Result<Fleet> {
@@ -161,23 +192,12 @@ fn start(dir: &TempDir, n: u32) -> anyhow::Result<Fleet> {
     }
     text.push('\n');
     text.push_str(&pool_toml);
-    let path = dir.path().join("controller.toml");
-    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
-    let log = dir.path().join("controller.log");
-    let mut cmd = Command::new(&exe);
-    cmd.arg("controller")
-        .arg("--config")
-        .arg(&path)
-        .env("RUST_LOG", "warn");
-    local::die_with_parent(&mut cmd);
-    let mut controller = Proc::spawn_logged("kvswitch controller", &mut cmd, &log)?;
-    controller.wait_listening(controller_api, Some(&log))?;
     Ok(Fleet {
         _servers: servers,
         _proxies: proxies,
-        _controller: controller,
-        controller: api::Client::new(controller_api, None),
         spare,
+        controller_file: text,
+        controller_api,
     })
 }
 
@@ -221,12 +241,19 @@ fn settled(ctl: &api::Client, n: u32, limit: Duration) -> anyhow::Result<()> {
     }
 }
 
-fn measure(dir: &TempDir, n: u32, changes: u32) -> anyhow::Result<Point> {
-    let fleet = start(dir, n)?;
-    let ctl = &fleet.controller;
+fn measure(
+    dir: &TempDir,
+    fleet: &Fleet,
+    n: u32,
+    mode: &'static str,
+    changes: u32,
+) -> anyhow::Result<Point> {
+    let (_controller, ctl) = controller(dir, fleet, mode)?;
+    let ctl = &ctl;
     settled(ctl, n, Duration::from_secs(30 + u64::from(n) / 2))?;
     let mut times = Vec::new();
     let mut api_times = Vec::new();
+    let mut skews = Vec::new();
     for k in 0..changes {
         let asked = Instant::now();
         let answer = match k % 2 {
@@ -243,11 +270,19 @@ fn measure(dir: &TempDir, n: u32, changes: u32) -> anyhow::Result<Point> {
             .as_u64()
             .context("the controller named no generation")?;
         times.push(reached(ctl, generation, Duration::from_secs(30))?);
+        if mode == "together" {
+            let status = ctl.call("GET", "/api/v1/status", None)?;
+            if let Some(skew) = status["together"]["last_skew_ms"].as_f64() {
+                skews.push(skew);
+            }
+        }
         // Let the fleet rest between changes.
         std::thread::sleep(Duration::from_millis(100));
     }
     Ok(Point {
         switches: n,
+        mode,
+        skew_ms: (!skews.is_empty()).then(|| median(&skews)),
         median_ms: median(&times),
         max_ms: times.iter().copied().fold(0.0, f64::max),
         api_ms: median(&api_times),
@@ -260,21 +295,31 @@ fn summary(points: &[Point], changes: u32) -> String {
         "# Fleet: a pool change through the controller, to every switch\n\n\
          `kvswitch controller` drives N `kvswitch proxy` processes (each with its control API) \
          on loopback, in front of {SERVERS} memcached; a spare memcached is added through the \
-         controller's API and removed again, {changes} changes in all. Each change's time runs \
-         from the controller taking it to the last switch brought in step with it (the \
-         status's `last_change.reached_every_switch_ms`); each switch is changed on its own \
-         (a syncer per switch), so during that time switches route some keys by different \
-         pools.\n\n\
-         | switches | median ms | max ms | API answer ms (median) |\n|--:|--:|--:|--:|\n"
+         controller's API and removed again, {changes} changes in all, with each way of \
+         changing (`pool_changes`). A change's time runs from the controller taking it to \
+         the last switch brought in step with it (the status's \
+         `last_change.reached_every_switch_ms`). `each`: every switch changed on its own (a \
+         syncer per switch), so until the last one is, switches route some keys by \
+         different pools. `together`: the change staged on every switch, then committed on \
+         all for one instant ahead (three times the staging's time, 20 ms at least); the \
+         time includes that lead and the controller's check that every switch took it. \
+         Skew: between the first switch and the last to take it, by their own clocks.\n\n\
+         | switches | each: median ms | each: max ms | together: median ms | together: max ms | together: skew ms |\n\
+         |--:|--:|--:|--:|--:|--:|\n"
     );
-    for p in points {
+    let mut sizes: Vec<u32> = points.iter().map(|p| p.switches).collect();
+    sizes.dedup();
+    for n in sizes {
+        let of = |mode: &str| points.iter().find(|p| p.switches == n && p.mode == mode);
+        let (each, together) = (of("each"), of("together"));
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} |",
-            p.switches,
-            fmt(Some(p.median_ms), 1),
-            fmt(Some(p.max_ms), 1),
-            fmt(Some(p.api_ms), 1)
+            "| {n} | {} | {} | {} | {} | {} |",
+            fmt(each.map(|p| p.median_ms), 1),
+            fmt(each.map(|p| p.max_ms), 1),
+            fmt(together.map(|p| p.median_ms), 1),
+            fmt(together.map(|p| p.max_ms), 1),
+            fmt(together.and_then(|p| p.skew_ms), 2),
         );
     }
     s
@@ -290,19 +335,22 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     let out = Output::create(&super::bed::out_dir(args.common.out.as_ref(), NAME))?;
     let mut points = Vec::new();
     for &n in &sizes {
-        eprintln!("{NAME}: {n} switches, {changes} changes...");
         let dir = TempDir::new("kvswitch-bench-fleet")?;
-        let point = measure(&dir, n, changes)?;
-        eprintln!(
-            "{NAME}: {n} switches: median {:.1} ms, max {:.1} ms to reach every switch",
-            point.median_ms, point.max_ms
-        );
-        points.push(point);
+        let fleet = start(&dir, n)?;
+        for mode in MODES {
+            eprintln!("{NAME}: {n} switches, {changes} changes, {mode}...");
+            let point = measure(&dir, &fleet, n, mode, changes)?;
+            eprintln!(
+                "{NAME}: {n} switches, {mode}: median {:.1} ms, max {:.1} ms to reach every switch",
+                point.median_ms, point.max_ms
+            );
+            points.push(point);
+        }
     }
     let results = Results {
         scenario: NAME,
         settings: serde_json::json!({
-            "switches": sizes, "changes": changes, "servers": SERVERS,
+            "switches": sizes, "changes": changes, "servers": SERVERS, "modes": MODES,
             "short": args.common.short,
         }),
         machine: machine.clone(),

@@ -29,6 +29,9 @@
 //! fabric = "fabric.toml"        # optional: keep this caching fabric's registration table
 //!                               # (relative to this file); [[switches]] and [pool] may then
 //!                               # be left out
+//! pool_changes = "each"         # "each": every switch brought to the pool on its own (one
+//!                               # out of reach holds up no other); "together": every switch
+//!                               # takes each change at one instant, or none does
 //! keep_switch_state = true      # copy each switch's tables, entries, interfaces, groups,
 //!                               # registers and egress rates, and put them back on a switch
 //!                               # that restarts
@@ -127,6 +130,8 @@ pub struct ControllerFile {
     /// controller keeps: its switches are probed, and a new table installed on them all when
     /// one fails or comes back.
     pub fabric: Option<PathBuf>,
+    /// How a change of the pool reaches the switches.
+    pub pool_changes: PoolChanges,
     /// Copy what an operator put on each switch (tables, entries, interfaces, groups,
     /// registers, egress rates) and put it back on a switch that restarts.
     pub keep_switch_state: bool,
@@ -138,6 +143,27 @@ pub struct ControllerFile {
     pub pool: PoolSpec,
     /// The routes the controller keeps on the switches (`[routes]`), if any.
     pub routes: Option<RoutesSpec>,
+}
+
+/// How a change of the pool reaches the switches (`pool_changes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PoolChanges {
+    /// Each switch is brought to the pool on its own: one out of reach holds up no other, and
+    /// for a few milliseconds switches may route a moved key by different pools.
+    #[default]
+    Each,
+    /// Staged on every switch and taken by all at one instant; a switch that refuses or is
+    /// out of reach stops the change, and the old pool stays in force everywhere.
+    Together,
+}
+
+impl PoolChanges {
+    pub fn name(self) -> &'static str {
+        match self {
+            PoolChanges::Each => "each",
+            PoolChanges::Together => "together",
+        }
+    }
 }
 
 /// How the controller keeps versioned routes on its switches (`[routes]`).
@@ -210,6 +236,7 @@ struct RawController {
     fabric: Option<String>,
     keep_switch_state: Option<bool>,
     state_file: Option<String>,
+    pool_changes: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -246,6 +273,9 @@ sync_interval_ms = 1000       # every switch is checked this often anyway
 # api_tls_cert = "controller.crt"  # optional: the controller's own API over HTTPS
 # api_tls_key = "controller.key"   # (api_tls_client_ca: clients must show a certificate)
 cache_node_port = 11211       # optional: SwitchKV cache nodes are probed on this port
+pool_changes = "each"         # "each": every switch brought to the pool on its own (one
+                              # out of reach holds up no other); "together": every switch
+                              # takes each change at one instant, or none does
 keep_switch_state = true      # copy each switch's tables, entries, interfaces, groups,
                               # registers and egress rates; put them back when it restarts
 # state_file = "state.json"   # optional: keep the copies and the routes in this file (with
@@ -356,6 +386,16 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
     )
     .map_err(|(k, e)| err(&k, e))?;
     let fabric = c.fabric.map(|f| base.join(f));
+    let pool_changes = match c.pool_changes.as_deref() {
+        None | Some("each") => PoolChanges::Each,
+        Some("together") => PoolChanges::Together,
+        Some(other) => {
+            return Err(err(
+                "controller.pool_changes",
+                format!("{other:?}: use \"each\" or \"together\""),
+            ))
+        }
+    };
     let state_file = match c.state_file {
         Some(f) if f.trim().is_empty() => {
             return Err(err(
@@ -512,6 +552,7 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
         switch_tls,
         server_sasl,
         fabric,
+        pool_changes,
         keep_switch_state: c.keep_switch_state.unwrap_or(true),
         state_file,
         switches,
@@ -640,6 +681,33 @@ weight = 2
             port(GOOD.replace("down_after = 2", "cache_node_port = 11311")),
             Some(11311)
         );
+    }
+
+    #[test]
+    fn pool_changes_are_each_by_default_together_when_asked_and_nothing_else() {
+        assert_eq!(
+            parse(GOOD, Path::new("c.toml")).unwrap().pool_changes,
+            PoolChanges::Each
+        );
+        let together = GOOD.replacen(
+            "[controller]\n",
+            "[controller]\npool_changes = \"together\"\n",
+            1,
+        );
+        assert_eq!(
+            parse(&together, Path::new("c.toml")).unwrap().pool_changes,
+            PoolChanges::Together
+        );
+        let bad = GOOD.replacen(
+            "[controller]\n",
+            "[controller]\npool_changes = \"all\"\n",
+            1,
+        );
+        let e = parse(&bad, Path::new("c.toml")).unwrap_err().to_string();
+        assert!(e.contains("pool_changes") && e.contains("together"), "{e}");
+        let state = GOOD.replacen("[controller]\n", "[controller]\nstate_file = \"\"\n", 1);
+        let e = parse(&state, Path::new("c.toml")).unwrap_err().to_string();
+        assert!(e.contains("state_file"), "{e}");
     }
 
     #[test]

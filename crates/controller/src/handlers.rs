@@ -182,6 +182,13 @@ pub(crate) fn status_doc(shared: &Shared) -> Value {
             "reached_every_switch_ms": c.reached.map(|d| d.as_secs_f64() * 1e3),
             "switches_reached": f.switches.iter().filter(|s| s.generation >= c.generation).count(),
         })),
+        "pool_changes": f.file.pool_changes.name(),
+        "together": (f.file.pool_changes == config::controller::PoolChanges::Together).then(|| json!({
+            "taken": f.flip.taken, "stopped": f.flip.stopped,
+            "last_skew_ms": f.flip.skew.as_secs_f64() * 1e3,
+            "last_prepare_ms": f.flip.prepare.as_secs_f64() * 1e3,
+            "last_lead_ms": f.flip.lead.as_secs_f64() * 1e3,
+        })),
         "servers": servers,
         "spares": spares,
         "switches": switches,
@@ -270,6 +277,26 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
             Kind::Gauge,
             "How long the last change that reached every switch took to reach the last one.",
             reached.as_secs_f64(),
+        );
+    }
+    if f.file.pool_changes == config::controller::PoolChanges::Together {
+        m.family(
+            "kvswitch_controller_pool_changes_together_total",
+            Kind::Counter,
+            "Pool changes staged on every switch: taken by all at one instant, or stopped.",
+        );
+        for (outcome, n) in [("taken", f.flip.taken), ("stopped", f.flip.stopped)] {
+            m.sample(
+                "kvswitch_controller_pool_changes_together_total",
+                &[("outcome", outcome)],
+                n,
+            );
+        }
+        m.single(
+            "kvswitch_controller_pool_flip_skew_seconds",
+            Kind::Gauge,
+            "Between the first switch and the last to take the last change, by their clocks.",
+            f.flip.skew.as_secs_f64(),
         );
     }
     crate::restore::metrics(&f.file.switches, &f.kept, &mut m);

@@ -88,6 +88,7 @@ pub mod restore;
 pub mod routes;
 mod state_file;
 mod sync;
+mod together;
 
 use election::*;
 use handlers::*;
@@ -119,6 +120,9 @@ struct SwitchState {
 struct Spread {
     generation: u64,
     at: Instant,
+    /// The same instant by the wall clock, which the switches' reports of when they took a
+    /// change are in.
+    at_wall: std::time::SystemTime,
     /// Once every switch is in step with it (or a later generation).
     reached: Option<std::time::Duration>,
 }
@@ -162,6 +166,8 @@ struct Fleet {
     spread: Option<Spread>,
     /// The same for the last change that did reach every switch.
     last_spread: Option<Spread>,
+    /// With `pool_changes = "together"`: the last change taken, and counts.
+    flip: together::Flip,
 }
 
 /// What the threads share.
@@ -214,6 +220,7 @@ impl Shared {
         fleet.spread = Some(Spread {
             generation: fleet.generation,
             at: Instant::now(),
+            at_wall: std::time::SystemTime::now(),
             reached: None,
         });
         self.changed.notify_all();
@@ -390,6 +397,7 @@ pub fn start(
         kept: vec![restore::Kept::default(); file.switches.len()],
         spread: None,
         last_spread: None,
+        flip: together::Flip::default(),
         servers,
         file,
         generation: 1,
@@ -483,9 +491,24 @@ pub fn start(
                 .spawn(move || restore::keep(&shared))?,
         );
     }
-    // One syncer per switch: a switch out of reach holds up only its own.
-    let switches = shared.fleet().file.switches.len();
-    for i in 0..switches {
+    // One syncer per switch: a switch out of reach holds up only its own; or, with changes
+    // taken together, one changer for all.
+    let (switches, together) = {
+        let f = shared.fleet();
+        (
+            f.file.switches.len(),
+            f.file.pool_changes == config::controller::PoolChanges::Together,
+        )
+    };
+    if together {
+        let shared = shared.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("changer".into())
+                .spawn(move || together::changer(&shared))?,
+        );
+    }
+    for i in (0..switches).filter(|_| !together) {
         let shared = shared.clone();
         threads.push(
             std::thread::Builder::new()

@@ -223,14 +223,23 @@ pub(crate) fn syncer(shared: &Shared, i: usize) {
 }
 
 /// Records when the last change has reached every switch.
-fn note_reached(f: &mut Fleet) {
+pub(crate) fn note_reached(f: &mut Fleet) {
+    note_reached_at(f, None);
+}
+
+/// As [`note_reached`]; with `taken`, the wall-clock instant the last switch took the change
+/// (a change taken together: the switches' own reports), else now.
+pub(crate) fn note_reached_at(f: &mut Fleet, taken: Option<std::time::SystemTime>) {
     let Some(spread) = &mut f.spread else {
         return;
     };
     if spread.reached.is_some() || f.switches.iter().any(|s| s.generation < spread.generation) {
         return;
     }
-    spread.reached = Some(spread.at.elapsed());
+    spread.reached = Some(match taken {
+        Some(t) => t.duration_since(spread.at_wall).unwrap_or_default(),
+        None => spread.at.elapsed(),
+    });
     f.last_spread = f.spread;
 }
 

@@ -724,12 +724,20 @@ fn bad_arguments_are_refused_with_a_reason() {
 fn fleet_short() {
     let (_, json) = run("fleet", "kflt");
     let points = json["points"].as_array().expect("points");
-    let sizes: Vec<u64> = points
+    let sizes: Vec<(u64, &str)> = points
         .iter()
-        .map(|p| p["switches"].as_u64().unwrap())
+        .map(|p| (p["switches"].as_u64().unwrap(), p["mode"].as_str().unwrap()))
         .collect();
-    assert_eq!(sizes, [2, 8], "{json}");
+    assert_eq!(
+        sizes,
+        [(2, "each"), (2, "together"), (8, "each"), (8, "together")],
+        "{json}"
+    );
     for p in points {
+        // Taken together, every switch reported when it took each change.
+        if p["mode"] == "together" {
+            assert!(p["skew_ms"].as_f64().is_some_and(|s| s >= 0.0), "{p}");
+        }
         // Every change, added and removed, reached every switch, and took some time to.
         let times = p["reached_ms"].as_array().expect("times");
         assert_eq!(times.len(), 4, "{p}");

@@ -683,3 +683,98 @@ fn a_server_added_with_a_warm_up_is_filled_from_where_its_keys_were() {
         .to_string();
     assert!(e.contains("400") && e.contains("warm_ms"), "{e}");
 }
+
+/// What a proxy's pool shows of its staged change: (id, at, taken), in Unix milliseconds.
+fn staged(client: &Client) -> (Option<u64>, Option<f64>, Option<f64>) {
+    let doc = client.call("GET", "/api/v1/pool", None).unwrap();
+    let s = &doc["pools"][0]["staged"];
+    (
+        s["id"].as_u64(),
+        s["at_unix_ms"].as_f64(),
+        s["taken_unix_ms"].as_f64(),
+    )
+}
+
+#[test]
+fn with_changes_taken_together_every_switch_takes_a_change_at_one_instant() {
+    let names = ["s1", "s2", "s3"];
+    let (_servers, list) = servers(&names);
+    let (_proxies, clients) = proxies(3, &list, &PoolOpts::default());
+    let apis: Vec<SocketAddr> = clients.iter().map(|c| c.api).collect();
+    let (_controller, ctl) = start_controller(
+        &apis,
+        &list,
+        &format!("probe_interval_ms = {PROBE_MS}\npool_changes = \"together\""),
+    );
+    let status = ctl.call("GET", "/api/v1/status", None).unwrap();
+    assert_eq!(status["pool_changes"], "together", "{status}");
+    let s4 = Memcached::start();
+    let body = json!({"addr": s4.addr().to_string(), "name": "s4"});
+    ctl.call("POST", "/api/v1/pool/servers", Some(&body))
+        .unwrap();
+    until_pools(&clients, &["s1", "s2", "s3", "s4"], Duration::from_secs(5));
+    ctl.call("DELETE", "/api/v1/pool/servers/s2", None).unwrap();
+    until_pools(&clients, &["s1", "s3", "s4"], Duration::from_secs(5));
+
+    // Every proxy took the last change, the same one, and none before the instant it was
+    // given.
+    let shown: Vec<_> = clients.iter().map(staged).collect();
+    let (id, at, _) = shown[0];
+    for (i, (their_id, their_at, taken)) in shown.iter().enumerate() {
+        assert_eq!((*their_id, *their_at), (id, at), "proxy {i}: {shown:?}");
+        let (at, taken) = (their_at.unwrap(), taken.expect("taken"));
+        assert!(
+            taken >= at,
+            "proxy {i} took the change before its instant: {shown:?}"
+        );
+    }
+    let takens: Vec<f64> = shown.iter().filter_map(|s| s.2).collect();
+    let skew = takens.iter().copied().fold(f64::MIN, f64::max)
+        - takens.iter().copied().fold(f64::MAX, f64::min);
+    let status = ctl.call("GET", "/api/v1/status", None).unwrap();
+    assert!(
+        status["together"]["taken"].as_u64().unwrap() >= 2,
+        "{status}"
+    );
+    eprintln!(
+        "3 proxies took the change within {skew:.2} ms of each other ({})",
+        status["together"]
+    );
+}
+
+#[test]
+fn with_changes_taken_together_a_switch_out_of_reach_stops_the_change_everywhere() {
+    let names = ["s1", "s2"];
+    let (_servers, list) = servers(&names);
+    let (_proxies, clients) = proxies(1, &list, &PoolOpts::default());
+    // A "switch" that takes connections and never answers, beside the proxy.
+    let hung = TcpListener::bind("127.0.0.1:0").unwrap();
+    let (_controller, ctl) = start_controller(
+        &[clients[0].api, hung.local_addr().unwrap()],
+        &list,
+        &format!("probe_interval_ms = {PROBE_MS}\npool_changes = \"together\""),
+    );
+    let s3 = Memcached::start();
+    let body = json!({"addr": s3.addr().to_string(), "name": "s3"});
+    ctl.call("POST", "/api/v1/pool/servers", Some(&body))
+        .unwrap();
+    // The change is not taken where it could be: the old pool stays in force.
+    let started = Instant::now();
+    loop {
+        let status = ctl.call("GET", "/api/v1/status", None).unwrap();
+        if status["together"]["stopped"].as_u64().unwrap_or(0) >= 1 {
+            assert_eq!(status["switches"][1]["in_step"], false, "{status}");
+            assert!(status["switches"][1]["last_error"].is_string(), "{status}");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the change was never stopped: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(pool_of(&clients[0]), ["s1", "s2"]);
+    let (_, at, taken) = staged(&clients[0]);
+    assert_eq!((at, taken), (None, None), "staged, never committed");
+    drop(hung);
+}

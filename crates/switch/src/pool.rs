@@ -611,6 +611,30 @@ impl Pool {
             .map(|c| c.version)
     }
 
+    /// As [`Pool::set_servers`], and a server that was not in the pool before and has a
+    /// `warm_until` (by its position in `servers`) warms up until then, all in one version:
+    /// a staged change taken at once.
+    pub fn set_servers_warming(
+        &self,
+        servers: &[ServerSpec],
+        warm_until: &[Option<Instant>],
+    ) -> Result<u64, PoolChangeError> {
+        self.refuse_all(servers)?;
+        self.edit(|state| {
+            let before = state.order.clone();
+            servers_into(state, servers)?;
+            for (k, &i) in state.order.clone().iter().enumerate() {
+                if let Some(&Some(until)) = warm_until.get(k) {
+                    if !before.contains(&i) {
+                        state.health[i].warm_until = Some(until);
+                    }
+                }
+            }
+            Ok(0)
+        })
+        .map(|c| c.version)
+    }
+
     /// Whether [`Pool::set_servers`] would take `servers` as the pool stands now, changing
     /// nothing: for checking every pool of a file before changing any.
     pub fn check_servers(&self, servers: &[ServerSpec]) -> Result<(), PoolChangeError> {
@@ -1221,6 +1245,35 @@ mod tests {
             weight,
             name: None,
         }
+    }
+
+    #[test]
+    fn a_staged_list_taken_at_once_warms_only_the_servers_new_to_the_pool() {
+        let spec = PoolSpec::new(
+            "p",
+            SocketAddr::from(([0, 0, 0, 0], 0)),
+            Distribution::Ketama,
+            HashFn::Md5,
+            vec![server(1, 1), server(2, 1)],
+        );
+        let pool = Pool::new(spec).unwrap();
+        let before = pool.version();
+        let until = Instant::ZERO + Duration::from_secs(60);
+        // Server 2 stays (its warm-up is ignored), 1 goes, 3 comes and warms up.
+        let version = pool
+            .set_servers_warming(&[server(2, 1), server(3, 2)], &[Some(until), Some(until)])
+            .unwrap();
+        assert_eq!(version, before + 1, "one version for the whole list");
+        let view = pool.view(Instant::ZERO);
+        assert_eq!(view.live(), &[1, 2]);
+        assert_eq!(pool.health(1).warm_until, None);
+        assert_eq!(pool.health(2).warm_until, Some(until));
+        assert_eq!(pool.spec().servers[2].weight, 2);
+        // A list the pool refuses changes nothing.
+        assert!(pool
+            .set_servers_warming(&[server(2, 1), server(2, 1)], &[])
+            .is_err());
+        assert_eq!(pool.version(), version);
     }
 
     /// Where each of 2000 keys lives, as server addresses.

@@ -73,6 +73,8 @@ pub const ROUTES: &[(&str, &[&str])] = &[
     ("/api/v1/pool", &["get"]),
     ("/api/v1/pool/servers", &["post"]),
     ("/api/v1/pool/servers/{server}", &["put", "delete"]),
+    ("/api/v1/pool/staged", &["put", "delete"]),
+    ("/api/v1/pool/staged/commit", &["post"]),
     ("/api/v1/reload", &["post"]),
     ("/api/v1/cache", &["get"]),
     ("/api/v1/cache/{action}", &["post"]),
@@ -117,7 +119,11 @@ pub struct Served {
     /// registers, egress) applied through this API: a controller that keeps a copy reads the
     /// switch again only when this moves.
     control_changes: std::sync::atomic::AtomicU64,
+    /// Pool changes staged by a controller, to be taken at an instant.
+    staged: staged::StagedChanges,
 }
+
+mod staged;
 
 /// The paths whose changes [`Served::control_changes`] counts.
 const OPERATOR_STATE: [&str; 6] = [
@@ -164,6 +170,7 @@ pub fn serve(listener: TcpListener, api: Api) -> anyhow::Result<SocketAddr> {
         guard: guard.clone(),
         instance: new_instance(),
         control_changes: Default::default(),
+        staged: Default::default(),
     }));
     spawn_server(listener, app, guard, "api", true)
 }
@@ -223,6 +230,11 @@ pub fn router(api: Shared) -> Router {
         .route("/api/v1/packets/stream", get(stream_packets))
         .route("/api/v1/pool", get(pool))
         .route("/api/v1/pool/servers", post(add_server))
+        .route(
+            "/api/v1/pool/staged",
+            axum::routing::put(staged::stage).delete(staged::cancel),
+        )
+        .route("/api/v1/pool/staged/commit", post(staged::commit))
         .route(
             "/api/v1/pool/servers/{server}",
             axum::routing::put(reweight_server).delete(remove_server),
@@ -996,6 +1008,7 @@ async fn pool(State(api): State<Shared>) -> Reply {
                 "replicas": spec.replicas,
                 "version": pool.version(),
                 "servers": servers,
+                "staged": api.staged.doc(&spec.name),
             })
         })
         .collect();
