@@ -3,8 +3,9 @@
 //! in a row is counted out in a new table installed on every switch (IncBricks 4.4: traffic
 //! then takes non-designated paths uncached until the table names new designated switches);
 //! one that answers again is taken back the same way. With a store, each table is written to
-//! etcd before it is installed, and a controller that takes the lead carries on from the
-//! stored one: its failed switches stay failed until they answer, and versions only grow.
+//! etcd before it is installed (else to the state file, when there is one), and a controller
+//! that takes the lead or starts again carries on from the stored one: its failed switches
+//! stay failed until they answer, and versions only grow.
 
 use api::metrics::{Exposition, Kind};
 use std::sync::atomic::Ordering;
@@ -47,11 +48,10 @@ pub(super) fn keep(shared: &Shared, mut keeper: Keeper) {
             continue;
         }
         if !resumed {
-            let stored = shared.store().map(|e| e.fabric_table());
-            match stored {
-                Some(Ok(Some(table))) => keeper.resume(table),
-                None | Some(Ok(None)) => {}
-                Some(Err(e)) => {
+            match stored_table(shared) {
+                Ok(Some(table)) => keeper.resume(table),
+                Ok(None) => {}
+                Err(e) => {
                     set_error(shared, format!("reading the stored table: {e:#}"));
                     std::thread::sleep(CAMPAIGN_INTERVAL);
                     continue;
@@ -61,10 +61,7 @@ pub(super) fn keep(shared: &Shared, mut keeper: Keeper) {
         }
         if let Some(table) = keeper.probe() {
             // Stored first: a controller that takes over never installs an older version.
-            let stored = match shared.store() {
-                Some(e) => e.store_fabric_table(&table),
-                None => Ok(()),
-            };
+            let stored = shared.save(FABRIC_KEY, &table.stored());
             match stored {
                 Ok(()) if shared.fleet().acting() => {
                     let refused = keeper.install(table);
@@ -155,26 +152,22 @@ pub(super) fn metrics(s: &Option<FabricStatus>, m: &mut Exposition) {
     }
 }
 
+/// The state store's key of the registration table.
+const FABRIC_KEY: &str = "fabric";
+
+/// The registration table as stored (in etcd with a store, else in the state file), if it is.
+fn stored_table(shared: &Shared) -> anyhow::Result<Option<Table>> {
+    let Some(bytes) = shared.load(FABRIC_KEY)? else {
+        return Ok(None);
+    };
+    let doc: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| anyhow::anyhow!("the stored fabric table is not JSON: {e}"))?;
+    Table::from_json(&doc).map(Some)
+}
+
 impl Table {
     /// The table as etcd holds it.
     fn stored(&self) -> Vec<u8> {
         self.to_json().to_string().into_bytes()
-    }
-}
-
-impl super::etcd::Etcd {
-    /// The fabric's registration table as stored, if it is.
-    pub fn fabric_table(&self) -> anyhow::Result<Option<Table>> {
-        let Some(bytes) = self.get("fabric")? else {
-            return Ok(None);
-        };
-        let doc: Value = serde_json::from_slice(&bytes)
-            .map_err(|e| anyhow::anyhow!("the stored fabric table is not JSON: {e}"))?;
-        Table::from_json(&doc).map(Some)
-    }
-
-    /// Stores the fabric's registration table; only while leading.
-    pub fn store_fabric_table(&self, table: &Table) -> anyhow::Result<()> {
-        self.put_while_leading("fabric", &table.stored())
     }
 }

@@ -227,6 +227,21 @@ impl Shared {
     }
 }
 
+/// Runs `f` for `0..n` at once, a thread each; each outcome, or its panic.
+fn at_once<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<std::thread::Result<T>> {
+    std::thread::scope(|s| {
+        let jobs: Vec<_> = (0..n)
+            .map(|i| {
+                s.spawn({
+                    let f = &f;
+                    move || f(i)
+                })
+            })
+            .collect();
+        jobs.into_iter().map(|j| j.join()).collect()
+    })
+}
+
 /// The user and password the pool's servers want (SASL), read from the file `file` names.
 fn server_login(file: &ControllerFile) -> anyhow::Result<Option<(String, String)>> {
     let Some(f) = &file.server_sasl else {

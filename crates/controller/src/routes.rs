@@ -359,21 +359,43 @@ fn each<T: Send>(
     n: usize,
     f: impl Fn(usize) -> Result<T, Failure> + Sync,
 ) -> Vec<Result<T, Failure>> {
-    std::thread::scope(|s| {
-        let jobs: Vec<_> = (0..n)
-            .map(|i| {
-                s.spawn({
-                    let f = &f;
-                    move || f(i)
-                })
-            })
-            .collect();
-        jobs.into_iter()
-            .map(|j| {
-                j.join()
-                    .unwrap_or_else(|_| Err(Failure::OutOfReach("the call failed".into())))
-            })
-            .collect()
+    super::at_once(n, f)
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|_| Err(Failure::OutOfReach("the call failed".into()))))
+        .collect()
+}
+
+/// The changes that make every edge port of every switch stamp `v`, by switch.
+fn edge_plans(
+    spec: &RoutesSpec,
+    switches: &[config::controller::SwitchRef],
+    on: &[OnSwitch],
+    v: u8,
+) -> Vec<Vec<(Change, StampEffect)>> {
+    switches
+        .iter()
+        .zip(on)
+        .map(|(s, o)| {
+            let want: BTreeMap<u16, u8> = spec
+                .edge_ports
+                .get(&s.name)
+                .into_iter()
+                .flatten()
+                .map(|&p| (p, v))
+                .collect();
+            stamp_changes(o, &want)
+        })
+        .collect()
+}
+
+/// Applies each switch's plan, all at once: the ids of each, or why not.
+fn apply_plans(
+    calls: &[Calls],
+    plans: &[Vec<(Change, StampEffect)>],
+) -> Vec<Result<Vec<u64>, Failure>> {
+    each(calls.len(), |i| {
+        let changes: Vec<Change> = plans[i].iter().map(|(c, _)| c.clone()).collect();
+        calls[i].batch(&changes)
     })
 }
 
@@ -667,24 +689,8 @@ fn update(shared: &Shared, want: BTreeMap<String, Vec<EntryDef>>) -> Result<Json
     // Flip: every edge port stamps v.
     out.phase = "flip";
     let before = on.clone();
-    let plans: Vec<Vec<(Change, StampEffect)>> = switches
-        .iter()
-        .zip(&on)
-        .map(|(s, o)| {
-            let want: BTreeMap<u16, u8> = spec
-                .edge_ports
-                .get(&s.name)
-                .into_iter()
-                .flatten()
-                .map(|&p| (p, v))
-                .collect();
-            stamp_changes(o, &want)
-        })
-        .collect();
-    let flipped = each(calls.len(), |i| {
-        let changes: Vec<Change> = plans[i].iter().map(|(c, _)| c.clone()).collect();
-        calls[i].batch(&changes)
-    });
+    let plans = edge_plans(&spec, &switches, &on, v);
+    let flipped = apply_plans(&calls, &plans);
     let flip_ok = flipped.iter().all(Result::is_ok);
     for (i, r) in flipped.iter().enumerate() {
         if let Ok(ids) = r {
@@ -974,24 +980,8 @@ fn resolve(
         if let Some(e) = first_err(results) {
             return Err(e);
         }
-        let plans: Vec<Vec<(Change, StampEffect)>> = switches
-            .iter()
-            .zip(&on)
-            .map(|(s, o)| {
-                let want: BTreeMap<u16, u8> = spec
-                    .edge_ports
-                    .get(&s.name)
-                    .into_iter()
-                    .flatten()
-                    .map(|&p| (p, v))
-                    .collect();
-                stamp_changes(o, &want)
-            })
-            .collect();
-        let flipped = each(calls.len(), |i| {
-            let changes: Vec<Change> = plans[i].iter().map(|(c, _)| c.clone()).collect();
-            calls[i].batch(&changes)
-        });
+        let plans = edge_plans(spec, switches, &on, v);
+        let flipped = apply_plans(calls, &plans);
         let mut results = Vec::new();
         for (i, r) in flipped.into_iter().enumerate() {
             results.push(r.map(|ids| after_stamps(&mut on[i], &plans[i], &ids)));

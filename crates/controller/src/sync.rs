@@ -154,29 +154,17 @@ pub(crate) fn live_servers(f: &mut Fleet) -> Vec<ServerSpec> {
 pub(crate) fn syncer(shared: &Shared, i: usize) {
     let mut done = 0u64;
     while !shared.stop.load(Ordering::Relaxed) {
-        {
-            let f = shared.fleet();
-            // Not while standing by, nor before every server has been probed once.
-            let probed = f.health.iter().chain(&f.spare_health).all(|h| h.known());
-            if !f.acting() || !probed {
-                drop(f);
-                std::thread::sleep(Duration::from_millis(20));
-                continue;
-            }
-        }
-        let (generation, pool, live, switch, warm) = {
-            let mut f = shared.fleet();
-            let live = desired(&mut f);
-            let now = Instant::now();
-            f.warm_until.retain(|_, t| *t > now);
-            (
-                f.generation,
-                f.file.pool.name.clone(),
-                live,
-                f.file.switches[i].clone(),
-                f.warm_until.clone(),
-            )
+        let Some(Round {
+            generation,
+            pool,
+            live,
+            warm,
+        }) = next_round(shared)
+        else {
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
         };
+        let switch = shared.fleet().file.switches[i].clone();
         let client = shared.switch_client(switch.api);
         let outcome = sync_switch(&client, &pool, &live, &warm, &|| shared.fleet().acting());
         let mut f = shared.fleet();
@@ -205,20 +193,60 @@ pub(crate) fn syncer(shared: &Shared, i: usize) {
                 st.last_error = Some(format!("{e:#}"));
             }
         }
-        // Wait for a change, or the interval; retry a failure soon.
-        let wait = match ok {
-            true => f.file.sync_interval,
-            false => f.file.sync_interval.min(Duration::from_millis(200)),
-        };
-        if f.generation == done || !ok {
-            let (g, _) = shared
-                .changed
-                .wait_timeout_while(f, wait, |f| {
-                    f.generation == generation && !shared.stop.load(Ordering::Relaxed)
-                })
-                .unwrap_or_else(|p| p.into_inner());
-            drop(g);
-        }
+        wait_for_change(shared, f, generation, done, ok);
+    }
+}
+
+/// What a round of bringing switches to the pool works from.
+pub(crate) struct Round {
+    pub generation: u64,
+    pub pool: String,
+    /// The servers every switch should have ([`desired`]).
+    pub live: Vec<ServerSpec>,
+    /// Servers warming up, by label: until when.
+    pub warm: HashMap<String, Instant>,
+}
+
+/// The next round's inputs; `None` while this controller stands by, or before every server
+/// has been probed once.
+pub(crate) fn next_round(shared: &Shared) -> Option<Round> {
+    let mut f = shared.fleet();
+    let probed = f.health.iter().chain(&f.spare_health).all(|h| h.known());
+    if !f.acting() || !probed {
+        return None;
+    }
+    let live = desired(&mut f);
+    let now = Instant::now();
+    f.warm_until.retain(|_, t| *t > now);
+    Some(Round {
+        generation: f.generation,
+        pool: f.file.pool.name.clone(),
+        live,
+        warm: f.warm_until.clone(),
+    })
+}
+
+/// After a round that brought the switches to `generation` (`ok`), or failed: waits for the
+/// next change, or the sync interval; a failure is retried soon.
+pub(crate) fn wait_for_change(
+    shared: &Shared,
+    f: MutexGuard<'_, Fleet>,
+    generation: u64,
+    done: u64,
+    ok: bool,
+) {
+    let wait = match ok {
+        true => f.file.sync_interval,
+        false => f.file.sync_interval.min(Duration::from_millis(200)),
+    };
+    if f.generation == done || !ok {
+        let (g, _) = shared
+            .changed
+            .wait_timeout_while(f, wait, |f| {
+                f.generation == generation && !shared.stop.load(Ordering::Relaxed)
+            })
+            .unwrap_or_else(|p| p.into_inner());
+        drop(g);
     }
 }
 

@@ -11,7 +11,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::sync::{desired, SWITCH_WAIT};
+use super::sync::{next_round, wait_for_change, Round, SWITCH_WAIT};
 use super::*;
 
 /// The least time between the commits' sending and the instant they name.
@@ -62,19 +62,10 @@ fn matches(theirs: &Value, live: &[ServerSpec]) -> bool {
 
 /// Runs `f` for every switch at once.
 fn each<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
-    std::thread::scope(|s| {
-        let jobs: Vec<_> = (0..n)
-            .map(|i| {
-                s.spawn({
-                    let f = &f;
-                    move || f(i)
-                })
-            })
-            .collect();
-        jobs.into_iter()
-            .map(|j| j.join().expect("a switch call panicked"))
-            .collect()
-    })
+    super::at_once(n, f)
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|p| std::panic::resume_unwind(p)))
+        .collect()
 }
 
 /// One round: every switch brought to the live servers at one instant. With `names` (each
@@ -245,34 +236,23 @@ pub(crate) fn changer(shared: &Shared) {
     // that only check.
     let mut names: Option<Vec<String>> = None;
     while !shared.stop.load(Ordering::Relaxed) {
-        {
-            let f = shared.fleet();
-            let probed = f.health.iter().chain(&f.spare_health).all(|h| h.known());
-            if !f.acting() || !probed {
-                drop(f);
-                std::thread::sleep(Duration::from_millis(20));
-                continue;
-            }
-        }
-        let (generation, pool, live, clients, warm) = {
-            let mut f = shared.fleet();
-            let live = desired(&mut f);
-            let now = Instant::now();
-            f.warm_until.retain(|_, t| *t > now);
-            let clients: Vec<(String, Client)> = f
-                .file
-                .switches
-                .iter()
-                .map(|s| (s.name.clone(), shared.switch_client(s.api)))
-                .collect();
-            (
-                f.generation,
-                f.file.pool.name.clone(),
-                live,
-                clients,
-                f.warm_until.clone(),
-            )
+        let Some(Round {
+            generation,
+            pool,
+            live,
+            warm,
+        }) = next_round(shared)
+        else {
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
         };
+        let clients: Vec<(String, Client)> = shared
+            .fleet()
+            .file
+            .switches
+            .iter()
+            .map(|s| (s.name.clone(), shared.switch_client(s.api)))
+            .collect();
         if generation == done {
             names = None;
         }
@@ -308,19 +288,7 @@ pub(crate) fn changer(shared: &Shared) {
                 }
             }
         }
-        let wait = match ok {
-            true => f.file.sync_interval,
-            false => f.file.sync_interval.min(Duration::from_millis(200)),
-        };
-        if f.generation == done || !ok {
-            let (g, _) = shared
-                .changed
-                .wait_timeout_while(f, wait, |f| {
-                    f.generation == generation && !shared.stop.load(Ordering::Relaxed)
-                })
-                .unwrap_or_else(|p| p.into_inner());
-            drop(g);
-        }
+        wait_for_change(shared, f, generation, done, ok);
     }
 }
 
