@@ -14,17 +14,27 @@ use api::Client;
 use common::fleet::{in_pool, testbed_controller};
 use common::*;
 
-/// The testbed's prefix, with a subnet of its own.
-const PREFIX: &str = "kctl";
 const VICTIM: &str = "s2";
 
 #[test]
 fn a_dead_server_leaves_the_switchs_udp_path_and_proxy_through_the_controller() {
+    // The testbed's prefix, with a subnet of its own.
+    dead_server_leaves("kctl", "");
+}
+
+/// The same with the change staged and taken at an instant (`pool_changes = "together"`):
+/// the switch's UDP path, fast path and proxy take the staged pool.
+#[test]
+fn a_dead_server_leaves_the_switch_in_a_change_taken_together() {
+    dead_server_leaves("kctt", "pool_changes = \"together\"");
+}
+
+fn dead_server_leaves(prefix: &str, settings: &str) {
     require_root();
-    let live = testbed(PREFIX, "l3", false);
+    let live = testbed(prefix, "l3", false);
     let switch_api = Client::new(live.api(), None);
     let names = ["s1", "s2", "s3"];
-    let (_controller, _ctl) = testbed_controller(&live, &names, "");
+    let (_controller, _ctl) = testbed_controller(&live, &names, settings);
 
     // Keys of the victim, by a ring built apart from kvswitch.
     let ring = kv::Ring::new(
@@ -83,7 +93,16 @@ fn a_dead_server_leaves_the_switchs_udp_path_and_proxy_through_the_controller() 
         assert_eq!(reply, b"END\r\n", "{key} over TCP");
     }
     eprintln!(
-        "{VICTIM} killed: out of the switch's pool after {out:?}; the last unanswered UDP get \
-         was sent {last_unanswered:?} after the death"
+        "{VICTIM} killed ({settings:?}): out of the switch's pool after {out:?}; the last \
+         unanswered UDP get was sent {last_unanswered:?} after the death"
     );
+    if !settings.is_empty() {
+        let pool = switch_api.call("GET", "/api/v1/pool", None).unwrap();
+        let staged = &pool["pools"][0]["staged"];
+        assert!(staged["taken_unix_ms"].is_number(), "{pool}");
+        assert!(
+            staged["taken_unix_ms"].as_f64() >= staged["at_unix_ms"].as_f64(),
+            "{pool}"
+        );
+    }
 }
