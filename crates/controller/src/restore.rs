@@ -120,10 +120,16 @@ fn run_of(c: &Client) -> anyhow::Result<(String, u64)> {
     ))
 }
 
-/// Reads what operators put on the switch (with `full`; else only which run it is). A
-/// proxy, which has no tables, gives an empty copy.
-fn read(c: &Client, routed: bool, full: bool) -> anyhow::Result<Copy> {
+/// Reads what operators put on the switch (with `full`; else only which run it is), from its
+/// run `expected` only. A proxy, which has no tables, gives an empty copy.
+fn read(c: &Client, routed: bool, full: bool, expected: &str) -> anyhow::Result<Copy> {
     let (instance, changes) = run_of(c)?;
+    // A switch that restarted since the round began is not copied: the next round puts back
+    // what it held.
+    anyhow::ensure!(
+        instance == expected,
+        "the switch restarted while it was read"
+    );
     if !full {
         return Ok(Copy {
             instance,
@@ -201,46 +207,87 @@ fn has_table(tables: &[TableView], name: &str) -> bool {
     tables.iter().any(|t| t.name == name)
 }
 
-/// Puts back on the switch what `copy` holds and it lacks; returns how many things it put.
-fn put_back(c: &Client, copy: &Copy) -> anyhow::Result<usize> {
+/// Whether `copy` holds anything to put back (a proxy's never does).
+fn holds_nothing(copy: &Copy) -> bool {
+    copy.tables.is_empty()
+        && copy.entries.is_empty()
+        && copy.interfaces.is_empty()
+        && copy.groups.is_empty()
+        && copy.registers.is_empty()
+        && copy.egress.is_empty()
+}
+
+/// Whether an error is the switch's refusal (4xx): that one thing is not put back, the rest
+/// still is.
+fn refused(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<api::Refused>()
+        .is_some_and(|r| (400..500).contains(&r.status))
+}
+
+/// Puts back on the switch what `copy` holds and it lacks; returns how many things it put and
+/// what the switch refused. A switch out of reach, or a controller that stops leading, stops
+/// it.
+fn put_back(
+    c: &Client,
+    copy: &Copy,
+    leads: &dyn Fn() -> bool,
+) -> anyhow::Result<(usize, Vec<String>)> {
+    if holds_nothing(copy) {
+        return Ok((0, Vec::new()));
+    }
     let mut put = 0;
+    let mut refusals = Vec::new();
+    // One step: counted when it went in, noted when refused, the end when anything else.
+    let mut step = |what: String, r: anyhow::Result<usize>| -> anyhow::Result<()> {
+        anyhow::ensure!(leads(), "this controller no longer leads");
+        match r {
+            Ok(n) => put += n,
+            Err(e) if refused(&e) => refusals.push(format!("{what}: {e:#}")),
+            Err(e) => return Err(e.context(what)),
+        }
+        Ok(())
+    };
     let interfaces: BTreeMap<u16, InterfaceDef> = c
         .interfaces()?
         .into_iter()
         .map(|i| {
-            (
-                i.id,
-                InterfaceDef {
-                    eth_dst: i.eth_dst,
-                    eth_src: i.eth_src,
-                    port: i.port,
-                },
-            )
+            let def = InterfaceDef {
+                eth_dst: i.eth_dst,
+                eth_src: i.eth_src,
+                port: i.port,
+            };
+            (i.id, def)
         })
         .collect();
     for (&id, def) in &copy.interfaces {
         if interfaces.get(&id) != Some(def) {
-            c.set_interface(id, def)?;
-            put += 1;
+            step(
+                format!("interface {id}"),
+                c.set_interface(id, def).map(|_| 1),
+            )?;
         }
     }
     let groups: BTreeMap<u16, Vec<_>> =
         c.groups()?.into_iter().map(|g| (g.id, g.members)).collect();
     for (&id, def) in &copy.groups {
         if groups.get(&id) != Some(&def.members) {
-            c.set_group(id, def)?;
-            put += 1;
+            step(format!("group {id}"), c.set_group(id, def).map(|_| 1))?;
         }
     }
     let tables = c.tables()?;
     for t in &copy.tables {
         if !has_table(&tables, &t.name) {
-            c.add_table(t)?;
-            put += 1;
+            step(format!("table {}", t.name), c.add_table(t).map(|()| 1))?;
         }
     }
     for (table, want) in &copy.entries {
-        let have: Vec<EntryDef> = c.table_entries(table)?.iter().map(entry_def).collect();
+        let have: Vec<EntryDef> = match c.table_entries(table) {
+            Ok(h) => h.iter().map(entry_def).collect(),
+            Err(e) => {
+                step(format!("{table}'s entries"), Err(e))?;
+                continue;
+            }
+        };
         let adds: Vec<Change> = missing(want, &have)
             .into_iter()
             .map(|entry| Change::Add {
@@ -249,26 +296,38 @@ fn put_back(c: &Client, copy: &Copy) -> anyhow::Result<usize> {
             })
             .collect();
         for chunk in adds.chunks(MAX_BATCH) {
-            c.batch(chunk)
-                .with_context(|| format!("putting back {table}'s entries"))?;
+            // A batch is all or nothing: one the switch refuses goes in entry by entry, so
+            // that only the entries it refuses stay out.
+            match c.batch(chunk) {
+                Ok(_) => step(String::new(), Ok(chunk.len()))?,
+                Err(e) if refused(&e) => {
+                    for change in chunk {
+                        let r = c.batch(std::slice::from_ref(change)).map(|_| 1);
+                        step(format!("an entry of {table}"), r)?;
+                    }
+                }
+                Err(e) => step(format!("{table}'s entries"), Err(e))?,
+            }
         }
-        put += adds.len();
     }
     for (name, &value) in &copy.registers {
-        if c.register(name)?.value != value {
-            c.set_register(name, value)?;
-            put += 1;
+        let now = c.register(name).map(|r| r.value);
+        if now.as_ref().ok() != Some(&value) {
+            let r = now.and_then(|_| c.set_register(name, value)).map(|_| 1);
+            step(format!("register {name}"), r)?;
         }
     }
     let ports = c.ports()?;
     for (&port, &(rate, depth)) in &copy.egress {
         let now = ports.iter().find(|p| p.port == port);
-        if now.and_then(|p| p.egress_rate_bps) != Some(rate) {
-            c.set_egress(port, rate, depth)?;
-            put += 1;
+        if now.map(|p| (p.egress_rate_bps, p.egress_depth_bytes)) != Some((Some(rate), depth)) {
+            step(
+                format!("port {port}'s egress"),
+                c.set_egress(port, rate, depth).map(|_| 1),
+            )?;
         }
     }
-    Ok(put)
+    Ok((put, refusals))
 }
 
 /// The keeper's view of one switch, for the status.
@@ -281,6 +340,8 @@ pub(super) struct Kept {
     /// Restarts put right, and what was put back at the last one.
     pub restores: u64,
     pub last_put: usize,
+    /// What the switch refused to take back at the last restore.
+    pub last_refused: Vec<String>,
     pub last_error: Option<String>,
 }
 
@@ -297,6 +358,7 @@ impl Kept {
             "registers": copy.map_or(0, |c| c.registers.len()),
             "restores": self.restores,
             "last_restore_put": self.last_put,
+            "last_restore_refused": self.last_refused,
             "last_error": self.last_error,
         })
     }
@@ -324,20 +386,28 @@ fn round(
         }
         Some(copy) if copy.instance != instance => {
             tracing::info!(switch = %name, "the switch restarted: putting back what it held");
-            let put = put_back(c, &copy)?;
-            super::routes::restore(shared, i).map_err(|e| anyhow::anyhow!("the routes: {e}"))?;
+            // The routes go back even when something of the copy does not.
+            let put = put_back(c, &copy, &|| shared.fleet().acting());
+            let routes = super::routes::restore(shared, i);
+            let (put, refused) = put?;
+            routes.map_err(|e| anyhow::anyhow!("the routes: {e}"))?;
             let mut f = shared.fleet();
             f.kept[i].restores += 1;
             f.kept[i].last_put = put;
+            f.kept[i].last_refused = refused.clone();
             drop(f);
-            tracing::info!(switch = %name, put, "the switch has what it held again");
+            if refused.is_empty() {
+                tracing::info!(switch = %name, put, "the switch has what it held again");
+            } else {
+                tracing::warn!(switch = %name, put, ?refused, "the switch took back all but what it refused");
+            }
         }
         _ => {}
     }
     if !shared.fleet().acting() {
         return Ok(());
     }
-    let copy = read(c, routed, full)?;
+    let copy = read(c, routed, full, &instance)?;
     let text = serde_json::to_vec(&copy)?;
     shared.save(&store_key(name), &text)?;
     let mut f = shared.fleet();

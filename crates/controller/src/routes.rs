@@ -509,6 +509,13 @@ fn update(shared: &Shared, want: BTreeMap<String, Vec<EntryDef>>) -> Result<Json
             leads: &leads,
         })
         .collect();
+    // With etcd, the routes as stored: another controller may have led since.
+    if shared.store.is_some() {
+        if let Err(e) = load(shared) {
+            let error = format!("the stored routes cannot be read: {e:#}");
+            return Err((StatusCode::SERVICE_UNAVAILABLE, json!({ "error": error })));
+        }
+    }
     // An update the last leader (or this controller) left half done is finished or undone
     // before another begins.
     let pending = routes.state().pending.clone();
@@ -560,7 +567,6 @@ fn update(shared: &Shared, want: BTreeMap<String, Vec<EntryDef>>) -> Result<Json
                 st.current = current;
                 st.entries = want.clone();
                 st.pending = None;
-                let _ = save(shared, &st);
                 let doc = out.doc();
                 Ok(doc)
             }
@@ -571,14 +577,14 @@ fn update(shared: &Shared, want: BTreeMap<String, Vec<EntryDef>>) -> Result<Json
                 if !split {
                     st.pending = None;
                 }
-                let _ = save(shared, &st);
-                out.switch = Some(switches[i].name.clone());
+                let name = switches.get(i).map_or("-", |s| s.name.as_str());
+                out.switch = Some(name.to_string());
                 out.error = Some(f.to_string());
-                tracing::warn!(switch = %switches[i].name, phase = out.phase, "routes not updated: {f}");
+                tracing::warn!(switch = %name, phase = out.phase, "routes not updated: {f}");
                 let mut doc = out.doc();
                 doc["error"] = json!(format!(
                     "switch {} in phase {}: {f}; version {} stays in force",
-                    switches[i].name,
+                    name,
                     out.phase,
                     st.current.map_or("none".to_string(), |v| v.to_string())
                 ));
@@ -586,6 +592,9 @@ fn update(shared: &Shared, want: BTreeMap<String, Vec<EntryDef>>) -> Result<Json
             }
         };
         st.last = Some(out);
+        let kept = st.kept();
+        drop(st);
+        let _ = save(shared, &kept);
         reply
     };
     let first_failure = |results: &[Result<(), Failure>]| {
@@ -634,18 +643,18 @@ fn update(shared: &Shared, want: BTreeMap<String, Vec<EntryDef>>) -> Result<Json
     out.version = Some(v);
     // Stored before the first change: a controller that dies from here on leaves the update
     // to the next leader, which finishes or undoes it.
-    {
+    let kept = {
         let mut st = routes.state();
         st.pending = Some(Pending {
             version: v,
             entries: want.clone(),
         });
-        if let Err(e) = save(shared, &st) {
-            st.pending = None;
-            drop(st);
-            let f = Failure::OutOfReach(format!("the update could not be stored: {e:#}"));
-            return finish(on, out, current, Some((0, f)), false);
-        }
+        st.kept()
+    };
+    if let Err(e) = save(shared, &kept) {
+        routes.state().pending = None;
+        let f = Failure::OutOfReach(format!("the update could not be stored: {e:#}"));
+        return finish(on, out, current, Some((0, f)), false);
     }
 
     // Prepare: v's entries on every switch, acknowledged by all before any stamps v.
@@ -814,18 +823,24 @@ struct Kept {
     pending: Option<Pending>,
 }
 
+impl RouteState {
+    /// What the store keeps of it: taken under the lock, stored after it is let go.
+    fn kept(&self) -> Kept {
+        Kept {
+            current: self.current,
+            entries: self.entries.clone(),
+            pending: self.pending.clone(),
+        }
+    }
+}
+
 /// The state store's key of the routes in force.
 const STORE_KEY: &str = "routes";
 
 /// Stores the routes in force, so that a controller that restarts or takes the lead can put
 /// them back on a switch that restarts.
-fn save(shared: &Shared, st: &RouteState) -> anyhow::Result<()> {
-    let kept = Kept {
-        current: st.current,
-        entries: st.entries.clone(),
-        pending: st.pending.clone(),
-    };
-    let saved = serde_json::to_vec(&kept)
+fn save(shared: &Shared, kept: &Kept) -> anyhow::Result<()> {
+    let saved = serde_json::to_vec(kept)
         .map_err(anyhow::Error::from)
         .and_then(|bytes| shared.save(STORE_KEY, &bytes));
     if let Err(e) = &saved {
@@ -834,18 +849,26 @@ fn save(shared: &Shared, st: &RouteState) -> anyhow::Result<()> {
     saved
 }
 
-/// Takes the stored routes in force, unless this controller has routes of its own already.
+/// Takes the stored routes in force, unless this controller has routes of its own already
+/// and runs without etcd.
+///
+/// With etcd the stored routes win over this controller's memory: another controller may have
+/// led and changed them since this one last did, so every switch is read afresh too.
 pub(super) fn load(shared: &Shared) -> anyhow::Result<()> {
+    let shared_store = shared.store.is_some();
     let Some(bytes) = shared.load(STORE_KEY)? else {
         return Ok(());
     };
     let kept: Kept = serde_json::from_slice(&bytes)
         .map_err(|e| anyhow::anyhow!("the stored routes are not readable: {e}"))?;
     let mut st = shared.routes.state();
-    if st.current.is_none() && st.pending.is_none() {
+    if shared_store || (st.current.is_none() && st.pending.is_none()) {
         st.current = kept.current;
         st.entries = kept.entries;
         st.pending = kept.pending;
+        for on in &mut st.switches {
+            on.known = false;
+        }
     }
     Ok(())
 }
@@ -1027,7 +1050,9 @@ fn resolve(
     }
     st.pending = None;
     st.switches = on;
-    let _ = save(shared, &st);
+    let kept = st.kept();
+    drop(st);
+    let _ = save(shared, &kept);
     Ok(())
 }
 

@@ -15,7 +15,7 @@ use super::sync::{next_round, wait_for_change, Round, SWITCH_WAIT};
 use super::*;
 
 /// The least time between the commits' sending and the instant they name.
-const MIN_LEAD: Duration = Duration::from_millis(20);
+const MIN_LEAD: Duration = Duration::from_millis(30);
 /// The most.
 const MAX_LEAD: Duration = Duration::from_secs(2);
 
@@ -68,6 +68,10 @@ fn each<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
         .collect()
 }
 
+/// Why a round ended without its change: the switch, the reason, and whether a change was
+/// staged at all (not when the switches' pools could not even be read).
+type Stopped = (usize, String, bool);
+
 /// One round: every switch brought to the live servers at one instant. With `names` (each
 /// switch's name of the pool, learned in an earlier round) the change is staged at once: a
 /// switch that has the servers already takes nothing new. Without them every switch's pool is
@@ -81,7 +85,8 @@ fn round(
     live: &[ServerSpec],
     warm: &HashMap<String, Instant>,
     cache: &mut Option<Vec<String>>,
-) -> Result<Option<SystemTime>, (usize, String)> {
+    last_id: &mut u64,
+) -> Result<Option<SystemTime>, Stopped> {
     let leads = || shared.fleet().acting();
     let call = |i: usize, method: &str, path: &str, body: Option<&Value>| {
         if !leads() {
@@ -106,7 +111,8 @@ fn round(
             let pools = first_err(each(n, |i| {
                 call(i, "GET", "/api/v1/pool", None)
                     .and_then(|d| their_pool(&d, pool).map_err(|e| e.to_string()))
-            }))?;
+            }))
+            .map_err(|(i, e)| (i, e, false))?;
             let found: Vec<String> = pools
                 .iter()
                 .map(|p| p["name"].as_str().unwrap_or(pool).to_string())
@@ -118,8 +124,10 @@ fn round(
             found
         }
     };
-    // Ids from the clock: a controller that restarts or takes over never reuses one.
-    let id = unix_ms(SystemTime::now());
+    // Ids from the clock, and always past the last: a controller that restarts or takes over
+    // does not reuse one.
+    let id = unix_ms(SystemTime::now()).max(*last_id + 1);
+    *last_id = id;
     let servers: Vec<Value> = live
         .iter()
         .map(|s| {
@@ -132,86 +140,118 @@ fn round(
         })
         .collect();
     let names_kept = names.clone();
-    let cancel_all = || {
-        each(n, |i| {
-            let path = format!(
-                "/api/v1/pool/staged?pool={}",
-                api::percent_encode(names[i].as_bytes())
-            );
-            let _ = call(i, "DELETE", &path, None);
-        });
+    // A call that must be answered by `by`.
+    let call_by = |i: usize, method: &str, path: &str, body: Option<&Value>, by: Instant| {
+        let left = by.saturating_duration_since(Instant::now());
+        if left < Duration::from_millis(1) {
+            return Err("no time left before the instant".to_string());
+        }
+        if !leads() {
+            return Err("this controller no longer leads".to_string());
+        }
+        clients[i]
+            .1
+            .call_within(method, path, body, left)
+            .map_err(|e| format!("{e:#}"))
+    };
+    let cancel = |i: usize, by: Instant| {
+        let path = format!(
+            "/api/v1/pool/staged?pool={}&id={id}",
+            api::percent_encode(names[i].as_bytes())
+        );
+        let _ = call_by(i, "DELETE", &path, None, by);
+    };
+    // Whether switch `i` took change `id`: `None` when it does not say.
+    let took = |i: usize| -> Option<Result<f64, String>> {
+        let p = call(i, "GET", "/api/v1/pool", None)
+            .ok()
+            .and_then(|d| their_pool(&d, pool).ok())?;
+        let s = &p["staged"];
+        if s["id"] != id {
+            return Some(Err("the change is not staged there".into()));
+        }
+        Some(match (s["taken_unix_ms"].as_f64(), s["failed"].as_str()) {
+            (Some(t), _) => Ok(t),
+            (None, Some(why)) => Err(format!("not taken: {why}")),
+            (None, None) => Err("not taken".into()),
+        })
     };
     let started = Instant::now();
     let staged = first_err(each(n, |i| {
         let body = json!({"id": id, "pool": names[i], "servers": servers});
         call(i, "PUT", "/api/v1/pool/staged", Some(&body))
     }));
-    if let Err(e) = staged {
-        cancel_all();
-        return Err(e);
+    if let Err((i, e)) = staged {
+        let by = Instant::now() + SWITCH_WAIT;
+        each(n, |i| cancel(i, by));
+        return Err((i, e, true));
     }
-    let lead = started.elapsed().mul_f64(1.5).clamp(MIN_LEAD, MAX_LEAD);
+    // Two thirds of the lead for the commits to be acknowledged, the last third to cancel
+    // them everywhere if one is not: no switch takes the change unless every switch has it
+    // committed before the instant.
+    let lead = (started.elapsed() * 3).clamp(MIN_LEAD, MAX_LEAD);
     let at = SystemTime::now() + lead;
-    let deadline = Instant::now() + lead;
-    let committed = each(n, |i| {
+    let instant = Instant::now() + lead;
+    let commit_by = instant - lead / 3;
+    let committed = first_err(each(n, |i| {
         let body = json!({"id": id, "pool": names[i], "at_unix_ms": unix_ms(at)});
-        let r = call(i, "POST", "/api/v1/pool/staged/commit", Some(&body));
-        match r {
-            Ok(_) if Instant::now() >= deadline => {
-                Err("acknowledged the instant only after it".to_string())
-            }
-            r => r,
-        }
-    });
+        call_by(
+            i,
+            "POST",
+            "/api/v1/pool/staged/commit",
+            Some(&body),
+            commit_by,
+        )
+    }));
     let prepare = started.elapsed();
-    if let Err((i, e)) = first_err(committed) {
-        cancel_all();
-        // A switch that took it before the cancel arrived: the others follow it at once.
-        let took = each(n, |k| {
-            call(k, "GET", "/api/v1/pool", None)
-                .ok()
-                .and_then(|d| their_pool(&d, pool).ok())
-                .is_some_and(|p| {
-                    p["staged"]["id"] == id && p["staged"]["taken_unix_ms"].is_number()
-                })
-        });
-        if took.iter().any(|&t| t) {
-            tracing::warn!("a switch took change {id} before it was cancelled: the others follow");
+    if let Err((i, e)) = committed {
+        each(n, |k| cancel(k, instant));
+        std::thread::sleep(
+            instant.saturating_duration_since(Instant::now()) + Duration::from_millis(5),
+        );
+        // A cancel that came too late: the switch took the change, and every other one that
+        // answers follows it at once (staged again, taken now), so that none stays behind.
+        let outcomes = each(n, took);
+        if outcomes.iter().any(|o| matches!(o, Some(Ok(_)))) {
+            tracing::warn!("change {id} was taken before its cancel arrived: the others follow");
             each(n, |k| {
-                if !took[k] {
+                if matches!(outcomes[k], Some(Err(_))) {
+                    let body = json!({"id": id, "pool": names[k], "servers": servers});
+                    let _ = call(k, "PUT", "/api/v1/pool/staged", Some(&body));
                     let body = json!({"id": id, "pool": names[k]});
                     let _ = call(k, "POST", "/api/v1/pool/staged/commit", Some(&body));
                 }
             });
         }
-        return Err((i, e));
+        return Err((i, format!("the change stops here: {e}"), true));
     }
-    std::thread::sleep(lead.saturating_sub(prepare) + Duration::from_millis(2));
+    std::thread::sleep(
+        instant.saturating_duration_since(Instant::now()) + Duration::from_millis(2),
+    );
     // Every switch says when it took it.
-    let mut taken = Vec::with_capacity(n);
+    let mut taken: Vec<Option<Result<f64, String>>> = Vec::new();
     for _ in 0..50 {
-        taken = each(n, |i| {
-            call(i, "GET", "/api/v1/pool", None)
-                .ok()
-                .and_then(|d| their_pool(&d, pool).ok())
-                .filter(|p| p["staged"]["id"] == id)
-                .and_then(|p| p["staged"]["taken_unix_ms"].as_f64())
-        });
-        if taken.iter().all(Option::is_some) {
+        taken = each(n, took);
+        if taken.iter().all(|t| matches!(t, Some(Ok(_)))) {
             break;
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    if let Some(i) = taken.iter().position(Option::is_none) {
-        return Err((i, format!("change {id} was committed but not taken")));
+    if let Some(i) = taken.iter().position(|t| !matches!(t, Some(Ok(_)))) {
+        let why = match &taken[i] {
+            Some(Err(e)) => e.clone(),
+            _ => "does not say whether it took it".into(),
+        };
+        return Err((i, format!("change {id} was committed: {why}"), true));
     }
+    let taken: Vec<Option<f64>> = taken.into_iter().map(|t| t.and_then(Result::ok)).collect();
     let times: Vec<f64> = taken.into_iter().flatten().collect();
     *cache = Some(names_kept);
     let skew = times.iter().copied().fold(f64::MIN, f64::max)
         - times.iter().copied().fold(f64::MAX, f64::min);
     let mut f = shared.fleet();
     f.flip = Flip {
-        skew: Duration::from_secs_f64(skew.max(0.0) / 1e3),
+        skew: Duration::try_from_secs_f64(skew / 1e3).unwrap_or_default(),
         prepare,
         lead,
         taken: f.flip.taken + 1,
@@ -224,9 +264,11 @@ fn round(
         "pool change taken by every switch together"
     );
     let last = times.iter().copied().fold(f64::MIN, f64::max);
-    Ok(Some(
-        UNIX_EPOCH + Duration::from_secs_f64(last.max(0.0) / 1e3),
-    ))
+    let last = Duration::try_from_secs_f64(last / 1e3)
+        .ok()
+        .and_then(|d| UNIX_EPOCH.checked_add(d))
+        .unwrap_or_else(SystemTime::now);
+    Ok(Some(last))
 }
 
 /// Brings every switch to the live servers together, on each change and every interval.
@@ -235,6 +277,7 @@ pub(crate) fn changer(shared: &Shared) {
     // Each switch's name of the pool, once read; read again after a failure and on rounds
     // that only check.
     let mut names: Option<Vec<String>> = None;
+    let mut last_id = 0u64;
     while !shared.stop.load(Ordering::Relaxed) {
         let Some(Round {
             generation,
@@ -256,7 +299,15 @@ pub(crate) fn changer(shared: &Shared) {
         if generation == done {
             names = None;
         }
-        let outcome = round(shared, &clients, &pool, &live, &warm, &mut names);
+        let outcome = round(
+            shared,
+            &clients,
+            &pool,
+            &live,
+            &warm,
+            &mut names,
+            &mut last_id,
+        );
         let mut f = shared.fleet();
         let ok = outcome.is_ok();
         match outcome {
@@ -272,8 +323,8 @@ pub(crate) fn changer(shared: &Shared) {
                 done = generation;
                 super::sync::note_reached_at(&mut f, taken);
             }
-            Err((i, e)) => {
-                f.flip.stopped += 1;
+            Err((i, e, attempted)) => {
+                f.flip.stopped += u64::from(attempted);
                 let name = clients[i].0.clone();
                 if f.switches[i].last_error.is_none() {
                     tracing::warn!(switch = %name, "the pool change stops here: {e}");

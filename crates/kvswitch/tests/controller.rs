@@ -731,15 +731,124 @@ fn with_changes_taken_together_every_switch_takes_a_change_at_one_instant() {
     let takens: Vec<f64> = shown.iter().filter_map(|s| s.2).collect();
     let skew = takens.iter().copied().fold(f64::MIN, f64::max)
         - takens.iter().copied().fold(f64::MAX, f64::min);
-    let status = ctl.call("GET", "/api/v1/status", None).unwrap();
-    assert!(
-        status["together"]["taken"].as_u64().unwrap() >= 2,
-        "{status}"
-    );
+    // The changer counts a change once every switch has said it took it, just after.
+    let started = Instant::now();
+    let status = loop {
+        let status = ctl.call("GET", "/api/v1/status", None).unwrap();
+        if status["together"]["taken"].as_u64().unwrap_or(0) >= 2 {
+            break status;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "{status}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
     eprintln!(
         "3 proxies took the change within {skew:.2} ms of each other ({})",
         status["together"]
     );
+}
+
+/// A "switch" that shows `real`'s pool and takes a staged change, but never answers its
+/// commit; every request line it gets is recorded.
+fn hangs_on_commit(real: Client) -> (SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { return };
+            let (real, log) = (real.clone(), log.clone());
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut line = String::new();
+                if reader.read_line(&mut line).is_err() {
+                    return;
+                }
+                let mut length = 0;
+                loop {
+                    let mut h = String::new();
+                    if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                        break;
+                    }
+                    if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
+                        length = v.trim().parse().unwrap_or(0);
+                    }
+                }
+                let mut body = vec![0; length];
+                let _ = reader.read_exact(&mut body);
+                let request = line.trim().to_string();
+                log.lock().unwrap().push(request.clone());
+                let reply = if request.starts_with("GET /api/v1/pool ") {
+                    real.call("GET", "/api/v1/pool", None).unwrap().to_string()
+                } else if request.starts_with("POST /api/v1/pool/staged/commit") {
+                    std::thread::sleep(Duration::from_secs(3));
+                    return;
+                } else if request.contains("/api/v1/pool/staged") {
+                    "{}".to_string()
+                } else {
+                    let mut c = conn;
+                    let _ = c.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}");
+                    return;
+                };
+                let mut c = conn;
+                let _ = write!(
+                    c,
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+                     Connection: close\r\n\r\n{reply}",
+                    reply.len()
+                );
+            });
+        }
+    });
+    (addr, seen)
+}
+
+#[test]
+fn with_changes_taken_together_a_switch_that_does_not_commit_stops_the_change_everywhere() {
+    let names = ["s1", "s2"];
+    let (_servers, list) = servers(&names);
+    let (_proxies, clients) = proxies(1, &list, &PoolOpts::default());
+    let (fake, seen) = hangs_on_commit(clients[0].clone());
+    let (_controller, ctl) = start_controller(
+        &[clients[0].api, fake],
+        &list,
+        &format!("probe_interval_ms = {PROBE_MS}\npool_changes = \"together\""),
+    );
+    let s3 = Memcached::start();
+    let body = json!({"addr": s3.addr().to_string(), "name": "s3"});
+    ctl.call("POST", "/api/v1/pool/servers", Some(&body))
+        .unwrap();
+    let started = Instant::now();
+    loop {
+        let status = ctl.call("GET", "/api/v1/status", None).unwrap();
+        if status["together"]["stopped"].as_u64().unwrap_or(0) >= 1 {
+            assert_eq!(status["switches"][1]["in_step"], false, "{status}");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the change was never stopped: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The change was staged and committed on both, then cancelled: the proxy, which
+    // answered everything, never takes it, even well past the instant.
+    let requests = seen.lock().unwrap().clone();
+    for call in [
+        "PUT /api/v1/pool/staged",
+        "POST /api/v1/pool/staged/commit",
+        "DELETE /api/v1/pool/staged",
+    ] {
+        assert!(
+            requests.iter().any(|r| r.starts_with(call)),
+            "{call} never reached the hung switch: {requests:?}"
+        );
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(pool_of(&clients[0]), ["s1", "s2"]);
+    let (_, _, taken) = staged(&clients[0]);
+    assert_eq!(taken, None, "the proxy took a cancelled change");
 }
 
 #[test]
@@ -758,13 +867,15 @@ fn with_changes_taken_together_a_switch_out_of_reach_stops_the_change_everywhere
     let body = json!({"addr": s3.addr().to_string(), "name": "s3"});
     ctl.call("POST", "/api/v1/pool/servers", Some(&body))
         .unwrap();
-    // The change is not taken where it could be: the old pool stays in force.
+    // The change is not taken where it could be: the old pool stays in force, round after
+    // round, while the hung switch cannot even be read.
     let started = Instant::now();
     loop {
         let status = ctl.call("GET", "/api/v1/status", None).unwrap();
-        if status["together"]["stopped"].as_u64().unwrap_or(0) >= 1 {
+        if status["switches"][1]["errors"].as_u64().unwrap_or(0) >= 2 {
             assert_eq!(status["switches"][1]["in_step"], false, "{status}");
             assert!(status["switches"][1]["last_error"].is_string(), "{status}");
+            assert_eq!(status["together"]["taken"], 0, "{status}");
             break;
         }
         assert!(
@@ -774,7 +885,7 @@ fn with_changes_taken_together_a_switch_out_of_reach_stops_the_change_everywhere
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(pool_of(&clients[0]), ["s1", "s2"]);
-    let (_, at, taken) = staged(&clients[0]);
-    assert_eq!((at, taken), (None, None), "staged, never committed");
+    let (_, _, taken) = staged(&clients[0]);
+    assert_eq!(taken, None, "the proxy took a change");
     drop(hung);
 }

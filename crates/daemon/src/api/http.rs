@@ -268,11 +268,18 @@ async fn authorise(State(api): State<Shared>, req: Request, next: Next) -> Respo
         && OPERATOR_STATE
             .iter()
             .any(|p| req.uri().path().starts_with(p));
+    // Counted before it runs (a change whose caller gave up may still apply) and again once
+    // it has run (a copy read in between must be read again): a copy read again for nothing
+    // costs less than one that misses a change.
+    let count = || {
+        if counted {
+            api.control_changes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    };
+    count();
     let response = next.run(req).await;
-    if counted && response.status().is_success() {
-        api.control_changes
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
+    count();
     response
 }
 

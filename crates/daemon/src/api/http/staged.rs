@@ -135,7 +135,8 @@ fn take(api: &Api, staged: &StagedChanges, name: &str, id: u64) {
     let Some(s) = all.get_mut(name) else {
         return;
     };
-    if s.id != id || s.taken.is_some() || s.failed.is_some() {
+    // Only a change still committed: one cancelled, staged again or taken is left alone.
+    if s.id != id || s.at.is_none() || s.taken.is_some() || s.failed.is_some() {
         return;
     }
     let now = kvio::clock::now();
@@ -201,13 +202,24 @@ pub(super) async fn commit(State(api): State<Shared>, bytes: Bytes) -> Reply {
     ok(json!({ "id": c.id, "at_unix_ms": at.map(unix_ms) }))
 }
 
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct CancelQuery {
+    pool: Option<String>,
+    /// Only this change: a cancel meant for an earlier one leaves a later one alone.
+    id: Option<u64>,
+}
+
 /// `DELETE /api/v1/pool/staged`: drops the staged change unless it was taken.
 pub(super) async fn cancel(State(api): State<Shared>, RawQuery(query): RawQuery) -> Reply {
-    let which: Which = query_args(query.as_deref().unwrap_or(""))?;
+    let which: CancelQuery = query_args(query.as_deref().unwrap_or(""))?;
     let pool = pool_named(&api, which.pool.as_deref())?;
     let name = pool.spec().name.clone();
     let mut all = api.staged.lock();
     match all.get(&name) {
+        Some(s) if which.id.is_some_and(|id| id != s.id) => {
+            ok(json!({ "cancelled": false, "staged": s.id }))
+        }
         Some(s) if s.taken.is_some() => {
             Err(conflict("id", format!("change {} was taken already", s.id)))
         }
