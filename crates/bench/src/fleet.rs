@@ -301,7 +301,7 @@ fn summary(points: &[Point], changes: u32) -> String {
          `last_change.reached_every_switch_ms`). `each`: every switch changed on its own (a \
          syncer per switch), so until the last one is, switches route some keys by \
          different pools. `together`: the change staged on every switch, then committed on \
-         all for one instant ahead (three times the staging's time, 20 ms at least); the \
+         all for one instant ahead (three times the staging's time, 30 ms at least); the \
          time includes that lead and the controller's check that every switch took it. \
          Skew: between the first switch and the last to take it, by their own clocks.\n\n\
          | switches | each: median ms | each: max ms | together: median ms | together: max ms | together: skew ms |\n\

@@ -83,17 +83,20 @@ pub fn table_def(t: &TableView) -> TableDef {
 /// The entries of `want` that `have` lacks, in `want`'s order: each entry of `have` stands
 /// for one equal entry of `want`.
 pub fn missing(want: &[EntryDef], have: &[EntryDef]) -> Vec<EntryDef> {
-    let mut unused: Vec<Option<&EntryDef>> = have.iter().map(Some).collect();
+    // Entries by their JSON text, counted: linear in the table's size.
+    let text = |e: &EntryDef| serde_json::to_string(e).unwrap_or_default();
+    let mut unused: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for h in have {
+        *unused.entry(text(h)).or_default() += 1;
+    }
     want.iter()
-        .filter(
-            |w| match unused.iter_mut().find(|h| h.is_some_and(|h| h == *w)) {
-                Some(slot) => {
-                    *slot = None;
-                    false
-                }
-                None => true,
-            },
-        )
+        .filter(|w| match unused.get_mut(&text(w)) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                false
+            }
+            _ => true,
+        })
         .cloned()
         .collect()
 }

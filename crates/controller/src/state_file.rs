@@ -50,13 +50,26 @@ impl StateFile {
         if held.get(key) == Some(&value) {
             return Ok(());
         }
-        held.insert(key.to_string(), value);
+        let before = held.insert(key.to_string(), value);
         let text = serde_json::to_vec_pretty(&*held)?;
         let mut tmp = self.path.clone().into_os_string();
         tmp.push(".new");
-        std::fs::write(&tmp, &text)
-            .and_then(|()| std::fs::rename(&tmp, &self.path))
-            .with_context(|| format!("writing the state file {}", self.path.display()))
+        let written = (|| {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&text)?;
+            // On disk before it replaces the old file, so a crash leaves one or the other.
+            f.sync_all()?;
+            std::fs::rename(&tmp, &self.path)
+        })();
+        if written.is_err() {
+            // Not kept, so that the next put of the same value writes it again.
+            match before {
+                Some(v) => held.insert(key.to_string(), v),
+                None => held.remove(key),
+            };
+        }
+        written.with_context(|| format!("writing the state file {}", self.path.display()))
     }
 }
 
