@@ -248,6 +248,30 @@ impl Calls<'_> {
     }
 }
 
+/// A controller that has just taken the lead waits until a call the last leader made to a
+/// switch can no longer land ([`SWITCH_WAIT`] after the lead was taken).
+fn after_last_leader(shared: &Shared) {
+    let led_since = shared.fleet().led_since;
+    if let Some(wait) = led_since.map(|t| SWITCH_WAIT.saturating_sub(t.elapsed())) {
+        std::thread::sleep(wait);
+    }
+}
+
+/// Calls to each of `switches`, each given [`SWITCH_WAIT`] and made only while `leads`.
+fn calls_to<'a>(
+    shared: &Shared,
+    switches: &[config::controller::SwitchRef],
+    leads: &'a (dyn Fn() -> bool + Sync),
+) -> Vec<Calls<'a>> {
+    switches
+        .iter()
+        .map(|s| Calls {
+            client: shared.switch_client(s.api).with_limit(SWITCH_WAIT),
+            leads,
+        })
+        .collect()
+}
+
 /// The tables' definitions.
 fn stamp_table() -> TableDef {
     TableDef {
@@ -496,19 +520,10 @@ fn update(shared: &Shared, want: BTreeMap<String, Vec<EntryDef>>) -> Result<Json
     };
     // A new leader first lets the calls of the last one land: one still in flight could
     // install a version this update is about to choose.
-    let led_since = shared.fleet().led_since;
-    if let Some(wait) = led_since.map(|t| super::SWITCH_WAIT.saturating_sub(t.elapsed())) {
-        std::thread::sleep(wait);
-    }
+    after_last_leader(shared);
     let started = Instant::now();
     let leads = || shared.fleet().acting();
-    let calls: Vec<Calls> = switches
-        .iter()
-        .map(|s| Calls {
-            client: shared.switch_client(s.api).with_limit(SWITCH_WAIT),
-            leads: &leads,
-        })
-        .collect();
+    let calls = calls_to(shared, &switches, &leads);
     // With etcd, the routes as stored: another controller may have led since.
     if shared.store.is_some() {
         if let Err(e) = load(shared) {
@@ -1070,25 +1085,17 @@ pub(super) fn resume(shared: &Shared) -> Result<bool, String> {
     let Some(pending) = routes.state().pending.clone() else {
         return Ok(false);
     };
-    let (spec, switches, led_since) = {
+    let (spec, switches) = {
         let f = shared.fleet();
-        (f.file.routes.clone(), f.file.switches.clone(), f.led_since)
+        (f.file.routes.clone(), f.file.switches.clone())
     };
     let Some(spec) = spec else {
         return Ok(false);
     };
     // As for an update: the last leader's calls land first.
-    if let Some(wait) = led_since.map(|t| SWITCH_WAIT.saturating_sub(t.elapsed())) {
-        std::thread::sleep(wait);
-    }
+    after_last_leader(shared);
     let leads = || shared.fleet().acting();
-    let calls: Vec<Calls> = switches
-        .iter()
-        .map(|s| Calls {
-            client: shared.switch_client(s.api).with_limit(SWITCH_WAIT),
-            leads: &leads,
-        })
-        .collect();
+    let calls = calls_to(shared, &switches, &leads);
     resolve(shared, &calls, &spec, &switches, &pending)
         .map(|()| false)
         .map_err(|(i, f)| format!("switch {}: {f}", switches[i].name))
