@@ -449,6 +449,25 @@ fn changes_need_the_token_when_one_is_set() {
     rig.client.token = Some("sesame-not".into());
     let e = refused(&rig, "DELETE", "/api/v1/tables/acl", None);
     assert!(e.contains("401"), "{e}");
+    // A host that stages, commits or cancels a pool change with another token, or none, is
+    // refused, and the pool neither moves nor holds a staged change.
+    let before = rig.client.call("GET", "/api/v1/pool", None).unwrap();
+    let staged = json!({"id": 7, "servers": [{"addr": "10.0.1.9:11211"}]});
+    for token in [Some("sesame-not"), None] {
+        rig.client.token = token.map(str::to_string);
+        for (method, path, body) in [
+            ("PUT", "/api/v1/pool/staged", Some(staged.clone())),
+            ("POST", "/api/v1/pool/staged/commit", Some(json!({"id": 7}))),
+            ("DELETE", "/api/v1/pool/staged?id=7", None),
+        ] {
+            let e = refused(&rig, method, path, body);
+            assert!(e.contains("401"), "{method} {path} with {token:?}: {e}");
+        }
+    }
+    let after = rig.client.call("GET", "/api/v1/pool", None).unwrap();
+    assert_eq!(after, before);
+    assert_eq!(after["pools"][0]["staged"], Value::Null, "{after}");
+    rig.client.token = Some("sesame-not".into());
     rig.client.token = Some("sesame".into());
     rig.client.call("GET", "/api/v1/packets", None).unwrap();
     rig.client
