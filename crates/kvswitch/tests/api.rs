@@ -1968,10 +1968,15 @@ fn slow_clients_cannot_hold_the_api_and_forwarding_goes_on() {
             }
         }
     }
-    assert!(
-        slow.iter().all(closed),
-        "the slow connections are closed after the header timeout"
-    );
+    // Each slow connection's timer is its own: the first to fire frees the slot the new
+    // client took, and the others follow within the bound.
+    while !slow.iter().all(closed) {
+        assert!(
+            started.elapsed() < bound,
+            "the slow connections are closed after the header timeout"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert!(started.elapsed() >= timeout - Duration::from_millis(100));
     assert!(refused_for(&rig, "connections") >= 2 * cap as u64);
     assert_eq!(refused_for(&rig, "header_timeout"), cap as u64);
