@@ -38,6 +38,11 @@
 //! state_file = "state.json"     # optional: keep those copies and the routes in this file
 //!                               # (relative to this file), so that they outlive the
 //!                               # controller too; with --store they are kept in etcd
+//! bounded_loads = 0.25          # optional: place the ring's arcs so that no server takes
+//!                               # more than 1.25 times its share of the requests the
+//!                               # switches count (consistent hashing with bounded loads)
+//! balance_interval_ms = 2000    # ... measured and placed again this often
+//! balance_min_requests = 1000   # ... when at least this many requests were counted
 //!
 //! [[switches]]
 //! name = "sw1"
@@ -138,12 +143,29 @@ pub struct ControllerFile {
     /// Where those copies and the routes are kept without a store (relative to this file's
     /// directory); `None`: in memory only.
     pub state_file: Option<PathBuf>,
+    /// Consistent hashing with bounded loads (`bounded_loads`, ε): the ring's arcs placed so
+    /// that no server takes more than `1 + ε` times its share of the requests counted.
+    pub balance: Option<Balance>,
     pub switches: Vec<SwitchRef>,
     /// The pool every switch serves; its `listen` is unused.
     pub pool: PoolSpec,
     /// The routes the controller keeps on the switches (`[routes]`), if any.
     pub routes: Option<RoutesSpec>,
 }
+
+/// How the controller places the ring's arcs by load (`bounded_loads` and its keys).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Balance {
+    /// A server may take `1 + epsilon` times its share of the load.
+    pub epsilon: f64,
+    /// Loads read from the switches, and arcs placed again, this often.
+    pub interval: Duration,
+    /// Fewer requests counted in an interval than this: too few to judge by; nothing moves.
+    pub min_requests: u64,
+}
+
+/// The largest `bounded_loads` taken: beyond it no arc would move.
+pub const MAX_BOUNDED_LOADS: f64 = 10.0;
 
 /// How a change of the pool reaches the switches (`pool_changes`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -237,6 +259,9 @@ struct RawController {
     keep_switch_state: Option<bool>,
     state_file: Option<String>,
     pool_changes: Option<String>,
+    bounded_loads: Option<f64>,
+    balance_interval_ms: Option<u64>,
+    balance_min_requests: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -280,6 +305,11 @@ keep_switch_state = true      # copy each switch's tables, entries, interfaces, 
                               # registers and egress rates; put them back when it restarts
 # state_file = "state.json"   # optional: keep the copies and the routes in this file (with
                               # --store: in etcd), so that they outlive the controller
+# bounded_loads = 0.25        # optional: place the ring's arcs by the requests the switches
+                              # count, so that no server takes over 1.25 times its share
+                              # (consistent hashing with bounded loads; ketama pools only)
+# balance_interval_ms = 2000  # ... loads read and arcs placed again this often
+# balance_min_requests = 1000 # ... when at least this many requests were counted
 
 [[switches]]
 name = "sw1"
@@ -396,6 +426,33 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
             ))
         }
     };
+    let balance = match c.bounded_loads {
+        None => {
+            if c.balance_interval_ms.is_some() || c.balance_min_requests.is_some() {
+                return Err(err(
+                    "controller.bounded_loads",
+                    "balance_interval_ms and balance_min_requests need bounded_loads".into(),
+                ));
+            }
+            None
+        }
+        Some(e) if !(e > 0.0 && e <= MAX_BOUNDED_LOADS) => {
+            return Err(err(
+                "controller.bounded_loads",
+                format!("{e}: ε must be above 0 and at most {MAX_BOUNDED_LOADS}"),
+            ))
+        }
+        Some(epsilon) => Some(Balance {
+            epsilon,
+            interval: ms(
+                "balance_interval_ms",
+                c.balance_interval_ms,
+                2000,
+                (100, 3_600_000),
+            )?,
+            min_requests: c.balance_min_requests.unwrap_or(1000),
+        }),
+    };
     let state_file = match c.state_file {
         Some(f) if f.trim().is_empty() => {
             return Err(err(
@@ -511,6 +568,14 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
             "no servers: add [[pool.servers]] with the addr of each".into(),
         ));
     }
+    if balance.is_some() && (pool.distribution != kv::Distribution::Ketama || pool.replicas > 1) {
+        return Err(err(
+            "controller.bounded_loads",
+            "bounded loads place the arcs of a ketama ring: the pool must be ketama, \
+             without replicas"
+                .into(),
+        ));
+    }
     if pool.redis.is_some() && c.probe_udp == Some(true) {
         return Err(err(
             "controller.probe_udp",
@@ -555,6 +620,7 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
         pool_changes,
         keep_switch_state: c.keep_switch_state.unwrap_or(true),
         state_file,
+        balance,
         switches,
         pool,
         routes,

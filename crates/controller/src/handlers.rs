@@ -195,6 +195,7 @@ pub(crate) fn status_doc(shared: &Shared) -> Value {
         "cache_nodes": cache_nodes::status(&f.cache_nodes),
         "routes": routes::status(&shared.routes),
         "fabric": fabric::status(&f.fabric),
+        "balance": crate::balance::status(f.file.balance, &f.balance),
     })
 }
 
@@ -300,6 +301,9 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         );
     }
     crate::restore::metrics(&f.file.switches, &f.kept, &mut m);
+    if f.file.balance.is_some() {
+        crate::balance::metrics(&f.balance, &mut m);
+    }
     cache_nodes::metrics(&f.cache_nodes, &mut m);
     fabric::metrics(&f.fabric, &mut m);
     // The fleet is let go before the rest, which reads files.

@@ -77,6 +77,7 @@ pub struct ControllerArgs {
     pub store_password_file: Option<std::path::PathBuf>,
 }
 
+mod balance;
 mod cache_nodes;
 mod election;
 pub mod etcd;
@@ -168,6 +169,8 @@ struct Fleet {
     last_spread: Option<Spread>,
     /// With `pool_changes = "together"`: the last change taken, and counts.
     flip: together::Flip,
+    /// With `bounded_loads`: what the balancer measured and placed.
+    balance: balance::Status,
 }
 
 /// What the threads share.
@@ -413,6 +416,7 @@ pub fn start(
         spread: None,
         last_spread: None,
         flip: together::Flip::default(),
+        balance: balance::Status::default(),
         servers,
         file,
         generation: 1,
@@ -504,6 +508,14 @@ pub fn start(
             std::thread::Builder::new()
                 .name("restore".into())
                 .spawn(move || restore::keep(&shared))?,
+        );
+    }
+    if shared.fleet().file.balance.is_some() {
+        let shared = shared.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("balancer".into())
+                .spawn(move || balance::balance(&shared))?,
         );
     }
     // One syncer per switch: a switch out of reach holds up only its own; or, with changes

@@ -15,6 +15,7 @@
 //! read; time is an argument.
 #![forbid(unsafe_code)]
 
+pub mod bounded;
 pub mod cache;
 pub mod expiry;
 pub mod fabric;

@@ -156,6 +156,24 @@ pub enum RouteError {
          use ketama, modula or jump"
     )]
     RandomDistribution,
+    /// A placement of the ring's points that is not one owner for each ketama point.
+    #[error(
+        "a placement needs one owner for each of the ring's {points} ketama points; {given} given"
+    )]
+    Owners {
+        /// Points on the ring (0 when it is not ketama).
+        points: usize,
+        /// Owners given.
+        given: usize,
+    },
+    /// A placement names a server the ring does not have.
+    #[error("a placement names server {server}; the ring has {servers}")]
+    OwnerOutOfRange {
+        /// The server named.
+        server: usize,
+        /// Servers in the ring.
+        servers: usize,
+    },
 }
 
 /// One point of the ketama continuum.
@@ -399,6 +417,42 @@ impl Ring {
     /// past the last. Empty for other distributions.
     pub fn points(&self) -> impl ExactSizeIterator<Item = (u32, u32)> + '_ {
         self.continuum.iter().map(|p| (p.value, p.server))
+    }
+
+    /// The point of the continuum that owns `hash` (its index in [`Ring::points`]): the first
+    /// at or after it, the first point past the last. 0 for other distributions.
+    pub fn point_index(&self, hash: u32) -> usize {
+        let i = self.first_at_or_after(hash);
+        if i < self.continuum.len() {
+            i
+        } else {
+            0
+        }
+    }
+
+    /// The same continuum with each point given to `owners[i]` (in [`Ring::points`] order)
+    /// rather than to the server ketama gave it: a placement computed from the ring's own
+    /// points, such as [`crate::bounded::bounded_owners`]. Refused for another distribution,
+    /// an owner list of another length, or an owner that is not a server of the ring.
+    pub fn with_owners(&self, owners: &[u32]) -> Result<Ring, RouteError> {
+        if self.dist != Distribution::Ketama || owners.len() != self.continuum.len() {
+            return Err(RouteError::Owners {
+                points: self.continuum.len(),
+                given: owners.len(),
+            });
+        }
+        if let Some(&bad) = owners.iter().find(|&&s| s as usize >= self.servers) {
+            return Err(RouteError::OwnerOutOfRange {
+                server: bad as usize,
+                servers: self.servers,
+            });
+        }
+        let mut ring = self.clone();
+        for (p, &s) in ring.continuum.iter_mut().zip(owners) {
+            p.server = s;
+        }
+        ring.build_index();
+        Ok(ring)
     }
 
     /// The index of the server that owns `hash`, in `0..self.len()`.

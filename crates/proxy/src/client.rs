@@ -25,7 +25,7 @@ use switch::cache::{KeyFill, ReadFill, Served, Writes};
 use super::backend::{Awaiting, Framing, Pending, ServerError};
 use super::combine::{combine, warm_fill, Outcome};
 use super::memory;
-use super::plan::{self, sentinel, Bytes, Combine, OnError, Plan, RedisMerge, Router};
+use super::plan::{self, sentinel, Bytes, Combine, OnError, Plan, RedisMerge};
 use super::pool::{PoolRouter, PoolRt};
 use super::stats::{add, memcache_command_index, sub, CutOff, PoolStats, ProxyStats};
 use super::Limits;
@@ -992,7 +992,7 @@ fn from_cache(request: &Request<'_>, pool: &Rc<PoolRt>, router: &mut PoolRouter)
         return Served::None;
     }
     let now = kvio::clock::now();
-    let mut locate = |key: &[u8]| router.locate(key).unwrap_or(0);
+    let mut locate = |key: &[u8]| router.peek(key).unwrap_or(0);
     cache.see(request, &mut locate, now);
     cache.serve_parts(request, now)
 }

@@ -200,11 +200,22 @@ pub(crate) struct PoolRouter {
     pool: Rc<PoolRt>,
 }
 
+impl PoolRouter {
+    /// Where a read of `key` goes, without counting it as routed (for the cache's hot-key
+    /// detection, which sees reads it may answer itself).
+    pub(crate) fn peek(&self, key: &[u8]) -> Option<usize> {
+        self.pool.view.borrow().read_locate(key)
+    }
+}
+
 impl Router for PoolRouter {
     fn locate(&mut self, key: &[u8]) -> Option<usize> {
         // Used for reads (writes go to `replicas`): a replicated pool reads a warming owner's
         // keys from another replica, except the one-key gets that warm it.
-        self.pool.view.borrow().read_locate(key)
+        let view = self.pool.view.borrow();
+        let hash = view.key_hash(key);
+        view.count(hash);
+        view.read_locate_hash(hash)
     }
 
     fn live(&self) -> Vec<usize> {
@@ -213,7 +224,9 @@ impl Router for PoolRouter {
 
     fn replicas(&mut self, key: &[u8], out: &mut Vec<usize>) {
         let view = self.pool.view.borrow();
-        view.replicas_hash(view.key_hash(key), out);
+        let hash = view.key_hash(key);
+        view.count(hash);
+        view.replicas_hash(hash, out);
     }
 
     fn warm_source(&mut self, key: &[u8]) -> Option<(usize, usize)> {

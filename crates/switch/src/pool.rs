@@ -185,12 +185,131 @@ pub struct View {
     /// The earliest instant at which a server that is out comes back, or one warming up is
     /// warm.
     next_return: Option<Instant>,
+    /// Requests counted on each arc of the ring (a plain ketama pool's; `None` otherwise).
+    arcs: Option<Arc<ArcLoads>>,
+    /// Whether a placement of the ring's arcs is in force (see [`Placement`]).
+    placed: bool,
+}
+
+/// Requests routed on each arc of a ketama ring (the hashes up to and including one point of
+/// its continuum), in [`kv::route::Ring::points`] order: the load consistent hashing with
+/// bounded loads places ([`kv::bounded`]). Kept while the ring's servers stay the same, so a
+/// placement does not reset it; a ring of other servers starts again from 0.
+#[derive(Debug)]
+pub struct ArcLoads {
+    /// The ring's servers (ring names, in the pool's order) the counts are of.
+    servers: Vec<String>,
+    counts: Box<[AtomicU64]>,
+}
+
+impl ArcLoads {
+    fn new(servers: Vec<String>, points: usize) -> ArcLoads {
+        ArcLoads {
+            servers,
+            counts: (0..points).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// The ring's servers, by ring name, in ring order.
+    pub fn servers(&self) -> &[String] {
+        &self.servers
+    }
+
+    /// Requests counted on each arc so far.
+    pub fn counts(&self) -> Vec<u64> {
+        self.counts
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Counts the requests on the arcs of a router that routes by its own copy of the ring
+    /// (the XDP fast path), arc by arc.
+    pub fn add(&self, counts: &[u64]) {
+        for (c, &n) in self.counts.iter().zip(counts) {
+            if n > 0 {
+                c.fetch_add(n, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// A placement of a ketama ring's arcs: which server takes each arc that is not its ketama
+/// owner's, by the value of the point that ends the arc. Set for the ring over `servers` (ring
+/// names in the pool's order), and kept when the ring changes: on a ring of other servers a
+/// move still applies where its point is still on the ring and its server in it, so that a
+/// server added or taken out moves only the keys ketama moves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    pub servers: Vec<String>,
+    /// Points on that ring.
+    pub points: usize,
+    /// (point value, ring name of the server that takes its arc).
+    pub moves: Vec<(u32, String)>,
+}
+
+/// Why a placement was refused; the pool is as it was.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlacementError {
+    #[error("the pool's ring is not plain ketama (another distribution, replicas or a server warming up): its arcs cannot be placed")]
+    NotKetama,
+    #[error("the placement is for a ring over {given:?}; the pool's ring is over {current:?}")]
+    OtherRing {
+        given: Vec<String>,
+        current: Vec<String>,
+    },
+    #[error("the placement is for a ring of {given} points; the pool's has {current}")]
+    Points { given: usize, current: usize },
+    #[error("no point of the ring has the value {0}")]
+    NoSuchPoint(u32),
+    #[error("server {0:?} is not on the ring")]
+    UnknownServer(String),
 }
 
 impl View {
     /// The version this view shows; it grows with every change of the pool.
     pub fn version(&self) -> u64 {
         self.version
+    }
+
+    /// Counts one request routed by `hash` on its arc (a plain ketama pool only; nothing
+    /// otherwise). Call once for each request sent to the key's owner.
+    pub fn count(&self, hash: u32) {
+        if let (Some(arcs), Some(ring)) = (&self.arcs, &self.ring) {
+            if let Some(c) = arcs.counts.get(ring.point_index(hash)) {
+                c.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The requests counted on the ring's arcs (a plain ketama pool only).
+    pub fn arcs(&self) -> Option<&Arc<ArcLoads>> {
+        self.arcs.as_ref()
+    }
+
+    /// Whether the ring's arcs are placed by a [`Placement`] rather than by ketama alone.
+    pub fn placed(&self) -> bool {
+        self.placed
+    }
+
+    /// The ring's servers' ring names and weights, in ring order.
+    pub fn ring_servers(&self, spec: &PoolSpec) -> Vec<(String, u32)> {
+        self.live
+            .iter()
+            .filter_map(|&i| spec.servers.get(i))
+            .map(|s| (s.ring_name(), s.weight))
+            .collect()
+    }
+
+    /// The ring's points: (value, server as a position in the pool's list), the owners a
+    /// placement gives where one is in force. Empty but for ketama.
+    pub fn points(&self) -> Vec<(u32, usize)> {
+        let Some(ring) = self.ring.as_ref() else {
+            return Vec::new();
+        };
+        ring.points()
+            .filter_map(|(v, s)| self.live.get(s as usize).map(|&i| (v, i)))
+            .collect()
     }
 
     /// The servers in the ring, in the pool's order.
@@ -354,6 +473,10 @@ struct State {
     /// order, as nutcracker builds it over its list (it matters to `modula`).
     order: Vec<usize>,
     health: Vec<Health>,
+    /// Where the arcs of the ring go, when not by ketama alone.
+    placement: Option<Placement>,
+    /// The arcs' request counts, of the ring last built.
+    arcs: Option<Arc<ArcLoads>>,
 }
 
 /// Why a change of the pool's servers was refused; the pool is as it was.
@@ -455,12 +578,15 @@ pub struct Changed {
 impl Pool {
     /// A pool with every server in the ring.
     pub fn new(spec: PoolSpec) -> Result<Pool, RouteError> {
-        let state = State {
+        let mut state = State {
             order: (0..spec.servers.len()).collect(),
             health: vec![Health::default(); spec.servers.len()],
             spec: Arc::new(spec),
+            placement: None,
+            arcs: None,
         };
         let view = build_view(&state, 0)?;
+        state.arcs = view.arcs.clone();
         Ok(Pool {
             version: AtomicU64::new(0),
             rules: RwLock::new(ServerRules::default()),
@@ -635,6 +761,59 @@ impl Pool {
         .map(|c| c.version)
     }
 
+    /// Places the ring's arcs as `placement` says (`None`: by ketama alone again), under a new
+    /// version. Refused, changing nothing, when the pool's ring is not plain ketama or is not
+    /// over the servers the placement was made for.
+    pub fn set_placement(&self, placement: Option<Placement>) -> Result<u64, PlacementError> {
+        let mut state = self.lock_state();
+        if let Some(p) = &placement {
+            let view = self.current();
+            let Some(arcs) = view.arcs.as_ref() else {
+                return Err(PlacementError::NotKetama);
+            };
+            if p.servers != arcs.servers {
+                return Err(PlacementError::OtherRing {
+                    given: p.servers.clone(),
+                    current: arcs.servers.clone(),
+                });
+            }
+            if p.points != arcs.counts.len() {
+                return Err(PlacementError::Points {
+                    given: p.points,
+                    current: arcs.counts.len(),
+                });
+            }
+            let values: Vec<u32> = view.points().iter().map(|&(v, _)| v).collect();
+            for (point, name) in &p.moves {
+                if values.binary_search(point).is_err() {
+                    return Err(PlacementError::NoSuchPoint(*point));
+                }
+                if !p.servers.contains(name) {
+                    return Err(PlacementError::UnknownServer(name.clone()));
+                }
+            }
+        }
+        let version = self.version.load(Ordering::Acquire) + 1;
+        let before = std::mem::replace(&mut state.placement, placement);
+        match build_view(&state, version) {
+            Ok(view) => {
+                state.arcs = view.arcs.clone();
+                self.publish(view);
+                Ok(version)
+            }
+            Err(_) => {
+                // Checked above against the ring in force, whose points take any owner.
+                state.placement = before;
+                Err(PlacementError::NotKetama)
+            }
+        }
+    }
+
+    /// The placement set, whether or not it is in force (see [`View::placed`]).
+    pub fn placement(&self) -> Option<Placement> {
+        self.lock_state().placement.clone()
+    }
+
     /// Whether [`Pool::set_servers`] would take `servers` as the pool stands now, changing
     /// nothing: for checking every pool of a file before changing any.
     pub fn check_servers(&self, servers: &[ServerSpec]) -> Result<(), PoolChangeError> {
@@ -644,6 +823,8 @@ impl Pool {
             spec: state.spec.clone(),
             order: state.order.clone(),
             health: state.health.clone(),
+            placement: state.placement.clone(),
+            arcs: state.arcs.clone(),
         };
         drop(state);
         servers_into(&mut next, servers)?;
@@ -676,10 +857,13 @@ impl Pool {
             spec: state.spec.clone(),
             order: state.order.clone(),
             health: state.health.clone(),
+            placement: state.placement.clone(),
+            arcs: state.arcs.clone(),
         };
         let server = f(&mut next)?;
         let version = self.version.load(Ordering::Acquire) + 1;
         let view = build_view(&next, version).map_err(|e| PoolChangeError::Ring(e.to_string()))?;
+        next.arcs = view.arcs.clone();
         *state = next;
         self.publish(view);
         Ok(Changed { server, version })
@@ -832,7 +1016,10 @@ impl Pool {
             warming: Vec::new(),
             cold: None,
             next_return: None,
+            arcs: None,
+            placed: false,
         });
+        state.arcs = view.arcs.clone();
         self.publish(view);
     }
 }
@@ -859,6 +1046,35 @@ fn build_view(state: &State, version: u64) -> Result<View, RouteError> {
         .copied()
         .filter(|&i| health[i].warm_until.is_some())
         .collect();
+    // A plain ketama ring's arcs are counted, and placed where a placement for this very ring
+    // is set.
+    let names: Vec<String> = servers.iter().map(|s| s.name.clone()).collect();
+    let plain = |ring: &Ring| {
+        ring.distribution() == Distribution::Ketama && spec.replicas < 2 && warming.is_empty()
+    };
+    let arcs = match &ring {
+        Some(r) if plain(r) => Some(match &state.arcs {
+            Some(a) if a.servers == names && a.counts.len() == r.continuum_len() => a.clone(),
+            _ => Arc::new(ArcLoads::new(names.clone(), r.continuum_len())),
+        }),
+        _ => None,
+    };
+    let (ring, placed) = match (ring, &state.placement) {
+        (Some(r), Some(p)) if plain(&r) && !p.moves.is_empty() => {
+            let values: Vec<u32> = r.points().map(|(v, _)| v).collect();
+            let mut owners: Vec<u32> = r.points().map(|(_, s)| s).collect();
+            for (point, name) in &p.moves {
+                if let (Ok(i), Some(k)) = (
+                    values.binary_search(point),
+                    names.iter().position(|n| n == name),
+                ) {
+                    owners[i] = k as u32;
+                }
+            }
+            (Some(r.with_owners(&owners)?), true)
+        }
+        (r, _) => (r, false),
+    };
     let cold_live: Vec<usize> = live
         .iter()
         .copied()
@@ -889,6 +1105,8 @@ fn build_view(state: &State, version: u64) -> Result<View, RouteError> {
             .flat_map(|h| [h.down_until, h.warm_until])
             .flatten()
             .min(),
+        arcs,
+        placed,
     })
 }
 

@@ -75,6 +75,8 @@ pub const ROUTES: &[(&str, &[&str])] = &[
     ("/api/v1/pool/servers/{server}", &["put", "delete"]),
     ("/api/v1/pool/staged", &["put", "delete"]),
     ("/api/v1/pool/staged/commit", &["post"]),
+    ("/api/v1/pool/arcs", &["get"]),
+    ("/api/v1/pool/placement", &["put", "delete"]),
     ("/api/v1/reload", &["post"]),
     ("/api/v1/cache", &["get"]),
     ("/api/v1/cache/{action}", &["post"]),
@@ -123,6 +125,7 @@ pub struct Served {
     staged: staged::StagedChanges,
 }
 
+mod arcs;
 mod staged;
 
 /// The paths whose changes [`Served::control_changes`] counts.
@@ -235,6 +238,11 @@ pub fn router(api: Shared) -> Router {
             axum::routing::put(staged::stage).delete(staged::cancel),
         )
         .route("/api/v1/pool/staged/commit", post(staged::commit))
+        .route("/api/v1/pool/arcs", get(arcs::arcs))
+        .route(
+            "/api/v1/pool/placement",
+            axum::routing::put(arcs::set).delete(arcs::clear),
+        )
         .route(
             "/api/v1/pool/servers/{server}",
             axum::routing::put(reweight_server).delete(remove_server),

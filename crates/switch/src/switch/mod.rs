@@ -818,6 +818,9 @@ impl Switch {
             });
             if let Some(server) = server {
                 self.stats.backend_request(server);
+                if meta.flags & FLAG_SWITCHKV == 0 {
+                    self.view.count(meta.key_hash);
+                }
             }
             stats::inc(&self.stats.kv_forwarded);
         }

@@ -1724,7 +1724,10 @@ impl Switch {
                 // write before it leaves: both are the proxy's.
                 let proxy_writes = self.view.replicas() > 1 || self.cache.is_some();
                 match server {
-                    Some(i) if !(write && proxy_writes) => Target::Server(i),
+                    Some(i) if !(write && proxy_writes) => {
+                        self.view.count(self.view.key_hash(key));
+                        Target::Server(i)
+                    }
                     _ => Target::Host,
                 }
             }
