@@ -7,6 +7,7 @@
 pub mod appswitch;
 pub mod bcube;
 pub mod bed;
+pub mod bounded;
 pub mod cost;
 pub mod fabric;
 pub mod fastpath;
@@ -88,6 +89,10 @@ pub enum Scenario {
     /// switch of a fleet of 2, 8 and 100 (`kvswitch proxy` processes with their APIs, on
     /// loopback; no root needed).
     Fleet(fleet::Args),
+    /// Consistent hashing with bounded loads against ketama over a Zipf workload, on the
+    /// switches' ring code and the controller's placement: the busiest server over the mean,
+    /// and the keys and load moved by adding or removing a server (no processes, no root).
+    Bounded(bounded::Args),
     /// Every testbed scenario in turn (not `proxy`), each into its own folder under --out.
     All(AllArgs),
 }
@@ -161,6 +166,7 @@ pub fn run(scenario: &Scenario) -> anyhow::Result<()> {
         Scenario::Bcube(args) => bcube::run(args).map(drop),
         Scenario::Fabric(args) => fabric::run(args),
         Scenario::Fleet(args) => fleet::run(args).map(drop),
+        Scenario::Bounded(args) => bounded::run(args).map(drop),
         Scenario::Appswitch(args) => appswitch::run(args).map(drop),
         Scenario::Reqcache(args) => reqcache::run(args).map(drop),
         Scenario::Switchkv(args) => run_switchkv(args),
@@ -200,6 +206,7 @@ fn run_all(common: &Common) -> anyhow::Result<()> {
     appswitch::run(&appswitch::Args::with(sub(appswitch::NAME)))?;
     reqcache::run(&reqcache::Args::with(sub(reqcache::NAME)))?;
     fleet::run(&fleet::Args::with(sub(fleet::NAME)))?;
+    bounded::run(&bounded::Args::with(sub(bounded::NAME)))?;
     Ok(())
 }
 

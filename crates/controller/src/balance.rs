@@ -1,8 +1,8 @@
 //! Consistent hashing with bounded loads across the fleet (`bounded_loads`): every interval the
 //! balancer reads the requests each switch counted on each arc of the pool's ketama ring
 //! (`GET /api/v1/pool/arcs`), adds them up, and when a server took more than `1 + ε` times its
-//! share (and a little more, so that a placement within the bound is left alone), places the
-//! arcs again with [`kv::bounded::bounded_owners`] and gives every switch the placement
+//! share (or than the heaviest arc alone, when that is more; and a little more, so that a
+//! placement within the bound is left alone), places the arcs again with [`kv::bounded::bounded_owners`] and gives every switch the placement
 //! (`PUT /api/v1/pool/placement`). A switch that restarted, or holds another placement, is given
 //! the one in force. A change of the pool's servers gives a new ring, on which the placement
 //! still moves the arcs whose points and servers are still there (the switches apply it so
@@ -11,17 +11,15 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use kv::bounded::{bounded_owners, server_loads};
+use kv::bounded::{
+    bounded_owners, moves_of, owners_with_moves, reachable, server_loads, worth_placing, HYSTERESIS,
+};
 use kv::route::{Distribution, Server};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::sync::SWITCH_WAIT;
 use super::{at_once, Shared, CAMPAIGN_INTERVAL};
-
-/// Past `1 + ε` by this much before arcs move again: a placement within the bound, which the
-/// next interval's loads may show a hair over it, is left as it is.
-const HYSTERESIS: f64 = 0.05;
 
 /// What the balancer did, for the status and the metrics.
 #[derive(Debug, Default, Clone)]
@@ -56,22 +54,6 @@ struct Arcs {
 /// when the ring changes, as the switches keep it: it applies where its points and servers
 /// still are.
 type Intended = Vec<(u32, String)>;
-
-/// The owners `moves` give the points of `ring` (over `servers`): ketama's, but where a move
-/// names a point still on it and a server still in it.
-fn owners_of(ring: &kv::Ring, servers: &[String], moves: &Intended) -> Vec<u32> {
-    let values: Vec<u32> = ring.points().map(|(v, _)| v).collect();
-    let mut owners: Vec<u32> = ring.points().map(|(_, s)| s).collect();
-    for (value, name) in moves {
-        if let (Ok(i), Some(k)) = (
-            values.binary_search(value),
-            servers.iter().position(|n| n == name),
-        ) {
-            owners[i] = k as u32;
-        }
-    }
-    owners
-}
 
 /// The balancer's loop: runs while the controller lives, acts while it leads.
 pub(super) fn balance(shared: &Shared) {
@@ -202,8 +184,6 @@ fn round(
             ring.continuum_len()
         );
     }
-    let natural: Vec<u32> = ring.points().map(|(_, s)| s).collect();
-    let values: Vec<u32> = ring.points().map(|(v, _)| v).collect();
     let requests: u64 = loads.iter().sum();
     let over =
         |owners: &[u32]| over_share(&server_loads(ring.len(), owners, &loads), &first.weights);
@@ -223,20 +203,14 @@ fn round(
         }
     }
     let judged = requests >= settings.min_requests.max(1);
-    if judged && in_force > 1.0 + settings.epsilon + HYSTERESIS {
+    let bound = reachable(&loads, &first.weights, ring.len(), settings.epsilon);
+    if judged && in_force > bound + HYSTERESIS {
         let owners = bounded_owners(&ring, &loads, &first.weights, settings.epsilon);
         let after = over(&owners);
-        // A placement that does not help (one arc alone past the bound) is not worth its moves.
-        if after < in_force {
-            *intended = Some(
-                owners
-                    .iter()
-                    .zip(&natural)
-                    .zip(&values)
-                    .filter(|((o, n), _)| o != n)
-                    .map(|((&o, _), &v)| (v, first.servers[o as usize].clone()))
-                    .collect(),
-            );
+        // Past what is reachable (one hot arc alone may be past 1 + ε), and better by enough to
+        // be worth its moves: a steady load is not placed again at every interval.
+        if worth_placing(in_force, after, bound) {
+            *intended = Some(moves_of(&ring, &first.servers, &owners));
             let mut f = shared.fleet();
             f.balance.placements += 1;
             f.balance.placed_max_over_share = Some(after);
@@ -256,14 +230,8 @@ fn round(
             false => bail!("{}", unread.join("; ")),
         };
     };
-    let owners = owners_of(&ring, &first.servers, plan);
-    let moves: Vec<(u32, String)> = owners
-        .iter()
-        .zip(&natural)
-        .zip(&values)
-        .filter(|((o, n), _)| o != n)
-        .map(|((&o, _), &v)| (v, first.servers[o as usize].clone()))
-        .collect();
+    let owners = owners_with_moves(&ring, &first.servers, plan);
+    let moves = moves_of(&ring, &first.servers, &owners);
     shared.fleet().balance.moved = moves.len();
     let body = json!({
         "pool": pool,

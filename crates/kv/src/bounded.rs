@@ -73,6 +73,61 @@ pub fn bounded_owners(ring: &Ring, loads: &[u64], shares: &[u32], epsilon: f64) 
     owners
 }
 
+/// How far past its bound a placement in force must be before the arcs are placed again, and
+/// how much better a new placement must be to be taken: measured loads move a little from one
+/// interval to the next, and a placement within the bound is worth keeping.
+pub const HYSTERESIS: f64 = 0.05;
+
+/// The load no placement of whole arcs takes below, over the mean: `1 + ε`, or the heaviest arc
+/// on the server with the largest share, when that is more.
+pub fn reachable(loads: &[u64], shares: &[u32], servers: usize, epsilon: f64) -> f64 {
+    let total: u64 = loads.iter().sum();
+    let share = |s: usize| f64::from(shares.get(s).copied().unwrap_or(1).max(1));
+    let all: f64 = (0..servers).map(share).sum();
+    let largest = (0..servers).map(share).fold(1.0, f64::max);
+    let heaviest = loads.iter().copied().max().unwrap_or(0) as f64;
+    let arc = match total {
+        0 => 0.0,
+        t => heaviest / (t as f64 * largest / all),
+    };
+    (1.0 + epsilon.max(0.0)).max(arc)
+}
+
+/// Whether to place the arcs again: the placement in force leaves the busiest server `now`
+/// times its share, past what is reachable by more than [`HYSTERESIS`], and the new placement
+/// gives `placed`, better by more than it.
+pub fn worth_placing(now: f64, placed: f64, reachable: f64) -> bool {
+    now > reachable + HYSTERESIS && placed + HYSTERESIS < now
+}
+
+/// The owners a placement's moves give the points of `ring`, whose servers are `names` (in
+/// ring order): each point's ketama owner, but where a move names the point (by its value)
+/// and a server of the ring. Moves of points or servers no longer on the ring are passed over,
+/// so a placement outlives a change of the ring where it still applies.
+pub fn owners_with_moves(ring: &Ring, names: &[String], moves: &[(u32, String)]) -> Vec<u32> {
+    let values: Vec<u32> = ring.points().map(|(v, _)| v).collect();
+    let mut owners: Vec<u32> = ring.points().map(|(_, s)| s).collect();
+    for (value, name) in moves {
+        if let (Ok(i), Some(k)) = (
+            values.binary_search(value),
+            names.iter().position(|n| n == name),
+        ) {
+            owners[i] = k as u32;
+        }
+    }
+    owners
+}
+
+/// The moves that make `owners` of `ring`'s ketama owners: (point value, server name) for each
+/// point whose owner differs.
+pub fn moves_of(ring: &Ring, names: &[String], owners: &[u32]) -> Vec<(u32, String)> {
+    ring.points()
+        .zip(owners)
+        .filter(|((_, natural), o)| natural != *o)
+        .filter_map(|((v, _), &o)| names.get(o as usize).map(|n| (v, n.clone())))
+        .collect()
+}
+
 /// Each server's load when `owners` places the points carrying `loads`.
 pub fn server_loads(servers: usize, owners: &[u32], loads: &[u64]) -> Vec<u64> {
     let mut out = vec![0u64; servers];

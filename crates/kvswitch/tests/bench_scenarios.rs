@@ -755,6 +755,43 @@ fn fleet_short() {
 }
 
 #[test]
+fn bounded_short() {
+    let (dir, json) = run("bounded", "kbnd");
+    let points = json["points"].as_array().expect("points");
+    assert_eq!(points.len(), 4, "4 and 8 servers, two bounds: {json}");
+    for p in points {
+        let f = |k: &str| p[k].as_f64().unwrap_or_else(|| panic!("{k}: {p}"));
+        let epsilon = f("epsilon");
+        // Within 1 + ε, or the heaviest arc alone when that is more, and never worse than ketama.
+        assert!(
+            f("bounded_max_over_mean") <= (1.0 + epsilon).max(f("heaviest_arc_over_mean")) + 1e-9,
+            "{p}"
+        );
+        assert!(
+            f("bounded_max_over_mean") <= f("ketama_max_over_mean"),
+            "{p}"
+        );
+        for change in ["add", "remove"] {
+            for k in ["ketama_keys", "bounded_keys", "ketama_load", "bounded_load"] {
+                let x = p[change][k].as_f64().unwrap();
+                assert!(x > 0.0 && x < 1.0, "{change} {k}: {p}");
+            }
+        }
+    }
+    // At 4 and 8 servers ketama leaves the busiest past 1.25 times the mean; bounded loads do not.
+    for p in points.iter().filter(|p| p["epsilon"] == 0.25) {
+        assert!(p["ketama_max_over_mean"].as_f64().unwrap() > 1.25, "{p}");
+        assert!(
+            p["bounded_max_over_mean"].as_f64().unwrap() <= 1.25 + 1e-9,
+            "{p}"
+        );
+    }
+    let summary = std::fs::read_to_string(dir.join("summary.md")).expect("summary.md");
+    assert!(summary.contains("| 8 | 0.25 |"), "{summary}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
 fn fabric_short() {
     let (dir, json) = run("fabric", "kfd");
     let curves = json["curves"].as_array().unwrap();

@@ -1061,16 +1061,7 @@ fn build_view(state: &State, version: u64) -> Result<View, RouteError> {
     };
     let (ring, placed) = match (ring, &state.placement) {
         (Some(r), Some(p)) if plain(&r) && !p.moves.is_empty() => {
-            let values: Vec<u32> = r.points().map(|(v, _)| v).collect();
-            let mut owners: Vec<u32> = r.points().map(|(_, s)| s).collect();
-            for (point, name) in &p.moves {
-                if let (Ok(i), Some(k)) = (
-                    values.binary_search(point),
-                    names.iter().position(|n| n == name),
-                ) {
-                    owners[i] = k as u32;
-                }
-            }
+            let owners = kv::bounded::owners_with_moves(&r, &names, &p.moves);
             (Some(r.with_owners(&owners)?), true)
         }
         (r, _) => (r, false),
