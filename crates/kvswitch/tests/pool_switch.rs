@@ -3,7 +3,8 @@
 //! each change every key written over UDP or TCP is on the server the new ring names, and on
 //! no other; once a server's removal is acknowledged no UDP request reaches it; a server added
 //! at run time (here the removed one, under a new name, so it takes a new place in the pool)
-//! is found with ARP and served over both transports; a new weight moves keys as ketama says.
+//! is found with ARP and served over both transports; a new weight moves keys as ketama says;
+//! both paths count their requests on the ring's arcs and route by a placement of the arcs.
 
 mod common;
 
@@ -158,6 +159,43 @@ fn servers_added_removed_and_reweighted_while_both_paths_route() {
         [("s1".into(), 3), ("s3".into(), 1), ("s2b".into(), 1)],
         "{pool}"
     );
+    // Both paths count what they route on the ring's arcs, and route by a placement of them:
+    // every arc to s3.
+    let arcs = api.call("GET", "/api/v1/pool/arcs", None).expect("arcs");
+    let counted: u64 = arcs["counts"]
+        .as_array()
+        .expect("counts")
+        .iter()
+        .map(|c| c.as_u64().unwrap())
+        .sum();
+    assert!(
+        counted >= 2 * KEYS as u64,
+        "{counted} of the weighted step's writes counted"
+    );
+    let moves: Vec<serde_json::Value> = arcs["values"]
+        .as_array()
+        .expect("values")
+        .iter()
+        .map(|v| json!([v, "s3"]))
+        .collect();
+    api.call(
+        "PUT",
+        "/api/v1/pool/placement",
+        Some(&json!({"servers": arcs["servers"], "points": arcs["points"], "moves": moves})),
+    )
+    .expect("placement");
+    let weighted = ring(&[("s1", 3), ("s3", 1), ("s2b", 1)]);
+    let to_s3 = weighted
+        .with_owners(&vec![1; weighted.continuum_len()])
+        .expect("every arc to s3");
+    placed_by(
+        &live,
+        "placed",
+        &to_s3,
+        &["s1", "s3", "s2b"],
+        &["s1", "s3", "s2"],
+    );
+
     let m = metrics(&live);
     assert!(
         m.contains("kvswitch_backend_requests_total{backend=\"s2b\"}"),
