@@ -46,6 +46,7 @@ struct Arcs {
     servers: Vec<String>,
     weights: Vec<u32>,
     points: usize,
+    values: Vec<u32>,
     counts: Vec<u64>,
     owners: Vec<u32>,
 }
@@ -66,7 +67,9 @@ pub(super) fn balance(shared: &Shared) {
         };
         let Some(settings) = settings else { return };
         if !acting {
+            // Another controller leads: what it places is in force, not what this one last did.
             seen.clear();
+            intended = None;
             std::thread::sleep(CAMPAIGN_INTERVAL);
             continue;
         }
@@ -124,7 +127,11 @@ fn round(
             .with_limit(SWITCH_WAIT);
         let v = c.call("GET", &path, None)?;
         let arcs: Arcs = serde_json::from_value(v).context("reading its arcs")?;
-        if arcs.counts.len() != arcs.points || arcs.owners.len() != arcs.points {
+        if arcs.counts.len() != arcs.points
+            || arcs.owners.len() != arcs.points
+            || arcs.values.len() != arcs.points
+            || arcs.weights.len() != arcs.servers.len()
+        {
             bail!("its arcs do not match its ring's {} points", arcs.points);
         }
         Ok::<_, anyhow::Error>(arcs)
@@ -151,7 +158,7 @@ fn round(
     if now
         .iter()
         .flatten()
-        .any(|a| a.servers != first.servers || a.points != first.points)
+        .any(|a| a.servers != first.servers || a.values != first.values)
     {
         *seen = now;
         bail!("the switches' rings differ (a pool change is under way): nothing placed");
@@ -163,10 +170,10 @@ fn round(
         let Some(a) = a else { continue };
         let base = before
             .as_ref()
-            .filter(|b| b.servers == a.servers && b.points == a.points)
+            .filter(|b| b.servers == a.servers && b.values == a.values)
             .filter(|b| b.counts.iter().zip(&a.counts).all(|(x, y)| x <= y));
         for (k, &c) in a.counts.iter().enumerate() {
-            loads[k] += c - base.map_or(0, |b| b.counts[k]);
+            loads[k] = loads[k].saturating_add(c - base.map_or(0, |b| b.counts[k]));
         }
     }
     *seen = now.clone();
@@ -177,14 +184,35 @@ fn round(
         .map(|(n, &w)| Server::new(n.clone(), w))
         .collect();
     let ring = kv::Ring::new(Distribution::Ketama, hash, &ring_servers)?;
-    if ring.continuum_len() != first.points {
+    if !ring
+        .points()
+        .map(|(v, _)| v)
+        .eq(first.values.iter().copied())
+    {
         bail!(
-            "the switches' ring has {} points, this pool's {}: is the pool the same?",
+            "the switches' ring ({} points) is not the one their servers and weights make: \
+             is the pool the same?",
             first.points,
-            ring.continuum_len()
         );
     }
-    let requests: u64 = loads.iter().sum();
+    // A controller that starts, or takes the lead, carries on with the placement most switches
+    // hold.
+    if intended.is_none() {
+        let mut held: Vec<(&Vec<u32>, usize)> = Vec::new();
+        for a in now.iter().flatten() {
+            match held.iter_mut().find(|(o, _)| **o == a.owners) {
+                Some((_, n)) => *n += 1,
+                None => held.push((&a.owners, 1)),
+            }
+        }
+        if held.len() > 1 {
+            let most = held.iter().map(|(_, n)| *n).max().unwrap_or(0);
+            if let Some((owners, _)) = held.iter().find(|(_, n)| *n == most) {
+                *intended = Some(moves_of(&ring, &first.servers, owners));
+            }
+        }
+    }
+    let requests = loads.iter().fold(0u64, |a, &l| a.saturating_add(l));
     let over =
         |owners: &[u32]| over_share(&server_loads(ring.len(), owners, &loads), &first.weights);
     let in_force = over(&first.owners);
@@ -266,7 +294,7 @@ fn round(
 
 /// The most loaded server's load over its share of the total (by weight); 0 with no load.
 fn over_share(loads: &[u64], weights: &[u32]) -> f64 {
-    let total: u64 = loads.iter().sum();
+    let total = loads.iter().fold(0u64, |a, &l| a.saturating_add(l));
     let all: u64 = weights.iter().map(|&w| u64::from(w.max(1))).sum();
     if total == 0 || all == 0 {
         return 0.0;

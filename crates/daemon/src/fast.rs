@@ -293,6 +293,8 @@ fn keep_in_step(
     let mut idle = Some(String::from("not yet in step"));
     let mut last_hosts = Instant::now();
     let mut last_version = pool.version();
+    // The arcs' counts of the ring last given to the program.
+    let mut ring_arcs: Option<Arc<switch::pool::ArcLoads>> = None;
     while !stop() {
         let due = Instant::now() + SYNC_EVERY;
         while Instant::now() < due && pool.version() == last_version && !stop() {
@@ -313,6 +315,13 @@ fn keep_in_step(
         }
         let counters = fp.counters();
         merge(&mut pending, fp.seen(&counters, hosts));
+        // The requests routed on each arc, counted with the ring the program routes by.
+        if let Some(arcs) = &ring_arcs {
+            let hits = fp.arc_hits();
+            if hits.len() == arcs.len() && arcs.counting() {
+                arcs.add(&hits);
+            }
+        }
         let seen = std::mem::take(&mut pending);
         let (tx, rx) = mpsc::sync_channel(1);
         let kept = seen.clone();
@@ -329,6 +338,10 @@ fn keep_in_step(
         };
         if let Err(e) = fp.sync(&tables) {
             tracing::warn!("XDP maps: {e}");
+        }
+        let view = pool.view(kvio::clock::now());
+        if view.version() == tables.ring_version {
+            ring_arcs = view.arcs().cloned();
         }
         // A switch that had not yet seen the pool's version made tables of an older ring,
         // which the program does not route by: sync again at the next look.

@@ -52,13 +52,18 @@ pub fn bounded_owners(ring: &Ring, loads: &[u64], shares: &[u32], epsilon: f64) 
         }
         seen.iter_mut().for_each(|s| *s = false);
         let mut chosen = None;
+        let mut asked = 0;
         for k in 0..points.len() {
             let s = natural[(i + k) % points.len()] as usize;
             if std::mem::replace(&mut seen[s], true) {
                 continue;
             }
+            asked += 1;
             if taken[s] + w <= caps[s] {
                 chosen = Some(s);
+                break;
+            }
+            if asked == servers {
                 break;
             }
         }
@@ -81,7 +86,7 @@ pub const HYSTERESIS: f64 = 0.05;
 /// The load no placement of whole arcs takes below, over the mean: `1 + ε`, or the heaviest arc
 /// on the server with the largest share, when that is more.
 pub fn reachable(loads: &[u64], shares: &[u32], servers: usize, epsilon: f64) -> f64 {
-    let total: u64 = loads.iter().sum();
+    let total = loads.iter().fold(0u64, |a, &l| a.saturating_add(l));
     let share = |s: usize| f64::from(shares.get(s).copied().unwrap_or(1).max(1));
     let all: f64 = (0..servers).map(share).sum();
     let largest = (0..servers).map(share).fold(1.0, f64::max);
@@ -133,7 +138,7 @@ pub fn server_loads(servers: usize, owners: &[u32], loads: &[u64]) -> Vec<u64> {
     let mut out = vec![0u64; servers];
     for (i, &s) in owners.iter().enumerate() {
         if let Some(slot) = out.get_mut(s as usize) {
-            *slot += loads.get(i).copied().unwrap_or(0);
+            *slot = slot.saturating_add(loads.get(i).copied().unwrap_or(0));
         }
     }
     out
@@ -142,7 +147,7 @@ pub fn server_loads(servers: usize, owners: &[u32], loads: &[u64]) -> Vec<u64> {
 /// The largest server load over the mean (1.0 when the loads are perfectly even; 0 when there
 /// is no load).
 pub fn max_over_mean(loads: &[u64]) -> f64 {
-    let total: u64 = loads.iter().sum();
+    let total = loads.iter().fold(0u64, |a, &l| a.saturating_add(l));
     if total == 0 || loads.is_empty() {
         return 0.0;
     }

@@ -128,6 +128,8 @@ fn servers_added_removed_and_reweighted_while_both_paths_route() {
         &["s1", "s3", "s2"],
     );
 
+    // Arcs are counted once asked for, on every ring after, each from 0.
+    api.call("GET", "/api/v1/pool/arcs", None).expect("arcs");
     api.call(
         "PUT",
         "/api/v1/pool/servers/s1",

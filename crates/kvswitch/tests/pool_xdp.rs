@@ -224,3 +224,101 @@ fn xdp_cache_answers_no_read_from_before_a_pool_change() {
         .expect("the cache_hits counter");
     assert!(hits > 0, "no read was answered from the kernel cache");
 }
+
+/// The program counts the reads it routes on the ring's arcs, as the switch counts what it
+/// routes itself: every read answered is counted once, whichever routed it. With a placement
+/// of the arcs, reads follow it.
+#[test]
+fn xdp_counts_reads_on_the_rings_arcs_and_routes_by_a_placement() {
+    let live = testbed_with("kxar", "l3", false, |o| {
+        o.datapath = Some("xdp".into());
+    });
+    let api = Api::new(live.api(), None);
+    let routed = |live: &testbed::Live| {
+        status(live)["datapath"]["xdp_frames"]["routed"]
+            .as_u64()
+            .expect("the routed counter")
+    };
+    let counted = |api: &Api| -> (u64, serde_json::Value) {
+        let arcs = api.call("GET", "/api/v1/pool/arcs", None).expect("arcs");
+        let sum = arcs["counts"]
+            .as_array()
+            .expect("counts")
+            .iter()
+            .map(|c| c.as_u64().unwrap())
+            .sum();
+        (sum, arcs)
+    };
+    let (before, arcs) = counted(&api);
+    let routed_before = routed(&live);
+    let mut answered = 0u64;
+    for i in 0..200 {
+        let get = format!("get arc:{i}\r\n");
+        if udp_call(
+            &live,
+            "c1",
+            vip(&live),
+            get.as_bytes(),
+            Duration::from_secs(1),
+        )
+        .is_some()
+        {
+            answered += 1;
+        }
+    }
+    // The program's counts are added to the switch's every 50 ms.
+    std::thread::sleep(Duration::from_millis(400));
+    let (after, _) = counted(&api);
+    let by_program = routed(&live) - routed_before;
+    println!(
+        "{answered} reads answered, {by_program} routed by the program, {} counted",
+        after - before
+    );
+    assert!(by_program > 0, "the program routed no read");
+    assert!(answered >= 150, "{answered} of 200 reads answered");
+    assert!(after - before <= 200, "{} counted of 200 reads", after - before);
+    assert!(
+        after - before >= answered,
+        "{} counted on arcs of {answered} reads answered ({by_program} routed by the program)",
+        after - before
+    );
+
+    // Every arc to s2: a key only s2 holds is read through the VIP (by the program, or by the
+    // switch while the program hands reads up).
+    let moves: Vec<serde_json::Value> = arcs["values"]
+        .as_array()
+        .expect("values")
+        .iter()
+        .map(|v| json!([v, "s2"]))
+        .collect();
+    api.call(
+        "PUT",
+        "/api/v1/pool/placement",
+        Some(&json!({"servers": arcs["servers"], "points": arcs["points"], "moves": moves})),
+    )
+    .expect("placement");
+    for i in 0..20 {
+        let key = format!("placed:{i}");
+        assert_eq!(
+            direct(&live, "s2", &format!("set {key} 0 0 1\r\nx\r\n")),
+            "STORED\r\n"
+        );
+        let got = (0..5)
+            .find_map(|_| {
+                udp_call(
+                    &live,
+                    "c1",
+                    vip(&live),
+                    format!("get {key}\r\n").as_bytes(),
+                    Duration::from_secs(1),
+                )
+            })
+            .map(|r| String::from_utf8_lossy(&r.body).into_owned());
+        assert_eq!(
+            got.as_deref(),
+            Some(format!("VALUE {key} 0 1\r\nx\r\nEND\r\n").as_str()),
+            "{key}"
+        );
+    }
+    live.down().expect("down");
+}

@@ -193,26 +193,58 @@ pub struct View {
 
 /// Requests routed on each arc of a ketama ring (the hashes up to and including one point of
 /// its continuum), in [`kv::route::Ring::points`] order: the load consistent hashing with
-/// bounded loads places ([`kv::bounded`]). Kept while the ring's servers stay the same, so a
-/// placement does not reset it; a ring of other servers starts again from 0.
+/// bounded loads places ([`kv::bounded`]). Kept while the ring's servers and points stay the
+/// same, so a placement does not reset it; another ring starts again from 0. Nothing is
+/// counted until the counts are first asked for ([`ArcLoads::start`]): a pool nobody balances
+/// pays nothing for them.
 #[derive(Debug)]
 pub struct ArcLoads {
     /// The ring's servers (ring names, in the pool's order) the counts are of.
     servers: Vec<String>,
+    /// Its points' values.
+    values: Vec<u32>,
     counts: Box<[AtomicU64]>,
+    on: std::sync::atomic::AtomicBool,
 }
 
 impl ArcLoads {
-    fn new(servers: Vec<String>, points: usize) -> ArcLoads {
+    fn new(servers: Vec<String>, values: Vec<u32>, on: bool) -> ArcLoads {
         ArcLoads {
             servers,
-            counts: (0..points).map(|_| AtomicU64::new(0)).collect(),
+            counts: values.iter().map(|_| AtomicU64::new(0)).collect(),
+            values,
+            on: std::sync::atomic::AtomicBool::new(on),
         }
+    }
+
+    /// Counts from now on (for as long as the pool lives, rings after this one too).
+    pub fn start(&self) {
+        self.on.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether requests are counted.
+    pub fn counting(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+    }
+
+    /// The points' values, in ring order.
+    pub fn values(&self) -> &[u32] {
+        &self.values
     }
 
     /// The ring's servers, by ring name, in ring order.
     pub fn servers(&self) -> &[String] {
         &self.servers
+    }
+
+    /// Points on the ring.
+    pub fn len(&self) -> usize {
+        self.counts.len()
+    }
+
+    /// Whether the ring has no points.
+    pub fn is_empty(&self) -> bool {
+        self.counts.is_empty()
     }
 
     /// Requests counted on each arc so far.
@@ -262,6 +294,8 @@ pub enum PlacementError {
     Points { given: usize, current: usize },
     #[error("no point of the ring has the value {0}")]
     NoSuchPoint(u32),
+    #[error("{moves} moves for a ring of {points} points")]
+    TooMany { moves: usize, points: usize },
     #[error("server {0:?} is not on the ring")]
     UnknownServer(String),
 }
@@ -276,6 +310,9 @@ impl View {
     /// otherwise). Call once for each request sent to the key's owner.
     pub fn count(&self, hash: u32) {
         if let (Some(arcs), Some(ring)) = (&self.arcs, &self.ring) {
+            if !arcs.counting() {
+                return;
+            }
             if let Some(c) = arcs.counts.get(ring.point_index(hash)) {
                 c.fetch_add(1, Ordering::Relaxed);
             }
@@ -783,15 +820,29 @@ impl Pool {
                     current: arcs.counts.len(),
                 });
             }
-            let values: Vec<u32> = view.points().iter().map(|&(v, _)| v).collect();
+            if p.moves.len() > p.points {
+                return Err(PlacementError::TooMany {
+                    moves: p.moves.len(),
+                    points: p.points,
+                });
+            }
             for (point, name) in &p.moves {
-                if values.binary_search(point).is_err() {
+                if arcs.values.binary_search(point).is_err() {
                     return Err(PlacementError::NoSuchPoint(*point));
                 }
                 if !p.servers.contains(name) {
                     return Err(PlacementError::UnknownServer(name.clone()));
                 }
             }
+        }
+        // One move a point (the last given), in the ring's order.
+        let placement = placement.map(|mut p| {
+            let moves: std::collections::BTreeMap<u32, String> = p.moves.drain(..).collect();
+            p.moves = moves.into_iter().collect();
+            p
+        });
+        if state.placement == placement {
+            return Ok(self.version());
         }
         let version = self.version.load(Ordering::Acquire) + 1;
         let before = std::mem::replace(&mut state.placement, placement);
@@ -1046,25 +1097,40 @@ fn build_view(state: &State, version: u64) -> Result<View, RouteError> {
         .copied()
         .filter(|&i| health[i].warm_until.is_some())
         .collect();
-    // A plain ketama ring's arcs are counted, and placed where a placement for this very ring
-    // is set.
+    // A ketama ring without replicas is placed by the placement's moves, and, but while a
+    // server warms up (the fast path does not route then, and the loads are not the pool's
+    // own), its arcs are counted.
     let names: Vec<String> = servers.iter().map(|s| s.name.clone()).collect();
-    let plain = |ring: &Ring| {
-        ring.distribution() == Distribution::Ketama && spec.replicas < 2 && warming.is_empty()
-    };
+    let plain = |ring: &Ring| ring.distribution() == Distribution::Ketama && spec.replicas < 2;
     let arcs = match &ring {
-        Some(r) if plain(r) => Some(match &state.arcs {
-            Some(a) if a.servers == names && a.counts.len() == r.continuum_len() => a.clone(),
-            _ => Arc::new(ArcLoads::new(names.clone(), r.continuum_len())),
-        }),
+        Some(r) if plain(r) && warming.is_empty() => {
+            let values: Vec<u32> = r.points().map(|(v, _)| v).collect();
+            Some(match &state.arcs {
+                Some(a) if a.servers == names && a.values == values => a.clone(),
+                before => Arc::new(ArcLoads::new(
+                    names.clone(),
+                    values,
+                    before.as_ref().is_some_and(|a| a.counting()),
+                )),
+            })
+        }
         _ => None,
     };
-    let (ring, placed) = match (ring, &state.placement) {
-        (Some(r), Some(p)) if plain(&r) && !p.moves.is_empty() => {
-            let owners = kv::bounded::owners_with_moves(&r, &names, &p.moves);
-            (Some(r.with_owners(&owners)?), true)
+    let placed_ring = |r: Ring, names: &[String]| -> Result<(Ring, bool), RouteError> {
+        match &state.placement {
+            Some(p) if plain(&r) && !p.moves.is_empty() => {
+                let owners = kv::bounded::owners_with_moves(&r, names, &p.moves);
+                Ok((r.with_owners(&owners)?, true))
+            }
+            _ => Ok((r, false)),
         }
-        (r, _) => (r, false),
+    };
+    let (ring, placed) = match ring {
+        Some(r) => {
+            let (r, placed) = placed_ring(r, &names)?;
+            (Some(r), placed)
+        }
+        None => (None, false),
     };
     let cold_live: Vec<usize> = live
         .iter()
@@ -1077,7 +1143,9 @@ fn build_view(state: &State, version: u64) -> Result<View, RouteError> {
                 .iter()
                 .map(|&i| Server::new(spec.servers[i].ring_name(), spec.servers[i].weight))
                 .collect();
-            Some((build_ring(spec, &servers)?, cold_live))
+            let cold_names: Vec<String> = servers.iter().map(|s| s.name.clone()).collect();
+            let (cold, _) = placed_ring(build_ring(spec, &servers)?, &cold_names)?;
+            Some((cold, cold_live))
         }
         _ => None,
     };

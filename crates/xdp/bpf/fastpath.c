@@ -43,6 +43,17 @@ struct {
 	__type(value, struct fp_point);
 } fp_ring SEC(".maps");
 
+/* Requests routed on the arc of each point of each copy of the ring (the hashes up to and
+ * including the point's value), for the controller's bounded loads; user space reads it
+ * through a memory mapping. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 2 * FP_MAX_POINTS);
+	__type(key, __u32);
+	__type(value, __u64);
+} fp_arc_hits SEC(".maps");
+
 /* The pool's servers by index: address, MAC, port; valid only when user space could send there. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -621,8 +632,9 @@ __noinline int fp_udp_ok(struct xdp_md *ctx, __u32 len)
 	return udp_ok(ip, udp, len, end);
 }
 
-/* The server owning `hash`: the first point at or after it, wrapping to the first. */
-static __always_inline int locate(struct fp_config *cfg, __u32 hash, __u32 *server)
+/* The server owning `hash`: the first point at or after it, wrapping to the first; `point` is
+ * that point's slot in fp_ring (and fp_arc_hits). */
+static __always_inline int locate(struct fp_config *cfg, __u32 hash, __u32 *server, __u32 *point)
 {
 	__u32 n = cfg->ring & ~FP_RING_GEN_BIT;
 	__u32 base = cfg->ring & FP_RING_GEN_BIT ? FP_MAX_POINTS : 0;
@@ -647,7 +659,16 @@ static __always_inline int locate(struct fp_config *cfg, __u32 hash, __u32 *serv
 	if (!p)
 		return 0;
 	*server = p->server;
+	*point = k;
 	return 1;
+}
+
+/* One request routed on the arc of the point in slot `point`. */
+static __always_inline void count_arc(__u32 point)
+{
+	__u64 *hits = bpf_map_lookup_elem(&fp_arc_hits, &point);
+	if (hits)
+		__sync_fetch_and_add(hits, 1);
 }
 
 /* Whether frames may leave by `port` from here (see fp_port_ifindex). */
@@ -872,8 +893,8 @@ static __always_inline int route(struct xdp_md *ctx, struct fp_config *cfg, __u3
 			return pass(FP_C_PASS_CACHE);
 		return answer_cached(ctx, cfg, in_port, hash, klen);
 	}
-	__u32 server;
-	if (!locate(cfg, hash, &server))
+	__u32 server, point;
+	if (!locate(cfg, hash, &server, &point))
 		return pass(FP_C_PASS_NO_SERVER);
 	struct fp_server *srv = bpf_map_lookup_elem(&fp_servers, &server);
 	if (!srv || !srv->valid)
@@ -887,6 +908,7 @@ static __always_inline int route(struct xdp_md *ctx, struct fp_config *cfg, __u3
 	struct fp_server_stats *st = bpf_map_lookup_elem(&fp_server_stats, &server);
 	if (st)
 		st->requests += 1;
+	count_arc(point);
 	count(FP_C_ROUTED);
 	return verdict;
 }
@@ -935,8 +957,8 @@ static __always_inline int route_keyed(struct xdp_md *ctx, struct fp_config *cfg
 	if (!klen)
 		return pass(FP_C_PASS_KEYED);
 	__u32 hash = fp_key_hash(klen, cfg->hash);
-	__u32 server;
-	if (!locate(cfg, hash, &server))
+	__u32 server, point;
+	if (!locate(cfg, hash, &server, &point))
 		return pass(FP_C_PASS_NO_SERVER);
 	struct fp_server *srv = bpf_map_lookup_elem(&fp_servers, &server);
 	if (!srv || !srv->valid)
@@ -985,6 +1007,7 @@ static __always_inline int route_keyed(struct xdp_md *ctx, struct fp_config *cfg
 	struct fp_server_stats *st = bpf_map_lookup_elem(&fp_server_stats, &server);
 	if (st)
 		st->requests += 1;
+	count_arc(point);
 	count(FP_C_ROUTED);
 	count(FP_C_KEYED);
 	return verdict;
@@ -1313,9 +1336,10 @@ static __always_inline int leg_request(struct xdp_md *ctx, struct fp_config *cfg
 		if (!ring_current(cfg))
 			return pass(FP_C_PASS_POOL_CHANGE);
 		__u32 hash = fp_key_hash(klen, cfg->hash);
-		__u32 server;
-		if (!locate(cfg, hash, &server) || server != leg->server)
+		__u32 server, point;
+		if (!locate(cfg, hash, &server, &point) || server != leg->server)
 			return pass(FP_C_PASS_TO_SWITCH);
+		count_arc(point);
 	}
 	if (!sendable(leg->in_port))
 		return pass(FP_C_PASS_BLOCKED);

@@ -99,6 +99,8 @@ struct Shadow {
     hosts: BTreeSet<Host>,
     own: BTreeSet<Ipv4Addr>,
     keyed_ports: BTreeSet<u16>,
+    /// The ring copy in use's arc counts last read, for deltas.
+    arcs: Vec<u64>,
     /// Per-server totals last read, for deltas.
     requests: Vec<u64>,
     replies: Vec<u64>,
@@ -118,6 +120,72 @@ pub struct FastPath {
     links: Vec<libbpf_rs::Link>,
     shadow: Shadow,
     gate: Arc<Gate>,
+    arcs: ArcHits,
+}
+
+/// `fp_arc_hits`, mapped read-only: the requests the program routed on each point's arc, in
+/// both copies of the ring.
+struct ArcHits {
+    base: std::ptr::NonNull<u64>,
+    len: usize,
+}
+
+// SAFETY: the mapping is shared memory the kernel keeps while mapped; it is only read, through
+// atomic loads, and unmapped once on drop.
+unsafe impl Send for ArcHits {}
+
+impl ArcHits {
+    fn new(map: &MapHandle) -> Result<ArcHits, Error> {
+        use std::os::fd::AsRawFd;
+        let len = 2 * abi::MAX_POINTS as usize;
+        // SAFETY: a shared read-only mapping of the array map's memory (BPF_F_MMAPABLE), of
+        // its size; the kernel keeps the map alive while it is mapped.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len * 8,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                map.as_fd().as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(Error::Map {
+                map: "fp_arc_hits",
+                reason: format!("mmap: {}", std::io::Error::last_os_error()),
+            });
+        }
+        let base = std::ptr::NonNull::new(base.cast::<u64>()).ok_or_else(|| Error::Map {
+            map: "fp_arc_hits",
+            reason: "mmap returned null".into(),
+        })?;
+        Ok(ArcHits { base, len })
+    }
+
+    /// The count of slot `i`.
+    fn get(&self, i: usize) -> u64 {
+        if i >= self.len {
+            return 0;
+        }
+        // SAFETY: within the mapping, 8-byte aligned (the mapping is page aligned); the
+        // program adds to it atomically, so it is read atomically.
+        let cell = unsafe { &*(self.base.as_ptr().add(i) as *const std::sync::atomic::AtomicU64) };
+        cell.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The counts of `len` points of ring copy `copy`.
+    fn copy(&self, copy: u32, len: usize) -> Vec<u64> {
+        let base = (copy & 1) as usize * abi::MAX_POINTS as usize;
+        (0..len).map(|i| self.get(base + i)).collect()
+    }
+}
+
+impl Drop for ArcHits {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in new(), of that length, unmapped once.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len * 8) };
+    }
 }
 
 /// Sizes of the structures of `fastpath.h`, as this loader lays them out.
@@ -200,6 +268,7 @@ impl FastPath {
             map: handle("fp_gate", 4, 8)?,
             at: Mutex::new(None),
         });
+        let arcs = ArcHits::new(&handle("fp_arc_hits", 4, 8)?)?;
         Ok(FastPath {
             object,
             program,
@@ -208,6 +277,7 @@ impl FastPath {
             links: Vec::new(),
             shadow: Shadow::default(),
             gate,
+            arcs,
         })
     }
 
@@ -416,6 +486,8 @@ impl FastPath {
                 RingWrite::Gate(version) => self.gate.raise(version)?,
                 RingWrite::Points(copy) => self.write_points(t, copy)?,
                 RingWrite::Select(copy) => {
+                    // The copy's counts from its last use are where its new ones start.
+                    self.shadow.arcs = self.arcs.copy(u32::from(copy), t.ring.len());
                     self.shadow.ring_gen = u32::from(copy);
                     self.shadow.ring_len = t.ring.len();
                     self.write_cfg(&self.cfg_now(t))?;
@@ -612,6 +684,24 @@ impl FastPath {
             }
         }
         seen
+    }
+
+    /// The requests the program routed on each arc of the ring in use since the last call
+    /// (in the ring's point order; empty while it routes by none). What it counted on a copy
+    /// between the last call and that copy's replacement is not given.
+    pub fn arc_hits(&mut self) -> Vec<u64> {
+        let len = self.shadow.ring_len.min(abi::MAX_POINTS as usize);
+        let now = self.arcs.copy(self.shadow.ring_gen, len);
+        let deltas = match self.shadow.arcs.len() == len {
+            true => now
+                .iter()
+                .zip(&self.shadow.arcs)
+                .map(|(n, b)| n.saturating_sub(*b))
+                .collect(),
+            false => vec![0; len],
+        };
+        self.shadow.arcs = now;
+        deltas
     }
 
     /// The program's counters, summed over CPUs.

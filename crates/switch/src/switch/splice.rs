@@ -977,11 +977,11 @@ impl Switch {
             let rest = &flow.held[given..];
             let speaks = self.splice.as_ref().map_or(Speaks::Memcached, |s| s.speaks);
             let active = flow.active.map(|a| flow.legs[a].target);
-            let (len, target, kind, left) = if flow.sticky {
-                (rest.len(), Target::Host, None, 0)
+            let (len, target, kind, left, hash) = if flow.sticky {
+                (rest.len(), Target::Host, None, 0, None)
             } else if let Speaks::Redis { host_only } = speaks {
                 match self.resp_target(rest, host_only, active) {
-                    Some(x) => x,
+                    Some((len, target, kind, left)) => (len, target, kind, left, None),
                     // A command cut short: the rest of it comes later.
                     None => break,
                 }
@@ -991,10 +991,10 @@ impl Switch {
                     .iter()
                     .position(|&b| b == b'\n')
                     .map_or(rest.len(), |i| i + 1);
-                (len, active.unwrap_or(Target::Host), None, 0)
+                (len, active.unwrap_or(Target::Host), None, 0, None)
             } else {
                 match self.request_target(rest) {
-                    Some((len, target, kind)) => (len, target, kind, 0),
+                    Some((len, target, kind, hash)) => (len, target, kind, 0, hash),
                     None => {
                         // A line cut short: the rest of it comes later.
                         break;
@@ -1042,6 +1042,10 @@ impl Switch {
             if let Target::Server(i) = target {
                 self.stats.backend_request(i);
                 stats::inc(&self.stats.tcp_requests);
+                // Counted on its arc once it is sent, not when it was parsed (it may wait).
+                if let Some(hash) = hash {
+                    self.view.count(hash);
+                }
             }
             let n = len.min(remaining);
             flow.data_left = len - n;
@@ -1697,8 +1701,8 @@ impl Switch {
     /// The request at the front of `bytes`: its length, data block included, where it goes,
     /// and the kind of its reply (`None`: a reply whose end cannot be found, or none). `None`
     /// while its line has not all arrived.
-    fn request_target(&self, bytes: &[u8]) -> Option<(usize, Target, Option<Owes>)> {
-        let sticky = |len| Some((len, Target::Host, None));
+    fn request_target(&self, bytes: &[u8]) -> Option<(usize, Target, Option<Owes>, Option<u32>)> {
+        let sticky = |len| Some((len, Target::Host, None, None));
         if bytes.first() == Some(&memcache::binary::REQUEST_MAGIC) {
             return sticky(bytes.len());
         }
@@ -1716,7 +1720,7 @@ impl Switch {
             kind,
             Some(ReplyKind::Retrieval | ReplyKind::Line | ReplyKind::Meta)
         );
-        let to = match request.key() {
+        let (to, hash) = match request.key() {
             Some(key) if request.key_count() == 1 && command.has_key() && framed => {
                 let write = command.is_write();
                 let server = self.key_server(key, write);
@@ -1725,13 +1729,12 @@ impl Switch {
                 let proxy_writes = self.view.replicas() > 1 || self.cache.is_some();
                 match server {
                     Some(i) if !(write && proxy_writes) => {
-                        self.view.count(self.view.key_hash(key));
-                        Target::Server(i)
+                        (Target::Server(i), Some(self.view.key_hash(key)))
                     }
-                    _ => Target::Host,
+                    _ => (Target::Host, None),
                 }
             }
-            _ => Target::Host,
+            _ => (Target::Host, None),
         };
         // What the proxy answers itself or merges, with replies whose end is known: several
         // keys, keyless commands with a reply of lines.
@@ -1742,7 +1745,7 @@ impl Switch {
         };
         let kind =
             kind.filter(|k| *k != ReplyKind::Binary && *k != ReplyKind::BinaryStats && known_end);
-        Some((request.len, to, kind.map(Owes::Memcache)))
+        Some((request.len, to, kind.map(Owes::Memcache), hash))
     }
 
     /// The Redis command at the front of `bytes`: its length, where it goes and what it is

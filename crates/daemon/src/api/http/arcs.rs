@@ -28,7 +28,9 @@ pub(super) async fn arcs(State(api): State<Shared>, RawQuery(query): RawQuery) -
         )
         .into());
     };
-    let servers = view.ring_servers(&spec);
+    // Counted from the first time they are asked for.
+    arcs.start();
+    let weights: Vec<u32> = view.ring_servers(&spec).iter().map(|(_, w)| *w).collect();
     let live = view.live();
     let owners: Vec<usize> = view
         .points()
@@ -38,10 +40,10 @@ pub(super) async fn arcs(State(api): State<Shared>, RawQuery(query): RawQuery) -
     ok(json!({
         "pool": spec.name,
         "version": view.version(),
-        "servers": servers.iter().map(|(n, _)| n).collect::<Vec<_>>(),
-        "weights": servers.iter().map(|(_, w)| w).collect::<Vec<_>>(),
-        "points": owners.len(),
-        "values": view.points().iter().map(|&(v, _)| v).collect::<Vec<_>>(),
+        "servers": arcs.servers(),
+        "weights": weights,
+        "points": arcs.len(),
+        "values": arcs.values(),
         "placed": view.placed(),
         "counts": arcs.counts(),
         "owners": owners,
@@ -66,6 +68,7 @@ fn placement_failure(e: PlacementError) -> ApiFailure {
             (ErrorKind::Conflict, "servers")
         }
         PlacementError::Points { .. } => (ErrorKind::Conflict, "points"),
+        PlacementError::TooMany { .. } => (ErrorKind::Invalid, "moves"),
         PlacementError::NoSuchPoint(_) | PlacementError::UnknownServer(_) => {
             (ErrorKind::Invalid, "moves")
         }
