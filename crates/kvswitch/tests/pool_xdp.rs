@@ -276,7 +276,11 @@ fn xdp_counts_reads_on_the_rings_arcs_and_routes_by_a_placement() {
     );
     assert!(by_program > 0, "the program routed no read");
     assert!(answered >= 150, "{answered} of 200 reads answered");
-    assert!(after - before <= 200, "{} counted of 200 reads", after - before);
+    assert!(
+        after - before <= 200,
+        "{} counted of 200 reads",
+        after - before
+    );
     assert!(
         after - before >= answered,
         "{} counted on arcs of {answered} reads answered ({by_program} routed by the program)",
