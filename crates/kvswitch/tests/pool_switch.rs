@@ -174,18 +174,7 @@ fn servers_added_removed_and_reweighted_while_both_paths_route() {
         counted >= 2 * KEYS as u64,
         "{counted} of the weighted step's writes counted"
     );
-    let moves: Vec<serde_json::Value> = arcs["values"]
-        .as_array()
-        .expect("values")
-        .iter()
-        .map(|v| json!([v, "s3"]))
-        .collect();
-    api.call(
-        "PUT",
-        "/api/v1/pool/placement",
-        Some(&json!({"servers": arcs["servers"], "points": arcs["points"], "moves": moves})),
-    )
-    .expect("placement");
+    place_every_arc(&api, &arcs, "s3");
     let weighted = ring(&[("s1", 3), ("s3", 1), ("s2b", 1)]);
     let to_s3 = weighted
         .with_owners(&vec![1; weighted.continuum_len()])

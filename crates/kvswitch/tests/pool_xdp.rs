@@ -289,18 +289,7 @@ fn xdp_counts_reads_on_the_rings_arcs_and_routes_by_a_placement() {
 
     // Every arc to s2: a key only s2 holds is read through the VIP (by the program, or by the
     // switch while the program hands reads up).
-    let moves: Vec<serde_json::Value> = arcs["values"]
-        .as_array()
-        .expect("values")
-        .iter()
-        .map(|v| json!([v, "s2"]))
-        .collect();
-    api.call(
-        "PUT",
-        "/api/v1/pool/placement",
-        Some(&json!({"servers": arcs["servers"], "points": arcs["points"], "moves": moves})),
-    )
-    .expect("placement");
+    place_every_arc(&api, &arcs, "s2");
     for i in 0..20 {
         let key = format!("placed:{i}");
         assert_eq!(

@@ -620,3 +620,21 @@ pub fn interface_of(ip: Ipv4Addr) -> String {
         .expect("the interface holding the address")
         .to_string()
 }
+
+/// Gives every arc of the ring that `arcs` (a `GET /api/v1/pool/arcs`) shows to `server`,
+/// through the switch's API.
+pub fn place_every_arc(api: &api::Client, arcs: &serde_json::Value, server: &str) {
+    let moves: Vec<serde_json::Value> = arcs["values"]
+        .as_array()
+        .expect("values")
+        .iter()
+        .map(|v| serde_json::json!([v, server]))
+        .collect();
+    let body = serde_json::json!({
+        "servers": arcs["servers"],
+        "points": arcs["points"],
+        "moves": moves,
+    });
+    api.call("PUT", "/api/v1/pool/placement", Some(&body))
+        .expect("placement");
+}
