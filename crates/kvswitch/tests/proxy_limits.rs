@@ -287,13 +287,28 @@ fn out_of_descriptors_connections_are_refused_not_left_waiting() {
     let api = cluster.proxy.api();
     let mut existing = Conn::open(cluster.addr());
     set_and_get(&mut existing, "k", "before");
+    // A connection the proxy accepted and closed at once may be reset before connect()
+    // returns, on a busy machine: refused too.
+    let mut reset = 0;
     let mut more: Vec<TcpStream> = (0..150)
-        .map(|_| TcpStream::connect(cluster.addr()).expect("connect"))
+        .filter_map(|_| match TcpStream::connect(cluster.addr()) {
+            Ok(c) => Some(c),
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => {
+                reset += 1;
+                None
+            }
+            Err(e) => panic!("connect: {e}"),
+        })
         .collect();
     // The process has fewer than 64 descriptors for clients: at least 87 are refused (waiting
     // for 86 only could stop one short of what the check below needs).
     let t = Instant::now();
-    let (closed, open) = closed_and_open(&mut more, 87, Duration::from_secs(3));
+    let (closed, open) = closed_and_open(
+        &mut more,
+        87usize.saturating_sub(reset),
+        Duration::from_secs(3),
+    );
+    let closed = closed + reset;
     assert!(
         closed >= 86 && open < 64,
         "closed {closed}, open {open} after {:?}",
