@@ -338,15 +338,13 @@ impl View {
             .collect()
     }
 
-    /// The ring's points: (value, server as a position in the pool's list), the owners a
-    /// placement gives where one is in force. Empty but for ketama.
-    pub fn points(&self) -> Vec<(u32, usize)> {
-        let Some(ring) = self.ring.as_ref() else {
-            return Vec::new();
-        };
-        ring.points()
-            .filter_map(|(v, s)| self.live.get(s as usize).map(|&i| (v, i)))
-            .collect()
+    /// The owner of each of the ring's points, by its place in the ring's server list (see
+    /// [`View::ring_servers`]): the owners a placement gives where one is in force. Empty but
+    /// for ketama.
+    pub fn ring_owners(&self) -> Vec<u32> {
+        self.ring
+            .as_ref()
+            .map_or_else(Vec::new, |r| r.points().map(|(_, s)| s).collect())
     }
 
     /// The servers in the ring, in the pool's order.

@@ -31,12 +31,7 @@ pub(super) async fn arcs(State(api): State<Shared>, RawQuery(query): RawQuery) -
     // Counted from the first time they are asked for.
     arcs.start();
     let weights: Vec<u32> = view.ring_servers(&spec).iter().map(|(_, w)| *w).collect();
-    let live = view.live();
-    let owners: Vec<usize> = view
-        .points()
-        .iter()
-        .map(|&(_, i)| live.iter().position(|&l| l == i).unwrap_or(0))
-        .collect();
+    let owners = view.ring_owners();
     ok(json!({
         "pool": spec.name,
         "version": view.version(),
