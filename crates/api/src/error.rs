@@ -29,6 +29,14 @@ impl ApiFailure {
     }
 }
 
+/// The refusal as one line: its status and its `error`.
+impl std::fmt::Display for ApiFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let error = self.body["error"].as_str().unwrap_or("refused");
+        write!(f, "{}: {error}", self.status)
+    }
+}
+
 impl From<ControlError> for ApiFailure {
     fn from(e: ControlError) -> ApiFailure {
         let status = match e.kind {

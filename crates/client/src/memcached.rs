@@ -2,7 +2,8 @@
 //! one UDP datagram ([`version_udp`]), or in the binary protocol after SASL for servers that
 //! require it ([`version_sasl`]), each within a time limit, each giving the version or why
 //! there was none. The controller's health checks, the switch's check of the
-//! cache nodes it steers to and the testbed's readiness checks all ask with these.
+//! cache nodes it steers to and the testbed's readiness checks all ask with these. [`stats`]
+//! reads a server's counters, which the controller's scaler takes its load from.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
@@ -192,6 +193,147 @@ pub fn version_sasl(
     Ok(version)
 }
 
+/// Longest `stats` reply read: memcached's has about a hundred lines of at most 60 bytes.
+const MAX_STATS: usize = 64 * 1024;
+
+/// Asks `addr` for `stats` over TCP, within `timeout`: each `STAT name value` line as
+/// `(name, value)`, in the order given. A reply that is not `STAT` lines ended by `END`, or
+/// is longer than memcached's could be, is refused.
+pub fn stats(addr: SocketAddr, timeout: Duration) -> Result<Vec<(String, String)>, ProbeError> {
+    let mut conn = connect_within(addr, timeout)?;
+    conn.write_all(b"stats\r\n")?;
+    let mut reply = Vec::with_capacity(4096);
+    let mut buf = [0u8; 4096];
+    while !(reply.starts_with(b"END\r\n") || reply.ends_with(b"\r\nEND\r\n")) {
+        if reply.len() > MAX_STATS {
+            return Err(ProbeError::Answered(format!(
+                "a stats reply longer than {MAX_STATS} bytes"
+            )));
+        }
+        let n = conn.read(&mut buf).map_err(|e| timed_out(e, timeout))?;
+        if n == 0 {
+            return Err(ProbeError::Closed);
+        }
+        reply.extend_from_slice(&buf[..n]);
+    }
+    let mut fields = Vec::new();
+    for line in reply.split(|&b| b == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.is_empty() || line == b"END" {
+            continue;
+        }
+        let mut words = std::str::from_utf8(line)
+            .ok()
+            .and_then(|l| l.strip_prefix("STAT "))
+            .map(|l| l.splitn(2, ' '))
+            .ok_or_else(|| ProbeError::Answered(text(line)))?;
+        let (Some(name), Some(value)) = (words.next(), words.next()) else {
+            return Err(ProbeError::Answered(text(line)));
+        };
+        fields.push((name.to_string(), value.to_string()));
+    }
+    Ok(fields)
+}
+
+/// The keys `addr` holds (`lru_crawler metadump all`), at most `limit` of them, within
+/// `timeout`; `None` past `limit`.
+pub fn keys(
+    addr: SocketAddr,
+    timeout: Duration,
+    limit: usize,
+) -> Result<Option<Vec<Vec<u8>>>, ProbeError> {
+    let mut conn = connect_within(addr, timeout)?;
+    conn.write_all(b"lru_crawler metadump all\r\n")?;
+    let mut keys = Vec::new();
+    let mut pending: Vec<u8> = Vec::with_capacity(64 * 1024);
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = conn.read(&mut buf).map_err(|e| timed_out(e, timeout))?;
+        if n == 0 {
+            return Err(ProbeError::Closed);
+        }
+        pending.extend_from_slice(&buf[..n]);
+        let mut used = 0;
+        while let Some(end) = pending[used..].iter().position(|&b| b == b'\n') {
+            let line = &pending[used..used + end];
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            used += end + 1;
+            if line == b"END" {
+                return Ok(Some(keys));
+            }
+            let Some(key) = line
+                .strip_prefix(b"key=")
+                .and_then(|l| l.split(|&b| b == b' ').next())
+                .and_then(percent_decoded)
+            else {
+                return Err(ProbeError::Answered(text(line)));
+            };
+            if keys.len() == limit {
+                return Ok(None);
+            }
+            keys.push(key);
+        }
+        pending.drain(..used);
+        if pending.len() > MAX_REPLY * 4 {
+            return Err(ProbeError::Answered("a metadump line too long".into()));
+        }
+    }
+}
+
+/// `%XX` decoded; `None` if an escape is broken.
+fn percent_decoded(text: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(text.len());
+    let mut i = 0;
+    while i < text.len() {
+        match text[i] {
+            b'%' => {
+                let hex = std::str::from_utf8(text.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    Some(out)
+}
+
+/// Deletes every key of `keys` at `addr` (`delete <key> noreply`, then a `version` to know
+/// they were all taken), within `timeout`.
+pub fn delete_keys(
+    addr: SocketAddr,
+    keys: &[Vec<u8>],
+    timeout: Duration,
+) -> Result<(), ProbeError> {
+    let mut conn = connect_within(addr, timeout)?;
+    let mut out = Vec::with_capacity(64 * 1024);
+    for chunk in keys.chunks(1000) {
+        out.clear();
+        for k in chunk {
+            out.extend_from_slice(b"delete ");
+            out.extend_from_slice(k);
+            out.extend_from_slice(b" noreply\r\n");
+        }
+        conn.write_all(&out)?;
+    }
+    conn.write_all(b"version\r\n")?;
+    let mut reply = Vec::with_capacity(64);
+    let mut buf = [0u8; 128];
+    while !reply.ends_with(b"\r\n") && reply.len() < MAX_REPLY {
+        let n = conn.read(&mut buf).map_err(|e| timed_out(e, timeout))?;
+        if n == 0 {
+            return Err(ProbeError::Closed);
+        }
+        reply.extend_from_slice(&buf[..n]);
+    }
+    match reply.starts_with(b"VERSION ") {
+        true => Ok(()),
+        false => Err(ProbeError::Answered(text(&reply))),
+    }
+}
+
 /// A connection to `addr` made within `timeout`, its reads and writes bounded by what is left
 /// of it.
 fn connect_within(addr: SocketAddr, timeout: Duration) -> Result<TcpStream, ProbeError> {
@@ -245,6 +387,46 @@ mod tests {
     }
 
     const T: Duration = Duration::from_secs(2);
+
+    #[test]
+    fn keys_are_read_from_a_metadump_decoded_and_bounded() {
+        let dump: &'static [u8] =
+            b"key=a%25b exp=-1 la=1 cas=1 fetch=no cls=1 size=63\nkey=plain exp=-1 la=1 cas=2 fetch=no cls=1 size=65\nEND\r\n";
+        let addr = server(dump, 1);
+        assert_eq!(
+            keys(addr, T, 10).unwrap(),
+            Some(vec![b"a%b".to_vec(), b"plain".to_vec()])
+        );
+        let addr = server(dump, 1);
+        assert_eq!(keys(addr, T, 1).unwrap(), None);
+        let addr = server(b"key=a%2 exp=-1\nEND\r\n", 1);
+        assert!(matches!(keys(addr, T, 10), Err(ProbeError::Answered(_))));
+        let addr = server(b"ERROR\r\n", 1);
+        assert!(matches!(keys(addr, T, 10), Err(ProbeError::Answered(_))));
+    }
+
+    #[test]
+    fn stats_are_read_as_names_and_values_and_anything_else_is_refused() {
+        let addr = server(
+            b"STAT pid 7\r\nSTAT cmd_get 12\r\nSTAT version 1.6.18\r\nEND\r\n",
+            1,
+        );
+        let got = stats(addr, T).unwrap();
+        assert_eq!(
+            got,
+            vec![
+                ("pid".to_string(), "7".to_string()),
+                ("cmd_get".to_string(), "12".to_string()),
+                ("version".to_string(), "1.6.18".to_string()),
+            ]
+        );
+        let addr = server(b"ERROR\r\nEND\r\n", 1);
+        assert!(matches!(stats(addr, T), Err(ProbeError::Answered(_))));
+        let addr = server(b"STAT lonely\r\nEND\r\n", 1);
+        assert!(matches!(stats(addr, T), Err(ProbeError::Answered(_))));
+        let addr = server(b"STAT a 1\r\n", 1);
+        assert!(stats(addr, T).is_err(), "no END: closed or timed out");
+    }
 
     /// A TCP server on loopback that answers its first connection's first bytes with `reply`,
     /// then closes it.

@@ -55,6 +55,19 @@
 //! addr = "10.0.0.11:11211"
 //! name = "s1"
 //!
+//! # Optional: the pool follows its load, read from each server's own `stats`: weights moved
+//! # within bounds toward an even load, spares added and removed with the load.
+//! [scale]
+//! interval_ms = 1000            # the servers' counters read this often
+//! signal = "requests"           # "requests" (commands a second) or "bytes" (read and written)
+//! sustain = 3                   # readings in a row past a bound before a change, and between
+//! weights = [0.5, 2.0]          # a server's weight kept within these factors of its own ...
+//! weight_band = 0.2             # ... moved when its load is this far from its weight's share
+//! spares = ["10.0.0.21:11211"]  # added in order (emptied first) when the mean load per
+//! add_above = 50000             # server passes this; removed, last added first, when the
+//! remove_below = 20000          # pool without one would be under this per server
+//! warm_up_ms = 5000             # a spare added warms up this long (0: not)
+//!
 //! # Optional: routes the controller keeps on the switches, replaced as a whole by
 //! # `PUT /api/v1/routes` and updated consistently (each frame meets one version only).
 //! [routes]
@@ -151,7 +164,56 @@ pub struct ControllerFile {
     pub pool: PoolSpec,
     /// The routes the controller keeps on the switches (`[routes]`), if any.
     pub routes: Option<RoutesSpec>,
+    /// How the pool follows its load (`[scale]`), if it does.
+    pub scale: Option<Scale>,
 }
+
+/// How the pool follows its load (`[scale]`): weights moved within bounds, spares added and
+/// removed, by the load the servers' own `stats` give.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scale {
+    /// Each server's counters read this often.
+    pub interval: Duration,
+    /// What load is.
+    pub signal: Signal,
+    /// Readings in a row past a bound before anything changes, and after a change, readings
+    /// before the next.
+    pub sustain: u32,
+    /// Each server's weight is kept within these factors of its own (`[pool]`'s, or the one
+    /// it was added with); none: weights stay.
+    pub weights: Option<(f64, f64)>,
+    /// A server whose load is further than this from its weight's share of the pool's load
+    /// has its weight moved.
+    pub weight_band: f64,
+    /// Added in order when the mean load per server passes `add_above`; removed, last added
+    /// first, when the pool without one would be under `remove_below` per server.
+    pub spares: Vec<SocketAddr>,
+    pub add_above: f64,
+    pub remove_below: f64,
+    /// A spare added warms up this long (misses asked of the keys' previous owners).
+    pub warm_up: Option<Duration>,
+}
+
+/// What the scaler counts as load (`signal`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// Commands per second: gets, sets, touches, deletes, increments and decrements.
+    Requests,
+    /// Bytes read and written per second.
+    Bytes,
+}
+
+impl Signal {
+    pub fn name(self) -> &'static str {
+        match self {
+            Signal::Requests => "requests",
+            Signal::Bytes => "bytes",
+        }
+    }
+}
+
+/// Most spares `[scale]` lists.
+pub const MAX_SCALE_SPARES: usize = 64;
 
 /// How the controller places the ring's arcs by load (`bounded_loads` and its keys).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -214,6 +276,23 @@ struct RawFile {
     pool: Option<toml::Table>,
     #[serde(default)]
     routes: Option<RawRoutes>,
+    #[serde(default)]
+    scale: Option<RawScale>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawScale {
+    interval_ms: Option<u64>,
+    signal: Option<String>,
+    sustain: Option<u32>,
+    weights: Option<[f64; 2]>,
+    weight_band: Option<f64>,
+    #[serde(default)]
+    spares: Vec<String>,
+    add_above: Option<f64>,
+    remove_below: Option<f64>,
+    warm_up_ms: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -326,6 +405,19 @@ hash = "md5"
 addr = "10.0.0.11:11211"
 name = "s1"
 
+[scale]                       # optional: the pool follows its load, read from each server's
+                              # own `stats` (memcached pools)
+interval_ms = 1000            # the servers' counters read this often
+signal = "requests"           # "requests" (commands a second) or "bytes" (read and written)
+sustain = 3                   # readings in a row past a bound before a change, and between
+weights = [0.5, 2.0]          # optional: a server's weight kept within these factors of its
+                              # own, moved toward an even load ...
+weight_band = 0.2             # ... when its load is this far from its weight's share
+spares = ["10.0.0.21:11211"]  # optional: added in order, emptied first, when the mean load
+add_above = 50000             # per server passes this; removed, last added first, when the
+remove_below = 20000          # pool without one would be under this per server
+warm_up_ms = 5000             # a spare added warms up this long (0: not)
+
 [routes]                      # optional: routes kept on the switches, updated consistently
 match = { ethertype = "0x0800", ip_dst = { value = "10.9.0.0", mask = "255.255.255.0" } }
 priority = 1000               # of the acl entry that sends those frames to the routes
@@ -333,6 +425,137 @@ drain_ms = 100                # the old version stays this long after the new on
 [routes.edge_ports]           # per switch: ports where frames enter the fabric
 sw1 = [0, 1]
 "#;
+
+/// `[scale]`, checked.
+fn scale(r: RawScale, path: &Path) -> Result<Scale, ConfigError> {
+    let err = |key: &str, message: String| ConfigError::new(path, &format!("scale.{key}"), message);
+    let interval = r.interval_ms.unwrap_or(1000);
+    if !(100..=3_600_000).contains(&interval) {
+        return Err(err(
+            "interval_ms",
+            format!("{interval} is out of range; use 100 to 3600000"),
+        ));
+    }
+    let signal = match r.signal.as_deref() {
+        None | Some("requests") => Signal::Requests,
+        Some("bytes") => Signal::Bytes,
+        Some(other) => {
+            return Err(err(
+                "signal",
+                format!("{other:?}: use \"requests\" or \"bytes\""),
+            ))
+        }
+    };
+    let sustain = r.sustain.unwrap_or(3);
+    if !(1..=1000).contains(&sustain) {
+        return Err(err(
+            "sustain",
+            format!("{sustain} is out of range; use 1 to 1000"),
+        ));
+    }
+    let weights = match r.weights {
+        None => None,
+        Some([lo, hi]) if (0.05..=1.0).contains(&lo) && (1.0..=100.0).contains(&hi) && lo < hi => {
+            Some((lo, hi))
+        }
+        Some([lo, hi]) => {
+            return Err(err(
+                "weights",
+                format!(
+                    "[{lo}, {hi}]: the least factor must be 0.05 to 1, the most \
+                     at least 1 and at most 100, and they must differ"
+                ),
+            ))
+        }
+    };
+    let weight_band = r.weight_band.unwrap_or(0.2);
+    if !(weight_band > 0.0 && weight_band < 1.0) {
+        return Err(err(
+            "weight_band",
+            format!("{weight_band}: use a fraction above 0 and below 1"),
+        ));
+    }
+    if r.weight_band.is_some() && weights.is_none() {
+        return Err(err("weight_band", "it needs weights".into()));
+    }
+    if r.spares.len() > MAX_SCALE_SPARES {
+        return Err(err(
+            "spares",
+            format!("{} spares; at most {MAX_SCALE_SPARES}", r.spares.len()),
+        ));
+    }
+    let mut spares: Vec<SocketAddr> = Vec::with_capacity(r.spares.len());
+    for (i, text) in r.spares.iter().enumerate() {
+        let addr = text.parse::<SocketAddr>().map_err(|_| {
+            err(
+                &format!("spares[{i}]"),
+                format!("`{text}` is not an address such as 10.0.0.21:11211"),
+            )
+        })?;
+        if spares.contains(&addr) {
+            return Err(err(
+                &format!("spares[{i}]"),
+                format!("{addr} is listed twice"),
+            ));
+        }
+        spares.push(addr);
+    }
+    let (add_above, remove_below) = match (spares.is_empty(), r.add_above, r.remove_below) {
+        (true, None, None) => (f64::INFINITY, 0.0),
+        (true, _, _) => {
+            return Err(err(
+                "spares",
+                "add_above and remove_below need spares to add and remove".into(),
+            ))
+        }
+        (false, Some(add), Some(remove)) if add > 0.0 && remove >= 0.0 && remove < add => {
+            (add, remove)
+        }
+        (false, Some(add), Some(remove)) => {
+            return Err(err(
+                "remove_below",
+                format!(
+                    "{remove} (add_above is {add}): both are loads per server per second, \
+                     add_above above 0 and remove_below below it, or a spare added would be \
+                     taken out at once"
+                ),
+            ))
+        }
+        (false, _, _) => {
+            return Err(err(
+                "add_above",
+                "spares need add_above and remove_below (loads per server per second)".into(),
+            ))
+        }
+    };
+    if weights.is_none() && spares.is_empty() {
+        return Err(err(
+            "weights",
+            "[scale] needs weights, spares or both: with neither it would only watch".into(),
+        ));
+    }
+    let warm_up = match r.warm_up_ms.unwrap_or(0) {
+        0 => None,
+        n if n <= 86_400_000 => Some(Duration::from_millis(n)),
+        n => {
+            return Err(err(
+                "warm_up_ms",
+                format!("{n} is out of range; use 0 to 86400000"),
+            ))
+        }
+    };
+    Ok(Scale {
+        interval: Duration::from_millis(interval),
+        signal,
+        sustain,
+        weights,
+        weight_band,
+        spares,
+        add_above,
+        remove_below,
+        warm_up,
+    })
+}
 
 /// Reads a controller configuration, resolving every hostname in its pool.
 pub fn load(path: &Path) -> Result<ControllerFile, ConfigError> {
@@ -598,6 +821,34 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
         Some(r) => Some(routes(r, &switches, path)?),
         None => None,
     };
+    let scale = match raw.scale {
+        Some(r) => Some(scale(r, path)?),
+        None => None,
+    };
+    if let Some(scale) = &scale {
+        let refuse = |message: &str| Err(err("scale", message.into()));
+        if pool.redis.is_some() {
+            return refuse("the scaler reads memcached's `stats`; a Redis pool cannot scale");
+        }
+        if server_sasl.is_some() {
+            return refuse("the scaler reads `stats` in the text protocol, which servers that require SASL refuse");
+        }
+        if scale.weights.is_some() && balance.is_some() {
+            return refuse(
+                "weights and bounded_loads would both even out the load, each undoing the \
+                 other: keep one",
+            );
+        }
+        for (i, a) in scale.spares.iter().enumerate() {
+            let key = format!("scale.spares[{i}]");
+            if pool.servers.iter().any(|s| s.addr == *a) {
+                return Err(err(&key, format!("{a} is a server of the pool already")));
+            }
+            if failover.contains(a) {
+                return Err(err(&key, format!("{a} is a failover spare too")));
+            }
+        }
+    }
     Ok(ControllerFile {
         path: path.to_owned(),
         api,
@@ -618,6 +869,7 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
         server_sasl,
         fabric,
         pool_changes,
+        scale,
         keep_switch_state: c.keep_switch_state.unwrap_or(true),
         state_file,
         balance,
@@ -682,6 +934,80 @@ mod tests {
         assert_eq!(c.pool.servers.len(), 1);
         assert!(c.routes.is_some());
         assert_eq!(c.cache_node_port, Some(11211));
+        let scale = c.scale.expect("[scale]");
+        assert_eq!(scale.weights, Some((0.5, 2.0)));
+        assert_eq!(scale.spares.len(), 1);
+        assert_eq!(scale.warm_up, Some(Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn scale_takes_weights_or_spares_with_sane_bounds_and_says_what_is_wrong() {
+        let with = |table: &str| format!("{GOOD}\n[scale]\n{table}\n");
+        let good = |table: &str| {
+            parse(&with(table), Path::new("c.toml"))
+                .unwrap()
+                .scale
+                .unwrap()
+        };
+        let bad = |table: &str| {
+            parse(&with(table), Path::new("c.toml"))
+                .unwrap_err()
+                .to_string()
+        };
+        let s = good("weights = [0.5, 2.0]");
+        assert_eq!(
+            (s.interval, s.signal, s.sustain, s.weight_band),
+            (Duration::from_secs(1), Signal::Requests, 3, 0.2)
+        );
+        assert!(s.spares.is_empty() && s.add_above.is_infinite());
+        let s = good(
+            "spares = [\"127.0.0.1:11300\"]\nadd_above = 100\nremove_below = 40\nsignal = \"bytes\"",
+        );
+        assert_eq!(
+            (s.add_above, s.remove_below, s.signal),
+            (100.0, 40.0, Signal::Bytes)
+        );
+        assert_eq!(s.weights, None);
+        for (table, key) in [
+            ("sustain = 3", "scale.weights"),
+            ("weights = [0.0, 2.0]", "scale.weights"),
+            ("weights = [1.0, 1.0]", "scale.weights"),
+            (
+                "weights = [0.5, 2.0]\nweight_band = 1.5",
+                "scale.weight_band",
+            ),
+            ("spares = [\"127.0.0.1:11300\"]", "scale.add_above"),
+            (
+                "spares = [\"127.0.0.1:11300\"]\nadd_above = 10\nremove_below = 10",
+                "scale.remove_below",
+            ),
+            (
+                "spares = [\"127.0.0.1:11211\"]\nadd_above = 10\nremove_below = 5",
+                "scale.spares[0]",
+            ),
+            (
+                "spares = [\"nowhere\"]\nadd_above = 10\nremove_below = 5",
+                "scale.spares[0]",
+            ),
+            (
+                "weights = [0.5, 2.0]\nadd_above = 10\nremove_below = 5",
+                "scale.spares",
+            ),
+            ("weights = [0.5, 2.0]\nsignal = \"joules\"", "scale.signal"),
+            ("weights = [0.5, 2.0]\ninterval_ms = 5", "scale.interval_ms"),
+            ("weights = [0.5, 2.0]\nspeed = 1", "speed"),
+        ] {
+            let e = bad(table);
+            assert!(e.contains(key), "{table}: {e}");
+        }
+        let both = GOOD.replace("down_after = 2", "bounded_loads = 0.25");
+        let e = parse(
+            &format!("{both}\n[scale]\nweights = [0.5, 2.0]\n"),
+            Path::new("c.toml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("bounded_loads"), "{e}");
     }
 
     const GOOD: &str = r#"

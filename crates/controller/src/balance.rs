@@ -93,7 +93,7 @@ pub(super) fn balance(shared: &Shared) {
     }
 }
 
-fn sleep_unless_stopped(shared: &Shared, d: Duration) {
+pub(super) fn sleep_unless_stopped(shared: &Shared, d: Duration) {
     let until = Instant::now() + d;
     while !shared.stop.load(std::sync::atomic::Ordering::Relaxed) {
         let left = until.saturating_duration_since(Instant::now());

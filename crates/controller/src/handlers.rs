@@ -196,6 +196,7 @@ pub(crate) fn status_doc(shared: &Shared) -> Value {
         "routes": routes::status(&shared.routes),
         "fabric": fabric::status(&f.fabric),
         "balance": crate::balance::status(f.file.balance, &f.balance),
+        "scale": crate::scale::status(f.file.scale.as_ref(), &f.scale, &f.servers),
     })
 }
 
@@ -304,6 +305,9 @@ pub(crate) async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     if f.file.balance.is_some() {
         crate::balance::metrics(&f.balance, &mut m);
     }
+    if f.file.scale.is_some() {
+        crate::scale::metrics(&f.scale, &mut m);
+    }
     cache_nodes::metrics(&f.cache_nodes, &mut m);
     fabric::metrics(&f.fabric, &mut m);
     // The fleet is let go before the rest, which reads files.
@@ -357,6 +361,46 @@ pub(crate) async fn add_server(
     }
     let server = s.spec();
     let label = server.label();
+    admit(&shared, &mut f, server, first, warm)?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({ "server": label, "generation": f.generation })),
+    )
+        .into_response())
+}
+
+pub(crate) async fn remove_server(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Path(server): Path<String>,
+) -> Reply {
+    authorised(&shared, &headers)?;
+    let mut f = shared.fleet();
+    leading(&f)?;
+    let Some(i) = f
+        .servers
+        .iter()
+        .position(|s| s.label() == server || s.addr.to_string() == server)
+    else {
+        return Err(refuse(
+            StatusCode::NOT_FOUND,
+            format!("no server {server:?} in the pool"),
+        ));
+    };
+    expel(&shared, &mut f, i)?;
+    Ok(Json(json!({ "removed": server, "generation": f.generation })).into_response())
+}
+
+/// Adds `server` to the pool (stored first, with a store), its first probe's outcome
+/// `first`, warming up for `warm` if given; every switch follows.
+pub(crate) fn admit(
+    shared: &Shared,
+    f: &mut Fleet,
+    server: ServerSpec,
+    first: Result<(), String>,
+    warm: Option<std::time::Duration>,
+) -> Result<(), ApiFailure> {
+    let label = server.label();
     if label.is_empty()
         || label.len() > 250
         || label.chars().any(|c| c.is_whitespace() || c.is_control())
@@ -386,47 +430,27 @@ pub(crate) async fn add_server(
     }
     let mut list = f.servers.clone();
     list.push(server);
-    stored(&shared, &list)?;
+    stored(shared, &list)?;
     f.servers = list;
     let mut health = Health::default();
     health.record(first, f.file.down_after, f.file.up_after);
     f.health.push(health);
     f.standing_in.push(None);
     if let Some(warm) = warm {
-        f.warm_until.insert(label.clone(), Instant::now() + warm);
+        f.warm_until.insert(label, Instant::now() + warm);
     }
-    shared.bump(&mut f);
-    Ok((
-        StatusCode::CREATED,
-        Json(json!({ "server": label, "generation": f.generation })),
-    )
-        .into_response())
+    shared.bump(f);
+    Ok(())
 }
 
-pub(crate) async fn remove_server(
-    State(shared): State<Arc<Shared>>,
-    headers: HeaderMap,
-    Path(server): Path<String>,
-) -> Reply {
-    authorised(&shared, &headers)?;
-    let mut f = shared.fleet();
-    leading(&f)?;
-    let Some(i) = f
-        .servers
-        .iter()
-        .position(|s| s.label() == server || s.addr.to_string() == server)
-    else {
-        return Err(refuse(
-            StatusCode::NOT_FOUND,
-            format!("no server {server:?} in the pool"),
-        ));
-    };
+/// Takes the pool's server at `i` out (stored first, with a store); every switch follows.
+pub(crate) fn expel(shared: &Shared, f: &mut Fleet, i: usize) -> Result<(), ApiFailure> {
     let mut list = f.servers.clone();
     list.remove(i);
-    stored(&shared, &list)?;
+    stored(shared, &list)?;
     f.servers = list;
     f.health.remove(i);
     f.standing_in.remove(i);
-    shared.bump(&mut f);
-    Ok(Json(json!({ "removed": server, "generation": f.generation })).into_response())
+    shared.bump(f);
+    Ok(())
 }

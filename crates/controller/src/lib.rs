@@ -87,6 +87,7 @@ mod health;
 pub mod keeper;
 pub mod restore;
 pub mod routes;
+mod scale;
 mod state_file;
 mod sync;
 mod together;
@@ -171,6 +172,8 @@ struct Fleet {
     flip: together::Flip,
     /// With `bounded_loads`: what the balancer measured and placed.
     balance: balance::Status,
+    /// With `[scale]`: what the scaler read and changed.
+    scale: scale::Status,
 }
 
 /// What the threads share.
@@ -417,6 +420,7 @@ pub fn start(
         last_spread: None,
         flip: together::Flip::default(),
         balance: balance::Status::default(),
+        scale: scale::Status::default(),
         servers,
         file,
         generation: 1,
@@ -516,6 +520,14 @@ pub fn start(
             std::thread::Builder::new()
                 .name("balancer".into())
                 .spawn(move || balance::balance(&shared))?,
+        );
+    }
+    if shared.fleet().file.scale.is_some() {
+        let shared = shared.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("scaler".into())
+                .spawn(move || scale::scale(&shared))?,
         );
     }
     // One syncer per switch: a switch out of reach holds up only its own; or, with changes
