@@ -464,10 +464,18 @@ fn changes_need_the_token_when_one_is_set() {
             assert!(e.contains("401"), "{method} {path} with {token:?}: {e}");
         }
     }
+    // So is one that places the ring's arcs or takes a placement away.
+    let placement = json!({"servers": [], "points": 0, "moves": []});
+    for token in [Some("sesame-not"), None] {
+        rig.client.token = token.map(str::to_string);
+        for (method, body) in [("PUT", Some(placement.clone())), ("DELETE", None)] {
+            let e = refused(&rig, method, "/api/v1/pool/placement", body);
+            assert!(e.contains("401"), "{method} placement with {token:?}: {e}");
+        }
+    }
     let after = rig.client.call("GET", "/api/v1/pool", None).unwrap();
     assert_eq!(after, before);
     assert_eq!(after["pools"][0]["staged"], Value::Null, "{after}");
-    rig.client.token = Some("sesame-not".into());
     rig.client.token = Some("sesame".into());
     rig.client.call("GET", "/api/v1/packets", None).unwrap();
     rig.client
