@@ -20,8 +20,14 @@ use super::output::{fmt, Machine, Output};
 use super::Common;
 
 pub const NAME: &str = "fleet";
-/// Servers every switch starts with.
+/// Servers every switch starts with, by default.
 const SERVERS: usize = 3;
+/// The most servers `--servers` takes: with the spare, a pool's most.
+const MAX_SERVERS: usize = switch::pool::MAX_SERVERS - 1;
+/// Past this many servers they share memcached processes, each listening on this many
+/// loopback addresses (127.0.2.1 and on, one port).
+const SHARED_PAST: usize = 16;
+const LISTENS_PER_PROCESS: usize = 250;
 /// The most switches one run starts (the controller's file takes 256).
 const MAX_SWITCHES: u32 = 200;
 
@@ -36,6 +42,11 @@ pub struct Args {
     /// [default: 10; 4 with --short].
     #[arg(long, value_parser = clap::value_parser!(u32).range(2..=200))]
     pub changes: Option<u32>,
+    /// Servers in the pool, besides the spare added and removed [default: 3]. Past 16 they
+    /// share memcached processes, each listening on 250 loopback addresses; the controller
+    /// then probes them every `servers` ms rather than every 100 ms.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1023))]
+    pub servers: Option<u32>,
 }
 
 impl Args {
@@ -44,6 +55,7 @@ impl Args {
             common,
             switches: Vec::new(),
             changes: None,
+            servers: None,
         }
     }
 
@@ -138,12 +150,44 @@ fn controller(dir: &TempDir, fleet: &Fleet, mode: &str) -> anyhow::Result<(Proc,
     Ok((proc, api::Client::new(fleet.controller_api, None)))
 }
 
-fn start(dir: &TempDir, n: u32) -> anyhow::Result<Fleet> {
+/// memcached listening on every address of `addrs` (one port), killed on drop.
+fn shared_memcached(bin: &std::path::Path, addrs: &[SocketAddr]) -> anyhow::Result<Proc> {
+    let listen: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
+    let mut p = Proc::spawn(
+        "memcached",
+        Command::new(bin).args([
+            "-U",
+            "0",
+            "-t",
+            "1",
+            "-m",
+            "64",
+            "-c",
+            "4096",
+            "-l",
+            &listen.join(","),
+            "-u",
+            "nobody",
+        ]),
+    )?;
+    for a in [addrs[0], addrs[addrs.len() - 1]] {
+        p.wait_listening(a, None)?;
+    }
+    Ok(p)
+}
+
+fn start(dir: &TempDir, n: u32, server_count: usize) -> anyhow::Result<Fleet> {
     let memcached = local::require("memcached")?;
     let ports = local::Ports::default();
+    let shared = server_count > SHARED_PAST;
     let mut addrs = Vec::new();
-    for _ in 0..=SERVERS {
-        addrs.push(free(&ports)?);
+    let port = free(&ports)?.port();
+    for i in 0..=server_count {
+        addrs.push(match shared {
+            // 127.0.2.1 and on, all on one port.
+            true => SocketAddr::from(([127, 0, 2 + (i / 250) as u8, 1 + (i % 250) as u8], port)),
+            false => free(&ports)?,
+        });
     }
     let mut proxy_addrs = Vec::new();
     for _ in 0..n {
@@ -152,10 +196,19 @@ fn start(dir: &TempDir, n: u32) -> anyhow::Result<Fleet> {
     let controller_api = free(&ports)?;
     ports.release();
     let mut servers = Vec::new();
-    for &a in &addrs {
-        servers.push(local::memcached(&memcached, a)?);
+    match shared {
+        true => {
+            for chunk in addrs.chunks(LISTENS_PER_PROCESS) {
+                servers.push(shared_memcached(&memcached, chunk)?);
+            }
+        }
+        false => {
+            for &a in &addrs {
+                servers.push(local::memcached(&memcached, a)?);
+            }
+        }
     }
-    let (spare, pool) = (addrs[SERVERS], &addrs[..SERVERS]);
+    let (spare, pool) = (addrs[server_count], &addrs[..server_count]);
     let mut pool_toml = String::from("[pool]\ndistribution = \"ketama\"\nhash = \"md5\"\n");
     for (i, a) in pool.iter().enumerate() {
         let _ = write!(
@@ -183,9 +236,11 @@ fn start(dir: &TempDir, n: u32) -> anyhow::Result<Fleet> {
     for ((k, p), (_, api)) in proxies.iter_mut().enumerate().zip(&proxy_addrs) {
         p.wait_listening(*api, Some(&dir.path().join(format!("proxy{k}.log"))))?;
     }
+    // Every server probed each interval, a thread each: a large pool is probed less often.
+    let probe_ms = server_count.max(100);
     let mut text = format!(
-        "[controller]\napi = \"{controller_api}\"\nprobe_interval_ms = 100\n\
-         sync_interval_ms = 5000\nkeep_switch_state = false\n\n"
+        "[controller]\napi = \"{controller_api}\"\nprobe_interval_ms = {probe_ms}\n\
+         probe_timeout_ms = 1000\nsync_interval_ms = 5000\nkeep_switch_state = false\n\n"
     );
     for (k, (_, api)) in proxy_addrs.iter().enumerate() {
         let _ = write!(text, "[[switches]]\nname = \"p{k}\"\napi = \"{api}\"\n");
@@ -290,11 +345,11 @@ fn measure(
     })
 }
 
-fn summary(points: &[Point], changes: u32) -> String {
+fn summary(points: &[Point], changes: u32, servers: usize) -> String {
     let mut s = format!(
         "# Fleet: a pool change through the controller, to every switch\n\n\
          `kvswitch controller` drives N `kvswitch proxy` processes (each with its control API) \
-         on loopback, in front of {SERVERS} memcached; a spare memcached is added through the \
+         on loopback, in front of {servers} memcached servers; a spare is added through the \
          controller's API and removed again, {changes} changes in all, with each way of \
          changing (`pool_changes`). A change's time runs from the controller taking it to \
          the last switch brought in step with it (the status's \
@@ -331,14 +386,18 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
         bail!("--switches: {n}; each size must be 1 to {MAX_SWITCHES}");
     }
     let changes = args.changes();
+    let server_count = args
+        .servers
+        .map_or(SERVERS, |n| n as usize)
+        .min(MAX_SERVERS);
     let machine = Machine::describe();
     let out = Output::create(&super::bed::out_dir(args.common.out.as_ref(), NAME))?;
     let mut points = Vec::new();
     for &n in &sizes {
         let dir = TempDir::new("kvswitch-bench-fleet")?;
-        let fleet = start(&dir, n)?;
+        let fleet = start(&dir, n, server_count)?;
         for mode in MODES {
-            eprintln!("{NAME}: {n} switches, {changes} changes, {mode}...");
+            eprintln!("{NAME}: {n} switches, {server_count} servers, {changes} changes, {mode}...");
             let point = measure(&dir, &fleet, n, mode, changes)?;
             eprintln!(
                 "{NAME}: {n} switches, {mode}: median {:.1} ms, max {:.1} ms to reach every switch",
@@ -350,13 +409,13 @@ pub fn run(args: &Args) -> anyhow::Result<Vec<Point>> {
     let results = Results {
         scenario: NAME,
         settings: serde_json::json!({
-            "switches": sizes, "changes": changes, "servers": SERVERS, "modes": MODES,
+            "switches": sizes, "changes": changes, "servers": server_count, "modes": MODES,
             "short": args.common.short,
         }),
         machine: machine.clone(),
         points: points.clone(),
     };
     out.json(&results)?;
-    out.summary(&summary(&points, changes), &machine)?;
+    out.summary(&summary(&points, changes, server_count), &machine)?;
     Ok(points)
 }

@@ -235,19 +235,29 @@ pub fn stats(addr: SocketAddr, timeout: Duration) -> Result<Vec<(String, String)
     Ok(fields)
 }
 
-/// The keys `addr` holds (`lru_crawler metadump all`), at most `limit` of them, within
-/// `timeout`; `None` past `limit`.
+/// memcached's longest key.
+pub const MAX_KEY: usize = 250;
+
+/// The keys `addr` holds (`lru_crawler metadump all`), at most `limit` of them, all within
+/// `timeout`; `None` past `limit`. A key that is empty or longer than memcached's longest is
+/// refused (no memcached lists one).
 pub fn keys(
     addr: SocketAddr,
     timeout: Duration,
     limit: usize,
 ) -> Result<Option<Vec<Vec<u8>>>, ProbeError> {
+    let deadline = Instant::now() + timeout;
     let mut conn = connect_within(addr, timeout)?;
     conn.write_all(b"lru_crawler metadump all\r\n")?;
     let mut keys = Vec::new();
     let mut pending: Vec<u8> = Vec::with_capacity(64 * 1024);
     let mut buf = vec![0u8; 64 * 1024];
     loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ProbeError::NoAnswer(timeout));
+        }
+        conn.set_read_timeout(Some(left))?;
         let n = conn.read(&mut buf).map_err(|e| timed_out(e, timeout))?;
         if n == 0 {
             return Err(ProbeError::Closed);
@@ -265,6 +275,7 @@ pub fn keys(
                 .strip_prefix(b"key=")
                 .and_then(|l| l.split(|&b| b == b' ').next())
                 .and_then(percent_decoded)
+                .filter(|k| !k.is_empty() && k.len() <= MAX_KEY)
             else {
                 return Err(ProbeError::Answered(text(line)));
             };
@@ -274,8 +285,28 @@ pub fn keys(
             keys.push(key);
         }
         pending.drain(..used);
-        if pending.len() > MAX_REPLY * 4 {
+        // A line: `key=` and the key, up to three bytes a byte, and its other fields.
+        if pending.len() > MAX_KEY * 3 + MAX_REPLY {
             return Err(ProbeError::Answered("a metadump line too long".into()));
+        }
+    }
+}
+
+/// `bytes` in standard base64, with padding, added to `out`.
+fn base64(bytes: &[u8], out: &mut Vec<u8>) {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            match i <= chunk.len() {
+                true => out.push(ALPHABET[(n >> (18 - 6 * i)) as usize & 63]),
+                false => out.push(b'='),
+            }
         }
     }
 }
@@ -300,38 +331,55 @@ fn percent_decoded(text: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// Deletes every key of `keys` at `addr` (`delete <key> noreply`, then a `version` to know
-/// they were all taken), within `timeout`.
+/// Deletes every key of `keys` at `addr` within `timeout`: meta deletes of the keys in base64
+/// (`md <key> b q`, so that any key, spaces and line ends included, is one token), a thousand
+/// at a time, each thousand ended by `mn` and its `MN` read back. A delete answers `NF` (not
+/// there) or nothing; anything else is an error.
 pub fn delete_keys(
     addr: SocketAddr,
     keys: &[Vec<u8>],
     timeout: Duration,
 ) -> Result<(), ProbeError> {
+    let deadline = Instant::now() + timeout;
     let mut conn = connect_within(addr, timeout)?;
     let mut out = Vec::with_capacity(64 * 1024);
+    let mut pending: Vec<u8> = Vec::with_capacity(8 * 1024);
+    let mut buf = [0u8; 8 * 1024];
     for chunk in keys.chunks(1000) {
         out.clear();
         for k in chunk {
-            out.extend_from_slice(b"delete ");
-            out.extend_from_slice(k);
-            out.extend_from_slice(b" noreply\r\n");
+            out.extend_from_slice(b"md ");
+            base64(k, &mut out);
+            out.extend_from_slice(b" b q\r\n");
         }
+        out.extend_from_slice(b"mn\r\n");
         conn.write_all(&out)?;
-    }
-    conn.write_all(b"version\r\n")?;
-    let mut reply = Vec::with_capacity(64);
-    let mut buf = [0u8; 128];
-    while !reply.ends_with(b"\r\n") && reply.len() < MAX_REPLY {
-        let n = conn.read(&mut buf).map_err(|e| timed_out(e, timeout))?;
-        if n == 0 {
-            return Err(ProbeError::Closed);
+        // The answers to this thousand: `NF` lines, then `MN`.
+        'answers: loop {
+            while let Some(end) = pending.windows(2).position(|w| w == b"\r\n") {
+                let line: Vec<u8> = pending.drain(..end + 2).take(end).collect();
+                match line.as_slice() {
+                    b"MN" => break 'answers,
+                    b"NF" | b"HD" => {}
+                    other => return Err(ProbeError::Answered(text(other))),
+                }
+            }
+            if pending.len() > MAX_REPLY {
+                return Err(ProbeError::Answered(text(&pending[..64])));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ProbeError::NoAnswer(timeout));
+            }
+            conn.set_read_timeout(Some(left))?;
+            let n = conn.read(&mut buf).map_err(|e| timed_out(e, timeout))?;
+            if n == 0 {
+                return Err(ProbeError::Closed);
+            }
+            pending.extend_from_slice(&buf[..n]);
         }
-        reply.extend_from_slice(&buf[..n]);
     }
-    match reply.starts_with(b"VERSION ") {
-        true => Ok(()),
-        false => Err(ProbeError::Answered(text(&reply))),
-    }
+    Ok(())
 }
 
 /// A connection to `addr` made within `timeout`, its reads and writes bounded by what is left
@@ -403,6 +451,27 @@ mod tests {
         assert!(matches!(keys(addr, T, 10), Err(ProbeError::Answered(_))));
         let addr = server(b"ERROR\r\n", 1);
         assert!(matches!(keys(addr, T, 10), Err(ProbeError::Answered(_))));
+        let addr = server(b"key= exp=-1\nEND\r\n", 1);
+        assert!(matches!(keys(addr, T, 10), Err(ProbeError::Answered(_))));
+        let long = format!("key={} exp=-1\nEND\r\n", "k".repeat(251));
+        let addr = server(long.leak().as_bytes(), 1);
+        assert!(matches!(keys(addr, T, 10), Err(ProbeError::Answered(_))));
+    }
+
+    #[test]
+    fn keys_are_deleted_in_base64_whatever_bytes_they_hold() {
+        let mut out = Vec::new();
+        for (raw, encoded) in [
+            (&b""[..], &b""[..]),
+            (b"f", b"Zg=="),
+            (b"fo", b"Zm8="),
+            (b"foo", b"Zm9v"),
+            (b"x\r\nflush_all", b"eA0KZmx1c2hfYWxs"),
+        ] {
+            out.clear();
+            base64(raw, &mut out);
+            assert_eq!(out, encoded, "{raw:?}");
+        }
     }
 
     #[test]

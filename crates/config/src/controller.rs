@@ -508,22 +508,32 @@ fn scale(r: RawScale, path: &Path) -> Result<Scale, ConfigError> {
                 "add_above and remove_below need spares to add and remove".into(),
             ))
         }
-        (false, Some(add), Some(remove)) if add > 0.0 && remove >= 0.0 && remove < add => {
-            (add, remove)
+        (false, Some(add), _) if !(add > 0.0 && add.is_finite()) => {
+            return Err(err(
+                "add_above",
+                format!("{add}: a load per server per second above 0"),
+            ))
         }
+        (false, Some(add), Some(remove)) if remove > 0.0 && remove < add => (add, remove),
         (false, Some(add), Some(remove)) => {
             return Err(err(
                 "remove_below",
                 format!(
-                    "{remove} (add_above is {add}): both are loads per server per second, \
-                     add_above above 0 and remove_below below it, or a spare added would be \
-                     taken out at once"
+                    "{remove} (add_above is {add}): a load per server per second above 0 (or \
+                     a spare would never leave) and below add_above (or a spare added would \
+                     be taken out at once)"
                 ),
             ))
         }
-        (false, _, _) => {
+        (false, None, _) => {
             return Err(err(
                 "add_above",
+                "spares need add_above and remove_below (loads per server per second)".into(),
+            ))
+        }
+        (false, Some(_), None) => {
+            return Err(err(
+                "remove_below",
                 "spares need add_above and remove_below (loads per server per second)".into(),
             ))
         }
@@ -533,6 +543,9 @@ fn scale(r: RawScale, path: &Path) -> Result<Scale, ConfigError> {
             "weights",
             "[scale] needs weights, spares or both: with neither it would only watch".into(),
         ));
+    }
+    if r.warm_up_ms.is_some() && spares.is_empty() {
+        return Err(err("warm_up_ms", "it needs spares".into()));
     }
     let warm_up = match r.warm_up_ms.unwrap_or(0) {
         0 => None,
@@ -833,6 +846,33 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
         if server_sasl.is_some() {
             return refuse("the scaler reads `stats` in the text protocol, which servers that require SASL refuse");
         }
+        if pool.distribution != kv::Distribution::Ketama || pool.replicas > 1 {
+            return refuse(
+                "the scaler moves weights in a ketama ring and adds servers to it: the pool \
+                 must be ketama, without replicas (under modula or jump a change moves keys \
+                 between every server)",
+            );
+        }
+        if let Some((_, hi)) = scale.weights {
+            // Moved weights are hundredths of the servers' own: their sum must fit.
+            let most: f64 = pool
+                .servers
+                .iter()
+                .map(|s| f64::from(s.weight))
+                .sum::<f64>()
+                * 100.0
+                * hi
+                * 2.0;
+            if most > f64::from(u32::MAX) {
+                return Err(err(
+                    "scale.weights",
+                    format!(
+                        "the pool's weights times 100 times {hi}, spares included, would pass \
+                         2^32: use smaller weights in [pool] or a smaller factor"
+                    ),
+                ));
+            }
+        }
         if scale.weights.is_some() && balance.is_some() {
             return refuse(
                 "weights and bounded_loads would both even out the load, each undoing the \
@@ -996,6 +1036,19 @@ mod tests {
             ("weights = [0.5, 2.0]\nsignal = \"joules\"", "scale.signal"),
             ("weights = [0.5, 2.0]\ninterval_ms = 5", "scale.interval_ms"),
             ("weights = [0.5, 2.0]\nspeed = 1", "speed"),
+            ("weights = [0.5, 2.0]\nwarm_up_ms = 10", "scale.warm_up_ms"),
+            (
+                "spares = [\"127.0.0.1:11300\"]\nadd_above = 0\nremove_below = 0",
+                "scale.add_above",
+            ),
+            (
+                "spares = [\"127.0.0.1:11300\"]\nadd_above = 10",
+                "scale.remove_below",
+            ),
+            (
+                "spares = [\"127.0.0.1:11300\"]\nadd_above = 10\nremove_below = 0",
+                "scale.remove_below",
+            ),
         ] {
             let e = bad(table);
             assert!(e.contains(key), "{table}: {e}");
@@ -1008,6 +1061,22 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("bounded_loads"), "{e}");
+        let modula = GOOD.replace("\"ketama\"", "\"modula\"");
+        let e = parse(
+            &format!("{modula}\n[scale]\nweights = [0.5, 2.0]\n"),
+            Path::new("c.toml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("ketama"), "{e}");
+        let heavy = GOOD.replace("weight = 2", "weight = 20000000");
+        let e = parse(
+            &format!("{heavy}\n[scale]\nweights = [0.5, 2.0]\n"),
+            Path::new("c.toml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("scale.weights"), "{e}");
     }
 
     const GOOD: &str = r#"

@@ -75,6 +75,13 @@ pub(super) struct Status {
     calm: u32,
 }
 
+impl Status {
+    /// Every change made, of any kind.
+    fn changes(&self) -> u64 {
+        self.weight_changes + self.weights_restored + self.added + self.removed
+    }
+}
+
 /// One server's counters at one instant.
 #[derive(Debug, Clone, Copy)]
 struct Reading {
@@ -104,12 +111,21 @@ pub(super) fn scale(shared: &Shared) {
         if !shared.fleet().acting() {
             continue;
         }
-        if let Err(e) = round(shared, &settings, &mut last, &mut own) {
-            let mut f = shared.fleet();
+        let changes = shared.fleet().scale.changes();
+        let outcome = round(shared, &settings, &mut last, &mut own);
+        let mut f = shared.fleet();
+        if f.scale.changes() != changes {
+            // The next reading starts from the pool as it now is.
+            last.clear();
+        }
+        if let Err(e) = outcome {
             if f.scale.last_error.as_ref() != Some(&e) {
                 tracing::warn!("scale: {e}");
             }
             f.scale.last_error = Some(e);
+            // A change that failed waits for `sustain` readings again, not one.
+            let st = &mut f.scale;
+            (st.high, st.low, st.uneven, st.calm) = (0, 0, 0, 0);
         }
     }
 }
@@ -159,13 +175,17 @@ fn round(
         false => Ok(None),
     });
     let mut loads: Vec<Option<f64>> = vec![None; servers.len()];
-    let mut failed = 0;
+    let mut failures: Vec<String> = Vec::new();
     for (i, c) in counted.into_iter().enumerate() {
         let now = match c {
             Ok(Ok(Some(r))) => r,
             Ok(Ok(None)) => continue,
-            Ok(Err(_)) | Err(_) => {
-                failed += 1;
+            Ok(Err(e)) => {
+                failures.push(format!("{}: {e}", servers[i].label()));
+                continue;
+            }
+            Err(_) => {
+                failures.push(format!("{}: the read failed", servers[i].label()));
                 continue;
             }
         };
@@ -180,17 +200,17 @@ fn round(
     last.retain(|a, _| servers.iter().any(|s| s.addr == *a));
     let mut f = shared.fleet();
     f.scale.readings += 1;
-    f.scale.read_failures += failed;
+    f.scale.read_failures += failures.len() as u64;
     // A server down, standing in for, or not read twice yet: no judgement this time.
     let whole = loads.iter().zip(&up).all(|(l, u)| l.is_some() || !u)
         && up.iter().any(|u| *u)
-        && failed == 0;
+        && failures.is_empty();
     if !whole {
         let st = &mut f.scale;
         (st.high, st.low, st.uneven, st.calm) = (0, 0, 0, 0);
-        return match failed {
-            0 => Ok(()),
-            n => Err(format!("{n} servers' stats could not be read")),
+        return match failures.is_empty() {
+            true => Ok(()),
+            false => Err(format!("stats not read: {}", failures.join("; "))),
         };
     }
     f.scale.last_error = None;
@@ -230,7 +250,13 @@ fn round(
         true => st.low + 1,
         false => 0,
     };
-    let weights = weighing(settings, &read, total);
+    // Weights are judged and moved only with every server of the pool read, so that all of
+    // them are in one unit.
+    let all_up = up.iter().all(|u| *u);
+    let weights = match all_up {
+        true => weighing(settings, &read, total),
+        false => Weighing::Even,
+    };
     let st = &mut f.scale;
     match weights {
         Weighing::Even => (st.uneven, st.calm) = (0, 0),
@@ -255,7 +281,7 @@ fn round(
         let spec = ServerSpec {
             host: addr.ip().to_string(),
             addr,
-            weight: typical * if moved { UNIT } else { 1 },
+            weight: typical.saturating_mul(if moved { UNIT } else { 1 }),
             name: None,
         };
         let mut f = shared.fleet();
@@ -273,7 +299,7 @@ fn round(
         return Ok(());
     }
     if st.low >= sustain {
-        let Some((i, spare)) = spare_in else {
+        let Some((_, spare)) = spare_in else {
             return Ok(());
         };
         let (label, addr) = (spare.label(), spare.addr);
@@ -291,6 +317,10 @@ fn round(
         if !f.acting() {
             return Ok(());
         }
+        // Found again: the pool may have changed while the keys were deleted.
+        let Some(i) = f.servers.iter().position(|s| s.addr == addr) else {
+            return Ok(());
+        };
         expel(shared, &mut f, i).map_err(|e| format!("removing spare {label}: {e}"))?;
         changed(
             &mut f,
@@ -305,7 +335,7 @@ fn round(
         // And again once every switch routes without it: keys first written on it after the
         // first pass.
         let started = Instant::now();
-        while started.elapsed() < IN_STEP_WAIT {
+        loop {
             let f = shared.fleet();
             if f.switches
                 .iter()
@@ -314,20 +344,38 @@ fn round(
                 break;
             }
             drop(f);
+            if started.elapsed() > IN_STEP_WAIT {
+                tracing::warn!(
+                    "scale: not every switch routes without spare {label} after \
+                     {IN_STEP_WAIT:?}; its keys are deleted again now"
+                );
+                break;
+            }
             std::thread::sleep(Duration::from_millis(10));
         }
         forget(addr, &others, wait)?;
         return Ok(());
     }
-    let target = match weights {
-        Weighing::Uneven(target) if f.scale.uneven >= sustain => target,
+    // A server at its own weight while the others' are moved (added through the API
+    // meanwhile) is brought into their unit at once.
+    let moved = read.iter().any(|r| r.2 != r.3);
+    let unmoved: Vec<(usize, u32)> = read
+        .iter()
+        .filter(|r| moved && all_up && r.2 == r.3)
+        .map(|r| (r.0, r.3.saturating_mul(UNIT)))
+        .collect();
+    let (target, restore) = match weights {
+        _ if !unmoved.is_empty() => (unmoved, false),
+        Weighing::Uneven(target) if f.scale.uneven >= sustain => (target, false),
         Weighing::Calm if f.scale.calm >= sustain => {
             let target: Vec<(usize, u32)> = read.iter().map(|&(i, _, _, o)| (i, o)).collect();
-            f.scale.weights_restored += 1;
-            target
+            (target, true)
         }
         _ => return Ok(()),
     };
+    if !f.acting() {
+        return Ok(());
+    }
     let mut list = f.servers.clone();
     for &(i, w) in &target {
         match list.get_mut(i) {
@@ -344,7 +392,10 @@ fn round(
     f.servers = list;
     shared.bump(&mut f);
     changed(&mut f, format!("weights: {}", said.join(", ")));
-    f.scale.weight_changes += 1;
+    match restore {
+        true => f.scale.weights_restored += 1,
+        false => f.scale.weight_changes += 1,
+    }
     Ok(())
 }
 
@@ -474,8 +525,13 @@ fn read(addr: SocketAddr, signal: Signal, wait: Duration) -> Result<Reading, Str
             .and_then(|(_, v)| v.parse::<u64>().ok())
     };
     let count = match signal {
-        Signal::Requests => REQUEST_FIELDS.iter().filter_map(|f| get(f)).sum(),
-        Signal::Bytes => get("bytes_read").unwrap_or(0) + get("bytes_written").unwrap_or(0),
+        Signal::Requests => REQUEST_FIELDS
+            .iter()
+            .filter_map(|f| get(f))
+            .fold(0u64, u64::saturating_add),
+        Signal::Bytes => get("bytes_read")
+            .unwrap_or(0)
+            .saturating_add(get("bytes_written").unwrap_or(0)),
     };
     let pid = get("pid").ok_or("its stats have no pid")?;
     Ok(Reading { at, count, pid })

@@ -82,7 +82,7 @@ fn a_spare_joins_under_load_without_a_read_missed_and_leaves_when_the_load_ends(
     let (proxies, clients) = proxies(1, &list, &PoolOpts::default());
     let settings = format!(
         "interval_ms = 250\nsustain = 2\nspares = [\"{}\"]\nadd_above = 1000\n\
-         remove_below = 200\nwarm_up_ms = 1500",
+         remove_below = 200\nwarm_up_ms = 4000",
         spare.addr()
     );
     let (_controller, ctl) = controller(&clients, &list, &settings);
@@ -126,11 +126,14 @@ fn a_spare_joins_under_load_without_a_read_missed_and_leaves_when_the_load_ends(
     let mut with_spare = vec!["s1", "s2", spare_label.as_str()];
     with_spare.sort();
     until_pools(&clients, &with_spare, Duration::from_secs(5));
-    // Writes while the spare holds its keys, once it is warm (during the warm-up the proxy
+    // Writes while the spare holds its keys, once it is warm (4 s; during the warm-up the proxy
     // moves a key it reads and deletes a key written where it was before), of keys not read
     // meanwhile: afterwards the servers the keys go back to must not answer with what they
     // held before.
-    std::thread::sleep(Duration::from_millis(2000));
+    let status = scale(&ctl);
+    eprintln!("joined after {joined:?}: {status}");
+    assert!(status["per_server"].as_f64() > Some(1000.0), "{status}");
+    std::thread::sleep(Duration::from_millis(4500));
     for k in &unread {
         let set = format!("set {k} 0 0 5\r\nnewer\r\n");
         assert_eq!(conn.text(set.as_bytes()), b"STORED\r\n");
@@ -151,9 +154,6 @@ fn a_spare_joins_under_load_without_a_read_missed_and_leaves_when_the_load_ends(
     // Reads went on through the change; the spare filled from the keys' previous owners.
     stop.store(true, Ordering::Relaxed);
     loader.join().unwrap();
-    let status = scale(&ctl);
-    eprintln!("joined after {joined:?}: {status}");
-    assert!(status["per_server"].as_f64() > Some(1000.0), "{status}");
     assert_eq!(
         missed.load(Ordering::Relaxed),
         0,
