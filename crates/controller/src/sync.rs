@@ -27,10 +27,23 @@ pub(crate) fn sync_switch(
         None => anyhow::bail!("the switch serves no pool named {pool:?}"),
     };
     let listed: Vec<&Value> = theirs["servers"].as_array().into_iter().flatten().collect();
-    let same = |s: &ServerSpec, v: &Value| {
-        v["label"].as_str() == Some(s.label().as_str())
-            && v["addr"].as_str() == Some(s.addr.to_string().as_str())
+    // Each server by label and address, both ways, so that a pool of a thousand servers is
+    // compared in a thousand lookups.
+    let key_of = |v: &Value| {
+        (
+            v["label"].as_str().unwrap_or_default().to_string(),
+            v["addr"].as_str().unwrap_or_default().to_string(),
+        )
     };
+    let theirs_by_key: HashMap<(String, String), &Value> =
+        listed.iter().map(|v| (key_of(v), *v)).collect();
+    let ours: Vec<(String, String)> = live
+        .iter()
+        .map(|s| (s.label(), s.addr.to_string()))
+        .collect();
+    let our_labels: HashMap<&str, &str> =
+        ours.iter().map(|(l, a)| (l.as_str(), a.as_str())).collect();
+    let ours_set: std::collections::HashSet<&(String, String)> = ours.iter().collect();
     let enc = |s: &str| api::percent_encode(s.as_bytes());
     let pool_name = theirs["name"].as_str().unwrap_or_default().to_string();
     let mut changes = 0;
@@ -51,7 +64,10 @@ pub(crate) fn sync_switch(
     let mut gone = Vec::new();
     for v in &listed {
         let label = v["label"].as_str().unwrap_or_default();
-        if live.iter().any(|s| s.label() == label && !same(s, v)) {
+        if our_labels
+            .get(label)
+            .is_some_and(|addr| Some(*addr) != v["addr"].as_str())
+        {
             if let Some(p) = position(v) {
                 let path = format!("/api/v1/pool/servers/{p}?pool={}", enc(&pool_name));
                 call("DELETE", path, None, format!("removing {label}"))?;
@@ -59,8 +75,8 @@ pub(crate) fn sync_switch(
             gone.push(label);
         }
     }
-    for s in live {
-        match listed.iter().find(|v| same(s, v)) {
+    for (s, key) in live.iter().zip(&ours) {
+        match theirs_by_key.get(key) {
             None => {
                 let warm_ms = warm
                     .get(&s.label())
@@ -92,9 +108,10 @@ pub(crate) fn sync_switch(
             Some(_) => {}
         }
     }
+    let gone: std::collections::HashSet<&str> = gone.into_iter().collect();
     for v in &listed {
         let label = v["label"].as_str().unwrap_or_default();
-        if !live.iter().any(|s| same(s, v)) && !gone.contains(&label) {
+        if !ours_set.contains(&key_of(v)) && !gone.contains(label) {
             if let Some(p) = position(v) {
                 let path = format!("/api/v1/pool/servers/{p}?pool={}", enc(&pool_name));
                 call("DELETE", path, None, format!("removing {label}"))?;

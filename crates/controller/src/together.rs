@@ -50,13 +50,21 @@ fn their_pool(doc: &Value, pool: &str) -> anyhow::Result<Value> {
 /// Whether the switch's pool holds `live`, no more and no less (addresses and weights).
 fn matches(theirs: &Value, live: &[ServerSpec]) -> bool {
     let listed: Vec<&Value> = theirs["servers"].as_array().into_iter().flatten().collect();
+    // Compared as sets, so that a pool of a thousand servers takes a thousand lookups.
+    let theirs: std::collections::HashSet<(&str, &str, u64)> = listed
+        .iter()
+        .map(|v| {
+            (
+                v["label"].as_str().unwrap_or_default(),
+                v["addr"].as_str().unwrap_or_default(),
+                v["weight"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
     listed.len() == live.len()
         && live.iter().all(|s| {
-            listed.iter().any(|v| {
-                v["label"].as_str() == Some(s.label().as_str())
-                    && v["addr"].as_str() == Some(s.addr.to_string().as_str())
-                    && v["weight"].as_u64() == Some(u64::from(s.weight))
-            })
+            let (label, addr) = (s.label(), s.addr.to_string());
+            theirs.contains(&(label.as_str(), addr.as_str(), u64::from(s.weight)))
         })
 }
 
