@@ -253,16 +253,7 @@ pub fn keys(
     let mut pending: Vec<u8> = Vec::with_capacity(64 * 1024);
     let mut buf = vec![0u8; 64 * 1024];
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(ProbeError::NoAnswer(timeout));
-        }
-        conn.set_read_timeout(Some(left))?;
-        let n = conn.read(&mut buf).map_err(|e| timed_out(e, timeout))?;
-        if n == 0 {
-            return Err(ProbeError::Closed);
-        }
-        pending.extend_from_slice(&buf[..n]);
+        read_more(&mut conn, &mut buf, &mut pending, deadline, timeout)?;
         let mut used = 0;
         while let Some(end) = pending[used..].iter().position(|&b| b == b'\n') {
             let line = &pending[used..used + end];
@@ -367,18 +358,31 @@ pub fn delete_keys(
             if pending.len() > MAX_REPLY {
                 return Err(ProbeError::Answered(text(&pending[..64])));
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(ProbeError::NoAnswer(timeout));
-            }
-            conn.set_read_timeout(Some(left))?;
-            let n = conn.read(&mut buf).map_err(|e| timed_out(e, timeout))?;
-            if n == 0 {
-                return Err(ProbeError::Closed);
-            }
-            pending.extend_from_slice(&buf[..n]);
+            read_more(&mut conn, &mut buf, &mut pending, deadline, timeout)?;
         }
     }
+    Ok(())
+}
+
+/// Reads what `conn` has next into `pending`, waiting until `deadline` at most (`timeout`
+/// names the whole wait in the error).
+fn read_more(
+    conn: &mut TcpStream,
+    buf: &mut [u8],
+    pending: &mut Vec<u8>,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<(), ProbeError> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(ProbeError::NoAnswer(timeout));
+    }
+    conn.set_read_timeout(Some(left))?;
+    let n = conn.read(buf).map_err(|e| timed_out(e, timeout))?;
+    if n == 0 {
+        return Err(ProbeError::Closed);
+    }
+    pending.extend_from_slice(&buf[..n]);
     Ok(())
 }
 
