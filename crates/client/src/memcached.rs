@@ -10,6 +10,7 @@ use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
 use wire::mcudp;
+use wire::memcache::cached::push_base64;
 
 /// Why a probe got no `VERSION`.
 #[derive(Debug, thiserror::Error)]
@@ -196,10 +197,11 @@ pub fn version_sasl(
 /// Longest `stats` reply read: memcached's has about a hundred lines of at most 60 bytes.
 const MAX_STATS: usize = 64 * 1024;
 
-/// Asks `addr` for `stats` over TCP, within `timeout`: each `STAT name value` line as
+/// Asks `addr` for `stats` over TCP, all within `timeout`: each `STAT name value` line as
 /// `(name, value)`, in the order given. A reply that is not `STAT` lines ended by `END`, or
 /// is longer than memcached's could be, is refused.
 pub fn stats(addr: SocketAddr, timeout: Duration) -> Result<Vec<(String, String)>, ProbeError> {
+    let deadline = Instant::now() + timeout;
     let mut conn = connect_within(addr, timeout)?;
     conn.write_all(b"stats\r\n")?;
     let mut reply = Vec::with_capacity(4096);
@@ -210,11 +212,7 @@ pub fn stats(addr: SocketAddr, timeout: Duration) -> Result<Vec<(String, String)
                 "a stats reply longer than {MAX_STATS} bytes"
             )));
         }
-        let n = conn.read(&mut buf).map_err(|e| timed_out(e, timeout))?;
-        if n == 0 {
-            return Err(ProbeError::Closed);
-        }
-        reply.extend_from_slice(&buf[..n]);
+        read_more(&mut conn, &mut buf, &mut reply, deadline, timeout)?;
     }
     let mut fields = Vec::new();
     for line in reply.split(|&b| b == b'\n') {
@@ -283,25 +281,6 @@ pub fn keys(
     }
 }
 
-/// `bytes` in standard base64, with padding, added to `out`.
-fn base64(bytes: &[u8], out: &mut Vec<u8>) {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            match i <= chunk.len() {
-                true => out.push(ALPHABET[(n >> (18 - 6 * i)) as usize & 63]),
-                false => out.push(b'='),
-            }
-        }
-    }
-}
-
 /// `%XX` decoded; `None` if an escape is broken.
 fn percent_decoded(text: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(text.len());
@@ -340,7 +319,7 @@ pub fn delete_keys(
         out.clear();
         for k in chunk {
             out.extend_from_slice(b"md ");
-            base64(k, &mut out);
+            push_base64(&mut out, k);
             out.extend_from_slice(b" b q\r\n");
         }
         out.extend_from_slice(b"mn\r\n");
@@ -473,7 +452,7 @@ mod tests {
             (b"x\r\nflush_all", b"eA0KZmx1c2hfYWxs"),
         ] {
             out.clear();
-            base64(raw, &mut out);
+            push_base64(&mut out, raw);
             assert_eq!(out, encoded, "{raw:?}");
         }
     }

@@ -92,7 +92,7 @@ use switch::pool::PoolSpec;
 
 /// Most switches one controller drives.
 pub const MAX_SWITCHES: usize = 256;
-/// Most failover spares.
+/// Most spares a list holds: `failover`, and `[scale]`'s `spares`.
 pub const MAX_SPARES: usize = 64;
 
 /// One switch the controller drives.
@@ -211,9 +211,6 @@ impl Signal {
         }
     }
 }
-
-/// Most spares `[scale]` lists.
-pub const MAX_SCALE_SPARES: usize = 64;
 
 /// How the controller places the ring's arcs by load (`bounded_loads` and its keys).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -426,6 +423,43 @@ drain_ms = 100                # the old version stays this long after the new on
 sw1 = [0, 1]
 "#;
 
+/// A list of spares' addresses under `key`: at most [`MAX_SPARES`], each an address (such as
+/// `example`), none twice.
+fn spare_list(
+    texts: &[String],
+    key: &str,
+    example: &str,
+    path: &Path,
+) -> Result<Vec<SocketAddr>, ConfigError> {
+    if texts.len() > MAX_SPARES {
+        return Err(ConfigError::new(
+            path,
+            key,
+            format!("{} spares; at most {MAX_SPARES}", texts.len()),
+        ));
+    }
+    let mut list: Vec<SocketAddr> = Vec::with_capacity(texts.len());
+    for (i, text) in texts.iter().enumerate() {
+        let at = format!("{key}[{i}]");
+        let addr = text.parse::<SocketAddr>().map_err(|_| {
+            ConfigError::new(
+                path,
+                &at,
+                format!("`{text}` is not an address such as {example}"),
+            )
+        })?;
+        if list.contains(&addr) {
+            return Err(ConfigError::new(
+                path,
+                &at,
+                format!("{addr} is listed twice"),
+            ));
+        }
+        list.push(addr);
+    }
+    Ok(list)
+}
+
 /// `[scale]`, checked.
 fn scale(r: RawScale, path: &Path) -> Result<Scale, ConfigError> {
     let err = |key: &str, message: String| ConfigError::new(path, &format!("scale.{key}"), message);
@@ -478,28 +512,7 @@ fn scale(r: RawScale, path: &Path) -> Result<Scale, ConfigError> {
     if r.weight_band.is_some() && weights.is_none() {
         return Err(err("weight_band", "it needs weights".into()));
     }
-    if r.spares.len() > MAX_SCALE_SPARES {
-        return Err(err(
-            "spares",
-            format!("{} spares; at most {MAX_SCALE_SPARES}", r.spares.len()),
-        ));
-    }
-    let mut spares: Vec<SocketAddr> = Vec::with_capacity(r.spares.len());
-    for (i, text) in r.spares.iter().enumerate() {
-        let addr = text.parse::<SocketAddr>().map_err(|_| {
-            err(
-                &format!("spares[{i}]"),
-                format!("`{text}` is not an address such as 10.0.0.21:11211"),
-            )
-        })?;
-        if spares.contains(&addr) {
-            return Err(err(
-                &format!("spares[{i}]"),
-                format!("{addr} is listed twice"),
-            ));
-        }
-        spares.push(addr);
-    }
+    let spares = spare_list(&r.spares, "scale.spares", "10.0.0.21:11211", path)?;
     let (add_above, remove_below) = match (spares.is_empty(), r.add_above, r.remove_below) {
         (true, None, None) => (f64::INFINITY, 0.0),
         (true, _, _) => {
@@ -700,28 +713,7 @@ pub fn parse(text: &str, path: &Path) -> Result<ControllerFile, ConfigError> {
         None => None,
     };
 
-    if c.failover.len() > MAX_SPARES {
-        return Err(err(
-            "controller.failover",
-            format!("{} spares; at most {MAX_SPARES}", c.failover.len()),
-        ));
-    }
-    let mut failover: Vec<SocketAddr> = Vec::with_capacity(c.failover.len());
-    for (i, text) in c.failover.iter().enumerate() {
-        let addr = text.parse::<SocketAddr>().map_err(|_| {
-            err(
-                &format!("controller.failover[{i}]"),
-                format!("`{text}` is not an address such as 10.0.0.19:11211"),
-            )
-        })?;
-        if failover.contains(&addr) {
-            return Err(err(
-                &format!("controller.failover[{i}]"),
-                format!("{addr} is listed twice"),
-            ));
-        }
-        failover.push(addr);
-    }
+    let failover = spare_list(&c.failover, "controller.failover", "10.0.0.19:11211", path)?;
     if raw.switches.is_empty() && fabric.is_none() {
         return Err(err(
             "switches",

@@ -137,7 +137,7 @@ fn round(
     last: &mut HashMap<SocketAddr, Reading>,
     own: &mut HashMap<String, u32>,
 ) -> Result<(), String> {
-    let (servers, up, timeout) = {
+    let (servers, up, timeout, typical, file_weights) = {
         let f = shared.fleet();
         let up: Vec<bool> = f
             .health
@@ -145,10 +145,6 @@ fn round(
             .zip(&f.standing_in)
             .map(|(h, s)| h.up() && s.is_none())
             .collect();
-        (f.servers.clone(), up, f.file.probe_timeout)
-    };
-    let (typical, file_weights) = {
-        let f = shared.fleet();
         let file: HashMap<String, u32> = f
             .file
             .pool
@@ -156,7 +152,8 @@ fn round(
             .iter()
             .map(|s| (s.label(), s.weight))
             .collect();
-        (typical_weight(&f.file.pool.servers), file)
+        let typical = typical_weight(&f.file.pool.servers);
+        (f.servers.clone(), up, f.file.probe_timeout, typical, file)
     };
     for s in &servers {
         // The file's weight; a spare's is the pool's typical one; a server added through the
@@ -224,6 +221,8 @@ fn round(
         .collect();
     let total: f64 = read.iter().map(|r| r.1).sum();
     let n = read.len() as f64;
+    // With the weights moved, every server's is in hundredths of its own.
+    let moved = read.iter().any(|r| r.2 != r.3);
     f.scale.per_server = total / n;
     f.scale.loads = read
         .iter()
@@ -272,12 +271,8 @@ fn round(
         // Emptied first, outside the fleet's lock: it may hold what it held when it last left.
         let first = probe_and_flush(addr, wait);
         if let Err(e) = &first {
-            let mut f = shared.fleet();
-            f.scale.high = 0;
             return Err(format!("spare {addr} could not be emptied: {e}"));
         }
-        // With the weights moved, theirs are in hundredths of their own.
-        let moved = read.iter().any(|r| r.2 != r.3);
         let spec = ServerSpec {
             host: addr.ip().to_string(),
             addr,
@@ -358,7 +353,6 @@ fn round(
     }
     // A server at its own weight while the others' are moved (added through the API
     // meanwhile) is brought into their unit at once.
-    let moved = read.iter().any(|r| r.2 != r.3);
     let unmoved: Vec<(usize, u32)> = read
         .iter()
         .filter(|r| moved && all_up && r.2 == r.3)

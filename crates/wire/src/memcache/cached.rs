@@ -637,8 +637,9 @@ fn push_decimal(out: &mut Vec<u8>, n: u64) {
     let _ = write!(out, "{n}");
 }
 
-/// Appends `bytes` in padded standard base64, as memcached echoes a binary key.
-fn push_base64(out: &mut Vec<u8>, bytes: &[u8]) {
+/// Appends `bytes` in padded standard base64, as memcached echoes a binary key (and as a meta
+/// command's key token with the `b` flag is read).
+pub fn push_base64(out: &mut Vec<u8>, bytes: &[u8]) {
     for group in bytes.chunks(3) {
         let mut three = [0u8; 3];
         for (slot, &byte) in three.iter_mut().zip(group) {
