@@ -198,7 +198,8 @@ fn round(
     let mut f = shared.fleet();
     f.scale.readings += 1;
     f.scale.read_failures += failures.len() as u64;
-    // A server down, standing in for, or not read twice yet: no judgement this time.
+    // Judged on the servers up: a server up but not read twice yet, or whose stats could not
+    // be read, means no judgement this time.
     let whole = loads.iter().zip(&up).all(|(l, u)| l.is_some() || !u)
         && up.iter().any(|u| *u)
         && failures.is_empty();
